@@ -1,0 +1,30 @@
+# Temporality — the README names these targets.
+SHELL := /bin/bash
+export UV_PYTHON_DOWNLOADS := never
+export UV_PYTHON := python3
+UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
+
+.PHONY: up test lint typecheck schemas bench sync
+.tools/bin/uv:
+	python3 -m venv .tools && .tools/bin/pip install --quiet uv==0.13.9
+
+sync: $(if $(findstring .tools,$(UV)),.tools/bin/uv)
+	$(UV) sync --all-packages --frozen --quiet
+
+up: sync  ## run Temporality: embedded NATS + SQLite + the five services
+	.venv/bin/temporality up
+
+test: sync  ## run the whole test suite
+	.venv/bin/pytest
+
+lint: sync
+	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+
+typecheck: sync
+	.venv/bin/mypy
+
+schemas: sync  ## regenerate schemas/ from the protocol library
+	.venv/bin/python -m temporality_protocol.schemagen schemas
+
+bench: sync
+	.venv/bin/python bench/gateway.py

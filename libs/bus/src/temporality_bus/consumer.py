@@ -1,0 +1,204 @@
+"""The durable pull-consumer runner: ack after commit, nak with backoff, dead-letter poison.
+
+=====================================  =================================================
+handler outcome                        what the runner does
+=====================================  =================================================
+returns                                ``ack`` (the handler committed its side effects)
+PermanentError / ProtocolError /       ``term`` + copy to ``temporality.dlq.<consumer>``
+pydantic ValidationError               + journal ``bus.dead_lettered``
+any other exception                    ``nak(delay=backoff[n])``; on the last allowed
+                                       delivery (``max_deliver``) it is dead-lettered too
+=====================================  =================================================
+
+While a handler runs, the runner sends ``in_progress`` so a long turn does not trigger
+redelivery; a process killed mid-handler leaves the message un-acked and JetStream redelivers
+it after ``ack_wait``: handlers are idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+import structlog
+from nats.aio.msg import Msg
+from pydantic import ValidationError
+
+from temporality_bus.connection import Bus
+from temporality_bus.errors import PermanentError
+from temporality_protocol import BusDeadLettered, Envelope, ProtocolError, decode, derive_id, make_event
+from temporality_protocol.catalog import DLQ_PREFIX, ConsumerSpec
+from temporality_protocol.version import SUPPORTED_VERSIONS, negotiate
+
+__all__ = ["Consumer", "Delivery", "EnvelopeHandler", "RawHandler"]
+
+log = structlog.get_logger(__name__)
+
+
+class Delivery:
+    """What a handler sees besides the event: delivery count and the raw message."""
+
+    def __init__(self, msg: Msg) -> None:
+        self.msg = msg
+        md = msg.metadata
+        self.num_delivered: int = md.num_delivered or 1
+        self.stream_seq: int = md.sequence.stream if md.sequence else 0
+
+    @property
+    def subject(self) -> str:
+        return str(self.msg.subject)
+
+
+EnvelopeHandler = Callable[[Envelope, Delivery], Awaitable[None]]
+RawHandler = Callable[[bytes, Delivery], Awaitable[None]]
+
+
+class Consumer:
+    """Runs one durable pull consumer (``spec``) until ``stop`` is set.
+
+    ``handler`` gets decoded envelopes (version-checked, PRO-3); ``raw_handler`` gets bytes (timers).
+    ``max_inflight`` messages are handled concurrently.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        spec: ConsumerSpec,
+        *,
+        handler: EnvelopeHandler | None = None,
+        raw_handler: RawHandler | None = None,
+        max_inflight: int = 1,
+        fetch_timeout_s: float = 1.0,
+        ack_wait_s: float | None = None,
+    ) -> None:
+        if (handler is None) == (raw_handler is None):
+            raise ValueError("give exactly one of handler / raw_handler")
+        self.bus = bus
+        self.spec = spec
+        self._handler = handler
+        self._raw_handler = raw_handler
+        self._max_inflight = max_inflight
+        self._fetch_timeout = fetch_timeout_s
+        self._ack_wait = ack_wait_s or bus.settings.ack_wait_s
+        self._log = log.bind(consumer=spec.durable)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.bus.ensure_consumer(self.spec, ack_wait_s=self._ack_wait)
+        sub = await self.bus.js.pull_subscribe_bind(durable=self.spec.durable, stream=self.spec.stream)
+        inflight: set[asyncio.Task[None]] = set()
+        self._log.info("consumer.started", filter=list(self.spec.filter_subjects))
+        try:
+            while not stop.is_set():
+                free = self._max_inflight - len(inflight)
+                if free <= 0:
+                    await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    msgs = await sub.fetch(batch=free, timeout=self._fetch_timeout)
+                except nats.errors.TimeoutError:
+                    continue
+                except nats.errors.Error as exc:  # disconnected: nats-py reconnects, we try again
+                    self._log.warning("consumer.fetch_failed", error=repr(exc))
+                    await asyncio.sleep(0.5)
+                    continue
+                for msg in msgs:
+                    task = asyncio.create_task(self._process(msg))
+                    inflight.add(task)
+                    task.add_done_callback(inflight.discard)
+        finally:
+            if inflight:
+                await asyncio.gather(*inflight, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            self._log.info("consumer.stopped")
+
+    async def _process(self, msg: Msg) -> None:
+        delivery = Delivery(msg)
+        ctx = {"stream_seq": delivery.stream_seq, "delivery": delivery.num_delivered}
+        heartbeat = asyncio.create_task(self._keep_alive(msg))
+        try:
+            with structlog.contextvars.bound_contextvars(consumer=self.spec.durable, **ctx):
+                try:
+                    await self._dispatch(msg, delivery)
+                except (PermanentError, ProtocolError, ValidationError) as exc:
+                    heartbeat.cancel()
+                    await self._dead_letter(msg, delivery, exc)
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    heartbeat.cancel()
+                    if delivery.num_delivered >= self.spec.max_deliver:
+                        await self._dead_letter(msg, delivery, exc)
+                        return
+                    backoff = self.spec.backoff_s
+                    delay = backoff[min(delivery.num_delivered - 1, len(backoff) - 1)]
+                    self._log.warning("handler.retry", error=repr(exc), delay_s=delay, exc_info=True)
+                    await msg.nak(delay=delay)
+                    return
+                heartbeat.cancel()
+                await msg.ack_sync()
+        except Exception as exc:  # ack/nak/term failed: the message comes back after ack_wait
+            self._log.warning("consumer.settle_failed", error=repr(exc))
+        finally:
+            heartbeat.cancel()
+
+    async def _dispatch(self, msg: Msg, delivery: Delivery) -> None:
+        if self._raw_handler is not None:
+            await self._raw_handler(msg.data, delivery)
+            return
+        assert self._handler is not None
+        event = decode(msg.data)
+        negotiate(SUPPORTED_VERSIONS, [event.protocolversion])  # refuses explicitly (PRO-3)
+        with structlog.contextvars.bound_contextvars(ce_id=event.id, ce_type=event.type, run_id=event.runid):
+            await self._handler(event, delivery)
+
+    async def _keep_alive(self, msg: Msg) -> None:
+        with contextlib.suppress(Exception):
+            while True:
+                await asyncio.sleep(max(self._ack_wait / 3, 0.2))
+                await msg.in_progress()
+
+    async def _dead_letter(self, msg: Msg, delivery: Delivery, exc: BaseException) -> None:
+        """Copy the message to the DLQ stream, journal it, then terminate it. Never loses it."""
+        error = f"{type(exc).__name__}: {exc}"[:4096]
+        dlq_subject = f"{DLQ_PREFIX}.{self.spec.durable}"
+        original_id = original_type = run_id = None
+        try:
+            env = decode(msg.data)
+            original_id, original_type, run_id = env.id, env.type, env.runid
+        except ProtocolError:
+            pass
+        headers = {k: v for k, v in (msg.headers or {}).items() if not k.startswith("Nats-")}
+        headers.update(
+            {
+                "Nats-Msg-Id": derive_id("dlq", self.spec.durable, str(delivery.stream_seq)),
+                "Temporality-Error": error.replace("\r", " ").replace("\n", " ")[:1024],
+                "Temporality-Original-Subject": delivery.subject,
+                "Temporality-Stream-Seq": str(delivery.stream_seq),
+                "Temporality-Consumer": self.spec.durable,
+            }
+        )
+        await self.bus.publish_raw(dlq_subject, msg.data, headers)
+        event = make_event(
+            BusDeadLettered(
+                consumer=self.spec.durable,
+                stream=self.spec.stream,
+                subject=delivery.subject,
+                stream_seq=delivery.stream_seq,
+                deliveries=delivery.num_delivered,
+                error=error,
+                dlq_subject=dlq_subject,
+                original_id=original_id,
+                original_type=original_type,
+            ),
+            source=f"/temporality/{self.bus.name}",
+            id=derive_id("evt-dlq", self.spec.durable, str(delivery.stream_seq)),
+            run_id=run_id,
+            actor=f"service:{self.bus.name}",
+        )
+        await self.bus.publish(event)
+        await msg.term()
+        self._log.error("message.dead_lettered", error=error, dlq_subject=dlq_subject, original_id=original_id)

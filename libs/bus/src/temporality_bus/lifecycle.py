@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+from pathlib import Path
 
-__all__ = ["stop_on_signals"]
+__all__ = ["mark_ready", "stop_on_signals"]
 
 
 def stop_on_signals(loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Event:
@@ -15,3 +17,13 @@ def stop_on_signals(loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Ev
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+def mark_ready(path: Path | None) -> None:
+    """Write ``path`` atomically (pid inside) to say the process is ready; no-op without a path."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(f"{os.getpid()}\n")
+    tmp.replace(path)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["LogSettings", "NatsSettings"]
+__all__ = ["LogSettings", "NatsSettings", "ProcessSettings"]
 
 
 class NatsSettings(BaseSettings):
@@ -36,3 +37,13 @@ class LogSettings(BaseSettings):
 
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["json", "console"] = "json"
+
+
+class ProcessSettings(BaseSettings):
+    """``TEMPORALITY_*`` settings every service process understands."""
+
+    model_config = SettingsConfigDict(env_prefix="TEMPORALITY_", extra="ignore")
+
+    #: Written (with the pid) once the service is connected, has ensured the layout and is consuming /
+    #: serving; the embedded launcher and the tests wait on it. Kubernetes uses HTTP probes instead.
+    ready_file: Path | None = None

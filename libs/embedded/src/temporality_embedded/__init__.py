@@ -1,0 +1,7 @@
+"""The embedded Temporality: one command runs nats-server, SQLite and the five services."""
+
+from temporality_embedded.natsserver import NatsServer, nats_server_binary
+from temporality_embedded.processes import SERVICES, ServiceProcess, free_port
+from temporality_embedded.stack import Stack, StackConfig
+
+__all__ = ["SERVICES", "NatsServer", "ServiceProcess", "Stack", "StackConfig", "free_port", "nats_server_binary"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import builtins
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.formats.json import JSONFormat
@@ -62,7 +62,11 @@ class Envelope(BaseModel):
     def nats_subject(self) -> str:
         return subject_for(self.type)
 
-    def payload(self, model: builtins.type[D] | None = None) -> D:
+    @overload
+    def payload(self) -> EventData: ...
+    @overload
+    def payload(self, model: builtins.type[D]) -> D: ...
+    def payload(self, model: builtins.type[EventData] | None = None) -> EventData:
         """The validated ``data``; with no model, the one the catalogue registers for ``type``."""
         target = model or EVENT_MODELS.get(self.type)
         if target is None:
@@ -70,7 +74,7 @@ class Envelope(BaseModel):
         if target.EVENT_TYPE != self.type:
             raise InvalidEnvelope(f"event {self.id} is {self.type}, not {target.EVENT_TYPE}")
         try:
-            return target.model_validate(self.data)  # type: ignore[return-value]
+            return target.model_validate(self.data)
         except ValidationError as exc:
             raise InvalidEnvelope(f"event {self.id} ({self.type}) has invalid data: {exc}") from exc
 

@@ -219,7 +219,7 @@ class RunResumed(EventData):
 
     EVENT_TYPE: ClassVar[str] = "run.resumed"
     run_id: str
-    reason: Literal["answer", "expiry", "recovery"]
+    reason: Literal["answer", "expiry", "rejection", "recovery"]
     from_turn: int
     request_id: str | None = None
     waited_s: float | None = None

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from temporality_bus import Bus, NatsSettings
+from temporality_embedded.natsserver import NatsServer
 from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS
-from temporality_testing.natsserver import NatsServer
+from temporality_testing.events import EventLog
 
 
 @pytest.fixture
@@ -52,3 +53,12 @@ def require_shared() -> Path:
     if found is None:
         pytest.skip("../shared/fixtures not present (it exists only on the team's machines); real-payload test skipped")
     return found
+
+
+@pytest.fixture
+async def event_log(bus: Bus) -> AsyncIterator[EventLog]:
+    log = await EventLog(bus.nc).start()
+    try:
+        yield log
+    finally:
+        await log.stop()

@@ -1,0 +1,101 @@
+"""``temporality up``: the embedded Temporality in one command; Ctrl-C stops it all."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from temporality_embedded.stack import Stack, StackConfig
+
+__all__ = ["main"]
+
+
+def _out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _webhook_lines(stack: Stack, config_dir: Path) -> list[str]:
+    try:
+        doc: Any = yaml.safe_load((config_dir / "triggers.yaml").read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    lines = []
+    for trigger in doc.get("triggers") or []:
+        if isinstance(trigger, dict) and trigger.get("type", "webhook") == "webhook":
+            lines.append(f"  Webhook {trigger.get('id')!s:<22} POST {stack.gateway_url}/hooks/{trigger.get('id')}")
+    return lines
+
+
+def up(args: argparse.Namespace) -> int:
+    config_dir = Path(args.config_dir)
+    for name in ("triggers.yaml", "users.yaml", "agents.yaml"):
+        if not (config_dir / name).is_file():
+            _out(f"error: {config_dir / name} not found (use --config-dir)")
+            return 2
+    stack = Stack(
+        StackConfig(
+            data_dir=Path(args.data_dir),
+            config_dir=config_dir,
+            gateway_port=args.gateway_port,
+            human_port=args.human_port,
+            journal_port=args.journal_port,
+            nats_port=args.nats_port,
+            log_format="console",
+        )
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    _out("Starting Temporality: nats-server (JetStream) + SQLite + 5 services ...")
+    try:
+        stack.start()
+    except (RuntimeError, TimeoutError) as exc:
+        _out(f"error: could not start: {exc}")
+        return 1
+    _out("Temporality is up.")
+    for line in _webhook_lines(stack, config_dir):
+        _out(line)
+    _out(f"  Web inbox API              {stack.human_url}/inbox   (Authorization: Bearer <user's inbox token>)")
+    _out(f"  Journal API                {stack.journal_url}/runs")
+    _out(f"  NATS (JetStream)           {stack.nats.url}   (every event on temporality.events.>)")
+    _out(f"  Data and logs              {stack.data_dir}   (logs in {stack.data_dir / 'run'})")
+    _out("Press Ctrl-C to stop.")
+    code = 0
+    while not stop.wait(1.0):
+        dead = stack.dead()
+        if dead:
+            for name in dead:
+                _out(f"error: {name} exited unexpectedly; last log lines:\n{stack.services[name].log_tail()}")
+            code = 1
+            break
+    _out("Stopping ...")
+    stack.stop()
+    _out("Stopped.")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="temporality", description="Temporality: event-triggered agent runs")
+    commands = parser.add_subparsers(dest="command", required=True)
+    p_up = commands.add_parser("up", help="run nats-server, SQLite and the five services on this machine")
+    p_up.add_argument("--data-dir", default=".temporality", help="JetStream store, SQLite journal, logs")
+    p_up.add_argument("--config-dir", default="config", help="triggers.yaml, users.yaml, agents.yaml")
+    p_up.add_argument("--gateway-port", type=int, default=8080)
+    p_up.add_argument("--human-port", type=int, default=8081)
+    p_up.add_argument("--journal-port", type=int, default=8082)
+    p_up.add_argument("--nats-port", type=int, default=-1, help="-1 picks a free port")
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return up(args)
+    return 2  # pragma: no cover - argparse enforces the choices
+
+
+if __name__ == "__main__":
+    sys.exit(main())

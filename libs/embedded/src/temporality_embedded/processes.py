@@ -1,0 +1,113 @@
+"""Service processes: start one of the five services as its own OS process, wait for it, stop or kill it.
+
+Used by ``temporality up`` and by the cross-service tests (which kill -9 and restart services).
+Readiness is the file a service writes once it is connected and consuming (``TEMPORALITY_READY_FILE``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+__all__ = ["SERVICES", "ServiceProcess", "free_port"]
+
+#: service name -> its Python package (each has ``__main__``).
+SERVICES: dict[str, str] = {
+    "trigger-gateway": "temporality_trigger_gateway",
+    "run-executor": "temporality_run_executor",
+    "human-interaction": "temporality_human_interaction",
+    "agent-collab": "temporality_agent_collab",
+    "journal": "temporality_journal",
+}
+
+
+def free_port() -> int:
+    """A port the OS just handed out on 127.0.0.1 (closed again, so a tiny race remains)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServiceProcess:
+    def __init__(self, name: str, env: Mapping[str, str], run_dir: Path, *, cwd: Path | None = None) -> None:
+        if name not in SERVICES:
+            raise ValueError(f"unknown service {name!r}; known: {sorted(SERVICES)}")
+        self.name = name
+        self.run_dir = run_dir
+        self.ready_file = run_dir / f"{name}.ready"
+        self.log_file = run_dir / f"{name}.log"
+        self.env = {**os.environ, **env, "TEMPORALITY_READY_FILE": str(self.ready_file)}
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.ready_file.unlink(missing_ok=True)
+        self._log = self.log_file.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", SERVICES[self.name]],
+            env=self.env,
+            cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C in a terminal reaches the launcher, which stops us in order
+        )
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready_file.exists():
+                return
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} not ready after {timeout}s:\n{self.log_tail()}")
+
+    def terminate(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, wait for the graceful drain, SIGKILL if it overruns."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._close_log()
+        return self.proc.returncode
+
+    def kill9(self) -> None:
+        """kill -9: no drain, no acks, no goodbye."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self._close_log()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None

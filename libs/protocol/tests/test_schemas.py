@@ -1,0 +1,269 @@
+"""schemas/ is generated from the models (DC-4): committed copy is fresh, schemas describe real events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from jsonschema import Draft202012Validator, ValidationError
+
+from temporality_protocol import EVENT_MODELS, EventData, encode, make_event
+from temporality_protocol.catalog import CONSUMERS, EVENTS_PREFIX, RPC_GET_COLLABORATORS, subject_for
+from temporality_protocol.events import (
+    Actor,
+    BusDeadLettered,
+    Collaborator,
+    CollaboratorsQuery,
+    CollaboratorsReply,
+    HumanAnswered,
+    HumanExpired,
+    HumanNotified,
+    HumanOption,
+    HumanPolicy,
+    HumanRejected,
+    HumanRequested,
+    LaunchSource,
+    NormalizedEvent,
+    OptionAnswer,
+    RunCancelled,
+    RunCheckpointed,
+    RunCompleted,
+    RunCreated,
+    RunFailed,
+    RunRequested,
+    RunResumed,
+    RunStarted,
+    RunToolCalled,
+    TextAnswer,
+    TimeoutPolicy,
+    TriggerAccepted,
+    TriggerReceived,
+    TriggerRejected,
+)
+from temporality_protocol.schemagen import SERVICES, build_asyncapi, check, main, render
+
+SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
+T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+_LAUNCH = LaunchSource(kind="webhook", trigger_id="trg-pr", delivery_id="dlv-1")
+_POLICY = HumanPolicy(
+    allowed_recipients=["user:alice"], on_timeout=TimeoutPolicy(action="default", default_option="keep-v1")
+)
+
+#: One realistic instance per event type, optional fields filled so nested shapes are exercised.
+EXAMPLES: dict[str, EventData] = {
+    m.EVENT_TYPE: m
+    for m in (
+        TriggerReceived(
+            trigger_id="trg-pr", delivery_id="dlv-1", adapter="azure_devops.pull_request",
+            source_event_id="ado-1", source_event_type="git.pullrequest.created", body_bytes=5120,
+        ),
+        TriggerAccepted(trigger_id="trg-pr", delivery_id="dlv-1", source_event_id="ado-1", run_id="run-1", agent="reviewer"),
+        TriggerRejected(
+            trigger_id="trg-pr", delivery_id="dlv-2", reason="duplicate", detail="already started run-1",
+            source_event_id="ado-1", run_id="run-1",
+        ),
+        RunRequested(
+            run_id="run-1", agent="reviewer", title="Review PR 42", launch=_LAUNCH,
+            event=NormalizedEvent(
+                id="ado-1", type="azure_devops.git.pullrequest.created", source="https://dev.azure.com/fabrikam",
+                timestamp=T0, actor=Actor(id="alice", display_name="Alice"), tenant="fabrikam",
+                payload={"pull_request": {"id": 42}}, metadata={"project": "web"},
+            ),
+            input={"repository": "web"}, human=_POLICY, parent_run_id="run-0",
+        ),
+        RunCreated(run_id="run-1", agent="reviewer", title="Review PR 42", launch=_LAUNCH),
+        RunStarted(run_id="run-1", agent="reviewer", role="reviewer", title="Review PR 42", parent_run_id="run-0"),
+        RunToolCalled(
+            run_id="run-1", turn=1, call_id="call-1", tool="read_diff", arguments={"path": "a.py"}, result_preview="+x",
+        ),
+        RunCheckpointed(run_id="run-1", checkpoint_id="ckp-1", turn=1),
+        RunResumed(run_id="run-1", reason="answer", from_turn=2, request_id="hr-1", waited_s=840.0),
+        RunCompleted(run_id="run-1", result="Approved with one comment", turns=4),
+        RunFailed(run_id="run-1", reason="timeout", error="nobody answered"),
+        RunCancelled(run_id="run-1", reason="cancelled by user:alice"),
+        HumanRequested(
+            request_id="hr-1", run_id="run-1", agent="reviewer", title="Review PR 42", recipient="user:alice",
+            question="Keep the v1 endpoint?", context="The PR removes /v1; two clients still call it.",
+            options=[HumanOption(id="keep-v1", label="Keep v1", consequence="PR gets a change request")],
+            timeout_s=3600, expires_at=T0 + timedelta(hours=1), policy=_POLICY, turn=2,
+        ),
+        HumanNotified(request_id="hr-1", run_id="run-1", recipient="user:alice", channel="matrix", fallback_from="telegram"),
+        HumanRejected(
+            request_id="hr-1", run_id="run-1", recipient="user:mallory", reason="recipient_not_allowed",
+            detail="user:mallory is not in allowed_recipients",
+        ),
+        HumanAnswered(
+            request_id="hr-1", run_id="run-1", recipient="user:alice", responder="user:alice",
+            answer=TextAnswer(value="keep it one more release"), channel="web", waited_s=840.0,
+        ),
+        HumanExpired(
+            request_id="hr-1", run_id="run-1", recipient="user:alice", action="default",
+            default_answer=OptionAnswer(option_id="keep-v1", label="Keep v1"), waited_s=3600.0,
+        ),
+        BusDeadLettered(
+            consumer="journal", stream="TEMPORALITY_EVENTS", subject="temporality.events.run.started", stream_seq=7,
+            deliveries=8, error="bad data", dlq_subject="temporality.dlq.journal", original_id="evt-1",
+            original_type="run.started",
+        ),
+    )
+}  # fmt: skip
+
+
+def _load(path: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return loaded
+
+
+def _validator(relative: str) -> Draft202012Validator:
+    schema = _load(SCHEMAS / relative)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# --------------------------------------------------------------------------- freshness
+def test_committed_schemas_are_fresh(tmp_path: Path) -> None:
+    assert main([str(tmp_path)]) == 0
+    fresh, committed = _files(tmp_path), _files(SCHEMAS)
+    stale = sorted(p for p in fresh.keys() | committed.keys() if fresh.get(p) != committed.get(p))
+    assert not stale, f"schemas/ is stale ({', '.join(stale)}): run make schemas"
+
+
+def test_generation_is_deterministic() -> None:
+    assert render() == render()
+
+
+def test_check_lists_stale_and_extra_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path)]) == 0
+    assert main([str(tmp_path), "--check"]) == 0
+    (tmp_path / "events" / "run.started.schema.json").write_text("{}\n", encoding="utf-8")
+    (tmp_path / "events" / "run.gone.schema.json").write_text("{}\n", encoding="utf-8")
+    (tmp_path / "asyncapi.yaml").unlink()
+    capsys.readouterr()
+    assert main([str(tmp_path), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "make schemas" in err
+    for name in ("events/run.started.schema.json", "events/run.gone.schema.json", "asyncapi.yaml"):
+        assert name in err
+    assert main([str(tmp_path)]) == 0  # rewriting repairs it and drops what is no longer generated
+    assert check(tmp_path) == []
+    assert not (tmp_path / "events" / "run.gone.schema.json").exists()
+
+
+# --------------------------------------------------------------------------- schemas describe real events
+def test_every_event_type_has_an_example() -> None:
+    assert set(EXAMPLES) == set(EVENT_MODELS), "add an example for each new event type to EXAMPLES"
+
+
+@pytest.mark.parametrize("event_type", sorted(EVENT_MODELS))
+def test_event_schema_validates_encoded_example(event_type: str) -> None:
+    wire = json.loads(
+        encode(make_event(EXAMPLES[event_type], source="/temporality/test", run_id="run-1", actor="user:alice"))
+    )
+    _validator("envelope.schema.json").validate(wire)
+    schema = _validator(f"events/{event_type}.schema.json")
+    schema.validate(wire["data"])
+    assert schema.schema["x-event-type"] == event_type
+    assert schema.schema["x-nats-subject"] == subject_for(event_type)
+    assert schema.schema["$id"].endswith(f":event:{event_type}")
+    required = schema.schema["required"]
+    broken = {k: v for k, v in wire["data"].items() if k != required[0]}
+    with pytest.raises(ValidationError):
+        schema.validate(broken)
+
+
+def test_envelope_schema_requires_our_attributes() -> None:
+    envelope = _validator("envelope.schema.json")
+    assert {"runid", "correlationid", "causationid", "actor", "tenant", "protocolversion"} <= set(
+        envelope.schema["properties"]
+    )
+    wire = json.loads(encode(make_event(EXAMPLES["run.started"], source="/x")))
+    envelope.validate(wire)
+    for attribute in ("protocolversion", "specversion", "id", "type"):
+        with pytest.raises(ValidationError):
+            envelope.validate({k: v for k, v in wire.items() if k != attribute})
+
+
+def test_rpc_schemas_validate_real_bodies() -> None:
+    query = CollaboratorsQuery(run_id="run-1")
+    reply = CollaboratorsReply(
+        run_id="run-1", saga_id="run-0", protocol_version="1.0",
+        collaborators=[Collaborator(id="agent:reviewer", kind="agent", role="reviewer", task="Review", status="running")],
+    )  # fmt: skip
+    _validator("rpc/collab.get_collaborators.request.schema.json").validate(query.model_dump(mode="json"))
+    _validator("rpc/collab.get_collaborators.reply.schema.json").validate(reply.model_dump(mode="json"))
+
+
+# --------------------------------------------------------------------------- AsyncAPI
+@pytest.fixture(scope="module")
+def asyncapi() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((SCHEMAS / "asyncapi.yaml").read_text(encoding="utf-8"))
+    return doc
+
+
+def test_asyncapi_parses_back_to_the_generated_document(asyncapi: dict[str, Any]) -> None:
+    assert asyncapi == build_asyncapi()  # the hand-rolled YAML emitter round-trips through PyYAML
+    assert asyncapi["asyncapi"] == "3.0.0"
+    assert asyncapi["info"]["version"] == "1.0"
+    assert asyncapi["servers"]["nats"]["protocol"] == "nats"
+
+
+def test_asyncapi_lists_every_event_type(asyncapi: dict[str, Any]) -> None:
+    addresses = {ch["address"]: ch for ch in asyncapi["channels"].values()}
+    for event_type in EVENT_MODELS:
+        channel = addresses[subject_for(event_type)]
+        (ref,) = channel["messages"].values()
+        message = asyncapi["components"]["messages"][ref["$ref"].rsplit("/", 1)[1]]
+        assert message["name"] == event_type
+        assert message["contentType"] == "application/cloudevents+json"
+        assert {"$ref": f"./events/{event_type}.schema.json"} in (
+            s.get("properties", {}).get("data") for s in message["payload"]["allOf"]
+        )
+    assert RPC_GET_COLLABORATORS in addresses
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref":
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
+def test_asyncapi_references_resolve(asyncapi: dict[str, Any]) -> None:
+    for ref in _refs(asyncapi):
+        if ref.startswith("#/"):
+            node: Any = asyncapi
+            for part in ref[2:].split("/"):
+                node = node[part]
+        else:
+            assert (SCHEMAS / ref).is_file(), ref
+
+
+def test_asyncapi_operations_match_consumer_catalogue(asyncapi: dict[str, Any]) -> None:
+    """Each durable consumer's filter subjects are receive operations of the service that owns it."""
+    received: dict[str, set[str]] = {}
+    for operation in asyncapi["operations"].values():
+        if operation["action"] == "receive":
+            channel = asyncapi["channels"][operation["channel"]["$ref"].rsplit("/", 1)[1]]
+            received.setdefault(operation["tags"][0]["name"], set()).add(channel["address"])
+    services = {s.name for s in SERVICES}
+    known_subjects = {subject_for(t) for t in EVENT_MODELS}
+    for durable, spec in CONSUMERS.items():
+        service = next((s for s in services if durable.startswith(s)), None)
+        assert service is not None, f"consumer {durable} belongs to no service"
+        for subject in spec.filter_subjects:
+            if subject in known_subjects or subject == f"{EVENTS_PREFIX}.>":  # timers are internal
+                assert subject in received.get(service, set()), f"{service} ({durable}) receives {subject}"

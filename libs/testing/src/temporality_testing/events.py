@@ -1,0 +1,67 @@
+"""EventLog: read the journal stream (temporality.events.>) from the start and wait on events, never sleep."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from nats.aio.client import Client as NATS
+from nats.js.api import DeliverPolicy
+
+from temporality_protocol import Envelope, decode
+from temporality_protocol.catalog import EVENTS_PREFIX
+
+__all__ = ["EventLog"]
+
+
+class EventLog:
+    def __init__(self, nc: NATS, subject: str = f"{EVENTS_PREFIX}.>") -> None:
+        self._nc = nc
+        self._subject = subject
+        self.events: list[Envelope] = []
+        self._changed = asyncio.Condition()
+        self._sub: object | None = None
+
+    async def start(self) -> EventLog:
+        js = self._nc.jetstream()
+
+        async def on_msg(msg: object) -> None:
+            event = decode(msg.data)  # type: ignore[attr-defined]
+            async with self._changed:
+                self.events.append(event)
+                self._changed.notify_all()
+
+        self._sub = await js.subscribe(
+            self._subject, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+        )
+        return self
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()  # type: ignore[attr-defined]
+
+    def of_type(self, event_type: str, run_id: str | None = None) -> list[Envelope]:
+        return [e for e in self.events if e.type == event_type and (run_id is None or e.runid == run_id)]
+
+    async def wait_for(
+        self,
+        event_type: str,
+        *,
+        run_id: str | None = None,
+        where: Callable[[Envelope], bool] = lambda _e: True,
+        count: int = 1,
+        timeout_s: float = 30.0,
+    ) -> list[Envelope]:
+        """Wait until ``count`` matching events have been seen; return them (TimeoutError says what was seen)."""
+
+        def matches() -> list[Envelope]:
+            return [e for e in self.of_type(event_type, run_id) if where(e)]
+
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._changed:
+                    await self._changed.wait_for(lambda: len(matches()) >= count)
+        except TimeoutError:
+            seen = [(e.type, e.runid) for e in self.events]
+            raise TimeoutError(f"waited {timeout_s}s for {count}x {event_type} (run {run_id}); saw {seen}") from None
+        return matches()

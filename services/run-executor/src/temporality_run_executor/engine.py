@@ -1,0 +1,445 @@
+"""The durable run engine: runs are state machines in KV, never coroutines waiting in memory.
+
+``run.requested``  -> create the run once (KV create-if-absent) -> ``running`` -> drive turns.
+A turn = one provider call + its tool calls, then a checkpoint (KV, AP-7) + ``run.checkpointed``.
+``ask_human``      -> checkpoint with the pending ask -> publish ``human.requested`` ->
+                      ``waiting_for_human`` -> the handler returns, the message is acked, nothing stays
+                      in memory (RUN-3).
+``human.*``        -> ``resuming`` -> the outcome becomes the tool result -> ``running`` -> drive.
+
+Every fact is published with a deterministic id *before* the state that records it is committed, so a
+crash at any point is repaired by redelivery: the replay republishes the same ids (deduplicated) and
+continues from the last checkpoint (AP-8), announcing it with ``run.resumed`` (reason ``recovery``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import structlog
+from pydantic import ValidationError
+
+from temporality_bus import AlreadyExists, Bus, Conflict, Delivery, PermanentError, Store, TransientError, Versioned
+from temporality_protocol import (
+    RUN,
+    Envelope,
+    EventData,
+    HumanAnswered,
+    HumanExpired,
+    HumanRejected,
+    HumanRequested,
+    RunCheckpointed,
+    RunCompleted,
+    RunCreated,
+    RunFailed,
+    RunRequested,
+    RunResumed,
+    RunStarted,
+    RunState,
+    RunToolCalled,
+    derive_id,
+    make_event,
+)
+from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
+from temporality_run_executor.agents import AgentCard, AgentDirectory
+from temporality_run_executor.providers import PermanentProviderError, Provider, ProviderError
+from temporality_run_executor.records import Checkpoint, Message, PendingAsk, RunRecord
+from temporality_run_executor.tools import ASK_HUMAN, AskHumanArgs, ToolError, execute, specs
+
+__all__ = ["SOURCE", "Engine"]
+
+SOURCE = "/temporality/run-executor"
+log = structlog.get_logger(__name__)
+ProviderFactory = Callable[[AgentCard], Provider]
+_CAS_ATTEMPTS = 8
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _tool_error(message: str) -> str:
+    return json.dumps({"error": message})
+
+
+class Engine:
+    def __init__(
+        self,
+        bus: Bus,
+        runs: Store[RunRecord],
+        checkpoints: Store[Checkpoint],
+        agents: AgentDirectory,
+        provider_for: ProviderFactory,
+        *,
+        max_deliver: int,
+    ) -> None:
+        self.bus = bus
+        self.runs = runs
+        self.checkpoints = checkpoints
+        self.agents = agents
+        self.provider_for = provider_for
+        self.max_deliver = max_deliver
+
+    @classmethod
+    async def open(cls, bus: Bus, agents: AgentDirectory, provider_for: ProviderFactory, *, max_deliver: int) -> Engine:
+        return cls(
+            bus,
+            await bus.store(BUCKET_RUNS, RunRecord),
+            await bus.store(BUCKET_CHECKPOINTS, Checkpoint),
+            agents,
+            provider_for,
+            max_deliver=max_deliver,
+        )
+
+    # ------------------------------------------------------------------ handlers
+    async def on_run_requested(self, event: Envelope, delivery: Delivery) -> None:
+        req = event.payload(RunRequested)
+        structlog.contextvars.bind_contextvars(run_id=req.run_id)
+        current = await self.runs.get(req.run_id)
+        if current is None:
+            now = _now()
+            record = RunRecord(
+                run_id=req.run_id,
+                state=RUN.initial,
+                agent=req.agent,
+                title=req.title,
+                launch=req.launch,
+                input=req.input,
+                event=req.event,
+                human=req.human,
+                parent_run_id=req.parent_run_id,
+                correlation_id=event.correlationid or req.run_id,
+                tenant=event.tenant,
+                created_at=now,
+                updated_at=now,
+            )
+            try:
+                await self.runs.create(req.run_id, record)
+                log.info("run.created", agent=req.agent)
+            except AlreadyExists:
+                log.info("run.exists")
+            current = await self._get(req.run_id)
+        run = current.value
+        await self._emit(run, RunCreated(run_id=run.run_id, agent=run.agent, title=run.title, launch=run.launch))
+        if run.state not in (RunState.PENDING, RunState.RUNNING):
+            log.info("run.requested.duplicate", state=run.state.value)  # parked, resuming or finished
+            return
+        card = self.agents.get(run.agent)
+        if card is None:
+            await self._fail(run, "unknown_agent", f"no agent card named {run.agent!r}")
+            return
+        if run.state is RunState.PENDING:
+            try:
+                await self.checkpoints.create(run.run_id, self._initial_checkpoint(run, card))
+            except AlreadyExists:
+                pass
+            run = await self._transition(run.run_id, RunState.RUNNING)
+        else:
+            ckpt = await self._checkpoint(run.run_id)
+            await self._emit(
+                run,
+                RunResumed(run_id=run.run_id, reason="recovery", from_turn=ckpt.value.turn),
+                "recovery",
+                str(delivery.stream_seq),
+                str(delivery.num_delivered),
+            )
+            log.warning("run.recovering", from_turn=ckpt.value.turn)
+        await self._emit(
+            run,
+            RunStarted(
+                run_id=run.run_id, agent=card.id, role=card.role, title=run.title, parent_run_id=run.parent_run_id
+            ),
+        )
+        await self._drive(run.run_id, card, delivery)
+
+    async def on_human_event(self, event: Envelope, delivery: Delivery) -> None:
+        data = event.payload()
+        outcome: dict[str, Any]
+        reason: Literal["answer", "expiry", "rejection"]
+        waited: float | None = None
+        if isinstance(data, HumanAnswered):
+            reason = "answer"
+            waited = data.waited_s
+            outcome = {
+                "request_id": data.request_id,
+                "status": "answered",
+                "responder": data.responder,
+                "channel": data.channel,
+                "answer": data.answer.model_dump(mode="json"),
+            }
+        elif isinstance(data, HumanExpired):
+            reason = "expiry"
+            waited = data.waited_s
+            outcome = {
+                "request_id": data.request_id,
+                "status": "expired",
+                "note": "nobody answered in time; the timeout policy's default applies",
+                "answer": data.default_answer.model_dump(mode="json") if data.default_answer else None,
+            }
+        elif isinstance(data, HumanRejected):
+            reason = "rejection"
+            outcome = {"request_id": data.request_id, "status": "rejected", "error": f"{data.reason}: {data.detail}"}
+        else:
+            raise PermanentError(f"run-executor does not handle {event.type}")
+        request_id = data.request_id
+        structlog.contextvars.bind_contextvars(run_id=data.run_id, request_id=request_id)
+
+        current = await self.runs.get(data.run_id)
+        if current is None:
+            raise PermanentError(f"{event.type} for unknown run {data.run_id}")
+        run = current.value
+        card = self.agents.get(run.agent)
+        if card is None:
+            await self._fail(run, "unknown_agent", f"no agent card named {run.agent!r}")
+            return
+        ckpt = (await self._checkpoint(run.run_id)).value
+
+        if run.state is RunState.WAITING_FOR_HUMAN:
+            if run.waiting_request_id != request_id:
+                log.info("human.outcome.stale", waiting_for=run.waiting_request_id)
+                return
+            if isinstance(data, HumanExpired) and data.action == "fail":
+                await self._fail(run, "human_request_expired", f"no answer to {request_id} in time")
+                return
+            await self._emit(
+                run,
+                RunResumed(
+                    run_id=run.run_id, reason=reason, from_turn=ckpt.turn, request_id=request_id, waited_s=waited
+                ),
+                request_id,
+                causation=event.id,
+            )
+            run = await self._transition(run.run_id, RunState.RESUMING)
+        if run.state is RunState.RESUMING:
+            await self._apply_outcome(run.run_id, request_id, outcome)
+            run = await self._transition(run.run_id, RunState.RUNNING, waiting_request_id=None, waiting_since=None)
+        elif run.state is RunState.RUNNING:
+            fresh = (await self._checkpoint(run.run_id)).value
+            if fresh.pending is not None and fresh.pending.request_id == request_id:
+                raise TransientError("the run has not finished parking on this request yet")
+            if request_id not in fresh.applied_requests:
+                log.info("human.outcome.stale", state=run.state.value)
+                return
+            log.warning("run.recovering.after_resume")
+        else:
+            log.info("human.outcome.ignored", state=run.state.value)
+            return
+        await self._drive(run.run_id, card, delivery)
+
+    # ------------------------------------------------------------------ the loop
+    async def _drive(self, run_id: str, card: AgentCard, delivery: Delivery) -> None:
+        provider = self.provider_for(card)
+        tools = specs(card.tools)
+        while True:
+            run = (await self._get(run_id)).value
+            if run.state is not RunState.RUNNING:
+                return
+            versioned = await self._checkpoint(run_id)
+            ckpt = versioned.value
+            if ckpt.pending is not None:
+                await self._park(run, ckpt)
+                return
+            if ckpt.turn >= card.limits.max_turns:
+                await self._fail(run, "max_turns", f"the agent used all {card.limits.max_turns} turns")
+                return
+            turn = ckpt.turn + 1
+            try:
+                reply = await provider.complete(ckpt.messages, tools)
+            except ProviderError as exc:
+                if isinstance(exc, PermanentProviderError) or delivery.num_delivered >= self.max_deliver:
+                    await self._fail(run, "provider_error", str(exc))
+                    return
+                raise
+            if not reply.tool_calls:
+                await self._complete(run, reply.content or "", turn)
+                return
+            messages = [*ckpt.messages, Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls)]
+            pending: PendingAsk | None = None
+            for index, call in enumerate(reply.tool_calls):
+                if call.name not in card.tools:
+                    result = _tool_error(f"tool {call.name!r} is not allowed for agent {card.id}")
+                elif call.name == ASK_HUMAN:
+                    if pending is not None:
+                        result = _tool_error("one ask_human per turn: ask again after the first answer")
+                    else:
+                        try:
+                            args = AskHumanArgs.model_validate(call.arguments)
+                        except ValidationError as exc:
+                            result = _tool_error(f"invalid ask_human arguments: {exc}")
+                        else:
+                            pending = PendingAsk(
+                                request_id=derive_id("hr", run_id, str(turn), str(index)),
+                                call_id=call.id,
+                                turn=turn,
+                                asked_at=_now(),
+                                arguments=args.model_dump(mode="json"),
+                            )
+                            continue
+                else:
+                    try:
+                        result = await execute(call.name, call.arguments, run)
+                    except ToolError as exc:
+                        result = _tool_error(str(exc))
+                messages.append(Message(role="tool", tool_call_id=call.id, name=call.name, content=result))
+                await self._emit(
+                    run,
+                    RunToolCalled(
+                        run_id=run_id,
+                        turn=turn,
+                        call_id=call.id,
+                        tool=call.name,
+                        arguments=call.arguments,
+                        result_preview=result[:4096],
+                    ),
+                    str(turn),
+                    str(index),
+                )
+            saved = ckpt.model_copy(
+                update={
+                    "checkpoint_id": derive_id("ckpt", run_id, str(turn)),
+                    "turn": turn,
+                    "saved_at": _now(),
+                    "messages": messages,
+                    "pending": pending,
+                }
+            )
+            await self.checkpoints.update(run_id, saved, versioned.revision)
+            await self._emit(
+                run, RunCheckpointed(run_id=run_id, checkpoint_id=saved.checkpoint_id, turn=turn), str(turn)
+            )
+
+    async def _park(self, run: RunRecord, ckpt: Checkpoint) -> None:
+        assert ckpt.pending is not None
+        pending = ckpt.pending
+        args = AskHumanArgs.model_validate(pending.arguments)
+        policy = run.human
+        timeout = min(args.timeout or policy.default_timeout_s, policy.max_timeout_s)
+        await self._emit(
+            run,
+            HumanRequested(
+                request_id=pending.request_id,
+                run_id=run.run_id,
+                agent=run.agent,
+                title=run.title,
+                recipient=args.recipient,
+                question=args.question,
+                context=args.context,
+                options=args.options,
+                timeout_s=timeout,
+                expires_at=pending.asked_at + timedelta(seconds=timeout),
+                policy=policy,
+                turn=pending.turn,
+            ),
+            pending.request_id,
+        )
+        await self._transition(
+            run.run_id,
+            RunState.WAITING_FOR_HUMAN,
+            waiting_request_id=pending.request_id,
+            waiting_since=pending.asked_at,
+        )
+        log.info("run.parked", request_id=pending.request_id, recipient=args.recipient)
+
+    async def _apply_outcome(self, run_id: str, request_id: str, outcome: dict[str, Any]) -> None:
+        for _ in range(_CAS_ATTEMPTS):
+            versioned = await self._checkpoint(run_id)
+            ckpt = versioned.value
+            if request_id in ckpt.applied_requests:
+                return
+            if ckpt.pending is None or ckpt.pending.request_id != request_id:
+                raise PermanentError(f"run {run_id} is not waiting on {request_id}")
+            message = Message(
+                role="tool",
+                tool_call_id=ckpt.pending.call_id,
+                name=ASK_HUMAN,
+                content=json.dumps(outcome, sort_keys=True),
+            )
+            updated = ckpt.model_copy(
+                update={
+                    "messages": [*ckpt.messages, message],
+                    "pending": None,
+                    "applied_requests": [*ckpt.applied_requests, request_id],
+                    "saved_at": _now(),
+                }
+            )
+            try:
+                await self.checkpoints.update(run_id, updated, versioned.revision)
+                return
+            except Conflict:
+                continue
+        raise TransientError(f"checkpoint of {run_id} kept changing")
+
+    # ------------------------------------------------------------------ outcomes
+    async def _complete(self, run: RunRecord, result: str, turns: int) -> None:
+        await self._emit(run, RunCompleted(run_id=run.run_id, result=result[:16384], turns=turns))
+        await self._transition(run.run_id, RunState.COMPLETED, result=result)
+        log.info("run.completed", turns=turns)
+
+    async def _fail(self, run: RunRecord, reason: str, error: str) -> None:
+        await self._emit(run, RunFailed(run_id=run.run_id, reason=reason, error=error))
+        current = (await self._get(run.run_id)).value
+        if current.state not in RUN.terminal:
+            await self._transition(run.run_id, RunState.FAILED, error=f"{reason}: {error}")
+        log.warning("run.failed", reason=reason, error=error)
+
+    # ------------------------------------------------------------------ plumbing
+    def _initial_checkpoint(self, run: RunRecord, card: AgentCard) -> Checkpoint:
+        askable = ", ".join(run.human.allowed_recipients) or "nobody"
+        task = "\n".join(
+            [
+                f"Task: {run.title}",
+                f"Launched by: {run.launch.kind} trigger {run.launch.trigger_id or '-'}",
+                f"People you may ask: {askable}",
+                "Call get_pr_context for the event's data.",
+            ]
+        )
+        return Checkpoint(
+            checkpoint_id=derive_id("ckpt", run.run_id, "0"),
+            run_id=run.run_id,
+            turn=0,
+            saved_at=_now(),
+            messages=[Message(role="system", content=card.system_prompt), Message(role="user", content=task)],
+        )
+
+    async def _get(self, run_id: str) -> Versioned[RunRecord]:
+        current = await self.runs.get(run_id)
+        if current is None:
+            raise TransientError(f"run {run_id} vanished")
+        return current
+
+    async def _checkpoint(self, run_id: str) -> Versioned[Checkpoint]:
+        current = await self.checkpoints.get(run_id)
+        if current is None:
+            raise TransientError(f"checkpoint of {run_id} not found")
+        return current
+
+    async def _transition(self, run_id: str, target: RunState, **changes: Any) -> RunRecord:
+        """Compare-and-set the run to ``target``; the state machine refuses illegal moves."""
+        for _ in range(_CAS_ATTEMPTS):
+            current = await self._get(run_id)
+            RUN.transition(current.value.state, target)
+            updated = current.value.model_copy(update={"state": target, "updated_at": _now(), **changes})
+            try:
+                await self.runs.update(run_id, updated, current.revision)
+            except Conflict:
+                continue
+            log.info("run.state", state=target.value)
+            return updated
+        raise TransientError(f"run {run_id} kept changing")
+
+    async def _emit(self, run: RunRecord, data: EventData, *id_parts: str, causation: str | None = None) -> None:
+        await self.bus.publish(
+            make_event(
+                data,
+                source=SOURCE,
+                id=derive_id("evt", run.run_id, data.EVENT_TYPE, *id_parts),
+                run_id=run.run_id,
+                correlation_id=run.correlation_id,
+                causation_id=causation,
+                actor=f"agent:{run.agent}",
+                tenant=run.tenant,
+            )
+        )

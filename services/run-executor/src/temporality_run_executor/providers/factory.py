@@ -1,0 +1,48 @@
+"""One provider per agent card, created on first use and closed at shutdown."""
+
+from __future__ import annotations
+
+import os
+
+from temporality_run_executor.agents import AgentCard
+from temporality_run_executor.providers.base import Provider
+from temporality_run_executor.providers.openai import OpenAICompatible
+from temporality_run_executor.providers.scripted import ScriptedReviewer
+
+__all__ = ["ProviderCache", "ProviderConfigError"]
+
+
+class ProviderConfigError(Exception):
+    pass
+
+
+class ProviderCache:
+    def __init__(self, *, scripted_think_s: float = 0.0) -> None:
+        self._think_s = scripted_think_s
+        self._providers: dict[str, Provider] = {}
+
+    def __call__(self, card: AgentCard) -> Provider:
+        if card.id not in self._providers:
+            self._providers[card.id] = self._build(card)
+        return self._providers[card.id]
+
+    def _build(self, card: AgentCard) -> Provider:
+        cfg = card.provider
+        if cfg.kind == "scripted":
+            if cfg.script != "reviewer":
+                raise ProviderConfigError(f"agent {card.id}: unknown script {cfg.script!r} (known: reviewer)")
+            return ScriptedReviewer(think_s=self._think_s)
+        if not cfg.base_url or not cfg.model:
+            raise ProviderConfigError(f"agent {card.id}: an openai provider needs base_url and model")
+        api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+        return OpenAICompatible(base_url=cfg.base_url, model=cfg.model, api_key=api_key, timeout_s=cfg.timeout_s)
+
+    def validate(self, cards: list[AgentCard]) -> None:
+        """Fail at start-up, not at the first run, on a bad provider config."""
+        for card in cards:
+            self(card)
+
+    async def aclose(self) -> None:
+        for provider in self._providers.values():
+            await provider.aclose()
+        self._providers.clear()

@@ -1,0 +1,240 @@
+"""The run engine over a real nats-server: park on ask_human, resume on the outcome, stay idempotent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from conftest import PR_WITH_CONTRACT_CHANGE, RunExecutor, run_requested
+from temporality_bus import Bus
+from temporality_protocol import (
+    HumanAnswered,
+    HumanExpired,
+    HumanRejected,
+    HumanRequested,
+    OptionAnswer,
+    RunFailed,
+    RunState,
+    TextAnswer,
+    TimeoutPolicy,
+    make_event,
+)
+from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
+from temporality_run_executor.records import Checkpoint, RunRecord
+from temporality_testing.events import EventLog
+
+
+async def _answer(bus: Bus, request: HumanRequested, answer: OptionAnswer | TextAnswer, msg_id: str = "") -> None:
+    data = HumanAnswered(
+        request_id=request.request_id,
+        run_id=request.run_id,
+        recipient=request.recipient,
+        responder=request.recipient,
+        answer=answer,
+        channel="web",
+        waited_s=3.0,
+    )
+    await bus.publish(
+        make_event(data, source="/test", id=msg_id or f"evt-ans-{request.request_id}", run_id=request.run_id)
+    )
+
+
+async def _drained(bus: Bus, timeout_s: float = 10) -> None:
+    """Wait (bounded) until both executor consumers have nothing pending and nothing unacked."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            infos = [
+                await bus.js.consumer_info("TEMPORALITY_EVENTS", name)
+                for name in ("run-executor-requests", "run-executor-human")
+            ]
+            if all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos):
+                return
+            await asyncio.sleep(0.05)
+
+
+async def _state(bus: Bus, run_id: str, expect: RunState | None = None, timeout_s: float = 10) -> RunRecord:
+    """The run record; with ``expect``, wait (bounded) until the run reaches that state."""
+    store = await bus.store(BUCKET_RUNS, RunRecord)
+    async with asyncio.timeout(timeout_s):
+        while True:
+            got = await store.get(run_id)
+            if got is not None and (expect is None or got.value.state is expect):
+                return got.value
+            await asyncio.sleep(0.05)
+
+
+async def test_ask_human_parks_the_run_then_the_answer_completes_it(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    await executor()
+    event = run_requested()
+    run_id = event.runid
+    assert run_id
+    await bus.publish(event)
+
+    (requested_env,) = await event_log.wait_for("human.requested", run_id=run_id)
+    request = requested_env.payload(HumanRequested)
+    assert request.recipient == "user:alice"
+    assert [o.id for o in request.options] == ["keep-v1", "ship-v2"]
+    assert "PR #42" in request.question
+    assert "Missing:" in request.context  # HUM-5: self-contained
+    assert request.policy.allowed_recipients == ["user:alice"]
+    # parked: state in KV, pending ask in the checkpoint, the message acked, nothing in flight
+    await event_log.wait_for("run.checkpointed", run_id=run_id, count=2)
+    record = await _state(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    assert record.waiting_request_id == request.request_id
+    ckpt = await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).get(run_id)
+    assert ckpt is not None
+    assert ckpt.value.pending is not None
+    assert ckpt.value.pending.request_id == request.request_id
+    await _drained(bus)  # the run.requested message was acked: nothing in flight while waiting
+
+    await _answer(bus, request, OptionAnswer(option_id="keep-v1", label="Keep the v1 contract"))
+    (completed,) = await event_log.wait_for("run.completed", run_id=run_id)
+    assert "Keep the v1 contract [keep-v1]" in completed.data["result"]
+    (resumed,) = await event_log.wait_for("run.resumed", run_id=run_id)
+    assert resumed.data["reason"] == "answer"
+    assert resumed.data["request_id"] == request.request_id
+    await _state(bus, run_id, RunState.COMPLETED)
+    types = [e.type for e in event_log.events if e.runid == run_id]
+    assert types.index("run.started") < types.index("human.requested") < types.index("run.resumed")
+    assert types.index("run.resumed") < types.index("run.completed")
+    # the answer reached the agent as the tool result of ask_human
+    final_ckpt = await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).get(run_id)
+    assert final_ckpt is not None
+    tool_result = [m for m in final_ckpt.value.messages if m.name == "ask_human"]
+    assert json.loads(tool_result[0].content or "")["answer"]["option_id"] == "keep-v1"
+
+
+async def test_free_text_answer(bus: Bus, event_log: EventLog, executor: RunExecutor) -> None:
+    await executor()
+    event = run_requested()
+    await bus.publish(event)
+    (req,) = await event_log.wait_for("human.requested", run_id=event.runid)
+    await _answer(bus, req.payload(HumanRequested), TextAnswer(value="keep v1 until March, then v2"))
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid)
+    assert "keep v1 until March, then v2" in completed.data["result"]
+
+
+async def test_no_ambiguity_completes_without_asking(bus: Bus, event_log: EventLog, executor: RunExecutor) -> None:
+    await executor()
+    pr = json.loads(json.dumps(PR_WITH_CONTRACT_CHANGE))
+    pr["pull_request"]["title"] = "Fix typo in README"
+    pr["pull_request"]["description"] = "Spelling."
+    event = run_requested(pr=pr)
+    await bus.publish(event)
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid)
+    assert "nothing needs a decision" in completed.data["result"]
+    assert not event_log.of_type("human.requested", event.runid)
+
+
+async def test_duplicate_requests_and_answers_change_nothing(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    await executor()
+    event = run_requested()
+    run_id = event.runid
+    await bus.publish(event)
+    (req,) = await event_log.wait_for("human.requested", run_id=run_id)
+    # the same run requested again (past JetStream's dedupe: another message id)
+    await bus.publish(event.model_copy(update={"id": "evt-other-delivery"}))
+    await event_log.wait_for("run.created", run_id=run_id, count=1)
+    request = req.payload(HumanRequested)
+    await _answer(bus, request, OptionAnswer(option_id="ship-v2"))
+    await event_log.wait_for("run.completed", run_id=run_id)
+    # a late duplicate of the answer (another message id) after completion
+    await _answer(bus, request, OptionAnswer(option_id="keep-v1"), msg_id="evt-late-dup")
+    await event_log.wait_for("human.answered", run_id=run_id, count=2)
+    # and a run.requested after completion
+    await bus.publish(event.model_copy(update={"id": "evt-third-delivery"}))
+    await _drained(bus)
+    assert len(event_log.of_type("human.requested", run_id)) == 1
+    assert len(event_log.of_type("run.completed", run_id)) == 1
+    assert len(event_log.of_type("run.started", run_id)) == 1
+    assert "Ship it as a breaking v2" in event_log.of_type("run.completed", run_id)[0].data["result"]
+    assert not event_log.of_type("bus.dead_lettered")
+
+
+async def test_answer_to_another_request_is_ignored(bus: Bus, event_log: EventLog, executor: RunExecutor) -> None:
+    await executor()
+    event = run_requested()
+    await bus.publish(event)
+    (req,) = await event_log.wait_for("human.requested", run_id=event.runid)
+    request = req.payload(HumanRequested)
+    stale = request.model_copy(update={"request_id": "hr-not-this-one"})
+    await _answer(bus, stale, OptionAnswer(option_id="keep-v1"))
+    await event_log.wait_for("human.answered", run_id=event.runid)
+    await _answer(bus, request, OptionAnswer(option_id="keep-v1"))
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid)
+    assert len(event_log.of_type("run.resumed", event.runid)) == 1
+    assert "keep-v1" in completed.data["result"]
+
+
+async def _expire(bus: Bus, request: HumanRequested, policy: TimeoutPolicy) -> None:
+    default = (
+        OptionAnswer(option_id=policy.default_option, label="Keep the v1 contract") if policy.default_option else None
+    )
+    data = HumanExpired(
+        request_id=request.request_id,
+        run_id=request.run_id,
+        recipient=request.recipient,
+        action=policy.action,
+        default_answer=default,
+        waited_s=600,
+    )
+    await bus.publish(make_event(data, source="/test", run_id=request.run_id))
+
+
+async def test_expiry_with_fail_policy_fails_the_run(bus: Bus, event_log: EventLog, executor: RunExecutor) -> None:
+    await executor()
+    event = run_requested()
+    await bus.publish(event)
+    (req,) = await event_log.wait_for("human.requested", run_id=event.runid)
+    await _expire(bus, req.payload(HumanRequested), TimeoutPolicy(action="fail"))
+    (failed,) = await event_log.wait_for("run.failed", run_id=event.runid)
+    assert failed.payload(RunFailed).reason == "human_request_expired"
+    assert event.runid
+    await _state(bus, event.runid, RunState.FAILED)
+
+
+async def test_expiry_with_default_policy_continues_with_the_default(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    await executor()
+    policy = TimeoutPolicy(action="default", default_option="keep-v1")
+    event = run_requested(on_timeout=policy)
+    await bus.publish(event)
+    (req,) = await event_log.wait_for("human.requested", run_id=event.runid)
+    await _expire(bus, req.payload(HumanRequested), policy)
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid)
+    assert "Keep the v1 contract [keep-v1]" in completed.data["result"]
+    assert event_log.of_type("run.resumed", event.runid)[0].data["reason"] == "expiry"
+
+
+async def test_rejected_request_reaches_the_agent_as_an_error(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    await executor()
+    event = run_requested()
+    await bus.publish(event)
+    (req,) = await event_log.wait_for("human.requested", run_id=event.runid)
+    request = req.payload(HumanRequested)
+    data = HumanRejected(
+        request_id=request.request_id,
+        run_id=request.run_id,
+        recipient=request.recipient,
+        reason="recipient_not_allowed",
+        detail="not allowed",
+    )
+    await bus.publish(make_event(data, source="/test", run_id=request.run_id))
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid)
+    assert "Blocked" in completed.data["result"]
+    assert "recipient_not_allowed" in completed.data["result"]
+
+
+async def test_unknown_agent_fails_the_run_visibly(bus: Bus, event_log: EventLog, executor: RunExecutor) -> None:
+    await executor()
+    event = run_requested(agent="nobody")
+    await bus.publish(event)
+    (failed,) = await event_log.wait_for("run.failed", run_id=event.runid)
+    assert failed.data["reason"] == "unknown_agent"

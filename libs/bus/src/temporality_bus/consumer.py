@@ -97,7 +97,7 @@ class Consumer:
                     continue
                 try:
                     msgs = await sub.fetch(batch=free, timeout=self._fetch_timeout)
-                except nats.errors.TimeoutError:
+                except TimeoutError:  # nats-py raises both its own and asyncio's (= builtin) TimeoutError
                     continue
                 except nats.errors.Error as exc:  # disconnected: nats-py reconnects, we try again
                     self._log.warning("consumer.fetch_failed", error=repr(exc))

@@ -1,0 +1,105 @@
+{{/*
+Chart name, truncated to 63 characters (Kubernetes name limit).
+*/}}
+{{- define "temporality.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified app name: <release>-<chart>, or the release name alone when it already contains the chart name.
+At most 63 characters.
+*/}}
+{{- define "temporality.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Name of one service's resources: <fullname>-<service>, the prefix shortened so the service name always
+survives the 63-character limit. Call with (dict "root" $ "name" "trigger-gateway").
+*/}}
+{{- define "temporality.componentName" -}}
+{{- $prefix := include "temporality.fullname" .root | trunc (int (sub 62 (len .name))) | trimSuffix "-" }}
+{{- printf "%s-%s" $prefix .name }}
+{{- end }}
+
+{{/*
+Chart label value.
+*/}}
+{{- define "temporality.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Common labels.
+*/}}
+{{- define "temporality.labels" -}}
+helm.sh/chart: {{ include "temporality.chart" . }}
+{{ include "temporality.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: temporality
+{{- end }}
+
+{{/*
+Selector labels.
+*/}}
+{{- define "temporality.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "temporality.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Labels and selector labels of one service. Call with (dict "root" $ "name" "journal").
+*/}}
+{{- define "temporality.componentLabels" -}}
+{{ include "temporality.labels" .root }}
+app.kubernetes.io/component: {{ .name }}
+{{- end }}
+
+{{- define "temporality.componentSelectorLabels" -}}
+{{ include "temporality.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .name }}
+{{- end }}
+
+{{/*
+The image reference; the tag defaults to the chart's appVersion.
+*/}}
+{{- define "temporality.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+Secret holding the journal's database URL, and its key; empty name when neither postgres.url nor
+postgres.existingSecret.name is set (the journal then uses SQLite in an emptyDir).
+*/}}
+{{- define "temporality.databaseSecretName" -}}
+{{- if .Values.postgres.existingSecret.name }}
+{{- .Values.postgres.existingSecret.name }}
+{{- else if .Values.postgres.url }}
+{{- include "temporality.componentName" (dict "root" . "name" "postgres") }}
+{{- end }}
+{{- end }}
+
+{{- define "temporality.databaseSecretKey" -}}
+{{- if .Values.postgres.existingSecret.name }}
+{{- .Values.postgres.existingSecret.key }}
+{{- else }}
+{{- "database-url" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Where the config files are mounted.
+*/}}
+{{- define "temporality.configDir" -}}
+/app/config
+{{- end }}

@@ -4,7 +4,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3
 UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 
-.PHONY: up test lint typecheck schemas bench sync
+.PHONY: up test lint typecheck schemas schemas-check bench sync
 .tools/bin/uv:
 	python3 -m venv .tools && .tools/bin/pip install --quiet uv==0.13.9
 
@@ -26,5 +26,9 @@ typecheck: sync
 schemas: sync  ## regenerate schemas/ from the protocol library
 	.venv/bin/python -m temporality_protocol.schemagen schemas
 
-bench: sync
+schemas-check: sync  ## fail when schemas/ is stale
+	.venv/bin/python -m temporality_protocol.schemagen schemas --check
+
+bench: sync  ## print throughput and latency figures (no assertions)
 	.venv/bin/python bench/gateway.py
+	.venv/bin/python bench/latency.py

@@ -1,0 +1,248 @@
+"""The HTTP API: the web inbox and answer binding.
+
+Every error is JSON ``{"error": "<code>", "detail": "<sentence>"}``. A person is identified by
+``Authorization: Bearer <inbox token>`` (their profile's ``inbox_token``), never by a user id in
+the request. Every NATS call runs under ``settings.bus_timeout_s``; a bus that does not answer in
+time (or refuses) is a 503, never a hung request.
+
+=========================================  ==================================================
+``GET /healthz``                           liveness, with the NATS connection state
+``GET /inbox``                             the caller's pending requests, newest first
+``GET /requests/{request_id}``             one request (only its recipient may read it)
+``POST /requests/{request_id}/answer``     ``{"option_id": ...}`` or ``{"text": ...}``
+=========================================  ==================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import nats.errors
+import structlog
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from temporality_bus import Bus, TransientError
+from temporality_human_interaction.answers import (
+    AnswerRefused,
+    AnswerSubmission,
+    RequestNotFound,
+    bind_answer,
+    check_recipient,
+)
+from temporality_human_interaction.directory import Directory, recipient_for
+from temporality_human_interaction.records import HumanRequestRecord, list_pending, open_store
+from temporality_human_interaction.settings import Settings
+from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState
+
+__all__ = ["ApiError", "InboxItem", "InboxView", "RequestView", "create_app"]
+
+log = structlog.get_logger(__name__)
+
+#: Answers bound through this API arrive on the web channel.
+WEB_CHANNEL = "web"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.headers = headers
+
+
+class InboxItem(BaseModel):
+    id: str
+    run_id: str
+    title: str
+    question: str
+    context: str
+    options: list[HumanOption]
+    allow_free_text: bool
+    channel: str | None
+    created_at: datetime
+    expires_at: datetime
+    waiting_s: float
+
+    @classmethod
+    def of(cls, record: HumanRequestRecord, now: datetime) -> InboxItem:
+        return cls(**_common(record, now))
+
+
+class RequestView(InboxItem):
+    agent: str
+    recipient: str
+    status: HumanRequestState
+    answer: HumanAnswer | None
+    responder: str | None
+    answered_at: datetime | None
+
+    @classmethod
+    def of(cls, record: HumanRequestRecord, now: datetime) -> RequestView:
+        return cls(
+            **_common(record, now),
+            agent=record.agent,
+            recipient=record.recipient,
+            status=record.status,
+            answer=record.answer,
+            responder=record.responder,
+            answered_at=record.answered_at,
+        )
+
+
+class InboxView(BaseModel):
+    user: str
+    requests: list[InboxItem]
+
+
+def _common(record: HumanRequestRecord, now: datetime) -> dict[str, Any]:
+    until = record.answered_at if record.answered_at is not None else now
+    if record.status is HumanRequestState.EXPIRED:
+        until = record.expires_at
+    return {
+        "id": record.request_id,
+        "run_id": record.run_id,
+        "title": record.title,
+        "question": record.question,
+        "context": record.context,
+        "options": record.options,
+        "allow_free_text": record.allow_free_text,
+        "channel": record.channel,
+        "created_at": record.created_at,
+        "expires_at": record.expires_at,
+        "waiting_s": record.waited_s(until),
+    }
+
+
+def _error(status: int, code: str, detail: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
+
+
+async def _caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+    """The caller's ``user:<id>`` from ``Authorization: Bearer <inbox token>``."""
+    directory: Directory = request.app.state.directory
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if authorization is None:
+        raise ApiError(401, "unauthorized", "send Authorization: Bearer <your inbox token>", challenge)
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, "unauthorized", "the Authorization header must be: Bearer <inbox token>", challenge)
+    user_id = directory.user_for_token(token.strip())
+    if user_id is None:
+        raise ApiError(401, "unauthorized", "the inbox token is not valid", challenge)
+    return recipient_for(user_id)
+
+
+#: The authenticated person (``user:<id>``), for endpoints that take it.
+Caller = Annotated[str, Depends(_caller)]
+
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}
+
+
+def create_app(settings: Settings, bus: Bus, directory: Directory) -> FastAPI:
+    """The API over an already-connected ``bus`` (the caller owns its lifetime)."""
+    app = FastAPI(title="Temporality human-interaction", version="0.1.0")
+    app.state.directory = directory
+
+    @asynccontextmanager
+    async def bus_call(what: str) -> AsyncIterator[None]:
+        """Bound every NATS interaction in time and turn bus failures into 503."""
+        try:
+            async with asyncio.timeout(settings.bus_timeout_s):
+                yield
+        except (TimeoutError, TransientError, nats.errors.Error) as exc:
+            log.warning("api.bus_unavailable", during=what, error=repr(exc))
+            raise ApiError(503, "bus_unavailable", f"the message bus did not answer while {what}; try again") from exc
+
+    async def read_body(request: Request) -> bytes:
+        limit = settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise ApiError(400, "bad_request", "Content-Length is not a number")
+            if int(declared) > limit:
+                raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
+        return bytes(body)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.code, exc.detail, exc.headers)
+
+    @app.exception_handler(AnswerRefused)
+    async def _refused(request: Request, exc: AnswerRefused) -> JSONResponse:
+        return _error(exc.status, exc.code, exc.detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, "invalid_request", _summary(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, str(exc.detail), exc.headers)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "nats": "connected" if bus.nc.is_connected else "disconnected"}
+
+    @app.get("/inbox")
+    async def inbox(user: Caller) -> InboxView:
+        async with bus_call("listing the inbox"):
+            store = await open_store(bus)
+            # Scans every key of the bucket (see records.list_pending); fine for now, indexed later.
+            pending = await list_pending(store, user)
+        now = datetime.now(UTC)
+        return InboxView(user=user, requests=[InboxItem.of(r, now) for r in pending])
+
+    @app.get("/requests/{request_id}")
+    async def get_request(request_id: str, user: Caller) -> RequestView:
+        async with bus_call("reading the request"):
+            store = await open_store(bus)
+            got = await store.get(request_id)
+        if got is None:
+            raise RequestNotFound(f"there is no request {request_id}")
+        check_recipient(got.value, user)
+        return RequestView.of(got.value, datetime.now(UTC))
+
+    @app.post("/requests/{request_id}/answer")
+    async def answer(request_id: str, user: Caller, request: Request) -> RequestView:
+        raw = await read_body(request)
+        try:
+            parsed = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from exc
+        try:
+            submission = AnswerSubmission.model_validate(parsed)
+        except ValidationError as exc:
+            raise ApiError(422, "invalid_answer", _summary(exc.errors())) from exc
+        async with bus_call("binding the answer"):
+            record = await bind_answer(
+                bus, request_id=request_id, responder=user, submission=submission, channel=WEB_CHANNEL
+            )
+        return RequestView.of(record, datetime.now(UTC))
+
+    return app
+
+
+def _summary(errors: Any) -> str:
+    """pydantic errors as one sentence, e.g. ``text: String should have at least 1 character``."""
+    parts: list[str] = []
+    for err in errors:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        msg = str(err.get("msg", "invalid"))
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts) or "invalid request"

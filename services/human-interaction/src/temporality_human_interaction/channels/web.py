@@ -1,0 +1,40 @@
+"""The web inbox adapter: delivery means the request is visible in the person's inbox.
+
+The record is already in KV (it is persisted before any delivery) and ``GET /inbox`` lists the
+recipient's pending records, so there is nothing to send: delivering checks the person can sign
+in to the inbox at all (has an inbox token) and records that the web channel carried it.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from temporality_human_interaction.channels.base import ChannelAdapter, DeliveryFailed, DeliveryReceipt
+from temporality_human_interaction.directory import UserProfile
+from temporality_human_interaction.records import HumanRequestRecord
+
+__all__ = ["WebInboxAdapter"]
+
+
+class WebInboxAdapter(ChannelAdapter):
+    name: ClassVar[str] = "web"
+
+    def __init__(self) -> None:
+        self._open = False
+
+    async def initialize(self) -> None:
+        self._open = True
+
+    async def shutdown(self) -> None:
+        self._open = False
+
+    @property
+    def available(self) -> bool:
+        return self._open
+
+    async def do_deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
+        if profile.channels.web is None:
+            raise DeliveryFailed(f"{request.recipient} has no web inbox configured")
+        if profile.inbox_token is None and profile.inbox_token_env is None:
+            raise DeliveryFailed(f"{request.recipient} has no inbox token and could never open the inbox")
+        return DeliveryReceipt(channel=self.name, reference=request.request_id)

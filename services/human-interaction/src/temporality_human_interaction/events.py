@@ -1,0 +1,129 @@
+"""The events this service publishes, built as envelopes with deterministic ids.
+
+Pure functions: the handlers decide, call one of these, and hand the envelope to ``bus.publish``.
+Every id is derived from the request id and the fact, so a redelivered message or a retried HTTP
+call republishes the same id and JetStream (and the journal) keep one copy.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from temporality_human_interaction.records import HumanRequestRecord
+from temporality_protocol import (
+    Envelope,
+    HumanAnswered,
+    HumanExpired,
+    HumanNotified,
+    HumanRejected,
+    HumanRequested,
+    OptionAnswer,
+    derive_id,
+    make_event,
+)
+
+__all__ = [
+    "ACTOR",
+    "SERVICE",
+    "SOURCE",
+    "RejectReason",
+    "answered_event",
+    "expired_event",
+    "notified_event",
+    "rejected_event",
+]
+
+SERVICE = "human-interaction"
+SOURCE = f"/temporality/{SERVICE}"
+ACTOR = f"service:{SERVICE}"
+
+
+#: Why a request was refused before anything was stored (``human.rejected.reason``).
+RejectReason = Literal["recipient_not_allowed", "unknown_recipient", "no_channel", "invalid_request"]
+
+
+def rejected_event(incoming: Envelope, payload: HumanRequested, reason: RejectReason, detail: str) -> Envelope:
+    return make_event(
+        HumanRejected(
+            request_id=payload.request_id,
+            run_id=payload.run_id,
+            recipient=payload.recipient,
+            reason=reason,
+            detail=detail,
+        ),
+        source=SOURCE,
+        id=derive_id("evt", payload.request_id, "rejected"),
+        run_id=payload.run_id,
+        correlation_id=incoming.correlationid,
+        causation_id=incoming.id,
+        actor=ACTOR,
+    )
+
+
+def notified_event(record: HumanRequestRecord, *, channel: str, fallback_from: str | None) -> Envelope:
+    return make_event(
+        HumanNotified(
+            request_id=record.request_id,
+            run_id=record.run_id,
+            recipient=record.recipient,
+            channel=channel,
+            fallback_from=fallback_from,
+        ),
+        source=SOURCE,
+        id=derive_id("evt", record.request_id, "notified"),
+        run_id=record.run_id,
+        correlation_id=record.correlation_id,
+        causation_id=record.requested_event_id,
+        actor=ACTOR,
+    )
+
+
+def answered_event(record: HumanRequestRecord, *, channel: str) -> Envelope:
+    """``human.answered`` for a record already bound to its answer."""
+    if record.answer is None or record.responder is None or record.answered_at is None:
+        raise ValueError(f"request {record.request_id} has no bound answer")
+    return make_event(
+        HumanAnswered(
+            request_id=record.request_id,
+            run_id=record.run_id,
+            recipient=record.recipient,
+            responder=record.responder,
+            answer=record.answer,
+            channel=channel,
+            waited_s=record.waited_s(record.answered_at),
+        ),
+        source=SOURCE,
+        id=derive_id("evt", record.request_id, "answered"),
+        run_id=record.run_id,
+        correlation_id=record.correlation_id,
+        causation_id=record.requested_event_id,
+        actor=record.responder,
+    )
+
+
+def expired_event(record: HumanRequestRecord, *, now: datetime) -> Envelope:
+    """``human.expired`` carrying the request's timeout policy (HUM-8), with the default answer if any."""
+    on_timeout = record.policy.on_timeout
+    default_answer: OptionAnswer | None = None
+    if on_timeout.action == "default" and on_timeout.default_option is not None:
+        option = record.option(on_timeout.default_option)
+        default_answer = OptionAnswer(
+            option_id=on_timeout.default_option, label=option.label if option is not None else None
+        )
+    return make_event(
+        HumanExpired(
+            request_id=record.request_id,
+            run_id=record.run_id,
+            recipient=record.recipient,
+            action=on_timeout.action,
+            default_answer=default_answer,
+            waited_s=record.waited_s(now),
+        ),
+        source=SOURCE,
+        id=derive_id("evt", record.request_id, "expired"),
+        run_id=record.run_id,
+        correlation_id=record.correlation_id,
+        causation_id=record.requested_event_id,
+        actor=ACTOR,
+    )

@@ -1,0 +1,213 @@
+"""Intake of ``human.requested``: check, persist, deliver, announce, arm the deadline.
+
+Run by :class:`temporality_bus.Consumer` on ``CONSUMERS["human-interaction-requests"]``. The
+decisions (:func:`authorize`, :func:`channel_candidates`) are pure; :class:`RequestHandler` does
+the I/O in an order where every step is idempotent under redelivery:
+
+1. SEC-1: the recipient must be ``user:<id>``, listed in ``policy.allowed_recipients`` (which the
+   run got from its trigger's configuration, never from the webhook) and known to the directory;
+   otherwise ``human.rejected`` (deterministic id) and nothing is stored.
+2. Persist the record first (create-if-absent; on redelivery continue with the stored one), so an
+   answer arriving before the notification is never lost.
+3. Resolve the channel (preferred if its adapter is available, else the fallback order, HUM-2),
+   deliver through the adapter, record the channel (compare-and-set).
+4. Publish ``human.notified`` (deterministic id) and schedule the deadline as a JetStream message
+   schedule (deterministic ``Nats-Msg-Id``): a repeat is deduplicated, and the deadline handler
+   ignores a request that is no longer pending.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import structlog
+
+from temporality_bus import AlreadyExists, Bus, Conflict, Delivery, PermanentError, TransientError, schedule_at
+from temporality_human_interaction.channels import ChannelAdapter, ChannelError
+from temporality_human_interaction.directory import Directory, UserProfile, user_id_of
+from temporality_human_interaction.events import RejectReason, notified_event, rejected_event
+from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
+from temporality_protocol import Envelope, HumanRequested, derive_id
+from temporality_protocol.catalog import TIMER_FIRED_HUMAN, TIMER_SCHEDULE_HUMAN
+
+__all__ = [
+    "ChannelChoice",
+    "Refusal",
+    "RequestHandler",
+    "Route",
+    "authorize",
+    "channel_candidates",
+    "deadline_at",
+]
+
+log = structlog.get_logger(__name__)
+
+#: Request ids become a KV key and a subject token: keep them to a safe alphabet.
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_CAS_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: RejectReason
+    detail: str
+
+
+@dataclass(frozen=True)
+class Route:
+    user_id: str
+    profile: UserProfile
+
+
+@dataclass(frozen=True)
+class ChannelChoice:
+    channel: str
+    #: The preferred channel this one stands in for (``human.notified.fallback_from``), if any.
+    fallback_from: str | None
+
+
+def authorize(payload: HumanRequested, directory: Directory) -> Route | Refusal:
+    """SEC-1 and basic sanity: may this run ask this person, and can the person answer at all?"""
+    user_id = user_id_of(payload.recipient)
+    if user_id is None:
+        return Refusal("recipient_not_allowed", f"recipient {payload.recipient!r} is not of the form user:<id>")
+    if payload.recipient not in payload.policy.allowed_recipients:
+        return Refusal(
+            "recipient_not_allowed",
+            f"{payload.recipient} is not among the recipients this run's trigger allows",
+        )
+    profile = directory.get(user_id)
+    if profile is None:
+        return Refusal("unknown_recipient", f"{payload.recipient} is not in the user directory")
+    if not _REQUEST_ID.fullmatch(payload.request_id):
+        return Refusal("invalid_request", "request_id must be 1-128 characters of A-Z a-z 0-9 _ -")
+    option_ids = [o.id for o in payload.options]
+    if len(set(option_ids)) != len(option_ids):
+        return Refusal("invalid_request", "option ids must be unique")
+    if not option_ids and not payload.allow_free_text:
+        return Refusal("invalid_request", "no options and no free text: the person could not answer")
+    on_timeout = payload.policy.on_timeout
+    if on_timeout.action == "default" and on_timeout.default_option not in option_ids:
+        return Refusal("invalid_request", f"the timeout default {on_timeout.default_option!r} is not an option")
+    return Route(user_id, profile)
+
+
+def channel_candidates(profile: UserProfile, adapters: Mapping[str, ChannelAdapter]) -> list[ChannelChoice]:
+    """HUM-2: the profile's channels in preference order, keeping those whose adapter is available now."""
+    choices: list[ChannelChoice] = []
+    for name in profile.channel_order():
+        adapter = adapters.get(name)
+        if adapter is not None and adapter.available:
+            choices.append(ChannelChoice(name, None if name == profile.preferred else profile.preferred))
+    return choices
+
+
+def deadline_at(expires_at: datetime) -> datetime:
+    """Schedules have whole-second resolution: round up so a deadline never fires before ``expires_at``."""
+    whole = expires_at.astimezone(UTC).replace(microsecond=0)
+    return whole if whole == expires_at else whole + timedelta(seconds=1)
+
+
+class RequestHandler:
+    """The ``human.requested`` handler; :meth:`handle` is what the consumer calls."""
+
+    def __init__(self, bus: Bus, directory: Directory, adapters: Mapping[str, ChannelAdapter]) -> None:
+        self._bus = bus
+        self._directory = directory
+        self._adapters = dict(adapters)
+
+    async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
+        payload = event.payload(HumanRequested)  # invalid data -> ProtocolError -> dead-lettered
+        with structlog.contextvars.bound_contextvars(request_id=payload.request_id, run_id=payload.run_id):
+            await self._handle(event, payload)
+
+    async def _handle(self, event: Envelope, payload: HumanRequested) -> None:
+        decision = authorize(payload, self._directory)
+        if isinstance(decision, Refusal):
+            await self._reject(event, payload, decision)
+            return
+        store = await open_store(self._bus)
+        candidates = channel_candidates(decision.profile, self._adapters)
+        stored = await store.get(payload.request_id)
+        if stored is None:
+            if not candidates:
+                detail = f"none of {decision.profile.channel_order()} has an available adapter"
+                await self._reject(event, payload, Refusal("no_channel", detail))
+                return
+            record = HumanRequestRecord.from_requested(event, payload)
+            try:
+                await store.create(payload.request_id, record)
+                log.info("request.stored", recipient=payload.recipient, expires_at=record.expires_at.isoformat())
+            except AlreadyExists:
+                log.info("request.already_stored")
+                stored = await store.get(payload.request_id)
+                if stored is None:  # pragma: no cover - requests are never deleted
+                    raise TransientError(f"request {payload.request_id} vanished after AlreadyExists") from None
+                record = stored.value
+        else:
+            record = stored.value
+            log.info("request.redelivered", status=record.status.value, channel=record.channel)
+        if record.run_id != payload.run_id or record.recipient != payload.recipient:
+            raise PermanentError(
+                f"request id {payload.request_id} is already used by run {record.run_id} for {record.recipient}"
+            )
+
+        if record.channel is None and record.pending:
+            choice = await self._deliver(record, decision.profile, candidates)
+            record = await self._record_channel(store, record.request_id, choice.channel)
+        if record.channel is not None:
+            fallback_from = None if record.channel == decision.profile.preferred else decision.profile.preferred
+            await self._bus.publish(notified_event(record, channel=record.channel, fallback_from=fallback_from))
+            log.info("request.notified", channel=record.channel, fallback_from=fallback_from)
+        if record.pending:
+            await self._schedule_deadline(record)
+
+    async def _reject(self, event: Envelope, payload: HumanRequested, refusal: Refusal) -> None:
+        await self._bus.publish(rejected_event(event, payload, refusal.reason, refusal.detail))
+        log.warning("request.rejected", reason=refusal.reason, detail=refusal.detail, recipient=payload.recipient)
+
+    async def _deliver(
+        self, record: HumanRequestRecord, profile: UserProfile, candidates: list[ChannelChoice]
+    ) -> ChannelChoice:
+        """Try each available channel in order; all failing is transient (the consumer retries with backoff)."""
+        failures: list[str] = []
+        for choice in candidates:
+            try:
+                receipt = await self._adapters[choice.channel].deliver(record, profile)
+            except ChannelError as exc:
+                failures.append(f"{choice.channel}: {exc}")
+                log.warning("delivery.failed", channel=choice.channel, error=str(exc))
+                continue
+            log.info("delivery.done", channel=receipt.channel, reference=receipt.reference)
+            return choice
+        raise TransientError(f"request {record.request_id} could not be delivered: {failures or 'no channel'}")
+
+    async def _record_channel(self, store: RequestStore, key: str, channel: str) -> HumanRequestRecord:
+        for _ in range(_CAS_ATTEMPTS):
+            got = await store.get(key)
+            if got is None:  # pragma: no cover - requests are never deleted
+                raise TransientError(f"request {key} vanished")
+            if got.value.channel is not None:  # another delivery of the same message won
+                return got.value
+            updated = got.value.model_copy(update={"channel": channel})
+            try:
+                await store.update(key, updated, got.revision)
+            except Conflict:
+                continue
+            return updated
+        raise TransientError(f"request {key}: too many concurrent updates while recording the channel")
+
+    async def _schedule_deadline(self, record: HumanRequestRecord) -> None:
+        result = await schedule_at(
+            self._bus,
+            schedule_subject=f"{TIMER_SCHEDULE_HUMAN}.{record.request_id}",
+            target_subject=f"{TIMER_FIRED_HUMAN}.{record.request_id}",
+            at=deadline_at(record.expires_at),
+            payload=json.dumps({"request_id": record.request_id}).encode(),
+            msg_id=derive_id("tmr", record.request_id),
+        )
+        log.info("deadline.scheduled", at=record.expires_at.isoformat(), duplicate=result.duplicate)

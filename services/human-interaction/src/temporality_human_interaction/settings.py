@@ -1,0 +1,30 @@
+"""``TEMPORALITY_HUMAN_*``: the human-interaction process's settings (bad env fails before connecting)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from temporality_bus import LogSettings, NatsSettings, ProcessSettings
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TEMPORALITY_HUMAN_", extra="ignore")
+
+    host: str = Field(default="127.0.0.1", description="Bind address; loopback unless a container needs more")
+    port: int = Field(default=8081, ge=0, le=65535)
+    users_file: Path = Field(default=Path("config/users.yaml"), description="The user directory (YAML)")
+    #: Answers are a handful of bytes; anything larger is refused with 413 before it is parsed.
+    max_body_bytes: int = Field(default=64 * 1024, gt=0)
+    #: An HTTP call never waits longer than this on NATS; past it the API answers 503.
+    bus_timeout_s: float = Field(default=5.0, gt=0)
+    #: How many ``human.requested`` messages are handled concurrently.
+    max_inflight: int = Field(default=8, gt=0)
+
+    nats: NatsSettings = Field(default_factory=NatsSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+    process: ProcessSettings = Field(default_factory=ProcessSettings)

@@ -1,0 +1,74 @@
+"""Fixtures for human-interaction tests: the shipped directory, the web adapter, the handlers under real
+consumers, and an API client over ASGI."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from human_support import USERS_FILE
+
+from temporality_bus import Bus, Consumer
+from temporality_human_interaction.api import create_app
+from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
+from temporality_human_interaction.deadlines import DeadlineHandler
+from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.requests import RequestHandler
+from temporality_human_interaction.settings import Settings
+from temporality_protocol.catalog import CONSUMERS
+
+
+@pytest.fixture
+def directory() -> Directory:
+    return Directory.from_yaml(USERS_FILE)
+
+
+@pytest.fixture
+async def adapters() -> AsyncIterator[dict[str, ChannelAdapter]]:
+    async with WebInboxAdapter() as web:
+        yield {web.name: web}
+
+
+@pytest.fixture
+def handler(bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]) -> RequestHandler:
+    return RequestHandler(bus, directory, adapters)
+
+
+@pytest.fixture
+async def consumers(bus: Bus, handler: RequestHandler) -> AsyncIterator[None]:
+    """Both handlers running under real durable consumers, as the service runs them."""
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(
+            Consumer(bus, CONSUMERS["human-interaction-requests"], handler=handler.handle, fetch_timeout_s=0.2).run(
+                stop
+            )
+        ),
+        asyncio.create_task(
+            Consumer(
+                bus,
+                CONSUMERS["human-interaction-deadlines"],
+                raw_handler=DeadlineHandler(bus).handle,
+                fetch_timeout_s=0.2,
+            ).run(stop)
+        ),
+    ]
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(bus_timeout_s=2.0)
+
+
+@pytest.fixture
+async def client(settings: Settings, bus: Bus, directory: Directory) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, bus, directory)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://human.test") as c:
+        yield c

@@ -1,0 +1,284 @@
+"""The web inbox and answer binding over HTTP (HUM-4, HUM-6): who may answer, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from human_support import ALICE, BOB, events_of, requested, stored
+
+from temporality_bus import Bus
+from temporality_human_interaction.requests import RequestHandler
+from temporality_protocol import HumanAnswered, derive_id
+from temporality_protocol.catalog import EVENTS_STREAM
+from temporality_testing import NatsServer
+
+
+async def _ask(handler: RequestHandler, recipient: str = "user:alice", **kwargs: object) -> str:
+    event = requested(recipient=recipient, **kwargs)  # type: ignore[arg-type]
+    await handler.handle(event)
+    return str(event.data["request_id"])
+
+
+def _answer_url(request_id: str) -> str:
+    return f"/requests/{request_id}/answer"
+
+
+async def test_healthz(client: httpx.AsyncClient) -> None:
+    response = await client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "nats": "connected"}
+
+
+async def test_inbox_lists_only_the_token_owners_pending_requests_newest_first(
+    client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    older = await _ask(handler, "user:alice")
+    newer = await _ask(handler, "user:alice")
+    bobs = await _ask(handler, "user:bob")
+    answered = await _ask(handler, "user:alice")
+    assert (await client.post(_answer_url(answered), json={"option_id": "keep-v1"}, headers=ALICE)).status_code == 200
+
+    alice = (await client.get("/inbox", headers=ALICE)).json()
+    assert alice["user"] == "user:alice"
+    assert [r["id"] for r in alice["requests"]] == [newer, older]
+    item = alice["requests"][0]
+    assert set(item) == {
+        "id", "run_id", "title", "question", "context", "options", "allow_free_text",
+        "channel", "created_at", "expires_at", "waiting_s",
+    }  # fmt: skip
+    assert item["waiting_s"] >= 0
+    bob = (await client.get("/inbox", headers=BOB)).json()
+    assert [r["id"] for r in bob["requests"]] == [bobs]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer nope-not-a-token"},
+        {"Authorization": "Basic YWxpY2U6eA=="},
+        {"Authorization": "Bearer"},
+    ],
+)
+async def test_bad_or_missing_token_is_401(
+    client: httpx.AsyncClient, handler: RequestHandler, headers: dict[str, str]
+) -> None:
+    request_id = await _ask(handler)
+    for response in (
+        await client.get("/inbox", headers=headers),
+        await client.get(f"/requests/{request_id}", headers=headers),
+        await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=headers),
+    ):
+        assert response.status_code == 401
+        assert response.json()["error"] == "unauthorized"
+        assert response.headers["www-authenticate"] == "Bearer"
+
+
+async def test_get_request_only_for_its_recipient(client: httpx.AsyncClient, handler: RequestHandler) -> None:
+    request_id = await _ask(handler, "user:alice")
+    mine = await client.get(f"/requests/{request_id}", headers=ALICE)
+    assert mine.status_code == 200
+    assert mine.json()["status"] == "pending"
+    assert mine.json()["recipient"] == "user:alice"
+    theirs = await client.get(f"/requests/{request_id}", headers=BOB)
+    assert theirs.status_code == 403
+    assert theirs.json()["error"] == "not_recipient"
+    missing = await client.get("/requests/hreq-missing", headers=ALICE)
+    assert missing.status_code == 404
+    assert missing.json() == {"error": "unknown_request", "detail": "there is no request hreq-missing"}
+
+
+async def test_answer_by_option(bus: Bus, client: httpx.AsyncClient, handler: RequestHandler) -> None:
+    request_id = await _ask(handler)
+    response = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "answered"
+    assert body["answer"] == {"type": "option", "option_id": "keep-v1", "label": "Keep the v1 API"}
+    assert body["responder"] == "user:alice"
+
+    [event] = await events_of(bus, "human.answered", wait_for=1)
+    answered = event.payload(HumanAnswered)
+    assert event.id == derive_id("evt", request_id, "answered")
+    assert event.source == "/temporality/human-interaction"
+    assert answered.responder == "user:alice"
+    assert answered.channel == "web"
+    assert answered.answer.type == "option"
+    assert answered.answer.option_id == "keep-v1"
+    assert answered.waited_s >= 0
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.answer_published
+    assert (await client.get("/inbox", headers=ALICE)).json()["requests"] == []
+
+
+async def test_answer_by_free_text(bus: Bus, client: httpx.AsyncClient, handler: RequestHandler) -> None:
+    request_id = await _ask(handler)
+    response = await client.post(_answer_url(request_id), json={"text": "  Keep it until March.  "}, headers=ALICE)
+    assert response.status_code == 200
+    assert response.json()["answer"] == {"type": "text", "value": "Keep it until March."}
+    [event] = await events_of(bus, "human.answered", wait_for=1)
+    assert event.payload(HumanAnswered).answer.type == "text"
+
+
+async def test_wrong_user_is_403_and_nothing_is_bound(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    request_id = await _ask(handler, "user:alice")
+    response = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=BOB)
+    assert response.status_code == 403
+    assert response.json() == {"error": "not_recipient", "detail": "only the recipient may answer"}
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.pending
+
+
+async def test_second_answer_is_409_and_only_one_answered_event(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    request_id = await _ask(handler)
+    first = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
+    assert first.status_code == 200
+    for body in ({"option_id": "drop-v1"}, {"option_id": "keep-v1"}, {"text": "changed my mind"}):
+        again = await client.post(_answer_url(request_id), json=body, headers=ALICE)
+        assert again.status_code == 409
+        assert again.json()["error"] == "already_answered"
+        assert "user:alice" in again.json()["detail"]
+    assert len(await events_of(bus, "human.answered", wait_for=1)) == 1
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [({"option_id": "keep-v1"}, {"option_id": "drop-v1"}), ({"option_id": "keep-v1"}, {"option_id": "keep-v1"})],
+)
+async def test_racing_answers_one_wins(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, first: dict[str, str], second: dict[str, str]
+) -> None:
+    request_id = await _ask(handler)
+    responses = await asyncio.gather(
+        client.post(_answer_url(request_id), json=first, headers=ALICE),
+        client.post(_answer_url(request_id), json=second, headers=ALICE),
+    )
+    assert sorted(r.status_code for r in responses) == [200, 409]
+    winner = next(r for r in responses if r.status_code == 200).json()
+    [event] = await events_of(bus, "human.answered", wait_for=1)
+    assert event.payload(HumanAnswered).answer.model_dump() == winner["answer"]
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"option_id": "maybe"}, "not an option"),
+        ({"option_id": "keep-v1", "text": "both"}, "exactly one"),
+        ({}, "exactly one"),
+        ({"text": "   "}, "at least 1 character"),
+        ({"option_id": "keep-v1", "extra": 1}, "extra"),
+        (["keep-v1"], "dictionary"),
+    ],
+)
+async def test_invalid_answers_are_422(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, body: object, fragment: str
+) -> None:
+    request_id = await _ask(handler)
+    response = await client.post(_answer_url(request_id), json=body, headers=ALICE)
+    assert response.status_code == 422
+    assert response.json()["error"] == "invalid_answer"
+    assert fragment in response.json()["detail"]
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.pending
+
+
+async def test_free_text_when_not_allowed_is_422(client: httpx.AsyncClient, handler: RequestHandler) -> None:
+    request_id = await _ask(handler, allow_free_text=False)
+    response = await client.post(_answer_url(request_id), json={"text": "neither"}, headers=ALICE)
+    assert response.status_code == 422
+    assert "free text" in response.json()["detail"]
+
+
+async def test_answer_to_unknown_request_is_404(client: httpx.AsyncClient) -> None:
+    response = await client.post(_answer_url("hreq-missing"), json={"option_id": "keep-v1"}, headers=ALICE)
+    assert response.status_code == 404
+    assert response.json()["error"] == "unknown_request"
+
+
+async def test_malformed_json_is_400_and_oversized_body_is_413(
+    client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    request_id = await _ask(handler)
+    headers = {**ALICE, "Content-Type": "application/json"}
+    malformed = await client.post(_answer_url(request_id), content=b'{"option_id": ', headers=headers)
+    assert malformed.status_code == 400
+    assert malformed.json()["error"] == "malformed_json"
+    huge = b'{"text": "' + b"x" * (64 * 1024) + b'"}'
+    too_big = await client.post(_answer_url(request_id), content=huge, headers=headers)
+    assert too_big.status_code == 413
+    assert too_big.json()["error"] == "body_too_large"
+
+    async def chunks() -> object:  # no Content-Length: the limit holds while streaming
+        for _ in range(80):
+            yield b"x" * 1024
+
+    streamed = await client.post(_answer_url(request_id), content=chunks(), headers=headers)  # type: ignore[arg-type]
+    assert streamed.status_code == 413
+
+
+async def test_unknown_route_is_a_json_error(client: httpx.AsyncClient) -> None:
+    response = await client.get("/nowhere")
+    assert response.status_code == 404
+    assert response.json()["error"] == "not_found"
+
+
+async def test_lost_publish_is_repaired_by_the_same_answer(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    request_id = await _ask(handler)
+    await bus.js.delete_stream(EVENTS_STREAM.name)  # the journal stream is gone: publishing fails
+    lost = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
+    assert lost.status_code == 503
+    assert lost.json()["error"] == "bus_unavailable"
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status == "answered"
+    assert not record.answer_published
+
+    await bus.ensure_stream(EVENTS_STREAM)
+    other = await client.post(_answer_url(request_id), json={"option_id": "drop-v1"}, headers=ALICE)
+    assert other.status_code == 409
+    assert await events_of(bus, "human.answered") == []
+    repaired = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
+    assert repaired.status_code == 200
+    assert repaired.json()["answer"]["option_id"] == "keep-v1"
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.answer_published
+    again = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
+    assert again.status_code == 409
+    assert len(await events_of(bus, "human.answered", wait_for=1)) == 1
+
+
+async def test_bus_down_is_503_not_a_hang_and_the_same_answer_succeeds_once_it_is_back(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, nats_server: NatsServer
+) -> None:
+    request_id = await _ask(handler)
+    nats_server.stop()
+    async with asyncio.timeout(10):
+        inbox = await client.get("/inbox", headers=ALICE)
+        answer = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
+    assert inbox.status_code == 503
+    assert answer.status_code == 503
+    assert answer.json()["error"] == "bus_unavailable"
+
+    # The same server (port, store) comes back; the client reconnects. The timed-out CAS may still be
+    # applied from the reconnect buffer: either way the identical answer now binds (or is repaired) once.
+    nats_server.requested_port = nats_server.port
+    nats_server.start()
+    async with asyncio.timeout(30):
+        while (
+            retry := await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
+        ).status_code == 503:
+            pass
+    assert retry.status_code == 200
+    assert len(await events_of(bus, "human.answered", wait_for=1)) == 1

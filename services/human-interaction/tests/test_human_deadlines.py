@@ -1,0 +1,129 @@
+"""Deadlines (HUM-8): real JetStream message schedules fire, pending requests expire with their policy."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from human_support import ALICE, events_of, requested, stored
+
+from temporality_bus import Bus, PermanentError
+from temporality_human_interaction.deadlines import DeadlineHandler
+from temporality_human_interaction.records import open_store
+from temporality_human_interaction.requests import RequestHandler
+from temporality_protocol import (
+    BusDeadLettered,
+    HumanExpired,
+    HumanRequestState,
+    OptionAnswer,
+    TimeoutPolicy,
+    derive_id,
+)
+
+
+def _fired(request_id: str) -> bytes:
+    return json.dumps({"request_id": request_id}).encode()
+
+
+@pytest.mark.usefixtures("consumers")
+async def test_deadline_expires_the_request_with_policy_fail(bus: Bus, client: httpx.AsyncClient) -> None:
+    event = requested(expires_in_s=2)
+    request_id = str(event.data["request_id"])
+    await bus.publish(event)
+
+    [expired] = await events_of(bus, "human.expired", wait_for=1, within_s=15)
+    payload = expired.payload(HumanExpired)
+    assert expired.id == derive_id("evt", request_id, "expired")
+    assert expired.runid == event.runid
+    assert expired.causationid == event.id
+    assert payload.request_id == request_id
+    assert payload.action == "fail"
+    assert payload.default_answer is None
+    assert payload.waited_s == pytest.approx(2, abs=1)
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.EXPIRED
+    assert record.expiry_published
+    assert (await client.get("/inbox", headers=ALICE)).json()["requests"] == []
+
+    late = await client.post(f"/requests/{request_id}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
+    assert late.status_code == 409
+    assert late.json()["error"] == "expired"
+    assert await events_of(bus, "human.answered") == []
+
+
+@pytest.mark.usefixtures("consumers")
+async def test_deadline_with_policy_default_carries_the_default_answer(bus: Bus) -> None:
+    event = requested(expires_in_s=2, on_timeout=TimeoutPolicy(action="default", default_option="keep-v1"))
+    await bus.publish(event)
+    [expired] = await events_of(bus, "human.expired", wait_for=1, within_s=15)
+    payload = expired.payload(HumanExpired)
+    assert payload.action == "default"
+    assert payload.default_answer == OptionAnswer(option_id="keep-v1", label="Keep the v1 API")
+
+
+@pytest.mark.usefixtures("consumers")
+async def test_a_deadline_already_past_expires_at_once(bus: Bus) -> None:
+    event = requested(expires_in_s=-5)
+    await bus.publish(event)
+    [expired] = await events_of(bus, "human.expired", wait_for=1, within_s=10)
+    assert expired.payload(HumanExpired).request_id == event.data["request_id"]
+
+
+async def test_expiry_after_an_answer_is_a_no_op(bus: Bus, client: httpx.AsyncClient, handler: RequestHandler) -> None:
+    event = requested()
+    request_id = str(event.data["request_id"])
+    await handler.handle(event)
+    answer = await client.post(f"/requests/{request_id}/answer", json={"option_id": "drop-v1"}, headers=ALICE)
+    assert answer.status_code == 200
+
+    await DeadlineHandler(bus).handle(_fired(request_id))  # the timer fires after all
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.ANSWERED
+    assert await events_of(bus, "human.expired") == []
+
+
+async def test_deadline_firing_twice_announces_once(bus: Bus, handler: RequestHandler) -> None:
+    event = requested()
+    request_id = str(event.data["request_id"])
+    await handler.handle(event)
+    deadlines = DeadlineHandler(bus)
+    await deadlines.handle(_fired(request_id))
+    await deadlines.handle(_fired(request_id))
+    assert len(await events_of(bus, "human.expired", wait_for=1)) == 1
+
+
+async def test_crash_between_expiry_and_publish_is_repaired_by_redelivery(bus: Bus, handler: RequestHandler) -> None:
+    event = requested()
+    request_id = str(event.data["request_id"])
+    await handler.handle(event)
+    store = await open_store(bus)
+    got = await store.get(request_id)
+    assert got is not None
+    await store.update(request_id, got.value.moved_to(HumanRequestState.EXPIRED), got.revision)  # CAS done, no publish
+
+    await DeadlineHandler(bus).handle(_fired(request_id))
+    [expired] = await events_of(bus, "human.expired", wait_for=1)
+    assert expired.payload(HumanExpired).request_id == request_id
+
+
+@pytest.mark.parametrize("data", [b"not json", b"{}", b'{"request_id": "a.b"}'])
+async def test_unparseable_deadline_payload_is_permanent(bus: Bus, data: bytes) -> None:
+    with pytest.raises(PermanentError, match="unreadable"):
+        await DeadlineHandler(bus).handle(data)
+
+
+async def test_deadline_for_an_unknown_request_is_permanent(bus: Bus) -> None:
+    with pytest.raises(PermanentError, match="not a known request"):
+        await DeadlineHandler(bus).handle(_fired("hreq-nobody"))
+
+
+@pytest.mark.usefixtures("consumers")
+async def test_poison_timer_is_dead_lettered_and_journaled(bus: Bus) -> None:
+    await bus.publish_raw("temporality.timers.fired.human.garbage", b"{oops", {"Nats-Msg-Id": "poison-1"})
+    [dead] = await events_of(bus, "bus.dead_lettered", wait_for=1)
+    payload = dead.payload(BusDeadLettered)
+    assert payload.consumer == "human-interaction-deadlines"
+    assert "unreadable deadline payload" in payload.error

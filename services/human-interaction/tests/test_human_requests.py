@@ -1,0 +1,124 @@
+"""human.requested intake: SEC-1 checks, persist-then-notify, channel fallback, redelivery (HUM-2, HUM-4)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from human_support import ALICE, BOB, events_of, requested, stored
+
+from temporality_bus import Bus, PermanentError
+from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.records import open_store
+from temporality_human_interaction.requests import RequestHandler
+from temporality_protocol import HumanNotified, HumanRejected, HumanRequestState, derive_id, make_event
+from temporality_protocol.events import HumanRequested
+
+
+@pytest.mark.usefixtures("consumers")
+async def test_request_is_persisted_then_notified_through_the_web_fallback(bus: Bus, client: httpx.AsyncClient) -> None:
+    event = requested(recipient="user:alice")
+    await bus.publish(event)
+
+    [notified] = await events_of(bus, "human.notified", wait_for=1)
+    payload = notified.payload(HumanNotified)
+    request_id = event.data["request_id"]
+    assert payload.request_id == request_id
+    assert payload.channel == "web"
+    assert payload.fallback_from == "matrix"  # alice prefers Matrix, which has no adapter yet
+    assert notified.id == derive_id("evt", request_id, "notified")
+    assert notified.source == "/temporality/human-interaction"
+    assert notified.runid == event.runid
+    assert notified.causationid == event.id
+
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.PENDING
+    assert record.channel == "web"
+    assert record.recipient == "user:alice"
+
+    inbox = (await client.get("/inbox", headers=ALICE)).json()
+    assert [r["id"] for r in inbox["requests"]] == [request_id]
+    assert inbox["requests"][0]["channel"] == "web"
+    assert inbox["requests"][0]["options"][0]["id"] == "keep-v1"
+
+
+async def test_preferred_web_is_not_a_fallback(bus: Bus, handler: RequestHandler) -> None:
+    await handler.handle(requested(recipient="user:bob"))
+    [notified] = await events_of(bus, "human.notified", wait_for=1)
+    assert notified.payload(HumanNotified).channel == "web"
+    assert notified.payload(HumanNotified).fallback_from is None
+
+
+@pytest.mark.usefixtures("consumers")
+@pytest.mark.parametrize(
+    ("recipient", "allowed"),
+    [
+        ("user:bob", ("user:alice",)),  # a real user, but not one this run's trigger allows
+        ("user:mallory", ("user:alice",)),  # someone a webhook made up
+        ("@bob:example.org", ("@bob:example.org",)),  # a channel address is never a recipient
+    ],
+)
+async def test_recipient_not_allowed_is_rejected_and_nothing_is_stored(
+    bus: Bus, client: httpx.AsyncClient, recipient: str, allowed: tuple[str, ...]
+) -> None:
+    event = requested(recipient=recipient, allowed=allowed)
+    await bus.publish(event)
+
+    [rejected] = await events_of(bus, "human.rejected", wait_for=1)
+    payload = rejected.payload(HumanRejected)
+    assert payload.reason == "recipient_not_allowed"
+    assert payload.recipient == recipient
+    assert rejected.id == derive_id("evt", event.data["request_id"], "rejected")
+    assert rejected.causationid == event.id
+    assert await stored(bus, event.data["request_id"]) is None
+    assert await events_of(bus, "human.notified") == []
+    for token in (ALICE, BOB):
+        assert (await client.get("/inbox", headers=token)).json()["requests"] == []
+
+
+async def test_unknown_user_is_rejected(bus: Bus, handler: RequestHandler) -> None:
+    event = requested(recipient="user:carol", allowed=("user:carol",))
+    await handler.handle(event)
+    [rejected] = await events_of(bus, "human.rejected", wait_for=1)
+    assert rejected.payload(HumanRejected).reason == "unknown_recipient"
+    assert await stored(bus, event.data["request_id"]) is None
+
+
+async def test_no_available_channel_is_rejected(bus: Bus, directory: Directory) -> None:
+    event = requested(recipient="user:bob")
+    await RequestHandler(bus, directory, {}).handle(event)
+    [rejected] = await events_of(bus, "human.rejected", wait_for=1)
+    assert rejected.payload(HumanRejected).reason == "no_channel"
+    assert await stored(bus, event.data["request_id"]) is None
+
+
+async def test_unanswerable_request_is_rejected_as_invalid(bus: Bus, handler: RequestHandler) -> None:
+    event = requested(recipient="user:bob")
+    data = HumanRequested.model_validate({**event.data, "options": [], "allow_free_text": False})
+    await handler.handle(make_event(data, source="/test", run_id=data.run_id))
+    [rejected] = await events_of(bus, "human.rejected", wait_for=1)
+    assert rejected.payload(HumanRejected).reason == "invalid_request"
+
+
+async def test_redelivered_request_makes_one_record_and_one_notification(bus: Bus, handler: RequestHandler) -> None:
+    event = requested(recipient="user:alice")
+    await handler.handle(event)
+    first = await stored(bus, event.data["request_id"])
+    # The same message delivered again, sequentially and concurrently (two replicas, an ack lost).
+    await handler.handle(event)
+    await asyncio.gather(handler.handle(event), handler.handle(event))
+
+    assert await stored(bus, event.data["request_id"]) == first
+    assert await (await open_store(bus)).keys() == [event.data["request_id"]]
+    assert len(await events_of(bus, "human.notified")) == 1
+    info = await bus.js.stream_info("TEMPORALITY_TIMERS", subjects_filter="temporality.timers.schedule.human.>")
+    assert info.state.messages == 1
+
+
+async def test_request_id_reused_by_another_run_is_permanent(bus: Bus, handler: RequestHandler) -> None:
+    event = requested(recipient="user:alice", request_id="hreq-shared")
+    await handler.handle(event)
+    with pytest.raises(PermanentError, match="already used"):
+        await handler.handle(requested(recipient="user:bob", request_id="hreq-shared"))

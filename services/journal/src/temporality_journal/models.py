@@ -1,0 +1,104 @@
+"""The journal's SQL tables (SQLModel): ``events``, every CloudEvent once, and ``runs``, their projection.
+
+The tables live in their own SQLAlchemy registry, so the journal creates exactly its own tables
+even when other SQLModel models share the process (tests import every service).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Dialect, Index, String
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import registry
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+from temporality_protocol import RunState
+
+__all__ = ["EventRecord", "JournalModel", "RunRecord", "RunSnapshot", "UTCDateTime", "as_utc"]
+
+
+def as_utc(value: datetime) -> datetime:
+    """An aware UTC datetime; a naive one is taken to be UTC already."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores UTC (``timestamptz`` on PostgreSQL, naive UTC text on SQLite); always reads aware UTC."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        utc = as_utc(value)
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else as_utc(value)
+
+
+class JournalModel(SQLModel, registry=registry()):
+    """Base of the journal's models: its own registry and metadata."""
+
+
+class EventRecord(JournalModel, table=True):
+    """One CloudEvent, stored once (the primary key is the CloudEvent id)."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_run_id_stream_seq", "run_id", "stream_seq"),)
+
+    id: str = Field(primary_key=True)
+    type: str = Field(index=True)
+    source: str
+    time: datetime = Field(sa_type=UTCDateTime)
+    run_id: str | None = Field(default=None)
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    actor: str | None = None
+    tenant: str | None = None
+    subject: str | None = None
+    stream_seq: int = Field(sa_type=BigInteger, index=True)
+    data: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column(JSON().with_variant(JSONB(), "postgresql"), nullable=False)
+    )
+    recorded_at: datetime = Field(sa_type=UTCDateTime)
+
+
+class RunSnapshot(JournalModel):
+    """A run as the journal sees it: what :func:`temporality_journal.projection.project` reads and returns.
+
+    Invariant: the ``waiting_*`` fields are set exactly while ``state`` is ``waiting_for_human``.
+    """
+
+    run_id: str = Field(primary_key=True)
+    state: RunState = Field(sa_type=String(32), index=True)
+    agent: str | None = None
+    title: str | None = None
+    trigger_id: str | None = None
+    launch_kind: str | None = None
+    created_at: datetime = Field(sa_type=UTCDateTime, index=True)
+    updated_at: datetime = Field(sa_type=UTCDateTime)
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    result: str | None = None
+    error: str | None = None
+    waiting_request_id: str | None = None
+    waiting_recipient: str | None = None
+    waiting_channel: str | None = None
+    waiting_since: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    waiting_question: str | None = None
+    #: The highest stream sequence of an event projected onto this run; older events never move the state.
+    last_event_seq: int | None = Field(default=None, sa_type=BigInteger)
+
+
+class RunRecord(RunSnapshot, table=True):
+    """The ``runs`` table: one row per run, moved by the projection."""
+
+    __tablename__ = "runs"
+
+    def snapshot(self) -> RunSnapshot:
+        return RunSnapshot.model_validate(self, from_attributes=True)

@@ -1,0 +1,215 @@
+"""How each event moves a run row. Pure: no I/O, no clock (the recorder does the SQL).
+
+=======================  ==================================================================
+event                    effect on the run (``run_id``: the envelope's, else ``data.run_id``)
+=======================  ==================================================================
+run.requested            created ``pending`` with agent, title, trigger id, launch kind;
+                         on an existing row only blank fields are filled
+run.created              same as run.requested
+run.started              ``running``, ``started_at``
+human.requested          ``waiting_for_human``: request id, recipient, question, since =
+                         the event's time
+human.notified           ``waiting_channel``, for the request the run waits on
+human.answered/expired   ``resuming`` (RUN-3: waiting -> resuming -> running), for the
+                         request the run waits on
+run.resumed              ``running``
+run.completed            ``completed``, ``finished_at``, ``result``
+run.failed               ``failed``, ``finished_at``, ``error`` = "<reason>: <error>"
+run.cancelled            ``cancelled``, ``finished_at``, ``error`` = the reason
+anything else            nothing (the recorder stores it; no run moves)
+=======================  ==================================================================
+
+What keeps the projection right under redelivery and out-of-order delivery:
+
+- a terminal run (completed, failed, cancelled) never changes state again (a late event may only
+  fill a blank descriptive field);
+- an event not newer (by stream sequence) than the run's ``last_event_seq`` never changes the
+  state; it may still fill blank descriptive fields (``agent``, ``title``, ``started_at`` …);
+- a terminal event applies whatever its sequence: a run that ended has ended;
+- ``waiting_*`` is set exactly while the state is ``waiting_for_human``;
+- projecting the same event twice gives the same row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from temporality_journal.models import RunSnapshot, as_utc
+from temporality_protocol import (
+    RUN,
+    Envelope,
+    EventData,
+    HumanAnswered,
+    HumanExpired,
+    HumanNotified,
+    HumanRequested,
+    RunCancelled,
+    RunCompleted,
+    RunCreated,
+    RunFailed,
+    RunRequested,
+    RunResumed,
+    RunStarted,
+    RunState,
+)
+
+__all__ = ["PROJECTED_TYPES", "project", "run_id_of"]
+
+#: The event types that move runs; every other type is stored and projected nowhere.
+PROJECTED_TYPES: frozenset[str] = frozenset(
+    m.EVENT_TYPE
+    for m in (
+        RunRequested,
+        RunCreated,
+        RunStarted,
+        HumanRequested,
+        HumanNotified,
+        HumanAnswered,
+        HumanExpired,
+        RunResumed,
+        RunCompleted,
+        RunFailed,
+        RunCancelled,
+    )
+)
+
+_WAITING_CLEARED: dict[str, Any] = {
+    "waiting_request_id": None,
+    "waiting_recipient": None,
+    "waiting_channel": None,
+    "waiting_since": None,
+    "waiting_question": None,
+}
+
+
+@dataclass(frozen=True)
+class _Fact:
+    run_id: str
+    time: datetime
+    seq: int
+
+
+def run_id_of(event: Envelope) -> str | None:
+    """The run an event belongs to: the ``runid`` attribute, else a string ``data.run_id``."""
+    if event.runid:
+        return event.runid
+    value = event.data.get("run_id")
+    return value if isinstance(value, str) and value else None
+
+
+def project(current: RunSnapshot | None, event: Envelope, stream_seq: int) -> RunSnapshot | None:
+    """The run after ``event``; ``None`` when the event changes nothing (or belongs to no run).
+
+    ``current`` is the run's row (``None`` when there is none yet). Raises
+    :class:`temporality_protocol.InvalidEnvelope` when a projected type carries invalid ``data``.
+    """
+    run_id = run_id_of(event)
+    if run_id is None or event.type not in PROJECTED_TYPES:
+        return None
+    if current is not None and current.run_id != run_id:
+        raise ValueError(f"event {event.id} belongs to run {run_id}, not {current.run_id}")
+    data = event.payload()
+    fact = _Fact(run_id, as_utc(event.time), stream_seq)
+    base = current if current is not None else _blank(fact)
+    after = _apply(base, data, fact)
+    if after is None or after == current:
+        return None
+    return after
+
+
+def _apply(run: RunSnapshot, data: EventData, fact: _Fact) -> RunSnapshot | None:
+    match data:
+        case RunRequested() | RunCreated():
+            run = _fill(
+                run,
+                agent=data.agent,
+                title=data.title,
+                trigger_id=data.launch.trigger_id,
+                launch_kind=data.launch.kind,
+            )
+            if fact.time < run.created_at:
+                run = run.model_copy(update={"created_at": fact.time})
+            return _touch(run, fact)
+        case RunStarted():
+            run = _fill(run, agent=data.agent, title=data.title, started_at=fact.time)
+            return _move(run, fact, RunState.RUNNING)
+        case HumanRequested():
+            run = _fill(run, agent=data.agent, title=data.title)
+            return _move(
+                run,
+                fact,
+                RunState.WAITING_FOR_HUMAN,
+                waiting_request_id=data.request_id,
+                waiting_recipient=data.recipient,
+                waiting_question=data.question,
+                waiting_since=fact.time,
+                waiting_channel=None,
+            )
+        case HumanNotified():
+            if not _waits_on(run, data.request_id) or (run.waiting_channel is not None and _stale(run, fact)):
+                return None
+            return _touch(run.model_copy(update={"waiting_channel": data.channel}), fact)
+        case HumanAnswered() | HumanExpired():
+            if not _waits_on(run, data.request_id):
+                return None
+            return _move(run, fact, RunState.RESUMING)
+        case RunResumed():
+            return _move(run, fact, RunState.RUNNING)
+        case RunCompleted():
+            return _finish(run, fact, RunState.COMPLETED, result=data.result)
+        case RunFailed():
+            return _finish(run, fact, RunState.FAILED, error=f"{data.reason}: {data.error}")
+        case RunCancelled():
+            return _finish(run, fact, RunState.CANCELLED, error=data.reason)
+        case _:  # pragma: no cover - PROJECTED_TYPES lists exactly the cases above
+            return None
+
+
+def _blank(fact: _Fact) -> RunSnapshot:
+    return RunSnapshot(
+        run_id=fact.run_id,
+        state=RUN.initial,
+        created_at=fact.time,
+        updated_at=fact.time,
+        last_event_seq=None,
+    )
+
+
+def _stale(run: RunSnapshot, fact: _Fact) -> bool:
+    return run.last_event_seq is not None and fact.seq <= run.last_event_seq
+
+
+def _waits_on(run: RunSnapshot, request_id: str) -> bool:
+    return run.state == RunState.WAITING_FOR_HUMAN and run.waiting_request_id == request_id
+
+
+def _fill(run: RunSnapshot, **values: Any) -> RunSnapshot:
+    """Set the fields that are still blank."""
+    blank = {k: v for k, v in values.items() if v is not None and getattr(run, k) is None}
+    return run.model_copy(update=blank) if blank else run
+
+
+def _touch(run: RunSnapshot, fact: _Fact) -> RunSnapshot:
+    """Note that ``fact`` was applied (``updated_at``, ``last_event_seq``); terminal runs stay as they are."""
+    if run.state in RUN.terminal:
+        return run
+    last = fact.seq if run.last_event_seq is None else max(run.last_event_seq, fact.seq)
+    return run.model_copy(update={"updated_at": max(run.updated_at, fact.time), "last_event_seq": last})
+
+
+def _move(run: RunSnapshot, fact: _Fact, state: RunState, **fields: Any) -> RunSnapshot:
+    if run.state in RUN.terminal or _stale(run, fact):
+        return _touch(run, fact)
+    update: dict[str, Any] = {"state": state}
+    if state != RunState.WAITING_FOR_HUMAN:
+        update.update(_WAITING_CLEARED)
+    update.update(fields)
+    return _touch(run.model_copy(update=update), fact)
+
+
+def _finish(run: RunSnapshot, fact: _Fact, state: RunState, **fields: Any) -> RunSnapshot | None:
+    if run.state in RUN.terminal:
+        return None
+    return _touch(run, fact).model_copy(update={"state": state, "finished_at": fact.time, **_WAITING_CLEARED, **fields})

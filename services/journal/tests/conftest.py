@@ -1,0 +1,261 @@
+"""Journal test fixtures: a database per test (SQLite file and PostgreSQL), a journal wired to a real bus."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from temporality_bus import Bus, Consumer, Delivery
+from temporality_journal import Database, Recorder, Settings, create_app
+from temporality_protocol import (
+    Envelope,
+    EventData,
+    HumanAnswered,
+    HumanNotified,
+    HumanPolicy,
+    HumanRequested,
+    LaunchSource,
+    RunCancelled,
+    RunCompleted,
+    RunCreated,
+    RunFailed,
+    RunRequested,
+    RunResumed,
+    RunStarted,
+    TextAnswer,
+    derive_id,
+    make_event,
+)
+from temporality_protocol.catalog import CONSUMERS
+
+DEFAULT_TEST_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+# --------------------------------------------------------------------------- events of one run
+@dataclass
+class RunStory:
+    """Builds the events of one run with deterministic ids; ``at`` moves the event clock."""
+
+    run_id: str
+    agent: str = "reviewer"
+    title: str = "Review PR 42"
+    trigger_id: str = "ado-pr"
+    request_id: str = ""
+    at: datetime = field(default_factory=lambda: datetime.now(UTC) - timedelta(minutes=30))
+
+    def __post_init__(self) -> None:
+        self.request_id = self.request_id or f"hreq-{self.run_id}"
+
+    def _event(self, data: EventData, name: str, *, time: datetime | None = None) -> Envelope:
+        self.at += timedelta(seconds=1)
+        return make_event(
+            data,
+            source="/temporality/test",
+            id=derive_id("evt", self.run_id, name),
+            run_id=self.run_id,
+            actor="service:test",
+            time=time or self.at,
+        )
+
+    def requested(self) -> Envelope:
+        launch = LaunchSource(kind="webhook", trigger_id=self.trigger_id, delivery_id="dlv-1")
+        return self._event(
+            RunRequested(run_id=self.run_id, agent=self.agent, title=self.title, launch=launch), "requested"
+        )
+
+    def created(self) -> Envelope:
+        launch = LaunchSource(kind="webhook", trigger_id=self.trigger_id, delivery_id="dlv-1")
+        return self._event(RunCreated(run_id=self.run_id, agent=self.agent, title=self.title, launch=launch), "created")
+
+    def started(self, name: str = "started") -> Envelope:
+        return self._event(RunStarted(run_id=self.run_id, agent=self.agent, role="reviewer", title=self.title), name)
+
+    def human_requested(
+        self, *, recipient: str = "user:alice", question: str = "Merge it?", time: datetime | None = None
+    ) -> Envelope:
+        expires = (time or self.at) + timedelta(hours=1)
+        return self._event(
+            HumanRequested(
+                request_id=self.request_id,
+                run_id=self.run_id,
+                agent=self.agent,
+                title=self.title,
+                recipient=recipient,
+                question=question,
+                timeout_s=3600,
+                expires_at=expires,
+                policy=HumanPolicy(allowed_recipients=[recipient]),
+                turn=1,
+            ),
+            f"human.requested.{self.request_id}",
+            time=time,
+        )
+
+    def notified(self, channel: str = "matrix", *, request_id: str | None = None) -> Envelope:
+        rid = request_id or self.request_id
+        return self._event(
+            HumanNotified(request_id=rid, run_id=self.run_id, recipient="user:alice", channel=channel),
+            f"notified.{rid}.{channel}",
+        )
+
+    def answered(self) -> Envelope:
+        return self._event(
+            HumanAnswered(
+                request_id=self.request_id,
+                run_id=self.run_id,
+                recipient="user:alice",
+                responder="user:alice",
+                answer=TextAnswer(value="yes"),
+                channel="matrix",
+                waited_s=60,
+            ),
+            "answered",
+        )
+
+    def resumed(self) -> Envelope:
+        return self._event(
+            RunResumed(run_id=self.run_id, reason="answer", from_turn=1, request_id=self.request_id, waited_s=60),
+            "resumed",
+        )
+
+    def completed(self, result: str = "merged") -> Envelope:
+        return self._event(RunCompleted(run_id=self.run_id, result=result, turns=2), "completed")
+
+    def failed(self) -> Envelope:
+        return self._event(RunFailed(run_id=self.run_id, reason="tool_error", error="boom"), "failed")
+
+    def cancelled(self) -> Envelope:
+        return self._event(RunCancelled(run_id=self.run_id, reason="by user:bob"), "cancelled")
+
+
+@pytest.fixture
+def story() -> Callable[..., RunStory]:
+    def _make(run_id: str | None = None, **kwargs: object) -> RunStory:
+        return RunStory(run_id=run_id or f"run-{uuid.uuid4().hex[:12]}", **kwargs)  # type: ignore[arg-type]
+
+    return _make
+
+
+# --------------------------------------------------------------------------- databases
+def _postgres_admin_url() -> str:
+    raw = os.environ.get("TEMPORALITY_TEST_POSTGRES_URL", DEFAULT_TEST_POSTGRES_URL)
+    return make_url(raw).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """A fresh, empty database: a SQLite file, or a new PostgreSQL database dropped afterwards."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'journal' / 'journal.db'}"
+        return
+    admin_url = _postgres_admin_url()
+    try:
+        admin = await asyncpg.connect(admin_url, timeout=3)
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        pytest.skip(f"PostgreSQL not reachable at {admin_url} ({exc!r}); set TEMPORALITY_TEST_POSTGRES_URL")
+    name = f"journal_{uuid.uuid4().hex}"
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    try:
+        yield (
+            make_url(admin_url)
+            .set(drivername="postgresql+asyncpg", database=name)
+            .render_as_string(hide_password=False)
+        )
+    finally:
+        admin = await asyncpg.connect(admin_url, timeout=3)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+@pytest.fixture
+async def database(database_url: str) -> AsyncIterator[Database]:
+    async with Database.open(database_url) as db:
+        yield db
+
+
+# --------------------------------------------------------------------------- the journal on a real bus
+class Journal:
+    """The journal's consumer on the real bus plus an HTTP client of its API (in-process ASGI)."""
+
+    def __init__(self, bus: Bus, database: Database, client: httpx.AsyncClient) -> None:
+        self.bus = bus
+        self.database = database
+        self.client = client
+        self.recorder = Recorder(database)
+        self.handled: Counter[str] = Counter()
+        self.fail_after_commit: set[str] = set()
+        self._changed = asyncio.Condition()
+
+    async def handle(self, event: Envelope, delivery: Delivery) -> None:
+        try:
+            await self.recorder.handle(event, delivery)
+            if event.id in self.fail_after_commit:  # a crash after the commit, before the ack
+                self.fail_after_commit.discard(event.id)
+                raise RuntimeError("simulated crash after commit")
+        finally:
+            async with self._changed:
+                self.handled[event.id] += 1
+                self._changed.notify_all()
+
+    async def wait_handled(self, event_id: str, times: int = 1, within_s: float = 10.0) -> None:
+        async with asyncio.timeout(within_s), self._changed:
+            await self._changed.wait_for(lambda: self.handled[event_id] >= times)
+
+    async def wait_type(self, event_type: str, within_s: float = 10.0) -> str:
+        """Wait until an event of ``event_type`` was handled; return its id."""
+
+        async def _seen() -> str | None:
+            response = await self.client.get("/events", params={"type": event_type, "limit": 1})
+            events = response.json()["events"]
+            return str(events[0]["id"]) if events else None
+
+        async with asyncio.timeout(within_s):
+            while True:
+                async with self._changed:
+                    found = await _seen()
+                    if found is not None:
+                        return found
+                    await self._changed.wait()
+
+    async def send(self, *events: Envelope) -> None:
+        """Publish each event and wait until the journal has handled it."""
+        for event in events:
+            await self.bus.publish(event)
+            await self.wait_handled(event.id)
+
+    async def run(self, run_id: str) -> dict[str, object]:
+        response = await self.client.get(f"/runs/{run_id}")
+        assert response.status_code == 200, response.text
+        body: dict[str, object] = response.json()
+        return body
+
+
+@pytest.fixture
+async def journal(bus: Bus, database: Database) -> AsyncIterator[Journal]:
+    app = create_app(Settings(), database)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://journal") as client:
+        jr = Journal(bus, database, client)
+        consumer = Consumer(bus, CONSUMERS["journal"], handler=jr.handle, fetch_timeout_s=0.2)
+        stop = asyncio.Event()
+        task = asyncio.create_task(consumer.run(stop))
+        try:
+            yield jr
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)

@@ -1,0 +1,113 @@
+"""The HTTP API: filters, ordering, validation and error bodies, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from temporality_journal import Database, Recorder, Settings, create_app
+
+MakeStory = Callable[..., Any]  # conftest.RunStory
+Journal = Any  # conftest.Journal
+
+
+def _assert_error(response: httpx.Response, status: int, error: str) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error", "detail"}
+    assert body["error"] == error
+    assert isinstance(body["detail"], str)
+    assert body["detail"]
+
+
+async def test_healthz(journal: Journal, database: Database) -> None:
+    response = await journal.client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "database": database.dialect}
+
+
+async def test_unknown_run_is_404(journal: Journal) -> None:
+    _assert_error(await journal.client.get("/runs/run-nope"), 404, "run_not_found")
+    _assert_error(await journal.client.get("/runs/run-nope/events"), 404, "run_not_found")
+    _assert_error(await journal.client.get("/no/such/path"), 404, "not_found")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"state": "sleeping"}, {"limit": "0"}, {"limit": "1001"}, {"limit": "many"}],
+)
+async def test_bad_run_filters_are_422(journal: Journal, params: dict[str, str]) -> None:
+    _assert_error(await journal.client.get("/runs", params=params), 422, "invalid_request")
+
+
+async def test_bad_event_filters_are_422(journal: Journal) -> None:
+    _assert_error(await journal.client.get("/events", params={"limit": "-1"}), 422, "invalid_request")
+    _assert_error(await journal.client.get("/runs/x/events", params={"after": "-1"}), 422, "invalid_request")
+
+
+async def test_runs_newest_first_filtered_by_state_and_limited(journal: Journal, story: MakeStory) -> None:
+    old, mid, new = story(), story(), story()
+    mid.at = old.at + timedelta(minutes=1)
+    new.at = old.at + timedelta(minutes=2)
+    await journal.send(old.requested(), mid.requested(), new.requested(), mid.started(), new.started(), new.failed())
+
+    runs = (await journal.client.get("/runs")).json()["runs"]
+    assert [r["run_id"] for r in runs] == [new.run_id, mid.run_id, old.run_id]
+    assert [r["state"] for r in runs] == ["failed", "running", "pending"]
+    assert runs[0]["error"] == "tool_error: boom"
+    assert runs[0]["waiting"] is None
+
+    running = (await journal.client.get("/runs", params={"state": "running"})).json()["runs"]
+    assert [r["run_id"] for r in running] == [mid.run_id]
+    limited = (await journal.client.get("/runs", params={"limit": 2})).json()["runs"]
+    assert [r["run_id"] for r in limited] == [new.run_id, mid.run_id]
+    assert (await journal.client.get("/runs", params={"state": "completed"})).json()["runs"] == []
+
+
+async def test_events_filters_newest_first(journal: Journal, story: MakeStory) -> None:
+    a, b = story(), story()
+    await journal.send(a.requested(), b.requested(), a.started(), b.started())
+
+    recent = (await journal.client.get("/events")).json()["events"]
+    assert [(e["run_id"], e["type"]) for e in recent] == [
+        (b.run_id, "run.started"),
+        (a.run_id, "run.started"),
+        (b.run_id, "run.requested"),
+        (a.run_id, "run.requested"),
+    ]
+    only_a = (await journal.client.get("/events", params={"run_id": a.run_id})).json()["events"]
+    assert [e["type"] for e in only_a] == ["run.started", "run.requested"]
+    started = (await journal.client.get("/events", params={"type": "run.started", "limit": 1})).json()["events"]
+    assert [e["run_id"] for e in started] == [b.run_id]
+
+
+async def test_trajectory_pages_by_stream_sequence(journal: Journal, story: MakeStory) -> None:
+    s = story()
+    await journal.send(s.requested(), s.started(), s.human_requested())
+    everything = (await journal.client.get(f"/runs/{s.run_id}/events")).json()["events"]
+    after_first = (
+        await journal.client.get(f"/runs/{s.run_id}/events", params={"after": everything[0]["stream_seq"]})
+    ).json()
+    assert after_first["run_id"] == s.run_id
+    assert [e["id"] for e in after_first["events"]] == [e["id"] for e in everything[1:]]
+    tail = (await journal.client.get(f"/runs/{s.run_id}/events", params={"after": everything[-1]["stream_seq"]})).json()
+    assert tail["events"] == []  # a known run with nothing newer: 200, not 404
+
+
+async def test_recorder_alone_is_idempotent(database: Database, story: MakeStory) -> None:
+    """Without the bus: the recorder reports whether an id was new, and the API reads the result."""
+    s = story()
+    recorder = Recorder(database)
+    requested = s.requested()
+    assert await recorder.record(requested, 1) is True
+    assert await recorder.record(requested, 2) is False
+    assert await recorder.record(s.started(), 3) is True
+    app = create_app(Settings(), database)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://journal") as client:
+        events = (await client.get(f"/runs/{s.run_id}/events")).json()["events"]
+        assert [(e["type"], e["stream_seq"]) for e in events] == [("run.requested", 1), ("run.started", 3)]
+        assert (await client.get(f"/runs/{s.run_id}")).json()["last_event_seq"] == 3

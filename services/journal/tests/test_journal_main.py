@@ -1,0 +1,82 @@
+"""``python -m temporality_journal`` as a real process: ready file, consume, serve, stop on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from temporality_bus import Bus, NatsSettings
+
+MakeStory = Callable[..., Any]  # conftest.RunStory
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _eventually(check: Callable[[], Awaitable[bool]], proc: asyncio.subprocess.Process, within_s: float) -> None:
+    """Poll an outside process's observable state (it has no event we could await)."""
+    async with asyncio.timeout(within_s):
+        for _ in range(int(within_s / 0.05) + 1):
+            assert proc.returncode is None, f"journal exited early with {proc.returncode}"
+            if await check():
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+async def test_process_records_serves_and_stops_on_sigterm(
+    tmp_path: Path, bus: Bus, nats_settings: NatsSettings, story: MakeStory
+) -> None:
+    port = _free_port()
+    ready = tmp_path / "journal.ready"
+    log_path = tmp_path / "journal.log"
+    env = {
+        **os.environ,
+        "TEMPORALITY_NATS_URL": nats_settings.url,
+        "TEMPORALITY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'data' / 'journal.db'}",
+        "TEMPORALITY_JOURNAL_PORT": str(port),
+        "TEMPORALITY_READY_FILE": str(ready),
+        "TEMPORALITY_LOG_FORMAT": "console",
+    }
+    with log_path.open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "temporality_journal", env=env, stdout=log, stderr=log
+        )
+    try:
+
+        async def _ready() -> bool:
+            return await asyncio.to_thread(ready.exists)
+
+        await _eventually(_ready, proc, 20)
+        assert (await asyncio.to_thread(ready.read_text)).strip() == str(proc.pid)
+
+        s = story()
+        await bus.publish(s.requested())
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            assert (await client.get("/healthz")).json()["status"] == "ok"
+
+            async def _recorded() -> bool:
+                return (await client.get(f"/runs/{s.run_id}")).status_code == 200
+
+            await _eventually(_recorded, proc, 10)
+            assert (await client.get(f"/runs/{s.run_id}")).json()["state"] == "pending"
+
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert "journal.stopped" in await asyncio.to_thread(log_path.read_text)

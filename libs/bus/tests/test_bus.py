@@ -161,3 +161,23 @@ async def test_message_schedule_fires_once_at_its_time(bus: Bus) -> None:
     await msgs[0].ack()
     with pytest.raises(Exception, match="imeout"):
         await sub.fetch(1, timeout=1.5)
+
+
+async def test_unlimited_max_deliver_retries_until_success_and_never_dead_letters(bus: Bus) -> None:
+    spec = ConsumerSpec(
+        "t-forever", EVENTS_STREAM.name, (subject_for("run.failed"),), "test", max_deliver=-1, backoff_s=(0.02,)
+    )
+    done = asyncio.Event()
+    attempts: list[int] = []
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        attempts.append(delivery.num_delivered)
+        if delivery.num_delivered < 12:
+            raise RuntimeError("database down")
+        done.set()
+
+    await bus.publish(_failed("r4"))
+    await _run_consumer(Consumer(bus, spec, handler=handler), done, asyncio.Event())
+    assert attempts == list(range(1, 13))
+    info = await bus.js.stream_info(DLQ_STREAM.name)
+    assert info.state.messages == 0

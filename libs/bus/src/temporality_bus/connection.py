@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -76,9 +77,10 @@ class Bus:
             if not nc.is_closed:
                 try:
                     await nc.drain()
-                except Exception as exc:  # drain is best effort at shutdown
-                    log.warning("nats.drain_failed", error=str(exc))
-                    await nc.close()
+                except Exception as exc:  # drain is best effort at shutdown (the server may be gone)
+                    log.warning("nats.drain_failed", error=repr(exc))
+                    with contextlib.suppress(Exception):
+                        await nc.close()
 
     # ------------------------------------------------------------------ layout
     async def ensure(self, streams: Iterable[StreamSpec] = (), buckets: Iterable[BucketSpec] = ()) -> None:

@@ -130,7 +130,7 @@ class Consumer:
                     raise
                 except Exception as exc:
                     heartbeat.cancel()
-                    if delivery.num_delivered >= self.spec.max_deliver:
+                    if 0 < self.spec.max_deliver <= delivery.num_delivered:
                         await self._dead_letter(msg, delivery, exc)
                         return
                     backoff = self.spec.backoff_s

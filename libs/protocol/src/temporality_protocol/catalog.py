@@ -71,6 +71,8 @@ class ConsumerSpec:
     stream: str
     filter_subjects: tuple[str, ...]
     description: str
+    #: Deliveries before a message that keeps failing transiently is dead-lettered; -1 = never (retry
+    #: forever with the last backoff), for consumers whose only transient failure is their own store.
     max_deliver: int = 8
     backoff_s: tuple[float, ...] = field(default=(0.5, 1, 2, 5, 10, 30))
 
@@ -136,7 +138,13 @@ CONSUMERS: dict[str, ConsumerSpec] = {
             (f"{TIMER_FIRED_HUMAN}.>",),
             "Human-request deadlines firing",
         ),
-        ConsumerSpec("journal", _E, (f"{EVENTS_PREFIX}.>",), "Every event into the SQL read model"),
+        ConsumerSpec(
+            "journal",
+            _E,
+            (f"{EVENTS_PREFIX}.>",),
+            "Every event into the SQL read model (a database outage must not dead-letter the journal)",
+            max_deliver=-1,
+        ),
         ConsumerSpec(
             "agent-collab-runs",
             _E,

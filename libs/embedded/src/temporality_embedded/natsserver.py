@@ -51,7 +51,8 @@ class NatsServer:
             "--ports_file_dir", str(ports_dir),
             "-l", str(self.log_file),
         ]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        # own session: a Ctrl-C in the terminal reaches only the launcher, which stops the services first
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             files = list(ports_dir.glob("*.ports"))

@@ -1,0 +1,185 @@
+"""The ``azure_devops.pull_request`` adapter: Azure DevOps service-hook PR events (TRG-3/4/8).
+
+Real payloads differ (``/work/shared/fixtures/webhooks/README.md``): some start with a UTF-8 BOM
+(the API layer decodes with ``utf-8-sig``), aspnet-era ones have no ``resourceContainers`` or
+``resourceVersion``, docs-era ones no ``subscriptionId``/``notificationId``, and
+``notificationId`` repeats across unrelated events — so the event id is the payload's ``id``
+(the event GUID) and nothing else. ``git.pullrequest.merged`` means "merge attempted"; a
+completed PR arrives as ``git.pullrequest.updated`` with ``status: completed``.
+
+Models read tolerantly (unknown fields ignored) and require only what the mapping needs.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from temporality_protocol import Actor, NormalizedEvent
+from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent, invalid_payload
+from temporality_trigger_gateway.errors import InvalidPayload
+
+__all__ = ["AzureDevOpsPullRequest", "PullRequestEvent"]
+
+_Text = Annotated[str, Field(min_length=1)]
+
+
+class _Ado(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, alias_generator=to_camel)
+
+
+class _Envelope(_Ado):
+    """What every Azure DevOps service-hook event has."""
+
+    id: _Text
+    event_type: _Text
+    resource: dict[str, Any]
+
+
+class Identity(_Ado):
+    id: _Text
+    display_name: str | None = None
+    unique_name: str | None = None
+
+
+class Project(_Ado):
+    id: _Text
+    name: _Text
+    url: str | None = None
+
+
+class Repository(_Ado):
+    id: _Text
+    name: _Text
+    url: _Text
+    project: Project
+    remote_url: str | None = None
+
+
+class CommitRef(_Ado):
+    commit_id: _Text
+
+
+class PullRequest(_Ado):
+    pull_request_id: Annotated[int, Field(ge=1)]
+    repository: Repository
+    title: str
+    description: str | None = None
+    status: str | None = None
+    url: str | None = None
+    created_by: Identity
+    creation_date: datetime | None = None
+    source_ref_name: _Text
+    target_ref_name: _Text
+    reviewers: list[Identity] | None = None
+    last_merge_source_commit: CommitRef | None = None
+    last_merge_target_commit: CommitRef | None = None
+
+
+class Container(_Ado):
+    id: str | None = None
+    base_url: str | None = None
+
+
+class PullRequestEvent(_Ado):
+    id: _Text
+    event_type: _Text
+    publisher_id: str | None = None
+    subscription_id: str | None = None
+    notification_id: int | str | None = None
+    resource_version: str | None = None
+    resource: PullRequest
+    resource_containers: dict[str, Container] | None = None
+    created_date: datetime | None = None
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def _branch(ref: str) -> str:
+    return ref.removeprefix("refs/heads/")
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else url
+
+
+def _person(identity: Identity) -> dict[str, Any]:
+    return {"id": identity.id, "display_name": identity.display_name, "unique_name": identity.unique_name}
+
+
+class AzureDevOpsPullRequest(Adapter):
+    name: ClassVar[str] = "azure_devops.pull_request"
+    event_types: ClassVar[frozenset[str]] = frozenset(
+        {"git.pullrequest.created", "git.pullrequest.updated", "git.pullrequest.merged"}
+    )
+
+    def identify(self, body: Any) -> SourceEvent:
+        try:
+            envelope = _Envelope.model_validate(body)
+        except ValidationError as exc:
+            raise invalid_payload(self.name, exc) from exc
+        return SourceEvent(id=envelope.id, type=envelope.event_type)
+
+    def normalize(self, body: Any, *, tenant: str | None) -> NormalizedEvent:
+        try:
+            event = PullRequestEvent.model_validate(body)
+        except ValidationError as exc:
+            raise invalid_payload(self.name, exc) from exc
+        if event.event_type not in self.event_types:
+            raise InvalidPayload(
+                f"{event.event_type!r} is not a pull request event ({', '.join(sorted(self.event_types))})",
+                [{"loc": ["eventType"], "msg": "not a pull request event", "type": "value_error"}],
+            )
+        pr = event.resource
+        repo = pr.repository
+        collection = (event.resource_containers or {}).get("collection")
+        source = collection.base_url if collection and collection.base_url else _origin(repo.url)
+        created_at = _aware(pr.creation_date)
+        metadata = {
+            "event_type": event.event_type,
+            "notification_id": event.notification_id,
+            "subscription_id": event.subscription_id,
+            "publisher_id": event.publisher_id,
+            "resource_version": event.resource_version,
+        }
+        return NormalizedEvent(
+            id=event.id,
+            type=f"azure_devops.{event.event_type}",
+            source=source,
+            timestamp=created_at or _aware(event.created_date) or datetime.now(UTC),
+            actor=Actor(id=pr.created_by.unique_name or pr.created_by.id, display_name=pr.created_by.display_name),
+            tenant=tenant or repo.project.name,
+            payload={
+                "repository": {"id": repo.id, "name": repo.name, "url": repo.url, "project": repo.project.name},
+                "pull_request": {
+                    "id": pr.pull_request_id,
+                    "title": pr.title,
+                    "description": pr.description or "",
+                    "url": pr.url,
+                    "status": pr.status,
+                    "created_at": created_at.isoformat() if created_at else None,
+                },
+                "source_branch": _branch(pr.source_ref_name),
+                "target_branch": _branch(pr.target_ref_name),
+                "author": _person(pr.created_by),
+                "reviewers": [_person(r) for r in pr.reviewers or ()],
+                "commits": {
+                    "source": pr.last_merge_source_commit.commit_id if pr.last_merge_source_commit else None,
+                    "target": pr.last_merge_target_commit.commit_id if pr.last_merge_target_commit else None,
+                },
+            },
+            metadata={k: str(v) for k, v in metadata.items() if v is not None},
+        )
+
+    def run_title(self, event: NormalizedEvent) -> str:
+        pr = event.payload["pull_request"]
+        return f"Review PR #{pr['id']}: {pr['title']}"[:200]

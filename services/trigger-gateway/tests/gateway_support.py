@@ -1,0 +1,115 @@
+"""Helpers for the trigger-gateway tests (a uniquely named module: services' tests share one sys.path)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from temporality_bus import Bus
+from temporality_protocol import Envelope, RunRequested, decode
+from temporality_protocol.catalog import EVENTS_PREFIX, EVENTS_STREAM
+from temporality_trigger_gateway import TriggerConfig, parse_triggers
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parents[3]
+PASSWORD = "s3cret-for-tests"
+MAX_BODY = 16 * 1024
+
+TRIGGERS_YAML = """
+triggers:
+  - id: ado-pr-review
+    name: Review Azure DevOps pull requests
+    type: webhook
+    enabled: true
+    adapter: azure_devops.pull_request
+    events: [git.pullrequest.created]
+    agent: reviewer
+    tenant: fabrikam
+    auth: {type: basic, username: azure, password_env: TEST_GATEWAY_PASSWORD}
+    deduplication: {ttl_days: 7}
+    human:
+      allowed_recipients: [user:alice]
+      default_timeout_s: 3600
+      on_timeout: {action: default, default_option: keep-v1}
+  - id: ado-pr-all
+    name: Every pull request event, no tenant override
+    type: webhook
+    adapter: azure_devops.pull_request
+    events: [git.pullrequest.created, git.pullrequest.updated, git.pullrequest.merged]
+    agent: reviewer
+    auth: {type: basic, username: azure, password_env: TEST_GATEWAY_PASSWORD}
+  - id: ado-pr-disabled
+    name: Switched off
+    type: webhook
+    enabled: false
+    adapter: azure_devops.pull_request
+    events: [git.pullrequest.created]
+    agent: reviewer
+    auth: {type: basic, username: azure, password_env: TEST_GATEWAY_PASSWORD}
+  - id: nightly-digest
+    name: Nightly digest
+    type: schedule
+    cron: "0 3 * * *"
+    agent: reviewer
+"""
+
+
+def load_triggers_yaml(text: str, **environ: str) -> list[TriggerConfig]:
+    return parse_triggers(yaml.safe_load(text), source="test.yaml", environ=environ)
+
+
+def fixture_bytes(name: str) -> bytes:
+    return (FIXTURES / name).read_bytes()
+
+
+def fixture_json(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(fixture_bytes(name).decode("utf-8-sig"))
+    return data
+
+
+def basic(username: str = "azure", password: str = PASSWORD) -> dict[str, str]:
+    token = base64.b64encode(f"{username}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+async def post(
+    client: httpx.AsyncClient,
+    body: bytes | dict[str, Any],
+    trigger_id: str = "ado-pr-review",
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    sent = {"Content-Type": "application/json; charset=utf-8", **(basic() if headers is None else headers)}
+    return await client.post(f"/hooks/{trigger_id}", content=content, headers=sent)
+
+
+async def journal(bus: Bus) -> list[Envelope]:
+    """Every event in the journal stream, in order, read back through a pull subscription."""
+    expected = (await bus.js.stream_info(EVENTS_STREAM.name)).state.messages
+    if expected == 0:
+        return []
+    sub = await bus.js.pull_subscribe(f"{EVENTS_PREFIX}.>", stream=EVENTS_STREAM.name)
+    events: list[Envelope] = []
+    try:
+        while len(events) < expected:
+            for msg in await sub.fetch(batch=expected - len(events), timeout=5):
+                await msg.ack()
+                events.append(decode(msg.data))
+    finally:
+        await sub.unsubscribe()  # before the bus drains (TEST-PEERS.md: the drain gotcha)
+    return events
+
+
+def types(events: list[Envelope]) -> list[str]:
+    return [e.type for e in events]
+
+
+async def run_requested(bus: Bus) -> RunRequested:
+    """The data of the one ``run.requested`` in the journal."""
+    (event,) = [e for e in await journal(bus) if e.type == "run.requested"]
+    return event.payload(RunRequested)

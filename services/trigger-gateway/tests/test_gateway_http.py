@@ -1,0 +1,160 @@
+"""The refusals of ``POST /hooks/{trigger_id}``, in their order: 404, 401, 413, 400, 422. None publishes."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from gateway_support import MAX_BODY, PASSWORD, basic, fixture_bytes, fixture_json, journal, post
+
+from temporality_bus import Bus
+
+
+async def _nothing_published(bus: Bus) -> None:
+    assert await journal(bus) == []
+
+
+async def test_unknown_trigger_is_404(client: httpx.AsyncClient, bus: Bus) -> None:
+    response = await post(client, fixture_bytes("pr-created.json"), trigger_id="no-such-trigger")
+    assert response.status_code == 404
+    assert response.json()["error"] == "unknown_trigger"
+    await _nothing_published(bus)
+
+
+async def test_trigger_that_is_not_a_webhook_is_404(client: httpx.AsyncClient) -> None:
+    response = await post(client, fixture_bytes("pr-created.json"), trigger_id="nightly-digest")
+    assert response.status_code == 404
+
+
+async def test_unknown_trigger_is_404_even_without_credentials(client: httpx.AsyncClient) -> None:
+    response = await post(client, b"{}", trigger_id="no-such-trigger", headers={})
+    assert response.status_code == 404
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        pytest.param({}, id="missing"),
+        pytest.param(basic(password="wrong"), id="wrong-password"),
+        pytest.param(basic(username="someone", password=PASSWORD), id="wrong-user"),
+        pytest.param(basic(password=""), id="empty-password"),
+        pytest.param({"Authorization": f"Bearer {PASSWORD}"}, id="not-basic"),
+        pytest.param({"Authorization": "Basic !!!not-base64"}, id="bad-base64"),
+        pytest.param({"Authorization": "Basic " + base64.b64encode(b"azure").decode()}, id="no-colon"),
+        pytest.param({"Authorization": "Basic " + base64.b64encode(b"\xff:\xfe").decode()}, id="not-utf8"),
+    ],
+)
+async def test_bad_credentials_are_401_with_a_basic_challenge(
+    client: httpx.AsyncClient, bus: Bus, headers: dict[str, str]
+) -> None:
+    response = await post(client, fixture_bytes("pr-created.json"), headers=headers)
+    assert response.status_code == 401
+    assert response.headers["WWW-Authenticate"] == 'Basic realm="temporality"'
+    assert response.json()["error"] == "unauthorized"
+    assert PASSWORD not in response.text
+    await _nothing_published(bus)
+
+
+async def test_credentials_are_checked_before_the_body(client: httpx.AsyncClient) -> None:
+    response = await post(client, b"x" * (MAX_BODY + 1), headers={})
+    assert response.status_code == 401
+
+
+async def test_declared_content_length_over_the_limit_is_413(client: httpx.AsyncClient, bus: Bus) -> None:
+    response = await post(client, b" " * (MAX_BODY + 1))
+    assert response.status_code == 413
+    assert response.json()["error"] == "body_too_large"
+    await _nothing_published(bus)
+
+
+async def test_chunked_body_over_the_limit_is_413(client: httpx.AsyncClient, bus: Bus) -> None:
+    sent: list[int] = []
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(64):
+            sent.append(1)
+            yield b" " * 1024
+
+    response = await client.post("/hooks/ado-pr-review", content=chunks(), headers=basic())
+    assert response.request.headers.get("transfer-encoding") == "chunked"
+    assert "content-length" not in response.request.headers
+    assert response.status_code == 413
+    assert len(sent) < 64  # refused while streaming, not after reading everything
+    await _nothing_published(bus)
+
+
+async def test_body_exactly_at_the_limit_is_read(client: httpx.AsyncClient) -> None:
+    response = await post(client, b" " * MAX_BODY)
+    assert response.status_code == 400  # read in full, then not JSON
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b"", id="empty"),
+        pytest.param(b"{not json", id="broken"),
+        pytest.param(b"\xff\xfe{\x00}\x00", id="utf16"),
+        pytest.param(b'{"id": "\xe9"}', id="latin1"),
+    ],
+)
+async def test_body_that_is_not_utf8_json_is_400(client: httpx.AsyncClient, bus: Bus, raw: bytes) -> None:
+    response = await post(client, raw)
+    assert response.status_code == 400
+    assert response.json()["error"] == "malformed_json"
+    await _nothing_published(bus)
+
+
+def _without(path: str) -> dict[str, object]:
+    payload = fixture_json("pr-created.json")
+    node = payload
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node[key]
+    del node[leaf]
+    return payload
+
+
+@pytest.mark.parametrize(
+    ("body", "missing"),
+    [
+        pytest.param({"hello": "world"}, ["id", "eventType", "resource"], id="not-azure"),
+        pytest.param([1, 2], [], id="array"),
+        pytest.param(_without("id"), ["id"], id="no-id"),
+        pytest.param(_without("eventType"), ["eventType"], id="no-eventType"),
+        pytest.param(_without("resource.pullRequestId"), ["resource.pullRequestId"], id="no-pullRequestId"),
+        pytest.param(_without("resource.repository"), ["resource.repository"], id="no-repository"),
+        pytest.param(_without("resource.createdBy"), ["resource.createdBy"], id="no-createdBy"),
+        pytest.param(_without("resource.repository.project"), ["resource.repository.project"], id="no-project"),
+    ],
+)
+async def test_json_of_the_wrong_shape_is_422_with_the_errors(
+    client: httpx.AsyncClient, bus: Bus, body: object, missing: list[str]
+) -> None:
+    response = await client.post("/hooks/ado-pr-review", json=body, headers=basic())
+    assert response.status_code == 422
+    answer = response.json()
+    assert answer["error"] == "invalid_payload"
+    assert answer["detail"]
+    locations = {".".join(str(p) for p in e["loc"]) for e in answer["errors"]}
+    assert set(missing) <= locations
+    assert all("input" not in e for e in answer["errors"])  # the payload is never echoed back
+    await _nothing_published(bus)
+
+
+async def test_wrong_types_are_422(client: httpx.AsyncClient) -> None:
+    payload = fixture_json("pr-created.json")
+    payload["resource"]["pullRequestId"] = "seven"
+    response = await post(client, payload)
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["loc"] == ["resource", "pullRequestId"]
+
+
+async def test_other_routes_answer_json_errors(client: httpx.AsyncClient) -> None:
+    missing = await client.get("/nowhere")
+    assert missing.status_code == 404
+    assert missing.json()["error"] == "not_found"
+    wrong_method = await client.get("/hooks/ado-pr-review")
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["error"] == "method_not_allowed"

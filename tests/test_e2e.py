@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import nats
 import pytest
+from e2e_support import ALICE, eventually, example_pr, make_stack, post_hook
 
-from conftest import ALICE, eventually, example_pr, post_hook
 from temporality_embedded import Stack
 from temporality_protocol import CollaboratorsQuery, CollaboratorsReply
 from temporality_protocol.catalog import RPC_GET_COLLABORATORS
@@ -189,8 +189,6 @@ async def test_run_executor_killed_while_the_run_waits(stack: Stack, http: httpx
 async def test_run_executor_killed_mid_run_resumes_from_the_last_checkpoint(
     tmp_path: Any, http: httpx.AsyncClient
 ) -> None:
-    from conftest import make_stack
-
     # the scripted reviewer "thinks" 3 s per turn: long enough to kill it between turn 1 and turn 2
     stack = make_stack(tmp_path, TEMPORALITY_EXECUTOR_SCRIPTED_THINK_S="3")
     stack.start()

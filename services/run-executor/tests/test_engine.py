@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from conftest import PR_WITH_CONTRACT_CHANGE, RunExecutor, run_requested
+from executor_support import PR_WITH_CONTRACT_CHANGE, RunExecutor, run_requested
+
 from temporality_bus import Bus
 from temporality_protocol import (
     HumanAnswered,

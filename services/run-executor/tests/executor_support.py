@@ -1,0 +1,105 @@
+"""Helpers and the executor fixture factory for the run-executor tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from temporality_bus import Bus, Consumer
+from temporality_protocol import (
+    Envelope,
+    HumanPolicy,
+    LaunchSource,
+    RunRequested,
+    TimeoutPolicy,
+    make_event,
+    new_id,
+)
+from temporality_protocol.catalog import CONSUMERS
+from temporality_run_executor.agents import AgentCard, AgentDirectory, ProviderConfig
+from temporality_run_executor.engine import Engine
+from temporality_run_executor.providers.factory import ProviderCache
+
+REVIEWER = AgentCard(
+    id="reviewer",
+    role="Code reviewer",
+    system_prompt="You review pull requests.",
+    provider=ProviderConfig(kind="scripted", script="reviewer"),
+)
+
+PR_WITH_CONTRACT_CHANGE: dict[str, Any] = {
+    "repository": {"id": "r1", "name": "orders-service", "url": "https://dev.azure.com/x/_git/orders", "project": "P"},
+    "pull_request": {
+        "id": 42,
+        "title": "Orders API: return totals as money objects",
+        "description": "Changes the response of GET /api/orders/{id}. Not sure about old clients.",
+        "url": "https://dev.azure.com/x/pr/42",
+        "status": "active",
+        "created_at": "2026-11-30T10:00:00Z",
+    },
+    "source_branch": "feature/money",
+    "target_branch": "main",
+    "author": {"id": "u1", "display_name": "Jamie Doe", "unique_name": "jamie@example.com"},
+    "reviewers": [],
+    "commits": {"source": "abc", "target": "def"},
+}
+
+
+def run_requested(
+    run_id: str | None = None,
+    *,
+    pr: dict[str, Any] | None = None,
+    on_timeout: TimeoutPolicy | None = None,
+    agent: str = "reviewer",
+    allowed: list[str] | None = None,
+) -> Envelope:
+    run_id = run_id or new_id("run")
+    data = RunRequested(
+        run_id=run_id,
+        agent=agent,
+        title="Review PR #42: Orders API: return totals as money objects",
+        launch=LaunchSource(kind="webhook", trigger_id="ado-pr-review", delivery_id="dlv-1"),
+        input=pr if pr is not None else PR_WITH_CONTRACT_CHANGE,
+        human=HumanPolicy(
+            allowed_recipients=allowed if allowed is not None else ["user:alice"],
+            default_timeout_s=600,
+            on_timeout=on_timeout or TimeoutPolicy(),
+        ),
+    )
+    return make_event(data, source="/test", id=f"evt-rr-{run_id}", run_id=run_id)
+
+
+def expires_in(seconds: float) -> datetime:
+    return datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+RunExecutor = Callable[..., Awaitable[Engine]]
+
+
+@pytest.fixture
+async def executor(bus: Bus) -> AsyncIterator[RunExecutor]:
+    """Start the engine's two consumers in this loop (a real Consumer on the real server)."""
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    caches: list[ProviderCache] = []
+
+    async def start(cards: list[AgentCard] | None = None, max_deliver: int = 8) -> Engine:
+        cache = ProviderCache()
+        caches.append(cache)
+        engine = await Engine.open(bus, AgentDirectory(cards or [REVIEWER]), cache, max_deliver=max_deliver)
+        for name, handler in (
+            ("run-executor-requests", engine.on_run_requested),
+            ("run-executor-human", engine.on_human_event),
+        ):
+            tasks.append(asyncio.create_task(Consumer(bus, CONSUMERS[name], handler=handler, max_inflight=4).run(stop)))
+        return engine
+
+    yield start
+    stop.set()
+    await asyncio.gather(*tasks)
+    for cache in caches:
+        await cache.aclose()

@@ -181,3 +181,31 @@ async def test_unlimited_max_deliver_retries_until_success_and_never_dead_letter
     assert attempts == list(range(1, 13))
     info = await bus.js.stream_info(DLQ_STREAM.name)
     assert info.state.messages == 0
+
+
+async def test_a_bare_asyncio_timeout_from_fetch_does_not_kill_the_consumer(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-py's fetch() sometimes raises asyncio's (= the builtin) TimeoutError instead of its own."""
+    from nats.js.client import JetStreamContext
+
+    original = JetStreamContext.PullSubscription.fetch
+    raised = 0
+
+    async def flaky_fetch(self: JetStreamContext.PullSubscription, *args: object, **kwargs: object) -> object:
+        nonlocal raised
+        if raised < 2:
+            raised += 1
+            raise TimeoutError
+        return await original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", flaky_fetch)
+    spec = ConsumerSpec("t-bare-timeout", EVENTS_STREAM.name, (subject_for("run.failed"),), "test")
+    done = asyncio.Event()
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        done.set()
+
+    await bus.publish(_failed("r5"))
+    await _run_consumer(Consumer(bus, spec, handler=handler), done, asyncio.Event())
+    assert raised == 2

@@ -1,0 +1,102 @@
+"""The projector: run lifecycle and ``human.answered`` events into the saga-participants projection.
+
+Handler for ``CONSUMERS["agent-collab-runs"]``. Per event:
+
+1. find the run's saga: the ``run.<run_id>`` index if it exists (first writer wins), else the
+   envelope's ``correlationid`` (falling back to its run), written to the index create-if-absent;
+2. compare-and-set ``saga.<saga_id>`` with :func:`~temporality_agent_collab.participants.apply`,
+   re-reading and retrying on :class:`~temporality_bus.Conflict`.
+
+The index is written before the saga, and both steps run on every delivery, so a crash between
+them is repaired by the redelivery. Returning acks; an id that cannot be a KV key is permanent.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from temporality_agent_collab.participants import (
+    HANDLED_TYPES,
+    InvalidKey,
+    RunIndex,
+    SagaParticipants,
+    apply,
+    new_saga,
+    run_key,
+    run_of,
+    saga_id_of,
+    saga_key,
+)
+from temporality_bus import AlreadyExists, Bus, Conflict, Delivery, PermanentError, Store, TransientError
+from temporality_protocol import Envelope
+from temporality_protocol.catalog import BUCKET_COLLAB
+
+__all__ = ["Projector"]
+
+log = structlog.get_logger(__name__)
+
+#: Compare-and-set attempts before the event is handed back to the consumer (nak with backoff).
+CAS_ATTEMPTS = 16
+
+
+class Projector:
+    """Keeps ``collab-sagas`` up to date. Build with :meth:`open`; pass :meth:`handle` to a Consumer."""
+
+    def __init__(self, sagas: Store[SagaParticipants], index: Store[RunIndex]) -> None:
+        self._sagas = sagas
+        self._index = index
+
+    @classmethod
+    async def open(cls, bus: Bus) -> Projector:
+        return cls(await bus.store(BUCKET_COLLAB, SagaParticipants), await bus.store(BUCKET_COLLAB, RunIndex))
+
+    async def handle(self, event: Envelope, delivery: Delivery) -> None:
+        await self.project(event)
+
+    async def project(self, event: Envelope) -> bool:
+        """Apply one event; ``True`` if the projection changed, ``False`` if it was already there."""
+        if event.type not in HANDLED_TYPES:
+            log.info("collab.event_ignored")
+            return False
+        try:
+            run_id = run_of(event)
+            saga_id = await self._saga_for(run_id, saga_id_of(event))
+            changed = await self._apply(saga_id, event)
+        except InvalidKey as exc:
+            raise PermanentError(str(exc)) from exc
+        log.info("collab.projected", saga_id=saga_id, changed=changed)
+        return changed
+
+    async def _saga_for(self, run_id: str, proposed: str) -> str:
+        key = run_key(run_id)
+        saga_key(proposed)  # validate before writing anything
+        found = await self._index.get(key)
+        if found is not None:
+            return found.value.saga_id
+        try:
+            await self._index.create(key, RunIndex(saga_id=proposed))
+        except AlreadyExists:
+            found = await self._index.get(key)
+            if found is None:  # pragma: no cover - keys are never deleted
+                raise TransientError(f"run index {key} vanished") from None
+            return found.value.saga_id
+        return proposed
+
+    async def _apply(self, saga_id: str, event: Envelope) -> bool:
+        key = saga_key(saga_id)
+        for _ in range(CAS_ATTEMPTS):
+            current = await self._sagas.get(key)
+            base = current.value if current is not None else new_saga(saga_id)
+            updated = apply(base, event)
+            if updated is None:
+                return False
+            try:
+                if current is None:
+                    await self._sagas.create(key, updated)
+                else:
+                    await self._sagas.update(key, updated, current.revision)
+            except (AlreadyExists, Conflict):
+                log.debug("collab.cas_retry", saga_id=saga_id)
+                continue
+            return True
+        raise TransientError(f"saga {saga_id}: lost {CAS_ATTEMPTS} compare-and-set races in a row")

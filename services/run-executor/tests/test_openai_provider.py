@@ -1,0 +1,154 @@
+"""The real LLM path: the OpenAI-compatible provider over real HTTP against an endpoint emulator."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from executor_support import REVIEWER, RunExecutor, run_requested
+
+from temporality_bus import Bus
+from temporality_protocol import HumanAnswered, HumanRequested, OptionAnswer, make_event
+from temporality_run_executor.agents import AgentCard, ProviderConfig
+from temporality_run_executor.providers import OpenAICompatible, PermanentProviderError, ProviderError
+from temporality_run_executor.records import Message, ToolCall
+from temporality_run_executor.tools import specs
+from temporality_testing.events import EventLog
+from temporality_testing.openai_emulator import OpenAIEmulator, Reply, assistant_text, assistant_tool_call
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[OpenAIEmulator]:
+    async with OpenAIEmulator().serve() as emu:
+        yield emu
+
+
+def _card(emulator: OpenAIEmulator) -> AgentCard:
+    provider = ProviderConfig(kind="openai", base_url=emulator.base_url, model="test-model", api_key_env="EMU_KEY")
+    return REVIEWER.model_copy(update={"provider": provider})
+
+
+ASK = {
+    "recipient": "user:alice",
+    "question": "Keep the v1 contract?",
+    "context": "The PR changes GET /api/orders/{id}.",
+    "options": [{"id": "keep-v1", "label": "Keep v1"}, {"id": "ship-v2", "label": "Ship v2"}],
+}
+
+
+async def test_wire_format_of_requests_and_tool_calls(
+    emulator: OpenAIEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    emulator.replies.append(assistant_tool_call("call_1", "ask_human", ASK, content="I need a decision."))
+    provider = OpenAICompatible(base_url=emulator.base_url, model="m", api_key="sk-test")
+    try:
+        turn = await provider.complete(
+            [
+                Message(role="system", content="sys"),
+                Message(role="assistant", tool_calls=[ToolCall(id="c0", name="get_pr_context", arguments={})]),
+                Message(role="tool", tool_call_id="c0", name="get_pr_context", content="{}"),
+            ],
+            specs(["get_pr_context", "ask_human"]),
+        )
+    finally:
+        await provider.aclose()
+    assert turn.content == "I need a decision."
+    assert turn.tool_calls == [ToolCall(id="call_1", name="ask_human", arguments=ASK)]
+    sent = emulator.requests[0]
+    assert sent["model"] == "m"
+    assert [t["function"]["name"] for t in sent["tools"]] == ["get_pr_context", "ask_human"]
+    assert sent["tools"][1]["function"]["parameters"]["properties"]["recipient"]
+    assert sent["messages"][1]["tool_calls"][0]["function"] == {"name": "get_pr_context", "arguments": "{}"}
+    assert sent["messages"][2] == {"role": "tool", "content": "{}", "tool_call_id": "c0", "name": "get_pr_context"}
+
+
+@pytest.mark.parametrize(
+    ("status", "error"), [(500, ProviderError), (429, ProviderError), (400, PermanentProviderError)]
+)
+async def test_error_statuses_classify(emulator: OpenAIEmulator, status: int, error: type[Exception]) -> None:
+    emulator.replies.append(Reply(status, {"error": {"message": "nope"}}))
+    provider = OpenAICompatible(base_url=emulator.base_url, model="m", api_key=None)
+    try:
+        with pytest.raises(error) as info:
+            await provider.complete([Message(role="user", content="hi")], [])
+    finally:
+        await provider.aclose()
+    assert (type(info.value) is PermanentProviderError) == (status == 400)
+
+
+async def test_malformed_completion_is_a_provider_error(emulator: OpenAIEmulator) -> None:
+    emulator.replies.append(Reply(200, {"choices": []}))
+    provider = OpenAICompatible(base_url=emulator.base_url, model="m", api_key=None)
+    try:
+        with pytest.raises(ProviderError, match="malformed"):
+            await provider.complete([Message(role="user", content="hi")], [])
+    finally:
+        await provider.aclose()
+
+
+async def test_a_model_driven_run_parks_on_ask_human_and_gets_the_answer_as_tool_result(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    emulator.replies += [
+        assistant_tool_call("call_ctx", "get_pr_context", {}),
+        Reply(503, {"error": {"message": "overloaded"}}),  # transient: the turn is retried
+        assistant_tool_call("call_ask", "ask_human", ASK),
+        assistant_text("Review done. Decision: keep v1."),
+    ]
+    await executor(cards=[_card(emulator)])
+    event = run_requested()
+    await bus.publish(event)
+    (req,) = await event_log.wait_for("human.requested", run_id=event.runid)
+    request = req.payload(HumanRequested)
+    assert request.question == "Keep the v1 contract?"
+    answered = HumanAnswered(
+        request_id=request.request_id,
+        run_id=request.run_id,
+        recipient="user:alice",
+        responder="user:alice",
+        answer=OptionAnswer(option_id="keep-v1", label="Keep v1"),
+        channel="web",
+        waited_s=1,
+    )
+    await bus.publish(make_event(answered, source="/test", run_id=request.run_id))
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid)
+    assert completed.data["result"] == "Review done. Decision: keep v1."
+    # the model saw the PR context and then the human's answer as the ask_human tool result
+    assert len(emulator.requests) == 4
+    final_messages = emulator.requests[-1]["messages"]
+    tool_results = {m["tool_call_id"]: m for m in final_messages if m["role"] == "tool"}
+    assert json.loads(tool_results["call_ctx"]["content"])["pull_request"]["id"] == 42
+    answer = json.loads(tool_results["call_ask"]["content"])
+    assert answer["status"] == "answered"
+    assert answer["answer"]["option_id"] == "keep-v1"
+    assert answer["responder"] == "user:alice"
+
+
+async def test_a_refusing_endpoint_fails_the_run_without_retrying(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    emulator.replies.append(Reply(401, {"error": {"message": "bad key"}}))
+    await executor(cards=[_card(emulator)])
+    event = run_requested()
+    await bus.publish(event)
+    (failed,) = await event_log.wait_for("run.failed", run_id=event.runid)
+    assert failed.data["reason"] == "provider_error"
+    assert "401" in failed.data["error"]
+    assert len(emulator.requests) == 1
+
+
+async def test_invalid_ask_human_arguments_go_back_to_the_model(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    emulator.replies += [
+        assistant_tool_call("call_bad", "ask_human", {"recipient": "#general", "question": "?"}),
+        assistant_text("Could not ask; finishing without a decision."),
+    ]
+    await executor(cards=[_card(emulator)])
+    event = run_requested()
+    await bus.publish(event)
+    await event_log.wait_for("run.completed", run_id=event.runid)
+    tool_msg = next(m for m in emulator.requests[1]["messages"] if m["role"] == "tool")
+    assert "invalid ask_human arguments" in json.loads(tool_msg["content"])["error"]
+    assert not event_log.of_type("human.requested", event.runid)

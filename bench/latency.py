@@ -39,10 +39,12 @@ async def _measure(stack: Stack, runs: int) -> tuple[list[float], list[float]]:
     nc = await nats.connect(stack.nats.url)
     started: dict[str, asyncio.Future[float]] = {}
 
+    loop = asyncio.get_running_loop()
+
     async def on_started(msg: nats.aio.msg.Msg) -> None:
-        run_id = json.loads(msg.data).get("runid")
-        fut = started.get(run_id)
-        if fut is not None and not fut.done():
+        # run.started may arrive before the HTTP response: whoever comes first creates the future
+        fut = started.setdefault(json.loads(msg.data).get("runid"), loop.create_future())
+        if not fut.done():
             fut.set_result(time.perf_counter())
 
     await nc.subscribe("temporality.events.run.started", cb=on_started)
@@ -58,7 +60,7 @@ async def _measure(stack: Stack, runs: int) -> tuple[list[float], list[float]]:
             )
             response.raise_for_status()
             run_id = response.json()["run_id"]
-            fut = started.setdefault(run_id, asyncio.get_running_loop().create_future())
+            fut = started.setdefault(run_id, loop.create_future())
             latencies.append((await asyncio.wait_for(fut, 30)) - t0)
 
     # baseline: one JetStream publish -> push-consumer delivery on the same server

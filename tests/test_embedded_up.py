@@ -1,0 +1,117 @@
+"""The README's first command: ``temporality up`` starts everything, prints the URLs, Ctrl-C stops it all,
+and what it stored survives the next start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from e2e_support import CONFIG, EXAMPLE_PR, HOOK_AUTH
+
+from temporality_embedded import free_port
+
+pytestmark = pytest.mark.e2e
+SCRIPT = Path(sys.executable).parent / "temporality"
+
+
+class Up:
+    def __init__(self, data_dir: Path) -> None:
+        self.ports = {"gateway": free_port(), "human": free_port(), "journal": free_port()}
+        self.proc = subprocess.Popen(
+            [
+                str(SCRIPT), "up",
+                "--data-dir", str(data_dir),
+                "--config-dir", str(CONFIG),
+                "--gateway-port", str(self.ports["gateway"]),
+                "--human-port", str(self.ports["human"]),
+                "--journal-port", str(self.ports["journal"]),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+
+    def read_until(self, marker: str, timeout_s: float = 90) -> list[str]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line.rstrip())
+            if marker in line:
+                return self.lines
+        raise AssertionError(f"no {marker!r} in the output: {self.lines}")
+
+    def interrupt(self) -> int:
+        self.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        self.read_until("Stopped.")
+        return self.proc.wait(60)
+
+
+def _pids(run_dir: Path) -> list[int]:
+    return [int(p.read_text().split()[0]) for p in run_dir.glob("*.ready")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_state(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    up = Up(data_dir)
+    try:
+        out = "\n".join(up.read_until("Press Ctrl-C to stop."))
+        hook = f"http://127.0.0.1:{up.ports['gateway']}/hooks/ado-pr-review"
+        assert f"POST {hook}" in out
+        assert f"http://127.0.0.1:{up.ports['human']}/inbox" in out
+        assert f"http://127.0.0.1:{up.ports['journal']}/runs" in out
+        assert "nats://127.0.0.1:" in out
+        body = EXAMPLE_PR.read_bytes()
+        headers = {"Authorization": HOOK_AUTH, "Content-Type": "application/json"}
+        accepted = httpx.post(hook, content=body, headers=headers, timeout=10)
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        pids = _pids(data_dir / "run")
+        assert len(pids) == 5
+    finally:
+        code = up.interrupt()
+    assert code == 0, up.lines
+    assert not [pid for pid in pids if _alive(pid)], "services left running after Ctrl-C"
+
+    # the next start finds the same run and still recognises the delivery (JetStream file store + SQLite)
+    again = Up(data_dir)
+    try:
+        again.read_until("Press Ctrl-C to stop.")
+        hook = f"http://127.0.0.1:{again.ports['gateway']}/hooks/ado-pr-review"
+        duplicate = httpx.post(hook, content=body, headers=headers, timeout=10)
+        assert duplicate.status_code == 200, duplicate.text
+        assert duplicate.json()["run_id"] == run_id
+        run = httpx.get(f"http://127.0.0.1:{again.ports['journal']}/runs/{run_id}", timeout=10)
+        assert run.status_code == 200
+        assert run.json()["agent"] == "reviewer"
+    finally:
+        assert again.interrupt() == 0
+
+
+def test_up_refuses_a_missing_config_dir(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(SCRIPT), "up", "--data-dir", str(tmp_path / "d"), "--config-dir", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "triggers.yaml not found" in result.stdout

@@ -209,3 +209,36 @@ async def test_a_bare_asyncio_timeout_from_fetch_does_not_kill_the_consumer(
     await bus.publish(_failed("r5"))
     await _run_consumer(Consumer(bus, spec, handler=handler), done, asyncio.Event())
     assert raised == 2
+
+
+async def test_a_failed_dead_letter_is_retried_not_dropped(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    from temporality_bus import TransientError
+
+    spec = ConsumerSpec("t-dlq-down", EVENTS_STREAM.name, (subject_for("run.failed"),), "test", backoff_s=(0.05,))
+    original = bus.publish_raw
+    failures = 0
+
+    async def flaky_publish_raw(subject: str, payload: bytes, headers: dict[str, str]) -> object:
+        nonlocal failures
+        if subject.startswith("temporality.dlq.") and failures == 0:
+            failures += 1
+            raise TransientError("the bus is down")
+        return await original(subject, payload, headers)
+
+    monkeypatch.setattr(bus, "publish_raw", flaky_publish_raw)
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        raise PermanentError("never")
+
+    await bus.publish(_failed("r6"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(Consumer(bus, spec, handler=handler).run(stop))
+    dlq = await bus.js.pull_subscribe("temporality.dlq.t-dlq-down", durable="dlq-down", stream=DLQ_STREAM.name)
+    msgs = await dlq.fetch(1, timeout=20)
+    stop.set()
+    await task
+    assert failures == 1
+    assert msgs[0].headers["Temporality-Error"] == "PermanentError: never"
+    info = await bus.js.consumer_info(EVENTS_STREAM.name, "t-dlq-down")
+    assert info.config.max_deliver == -1
+    assert info.num_ack_pending == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -87,15 +88,16 @@ async def executor(bus: Bus) -> AsyncIterator[RunExecutor]:
     tasks: list[asyncio.Task[None]] = []
     caches: list[ProviderCache] = []
 
-    async def start(cards: list[AgentCard] | None = None, max_deliver: int = 8) -> Engine:
-        cache = ProviderCache()
+    async def start(cards: list[AgentCard] | None = None, max_deliver: int = 8, think_s: float = 0.0) -> Engine:
+        cache = ProviderCache(scripted_think_s=think_s)
         caches.append(cache)
         engine = await Engine.open(bus, AgentDirectory(cards or [REVIEWER]), cache, max_deliver=max_deliver)
         for name, handler in (
             ("run-executor-requests", engine.on_run_requested),
             ("run-executor-human", engine.on_human_event),
         ):
-            tasks.append(asyncio.create_task(Consumer(bus, CONSUMERS[name], handler=handler, max_inflight=4).run(stop)))
+            spec = dataclasses.replace(CONSUMERS[name], max_deliver=max_deliver, backoff_s=(0.05, 0.1))
+            tasks.append(asyncio.create_task(Consumer(bus, spec, handler=handler, max_inflight=4).run(stop)))
         return engine
 
     yield start

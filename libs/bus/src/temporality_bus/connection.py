@@ -136,7 +136,9 @@ class Bus:
             deliver_policy=jsapi.DeliverPolicy.ALL,
             ack_policy=jsapi.AckPolicy.EXPLICIT,
             ack_wait=ack_wait_s or self.settings.ack_wait_s,
-            max_deliver=spec.max_deliver,
+            # no server-side limit: the runner enforces spec.max_deliver, so it can still dead-letter (or
+            # retry dead-lettering) on the last delivery instead of the server dropping the message
+            max_deliver=-1,
             filter_subjects=list(spec.filter_subjects),
             max_ack_pending=1000,
         )

@@ -124,17 +124,16 @@ class Consumer:
                     await self._dispatch(msg, delivery)
                 except (PermanentError, ProtocolError, ValidationError) as exc:
                     heartbeat.cancel()
-                    await self._dead_letter(msg, delivery, exc)
+                    await self._give_up(msg, delivery, exc)
                     return
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     heartbeat.cancel()
                     if 0 < self.spec.max_deliver <= delivery.num_delivered:
-                        await self._dead_letter(msg, delivery, exc)
+                        await self._give_up(msg, delivery, exc)
                         return
-                    backoff = self.spec.backoff_s
-                    delay = backoff[min(delivery.num_delivered - 1, len(backoff) - 1)]
+                    delay = self._backoff(delivery.num_delivered)
                     self._log.warning("handler.retry", error=repr(exc), delay_s=delay, exc_info=True)
                     await msg.nak(delay=delay)
                     return
@@ -154,6 +153,23 @@ class Consumer:
         negotiate(SUPPORTED_VERSIONS, [event.protocolversion])  # refuses explicitly (PRO-3)
         with structlog.contextvars.bound_contextvars(ce_id=event.id, ce_type=event.type, run_id=event.runid):
             await self._handler(event, delivery)
+
+    def _backoff(self, num_delivered: int) -> float:
+        backoff = self.spec.backoff_s
+        return backoff[min(num_delivered - 1, len(backoff) - 1)]
+
+    async def _give_up(self, msg: Msg, delivery: Delivery, exc: BaseException) -> None:
+        """Dead-letter; if even that fails (the bus is down), nak so the server delivers it again.
+
+        The server-side consumer has no delivery limit: the runner alone decides when to give up, so
+        a message is never dropped because its dead-lettering failed on the last delivery.
+        """
+        try:
+            await self._dead_letter(msg, delivery, exc)
+        except Exception as dl_exc:
+            delay = self.spec.backoff_s[-1]
+            self._log.error("dead_letter.failed", error=repr(dl_exc), original_error=repr(exc), retry_in_s=delay)
+            await msg.nak(delay=delay)
 
     async def _keep_alive(self, msg: Msg) -> None:
         with contextlib.suppress(Exception):

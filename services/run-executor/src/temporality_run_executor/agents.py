@@ -31,6 +31,9 @@ class ProviderConfig(_Strict):
 
 class Limits(_Strict):
     max_turns: Annotated[int, Field(gt=0, le=500)] = 20
+    #: Compute budget in seconds: time spent in the provider and in tools. Waiting for a human is not
+    #: compute and never counts (RUN-3).
+    max_compute_s: Annotated[float, Field(gt=0)] = 900.0
 
 
 class AgentCard(_Strict):

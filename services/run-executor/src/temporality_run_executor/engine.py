@@ -15,7 +15,8 @@ continues from the last checkpoint (AP-8), announcing it with ``run.resumed`` (r
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -31,6 +32,7 @@ from temporality_protocol import (
     HumanExpired,
     HumanRejected,
     HumanRequested,
+    ProtocolError,
     RunCheckpointed,
     RunCompleted,
     RunCreated,
@@ -54,6 +56,7 @@ __all__ = ["SOURCE", "Engine"]
 SOURCE = "/temporality/run-executor"
 log = structlog.get_logger(__name__)
 ProviderFactory = Callable[[AgentCard], Provider]
+Handler = Callable[[Envelope, Delivery], Awaitable[None]]
 _CAS_ATTEMPTS = 8
 
 
@@ -63,6 +66,13 @@ def _now() -> datetime:
 
 def _tool_error(message: str) -> str:
     return json.dumps({"error": message})
+
+
+class RunFinished(Exception):
+    """The run reached a terminal state while this handler was working on it: nothing left to do."""
+
+    def __init__(self, run_id: str, state: RunState) -> None:
+        super().__init__(f"run {run_id} is already {state.value}")
 
 
 class Engine:
@@ -96,6 +106,36 @@ class Engine:
 
     # ------------------------------------------------------------------ handlers
     async def on_run_requested(self, event: Envelope, delivery: Delivery) -> None:
+        await self._guarded(self._on_run_requested, event, delivery)
+
+    async def on_human_event(self, event: Envelope, delivery: Delivery) -> None:
+        await self._guarded(self._on_human_event, event, delivery)
+
+    async def _guarded(self, handler: Handler, event: Envelope, delivery: Delivery) -> None:
+        """Finished runs end the work quietly; on the last delivery a failure also fails the run.
+
+        Without that, a run whose message is dead-lettered after ``max_deliver`` transient failures
+        would stay ``running`` (or waiting) with nothing left to move it.
+        """
+        try:
+            await handler(event, delivery)
+        except RunFinished as done:
+            log.info("run.already_finished", detail=str(done))
+        except (PermanentError, ProtocolError):
+            raise
+        except Exception as exc:
+            run_id = event.runid or event.data.get("run_id")
+            if delivery.num_delivered >= self.max_deliver and isinstance(run_id, str):
+                current = await self.runs.get(run_id)
+                if current is not None and current.value.state not in RUN.terminal:
+                    await self._fail(
+                        current.value,
+                        "infrastructure_error",
+                        f"gave up after {delivery.num_delivered} deliveries: {exc!r}",
+                    )
+            raise
+
+    async def _on_run_requested(self, event: Envelope, delivery: Delivery) -> None:
         req = event.payload(RunRequested)
         structlog.contextvars.bind_contextvars(run_id=req.run_id)
         current = await self.runs.get(req.run_id)
@@ -155,7 +195,7 @@ class Engine:
         )
         await self._drive(run.run_id, card, delivery)
 
-    async def on_human_event(self, event: Envelope, delivery: Delivery) -> None:
+    async def _on_human_event(self, event: Envelope, delivery: Delivery) -> None:
         data = event.payload()
         outcome: dict[str, Any]
         reason: Literal["answer", "expiry", "rejection"]
@@ -245,7 +285,15 @@ class Engine:
             if ckpt.turn >= card.limits.max_turns:
                 await self._fail(run, "max_turns", f"the agent used all {card.limits.max_turns} turns")
                 return
+            if ckpt.compute_s >= card.limits.max_compute_s:
+                await self._fail(
+                    run,
+                    "compute_timeout",
+                    f"{ckpt.compute_s:.1f}s of compute used; the budget is {card.limits.max_compute_s:.1f}s",
+                )
+                return
             turn = ckpt.turn + 1
+            started = time.monotonic()
             try:
                 reply = await provider.complete(ckpt.messages, tools)
             except ProviderError as exc:
@@ -304,6 +352,7 @@ class Engine:
                     "saved_at": _now(),
                     "messages": messages,
                     "pending": pending,
+                    "compute_s": ckpt.compute_s + (time.monotonic() - started),
                 }
             )
             await self.checkpoints.update(run_id, saved, versioned.revision)
@@ -379,10 +428,8 @@ class Engine:
         log.info("run.completed", turns=turns)
 
     async def _fail(self, run: RunRecord, reason: str, error: str) -> None:
-        await self._emit(run, RunFailed(run_id=run.run_id, reason=reason, error=error))
-        current = (await self._get(run.run_id)).value
-        if current.state not in RUN.terminal:
-            await self._transition(run.run_id, RunState.FAILED, error=f"{reason}: {error}")
+        await self._emit(run, RunFailed(run_id=run.run_id, reason=reason, error=error[:4096]))
+        await self._transition(run.run_id, RunState.FAILED, error=f"{reason}: {error}")
         log.warning("run.failed", reason=reason, error=error)
 
     # ------------------------------------------------------------------ plumbing
@@ -390,7 +437,7 @@ class Engine:
         askable = ", ".join(run.human.allowed_recipients) or "nobody"
         task = "\n".join(
             [
-                f"Task: {run.title}",
+                f"Task: {' '.join(run.title.split())}",  # one line: a title cannot forge the lines below
                 f"Launched by: {run.launch.kind} trigger {run.launch.trigger_id or '-'}",
                 f"People you may ask: {askable}",
                 "Call get_pr_context for the event's data.",
@@ -417,9 +464,17 @@ class Engine:
         return current
 
     async def _transition(self, run_id: str, target: RunState, **changes: Any) -> RunRecord:
-        """Compare-and-set the run to ``target``; the state machine refuses illegal moves."""
+        """Compare-and-set the run to ``target``; the state machine refuses illegal moves.
+
+        Already in ``target``: nothing to do. Already finished (another driver got there first, e.g. a
+        redelivery racing the original): :class:`RunFinished`, which the handlers treat as done.
+        """
         for _ in range(_CAS_ATTEMPTS):
             current = await self._get(run_id)
+            if current.value.state is target and not changes:
+                return current.value
+            if current.value.state in RUN.terminal:
+                raise RunFinished(run_id, current.value.state)
             RUN.transition(current.value.state, target)
             updated = current.value.model_copy(update={"state": target, "updated_at": _now(), **changes})
             try:

@@ -70,5 +70,7 @@ class Checkpoint(_Model):
     saved_at: datetime
     messages: list[Message]
     pending: PendingAsk | None = None
+    #: Seconds spent computing (provider + tools) over all committed turns; waiting is excluded.
+    compute_s: float = 0.0
     #: Human requests whose outcome is already in ``messages`` (makes a redelivered answer a no-op).
     applied_requests: list[str] = Field(default_factory=list)

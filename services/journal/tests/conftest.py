@@ -1,4 +1,14 @@
-"""Journal test fixtures: a database per test (SQLite file and PostgreSQL), a journal wired to a real bus."""
+"""Journal test fixtures: a database per test (SQLite file and PostgreSQL), a journal wired to a real bus.
+
+Environment variables of the PostgreSQL variants (``database_url[postgres]``):
+
+``TEMPORALITY_TEST_POSTGRES_URL``
+    The server to create the per-test databases on (default ``postgresql://postgres@127.0.0.1:5432/postgres``).
+``TEMPORALITY_REQUIRE_POSTGRES``
+    Unset (a developer's machine): when that server is unreachable, the PostgreSQL variants are
+    *skipped*. ``1`` (CI sets it): they *fail* instead, with the reason, so a broken database
+    service in CI cannot pass the suite unnoticed on SQLite alone.
+"""
 
 from __future__ import annotations
 
@@ -40,6 +50,8 @@ from temporality_protocol import (
 from temporality_protocol.catalog import CONSUMERS
 
 DEFAULT_TEST_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+#: Set to ``1`` to make an unreachable PostgreSQL fail the PostgreSQL variants instead of skipping them.
+REQUIRE_POSTGRES_ENV = "TEMPORALITY_REQUIRE_POSTGRES"
 
 
 # --------------------------------------------------------------------------- events of one run
@@ -153,17 +165,38 @@ def _postgres_admin_url() -> str:
     return make_url(raw).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def _postgres_required() -> bool:
+    return os.environ.get(REQUIRE_POSTGRES_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+async def _connect_admin(admin_url: str) -> asyncpg.Connection:
+    """The admin connection; unreachable: skip, or fail when ``TEMPORALITY_REQUIRE_POSTGRES=1``."""
+    try:
+        return await asyncpg.connect(admin_url, timeout=3)
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        error = exc  # skip/fail outside the handler: the reason alone, no chained traceback
+    shown = make_url(admin_url).render_as_string(hide_password=True)
+    reason = f"PostgreSQL not reachable at {shown} ({error!r})"
+    if _postgres_required():
+        pytest.fail(
+            f"{reason}; {REQUIRE_POSTGRES_ENV}=1 requires it: start PostgreSQL or point "
+            "TEMPORALITY_TEST_POSTGRES_URL at one",
+            pytrace=False,
+        )
+    pytest.skip(f"{reason}; set TEMPORALITY_TEST_POSTGRES_URL ({REQUIRE_POSTGRES_ENV}=1 fails instead)")
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """A fresh, empty database: a SQLite file, or a new PostgreSQL database dropped afterwards."""
+    """A fresh, empty database: a SQLite file, or a new PostgreSQL database dropped afterwards.
+
+    PostgreSQL unreachable: skipped, or failed under ``TEMPORALITY_REQUIRE_POSTGRES=1`` (see the module docstring).
+    """
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 'journal' / 'journal.db'}"
         return
     admin_url = _postgres_admin_url()
-    try:
-        admin = await asyncpg.connect(admin_url, timeout=3)
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        pytest.skip(f"PostgreSQL not reachable at {admin_url} ({exc!r}); set TEMPORALITY_TEST_POSTGRES_URL")
+    admin = await _connect_admin(admin_url)
     name = f"journal_{uuid.uuid4().hex}"
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')

@@ -2,27 +2,134 @@
 
 The consumer acks only after :meth:`Recorder.handle` returns, i.e. after the commit; a crash
 before that redelivers the event, and the insert-if-new makes the redelivery change nothing.
+
+Text the databases cannot hold is replaced before storing: U+0000 (PostgreSQL refuses it in
+``text`` and ``jsonb``) and unpaired surrogates (neither database can encode them) become U+FFFD,
+in every string of ``data`` (keys too) and in every text attribute, so a PR titled with a NUL is
+still journaled. A database error that retrying cannot fix (:func:`unfixable`) is raised as
+:class:`temporality_bus.PermanentError`: the consumer dead-letters and journals it instead of
+redelivering it forever (the journal consumer has no delivery limit) -- except the dead letter
+of such an event: refusing that too would dead-letter it again, and again, so it is retried.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from temporality_bus import Delivery
+from temporality_bus import Delivery, PermanentError
 from temporality_journal.database import Database
 from temporality_journal.models import EventRecord, RunRecord, as_utc
 from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
-from temporality_protocol import Envelope, InvalidEnvelope
+from temporality_protocol import BusDeadLettered, Envelope, InvalidEnvelope
+from temporality_protocol.catalog import CONSUMERS
 
-__all__ = ["Recorder"]
+__all__ = ["REPLACEMENT_CHARACTER", "Recorder", "sanitize", "unfixable"]
 
 log = structlog.get_logger(__name__)
+
+#: What replaces a character the databases cannot store.
+REPLACEMENT_CHARACTER = "\ufffd"
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+#: PostgreSQL's SQLSTATE for a unique violation: in this schema only a primary key (``events.id``,
+#: ``runs.run_id``), i.e. two writers inserting the same id at once; a retry finds the row.
+_PG_UNIQUE_VIOLATION = "23505"
+_SQLITE_UNIQUE_VIOLATIONS = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"})
+_JOURNAL_CONSUMER = CONSUMERS["journal"].durable
+
+
+def _storable_text(value: str) -> str:
+    if _UNSTORABLE.search(value) is None:
+        return value
+    value = value.replace("\x00", REPLACEMENT_CHARACTER)
+    # Pairs surrogates that form a character and replaces the unpaired ones.
+    return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+class _Scrubber:
+    """Rebuilds JSON-like values with storable strings, counting the strings it had to change."""
+
+    def __init__(self) -> None:
+        self.changed = 0
+
+    def text(self, value: str) -> str:
+        clean = _storable_text(value)
+        if clean is not value:
+            self.changed += 1
+        return clean
+
+    def value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            # Should a clean key collide with another after replacement, the later entry wins.
+            return {self.text(k) if isinstance(k, str) else k: self.value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.value(v) for v in value]
+        return value
+
+
+def sanitize(event: Envelope) -> tuple[Envelope, list[str]]:
+    """``event`` with U+0000 and unpaired surrogates replaced by U+FFFD, and the fields that changed.
+
+    Every string of ``data`` (recursively, keys included) and every text attribute; ``event``
+    itself when nothing had to change. The replacement is deterministic, so a redelivered event
+    still maps to the same stored id.
+    """
+    scrubber = _Scrubber()
+    update: dict[str, Any] = {}
+    for name in type(event).model_fields:
+        value = getattr(event, name)
+        if isinstance(value, str):
+            clean = scrubber.text(value)
+            if clean is not value:
+                update[name] = clean
+    before = scrubber.changed
+    data = scrubber.value(event.data)
+    if scrubber.changed > before:
+        update["data"] = data
+    if not update:
+        return event, []
+    return event.model_copy(update=update), sorted(update)
+
+
+def unfixable(exc: DBAPIError) -> bool:
+    """Whether retrying cannot make the statement succeed: bad data or a violated constraint.
+
+    PostgreSQL SQLSTATE class 22 (data exception) and class 23 (integrity constraint violation),
+    or SQLAlchemy's :class:`~sqlalchemy.exc.DataError` / :class:`~sqlalchemy.exc.IntegrityError`
+    (SQLite), except a unique violation: only ids are unique here, and two writers inserting the
+    same id at once is a race a retry resolves. Anything else (connection lost, database locked
+    or down, serialization failure, disk full) may heal and is left to the consumer's backoff.
+    """
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:  # PostgreSQL (asyncpg leaves most errors untyped)
+        return sqlstate.startswith("22") or (sqlstate.startswith("23") and sqlstate != _PG_UNIQUE_VIOLATION)
+    if isinstance(exc, IntegrityError):
+        return getattr(exc.orig, "sqlite_errorname", None) not in _SQLITE_UNIQUE_VIOLATIONS
+    return isinstance(exc, DataError)
+
+
+def _journal_dead_letter(event: Envelope) -> bool:
+    """Whether ``event`` reports a message the journal's own consumer gave up on."""
+    return event.type == BusDeadLettered.EVENT_TYPE and event.data.get("consumer") == _JOURNAL_CONSUMER
+
+
+def _describe(exc: DBAPIError) -> str:
+    """The driver's own message (never the statement or its parameters), one line, storable."""
+    orig = exc.orig
+    lines = str(orig).strip().splitlines() or [""]
+    sqlstate = getattr(orig, "sqlstate", None)
+    code = f" [SQLSTATE {sqlstate}]" if sqlstate else ""
+    return _storable_text(f"{type(orig).__name__}{code}: {lines[0]}"[:512])
 
 
 class Recorder:
@@ -37,12 +144,26 @@ class Recorder:
         await self.record(event, delivery.stream_seq)
 
     async def record(self, event: Envelope, stream_seq: int) -> bool:
-        """Store ``event`` and apply it to its run; ``False`` (and no change) when its id is known."""
-        async with self._database.sessions() as session, session.begin():
-            if not await self._store(session, event, stream_seq):
-                log.debug("event.duplicate", ce_id=event.id)
-                return False
-            await self._project(session, event, stream_seq)
+        """Store ``event`` and apply it to its run; ``False`` (and no change) when its id is known.
+
+        Raises :class:`temporality_bus.PermanentError` when the database refuses the event for good.
+        """
+        event, sanitized = sanitize(event)
+        if sanitized:
+            log.warning("event.sanitized", ce_id=event.id, ce_type=event.type, fields=sanitized, replacement="U+FFFD")
+        try:
+            async with self._database.sessions() as session, session.begin():
+                if not await self._store(session, event, stream_seq):
+                    log.debug("event.duplicate", ce_id=event.id)
+                    return False
+                await self._project(session, event, stream_seq)
+        except DBAPIError as exc:
+            if not unfixable(exc):
+                raise
+            if _journal_dead_letter(event):  # giving up would journal one more refused dead letter, forever
+                log.error("event.dead_letter_unstorable", ce_id=event.id, error=_describe(exc))
+                raise
+            raise PermanentError(f"the journal cannot store event {event.id}: {_describe(exc)}") from exc
         log.debug("event.recorded", ce_id=event.id, ce_type=event.type, stream_seq=stream_seq)
         return True
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -36,30 +37,37 @@ def handler(bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter])
     return RequestHandler(bus, directory, adapters)
 
 
-@pytest.fixture
-async def consumers(bus: Bus, handler: RequestHandler) -> AsyncIterator[None]:
-    """Both handlers running under real durable consumers, as the service runs them."""
+@asynccontextmanager
+async def running(*consumers: Consumer) -> AsyncIterator[None]:
+    """Run ``consumers`` until the block ends, then stop them (bounded)."""
     stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(
-            Consumer(bus, CONSUMERS["human-interaction-requests"], handler=handler.handle, fetch_timeout_s=0.2).run(
-                stop
-            )
-        ),
-        asyncio.create_task(
-            Consumer(
-                bus,
-                CONSUMERS["human-interaction-deadlines"],
-                raw_handler=DeadlineHandler(bus).handle,
-                fetch_timeout_s=0.2,
-            ).run(stop)
-        ),
-    ]
+    tasks = [asyncio.create_task(c.run(stop)) for c in consumers]
     try:
         yield
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+
+def deadlines_consumer(bus: Bus) -> Consumer:
+    return Consumer(
+        bus, CONSUMERS["human-interaction-deadlines"], raw_handler=DeadlineHandler(bus).handle, fetch_timeout_s=0.2
+    )
+
+
+@pytest.fixture
+async def consumers(bus: Bus, handler: RequestHandler) -> AsyncIterator[None]:
+    """Both handlers running under real durable consumers, as the service runs them."""
+    requests = Consumer(bus, CONSUMERS["human-interaction-requests"], handler=handler.handle, fetch_timeout_s=0.2)
+    async with running(requests, deadlines_consumer(bus)):
+        yield
+
+
+@pytest.fixture
+async def deadline_consumer(bus: Bus) -> AsyncIterator[None]:
+    """Only the timers' handler under its real durable consumer (the journal stream may come and go)."""
+    async with running(deadlines_consumer(bus)):
+        yield
 
 
 @pytest.fixture

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+import httpx
 
 from temporality_bus import Bus
 from temporality_human_interaction.records import HumanRequestRecord, open_store
@@ -18,7 +21,7 @@ from temporality_protocol import (
     make_event,
     new_id,
 )
-from temporality_protocol.catalog import EVENTS_STREAM, subject_for
+from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS, EVENTS_STREAM, TIMERS_STREAM, subject_for
 
 USERS_FILE = Path(__file__).resolve().parents[3] / "config" / "users.yaml"
 ALICE = {"Authorization": "Bearer alice-demo-token"}
@@ -85,3 +88,42 @@ async def events_of(bus: Bus, event_type: str, *, wait_for: int = 0, within_s: f
 async def stored(bus: Bus, request_id: str) -> HumanRequestRecord | None:
     got = await (await open_store(bus)).get(request_id)
     return got.value if got is not None else None
+
+
+async def lose_answer_publish(bus: Bus, client: httpx.AsyncClient, request_id: str, option_id: str = "keep-v1") -> None:
+    """Alice answers while the journal stream is gone: the answer is bound, its ``human.answered`` is lost.
+
+    The stream is back when this returns (empty: nothing was announced).
+    """
+    await bus.js.delete_stream(EVENTS_STREAM.name)  # publishing fails from here on
+    lost = await client.post(f"/requests/{request_id}/answer", json={"option_id": option_id}, headers=ALICE)
+    assert lost.status_code == 503
+    assert lost.json()["error"] == "bus_unavailable"
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status == "answered"
+    assert not record.answer_published
+    await bus.ensure_stream(EVENTS_STREAM)
+
+
+async def timer_messages(bus: Bus, subject: str) -> int:
+    """How many messages the timers stream holds on ``subject``."""
+    info = await bus.js.stream_info(TIMERS_STREAM.name, subjects_filter=subject)
+    return int((info.state.subjects or {}).get(subject, 0))
+
+
+async def wait_for_record(
+    bus: Bus, request_id: str, condition: Callable[[HumanRequestRecord], bool], *, within_s: float = 10.0
+) -> HumanRequestRecord:
+    """The stored request once ``condition`` holds for it (watches the KV key; bounded by ``within_s``)."""
+    watcher = await (await bus.kv(BUCKET_HUMAN_REQUESTS)).watch(request_id)
+    try:
+        async with asyncio.timeout(within_s):
+            while True:
+                entry = await watcher.updates(timeout=within_s)  # type: ignore[no-untyped-call]
+                if entry is not None and entry.value:
+                    record = HumanRequestRecord.model_validate_json(entry.value)
+                    if condition(record):
+                        return record
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]

@@ -6,12 +6,24 @@ import asyncio
 
 import httpx
 import pytest
-from human_support import ALICE, BOB, events_of, requested, stored
+from human_support import (
+    ALICE,
+    BOB,
+    events_of,
+    lose_answer_publish,
+    requested,
+    stored,
+    timer_messages,
+    wait_for_record,
+)
 
 from temporality_bus import Bus
+from temporality_human_interaction.api import create_app
+from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.requests import RequestHandler
+from temporality_human_interaction.settings import Settings
 from temporality_protocol import HumanAnswered, derive_id
-from temporality_protocol.catalog import EVENTS_STREAM
+from temporality_protocol.catalog import TIMER_FIRED_HUMAN, TIMER_SCHEDULE_HUMAN
 from temporality_testing import NatsServer
 
 
@@ -235,19 +247,9 @@ async def test_lost_publish_is_repaired_by_the_same_answer(
     bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
 ) -> None:
     request_id = await _ask(handler)
-    await bus.js.delete_stream(EVENTS_STREAM.name)  # the journal stream is gone: publishing fails
-    lost = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
-    assert lost.status_code == 503
-    assert lost.json()["error"] == "bus_unavailable"
-    record = await stored(bus, request_id)
-    assert record is not None
-    assert record.status == "answered"
-    assert not record.answer_published
-
-    await bus.ensure_stream(EVENTS_STREAM)
-    other = await client.post(_answer_url(request_id), json={"option_id": "drop-v1"}, headers=ALICE)
-    assert other.status_code == 409
+    await lose_answer_publish(bus, client, request_id)
     assert await events_of(bus, "human.answered") == []
+
     repaired = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
     assert repaired.status_code == 200
     assert repaired.json()["answer"]["option_id"] == "keep-v1"
@@ -257,6 +259,75 @@ async def test_lost_publish_is_repaired_by_the_same_answer(
     again = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
     assert again.status_code == 409
     assert len(await events_of(bus, "human.answered", wait_for=1)) == 1
+
+
+async def test_lost_publish_is_repaired_by_a_different_second_answer_which_is_still_refused(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    request_id = await _ask(handler)
+    await lose_answer_publish(bus, client, request_id, "keep-v1")
+
+    other = await client.post(_answer_url(request_id), json={"option_id": "drop-v1"}, headers=ALICE)
+    assert other.status_code == 409
+    assert other.json()["error"] == "already_answered"
+    assert "user:alice" in other.json()["detail"]
+    [event] = await events_of(bus, "human.answered", wait_for=1)
+    assert event.id == derive_id("evt", request_id, "answered")
+    assert event.payload(HumanAnswered).answer.model_dump() == {
+        "type": "option", "option_id": "keep-v1", "label": "Keep the v1 API",
+    }  # fmt: skip
+    assert event.payload(HumanAnswered).channel == "web"
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.answer_published
+    assert record.answer is not None
+    assert record.answer.model_dump()["option_id"] == "keep-v1"
+
+    for body in ({"text": "no, really"}, {"option_id": "keep-v1"}):
+        assert (await client.post(_answer_url(request_id), json=body, headers=ALICE)).status_code == 409
+    assert len(await events_of(bus, "human.answered", wait_for=1)) == 1
+
+
+@pytest.mark.usefixtures("deadline_consumer")
+async def test_lost_publish_is_repaired_by_the_answers_repair_timer(
+    bus: Bus, directory: Directory, handler: RequestHandler
+) -> None:
+    request_id = await _ask(handler)  # expires in an hour: only the repair timer can fire within the test
+    app = create_app(Settings(bus_timeout_s=2.0, answer_repair_after_s=1), bus, directory)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://human.test") as client:
+        await lose_answer_publish(bus, client, request_id, "keep-v1")
+
+    [event] = await events_of(bus, "human.answered", wait_for=1, within_s=15)
+    assert event.id == derive_id("evt", request_id, "answered")
+    assert event.payload(HumanAnswered).answer.model_dump()["option_id"] == "keep-v1"
+    assert event.payload(HumanAnswered).responder == "user:alice"
+    record = await wait_for_record(bus, request_id, lambda r: r.answer_published)
+    assert record.status == "answered"
+    # The repair timer fired on its own subject; the deadline timer is untouched (still armed, not fired).
+    assert await timer_messages(bus, f"{TIMER_FIRED_HUMAN}.{request_id}.repair") == 1
+    assert await timer_messages(bus, f"{TIMER_FIRED_HUMAN}.{request_id}") == 0
+    assert await timer_messages(bus, f"{TIMER_SCHEDULE_HUMAN}.{request_id}") == 1
+    assert await events_of(bus, "human.expired") == []
+    assert len(await events_of(bus, "human.answered", wait_for=1)) == 1
+
+
+async def test_an_answer_arms_a_repair_timer_on_its_own_subject(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    request_id = await _ask(handler)
+    assert (await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)).status_code == 200
+    assert await timer_messages(bus, f"{TIMER_SCHEDULE_HUMAN}.{request_id}.repair") == 1
+    assert await timer_messages(bus, f"{TIMER_SCHEDULE_HUMAN}.{request_id}") == 1  # the deadline is not replaced
+
+
+@pytest.mark.parametrize("request_id", ["a*b", "a b", "a>b", "a.b", "x" * 300, "hr-" + "0" * 200])
+async def test_an_id_that_cannot_be_a_request_id_is_404(client: httpx.AsyncClient, request_id: str) -> None:
+    for response in (
+        await client.get(f"/requests/{request_id}", headers=ALICE),
+        await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE),
+    ):
+        assert response.status_code == 404
+        assert response.json()["error"] == "unknown_request"
 
 
 async def test_bus_down_is_503_not_a_hang_and_the_same_answer_succeeds_once_it_is_back(

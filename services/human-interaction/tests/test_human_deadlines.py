@@ -3,27 +3,36 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from human_support import ALICE, events_of, requested, stored
+from human_support import ALICE, events_of, lose_answer_publish, requested, stored, timer_messages
 
 from temporality_bus import Bus, PermanentError
 from temporality_human_interaction.deadlines import DeadlineHandler
-from temporality_human_interaction.records import open_store
+from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_protocol import (
     BusDeadLettered,
+    HumanAnswered,
     HumanExpired,
+    HumanRequested,
     HumanRequestState,
     OptionAnswer,
     TimeoutPolicy,
     derive_id,
 )
+from temporality_protocol.catalog import TIMER_SCHEDULE_HUMAN
 
 
 def _fired(request_id: str) -> bytes:
     return json.dumps({"request_id": request_id}).encode()
+
+
+def _after_every_deadline() -> datetime:
+    """A clock past the requests' ``expires_at`` (an hour away), for a handler called directly."""
+    return datetime.now(UTC) + timedelta(hours=2)
 
 
 @pytest.mark.usefixtures("consumers")
@@ -89,7 +98,7 @@ async def test_deadline_firing_twice_announces_once(bus: Bus, handler: RequestHa
     event = requested()
     request_id = str(event.data["request_id"])
     await handler.handle(event)
-    deadlines = DeadlineHandler(bus)
+    deadlines = DeadlineHandler(bus, clock=_after_every_deadline)
     await deadlines.handle(_fired(request_id))
     await deadlines.handle(_fired(request_id))
     assert len(await events_of(bus, "human.expired", wait_for=1)) == 1
@@ -107,6 +116,64 @@ async def test_crash_between_expiry_and_publish_is_repaired_by_redelivery(bus: B
     await DeadlineHandler(bus).handle(_fired(request_id))
     [expired] = await events_of(bus, "human.expired", wait_for=1)
     assert expired.payload(HumanExpired).request_id == request_id
+
+
+async def test_a_timer_firing_before_expires_at_expires_nothing_and_rearms_the_deadline(
+    bus: Bus, handler: RequestHandler
+) -> None:
+    event = requested(expires_in_s=3600)
+    request_id = str(event.data["request_id"])
+    await handler.handle(event)
+
+    await DeadlineHandler(bus).handle(_fired(request_id))  # an hour early
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.PENDING
+    assert await events_of(bus, "human.expired") == []
+    assert await timer_messages(bus, f"{TIMER_SCHEDULE_HUMAN}.{request_id}.rearm") == 1
+
+
+@pytest.mark.usefixtures("deadline_consumer")
+async def test_a_rearmed_deadline_expires_the_request_on_time(bus: Bus) -> None:
+    event = requested(expires_in_s=2)
+    request_id = str(event.data["request_id"])
+    # Stored without its deadline timer: only the re-armed one can expire it.
+    record = HumanRequestRecord.from_requested(event, event.payload(HumanRequested))
+    await (await open_store(bus)).create(request_id, record)
+
+    await DeadlineHandler(bus).handle(_fired(request_id))  # early: re-armed, not expired
+    stored_now = await stored(bus, request_id)
+    assert stored_now is not None
+    assert stored_now.pending
+    [expired] = await events_of(bus, "human.expired", wait_for=1, within_s=15)
+    assert expired.payload(HumanExpired).request_id == request_id
+    assert expired.payload(HumanExpired).waited_s >= 2 - 0.5
+
+
+async def test_deadline_announces_an_answer_whose_publish_was_lost(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    event = requested()
+    request_id = str(event.data["request_id"])
+    await handler.handle(event)
+    await lose_answer_publish(bus, client, request_id, "drop-v1")
+    assert await events_of(bus, "human.answered") == []
+
+    deadlines = DeadlineHandler(bus, clock=_after_every_deadline)
+    await deadlines.handle(_fired(request_id))  # the deadline (or any timer) fires
+    await deadlines.handle(_fired(request_id))  # and fires again
+    [answered] = await events_of(bus, "human.answered", wait_for=1)
+    assert answered.id == derive_id("evt", request_id, "answered")
+    payload = answered.payload(HumanAnswered)
+    assert payload.answer.model_dump() == {"type": "option", "option_id": "drop-v1", "label": "Drop v1"}
+    assert payload.responder == "user:alice"
+    assert payload.channel == "web"
+    assert answered.causationid == event.id
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.ANSWERED
+    assert record.answer_published
+    assert await events_of(bus, "human.expired") == []
 
 
 @pytest.mark.parametrize("data", [b"not json", b"{}", b'{"request_id": "a.b"}'])

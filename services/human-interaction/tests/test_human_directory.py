@@ -60,6 +60,25 @@ def test_token_from_environment_and_missing_variable() -> None:
         Directory.from_mapping(raw, environ={})
 
 
+def test_web_channel_without_an_inbox_token_is_refused() -> None:
+    with pytest.raises(DirectoryError, match="channel 'web' is configured but the user has no inbox_token"):
+        Directory.from_mapping(_raw(inbox_token=None))
+    with pytest.raises(DirectoryError, match="no inbox_token"):
+        Directory.from_mapping(
+            _raw(
+                inbox_token=None,
+                preferred="matrix",
+                fallback=["web"],
+                channels={"matrix": {"user_id": "@a:b.org"}, "web": {}},
+            )
+        )
+    # Without the web channel no token is needed: the person is reached (and answers) elsewhere.
+    matrix_only = Directory.from_mapping(
+        _raw(inbox_token=None, preferred="matrix", channels={"matrix": {"user_id": "@a:b.org"}})
+    )
+    assert "alice" in matrix_only
+
+
 def test_unreadable_file_is_a_directory_error(tmp_path: Path) -> None:
     with pytest.raises(DirectoryError, match="cannot read"):
         Directory.from_yaml(tmp_path / "missing.yaml")

@@ -6,13 +6,15 @@ import asyncio
 
 import httpx
 import pytest
-from human_support import ALICE, BOB, events_of, requested, stored
+from human_support import ALICE, BOB, events_of, requested, stored, timer_messages
 
-from temporality_bus import Bus, PermanentError
-from temporality_human_interaction.directory import Directory
-from temporality_human_interaction.records import open_store
+from temporality_bus import Bus, PermanentError, TransientError
+from temporality_human_interaction.channels import DeliveryFailed, DeliveryReceipt, WebInboxAdapter
+from temporality_human_interaction.directory import Directory, UserProfile
+from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.requests import RequestHandler
-from temporality_protocol import HumanNotified, HumanRejected, HumanRequestState, derive_id, make_event
+from temporality_protocol import HumanExpired, HumanNotified, HumanRejected, HumanRequestState, derive_id, make_event
+from temporality_protocol.catalog import TIMER_SCHEDULE_HUMAN
 from temporality_protocol.events import HumanRequested
 
 
@@ -122,3 +124,32 @@ async def test_request_id_reused_by_another_run_is_permanent(bus: Bus, handler: 
     await handler.handle(event)
     with pytest.raises(PermanentError, match="already used"):
         await handler.handle(requested(recipient="user:bob", request_id="hreq-shared"))
+
+
+class _BrokenWeb(WebInboxAdapter):
+    """A web channel whose every delivery fails (a transport that is up but refuses)."""
+
+    async def do_deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
+        raise DeliveryFailed("the inbox refused it")
+
+
+@pytest.mark.usefixtures("deadline_consumer")
+async def test_a_request_that_can_never_be_delivered_still_expires(bus: Bus, directory: Directory) -> None:
+    event = requested(recipient="user:bob", expires_in_s=2)
+    request_id = str(event.data["request_id"])
+    async with _BrokenWeb() as web:
+        handler = RequestHandler(bus, directory, {web.name: web})
+        with pytest.raises(TransientError, match="could not be delivered"):
+            await handler.handle(event)  # the consumer retries this, then dead-letters it
+        assert await timer_messages(bus, f"{TIMER_SCHEDULE_HUMAN}.{request_id}") == 1  # armed before delivery
+
+        [expired] = await events_of(bus, "human.expired", wait_for=1, within_s=15)
+        assert expired.payload(HumanExpired).request_id == request_id
+        assert expired.payload(HumanExpired).action == "fail"
+        record = await stored(bus, request_id)
+        assert record is not None
+        assert record.status is HumanRequestState.EXPIRED
+        assert record.channel is None
+
+        await handler.handle(event)  # a redelivery after the expiry settles without delivering
+    assert await events_of(bus, "human.notified") == []

@@ -39,7 +39,7 @@ from temporality_human_interaction.answers import (
     check_recipient,
 )
 from temporality_human_interaction.directory import Directory, recipient_for
-from temporality_human_interaction.records import HumanRequestRecord, list_pending, open_store
+from temporality_human_interaction.records import HumanRequestRecord, is_request_id, list_pending, open_store
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState
 
@@ -210,6 +210,7 @@ def create_app(settings: Settings, bus: Bus, directory: Directory) -> FastAPI:
 
     @app.get("/requests/{request_id}")
     async def get_request(request_id: str, user: Caller) -> RequestView:
+        _known_shape(request_id)
         async with bus_call("reading the request"):
             store = await open_store(bus)
             got = await store.get(request_id)
@@ -220,6 +221,7 @@ def create_app(settings: Settings, bus: Bus, directory: Directory) -> FastAPI:
 
     @app.post("/requests/{request_id}/answer")
     async def answer(request_id: str, user: Caller, request: Request) -> RequestView:
+        _known_shape(request_id)
         raw = await read_body(request)
         try:
             parsed = json.loads(raw)
@@ -231,11 +233,22 @@ def create_app(settings: Settings, bus: Bus, directory: Directory) -> FastAPI:
             raise ApiError(422, "invalid_answer", _summary(exc.errors())) from exc
         async with bus_call("binding the answer"):
             record = await bind_answer(
-                bus, request_id=request_id, responder=user, submission=submission, channel=WEB_CHANNEL
+                bus,
+                request_id=request_id,
+                responder=user,
+                submission=submission,
+                channel=WEB_CHANNEL,
+                repair_after_s=settings.answer_repair_after_s,
             )
         return RequestView.of(record, datetime.now(UTC))
 
     return app
+
+
+def _known_shape(request_id: str) -> None:
+    """An id that cannot be a request id (nor a KV key) names no request: 404, never a bus error."""
+    if not is_request_id(request_id):
+        raise RequestNotFound("there is no request with that id (ids are 1-128 characters of A-Z a-z 0-9 _ -)")
 
 
 def _summary(errors: Any) -> str:

@@ -1,22 +1,33 @@
-"""Deadlines firing: a pending request expires and its timeout policy is announced (HUM-8).
+"""Timers firing: a pending request expires with its timeout policy (HUM-8); a lost answer is announced.
 
 Run by :class:`temporality_bus.Consumer` on ``CONSUMERS["human-interaction-deadlines"]`` as a raw
-handler: the message is the timer payload ``{"request_id": ...}`` that the JetStream message
-schedule published at the deadline. A request that is no longer pending (answered, cancelled) is
-left alone. The CAS to ``expired`` comes first; ``human.expired`` is published after it and
-``expiry_published`` records that, so a crash in between is repaired by the redelivery.
+handler: the message is the timer payload ``{"request_id": ...}`` that a JetStream message schedule
+published (the deadline, or an answer's repair timer, see :mod:`.timers`). What happens depends on
+the record alone, never on which timer fired:
+
+* **pending, ``expires_at`` passed**: CAS to ``expired`` first; ``human.expired`` is published after
+  it and ``expiry_published`` records that, so a crash in between is repaired by the redelivery.
+* **pending, before ``expires_at``** (a timer fired early): nothing expires; the deadline is armed
+  again at ``expires_at`` so the request still expires on time.
+* **answered, ``answer_published`` false** (the publish after the answer's CAS was lost): the stored
+  answer's ``human.answered`` is published (same deterministic id) and marked published.
+* anything else (answered and announced, cancelled) is left alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_bus import Bus, Conflict, Delivery, PermanentError, TransientError
+from temporality_human_interaction.answers import announce_answer, unannounced
 from temporality_human_interaction.events import expired_event
-from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
+from temporality_human_interaction.records import REQUEST_ID_PATTERN, HumanRequestRecord, RequestStore, open_store
+from temporality_human_interaction.timers import rearm_deadline
 from temporality_protocol import HumanRequestState
 
 __all__ = ["DeadlineHandler", "DeadlinePayload"]
@@ -24,19 +35,27 @@ __all__ = ["DeadlineHandler", "DeadlinePayload"]
 log = structlog.get_logger(__name__)
 
 _CAS_ATTEMPTS = 8
+#: A re-armed deadline is set at least this far after the early firing (by this process's clock), so a
+#: deadline that fires a moment early is not re-armed for a moment that has already passed.
+_REARM_MIN_DELAY = timedelta(seconds=1)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
 
 
 class DeadlinePayload(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    request_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
+    request_id: Annotated[str, Field(pattern=REQUEST_ID_PATTERN)]
 
 
 class DeadlineHandler:
-    """The deadline handler; :meth:`handle` is the consumer's raw handler."""
+    """The timers' handler; :meth:`handle` is the consumer's raw handler."""
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, *, clock: Callable[[], datetime] | None = None) -> None:
         self._bus = bus
+        self._clock = clock or _utcnow
 
     async def handle(self, data: bytes, delivery: Delivery | None = None) -> None:
         try:
@@ -46,6 +65,13 @@ class DeadlineHandler:
         with structlog.contextvars.bound_contextvars(request_id=payload.request_id):
             store = await open_store(self._bus)
             record = await self._expire(store, payload.request_id)
+            if record.pending:
+                await self._rearm(record, delivery)
+                return
+            if unannounced(record):
+                log.warning("answer.republishing", trigger="timer", run_id=record.run_id)
+                await announce_answer(self._bus, record, store=store)
+                return
             if record.status is not HumanRequestState.EXPIRED:
                 log.info("deadline.ignored", status=record.status.value)
                 return
@@ -57,12 +83,12 @@ class DeadlineHandler:
             log.info("request.expired", action=record.policy.on_timeout.action, run_id=record.run_id)
 
     async def _expire(self, store: RequestStore, key: str) -> HumanRequestRecord:
-        """Move a pending request to ``expired``; return the record as it now stands."""
+        """Move a pending request past its ``expires_at`` to ``expired``; return the record as it now stands."""
         for _ in range(_CAS_ATTEMPTS):
             got = await store.get(key)
             if got is None:
                 raise PermanentError(f"a deadline fired for {key}, which is not a known request")
-            if not got.value.pending:
+            if not got.value.pending or self._clock() < got.value.expires_at:
                 return got.value
             expired = got.value.moved_to(HumanRequestState.EXPIRED)
             try:
@@ -71,6 +97,21 @@ class DeadlineHandler:
                 continue
             return expired
         raise TransientError(f"request {key}: too many concurrent updates while expiring")
+
+    async def _rearm(self, record: HumanRequestRecord, delivery: Delivery | None) -> None:
+        """A timer fired before ``expires_at``: never expire early, arm the deadline again instead."""
+        now = self._clock()
+        at = max(record.expires_at, now + _REARM_MIN_DELAY)
+        # The firing message keys the new timer: a redelivery of it re-arms once, a later early firing anew.
+        cause = f"seq:{delivery.stream_seq}" if delivery is not None and delivery.stream_seq else now.isoformat()
+        result = await rearm_deadline(self._bus, record.request_id, at, cause=cause)
+        log.warning(
+            "deadline.fired_early",
+            expires_at=record.expires_at.isoformat(),
+            rearmed_at=at.isoformat(),
+            subject=delivery.subject if delivery is not None else None,
+            duplicate=result.duplicate,
+        )
 
     async def _mark_published(self, store: RequestStore, key: str) -> None:
         for _ in range(_CAS_ATTEMPTS):

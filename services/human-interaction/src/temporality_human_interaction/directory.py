@@ -80,6 +80,11 @@ class UserProfile(_Strict):
     def _consistent(self) -> UserProfile:
         if self.inbox_token is not None and self.inbox_token_env is not None:
             raise ValueError("give inbox_token or inbox_token_env, not both")
+        if self.channels.web is not None and self.inbox_token is None and self.inbox_token_env is None:
+            raise ValueError(
+                "channel 'web' is configured but the user has no inbox_token or inbox_token_env: "
+                "they could never open the web inbox, so no request could ever reach them there"
+            )
         configured = set(self.channels.names())
         for name in [self.preferred, *self.fallback]:
             if name not in configured:

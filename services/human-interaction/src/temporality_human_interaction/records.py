@@ -7,6 +7,7 @@ change is a compare-and-set on the KV revision; status moves only along
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,7 +24,16 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
 
-__all__ = ["HumanRequestRecord", "RequestStore", "list_pending", "open_store"]
+__all__ = ["REQUEST_ID_PATTERN", "HumanRequestRecord", "RequestStore", "is_request_id", "list_pending", "open_store"]
+
+#: Request ids become a KV key and a subject token: keep them to a safe alphabet (ours are ``hr-<24 hex>``).
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+_REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
+
+
+def is_request_id(value: str) -> bool:
+    """Whether ``value`` can be a request id (and so a KV key and a subject token)."""
+    return _REQUEST_ID.fullmatch(value) is not None
 
 
 class HumanRequestRecord(BaseModel):
@@ -47,6 +57,8 @@ class HumanRequestRecord(BaseModel):
     answer: HumanAnswer | None = None
     responder: str | None = None
     answered_at: datetime | None = None
+    #: The channel the answer arrived on, so a repair republishes exactly the ``human.answered`` it lost.
+    answer_channel: str | None = None
     answer_published: bool = False
     #: Set once ``human.expired`` is on the bus, so a crash between the CAS and the publish is repaired.
     expiry_published: bool = False

@@ -9,30 +9,29 @@ the I/O in an order where every step is idempotent under redelivery:
    otherwise ``human.rejected`` (deterministic id) and nothing is stored.
 2. Persist the record first (create-if-absent; on redelivery continue with the stored one), so an
    answer arriving before the notification is never lost.
-3. Resolve the channel (preferred if its adapter is available, else the fallback order, HUM-2),
+3. Arm the deadline as a JetStream message schedule (deterministic ``Nats-Msg-Id``: a repeat is
+   deduplicated, and the deadline handler ignores a request that is no longer pending) *before*
+   delivering: a request whose delivery keeps failing (and is finally dead-lettered) still expires
+   with its timeout policy (HUM-8) instead of leaving its run waiting forever.
+4. Resolve the channel (preferred if its adapter is available, else the fallback order, HUM-2),
    deliver through the adapter, record the channel (compare-and-set).
-4. Publish ``human.notified`` (deterministic id) and schedule the deadline as a JetStream message
-   schedule (deterministic ``Nats-Msg-Id``): a repeat is deduplicated, and the deadline handler
-   ignores a request that is no longer pending.
+5. Publish ``human.notified`` (deterministic id).
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
 import structlog
 
-from temporality_bus import AlreadyExists, Bus, Conflict, Delivery, PermanentError, TransientError, schedule_at
+from temporality_bus import AlreadyExists, Bus, Conflict, Delivery, PermanentError, TransientError
 from temporality_human_interaction.channels import ChannelAdapter, ChannelError
 from temporality_human_interaction.directory import Directory, UserProfile, user_id_of
 from temporality_human_interaction.events import RejectReason, notified_event, rejected_event
-from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
-from temporality_protocol import Envelope, HumanRequested, derive_id
-from temporality_protocol.catalog import TIMER_FIRED_HUMAN, TIMER_SCHEDULE_HUMAN
+from temporality_human_interaction.records import HumanRequestRecord, RequestStore, is_request_id, open_store
+from temporality_human_interaction.timers import arm_deadline, deadline_at
+from temporality_protocol import Envelope, HumanRequested
 
 __all__ = [
     "ChannelChoice",
@@ -46,8 +45,6 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-#: Request ids become a KV key and a subject token: keep them to a safe alphabet.
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _CAS_ATTEMPTS = 8
 
 
@@ -83,7 +80,7 @@ def authorize(payload: HumanRequested, directory: Directory) -> Route | Refusal:
     profile = directory.get(user_id)
     if profile is None:
         return Refusal("unknown_recipient", f"{payload.recipient} is not in the user directory")
-    if not _REQUEST_ID.fullmatch(payload.request_id):
+    if not is_request_id(payload.request_id):
         return Refusal("invalid_request", "request_id must be 1-128 characters of A-Z a-z 0-9 _ -")
     option_ids = [o.id for o in payload.options]
     if len(set(option_ids)) != len(option_ids):
@@ -104,12 +101,6 @@ def channel_candidates(profile: UserProfile, adapters: Mapping[str, ChannelAdapt
         if adapter is not None and adapter.available:
             choices.append(ChannelChoice(name, None if name == profile.preferred else profile.preferred))
     return choices
-
-
-def deadline_at(expires_at: datetime) -> datetime:
-    """Schedules have whole-second resolution: round up so a deadline never fires before ``expires_at``."""
-    whole = expires_at.astimezone(UTC).replace(microsecond=0)
-    return whole if whole == expires_at else whole + timedelta(seconds=1)
 
 
 class RequestHandler:
@@ -156,6 +147,8 @@ class RequestHandler:
                 f"request id {payload.request_id} is already used by run {record.run_id} for {record.recipient}"
             )
 
+        if record.pending:  # before delivery: a request that can never be delivered still expires (HUM-8)
+            await self._schedule_deadline(record)
         if record.channel is None and record.pending:
             choice = await self._deliver(record, decision.profile, candidates)
             record = await self._record_channel(store, record.request_id, choice.channel)
@@ -163,8 +156,6 @@ class RequestHandler:
             fallback_from = None if record.channel == decision.profile.preferred else decision.profile.preferred
             await self._bus.publish(notified_event(record, channel=record.channel, fallback_from=fallback_from))
             log.info("request.notified", channel=record.channel, fallback_from=fallback_from)
-        if record.pending:
-            await self._schedule_deadline(record)
 
     async def _reject(self, event: Envelope, payload: HumanRequested, refusal: Refusal) -> None:
         await self._bus.publish(rejected_event(event, payload, refusal.reason, refusal.detail))
@@ -202,12 +193,5 @@ class RequestHandler:
         raise TransientError(f"request {key}: too many concurrent updates while recording the channel")
 
     async def _schedule_deadline(self, record: HumanRequestRecord) -> None:
-        result = await schedule_at(
-            self._bus,
-            schedule_subject=f"{TIMER_SCHEDULE_HUMAN}.{record.request_id}",
-            target_subject=f"{TIMER_FIRED_HUMAN}.{record.request_id}",
-            at=deadline_at(record.expires_at),
-            payload=json.dumps({"request_id": record.request_id}).encode(),
-            msg_id=derive_id("tmr", record.request_id),
-        )
+        result = await arm_deadline(self._bus, record.request_id, record.expires_at)
         log.info("deadline.scheduled", at=record.expires_at.isoformat(), duplicate=result.duplicate)

@@ -24,6 +24,9 @@ class Settings(BaseSettings):
     bus_timeout_s: float = Field(default=5.0, gt=0)
     #: How many ``human.requested`` messages are handled concurrently.
     max_inflight: int = Field(default=8, gt=0)
+    #: An answer's repair timer fires this long after the answer is bound and announces it if the
+    #: ``human.answered`` publish was lost (a crash or a bus timeout right after the answer was stored).
+    answer_repair_after_s: float = Field(default=30.0, gt=0)
 
     nats: NatsSettings = Field(default_factory=NatsSettings)
     log: LogSettings = Field(default_factory=LogSettings)

@@ -242,3 +242,33 @@ async def test_a_failed_dead_letter_is_retried_not_dropped(bus: Bus, monkeypatch
     info = await bus.js.consumer_info(EVENTS_STREAM.name, "t-dlq-down")
     assert info.config.max_deliver == -1
     assert info.num_ack_pending == 0
+
+
+async def test_a_message_that_never_settles_is_dead_lettered_past_the_limit(bus: Bus) -> None:
+    """A handler that kills its process never acks/naks: past max_deliver the runner stops calling it."""
+    spec = ConsumerSpec("t-unsettled", EVENTS_STREAM.name, (subject_for("run.failed"),), "test", max_deliver=2)
+    calls: list[int] = []
+    called = asyncio.Event()
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        calls.append(delivery.num_delivered)
+        called.set()
+        raise asyncio.CancelledError  # stands in for a process dying mid-handler: nothing settles
+
+    await bus.publish(_failed("r7"))
+    dlq = await bus.js.pull_subscribe("temporality.dlq.t-unsettled", durable="dlq-u", stream=DLQ_STREAM.name)
+    for _attempt in range(spec.max_deliver):  # each "process" dies with the message in hand
+        called.clear()
+        consumer = Consumer(bus, spec, handler=handler, ack_wait_s=1.0)
+        task = asyncio.create_task(consumer.run(asyncio.Event()))
+        await asyncio.wait_for(called.wait(), 15)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    stop = asyncio.Event()
+    survivor = asyncio.create_task(Consumer(bus, spec, handler=handler, ack_wait_s=1.0).run(stop))
+    msgs = await dlq.fetch(1, timeout=15)
+    stop.set()
+    await survivor
+    assert calls == [1, 2]
+    assert "exhausted" in msgs[0].headers["Temporality-Error"]

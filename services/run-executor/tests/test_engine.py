@@ -272,3 +272,31 @@ async def test_persistent_infrastructure_failure_fails_the_run_and_dead_letters_
     assert dead.data["deliveries"] == 3
     assert event.runid
     await _state(bus, event.runid, RunState.FAILED)
+
+
+async def test_transitions_are_idempotent_and_a_stale_driver_moves_on(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    from temporality_run_executor.engine import RunMovedOn
+
+    engine = await executor()
+    event = run_requested()
+    run_id = event.runid
+    assert run_id
+    await bus.publish(event)
+    await _state(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    # parking again (a redelivery racing the original) is a no-op, not an illegal move
+    again = await engine._transition(run_id, RunState.WAITING_FOR_HUMAN)
+    assert again.state is RunState.WAITING_FOR_HUMAN
+    # a stale driver that wants the run back in running without it resuming first moves on quietly
+    with pytest.raises(RunMovedOn):
+        await engine._transition(run_id, RunState.RUNNING)
+    (req,) = await event_log.wait_for("human.requested", run_id=run_id)
+    await _answer(bus, req.payload(HumanRequested), OptionAnswer(option_id="keep-v1"))
+    done = await _state(bus, run_id, RunState.COMPLETED)
+    # a finished run's record is never rewritten, and failing it afterwards is refused quietly
+    assert (await engine._transition(run_id, RunState.COMPLETED, result="other")).result == done.result
+    with pytest.raises(RunMovedOn):
+        await engine._transition(run_id, RunState.FAILED, error="late")
+    assert (await _state(bus, run_id)).result == done.result
+    assert not event_log.of_type("bus.dead_lettered")

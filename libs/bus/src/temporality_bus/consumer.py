@@ -120,6 +120,12 @@ class Consumer:
         heartbeat = asyncio.create_task(self._keep_alive(msg))
         try:
             with structlog.contextvars.bound_contextvars(consumer=self.spec.durable, **ctx):
+                if 0 < self.spec.max_deliver < delivery.num_delivered:
+                    # past the limit: the last attempt never settled (it crashed or killed its process,
+                    # or its dead-lettering failed) -- dead-letter without running the handler again
+                    heartbeat.cancel()
+                    await self._give_up(msg, delivery, RuntimeError("deliveries exhausted without a settled outcome"))
+                    return
                 try:
                     await self._dispatch(msg, delivery)
                 except (PermanentError, ProtocolError, ValidationError) as exc:

@@ -68,11 +68,12 @@ def _tool_error(message: str) -> str:
     return json.dumps({"error": message})
 
 
-class RunFinished(Exception):
-    """The run reached a terminal state while this handler was working on it: nothing left to do."""
+class RunMovedOn(Exception):
+    """Another driver moved the run past what this handler wanted to do (a redelivery racing the
+    original, a duplicate answer): this handler's work is stale and it ends quietly."""
 
-    def __init__(self, run_id: str, state: RunState) -> None:
-        super().__init__(f"run {run_id} is already {state.value}")
+    def __init__(self, run_id: str, state: RunState, target: RunState) -> None:
+        super().__init__(f"run {run_id} is {state.value}; not moving it to {target.value}")
 
 
 class Engine:
@@ -119,10 +120,10 @@ class Engine:
         """
         try:
             await handler(event, delivery)
-        except RunFinished as done:
-            log.info("run.already_finished", detail=str(done))
-        except (PermanentError, ProtocolError):
-            raise
+        except RunMovedOn as moved:
+            log.warning("run.moved_on", detail=str(moved))
+        except (PermanentError, ProtocolError, Conflict):
+            raise  # Conflict: another driver is making progress; never fail the run for that
         except Exception as exc:
             run_id = event.runid or event.data.get("run_id")
             if delivery.num_delivered >= self.max_deliver and isinstance(run_id, str):
@@ -466,16 +467,17 @@ class Engine:
     async def _transition(self, run_id: str, target: RunState, **changes: Any) -> RunRecord:
         """Compare-and-set the run to ``target``; the state machine refuses illegal moves.
 
-        Already in ``target``: nothing to do. Already finished (another driver got there first, e.g. a
-        redelivery racing the original): :class:`RunFinished`, which the handlers treat as done.
+        Already in ``target``: only ``changes`` are applied. A move the state machine refuses means
+        another driver got there first (e.g. a redelivery racing the original): :class:`RunMovedOn`,
+        which the handlers treat as done.
         """
         for _ in range(_CAS_ATTEMPTS):
             current = await self._get(run_id)
-            if current.value.state is target and not changes:
-                return current.value
-            if current.value.state in RUN.terminal:
-                raise RunFinished(run_id, current.value.state)
-            RUN.transition(current.value.state, target)
+            state = current.value.state
+            if state is target and (not changes or state in RUN.terminal):
+                return current.value  # a finished run's record is never rewritten
+            if state is not target and not RUN.allowed(state, target):
+                raise RunMovedOn(run_id, state, target)
             updated = current.value.model_copy(update={"state": target, "updated_at": _now(), **changes})
             try:
                 await self.runs.update(run_id, updated, current.revision)

@@ -272,3 +272,9 @@ async def test_a_message_that_never_settles_is_dead_lettered_past_the_limit(bus:
     await survivor
     assert calls == [1, 2]
     assert "exhausted" in msgs[0].headers["Temporality-Error"]
+
+
+async def test_a_message_over_max_payload_is_a_permanent_error(bus: Bus) -> None:
+    too_big = b"x" * (bus.nc.max_payload + 1)
+    with pytest.raises(PermanentError, match="max_payload"):
+        await bus.publish_raw("temporality.events.run.failed", too_big, {"Nats-Msg-Id": "big"})

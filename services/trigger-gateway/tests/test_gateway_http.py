@@ -158,3 +158,24 @@ async def test_other_routes_answer_json_errors(client: httpx.AsyncClient) -> Non
     wrong_method = await client.get("/hooks/ado-pr-review")
     assert wrong_method.status_code == 405
     assert wrong_method.json()["error"] == "method_not_allowed"
+
+
+async def test_bodies_no_downstream_consumer_could_store_are_refused_clearly() -> None:
+    """Lone surrogate escapes and absurd nesting are 400s, never a 500 that Azure DevOps retries for 36 h."""
+    from temporality_trigger_gateway.api import _parse_json
+    from temporality_trigger_gateway.errors import MalformedBody
+
+    with pytest.raises(MalformedBody, match="surrogate"):
+        _parse_json(b'{"resource": {"title": "\\ud800 broken"}}')
+    with pytest.raises(MalformedBody, match="nested too deeply"):
+        _parse_json(b"[" * 100_000 + b"]" * 100_000)
+    assert _parse_json(b'{"ok": "\\ud83d\\ude00"}') == {"ok": "\U0001f600"}  # a proper pair is fine
+
+
+def test_long_descriptions_are_cut_with_a_marker() -> None:
+    from temporality_trigger_gateway.adapters.azure_devops import MAX_DESCRIPTION, _clip
+
+    assert _clip("short", MAX_DESCRIPTION) == "short"
+    cut = _clip("x" * (MAX_DESCRIPTION + 10), MAX_DESCRIPTION)
+    assert cut.startswith("x" * MAX_DESCRIPTION)
+    assert cut.endswith("[... cut by Temporality: 10 more characters]")

@@ -170,8 +170,10 @@ class RunRequested(EventData):
     agent: str
     title: Annotated[str, Field(max_length=200)]
     launch: LaunchSource
-    event: NormalizedEvent | None = None
-    input: dict[str, Any] = Field(default_factory=dict)
+    event: NormalizedEvent | None = Field(
+        default=None, description="The event that started the run; its payload is omitted when it is the input"
+    )
+    input: dict[str, Any] = Field(default_factory=dict, description="The mapped data the agent receives (TRG-8)")
     human: HumanPolicy = Field(default_factory=HumanPolicy)
     parent_run_id: str | None = None
 

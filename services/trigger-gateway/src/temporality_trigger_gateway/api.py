@@ -118,6 +118,15 @@ def _parse_json(raw: bytes) -> Any:
     except UnicodeDecodeError:
         raise MalformedBody("the body is not UTF-8") from None
     try:
-        return json.loads(text)
+        body = json.loads(text)
     except ValueError as exc:  # JSONDecodeError's message has the position, never the content
         raise MalformedBody(f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise MalformedBody("the body is JSON nested too deeply") from None
+    try:  # JSON may escape lone surrogates ("\ud800"), which no UTF-8 consumer downstream accepts
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise MalformedBody("the body contains an unpaired UTF-16 surrogate escape") from None
+    except RecursionError:
+        raise MalformedBody("the body is JSON nested too deeply") from None
+    return body

@@ -24,7 +24,7 @@ import nats.errors
 import structlog
 from pydantic import BaseModel, ConfigDict
 
-from temporality_bus import AlreadyExists, Bus, Conflict, Store, TransientError, Versioned
+from temporality_bus import AlreadyExists, Bus, Conflict, PermanentError, Store, TransientError, Versioned
 from temporality_protocol import (
     Envelope,
     LaunchSource,
@@ -40,7 +40,7 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_trigger_gateway.adapters import ADAPTERS, SourceEvent
-from temporality_trigger_gateway.errors import BusUnavailable
+from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable
 from temporality_trigger_gateway.triggers import WebhookTrigger
 
 __all__ = [
@@ -190,7 +190,7 @@ def launch_events(
             agent=trigger.agent,
             title=title[:200],
             launch=LaunchSource(kind="webhook", trigger_id=trigger.id, delivery_id=delivery.delivery_id),
-            event=event,
+            event=event.model_copy(update={"payload": {}}),  # carried once, as the input
             input=event.payload,
             human=trigger.human.policy(),  # SEC-1: from the trigger's config, never from the webhook
         ),
@@ -309,6 +309,9 @@ class Intake:
             raise BusUnavailable("the event bus is not connected; retry later", self._retry_after_s)
         try:
             return await call
+        except PermanentError as exc:  # e.g. larger than the server's max_payload: retrying cannot help
+            log.warning("webhook.unpublishable", error=repr(exc))
+            raise BodyTooLarge(f"the normalized event cannot be published: {exc}") from exc
         except (TransientError, nats.errors.Error, TimeoutError) as exc:
             log.warning("webhook.bus_unavailable", error=repr(exc))
             raise BusUnavailable("the event bus did not acknowledge in time; retry later", self._retry_after_s) from exc

@@ -163,7 +163,7 @@ class AzureDevOpsPullRequest(Adapter):
                 "pull_request": {
                     "id": pr.pull_request_id,
                     "title": pr.title,
-                    "description": pr.description or "",
+                    "description": _clip(pr.description or "", MAX_DESCRIPTION),
                     "url": pr.url,
                     "status": pr.status,
                     "created_at": created_at.isoformat() if created_at else None,
@@ -183,3 +183,14 @@ class AzureDevOpsPullRequest(Adapter):
     def run_title(self, event: NormalizedEvent) -> str:
         pr = event.payload["pull_request"]
         return f"Review PR #{pr['id']}: {pr['title']}"[:200]
+
+
+#: A description longer than this is cut (with a marker): an agent needs the gist, and every run
+#: carries its input in its KV record and checkpoint, which NATS bounds by max_payload.
+MAX_DESCRIPTION = 32 * 1024
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... cut by Temporality: {len(text) - limit} more characters]"

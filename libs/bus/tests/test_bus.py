@@ -278,3 +278,10 @@ async def test_a_message_over_max_payload_is_a_permanent_error(bus: Bus) -> None
     too_big = b"x" * (bus.nc.max_payload + 1)
     with pytest.raises(PermanentError, match="max_payload"):
         await bus.publish_raw("temporality.events.run.failed", too_big, {"Nats-Msg-Id": "big"})
+
+
+async def test_publishing_to_a_subject_without_a_stream_is_transient(bus: Bus) -> None:
+    from temporality_bus import TransientError
+
+    with pytest.raises(TransientError, match="publish to nowhere.at.all failed"):
+        await bus.publish_raw("nowhere.at.all", b"x", {"Nats-Msg-Id": "n1"})

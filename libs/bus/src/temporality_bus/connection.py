@@ -16,7 +16,7 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
-from temporality_bus.errors import TransientError
+from temporality_bus.errors import PermanentError, TransientError
 from temporality_bus.settings import NatsSettings
 from temporality_bus.store import Store
 from temporality_protocol import CONTENT_TYPE, Envelope, encode
@@ -164,11 +164,9 @@ class Bus:
     async def publish_raw(self, subject: str, payload: bytes, headers: dict[str, str]) -> PublishResult:
         try:
             ack = await self.js.publish(subject, payload, headers=headers)
-        except (
-            nats.errors.TimeoutError,
-            nats.errors.NoRespondersError,
-            nats.errors.ConnectionClosedError,
-        ) as exc:
+        except nats.errors.MaxPayloadError as exc:
+            raise PermanentError(f"{len(payload)} bytes exceed the server's max_payload") from exc
+        except (nats.errors.Error, OSError) as exc:  # timeouts, no responders/stream, closed/reset connections
             raise TransientError(f"publish to {subject} failed: {exc!r}") from exc
         result = PublishResult(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
         log.debug("published", subject=subject, msg_id=headers.get("Nats-Msg-Id"), duplicate=result.duplicate)

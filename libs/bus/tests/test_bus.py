@@ -283,5 +283,5 @@ async def test_a_message_over_max_payload_is_a_permanent_error(bus: Bus) -> None
 async def test_publishing_to_a_subject_without_a_stream_is_transient(bus: Bus) -> None:
     from temporality_bus import TransientError
 
-    with pytest.raises(TransientError, match="publish to nowhere.at.all failed"):
+    with pytest.raises(TransientError, match=r"publish to nowhere\.at\.all failed"):
         await bus.publish_raw("nowhere.at.all", b"x", {"Nats-Msg-Id": "n1"})

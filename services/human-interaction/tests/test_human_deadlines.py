@@ -147,7 +147,8 @@ async def test_a_rearmed_deadline_expires_the_request_on_time(bus: Bus) -> None:
     assert stored_now.pending
     [expired] = await events_of(bus, "human.expired", wait_for=1, within_s=15)
     assert expired.payload(HumanExpired).request_id == request_id
-    assert expired.payload(HumanExpired).waited_s >= 2 - 0.5
+    # the re-armed timer fired at the deadline, not before it (schedules have 1 s resolution)
+    assert expired.time >= record.expires_at.replace(microsecond=0)
 
 
 async def test_deadline_announces_an_answer_whose_publish_was_lost(

@@ -5,6 +5,7 @@ Every test runs on SQLite and on PostgreSQL (the ``database`` fixture's parametr
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
@@ -194,3 +195,13 @@ async def test_unfixable_tells_bad_data_and_constraints_from_races_and_outages(d
         assert unfixable(await _error_of(database, "SELECT CAST(:v AS text)", v="a\x00"))  # 22021
         assert unfixable(await _error_of(database, "SELECT CAST(:v AS jsonb)", v='"\\u0000"'))  # 22P05
         assert unfixable(await _error_of(database, "SELECT CAST(:v AS jsonb)", v='"\\ud800"'))  # 22P02
+        # 54000: an index row over PostgreSQL's limit (a huge event type) will never fit
+        huge = secrets.token_urlsafe(8_000)  # incompressible: past the ~2.7 kB btree row limit
+        assert unfixable(
+            await _error_of(
+                database,
+                "INSERT INTO events (id, type, source, time, stream_seq, recorded_at, data) "
+                "VALUES ('big', :t, 's', now(), 1, now(), '{}')",
+                t=huge,
+            )
+        )

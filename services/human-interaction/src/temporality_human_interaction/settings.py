@@ -26,7 +26,7 @@ class Settings(BaseSettings):
     max_inflight: int = Field(default=8, gt=0)
     #: An answer's repair timer fires this long after the answer is bound and announces it if the
     #: ``human.answered`` publish was lost (a crash or a bus timeout right after the answer was stored).
-    answer_repair_after_s: float = Field(default=30.0, gt=0)
+    answer_repair_after_s: float = Field(default=30.0, gt=0, le=300)  # within the 10-min dedupe window
 
     nats: NatsSettings = Field(default_factory=NatsSettings)
     log: LogSettings = Field(default_factory=LogSettings)

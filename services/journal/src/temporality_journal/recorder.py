@@ -104,7 +104,8 @@ def sanitize(event: Envelope) -> tuple[Envelope, list[str]]:
 def unfixable(exc: DBAPIError) -> bool:
     """Whether retrying cannot make the statement succeed: bad data or a violated constraint.
 
-    PostgreSQL SQLSTATE class 22 (data exception) and class 23 (integrity constraint violation),
+    PostgreSQL SQLSTATE class 22 (data exception), class 54 (program limit exceeded) and class 23
+    (integrity constraint violation),
     or SQLAlchemy's :class:`~sqlalchemy.exc.DataError` / :class:`~sqlalchemy.exc.IntegrityError`
     (SQLite), except a unique violation: only ids are unique here, and two writers inserting the
     same id at once is a race a retry resolves. Anything else (connection lost, database locked
@@ -112,7 +113,9 @@ def unfixable(exc: DBAPIError) -> bool:
     """
     sqlstate = getattr(exc.orig, "sqlstate", None)
     if isinstance(sqlstate, str) and sqlstate:  # PostgreSQL (asyncpg leaves most errors untyped)
-        return sqlstate.startswith("22") or (sqlstate.startswith("23") and sqlstate != _PG_UNIQUE_VIOLATION)
+        if sqlstate.startswith(("22", "54")):  # data exception; program limit exceeded (e.g. index row size)
+            return True
+        return sqlstate.startswith("23") and sqlstate != _PG_UNIQUE_VIOLATION
     if isinstance(exc, IntegrityError):
         return getattr(exc.orig, "sqlite_errorname", None) not in _SQLITE_UNIQUE_VIOLATIONS
     return isinstance(exc, DataError)

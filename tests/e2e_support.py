@@ -21,11 +21,11 @@ ALICE = {"Authorization": "Bearer alice-demo-token"}
 T = TypeVar("T")
 
 
-def make_stack(tmp_path: Path, **extra_env: str) -> Stack:
+def make_stack(tmp_path: Path, *, config_dir: Path = CONFIG, **extra_env: str) -> Stack:
     return Stack(
         StackConfig(
             data_dir=tmp_path / "stack",
-            config_dir=CONFIG,
+            config_dir=config_dir,
             gateway_port=free_port(),
             human_port=free_port(),
             journal_port=free_port(),

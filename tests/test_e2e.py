@@ -7,12 +7,15 @@ their own OS processes, the project's shipped config) and speaks to it only over
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import httpx
 import nats
 import pytest
-from e2e_support import ALICE, eventually, example_pr, make_stack, post_hook
+import yaml
+from e2e_support import ALICE, CONFIG, eventually, example_pr, make_stack, post_hook
 
 from temporality_embedded import Stack
 from temporality_protocol import CollaboratorsQuery, CollaboratorsReply
@@ -297,3 +300,46 @@ async def test_services_stop_gracefully_on_sigterm(stack: Stack) -> None:
     codes = stack.stop()
     assert codes == dict.fromkeys(codes, 0)
     assert set(codes) == {"trigger-gateway", "run-executor", "human-interaction", "agent-collab", "journal"}
+
+
+@pytest.mark.parametrize(("action", "final_state"), [("default", "completed"), ("fail", "failed")])
+async def test_nobody_answers_the_timeout_policy_applies(
+    tmp_path: Path, http: httpx.AsyncClient, action: str, final_state: str
+) -> None:
+    """HUM-8 across processes: the deadline is a JetStream message schedule owned by human-interaction."""
+    config = tmp_path / "config"
+    shutil.copytree(CONFIG, config)
+    triggers = yaml.safe_load((config / "triggers.yaml").read_text())
+    policy: dict[str, Any] = {"action": action}
+    if action == "default":
+        policy["default_option"] = "keep-v1"
+    triggers["triggers"][0]["human"] |= {"default_timeout_s": 2, "on_timeout": policy}
+    (config / "triggers.yaml").write_text(yaml.safe_dump(triggers))
+    stack = make_stack(tmp_path, config_dir=config)
+    stack.start()
+    try:
+        run_id = (await post_hook(http, stack, example_pr())).json()["run_id"]
+        await _run_in_state(http, stack, run_id, "waiting_for_human")
+        done = await _run_in_state(http, stack, run_id, final_state)
+        types = [e["type"] for e in await _trajectory(http, stack, run_id)]
+        assert "human.expired" in types
+        assert "human.answered" not in types
+        if action == "default":
+            assert "Keep the v1 contract [keep-v1]" in done["result"]
+            assert "the timeout policy's default" in done["result"]
+        else:
+            assert done["error"].startswith("human_request_expired")
+        assert await _pending(http, stack) == []
+        late = await http.post(
+            f"{stack.human_url}/requests/{await _request_id(http, stack, run_id)}/answer",
+            json={"option_id": "ship-v2"},
+            headers=ALICE,
+        )
+        assert late.status_code == 409
+    finally:
+        stack.stop()
+
+
+async def _request_id(http: httpx.AsyncClient, stack: Stack, run_id: str) -> str:
+    events = await _trajectory(http, stack, run_id)
+    return str(next(e for e in events if e["type"] == "human.requested")["data"]["request_id"])

@@ -1,4 +1,8 @@
-"""The refusals of ``POST /hooks/{trigger_id}``, in their order: 404, 401, 413, 400, 422. None publishes."""
+"""The refusals of ``POST /hooks/{trigger_id}``, in their order: 404, 401, 413, 400, 422.
+
+404 and 401 publish nothing (an unauthenticated sender cannot write into the journal); an authenticated
+delivery refused with 413/400/422 is journaled as ``trigger.received`` + ``trigger.rejected``.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,28 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from gateway_support import MAX_BODY, PASSWORD, basic, fixture_bytes, fixture_json, journal, post
+from gateway_support import MAX_BODY, PASSWORD, basic, fixture_bytes, fixture_json, journal, post, types
 
 from temporality_bus import Bus
+from temporality_protocol import TriggerRejected
 
 
 async def _nothing_published(bus: Bus) -> None:
     assert await journal(bus) == []
+
+
+async def _refusal_journaled(bus: Bus, status: int, code: str) -> None:
+    """An authenticated delivery refused with 400/413/422 is journaled (no run, no run id) so an
+    integrator can see why nothing started; the refusal itself is never echoed back as a payload."""
+    events = await journal(bus)
+    assert types(events) == ["trigger.received", "trigger.rejected"]
+    rejected = events[1].payload(TriggerRejected)
+    assert rejected.reason == "invalid_payload"
+    assert rejected.detail.startswith(f"{status} {code}: ")
+    assert rejected.trigger_id == "ado-pr-review"
+    assert rejected.run_id is None
+    assert events[1].runid is None
+    assert events[1].causationid == events[0].id
 
 
 async def test_unknown_trigger_is_404(client: httpx.AsyncClient, bus: Bus) -> None:
@@ -66,7 +85,7 @@ async def test_declared_content_length_over_the_limit_is_413(client: httpx.Async
     response = await post(client, b" " * (MAX_BODY + 1))
     assert response.status_code == 413
     assert response.json()["error"] == "body_too_large"
-    await _nothing_published(bus)
+    await _refusal_journaled(bus, 413, "body_too_large")
 
 
 async def test_chunked_body_over_the_limit_is_413(client: httpx.AsyncClient, bus: Bus) -> None:
@@ -82,7 +101,7 @@ async def test_chunked_body_over_the_limit_is_413(client: httpx.AsyncClient, bus
     assert "content-length" not in response.request.headers
     assert response.status_code == 413
     assert len(sent) < 64  # refused while streaming, not after reading everything
-    await _nothing_published(bus)
+    await _refusal_journaled(bus, 413, "body_too_large")
 
 
 async def test_body_exactly_at_the_limit_is_read(client: httpx.AsyncClient) -> None:
@@ -103,7 +122,7 @@ async def test_body_that_is_not_utf8_json_is_400(client: httpx.AsyncClient, bus:
     response = await post(client, raw)
     assert response.status_code == 400
     assert response.json()["error"] == "malformed_json"
-    await _nothing_published(bus)
+    await _refusal_journaled(bus, 400, "malformed_json")
 
 
 def _without(path: str) -> dict[str, object]:
@@ -140,7 +159,7 @@ async def test_json_of_the_wrong_shape_is_422_with_the_errors(
     locations = {".".join(str(p) for p in e["loc"]) for e in answer["errors"]}
     assert set(missing) <= locations
     assert all("input" not in e for e in answer["errors"])  # the payload is never echoed back
-    await _nothing_published(bus)
+    await _refusal_journaled(bus, 422, "invalid_payload")
 
 
 async def test_wrong_types_are_422(client: httpx.AsyncClient) -> None:

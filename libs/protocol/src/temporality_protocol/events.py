@@ -157,7 +157,8 @@ class TriggerRejected(EventData):
     EVENT_TYPE: ClassVar[str] = "trigger.rejected"
     trigger_id: str
     delivery_id: str
-    reason: Literal["duplicate", "unsupported_event", "disabled"]
+    #: ``invalid_payload``: an authenticated delivery refused with 400/413/422 (never for bad credentials).
+    reason: Literal["duplicate", "unsupported_event", "disabled", "invalid_payload"]
     detail: str
     source_event_id: str | None = None
     run_id: str | None = None

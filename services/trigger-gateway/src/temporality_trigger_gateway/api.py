@@ -20,7 +20,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from temporality_bus import Bus
-from temporality_trigger_gateway.errors import BodyTooLarge, MalformedBody, Unauthorized, UnknownTrigger, WebhookError
+from temporality_trigger_gateway.errors import (
+    BodyTooLarge,
+    InvalidPayload,
+    MalformedBody,
+    Unauthorized,
+    UnknownTrigger,
+    WebhookError,
+)
 from temporality_trigger_gateway.intake import Accepted, Intake
 from temporality_trigger_gateway.settings import Settings
 from temporality_trigger_gateway.triggers import BasicAuth, TriggerConfig, WebhookTrigger
@@ -57,8 +64,13 @@ def create_app(settings: Settings, bus: Bus, triggers: Iterable[TriggerConfig]) 
             if trigger is None:
                 raise UnknownTrigger(f"no webhook trigger with id {trigger_id[:100]!r}")
             _authenticate(trigger, request.headers.get("authorization"))
-            raw = await _read_body(request, settings.max_body_bytes)
-            outcome = await intake.handle(trigger, _parse_json(raw), body_bytes=len(raw))
+            raw = b""
+            try:
+                raw = await _read_body(request, settings.max_body_bytes)
+                outcome = await intake.handle(trigger, _parse_json(raw), body_bytes=len(raw))
+            except (BodyTooLarge, MalformedBody, InvalidPayload) as refused:
+                await intake.refused(trigger, refused, body_bytes=len(raw))  # visible in the journal
+                raise
             return JSONResponse(outcome.model_dump(), status_code=202 if isinstance(outcome, Accepted) else 200)
 
     return app

@@ -40,7 +40,7 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_trigger_gateway.adapters import ADAPTERS, SourceEvent
-from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable
+from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable, WebhookError
 from temporality_trigger_gateway.triggers import WebhookTrigger
 
 __all__ = [
@@ -236,6 +236,40 @@ class Intake:
                 outcome = await self._launch(delivery, event, run_id, adapter.run_title(event))
                 log.info("webhook.handled", status=outcome.status)
                 return outcome
+
+    async def refused(self, trigger: WebhookTrigger, error: WebhookError, *, body_bytes: int) -> None:
+        """Journal an authenticated delivery refused with 400/413/422, so an integrator can see why no
+        run started. Best effort: the sender gets its 4xx whether or not the bus takes the record."""
+        delivery_id = new_id("dlv")
+        common: dict[str, Any] = {
+            "source": SOURCE,
+            "correlation_id": delivery_id,
+            "actor": ACTOR,
+            "tenant": trigger.tenant,
+        }
+        received = make_event(
+            TriggerReceived(
+                trigger_id=trigger.id, delivery_id=delivery_id, adapter=trigger.adapter, body_bytes=body_bytes
+            ),
+            id=derive_id("evt", delivery_id, "received"),
+            **common,
+        )
+        rejected = make_event(
+            TriggerRejected(
+                trigger_id=trigger.id,
+                delivery_id=delivery_id,
+                reason="invalid_payload",
+                detail=f"{error.status} {error.code}: {error.detail}"[:1000],
+            ),
+            id=derive_id("evt", delivery_id, "rejected"),
+            causation_id=received.id,
+            **common,
+        )
+        try:
+            await self._io(self._bus.publish(received))
+            await self._io(self._bus.publish(rejected))
+        except Exception as exc:
+            log.warning("webhook.refusal_not_journaled", error=repr(exc))
 
     async def _ignore(
         self, delivery: WebhookDelivery, reason: Literal["disabled", "unsupported_event"], detail: str

@@ -115,3 +115,30 @@ def test_up_refuses_a_missing_config_dir(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "triggers.yaml not found" in result.stdout
+
+
+def test_up_names_a_port_that_is_taken(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                str(SCRIPT),
+                "up",
+                "--data-dir",
+                str(tmp_path / "d"),
+                "--config-dir",
+                str(CONFIG),
+                "--gateway-port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    assert result.returncode == 2
+    assert f"127.0.0.1:{port} is already in use; pick another with --gateway-port" in result.stdout

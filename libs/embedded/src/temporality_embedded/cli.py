@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -33,11 +34,29 @@ def _webhook_lines(stack: Stack, config_dir: Path) -> list[str]:
     return lines
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def up(args: argparse.Namespace) -> int:
     config_dir = Path(args.config_dir)
     for name in ("triggers.yaml", "users.yaml", "agents.yaml"):
         if not (config_dir / name).is_file():
             _out(f"error: {config_dir / name} not found (use --config-dir)")
+            return 2
+    for flag, port in (
+        ("--gateway-port", args.gateway_port),
+        ("--human-port", args.human_port),
+        ("--journal-port", args.journal_port),
+        ("--nats-port", args.nats_port),
+    ):
+        if port > 0 and not _port_free(port):
+            _out(f"error: 127.0.0.1:{port} is already in use; pick another with {flag}")
             return 2
     stack = Stack(
         StackConfig(

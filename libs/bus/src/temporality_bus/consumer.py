@@ -13,6 +13,11 @@ any other exception                    ``nak(delay=backoff[n])``; on the last al
 While a handler runs, the runner sends ``in_progress`` so a long turn does not trigger
 redelivery; a process killed mid-handler leaves the message un-acked and JetStream redelivers
 it after ``ack_wait``: handlers are idempotent.
+
+The server-side consumer has no delivery limit; the runner alone enforces ``max_deliver``. A
+delivery past the limit (its predecessor never settled: it crashed its process, or its
+dead-lettering failed) is dead-lettered without running the handler again, and a dead-lettering
+that fails is nak'ed and tried again: a message is never dropped.
 """
 
 from __future__ import annotations

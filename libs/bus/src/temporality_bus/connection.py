@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import nats
 import structlog
@@ -176,6 +176,3 @@ class Bus:
         msg = await self.nc.request(subject, payload, timeout=timeout_s)
         data: bytes = msg.data
         return data
-
-    def raw_headers(self, headers: dict[str, Any] | None) -> dict[str, str]:
-        return {str(k): str(v) for k, v in (headers or {}).items()}

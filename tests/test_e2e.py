@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import nats
 import pytest
@@ -21,6 +22,7 @@ from temporality_embedded import Stack
 from temporality_protocol import CollaboratorsQuery, CollaboratorsReply
 from temporality_protocol.catalog import RPC_GET_COLLABORATORS
 from temporality_testing.events import EventLog
+from temporality_testing.postgres import fresh_postgres_database
 
 pytestmark = pytest.mark.e2e
 
@@ -343,3 +345,35 @@ async def test_nobody_answers_the_timeout_policy_applies(
 async def _request_id(http: httpx.AsyncClient, stack: Stack, run_id: str) -> str:
     events = await _trajectory(http, stack, run_id)
     return str(next(e for e in events if e["type"] == "human.requested")["data"]["request_id"])
+
+
+async def test_e2e_1_with_the_journal_on_postgresql(tmp_path: Path, http: httpx.AsyncClient) -> None:
+    """The deployment shape: the journal process on PostgreSQL through asyncpg (TEMPORALITY_DATABASE_URL)."""
+    async with fresh_postgres_database("e2e") as database_url:
+        stack = make_stack(tmp_path, TEMPORALITY_DATABASE_URL=database_url)
+        stack.start()
+        try:
+            run_id = (await post_hook(http, stack, example_pr())).json()["run_id"]
+            waiting = await _run_in_state(http, stack, run_id, "waiting_for_human")
+            answered = await http.post(
+                f"{stack.human_url}/requests/{waiting['waiting']['request_id']}/answer",
+                json={"option_id": "ship-v2"},
+                headers=ALICE,
+            )
+            assert answered.status_code == 200, answered.text
+            done = await _run_in_state(http, stack, run_id, "completed")
+            assert "Ship it as a breaking v2 [ship-v2]" in done["result"]
+            types = [e["type"] for e in await _trajectory(http, stack, run_id)]
+            positions = [types.index(t) for t in E2E_TRAJECTORY]
+            assert positions == sorted(positions), types
+        finally:
+            stack.stop()
+        # the rows are really in PostgreSQL, not in a SQLite file somewhere
+        conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            stored = await conn.fetchval("SELECT count(*) FROM events WHERE run_id = $1", run_id)
+            state = await conn.fetchval("SELECT state FROM runs WHERE run_id = $1", run_id)
+        finally:
+            await conn.close()
+        assert stored >= len(E2E_TRAJECTORY)
+        assert state == "completed"

@@ -13,7 +13,6 @@ Environment variables of the PostgreSQL variants (``database_url[postgres]``):
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -21,10 +20,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import asyncpg
 import httpx
 import pytest
-from sqlalchemy.engine import make_url
 
 from temporality_bus import Bus, Consumer, Delivery
 from temporality_journal import Database, Recorder, Settings, create_app
@@ -48,10 +45,7 @@ from temporality_protocol import (
     make_event,
 )
 from temporality_protocol.catalog import CONSUMERS
-
-DEFAULT_TEST_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-#: Set to ``1`` to make an unreachable PostgreSQL fail the PostgreSQL variants instead of skipping them.
-REQUIRE_POSTGRES_ENV = "TEMPORALITY_REQUIRE_POSTGRES"
+from temporality_testing.postgres import fresh_postgres_database
 
 
 # --------------------------------------------------------------------------- events of one run
@@ -160,32 +154,6 @@ def story() -> Callable[..., RunStory]:
 
 
 # --------------------------------------------------------------------------- databases
-def _postgres_admin_url() -> str:
-    raw = os.environ.get("TEMPORALITY_TEST_POSTGRES_URL", DEFAULT_TEST_POSTGRES_URL)
-    return make_url(raw).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-def _postgres_required() -> bool:
-    return os.environ.get(REQUIRE_POSTGRES_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-async def _connect_admin(admin_url: str) -> asyncpg.Connection:
-    """The admin connection; unreachable: skip, or fail when ``TEMPORALITY_REQUIRE_POSTGRES=1``."""
-    try:
-        return await asyncpg.connect(admin_url, timeout=3)
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        error = exc  # skip/fail outside the handler: the reason alone, no chained traceback
-    shown = make_url(admin_url).render_as_string(hide_password=True)
-    reason = f"PostgreSQL not reachable at {shown} ({error!r})"
-    if _postgres_required():
-        pytest.fail(
-            f"{reason}; {REQUIRE_POSTGRES_ENV}=1 requires it: start PostgreSQL or point "
-            "TEMPORALITY_TEST_POSTGRES_URL at one",
-            pytrace=False,
-        )
-    pytest.skip(f"{reason}; set TEMPORALITY_TEST_POSTGRES_URL ({REQUIRE_POSTGRES_ENV}=1 fails instead)")
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
     """A fresh, empty database: a SQLite file, or a new PostgreSQL database dropped afterwards.
@@ -195,25 +163,8 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 'journal' / 'journal.db'}"
         return
-    admin_url = _postgres_admin_url()
-    admin = await _connect_admin(admin_url)
-    name = f"journal_{uuid.uuid4().hex}"
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    try:
-        yield (
-            make_url(admin_url)
-            .set(drivername="postgresql+asyncpg", database=name)
-            .render_as_string(hide_password=False)
-        )
-    finally:
-        admin = await asyncpg.connect(admin_url, timeout=3)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+    async with fresh_postgres_database("journal") as url:
+        yield url
 
 
 @pytest.fixture

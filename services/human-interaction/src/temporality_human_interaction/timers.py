@@ -39,37 +39,45 @@ def timer_payload(request_id: str) -> bytes:
     return json.dumps({"request_id": request_id}).encode()
 
 
-async def arm_deadline(bus: Bus, request_id: str, expires_at: datetime) -> PublishResult:
-    """The request's deadline; a repeat (redelivered ``human.requested``) is deduplicated by its msg id."""
+async def _arm(
+    bus: Bus, request_id: str, at: datetime, *, schedule_suffix: str, target_suffix: str, msg_id: str
+) -> PublishResult:
     return await schedule_at(
         bus,
-        schedule_subject=f"{TIMER_SCHEDULE_HUMAN}.{request_id}",
-        target_subject=f"{TIMER_FIRED_HUMAN}.{request_id}",
-        at=deadline_at(expires_at),
+        schedule_subject=f"{TIMER_SCHEDULE_HUMAN}.{request_id}{schedule_suffix}",
+        target_subject=f"{TIMER_FIRED_HUMAN}.{request_id}{target_suffix}",
+        at=deadline_at(at),
         payload=timer_payload(request_id),
-        msg_id=derive_id("tmr", request_id),
+        msg_id=msg_id,
+    )
+
+
+async def arm_deadline(bus: Bus, request_id: str, expires_at: datetime) -> PublishResult:
+    """The request's deadline; a repeat (redelivered ``human.requested``) is deduplicated by its msg id."""
+    return await _arm(
+        bus, request_id, expires_at, schedule_suffix="", target_suffix="", msg_id=derive_id("tmr", request_id)
     )
 
 
 async def arm_answer_repair(bus: Bus, request_id: str, at: datetime) -> PublishResult:
     """A timer that announces the bound answer if its ``human.answered`` was lost (one per request)."""
-    return await schedule_at(
+    return await _arm(
         bus,
-        schedule_subject=f"{TIMER_SCHEDULE_HUMAN}.{request_id}.repair",
-        target_subject=f"{TIMER_FIRED_HUMAN}.{request_id}.repair",
-        at=deadline_at(at),
-        payload=timer_payload(request_id),
+        request_id,
+        at,
+        schedule_suffix=".repair",
+        target_suffix=".repair",
         msg_id=derive_id("tmr", request_id, "repair"),
     )
 
 
 async def rearm_deadline(bus: Bus, request_id: str, at: datetime, *, cause: str) -> PublishResult:
     """The deadline again, for a timer that fired early; ``cause`` (the early firing) keys the msg id."""
-    return await schedule_at(
+    return await _arm(
         bus,
-        schedule_subject=f"{TIMER_SCHEDULE_HUMAN}.{request_id}.rearm",
-        target_subject=f"{TIMER_FIRED_HUMAN}.{request_id}",
-        at=deadline_at(at),
-        payload=timer_payload(request_id),
+        request_id,
+        at,
+        schedule_suffix=".rearm",
+        target_suffix="",
         msg_id=derive_id("tmr", request_id, "rearm", cause),
     )

@@ -22,10 +22,15 @@ __all__ = [
     "EVENTS_STREAM",
     "RPC_GET_COLLABORATORS",
     "TIMERS_STREAM",
+    "SERVICES",
     "TIMER_FIRED_HUMAN",
+    "TIMER_FIRED_PREFIX",
+    "TIMER_NS_HUMAN",
     "TIMER_SCHEDULE_HUMAN",
+    "TIMER_SCHEDULE_PREFIX",
     "BucketSpec",
     "ConsumerSpec",
+    "ServiceSpec",
     "StreamSpec",
     "subject_for",
 ]
@@ -36,9 +41,15 @@ DAY = 24 * 3600
 EVENTS_PREFIX = "temporality.events"
 #: Dead letters: ``temporality.dlq.<consumer>``.
 DLQ_PREFIX = "temporality.dlq"
-#: Timer schedules live on ``temporality.timers.schedule.…`` and fire onto ``temporality.timers.fired.…``.
-TIMER_SCHEDULE_HUMAN = "temporality.timers.schedule.human"
-TIMER_FIRED_HUMAN = "temporality.timers.fired.human"
+#: Timer schedules live on ``temporality.timers.schedule.<namespace>.<key>`` and fire onto
+#: ``temporality.timers.fired.<namespace>.<key>`` (one namespace per purpose: ``human``, later
+#: ``heartbeat``, ``agent-ask``, ``renotify``, ``cron``).
+TIMER_SCHEDULE_PREFIX = "temporality.timers.schedule"
+TIMER_FIRED_PREFIX = "temporality.timers.fired"
+#: Human-request timers (deadline, re-armed deadline, answer repair).
+TIMER_NS_HUMAN = "human"
+TIMER_SCHEDULE_HUMAN = f"{TIMER_SCHEDULE_PREFIX}.{TIMER_NS_HUMAN}"
+TIMER_FIRED_HUMAN = f"{TIMER_FIRED_PREFIX}.{TIMER_NS_HUMAN}"
 #: Request/reply (COL-1).
 RPC_GET_COLLABORATORS = "temporality.rpc.collab.get_collaborators"
 
@@ -156,6 +167,114 @@ CONSUMERS: dict[str, ConsumerSpec] = {
                 subject_for("human.answered"),
             ),
             "Saga participants projection (COL-1)",
+        ),
+    )
+}
+
+
+# --------------------------------------------------------------------------- the services
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One service as the rest of the system sees it: the one place to add a consumer, a responder,
+    a timer namespace or an event type it sends.
+
+    The embedded launcher, the service runtime (which refuses to start a consumer it does not
+    declare), the AsyncAPI roles, the compose file and the Helm chart are derived from or checked
+    against :data:`SERVICES`.
+    """
+
+    name: str
+    #: The Python package (``python -m <package>`` runs it) and the console script ``temporality-<name>``.
+    package: str
+    description: str
+    #: Prefix of the service's own settings (``TEMPORALITY_GATEWAY_PORT``, ...).
+    env_prefix: str
+    #: Durable consumers it runs (keys of :data:`CONSUMERS`).
+    consumers: tuple[str, ...] = ()
+    #: Request/reply subjects it answers.
+    responders: tuple[str, ...] = ()
+    #: Timer namespaces it arms and whose firings it consumes.
+    timers: tuple[str, ...] = ()
+    #: Default HTTP port of its API; ``None``: no HTTP API (a worker; probes use its ready file).
+    http_port: int | None = None
+    #: Event types it publishes / consumes (AsyncAPI send/receive operations).
+    sends: tuple[str, ...] = ()
+    receives: tuple[str, ...] = ()
+    #: Subscribed to every event (``temporality.events.>``).
+    receives_all: bool = False
+    #: Request/reply subjects it calls.
+    requests: tuple[str, ...] = ()
+
+    @property
+    def script(self) -> str:
+        return f"temporality-{self.name}"
+
+
+#: Every service dead-letters poison messages of its consumers (``bus.dead_lettered``).
+_DLQ = "bus.dead_lettered"
+SERVICES: dict[str, ServiceSpec] = {
+    s.name: s
+    for s in (
+        ServiceSpec(
+            "trigger-gateway",
+            package="temporality_trigger_gateway",
+            description="Webhook intake: auth, normalization, dedupe, run.requested",
+            env_prefix="TEMPORALITY_GATEWAY_",
+            http_port=8080,
+            sends=("trigger.received", "trigger.accepted", "trigger.rejected", "run.requested", _DLQ),
+            receives_all=True,  # journal events for `event` triggers (TRG-5)
+        ),
+        ServiceSpec(
+            "run-executor",
+            package="temporality_run_executor",
+            description="Durable agent runs: state machine, checkpoints, tools, ask_human parking",
+            env_prefix="TEMPORALITY_EXECUTOR_",
+            consumers=("run-executor-requests", "run-executor-human"),
+            sends=(
+                "run.created",
+                "run.started",
+                "run.tool_called",
+                "run.checkpointed",
+                "run.resumed",
+                "run.completed",
+                "run.failed",
+                "run.cancelled",
+                "human.requested",
+                _DLQ,
+            ),
+            receives=("run.requested", "human.answered", "human.expired", "human.rejected"),
+            requests=(RPC_GET_COLLABORATORS,),
+        ),
+        ServiceSpec(
+            "human-interaction",
+            package="temporality_human_interaction",
+            description="People: user directory, channels, web inbox, answer binding, deadlines",
+            env_prefix="TEMPORALITY_HUMAN_",
+            consumers=("human-interaction-requests", "human-interaction-deadlines"),
+            timers=(TIMER_NS_HUMAN,),
+            http_port=8081,
+            sends=("human.notified", "human.answered", "human.expired", "human.rejected", _DLQ),
+            receives=("human.requested",),
+        ),
+        ServiceSpec(
+            "agent-collab",
+            package="temporality_agent_collab",
+            description="Saga participants and get_collaborators",
+            env_prefix="TEMPORALITY_COLLAB_",
+            consumers=("agent-collab-runs",),
+            responders=(RPC_GET_COLLABORATORS,),
+            sends=("run.requested", _DLQ),  # relay runs (COL-6)
+            receives=("run.started", "run.completed", "run.failed", "run.cancelled", "human.answered"),
+        ),
+        ServiceSpec(
+            "journal",
+            package="temporality_journal",
+            description="Every event into SQL; run and trajectory API",
+            env_prefix="TEMPORALITY_JOURNAL_",
+            consumers=("journal",),
+            http_port=8082,
+            sends=(_DLQ,),
+            receives_all=True,
         ),
     )
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -65,11 +66,16 @@ async def test_consumer_acks_after_handler_and_retries_transient(bus: Bus) -> No
             raise RuntimeError("transient")
         done.set()
 
-    await bus.publish(_failed("r2"))
+    seq = (await bus.publish(_failed("r2"))).seq
     await _run_consumer(Consumer(bus, spec, handler=handler), done, asyncio.Event())
     assert seen == [1, 2, 3]
-    info = await bus.js.consumer_info(EVENTS_STREAM.name, "t-retry")
-    assert info.num_ack_pending == 0
+    deadline = time.monotonic() + 10
+    while True:  # the ack is asynchronous: wait until the server has it
+        info = await bus.js.consumer_info(EVENTS_STREAM.name, "t-retry")
+        if info.ack_floor.stream_seq >= seq and info.num_ack_pending == 0:
+            break
+        assert time.monotonic() < deadline, f"not acked: {info}"
+        await asyncio.sleep(0.05)
     assert info.num_pending == 0
 
 
@@ -239,9 +245,14 @@ async def test_a_failed_dead_letter_is_retried_not_dropped(bus: Bus, monkeypatch
     await task
     assert failures == 1
     assert msgs[0].headers["Temporality-Error"] == "PermanentError: never"
-    info = await bus.js.consumer_info(EVENTS_STREAM.name, "t-dlq-down")
+    deadline = time.monotonic() + 10
+    while True:  # term is asynchronous: wait until the server has it
+        info = await bus.js.consumer_info(EVENTS_STREAM.name, "t-dlq-down")
+        if info.num_ack_pending == 0:
+            break
+        assert time.monotonic() < deadline, f"not settled: {info}"
+        await asyncio.sleep(0.05)
     assert info.config.max_deliver == -1
-    assert info.num_ack_pending == 0
 
 
 async def test_a_message_that_never_settles_is_dead_lettered_past_the_limit(bus: Bus) -> None:

@@ -1,4 +1,6 @@
-"""Temporality's JetStream bus: connection, layout, typed KV, consumer runner, timers."""
+"""Temporality's JetStream bus: connection, layout, typed KV, consumer runner, timers.
+
+Process concerns (settings groups, logging, signals, ready files) live in ``temporality_service``."""
 
 from temporality_bus.connection import Bus, PublishResult
 from temporality_bus.consumer import Consumer, Delivery
@@ -6,15 +8,17 @@ from temporality_bus.errors import (
     AlreadyExists,
     BusError,
     Conflict,
+    Contended,
+    NotFound,
     PermanentError,
     StoreError,
     TransientError,
 )
-from temporality_bus.lifecycle import mark_ready, stop_on_signals
-from temporality_bus.logs import configure_logging
-from temporality_bus.settings import LogSettings, NatsSettings, ProcessSettings
-from temporality_bus.store import Store, Versioned
-from temporality_bus.timers import schedule_at
+from temporality_bus.models import evolve, revalidated
+from temporality_bus.responder import Failure, Request, Responder
+from temporality_bus.settings import NatsSettings
+from temporality_bus.store import Modified, Store, Versioned
+from temporality_bus.timers import Timers, fire_time, parse_fired_subject, schedule_at
 
 __all__ = [
     "AlreadyExists",
@@ -22,18 +26,24 @@ __all__ = [
     "BusError",
     "Conflict",
     "Consumer",
+    "Contended",
     "Delivery",
-    "LogSettings",
+    "Failure",
+    "Modified",
     "NatsSettings",
+    "NotFound",
     "PermanentError",
-    "ProcessSettings",
     "PublishResult",
+    "Request",
+    "Responder",
     "Store",
     "StoreError",
+    "Timers",
     "TransientError",
     "Versioned",
-    "configure_logging",
-    "mark_ready",
+    "evolve",
+    "fire_time",
+    "parse_fired_subject",
+    "revalidated",
     "schedule_at",
-    "stop_on_signals",
 ]

@@ -10,9 +10,14 @@ any other exception                    ``nak(delay=backoff[n])``; on the last al
                                        delivery (``max_deliver``) it is dead-lettered too
 =====================================  =================================================
 
-While a handler runs, the runner sends ``in_progress`` so a long turn does not trigger
-redelivery; a process killed mid-handler leaves the message un-acked and JetStream redelivers
-it after ``ack_wait``: handlers are idempotent.
+Acks are sent once the handler has returned (fire-and-forget ``ack``: a lost ack only means one
+more, idempotent, delivery). While handlers run, one heartbeat loop per consumer sends
+``in_progress`` for every message in hand every ``ack_wait / 3``, so a long turn does not trigger
+redelivery; a process killed mid-handler leaves the message un-acked and JetStream redelivers it
+after ``ack_wait``: handlers are idempotent.
+
+:attr:`Consumer.running` is set once the durable consumer exists and the pull subscription is
+bound (a service reports ready after it), and cleared when :meth:`Consumer.run` returns.
 
 The server-side consumer has no delivery limit; the runner alone enforces ``max_deliver``. A
 delivery past the limit (its predecessor never settled: it crashed its process, or its
@@ -88,11 +93,22 @@ class Consumer:
         self._fetch_timeout = fetch_timeout_s
         self._ack_wait = ack_wait_s or bus.settings.ack_wait_s
         self._log = log.bind(consumer=spec.durable)
+        #: Set while the durable consumer exists and its pull subscription is bound.
+        self.running = asyncio.Event()
+        #: Messages being handled (or dead-lettered), by reply subject (unique per delivery; ``Msg`` is
+        #: unhashable): the heartbeat keeps each of them alive.
+        self._in_hand: dict[str, Msg] = {}
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return max(self._ack_wait / 3, 0.2)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.bus.ensure_consumer(self.spec, ack_wait_s=self._ack_wait)
         sub = await self.bus.js.pull_subscribe_bind(durable=self.spec.durable, stream=self.spec.stream)
         inflight: set[asyncio.Task[None]] = set()
+        heartbeat = asyncio.create_task(self._heartbeat(), name=f"heartbeat:{self.spec.durable}")
+        self.running.set()
         self._log.info("consumer.started", filter=list(self.spec.filter_subjects))
         try:
             while not stop.is_set():
@@ -113,47 +129,50 @@ class Consumer:
                     inflight.add(task)
                     task.add_done_callback(inflight.discard)
         finally:
-            if inflight:
-                await asyncio.gather(*inflight, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-            self._log.info("consumer.stopped")
+            self.running.clear()
+            try:
+                if inflight:
+                    await asyncio.gather(*inflight, return_exceptions=True)
+            finally:
+                heartbeat.cancel()
+                await asyncio.wait([heartbeat])
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+                self._log.info("consumer.stopped")
 
     async def _process(self, msg: Msg) -> None:
         delivery = Delivery(msg)
         ctx = {"stream_seq": delivery.stream_seq, "delivery": delivery.num_delivered}
-        heartbeat = asyncio.create_task(self._keep_alive(msg))
+        self._in_hand[msg.reply] = msg
         try:
             with structlog.contextvars.bound_contextvars(consumer=self.spec.durable, **ctx):
                 if 0 < self.spec.max_deliver < delivery.num_delivered:
                     # past the limit: the last attempt never settled (it crashed or killed its process,
                     # or its dead-lettering failed) -- dead-letter without running the handler again
-                    heartbeat.cancel()
                     await self._give_up(msg, delivery, RuntimeError("deliveries exhausted without a settled outcome"))
                     return
                 try:
                     await self._dispatch(msg, delivery)
                 except (PermanentError, ProtocolError, ValidationError) as exc:
-                    heartbeat.cancel()
                     await self._give_up(msg, delivery, exc)
                     return
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    heartbeat.cancel()
                     if 0 < self.spec.max_deliver <= delivery.num_delivered:
                         await self._give_up(msg, delivery, exc)
                         return
                     delay = self._backoff(delivery.num_delivered)
                     self._log.warning("handler.retry", error=repr(exc), delay_s=delay, exc_info=True)
+                    self._in_hand.pop(msg.reply, None)
                     await msg.nak(delay=delay)
                     return
-                heartbeat.cancel()
-                await msg.ack_sync()
+                self._in_hand.pop(msg.reply, None)
+                await msg.ack()  # only now: the handler returned, its side effects are committed
         except Exception as exc:  # ack/nak/term failed: the message comes back after ack_wait
             self._log.warning("consumer.settle_failed", error=repr(exc))
         finally:
-            heartbeat.cancel()
+            self._in_hand.pop(msg.reply, None)
 
     async def _dispatch(self, msg: Msg, delivery: Delivery) -> None:
         if self._raw_handler is not None:
@@ -180,13 +199,20 @@ class Consumer:
         except Exception as dl_exc:
             delay = self.spec.backoff_s[-1]
             self._log.error("dead_letter.failed", error=repr(dl_exc), original_error=repr(exc), retry_in_s=delay)
+            self._in_hand.pop(msg.reply, None)
             await msg.nak(delay=delay)
 
-    async def _keep_alive(self, msg: Msg) -> None:
-        with contextlib.suppress(Exception):
-            while True:
-                await asyncio.sleep(max(self._ack_wait / 3, 0.2))
-                await msg.in_progress()
+    async def _heartbeat(self) -> None:
+        """One loop for the whole consumer: ``in_progress`` for every message in hand, every ``ack_wait / 3``."""
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            for reply, msg in list(self._in_hand.items()):
+                if reply not in self._in_hand:  # settled while we were sending the others
+                    continue
+                try:
+                    await msg.in_progress()
+                except Exception as exc:  # disconnected: nats-py reconnects; redelivery covers the worst case
+                    self._log.debug("consumer.in_progress_failed", error=repr(exc))
 
     async def _dead_letter(self, msg: Msg, delivery: Delivery, exc: BaseException) -> None:
         """Copy the message to the DLQ stream, journal it, then terminate it. Never loses it."""
@@ -227,5 +253,6 @@ class Consumer:
             actor=f"service:{self.bus.name}",
         )
         await self.bus.publish(event)
+        self._in_hand.pop(msg.reply, None)
         await msg.term()
         self._log.error("message.dead_lettered", error=error, dlq_subject=dlq_subject, original_id=original_id)

@@ -1,25 +1,50 @@
-"""Typed JetStream KV with compare-and-set: the long-lived state of every service."""
+"""Typed JetStream KV with compare-and-set: the long-lived state of every service.
+
+Every write validates the value with the bucket's model first (:func:`~temporality_bus.models.revalidated`),
+so a record that a reader could not load is never stored. :meth:`Store.modify` is *the*
+compare-and-set retry loop: read, compute the next value, write it only if nobody wrote in between,
+else read again.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+import structlog
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
-from temporality_bus.errors import AlreadyExists, Conflict
+from temporality_bus.errors import AlreadyExists, Conflict, Contended, NotFound
+from temporality_bus.models import revalidated
 
-__all__ = ["Store", "Versioned"]
+__all__ = ["DEFAULT_ATTEMPTS", "Modified", "Store", "Versioned"]
+
+log = structlog.get_logger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+
+#: Compare-and-set attempts of :meth:`Store.modify` before it gives up with :class:`Contended`.
+DEFAULT_ATTEMPTS = 8
 
 
 @dataclass(frozen=True)
 class Versioned(Generic[M]):
     value: M
     revision: int
+
+
+@dataclass(frozen=True)
+class Modified(Versioned[M]):
+    """What :meth:`Store.modify` left in the store: the value, its revision, and whether this call wrote it.
+
+    ``revision`` 0 means the key still does not exist (``create`` was given, and ``fn`` changed
+    nothing on the created value, so nothing was written; ``value`` is that created value).
+    """
+
+    changed: bool = True
 
 
 class Store(Generic[M]):
@@ -41,23 +66,82 @@ class Store(Generic[M]):
 
     async def create(self, key: str, value: M) -> int:
         """Create-if-absent; :class:`AlreadyExists` when the key is there."""
+        payload = self._encode(value)
         try:
-            return await self._kv.create(key, value.model_dump_json().encode())
+            return await self._kv.create(key, payload)
         except KeyWrongLastSequenceError as exc:
             raise AlreadyExists(self.bucket, key) from exc
 
     async def update(self, key: str, value: M, revision: int) -> int:
         """Write only if the key is still at ``revision``; :class:`Conflict` otherwise."""
+        payload = self._encode(value)
         try:
-            return await self._kv.update(key, value.model_dump_json().encode(), last=revision)
+            return await self._kv.update(key, payload, last=revision)
         except KeyWrongLastSequenceError as exc:
             raise Conflict(self.bucket, key, revision) from exc
 
     async def put(self, key: str, value: M) -> int:
-        return await self._kv.put(key, value.model_dump_json().encode())
+        return await self._kv.put(key, self._encode(value))
 
     async def keys(self) -> list[str]:
         try:
             return list(await self._kv.keys())
         except NoKeysError:
             return []
+
+    async def modify(
+        self,
+        key: str,
+        fn: Callable[[M], M | None],
+        *,
+        create: Callable[[], M] | None = None,
+        attempts: int = DEFAULT_ATTEMPTS,
+    ) -> Modified[M]:
+        """Compare-and-set ``key`` to ``fn(current)``, re-reading and calling ``fn`` again on every lost race.
+
+        ``fn`` gets the stored value and returns the next one; returning ``None`` or the very object
+        it got means "no change": nothing is written and the stored value comes back with
+        ``changed=False``. ``fn`` may raise to abort (the exception propagates, nothing is written);
+        it must be pure apart from that, since it runs once per attempt.
+
+        When the key is absent, ``fn`` gets ``create()`` instead and a changed result is written
+        create-if-absent (losing that race to another creator counts as a lost race too); without
+        ``create`` an absent key is :class:`NotFound`.
+
+        The result is validated with the bucket's model before it is written (pydantic's
+        ``ValidationError`` for a value the model refuses, ``TypeError`` for another model), and the
+        :class:`Modified` returned holds exactly what was stored. After ``attempts`` lost races:
+        :class:`Contended` (a :class:`TransientError`).
+        """
+        if attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        for attempt in range(1, attempts + 1):
+            current = await self.get(key)
+            if current is None:
+                if create is None:
+                    raise NotFound(self.bucket, key)
+                base = create()
+                new = fn(base)
+                if new is None or new is base:
+                    return Modified(base, 0, changed=False)
+                value = revalidated(self._model, new)
+                try:
+                    revision = await self._kv.create(key, value.model_dump_json().encode())
+                except KeyWrongLastSequenceError:
+                    log.debug("store.cas_retry", bucket=self.bucket, key=key, attempt=attempt, race="create")
+                    continue
+                return Modified(value, revision)
+            new = fn(current.value)
+            if new is None or new is current.value:
+                return Modified(current.value, current.revision, changed=False)
+            value = revalidated(self._model, new)
+            try:
+                revision = await self._kv.update(key, value.model_dump_json().encode(), last=current.revision)
+            except KeyWrongLastSequenceError:
+                log.debug("store.cas_retry", bucket=self.bucket, key=key, attempt=attempt, race="update")
+                continue
+            return Modified(value, revision)
+        raise Contended(self.bucket, key, attempts)
+
+    def _encode(self, value: M) -> bytes:
+        return revalidated(self._model, value).model_dump_json().encode()

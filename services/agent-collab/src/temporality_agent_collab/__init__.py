@@ -9,7 +9,7 @@ from temporality_agent_collab.participants import (
     collaborators,
 )
 from temporality_agent_collab.projector import Projector
-from temporality_agent_collab.rpc import QUEUE_GROUP, CollaboratorsResponder, answer
+from temporality_agent_collab.rpc import QUEUE_GROUP, CollaboratorsResponder, error_reply, lookup, open_responder
 from temporality_agent_collab.settings import Settings
 
 __all__ = [
@@ -21,7 +21,9 @@ __all__ = [
     "RunIndex",
     "SagaParticipants",
     "Settings",
-    "answer",
     "apply",
     "collaborators",
+    "error_reply",
+    "lookup",
+    "open_responder",
 ]

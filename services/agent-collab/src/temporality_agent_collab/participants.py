@@ -16,6 +16,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from temporality_bus import evolve
 from temporality_protocol import (
     RUN,
     Collaborator,
@@ -171,20 +172,19 @@ def apply(saga: SagaParticipants, event: Envelope) -> SagaParticipants | None:
     if event.type == RunStarted.EVENT_TYPE:
         started = event.payload(RunStarted)
         before = runs.get(started.run_id, RunEntry())
-        runs[started.run_id] = before.model_copy(
-            update={
-                "agent": started.agent or None,
-                "role": started.role or None,
-                "title": started.title,
-                "parent_run_id": started.parent_run_id,
-                "status": _next_status(before.status, RunState.RUNNING),
-            }
+        runs[started.run_id] = evolve(
+            before,
+            agent=started.agent or None,
+            role=started.role or None,
+            title=started.title,
+            parent_run_id=started.parent_run_id,
+            status=_next_status(before.status, RunState.RUNNING),
         )
     elif event.type in _TERMINAL_STATUS:
         run_id = run_of(event)
         event.payload()  # validate the data even though only its run id and type matter here
         before = runs.get(run_id, RunEntry())
-        runs[run_id] = before.model_copy(update={"status": _next_status(before.status, _TERMINAL_STATUS[event.type])})
+        runs[run_id] = evolve(before, status=_next_status(before.status, _TERMINAL_STATUS[event.type]))
     else:  # human.answered
         answered = event.payload(HumanAnswered)
         if answered.run_id not in runs:

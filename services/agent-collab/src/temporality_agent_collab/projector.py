@@ -4,8 +4,8 @@ Handler for ``CONSUMERS["agent-collab-runs"]``. Per event:
 
 1. find the run's saga: the ``run.<run_id>`` index if it exists (first writer wins), else the
    envelope's ``correlationid`` (falling back to its run), written to the index create-if-absent;
-2. compare-and-set ``saga.<saga_id>`` with :func:`~temporality_agent_collab.participants.apply`,
-   re-reading and retrying on :class:`~temporality_bus.Conflict`.
+2. compare-and-set ``saga.<saga_id>`` with :func:`~temporality_agent_collab.participants.apply`
+   through :meth:`temporality_bus.Store.modify` (re-read and re-applied on every lost race).
 
 The index is written before the saga, and both steps run on every delivery, so a crash between
 them is repaired by the redelivery. Returning acks; an id that cannot be a KV key is permanent.
@@ -27,7 +27,7 @@ from temporality_agent_collab.participants import (
     saga_id_of,
     saga_key,
 )
-from temporality_bus import AlreadyExists, Bus, Conflict, Delivery, PermanentError, Store, TransientError
+from temporality_bus import AlreadyExists, Bus, Delivery, PermanentError, Store, TransientError
 from temporality_protocol import Envelope
 from temporality_protocol.catalog import BUCKET_COLLAB
 
@@ -35,8 +35,9 @@ __all__ = ["Projector"]
 
 log = structlog.get_logger(__name__)
 
-#: Compare-and-set attempts before the event is handed back to the consumer (nak with backoff).
-CAS_ATTEMPTS = 16
+#: Compare-and-set attempts on one saga before the event is handed back to the consumer (nak with
+#: backoff): a saga is a hot key (every run and answer of the saga writes it), so more than the default.
+SAGA_WRITE_ATTEMPTS = 16
 
 
 class Projector:
@@ -83,20 +84,10 @@ class Projector:
         return proposed
 
     async def _apply(self, saga_id: str, event: Envelope) -> bool:
-        key = saga_key(saga_id)
-        for _ in range(CAS_ATTEMPTS):
-            current = await self._sagas.get(key)
-            base = current.value if current is not None else new_saga(saga_id)
-            updated = apply(base, event)
-            if updated is None:
-                return False
-            try:
-                if current is None:
-                    await self._sagas.create(key, updated)
-                else:
-                    await self._sagas.update(key, updated, current.revision)
-            except (AlreadyExists, Conflict):
-                log.debug("collab.cas_retry", saga_id=saga_id)
-                continue
-            return True
-        raise TransientError(f"saga {saga_id}: lost {CAS_ATTEMPTS} compare-and-set races in a row")
+        result = await self._sagas.modify(
+            saga_key(saga_id),
+            lambda saga: apply(saga, event),
+            create=lambda: new_saga(saga_id),
+            attempts=SAGA_WRITE_ATTEMPTS,
+        )
+        return result.changed

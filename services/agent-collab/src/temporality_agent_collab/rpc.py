@@ -1,7 +1,9 @@
 """``get_collaborators`` over NATS request/reply (COL-1) on ``catalog.RPC_GET_COLLABORATORS``.
 
-The responder subscribes in the queue group ``agent-collab`` so N replicas share the load. Every
-request that carries a reply subject gets exactly one :class:`~temporality_protocol.CollaboratorsReply`:
+A :class:`temporality_bus.Responder` in the queue group ``agent-collab`` (N replicas share the
+load) decodes the :class:`~temporality_protocol.CollaboratorsQuery`, negotiates the version and
+calls :func:`lookup`. Every request that carries a reply subject gets exactly one
+:class:`~temporality_protocol.CollaboratorsReply`:
 
 ==============================  ===========================================================
 request                         reply
@@ -16,14 +18,10 @@ otherwise                       ``saga_id``, negotiated ``protocol_version``, ``
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import structlog
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
-from pydantic import ValidationError
 
 from temporality_agent_collab.participants import (
     InvalidKey,
@@ -33,18 +31,11 @@ from temporality_agent_collab.participants import (
     run_key,
     saga_key,
 )
-from temporality_bus import Bus, Store
-from temporality_protocol import (
-    SUPPORTED_VERSIONS,
-    CollaboratorsQuery,
-    CollaboratorsReply,
-    IncompatibleProtocolVersion,
-    negotiate,
-)
+from temporality_bus import Bus, Failure, Request, Responder, Store
+from temporality_protocol import CollaboratorsQuery, CollaboratorsReply
 from temporality_protocol.catalog import BUCKET_COLLAB, RPC_GET_COLLABORATORS
-from temporality_protocol.version import parse_version
 
-__all__ = ["QUEUE_GROUP", "CollaboratorsResponder", "answer"]
+__all__ = ["QUEUE_GROUP", "CollaboratorsResponder", "error_reply", "lookup", "open_responder"]
 
 log = structlog.get_logger(__name__)
 
@@ -62,29 +53,21 @@ def _run_id_hint(raw: bytes) -> str:
     return run_id if isinstance(run_id, str) else ""
 
 
-def _parseable(versions: list[str]) -> list[str]:
-    """The versions we can compare; a malformed one is ignored (unknown is not fatal, PRO-3)."""
-    ok = []
-    for v in versions:
-        try:
-            parse_version(v)
-        except ValueError:
-            continue
-        ok.append(v)
-    return ok
+def error_reply(failure: Failure) -> CollaboratorsReply:
+    """The reply to a request the responder could not hand to :func:`lookup`, or that :func:`lookup` failed."""
+    query = failure.request if isinstance(failure.request, CollaboratorsQuery) else None
+    run_id = query.run_id if query is not None else _run_id_hint(failure.raw)
+    if failure.kind == "malformed":
+        return CollaboratorsReply(run_id=run_id, error=f"malformed request: {failure.detail}")
+    if failure.kind == "unsupported_version":
+        return CollaboratorsReply(run_id=run_id, error=failure.detail)
+    return CollaboratorsReply(run_id=run_id, error=f"internal error: {failure.detail}")
 
 
-async def answer(sagas: Store[SagaParticipants], index: Store[RunIndex], raw: bytes) -> CollaboratorsReply:
-    """The reply to one request body. Never raises for bad input; KV errors propagate."""
-    try:
-        query = CollaboratorsQuery.model_validate_json(raw)
-    except ValidationError as exc:
-        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
-        return CollaboratorsReply(run_id=_run_id_hint(raw), error=f"malformed request: {detail}")
-    try:
-        version = negotiate(SUPPORTED_VERSIONS, _parseable(query.protocol_versions))
-    except IncompatibleProtocolVersion as exc:
-        return CollaboratorsReply(run_id=query.run_id, error=str(exc))
+async def lookup(
+    sagas: Store[SagaParticipants], index: Store[RunIndex], query: CollaboratorsQuery, version: str | None
+) -> CollaboratorsReply:
+    """The reply for a valid query whose version was negotiated. KV errors propagate."""
     unknown = CollaboratorsReply(run_id=query.run_id, protocol_version=version, error=f"unknown run {query.run_id!r}")
     try:
         found = await index.get(run_key(query.run_id))
@@ -103,8 +86,9 @@ async def answer(sagas: Store[SagaParticipants], index: Store[RunIndex], raw: by
     )
 
 
-class CollaboratorsResponder:
-    """The subscription answering ``get_collaborators``. :meth:`start`, then :meth:`stop` before draining."""
+class CollaboratorsResponder(Responder[CollaboratorsQuery, CollaboratorsReply]):
+    """The ``get_collaborators`` responder. Build with :meth:`open`; :meth:`start`, then :meth:`stop`
+    before the connection drains; :attr:`running` says it listens."""
 
     def __init__(
         self,
@@ -114,56 +98,43 @@ class CollaboratorsResponder:
         *,
         subject: str = RPC_GET_COLLABORATORS,
         queue: str = QUEUE_GROUP,
+        max_inflight: int = 8,
     ) -> None:
-        self._bus = bus
-        self._sagas = sagas
-        self._index = index
-        self.subject = subject
-        self.queue = queue
-        self._sub: Subscription | None = None
+        async def handle(request: Request[CollaboratorsQuery]) -> CollaboratorsReply:
+            reply = await lookup(sagas, index, request.body, request.version)
+            if reply.error:
+                log.info("collab.request_refused", run_id=reply.run_id, error=reply.error)
+            return reply
+
+        super().__init__(
+            bus,
+            subject,
+            request_model=CollaboratorsQuery,
+            handler=handle,
+            on_error=error_reply,
+            queue=queue,
+            max_inflight=max_inflight,
+        )
 
     @classmethod
     async def open(
-        cls, bus: Bus, *, subject: str = RPC_GET_COLLABORATORS, queue: str = QUEUE_GROUP
+        cls, bus: Bus, *, subject: str = RPC_GET_COLLABORATORS, queue: str = QUEUE_GROUP, max_inflight: int = 8
     ) -> CollaboratorsResponder:
         sagas = await bus.store(BUCKET_COLLAB, SagaParticipants)
         index = await bus.store(BUCKET_COLLAB, RunIndex)
-        return cls(bus, sagas, index, subject=subject, queue=queue)
+        return cls(bus, sagas, index, subject=subject, queue=queue, max_inflight=max_inflight)
 
     async def start(self) -> None:
-        if self._sub is not None:
-            raise RuntimeError("responder already started")
-        self._sub = await self._bus.nc.subscribe(self.subject, queue=self.queue, cb=self._on_request)
-        await self._bus.nc.flush()  # the server knows the interest before we report ready
+        await super().start()
         log.info("collab.responder_started", subject=self.subject, queue=self.queue)
 
     async def stop(self, timeout_s: float = 5.0) -> None:
-        """Remove interest first (new requests go to other replicas), then finish those already received."""
-        sub, self._sub = self._sub, None
-        if sub is None:
-            return
-        try:
-            await asyncio.wait_for(sub.drain(), timeout_s)  # type: ignore[no-untyped-call]
-        except Exception as exc:  # best effort at shutdown: the connection drain follows
-            log.warning("collab.responder_drain_failed", error=repr(exc))
-            try:
-                await sub.unsubscribe()
-            except Exception as unsub_exc:
-                log.warning("collab.responder_unsubscribe_failed", error=repr(unsub_exc))
-        log.info("collab.responder_stopped", subject=self.subject)
+        was_running = self.running.is_set()
+        await super().stop(timeout_s)
+        if was_running:
+            log.info("collab.responder_stopped", subject=self.subject)
 
-    async def _on_request(self, msg: Msg) -> None:
-        if not msg.reply:
-            log.warning("collab.request_without_reply_subject", subject=msg.subject)
-            return
-        try:
-            reply = await answer(self._sagas, self._index, msg.data)
-        except Exception as exc:
-            log.error("collab.request_failed", error=repr(exc), exc_info=True)
-            reply = CollaboratorsReply(run_id=_run_id_hint(msg.data), error=f"internal error: {type(exc).__name__}")
-        if reply.error:
-            log.info("collab.request_refused", run_id=reply.run_id, error=reply.error)
-        try:
-            await msg.respond(reply.model_dump_json().encode())
-        except Exception as exc:  # the requester went away or the connection dropped
-            log.warning("collab.reply_failed", error=repr(exc))
+
+async def open_responder(bus: Bus, *, max_inflight: int = 8) -> CollaboratorsResponder:
+    """The ``get_collaborators`` responder on the catalogue's subject and queue group (not started yet)."""
+    return await CollaboratorsResponder.open(bus, max_inflight=max_inflight)

@@ -23,7 +23,7 @@ from typing import Annotated
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from temporality_bus import Bus, Conflict, Delivery, PermanentError, TransientError
+from temporality_bus import Bus, Delivery, NotFound, PermanentError, evolve
 from temporality_human_interaction.answers import announce_answer, unannounced
 from temporality_human_interaction.events import expired_event
 from temporality_human_interaction.records import REQUEST_ID_PATTERN, HumanRequestRecord, RequestStore, open_store
@@ -34,7 +34,6 @@ __all__ = ["DeadlineHandler", "DeadlinePayload"]
 
 log = structlog.get_logger(__name__)
 
-_CAS_ATTEMPTS = 8
 #: A re-armed deadline is set at least this far after the early firing (by this process's clock), so a
 #: deadline that fires a moment early is not re-armed for a moment that has already passed.
 _REARM_MIN_DELAY = timedelta(seconds=1)
@@ -84,19 +83,16 @@ class DeadlineHandler:
 
     async def _expire(self, store: RequestStore, key: str) -> HumanRequestRecord:
         """Move a pending request past its ``expires_at`` to ``expired``; return the record as it now stands."""
-        for _ in range(_CAS_ATTEMPTS):
-            got = await store.get(key)
-            if got is None:
-                raise PermanentError(f"a deadline fired for {key}, which is not a known request")
-            if not got.value.pending or self._clock() < got.value.expires_at:
-                return got.value
-            expired = got.value.moved_to(HumanRequestState.EXPIRED)
-            try:
-                await store.update(key, expired, got.revision)
-            except Conflict:  # an answer or another replica moved it: look again
-                continue
-            return expired
-        raise TransientError(f"request {key}: too many concurrent updates while expiring")
+
+        def expire(record: HumanRequestRecord) -> HumanRequestRecord | None:
+            if not record.pending or self._clock() < record.expires_at:
+                return None
+            return record.moved_to(HumanRequestState.EXPIRED)  # an answer or another replica racing: re-read
+
+        try:
+            return (await store.modify(key, expire)).value
+        except NotFound:
+            raise PermanentError(f"a deadline fired for {key}, which is not a known request") from None
 
     async def _rearm(self, record: HumanRequestRecord, delivery: Delivery | None) -> None:
         """A timer fired before ``expires_at``: never expire early, arm the deadline again instead."""
@@ -114,13 +110,7 @@ class DeadlineHandler:
         )
 
     async def _mark_published(self, store: RequestStore, key: str) -> None:
-        for _ in range(_CAS_ATTEMPTS):
-            got = await store.get(key)
-            if got is None or got.value.expiry_published:
-                return
-            try:
-                await store.update(key, got.value.model_copy(update={"expiry_published": True}), got.revision)
-            except Conflict:
-                continue
+        try:
+            await store.modify(key, lambda r: None if r.expiry_published else evolve(r, expiry_published=True))
+        except NotFound:
             return
-        raise TransientError(f"request {key}: too many concurrent updates while marking the expiry published")

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temporality_bus import Bus, Store
+from temporality_bus import Bus, Store, evolve
 from temporality_protocol import (
     HUMAN_REQUEST,
     Envelope,
@@ -96,9 +96,9 @@ class HumanRequestRecord(BaseModel):
         return next((o for o in self.options if o.id == option_id), None)
 
     def moved_to(self, target: HumanRequestState, **changes: object) -> HumanRequestRecord:
-        """A copy in ``target`` (checked against the state machine) with ``changes`` applied."""
+        """A copy in ``target`` (checked against the state machine) with ``changes`` applied (validated)."""
         HUMAN_REQUEST.transition(self.status, target)
-        return self.model_copy(update={**changes, "status": target})
+        return evolve(self, **changes, status=target)
 
     def waited_s(self, until: datetime) -> float:
         return max(0.0, round((until - self.created_at).total_seconds(), 3))

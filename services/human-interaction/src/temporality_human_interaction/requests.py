@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from temporality_bus import AlreadyExists, Bus, Conflict, Delivery, PermanentError, TransientError
+from temporality_bus import AlreadyExists, Bus, Delivery, NotFound, PermanentError, TransientError, evolve
 from temporality_human_interaction.channels import ChannelAdapter, ChannelError
 from temporality_human_interaction.directory import Directory, UserProfile, user_id_of
 from temporality_human_interaction.events import RejectReason, notified_event, rejected_event
@@ -44,8 +44,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
-
-_CAS_ATTEMPTS = 8
 
 
 @dataclass(frozen=True)
@@ -178,19 +176,15 @@ class RequestHandler:
         raise TransientError(f"request {record.request_id} could not be delivered: {failures or 'no channel'}")
 
     async def _record_channel(self, store: RequestStore, key: str, channel: str) -> HumanRequestRecord:
-        for _ in range(_CAS_ATTEMPTS):
-            got = await store.get(key)
-            if got is None:  # pragma: no cover - requests are never deleted
-                raise TransientError(f"request {key} vanished")
-            if got.value.channel is not None:  # another delivery of the same message won
-                return got.value
-            updated = got.value.model_copy(update={"channel": channel})
-            try:
-                await store.update(key, updated, got.revision)
-            except Conflict:
-                continue
-            return updated
-        raise TransientError(f"request {key}: too many concurrent updates while recording the channel")
+        def record(current: HumanRequestRecord) -> HumanRequestRecord | None:
+            if current.channel is not None:  # another delivery of the same message won
+                return None
+            return evolve(current, channel=channel)
+
+        try:
+            return (await store.modify(key, record)).value
+        except NotFound:  # pragma: no cover - requests are never deleted
+            raise TransientError(f"request {key} vanished") from None
 
     async def _schedule_deadline(self, record: HumanRequestRecord) -> None:
         result = await arm_deadline(self._bus, record.request_id, record.expires_at)

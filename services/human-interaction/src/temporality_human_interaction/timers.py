@@ -20,64 +20,69 @@ rearm      ``…schedule.human.<id>.rearm`` ->               when a timer fired 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
-from temporality_bus import Bus, PublishResult, schedule_at
+from temporality_bus import Bus, PublishResult, Timers, fire_time
 from temporality_protocol import derive_id
-from temporality_protocol.catalog import TIMER_FIRED_HUMAN, TIMER_SCHEDULE_HUMAN
+from temporality_protocol.catalog import TIMER_NS_HUMAN
 
-__all__ = ["arm_answer_repair", "arm_deadline", "deadline_at", "rearm_deadline", "timer_payload"]
+__all__ = [
+    "arm_answer_repair",
+    "arm_deadline",
+    "deadline_at",
+    "human_timers",
+    "rearm_deadline",
+    "rearm_key",
+    "repair_key",
+    "timer_payload",
+]
 
 
 def deadline_at(expires_at: datetime) -> datetime:
     """Schedules have whole-second resolution: round up so a deadline never fires before ``expires_at``."""
-    whole = expires_at.astimezone(UTC).replace(microsecond=0)
-    return whole if whole == expires_at else whole + timedelta(seconds=1)
+    return fire_time(expires_at)
 
 
 def timer_payload(request_id: str) -> bytes:
     return json.dumps({"request_id": request_id}).encode()
 
 
-async def _arm(
-    bus: Bus, request_id: str, at: datetime, *, schedule_suffix: str, target_suffix: str, msg_id: str
-) -> PublishResult:
-    return await schedule_at(
-        bus,
-        schedule_subject=f"{TIMER_SCHEDULE_HUMAN}.{request_id}{schedule_suffix}",
-        target_subject=f"{TIMER_FIRED_HUMAN}.{request_id}{target_suffix}",
-        at=deadline_at(at),
-        payload=timer_payload(request_id),
-        msg_id=msg_id,
-    )
+def human_timers(bus: Bus) -> Timers:
+    """This service's timer namespace (``human``): keys are request ids, plus the suffixes below."""
+    return Timers(bus, TIMER_NS_HUMAN)
+
+
+def repair_key(request_id: str) -> str:
+    return f"{request_id}.repair"
+
+
+def rearm_key(request_id: str) -> str:
+    return f"{request_id}.rearm"
 
 
 async def arm_deadline(bus: Bus, request_id: str, expires_at: datetime) -> PublishResult:
     """The request's deadline; a repeat (redelivered ``human.requested``) is deduplicated by its msg id."""
-    return await _arm(
-        bus, request_id, expires_at, schedule_suffix="", target_suffix="", msg_id=derive_id("tmr", request_id)
+    return await human_timers(bus).arm(
+        request_id, expires_at, timer_payload(request_id), msg_id=derive_id("tmr", request_id)
     )
 
 
 async def arm_answer_repair(bus: Bus, request_id: str, at: datetime) -> PublishResult:
     """A timer that announces the bound answer if its ``human.answered`` was lost (one per request)."""
-    return await _arm(
-        bus,
-        request_id,
-        at,
-        schedule_suffix=".repair",
-        target_suffix=".repair",
-        msg_id=derive_id("tmr", request_id, "repair"),
+    return await human_timers(bus).arm(
+        repair_key(request_id), at, timer_payload(request_id), msg_id=derive_id("tmr", request_id, "repair")
     )
 
 
 async def rearm_deadline(bus: Bus, request_id: str, at: datetime, *, cause: str) -> PublishResult:
-    """The deadline again, for a timer that fired early; ``cause`` (the early firing) keys the msg id."""
-    return await _arm(
-        bus,
-        request_id,
+    """The deadline again, for a timer that fired early; ``cause`` (the early firing) keys the msg id.
+
+    Armed under its own key (``<id>.rearm``) but firing as the deadline (``…fired.human.<id>``).
+    """
+    return await human_timers(bus).rearm(
+        rearm_key(request_id),
         at,
-        schedule_suffix=".rearm",
-        target_suffix="",
+        timer_payload(request_id),
         msg_id=derive_id("tmr", request_id, "rearm", cause),
+        target_key=request_id,
     )

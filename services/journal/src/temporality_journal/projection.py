@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from temporality_bus import evolve
 from temporality_journal.models import RunSnapshot, as_utc
 from temporality_protocol import (
     RUN,
@@ -130,7 +131,7 @@ def _apply(run: RunSnapshot, data: EventData, fact: _Fact) -> RunSnapshot | None
                 launch_kind=data.launch.kind,
             )
             if fact.time < run.created_at:
-                run = run.model_copy(update={"created_at": fact.time})
+                run = evolve(run, created_at=fact.time)
             return _touch(run, fact)
         case RunStarted():
             run = _fill(run, agent=data.agent, title=data.title, started_at=fact.time)
@@ -150,7 +151,7 @@ def _apply(run: RunSnapshot, data: EventData, fact: _Fact) -> RunSnapshot | None
         case HumanNotified():
             if not _waits_on(run, data.request_id) or (run.waiting_channel is not None and _stale(run, fact)):
                 return None
-            return _touch(run.model_copy(update={"waiting_channel": data.channel}), fact)
+            return _touch(evolve(run, waiting_channel=data.channel), fact)
         case HumanAnswered() | HumanExpired():
             if not _waits_on(run, data.request_id):
                 return None
@@ -188,7 +189,7 @@ def _waits_on(run: RunSnapshot, request_id: str) -> bool:
 def _fill(run: RunSnapshot, **values: Any) -> RunSnapshot:
     """Set the fields that are still blank."""
     blank = {k: v for k, v in values.items() if v is not None and getattr(run, k) is None}
-    return run.model_copy(update=blank) if blank else run
+    return evolve(run, **blank) if blank else run
 
 
 def _touch(run: RunSnapshot, fact: _Fact) -> RunSnapshot:
@@ -196,7 +197,7 @@ def _touch(run: RunSnapshot, fact: _Fact) -> RunSnapshot:
     if run.state in RUN.terminal:
         return run
     last = fact.seq if run.last_event_seq is None else max(run.last_event_seq, fact.seq)
-    return run.model_copy(update={"updated_at": max(run.updated_at, fact.time), "last_event_seq": last})
+    return evolve(run, updated_at=max(run.updated_at, fact.time), last_event_seq=last)
 
 
 def _move(run: RunSnapshot, fact: _Fact, state: RunState, **fields: Any) -> RunSnapshot:
@@ -206,10 +207,10 @@ def _move(run: RunSnapshot, fact: _Fact, state: RunState, **fields: Any) -> RunS
     if state != RunState.WAITING_FOR_HUMAN:
         update.update(_WAITING_CLEARED)
     update.update(fields)
-    return _touch(run.model_copy(update=update), fact)
+    return _touch(evolve(run, **update), fact)
 
 
 def _finish(run: RunSnapshot, fact: _Fact, state: RunState, **fields: Any) -> RunSnapshot | None:
     if run.state in RUN.terminal:
         return None
-    return _touch(run, fact).model_copy(update={"state": state, "finished_at": fact.time, **_WAITING_CLEARED, **fields})
+    return evolve(_touch(run, fact), state=state, finished_at=fact.time, **_WAITING_CLEARED, **fields)

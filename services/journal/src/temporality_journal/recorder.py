@@ -25,7 +25,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from temporality_bus import Delivery, PermanentError
+from temporality_bus import Delivery, PermanentError, evolve
 from temporality_journal.database import Database
 from temporality_journal.models import EventRecord, RunRecord, as_utc
 from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
@@ -98,7 +98,7 @@ def sanitize(event: Envelope) -> tuple[Envelope, list[str]]:
         update["data"] = data
     if not update:
         return event, []
-    return event.model_copy(update=update), sorted(update)
+    return evolve(event, **update), sorted(update)
 
 
 def unfixable(exc: DBAPIError) -> bool:

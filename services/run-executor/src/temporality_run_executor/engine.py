@@ -23,7 +23,18 @@ from typing import Any, Literal
 import structlog
 from pydantic import ValidationError
 
-from temporality_bus import AlreadyExists, Bus, Conflict, Delivery, PermanentError, Store, TransientError, Versioned
+from temporality_bus import (
+    AlreadyExists,
+    Bus,
+    Conflict,
+    Delivery,
+    NotFound,
+    PermanentError,
+    Store,
+    TransientError,
+    Versioned,
+    evolve,
+)
 from temporality_protocol import (
     RUN,
     Envelope,
@@ -57,7 +68,6 @@ SOURCE = "/temporality/run-executor"
 log = structlog.get_logger(__name__)
 ProviderFactory = Callable[[AgentCard], Provider]
 Handler = Callable[[Envelope, Delivery], Awaitable[None]]
-_CAS_ATTEMPTS = 8
 
 
 def _now() -> datetime:
@@ -346,16 +356,16 @@ class Engine:
                     str(turn),
                     str(index),
                 )
-            saved = ckpt.model_copy(
-                update={
-                    "checkpoint_id": derive_id("ckpt", run_id, str(turn)),
-                    "turn": turn,
-                    "saved_at": _now(),
-                    "messages": messages,
-                    "pending": pending,
-                    "compute_s": ckpt.compute_s + (time.monotonic() - started),
-                }
+            saved = evolve(
+                ckpt,
+                checkpoint_id=derive_id("ckpt", run_id, str(turn)),
+                turn=turn,
+                saved_at=_now(),
+                messages=messages,
+                pending=pending,
+                compute_s=ckpt.compute_s + (time.monotonic() - started),
             )
+            # One compare-and-set, never retried: losing it means another driver committed this turn.
             await self.checkpoints.update(run_id, saved, versioned.revision)
             await self._emit(
                 run, RunCheckpointed(run_id=run_id, checkpoint_id=saved.checkpoint_id, turn=turn), str(turn)
@@ -394,11 +404,9 @@ class Engine:
         log.info("run.parked", request_id=pending.request_id, recipient=args.recipient)
 
     async def _apply_outcome(self, run_id: str, request_id: str, outcome: dict[str, Any]) -> None:
-        for _ in range(_CAS_ATTEMPTS):
-            versioned = await self._checkpoint(run_id)
-            ckpt = versioned.value
+        def apply(ckpt: Checkpoint) -> Checkpoint | None:
             if request_id in ckpt.applied_requests:
-                return
+                return None
             if ckpt.pending is None or ckpt.pending.request_id != request_id:
                 raise PermanentError(f"run {run_id} is not waiting on {request_id}")
             message = Message(
@@ -407,20 +415,18 @@ class Engine:
                 name=ASK_HUMAN,
                 content=json.dumps(outcome, sort_keys=True),
             )
-            updated = ckpt.model_copy(
-                update={
-                    "messages": [*ckpt.messages, message],
-                    "pending": None,
-                    "applied_requests": [*ckpt.applied_requests, request_id],
-                    "saved_at": _now(),
-                }
+            return evolve(
+                ckpt,
+                messages=[*ckpt.messages, message],
+                pending=None,
+                applied_requests=[*ckpt.applied_requests, request_id],
+                saved_at=_now(),
             )
-            try:
-                await self.checkpoints.update(run_id, updated, versioned.revision)
-                return
-            except Conflict:
-                continue
-        raise TransientError(f"checkpoint of {run_id} kept changing")
+
+        try:
+            await self.checkpoints.modify(run_id, apply)
+        except NotFound:
+            raise TransientError(f"checkpoint of {run_id} not found") from None
 
     # ------------------------------------------------------------------ outcomes
     async def _complete(self, run: RunRecord, result: str, turns: int) -> None:
@@ -471,21 +477,22 @@ class Engine:
         another driver got there first (e.g. a redelivery racing the original): :class:`RunMovedOn`,
         which the handlers treat as done.
         """
-        for _ in range(_CAS_ATTEMPTS):
-            current = await self._get(run_id)
-            state = current.value.state
+
+        def move(run: RunRecord) -> RunRecord | None:
+            state = run.state
             if state is target and (not changes or state in RUN.terminal):
-                return current.value  # a finished run's record is never rewritten
+                return None  # a finished run's record is never rewritten
             if state is not target and not RUN.allowed(state, target):
                 raise RunMovedOn(run_id, state, target)
-            updated = current.value.model_copy(update={"state": target, "updated_at": _now(), **changes})
-            try:
-                await self.runs.update(run_id, updated, current.revision)
-            except Conflict:
-                continue
+            return evolve(run, state=target, updated_at=_now(), **changes)
+
+        try:
+            result = await self.runs.modify(run_id, move)
+        except NotFound:
+            raise TransientError(f"run {run_id} vanished") from None
+        if result.changed:
             log.info("run.state", state=target.value)
-            return updated
-        raise TransientError(f"run {run_id} kept changing")
+        return result.value
 
     async def _emit(self, run: RunRecord, data: EventData, *id_parts: str, causation: str | None = None) -> None:
         await self.bus.publish(

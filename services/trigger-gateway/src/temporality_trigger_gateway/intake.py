@@ -24,7 +24,7 @@ import nats.errors
 import structlog
 from pydantic import BaseModel, ConfigDict
 
-from temporality_bus import AlreadyExists, Bus, Conflict, PermanentError, Store, TransientError, Versioned
+from temporality_bus import AlreadyExists, Bus, Conflict, PermanentError, Store, TransientError, Versioned, evolve
 from temporality_protocol import (
     Envelope,
     LaunchSource,
@@ -190,7 +190,7 @@ def launch_events(
             agent=trigger.agent,
             title=title[:200],
             launch=LaunchSource(kind="webhook", trigger_id=trigger.id, delivery_id=delivery.delivery_id),
-            event=event.model_copy(update={"payload": {}}),  # carried once, as the input
+            event=evolve(event, payload={}),  # carried once, as the input
             input=event.payload,
             human=trigger.human.policy(),  # SEC-1: from the trigger's config, never from the webhook
         ),

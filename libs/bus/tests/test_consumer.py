@@ -1,0 +1,149 @@
+"""The consumer runner's acks and heartbeat against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+from nats.js.api import ConsumerInfo
+
+from temporality_bus import Bus, Consumer, Delivery
+from temporality_protocol import Envelope, RunFailed, make_event
+from temporality_protocol.catalog import EVENTS_STREAM, ConsumerSpec, subject_for
+
+
+def _failed(run_id: str) -> Envelope:
+    return make_event(RunFailed(run_id=run_id, reason="r", error="e"), source="/test", id=f"evt-{run_id}")
+
+
+def _spec(durable: str) -> ConsumerSpec:
+    return ConsumerSpec(durable, EVENTS_STREAM.name, (subject_for("run.failed"),), "test", backoff_s=(0.1,))
+
+
+async def _until(
+    bus: Bus, durable: str, condition: Callable[[ConsumerInfo], bool], within_s: float = 15.0
+) -> ConsumerInfo:
+    deadline = time.monotonic() + within_s
+    while True:
+        info = await bus.js.consumer_info(EVENTS_STREAM.name, durable)
+        if condition(info):
+            return info
+        assert time.monotonic() < deadline, f"condition not met: {info}"
+        await asyncio.sleep(0.05)
+
+
+async def _wait(awaitable: Awaitable[object], within_s: float = 15.0) -> None:
+    await asyncio.wait_for(awaitable, within_s)
+
+
+async def test_running_is_set_once_the_durable_exists_and_cleared_at_stop(bus: Bus) -> None:
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        pass
+
+    consumer = Consumer(bus, _spec("t-running"), handler=handler)
+    assert not consumer.running.is_set()
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    await _wait(consumer.running.wait())
+    info = await bus.js.consumer_info(EVENTS_STREAM.name, "t-running")  # exists once running is set
+    assert info.config.durable_name == "t-running"
+    stop.set()
+    await _wait(task)
+    assert not consumer.running.is_set()
+
+
+async def test_the_ack_is_sent_only_after_the_handler_returned(bus: Bus) -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+    committed: list[str] = []
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        entered.set()
+        await release.wait()
+        committed.append(event.id)
+
+    seq = (await bus.publish(_failed("ack-1"))).seq
+    stop = asyncio.Event()
+    task = asyncio.create_task(Consumer(bus, _spec("t-ack"), handler=handler, ack_wait_s=5).run(stop))
+    try:
+        await _wait(entered.wait())
+        await asyncio.sleep(0.5)  # give a premature ack every chance to arrive
+        info = await bus.js.consumer_info(EVENTS_STREAM.name, "t-ack")
+        assert info.num_ack_pending == 1  # handed out, not acked while the handler runs
+        assert info.ack_floor.stream_seq < seq
+        release.set()
+        info = await _until(bus, "t-ack", lambda i: i.ack_floor.stream_seq >= seq and i.num_ack_pending == 0)
+        assert committed == ["evt-ack-1"]
+        assert info.num_redelivered == 0
+    finally:
+        release.set()
+        stop.set()
+        await _wait(task)
+
+
+async def test_one_heartbeat_keeps_long_handlers_alive_beyond_ack_wait(bus: Bus) -> None:
+    """Three handlers each run 3.5 x ack_wait: no redelivery, and one heartbeat task serves them all."""
+    ack_wait = 1.0
+    n = 3
+    calls: list[tuple[str, int]] = []
+    all_in = asyncio.Event()
+    heartbeats_seen: list[int] = []
+    durable = "t-heartbeat"
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        calls.append((event.id, delivery.num_delivered))
+        if len(calls) == n:
+            all_in.set()
+        await _wait(all_in.wait())
+        heartbeats_seen.append(sum(1 for t in asyncio.all_tasks() if t.get_name() == f"heartbeat:{durable}"))
+        await asyncio.sleep(3.5 * ack_wait)  # a long turn: longer than ack_wait, several times over
+
+    last = 0
+    for k in range(n):
+        last = (await bus.publish(_failed(f"hb-{k}"))).seq
+    stop = asyncio.Event()
+    consumer = Consumer(bus, _spec(durable), handler=handler, max_inflight=n, ack_wait_s=ack_wait)
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        await _wait(consumer.running.wait())
+        info = await _until(bus, durable, lambda i: i.ack_floor.stream_seq >= last and i.num_ack_pending == 0, 30)
+    finally:
+        stop.set()
+        await _wait(task)
+    assert sorted(calls) == sorted((f"evt-hb-{k}", 1) for k in range(n))  # each handled once, first delivery
+    assert info.num_redelivered == 0
+    assert heartbeats_seen == [1] * n  # one loop for the consumer, not one per message
+    assert not any(t.get_name() == f"heartbeat:{durable}" for t in asyncio.all_tasks())  # gone after stop
+
+
+async def test_without_a_heartbeat_the_server_would_redeliver(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control for the test above: the same long handler with in_progress silenced is redelivered."""
+    ack_wait = 1.0
+    durable = "t-no-heartbeat"
+    deliveries: list[int] = []
+    redelivered = asyncio.Event()
+
+    async def silent(self: Consumer) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(Consumer, "_heartbeat", silent)
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        deliveries.append(delivery.num_delivered)
+        if delivery.num_delivered > 1:
+            redelivered.set()
+            return
+        await _wait(redelivered.wait(), 20)
+
+    await bus.publish(_failed("nohb"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        Consumer(bus, _spec(durable), handler=handler, max_inflight=2, ack_wait_s=ack_wait).run(stop)
+    )
+    try:
+        await _wait(redelivered.wait(), 20)
+    finally:
+        stop.set()
+        await _wait(task, 30)
+    assert deliveries[:2] == [1, 2]

@@ -1,0 +1,239 @@
+"""Store.modify (the one compare-and-set loop) and validated updates, against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from temporality_bus import (
+    Bus,
+    Conflict,
+    Contended,
+    Modified,
+    NotFound,
+    Store,
+    TransientError,
+    Versioned,
+    evolve,
+)
+from temporality_protocol.catalog import BucketSpec
+
+BUCKET = BucketSpec("t-modify", "test bucket")
+
+
+class Counter(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    count: int = 0
+    seen: list[str] = Field(default_factory=list)
+    limit: int | None = None
+
+    @model_validator(mode="after")
+    def _within_limit(self) -> Counter:
+        if self.limit is not None and self.count > self.limit:
+            raise ValueError(f"count {self.count} is over the limit {self.limit}")
+        return self
+
+
+class Other(BaseModel):
+    name: str
+
+
+def _bump(by: str) -> Callable[[Counter], Counter]:
+    def fn(c: Counter) -> Counter:
+        return evolve(c, count=c.count + 1, seen=[*c.seen, by])
+
+    return fn
+
+
+class Refused(Exception):
+    pass
+
+
+async def _store(bus: Bus) -> Store[Counter]:
+    return await bus.store(BUCKET, Counter)
+
+
+# --------------------------------------------------------------------------- evolve
+def test_evolve_validates_the_result_and_refuses_unknown_names() -> None:
+    c = Counter(name="a", limit=2)
+    assert evolve(c, count=2) == Counter(name="a", count=2, limit=2)
+    assert c.count == 0  # a copy
+    with pytest.raises(ValidationError, match="extra_forbidden") as unknown:
+        evolve(c, cuont=1)  # model_copy(update=...) would drop this silently
+    assert unknown.value.errors()[0]["loc"] == ("cuont",)
+    with pytest.raises(ValidationError, match="int_parsing"):
+        evolve(c, count="many")  # model_copy(update=...) would store this
+    with pytest.raises(ValidationError, match="over the limit"):
+        evolve(c, count=3)  # model validators run too
+
+
+# --------------------------------------------------------------------------- modify
+async def test_concurrent_modifiers_are_all_applied(bus: Bus) -> None:
+    store = await _store(bus)
+    await store.create("k", Counter(name="k"))
+    writers = [f"w{n:02d}" for n in range(20)]
+    results = await asyncio.gather(*(store.modify("k", _bump(w), attempts=100) for w in writers))
+    got = await store.get("k")
+    assert got is not None
+    assert got.value.count == len(writers)
+    assert sorted(got.value.seen) == writers  # every modifier applied exactly once
+    assert all(r.changed for r in results)
+    assert len({r.revision for r in results}) == len(writers)  # each won its own revision
+    assert max(r.revision for r in results) == got.revision
+
+
+async def test_modify_returns_what_is_stored(bus: Bus) -> None:
+    store = await _store(bus)
+    rev = await store.create("k", Counter(name="k"))
+    result = await store.modify("k", lambda c: evolve(c, count=5))
+    assert isinstance(result, Modified)
+    assert isinstance(result, Versioned)
+    assert result.changed
+    assert result.value == Counter(name="k", count=5)
+    assert result.revision > rev
+    got = await store.get("k")
+    assert got == Versioned(result.value, result.revision)
+
+
+async def test_no_change_writes_nothing(bus: Bus) -> None:
+    store = await _store(bus)
+    rev = await store.create("k", Counter(name="k", count=1))
+    for fn in (lambda c: None, lambda c: c):  # None, or the very object it got
+        result = await store.modify("k", fn)
+        assert not result.changed
+        assert result.revision == rev
+        assert result.value == Counter(name="k", count=1)
+    got = await store.get("k")
+    assert got is not None
+    assert got.revision == rev
+
+
+async def test_absent_key_is_not_found_or_created(bus: Bus) -> None:
+    store = await _store(bus)
+    with pytest.raises(NotFound):
+        await store.modify("absent", lambda c: evolve(c, count=1))
+    # with create: fn sees the created value; nothing is written when it changes nothing
+    untouched = await store.modify("absent", lambda c: None, create=lambda: Counter(name="new"))
+    assert not untouched.changed
+    assert untouched.revision == 0
+    assert await store.get("absent") is None
+    made = await store.modify("absent", _bump("first"), create=lambda: Counter(name="new"))
+    assert made.changed
+    assert made.value == Counter(name="new", count=1, seen=["first"])
+    assert await store.get("absent") == Versioned(made.value, made.revision)
+
+
+async def test_concurrent_creators_all_land(bus: Bus) -> None:
+    store = await _store(bus)
+    writers = [f"c{n}" for n in range(10)]
+    await asyncio.gather(
+        *(store.modify("fresh", _bump(w), create=lambda: Counter(name="fresh"), attempts=50) for w in writers)
+    )
+    got = await store.get("fresh")
+    assert got is not None
+    assert sorted(got.value.seen) == writers
+
+
+async def test_an_invalid_result_is_refused_and_nothing_is_written(bus: Bus) -> None:
+    store = await _store(bus)
+    rev = await store.create("k", Counter(name="k", limit=1))
+    with pytest.raises(ValidationError, match="int_parsing"):
+        await store.modify("k", lambda c: c.model_copy(update={"count": "many"}))  # unvalidated copy
+    with pytest.raises(ValidationError, match="over the limit"):
+        await store.modify("k", lambda c: c.model_copy(update={"count": 2}))  # the model validator runs
+    with pytest.raises(TypeError, match="expected a Counter"):
+        await store.modify("k", lambda c: Other(name="x"))  # type: ignore[arg-type,return-value]
+    got = await store.get("k")
+    assert got is not None
+    assert got.revision == rev
+    # the plain writes validate too
+    with pytest.raises(ValidationError):
+        await store.update("k", Counter(name="k").model_copy(update={"seen": "not a list"}), rev)
+    with pytest.raises(ValidationError):
+        await store.create("k2", Counter(name="k2").model_copy(update={"name": 3}))
+
+
+async def test_fn_raising_aborts_without_writing(bus: Bus) -> None:
+    store = await _store(bus)
+    rev = await store.create("k", Counter(name="k"))
+
+    def refuse(c: Counter) -> Counter:
+        raise Refused("not today")
+
+    with pytest.raises(Refused):
+        await store.modify("k", refuse)
+    got = await store.get("k")
+    assert got is not None
+    assert got.revision == rev
+
+
+class _Interfering(Store[Counter]):
+    """Another writer gets in between every read and write of ``modify``."""
+
+    async def get(self, key: str) -> Versioned[Counter] | None:
+        got = await super().get(key)
+        if got is not None:
+            await self.put(key, evolve(got.value, seen=[*got.value.seen, "other"]))
+        return got
+
+
+async def test_attempts_exhausted_is_a_transient_contended_error(bus: Bus) -> None:
+    store = await _store(bus)
+    await store.create("k", Counter(name="k"))
+    interfering = _Interfering(await bus.kv(BUCKET), BUCKET.name, Counter)
+    calls = 0
+
+    def fn(c: Counter) -> Counter:
+        nonlocal calls
+        calls += 1
+        return evolve(c, count=c.count + 1)
+
+    with pytest.raises(Contended) as lost:
+        await interfering.modify("k", fn, attempts=3)
+    assert calls == 3  # fn ran once per attempt, on a fresh read each time
+    assert isinstance(lost.value, TransientError)
+    assert not isinstance(lost.value, Conflict)  # one lost race is progress elsewhere; all lost is not
+    assert lost.value.attempts == 3
+    got = await store.get("k")
+    assert got is not None
+    assert got.value.count == 0  # none of our attempts landed
+    assert got.value.seen == ["other"] * 3
+    with pytest.raises(ValueError, match="at least 1"):
+        await store.modify("k", fn, attempts=0)
+
+
+async def test_a_lost_race_calls_fn_again_on_the_new_value(bus: Bus) -> None:
+    """What the racing-answers rule rests on: fn sees what the winner wrote and can refuse."""
+    store = await _store(bus)
+    rev = await store.create("k", Counter(name="k"))
+    winner_written = False
+    seen_counts: list[int] = []
+
+    def fn(c: Counter) -> Counter:
+        seen_counts.append(c.count)
+        if c.count:
+            raise Refused("someone else got there first")
+        return evolve(c, count=1, seen=["loser"])
+
+    class _Racing(Store[Counter]):
+        async def get(self, key: str) -> Versioned[Counter] | None:
+            nonlocal winner_written
+            got = await super().get(key)
+            if not winner_written and got is not None:
+                winner_written = True
+                await store.update(key, evolve(got.value, count=1, seen=["winner"]), got.revision)
+            return got
+
+    racing = _Racing(await bus.kv(BUCKET), BUCKET.name, Counter)
+    with pytest.raises(Refused):
+        await racing.modify("k", fn)
+    assert seen_counts == [0, 1]
+    got = await store.get("k")
+    assert got is not None
+    assert got.value.seen == ["winner"]
+    assert got.revision == rev + 1

@@ -11,11 +11,11 @@ UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 sync: $(if $(findstring .tools,$(UV)),.tools/bin/uv)
 	$(UV) sync --all-packages --frozen --quiet
 
-up: sync  ## run Temporality: embedded NATS + SQLite + the five services
-	.venv/bin/temporality up
+up: sync  ## run Temporality: embedded NATS + SQLite + the five services (options: make up ARGS="--gateway-port 9080")
+	.venv/bin/temporality up $(ARGS)
 
-test: sync  ## run the whole test suite
-	.venv/bin/pytest
+test: sync  ## run the whole test suite (options: make test ARGS="-m e2e")
+	.venv/bin/pytest $(ARGS)
 
 lint: sync
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

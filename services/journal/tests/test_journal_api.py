@@ -24,12 +24,6 @@ def _assert_error(response: httpx.Response, status: int, error: str) -> None:
     assert body["detail"]
 
 
-async def test_healthz(journal: Journal, database: Database) -> None:
-    response = await journal.client.get("/healthz")
-    assert response.status_code == 200
-    assert response.json() == {"status": "ok", "database": database.dialect}
-
-
 async def test_unknown_run_is_404(journal: Journal) -> None:
     _assert_error(await journal.client.get("/runs/run-nope"), 404, "run_not_found")
     _assert_error(await journal.client.get("/runs/run-nope/events"), 404, "run_not_found")

@@ -181,7 +181,7 @@ async def test_other_routes_answer_json_errors(client: httpx.AsyncClient) -> Non
 
 async def test_bodies_no_downstream_consumer_could_store_are_refused_clearly() -> None:
     """Lone surrogate escapes and absurd nesting are 400s, never a 500 that Azure DevOps retries for 36 h."""
-    from temporality_trigger_gateway.api import _parse_json
+    from temporality_service import parse_json as _parse_json
     from temporality_trigger_gateway.errors import MalformedBody
 
     with pytest.raises(MalformedBody, match="surrogate"):

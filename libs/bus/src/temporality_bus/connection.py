@@ -47,8 +47,13 @@ class Bus:
     @classmethod
     @asynccontextmanager
     async def connect(cls, settings: NatsSettings, *, name: str) -> AsyncIterator[Bus]:
+        closing = False  # set once we drain: the disconnect that follows is ours, not an outage
+
         async def _disconnected() -> None:
-            log.warning("nats.disconnected")
+            if closing:
+                log.debug("nats.disconnected", reason="closing")
+            else:
+                log.warning("nats.disconnected")
 
         async def _reconnected() -> None:
             log.info("nats.reconnected")
@@ -74,6 +79,7 @@ class Bus:
             yield bus
         finally:
             # Consumers unsubscribe their pull subscriptions before this (drain gotcha, TEST-PEERS.md).
+            closing = True
             if not nc.is_closed:
                 try:
                     await nc.drain()

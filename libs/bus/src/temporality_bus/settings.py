@@ -1,14 +1,11 @@
-"""Settings shared by every service process (pydantic-settings: bad env fails before connecting)."""
+"""The NATS connection settings (pydantic-settings: bad env fails before connecting)."""
 
 from __future__ import annotations
-
-from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["LogSettings", "NatsSettings", "ProcessSettings"]
+__all__ = ["NatsSettings"]
 
 
 class NatsSettings(BaseSettings):
@@ -28,22 +25,3 @@ class NatsSettings(BaseSettings):
     @property
     def servers(self) -> list[str]:
         return [u.strip() for u in self.url.split(",") if u.strip()]
-
-
-class LogSettings(BaseSettings):
-    """``TEMPORALITY_LOG_*``."""
-
-    model_config = SettingsConfigDict(env_prefix="TEMPORALITY_LOG_", extra="ignore")
-
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["json", "console"] = "json"
-
-
-class ProcessSettings(BaseSettings):
-    """``TEMPORALITY_*`` settings every service process understands."""
-
-    model_config = SettingsConfigDict(env_prefix="TEMPORALITY_", extra="ignore")
-
-    #: Written (with the pid) once the service is connected, has ensured the layout and is consuming /
-    #: serving; the embedded launcher and the tests wait on it. Kubernetes uses HTTP probes instead.
-    ready_file: Path | None = None

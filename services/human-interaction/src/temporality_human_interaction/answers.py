@@ -30,17 +30,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, ClassVar
+from typing import Annotated
 
 import structlog
 from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 
-from temporality_bus import Bus, Conflict, TransientError
+from temporality_bus import Bus, NotFound, TransientError, evolve
 from temporality_human_interaction.events import answered_event
 from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
 from temporality_human_interaction.timers import arm_answer_repair
 from temporality_protocol import HumanAnswer, HumanRequestState, OptionAnswer, TextAnswer
 from temporality_protocol.events import MAX_TEXT
+from temporality_service import ApiError
 
 __all__ = [
     "AnswerRefused",
@@ -59,7 +60,6 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-_CAS_ATTEMPTS = 8
 #: Records bound before ``answer_channel`` was stored took their answer from the web inbox.
 _DEFAULT_ANSWER_CHANNEL = "web"
 #: How long after binding an answer its repair timer fires (the service passes its setting).
@@ -85,29 +85,27 @@ class AnswerSubmission(BaseModel):
         return self
 
 
-class AnswerRefused(Exception):
-    status: ClassVar[int] = 400
-    default_code: ClassVar[str] = "answer_refused"
+class AnswerRefused(ApiError):
+    """The answer was not bound; ``status`` and ``code`` say why on every channel (the web inbox answers
+    with them, a chat adapter tells the responder ``detail``)."""
 
-    def __init__(self, detail: str, *, code: str | None = None) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.code = code or self.default_code
+    status = 400
+    code = "answer_refused"
 
 
 class RequestNotFound(AnswerRefused):
     status = 404
-    default_code = "unknown_request"
+    code = "unknown_request"
 
 
 class NotRecipient(AnswerRefused):
     status = 403
-    default_code = "not_recipient"
+    code = "not_recipient"
 
 
 class NotPending(AnswerRefused):
     status = 409
-    default_code = "not_pending"
+    code = "not_pending"
 
     def __init__(self, detail: str, *, code: str | None = None, record: HumanRequestRecord | None = None) -> None:
         super().__init__(detail, code=code)
@@ -117,7 +115,7 @@ class NotPending(AnswerRefused):
 
 class InvalidAnswer(AnswerRefused):
     status = 422
-    default_code = "invalid_answer"
+    code = "invalid_answer"
 
 
 def interpret(record: HumanRequestRecord, submission: AnswerSubmission) -> HumanAnswer:
@@ -233,49 +231,48 @@ async def _bind(
     channel: str,
     clock: Callable[[], datetime],
 ) -> tuple[HumanRequestRecord, bool]:
-    """The answered record, and whether this call bound it (False: a repost of an unannounced answer)."""
-    lost_race = False
-    for _ in range(_CAS_ATTEMPTS):
-        got = await store.get(request_id)
-        if got is None:
-            raise RequestNotFound(f"there is no request {request_id}")
-        record = got.value
+    """The answered record, and whether this call bound it (False: a repost of an unannounced answer).
+
+    One :meth:`~temporality_bus.Store.modify`: of two racing answers one compare-and-set wins; the
+    other's ``bind`` runs again on the winner's record and refuses it (never as a repost: a POST that
+    lost a race is refused outright, so exactly one of two racing answers succeeds).
+    """
+    attempts = 0
+    repost = False
+
+    def bind(record: HumanRequestRecord) -> HumanRequestRecord | None:
+        nonlocal attempts, repost
+        attempts += 1
+        lost_race = attempts > 1  # modify calls bind again only after a lost compare-and-set
         check_recipient(record, responder)
-        # A POST that lost a CAS race is refused outright: of two racing answers exactly one succeeds.
         if not lost_race and _is_repost(record, responder, submission):
-            log.info("answer.republishing", request_id=request_id, trigger="same_answer")
-            return record, False
+            repost = True
+            return None
         if not record.pending:
             raise refusal_for(record)
-        answer = interpret(record, submission)
-        answered = record.moved_to(
+        return record.moved_to(
             HumanRequestState.ANSWERED,
-            answer=answer,
+            answer=interpret(record, submission),
             responder=responder,
             answered_at=clock(),
             answer_channel=channel,
             answer_published=False,
         )
-        try:
-            await store.update(request_id, answered, got.revision)
-        except Conflict:
-            lost_race = True
-            continue
-        return answered, True
-    raise TransientError(f"request {request_id}: too many concurrent updates while binding an answer")
+
+    try:
+        result = await store.modify(request_id, bind)
+    except NotFound:
+        raise RequestNotFound(f"there is no request {request_id}") from None
+    if repost:
+        log.info("answer.republishing", request_id=request_id, trigger="same_answer")
+    return result.value, result.changed
 
 
 async def _mark_published(store: RequestStore, request_id: str) -> HumanRequestRecord:
-    for _ in range(_CAS_ATTEMPTS):
-        got = await store.get(request_id)
-        if got is None:  # pragma: no cover - requests are never deleted
-            raise TransientError(f"request {request_id} vanished")
-        if got.value.answer_published:
-            return got.value
-        marked = got.value.model_copy(update={"answer_published": True})
-        try:
-            await store.update(request_id, marked, got.revision)
-        except Conflict:
-            continue
-        return marked
-    raise TransientError(f"request {request_id}: too many concurrent updates while marking the answer published")
+    try:
+        marked = await store.modify(
+            request_id, lambda r: None if r.answer_published else evolve(r, answer_published=True)
+        )
+    except NotFound:  # pragma: no cover - requests are never deleted
+        raise TransientError(f"request {request_id} vanished") from None
+    return marked.value

@@ -6,7 +6,7 @@ the request. Every NATS call runs under ``settings.bus_timeout_s``; a bus that d
 time (or refuses) is a 503, never a hung request.
 
 =========================================  ==================================================
-``GET /healthz``                           liveness, with the NATS connection state
+``GET /healthz``, ``GET /readyz``          liveness / readiness (the service runtime's)
 ``GET /inbox``                             the caller's pending requests, newest first
 ``GET /requests/{request_id}``             one request (only its recipient may read it)
 ``POST /requests/{request_id}/answer``     ``{"option_id": ...}`` or ``{"text": ...}``
@@ -16,8 +16,7 @@ time (or refuses) is a 503, never a hung request.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -25,14 +24,10 @@ from typing import Annotated, Any
 import nats.errors
 import structlog
 from fastapi import Depends, FastAPI, Header, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from temporality_bus import Bus, TransientError
 from temporality_human_interaction.answers import (
-    AnswerRefused,
     AnswerSubmission,
     RequestNotFound,
     bind_answer,
@@ -42,22 +37,23 @@ from temporality_human_interaction.directory import Directory, recipient_for
 from temporality_human_interaction.records import HumanRequestRecord, is_request_id, list_pending, open_store
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState
+from temporality_service import (
+    ErrorBody,
+    Unauthorized,
+    Unavailable,
+    Unprocessable,
+    install_error_handlers,
+    parse_json,
+    read_body,
+)
+from temporality_service.http import summarize_errors
 
-__all__ = ["ApiError", "InboxItem", "InboxView", "RequestView", "create_app"]
+__all__ = ["InboxItem", "InboxView", "RequestView", "create_app"]
 
 log = structlog.get_logger(__name__)
 
 #: Answers bound through this API arrive on the web channel.
 WEB_CHANNEL = "web"
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.code = code
-        self.detail = detail
-        self.headers = headers
 
 
 class InboxItem(BaseModel):
@@ -123,35 +119,33 @@ def _common(record: HumanRequestRecord, now: datetime) -> dict[str, Any]:
     }
 
 
-def _error(status: int, code: str, detail: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
-
-
 async def _caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
     """The caller's ``user:<id>`` from ``Authorization: Bearer <inbox token>``."""
     directory: Directory = request.app.state.directory
-    challenge = {"WWW-Authenticate": "Bearer"}
     if authorization is None:
-        raise ApiError(401, "unauthorized", "send Authorization: Bearer <your inbox token>", challenge)
+        raise Unauthorized("send Authorization: Bearer <your inbox token>")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise ApiError(401, "unauthorized", "the Authorization header must be: Bearer <inbox token>", challenge)
+        raise Unauthorized("the Authorization header must be: Bearer <inbox token>")
     user_id = directory.user_for_token(token.strip())
     if user_id is None:
-        raise ApiError(401, "unauthorized", "the inbox token is not valid", challenge)
+        raise Unauthorized("the inbox token is not valid")
     return recipient_for(user_id)
 
 
 #: The authenticated person (``user:<id>``), for endpoints that take it.
 Caller = Annotated[str, Depends(_caller)]
 
-_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}
-
 
 def create_app(settings: Settings, bus: Bus, directory: Directory) -> FastAPI:
     """The API over an already-connected ``bus`` (the caller owns its lifetime)."""
-    app = FastAPI(title="Temporality human-interaction", version="0.1.0")
+    app = FastAPI(
+        title="Temporality human-interaction",
+        version="0.1.0",
+        responses={code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 503)},
+    )
     app.state.directory = directory
+    install_error_handlers(app)
 
     @asynccontextmanager
     async def bus_call(what: str) -> AsyncIterator[None]:
@@ -161,43 +155,9 @@ def create_app(settings: Settings, bus: Bus, directory: Directory) -> FastAPI:
                 yield
         except (TimeoutError, TransientError, nats.errors.Error) as exc:
             log.warning("api.bus_unavailable", during=what, error=repr(exc))
-            raise ApiError(503, "bus_unavailable", f"the message bus did not answer while {what}; try again") from exc
-
-    async def read_body(request: Request) -> bytes:
-        limit = settings.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                raise ApiError(400, "bad_request", "Content-Length is not a number")
-            if int(declared) > limit:
-                raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise ApiError(413, "body_too_large", f"the body is larger than {limit} bytes")
-        return bytes(body)
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.code, exc.detail, exc.headers)
-
-    @app.exception_handler(AnswerRefused)
-    async def _refused(request: Request, exc: AnswerRefused) -> JSONResponse:
-        return _error(exc.status, exc.code, exc.detail)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(422, "invalid_request", _summary(exc.errors()))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = _HTTP_CODES.get(exc.status_code, "http_error")
-        return _error(exc.status_code, code, str(exc.detail), exc.headers)
-
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok", "nats": "connected" if bus.nc.is_connected else "disconnected"}
+            raise Unavailable(
+                f"the message bus did not answer while {what}; try again", code="bus_unavailable"
+            ) from exc
 
     @app.get("/inbox")
     async def inbox(user: Caller) -> InboxView:
@@ -222,15 +182,11 @@ def create_app(settings: Settings, bus: Bus, directory: Directory) -> FastAPI:
     @app.post("/requests/{request_id}/answer")
     async def answer(request_id: str, user: Caller, request: Request) -> RequestView:
         _known_shape(request_id)
-        raw = await read_body(request)
-        try:
-            parsed = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from exc
+        parsed = parse_json(await read_body(request, settings.max_body_bytes))
         try:
             submission = AnswerSubmission.model_validate(parsed)
         except ValidationError as exc:
-            raise ApiError(422, "invalid_answer", _summary(exc.errors())) from exc
+            raise Unprocessable(summarize_errors(exc.errors()), code="invalid_answer") from exc
         async with bus_call("binding the answer"):
             record = await bind_answer(
                 bus,
@@ -249,13 +205,3 @@ def _known_shape(request_id: str) -> None:
     """An id that cannot be a request id (nor a KV key) names no request: 404, never a bus error."""
     if not is_request_id(request_id):
         raise RequestNotFound("there is no request with that id (ids are 1-128 characters of A-Z a-z 0-9 _ -)")
-
-
-def _summary(errors: Any) -> str:
-    """pydantic errors as one sentence, e.g. ``text: String should have at least 1 character``."""
-    parts: list[str] = []
-    for err in errors:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        msg = str(err.get("msg", "invalid"))
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts) or "invalid request"

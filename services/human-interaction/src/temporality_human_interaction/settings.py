@@ -5,18 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from temporality_bus import LogSettings, NatsSettings, ProcessSettings
+from temporality_service import HttpServiceSettings
 
 __all__ = ["Settings"]
 
 
-class Settings(BaseSettings):
+class Settings(HttpServiceSettings):
     model_config = SettingsConfigDict(env_prefix="TEMPORALITY_HUMAN_", extra="ignore")
 
-    host: str = Field(default="127.0.0.1", description="Bind address; loopback unless a container needs more")
-    port: int = Field(default=8081, ge=0, le=65535)
+    port: int | None = Field(default=8081, ge=0, le=65535)
     users_file: Path = Field(default=Path("config/users.yaml"), description="The user directory (YAML)")
     #: Answers are a handful of bytes; anything larger is refused with 413 before it is parsed.
     max_body_bytes: int = Field(default=64 * 1024, gt=0)
@@ -27,7 +26,3 @@ class Settings(BaseSettings):
     #: An answer's repair timer fires this long after the answer is bound and announces it if the
     #: ``human.answered`` publish was lost (a crash or a bus timeout right after the answer was stored).
     answer_repair_after_s: float = Field(default=30.0, gt=0, le=300)  # within the 10-min dedupe window
-
-    nats: NatsSettings = Field(default_factory=NatsSettings)
-    log: LogSettings = Field(default_factory=LogSettings)
-    process: ProcessSettings = Field(default_factory=ProcessSettings)

@@ -1,7 +1,7 @@
 """The journal's HTTP API (JSON): runs by state, one run with whom/where/how long it waits, trajectories.
 
 ==============================  ==========================================================
-``GET /healthz``                200 ``{"status": "ok"}``; 503 when the database does not answer
+``GET /healthz``, ``/readyz``   liveness / readiness (the runtime's; ``/readyz`` pings the database)
 ``GET /runs?state=&limit=``     runs, newest first (422 on an unknown state)
 ``GET /runs/{run_id}``          one run; ``waiting`` while it waits for a human (404 unknown)
 ``GET /runs/{run_id}/events``   the run's trajectory in stream order (``after`` = stream seq)
@@ -18,24 +18,19 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import structlog
-from fastapi import FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Query
 from pydantic import BaseModel
 from sqlmodel import col, select
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from temporality_journal.database import Database
 from temporality_journal.models import EventRecord, RunRecord
 from temporality_journal.settings import Settings
 from temporality_protocol import RunState
+from temporality_service import ErrorBody, NonNegativeInt64, NotFound, install_error_handlers
 
 __all__ = [
-    "ApiError",
-    "ErrorBody",
     "EventList",
     "EventView",
-    "Health",
     "RunList",
     "RunView",
     "Trajectory",
@@ -47,20 +42,9 @@ log = structlog.get_logger(__name__)
 
 MAX_LIMIT = 1000
 MAX_TRAJECTORY = 10_000
-_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 422: "invalid_request", 503: "unavailable"}
 
 
 # --------------------------------------------------------------------------- response bodies
-class ErrorBody(BaseModel):
-    error: str
-    detail: str
-
-
-class Health(BaseModel):
-    status: str
-    database: str
-
-
 class Waiting(BaseModel):
     """UI-1: whom the run waits for, on which channel, for what, since when."""
 
@@ -152,39 +136,8 @@ class EventList(BaseModel):
     events: list[EventView]
 
 
-# --------------------------------------------------------------------------- errors
-class ApiError(Exception):
-    def __init__(self, status: int, error: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.error = error
-        self.detail = detail
-
-
-def _error(status: int, error: str, detail: str) -> JSONResponse:
-    return JSONResponse(ErrorBody(error=error, detail=detail).model_dump(), status_code=status)
-
-
-async def _on_api_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ApiError)
-    return _error(exc.status, exc.error, exc.detail)
-
-
-async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    problems = "; ".join(
-        f"{'.'.join(str(part) for part in e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in exc.errors()
-    )
-    return _error(422, "invalid_request", problems or "invalid request")
-
-
-async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    return _error(exc.status_code, _ERROR_CODES.get(exc.status_code, "http_error"), str(exc.detail))
-
-
-def _run_not_found(run_id: str) -> ApiError:
-    return ApiError(404, "run_not_found", f"no run {run_id!r} in the journal")
+def _run_not_found(run_id: str) -> NotFound:
+    return NotFound(f"no run {run_id[:200]!r} in the journal", code="run_not_found")
 
 
 # --------------------------------------------------------------------------- app
@@ -198,18 +151,7 @@ def create_app(settings: Settings, database: Database) -> FastAPI:
     )
     app.state.settings = settings
     app.state.database = database
-    app.add_exception_handler(ApiError, _on_api_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _on_http_error)
-
-    @app.get("/healthz", response_model=Health, responses={503: {"model": ErrorBody}})
-    async def healthz() -> Health:
-        try:
-            await database.ping()
-        except Exception as exc:  # any failure is "not healthy"; the probe reports it
-            log.warning("healthz.database_failed", error=repr(exc))
-            raise ApiError(503, "database_unavailable", "the journal database does not answer") from exc
-        return Health(status="ok", database=database.dialect)
+    install_error_handlers(app)
 
     @app.get("/runs", response_model=RunList)
     async def list_runs(
@@ -236,7 +178,7 @@ def create_app(settings: Settings, database: Database) -> FastAPI:
     @app.get("/runs/{run_id}/events", response_model=Trajectory, responses={404: {"model": ErrorBody}})
     async def run_events(
         run_id: str,
-        after: Annotated[int, Query(ge=0, description="Only events after this stream sequence")] = 0,
+        after: Annotated[NonNegativeInt64, Query(description="Only events after this stream sequence")] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_TRAJECTORY)] = MAX_TRAJECTORY,
     ) -> Trajectory:
         query = (

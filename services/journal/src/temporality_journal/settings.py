@@ -7,36 +7,32 @@
                                     ``postgresql+asyncpg://user@host/db`` in deployment
                                     (``postgresql://`` and ``sqlite://`` are accepted too)
 ``TEMPORALITY_NATS_*``              :class:`temporality_bus.NatsSettings`
-``TEMPORALITY_LOG_*``               :class:`temporality_bus.LogSettings`
-``TEMPORALITY_READY_FILE``          :class:`temporality_bus.ProcessSettings`
+``TEMPORALITY_LOG_*``               :class:`temporality_service.LogSettings`
+``TEMPORALITY_READY_FILE``          :class:`temporality_service.ProcessSettings`
 =================================  ===============================================
 """
 
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from temporality_bus import LogSettings, NatsSettings, ProcessSettings
+from temporality_service import HttpServiceSettings
 
 __all__ = ["DEFAULT_DATABASE_URL", "Settings"]
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///.temporality/journal.db"
 
 
-class Settings(BaseSettings):
+class Settings(HttpServiceSettings):
     """``TEMPORALITY_JOURNAL_*`` plus the shared ``TEMPORALITY_DATABASE_URL``."""
 
     model_config = SettingsConfigDict(env_prefix="TEMPORALITY_JOURNAL_", extra="ignore", populate_by_name=True)
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8082, ge=0, le=65535)
+    port: int | None = Field(default=8082, ge=0, le=65535)
     database_url: str = Field(
         default=DEFAULT_DATABASE_URL,
         min_length=1,
         validation_alias="TEMPORALITY_DATABASE_URL",
         description="SQLAlchemy async URL (sqlite+aiosqlite:///path or postgresql+asyncpg://...)",
     )
-    nats: NatsSettings = Field(default_factory=NatsSettings)
-    log: LogSettings = Field(default_factory=LogSettings)
-    process: ProcessSettings = Field(default_factory=ProcessSettings)

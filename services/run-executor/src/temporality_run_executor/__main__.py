@@ -1,57 +1,45 @@
-"""run-executor: settings -> logging -> connect -> consume -> drain."""
+"""``temporality-run-executor``: agent cards and providers, then the run consumers, started by the service runtime."""
 
 from __future__ import annotations
 
-import asyncio
-import sys
-
 import structlog
 
-from temporality_bus import Bus, Consumer, configure_logging, mark_ready, stop_on_signals
-from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS
+from temporality_protocol.catalog import CONSUMERS, SERVICES
 from temporality_run_executor.agents import AgentsFileError, load_agents
 from temporality_run_executor.engine import Engine
 from temporality_run_executor.providers.factory import ProviderCache, ProviderConfigError
 from temporality_run_executor.settings import Settings
+from temporality_service import ConfigError, Runtime, Setup, serve
 
-NAME = "run-executor"
-log = structlog.get_logger(NAME)
+__all__ = ["SPEC", "configure", "run"]
+
+SPEC = SERVICES["run-executor"]
+log = structlog.get_logger(__name__)
 
 
-async def main() -> int:
-    settings = Settings()
-    configure_logging(settings.log, service=NAME)
+def configure(settings: Settings) -> Setup[Settings]:
+    """Load and check the agent cards and their providers before anything connects (invalid: exit 2)."""
     providers = ProviderCache(scripted_think_s=settings.scripted_think_s)
     try:
         agents = load_agents(settings.agents_file)
         providers.validate(agents.cards())
     except (AgentsFileError, ProviderConfigError) as exc:
-        log.error("config.invalid", error=str(exc))
-        return 2
-    requests_spec = CONSUMERS["run-executor-requests"]
-    human_spec = CONSUMERS["run-executor-human"]
-    try:
-        async with Bus.connect(settings.nats, name=NAME) as bus:
-            await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
-            engine = await Engine.open(bus, agents, providers, max_deliver=requests_spec.max_deliver)
-            stop = stop_on_signals()
-            consumers = [
-                Consumer(bus, requests_spec, handler=engine.on_run_requested, max_inflight=settings.max_inflight),
-                Consumer(bus, human_spec, handler=engine.on_human_event, max_inflight=settings.max_inflight),
-            ]
-            async with asyncio.TaskGroup() as tg:
-                for consumer in consumers:
-                    tg.create_task(consumer.run(stop))
-                mark_ready(settings.process.ready_file)
-                log.info("service.ready", agents=len(agents))
-    finally:
-        await providers.aclose()
-    log.info("service.stopped")
-    return 0
+        raise ConfigError(str(exc)) from exc
+    log.info("agents.loaded", agents=len(agents), file=str(settings.agents_file))
+
+    async def setup(rt: Runtime[Settings]) -> None:
+        rt.resources.push_async_callback(providers.aclose)
+        requests = CONSUMERS["run-executor-requests"]
+        engine = await Engine.open(rt.bus, agents, providers, max_deliver=requests.max_deliver)
+        inflight = rt.settings.max_inflight
+        rt.consumer("run-executor-requests", handler=engine.on_run_requested, max_inflight=inflight)
+        rt.consumer("run-executor-human", handler=engine.on_human_event, max_inflight=inflight)
+
+    return setup
 
 
 def run() -> None:
-    sys.exit(asyncio.run(main()))
+    serve(SPEC, Settings, configure)
 
 
 if __name__ == "__main__":

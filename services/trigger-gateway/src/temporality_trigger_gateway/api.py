@@ -1,4 +1,4 @@
-"""The HTTP surface: ``POST /hooks/{trigger_id}`` and ``GET /healthz``.
+"""The HTTP surface: ``POST /hooks/{trigger_id}`` (``/healthz`` and ``/readyz`` come from the service runtime).
 
 Checks run in this order, each answered as ``{"error": code, "detail": sentence}``:
 unknown trigger 404 → credentials 401 → size 413 → UTF-8 JSON 400 → adapter shape 422 →
@@ -10,23 +10,20 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Iterable
-from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from temporality_bus import Bus
+from temporality_service import ErrorBody, install_error_handlers, parse_json, read_body
 from temporality_trigger_gateway.errors import (
     BodyTooLarge,
     InvalidPayload,
     MalformedBody,
     Unauthorized,
     UnknownTrigger,
-    WebhookError,
 )
 from temporality_trigger_gateway.intake import Accepted, Intake
 from temporality_trigger_gateway.settings import Settings
@@ -41,21 +38,13 @@ def create_app(settings: Settings, bus: Bus, triggers: Iterable[TriggerConfig]) 
     """The gateway app over an already-connected ``bus``; serves the ``webhook`` triggers among ``triggers``."""
     webhooks = _served(triggers)
     intake = Intake(bus, retry_after_s=settings.retry_after_s)
-    app = FastAPI(title="Temporality trigger-gateway", docs_url=None, redoc_url=None)
-
-    @app.exception_handler(WebhookError)
-    async def _webhook_error(request: Request, exc: WebhookError) -> JSONResponse:
-        log.info("webhook.refused", path=request.url.path[:200], status=exc.status, error=exc.code, detail=exc.detail)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse({"error": code, "detail": str(exc.detail)}, status_code=exc.status_code)
-
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {"status": "ok", "nats": "connected" if bus.nc.is_connected else "disconnected"}
+    app = FastAPI(
+        title="Temporality trigger-gateway",
+        docs_url=None,
+        redoc_url=None,
+        responses={code: {"model": ErrorBody} for code in (400, 401, 404, 413, 422, 503)},
+    )
+    install_error_handlers(app)
 
     @app.post("/hooks/{trigger_id}", status_code=202)
     async def hook(trigger_id: str, request: Request) -> JSONResponse:
@@ -66,8 +55,8 @@ def create_app(settings: Settings, bus: Bus, triggers: Iterable[TriggerConfig]) 
             _authenticate(trigger, request.headers.get("authorization"))
             raw = b""
             try:
-                raw = await _read_body(request, settings.max_body_bytes)
-                outcome = await intake.handle(trigger, _parse_json(raw), body_bytes=len(raw))
+                raw = await read_body(request, settings.max_body_bytes)
+                outcome = await intake.handle(trigger, parse_json(raw), body_bytes=len(raw))
             except (BodyTooLarge, MalformedBody, InvalidPayload) as refused:
                 await intake.refused(trigger, refused, body_bytes=len(raw))  # visible in the journal
                 raise
@@ -108,37 +97,3 @@ def _authenticate(trigger: WebhookTrigger, header: str | None) -> None:
         raise Unauthorized("the Authorization header is not valid HTTP Basic") from None
     if not sep or not auth.matches(username, password):
         raise Unauthorized("wrong user name or password")
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"the body ({declared} bytes) exceeds the limit of {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"the body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _parse_json(raw: bytes) -> Any:
-    try:
-        text = raw.decode("utf-8-sig")  # real Azure DevOps payloads may start with a BOM
-    except UnicodeDecodeError:
-        raise MalformedBody("the body is not UTF-8") from None
-    try:
-        body = json.loads(text)
-    except ValueError as exc:  # JSONDecodeError's message has the position, never the content
-        raise MalformedBody(f"the body is not JSON: {exc}") from None
-    except RecursionError:
-        raise MalformedBody("the body is JSON nested too deeply") from None
-    try:  # JSON may escape lone surrogates ("\ud800"), which no UTF-8 consumer downstream accepts
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise MalformedBody("the body contains an unpaired UTF-16 surrogate escape") from None
-    except RecursionError:
-        raise MalformedBody("the body is JSON nested too deeply") from None
-    return body

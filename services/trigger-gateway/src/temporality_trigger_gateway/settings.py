@@ -5,25 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from temporality_bus import LogSettings, NatsSettings, ProcessSettings
+from temporality_service import HttpServiceSettings
 
 __all__ = ["Settings"]
 
 
-class Settings(BaseSettings):
+class Settings(HttpServiceSettings):
     model_config = SettingsConfigDict(env_prefix="TEMPORALITY_GATEWAY_", extra="ignore")
 
-    #: Loopback by default; set ``0.0.0.0`` in a container.
-    host: str = "127.0.0.1"
-    #: ``0`` picks a free port (tests, benchmarks); the bound port is logged.
-    port: int = Field(default=8080, ge=0, le=65535)
+    #: ``0`` picks a free port (tests, benchmarks); the bound URL is logged (``service.ready``).
+    port: int | None = Field(default=8080, ge=0, le=65535)
     triggers_file: Path = Path("config/triggers.yaml")
     #: Larger webhook bodies are refused with 413, by Content-Length or by the size actually streamed.
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     #: Seconds a sender is told to wait (``Retry-After``) when NATS is unavailable (503).
     retry_after_s: int = Field(default=10, ge=1)
-    nats: NatsSettings = Field(default_factory=NatsSettings)
-    log: LogSettings = Field(default_factory=LogSettings)
-    process: ProcessSettings = Field(default_factory=ProcessSettings)

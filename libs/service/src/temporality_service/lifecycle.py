@@ -1,4 +1,4 @@
-"""Process lifecycle: SIGTERM/SIGINT set a stop event; consumers finish their message and drain."""
+"""Process lifecycle: SIGTERM/SIGINT set a stop event; the ready file says "serving" and goes at stop."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import signal
 from pathlib import Path
 
-__all__ = ["mark_ready", "stop_on_signals"]
+__all__ = ["clear_ready", "mark_ready", "stop_on_signals"]
 
 
 def stop_on_signals(loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Event:
@@ -27,3 +27,9 @@ def mark_ready(path: Path | None) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(f"{os.getpid()}\n")
     tmp.replace(path)
+
+
+def clear_ready(path: Path | None) -> None:
+    """Remove the ready file (the process is stopping): a restarted process never inherits it."""
+    if path is not None:
+        path.unlink(missing_ok=True)

@@ -7,7 +7,7 @@ import sys
 
 import structlog
 
-from temporality_bus.settings import LogSettings
+from temporality_service.settings import LogSettings
 
 __all__ = ["configure_logging"]
 
@@ -33,4 +33,23 @@ def configure_logging(settings: LogSettings, *, service: str) -> None:
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(service=service)
-    logging.basicConfig(level=max(level, logging.WARNING), stream=sys.stderr, format="%(name)s %(message)s")
+    # Libraries' stdlib logging (uvicorn, asyncio, nats) in the same format, so a JSON log stays JSON.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.contextvars.merge_contextvars,
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.add_logger_name,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(level, logging.WARNING))

@@ -1,0 +1,74 @@
+"""Temporality's service runtime: every service process starts through :func:`run_service` / :func:`serve`.
+
+Read ``docs/anatomy-of-a-service.md`` first. What lives here: the settings groups every process shares,
+structlog configuration, signals and ready files, the lifecycle (:mod:`.runtime`), the HTTP server with
+TCP_NODELAY, uvloop and httptools (:mod:`.server`), the HTTP error contract and bounded body reader
+(:mod:`.http`), and ``/healthz`` + ``/readyz`` (:mod:`.health`).
+"""
+
+from temporality_service.health import Readiness
+from temporality_service.http import (
+    MAX_INT64,
+    ApiError,
+    BadRequest,
+    BodyTooLarge,
+    ClientGone,
+    ErrorBody,
+    Forbidden,
+    Int64,
+    MalformedJson,
+    NonNegativeInt64,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+    Unprocessable,
+    error_response,
+    install_error_handlers,
+    parse_json,
+    read_body,
+)
+from temporality_service.lifecycle import clear_ready, mark_ready, stop_on_signals
+from temporality_service.logs import configure_logging
+from temporality_service.runtime import ConfigError, Configure, Responder, Runtime, Setup, run_service, run_until, serve
+from temporality_service.server import HttpServer, bind_tcp
+from temporality_service.settings import HttpServiceSettings, LogSettings, ProcessSettings, ServiceSettings
+
+__all__ = [
+    "MAX_INT64",
+    "ApiError",
+    "BadRequest",
+    "BodyTooLarge",
+    "ClientGone",
+    "ConfigError",
+    "Configure",
+    "ErrorBody",
+    "Forbidden",
+    "HttpServer",
+    "HttpServiceSettings",
+    "Int64",
+    "LogSettings",
+    "MalformedJson",
+    "NonNegativeInt64",
+    "NotFound",
+    "ProcessSettings",
+    "Readiness",
+    "Responder",
+    "Runtime",
+    "ServiceSettings",
+    "Setup",
+    "Unauthorized",
+    "Unavailable",
+    "Unprocessable",
+    "bind_tcp",
+    "clear_ready",
+    "configure_logging",
+    "error_response",
+    "install_error_handlers",
+    "mark_ready",
+    "parse_json",
+    "read_body",
+    "run_service",
+    "run_until",
+    "serve",
+    "stop_on_signals",
+]

@@ -1,0 +1,315 @@
+"""The one HTTP contract of every service: errors as ``{"error": code, "detail": sentence}``, bounded bodies.
+
+    ApiError                 -- any refusal; carries ``status``, ``code``, ``detail``, headers, extra fields
+    ├── BadRequest           -- 400 bad_request
+    ├── MalformedJson        -- 400 malformed_json: not UTF-8, not JSON, nested too deeply, lone surrogates
+    ├── Unauthorized         -- 401 unauthorized (with a ``WWW-Authenticate`` challenge)
+    ├── Forbidden            -- 403 forbidden
+    ├── NotFound             -- 404 not_found
+    ├── Conflict             -- 409 conflict
+    ├── BodyTooLarge         -- 413 body_too_large
+    ├── ClientGone           -- 400 client_disconnected: the client hung up mid-body (nobody reads the answer)
+    ├── Unprocessable        -- 422 invalid_request
+    └── Unavailable          -- 503 unavailable (with ``Retry-After`` when known)
+
+:func:`install_error_handlers` maps everything else onto the same body: FastAPI's request validation
+(422 ``invalid_request`` with one sentence naming the fields), Starlette's HTTP errors (404, 405, ...)
+and, as the last resort, any unexpected exception (500 ``internal_error``, logged, never a traceback on
+the wire). The server's own 400 for a request that is not even HTTP (e.g. a raw non-ASCII byte in the
+path) speaks it too (:mod:`temporality_service.server`).
+
+:func:`read_body` reads a request body within a byte limit (by ``Content-Length`` and by what is
+actually streamed) and :func:`parse_json` parses it without ever raising anything but
+:class:`MalformedJson`. Integer query parameters use :data:`Int64` / :data:`NonNegativeInt64` so a value
+no database column can hold is a 422, not an ``OverflowError``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, ClassVar
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+__all__ = [
+    "MAX_INT64",
+    "ApiError",
+    "BadRequest",
+    "BodyTooLarge",
+    "ClientGone",
+    "Conflict",
+    "ErrorBody",
+    "Forbidden",
+    "Int64",
+    "MalformedJson",
+    "NonNegativeInt64",
+    "NotFound",
+    "Unauthorized",
+    "Unavailable",
+    "Unprocessable",
+    "error_response",
+    "install_error_handlers",
+    "parse_json",
+    "read_body",
+    "summarize_errors",
+]
+
+log = structlog.get_logger(__name__)
+
+MAX_INT64 = 2**63 - 1
+
+#: An integer a 64-bit database column can hold (query parameters: sequences, offsets, limits).
+Int64 = Annotated[int, Field(ge=-MAX_INT64 - 1, le=MAX_INT64)]
+NonNegativeInt64 = Annotated[int, Field(ge=0, le=MAX_INT64)]
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "too_many_requests",
+    500: "internal_error",
+    503: "unavailable",
+}
+
+
+class ErrorBody(BaseModel):
+    """Every error response (documented in each service's OpenAPI)."""
+
+    error: str
+    detail: str
+
+
+class ApiError(Exception):
+    """A refusal with its HTTP status and stable wire ``code``. Subclass with class-level defaults, or
+    pass ``status``/``code`` for a one-off; ``extra`` adds fields to the body (never echo a payload)."""
+
+    status: ClassVar[int] = 400
+    code: ClassVar[str] = "bad_request"
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        if status is not None:
+            self.status = status  # type: ignore[misc]  # an instance may narrow its class default
+        if code is not None:
+            self.code = code  # type: ignore[misc]
+        self._headers = dict(headers or {})
+        self._extra = dict(extra or {})
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.code, "detail": self.detail, **self._extra}
+
+    def headers(self) -> dict[str, str]:
+        return dict(self._headers)
+
+
+class BadRequest(ApiError):
+    status = 400
+    code = "bad_request"
+
+
+class MalformedJson(ApiError):
+    status = 400
+    code = "malformed_json"
+
+
+class Unauthorized(ApiError):
+    status = 401
+    code = "unauthorized"
+
+    def __init__(self, detail: str, *, challenge: str = "Bearer", code: str | None = None) -> None:
+        super().__init__(detail, code=code, headers={"WWW-Authenticate": challenge})
+
+
+class Forbidden(ApiError):
+    status = 403
+    code = "forbidden"
+
+
+class NotFound(ApiError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ApiError):
+    status = 409
+    code = "conflict"
+
+
+class BodyTooLarge(ApiError):
+    status = 413
+    code = "body_too_large"
+
+
+class ClientGone(ApiError):
+    """The client closed the connection before its body arrived: logged as a refusal, not as a server error."""
+
+    status = 400
+    code = "client_disconnected"
+
+
+class Unprocessable(ApiError):
+    status = 422
+    code = "invalid_request"
+
+
+class Unavailable(ApiError):
+    status = 503
+    code = "unavailable"
+
+    def __init__(self, detail: str, *, code: str | None = None, retry_after_s: int | None = None) -> None:
+        headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+        super().__init__(detail, code=code, headers=headers)
+        self.retry_after_s = retry_after_s
+
+
+# --------------------------------------------------------------------------- responses and handlers
+def error_response(
+    status: int, code: str, detail: str, headers: Mapping[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    return JSONResponse({"error": code, "detail": detail, **extra}, status_code=status, headers=headers)
+
+
+#: At most this many validation errors are named, each location part cut to this many characters: a
+#: location can be the client's own key (an unexpected field), so an error never echoes the input at length.
+_MAX_ERRORS = 5
+_MAX_LOC_PART = 64
+
+
+def summarize_errors(errors: Sequence[Any]) -> str:
+    """pydantic/FastAPI errors as one sentence, e.g. ``query.limit: Input should be less than or equal to 1000``.
+
+    Never includes the offending input (it may be a secret or a megabyte): the messages, and the
+    locations cut short, of the first few errors, and how many more there were."""
+    parts: list[str] = []
+    for err in errors[:_MAX_ERRORS]:
+        loc = ".".join(_clip(str(p), _MAX_LOC_PART) for p in err.get("loc", ()) if p != "body")
+        msg = _clip(str(err.get("msg", "invalid")), 200)
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    if len(errors) > _MAX_ERRORS:
+        parts.append(f"and {len(errors) - _MAX_ERRORS} more errors")
+    return "; ".join(parts) or "invalid request"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error ``app`` can produce speak ``{"error", "detail"}`` with the right status."""
+
+    async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        if exc.status >= 500:
+            log.warning("http.unavailable", path=request.url.path[:200], error=exc.code, detail=exc.detail)
+        else:
+            log.info("http.refused", path=request.url.path[:200], status=exc.status, error=exc.code)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers() or None)
+
+    async def _validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(422, "invalid_request", summarize_errors(exc.errors()))
+
+    async def _http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, never the caller's fault: logged with its traceback, answered without one.
+        log.error("http.internal_error", path=request.url.path[:200], error=repr(exc)[:500], exc_info=exc)
+        return error_response(500, "internal_error", "the server failed to handle this request; it was logged")
+
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _unexpected)
+
+
+# --------------------------------------------------------------------------- bodies
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, or :class:`BodyTooLarge` as soon as it exceeds ``limit`` bytes (declared or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise BadRequest("Content-Length is not a number")
+        if int(declared) > limit:
+            raise BodyTooLarge(f"the body ({int(declared)} bytes) exceeds the limit of {limit} bytes")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise BodyTooLarge(f"the body exceeds the limit of {limit} bytes")
+    except ClientDisconnect:
+        raise ClientGone("the client closed the connection before the body was complete") from None
+    return bytes(body)
+
+
+def parse_json(raw: bytes) -> Any:
+    """UTF-8 JSON (a leading BOM is fine) into Python values; :class:`MalformedJson` for anything else.
+
+    Refused: bytes that are not UTF-8, text that is not JSON, nesting too deep for the interpreter's
+    recursion limit (a 10,000-deep array is a 400, never a ``RecursionError``), ``NaN``/``Infinity`` and
+    numbers no float holds (``1e999999``), which Python's parser accepts but JSON has not, and escaped lone UTF-16
+    surrogates (``"\\ud800"``), which no UTF-8 consumer downstream accepts. Everything runs in the C JSON
+    codec: no per-character Python on the request path.
+    """
+    try:
+        text = raw.decode("utf-8-sig")  # real Azure DevOps payloads may start with a BOM
+    except UnicodeDecodeError:
+        raise MalformedJson("the body is not UTF-8") from None
+    too_deep = MalformedJson("the body is JSON nested too deeply")
+    try:
+        body = json.loads(text, parse_constant=_not_json, parse_float=_finite)
+    except _NotJson as exc:
+        raise MalformedJson(f"the body is not JSON: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError's message has the position, never the content
+        raise MalformedJson(f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise too_deep from None
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise MalformedJson("the body contains an unpaired UTF-16 surrogate escape") from None
+    except RecursionError:
+        raise too_deep from None
+    return body
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _not_json(constant: str) -> Any:
+    raise _NotJson(f"{constant} is not a JSON value")
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise _NotJson(f"the number {literal[:20]} does not fit a float")
+    return value

@@ -1,0 +1,266 @@
+"""``run_service``: the one lifecycle of every Temporality service process.
+
+    settings -> logging -> connect -> ensure the bus layout -> setup (the service registers its consumers,
+    responders, HTTP app, readiness checks and resources) -> start them all -> ready (ready file,
+    ``/readyz`` 200) only once every consumer is bound, every responder subscribed and the HTTP server
+    accepting -> wait for SIGTERM/SIGINT -> not ready -> stop HTTP and responders (no new work) -> let the
+    consumers finish their in-flight messages -> close resources -> drain the connection -> exit 0.
+
+Exit codes: ``0`` after a clean stop, ``2`` when settings or the service's own configuration are invalid
+(nothing was connected), ``1`` when a part of the service failed (any consumer, responder or the HTTP
+server ending on its own stops all the others: a half-working process is worse than a restarted one).
+
+A service declares what it runs in :data:`temporality_protocol.catalog.SERVICES`; the runtime refuses to
+start a consumer or responder the service does not declare, and refuses to start when a declared one was
+not registered, so the catalogue (and everything derived from it: the embedded launcher, AsyncAPI,
+compose, the chart) cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
+
+import structlog
+from fastapi import FastAPI
+from pydantic import ValidationError
+
+from temporality_bus import Bus, Consumer
+from temporality_bus.consumer import EnvelopeHandler, RawHandler
+from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS, ServiceSpec
+from temporality_service.health import Readiness, add_health_routes
+from temporality_service.lifecycle import clear_ready, mark_ready, stop_on_signals
+from temporality_service.logs import configure_logging
+from temporality_service.server import HttpServer
+from temporality_service.settings import LogSettings, ServiceSettings
+
+__all__ = ["ConfigError", "Configure", "Responder", "Runtime", "Setup", "run_service", "run_until", "serve"]
+
+log = structlog.get_logger(__name__)
+S = TypeVar("S", bound=ServiceSettings)
+
+
+class ConfigError(Exception):
+    """The service's own configuration (a triggers/users/agents file, ...) cannot be used: exit 2."""
+
+
+class Responder(Protocol):
+    """What the runtime needs of a request/reply responder (``temporality_bus.Responder``)."""
+
+    @property
+    def subject(self) -> str: ...
+
+    @property
+    def running(self) -> asyncio.Event: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self, timeout_s: float = ...) -> None: ...
+
+
+class Runtime(Generic[S]):
+    """What a service's ``setup`` registers its parts with; the runtime starts, watches and stops them."""
+
+    def __init__(self, spec: ServiceSpec, settings: S, bus: Bus, resources: contextlib.AsyncExitStack) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.bus = bus
+        #: Enter the service's own resources here (database, channel adapters): closed before the bus drains.
+        self.resources = resources
+        self.readiness = Readiness(spec.name, bus)
+        self.consumers: list[Consumer] = []
+        self.responders: list[Responder] = []
+        self.app: FastAPI | None = None
+        self.server: HttpServer | None = None
+        self._on_stop: list[Callable[[], Awaitable[None]]] = []
+
+    def consumer(
+        self,
+        durable: str,
+        *,
+        handler: EnvelopeHandler | None = None,
+        raw_handler: RawHandler | None = None,
+        max_inflight: int = 1,
+        ack_wait_s: float | None = None,
+    ) -> Consumer:
+        """Run the durable consumer ``durable`` (declared in the service's spec) with one of the handlers."""
+        if durable not in self.spec.consumers:
+            raise ValueError(f"{self.spec.name} does not declare the consumer {durable!r} (catalog.SERVICES)")
+        if any(c.spec.durable == durable for c in self.consumers):
+            raise ValueError(f"consumer {durable!r} registered twice")
+        consumer = Consumer(
+            self.bus,
+            CONSUMERS[durable],
+            handler=handler,
+            raw_handler=raw_handler,
+            max_inflight=max_inflight,
+            ack_wait_s=ack_wait_s,
+        )
+        self.consumers.append(consumer)
+        self.readiness.watch_consumer(consumer)
+        return consumer
+
+    def responder(self, responder: Responder) -> Responder:
+        if responder.subject not in self.spec.responders:
+            raise ValueError(f"{self.spec.name} does not declare a responder on {responder.subject!r}")
+        self.responders.append(responder)
+        self.readiness.watch_responder(responder)
+        return responder
+
+    def http(self, app: FastAPI) -> FastAPI:
+        """Serve ``app`` (with ``/healthz`` and ``/readyz`` added) on the settings' host and port."""
+        if self.settings.port is None:
+            raise ValueError(f"{self.spec.name} has an HTTP app but no port setting")
+        add_health_routes(app, self.readiness)
+        self.app = app
+        return app
+
+    def ready_check(self, name: str, check: Callable[[], Awaitable[None]]) -> None:
+        """A condition ``/readyz`` also requires (e.g. the database answers); ``check`` raises when unmet."""
+        self.readiness.add_check(name, check)
+
+    def on_stop(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Called after the consumers stopped and before resources close (in reverse registration order)."""
+        self._on_stop.append(callback)
+
+    def _check_declared(self) -> None:
+        missing = sorted(set(self.spec.consumers) - {c.spec.durable for c in self.consumers})
+        missing += sorted(set(self.spec.responders) - {r.subject for r in self.responders})
+        if missing:
+            raise RuntimeError(f"{self.spec.name} declares {missing} in catalog.SERVICES but did not start them")
+
+
+#: Registers the service's parts with the runtime (after the bus is connected and its layout ensured).
+Setup = Callable[[Runtime[S]], Awaitable[None]]
+#: Reads the service's own configuration before anything connects (raising :class:`ConfigError` when it
+#: cannot be used) and returns its :data:`Setup`, which closes over what it read.
+Configure = Callable[[S], Setup[S]]
+
+
+async def run_service(spec: ServiceSpec, settings_type: type[S], configure: Configure[S]) -> int:
+    """Run the service until SIGTERM/SIGINT; returns the process exit code (see the module docstring)."""
+    try:
+        settings = settings_type()
+    except ValidationError as exc:
+        configure_logging(LogSettings.model_construct(level="info", format="json"), service=spec.name)
+        log.error("settings.invalid", error=str(exc))
+        return 2
+    configure_logging(settings.log, service=spec.name)
+    try:
+        setup = configure(settings)
+    except ConfigError as exc:
+        log.error("config.invalid", error=str(exc))
+        return 2
+    stop = stop_on_signals()
+    try:
+        await run_until(spec, settings, setup, stop)
+        return 0
+    except ConfigError as exc:
+        log.error("config.invalid", error=str(exc))
+        return 2
+    except Exception as exc:
+        log.error("service.failed", error=repr(exc), exc_info=True)
+        return 1
+    finally:
+        clear_ready(settings.process.ready_file)
+
+
+async def run_until(
+    spec: ServiceSpec, settings: S, setup: Setup[S], stop: asyncio.Event, *, ready: asyncio.Event | None = None
+) -> None:
+    """Connect, set up and serve until ``stop`` is set, then stop in order; sets ``ready`` once serving.
+
+    The body of :func:`run_service` without its process concerns (logging, signals, exit codes): the
+    tests run services in-process through it, several replicas on one event loop.
+    """
+    async with contextlib.AsyncExitStack() as resources:
+        bus = await resources.enter_async_context(Bus.connect(settings.nats, name=spec.name))
+        await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
+        runtime = Runtime(spec, settings, bus, contextlib.AsyncExitStack())
+        await resources.enter_async_context(runtime.resources)  # the service's own: closed before the bus
+        await setup(runtime)
+        runtime._check_declared()
+        if runtime.app is None and settings.port is not None:  # a worker with a probe port
+            runtime.http(FastAPI(title=f"Temporality {spec.name} (health)", openapi_url=None))
+        if runtime.app is not None:
+            assert settings.port is not None
+            runtime.server = HttpServer(runtime.app, host=settings.host, port=settings.port)
+        await _serve(runtime, stop, ready)
+        for callback in reversed(runtime._on_stop):
+            await callback()
+    log.info("service.stopped")
+
+
+async def _serve(runtime: Runtime[Any], stop: asyncio.Event, ready: asyncio.Event | None) -> None:
+    settings = runtime.settings
+    consumers_stop = asyncio.Event()
+    stopping = False
+
+    async def supervised(what: str, coro: Coroutine[Any, Any, None]) -> None:
+        await coro
+        if not stopping:
+            raise RuntimeError(f"{what} stopped on its own")
+
+    async with asyncio.TaskGroup() as tg:
+        for consumer in runtime.consumers:
+            tg.create_task(supervised(f"consumer {consumer.spec.durable}", consumer.run(consumers_stop)))
+        for responder in runtime.responders:
+            await responder.start()
+        server = runtime.server
+        if server is not None:
+            tg.create_task(supervised("the HTTP server", server.run_until_exit()))
+        await _until_started(runtime, stop)
+        if not stop.is_set():
+            runtime.readiness.ready = True
+            mark_ready(settings.process.ready_file)
+            if ready is not None:
+                ready.set()
+            log.info(
+                "service.ready",
+                url=server.url if server is not None else None,
+                consumers=[c.spec.durable for c in runtime.consumers],
+                responders=[r.subject for r in runtime.responders],
+            )
+            await stop.wait()
+        log.info("service.stopping")
+        stopping = True
+        runtime.readiness.ready = False
+        clear_ready(settings.process.ready_file)
+        if server is not None:
+            server.should_exit = True  # stop accepting; in-flight requests finish
+        for responder in runtime.responders:
+            await responder.stop(settings.process.drain_s)
+        consumers_stop.set()  # each consumer finishes its in-flight messages, then unsubscribes
+
+
+async def _until_started(runtime: Runtime[Any], stop: asyncio.Event) -> None:
+    """Wait until every part runs (or stop is asked for); a part that fails meanwhile fails the TaskGroup."""
+    events = [c.running for c in runtime.consumers] + [r.running for r in runtime.responders]
+    if runtime.server is not None:
+        events.append(runtime.server.listening)
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        pending: set[asyncio.Future[Any]] = set(waiters)
+        while pending and not stop.is_set():
+            _, pending = await asyncio.wait({*pending, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(stopper)
+    finally:
+        for waiter in (*waiters, stopper):
+            waiter.cancel()
+
+
+def serve(spec: ServiceSpec, settings_type: type[S], configure: Configure[S]) -> NoReturn:
+    """The console script's body: run the service on uvloop (when installed) and exit with its code."""
+    sys.exit(run(run_service(spec, settings_type, configure)))
+
+
+def run(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
+        return asyncio.run(coro)
+    return uvloop.run(coro)

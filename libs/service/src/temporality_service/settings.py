@@ -1,0 +1,66 @@
+"""Settings every service process shares (pydantic-settings: a bad environment fails before connecting).
+
+    ServiceSettings              -- nats (TEMPORALITY_NATS_*), log (TEMPORALITY_LOG_*), process (TEMPORALITY_*)
+    └── HttpServiceSettings      -- + host, port, max_body_bytes under the service's own prefix
+
+A service subclasses one of them, sets ``model_config = SettingsConfigDict(env_prefix="TEMPORALITY_<SVC>_")``
+and overrides the defaults it needs (e.g. ``port: int = Field(default=8080, ...)``). A worker without an
+API keeps ``port = None``: it serves no HTTP at all unless a port is given, and then only
+``/healthz`` and ``/readyz`` (for Kubernetes probes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from temporality_bus import NatsSettings
+
+__all__ = ["HttpServiceSettings", "LogSettings", "ProcessSettings", "ServiceSettings"]
+
+
+class LogSettings(BaseSettings):
+    """``TEMPORALITY_LOG_*``."""
+
+    model_config = SettingsConfigDict(env_prefix="TEMPORALITY_LOG_", extra="ignore")
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "console"] = "json"
+
+
+class ProcessSettings(BaseSettings):
+    """``TEMPORALITY_*`` settings every service process understands."""
+
+    model_config = SettingsConfigDict(env_prefix="TEMPORALITY_", extra="ignore")
+
+    #: Written (with the pid) once the service is connected, has ensured the layout and all its consumers,
+    #: responders and its HTTP server run; the embedded launcher and the tests wait on it. Removed at stop.
+    ready_file: Path | None = None
+    #: How long a SIGTERM waits for in-flight messages and requests before the process gives up on them
+    #: (they are redelivered: handlers are idempotent). Well below Kubernetes' 30 s grace period.
+    drain_s: float = Field(default=10.0, gt=0)
+
+
+class ServiceSettings(BaseSettings):
+    """The base of every service's ``Settings``: the shared NATS, log and process groups."""
+
+    model_config = SettingsConfigDict(extra="ignore")
+
+    nats: NatsSettings = Field(default_factory=NatsSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+    process: ProcessSettings = Field(default_factory=ProcessSettings)
+    #: Bind address of the service's HTTP server; loopback unless a container needs more.
+    host: str = Field(default="127.0.0.1", description="Bind address; loopback unless a container needs more")
+    #: ``None``: no HTTP server (a worker); ``0`` picks a free port (tests, benchmarks), logged at start.
+    port: int | None = Field(default=None, ge=0, le=65535)
+
+
+class HttpServiceSettings(ServiceSettings):
+    """A service with an HTTP API; subclasses set the default ``port``."""
+
+    port: int | None = Field(default=0, ge=0, le=65535)
+    #: Larger request bodies are refused with 413, by Content-Length or by the size actually streamed.
+    max_body_bytes: int = Field(default=64 * 1024, gt=0)

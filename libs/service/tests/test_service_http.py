@@ -1,0 +1,166 @@
+"""The HTTP contract every service shares: errors, bounded bodies, JSON parsing, query bounds."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Query, Request
+
+from temporality_service import (
+    MAX_INT64,
+    ApiError,
+    BodyTooLarge,
+    ClientGone,
+    MalformedJson,
+    NonNegativeInt64,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+    install_error_handlers,
+    parse_json,
+    read_body,
+)
+from temporality_service.http import summarize_errors
+
+
+def _app() -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/echo")
+    async def echo(request: Request) -> Any:
+        return {"body": parse_json(await read_body(request, 100))}
+
+    @app.get("/seq")
+    async def seq(after: Annotated[NonNegativeInt64, Query()] = 0) -> dict[str, int]:
+        return {"after": after}
+
+    @app.get("/refuse/{kind}")
+    async def refuse(kind: str) -> None:
+        raise {
+            "missing": NotFound("no such thing", code="thing_not_found"),
+            "auth": Unauthorized("who are you"),
+            "busy": Unavailable("try later", retry_after_s=7),
+            "extra": ApiError("bad shape", status=422, code="invalid_payload", extra={"errors": [{"loc": ["a"]}]}),
+        }[kind]
+
+    @app.get("/bug")
+    async def bug() -> None:
+        raise RuntimeError("a bug with a secret in it: hunter2")
+
+    return app
+
+
+@pytest.fixture
+async def client() -> Any:
+    transport = httpx.ASGITransport(app=_app(), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://svc.test") as c:
+        yield c
+
+
+def _error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body: dict[str, Any] = response.json()
+    assert body["error"] == code
+    assert isinstance(body["detail"], str)
+    assert body["detail"]
+    return body
+
+
+async def test_api_errors_carry_status_code_headers_and_extra_fields(client: httpx.AsyncClient) -> None:
+    _error(await client.get("/refuse/missing"), 404, "thing_not_found")
+    auth = await client.get("/refuse/auth")
+    _error(auth, 401, "unauthorized")
+    assert auth.headers["www-authenticate"] == "Bearer"
+    busy = await client.get("/refuse/busy")
+    _error(busy, 503, "unavailable")
+    assert busy.headers["retry-after"] == "7"
+    assert _error(await client.get("/refuse/extra"), 422, "invalid_payload")["errors"] == [{"loc": ["a"]}]
+
+
+async def test_framework_errors_speak_the_same_contract(client: httpx.AsyncClient) -> None:
+    _error(await client.get("/nowhere"), 404, "not_found")
+    _error(await client.delete("/seq"), 405, "method_not_allowed")
+    body = _error(await client.get("/seq", params={"after": "x"}), 422, "invalid_request")
+    assert "after" in body["detail"]
+
+
+async def test_an_unexpected_exception_is_a_json_500_without_its_message(client: httpx.AsyncClient) -> None:
+    body = _error(await client.get("/bug"), 500, "internal_error")
+    assert "hunter2" not in body["detail"]
+
+
+@pytest.mark.parametrize("after", [str(MAX_INT64 + 1), "100000000000000000000", "-1"])
+async def test_integers_no_database_column_holds_are_422(client: httpx.AsyncClient, after: str) -> None:
+    _error(await client.get("/seq", params={"after": after}), 422, "invalid_request")
+    assert (await client.get("/seq", params={"after": str(MAX_INT64)})).json() == {"after": MAX_INT64}
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"\xff\xfe", "not UTF-8"),
+        (b'{"a": ', "not JSON"),
+        (b"[" * 10_000 + b"]" * 10_000, "nested too deeply"),
+        (b'{"a": ' * 10_000 + b"1" + b"}" * 10_000, "nested too deeply"),
+        (b'{"title": "\\ud800 broken"}', "surrogate"),
+    ],
+)
+def test_parse_json_refuses_with_one_error_type(raw: bytes, fragment: str) -> None:
+    with pytest.raises(MalformedJson, match=fragment):
+        parse_json(raw)
+
+
+def test_parse_json_accepts_a_bom_and_surrogate_pairs() -> None:
+    assert parse_json(b'\xef\xbb\xbf{"ok": "\\ud83d\\ude00"}') == {"ok": "\U0001f600"}
+
+
+async def test_bodies_over_the_limit_are_413_declared_or_streamed(client: httpx.AsyncClient) -> None:
+    _error(await client.post("/echo", content=b"1" * 101), 413, "body_too_large")
+
+    async def chunks() -> Any:  # no Content-Length: the limit holds while streaming
+        for _ in range(20):
+            yield b"1" * 10
+
+    _error(await client.post("/echo", content=chunks()), 413, "body_too_large")
+    assert (await client.post("/echo", content=b"[1, 2]")).json() == {"body": [1, 2]}
+    _error(await client.post("/echo", content=b"[" * 50), 400, "malformed_json")
+
+
+async def test_a_content_length_that_is_not_a_number_is_400() -> None:
+    request = Request({"type": "http", "method": "POST", "headers": [(b"content-length", b"12x")], "path": "/"})
+    with pytest.raises(ApiError) as refused:
+        await read_body(request, 100)
+    assert (refused.value.status, refused.value.code) == (400, "bad_request")
+    assert not isinstance(refused.value, BodyTooLarge)
+
+
+@pytest.mark.parametrize("raw", [b"[NaN]", b'{"a": Infinity}', b"-Infinity", b"[1e999999]"])
+def test_parse_json_refuses_what_python_accepts_but_json_has_not(raw: bytes) -> None:
+    with pytest.raises(MalformedJson, match="not JSON"):
+        parse_json(raw)
+    assert parse_json(b"[1.5e3, -0.25]") == [1500.0, -0.25]
+
+
+def test_validation_summaries_never_echo_the_input_at_length() -> None:
+    long_key = "k" * 60_000
+    errors = [{"loc": ("body", long_key), "msg": "Extra inputs are not permitted"}]
+    errors += [{"loc": ("body", f"k{i}"), "msg": "Extra inputs are not permitted"} for i in range(4096)]
+    summary = summarize_errors(errors)
+    assert len(summary) < 1000
+    assert "and 4092 more errors" in summary
+    assert long_key not in summary
+
+
+async def test_a_client_that_hangs_up_mid_body_is_a_refusal_not_a_server_error() -> None:
+    messages = [{"type": "http.request", "body": b'{"a": ', "more_body": True}, {"type": "http.disconnect"}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    scope = {"type": "http", "method": "POST", "headers": [], "path": "/"}
+    with pytest.raises(ClientGone):
+        await read_body(Request(scope, receive), 100)

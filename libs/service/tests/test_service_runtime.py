@@ -1,0 +1,99 @@
+"""The runtime's parts against a real nats-server: readiness follows the consumers, declarations are enforced."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from temporality_bus import Bus, Consumer, Delivery
+from temporality_protocol import Envelope
+from temporality_protocol.catalog import CONSUMERS, SERVICES, ServiceSpec
+from temporality_service import Readiness, Runtime, ServiceSettings, bind_tcp
+from temporality_service.health import add_health_routes
+
+JOURNAL = CONSUMERS["journal"]
+
+
+async def _ignore(event: Envelope, delivery: Delivery) -> None:
+    return None
+
+
+async def test_readyz_is_503_until_the_consumer_is_bound_and_again_once_it_stops(bus: Bus) -> None:
+    readiness = Readiness("journal", bus)
+    consumer = Consumer(bus, JOURNAL, handler=_ignore)
+    readiness.watch_consumer(consumer)
+    app = FastAPI()
+    add_health_routes(app, readiness)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc.test") as client:
+        starting = await client.get("/readyz")
+        assert starting.status_code == 503
+        assert starting.json()["consumers"] == {"journal": "not running"}
+        assert "consumer journal is not running" in starting.json()["detail"]
+        assert (await client.get("/healthz")).json() == {"status": "ok", "service": "journal", "nats": "connected"}
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(consumer.run(stop))
+        await asyncio.wait_for(consumer.running.wait(), 10)
+        info = await bus.js.consumer_info(JOURNAL.stream, JOURNAL.durable)  # really bound on the server
+        assert info.config.durable_name == JOURNAL.durable
+        assert (await client.get("/readyz")).status_code == 503  # bound, but the runtime has not said ready
+        readiness.ready = True
+        ready = await client.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["status"] == "ready"
+
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        assert not consumer.running.is_set()
+        assert (await client.get("/readyz")).status_code == 503
+
+
+async def test_a_failing_readiness_check_is_503_naming_it(bus: Bus) -> None:
+    readiness = Readiness("journal", bus)
+    readiness.ready = True
+
+    async def database() -> None:
+        raise ConnectionRefusedError("database down")
+
+    readiness.add_check("database", database)
+    ready, fields, reasons = await readiness.report()
+    assert not ready
+    assert fields["checks"] == {"database": "failing"}
+    assert reasons == ["database does not answer"]
+
+
+async def test_the_runtime_refuses_parts_the_catalogue_does_not_declare(bus: Bus) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        rt = Runtime(SERVICES["run-executor"], ServiceSettings(), bus, stack)
+        with pytest.raises(ValueError, match="does not declare the consumer 'journal'"):
+            rt.consumer("journal", handler=_ignore)
+        rt.consumer("run-executor-requests", handler=_ignore)
+        with pytest.raises(ValueError, match="registered twice"):
+            rt.consumer("run-executor-requests", handler=_ignore)
+        with pytest.raises(RuntimeError, match="run-executor-human"):
+            rt._check_declared()  # declared in catalog.SERVICES but never registered
+        with pytest.raises(ValueError, match="no port"):
+            rt.http(FastAPI())
+
+
+async def test_a_spec_without_the_consumer_cannot_smuggle_it_in(bus: Bus) -> None:
+    spec = ServiceSpec("x", package="x", description="x", env_prefix="X_")
+    async with contextlib.AsyncExitStack() as stack:
+        rt = Runtime(spec, ServiceSettings(), bus, stack)
+        with pytest.raises(ValueError, match="does not declare"):
+            rt.consumer("journal", handler=_ignore)
+
+
+def test_the_listening_socket_gets_tcp_nodelay_and_reuseaddr() -> None:
+    sock = bind_tcp("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP  # asyncio sets TCP_NODELAY on accepted sockets only then
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        sock.close()

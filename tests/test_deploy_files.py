@@ -1,18 +1,23 @@
 """The deployment files agree with the code: Dockerfile, docker-compose.yml and the Helm chart.
 
 No Docker engine or helm binary is assumed: what can be checked statically is checked here against
-the services' pyproject.toml files and docs/service-conventions.md; ``helm lint`` / ``helm template``
-and ``docker compose config`` run only when those binaries exist.
+the service catalogue (``temporality_protocol.catalog.SERVICES``: names, HTTP ports, port variables),
+the workspace's pyproject.toml files and docs/service-conventions.md; ``helm lint`` / ``helm template``
+and ``docker compose config`` run only when those binaries exist, ``uv export`` when uv does.
 """
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import re
 import shutil
 import subprocess
+import textwrap
 import tomllib
 from copy import deepcopy
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +25,18 @@ import pytest
 import yaml
 from jsonschema import validators
 
+from temporality_protocol.catalog import SERVICES as CATALOGUE
+
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "temporality"
-SERVICES = ("trigger-gateway", "run-executor", "human-interaction", "agent-collab", "journal")
-#: HTTP services: port variable and default port (docs/service-conventions.md).
-HTTP = {
-    "trigger-gateway": ("TEMPORALITY_GATEWAY_PORT", 8080),
-    "human-interaction": ("TEMPORALITY_HUMAN_PORT", 8081),
-    "journal": ("TEMPORALITY_JOURNAL_PORT", 8082),
-}
-WORKERS = ("run-executor", "agent-collab")
+SERVICES = tuple(CATALOGUE)
+#: HTTP services: port variable and default port (``<env_prefix>PORT``, ``http_port``).
+HTTP = {s.name: (f"{s.env_prefix}PORT", s.http_port) for s in CATALOGUE.values() if s.http_port is not None}
+WORKERS = tuple(s.name for s in CATALOGUE.values() if s.http_port is None)
+#: Workers (no API) serve only /healthz and /readyz, on ``<env_prefix>PORT`` bound to ``<env_prefix>HOST``.
+WORKER_ENV = {name: (f"{CATALOGUE[name].env_prefix}HOST", f"{CATALOGUE[name].env_prefix}PORT") for name in WORKERS}
+#: The worker health port inside the container (compose) and the chart's default ``healthPort``.
+WORKER_HEALTH_PORT = 9090
 #: Config files: the variable naming each, and the service reading it.
 CONFIG_FILES = {
     "triggers.yaml": ("trigger-gateway", "TEMPORALITY_GATEWAY_TRIGGERS_FILE"),
@@ -37,6 +44,12 @@ CONFIG_FILES = {
     "agents.yaml": ("run-executor", "TEMPORALITY_EXECUTOR_AGENTS_FILE"),
 }
 ENV_NAME = re.compile(r"\bTEMPORALITY_[A-Z0-9_]+\b")
+
+
+def test_the_catalogue_has_http_services_and_workers() -> None:
+    assert HTTP
+    assert WORKERS
+    assert set(HTTP) | set(WORKERS) == set(SERVICES)
 
 
 # --------------------------------------------------------------------------- sources of truth
@@ -69,7 +82,26 @@ def _documented_env() -> set[str]:
 
 
 def _workspace_members() -> list[str]:
-    return sorted(p.parent.relative_to(ROOT).as_posix() for p in ROOT.glob("*/*/pyproject.toml"))
+    """The members the root pyproject's workspace globs find on disk (so a member being added counts)."""
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["uv"]["workspace"][
+        "members"
+    ]
+    return sorted(
+        Path(found).relative_to(ROOT).as_posix()
+        for pattern in patterns
+        for found in glob.glob(str(ROOT / pattern))
+        if (Path(found) / "pyproject.toml").is_file()
+    )
+
+
+def test_console_scripts_are_the_catalogue_s() -> None:
+    assert _console_scripts() == {s.script: s.name for s in CATALOGUE.values()}
+
+
+def test_workspace_members_include_the_services_and_libs() -> None:
+    members = _workspace_members()
+    assert {f"services/{name}" for name in SERVICES} <= set(members)
+    assert {"libs/protocol", "libs/bus"} <= set(members)
 
 
 def test_documented_env_table_is_parsed() -> None:
@@ -128,17 +160,12 @@ def test_compose_postgres(compose: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("name", SERVICES)
-def test_compose_service_command_is_a_console_script(compose: dict[str, Any], name: str) -> None:
+def test_compose_builds_each_service_from_its_dockerfile_target(compose: dict[str, Any], name: str) -> None:
     service = compose["services"][name]
-    command = service["command"] if isinstance(service["command"], list) else service["command"].split()
-    scripts = _console_scripts()
-    assert command[0] in scripts, f"{command[0]} is not a [project.scripts] entry of services/*/pyproject.toml"
-    assert scripts[command[0]] == name, f"{name} runs {scripts[command[0]]}'s script"
-
-
-def test_every_console_script_runs_somewhere(compose: dict[str, Any]) -> None:
-    commands = {compose["services"][n]["command"][0] for n in SERVICES}
-    assert set(_console_scripts()) == commands
+    assert service["build"] == {"context": ".", "target": name}
+    assert service["image"] == f"temporality-{name}:local"
+    # the image's CMD is the service's console script (checked on the Dockerfile below): no override
+    assert service.get("command") in (None, [CATALOGUE[name].script])
 
 
 @pytest.mark.parametrize("name", SERVICES)
@@ -167,14 +194,36 @@ def test_compose_http_service_listens_publishes_and_is_probed(compose: dict[str,
     assert f"127.0.0.1:{default_port}:{default_port}" in service["ports"]
     check = _healthcheck_text(service)
     assert "urllib" in check
-    assert f":{default_port}/healthz" in check
+    assert f"http://127.0.0.1:{default_port}/readyz" in check, "healthy = ready (bus connected, consumers running)"
+    assert "TEMPORALITY_READY_FILE" not in env
 
 
 @pytest.mark.parametrize("name", WORKERS)
-def test_compose_worker_is_probed_on_its_ready_file(compose: dict[str, Any], name: str) -> None:
+def test_compose_worker_is_probed_on_readyz_of_its_unpublished_health_port(compose: dict[str, Any], name: str) -> None:
+    """A worker's ready file stays while it has lost NATS; its /readyz answers 503 then (and from SIGTERM on)."""
     service = compose["services"][name]
-    ready = _env(service)["TEMPORALITY_READY_FILE"]
-    assert service["healthcheck"]["test"] == ["CMD", "test", "-f", ready]
+    host_var, port_var = WORKER_ENV[name]
+    env = _env(service)
+    assert env[host_var] == "0.0.0.0", "loopback is unreachable from outside a container"
+    assert int(env[port_var]) == WORKER_HEALTH_PORT
+    assert service["healthcheck"]["test"] == [
+        "CMD",
+        "python",
+        "-c",
+        f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{WORKER_HEALTH_PORT}/readyz', timeout=3)",
+    ], "healthy = ready, through the image's own Python (no curl in python:slim)"
+    for key in ("interval", "timeout", "retries", "start_period"):
+        assert key in service["healthcheck"], key
+    assert "ports" not in service, "the health port is for the healthcheck, not the host"
+    assert "TEMPORALITY_READY_FILE" not in env, "probed over HTTP, not on a ready file"
+    assert sorted(k for k in env if k.endswith(("_PORT", "_HOST"))) == sorted(WORKER_ENV[name])
+
+
+def test_compose_probes_no_service_on_a_ready_file(compose: dict[str, Any]) -> None:
+    text = (ROOT / "docker-compose.yml").read_text(encoding="utf-8")
+    assert "/tmp/ready" not in text
+    for name in SERVICES:
+        assert "/readyz" in _healthcheck_text(compose["services"][name]), name
 
 
 def test_compose_env_names_are_ones_the_services_read() -> None:
@@ -197,33 +246,150 @@ def test_docker_compose_config_if_available() -> None:
 
 
 # --------------------------------------------------------------------------- Dockerfile
+@dataclass
+class Stage:
+    base: str
+    name: str
+    #: (instruction, arguments) in order, continuation lines joined.
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def args(self, instruction: str) -> list[str]:
+        return [a for i, a in self.instructions if i == instruction]
+
+
+def _stages(text: str) -> dict[str, Stage]:
+    """The Dockerfile's build stages by name, parsed as docker does: comments dropped, ``\\`` continues."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n\s*", " ", "\n".join(lines))
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    for line in joined.splitlines():
+        if not line.strip():
+            continue
+        instruction, _, args = line.strip().partition(" ")
+        if instruction.upper() == "FROM":
+            match = re.fullmatch(r"(\S+) AS (\S+)", args.strip(), re.IGNORECASE)
+            assert match, f"name every stage: FROM {args}"
+            assert match[2] not in stages, f"stage {match[2]} twice"
+            current = stages[match[2]] = Stage(match[1], match[2])
+        else:
+            assert current is not None, f"{instruction} before the first FROM"
+            current.instructions.append((instruction.upper(), args.strip()))
+    return stages
+
+
 @pytest.fixture(scope="module")
-def dockerfile() -> str:
-    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
-    return re.sub(r"\\\n\s*", " ", text)  # join continuation lines
+def stages() -> dict[str, Stage]:
+    return _stages((ROOT / "Dockerfile").read_text(encoding="utf-8"))
 
 
-def test_dockerfile_base_uv_and_sync(dockerfile: str) -> None:
-    assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == ["python:3.11-slim", "python:3.11-slim"]
-    assert "pip install --no-cache-dir uv==0.13.9" in dockerfile
-    syncs = re.findall(r"uv sync ([^\n]*)", dockerfile)
-    assert syncs
-    for flags in syncs:
-        assert {"--frozen", "--all-packages", "--no-dev"} <= set(flags.split())
+def _lineage(stages: dict[str, Stage], name: str) -> list[Stage]:
+    """The stage and the stages it is built FROM, nearest first."""
+    chain = [stages[name]]
+    while chain[-1].base in stages:
+        chain.append(stages[chain[-1].base])
+    return chain
 
 
-def test_dockerfile_runs_as_non_root(dockerfile: str) -> None:
-    users = re.findall(r"^USER (\S+)", dockerfile, re.M)
-    assert users
-    assert users[-1].split(":")[0] not in {"root", "0"}
+def _effective(stages: dict[str, Stage], name: str, instruction: str) -> str | None:
+    """The last ``instruction`` (USER, CMD) in effect for the target ``name``."""
+    for stage in _lineage(stages, name):
+        found = stage.args(instruction)
+        if found:
+            return found[-1]
+    return None
 
 
-def test_dockerfile_copies_every_workspace_member_manifest(dockerfile: str) -> None:
-    """The dependency layer needs each member's pyproject.toml; a new member must be added to it."""
-    members = _workspace_members()
-    assert len(members) >= len(SERVICES)
-    for member in members:
-        assert f"COPY {member}/pyproject.toml {member}/pyproject.toml" in dockerfile, member
+def _syncs(stage: Stage) -> list[set[str]]:
+    return [set(m[1].split()) for a in stage.args("RUN") if (m := re.search(r"\buv sync (.*)", a))]
+
+
+def test_dockerfile_has_a_target_per_service_and_no_other_stage(stages: dict[str, Stage]) -> None:
+    assert set(stages) == {"uv", "runtime", *SERVICES, *(f"build-{name}" for name in SERVICES)}
+
+
+def test_dockerfile_base_and_uv(stages: dict[str, Stage]) -> None:
+    assert {s.base for s in stages.values() if s.base not in stages} == {"python:3.11-slim"}
+    assert stages["uv"].base == stages["runtime"].base == "python:3.11-slim"
+    assert "pip install --no-cache-dir uv==0.13.9" in stages["uv"].args("RUN")
+    for stage in stages.values():
+        for flags in _syncs(stage):
+            assert "--all-packages" not in flags, "an image installs one service, not the whole workspace"
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_dockerfile_build_stage_installs_only_its_service(stages: dict[str, Stage], name: str) -> None:
+    build = stages[f"build-{name}"]
+    assert build.base == "uv"
+    run = " ".join(build.args("RUN"))
+    assert f"--package {CATALOGUE[name].distribution} " in run
+    package = {"--frozen", "--no-dev", "--package", CATALOGUE[name].distribution}
+    assert _syncs(build) == [package | {"--no-install-workspace"}, package | {"--no-editable"}], (
+        "its dependencies first (a layer that survives code changes), then the workspace members as wheels"
+    )
+    kinds = [i for i, _ in build.instructions]
+    assert kinds == ["RUN", "COPY", "COPY", "RUN"], "dependency layer, then the sources, then the install"
+    assert {a.split()[0] for a in build.args("COPY")} == {"libs", f"services/{name}"}, (
+        "only the shared libs and this service's own source"
+    )
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_dockerfile_target_runs_its_console_script(stages: dict[str, Stage], name: str) -> None:
+    target = stages[name]
+    assert target.base == "runtime", "every service image shares the runtime base"
+    assert target.args("COPY") == [f"--from=build-{name} --chown=root:root /app/.venv /app/.venv"]
+    cmd = _effective(stages, name, "CMD")
+    assert cmd is not None
+    assert json.loads(cmd) == [CATALOGUE[name].script], "exec form, the service's console script"
+    assert CATALOGUE[name].script in _console_scripts()
+    exposed = {int(p) for a in target.args("EXPOSE") for p in a.split()}
+    http_port = CATALOGUE[name].http_port
+    assert exposed == (set() if http_port is None else {http_port})
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_dockerfile_target_runs_as_non_root(stages: dict[str, Stage], name: str) -> None:
+    user = _effective(stages, name, "USER")
+    assert user is not None
+    assert user.split(":")[0] not in {"root", "0"}
+
+
+def test_dockerfile_copies_every_workspace_member_manifest(stages: dict[str, Stage]) -> None:
+    """uv reads the whole workspace, so the manifest layer needs each member's pyproject.toml; a new member
+    (libs/service, which every service depends on) must be added to it."""
+    copies = stages["uv"].args("COPY")
+    assert "pyproject.toml uv.lock ./" in copies
+    for member in _workspace_members():
+        assert f"{member}/pyproject.toml {member}/pyproject.toml" in copies, member
+    assert "libs/service/pyproject.toml libs/service/pyproject.toml" in copies
+
+
+def _uv() -> str:
+    for candidate in (shutil.which("uv"), str(ROOT / ".tools" / "bin" / "uv")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.skip("no uv binary here: what each image installs is not exported from the lock file")
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_each_image_gets_only_its_service_and_the_libs_it_needs(name: str) -> None:
+    """What the build stage's `uv sync --package` installs, read from the lock file: no other service."""
+    command = [_uv(), "export", "--frozen", "--no-dev", "--package", CATALOGUE[name].distribution, "--no-hashes"]
+    result = subprocess.run(
+        [*command, "--no-header"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    local = {line.split()[-1].removeprefix("./") for line in result.stdout.splitlines() if line.startswith("-e ")}
+    assert f"services/{name}" in local
+    assert {m for m in local if m.startswith("services/")} == {f"services/{name}"}
+    assert not local & {"libs/embedded", "libs/testing"}, "the launcher and the test peers stay out of images"
 
 
 def test_dockerignore_keeps_what_the_build_copies() -> None:
@@ -233,6 +399,7 @@ def test_dockerignore_keeps_what_the_build_copies() -> None:
     for needed in ("!pyproject.toml", "!uv.lock", "!libs/", "!services/"):
         assert needed in patterns
     assert "**/.venv/" in patterns
+    assert "**/tests/" in patterns, "tests stay out of the images"
 
 
 # --------------------------------------------------------------------------- Helm chart
@@ -276,8 +443,10 @@ def test_values_validate_against_schema(values: dict[str, Any], values_schema: d
     [
         (("natss",), {"url": "nats://x:4222"}),
         (("image", "tagg"), "1.0"),
+        (("services", "journal", "image", "repo"), "registry.example.com/journal"),
         (("services", "journal", "replica"), 2),
         (("services", "run-executor", "port"), 9000),  # workers have no HTTP port
+        (("services", "journal", "healthPort"), 9090),  # HTTP services are probed on their API port
         (("services", "trigger-gatway"), {"enabled": True, "replicas": 1, "port": 8080}),
         (("services", "journal", "resources", "limit"), {"memory": "1Gi"}),
         (("config", "trigger.yaml"), "triggers: []\n"),
@@ -301,6 +470,8 @@ def test_values_with_a_typo_fail(
     [
         (("services", "journal", "extraEnv"), {"TEMPORALITY_JOURNAL_PORT": 8082}),  # numbers must be strings
         (("log", "level"), "verbose"),
+        (("services", "journal", "image"), "temporality-journal:0.1.0"),  # an object, not a reference
+        (("image", "repository"), ""),
         (("nats", "url"), "localhost:4222"),
         (("ingress",), {"enabled": True}),  # needs a host
     ],
@@ -313,6 +484,36 @@ def test_values_with_a_bad_value_fail(
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
+    assert _validate(values_schema, broken)
+
+
+@pytest.mark.parametrize("name", WORKERS)
+@pytest.mark.parametrize("key", ["healthport", "health_port", "readyFile", "probes", "service"])
+def test_values_with_an_unknown_worker_key_fail(
+    values: dict[str, Any], values_schema: dict[str, Any], name: str, key: str
+) -> None:
+    broken = deepcopy(values)
+    broken["services"][name][key] = 9090
+    errors = _validate(values_schema, broken)
+    assert any("Additional properties are not allowed" in e and key in e for e in errors), errors
+
+
+@pytest.mark.parametrize("name", WORKERS)
+@pytest.mark.parametrize("port", [0, 65536, "9090", None])
+def test_values_with_a_bad_worker_health_port_fail(
+    values: dict[str, Any], values_schema: dict[str, Any], name: str, port: Any
+) -> None:
+    broken = deepcopy(values)
+    broken["services"][name]["healthPort"] = port
+    assert _validate(values_schema, broken)
+
+
+@pytest.mark.parametrize("name", WORKERS)
+def test_values_without_a_worker_health_port_fail(
+    values: dict[str, Any], values_schema: dict[str, Any], name: str
+) -> None:
+    broken = deepcopy(values)
+    del broken["services"][name]["healthPort"]
     assert _validate(values_schema, broken)
 
 
@@ -367,32 +568,144 @@ def test_chart_env_names_are_ones_the_services_read() -> None:
     assert used <= _documented_env(), f"not in docs/service-conventions.md: {sorted(used - _documented_env())}"
 
 
-def test_chart_has_a_deployment_per_service(values: dict[str, Any]) -> None:
+def test_chart_has_a_deployment_per_service(values: dict[str, Any], values_schema: dict[str, Any]) -> None:
     deployments = (CHART / "templates" / "deployments.yaml").read_text(encoding="utf-8")
     assert "kind: Deployment" in deployments
     assert "range $name, $svc := .Values.services" in deployments
     assert 'command: ["temporality-{{ $name }}"]' in deployments
-    assert set(values["services"]) == set(SERVICES)
-    scripts = _console_scripts()
-    for name in SERVICES:
-        assert f"temporality-{name}" in scripts
+    assert list(values["services"]) == list(SERVICES), "values.services is the catalogue, in its order"
+    services_schema = values_schema["properties"]["services"]
+    assert set(services_schema["properties"]) == set(services_schema["required"]) == set(SERVICES)
+    for name, spec in CATALOGUE.items():
+        kind = "worker" if spec.http_port is None else "httpService"
+        assert services_schema["properties"][name] == {"$ref": f"#/definitions/{kind}"}, name
+        assert spec.script in _console_scripts()
+
+
+#: Started and alive = /healthz answers (liveness only: a NATS outage must not restart every pod);
+#: ready (traffic, rollouts) = /readyz answers 200.
+PROBE_PATHS = {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+
+
+def _probes(port_name: str) -> dict[str, Any]:
+    """The "temporality.probes" helper of _helpers.tpl rendered for ``port_name`` (its only input, ``.``)."""
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text(encoding="utf-8")
+    body = helpers.split('{{- define "temporality.probes" -}}\n', 1)[1].split("{{- end }}", 1)[0]
+    assert "{{" not in body.replace("{{ . }}", ""), "the probes depend only on the port name"
+    doc: dict[str, Any] = yaml.safe_load(body.replace("{{ . }}", port_name))
+    return doc
+
+
+def _port_branches(deployments: str) -> tuple[str, str]:
+    """The ports-and-probes text of HTTP services (``if $svc.port``) and of workers (its ``else``)."""
+    assert deployments.count("{{- if $svc.port }}") == 1
+    rest = deployments.split("{{- if $svc.port }}\n", 1)[1]
+    http, _, rest = rest.partition("          {{- else }}\n")
+    worker, _, _ = rest.partition("          {{- end }}\n")
+    assert http, "an HTTP branch"
+    assert worker, "a worker branch"
+    return http, worker
+
+
+def _branch_yaml(branch: str, port: int) -> dict[str, Any]:
+    """A branch's static YAML (its port), the include line dropped; ``{{ $svc.<key> }}`` becomes ``port``."""
+    lines = [line for line in branch.splitlines() if "{{- include" not in line]
+    text = re.sub(r"\{\{ \$svc\.\w+ \}\}", str(port), "\n".join(lines))
+    assert "{{" not in text, text
+    doc: dict[str, Any] = yaml.safe_load(textwrap.dedent(text))
+    return doc
+
+
+def _env_branch(deployments: str, name: str) -> str:
+    """The service-specific env entries of ``name`` (its ``if/else if eq $name`` branch)."""
+    rest = deployments.split(f'eq $name "{name}" }}}}\n', 1)[1]
+    return rest.split("{{-", 1)[0]
+
+
+def test_chart_probes_are_http_on_healthz_and_readyz() -> None:
+    for port_name in ("http", "health"):
+        probes = _probes(port_name)
+        assert set(probes) == set(PROBE_PATHS)
+        for probe, path in PROBE_PATHS.items():
+            assert probes[probe]["httpGet"] == {"path": path, "port": port_name}, probe
+            assert set(probes[probe]) <= {"httpGet", "periodSeconds", "timeoutSeconds", "failureThreshold"}
+        assert probes["startupProbe"]["periodSeconds"] * probes["startupProbe"]["failureThreshold"] >= 60
 
 
 def test_chart_ports_and_probes(values: dict[str, Any]) -> None:
     deployments = (CHART / "templates" / "deployments.yaml").read_text(encoding="utf-8")
+    http, _ = _port_branches(deployments)
     for name, (variable, port) in HTTP.items():
         assert values["services"][name]["port"] == port
-        assert f"- name: {variable}" in deployments
-    for name in WORKERS:
-        assert "port" not in values["services"][name]
-    assert "path: /healthz" in deployments
-    assert 'command: ["test", "-f", "/tmp/ready"]' in deployments
-    assert deployments.count("value: /tmp/ready") == len(WORKERS)
+        assert "healthPort" not in values["services"][name]
+        env = _env_branch(deployments, name)
+        assert f'- name: {variable.replace("_PORT", "_HOST")}\n              value: "0.0.0.0"' in env
+        assert f"- name: {variable}\n              value: {{{{ $svc.port | toString | quote }}}}" in env
+    # HTTP services: the probes on their API port, named `http` (their Service's targetPort)
+    assert _branch_yaml(http, 8080) == {"ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]}
+    assert "{{ $svc.port }}" in http
+    assert '          {{- include "temporality.probes" "http" | nindent 10 }}\n' in http
     assert "terminationGracePeriodSeconds: 30" in deployments
     for file, (_, variable) in CONFIG_FILES.items():
         assert f"- name: {variable}" in deployments
         assert f'{{{{ include "temporality.configDir" $ }}}}/{file}' in deployments
     assert set(values["config"]) == set(CONFIG_FILES)
+
+
+def test_chart_probes_every_worker_over_http_on_its_health_port(
+    values: dict[str, Any], compose: dict[str, Any]
+) -> None:
+    """Each worker's Deployment (the ``else`` of ``if $svc.port``: workers have no ``port``) listens on
+    ``healthPort`` on every interface, names it `health` and is probed there: startup and liveness on
+    /healthz, readiness on /readyz. No ready file: it stays while the worker has lost NATS."""
+    deployments = (CHART / "templates" / "deployments.yaml").read_text(encoding="utf-8")
+    _, worker = _port_branches(deployments)
+    for name in WORKERS:
+        settings = values["services"][name]
+        assert "port" not in settings, "a `port` would make it an HTTP service with a Service"
+        assert settings["healthPort"] == WORKER_HEALTH_PORT
+        assert int(_env(compose["services"][name])[WORKER_ENV[name][1]]) == settings["healthPort"]
+        host_var, port_var = WORKER_ENV[name]
+        env = _env_branch(deployments, name)
+        assert f'- name: {host_var}\n              value: "0.0.0.0"' in env, "probes come from outside the container"
+        assert f"- name: {port_var}\n              value: {{{{ $svc.healthPort | toString | quote }}}}" in env
+    assert _branch_yaml(worker, WORKER_HEALTH_PORT) == {
+        "ports": [{"name": "health", "containerPort": WORKER_HEALTH_PORT, "protocol": "TCP"}]
+    }
+    assert "{{ $svc.healthPort }}" in worker
+    assert '          {{- include "temporality.probes" "health" | nindent 10 }}\n' in worker
+    assert re.search(r"^          ports:$", worker, re.M), "the probes' indentation (nindent 10) is the ports'"
+    assert "/tmp/ready" not in deployments
+    assert "TEMPORALITY_READY_FILE" not in deployments
+
+
+def test_chart_routes_no_service_to_a_worker(values: dict[str, Any]) -> None:
+    services = (CHART / "templates" / "services.yaml").read_text(encoding="utf-8")
+    assert "{{- if and $svc.enabled $svc.port }}" in services, "a Service only for services with an HTTP port"
+    assert "$svc.healthPort" not in services
+    for name in WORKERS:
+        assert "port" not in values["services"][name]
+    for template in ("ingress.yaml", "NOTES.txt", "tests/test-connection.yaml"):
+        assert ".healthPort" not in (CHART / "templates" / template).read_text(encoding="utf-8"), template
+
+
+def test_chart_runs_each_service_from_its_own_image(values: dict[str, Any], compose: dict[str, Any]) -> None:
+    """`<image.repository>-<service>` by default, the names docker-compose.yml tags its targets with;
+    `services.<name>.image` overrides one service."""
+    deployments = (CHART / "templates" / "deployments.yaml").read_text(encoding="utf-8")
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text(encoding="utf-8")
+    assert 'image: {{ include "temporality.image" $ctx | quote }}' in deployments
+    assert "imagePullPolicy: {{ $.Values.image.pullPolicy }}" in deployments
+    image_helper = helpers.split('{{- define "temporality.image" -}}', 1)[1].split("{{- end }}", 1)[0]
+    assert 'printf "%s-%s" .root.Values.image.repository .name' in image_helper
+    assert "$image.repository" in image_helper
+    assert "$image.tag" in image_helper
+    assert ".root.Values.image.tag" in image_helper
+    assert ".root.Chart.AppVersion" in image_helper
+    for name in SERVICES:
+        assert values["services"][name]["image"] == {"repository": "", "tag": ""}, "defaults come from image.*"
+        repository = compose["services"][name]["image"].partition(":")[0]
+        assert repository == f"{values['image']['repository']}-{name}"
 
 
 def test_chart_test_pod_curls_the_gateway() -> None:
@@ -436,6 +749,29 @@ def test_helm_template_renders_five_deployments(extra: list[str]) -> None:
     kinds = [(d["kind"], d["metadata"]["name"]) for d in docs]
     assert sorted(n for k, n in kinds if k == "Deployment") == sorted(f"t-temporality-{s}" for s in SERVICES)
     assert sorted(n for k, n in kinds if k == "Service") == sorted(f"t-temporality-{s}" for s in HTTP)
+
+
+def test_helm_template_probes_every_deployment_over_http() -> None:
+    result = subprocess.run([_helm(), "template", "t", str(CHART)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    deployments = {d["metadata"]["name"].removeprefix("t-temporality-"): d for d in docs if d["kind"] == "Deployment"}
+    for name in SERVICES:
+        (container,) = deployments[name]["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        if name in WORKERS:
+            port_name, port = "health", WORKER_HEALTH_PORT
+            host_var, port_var = WORKER_ENV[name]
+        else:
+            port_name, port = "http", CATALOGUE[name].http_port
+            port_var = f"{CATALOGUE[name].env_prefix}PORT"
+            host_var = f"{CATALOGUE[name].env_prefix}HOST"
+        assert container["ports"] == [{"name": port_name, "containerPort": port, "protocol": "TCP"}], name
+        assert env[host_var] == "0.0.0.0"
+        assert env[port_var] == str(port)
+        assert "TEMPORALITY_READY_FILE" not in env
+        for probe, path in PROBE_PATHS.items():
+            assert container[probe]["httpGet"] == {"path": path, "port": port_name}, (name, probe)
 
 
 def test_chart_default_config_files_load_in_the_services(values: dict[str, Any], tmp_path: Path) -> None:

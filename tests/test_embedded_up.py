@@ -14,15 +14,15 @@ import httpx
 import pytest
 from e2e_support import CONFIG, EXAMPLE_PR, HOOK_AUTH
 
-from temporality_embedded import free_port
+from temporality_embedded import SERVICES, free_port
 
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(sys.executable).parent / "temporality"
 
 
 class Up:
-    def __init__(self, data_dir: Path) -> None:
-        self.ports = {"gateway": free_port(), "human": free_port(), "journal": free_port()}
+    def __init__(self, data_dir: Path, ports: dict[str, int] | None = None) -> None:
+        self.ports = ports or {"gateway": free_port(), "human": free_port(), "journal": free_port()}
         self.proc = subprocess.Popen(
             [
                 str(SCRIPT), "up",
@@ -71,6 +71,9 @@ def _alive(pid: int) -> bool:
 def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_state(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     up = Up(data_dir)
+    # a keep-alive connection still open at Ctrl-C: the server closes it, so the gateway's end of it
+    # lingers in TIME_WAIT on the gateway port after the stop
+    keep_alive = httpx.Client(timeout=10)
     try:
         out = "\n".join(up.read_until("Press Ctrl-C to stop."))
         hook = f"http://127.0.0.1:{up.ports['gateway']}/hooks/ado-pr-review"
@@ -80,18 +83,20 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         assert "nats://127.0.0.1:" in out
         body = EXAMPLE_PR.read_bytes()
         headers = {"Authorization": HOOK_AUTH, "Content-Type": "application/json"}
-        accepted = httpx.post(hook, content=body, headers=headers, timeout=10)
+        accepted = keep_alive.post(hook, content=body, headers=headers)
         assert accepted.status_code == 202, accepted.text
         run_id = accepted.json()["run_id"]
         pids = _pids(data_dir / "run")
-        assert len(pids) == 5
+        assert len(pids) == len(SERVICES)
     finally:
         code = up.interrupt()
+        keep_alive.close()
     assert code == 0, up.lines
     assert not [pid for pid in pids if _alive(pid)], "services left running after Ctrl-C"
 
-    # the next start finds the same run and still recognises the delivery (JetStream file store + SQLite)
-    again = Up(data_dir)
+    # the next start, right away on the same ports (TIME_WAIT is not "in use"), finds the same run and
+    # still recognises the delivery (JetStream file store + SQLite)
+    again = Up(data_dir, up.ports)
     try:
         again.read_until("Press Ctrl-C to stop.")
         hook = f"http://127.0.0.1:{again.ports['gateway']}/hooks/ado-pr-review"

@@ -71,10 +71,16 @@ app.kubernetes.io/component: {{ .name }}
 {{- end }}
 
 {{/*
-The image reference; the tag defaults to the chart's appVersion.
+One service's image: services.<name>.image.repository, else <image.repository>-<name> (the Dockerfile's
+target of that name); services.<name>.image.tag, else image.tag, else the chart's appVersion.
+Call with (dict "root" $ "name" "journal").
 */}}
 {{- define "temporality.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $svc := index .root.Values.services .name }}
+{{- $image := default (dict) $svc.image }}
+{{- $repository := default (printf "%s-%s" .root.Values.image.repository .name) $image.repository }}
+{{- $tag := default (default .root.Chart.AppVersion .root.Values.image.tag) $image.tag }}
+{{- printf "%s:%s" $repository $tag }}
 {{- end }}
 
 {{/*
@@ -102,4 +108,32 @@ Where the config files are mounted.
 */}}
 {{- define "temporality.configDir" -}}
 /app/config
+{{- end }}
+
+{{/*
+The probes of a service's container, on its named port (call with "http" or "health"): started and alive
+while /healthz answers (liveness only: a NATS outage must not restart every pod at once), ready (traffic,
+rollouts) while /readyz answers 200 (NATS connected, every consumer and responder running, checks passing).
+*/}}
+{{- define "temporality.probes" -}}
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: {{ . }}
+  periodSeconds: 2
+  failureThreshold: 60
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: {{ . }}
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 3
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: {{ . }}
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 6
 {{- end }}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from temporality_protocol import EVENT_MODELS
 from temporality_protocol.catalog import (
@@ -11,7 +14,13 @@ from temporality_protocol.catalog import (
     CONSUMERS,
     EVENTS_STREAM,
     RPC_GET_COLLABORATORS,
+    SERVICES,
+    ConsumerSpec,
+    ServiceSpec,
+    check_services,
+    service_problems,
     subject_for,
+    subject_matches,
 )
 
 README = Path(__file__).resolve().parents[3] / "README.md"
@@ -38,3 +47,93 @@ def test_every_event_type_has_a_subject_in_the_events_stream() -> None:
         assert subject_for(event_type).startswith(prefix)
         assert "*" not in event_type
         assert ">" not in event_type
+
+
+# --------------------------------------------------------------------------- the services
+def test_the_service_table_is_consistent() -> None:
+    assert service_problems() == []
+    check_services()
+    assert [s.script for s in SERVICES.values()] == [f"temporality-{name}" for name in SERVICES]
+    assert {s.name: s.port_env for s in SERVICES.values() if s.http_port is not None} == {
+        "trigger-gateway": "TEMPORALITY_GATEWAY_PORT",
+        "human-interaction": "TEMPORALITY_HUMAN_PORT",
+        "journal": "TEMPORALITY_JOURNAL_PORT",
+    }
+
+
+def test_receives_is_what_the_consumers_filter() -> None:
+    assert SERVICES["trigger-gateway"].receives == ()
+    assert not SERVICES["trigger-gateway"].receives_all
+    assert set(SERVICES["run-executor"].receives) == {
+        "run.requested",
+        "human.answered",
+        "human.expired",
+        "human.rejected",
+    }
+    assert SERVICES["human-interaction"].receives == ("human.requested",)  # its timer consumer is internal
+    assert SERVICES["journal"].receives_all
+    assert set(SERVICES["journal"].receives) == set(EVENT_MODELS)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "matches"),
+    [
+        ("a.b", "a.b", True),
+        ("a.b", "a.b.c", False),
+        ("a.*", "a.b", True),
+        ("a.*", "a.b.c", False),
+        ("a.>", "a.b.c", True),
+        ("a.>", "a", False),
+        ("a.*.c", "a.b.c", True),
+        ("a.*.c", "a.b.d", False),
+    ],
+)
+def test_subject_matches(pattern: str, subject: str, matches: bool) -> None:
+    assert subject_matches(pattern, subject) is matches
+
+
+def _with(name: str, **changes: object) -> dict[str, ServiceSpec]:
+    return {**SERVICES, name: replace(SERVICES[name], **changes)}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("services", "consumers", "problem"),
+    [
+        (_with("journal", consumers=("journal", "jornal")), CONSUMERS, "names consumer 'jornal'"),
+        (_with("agent-collab", consumers=("agent-collab-runs", "journal")), CONSUMERS, "consumer journal belongs to 2"),
+        (_with("agent-collab", consumers=(), sends=()), CONSUMERS, "consumer agent-collab-runs belongs to 0"),
+        (_with("agent-collab", responders=("temporality.rpc.nope",)), CONSUMERS, "answers 'temporality.rpc.nope'"),
+        (_with("agent-collab", responders=()), CONSUMERS, "is answered by 0 services"),
+        (_with("run-executor", requests=("temporality.rpc.nope",)), CONSUMERS, "requests 'temporality.rpc.nope'"),
+        (
+            _with("trigger-gateway", sends=(*SERVICES["trigger-gateway"].sends, "bus.dead_lettered")),
+            CONSUMERS,
+            "exactly when",
+        ),
+        (_with("journal", sends=()), CONSUMERS, "exactly when"),
+        (
+            _with("journal", sends=("bus.dead_lettered", "journal.nope")),
+            CONSUMERS,
+            "'journal.nope', which has no model",
+        ),
+        (_with("trigger-gateway", sends=("trigger.received",)), CONSUMERS, "no service sends"),
+        (_with("human-interaction", timers=()), CONSUMERS, "timer namespaces []"),
+        (_with("run-executor", timers=("human",)), CONSUMERS, "timer namespaces ['human']"),
+        (_with("journal", package="journal"), CONSUMERS, "is not temporality_<name>"),
+        (_with("journal", env_prefix="JOURNAL_"), CONSUMERS, "is not TEMPORALITY_<WORD>_"),
+        (_with("journal", http_port=8080), CONSUMERS, "is also trigger-gateway's"),
+        ({**SERVICES, "jrnl": SERVICES["journal"]}, CONSUMERS, "keyed under another name"),
+        (
+            SERVICES,
+            {**CONSUMERS, "journal": replace(CONSUMERS["journal"], filter_subjects=(subject_for("nope.x"),))},
+            "no modelled event matches",
+        ),
+    ],
+)
+def test_an_inconsistent_service_table_is_refused(
+    services: dict[str, ServiceSpec], consumers: dict[str, ConsumerSpec], problem: str
+) -> None:
+    problems = service_problems(services, consumers)
+    assert any(problem in p for p in problems), problems
+    with pytest.raises(ValueError, match="SERVICES is inconsistent"):
+        check_services(services, consumers)

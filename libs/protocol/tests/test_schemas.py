@@ -13,7 +13,15 @@ import yaml
 from jsonschema import Draft202012Validator, ValidationError
 
 from temporality_protocol import EVENT_MODELS, EventData, encode, make_event
-from temporality_protocol.catalog import CONSUMERS, EVENTS_PREFIX, RPC_GET_COLLABORATORS, subject_for
+from temporality_protocol.catalog import (
+    CONSUMERS,
+    EVENTS_PREFIX,
+    EVENTS_STREAM,
+    RPC_GET_COLLABORATORS,
+    SERVICES,
+    subject_for,
+    subject_matches,
+)
 from temporality_protocol.events import (
     Actor,
     BusDeadLettered,
@@ -45,7 +53,7 @@ from temporality_protocol.events import (
     TriggerReceived,
     TriggerRejected,
 )
-from temporality_protocol.schemagen import SERVICES, build_asyncapi, check, main
+from temporality_protocol.schemagen import build_asyncapi, check, main
 
 SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -248,18 +256,46 @@ def test_asyncapi_references_resolve(asyncapi: dict[str, Any]) -> None:
             assert (SCHEMAS / ref).is_file(), ref
 
 
-def test_asyncapi_operations_match_consumer_catalogue(asyncapi: dict[str, Any]) -> None:
-    """Each durable consumer's filter subjects are receive operations of the service that owns it."""
-    received: dict[str, set[str]] = {}
+def _operations_by_service(asyncapi: dict[str, Any]) -> dict[str, dict[str, set[str]]]:
+    """service -> action -> channel addresses (``None`` for the reply channel)."""
+    found: dict[str, dict[str, set[str]]] = {}
     for operation in asyncapi["operations"].values():
-        if operation["action"] == "receive":
-            channel = asyncapi["channels"][operation["channel"]["$ref"].rsplit("/", 1)[1]]
-            received.setdefault(operation["tags"][0]["name"], set()).add(channel["address"])
-    services = {s.name for s in SERVICES}
-    known_subjects = {subject_for(t) for t in EVENT_MODELS}
-    for durable, spec in CONSUMERS.items():
-        service = next((s for s in services if durable.startswith(s)), None)
-        assert service is not None, f"consumer {durable} belongs to no service"
-        for subject in spec.filter_subjects:
-            if subject in known_subjects or subject == f"{EVENTS_PREFIX}.>":  # timers are internal
-                assert subject in received.get(service, set()), f"{service} ({durable}) receives {subject}"
+        channel = asyncapi["channels"][operation["channel"]["$ref"].rsplit("/", 1)[1]]
+        (tag,) = operation["tags"]
+        found.setdefault(tag["name"], {}).setdefault(operation["action"], set()).add(channel["address"])
+    return found
+
+
+def test_asyncapi_operations_match_consumer_catalogue(asyncapi: dict[str, Any]) -> None:
+    """Receive operations are exactly the consumers' event filter subjects of the service that owns them."""
+    received = {name: ops.get("receive", set()) for name, ops in _operations_by_service(asyncapi).items()}
+    for spec in SERVICES.values():
+        filters = {
+            subject
+            for durable in spec.consumers
+            if CONSUMERS[durable].stream == EVENTS_STREAM.name  # timers are internal
+            for subject in CONSUMERS[durable].filter_subjects
+        }
+        expected = set(spec.responders) | (
+            {f"{EVENTS_PREFIX}.>"}
+            if f"{EVENTS_PREFIX}.>" in filters
+            else {subject_for(t) for t in EVENT_MODELS if any(subject_matches(f, subject_for(t)) for f in filters)}
+        )
+        assert received.get(spec.name, set()) == expected, spec.name
+
+
+def test_asyncapi_operations_are_the_catalogue_s_and_no_more(asyncapi: dict[str, Any]) -> None:
+    """Sends are the declared ``sends``; a service without consumers receives nothing; RPC roles as declared."""
+    by_service = _operations_by_service(asyncapi)
+    assert set(by_service) <= set(SERVICES)
+    assert [t["name"] for t in asyncapi["info"]["tags"]] == list(SERVICES)
+    for spec in SERVICES.values():
+        ops = by_service.get(spec.name, {})
+        assert ops.get("send", set()) == {subject_for(t) for t in spec.sends} | set(spec.requests), spec.name
+        if not spec.consumers and not spec.responders:
+            assert "receive" not in ops, f"{spec.name} subscribes to nothing, so it receives nothing"
+    gateway = by_service["trigger-gateway"]
+    assert set(gateway) == {"send"}
+    assert subject_for("bus.dead_lettered") not in gateway["send"], "no consumer, nothing to dead-letter"
+    replies = [o for o in asyncapi["operations"].values() if "reply" in o]
+    assert {o["tags"][0]["name"] for o in replies} == {s.name for s in SERVICES.values() if s.responders or s.requests}

@@ -1,4 +1,4 @@
-"""The embedded Temporality: one command runs nats-server, SQLite and the five services."""
+"""The embedded Temporality: one command runs nats-server, SQLite and every service of the catalogue."""
 
 from temporality_embedded.natsserver import NatsServer, nats_server_binary
 from temporality_embedded.processes import SERVICES, ServiceProcess, free_port

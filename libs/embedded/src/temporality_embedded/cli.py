@@ -12,9 +12,10 @@ from typing import Any
 
 import yaml
 
+from temporality_embedded.processes import SERVICES
 from temporality_embedded.stack import Stack, StackConfig
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main", "port_free"]
 
 
 def _out(line: str = "") -> None:
@@ -34,10 +35,16 @@ def _webhook_lines(stack: Stack, config_dir: Path) -> list[str]:
     return lines
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``host:port`` now.
+
+    With ``SO_REUSEADDR``, as uvicorn's (asyncio's) and nats-server's own binds do: connections of a
+    just-stopped server lingering in TIME_WAIT do not make the port look taken, a listening socket does.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return False
     return True
@@ -55,7 +62,7 @@ def up(args: argparse.Namespace) -> int:
         ("--journal-port", args.journal_port),
         ("--nats-port", args.nats_port),
     ):
-        if port > 0 and not _port_free(port):
+        if port > 0 and not port_free(port):
             _out(f"error: 127.0.0.1:{port} is already in use; pick another with {flag}")
             return 2
     stack = Stack(
@@ -72,7 +79,7 @@ def up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    _out("Starting Temporality: nats-server (JetStream) + SQLite + 5 services ...")
+    _out(f"Starting Temporality: nats-server (JetStream) + SQLite + {len(SERVICES)} services ...")
     try:
         stack.start()
     except (RuntimeError, TimeoutError) as exc:
@@ -100,17 +107,21 @@ def up(args: argparse.Namespace) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="temporality", description="Temporality: event-triggered agent runs")
     commands = parser.add_subparsers(dest="command", required=True)
-    p_up = commands.add_parser("up", help="run nats-server, SQLite and the five services on this machine")
+    p_up = commands.add_parser("up", help="run nats-server, SQLite and every service on this machine")
     p_up.add_argument("--data-dir", default=".temporality", help="JetStream store, SQLite journal, logs")
     p_up.add_argument("--config-dir", default="config", help="triggers.yaml, users.yaml, agents.yaml")
     p_up.add_argument("--gateway-port", type=int, default=8080)
     p_up.add_argument("--human-port", type=int, default=8081)
     p_up.add_argument("--journal-port", type=int, default=8082)
     p_up.add_argument("--nats-port", type=int, default=-1, help="-1 picks a free port")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "up":
         return up(args)
     return 2  # pragma: no cover - argparse enforces the choices

@@ -1,7 +1,9 @@
-"""Service processes: start one of the five services as its own OS process, wait for it, stop or kill it.
+"""Service processes: start one of the services as its own OS process, wait for it, stop or kill it.
 
 Used by ``temporality up`` and by the cross-service tests (which kill -9 and restart services).
-Readiness is the file a service writes once it is connected and consuming (``TEMPORALITY_READY_FILE``).
+The services are those of :data:`temporality_protocol.catalog.SERVICES`; each runs as
+``python -m <package>``. Readiness is the file a service writes once it is connected and consuming
+(``TEMPORALITY_READY_FILE``).
 """
 
 from __future__ import annotations
@@ -16,16 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-__all__ = ["SERVICES", "ServiceProcess", "free_port"]
+from temporality_protocol.catalog import SERVICES
 
-#: service name -> its Python package (each has ``__main__``).
-SERVICES: dict[str, str] = {
-    "trigger-gateway": "temporality_trigger_gateway",
-    "run-executor": "temporality_run_executor",
-    "human-interaction": "temporality_human_interaction",
-    "agent-collab": "temporality_agent_collab",
-    "journal": "temporality_journal",
-}
+__all__ = ["SERVICES", "ServiceProcess", "free_port"]
 
 
 def free_port() -> int:
@@ -50,6 +45,11 @@ class ServiceProcess:
         self._log: IO[bytes] | None = None
 
     @property
+    def command(self) -> list[str]:
+        """``python -m <package>`` with this interpreter (the catalogue names the package)."""
+        return [sys.executable, "-m", SERVICES[self.name].package]
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
@@ -61,7 +61,7 @@ class ServiceProcess:
         self.ready_file.unlink(missing_ok=True)
         self._log = self.log_file.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", SERVICES[self.name]],
+            self.command,
             env=self.env,
             cwd=self.cwd,
             stdin=subprocess.DEVNULL,

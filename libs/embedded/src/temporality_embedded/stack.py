@@ -1,4 +1,9 @@
-"""The whole of Temporality on one machine: nats-server from the wheel, SQLite, five service processes."""
+"""The whole of Temporality on one machine: nats-server from the wheel, SQLite, one process per service.
+
+The services, their modules and their HTTP port variables (``<env_prefix>PORT``) come from
+:data:`temporality_protocol.catalog.SERVICES`; what is specific here (stop order, which config file
+each reads, which ``StackConfig`` field holds a port) is checked against it.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,40 @@ from pathlib import Path
 from temporality_embedded.natsserver import NatsServer
 from temporality_embedded.processes import SERVICES, ServiceProcess
 
-__all__ = ["Stack", "StackConfig"]
+__all__ = ["STOP_ORDER", "Stack", "StackConfig", "check_stop_order"]
 
-#: Stop order: intake first, the journal last (it records everyone's goodbyes).
-_STOP_ORDER = ("trigger-gateway", "agent-collab", "run-executor", "human-interaction", "journal")
+#: Stop order: intake first, the journal last (it records everyone's goodbyes). Exactly the
+#: catalogue's services (:func:`check_stop_order`; a test and every :class:`Stack` check it).
+STOP_ORDER: tuple[str, ...] = ("trigger-gateway", "agent-collab", "run-executor", "human-interaction", "journal")
+#: service -> (its setting naming a config file, after the service's env prefix; the file in the config dir).
+_CONFIG_FILES: dict[str, tuple[str, str]] = {
+    "trigger-gateway": ("TRIGGERS_FILE", "triggers.yaml"),
+    "human-interaction": ("USERS_FILE", "users.yaml"),
+    "run-executor": ("AGENTS_FILE", "agents.yaml"),
+}
+#: HTTP service -> the :class:`StackConfig` field holding its port (``temporality up --<flag>-port``).
+_PORT_FIELDS: dict[str, str] = {
+    "trigger-gateway": "gateway_port",
+    "human-interaction": "human_port",
+    "journal": "journal_port",
+}
+
+
+def check_stop_order(order: tuple[str, ...] | None = None) -> None:
+    """Raise ``ValueError`` unless ``order`` (default :data:`STOP_ORDER`) names each service of the
+    catalogue exactly once, and the per-service settings here name only services of the catalogue."""
+    order = STOP_ORDER if order is None else order
+    if sorted(order) != sorted(SERVICES):
+        missing, extra = sorted(set(SERVICES) - set(order)), sorted(set(order) - set(SERVICES))
+        duplicated = sorted({n for n in order if order.count(n) > 1})
+        raise ValueError(
+            f"STOP_ORDER must name every service of the catalogue once: missing {missing}, "
+            f"unknown {extra}, repeated {duplicated}"
+        )
+    unknown = sorted((set(_CONFIG_FILES) | set(_PORT_FIELDS)) - set(SERVICES))
+    not_http = sorted(n for n in _PORT_FIELDS if n in SERVICES and SERVICES[n].http_port is None)
+    if unknown or not_http:
+        raise ValueError(f"stack settings name unknown services {unknown} or give workers a port {not_http}")
 
 
 @dataclass
@@ -30,6 +65,7 @@ class StackConfig:
 
 class Stack:
     def __init__(self, config: StackConfig) -> None:
+        check_stop_order()
         self.config = config
         self.data_dir = config.data_dir.resolve()
         self.nats = NatsServer(self.data_dir / "nats", port=config.nats_port)
@@ -51,28 +87,29 @@ class Stack:
     def database_url(self) -> str:
         return self.config.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'journal.db'}"
 
+    def http_port(self, name: str) -> int | None:
+        """The port ``name`` serves HTTP on (its ``StackConfig`` field, else the catalogue's default)."""
+        spec = SERVICES[name]
+        if spec.http_port is None:
+            return None
+        port_field = _PORT_FIELDS.get(name)
+        port: int = getattr(self.config, port_field) if port_field else spec.http_port
+        return port
+
     def env_for(self, name: str) -> dict[str, str]:
-        cfg = self.config.config_dir.resolve()
+        spec = SERVICES[name]
         env = {
             "TEMPORALITY_NATS_URL": self.nats.url,
             "TEMPORALITY_LOG_FORMAT": self.config.log_format,
         }
-        env |= {
-            "trigger-gateway": {
-                "TEMPORALITY_GATEWAY_PORT": str(self.config.gateway_port),
-                "TEMPORALITY_GATEWAY_TRIGGERS_FILE": str(cfg / "triggers.yaml"),
-            },
-            "human-interaction": {
-                "TEMPORALITY_HUMAN_PORT": str(self.config.human_port),
-                "TEMPORALITY_HUMAN_USERS_FILE": str(cfg / "users.yaml"),
-            },
-            "journal": {
-                "TEMPORALITY_JOURNAL_PORT": str(self.config.journal_port),
-                "TEMPORALITY_DATABASE_URL": self.database_url,
-            },
-            "run-executor": {"TEMPORALITY_EXECUTOR_AGENTS_FILE": str(cfg / "agents.yaml")},
-            "agent-collab": {},
-        }[name]
+        port = self.http_port(name)
+        if spec.port_env is not None and port is not None:
+            env[spec.port_env] = str(port)
+        if name in _CONFIG_FILES:
+            setting, file = _CONFIG_FILES[name]
+            env[f"{spec.env_prefix}{setting}"] = str(self.config.config_dir.resolve() / file)
+        if name == "journal":
+            env["TEMPORALITY_DATABASE_URL"] = self.database_url
         return env | dict(self.config.extra_env)
 
     def start(self, timeout: float = 60.0) -> None:
@@ -100,7 +137,7 @@ class Stack:
 
     def stop(self) -> dict[str, int | None]:
         codes: dict[str, int | None] = {}
-        for name in _STOP_ORDER:
+        for name in STOP_ORDER:
             if name in self.services:
                 codes[name] = self.services[name].terminate()
         self.nats.stop()

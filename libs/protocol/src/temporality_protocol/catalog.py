@@ -5,10 +5,15 @@ The README's "Bus catalogue" section documents this module; a test checks they a
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from temporality_protocol.events import EVENT_MODELS
 
 __all__ = [
     "ALL_BUCKETS",
+    "ALL_EVENTS_SUBJECT",
     "ALL_STREAMS",
     "BUCKET_CHECKPOINTS",
     "BUCKET_COLLAB",
@@ -16,13 +21,15 @@ __all__ = [
     "BUCKET_HUMAN_REQUESTS",
     "BUCKET_RUNS",
     "CONSUMERS",
+    "DEAD_LETTERED",
     "DLQ_PREFIX",
     "DLQ_STREAM",
     "EVENTS_PREFIX",
     "EVENTS_STREAM",
     "RPC_GET_COLLABORATORS",
-    "TIMERS_STREAM",
+    "RPC_SUBJECTS",
     "SERVICES",
+    "TIMERS_STREAM",
     "TIMER_FIRED_HUMAN",
     "TIMER_FIRED_PREFIX",
     "TIMER_NS_HUMAN",
@@ -32,7 +39,10 @@ __all__ = [
     "ConsumerSpec",
     "ServiceSpec",
     "StreamSpec",
+    "check_services",
+    "service_problems",
     "subject_for",
+    "subject_matches",
 ]
 
 DAY = 24 * 3600
@@ -173,6 +183,21 @@ CONSUMERS: dict[str, ConsumerSpec] = {
 
 
 # --------------------------------------------------------------------------- the services
+#: Every request/reply subject (core NATS); each has exactly one responding service.
+RPC_SUBJECTS: tuple[str, ...] = (RPC_GET_COLLABORATORS,)
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: ``*`` is one token, a trailing ``>`` one or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(have) == len(want)
+
+
 @dataclass(frozen=True)
 class ServiceSpec:
     """One service as the rest of the system sees it: the one place to add a consumer, a responder,
@@ -180,7 +205,9 @@ class ServiceSpec:
 
     The embedded launcher, the service runtime (which refuses to start a consumer it does not
     declare), the AsyncAPI roles, the compose file and the Helm chart are derived from or checked
-    against :data:`SERVICES`.
+    against :data:`SERVICES`; :func:`check_services` keeps the table consistent with :data:`CONSUMERS`.
+    What a service *receives* is not declared: it is what its consumers' filter subjects match
+    (:attr:`receives`, :attr:`receives_all`), so it cannot drift from what the code subscribes to.
     """
 
     name: str
@@ -191,27 +218,58 @@ class ServiceSpec:
     env_prefix: str
     #: Durable consumers it runs (keys of :data:`CONSUMERS`).
     consumers: tuple[str, ...] = ()
-    #: Request/reply subjects it answers.
+    #: Request/reply subjects it answers (of :data:`RPC_SUBJECTS`).
     responders: tuple[str, ...] = ()
     #: Timer namespaces it arms and whose firings it consumes.
     timers: tuple[str, ...] = ()
-    #: Default HTTP port of its API; ``None``: no HTTP API (a worker; probes use its ready file).
+    #: Default HTTP port of its API; ``None``: no API (a worker: it serves only ``/healthz`` and ``/readyz``, on
+    #: ``<env_prefix>PORT`` when that is set).
     http_port: int | None = None
-    #: Event types it publishes / consumes (AsyncAPI send/receive operations).
+    #: Event types it publishes (AsyncAPI send operations); ``bus.dead_lettered`` exactly when it has
+    #: consumers (their runner dead-letters poison messages).
     sends: tuple[str, ...] = ()
-    receives: tuple[str, ...] = ()
-    #: Subscribed to every event (``temporality.events.>``).
-    receives_all: bool = False
     #: Request/reply subjects it calls.
     requests: tuple[str, ...] = ()
 
     @property
     def script(self) -> str:
+        """The console script (``[project.scripts]`` of ``services/<name>``)."""
         return f"temporality-{self.name}"
 
+    @property
+    def distribution(self) -> str:
+        """The workspace member's distribution name (``uv sync --package <distribution>``)."""
+        return f"temporality-{self.name}"
 
-#: Every service dead-letters poison messages of its consumers (``bus.dead_lettered``).
-_DLQ = "bus.dead_lettered"
+    @property
+    def port_env(self) -> str | None:
+        """The variable setting its HTTP port (``TEMPORALITY_GATEWAY_PORT``), ``None`` for a worker."""
+        return None if self.http_port is None else f"{self.env_prefix}PORT"
+
+    def _event_filters(self) -> list[str]:
+        return [
+            subject
+            for durable in self.consumers
+            if durable in CONSUMERS and CONSUMERS[durable].stream == EVENTS_STREAM.name
+            for subject in CONSUMERS[durable].filter_subjects
+        ]
+
+    @property
+    def receives_all(self) -> bool:
+        """Subscribed to every event: one of its consumers filters on ``temporality.events.>``."""
+        return ALL_EVENTS_SUBJECT in self._event_filters()
+
+    @property
+    def receives(self) -> tuple[str, ...]:
+        """The modelled event types its consumers' filter subjects match (every one when :attr:`receives_all`)."""
+        filters = self._event_filters()
+        return tuple(t for t in EVENT_MODELS if any(subject_matches(f, subject_for(t)) for f in filters))
+
+
+#: ``temporality.events.>``: every event.
+ALL_EVENTS_SUBJECT = f"{EVENTS_PREFIX}.>"
+#: Every service with consumers dead-letters their poison messages (``bus.dead_lettered``).
+DEAD_LETTERED = "bus.dead_lettered"
 SERVICES: dict[str, ServiceSpec] = {
     s.name: s
     for s in (
@@ -221,8 +279,8 @@ SERVICES: dict[str, ServiceSpec] = {
             description="Webhook intake: auth, normalization, dedupe, run.requested",
             env_prefix="TEMPORALITY_GATEWAY_",
             http_port=8080,
-            sends=("trigger.received", "trigger.accepted", "trigger.rejected", "run.requested", _DLQ),
-            receives_all=True,  # journal events for `event` triggers (TRG-5)
+            sends=("trigger.received", "trigger.accepted", "trigger.rejected", "run.requested"),
+            # `event` triggers (TRG-5) will add a consumer here; until then it subscribes to nothing.
         ),
         ServiceSpec(
             "run-executor",
@@ -240,10 +298,8 @@ SERVICES: dict[str, ServiceSpec] = {
                 "run.failed",
                 "run.cancelled",
                 "human.requested",
-                _DLQ,
+                DEAD_LETTERED,
             ),
-            receives=("run.requested", "human.answered", "human.expired", "human.rejected"),
-            requests=(RPC_GET_COLLABORATORS,),
         ),
         ServiceSpec(
             "human-interaction",
@@ -253,8 +309,7 @@ SERVICES: dict[str, ServiceSpec] = {
             consumers=("human-interaction-requests", "human-interaction-deadlines"),
             timers=(TIMER_NS_HUMAN,),
             http_port=8081,
-            sends=("human.notified", "human.answered", "human.expired", "human.rejected", _DLQ),
-            receives=("human.requested",),
+            sends=("human.notified", "human.answered", "human.expired", "human.rejected", DEAD_LETTERED),
         ),
         ServiceSpec(
             "agent-collab",
@@ -263,8 +318,7 @@ SERVICES: dict[str, ServiceSpec] = {
             env_prefix="TEMPORALITY_COLLAB_",
             consumers=("agent-collab-runs",),
             responders=(RPC_GET_COLLABORATORS,),
-            sends=("run.requested", _DLQ),  # relay runs (COL-6)
-            receives=("run.started", "run.completed", "run.failed", "run.cancelled", "human.answered"),
+            sends=(DEAD_LETTERED,),  # relay runs (COL-6) will add run.requested
         ),
         ServiceSpec(
             "journal",
@@ -273,8 +327,94 @@ SERVICES: dict[str, ServiceSpec] = {
             env_prefix="TEMPORALITY_JOURNAL_",
             consumers=("journal",),
             http_port=8082,
-            sends=(_DLQ,),
-            receives_all=True,
+            sends=(DEAD_LETTERED,),
         ),
     )
 }
+
+
+def service_problems(
+    services: Mapping[str, ServiceSpec] | None = None, consumers: Mapping[str, ConsumerSpec] | None = None
+) -> list[str]:
+    """What is inconsistent in the service table (empty when nothing): see :func:`check_services`."""
+    services = SERVICES if services is None else services
+    consumers = CONSUMERS if consumers is None else consumers
+    problems: list[str] = []
+    owners: dict[str, list[str]] = {durable: [] for durable in consumers}
+    responders: dict[str, list[str]] = {subject: [] for subject in RPC_SUBJECTS}
+    ports: dict[int, str] = {}
+    for key, spec in services.items():
+        where = f"service {key}"
+        if spec.name != key:
+            problems.append(f"{where} is keyed under another name than its own ({spec.name!r})")
+        if spec.package != "temporality_" + spec.name.replace("-", "_"):
+            problems.append(f"{where}: package {spec.package!r} is not temporality_<name>")
+        if not re.fullmatch(r"TEMPORALITY_[A-Z]+_", spec.env_prefix):
+            problems.append(f"{where}: env_prefix {spec.env_prefix!r} is not TEMPORALITY_<WORD>_")
+        if spec.http_port is not None:
+            if spec.http_port in ports:
+                problems.append(f"{where}: HTTP port {spec.http_port} is also {ports[spec.http_port]}'s")
+            ports[spec.http_port] = spec.name
+        for durable in spec.consumers:
+            if durable not in consumers:
+                problems.append(f"{where} names consumer {durable!r}, which is not in CONSUMERS")
+            else:
+                owners[durable].append(spec.name)
+        for subject in spec.responders:
+            if subject not in responders:
+                problems.append(f"{where} answers {subject!r}, which is not in RPC_SUBJECTS")
+            else:
+                responders[subject].append(spec.name)
+        for subject in spec.requests:
+            if subject not in responders:
+                problems.append(f"{where} requests {subject!r}, which is not in RPC_SUBJECTS")
+        if (DEAD_LETTERED in spec.sends) != bool(spec.consumers):
+            problems.append(f"{where}: sends {DEAD_LETTERED} exactly when it has consumers (their runner dead-letters)")
+        for event_type in spec.sends:
+            if event_type not in EVENT_MODELS:
+                problems.append(f"{where} sends {event_type!r}, which has no model in EVENT_MODELS")
+        for durable in spec.consumers:
+            consumer = consumers.get(durable)
+            if consumer is None or consumer.stream != EVENTS_STREAM.name:
+                continue
+            for subject in consumer.filter_subjects:
+                if not any(subject_matches(subject, subject_for(t)) for t in EVENT_MODELS):
+                    problems.append(f"{where}: consumer {durable} filters {subject!r}, which no modelled event matches")
+        timer_filters = [
+            subject
+            for durable in spec.consumers
+            if durable in consumers
+            for subject in consumers[durable].filter_subjects
+            if subject.startswith(f"{TIMER_FIRED_PREFIX}.")
+        ]
+        fired = {subject.removeprefix(f"{TIMER_FIRED_PREFIX}.").split(".", 1)[0] for subject in timer_filters}
+        if set(spec.timers) != fired:
+            problems.append(
+                f"{where}: timer namespaces {sorted(spec.timers)} are not those its consumers' filters fire "
+                f"({sorted(fired)})"
+            )
+    senders = {t for spec in services.values() for t in spec.sends}
+    orphans = sorted(set(EVENT_MODELS) - senders)
+    if orphans:
+        problems.append(f"no service sends {orphans}: add them to a service's sends")
+    for durable, names in owners.items():
+        if len(names) != 1:
+            problems.append(f"consumer {durable} belongs to {len(names)} services ({names}), not exactly one")
+    for subject, names in responders.items():
+        if len(names) != 1:
+            problems.append(f"RPC subject {subject} is answered by {len(names)} services ({names}), not exactly one")
+    return problems
+
+
+def check_services(
+    services: Mapping[str, ServiceSpec] | None = None, consumers: Mapping[str, ConsumerSpec] | None = None
+) -> None:
+    """Raise ``ValueError`` listing every inconsistency: each consumer a service names exists and each of
+    :data:`CONSUMERS` belongs to exactly one service; each responder / request subject is an RPC subject
+    and each RPC subject has exactly one responder; ``bus.dead_lettered`` is sent exactly by services
+    with consumers; every modelled event type has a sender and every type sent has a model; every
+    event filter of a consumer matches a modelled type; timer namespaces are those the consumers'
+    filters fire; names, packages, env prefixes and HTTP ports follow the conventions."""
+    problems = service_problems(services, consumers)
+    if problems:
+        raise ValueError("temporality_protocol.catalog.SERVICES is inconsistent:\n  " + "\n  ".join(problems))

@@ -10,7 +10,10 @@ What it writes (all deterministic: sorted keys, stable order, trailing newline):
   :data:`~temporality_protocol.events.EVENT_MODELS`;
 * ``rpc/collab.get_collaborators.{request,reply}.schema.json`` -- the COL-1 request/reply bodies;
 * ``asyncapi.yaml`` -- AsyncAPI 3.0.0: one channel per event subject, the RPC channel, and the
-  send/receive operations of every service (ARCHITECTURE.md's service table, :data:`SERVICES`);
+  operations of every service in :data:`temporality_protocol.catalog.SERVICES`: a send per type it
+  declares in ``sends``, a receive per type its consumers' filter subjects match (one on the
+  every-event channel for a ``temporality.events.>`` consumer), a reply per ``responders`` subject and
+  a request per ``requests`` subject -- nothing the code does not do;
 * ``README.md`` -- says the above and how to regenerate.
 
 No third-party dependency beyond pydantic: the YAML is written by a small emitter whose output a
@@ -24,18 +27,25 @@ import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from temporality_protocol.catalog import EVENTS_PREFIX, RPC_GET_COLLABORATORS, subject_for
+from temporality_protocol.catalog import (
+    ALL_EVENTS_SUBJECT,
+    EVENTS_PREFIX,
+    RPC_GET_COLLABORATORS,
+    RPC_SUBJECTS,
+    SERVICES,
+    check_services,
+    subject_for,
+)
 from temporality_protocol.envelope import _CORE, _EXT, CONTENT_TYPE, Envelope
 from temporality_protocol.events import EVENT_MODELS, CollaboratorsQuery, CollaboratorsReply, EventData
 from temporality_protocol.version import PROTOCOL_VERSION
 
-__all__ = ["SERVICES", "ServiceRole", "build_asyncapi", "check", "main", "render", "write"]
+__all__ = ["build_asyncapi", "check", "main", "render", "write"]
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 #: ``$id`` of every generated schema: ``urn:temporality:protocol:<version>:<kind>:<name>``.
@@ -68,69 +78,15 @@ _CORE_DOCS: dict[str, str] = {
 
 
 # --------------------------------------------------------------------------- who sends / receives what
-@dataclass(frozen=True)
-class ServiceRole:
-    """One row of ARCHITECTURE.md's service table, restricted to event types that have a model.
-
-    ``receives_all`` marks services subscribed to every event (``temporality.events.>``).
-    """
-
-    name: str
-    sends: tuple[str, ...]
-    receives: tuple[str, ...] = ()
-    receives_all: bool = False
-    rpc: str | None = None  # "request" (asks) or "reply" (answers) on get_collaborators
-
-
-#: Every service dead-letters poison messages of its consumers (``bus.dead_lettered``).
-_DLQ = "bus.dead_lettered"
-SERVICES: tuple[ServiceRole, ...] = (
-    ServiceRole(
-        "trigger-gateway",
-        sends=("trigger.received", "trigger.accepted", "trigger.rejected", "run.requested", _DLQ),
-        receives_all=True,  # journal events for `event` triggers (TRG-5)
-    ),
-    ServiceRole(
-        "run-executor",
-        sends=(
-            "run.created",
-            "run.started",
-            "run.tool_called",
-            "run.checkpointed",
-            "run.resumed",
-            "run.completed",
-            "run.failed",
-            "run.cancelled",
-            "human.requested",
-            _DLQ,
-        ),
-        receives=("run.requested", "human.answered", "human.expired", "human.rejected"),
-        rpc="request",
-    ),
-    ServiceRole(
-        "human-interaction",
-        sends=("human.notified", "human.answered", "human.expired", "human.rejected", _DLQ),
-        receives=("human.requested",),
-    ),
-    ServiceRole(
-        "agent-collab",
-        sends=("run.requested", _DLQ),  # relay runs (COL-6)
-        receives=("run.started", "run.completed", "run.failed", "run.cancelled", "human.answered"),
-        rpc="reply",
-    ),
-    ServiceRole("journal", sends=(_DLQ,), receives_all=True),
-)
-
-
 def _check_services() -> None:
-    """Every modelled event has a producer, and the table names no unknown type."""
-    named = {t for s in SERVICES for t in (*s.sends, *s.receives)}
-    unknown = sorted(named - set(EVENT_MODELS))
-    if unknown:
-        raise ValueError(f"schemagen.SERVICES names event types without a model: {unknown}")
-    orphans = sorted(set(EVENT_MODELS) - {t for s in SERVICES for t in s.sends})
-    if orphans:
-        raise ValueError(f"no service sends {orphans}: add them to temporality_protocol.schemagen.SERVICES")
+    """The roles come from :data:`~temporality_protocol.catalog.SERVICES`; refuse to describe an
+    inconsistent table (an event without a sender, a type without a model, a consumer owned by no
+    service or by two, an unknown responder subject: :func:`~temporality_protocol.catalog.check_services`),
+    and an RPC subject this module has no bodies for."""
+    check_services()
+    missing = sorted(set(RPC_SUBJECTS) - set(_RPC_OPERATION))
+    if missing:
+        raise ValueError(f"no request/reply schemas for {missing}: add them to temporality_protocol.schemagen")
 
 
 # --------------------------------------------------------------------------- JSON Schemas
@@ -230,6 +186,8 @@ def _ident(text: str) -> str:
 
 
 _ALL_EVENTS_CHANNEL = "allEvents"
+#: RPC subject -> the operation-name suffix of its request / reply operations (bodies: ``rpc/``).
+_RPC_OPERATION = {RPC_GET_COLLABORATORS: "GetCollaborators"}
 _RPC_CHANNEL = "collabGetCollaborators"
 _RPC_REPLY_CHANNEL = "collabGetCollaboratorsReply"
 
@@ -272,7 +230,7 @@ def build_asyncapi() -> dict[str, Any]:
             "messages": {ident: {"$ref": f"#/components/messages/{ident}"}},
         }
     channels[_ALL_EVENTS_CHANNEL] = {
-        "address": f"{EVENTS_PREFIX}.>",
+        "address": ALL_EVENTS_SUBJECT,
         "title": "every event",
         "description": "The whole journal (stream TEMPORALITY_EVENTS), for subscribers of every event type.",
         "messages": {ident: {"$ref": f"#/components/messages/{ident}"} for ident in map(_ident, types)},
@@ -312,26 +270,31 @@ def build_asyncapi() -> dict[str, Any]:
             "tags": [{"name": service}],
         }
 
-    for role in SERVICES:
-        svc = _ident(role.name)
-        for event_type in role.sends:
+    def rpc_op(service: str, action: str) -> dict[str, Any]:
+        operation = op(service, action, _RPC_CHANNEL, ["collaboratorsQuery"])
+        operation["reply"] = {
+            "channel": {"$ref": f"#/channels/{_RPC_REPLY_CHANNEL}"},
+            "messages": [{"$ref": f"#/channels/{_RPC_REPLY_CHANNEL}/messages/collaboratorsReply"}],
+        }
+        return operation
+
+    for spec in SERVICES.values():
+        svc = _ident(spec.name)
+        for event_type in spec.sends:
             ident = _ident(event_type)
-            operations[f"{svc}Send{ident[:1].upper()}{ident[1:]}"] = op(role.name, "send", ident, [ident])
-        for event_type in role.receives:
-            ident = _ident(event_type)
-            operations[f"{svc}Receive{ident[:1].upper()}{ident[1:]}"] = op(role.name, "receive", ident, [ident])
-        if role.receives_all:
+            operations[f"{svc}Send{ident[:1].upper()}{ident[1:]}"] = op(spec.name, "send", ident, [ident])
+        if spec.receives_all:
             operations[f"{svc}ReceiveAllEvents"] = op(
-                role.name, "receive", _ALL_EVENTS_CHANNEL, [_ident(t) for t in types]
+                spec.name, "receive", _ALL_EVENTS_CHANNEL, [_ident(t) for t in types]
             )
-        if role.rpc is not None:
-            action = "send" if role.rpc == "request" else "receive"
-            operation = op(role.name, action, _RPC_CHANNEL, ["collaboratorsQuery"])
-            operation["reply"] = {
-                "channel": {"$ref": f"#/channels/{_RPC_REPLY_CHANNEL}"},
-                "messages": [{"$ref": f"#/channels/{_RPC_REPLY_CHANNEL}/messages/collaboratorsReply"}],
-            }
-            operations[f"{svc}{'Request' if action == 'send' else 'Reply'}GetCollaborators"] = operation
+        else:
+            for event_type in spec.receives:
+                ident = _ident(event_type)
+                operations[f"{svc}Receive{ident[:1].upper()}{ident[1:]}"] = op(spec.name, "receive", ident, [ident])
+        for subject in spec.requests:
+            operations[f"{svc}Request{_RPC_OPERATION[subject]}"] = rpc_op(spec.name, "send")
+        for subject in spec.responders:
+            operations[f"{svc}Reply{_RPC_OPERATION[subject]}"] = rpc_op(spec.name, "receive")
 
     return {
         "asyncapi": "3.0.0",
@@ -344,7 +307,7 @@ def build_asyncapi() -> dict[str, Any]:
                 "(every event's `protocolversion`). Generated by `python -m temporality_protocol.schemagen schemas`; "
                 "do not edit."
             ),
-            "tags": [{"name": role.name} for role in SERVICES],
+            "tags": [{"name": spec.name, "description": spec.description} for spec in SERVICES.values()],
         },
         "defaultContentType": CONTENT_TYPE,
         "servers": {

@@ -1,0 +1,49 @@
+"""``temporality up`` checks its ports the way the servers bind them: TIME_WAIT is free, a listener is not."""
+
+from __future__ import annotations
+
+import socket
+
+from temporality_embedded.cli import port_free
+
+
+def _listener() -> socket.socket:
+    """A server socket as uvicorn (asyncio's create_server) and nats-server open theirs: SO_REUSEADDR."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    return server
+
+
+def _plain_bind_fails(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def test_a_port_whose_server_just_stopped_is_free_despite_time_wait() -> None:
+    server = _listener()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server side closes first, so its end of the connection sits in TIME_WAIT
+    assert client.recv(1) == b""
+    client.close()
+    server.close()  # the server is gone; only the TIME_WAIT connection is left on the port
+    assert _plain_bind_fails(port), "precondition: a bind without SO_REUSEADDR trips over the TIME_WAIT"
+    assert port_free(port)
+    again = _listener()  # and a server can indeed listen there again
+    again.close()
+
+
+def test_a_listening_port_is_still_taken() -> None:
+    with _listener() as server:
+        assert not port_free(server.getsockname()[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as plain:  # a server without SO_REUSEADDR too
+        plain.bind(("127.0.0.1", 0))
+        plain.listen()
+        assert not port_free(plain.getsockname()[1])

@@ -14,13 +14,14 @@ from typing import Any
 import asyncpg
 import httpx
 import nats
+import nats.errors
 import pytest
 import yaml
 from e2e_support import ALICE, CONFIG, eventually, example_pr, make_stack, post_hook
 
 from temporality_embedded import Stack
 from temporality_protocol import CollaboratorsQuery, CollaboratorsReply
-from temporality_protocol.catalog import RPC_GET_COLLABORATORS
+from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM, RPC_GET_COLLABORATORS
 from temporality_testing.events import EventLog
 from temporality_testing.postgres import fresh_postgres_database
 
@@ -62,6 +63,63 @@ async def _pending(http: httpx.AsyncClient, stack: Stack) -> list[dict[str, Any]
     return requests
 
 
+async def _the_pending_request(http: httpx.AsyncClient, stack: Stack) -> dict[str, Any]:
+    """alice's one pending request, once human-interaction has stored it.
+
+    human-interaction consumes ``human.requested`` on its own: the journal showing the run waiting says
+    nothing about whether the inbox has caught up yet.
+    """
+    (request,) = await eventually(lambda: _pending(http, stack), what="alice's inbox to show the request")
+    return request
+
+
+async def _journal_caught_up(stack: Stack) -> None:
+    """Wait until the journal process has recorded every event the stream held when called.
+
+    The journal records one event at a time but a transient failure is redelivered later, so a run's
+    final state in the journal does not mean every earlier event of it is recorded; this does. Also the
+    settle step before counting events ("still one run.completed").
+    """
+    nc = await nats.connect(stack.nats.url)
+    try:
+        js = nc.jetstream()
+        last = (await js.stream_info(EVENTS_STREAM.name)).state.last_seq
+
+        async def recorded() -> bool:
+            info = await js.consumer_info(EVENTS_STREAM.name, CONSUMERS["journal"].durable)
+            return bool(info.ack_floor.stream_seq >= last and info.num_ack_pending == 0)
+
+        await eventually(recorded, what=f"the journal to record the stream up to seq {last}")
+    finally:
+        await nc.drain()
+
+
+async def _settled_trajectory(http: httpx.AsyncClient, stack: Stack, run_id: str) -> list[dict[str, Any]]:
+    """The run's trajectory once the journal has recorded everything published so far."""
+    await _journal_caught_up(stack)
+    return await _trajectory(http, stack, run_id)
+
+
+async def _collaborators(stack: Stack, run_id: str, ready: Any) -> CollaboratorsReply:
+    """agent-collab's get_collaborators reply once ``ready(reply)`` holds (its projection catches up on its own)."""
+    nc = await nats.connect(stack.nats.url)
+    try:
+
+        async def probe() -> CollaboratorsReply | None:
+            query = CollaboratorsQuery(run_id=run_id).model_dump_json().encode()
+            try:
+                raw = await nc.request(RPC_GET_COLLABORATORS, query, 10)
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                return None
+            reply = CollaboratorsReply.model_validate_json(raw.data)
+            return reply if ready(reply) else None
+
+        reply: CollaboratorsReply = await eventually(probe, what=f"agent-collab's view of {run_id}")
+        return reply
+    finally:
+        await nc.drain()
+
+
 async def _trajectory(http: httpx.AsyncClient, stack: Stack, run_id: str) -> list[dict[str, Any]]:
     response = await http.get(f"{stack.journal_url}/runs/{run_id}/events")
     assert response.status_code == 200, response.text
@@ -75,8 +133,13 @@ async def test_e2e_1_webhook_to_completed_review_with_a_human_answer(stack: Stac
     assert accepted.status_code == 202, accepted.text
     run_id = accepted.json()["run_id"]
 
-    # 4-10: a Reviewer run is created, analyses, asks; the run waits for the human
-    run = await _run_in_state(http, stack, run_id, "waiting_for_human")
+    # 4-10: a Reviewer run is created, analyses, asks; the run waits for the human. The journal shows it
+    # waiting on human.requested, and on which channel only once human.notified is recorded after it.
+    async def waiting_on_a_channel() -> dict[str, Any] | None:
+        run = await _run(http, stack, run_id)
+        return run if run and run["state"] == "waiting_for_human" and run["waiting"]["channel"] else None
+
+    run = await eventually(waiting_on_a_channel, what=f"run {run_id} waiting with its channel in the journal")
     assert run["agent"] == "reviewer"
     assert run["trigger_id"] == "ado-pr-review"
     waiting = run["waiting"]
@@ -107,7 +170,7 @@ async def test_e2e_1_webhook_to_completed_review_with_a_human_answer(stack: Stac
     assert "Decision (user:alice)" in done["result"]
 
     # 16: the whole trajectory, waiting included, is in the journal in order
-    events = await _trajectory(http, stack, run_id)
+    events = await _settled_trajectory(http, stack, run_id)
     types = [e["type"] for e in events]
     positions = [types.index(t) for t in E2E_TRAJECTORY]
     assert positions == sorted(positions), types
@@ -131,12 +194,13 @@ async def test_e2e_1_webhook_to_completed_review_with_a_human_answer(stack: Stac
         assert duplicate.status_code == 200, duplicate.text
         assert duplicate.json()["status"] == "duplicate"
         assert duplicate.json()["run_id"] == run_id
-    runs = (await http.get(f"{stack.journal_url}/runs")).json()["runs"]
-    assert [r["run_id"] for r in runs] == [run_id]
-    events = await eventually(
+    await eventually(
         lambda: _trajectory_with(http, stack, run_id, "trigger.rejected", 3),
         what="three duplicate deliveries journaled",
     )
+    events = await _settled_trajectory(http, stack, run_id)  # everything so far recorded: now count
+    runs = (await http.get(f"{stack.journal_url}/runs")).json()["runs"]
+    assert [r["run_id"] for r in runs] == [run_id]
     types = [e["type"] for e in events]
     assert types.count("trigger.received") == 4
     assert types.count("run.created") == 1
@@ -146,16 +210,20 @@ async def test_e2e_1_webhook_to_completed_review_with_a_human_answer(stack: Stac
     assert types.count("human.answered") == 1
     assert await _pending(http, stack) == []
 
-    # agent-collab knows the saga's participants (COL-1), over NATS request/reply
-    nc = await nats.connect(stack.nats.url)
-    try:
-        reply = await nc.request(RPC_GET_COLLABORATORS, CollaboratorsQuery(run_id=run_id).model_dump_json().encode(), 5)
-    finally:
-        await nc.drain()
-    collaborators = CollaboratorsReply.model_validate_json(reply.data)
-    assert collaborators.error is None
+    # agent-collab knows the saga's participants (COL-1), over NATS request/reply; its projection is
+    # its own consumer's, so wait for it to show the run completed and alice's answer
+    def complete(reply: CollaboratorsReply) -> bool:
+        ids = {c.id: c for c in reply.collaborators}
+        return (
+            reply.error is None
+            and "agent:reviewer" in ids
+            and ids["agent:reviewer"].status == "completed"
+            and "human:alice" in ids
+        )
+
+    collaborators = await _collaborators(stack, run_id, complete)
     ids = {c.id: c for c in collaborators.collaborators}
-    assert ids["agent:reviewer"].status == "completed"
+    assert ids["agent:reviewer"].run_id == run_id
     assert ids["human:alice"].kind == "human"
 
 
@@ -173,7 +241,7 @@ async def test_run_executor_killed_while_the_run_waits(stack: Stack, http: httpx
     stack.services["run-executor"].kill9()
 
     # the request is durable; answering while the executor is down loses nothing
-    (request,) = await _pending(http, stack)
+    request = await _the_pending_request(http, stack)
     answered = await http.post(
         f"{stack.human_url}/requests/{request['id']}/answer",
         json={"text": "Ship it as v2, with a changelog"},
@@ -185,7 +253,7 @@ async def test_run_executor_killed_while_the_run_waits(stack: Stack, http: httpx
     assert restarted.pid != executor_pid
     done = await _run_in_state(http, stack, run_id, "completed")
     assert "Ship it as v2, with a changelog" in done["result"]
-    types = [e["type"] for e in await _trajectory(http, stack, run_id)]
+    types = [e["type"] for e in await _settled_trajectory(http, stack, run_id)]
     assert types.count("human.requested") == 1
     assert types.count("run.resumed") == 1
     assert types.count("run.completed") == 1
@@ -210,12 +278,16 @@ async def test_run_executor_killed_mid_run_resumes_from_the_last_checkpoint(
         )
         assert recovered.data["from_turn"] == 1  # AP-8: continued from the checkpoint, turn 1 not redone
         await _run_in_state(http, stack, run_id, "waiting_for_human")
-        (request,) = await _pending(http, stack)
+        request = await _the_pending_request(http, stack)
         response = await http.post(
             f"{stack.human_url}/requests/{request['id']}/answer", json={"option_id": "keep-v1"}, headers=ALICE
         )
         assert response.status_code == 200
         await _run_in_state(http, stack, run_id, "completed")
+        # this log is read by its own consumer: wait until it has seen the completion, then everything
+        # the stream holds by then (the settle step before counting)
+        await events.wait_for("run.completed", run_id=run_id)
+        await events.caught_up()
         # no duplicated effects: one question, one tool call per turn, one completion
         assert len(events.of_type("human.requested", run_id)) == 1
         assert len(events.of_type("run.tool_called", run_id)) == 1
@@ -280,7 +352,7 @@ async def test_bad_input_at_the_gateway_and_the_inbox(stack: Stack, http: httpx.
 
     run_id = (await post_hook(http, stack, example_pr())).json()["run_id"]
     await _run_in_state(http, stack, run_id, "waiting_for_human")
-    (request,) = await _pending(http, stack)
+    request = await _the_pending_request(http, stack)
     url = f"{stack.human_url}/requests/{request['id']}/answer"
     bob = {"Authorization": "Bearer bob-demo-token"}
     assert (await http.post(url, json={"option_id": "keep-v1"}, headers=bob)).status_code == 403
@@ -323,7 +395,7 @@ async def test_nobody_answers_the_timeout_policy_applies(
         run_id = (await post_hook(http, stack, example_pr())).json()["run_id"]
         await _run_in_state(http, stack, run_id, "waiting_for_human")
         done = await _run_in_state(http, stack, run_id, final_state)
-        types = [e["type"] for e in await _trajectory(http, stack, run_id)]
+        types = [e["type"] for e in await _settled_trajectory(http, stack, run_id)]
         assert "human.expired" in types
         assert "human.answered" not in types
         if action == "default":
@@ -363,7 +435,7 @@ async def test_e2e_1_with_the_journal_on_postgresql(tmp_path: Path, http: httpx.
             assert answered.status_code == 200, answered.text
             done = await _run_in_state(http, stack, run_id, "completed")
             assert "Ship it as a breaking v2 [ship-v2]" in done["result"]
-            types = [e["type"] for e in await _trajectory(http, stack, run_id)]
+            types = [e["type"] for e in await _settled_trajectory(http, stack, run_id)]
             positions = [types.index(t) for t in E2E_TRAJECTORY]
             assert positions == sorted(positions), types
         finally:

@@ -64,25 +64,60 @@ def requested(
     return make_event(data, source="/temporality/run-executor", run_id=run_id, id=new_id("evt"))
 
 
-async def events_of(bus: Bus, event_type: str, *, wait_for: int = 0, within_s: float = 10.0) -> list[Envelope]:
-    """Every ``event_type`` event in the journal stream; waits (bounded) until at least ``wait_for`` are there."""
-    sub = await bus.js.pull_subscribe(subject_for(event_type), stream=EVENTS_STREAM.name)
+async def _on_stream(bus: Bus, subject: str) -> int:
+    """How many messages the journal stream holds on ``subject``."""
+    info = await bus.js.stream_info(EVENTS_STREAM.name, subjects_filter=subject)
+    return int(sum((info.state.subjects or {}).values()))
+
+
+async def events_of(
+    bus: Bus, event_type: str, *, wait_for: int = 0, within_s: float = 30.0, settle_s: float = 0.0
+) -> list[Envelope]:
+    """Every ``event_type`` event in the journal stream.
+
+    Waits (bounded by ``within_s``) until at least ``wait_for`` are on the stream, counted by the stream
+    itself, so a slow consumer or a slow fetch never yields a partial list; then, with ``settle_s``,
+    keeps watching that long so a late extra event is seen too. Reads back exactly what the stream holds.
+    """
+    subject = subject_for(event_type)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while (held := await _on_stream(bus, subject)) < wait_for:
+        if loop.time() >= deadline:
+            raise AssertionError(f"waited {within_s}s for {wait_for}x {event_type}; the stream holds {held}")
+        await asyncio.sleep(0.05)
+    if settle_s > 0:
+        await asyncio.sleep(settle_s)  # the settle window: anything published meanwhile is counted below
+        held = await _on_stream(bus, subject)
+    if held == 0:
+        return []
+    sub = await bus.js.pull_subscribe(subject, stream=EVENTS_STREAM.name)
     found: list[Envelope] = []
     try:
-        deadline = asyncio.get_running_loop().time() + within_s
-        while True:
-            remaining = deadline - asyncio.get_running_loop().time()
+        read_by = loop.time() + within_s
+        while len(found) < held:
+            if loop.time() >= read_by:
+                raise AssertionError(f"read {len(found)} of the {held} {event_type} events on the stream")
             try:
-                msgs = await sub.fetch(100, timeout=min(0.5, max(remaining, 0.05)))
+                msgs = await sub.fetch(held - len(found), timeout=1)
             except TimeoutError:
-                msgs = []
+                continue
             for msg in msgs:
                 await msg.ack()
                 found.append(decode(msg.data))
-            if not msgs and (len(found) >= wait_for or remaining <= 0):
-                return found
     finally:
         await sub.unsubscribe()
+    return found
+
+
+async def exactly(
+    bus: Bus, event_type: str, count: int = 1, *, within_s: float = 30.0, settle_s: float = 1.0
+) -> list[Envelope]:
+    """Exactly ``count`` ``event_type`` events: waits until ``count`` are there (so it cannot pass on an
+    empty stream), then a bounded settle window in which no further one may appear."""
+    found = await events_of(bus, event_type, wait_for=count, within_s=within_s, settle_s=settle_s)
+    assert len(found) == count, f"{len(found)}x {event_type}, expected exactly {count}: {[e.id for e in found]}"
+    return found
 
 
 async def stored(bus: Bus, request_id: str) -> HumanRequestRecord | None:
@@ -113,7 +148,7 @@ async def timer_messages(bus: Bus, subject: str) -> int:
 
 
 async def wait_for_record(
-    bus: Bus, request_id: str, condition: Callable[[HumanRequestRecord], bool], *, within_s: float = 10.0
+    bus: Bus, request_id: str, condition: Callable[[HumanRequestRecord], bool], *, within_s: float = 30.0
 ) -> HumanRequestRecord:
     """The stored request once ``condition`` holds for it (watches the KV key; bounded by ``within_s``)."""
     watcher = await (await bus.kv(BUCKET_HUMAN_REQUESTS)).watch(request_id)

@@ -10,6 +10,7 @@ from human_support import (
     ALICE,
     BOB,
     events_of,
+    exactly,
     lose_answer_publish,
     requested,
     stored,
@@ -35,12 +36,6 @@ async def _ask(handler: RequestHandler, recipient: str = "user:alice", **kwargs:
 
 def _answer_url(request_id: str) -> str:
     return f"/requests/{request_id}/answer"
-
-
-async def test_healthz(client: httpx.AsyncClient) -> None:
-    response = await client.get("/healthz")
-    assert response.status_code == 200
-    assert response.json() == {"status": "ok", "nats": "connected"}
 
 
 async def test_inbox_lists_only_the_token_owners_pending_requests_newest_first(
@@ -158,7 +153,7 @@ async def test_second_answer_is_409_and_only_one_answered_event(
         assert again.status_code == 409
         assert again.json()["error"] == "already_answered"
         assert "user:alice" in again.json()["detail"]
-    assert len(await events_of(bus, "human.answered", wait_for=1)) == 1
+    await exactly(bus, "human.answered", 1)
 
 
 @pytest.mark.parametrize(
@@ -168,15 +163,39 @@ async def test_second_answer_is_409_and_only_one_answered_event(
 async def test_racing_answers_one_wins(
     bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, first: dict[str, str], second: dict[str, str]
 ) -> None:
+    """Of two racing answers exactly one is bound and announced once.
+
+    Different answers: one 200, one 409. The *identical* answer twice from the same person is idempotent:
+    the second may land after the first is bound but before it is marked published, when the service
+    takes it as a repost (the repair of a lost publish, see ``answers._is_repost``) and answers 200 with
+    the same bound answer; or after, when it answers 409. Either way: one bound answer, one event.
+    """
     request_id = await _ask(handler)
     responses = await asyncio.gather(
         client.post(_answer_url(request_id), json=first, headers=ALICE),
         client.post(_answer_url(request_id), json=second, headers=ALICE),
     )
-    assert sorted(r.status_code for r in responses) == [200, 409]
-    winner = next(r for r in responses if r.status_code == 200).json()
-    [event] = await events_of(bus, "human.answered", wait_for=1)
-    assert event.payload(HumanAnswered).answer.model_dump() == winner["answer"]
+    statuses = sorted(r.status_code for r in responses)
+    if first != second:
+        assert statuses == [200, 409], [r.text for r in responses]
+    else:
+        assert statuses in ([200, 200], [200, 409]), [r.text for r in responses]
+    for refused in (r for r in responses if r.status_code != 200):
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"] == "already_answered"
+    bodies = [r.json() for r in responses if r.status_code == 200]
+    assert all(b["status"] == "answered" and b["responder"] == "user:alice" for b in bodies), bodies
+    answers = [b["answer"] for b in bodies]
+    assert all(a == answers[0] for a in answers), answers  # every 200 carries the one bound answer
+    winner = answers[0]
+
+    record = await wait_for_record(bus, request_id, lambda r: r.answer_published)
+    assert record.answer is not None
+    assert record.answer.model_dump() == winner
+    assert record.responder == "user:alice"
+    [event] = await exactly(bus, "human.answered", 1)  # never a second human.answered
+    assert event.id == derive_id("evt", request_id, "answered")
+    assert event.payload(HumanAnswered).answer.model_dump() == winner
 
 
 @pytest.mark.parametrize(
@@ -258,7 +277,7 @@ async def test_lost_publish_is_repaired_by_the_same_answer(
     assert record.answer_published
     again = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
     assert again.status_code == 409
-    assert len(await events_of(bus, "human.answered", wait_for=1)) == 1
+    await exactly(bus, "human.answered", 1)
 
 
 async def test_lost_publish_is_repaired_by_a_different_second_answer_which_is_still_refused(
@@ -285,7 +304,7 @@ async def test_lost_publish_is_repaired_by_a_different_second_answer_which_is_st
 
     for body in ({"text": "no, really"}, {"option_id": "keep-v1"}):
         assert (await client.post(_answer_url(request_id), json=body, headers=ALICE)).status_code == 409
-    assert len(await events_of(bus, "human.answered", wait_for=1)) == 1
+    await exactly(bus, "human.answered", 1)
 
 
 @pytest.mark.usefixtures("deadline_consumer")
@@ -297,7 +316,7 @@ async def test_lost_publish_is_repaired_by_the_answers_repair_timer(
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://human.test") as client:
         await lose_answer_publish(bus, client, request_id, "keep-v1")
 
-    [event] = await events_of(bus, "human.answered", wait_for=1, within_s=15)
+    [event] = await events_of(bus, "human.answered", wait_for=1)
     assert event.id == derive_id("evt", request_id, "answered")
     assert event.payload(HumanAnswered).answer.model_dump()["option_id"] == "keep-v1"
     assert event.payload(HumanAnswered).responder == "user:alice"
@@ -308,7 +327,7 @@ async def test_lost_publish_is_repaired_by_the_answers_repair_timer(
     assert await timer_messages(bus, f"{TIMER_FIRED_HUMAN}.{request_id}") == 0
     assert await timer_messages(bus, f"{TIMER_SCHEDULE_HUMAN}.{request_id}") == 1
     assert await events_of(bus, "human.expired") == []
-    assert len(await events_of(bus, "human.answered", wait_for=1)) == 1
+    await exactly(bus, "human.answered", 1)
 
 
 async def test_an_answer_arms_a_repair_timer_on_its_own_subject(
@@ -347,9 +366,10 @@ async def test_bus_down_is_503_not_a_hang_and_the_same_answer_succeeds_once_it_i
     nats_server.requested_port = nats_server.port
     nats_server.start()
     async with asyncio.timeout(30):
-        while (
-            retry := await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
-        ).status_code == 503:
-            pass
+        while True:
+            retry = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
+            if retry.status_code != 503:
+                break
+            await asyncio.sleep(0.1)  # not a hot loop on the shared machine while the client reconnects
     assert retry.status_code == 200
-    assert len(await events_of(bus, "human.answered", wait_for=1)) == 1
+    await exactly(bus, "human.answered", 1)

@@ -197,11 +197,11 @@ class Journal:
                 self.handled[event.id] += 1
                 self._changed.notify_all()
 
-    async def wait_handled(self, event_id: str, times: int = 1, within_s: float = 10.0) -> None:
+    async def wait_handled(self, event_id: str, times: int = 1, within_s: float = 30.0) -> None:
         async with asyncio.timeout(within_s), self._changed:
             await self._changed.wait_for(lambda: self.handled[event_id] >= times)
 
-    async def wait_type(self, event_type: str, within_s: float = 10.0) -> str:
+    async def wait_type(self, event_type: str, within_s: float = 30.0) -> str:
         """Wait until an event of ``event_type`` was handled; return its id."""
 
         async def _seen() -> str | None:

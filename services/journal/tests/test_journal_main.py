@@ -59,18 +59,22 @@ async def test_process_records_serves_and_stops_on_sigterm(
         async def _ready() -> bool:
             return await asyncio.to_thread(ready.exists)
 
-        await _eventually(_ready, proc, 20)
+        await _eventually(_ready, proc, 60)  # a process start on the shared, loaded machine
         assert (await asyncio.to_thread(ready.read_text)).strip() == str(proc.pid)
 
         s = story()
         await bus.publish(s.requested())
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             assert (await client.get("/healthz")).json()["status"] == "ok"
+            ready = (await client.get("/readyz")).json()
+            assert ready["status"] == "ready"
+            assert ready["consumers"] == {"journal": "running"}
+            assert ready["checks"] == {"database": "ok"}
 
             async def _recorded() -> bool:
                 return (await client.get(f"/runs/{s.run_id}")).status_code == 200
 
-            await _eventually(_recorded, proc, 10)
+            await _eventually(_recorded, proc, 30)
             assert (await client.get(f"/runs/{s.run_id}")).json()["state"] == "pending"
 
         proc.send_signal(signal.SIGTERM)
@@ -79,4 +83,4 @@ async def test_process_records_serves_and_stops_on_sigterm(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    assert "journal.stopped" in await asyncio.to_thread(log_path.read_text)
+    assert "service.stopped" in await asyncio.to_thread(log_path.read_text)

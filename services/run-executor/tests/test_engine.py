@@ -26,7 +26,8 @@ from temporality_run_executor.records import Checkpoint, RunRecord
 from temporality_testing.events import EventLog
 
 
-async def _answer(bus: Bus, request: HumanRequested, answer: OptionAnswer | TextAnswer, msg_id: str = "") -> None:
+async def _answer(bus: Bus, request: HumanRequested, answer: OptionAnswer | TextAnswer, msg_id: str = "") -> int:
+    """Publish a ``human.answered`` for ``request``; returns its stream sequence."""
     data = HumanAnswered(
         request_id=request.request_id,
         run_id=request.run_id,
@@ -36,33 +37,57 @@ async def _answer(bus: Bus, request: HumanRequested, answer: OptionAnswer | Text
         channel="web",
         waited_s=3.0,
     )
-    await bus.publish(
+    published = await bus.publish(
         make_event(data, source="/test", id=msg_id or f"evt-ans-{request.request_id}", run_id=request.run_id)
     )
+    return published.seq
 
 
-async def _drained(bus: Bus, timeout_s: float = 10) -> None:
+_CONSUMERS = ("run-executor-requests", "run-executor-human")
+
+
+async def _drained(bus: Bus, timeout_s: float = 30) -> None:
     """Wait (bounded) until both executor consumers have nothing pending and nothing unacked."""
     async with asyncio.timeout(timeout_s):
         while True:
-            infos = [
-                await bus.js.consumer_info("TEMPORALITY_EVENTS", name)
-                for name in ("run-executor-requests", "run-executor-human")
-            ]
+            infos = [await bus.js.consumer_info("TEMPORALITY_EVENTS", name) for name in _CONSUMERS]
             if all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos):
                 return
             await asyncio.sleep(0.05)
 
 
-async def _state(bus: Bus, run_id: str, expect: RunState | None = None, timeout_s: float = 10) -> RunRecord:
+async def _processed(bus: Bus, consumer: str, seq: int, timeout_s: float = 30) -> None:
+    """Wait (bounded) until ``consumer`` has acked everything up to stream sequence ``seq``.
+
+    Unlike "nothing pending" (the server may not have counted a just-published message yet), this cannot
+    pass before the message was handled; whatever the handler published is on the stream by then.
+    """
+    info = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                info = await bus.js.consumer_info("TEMPORALITY_EVENTS", consumer)
+                if info.ack_floor.stream_seq >= seq and info.num_ack_pending == 0:
+                    return
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"{consumer} has not handled stream seq {seq} within {timeout_s}s: {info}") from None
+
+
+async def _state(bus: Bus, run_id: str, expect: RunState | None = None, timeout_s: float = 30) -> RunRecord:
     """The run record; with ``expect``, wait (bounded) until the run reaches that state."""
     store = await bus.store(BUCKET_RUNS, RunRecord)
-    async with asyncio.timeout(timeout_s):
-        while True:
-            got = await store.get(run_id)
-            if got is not None and (expect is None or got.value.state is expect):
-                return got.value
-            await asyncio.sleep(0.05)
+    got = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                got = await store.get(run_id)
+                if got is not None and (expect is None or got.value.state is expect):
+                    return got.value
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        seen = got.value.state if got is not None else None
+        raise AssertionError(f"run {run_id} not in {expect} within {timeout_s}s (last seen: {seen})") from None
 
 
 async def test_ask_human_parks_the_run_then_the_answer_completes_it(
@@ -138,18 +163,21 @@ async def test_duplicate_requests_and_answers_change_nothing(
     run_id = event.runid
     await bus.publish(event)
     (req,) = await event_log.wait_for("human.requested", run_id=run_id)
-    # the same run requested again (past JetStream's dedupe: another message id)
-    await bus.publish(event.model_copy(update={"id": "evt-other-delivery"}))
-    await event_log.wait_for("run.created", run_id=run_id, count=1)
+    # the same run requested again (past JetStream's dedupe: another message id), handled while it waits
+    again = await bus.publish(event.model_copy(update={"id": "evt-other-delivery"}))
+    await _processed(bus, "run-executor-requests", again.seq)
     request = req.payload(HumanRequested)
     await _answer(bus, request, OptionAnswer(option_id="ship-v2"))
     await event_log.wait_for("run.completed", run_id=run_id)
     # a late duplicate of the answer (another message id) after completion
-    await _answer(bus, request, OptionAnswer(option_id="keep-v1"), msg_id="evt-late-dup")
-    await event_log.wait_for("human.answered", run_id=run_id, count=2)
+    late = await _answer(bus, request, OptionAnswer(option_id="keep-v1"), msg_id="evt-late-dup")
     # and a run.requested after completion
-    await bus.publish(event.model_copy(update={"id": "evt-third-delivery"}))
-    await _drained(bus)
+    third = await bus.publish(event.model_copy(update={"id": "evt-third-delivery"}))
+    # both handled, and everything they could have published is in the log: only then count
+    await _processed(bus, "run-executor-human", late)
+    await _processed(bus, "run-executor-requests", third.seq)
+    await event_log.caught_up()
+    assert len(event_log.of_type("human.answered", run_id)) == 2
     assert len(event_log.of_type("human.requested", run_id)) == 1
     assert len(event_log.of_type("run.completed", run_id)) == 1
     assert len(event_log.of_type("run.started", run_id)) == 1
@@ -164,10 +192,14 @@ async def test_answer_to_another_request_is_ignored(bus: Bus, event_log: EventLo
     (req,) = await event_log.wait_for("human.requested", run_id=event.runid)
     request = req.payload(HumanRequested)
     stale = request.model_copy(update={"request_id": "hr-not-this-one"})
-    await _answer(bus, stale, OptionAnswer(option_id="keep-v1"))
-    await event_log.wait_for("human.answered", run_id=event.runid)
-    await _answer(bus, request, OptionAnswer(option_id="keep-v1"))
+    # the stale answer is handled (and ignored) before the real one is sent
+    await _processed(bus, "run-executor-human", await _answer(bus, stale, OptionAnswer(option_id="keep-v1")))
+    await event_log.caught_up()
+    assert not event_log.of_type("run.resumed", event.runid)
+    real = await _answer(bus, request, OptionAnswer(option_id="keep-v1"))
     (completed,) = await event_log.wait_for("run.completed", run_id=event.runid)
+    await _processed(bus, "run-executor-human", real)
+    await event_log.caught_up()
     assert len(event_log.of_type("run.resumed", event.runid)) == 1
     assert "keep-v1" in completed.data["result"]
 

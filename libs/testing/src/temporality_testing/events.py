@@ -9,7 +9,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 
 from temporality_protocol import Envelope, decode
-from temporality_protocol.catalog import EVENTS_PREFIX
+from temporality_protocol.catalog import EVENTS_PREFIX, EVENTS_STREAM
 
 __all__ = ["EventLog"]
 
@@ -65,3 +65,20 @@ class EventLog:
             seen = [(e.type, e.runid) for e in self.events]
             raise TimeoutError(f"waited {timeout_s}s for {count}x {event_type} (run {run_id}); saw {seen}") from None
         return matches()
+
+    async def caught_up(self, timeout_s: float = 30.0) -> list[Envelope]:
+        """Wait until this log holds every message the stream held on our subject when called; return the log.
+
+        The settle step before asserting "nothing more happened" (still one ``run.completed``...): once a
+        consumer has acked a message, whatever it published is on the stream, but not yet necessarily here.
+        """
+        info = await self._nc.jetstream().stream_info(EVENTS_STREAM.name, subjects_filter=self._subject)
+        target = sum((info.state.subjects or {}).values())
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._changed:
+                    await self._changed.wait_for(lambda: len(self.events) >= target)
+        except TimeoutError:
+            have = len(self.events)
+            raise TimeoutError(f"waited {timeout_s}s for {target} events on {self._subject}; have {have}") from None
+        return self.events

@@ -1,17 +1,34 @@
-"""Benchmark: the real trigger-gateway against a bare FastAPI endpoint doing one JetStream publish.
+"""Benchmark: webhook throughput of the trigger-gateway under wrk, against an in-run baseline and a ceiling.
 
-    .venv/bin/python bench/gateway.py [--requests 2000] [--concurrency 32]
+    .venv/bin/python bench/gateway.py [--duration 10] [--connections 32] [--threads 2] [--warmup 2]
+                                      [--rounds 1] [--servers old runtime bare] [--show-wrk]
 
-Starts its own nats-server (temporality_testing.NatsServer, temp dir, random port) and serves
+Needs ``wrk`` on the PATH (Debian/Ubuntu: ``apt-get install wrk``); without it the bench says so and
+exits 2. It starts its own nats-server (temporality_testing.NatsServer, temp dir, random port) and three
+servers, each in its own subprocess on a free 127.0.0.1 port, connected to that one nats-server:
 
-  (a) the real gateway app (auth, JSON, normalization, received/accepted/run.requested, dedupe KV),
-  (b) a bare FastAPI endpoint that awaits one JetStream publish of the body,
+  old      the real gateway app served the way services did before temporality_service: a plain asyncio
+           loop, uvicorn's default Config with the h11 parser (what ``http="auto"`` resolved to before
+           httptools was a dependency) on a ``socket.socket(AF_INET, SOCK_STREAM)`` -- proto 0, so asyncio
+           never sets TCP_NODELAY on accepted connections. The baseline measured in the same run.
+  runtime  the same app served by ``temporality_service.HttpServer`` (IPPROTO_TCP socket -> TCP_NODELAY,
+           httptools) on uvloop (``temporality_service.runtime.run``): what the service runs now.
+  bare     a bare FastAPI endpoint awaiting one JetStream publish of the body, served like ``runtime``:
+           the ceiling (per new event the gateway awaits 4 JetStream round trips, the bare endpoint 1).
 
-each with uvicorn in its own subprocess on a free 127.0.0.1 port. It then fires the same number of
-webhook POSTs (unique Azure DevOps event ids, so every gateway request starts a new run) at a bounded
-concurrency with httpx, prints requests/s for both and their ratio, and stops everything. Loopback
-only; bounded by ``--timeout``. The load generator is Python too: read the numbers as a ratio on one
-machine, not as absolute capacity. Nothing asserts on speed.
+All three are started up front (an idle one costs nothing). Each is warmed up once with a short wrk run,
+then measured for ``--duration`` seconds of keep-alive POSTs with ``bench/wrk_webhook.lua``, servers
+interleaved over ``--rounds`` rounds (the best round per server is shown). Every request is a new Azure
+DevOps event (the example payload with a unique top-level ``id``, Basic auth), so every gateway request
+starts a new run. The table gives requests/s, p50/p99 latency, the count of 202 / other 2xx / non-2xx
+responses and wrk socket errors, CPU per request of the server and of nats-server, wrk's own CPU and what
+the rest of the machine used meanwhile (/proc/stat); then the ratios runtime/old and runtime/bare.
+
+wrk, the servers and nats-server share this machine's cores (and so does anything else running): read
+ratios within one run, not absolute capacity; CPU per request is the figure least disturbed by other
+load, and a high "other cores" says to rerun. Loopback only; every wrk run is bounded by ``--duration``,
+the whole bench by ``--timeout``. Nothing asserts on speed; the exit code is 1 when a server answered
+anything but 202 or wrk saw socket errors (the load was not what it claims to be).
 """
 
 from __future__ import annotations
@@ -20,6 +37,8 @@ import argparse
 import asyncio
 import json
 import os
+import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,74 +46,117 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
-from temporality_bus import Bus, LogSettings, NatsSettings, configure_logging
+from temporality_bus import Bus, NatsSettings
 from temporality_protocol import new_id
 from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS
+from temporality_service import HttpServer, LogSettings, configure_logging, stop_on_signals
+from temporality_service.runtime import run as run_on_uvloop
 from temporality_testing import NatsServer
 from temporality_trigger_gateway import Settings, create_app, load_triggers
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples/azure-devops/git.pullrequest.created.json"
-USER, PASSWORD = "azure", "bench-password"
+LUA = Path(__file__).resolve().with_name("wrk_webhook.lua")
+TRIGGER = "ado-pr-review"
+USER, PASSWORD, PASSWORD_ENV = "azure", "bench-password", "TEMPORALITY_BENCH_WEBHOOK_PASSWORD"
 TRIGGERS = f"""
 triggers:
-  - id: ado-pr-review
+  - id: {TRIGGER}
     name: Benchmark
     type: webhook
     adapter: azure_devops.pull_request
     events: [git.pullrequest.created]
     agent: reviewer
-    auth: {{type: basic, username: {USER}, password: {PASSWORD}}}
+    auth: {{type: basic, username: {USER}, password_env: {PASSWORD_ENV}}}
     human: {{allowed_recipients: ["user:alice"]}}
 """
+KINDS = ("old", "runtime", "bare")
 
 
 # --------------------------------------------------------------------------- child: one server
-async def _serve(kind: str, nats_url: str, triggers_file: Path, port_file: Path) -> None:
+def _bare_app(bus: Bus) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/hooks/{trigger_id}")
+    async def bare(trigger_id: str, request: Request) -> Response:
+        body = await request.body()
+        await bus.publish_raw("temporality.events.bench.bare", body, {"Nats-Msg-Id": new_id("bench")})
+        return Response(b'{"status":"accepted"}', status_code=202, media_type="application/json")
+
+    return app
+
+
+def _announce(port_file: Path, port: int) -> None:
+    tmp = port_file.with_suffix(".tmp")
+    tmp.write_text(str(port))
+    tmp.replace(port_file)
+
+
+async def _serve_runtime(app: FastAPI, port_file: Path) -> None:
+    """What ``run_service`` does with a service's app: HttpServer, stopped by SIGTERM via ``should_exit``."""
+    stop = stop_on_signals()
+    server = HttpServer(app, host="127.0.0.1", port=0)
+    serving = asyncio.create_task(server.run_until_exit())
+    listening = asyncio.create_task(server.listening.wait())
+    await asyncio.wait({serving, listening}, return_when=asyncio.FIRST_COMPLETED)
+    listening.cancel()
+    if serving.done():
+        await serving  # raises: the server could not start
+    _announce(port_file, server.port)
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    server.should_exit = True
+    await serving
+
+
+async def _serve_old(app: FastAPI, port_file: Path) -> None:
+    """The pre-runtime way: proto-0 socket (no TCP_NODELAY), h11, uvicorn's own SIGTERM handling."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    _announce(port_file, sock.getsockname()[1])  # listening: connections queue until uvicorn accepts
+    server = uvicorn.Server(uvicorn.Config(app, http="h11", log_config=None, access_log=False, lifespan="off"))
+    await server.serve(sockets=[sock])
+
+
+async def _serve(kind: str, nats_url: str, triggers_file: Path, port_file: Path) -> int:
     configure_logging(LogSettings(level="warning", format="console"), service=f"bench-{kind}")
     nats = NatsSettings(url=nats_url)
     async with Bus.connect(nats, name=f"bench-{kind}") as bus:
         await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
-        if kind == "gateway":
-            app = create_app(Settings(nats=nats), bus, load_triggers(triggers_file))
+        if kind == "bare":
+            app = _bare_app(bus)
         else:
-            app = FastAPI()
-
-            @app.post("/hooks/{trigger_id}")
-            async def bare(trigger_id: str, request: Request) -> Response:
-                body = await request.body()
-                await bus.publish_raw("temporality.events.bench.bare", body, {"Nats-Msg-Id": new_id("bench")})
-                return Response(b'{"status":"accepted"}', status_code=202, media_type="application/json")
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1024)
-        tmp = port_file.with_suffix(".tmp")
-        tmp.write_text(str(sock.getsockname()[1]))
-        tmp.replace(port_file)
-        server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off"))
-        await server.serve(sockets=[sock])  # uvicorn stops on SIGTERM
+            app = create_app(Settings(nats=nats), bus, load_triggers(triggers_file))
+        if kind == "old":
+            await _serve_old(app, port_file)
+        else:
+            await _serve_runtime(app, port_file)
+    return 0
 
 
-# --------------------------------------------------------------------------- parent: load
+# --------------------------------------------------------------------------- parent: servers
 def _start(kind: str, nats_url: str, triggers_file: Path, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
     port_file = workdir / f"{kind}.port"
     cmd = [sys.executable, __file__, "--serve", kind, "--nats", nats_url, "--triggers", str(triggers_file)]
-    proc = subprocess.Popen([*cmd, "--port-file", str(port_file)], stdin=subprocess.DEVNULL)
+    env = {**os.environ, PASSWORD_ENV: PASSWORD}
+    proc = subprocess.Popen([*cmd, "--port-file", str(port_file)], stdin=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 30
     while not port_file.exists():
         if proc.poll() is not None:
-            raise RuntimeError(f"{kind} server exited with {proc.returncode}")
+            raise RuntimeError(f"the {kind} server exited with {proc.returncode}")
         if time.monotonic() > deadline:
             proc.kill()
-            raise TimeoutError(f"{kind} server did not start within 30 s")
+            proc.wait()
+            raise TimeoutError(f"the {kind} server did not start within 30 s")
         time.sleep(0.02)
     return proc, int(port_file.read_text())
 
@@ -109,33 +171,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-async def _fire(port: int, requests: int, concurrency: int, template: dict[str, Any]) -> tuple[float, dict[int, int]]:
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    statuses: dict[int, int] = {}
-    queue: asyncio.Queue[None] = asyncio.Queue()
-    for _ in range(requests):
-        queue.put_nowait(None)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=30, auth=(USER, PASSWORD)
-    ) as client:
-
-        async def worker() -> None:
-            while True:
-                try:
-                    queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                body = json.dumps({**template, "id": str(uuid.uuid4())}).encode()
-                response = await client.post(
-                    "/hooks/ado-pr-review", content=body, headers={"Content-Type": "application/json"}
-                )
-                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return time.perf_counter() - started, statuses
-
-
 def _cpu_s(pid: int) -> float | None:
     """User + system CPU seconds of a process (Linux /proc); None elsewhere."""
     try:
@@ -145,77 +180,243 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _measure(
-    name: str, proc: subprocess.Popen[bytes], port: int, args: argparse.Namespace, template: dict[str, Any]
-) -> tuple[float, float | None]:
-    await _fire(port, min(200, args.requests), args.concurrency, template)  # warm-up: connections, caches
-    cpu_before = _cpu_s(proc.pid)
-    elapsed, statuses = await _fire(port, args.requests, args.concurrency, template)
-    cpu_after = _cpu_s(proc.pid)
-    rate = args.requests / elapsed
-    cpu_ms = None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) * 1000 / args.requests
-    cpu = "" if cpu_ms is None else f"  server CPU {cpu_ms:5.2f} ms/request"
-    sys.stdout.write(f"{name:<8} {args.requests} requests in {elapsed:6.2f} s = {rate:8.1f} req/s{cpu}  {statuses}\n")
-    ok = statuses.get(202, 0)
-    if ok != args.requests:
-        raise RuntimeError(f"{name}: {args.requests - ok} request(s) were not accepted: {statuses}")
-    return rate, cpu_ms
+def _machine_busy_s() -> float | None:
+    """CPU seconds all cores spent busy since boot (Linux /proc/stat: all but idle and iowait)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-async def _bench(args: argparse.Namespace) -> None:
-    template = json.loads(EXAMPLE.read_bytes().decode("utf-8-sig"))
+def _children_cpu_s() -> float:
+    """CPU seconds of the reaped children: the finished wrk runs (servers are reaped only at the end)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _delta(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
+
+
+# --------------------------------------------------------------------------- parent: load
+@dataclass
+class Result:
+    name: str
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    statuses: dict[int, int]
+    socket_errors: int
+    server_cpu_ms: float | None  # per completed request
+    nats_cpu_ms: float | None  # per completed request
+    wrk_cores: float  # wrk's CPU seconds per second of load
+    other_cores: float | None  # everything else busy on the machine meanwhile, in cores
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def accepted(self) -> int:
+        return self.statuses.get(202, 0)
+
+    @property
+    def other_2xx(self) -> int:
+        return sum(n for s, n in self.statuses.items() if 200 <= s < 300 and s != 202)
+
+    @property
+    def non_2xx(self) -> int:
+        return sum(n for s, n in self.statuses.items() if not 200 <= s < 300)
+
+
+def _wrk(port: int, seconds: float, args: argparse.Namespace) -> dict[str, Any]:
+    """One bounded wrk run; the parsed ``webhook-bench`` line printed by the Lua script's done()."""
+    duration = max(1, round(seconds))
+    cmd = [
+        args.wrk,
+        f"-t{args.threads}",
+        f"-c{args.connections}",
+        f"-d{duration}s",
+        "--timeout",
+        "5s",
+        "--latency",
+        "-s",
+        str(LUA),
+        f"http://127.0.0.1:{port}/hooks/{TRIGGER}",
+        "--",
+        str(EXAMPLE),
+        f"{USER}:{PASSWORD}",
+        uuid.uuid4().hex[:12],  # a prefix per run: ids stay unique across runs and servers
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 30, cwd=REPO, check=False)
+    if args.show_wrk:
+        sys.stdout.write(done.stdout)
+    for line in done.stdout.splitlines():
+        if line.startswith("webhook-bench "):
+            return dict(json.loads(line.removeprefix("webhook-bench ")))
+    raise RuntimeError(f"wrk exited with {done.returncode} without a result line:\n{done.stdout}{done.stderr}")
+
+
+def _measure(name: str, server_pid: int, port: int, nats_pid: int, args: argparse.Namespace) -> Result:
+    server_0, nats_0, wrk_0, busy_0, wall_0 = (
+        _cpu_s(server_pid),
+        _cpu_s(nats_pid),
+        _children_cpu_s(),
+        _machine_busy_s(),
+        time.monotonic(),
+    )
+    out = _wrk(port, args.duration, args)
+    server_1, nats_1, wrk_1, busy_1, wall_1 = (
+        _cpu_s(server_pid),
+        _cpu_s(nats_pid),
+        _children_cpu_s(),
+        _machine_busy_s(),
+        time.monotonic(),
+    )
+    requests, wall, wrk_s = int(out["requests"]), wall_1 - wall_0, wrk_1 - wrk_0
+    server_s, nats_s, busy_s = _delta(server_0, server_1), _delta(nats_0, nats_1), _delta(busy_0, busy_1)
+    other_cores = None
+    if server_s is not None and nats_s is not None and busy_s is not None:
+        other_cores = max(0.0, (busy_s - server_s - nats_s - wrk_s) / wall)
+    errors = out["errors"]
+    return Result(
+        name=name,
+        requests=requests,
+        seconds=out["duration_us"] / 1e6,
+        p50_ms=out["latency_us"]["p50"] / 1000,
+        p99_ms=out["latency_us"]["p99"] / 1000,
+        statuses={int(s): int(n) for s, n in out["statuses"].items()},
+        socket_errors=sum(int(errors[k]) for k in ("connect", "read", "write", "timeout")),
+        server_cpu_ms=None if server_s is None or not requests else server_s * 1000 / requests,
+        nats_cpu_ms=None if nats_s is None or not requests else nats_s * 1000 / requests,
+        wrk_cores=wrk_s / wall,
+        other_cores=other_cores,
+    )
+
+
+def _fmt(value: float | None, width: int) -> str:
+    return f"{'-' if value is None else f'{value:.2f}':>{width}}"
+
+
+def _report(best: dict[str, Result], runs: dict[str, list[Result]]) -> None:
+    head = (
+        f"{'server':<8} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'202':>7} {'2xx!202':>7} {'non-2xx':>7}"
+        f" {'sockerr':>7} {'srv ms/req':>10} {'nats ms/req':>11} {'wrk cores':>9} {'other cores':>11}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in best.values():
+        lines.append(
+            f"{r.name:<8} {r.rate:8.1f} {r.p50_ms:7.2f} {r.p99_ms:7.2f} {r.accepted:7d} {r.other_2xx:7d}"
+            f" {r.non_2xx:7d} {r.socket_errors:7d} {_fmt(r.server_cpu_ms, 10)} {_fmt(r.nats_cpu_ms, 11)}"
+            f" {_fmt(r.wrk_cores, 9)} {_fmt(r.other_cores, 11)}"
+        )
+    if any(len(rs) > 1 for rs in runs.values()):
+        each = "; ".join(f"{name} " + " / ".join(f"{r.rate:.0f}" for r in rs) for name, rs in runs.items())
+        lines.append(f"(best of {max(len(rs) for rs in runs.values())} rounds shown; req/s of each round: {each})")
+    runtime = best.get("runtime")
+    for other in ("old", "bare"):
+        base = best.get(other)
+        if runtime and base and base.rate:
+            cpu = ""
+            if runtime.server_cpu_ms and base.server_cpu_ms:
+                cpu = f", server CPU per request {runtime.server_cpu_ms / base.server_cpu_ms:.2f}x"
+            lines.append(f"ratio runtime/{other:<4} throughput {runtime.rate / base.rate:.2f}x{cpu}")
+    lines.append(
+        "(202 = a new run accepted; 2xx!202 would be duplicates; sockerr = wrk connect/read/write/timeout errors;"
+        " srv/nats ms/req = CPU of the server process / nats-server per completed request; wrk cores = the load"
+        " generator's own CPU; other cores = the rest of the machine meanwhile: when it is high, rerun)"
+    )
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _bench(args: argparse.Namespace) -> int:
+    cores = os.cpu_count() or 1
+    load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
+    sys.stdout.write(
+        f"wrk -t{args.threads} -c{args.connections}, {args.duration:g} s per server and round"
+        f" ({args.rounds} round(s), servers interleaved, {args.warmup:g} s warm-up each first);"
+        " every request a new Azure DevOps event\n"
+        f"note: wrk, the server and nats-server share this machine's {cores} core(s) (load average {load}):"
+        " read the ratios, not the absolute figures\n"
+    )
     with tempfile.TemporaryDirectory(prefix="temporality-bench-") as tmp:
         workdir = Path(tmp)
         triggers_file = workdir / "triggers.yaml"
         triggers_file.write_text(TRIGGERS)
         nats = NatsServer(workdir / "nats")
         nats.start()
-        procs: list[subprocess.Popen[bytes]] = []
+        assert nats.proc is not None
+        nats_pid = nats.proc.pid
+        servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+        runs: dict[str, list[Result]] = {kind: [] for kind in args.servers}
         try:
-            gateway, gateway_port = _start("gateway", nats.url, triggers_file, workdir)
-            procs.append(gateway)
-            bare, bare_port = _start("bare", nats.url, triggers_file, workdir)
-            procs.append(bare)
-            sys.stdout.write(
-                f"nats {nats.url}; {args.requests} POSTs each at concurrency {args.concurrency}, after a warm-up\n"
-            )
-            gateway_rate, gateway_cpu = await _measure("gateway", gateway, gateway_port, args, template)
-            bare_rate, bare_cpu = await _measure("bare", bare, bare_port, args, template)
-            sys.stdout.write(f"ratio    gateway/bare throughput = {gateway_rate / bare_rate:.2f}")
-            if gateway_cpu and bare_cpu:
-                sys.stdout.write(f", server CPU per request = {gateway_cpu / bare_cpu:.2f}x")
-            sys.stdout.write(
-                "\n(per new event the gateway awaits 4 JetStream round trips -- trigger.received together with the"
-                " dedupe read, trigger.accepted, run.requested, the dedupe write -- the bare endpoint 1;"
-                " when both rates are close, the Python load generator is the bottleneck)\n"
-            )
+            for kind in args.servers:  # idle while another is measured: an idle server costs nothing
+                servers[kind] = _start(kind, nats.url, triggers_file, workdir)
+            for round_ in range(args.rounds):
+                for kind, (proc, port) in servers.items():
+                    if round_ == 0 and args.warmup > 0:
+                        _wrk(port, args.warmup, args)  # connections, caches, the first run of every code path
+                    runs[kind].append(_measure(kind, proc.pid, port, nats_pid, args))
         finally:
-            for proc in procs:
+            for proc, _ in servers.values():
                 _stop(proc)
             nats.stop()
+    _report({kind: max(rs, key=lambda r: r.rate) for kind, rs in runs.items()}, runs)
+    refused = {
+        r.name: {**r.statuses, "socket errors": r.socket_errors}
+        for rs in runs.values()
+        for r in rs
+        if r.accepted != r.requests or r.socket_errors
+    }
+    if refused:
+        sys.stderr.write(f"not every request was accepted with 202: {refused}\n")
+        return 1
+    return 0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--requests", type=int, default=2000, help="POSTs per server (default 2000)")
-    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight (default 32)")
+    parser.add_argument("--duration", type=float, default=10, help="seconds of load per server (default 10)")
+    parser.add_argument("--warmup", type=float, default=2, help="seconds of warm-up per server, 0 for none (default 2)")
+    parser.add_argument("--connections", type=int, default=32, help="wrk keep-alive connections (default 32)")
+    parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
+    parser.add_argument("--rounds", type=int, default=1, help="measure each server this often, best shown (default 1)")
+    parser.add_argument(
+        "--servers", nargs="+", choices=KINDS, default=list(KINDS), help="which servers, in order (default: all)"
+    )
+    parser.add_argument("--show-wrk", action="store_true", help="print wrk's own output too")
     parser.add_argument("--timeout", type=float, default=600, help="give up after this many seconds (default 600)")
-    parser.add_argument("--serve", choices=["gateway", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--nats", help=argparse.SUPPRESS)
     parser.add_argument("--triggers", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve == "old":
+        sys.exit(asyncio.run(_serve(args.serve, args.nats, args.triggers, args.port_file)))
     if args.serve:
-        asyncio.run(_serve(args.serve, args.nats, args.triggers, args.port_file))
-        return
-    if args.requests < 1 or args.concurrency < 1:
-        parser.error("--requests and --concurrency must be positive")
+        sys.exit(run_on_uvloop(_serve(args.serve, args.nats, args.triggers, args.port_file)))
+    if args.duration < 1 or args.warmup < 0 or args.rounds < 1 or not 1 <= args.threads <= args.connections:
+        parser.error("--duration >= 1, --warmup >= 0, --rounds >= 1 and 1 <= --threads <= --connections")
+    args.servers = list(dict.fromkeys(args.servers))
+    args.wrk = shutil.which("wrk")
+    if args.wrk is None:
+        sys.stderr.write("bench/gateway.py needs wrk, an HTTP load generator: apt-get install wrk (Debian/Ubuntu)\n")
+        sys.exit(2)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
-    async def bounded() -> None:
-        await asyncio.wait_for(_bench(args), args.timeout)
+    def on_alarm(signum: int, frame: object) -> None:
+        raise TimeoutError(f"the bench did not finish within --timeout {args.timeout:g} s")
 
-    asyncio.run(bounded())
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, args.timeout)
+    try:
+        code = _bench(args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

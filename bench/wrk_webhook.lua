@@ -1,0 +1,145 @@
+-- wrk script: every request is a NEW Azure DevOps service-hook event for the trigger-gateway.
+--
+--   wrk -t2 -c32 -d10s --latency -s bench/wrk_webhook.lua http://127.0.0.1:PORT/hooks/ado-pr-review \
+--       -- [payload.json] [user:password] [id-prefix]
+--
+-- Defaults: examples/azure-devops/git.pullrequest.created.json (relative to the working directory),
+-- azure:change-me (the dev triggers file), a random prefix. The body is the payload file as it is
+-- (a UTF-8 BOM removed) with its top-level "id" replaced by "<prefix>-<thread>-<counter>", unique per
+-- request, so the gateway never answers "200 duplicate". Requests carry Basic auth.
+--
+-- response() counts the HTTP statuses per thread; done() prints one line that bench/gateway.py parses:
+--   webhook-bench {"requests":..., "duration_us":..., "latency_us":{...}, "errors":{...}, "statuses":{...}}
+-- (defining response() makes wrk parse every response; the cost is the same for every server measured.)
+
+local DEFAULT_PAYLOAD = "examples/azure-devops/git.pullrequest.created.json"
+local DEFAULT_CREDENTIALS = "azure:change-me"
+
+-- ---------------------------------------------------------------------------------------- helpers
+local function base64(s)
+  local alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+  local out = {}
+  for i = 1, #s, 3 do
+    local a, b, c = s:byte(i, i + 2)
+    local n = a * 65536 + (b or 0) * 256 + (c or 0)
+    local chars = {}
+    for k = 3, 0, -1 do
+      local v = math.floor(n / 64 ^ k) % 64
+      chars[#chars + 1] = alphabet:sub(v + 1, v + 1)
+    end
+    if not b then
+      chars[3], chars[4] = "=", "="
+    elseif not c then
+      chars[4] = "="
+    end
+    out[#out + 1] = table.concat(chars)
+  end
+  return table.concat(out)
+end
+
+local function random_hex(bytes)
+  local f = io.open("/dev/urandom", "rb")
+  if f then
+    local raw = f:read(bytes)
+    f:close()
+    return (raw:gsub(".", function(ch) return string.format("%02x", ch:byte()) end))
+  end
+  math.randomseed(os.time())
+  local parts = {}
+  for i = 1, bytes do parts[i] = string.format("%02x", math.random(0, 255)) end
+  return table.concat(parts)
+end
+
+-- Index of the closing quote of the JSON string whose opening quote is at i.
+local function string_end(text, i)
+  local j = i + 1
+  while true do
+    local k = text:find('["\\]', j)
+    if not k then error("unterminated JSON string at byte " .. i) end
+    if text:sub(k, k) == "\\" then j = k + 2 else return k end
+  end
+end
+
+-- Splits the JSON object text around the value of its top-level "id" (a string): before, after.
+local function split_top_level_id(text)
+  local depth, i, n = 0, 1, #text
+  while i <= n do
+    local c = text:sub(i, i)
+    if c == '"' then
+      local j = string_end(text, i)
+      if depth == 1 and text:sub(i, j) == '"id"' then
+        local value = text:match("^%s*:%s*()", j + 1)
+        if value and text:sub(value, value) == '"' then
+          return text:sub(1, value), text:sub(string_end(text, value))
+        end
+      end
+      i = j + 1
+    else
+      if c == "{" or c == "[" then
+        depth = depth + 1
+      elseif c == "}" or c == "]" then
+        depth = depth - 1
+      end
+      i = i + 1
+    end
+  end
+  error("the payload has no top-level string \"id\"")
+end
+
+-- ---------------------------------------------------------------------------------------- main state
+local threads = {}
+
+function setup(thread)
+  thread:set("thread_number", #threads + 1)
+  threads[#threads + 1] = thread
+end
+
+-- ---------------------------------------------------------------------------------------- thread state
+local before, after, prefix
+local headers = {}
+local counter = 0
+statuses = {}
+
+function init(args)
+  local path = args[1] or DEFAULT_PAYLOAD
+  local f = assert(io.open(path, "rb"), "cannot read the payload " .. path)
+  local text = f:read("*a")
+  f:close()
+  if text:sub(1, 3) == "\239\187\191" then text = text:sub(4) end
+  before, after = split_top_level_id(text)
+  prefix = (args[3] or random_hex(6)) .. "-" .. thread_number
+  headers["Content-Type"] = "application/json"
+  headers["Authorization"] = "Basic " .. base64(args[2] or DEFAULT_CREDENTIALS)
+end
+
+function request()
+  counter = counter + 1
+  return wrk.format("POST", nil, headers, before .. prefix .. "-" .. counter .. after)
+end
+
+function response(status, _, _)
+  local key = tostring(status)
+  statuses[key] = (statuses[key] or 0) + 1
+end
+
+-- ---------------------------------------------------------------------------------------- summary
+function done(summary, latency, _)
+  local total = {}
+  for _, thread in ipairs(threads) do
+    for status, count in pairs(thread:get("statuses") or {}) do
+      total[status] = (total[status] or 0) + count
+    end
+  end
+  local parts = {}
+  for status, count in pairs(total) do parts[#parts + 1] = string.format('"%s":%d', status, count) end
+  table.sort(parts)
+  local e = summary.errors
+  io.write(string.format(
+    'webhook-bench {"requests":%d,"duration_us":%d,"bytes":%d,'
+      .. '"latency_us":{"p50":%d,"p90":%d,"p99":%d,"max":%d,"mean":%.1f},'
+      .. '"errors":{"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d},"statuses":{%s}}\n',
+    summary.requests, summary.duration, summary.bytes,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max, latency.mean,
+    e.connect, e.read, e.write, e.status, e.timeout, table.concat(parts, ",")
+  ))
+end

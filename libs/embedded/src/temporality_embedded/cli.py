@@ -31,7 +31,8 @@ def _webhook_lines(stack: Stack, config_dir: Path) -> list[str]:
     lines = []
     for trigger in doc.get("triggers") or []:
         if isinstance(trigger, dict) and trigger.get("type", "webhook") == "webhook":
-            lines.append(f"  Webhook {trigger.get('id')!s:<22} POST {stack.gateway_url}/hooks/{trigger.get('id')}")
+            label = f"Webhook {trigger.get('id')!s}"
+            lines.append(f"  {label:<26} POST {stack.gateway_url}/hooks/{trigger.get('id')}")
     return lines
 
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from gateway_support import MAX_BODY, PASSWORD, TRIGGERS_YAML, load_triggers_yaml
+from gateway_support import ENVIRON, MAX_BODY, TRIGGERS_YAML, load_triggers_yaml
 
 from temporality_bus import Bus
 from temporality_trigger_gateway import Settings, TriggerConfig, create_app
@@ -14,7 +14,7 @@ from temporality_trigger_gateway import Settings, TriggerConfig, create_app
 
 @pytest.fixture
 def triggers() -> list[TriggerConfig]:
-    return load_triggers_yaml(TRIGGERS_YAML, TEST_GATEWAY_PASSWORD=PASSWORD)
+    return load_triggers_yaml(TRIGGERS_YAML, **ENVIRON)
 
 
 @pytest.fixture

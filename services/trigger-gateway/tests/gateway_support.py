@@ -3,21 +3,40 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
+from standardwebhooks.webhooks import Webhook
 
 from temporality_bus import Bus
 from temporality_protocol import Envelope, RunRequested, decode
 from temporality_protocol.catalog import EVENTS_PREFIX, EVENTS_STREAM
 from temporality_trigger_gateway import TriggerConfig, parse_triggers
+from temporality_trigger_gateway.adapters import WebhookRequest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[3]
 PASSWORD = "s3cret-for-tests"
+GITHUB_SECRET = "gh-hook-secret-for-tests"
+GITLAB_TOKEN = "gl-token-for-tests"
+BEARER_TOKEN = "bearer-token-for-tests"
+#: A Standard Webhooks key (``whsec_`` + base64 of 24 bytes), the project's own.
+SW_SECRET = "whsec_" + base64.b64encode(b"temporality-test-key-0001").decode()
+#: Every secret the test triggers read from the environment.
+ENVIRON = {
+    "TEST_GATEWAY_PASSWORD": PASSWORD,
+    "TEST_GITHUB_SECRET": GITHUB_SECRET,
+    "TEST_GITLAB_TOKEN": GITLAB_TOKEN,
+    "TEST_BEARER_TOKEN": BEARER_TOKEN,
+    "TEST_SW_SECRET": SW_SECRET,
+}
 MAX_BODY = 16 * 1024
 
 TRIGGERS_YAML = """
@@ -51,6 +70,42 @@ triggers:
     events: [git.pullrequest.created]
     agent: reviewer
     auth: {type: basic, username: azure, password_env: TEST_GATEWAY_PASSWORD}
+  - id: ado-work-items
+    name: Triage Azure DevOps work items
+    type: webhook
+    adapter: azure_devops.work_item
+    events: [workitem.created, workitem.updated, workitem.commented, workitem.deleted, workitem.restored]
+    agent: triager
+    auth: {type: basic, username: azure, password_env: TEST_GATEWAY_PASSWORD}
+  - id: gh-review
+    name: Review GitHub pull requests
+    type: webhook
+    adapter: github
+    events: [pull_request.opened, pull_request.synchronize, pull_request.closed, issues.opened, push]
+    agent: reviewer
+    auth: {type: github, secret_env: TEST_GITHUB_SECRET}
+  - id: gl-review
+    name: Review GitLab merge requests
+    type: webhook
+    adapter: gitlab
+    events: [merge_request.open, merge_request.update, push]
+    agent: reviewer
+    auth: {type: gitlab, secret_env: TEST_GITLAB_TOKEN}
+  - id: orders-signed
+    name: Orders from a Standard Webhooks sender
+    type: webhook
+    adapter: generic
+    events: [order.created]
+    agent: reviewer
+    tenant: shop
+    auth: {type: standard_webhooks, secret_env: TEST_SW_SECRET}
+  - id: orders-bearer
+    name: Orders with a bearer token
+    type: webhook
+    adapter: generic
+    events: [order.created]
+    agent: reviewer
+    auth: {type: bearer, token_env: TEST_BEARER_TOKEN}
   - id: nightly-digest
     name: Nightly digest
     type: schedule
@@ -70,6 +125,23 @@ def fixture_bytes(name: str) -> bytes:
 def fixture_json(name: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(fixture_bytes(name).decode("utf-8-sig"))
     return data
+
+
+def webhook_request(body: Any, headers: dict[str, str] | None = None, raw: bytes | None = None) -> WebhookRequest:
+    """What a source adapter receives, built directly (the adapter tests need no HTTP)."""
+    content = raw if raw is not None else json.dumps(body).encode()
+    return WebhookRequest("POST", httpx.Headers(headers or {}), content, body)
+
+
+def github_headers(raw: bytes, event: str, delivery: str, secret: str = GITHUB_SECRET) -> dict[str, str]:
+    signature = hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
+    return {"X-GitHub-Event": event, "X-GitHub-Delivery": delivery, "X-Hub-Signature-256": f"sha256={signature}"}
+
+
+def standard_headers(raw: bytes, msg_id: str, secret: str = SW_SECRET, at: int | None = None) -> dict[str, str]:
+    stamp = int(time.time()) if at is None else at
+    signature = Webhook(secret).sign(msg_id, datetime.fromtimestamp(stamp, tz=UTC), raw.decode())
+    return {"webhook-id": msg_id, "webhook-timestamp": str(stamp), "webhook-signature": signature}
 
 
 def basic(username: str = "azure", password: str = PASSWORD) -> dict[str, str]:

@@ -18,11 +18,12 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import fixture_json, journal, post, types
+from gateway_support import fixture_json, journal, post, types, webhook_request
 
 from temporality_bus import Bus
 from temporality_testing.fixtures import require_shared
 from temporality_trigger_gateway.adapters import ADAPTERS, AzureDevOpsPullRequest
+from temporality_trigger_gateway.adapters.azure_devops import PR_EVENT_TYPES
 from temporality_trigger_gateway.errors import InvalidPayload
 
 ADAPTER = AzureDevOpsPullRequest()
@@ -49,11 +50,15 @@ def _load(path: Path) -> Any:
 
 
 def test_registry_names_the_adapter() -> None:
-    assert ADAPTERS["azure_devops.pull_request"].event_types == {
-        "git.pullrequest.created",
-        "git.pullrequest.updated",
-        "git.pullrequest.merged",
-    }
+    assert (
+        ADAPTERS["azure_devops.pull_request"].event_types
+        == PR_EVENT_TYPES
+        == {
+            "git.pullrequest.created",
+            "git.pullrequest.updated",
+            "git.pullrequest.merged",
+        }
+    )
 
 
 def test_missing_optional_fields_normalize_to_defaults() -> None:
@@ -63,7 +68,7 @@ def test_missing_optional_fields_normalize_to_defaults() -> None:
         resource.pop(key, None)
     del body["createdDate"]
     before = datetime.now(UTC)
-    event = ADAPTER.normalize(body, tenant=None)
+    event = ADAPTER.normalize(webhook_request(body), tenant=None)
     assert event.timestamp >= before  # no date at all: now
     assert event.payload["pull_request"]["description"] == ""
     assert event.payload["pull_request"]["created_at"] is None
@@ -75,14 +80,14 @@ def test_timestamp_falls_back_to_created_date_and_naive_dates_are_utc() -> None:
     body = fixture_json("pr-created.json")
     del body["resource"]["creationDate"]
     body["createdDate"] = "2024-11-05T08:30:01"
-    event = ADAPTER.normalize(body, tenant=None)
+    event = ADAPTER.normalize(webhook_request(body), tenant=None)
     assert event.timestamp == datetime(2024, 11, 5, 8, 30, 1, tzinfo=UTC)
 
 
 def test_actor_falls_back_to_the_identity_id() -> None:
     body = fixture_json("pr-created.json")
     del body["resource"]["createdBy"]["uniqueName"]
-    event = ADAPTER.normalize(body, tenant="t")
+    event = ADAPTER.normalize(webhook_request(body), tenant="t")
     assert event.actor is not None
     assert event.actor.id == "2c9d7e1f-0a3b-4c5d-8e6f-7a8b9c0d1e2f"
     assert event.tenant == "t"
@@ -90,7 +95,7 @@ def test_actor_falls_back_to_the_identity_id() -> None:
 
 def test_normalize_refuses_a_non_pr_event() -> None:
     with pytest.raises(InvalidPayload):
-        ADAPTER.normalize(fixture_json("git-push.json"), tenant=None)
+        ADAPTER.normalize(webhook_request(fixture_json("git-push.json")), tenant=None)
 
 
 def test_real_pull_request_payloads_normalize() -> None:
@@ -102,9 +107,9 @@ def test_real_pull_request_payloads_normalize() -> None:
     }
     for path in files:
         body = _load(path)
-        source = ADAPTER.identify(body)
+        source = ADAPTER.identify(webhook_request(body))
         assert source.id == body["id"], path.name
-        event = ADAPTER.normalize(body, tenant=None)
+        event = ADAPTER.normalize(webhook_request(body), tenant=None)
         assert event.id == body["id"]
         assert event.type == f"azure_devops.{body['eventType']}"
         assert event.source == "https://fabrikam.visualstudio.com"  # collection has no baseUrl in these
@@ -127,7 +132,10 @@ def test_real_pull_request_payloads_normalize() -> None:
             assert "notification_id" not in event.metadata
         if "resourceContainers" not in body:
             assert "resource_version" not in event.metadata
-    statuses = {p.name: ADAPTER.normalize(_load(p), tenant=None).payload["pull_request"]["status"] for p in files}
+    statuses = {
+        p.name: ADAPTER.normalize(webhook_request(_load(p)), tenant=None).payload["pull_request"]["status"]
+        for p in files
+    }
     assert statuses["docs2018.git.pullrequest.created.json"] == "active"
     assert statuses["docs2018.git.pullrequest.updated.json"] == "completed"
 
@@ -145,7 +153,7 @@ async def test_real_payloads_through_the_gateway(client: httpx.AsyncClient, bus:
         else:
             assert response.status_code == 200, (path.name, response.text)
             assert response.json() == {**response.json(), "status": "ignored", "reason": "unsupported_event"}
-            assert body["eventType"] not in ADAPTER.event_types
+            assert body["eventType"] not in PR_EVENT_TYPES
     events = await journal(bus)
     # aspnet-* and docs2018-* publish the same three events (same ids): three runs, not six
     assert len(expected_runs) == 3

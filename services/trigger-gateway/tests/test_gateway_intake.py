@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from unittest.mock import patch
 
 import httpx
-from gateway_support import REPO, basic, fixture_bytes, fixture_json, journal, post, run_requested, types
+import pytest
+from gateway_support import MAX_BODY, REPO, basic, fixture_bytes, fixture_json, journal, post, run_requested, types
 
-from temporality_bus import Bus
+from temporality_bus import Bus, PublishResult, Store, TransientError
 from temporality_protocol import (
+    Envelope,
     HumanPolicy,
     RunRequested,
     TimeoutPolicy,
@@ -22,6 +27,7 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_testing import NatsServer
+from temporality_trigger_gateway import Settings, TriggerConfig, create_app
 from temporality_trigger_gateway.intake import DedupeRecord
 
 PR_EVENT_ID = "5f0b8f6e-3c2d-4e71-a0d9-7b1e2c4d9a10"
@@ -163,12 +169,125 @@ async def test_redelivery_is_a_duplicate_and_never_a_second_run(client: httpx.As
         assert event.runid == run_id
 
 
-async def test_concurrent_redeliveries_start_one_run(client: httpx.AsyncClient, bus: Bus) -> None:
+async def test_concurrent_deliveries_one_accepted_every_other_a_journaled_duplicate(
+    client: httpx.AsyncClient, bus: Bus
+) -> None:
+    """Claim first: of 20 simultaneous deliveries of one event exactly one is accepted, and every
+    delivery leaves its own outcome in the journal."""
     raw = fixture_bytes("pr-created.json")
-    responses = await asyncio.gather(*(post(client, raw) for _ in range(5)))
-    assert {r.status_code for r in responses} <= {200, 202}
+    responses = await asyncio.wait_for(asyncio.gather(*(post(client, raw) for _ in range(20))), 30)
+    statuses = sorted((r.status_code, r.json()["status"]) for r in responses)
+    assert statuses == [(200, "duplicate")] * 19 + [(202, "accepted")]
     assert len({r.json()["run_id"] for r in responses}) == 1
-    assert types(await journal(bus)).count("run.requested") == 1  # JetStream dedupes the derived ids
+    deliveries = {r.json()["delivery_id"] for r in responses}
+    assert len(deliveries) == 20
+
+    events = await journal(bus)
+    assert types(events).count("run.requested") == 1
+    assert types(events).count("trigger.accepted") == 1
+    assert types(events).count("trigger.received") == 20
+    rejected = [e.payload(TriggerRejected) for e in events if e.type == "trigger.rejected"]
+    assert [r.reason for r in rejected] == ["duplicate"] * 19
+    accepted = [e.payload(TriggerAccepted) for e in events if e.type == "trigger.accepted"]
+    outcomes = {r.delivery_id for r in rejected} | {a.delivery_id for a in accepted}
+    assert outcomes == deliveries  # one outcome per delivery, none left with only trigger.received
+
+    stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))
+    assert stored is not None
+    assert stored.value.state == "published"
+
+
+class _Crash(BaseException):
+    """The process dying between the claim and the publish (not an Exception: nothing cleans up)."""
+
+
+async def _claim_left_by_a_crash(bus: Bus, settings: Settings, triggers: list[TriggerConfig]) -> str:
+    """Deliver once through an app whose publish of ``trigger.accepted`` 'crashes' the process."""
+    real_publish = bus.publish
+
+    async def crashing(event: Envelope) -> PublishResult:
+        if event.type == "trigger.accepted":
+            raise _Crash
+        return await real_publish(event)
+
+    app = create_app(settings, bus, triggers)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
+        with patch.object(bus, "publish", crashing), pytest.raises(_Crash):
+            await post(c, fixture_bytes("pr-created.json"))
+    stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))
+    assert stored is not None
+    assert stored.value.state == "claimed"
+    assert "run.requested" not in types(await journal(bus))
+    return stored.value.delivery_id
+
+
+async def test_crash_between_claim_and_publish_redelivery_after_the_lease_starts_the_run(
+    bus: Bus, triggers: list[TriggerConfig]
+) -> None:
+    settings = Settings(max_body_bytes=MAX_BODY, retry_after_s=7, claim_lease_s=0.3)
+    crashed_delivery = await _claim_left_by_a_crash(bus, settings, triggers)
+    app = create_app(settings, bus, triggers)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
+        # A redelivery while the claim is fresh waits for it; once the lease is over it takes it over.
+        response = await asyncio.wait_for(post(c, fixture_bytes("pr-created.json")), 10)
+        assert response.status_code == 202
+        assert response.json()["run_id"] == run_id_for_delivery("ado-pr-review", PR_EVENT_ID)
+        again = await post(c, fixture_bytes("pr-created.json"))
+        assert again.status_code == 200
+        assert again.json()["status"] == "duplicate"
+
+    events = await journal(bus)
+    assert types(events).count("run.requested") == 1
+    requested = next(e for e in events if e.type == "run.requested")
+    assert requested.id == derive_id("evt", response.json()["run_id"], "run.requested")
+    assert requested.payload(RunRequested).launch.delivery_id == response.json()["delivery_id"]
+    assert response.json()["delivery_id"] != crashed_delivery
+    stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))
+    assert stored is not None
+    assert stored.value.state == "published"
+
+
+async def test_crash_after_publish_redelivery_republishes_the_same_ids(bus: Bus, triggers: list[TriggerConfig]) -> None:
+    """Died after run.requested was acked but before the claim said so: the takeover's publish is deduped."""
+    settings = Settings(max_body_bytes=MAX_BODY, retry_after_s=7, claim_lease_s=0.2)
+    real_update = Store.update
+
+    async def crashing(self: Store[Any], key: str, value: Any, revision: int) -> int:
+        if isinstance(value, DedupeRecord) and value.state == "published":
+            raise _Crash
+        return await real_update(self, key, value, revision)
+
+    app = create_app(settings, bus, triggers)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
+        with patch.object(Store, "update", crashing), pytest.raises(_Crash):
+            await post(c, fixture_bytes("pr-created.json"))
+        response = await asyncio.wait_for(post(c, fixture_bytes("pr-created.json")), 10)
+    assert response.status_code == 202
+    events = await journal(bus)
+    assert types(events).count("run.requested") == 1  # Nats-Msg-Id = the derived id
+    assert types(events).count("trigger.accepted") == 1
+
+
+async def test_failed_publish_releases_the_claim_so_the_retry_need_not_wait(
+    client: httpx.AsyncClient, bus: Bus
+) -> None:
+    real_publish = bus.publish
+
+    async def failing(event: Envelope) -> PublishResult:
+        if event.type == "run.requested":
+            raise TransientError("simulated: no ack")
+        return await real_publish(event)
+
+    with patch.object(bus, "publish", failing):
+        refused = await post(client, fixture_bytes("pr-created.json"))
+    assert refused.status_code == 503
+    stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))
+    assert stored is not None
+    assert stored.value.state == "released"
+    # The sender's retry (lease 10 s in this app) is accepted at once, and still one run.
+    retried = await asyncio.wait_for(post(client, fixture_bytes("pr-created.json")), 2)
+    assert retried.status_code == 202
+    assert types(await journal(bus)).count("run.requested") == 1
 
 
 async def test_recipients_come_from_the_trigger_never_from_the_payload(client: httpx.AsyncClient, bus: Bus) -> None:
@@ -278,3 +397,44 @@ async def test_title_is_cut_to_200_characters(client: httpx.AsyncClient, bus: Bu
     assert len(data.title) == 200
     assert data.input["pull_request"]["title"] == "x" * 500
     assert json.dumps(data.input)  # the input stays plain JSON
+
+
+async def test_an_expired_dedupe_record_is_claimed_again(client: httpx.AsyncClient, bus: Bus) -> None:
+    """``ttl_days`` shorter than the bucket's TTL: past its expiry the event is new again (same run id)."""
+    store = await bus.store(BUCKET_DEDUPE, DedupeRecord)
+    key = derive_id("dd", "ado-pr-review", PR_EVENT_ID)
+    past = datetime.now(UTC) - timedelta(days=8)
+    run_id = run_id_for_delivery("ado-pr-review", PR_EVENT_ID)
+    old = DedupeRecord(
+        trigger_id="ado-pr-review",
+        source_event_id=PR_EVENT_ID,
+        run_id=run_id,
+        delivery_id="dlv-old",
+        accepted_at=past,
+        expires_at=past + timedelta(days=7),
+    )
+    await store.create(key, old)
+    response = await post(client, fixture_bytes("pr-created.json"))
+    assert response.status_code == 202
+    assert response.json()["run_id"] == run_id
+    stored = await store.get(key)
+    assert stored is not None
+    assert stored.value.state == "published"
+    assert stored.value.delivery_id == response.json()["delivery_id"]
+
+
+async def test_a_record_written_before_claims_existed_reads_as_published(client: httpx.AsyncClient, bus: Bus) -> None:
+    now = datetime.now(UTC)
+    legacy = {
+        "trigger_id": "ado-pr-review",
+        "source_event_id": PR_EVENT_ID,
+        "run_id": run_id_for_delivery("ado-pr-review", PR_EVENT_ID),
+        "delivery_id": "dlv-legacy",
+        "accepted_at": now.isoformat(),
+        "expires_at": (now + timedelta(days=7)).isoformat(),
+    }
+    kv = await bus.js.key_value(BUCKET_DEDUPE.name)
+    await kv.create(derive_id("dd", "ado-pr-review", PR_EVENT_ID), json.dumps(legacy).encode())
+    response = await post(client, fixture_bytes("pr-created.json"))
+    assert (response.status_code, response.json()["status"]) == (200, "duplicate")
+    assert "run.requested" not in types(await journal(bus))

@@ -67,7 +67,7 @@ def test_process_serves_the_shipped_config_and_stops_on_sigterm(tmp_path: Path, 
     text = log.read_text()
     assert "change-me" not in text  # never log the password
     assert "service.stopped" in text
-    assert '"trigger.literal_password"' in text
+    assert '"trigger.literal_secret"' in text
 
 
 def test_process_refuses_an_invalid_triggers_file(tmp_path: Path) -> None:

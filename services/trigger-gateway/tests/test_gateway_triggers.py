@@ -231,3 +231,114 @@ def test_every_error_is_reported_at_once() -> None:
     assert "2 problem(s)" in message or "3 problem(s)" in message
     assert ".agent" in message
     assert ".adapter" in message
+
+
+# --------------------------------------------------------------------------- sources and auth kinds
+def _webhook(adapter: str, events: str, auth: str) -> str:
+    return f"""
+triggers:
+  - id: hook
+    name: A hook
+    type: webhook
+    adapter: {adapter}
+    events: {events}
+    agent: reviewer
+    auth: {auth}
+"""
+
+
+@pytest.mark.parametrize(
+    ("adapter", "events", "auth"),
+    [
+        pytest.param("github", "[pull_request.opened, push]", "{type: github, secret_env: S}", id="github"),
+        pytest.param("gitlab", "[merge_request.open, push]", "{type: gitlab, secret_env: S}", id="gitlab"),
+        pytest.param("generic", "[order.created]", "{type: standard_webhooks, secret_env: W}", id="standard-webhooks"),
+        pytest.param("generic", "[order.created]", "{type: bearer, token_env: S}", id="bearer"),
+        pytest.param("generic", "[x]", "{type: hmac_sha256, header: X-Signature, secret_env: S}", id="hmac"),
+        pytest.param("generic", "[x]", "{type: header, header: X-Api-Key, secret_env: S}", id="header"),
+        pytest.param(
+            "azure_devops.work_item", "[workitem.updated]", "{type: basic, username: a, password_env: S}", id="wi"
+        ),
+    ],
+)
+def test_every_source_and_auth_kind_loads(adapter: str, events: str, auth: str) -> None:
+    (trigger,) = load_triggers_yaml(_webhook(adapter, events, auth), S="secret", W="whsec_" + "QUJDREVGR0g=")
+    assert isinstance(trigger, WebhookTrigger)
+    assert trigger.adapter == adapter
+
+
+@pytest.mark.parametrize(
+    ("adapter", "events", "auth", "expected"),
+    [
+        pytest.param(
+            "github",
+            "[push]",
+            "{type: basic, username: a, password_env: S}",
+            "triggers[0] (hook): Value error, auth.type 'basic' cannot authenticate github deliveries; use one of github, none",
+            id="auth-not-for-the-source",
+        ),
+        pytest.param(
+            "github", "[ping]", "{type: github, secret_env: S}", "adapter github cannot handle ping", id="ping"
+        ),
+        pytest.param(
+            "gitlab",
+            "[push]",
+            "{type: gitlab}",
+            "triggers[0] (hook).auth: Value error, give exactly one of secret_env",
+            id="no-secret",
+        ),
+        pytest.param(
+            "gitlab",
+            "[push]",
+            "{type: gitlab, secret_env: NOPE}",
+            "environment variable NOPE (secret_env) is not set",
+            id="env-unset",
+        ),
+        pytest.param(
+            "generic", "[x]", "{type: bearer, tokn_env: S}", "triggers[0] (hook).auth.tokn_env: Extra inputs", id="typo"
+        ),
+        pytest.param(
+            "generic",
+            "[x]",
+            "{type: hmac_sha256, secret_env: S}",
+            "triggers[0] (hook).auth.header: Field required",
+            id="hmac-no-header",
+        ),
+        pytest.param(
+            "generic",
+            "[x]",
+            "{type: hmac_sha256, header: X-S, encoding: hexa, secret_env: S}",
+            "auth.encoding",
+            id="hmac-encoding",
+        ),
+        pytest.param(
+            "generic",
+            "[x]",
+            "{type: standard_webhooks, secret_env: S, tolerance_s: 0}",
+            "auth.tolerance_s",
+            id="tolerance",
+        ),
+        pytest.param(
+            "generic",
+            "[x]",
+            "{type: oauth, secret_env: S}",
+            "auth: Input tag 'oauth' found using 'type' does not match",
+            id="unknown-kind",
+        ),
+        pytest.param(
+            "gitlab",
+            "[merge_request.opened]",
+            "{type: gitlab, secret_env: S}",
+            "cannot handle merge_request.opened",
+            id="gl-event",
+        ),
+    ],
+)
+def test_bad_source_config_fails_naming_the_field(adapter: str, events: str, auth: str, expected: str) -> None:
+    assert expected in _error(_webhook(adapter, events, auth), S="secret")
+
+
+def test_new_auth_secrets_never_show_in_reprs() -> None:
+    (trigger,) = load_triggers_yaml(_webhook("generic", "[x]", "{type: bearer, token: literal-tok}"))
+    assert "literal-tok" not in repr(trigger)
+    assert "literal-tok" not in str(trigger.model_dump())

@@ -1,15 +1,17 @@
 """The HTTP surface: ``POST /hooks/{trigger_id}`` (``/healthz`` and ``/readyz`` come from the service runtime).
 
 Checks run in this order, each answered as ``{"error": code, "detail": sentence}``:
-unknown trigger 404 → credentials 401 → size 413 → UTF-8 JSON 400 → adapter shape 422 →
-disabled / unhandled event type 200 ``ignored`` → accepted 202 / duplicate 200, or 503 when
-NATS is unavailable. Never 410 (Azure DevOps disables a subscription on it).
+unknown trigger 404 → header credentials 401 → size 413 → body signature 401 → UTF-8 JSON 400 →
+source shape 422 → disabled / unhandled event type 200 ``ignored`` → accepted 202 / duplicate 200,
+or 503 when NATS is unavailable. Never 410 (Azure DevOps disables a subscription on it).
+
+The trigger's ``auth`` is its verifier (:mod:`temporality_trigger_gateway.auth`): one that reads only
+headers runs before the body is read, one that signs the body runs on the raw bytes before they are
+parsed. A refusal is journaled only once the sender is authenticated.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Iterable
 
 import structlog
@@ -18,16 +20,12 @@ from fastapi.responses import JSONResponse
 
 from temporality_bus import Bus
 from temporality_service import ErrorBody, install_error_handlers, parse_json, read_body
-from temporality_trigger_gateway.errors import (
-    BodyTooLarge,
-    InvalidPayload,
-    MalformedBody,
-    Unauthorized,
-    UnknownTrigger,
-)
+from temporality_trigger_gateway.adapters import WebhookRequest
+from temporality_trigger_gateway.auth import NoAuth, literal_secret
+from temporality_trigger_gateway.errors import BodyTooLarge, InvalidPayload, MalformedBody, UnknownTrigger
 from temporality_trigger_gateway.intake import Accepted, Intake
 from temporality_trigger_gateway.settings import Settings
-from temporality_trigger_gateway.triggers import BasicAuth, TriggerConfig, WebhookTrigger
+from temporality_trigger_gateway.triggers import TriggerConfig, WebhookTrigger
 
 __all__ = ["create_app"]
 
@@ -37,7 +35,7 @@ log = structlog.get_logger(__name__)
 def create_app(settings: Settings, bus: Bus, triggers: Iterable[TriggerConfig]) -> FastAPI:
     """The gateway app over an already-connected ``bus``; serves the ``webhook`` triggers among ``triggers``."""
     webhooks = _served(triggers)
-    intake = Intake(bus, retry_after_s=settings.retry_after_s)
+    intake = Intake(bus, retry_after_s=settings.retry_after_s, claim_lease_s=settings.claim_lease_s)
     app = FastAPI(
         title="Temporality trigger-gateway",
         docs_url=None,
@@ -52,13 +50,21 @@ def create_app(settings: Settings, bus: Bus, triggers: Iterable[TriggerConfig]) 
             trigger = webhooks.get(trigger_id)
             if trigger is None:
                 raise UnknownTrigger(f"no webhook trigger with id {trigger_id[:100]!r}")
-            _authenticate(trigger, request.headers.get("authorization"))
+            verifier = trigger.auth
+            if not verifier.reads_body:
+                verifier.verify(request.headers, b"")
             raw = b""
+            authenticated = not verifier.reads_body
             try:
                 raw = await read_body(request, settings.max_body_bytes)
-                outcome = await intake.handle(trigger, parse_json(raw), body_bytes=len(raw))
+                if verifier.reads_body:
+                    verifier.verify(request.headers, raw)
+                    authenticated = True
+                delivery = WebhookRequest(request.method, request.headers, raw, parse_json(raw))
+                outcome = await intake.handle(trigger, delivery)
             except (BodyTooLarge, MalformedBody, InvalidPayload) as refused:
-                await intake.refused(trigger, refused, body_bytes=len(raw))  # visible in the journal
+                if authenticated:
+                    await intake.refused(trigger, refused, body_bytes=len(raw))  # visible in the journal
                 raise
             return JSONResponse(outcome.model_dump(), status_code=202 if isinstance(outcome, Accepted) else 200)
 
@@ -73,27 +79,11 @@ def _served(triggers: Iterable[TriggerConfig]) -> dict[str, WebhookTrigger]:
             continue
         webhooks[trigger.id] = trigger
         auth = trigger.auth
-        if not isinstance(auth, BasicAuth):
+        if isinstance(auth, NoAuth):
             log.warning("trigger.unauthenticated", trigger_id=trigger.id)
-        elif auth.password is not None:
-            log.warning("trigger.literal_password", trigger_id=trigger.id, hint="use auth.password_env")
-        log.info("trigger.served", trigger_id=trigger.id, adapter=trigger.adapter, enabled=trigger.enabled)
+        elif literal_secret(auth):
+            log.warning("trigger.literal_secret", trigger_id=trigger.id, hint="use the auth *_env key")
+        log.info(
+            "trigger.served", trigger_id=trigger.id, adapter=trigger.adapter, auth=auth.type, enabled=trigger.enabled
+        )
     return webhooks
-
-
-def _authenticate(trigger: WebhookTrigger, header: str | None) -> None:
-    """HTTP Basic, compared in constant time. Nothing that was sent is logged or echoed."""
-    auth = trigger.auth
-    if not isinstance(auth, BasicAuth):
-        return  # explicitly configured `auth: {type: none}`
-    if not header:
-        raise Unauthorized("this trigger requires HTTP Basic credentials")
-    scheme, _, value = header.partition(" ")
-    try:
-        if scheme.lower() != "basic":
-            raise ValueError("not basic")
-        username, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
-    except (ValueError, binascii.Error):  # UnicodeDecodeError is a ValueError
-        raise Unauthorized("the Authorization header is not valid HTTP Basic") from None
-    if not sep or not auth.matches(username, password):
-        raise Unauthorized("wrong user name or password")

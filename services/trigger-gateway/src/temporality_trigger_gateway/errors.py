@@ -5,7 +5,7 @@
 
     temporality_service.ApiError -- one delivery is refused; answered as ``{"error": code, "detail": sentence}``
     ├── UnknownTrigger           -- 404 no served webhook trigger has this id
-    ├── Unauthorized             -- 401 missing or wrong credentials (with ``WWW-Authenticate: Basic``)
+    ├── Unauthorized             -- 401 missing or wrong credentials or signature (with ``WWW-Authenticate``)
     ├── BodyTooLarge             -- 413 Content-Length or the streamed body exceeds ``max_body_bytes``
     ├── MalformedBody            -- 400 not UTF-8 JSON (a UTF-8 BOM is fine), too deep, lone surrogates
     ├── InvalidPayload           -- 422 JSON, but not the shape the trigger's adapter expects
@@ -51,8 +51,10 @@ class UnknownTrigger(NotFound):
 
 
 class Unauthorized(_Unauthorized):
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail, challenge='Basic realm="temporality"')
+    """The challenge names the trigger's scheme (``Basic``, ``Bearer``, ``Signature``)."""
+
+    def __init__(self, detail: str, *, challenge: str = 'Basic realm="temporality"') -> None:
+        super().__init__(detail, challenge=challenge)
 
 
 class InvalidPayload(Unprocessable):

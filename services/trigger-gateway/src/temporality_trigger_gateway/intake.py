@@ -1,15 +1,19 @@
 """One webhook delivery: what to decide (pure functions) and the bus effects that carry it out.
 
-Exactly-once run creation (IDEM-1)::
+Exactly-once run creation (IDEM-1), claim first::
 
-    trigger.received                      always, fresh id per delivery
-    dedupe key (trigger id, event id)?    in the trigger-dedupe KV bucket
-      present  -> trigger.rejected(duplicate)                       -> 200 duplicate
-      absent   -> trigger.accepted + run.requested (derived ids)    -> create the key -> 202 accepted
+    trigger.received                          always, fresh id per delivery
+    claim the dedupe key (trigger id, event id): KV create-if-absent, state ``claimed``
+      won      -> trigger.accepted + run.requested (ids derived from the run) -> state ``published`` -> 202
+      lost     -> the key says ``published``            -> trigger.rejected(duplicate)   -> 200 duplicate
+                  the key says ``claimed``, lease fresh -> wait for it to be published (or released)
+                  ``claimed`` past its lease, ``released`` or expired -> take the claim over (compare-and-set)
+                  and publish the same derived ids: JetStream dedupes ``Nats-Msg-Id``, the run store
+                  refuses a second line, so a process that died between claim and publish loses nothing
 
-The key is written only *after* JetStream acked ``run.requested``: a crash in between makes the
-retry republish the same ids, which JetStream dedupes (``Nats-Msg-Id``) and the run store rejects
-as a second line. Every answer is sent only after JetStream acked what it reports.
+Exactly one delivery of concurrent ones answers ``accepted``; every other gets its own
+``trigger.rejected(duplicate)``. A claimant whose publish fails releases its claim (best effort) so
+the sender's retry takes over at once. Every answer is sent only after JetStream acked what it reports.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import nats.errors
 import structlog
 from pydantic import BaseModel, ConfigDict
 
-from temporality_bus import AlreadyExists, Bus, Conflict, PermanentError, Store, TransientError, Versioned, evolve
+from temporality_bus import AlreadyExists, Bus, Conflict, PermanentError, Store, TransientError, evolve
 from temporality_protocol import (
     Envelope,
     LaunchSource,
@@ -39,7 +43,7 @@ from temporality_protocol import (
     run_id_for_delivery,
 )
 from temporality_protocol.catalog import BUCKET_DEDUPE
-from temporality_trigger_gateway.adapters import ADAPTERS, SourceEvent
+from temporality_trigger_gateway.adapters import ADAPTERS, SourceEvent, WebhookRequest
 from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable, WebhookError
 from temporality_trigger_gateway.triggers import WebhookTrigger
 
@@ -47,6 +51,7 @@ __all__ = [
     "ACTOR",
     "SOURCE",
     "Accepted",
+    "ClaimState",
     "DedupeRecord",
     "Duplicate",
     "Ignored",
@@ -64,6 +69,8 @@ log = structlog.get_logger(__name__)
 
 SOURCE = "/temporality/trigger-gateway"
 ACTOR = "service:trigger-gateway"
+#: How often a delivery that lost the claim re-reads it while the claimant publishes.
+_POLL_S = 0.02
 T = TypeVar("T")
 U = TypeVar("U")
 
@@ -93,8 +100,15 @@ class Ignored(_Outcome):
 Outcome = Accepted | Duplicate | Ignored
 
 
+ClaimState = Literal["claimed", "published", "released"]
+
+
 class DedupeRecord(BaseModel):
-    """The value under a dedupe key: which run a source event already started."""
+    """The value under a dedupe key: which run a source event started, and how far its launch got.
+
+    ``claimed``: a delivery owns the launch and is publishing; ``published``: JetStream acked
+    ``run.requested``; ``released``: the claimant failed to publish and gave the claim back. A record
+    written before claims existed has no ``state`` and reads as ``published``."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -104,6 +118,8 @@ class DedupeRecord(BaseModel):
     delivery_id: str
     accepted_at: datetime
     expires_at: datetime
+    state: ClaimState = "published"
+    claimed_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -215,14 +231,16 @@ def _envelope(delivery: WebhookDelivery, *, run_id: str | None, tenant: str | No
 class Intake:
     """Carries out deliveries on the bus. Adapter errors (:class:`InvalidPayload`) propagate unchanged."""
 
-    def __init__(self, bus: Bus, *, retry_after_s: int) -> None:
+    def __init__(self, bus: Bus, *, retry_after_s: int, claim_lease_s: float = 10.0) -> None:
         self._bus = bus
         self._retry_after_s = retry_after_s
+        self._claim_lease_s = claim_lease_s
 
-    async def handle(self, trigger: WebhookTrigger, body: Any, *, body_bytes: int) -> Outcome:
+    async def handle(self, trigger: WebhookTrigger, request: WebhookRequest) -> Outcome:
+        """One authenticated delivery, from its source's adapter to its journaled outcome."""
         adapter = ADAPTERS[trigger.adapter]
-        source = adapter.identify(body)
-        delivery = WebhookDelivery(trigger, new_id("dlv"), body_bytes, source)
+        source = adapter.identify(request)
+        delivery = WebhookDelivery(trigger, new_id("dlv"), len(request.body), source)
         with structlog.contextvars.bound_contextvars(delivery_id=delivery.delivery_id, source_event_id=source.id):
             ignored = ignore_reason(delivery)
             if ignored is not None:
@@ -230,7 +248,7 @@ class Intake:
                 await self._ignore(delivery, reason, detail)
                 log.info("webhook.handled", status="ignored", reason=reason, source_event_type=source.type)
                 return Ignored(delivery_id=delivery.delivery_id, reason=reason, detail=detail)
-            event = adapter.normalize(body, tenant=trigger.tenant)
+            event = adapter.normalize(request, tenant=trigger.tenant)
             run_id = run_id_for_delivery(trigger.id, event.id)
             with structlog.contextvars.bound_contextvars(run_id=run_id):
                 outcome = await self._launch(delivery, event, run_id, adapter.run_title(event))
@@ -284,56 +302,91 @@ class Intake:
         )
 
     async def _launch(self, delivery: WebhookDelivery, event: NormalizedEvent, run_id: str, title: str) -> Outcome:
-        trigger = delivery.trigger
-        key = dedupe_key(trigger.id, event.id)
+        key = dedupe_key(delivery.trigger.id, event.id)
         store = await self._io(self._bus.store(BUCKET_DEDUPE, DedupeRecord))
         received = received_event(delivery, run_id=run_id, tenant=event.tenant)
-        # The read does not depend on the publish: one round trip for both.
-        _, existing = await self._both(self._bus.publish(received), store.get(key))
-        now = datetime.now(UTC)
-        if existing is not None and existing.value.expires_at > now:
-            detail = (
-                f"source event {event.id} was already accepted as run {existing.value.run_id} "
-                f"(delivery {existing.value.delivery_id})"
-            )
+        await self._io(self._bus.publish(received))
+        won = await self._claim(store, key, delivery, event, run_id)
+        if isinstance(won, DedupeRecord):
+            detail = f"source event {event.id} was already accepted as run {won.run_id} (delivery {won.delivery_id})"
             rejected = rejected_event(
                 delivery, "duplicate", detail, run_id=run_id, tenant=event.tenant, causation_id=received.id
             )
             await self._io(self._bus.publish(rejected))
             return Duplicate(delivery_id=delivery.delivery_id, run_id=run_id)
 
+        claim, revision = won
         accepted, requested = launch_events(delivery, event, run_id=run_id, title=title, causation_id=received.id)
-        await self._io(self._bus.publish(accepted))
-        await self._io(self._bus.publish(requested))
-        record = DedupeRecord(
-            trigger_id=trigger.id,
-            source_event_id=event.id,
-            run_id=run_id,
-            delivery_id=delivery.delivery_id,
-            accepted_at=now,
-            expires_at=now + timedelta(days=trigger.deduplication.ttl_days),
-        )
-        await self._io(self._remember(store, key, record, existing))
+        try:
+            await self._io(self._bus.publish(accepted))
+            await self._io(self._bus.publish(requested))
+        except Exception:
+            await self._release(store, key, claim, revision)
+            raise
+        try:
+            await self._io(store.update(key, evolve(claim, state="published"), revision))
+        except Conflict:
+            log.info("webhook.claim_taken_over")  # a redelivery took a stale claim over; it published the same ids
+        except BusUnavailable:
+            # run.requested is durable: answer accepted. A redelivery after the lease republishes the same
+            # ids (deduped) instead of answering duplicate: harmless.
+            log.warning("webhook.claim_not_marked_published")
         return Accepted(delivery_id=delivery.delivery_id, run_id=run_id)
 
-    async def _remember(
-        self, store: Store[DedupeRecord], key: str, record: DedupeRecord, existing: Versioned[DedupeRecord] | None
-    ) -> None:
-        try:
+    async def _claim(
+        self, store: Store[DedupeRecord], key: str, delivery: WebhookDelivery, event: NormalizedEvent, run_id: str
+    ) -> tuple[DedupeRecord, int] | DedupeRecord:
+        """Own the launch of ``event`` (the claim and its revision), or the record of the delivery that did."""
+        trigger = delivery.trigger
+        lease = timedelta(seconds=self._claim_lease_s)
+        deadline = asyncio.get_running_loop().time() + self._claim_lease_s + 5 * _POLL_S
+        while True:
+            now = datetime.now(UTC)
+            claim = DedupeRecord(
+                trigger_id=trigger.id,
+                source_event_id=event.id,
+                run_id=run_id,
+                delivery_id=delivery.delivery_id,
+                accepted_at=now,
+                expires_at=now + timedelta(days=trigger.deduplication.ttl_days),
+                state="claimed",
+                claimed_at=now,
+            )
+            try:
+                return claim, await self._io(store.create(key, claim))
+            except AlreadyExists:
+                pass
+            existing = await self._io(store.get(key))
             if existing is None:
-                await store.create(key, record)
-            else:  # an expired record (shorter ttl_days than the bucket's): replace it
-                await store.update(key, record, existing.revision)
-        except (AlreadyExists, Conflict):
-            log.info("webhook.concurrent_delivery")  # another delivery of the same event got there first
+                continue  # gone between the two calls (bucket TTL): claim again
+            record = existing.value
+            stale = (
+                record.expires_at <= now
+                or record.state == "released"
+                or (record.state == "claimed" and (record.claimed_at or record.accepted_at) + lease <= now)
+            )
+            if stale:
+                if record.state == "claimed" and record.expires_at > now:
+                    log.warning("webhook.stale_claim_taken_over", claimed_by=record.delivery_id)
+                try:
+                    return claim, await self._io(store.update(key, claim, existing.revision))
+                except Conflict:
+                    continue  # another delivery took it over first
+            if record.state == "published":
+                return record
+            # Another delivery holds a fresh claim and is publishing: wait for its outcome.
+            if asyncio.get_running_loop().time() > deadline:
+                raise BusUnavailable(
+                    "another delivery of this event is still being published; retry later", self._retry_after_s
+                )
+            await asyncio.sleep(_POLL_S)
 
-    async def _both(self, first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
-        one, two = await asyncio.gather(self._io(first), self._io(second), return_exceptions=True)
-        if isinstance(one, BaseException):
-            raise one
-        if isinstance(two, BaseException):
-            raise two
-        return one, two
+    async def _release(self, store: Store[DedupeRecord], key: str, claim: DedupeRecord, revision: int) -> None:
+        """Give a claim back after a failed publish, so the sender's retry need not wait for the lease."""
+        try:
+            await self._io(store.update(key, evolve(claim, state="released"), revision))
+        except Exception as exc:
+            log.warning("webhook.claim_not_released", error=repr(exc))
 
     async def _io(self, call: Awaitable[T]) -> T:
         """Run one bus call; anything NATS-side becomes :class:`BusUnavailable` (503, the sender retries)."""

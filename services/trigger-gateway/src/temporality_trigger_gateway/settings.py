@@ -22,3 +22,6 @@ class Settings(HttpServiceSettings):
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     #: Seconds a sender is told to wait (``Retry-After``) when NATS is unavailable (503).
     retry_after_s: int = Field(default=10, ge=1)
+    #: A dedupe claim older than this whose delivery never reported ``run.requested`` published is taken
+    #: over by a redelivery, which publishes the same derived ids (the claimant's process died).
+    claim_lease_s: float = Field(default=10.0, gt=0, le=300)

@@ -9,7 +9,6 @@ The recipients a run may ask (``human``, SEC-1) come from here and never from th
 
 from __future__ import annotations
 
-import hmac
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,10 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
-    SecretStr,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -31,6 +27,7 @@ from pydantic import (
 from temporality_protocol import HumanPolicy, TimeoutPolicy
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_trigger_gateway.adapters import ADAPTERS
+from temporality_trigger_gateway.auth import Auth, BasicAuth, NoAuth
 from temporality_trigger_gateway.errors import TriggerConfigError
 
 __all__ = [
@@ -57,49 +54,6 @@ _EVENT_FILTER_KEYS = frozenset({"actor_id", "actor_type", "project"})
 
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# --------------------------------------------------------------------------- auth
-class BasicAuth(_Config):
-    """HTTP Basic, as Azure DevOps service hooks send it. Prefer ``password_env`` to a literal ``password``."""
-
-    type: Literal["basic"]
-    username: Annotated[str, Field(min_length=1)]
-    password: SecretStr | None = None
-    password_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
-    _secret: SecretStr = PrivateAttr()
-
-    @model_validator(mode="after")
-    def _resolve_password(self, info: ValidationInfo) -> Self:
-        if (self.password is None) == (self.password_env is None):
-            raise ValueError("give exactly one of password_env (preferred) or password")
-        if self.password_env is not None:
-            environ: Mapping[str, str] = (info.context or {}).get("environ", os.environ)
-            value = environ.get(self.password_env, "")
-            if not value:
-                raise ValueError(f"environment variable {self.password_env} (password_env) is not set or empty")
-            self._secret = SecretStr(value)
-        else:
-            assert self.password is not None
-            if not self.password.get_secret_value():
-                raise ValueError("password must not be empty")
-            self._secret = self.password
-        return self
-
-    def matches(self, username: str, password: str) -> bool:
-        """Constant-time comparison of both parts (no short-circuit on the user name)."""
-        user_ok = hmac.compare_digest(username.encode(), self.username.encode())
-        password_ok = hmac.compare_digest(password.encode(), self._secret.get_secret_value().encode())
-        return user_ok & password_ok
-
-
-class NoAuth(_Config):
-    """No authentication at all: allowed only when written explicitly (``auth: {type: none}``)."""
-
-    type: Literal["none"]
-
-
-Auth = Annotated[BasicAuth | NoAuth, Field(discriminator="type")]
 
 
 # --------------------------------------------------------------------------- policies
@@ -169,10 +123,20 @@ class WebhookTrigger(_Trigger):
         if len(set(self.events)) != len(self.events):
             raise ValueError("events lists an event type twice")
         supported = ADAPTERS[self.adapter].event_types
-        unsupported = sorted(set(self.events) - supported)
+        unsupported = sorted(set(self.events) - supported) if supported is not None else []
         if unsupported:
             raise ValueError(
-                f"adapter {self.adapter} cannot handle {', '.join(unsupported)}; it supports {', '.join(sorted(supported))}"
+                f"adapter {self.adapter} cannot handle {', '.join(unsupported)}; it supports {', '.join(sorted(supported or ()))}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _auth_fits_the_source(self) -> Self:
+        allowed = ADAPTERS[self.adapter].auth_types | {"none"}
+        if self.auth.type not in allowed:
+            raise ValueError(
+                f"auth.type {self.auth.type!r} cannot authenticate {self.adapter} deliveries; "
+                f"use one of {', '.join(sorted(allowed))}"
             )
         return self
 

@@ -1,4 +1,4 @@
-"""Webhook adapters by name: the values a trigger's ``adapter:`` may take."""
+"""Webhook sources by name: the values a trigger's ``adapter:`` may take. One module per source."""
 
 from __future__ import annotations
 
@@ -6,9 +6,25 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from temporality_trigger_gateway.adapters.azure_devops import AzureDevOpsPullRequest
-from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent
+from temporality_trigger_gateway.adapters.azure_devops_work_item import AzureDevOpsWorkItem
+from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent, WebhookRequest
+from temporality_trigger_gateway.adapters.generic import Generic
+from temporality_trigger_gateway.adapters.github import GitHub
+from temporality_trigger_gateway.adapters.gitlab import GitLab
 
-__all__ = ["ADAPTERS", "Adapter", "AzureDevOpsPullRequest", "SourceEvent"]
+__all__ = [
+    "ADAPTERS",
+    "Adapter",
+    "AzureDevOpsPullRequest",
+    "AzureDevOpsWorkItem",
+    "Generic",
+    "GitHub",
+    "GitLab",
+    "SourceEvent",
+    "WebhookRequest",
+]
 
-#: Every adapter this gateway can serve, by name. Stateless instances.
-ADAPTERS: Mapping[str, Adapter] = MappingProxyType({a.name: a for a in (AzureDevOpsPullRequest(),)})
+#: Every source this gateway can serve, by name. Stateless instances.
+ADAPTERS: Mapping[str, Adapter] = MappingProxyType(
+    {a.name: a for a in (AzureDevOpsPullRequest(), AzureDevOpsWorkItem(), GitHub(), GitLab(), Generic())}
+)

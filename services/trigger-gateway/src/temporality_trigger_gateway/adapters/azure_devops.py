@@ -20,10 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from temporality_protocol import Actor, NormalizedEvent
-from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent, invalid_payload
+from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent, WebhookRequest, invalid_payload
 from temporality_trigger_gateway.errors import InvalidPayload
 
-__all__ = ["AzureDevOpsPullRequest", "PullRequestEvent"]
+__all__ = ["AzureDevOpsPullRequest", "PullRequestEvent", "identify_azure_devops"]
 
 _Text = Annotated[str, Field(min_length=1)]
 
@@ -97,6 +97,15 @@ class PullRequestEvent(_Ado):
     created_date: datetime | None = None
 
 
+def identify_azure_devops(adapter: str, request: WebhookRequest) -> SourceEvent:
+    """Every Azure DevOps service-hook event: the event GUID ``id`` and ``eventType``."""
+    try:
+        envelope = _Envelope.model_validate(request.json)
+    except ValidationError as exc:
+        raise invalid_payload(adapter, exc) from exc
+    return SourceEvent(id=envelope.id, type=envelope.event_type)
+
+
 def _aware(value: datetime | None) -> datetime | None:
     if value is not None and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
@@ -116,27 +125,26 @@ def _person(identity: Identity) -> dict[str, Any]:
     return {"id": identity.id, "display_name": identity.display_name, "unique_name": identity.unique_name}
 
 
+PR_EVENT_TYPES = frozenset({"git.pullrequest.created", "git.pullrequest.updated", "git.pullrequest.merged"})
+
+
 class AzureDevOpsPullRequest(Adapter):
     name: ClassVar[str] = "azure_devops.pull_request"
-    event_types: ClassVar[frozenset[str]] = frozenset(
-        {"git.pullrequest.created", "git.pullrequest.updated", "git.pullrequest.merged"}
-    )
+    event_types: ClassVar[frozenset[str] | None] = PR_EVENT_TYPES
+    auth_types: ClassVar[frozenset[str]] = frozenset({"basic", "bearer", "header"})
 
-    def identify(self, body: Any) -> SourceEvent:
-        try:
-            envelope = _Envelope.model_validate(body)
-        except ValidationError as exc:
-            raise invalid_payload(self.name, exc) from exc
-        return SourceEvent(id=envelope.id, type=envelope.event_type)
+    def identify(self, request: WebhookRequest) -> SourceEvent:
+        return identify_azure_devops(self.name, request)
 
-    def normalize(self, body: Any, *, tenant: str | None) -> NormalizedEvent:
+    def normalize(self, request: WebhookRequest, *, tenant: str | None) -> NormalizedEvent:
+        body = request.json
         try:
             event = PullRequestEvent.model_validate(body)
         except ValidationError as exc:
             raise invalid_payload(self.name, exc) from exc
-        if event.event_type not in self.event_types:
+        if event.event_type not in PR_EVENT_TYPES:
             raise InvalidPayload(
-                f"{event.event_type!r} is not a pull request event ({', '.join(sorted(self.event_types))})",
+                f"{event.event_type!r} is not a pull request event ({', '.join(sorted(PR_EVENT_TYPES))})",
                 [{"loc": ["eventType"], "msg": "not a pull request event", "type": "value_error"}],
             )
         pr = event.resource

@@ -1,12 +1,17 @@
-"""What every webhook adapter does: identify a delivery, then validate and normalize it (TRG-3, TRG-4).
+"""What every webhook source does: identify a delivery, then validate and normalize it (TRG-3, TRG-4).
 
-An adapter is a configuration of the ``webhook`` trigger type, never a type of its own. It is
-stateless; the registry in :mod:`temporality_trigger_gateway.adapters` holds one instance per name.
+A source (adapter) is a configuration of the ``webhook`` trigger type, never a type of its own, and one
+module of this package. It receives the :class:`WebhookRequest` (method, headers, raw body, parsed JSON)
+after the trigger's verifier (:mod:`temporality_trigger_gateway.auth`) accepted it, and produces the one
+:class:`~temporality_protocol.NormalizedEvent`. It is stateless; the registry in
+:mod:`temporality_trigger_gateway.adapters` holds one instance per name.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -14,7 +19,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporality_protocol import NormalizedEvent
 from temporality_trigger_gateway.errors import InvalidPayload
 
-__all__ = ["Adapter", "SourceEvent", "invalid_payload"]
+__all__ = ["Adapter", "SourceEvent", "WebhookRequest", "invalid_payload", "missing_header"]
+
+
+@dataclass(frozen=True)
+class WebhookRequest:
+    """One authenticated delivery as a source sees it. ``headers`` is case-insensitive."""
+
+    method: str
+    headers: Mapping[str, str]
+    body: bytes
+    json: Any
 
 
 class SourceEvent(BaseModel):
@@ -30,14 +45,17 @@ class Adapter(ABC):
     #: The ``adapter:`` value in a trigger (``azure_devops.pull_request``).
     name: ClassVar[str]
     #: The source event types this adapter can normalize; a trigger's ``events`` must be a subset.
-    event_types: ClassVar[frozenset[str]]
+    #: ``None``: any type the sender names (the generic JSON source).
+    event_types: ClassVar[frozenset[str] | None]
+    #: The ``auth.type`` values that can authenticate this source (``none`` is always allowed, explicitly).
+    auth_types: ClassVar[frozenset[str]]
 
     @abstractmethod
-    def identify(self, body: Any) -> SourceEvent:
+    def identify(self, request: WebhookRequest) -> SourceEvent:
         """The event's id and type, or :class:`InvalidPayload` when the body is not this source's envelope."""
 
     @abstractmethod
-    def normalize(self, body: Any, *, tenant: str | None) -> NormalizedEvent:
+    def normalize(self, request: WebhookRequest, *, tenant: str | None) -> NormalizedEvent:
         """Validate the full shape and map it to the source-independent event (TRG-4, TRG-8)."""
 
     @abstractmethod
@@ -51,4 +69,11 @@ def invalid_payload(adapter: str, exc: ValidationError) -> InvalidPayload:
     return InvalidPayload(
         f"the body is not a valid {adapter} event ({exc.error_count()} problem(s): {fields})",
         [dict(e) for e in errors],
+    )
+
+
+def missing_header(adapter: str, header: str) -> InvalidPayload:
+    return InvalidPayload(
+        f"the delivery is not a valid {adapter} event: the {header} header is missing",
+        [{"loc": ["header", header], "msg": "Field required", "type": "missing"}],
     )

@@ -1,0 +1,171 @@
+"""The ``azure_devops.work_item`` source: Azure DevOps service-hook work item events (TRG-3/4/8).
+
+``workitem.created/.commented/.deleted/.restored`` carry the work item itself: ``resource.id`` is its
+id, ``resource.fields`` its current values. ``workitem.updated`` carries an *update*: ``resource.id``
+is the update number, ``resource.workItemId`` may be ``0`` and ``resource.revisedBy`` ``null`` (real
+Microsoft samples), so the work item's id is read from ``resource.revision.id`` first, its current
+values from ``resource.revision.fields`` and the change from ``resource.fields``
+(``{"oldValue", "newValue"}`` pairs). Work item payloads may start with a UTF-8 BOM (decoded by the
+API layer). The actor is a display-name string (``System.ChangedBy``). The event id is the payload's
+``id`` (the event GUID), as for pull requests.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field, ValidationError
+
+from temporality_protocol import Actor, NormalizedEvent
+from temporality_trigger_gateway.adapters.azure_devops import (
+    MAX_DESCRIPTION,
+    Container,
+    _Ado,
+    _clip,
+    _origin,
+    identify_azure_devops,
+)
+from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent, WebhookRequest, invalid_payload
+from temporality_trigger_gateway.errors import InvalidPayload
+
+__all__ = ["WORK_ITEM_EVENT_TYPES", "AzureDevOpsWorkItem"]
+
+WORK_ITEM_EVENT_TYPES = frozenset(
+    {"workitem.created", "workitem.updated", "workitem.commented", "workitem.deleted", "workitem.restored"}
+)
+
+
+class Revision(_Ado):
+    id: Annotated[int, Field(ge=1)]
+    rev: int | None = None
+    fields: dict[str, Any] = Field(default_factory=dict)
+    url: str | None = None
+
+
+class WorkItemResource(_Ado):
+    id: Annotated[int, Field(ge=0)]
+    work_item_id: int | None = None
+    rev: int | None = None
+    fields: dict[str, Any] = Field(default_factory=dict)
+    url: str | None = None
+    revision: Revision | None = None
+
+
+class WorkItemEvent(_Ado):
+    id: Annotated[str, Field(min_length=1)]
+    event_type: Annotated[str, Field(min_length=1)]
+    publisher_id: str | None = None
+    subscription_id: str | None = None
+    notification_id: int | str | None = None
+    resource_version: str | None = None
+    resource: WorkItemResource
+    resource_containers: dict[str, Container] | None = None
+    created_date: datetime | None = None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _change(value: Any) -> dict[str, Any] | None:
+    if isinstance(value, dict) and ("oldValue" in value or "newValue" in value):
+        return {"old": value.get("oldValue"), "new": value.get("newValue")}
+    return None
+
+
+class AzureDevOpsWorkItem(Adapter):
+    name: ClassVar[str] = "azure_devops.work_item"
+    event_types: ClassVar[frozenset[str] | None] = WORK_ITEM_EVENT_TYPES
+    auth_types: ClassVar[frozenset[str]] = frozenset({"basic", "bearer", "header"})
+
+    def identify(self, request: WebhookRequest) -> SourceEvent:
+        return identify_azure_devops(self.name, request)
+
+    def normalize(self, request: WebhookRequest, *, tenant: str | None) -> NormalizedEvent:
+        try:
+            event = WorkItemEvent.model_validate(request.json)
+        except ValidationError as exc:
+            raise invalid_payload(self.name, exc) from exc
+        if event.event_type not in WORK_ITEM_EVENT_TYPES:
+            raise InvalidPayload(
+                f"{event.event_type!r} is not a work item event ({', '.join(sorted(WORK_ITEM_EVENT_TYPES))})",
+                [{"loc": ["eventType"], "msg": "not a work item event", "type": "value_error"}],
+            )
+        resource = event.resource
+        updated = event.event_type == "workitem.updated"
+        if updated:
+            # The update's own id is resource.id; the work item's is revision.id (workItemId may be 0).
+            item_id = (
+                resource.revision.id if resource.revision else resource.work_item_id if resource.work_item_id else None
+            )
+            current = resource.revision.fields if resource.revision else {}
+            changes = {k: c for k, v in resource.fields.items() if (c := _change(v)) is not None}
+        else:
+            item_id = resource.id or None
+            current = resource.fields
+            changes = {}
+        if not item_id:
+            raise InvalidPayload(
+                f"the body is not a valid {self.name} event (no work item id: resource.revision.id)",
+                [{"loc": ["resource", "revision", "id"], "msg": "Field required", "type": "missing"}],
+            )
+        project = _text(current.get("System.TeamProject"))
+        changed_by = _text(current.get("System.ChangedBy"))
+        if updated:  # the update's author is the new System.ChangedBy, when the update names it
+            new_by = (changes.get("System.ChangedBy") or {}).get("new")
+            changed_by = _text(new_by) or changed_by
+        collection = (event.resource_containers or {}).get("collection")
+        url = (resource.revision.url if updated and resource.revision else None) or resource.url or ""
+        source = (
+            collection.base_url if collection and collection.base_url else (_origin(url) if url else "azure_devops")
+        )
+        comment = _text(current.get("System.History")) if event.event_type == "workitem.commented" else None
+        metadata = {
+            "event_type": event.event_type,
+            "notification_id": event.notification_id,
+            "subscription_id": event.subscription_id,
+            "publisher_id": event.publisher_id,
+            "resource_version": event.resource_version,
+            "update_id": resource.id if updated else None,
+        }
+        return NormalizedEvent(
+            id=event.id,
+            type=f"azure_devops.{event.event_type}",
+            source=source,
+            timestamp=_aware(event.created_date) or datetime.now(UTC),
+            actor=Actor(id=changed_by, display_name=changed_by) if changed_by else None,
+            tenant=tenant or project,
+            payload={
+                "project": project,
+                "work_item": {
+                    "id": item_id,
+                    "rev": (resource.revision.rev if updated and resource.revision else resource.rev),
+                    "type": _text(current.get("System.WorkItemType")),
+                    "title": _text(current.get("System.Title")),
+                    "state": _text(current.get("System.State")),
+                    "reason": _text(current.get("System.Reason")),
+                    "area_path": _text(current.get("System.AreaPath")),
+                    "iteration_path": _text(current.get("System.IterationPath")),
+                    "assigned_to": _text(current.get("System.AssignedTo")),
+                    "url": url or None,
+                },
+                "action": event.event_type.removeprefix("workitem."),
+                "changed_by": changed_by,
+                "changes": changes,
+                "comment": _clip(comment, MAX_DESCRIPTION) if comment else None,
+            },
+            metadata={k: str(v) for k, v in metadata.items() if v is not None},
+        )
+
+    def run_title(self, event: NormalizedEvent) -> str:
+        item = event.payload["work_item"]
+        kind = item["type"] or "Work item"
+        title = f": {item['title']}" if item["title"] else ""
+        return f"{kind} #{item['id']} {event.payload['action']}{title}"[:200]
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value

@@ -6,8 +6,12 @@ their own OS processes, the project's shipped config) and speaks to it only over
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
+import signal
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +23,19 @@ import pytest
 import yaml
 from e2e_support import ALICE, CONFIG, eventually, example_pr, make_stack, post_hook
 
-from temporality_embedded import Stack
+from temporality_embedded import ServiceProcess, Stack
 from temporality_protocol import CollaboratorsQuery, CollaboratorsReply
-from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM, RPC_GET_COLLABORATORS
+from temporality_protocol.catalog import (
+    BUCKET_RUNS,
+    CONSUMERS,
+    DLQ_PREFIX,
+    DLQ_STREAM,
+    EVENTS_STREAM,
+    RPC_GET_COLLABORATORS,
+)
 from temporality_testing.events import EventLog
 from temporality_testing.postgres import fresh_postgres_database
+from temporality_testing.waiting import stays
 
 pytestmark = pytest.mark.e2e
 
@@ -449,3 +461,246 @@ async def test_e2e_1_with_the_journal_on_postgresql(tmp_path: Path, http: httpx.
             await conn.close()
         assert stored >= len(E2E_TRAJECTORY)
         assert state == "completed"
+
+
+# --------------------------------------------------------------------------- no run is ever left behind
+#: The input that takes the executor down on every attempt (TEMPORALITY_EXECUTOR_SCRIPTED_CRASH_ON: the
+#: scripted provider exits 137, as the OOM killer would, when the last message contains it).
+CRASH_MARKER = "OOM-ON-THIS-INPUT"
+#: Deliveries of a run's message before it is dead-lettered (TEMPORALITY_EXECUTOR_MAX_DELIVER): low, so
+#: the crash loop is short.
+CRASH_MAX_DELIVER = 2
+
+
+def _crashing_stack(tmp_path: Path) -> Stack:
+    stack = make_stack(
+        tmp_path,
+        TEMPORALITY_EXECUTOR_SCRIPTED_CRASH_ON=CRASH_MARKER,
+        TEMPORALITY_EXECUTOR_MAX_DELIVER=str(CRASH_MAX_DELIVER),
+    )
+    stack.start()
+    return stack
+
+
+def _new_pr(title_suffix: str = "") -> dict[str, Any]:
+    pr = example_pr(id=str(uuid.uuid4()))
+    pr["resource"]["title"] += title_suffix
+    return pr
+
+
+async def _fails_while_the_executor_keeps_dying(http: httpx.AsyncClient, stack: Stack, run_id: str) -> list[int]:
+    """Restart the run-executor each time the run takes it down (as a supervisor would) until the run is
+    failed in the journal; the exit codes of the crashes."""
+    exits: list[int] = []
+
+    async def failed() -> dict[str, Any] | None:
+        process = stack.services["run-executor"]
+        if not process.alive():
+            assert process.proc is not None
+            exits.append(process.proc.returncode)
+            assert len(exits) <= CRASH_MAX_DELIVER, f"crashed more often than its deliveries allow: {exits}"
+            await asyncio.to_thread(stack.restart, "run-executor")
+        run = await _run(http, stack, run_id)
+        return run if run and run["state"] == "failed" else None
+
+    await eventually(failed, timeout_s=120, what=f"run {run_id} failed while the executor keeps crashing")
+    return exits
+
+
+async def _stored_run(stack: Stack, run_id: str) -> dict[str, Any]:
+    """The run record in KV (the run-executor's own state, not the journal's projection of it)."""
+    nc = await nats.connect(stack.nats.url)
+    try:
+        entry = await (await nc.jetstream().key_value(BUCKET_RUNS.name)).get(run_id)
+        assert entry.value is not None
+        record: dict[str, Any] = json.loads(entry.value)
+        return record
+    finally:
+        await nc.drain()
+
+
+async def _stored_run_in_state(stack: Stack, run_id: str, state: str) -> dict[str, Any]:
+    """The KV record once it is in ``state`` (``run.failed`` is published just before the record is moved)."""
+
+    async def probe() -> dict[str, Any] | None:
+        record = await _stored_run(stack, run_id)
+        return record if record["state"] == state else None
+
+    return await eventually(probe, what=f"run {run_id} in state {state} in KV")
+
+
+async def _dead_letter(stack: Stack, durable: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The last message the DLQ holds for ``durable``: its headers and the original CloudEvent."""
+    nc = await nats.connect(stack.nats.url)
+    try:
+        msg = await nc.jetstream().get_last_msg(DLQ_STREAM.name, f"{DLQ_PREFIX}.{durable}")
+        assert msg.data is not None
+        return dict(msg.headers or {}), json.loads(msg.data)
+    finally:
+        await nc.drain()
+
+
+async def _assert_failed_as_infrastructure_error(
+    http: httpx.AsyncClient, stack: Stack, run_id: str, durable: str, original_type: str
+) -> list[dict[str, Any]]:
+    """In KV, the journal and the trajectory: failed once (infrastructure_error), then dead-lettered."""
+    stored = await _stored_run_in_state(stack, run_id, "failed")
+    assert stored["error"].startswith("infrastructure_error: ")
+    journaled = await _run_in_state(http, stack, run_id, "failed")
+    assert journaled["error"].startswith("infrastructure_error: ")
+    await eventually(
+        lambda: _trajectory_with(http, stack, run_id, "bus.dead_lettered", 1), what="the dead letter in the journal"
+    )
+    events = await _settled_trajectory(http, stack, run_id)
+    types = [e["type"] for e in events]
+    (failed,) = [e for e in events if e["type"] == "run.failed"]
+    assert failed["data"]["reason"] == "infrastructure_error"
+    assert f"dead-lettered after {CRASH_MAX_DELIVER + 1} deliveries" in failed["data"]["error"]
+    (dead,) = [e for e in events if e["type"] == "bus.dead_lettered"]
+    assert dead["data"]["consumer"] == durable
+    assert dead["data"]["original_type"] == original_type
+    assert dead["data"]["deliveries"] == CRASH_MAX_DELIVER + 1
+    assert types.index("run.failed") < types.index("bus.dead_lettered")  # failed before the message went
+    assert "run.completed" not in types
+    headers, original = await _dead_letter(stack, durable)
+    assert "deliveries exhausted" in headers["Temporality-Error"]
+    assert (original["type"], original["runid"]) == (original_type, run_id)
+    return events
+
+
+async def _still_serves_runs(http: httpx.AsyncClient, stack: Stack) -> None:
+    """After the crash loop the executor (still configured to crash on that input) serves other runs."""
+    run_id = (await post_hook(http, stack, _new_pr())).json()["run_id"]
+    waiting = await _run_in_state(http, stack, run_id, "waiting_for_human")
+    answered = await http.post(
+        f"{stack.human_url}/requests/{waiting['waiting']['request_id']}/answer",
+        json={"option_id": "keep-v1"},
+        headers=ALICE,
+    )
+    assert answered.status_code == 200, answered.text
+    await _run_in_state(http, stack, run_id, "completed")
+    assert stack.dead() == []
+
+
+async def test_an_input_that_crashes_the_executor_every_time_fails_the_run_in_the_start_phase(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    stack = _crashing_stack(tmp_path)
+    try:
+        accepted = await post_hook(http, stack, _new_pr(f" ({CRASH_MARKER})"))
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        exits = await _fails_while_the_executor_keeps_dying(http, stack, run_id)
+        assert exits == [137] * CRASH_MAX_DELIVER  # each delivery took the process down; the next one never ran
+        events = await _assert_failed_as_infrastructure_error(
+            http, stack, run_id, "run-executor-requests", "run.requested"
+        )
+        types = [e["type"] for e in events]
+        assert "human.requested" not in types
+        assert "run.checkpointed" not in types  # it never got past its first turn
+        recoveries = [e for e in events if e["type"] == "run.resumed" and e["data"]["reason"] == "recovery"]
+        assert len(recoveries) == CRASH_MAX_DELIVER - 1  # every delivery after the first tried again
+        await _still_serves_runs(http, stack)
+    finally:
+        stack.stop()
+
+
+async def test_an_answer_that_crashes_the_executor_every_time_fails_the_run_visibly(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    stack = _crashing_stack(tmp_path)
+    try:
+        run_id = (await post_hook(http, stack, _new_pr())).json()["run_id"]
+        waiting = await _run_in_state(http, stack, run_id, "waiting_for_human")
+        answered = await http.post(
+            f"{stack.human_url}/requests/{waiting['waiting']['request_id']}/answer",
+            json={"text": f"Keep v1 ({CRASH_MARKER})"},
+            headers=ALICE,
+        )
+        assert answered.status_code == 200, answered.text  # bound: the answer is the user's, and then lost
+        exits = await _fails_while_the_executor_keeps_dying(http, stack, run_id)
+        assert exits == [137] * CRASH_MAX_DELIVER
+        events = await _assert_failed_as_infrastructure_error(
+            http, stack, run_id, "run-executor-human", "human.answered"
+        )
+        types = [e["type"] for e in events]
+        assert types.count("human.answered") == 1
+        resumed = [e["data"]["reason"] for e in events if e["type"] == "run.resumed"]
+        assert resumed == ["answer"]  # resumed with it once, then crashed on it every time
+        assert types.index("run.resumed") < types.index("run.failed")
+        assert await _pending(http, stack) == []  # the request stays answered; the run says what happened
+        await _still_serves_runs(http, stack)
+    finally:
+        stack.stop()
+
+
+async def test_a_hung_executor_s_run_is_failed_by_the_watchdog_of_another(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    """Executor A hangs mid-turn (SIGSTOP: no heartbeat, no progress, no crash); its run.requested stays in
+    A's hands (ack_wait 60 s), so nothing would ever move the run. Executor B's watchdog fails it once it
+    sat past its compute limit (1 s) plus grace (2 s); a run waiting for a person meanwhile is left alone."""
+    config = tmp_path / "config"
+    shutil.copytree(CONFIG, config)
+    agents = yaml.safe_load((config / "agents.yaml").read_text())
+    agents["agents"][0]["limits"] = {"max_turns": 20, "max_compute_s": 1}
+    (config / "agents.yaml").write_text(yaml.safe_dump(agents))
+    limit_and_grace_s = 1 + 2
+    stack = make_stack(
+        tmp_path,
+        config_dir=config,
+        TEMPORALITY_NATS_ACK_WAIT_S="60",
+        TEMPORALITY_EXECUTOR_WATCHDOG_GRACE_S="2",
+        TEMPORALITY_EXECUTOR_SCRIPTED_THINK_S="30",  # A: one turn takes far longer than the budget
+    )
+    stack.start()
+    replica: ServiceProcess | None = None
+    nc = await nats.connect(stack.nats.url)
+    events = await EventLog(nc).start()
+    try:
+        hung = stack.services["run-executor"]
+        run_id = (await post_hook(http, stack, _new_pr())).json()["run_id"]
+        (started,) = await events.wait_for("run.started", run_id=run_id)
+        assert hung.pid is not None
+        os.kill(hung.pid, signal.SIGSTOP)  # hangs in its first turn, the message un-acked in its hands
+
+        env = {**stack.env_for("run-executor"), "TEMPORALITY_EXECUTOR_SCRIPTED_THINK_S": "0"}
+        replica = ServiceProcess("run-executor", env, tmp_path / "replica", cwd=stack.data_dir)
+        replica.start()
+        await asyncio.to_thread(replica.wait_ready, 60)
+
+        (failed,) = await events.wait_for("run.failed", run_id=run_id, timeout_s=60)
+        assert failed.data["reason"] == "stalled"
+        assert "no progress in running at turn 0" in failed.data["error"]
+        assert (failed.time - started.time).total_seconds() >= limit_and_grace_s - 0.5
+        stored = await _stored_run_in_state(stack, run_id, "failed")
+        assert stored["error"].startswith("stalled: ")
+        assert (await _run_in_state(http, stack, run_id, "failed"))["error"].startswith("stalled: ")
+
+        # a run that waits for a person (driven by B) is never the watchdog's business
+        other = (await post_hook(http, stack, _new_pr())).json()["run_id"]
+        waiting = await _run_in_state(http, stack, other, "waiting_for_human")
+        await _stored_run_in_state(stack, other, "waiting_for_human")
+
+        async def still_waiting() -> bool:
+            return bool((await _stored_run(stack, other))["state"] == "waiting_for_human")
+
+        await stays(still_waiting, settle_s=2 * limit_and_grace_s + 1, what=f"run {other} waiting for alice")
+        answered = await http.post(
+            f"{stack.human_url}/requests/{waiting['waiting']['request_id']}/answer",
+            json={"option_id": "keep-v1"},
+            headers=ALICE,
+        )
+        assert answered.status_code == 200, answered.text
+        await _run_in_state(http, stack, other, "completed")
+        await events.caught_up()
+        assert events.of_type("run.failed", other) == []
+        assert len(events.of_type("run.failed", run_id)) == 1
+        assert events.of_type("bus.dead_lettered") == []
+    finally:
+        await events.stop()
+        await nc.drain()
+        stack.services["run-executor"].kill9()  # SIGKILL ends a stopped process too
+        if replica is not None:
+            replica.terminate()
+        stack.stop()

@@ -81,6 +81,28 @@ async def test_the_runtime_refuses_parts_the_catalogue_does_not_declare(bus: Bus
             rt.http(FastAPI())
 
 
+async def test_a_consumer_gets_its_dead_letter_hook_and_a_delivery_limit_override(bus: Bus) -> None:
+    async def hook(message: Envelope | bytes, delivery: Delivery, error: BaseException) -> None:
+        return None
+
+    async with contextlib.AsyncExitStack() as stack:
+        rt = Runtime(SERVICES["run-executor"], ServiceSettings(), bus, stack)
+        requests = rt.consumer("run-executor-requests", handler=_ignore, on_dead_letter=hook, max_deliver=2)
+        human = rt.consumer("run-executor-human", handler=_ignore)
+        assert requests._on_dead_letter is hook
+        assert requests.spec.max_deliver == 2
+        assert requests.spec.filter_subjects == CONSUMERS["run-executor-requests"].filter_subjects
+        assert CONSUMERS["run-executor-requests"].max_deliver == 8  # the catalogue itself is not changed
+        assert human._on_dead_letter is None
+        assert human.spec is CONSUMERS["run-executor-human"]
+        with pytest.raises(ValueError, match="max_deliver"):
+            rt.consumer("run-executor-watchdog", raw_handler=_ignore_raw, max_deliver=0)
+
+
+async def _ignore_raw(data: bytes, delivery: Delivery) -> None:
+    return None
+
+
 async def test_a_spec_without_the_consumer_cannot_smuggle_it_in(bus: Bus) -> None:
     spec = ServiceSpec("x", package="x", description="x", env_prefix="X_")
     async with contextlib.AsyncExitStack() as stack:

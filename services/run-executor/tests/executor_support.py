@@ -16,14 +16,17 @@ from temporality_protocol import (
     HumanPolicy,
     LaunchSource,
     RunRequested,
+    RunState,
     TimeoutPolicy,
     make_event,
     new_id,
 )
-from temporality_protocol.catalog import CONSUMERS
+from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS, CONSUMERS
 from temporality_run_executor.agents import AgentCard, AgentDirectory, ProviderConfig
-from temporality_run_executor.engine import Engine
+from temporality_run_executor.engine import Engine, ProviderFactory
 from temporality_run_executor.providers.factory import ProviderCache
+from temporality_run_executor.records import Checkpoint, RunRecord
+from temporality_run_executor.watchdog import DEFAULT_GRACE_S
 
 REVIEWER = AgentCard(
     id="reviewer",
@@ -78,26 +81,80 @@ def expires_in(seconds: float) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
 
 
+async def write_run(
+    bus: Bus,
+    run_id: str,
+    state: RunState,
+    *,
+    turn: int = 2,
+    waiting: str | None = None,
+    applied: list[str] | None = None,
+) -> None:
+    """Put a run record and its checkpoint straight into KV: the situation a crash (or a hang) leaves behind."""
+    now = datetime.now(UTC)
+    record = RunRecord(
+        run_id=run_id,
+        state=state,
+        agent=REVIEWER.id,
+        title="Review PR #42",
+        launch=LaunchSource(kind="webhook", trigger_id="ado-pr-review", delivery_id="dlv-1"),
+        correlation_id=run_id,
+        created_at=now,
+        updated_at=now,
+        waiting_request_id=waiting,
+        waiting_since=now if waiting is not None else None,
+    )
+    await (await bus.store(BUCKET_RUNS, RunRecord)).put(run_id, record)
+    ckpt = Checkpoint(
+        checkpoint_id=f"ckpt-{turn}",
+        run_id=run_id,
+        turn=turn,
+        saved_at=now,
+        messages=[],
+        applied_requests=applied or [],
+    )
+    await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).put(run_id, ckpt)
+
+
 RunExecutor = Callable[..., Awaitable[Engine]]
 
 
 @pytest.fixture
 async def executor(bus: Bus) -> AsyncIterator[RunExecutor]:
-    """Start the engine's two consumers in this loop (a real Consumer on the real server)."""
+    """Start the engine's three consumers in this loop (real Consumers on the real server), wired as
+    ``__main__`` wires them: the run consumers with the dead-letter hook, the watchdog's firings."""
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     caches: list[ProviderCache] = []
 
-    async def start(cards: list[AgentCard] | None = None, max_deliver: int = 8, think_s: float = 0.0) -> Engine:
+    async def start(
+        cards: list[AgentCard] | None = None,
+        max_deliver: int = 8,
+        think_s: float = 0.0,
+        *,
+        provider_for: ProviderFactory | None = None,
+        watchdog_grace_s: float = DEFAULT_GRACE_S,
+    ) -> Engine:
         cache = ProviderCache(scripted_think_s=think_s)
         caches.append(cache)
-        engine = await Engine.open(bus, AgentDirectory(cards or [REVIEWER]), cache, max_deliver=max_deliver)
+        consumers: list[Consumer] = []
+        engine = await Engine.open(
+            bus,
+            AgentDirectory(cards or [REVIEWER]),
+            provider_for or cache,
+            max_deliver=max_deliver,
+            watchdog_grace_s=watchdog_grace_s,
+        )
         for name, handler in (
             ("run-executor-requests", engine.on_run_requested),
             ("run-executor-human", engine.on_human_event),
         ):
             spec = dataclasses.replace(CONSUMERS[name], max_deliver=max_deliver, backoff_s=(0.05, 0.1))
-            tasks.append(asyncio.create_task(Consumer(bus, spec, handler=handler, max_inflight=4).run(stop)))
+            consumers.append(Consumer(bus, spec, handler=handler, max_inflight=4, on_dead_letter=engine.on_dead_letter))
+        watchdog = dataclasses.replace(CONSUMERS["run-executor-watchdog"], backoff_s=(0.05, 0.1))
+        consumers.append(Consumer(bus, watchdog, raw_handler=engine.on_watchdog, max_inflight=4))
+        tasks.extend(asyncio.create_task(c.run(stop)) for c in consumers)
+        await asyncio.wait_for(asyncio.gather(*(c.running.wait() for c in consumers)), 30)  # bound on the server
         return engine
 
     yield start

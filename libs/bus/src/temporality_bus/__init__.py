@@ -3,7 +3,7 @@
 Process concerns (settings groups, logging, signals, ready files) live in ``temporality_service``."""
 
 from temporality_bus.connection import Bus, PublishResult
-from temporality_bus.consumer import Consumer, Delivery
+from temporality_bus.consumer import Consumer, DeadLetterHook, Delivery
 from temporality_bus.errors import (
     AlreadyExists,
     BusError,
@@ -27,6 +27,7 @@ __all__ = [
     "Conflict",
     "Consumer",
     "Contended",
+    "DeadLetterHook",
     "Delivery",
     "Failure",
     "Modified",

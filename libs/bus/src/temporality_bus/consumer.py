@@ -23,6 +23,15 @@ The server-side consumer has no delivery limit; the runner alone enforces ``max_
 delivery past the limit (its predecessor never settled: it crashed its process, or its
 dead-lettering failed) is dead-lettered without running the handler again, and a dead-lettering
 that fails is nak'ed and tried again: a message is never dropped.
+
+``on_dead_letter`` (optional) is the service's last word on a message it gives up on, whichever way
+it is given up (a permanent error, deliveries used up, a delivery past the limit that never ran the
+handler): it is awaited *before* the message is copied to the DLQ, with the decoded envelope (or the
+raw bytes: a raw consumer, an envelope that does not decode), the delivery and the error. It must be
+idempotent: when it raises, the dead-lettering counts as failed and is retried like any failed
+dead-lettering (nak, the next delivery is past the limit, the hook runs again), so the message is
+never dropped and the hook's effect is never skipped. Only a :class:`PermanentError` from the hook
+(it can never succeed for this message) is logged and the message dead-lettered without it.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from temporality_protocol import BusDeadLettered, Envelope, ProtocolError, decod
 from temporality_protocol.catalog import DLQ_PREFIX, ConsumerSpec
 from temporality_protocol.version import SUPPORTED_VERSIONS, negotiate
 
-__all__ = ["Consumer", "Delivery", "EnvelopeHandler", "RawHandler"]
+__all__ = ["Consumer", "DeadLetterHook", "Delivery", "EnvelopeHandler", "RawHandler"]
 
 log = structlog.get_logger(__name__)
 
@@ -63,13 +72,17 @@ class Delivery:
 
 EnvelopeHandler = Callable[[Envelope, Delivery], Awaitable[None]]
 RawHandler = Callable[[bytes, Delivery], Awaitable[None]]
+#: Called with what is being dead-lettered (the envelope, or the bytes when there is none), the delivery
+#: and the reason, before the message goes to the DLQ; see the module docstring.
+DeadLetterHook = Callable[[Envelope | bytes, Delivery, BaseException], Awaitable[None]]
 
 
 class Consumer:
     """Runs one durable pull consumer (``spec``) until ``stop`` is set.
 
     ``handler`` gets decoded envelopes (version-checked, PRO-3); ``raw_handler`` gets bytes (timers).
-    ``max_inflight`` messages are handled concurrently.
+    ``max_inflight`` messages are handled concurrently. ``on_dead_letter`` runs before each message
+    is dead-lettered (idempotent; its failure retries the dead-lettering).
     """
 
     def __init__(
@@ -82,6 +95,7 @@ class Consumer:
         max_inflight: int = 1,
         fetch_timeout_s: float = 1.0,
         ack_wait_s: float | None = None,
+        on_dead_letter: DeadLetterHook | None = None,
     ) -> None:
         if (handler is None) == (raw_handler is None):
             raise ValueError("give exactly one of handler / raw_handler")
@@ -89,6 +103,7 @@ class Consumer:
         self.spec = spec
         self._handler = handler
         self._raw_handler = raw_handler
+        self._on_dead_letter = on_dead_letter
         self._max_inflight = max_inflight
         self._fetch_timeout = fetch_timeout_s
         self._ack_wait = ack_wait_s or bus.settings.ack_wait_s
@@ -215,15 +230,23 @@ class Consumer:
                     self._log.debug("consumer.in_progress_failed", error=repr(exc))
 
     async def _dead_letter(self, msg: Msg, delivery: Delivery, exc: BaseException) -> None:
-        """Copy the message to the DLQ stream, journal it, then terminate it. Never loses it."""
+        """Tell the service (``on_dead_letter``), copy the message to the DLQ stream, journal it, then
+        terminate it. Never loses it: any step failing raises, and :meth:`_give_up` naks."""
         error = f"{type(exc).__name__}: {exc}"[:4096]
         dlq_subject = f"{DLQ_PREFIX}.{self.spec.durable}"
         original_id = original_type = run_id = None
+        env: Envelope | None = None
         try:
             env = decode(msg.data)
             original_id, original_type, run_id = env.id, env.type, env.runid
         except ProtocolError:
             pass
+        if self._on_dead_letter is not None:
+            subject: Envelope | bytes = env if env is not None and self._handler is not None else msg.data
+            try:
+                await self._on_dead_letter(subject, delivery, exc)
+            except PermanentError as hook_exc:  # it can never succeed for this message: dead-letter anyway
+                self._log.error("dead_letter.hook_refused", error=repr(hook_exc), original_id=original_id)
         headers = {k: v for k, v in (msg.headers or {}).items() if not k.startswith("Nats-")}
         headers.update(
             {

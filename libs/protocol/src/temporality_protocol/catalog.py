@@ -32,9 +32,12 @@ __all__ = [
     "TIMERS_STREAM",
     "TIMER_FIRED_HUMAN",
     "TIMER_FIRED_PREFIX",
+    "TIMER_FIRED_RUN_WATCHDOG",
     "TIMER_NS_HUMAN",
+    "TIMER_NS_RUN_WATCHDOG",
     "TIMER_SCHEDULE_HUMAN",
     "TIMER_SCHEDULE_PREFIX",
+    "TIMER_SCHEDULE_RUN_WATCHDOG",
     "BucketSpec",
     "ConsumerSpec",
     "ServiceSpec",
@@ -52,14 +55,19 @@ EVENTS_PREFIX = "temporality.events"
 #: Dead letters: ``temporality.dlq.<consumer>``.
 DLQ_PREFIX = "temporality.dlq"
 #: Timer schedules live on ``temporality.timers.schedule.<namespace>.<key>`` and fire onto
-#: ``temporality.timers.fired.<namespace>.<key>`` (one namespace per purpose: ``human``, later
-#: ``heartbeat``, ``agent-ask``, ``renotify``, ``cron``).
+#: ``temporality.timers.fired.<namespace>.<key>`` (one namespace per purpose: ``human``,
+#: ``run-watchdog``, later ``agent-ask``, ``renotify``, ``cron``).
 TIMER_SCHEDULE_PREFIX = "temporality.timers.schedule"
 TIMER_FIRED_PREFIX = "temporality.timers.fired"
 #: Human-request timers (deadline, re-armed deadline, answer repair).
 TIMER_NS_HUMAN = "human"
 TIMER_SCHEDULE_HUMAN = f"{TIMER_SCHEDULE_PREFIX}.{TIMER_NS_HUMAN}"
 TIMER_FIRED_HUMAN = f"{TIMER_FIRED_PREFIX}.{TIMER_NS_HUMAN}"
+#: The run watchdog: one timer per active run (key = run id), re-armed every turn, cancelled while the run
+#: waits for a person; firing on a run that made no progress since the arm fails it (reason ``stalled``).
+TIMER_NS_RUN_WATCHDOG = "run-watchdog"
+TIMER_SCHEDULE_RUN_WATCHDOG = f"{TIMER_SCHEDULE_PREFIX}.{TIMER_NS_RUN_WATCHDOG}"
+TIMER_FIRED_RUN_WATCHDOG = f"{TIMER_FIRED_PREFIX}.{TIMER_NS_RUN_WATCHDOG}"
 #: Request/reply (COL-1).
 RPC_GET_COLLABORATORS = "temporality.rpc.collab.get_collaborators"
 
@@ -146,6 +154,15 @@ CONSUMERS: dict[str, ConsumerSpec] = {
             _E,
             (subject_for("human.answered"), subject_for("human.expired"), subject_for("human.rejected")),
             "Resume (or fail) runs parked on ask_human",
+        ),
+        ConsumerSpec(
+            "run-executor-watchdog",
+            TIMERS_STREAM.name,
+            (f"{TIMER_FIRED_RUN_WATCHDOG}.>",),
+            "Run watchdogs firing: fail a run that made no progress past its compute limit plus grace",
+            # a firing's only transient failure is the bus itself: never dead-letter one (that would
+            # leave the run without a watchdog); an unreadable payload is still a permanent error
+            max_deliver=-1,
         ),
         ConsumerSpec(
             "human-interaction-requests",
@@ -287,7 +304,8 @@ SERVICES: dict[str, ServiceSpec] = {
             package="temporality_run_executor",
             description="Durable agent runs: state machine, checkpoints, tools, ask_human parking",
             env_prefix="TEMPORALITY_EXECUTOR_",
-            consumers=("run-executor-requests", "run-executor-human"),
+            consumers=("run-executor-requests", "run-executor-human", "run-executor-watchdog"),
+            timers=(TIMER_NS_RUN_WATCHDOG,),
             sends=(
                 "run.created",
                 "run.started",

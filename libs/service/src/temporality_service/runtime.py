@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
@@ -29,7 +30,7 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 
 from temporality_bus import Bus, Consumer
-from temporality_bus.consumer import EnvelopeHandler, RawHandler
+from temporality_bus.consumer import DeadLetterHook, EnvelopeHandler, RawHandler
 from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS, ServiceSpec
 from temporality_service.health import Readiness, add_health_routes
 from temporality_service.lifecycle import clear_ready, mark_ready, stop_on_signals
@@ -85,19 +86,32 @@ class Runtime(Generic[S]):
         raw_handler: RawHandler | None = None,
         max_inflight: int = 1,
         ack_wait_s: float | None = None,
+        on_dead_letter: DeadLetterHook | None = None,
+        max_deliver: int | None = None,
     ) -> Consumer:
-        """Run the durable consumer ``durable`` (declared in the service's spec) with one of the handlers."""
+        """Run the durable consumer ``durable`` (declared in the service's spec) with one of the handlers.
+
+        ``on_dead_letter`` is awaited before each message the runner gives up on goes to the DLQ (see
+        :class:`temporality_bus.Consumer`: idempotent, its failure retries the dead-lettering).
+        ``max_deliver`` overrides the catalogue's delivery limit (a setting of the service, e.g. for tests).
+        """
         if durable not in self.spec.consumers:
             raise ValueError(f"{self.spec.name} does not declare the consumer {durable!r} (catalog.SERVICES)")
         if any(c.spec.durable == durable for c in self.consumers):
             raise ValueError(f"consumer {durable!r} registered twice")
+        spec = CONSUMERS[durable]
+        if max_deliver is not None:
+            if max_deliver == 0 or max_deliver < -1:
+                raise ValueError(f"max_deliver must be positive or -1 (never dead-letter), not {max_deliver}")
+            spec = dataclasses.replace(spec, max_deliver=max_deliver)
         consumer = Consumer(
             self.bus,
-            CONSUMERS[durable],
+            spec,
             handler=handler,
             raw_handler=raw_handler,
             max_inflight=max_inflight,
             ack_wait_s=ack_wait_s,
+            on_dead_letter=on_dead_letter,
         )
         self.consumers.append(consumer)
         self.readiness.watch_consumer(consumer)

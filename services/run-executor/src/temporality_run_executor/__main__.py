@@ -19,21 +19,36 @@ log = structlog.get_logger(__name__)
 
 def configure(settings: Settings) -> Setup[Settings]:
     """Load and check the agent cards and their providers before anything connects (invalid: exit 2)."""
-    providers = ProviderCache(scripted_think_s=settings.scripted_think_s)
+    providers = ProviderCache(scripted_think_s=settings.scripted_think_s, scripted_crash_on=settings.scripted_crash_on)
     try:
         agents = load_agents(settings.agents_file)
         providers.validate(agents.cards())
     except (AgentsFileError, ProviderConfigError) as exc:
         raise ConfigError(str(exc)) from exc
     log.info("agents.loaded", agents=len(agents), file=str(settings.agents_file))
+    if settings.scripted_crash_on is not None:
+        log.warning("scripted.crash_on_configured", text=settings.scripted_crash_on)
 
     async def setup(rt: Runtime[Settings]) -> None:
         rt.resources.push_async_callback(providers.aclose)
-        requests = CONSUMERS["run-executor-requests"]
-        engine = await Engine.open(rt.bus, agents, providers, max_deliver=requests.max_deliver)
+        max_deliver = rt.settings.max_deliver or CONSUMERS["run-executor-requests"].max_deliver
+        engine = await Engine.open(
+            rt.bus, agents, providers, max_deliver=max_deliver, watchdog_grace_s=rt.settings.watchdog_grace_s
+        )
         inflight = rt.settings.max_inflight
-        rt.consumer("run-executor-requests", handler=engine.on_run_requested, max_inflight=inflight)
-        rt.consumer("run-executor-human", handler=engine.on_human_event, max_inflight=inflight)
+        # a run whose message is given up on fails visibly (infrastructure_error) before it is dead-lettered
+        for durable, handler in (
+            ("run-executor-requests", engine.on_run_requested),
+            ("run-executor-human", engine.on_human_event),
+        ):
+            rt.consumer(
+                durable,
+                handler=handler,
+                max_inflight=inflight,
+                max_deliver=max_deliver,
+                on_dead_letter=engine.on_dead_letter,
+            )
+        rt.consumer("run-executor-watchdog", raw_handler=engine.on_watchdog, max_inflight=inflight)
 
     return setup
 

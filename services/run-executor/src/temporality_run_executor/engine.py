@@ -10,6 +10,17 @@ A turn = one provider call + its tool calls, then a checkpoint (KV, AP-7) + ``ru
 Every fact is published with a deterministic id *before* the state that records it is committed, so a
 crash at any point is repaired by redelivery: the replay republishes the same ids (deduplicated) and
 continues from the last checkpoint (AP-8), announcing it with ``run.resumed`` (reason ``recovery``).
+
+No run is ever left behind:
+
+* **dead-lettered** (:meth:`Engine.on_dead_letter`, the consumers' dead-letter hook): when the runner
+  gives up on the message a run depends on -- deliveries used up by failures, or by a process that
+  died every time it handled it (an OOM on one input: the delivery past the limit never runs the
+  handler) -- the run fails with ``run.failed`` reason ``infrastructure_error`` before the message goes
+  to the DLQ.
+* **stalled** (:meth:`Engine.on_watchdog`, :mod:`.watchdog`): a durable timer per active run, re-armed
+  every turn, fails a run that sat in ``running``/``resuming`` without progress past its compute limit
+  plus a grace period (reason ``stalled``). A run waiting for a person has no watchdog.
 """
 
 from __future__ import annotations
@@ -43,7 +54,6 @@ from temporality_protocol import (
     HumanExpired,
     HumanRejected,
     HumanRequested,
-    ProtocolError,
     RunCheckpointed,
     RunCompleted,
     RunCreated,
@@ -57,17 +67,20 @@ from temporality_protocol import (
     make_event,
 )
 from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
-from temporality_run_executor.agents import AgentCard, AgentDirectory
+from temporality_run_executor.agents import AgentCard, AgentDirectory, Limits
 from temporality_run_executor.providers import PermanentProviderError, Provider, ProviderError
 from temporality_run_executor.records import Checkpoint, Message, PendingAsk, RunRecord
 from temporality_run_executor.tools import ASK_HUMAN, AskHumanArgs, ToolError, execute, specs
+from temporality_run_executor.watchdog import DEFAULT_GRACE_S, RunWatchdog, WatchdogPayload
 
-__all__ = ["SOURCE", "Engine"]
+__all__ = ["ACTIVE", "SOURCE", "Engine", "ProviderFactory", "RunMovedOn"]
 
 SOURCE = "/temporality/run-executor"
 log = structlog.get_logger(__name__)
 ProviderFactory = Callable[[AgentCard], Provider]
 Handler = Callable[[Envelope, Delivery], Awaitable[None]]
+#: States in which a driver is (or should be) working on the run: the watchdog watches these.
+ACTIVE = frozenset({RunState.PENDING, RunState.RUNNING, RunState.RESUMING})
 
 
 def _now() -> datetime:
@@ -76,6 +89,11 @@ def _now() -> datetime:
 
 def _tool_error(message: str) -> str:
     return json.dumps({"error": message})
+
+
+def _attempt(delivery: Delivery) -> tuple[str, str]:
+    """The delivery attempt, as id parts: the message and how many times it was delivered."""
+    return str(delivery.stream_seq), str(delivery.num_delivered)
 
 
 class RunMovedOn(Exception):
@@ -96,6 +114,7 @@ class Engine:
         provider_for: ProviderFactory,
         *,
         max_deliver: int,
+        watchdog_grace_s: float = DEFAULT_GRACE_S,
     ) -> None:
         self.bus = bus
         self.runs = runs
@@ -103,9 +122,18 @@ class Engine:
         self.agents = agents
         self.provider_for = provider_for
         self.max_deliver = max_deliver
+        self.watchdog = RunWatchdog(bus, grace_s=watchdog_grace_s)
 
     @classmethod
-    async def open(cls, bus: Bus, agents: AgentDirectory, provider_for: ProviderFactory, *, max_deliver: int) -> Engine:
+    async def open(
+        cls,
+        bus: Bus,
+        agents: AgentDirectory,
+        provider_for: ProviderFactory,
+        *,
+        max_deliver: int,
+        watchdog_grace_s: float = DEFAULT_GRACE_S,
+    ) -> Engine:
         return cls(
             bus,
             await bus.store(BUCKET_RUNS, RunRecord),
@@ -113,6 +141,7 @@ class Engine:
             agents,
             provider_for,
             max_deliver=max_deliver,
+            watchdog_grace_s=watchdog_grace_s,
         )
 
     # ------------------------------------------------------------------ handlers
@@ -123,28 +152,109 @@ class Engine:
         await self._guarded(self._on_human_event, event, delivery)
 
     async def _guarded(self, handler: Handler, event: Envelope, delivery: Delivery) -> None:
-        """Finished runs end the work quietly; on the last delivery a failure also fails the run.
-
-        Without that, a run whose message is dead-lettered after ``max_deliver`` transient failures
-        would stay ``running`` (or waiting) with nothing left to move it.
-        """
+        """Work another driver made stale ends quietly; anything else goes to the consumer runner, which
+        retries it and, when it gives up, calls :meth:`on_dead_letter` (that fails the run)."""
         try:
             await handler(event, delivery)
         except RunMovedOn as moved:
             log.warning("run.moved_on", detail=str(moved))
-        except (PermanentError, ProtocolError, Conflict):
-            raise  # Conflict: another driver is making progress; never fail the run for that
-        except Exception as exc:
-            run_id = event.runid or event.data.get("run_id")
-            if delivery.num_delivered >= self.max_deliver and isinstance(run_id, str):
-                current = await self.runs.get(run_id)
-                if current is not None and current.value.state not in RUN.terminal:
-                    await self._fail(
-                        current.value,
-                        "infrastructure_error",
-                        f"gave up after {delivery.num_delivered} deliveries: {exc!r}",
-                    )
-            raise
+
+    async def on_dead_letter(self, message: Envelope | bytes, delivery: Delivery, error: BaseException) -> None:
+        """The dead-letter hook of both run consumers: a run whose message is given up on fails visibly.
+
+        Whatever the reason (failures used up the deliveries, a process died every time it handled the
+        message so the delivery past the limit never ran the handler, a permanent error), the run the
+        message drives moves to ``failed`` with ``run.failed`` reason ``infrastructure_error``: published
+        first, with the run's deterministic failure id (a repeat is deduplicated), then committed. A run
+        already finished, one waiting for a person, or one another message drives (a stale duplicate,
+        an answer to an older request) is left alone. Idempotent: the consumer runs it again whenever
+        the dead-lettering has to be retried.
+        """
+        if isinstance(message, bytes):
+            return  # not an envelope: it names no run
+        if isinstance(error, Conflict):
+            return  # it lost a compare-and-set to another driver, which is making progress with the run
+        run_id = message.runid or message.data.get("run_id")
+        if not isinstance(run_id, str):
+            return
+        with structlog.contextvars.bound_contextvars(run_id=run_id):
+            current = await self.runs.get(run_id)
+            if current is None:
+                log.info("run.dead_letter.unknown_run", ce_type=message.type)
+                return
+            run = current.value
+            if not await self._driven_by(run, message):
+                log.info("run.dead_letter.not_its_driver", state=run.state.value, ce_type=message.type)
+                return
+            error_text = f"{message.type} {message.id} dead-lettered after {delivery.num_delivered} deliveries"
+            try:
+                await self._fail(
+                    run,
+                    "infrastructure_error",
+                    f"{error_text}: {type(error).__name__}: {error}",
+                    causation=message.id,
+                )
+            except RunMovedOn as moved:  # it finished meanwhile
+                log.info("run.moved_on", detail=str(moved))
+
+    async def _driven_by(self, run: RunRecord, event: Envelope) -> bool:
+        """Whether ``event`` is the message ``run`` depends on to move on (so losing it strands the run).
+
+        ``run.requested`` drives a run that is pending, or running and never resumed; a ``human.*``
+        outcome drives the run waiting on (or resuming with) its request, or running on the strength of
+        it (its request is the last one applied). Finished and waiting runs depend on no message.
+        """
+        if run.state in RUN.terminal:
+            return False
+        request_id = event.data.get("request_id") if event.type.startswith("human.") else None
+        if run.state in (RunState.WAITING_FOR_HUMAN, RunState.RESUMING):
+            return request_id is not None and run.waiting_request_id == request_id
+        if run.state is RunState.PENDING:
+            return request_id is None
+        if run.state is RunState.RUNNING:
+            ckpt = await self.checkpoints.get(run.run_id)
+            applied = ckpt.value.applied_requests if ckpt is not None else []
+            if request_id is None:
+                return not applied
+            return bool(applied) and applied[-1] == request_id
+        return False
+
+    async def on_watchdog(self, data: bytes, delivery: Delivery) -> None:
+        """A run's watchdog fired (the raw handler of ``run-executor-watchdog``); see :mod:`.watchdog`."""
+        try:
+            payload = WatchdogPayload.model_validate_json(data)
+        except ValidationError as exc:
+            raise PermanentError(f"unreadable watchdog payload: {exc}") from exc
+        with structlog.contextvars.bound_contextvars(run_id=payload.run_id):
+            current = await self.runs.get(payload.run_id)
+            if current is None:
+                log.info("watchdog.unknown_run")
+                return
+            run = current.value
+            if run.state not in ACTIVE:
+                log.info("watchdog.ignored", state=run.state.value)  # waiting for a person, or finished
+                return
+            ckpt = await self.checkpoints.get(run.run_id)
+            turn = ckpt.value.turn if ckpt is not None else 0
+            card = self.agents.get(run.agent)
+            limits = card.limits if card is not None else Limits()
+            if turn != payload.turn:
+                # progress since the arm, and nobody armed it again (the driver died right after): watch on
+                await self.watchdog.arm(
+                    run.run_id, turn=turn, limit_s=limits.max_compute_s, cause=("progress", *_attempt(delivery))
+                )
+                log.warning("watchdog.progressed", armed_turn=payload.turn, turn=turn, state=run.state.value)
+                return
+            idle_s = (_now() - payload.armed_at).total_seconds()
+            try:
+                await self._fail(
+                    run,
+                    "stalled",
+                    f"no progress in {run.state.value} at turn {turn} for {idle_s:.0f}s: longer than the compute "
+                    f"limit ({limits.max_compute_s:g}s) plus the watchdog's grace ({self.watchdog.grace_s:g}s)",
+                )
+            except RunMovedOn as moved:  # it moved on meanwhile after all
+                log.info("run.moved_on", detail=str(moved))
 
     async def _on_run_requested(self, event: Envelope, delivery: Delivery) -> None:
         req = event.payload(RunRequested)
@@ -187,9 +297,11 @@ class Engine:
                 await self.checkpoints.create(run.run_id, self._initial_checkpoint(run, card))
             except AlreadyExists:
                 pass
+            await self._arm(run.run_id, card, 0, "start", delivery)
             run = await self._transition(run.run_id, RunState.RUNNING)
         else:
             ckpt = await self._checkpoint(run.run_id)
+            await self._arm(run.run_id, card, ckpt.value.turn, "recovery", delivery)
             await self._emit(
                 run,
                 RunResumed(run_id=run.run_id, reason="recovery", from_turn=ckpt.value.turn),
@@ -263,6 +375,7 @@ class Engine:
                 request_id,
                 causation=event.id,
             )
+            await self._arm(run.run_id, card, ckpt.turn, "resume", delivery)
             run = await self._transition(run.run_id, RunState.RESUMING)
         if run.state is RunState.RESUMING:
             await self._apply_outcome(run.run_id, request_id, outcome)
@@ -303,6 +416,7 @@ class Engine:
                     f"{ckpt.compute_s:.1f}s of compute used; the budget is {card.limits.max_compute_s:.1f}s",
                 )
                 return
+            await self._arm(run_id, card, ckpt.turn, "turn", delivery)
             turn = ckpt.turn + 1
             started = time.monotonic()
             try:
@@ -312,6 +426,10 @@ class Engine:
                     await self._fail(run, "provider_error", str(exc))
                     return
                 raise
+            if (await self._get(run_id)).value.state is not RunState.RUNNING:
+                # the turn took so long that the run moved on meanwhile (the watchdog failed it): drop it
+                log.warning("run.moved_on", detail=f"run {run_id} is no longer running; turn {turn} dropped")
+                return
             if not reply.tool_calls:
                 await self._complete(run, reply.content or "", turn)
                 return
@@ -395,6 +513,8 @@ class Engine:
             ),
             pending.request_id,
         )
+        # before the move: once it waits, an answer may resume (and re-arm) it at any moment
+        await self.watchdog.disarm(run.run_id)
         await self._transition(
             run.run_id,
             RunState.WAITING_FOR_HUMAN,
@@ -432,14 +552,23 @@ class Engine:
     async def _complete(self, run: RunRecord, result: str, turns: int) -> None:
         await self._emit(run, RunCompleted(run_id=run.run_id, result=result[:16384], turns=turns))
         await self._transition(run.run_id, RunState.COMPLETED, result=result)
+        await self.watchdog.disarm(run.run_id)
         log.info("run.completed", turns=turns)
 
-    async def _fail(self, run: RunRecord, reason: str, error: str) -> None:
-        await self._emit(run, RunFailed(run_id=run.run_id, reason=reason, error=error[:4096]))
+    async def _fail(self, run: RunRecord, reason: str, error: str, *, causation: str | None = None) -> None:
+        # one id per run, whatever the reason: a run fails once, and a repeat is deduplicated
+        await self._emit(run, RunFailed(run_id=run.run_id, reason=reason, error=error[:4096]), causation=causation)
         await self._transition(run.run_id, RunState.FAILED, error=f"{reason}: {error}")
+        await self.watchdog.disarm(run.run_id)
         log.warning("run.failed", reason=reason, error=error)
 
     # ------------------------------------------------------------------ plumbing
+    async def _arm(self, run_id: str, card: AgentCard, turn: int, phase: str, delivery: Delivery) -> None:
+        """(Re-)arm the run's watchdog before a driver works on it: at ``turn``, for ``card``'s compute limit."""
+        await self.watchdog.arm(
+            run_id, turn=turn, limit_s=card.limits.max_compute_s, cause=(phase, *_attempt(delivery))
+        )
+
     def _initial_checkpoint(self, run: RunRecord, card: AgentCard) -> Checkpoint:
         askable = ", ".join(run.human.allowed_recipients) or "nobody"
         task = "\n".join(

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from temporality_run_executor.watchdog import DEFAULT_GRACE_S
 from temporality_service import ServiceSettings
 
 __all__ = ["Settings"]
@@ -22,3 +23,14 @@ class Settings(ServiceSettings):
     max_inflight: int = Field(default=8, ge=1)
     #: Seconds the scripted provider "thinks" per turn, standing in for LLM latency (demos, crash tests).
     scripted_think_s: float = Field(default=0.0, ge=0)
+    #: CRASH TESTS ONLY: the scripted provider kills its own process (``os._exit(137)``, as the OOM killer
+    #: would) whenever the last message of the conversation contains this text -- one input that takes
+    #: the executor down on every attempt. Unset (the default) it never does; other providers ignore it.
+    scripted_crash_on: str | None = Field(default=None, min_length=1)
+    #: Deliveries of a run's message (``run.requested``, ``human.*``) before it is dead-lettered and the run
+    #: failed (``infrastructure_error``); unset: the catalogue's (8).
+    max_deliver: int | None = Field(default=None, ge=1)
+    #: Seconds past its compute limit (``max_compute_s``) a run may sit in ``running``/``resuming`` without
+    #: progress before the watchdog fails it (``stalled``). Keep it above ``ack_wait`` plus the longest
+    #: retry backoff (30 s), which re-arm the watchdog on every attempt.
+    watchdog_grace_s: float = Field(default=DEFAULT_GRACE_S, gt=0)

@@ -17,8 +17,9 @@ class ProviderConfigError(Exception):
 
 
 class ProviderCache:
-    def __init__(self, *, scripted_think_s: float = 0.0) -> None:
+    def __init__(self, *, scripted_think_s: float = 0.0, scripted_crash_on: str | None = None) -> None:
         self._think_s = scripted_think_s
+        self._crash_on = scripted_crash_on
         self._providers: dict[str, Provider] = {}
 
     def __call__(self, card: AgentCard) -> Provider:
@@ -31,7 +32,7 @@ class ProviderCache:
         if cfg.kind == "scripted":
             if cfg.script != "reviewer":
                 raise ProviderConfigError(f"agent {card.id}: unknown script {cfg.script!r} (known: reviewer)")
-            return ScriptedReviewer(think_s=self._think_s)
+            return ScriptedReviewer(think_s=self._think_s, crash_on=self._crash_on)
         if not cfg.base_url or not cfg.model:
             raise ProviderConfigError(f"agent {card.id}: an openai provider needs base_url and model")
         api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None

@@ -4,19 +4,31 @@
 context through the ``get_pr_context`` tool, looks for an API-contract ambiguity, asks a person
 through ``ask_human`` with two options when it finds one, and finishes with a review that states
 the decision it was given. It reads only the conversation, so it resumes from any checkpoint.
+
+For crash tests only, ``crash_on`` makes it kill its own process (exit status 137, as the OOM killer
+would) whenever the last message contains that text: one input that takes the executor down on every
+attempt (``TEMPORALITY_EXECUTOR_SCRIPTED_CRASH_ON``; never set outside tests).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import sys
 from typing import Any
+
+import structlog
 
 from temporality_run_executor.providers.base import AssistantTurn, Provider, ToolSpec
 from temporality_run_executor.records import Message, ToolCall
 
-__all__ = ["ScriptedReviewer"]
+__all__ = ["CRASH_EXIT_STATUS", "ScriptedReviewer"]
+
+log = structlog.get_logger(__name__)
+#: What a process killed by the OOM killer (SIGKILL) reports: 128 + 9.
+CRASH_EXIT_STATUS = 137
 
 _CONTRACT_WORDS = re.compile(r"\b(api|contract|endpoint|breaking|schema|response)\b", re.IGNORECASE)
 _ASKABLE = re.compile(r"^People you may ask: (.+)$", re.MULTILINE)
@@ -36,13 +48,19 @@ OPTIONS = [
 
 
 class ScriptedReviewer(Provider):
-    def __init__(self, think_s: float = 0.0) -> None:
+    def __init__(self, think_s: float = 0.0, crash_on: str | None = None) -> None:
         self._think_s = think_s
+        self._crash_on = crash_on
 
     async def complete(self, messages: list[Message], tools: list[ToolSpec]) -> AssistantTurn:
         if self._think_s:
             await asyncio.sleep(self._think_s)  # stands in for model latency; holds no deadline
         last = messages[-1]
+        if self._crash_on and self._crash_on in (last.content or ""):
+            log.error("scripted.crashing", text=self._crash_on, exit_status=CRASH_EXIT_STATUS)
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(CRASH_EXIT_STATUS)  # no cleanup, no acks: the process is simply gone
         if last.role != "tool":
             return AssistantTurn(tool_calls=[ToolCall(id="call-context", name="get_pr_context", arguments={})])
         if last.name == "get_pr_context":

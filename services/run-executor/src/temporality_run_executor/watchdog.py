@@ -1,0 +1,109 @@
+"""The run watchdog: one durable timer per active run, so no run is ever left ``running`` with nobody driving it.
+
+A JetStream message schedule (:class:`temporality_bus.Timers`, namespace ``run-watchdog``, key = the run
+id) is armed whenever a driver is about to work on a run: before it moves to ``running`` (start,
+recovery), before it moves to ``resuming`` (an answer, an expiry, a rejection) and before every turn. It
+fires at ``now + max_compute_s + grace``: a single turn cannot legitimately take longer than the run's
+whole compute budget, and the grace covers redelivery (``ack_wait``) and retry backoff, which re-arm it
+on every attempt. Each arm replaces the previous one (one schedule per subject), so only the newest
+fires. The payload records the checkpoint turn the arm was made at: that is the progress marker.
+
+When it fires (:meth:`temporality_run_executor.engine.Engine.on_watchdog`), the run record decides:
+
+* ``waiting_for_human`` (or terminal, or gone): ignored. A run parks with its watchdog cancelled, so
+  waiting for a person never counts; a firing that was already on its way is ignored here.
+* ``pending`` / ``running`` / ``resuming`` at a later turn than the payload's: it made progress since
+  the arm (and the process that made it died before arming again): armed again from now.
+* ``pending`` / ``running`` / ``resuming`` at the payload's turn: no progress for longer than its
+  compute limit plus grace -- its driver is hung or gone and no message will move it. The run fails
+  with ``run.failed`` reason ``stalled`` (the same deterministic event id as any failure of the run,
+  so a repeat is deduplicated).
+
+Failing rather than re-driving is deliberate: the run's message may still be in flight somewhere (a
+stopped process, a long retry), and re-driving next to it would repeat provider and tool calls; a
+stalled run failed visibly can be requested again.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field
+
+from temporality_bus import Bus, Timers, TransientError
+from temporality_protocol import derive_id
+from temporality_protocol.catalog import TIMER_NS_RUN_WATCHDOG
+
+__all__ = ["DEFAULT_GRACE_S", "MAX_HORIZON", "RunWatchdog", "WatchdogPayload", "watchdog_key"]
+
+log = structlog.get_logger(__name__)
+
+#: Seconds a run may sit without progress beyond its compute limit before the watchdog fails it. Must
+#: exceed ``ack_wait`` plus the longest retry backoff (30 s + 30 s by default), which re-arm it.
+DEFAULT_GRACE_S = 300.0
+#: A watchdog is never armed further out than this (the timers stream keeps messages 400 days).
+MAX_HORIZON = timedelta(days=365)
+_TOKEN = re.compile(r"^[A-Za-z0-9_=-]+$")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def watchdog_key(run_id: str) -> str:
+    """The timer key of a run: its id (every id the gateway and ``derive_id`` make is one subject token),
+    or a hash of it for an id that is not a subject token."""
+    return run_id if _TOKEN.fullmatch(run_id) else derive_id("run", run_id)
+
+
+class WatchdogPayload(BaseModel):
+    """What a watchdog timer carries: whose it is and the progress marker at the arm."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    run_id: Annotated[str, Field(min_length=1)]
+    #: The checkpoint turn when armed: a firing on a run still at this turn means no progress since.
+    turn: Annotated[int, Field(ge=0)]
+    armed_at: datetime
+    deadline: datetime
+
+
+class RunWatchdog:
+    """Arms and cancels the watchdog timers of runs (namespace ``run-watchdog``)."""
+
+    def __init__(self, bus: Bus, *, grace_s: float = DEFAULT_GRACE_S) -> None:
+        self.timers = Timers(bus, TIMER_NS_RUN_WATCHDOG)
+        self.grace_s = grace_s
+
+    def deadline(self, limit_s: float, now: datetime) -> datetime:
+        horizon = min(timedelta(seconds=limit_s + self.grace_s), MAX_HORIZON)
+        return now + horizon
+
+    async def arm(self, run_id: str, *, turn: int, limit_s: float, cause: tuple[str, ...]) -> WatchdogPayload:
+        """(Re-)arm the run's watchdog at ``now + limit_s + grace``; replaces the run's previous one.
+
+        ``cause`` (the phase and the delivery: ``("turn", "<stream seq>", "<delivery>")``) keys the
+        schedule's ``Nats-Msg-Id`` with the run and turn: a repeat of this very arm is deduplicated,
+        every other arm is new (and so moves the deadline).
+        """
+        now = _now()
+        payload = WatchdogPayload(run_id=run_id, turn=turn, armed_at=now, deadline=self.deadline(limit_s, now))
+        result = await self.timers.arm(
+            watchdog_key(run_id),
+            payload.deadline,
+            payload.model_dump_json().encode(),
+            msg_id=derive_id("wdg", run_id, str(turn), *cause),
+        )
+        log.debug("watchdog.armed", turn=turn, deadline=payload.deadline.isoformat(), duplicate=result.duplicate)
+        return payload
+
+    async def disarm(self, run_id: str) -> None:
+        """Cancel the run's watchdog, best effort: a timer left armed fires on a run that is waiting or
+        finished, which the handler ignores."""
+        try:
+            await self.timers.cancel(watchdog_key(run_id))
+        except TransientError as exc:
+            log.warning("watchdog.disarm_failed", error=str(exc))

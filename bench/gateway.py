@@ -14,7 +14,9 @@ servers, each in its own subprocess on a free 127.0.0.1 port, connected to that 
   runtime  the same app served by ``temporality_service.HttpServer`` (IPPROTO_TCP socket -> TCP_NODELAY,
            httptools) on uvloop (``temporality_service.runtime.run``): what the service runs now.
   bare     a bare FastAPI endpoint awaiting one JetStream publish of the body, served like ``runtime``:
-           the ceiling (per new event the gateway awaits 4 JetStream round trips, the bare endpoint 1).
+           the ceiling (per new event the gateway awaits 3 JetStream round trips -- the dedupe claim, one
+           pipelined batch of trigger.received + trigger.accepted + run.requested, the claim marked
+           published -- and publishes 5 messages; the bare endpoint 1 and 1).
 
 All three are started up front (an idle one costs nothing). Each is warmed up once with a short wrk run,
 then measured for ``--duration`` seconds of keep-alive POSTs with ``bench/wrk_webhook.lua``, servers

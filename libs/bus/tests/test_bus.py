@@ -296,3 +296,49 @@ async def test_publishing_to_a_subject_without_a_stream_is_transient(bus: Bus) -
 
     with pytest.raises(TransientError, match=r"publish to nowhere\.at\.all failed"):
         await bus.publish_raw("nowhere.at.all", b"x", {"Nats-Msg-Id": "n1"})
+
+
+async def test_publish_many_stores_every_event_in_order_and_dedupes_by_id(bus: Bus) -> None:
+    await bus.ensure([EVENTS_STREAM])
+    events = [_failed(f"m{i}") for i in range(3)]
+    first = await asyncio.wait_for(bus.publish_many(events), 10)
+    assert [r.duplicate for r in first] == [False, False, False]
+    assert [r.seq for r in first] == sorted(r.seq for r in first)  # one connection: the batch's order
+    again = await asyncio.wait_for(bus.publish_many([events[1], _failed("m3")]), 10)
+    assert again[0].duplicate
+    assert again[0].seq == first[1].seq
+    assert not again[1].duplicate
+    assert await asyncio.wait_for(bus.publish_many([]), 10) == []
+    info = await bus.js.stream_info(EVENTS_STREAM.name)
+    assert info.state.messages == 4
+
+
+async def test_publish_many_raises_when_one_is_not_stored(bus: Bus) -> None:
+    from temporality_bus import TransientError
+
+    await bus.ensure([EVENTS_STREAM])
+    messages = [
+        ("temporality.events.run.failed", b"{}", {"Nats-Msg-Id": "ok-1"}),
+        ("nowhere.at.all", b"x", {"Nats-Msg-Id": "n2"}),
+    ]
+    with pytest.raises(TransientError, match=r"publish to nowhere\.at\.all failed"):
+        await asyncio.wait_for(bus.publish_raw_many(messages), 10)
+    too_big = b"x" * (bus.nc.max_payload + 1)
+    with pytest.raises(PermanentError, match="max_payload"):
+        await asyncio.wait_for(bus.publish_raw_many([("temporality.events.run.failed", too_big, {})]), 10)
+    assert bus.acks_pending == 0  # nothing left waiting for an ack
+
+
+async def test_publish_many_without_an_ack_in_time_is_transient(bus: Bus) -> None:
+    from temporality_bus import TransientError
+
+    # a plain subscriber that never answers: the publish has a responder but gets no PubAck
+    sub = await bus.nc.subscribe("silent.subject")
+    try:
+        with pytest.raises(TransientError, match="no ack within"):
+            await asyncio.wait_for(
+                bus.publish_raw_many([("silent.subject", b"x", {"Nats-Msg-Id": "s1"})], timeout_s=0.2), 10
+            )
+        assert bus.acks_pending == 0  # the unanswered future was cancelled, its slot freed
+    finally:
+        await sub.unsubscribe()

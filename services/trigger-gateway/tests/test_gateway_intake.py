@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest.mock import patch
@@ -197,22 +198,48 @@ async def test_concurrent_deliveries_one_accepted_every_other_a_journaled_duplic
     assert stored.value.state == "published"
 
 
+async def test_the_events_of_one_answer_go_out_in_one_batch_after_the_claim(
+    client: httpx.AsyncClient, bus: Bus
+) -> None:
+    """Pipelined: one publish_many per answer, every ack awaited; the launch batch only once claimed."""
+    real_publish_many = bus.publish_many
+    store = await bus.store(BUCKET_DEDUPE, DedupeRecord)
+    key = derive_id("dd", "ado-pr-review", PR_EVENT_ID)
+    batches: list[tuple[list[str], str | None]] = []
+
+    async def spying(events: Sequence[Envelope]) -> list[PublishResult]:
+        stored = await store.get(key)
+        batches.append(([e.type for e in events], stored.value.state if stored else None))
+        results = await real_publish_many(events)
+        assert len(results) == len(events)  # every one acked before the answer
+        return results
+
+    with patch.object(bus, "publish_many", spying):
+        first = await post(client, fixture_bytes("pr-created.json"))
+        again = await post(client, fixture_bytes("pr-created.json"))
+    assert (first.status_code, again.status_code) == (202, 200)
+    assert batches == [
+        (["trigger.received", "trigger.accepted", "run.requested"], "claimed"),
+        (["trigger.received", "trigger.rejected"], "published"),
+    ]
+
+
 class _Crash(BaseException):
     """The process dying between the claim and the publish (not an Exception: nothing cleans up)."""
 
 
 async def _claim_left_by_a_crash(bus: Bus, settings: Settings, triggers: list[TriggerConfig]) -> str:
     """Deliver once through an app whose publish of ``trigger.accepted`` 'crashes' the process."""
-    real_publish = bus.publish
+    real_publish_many = bus.publish_many
 
-    async def crashing(event: Envelope) -> PublishResult:
-        if event.type == "trigger.accepted":
+    async def crashing(events: Sequence[Envelope]) -> list[PublishResult]:
+        if any(event.type == "trigger.accepted" for event in events):
             raise _Crash
-        return await real_publish(event)
+        return await real_publish_many(events)
 
     app = create_app(settings, bus, triggers)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
-        with patch.object(bus, "publish", crashing), pytest.raises(_Crash):
+        with patch.object(bus, "publish_many", crashing), pytest.raises(_Crash):
             await post(c, fixture_bytes("pr-created.json"))
     stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))
     assert stored is not None
@@ -271,14 +298,14 @@ async def test_crash_after_publish_redelivery_republishes_the_same_ids(bus: Bus,
 async def test_failed_publish_releases_the_claim_so_the_retry_need_not_wait(
     client: httpx.AsyncClient, bus: Bus
 ) -> None:
-    real_publish = bus.publish
+    real_publish_many = bus.publish_many
 
-    async def failing(event: Envelope) -> PublishResult:
-        if event.type == "run.requested":
+    async def failing(events: Sequence[Envelope]) -> list[PublishResult]:
+        if any(event.type == "run.requested" for event in events):
             raise TransientError("simulated: no ack")
-        return await real_publish(event)
+        return await real_publish_many(events)
 
-    with patch.object(bus, "publish", failing):
+    with patch.object(bus, "publish_many", failing):
         refused = await post(client, fixture_bytes("pr-created.json"))
     assert refused.status_code == 503
     stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+import itertools
+import json
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import nats
 import structlog
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
-from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NoStreamResponseError, NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
@@ -26,6 +30,9 @@ __all__ = ["Bus", "PublishResult"]
 
 log = structlog.get_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
+#: How long a JetStream publish (or API call) waits for the server's acknowledgement.
+JS_TIMEOUT_S = 10.0
+_NO_RESPONDERS = "503"  # the status header of a publish no stream took
 
 
 class PublishResult(BaseModel):
@@ -39,10 +46,15 @@ class Bus:
 
     def __init__(self, nc: NATS, settings: NatsSettings, name: str) -> None:
         self.nc = nc
-        self.js: JetStreamContext = nc.jetstream(timeout=10)
+        self.js: JetStreamContext = nc.jetstream(timeout=JS_TIMEOUT_S)
         self.settings = settings
         self.name = name
         self._kv: dict[str, KeyValue] = {}
+        # publish_raw_many: its acks' inbox, the publishes awaiting an ack (by reply token), the tokens
+        self._ack_prefix: str | None = None
+        self._ack_lock = asyncio.Lock()
+        self._acks: dict[str, asyncio.Future[jsapi.PubAck]] = {}
+        self._ack_tokens = itertools.count()
 
     @classmethod
     @asynccontextmanager
@@ -177,6 +189,115 @@ class Bus:
         result = PublishResult(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
         log.debug("published", subject=subject, msg_id=headers.get("Nats-Msg-Id"), duplicate=result.duplicate)
         return result
+
+    async def publish_many(self, events: Sequence[Envelope]) -> list[PublishResult]:
+        """Publish several events durably, pipelined; returns once JetStream has stored *every* one.
+
+        Each event is encoded once and goes out like :meth:`publish` (``Nats-Msg-Id`` = its id), but
+        all are written before the first acknowledgement is awaited: one round trip instead of one per
+        event. The results are in the order of ``events``. When any one is not acknowledged (within
+        the JetStream timeout) this raises like :meth:`publish`, and the others may or may not have
+        been stored: publish them again with the same ids (JetStream dedupes them) or not at all.
+        """
+        return await self.publish_raw_many(
+            [
+                (
+                    event.nats_subject,
+                    encode(event),
+                    {"Nats-Msg-Id": event.id, "Content-Type": CONTENT_TYPE, "Ce-Type": event.type},
+                )
+                for event in events
+            ]
+        )
+
+    async def publish_raw_many(
+        self, messages: Sequence[tuple[str, bytes, dict[str, str]]], *, timeout_s: float = JS_TIMEOUT_S
+    ) -> list[PublishResult]:
+        """:meth:`publish_raw` for several ``(subject, payload, headers)`` messages, pipelined (see
+        :meth:`publish_many`): :class:`PermanentError` when one exceeds max_payload (checked before
+        anything is sent), :class:`TransientError` when one is not acknowledged within ``timeout_s``."""
+        if not messages:
+            return []
+        for _, payload, _ in messages:
+            if len(payload) > self.nc.max_payload:
+                raise PermanentError(f"{len(payload)} bytes exceed the server's max_payload")
+        prefix = await self._ack_inbox()
+        loop = asyncio.get_running_loop()
+        tokens: list[str] = []
+        futures: list[asyncio.Future[jsapi.PubAck]] = []
+        try:
+            for subject, payload, headers in messages:
+                token = str(next(self._ack_tokens))
+                future: asyncio.Future[jsapi.PubAck] = loop.create_future()
+                self._acks[token] = future
+                tokens.append(token)
+                futures.append(future)
+                try:
+                    await self.nc.publish(subject, payload, reply=prefix + token, headers=headers)
+                except nats.errors.MaxPayloadError as exc:
+                    raise PermanentError(f"{len(payload)} bytes exceed the server's max_payload") from exc
+                except (nats.errors.Error, OSError) as exc:
+                    raise TransientError(f"publish to {subject} failed: {exc!r}") from exc
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):  # one deadline for the batch
+                    for future in futures:
+                        with contextlib.suppress(Exception):
+                            await future  # an error is read from the future below
+            results: list[PublishResult] = []
+            failure: TransientError | None = None
+            for (subject, _, headers), future in zip(messages, futures, strict=True):
+                if not future.done() or future.cancelled():  # cancelled: the one awaited when time ran out
+                    failure = failure or TransientError(f"publish to {subject} failed: no ack within {timeout_s:g} s")
+                    continue
+                error = future.exception()  # retrieved for every future, so none is reported as unhandled
+                if error is not None:
+                    failure = failure or TransientError(f"publish to {subject} failed: {error!r}")
+                    continue
+                ack = future.result()
+                results.append(PublishResult(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate)))
+                log.debug("published", subject=subject, msg_id=headers.get("Nats-Msg-Id"), duplicate=ack.duplicate)
+            if failure is not None:
+                raise failure
+            return results
+        finally:
+            for token, future in zip(tokens, futures, strict=True):
+                self._acks.pop(token, None)
+                if not future.done():
+                    future.cancel()
+
+    @property
+    def acks_pending(self) -> int:
+        """How many :meth:`publish_many` messages are waiting for their ack right now."""
+        return len(self._acks)
+
+    async def _ack_inbox(self) -> str:
+        """The reply-subject prefix of :meth:`publish_raw_many`: one wildcard subscription per Bus,
+        subscribed on first use (and re-subscribed by the client after a reconnect)."""
+        if self._ack_prefix is None:
+            async with self._ack_lock:
+                if self._ack_prefix is None:
+                    prefix = self.nc.new_inbox()
+                    await self.nc.subscribe(prefix + ".*", cb=self._on_ack)
+                    self._ack_prefix = prefix + "."
+        return self._ack_prefix
+
+    async def _on_ack(self, msg: Msg) -> None:
+        """Settle the future of the publish this ack answers (a PubAck, or the error JetStream sent)."""
+        assert self._ack_prefix is not None
+        future = self._acks.pop(msg.subject[len(self._ack_prefix) :], None)
+        if future is None or future.done():
+            return  # late: its publish already gave up
+        if msg.headers and msg.headers.get(jsapi.Header.STATUS) == _NO_RESPONDERS:
+            future.set_exception(NoStreamResponseError())
+            return
+        try:
+            response = json.loads(msg.data)
+            if "error" in response:
+                future.set_exception(APIError.from_error(response["error"]))
+            else:
+                future.set_result(jsapi.PubAck.from_response(response))
+        except (ValueError, TypeError, KeyError) as exc:
+            future.set_exception(TransientError(f"unreadable publish ack: {exc!r}"))
 
     async def request(self, subject: str, payload: bytes, timeout_s: float = 5.0) -> bytes:
         msg = await self.nc.request(subject, payload, timeout=timeout_s)

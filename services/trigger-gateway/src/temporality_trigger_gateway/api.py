@@ -46,27 +46,27 @@ def create_app(settings: Settings, bus: Bus, triggers: Iterable[TriggerConfig]) 
 
     @app.post("/hooks/{trigger_id}", status_code=202)
     async def hook(trigger_id: str, request: Request) -> JSONResponse:
-        with structlog.contextvars.bound_contextvars(trigger_id=trigger_id[:100]):
-            trigger = webhooks.get(trigger_id)
-            if trigger is None:
-                raise UnknownTrigger(f"no webhook trigger with id {trigger_id[:100]!r}")
-            verifier = trigger.auth
-            if not verifier.reads_body:
-                verifier.verify(request.headers, b"")
-            raw = b""
-            authenticated = not verifier.reads_body
-            try:
-                raw = await read_body(request, settings.max_body_bytes)
-                if verifier.reads_body:
-                    verifier.verify(request.headers, raw)
-                    authenticated = True
-                delivery = WebhookRequest(request.method, request.headers, raw, parse_json(raw))
-                outcome = await intake.handle(trigger, delivery)
-            except (BodyTooLarge, MalformedBody, InvalidPayload) as refused:
-                if authenticated:
-                    await intake.refused(trigger, refused, body_bytes=len(raw))  # visible in the journal
-                raise
-            return JSONResponse(outcome.model_dump(), status_code=202 if isinstance(outcome, Accepted) else 200)
+        # No per-request log binding here: Intake.handle binds the delivery's fields once it has them.
+        trigger = webhooks.get(trigger_id)
+        if trigger is None:
+            raise UnknownTrigger(f"no webhook trigger with id {trigger_id[:100]!r}")
+        verifier = trigger.auth
+        if not verifier.reads_body:
+            verifier.verify(request.headers, b"")
+        raw = b""
+        authenticated = not verifier.reads_body
+        try:
+            raw = await read_body(request, settings.max_body_bytes)
+            if verifier.reads_body:
+                verifier.verify(request.headers, raw)
+                authenticated = True
+            delivery = WebhookRequest(request.method, request.headers, raw, parse_json(raw))
+            outcome = await intake.handle(trigger, delivery)
+        except (BodyTooLarge, MalformedBody, InvalidPayload) as refused:
+            if authenticated:
+                await intake.refused(trigger, refused, body_bytes=len(raw))  # visible in the journal
+            raise
+        return JSONResponse(outcome.model_dump(), status_code=202 if isinstance(outcome, Accepted) else 200)
 
     return app
 

@@ -2,10 +2,11 @@
 
 Exactly-once run creation (IDEM-1), claim first::
 
-    trigger.received                          always, fresh id per delivery
     claim the dedupe key (trigger id, event id): KV create-if-absent, state ``claimed``
-      won      -> trigger.accepted + run.requested (ids derived from the run) -> state ``published`` -> 202
-      lost     -> the key says ``published``            -> trigger.rejected(duplicate)   -> 200 duplicate
+      won      -> trigger.received (fresh id per delivery) + trigger.accepted + run.requested (ids derived
+                  from the run), pipelined, every ack awaited -> state ``published`` -> 202
+      lost     -> the key says ``published``            -> trigger.received + trigger.rejected(duplicate)
+                                                           -> 200 duplicate
                   the key says ``claimed``, lease fresh -> wait for it to be published (or released)
                   ``claimed`` past its lease, ``released`` or expired -> take the claim over (compare-and-set)
                   and publish the same derived ids: JetStream dedupes ``Nats-Msg-Id``, the run store
@@ -14,6 +15,10 @@ Exactly-once run creation (IDEM-1), claim first::
 Exactly one delivery of concurrent ones answers ``accepted``; every other gets its own
 ``trigger.rejected(duplicate)``. A claimant whose publish fails releases its claim (best effort) so
 the sender's retry takes over at once. Every answer is sent only after JetStream acked what it reports.
+
+The events of one answer go out together (:meth:`temporality_bus.Bus.publish_many`: one round trip,
+every ack awaited). Their order on the stream is their order in the batch (one connection), and no
+consumer depends on it: the journal projects by type and the run-executor reads only ``run.requested``.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 from temporality_bus import AlreadyExists, Bus, Conflict, PermanentError, Store, TransientError, evolve
 from temporality_protocol import (
     Envelope,
+    HumanPolicy,
     LaunchSource,
     NormalizedEvent,
     RunRequested,
@@ -185,9 +191,17 @@ def rejected_event(
 
 
 def launch_events(
-    delivery: WebhookDelivery, event: NormalizedEvent, *, run_id: str, title: str, causation_id: str
+    delivery: WebhookDelivery,
+    event: NormalizedEvent,
+    *,
+    run_id: str,
+    title: str,
+    causation_id: str,
+    human: HumanPolicy | None = None,
 ) -> tuple[Envelope, Envelope]:
-    """``trigger.accepted`` and ``run.requested``, with ids derived from the run: redelivery reuses them."""
+    """``trigger.accepted`` and ``run.requested``, with ids derived from the run: redelivery reuses them.
+
+    ``human`` is ``delivery.trigger.human.policy()`` when the caller already has it (it never changes)."""
     trigger = delivery.trigger
     accepted = make_event(
         TriggerAccepted(
@@ -206,14 +220,22 @@ def launch_events(
             agent=trigger.agent,
             title=title[:200],
             launch=LaunchSource(kind="webhook", trigger_id=trigger.id, delivery_id=delivery.delivery_id),
-            event=evolve(event, payload={}),  # carried once, as the input
+            event=_without_payload(event),  # carried once, as the input
             input=event.payload,
-            human=trigger.human.policy(),  # SEC-1: from the trigger's config, never from the webhook
+            human=human or trigger.human.policy(),  # SEC-1: from the trigger's config, never from the webhook
         ),
         causation_id=accepted.id,
         **_envelope(delivery, run_id=run_id, tenant=event.tenant, id=derive_id("evt", run_id, "run.requested")),
     )
     return accepted, requested
+
+
+def _without_payload(event: NormalizedEvent) -> NormalizedEvent:
+    """``event`` with an empty payload. Not re-validated: every field comes from ``event``, which its
+    adapter built through the validating constructor, and ``{}`` is a valid payload."""
+    fields = dict(event.__dict__)
+    fields["payload"] = {}
+    return NormalizedEvent.model_construct(event.model_fields_set | {"payload"}, **fields)
 
 
 def _envelope(delivery: WebhookDelivery, *, run_id: str | None, tenant: str | None, id: str) -> dict[str, Any]:
@@ -235,25 +257,32 @@ class Intake:
         self._bus = bus
         self._retry_after_s = retry_after_s
         self._claim_lease_s = claim_lease_s
+        self._store: Store[DedupeRecord] | None = None
+        self._policies: dict[str, tuple[WebhookTrigger, HumanPolicy]] = {}
 
     async def handle(self, trigger: WebhookTrigger, request: WebhookRequest) -> Outcome:
         """One authenticated delivery, from its source's adapter to its journaled outcome."""
         adapter = ADAPTERS[trigger.adapter]
         source = adapter.identify(request)
         delivery = WebhookDelivery(trigger, new_id("dlv"), len(request.body), source)
-        with structlog.contextvars.bound_contextvars(delivery_id=delivery.delivery_id, source_event_id=source.id):
-            ignored = ignore_reason(delivery)
-            if ignored is not None:
-                reason, detail = ignored
+        ignored = ignore_reason(delivery)
+        if ignored is not None:
+            reason, detail = ignored
+            with structlog.contextvars.bound_contextvars(
+                trigger_id=trigger.id, delivery_id=delivery.delivery_id, source_event_id=source.id
+            ):
                 await self._ignore(delivery, reason, detail)
                 log.info("webhook.handled", status="ignored", reason=reason, source_event_type=source.type)
-                return Ignored(delivery_id=delivery.delivery_id, reason=reason, detail=detail)
-            event = adapter.normalize(request, tenant=trigger.tenant)
-            run_id = run_id_for_delivery(trigger.id, event.id)
-            with structlog.contextvars.bound_contextvars(run_id=run_id):
-                outcome = await self._launch(delivery, event, run_id, adapter.run_title(event))
-                log.info("webhook.handled", status=outcome.status)
-                return outcome
+            return Ignored(delivery_id=delivery.delivery_id, reason=reason, detail=detail)
+        event = adapter.normalize(request, tenant=trigger.tenant)
+        run_id = run_id_for_delivery(trigger.id, event.id)
+        # One binding for the whole launch: what any warning below (bus, claim) needs to be traced.
+        with structlog.contextvars.bound_contextvars(
+            trigger_id=trigger.id, delivery_id=delivery.delivery_id, source_event_id=source.id, run_id=run_id
+        ):
+            outcome = await self._launch(delivery, event, run_id, adapter.run_title(event))
+            log.info("webhook.handled", status=outcome.status)
+        return outcome
 
     async def refused(self, trigger: WebhookTrigger, error: WebhookError, *, body_bytes: int) -> None:
         """Journal an authenticated delivery refused with 400/413/422, so an integrator can see why no
@@ -284,42 +313,39 @@ class Intake:
             **common,
         )
         try:
-            await self._io(self._bus.publish(received))
-            await self._io(self._bus.publish(rejected))
+            await self._io(self._bus.publish_many((received, rejected)))
         except Exception as exc:
-            log.warning("webhook.refusal_not_journaled", error=repr(exc))
+            log.warning(
+                "webhook.refusal_not_journaled", trigger_id=trigger.id, delivery_id=delivery_id, error=repr(exc)
+            )
 
     async def _ignore(
         self, delivery: WebhookDelivery, reason: Literal["disabled", "unsupported_event"], detail: str
     ) -> None:
         tenant = delivery.trigger.tenant
         received = received_event(delivery, run_id=None, tenant=tenant)
-        await self._io(self._bus.publish(received))
-        await self._io(
-            self._bus.publish(
-                rejected_event(delivery, reason, detail, run_id=None, tenant=tenant, causation_id=received.id)
-            )
-        )
+        rejected = rejected_event(delivery, reason, detail, run_id=None, tenant=tenant, causation_id=received.id)
+        await self._io(self._bus.publish_many((received, rejected)))
 
     async def _launch(self, delivery: WebhookDelivery, event: NormalizedEvent, run_id: str, title: str) -> Outcome:
         key = dedupe_key(delivery.trigger.id, event.id)
-        store = await self._io(self._bus.store(BUCKET_DEDUPE, DedupeRecord))
+        store = await self._dedupe()
         received = received_event(delivery, run_id=run_id, tenant=event.tenant)
-        await self._io(self._bus.publish(received))
         won = await self._claim(store, key, delivery, event, run_id)
         if isinstance(won, DedupeRecord):
             detail = f"source event {event.id} was already accepted as run {won.run_id} (delivery {won.delivery_id})"
             rejected = rejected_event(
                 delivery, "duplicate", detail, run_id=run_id, tenant=event.tenant, causation_id=received.id
             )
-            await self._io(self._bus.publish(rejected))
+            await self._io(self._bus.publish_many((received, rejected)))
             return Duplicate(delivery_id=delivery.delivery_id, run_id=run_id)
 
         claim, revision = won
-        accepted, requested = launch_events(delivery, event, run_id=run_id, title=title, causation_id=received.id)
+        accepted, requested = launch_events(
+            delivery, event, run_id=run_id, title=title, causation_id=received.id, human=self._policy(delivery.trigger)
+        )
         try:
-            await self._io(self._bus.publish(accepted))
-            await self._io(self._bus.publish(requested))
+            await self._io(self._bus.publish_many((received, accepted, requested)))
         except Exception:
             await self._release(store, key, claim, revision)
             raise
@@ -332,6 +358,18 @@ class Intake:
             # ids (deduped) instead of answering duplicate: harmless.
             log.warning("webhook.claim_not_marked_published")
         return Accepted(delivery_id=delivery.delivery_id, run_id=run_id)
+
+    def _policy(self, trigger: WebhookTrigger) -> HumanPolicy:
+        """The trigger's human policy as it goes on the wire, built once per trigger (both are frozen)."""
+        cached = self._policies.get(trigger.id)
+        if cached is None or cached[0] is not trigger:
+            cached = self._policies[trigger.id] = (trigger, trigger.human.policy())
+        return cached[1]
+
+    async def _dedupe(self) -> Store[DedupeRecord]:
+        if self._store is None:
+            self._store = await self._io(self._bus.store(BUCKET_DEDUPE, DedupeRecord))
+        return self._store
 
     async def _claim(
         self, store: Store[DedupeRecord], key: str, delivery: WebhookDelivery, event: NormalizedEvent, run_id: str

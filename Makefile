@@ -32,3 +32,4 @@ schemas-check: sync  ## fail when schemas/ is stale
 bench: sync  ## print throughput and latency figures (no assertions)
 	.venv/bin/python bench/gateway.py
 	.venv/bin/python bench/latency.py
+	.venv/bin/python bench/journal.py

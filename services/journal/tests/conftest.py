@@ -1,4 +1,5 @@
-"""Journal test fixtures: a database per test (SQLite file and PostgreSQL), a journal wired to a real bus.
+"""Journal test fixtures: a database per test (SQLite file and PostgreSQL), a journal wired to a real bus
+(its consumer in batch mode, as the service runs it).
 
 Environment variables of the PostgreSQL variants (``database_url[postgres]``):
 
@@ -15,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -174,6 +176,10 @@ async def database(database_url: str) -> AsyncIterator[Database]:
 
 
 # --------------------------------------------------------------------------- the journal on a real bus
+async def _not_wired() -> None:
+    raise RuntimeError("the journal has no consumer")
+
+
 class Journal:
     """The journal's consumer on the real bus plus an HTTP client of its API (in-process ASGI)."""
 
@@ -184,7 +190,11 @@ class Journal:
         self.recorder = Recorder(database)
         self.handled: Counter[str] = Counter()
         self.fail_after_commit: set[str] = set()
+        #: The ids of every batch handed to :meth:`handle_batch`, committed or not.
+        self.batches: list[list[str]] = []
         self._changed = asyncio.Condition()
+        #: Starts the consumer (the ``idle_journal`` fixture leaves that to the test).
+        self.start: Callable[[], Awaitable[None]] = _not_wired
 
     async def handle(self, event: Envelope, delivery: Delivery) -> None:
         try:
@@ -196,6 +206,18 @@ class Journal:
             async with self._changed:
                 self.handled[event.id] += 1
                 self._changed.notify_all()
+
+    async def handle_batch(self, batch: list[tuple[Envelope, Delivery]]) -> None:
+        """The batch handler: counts each event once the batch committed (a failed batch counts nothing:
+        the runner then hands its events to :meth:`handle` one by one)."""
+        self.batches.append([event.id for event, _ in batch])
+        await self.recorder.handle_batch(batch)
+        if any(event.id in self.fail_after_commit for event, _ in batch):
+            raise RuntimeError("simulated crash after the batch's commit")
+        async with self._changed:
+            for event, _ in batch:
+                self.handled[event.id] += 1
+            self._changed.notify_all()
 
     async def wait_handled(self, event_id: str, times: int = 1, within_s: float = 30.0) -> None:
         async with asyncio.timeout(within_s), self._changed:
@@ -230,16 +252,46 @@ class Journal:
         return body
 
 
-@pytest.fixture
-async def journal(bus: Bus, database: Database) -> AsyncIterator[Journal]:
+@asynccontextmanager
+async def _journal(bus: Bus, database: Database, *, started: bool) -> AsyncIterator[Journal]:
     app = create_app(Settings(), database)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://journal") as client:
         jr = Journal(bus, database, client)
-        consumer = Consumer(bus, CONSUMERS["journal"], handler=jr.handle, fetch_timeout_s=0.2)
+        consumer = Consumer(
+            bus,
+            CONSUMERS["journal"],
+            handler=jr.handle,
+            batch_handler=jr.handle_batch,
+            batch_size=64,
+            fetch_timeout_s=0.2,
+        )
         stop = asyncio.Event()
-        task = asyncio.create_task(consumer.run(stop))
+        tasks: list[asyncio.Task[None]] = []
+
+        async def start() -> None:
+            tasks.append(asyncio.create_task(consumer.run(stop)))
+            await asyncio.wait_for(consumer.running.wait(), 10)
+
+        jr.start = start
+        if started:
+            await start()
         try:
             yield jr
         finally:
             stop.set()
-            await asyncio.wait_for(task, 10)
+            if tasks:
+                await asyncio.wait_for(tasks[0], 10)
+
+
+@pytest.fixture
+async def journal(bus: Bus, database: Database) -> AsyncIterator[Journal]:
+    async with _journal(bus, database, started=True) as jr:
+        yield jr
+
+
+@pytest.fixture
+async def idle_journal(bus: Bus, database: Database) -> AsyncIterator[Journal]:
+    """The journal with its consumer not started yet: ``await idle_journal.start()`` (publish first, to
+    have the events fetched together in one batch)."""
+    async with _journal(bus, database, started=False) as jr:
+        yield jr

@@ -31,6 +31,16 @@ def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings(database_url="sqlite:///x.db").database_url == "sqlite:///x.db"
 
 
+def test_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TEMPORALITY_JOURNAL_BATCH_SIZE", raising=False)
+    assert Settings().batch_size == 256
+    monkeypatch.setenv("TEMPORALITY_JOURNAL_BATCH_SIZE", "32")
+    assert Settings().batch_size == 32
+    monkeypatch.setenv("TEMPORALITY_JOURNAL_BATCH_SIZE", "0")
+    with pytest.raises(ValidationError):
+        Settings()
+
+
 def test_bad_environment_fails_early(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEMPORALITY_JOURNAL_PORT", "70000")
     with pytest.raises(ValidationError):

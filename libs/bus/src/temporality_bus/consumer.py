@@ -32,6 +32,16 @@ idempotent: when it raises, the dead-lettering counts as failed and is retried l
 dead-lettering (nak, the next delivery is past the limit, the hook runs again), so the message is
 never dropped and the hook's effect is never skipped. Only a :class:`PermanentError` from the hook
 (it can never succeed for this message) is logged and the message dead-lettered without it.
+
+**Batch mode** (``batch_handler`` with ``batch_size``, next to the per-message ``handler``): the
+runner fetches up to ``batch_size`` messages, decodes and version-checks each (a message that does
+not decode, or one past the delivery limit, goes through the per-message path and is dead-lettered
+alone), hands the others to ``batch_handler`` in stream order, and acks them all once it returned
+(its side effects are committed). When ``batch_handler`` raises -- whatever the error -- the runner
+falls back to the per-message path for each message of the batch, one after another: ``handler``
+then settles each of them as above (ack, nak with backoff, dead-letter), so one poison message never
+blocks or dead-letters its neighbours. ``batch_handler`` must therefore be all-or-nothing and
+idempotent, like ``handler``. One batch is in hand at a time; the heartbeat covers all its messages.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from collections.abc import Awaitable, Callable
 import nats.errors
 import structlog
 from nats.aio.msg import Msg
+from nats.js.client import JetStreamContext
 from pydantic import ValidationError
 
 from temporality_bus.connection import Bus
@@ -51,7 +62,7 @@ from temporality_protocol import BusDeadLettered, Envelope, ProtocolError, decod
 from temporality_protocol.catalog import DLQ_PREFIX, ConsumerSpec
 from temporality_protocol.version import SUPPORTED_VERSIONS, negotiate
 
-__all__ = ["Consumer", "DeadLetterHook", "Delivery", "EnvelopeHandler", "RawHandler"]
+__all__ = ["BatchHandler", "Consumer", "DeadLetterHook", "Delivery", "EnvelopeHandler", "RawHandler"]
 
 log = structlog.get_logger(__name__)
 
@@ -72,6 +83,8 @@ class Delivery:
 
 EnvelopeHandler = Callable[[Envelope, Delivery], Awaitable[None]]
 RawHandler = Callable[[bytes, Delivery], Awaitable[None]]
+#: Gets a batch of decoded envelopes in stream order; all-or-nothing (see the module docstring).
+BatchHandler = Callable[[list[tuple[Envelope, Delivery]]], Awaitable[None]]
 #: Called with what is being dead-lettered (the envelope, or the bytes when there is none), the delivery
 #: and the reason, before the message goes to the DLQ; see the module docstring.
 DeadLetterHook = Callable[[Envelope | bytes, Delivery, BaseException], Awaitable[None]]
@@ -82,7 +95,9 @@ class Consumer:
 
     ``handler`` gets decoded envelopes (version-checked, PRO-3); ``raw_handler`` gets bytes (timers).
     ``max_inflight`` messages are handled concurrently. ``on_dead_letter`` runs before each message
-    is dead-lettered (idempotent; its failure retries the dead-lettering).
+    is dead-lettered (idempotent; its failure retries the dead-lettering). ``batch_handler`` (with
+    ``handler`` as its per-message fallback) takes up to ``batch_size`` messages at a time, one batch
+    in hand (``max_inflight`` does not apply).
     """
 
     def __init__(
@@ -96,9 +111,17 @@ class Consumer:
         fetch_timeout_s: float = 1.0,
         ack_wait_s: float | None = None,
         on_dead_letter: DeadLetterHook | None = None,
+        batch_handler: BatchHandler | None = None,
+        batch_size: int = 100,
     ) -> None:
         if (handler is None) == (raw_handler is None):
             raise ValueError("give exactly one of handler / raw_handler")
+        if batch_handler is not None and handler is None:
+            raise ValueError("batch_handler needs handler: the per-message path it falls back to")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, not {batch_size}")
+        self._batch_handler = batch_handler
+        self._batch_size = batch_size
         self.bus = bus
         self.spec = spec
         self._handler = handler
@@ -127,19 +150,16 @@ class Consumer:
         self._log.info("consumer.started", filter=list(self.spec.filter_subjects))
         try:
             while not stop.is_set():
+                if self._batch_handler is not None:
+                    batch = await self._fetch(sub, self._batch_size)
+                    if batch:
+                        await self._process_batch(batch)
+                    continue
                 free = self._max_inflight - len(inflight)
                 if free <= 0:
                     await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                     continue
-                try:
-                    msgs = await sub.fetch(batch=free, timeout=self._fetch_timeout)
-                except TimeoutError:  # nats-py raises both its own and asyncio's (= builtin) TimeoutError
-                    continue
-                except nats.errors.Error as exc:  # disconnected: nats-py reconnects, we try again
-                    self._log.warning("consumer.fetch_failed", error=repr(exc))
-                    await asyncio.sleep(0.5)
-                    continue
-                for msg in msgs:
+                for msg in await self._fetch(sub, free):
                     task = asyncio.create_task(self._process(msg))
                     inflight.add(task)
                     task.add_done_callback(inflight.discard)
@@ -154,6 +174,62 @@ class Consumer:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
                 self._log.info("consumer.stopped")
+
+    async def _fetch(self, sub: JetStreamContext.PullSubscription, batch: int) -> list[Msg]:
+        try:
+            return await sub.fetch(batch=batch, timeout=self._fetch_timeout)
+        except TimeoutError:  # nats-py raises both its own and asyncio's (= builtin) TimeoutError
+            return []
+        except nats.errors.Error as exc:  # disconnected: nats-py reconnects, we try again
+            self._log.warning("consumer.fetch_failed", error=repr(exc))
+            await asyncio.sleep(0.5)
+            return []
+
+    async def _process_batch(self, msgs: list[Msg]) -> None:
+        """Decode, hand the decodable to the batch handler, ack them; per message when it raises."""
+        assert self._batch_handler is not None
+        for msg in msgs:
+            self._in_hand[msg.reply] = msg
+        batch: list[tuple[Envelope, Delivery]] = []
+        held: list[Msg] = []
+        for msg in msgs:
+            delivery = Delivery(msg)
+            if 0 < self.spec.max_deliver < delivery.num_delivered:
+                await self._process(msg)  # past the limit: the per-message path dead-letters it
+                continue
+            try:
+                event = decode(msg.data)
+                negotiate(SUPPORTED_VERSIONS, [event.protocolversion])
+            except (ProtocolError, ValidationError):
+                await self._process(msg)  # fails the same way there, and is dead-lettered alone
+                continue
+            batch.append((event, delivery))
+            held.append(msg)
+        if not batch:
+            return
+        try:
+            with structlog.contextvars.bound_contextvars(
+                consumer=self.spec.durable,
+                batch=len(batch),
+                first_seq=batch[0][1].stream_seq,
+                last_seq=batch[-1][1].stream_seq,
+            ):
+                await self._batch_handler(batch)
+        except asyncio.CancelledError:
+            for msg in held:
+                self._in_hand.pop(msg.reply, None)
+            raise
+        except Exception as exc:
+            self._log.warning("batch.fallback", error=repr(exc), batch=len(batch), exc_info=True)
+            for msg in held:  # one by one: each is acked, nak'ed or dead-lettered on its own
+                await self._process(msg)
+            return
+        for msg in held:
+            self._in_hand.pop(msg.reply, None)
+            try:
+                await msg.ack()  # only now: the batch handler returned, its side effects are committed
+            except Exception as exc:  # the message comes back after ack_wait; handlers are idempotent
+                self._log.warning("consumer.settle_failed", error=repr(exc))
 
     async def _process(self, msg: Msg) -> None:
         delivery = Delivery(msg)

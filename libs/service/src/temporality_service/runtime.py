@@ -30,7 +30,7 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 
 from temporality_bus import Bus, Consumer
-from temporality_bus.consumer import DeadLetterHook, EnvelopeHandler, RawHandler
+from temporality_bus.consumer import BatchHandler, DeadLetterHook, EnvelopeHandler, RawHandler
 from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS, ServiceSpec
 from temporality_service.health import Readiness, add_health_routes
 from temporality_service.lifecycle import clear_ready, mark_ready, stop_on_signals
@@ -88,12 +88,16 @@ class Runtime(Generic[S]):
         ack_wait_s: float | None = None,
         on_dead_letter: DeadLetterHook | None = None,
         max_deliver: int | None = None,
+        batch_handler: BatchHandler | None = None,
+        batch_size: int = 100,
     ) -> Consumer:
         """Run the durable consumer ``durable`` (declared in the service's spec) with one of the handlers.
 
         ``on_dead_letter`` is awaited before each message the runner gives up on goes to the DLQ (see
         :class:`temporality_bus.Consumer`: idempotent, its failure retries the dead-lettering).
         ``max_deliver`` overrides the catalogue's delivery limit (a setting of the service, e.g. for tests).
+        ``batch_handler`` takes up to ``batch_size`` messages at a time, ``handler`` being its per-message
+        fallback (see :class:`temporality_bus.Consumer`).
         """
         if durable not in self.spec.consumers:
             raise ValueError(f"{self.spec.name} does not declare the consumer {durable!r} (catalog.SERVICES)")
@@ -112,6 +116,8 @@ class Runtime(Generic[S]):
             max_inflight=max_inflight,
             ack_wait_s=ack_wait_s,
             on_dead_letter=on_dead_letter,
+            batch_handler=batch_handler,
+            batch_size=batch_size,
         )
         self.consumers.append(consumer)
         self.readiness.watch_consumer(consumer)

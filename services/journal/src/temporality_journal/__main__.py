@@ -24,7 +24,13 @@ def configure(settings: Settings) -> Setup[Settings]:
 
     async def setup(rt: Runtime[Settings]) -> None:
         database = await rt.resources.enter_async_context(Database.open(rt.settings.database_url))
-        rt.consumer("journal", handler=Recorder(database).handle)
+        recorder = Recorder(database)
+        rt.consumer(
+            "journal",
+            handler=recorder.handle,
+            batch_handler=recorder.handle_batch,
+            batch_size=rt.settings.batch_size,
+        )
         rt.http(create_app(rt.settings, database))
         rt.ready_check("database", database.ping)
 

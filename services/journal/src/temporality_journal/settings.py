@@ -6,6 +6,7 @@
 ``TEMPORALITY_DATABASE_URL``        SQLAlchemy URL of the read model; SQLite by default,
                                     ``postgresql+asyncpg://user@host/db`` in deployment
                                     (``postgresql://`` and ``sqlite://`` are accepted too)
+``TEMPORALITY_JOURNAL_BATCH_SIZE``  events recorded per transaction, at most (``256``)
 ``TEMPORALITY_NATS_*``              :class:`temporality_bus.NatsSettings`
 ``TEMPORALITY_LOG_*``               :class:`temporality_service.LogSettings`
 ``TEMPORALITY_READY_FILE``          :class:`temporality_service.ProcessSettings`
@@ -36,3 +37,4 @@ class Settings(HttpServiceSettings):
         validation_alias="TEMPORALITY_DATABASE_URL",
         description="SQLAlchemy async URL (sqlite+aiosqlite:///path or postgresql+asyncpg://...)",
     )
+    batch_size: int = Field(default=256, ge=1, le=10_000, description="events recorded per transaction, at most")

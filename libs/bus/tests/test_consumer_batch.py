@@ -1,0 +1,201 @@
+"""The consumer runner's batch mode against a real nats-server: a batch is acked once its handler
+returned; an undecodable message is dead-lettered alone; a failing batch falls back to the per-message
+path, so one poison message is dead-lettered without blocking or dead-lettering its neighbours."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+
+import pytest
+from nats.js.errors import NotFoundError
+
+from temporality_bus import Bus, Consumer, Delivery, PermanentError
+from temporality_protocol import Envelope, RunFailed, make_event
+from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM, ConsumerSpec, subject_for
+
+Batch = list[tuple[Envelope, Delivery]]
+
+
+def _failed(run_id: str) -> Envelope:
+    return make_event(RunFailed(run_id=run_id, reason="r", error="e"), source="/test", id=f"evt-{run_id}")
+
+
+def _spec(durable: str, *, max_deliver: int = 8) -> ConsumerSpec:
+    return ConsumerSpec(
+        durable, EVENTS_STREAM.name, (subject_for("run.failed"),), "test", max_deliver=max_deliver, backoff_s=(0.1,)
+    )
+
+
+async def _dlq_count(bus: Bus, durable: str) -> int:
+    subject = f"temporality.dlq.{durable}"
+    info = await bus.js.stream_info(DLQ_STREAM.name, subjects_filter=subject)
+    return int((info.state.subjects or {}).get(subject, 0))
+
+
+async def _settled(bus: Bus, spec: ConsumerSpec, seq: int, within_s: float = 20.0) -> None:
+    """Wait until the server has every message up to ``seq`` settled and nothing in hand."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            info = await bus.js.consumer_info(spec.stream, spec.durable)
+        except NotFoundError:  # the consumer task has not created the durable yet
+            info = None
+        if info is not None and info.ack_floor.stream_seq >= seq and info.num_ack_pending == 0:
+            return
+        assert time.monotonic() < deadline, f"not settled: {info}"
+        await asyncio.sleep(0.05)
+
+
+async def _publish(bus: Bus, *run_ids: str) -> int:
+    seq = 0
+    for run_id in run_ids:
+        seq = (await bus.publish(_failed(run_id))).seq
+    return seq
+
+
+@asynccontextmanager
+async def _running(consumer: Consumer) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+def _never(event: Envelope, delivery: Delivery) -> Awaitable[None]:
+    raise AssertionError(f"the per-message handler ran for {event.id}")
+
+
+async def test_batch_mode_needs_the_per_message_handler(bus: Bus) -> None:
+    async def batch_handler(batch: Batch) -> None:
+        pass
+
+    async def raw(data: bytes, delivery: Delivery) -> None:
+        pass
+
+    with pytest.raises(ValueError, match="batch_handler needs handler"):
+        Consumer(bus, _spec("t-b-none"), raw_handler=raw, batch_handler=batch_handler)
+    with pytest.raises(ValueError, match="batch_size"):
+        Consumer(bus, _spec("t-b-none"), handler=_never, batch_handler=batch_handler, batch_size=0)
+
+
+async def test_a_batch_comes_in_stream_order_and_is_acked_after_its_handler_returned(bus: Bus) -> None:
+    spec = _spec("t-batch")
+    batches: list[list[tuple[str, int]]] = []
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def batch_handler(batch: Batch) -> None:
+        batches.append([(event.id, delivery.stream_seq) for event, delivery in batch])
+        entered.set()
+        await release.wait()
+
+    last = await _publish(bus, *(f"b{i}" for i in range(5)))
+    consumer = Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=10, ack_wait_s=5)
+    async with _running(consumer):
+        await asyncio.wait_for(entered.wait(), 15)
+        await asyncio.sleep(0.3)  # give a premature ack every chance to arrive
+        info = await bus.js.consumer_info(spec.stream, spec.durable)
+        assert info.num_ack_pending == 5  # all in hand, none acked while the batch handler runs
+        release.set()
+        await _settled(bus, spec, last)
+    assert [ids for ids, _ in batches[0]] == [f"evt-b{i}" for i in range(5)]
+    seqs = [seq for _, seq in batches[0]]
+    assert seqs == sorted(seqs)
+    assert seqs[-1] == last
+    assert len(batches) == 1
+
+
+async def test_batch_size_bounds_each_batch(bus: Bus) -> None:
+    spec = _spec("t-batch-size")
+    sizes: list[int] = []
+
+    async def batch_handler(batch: Batch) -> None:
+        sizes.append(len(batch))
+
+    last = await _publish(bus, *(f"s{i}" for i in range(7)))
+    async with _running(Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=3)):
+        await _settled(bus, spec, last)
+    assert sum(sizes) == 7
+    assert max(sizes) <= 3
+
+
+async def test_an_undecodable_message_is_dead_lettered_alone_and_the_rest_batched(bus: Bus) -> None:
+    spec = _spec("t-batch-garbage")
+    seen: list[str] = []
+
+    async def batch_handler(batch: Batch) -> None:
+        seen.extend(event.id for event, _ in batch)
+
+    await _publish(bus, "g1")
+    await bus.publish_raw(subject_for("run.failed"), b"not a cloudevent", {"Nats-Msg-Id": "garbage-1"})
+    last = await _publish(bus, "g2")
+    async with _running(Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=10)):
+        await _settled(bus, spec, last)
+    assert seen == ["evt-g1", "evt-g2"]
+    assert await _dlq_count(bus, spec.durable) == 1
+
+
+async def test_a_failing_batch_falls_back_to_one_by_one_and_only_the_poison_is_dead_lettered(bus: Bus) -> None:
+    spec = _spec("t-batch-poison")
+    batches: list[list[str]] = []
+    one_by_one: list[str] = []
+
+    async def batch_handler(batch: Batch) -> None:
+        batches.append([event.id for event, _ in batch])
+        if any(event.id == "evt-p2" for event, _ in batch):
+            raise RuntimeError("the batch's transaction failed")
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        one_by_one.append(event.id)
+        if event.id == "evt-p2":
+            raise PermanentError("cannot ever store it")
+
+    last = await _publish(bus, "p1", "p2", "p3")
+    async with _running(Consumer(bus, spec, handler=handler, batch_handler=batch_handler, batch_size=10)):
+        await _settled(bus, spec, last)
+    assert batches[0] == ["evt-p1", "evt-p2", "evt-p3"]
+    assert one_by_one == ["evt-p1", "evt-p2", "evt-p3"]  # the fallback, in stream order, once each
+    assert await _dlq_count(bus, spec.durable) == 1
+    info = await bus.js.consumer_info(spec.stream, spec.durable)
+    assert info.num_redelivered == 0  # nobody was nak'ed: p1 and p3 acked, p2 dead-lettered
+
+
+async def test_a_failing_batch_retries_each_message_with_backoff_and_never_dead_letters_without_a_limit(
+    bus: Bus,
+) -> None:
+    spec = _spec("t-batch-outage", max_deliver=-1)
+    down = True
+    calls: dict[str, int] = {}
+    recovered: list[str] = []
+    done, retried = asyncio.Event(), asyncio.Event()
+
+    async def batch_handler(batch: Batch) -> None:
+        if down:
+            raise ConnectionError("the database is down")
+        recovered.extend(event.id for event, _ in batch)
+        if len(set(recovered)) == 2:
+            done.set()
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        calls[event.id] = calls.get(event.id, 0) + 1
+        if min(calls.get("evt-o1", 0), calls.get("evt-o2", 0)) >= 3:  # nak'ed and redelivered, again
+            retried.set()
+        if down:
+            raise ConnectionError("the database is down")
+        recovered.append(event.id)
+        if len(set(recovered)) == 2:
+            done.set()
+
+    last = await _publish(bus, "o1", "o2")
+    async with _running(Consumer(bus, spec, handler=handler, batch_handler=batch_handler, batch_size=10)):
+        await asyncio.wait_for(retried.wait(), 20)
+        down = False
+        await asyncio.wait_for(done.wait(), 20)
+        await _settled(bus, spec, last)
+    assert sorted(set(recovered)) == ["evt-o1", "evt-o2"]
+    assert await _dlq_count(bus, spec.durable) == 0

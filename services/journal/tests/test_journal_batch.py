@@ -1,0 +1,191 @@
+"""The journal records a batch of events in one transaction, with the rows of one-by-one recording.
+
+Every test runs on SQLite and on PostgreSQL (the ``database`` fixture's parametrization).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import text
+
+from temporality_bus import PermanentError
+from temporality_journal import Database, Recorder
+from temporality_protocol import Envelope
+from temporality_testing.waiting import stays
+
+MakeStory = Callable[..., Any]  # conftest.RunStory
+Journal = Any  # conftest.Journal
+
+Rows = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+
+
+def _event(event_id: str, *, data: dict[str, Any], **attributes: Any) -> Envelope:
+    return Envelope(
+        id=event_id,
+        source="/temporality/test",
+        type=attributes.pop("type", "scm.pull_request.updated"),
+        time=datetime.now(UTC),
+        data=data,
+        **attributes,
+    )
+
+
+def _mixed(story: MakeStory) -> list[tuple[Envelope, int]]:
+    """Events of four runs, interleaved, with what makes projection tricky: duplicates, an event of no
+    run, a stale (older) event arriving late, an answer to a request nobody waits on, a NUL."""
+    a, b, c, d = story(), story(), story(title="Fix \x00 parser"), story()
+    a_started = a.started()
+    events = [
+        a.requested(),
+        b.requested(),
+        a.created(),
+        c.requested(),
+        a_started,
+        b.started(),
+        _event("evt-no-run", data={"note": "belongs to no run"}),
+        a.human_requested(),
+        c.started(),
+        a.notified("matrix"),
+        b.failed(),
+        a.notified("web"),
+        c.answered(),  # c waits on nothing: no move
+        a.answered(),
+        b.started("started-after-failure"),  # terminal is sticky
+        a.resumed(),
+        d.started(),  # a run first seen by a later event
+        d.requested(),
+        c.cancelled(),
+        a.completed(),
+        _event(f"evt-pr-{a.run_id}", runid=a.run_id, data={"run_id": a.run_id}),  # stored, projected nowhere
+    ]
+    numbered = [(event, seq) for seq, event in enumerate(events, start=1)]
+    numbered.append((a_started, len(events) + 1))  # a redelivery (same id, a later sequence)
+    numbered.append((events[0], len(events) + 2))
+    return numbered
+
+
+async def _rows(database: Database, *, recorded_at: bool = False) -> Rows:
+    async with database.engine.connect() as conn:
+        events = [dict(r._mapping) for r in await conn.execute(text("SELECT * FROM events ORDER BY id"))]
+        runs = [dict(r._mapping) for r in await conn.execute(text("SELECT * FROM runs ORDER BY run_id"))]
+    if not recorded_at:
+        for event in events:
+            del event["recorded_at"]
+    return events, runs
+
+
+async def _clear(database: Database) -> None:
+    async with database.engine.begin() as conn:
+        await conn.execute(text("DELETE FROM events"))
+        await conn.execute(text("DELETE FROM runs"))
+
+
+async def test_a_batch_of_mixed_events_gives_the_rows_of_one_by_one(database: Database, story: MakeStory) -> None:
+    recorder = Recorder(database)
+    events = _mixed(story)
+    for event, seq in events:
+        await recorder.record(event, seq)
+    expected = await _rows(database)
+    assert len(expected[0]) == len(events) - 2
+    assert sorted(run["state"] for run in expected[1]) == ["cancelled", "completed", "failed", "running"]
+
+    await _clear(database)
+    assert await recorder.record_batch(events) == len(events) - 2
+    assert await _rows(database) == expected
+
+    await _clear(database)  # in several batches: later ones update the runs earlier ones created
+    for start in range(0, len(events), 5):
+        await recorder.record_batch(events[start : start + 5])
+    assert await _rows(database) == expected
+
+
+async def test_a_redelivered_batch_changes_nothing(database: Database, story: MakeStory) -> None:
+    recorder = Recorder(database)
+    events = _mixed(story)
+    await recorder.record_batch(events)
+    before = await _rows(database, recorded_at=True)
+    assert await recorder.record_batch(events) == 0
+    assert await recorder.record_batch([(event, seq + 1000) for event, seq in reversed(events)]) == 0
+    assert await _rows(database, recorded_at=True) == before
+
+
+async def _refuse_type(database: Database, event_type: str) -> None:
+    async with database.engine.begin() as conn:
+        if database.dialect == "postgresql":
+            statement = f"ALTER TABLE events ADD CONSTRAINT refuse_test CHECK (type <> '{event_type}')"
+        else:
+            statement = (
+                "CREATE TRIGGER refuse_test BEFORE INSERT ON events "
+                f"WHEN NEW.type = '{event_type}' BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+            )
+        await conn.execute(text(statement))
+
+
+async def test_a_batch_with_an_unstorable_event_writes_nothing_and_raises(database: Database, story: MakeStory) -> None:
+    await _refuse_type(database, "test.refused")
+    s = story()
+    refused = _event("evt-refused", type="test.refused", runid=s.run_id, data={})
+    recorder = Recorder(database)
+    try:
+        await recorder.record_batch([(s.requested(), 1), (refused, 2), (s.started(), 3)])
+    except PermanentError:
+        raise AssertionError("the batch raises the database error; the runner's fallback decides") from None
+    except Exception:
+        pass
+    else:
+        raise AssertionError("the batch was recorded despite the refused event")
+    assert await _rows(database) == ([], [])  # rolled back as a whole
+
+
+async def test_a_poison_event_in_a_batch_is_dead_lettered_alone(idle_journal: Journal, story: MakeStory) -> None:
+    journal = idle_journal
+    await _refuse_type(journal.database, "test.refused")
+    s = story()
+    refused = _event(f"evt-refused-{s.run_id}", type="test.refused", runid=s.run_id, data={"run_id": s.run_id})
+    before, after = [s.requested(), s.started()], [s.human_requested(), s.notified("web")]
+    for event in (*before, refused, *after):
+        await journal.bus.publish(event)
+    await journal.start()
+
+    dead_id = await journal.wait_type("bus.dead_lettered")
+    for event in (*before, *after):
+        await journal.wait_handled(event.id)
+    assert any(refused.id in batch and len(batch) > 1 for batch in journal.batches)  # batched with others
+    dead = (await journal.client.get("/events", params={"type": "bus.dead_lettered"})).json()["events"]
+    assert [e["id"] for e in dead] == [dead_id]
+    assert dead[0]["data"]["original_id"] == refused.id
+    assert dead[0]["data"]["deliveries"] == 1
+
+    run = await journal.run(s.run_id)
+    assert run["state"] == "waiting_for_human"
+    assert run["waiting"]["channel"] == "web"  # type: ignore[index]
+    stored = (await journal.client.get("/events", params={"run_id": s.run_id})).json()["events"]
+    assert refused.id not in {e["id"] for e in stored}
+    await stays(lambda: journal.handled[refused.id] == 1, settle_s=1.5, what=f"one delivery of {refused.id}")
+
+
+async def test_an_outage_of_the_database_is_retried_and_nothing_dead_lettered(
+    idle_journal: Journal, story: MakeStory
+) -> None:
+    journal = idle_journal
+    async with journal.database.engine.begin() as conn:  # the table is gone: every statement fails
+        await conn.execute(text("ALTER TABLE events RENAME TO events_away"))
+    s = story()
+    events = [s.requested(), s.started(), s.human_requested()]
+    for event in events:
+        await journal.bus.publish(event)
+    await journal.start()
+    # each event fails in its batch and again one by one, is nak'ed and comes back: twice at least
+    for event in events:
+        await journal.wait_handled(event.id, times=2)
+    async with journal.database.engine.begin() as conn:
+        await conn.execute(text("ALTER TABLE events_away RENAME TO events"))
+
+    await journal.wait_type("human.requested")
+    assert (await journal.run(s.run_id))["state"] == "waiting_for_human"
+    stored = (await journal.client.get("/events", params={"run_id": s.run_id})).json()["events"]
+    assert sorted(e["id"] for e in stored) == sorted(e.id for e in events)
+    assert (await journal.client.get("/events", params={"type": "bus.dead_lettered"})).json()["events"] == []

@@ -12,6 +12,7 @@ from temporality_bus import Bus
 from temporality_protocol import HumanAnswered, HumanRequested, OptionAnswer, make_event
 from temporality_run_executor.agents import AgentCard, ProviderConfig
 from temporality_run_executor.providers import OpenAICompatible, PermanentProviderError, ProviderError
+from temporality_run_executor.providers.openai import RetryableProviderError
 from temporality_run_executor.records import Message, ToolCall
 from temporality_run_executor.tools import specs
 from temporality_testing.events import EventLog
@@ -25,7 +26,9 @@ async def emulator() -> AsyncIterator[OpenAIEmulator]:
 
 
 def _card(emulator: OpenAIEmulator) -> AgentCard:
-    provider = ProviderConfig(kind="openai", base_url=emulator.base_url, model="test-model", api_key_env="EMU_KEY")
+    provider = ProviderConfig(
+        kind="openai", base_url=emulator.base_url, model="test-model", api_key_env="EMU_KEY", retry_backoff_s=0.01
+    )
     return REVIEWER.model_copy(update={"provider": provider})
 
 
@@ -63,23 +66,23 @@ async def test_wire_format_of_requests_and_tool_calls(
     assert sent["messages"][2] == {"role": "tool", "content": "{}", "tool_call_id": "c0", "name": "get_pr_context"}
 
 
-@pytest.mark.parametrize(
-    ("status", "error"), [(500, ProviderError), (429, ProviderError), (400, PermanentProviderError)]
-)
-async def test_error_statuses_classify(emulator: OpenAIEmulator, status: int, error: type[Exception]) -> None:
+@pytest.mark.parametrize(("status", "retried"), [(500, True), (429, True), (408, True), (400, False)])
+async def test_error_statuses_classify(emulator: OpenAIEmulator, status: int, retried: bool) -> None:
     emulator.replies.append(Reply(status, {"error": {"message": "nope"}}))
-    provider = OpenAICompatible(base_url=emulator.base_url, model="m", api_key=None)
+    provider = OpenAICompatible(base_url=emulator.base_url, model="m", api_key=None, max_retries=0)
     try:
-        with pytest.raises(error) as info:
+        with pytest.raises(PermanentProviderError, match=rf"{status}\)?: nope") as info:
             await provider.complete([Message(role="user", content="hi")], [])
     finally:
         await provider.aclose()
-    assert (type(info.value) is PermanentProviderError) == (status == 400)
+    # retryable errors are retried (none left here: max_retries=0) and say so; the rest are refusals
+    assert ("gave up after 1 attempt" in str(info.value)) == retried
+    assert isinstance(info.value.__cause__, RetryableProviderError) == retried
 
 
 async def test_malformed_completion_is_a_provider_error(emulator: OpenAIEmulator) -> None:
     emulator.replies.append(Reply(200, {"choices": []}))
-    provider = OpenAICompatible(base_url=emulator.base_url, model="m", api_key=None)
+    provider = OpenAICompatible(base_url=emulator.base_url, model="m", api_key=None, max_retries=0)
     try:
         with pytest.raises(ProviderError, match="malformed"):
             await provider.complete([Message(role="user", content="hi")], [])

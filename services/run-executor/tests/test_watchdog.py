@@ -39,7 +39,9 @@ class HungProvider(Provider):
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def complete(self, messages: list[Message], tools: list[ToolSpec]) -> AssistantTurn:
+    async def complete(
+        self, messages: list[Message], tools: list[ToolSpec], *, budget_s: float | None = None
+    ) -> AssistantTurn:
         self.entered.set()
         await self.release.wait()
         return AssistantTurn(tool_calls=[ToolCall(id="call-context", name="get_pr_context", arguments={})])

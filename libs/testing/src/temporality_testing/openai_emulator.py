@@ -3,6 +3,11 @@
 The one seam that cannot run here (no model, no network) is faked at the wire: the provider under test
 sends real HTTP requests to ``POST /v1/chat/completions``; the emulator records each request body and
 answers with the next scripted reply (a status code and a JSON body in OpenAI's response shape).
+
+Scripted failures for the provider's retries and error handling: :func:`error_reply` (a 4xx/5xx with
+OpenAI's error body, optionally ``Retry-After``), :func:`rate_limited` (429), :func:`hang` (answer only
+after a delay, past the client's timeout), ``usage=`` on the success helpers (a ``usage`` block), and
+:func:`malformed_tool_call` (tool-call arguments that are not JSON).
 """
 
 from __future__ import annotations
@@ -20,29 +25,81 @@ from fastapi.responses import JSONResponse
 
 from temporality_embedded.processes import free_port
 
-__all__ = ["OpenAIEmulator", "Reply", "assistant_text", "assistant_tool_call"]
+__all__ = [
+    "OpenAIEmulator",
+    "Reply",
+    "assistant_text",
+    "assistant_tool_call",
+    "error_reply",
+    "hang",
+    "malformed_tool_call",
+    "rate_limited",
+    "usage",
+]
 
 
 @dataclass
 class Reply:
     status: int
     body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    #: Seconds to wait before answering (cut short when the emulator stops): a hang past a client timeout.
+    delay_s: float = 0.0
 
 
-def assistant_text(content: str) -> Reply:
-    message = {"role": "assistant", "content": content}
-    return Reply(200, {"id": "chatcmpl-emu", "object": "chat.completion", "choices": [_choice(message, "stop")]})
+def usage(prompt: int, completion: int) -> dict[str, int]:
+    """An OpenAI ``usage`` block."""
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def assistant_tool_call(call_id: str, name: str, arguments: dict[str, Any], content: str | None = None) -> Reply:
+def _completion(message: dict[str, Any], finish: str, usage: dict[str, int] | None) -> Reply:
+    body: dict[str, Any] = {"id": "chatcmpl-emu", "object": "chat.completion", "choices": [_choice(message, finish)]}
+    if usage is not None:
+        body["usage"] = usage
+    return Reply(200, body)
+
+
+def assistant_text(content: str, *, usage: dict[str, int] | None = None) -> Reply:
+    return _completion({"role": "assistant", "content": content}, "stop", usage)
+
+
+def assistant_tool_call(
+    call_id: str,
+    name: str,
+    arguments: dict[str, Any],
+    content: str | None = None,
+    *,
+    usage: dict[str, int] | None = None,
+) -> Reply:
+    return malformed_tool_call(call_id, name, json.dumps(arguments), content, usage=usage)
+
+
+def malformed_tool_call(
+    call_id: str, name: str, raw_arguments: str, content: str | None = None, *, usage: dict[str, int] | None = None
+) -> Reply:
+    """A tool call whose ``arguments`` text is sent as given (e.g. not JSON at all)."""
     message = {
         "role": "assistant",
         "content": content,
-        "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
-        ],
+        "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": raw_arguments}}],
     }
-    return Reply(200, {"id": "chatcmpl-emu", "object": "chat.completion", "choices": [_choice(message, "tool_calls")]})
+    return _completion(message, "tool_calls", usage)
+
+
+def error_reply(status: int, message: str, *, retry_after: str | None = None, kind: str = "server_error") -> Reply:
+    """An error in OpenAI's shape, ``{"error": {"message", "type", "code"}}``, optionally with ``Retry-After``."""
+    headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    return Reply(status, {"error": {"message": message, "type": kind, "code": None}}, headers)
+
+
+def rate_limited(retry_after: str | None = None) -> Reply:
+    return error_reply(429, "Rate limit reached; try again later.", retry_after=retry_after, kind="rate_limit")
+
+
+def hang(seconds: float, then: Reply | None = None) -> Reply:
+    """Answer ``then`` (by default a text reply) only after ``seconds``."""
+    reply = then or assistant_text("too late")
+    return Reply(reply.status, reply.body, reply.headers, delay_s=seconds)
 
 
 def _choice(message: dict[str, Any], finish: str) -> dict[str, Any]:
@@ -53,7 +110,10 @@ def _choice(message: dict[str, Any], finish: str) -> dict[str, Any]:
 class OpenAIEmulator:
     replies: list[Reply] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    #: The ``Authorization`` header of each request, in order.
+    authorizations: list[str | None] = field(default_factory=list)
     port: int = 0
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def base_url(self) -> str:
@@ -65,16 +125,24 @@ class OpenAIEmulator:
         @app.post("/v1/chat/completions")
         async def completions(request: Request) -> JSONResponse:
             self.requests.append(json.loads(await request.body()))
+            self.authorizations.append(request.headers.get("authorization"))
             if not self.replies:
                 return JSONResponse({"error": {"message": "emulator has no scripted reply left"}}, status_code=500)
             reply = self.replies.pop(0)
-            return JSONResponse(reply.body, status_code=reply.status)
+            if reply.delay_s:
+                try:
+                    async with asyncio.timeout(reply.delay_s):
+                        await self._stopping.wait()
+                except TimeoutError:
+                    pass
+            return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
 
         return app
 
     @asynccontextmanager
     async def serve(self) -> AsyncIterator[OpenAIEmulator]:
         self.port = free_port()
+        self._stopping = asyncio.Event()
         server = uvicorn.Server(uvicorn.Config(self.app(), host="127.0.0.1", port=self.port, log_config=None))
         task = asyncio.create_task(server.serve())
         try:
@@ -83,5 +151,6 @@ class OpenAIEmulator:
                     await asyncio.sleep(0.01)
             yield self
         finally:
+            self._stopping.set()
             server.should_exit = True
             await task

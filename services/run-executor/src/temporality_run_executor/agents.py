@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = ["AgentCard", "AgentDirectory", "AgentsFileError", "Limits", "ProviderConfig", "load_agents"]
 
@@ -26,7 +26,20 @@ class ProviderConfig(_Strict):
     model: str | None = None
     base_url: str | None = None
     api_key_env: str | None = None
-    timeout_s: float = 60.0
+    #: Seconds one request may take (connect, send, wait for the answer) before it counts as failed.
+    timeout_s: Annotated[float, Field(gt=0, le=600)] = 60.0
+    #: Retries of one turn after a 429, a 408, a 5xx, a connection error or a timeout (0: none). Each waits
+    #: ``Retry-After`` when the endpoint sends it, else an exponential backoff with jitter from
+    #: ``retry_backoff_s`` up to ``retry_backoff_max_s``; never past the run's remaining compute budget.
+    max_retries: Annotated[int, Field(ge=0, le=20)] = 4
+    retry_backoff_s: Annotated[float, Field(ge=0, le=60)] = 1.0
+    retry_backoff_max_s: Annotated[float, Field(ge=0, le=600)] = 30.0
+
+    @model_validator(mode="after")
+    def _backoff_range(self) -> ProviderConfig:
+        if self.retry_backoff_max_s < self.retry_backoff_s:
+            raise ValueError("retry_backoff_max_s must be at least retry_backoff_s")
+        return self
 
 
 class Limits(_Strict):
@@ -34,6 +47,13 @@ class Limits(_Strict):
     #: Compute budget in seconds: time spent in the provider and in tools. Waiting for a human is not
     #: compute and never counts (RUN-3).
     max_compute_s: Annotated[float, Field(gt=0)] = 900.0
+    #: Token budget over the whole run (the endpoint's ``usage.total_tokens``, summed); unset: no limit.
+    #: A turn that takes the total past it fails the run (reason ``token_limit``).
+    max_tokens: Annotated[int, Field(gt=0)] | None = None
+    #: Malformed tool calls (arguments that are not a JSON object, a tool the card does not allow) the
+    #: model may make over the run; each goes back to it as a tool error. One more fails the run
+    #: (reason ``malformed_tool_calls``).
+    max_malformed_tool_calls: Annotated[int, Field(ge=0, le=100)] = 5
 
 
 class AgentCard(_Strict):

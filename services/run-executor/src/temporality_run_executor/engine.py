@@ -69,7 +69,7 @@ from temporality_protocol import (
 from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
 from temporality_run_executor.agents import AgentCard, AgentDirectory, Limits
 from temporality_run_executor.providers import PermanentProviderError, Provider, ProviderError
-from temporality_run_executor.records import Checkpoint, Message, PendingAsk, RunRecord
+from temporality_run_executor.records import Checkpoint, Message, PendingAsk, RunRecord, Usage
 from temporality_run_executor.tools import ASK_HUMAN, AskHumanArgs, ToolError, execute, specs
 from temporality_run_executor.watchdog import DEFAULT_GRACE_S, RunWatchdog, WatchdogPayload
 
@@ -89,6 +89,13 @@ def _now() -> datetime:
 
 def _tool_error(message: str) -> str:
     return json.dumps({"error": message})
+
+
+def _token_text(usage: Usage, max_tokens: int) -> str:
+    return (
+        f"{usage.total_tokens} tokens used ({usage.prompt_tokens} prompt, {usage.completion_tokens} completion); "
+        f"the card's limit is {max_tokens}"
+    )
 
 
 def _attempt(delivery: Delivery) -> tuple[str, str]:
@@ -407,37 +414,62 @@ class Engine:
                 await self._park(run, ckpt)
                 return
             if ckpt.turn >= card.limits.max_turns:
-                await self._fail(run, "max_turns", f"the agent used all {card.limits.max_turns} turns")
+                await self._fail(
+                    run, "max_turns", f"the agent used all {card.limits.max_turns} turns", usage=ckpt.usage
+                )
                 return
             if ckpt.compute_s >= card.limits.max_compute_s:
                 await self._fail(
                     run,
                     "compute_timeout",
                     f"{ckpt.compute_s:.1f}s of compute used; the budget is {card.limits.max_compute_s:.1f}s",
+                    usage=ckpt.usage,
                 )
+                return
+            max_tokens = card.limits.max_tokens
+            if max_tokens is not None and ckpt.usage.total_tokens >= max_tokens:
+                await self._fail(run, "token_limit", _token_text(ckpt.usage, max_tokens), usage=ckpt.usage)
                 return
             await self._arm(run_id, card, ckpt.turn, "turn", delivery)
             turn = ckpt.turn + 1
             started = time.monotonic()
             try:
-                reply = await provider.complete(ckpt.messages, tools)
+                reply = await provider.complete(
+                    ckpt.messages, tools, budget_s=card.limits.max_compute_s - ckpt.compute_s
+                )
             except ProviderError as exc:
                 if isinstance(exc, PermanentProviderError) or delivery.num_delivered >= self.max_deliver:
-                    await self._fail(run, "provider_error", str(exc))
+                    await self._fail(run, "provider_error", str(exc), usage=ckpt.usage)
                     return
                 raise
+            usage = ckpt.usage + (reply.usage or Usage())
             if (await self._get(run_id)).value.state is not RunState.RUNNING:
                 # the turn took so long that the run moved on meanwhile (the watchdog failed it): drop it
                 log.warning("run.moved_on", detail=f"run {run_id} is no longer running; turn {turn} dropped")
                 return
-            if not reply.tool_calls:
-                await self._complete(run, reply.content or "", turn)
+            if max_tokens is not None and usage.total_tokens > max_tokens:
+                await self._fail(run, "token_limit", _token_text(usage, max_tokens), usage=usage)
                 return
+            if not reply.tool_calls:
+                await self._complete(run, reply.content or "", turn, usage=usage)
+                return
+            malformed = ckpt.malformed_tool_calls
             messages = [*ckpt.messages, Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls)]
             pending: PendingAsk | None = None
             for index, call in enumerate(reply.tool_calls):
                 if call.name not in card.tools:
-                    result = _tool_error(f"tool {call.name!r} is not allowed for agent {card.id}")
+                    malformed += 1
+                    log.warning("run.tool_call.malformed", turn=turn, call_id=call.id, tool=call.name, why="unknown")
+                    result = _tool_error(
+                        f"tool {call.name!r} is not allowed for agent {card.id}; its tools: {', '.join(card.tools)}"
+                    )
+                elif call.invalid_arguments is not None:
+                    malformed += 1
+                    log.warning("run.tool_call.malformed", turn=turn, call_id=call.id, tool=call.name, why="arguments")
+                    result = _tool_error(
+                        f"the arguments of {call.name!r} are not a JSON object: "
+                        f"{call.invalid_arguments[:200]!r}; call it again with valid JSON arguments"
+                    )
                 elif call.name == ASK_HUMAN:
                     if pending is not None:
                         result = _tool_error("one ask_human per turn: ask again after the first answer")
@@ -474,6 +506,15 @@ class Engine:
                     str(turn),
                     str(index),
                 )
+            if malformed > card.limits.max_malformed_tool_calls:
+                await self._fail(
+                    run,
+                    "malformed_tool_calls",
+                    f"{malformed} malformed tool calls (unparseable arguments or unknown tools); the card allows "
+                    f"{card.limits.max_malformed_tool_calls}",
+                    usage=usage,
+                )
+                return
             saved = evolve(
                 ckpt,
                 checkpoint_id=derive_id("ckpt", run_id, str(turn)),
@@ -482,6 +523,8 @@ class Engine:
                 messages=messages,
                 pending=pending,
                 compute_s=ckpt.compute_s + (time.monotonic() - started),
+                usage=usage,
+                malformed_tool_calls=malformed,
             )
             # One compare-and-set, never retried: losing it means another driver committed this turn.
             await self.checkpoints.update(run_id, saved, versioned.revision)
@@ -549,16 +592,19 @@ class Engine:
             raise TransientError(f"checkpoint of {run_id} not found") from None
 
     # ------------------------------------------------------------------ outcomes
-    async def _complete(self, run: RunRecord, result: str, turns: int) -> None:
+    async def _complete(self, run: RunRecord, result: str, turns: int, *, usage: Usage) -> None:
         await self._emit(run, RunCompleted(run_id=run.run_id, result=result[:16384], turns=turns))
-        await self._transition(run.run_id, RunState.COMPLETED, result=result)
+        await self._transition(run.run_id, RunState.COMPLETED, result=result, usage=usage)
         await self.watchdog.disarm(run.run_id)
-        log.info("run.completed", turns=turns)
+        log.info("run.completed", turns=turns, total_tokens=usage.total_tokens)
 
-    async def _fail(self, run: RunRecord, reason: str, error: str, *, causation: str | None = None) -> None:
+    async def _fail(
+        self, run: RunRecord, reason: str, error: str, *, causation: str | None = None, usage: Usage | None = None
+    ) -> None:
         # one id per run, whatever the reason: a run fails once, and a repeat is deduplicated
         await self._emit(run, RunFailed(run_id=run.run_id, reason=reason, error=error[:4096]), causation=causation)
-        await self._transition(run.run_id, RunState.FAILED, error=f"{reason}: {error}")
+        changes: dict[str, Any] = {"usage": usage} if usage is not None else {}
+        await self._transition(run.run_id, RunState.FAILED, error=f"{reason}: {error}", **changes)
         await self.watchdog.disarm(run.run_id)
         log.warning("run.failed", reason=reason, error=error)
 

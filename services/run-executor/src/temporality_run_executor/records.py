@@ -9,17 +9,35 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from temporality_protocol import HumanPolicy, LaunchSource, NormalizedEvent, RunState
 
-__all__ = ["Checkpoint", "Message", "PendingAsk", "RunRecord", "ToolCall"]
+__all__ = ["Checkpoint", "Message", "PendingAsk", "RunRecord", "ToolCall", "Usage"]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class Usage(_Model):
+    """Tokens, as OpenAI-compatible endpoints report them in a completion's ``usage`` block."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+        )
+
+
 class ToolCall(_Model):
     id: str
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
+    #: The raw ``arguments`` text when the model sent something that is not a JSON object: the call is
+    #: malformed, is not executed, and the model gets a tool error naming it on its next turn.
+    invalid_arguments: str | None = None
 
 
 class Message(_Model):
@@ -61,6 +79,9 @@ class RunRecord(_Model):
     waiting_since: datetime | None = None
     result: str | None = None
     error: str | None = None
+    #: The run's token totals, written when it completes or fails in its agent loop (the protocol's
+    #: ``run.completed``/``run.failed`` have no field for them).
+    usage: Usage | None = None
 
 
 class Checkpoint(_Model):
@@ -74,3 +95,7 @@ class Checkpoint(_Model):
     compute_s: float = 0.0
     #: Human requests whose outcome is already in ``messages`` (makes a redelivered answer a no-op).
     applied_requests: list[str] = Field(default_factory=list)
+    #: Tokens used over all committed turns (the endpoints' ``usage`` blocks, summed).
+    usage: Usage = Field(default_factory=Usage)
+    #: Malformed tool calls (unparseable arguments, unknown tools) returned to the model so far.
+    malformed_tool_calls: int = 0

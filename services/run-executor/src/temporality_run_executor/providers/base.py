@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from temporality_run_executor.records import Message, ToolCall
+from temporality_run_executor.records import Message, ToolCall, Usage
 
 __all__ = ["AssistantTurn", "PermanentProviderError", "Provider", "ProviderError", "ToolSpec"]
 
@@ -21,6 +21,8 @@ class ToolSpec(BaseModel):
 class AssistantTurn(BaseModel):
     content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    #: Tokens this turn cost, as the endpoint reported them (``None``: it reported nothing).
+    usage: Usage | None = None
 
 
 class ProviderError(Exception):
@@ -28,12 +30,16 @@ class ProviderError(Exception):
 
 
 class PermanentProviderError(ProviderError):
-    """The endpoint refused the request itself (4xx other than 408/429): retrying will not help."""
+    """Retrying will not help: the endpoint refused the request itself (4xx other than 408/429), or the
+    provider already used up its retries or the run's compute budget on this turn."""
 
 
 class Provider(ABC):
     @abstractmethod
-    async def complete(self, messages: list[Message], tools: list[ToolSpec]) -> AssistantTurn: ...
+    async def complete(
+        self, messages: list[Message], tools: list[ToolSpec], *, budget_s: float | None = None
+    ) -> AssistantTurn:
+        """The next turn. ``budget_s``: the run's remaining compute budget, which bounds the retries."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections; most providers hold none."""

@@ -36,7 +36,15 @@ class ProviderCache:
         if not cfg.base_url or not cfg.model:
             raise ProviderConfigError(f"agent {card.id}: an openai provider needs base_url and model")
         api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
-        return OpenAICompatible(base_url=cfg.base_url, model=cfg.model, api_key=api_key, timeout_s=cfg.timeout_s)
+        return OpenAICompatible(
+            base_url=cfg.base_url,
+            model=cfg.model,
+            api_key=api_key,
+            timeout_s=cfg.timeout_s,
+            max_retries=cfg.max_retries,
+            backoff_s=cfg.retry_backoff_s,
+            backoff_max_s=cfg.retry_backoff_max_s,
+        )
 
     def validate(self, cards: list[AgentCard]) -> None:
         """Fail at start-up, not at the first run, on a bad provider config."""

@@ -2,14 +2,27 @@
 
 Works with OpenAI, Azure OpenAI (deployment URL as ``base_url``), vLLM, Ollama and llama.cpp's server:
 anything that speaks ``POST {base_url}/chat/completions`` with ``tools``.
+
+Retries (``tenacity``): a 408, a 429, a 5xx, a connection error, a timeout or a malformed reply is tried
+again, up to ``max_retries`` times, waiting what ``Retry-After`` asks (seconds or an HTTP date) or else an
+exponential backoff with jitter; a retry that would wait past the run's remaining compute budget is not
+made. Any other 4xx (400, 401, 404, ...) is permanent at once. Either way the error names the HTTP status
+and the server's error message, never the API key.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
+import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from temporality_run_executor.providers.base import (
     AssistantTurn,
@@ -18,18 +31,72 @@ from temporality_run_executor.providers.base import (
     ProviderError,
     ToolSpec,
 )
-from temporality_run_executor.records import Message, ToolCall
+from temporality_run_executor.records import Message, ToolCall, Usage
 
-__all__ = ["OpenAICompatible"]
+__all__ = ["OpenAICompatible", "RetryableProviderError", "parse_retry_after"]
+
+log = structlog.get_logger(__name__)
+Sleep = Callable[[float], Awaitable[None]]
+Clock = Callable[[], float]
+#: The longest ``Retry-After`` honoured; a longer one is capped (and then bounded by the budget).
+MAX_RETRY_AFTER_S = 600.0
+
+
+class RetryableProviderError(ProviderError):
+    """One attempt failed in a way another attempt may not: 408, 429, 5xx, network, timeout, bad body."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """``Retry-After`` as seconds to wait: delta-seconds or an HTTP date; ``None`` when absent or unreadable."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
 class OpenAICompatible(Provider):
-    def __init__(self, *, base_url: str, model: str, api_key: str | None, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+        backoff_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        sleep: Sleep = asyncio.sleep,
+        clock: Clock = time.monotonic,
+    ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_s, headers=headers)
         self._model = model
+        self._api_key = api_key
+        self._timeout_s = timeout_s
+        self._max_retries = max_retries
+        self._backoff = wait_exponential_jitter(multiplier=backoff_s, max=backoff_max_s, jitter=backoff_s)
+        self._sleep = sleep
+        self._clock = clock
 
-    async def complete(self, messages: list[Message], tools: list[ToolSpec]) -> AssistantTurn:
+    async def complete(
+        self, messages: list[Message], tools: list[ToolSpec], *, budget_s: float | None = None
+    ) -> AssistantTurn:
         body: dict[str, Any] = {"model": self._model, "messages": [_wire(m) for m in messages]}
         if tools:
             body["tools"] = [
@@ -40,39 +107,144 @@ class OpenAICompatible(Provider):
                 for t in tools
             ]
             body["tool_choice"] = "auto"
+        started = self._clock()
+        deadline = started + budget_s if budget_s is not None else None
+        over_budget: list[float] = []
+        attempts = 0
+
+        def wait(state: RetryCallState) -> float:
+            error = state.outcome.exception() if state.outcome is not None else None
+            if isinstance(error, RetryableProviderError) and error.retry_after_s is not None:
+                return error.retry_after_s
+            return float(self._backoff(state))
+
+        def stop(state: RetryCallState) -> bool:
+            if state.attempt_number > self._max_retries:
+                return True
+            if deadline is not None and self._clock() + state.upcoming_sleep >= deadline:
+                over_budget.append(state.upcoming_sleep)
+                return True
+            return False
+
+        def before_sleep(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            log.warning(
+                "provider.retrying",
+                attempt=state.attempt_number,
+                max_retries=self._max_retries,
+                wait_s=round(state.upcoming_sleep, 3),
+                error=self._redact(str(error)),
+            )
+
+        retrying = AsyncRetrying(
+            stop=stop,
+            wait=wait,
+            retry=retry_if_exception(lambda exc: isinstance(exc, RetryableProviderError)),
+            sleep=self._sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
         try:
-            response = await self._client.post("/chat/completions", json=body)
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    remaining = None if deadline is None else deadline - self._clock()
+                    return await self._attempt(body, remaining)
+        except RetryableProviderError as exc:
+            if over_budget:
+                raise PermanentProviderError(
+                    f"{exc}; not retried: waiting {over_budget[-1]:.1f}s more would pass the run's remaining "
+                    f"compute budget ({budget_s:.1f}s at the turn's start) after {attempts} attempt(s)"
+                ) from exc
+            raise PermanentProviderError(f"{exc}; gave up after {attempts} attempt(s)") from exc
+        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+
+    async def _attempt(self, body: dict[str, Any], remaining_s: float | None) -> AssistantTurn:
+        timeout = self._timeout_s if remaining_s is None else max(0.001, min(self._timeout_s, remaining_s))
+        try:
+            response = await self._client.post("/chat/completions", json=body, timeout=timeout)
+        except httpx.TimeoutException as exc:
+            raise RetryableProviderError(
+                f"chat completion timed out after {timeout:.1f}s ({type(exc).__name__})"
+            ) from exc
         except httpx.HTTPError as exc:
-            raise ProviderError(f"chat completion request failed: {exc!r}") from exc
-        if response.status_code in (408, 429) or response.status_code >= 500:
-            raise ProviderError(f"chat completion endpoint answered {response.status_code}")
-        if response.status_code >= 400:
-            raise PermanentProviderError(f"chat completion refused ({response.status_code}): {response.text[:500]}")
+            raise RetryableProviderError(f"chat completion request failed: {type(exc).__name__}: {exc}") from exc
+        status = response.status_code
+        if status in (408, 429) or status >= 500:
+            raise RetryableProviderError(
+                f"chat completion endpoint answered {status}: {self._server_message(response)}",
+                retry_after_s=parse_retry_after(response.headers.get("retry-after")),
+            )
+        if status >= 400:
+            raise PermanentProviderError(f"chat completion refused ({status}): {self._server_message(response)}")
         try:
             message = response.json()["choices"][0]["message"]
+            if not isinstance(message, dict):
+                raise TypeError("message is not an object")
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ProviderError(f"malformed chat completion: {response.text[:500]}") from exc
-        calls = []
-        for raw in message.get("tool_calls") or []:
-            function = raw.get("function", {})
-            try:
-                arguments = json.loads(function.get("arguments") or "{}")
-            except json.JSONDecodeError:
-                arguments = {"__unparseable_arguments__": function.get("arguments")}
-            if not isinstance(arguments, dict):
-                arguments = {"__unparseable_arguments__": function.get("arguments")}
-            calls.append(ToolCall(id=str(raw.get("id")), name=str(function.get("name")), arguments=arguments))
-        return AssistantTurn(content=message.get("content"), tool_calls=calls)
+            raise RetryableProviderError(f"malformed chat completion: {self._redact(response.text[:500])}") from exc
+        calls = [_tool_call(raw) for raw in message.get("tool_calls") or []]
+        return AssistantTurn(content=message.get("content"), tool_calls=calls, usage=_usage(response))
+
+    def _server_message(self, response: httpx.Response) -> str:
+        """The endpoint's own explanation (OpenAI's ``{"error": {"message": ...}}``, else the body)."""
+        text = response.text
+        try:
+            error = response.json().get("error")
+        except (ValueError, AttributeError):
+            error = None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            text = error["message"]
+        elif isinstance(error, str):
+            text = error
+        return self._redact(text[:500]) or response.reason_phrase
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._api_key, "[redacted]") if self._api_key else text
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _tool_call(raw: Any) -> ToolCall:
+    raw = raw if isinstance(raw, dict) else {}
+    function = raw.get("function") if isinstance(raw.get("function"), dict) else {}
+    text = function.get("arguments")
+    if isinstance(text, dict):  # some servers send the object itself
+        return ToolCall(id=str(raw.get("id")), name=str(function.get("name")), arguments=text)
+    text = text if isinstance(text, str) else json.dumps(text)
+    try:
+        arguments = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        return ToolCall(id=str(raw.get("id")), name=str(function.get("name")), invalid_arguments=text)
+    return ToolCall(id=str(raw.get("id")), name=str(function.get("name")), arguments=arguments)
+
+
+def _usage(response: httpx.Response) -> Usage | None:
+    raw = response.json().get("usage")
+    if not isinstance(raw, dict):
+        return None
+    counts = {k: raw.get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    clean = {k: v if isinstance(v, int) and v >= 0 else 0 for k, v in counts.items()}
+    if not clean["total_tokens"]:
+        clean["total_tokens"] = clean["prompt_tokens"] + clean["completion_tokens"]
+    return Usage(**clean)
 
 
 def _wire(message: Message) -> dict[str, Any]:
     out: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.tool_calls:
         out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {
+                    "name": c.name,
+                    "arguments": c.invalid_arguments if c.invalid_arguments is not None else json.dumps(c.arguments),
+                },
+            }
             for c in message.tool_calls
         ]
     if message.role == "tool":

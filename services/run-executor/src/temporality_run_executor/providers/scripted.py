@@ -52,7 +52,9 @@ class ScriptedReviewer(Provider):
         self._think_s = think_s
         self._crash_on = crash_on
 
-    async def complete(self, messages: list[Message], tools: list[ToolSpec]) -> AssistantTurn:
+    async def complete(
+        self, messages: list[Message], tools: list[ToolSpec], *, budget_s: float | None = None
+    ) -> AssistantTurn:
         if self._think_s:
             await asyncio.sleep(self._think_s)  # stands in for model latency; holds no deadline
         last = messages[-1]

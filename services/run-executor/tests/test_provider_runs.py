@@ -1,0 +1,179 @@
+"""Provider behaviour seen from a run (real nats-server, the emulator over real HTTP): retries inside a
+turn, refusals that fail the run, token accounting and the token limit, malformed tool calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from executor_support import REVIEWER, RunExecutor, run_requested
+
+from temporality_bus import Bus
+from temporality_protocol import RunState
+from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
+from temporality_run_executor.agents import AgentCard, Limits, ProviderConfig
+from temporality_run_executor.records import Checkpoint, RunRecord, Usage
+from temporality_testing.events import EventLog
+from temporality_testing.openai_emulator import (
+    OpenAIEmulator,
+    assistant_text,
+    assistant_tool_call,
+    error_reply,
+    malformed_tool_call,
+    rate_limited,
+    usage,
+)
+
+SECRET = "sk-run-secret-456"
+
+
+@pytest.fixture
+async def emulator(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OpenAIEmulator]:
+    monkeypatch.setenv("EMU_KEY", SECRET)
+    async with OpenAIEmulator().serve() as emu:
+        yield emu
+
+
+def _card(emulator: OpenAIEmulator, limits: Limits | None = None, max_retries: int = 4) -> AgentCard:
+    provider = ProviderConfig(
+        kind="openai",
+        base_url=emulator.base_url,
+        model="test-model",
+        api_key_env="EMU_KEY",
+        max_retries=max_retries,
+        retry_backoff_s=0.01,
+        retry_backoff_max_s=0.05,
+    )
+    return REVIEWER.model_copy(update={"provider": provider, "limits": limits or Limits()})
+
+
+async def _finished_record(bus: Bus, run_id: str | None, timeout_s: float = 10.0) -> RunRecord:
+    """The run record once it is terminal (the event is published before the record is committed)."""
+    assert run_id is not None
+    runs = await bus.store(BUCKET_RUNS, RunRecord)
+    async with asyncio.timeout(timeout_s):
+        while True:
+            current = await runs.get(run_id)
+            if current is not None and current.value.state in (RunState.COMPLETED, RunState.FAILED):
+                return current.value
+            await asyncio.sleep(0.05)
+
+
+async def test_rate_limits_and_5xx_are_retried_within_the_turn_and_tokens_are_totalled(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    emulator.replies += [
+        rate_limited(retry_after="0"),
+        error_reply(503, "overloaded"),
+        assistant_tool_call("call_ctx", "get_pr_context", {}, usage=usage(100, 10)),
+        rate_limited(),
+        assistant_text("Review done.", usage=usage(150, 20)),
+    ]
+    await executor(cards=[_card(emulator)])
+    event = run_requested()
+    await bus.publish(event)
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid)
+    assert completed.data["result"] == "Review done."
+    assert len(emulator.requests) == 5
+    assert not event_log.of_type("run.failed", event.runid)
+    # the protocol's run.completed has no token field: the totals live in the run record and checkpoint
+    record = await _finished_record(bus, event.runid)
+    assert record.usage == Usage(prompt_tokens=250, completion_tokens=30, total_tokens=280)
+    ckpt = await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).get(str(event.runid))
+    assert ckpt is not None
+    assert ckpt.value.usage == Usage(prompt_tokens=100, completion_tokens=10, total_tokens=110)  # committed turns
+
+
+async def test_retries_used_up_fail_the_run_naming_the_status(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    emulator.replies += [error_reply(500, "upstream exploded")] * 3
+    await executor(cards=[_card(emulator, max_retries=2)])
+    event = run_requested()
+    await bus.publish(event)
+    (failed,) = await event_log.wait_for("run.failed", run_id=event.runid)
+    assert failed.data["reason"] == "provider_error"
+    assert "500: upstream exploded" in failed.data["error"]
+    assert "gave up after 3 attempt(s)" in failed.data["error"]
+    assert len(emulator.requests) == 3
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [(404, "The model `test-model` does not exist"), (401, f"Incorrect API key provided: {SECRET}")],
+)
+async def test_a_refusal_fails_the_run_with_status_and_message_never_the_key(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator, status: int, message: str
+) -> None:
+    emulator.replies.append(error_reply(status, message, kind="invalid_request_error"))
+    await executor(cards=[_card(emulator)])
+    event = run_requested()
+    await bus.publish(event)
+    (failed,) = await event_log.wait_for("run.failed", run_id=event.runid)
+    assert failed.data["reason"] == "provider_error"
+    assert f"({status})" in failed.data["error"]
+    assert message.replace(SECRET, "[redacted]") in failed.data["error"]
+    assert SECRET not in failed.data["error"]
+    record = await _finished_record(bus, event.runid)
+    assert record.error is not None
+    assert SECRET not in record.error
+    assert len(emulator.requests) == 1
+
+
+async def test_passing_the_token_limit_fails_the_run(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    emulator.replies += [
+        assistant_tool_call("call_ctx", "get_pr_context", {}, usage=usage(50, 10)),  # 60: within 100
+        assistant_text("a long review", usage=usage(70, 30)),  # 160: past it
+    ]
+    await executor(cards=[_card(emulator, Limits(max_tokens=100))])
+    event = run_requested()
+    await bus.publish(event)
+    (failed,) = await event_log.wait_for("run.failed", run_id=event.runid)
+    assert failed.data["reason"] == "token_limit"
+    assert "160 tokens used" in failed.data["error"]
+    assert "limit is 100" in failed.data["error"]
+    assert not event_log.of_type("run.completed", event.runid)
+    record = await _finished_record(bus, event.runid)
+    assert record.usage is not None
+    assert record.usage.total_tokens == 160
+
+
+async def test_malformed_tool_calls_go_back_to_the_model_as_tool_errors(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    emulator.replies += [
+        malformed_tool_call("call_bad_json", "get_pr_context", '{"oops": '),
+        assistant_tool_call("call_unknown", "delete_repository", {"name": "orders"}),
+        assistant_text("Recovered."),
+    ]
+    await executor(cards=[_card(emulator)])
+    event = run_requested()
+    await bus.publish(event)
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid)
+    assert completed.data["result"] == "Recovered."
+    assert len(emulator.requests) == 3
+    second = emulator.requests[1]["messages"]
+    assert second[-2]["tool_calls"][0]["function"]["arguments"] == '{"oops": '  # what the model sent
+    error = json.loads(second[-1]["content"])["error"]
+    assert "not a JSON object" in error
+    assert second[-1]["tool_call_id"] == "call_bad_json"
+    third = emulator.requests[2]["messages"]
+    assert "'delete_repository' is not allowed" in json.loads(third[-1]["content"])["error"]
+    called = [e.data["tool"] for e in event_log.of_type("run.tool_called", event.runid)]
+    assert called == ["get_pr_context", "delete_repository"]
+
+
+async def test_too_many_malformed_tool_calls_fail_the_run(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    emulator.replies += [malformed_tool_call(f"call_{i}", "get_pr_context", "nope") for i in range(3)]
+    await executor(cards=[_card(emulator, Limits(max_malformed_tool_calls=1))])
+    event = run_requested()
+    await bus.publish(event)
+    (failed,) = await event_log.wait_for("run.failed", run_id=event.runid)
+    assert failed.data["reason"] == "malformed_tool_calls"
+    assert len(emulator.requests) == 2  # the first went back to the model; the second was one too many

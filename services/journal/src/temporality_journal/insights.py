@@ -1,0 +1,350 @@
+"""Read-only aggregations over the journal's events and runs: triggers (UI-2) and human analytics (OBS-1).
+
+Pure: each function takes rows the API already read and returns response bodies; no I/O, no clock.
+Everything is computed from the stored events and the ``runs`` projection (no extra columns).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from temporality_journal.models import as_utc
+from temporality_protocol import RunState
+from temporality_service import Unprocessable
+
+__all__ = [
+    "TRIGGER_TYPES",
+    "WAIT_BUCKETS_S",
+    "Cursor",
+    "DeliveryView",
+    "EventRow",
+    "HumanAnalytics",
+    "RunRow",
+    "TriggerView",
+    "decode_cursor",
+    "deliveries_of",
+    "encode_cursor",
+    "human_analytics",
+    "triggers_of",
+]
+
+TRIGGER_TYPES = ("trigger.received", "trigger.accepted", "trigger.rejected")
+HUMAN_TYPES = ("human.requested", "human.answered", "human.expired", "human.rejected")
+#: Upper bounds (seconds, exclusive) of the wait-time histogram's buckets; the last bucket is open.
+WAIT_BUCKETS_S: tuple[float, ...] = (60, 300, 900, 3600, 4 * 3600, 24 * 3600)
+MAX_QUESTION = 200
+
+
+# --------------------------------------------------------------------------- cursors
+@dataclass(frozen=True)
+class Cursor:
+    """A position in a newest-first listing: strictly older than (``time``, ``key``)."""
+
+    time: datetime
+    key: str
+
+
+def encode_cursor(time: datetime, key: str) -> str:
+    raw = f"{as_utc(time).isoformat()}|{key}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(token: str, name: str = "before") -> Cursor:
+    """The position ``token`` encodes; 422 ``invalid_cursor`` for anything :func:`encode_cursor` did not make."""
+    bad = Unprocessable(f"query.{name}: not a cursor this API returned", code="invalid_cursor")
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("utf-8")
+        stamp, key = raw.split("|", 1)
+        time = datetime.fromisoformat(stamp)
+        if time.tzinfo is None or not key or "\x00" in key:
+            raise ValueError(token)
+        return Cursor(as_utc(time), key)
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
+        raise bad from None
+
+
+# --------------------------------------------------------------------------- rows read by the API
+@dataclass(frozen=True)
+class EventRow:
+    type: str
+    time: datetime
+    run_id: str | None
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    state: str
+    agent: str | None
+    trigger_id: str | None
+    created_at: datetime
+
+
+def _str(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+# --------------------------------------------------------------------------- triggers (UI-2)
+class LastRun(BaseModel):
+    run_id: str
+    state: RunState
+    created_at: datetime
+
+
+class TriggerView(BaseModel):
+    trigger_id: str
+    deliveries_received: int = Field(description="Distinct deliveries journaled as trigger.received")
+    deliveries_accepted: int = Field(description="Distinct deliveries that started a run (trigger.accepted)")
+    deliveries_rejected: int = Field(description="Distinct deliveries refused (trigger.rejected)")
+    rejected_by_reason: dict[str, int] = Field(description="Refused deliveries per reason (duplicate, disabled, ...)")
+    last_delivery_at: datetime | None = Field(description="Time of the newest trigger.* event of this trigger")
+    last_run: LastRun | None = Field(description="The newest run launched by this trigger")
+    runs_total: int
+    runs_completed: int = Field(description="Successful runs")
+    runs_failed: int
+    runs_cancelled: int
+    runs_needed_human: int = Field(description="Runs that asked a human at least once (human.requested)")
+
+
+@dataclass
+class _TriggerAcc:
+    received: set[str] = field(default_factory=set)
+    accepted: set[str] = field(default_factory=set)
+    rejected: dict[str, str] = field(default_factory=dict)
+    last_at: datetime | None = None
+    runs: list[RunRow] = field(default_factory=list)
+
+
+def triggers_of(events: Iterable[EventRow], runs: Iterable[RunRow], asked: set[str]) -> list[TriggerView]:
+    """One view per trigger id seen in a trigger.* event or on a run; ``asked``: runs with a human.requested."""
+    acc: dict[str, _TriggerAcc] = {}
+    for ev in events:
+        trigger_id, delivery_id = _str(ev.data, "trigger_id"), _str(ev.data, "delivery_id")
+        if trigger_id is None or delivery_id is None:
+            continue
+        a = acc.setdefault(trigger_id, _TriggerAcc())
+        a.last_at = ev.time if a.last_at is None else max(a.last_at, ev.time)
+        if ev.type == "trigger.received":
+            a.received.add(delivery_id)
+        elif ev.type == "trigger.accepted":
+            a.accepted.add(delivery_id)
+        elif ev.type == "trigger.rejected":
+            a.rejected[delivery_id] = _str(ev.data, "reason") or "unknown"
+    for run in runs:
+        if run.trigger_id is not None:
+            acc.setdefault(run.trigger_id, _TriggerAcc()).runs.append(run)
+    views = []
+    for trigger_id, a in sorted(acc.items()):
+        newest = max(a.runs, key=lambda r: (r.created_at, r.run_id), default=None)
+        states = Counter(r.state for r in a.runs)
+        views.append(
+            TriggerView(
+                trigger_id=trigger_id,
+                deliveries_received=len(a.received),
+                deliveries_accepted=len(a.accepted),
+                deliveries_rejected=len(a.rejected),
+                rejected_by_reason=dict(sorted(Counter(a.rejected.values()).items())),
+                last_delivery_at=a.last_at,
+                last_run=None
+                if newest is None
+                else LastRun(run_id=newest.run_id, state=RunState(newest.state), created_at=newest.created_at),
+                runs_total=len(a.runs),
+                runs_completed=states[RunState.COMPLETED.value],
+                runs_failed=states[RunState.FAILED.value],
+                runs_cancelled=states[RunState.CANCELLED.value],
+                runs_needed_human=sum(1 for r in a.runs if r.run_id in asked),
+            )
+        )
+    return views
+
+
+class DeliveryView(BaseModel):
+    delivery_id: str
+    event_type: str | None = Field(description="The source's event type (from trigger.received)")
+    outcome: str = Field(description="accepted, rejected, or received (no decision journaled yet)")
+    reason: str | None = Field(description="Why it was rejected")
+    run_id: str | None
+    time: datetime = Field(description="When the delivery was first journaled")
+
+
+def deliveries_of(events: Iterable[EventRow]) -> list[DeliveryView]:
+    """One trigger's deliveries, newest first (by first event time, then delivery id)."""
+    by_id: dict[str, dict[str, Any]] = {}
+    for ev in events:
+        delivery_id = _str(ev.data, "delivery_id")
+        if delivery_id is None:
+            continue
+        d = by_id.setdefault(
+            delivery_id, {"event_type": None, "outcome": "received", "reason": None, "run_id": None, "time": ev.time}
+        )
+        d["time"] = min(d["time"], ev.time)
+        if ev.type == "trigger.received":
+            d["event_type"] = _str(ev.data, "source_event_type")
+        elif ev.type == "trigger.accepted":
+            d["outcome"], d["reason"] = "accepted", None
+            d["run_id"] = _str(ev.data, "run_id") or ev.run_id
+        elif ev.type == "trigger.rejected" and d["outcome"] != "accepted":
+            d["outcome"], d["reason"] = "rejected", _str(ev.data, "reason")
+            d["run_id"] = d["run_id"] or _str(ev.data, "run_id")
+    views = [DeliveryView(delivery_id=k, **v) for k, v in by_id.items()]
+    views.sort(key=lambda v: (v.time, v.delivery_id), reverse=True)
+    return views
+
+
+# --------------------------------------------------------------------------- human analytics (OBS-1)
+class WaitBucket(BaseModel):
+    lt_s: float | None = Field(description="Exclusive upper bound in seconds; null: the open last bucket")
+    count: int
+
+
+class WaitStats(BaseModel):
+    count: int
+    p50_s: float | None
+    p90_s: float | None
+    p99_s: float | None
+    max_s: float | None
+    histogram: list[WaitBucket]
+
+
+class QuestionCount(BaseModel):
+    question: str = Field(description=f"The question, clipped to {MAX_QUESTION} characters")
+    count: int
+
+
+class HumanCounts(BaseModel):
+    runs_total: int
+    runs_asked: int = Field(description="Runs with at least one human.requested")
+    asked_share: float | None = Field(description="runs_asked / runs_total (null without runs)")
+    requests_total: int
+    answered: int
+    expired: int
+    rejected: int
+    pending: int = Field(description="Requests with no answer, expiry or rejection journaled")
+
+
+class Breakdown(HumanCounts):
+    key: str | None = Field(description="The agent or trigger id (null: runs without one)")
+
+
+class HumanAnalytics(HumanCounts):
+    since: datetime | None
+    until: datetime | None
+    wait: WaitStats = Field(description="Wait times of answered requests")
+    top_questions: list[QuestionCount]
+    by_agent: list[Breakdown]
+    by_trigger: list[Breakdown]
+
+
+@dataclass
+class _Request:
+    run_id: str
+    question: str
+    asked_at: datetime
+    outcome: str = "pending"
+    waited_s: float | None = None
+
+
+def _percentile(ordered: Sequence[float], p: float) -> float | None:
+    """Nearest-rank percentile of an ascending sequence."""
+    if not ordered:
+        return None
+    rank = max(math.ceil(p / 100 * len(ordered)), 1)
+    return round(ordered[rank - 1], 3)
+
+
+def _wait_stats(waits: Iterable[float]) -> WaitStats:
+    ordered = sorted(waits)
+    counts = [0] * (len(WAIT_BUCKETS_S) + 1)
+    for w in ordered:
+        counts[next((i for i, bound in enumerate(WAIT_BUCKETS_S) if w < bound), len(WAIT_BUCKETS_S))] += 1
+    bounds: list[float | None] = [*WAIT_BUCKETS_S, None]
+    return WaitStats(
+        count=len(ordered),
+        p50_s=_percentile(ordered, 50),
+        p90_s=_percentile(ordered, 90),
+        p99_s=_percentile(ordered, 99),
+        max_s=round(ordered[-1], 3) if ordered else None,
+        histogram=[WaitBucket(lt_s=b, count=c) for b, c in zip(bounds, counts, strict=True)],
+    )
+
+
+def _counts(runs: Sequence[RunRow], requests: Sequence[_Request]) -> dict[str, Any]:
+    asked = {r.run_id for r in requests}
+    outcomes = Counter(r.outcome for r in requests)
+    return {
+        "runs_total": len(runs),
+        "runs_asked": sum(1 for r in runs if r.run_id in asked),
+        "asked_share": round(sum(1 for r in runs if r.run_id in asked) / len(runs), 4) if runs else None,
+        "requests_total": len(requests),
+        "answered": outcomes["answered"],
+        "expired": outcomes["expired"],
+        "rejected": outcomes["rejected"],
+        "pending": outcomes["pending"],
+    }
+
+
+def human_analytics(
+    runs: Sequence[RunRow],
+    events: Iterable[EventRow],
+    *,
+    since: datetime | None,
+    until: datetime | None,
+    top: int,
+) -> HumanAnalytics:
+    """OBS-1 over ``runs`` (already filtered) and their human.* ``events``."""
+    requests: dict[str, _Request] = {}
+    outcomes: list[tuple[EventRow, str]] = []
+    for ev in events:
+        request_id = _str(ev.data, "request_id")
+        if request_id is None or ev.run_id is None:
+            continue
+        if ev.type == "human.requested":
+            requests.setdefault(
+                request_id, _Request(ev.run_id, (_str(ev.data, "question") or "")[:MAX_QUESTION], ev.time)
+            )
+        else:
+            outcomes.append((ev, request_id))
+    for ev, request_id in sorted(outcomes, key=lambda o: o[0].time):
+        req = requests.get(request_id)
+        if req is None or req.outcome != "pending":
+            continue  # the first outcome journaled decides
+        req.outcome = ev.type.removeprefix("human.")
+        waited = ev.data.get("waited_s")
+        if isinstance(waited, int | float) and not isinstance(waited, bool) and math.isfinite(waited):
+            req.waited_s = max(float(waited), 0.0)
+        else:
+            req.waited_s = max((ev.time - req.asked_at).total_seconds(), 0.0)
+    reqs = list(requests.values())
+    run_by_id = {r.run_id: r for r in runs}
+
+    def breakdown(key_of: str) -> list[Breakdown]:
+        keys = sorted({getattr(r, key_of) for r in runs}, key=lambda k: (k is None, k or ""))
+        rows = []
+        for key in keys:
+            key_runs = [r for r in runs if getattr(r, key_of) == key]
+            ids = {r.run_id for r in key_runs}
+            rows.append(Breakdown(key=key, **_counts(key_runs, [q for q in reqs if q.run_id in ids])))
+        return rows
+
+    questions = Counter(q.question for q in reqs if q.run_id in run_by_id)
+    top_questions = sorted(questions.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    return HumanAnalytics(
+        since=since,
+        until=until,
+        **_counts(runs, reqs),
+        wait=_wait_stats(q.waited_s for q in reqs if q.outcome == "answered" and q.waited_s is not None),
+        top_questions=[QuestionCount(question=q, count=c) for q, c in top_questions],
+        by_agent=breakdown("agent"),
+        by_trigger=breakdown("trigger_id"),
+    )

@@ -1,0 +1,88 @@
+"""The pure aggregations behind /triggers and /analytics/human: percentiles, buckets, first outcome wins, cursors."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from temporality_journal.insights import (
+    EventRow,
+    RunRow,
+    decode_cursor,
+    deliveries_of,
+    encode_cursor,
+    human_analytics,
+    triggers_of,
+)
+from temporality_service import Unprocessable
+
+T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+
+
+def _run(run_id: str, agent: str | None = "reviewer", trigger_id: str | None = "t") -> RunRow:
+    return RunRow(run_id=run_id, state="completed", agent=agent, trigger_id=trigger_id, created_at=T0)
+
+
+def _ask(run_id: str, request_id: str, at: datetime = T0, question: str = "Q?") -> EventRow:
+    return EventRow("human.requested", at, run_id, {"request_id": request_id, "question": question})
+
+
+def _answer(run_id: str, request_id: str, waited: object, at: datetime = T0) -> EventRow:
+    return EventRow("human.answered", at, run_id, {"request_id": request_id, "waited_s": waited})
+
+
+def test_percentiles_and_buckets_are_nearest_rank_with_exclusive_bounds() -> None:
+    waits = [59.9, 60, 299, 300, 900, 3600, 86_400, 100_000, 1, 2]
+    runs = [_run(f"r{i}") for i in range(len(waits))]
+    events = [e for i, w in enumerate(waits) for e in (_ask(f"r{i}", f"q{i}"), _answer(f"r{i}", f"q{i}", w))]
+    wait = human_analytics(runs, events, since=None, until=None, top=3).wait
+    assert wait.count == 10
+    assert (wait.p50_s, wait.p90_s, wait.p99_s, wait.max_s) == (299, 86_400, 100_000, 100_000)
+    assert [b.count for b in wait.histogram] == [3, 2, 1, 1, 1, 0, 2]
+
+
+def test_first_outcome_wins_and_missing_waited_s_falls_back_to_the_clock() -> None:
+    events = [
+        _ask("r1", "q1"),
+        EventRow("human.expired", T0 + timedelta(seconds=90), "r1", {"request_id": "q1", "waited_s": 90}),
+        _answer("r1", "q1", 5, at=T0 + timedelta(seconds=95)),  # too late: the request had expired
+        _ask("r2", "q2"),
+        _answer("r2", "q2", "not a number", at=T0 + timedelta(seconds=42)),
+        _ask("r2", "q2"),  # redelivered request: counted once
+        _answer("r9", "q9", 1),  # an answer to no known request
+    ]
+    body = human_analytics([_run("r1"), _run("r2")], events, since=None, until=None, top=10)
+    assert (body.requests_total, body.answered, body.expired, body.pending) == (2, 1, 1, 0)
+    assert body.wait.max_s == 42
+    assert body.top_questions[0].count == 2
+
+
+def test_questions_are_clipped_and_ranked() -> None:
+    long = "x" * 500
+    events = [_ask("r1", "a", question=long), _ask("r1", "b", question=long), _ask("r1", "c", question="short")]
+    body = human_analytics([_run("r1", agent=None, trigger_id=None)], events, since=None, until=None, top=1)
+    assert [(q.question, q.count) for q in body.top_questions] == [("x" * 200, 2)]
+    assert [b.key for b in body.by_agent] == [None]
+
+
+def test_a_delivery_counts_once_per_trigger_and_accepted_beats_rejected() -> None:
+    events = [
+        EventRow("trigger.received", T0, None, {"trigger_id": "t", "delivery_id": "d1"}),
+        EventRow("trigger.received", T0, None, {"trigger_id": "t", "delivery_id": "d1"}),
+        EventRow("trigger.accepted", T0, "r1", {"trigger_id": "t", "delivery_id": "d1", "run_id": "r1"}),
+        EventRow("trigger.rejected", T0, None, {"trigger_id": "t", "delivery_id": "d1", "reason": "duplicate"}),
+        EventRow("trigger.received", T0, None, {"delivery_id": "no-trigger"}),
+    ]
+    (view,) = triggers_of(events, [], set())
+    assert (view.deliveries_received, view.deliveries_accepted, view.last_run) == (1, 1, None)
+    (delivery,) = deliveries_of(events[:4])
+    assert (delivery.outcome, delivery.reason, delivery.run_id) == ("accepted", None, "r1")
+
+
+def test_cursors_round_trip_and_refuse_forgeries() -> None:
+    cursor = decode_cursor(encode_cursor(T0, "run-1|x"))
+    assert (cursor.time, cursor.key) == (T0, "run-1|x")
+    for token in ("", "!!!", "bm9waXBl", encode_cursor(T0, "")):
+        with pytest.raises(Unprocessable):
+            decode_cursor(token)

@@ -192,7 +192,8 @@ async def test_bodies_no_downstream_consumer_could_store_are_refused_clearly() -
 
 
 def test_long_descriptions_are_cut_with_a_marker() -> None:
-    from temporality_trigger_gateway.adapters.azure_devops import MAX_DESCRIPTION, _clip
+    from temporality_trigger_gateway.adapters.base import MAX_DESCRIPTION
+    from temporality_trigger_gateway.adapters.base import clip as _clip
 
     assert _clip("short", MAX_DESCRIPTION) == "short"
     cut = _clip("x" * (MAX_DESCRIPTION + 10), MAX_DESCRIPTION)

@@ -30,7 +30,7 @@ from temporality_human_interaction.channels import ChannelAdapter, ChannelError
 from temporality_human_interaction.directory import Directory, UserProfile, user_id_of
 from temporality_human_interaction.events import RejectReason, notified_event, rejected_event
 from temporality_human_interaction.records import HumanRequestRecord, RequestStore, is_request_id, open_store
-from temporality_human_interaction.timers import arm_deadline, deadline_at
+from temporality_human_interaction.timers import arm_deadline
 from temporality_protocol import Envelope, HumanRequested
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "Route",
     "authorize",
     "channel_candidates",
-    "deadline_at",
 ]
 
 log = structlog.get_logger(__name__)

@@ -13,12 +13,12 @@ __all__ = ["Settings"]
 
 
 class Settings(HttpServiceSettings):
+    """Answers are a handful of bytes: the runtime's default ``max_body_bytes`` (64 KiB) refuses more with 413."""
+
     model_config = SettingsConfigDict(env_prefix="TEMPORALITY_HUMAN_", extra="ignore")
 
     port: int | None = Field(default=8081, ge=0, le=65535)
     users_file: Path = Field(default=Path("config/users.yaml"), description="The user directory (YAML)")
-    #: Answers are a handful of bytes; anything larger is refused with 413 before it is parsed.
-    max_body_bytes: int = Field(default=64 * 1024, gt=0)
     #: An HTTP call never waits longer than this on NATS; past it the API answers 503.
     bus_timeout_s: float = Field(default=5.0, gt=0)
     #: How many ``human.requested`` messages are handled concurrently.

@@ -22,25 +22,19 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from temporality_bus import Bus, PublishResult, Timers, fire_time
+from temporality_bus import Bus, PublishResult, Timers
 from temporality_protocol import derive_id
 from temporality_protocol.catalog import TIMER_NS_HUMAN
 
 __all__ = [
     "arm_answer_repair",
     "arm_deadline",
-    "deadline_at",
     "human_timers",
     "rearm_deadline",
     "rearm_key",
     "repair_key",
     "timer_payload",
 ]
-
-
-def deadline_at(expires_at: datetime) -> datetime:
-    """Schedules have whole-second resolution: round up so a deadline never fires before ``expires_at``."""
-    return fire_time(expires_at)
 
 
 def timer_payload(request_id: str) -> bytes:

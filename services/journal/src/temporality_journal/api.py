@@ -30,7 +30,7 @@ from typing import Annotated, Any
 import structlog
 from fastapi import FastAPI, Path, Query
 from pydantic import BaseModel, Field
-from sqlalchemy import ColumnElement, Table, and_, or_
+from sqlalchemy import ColumnElement, and_, or_
 from sqlalchemy import select as sa_select
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -50,7 +50,7 @@ from temporality_journal.insights import (
     human_analytics,
     triggers_of,
 )
-from temporality_journal.models import EventRecord, RunRecord, as_utc
+from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE, EventRecord, RunRecord, as_utc
 from temporality_journal.settings import Settings
 from temporality_protocol import RunState
 from temporality_service import ErrorBody, NonNegativeInt64, NotFound, Unprocessable, install_error_handlers
@@ -75,8 +75,6 @@ MAX_TRAJECTORY = 10_000
 MAX_TEXT_PARAM = 200
 #: Refuses NUL (no database text holds it) in string query and path parameters.
 NO_NUL = r"^[^\x00]*$"
-_EVENTS: Table = getattr(EventRecord, "__table__")  # noqa: B009 - SQLModel does not type it
-_RUNS: Table = getattr(RunRecord, "__table__")  # noqa: B009
 
 
 # --------------------------------------------------------------------------- response bodies
@@ -353,7 +351,7 @@ def create_app(settings: Settings, database: Database) -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many deliveries")] = 100,
     ) -> DeliveryList:
         cursor = decode_cursor(before) if before is not None else None
-        data = _EVENTS.c.data
+        data = EVENTS_TABLE.c.data
         async with database.sessions() as session:
             events = await _event_rows(
                 session, col(EventRecord.type).in_(TRIGGER_TYPES), data["trigger_id"].as_string() == trigger_id
@@ -437,14 +435,14 @@ def _utc(value: datetime | None, name: str) -> datetime | None:
 
 
 async def _event_rows(session: AsyncSession, *conditions: ColumnElement[bool]) -> list[EventRow]:
-    t = _EVENTS.c
+    t = EVENTS_TABLE.c
     query = sa_select(t.type, t.time, t.run_id, t.data).where(*conditions).order_by(t.stream_seq)
     rows = (await (await session.connection()).execute(query)).all()
     return [EventRow(type=t, time=as_utc(tm), run_id=r, data=d if isinstance(d, dict) else {}) for t, tm, r, d in rows]
 
 
 async def _run_rows(session: AsyncSession, conditions: list[ColumnElement[bool]]) -> list[RunRow]:
-    t = _RUNS.c
+    t = RUNS_TABLE.c
     query = sa_select(t.run_id, t.state, t.agent, t.trigger_id, t.created_at).where(*conditions)
     rows = (await (await session.connection()).execute(query)).all()
     return [RunRow(run_id=i, state=str(s), agent=a, trigger_id=t, created_at=as_utc(c)) for i, s, a, t, c in rows]

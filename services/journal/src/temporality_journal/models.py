@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Dialect, Index, String
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Dialect, Index, String, Table
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import registry
 from sqlalchemy.types import TypeDecorator
@@ -17,7 +17,16 @@ from sqlmodel import Field, SQLModel
 
 from temporality_protocol import RunState
 
-__all__ = ["EventRecord", "JournalModel", "RunRecord", "RunSnapshot", "UTCDateTime", "as_utc"]
+__all__ = [
+    "EVENTS_TABLE",
+    "RUNS_TABLE",
+    "EventRecord",
+    "JournalModel",
+    "RunRecord",
+    "RunSnapshot",
+    "UTCDateTime",
+    "as_utc",
+]
 
 
 def as_utc(value: datetime) -> datetime:
@@ -102,3 +111,8 @@ class RunRecord(RunSnapshot, table=True):
 
     def snapshot(self) -> RunSnapshot:
         return RunSnapshot.model_validate(self, from_attributes=True)
+
+
+#: The two tables as SQLAlchemy core objects (batch inserts, upserts and aggregate queries).
+EVENTS_TABLE: Table = EventRecord.metadata.tables["events"]
+RUNS_TABLE: Table = RunRecord.metadata.tables["runs"]

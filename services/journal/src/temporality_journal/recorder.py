@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from sqlalchemy import Table, select
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
@@ -37,7 +37,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from temporality_bus import Delivery, PermanentError, evolve
 from temporality_journal.database import Database
-from temporality_journal.models import EventRecord, RunRecord, RunSnapshot, as_utc
+from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE, EventRecord, RunRecord, RunSnapshot, as_utc
 from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
 from temporality_protocol import BusDeadLettered, Envelope, InvalidEnvelope
 from temporality_protocol.catalog import CONSUMERS
@@ -54,8 +54,6 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _PG_UNIQUE_VIOLATION = "23505"
 _SQLITE_UNIQUE_VIOLATIONS = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"})
 _JOURNAL_CONSUMER = CONSUMERS["journal"].durable
-_EVENTS: Table = EventRecord.metadata.tables["events"]
-_RUNS: Table = RunRecord.metadata.tables["runs"]
 _RUN_COLUMNS = tuple(RunSnapshot.model_fields)
 
 
@@ -205,7 +203,8 @@ class Recorder:
             return 0
         async with self._database.engine.begin() as conn:
             inserted = await conn.execute(
-                self._insert(_EVENTS).on_conflict_do_nothing(index_elements=["id"]).returning(_EVENTS.c.id), rows
+                self._insert(EVENTS_TABLE).on_conflict_do_nothing(index_elements=["id"]).returning(EVENTS_TABLE.c.id),
+                rows,
             )
             new = {row[0] for row in inserted}
             fresh = [events[row["id"]] for row in rows if row["id"] in new]  # still in stream order
@@ -224,7 +223,9 @@ class Recorder:
         if not projected:
             return 0
         run_ids = sorted({run_id for _, _, run_id in projected})  # one lock order between replicas
-        query = select(_RUNS).where(_RUNS.c.run_id.in_(run_ids)).order_by(_RUNS.c.run_id).with_for_update()
+        query = (
+            select(RUNS_TABLE).where(RUNS_TABLE.c.run_id.in_(run_ids)).order_by(RUNS_TABLE.c.run_id).with_for_update()
+        )
         before: dict[str, RunSnapshot] = {
             row.run_id: RunSnapshot.model_validate(dict(row._mapping)) for row in await conn.execute(query)
         }
@@ -246,9 +247,9 @@ class Recorder:
         created = [_run_row(run) for run_id, run in runs.items() if run_id not in before]
         changed = [_run_row(run) for run_id, run in runs.items() if run_id in before and run != before[run_id]]
         if created:  # a plain insert: a replica creating the same run meanwhile fails the batch (retried)
-            await conn.execute(_RUNS.insert(), created)
+            await conn.execute(RUNS_TABLE.insert(), created)
         if changed:  # rows locked above: nobody else moved them meanwhile
-            upsert = self._insert(_RUNS)
+            upsert = self._insert(RUNS_TABLE)
             await conn.execute(
                 upsert.on_conflict_do_update(
                     index_elements=["run_id"],
@@ -285,21 +286,7 @@ class Recorder:
     async def _store(self, session: AsyncSession, event: Envelope, stream_seq: int) -> bool:
         statement = (
             self._insert(EventRecord)
-            .values(
-                id=event.id,
-                type=event.type,
-                source=event.source,
-                time=as_utc(event.time),
-                run_id=run_id_of(event),
-                correlation_id=event.correlationid,
-                causation_id=event.causationid,
-                actor=event.actor,
-                tenant=event.tenant,
-                subject=event.subject,
-                stream_seq=stream_seq,
-                data=event.data,
-                recorded_at=datetime.now(UTC),
-            )
+            .values(**_event_row(event, stream_seq, datetime.now(UTC)))
             .on_conflict_do_nothing(index_elements=["id"])
             .returning(col(EventRecord.id))
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from temporality_service import ApiError, BodyTooLarge, NotFound, Unavailable, Unprocessable
+from temporality_service import BodyTooLarge, NotFound, Unavailable, Unprocessable
 from temporality_service import MalformedJson as MalformedBody
 from temporality_service import Unauthorized as _Unauthorized
 
@@ -31,11 +31,7 @@ __all__ = [
     "TriggerConfigError",
     "Unauthorized",
     "UnknownTrigger",
-    "WebhookError",
 ]
-
-#: Every refusal of a delivery.
-WebhookError = ApiError
 
 
 class GatewayError(Exception):

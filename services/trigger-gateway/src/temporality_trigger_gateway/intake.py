@@ -49,8 +49,9 @@ from temporality_protocol import (
     run_id_for_delivery,
 )
 from temporality_protocol.catalog import BUCKET_DEDUPE
+from temporality_service import ApiError
 from temporality_trigger_gateway.adapters import ADAPTERS, SourceEvent, WebhookRequest
-from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable, WebhookError
+from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable
 from temporality_trigger_gateway.triggers import WebhookTrigger
 
 __all__ = [
@@ -197,7 +198,7 @@ def launch_events(
     run_id: str,
     title: str,
     causation_id: str,
-    human: HumanPolicy | None = None,
+    human: HumanPolicy,
 ) -> tuple[Envelope, Envelope]:
     """``trigger.accepted`` and ``run.requested``, with ids derived from the run: redelivery reuses them.
 
@@ -222,7 +223,7 @@ def launch_events(
             launch=LaunchSource(kind="webhook", trigger_id=trigger.id, delivery_id=delivery.delivery_id),
             event=_without_payload(event),  # carried once, as the input
             input=event.payload,
-            human=human or trigger.human.policy(),  # SEC-1: from the trigger's config, never from the webhook
+            human=human,  # SEC-1: from the trigger's config (cached per trigger), never from the webhook
         ),
         causation_id=accepted.id,
         **_envelope(delivery, run_id=run_id, tenant=event.tenant, id=derive_id("evt", run_id, "run.requested")),
@@ -284,7 +285,7 @@ class Intake:
             log.info("webhook.handled", status=outcome.status)
         return outcome
 
-    async def refused(self, trigger: WebhookTrigger, error: WebhookError, *, body_bytes: int) -> None:
+    async def refused(self, trigger: WebhookTrigger, error: ApiError, *, body_bytes: int) -> None:
         """Journal an authenticated delivery refused with 400/413/422, so an integrator can see why no
         run started. Best effort: the sender gets its 4xx whether or not the bus takes the record."""
         delivery_id = new_id("dlv")

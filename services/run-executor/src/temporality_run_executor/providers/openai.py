@@ -178,13 +178,14 @@ class OpenAICompatible(Provider):
         if status >= 400:
             raise PermanentProviderError(f"chat completion refused ({status}): {self._server_message(response)}")
         try:
-            message = response.json()["choices"][0]["message"]
+            reply = response.json()
+            message = reply["choices"][0]["message"]
             if not isinstance(message, dict):
                 raise TypeError("message is not an object")
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise RetryableProviderError(f"malformed chat completion: {self._redact(response.text[:500])}") from exc
         calls = [_tool_call(raw) for raw in message.get("tool_calls") or []]
-        return AssistantTurn(content=message.get("content"), tool_calls=calls, usage=_usage(response))
+        return AssistantTurn(content=message.get("content"), tool_calls=calls, usage=_usage(reply))
 
     def _server_message(self, response: httpx.Response) -> str:
         """The endpoint's own explanation (OpenAI's ``{"error": {"message": ...}}``, else the body)."""
@@ -222,8 +223,8 @@ def _tool_call(raw: Any) -> ToolCall:
     return ToolCall(id=str(raw.get("id")), name=str(function.get("name")), arguments=arguments)
 
 
-def _usage(response: httpx.Response) -> Usage | None:
-    raw = response.json().get("usage")
+def _usage(reply: dict[str, Any]) -> Usage | None:
+    raw = reply.get("usage")
     if not isinstance(raw, dict):
         return None
     counts = {k: raw.get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}

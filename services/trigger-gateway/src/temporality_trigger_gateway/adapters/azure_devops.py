@@ -20,7 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from temporality_protocol import Actor, NormalizedEvent
-from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent, WebhookRequest, invalid_payload
+from temporality_trigger_gateway.adapters.base import (
+    MAX_DESCRIPTION,
+    Adapter,
+    SourceEvent,
+    WebhookRequest,
+    aware,
+    clip,
+    invalid_payload,
+)
 from temporality_trigger_gateway.errors import InvalidPayload
 
 __all__ = ["AzureDevOpsPullRequest", "PullRequestEvent", "identify_azure_devops"]
@@ -106,12 +114,6 @@ def identify_azure_devops(adapter: str, request: WebhookRequest) -> SourceEvent:
     return SourceEvent(id=envelope.id, type=envelope.event_type)
 
 
-def _aware(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value
-
-
 def _branch(ref: str) -> str:
     return ref.removeprefix("refs/heads/")
 
@@ -151,7 +153,7 @@ class AzureDevOpsPullRequest(Adapter):
         repo = pr.repository
         collection = (event.resource_containers or {}).get("collection")
         source = collection.base_url if collection and collection.base_url else _origin(repo.url)
-        created_at = _aware(pr.creation_date)
+        created_at = aware(pr.creation_date)
         metadata = {
             "event_type": event.event_type,
             "notification_id": event.notification_id,
@@ -163,7 +165,7 @@ class AzureDevOpsPullRequest(Adapter):
             id=event.id,
             type=f"azure_devops.{event.event_type}",
             source=source,
-            timestamp=created_at or _aware(event.created_date) or datetime.now(UTC),
+            timestamp=created_at or aware(event.created_date) or datetime.now(UTC),
             actor=Actor(id=pr.created_by.unique_name or pr.created_by.id, display_name=pr.created_by.display_name),
             tenant=tenant or repo.project.name,
             payload={
@@ -171,7 +173,7 @@ class AzureDevOpsPullRequest(Adapter):
                 "pull_request": {
                     "id": pr.pull_request_id,
                     "title": pr.title,
-                    "description": _clip(pr.description or "", MAX_DESCRIPTION),
+                    "description": clip(pr.description or "", MAX_DESCRIPTION),
                     "url": pr.url,
                     "status": pr.status,
                     "created_at": created_at.isoformat() if created_at else None,
@@ -191,14 +193,3 @@ class AzureDevOpsPullRequest(Adapter):
     def run_title(self, event: NormalizedEvent) -> str:
         pr = event.payload["pull_request"]
         return f"Review PR #{pr['id']}: {pr['title']}"[:200]
-
-
-#: A description longer than this is cut (with a marker): an agent needs the gist, and every run
-#: carries its input in its KV record and checkpoint, which NATS bounds by max_payload.
-MAX_DESCRIPTION = 32 * 1024
-
-
-def _clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"\n[... cut by Temporality: {len(text) - limit} more characters]"

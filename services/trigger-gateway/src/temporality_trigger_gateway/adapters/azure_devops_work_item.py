@@ -19,14 +19,20 @@ from pydantic import Field, ValidationError
 
 from temporality_protocol import Actor, NormalizedEvent
 from temporality_trigger_gateway.adapters.azure_devops import (
-    MAX_DESCRIPTION,
     Container,
     _Ado,
-    _clip,
     _origin,
     identify_azure_devops,
 )
-from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent, WebhookRequest, invalid_payload
+from temporality_trigger_gateway.adapters.base import (
+    MAX_DESCRIPTION,
+    Adapter,
+    SourceEvent,
+    WebhookRequest,
+    aware,
+    clip,
+    invalid_payload,
+)
 from temporality_trigger_gateway.errors import InvalidPayload
 
 __all__ = ["WORK_ITEM_EVENT_TYPES", "AzureDevOpsWorkItem"]
@@ -133,7 +139,7 @@ class AzureDevOpsWorkItem(Adapter):
             id=event.id,
             type=f"azure_devops.{event.event_type}",
             source=source,
-            timestamp=_aware(event.created_date) or datetime.now(UTC),
+            timestamp=aware(event.created_date) or datetime.now(UTC),
             actor=Actor(id=changed_by, display_name=changed_by) if changed_by else None,
             tenant=tenant or project,
             payload={
@@ -153,7 +159,7 @@ class AzureDevOpsWorkItem(Adapter):
                 "action": event.event_type.removeprefix("workitem."),
                 "changed_by": changed_by,
                 "changes": changes,
-                "comment": _clip(comment, MAX_DESCRIPTION) if comment else None,
+                "comment": clip(comment, MAX_DESCRIPTION) if comment else None,
             },
             metadata={k: str(v) for k, v in metadata.items() if v is not None},
         )
@@ -163,9 +169,3 @@ class AzureDevOpsWorkItem(Adapter):
         kind = item["type"] or "Work item"
         title = f": {item['title']}" if item["title"] else ""
         return f"{kind} #{item['id']} {event.payload['action']}{title}"[:200]
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value

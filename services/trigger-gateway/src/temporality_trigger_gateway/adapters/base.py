@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -19,7 +20,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporality_protocol import NormalizedEvent
 from temporality_trigger_gateway.errors import InvalidPayload
 
-__all__ = ["Adapter", "SourceEvent", "WebhookRequest", "invalid_payload", "missing_header"]
+__all__ = [
+    "MAX_DESCRIPTION",
+    "Adapter",
+    "SourceEvent",
+    "WebhookRequest",
+    "aware",
+    "clip",
+    "invalid_payload",
+    "missing_header",
+]
 
 
 @dataclass(frozen=True)
@@ -77,3 +87,21 @@ def missing_header(adapter: str, header: str) -> InvalidPayload:
         f"the delivery is not a valid {adapter} event: the {header} header is missing",
         [{"loc": ["header", header], "msg": "Field required", "type": "missing"}],
     )
+
+
+#: A description longer than this is cut (with a marker): an agent needs the gist, and every run
+#: carries its input in its KV record and checkpoint, which NATS bounds by max_payload.
+MAX_DESCRIPTION = 32 * 1024
+
+
+def clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... cut by Temporality: {len(text) - limit} more characters]"
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """A timestamp without a zone is UTC (sources send both)."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value

@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_protocol import Actor, NormalizedEvent
-from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent, WebhookRequest, invalid_payload
+from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent, WebhookRequest, aware, invalid_payload
 from temporality_trigger_gateway.errors import InvalidPayload
 
 __all__ = ["Generic"]
@@ -66,7 +66,7 @@ class Generic(Adapter):
             id=event_id,
             type=f"generic.{event.type}",
             source=event.source or "generic",
-            timestamp=_aware(event.timestamp) or datetime.now(UTC),
+            timestamp=aware(event.timestamp) or datetime.now(UTC),
             actor=Actor(id=event.actor) if event.actor else None,
             tenant=tenant or event.tenant,
             payload=payload,
@@ -75,9 +75,3 @@ class Generic(Adapter):
 
     def run_title(self, event: NormalizedEvent) -> str:
         return f"{event.metadata['event_type']} {event.id}"[:200]
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value

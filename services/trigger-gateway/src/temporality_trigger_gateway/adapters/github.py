@@ -16,11 +16,13 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_protocol import Actor, NormalizedEvent
-from temporality_trigger_gateway.adapters.azure_devops import MAX_DESCRIPTION, _clip
 from temporality_trigger_gateway.adapters.base import (
+    MAX_DESCRIPTION,
     Adapter,
     SourceEvent,
     WebhookRequest,
+    aware,
+    clip,
     invalid_payload,
     missing_header,
 )
@@ -188,7 +190,7 @@ class GitHub(Adapter):
             id=source.id,
             type=f"github.{source.type}",
             source=repo.html_url,
-            timestamp=_aware(when) or datetime.now(UTC),
+            timestamp=aware(when) or datetime.now(UTC),
             actor=Actor(id=sender.login, display_name=sender.login),
             tenant=tenant or (repo.owner.login if repo.owner else repo.full_name.partition("/")[0]),
             payload={"repository": _repo(repo), "action": source.type.partition(".")[2] or None, **payload},
@@ -207,7 +209,7 @@ class GitHub(Adapter):
                 "pull_request": {
                     "number": pr.number,
                     "title": pr.title,
-                    "description": _clip(pr.body or "", MAX_DESCRIPTION),
+                    "description": clip(pr.body or "", MAX_DESCRIPTION),
                     "url": pr.html_url,
                     "state": pr.state,
                     "draft": pr.draft,
@@ -232,7 +234,7 @@ class GitHub(Adapter):
                 "issue": {
                     "number": issue.number,
                     "title": issue.title,
-                    "description": _clip(issue.body or "", MAX_DESCRIPTION),
+                    "description": clip(issue.body or "", MAX_DESCRIPTION),
                     "url": issue.html_url,
                     "state": issue.state,
                     "labels": [str(label.get("name")) for label in issue.labels if label.get("name")],
@@ -258,7 +260,7 @@ class GitHub(Adapter):
                 "deleted": event.deleted,
                 "forced": event.forced,
                 "compare": event.compare,
-                "commits": [{"id": c.id, "message": _clip(c.message, 4096), "url": c.url} for c in event.commits[:50]],
+                "commits": [{"id": c.id, "message": clip(c.message, 4096), "url": c.url} for c in event.commits[:50]],
                 "commit_count": len(event.commits),
             },
         )
@@ -273,9 +275,3 @@ class GitHub(Adapter):
             issue = payload["issue"]
             return f"Issue #{issue['number']} {payload['action']} in {repo}: {issue['title']}"[:200]
         return f"Push to {payload['ref']} in {repo} ({payload['commit_count']} commits)"[:200]
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value

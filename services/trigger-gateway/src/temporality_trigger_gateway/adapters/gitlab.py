@@ -16,11 +16,12 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_protocol import Actor, NormalizedEvent
-from temporality_trigger_gateway.adapters.azure_devops import MAX_DESCRIPTION, _clip
 from temporality_trigger_gateway.adapters.base import (
+    MAX_DESCRIPTION,
     Adapter,
     SourceEvent,
     WebhookRequest,
+    clip,
     invalid_payload,
     missing_header,
 )
@@ -164,7 +165,7 @@ class GitLab(Adapter):
                     "iid": mr.iid,
                     "id": mr.id,
                     "title": mr.title,
-                    "description": _clip(mr.description or "", MAX_DESCRIPTION),
+                    "description": clip(mr.description or "", MAX_DESCRIPTION),
                     "url": mr.url,
                     "state": mr.state,
                 },
@@ -186,7 +187,7 @@ class GitLab(Adapter):
                 "branch": event.ref.removeprefix("refs/heads/") if event.ref.startswith("refs/heads/") else None,
                 "before": event.before,
                 "after": event.after,
-                "commits": [{"id": c.id, "message": _clip(c.message, 4096), "url": c.url} for c in event.commits[:50]],
+                "commits": [{"id": c.id, "message": clip(c.message, 4096), "url": c.url} for c in event.commits[:50]],
                 "commit_count": event.total_commits_count
                 if event.total_commits_count is not None
                 else len(event.commits),

@@ -10,8 +10,8 @@ from test_deploy_files import _documented_env
 from temporality_protocol.catalog import SERVICES
 from temporality_service import ServiceSettings
 
-#: The shared groups (nats, log, process) are documented once, as TEMPORALITY_NATS_* and so on.
-_GROUPS = {"nats", "log", "process"}
+#: The shared groups (nats, log, process, api) are documented once, as TEMPORALITY_NATS_* and so on.
+_GROUPS = {"nats", "log", "process", "api"}
 
 
 def _env_names(name: str) -> set[str]:

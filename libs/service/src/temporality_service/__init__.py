@@ -6,6 +6,17 @@ TCP_NODELAY, uvloop and httptools (:mod:`.server`), the HTTP error contract and 
 (:mod:`.http`), and ``/healthz`` + ``/readyz`` (:mod:`.health`).
 """
 
+from temporality_service.auth import (
+    ApiAuth,
+    ApiAuthSettings,
+    ApiToken,
+    AsAdmin,
+    AsOperator,
+    AsViewer,
+    Principal,
+    Role,
+    TokenFileError,
+)
 from temporality_service.health import Readiness
 from temporality_service.http import (
     MAX_INT64,
@@ -35,7 +46,13 @@ from temporality_service.settings import HttpServiceSettings, LogSettings, Proce
 
 __all__ = [
     "MAX_INT64",
+    "ApiAuth",
+    "ApiAuthSettings",
     "ApiError",
+    "ApiToken",
+    "AsAdmin",
+    "AsOperator",
+    "AsViewer",
     "BadRequest",
     "BodyTooLarge",
     "ClientGone",
@@ -50,12 +67,15 @@ __all__ = [
     "MalformedJson",
     "NonNegativeInt64",
     "NotFound",
+    "Principal",
     "ProcessSettings",
     "Readiness",
     "Responder",
+    "Role",
     "Runtime",
     "ServiceSettings",
     "Setup",
+    "TokenFileError",
     "Unauthorized",
     "Unavailable",
     "Unprocessable",

@@ -1,6 +1,7 @@
 """Settings every service process shares (pydantic-settings: a bad environment fails before connecting).
 
-    ServiceSettings              -- nats (TEMPORALITY_NATS_*), log (TEMPORALITY_LOG_*), process (TEMPORALITY_*)
+    ServiceSettings              -- nats (TEMPORALITY_NATS_*), log (TEMPORALITY_LOG_*), process (TEMPORALITY_*),
+                                    api (TEMPORALITY_API_*: role tokens, see :mod:`.auth`)
     └── HttpServiceSettings      -- + host, port, max_body_bytes under the service's own prefix
 
 A service subclasses one of them, sets ``model_config = SettingsConfigDict(env_prefix="TEMPORALITY_<SVC>_")``
@@ -18,6 +19,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from temporality_bus import NatsSettings
+from temporality_service.auth import ApiAuthSettings
 
 __all__ = ["HttpServiceSettings", "LogSettings", "ProcessSettings", "ServiceSettings"]
 
@@ -52,6 +54,7 @@ class ServiceSettings(BaseSettings):
     nats: NatsSettings = Field(default_factory=NatsSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     process: ProcessSettings = Field(default_factory=ProcessSettings)
+    api: ApiAuthSettings = Field(default_factory=ApiAuthSettings)
     #: Bind address of the service's HTTP server; loopback unless a container needs more.
     host: str = Field(default="127.0.0.1", description="Bind address; loopback unless a container needs more")
     #: ``None``: no HTTP server (a worker); ``0`` picks a free port (tests, benchmarks), logged at start.

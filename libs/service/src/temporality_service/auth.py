@@ -1,0 +1,226 @@
+"""Role tokens for the HTTP APIs people and tools call (trigger admin, user directory, run control, journal).
+
+One secret file serves every service (``TEMPORALITY_API_TOKENS_FILE``, a YAML or JSON list)::
+
+    - {name: ci-bot, role: admin, token: "…at least 24 characters…"}
+    - {name: on-call, role: operator, token: "…"}
+    - {name: dashboard, role: viewer, token: "…"}
+
+Roles are ordered: ``viewer`` < ``operator`` < ``admin``; an endpoint names the lowest role it admits and a
+caller with a higher one is let in. A request without a valid ``Authorization: Bearer <token>`` is a 401 with
+a ``WWW-Authenticate`` challenge; a valid token whose role is too low is a 403 naming the role needed. Tokens
+are compared in constant time and never logged: the log and the journal name the token's ``name``.
+
+With no file configured nothing is admitted (every protected endpoint answers 401): there is no anonymous
+access but health and metrics. ``temporality up`` writes a file with a fresh admin token and prints it.
+
+Usage in a FastAPI app::
+
+    ApiAuth.from_settings(settings.api).install(app)   # in configure(): a bad file is a ConfigError
+
+    @app.post("/triggers")
+    async def create(who: AsAdmin) -> ...               # who.name goes into logs and audit events
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from enum import IntEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import structlog
+import yaml
+from fastapi import Depends, FastAPI, Header, Request
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from temporality_service.http import Forbidden, Unauthorized
+
+__all__ = [
+    "ApiAuth",
+    "ApiAuthSettings",
+    "ApiToken",
+    "AsAdmin",
+    "AsOperator",
+    "AsViewer",
+    "Principal",
+    "Role",
+    "TokenFileError",
+    "dump_tokens",
+    "load_tokens",
+    "require",
+]
+
+log = structlog.get_logger(__name__)
+
+#: Shorter tokens are refused at start: a guessable secret is a configuration error, not a warning.
+MIN_TOKEN_LENGTH = 24
+
+
+class Role(IntEnum):
+    """What a caller may do; a higher role includes every lower one."""
+
+    viewer = 1
+    operator = 2
+    admin = 3
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiToken(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._@:-]+$")
+    role: Role
+    token: SecretStr = Field(min_length=MIN_TOKEN_LENGTH)
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _role_by_name(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return Role[value]
+            except KeyError:
+                raise ValueError(f"unknown role {value!r}: one of {', '.join(r.name for r in Role)}") from None
+        return value
+
+
+class Principal(BaseModel):
+    """Who called: the token's name and role (never the token)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    role: Role
+
+    def may(self, role: Role) -> bool:
+        return self.role >= role
+
+
+class TokenFileError(ValueError):
+    """The tokens file is missing, unreadable or invalid; the message names the entry and field."""
+
+
+_TOKENS = TypeAdapter(list[ApiToken])
+
+
+def load_tokens(path: Path) -> list[ApiToken]:
+    """Read and validate a tokens file (YAML or JSON list); duplicate names or tokens are refused."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TokenFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise TokenFileError(f"{path}: not YAML/JSON: {exc}") from exc
+    if raw is None:
+        raw = []
+    try:
+        tokens = _TOKENS.validate_python(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise TokenFileError(f"{path}: entry {where}: {first['msg']}") from None
+    _check_unique(tokens, path)
+    return tokens
+
+
+def _check_unique(tokens: Iterable[ApiToken], where: object) -> None:
+    names: set[str] = set()
+    secrets: set[str] = set()
+    for entry in tokens:
+        if entry.name in names:
+            raise TokenFileError(f"{where}: token name {entry.name!r} appears twice")
+        if entry.token.get_secret_value() in secrets:
+            raise TokenFileError(f"{where}: token of {entry.name!r} is used by another entry")
+        names.add(entry.name)
+        secrets.add(entry.token.get_secret_value())
+
+
+class ApiAuthSettings(BaseSettings):
+    """``TEMPORALITY_API_*``: the role tokens every service's HTTP API accepts."""
+
+    model_config = SettingsConfigDict(env_prefix="TEMPORALITY_API_", extra="ignore")
+
+    #: A YAML/JSON list of ``{name, role, token}`` (mount it from a secret). Unset: nothing is admitted.
+    tokens_file: Path | None = None
+
+
+class ApiAuth:
+    """Checks ``Authorization: Bearer`` against the configured tokens; FastAPI dependencies per role."""
+
+    def __init__(self, tokens: Iterable[ApiToken] = ()) -> None:
+        self._tokens = list(tokens)
+        _check_unique(self._tokens, "tokens")
+
+    @classmethod
+    def from_settings(cls, settings: ApiAuthSettings) -> ApiAuth:
+        """Raises :class:`TokenFileError` (a service turns it into ``ConfigError``, exit 2)."""
+        if settings.tokens_file is None:
+            return cls()
+        return cls(load_tokens(settings.tokens_file))
+
+    @property
+    def configured(self) -> bool:
+        return bool(self._tokens)
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """The caller behind an ``Authorization`` header, or :class:`Unauthorized`."""
+        if not authorization:
+            raise Unauthorized("this endpoint needs Authorization: Bearer <API token>")
+        scheme, _, credential = authorization.partition(" ")
+        credential = credential.strip()
+        if scheme.lower() != "bearer" or not credential:
+            raise Unauthorized("use Authorization: Bearer <API token>")
+        given = credential.encode("utf-8", "surrogateescape")
+        match: ApiToken | None = None
+        for entry in self._tokens:  # every entry compared, in constant time each: no early exit on a hit
+            if hmac.compare_digest(given, entry.token.get_secret_value().encode("utf-8")):
+                match = entry
+        if match is None:
+            raise Unauthorized("the API token is not valid", code="invalid_token")
+        return Principal(name=match.name, role=match.role)
+
+    def authorize(self, authorization: str | None, role: Role) -> Principal:
+        principal = self.authenticate(authorization)
+        if not principal.may(role):
+            log.info("api.forbidden", principal=principal.name, role=str(principal.role), needed=str(role))
+            raise Forbidden(f"this needs the {role} role; token {principal.name!r} has {principal.role}")
+        return principal
+
+    def install(self, app: FastAPI) -> None:
+        """Make this the token set the :data:`AsViewer` / :data:`AsOperator` / :data:`AsAdmin` parameters check."""
+        app.state.api_auth = self
+
+
+def require(role: Role) -> Callable[..., Awaitable[Principal]]:
+    """A FastAPI dependency admitting callers with ``role`` or higher (401/403 otherwise).
+
+    It checks the :class:`ApiAuth` installed on the app (``auth.install(app)``): being module-level, the
+    ``Annotated`` aliases below resolve under ``from __future__ import annotations`` anywhere.
+    """
+
+    async def dependency(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
+        auth = getattr(request.app.state, "api_auth", None)
+        if not isinstance(auth, ApiAuth):
+            raise RuntimeError("ApiAuth.install(app) was not called for this app")
+        return auth.authorize(authorization, role)
+
+    dependency.__name__ = f"require_{role.name}"
+    return dependency
+
+
+#: Endpoint parameters: ``async def list_triggers(who: AsViewer)`` admits viewer, operator and admin.
+AsViewer = Annotated[Principal, Depends(require(Role.viewer))]
+AsOperator = Annotated[Principal, Depends(require(Role.operator))]
+AsAdmin = Annotated[Principal, Depends(require(Role.admin))]
+
+
+def dump_tokens(tokens: Iterable[ApiToken]) -> str:
+    """The file form of ``tokens`` (used by ``temporality up`` to write a fresh admin token)."""
+    return json.dumps(
+        [{"name": t.name, "role": t.role.name, "token": t.token.get_secret_value()} for t in tokens], indent=2
+    )

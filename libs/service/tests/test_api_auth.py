@@ -1,0 +1,110 @@
+"""Role tokens: the file is validated at start, 401 without a valid token, 403 below the role, no token logged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from temporality_service import ApiAuth, ApiAuthSettings, TokenFileError, install_error_handlers
+from temporality_service.auth import AsAdmin, AsOperator, AsViewer, load_tokens
+
+ADMIN = "a" * 24 + "-admin"
+OPERATOR = "o" * 24 + "-operator"
+VIEWER = "v" * 24 + "-viewer"
+
+
+def _file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "tokens.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _tokens_file(tmp_path: Path) -> Path:
+    return _file(
+        tmp_path,
+        f"- {{name: root, role: admin, token: {ADMIN}}}\n"
+        f"- {{name: oncall, role: operator, token: {OPERATOR}}}\n"
+        f"- {{name: board, role: viewer, token: {VIEWER}}}\n",
+    )
+
+
+def _app(auth: ApiAuth) -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app)
+    auth.install(app)
+
+    @app.get("/read")
+    async def read(who: AsViewer) -> dict[str, str]:
+        return {"name": who.name, "role": str(who.role)}
+
+    @app.post("/toggle")
+    async def toggle(who: AsOperator) -> dict[str, str]:
+        return {"name": who.name}
+
+    @app.delete("/thing")
+    async def delete(who: AsAdmin) -> dict[str, str]:
+        return {"name": who.name}
+
+    return app
+
+
+async def _call(app: FastAPI, method: str, path: str, token: str | None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        return await client.request(method, path, headers=headers)
+
+
+async def test_roles_are_ordered_and_enforced(tmp_path: Path) -> None:
+    auth = ApiAuth.from_settings(ApiAuthSettings(tokens_file=_tokens_file(tmp_path)))
+    app = _app(auth)
+    assert (await _call(app, "GET", "/read", VIEWER)).json() == {"name": "board", "role": "viewer"}
+    assert (await _call(app, "GET", "/read", ADMIN)).status_code == 200
+    assert (await _call(app, "POST", "/toggle", OPERATOR)).status_code == 200
+    refused = await _call(app, "POST", "/toggle", VIEWER)
+    assert refused.status_code == 403
+    assert refused.json()["error"] == "forbidden"
+    assert "operator" in refused.json()["detail"]
+    assert (await _call(app, "DELETE", "/thing", OPERATOR)).status_code == 403
+    assert (await _call(app, "DELETE", "/thing", ADMIN)).status_code == 200
+
+
+@pytest.mark.parametrize("header", [None, "", "Basic dXNlcjpwYXNz", "Bearer ", "Bearer wrong-token-of-enough-length"])
+async def test_missing_or_wrong_token_is_401_with_a_challenge(tmp_path: Path, header: str | None) -> None:
+    app = _app(ApiAuth.from_settings(ApiAuthSettings(tokens_file=_tokens_file(tmp_path))))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        response = await client.get("/read", headers={} if header is None else {"Authorization": header})
+    assert response.status_code == 401
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert response.json()["error"] in {"unauthorized", "invalid_token"}
+
+
+async def test_no_tokens_configured_admits_nobody() -> None:
+    auth = ApiAuth.from_settings(ApiAuthSettings())
+    assert not auth.configured
+    assert (await _call(_app(auth), "GET", "/read", VIEWER)).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("- {name: x, role: admin, token: short}\n", "at least 24"),
+        (f"- {{name: x, role: boss, token: {ADMIN}}}\n", "unknown role 'boss'"),
+        (f"- {{name: x, role: admin, token: {ADMIN}, extra: 1}}\n", "extra"),
+        (f"- {{name: x, role: admin, token: {ADMIN}}}\n- {{name: x, role: viewer, token: {VIEWER}}}\n", "twice"),
+        (f"- {{name: x, role: admin, token: {ADMIN}}}\n- {{name: y, role: viewer, token: {ADMIN}}}\n", "another"),
+        ("{not: a list}\n", "list"),
+        ("- [unclosed\n", "not YAML"),
+    ],
+)
+def test_invalid_token_files_are_refused_naming_the_problem(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(TokenFileError, match=message) as caught:
+        load_tokens(_file(tmp_path, text))
+    assert ADMIN not in str(caught.value)  # a refused file never echoes a secret
+
+
+def test_a_missing_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TokenFileError, match="cannot read"):
+        load_tokens(tmp_path / "absent.yaml")

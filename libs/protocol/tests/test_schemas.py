@@ -39,6 +39,7 @@ from temporality_protocol.events import (
     NormalizedEvent,
     OptionAnswer,
     RunCancelled,
+    RunCancelRequested,
     RunCheckpointed,
     RunCompleted,
     RunCreated,
@@ -93,6 +94,7 @@ EXAMPLES: dict[str, EventData] = {
         RunResumed(run_id="run-1", reason="answer", from_turn=2, request_id="hr-1", waited_s=840.0),
         RunCompleted(run_id="run-1", result="Approved with one comment", turns=4),
         RunFailed(run_id="run-1", reason="timeout", error="nobody answered"),
+        RunCancelRequested(run_id="run-1", reason="wrong PR", requested_by="on-call"),
         RunCancelled(run_id="run-1", reason="cancelled by user:alice"),
         HumanRequested(
             request_id="hr-1", run_id="run-1", agent="reviewer", title="Review PR 42", recipient="user:alice",

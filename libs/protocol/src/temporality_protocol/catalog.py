@@ -345,7 +345,7 @@ SERVICES: dict[str, ServiceSpec] = {
             env_prefix="TEMPORALITY_JOURNAL_",
             consumers=("journal",),
             http_port=8082,
-            sends=(DEAD_LETTERED,),
+            sends=("run.cancel_requested", DEAD_LETTERED),
         ),
     )
 }

@@ -31,6 +31,7 @@ __all__ = [
     "LaunchSource",
     "NormalizedEvent",
     "OptionAnswer",
+    "RunCancelRequested",
     "RunCancelled",
     "RunCheckpointed",
     "RunCompleted",
@@ -242,6 +243,20 @@ class RunFailed(EventData):
     error: str
 
 
+class RunCancelRequested(EventData):
+    """A person or service asks to stop a run (RUN-2); the run-executor answers with ``run.cancelled``.
+
+    Idempotent: a run already finished ignores it (the journal keeps the request). Published by the
+    journal's console/API (``POST /runs/{run_id}/cancel``, operator role) and by the run-executor's own API.
+    """
+
+    EVENT_TYPE: ClassVar[str] = "run.cancel_requested"
+    run_id: str
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+    #: The API token's name (or service) that asked; never the token.
+    requested_by: str
+
+
 class RunCancelled(EventData):
     EVENT_TYPE: ClassVar[str] = "run.cancelled"
     run_id: str
@@ -366,6 +381,7 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         RunResumed,
         RunCompleted,
         RunFailed,
+        RunCancelRequested,
         RunCancelled,
         HumanRequested,
         HumanNotified,

@@ -56,6 +56,14 @@ class Up:
         return self.proc.wait(60)
 
 
+def _admin_token(out: str) -> str:
+    """The admin token ``temporality up`` printed (the line names the file it lives in)."""
+    for line in out.splitlines():
+        if "Admin API token" in line:
+            return line.split()[3]
+    raise AssertionError(f"no admin token printed: {out}")
+
+
 def _pids(run_dir: Path) -> list[int]:
     return [int(p.read_text().split()[0]) for p in run_dir.glob("*.ready")]
 
@@ -81,6 +89,10 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         assert f"http://127.0.0.1:{up.ports['human']}/inbox" in out
         assert f"http://127.0.0.1:{up.ports['journal']}/runs" in out
         assert "nats://127.0.0.1:" in out
+        token = _admin_token(out)
+        tokens_file = data_dir / "api-tokens.json"
+        assert token in tokens_file.read_text(encoding="utf-8")
+        assert tokens_file.stat().st_mode & 0o077 == 0, "the tokens file is readable by others"
         body = EXAMPLE_PR.read_bytes()
         headers = {"Authorization": HOOK_AUTH, "Content-Type": "application/json"}
         accepted = keep_alive.post(hook, content=body, headers=headers)
@@ -98,12 +110,17 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
     # still recognises the delivery (JetStream file store + SQLite)
     again = Up(data_dir, up.ports)
     try:
-        again.read_until("Press Ctrl-C to stop.")
+        out_again = "\n".join(again.read_until("Press Ctrl-C to stop."))
+        assert _admin_token(out_again) == token, "the admin token must survive a restart"
         hook = f"http://127.0.0.1:{again.ports['gateway']}/hooks/ado-pr-review"
         duplicate = httpx.post(hook, content=body, headers=headers, timeout=10)
         assert duplicate.status_code == 200, duplicate.text
         assert duplicate.json()["run_id"] == run_id
-        run = httpx.get(f"http://127.0.0.1:{again.ports['journal']}/runs/{run_id}", timeout=10)
+        run = httpx.get(
+            f"http://127.0.0.1:{again.ports['journal']}/runs/{run_id}",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
         assert run.status_code == 200
         assert run.json()["agent"] == "reviewer"
     finally:
@@ -120,6 +137,35 @@ def test_up_refuses_a_missing_config_dir(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "triggers.yaml not found" in result.stdout
+
+
+def test_up_refuses_an_invalid_tokens_file(tmp_path: Path) -> None:
+    bad = tmp_path / "tokens.yaml"
+    bad.write_text("- {name: x, role: root, token: short}\n", encoding="utf-8")
+    result = subprocess.run(
+        [
+            str(SCRIPT),
+            "up",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--config-dir",
+            str(CONFIG),
+            "--gateway-port",
+            str(free_port()),
+            "--human-port",
+            str(free_port()),
+            "--journal-port",
+            str(free_port()),
+            "--api-tokens-file",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2, result.stdout
+    assert f"error: {bad}: entry 0.role" in result.stdout
 
 
 def test_up_names_a_port_that_is_taken(tmp_path: Path) -> None:

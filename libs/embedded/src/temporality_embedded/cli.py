@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from temporality_embedded.processes import SERVICES
-from temporality_embedded.stack import Stack, StackConfig
+from temporality_embedded.stack import Stack, StackConfig, TokenFileError
 
 __all__ = ["build_parser", "main", "port_free"]
 
@@ -75,6 +75,7 @@ def up(args: argparse.Namespace) -> int:
             journal_port=args.journal_port,
             nats_port=args.nats_port,
             log_format="console",
+            api_tokens_file=Path(args.api_tokens_file) if args.api_tokens_file else None,
         )
     )
     stop = threading.Event()
@@ -83,6 +84,9 @@ def up(args: argparse.Namespace) -> int:
     _out(f"Starting Temporality: nats-server (JetStream) + SQLite + {len(SERVICES)} services ...")
     try:
         stack.start()
+    except TokenFileError as exc:
+        _out(f"error: {exc}")
+        return 2
     except (RuntimeError, TimeoutError) as exc:
         _out(f"error: could not start: {exc}")
         return 1
@@ -90,7 +94,9 @@ def up(args: argparse.Namespace) -> int:
     for line in _webhook_lines(stack, config_dir):
         _out(line)
     _out(f"  Web inbox API              {stack.human_url}/inbox   (Authorization: Bearer <user's inbox token>)")
-    _out(f"  Journal API                {stack.journal_url}/runs")
+    _out(f"  Journal API                {stack.journal_url}/runs   (Authorization: Bearer <API token>)")
+    if stack.admin_token is not None:
+        _out(f"  Admin API token            {stack.admin_token}   (from {stack.api_tokens_file})")
     _out(f"  NATS (JetStream)           {stack.nats.url}   (every event on temporality.events.>)")
     _out(f"  Data and logs              {stack.data_dir}   (logs in {stack.data_dir / 'run'})")
     _out("Press Ctrl-C to stop.")
@@ -118,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_up.add_argument("--human-port", type=int, default=8081)
     p_up.add_argument("--journal-port", type=int, default=8082)
     p_up.add_argument("--nats-port", type=int, default=-1, help="-1 picks a free port")
+    p_up.add_argument(
+        "--api-tokens-file",
+        default=None,
+        help="role tokens for the APIs (default: <data-dir>/api-tokens.json, created with a fresh admin token)",
+    )
     return parser
 
 

@@ -7,14 +7,27 @@ each reads, which ``StackConfig`` field holds a port) is checked against it.
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from temporality_embedded.natsserver import NatsServer
 from temporality_embedded.processes import SERVICES, ServiceProcess
+from temporality_service.auth import ApiToken, Role, TokenFileError, dump_tokens, load_tokens
 
-__all__ = ["STOP_ORDER", "Stack", "StackConfig", "check_stop_order"]
+__all__ = [
+    "ADMIN_TOKEN_NAME",
+    "STOP_ORDER",
+    "Stack",
+    "StackConfig",
+    "TokenFileError",
+    "check_stop_order",
+    "ensure_tokens_file",
+]
 
 #: Stop order: intake first, the journal last (it records everyone's goodbyes). Exactly the
 #: catalogue's services (:func:`check_stop_order`; a test and every :class:`Stack` check it).
@@ -61,6 +74,25 @@ class StackConfig:
     database_url: str | None = None  # default: SQLite under data_dir
     log_format: str = "console"
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: The role tokens every API accepts (``TEMPORALITY_API_TOKENS_FILE``). ``None``: ``<data_dir>/api-tokens.json``,
+    #: created with one fresh admin token on first start and reused afterwards (the token stays valid).
+    api_tokens_file: Path | None = None
+
+
+#: The name of the admin token ``temporality up`` creates.
+ADMIN_TOKEN_NAME = "local-admin"
+
+
+def ensure_tokens_file(path: Path) -> list[ApiToken]:
+    """Read ``path``, or create it (mode 0600) with one fresh admin token. Raises ``TokenFileError``."""
+    if path.exists():
+        return load_tokens(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokens = [ApiToken(name=ADMIN_TOKEN_NAME, role=Role.admin, token=SecretStr(secrets.token_urlsafe(32)))]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(dump_tokens(tokens))
+    return tokens
 
 
 class Stack:
@@ -70,6 +102,14 @@ class Stack:
         self.data_dir = config.data_dir.resolve()
         self.nats = NatsServer(self.data_dir / "nats", port=config.nats_port)
         self.services: dict[str, ServiceProcess] = {}
+        self.api_tokens_file = (config.api_tokens_file or self.data_dir / "api-tokens.json").resolve()
+        self.api_tokens: list[ApiToken] = []
+
+    @property
+    def admin_token(self) -> str | None:
+        """An admin token of :attr:`api_tokens_file` (loaded at :meth:`start`), for people and tests."""
+        admins = [t for t in self.api_tokens if t.role is Role.admin]
+        return admins[0].token.get_secret_value() if admins else None
 
     @property
     def gateway_url(self) -> str:
@@ -101,6 +141,7 @@ class Stack:
         env = {
             "TEMPORALITY_NATS_URL": self.nats.url,
             "TEMPORALITY_LOG_FORMAT": self.config.log_format,
+            "TEMPORALITY_API_TOKENS_FILE": str(self.api_tokens_file),
         }
         port = self.http_port(name)
         if spec.port_env is not None and port is not None:
@@ -113,6 +154,8 @@ class Stack:
         return env | dict(self.config.extra_env)
 
     def start(self, timeout: float = 60.0) -> None:
+        """Raises ``TokenFileError`` for an invalid tokens file, ``RuntimeError``/``TimeoutError`` otherwise."""
+        self.api_tokens = ensure_tokens_file(self.api_tokens_file)
         self.nats.start()
         try:
             for name in SERVICES:

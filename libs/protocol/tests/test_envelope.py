@@ -50,6 +50,29 @@ def test_sdk_decodes_our_events_with_extensions() -> None:
     assert data["answer"] == {"type": "option", "option_id": "keep-v1", "label": "Keep v1"}
 
 
+def test_we_read_what_the_sdk_writes() -> None:
+    """The other direction: an event written by the official SDK (its own spacing, escaping) decodes the same."""
+    from cloudevents.core.v1.event import CloudEvent
+
+    event = make_event(
+        _answered(), source="/temporality/human-interaction", id="evt-1", run_id="run-1",
+        actor="user:alice", tenant="fabrikam 🌎",
+    )  # fmt: skip
+    attributes = {k: v for k, v in event.model_dump().items() if v is not None and k != "data"}
+    written = JSONFormat().write(CloudEvent(attributes, event.data))
+    assert written != encode(event)  # different bytes (spacing, \u escapes) ...
+    assert decode(written) == event  # ... the same event
+
+
+def test_non_ascii_round_trips_as_utf8_the_sdk_reads() -> None:
+    answer = _answered().model_copy(update={"answer": TextAnswer(value="Hello, 🌎! «да»")})
+    event = make_event(answer, source="/x")
+    raw = encode(event)
+    assert "🌎".encode() in raw
+    assert decode(raw).payload() == answer
+    assert JSONFormat().read(None, raw).get_data()["answer"]["value"] == "Hello, 🌎! «да»"
+
+
 def test_round_trip_and_typed_payload() -> None:
     event = make_event(_answered(), source="/x", run_id="run-1")
     back = decode(encode(event))
@@ -73,6 +96,16 @@ def test_unknown_fields_are_ignored_on_read() -> None:
     assert decode(json.dumps(doc).encode()).payload() == _answered()
 
 
+_EVENT = (
+    b'{"id": "1", "source": "/x", "type": "run.failed", "specversion": "1.0", "protocolversion": "1.0",'
+    b' "time": "2026-12-01T12:00:00Z", "data": {}}'
+)
+
+
+def test_the_invalid_cases_below_start_from_a_valid_event() -> None:
+    assert decode(_EVENT).type == "run.failed"
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -89,6 +122,14 @@ def test_unknown_fields_are_ignored_on_read() -> None:
             b'{"id": "1", "source": "/x", "type": "t", "specversion": "1.0", "protocolversion": "1.0", "data": 3}',
             "object",
         ),
+        (b'["a", "list"]', "JSON object"),
+        (b"\xff\xfe", "not a CloudEvent"),
+        (_EVENT.replace(b'"1.0", "protocolversion"', b'"0.3", "protocolversion"'), "specversion must be 1.0"),
+        (_EVENT.replace(b'"data": {}', b'"data_base64": "AAAA"'), "data_base64"),
+        (_EVENT.replace(b'"data": {}', b'"data": {"x": NaN}'), "not a CloudEvent"),
+        (_EVENT.replace(b'"id": "1"', b'"id": ""'), "id"),
+        (_EVENT.replace(b"12:00:00Z", b"12:00:00"), "timezone"),
+        (_EVENT.replace(b"2026-12-01T12:00:00Z", b"yesterday"), "time"),
     ],
 )
 def test_invalid_bytes_are_refused(raw: bytes, message: str) -> None:

@@ -3,7 +3,7 @@
 Process concerns (settings groups, logging, signals, ready files) live in ``temporality_service``."""
 
 from temporality_bus.connection import Bus, PublishResult
-from temporality_bus.consumer import Consumer, DeadLetterHook, Delivery
+from temporality_bus.consumer import Consumer, ConsumerObserver, DeadLetterHook, Delivery, Outcome
 from temporality_bus.errors import (
     AlreadyExists,
     BusError,
@@ -26,6 +26,7 @@ __all__ = [
     "BusError",
     "Conflict",
     "Consumer",
+    "ConsumerObserver",
     "Contended",
     "DeadLetterHook",
     "Delivery",
@@ -33,6 +34,7 @@ __all__ = [
     "Modified",
     "NatsSettings",
     "NotFound",
+    "Outcome",
     "PermanentError",
     "PublishResult",
     "Request",

@@ -48,7 +48,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
+from typing import Literal, Protocol
 
 import nats.errors
 import structlog
@@ -62,7 +64,16 @@ from temporality_protocol import BusDeadLettered, Envelope, ProtocolError, decod
 from temporality_protocol.catalog import DLQ_PREFIX, ConsumerSpec
 from temporality_protocol.version import SUPPORTED_VERSIONS, negotiate
 
-__all__ = ["BatchHandler", "Consumer", "DeadLetterHook", "Delivery", "EnvelopeHandler", "RawHandler"]
+__all__ = [
+    "BatchHandler",
+    "Consumer",
+    "ConsumerObserver",
+    "DeadLetterHook",
+    "Delivery",
+    "EnvelopeHandler",
+    "Outcome",
+    "RawHandler",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -89,6 +100,16 @@ BatchHandler = Callable[[list[tuple[Envelope, Delivery]]], Awaitable[None]]
 #: and the reason, before the message goes to the DLQ; see the module docstring.
 DeadLetterHook = Callable[[Envelope | bytes, Delivery, BaseException], Awaitable[None]]
 
+#: How a message left the runner's hands: ``acked`` (handled), ``retried`` (nak with backoff),
+#: ``dead_lettered`` (copied to the DLQ and terminated).
+Outcome = Literal["acked", "retried", "dead_lettered"]
+
+
+class ConsumerObserver(Protocol):
+    """Told of every settled message (the service runtime counts them for ``/metrics``); must not raise."""
+
+    def settled(self, durable: str, outcome: Outcome, seconds: float, count: int = 1) -> None: ...
+
 
 class Consumer:
     """Runs one durable pull consumer (``spec``) until ``stop`` is set.
@@ -113,6 +134,7 @@ class Consumer:
         on_dead_letter: DeadLetterHook | None = None,
         batch_handler: BatchHandler | None = None,
         batch_size: int = 100,
+        observer: ConsumerObserver | None = None,
     ) -> None:
         if (handler is None) == (raw_handler is None):
             raise ValueError("give exactly one of handler / raw_handler")
@@ -127,6 +149,7 @@ class Consumer:
         self._handler = handler
         self._raw_handler = raw_handler
         self._on_dead_letter = on_dead_letter
+        self._observer = observer
         self._max_inflight = max_inflight
         self._fetch_timeout = fetch_timeout_s
         self._ack_wait = ack_wait_s or bus.settings.ack_wait_s
@@ -207,6 +230,7 @@ class Consumer:
             held.append(msg)
         if not batch:
             return
+        started = time.monotonic()
         try:
             with structlog.contextvars.bound_contextvars(
                 consumer=self.spec.durable,
@@ -230,36 +254,48 @@ class Consumer:
                 await msg.ack()  # only now: the batch handler returned, its side effects are committed
             except Exception as exc:  # the message comes back after ack_wait; handlers are idempotent
                 self._log.warning("consumer.settle_failed", error=repr(exc))
+        self._observe("acked", time.monotonic() - started, len(held))
+
+    def _observe(self, outcome: Outcome, seconds: float, count: int = 1) -> None:
+        if self._observer is not None:
+            try:
+                self._observer.settled(self.spec.durable, outcome, seconds, count)
+            except Exception as exc:  # counting must never fail a message
+                self._log.warning("consumer.observer_failed", error=repr(exc))
 
     async def _process(self, msg: Msg) -> None:
         delivery = Delivery(msg)
         ctx = {"stream_seq": delivery.stream_seq, "delivery": delivery.num_delivered}
+        started = time.monotonic()
         self._in_hand[msg.reply] = msg
         try:
             with structlog.contextvars.bound_contextvars(consumer=self.spec.durable, **ctx):
                 if 0 < self.spec.max_deliver < delivery.num_delivered:
                     # past the limit: the last attempt never settled (it crashed or killed its process,
                     # or its dead-lettering failed) -- dead-letter without running the handler again
-                    await self._give_up(msg, delivery, RuntimeError("deliveries exhausted without a settled outcome"))
+                    exhausted = RuntimeError("deliveries exhausted without a settled outcome")
+                    await self._give_up(msg, delivery, exhausted, started)
                     return
                 try:
                     await self._dispatch(msg, delivery)
                 except (PermanentError, ProtocolError, ValidationError) as exc:
-                    await self._give_up(msg, delivery, exc)
+                    await self._give_up(msg, delivery, exc, started)
                     return
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     if 0 < self.spec.max_deliver <= delivery.num_delivered:
-                        await self._give_up(msg, delivery, exc)
+                        await self._give_up(msg, delivery, exc, started)
                         return
                     delay = self._backoff(delivery.num_delivered)
                     self._log.warning("handler.retry", error=repr(exc), delay_s=delay, exc_info=True)
                     self._in_hand.pop(msg.reply, None)
                     await msg.nak(delay=delay)
+                    self._observe("retried", time.monotonic() - started)
                     return
                 self._in_hand.pop(msg.reply, None)
                 await msg.ack()  # only now: the handler returned, its side effects are committed
+                self._observe("acked", time.monotonic() - started)
         except Exception as exc:  # ack/nak/term failed: the message comes back after ack_wait
             self._log.warning("consumer.settle_failed", error=repr(exc))
         finally:
@@ -279,7 +315,7 @@ class Consumer:
         backoff = self.spec.backoff_s
         return backoff[min(num_delivered - 1, len(backoff) - 1)]
 
-    async def _give_up(self, msg: Msg, delivery: Delivery, exc: BaseException) -> None:
+    async def _give_up(self, msg: Msg, delivery: Delivery, exc: BaseException, started: float) -> None:
         """Dead-letter; if even that fails (the bus is down), nak so the server delivers it again.
 
         The server-side consumer has no delivery limit: the runner alone decides when to give up, so
@@ -292,6 +328,9 @@ class Consumer:
             self._log.error("dead_letter.failed", error=repr(dl_exc), original_error=repr(exc), retry_in_s=delay)
             self._in_hand.pop(msg.reply, None)
             await msg.nak(delay=delay)
+            self._observe("retried", time.monotonic() - started)
+            return
+        self._observe("dead_lettered", time.monotonic() - started)
 
     async def _heartbeat(self) -> None:
         """One loop for the whole consumer: ``in_progress`` for every message in hand, every ``ack_wait / 3``."""

@@ -40,6 +40,7 @@ from temporality_service.http import (
 )
 from temporality_service.lifecycle import clear_ready, mark_ready, stop_on_signals
 from temporality_service.logs import configure_logging
+from temporality_service.metrics import ServiceMetrics
 from temporality_service.runtime import ConfigError, Configure, Responder, Runtime, Setup, run_service, run_until, serve
 from temporality_service.server import HttpServer, bind_tcp
 from temporality_service.settings import HttpServiceSettings, LogSettings, ProcessSettings, ServiceSettings
@@ -73,6 +74,7 @@ __all__ = [
     "Responder",
     "Role",
     "Runtime",
+    "ServiceMetrics",
     "ServiceSettings",
     "Setup",
     "TokenFileError",

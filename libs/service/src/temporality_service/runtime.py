@@ -35,6 +35,7 @@ from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS, Se
 from temporality_service.health import Readiness, add_health_routes
 from temporality_service.lifecycle import clear_ready, mark_ready, stop_on_signals
 from temporality_service.logs import configure_logging
+from temporality_service.metrics import ServiceMetrics
 from temporality_service.server import HttpServer
 from temporality_service.settings import LogSettings, ServiceSettings
 
@@ -72,6 +73,8 @@ class Runtime(Generic[S]):
         #: Enter the service's own resources here (database, channel adapters): closed before the bus drains.
         self.resources = resources
         self.readiness = Readiness(spec.name, bus)
+        #: ``/metrics`` (served on the service's HTTP port next to ``/healthz``): see :mod:`.metrics`.
+        self.metrics = ServiceMetrics(spec.name, bus)
         self.consumers: list[Consumer] = []
         self.responders: list[Responder] = []
         self.app: FastAPI | None = None
@@ -118,6 +121,7 @@ class Runtime(Generic[S]):
             on_dead_letter=on_dead_letter,
             batch_handler=batch_handler,
             batch_size=batch_size,
+            observer=self.metrics,
         )
         self.consumers.append(consumer)
         self.readiness.watch_consumer(consumer)
@@ -131,10 +135,11 @@ class Runtime(Generic[S]):
         return responder
 
     def http(self, app: FastAPI) -> FastAPI:
-        """Serve ``app`` (with ``/healthz`` and ``/readyz`` added) on the settings' host and port."""
+        """Serve ``app`` (with ``/healthz``, ``/readyz`` and ``/metrics`` added) on the settings' host and port."""
         if self.settings.port is None:
             raise ValueError(f"{self.spec.name} has an HTTP app but no port setting")
         add_health_routes(app, self.readiness)
+        self.metrics.install(app)
         self.app = app
         return app
 
@@ -227,6 +232,8 @@ async def _serve(runtime: Runtime[Any], stop: asyncio.Event, ready: asyncio.Even
     async with asyncio.TaskGroup() as tg:
         for consumer in runtime.consumers:
             tg.create_task(supervised(f"consumer {consumer.spec.durable}", consumer.run(consumers_stop)))
+        if runtime.consumers:
+            tg.create_task(runtime.metrics.watch_lag(runtime.consumers, consumers_stop))
         for responder in runtime.responders:
             await responder.start()
         server = runtime.server

@@ -1,0 +1,179 @@
+"""``/metrics``: what every service reports to Prometheus (the runtime wires it; services add nothing).
+
+==============================================  =======================================================
+``temporality_http_requests_total``             counter by ``method``, ``route`` (the route template,
+                                                e.g. ``/hooks/{trigger_id}``, never the raw path) and
+                                                ``status``
+``temporality_http_request_duration_seconds``   histogram by ``method`` and ``route``
+``temporality_consumer_messages_total``         counter by ``consumer`` and ``outcome`` (``acked``,
+                                                ``retried``, ``dead_lettered``)
+``temporality_consumer_handle_seconds``         histogram by ``consumer``: handling time of settled
+                                                messages (a batch counts once per batch)
+``temporality_consumer_pending``                gauge by ``consumer``: messages not yet delivered (lag)
+``temporality_consumer_ack_pending``            gauge by ``consumer``: delivered, not yet acknowledged
+``temporality_nats_connected``                  gauge: 1 while the NATS connection is up
+``temporality_service_info``                    ``service`` and ``protocol_version`` labels, value 1
+==============================================  =======================================================
+
+Every metric also carries the ``service`` label. The pending gauges are refreshed from the server's
+consumer info every ``LAG_REFRESH_S`` seconds (and are absent until the first refresh). Each
+:class:`ServiceMetrics` has its own registry, so several in-process replicas (tests) never collide.
+``/metrics`` is served without authentication, like ``/healthz`` (issue 11: no anonymous endpoint but
+health and metrics); it reveals counts, never payloads or ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import structlog
+from fastapi import FastAPI
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from temporality_bus import Bus, Consumer, Outcome
+from temporality_protocol.version import PROTOCOL_VERSION
+
+__all__ = ["LAG_REFRESH_S", "ServiceMetrics"]
+
+log = structlog.get_logger(__name__)
+
+#: How often the consumer lag gauges are refreshed from the server.
+LAG_REFRESH_S = 10.0
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class ServiceMetrics:
+    """The instruments of one service process; also the consumers' :class:`~temporality_bus.ConsumerObserver`."""
+
+    def __init__(self, service: str, bus: Bus) -> None:
+        self.service = service
+        self.bus = bus
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = {"service": service}
+        Gauge(
+            "temporality_service_info",
+            "The service and the protocol version it speaks",
+            ["service", "protocol_version"],
+            registry=self.registry,
+        ).labels(service, PROTOCOL_VERSION).set(1)
+        connected = Gauge(
+            "temporality_nats_connected", "1 while NATS is connected", ["service"], registry=self.registry
+        )
+        connected.labels(**labels).set_function(lambda: 1.0 if bus.nc.is_connected else 0.0)
+        self._requests = Counter(
+            "temporality_http_requests",
+            "HTTP requests by route template and status",
+            ["service", "method", "route", "status"],
+            registry=self.registry,
+        )
+        self._latency = Histogram(
+            "temporality_http_request_duration_seconds",
+            "HTTP request duration",
+            ["service", "method", "route"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+        )
+        self._messages = Counter(
+            "temporality_consumer_messages",
+            "Messages settled by a consumer, by outcome",
+            ["service", "consumer", "outcome"],
+            registry=self.registry,
+        )
+        self._handle = Histogram(
+            "temporality_consumer_handle_seconds",
+            "Handling time of settled messages (a batch once)",
+            ["service", "consumer"],
+            registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+        )
+        self._pending = Gauge(
+            "temporality_consumer_pending",
+            "Messages of the consumer's filter not yet delivered (lag)",
+            ["service", "consumer"],
+            registry=self.registry,
+        )
+        self._ack_pending = Gauge(
+            "temporality_consumer_ack_pending",
+            "Messages delivered and not yet acknowledged",
+            ["service", "consumer"],
+            registry=self.registry,
+        )
+
+    # ------------------------------------------------------------------ consumers
+    def settled(self, durable: str, outcome: Outcome, seconds: float, count: int = 1) -> None:
+        self._messages.labels(self.service, durable, outcome).inc(count)
+        self._handle.labels(self.service, durable).observe(seconds)
+
+    async def refresh_lag(self, consumers: list[Consumer]) -> None:
+        """Read each consumer's pending counts from the server (failures are logged, never raised)."""
+        for consumer in consumers:
+            try:
+                info = await self.bus.js.consumer_info(consumer.spec.stream, consumer.spec.durable, timeout=2.0)
+            except Exception as exc:  # NATS down or the consumer not created yet: keep the last value
+                log.debug("metrics.lag_unavailable", consumer=consumer.spec.durable, error=repr(exc))
+                continue
+            self._pending.labels(self.service, consumer.spec.durable).set(info.num_pending or 0)
+            self._ack_pending.labels(self.service, consumer.spec.durable).set(info.num_ack_pending or 0)
+
+    async def watch_lag(self, consumers: list[Consumer], stop: asyncio.Event) -> None:
+        """Refresh the lag gauges every :data:`LAG_REFRESH_S` until ``stop``."""
+        while not stop.is_set():
+            await self.refresh_lag(consumers)
+            try:
+                await asyncio.wait_for(stop.wait(), LAG_REFRESH_S)
+            except TimeoutError:
+                pass
+
+    # ------------------------------------------------------------------ HTTP
+    def http(self, method: str, route: str, status: int, seconds: float) -> None:
+        self._requests.labels(self.service, method, route, str(status)).inc()
+        self._latency.labels(self.service, method, route).observe(seconds)
+
+    def install(self, app: FastAPI) -> None:
+        """Count every request of ``app`` and serve ``GET /metrics`` on it."""
+
+        @app.get("/metrics", tags=["health"], summary="Prometheus metrics", include_in_schema=False)
+        async def metrics() -> Response:
+            return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+        app.add_middleware(_CountRequests, metrics=self)
+
+    def exposition(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+class _CountRequests:
+    """Pure ASGI middleware: one counter increment and one observation per request, after the response."""
+
+    def __init__(self, app: Asgi, metrics: ServiceMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "(unmatched)"
+            self.metrics.http(scope["method"], template, status, time.perf_counter() - started)

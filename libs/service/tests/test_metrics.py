@@ -1,0 +1,143 @@
+"""``/metrics`` of a service run by the runtime against a real nats-server: HTTP by route template, consumer
+outcomes (acked, retried, dead-lettered), lag, the NATS connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+
+from temporality_bus import Bus, Delivery, NatsSettings, PermanentError
+from temporality_protocol import Envelope, RunStarted, make_event
+from temporality_protocol.catalog import ServiceSpec
+from temporality_service import HttpServiceSettings, Runtime, metrics, run_until
+
+SPEC = ServiceSpec(
+    "metrics-probe",
+    package="tests",
+    description="a service made for this test",
+    env_prefix="TEMPORALITY_PROBE_",
+    consumers=("agent-collab-runs",),
+)
+
+
+def _started(run_id: str) -> Envelope:
+    return make_event(
+        RunStarted(run_id=run_id, agent="a", role="r", title="t"), source="/test", id=f"evt-{run_id}", run_id=run_id
+    )
+
+
+def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _value(text: str, name: str, **labels: str) -> float | None:
+    return _samples(text).get((name, frozenset({"service": SPEC.name, **labels}.items())))
+
+
+@contextlib.asynccontextmanager
+async def _service(nats_settings: NatsSettings) -> AsyncIterator[str]:
+    failed_once: set[str] = set()
+
+    async def handle(event: Envelope, delivery: Delivery) -> None:
+        if event.runid == "run-poison":
+            raise PermanentError("this one can never be handled")
+        if event.runid == "run-flaky" and "run-flaky" not in failed_once:
+            failed_once.add("run-flaky")
+            raise RuntimeError("transient: try again")
+
+    async def setup(rt: Runtime[HttpServiceSettings]) -> None:
+        rt.consumer("agent-collab-runs", handler=handle)
+        app = FastAPI()
+
+        @app.get("/things/{thing_id}")
+        async def thing(thing_id: str) -> dict[str, str]:
+            return {"id": thing_id}
+
+        rt.http(app)
+
+    settings = HttpServiceSettings(nats=nats_settings, port=0)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    captured: list[Runtime[HttpServiceSettings]] = []
+
+    async def capture(rt: Runtime[HttpServiceSettings]) -> None:
+        captured.append(rt)
+        await setup(rt)
+
+    task = asyncio.create_task(run_until(SPEC, settings, capture, stop, ready=ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 30)
+        server = captured[0].server
+        assert server is not None
+        yield server.url
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def _scrape_until(client: httpx.AsyncClient, done: object, timeout_s: float = 20) -> str:
+    """Scrape until ``done(text)`` holds (the consumer settles asynchronously)."""
+    assert callable(done)
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout_s
+    text = ""
+    while loop.time() < until:
+        response = await client.get("/metrics")
+        assert response.status_code == 200
+        text = response.text
+        if done(text):
+            return text
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"metrics never reached the expected state:\n{text}")
+
+
+@pytest.mark.timeout(90)
+async def test_metrics_count_requests_by_route_and_messages_by_outcome(
+    nats_settings: NatsSettings, bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metrics, "LAG_REFRESH_S", 0.5)
+    async with _service(nats_settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        assert (await client.get("/things/42")).status_code == 200
+        assert (await client.get("/things/43")).status_code == 200
+        assert (await client.get("/no/such/path")).status_code == 404
+        for run_id in ("run-ok-1", "run-ok-2", "run-poison", "run-flaky"):
+            await bus.publish(_started(run_id))
+
+        def settled(text: str) -> bool:
+            acked = _value(text, "temporality_consumer_messages_total", consumer="agent-collab-runs", outcome="acked")
+            dead = _value(
+                text, "temporality_consumer_messages_total", consumer="agent-collab-runs", outcome="dead_lettered"
+            )
+            return acked == 3 and dead == 1
+
+        text = await _scrape_until(client, settled)
+        route = {"method": "GET", "route": "/things/{thing_id}", "status": "200"}
+        assert _value(text, "temporality_http_requests_total", **route) == 2  # the template, not two paths
+        assert _value(text, "temporality_http_requests_total", method="GET", route="(unmatched)", status="404") == 1
+        assert _value(text, "temporality_consumer_messages_total", consumer="agent-collab-runs", outcome="retried") == 1
+        assert _value(text, "temporality_nats_connected") == 1
+        assert (
+            _samples(text)[
+                ("temporality_service_info", frozenset({"service": SPEC.name, "protocol_version": "1.0"}.items()))
+            ]
+            == 1
+        )
+        histogram = _value(text, "temporality_http_request_duration_seconds_count", method="GET", route=route["route"])
+        assert histogram == 2
+
+        # the lag gauges come from the server's consumer info: nothing left undelivered or unacked once all settled
+        def drained(t: str) -> bool:
+            pending = _value(t, "temporality_consumer_pending", consumer="agent-collab-runs")
+            return pending == 0 and _value(t, "temporality_consumer_ack_pending", consumer="agent-collab-runs") == 0
+
+        await _scrape_until(client, drained)
+        assert "run-poison" not in text  # counts, never ids or payloads

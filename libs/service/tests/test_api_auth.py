@@ -8,7 +8,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from temporality_service import ApiAuth, ApiAuthSettings, TokenFileError, install_error_handlers
+from temporality_service import ApiAuth, ApiAuthSettings, Role, TokenFileError, install_error_handlers
 from temporality_service.auth import AsAdmin, AsOperator, AsViewer, load_tokens
 
 ADMIN = "a" * 24 + "-admin"
@@ -108,3 +108,10 @@ def test_invalid_token_files_are_refused_naming_the_problem(tmp_path: Path, text
 def test_a_missing_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TokenFileError, match="cannot read"):
         load_tokens(tmp_path / "absent.yaml")
+
+
+def test_the_shipped_example_tokens_file_is_valid_and_covers_every_role() -> None:
+    example = Path(__file__).resolve().parents[3] / "config" / "api-tokens.example.yaml"
+    tokens = load_tokens(example)
+    assert {t.role for t in tokens} == set(Role)
+    assert all("demo" in t.token.get_secret_value() for t in tokens), "the shipped tokens must say they are demo ones"

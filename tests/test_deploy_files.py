@@ -729,33 +729,43 @@ def test_template_actions_are_balanced(template: str) -> None:
     assert len(_OPENERS.findall(text)) == len(_ENDS.findall(text))
 
 
-def _helm() -> str:
-    helm = shutil.which("helm")
-    if helm is None:
-        pytest.skip("no helm binary here: `helm lint` and `helm template` are not run (values are checked by schema)")
-    return helm
+def _helm() -> Any:
+    """The Helm v4 SDK (PyPI ``helm-python-sdk``: Helm's Go library over ctypes, no binary, no cluster)."""
+    return pytest.importorskip("helm_python", reason="helm-python-sdk not installed: the chart is not rendered")
+
+
+def _render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    helm = _helm()
+    chart = helm.Chart.load(CHART)
+    try:
+        manifests: dict[str, str] = chart.render(values, name="t", namespace="default", is_install=True)
+    finally:
+        chart.close()
+    yamls = [text for path, text in manifests.items() if path.endswith((".yaml", ".yml"))]  # not NOTES.txt
+    return [d for text in yamls for d in yaml.safe_load_all(text) if d]
+
+
+def _deployments(values: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    docs = _render(values)
+    return {d["metadata"]["name"].removeprefix("t-temporality-"): d for d in docs if d["kind"] == "Deployment"}
 
 
 def test_helm_lint() -> None:
-    result = subprocess.run([_helm(), "lint", "--strict", str(CHART)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    report = _helm().lint(CHART, strict=True)
+    assert not report["errors"], report
+    assert not [m for m in report["messages"] if m["severity"] >= 2], report["messages"]
 
 
-@pytest.mark.parametrize("extra", [[], ["--set", "postgres.url=postgresql+asyncpg://u:p@db:5432/t"]])
-def test_helm_template_renders_five_deployments(extra: list[str]) -> None:
-    result = subprocess.run([_helm(), "template", "t", str(CHART), *extra], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
-    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+@pytest.mark.parametrize("values", [None, {"postgres": {"url": "postgresql+asyncpg://u:p@db:5432/t"}}])
+def test_helm_template_renders_five_deployments(values: dict[str, Any] | None) -> None:
+    docs = _render(values)
     kinds = [(d["kind"], d["metadata"]["name"]) for d in docs]
     assert sorted(n for k, n in kinds if k == "Deployment") == sorted(f"t-temporality-{s}" for s in SERVICES)
     assert sorted(n for k, n in kinds if k == "Service") == sorted(f"t-temporality-{s}" for s in HTTP)
 
 
 def test_helm_template_probes_every_deployment_over_http() -> None:
-    result = subprocess.run([_helm(), "template", "t", str(CHART)], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
-    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
-    deployments = {d["metadata"]["name"].removeprefix("t-temporality-"): d for d in docs if d["kind"] == "Deployment"}
+    deployments = _deployments()
     for name in SERVICES:
         (container,) = deployments[name]["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
@@ -772,6 +782,27 @@ def test_helm_template_probes_every_deployment_over_http() -> None:
         assert "TEMPORALITY_READY_FILE" not in env
         for probe, path in PROBE_PATHS.items():
             assert container[probe]["httpGet"] == {"path": path, "port": port_name}, (name, probe)
+        annotations = deployments[name]["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/port"] == str(port), name
+        assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_helm_api_tokens_come_from_the_secret_into_every_pod() -> None:
+    assert all(
+        "TEMPORALITY_API_TOKENS_FILE" not in {e["name"] for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+        for d in _deployments().values()
+    ), "no secret configured: no tokens file (every API answers 401)"
+    deployments = _deployments({"apiTokens": {"existingSecret": {"name": "temporality-api", "key": "tokens.yaml"}}})
+    for name, deployment in deployments.items():
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["TEMPORALITY_API_TOKENS_FILE"] == "/etc/temporality/api/tokens.yaml", name
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "api-tokens")
+        assert mount == {"name": "api-tokens", "mountPath": "/etc/temporality/api", "readOnly": True}
+        volume = next(v for v in pod["volumes"] if v["name"] == "api-tokens")
+        assert volume["secret"] == {"secretName": "temporality-api", "defaultMode": 0o400}
 
 
 def test_chart_default_config_files_load_in_the_services(values: dict[str, Any], tmp_path: Path) -> None:

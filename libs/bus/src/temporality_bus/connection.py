@@ -84,8 +84,10 @@ class Bus:
             disconnected_cb=_disconnected,
             reconnected_cb=_reconnected,
             error_cb=_error,
+            user=settings.user,
+            password=settings.password.get_secret_value() if settings.password is not None else None,
         )
-        log.info("nats.connected", servers=settings.servers, client=name)
+        log.info("nats.connected", servers=settings.servers, client=name, user=settings.user)
         bus = cls(nc, settings, name)
         try:
             yield bus

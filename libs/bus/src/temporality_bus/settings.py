@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["NatsSettings"]
@@ -14,6 +14,10 @@ class NatsSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TEMPORALITY_NATS_", extra="ignore")
 
     url: str = Field(default="nats://127.0.0.1:4222", description="Comma-separated server URLs")
+    #: The service's own NATS user (SEC-1: each service has its own, with the permissions its catalogue
+    #: entry implies, see ``temporality_protocol.permissions``). Unset: connect without authentication.
+    user: str | None = None
+    password: SecretStr | None = None
     connect_timeout_s: float = 5.0
     max_reconnect_attempts: int = -1  # forever
     reconnect_wait_s: float = 1.0

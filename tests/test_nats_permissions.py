@@ -1,0 +1,142 @@
+"""SEC-1 / AP-11 on the bus: each service is its own NATS user with the permissions its catalogue entry
+implies; the server refuses anything else, and the whole system still works under those permissions."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import nats.errors
+import pytest
+from e2e_support import ALICE, CONFIG, JOURNAL, eventually, example_pr, post_hook
+from pydantic import SecretStr
+
+from temporality_bus import Bus, NatsSettings
+from temporality_embedded import NatsServer, Stack, StackConfig, free_port
+from temporality_protocol import TriggerReceived, encode, make_event
+from temporality_protocol.catalog import EVENTS_STREAM, SERVICES, subject_for
+from temporality_protocol.permissions import permissions_for
+
+PASSWORDS = {name: f"{name}-password" for name in SERVICES}
+
+
+def test_permissions_follow_the_catalogue() -> None:
+    for name, spec in SERVICES.items():
+        permissions = permissions_for(name)
+        for event_type in spec.sends:
+            assert subject_for(event_type) in permissions.publish, (name, event_type)
+        others = {t for other in SERVICES.values() if other is not spec for t in other.sends} - set(spec.sends)
+        assert not [t for t in others if subject_for(t) in permissions.publish], name
+        assert "temporality.events.>" not in permissions.publish
+        assert permissions.allow_responses == bool(spec.responders)
+        assert set(spec.responders) <= set(permissions.subscribe)
+    assert subject_for("human.answered") not in permissions_for("trigger-gateway").publish
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Any:
+    server = NatsServer(
+        tmp_path / "nats",
+        users={
+            **{name: (PASSWORDS[name], permissions_for(name)) for name in SERVICES},
+            "admin": ("admin-password", None),
+        },
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_the_server_refuses_a_publish_outside_the_services_permissions(secured: NatsServer) -> None:
+    admin = NatsSettings(url=secured.url, user="admin", password=SecretStr("admin-password"))
+    async with Bus.connect(admin, name="admin") as bus:
+        await bus.ensure([EVENTS_STREAM])
+    violations: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        violations.append(str(exc))
+
+    gateway = await nats.connect(
+        secured.url, user="trigger-gateway", password=PASSWORDS["trigger-gateway"], error_cb=on_error
+    )
+    try:
+        js = gateway.jetstream()
+        own = make_event(
+            TriggerReceived(trigger_id="t", delivery_id="d-1", adapter="generic", body_bytes=2), source="/t"
+        )
+        ack = await js.publish(own.nats_subject, encode(own), timeout=5)  # its own event: stored
+        assert ack.stream == EVENTS_STREAM.name
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await js.publish(subject_for("human.answered"), b"{}", timeout=2)  # forged: refused, never stored
+        await eventually(
+            lambda: asyncio.sleep(0, [v for v in violations if "human.answered" in v]),
+            timeout_s=10,
+            what="the server's permissions violation",
+        )
+        info = await js.stream_info(EVENTS_STREAM.name, subjects_filter=subject_for("human.answered"))
+        assert not info.state.subjects, "the forged event reached the stream"
+    finally:
+        await gateway.close()
+    with pytest.raises(nats.errors.Error):
+        await nats.connect(secured.url, user="trigger-gateway", password="wrong", allow_reconnect=False)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+async def test_the_whole_system_runs_with_per_service_nats_users(tmp_path: Path) -> None:
+    """Webhook -> question in the inbox -> answer -> run completed, every service on its own NATS user."""
+    from e2e_support import API_TOKENS
+
+    from temporality_service.auth import dump_tokens
+
+    tokens = tmp_path / "api-tokens.json"
+    tokens.write_text(dump_tokens(API_TOKENS), encoding="utf-8")
+    stack = Stack(
+        StackConfig(
+            data_dir=tmp_path / "stack",
+            config_dir=CONFIG,
+            gateway_port=free_port(),
+            human_port=free_port(),
+            journal_port=free_port(),
+            log_format="json",
+            api_tokens_file=tokens,
+            nats_auth=True,
+            extra_env={"TEMPORALITY_NATS_ACK_WAIT_S": "3"},
+        )
+    )
+    await asyncio.to_thread(stack.start, 120)
+    try:
+        assert stack.nats_admin is not None
+        conf = (tmp_path / "stack" / "nats" / "nats.conf").stat()
+        assert conf.st_mode & 0o077 == 0, "the server's user list is readable by others"
+        async with httpx.AsyncClient(timeout=15) as http:
+            accepted = await post_hook(http, stack, example_pr())
+            assert accepted.status_code == 202, accepted.text
+            run_id = accepted.json()["run_id"]
+
+            async def question() -> dict[str, Any] | None:
+                inbox = (await http.get(f"{stack.human_url}/inbox", headers=ALICE)).json()
+                return next((i for i in inbox["requests"] if i["run_id"] == run_id), None)
+
+            asked = await eventually(question, timeout_s=90, what="the question in alice's inbox")
+            answer = await http.post(
+                f"{stack.human_url}/requests/{asked['id']}/answer",
+                json={"option_id": asked["options"][0]["id"]},
+                headers=ALICE,
+            )
+            assert answer.status_code in (200, 202), answer.text
+
+            async def completed() -> dict[str, Any] | None:
+                run = await http.get(f"{stack.journal_url}/runs/{run_id}", headers=JOURNAL)
+                body: dict[str, Any] = run.json()
+                return body if run.status_code == 200 and body.get("state") == "completed" else None
+
+            await eventually(completed, timeout_s=90, what="the run completed in the journal")
+        assert not stack.dead()
+    finally:
+        await asyncio.to_thread(stack.stop)

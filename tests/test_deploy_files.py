@@ -805,6 +805,26 @@ def test_helm_api_tokens_come_from_the_secret_into_every_pod() -> None:
         assert volume["secret"] == {"secretName": "temporality-api", "defaultMode": 0o400}
 
 
+def test_helm_nats_users_and_tls_come_from_secrets() -> None:
+    values = {"nats": {"auth": {"existingSecret": "nats-users"}, "tls": {"existingSecret": "nats-ca", "mutual": True}}}
+    for name, deployment in _deployments(values).items():
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["TEMPORALITY_NATS_USER"]["value"] == name, "each service is its own NATS user"
+        assert env["TEMPORALITY_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": "nats-users",
+            "key": f"{name}-password",
+        }
+        assert env["TEMPORALITY_NATS_TLS_CA_FILE"]["value"] == "/etc/temporality/nats-tls/ca.crt"
+        assert env["TEMPORALITY_NATS_TLS_CERT_FILE"]["value"] == "/etc/temporality/nats-tls/tls.crt"
+        assert env["TEMPORALITY_NATS_TLS_KEY_FILE"]["value"] == "/etc/temporality/nats-tls/tls.key"
+        volume = next(v for v in pod["volumes"] if v["name"] == "nats-tls")
+        assert volume["secret"] == {"secretName": "nats-ca", "defaultMode": 0o400}
+    plain = _deployments()["journal"]["spec"]["template"]["spec"]["containers"][0]
+    assert not {e["name"] for e in plain["env"]} & {"TEMPORALITY_NATS_USER", "TEMPORALITY_NATS_TLS_CA_FILE"}
+
+
 def test_chart_default_config_files_load_in_the_services(values: dict[str, Any], tmp_path: Path) -> None:
     """The ConfigMap's defaults are accepted by the loaders the services use at start-up."""
     from temporality_human_interaction.directory import Directory

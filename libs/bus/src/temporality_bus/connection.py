@@ -84,6 +84,7 @@ class Bus:
             disconnected_cb=_disconnected,
             reconnected_cb=_reconnected,
             error_cb=_error,
+            tls=settings.ssl_context(),
             user=settings.user,
             password=settings.password.get_secret_value() if settings.password is not None else None,
         )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+import ssl
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["NatsSettings"]
@@ -18,6 +21,12 @@ class NatsSettings(BaseSettings):
     #: entry implies, see ``temporality_protocol.permissions``). Unset: connect without authentication.
     user: str | None = None
     password: SecretStr | None = None
+    #: TLS to NATS: the CA that signed the server's certificate (set: the connection must be TLS and the
+    #: server's certificate must verify against it, host name included).
+    tls_ca_file: Path | None = None
+    #: A client certificate and key, for servers that require mutual TLS (``verify: true``).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
     connect_timeout_s: float = 5.0
     max_reconnect_attempts: int = -1  # forever
     reconnect_wait_s: float = 1.0
@@ -25,6 +34,24 @@ class NatsSettings(BaseSettings):
     drain_timeout_s: float = 10.0
     #: How long a consumer waits for an ack before redelivering; in-progress pings extend it.
     ack_wait_s: float = 30.0
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> NatsSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("TEMPORALITY_NATS_TLS_CERT_FILE and _TLS_KEY_FILE go together")
+        if self.password is not None and self.user is None:
+            raise ValueError("TEMPORALITY_NATS_PASSWORD needs TEMPORALITY_NATS_USER")
+        return self
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context for the connection, or ``None`` for plain TCP (no TLS setting given)."""
+        if self.tls_ca_file is None and self.tls_cert_file is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca_file)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.tls_cert_file is not None and self.tls_key_file is not None:
+            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return context
 
     @property
     def servers(self) -> list[str]:

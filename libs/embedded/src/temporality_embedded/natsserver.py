@@ -43,8 +43,14 @@ class NatsServer:
         port: int = -1,
         log_file: Path | None = None,
         users: Mapping[str, NatsUser] | None = None,
+        tls: tuple[Path, Path] | None = None,
+        tls_verify_ca: Path | None = None,
     ) -> None:
         self.store_dir = store_dir
+        #: (certificate, key): the server speaks TLS only; with ``tls_verify_ca`` clients need a certificate
+        #: signed by that CA (mutual TLS).
+        self.tls = tls
+        self.tls_verify_ca = tls_verify_ca
         self.users = dict(users or {})
         self.requested_port = port
         self.log_file = log_file or store_dir / "nats-server.log"
@@ -69,6 +75,10 @@ class NatsServer:
         ]  # fmt: skip
         if self.users:
             cmd += ["-c", str(self._write_config())]
+        if self.tls is not None:
+            cmd += ["--tls", "--tlscert", str(self.tls[0]), "--tlskey", str(self.tls[1])]
+            if self.tls_verify_ca is not None:
+                cmd += ["--tlsverify", "--tlscacert", str(self.tls_verify_ca)]
         # own session: a Ctrl-C in the terminal reaches only the launcher, which stops the services first
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout

@@ -11,7 +11,7 @@ import httpx
 import nats
 import nats.errors
 import pytest
-from e2e_support import ALICE, CONFIG, JOURNAL, eventually, example_pr, post_hook
+from e2e_support import ALICE, API_TOKENS, CONFIG, JOURNAL, eventually, example_pr, post_hook
 from pydantic import SecretStr
 
 from temporality_bus import Bus, NatsSettings
@@ -19,6 +19,7 @@ from temporality_embedded import NatsServer, Stack, StackConfig, free_port
 from temporality_protocol import TriggerReceived, encode, make_event
 from temporality_protocol.catalog import EVENTS_STREAM, SERVICES, subject_for
 from temporality_protocol.permissions import permissions_for
+from temporality_service.auth import dump_tokens
 
 PASSWORDS = {name: f"{name}-password" for name in SERVICES}
 
@@ -86,14 +87,28 @@ async def test_the_server_refuses_a_publish_outside_the_services_permissions(sec
         await nats.connect(secured.url, user="trigger-gateway", password="wrong", allow_reconnect=False)
 
 
+async def _every_event(stack: Stack) -> bytes:
+    """Every message of the events stream, headers and data, read as the stack's NATS admin."""
+    assert stack.nats_admin is not None
+    user, password = stack.nats_admin
+    nc = await nats.connect(stack.nats.url, user=user, password=password)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(EVENTS_STREAM.name)
+        dump = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            msg = await js.get_msg(EVENTS_STREAM.name, seq)
+            dump.append(repr(msg.headers).encode() + b"\n" + (msg.data or b""))
+        return b"\n".join(dump)
+    finally:
+        await nc.close()
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
 async def test_the_whole_system_runs_with_per_service_nats_users(tmp_path: Path) -> None:
-    """Webhook -> question in the inbox -> answer -> run completed, every service on its own NATS user."""
-    from e2e_support import API_TOKENS
-
-    from temporality_service.auth import dump_tokens
-
+    """Webhook -> question in the inbox -> answer -> run completed, every service on its own NATS user;
+    afterwards no configured secret appears in any event of the run nor in any service's log."""
     tokens = tmp_path / "api-tokens.json"
     tokens.write_text(dump_tokens(API_TOKENS), encoding="utf-8")
     stack = Stack(
@@ -138,5 +153,18 @@ async def test_the_whole_system_runs_with_per_service_nats_users(tmp_path: Path)
 
             await eventually(completed, timeout_s=90, what="the run completed in the journal")
         assert not stack.dead()
+        events = await _every_event(stack)
+        assert run_id.encode() in events  # the dump really holds this run's events
     finally:
         await asyncio.to_thread(stack.stop)
+    logs = b"".join(p.read_bytes() for p in (tmp_path / "stack" / "run").glob("*.log"))
+    assert b"run.completed" in events
+    assert logs
+    secrets = {
+        "the webhook password": b"change-me",
+        "alice's inbox token": ALICE["Authorization"].split()[1].encode(),
+        **{f"API token {t.name}": t.token.get_secret_value().encode() for t in API_TOKENS},
+        **{f"NATS password of {name}": stack.env_for(name)["TEMPORALITY_NATS_PASSWORD"].encode() for name in SERVICES},
+    }
+    leaked = {what for what, secret in secrets.items() if secret in events or secret in logs}
+    assert not leaked, f"secrets in the journal or the logs: {sorted(leaked)}"

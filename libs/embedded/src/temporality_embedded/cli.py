@@ -109,7 +109,7 @@ def up(args: argparse.Namespace) -> int:
         dead = stack.dead()
         if dead:
             for name in dead:
-                _out(f"error: {name} exited unexpectedly; last log lines:\n{stack.services[name].log_tail()}")
+                _out(f"error: {name} exited unexpectedly; last log lines:\n{stack.process(name).log_tail()}")
             code = 1
             break
     _out("Stopping ...")

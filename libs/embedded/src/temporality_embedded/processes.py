@@ -32,13 +32,18 @@ def free_port() -> int:
 
 
 class ServiceProcess:
-    def __init__(self, name: str, env: Mapping[str, str], run_dir: Path, *, cwd: Path | None = None) -> None:
+    def __init__(
+        self, name: str, env: Mapping[str, str], run_dir: Path, *, cwd: Path | None = None, replica: int = 0
+    ) -> None:
         if name not in SERVICES:
             raise ValueError(f"unknown service {name!r}; known: {sorted(SERVICES)}")
         self.name = name
+        self.replica = replica
+        #: ``run-executor`` for the first replica, ``run-executor.2`` for the second, ...
+        self.label = name if replica == 0 else f"{name}.{replica + 1}"
         self.run_dir = run_dir
-        self.ready_file = run_dir / f"{name}.ready"
-        self.log_file = run_dir / f"{name}.log"
+        self.ready_file = run_dir / f"{self.label}.ready"
+        self.log_file = run_dir / f"{self.label}.log"
         self.env = {**os.environ, **env, "TEMPORALITY_READY_FILE": str(self.ready_file)}
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
@@ -76,9 +81,9 @@ class ServiceProcess:
             if self.ready_file.exists():
                 return
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(f"{self.label} exited with {self.proc.returncode}:\n{self.log_tail()}")
             time.sleep(0.05)
-        raise TimeoutError(f"{self.name} not ready after {timeout}s:\n{self.log_tail()}")
+        raise TimeoutError(f"{self.label} not ready after {timeout}s:\n{self.log_tail()}")
 
     def terminate(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, wait for the graceful drain, SIGKILL if it overruns."""

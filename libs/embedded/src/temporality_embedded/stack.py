@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from temporality_embedded.natsserver import NatsServer, NatsUser
-from temporality_embedded.processes import SERVICES, ServiceProcess
+from temporality_embedded.processes import SERVICES, ServiceProcess, free_port
 from temporality_protocol.permissions import permissions_for
 from temporality_service.auth import ApiToken, Role, TokenFileError, dump_tokens, load_tokens
 
@@ -83,6 +83,9 @@ class StackConfig:
     #: (``temporality_protocol.permissions``); fresh passwords at every start. :attr:`Stack.nats_admin`
     #: is a user with full access for the operator's (and the tests') own connections.
     nats_auth: bool = False
+    #: Processes per service (default 1), sharing its durable consumers; extra replicas of an HTTP service
+    #: listen on free ports (:meth:`Stack.urls`). The journal on SQLite must stay at one.
+    replicas: Mapping[str, int] = field(default_factory=dict)
 
 
 #: The NATS user with full access (an operator's tools, the tests) when the stack runs with NATS auth.
@@ -115,7 +118,13 @@ class Stack:
             users = {name: (self._nats_passwords[name], permissions_for(name)) for name in SERVICES}
             users[NATS_ADMIN] = (self._nats_passwords[NATS_ADMIN], None)
         self.nats = NatsServer(self.data_dir / "nats", port=config.nats_port, users=users)
+        #: The first replica of each service; :attr:`replicas` has them all.
         self.services: dict[str, ServiceProcess] = {}
+        self.replicas: dict[str, list[ServiceProcess]] = {}
+        self._replica_ports: dict[tuple[str, int], int] = {}
+        unknown = sorted(set(config.replicas) - set(SERVICES))
+        if unknown or any(n < 1 for n in config.replicas.values()):
+            raise ValueError(f"replicas: unknown services {unknown} or a count below 1 in {dict(config.replicas)}")
         self.api_tokens_file = (config.api_tokens_file or self.data_dir / "api-tokens.json").resolve()
         self.api_tokens: list[ApiToken] = []
 
@@ -148,16 +157,23 @@ class Stack:
     def database_url(self) -> str:
         return self.config.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'journal.db'}"
 
-    def http_port(self, name: str) -> int | None:
-        """The port ``name`` serves HTTP on (its ``StackConfig`` field, else the catalogue's default)."""
+    def urls(self, name: str) -> list[str]:
+        """The base URL of every replica of the HTTP service ``name``."""
+        return [f"http://127.0.0.1:{self.http_port(name, i)}" for i in range(self.config.replicas.get(name, 1))]
+
+    def http_port(self, name: str, replica: int = 0) -> int | None:
+        """The port ``name`` serves HTTP on (its ``StackConfig`` field, else the catalogue's default;
+        a free port for each further replica)."""
         spec = SERVICES[name]
         if spec.http_port is None:
             return None
+        if replica > 0:
+            return self._replica_ports.setdefault((name, replica), free_port())
         port_field = _PORT_FIELDS.get(name)
         port: int = getattr(self.config, port_field) if port_field else spec.http_port
         return port
 
-    def env_for(self, name: str) -> dict[str, str]:
+    def env_for(self, name: str, replica: int = 0) -> dict[str, str]:
         spec = SERVICES[name]
         env = {
             "TEMPORALITY_NATS_URL": self.nats.url,
@@ -167,7 +183,7 @@ class Stack:
         if self._nats_passwords:
             env["TEMPORALITY_NATS_USER"] = name
             env["TEMPORALITY_NATS_PASSWORD"] = self._nats_passwords[name]
-        port = self.http_port(name)
+        port = self.http_port(name, replica)
         if spec.port_env is not None and port is not None:
             env[spec.port_env] = str(port)
         if name in _CONFIG_FILES:
@@ -183,11 +199,17 @@ class Stack:
         self.nats.start()
         try:
             for name in SERVICES:
-                process = ServiceProcess(name, self.env_for(name), self.data_dir / "run", cwd=self.data_dir)
-                self.services[name] = process
-                process.start()
-            for process in self.services.values():
-                process.wait_ready(timeout)
+                self.replicas[name] = []
+                for replica in range(self.config.replicas.get(name, 1)):
+                    process = ServiceProcess(
+                        name, self.env_for(name, replica), self.data_dir / "run", cwd=self.data_dir, replica=replica
+                    )
+                    self.replicas[name].append(process)
+                    process.start()
+                self.services[name] = self.replicas[name][0]
+            for processes in self.replicas.values():
+                for process in processes:
+                    process.wait_ready(timeout)
         except BaseException:
             self.stop()
             raise
@@ -198,6 +220,8 @@ class Stack:
         old.terminate()
         process = ServiceProcess(name, {**self.env_for(name), **extra_env}, self.data_dir / "run", cwd=self.data_dir)
         self.services[name] = process
+        if self.replicas.get(name):
+            self.replicas[name][0] = process
         process.start()
         process.wait_ready(timeout)
         return process
@@ -205,10 +229,21 @@ class Stack:
     def stop(self) -> dict[str, int | None]:
         codes: dict[str, int | None] = {}
         for name in STOP_ORDER:
-            if name in self.services:
+            for process in reversed(self.replicas.get(name, [])):
+                codes[process.label] = process.terminate()
+            if name in self.services and self.services[name].label not in codes:
                 codes[name] = self.services[name].terminate()
         self.nats.stop()
         return codes
 
+    def process(self, label: str) -> ServiceProcess:
+        """A replica by its label (``run-executor``, ``run-executor.2``, ...)."""
+        for processes in self.replicas.values():
+            for process in processes:
+                if process.label == label:
+                    return process
+        return self.services[label]
+
     def dead(self) -> list[str]:
-        return [name for name, p in self.services.items() if not p.alive()]
+        everyone = [p for ps in self.replicas.values() for p in ps] or list(self.services.values())
+        return [p.label for p in everyone if not p.alive()]

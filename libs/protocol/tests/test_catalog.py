@@ -69,8 +69,16 @@ def test_receives_is_what_the_consumers_filter() -> None:
         "human.answered",
         "human.expired",
         "human.rejected",
+        "run.cancel_requested",
     }
-    assert SERVICES["human-interaction"].receives == ("human.requested",)  # its timer consumer is internal
+    # its timer consumer is internal; run endings cancel the run's pending requests; notifications go out
+    assert set(SERVICES["human-interaction"].receives) == {
+        "human.requested",
+        "human.notify_requested",
+        "run.completed",
+        "run.failed",
+        "run.cancelled",
+    }
     assert SERVICES["journal"].receives_all
     assert set(SERVICES["journal"].receives) == set(EVENT_MODELS)
 
@@ -106,7 +114,7 @@ def _with(name: str, **changes: object) -> dict[str, ServiceSpec]:
         (_with("agent-collab", responders=()), CONSUMERS, "is answered by 0 services"),
         (_with("run-executor", requests=("temporality.rpc.nope",)), CONSUMERS, "requests 'temporality.rpc.nope'"),
         (
-            _with("trigger-gateway", sends=(*SERVICES["trigger-gateway"].sends, "bus.dead_lettered")),
+            _with("trigger-gateway", consumers=(), timers=()),  # still sends bus.dead_lettered
             CONSUMERS,
             "exactly when",
         ),

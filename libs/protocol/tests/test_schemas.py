@@ -24,13 +24,16 @@ from temporality_protocol.catalog import (
 )
 from temporality_protocol.events import (
     Actor,
+    AgentSummary,
     BusDeadLettered,
     Collaborator,
     CollaboratorsQuery,
     CollaboratorsReply,
+    DeliveryAttempt,
     HumanAnswered,
     HumanExpired,
     HumanNotified,
+    HumanNotifyRequested,
     HumanOption,
     HumanPolicy,
     HumanRejected,
@@ -50,9 +53,15 @@ from temporality_protocol.events import (
     RunToolCalled,
     TextAnswer,
     TimeoutPolicy,
+    ToolFailed,
     TriggerAccepted,
+    TriggerCreated,
+    TriggerDeleted,
+    TriggerDisabled,
+    TriggerEnabled,
     TriggerReceived,
     TriggerRejected,
+    TriggerUpdated,
 )
 from temporality_protocol.schemagen import build_asyncapi, check, main
 
@@ -76,6 +85,14 @@ EXAMPLES: dict[str, EventData] = {
             trigger_id="trg-pr", delivery_id="dlv-2", reason="duplicate", detail="already started run-1",
             source_event_id="ado-1", run_id="run-1",
         ),
+        TriggerCreated(
+            trigger_id="trg-pr", revision=1, changed_by="file:config/triggers.yaml", trigger_type="webhook",
+            agent="reviewer", enabled=True,
+        ),
+        TriggerUpdated(trigger_id="trg-pr", revision=2, changed_by="ci-bot", trigger_type="webhook", agent="reviewer"),
+        TriggerEnabled(trigger_id="trg-pr", revision=3, changed_by="on-call", enabled=True),
+        TriggerDisabled(trigger_id="trg-pr", revision=4, changed_by="on-call", enabled=False),
+        TriggerDeleted(trigger_id="trg-pr", revision=5, changed_by="ci-bot"),
         RunRequested(
             run_id="run-1", agent="reviewer", title="Review PR 42", launch=_LAUNCH,
             event=NormalizedEvent(
@@ -86,10 +103,17 @@ EXAMPLES: dict[str, EventData] = {
             input={"repository": "web"}, human=_POLICY, parent_run_id="run-0",
         ),
         RunCreated(run_id="run-1", agent="reviewer", title="Review PR 42", launch=_LAUNCH),
-        RunStarted(run_id="run-1", agent="reviewer", role="reviewer", title="Review PR 42", parent_run_id="run-0"),
+        RunStarted(
+            run_id="run-1", agent="reviewer", role="reviewer", title="Review PR 42", parent_run_id="run-0",
+            agent_card=AgentSummary(
+                provider="openai", model="gpt-4o-mini", skills=["api-contracts"], tools=["get_input", "ask_human"],
+                mcp_servers=["files"], max_turns=20, max_tokens=200000, max_compute_s=900.0,
+            ),
+        ),
         RunToolCalled(
             run_id="run-1", turn=1, call_id="call-1", tool="read_diff", arguments={"path": "a.py"}, result_preview="+x",
         ),
+        ToolFailed(run_id="run-1", turn=1, call_id="call-1", tool="read_diff", error="RuntimeError: disk gone"),
         RunCheckpointed(run_id="run-1", checkpoint_id="ckp-1", turn=1),
         RunResumed(run_id="run-1", reason="answer", from_turn=2, request_id="hr-1", waited_s=840.0),
         RunCompleted(run_id="run-1", result="Approved with one comment", turns=4),
@@ -102,7 +126,14 @@ EXAMPLES: dict[str, EventData] = {
             options=[HumanOption(id="keep-v1", label="Keep v1", consequence="PR gets a change request")],
             timeout_s=3600, expires_at=T0 + timedelta(hours=1), policy=_POLICY, turn=2,
         ),
-        HumanNotified(request_id="hr-1", run_id="run-1", recipient="user:alice", channel="matrix", fallback_from="telegram"),
+        HumanNotified(
+            request_id="hr-1", run_id="run-1", recipient="user:alice", channel="matrix", fallback_from="telegram",
+            failed_attempts=[DeliveryAttempt(channel="telegram", error="Forbidden: bot was blocked by the user")],
+        ),
+        HumanNotifyRequested(
+            notification_id="hn-1", run_id="run-1", agent="reviewer", title="Review PR 42", recipient="user:alice",
+            message="Review finished: two comments.", policy=_POLICY, turn=3,
+        ),
         HumanRejected(
             request_id="hr-1", run_id="run-1", recipient="user:mallory", reason="recipient_not_allowed",
             detail="user:mallory is not in allowed_recipients",
@@ -298,6 +329,7 @@ def test_asyncapi_operations_are_the_catalogue_s_and_no_more(asyncapi: dict[str,
             assert "receive" not in ops, f"{spec.name} subscribes to nothing, so it receives nothing"
     gateway = by_service["trigger-gateway"]
     assert set(gateway) == {"send"}
-    assert subject_for("bus.dead_lettered") not in gateway["send"], "no consumer, nothing to dead-letter"
+    # its only consumer is on the timers stream (schedule ticks): it receives no event, but dead-letters
+    assert subject_for("bus.dead_lettered") in gateway["send"], "a consumer, so it dead-letters"
     replies = [o for o in asyncapi["operations"].values() if "reply" in o]
     assert {o["tags"][0]["name"] for o in replies} == {s.name for s in SERVICES.values() if s.responders or s.requests}

@@ -18,8 +18,10 @@ __all__ = [
     "BUCKET_CHECKPOINTS",
     "BUCKET_COLLAB",
     "BUCKET_DEDUPE",
+    "BUCKET_HUMAN_CHANNELS",
     "BUCKET_HUMAN_REQUESTS",
     "BUCKET_RUNS",
+    "BUCKET_TRIGGERS",
     "CONSUMERS",
     "DEAD_LETTERED",
     "DLQ_PREFIX",
@@ -35,6 +37,7 @@ __all__ = [
     "TIMER_FIRED_RUN_WATCHDOG",
     "TIMER_NS_HUMAN",
     "TIMER_NS_RUN_WATCHDOG",
+    "TIMER_NS_TRIGGER_SCHEDULE",
     "TIMER_SCHEDULE_HUMAN",
     "TIMER_SCHEDULE_PREFIX",
     "TIMER_SCHEDULE_RUN_WATCHDOG",
@@ -68,6 +71,9 @@ TIMER_FIRED_HUMAN = f"{TIMER_FIRED_PREFIX}.{TIMER_NS_HUMAN}"
 TIMER_NS_RUN_WATCHDOG = "run-watchdog"
 TIMER_SCHEDULE_RUN_WATCHDOG = f"{TIMER_SCHEDULE_PREFIX}.{TIMER_NS_RUN_WATCHDOG}"
 TIMER_FIRED_RUN_WATCHDOG = f"{TIMER_FIRED_PREFIX}.{TIMER_NS_RUN_WATCHDOG}"
+#: Schedule triggers (TRG-2): one timer per enabled schedule trigger (key = trigger id) for its next cron tick,
+#: re-armed by the trigger-gateway at every tick; the tick time is in the payload (one run per tick).
+TIMER_NS_TRIGGER_SCHEDULE = "trigger-schedule"
 #: Request/reply (COL-1).
 RPC_GET_COLLABORATORS = "temporality.rpc.collab.get_collaborators"
 
@@ -136,12 +142,21 @@ BUCKET_DEDUPE = BucketSpec(
     ttl_s=7 * DAY,
 )
 BUCKET_COLLAB = BucketSpec("collab-sagas", "agent-collab's projection of saga participants (COL-1)")
+#: Trigger definitions (TRG-1), key = trigger id; seeded from the triggers file (create-if-absent), managed
+#: through the gateway's admin API, watched by every gateway replica.
+BUCKET_TRIGGERS = BucketSpec("trigger-definitions", "Trigger definitions (TRG-1), watched by every gateway", history=5)
+BUCKET_HUMAN_CHANNELS = BucketSpec(
+    "human-channels",
+    "human-interaction's channel bindings: reply tokens, sent message ids, DM rooms, sync tokens, run -> requests",
+)
 ALL_BUCKETS: tuple[BucketSpec, ...] = (
     BUCKET_RUNS,
     BUCKET_CHECKPOINTS,
     BUCKET_HUMAN_REQUESTS,
     BUCKET_DEDUPE,
     BUCKET_COLLAB,
+    BUCKET_TRIGGERS,
+    BUCKET_HUMAN_CHANNELS,
 )
 
 _E = EVENTS_STREAM.name
@@ -152,8 +167,13 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         ConsumerSpec(
             "run-executor-human",
             _E,
-            (subject_for("human.answered"), subject_for("human.expired"), subject_for("human.rejected")),
-            "Resume (or fail) runs parked on ask_human",
+            (
+                subject_for("human.answered"),
+                subject_for("human.expired"),
+                subject_for("human.rejected"),
+                subject_for("run.cancel_requested"),
+            ),
+            "Resume (or fail) runs parked on ask_human; cancel runs (run.cancel_requested)",
         ),
         ConsumerSpec(
             "run-executor-watchdog",
@@ -177,6 +197,18 @@ CONSUMERS: dict[str, ConsumerSpec] = {
             "Human-request deadlines firing",
         ),
         ConsumerSpec(
+            "human-interaction-runs",
+            _E,
+            (subject_for("run.completed"), subject_for("run.failed"), subject_for("run.cancelled")),
+            "A run ended: its pending human requests are cancelled and their sent messages updated",
+        ),
+        ConsumerSpec(
+            "human-interaction-notifications",
+            _E,
+            (subject_for("human.notify_requested"),),
+            "Deliver an agent's notification (no answer expected) along the person's channels",
+        ),
+        ConsumerSpec(
             "journal",
             _E,
             (f"{EVENTS_PREFIX}.>",),
@@ -194,6 +226,15 @@ CONSUMERS: dict[str, ConsumerSpec] = {
                 subject_for("human.answered"),
             ),
             "Saga participants projection (COL-1)",
+        ),
+        ConsumerSpec(
+            "trigger-gateway-schedules",
+            TIMERS_STREAM.name,
+            (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_TRIGGER_SCHEDULE}.>",),
+            "Schedule trigger ticks firing: one run per tick, then the next tick armed",
+            # a tick's only transient failure is the bus: never dead-letter one (the trigger would stop
+            # ticking); an unreadable payload is still a permanent error
+            max_deliver=-1,
         ),
     )
 }
@@ -296,8 +337,20 @@ SERVICES: dict[str, ServiceSpec] = {
             description="Webhook intake: auth, normalization, dedupe, run.requested",
             env_prefix="TEMPORALITY_GATEWAY_",
             http_port=8080,
-            sends=("trigger.received", "trigger.accepted", "trigger.rejected", "run.requested"),
-            # `event` triggers (TRG-5) will add a consumer here; until then it subscribes to nothing.
+            sends=(
+                "trigger.received",
+                "trigger.accepted",
+                "trigger.rejected",
+                "run.requested",
+                "trigger.created",
+                "trigger.updated",
+                "trigger.deleted",
+                "trigger.enabled",
+                "trigger.disabled",
+                DEAD_LETTERED,
+            ),
+            consumers=("trigger-gateway-schedules",),  # `event` triggers (TRG-5) will add one on the journal
+            timers=(TIMER_NS_TRIGGER_SCHEDULE,),
         ),
         ServiceSpec(
             "run-executor",
@@ -310,12 +363,14 @@ SERVICES: dict[str, ServiceSpec] = {
                 "run.created",
                 "run.started",
                 "run.tool_called",
+                "tool.failed",
                 "run.checkpointed",
                 "run.resumed",
                 "run.completed",
                 "run.failed",
                 "run.cancelled",
                 "human.requested",
+                "human.notify_requested",
                 DEAD_LETTERED,
             ),
         ),
@@ -324,7 +379,12 @@ SERVICES: dict[str, ServiceSpec] = {
             package="temporality_human_interaction",
             description="People: user directory, channels, web inbox, answer binding, deadlines",
             env_prefix="TEMPORALITY_HUMAN_",
-            consumers=("human-interaction-requests", "human-interaction-deadlines"),
+            consumers=(
+                "human-interaction-requests",
+                "human-interaction-deadlines",
+                "human-interaction-runs",
+                "human-interaction-notifications",
+            ),
             timers=(TIMER_NS_HUMAN,),
             http_port=8081,
             sends=("human.notified", "human.answered", "human.expired", "human.rejected", DEAD_LETTERED),

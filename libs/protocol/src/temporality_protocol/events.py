@@ -15,15 +15,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = [
     "EVENT_MODELS",
     "Actor",
+    "AgentSummary",
     "BusDeadLettered",
     "Collaborator",
     "CollaboratorsQuery",
     "CollaboratorsReply",
+    "DeliveryAttempt",
     "EventData",
     "HumanAnswer",
     "HumanAnswered",
     "HumanExpired",
     "HumanNotified",
+    "HumanNotifyRequested",
     "HumanOption",
     "HumanPolicy",
     "HumanRejected",
@@ -43,9 +46,16 @@ __all__ = [
     "RunToolCalled",
     "TextAnswer",
     "TimeoutPolicy",
+    "ToolFailed",
     "TriggerAccepted",
+    "TriggerChange",
+    "TriggerCreated",
+    "TriggerDeleted",
+    "TriggerDisabled",
+    "TriggerEnabled",
     "TriggerReceived",
     "TriggerRejected",
+    "TriggerUpdated",
 ]
 
 #: Free-text payloads in events are cut to this many characters (COL-9 uses the same bound).
@@ -159,10 +169,46 @@ class TriggerRejected(EventData):
     trigger_id: str
     delivery_id: str
     #: ``invalid_payload``: an authenticated delivery refused with 400/413/422 (never for bad credentials).
-    reason: Literal["duplicate", "unsupported_event", "disabled", "invalid_payload"]
+    #: ``missed_tick``: a schedule tick handled past its grace, for a trigger whose missed policy is ``skip``.
+    reason: Literal["duplicate", "unsupported_event", "disabled", "invalid_payload", "missed_tick"]
     detail: str
     source_event_id: str | None = None
     run_id: str | None = None
+
+
+class TriggerChange(EventData):
+    """Base of the trigger audit events (TRG-1): who changed which trigger to which store revision.
+
+    Published by the trigger-gateway's admin API (``changed_by`` = the API token's name) and when the
+    triggers file seeds a trigger (``changed_by`` = ``file:<path>``). Never carries a secret."""
+
+    trigger_id: str
+    #: The trigger store's revision after the change (the admin API's ETag).
+    revision: int
+    changed_by: str
+    trigger_type: str | None = None
+    agent: str | None = None
+    enabled: bool | None = None
+
+
+class TriggerCreated(TriggerChange):
+    EVENT_TYPE: ClassVar[str] = "trigger.created"
+
+
+class TriggerUpdated(TriggerChange):
+    EVENT_TYPE: ClassVar[str] = "trigger.updated"
+
+
+class TriggerDeleted(TriggerChange):
+    EVENT_TYPE: ClassVar[str] = "trigger.deleted"
+
+
+class TriggerEnabled(TriggerChange):
+    EVENT_TYPE: ClassVar[str] = "trigger.enabled"
+
+
+class TriggerDisabled(TriggerChange):
+    EVENT_TYPE: ClassVar[str] = "trigger.disabled"
 
 
 # --------------------------------------------------------------------------- run.*
@@ -188,6 +234,19 @@ class RunCreated(EventData):
     launch: LaunchSource
 
 
+class AgentSummary(_Model):
+    """RUN-1: what a run was started with, from its agent card (the prompt itself stays in the card)."""
+
+    provider: str = Field(description="`openai` or `scripted` (deterministic, for demos and tests)")
+    model: str | None = None
+    skills: list[str] = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=list, description="The tools the run is offered (after allow/deny)")
+    mcp_servers: list[str] = Field(default_factory=list)
+    max_turns: int
+    max_tokens: int | None = None
+    max_compute_s: float = Field(description="Compute budget in seconds; waiting for a person never counts")
+
+
 class RunStarted(EventData):
     EVENT_TYPE: ClassVar[str] = "run.started"
     run_id: str
@@ -195,6 +254,7 @@ class RunStarted(EventData):
     role: str
     title: str
     parent_run_id: str | None = None
+    agent_card: AgentSummary | None = None
 
 
 class RunToolCalled(EventData):
@@ -207,6 +267,21 @@ class RunToolCalled(EventData):
     tool: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     result_preview: Annotated[str, Field(max_length=MAX_TEXT)] = ""
+
+
+class ToolFailed(EventData):
+    """A tool the agent called raised instead of returning (a broken tool, an unreachable MCP server).
+
+    The run goes on: the error goes back to the model as the call's tool result. Deterministic id per
+    (run, turn, call): a redelivered turn republishes the same fact.
+    """
+
+    EVENT_TYPE: ClassVar[str] = "tool.failed"
+    run_id: str
+    turn: int
+    call_id: str
+    tool: str
+    error: Annotated[str, Field(max_length=MAX_TEXT)]
 
 
 class RunCheckpointed(EventData):
@@ -285,6 +360,13 @@ class HumanRequested(EventData):
     turn: int
 
 
+class DeliveryAttempt(_Model):
+    """HUM-2/HUM-3: a channel that was tried for a request and failed (refused, unreachable identity, down)."""
+
+    channel: str
+    error: Annotated[str, Field(max_length=MAX_TEXT)]
+
+
 class HumanNotified(EventData):
     EVENT_TYPE: ClassVar[str] = "human.notified"
     request_id: str
@@ -292,6 +374,27 @@ class HumanNotified(EventData):
     recipient: str
     channel: str
     fallback_from: str | None = None
+    failed_attempts: list[DeliveryAttempt] = Field(
+        default_factory=list, description="Channels tried before `channel`, in order, and why each failed"
+    )
+
+
+class HumanNotifyRequested(EventData):
+    """The agent's ``notify`` tool: tell a person something, no answer expected (the run does not wait).
+
+    Like ``human.requested`` it names a person, never a channel, and carries the trigger's policy so the
+    deliverer checks the recipient (SEC-1) itself.
+    """
+
+    EVENT_TYPE: ClassVar[str] = "human.notify_requested"
+    notification_id: str
+    run_id: str
+    agent: str
+    title: str
+    recipient: str = Field(description="`user:<id>`; checked against policy.allowed_recipients (SEC-1)")
+    message: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+    policy: HumanPolicy
+    turn: int
 
 
 class HumanRejected(EventData):
@@ -373,10 +476,16 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         TriggerReceived,
         TriggerAccepted,
         TriggerRejected,
+        TriggerCreated,
+        TriggerUpdated,
+        TriggerDeleted,
+        TriggerEnabled,
+        TriggerDisabled,
         RunRequested,
         RunCreated,
         RunStarted,
         RunToolCalled,
+        ToolFailed,
         RunCheckpointed,
         RunResumed,
         RunCompleted,
@@ -385,6 +494,7 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         RunCancelled,
         HumanRequested,
         HumanNotified,
+        HumanNotifyRequested,
         HumanRejected,
         HumanAnswered,
         HumanExpired,

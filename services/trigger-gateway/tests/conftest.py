@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
-from gateway_support import ENVIRON, MAX_BODY, TRIGGERS_YAML, load_triggers_yaml
+from gateway_support import ENVIRON, MAX_BODY, PASSWORD, TRIGGERS_YAML, agents_file, load_triggers_yaml, tokens_file
 
-from temporality_bus import Bus
+from temporality_bus import Bus, NatsSettings
+from temporality_service import ApiAuthSettings
 from temporality_trigger_gateway import Settings, TriggerConfig, create_app
 
 
@@ -28,3 +30,31 @@ async def client(bus: Bus, settings: Settings, triggers: list[TriggerConfig]) ->
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as c:
         yield c
+
+
+#: The triggers file of the in-process replica tests: one webhook and one schedule trigger.
+REPLICA_FILE = f"""
+triggers:
+  - id: file-pr
+    name: Seeded from the file
+    type: webhook
+    adapter: azure_devops.pull_request
+    events: [git.pullrequest.created]
+    agent: reviewer
+    auth: {{type: basic, username: azure, password: {PASSWORD}}}
+  - id: file-nightly
+    name: Nightly
+    type: schedule
+    cron: "0 3 * * *"
+    agent: reviewer
+"""
+
+
+@pytest.fixture
+def gateway_settings(tmp_path: Path, nats_settings: NatsSettings) -> Settings:
+    triggers = tmp_path / "triggers.yaml"
+    triggers.write_text(REPLICA_FILE, encoding="utf-8")
+    agents_file(tmp_path)  # beside the triggers file: found by default
+    return Settings(
+        nats=nats_settings, port=0, triggers_file=triggers, api=ApiAuthSettings(tokens_file=tokens_file(tmp_path))
+    )

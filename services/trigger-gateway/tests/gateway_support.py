@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,9 @@ from standardwebhooks.webhooks import Webhook
 from temporality_bus import Bus
 from temporality_protocol import Envelope, RunRequested, decode
 from temporality_protocol.catalog import EVENTS_PREFIX, EVENTS_STREAM
-from temporality_trigger_gateway import TriggerConfig, parse_triggers
+from temporality_service import Runtime, run_until
+from temporality_trigger_gateway import Settings, TriggerConfig, parse_triggers
+from temporality_trigger_gateway.__main__ import SPEC, configure
 from temporality_trigger_gateway.adapters import WebhookRequest
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -185,3 +190,128 @@ async def run_requested(bus: Bus) -> RunRequested:
     """The data of the one ``run.requested`` in the journal."""
     (event,) = [e for e in await journal(bus) if e.type == "run.requested"]
     return event.payload(RunRequested)
+
+
+# --------------------------------------------------------------------------- the trigger store and admin API
+ADMIN_TOKEN = "admin-token-for-gateway-tests-0001"
+OPERATOR_TOKEN = "operator-token-for-gateway-tests-01"
+VIEWER_TOKEN = "viewer-token-for-gateway-tests-0001"
+#: The agent ids the admin tests know (as if read from an agent cards file).
+AGENTS = frozenset({"reviewer", "triager"})
+
+
+def tokens_file(directory: Path) -> Path:
+    path = directory / "api-tokens.yaml"
+    path.write_text(
+        f"- {{name: ci-bot, role: admin, token: {ADMIN_TOKEN}}}\n"
+        f"- {{name: on-call, role: operator, token: {OPERATOR_TOKEN}}}\n"
+        f"- {{name: board, role: viewer, token: {VIEWER_TOKEN}}}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def agents_file(directory: Path) -> Path:
+    path = directory / "agents.yaml"
+    path.write_text(
+        "agents:\n  - {id: reviewer, role: Reviewer, extra_key_of_the_executor: 1}\n  - {id: triager}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+AS_ADMIN = bearer(ADMIN_TOKEN)
+AS_OPERATOR = bearer(OPERATOR_TOKEN)
+AS_VIEWER = bearer(VIEWER_TOKEN)
+
+
+def webhook_spec(trigger_id: str = "api-pr", **changes: Any) -> dict[str, Any]:
+    """A valid ``webhook`` trigger as the admin API takes it (JSON), every TRG-1 field given."""
+    spec: dict[str, Any] = {
+        "id": trigger_id,
+        "name": "PR review managed through the API",
+        "type": "webhook",
+        "enabled": True,
+        "adapter": "azure_devops.pull_request",
+        "events": ["git.pullrequest.created"],
+        "agent": "reviewer",
+        "tenant": "fabrikam",
+        "auth": {"type": "basic", "username": "azure", "password": PASSWORD},
+        "deduplication": {"ttl_days": 3},
+        "retry": {"retry_after_s": 30},
+        "input": {
+            "repository": "payload.repository.name",
+            "pull_request": "payload.pull_request.id",
+            "source_branch": "payload.source_branch",
+            "target_branch": "payload.target_branch",
+            "author": "actor.display_name || actor.id",
+            "team": "context.team",
+        },
+        "context": {"team": "web"},
+        "human": {
+            "allowed_recipients": ["user:alice"],
+            "default_timeout_s": 600,
+            "on_timeout": {"action": "default", "default_option": "keep-v1"},
+        },
+    }
+    spec.update(changes)
+    return spec
+
+
+async def journal_of(bus: Bus, event_type: str) -> list[Envelope]:
+    return [e for e in await journal(bus) if e.type == event_type]
+
+
+# --------------------------------------------------------------------------- in-process replicas
+async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float = 20.0, what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout_s}s")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def replicas(settings: Settings, count: int = 2) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """``count`` gateway replicas in-process, all started at once; yields an HTTP client on each one's socket."""
+    runtimes: dict[int, Runtime[Settings]] = {}
+    stop = asyncio.Event()
+    readies = [asyncio.Event() for _ in range(count)]
+
+    def setup_of(index: int) -> Callable[[Runtime[Settings]], Awaitable[None]]:
+        setup = configure(settings)
+
+        async def wrapped(rt: Runtime[Settings]) -> None:
+            await setup(rt)
+            runtimes[index] = rt
+
+        return wrapped
+
+    setups = [setup_of(i) for i in range(count)]  # every configure before any connects, like processes
+    tasks = [asyncio.create_task(run_until(SPEC, settings, setups[i], stop, ready=readies[i])) for i in range(count)]
+    try:
+        waiters = [asyncio.create_task(r.wait()) for r in readies]
+        deadline = asyncio.get_running_loop().time() + 60
+        while not all(r.is_set() for r in readies):
+            failed = [t for t in tasks if t.done()]
+            if failed:
+                failed[0].result()  # raises why it failed
+                raise AssertionError("a replica stopped before it was ready")
+            assert asyncio.get_running_loop().time() < deadline, "replicas did not become ready"
+            await asyncio.wait({*tasks, *waiters}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+        async with contextlib.AsyncExitStack() as clients:
+            yielded = []
+            for i in range(count):
+                server = runtimes[i].server
+                assert server is not None
+                yielded.append(await clients.enter_async_context(httpx.AsyncClient(base_url=server.url, timeout=20)))
+            yield yielded
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=30)

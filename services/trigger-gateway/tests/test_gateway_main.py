@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
-from gateway_support import REPO
+from gateway_support import AS_VIEWER, REPO, tokens_file
 
 from temporality_testing import NatsServer
 
@@ -42,6 +42,7 @@ def test_process_serves_the_shipped_config_and_stops_on_sigterm(tmp_path: Path, 
         "TEMPORALITY_READY_FILE": str(ready),
         "TEMPORALITY_LOG_FORMAT": "json",
         "TEMPORALITY_LOG_LEVEL": "debug",
+        "TEMPORALITY_API_TOKENS_FILE": str(tokens_file(tmp_path)),
     }
     with log.open("wb") as stderr:
         proc = subprocess.Popen(
@@ -58,6 +59,13 @@ def test_process_serves_the_shipped_config_and_stops_on_sigterm(tmp_path: Path, 
             response = http.post("/hooks/ado-pr-review", content=example, auth=("azure", "change-me"))
             assert response.status_code == 202, response.text
             assert http.post("/hooks/ado-pr-review", content=example, auth=("azure", "nope")).status_code == 401
+            # the file seeded the trigger store; the admin API serves it (without the password)
+            listed = http.get("/triggers", headers=AS_VIEWER)
+            assert listed.status_code == 200, listed.text
+            assert [t["trigger"]["id"] for t in listed.json()["triggers"]] == ["ado-pr-review"]
+            assert "change-me" not in listed.text
+            assert http.get("/triggers").status_code == 401
+            assert "/triggers/{trigger_id}" in http.get("/openapi.json").json()["paths"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:
@@ -79,3 +87,17 @@ def test_process_refuses_an_invalid_triggers_file(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert b"unknown adapter 'nope'" in result.stderr
+
+
+def test_process_refuses_a_trigger_naming_an_unknown_agent(tmp_path: Path) -> None:
+    (tmp_path / "agents.yaml").write_text("agents:\n  - {id: reviewer}\n")
+    bad = tmp_path / "triggers.yaml"
+    bad.write_text(
+        "triggers:\n  - {id: x, name: x, type: webhook, agent: ghost, adapter: generic, events: [e], auth: {type: none}}\n"
+    )
+    env = {**os.environ, "TEMPORALITY_GATEWAY_TRIGGERS_FILE": str(bad), "TEMPORALITY_NATS_URL": "nats://127.0.0.1:1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "temporality_trigger_gateway"], env=env, capture_output=True, timeout=30, check=False
+    )
+    assert result.returncode == 2
+    assert b"unknown agent 'ghost'" in result.stderr

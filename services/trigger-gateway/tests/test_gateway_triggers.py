@@ -274,7 +274,7 @@ def test_every_source_and_auth_kind_loads(adapter: str, events: str, auth: str) 
             "github",
             "[push]",
             "{type: basic, username: a, password_env: S}",
-            "triggers[0] (hook): Value error, auth.type 'basic' cannot authenticate github deliveries; use one of github, none",
+            "triggers[0] (hook).auth: Value error, auth.type 'basic' cannot authenticate github deliveries; use one of github, none",
             id="auth-not-for-the-source",
         ),
         pytest.param(

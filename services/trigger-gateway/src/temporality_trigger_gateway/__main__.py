@@ -1,28 +1,80 @@
-"""``temporality-trigger-gateway``: the triggers file, then the webhook API, started by the service runtime."""
+"""``temporality-trigger-gateway``: the triggers file seeds the trigger store, every replica watches it and
+serves its webhooks and the ``/triggers`` admin API, started by the service runtime.
+
+configure (nothing connected yet; exit 2 on any problem): the API tokens file, the agent cards' ids, the
+triggers file validated against them. setup: open the ``trigger-definitions`` bucket, seed it with the
+file's triggers (create-if-absent: several replicas may start at once, one wins each id and journals
+``trigger.created``), load the whole store and watch it (``/readyz`` requires the watch; each change arms
+or cancels a schedule trigger's next tick), consume fired ticks (``trigger-gateway-schedules``), serve.
+"""
 
 from __future__ import annotations
 
+import os
+
+import structlog
+
+from temporality_protocol import TriggerCreated, derive_id, make_event
 from temporality_protocol.catalog import SERVICES
-from temporality_service import ConfigError, Runtime, Setup, serve
+from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
+from temporality_trigger_gateway.agents import load_agent_ids
 from temporality_trigger_gateway.api import create_app
 from temporality_trigger_gateway.errors import TriggerConfigError
+from temporality_trigger_gateway.schedule import Scheduler
 from temporality_trigger_gateway.settings import Settings
-from temporality_trigger_gateway.triggers import load_triggers
+from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
+from temporality_trigger_gateway.triggers import parse_triggers, read_triggers_file
 
 __all__ = ["SPEC", "configure", "run"]
 
 SPEC = SERVICES["trigger-gateway"]
+SOURCE = "/temporality/trigger-gateway"
+
+log = structlog.get_logger(__name__)
 
 
 def configure(settings: Settings) -> Setup[Settings]:
-    """Read the triggers file before anything connects (an invalid one exits 2)."""
+    """Read the tokens, agents and triggers files before anything connects (an unusable one exits 2)."""
     try:
-        triggers = load_triggers(settings.triggers_file)
+        auth = ApiAuth.from_settings(settings.api)
+    except TokenFileError as exc:
+        raise ConfigError(str(exc)) from exc
+    agents_file = settings.agents_file or settings.triggers_file.parent / "agents.yaml"
+    agents: frozenset[str] | None = None
+    try:
+        if settings.agents_file is not None or agents_file.exists():
+            agents = load_agent_ids(agents_file)
+        raw = read_triggers_file(settings.triggers_file)
+        triggers = parse_triggers(raw, source=str(settings.triggers_file), agents=agents)
     except TriggerConfigError as exc:
         raise ConfigError(str(exc)) from exc
+    if agents is None:
+        log.warning("triggers.agents_not_checked", agents_file=str(agents_file), reason="no agent cards file")
+    specs = [spec for spec in raw["triggers"] if any(spec.get("id") == t.id for t in triggers)]
+    seeded_by = f"file:{settings.triggers_file}"
 
     async def setup(rt: Runtime[Settings]) -> None:
-        rt.http(create_app(rt.settings, rt.bus, triggers))
+        store = await TriggerStore.open(rt.bus)
+        for trigger_id, revision in await store.seed(specs, by=seeded_by):
+            trigger = next(t for t in triggers if t.id == trigger_id)
+            change = TriggerCreated(
+                trigger_id=trigger_id,
+                revision=revision,
+                changed_by=seeded_by,
+                trigger_type=trigger.type,
+                agent=trigger.agent,
+                enabled=trigger.enabled,
+            )
+            event_id = derive_id("evt", "trigger", trigger_id, str(revision), change.EVENT_TYPE)
+            await rt.bus.publish(make_event(change, source=SOURCE, id=event_id, correlation_id=trigger_id))
+            log.info("trigger.seeded", trigger_id=trigger_id, revision=revision)
+        registry = TriggerRegistry(environ=os.environ, agents=agents)
+        scheduler = Scheduler(rt.bus, registry)
+        registry.on_change = scheduler.on_change  # arm / cancel schedule triggers' next tick
+        await rt.resources.enter_async_context(registry.watching(store))
+        rt.consumer("trigger-gateway-schedules", raw_handler=scheduler.handle)
+        rt.ready_check("trigger-store", registry.check)
+        rt.http(create_app(rt.settings, rt.bus, registry, store=store, auth=auth))
 
     return setup
 

@@ -1,4 +1,9 @@
-"""The HTTP surface: ``POST /hooks/{trigger_id}`` (``/healthz`` and ``/readyz`` come from the service runtime).
+"""The HTTP surface: ``POST /hooks/{trigger_id}``, the ``/triggers`` admin API (:mod:`.admin`), and
+``/healthz`` and ``/readyz`` from the service runtime.
+
+The webhook looks its trigger up in this replica's :class:`~temporality_trigger_gateway.store.TriggerRegistry`
+at every delivery, so a trigger created, changed, disabled or deleted in the store (by any replica) is
+served as it now is, without a restart.
 
 Checks run in this order, each answered as ``{"error": code, "detail": sentence}``:
 unknown trigger 404 → header credentials 401 → size 413 → body signature 401 → UTF-8 JSON 400 →
@@ -19,22 +24,39 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from temporality_bus import Bus
-from temporality_service import ErrorBody, install_error_handlers, parse_json, read_body
+from temporality_service import ApiAuth, ErrorBody, install_error_handlers, parse_json, read_body
 from temporality_trigger_gateway.adapters import WebhookRequest
-from temporality_trigger_gateway.auth import NoAuth, literal_secret
-from temporality_trigger_gateway.errors import BodyTooLarge, InvalidPayload, MalformedBody, UnknownTrigger
+from temporality_trigger_gateway.admin import admin_router
+from temporality_trigger_gateway.errors import (
+    BodyTooLarge,
+    BusUnavailable,
+    InvalidPayload,
+    MalformedBody,
+    UnknownTrigger,
+)
 from temporality_trigger_gateway.intake import Accepted, Intake
 from temporality_trigger_gateway.settings import Settings
-from temporality_trigger_gateway.triggers import TriggerConfig, WebhookTrigger
+from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
+from temporality_trigger_gateway.triggers import TriggerConfig
 
 __all__ = ["create_app"]
 
 log = structlog.get_logger(__name__)
 
 
-def create_app(settings: Settings, bus: Bus, triggers: Iterable[TriggerConfig]) -> FastAPI:
-    """The gateway app over an already-connected ``bus``; serves the ``webhook`` triggers among ``triggers``."""
-    webhooks = _served(triggers)
+def create_app(
+    settings: Settings,
+    bus: Bus,
+    triggers: Iterable[TriggerConfig] | TriggerRegistry,
+    *,
+    store: TriggerStore | None = None,
+    auth: ApiAuth | None = None,
+) -> FastAPI:
+    """The gateway app over an already-connected ``bus``; serves the ``webhook`` triggers of ``triggers``.
+
+    ``triggers`` is the replica's live registry (``store`` given: the ``/triggers`` admin API is served,
+    checking ``auth``'s role tokens), or a fixed list (tests, benchmarks: no admin API)."""
+    registry = triggers if isinstance(triggers, TriggerRegistry) else TriggerRegistry.static(triggers)
     intake = Intake(bus, retry_after_s=settings.retry_after_s, claim_lease_s=settings.claim_lease_s)
     app = FastAPI(
         title="Temporality trigger-gateway",
@@ -43,11 +65,19 @@ def create_app(settings: Settings, bus: Bus, triggers: Iterable[TriggerConfig]) 
         responses={code: {"model": ErrorBody} for code in (400, 401, 404, 413, 422, 503)},
     )
     install_error_handlers(app)
+    (auth or ApiAuth()).install(app)
+    if store is not None:
+        app.include_router(
+            admin_router(
+                registry, store, bus, max_body_bytes=settings.max_body_bytes, retry_after_s=settings.retry_after_s
+            ),
+            responses={code: {"model": ErrorBody} for code in (401, 403, 404, 409, 412, 422, 428, 503)},
+        )
 
     @app.post("/hooks/{trigger_id}", status_code=202)
     async def hook(trigger_id: str, request: Request) -> JSONResponse:
         # No per-request log binding here: Intake.handle binds the delivery's fields once it has them.
-        trigger = webhooks.get(trigger_id)
+        trigger = registry.webhook(trigger_id)
         if trigger is None:
             raise UnknownTrigger(f"no webhook trigger with id {trigger_id[:100]!r}")
         verifier = trigger.auth
@@ -66,24 +96,10 @@ def create_app(settings: Settings, bus: Bus, triggers: Iterable[TriggerConfig]) 
             if authenticated:
                 await intake.refused(trigger, refused, body_bytes=len(raw))  # visible in the journal
             raise
+        except BusUnavailable as unavailable:
+            if trigger.retry.retry_after_s is not None:  # the trigger's own retry policy
+                raise BusUnavailable(unavailable.detail, trigger.retry.retry_after_s) from unavailable
+            raise
         return JSONResponse(outcome.model_dump(), status_code=202 if isinstance(outcome, Accepted) else 200)
 
     return app
-
-
-def _served(triggers: Iterable[TriggerConfig]) -> dict[str, WebhookTrigger]:
-    webhooks: dict[str, WebhookTrigger] = {}
-    for trigger in triggers:
-        if not isinstance(trigger, WebhookTrigger):
-            log.warning("trigger.not_served", trigger_id=trigger.id, type=trigger.type, reason="not served yet")
-            continue
-        webhooks[trigger.id] = trigger
-        auth = trigger.auth
-        if isinstance(auth, NoAuth):
-            log.warning("trigger.unauthenticated", trigger_id=trigger.id)
-        elif literal_secret(auth):
-            log.warning("trigger.literal_secret", trigger_id=trigger.id, hint="use the auth *_env key")
-        log.info(
-            "trigger.served", trigger_id=trigger.id, adapter=trigger.adapter, auth=auth.type, enabled=trigger.enabled
-        )
-    return webhooks

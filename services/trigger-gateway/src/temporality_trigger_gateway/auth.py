@@ -17,6 +17,7 @@ echoed. Prefer ``*_env`` (the name of an environment variable, read at load) to 
 ``github``             ``X-Hub-Signature-256: sha256=<hex HMAC-SHA256(secret, raw body)>``
 ``standard_webhooks``  ``webhook-id`` / ``webhook-timestamp`` / ``webhook-signature`` (Standard Webhooks,
                        Svix): ±``tolerance_s`` (300), several space-separated signatures (key rotation)
+``mindmap``            ``X-Mindmap-Signature: sha256=<hex HMAC>`` over the raw body and ``X-Mindmap-Token``
 =====================  ============================================================================
 """
 
@@ -45,6 +46,7 @@ __all__ = [
     "GitLabAuth",
     "HeaderAuth",
     "HmacSha256Auth",
+    "MindmapAuth",
     "NoAuth",
     "StandardWebhooksAuth",
     "Verifier",
@@ -316,7 +318,48 @@ class StandardWebhooksAuth(_SharedSecret):
             raise self.refuse(problem)
 
 
+class MindmapAuth(_SharedSecret):
+    """``mindmap.test_case`` (TRG-3): ``X-Mindmap-Signature: sha256=<hex HMAC-SHA256(secret, raw body)>`` *and*
+    the trigger's own token in ``X-Mindmap-Token`` (so a leaked signing key of one map cannot start another
+    trigger's runs). ``secret``/``secret_env`` sign; ``token``/``token_env`` identify the trigger."""
+
+    reads_body: ClassVar[bool] = True
+    type: Literal["mindmap"]
+    token: SecretStr | None = None
+    token_env: _EnvName | None = None
+    _token: SecretStr = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _resolve_token(self, info: ValidationInfo) -> Self:
+        self._token = _resolve(self.token, self.token_env, info, ("token", "token_env"))
+        return self
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> None:
+        token = headers.get("x-mindmap-token")
+        if not token:
+            raise self.refuse("this trigger requires the X-Mindmap-Token header")
+        signature = headers.get("x-mindmap-signature")
+        if not signature:
+            raise self.refuse("this trigger requires the X-Mindmap-Signature header")
+        good_token = _same(token, self._token.get_secret_value())
+        good_signature = hmac_sha256_matches(
+            self._secret.get_secret_value().encode(), body, signature, prefix="sha256="
+        )
+        if not good_token:
+            raise self.refuse("wrong X-Mindmap-Token")
+        if not good_signature:
+            raise self.refuse("the X-Mindmap-Signature signature does not match the body")
+
+
 Auth = Annotated[
-    NoAuth | BasicAuth | BearerAuth | HeaderAuth | GitLabAuth | HmacSha256Auth | GitHubAuth | StandardWebhooksAuth,
+    NoAuth
+    | BasicAuth
+    | BearerAuth
+    | HeaderAuth
+    | GitLabAuth
+    | HmacSha256Auth
+    | GitHubAuth
+    | StandardWebhooksAuth
+    | MindmapAuth,
     Field(discriminator="type"),
 ]

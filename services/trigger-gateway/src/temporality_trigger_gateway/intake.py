@@ -51,7 +51,8 @@ from temporality_protocol import (
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_service import ApiError
 from temporality_trigger_gateway.adapters import ADAPTERS, SourceEvent, WebhookRequest
-from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable
+from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable, InvalidPayload
+from temporality_trigger_gateway.mapping import MappingFailed
 from temporality_trigger_gateway.triggers import WebhookTrigger
 
 __all__ = [
@@ -199,10 +200,13 @@ def launch_events(
     title: str,
     causation_id: str,
     human: HumanPolicy,
+    input: dict[str, Any] | None = None,
 ) -> tuple[Envelope, Envelope]:
     """``trigger.accepted`` and ``run.requested``, with ids derived from the run: redelivery reuses them.
 
-    ``human`` is ``delivery.trigger.human.policy()`` when the caller already has it (it never changes)."""
+    ``human`` is ``delivery.trigger.human.policy()`` when the caller already has it (it never changes).
+    ``input`` is the agent input the trigger's mapping produced (:func:`.mapping.agent_input`); ``None``:
+    the event's payload."""
     trigger = delivery.trigger
     accepted = make_event(
         TriggerAccepted(
@@ -222,7 +226,7 @@ def launch_events(
             title=title[:200],
             launch=LaunchSource(kind="webhook", trigger_id=trigger.id, delivery_id=delivery.delivery_id),
             event=_without_payload(event),  # carried once, as the input
-            input=event.payload,
+            input=event.payload if input is None else input,
             human=human,  # SEC-1: from the trigger's config (cached per trigger), never from the webhook
         ),
         causation_id=accepted.id,
@@ -276,12 +280,19 @@ class Intake:
                 log.info("webhook.handled", status="ignored", reason=reason, source_event_type=source.type)
             return Ignored(delivery_id=delivery.delivery_id, reason=reason, detail=detail)
         event = adapter.normalize(request, tenant=trigger.tenant)
+        try:
+            mapped = trigger.agent_input(event)
+        except MappingFailed as exc:
+            raise InvalidPayload(
+                f"the trigger's input mapping cannot be applied to this event ({exc})",
+                [{"loc": ["input", exc.field], "msg": str(exc), "type": "mapping"}],
+            ) from None
         run_id = run_id_for_delivery(trigger.id, event.id)
         # One binding for the whole launch: what any warning below (bus, claim) needs to be traced.
         with structlog.contextvars.bound_contextvars(
             trigger_id=trigger.id, delivery_id=delivery.delivery_id, source_event_id=source.id, run_id=run_id
         ):
-            outcome = await self._launch(delivery, event, run_id, adapter.run_title(event))
+            outcome = await self._launch(delivery, event, run_id, adapter.run_title(event), mapped)
             log.info("webhook.handled", status=outcome.status)
         return outcome
 
@@ -328,7 +339,9 @@ class Intake:
         rejected = rejected_event(delivery, reason, detail, run_id=None, tenant=tenant, causation_id=received.id)
         await self._io(self._bus.publish_many((received, rejected)))
 
-    async def _launch(self, delivery: WebhookDelivery, event: NormalizedEvent, run_id: str, title: str) -> Outcome:
+    async def _launch(
+        self, delivery: WebhookDelivery, event: NormalizedEvent, run_id: str, title: str, mapped: dict[str, Any]
+    ) -> Outcome:
         key = dedupe_key(delivery.trigger.id, event.id)
         store = await self._dedupe()
         received = received_event(delivery, run_id=run_id, tenant=event.tenant)
@@ -343,7 +356,13 @@ class Intake:
 
         claim, revision = won
         accepted, requested = launch_events(
-            delivery, event, run_id=run_id, title=title, causation_id=received.id, human=self._policy(delivery.trigger)
+            delivery,
+            event,
+            run_id=run_id,
+            title=title,
+            causation_id=received.id,
+            human=self._policy(delivery.trigger),
+            input=mapped,
         )
         try:
             await self._io(self._bus.publish_many((received, accepted, requested)))

@@ -17,7 +17,11 @@ class Settings(HttpServiceSettings):
 
     #: ``0`` picks a free port (tests, benchmarks); the bound URL is logged (``service.ready``).
     port: int | None = Field(default=8080, ge=0, le=65535)
+    #: Seeds the trigger store at start (create-if-absent); the store is the truth afterwards (docs/triggers.md).
     triggers_file: Path = Path("config/triggers.yaml")
+    #: The run-executor's agent cards (only ``agents[].id`` is read): a trigger naming another agent is
+    #: refused. Unset: ``agents.yaml`` beside the triggers file, and when that is absent agents are not checked.
+    agents_file: Path | None = None
     #: Larger webhook bodies are refused with 413, by Content-Length or by the size actually streamed.
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     #: Seconds a sender is told to wait (``Retry-After``) when NATS is unavailable (503).

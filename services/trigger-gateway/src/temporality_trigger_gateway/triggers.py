@@ -1,8 +1,14 @@
-"""Trigger definitions (TRG-1/2/3) loaded from YAML and validated with clear errors.
+"""Trigger definitions (TRG-1/2/3), validated with clear errors: from the YAML file or the admin API.
 
-Every mapping forbids unknown keys, so a typo fails at start-up instead of silently doing nothing.
-Only ``webhook`` triggers are served by this version; ``event`` and ``schedule`` triggers are
-validated and loaded, and the gateway logs them as not served yet.
+Every mapping forbids unknown keys, so a typo fails at start-up (or is a 422 on save) instead of
+silently doing nothing. ``webhook`` triggers are served at ``/hooks/<id>``, ``schedule`` triggers
+by JetStream message schedules (:mod:`.schedule`); ``event`` triggers are validated and stored, and the
+gateway logs them as not served yet.
+
+Validation takes a context (``model_validate(..., context=...)``): ``environ`` resolves the auth's
+``*_env`` secrets, ``agents`` (a set of agent ids from the run-executor's agent cards, or ``None`` when
+unknown) refuses a trigger naming an agent that does not exist. ``input`` (JMESPath, see
+:mod:`temporality_trigger_gateway.mapping`) is compiled once here.
 
 The recipients a run may ask (``human``, SEC-1) come from here and never from the webhook body.
 """
@@ -13,35 +19,45 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
+from croniter import croniter  # type: ignore[import-untyped]
+from jmespath.parser import ParsedResult
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from temporality_protocol import HumanPolicy, TimeoutPolicy
+from temporality_protocol import HumanPolicy, NormalizedEvent, TimeoutPolicy
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_trigger_gateway.adapters import ADAPTERS
 from temporality_trigger_gateway.auth import Auth, BasicAuth, NoAuth
 from temporality_trigger_gateway.errors import TriggerConfigError
+from temporality_trigger_gateway.mapping import agent_input, check_prompt, compile_mapping, render_prompt
 
 __all__ = [
     "BasicAuth",
     "Deduplication",
     "EventTrigger",
     "HumanConfig",
+    "MissedTicks",
     "NoAuth",
+    "RetryPolicy",
     "ScheduleTrigger",
     "TriggerConfig",
     "TriggersFile",
     "WebhookTrigger",
+    "field_errors",
     "load_triggers",
     "parse_triggers",
+    "read_triggers_file",
 ]
 
 _DAY = 24 * 3600
@@ -49,6 +65,8 @@ _DAY = 24 * 3600
 MAX_DEDUPE_TTL_DAYS = int(BUCKET_DEDUPE.ttl_s // _DAY)
 
 _Slug = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
+#: An agent-input field name (a key of ``input``).
+_InputField = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
 _EVENT_FILTER_KEYS = frozenset({"actor_id", "actor_type", "project"})
 
 
@@ -68,6 +86,14 @@ class Deduplication(_Config):
         if value > MAX_DEDUPE_TTL_DAYS:
             raise ValueError(f"ttl_days cannot exceed the {BUCKET_DEDUPE.name} bucket's TTL ({MAX_DEDUPE_TTL_DAYS})")
         return value
+
+
+class RetryPolicy(_Config):
+    """What a sender is told when a delivery fails transiently (the bus did not acknowledge): 503 with
+    ``Retry-After`` = ``retry_after_s`` (default: the gateway's ``TEMPORALITY_GATEWAY_RETRY_AFTER_S``).
+    Webhook senders retry themselves; nothing is lost in between (the dedupe claim is released)."""
+
+    retry_after_s: Annotated[int, Field(ge=1, le=3600)] | None = None
 
 
 class _TimeoutConfig(TimeoutPolicy):
@@ -103,6 +129,47 @@ class _Trigger(_Config):
     deduplication: Deduplication = Field(default_factory=Deduplication)
     #: Whom runs of this trigger may ask and what happens on timeout (SEC-1, HUM-8). Never from the event.
     human: HumanConfig = Field(default_factory=HumanConfig)
+    #: Agent-input field -> JMESPath over the normalized event (TRG-8); ``None``: the event's payload.
+    input: Annotated[dict[_InputField, str], Field(max_length=100)] | None = None
+    #: Static data of the trigger, visible to the mapping as ``context`` and passed to the agent.
+    context: Annotated[dict[str, Any], Field(max_length=100)] = Field(default_factory=dict)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    _compiled: dict[str, ParsedResult] | None = PrivateAttr(default=None)
+
+    @field_validator("agent")
+    @classmethod
+    def _known_agent(cls, value: str, info: ValidationInfo) -> str:
+        agents = (info.context or {}).get("agents")
+        if agents is not None and value not in agents:
+            known = ", ".join(sorted(agents)) or "none"
+            raise ValueError(f"unknown agent {value!r} (not in the agent cards file; known: {known})")
+        return value
+
+    @field_validator("input")
+    @classmethod
+    def _valid_mapping(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None:
+            compile_mapping(value)  # raises ValueError naming the field
+        return value
+
+    @model_validator(mode="after")
+    def _compile_mapping(self) -> Self:
+        self._compiled = None if self.input is None else compile_mapping(self.input)
+        return self
+
+    @property
+    def compiled_input(self) -> dict[str, ParsedResult] | None:
+        """The ``input`` expressions, compiled once at load (``None``: no mapping)."""
+        return self._compiled
+
+    def agent_input(self, event: NormalizedEvent) -> dict[str, Any]:
+        """What the agent receives for ``event`` (TRG-8): the mapping applied (or the payload), plus the
+        rendered ``prompt`` when the trigger has one. :class:`MappingFailed` names a failing expression."""
+        mapped = agent_input(event, self.compiled_input, self.context)
+        prompt: str | None = getattr(self, "prompt", None)
+        if prompt is None:
+            return mapped
+        return {**mapped, "prompt": render_prompt(prompt, mapped)}
 
 
 class WebhookTrigger(_Trigger):
@@ -110,6 +177,16 @@ class WebhookTrigger(_Trigger):
     adapter: str
     events: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
     auth: Auth
+    #: A task prompt template (``${field}`` over the agent input), rendered into ``input.prompt`` (TRG-3).
+    #: The task, never the agent's system prompt (TRG-8): behaviour lives in the agent card.
+    prompt: Annotated[str, Field(min_length=1, max_length=8000)] | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_fields_exist(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            check_prompt(value, info.data.get("input"))  # input is declared (and validated) before prompt
+        return value
 
     @field_validator("adapter")
     @classmethod
@@ -118,27 +195,34 @@ class WebhookTrigger(_Trigger):
             raise ValueError(f"unknown adapter {value!r}; known: {', '.join(sorted(ADAPTERS))}")
         return value
 
-    @model_validator(mode="after")
-    def _events_supported(self) -> Self:
-        if len(set(self.events)) != len(self.events):
+    @field_validator("events")
+    @classmethod
+    def _events_supported(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if len(set(value)) != len(value):
             raise ValueError("events lists an event type twice")
-        supported = ADAPTERS[self.adapter].event_types
-        unsupported = sorted(set(self.events) - supported) if supported is not None else []
+        adapter = info.data.get("adapter")
+        if adapter is None:
+            return value  # the adapter itself is refused
+        supported = ADAPTERS[adapter].event_types
+        unsupported = sorted(set(value) - supported) if supported is not None else []
         if unsupported:
             raise ValueError(
-                f"adapter {self.adapter} cannot handle {', '.join(unsupported)}; it supports {', '.join(sorted(supported or ()))}"
+                f"adapter {adapter} cannot handle {', '.join(unsupported)}; it supports {', '.join(sorted(supported or ()))}"
             )
-        return self
+        return value
 
-    @model_validator(mode="after")
-    def _auth_fits_the_source(self) -> Self:
-        allowed = ADAPTERS[self.adapter].auth_types | {"none"}
-        if self.auth.type not in allowed:
+    @field_validator("auth")
+    @classmethod
+    def _auth_fits_the_source(cls, value: Auth, info: ValidationInfo) -> Auth:
+        adapter = info.data.get("adapter")
+        if adapter is None:
+            return value
+        allowed = ADAPTERS[adapter].auth_types | {"none"}
+        if value.type not in allowed:
             raise ValueError(
-                f"auth.type {self.auth.type!r} cannot authenticate {self.adapter} deliveries; "
-                f"use one of {', '.join(sorted(allowed))}"
+                f"auth.type {value.type!r} cannot authenticate {adapter} deliveries; use one of {', '.join(sorted(allowed))}"
             )
-        return self
+        return value
 
 
 class EventTrigger(_Trigger):
@@ -160,12 +244,58 @@ class EventTrigger(_Trigger):
         return value
 
 
+class MissedTicks(_Config):
+    """What a tick handled later than ``grace_s`` after its time does (the gateways or NATS were down):
+    ``run_once`` starts its run late (several missed ticks of one trigger make one run: only the next tick
+    is ever armed); ``skip`` journals it as ``trigger.rejected`` (reason ``missed_tick``) and starts none."""
+
+    policy: Literal["run_once", "skip"] = "run_once"
+    grace_s: Annotated[int, Field(ge=1, le=7 * 24 * 3600)] = 300
+
+
 class ScheduleTrigger(_Trigger):
-    """Fires on a cron schedule (TRG-2). Loaded and validated; not served yet."""
+    """Fires on a cron schedule (TRG-2) through JetStream message schedules (:mod:`.schedule`)."""
 
     type: Literal["schedule"]
-    cron: Annotated[str, Field(pattern=r"^\S+( \S+){4}$", description="Five cron fields")]
-    prompt: str | None = None
+    cron: Annotated[
+        str,
+        Field(
+            pattern=r"^\S+( \S+){4,5}$",
+            description="Five cron fields (minute hour day month weekday), optionally a sixth: seconds",
+        ),
+    ]
+    #: The IANA time zone the cron fields are read in (``Europe/Berlin``); daylight saving handled by croniter.
+    timezone: Annotated[str, Field(min_length=1, max_length=64)] = "UTC"
+    missed: MissedTicks = Field(default_factory=MissedTicks)
+    #: The task prompt template (``${field}`` over the agent input), rendered into ``input.prompt``.
+    prompt: Annotated[str, Field(min_length=1, max_length=8000)] | None = None
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        if not croniter.is_valid(value):
+            raise ValueError(f"{value!r} is not a valid cron expression (minute hour day month weekday [second])")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r} (an IANA name such as Europe/Berlin, or UTC)") from None
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_fields_exist(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            check_prompt(value, info.data.get("input"))
+        return value
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
 
 
 TriggerConfig = Annotated[WebhookTrigger | EventTrigger | ScheduleTrigger, Field(discriminator="type")]
@@ -186,12 +316,18 @@ class TriggersFile(_Config):
 
 # --------------------------------------------------------------------------- loading
 def parse_triggers(
-    data: Any, *, source: str = "<triggers>", environ: Mapping[str, str] | None = None
+    data: Any,
+    *,
+    source: str = "<triggers>",
+    environ: Mapping[str, str] | None = None,
+    agents: frozenset[str] | None = None,
 ) -> list[TriggerConfig]:
-    """Validate already-parsed YAML; :class:`TriggerConfigError` lists every problem with its location."""
+    """Validate already-parsed YAML; :class:`TriggerConfigError` lists every problem with its location.
+
+    ``agents``: the agent ids a trigger may name (``None``: not checked)."""
     if not isinstance(data, dict):
         raise TriggerConfigError(f"{source}: expected a mapping with a 'triggers' list, got {type(data).__name__}")
-    context = {"environ": os.environ if environ is None else environ}
+    context = {"environ": os.environ if environ is None else environ, "agents": agents}
     try:
         parsed = TriggersFile.model_validate(data, context=context)
     except ValidationError as exc:
@@ -200,7 +336,14 @@ def parse_triggers(
     return list(parsed.triggers)
 
 
-def load_triggers(path: Path, *, environ: Mapping[str, str] | None = None) -> list[TriggerConfig]:
+def load_triggers(
+    path: Path, *, environ: Mapping[str, str] | None = None, agents: frozenset[str] | None = None
+) -> list[TriggerConfig]:
+    return parse_triggers(read_triggers_file(path), source=str(path), environ=environ, agents=agents)
+
+
+def read_triggers_file(path: Path) -> Any:
+    """The file's YAML, parsed but not validated (the store seeds itself from the raw mappings)."""
     try:
         text = path.read_text(encoding="utf-8-sig")
     except OSError as exc:
@@ -209,7 +352,16 @@ def load_triggers(path: Path, *, environ: Mapping[str, str] | None = None) -> li
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise TriggerConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_triggers(data, source=str(path), environ=environ)
+    return data
+
+
+def field_errors(exc: ValidationError, spec: Any) -> list[dict[str, str]]:
+    """pydantic's errors as ``{field, message}``, each field written as the user wrote it (never the input)."""
+    out: list[dict[str, str]] = []
+    for err in exc.errors(include_url=False, include_input=False, include_context=False):
+        message = str(err["msg"]).removeprefix("Value error, ")
+        out.append({"field": _where(tuple(err["loc"]), spec), "message": message[:500]})
+    return out
 
 
 def _where(loc: tuple[int | str, ...], data: Any) -> str:
@@ -225,6 +377,8 @@ def _where(loc: tuple[int | str, ...], data: Any) -> str:
             continue
         if isinstance(node, dict) and part not in node and node.get("type") == part:
             continue  # pydantic's discriminator tag, not a key the user wrote
+        if part == "[key]":
+            continue  # pydantic's marker of an invalid mapping key (the key itself is the part before)
         out += f".{part}" if out else part
         node = node.get(part) if isinstance(node, dict) else None
     return out or "<root>"

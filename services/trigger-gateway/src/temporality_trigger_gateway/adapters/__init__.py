@@ -11,6 +11,7 @@ from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent, Webh
 from temporality_trigger_gateway.adapters.generic import Generic
 from temporality_trigger_gateway.adapters.github import GitHub
 from temporality_trigger_gateway.adapters.gitlab import GitLab
+from temporality_trigger_gateway.adapters.mindmap import MindmapTestCase
 
 __all__ = [
     "ADAPTERS",
@@ -20,11 +21,22 @@ __all__ = [
     "Generic",
     "GitHub",
     "GitLab",
+    "MindmapTestCase",
     "SourceEvent",
     "WebhookRequest",
 ]
 
 #: Every source this gateway can serve, by name. Stateless instances.
 ADAPTERS: Mapping[str, Adapter] = MappingProxyType(
-    {a.name: a for a in (AzureDevOpsPullRequest(), AzureDevOpsWorkItem(), GitHub(), GitLab(), Generic())}
+    {
+        a.name: a
+        for a in (
+            AzureDevOpsPullRequest(),
+            AzureDevOpsWorkItem(),
+            GitHub(),
+            GitLab(),
+            Generic(),
+            MindmapTestCase(),
+        )
+    }
 )

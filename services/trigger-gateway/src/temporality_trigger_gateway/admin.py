@@ -1,0 +1,393 @@
+"""The trigger admin API (TRG-1): ``/triggers`` over the trigger store, with role tokens.
+
+=====================================  ========  ==================================================
+``GET /triggers``                      viewer    every stored trigger (secrets never included)
+``GET /triggers/{id}``                 viewer    one trigger; ``ETag: "<store revision>"``
+``POST /triggers``                     admin     create (201, ``ETag``, ``Location``); 409 if the id exists
+``PUT /triggers/{id}``                 admin     replace; ``If-Match`` required: 428 without, 412 stale
+``POST /triggers/{id}/enable|disable`` operator  switch; ``If-Match`` honoured when given
+``DELETE /triggers/{id}``              admin     delete (204); ``If-Match`` honoured when given
+``POST /triggers/preview``             viewer    what a draft would make of a sample delivery; no effect
+=====================================  ========  ==================================================
+
+Authentication is :mod:`temporality_service.auth` (``Authorization: Bearer <API token>``): 401 without a
+valid token, 403 below the role. A body is validated exactly as the triggers file is (plus the agent ids
+of the agent cards file): 422 ``invalid_trigger`` whose ``detail`` and ``errors[].field`` name each field
+(``agent``, ``auth.password_env``, ``input.author``, ``cron``, ``filter``...).
+
+Secrets are write-only: a literal ``password``/``token``/``secret`` is stored but never returned (the
+response lists it under ``write_only_set``); prefer ``*_env``. A replace whose ``auth`` has the same
+``type`` and neither the literal nor its ``*_env`` keeps the stored literal, so a client can send back what
+it read. Every change is journaled (``trigger.created|updated|deleted|enabled|disabled``, the token's
+name as ``changed_by``, never a secret) after the store took it; the answer waits until this replica
+serves the new revision.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Mapping
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import structlog
+from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from temporality_bus import AlreadyExists, Bus, Conflict, PermanentError, TransientError, Versioned
+from temporality_protocol import (
+    TriggerChange,
+    TriggerCreated,
+    TriggerDeleted,
+    TriggerDisabled,
+    TriggerEnabled,
+    TriggerUpdated,
+    derive_id,
+    make_event,
+)
+from temporality_service import (
+    ApiError,
+    AsAdmin,
+    AsOperator,
+    AsViewer,
+    NotFound,
+    Unavailable,
+    Unprocessable,
+    parse_json,
+    read_body,
+)
+from temporality_service.http import Conflict as HttpConflict
+from temporality_trigger_gateway.preview import run_preview
+from temporality_trigger_gateway.store import TriggerRecord, TriggerRegistry, TriggerStore, validate_spec
+from temporality_trigger_gateway.triggers import TriggerConfig, field_errors
+
+__all__ = [
+    "SECRET_FIELDS",
+    "PreconditionFailed",
+    "PreconditionRequired",
+    "TriggerInvalid",
+    "admin_router",
+    "public_spec",
+]
+
+log = structlog.get_logger(__name__)
+
+SOURCE = "/temporality/trigger-gateway"
+#: The literal secrets an ``auth`` may hold (each has a ``*_env`` twin); never returned.
+SECRET_FIELDS = ("password", "token", "secret")
+_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+#: A trigger body larger than this is refused (413): a trigger is a few hundred bytes, and a KV value is
+#: bounded by NATS's max_payload.
+MAX_TRIGGER_BYTES = 64 * 1024
+T = TypeVar("T")
+
+
+class TriggerInvalid(Unprocessable):
+    code = "invalid_trigger"
+
+    def __init__(self, errors: list[dict[str, str]]) -> None:
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5]) or "invalid trigger"
+        if len(errors) > 5:
+            detail += f"; and {len(errors) - 5} more"
+        super().__init__(detail[:2000], extra={"errors": errors[:50]})
+
+
+class PreconditionFailed(ApiError):
+    status = 412
+    code = "precondition_failed"
+
+
+class PreconditionRequired(ApiError):
+    status = 428
+    code = "precondition_required"
+
+
+class UnknownTriggerId(NotFound):
+    code = "trigger_not_found"
+
+
+def public_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``spec`` without literal secrets (the ``*_env`` names stay)."""
+    data = dict(spec)
+    auth = data.get("auth")
+    if isinstance(auth, dict):
+        data["auth"] = {k: v for k, v in auth.items() if k not in SECRET_FIELDS}
+    return data
+
+
+def _write_only_set(spec: Mapping[str, Any]) -> list[str]:
+    auth = spec.get("auth")
+    if not isinstance(auth, dict):
+        return []
+    return [f"auth.{name}" for name in SECRET_FIELDS if auth.get(name) is not None]
+
+
+def _keep_secrets(new: dict[str, Any], old: Mapping[str, Any]) -> dict[str, Any]:
+    """A replace that leaves out a literal secret (it could not read it) keeps the stored one."""
+    new_auth, old_auth = new.get("auth"), old.get("auth")
+    if not (isinstance(new_auth, dict) and isinstance(old_auth, dict)) or new_auth.get("type") != old_auth.get("type"):
+        return new
+    merged = dict(new_auth)
+    for name in SECRET_FIELDS:
+        if merged.get(name) is None and merged.get(f"{name}_env") is None and old_auth.get(name) is not None:
+            merged.pop(name, None)
+            merged[name] = old_auth[name]
+    return {**new, "auth": merged}
+
+
+def _revision_of(if_match: str | None) -> int | None:
+    """``If-Match: "7"`` (or ``7``, or ``W/"7"``) -> 7; ``*`` -> None (any revision)."""
+    if if_match is None:
+        return None
+    value = if_match.strip()
+    if value == "*":
+        return None
+    value = value.removeprefix("W/").strip('"')
+    if not value.isdigit() or len(value) > 18:
+        raise PreconditionFailed(f"If-Match must be the ETag of the trigger (a quoted revision), not {if_match[:40]!r}")
+    return int(value)
+
+
+def admin_router(
+    registry: TriggerRegistry,
+    store: TriggerStore,
+    bus: Bus,
+    *,
+    max_body_bytes: int,
+    retry_after_s: int,
+) -> APIRouter:
+    """The ``/triggers`` routes over ``store``; ``registry`` is this replica's live view of it."""
+    router = APIRouter(prefix="/triggers", tags=["triggers"])
+
+    def validate(spec: Any) -> TriggerConfig:
+        if not isinstance(spec, dict):
+            raise TriggerInvalid([{"field": "<body>", "message": "a trigger is a JSON object"}])
+        try:
+            return validate_spec(spec, environ=registry.environ, agents=registry.agents)
+        except ValidationError as exc:
+            raise TriggerInvalid(field_errors(exc, spec)) from None
+
+    async def io(call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except (Conflict, AlreadyExists):
+            raise
+        except (TransientError, PermanentError, OSError, TimeoutError) as exc:
+            log.warning("trigger.store_unavailable", error=repr(exc))
+            raise Unavailable(
+                "the trigger store did not answer; retry later", code="bus_unavailable", retry_after_s=retry_after_s
+            ) from exc
+        except Exception as exc:
+            if type(exc).__module__.startswith("nats"):
+                log.warning("trigger.store_unavailable", error=repr(exc))
+                raise Unavailable(
+                    "the trigger store did not answer; retry later", code="bus_unavailable", retry_after_s=retry_after_s
+                ) from exc
+            raise
+
+    async def read_spec(request: Request) -> Any:
+        return parse_json(await read_body(request, min(max_body_bytes, MAX_TRIGGER_BYTES)))
+
+    async def read_sample(request: Request) -> Any:
+        return parse_json(await read_body(request, max_body_bytes))  # a sample delivery may be as large as one
+
+    async def current(trigger_id: str) -> Versioned[TriggerRecord]:
+        found = await io(store.get(trigger_id)) if _ID.match(trigger_id) else None
+        if found is None:
+            raise UnknownTriggerId(f"no trigger with id {trigger_id[:100]!r}")
+        return found
+
+    def view(trigger_id: str, found: Versioned[TriggerRecord]) -> dict[str, Any]:
+        record = found.value
+        served = registry.get(trigger_id)
+        try:
+            trigger = validate_spec(record.spec, environ=registry.environ, agents=registry.agents)
+            shown = trigger.model_dump(mode="json")  # every field, defaults included
+            if "auth" in shown:  # as written (``*_env`` names), without literal secrets
+                shown["auth"] = public_spec(record.spec)["auth"]
+            problem = None
+        except ValidationError as exc:
+            shown = public_spec(record.spec)
+            problem = "; ".join(f"{e['field']}: {e['message']}" for e in field_errors(exc, record.spec)[:5])
+        return {
+            "trigger": shown,
+            "revision": found.revision,
+            "origin": record.origin,
+            "updated_by": record.updated_by,
+            "updated_at": record.updated_at.isoformat(),
+            "served": served is not None and registry.revisions.get(trigger_id, 0) >= found.revision,
+            "problem": problem or registry.problems.get(trigger_id),
+            "write_only_set": _write_only_set(record.spec),
+        }
+
+    def answer(trigger_id: str, found: Versioned[TriggerRecord], status: int = 200) -> JSONResponse:
+        headers = {"ETag": f'"{found.revision}"'}
+        if status == 201:
+            headers["Location"] = f"/triggers/{trigger_id}"
+        return JSONResponse(view(trigger_id, found), status_code=status, headers=headers)
+
+    async def journal(event: TriggerChange, revision: int, principal: str) -> None:
+        """Publish the audit event (id derived from trigger id + revision: a retry republishes the same one)."""
+        envelope = make_event(
+            event,
+            source=SOURCE,
+            id=derive_id("evt", "trigger", event.trigger_id, str(revision), event.EVENT_TYPE),
+            actor=f"token:{principal}",
+            correlation_id=event.trigger_id,
+        )
+        try:
+            await bus.publish(envelope)
+        except (TransientError, PermanentError) as exc:
+            log.error("trigger.audit_not_journaled", trigger_id=event.trigger_id, revision=revision, error=repr(exc))
+            raise Unavailable(
+                f"the change was saved (revision {revision}) but could not be journaled; it is logged",
+                code="audit_unavailable",
+                retry_after_s=retry_after_s,
+            ) from exc
+
+    def change(
+        kind: type[TriggerChange], trigger: TriggerConfig | None, trigger_id: str, revision: int, by: str
+    ) -> TriggerChange:
+        return kind(
+            trigger_id=trigger_id,
+            revision=revision,
+            changed_by=by,
+            trigger_type=trigger.type if trigger is not None else None,
+            agent=trigger.agent if trigger is not None else None,
+            enabled=trigger.enabled if trigger is not None else None,
+        )
+
+    async def settled(trigger_id: str, revision: int) -> None:
+        """Answer once this replica serves the change (its own watch applied it), bounded."""
+        if not await registry.wait_for_revision(trigger_id, revision, timeout_s=5.0):
+            log.warning("trigger.change_not_applied_yet", trigger_id=trigger_id, revision=revision)
+
+    # ------------------------------------------------------------------ routes
+    @router.get("", summary="List triggers")
+    async def list_triggers(who: AsViewer) -> JSONResponse:
+        found = await io(store.all())
+        return JSONResponse({"triggers": [view(trigger_id, record) for trigger_id, record in found]})
+
+    @router.post("/preview", summary="Preview a trigger on a sample delivery (nothing is started or published)")
+    async def preview(request: Request, who: AsViewer) -> JSONResponse:
+        return JSONResponse(await run_preview(await read_sample(request), registry, store, io))
+
+    @router.get("/{trigger_id}", summary="Read a trigger")
+    async def read_trigger(trigger_id: str, who: AsViewer) -> JSONResponse:
+        return answer(trigger_id, await current(trigger_id))
+
+    @router.post("", status_code=201, summary="Create a trigger")
+    async def create_trigger(request: Request, who: AsAdmin) -> JSONResponse:
+        spec = await read_spec(request)
+        trigger = validate(spec)
+        record = TriggerRecord(spec=spec, origin="api", updated_by=who.name, updated_at=_now())
+        existing = await io(store.get_any(trigger.id))
+        try:
+            if existing is None:
+                revision = await io(store.store.create(trigger.id, record))
+            elif existing.value.deleted:  # re-create over the tombstone
+                revision = await io(store.store.update(trigger.id, record, existing.revision))
+            else:
+                raise HttpConflict(
+                    f"a trigger with id {trigger.id!r} exists; replace it with PUT", code="trigger_exists"
+                )
+        except (AlreadyExists, Conflict):
+            raise HttpConflict(
+                f"a trigger with id {trigger.id!r} exists; replace it with PUT", code="trigger_exists"
+            ) from None
+        await journal(change(TriggerCreated, trigger, trigger.id, revision, who.name), revision, who.name)
+        log.info("trigger.created", trigger_id=trigger.id, revision=revision, principal=who.name)
+        await settled(trigger.id, revision)
+        return answer(trigger.id, Versioned(record, revision), status=201)
+
+    @router.put("/{trigger_id}", summary="Replace a trigger (If-Match: its ETag)")
+    async def replace_trigger(
+        trigger_id: str, request: Request, who: AsAdmin, if_match: Annotated[str | None, Header()] = None
+    ) -> JSONResponse:
+        if if_match is None:
+            raise PreconditionRequired('replacing a trigger needs If-Match: "<revision>" (the ETag of a GET)')
+        expected = _revision_of(if_match)
+        spec = await read_spec(request)
+        if isinstance(spec, dict):
+            if spec.setdefault("id", trigger_id) != trigger_id:
+                raise TriggerInvalid([{"field": "id", "message": f"the body's id is not {trigger_id!r} (the path's)"}])
+        found = await current(trigger_id)
+        if expected is not None and found.revision != expected:
+            raise PreconditionFailed(
+                f"trigger {trigger_id!r} is at revision {found.revision}, not {expected}: read it again"
+            )
+        if isinstance(spec, dict):
+            spec = _keep_secrets(spec, found.value.spec)
+        trigger = validate(spec)
+        record = TriggerRecord(spec=spec, origin="api", updated_by=who.name, updated_at=_now())
+        try:
+            revision = await io(store.store.update(trigger_id, record, found.revision))
+        except Conflict:
+            raise PreconditionFailed(f"trigger {trigger_id!r} changed meanwhile: read it again") from None
+        await journal(change(TriggerUpdated, trigger, trigger_id, revision, who.name), revision, who.name)
+        log.info("trigger.updated", trigger_id=trigger_id, revision=revision, principal=who.name)
+        await settled(trigger_id, revision)
+        return answer(trigger_id, Versioned(record, revision))
+
+    async def switch(trigger_id: str, enabled: bool, who_name: str, if_match: str | None) -> JSONResponse:
+        expected = _revision_of(if_match)
+        found = await current(trigger_id)
+        if expected is not None and found.revision != expected:
+            raise PreconditionFailed(
+                f"trigger {trigger_id!r} is at revision {found.revision}, not {expected}: read it again"
+            )
+        if found.value.spec.get("enabled", True) is enabled:
+            return answer(trigger_id, found)  # already so: nothing written, nothing journaled
+        spec = {**found.value.spec, "enabled": enabled}
+        trigger = validate(spec)
+        record = TriggerRecord(spec=spec, origin=found.value.origin, updated_by=who_name, updated_at=_now())
+        try:
+            revision = await io(store.store.update(trigger_id, record, found.revision))
+        except Conflict:
+            raise PreconditionFailed(f"trigger {trigger_id!r} changed meanwhile: read it again") from None
+        kind: type[TriggerChange] = TriggerEnabled if enabled else TriggerDisabled
+        await journal(change(kind, trigger, trigger_id, revision, who_name), revision, who_name)
+        log.info(kind.EVENT_TYPE, trigger_id=trigger_id, revision=revision, principal=who_name)
+        await settled(trigger_id, revision)
+        return answer(trigger_id, Versioned(record, revision))
+
+    @router.post("/{trigger_id}/enable", summary="Enable a trigger")
+    async def enable_trigger(
+        trigger_id: str, who: AsOperator, if_match: Annotated[str | None, Header()] = None
+    ) -> JSONResponse:
+        return await switch(trigger_id, True, who.name, if_match)
+
+    @router.post("/{trigger_id}/disable", summary="Disable a trigger")
+    async def disable_trigger(
+        trigger_id: str, who: AsOperator, if_match: Annotated[str | None, Header()] = None
+    ) -> JSONResponse:
+        return await switch(trigger_id, False, who.name, if_match)
+
+    @router.delete("/{trigger_id}", status_code=204, summary="Delete a trigger")
+    async def delete_trigger(
+        trigger_id: str, who: AsAdmin, if_match: Annotated[str | None, Header()] = None
+    ) -> Response:
+        expected = _revision_of(if_match)
+        found = await current(trigger_id)
+        if expected is not None and found.revision != expected:
+            raise PreconditionFailed(
+                f"trigger {trigger_id!r} is at revision {found.revision}, not {expected}: read it again"
+            )
+        tombstone = TriggerRecord(
+            spec={"id": trigger_id}, origin=found.value.origin, updated_by=who.name, updated_at=_now(), deleted=True
+        )
+        try:
+            revision = await io(store.store.update(trigger_id, tombstone, found.revision))
+        except Conflict:
+            raise PreconditionFailed(f"trigger {trigger_id!r} changed meanwhile: read it again") from None
+        await journal(change(TriggerDeleted, None, trigger_id, revision, who.name), revision, who.name)
+        log.info("trigger.deleted", trigger_id=trigger_id, revision=revision, principal=who.name)
+        await settled(trigger_id, revision)
+        return Response(status_code=204)
+
+    return router
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

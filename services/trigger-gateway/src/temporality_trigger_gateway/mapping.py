@@ -1,0 +1,134 @@
+"""Input mapping (TRG-8): which data of the normalized event becomes the agent's input.
+
+A trigger's ``input`` maps agent-input field names to `JMESPath <https://jmespath.org>`_ expressions
+evaluated over the normalized event (TRG-4) as one JSON document::
+
+    {"id", "type", "source", "timestamp", "actor", "tenant", "payload", "metadata",  # the event
+     "context"}                                                                      # the trigger's own
+
+    input:
+      repository: payload.repository.name
+      pull_request: payload.pull_request.id
+      source_branch: payload.pull_request.source_branch
+      author: actor.display_name || actor.id
+
+Expressions are compiled once, when the trigger is loaded or saved (an invalid one is refused naming
+the field: exit 2 for the triggers file, 422 for the admin API), never per delivery. An expression
+that matches nothing yields ``null`` (JMESPath's own rule), so a field the sender omits does not fail
+the delivery. Without a mapping the input is the event's payload, as before, plus ``context`` when the
+trigger has one. A trigger never carries the agent's system prompt: behaviour lives in the agent card.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from string import Template
+from typing import Any
+
+import jmespath
+from jmespath.exceptions import JMESPathError
+from jmespath.parser import ParsedResult
+
+from temporality_protocol import NormalizedEvent
+
+__all__ = [
+    "MAX_EXPRESSION",
+    "MappingFailed",
+    "agent_input",
+    "check_prompt",
+    "compile_mapping",
+    "event_document",
+    "render_prompt",
+]
+
+#: An expression longer than this is refused (a mapping is a few paths, not a program).
+MAX_EXPRESSION = 1000
+
+
+def compile_mapping(mapping: Mapping[str, str]) -> dict[str, ParsedResult]:
+    """Every expression compiled; ``ValueError`` naming the first field whose expression is invalid."""
+    compiled: dict[str, ParsedResult] = {}
+    for field, expression in mapping.items():
+        if not expression.strip():
+            raise ValueError(f"input.{field}: the expression is empty")
+        if len(expression) > MAX_EXPRESSION:
+            raise ValueError(f"input.{field}: the expression is longer than {MAX_EXPRESSION} characters")
+        try:
+            compiled[field] = jmespath.compile(expression)
+        except JMESPathError as exc:
+            reason = str(exc).splitlines()[0][:200]
+            raise ValueError(f"input.{field}: not a valid JMESPath expression ({reason})") from None
+        except RecursionError:  # the parser recurses per nesting level: "((((…" or "!!!!…"
+            raise ValueError(f"input.{field}: the expression is nested too deeply") from None
+        try:  # so does the interpreter ("a|a|a|…" parses flat enough): find out now, not per delivery
+            compiled[field].search({})
+        except JMESPathError:
+            pass  # a type error on the empty document (length(null)): fine, real events have data
+        except RecursionError:
+            raise ValueError(f"input.{field}: the expression is nested too deeply") from None
+    return compiled
+
+
+def event_document(event: NormalizedEvent, context: Mapping[str, Any]) -> dict[str, Any]:
+    """What the expressions see: the normalized event as JSON, plus the trigger's static ``context``."""
+    document = event.model_dump(mode="json")
+    document["context"] = dict(context)
+    return document
+
+
+def agent_input(
+    event: NormalizedEvent, compiled: Mapping[str, ParsedResult] | None, context: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The agent's input for ``event``: the mapping applied, or the payload (plus ``context``) without one.
+
+    ``JMESPathError`` from a function applied to the wrong type (``length(`5`)``) propagates: the caller
+    turns it into a refusal of the delivery naming the field."""
+    if compiled is None:
+        if not context:
+            return event.payload
+        return {**event.payload, "context": dict(context)}
+    document = event_document(event, context)
+    result: dict[str, Any] = {}
+    for field, expression in compiled.items():
+        try:
+            result[field] = expression.search(document)
+        except JMESPathError as exc:
+            raise MappingFailed(field, str(exc).splitlines()[0][:200]) from None
+        except RecursionError:
+            raise MappingFailed(field, "the expression is nested too deeply to evaluate") from None
+    return result
+
+
+class MappingFailed(ValueError):
+    """An expression could not be evaluated on this event (a type error inside a JMESPath function)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"input.{field}: {reason}")
+        self.field = field
+
+
+def check_prompt(template: str, fields: Mapping[str, str] | None) -> None:
+    """``ValueError`` unless ``template`` is a valid ``${field}`` template whose fields the mapping produces
+    (any field is accepted without a mapping: the payload's keys are known only per event)."""
+    parsed = Template(template)
+    if not parsed.is_valid():
+        raise ValueError("not a valid template: write ${field} for an input field and $$ for a dollar sign")
+    if fields is not None:
+        unknown = sorted(set(parsed.get_identifiers()) - set(fields))
+        if unknown:
+            raise ValueError(f"the template uses {', '.join(unknown)}, which the input mapping does not produce")
+
+
+def render_prompt(template: str, values: Mapping[str, Any]) -> str:
+    """The task prompt: each ``${field}`` replaced by the input's value (a string as is, a list one item per
+    line, anything else as JSON; a missing field stays ``${field}``)."""
+
+    def text(value: Any) -> str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list):
+            return "\n".join(f"- {text(item)}" for item in value)
+        return json.dumps(value, ensure_ascii=False)
+
+    return Template(template).safe_substitute({k: text(v) for k, v in values.items()})

@@ -1,0 +1,142 @@
+"""The mapping preview (``POST /triggers/preview``): what a trigger would make of a sample delivery.
+
+Request body::
+
+    {"trigger": {...a draft, as for POST /triggers...}   # or
+     "trigger_id": "ado-pr-review",                     # a stored trigger
+     "payload": {...the sample body...},
+     "headers": {"X-GitHub-Event": "pull_request", ...}} # optional: sources that read headers
+
+Answer (200 whenever the request itself is well formed)::
+
+    {"ok": true, "would_start_run": true, "source_event": {"id", "type"},
+     "event": {...the normalized event (TRG-4)...}, "input": {...the agent input (TRG-8)...},
+     "run_id": "run-…", "title": "…"}
+    {"ok": true, "would_start_run": false, "ignored": {"reason": "unsupported_event", "detail": "…"}, ...}
+    {"ok": false, "stage": "trigger" | "payload" | "mapping", "errors": [{"field", "message"}]}
+
+Nothing is started, published or stored, and the sender's authentication is not checked: the preview
+validates a draft as a save would, except that ``*_env`` variables need not be set in the gateway's
+environment. Only ``webhook`` triggers can be previewed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from temporality_protocol import run_id_for_delivery
+from temporality_service import Unprocessable
+from temporality_trigger_gateway.adapters import ADAPTERS, WebhookRequest
+from temporality_trigger_gateway.errors import InvalidPayload
+from temporality_trigger_gateway.mapping import MappingFailed
+from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore, validate_spec
+from temporality_trigger_gateway.triggers import WebhookTrigger, field_errors
+
+__all__ = ["run_preview"]
+
+#: Stands in for every ``*_env`` secret in a preview (valid for every verifier, base64 included).
+_PLACEHOLDER = "cHJldmlldy1wbGFjZWhvbGRlci1zZWNyZXQ="
+_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+_KEYS = frozenset({"trigger", "trigger_id", "payload", "headers"})
+
+
+class _AnyEnviron(Mapping[str, str]):
+    """An environment in which every variable is set (the preview does not check secrets)."""
+
+    def __getitem__(self, key: str) -> str:
+        return _PLACEHOLDER
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return _PLACEHOLDER
+
+
+def _failed(stage: str, errors: list[dict[str, str]]) -> dict[str, Any]:
+    return {"ok": False, "stage": stage, "errors": errors}
+
+
+async def run_preview(
+    body: Any,
+    registry: TriggerRegistry,
+    store: TriggerStore,
+    io: Callable[[Awaitable[Any]], Awaitable[Any]],
+) -> dict[str, Any]:
+    """The preview's answer for ``body`` (see the module docstring); ``io`` maps bus errors to 503."""
+    if not isinstance(body, dict):
+        raise Unprocessable("the preview body is a JSON object with trigger or trigger_id, and payload")
+    unknown = sorted(set(body) - _KEYS)
+    if unknown:
+        raise Unprocessable(f"unknown key(s) {', '.join(k[:40] for k in unknown[:5])}; use {', '.join(sorted(_KEYS))}")
+    if ("trigger" in body) == ("trigger_id" in body):
+        raise Unprocessable("give exactly one of trigger (a draft) or trigger_id (a stored trigger)")
+    if "payload" not in body:
+        raise Unprocessable("payload (the sample delivery's JSON body) is required")
+    headers = body.get("headers") or {}
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k.isascii() and v.isascii() and 0 < len(k) <= 256
+        for k, v in headers.items()
+    ):
+        raise Unprocessable("headers is an object of ASCII header names to ASCII string values")
+
+    if "trigger_id" in body:
+        trigger_id = body["trigger_id"]
+        valid_id = isinstance(trigger_id, str) and _ID.fullmatch(trigger_id) is not None
+        found = await io(store.get(trigger_id)) if valid_id else None
+        if found is None:
+            return _failed("trigger", [{"field": "trigger_id", "message": "no stored trigger has this id"}])
+        spec: Any = found.value.spec
+    else:
+        spec = body["trigger"]
+    if not isinstance(spec, dict):
+        return _failed("trigger", [{"field": "trigger", "message": "a trigger is a JSON object"}])
+    try:
+        trigger = validate_spec(spec, environ=_AnyEnviron(), agents=registry.agents)
+    except ValidationError as exc:
+        return _failed("trigger", field_errors(exc, spec))
+    if not isinstance(trigger, WebhookTrigger):
+        message = f"only webhook triggers can be previewed, not {trigger.type} triggers"
+        return _failed("trigger", [{"field": "type", "message": message}])
+
+    payload = body["payload"]
+    request = WebhookRequest("POST", httpx.Headers(headers), json.dumps(payload).encode(), payload)
+    adapter = ADAPTERS[trigger.adapter]
+    try:
+        source = adapter.identify(request)
+        event = adapter.normalize(request, tenant=trigger.tenant)
+    except InvalidPayload as exc:
+        errors = [
+            {"field": ".".join(str(p) for p in e.get("loc", ())) or "<body>", "message": str(e.get("msg", ""))[:500]}
+            for e in exc.errors[:50]
+        ]
+        return _failed("payload", errors or [{"field": "<body>", "message": exc.detail}])
+    try:
+        mapped = trigger.agent_input(event)
+    except MappingFailed as exc:
+        return _failed("mapping", [{"field": f"input.{exc.field}", "message": str(exc)}])
+    answer: dict[str, Any] = {
+        "ok": True,
+        "source_event": source.model_dump(mode="json"),
+        "event": event.model_dump(mode="json"),
+        "input": mapped,
+        "run_id": run_id_for_delivery(trigger.id, event.id),
+        "title": adapter.run_title(event)[:200],
+    }
+    if not trigger.enabled:
+        answer |= {"would_start_run": False, "ignored": {"reason": "disabled", "detail": "the trigger is disabled"}}
+    elif source.type not in trigger.events:
+        detail = f"the trigger does not handle {source.type!r} events (its events: {', '.join(trigger.events)})"
+        answer |= {"would_start_run": False, "ignored": {"reason": "unsupported_event", "detail": detail}}
+    else:
+        answer["would_start_run"] = True
+    return answer

@@ -1,0 +1,257 @@
+"""Schedule triggers (TRG-2, TRG-7): cron ticks as JetStream message schedules, one run per tick.
+
+No in-process scheduler holds time. Each enabled schedule trigger has exactly one timer in the
+``trigger-schedule`` namespace (key = trigger id): an ``@at`` message schedule for its *next* tick, whose
+payload names the trigger, the tick time and the trigger revision it was armed for::
+
+    store change (any replica's watch)  -> arm the next tick after now (idempotent: one schedule per
+                                           subject, and the arm's Nats-Msg-Id is derived from
+                                           (trigger, revision, tick)); disabled / deleted / no longer a
+                                           schedule -> cancel the timer
+    tick fires (server-side, durable)   -> the ``trigger-gateway-schedules`` consumer (one replica gets it)
+                                           -> the trigger as stored now: gone, disabled or re-armed for a
+                                           newer revision -> nothing; else launch, then arm the next tick
+
+The run id is ``run_id_for_delivery(trigger id, "tick:<time>")`` and every event id is derived from it,
+so a redelivered firing republishes the same ids (JetStream dedupes them; the run store refuses a second
+line): one run per tick with any number of replicas.
+
+**Missed ticks.** While the gateways (or NATS) are down nothing fires in between: the one armed tick fires
+(or is delivered) late, once they are back, and only the next tick after *now* is armed again, so a
+downtime over several ticks makes at most one late run. ``missed.policy`` decides what that late tick
+does when it is handled more than ``missed.grace_s`` (300 s) after its time: ``run_once`` (default) starts
+its run, ``skip`` journals ``trigger.rejected`` (reason ``missed_tick``) and starts none.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from croniter import croniter  # type: ignore[import-untyped]
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from temporality_bus import Bus, Delivery, PermanentError, Timers
+from temporality_protocol import (
+    Actor,
+    Envelope,
+    LaunchSource,
+    NormalizedEvent,
+    RunRequested,
+    TriggerAccepted,
+    TriggerReceived,
+    TriggerRejected,
+    derive_id,
+    make_event,
+    run_id_for_delivery,
+)
+from temporality_protocol.catalog import TIMER_NS_TRIGGER_SCHEDULE
+from temporality_trigger_gateway.mapping import MappingFailed
+from temporality_trigger_gateway.store import TriggerRegistry
+from temporality_trigger_gateway.triggers import ScheduleTrigger, TriggerConfig
+
+__all__ = ["ADAPTER", "Scheduler", "Tick", "next_tick", "tick_events"]
+
+log = structlog.get_logger(__name__)
+
+SOURCE = "/temporality/trigger-gateway"
+ACTOR = "service:trigger-gateway"
+#: The ``adapter`` a tick is journaled under (``trigger.received``).
+ADAPTER = "schedule"
+
+
+class Tick(BaseModel):
+    """The payload of one armed tick."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trigger_id: str
+    at: datetime
+    revision: int
+
+
+# --------------------------------------------------------------------------- decisions (pure)
+def next_tick(trigger: ScheduleTrigger, after: datetime) -> datetime:
+    """The first tick of ``trigger.cron`` (read in its time zone) strictly after ``after``, in UTC."""
+    local = after.astimezone(trigger.zone)
+    following: datetime = croniter(trigger.cron, local).get_next(datetime)
+    return following.astimezone(UTC)
+
+
+def _tick_id(at: datetime) -> str:
+    return "tick:" + at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def tick_events(trigger: ScheduleTrigger, at: datetime, *, now: datetime, body_bytes: int = 0) -> list[Envelope]:
+    """What one tick publishes: ``trigger.received`` + ``trigger.accepted`` + ``run.requested``, or
+    ``trigger.received`` + ``trigger.rejected(missed_tick)``; every id derived from (trigger, tick)."""
+    source_event_id = _tick_id(at)
+    run_id = run_id_for_delivery(trigger.id, source_event_id)
+    delivery_id = derive_id("dlv", trigger.id, source_event_id)
+    late_s = max(0.0, (now - at).total_seconds())
+    event = NormalizedEvent(
+        id=source_event_id,
+        type="schedule.tick",
+        source=f"/temporality/schedule/{trigger.id}",
+        timestamp=at,
+        actor=Actor(id="system:schedule", type="system"),
+        tenant=trigger.tenant,
+        payload={"tick": at.isoformat(), "cron": trigger.cron, "timezone": trigger.timezone, "late_s": round(late_s)},
+        metadata={"trigger_id": trigger.id},
+    )
+    common: dict[str, Any] = {"source": SOURCE, "actor": ACTOR, "tenant": trigger.tenant}
+    received = make_event(
+        TriggerReceived(
+            trigger_id=trigger.id,
+            delivery_id=delivery_id,
+            adapter=ADAPTER,
+            source_event_id=source_event_id,
+            source_event_type=event.type,
+            body_bytes=body_bytes,
+        ),
+        id=derive_id("evt", delivery_id, "received"),
+        run_id=run_id,
+        correlation_id=run_id,
+        **common,
+    )
+    if late_s > trigger.missed.grace_s and trigger.missed.policy == "skip":
+        rejected = make_event(
+            TriggerRejected(
+                trigger_id=trigger.id,
+                delivery_id=delivery_id,
+                reason="missed_tick",
+                detail=f"the tick of {at.isoformat()} was handled {round(late_s)} s late (grace "
+                f"{trigger.missed.grace_s} s, missed policy skip)",
+                source_event_id=source_event_id,
+            ),
+            id=derive_id("evt", delivery_id, "rejected"),
+            causation_id=received.id,
+            correlation_id=delivery_id,
+            **common,
+        )
+        return [received, rejected]
+    accepted = make_event(
+        TriggerAccepted(
+            trigger_id=trigger.id,
+            delivery_id=delivery_id,
+            source_event_id=source_event_id,
+            run_id=run_id,
+            agent=trigger.agent,
+        ),
+        id=derive_id("evt", run_id, "trigger.accepted"),
+        causation_id=received.id,
+        run_id=run_id,
+        correlation_id=run_id,
+        **common,
+    )
+    requested = make_event(
+        RunRequested(
+            run_id=run_id,
+            agent=trigger.agent,
+            title=f"{trigger.name} ({at.astimezone(trigger.zone).isoformat()})"[:200],
+            launch=LaunchSource(kind="schedule", trigger_id=trigger.id, delivery_id=delivery_id),
+            event=event,
+            input=trigger.agent_input(event),
+            human=trigger.human.policy(),
+        ),
+        id=derive_id("evt", run_id, "run.requested"),
+        causation_id=accepted.id,
+        run_id=run_id,
+        correlation_id=run_id,
+        **common,
+    )
+    return [received, accepted, requested]
+
+
+def _mapping_refused(trigger: ScheduleTrigger, at: datetime, detail: str, *, body_bytes: int) -> list[Envelope]:
+    source_event_id = _tick_id(at)
+    delivery_id = derive_id("dlv", trigger.id, source_event_id)
+    common: dict[str, Any] = {"source": SOURCE, "actor": ACTOR, "tenant": trigger.tenant, "correlation_id": delivery_id}
+    received = make_event(
+        TriggerReceived(
+            trigger_id=trigger.id,
+            delivery_id=delivery_id,
+            adapter=ADAPTER,
+            source_event_id=source_event_id,
+            source_event_type="schedule.tick",
+            body_bytes=body_bytes,
+        ),
+        id=derive_id("evt", delivery_id, "received"),
+        **common,
+    )
+    rejected = make_event(
+        TriggerRejected(
+            trigger_id=trigger.id,
+            delivery_id=delivery_id,
+            reason="invalid_payload",
+            detail=f"the input mapping cannot be applied to the tick ({detail})"[:1000],
+            source_event_id=source_event_id,
+        ),
+        id=derive_id("evt", delivery_id, "rejected"),
+        causation_id=received.id,
+        **common,
+    )
+    return [received, rejected]
+
+
+# --------------------------------------------------------------------------- effects
+class Scheduler:
+    """Arms, cancels and handles the ticks of this replica's schedule triggers."""
+
+    def __init__(self, bus: Bus, registry: TriggerRegistry) -> None:
+        self._bus = bus
+        self._registry = registry
+        self.timers = Timers(bus, TIMER_NS_TRIGGER_SCHEDULE)
+        #: Ids this replica has seen as enabled schedule triggers (a webhook trigger's change cancels nothing).
+        self._scheduled: set[str] = set()
+
+    async def arm_next(self, trigger: ScheduleTrigger, revision: int, *, after: datetime | None = None) -> datetime:
+        """Arm ``trigger``'s next tick after ``after`` (now); the same arm from several replicas is one."""
+        at = next_tick(trigger, after or datetime.now(UTC))
+        payload = Tick(trigger_id=trigger.id, at=at, revision=revision).model_dump_json().encode()
+        await self.timers.arm(trigger.id, at, payload, msg_id=derive_id("sch", trigger.id, str(revision), _tick_id(at)))
+        log.info("schedule.armed", trigger_id=trigger.id, tick=at.isoformat(), revision=revision)
+        return at
+
+    async def on_change(self, trigger_id: str, trigger: TriggerConfig | None, revision: int) -> None:
+        """A store change this replica applied: arm the trigger's next tick, or cancel its timer."""
+        if isinstance(trigger, ScheduleTrigger) and trigger.enabled:
+            self._scheduled.add(trigger_id)
+            await self.arm_next(trigger, revision)
+        elif trigger is None or isinstance(trigger, ScheduleTrigger) or trigger_id in self._scheduled:
+            self._scheduled.discard(trigger_id)
+            if await self.timers.cancel(trigger_id):
+                log.info("schedule.cancelled", trigger_id=trigger_id, revision=revision)
+
+    async def handle(self, data: bytes, delivery: Delivery) -> None:
+        """One fired tick (the ``trigger-gateway-schedules`` consumer): launch, then arm the next."""
+        try:
+            tick = Tick.model_validate_json(data)
+        except ValidationError as exc:
+            raise PermanentError(f"unreadable schedule tick: {exc.error_count()} problem(s)") from exc
+        trigger = self._registry.get(tick.trigger_id)
+        current = self._registry.revisions.get(tick.trigger_id, 0)
+        if not isinstance(trigger, ScheduleTrigger) or not trigger.enabled:
+            log.info("schedule.tick_dropped", trigger_id=tick.trigger_id, reason="not an enabled schedule trigger")
+            return
+        if tick.revision < current:
+            # armed for an older version: that change re-armed the trigger (a newer schedule replaced this
+            # one on the server unless it had already fired); make sure of it and drop this tick
+            log.info("schedule.tick_dropped", trigger_id=tick.trigger_id, reason="trigger changed since armed")
+            await self.arm_next(trigger, current)
+            return
+        now = datetime.now(UTC)
+        try:
+            events = tick_events(trigger, tick.at, now=now, body_bytes=len(data))
+        except MappingFailed as exc:  # journaled, and the trigger keeps ticking
+            events = _mapping_refused(trigger, tick.at, str(exc), body_bytes=len(data))
+        await self._bus.publish_many(events)
+        log.info(
+            "schedule.ticked",
+            trigger_id=trigger.id,
+            tick=tick.at.isoformat(),
+            outcome=events[-1].type,
+            late_s=round((now - tick.at).total_seconds(), 3),
+        )
+        await self.arm_next(trigger, max(current, tick.revision), after=max(now, tick.at))

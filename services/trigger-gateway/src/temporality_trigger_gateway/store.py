@@ -1,0 +1,325 @@
+"""The trigger store (TRG-1): trigger definitions in the ``trigger-definitions`` KV bucket, watched live.
+
+How the triggers file and the store relate::
+
+    start   file validated (exit 2 if invalid) -> each file trigger created-if-absent in the store
+            (an id already there, or deleted through the API, is left alone) -> watch the bucket
+    later   the admin API creates, replaces, enables/disables and deletes; every replica's watch
+            applies each change to what it serves, without a restart
+
+So the file *seeds* the store and the store is the truth afterwards: editing a seeded trigger in the
+file changes nothing once it is stored (change it through the API). Two replicas starting at once both
+try to create each file trigger; KV create-if-absent lets exactly one win, and only the winner journals
+``trigger.created``. A deleted trigger leaves a tombstone (``deleted: true``) under its id so the file
+does not bring it back at the next start; creating it again through the API replaces the tombstone.
+
+A record holds the trigger as written (``spec``), literal secrets included: they are write-only (the
+admin API never returns them) and ``*_env`` references are preferred. Each replica validates a record
+with its own environment (``*_env`` secrets) and the agent ids it knows; a record it cannot use is not
+served (logged ``trigger.invalid``, shown by the admin API) instead of stopping the replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import nats.errors
+import structlog
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from temporality_bus import AlreadyExists, Bus, Store, Versioned
+from temporality_protocol.catalog import BUCKET_TRIGGERS
+from temporality_trigger_gateway.auth import NoAuth, literal_secret
+from temporality_trigger_gateway.triggers import TriggerConfig, WebhookTrigger
+
+__all__ = ["TRIGGER", "ChangeHook", "TriggerRecord", "TriggerRegistry", "TriggerStore", "validate_spec"]
+
+log = structlog.get_logger(__name__)
+
+#: Validates one trigger mapping (the discriminated union of the three types).
+TRIGGER: TypeAdapter[TriggerConfig] = TypeAdapter(TriggerConfig)
+#: How long the watch waits before it starts again after failing (the bus went away).
+_REWATCH_S = 1.0
+#: How often an idle watch checks whether the connection was re-established meanwhile (nats-py's ordered
+#: consumer behind a KV watch notices a restarted server only after ~20 s on its own).
+_RECONNECT_CHECK_S = 2.0
+#: Called after the registry applied a store change: (trigger id, the trigger now served or ``None``, revision).
+ChangeHook = Callable[[str, TriggerConfig | None, int], Awaitable[None]]
+
+
+class TriggerRecord(BaseModel):
+    """The value under a trigger id in ``trigger-definitions``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: The trigger as written (file mapping or API body), literal secrets included: never returned.
+    spec: dict[str, Any]
+    origin: Literal["file", "api"]
+    #: The API token's name, or ``file:<path>``.
+    updated_by: str
+    updated_at: datetime
+    #: A tombstone: the id was deleted (the triggers file does not seed it again).
+    deleted: bool = False
+
+
+def validate_spec(
+    spec: Mapping[str, Any], *, environ: Mapping[str, str], agents: frozenset[str] | None
+) -> TriggerConfig:
+    """One trigger mapping validated as the file and the API validate it (``ValidationError`` otherwise)."""
+    return TRIGGER.validate_python(spec, context={"environ": environ, "agents": agents})
+
+
+class TriggerStore:
+    """The bucket's effects: seed, read, create, compare-and-set, tombstone."""
+
+    def __init__(self, store: Store[TriggerRecord], kv: KeyValue, bus: Bus) -> None:
+        self.store = store
+        self.kv = kv
+        self.bus = bus
+
+    @classmethod
+    async def open(cls, bus: Bus) -> TriggerStore:
+        """The bucket, created if absent (idempotent; safe from every replica at once)."""
+        kv = await bus.ensure_bucket(BUCKET_TRIGGERS)
+        return cls(await bus.store(BUCKET_TRIGGERS, TriggerRecord), kv, bus)
+
+    @property
+    def reconnects(self) -> int:
+        """How often the connection was re-established (a watch started before may have gone stale)."""
+        return int(self.bus.nc.stats.get("reconnects", 0))
+
+    async def seed(self, specs: Iterable[Mapping[str, Any]], *, by: str) -> list[tuple[str, int]]:
+        """Create each file trigger that has no record yet; the ``(id, revision)`` this call created."""
+        created: list[tuple[str, int]] = []
+        for spec in specs:
+            trigger_id = str(spec["id"])
+            record = TriggerRecord(spec=dict(spec), origin="file", updated_by=by, updated_at=datetime.now(UTC))
+            try:
+                created.append((trigger_id, await self.store.create(trigger_id, record)))
+            except AlreadyExists:
+                log.debug("trigger.seed_skipped", trigger_id=trigger_id, reason="already in the store")
+        return created
+
+    async def get(self, trigger_id: str) -> Versioned[TriggerRecord] | None:
+        """The live record (``None`` when absent or a tombstone)."""
+        found = await self.store.get(trigger_id)
+        if found is None or found.value.deleted:
+            return None
+        return found
+
+    async def get_any(self, trigger_id: str) -> Versioned[TriggerRecord] | None:
+        """The record, tombstones included."""
+        return await self.store.get(trigger_id)
+
+    async def all(self) -> list[tuple[str, Versioned[TriggerRecord]]]:
+        """Every live record, by id."""
+        found: list[tuple[str, Versioned[TriggerRecord]]] = []
+        for key in sorted(await self.store.keys()):
+            record = await self.get(key)
+            if record is not None:
+                found.append((key, record))
+        return found
+
+
+class TriggerRegistry:
+    """What one replica serves: the store's triggers, validated and compiled, kept current by a KV watch.
+
+    ``TriggerRegistry.static(triggers)`` serves a fixed list (tests, benchmarks) with no store."""
+
+    def __init__(self, *, environ: Mapping[str, str], agents: frozenset[str] | None) -> None:
+        self.environ = environ
+        self.agents = agents
+        self._triggers: dict[str, TriggerConfig] = {}
+        #: id -> why this replica cannot serve the stored record.
+        self.problems: dict[str, str] = {}
+        #: id -> the last store revision applied (tests and the admin API wait on it).
+        self.revisions: dict[str, int] = {}
+        self._changed = asyncio.Condition()
+        self._watching = False
+        self._failure: str | None = None
+        #: Effects of a change (arming a schedule trigger's timer); a failing hook is logged, never fatal.
+        self.on_change: ChangeHook | None = None
+
+    @classmethod
+    def static(cls, triggers: Iterable[TriggerConfig]) -> TriggerRegistry:
+        registry = cls(environ={}, agents=None)
+        for trigger in triggers:
+            registry._serve(trigger)
+        return registry
+
+    # ------------------------------------------------------------------ reading
+    def get(self, trigger_id: str) -> TriggerConfig | None:
+        return self._triggers.get(trigger_id)
+
+    def webhook(self, trigger_id: str) -> WebhookTrigger | None:
+        trigger = self._triggers.get(trigger_id)
+        return trigger if isinstance(trigger, WebhookTrigger) else None
+
+    def all(self) -> list[TriggerConfig]:
+        return [self._triggers[k] for k in sorted(self._triggers)]
+
+    async def wait_for_revision(self, trigger_id: str, revision: int, timeout_s: float = 5.0) -> bool:
+        """Wait until this replica applied ``revision`` (or a later one) of ``trigger_id``; False on timeout."""
+        async with self._changed:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._changed.wait_for(lambda: self.revisions.get(trigger_id, 0) >= revision)
+            except TimeoutError:
+                return False
+        return True
+
+    async def check(self) -> None:
+        """The readiness check: the watch runs (``/readyz`` 503 while it is being restarted)."""
+        if not self._watching:
+            raise RuntimeError(self._failure or "the trigger store is not watched yet")
+
+    # ------------------------------------------------------------------ applying
+    def apply(self, trigger_id: str, record: TriggerRecord | None, revision: int) -> None:
+        """One store change: serve the record's trigger, or stop serving ``trigger_id``."""
+        self.revisions[trigger_id] = max(self.revisions.get(trigger_id, 0), revision)
+        if record is None or record.deleted:
+            self.problems.pop(trigger_id, None)
+            if self._triggers.pop(trigger_id, None) is not None:
+                log.info("trigger.removed", trigger_id=trigger_id, revision=revision)
+            return
+        try:
+            trigger = validate_spec(record.spec, environ=self.environ, agents=self.agents)
+        except ValidationError as exc:
+            problem = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)[:5]
+            )
+            self.problems[trigger_id] = problem[:1000]
+            self._triggers.pop(trigger_id, None)
+            log.error("trigger.invalid", trigger_id=trigger_id, revision=revision, problem=problem[:1000])
+            return
+        if trigger.id != trigger_id:
+            self.problems[trigger_id] = f"the record's id {trigger.id!r} is not its key"
+            self._triggers.pop(trigger_id, None)
+            log.error("trigger.invalid", trigger_id=trigger_id, revision=revision, problem="id is not the key")
+            return
+        self.problems.pop(trigger_id, None)
+        self._serve(trigger, revision=revision)
+
+    def _serve(self, trigger: TriggerConfig, *, revision: int | None = None) -> None:
+        self._triggers[trigger.id] = trigger
+        if isinstance(trigger, WebhookTrigger):
+            if isinstance(trigger.auth, NoAuth):
+                log.warning("trigger.unauthenticated", trigger_id=trigger.id)
+            elif literal_secret(trigger.auth):
+                log.warning("trigger.literal_secret", trigger_id=trigger.id, hint="use the auth *_env key")
+            log.info(
+                "trigger.served",
+                trigger_id=trigger.id,
+                adapter=trigger.adapter,
+                auth=trigger.auth.type,
+                enabled=trigger.enabled,
+                revision=revision,
+            )
+        else:
+            if trigger.type == "event":
+                log.warning("trigger.not_served", trigger_id=trigger.id, type=trigger.type, reason="not served yet")
+            else:
+                log.info("trigger.scheduled", trigger_id=trigger.id, enabled=trigger.enabled, revision=revision)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # ------------------------------------------------------------------ watching
+    @contextlib.asynccontextmanager
+    async def watching(self, store: TriggerStore) -> AsyncIterator[None]:
+        """Load every stored trigger, then keep applying changes until the context exits.
+
+        Returns once the initial snapshot is applied (so a replica is ready only when it serves the
+        store's triggers). A watch that fails later (the bus went away) is started again, re-reading the
+        whole bucket; meanwhile ``check`` fails (``/readyz`` 503) and the last known triggers are served."""
+        watcher = await self._snapshot(store)
+        task = asyncio.create_task(self._follow(store, watcher), name="trigger-store-watch")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _snapshot(self, store: TriggerStore) -> KeyValue.KeyWatcher:
+        """Start a watch and apply everything up to its initial marker; ids no longer stored are dropped."""
+        watcher = await store.kv.watchall()
+        seen: set[str] = set()
+        while True:
+            entry = await watcher.updates(timeout=30)  # type: ignore[no-untyped-call]
+            if entry is None:  # the initial marker: everything stored has been delivered
+                break
+            seen.add(entry.key)
+            await self._apply_entry(entry)
+        for gone in set(self._triggers) - seen:
+            self.apply(gone, None, self.revisions.get(gone, 0))
+            await self._hook(gone)
+        self._watching = True
+        self._failure = None
+        await self._notify()
+        log.info("trigger.store_loaded", triggers=len(self._triggers), invalid=len(self.problems))
+        return watcher
+
+    async def _follow(self, store: TriggerStore, watcher: KeyValue.KeyWatcher) -> None:
+        reconnects = store.reconnects
+        while True:
+            try:
+                while True:
+                    try:
+                        entry = await watcher.updates(timeout=_RECONNECT_CHECK_S)  # type: ignore[no-untyped-call]
+                    except nats.errors.TimeoutError:
+                        if store.reconnects != reconnects:  # the server restarted or we moved: read it all again
+                            raise RuntimeError("the connection was re-established") from None
+                        continue
+                    if isinstance(entry, type(KeyValue.KeyWatcher.STOP_ITER)):
+                        raise RuntimeError("the trigger store watch ended")
+                    if entry is None:
+                        continue
+                    await self._apply_entry(entry)
+                    await self._notify()
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await watcher.stop()  # type: ignore[no-untyped-call]
+                raise
+            except Exception as exc:
+                self._watching = False
+                self._failure = f"the trigger store watch failed: {exc!r}"
+                log.warning("trigger.watch_failed", error=repr(exc))
+                with contextlib.suppress(Exception):
+                    await watcher.stop()  # type: ignore[no-untyped-call]
+                await asyncio.sleep(_REWATCH_S)
+                try:
+                    reconnects = store.reconnects
+                    watcher = await self._snapshot(store)
+                except Exception as again:
+                    self._failure = f"the trigger store cannot be read: {again!r}"
+                    log.warning("trigger.watch_failed", error=repr(again))
+
+    async def _apply_entry(self, entry: KeyValue.Entry) -> None:
+        revision = entry.revision or 0
+        if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
+            self.apply(entry.key, None, revision)
+        else:
+            try:
+                record = TriggerRecord.model_validate_json(entry.value)
+            except ValidationError as exc:
+                self.problems[entry.key] = f"unreadable record: {exc.error_count()} problem(s)"
+                self._triggers.pop(entry.key, None)
+                log.error("trigger.unreadable", trigger_id=entry.key, revision=revision)
+            else:
+                self.apply(entry.key, record, revision)
+        await self._hook(entry.key)
+
+    async def _hook(self, trigger_id: str) -> None:
+        if self.on_change is None:
+            return
+        try:
+            await self.on_change(trigger_id, self._triggers.get(trigger_id), self.revisions.get(trigger_id, 0))
+        except Exception as exc:  # the next change, tick or start repeats the effect (each is idempotent)
+            log.warning("trigger.change_effect_failed", trigger_id=trigger_id, error=repr(exc))

@@ -26,6 +26,7 @@ from temporality_run_executor.agents import AgentCard, AgentDirectory, ProviderC
 from temporality_run_executor.engine import Engine, ProviderFactory
 from temporality_run_executor.providers.factory import ProviderCache
 from temporality_run_executor.records import Checkpoint, RunRecord
+from temporality_run_executor.tools import Tool, ToolRegistry
 from temporality_run_executor.watchdog import DEFAULT_GRACE_S
 
 REVIEWER = AgentCard(
@@ -134,6 +135,8 @@ async def executor(bus: Bus) -> AsyncIterator[RunExecutor]:
         *,
         provider_for: ProviderFactory | None = None,
         watchdog_grace_s: float = DEFAULT_GRACE_S,
+        tools: ToolRegistry | None = None,
+        card_tools: dict[str, list[Tool]] | None = None,
     ) -> Engine:
         cache = ProviderCache(scripted_think_s=think_s)
         caches.append(cache)
@@ -144,6 +147,8 @@ async def executor(bus: Bus) -> AsyncIterator[RunExecutor]:
             provider_for or cache,
             max_deliver=max_deliver,
             watchdog_grace_s=watchdog_grace_s,
+            tools=tools,
+            card_tools=card_tools,
         )
         for name, handler in (
             ("run-executor-requests", engine.on_run_requested),

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from executor_support import PR_WITH_CONTRACT_CHANGE, RunExecutor, run_requested
 
-from temporality_bus import Bus
+from temporality_bus import Bus, TransientError
 from temporality_protocol import (
     HumanAnswered,
     HumanExpired,
@@ -23,6 +24,7 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
 from temporality_run_executor.records import Checkpoint, RunRecord
+from temporality_run_executor.tools import BUILTIN_TOOLS, Tool, ToolContext, ToolRegistry
 from temporality_testing.events import EventLog
 
 
@@ -286,15 +288,15 @@ async def test_a_title_cannot_forge_whom_the_agent_may_ask(
 
 
 async def test_persistent_infrastructure_failure_fails_the_run_and_dead_letters_the_message(
-    bus: Bus, event_log: EventLog, executor: RunExecutor, monkeypatch: pytest.MonkeyPatch
+    bus: Bus, event_log: EventLog, executor: RunExecutor
 ) -> None:
-    import temporality_run_executor.engine as engine_module
+    # a tool whose bus call keeps failing (TransientError: not the tool's fault, so never a tool.failed)
+    async def bus_down(arguments: dict[str, Any], ctx: ToolContext) -> str:
+        raise TransientError("tool backend unreachable")
 
-    async def broken_tool(*args: object, **kwargs: object) -> str:
-        raise RuntimeError("tool backend unreachable")
-
-    monkeypatch.setattr(engine_module, "execute", broken_tool)
-    await executor(max_deliver=3)
+    broken = Tool(name="get_input", description="d", parameters={"type": "object"}, implementation=bus_down)
+    tools = ToolRegistry([broken, *(t for t in BUILTIN_TOOLS if t.name != "get_input")])
+    await executor(max_deliver=3, tools=tools)
     event = run_requested()
     await bus.publish(event)
     (failed,) = await event_log.wait_for("run.failed", run_id=event.runid)

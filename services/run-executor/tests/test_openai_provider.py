@@ -14,7 +14,7 @@ from temporality_run_executor.agents import AgentCard, ProviderConfig
 from temporality_run_executor.providers import OpenAICompatible, PermanentProviderError, ProviderError
 from temporality_run_executor.providers.openai import RetryableProviderError
 from temporality_run_executor.records import Message, ToolCall
-from temporality_run_executor.tools import specs
+from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
 from temporality_testing.events import EventLog
 from temporality_testing.openai_emulator import OpenAIEmulator, Reply, assistant_text, assistant_tool_call
 
@@ -49,10 +49,10 @@ async def test_wire_format_of_requests_and_tool_calls(
         turn = await provider.complete(
             [
                 Message(role="system", content="sys"),
-                Message(role="assistant", tool_calls=[ToolCall(id="c0", name="get_pr_context", arguments={})]),
-                Message(role="tool", tool_call_id="c0", name="get_pr_context", content="{}"),
+                Message(role="assistant", tool_calls=[ToolCall(id="c0", name="get_input", arguments={})]),
+                Message(role="tool", tool_call_id="c0", name="get_input", content="{}"),
             ],
-            specs(["get_pr_context", "ask_human"]),
+            ToolRegistry(BUILTIN_TOOLS).specs(ToolPolicy(allow=["get_input", "ask_human"])),
         )
     finally:
         await provider.aclose()
@@ -60,10 +60,10 @@ async def test_wire_format_of_requests_and_tool_calls(
     assert turn.tool_calls == [ToolCall(id="call_1", name="ask_human", arguments=ASK)]
     sent = emulator.requests[0]
     assert sent["model"] == "m"
-    assert [t["function"]["name"] for t in sent["tools"]] == ["get_pr_context", "ask_human"]
+    assert [t["function"]["name"] for t in sent["tools"]] == ["get_input", "ask_human"]
     assert sent["tools"][1]["function"]["parameters"]["properties"]["recipient"]
-    assert sent["messages"][1]["tool_calls"][0]["function"] == {"name": "get_pr_context", "arguments": "{}"}
-    assert sent["messages"][2] == {"role": "tool", "content": "{}", "tool_call_id": "c0", "name": "get_pr_context"}
+    assert sent["messages"][1]["tool_calls"][0]["function"] == {"name": "get_input", "arguments": "{}"}
+    assert sent["messages"][2] == {"role": "tool", "content": "{}", "tool_call_id": "c0", "name": "get_input"}
 
 
 @pytest.mark.parametrize(("status", "retried"), [(500, True), (429, True), (408, True), (400, False)])
@@ -94,7 +94,7 @@ async def test_a_model_driven_run_parks_on_ask_human_and_gets_the_answer_as_tool
     bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
 ) -> None:
     emulator.replies += [
-        assistant_tool_call("call_ctx", "get_pr_context", {}),
+        assistant_tool_call("call_ctx", "get_input", {}),
         Reply(503, {"error": {"message": "overloaded"}}),  # transient: the turn is retried
         assistant_tool_call("call_ask", "ask_human", ASK),
         assistant_text("Review done. Decision: keep v1."),
@@ -153,5 +153,8 @@ async def test_invalid_ask_human_arguments_go_back_to_the_model(
     await bus.publish(event)
     await event_log.wait_for("run.completed", run_id=event.runid)
     tool_msg = next(m for m in emulator.requests[1]["messages"] if m["role"] == "tool")
-    assert "invalid ask_human arguments" in json.loads(tool_msg["content"])["error"]
+    # checked against the tool's JSON schema; the error says where and why
+    error = json.loads(tool_msg["content"])["error"]
+    assert "invalid arguments for 'ask_human' at recipient" in error
+    assert "does not match" in error
     assert not event_log.of_type("human.requested", event.runid)

@@ -196,14 +196,14 @@ async def test_other_4xx_are_permanent_and_name_status_and_message(
 
 async def test_usage_and_malformed_tool_calls_are_read(emulator: OpenAIEmulator, clock: FakeClock) -> None:
     emulator.replies += [
-        malformed_tool_call("call_1", "get_pr_context", "{not json", usage=usage(12, 3)),
+        malformed_tool_call("call_1", "get_input", "{not json", usage=usage(12, 3)),
         assistant_text("ok"),
     ]
     provider = _provider(emulator.base_url, clock)
     try:
         turn = await provider.complete(HI, [])
         assert turn.usage == Usage(prompt_tokens=12, completion_tokens=3, total_tokens=15)
-        assert turn.tool_calls == [ToolCall(id="call_1", name="get_pr_context", invalid_arguments="{not json")]
+        assert turn.tool_calls == [ToolCall(id="call_1", name="get_input", invalid_arguments="{not json")]
         # sent back as the model wrote it, so the model sees its own mistake
         await provider.complete([*HI, Message(role="assistant", tool_calls=turn.tool_calls)], [])
     finally:

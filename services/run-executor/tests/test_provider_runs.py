@@ -67,7 +67,7 @@ async def test_rate_limits_and_5xx_are_retried_within_the_turn_and_tokens_are_to
     emulator.replies += [
         rate_limited(retry_after="0"),
         error_reply(503, "overloaded"),
-        assistant_tool_call("call_ctx", "get_pr_context", {}, usage=usage(100, 10)),
+        assistant_tool_call("call_ctx", "get_input", {}, usage=usage(100, 10)),
         rate_limited(),
         assistant_text("Review done.", usage=usage(150, 20)),
     ]
@@ -126,7 +126,7 @@ async def test_passing_the_token_limit_fails_the_run(
     bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
 ) -> None:
     emulator.replies += [
-        assistant_tool_call("call_ctx", "get_pr_context", {}, usage=usage(50, 10)),  # 60: within 100
+        assistant_tool_call("call_ctx", "get_input", {}, usage=usage(50, 10)),  # 60: within 100
         assistant_text("a long review", usage=usage(70, 30)),  # 160: past it
     ]
     await executor(cards=[_card(emulator, Limits(max_tokens=100))])
@@ -146,7 +146,7 @@ async def test_malformed_tool_calls_go_back_to_the_model_as_tool_errors(
     bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
 ) -> None:
     emulator.replies += [
-        malformed_tool_call("call_bad_json", "get_pr_context", '{"oops": '),
+        malformed_tool_call("call_bad_json", "get_input", '{"oops": '),
         assistant_tool_call("call_unknown", "delete_repository", {"name": "orders"}),
         assistant_text("Recovered."),
     ]
@@ -164,13 +164,13 @@ async def test_malformed_tool_calls_go_back_to_the_model_as_tool_errors(
     third = emulator.requests[2]["messages"]
     assert "'delete_repository' is not allowed" in json.loads(third[-1]["content"])["error"]
     called = [e.data["tool"] for e in event_log.of_type("run.tool_called", event.runid)]
-    assert called == ["get_pr_context", "delete_repository"]
+    assert called == ["get_input", "delete_repository"]
 
 
 async def test_too_many_malformed_tool_calls_fail_the_run(
     bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
 ) -> None:
-    emulator.replies += [malformed_tool_call(f"call_{i}", "get_pr_context", "nope") for i in range(3)]
+    emulator.replies += [malformed_tool_call(f"call_{i}", "get_input", "nope") for i in range(3)]
     await executor(cards=[_card(emulator, Limits(max_malformed_tool_calls=1))])
     event = run_requested()
     await bus.publish(event)

@@ -20,7 +20,7 @@ from temporality_protocol.catalog import (
     TIMERS_STREAM,
 )
 from temporality_run_executor.agents import AgentCard, Limits
-from temporality_run_executor.providers import AssistantTurn, Provider, ToolSpec
+from temporality_run_executor.providers import AssistantTurn, Provider, ToolSpec, TurnContext
 from temporality_run_executor.records import Message, RunRecord, ToolCall
 from temporality_run_executor.watchdog import WatchdogPayload
 from temporality_testing.events import EventLog
@@ -40,11 +40,16 @@ class HungProvider(Provider):
         self.release = asyncio.Event()
 
     async def complete(
-        self, messages: list[Message], tools: list[ToolSpec], *, budget_s: float | None = None
+        self,
+        messages: list[Message],
+        tools: list[ToolSpec],
+        *,
+        budget_s: float | None = None,
+        context: TurnContext | None = None,
     ) -> AssistantTurn:
         self.entered.set()
         await self.release.wait()
-        return AssistantTurn(tool_calls=[ToolCall(id="call-context", name="get_pr_context", arguments={})])
+        return AssistantTurn(tool_calls=[ToolCall(id="call-context", name="get_input", arguments={})])
 
 
 async def _state(bus: Bus, run_id: str, expect: RunState, timeout_s: float = 30) -> RunRecord:

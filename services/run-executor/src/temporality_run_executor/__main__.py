@@ -7,8 +7,10 @@ import structlog
 from temporality_protocol.catalog import CONSUMERS, SERVICES
 from temporality_run_executor.agents import AgentsFileError, load_agents
 from temporality_run_executor.engine import Engine
+from temporality_run_executor.mcp_servers import McpToolFailed, list_card_tools, tool_name
 from temporality_run_executor.providers.factory import ProviderCache, ProviderConfigError
 from temporality_run_executor.settings import Settings
+from temporality_run_executor.tools import BUILTIN_TOOLS, Tool, ToolRegistry
 from temporality_service import ConfigError, Runtime, Setup, serve
 
 __all__ = ["SPEC", "configure", "run"]
@@ -25,15 +27,41 @@ def configure(settings: Settings) -> Setup[Settings]:
         providers.validate(agents.cards())
     except (AgentsFileError, ProviderConfigError) as exc:
         raise ConfigError(str(exc)) from exc
+    tools = ToolRegistry(BUILTIN_TOOLS)
+    for card in agents.cards():
+        servers = tuple(tool_name(server.name, "") for server in card.mcp_servers)  # listed in setup
+        unknown = [name for name in tools.unknown(card.tools) if not name.startswith(servers)]
+        if unknown:
+            raise ConfigError(
+                f"{settings.agents_file}: agent {card.id}: tools names unknown tools {unknown} "
+                f"(known: {', '.join(tools.names())})"
+            )
     log.info("agents.loaded", agents=len(agents), file=str(settings.agents_file))
     if settings.scripted_crash_on is not None:
         log.warning("scripted.crash_on_configured", text=settings.scripted_crash_on)
 
     async def setup(rt: Runtime[Settings]) -> None:
         rt.resources.push_async_callback(providers.aclose)
+        card_tools: dict[str, list[Tool]] = {}
+        for card in agents.cards():
+            if not card.mcp_servers:
+                continue
+            try:
+                card_tools[card.id] = await list_card_tools(card)
+            except McpToolFailed as exc:
+                raise ConfigError(str(exc)) from exc
+            unknown = tools.with_tools(card_tools[card.id]).unknown(card.tools)
+            if unknown:
+                raise ConfigError(f"agent {card.id}: tools names tools no server listed: {unknown}")
         max_deliver = rt.settings.max_deliver or CONSUMERS["run-executor-requests"].max_deliver
         engine = await Engine.open(
-            rt.bus, agents, providers, max_deliver=max_deliver, watchdog_grace_s=rt.settings.watchdog_grace_s
+            rt.bus,
+            agents,
+            providers,
+            max_deliver=max_deliver,
+            watchdog_grace_s=rt.settings.watchdog_grace_s,
+            tools=tools,
+            card_tools=card_tools,
         )
         inflight = rt.settings.max_inflight
         # a run whose message is given up on fails visibly (infrastructure_error) before it is dead-lettered

@@ -1,17 +1,34 @@
-"""Agent cards (id, role, system prompt, tools, provider, limits) loaded from YAML.
+"""Agent cards loaded from YAML (RUN-1): id, role, system prompt, skills, tool policy, provider and model,
+limits, MCP servers and the sandbox its tool processes run in.
 
-The card holds the agent's behaviour; a trigger never carries a system prompt (TRG-8).
+The card holds the agent's behaviour; a trigger never carries a system prompt (TRG-8). The whole file is
+validated when the executor starts: an error names the agent and the field (``agents[0] (reviewer):
+sandbox.working_dir: ...``) and the process exits 2. See docs/agents.md.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["AgentCard", "AgentDirectory", "AgentsFileError", "Limits", "ProviderConfig", "load_agents"]
+from temporality_run_executor.providers.script import Script
+from temporality_run_executor.tools import ToolPolicy
+
+__all__ = [
+    "AgentCard",
+    "AgentDirectory",
+    "AgentsFileError",
+    "Limits",
+    "McpServer",
+    "ProviderConfig",
+    "Sandbox",
+    "Skill",
+    "load_agents",
+]
 
 
 class _Strict(BaseModel):
@@ -21,8 +38,11 @@ class _Strict(BaseModel):
 class ProviderConfig(_Strict):
     #: ``scripted`` is the deterministic demo/test provider; ``openai`` any OpenAI-compatible endpoint.
     kind: Literal["scripted", "openai"]
-    #: For ``scripted``: which script (``reviewer``).
-    script: str | None = None
+    #: For ``scripted``: the script -- a name shipped with the executor (``reviewer``) or the script itself
+    #: (``vars``/``steps``, see :mod:`.providers.script`).
+    script: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] | Script | None = None
+    #: For ``scripted``: a YAML file holding the script (relative: to the agents file's folder).
+    script_file: Path | None = None
     model: str | None = None
     base_url: str | None = None
     api_key_env: str | None = None
@@ -39,6 +59,10 @@ class ProviderConfig(_Strict):
     def _backoff_range(self) -> ProviderConfig:
         if self.retry_backoff_max_s < self.retry_backoff_s:
             raise ValueError("retry_backoff_max_s must be at least retry_backoff_s")
+        if self.kind == "scripted" and (self.script is None) == (self.script_file is None):
+            raise ValueError("a scripted provider takes exactly one of script or script_file")
+        if self.kind != "scripted" and (self.script is not None or self.script_file is not None):
+            raise ValueError(f"script and script_file are for the scripted provider, not {self.kind}")
         return self
 
 
@@ -56,17 +80,100 @@ class Limits(_Strict):
     max_malformed_tool_calls: Annotated[int, Field(ge=0, le=100)] = 5
 
 
+_NAME = r"^[a-z0-9][a-z0-9_-]{0,40}$"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class Skill(_Strict):
+    """A named instruction bundle, appended to the system prompt of every card that lists it."""
+
+    name: Annotated[str, Field(pattern=_NAME)]
+    description: str = ""
+    instructions: Annotated[str, Field(min_length=1, max_length=32768)]
+
+
+class McpServer(_Strict):
+    """An MCP server whose tools the agent may be offered (as ``<name>__<tool>``), started over stdio in the
+    card's sandbox (:mod:`.mcp_servers`)."""
+
+    #: Its tools are named ``<name>__<tool>`` in the registry and in ``tools.allow``/``deny`` (so: no ``_``).
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")]
+    transport: Literal["stdio"] = "stdio"
+    #: The program (a name on ``PATH`` or a path) and its arguments.
+    command: Annotated[str, Field(min_length=1)]
+    args: list[str] = Field(default_factory=list)
+    #: Fixed environment values for the server (on top of the sandbox's pass-through list).
+    env: dict[Annotated[str, Field(pattern=_ENV_NAME)], str] = Field(default_factory=dict)
+    #: Seconds one tool call may take.
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+
+    @model_validator(mode="after")
+    def _command_exists(self) -> McpServer:
+        if shutil.which(self.command) is None:
+            raise ValueError(f"command {self.command!r} is not an executable file nor a program on PATH")
+        return self
+
+
+class Sandbox(_Strict):
+    """Where the agent's tool processes (MCP stdio servers) run."""
+
+    #: Their working directory (must exist; relative: to the agents file's folder). Unset: the executor's.
+    working_dir: Path | None = None
+    #: Names of the executor's environment variables passed through to them; nothing else is (besides
+    #: ``PATH``, ``HOME``, ``LANG`` and the server's own ``env``).
+    env: list[Annotated[str, Field(pattern=_ENV_NAME)]] = Field(default_factory=list)
+    #: ``false``: they run in a network namespace of their own with no interfaces (``unshare -rn``).
+    network: bool = True
+
+    @model_validator(mode="after")
+    def _directory_exists(self) -> Sandbox:
+        if self.working_dir is not None and not self.working_dir.is_dir():
+            raise ValueError(f"working_dir {str(self.working_dir)!r} is not a directory")
+        if not self.network and shutil.which("unshare") is None:
+            raise ValueError("network: false needs `unshare` (util-linux), which is not installed")
+        return self
+
+
 class AgentCard(_Strict):
     id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
     role: str
     description: str = ""
     system_prompt: str
-    tools: list[str] = Field(default_factory=lambda: ["get_pr_context", "ask_human"])
+    #: Instruction bundles appended to the system prompt (in the file: a name from its ``skills``, or inline).
+    skills: list[Skill] = Field(default_factory=list)
+    #: Which tools it is offered (``allow``/``deny`` names or patterns; a plain list is ``allow``).
+    tools: ToolPolicy = Field(default_factory=ToolPolicy)
     provider: ProviderConfig
     limits: Limits = Field(default_factory=Limits)
+    mcp_servers: list[McpServer] = Field(default_factory=list)
+    sandbox: Sandbox = Field(default_factory=Sandbox)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> AgentCard:
+        for what, names in (
+            ("skills", [s.name for s in self.skills]),
+            ("mcp_servers", [m.name for m in self.mcp_servers]),
+        ):
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise ValueError(f"{what}: names repeat: {repeated}")
+        return self
+
+    def instructions(self) -> str:
+        """The system prompt with its skills appended, each under its own heading."""
+        parts = [self.system_prompt.strip()]
+        parts += [f"## Skill: {skill.name}\n{skill.instructions.strip()}" for skill in self.skills]
+        return "\n\n".join(parts)
+
+
+class _SkillBundle(_Strict):
+    description: str = ""
+    instructions: Annotated[str, Field(min_length=1, max_length=32768)]
 
 
 class _AgentsFile(_Strict):
+    #: Skills cards refer to by name (the key): ``{description, instructions}`` or just the instructions.
+    skills: dict[Annotated[str, Field(pattern=_NAME)], _SkillBundle | str] = Field(default_factory=dict)
     agents: list[AgentCard]
 
 
@@ -93,6 +200,68 @@ class AgentDirectory:
 def load_agents(path: Path) -> AgentDirectory:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        return AgentDirectory(_AgentsFile.model_validate(raw).agents)
-    except (OSError, yaml.YAMLError, ValidationError) as exc:
+    except (OSError, yaml.YAMLError) as exc:
         raise AgentsFileError(f"{path}: {exc}") from exc
+    _anchor_relative_paths(raw, path.parent)
+    _resolve_skills(raw, path)
+    try:
+        return AgentDirectory(_AgentsFile.model_validate(raw).agents)
+    except ValidationError as exc:
+        raise AgentsFileError(f"{path}: {_describe(exc, raw)}") from exc
+
+
+def _cards(raw: object) -> list[dict[str, Any]]:
+    agents = raw.get("agents") if isinstance(raw, dict) else None
+    return [card if isinstance(card, dict) else {} for card in agents] if isinstance(agents, list) else []
+
+
+def _anchor_relative_paths(raw: object, folder: Path) -> None:
+    """Make relative ``provider.script_file`` and ``sandbox.working_dir`` relative to the agents file's
+    folder, not to the executor's working directory."""
+    for card in _cards(raw):
+        for block, key in (("provider", "script_file"), ("sandbox", "working_dir")):
+            section = card.get(block)
+            value = section.get(key) if isinstance(section, dict) else None
+            if isinstance(section, dict) and isinstance(value, str) and not Path(value).is_absolute():
+                section[key] = str(folder / value)
+
+
+def _resolve_skills(raw: object, path: Path) -> None:
+    """Replace each skill a card names by the file's ``skills`` entry of that name (a string entry there
+    is the instructions alone); an unknown name is an error naming the card and the field."""
+    named = raw.get("skills") if isinstance(raw, dict) else None
+    bundles = named if isinstance(named, dict) else {}
+    for index, card in enumerate(_cards(raw)):
+        skills = card.get("skills")
+        if not isinstance(skills, list):
+            continue
+        resolved: list[Any] = []
+        for position, entry in enumerate(skills):
+            if not isinstance(entry, str):
+                resolved.append(entry)  # inline: validated as a Skill
+                continue
+            bundle = bundles.get(entry)
+            if bundle is None:
+                known = ", ".join(sorted(bundles)) or "none"
+                raise AgentsFileError(
+                    f"{path}: agents[{index}] ({card.get('id')}): skills[{position}]: no skill named {entry!r} "
+                    f"in the file's skills (known: {known})"
+                )
+            resolved.append({"name": entry, **(bundle if isinstance(bundle, dict) else {"instructions": bundle})})
+        card["skills"] = resolved
+
+
+def _describe(exc: ValidationError, raw: object) -> str:
+    """The validation errors, each naming the card (its index and id) and the field."""
+    cards = _cards(raw)
+    lines = []
+    for error in exc.errors():
+        loc = list(error["loc"])
+        where = ".".join(str(part) for part in loc)
+        if len(loc) >= 2 and loc[0] == "agents" and isinstance(loc[1], int):
+            card = cards[loc[1]] if loc[1] < len(cards) else {}
+            field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[2:]).lstrip(".")
+            where = f"agents[{loc[1]}]" + (f" ({card.get('id')})" if card.get("id") else "")
+            where += f": {field}" if field else ""
+        lines.append(f"{where}: {error['msg']}")
+    return "; ".join(lines)

@@ -7,6 +7,13 @@ A turn = one provider call + its tool calls, then a checkpoint (KV, AP-7) + ``ru
                       in memory (RUN-3).
 ``human.*``        -> ``resuming`` -> the outcome becomes the tool result -> ``running`` -> drive.
 
+``run.cancel_requested`` -> recorded on the run; a run nobody drives (pending, parked) is cancelled at
+                      once, a driven one by its driver at the next turn boundary (``run.cancelled``).
+
+Tool calls go through the registry (:mod:`.tools`): the card's allow/deny policy, JSON-schema argument
+validation (errors go back to the model), and a tool that raises becomes ``tool.failed`` plus a tool
+error for the model, never a crashed run.
+
 Every fact is published with a deterministic id *before* the state that records it is committed, so a
 crash at any point is repaired by redelivery: the replay republishes the same ids (deduplicated) and
 continues from the last checkpoint (AP-8), announcing it with ``run.resumed`` (reason ``recovery``).
@@ -27,7 +34,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -48,12 +55,15 @@ from temporality_bus import (
 )
 from temporality_protocol import (
     RUN,
+    AgentSummary,
     Envelope,
     EventData,
     HumanAnswered,
     HumanExpired,
     HumanRejected,
     HumanRequested,
+    RunCancelled,
+    RunCancelRequested,
     RunCheckpointed,
     RunCompleted,
     RunCreated,
@@ -63,14 +73,32 @@ from temporality_protocol import (
     RunStarted,
     RunState,
     RunToolCalled,
+    ToolFailed,
     derive_id,
     make_event,
 )
 from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
 from temporality_run_executor.agents import AgentCard, AgentDirectory, Limits
-from temporality_run_executor.providers import PermanentProviderError, Provider, ProviderError
-from temporality_run_executor.records import Checkpoint, Message, PendingAsk, RunRecord, Usage
-from temporality_run_executor.tools import ASK_HUMAN, AskHumanArgs, ToolError, execute, specs
+from temporality_run_executor.providers import PermanentProviderError, Provider, ProviderError, TurnContext
+from temporality_run_executor.records import (
+    CancelRequest,
+    Checkpoint,
+    Message,
+    PendingAsk,
+    RunRecord,
+    ToolCall,
+    Usage,
+)
+from temporality_run_executor.tools import (
+    ASK_HUMAN,
+    BUILTIN_TOOLS,
+    GET_INPUT,
+    AskHumanArgs,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolRegistry,
+)
 from temporality_run_executor.watchdog import DEFAULT_GRACE_S, RunWatchdog, WatchdogPayload
 
 __all__ = ["ACTIVE", "SOURCE", "Engine", "ProviderFactory", "RunMovedOn"]
@@ -122,8 +150,13 @@ class Engine:
         *,
         max_deliver: int,
         watchdog_grace_s: float = DEFAULT_GRACE_S,
+        tools: ToolRegistry | None = None,
+        card_tools: Mapping[str, list[Tool]] | None = None,
     ) -> None:
         self.bus = bus
+        self.tools = tools if tools is not None else ToolRegistry(BUILTIN_TOOLS)
+        #: Tools only some cards have (their MCP servers'), by agent id.
+        self._registries = {agent: self.tools.with_tools(extra) for agent, extra in (card_tools or {}).items()}
         self.runs = runs
         self.checkpoints = checkpoints
         self.agents = agents
@@ -140,6 +173,8 @@ class Engine:
         *,
         max_deliver: int,
         watchdog_grace_s: float = DEFAULT_GRACE_S,
+        tools: ToolRegistry | None = None,
+        card_tools: Mapping[str, list[Tool]] | None = None,
     ) -> Engine:
         return cls(
             bus,
@@ -149,7 +184,13 @@ class Engine:
             provider_for,
             max_deliver=max_deliver,
             watchdog_grace_s=watchdog_grace_s,
+            tools=tools,
+            card_tools=card_tools,
         )
+
+    def registry(self, card: AgentCard) -> ToolRegistry:
+        """The tools ``card`` can be offered: the executor's, plus its MCP servers'."""
+        return self._registries.get(card.id, self.tools)
 
     # ------------------------------------------------------------------ handlers
     async def on_run_requested(self, event: Envelope, delivery: Delivery) -> None:
@@ -195,6 +236,9 @@ class Engine:
                 return
             error_text = f"{message.type} {message.id} dead-lettered after {delivery.num_delivered} deliveries"
             try:
+                if run.cancel is not None:  # it was to stop anyway: what it was asked for, not a failure
+                    await self._cancel(run, run.cancel)
+                    return
                 await self._fail(
                     run,
                     "infrastructure_error",
@@ -211,8 +255,8 @@ class Engine:
         outcome drives the run waiting on (or resuming with) its request, or running on the strength of
         it (its request is the last one applied). Finished and waiting runs depend on no message.
         """
-        if run.state in RUN.terminal:
-            return False
+        if run.state in RUN.terminal or event.type == RunCancelRequested.EVENT_TYPE:
+            return False  # a cancel request drives nothing: the run goes on without it
         request_id = event.data.get("request_id") if event.type.startswith("human.") else None
         if run.state in (RunState.WAITING_FOR_HUMAN, RunState.RESUMING):
             return request_id is not None and run.waiting_request_id == request_id
@@ -254,6 +298,9 @@ class Engine:
                 return
             idle_s = (_now() - payload.armed_at).total_seconds()
             try:
+                if run.cancel is not None:  # stalled, but asked to stop: cancelled, as asked
+                    await self._cancel(run, run.cancel)
+                    return
                 await self._fail(
                     run,
                     "stalled",
@@ -320,13 +367,21 @@ class Engine:
         await self._emit(
             run,
             RunStarted(
-                run_id=run.run_id, agent=card.id, role=card.role, title=run.title, parent_run_id=run.parent_run_id
+                run_id=run.run_id,
+                agent=card.id,
+                role=card.role,
+                title=run.title,
+                parent_run_id=run.parent_run_id,
+                agent_card=self._summary(card),
             ),
         )
         await self._drive(run.run_id, card, delivery)
 
     async def _on_human_event(self, event: Envelope, delivery: Delivery) -> None:
         data = event.payload()
+        if isinstance(data, RunCancelRequested):
+            await self._on_cancel_requested(event, data)
+            return
         outcome: dict[str, Any]
         reason: Literal["answer", "expiry", "rejection"]
         waited: float | None = None
@@ -400,13 +455,49 @@ class Engine:
             return
         await self._drive(run.run_id, card, delivery)
 
+    async def _on_cancel_requested(self, event: Envelope, data: RunCancelRequested) -> None:
+        """RUN-2: record the cancel on the run, then cancel it at once if nobody is driving it (pending,
+        waiting for a person); a run being driven is cancelled by its driver at the next turn boundary. A
+        finished run ignores it; a second cancel changes nothing (the first one's reason stands)."""
+        structlog.contextvars.bind_contextvars(run_id=data.run_id)
+        current = await self.runs.get(data.run_id)
+        if current is None:
+            raise PermanentError(f"run.cancel_requested for unknown run {data.run_id}")
+        request = CancelRequest(
+            reason=data.reason, requested_by=data.requested_by, requested_at=_now(), event_id=event.id
+        )
+
+        def flag(run: RunRecord) -> RunRecord | None:
+            if run.state in RUN.terminal or run.cancel is not None:
+                return None
+            return evolve(run, cancel=request, updated_at=_now())
+
+        try:
+            run = (await self.runs.modify(data.run_id, flag)).value
+        except NotFound:
+            raise TransientError(f"run {data.run_id} vanished") from None
+        if run.state in RUN.terminal:
+            log.info("run.cancel.ignored", state=run.state.value, requested_by=data.requested_by)
+            return
+        assert run.cancel is not None
+        if run.state in (RunState.PENDING, RunState.WAITING_FOR_HUMAN, RunState.WAITING_FOR_AGENT):
+            try:
+                await self._cancel(run, run.cancel)
+            except RunMovedOn as moved:  # an answer resumed it meanwhile: its driver sees the flag
+                log.info("run.moved_on", detail=str(moved))
+            return
+        log.info("run.cancel.deferred", state=run.state.value, requested_by=data.requested_by)
+
     # ------------------------------------------------------------------ the loop
     async def _drive(self, run_id: str, card: AgentCard, delivery: Delivery) -> None:
         provider = self.provider_for(card)
-        tools = specs(card.tools)
+        tools = self.registry(card).specs(card.tools)
         while True:
             run = (await self._get(run_id)).value
             if run.state is not RunState.RUNNING:
+                return
+            if run.cancel is not None:  # a turn boundary: the cancel asked for meanwhile applies now
+                await self._cancel(run, run.cancel)
                 return
             versioned = await self._checkpoint(run_id)
             ckpt = versioned.value
@@ -435,7 +526,16 @@ class Engine:
             started = time.monotonic()
             try:
                 reply = await provider.complete(
-                    ckpt.messages, tools, budget_s=card.limits.max_compute_s - ckpt.compute_s
+                    ckpt.messages,
+                    tools,
+                    budget_s=card.limits.max_compute_s - ckpt.compute_s,
+                    context=TurnContext(
+                        run_id=run_id,
+                        agent=card.id,
+                        title=run.title,
+                        people=run.human.allowed_recipients,
+                        turn=turn,
+                    ),
                 )
             except ProviderError as exc:
                 if isinstance(exc, PermanentProviderError) or delivery.num_delivered >= self.max_deliver:
@@ -457,41 +557,11 @@ class Engine:
             messages = [*ckpt.messages, Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls)]
             pending: PendingAsk | None = None
             for index, call in enumerate(reply.tool_calls):
-                if call.name not in card.tools:
-                    malformed += 1
-                    log.warning("run.tool_call.malformed", turn=turn, call_id=call.id, tool=call.name, why="unknown")
-                    result = _tool_error(
-                        f"tool {call.name!r} is not allowed for agent {card.id}; its tools: {', '.join(card.tools)}"
-                    )
-                elif call.invalid_arguments is not None:
-                    malformed += 1
-                    log.warning("run.tool_call.malformed", turn=turn, call_id=call.id, tool=call.name, why="arguments")
-                    result = _tool_error(
-                        f"the arguments of {call.name!r} are not a JSON object: "
-                        f"{call.invalid_arguments[:200]!r}; call it again with valid JSON arguments"
-                    )
-                elif call.name == ASK_HUMAN:
-                    if pending is not None:
-                        result = _tool_error("one ask_human per turn: ask again after the first answer")
-                    else:
-                        try:
-                            args = AskHumanArgs.model_validate(call.arguments)
-                        except ValidationError as exc:
-                            result = _tool_error(f"invalid ask_human arguments: {exc}")
-                        else:
-                            pending = PendingAsk(
-                                request_id=derive_id("hr", run_id, str(turn), str(index)),
-                                call_id=call.id,
-                                turn=turn,
-                                asked_at=_now(),
-                                arguments=args.model_dump(mode="json"),
-                            )
-                            continue
-                else:
-                    try:
-                        result = await execute(call.name, call.arguments, run)
-                    except ToolError as exc:
-                        result = _tool_error(str(exc))
+                result, asked, malformed_call = await self._call_tool(run, card, turn, index, call, pending)
+                malformed += malformed_call
+                if asked is not None:
+                    pending = asked
+                    continue  # its result is the person's answer, applied when it comes
                 messages.append(Message(role="tool", tool_call_id=call.id, name=call.name, content=result))
                 await self._emit(
                     run,
@@ -532,6 +602,66 @@ class Engine:
                 run, RunCheckpointed(run_id=run_id, checkpoint_id=saved.checkpoint_id, turn=turn), str(turn)
             )
 
+    async def _call_tool(
+        self, run: RunRecord, card: AgentCard, turn: int, index: int, call: ToolCall, pending: PendingAsk | None
+    ) -> tuple[str, PendingAsk | None, int]:
+        """One tool call of a turn, through the registry: (the result for the model, the ask it parks on,
+        1 if the call was malformed). A call the card does not allow, arguments that are not JSON or do not
+        fit the tool's schema, and a tool that raises all come back to the model as tool errors; a tool
+        that raises is also published as ``tool.failed``. The bus failing (``TransientError``) propagates."""
+        try:
+            tool = self.registry(card).resolve(call.name, card.tools, card.id)
+        except ToolError as refused:
+            log.warning("run.tool_call.malformed", turn=turn, call_id=call.id, tool=call.name, why="not_allowed")
+            return _tool_error(str(refused)), None, 1
+        if call.invalid_arguments is not None:
+            log.warning("run.tool_call.malformed", turn=turn, call_id=call.id, tool=call.name, why="arguments")
+            text = (
+                f"the arguments of {call.name!r} are not a JSON object: "
+                f"{call.invalid_arguments[:200]!r}; call it again with valid JSON arguments"
+            )
+            return _tool_error(text), None, 1
+        problem = tool.argument_problem(call.arguments)
+        if problem is not None:
+            log.info("run.tool_call.invalid_arguments", turn=turn, call_id=call.id, tool=call.name)
+            return _tool_error(problem), None, 0
+        if tool.name == ASK_HUMAN:
+            if pending is not None:
+                return _tool_error("one ask_human per turn: ask again after the first answer"), None, 0
+            try:
+                args = AskHumanArgs.model_validate(call.arguments)
+            except ValidationError as exc:
+                return _tool_error(f"invalid ask_human arguments: {exc}"), None, 0
+            asked = PendingAsk(
+                request_id=derive_id("hr", run.run_id, str(turn), str(index)),
+                call_id=call.id,
+                turn=turn,
+                asked_at=_now(),
+                arguments=args.model_dump(mode="json"),
+            )
+            return "", asked, 0
+
+        async def publish(data: EventData, id_parts: tuple[str, ...]) -> None:
+            await self._emit(run, data, *id_parts)
+
+        ctx = ToolContext(run=run, turn=turn, index=index, call_id=call.id, publish=publish)
+        try:
+            return await tool.invoke(call.arguments, ctx), None, 0
+        except ToolError as exc:
+            return _tool_error(str(exc)), None, 0
+        except (TransientError, Conflict):
+            raise  # the bus, not the tool: redelivered
+        except Exception as exc:  # the tool broke: say so, and let the model carry on without it
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("tool.failed", turn=turn, call_id=call.id, tool=tool.name, error=error)
+            await self._emit(
+                run,
+                ToolFailed(run_id=run.run_id, turn=turn, call_id=call.id, tool=tool.name, error=error[:4096]),
+                str(turn),
+                str(index),
+            )
+            return _tool_error(f"the tool {tool.name!r} failed: {error}"), None, 0
+
     async def _park(self, run: RunRecord, ckpt: Checkpoint) -> None:
         assert ckpt.pending is not None
         pending = ckpt.pending
@@ -558,13 +688,15 @@ class Engine:
         )
         # before the move: once it waits, an answer may resume (and re-arm) it at any moment
         await self.watchdog.disarm(run.run_id)
-        await self._transition(
+        parked = await self._transition(
             run.run_id,
             RunState.WAITING_FOR_HUMAN,
             waiting_request_id=pending.request_id,
             waiting_since=pending.asked_at,
         )
         log.info("run.parked", request_id=pending.request_id, recipient=args.recipient)
+        if parked.cancel is not None:  # asked to stop while it was parking: nobody else will drive it now
+            await self._cancel(parked, parked.cancel)
 
     async def _apply_outcome(self, run_id: str, request_id: str, outcome: dict[str, Any]) -> None:
         def apply(ckpt: Checkpoint) -> Checkpoint | None:
@@ -598,6 +730,16 @@ class Engine:
         await self.watchdog.disarm(run.run_id)
         log.info("run.completed", turns=turns, total_tokens=usage.total_tokens)
 
+    async def _cancel(self, run: RunRecord, cancel: CancelRequest) -> None:
+        """Move the run to ``cancelled``: ``run.cancelled`` first (one id per run: a repeat is deduplicated),
+        then the record, then its watchdog. Pending human requests are human-interaction's to cancel (it
+        consumes ``run.cancelled``); an outcome arriving later finds a finished run and is ignored."""
+        reason = f"{cancel.reason} (requested by {cancel.requested_by})"
+        await self._emit(run, RunCancelled(run_id=run.run_id, reason=reason[:4096]), causation=cancel.event_id)
+        await self._transition(run.run_id, RunState.CANCELLED, waiting_request_id=None)
+        await self.watchdog.disarm(run.run_id)
+        log.info("run.cancelled", reason=cancel.reason, requested_by=cancel.requested_by)
+
     async def _fail(
         self, run: RunRecord, reason: str, error: str, *, causation: str | None = None, usage: Usage | None = None
     ) -> None:
@@ -615,6 +757,19 @@ class Engine:
             run_id, turn=turn, limit_s=card.limits.max_compute_s, cause=(phase, *_attempt(delivery))
         )
 
+    def _summary(self, card: AgentCard) -> AgentSummary:
+        """RUN-1: the card's facts a run exposes in ``run.started`` (the journal keeps them with the run)."""
+        return AgentSummary(
+            provider=card.provider.kind,
+            model=card.provider.model if card.provider.kind == "openai" else None,
+            skills=[skill.name for skill in card.skills],
+            tools=[tool.name for tool in self.registry(card).offered(card.tools)],
+            mcp_servers=[server.name for server in card.mcp_servers],
+            max_turns=card.limits.max_turns,
+            max_tokens=card.limits.max_tokens,
+            max_compute_s=card.limits.max_compute_s,
+        )
+
     def _initial_checkpoint(self, run: RunRecord, card: AgentCard) -> Checkpoint:
         askable = ", ".join(run.human.allowed_recipients) or "nobody"
         task = "\n".join(
@@ -622,15 +777,18 @@ class Engine:
                 f"Task: {' '.join(run.title.split())}",  # one line: a title cannot forge the lines below
                 f"Launched by: {run.launch.kind} trigger {run.launch.trigger_id or '-'}",
                 f"People you may ask: {askable}",
-                "Call get_pr_context for the event's data.",
             ]
         )
+        if any(tool.name == GET_INPUT for tool in self.registry(card).offered(card.tools)):
+            task += f"\nCall {GET_INPUT} for the data this run was started with."
+        else:  # no tool to read it with: the input is part of the first message
+            task += f"\nThe data this run was started with:\n{json.dumps(run.input, sort_keys=True)}"
         return Checkpoint(
             checkpoint_id=derive_id("ckpt", run.run_id, "0"),
             run_id=run.run_id,
             turn=0,
             saved_at=_now(),
-            messages=[Message(role="system", content=card.system_prompt), Message(role="user", content=task)],
+            messages=[Message(role="system", content=card.instructions()), Message(role="user", content=task)],
         )
 
     async def _get(self, run_id: str) -> Versioned[RunRecord]:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from temporality_protocol import HumanPolicy, LaunchSource, NormalizedEvent, RunState
 
-__all__ = ["Checkpoint", "Message", "PendingAsk", "RunRecord", "ToolCall", "Usage"]
+__all__ = ["CancelRequest", "Checkpoint", "Message", "PendingAsk", "RunRecord", "ToolCall", "Usage"]
 
 
 class _Model(BaseModel):
@@ -61,6 +61,16 @@ class PendingAsk(_Model):
     arguments: dict[str, Any]
 
 
+class CancelRequest(_Model):
+    """A ``run.cancel_requested`` recorded on the run: whoever drives the run next cancels it (RUN-2)."""
+
+    reason: str
+    requested_by: str
+    requested_at: datetime
+    #: The id of the ``run.cancel_requested`` event (the ``run.cancelled``'s causation).
+    event_id: str
+
+
 class RunRecord(_Model):
     run_id: str
     state: RunState
@@ -82,6 +92,9 @@ class RunRecord(_Model):
     #: The run's token totals, written when it completes or fails in its agent loop (the protocol's
     #: ``run.completed``/``run.failed`` have no field for them).
     usage: Usage | None = None
+    #: Set once a cancel is asked for (the first one wins); the run moves to ``cancelled`` at the next turn
+    #: boundary, at once if nobody is driving it (pending, waiting for a person).
+    cancel: CancelRequest | None = None
 
 
 class Checkpoint(_Model):

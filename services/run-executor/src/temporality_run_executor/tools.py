@@ -1,19 +1,69 @@
-"""The tools an agent may call. ``ask_human`` parks the run; the others return at once."""
+"""The tool registry: what an agent may call, how its arguments are checked, and how a call is run.
+
+Every tool is a :class:`Tool`: a name, a description and JSON-schema ``parameters`` (what the model is
+offered) plus an implementation. The built-ins (:data:`BUILTIN_TOOLS`):
+
+``get_input``       the run's mapped input (the trigger's mapping, TRG-8), as JSON. Nothing source-specific.
+``ask_human``       ask a person and wait: the engine parks the run on it (it has no implementation here).
+``notify``          tell a person something, no answer expected: publishes ``human.notify_requested``.
+``get_pr_context``  DEPRECATED alias of ``get_input``, kept for cards written before it; offered only
+                    when a card names it exactly (a pattern such as ``*`` never selects it).
+
+A call goes through, in order (:meth:`ToolRegistry.prepare`, then :meth:`Tool.invoke`):
+
+1. the card's policy (:class:`ToolPolicy`, ``tools: {allow, deny}``): a tool it does not allow is never
+   offered, and a call to one is refused back to the model as the tool result;
+2. JSON-schema validation of the arguments (``jsonschema``, Draft 2020-12) against the tool's
+   ``parameters``: the first error, with where it is, goes back to the model as the tool result;
+3. the implementation. :class:`ToolError` (the model got the call wrong) is returned to the model as
+   is. Any other exception is the tool breaking: the engine publishes ``tool.failed`` and the model
+   gets a tool error result -- the run goes on. :class:`temporality_bus.TransientError` (the bus itself
+   failing) is not the tool's fault and propagates, so the message is redelivered.
+
+Implementations are idempotent per (run, turn, call index): a redelivered turn runs them again, and
+whatever they publish carries a deterministic id derived from those.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from temporality_protocol import HumanOption
+from temporality_protocol import EventData, HumanNotifyRequested, HumanOption, derive_id
 from temporality_run_executor.providers.base import ToolSpec
 from temporality_run_executor.records import RunRecord
 
-__all__ = ["ASK_HUMAN", "AskHumanArgs", "ToolError", "execute", "specs"]
+__all__ = [
+    "ASK_HUMAN",
+    "BUILTIN_TOOLS",
+    "GET_INPUT",
+    "NOTIFY",
+    "AskHumanArgs",
+    "NotifyArgs",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolPolicy",
+    "ToolRegistry",
+]
 
 ASK_HUMAN = "ask_human"
+GET_INPUT = "get_input"
+NOTIFY = "notify"
+#: A tool name as the OpenAI function-calling API accepts it.
+TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+_NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+class ToolError(Exception):
+    """The call cannot be executed as made; its message goes back to the agent as the tool result."""
 
 
 class AskHumanArgs(BaseModel):
@@ -28,32 +78,192 @@ class AskHumanArgs(BaseModel):
     timeout: Annotated[int, Field(gt=0, description="Seconds to wait; capped by the trigger's policy")] | None = None
 
 
-class ToolError(Exception):
-    """The call cannot be executed; its message goes back to the agent as the tool result."""
+class NotifyArgs(BaseModel):
+    """``notify(recipient, message)``: no answer expected."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipient: Annotated[str, Field(pattern=r"^user:[A-Za-z0-9_.-]+$", description="A person: user:<id>")]
+    message: Annotated[str, Field(min_length=1, max_length=4096)]
 
 
-_SPECS: dict[str, ToolSpec] = {
-    "get_pr_context": ToolSpec(
-        name="get_pr_context",
-        description="The normalized context of the event that started this run (repository, pull request, "
-        "branches, author, reviewers, commits).",
-        parameters={"type": "object", "properties": {}, "additionalProperties": False},
+Publish = Callable[[EventData, tuple[str, ...]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What an implementation gets besides its arguments: the run, where the call is, a way to publish.
+
+    ``publish(data, id_parts)`` publishes a run event whose id is derived from the run, the event type
+    and ``id_parts`` (pass the turn and index: a redelivered turn republishes the same id).
+    """
+
+    run: RunRecord
+    turn: int
+    index: int
+    call_id: str
+    publish: Publish
+
+
+ToolFn = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    #: JSON schema of the arguments (an object); validated before the implementation runs.
+    parameters: dict[str, Any]
+    #: ``None``: the engine handles the call itself (``ask_human`` parks the run).
+    implementation: ToolFn | None = None
+    #: Offered only when a card's ``allow`` names it exactly, never through a pattern (deprecated aliases).
+    exact_only: bool = False
+    _validator: Draft202012Validator = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        Draft202012Validator.check_schema(self.parameters)
+        object.__setattr__(self, "_validator", Draft202012Validator(self.parameters))
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+    def argument_problem(self, arguments: dict[str, Any]) -> str | None:
+        """Why ``arguments`` do not fit the schema (the most relevant error, with its location), or ``None``."""
+        error = best_match(self._validator.iter_errors(arguments))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path) or "(the arguments object)"
+        return f"invalid arguments for {self.name!r} at {where}: {error.message}"
+
+    async def invoke(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
+        if self.implementation is None:
+            raise ToolError(f"{self.name!r} is handled by the run itself")
+        return await self.implementation(arguments, ctx)
+
+
+class ToolPolicy(BaseModel):
+    """A card's ``tools``: ``allow`` and ``deny`` lists of names or shell-style patterns (``github.*``).
+
+    A tool is allowed when some ``allow`` entry matches it and no ``deny`` entry does; a deprecated alias
+    only when ``allow`` names it exactly. A plain list (``tools: [get_input, ask_human]``) is ``allow``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=lambda: [GET_INPUT, ASK_HUMAN]
+    )
+    deny: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, value: Any) -> Any:
+        return {"allow": value} if isinstance(value, list) else value
+
+    def allows(self, tool: Tool) -> bool:
+        if any(fnmatchcase(tool.name, pattern) for pattern in self.deny):
+            return False
+        if tool.exact_only:
+            return tool.name in self.allow
+        return any(fnmatchcase(tool.name, pattern) for pattern in self.allow)
+
+    def exact_names(self) -> list[str]:
+        """The entries that are plain names, not patterns (each must name a tool that exists)."""
+        return [name for name in [*self.allow, *self.deny] if not any(c in name for c in "*?[")]
+
+
+class ToolRegistry:
+    """The tools this executor knows; :meth:`offered` and :meth:`prepare` apply a card's policy."""
+
+    def __init__(self, tools: Iterable[Tool]) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            if tool.name in self._tools:
+                raise ValueError(f"two tools named {tool.name!r}")
+            self._tools[tool.name] = tool
+
+    def with_tools(self, tools: Iterable[Tool]) -> ToolRegistry:
+        """This registry plus ``tools`` (a name may not repeat)."""
+        return ToolRegistry([*self._tools.values(), *tools])
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def offered(self, policy: ToolPolicy) -> list[Tool]:
+        return [tool for tool in self._tools.values() if policy.allows(tool)]
+
+    def specs(self, policy: ToolPolicy) -> list[ToolSpec]:
+        return [tool.spec for tool in self.offered(policy)]
+
+    def unknown(self, policy: ToolPolicy) -> list[str]:
+        """Plain names in ``policy`` that name no tool here (a typo in a card)."""
+        return [name for name in policy.exact_names() if name not in self._tools]
+
+    def resolve(self, name: str, policy: ToolPolicy, agent: str) -> Tool:
+        """The tool a call names, if the card allows it; else :class:`ToolError` for the model."""
+        tool = self._tools.get(name)
+        if tool is None or not policy.allows(tool):
+            offered = ", ".join(t.name for t in self.offered(policy)) or "none"
+            raise ToolError(f"tool {name!r} is not allowed for agent {agent}; its tools: {offered}")
+        return tool
+
+
+# --------------------------------------------------------------------------- built-in implementations
+async def _get_input(arguments: dict[str, Any], ctx: ToolContext) -> str:
+    return json.dumps(ctx.run.input, sort_keys=True)
+
+
+async def _notify(arguments: dict[str, Any], ctx: ToolContext) -> str:
+    args = NotifyArgs.model_validate(arguments)
+    policy = ctx.run.human
+    if args.recipient not in policy.allowed_recipients:
+        allowed = ", ".join(policy.allowed_recipients) or "nobody"
+        raise ToolError(f"{args.recipient} may not be notified by this run; people you may address: {allowed}")
+    notification_id = derive_id("hn", ctx.run.run_id, str(ctx.turn), str(ctx.index))
+    await ctx.publish(
+        HumanNotifyRequested(
+            notification_id=notification_id,
+            run_id=ctx.run.run_id,
+            agent=ctx.run.agent,
+            title=ctx.run.title,
+            recipient=args.recipient,
+            message=args.message,
+            policy=policy,
+            turn=ctx.turn,
+        ),
+        (str(ctx.turn), str(ctx.index)),
+    )
+    return json.dumps({"status": "queued", "notification_id": notification_id})
+
+
+BUILTIN_TOOLS: tuple[Tool, ...] = (
+    Tool(
+        name=GET_INPUT,
+        description="The data this run was started with (what its trigger passes to the agent), as JSON.",
+        parameters=_NO_ARGUMENTS,
+        implementation=_get_input,
     ),
-    ASK_HUMAN: ToolSpec(
+    Tool(
         name=ASK_HUMAN,
         description="Ask a person a compact, self-contained question and wait (durably, at no cost) for the "
         "answer, which comes back as this tool's result. Name a person (user:<id>), never a channel.",
         parameters=AskHumanArgs.model_json_schema(),
     ),
-}
-
-
-def specs(allowed: list[str]) -> list[ToolSpec]:
-    return [_SPECS[name] for name in allowed if name in _SPECS]
-
-
-async def execute(name: str, arguments: dict[str, Any], run: RunRecord) -> str:
-    """Run a non-parking tool; raise :class:`ToolError` for a call the agent got wrong."""
-    if name == "get_pr_context":
-        return json.dumps(run.input, sort_keys=True)
-    raise ToolError(f"unknown tool {name!r}")
+    Tool(
+        name=NOTIFY,
+        description="Tell a person (user:<id>) something that needs no answer; the run does not wait.",
+        parameters=NotifyArgs.model_json_schema(),
+        implementation=_notify,
+    ),
+    Tool(
+        name="get_pr_context",
+        description="Deprecated: the same as get_input.",
+        parameters=_NO_ARGUMENTS,
+        implementation=_get_input,
+        exact_only=True,
+    ),
+)

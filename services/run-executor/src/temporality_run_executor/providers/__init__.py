@@ -1,4 +1,4 @@
-"""Agent providers: the deterministic scripted one (demos/tests) and OpenAI-compatible endpoints."""
+"""Agent providers: the scripted one (deterministic, for demos and tests) and OpenAI-compatible endpoints."""
 
 from temporality_run_executor.providers.base import (
     AssistantTurn,
@@ -6,9 +6,10 @@ from temporality_run_executor.providers.base import (
     Provider,
     ProviderError,
     ToolSpec,
+    TurnContext,
 )
 from temporality_run_executor.providers.openai import OpenAICompatible
-from temporality_run_executor.providers.scripted import ScriptedReviewer
+from temporality_run_executor.providers.scripted import ScriptedProvider
 
 __all__ = [
     "AssistantTurn",
@@ -16,6 +17,7 @@ __all__ = [
     "PermanentProviderError",
     "Provider",
     "ProviderError",
-    "ScriptedReviewer",
+    "ScriptedProvider",
     "ToolSpec",
+    "TurnContext",
 ]

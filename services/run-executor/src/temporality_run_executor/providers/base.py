@@ -9,13 +9,26 @@ from pydantic import BaseModel, Field
 
 from temporality_run_executor.records import Message, ToolCall, Usage
 
-__all__ = ["AssistantTurn", "PermanentProviderError", "Provider", "ProviderError", "ToolSpec"]
+__all__ = ["AssistantTurn", "PermanentProviderError", "Provider", "ProviderError", "ToolSpec", "TurnContext"]
 
 
 class ToolSpec(BaseModel):
     name: str
     description: str
     parameters: dict[str, Any]
+
+
+class TurnContext(BaseModel):
+    """What a provider may know of the run besides the conversation: the scripted provider templates from
+    it (``run.people``...); model providers ignore it (a model reads the prompt)."""
+
+    run_id: str
+    agent: str
+    title: str
+    #: Whom the run may ask (the trigger's ``allowed_recipients``).
+    people: list[str] = Field(default_factory=list)
+    #: The turn being computed (1 for the first).
+    turn: int
 
 
 class AssistantTurn(BaseModel):
@@ -37,9 +50,15 @@ class PermanentProviderError(ProviderError):
 class Provider(ABC):
     @abstractmethod
     async def complete(
-        self, messages: list[Message], tools: list[ToolSpec], *, budget_s: float | None = None
+        self,
+        messages: list[Message],
+        tools: list[ToolSpec],
+        *,
+        budget_s: float | None = None,
+        context: TurnContext | None = None,
     ) -> AssistantTurn:
-        """The next turn. ``budget_s``: the run's remaining compute budget, which bounds the retries."""
+        """The next turn. ``budget_s``: the run's remaining compute budget, which bounds the retries;
+        ``context``: the run's facts (see :class:`TurnContext`)."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections; most providers hold none."""

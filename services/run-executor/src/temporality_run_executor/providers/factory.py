@@ -7,7 +7,8 @@ import os
 from temporality_run_executor.agents import AgentCard
 from temporality_run_executor.providers.base import Provider
 from temporality_run_executor.providers.openai import OpenAICompatible
-from temporality_run_executor.providers.scripted import ScriptedReviewer
+from temporality_run_executor.providers.script import BUILTIN_SCRIPTS, Script, ScriptError, load_script
+from temporality_run_executor.providers.scripted import ScriptedProvider
 
 __all__ = ["ProviderCache", "ProviderConfigError"]
 
@@ -30,9 +31,7 @@ class ProviderCache:
     def _build(self, card: AgentCard) -> Provider:
         cfg = card.provider
         if cfg.kind == "scripted":
-            if cfg.script != "reviewer":
-                raise ProviderConfigError(f"agent {card.id}: unknown script {cfg.script!r} (known: reviewer)")
-            return ScriptedReviewer(think_s=self._think_s, crash_on=self._crash_on)
+            return ScriptedProvider(self._script(card), think_s=self._think_s, crash_on=self._crash_on)
         if not cfg.base_url or not cfg.model:
             raise ProviderConfigError(f"agent {card.id}: an openai provider needs base_url and model")
         api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
@@ -45,6 +44,24 @@ class ProviderCache:
             backoff_s=cfg.retry_backoff_s,
             backoff_max_s=cfg.retry_backoff_max_s,
         )
+
+    @staticmethod
+    def _script(card: AgentCard) -> Script:
+        cfg = card.provider
+        if isinstance(cfg.script, Script):
+            return cfg.script
+        try:
+            if cfg.script_file is not None:
+                return load_script(cfg.script_file)
+            path = BUILTIN_SCRIPTS / f"{cfg.script}.yaml"
+            if not path.is_file():
+                known = ", ".join(sorted(p.stem for p in BUILTIN_SCRIPTS.glob("*.yaml")))
+                raise ProviderConfigError(
+                    f"agent {card.id}: provider.script: no script named {cfg.script!r} (known: {known})"
+                )
+            return load_script(path)
+        except ScriptError as exc:
+            raise ProviderConfigError(f"agent {card.id}: provider script: {exc}") from exc
 
     def validate(self, cards: list[AgentCard]) -> None:
         """Fail at start-up, not at the first run, on a bad provider config."""

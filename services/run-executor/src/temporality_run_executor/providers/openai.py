@@ -30,6 +30,7 @@ from temporality_run_executor.providers.base import (
     Provider,
     ProviderError,
     ToolSpec,
+    TurnContext,
 )
 from temporality_run_executor.records import Message, ToolCall, Usage
 
@@ -95,7 +96,12 @@ class OpenAICompatible(Provider):
         self._clock = clock
 
     async def complete(
-        self, messages: list[Message], tools: list[ToolSpec], *, budget_s: float | None = None
+        self,
+        messages: list[Message],
+        tools: list[ToolSpec],
+        *,
+        budget_s: float | None = None,
+        context: TurnContext | None = None,
     ) -> AssistantTurn:
         body: dict[str, Any] = {"model": self._model, "messages": [_wire(m) for m in messages]}
         if tools:

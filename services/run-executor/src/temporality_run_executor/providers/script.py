@@ -1,0 +1,225 @@
+"""Declarative scripts for the scripted provider (deterministic, for demos and tests).
+
+A script is YAML: ``vars`` (named values, computed every turn) and ``steps``; each step is one turn of
+the agent -- call a tool, or answer (the final text, which completes the run)::
+
+    vars:
+      pr: "{{ results.read }}"
+    steps:
+      - id: read
+        call: {tool: get_input}
+      - id: ask
+        when: "length(run.people) > `0`"
+        say: I need a decision.
+        call:
+          tool: ask_human
+          args: {recipient: "{{ run.people[0] }}", question: "Merge PR #{{ vars.pr.id }}?"}
+      - id: done
+        answer:
+          switch: "results.ask.answer.option_id || 'none'"
+          cases: {merge: "Merged."}
+          default: "Not merged."
+
+Expressions are JMESPath (``when``, ``switch``, and inside ``{{ }}`` in any string of ``say``, ``args``,
+``answer`` and ``vars``), evaluated over the **scope**:
+
+``results.<step id>``  what that step's tool call returned (JSON parsed; a string if it is not JSON;
+                       ``null`` while the step has not run). An ``ask_human`` result is the person's
+                       outcome: ``status`` (``answered``/``expired``/``rejected``), ``answer``
+                       (``{type: option, option_id, label}`` or ``{type: text, value}``), ``responder``,
+                       ``error``.
+``vars.<name>``        the script's ``vars``, in order (a var sees the ones above it).
+``run``                ``run_id``, ``agent``, ``title``, ``people`` (whom the run may ask), ``turn``.
+``tools``              the names of the tools the card offers.
+
+A string that is exactly one ``{{ expr }}`` takes the expression's value (a list, an object, a
+number); otherwise each ``{{ expr }}`` is replaced by its text (``null``: empty; lists and objects as
+JSON). Besides JMESPath's functions there is ``matches(pattern, text)``: the distinct matches of the
+regular expression ``pattern`` in ``text``, lower-cased and sorted (``[]`` for ``null`` text).
+
+Which step runs next is read from the conversation alone (each call's id is ``call-<step id>``): the
+first step after the last one that ran whose ``when`` holds (no ``when``: always). So the provider keeps
+no state and resumes correctly from any checkpoint. A script must end with an ``answer`` step without
+``when``, so it always ends. Every expression is compiled when the card is loaded: a bad one stops the
+executor at start (exit 2) naming the step and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import jmespath
+import yaml
+from jmespath import functions as jp_functions
+from jmespath.exceptions import JMESPathError
+from jmespath.parser import ParsedResult
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "BUILTIN_SCRIPTS",
+    "CALL_PREFIX",
+    "Script",
+    "ScriptAnswer",
+    "ScriptCall",
+    "ScriptError",
+    "ScriptStep",
+    "evaluate",
+    "load_script",
+    "render",
+]
+
+#: Every scripted tool call's id is ``call-<step id>``: the conversation says which steps ran.
+CALL_PREFIX = "call-"
+_TEMPLATE = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
+_WHOLE = re.compile(r"^\s*\{\{(.*?)\}\}\s*$", re.DOTALL)
+#: Named scripts shipped with the executor (``provider: {kind: scripted, script: <name>}``).
+BUILTIN_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+class ScriptError(Exception):
+    """A script cannot be loaded, or an expression failed while it ran."""
+
+
+class _Functions(jp_functions.Functions):
+    @jp_functions.signature({"types": ["string"]}, {"types": ["string", "null"]})
+    def _func_matches(self, pattern: str, text: str | None) -> list[str]:
+        if text is None:
+            return []
+        return sorted({m.group(0).lower() for m in re.finditer(pattern, text)})
+
+
+_OPTIONS = jmespath.Options(custom_functions=_Functions())
+
+
+def _compile(expression: str, where: str) -> ParsedResult:
+    try:
+        return jmespath.compile(expression.strip())
+    except JMESPathError as exc:
+        raise ValueError(f"{where}: not a JMESPath expression ({expression.strip()!r}): {exc}") from exc
+
+
+def _check_templates(value: Any, where: str) -> None:
+    """Compile every ``{{ }}`` in ``value`` (strings, lists, objects), so a typo fails at load."""
+    if isinstance(value, str):
+        for match in _TEMPLATE.finditer(value):
+            _compile(match.group(1), where)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_templates(item, f"{where}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_templates(item, f"{where}.{key}")
+
+
+def evaluate(expression: str, scope: dict[str, Any], where: str) -> Any:
+    """The JMESPath ``expression`` over ``scope``; :class:`ScriptError` naming ``where`` when it fails."""
+    try:
+        return _compile(expression, where).search(scope, options=_OPTIONS)
+    except JMESPathError as exc:
+        raise ScriptError(f"{where}: {expression.strip()!r} failed: {exc}") from exc
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    return json.dumps(value, sort_keys=True)
+
+
+def render(value: Any, scope: dict[str, Any], where: str) -> Any:
+    """``value`` with every ``{{ expr }}`` evaluated over ``scope`` (see the module docstring)."""
+    if isinstance(value, str):
+        whole = _WHOLE.match(value)
+        if whole and "{{" not in whole.group(1):
+            return evaluate(whole.group(1), scope, where)
+        return _TEMPLATE.sub(lambda m: _text(evaluate(m.group(1), scope, where)), value)
+    if isinstance(value, list):
+        return [render(item, scope, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        return {key: render(item, scope, f"{where}.{key}") for key, item in value.items()}
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScriptCall(_Strict):
+    tool: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    #: The call's arguments; any string in them may hold ``{{ }}`` templates.
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptAnswer(_Strict):
+    """The final text chosen by a value: ``cases[<value of switch>]``, else ``default``. (Not ``on``: YAML
+    1.1 reads that key as ``true``.)"""
+
+    switch: str
+    cases: dict[str, str] = Field(default_factory=dict)
+    default: str
+
+
+class ScriptStep(_Strict):
+    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,40}$")]
+    #: JMESPath: the step runs only when this is truthy (unset: always).
+    when: str | None = None
+    #: With ``call``: the assistant's text alongside the call.
+    say: str | None = None
+    call: ScriptCall | None = None
+    #: The final text (a template), or one chosen by a value.
+    answer: str | ScriptAnswer | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> ScriptStep:
+        where = f"step {self.id}"
+        if (self.call is None) == (self.answer is None):
+            raise ValueError(f"{where}: exactly one of call or answer")
+        if self.say is not None and self.call is None:
+            raise ValueError(f"{where}: say goes with a call (an answer is its own text)")
+        if self.when is not None:
+            _compile(self.when, f"{where}.when")
+        _check_templates(self.say, f"{where}.say")
+        if self.call is not None:
+            _check_templates(self.call.args, f"{where}.call.args")
+        if isinstance(self.answer, ScriptAnswer):
+            _compile(self.answer.switch, f"{where}.answer.switch")
+            _check_templates(self.answer.cases, f"{where}.answer.cases")
+            _check_templates(self.answer.default, f"{where}.answer.default")
+        else:
+            _check_templates(self.answer, f"{where}.answer")
+        return self
+
+
+class Script(_Strict):
+    #: Named values computed every turn, in order: templates (``"{{ results.read }}"``).
+    vars: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Any] = Field(default_factory=dict)
+    steps: Annotated[list[ScriptStep], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _whole(self) -> Script:
+        ids = [s.id for s in self.steps]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"step ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
+        last = self.steps[-1]
+        if last.answer is None or last.when is not None:
+            raise ValueError(f"the last step ({last.id}) must be an answer without when, so the script always ends")
+        for name, value in self.vars.items():
+            _check_templates(value, f"vars.{name}")
+        return self
+
+    def step_index(self, step_id: str) -> int | None:
+        return next((i for i, s in enumerate(self.steps) if s.id == step_id), None)
+
+
+def load_script(path: Path) -> Script:
+    """A script from a YAML file (its top level is the script: ``vars`` and ``steps``)."""
+    try:
+        return Script.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        raise ScriptError(f"{path}: {exc}") from exc

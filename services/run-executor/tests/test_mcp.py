@@ -1,0 +1,175 @@
+"""MCP tools end to end: a real MCP server (the SDK's MCPServer, ``mcp_notes_server.py``) over stdio, its
+tools listed into the registry with their schemas, filtered by the card's policy, called by a scripted
+run (deterministic) in the card's sandbox (working directory, environment pass-through, network off)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from executor_support import REVIEWER, RunExecutor, run_requested
+
+from temporality_bus import Bus, NatsSettings
+from temporality_protocol import ToolFailed
+from temporality_run_executor.__main__ import SPEC, configure
+from temporality_run_executor.agents import AgentCard, McpServer, ProviderConfig, Sandbox
+from temporality_run_executor.mcp_servers import McpClient, McpToolFailed, list_card_tools
+from temporality_run_executor.providers.script import Script
+from temporality_run_executor.settings import Settings
+from temporality_run_executor.tools import ToolPolicy
+from temporality_service import ConfigError, run_until
+from temporality_testing.events import EventLog
+
+SERVER = McpServer(name="notes", command=sys.executable, args=[str(Path(__file__).with_name("mcp_notes_server.py"))])
+SCRIPT = Script.model_validate(
+    {
+        "steps": [
+            {"id": "who", "call": {"tool": "notes__whoami"}},
+            {"id": "read", "call": {"tool": "notes__read_note", "args": {"name": "note.txt"}}},
+            {"id": "boom", "call": {"tool": "notes__boom"}},
+            {
+                "id": "done",
+                "answer": "note={{ results.read.result }} cwd={{ results.who.cwd }} secret={{ results.who.secret }} "
+                "other={{ results.who.other }} boom={{ results.boom.error }}",
+            },
+        ]
+    }
+)
+
+
+def _card(sandbox: Sandbox) -> AgentCard:
+    return REVIEWER.model_copy(
+        update={
+            "provider": ProviderConfig(kind="scripted", script=SCRIPT),
+            "tools": ToolPolicy(allow=["get_input", "notes__*"], deny=["notes__can_connect"]),
+            "mcp_servers": [SERVER],
+            "sandbox": sandbox,
+        }
+    )
+
+
+async def test_a_scripted_run_calls_mcp_tools_in_the_card_s_sandbox(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "note.txt").write_text("ship on Friday", encoding="utf-8")
+    monkeypatch.setenv("NOTES_SECRET", "passed-through")
+    monkeypatch.setenv("NOTES_OTHER", "not-passed")
+    card = _card(Sandbox(working_dir=tmp_path, env=["NOTES_SECRET"]))
+    listed = await list_card_tools(card)
+    assert sorted(t.name for t in listed) == ["notes__boom", "notes__can_connect", "notes__read_note", "notes__whoami"]
+    engine = await executor(cards=[card], card_tools={card.id: listed})
+    offered = {t.name: t for t in engine.registry(card).offered(card.tools)}
+    assert sorted(offered) == ["get_input", "notes__boom", "notes__read_note", "notes__whoami"]  # deny applied
+    read_note = offered["notes__read_note"]
+    assert read_note.parameters["required"] == ["name"]  # the server's own schema
+    assert read_note.argument_problem({}) is not None  # ... which is enforced before the server is called
+
+    event = run_requested()
+    await bus.publish(event)
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=120)
+    result = completed.data["result"]
+    assert "note=ship on Friday" in result
+    assert f"cwd={tmp_path}" in result
+    assert "secret=passed-through" in result
+    assert "other= " in result  # not in the pass-through list: not in the server's environment
+    assert "boom=the tool 'notes__boom' failed: McpToolFailed: notes: boom:" in result
+    (failed,) = await event_log.wait_for("tool.failed", run_id=event.runid)
+    data = failed.payload(ToolFailed)
+    assert (data.tool, data.turn, data.call_id) == ("notes__boom", 3, "call-boom")
+    assert "the notes disk is gone" in data.error or "Error executing tool boom" in data.error
+    await event_log.caught_up()
+    tools_called = [e.data["tool"] for e in event_log.of_type("run.tool_called", event.runid)]
+    assert tools_called == ["notes__whoami", "notes__read_note", "notes__boom"]
+
+
+@pytest.fixture
+async def listener() -> AsyncIterator[int]:
+    """A TCP listener on 127.0.0.1 (its port)."""
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_network_off_means_the_server_cannot_connect(listener: int) -> None:
+    online = json.loads(await McpClient(SERVER, Sandbox()).call("can_connect", {"port": listener}))
+    assert online == {"ok": True}
+    offline = json.loads(await McpClient(SERVER, Sandbox(network=False)).call("can_connect", {"port": listener}))
+    assert offline["ok"] is False
+    assert "unreachable" in offline["error"].lower()
+
+
+async def test_a_server_that_cannot_start_fails_listing_naming_the_agent_and_server() -> None:
+    broken = SERVER.model_copy(update={"args": ["-c", "import sys; sys.exit(3)"]})
+    card = _card(Sandbox()).model_copy(update={"mcp_servers": [broken], "id": "lost"})
+    with pytest.raises(McpToolFailed, match=r"agent lost: mcp_servers notes: could not list its tools"):
+        await list_card_tools(card)
+
+
+def _agents_file(tmp_path: Path, args: list[str]) -> Path:
+    (tmp_path / "work").mkdir(exist_ok=True)
+    (tmp_path / "work" / "note.txt").write_text("from the service", encoding="utf-8")
+    cards = {
+        "agents": [
+            {
+                "id": "reviewer",
+                "role": "Note reader",
+                "system_prompt": "Read the note.",
+                "tools": {"allow": ["notes__read_note"]},
+                "mcp_servers": [{"name": "notes", "command": sys.executable, "args": args}],
+                "sandbox": {"working_dir": "work"},
+                "provider": {
+                    "kind": "scripted",
+                    "script": {
+                        "steps": [
+                            {"id": "read", "call": {"tool": "notes__read_note", "args": {"name": "note.txt"}}},
+                            {"id": "done", "answer": "{{ results.read.result }}"},
+                        ]
+                    },
+                },
+            }
+        ]
+    }
+    path = tmp_path / "agents.yaml"
+    path.write_text(json.dumps(cards), encoding="utf-8")  # JSON is YAML
+    return path
+
+
+async def test_the_service_lists_its_cards_mcp_tools_at_start_and_runs_them(
+    bus: Bus, event_log: EventLog, nats_settings: NatsSettings, tmp_path: Path
+) -> None:
+    settings = Settings(nats=nats_settings, agents_file=_agents_file(tmp_path, SERVER.args))
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run_until(SPEC, settings, configure(settings), stop, ready=ready))
+    try:
+        ready_wait = asyncio.create_task(ready.wait())
+        done, _ = await asyncio.wait([task, ready_wait], timeout=60, return_when="FIRST_COMPLETED")
+        ready_wait.cancel()
+        if task in done:
+            task.result()
+        assert ready.is_set(), "run-executor not ready within 60 s"
+        event = run_requested()
+        await bus.publish(event)
+        (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=120)
+        assert completed.data["result"] == "from the service"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def test_the_service_refuses_to_start_when_a_server_lists_nothing(
+    nats_settings: NatsSettings, tmp_path: Path
+) -> None:
+    settings = Settings(nats=nats_settings, agents_file=_agents_file(tmp_path, ["-c", "raise SystemExit(3)"]))
+    with pytest.raises(ConfigError, match=r"agent reviewer: mcp_servers notes: could not list its tools"):
+        await asyncio.wait_for(run_until(SPEC, settings, configure(settings), asyncio.Event()), 60)

@@ -3,13 +3,11 @@ consumers, and an API client over ASGI."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
-from human_support import USERS_FILE
+from human_support import USERS_FILE, running
 
 from temporality_bus import Bus, Consumer
 from temporality_human_interaction.api import create_app
@@ -19,6 +17,7 @@ from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.settings import Settings
 from temporality_protocol.catalog import CONSUMERS
+from temporality_testing.synapse import MatrixAccount, Synapse, synapse_available
 
 
 @pytest.fixture
@@ -35,18 +34,6 @@ async def adapters() -> AsyncIterator[dict[str, ChannelAdapter]]:
 @pytest.fixture
 def handler(bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]) -> RequestHandler:
     return RequestHandler(bus, directory, adapters)
-
-
-@asynccontextmanager
-async def running(*consumers: Consumer) -> AsyncIterator[None]:
-    """Run ``consumers`` until the block ends, then stop them (bounded)."""
-    stop = asyncio.Event()
-    tasks = [asyncio.create_task(c.run(stop)) for c in consumers]
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 10)
 
 
 def deadlines_consumer(bus: Bus) -> Consumer:
@@ -80,3 +67,18 @@ async def client(settings: Settings, bus: Bus, directory: Directory) -> AsyncIte
     app = create_app(settings, bus, directory)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://human.test") as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def synapse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synapse]:
+    """A real Synapse homeserver for the whole test session (skipped, visibly, if it is not installed)."""
+    if not synapse_available():
+        pytest.skip("matrix-synapse is not installed: the Matrix tests need a real homeserver")
+    with Synapse(tmp_path_factory.mktemp("synapse")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def matrix_accounts(synapse: Synapse) -> dict[str, MatrixAccount]:
+    """The bot and the people of the Matrix tests, registered once per session."""
+    return {name: synapse.register(name, f"{name}-password-1") for name in ("bot", "alice", "mallory", "bob")}

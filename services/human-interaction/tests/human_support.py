@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 
-from temporality_bus import Bus
+from temporality_bus import Bus, Consumer
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_protocol import (
     Envelope,
@@ -162,3 +163,15 @@ async def wait_for_record(
                         return record
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]
+
+
+@asynccontextmanager
+async def running(*consumers: Consumer) -> AsyncIterator[None]:
+    """Run ``consumers`` until the block ends, then stop them (bounded)."""
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(c.run(stop)) for c in consumers]
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)

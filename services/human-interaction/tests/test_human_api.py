@@ -148,11 +148,18 @@ async def test_second_answer_is_409_and_only_one_answered_event(
     request_id = await _ask(handler)
     first = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
     assert first.status_code == 200
-    for body in ({"option_id": "drop-v1"}, {"option_id": "keep-v1"}, {"text": "changed my mind"}):
+    assert first.json()["already_recorded"] is False
+    await wait_for_record(bus, request_id, lambda r: r.answer_published)
+    for body in ({"option_id": "drop-v1"}, {"text": "changed my mind"}):
         again = await client.post(_answer_url(request_id), json=body, headers=ALICE)
         assert again.status_code == 409
         assert again.json()["error"] == "already_answered"
         assert "user:alice" in again.json()["detail"]
+    # The identical answer from the same person, after it was announced: idempotent 200, "already recorded".
+    same = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
+    assert same.status_code == 200, same.text
+    assert same.json()["already_recorded"] is True
+    assert same.json()["answer"]["option_id"] == "keep-v1"
     await exactly(bus, "human.answered", 1)
 
 
@@ -165,10 +172,8 @@ async def test_racing_answers_one_wins(
 ) -> None:
     """Of two racing answers exactly one is bound and announced once.
 
-    Different answers: one 200, one 409. The *identical* answer twice from the same person is idempotent:
-    the second may land after the first is bound but before it is marked published, when the service
-    takes it as a repost (the repair of a lost publish, see ``answers._is_repost``) and answers 200 with
-    the same bound answer; or after, when it answers 409. Either way: one bound answer, one event.
+    Different answers: one 200, one 409. The *identical* answer twice from the same person is idempotent
+    whatever the timing: both 200, one of them ``already_recorded``. Either way: one bound answer, one event.
     """
     request_id = await _ask(handler)
     responses = await asyncio.gather(
@@ -179,7 +184,8 @@ async def test_racing_answers_one_wins(
     if first != second:
         assert statuses == [200, 409], [r.text for r in responses]
     else:
-        assert statuses in ([200, 200], [200, 409]), [r.text for r in responses]
+        assert statuses == [200, 200], [r.text for r in responses]
+        assert sorted(r.json()["already_recorded"] for r in responses) == [False, True]
     for refused in (r for r in responses if r.status_code != 200):
         assert refused.status_code == 409, refused.text
         assert refused.json()["error"] == "already_answered"
@@ -275,8 +281,11 @@ async def test_lost_publish_is_repaired_by_the_same_answer(
     record = await stored(bus, request_id)
     assert record is not None
     assert record.answer_published
+    assert repaired.json()["already_recorded"] is True
     again = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
-    assert again.status_code == 409
+    assert again.status_code == 200
+    assert again.json()["already_recorded"] is True
+    assert (await client.post(_answer_url(request_id), json={"option_id": "drop-v1"}, headers=ALICE)).status_code == 409
     await exactly(bus, "human.answered", 1)
 
 
@@ -302,8 +311,9 @@ async def test_lost_publish_is_repaired_by_a_different_second_answer_which_is_st
     assert record.answer is not None
     assert record.answer.model_dump()["option_id"] == "keep-v1"
 
-    for body in ({"text": "no, really"}, {"option_id": "keep-v1"}):
-        assert (await client.post(_answer_url(request_id), json=body, headers=ALICE)).status_code == 409
+    assert (await client.post(_answer_url(request_id), json={"text": "no, really"}, headers=ALICE)).status_code == 409
+    same = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
+    assert (same.status_code, same.json()["already_recorded"]) == (200, True)
     await exactly(bus, "human.answered", 1)
 
 

@@ -28,7 +28,10 @@ async def test_request_is_persisted_then_notified_through_the_web_fallback(bus: 
     request_id = event.data["request_id"]
     assert payload.request_id == request_id
     assert payload.channel == "web"
-    assert payload.fallback_from == "matrix"  # alice prefers Matrix, which has no adapter yet
+    assert payload.fallback_from == "matrix"  # alice prefers Matrix, whose adapter is not configured here
+    assert [(a.channel, a.error) for a in payload.failed_attempts] == [
+        ("matrix", "no matrix adapter runs in this deployment")
+    ]  # every attempt is journaled
     assert notified.id == derive_id("evt", request_id, "notified")
     assert notified.source == "/temporality/human-interaction"
     assert notified.runid == event.runid

@@ -12,8 +12,14 @@ JetStream and the journal keep one copy) and marks it published:
 * the repair timer (``…schedule.human.<id>.repair``, ``repair_after_s`` after the answer), handled
   by :class:`~temporality_human_interaction.deadlines.DeadlineHandler`;
 * the request's deadline timer, when it fires on an answered but unannounced request;
-* any later POST: the same responder sending the identical answer gets 200, any other answer gets
-  409 ``already_answered`` (saying by whom and when) after the stored answer is republished.
+* any later answer to the request (any channel), after the stored answer is checked.
+
+One documented behaviour for a repeated answer, whatever its timing (before or after the first one
+was announced, racing it or long after): the **same responder sending the identical answer** gets the
+bound record back, marked ``already_recorded`` (HTTP 200 ``{"already_recorded": true, ...}``; a chat
+adapter says "already recorded"), and nothing new is bound or published (an unannounced answer is
+announced); **any other answer** (another value, or another person) is refused: 409
+``already_answered`` saying by whom and when (403 ``not_recipient`` for someone who may not answer).
 
 No second answer ever produces a second ``human.answered``.
 
@@ -52,6 +58,7 @@ __all__ = [
     "RequestNotFound",
     "announce_answer",
     "bind_answer",
+    "bind_answer_outcome",
     "check_recipient",
     "interpret",
     "refusal_for",
@@ -155,8 +162,8 @@ def unannounced(record: HumanRequestRecord) -> bool:
 
 
 def _is_repost(record: HumanRequestRecord, responder: str, submission: AnswerSubmission) -> bool:
-    """The same responder sends the identical answer to a bound but unannounced request."""
-    if record.status is not HumanRequestState.ANSWERED or record.answer_published or record.responder != responder:
+    """The same responder sends the identical answer to an answered request (announced or not)."""
+    if record.status is not HumanRequestState.ANSWERED or record.responder != responder:
         return False
     try:
         return interpret(record, submission) == record.answer
@@ -178,6 +185,29 @@ async def bind_answer(
 
     Raises :class:`AnswerRefused` subclasses; bus failures propagate (the API answers 503).
     """
+    record, _ = await bind_answer_outcome(
+        bus,
+        request_id=request_id,
+        responder=responder,
+        submission=submission,
+        channel=channel,
+        clock=clock,
+        repair_after_s=repair_after_s,
+    )
+    return record
+
+
+async def bind_answer_outcome(
+    bus: Bus,
+    *,
+    request_id: str,
+    responder: str,
+    submission: AnswerSubmission,
+    channel: str,
+    clock: Callable[[], datetime] | None = None,
+    repair_after_s: float = DEFAULT_REPAIR_AFTER_S,
+) -> tuple[HumanRequestRecord, bool]:
+    """:func:`bind_answer`, also saying whether the answer was already recorded (an identical repeat)."""
     store = await open_store(bus)
     try:
         record, fresh = await _bind(store, request_id, responder, submission, channel, clock or _utcnow)
@@ -191,7 +221,12 @@ async def bind_answer(
     with structlog.contextvars.bound_contextvars(request_id=request_id, run_id=record.run_id):
         if fresh:
             await _arm_repair(bus, record, repair_after_s)
-        return await announce_answer(bus, record, store=store)
+        elif record.answer_published:
+            log.info("answer.already_recorded", responder=responder)
+            return record, True
+        else:
+            log.info("answer.republishing", trigger="same_answer")
+        return await announce_answer(bus, record, store=store), not fresh
 
 
 async def announce_answer(
@@ -231,21 +266,18 @@ async def _bind(
     channel: str,
     clock: Callable[[], datetime],
 ) -> tuple[HumanRequestRecord, bool]:
-    """The answered record, and whether this call bound it (False: a repost of an unannounced answer).
+    """The answered record, and whether this call bound it (False: the identical answer was already bound).
 
     One :meth:`~temporality_bus.Store.modify`: of two racing answers one compare-and-set wins; the
-    other's ``bind`` runs again on the winner's record and refuses it (never as a repost: a POST that
-    lost a race is refused outright, so exactly one of two racing answers succeeds).
+    other's ``bind`` runs again on the winner's record: an identical answer from the same responder is
+    then a repeat (already recorded), anything else is refused.
     """
-    attempts = 0
     repost = False
 
     def bind(record: HumanRequestRecord) -> HumanRequestRecord | None:
-        nonlocal attempts, repost
-        attempts += 1
-        lost_race = attempts > 1  # modify calls bind again only after a lost compare-and-set
+        nonlocal repost
         check_recipient(record, responder)
-        if not lost_race and _is_repost(record, responder, submission):
+        if _is_repost(record, responder, submission):
             repost = True
             return None
         if not record.pending:
@@ -263,9 +295,7 @@ async def _bind(
         result = await store.modify(request_id, bind)
     except NotFound:
         raise RequestNotFound(f"there is no request {request_id}") from None
-    if repost:
-        log.info("answer.republishing", request_id=request_id, trigger="same_answer")
-    return result.value, result.changed
+    return result.value, result.changed and not repost
 
 
 async def _mark_published(store: RequestStore, request_id: str) -> HumanRequestRecord:

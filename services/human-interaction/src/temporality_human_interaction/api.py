@@ -11,6 +11,11 @@ time (or refuses) is a 503, never a hung request.
 ``GET /requests/{request_id}``             one request (only its recipient may read it)
 ``POST /requests/{request_id}/answer``     ``{"option_id": ...}`` or ``{"text": ...}``
 =========================================  ==================================================
+
+Answering: 200 with the request; the identical answer again from the same person is also 200, with
+``"already_recorded": true`` (whenever it arrives); anything else on an answered request is 409
+``already_answered``; 403 ``not_recipient``, 404 ``unknown_request``, 409 ``expired`` / ``cancelled``,
+422 ``invalid_answer``.
 """
 
 from __future__ import annotations
@@ -27,13 +32,10 @@ from fastapi import Depends, FastAPI, Header, Request
 from pydantic import BaseModel, ValidationError
 
 from temporality_bus import Bus, TransientError
-from temporality_human_interaction.answers import (
-    AnswerSubmission,
-    RequestNotFound,
-    bind_answer,
-    check_recipient,
-)
-from temporality_human_interaction.directory import Directory, recipient_for
+from temporality_human_interaction.answers import AnswerSubmission, RequestNotFound, check_recipient
+from temporality_human_interaction.channels import AnswerSink, InboundAnswer
+from temporality_human_interaction.directory import Directory, recipient_for, user_id_of
+from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.records import HumanRequestRecord, is_request_id, list_pending, open_store
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState
@@ -81,10 +83,13 @@ class RequestView(InboxItem):
     answer: HumanAnswer | None
     responder: str | None
     answered_at: datetime | None
+    #: True when this POST repeated the answer the same person had already given (idempotent 200).
+    already_recorded: bool = False
 
     @classmethod
-    def of(cls, record: HumanRequestRecord, now: datetime) -> RequestView:
+    def of(cls, record: HumanRequestRecord, now: datetime, *, already_recorded: bool = False) -> RequestView:
         return cls(
+            already_recorded=already_recorded,
             **_common(record, now),
             agent=record.agent,
             recipient=record.recipient,
@@ -137,8 +142,14 @@ async def _caller(request: Request, authorization: Annotated[str | None, Header(
 Caller = Annotated[str, Depends(_caller)]
 
 
-def create_app(settings: Settings, bus: Bus, directory: Directory) -> FastAPI:
-    """The API over an already-connected ``bus`` (the caller owns its lifetime)."""
+def create_app(settings: Settings, bus: Bus, directory: Directory, inbound: AnswerSink | None = None) -> FastAPI:
+    """The API over an already-connected ``bus`` (the caller owns its lifetime).
+
+    Answers go to ``inbound``, the same channel-neutral binding every chat adapter uses (the service
+    passes its :class:`~temporality_human_interaction.inbound.AnswerRouter`, which also edits the
+    question's copies on the other channels); without one, a router with no chat adapters.
+    """
+    sink: AnswerSink = inbound or AnswerRouter(bus, directory, repair_after_s=settings.answer_repair_after_s)
     app = FastAPI(
         title="Temporality human-interaction",
         version="0.1.0",
@@ -187,16 +198,14 @@ def create_app(settings: Settings, bus: Bus, directory: Directory) -> FastAPI:
             submission = AnswerSubmission.model_validate(parsed)
         except ValidationError as exc:
             raise Unprocessable(summarize_errors(exc.errors()), code="invalid_answer") from exc
+        user_id = user_id_of(user)
+        assert user_id is not None  # _caller returns recipient_for(<a directory user id>)
         async with bus_call("binding the answer"):
-            record = await bind_answer(
-                bus,
-                request_id=request_id,
-                responder=user,
-                submission=submission,
-                channel=WEB_CHANNEL,
-                repair_after_s=settings.answer_repair_after_s,
-            )
-        return RequestView.of(record, datetime.now(UTC))
+            result = await sink(InboundAnswer(WEB_CHANNEL, request_id, user_id, submission))
+        if result.refused is not None:
+            raise result.refused
+        assert result.record is not None
+        return RequestView.of(result.record, datetime.now(UTC), already_recorded=result.already_recorded)
 
     return app
 

@@ -7,6 +7,7 @@ the record alone, never on which timer fired:
 
 * **pending, ``expires_at`` passed**: CAS to ``expired`` first; ``human.expired`` is published after
   it and ``expiry_published`` records that, so a crash in between is repaired by the redelivery.
+  Then every sent copy of the question is edited to say it expired (``on_outcome``, best effort).
 * **pending, before ``expires_at``** (a timer fired early): nothing expires; the deadline is armed
   again at ``expires_at`` so the request still expires on time.
 * **answered, ``answer_published`` false** (the publish after the answer's CAS was lost): the stored
@@ -16,7 +17,7 @@ the record alone, never on which timer fired:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
@@ -52,9 +53,17 @@ class DeadlinePayload(BaseModel):
 class DeadlineHandler:
     """The timers' handler; :meth:`handle` is the consumer's raw handler."""
 
-    def __init__(self, bus: Bus, *, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        on_outcome: Callable[[HumanRequestRecord], Awaitable[None]] | None = None,
+    ) -> None:
         self._bus = bus
         self._clock = clock or _utcnow
+        #: Shows an expiry on the question's sent copies (``AnswerRouter.show_outcome``); best effort.
+        self._on_outcome = on_outcome
 
     async def handle(self, data: bytes, delivery: Delivery | None = None) -> None:
         try:
@@ -80,6 +89,8 @@ class DeadlineHandler:
             await self._bus.publish(expired_event(record, now=record.expires_at))
             await self._mark_published(store, payload.request_id)
             log.info("request.expired", action=record.policy.on_timeout.action, run_id=record.run_id)
+            if self._on_outcome is not None:
+                await self._on_outcome(record)
 
     async def _expire(self, store: RequestStore, key: str) -> HumanRequestRecord:
         """Move a pending request past its ``expires_at`` to ``expired``; return the record as it now stands."""

@@ -168,6 +168,23 @@ class Directory:
     def get(self, user_id: str) -> UserProfile | None:
         return self._users.get(user_id)
 
+    def user_for_identity(self, channel: str, identity: str) -> str | None:
+        """The user behind a channel identity (who pressed, reacted or replied), or None if nobody is.
+
+        ``matrix``: the Matrix user id; ``telegram``: the Telegram user id (equal to the private chat id
+        in the profile); ``web``: the user id itself (the API authenticated it by inbox token).
+        """
+        if channel == "web":
+            return identity if identity in self._users else None
+        for user_id, profile in self._users.items():
+            if channel == "matrix" and profile.channels.matrix is not None:
+                if profile.channels.matrix.user_id == identity:
+                    return user_id
+            elif channel == "telegram" and profile.channels.telegram is not None:
+                if str(profile.channels.telegram.chat_id) == identity:
+                    return user_id
+        return None
+
     def user_for_token(self, token: str) -> str | None:
         """The user whose inbox token this is, or None. Compares against every token in constant time."""
         found: str | None = None

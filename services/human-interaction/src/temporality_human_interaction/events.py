@@ -69,6 +69,7 @@ def notified_event(record: HumanRequestRecord, *, channel: str, fallback_from: s
             recipient=record.recipient,
             channel=channel,
             fallback_from=fallback_from,
+            failed_attempts=list(record.failed_deliveries),
         ),
         source=SOURCE,
         id=derive_id("evt", record.request_id, "notified"),

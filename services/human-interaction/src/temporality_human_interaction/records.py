@@ -23,8 +23,17 @@ from temporality_protocol import (
     HumanRequestState,
 )
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
+from temporality_protocol.events import DeliveryAttempt
 
-__all__ = ["REQUEST_ID_PATTERN", "HumanRequestRecord", "RequestStore", "is_request_id", "list_pending", "open_store"]
+__all__ = [
+    "REQUEST_ID_PATTERN",
+    "HumanRequestRecord",
+    "RequestStore",
+    "SentCopy",
+    "is_request_id",
+    "list_pending",
+    "open_store",
+]
 
 #: Request ids become a KV key and a subject token: keep them to a safe alphabet (ours are ``hr-<24 hex>``).
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
@@ -34,6 +43,21 @@ _REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 def is_request_id(value: str) -> bool:
     """Whether ``value`` can be a request id (and so a KV key and a subject token)."""
     return _REQUEST_ID.fullmatch(value) is not None
+
+
+class SentCopy(BaseModel):
+    """One copy of the question a transport carried: what it needs to edit that message later.
+
+    ``reference`` is the transport's message id (Telegram ``message_id``, Matrix event id, the request
+    id for the web inbox); ``address`` where it lives (Telegram chat id, Matrix room id).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    channel: str
+    reference: str
+    address: str | None = None
+    sent_at: datetime
 
 
 class HumanRequestRecord(BaseModel):
@@ -66,6 +90,15 @@ class HumanRequestRecord(BaseModel):
     requested_event_id: str | None = None
     #: The saga the run belongs to (the incoming event's ``correlationid``).
     correlation_id: str | None = None
+    #: Every message that carries this question, one per channel it went out on (HUM-3): an answer on any
+    #: of them binds, and once the request is settled each is edited to show the outcome.
+    deliveries: list[SentCopy] = Field(default_factory=list)
+    #: The channels tried before the one that carried it, and why each failed (``human.notified.failed_attempts``).
+    failed_deliveries: list[DeliveryAttempt] = Field(default_factory=list)
+
+    def copy_on(self, channel: str) -> SentCopy | None:
+        """The copy ``channel`` carried, if it carried one."""
+        return next((c for c in self.deliveries if c.channel == channel), None)
 
     @classmethod
     def from_requested(cls, event: Envelope, payload: HumanRequested) -> HumanRequestRecord:

@@ -9,29 +9,42 @@ the I/O in an order where every step is idempotent under redelivery:
    otherwise ``human.rejected`` (deterministic id) and nothing is stored.
 2. Persist the record first (create-if-absent; on redelivery continue with the stored one), so an
    answer arriving before the notification is never lost.
+   Index it under its run (``runs.index_request``); if the run already ended, cancel it here.
 3. Arm the deadline as a JetStream message schedule (deterministic ``Nats-Msg-Id``: a repeat is
    deduplicated, and the deadline handler ignores a request that is no longer pending) *before*
    delivering: a request whose delivery keeps failing (and is finally dead-lettered) still expires
    with its timeout policy (HUM-8) instead of leaving its run waiting forever.
-4. Resolve the channel (preferred if its adapter is available, else the fallback order, HUM-2),
-   deliver through the adapter, record the channel (compare-and-set).
-5. Publish ``human.notified`` (deterministic id).
+4. Deliver along the profile (HUM-2): the preferred channel first, then the fallback order; a channel
+   whose adapter does not run here, is down, has no identity for the person or refuses the delivery
+   is skipped for the next. Record the channel, the sent copy (what the transport needs to edit it and
+   bind replies) and the failed attempts in one compare-and-set.
+5. Publish ``human.notified`` (deterministic id) with ``channel``, ``fallback_from`` and
+   ``failed_attempts`` (each channel tried before, and why it failed): every attempt is journaled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import structlog
 
 from temporality_bus import AlreadyExists, Bus, Delivery, NotFound, PermanentError, TransientError, evolve
-from temporality_human_interaction.channels import ChannelAdapter, ChannelError
+from temporality_human_interaction.channels import ChannelAdapter, ChannelError, DeliveryReceipt
 from temporality_human_interaction.directory import Directory, UserProfile, user_id_of
 from temporality_human_interaction.events import RejectReason, notified_event, rejected_event
-from temporality_human_interaction.records import HumanRequestRecord, RequestStore, is_request_id, open_store
+from temporality_human_interaction.records import (
+    HumanRequestRecord,
+    RequestStore,
+    SentCopy,
+    is_request_id,
+    open_store,
+)
+from temporality_human_interaction.runs import cancel_pending, index_request, run_ended
 from temporality_human_interaction.timers import arm_deadline
 from temporality_protocol import Envelope, HumanRequested
+from temporality_protocol.events import MAX_TEXT, DeliveryAttempt
 
 __all__ = [
     "ChannelChoice",
@@ -95,7 +108,7 @@ def channel_candidates(profile: UserProfile, adapters: Mapping[str, ChannelAdapt
     choices: list[ChannelChoice] = []
     for name in profile.channel_order():
         adapter = adapters.get(name)
-        if adapter is not None and adapter.available:
+        if adapter is not None and adapter.available and adapter.reaches(profile):
             choices.append(ChannelChoice(name, None if name == profile.preferred else profile.preferred))
     return choices
 
@@ -143,42 +156,75 @@ class RequestHandler:
             raise PermanentError(
                 f"request id {payload.request_id} is already used by run {record.run_id} for {record.recipient}"
             )
+        if record.pending:  # index it under its run, then check the run has not ended meanwhile (runs.py)
+            await index_request(self._bus, record.run_id, record.request_id)
+            ended = await run_ended(self._bus, record.run_id)
+            if ended is not None:
+                cancelled = await cancel_pending(self._bus, record.request_id, ended, None)
+                record = cancelled or record
 
         if record.pending:  # before delivery: a request that can never be delivered still expires (HUM-8)
             await self._schedule_deadline(record)
         if record.channel is None and record.pending:
-            choice = await self._deliver(record, decision.profile, candidates)
-            record = await self._record_channel(store, record.request_id, choice.channel)
+            receipt, failures = await self._deliver(record, decision.profile)
+            record = await self._record_delivery(store, record.request_id, receipt, failures)
         if record.channel is not None:
             fallback_from = None if record.channel == decision.profile.preferred else decision.profile.preferred
             await self._bus.publish(notified_event(record, channel=record.channel, fallback_from=fallback_from))
-            log.info("request.notified", channel=record.channel, fallback_from=fallback_from)
+            log.info(
+                "request.notified",
+                channel=record.channel,
+                fallback_from=fallback_from,
+                failed=[f.channel for f in record.failed_deliveries],
+            )
 
     async def _reject(self, event: Envelope, payload: HumanRequested, refusal: Refusal) -> None:
         await self._bus.publish(rejected_event(event, payload, refusal.reason, refusal.detail))
         log.warning("request.rejected", reason=refusal.reason, detail=refusal.detail, recipient=payload.recipient)
 
     async def _deliver(
-        self, record: HumanRequestRecord, profile: UserProfile, candidates: list[ChannelChoice]
-    ) -> ChannelChoice:
-        """Try each available channel in order; all failing is transient (the consumer retries with backoff)."""
-        failures: list[str] = []
-        for choice in candidates:
-            try:
-                receipt = await self._adapters[choice.channel].deliver(record, profile)
-            except ChannelError as exc:
-                failures.append(f"{choice.channel}: {exc}")
-                log.warning("delivery.failed", channel=choice.channel, error=str(exc))
+        self, record: HumanRequestRecord, profile: UserProfile
+    ) -> tuple[DeliveryReceipt, list[DeliveryAttempt]]:
+        """HUM-2: the profile's channels in order until one carries the question; returns its receipt and every
+        channel that could not (not running here, no identity, refused). All failing is transient (the consumer
+        retries with backoff)."""
+        failures: list[DeliveryAttempt] = []
+        for name in profile.channel_order():
+            adapter = self._adapters.get(name)
+            if adapter is None:
+                failures.append(DeliveryAttempt(channel=name, error=f"no {name} adapter runs in this deployment"))
                 continue
-            log.info("delivery.done", channel=receipt.channel, reference=receipt.reference)
-            return choice
-        raise TransientError(f"request {record.request_id} could not be delivered: {failures or 'no channel'}")
+            try:
+                receipt = await adapter.deliver(record, profile)
+            except ChannelError as exc:
+                failures.append(DeliveryAttempt(channel=name, error=str(exc)[:MAX_TEXT]))
+                log.warning("delivery.failed", channel=name, error=str(exc))
+                continue
+            log.info("delivery.done", channel=receipt.channel, reference=receipt.reference, failed=len(failures))
+            return receipt, failures
+        detail = "; ".join(f"{f.channel}: {f.error}" for f in failures) or "no channel"
+        raise TransientError(f"request {record.request_id} could not be delivered: {detail}")
 
-    async def _record_channel(self, store: RequestStore, key: str, channel: str) -> HumanRequestRecord:
+    async def _record_delivery(
+        self, store: RequestStore, key: str, receipt: DeliveryReceipt, failures: list[DeliveryAttempt]
+    ) -> HumanRequestRecord:
+        """Record the channel that carried the question and the sent copy (to bind replies and edit it later)."""
+        copy = SentCopy(
+            channel=receipt.channel,
+            reference=receipt.reference or key,
+            address=receipt.address,
+            sent_at=datetime.now(UTC),
+        )
+
         def record(current: HumanRequestRecord) -> HumanRequestRecord | None:
             if current.channel is not None:  # another delivery of the same message won
                 return None
-            return evolve(current, channel=channel)
+            return evolve(
+                current,
+                channel=receipt.channel,
+                deliveries=[*current.deliveries, copy],
+                failed_deliveries=failures,
+            )
 
         try:
             return (await store.modify(key, record)).value

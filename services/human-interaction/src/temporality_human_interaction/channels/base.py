@@ -1,9 +1,27 @@
 """The channel adapter ABC: one small interface, one class per transport (HUM-3).
 
-Modelled on python-telegram-bot's ``BaseRequest``: an explicit lifecycle (``initialize`` /
-``shutdown``, usable as an async context manager that cleans up when set-up fails), one public
-final method (:meth:`ChannelAdapter.deliver`) wrapping the transport-specific
-:meth:`ChannelAdapter.do_deliver`, and no transport detail leaking past the adapter.
+Modelled on python-telegram-bot's ``BaseRequest``: an explicit lifecycle, public final methods
+wrapping transport-specific ``do_*`` hooks, and no transport detail leaking past the adapter.
+
+Lifecycle::
+
+    adapter = TelegramAdapter(...)          # no I/O
+    adapter.attach(inbound)                 # where answers go (before initialize; optional for send-only)
+    async with adapter:                     # initialize(): log in, start polling/syncing
+        await adapter.deliver(record, profile)    # the question; returns a DeliveryReceipt
+        await adapter.update(record, copy)          # edit a sent copy to show the outcome
+        await adapter.notify(profile, "text")     # a plain notification
+                                            # shutdown(): stop polling, close sessions
+
+Outbound: :meth:`ChannelAdapter.deliver` (the question), :meth:`ChannelAdapter.update` (the sent
+message edited to show the outcome: answered by whom and what, expired, cancelled) and
+:meth:`ChannelAdapter.notify` (plain text). Inbound: a transport that receives a person's answer
+(a button, a reaction, a reply) builds an :class:`InboundAnswer` — request id, option id or free
+text, and the *channel identity* of who answered (a Telegram user id, a Matrix user id) — and hands
+it to :meth:`ChannelAdapter.submit`, which calls the one channel-neutral binding
+(:class:`temporality_human_interaction.inbound.AnswerRouter`, over
+:func:`~temporality_human_interaction.answers.bind_answer`). The adapter tells the responder the
+:class:`InboundResult` (recorded, or refused and why); it never decides who may answer itself.
 
 Errors::
 
@@ -11,22 +29,34 @@ Errors::
     ├── ChannelUnavailable -- the adapter is not initialized / its transport is down: try the next channel
     └── DeliveryFailed     -- the transport refused or failed this delivery: try the next channel, then retry
 
-Contract for implementations: ``do_deliver`` is **idempotent per request id** (a redelivered
-``human.requested`` may call it again; use the request id as the transport's transaction id),
-renders only the compact question (HUM-5) and never the run's technical context.
+Contract for implementations: ``do_deliver`` renders only the compact question (HUM-5) and never
+the run's technical context; it stores what it needs to bind replies (``channels.refs``) *before*
+the message leaves, so an instant answer is never lost. ``do_update`` may be called more than once
+for the same outcome (a redelivery, a repair) and must tolerate it.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar, Self
 
+from temporality_human_interaction.answers import AnswerRefused, AnswerSubmission
 from temporality_human_interaction.directory import UserProfile
-from temporality_human_interaction.records import HumanRequestRecord
+from temporality_human_interaction.records import HumanRequestRecord, SentCopy
 
-__all__ = ["ChannelAdapter", "ChannelError", "ChannelUnavailable", "DeliveryFailed", "DeliveryReceipt"]
+__all__ = [
+    "AnswerSink",
+    "ChannelAdapter",
+    "ChannelError",
+    "ChannelUnavailable",
+    "DeliveryFailed",
+    "DeliveryReceipt",
+    "InboundAnswer",
+    "InboundResult",
+]
 
 
 class ChannelError(Exception):
@@ -43,10 +73,41 @@ class DeliveryFailed(ChannelError):
 
 @dataclass(frozen=True)
 class DeliveryReceipt:
-    """What the transport says about a delivery; ``reference`` binds replies (event id, message id)."""
+    """What the transport says about a delivery: ``reference`` (message / event id) and ``address`` (chat /
+    room id) are stored in the request record (:class:`SentCopy`) so the message can be edited later."""
 
     channel: str
     reference: str | None = None
+    address: str | None = None
+
+
+@dataclass(frozen=True)
+class InboundAnswer:
+    """A person's answer as a transport received it."""
+
+    channel: str
+    request_id: str
+    #: Who answered, in the channel's own terms (Telegram user id, Matrix user id, the web user id).
+    identity: str
+    submission: AnswerSubmission
+
+
+@dataclass(frozen=True)
+class InboundResult:
+    """What became of an :class:`InboundAnswer`: the bound record, or the refusal to tell the responder."""
+
+    record: HumanRequestRecord | None = None
+    refused: AnswerRefused | None = None
+    #: The same person had already given this very answer: nothing new was bound (still a success).
+    already_recorded: bool = False
+
+    @property
+    def accepted(self) -> bool:
+        return self.refused is None and self.record is not None
+
+
+#: The channel-neutral inbound side every adapter hands answers to.
+AnswerSink = Callable[[InboundAnswer], Awaitable[InboundResult]]
 
 
 class ChannelAdapter(abc.ABC):
@@ -54,6 +115,21 @@ class ChannelAdapter(abc.ABC):
 
     #: The channel name used in user profiles (``preferred``, ``fallback``, ``channels``).
     name: ClassVar[str]
+    _inbound: AnswerSink | None = None
+
+    def attach(self, inbound: AnswerSink) -> None:
+        """Where this adapter hands the answers it receives; call before :meth:`initialize`."""
+        self._inbound = inbound
+
+    async def submit(self, answer: InboundAnswer) -> InboundResult:
+        """Hand a received answer to the binding. Without an attached sink nothing can be bound."""
+        if self._inbound is None:
+            raise ChannelUnavailable(f"channel {self.name} has no inbound side attached")
+        return await self._inbound(answer)
+
+    def reaches(self, profile: UserProfile) -> bool:
+        """Whether ``profile`` has an identity on this channel (no identity: unreachable, go to the next one)."""
+        return self.name in profile.channels.names()
 
     async def __aenter__(self) -> Self:
         try:
@@ -88,13 +164,48 @@ class ChannelAdapter(abc.ABC):
     async def do_deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
         """Transport-specific delivery. Raise :class:`DeliveryFailed` on a refusal."""
 
+    @abc.abstractmethod
+    async def do_update(self, request: HumanRequestRecord, copy: SentCopy, responder_name: str | None) -> None:
+        """Edit the sent ``copy`` to show ``request``'s outcome (answered by ``responder_name`` / expired /
+        cancelled)."""
+
+    @abc.abstractmethod
+    async def do_notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
+        """Transport-specific plain notification. Raise :class:`DeliveryFailed` on a refusal."""
+
     async def deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
         """Deliver ``request`` to the person behind ``profile``. Do not override: implement :meth:`do_deliver`."""
-        if not self.available:
-            raise ChannelUnavailable(f"channel {self.name} is not available")
+        self._check(profile)
         try:
             return await self.do_deliver(request, profile)
         except ChannelError:
             raise
         except Exception as exc:
             raise DeliveryFailed(f"channel {self.name} failed to deliver {request.request_id}: {exc!r}") from exc
+
+    async def update(self, request: HumanRequestRecord, copy: SentCopy, *, responder_name: str | None = None) -> None:
+        """Show ``request``'s outcome on the sent ``copy``. Do not override: implement :meth:`do_update`."""
+        if not self.available:
+            raise ChannelUnavailable(f"channel {self.name} is not available")
+        try:
+            await self.do_update(request, copy, responder_name)
+        except ChannelError:
+            raise
+        except Exception as exc:
+            raise DeliveryFailed(f"channel {self.name} failed to update {request.request_id}: {exc!r}") from exc
+
+    async def notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
+        """Send ``text`` to the person behind ``profile``. Do not override: implement :meth:`do_notify`."""
+        self._check(profile)
+        try:
+            return await self.do_notify(profile, text)
+        except ChannelError:
+            raise
+        except Exception as exc:
+            raise DeliveryFailed(f"channel {self.name} failed to notify: {exc!r}") from exc
+
+    def _check(self, profile: UserProfile) -> None:
+        if not self.available:
+            raise ChannelUnavailable(f"channel {self.name} is not available")
+        if not self.reaches(profile):
+            raise ChannelUnavailable(f"channel {self.name} has no identity for {profile.display_name}")

@@ -2,7 +2,11 @@
 
 The record is already in KV (it is persisted before any delivery) and ``GET /inbox`` lists the
 recipient's pending records, so there is nothing to send: delivering checks the person can sign
-in to the inbox at all (has an inbox token) and records that the web channel carried it.
+in to the inbox at all (has an inbox token) and records that the web channel carried it. Its
+inbound side is the API's ``POST /requests/{id}/answer``, which hands the answer to the same
+:class:`~temporality_human_interaction.inbound.AnswerRouter` as every chat adapter. Updating a
+sent copy needs nothing (``GET /requests/{id}`` shows the outcome); the inbox carries no
+notifications, so :meth:`notify` fails and routing moves on to the next channel.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from typing import ClassVar
 
 from temporality_human_interaction.channels.base import ChannelAdapter, DeliveryFailed, DeliveryReceipt
 from temporality_human_interaction.directory import UserProfile
-from temporality_human_interaction.records import HumanRequestRecord
+from temporality_human_interaction.records import HumanRequestRecord, SentCopy
 
 __all__ = ["WebInboxAdapter"]
 
@@ -33,8 +37,12 @@ class WebInboxAdapter(ChannelAdapter):
         return self._open
 
     async def do_deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
-        if profile.channels.web is None:
-            raise DeliveryFailed(f"{request.recipient} has no web inbox configured")
         if profile.inbox_token is None and profile.inbox_token_env is None:
             raise DeliveryFailed(f"{request.recipient} has no inbox token and could never open the inbox")
         return DeliveryReceipt(channel=self.name, reference=request.request_id)
+
+    async def do_update(self, request: HumanRequestRecord, copy: SentCopy, responder_name: str | None) -> None:
+        return None  # the inbox reads the record: its outcome is already what GET /requests/{id} shows
+
+    async def do_notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
+        raise DeliveryFailed("the web inbox carries questions only, no notifications")

@@ -1,0 +1,373 @@
+"""The Matrix adapter (matrix-nio), a client of any homeserver; tested against a real Synapse (HUM-3).
+
+Lifecycle: :meth:`initialize` logs in as the bot (password, or an access token checked with
+``whoami``), then syncs once. Where the last run stopped (``next_batch``, kept in KV under
+``matrix.since.<bot>``) it resumes from there and processes what arrived meanwhile; on the very
+first start it keeps the initial sync's ``next_batch`` without processing, so history is never
+re-processed. A background task then long-polls ``/sync`` and stores ``next_batch`` after each batch.
+If the homeserver cannot be reached at start-up the adapter stays unavailable (delivery falls back to
+the next channel) and keeps retrying in the background. :meth:`shutdown` stops the loop and closes.
+
+Outbound:
+
+* **one DM room per person**, created once (``room_create(is_direct=True,
+  preset=trusted_private_chat, invite=[person])``) and reused: its id is kept in KV
+  (``matrix.room.<matrix user id>``). Rooms stay unencrypted.
+* **question**: HTML (``formatted_body``: title, why, the question, options numbered with their
+  consequences, the deadline and what happens if nobody answers) with a plain-text ``body``; the
+  transaction id is derived from the request id, so a redelivered ``human.requested`` is
+  deduplicated by the homeserver. Then the bot reacts with ``1️⃣``, ``2️⃣`` ... (up to ``🔟``), one
+  reaction per option: the "buttons". ``matrix.event.<event id>`` -> request id binds answers;
+  ``matrix.latest.<room>`` names the newest question in the room (for a bare "2").
+* **update**: an ``m.replace`` edit of the question showing the outcome.
+* **notify**: a plain ``m.notice``.
+
+Inbound (all handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding; the responder's
+identity is the event ``sender``): a **reaction** with an option's keycap (or digit) on a question;
+a **rich reply** (``m.relates_to.m.in_reply_to``) to a question — an option's number/id/label binds
+that option, anything else free text; **plain text** naming an option's number or label binds it to
+the room's newest question. The bot answers each with a notice in reply: recorded, or why not (not
+the recipient, already answered, expired ...). The bot's own events and edits are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, ClassVar
+
+import structlog
+from nio import (  # type: ignore[import-untyped]
+    AsyncClient,
+    AsyncClientConfig,
+    LoginResponse,
+    RoomCreateResponse,
+    RoomPreset,
+    RoomSendResponse,
+    SyncResponse,
+    WhoamiResponse,
+)
+
+from temporality_bus import Bus
+from temporality_human_interaction.answers import AnswerSubmission
+from temporality_human_interaction.channels.base import (
+    ChannelAdapter,
+    ChannelUnavailable,
+    DeliveryFailed,
+    DeliveryReceipt,
+    InboundAnswer,
+    InboundResult,
+)
+from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.channels.render import (
+    option_named,
+    outcome_html,
+    outcome_text,
+    question_html,
+    question_text,
+)
+from temporality_human_interaction.directory import UserProfile
+from temporality_human_interaction.records import HumanRequestRecord, SentCopy, open_store
+from temporality_protocol import HumanOption
+from temporality_protocol.events import MAX_TEXT
+
+__all__ = ["KEYCAPS", "MatrixAdapter", "option_for_reaction"]
+
+log = structlog.get_logger(__name__)
+
+#: The reaction offered for option n (1-based) is ``KEYCAPS[n - 1]``.
+KEYCAPS = ("1️⃣", "2️⃣", "3️⃣", "4️⃣", "5️⃣", "6️⃣", "7️⃣", "8️⃣", "9️⃣", "🔟")
+_HINT = "react with an option's number, or reply to this message"
+_TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a moment."
+_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+def option_for_reaction(options: list[HumanOption], key: str) -> HumanOption | None:
+    """The option a reaction ``key`` stands for: its keycap, or a bare digit."""
+    key = key.strip()
+    if key in KEYCAPS:
+        number = KEYCAPS.index(key) + 1
+    elif key.isdigit():
+        number = int(key)
+    else:
+        return None
+    return options[number - 1] if 1 <= number <= len(options) else None
+
+
+def _strip_reply_fallback(body: str) -> str:
+    """A rich reply's ``body`` starts with the quoted original (``> ...`` lines, then a blank line)."""
+    lines = body.splitlines()
+    while lines and lines[0].startswith(">"):
+        lines.pop(0)
+    return "\n".join(lines).strip()
+
+
+class MatrixAdapter(ChannelAdapter):
+    name: ClassVar[str] = "matrix"
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        homeserver: str,
+        user_id: str,
+        password: str | None = None,
+        access_token: str | None = None,
+        sync_timeout_s: float = 10.0,
+        device_name: str = "temporality-human-interaction",
+    ) -> None:
+        if password is None and access_token is None:
+            raise ValueError("the Matrix adapter needs a password or an access token")
+        self._bus = bus
+        self._homeserver = homeserver.rstrip("/")
+        self._user_id = user_id
+        self._password = password
+        self._access_token = access_token
+        self._sync_timeout_ms = int(sync_timeout_s * 1000)
+        self._device_name = device_name
+        self._refs = ChannelRefs(bus)
+        self._client: Any = None
+        self._synced = False
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._since_key = ref_key("matrix", "since", user_id)
+
+    @property
+    def available(self) -> bool:
+        return self._client is not None and self._synced
+
+    # ------------------------------------------------------------------ lifecycle
+    async def initialize(self) -> None:
+        if self._task is not None:
+            return
+        self._stopping = False
+        self._client = AsyncClient(
+            self._homeserver,
+            self._user_id,
+            config=AsyncClientConfig(store_sync_tokens=False, encryption_enabled=False),
+        )
+        try:
+            await self._connect()
+        except Exception as exc:  # the homeserver is down or refuses: run degraded, keep trying
+            log.warning("matrix.start_failed", error=str(exc), homeserver=self._homeserver)
+        self._task = asyncio.create_task(self._run(), name="matrix-sync")
+
+    async def shutdown(self) -> None:
+        task, self._task = self._task, None
+        self._stopping = True  # the loop stops even if a library swallows the cancellation below
+        self._synced = False
+        if task is not None:
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=10)
+            if not done:
+                log.warning("matrix.sync_task_did_not_stop")
+            elif not task.cancelled() and task.exception() is not None:
+                log.warning("matrix.sync_task_failed", error=repr(task.exception()))
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+            log.info("matrix.stopped")
+
+    async def _connect(self) -> None:
+        """Log in (or check the token) and do the first sync; ``available`` once this returned."""
+        client = self._client
+        if self._access_token is not None:
+            client.access_token = self._access_token
+            who = await client.whoami()
+            if not isinstance(who, WhoamiResponse):
+                raise ChannelUnavailable(f"the Matrix access token was refused: {getattr(who, 'message', who)}")
+            client.user_id = who.user_id
+            client.device_id = who.device_id
+        else:
+            assert self._password is not None
+            login = await client.login(password=self._password, device_name=self._device_name)
+            if not isinstance(login, LoginResponse):
+                raise ChannelUnavailable(f"the Matrix login was refused: {getattr(login, 'message', login)}")
+        since = await self._refs.get(self._since_key)
+        response = await client.sync(timeout=0, since=since, full_state=since is None)
+        if not isinstance(response, SyncResponse):
+            raise ChannelUnavailable(f"the first Matrix sync failed: {getattr(response, 'message', response)}")
+        self._synced = True  # available from here: answers processed below may edit messages
+        log.info("matrix.started", user_id=client.user_id, resumed=since is not None)
+        if since is not None:
+            await self._process(response)  # what arrived while we were away
+        await self._refs.put(self._since_key, response.next_batch)
+
+    async def _run(self) -> None:
+        failures = 0
+        while not self._stopping:
+            try:
+                if not self._synced:
+                    await self._connect()
+                response = await self._client.sync(timeout=self._sync_timeout_ms)
+                if self._stopping:
+                    return
+                if not isinstance(response, SyncResponse):
+                    raise ChannelUnavailable(f"sync failed: {getattr(response, 'message', response)}")
+                await self._process(response)
+                await self._refs.put(self._since_key, response.next_batch)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                delay = _RETRY_S[min(failures, len(_RETRY_S) - 1)]
+                failures += 1
+                log.warning("matrix.sync_failed", error=str(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)  # backoff between reconnect attempts, not a test wait
+
+    # ------------------------------------------------------------------ outbound
+    async def _send(self, room_id: str, event_type: str, content: dict[str, Any], tx_id: str | None) -> str:
+        response = await self._client.room_send(room_id, event_type, content, tx_id=tx_id)
+        if not isinstance(response, RoomSendResponse):
+            raise DeliveryFailed(
+                f"Matrix refused the {event_type} in {room_id}: {getattr(response, 'message', response)}"
+            )
+        return str(response.event_id)
+
+    async def dm_room(self, matrix_user: str) -> str:
+        """The DM room with ``matrix_user``: the one kept in KV, or a new one (then kept)."""
+        key = ref_key("matrix", "room", matrix_user)
+        existing = await self._refs.get(key)
+        if existing is not None:
+            return existing
+        created = await self._client.room_create(
+            is_direct=True, preset=RoomPreset.trusted_private_chat, invite=[matrix_user], name="Temporality"
+        )
+        if not isinstance(created, RoomCreateResponse):
+            raise DeliveryFailed(f"cannot open a DM with {matrix_user}: {getattr(created, 'message', created)}")
+        room_id = await self._refs.claim(key, created.room_id)
+        log.info("matrix.dm_created", room_id=room_id, reused=room_id != created.room_id)
+        return room_id
+
+    async def do_deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
+        assert profile.channels.matrix is not None  # reaches() checked it
+        room_id = await self.dm_room(profile.channels.matrix.user_id)
+        content = {
+            "msgtype": "m.text",
+            "body": question_text(request, hint=_HINT),
+            "format": "org.matrix.custom.html",
+            "formatted_body": question_html(request, hint=_HINT),
+        }
+        event_id = await self._send(room_id, "m.room.message", content, tx_id=f"q-{request.request_id}")
+        await self._refs.claim(ref_key("matrix", "event", event_id), request.request_id)
+        await self._refs.put(ref_key("matrix", "latest", room_id), request.request_id)
+        for number, _ in enumerate(request.options[: len(KEYCAPS)], start=1):
+            reaction = {"m.relates_to": {"rel_type": "m.annotation", "event_id": event_id, "key": KEYCAPS[number - 1]}}
+            await self._send(room_id, "m.reaction", reaction, tx_id=f"r-{request.request_id}-{number}")
+        return DeliveryReceipt(channel=self.name, reference=event_id, address=room_id)
+
+    async def do_update(self, request: HumanRequestRecord, copy: SentCopy, responder_name: str | None) -> None:
+        if copy.address is None:
+            raise DeliveryFailed(f"the Matrix copy of {request.request_id} has no room id")
+        outcome = outcome_text(request, responder_name=responder_name)
+        new_content = {
+            "msgtype": "m.text",
+            "body": question_text(request, hint=_HINT) + "\n\n" + outcome,
+            "format": "org.matrix.custom.html",
+            "formatted_body": question_html(request, hint=_HINT) + outcome_html(request, responder_name=responder_name),
+        }
+        content = {
+            **new_content,
+            "body": "* " + new_content["body"],
+            "formatted_body": "* " + new_content["formatted_body"],
+            "m.new_content": new_content,
+            "m.relates_to": {"rel_type": "m.replace", "event_id": copy.reference},
+        }
+        await self._send(
+            copy.address, "m.room.message", content, tx_id=f"u-{request.request_id}-{request.status.value}"
+        )
+
+    async def do_notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
+        assert profile.channels.matrix is not None
+        room_id = await self.dm_room(profile.channels.matrix.user_id)
+        event_id = await self._send(room_id, "m.room.message", {"msgtype": "m.notice", "body": text}, tx_id=None)
+        return DeliveryReceipt(channel=self.name, reference=event_id, address=room_id)
+
+    # ------------------------------------------------------------------ inbound
+    async def _process(self, response: Any) -> None:
+        for room_id, room in response.rooms.join.items():
+            for event in room.timeline.events:
+                source = getattr(event, "source", None)
+                if not isinstance(source, dict) or source.get("sender") == self._client.user_id:
+                    continue
+                try:
+                    await self._on_event(room_id, source)
+                except Exception as exc:  # one bad event never stops the sync loop
+                    log.warning(
+                        "matrix.event_failed", room_id=room_id, event_id=source.get("event_id"), error=repr(exc)
+                    )
+
+    async def _on_event(self, room_id: str, source: dict[str, Any]) -> None:
+        kind = source.get("type")
+        content = source.get("content") or {}
+        sender = str(source.get("sender"))
+        relates = content.get("m.relates_to") or {}
+        if kind == "m.reaction" and relates.get("rel_type") == "m.annotation":
+            await self._on_reaction(room_id, source, relates)
+        elif kind == "m.room.message" and relates.get("rel_type") != "m.replace":
+            body = content.get("body")
+            if not isinstance(body, str) or not body.strip():
+                return
+            replied = (relates.get("m.in_reply_to") or {}).get("event_id")
+            if replied:
+                request_id = await self._refs.get(ref_key("matrix", "event", replied))
+                if request_id is None:
+                    return  # a reply to something that is not a question: a conversation, not an answer
+                await self._on_text(room_id, source, request_id, _strip_reply_fallback(body), sender)
+            else:
+                request_id = await self._refs.get(ref_key("matrix", "latest", room_id))
+                record = await self._record(request_id) if request_id else None
+                if record is not None and request_id is not None and option_named(record, body) is not None:
+                    await self._on_text(room_id, source, request_id, body, sender)
+
+    async def _record(self, request_id: str) -> HumanRequestRecord | None:
+        got = await (await open_store(self._bus)).get(request_id)
+        return got.value if got is not None else None
+
+    async def _on_reaction(self, room_id: str, source: dict[str, Any], relates: dict[str, Any]) -> None:
+        request_id = await self._refs.get(ref_key("matrix", "event", str(relates.get("event_id"))))
+        if request_id is None:
+            return  # a reaction to anything else
+        record = await self._record(request_id)
+        option = option_for_reaction(record.options, str(relates.get("key", ""))) if record is not None else None
+        if option is None:
+            return  # an emoji that names no option: not an answer
+        result = await self._submit(request_id, str(source.get("sender")), AnswerSubmission(option_id=option.id))
+        await self._tell(room_id, source, result, f"Recorded: {option.label}")
+
+    async def _on_text(self, room_id: str, source: dict[str, Any], request_id: str, text: str, sender: str) -> None:
+        record = await self._record(request_id)
+        if record is None or not text:
+            return
+        option = option_named(record, text)
+        submission = (
+            AnswerSubmission(option_id=option.id) if option is not None else AnswerSubmission(text=text[:MAX_TEXT])
+        )
+        result = await self._submit(request_id, sender, submission)
+        await self._tell(room_id, source, result, f"Recorded: {option.label}" if option else "Recorded, thank you.")
+
+    async def _submit(self, request_id: str, sender: str, submission: AnswerSubmission) -> InboundResult | None:
+        try:
+            return await self.submit(InboundAnswer(self.name, request_id, sender, submission))
+        except Exception as exc:
+            log.warning("matrix.answer_failed", request_id=request_id, error=repr(exc))
+            return None
+
+    async def _tell(self, room_id: str, source: dict[str, Any], result: InboundResult | None, ok: str) -> None:
+        """Answer the responder with a notice replying to their event."""
+        if result is None:
+            text = _TRY_AGAIN
+        elif result.refused is not None:
+            text = f"Not recorded: {result.refused.detail}."
+        elif result.already_recorded:
+            text = f"Already {ok[0].lower()}{ok[1:]}"
+        else:
+            text = ok
+        sender = str(source.get("sender"))
+        content = {
+            "msgtype": "m.notice",
+            "body": f"{sender}: {text}",
+            "m.relates_to": {"m.in_reply_to": {"event_id": source.get("event_id")}},
+        }
+        tx = re.sub(r"[^A-Za-z0-9_-]", "_", f"t-{source.get('event_id')}")
+        await self._send(room_id, "m.room.message", content, tx_id=tx)

@@ -1,0 +1,88 @@
+"""What a transport needs to bind a reply, kept in KV so it survives a restart (HUM-3).
+
+One bucket, :data:`BUCKET_HUMAN_CHANNELS` (``human-channels``), written create-if-absent so two
+replicas (or a redelivered ``human.requested``) agree on one value per key. Keys are dot-separated
+and namespaced by transport; a part that is not a safe KV token (a Matrix event id ``$x:server``,
+a user id ``@bob:example.org``) is replaced by its SHA-256, so any transport id can be a key part:
+
+=====================================  ==========================================================
+key                                    value
+=====================================  ==========================================================
+``telegram.req.<request id>``          the callback token of that request's buttons
+``telegram.token.<token>``             request id an inline button's callback token stands for
+``telegram.msg.<chat>.<message id>``   request id a question message carries (free-text replies)
+``matrix.event.<event id>``            request id a Matrix question event carries
+``matrix.room.<matrix user id>``       the DM room with that person, created once and reused
+``matrix.latest.<room id>``            request id of the newest question in that room (overwritten)
+``matrix.since.<bot user id>``         the sync ``next_batch`` the adapter resumes from (overwritten)
+``run.<run id>.<request id>``          the request id: the run's requests (see :mod:`..runs`)
+``runend.<run id>``                    the event type that ended the run
+``notify.<notification id>``           the channel that sent that notification (see :mod:`..notifications`)
+=====================================  ==========================================================
+
+The bucket is ensured by this service on first use (it is not in the shared catalogue yet).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from temporality_bus import AlreadyExists, Bus, Store
+from temporality_protocol.catalog import BUCKET_HUMAN_CHANNELS
+
+__all__ = ["BUCKET_HUMAN_CHANNELS", "ChannelRef", "ChannelRefs", "ref_key"]
+
+_SAFE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def ref_key(*parts: str | int) -> str:
+    """A KV key from ``parts``; a part outside ``[A-Za-z0-9_-]{1,64}`` becomes its SHA-256 (hex, 40 chars)."""
+    out: list[str] = []
+    for part in parts:
+        text = str(part)
+        out.append(text if _SAFE.fullmatch(text) else hashlib.sha256(text.encode()).hexdigest()[:40])
+    return ".".join(out)
+
+
+class ChannelRef(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    value: str
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+
+class ChannelRefs:
+    """Typed access to ``human-channels``: ``get``, create-if-absent ``claim`` and ``put``."""
+
+    def __init__(self, bus: Bus) -> None:
+        self._bus = bus
+        self._store: Store[ChannelRef] | None = None
+
+    async def _open(self) -> Store[ChannelRef]:
+        if self._store is None:
+            self._store = await self._bus.store(BUCKET_HUMAN_CHANNELS, ChannelRef)
+        return self._store
+
+    async def get(self, key: str) -> str | None:
+        got = await (await self._open()).get(key)
+        return got.value.value if got is not None else None
+
+    async def put(self, key: str, value: str) -> None:
+        """Overwrite ``key`` (for values that move on: a sync token, the newest question in a room)."""
+        await (await self._open()).put(key, ChannelRef(value=value))
+
+    async def claim(self, key: str, value: str) -> str:
+        """Store ``value`` under ``key`` unless the key exists; returns the value that is stored."""
+        store = await self._open()
+        try:
+            await store.create(key, ChannelRef(value=value))
+        except AlreadyExists:
+            existing = await store.get(key)
+            if existing is not None:
+                return existing.value.value
+            await store.put(key, ChannelRef(value=value))  # deleted in between: ours is the value now
+        return value

@@ -1,0 +1,231 @@
+"""The Telegram adapter (python-telegram-bot 22), embedded in the service's event loop (HUM-3).
+
+Lifecycle: :meth:`initialize` builds the ``Application`` (``base_url`` configurable, so tests point it
+at :mod:`temporality_testing.telegram_emulator`), then ``initialize()`` (getMe), the updater's
+``start_polling`` (long-poll ``getUpdates``) and ``start()`` — never ``run_polling``, which would take
+over the loop and the signals. :meth:`shutdown` stops them in reverse order.
+
+Outbound:
+
+* **question**: the compact text (:mod:`.render`) with an inline keyboard, one button per option.
+  Each button's ``callback_data`` is ``<token>:<n>``: ``token`` is a short random (72-bit,
+  URL-safe) token bound to the request in KV (``telegram.token.<token>`` -> request id, claimed
+  before the message is sent; ``telegram.req.<request id>`` keeps the same token for a redelivery),
+  ``n`` the option's number. The raw request id never appears in the chat. After the send,
+  ``telegram.msg.<chat>.<message id>`` -> request id binds replies.
+* **update**: the question edited to end with the outcome line, its keyboard removed.
+* **notify**: a plain message.
+
+Inbound (handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding):
+
+* a **button press** binds that option; the press is answered (``answerCallbackQuery``) with
+  "Recorded" or, shown as an alert, why it was refused: an unknown or stale token, the request
+  already answered / expired / cancelled, or the presser is not the recipient;
+* a **reply** to the question message binds free text; a reply that is just an option's number or
+  label binds that option. Plain messages that reply to nothing get a hint. Each gets a text reply.
+
+The responder's identity is the Telegram user id (``from.id``), which the directory maps to a person
+(``channels.telegram.chat_id``, the private chat id, equals it). The bot token is a secret: it is
+never logged, and httpx's request log (which prints URLs, token included) is kept at WARNING.
+
+A crash between ``sendMessage`` and recording the sent copy can send the question a second time on
+redelivery (the Bot API has no idempotency key); both copies carry the same token, so either binds.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import ClassVar
+
+import structlog
+from telegram import InlineKeyboardButton, InlineKeyboardMarkup, Update
+from telegram.error import BadRequest, TelegramError
+from telegram.ext import Application, CallbackQueryHandler, ContextTypes, MessageHandler, filters
+
+from temporality_bus import Bus
+from temporality_human_interaction.answers import AnswerSubmission
+from temporality_human_interaction.channels.base import (
+    ChannelAdapter,
+    DeliveryFailed,
+    DeliveryReceipt,
+    InboundAnswer,
+    InboundResult,
+)
+from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.channels.render import option_named, outcome_text, question_text
+from temporality_human_interaction.directory import UserProfile
+from temporality_human_interaction.records import HumanRequestRecord, SentCopy, open_store
+from temporality_protocol.events import MAX_TEXT
+
+__all__ = ["TelegramAdapter"]
+
+log = structlog.get_logger(__name__)
+
+#: What a person is told when the bus did not answer while their answer was being bound.
+_TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a moment."
+
+
+class TelegramAdapter(ChannelAdapter):
+    name: ClassVar[str] = "telegram"
+
+    def __init__(self, bus: Bus, *, token: str, base_url: str, poll_timeout_s: float = 10.0) -> None:
+        self._bus = bus
+        self._token = token
+        self._base_url = base_url
+        self._poll_timeout_s = poll_timeout_s
+        self._refs = ChannelRefs(bus)
+        self._app: Application | None = None  # type: ignore[type-arg]
+        self._running = False
+
+    @property
+    def available(self) -> bool:
+        return self._running
+
+    async def initialize(self) -> None:
+        if self._app is not None:
+            return
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # its INFO line prints the URL with the token
+        app = Application.builder().token(self._token).base_url(self._base_url).build()
+        app.add_handler(CallbackQueryHandler(self._on_button))
+        app.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, self._on_text))
+        app.add_error_handler(self._on_error)
+        self._app = app
+        await app.initialize()
+        assert app.updater is not None
+        await app.updater.start_polling(timeout=int(self._poll_timeout_s), poll_interval=0.0)
+        await app.start()
+        self._running = True
+        log.info("telegram.started", bot=app.bot.username, base_url=self._base_url)
+
+    async def shutdown(self) -> None:
+        app, self._app = self._app, None
+        self._running = False
+        if app is None:
+            return
+        if app.updater is not None and app.updater.running:
+            await app.updater.stop()
+        if app.running:
+            await app.stop()
+        await app.shutdown()
+        log.info("telegram.stopped")
+
+    def _bot_app(self) -> Application:  # type: ignore[type-arg]
+        if self._app is None:
+            raise DeliveryFailed("the Telegram adapter is not running")
+        return self._app
+
+    # ------------------------------------------------------------------ outbound
+    async def do_deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
+        assert profile.channels.telegram is not None  # reaches() checked it
+        chat_id = profile.channels.telegram.chat_id
+        token = await self._refs.claim(ref_key("telegram", "req", request.request_id), secrets.token_urlsafe(9))
+        await self._refs.claim(ref_key("telegram", "token", token), request.request_id)
+        keyboard = [
+            [InlineKeyboardButton(f"{n}. {option.label}"[:64], callback_data=f"{token}:{n}")]
+            for n, option in enumerate(request.options, start=1)
+        ]
+        try:
+            message = await self._bot_app().bot.send_message(
+                chat_id=chat_id,
+                text=question_text(request, hint="tap an option below"),
+                reply_markup=InlineKeyboardMarkup(keyboard) if keyboard else None,
+            )
+        except TelegramError as exc:
+            raise DeliveryFailed(f"Telegram refused the question for chat {chat_id}: {exc}") from exc
+        await self._refs.claim(ref_key("telegram", "msg", chat_id, message.message_id), request.request_id)
+        return DeliveryReceipt(channel=self.name, reference=str(message.message_id), address=str(chat_id))
+
+    async def do_update(self, request: HumanRequestRecord, copy: SentCopy, responder_name: str | None) -> None:
+        if copy.address is None:
+            raise DeliveryFailed(f"the Telegram copy of {request.request_id} has no chat id")
+        text = (
+            question_text(request, hint="tap an option below")
+            + "\n\n"
+            + outcome_text(request, responder_name=responder_name)
+        )
+        try:
+            await self._bot_app().bot.edit_message_text(
+                text=text, chat_id=int(copy.address), message_id=int(copy.reference), reply_markup=None
+            )
+        except BadRequest as exc:
+            if "not modified" in str(exc).lower():
+                return  # already shows this outcome (a repeated update)
+            raise
+
+    async def do_notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
+        assert profile.channels.telegram is not None
+        chat_id = profile.channels.telegram.chat_id
+        try:
+            message = await self._bot_app().bot.send_message(chat_id=chat_id, text=text)
+        except TelegramError as exc:
+            raise DeliveryFailed(f"Telegram refused the notification for chat {chat_id}: {exc}") from exc
+        return DeliveryReceipt(channel=self.name, reference=str(message.message_id), address=str(chat_id))
+
+    # ------------------------------------------------------------------ inbound
+    async def _on_button(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        query = update.callback_query
+        if query is None:
+            return
+        token, _, number = (query.data or "").partition(":")
+        request_id = await self._refs.get(ref_key("telegram", "token", token)) if token else None
+        if request_id is None:
+            await query.answer("This button does not belong to any question I asked.", show_alert=True)
+            return
+        got = await (await open_store(self._bus)).get(request_id)
+        option = None
+        if got is not None and number.isdigit() and 1 <= int(number) <= len(got.value.options):
+            option = got.value.options[int(number) - 1]
+        if option is None:
+            await query.answer("This button is not one of the question's options.", show_alert=True)
+            return
+        result = await self._submit(request_id, query.from_user.id, AnswerSubmission(option_id=option.id))
+        if result is None:
+            await query.answer(_TRY_AGAIN, show_alert=True)
+        elif result.refused is not None:
+            await query.answer(f"Not recorded: {result.refused.detail}.", show_alert=True)
+        else:
+            prefix = "Already recorded" if result.already_recorded else "Recorded"
+            await query.answer(f"{prefix}: {option.label}")
+
+    async def _on_text(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        message = update.effective_message
+        if message is None or message.from_user is None or not message.text:
+            return
+        replied = message.reply_to_message
+        request_id = (
+            await self._refs.get(ref_key("telegram", "msg", message.chat_id, replied.message_id))
+            if replied is not None
+            else None
+        )
+        if request_id is None:
+            await message.reply_text(
+                "To answer a question, reply to the question's message (or tap an option).", do_quote=True
+            )
+            return
+        got = await (await open_store(self._bus)).get(request_id)
+        option = option_named(got.value, message.text) if got is not None else None
+        submission = (
+            AnswerSubmission(option_id=option.id)
+            if option is not None
+            else AnswerSubmission(text=message.text[:MAX_TEXT])
+        )
+        result = await self._submit(request_id, message.from_user.id, submission)
+        if result is None:
+            await message.reply_text(_TRY_AGAIN, do_quote=True)
+        elif result.refused is not None:
+            await message.reply_text(f"Not recorded: {result.refused.detail}.", do_quote=True)
+        else:
+            ok = "Already recorded, thank you." if result.already_recorded else "Recorded, thank you."
+            await message.reply_text(ok, do_quote=True)
+
+    async def _submit(self, request_id: str, user_id: int, submission: AnswerSubmission) -> InboundResult | None:
+        """Hand the answer to the binding; None when the bus failed (the person is asked to try again)."""
+        try:
+            return await self.submit(InboundAnswer(self.name, request_id, str(user_id), submission))
+        except Exception as exc:
+            log.warning("telegram.answer_failed", request_id=request_id, error=repr(exc))
+            return None
+
+    async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
+        log.warning("telegram.handler_error", error=repr(context.error))

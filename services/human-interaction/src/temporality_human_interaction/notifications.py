@@ -1,0 +1,73 @@
+"""``human.notify_requested``: an agent tells a person something and does not wait (HUM-9).
+
+Run by :class:`temporality_bus.Consumer` on ``CONSUMERS["human-interaction-notifications"]``. The same
+checks and routing as a question:
+
+1. SEC-1: the recipient must be ``user:<id>``, listed in the event's ``policy.allowed_recipients`` and
+   known to the directory; otherwise :class:`~temporality_bus.PermanentError` (the runtime dead-letters
+   it and journals ``bus.dead_lettered``: a refused notification is visible, never silently dropped).
+2. The profile's channels in order (preferred, then fallback) through each adapter's
+   :meth:`~.channels.ChannelAdapter.notify`; a channel that is not running, has no identity for the
+   person or refuses (the web inbox carries no notifications) is skipped for the next. All failing is
+   transient: redelivered with backoff, finally dead-lettered.
+3. Once sent, ``notify.<notification id>`` is claimed in the ``human-channels`` bucket, so a
+   redelivered event is not sent again (a crash between the send and the claim can send it twice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import structlog
+
+from temporality_bus import Bus, Delivery, PermanentError, TransientError
+from temporality_human_interaction.channels import ChannelAdapter, ChannelError
+from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.directory import Directory, user_id_of
+from temporality_protocol import Envelope
+from temporality_protocol.events import MAX_TEXT, HumanNotifyRequested
+
+__all__ = ["NotificationHandler", "notification_text"]
+
+log = structlog.get_logger(__name__)
+
+
+def notification_text(payload: HumanNotifyRequested) -> str:
+    return f"📣 {payload.title}\n\n{payload.message}"[:MAX_TEXT]
+
+
+class NotificationHandler:
+    def __init__(self, bus: Bus, directory: Directory, adapters: Mapping[str, ChannelAdapter]) -> None:
+        self._bus = bus
+        self._directory = directory
+        self._adapters = adapters
+        self._refs = ChannelRefs(bus)
+
+    async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
+        payload = event.payload(HumanNotifyRequested)  # invalid data -> ProtocolError -> dead-lettered
+        with structlog.contextvars.bound_contextvars(notification_id=payload.notification_id, run_id=payload.run_id):
+            user_id = user_id_of(payload.recipient)
+            if user_id is None or payload.recipient not in payload.policy.allowed_recipients:
+                raise PermanentError(f"{payload.recipient} may not be notified by run {payload.run_id} (SEC-1)")
+            profile = self._directory.get(user_id)
+            if profile is None:
+                raise PermanentError(f"{payload.recipient} is not in the user directory")
+            sent_key = ref_key("notify", payload.notification_id)
+            if (done := await self._refs.get(sent_key)) is not None:
+                log.info("notification.already_sent", channel=done)
+                return
+            failures: list[str] = []
+            for name in profile.channel_order():
+                adapter = self._adapters.get(name)
+                if adapter is None:
+                    failures.append(f"{name}: no adapter runs here")
+                    continue
+                try:
+                    await adapter.notify(profile, notification_text(payload))
+                except ChannelError as exc:
+                    failures.append(f"{name}: {exc}")
+                    continue
+                await self._refs.claim(sent_key, name)
+                log.info("notification.sent", channel=name, recipient=payload.recipient, failed=failures)
+                return
+            raise TransientError(f"notification {payload.notification_id} could not be sent: {'; '.join(failures)}")

@@ -1,0 +1,102 @@
+"""A run ended (``run.completed`` / ``run.failed`` / ``run.cancelled``): its pending requests are cancelled.
+
+Run by :class:`temporality_bus.Consumer` on ``CONSUMERS["human-interaction-runs"]``. Nobody is left to
+take the answer, so each of the run's requests still ``pending`` moves to ``cancelled`` (compare-and-set,
+via the state machine) and every sent copy of its question is edited to say so
+(``AnswerRouter.show_outcome``). A later answer is refused with 409 ``cancelled``. Idempotent under
+redelivery: a request already cancelled is only shown again (the adapters tolerate a repeated edit);
+answered or expired requests are left alone.
+
+The run's requests are found through the index ``run.<run id>.<request id>`` in the ``human-channels``
+bucket, written when the request is stored (see :func:`index_request`), never by scanning every request.
+A request that arrives after its run ended (``runend.<run id>``, written before the index is read) is
+cancelled at intake, before anyone is notified.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from temporality_bus import Bus, Delivery, NotFound
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
+from temporality_human_interaction.records import HumanRequestRecord, open_store
+from temporality_protocol import Envelope, HumanRequestState
+
+__all__ = ["RUN_ENDINGS", "RunEndHandler", "cancel_pending", "index_request", "requests_of_run", "run_ended"]
+
+log = structlog.get_logger(__name__)
+
+#: Listing a run's requests never waits longer than this on the bus (then: transient, redelivered).
+_LIST_TIMEOUT_S = 10.0
+
+RUN_ENDINGS = frozenset({"run.completed", "run.failed", "run.cancelled"})
+
+
+async def index_request(bus: Bus, run_id: str, request_id: str) -> None:
+    """Record that ``request_id`` belongs to ``run_id`` (create-if-absent; a repeat is a no-op)."""
+    await ChannelRefs(bus).claim(ref_key("run", run_id, request_id), request_id)
+
+
+async def requests_of_run(bus: Bus, run_id: str) -> list[str]:
+    """The request ids indexed under ``run_id``: a server-side filtered watch of ``run.<run id>.*``
+    (nats-py's ``keys(filters=...)`` would read every key of the bucket and filter by substring)."""
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    watcher = await kv.watch(f"{ref_key('run', run_id)}.*", ignore_deletes=True, meta_only=True)
+    found: list[str] = []
+    try:  # the watch delivers every matching key, then None once it has caught up
+        async with asyncio.timeout(_LIST_TIMEOUT_S):
+            while (entry := await watcher.updates(timeout=_LIST_TIMEOUT_S)) is not None:  # type: ignore[no-untyped-call]
+                found.append(str(entry.key).rsplit(".", 1)[1])
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
+    return sorted(found)
+
+
+async def run_ended(bus: Bus, run_id: str) -> str | None:
+    """The event type that ended ``run_id`` if this service has seen it end, else None."""
+    return await ChannelRefs(bus).get(ref_key("runend", run_id))
+
+
+async def cancel_pending(
+    bus: Bus, request_id: str, because: str, on_outcome: Callable[[HumanRequestRecord], Awaitable[None]] | None
+) -> HumanRequestRecord | None:
+    """Cancel ``request_id`` if it is pending; show the outcome when it is (now or already) cancelled."""
+    store = await open_store(bus)
+    try:
+        result = await store.modify(
+            request_id, lambda r: r.moved_to(HumanRequestState.CANCELLED) if r.pending else None
+        )
+    except NotFound:
+        return None
+    record = result.value
+    if record.status is not HumanRequestState.CANCELLED:
+        return record
+    log.info("request.cancelled", request_id=request_id, because=because, changed=result.changed)
+    if on_outcome is not None:
+        await on_outcome(record)
+    return record
+
+
+class RunEndHandler:
+    """The run-endings handler; :meth:`handle` is what the consumer calls."""
+
+    def __init__(self, bus: Bus, on_outcome: Callable[[HumanRequestRecord], Awaitable[None]] | None = None) -> None:
+        self._bus = bus
+        self._on_outcome = on_outcome
+
+    async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
+        if event.type not in RUN_ENDINGS:
+            return
+        run_id = str(event.data.get("run_id") or event.runid or "")
+        if not run_id:
+            log.warning("run_end.without_run_id", event_id=event.id, type=event.type)
+            return
+        with structlog.contextvars.bound_contextvars(run_id=run_id):
+            # The marker first, then the index: a request stored concurrently either is in the index
+            # already or sees the marker at intake (RequestHandler), so none is left pending.
+            await ChannelRefs(self._bus).claim(ref_key("runend", run_id), event.type)
+            for request_id in await requests_of_run(self._bus, run_id):
+                await cancel_pending(self._bus, request_id, event.type, self._on_outcome)

@@ -1,0 +1,141 @@
+"""Channel plumbing without a transport: which adapters start from the settings, the rendered question, the
+channel bindings in KV, and identities in the directory."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from human_support import OPTIONS
+
+from temporality_bus import Bus
+from temporality_human_interaction.__main__ import build_adapters, check_channel_settings
+from temporality_human_interaction.channels.matrix import MatrixAdapter, option_for_reaction
+from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.channels.render import option_named, outcome_text, question_html, question_text
+from temporality_human_interaction.channels.telegram import TelegramAdapter
+from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.records import HumanRequestRecord, SentCopy
+from temporality_human_interaction.settings import Settings
+from temporality_protocol import HumanPolicy, HumanRequestState, OptionAnswer, TimeoutPolicy
+from temporality_protocol.events import DeliveryAttempt
+from temporality_service import ConfigError
+
+
+def _record(**changes: object) -> HumanRequestRecord:
+    base = HumanRequestRecord(
+        request_id="hreq-1",
+        run_id="run-1",
+        agent="reviewer",
+        title="PR #1842 in repo X",
+        recipient="user:alice",
+        question="Keep v1 <for now>?",
+        context="x" * 2000,
+        options=OPTIONS,
+        created_at=datetime(2026, 12, 1, 12, 0, tzinfo=UTC),
+        expires_at=datetime(2026, 12, 1, 14, 30, tzinfo=UTC),
+        policy=HumanPolicy(on_timeout=TimeoutPolicy(action="default", default_option="keep-v1")),
+    )
+    return base.model_copy(update=changes)
+
+
+def test_only_configured_chat_adapters_start(bus: Bus) -> None:
+    assert [a.name for a in build_adapters(Settings(), bus)] == ["web"]
+    both = Settings(
+        telegram_token="123:abc",  # type: ignore[arg-type]
+        matrix_homeserver="http://127.0.0.1:1",
+        matrix_user_id="@bot:localhost",
+        matrix_access_token="tok",  # type: ignore[arg-type]
+    )
+    adapters = build_adapters(both, bus)
+    assert [a.name for a in adapters] == ["web", "telegram", "matrix"]
+    assert isinstance(adapters[1], TelegramAdapter)
+    assert isinstance(adapters[2], MatrixAdapter)
+    assert "123:abc" not in repr(both)  # secrets are SecretStr: never in a log line
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"matrix_homeserver": "http://hs"},
+        {"matrix_homeserver": "http://hs", "matrix_user_id": "@bot:hs"},
+    ],
+)
+def test_a_half_configured_matrix_is_a_config_error(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="TEMPORALITY_HUMAN_MATRIX_"):
+        check_channel_settings(Settings(**env))  # type: ignore[arg-type]
+
+
+def test_the_question_is_compact_and_says_what_happens_without_an_answer() -> None:
+    record = _record()
+    text = question_text(record)
+    assert text.startswith("❓ PR #1842 in repo X")
+    assert "x" * 700 not in text  # long context is cut
+    assert "2. Drop v1 — The review approves the removal" in text
+    assert "No answer by 2026-12-01 14:30 UTC → I go with “Keep the v1 API”." in text
+    html = question_html(record)
+    assert "Keep v1 &lt;for now&gt;?" in html  # escaped
+    answered = _record(
+        status=HumanRequestState.ANSWERED,
+        answer=OptionAnswer(option_id="drop-v1", label="Drop v1"),
+        responder="user:alice",
+        answered_at=datetime(2026, 12, 1, 13, 5, tzinfo=UTC),
+    )
+    assert outcome_text(answered, responder_name="Alice") == "✅ Answered by Alice: “Drop v1” 13:05 UTC"
+    assert outcome_text(_record(status=HumanRequestState.EXPIRED)).startswith("⌛ Expired at 2026-12-01 14:30 UTC")
+
+
+def test_options_are_named_by_number_id_label_or_keycap() -> None:
+    record = _record()
+    assert option_named(record, " 2. ") == OPTIONS[1]
+    assert option_named(record, "KEEP-V1") == OPTIONS[0]
+    assert option_named(record, "drop v1") == OPTIONS[1]
+    assert option_named(record, "3") is None
+    assert option_named(record, "maybe later") is None
+    assert option_for_reaction(OPTIONS, "2️⃣") == OPTIONS[1]
+    assert option_for_reaction(OPTIONS, "👍") is None
+
+
+async def test_channel_refs_claim_once_and_hash_unsafe_key_parts(bus: Bus) -> None:
+    refs = ChannelRefs(bus)
+    key = ref_key("matrix", "event", "$abc:example.org")
+    assert key.startswith("matrix.event.")
+    assert "$" not in key
+    assert ref_key("telegram", "msg", 1001, 7) == "telegram.msg.1001.7"
+    assert await refs.claim(key, "hreq-1") == "hreq-1"
+    assert await refs.claim(key, "hreq-2") == "hreq-1"  # a second writer gets the first value
+    assert await refs.get(key) == "hreq-1"
+    assert await refs.get(ref_key("nothing")) is None
+
+
+def test_identities_map_to_people() -> None:
+    directory = Directory.from_mapping(
+        {
+            "users": {
+                "alice": {
+                    "display_name": "Alice",
+                    "preferred": "matrix",
+                    "fallback": ["telegram"],
+                    "channels": {"matrix": {"user_id": "@alice:hs"}, "telegram": {"chat_id": 42}},
+                }
+            }
+        }
+    )
+    assert directory.user_for_identity("matrix", "@alice:hs") == "alice"
+    assert directory.user_for_identity("telegram", "42") == "alice"
+    assert directory.user_for_identity("web", "alice") == "alice"
+    assert directory.user_for_identity("matrix", "@mallory:hs") is None
+    assert directory.user_for_identity("telegram", "43") is None
+
+
+def test_sent_copies_and_failed_attempts_survive_the_kv_round_trip() -> None:
+    record = _record(
+        deliveries=[SentCopy(channel="telegram", reference="7", address="1001", sent_at=datetime.now(UTC))],
+        failed_deliveries=[DeliveryAttempt(channel="matrix", error="cannot open a DM")],
+    )
+    back = HumanRequestRecord.model_validate_json(record.model_dump_json())
+    assert back == record
+    assert back.copy_on("telegram") == record.deliveries[0]
+    assert back.copy_on("matrix") is None
+    old = HumanRequestRecord.model_validate_json(_record().model_dump_json(exclude={"deliveries", "failed_deliveries"}))
+    assert old.deliveries == []  # a record written before these fields existed still loads

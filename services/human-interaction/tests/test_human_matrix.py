@@ -1,0 +1,244 @@
+"""The Matrix channel against a real Synapse homeserver (HUM-3, HUM-4, HUM-5): the bot is the adapter under
+test (matrix-nio, in the test's loop); people are nio clients on the same homeserver."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from human_support import exactly, requested, stored, wait_for_record
+from matrix_support import MatrixPerson
+
+from temporality_bus import Bus
+from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
+from temporality_human_interaction.channels.matrix import KEYCAPS, MatrixAdapter
+from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.inbound import AnswerRouter
+from temporality_human_interaction.notifications import NotificationHandler
+from temporality_human_interaction.records import HumanRequestRecord
+from temporality_human_interaction.requests import RequestHandler
+from temporality_protocol import (
+    HumanAnswered,
+    HumanNotifyRequested,
+    HumanPolicy,
+    HumanRequestState,
+    OptionAnswer,
+    TextAnswer,
+    make_event,
+)
+from temporality_testing.synapse import MatrixAccount, Synapse
+from temporality_testing.waiting import stays
+
+TITLE = "Review PR 42: remove the v1 API"
+
+
+def _directory(accounts: dict[str, MatrixAccount]) -> Directory:
+    return Directory.from_mapping(
+        {
+            "users": {
+                "alice": {
+                    "display_name": "Alice Example",
+                    "inbox_token": "alice-demo-token",
+                    "preferred": "matrix",
+                    "fallback": ["web"],
+                    "channels": {"matrix": {"user_id": accounts["alice"].user_id}, "web": {}},
+                },
+                "bob": {
+                    "display_name": "Bob Example",
+                    "preferred": "matrix",
+                    "channels": {"matrix": {"user_id": accounts["bob"].user_id}},
+                },
+            }
+        }
+    )
+
+
+@pytest.fixture
+async def bot(
+    bus: Bus, synapse: Synapse, matrix_accounts: dict[str, MatrixAccount]
+) -> AsyncIterator[tuple[MatrixAdapter, RequestHandler]]:
+    directory = _directory(matrix_accounts)
+    adapters: dict[str, ChannelAdapter] = {}
+    router = AnswerRouter(bus, directory, adapters)
+    matrix = MatrixAdapter(
+        bus,
+        homeserver=synapse.url,
+        user_id=matrix_accounts["bot"].user_id,
+        password=matrix_accounts["bot"].password,
+        sync_timeout_s=5,
+    )
+    web = WebInboxAdapter()
+    for adapter in (matrix, web):
+        adapter.attach(router)
+    async with matrix, web:
+        assert matrix.available
+        adapters.update({matrix.name: matrix, web.name: web})
+        yield matrix, RequestHandler(bus, directory, adapters)
+
+
+async def _person(synapse: Synapse, account: MatrixAccount) -> AsyncIterator[MatrixPerson]:
+    person = await MatrixPerson(synapse.url, account).start()
+    try:
+        yield person
+    finally:
+        await person.close()
+
+
+@pytest.fixture
+async def alice(synapse: Synapse, matrix_accounts: dict[str, MatrixAccount]) -> AsyncIterator[MatrixPerson]:
+    async for person in _person(synapse, matrix_accounts["alice"]):
+        yield person
+
+
+@pytest.fixture
+async def mallory(synapse: Synapse, matrix_accounts: dict[str, MatrixAccount]) -> AsyncIterator[MatrixPerson]:
+    async for person in _person(synapse, matrix_accounts["mallory"]):
+        yield person
+
+
+async def _ask(
+    bus: Bus, handler: RequestHandler, person: MatrixPerson, bot_id: str
+) -> tuple[HumanRequestRecord, str, str]:
+    event = requested()
+    await handler.handle(event)
+    record = await stored(bus, str(event.data["request_id"]))
+    assert record is not None
+    copy = record.copy_on("matrix")
+    assert copy is not None
+    room_id, question = await person.wait_for(
+        lambda _room, e: e.get("event_id") == copy.reference, what="the question event"
+    )
+    assert room_id == copy.address
+    return record, room_id, str(question["event_id"])
+
+
+async def test_reaction_answer_binds_and_the_question_is_edited_to_show_the_outcome(
+    bus: Bus, bot: tuple[MatrixAdapter, RequestHandler], alice: MatrixPerson, matrix_accounts: dict[str, MatrixAccount]
+) -> None:
+    bot_id = matrix_accounts["bot"].user_id
+    record, room_id, question_id = await _ask(bus, bot[1], alice, bot_id)
+    _, question = await alice.wait_for_question(bot_id, TITLE)
+    html = question["content"]["formatted_body"]
+    assert "<b>❓ Review PR 42: remove the v1 API</b>" in html
+    assert "<ol><li><b>Keep the v1 API</b> — The PR is asked to restore v1</li>" in html
+    assert "No answer by" in html
+    # The options are offered as the bot's own reactions, one keycap per option.
+    for key in KEYCAPS[:2]:
+        await alice.wait_for(
+            lambda _r, e, k=key: (
+                e.get("type") == "m.reaction"
+                and e["content"]["m.relates_to"] == {"rel_type": "m.annotation", "event_id": question_id, "key": k}
+            ),
+            what=f"the bot's {key} reaction",
+        )
+
+    reaction = await alice.react(room_id, question_id, KEYCAPS[1])
+    answered = await wait_for_record(bus, record.request_id, lambda r: r.status is HumanRequestState.ANSWERED)
+    assert answered.answer == OptionAnswer(option_id="drop-v1", label="Drop v1")
+    assert answered.responder == "user:alice"
+    [event] = await exactly(bus, "human.answered")
+    assert event.payload(HumanAnswered).channel == "matrix"
+
+    told = await alice.wait_for_reply_to(reaction, sender=bot_id)
+    assert told["content"]["body"].endswith("Recorded: Drop v1")
+    edit = await alice.wait_for_edit_of(question_id)
+    assert "✅ Answered by Alice Example: “Drop v1”" in edit["content"]["m.new_content"]["body"]
+
+
+async def test_rich_reply_binds_free_text_and_a_bare_number_binds_an_option(
+    bus: Bus, bot: tuple[MatrixAdapter, RequestHandler], alice: MatrixPerson, matrix_accounts: dict[str, MatrixAccount]
+) -> None:
+    bot_id = matrix_accounts["bot"].user_id
+    first, room_id, question_id = await _ask(bus, bot[1], alice, bot_id)
+    await alice.reply(room_id, question_id, "Keep it until June, then drop it")
+    bound = await wait_for_record(bus, first.request_id, lambda r: r.status is HumanRequestState.ANSWERED)
+    assert bound.answer == TextAnswer(value="Keep it until June, then drop it")
+
+    second, room2, _ = await _ask(bus, bot[1], alice, bot_id)
+    assert room2 == room_id  # one DM room per person, created once and reused
+    assert await ChannelRefs(bus).get(ref_key("matrix", "room", matrix_accounts["alice"].user_id)) == room_id
+    await alice.say(room_id, "1")  # names option 1 of the newest question in the room
+    bound2 = await wait_for_record(bus, second.request_id, lambda r: r.status is HumanRequestState.ANSWERED)
+    assert bound2.answer == OptionAnswer(option_id="keep-v1", label="Keep the v1 API")
+    await exactly(bus, "human.answered", 2)
+
+
+async def test_a_foreign_users_answer_is_refused_and_they_are_told(
+    bus: Bus,
+    bot: tuple[MatrixAdapter, RequestHandler],
+    alice: MatrixPerson,
+    mallory: MatrixPerson,
+    matrix_accounts: dict[str, MatrixAccount],
+) -> None:
+    bot_id = matrix_accounts["bot"].user_id
+    record, room_id, question_id = await _ask(bus, bot[1], alice, bot_id)
+    await alice.client.room_invite(room_id, mallory.account.user_id)  # alice brings someone into her DM
+    await mallory.wait_for(lambda room, _e: room == room_id, what="joining alice's room")
+
+    reaction = await mallory.react(room_id, question_id, KEYCAPS[0])
+    told = await mallory.wait_for_reply_to(reaction, sender=bot_id)
+    assert told["content"]["body"].endswith("Not recorded: only the recipient may answer.")
+    reply = await mallory.reply(room_id, question_id, "drop it")
+    told = await mallory.wait_for_reply_to(reply, sender=bot_id)
+    assert "only the recipient may answer" in told["content"]["body"]
+
+    async def still_pending() -> bool:
+        current = await stored(bus, record.request_id)
+        return current is not None and current.pending
+
+    await stays(still_pending, settle_s=1.0, what="the request staying pending")
+
+    # The recipient can still answer.
+    await alice.react(room_id, question_id, KEYCAPS[0])
+    await wait_for_record(bus, record.request_id, lambda r: r.status is HumanRequestState.ANSWERED)
+
+
+async def test_a_restarted_adapter_resumes_its_sync_and_binds_an_answer_given_while_it_was_down(
+    bus: Bus, synapse: Synapse, matrix_accounts: dict[str, MatrixAccount], alice: MatrixPerson
+) -> None:
+    directory = _directory(matrix_accounts)
+    bot_id = matrix_accounts["bot"].user_id
+
+    def adapter() -> MatrixAdapter:
+        made = MatrixAdapter(
+            bus, homeserver=synapse.url, user_id=bot_id, password=matrix_accounts["bot"].password, sync_timeout_s=5
+        )
+        made.attach(AnswerRouter(bus, directory, {"matrix": made}))
+        return made
+
+    async with adapter() as first:
+        record, room_id, question_id = await _ask(bus, RequestHandler(bus, directory, {"matrix": first}), alice, bot_id)
+    await alice.react(room_id, question_id, KEYCAPS[0])  # while no bot is running
+    async with adapter():
+        answered = await wait_for_record(bus, record.request_id, lambda r: r.status is HumanRequestState.ANSWERED)
+        assert answered.answer == OptionAnswer(option_id="keep-v1", label="Keep the v1 API")
+        await alice.wait_for_edit_of(question_id)
+    await exactly(bus, "human.answered")
+
+
+async def test_a_notification_arrives_as_a_notice_in_the_dm(
+    bus: Bus, bot: tuple[MatrixAdapter, RequestHandler], alice: MatrixPerson, matrix_accounts: dict[str, MatrixAccount]
+) -> None:
+    directory = _directory(matrix_accounts)
+    data = HumanNotifyRequested(
+        notification_id="hn-matrix-1",
+        run_id="run-1",
+        agent="reviewer",
+        title="Review PR 42",
+        recipient="user:alice",
+        message="Review finished: two comments.",
+        policy=HumanPolicy(allowed_recipients=["user:alice"]),
+        turn=2,
+    )
+    await NotificationHandler(bus, directory, {"matrix": bot[0]}).handle(make_event(data, source="/test"))
+    _, notice = await alice.wait_for(
+        lambda _r, e: (
+            e.get("sender") == matrix_accounts["bot"].user_id
+            and (e.get("content") or {}).get("msgtype") == "m.notice"
+            and "Review finished" in str(e["content"].get("body"))
+        ),
+        what="the notification",
+    )
+    assert notice["content"]["body"] == "📣 Review PR 42\n\nReview finished: two comments."
+    assert "m.relates_to" not in notice["content"]  # a plain notice, not a reply to anything

@@ -10,18 +10,31 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from pydantic import SecretStr
 
 from temporality_embedded import Stack, StackConfig, free_port
+from temporality_service import ApiToken, Role
+from temporality_service.auth import dump_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config"
 EXAMPLE_PR = ROOT / "examples" / "azure-devops" / "git.pullrequest.created.json"
 HOOK_AUTH = "Basic " + base64.b64encode(b"azure:change-me").decode()
 ALICE = {"Authorization": "Bearer alice-demo-token"}
+#: The role tokens of every test stack (``TEMPORALITY_API_TOKENS_FILE``); JOURNAL reads the journal.
+API_TOKENS = [
+    ApiToken(name="e2e-viewer", role=Role.viewer, token=SecretStr("e2e-viewer-token-0123456789abcdef")),
+    ApiToken(name="e2e-operator", role=Role.operator, token=SecretStr("e2e-operator-token-0123456789abcdef")),
+    ApiToken(name="e2e-admin", role=Role.admin, token=SecretStr("e2e-admin-token-0123456789abcdef")),
+]
+JOURNAL = {"Authorization": f"Bearer {API_TOKENS[0].token.get_secret_value()}"}
 T = TypeVar("T")
 
 
 def make_stack(tmp_path: Path, *, config_dir: Path = CONFIG, **extra_env: str) -> Stack:
+    tokens_file = tmp_path / "api-tokens.json"
+    tokens_file.parent.mkdir(parents=True, exist_ok=True)
+    tokens_file.write_text(dump_tokens(API_TOKENS), encoding="utf-8")
     return Stack(
         StackConfig(
             data_dir=tmp_path / "stack",
@@ -30,6 +43,7 @@ def make_stack(tmp_path: Path, *, config_dir: Path = CONFIG, **extra_env: str) -
             human_port=free_port(),
             journal_port=free_port(),
             log_format="json",
+            api_tokens_file=tokens_file,
             extra_env={"TEMPORALITY_NATS_ACK_WAIT_S": "3", "TEMPORALITY_LOG_LEVEL": "debug", **extra_env},
         )
     )

@@ -21,7 +21,7 @@ import nats
 import nats.errors
 import pytest
 import yaml
-from e2e_support import ALICE, CONFIG, eventually, example_pr, make_stack, post_hook
+from e2e_support import ALICE, CONFIG, JOURNAL, eventually, example_pr, make_stack, post_hook
 
 from temporality_embedded import ServiceProcess, Stack
 from temporality_protocol import CollaboratorsQuery, CollaboratorsReply
@@ -56,7 +56,7 @@ E2E_TRAJECTORY = [
 
 
 async def _run(http: httpx.AsyncClient, stack: Stack, run_id: str) -> dict[str, Any] | None:
-    response = await http.get(f"{stack.journal_url}/runs/{run_id}")
+    response = await http.get(f"{stack.journal_url}/runs/{run_id}", headers=JOURNAL)
     return response.json() if response.status_code == 200 else None
 
 
@@ -133,7 +133,7 @@ async def _collaborators(stack: Stack, run_id: str, ready: Any) -> Collaborators
 
 
 async def _trajectory(http: httpx.AsyncClient, stack: Stack, run_id: str) -> list[dict[str, Any]]:
-    response = await http.get(f"{stack.journal_url}/runs/{run_id}/events")
+    response = await http.get(f"{stack.journal_url}/runs/{run_id}/events", headers=JOURNAL)
     assert response.status_code == 200, response.text
     events: list[dict[str, Any]] = response.json()["events"]
     return events
@@ -211,7 +211,7 @@ async def test_e2e_1_webhook_to_completed_review_with_a_human_answer(stack: Stac
         what="three duplicate deliveries journaled",
     )
     events = await _settled_trajectory(http, stack, run_id)  # everything so far recorded: now count
-    runs = (await http.get(f"{stack.journal_url}/runs")).json()["runs"]
+    runs = (await http.get(f"{stack.journal_url}/runs", headers=JOURNAL)).json()["runs"]
     assert [r["run_id"] for r in runs] == [run_id]
     types = [e["type"] for e in events]
     assert types.count("trigger.received") == 4
@@ -329,7 +329,9 @@ async def test_poison_message_is_dead_lettered_and_journaled_and_consumers_go_on
     assert "InvalidEnvelope" in dead[0].data["error"]
 
     async def journaled() -> list[dict[str, Any]] | None:
-        body = (await http.get(f"{stack.journal_url}/events", params={"type": "bus.dead_lettered"})).json()
+        body = (
+            await http.get(f"{stack.journal_url}/events", params={"type": "bus.dead_lettered"}, headers=JOURNAL)
+        ).json()
         consumers = {e["data"]["consumer"] for e in body["events"]}
         return body["events"] if "run-executor-requests" in consumers else None
 
@@ -376,7 +378,7 @@ async def test_bad_input_at_the_gateway_and_the_inbox(stack: Stack, http: httpx.
     assert (await http.post(url, json={"option_id": "keep-v1"}, headers=ALICE)).status_code == 200
     await _run_in_state(http, stack, run_id, "completed")
     # nothing was journaled as a run for the rejected deliveries
-    runs = (await http.get(f"{stack.journal_url}/runs")).json()["runs"]
+    runs = (await http.get(f"{stack.journal_url}/runs", headers=JOURNAL)).json()["runs"]
     assert [r["run_id"] for r in runs] == [run_id]
     body = json.dumps(runs)
     assert "change-me" not in body

@@ -1,5 +1,6 @@
 """Journal test fixtures: a database per test (SQLite file and PostgreSQL), a journal wired to a real bus
-(its consumer in batch mode, as the service runs it).
+(its consumer in batch mode, as the service runs it), the journal service served on a real port
+(``served_journal``), and a real headless Chromium (``browser_context``).
 
 Environment variables of the PostgreSQL variants (``database_url[postgres]``):
 
@@ -9,11 +10,15 @@ Environment variables of the PostgreSQL variants (``database_url[postgres]``):
     Unset (a developer's machine): when that server is unreachable, the PostgreSQL variants are
     *skipped*. ``1`` (CI sets it): they *fail* instead, with the reason, so a broken database
     service in CI cannot pass the suite unnoticed on SQLite alone.
+``TEMPORALITY_REQUIRE_CHROMIUM``
+    Unset: the browser tests (``browser_context``) are skipped, with the reason, when Debian's chromium
+    is not installed. ``1``: they fail instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,8 +29,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from journal_support import VIEWER, ServedJournal, api_auth, serve_journal, served_settings
+from playwright.async_api import BrowserContext, async_playwright
 
-from temporality_bus import Bus, Consumer, Delivery
+from temporality_bus import Bus, Consumer, Delivery, NatsSettings
 from temporality_journal import Database, Recorder, Settings, create_app
 from temporality_protocol import (
     Envelope,
@@ -181,7 +188,10 @@ async def _not_wired() -> None:
 
 
 class Journal:
-    """The journal's consumer on the real bus plus an HTTP client of its API (in-process ASGI)."""
+    """The journal's consumer on the real bus plus an HTTP client of its API (in-process ASGI).
+
+    ``client`` sends the viewer token (``journal_support.VIEWER``); pass ``headers=`` for another role.
+    """
 
     def __init__(self, bus: Bus, database: Database, client: httpx.AsyncClient) -> None:
         self.bus = bus
@@ -254,8 +264,10 @@ class Journal:
 
 @asynccontextmanager
 async def _journal(bus: Bus, database: Database, *, started: bool) -> AsyncIterator[Journal]:
-    app = create_app(Settings(), database)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://journal") as client:
+    app = create_app(Settings(), database, bus, api_auth())
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://journal", headers=VIEWER
+    ) as client:
         jr = Journal(bus, database, client)
         consumer = Consumer(
             bus,
@@ -295,3 +307,48 @@ async def idle_journal(bus: Bus, database: Database) -> AsyncIterator[Journal]:
     have the events fetched together in one batch)."""
     async with _journal(bus, database, started=False) as jr:
         yield jr
+
+
+# --------------------------------------------------------------------------- the journal service, served
+@pytest.fixture
+async def served_journal(tmp_path: Path, nats_settings: NatsSettings, bus: Bus) -> AsyncIterator[ServedJournal]:
+    """The journal as the service runs it (recorder, live tail, API, console) on 127.0.0.1 and a free port,
+    SQLite, the test tokens (``journal_support``)."""
+    async with serve_journal(served_settings(tmp_path, nats_settings), bus) as served:
+        yield served
+
+
+# --------------------------------------------------------------------------- a real headless Chromium
+#: Debian's chromium (``apt-get install chromium``); the binary itself first (skips the shell wrapper).
+CHROMIUM_CANDIDATES = (Path("/usr/lib/chromium/chromium"), Path("/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+async def browser_context() -> AsyncIterator[BrowserContext]:
+    """A fresh context of a real headless Chromium (Playwright driving Debian's ``chromium``; never
+    ``playwright install``). Skipped, saying why, when chromium is not installed -- failed instead under
+    ``TEMPORALITY_REQUIRE_CHROMIUM=1``. Uncaught page errors fail the test."""
+    executable = next((p for p in CHROMIUM_CANDIDATES if p.exists()), None)
+    if executable is None:
+        reason = f"Debian chromium not found at {' or '.join(map(str, CHROMIUM_CANDIDATES))} (apt-get install chromium)"
+        if os.environ.get("TEMPORALITY_REQUIRE_CHROMIUM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=str(executable), headless=True, args=CHROMIUM_ARGS)
+        try:
+            context = await browser.new_context(viewport={"width": 1366, "height": 900}, locale="en-GB")
+            errors: list[str] = []
+            context.on("weberror", lambda error: errors.append(str(error.error)))
+            yield context
+            assert errors == [], f"uncaught errors in the page: {errors}"
+        finally:
+            await browser.close()

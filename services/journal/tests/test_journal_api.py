@@ -8,7 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
+from journal_support import VIEWER, api_auth
 
+from temporality_bus import Bus
 from temporality_journal import Database, Recorder, Settings, create_app
 
 MakeStory = Callable[..., Any]  # conftest.RunStory
@@ -92,7 +94,7 @@ async def test_trajectory_pages_by_stream_sequence(journal: Journal, story: Make
     assert tail["events"] == []  # a known run with nothing newer: 200, not 404
 
 
-async def test_recorder_alone_is_idempotent(database: Database, story: MakeStory) -> None:
+async def test_recorder_alone_is_idempotent(database: Database, bus: Bus, story: MakeStory) -> None:
     """Without the bus: the recorder reports whether an id was new, and the API reads the result."""
     s = story()
     recorder = Recorder(database)
@@ -100,8 +102,9 @@ async def test_recorder_alone_is_idempotent(database: Database, story: MakeStory
     assert await recorder.record(requested, 1) is True
     assert await recorder.record(requested, 2) is False
     assert await recorder.record(s.started(), 3) is True
-    app = create_app(Settings(), database)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://journal") as client:
+    app = create_app(Settings(), database, bus, api_auth())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://journal", headers=VIEWER) as client:
         events = (await client.get(f"/runs/{s.run_id}/events")).json()["events"]
         assert [(e["type"], e["stream_seq"]) for e in events] == [("run.requested", 1), ("run.started", 3)]
         assert (await client.get(f"/runs/{s.run_id}")).json()["last_event_seq"] == 3

@@ -161,7 +161,7 @@ async def test_a_poison_event_in_a_batch_is_dead_lettered_alone(idle_journal: Jo
 
     run = await journal.run(s.run_id)
     assert run["state"] == "waiting_for_human"
-    assert run["waiting"]["channel"] == "web"  # type: ignore[index]
+    assert run["waiting"]["channel"] == "web"
     stored = (await journal.client.get("/events", params={"run_id": s.run_id})).json()["events"]
     assert refused.id not in {e["id"] for e in stored}
     await stays(lambda: journal.handled[refused.id] == 1, settle_s=1.5, what=f"one delivery of {refused.id}")

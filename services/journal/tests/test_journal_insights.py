@@ -80,6 +80,38 @@ def test_a_delivery_counts_once_per_trigger_and_accepted_beats_rejected() -> Non
     assert (delivery.outcome, delivery.reason, delivery.run_id) == ("accepted", None, "r1")
 
 
+def test_ui_2_columns_come_from_deliveries_and_the_last_trigger_change() -> None:
+    received = {
+        "trigger_id": "t",
+        "adapter": "azure_devops.pull_request",
+        "source_event_type": "git.pullrequest.created",
+    }
+    events = [
+        EventRow(
+            "trigger.created",
+            T0,
+            None,
+            {"trigger_id": "t", "trigger_type": "webhook", "agent": "reviewer", "enabled": True},
+        ),
+        EventRow("trigger.received", T0, None, {**received, "delivery_id": "d1"}),
+        EventRow("trigger.accepted", T0, "r1", {"trigger_id": "t", "delivery_id": "d1", "agent": "old-agent"}),
+        EventRow("trigger.received", T0, None, {**received, "delivery_id": "d2", "source_event_type": "git.push"}),
+        EventRow("trigger.disabled", T0, None, {"trigger_id": "t", "revision": 2}),
+        EventRow("trigger.accepted", T0, "r2", {"trigger_id": "u", "delivery_id": "d3", "agent": "triager"}),
+    ]
+    t, u = triggers_of(events, [], set())
+    assert (t.source, t.event_types, t.trigger_type, t.agent) == (
+        "azure_devops.pull_request",
+        ["git.pullrequest.created", "git.push"],
+        "webhook",
+        "reviewer",  # the change event's agent wins over the deliveries'
+    )
+    assert (t.enabled, t.deleted) == (False, False)
+    assert (u.agent, u.enabled, u.source) == ("triager", None, None)  # no change seen: unknown
+    deleted = EventRow("trigger.deleted", T0, None, {"trigger_id": "t", "revision": 3})
+    assert triggers_of([*events, deleted], [], set())[0].deleted
+
+
 def test_cursors_round_trip_and_refuse_forgeries() -> None:
     cursor = decode_cursor(encode_cursor(T0, "run-1|x"))
     assert (cursor.time, cursor.key) == (T0, "run-1|x")

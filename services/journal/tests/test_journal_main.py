@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from journal_support import VIEWER, write_tokens
 
 from temporality_bus import Bus, NatsSettings
 
@@ -49,6 +50,7 @@ async def test_process_records_serves_and_stops_on_sigterm(
         "TEMPORALITY_JOURNAL_PORT": str(port),
         "TEMPORALITY_READY_FILE": str(ready),
         "TEMPORALITY_LOG_FORMAT": "console",
+        "TEMPORALITY_API_TOKENS_FILE": str(write_tokens(tmp_path / "tokens.json")),
     }
     with log_path.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
@@ -64,8 +66,9 @@ async def test_process_records_serves_and_stops_on_sigterm(
 
         s = story()
         await bus.publish(s.requested())
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-            assert (await client.get("/healthz")).json()["status"] == "ok"
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=VIEWER) as client:
+            assert (await client.get("/healthz", headers={"Authorization": ""})).json()["status"] == "ok"
+            assert (await client.get("/runs", headers={"Authorization": ""})).status_code == 401
             ready = (await client.get("/readyz")).json()
             assert ready["status"] == "ready"
             assert ready["consumers"] == {"journal": "running"}
@@ -84,3 +87,26 @@ async def test_process_records_serves_and_stops_on_sigterm(
             proc.kill()
             await proc.wait()
     assert "service.stopped" in await asyncio.to_thread(log_path.read_text)
+
+
+async def test_an_invalid_tokens_file_stops_the_journal_before_it_connects(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text("- {name: x, role: boss, token: short}\n", encoding="utf-8")
+    env = {
+        **os.environ,
+        "TEMPORALITY_NATS_URL": "nats://127.0.0.1:1",  # never reached: configure() refuses first
+        "TEMPORALITY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'journal.db'}",
+        "TEMPORALITY_API_TOKENS_FILE": str(tokens),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "temporality_journal",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2, out
+    assert b"config.invalid" in out
+    assert b"TEMPORALITY_API_TOKENS_FILE" in out

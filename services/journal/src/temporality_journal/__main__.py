@@ -1,15 +1,27 @@
-"""``temporality-journal``: the recorder consumer and the run/trajectory API, started by the service runtime."""
+"""``temporality-journal``: the recorder consumer and the run/trajectory API, started by the service runtime.
+
+``configure`` checks the database URL and reads the role tokens (``TEMPORALITY_API_TOKENS_FILE``): an
+unusable URL or tokens file is a configuration error (exit 2) before anything connects.
+
+``temporality-journal rebuild`` (``python -m temporality_journal rebuild``) drops the read model and
+makes the next start replay the stream from the beginning: :mod:`temporality_journal.rebuild`.
+"""
 
 from __future__ import annotations
+
+import sys
 
 from sqlalchemy.exc import ArgumentError
 
 from temporality_journal.api import create_app
 from temporality_journal.database import Database, async_url
+from temporality_journal.rebuild import main as rebuild_main
 from temporality_journal.recorder import Recorder
 from temporality_journal.settings import Settings
+from temporality_journal.tail import Changes, Tail
 from temporality_protocol.catalog import SERVICES
-from temporality_service import ConfigError, Runtime, Setup, serve
+from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
+from temporality_service.runtime import run as run_loop
 
 __all__ = ["SPEC", "configure", "run"]
 
@@ -21,23 +33,39 @@ def configure(settings: Settings) -> Setup[Settings]:
         async_url(settings.database_url)
     except (ValueError, ArgumentError) as exc:
         raise ConfigError(f"TEMPORALITY_DATABASE_URL: {exc}") from exc
+    try:
+        auth = ApiAuth.from_settings(settings.api)
+    except TokenFileError as exc:
+        raise ConfigError(f"TEMPORALITY_API_TOKENS_FILE: {exc}") from exc
 
     async def setup(rt: Runtime[Settings]) -> None:
         database = await rt.resources.enter_async_context(Database.open(rt.settings.database_url))
-        recorder = Recorder(database)
+        changes = Changes()  # the recorder wakes the live tail once per committed batch
+        recorder = Recorder(database, on_commit=changes.notify)
         rt.consumer(
             "journal",
             handler=recorder.handle,
             batch_handler=recorder.handle_batch,
             batch_size=rt.settings.batch_size,
         )
-        rt.http(create_app(rt.settings, database))
+        # Open SSE streams end once the server stops accepting (SIGTERM), instead of holding up the drain.
+        tail = Tail(database, changes, stopping=lambda: rt.server is not None and rt.server.should_exit)
+        rt.http(create_app(rt.settings, database, rt.bus, auth, tail))
         rt.ready_check("database", database.ping)
 
     return setup
 
 
+USAGE = "usage: temporality-journal [rebuild]  (no argument: run the service)"
+
+
 def run() -> None:
+    args = sys.argv[1:]
+    if args == ["rebuild"]:
+        sys.exit(run_loop(rebuild_main()))
+    if args:
+        sys.stderr.write(USAGE + "\n")
+        sys.exit(2)
     serve(SPEC, Settings, configure)
 
 

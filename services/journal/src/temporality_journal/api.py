@@ -1,14 +1,22 @@
 """The journal's HTTP API (JSON): runs by state, one run with whom/where/how long it waits, trajectories.
 
+Every route but ``/healthz`` and ``/readyz`` needs ``Authorization: Bearer <API token>``
+(:mod:`temporality_service.auth`, ``TEMPORALITY_API_TOKENS_FILE``): reading needs the ``viewer`` role,
+cancelling a run ``operator``. No token or an unknown one is a 401 (``WWW-Authenticate: Bearer``), a
+role too low a 403.
+
 ==================================  ======================================================
 ``GET /healthz``, ``/readyz``       liveness / readiness (the runtime's; ``/readyz`` pings the
-                                    database)
+                                    database); no token
+``GET /whoami``                     the caller's token name and role (the console asks it)
 ``GET /runs``                       runs, newest first; ``state``, ``trigger_id``, ``agent``,
                                     ``since``/``until`` (created_at), ``q`` (title), ``limit``;
                                     paged by ``before`` = the previous page's ``next_before``
 ``GET /runs/waiting``               UI-1: the runs waiting for a human, the oldest wait first
 ``GET /runs/{run_id}``              one run; ``waiting`` while it waits for a human (404 unknown)
 ``GET /runs/{run_id}/events``       the run's trajectory in stream order (``after`` = stream seq)
+``POST /runs/{run_id}/cancel``      operator: publish ``run.cancel_requested`` (body ``{reason}``);
+                                    202, 404 unknown run, 409 already finished
 ``GET /events?type=&run_id=``       recent events, newest first (``type=bus.dead_lettered``: the
                                     dead-letter view)
 ``GET /triggers``                   UI-2: per trigger id, its deliveries and runs
@@ -17,27 +25,38 @@
 ==================================  ======================================================
 
 Read-only over ``events`` and ``runs`` (no extra columns); the trigger and analytics views aggregate
-in Python over the rows they select (:mod:`temporality_journal.insights`).
+in Python over the rows they select (:mod:`temporality_journal.insights`). The one write is the cancel
+request, which goes to the bus (the run-executor decides; the journal records the request and the
+``run.cancelled`` that follows like any other event).
 
 Every error is ``{"error": "<code>", "detail": "<sentence>"}``.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path as FilePath
 from typing import Annotated, Any
 
 import structlog
-from fastapi import FastAPI, Path, Query
-from pydantic import BaseModel, Field
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi.responses import RedirectResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import ColumnElement, and_, or_
 from sqlalchemy import select as sa_select
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
+from starlette.responses import Response
+from starlette.types import Scope
 
+from temporality_bus import Bus, TransientError
 from temporality_journal.database import Database
 from temporality_journal.insights import (
     HUMAN_TYPES,
+    TRIGGER_CHANGE_TYPES,
     TRIGGER_TYPES,
     DeliveryView,
     EventRow,
@@ -52,10 +71,26 @@ from temporality_journal.insights import (
 )
 from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE, EventRecord, RunRecord, as_utc
 from temporality_journal.settings import Settings
-from temporality_protocol import RunState
-from temporality_service import ErrorBody, NonNegativeInt64, NotFound, Unprocessable, install_error_handlers
+from temporality_journal.tail import Tail
+from temporality_protocol import RUN, RunCancelRequested, RunState, derive_id, make_event
+from temporality_service import (
+    ApiAuth,
+    AsOperator,
+    AsViewer,
+    ErrorBody,
+    NonNegativeInt64,
+    NotFound,
+    Unavailable,
+    Unprocessable,
+    install_error_handlers,
+    parse_json,
+    read_body,
+)
+from temporality_service.http import Conflict, summarize_errors
 
 __all__ = [
+    "CancelAccepted",
+    "CancelRequest",
     "DeliveryList",
     "EventList",
     "EventView",
@@ -65,11 +100,22 @@ __all__ = [
     "TriggerList",
     "Waiting",
     "WaitingList",
+    "WhoAmI",
     "create_app",
 ]
 
 log = structlog.get_logger(__name__)
 
+#: The web console's static files (HTML, JS modules, CSS), shipped in the package: no build step.
+CONSOLE_DIR = FilePath(__file__).resolve().parent / "console"
+#: The console loads only its own files and talks only to this origin; nothing inline runs.
+CONSOLE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
 MAX_LIMIT = 1000
 MAX_TRAJECTORY = 10_000
 MAX_TEXT_PARAM = 200
@@ -186,22 +232,56 @@ class EventList(BaseModel):
     events: list[EventView]
 
 
+class WhoAmI(BaseModel):
+    name: str = Field(description="The API token's name (never the token)")
+    role: str = Field(description="viewer, operator or admin")
+
+
+class CancelRequest(BaseModel):
+    """The body of ``POST /runs/{run_id}/cancel``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=500, pattern=NO_NUL, description="Why (kept in the journal)")
+
+
+class CancelAccepted(BaseModel):
+    status: str = Field(description="cancel_requested")
+    run_id: str
+    event_id: str = Field(description="The id of the run.cancel_requested event published")
+    requested_by: str = Field(description="The API token's name")
+
+
 def _run_not_found(run_id: str) -> NotFound:
     return NotFound(f"no run {run_id[:200]!r} in the journal", code="run_not_found")
 
 
 # --------------------------------------------------------------------------- app
-def create_app(settings: Settings, database: Database) -> FastAPI:
-    """The journal API over ``database`` (already open; the caller owns its lifecycle)."""
+def create_app(settings: Settings, database: Database, bus: Bus, auth: ApiAuth, tail: Tail | None = None) -> FastAPI:
+    """The journal API over ``database`` and ``bus`` (already open; the caller owns their lifecycles),
+    admitting the role tokens of ``auth``; ``tail`` feeds ``/events/stream`` (default: one that only polls)."""
+    tail = tail or Tail(database)
     app = FastAPI(
         title="Temporality journal",
-        description="Every event, the runs they move, and the trajectories (read model)",
+        description="Every event, the runs they move, and the trajectories (read model). Every route but "
+        "/healthz and /readyz needs Authorization: Bearer <API token> (viewer reads, operator cancels).",
         version="0.1.0",
-        responses={422: {"model": ErrorBody}},
+        responses={code: {"model": ErrorBody} for code in (401, 403, 422)},
     )
     app.state.settings = settings
     app.state.database = database
     install_error_handlers(app)
+    auth.install(app)
+
+    app.mount("/console", _ConsoleFiles(directory=CONSOLE_DIR, html=True), name="console")
+
+    @app.get("/", include_in_schema=False)
+    async def home() -> RedirectResponse:
+        return RedirectResponse("/console/", status_code=307)
+
+    @app.get("/whoami", response_model=WhoAmI, description="Who the token is: its name and role.")
+    async def whoami(who: AsViewer) -> WhoAmI:
+        return WhoAmI(name=who.name, role=str(who.role))
 
     @app.get(
         "/runs",
@@ -210,6 +290,7 @@ def create_app(settings: Settings, database: Database) -> FastAPI:
         "``before`` = the previous page's ``next_before``.",
     )
     async def list_runs(
+        who: AsViewer,
         state: Annotated[RunState | None, Query(description="Only runs in this state")] = None,
         trigger_id: Annotated[str | None, _text("Only runs launched by this trigger")] = None,
         agent: Annotated[str | None, _text("Only runs of this agent")] = None,
@@ -254,6 +335,7 @@ def create_app(settings: Settings, database: Database) -> FastAPI:
         "which channel, what question, since when, waiting seconds).",
     )
     async def waiting_runs(
+        who: AsViewer,
         agent: Annotated[str | None, _text("Only runs of this agent")] = None,
         trigger_id: Annotated[str | None, _text("Only runs launched by this trigger")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many runs")] = 100,
@@ -271,7 +353,7 @@ def create_app(settings: Settings, database: Database) -> FastAPI:
         return WaitingList(runs=[RunView.of(r, now) for r in records])
 
     @app.get("/runs/{run_id}", response_model=RunView, responses={404: {"model": ErrorBody}})
-    async def get_run(run_id: str) -> RunView:
+    async def get_run(run_id: str, who: AsViewer) -> RunView:
         async with database.sessions() as session:
             record = await session.get(RunRecord, run_id)
         if record is None:
@@ -281,6 +363,7 @@ def create_app(settings: Settings, database: Database) -> FastAPI:
     @app.get("/runs/{run_id}/events", response_model=Trajectory, responses={404: {"model": ErrorBody}})
     async def run_events(
         run_id: str,
+        who: AsViewer,
         after: Annotated[NonNegativeInt64, Query(description="Only events after this stream sequence")] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_TRAJECTORY)] = MAX_TRAJECTORY,
     ) -> Trajectory:
@@ -300,8 +383,51 @@ def create_app(settings: Settings, database: Database) -> FastAPI:
                     raise _run_not_found(run_id)
         return Trajectory(run_id=run_id, events=[EventView.of(r) for r in records])
 
+    @app.post(
+        "/runs/{run_id}/cancel",
+        status_code=202,
+        response_model=CancelAccepted,
+        responses={code: {"model": ErrorBody} for code in (400, 404, 409, 413, 503)},
+        description="Operator: ask the run-executor to stop the run (publishes run.cancel_requested with "
+        "requested_by = the token's name). 202 once the request is durably on the bus; the run becomes "
+        "cancelled when the executor acts on it. 404 for a run the journal does not know, 409 for a finished run.",
+    )
+    async def cancel_run(
+        run_id: Annotated[str, Path(max_length=MAX_TEXT_PARAM, pattern=NO_NUL)], who: AsOperator, request: Request
+    ) -> CancelAccepted:
+        parsed = parse_json(await read_body(request, settings.max_body_bytes))
+        try:
+            body = CancelRequest.model_validate(parsed)
+        except ValidationError as exc:
+            raise Unprocessable(summarize_errors(exc.errors()), code="invalid_cancel") from exc
+        async with database.sessions() as session:
+            record = await session.get(RunRecord, run_id)
+        if record is None:
+            raise _run_not_found(run_id)
+        if RunState(record.state) in RUN.terminal:
+            raise Conflict(f"run {run_id!r} is already {record.state}: nothing to cancel", code="run_finished")
+        data = RunCancelRequested(run_id=run_id, reason=body.reason, requested_by=who.name)
+        event = make_event(
+            data,
+            source="/temporality/journal",
+            # The same person asking again for the same reason is the same fact (JetStream dedupes it).
+            id=derive_id("evt", RunCancelRequested.EVENT_TYPE, run_id, who.name, body.reason),
+            run_id=run_id,
+            actor=f"token:{who.name}",
+        )
+        try:
+            await bus.publish(event)
+        except TransientError as exc:
+            log.warning("cancel.bus_unavailable", run_id=run_id, error=repr(exc))
+            raise Unavailable(
+                "the message bus did not take the request; try again", code="bus_unavailable", retry_after_s=5
+            ) from exc
+        log.info("run.cancel_requested", run_id=run_id, requested_by=who.name, ce_id=event.id)
+        return CancelAccepted(status="cancel_requested", run_id=run_id, event_id=event.id, requested_by=who.name)
+
     @app.get("/events", response_model=EventList)
     async def list_events(
+        who: AsViewer,
         type_: Annotated[str | None, Query(alias="type", description="Only this event type")] = None,
         run_id: Annotated[str | None, Query(description="Only this run's events")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
@@ -317,16 +443,47 @@ def create_app(settings: Settings, database: Database) -> FastAPI:
         return EventList(events=[EventView.of(r) for r in records])
 
     @app.get(
+        "/events/stream",
+        response_class=EventSourceResponse,
+        responses={200: {"description": "text/event-stream of journaled events"}},
+        description="A live tail over Server-Sent Events: each event's ``id`` is its stream sequence, "
+        "``event`` its CloudEvent type, ``data`` the JSON of a ``GET /events`` item. Starts after "
+        "``Last-Event-ID`` (a reconnect), else after ``after`` (0: from the beginning), else from now; the "
+        "first line is the comment ``: tail after <seq>``. Filters combine with AND. See docs/journal.md.",
+    )
+    async def stream_events(
+        who: AsViewer,
+        request: Request,
+        resume: Annotated[int | None, Depends(_last_event_id)],
+        run_id: Annotated[str | None, _text("Only this run's events")] = None,
+        type_: Annotated[str | None, Query(alias="type", max_length=MAX_TEXT_PARAM, pattern=NO_NUL)] = None,
+        after: Annotated[
+            NonNegativeInt64 | None, Query(description="Start after this stream sequence (0: from the start)")
+        ] = None,
+    ) -> AsyncIterator[ServerSentEvent]:
+        log.info("tail.opened", principal=who.name, run_id=run_id, type=type_)
+        async for item in tail.stream(
+            after=resume if resume is not None else after,
+            run_id=run_id,
+            type_=type_,
+            render=lambda row: EventView.of(row).model_dump(mode="json"),
+            gone=request.is_disconnected,
+        ):
+            yield item
+
+    @app.get(
         "/triggers",
         response_model=TriggerList,
         description="UI-2, what the journal knows from events: per trigger id (seen in a trigger.* event or on "
         "a run), its deliveries (received, accepted, rejected by reason, the last one's time), its last run and "
-        "its runs (completed, failed, cancelled, needed a human). A trigger's source, event, agent and enabled "
-        "flag belong to the trigger API (not built yet), not to the journal.",
+        "its runs (completed, failed, cancelled, needed a human); its source (adapter) and event types from its "
+        "deliveries; its type, agent and enabled flag from the trigger API's audit events (trigger.created, "
+        ".updated, .enabled, .disabled, .deleted; the agent else from trigger.accepted). The trigger API holds "
+        "the definitions; this is what the journal saw.",
     )
-    async def list_triggers() -> TriggerList:
+    async def list_triggers(who: AsViewer) -> TriggerList:
         async with database.sessions() as session:
-            events = await _event_rows(session, col(EventRecord.type).in_(TRIGGER_TYPES))
+            events = await _event_rows(session, col(EventRecord.type).in_(TRIGGER_TYPES + TRIGGER_CHANGE_TYPES))
             runs = await _run_rows(session, [col(RunRecord.trigger_id).is_not(None)])
             asked = set(
                 (
@@ -346,6 +503,7 @@ def create_app(settings: Settings, database: Database) -> FastAPI:
         "(accepted / rejected / received), reason, run id, time. An unknown trigger has none (200, empty).",
     )
     async def trigger_deliveries(
+        who: AsViewer,
         trigger_id: Annotated[str, Path(max_length=MAX_TEXT_PARAM, pattern=NO_NUL)],
         before: Annotated[str | None, _text("Opaque cursor: the next_before of the previous page")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many deliveries")] = 100,
@@ -377,6 +535,7 @@ def create_app(settings: Settings, database: Database) -> FastAPI:
         "same counts per agent and per trigger.",
     )
     async def human_stats(
+        who: AsViewer,
         since: Annotated[datetime | None, Query(description="Runs created at or after (ISO 8601)")] = None,
         until: Annotated[datetime | None, Query(description="Runs created before (ISO 8601)")] = None,
         agent: Annotated[str | None, _text("Only runs of this agent")] = None,
@@ -399,6 +558,31 @@ def create_app(settings: Settings, database: Database) -> FastAPI:
         )
 
     return app
+
+
+class _ConsoleFiles(StaticFiles):
+    """The console's static files with a strict Content-Security-Policy (no data in them: no token needed)."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers.update(CONSOLE_HEADERS)
+        return response
+
+
+async def _last_event_id(
+    last_event_id: Annotated[
+        str | None, Header(alias="Last-Event-ID", description="Resume after this id (sent by EventSource)")
+    ] = None,
+) -> int | None:
+    """The stream sequence an SSE client resumes after; 422 for anything but a non-negative int64."""
+    if last_event_id is None or not last_event_id.strip():
+        return None
+    value = last_event_id.strip()
+    if not value.isascii() or not value.isdigit() or len(value) > 19 or int(value) > 2**63 - 1:
+        raise Unprocessable(
+            "header.Last-Event-ID: must be an id this stream sent (a stream sequence)", code="invalid_last_event_id"
+        )
+    return int(value)
 
 
 def _text(description: str) -> Any:

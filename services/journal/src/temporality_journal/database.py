@@ -1,4 +1,11 @@
-"""The journal's database: an async engine (aiosqlite or asyncpg), its tables, a session factory."""
+"""The journal's database: an async engine (aiosqlite or asyncpg), its tables, a session factory.
+
+The schema is versioned with Alembic (``temporality_journal/migrations``): :meth:`Database.open`
+upgrades to the newest revision under a PostgreSQL advisory lock (replicas starting together migrate
+once). A database made by an older journal with ``create_all`` (tables, no version table) is stamped
+with the initial revision first. :meth:`Database.drop` removes the tables and the version table: the
+first half of a rebuild (``temporality-journal rebuild``, see :mod:`temporality_journal.rebuild`).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +15,27 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from sqlalchemy import event, text
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, event, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from temporality_journal.models import JournalModel
 
-__all__ = ["Database", "async_url"]
+__all__ = ["BASELINE_REVISION", "MIGRATIONS_DIR", "VERSION_TABLE", "Database", "async_url", "head_revision"]
 
 log = structlog.get_logger(__name__)
 
 #: Serialises ``CREATE TABLE`` between journal replicas starting together on one PostgreSQL.
 _DDL_LOCK_KEY = 0x7E3A_0A11
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+#: Where Alembic keeps the schema revision (``migrations/env.py`` uses the same name).
+VERSION_TABLE = "journal_schema_version"
+#: The schema ``create_all`` made before migrations existed.
+BASELINE_REVISION = "0001"
 _ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
     "postgres": "postgresql+asyncpg",
@@ -57,6 +72,35 @@ def _engine(url: URL) -> AsyncEngine:
     return engine
 
 
+def _alembic(connection: Connection) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The newest schema revision this journal knows."""
+    head = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+    if head is None:
+        raise RuntimeError(f"no schema revision in {MIGRATIONS_DIR}")
+    return head
+
+
+def _upgrade(connection: Connection) -> None:
+    tables = set(inspect(connection).get_table_names())
+    config = _alembic(connection)
+    if "events" in tables and VERSION_TABLE not in tables:
+        log.info("database.stamped", revision=BASELINE_REVISION, reason="tables made before migrations existed")
+        command.stamp(config, BASELINE_REVISION)
+    command.upgrade(config, "head")
+
+
+def _drop(connection: Connection) -> None:
+    JournalModel.metadata.drop_all(connection)
+    connection.execute(text(f"DROP TABLE IF EXISTS {VERSION_TABLE}"))
+
+
 class Database:
     """An engine plus ``sessions``, a factory of :class:`sqlmodel.ext.asyncio.session.AsyncSession`."""
 
@@ -83,10 +127,30 @@ class Database:
             await engine.dispose()
 
     async def create_tables(self) -> None:
+        """Bring the schema to the newest revision (Alembic), creating it in an empty database."""
         async with self.engine.begin() as conn:
             if self.dialect == "postgresql":
                 await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
-            await conn.run_sync(JournalModel.metadata.create_all)
+            await conn.run_sync(_upgrade)
+
+    async def revision(self) -> str | None:
+        """The schema revision the database is at (``None``: not versioned)."""
+        async with self.engine.connect() as conn:
+
+            def current(connection: Connection) -> str | None:
+                if VERSION_TABLE not in inspect(connection).get_table_names():
+                    return None
+                value = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+                return None if value is None else str(value)
+
+            return await conn.run_sync(current)
+
+    async def drop(self) -> None:
+        """Drop the read model (every journal table and the schema version): a rebuild starts here."""
+        async with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
+            await conn.run_sync(_drop)
 
     async def ping(self) -> None:
         """Raise unless the database answers."""

@@ -22,6 +22,7 @@ from temporality_protocol import RunState
 from temporality_service import Unprocessable
 
 __all__ = [
+    "TRIGGER_CHANGE_TYPES",
     "TRIGGER_TYPES",
     "WAIT_BUCKETS_S",
     "Cursor",
@@ -38,6 +39,8 @@ __all__ = [
 ]
 
 TRIGGER_TYPES = ("trigger.received", "trigger.accepted", "trigger.rejected")
+#: The trigger admin API's audit events: what a trigger is (type, agent, enabled) as of its last change.
+TRIGGER_CHANGE_TYPES = ("trigger.created", "trigger.updated", "trigger.enabled", "trigger.disabled", "trigger.deleted")
 HUMAN_TYPES = ("human.requested", "human.answered", "human.expired", "human.rejected")
 #: Upper bounds (seconds, exclusive) of the wait-time histogram's buckets; the last bucket is open.
 WAIT_BUCKETS_S: tuple[float, ...] = (60, 300, 900, 3600, 4 * 3600, 24 * 3600)
@@ -104,6 +107,18 @@ class LastRun(BaseModel):
 
 class TriggerView(BaseModel):
     trigger_id: str
+    source: str | None = Field(default=None, description="The adapter of its newest delivery (trigger.received)")
+    event_types: list[str] = Field(
+        default_factory=list, description="The source event types its deliveries carried, sorted"
+    )
+    trigger_type: str | None = Field(default=None, description="webhook, cron, ... (from its last trigger.* change)")
+    agent: str | None = Field(
+        default=None, description="Its agent: from its last trigger.* change, else its newest trigger.accepted"
+    )
+    enabled: bool | None = Field(
+        default=None, description="As of its last trigger.* change; null when the journal saw none"
+    )
+    deleted: bool = Field(default=False, description="Its last change was trigger.deleted")
     deliveries_received: int = Field(description="Distinct deliveries journaled as trigger.received")
     deliveries_accepted: int = Field(description="Distinct deliveries that started a run (trigger.accepted)")
     deliveries_rejected: int = Field(description="Distinct deliveries refused (trigger.rejected)")
@@ -119,6 +134,13 @@ class TriggerView(BaseModel):
 
 @dataclass
 class _TriggerAcc:
+    source: str | None = None
+    event_types: set[str] = field(default_factory=set)
+    trigger_type: str | None = None
+    agent: str | None = None
+    accepted_agent: str | None = None
+    enabled: bool | None = None
+    deleted: bool = False
     received: set[str] = field(default_factory=set)
     accepted: set[str] = field(default_factory=set)
     rejected: dict[str, str] = field(default_factory=dict)
@@ -127,18 +149,37 @@ class _TriggerAcc:
 
 
 def triggers_of(events: Iterable[EventRow], runs: Iterable[RunRow], asked: set[str]) -> list[TriggerView]:
-    """One view per trigger id seen in a trigger.* event or on a run; ``asked``: runs with a human.requested."""
+    """One view per trigger id seen in a trigger.* event or on a run; ``asked``: runs with a human.requested.
+
+    ``events`` in stream order: the last change event and the newest delivery win."""
     acc: dict[str, _TriggerAcc] = {}
     for ev in events:
         trigger_id, delivery_id = _str(ev.data, "trigger_id"), _str(ev.data, "delivery_id")
-        if trigger_id is None or delivery_id is None:
+        if trigger_id is None:
+            continue
+        if ev.type in TRIGGER_CHANGE_TYPES:
+            c = acc.setdefault(trigger_id, _TriggerAcc())
+            c.trigger_type = _str(ev.data, "trigger_type") or c.trigger_type
+            c.agent = _str(ev.data, "agent") or c.agent
+            enabled = ev.data.get("enabled")
+            if isinstance(enabled, bool):
+                c.enabled = enabled
+            if ev.type in ("trigger.enabled", "trigger.disabled"):
+                c.enabled = ev.type == "trigger.enabled"
+            c.deleted = ev.type == "trigger.deleted"
+            continue
+        if delivery_id is None:
             continue
         a = acc.setdefault(trigger_id, _TriggerAcc())
         a.last_at = ev.time if a.last_at is None else max(a.last_at, ev.time)
         if ev.type == "trigger.received":
             a.received.add(delivery_id)
+            a.source = _str(ev.data, "adapter") or a.source
+            if (event_type := _str(ev.data, "source_event_type")) is not None:
+                a.event_types.add(event_type)
         elif ev.type == "trigger.accepted":
             a.accepted.add(delivery_id)
+            a.accepted_agent = _str(ev.data, "agent") or a.accepted_agent
         elif ev.type == "trigger.rejected":
             a.rejected[delivery_id] = _str(ev.data, "reason") or "unknown"
     for run in runs:
@@ -151,6 +192,12 @@ def triggers_of(events: Iterable[EventRow], runs: Iterable[RunRow], asked: set[s
         views.append(
             TriggerView(
                 trigger_id=trigger_id,
+                source=a.source,
+                event_types=sorted(a.event_types),
+                trigger_type=a.trigger_type,
+                agent=a.agent or a.accepted_agent,
+                enabled=a.enabled,
+                deleted=a.deleted,
                 deliveries_received=len(a.received),
                 deliveries_accepted=len(a.accepted),
                 deliveries_rejected=len(a.rejected),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -168,9 +169,12 @@ def _describe(exc: DBAPIError) -> str:
 class Recorder:
     """Writes events into ``events`` and their projection into ``runs``. Idempotent by event id."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, on_commit: Callable[[], None] | None = None) -> None:
+        """``on_commit`` is called after each commit that stored new events (once per batch, never per
+        event): the live tail's wake-up (:class:`temporality_journal.tail.Changes`)."""
         self._database = database
         self._insert = postgresql_insert if database.dialect == "postgresql" else sqlite_insert
+        self._on_commit = on_commit
 
     async def handle(self, event: Envelope, delivery: Delivery) -> None:
         """The :class:`temporality_bus.Consumer` handler."""
@@ -209,6 +213,8 @@ class Recorder:
             new = {row[0] for row in inserted}
             fresh = [events[row["id"]] for row in rows if row["id"] in new]  # still in stream order
             moved = await self._project_batch(conn, fresh)
+        if new and self._on_commit is not None:
+            self._on_commit()
         # one line per batch (each run's move is logged at debug): per-event info lines cost more than the SQL
         log.info("batch.recorded", events=len(rows), new=len(new), runs_moved=moved)
         return len(new)
@@ -280,6 +286,8 @@ class Recorder:
                 log.error("event.dead_letter_unstorable", ce_id=event.id, error=_describe(exc))
                 raise
             raise PermanentError(f"the journal cannot store event {event.id}: {_describe(exc)}") from exc
+        if self._on_commit is not None:
+            self._on_commit()
         log.debug("event.recorded", ce_id=event.id, ce_type=event.type, stream_seq=stream_seq)
         return True
 

@@ -7,6 +7,8 @@
                                     ``postgresql+asyncpg://user@host/db`` in deployment
                                     (``postgresql://`` and ``sqlite://`` are accepted too)
 ``TEMPORALITY_JOURNAL_BATCH_SIZE``  events recorded per transaction, at most (``256``)
+``TEMPORALITY_API_TOKENS_FILE``     the role tokens the API and console admit
+                                    (:class:`temporality_service.ApiAuthSettings`)
 ``TEMPORALITY_NATS_*``              :class:`temporality_bus.NatsSettings`
 ``TEMPORALITY_LOG_*``               :class:`temporality_service.LogSettings`
 ``TEMPORALITY_READY_FILE``          :class:`temporality_service.ProcessSettings`

@@ -1,0 +1,756 @@
+// The Temporality web console: a single page over the journal API (same origin), no build step.
+// Safe rendering: every value from the API goes into the page through textContent / attributes,
+// never innerHTML. The API token lives in sessionStorage (this tab only) and goes out as a Bearer header.
+
+const TOKEN_KEY = "temporality.console.token";
+const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+const ROLES = { viewer: 1, operator: 2, admin: 3 };
+const STATES = ["pending", "running", "waiting_for_human", "resuming", "completed", "failed", "cancelled"];
+
+let me = null; // {name, role} of the signed-in token
+let pendingMessage = null; // shown once the next view is rendered (a hash change clears the old one)
+let viewAbort = null; // aborts the current view's fetches and live tail
+const $ = (id) => document.getElementById(id);
+
+// ------------------------------------------------------------------ DOM helpers (no innerHTML)
+function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") node.addEventListener(key.slice(2), value);
+    else if (key === "dataset") Object.assign(node.dataset, value);
+    else if (key === "style") Object.assign(node.style, value); // CSSOM: allowed under the CSP, unlike style=""
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function show(...nodes) {
+  const view = $("view");
+  view.replaceChildren(...nodes);
+}
+
+function message(text, kind = "error") {
+  const box = $("message");
+  if (!text) {
+    box.hidden = true;
+    box.textContent = "";
+    return;
+  }
+  box.className = `message ${kind === "info" ? "info" : ""}`;
+  box.dataset.kind = kind;
+  box.textContent = text;
+  box.hidden = false;
+}
+
+function when(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  return d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "medium" });
+}
+
+export function duration(seconds) {
+  if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return "—";
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m} min`;
+  const hours = Math.floor(m / 60);
+  if (hours < 48) return m % 60 ? `${hours} h ${m % 60} min` : `${hours} h`;
+  return `${Math.floor(hours / 24)} d ${hours % 24} h`;
+}
+
+function stateBadge(state) {
+  return h("span", { class: `state state-${state}`, dataset: { state } }, state.replaceAll("_", " "));
+}
+
+function person(recipient) {
+  return recipient ? recipient.replace(/^user:/, "") : "—";
+}
+
+function facts(pairs) {
+  const dl = h("dl", { class: "facts" });
+  for (const [label, value] of pairs) {
+    if (value === null || value === undefined || value === "") continue;
+    dl.append(h("dt", {}, label), h("dd", {}, value));
+  }
+  return dl;
+}
+
+// ------------------------------------------------------------------ the API
+class ApiError extends Error {
+  constructor(status, body) {
+    super(body?.detail || `HTTP ${status}`);
+    this.status = status;
+    this.code = body?.error || "http_error";
+  }
+}
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+async function api(path, { method = "GET", body, signal, tokenOverride } = {}) {
+  const headers = { Authorization: `Bearer ${tokenOverride ?? token() ?? ""}` };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method,
+    headers,
+    signal,
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  let parsed = null;
+  try {
+    parsed = await response.json();
+  } catch {
+    parsed = null;
+  }
+  if (!response.ok) throw new ApiError(response.status, parsed);
+  return parsed;
+}
+
+// A 401 signs out (the token is not valid); a 403 explains the role; anything else is shown as is.
+function failed(error) {
+  if (error?.name === "AbortError") return;
+  if (error instanceof ApiError && error.status === 401) {
+    signOut(`Not signed in: ${error.message} (401). Sign in with a valid API token.`);
+  } else if (error instanceof ApiError && error.status === 403) {
+    message(`Not allowed: ${error.message} (403).`);
+  } else if (error instanceof ApiError) {
+    message(`${error.message} (${error.status} ${error.code}).`);
+  } else {
+    message(`The journal did not answer: ${error?.message || error}.`);
+  }
+}
+
+// ------------------------------------------------------------------ live tail (SSE over fetch)
+// EventSource cannot send an Authorization header, so the stream is read with fetch() and parsed here;
+// on a drop it reconnects with Last-Event-ID (the last stream sequence seen).
+function setLive(on) {
+  const badge = $("live");
+  badge.dataset.live = on ? "on" : "off";
+  badge.textContent = on ? "live" : "offline";
+}
+
+async function tail(params, onEvent, signal) {
+  let lastId = null;
+  while (!signal.aborted) {
+    try {
+      const headers = { Authorization: `Bearer ${token() ?? ""}` };
+      if (lastId !== null) headers["Last-Event-ID"] = lastId;
+      const query = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== null && v !== undefined));
+      const response = await fetch(`/events/stream?${query}`, { headers, signal });
+      if (!response.ok) {
+        let body = null;
+        try {
+          body = await response.json();
+        } catch {
+          body = null;
+        }
+        throw new ApiError(response.status, body);
+      }
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value.replaceAll("\r\n", "\n");
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          const item = parseBlock(block);
+          if (item.comment !== null && item.comment.startsWith("tail after")) setLive(true);
+          if (item.data === null) continue;
+          if (item.id !== null) lastId = item.id;
+          onEvent(JSON.parse(item.data));
+        }
+      }
+    } catch (error) {
+      if (signal.aborted) break;
+      if (error instanceof ApiError && (error.status === 401 || error.status === 403)) {
+        setLive(false);
+        failed(error);
+        return;
+      }
+    }
+    setLive(false);
+    if (signal.aborted) break;
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+  }
+  setLive(false);
+}
+
+function parseBlock(block) {
+  const item = { id: null, event: null, data: null, comment: null };
+  const data = [];
+  for (const line of block.split("\n")) {
+    if (line.startsWith(":")) {
+      item.comment = line.slice(1).trim();
+      continue;
+    }
+    const colon = line.indexOf(":");
+    const name = colon < 0 ? line : line.slice(0, colon);
+    const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+    if (name === "data") data.push(value);
+    else if (name === "id") item.id = value;
+    else if (name === "event") item.event = value;
+  }
+  if (data.length) item.data = data.join("\n");
+  return item;
+}
+
+function debounce(fn, ms) {
+  let timer = null;
+  return () => {
+    clearTimeout(timer);
+    timer = setTimeout(fn, ms);
+  };
+}
+
+// ------------------------------------------------------------------ sign-in
+function signOut(reason) {
+  sessionStorage.removeItem(TOKEN_KEY);
+  me = null;
+  renderChrome();
+  go("#/signin", reason);
+}
+
+// Show ``hash`` (re-rendering when it is the current one) with ``text`` as its message.
+function go(hash, text = null) {
+  pendingMessage = text;
+  if (location.hash !== hash) location.hash = hash;
+  else {
+    message(pendingMessage);
+    pendingMessage = null;
+    route();
+  }
+}
+
+function signInView() {
+  const input = h("input", {
+    id: "token",
+    name: "token",
+    type: "password",
+    autocomplete: "off",
+    required: true,
+    minlength: 1,
+    "aria-describedby": "token-help",
+  });
+  const form = h(
+    "form",
+    { class: "signin card", id: "signin" },
+    h("h1", {}, "Sign in"),
+    h("label", { for: "token" }, "API token", input),
+    h(
+      "p",
+      { id: "token-help", class: "muted" },
+      "A viewer, operator or admin token from TEMPORALITY_API_TOKENS_FILE (temporality up prints one). " +
+        "It is kept in this browser tab only.",
+    ),
+    h("button", { class: "primary", type: "submit" }, "Sign in"),
+  );
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const candidate = input.value.trim();
+    try {
+      me = await api("/whoami", { tokenOverride: candidate });
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 401) {
+        message(`That token was refused: ${error.message} (401).`);
+      } else failed(error);
+      input.select();
+      return;
+    }
+    sessionStorage.setItem(TOKEN_KEY, candidate);
+    renderChrome();
+    go(location.hash && location.hash !== "#/signin" ? location.hash : "#/runs");
+  });
+  show(form);
+  input.focus();
+}
+
+function renderChrome(active) {
+  $("nav").hidden = !me;
+  $("sign-out").hidden = !me;
+  $("who").textContent = me ? `${me.name} (${me.role})` : "";
+  for (const link of document.querySelectorAll("[data-nav]")) {
+    if (link.dataset.nav === active) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+}
+
+const mayOperate = () => me && ROLES[me.role] >= ROLES.operator;
+
+// ------------------------------------------------------------------ runs list
+function runsView(signal, query) {
+  const params = new URLSearchParams(query);
+  const field = (name, label, attrs = {}) =>
+    h("label", {}, label, h("input", { name, value: params.get(name) ?? "", ...attrs }));
+  const state = h(
+    "select",
+    { name: "state" },
+    h("option", { value: "" }, "any"),
+    STATES.map((s) => h("option", { value: s, selected: params.get("state") === s }, s.replaceAll("_", " "))),
+  );
+  const form = h(
+    "form",
+    { class: "filters", id: "run-filters" },
+    h("label", {}, "State", state),
+    field("agent", "Agent"),
+    field("trigger_id", "Trigger"),
+    field("q", "Title contains"),
+    field("since", "Created since", { type: "datetime-local" }),
+    field("until", "Created before", { type: "datetime-local" }),
+    h("button", { type: "submit" }, "Filter"),
+  );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const next = new URLSearchParams();
+    for (const [key, value] of new FormData(form)) if (value) next.set(key, value);
+    location.hash = `#/runs${next.size ? `?${next}` : ""}`;
+  });
+  const body = h("tbody");
+  const more = h("button", { type: "button", hidden: true }, "Older runs");
+  const table = h(
+    "table",
+    { id: "runs" },
+    h(
+      "thead",
+      {},
+      h("tr", {}, h("th", {}, "Run"), h("th", {}, "State"), h("th", {}, "Agent"), h("th", {}, "Trigger"),
+        h("th", {}, "Waiting for"), h("th", {}, "Created")),
+    ),
+    body,
+  );
+  show(h("h1", {}, "Runs"), form, table, more);
+
+  const apiParams = new URLSearchParams();
+  for (const key of ["state", "agent", "trigger_id", "q"]) if (params.get(key)) apiParams.set(key, params.get(key));
+  for (const key of ["since", "until"]) {
+    const local = params.get(key);
+    if (local && !Number.isNaN(Date.parse(local))) apiParams.set(key, new Date(local).toISOString());
+  }
+  apiParams.set("limit", "50");
+  let before = null;
+
+  async function load(reset) {
+    const page = new URLSearchParams(apiParams);
+    if (!reset && before) page.set("before", before);
+    const data = await api(`/runs?${page}`, { signal });
+    if (reset) body.replaceChildren();
+    for (const run of data.runs) body.append(runRow(run));
+    if (reset && !data.runs.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No runs.")));
+    before = data.next_before;
+    more.hidden = !before;
+  }
+  more.addEventListener("click", () => load(false).catch(failed));
+  load(true).catch(failed);
+  const refresh = debounce(() => load(true).catch(failed), 1000);
+  tail({}, (event) => (event.run_id ? refresh() : null), signal);
+}
+
+function runRow(run) {
+  return h(
+    "tr",
+    { dataset: { runId: run.run_id } },
+    h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(run.run_id)}` }, run.title || run.run_id),
+      h("div", { class: "muted" }, run.run_id)),
+    h("td", {}, stateBadge(run.state)),
+    h("td", {}, run.agent ?? "—"),
+    h("td", {}, run.trigger_id ?? "—"),
+    h("td", {}, run.waiting ? `${person(run.waiting.recipient)} · ${run.waiting.channel ?? "?"}` : ""),
+    h("td", {}, when(run.created_at)),
+  );
+}
+
+// ------------------------------------------------------------------ run timeline (UI-1)
+// One step per event, in stream order, plus a "Waiting …" step between a human request and its outcome
+// (or up to now while the run still waits). Every step's event is one click away (details).
+export function timeline(events, run, now = Date.now()) {
+  const steps = [];
+  const outcomes = new Map(); // request_id -> the first human.answered / expired / rejected
+  for (const e of events) {
+    if (["human.answered", "human.expired", "human.rejected"].includes(e.type)) {
+      const id = e.data.request_id;
+      if (id && !outcomes.has(id)) outcomes.set(id, e);
+    }
+  }
+  let triggered = false;
+  for (const e of events) {
+    const d = e.data || {};
+    const step = { kind: "", title: e.type, lines: [], event: e };
+    switch (e.type) {
+      case "trigger.accepted":
+        triggered = true;
+        step.title = `Trigger ${d.trigger_id}`;
+        step.lines = [["Delivery", d.delivery_id], ["Source event", d.source_event_id], ["Agent", d.agent]];
+        break;
+      case "run.requested":
+        step.title = triggered ? "Run requested" : `Trigger ${d.launch?.trigger_id ?? d.launch?.kind ?? ""}`.trim();
+        step.lines = [["Title", d.title], ["Agent", d.agent], ["Launched by", d.launch?.kind],
+          ["Source event", d.event?.type], ["Delivery", d.launch?.delivery_id]];
+        break;
+      case "run.created":
+        step.title = "Run created";
+        step.kind = "minor";
+        break;
+      case "run.started":
+        step.title = "Run started";
+        step.lines = [["Agent", d.agent], ["Role", d.role]];
+        break;
+      case "run.tool_called":
+        step.title = `Tool call: ${d.tool}`;
+        step.lines = [["Turn", d.turn], ["Result", d.result_preview]];
+        break;
+      case "tool.failed":
+        step.title = `Tool failed: ${d.tool}`;
+        step.kind = "bad";
+        step.lines = [["Error", d.error]];
+        break;
+      case "run.checkpointed":
+        step.title = `Checkpoint (turn ${d.turn})`;
+        step.kind = "minor";
+        break;
+      case "human.requested": {
+        step.title = "Human request";
+        step.kind = "human";
+        const options = (d.options || []).map((o) => o.label).join(" · ");
+        step.lines = [["Question", d.question], ["Asked", person(d.recipient)], ["Context", d.context],
+          ["Options", options], ["Timeout", duration(d.timeout_s)]];
+        steps.push(step);
+        const outcome = outcomes.get(d.request_id);
+        const asked = Date.parse(e.time);
+        if (outcome) {
+          const waited = outcome.data.waited_s ?? (Date.parse(outcome.time) - asked) / 1000;
+          steps.push({ kind: "wait", title: `Waited ${duration(waited)}`, lines: [], event: null });
+        } else if (run?.state === "waiting_for_human" && run.waiting?.request_id === d.request_id) {
+          steps.push({
+            kind: "wait",
+            title: `Waiting ${duration((now - asked) / 1000)}`,
+            lines: [["For", person(run.waiting.recipient)], ["Channel", run.waiting.channel]],
+            event: null,
+            live: true,
+          });
+        }
+        continue;
+      }
+      case "human.notified":
+        step.title = `Notified ${person(d.recipient)} on ${d.channel}`;
+        step.kind = "minor";
+        step.lines = [["Fallback from", d.fallback_from]];
+        break;
+      case "human.answered": {
+        step.title = "Human response";
+        step.kind = "human";
+        const a = d.answer || {};
+        const answer = a.type === "option" ? (a.label ? `${a.label} (${a.option_id})` : a.option_id) : a.value;
+        step.lines = [["Answer", answer], ["By", person(d.responder)], ["Channel", d.channel]];
+        break;
+      }
+      case "human.expired":
+        step.title = "Nobody answered in time";
+        step.kind = "bad";
+        step.lines = [["Then", d.action === "default" ? `continued with ${d.default_answer?.option_id}` : "failed"]];
+        break;
+      case "human.rejected":
+        step.title = "Human request refused";
+        step.kind = "bad";
+        step.lines = [["Reason", d.reason], ["Detail", d.detail]];
+        break;
+      case "run.resumed":
+        step.title = "Run resumed";
+        step.lines = [["Because of", d.reason]];
+        break;
+      case "run.completed":
+        step.title = "Completed";
+        step.kind = "done";
+        step.lines = [["Result", d.result], ["Turns", d.turns]];
+        break;
+      case "run.failed":
+        step.title = "Failed";
+        step.kind = "bad";
+        step.lines = [["Reason", d.reason], ["Error", d.error]];
+        break;
+      case "run.cancel_requested":
+        step.title = `Cancel requested by ${d.requested_by}`;
+        step.kind = "bad";
+        step.lines = [["Reason", d.reason]];
+        break;
+      case "run.cancelled":
+        step.title = "Cancelled";
+        step.kind = "bad";
+        step.lines = [["Reason", d.reason]];
+        break;
+      default:
+        break;
+    }
+    steps.push(step);
+  }
+  return steps;
+}
+
+function stepNode(step, openIds) {
+  const li = h("li", { class: step.kind ? `k-${step.kind}` : "", dataset: { type: step.event?.type ?? "wait" } });
+  li.append(h("span", { class: "step-title" }, step.title));
+  if (step.event) li.append(h("span", { class: "step-time" }, when(step.event.time)));
+  const lines = step.lines.filter(([, v]) => v !== null && v !== undefined && v !== "");
+  if (lines.length) li.append(facts(lines));
+  if (step.event) {
+    const details = h("details", { open: openIds.has(step.event.id) },
+      h("summary", {}, "Event details"),
+      h("pre", {}, JSON.stringify(step.event, null, 2)));
+    details.addEventListener("toggle", () => {
+      if (details.open) openIds.add(step.event.id);
+      else openIds.delete(step.event.id);
+    });
+    li.append(details);
+  }
+  return li;
+}
+
+function runView(signal, runId) {
+  const header = h("div", { class: "card", id: "run-header" }, "Loading…");
+  const list = h("ol", { class: "timeline", id: "timeline", "aria-live": "polite" });
+  show(h("h1", {}, "Run ", h("code", {}, runId)), header, h("h2", {}, "Timeline"), list);
+  const openIds = new Set();
+  let run = null;
+  let events = [];
+  const seen = new Set();
+
+  function renderHeader() {
+    const pairs = [["State", stateBadge(run.state)], ["Title", run.title], ["Agent", run.agent],
+      ["Trigger", run.trigger_id], ["Created", when(run.created_at)], ["Finished", run.finished_at && when(run.finished_at)],
+      ["Result", run.result], ["Error", run.error]];
+    if (run.waiting) {
+      pairs.push(["Waiting for", person(run.waiting.recipient)], ["Channel", run.waiting.channel],
+        ["Question", run.waiting.question], ["Since", when(run.waiting.since)]);
+    }
+    const nodes = [facts(pairs)];
+    if (mayOperate() && !TERMINAL.has(run.state)) nodes.push(cancelForm(run.run_id, signal, () => reload()));
+    header.replaceChildren(...nodes);
+  }
+  function renderTimeline() {
+    list.replaceChildren(...timeline(events, run).map((s) => stepNode(s, openIds)));
+  }
+  async function reload() {
+    run = await api(`/runs/${encodeURIComponent(runId)}`, { signal });
+    renderHeader();
+    renderTimeline();
+  }
+  const refreshRun = debounce(() => reload().catch(failed), 200);
+
+  (async () => {
+    const [r, trajectory] = await Promise.all([
+      api(`/runs/${encodeURIComponent(runId)}`, { signal }),
+      api(`/runs/${encodeURIComponent(runId)}/events`, { signal }),
+    ]);
+    run = r;
+    events = trajectory.events;
+    for (const e of events) seen.add(e.id);
+    renderHeader();
+    renderTimeline();
+    const after = events.length ? events[events.length - 1].stream_seq : 0;
+    tail({ run_id: runId, after }, (event) => {
+      if (seen.has(event.id)) return;
+      seen.add(event.id);
+      events.push(event);
+      events.sort((a, b) => a.stream_seq - b.stream_seq);
+      renderTimeline();
+      refreshRun();
+    }, signal);
+    // the "Waiting N min" step counts up while the page is open
+    const ticker = setInterval(() => run?.state === "waiting_for_human" && renderTimeline(), 30_000);
+    signal.addEventListener("abort", () => clearInterval(ticker));
+  })().catch(failed);
+}
+
+function cancelForm(runId, signal, done) {
+  const reason = h("input", { name: "reason", required: true, maxlength: 500, placeholder: "Why stop this run?" });
+  const form = h("form", { class: "cancel-form", "aria-label": "Cancel the run" },
+    h("label", {}, "Reason", reason),
+    h("button", { class: "danger", type: "submit", id: "cancel-run" }, "Cancel run"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      const answer = await api(`/runs/${encodeURIComponent(runId)}/cancel`, {
+        method: "POST",
+        body: { reason: reason.value.trim() },
+        signal,
+      });
+      message(`Cancel requested by ${answer.requested_by}; the run stops when the executor acts on it.`, "info");
+      done();
+    } catch (error) {
+      failed(error);
+    }
+  });
+  return form;
+}
+
+// ------------------------------------------------------------------ waiting runs (UI-1)
+function waitingView(signal) {
+  const body = h("tbody");
+  show(
+    h("h1", {}, "Waiting for a human"),
+    h("table", { id: "waiting" },
+      h("thead", {}, h("tr", {}, h("th", {}, "Run"), h("th", {}, "Whom"), h("th", {}, "Channel"),
+        h("th", {}, "Question"), h("th", {}, "Since"), h("th", { class: "num" }, "Waiting"), h("th", {}, "Status"))),
+      body),
+  );
+  async function load() {
+    const data = await api("/runs/waiting", { signal });
+    const now = Date.now();
+    body.replaceChildren(...data.runs.map((run) => {
+      const w = run.waiting || {};
+      const since = w.since ? Date.parse(w.since) : null;
+      return h("tr", { dataset: { runId: run.run_id } },
+        h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(run.run_id)}` }, run.title || run.run_id)),
+        h("td", {}, person(w.recipient)),
+        h("td", {}, w.channel ?? "not notified yet"),
+        h("td", {}, w.question ?? ""),
+        h("td", {}, when(w.since)),
+        h("td", { class: "num" }, since === null ? "—" : duration((now - since) / 1000)),
+        h("td", {}, stateBadge(run.state)));
+    }));
+    if (!data.runs.length) body.append(h("tr", {}, h("td", { colspan: 7, class: "empty" }, "Nobody is being waited for.")));
+  }
+  load().catch(failed);
+  const refresh = debounce(() => load().catch(failed), 1000);
+  tail({}, (e) => (e.type.startsWith("human.") || e.type.startsWith("run.") ? refresh() : null), signal);
+}
+
+// ------------------------------------------------------------------ triggers (UI-2)
+function triggersView(signal) {
+  const body = h("tbody");
+  show(
+    h("h1", {}, "Triggers"),
+    h("p", { class: "muted" }, "What the journal saw of each trigger: its deliveries, runs and audit events."),
+    h("table", { id: "triggers" },
+      h("thead", {}, h("tr", {}, ...["Trigger", "Source", "Event", "Agent", "Enabled", "Last run"].map((t) => h("th", {}, t)),
+        h("th", { class: "num" }, "Successful runs"), h("th", { class: "num" }, "Needed a human"),
+        h("th", { class: "num" }, "Deliveries"))),
+      body),
+  );
+  api("/triggers", { signal }).then((data) => {
+    body.replaceChildren(...data.triggers.map((t) => h("tr", { dataset: { triggerId: t.trigger_id } },
+      h("td", {}, h("a", { href: `#/triggers/${encodeURIComponent(t.trigger_id)}` }, t.trigger_id)),
+      h("td", {}, t.source ?? "—"),
+      h("td", {}, t.event_types.length ? t.event_types.join(", ") : "—"),
+      h("td", {}, t.agent ?? "—"),
+      h("td", {}, t.deleted ? "deleted" : t.enabled === null ? "unknown" : t.enabled ? "yes" : "no"),
+      h("td", {}, t.last_run ? h("a", { href: `#/runs/${encodeURIComponent(t.last_run.run_id)}` }, when(t.last_run.created_at)) : "—",
+        t.last_run ? h("div", {}, stateBadge(t.last_run.state)) : null),
+      h("td", { class: "num" }, t.runs_completed),
+      h("td", { class: "num" }, t.runs_needed_human),
+      h("td", { class: "num" }, `${t.deliveries_accepted} / ${t.deliveries_received}`))));
+    if (!data.triggers.length) body.append(h("tr", {}, h("td", { colspan: 9, class: "empty" }, "No trigger has fired yet.")));
+  }).catch(failed);
+}
+
+function deliveriesView(signal, triggerId) {
+  const body = h("tbody");
+  show(
+    h("h1", {}, "Deliveries of ", h("code", {}, triggerId)),
+    h("table", { id: "deliveries" },
+      h("thead", {}, h("tr", {}, ...["Delivery", "Event", "Outcome", "Reason", "Run", "Time"].map((t) => h("th", {}, t)))),
+      body),
+  );
+  api(`/triggers/${encodeURIComponent(triggerId)}/deliveries`, { signal }).then((data) => {
+    body.replaceChildren(...data.deliveries.map((d) => h("tr", {},
+      h("td", {}, d.delivery_id), h("td", {}, d.event_type ?? "—"), h("td", {}, d.outcome), h("td", {}, d.reason ?? ""),
+      h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
+      h("td", {}, when(d.time)))));
+    if (!data.deliveries.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No deliveries.")));
+  }).catch(failed);
+}
+
+// ------------------------------------------------------------------ analytics (OBS-1)
+function bars(rows) {
+  const max = Math.max(1, ...rows.map(([, n]) => n));
+  return h("div", { class: "bars" }, rows.map(([label, n]) => [
+    h("span", {}, label),
+    h("div", { class: "bar-fill", style: { width: `${(100 * n) / max}%` }, role: "img", "aria-label": `${label}: ${n}` }),
+    h("span", { class: "num" }, n),
+  ]));
+}
+
+function analyticsView(signal) {
+  const root = h("div", { id: "analytics" }, "Loading…");
+  show(h("h1", {}, "How often runs need people"), root);
+  api("/analytics/human", { signal }).then((a) => {
+    const share = a.asked_share === null ? "—" : `${Math.round(a.asked_share * 1000) / 10} %`;
+    const histogram = a.wait.histogram.map((b, i, all) => {
+      const low = i === 0 ? 0 : all[i - 1].lt_s;
+      return [b.lt_s === null ? `≥ ${duration(low)}` : `< ${duration(b.lt_s)}`, b.count];
+    });
+    const breakdown = (rows, label) => h("table", {},
+      h("thead", {}, h("tr", {}, h("th", {}, label), h("th", { class: "num" }, "Runs"), h("th", { class: "num" }, "Asked"),
+        h("th", { class: "num" }, "Share"), h("th", { class: "num" }, "Answered"), h("th", { class: "num" }, "Expired"))),
+      h("tbody", {}, rows.map((r) => h("tr", {}, h("td", {}, r.key ?? "—"), h("td", { class: "num" }, r.runs_total),
+        h("td", { class: "num" }, r.runs_asked),
+        h("td", { class: "num" }, r.asked_share === null ? "—" : `${Math.round(r.asked_share * 100)} %`),
+        h("td", { class: "num" }, r.answered), h("td", { class: "num" }, r.expired)))));
+    root.replaceChildren(
+      h("div", { class: "card" }, facts([
+        ["Runs", a.runs_total], ["Runs that asked a human", `${a.runs_asked} (${share})`],
+        ["Requests", a.requests_total], ["Answered", a.answered], ["Timed out", a.expired],
+        ["Refused", a.rejected], ["Pending", a.pending],
+        ["Wait p50 / p90 / max", `${duration(a.wait.p50_s)} / ${duration(a.wait.p90_s)} / ${duration(a.wait.max_s)}`],
+      ])),
+      h("h2", {}, "Outcomes of human requests"),
+      bars([["answered", a.answered], ["timed out", a.expired], ["refused", a.rejected], ["pending", a.pending]]),
+      h("h2", {}, "Wait times (answered requests)"),
+      bars(histogram),
+      h("h2", {}, "Most delegated questions"),
+      a.top_questions.length
+        ? h("ol", {}, a.top_questions.map((q) => h("li", {}, `${q.question} — ${q.count}×`)))
+        : h("p", { class: "empty" }, "No questions yet."),
+      h("h2", {}, "Per agent"), breakdown(a.by_agent, "Agent"),
+      h("h2", {}, "Per trigger"), breakdown(a.by_trigger, "Trigger"),
+    );
+  }).catch(failed);
+}
+
+// ------------------------------------------------------------------ routing
+async function route() {
+  viewAbort?.abort();
+  viewAbort = new AbortController();
+  const signal = viewAbort.signal;
+  setLive(false);
+  const [path, query = ""] = location.hash.replace(/^#/, "").split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  if (!token()) {
+    renderChrome();
+    signInView();
+    return;
+  }
+  if (!me) {
+    try {
+      me = await api("/whoami", { signal });
+    } catch (error) {
+      failed(error);
+      if (!me) return;
+    }
+  }
+  renderChrome(parts[0] || "runs");
+  if (parts[0] === "signin") location.hash = "#/runs";
+  else if (parts[0] === "runs" && parts[1]) runView(signal, parts[1]);
+  else if (parts[0] === "waiting") waitingView(signal);
+  else if (parts[0] === "triggers" && parts[1]) deliveriesView(signal, parts[1]);
+  else if (parts[0] === "triggers") triggersView(signal);
+  else if (parts[0] === "analytics") analyticsView(signal);
+  else runsView(signal, query);
+  $("view").focus({ preventScroll: true });
+}
+
+window.addEventListener("hashchange", () => {
+  message(pendingMessage);
+  pendingMessage = null;
+  route();
+});
+$("sign-out").addEventListener("click", () => signOut(null));
+route();

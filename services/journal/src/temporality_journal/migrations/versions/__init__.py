@@ -1,0 +1,1 @@
+"""One module per schema revision, oldest first (``down_revision`` chains them)."""

@@ -1,0 +1,106 @@
+"""Role tokens and the served journal for the journal's tests (its own module name: every conftest.py is
+called conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from pydantic import SecretStr
+
+from temporality_bus import Bus, NatsSettings
+from temporality_journal import Settings
+from temporality_journal.__main__ import SPEC, configure
+from temporality_service import ApiAuth, ApiAuthSettings, ApiToken, Role, Runtime, run_until
+from temporality_service.auth import dump_tokens
+
+VIEWER_TOKEN = "journal-test-viewer-token-0123456789"
+OPERATOR_TOKEN = "journal-test-operator-token-0123456789"
+ADMIN_TOKEN = "journal-test-admin-token-0123456789"
+TOKENS = [
+    ApiToken(name="board", role=Role.viewer, token=SecretStr(VIEWER_TOKEN)),
+    ApiToken(name="oncall", role=Role.operator, token=SecretStr(OPERATOR_TOKEN)),
+    ApiToken(name="root", role=Role.admin, token=SecretStr(ADMIN_TOKEN)),
+]
+VIEWER = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
+OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def api_auth() -> ApiAuth:
+    """The journal's token set in the tests: ``board`` (viewer), ``oncall`` (operator), ``root`` (admin)."""
+    return ApiAuth(TOKENS)
+
+
+def write_tokens(path: Path) -> Path:
+    """Write :data:`TOKENS` as a ``TEMPORALITY_API_TOKENS_FILE``."""
+    path.write_text(dump_tokens(TOKENS), encoding="utf-8")
+    return path
+
+
+@dataclass
+class ServedJournal:
+    """The real journal service (``configure`` + ``setup``, run by the runtime in-process) on a real port."""
+
+    url: str
+    bus: Bus
+    runtime: Runtime[Settings]
+    #: Set it to stop the service (SIGTERM's path); ``task`` then ends.
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    async def wait_recorded(self, event_id: str, within_s: float = 30.0) -> None:
+        """Wait until the journal's database holds ``event_id`` (its own consumer recorded it)."""
+        async with httpx.AsyncClient(base_url=self.url, headers=VIEWER) as client:
+
+            async def _has() -> bool:
+                events = (await client.get("/events", params={"limit": 1000})).json()["events"]
+                return any(e["id"] == event_id for e in events)
+
+            async with asyncio.timeout(within_s):  # another task's commits: poll the API, bounded
+                for _ in range(int(within_s / 0.05) + 1):
+                    if await _has():
+                        return
+                    await asyncio.sleep(0.05)
+            raise AssertionError(f"event {event_id} not recorded within {within_s}s")
+
+
+def served_settings(tmp_path: Path, nats_settings: NatsSettings, database_url: str | None = None) -> Settings:
+    """The journal's settings for :func:`serve_journal`: a free port, the test tokens, SQLite unless given."""
+    return Settings(
+        nats=nats_settings,
+        port=0,
+        database_url=database_url or f"sqlite+aiosqlite:///{tmp_path / 'served' / 'journal.db'}",
+        api=ApiAuthSettings(tokens_file=write_tokens(tmp_path / "tokens.json")),
+    )
+
+
+@asynccontextmanager
+async def serve_journal(settings: Settings, bus: Bus) -> AsyncIterator[ServedJournal]:
+    """Run the journal service (its own ``configure``/``setup``) in-process until the block ends."""
+    setup = configure(settings)
+    runtimes: list[Runtime[Settings]] = []
+
+    async def _setup(rt: Runtime[Settings]) -> None:
+        await setup(rt)
+        runtimes.append(rt)
+
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run_until(SPEC, settings, _setup, stop, ready=ready))
+    try:
+        waiter = asyncio.ensure_future(ready.wait())
+        done, _ = await asyncio.wait({waiter, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            waiter.cancel()
+            task.result()  # raises why it stopped
+        assert ready.is_set(), "the journal was not ready within 60 s"
+        server = runtimes[0].server
+        assert server is not None
+        yield ServedJournal(url=server.url, bus=bus, runtime=runtimes[0], stop=stop, task=task)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)

@@ -88,6 +88,8 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         assert f"POST {hook}" in out
         assert f"http://127.0.0.1:{up.ports['human']}/inbox" in out
         assert f"http://127.0.0.1:{up.ports['journal']}/runs" in out
+        assert f"http://127.0.0.1:{up.ports['journal']}/console/" in out
+        assert f"http://127.0.0.1:{up.ports['gateway']}/triggers" in out
         assert "nats://127.0.0.1:" in out
         token = _admin_token(out)
         tokens_file = data_dir / "api-tokens.json"
@@ -98,6 +100,9 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         accepted = keep_alive.post(hook, content=body, headers=headers)
         assert accepted.status_code == 202, accepted.text
         run_id = accepted.json()["run_id"]
+        console = keep_alive.get(f"http://127.0.0.1:{up.ports['journal']}/console/")
+        assert console.status_code == 200, "the printed console URL serves the console"
+        assert "text/html" in console.headers["content-type"]
         pids = _pids(data_dir / "run")
         assert len(pids) == len(SERVICES)
     finally:

@@ -31,16 +31,20 @@ import asyncio
 import base64
 import contextlib
 import json
+import re
+import shutil
 import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from e2e_support import ALICE, HOOK_AUTH, eventually, example_pr, make_stack, post_hook
+import yaml
+from e2e_support import ALICE, API_TOKENS, CONFIG, HOOK_AUTH, eventually, example_pr, make_stack, post_hook
 
 from temporality_embedded import Stack
 
@@ -70,16 +74,39 @@ class Service:
     #: Routes whose path starts with one of these need ``auth`` (besides those declaring an
     #: ``authorization`` header parameter in OpenAPI; the gateway checks Basic auth itself).
     auth_prefixes: tuple[str, ...] = ()
+    #: Routes whose path starts with a prefix here take these credentials instead of ``auth`` (the gateway:
+    #: Basic on its webhooks, an API token on its trigger admin API).
+    route_auth: tuple[tuple[str, str], ...] = ()
     #: The service's body limit (``max_body_bytes``).
     body_limit: int = MiB
     #: Benign values for path parameters, so that body and query variants get past the lookup.
     path_values: Mapping[str, str] = field(default_factory=dict)
+    #: Path values for routes under a prefix (per method; ``*``: any), e.g. a trigger the sweep may change.
+    route_path_values: tuple[tuple[str, str, Mapping[str, str]], ...] = ()
+    #: Headers for routes under a prefix (per method), e.g. ``If-Match: *`` where a precondition is required.
+    route_headers: tuple[tuple[str, str, Mapping[str, str]], ...] = ()
+    #: POST routes that take no body and ignore one (a switch such as ``/enable``), by path suffix.
+    bodiless: tuple[str, ...] = ()
     #: A benign body for routes that take one (a body the route refuses is fine: 4xx, not 5xx).
     benign_body: bytes = b"{}"
     #: A path prefix of one of its routes, for the raw-socket requests.
     raw_prefix: bytes = b"/"
     #: A route (benign path) that reads a body, for the raw requests whose body goes wrong mid-way.
     body_route: bytes | None = None
+
+
+#: A trigger of the sweep's own stack config (a copy of ado-pr-review) that the admin API probes may change.
+SWEEP_TRIGGER = "sweep-target"
+
+
+def sweep_config(directory: Path) -> Path:
+    """The shipped config plus SWEEP_TRIGGER, for the admin API probes."""
+    shutil.copytree(CONFIG, directory, dirs_exist_ok=True)
+    doc = yaml.safe_load((directory / "triggers.yaml").read_text(encoding="utf-8"))
+    (original,) = [t for t in doc["triggers"] if t["id"] == "ado-pr-review"]
+    doc["triggers"].append({**original, "id": SWEEP_TRIGGER, "name": "Changed by the bad-input sweep"})
+    (directory / "triggers.yaml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return directory
 
 
 def services(stack: Stack) -> list[Service]:
@@ -94,7 +121,15 @@ def services(stack: Stack) -> list[Service]:
             port=port("trigger-gateway"),
             auth=HOOK_AUTH,
             other_auth=ALICE["Authorization"],
-            auth_prefixes=("/hooks/",),
+            auth_prefixes=("/hooks/", "/triggers"),
+            route_auth=(("/triggers", f"Bearer {API_TOKENS[2].token.get_secret_value()}"),),  # admin API
+            # the admin API works on a trigger of its own (SWEEP_TRIGGER), never deleted (DELETE names none)
+            route_path_values=(
+                ("*", "/triggers/", {"trigger_id": SWEEP_TRIGGER}),
+                ("DELETE", "/triggers/", {"trigger_id": "does-not-exist"}),
+            ),
+            route_headers=(("PUT", "/triggers/", {"If-Match": "*"}),),
+            bodiless=("/enable", "/disable"),
             body_limit=MiB,
             path_values={"trigger_id": "ado-pr-review"},  # config/triggers.yaml
             benign_body=b'{"eventType": "git.pullrequest.created"}',  # not the adapter's shape: 422, no run
@@ -115,8 +150,8 @@ def services(stack: Stack) -> list[Service]:
         Service(
             name="journal",
             port=port("journal"),
-            auth=ALICE["Authorization"],
-            other_auth=HOOK_AUTH,
+            auth=f"Bearer {API_TOKENS[2].token.get_secret_value()}",  # admin: every journal route
+            other_auth=ALICE["Authorization"],
             path_values={"run_id": "run-does-not-exist"},
             raw_prefix=b"/runs/",
         ),
@@ -203,7 +238,8 @@ class Route:
     params: tuple[Param, ...]
     has_body: bool
     needs_auth: bool
-    #: Every method the path serves (for the "method not allowed" variant).
+    #: Every method the path serves (for the "method not allowed" variant), including those of another
+    #: template the literal path also matches (``DELETE /triggers/preview`` is ``DELETE /triggers/{trigger_id}``).
     path_methods: frozenset[str]
 
 
@@ -233,6 +269,10 @@ def routes_of(service: Service, doc: Mapping[str, Any] | None) -> list[Route]:
     methods_of: dict[str, set[str]] = {}
     for method, template in operations:
         methods_of.setdefault(template, set()).add(method)
+    for template, methods in methods_of.items():  # a literal path another template also matches
+        for other, other_methods in methods_of.items():
+            if other != template and re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(other)), template):
+                methods |= other_methods
     routes = []
     for (method, template), op in sorted(operations.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         params: list[Param] = []
@@ -249,7 +289,8 @@ def routes_of(service: Service, doc: Mapping[str, Any] | None) -> list[Route]:
                 method=method,
                 template=template,
                 params=tuple(params),
-                has_body="requestBody" in op or method in {"POST", "PUT", "PATCH"},
+                has_body="requestBody" in op
+                or (method in {"POST", "PUT", "PATCH"} and not template.endswith(service.bodiless or ("\0",))),
                 needs_auth=needs_auth,
                 path_methods=frozenset(methods_of[template]),
             )
@@ -375,17 +416,22 @@ def hostile_bodies(limit: int) -> list[Body]:
     ]
 
 
-def hostile_authorizations(service: Service) -> list[tuple[str, str | bytes]]:
+def credentials(service: Service, template: str) -> str:
+    """The valid credentials for ``template`` on ``service``."""
+    return next((auth for prefix, auth in service.route_auth if template.startswith(prefix)), service.auth)
+
+
+def hostile_authorizations(service: Service, valid: str) -> list[tuple[str, str | bytes]]:
     return [
         ("empty Authorization", ""),
-        ("scheme only", service.auth.split(" ", 1)[0]),
+        ("scheme only", valid.split(" ", 1)[0]),
         ("wrong scheme", service.other_auth),
         ("Basic not base64", "Basic !!!not-base64==="),
         ("Basic without a colon", "Basic " + base64.b64encode(b"azure").decode()),
         ("Basic non-UTF-8", "Basic " + base64.b64encode(b"\xff\xfe:\xff").decode()),
         ("Bearer 10,000 chars", "Bearer " + "x" * 10_000),
         ("raw non-ASCII bytes", b"Bearer \xff\xfe \xe9"),
-        ("wrong password", service.auth[:-2] + ("AA" if not service.auth.endswith("AA") else "BB")),
+        ("wrong password", valid[:-2] + ("AA" if not valid.endswith("AA") else "BB")),
     ]
 
 
@@ -408,15 +454,24 @@ def _target(route: Route, path_values: Mapping[str, str], query: str = "") -> st
     return path + ("?" + query if query else "")
 
 
+def _for_route(rules: tuple[tuple[str, str, Mapping[str, str]], ...], route: Route) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for method, prefix, values in rules:
+        if method in ("*", route.method) and route.template.startswith(prefix):
+            found.update(values)
+    return found
+
+
 def probes_for(route: Route) -> list[Probe]:
     service = route.service
-    benign = {
-        p.name: _q(service.path_values.get(p.name, "does-not-exist")) for p in route.params if p.location == "path"
-    }
+    path_values = {**service.path_values, **_for_route(service.route_path_values, route)}
+    extra_headers = _for_route(service.route_headers, route)
+    benign = {p.name: _q(path_values.get(p.name, "does-not-exist")) for p in route.params if p.location == "path"}
     benign_body = Body("benign body", service.benign_body) if route.has_body else None
-    auths: list[tuple[str, Mapping[str, str | bytes]]] = [("", {})]
+    auths: list[tuple[str, Mapping[str, str | bytes]]] = [("", {**extra_headers})]
     if route.needs_auth:
-        auths = [("valid auth", {"Authorization": service.auth}), ("no auth", {})]
+        valid = {"Authorization": credentials(service, route.template), **extra_headers}
+        auths = [("valid auth", valid), ("no auth", {**extra_headers})]
     probes: list[Probe] = []
     for auth_name, headers in auths:
         authorized = not route.needs_auth or auth_name == "valid auth"
@@ -463,7 +518,7 @@ def probes_for(route: Route) -> list[Probe]:
             for body in hostile_bodies(service.body_limit):
                 probes.append(probe(f"body: {body.name}", _target(route, benign), body, body.expect))
     if route.needs_auth:
-        for name, authorization in hostile_authorizations(service):
+        for name, authorization in hostile_authorizations(service, credentials(service, route.template)):
             probes.append(
                 Probe(
                     route,
@@ -569,7 +624,11 @@ async def send(client: httpx.AsyncClient, probe: Probe) -> Answer | str:
         return raw_answer if raw_answer is not None else "no answer"
     url = httpx.URL(scheme="http", host="127.0.0.1", port=service.port, raw_path=probe.target.encode("ascii"))
     try:
-        response = await client.request(probe.method, url, headers=headers, content=content)
+        async with client.stream(probe.method, url, headers=headers, content=content) as response:
+            if response.headers.get("content-type", "").startswith("text/event-stream"):
+                # a live tail (journal /events/stream) never ends: its answer is the status and headers
+                return Answer(response.status_code, response.headers["content-type"], b"")
+            await response.aread()
     except httpx.HTTPError as exc:
         return f"no HTTP answer: {type(exc).__name__}: {exc}"[:300]
     return Answer(response.status_code, response.headers.get("content-type", ""), response.content)
@@ -723,7 +782,8 @@ async def raw_exchange(
 @pytest.fixture(scope="module")
 def hostile_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The five services as their own processes, started once for this module (as tests/test_e2e.py does)."""
-    stack = make_stack(tmp_path_factory.mktemp("bad-input"))
+    root = tmp_path_factory.mktemp("bad-input")
+    stack = make_stack(root, config_dir=sweep_config(root / "config"))
     stack.start()
     try:
         yield stack

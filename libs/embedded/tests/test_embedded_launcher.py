@@ -91,7 +91,8 @@ def test_each_service_gets_its_port_variable_and_config(tmp_path: Path) -> None:
         own = {
             k
             for k in env
-            if k.startswith("TEMPORALITY_") and not k.startswith(("TEMPORALITY_NATS_", "TEMPORALITY_LOG_"))
+            if k.startswith("TEMPORALITY_")
+            and not k.startswith(("TEMPORALITY_NATS_", "TEMPORALITY_LOG_", "TEMPORALITY_API_"))
         }
         assert all(k.startswith(spec.env_prefix) or k == "TEMPORALITY_DATABASE_URL" for k in own), (name, own)
     assert s.env_for("trigger-gateway")["TEMPORALITY_GATEWAY_TRIGGERS_FILE"] == str(

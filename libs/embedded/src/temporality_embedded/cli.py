@@ -95,7 +95,9 @@ def up(args: argparse.Namespace) -> int:
     for line in _webhook_lines(stack, config_dir):
         _out(line)
     _out(f"  Web inbox API              {stack.human_url}/inbox   (Authorization: Bearer <user's inbox token>)")
+    _out(f"  Web console                {stack.journal_url}/console/   (sign in with the admin API token)")
     _out(f"  Journal API                {stack.journal_url}/runs   (Authorization: Bearer <API token>)")
+    _out(f"  Trigger admin API          {stack.gateway_url}/triggers   (Authorization: Bearer <API token>)")
     if stack.admin_token is not None:
         _out(f"  Admin API token            {stack.admin_token}   (from {stack.api_tokens_file})")
     _out(f"  NATS (JetStream)           {stack.nats.url}   (every event on temporality.events.>)")

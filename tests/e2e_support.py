@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,7 +31,16 @@ JOURNAL = {"Authorization": f"Bearer {API_TOKENS[0].token.get_secret_value()}"}
 T = TypeVar("T")
 
 
-def make_stack(tmp_path: Path, *, config_dir: Path = CONFIG, **extra_env: str) -> Stack:
+def make_stack(
+    tmp_path: Path,
+    *,
+    config_dir: Path = CONFIG,
+    nats_auth: bool = False,
+    replicas: Mapping[str, int] | None = None,
+    **extra_env: str,
+) -> Stack:
+    """The five services as processes on free ports, with the test role tokens (:data:`API_TOKENS`);
+    ``nats_auth``: each service its own NATS user; ``replicas``: processes per service."""
     tokens_file = tmp_path / "api-tokens.json"
     tokens_file.parent.mkdir(parents=True, exist_ok=True)
     tokens_file.write_text(dump_tokens(API_TOKENS), encoding="utf-8")
@@ -44,6 +53,8 @@ def make_stack(tmp_path: Path, *, config_dir: Path = CONFIG, **extra_env: str) -
             journal_port=free_port(),
             log_format="json",
             api_tokens_file=tokens_file,
+            nats_auth=nats_auth,
+            replicas=replicas or {},
             extra_env={"TEMPORALITY_NATS_ACK_WAIT_S": "3", "TEMPORALITY_LOG_LEVEL": "debug", **extra_env},
         )
     )

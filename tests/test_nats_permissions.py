@@ -11,15 +11,14 @@ import httpx
 import nats
 import nats.errors
 import pytest
-from e2e_support import ALICE, API_TOKENS, CONFIG, JOURNAL, eventually, example_pr, post_hook
+from e2e_support import ALICE, API_TOKENS, JOURNAL, eventually, example_pr, make_stack, post_hook
 from pydantic import SecretStr
 
 from temporality_bus import Bus, NatsSettings
-from temporality_embedded import NatsServer, Stack, StackConfig, free_port
+from temporality_embedded import NatsServer, Stack
 from temporality_protocol import TriggerReceived, encode, make_event
 from temporality_protocol.catalog import EVENTS_STREAM, SERVICES, subject_for
 from temporality_protocol.permissions import permissions_for
-from temporality_service.auth import dump_tokens
 
 PASSWORDS = {name: f"{name}-password" for name in SERVICES}
 
@@ -109,21 +108,7 @@ async def _every_event(stack: Stack) -> bytes:
 async def test_the_whole_system_runs_with_per_service_nats_users(tmp_path: Path) -> None:
     """Webhook -> question in the inbox -> answer -> run completed, every service on its own NATS user;
     afterwards no configured secret appears in any event of the run nor in any service's log."""
-    tokens = tmp_path / "api-tokens.json"
-    tokens.write_text(dump_tokens(API_TOKENS), encoding="utf-8")
-    stack = Stack(
-        StackConfig(
-            data_dir=tmp_path / "stack",
-            config_dir=CONFIG,
-            gateway_port=free_port(),
-            human_port=free_port(),
-            journal_port=free_port(),
-            log_format="json",
-            api_tokens_file=tokens,
-            nats_auth=True,
-            extra_env={"TEMPORALITY_NATS_ACK_WAIT_S": "3"},
-        )
-    )
+    stack = make_stack(tmp_path, nats_auth=True)  # debug logs: the most a log could leak
     await asyncio.to_thread(stack.start, 120)
     try:
         assert stack.nats_admin is not None

@@ -12,11 +12,10 @@ from typing import Any
 import httpx
 import nats
 import pytest
-from e2e_support import ALICE, API_TOKENS, CONFIG, HOOK_AUTH, JOURNAL, eventually, example_pr
+from e2e_support import ALICE, HOOK_AUTH, JOURNAL, eventually, example_pr, make_stack
 
-from temporality_embedded import Stack, StackConfig, free_port
+from temporality_embedded import Stack
 from temporality_protocol.catalog import EVENTS_STREAM
-from temporality_service.auth import dump_tokens
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -40,21 +39,7 @@ async def _event_types(stack: Stack) -> list[dict[str, Any]]:
 
 
 async def test_two_replicas_of_each_service_give_one_effect_per_cause(tmp_path: Path) -> None:
-    tokens = tmp_path / "api-tokens.json"
-    tokens.write_text(dump_tokens(API_TOKENS), encoding="utf-8")
-    stack = Stack(
-        StackConfig(
-            data_dir=tmp_path / "stack",
-            config_dir=CONFIG,
-            gateway_port=free_port(),
-            human_port=free_port(),
-            journal_port=free_port(),
-            log_format="json",
-            api_tokens_file=tokens,
-            replicas=TWO,
-            extra_env={"TEMPORALITY_NATS_ACK_WAIT_S": "3"},
-        )
-    )
+    stack = make_stack(tmp_path, replicas=TWO, TEMPORALITY_LOG_LEVEL="info")
     await asyncio.to_thread(stack.start, 180)
     try:
         gateways, humans = stack.urls("trigger-gateway"), stack.urls("human-interaction")

@@ -106,6 +106,15 @@ class ServiceProcess:
             self.proc.wait()
         self._close_log()
 
+    @property
+    def url(self) -> str | None:
+        """The HTTP server's URL from the ready file (it says which port a ``PORT=0`` replica got)."""
+        try:
+            lines = self.ready_file.read_text(encoding="utf-8").split()
+        except OSError:
+            return None
+        return lines[1] if len(lines) > 1 else None
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])

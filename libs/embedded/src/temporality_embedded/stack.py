@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from temporality_embedded.natsserver import NatsServer, NatsUser
-from temporality_embedded.processes import SERVICES, ServiceProcess, free_port
+from temporality_embedded.processes import SERVICES, ServiceProcess
 from temporality_protocol.permissions import permissions_for
 from temporality_service.auth import ApiToken, Role, TokenFileError, dump_tokens, load_tokens
 
@@ -121,7 +121,6 @@ class Stack:
         #: The first replica of each service; :attr:`replicas` has them all.
         self.services: dict[str, ServiceProcess] = {}
         self.replicas: dict[str, list[ServiceProcess]] = {}
-        self._replica_ports: dict[tuple[str, int], int] = {}
         unknown = sorted(set(config.replicas) - set(SERVICES))
         if unknown or any(n < 1 for n in config.replicas.values()):
             raise ValueError(f"replicas: unknown services {unknown} or a count below 1 in {dict(config.replicas)}")
@@ -158,17 +157,24 @@ class Stack:
         return self.config.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'journal.db'}"
 
     def urls(self, name: str) -> list[str]:
-        """The base URL of every replica of the HTTP service ``name``."""
-        return [f"http://127.0.0.1:{self.http_port(name, i)}" for i in range(self.config.replicas.get(name, 1))]
+        """The base URL of every replica of the HTTP service ``name`` (once started: extra replicas listen on a
+        port the OS picked, which their ready file names)."""
+        urls = [f"http://127.0.0.1:{self.http_port(name)}"]
+        for process in self.replicas.get(name, [])[1:]:
+            url = process.url
+            if url is None:
+                raise RuntimeError(f"{process.label} is not ready: no URL in {process.ready_file}")
+            urls.append(url.replace("0.0.0.0", "127.0.0.1"))
+        return urls
 
     def http_port(self, name: str, replica: int = 0) -> int | None:
         """The port ``name`` serves HTTP on (its ``StackConfig`` field, else the catalogue's default;
-        a free port for each further replica)."""
+        0 for each further replica: see :meth:`urls`)."""
         spec = SERVICES[name]
         if spec.http_port is None:
             return None
         if replica > 0:
-            return self._replica_ports.setdefault((name, replica), free_port())
+            return 0  # the OS picks at bind time (no race with other processes); see urls()
         port_field = _PORT_FIELDS.get(name)
         port: int = getattr(self.config, port_field) if port_field else spec.http_port
         return port

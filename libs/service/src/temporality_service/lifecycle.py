@@ -19,13 +19,14 @@ def stop_on_signals(loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Ev
     return stop
 
 
-def mark_ready(path: Path | None) -> None:
-    """Write ``path`` atomically (pid inside) to say the process is ready; no-op without a path."""
+def mark_ready(path: Path | None, url: str | None = None) -> None:
+    """Write ``path`` atomically to say the process is ready: the pid, then the HTTP server's URL when it
+    has one (so a launcher that asked for port 0 learns the port); no-op without a path."""
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(f"{os.getpid()}\n")
+    tmp.write_text(f"{os.getpid()}\n" + (f"{url}\n" if url else ""))
     tmp.replace(path)
 
 

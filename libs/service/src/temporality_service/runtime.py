@@ -242,7 +242,7 @@ async def _serve(runtime: Runtime[Any], stop: asyncio.Event, ready: asyncio.Even
         await _until_started(runtime, stop)
         if not stop.is_set():
             runtime.readiness.ready = True
-            mark_ready(settings.process.ready_file)
+            mark_ready(settings.process.ready_file, server.url if server is not None else None)
             if ready is not None:
                 ready.set()
             log.info(

@@ -112,7 +112,9 @@ async def test_ready_only_once_consuming_and_a_clean_exit_on_sigterm(
             assert body["consumers"] == dict.fromkeys(spec.consumers, "running")
             assert body["responders"] == dict.fromkeys(spec.responders, "running")
             assert body["nats"] == "connected"
-            assert ready_file.read_text().strip() == str(proc.pid)
+            pid, url = ready_file.read_text().split()  # the pid, then the URL it serves (port 0 resolved)
+            assert pid == str(proc.pid)
+            assert url == str(client.base_url).rstrip("/")
             assert (await client.get("/healthz")).json()["status"] == "ok"
 
         started = time.monotonic()

@@ -62,7 +62,9 @@ async def test_process_records_serves_and_stops_on_sigterm(
             return await asyncio.to_thread(ready.exists)
 
         await _eventually(_ready, proc, 60)  # a process start on the shared, loaded machine
-        assert (await asyncio.to_thread(ready.read_text)).strip() == str(proc.pid)
+        pid, url = (await asyncio.to_thread(ready.read_text)).split()  # the pid, then the URL it serves
+        assert pid == str(proc.pid)
+        assert url.startswith("http://127.0.0.1:")
 
         s = story()
         await bus.publish(s.requested())

@@ -30,15 +30,13 @@ from dataclasses import dataclass
 from temporality_protocol.catalog import (
     CONSUMERS,
     DLQ_PREFIX,
-    EVENTS_PREFIX,
-    EVENTS_STREAM,
     SERVICES,
     TIMER_SCHEDULE_PREFIX,
     ServiceSpec,
     subject_for,
 )
 
-__all__ = ["JETSTREAM_API", "SUBSCRIBER", "Permissions", "permissions_for", "subscriber_permissions"]
+__all__ = ["JETSTREAM_API", "Permissions", "permissions_for"]
 
 #: The JetStream and KV API every service uses (layout, pull fetches, KV get/put/watch, direct gets).
 JETSTREAM_API: tuple[str, ...] = ("$JS.API.>", "$KV.>")
@@ -80,28 +78,4 @@ def permissions_for(service: str | ServiceSpec) -> Permissions:
         publish=tuple(dict.fromkeys(publish)),
         subscribe=tuple(dict.fromkeys(subscribe)),
         allow_responses=bool(spec.responders),
-    )
-
-
-#: The NATS user other services subscribe to the journal with (read-only).
-SUBSCRIBER = "temporality-subscriber"
-
-
-def subscriber_permissions() -> Permissions:
-    """Read the journal and nothing else: live core subscriptions on every event subject, stream info and
-    reads by sequence (replay), and ephemeral consumers on the events stream (``js.subscribe`` with an
-    ordered consumer). No publish of an event, no durable consumer: a subscriber cannot update, delete or
-    drain a service's consumer."""
-    stream = EVENTS_STREAM.name
-    return Permissions(
-        publish=(
-            "$JS.API.INFO",
-            f"$JS.API.STREAM.INFO.{stream}",
-            f"$JS.API.STREAM.MSG.GET.{stream}",
-            f"$JS.API.DIRECT.GET.{stream}",
-            f"$JS.API.DIRECT.GET.{stream}.>",
-            f"$JS.API.CONSUMER.CREATE.{stream}",
-            "$JS.FC.>",
-        ),
-        subscribe=(f"{EVENTS_PREFIX}.>", "_INBOX.>"),
     )

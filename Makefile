@@ -14,8 +14,10 @@ sync: $(if $(findstring .tools,$(UV)),.tools/bin/uv)
 up: sync  ## run Temporality: embedded NATS + SQLite + the five services (options: make up ARGS="--gateway-port 9080")
 	.venv/bin/temporality up $(ARGS)
 
-test: sync  ## run the whole test suite (options: make test ARGS="-m e2e")
-	.venv/bin/pytest $(ARGS)
+# Test processes (pytest-xdist): one per CPU by default; TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= auto
+test: sync  ## run the whole test suite (options: make test ARGS="-m e2e", make test TEST_WORKERS=0)
+	.venv/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
 lint: sync
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from temporality_bus import AlreadyExists, Bus, Conflict, Consumer, Delivery, PermanentError, schedule_at
+from temporality_bus import AlreadyExists, Bus, Conflict, Consumer, Delivery, NatsSettings, PermanentError, schedule_at
 from temporality_protocol import (
     BusDeadLettered,
     Envelope,
@@ -44,6 +44,21 @@ async def test_ensure_is_idempotent(bus: Bus) -> None:
     await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
     info = await bus.js.stream_info(TIMERS_STREAM.name)
     assert info.config.allow_msg_schedules is True
+
+
+async def test_events_retention_is_applied_to_the_events_stream_only(nats_settings: NatsSettings) -> None:
+    from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS
+
+    async with Bus.connect(nats_settings.model_copy(update={"events_max_age_days": 2}), name="retention") as b:
+        await b.ensure(ALL_STREAMS, ALL_BUCKETS)
+        events = await b.js.stream_info(EVENTS_STREAM.name)
+        dlq = await b.js.stream_info(DLQ_STREAM.name)
+    assert events.config.max_age == 2 * 24 * 3600
+    assert dlq.config.max_age == DLQ_STREAM.max_age_s  # the dead letters keep their own retention
+    assert events.config.num_replicas == 1  # TEMPORALITY_NATS_STREAM_REPLICAS' default (tests/test_nats_cluster.py: 3)
+    async with Bus.connect(nats_settings, name="forever") as b:  # back to 0: every event is kept again
+        await b.ensure(ALL_STREAMS, ALL_BUCKETS)
+        assert not (await b.js.stream_info(EVENTS_STREAM.name)).config.max_age
 
 
 async def _run_consumer(consumer: Consumer, until: asyncio.Event, stop: asyncio.Event) -> None:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
-from nats.js.api import ConsumerInfo
+from nats.js.api import ConsumerInfo, DeliverPolicy
 
 from temporality_bus import Bus, Consumer, Delivery
 from temporality_protocol import Envelope, RunFailed, make_event
@@ -147,3 +147,33 @@ async def test_without_a_heartbeat_the_server_would_redeliver(bus: Bus, monkeypa
         stop.set()
         await _wait(task, 30)
     assert deliveries[:2] == [1, 2]
+
+
+async def test_a_new_durable_with_deliver_policy_new_starts_at_the_tail_and_later_resumes(bus: Bus) -> None:
+    await bus.ensure(streams=[EVENTS_STREAM])
+    await bus.publish(_failed("before"))
+    seen: list[str] = []
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        seen.append(str(event.data["run_id"]))
+
+    spec = ConsumerSpec(
+        "t-tail", EVENTS_STREAM.name, (subject_for("run.failed"),), "test", backoff_s=(0.1,), deliver_policy="new"
+    )
+    for run_ids in (["after"], ["while-away"]):
+        consumer = Consumer(bus, spec, handler=handler, fetch_timeout_s=0.2)
+        stop = asyncio.Event()
+        task = asyncio.create_task(consumer.run(stop))
+        await _wait(consumer.running.wait())
+        for run_id in run_ids:
+            await bus.publish(_failed(run_id))
+        await _until(
+            bus, "t-tail", lambda i: i.num_pending == 0 and i.num_ack_pending == 0 and i.delivered.stream_seq > 1
+        )
+        stop.set()
+        await _wait(task)
+        if run_ids == ["after"]:
+            await bus.publish(_failed("between"))  # stored while no process runs the durable: delivered later
+    info = await bus.js.consumer_info(EVENTS_STREAM.name, "t-tail")
+    assert info.config.deliver_policy == DeliverPolicy.NEW
+    assert seen == ["after", "between", "while-away"]  # never "before": the new durable started at the tail

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
 
 import nats.errors
@@ -17,8 +18,22 @@ from temporality_protocol.catalog import TIMERS_STREAM
 NS = "test"
 
 
+_OPEN: list[JetStreamContext.PullSubscription] = []
+
+
+@pytest.fixture
+async def bus(bus: Bus) -> AsyncIterator[Bus]:
+    """The shared fixture's bus; the readers a test opened are unsubscribed before it drains (an open pull
+    subscription makes ``nc.drain()`` wait for its whole timeout: TEST-PEERS.md)."""
+    yield bus
+    while _OPEN:
+        await _OPEN.pop().unsubscribe()
+
+
 async def _reader(bus: Bus, timers: Timers, durable: str) -> JetStreamContext.PullSubscription:
-    return await bus.js.pull_subscribe(timers.fired_filter, durable=durable, stream=TIMERS_STREAM.name)
+    sub = await bus.js.pull_subscribe(timers.fired_filter, durable=durable, stream=TIMERS_STREAM.name)
+    _OPEN.append(sub)
+    return sub
 
 
 async def _next(sub: JetStreamContext.PullSubscription, timeout_s: float) -> tuple[Msg, datetime]:

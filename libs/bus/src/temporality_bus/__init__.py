@@ -19,6 +19,7 @@ from temporality_bus.responder import Failure, Request, Responder
 from temporality_bus.settings import NatsSettings
 from temporality_bus.store import Modified, Store, Versioned
 from temporality_bus.timers import Timers, fire_time, parse_fired_subject, schedule_at
+from temporality_bus.watch import KvWatch, entry_value
 
 __all__ = [
     "AlreadyExists",
@@ -31,6 +32,7 @@ __all__ = [
     "DeadLetterHook",
     "Delivery",
     "Failure",
+    "KvWatch",
     "Modified",
     "NatsSettings",
     "NotFound",
@@ -44,6 +46,7 @@ __all__ = [
     "Timers",
     "TransientError",
     "Versioned",
+    "entry_value",
     "evolve",
     "fire_time",
     "parse_fired_subject",

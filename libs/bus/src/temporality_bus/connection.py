@@ -24,7 +24,7 @@ from temporality_bus.errors import PermanentError, TransientError
 from temporality_bus.settings import NatsSettings
 from temporality_bus.store import Store
 from temporality_protocol import CONTENT_TYPE, Envelope, encode
-from temporality_protocol.catalog import BucketSpec, ConsumerSpec, StreamSpec
+from temporality_protocol.catalog import EVENTS_STREAM, BucketSpec, ConsumerSpec, StreamSpec
 
 __all__ = ["Bus", "PublishResult"]
 
@@ -112,15 +112,19 @@ class Bus:
             await self.ensure_bucket(bucket)
 
     async def ensure_stream(self, spec: StreamSpec) -> None:
+        max_age_s = spec.max_age_s
+        if spec.name == EVENTS_STREAM.name and self.settings.events_max_age_days > 0:
+            max_age_s = self.settings.events_max_age_days * 24 * 3600
         config = jsapi.StreamConfig(
             name=spec.name,
             description=spec.description,
             subjects=list(spec.subjects),
             retention=jsapi.RetentionPolicy.LIMITS,
             storage=jsapi.StorageType.FILE,
-            max_age=spec.max_age_s or None,
+            max_age=max_age_s or None,
             duplicate_window=spec.duplicate_window_s,
             allow_msg_schedules=spec.allow_msg_schedules or None,
+            num_replicas=self.settings.stream_replicas,
         )
         try:
             await self.js.stream_info(spec.name)
@@ -142,6 +146,7 @@ class Bus:
                         history=spec.history,
                         ttl=spec.ttl_s or None,
                         storage=jsapi.StorageType.FILE,
+                        replicas=self.settings.stream_replicas,
                     )
                 )
                 log.info("bucket.created", bucket=spec.name)
@@ -151,10 +156,13 @@ class Bus:
         return kv
 
     async def ensure_consumer(self, spec: ConsumerSpec, *, ack_wait_s: float | None = None) -> None:
+        """Create the durable (or update it in place: same name, same deliver policy, so it keeps its
+        position). ``spec.deliver_policy`` ``new`` starts a durable created now at the stream's tail."""
+        policy = jsapi.DeliverPolicy.NEW if spec.deliver_policy == "new" else jsapi.DeliverPolicy.ALL
         config = jsapi.ConsumerConfig(
             durable_name=spec.durable,
             description=spec.description,
-            deliver_policy=jsapi.DeliverPolicy.ALL,
+            deliver_policy=policy,
             ack_policy=jsapi.AckPolicy.EXPLICIT,
             ack_wait=ack_wait_s or self.settings.ack_wait_s,
             # no server-side limit: the runner enforces spec.max_deliver, so it can still dead-letter (or

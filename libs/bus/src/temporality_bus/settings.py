@@ -34,6 +34,14 @@ class NatsSettings(BaseSettings):
     drain_timeout_s: float = 10.0
     #: How long a consumer waits for an ack before redelivering; in-progress pings extend it.
     ack_wait_s: float = 30.0
+    #: Copies of every stream and KV bucket the services create (``Bus.ensure``): 1 on a single server,
+    #: 3 on a 3-node JetStream cluster (a node can fail without losing an accepted event). An existing
+    #: stream is scaled to this at the next start. Consumers follow their stream.
+    stream_replicas: int = Field(default=1, ge=1, le=5)
+    #: How long the events stream keeps an event (days; 0: forever). The journal's database keeps the
+    #: history for people; the stream only has to outlive any consumer's lag and the rebuild you want to be
+    #: able to do. Set the same value on every service (each one ensures the stream at start).
+    events_max_age_days: float = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _tls_pairs(self) -> NatsSettings:

@@ -1,0 +1,68 @@
+"""KvWatch against a real nats-server: snapshot first, then every change; readiness follows the watch."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nats.js.kv import KeyValue
+
+from temporality_bus import Bus, KvWatch, entry_value
+from temporality_protocol.catalog import BucketSpec
+
+BUCKET = BucketSpec("watch-test", "KvWatch's test bucket")
+
+
+class View:
+    """What a service would serve: key -> value, kept by the watch."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self.forgotten: set[str] = set()
+        self.loads = 0
+        self.changes = asyncio.Condition()
+
+    async def apply(self, entry: KeyValue.Entry) -> None:
+        value = entry_value(entry)
+        if value is None:
+            self.values.pop(entry.key, None)
+        else:
+            self.values[entry.key] = value
+
+    async def forget(self, seen: set[str]) -> None:
+        for gone in set(self.values) - seen:
+            self.forgotten.add(gone)
+            del self.values[gone]
+
+    async def loaded(self) -> None:
+        self.loads += 1
+
+    async def changed(self) -> None:
+        async with self.changes:
+            self.changes.notify_all()
+
+    async def wait(self, expected: dict[str, bytes], timeout_s: float = 5.0) -> None:
+        async with self.changes, asyncio.timeout(timeout_s):
+            await self.changes.wait_for(lambda: self.values == expected)
+
+
+async def test_the_snapshot_is_applied_before_watching_returns_then_every_change_follows(bus: Bus) -> None:
+    kv = await bus.ensure_bucket(BUCKET)
+    await kv.put("a", b"1")
+    await kv.put("b", b"2")
+    view = View()
+    view.values["stale"] = b"deleted while nobody watched"
+    watch = KvWatch(
+        bus, kv, "test store", apply=view.apply, forget=view.forget, loaded=view.loaded, changed=view.changed
+    )
+    with pytest.raises(RuntimeError, match="not watched yet"):
+        await watch.check()  # not ready before the snapshot
+    async with watch.watching():
+        assert view.values == {"a": b"1", "b": b"2"}, "the whole snapshot, before watching() returns"
+        assert view.forgotten == {"stale"}
+        assert view.loads == 1
+        await watch.check()
+        await kv.put("c", b"3")
+        await kv.delete("a")
+        await kv.put("b", b"22")
+        await view.wait({"b": b"22", "c": b"3"})

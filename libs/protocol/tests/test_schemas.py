@@ -19,28 +19,45 @@ from temporality_protocol.catalog import (
     EVENTS_STREAM,
     RPC_GET_COLLABORATORS,
     SERVICES,
+    TRIGGERABLE_EVENTS,
     subject_for,
     subject_matches,
 )
 from temporality_protocol.events import (
     Actor,
+    AgentAnswerReceived,
+    AgentAsked,
+    AgentAskExpired,
+    AgentAskUndeliverable,
+    AgentLifecycleChanged,
+    AgentMessageReceived,
+    AgentRegistered,
+    AgentRegistrationRefused,
+    AgentReplied,
+    AgentReplyUndeliverable,
     AgentSummary,
     BusDeadLettered,
     Collaborator,
     CollaboratorsQuery,
     CollaboratorsReply,
     DeliveryAttempt,
+    Escalate,
     HumanAnswered,
+    HumanDirectoryChanged,
+    HumanEscalated,
     HumanExpired,
     HumanNotified,
     HumanNotifyRequested,
     HumanOption,
     HumanPolicy,
+    HumanReasked,
     HumanRejected,
     HumanRequested,
     LaunchSource,
     NormalizedEvent,
     OptionAnswer,
+    RelayRequest,
+    Renotify,
     RunCancelled,
     RunCancelRequested,
     RunCheckpointed,
@@ -69,7 +86,13 @@ SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 _LAUNCH = LaunchSource(kind="webhook", trigger_id="trg-pr", delivery_id="dlv-1")
 _POLICY = HumanPolicy(
-    allowed_recipients=["user:alice"], on_timeout=TimeoutPolicy(action="default", default_option="keep-v1")
+    allowed_recipients=["user:alice"],
+    on_timeout=TimeoutPolicy(
+        action="default",
+        default_option="keep-v1",
+        renotify=Renotify(every_s=900, max=2),
+        escalate=Escalate(to="group:api-owners", after_s=1800),
+    ),
 )
 
 #: One realistic instance per event type, optional fields filled so nested shapes are exercised.
@@ -101,6 +124,7 @@ EXAMPLES: dict[str, EventData] = {
                 payload={"pull_request": {"id": 42}}, metadata={"project": "web"},
             ),
             input={"repository": "web"}, human=_POLICY, parent_run_id="run-0",
+            relay=RelayRequest(request_id="req-1", asker_run_id="run-3", asker_agent="planner", target_run_id="run-0"),
         ),
         RunCreated(run_id="run-1", agent="reviewer", title="Review PR 42", launch=_LAUNCH),
         RunStarted(
@@ -145,6 +169,60 @@ EXAMPLES: dict[str, EventData] = {
         HumanExpired(
             request_id="hr-1", run_id="run-1", recipient="user:alice", action="default",
             default_answer=OptionAnswer(option_id="keep-v1", label="Keep v1"), waited_s=3600.0,
+        ),
+        HumanReasked(
+            request_id="hr-1", run_id="run-1", recipient="user:alice", attempt=1, of=2, channels=["telegram"],
+            failed_attempts=[DeliveryAttempt(channel="matrix", error="homeserver unreachable")],
+        ),
+        HumanEscalated(
+            request_id="hr-1", run_id="run-1", recipient="user:alice", to="group:api-owners",
+            members=["user:bob", "user:carol"], channels=["web", "telegram"],
+        ),
+        HumanDirectoryChanged(
+            kind="user", entry_id="carol", action="updated", revision=7, changed_by="ci-bot", role="admin",
+            changed_fields=["inbox_token", "preferred"],
+            after={"id": "carol", "display_name": "Carol", "preferred": "telegram", "inbox_token_set": True},
+        ),
+        AgentAsked(
+            request_id="req-1", asker_run_id="run-1", asker_agent="planner", to="agent:reviewer", mode="wait",
+            timeout_s=600, message="Is PR 42 safe to merge?", turn=3,
+        ),
+        AgentMessageReceived(
+            request_id="req-1", asker_run_id="run-1", asker_agent="planner", to="agent:reviewer",
+            resolved_run_id="run-2", resolved_agent="reviewer", recipient_run_id="run-2/ask/01", mode="wait",
+            timeout_s=600, expires_at=T0 + timedelta(minutes=10), message="Is PR 42 safe to merge?", relay=True,
+            relay_run="run-2/ask/01",
+        ),
+        AgentReplied(
+            request_id="req-1", replier_run_id="run-2/ask/01", replier_agent="reviewer", outcome="refusal",
+            answer="I only review code, ask the release manager", turn=1,
+        ),
+        AgentAnswerReceived(
+            request_id="req-1", asker_run_id="run-1", replier_run_id="run-2/ask/01", replier_agent="reviewer",
+            outcome="answer", answer="Yes", mode="wait", late=True, relay=True, relay_run="run-2/ask/01",
+            waited_s=700.0,
+        ),
+        AgentAskExpired(request_id="req-1", asker_run_id="run-1", recipient_run_id="run-2", timeout_s=600, waited_s=600.0),
+        AgentAskUndeliverable(
+            request_id="req-1", asker_run_id="run-1", to="agent:ghost", reason="unknown_addressee",
+            detail="no agent 'ghost' in this saga",
+        ),
+        AgentReplyUndeliverable(
+            request_id="req-1", replier_run_id="run-2", asker_run_id="run-1", reason="asker_finished",
+            detail="run-1 has finished: the reply is journaled, nowhere to deliver it",
+        ),
+        AgentRegistered(
+            agent_id="triage-bot", incarnation=1, registration=1, protocol_version="1.0", provider="acme",
+            model="acme-large", capabilities=["triage"], supported_tools=["get_input", "shell"],
+            allowed_tools=["get_input"], max_context_size=64000, heartbeat_interval_s=10.0,
+        ),
+        AgentRegistrationRefused(
+            agent_id="triage-bot", reason="no_common_version", detail="we speak 1.0, it speaks 9.0",
+            declared_versions=["9.0"], supported_versions=["1.0"], provider="acme", model="acme-large",
+        ),
+        AgentLifecycleChanged(
+            agent_id="triage-bot", incarnation=1, seq=3, from_state="idle", to_state="offline",
+            reason="heartbeat_missed", detail="no heartbeat for 12 s",
         ),
         BusDeadLettered(
             consumer="journal", stream="TEMPORALITY_EVENTS", subject="temporality.events.run.started", stream_seq=7,
@@ -328,8 +406,9 @@ def test_asyncapi_operations_are_the_catalogue_s_and_no_more(asyncapi: dict[str,
         if not spec.consumers and not spec.responders:
             assert "receive" not in ops, f"{spec.name} subscribes to nothing, so it receives nothing"
     gateway = by_service["trigger-gateway"]
-    assert set(gateway) == {"send"}
-    # its only consumer is on the timers stream (schedule ticks): it receives no event, but dead-letters
+    assert set(gateway) == {"send", "receive"}
+    # event triggers: it receives the event types a trigger may listen to, never the whole journal
+    assert gateway["receive"] == {subject_for(t) for t in TRIGGERABLE_EVENTS}
     assert subject_for("bus.dead_lettered") in gateway["send"], "a consumer, so it dead-letters"
     replies = [o for o in asyncapi["operations"].values() if "reply" in o]
     assert {o["tags"][0]["name"] for o in replies} == {s.name for s in SERVICES.values() if s.responders or s.requests}

@@ -8,17 +8,36 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
-from temporality_protocol.events import EVENT_MODELS
+from pydantic import BaseModel
+
+from temporality_protocol.events import (
+    EVENT_MODELS,
+    AgentRegistration,
+    AgentsQuery,
+    AgentsReply,
+    CollaboratorsQuery,
+    CollaboratorsReply,
+    Deregistration,
+    DeregistrationReply,
+    Heartbeat,
+    HeartbeatAck,
+    RegistrationReply,
+)
 
 __all__ = [
     "ALL_BUCKETS",
     "ALL_EVENTS_SUBJECT",
     "ALL_STREAMS",
+    "BUCKET_AGENTS",
     "BUCKET_CHECKPOINTS",
     "BUCKET_COLLAB",
+    "BUCKET_CONCURRENCY",
     "BUCKET_DEDUPE",
+    "BUCKET_DELIVERIES",
     "BUCKET_HUMAN_CHANNELS",
+    "BUCKET_HUMAN_DIRECTORY",
     "BUCKET_HUMAN_REQUESTS",
     "BUCKET_RUNS",
     "BUCKET_TRIGGERS",
@@ -28,21 +47,32 @@ __all__ = [
     "DLQ_STREAM",
     "EVENTS_PREFIX",
     "EVENTS_STREAM",
+    "RPCS",
+    "RPC_AGENTS_DEREGISTER",
+    "RPC_AGENTS_HEARTBEAT",
+    "RPC_AGENTS_LIST",
+    "RPC_AGENTS_REGISTER",
     "RPC_GET_COLLABORATORS",
+    "RPC_PREFIX",
     "RPC_SUBJECTS",
     "SERVICES",
     "TIMERS_STREAM",
     "TIMER_FIRED_HUMAN",
     "TIMER_FIRED_PREFIX",
     "TIMER_FIRED_RUN_WATCHDOG",
+    "TIMER_NS_AGENT_ASK",
+    "TIMER_NS_AGENT_HEARTBEAT",
     "TIMER_NS_HUMAN",
     "TIMER_NS_RUN_WATCHDOG",
+    "TIMER_NS_TRIGGER_DEBOUNCE",
     "TIMER_NS_TRIGGER_SCHEDULE",
     "TIMER_SCHEDULE_HUMAN",
     "TIMER_SCHEDULE_PREFIX",
     "TIMER_SCHEDULE_RUN_WATCHDOG",
+    "TRIGGERABLE_EVENTS",
     "BucketSpec",
     "ConsumerSpec",
+    "RpcSpec",
     "ServiceSpec",
     "StreamSpec",
     "check_services",
@@ -62,7 +92,7 @@ DLQ_PREFIX = "temporality.dlq"
 #: ``run-watchdog``, later ``agent-ask``, ``renotify``, ``cron``).
 TIMER_SCHEDULE_PREFIX = "temporality.timers.schedule"
 TIMER_FIRED_PREFIX = "temporality.timers.fired"
-#: Human-request timers (deadline, re-armed deadline, answer repair).
+#: Human-request timers (deadline, re-armed deadline, answer repair, the timeout policy chain's next step).
 TIMER_NS_HUMAN = "human"
 TIMER_SCHEDULE_HUMAN = f"{TIMER_SCHEDULE_PREFIX}.{TIMER_NS_HUMAN}"
 TIMER_FIRED_HUMAN = f"{TIMER_FIRED_PREFIX}.{TIMER_NS_HUMAN}"
@@ -74,8 +104,37 @@ TIMER_FIRED_RUN_WATCHDOG = f"{TIMER_FIRED_PREFIX}.{TIMER_NS_RUN_WATCHDOG}"
 #: Schedule triggers (TRG-2): one timer per enabled schedule trigger (key = trigger id) for its next cron tick,
 #: re-armed by the trigger-gateway at every tick; the tick time is in the payload (one run per tick).
 TIMER_NS_TRIGGER_SCHEDULE = "trigger-schedule"
+#: Trigger debounce (a trigger's ``concurrency.debounce_s``): one timer per (trigger, concurrency key), key =
+#: the key's record id, re-armed by each new event at its time + the window; firing on the latest event
+#: starts it (the payload names it: an older firing finds a newer event in the record and does nothing).
+TIMER_NS_TRIGGER_DEBOUNCE = "trigger-debounce"
+#: ``ask_agent`` in wait mode (COL-2): one timer per request (key = request id) at asked + ``timeout_s``,
+#: armed by agent-collab; firing on a request still unanswered publishes ``agent.ask_expired``.
+TIMER_NS_AGENT_ASK = "agent-ask"
+#: External agents' liveness (AP-4): one timer per registered agent (key = agent id), re-armed by every
+#: heartbeat at its time + the offline delay; firing with no newer heartbeat moves the agent ``offline``.
+TIMER_NS_AGENT_HEARTBEAT = "agent-heartbeat"
+#: The event types an ``event`` trigger may listen to (TRG-5): the filter of the ``trigger-gateway-events``
+#: consumer, so every event of these types (and no other) passes through the trigger-gateway.
+TRIGGERABLE_EVENTS: tuple[str, ...] = (
+    "run.completed",
+    "run.failed",
+    "run.cancelled",
+    "tool.failed",
+    "human.answered",
+    "human.expired",
+    "human.rejected",
+    "trigger.rejected",
+)
+#: Request/reply subjects (core NATS) are ``temporality.rpc.<area>.<operation>``; see :data:`RPCS`.
+RPC_PREFIX = "temporality.rpc"
 #: Request/reply (COL-1).
-RPC_GET_COLLABORATORS = "temporality.rpc.collab.get_collaborators"
+RPC_GET_COLLABORATORS = f"{RPC_PREFIX}.collab.get_collaborators"
+#: The Agent Protocol for agents outside the run-executor (AP-2..AP-4, PRO-2): answered by agent-collab.
+RPC_AGENTS_REGISTER = f"{RPC_PREFIX}.agents.register"
+RPC_AGENTS_HEARTBEAT = f"{RPC_PREFIX}.agents.heartbeat"
+RPC_AGENTS_DEREGISTER = f"{RPC_PREFIX}.agents.deregister"
+RPC_AGENTS_LIST = f"{RPC_PREFIX}.agents.list"
 
 
 def subject_for(event_type: str) -> str:
@@ -110,6 +169,9 @@ class ConsumerSpec:
     #: forever with the last backoff), for consumers whose only transient failure is their own store.
     max_deliver: int = 8
     backoff_s: tuple[float, ...] = field(default=(0.5, 1, 2, 5, 10, 30))
+    #: Where the durable starts when it is first created: ``all`` (the stream's first message) or ``new``
+    #: (only messages stored after its creation: history is never replayed). Later starts resume it.
+    deliver_policy: Literal["all", "new"] = "all"
 
 
 EVENTS_STREAM = StreamSpec(
@@ -141,13 +203,38 @@ BUCKET_DEDUPE = BucketSpec(
     "Webhook dedupe keys (trigger id, source event id); Azure DevOps retries for ~36 h",
     ttl_s=7 * DAY,
 )
-BUCKET_COLLAB = BucketSpec("collab-sagas", "agent-collab's projection of saga participants (COL-1)")
+BUCKET_COLLAB = BucketSpec(
+    "collab-sagas", "agent-collab's projection of saga participants (COL-1) and its ask routing (COL-2..COL-9)"
+)
 #: Trigger definitions (TRG-1), key = trigger id; seeded from the triggers file (create-if-absent), managed
 #: through the gateway's admin API, watched by every gateway replica.
 BUCKET_TRIGGERS = BucketSpec("trigger-definitions", "Trigger definitions (TRG-1), watched by every gateway", history=5)
 BUCKET_HUMAN_CHANNELS = BucketSpec(
     "human-channels",
     "human-interaction's channel bindings: reply tokens, sent message ids, DM rooms, sync tokens, run -> requests",
+)
+#: human-interaction's user directory (HUM-2): ``user.<id>`` / ``group.<id>``, seeded from the users file
+#: (create-if-absent), managed through its directory API, watched by every replica.
+BUCKET_HUMAN_DIRECTORY = BucketSpec(
+    "human-directory", "User profiles and groups (HUM-2), watched by every human-interaction replica", history=5
+)
+#: Trigger flow control (the gateway's concurrency keys): per (trigger, key) the active run and the queued
+#: deliveries, each queued delivery's launch, and run -> key; TTL 7 days like the dedupe claims.
+BUCKET_CONCURRENCY = BucketSpec(
+    "trigger-concurrency",
+    "Trigger concurrency keys: the active run per (trigger, key), queued launches, run -> key",
+    ttl_s=7 * DAY,
+)
+#: agent-collab's registry of external agents (AP-2..AP-4): ``agent.<agent id>``, changed with Store.modify.
+BUCKET_AGENTS = BucketSpec(
+    "agent-registry", "External agents: registration, negotiated version, policy, lifecycle state, last heartbeat"
+)
+#: Trigger deliveries (IDEM-1): each delivery's processing state, key ``<trigger id>.<delivery id>``, with its
+#: normalized event (bounded) so an operator can re-drive a rejected or failed one; TTL 7 days.
+BUCKET_DELIVERIES = BucketSpec(
+    "trigger-deliveries",
+    "Trigger deliveries: processing state per delivery (received/accepted/rejected/failed), for re-drive",
+    ttl_s=7 * DAY,
 )
 ALL_BUCKETS: tuple[BucketSpec, ...] = (
     BUCKET_RUNS,
@@ -157,6 +244,10 @@ ALL_BUCKETS: tuple[BucketSpec, ...] = (
     BUCKET_COLLAB,
     BUCKET_TRIGGERS,
     BUCKET_HUMAN_CHANNELS,
+    BUCKET_HUMAN_DIRECTORY,
+    BUCKET_AGENTS,
+    BUCKET_CONCURRENCY,
+    BUCKET_DELIVERIES,
 )
 
 _E = EVENTS_STREAM.name
@@ -174,6 +265,19 @@ CONSUMERS: dict[str, ConsumerSpec] = {
                 subject_for("run.cancel_requested"),
             ),
             "Resume (or fail) runs parked on ask_human; cancel runs (run.cancel_requested)",
+        ),
+        ConsumerSpec(
+            "run-executor-agents",
+            _E,
+            (
+                subject_for("agent.message.received"),
+                subject_for("agent.answer.received"),
+                subject_for("agent.ask_expired"),
+                subject_for("agent.ask_undeliverable"),
+                subject_for("agent.reply_undeliverable"),
+            ),
+            "Agent messages for runs: resume runs waiting for an agent, queue the rest for the next turn boundary "
+            "(COL-2..COL-4)",
         ),
         ConsumerSpec(
             "run-executor-watchdog",
@@ -194,7 +298,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
             "human-interaction-deadlines",
             TIMERS_STREAM.name,
             (f"{TIMER_FIRED_HUMAN}.>",),
-            "Human-request deadlines firing",
+            "Human-request deadlines and timeout-policy steps firing (reminders, escalation, expiry)",
         ),
         ConsumerSpec(
             "human-interaction-runs",
@@ -228,6 +332,27 @@ CONSUMERS: dict[str, ConsumerSpec] = {
             "Saga participants projection (COL-1)",
         ),
         ConsumerSpec(
+            "agent-collab-asks",
+            _E,
+            (subject_for("agent.asked"), subject_for("agent.replied")),
+            "Route asks and replies between agents inside a saga; relay runs for finished agents (COL-2..COL-9)",
+        ),
+        ConsumerSpec(
+            "agent-collab-ask-timers",
+            TIMERS_STREAM.name,
+            (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_AGENT_ASK}.>",),
+            "Wait-mode ask timeouts firing: agent.ask_expired for a request still unanswered (COL-2)",
+        ),
+        ConsumerSpec(
+            "agent-collab-heartbeats",
+            TIMERS_STREAM.name,
+            (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_AGENT_HEARTBEAT}.>",),
+            "External agents' heartbeat deadlines firing: offline when no newer heartbeat came (AP-4)",
+            # a firing's only transient failure is the bus: never dead-letter one (the agent would stay
+            # online forever); an unreadable payload is still a permanent error
+            max_deliver=-1,
+        ),
+        ConsumerSpec(
             "trigger-gateway-schedules",
             TIMERS_STREAM.name,
             (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_TRIGGER_SCHEDULE}.>",),
@@ -236,13 +361,103 @@ CONSUMERS: dict[str, ConsumerSpec] = {
             # ticking); an unreadable payload is still a permanent error
             max_deliver=-1,
         ),
+        ConsumerSpec(
+            "trigger-gateway-debounce",
+            TIMERS_STREAM.name,
+            (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_TRIGGER_DEBOUNCE}.>",),
+            "Trigger debounce windows ending: the latest event of a concurrency key is launched",
+            # its only transient failure is the bus: never dead-letter one (the latest event would be lost)
+            max_deliver=-1,
+        ),
+        ConsumerSpec(
+            "trigger-gateway-events",
+            _E,
+            # the event types an `event` trigger may listen to (TRG-5): outcomes, not the chatty per-turn ones
+            tuple(subject_for(t) for t in TRIGGERABLE_EVENTS),
+            "Event triggers (TRG-5/6): the system's own events matched against the enabled event triggers",
+            deliver_policy="new",  # a fresh gateway starts at the tail: history is never replayed (TRG-6)
+        ),
+    )
+}
+
+
+# --------------------------------------------------------------------------- request/reply
+@dataclass(frozen=True)
+class RpcSpec:
+    """One request/reply subject (core NATS): its bodies, who answers it and who may call it.
+
+    The AsyncAPI document renders a channel, its reply channel and both bodies' JSON Schemas
+    (``rpc/<name>.{request,reply}.schema.json``) for each; :func:`check_services` keeps
+    :attr:`responder` and the services' ``responders`` in agreement. Messages *from* agents outside the
+    services are requests on such subjects (``external``): the answering service journals what it
+    accepted or refused as events it sends, so every event still has a sending service.
+    """
+
+    subject: str
+    request: type[BaseModel]
+    reply: type[BaseModel]
+    #: The one service answering it (in a queue group named after the service).
+    responder: str
+    description: str
+    #: Called by agents outside the services (the Agent Protocol), not only by services.
+    external: bool = False
+
+    @property
+    def name(self) -> str:
+        """``temporality.rpc.agents.register`` -> ``agents.register`` (the schema files' stem)."""
+        return self.subject.removeprefix(f"{RPC_PREFIX}.")
+
+
+RPCS: dict[str, RpcSpec] = {
+    r.subject: r
+    for r in (
+        RpcSpec(
+            RPC_GET_COLLABORATORS,
+            CollaboratorsQuery,
+            CollaboratorsReply,
+            "agent-collab",
+            "COL-1: the participants of a run's saga.",
+        ),
+        RpcSpec(
+            RPC_AGENTS_REGISTER,
+            AgentRegistration,
+            RegistrationReply,
+            "agent-collab",
+            "AP-3: an external agent registers; the reply is its configuration and security policy, or a refusal "
+            "(journaled).",
+            external=True,
+        ),
+        RpcSpec(
+            RPC_AGENTS_HEARTBEAT,
+            Heartbeat,
+            HeartbeatAck,
+            "agent-collab",
+            "AP-4: a registered agent is alive and reports its state; none within the interval: offline.",
+            external=True,
+        ),
+        RpcSpec(
+            RPC_AGENTS_DEREGISTER,
+            Deregistration,
+            DeregistrationReply,
+            "agent-collab",
+            "AP-2: an external agent leaves (decommissioned).",
+            external=True,
+        ),
+        RpcSpec(
+            RPC_AGENTS_LIST,
+            AgentsQuery,
+            AgentsReply,
+            "agent-collab",
+            "PRO-2: the registered agents' cards; declared capabilities are marked unverified.",
+            external=True,
+        ),
     )
 }
 
 
 # --------------------------------------------------------------------------- the services
 #: Every request/reply subject (core NATS); each has exactly one responding service.
-RPC_SUBJECTS: tuple[str, ...] = (RPC_GET_COLLABORATORS,)
+RPC_SUBJECTS: tuple[str, ...] = tuple(RPCS)
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -347,18 +562,20 @@ SERVICES: dict[str, ServiceSpec] = {
                 "trigger.deleted",
                 "trigger.enabled",
                 "trigger.disabled",
+                "run.cancel_requested",  # a superseded run (a trigger's concurrency policy `supersede`)
                 DEAD_LETTERED,
             ),
-            consumers=("trigger-gateway-schedules",),  # `event` triggers (TRG-5) will add one on the journal
-            timers=(TIMER_NS_TRIGGER_SCHEDULE,),
+            consumers=("trigger-gateway-schedules", "trigger-gateway-events", "trigger-gateway-debounce"),
+            timers=(TIMER_NS_TRIGGER_SCHEDULE, TIMER_NS_TRIGGER_DEBOUNCE),
         ),
         ServiceSpec(
             "run-executor",
             package="temporality_run_executor",
             description="Durable agent runs: state machine, checkpoints, tools, ask_human parking",
             env_prefix="TEMPORALITY_EXECUTOR_",
-            consumers=("run-executor-requests", "run-executor-human", "run-executor-watchdog"),
+            consumers=("run-executor-requests", "run-executor-human", "run-executor-agents", "run-executor-watchdog"),
             timers=(TIMER_NS_RUN_WATCHDOG,),
+            requests=(RPC_GET_COLLABORATORS,),  # the get_collaborators tool (COL-1)
             sends=(
                 "run.created",
                 "run.started",
@@ -371,6 +588,8 @@ SERVICES: dict[str, ServiceSpec] = {
                 "run.cancelled",
                 "human.requested",
                 "human.notify_requested",
+                "agent.asked",
+                "agent.replied",
                 DEAD_LETTERED,
             ),
         ),
@@ -387,16 +606,44 @@ SERVICES: dict[str, ServiceSpec] = {
             ),
             timers=(TIMER_NS_HUMAN,),
             http_port=8081,
-            sends=("human.notified", "human.answered", "human.expired", "human.rejected", DEAD_LETTERED),
+            sends=(
+                "human.notified",
+                "human.answered",
+                "human.expired",
+                "human.reasked",  # the timeout policy chain (HUM-8): a reminder
+                "human.escalated",  # ... the question forwarded to the escalation target
+                "human.rejected",
+                "human.directory.changed",
+                "run.cancel_requested",  # ... the terminal step `cancel`
+                DEAD_LETTERED,
+            ),
         ),
         ServiceSpec(
             "agent-collab",
             package="temporality_agent_collab",
-            description="Saga participants and get_collaborators",
+            description="Saga participants, get_collaborators, ask/answer routing between agents, relay runs",
             env_prefix="TEMPORALITY_COLLAB_",
-            consumers=("agent-collab-runs",),
-            responders=(RPC_GET_COLLABORATORS,),
-            sends=(DEAD_LETTERED,),  # relay runs (COL-6) will add run.requested
+            consumers=("agent-collab-runs", "agent-collab-asks", "agent-collab-ask-timers", "agent-collab-heartbeats"),
+            responders=(
+                RPC_GET_COLLABORATORS,
+                RPC_AGENTS_REGISTER,
+                RPC_AGENTS_HEARTBEAT,
+                RPC_AGENTS_DEREGISTER,
+                RPC_AGENTS_LIST,
+            ),
+            timers=(TIMER_NS_AGENT_ASK, TIMER_NS_AGENT_HEARTBEAT),
+            sends=(
+                "agent.message.received",
+                "agent.answer.received",
+                "agent.ask_expired",
+                "agent.ask_undeliverable",
+                "agent.reply_undeliverable",
+                "run.requested",  # relay runs (COL-6)
+                "agent.registered",  # the Agent Protocol (AP-2..AP-4): what it accepted or refused
+                "agent.registration_refused",
+                "agent.lifecycle_changed",
+                DEAD_LETTERED,
+            ),
         ),
         ServiceSpec(
             "journal",
@@ -481,6 +728,10 @@ def service_problems(
     for subject, names in responders.items():
         if len(names) != 1:
             problems.append(f"RPC subject {subject} is answered by {len(names)} services ({names}), not exactly one")
+        elif subject in RPCS and RPCS[subject].responder != names[0]:
+            problems.append(
+                f"RPC subject {subject} is answered by {names[0]}, but RPCS names {RPCS[subject].responder}"
+            )
     return problems
 
 

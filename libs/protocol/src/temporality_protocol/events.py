@@ -12,28 +12,61 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from temporality_protocol.states import AgentLifecycleState
+
 __all__ = [
+    "ASK_TIMEOUT_DEFAULT_S",
+    "ASK_TIMEOUT_MAX_S",
     "EVENT_MODELS",
     "Actor",
+    "AgentAnswerReceived",
+    "AgentAskExpired",
+    "AgentAskUndeliverable",
+    "AgentAsked",
+    "AgentCapability",
+    "AgentCard",
+    "AgentLifecycleChanged",
+    "AgentLimits",
+    "AgentMessageReceived",
+    "AgentPolicy",
+    "AgentRefusal",
+    "AgentRegistered",
+    "AgentRegistration",
+    "AgentRegistrationRefused",
+    "AgentReplied",
+    "AgentReplyUndeliverable",
     "AgentSummary",
+    "AgentsQuery",
+    "AgentsReply",
     "BusDeadLettered",
     "Collaborator",
     "CollaboratorsQuery",
     "CollaboratorsReply",
     "DeliveryAttempt",
+    "Deregistration",
+    "DeregistrationReply",
+    "Escalate",
     "EventData",
+    "Heartbeat",
+    "HeartbeatAck",
     "HumanAnswer",
     "HumanAnswered",
+    "HumanDirectoryChanged",
+    "HumanEscalated",
     "HumanExpired",
     "HumanNotified",
     "HumanNotifyRequested",
     "HumanOption",
     "HumanPolicy",
+    "HumanReasked",
     "HumanRejected",
     "HumanRequested",
     "LaunchSource",
     "NormalizedEvent",
     "OptionAnswer",
+    "RegistrationReply",
+    "RelayRequest",
+    "Renotify",
     "RunCancelRequested",
     "RunCancelled",
     "RunCheckpointed",
@@ -102,11 +135,36 @@ class HumanOption(_Model):
     consequence: str | None = Field(default=None, description="What choosing it leads to (HUM-5)")
 
 
-class TimeoutPolicy(_Model):
-    """HUM-8: what happens when nobody answers in time. Part of the trigger/run config, never a channel's."""
+class Renotify(_Model):
+    """HUM-8 chain step: ask the recipient again ``max`` times, every ``every_s`` seconds (before the deadline)."""
 
-    action: Literal["fail", "default"] = "fail"
+    every_s: Annotated[int, Field(gt=0, le=30 * 24 * 3600)]
+    max: Annotated[int, Field(ge=1, le=20)]
+
+
+class Escalate(_Model):
+    """HUM-8 chain step: ``after_s`` seconds after the previous step, forward the question to ``to`` as well.
+
+    ``to`` comes from the trigger's configuration (never from the agent), so it need not be among
+    ``allowed_recipients``; the original recipient may still answer, and so may ``to`` (a group: any member).
+    """
+
+    to: Annotated[str, Field(pattern=r"^(user|group):[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64})*$")]
+    after_s: Annotated[int, Field(gt=0, le=30 * 24 * 3600)]
+
+
+class TimeoutPolicy(_Model):
+    """HUM-8: what happens when nobody answers in time. Part of the trigger/run config, never a channel's.
+
+    A chain on durable timers: optional reminders (``renotify``), then an optional ``escalate``, both before
+    the request's deadline (``expires_at``), then the terminal ``action`` at the deadline: ``fail`` the run,
+    resume it with ``default_option``, or ``cancel`` it (``run.cancel_requested``).
+    """
+
+    action: Literal["fail", "default", "cancel"] = "fail"
     default_option: str | None = None
+    renotify: Renotify | None = None
+    escalate: Escalate | None = None
 
     @model_validator(mode="after")
     def _default_needs_option(self) -> TimeoutPolicy:
@@ -128,6 +186,9 @@ class LaunchSource(_Model):
     kind: Literal["webhook", "event", "schedule", "api"]
     trigger_id: str | None = None
     delivery_id: str | None = None
+    #: How many event-trigger launches led to this run (TRG-6 anti-loop): 0 for a run a webhook, a
+    #: schedule or the API started; an event trigger's run is one more than the run whose event fired it.
+    depth: Annotated[int, Field(ge=0)] = 0
 
 
 class OptionAnswer(_Model):
@@ -170,10 +231,25 @@ class TriggerRejected(EventData):
     delivery_id: str
     #: ``invalid_payload``: an authenticated delivery refused with 400/413/422 (never for bad credentials).
     #: ``missed_tick``: a schedule tick handled past its grace, for a trigger whose missed policy is ``skip``.
-    reason: Literal["duplicate", "unsupported_event", "disabled", "invalid_payload", "missed_tick"]
+    #: ``loop_limit``: an event trigger refused an event its own runs caused, or one past the launch depth.
+    #: ``concurrency_skip``: a run of the trigger's concurrency key is active and its policy is ``skip``
+    #: (or its ``queue`` is full); the detail names the active run.
+    #: ``debounced``: a newer event of the same concurrency key arrived within the trigger's debounce window.
+    reason: Literal[
+        "duplicate",
+        "unsupported_event",
+        "disabled",
+        "invalid_payload",
+        "missed_tick",
+        "loop_limit",
+        "concurrency_skip",
+        "debounced",
+    ]
     detail: str
     source_event_id: str | None = None
     run_id: str | None = None
+    #: An event trigger's delivery: the launch depth the run would have had (LaunchSource.depth).
+    depth: int | None = None
 
 
 class TriggerChange(EventData):
@@ -211,6 +287,27 @@ class TriggerDisabled(TriggerChange):
     EVENT_TYPE: ClassVar[str] = "trigger.disabled"
 
 
+#: ``req-`` + hash(operation id) (COL-5); one subject token, so it is a KV key and a timer key too.
+_REQUEST_ID = r"^[A-Za-z0-9][A-Za-z0-9_=-]{0,127}$"
+AskRequestId = Annotated[str, Field(pattern=_REQUEST_ID)]
+
+
+class RelayRequest(_Model):
+    """``run.requested.relay``: the run answers one ask for a finished run of the same agent (COL-6).
+
+    The run-executor caps the run at ``max_turns`` (below the card's own limit), offers no delegation
+    tool, and never cancels it when the asker ends (``abandon``)."""
+
+    request_id: AskRequestId
+    asker_run_id: str
+    asker_agent: str
+    #: The finished run it answers for (also the run's ``parent_run_id``).
+    target_run_id: str
+    max_turns: Annotated[int, Field(gt=0)] = 6
+    may_delegate: Literal[False] = False
+    on_asker_end: Literal["abandon"] = "abandon"
+
+
 # --------------------------------------------------------------------------- run.*
 class RunRequested(EventData):
     EVENT_TYPE: ClassVar[str] = "run.requested"
@@ -224,6 +321,8 @@ class RunRequested(EventData):
     input: dict[str, Any] = Field(default_factory=dict, description="The mapped data the agent receives (TRG-8)")
     human: HumanPolicy = Field(default_factory=HumanPolicy)
     parent_run_id: str | None = None
+    #: Set only on a relay run agent-collab requests for an ask to a finished run (COL-6).
+    relay: RelayRequest | None = None
 
 
 class RunCreated(EventData):
@@ -424,9 +523,62 @@ class HumanExpired(EventData):
     request_id: str
     run_id: str
     recipient: str
-    action: Literal["fail", "default"]
+    #: The timeout policy's terminal step (HUM-8); ``cancel``: human-interaction asked to cancel the run
+    #: (``run.cancel_requested``, published before this event).
+    action: Literal["fail", "default", "cancel"]
     default_answer: OptionAnswer | None = None
     waited_s: float
+
+
+class HumanReasked(EventData):
+    """HUM-8: the timeout policy's ``renotify`` step sent the question again (reminder ``attempt`` of ``of``)."""
+
+    EVENT_TYPE: ClassVar[str] = "human.reasked"
+    request_id: str
+    run_id: str
+    recipient: str
+    attempt: Annotated[int, Field(ge=1)]
+    of: Annotated[int, Field(ge=1)]
+    #: The channels that carried the reminder (one per person reached, in order).
+    channels: list[str] = Field(default_factory=list)
+    failed_attempts: list[DeliveryAttempt] = Field(default_factory=list)
+
+
+class HumanEscalated(EventData):
+    """HUM-8: the timeout policy's ``escalate`` step forwarded the question from ``recipient`` to ``to``.
+
+    From then on both may answer (a group ``to``: any of its members); the first valid answer wins.
+    """
+
+    EVENT_TYPE: ClassVar[str] = "human.escalated"
+    request_id: str
+    run_id: str
+    recipient: str = Field(description="Who was asked first (the request's recipient)")
+    to: str = Field(description="`user:<id>` or `group:<id>` from the trigger's timeout policy")
+    #: The people the question was forwarded to (``user:<id>``: the target, or the group's members).
+    members: list[str] = Field(default_factory=list)
+    channels: list[str] = Field(default_factory=list)
+    failed_attempts: list[DeliveryAttempt] = Field(default_factory=list)
+
+
+class HumanDirectoryChanged(EventData):
+    """Audit (HUM-2, AP-11): a user profile or group of the directory was created, replaced or deleted.
+
+    Published by human-interaction's directory API (``changed_by`` = the API token's name, ``role`` its
+    role) and when the users file seeds an entry (``changed_by`` = ``file:<path>``). ``after`` is the
+    entry as the API shows it (``inbox_token_set`` instead of any token): never a secret."""
+
+    EVENT_TYPE: ClassVar[str] = "human.directory.changed"
+    kind: Literal["user", "group"]
+    entry_id: str
+    action: Literal["created", "updated", "deleted"]
+    #: The directory store's revision after the change (the API's ETag).
+    revision: int
+    changed_by: str
+    role: str | None = None
+    #: The top-level fields that differ from the previous version (``inbox_token`` when the token changed).
+    changed_fields: list[str] = Field(default_factory=list)
+    after: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------- bus.*
@@ -470,6 +622,347 @@ class CollaboratorsReply(_Model):
     error: str | None = None
 
 
+# --------------------------------------------------------------------------- agent.* (COL-2..COL-9, PRO-1)
+#: ``ask_agent``'s timeout when the model gives none, and the most it may ask for (COL-2).
+ASK_TIMEOUT_DEFAULT_S = 300
+ASK_TIMEOUT_MAX_S = 3600
+AskText = Annotated[str, Field(max_length=MAX_TEXT)]
+
+
+class AgentAsked(EventData):
+    """``ask_agent`` was called (run-executor). ``to`` is what the model wrote: agent-collab resolves it."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.asked"
+    request_id: AskRequestId
+    asker_run_id: str
+    asker_agent: str
+    to: Annotated[str, Field(min_length=1, max_length=200)]
+    mode: Literal["async", "wait"] = "async"
+    timeout_s: Annotated[int, Field(gt=0, le=ASK_TIMEOUT_MAX_S)] = ASK_TIMEOUT_DEFAULT_S
+    message: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+    #: The model's message was longer than 4096 characters and was cut (COL-9).
+    truncated: bool = False
+    turn: Annotated[int, Field(ge=0)] = 0
+
+
+class AgentMessageReceived(EventData):
+    """agent-collab routed an ask: the recipient run gets it at its next turn boundary (COL-4)."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.message.received"
+    request_id: AskRequestId
+    asker_run_id: str
+    asker_agent: str
+    to: str
+    #: The run the address resolved to inside the asker's saga (COL-6, COL-7).
+    resolved_run_id: str
+    resolved_agent: str | None = None
+    #: Who gets it and must answer: ``resolved_run_id``, or the relay run when ``relay``.
+    recipient_run_id: str
+    mode: Literal["async", "wait"]
+    timeout_s: int
+    #: Wait mode only: when the asker stops waiting (the request stays open after it, COL-2).
+    expires_at: datetime | None = None
+    message: AskText
+    truncated: bool = False
+    relay: bool = False
+    relay_run: str | None = None
+
+
+class AgentReplied(EventData):
+    """``answer_agent`` was called (run-executor): an answer, or a refusal (PRO-1), to a request it received."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.replied"
+    request_id: AskRequestId
+    replier_run_id: str
+    replier_agent: str
+    outcome: Literal["answer", "refusal"] = "answer"
+    #: The answer, or why it refuses.
+    answer: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+    truncated: bool = False
+    turn: Annotated[int, Field(ge=0)] = 0
+
+
+class AgentAnswerReceived(EventData):
+    """agent-collab routed a reply back: the asker gets it (resumes, in wait mode) at its next turn boundary."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.answer.received"
+    request_id: AskRequestId
+    asker_run_id: str
+    replier_run_id: str
+    replier_agent: str
+    outcome: Literal["answer", "refusal"]
+    answer: AskText
+    truncated: bool = False
+    mode: Literal["async", "wait"]
+    #: The wait had already expired (``agent.ask_expired``): it arrives by the async path (COL-2).
+    late: bool = False
+    relay: bool = False
+    relay_run: str | None = None
+    waited_s: float
+
+
+class AgentAskExpired(EventData):
+    """A ``wait`` ask got no reply within ``timeout_s``: the asker resumes; the request stays open (COL-2)."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.ask_expired"
+    request_id: AskRequestId
+    asker_run_id: str
+    recipient_run_id: str
+    timeout_s: int
+    waited_s: float
+
+
+class AgentAskUndeliverable(EventData):
+    """Terminal: the ask reaches nobody (COL-6, COL-7); ``detail`` is what the asker's tool result shows."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.ask_undeliverable"
+    request_id: AskRequestId
+    asker_run_id: str
+    to: str
+    #: ``unknown_addressee``: no such agent or run in the asker's saga (a foreign one is never told apart).
+    reason: Literal["invalid_address", "unknown_addressee", "self_addressed", "asker_unknown", "relay_failed"]
+    detail: Annotated[str, Field(max_length=MAX_TEXT)]
+
+
+class AgentReplyUndeliverable(EventData):
+    """An ``agent.replied`` that reaches no asker: journaled, refused or with nowhere to go (COL-3)."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.reply_undeliverable"
+    request_id: AskRequestId
+    replier_run_id: str
+    asker_run_id: str | None = None
+    reason: Literal["unknown_request", "not_received", "already_answered", "asker_finished", "request_closed"]
+    detail: Annotated[str, Field(max_length=MAX_TEXT)]
+
+
+# --------------------------------------------------------------------------- the Agent Protocol (AP-2..AP-4, PRO-2, PRO-3)
+#: An external agent's id: one subject token, so it is a KV key and a timer key too.
+ExternalAgentId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")]
+_VersionText = Annotated[str, Field(min_length=1, max_length=16)]
+_Name = Annotated[str, Field(min_length=1, max_length=128)]
+_Token = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/-]+$")]
+#: The states an agent may report in a heartbeat (``temporality_protocol.states.AGENT_REPORTABLE``).
+ReportedAgentState = Literal["idle", "busy", "waiting_approval", "paused", "resuming", "completed", "failed"]
+#: Why agent-collab refused a request of the Agent Protocol.
+AgentRefusalReason = Literal[
+    "malformed_request",  # not valid for the request's schema (the detail says where)
+    "unknown_agent",  # not on agent-collab's allow-list of external agents
+    "no_common_version",  # none of the versions the agent speaks is one agent-collab allows it (PRO-3)
+    "not_registered",  # a heartbeat or deregistration from an agent with no live registration
+    "version_mismatch",  # a heartbeat or deregistration in another version than the negotiated one
+    "illegal_transition",  # a heartbeat reporting a state the lifecycle does not allow from the current one
+    "internal_error",  # agent-collab failed (logged); retry later
+]
+
+
+class _AgentRequest(BaseModel):
+    """What an external agent sends: unknown fields are ignored, never fatal (PRO-3)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _AgentReply(BaseModel):
+    """What agent-collab answers: closed (``additionalProperties: false``) -- exactly the shape of the
+    negotiated version, so a field a newer version adds arrives only to an agent that negotiated it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AgentRegistration(_AgentRequest):
+    """AP-3: an external agent asks to join, on ``temporality.rpc.agents.register``.
+
+    ``protocol_version`` is the version it prefers (mandatory, AP-10) and ``protocol_versions`` every
+    other one it speaks: the highest version common to these and to those agent-collab allows it is
+    chosen, none is an explicit refusal (``no_common_version``, journaled). Registering again is
+    idempotent: the same declaration from a registered agent changes nothing.
+    """
+
+    agent_id: ExternalAgentId
+    protocol_version: _VersionText
+    protocol_versions: list[_VersionText] = Field(default_factory=list, max_length=16)
+    provider: _Name
+    model: _Name
+    capabilities: list[_Token] = Field(
+        default_factory=list, max_length=64, description="What it says it can do (PRO-2): declared, not verified"
+    )
+    supported_tools: list[_Token] = Field(default_factory=list, max_length=128)
+    max_context_size: Annotated[int, Field(gt=0, le=2**31)] = Field(description="Tokens of context it handles")
+
+    def declared_versions(self) -> list[str]:
+        """Every version it declares, its preferred one first."""
+        return list(dict.fromkeys([self.protocol_version, *self.protocol_versions]))
+
+
+class AgentRefusal(_AgentReply):
+    """An explicit refusal (PRO-3): a machine-readable reason and a sentence for people."""
+
+    reason: AgentRefusalReason
+    detail: Annotated[str, Field(max_length=MAX_TEXT)]
+
+
+class AgentLimits(_AgentReply):
+    """The limits the agent works within (its security policy, AP-3, AP-11)."""
+
+    #: The smaller of what the agent declared and what the allow-list grants.
+    max_context_size: int
+    max_concurrent_tasks: int
+
+
+class AgentPolicy(_AgentReply):
+    """What a registered agent may do: the tools of its ``supported_tools`` it is allowed to use, its limits."""
+
+    allowed_tools: list[str]
+    limits: AgentLimits
+
+
+class RegistrationReply(_AgentReply):
+    """The answer to an :class:`AgentRegistration`: its configuration and security policy, or a refusal."""
+
+    agent_id: str
+    outcome: Literal["registered", "refused"]
+    #: The negotiated version: every later request of this registration speaks it.
+    protocol_version: str | None = None
+    #: The versions agent-collab would speak with this agent (also on a ``no_common_version`` refusal).
+    supported_versions: list[str] = Field(default_factory=list)
+    state: AgentLifecycleState | None = None
+    #: Registrations of one agent id since its last decommissioning count as one incarnation.
+    incarnation: int | None = None
+    #: Send a heartbeat at least this often.
+    heartbeat_interval_s: float | None = None
+    #: No heartbeat for this long after the last one (or the registration): ``offline`` (AP-4).
+    offline_after_s: float | None = None
+    policy: AgentPolicy | None = None
+    refusal: AgentRefusal | None = None
+
+
+class Heartbeat(_AgentRequest):
+    """AP-4: a registered agent is alive, on ``temporality.rpc.agents.heartbeat``, at least every
+    ``heartbeat_interval_s``; ``current_state`` moves its lifecycle (checked against the state machine)."""
+
+    agent_id: ExternalAgentId
+    timestamp: datetime = Field(description="When the agent sent it (its clock; informative)")
+    current_state: ReportedAgentState
+    active_run_id: Annotated[str, Field(max_length=200)] | None = None
+    resource_usage: dict[Annotated[str, Field(max_length=64)], float] = Field(
+        default_factory=dict, max_length=32, description="Free-form gauges, e.g. `cpu`, `memory_mb`, `tokens`"
+    )
+    #: The negotiated version (the registration reply's ``protocol_version``).
+    protocol_version: _VersionText
+
+
+class HeartbeatAck(_AgentReply):
+    """The answer to a :class:`Heartbeat`: accepted (the lifecycle state after it), or refused."""
+
+    agent_id: str
+    accepted: bool
+    state: AgentLifecycleState | None = None
+    protocol_version: str | None = None
+    #: The next heartbeat must arrive before this, or the agent goes ``offline``.
+    offline_at: datetime | None = None
+    refusal: AgentRefusal | None = None
+
+
+class Deregistration(_AgentRequest):
+    """An agent leaves for good (``decommissioned``), on ``temporality.rpc.agents.deregister``."""
+
+    agent_id: ExternalAgentId
+    protocol_version: _VersionText
+    reason: Annotated[str, Field(max_length=500)] = ""
+
+
+class DeregistrationReply(_AgentReply):
+    agent_id: str
+    outcome: Literal["decommissioned", "refused"]
+    state: AgentLifecycleState | None = None
+    refusal: AgentRefusal | None = None
+
+
+class AgentsQuery(_AgentRequest):
+    """PRO-2 discovery, on ``temporality.rpc.agents.list``: the registered agents' cards."""
+
+    protocol_versions: list[str] = Field(default_factory=lambda: ["1.0"])
+    #: Include decommissioned agents (default: only agents with a live registration).
+    include_decommissioned: bool = False
+
+
+class AgentCapability(_AgentReply):
+    """A declared capability. ``verified`` stays false until the agent has passed a conformance exchange
+    for it (PRO-2: declared is not proven) -- no such exchange exists yet, so it is always false."""
+
+    name: str
+    verified: bool = False
+
+
+class AgentCard(_AgentReply):
+    """One registered external agent as discovery shows it."""
+
+    agent_id: str
+    origin: Literal["registered"] = "registered"
+    provider: str
+    model: str
+    state: AgentLifecycleState
+    protocol_version: str
+    capabilities: list[AgentCapability]
+    supported_tools: list[str]
+    allowed_tools: list[str]
+    max_context_size: int
+    registered_at: datetime
+    last_heartbeat_at: datetime | None = None
+    active_run_id: str | None = None
+
+
+class AgentsReply(_AgentReply):
+    protocol_version: str | None = None
+    agents: list[AgentCard] = Field(default_factory=list)
+    error: str | None = None
+
+
+class AgentRegistered(EventData):
+    """agent-collab accepted a registration (AP-3): what the agent declared and the policy it got."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.registered"
+    agent_id: str
+    incarnation: int
+    #: Which registration of the incarnation (a changed declaration is a new one).
+    registration: int
+    protocol_version: str
+    provider: str
+    model: str
+    capabilities: list[str] = Field(default_factory=list)
+    supported_tools: list[str] = Field(default_factory=list)
+    allowed_tools: list[str] = Field(default_factory=list)
+    max_context_size: int
+    heartbeat_interval_s: float
+
+
+class AgentRegistrationRefused(EventData):
+    """agent-collab refused a registration, explicitly and observably (AP-3, PRO-3)."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.registration_refused"
+    agent_id: str
+    reason: Literal["unknown_agent", "no_common_version"]
+    detail: Annotated[str, Field(max_length=MAX_TEXT)]
+    declared_versions: list[str] = Field(default_factory=list)
+    supported_versions: list[str] = Field(default_factory=list)
+    provider: str | None = None
+    model: str | None = None
+
+
+class AgentLifecycleChanged(EventData):
+    """One move of an external agent's lifecycle (AP-2), in the order of ``seq`` within its incarnation."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.lifecycle_changed"
+    agent_id: str
+    incarnation: int
+    #: 1 for the first move of the incarnation (``created`` -> ``registered``), then +1 per move.
+    seq: Annotated[int, Field(gt=0)]
+    from_state: AgentLifecycleState
+    to_state: AgentLifecycleState
+    reason: Literal["registered", "re_registered", "heartbeat", "heartbeat_missed", "came_back", "deregistered"]
+    detail: Annotated[str, Field(max_length=500)] = ""
+    active_run_id: str | None = None
+
+
 EVENT_MODELS: dict[str, type[EventData]] = {
     m.EVENT_TYPE: m
     for m in (
@@ -498,6 +991,19 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         HumanRejected,
         HumanAnswered,
         HumanExpired,
+        HumanReasked,
+        HumanEscalated,
+        HumanDirectoryChanged,
+        AgentAsked,
+        AgentMessageReceived,
+        AgentReplied,
+        AgentAnswerReceived,
+        AgentAskExpired,
+        AgentAskUndeliverable,
+        AgentReplyUndeliverable,
+        AgentRegistered,
+        AgentRegistrationRefused,
+        AgentLifecycleChanged,
         BusDeadLettered,
     )
 }

@@ -21,6 +21,10 @@ Coarse on purpose, for now: every service may call the JetStream API (``$JS.API.
 the whole layout at start, and reading a stream through a consumer goes through it) and write any KV
 bucket (``$KV.>``). Narrowing both to the consumers and buckets each service owns is the next step
 (the catalogue would have to say which buckets a service writes).
+
+An **external agent** (the Agent Protocol, AP-11) gets far less: it may publish only the requests of the
+RPC subjects marked ``external`` (register, heartbeat, ...) and subscribe only to its reply inbox. It
+cannot publish any event, touch JetStream or KV, or answer a request (:func:`external_agent_permissions`).
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ from dataclasses import dataclass
 from temporality_protocol.catalog import (
     CONSUMERS,
     DLQ_PREFIX,
+    RPCS,
     SERVICES,
     TIMER_SCHEDULE_PREFIX,
     ServiceSpec,
     subject_for,
 )
 
-__all__ = ["JETSTREAM_API", "Permissions", "permissions_for"]
+__all__ = ["JETSTREAM_API", "Permissions", "external_agent_permissions", "permissions_for"]
 
 #: The JetStream and KV API every service uses (layout, pull fetches, KV get/put/watch, direct gets).
 JETSTREAM_API: tuple[str, ...] = ("$JS.API.>", "$KV.>")
@@ -78,4 +83,12 @@ def permissions_for(service: str | ServiceSpec) -> Permissions:
         publish=tuple(dict.fromkeys(publish)),
         subscribe=tuple(dict.fromkeys(subscribe)),
         allow_responses=bool(spec.responders),
+    )
+
+
+def external_agent_permissions() -> Permissions:
+    """An external agent's NATS user: the requests of every ``external`` RPC subject, replies on its inbox."""
+    return Permissions(
+        publish=tuple(spec.subject for spec in RPCS.values() if spec.external),
+        subscribe=("_INBOX.>",),
     )

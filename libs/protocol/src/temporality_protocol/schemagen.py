@@ -8,9 +8,11 @@ What it writes (all deterministic: sorted keys, stable order, trailing newline):
 * ``envelope.schema.json`` -- the CloudEvents 1.0 envelope with our extension attributes;
 * ``events/<type>.schema.json`` -- JSON Schema 2020-12 of the ``data`` of every type in
   :data:`~temporality_protocol.events.EVENT_MODELS`;
-* ``rpc/collab.get_collaborators.{request,reply}.schema.json`` -- the COL-1 request/reply bodies;
-* ``asyncapi.yaml`` -- AsyncAPI 3.0.0: one channel per event subject, the RPC channel, and the
-  operations of every service in :data:`temporality_protocol.catalog.SERVICES`: a send per type it
+* ``rpc/<name>.{request,reply}.schema.json`` -- the request and reply bodies of every request/reply
+  subject ``temporality.rpc.<name>`` in :data:`temporality_protocol.catalog.RPCS` (the RPC table);
+* ``asyncapi.yaml`` -- AsyncAPI 3.0.0: one channel per event subject, one per RPC subject (with its
+  reply channel), and the operations of every service in
+  :data:`temporality_protocol.catalog.SERVICES`: a send per type it
   declares in ``sends``, a receive per type its consumers' filter subjects match (one on the
   every-event channel for a ``temporality.events.>`` consumer), a reply per ``responders`` subject and
   a request per ``requests`` subject -- nothing the code does not do;
@@ -35,17 +37,19 @@ from pydantic import BaseModel
 from temporality_protocol.catalog import (
     ALL_EVENTS_SUBJECT,
     EVENTS_PREFIX,
-    RPC_GET_COLLABORATORS,
+    RPC_PREFIX,
     RPC_SUBJECTS,
+    RPCS,
     SERVICES,
+    RpcSpec,
     check_services,
     subject_for,
 )
 from temporality_protocol.envelope import _CORE, _EXT, CONTENT_TYPE, Envelope
-from temporality_protocol.events import EVENT_MODELS, CollaboratorsQuery, CollaboratorsReply, EventData
+from temporality_protocol.events import EVENT_MODELS, EventData
 from temporality_protocol.version import PROTOCOL_VERSION
 
-__all__ = ["build_asyncapi", "check", "main", "render", "write"]
+__all__ = ["build_asyncapi", "check", "main", "render", "rpc_file", "rpc_schema", "write"]
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 #: ``$id`` of every generated schema: ``urn:temporality:protocol:<version>:<kind>:<name>``.
@@ -53,8 +57,6 @@ ID_PREFIX = f"urn:temporality:protocol:{PROTOCOL_VERSION}"
 ENVELOPE_FILE = "envelope.schema.json"
 ASYNCAPI_FILE = "asyncapi.yaml"
 README_FILE = "README.md"
-RPC_REQUEST_FILE = "rpc/collab.get_collaborators.request.schema.json"
-RPC_REPLY_FILE = "rpc/collab.get_collaborators.reply.schema.json"
 #: Files under these folders that the generator no longer produces are stale (and deleted on write).
 _OWNED_DIRS = ("events", "rpc")
 
@@ -82,11 +84,15 @@ def _check_services() -> None:
     """The roles come from :data:`~temporality_protocol.catalog.SERVICES`; refuse to describe an
     inconsistent table (an event without a sender, a type without a model, a consumer owned by no
     service or by two, an unknown responder subject: :func:`~temporality_protocol.catalog.check_services`),
-    and an RPC subject this module has no bodies for."""
+    and an RPC subject without its row in :data:`~temporality_protocol.catalog.RPCS` or outside
+    ``temporality.rpc.``."""
     check_services()
-    missing = sorted(set(RPC_SUBJECTS) - set(_RPC_OPERATION))
+    missing = sorted(set(RPC_SUBJECTS) - set(RPCS))
     if missing:
-        raise ValueError(f"no request/reply schemas for {missing}: add them to temporality_protocol.schemagen")
+        raise ValueError(f"no RpcSpec (request/reply bodies) for {missing}: add them to catalog.RPCS")
+    outside = sorted(s for s in RPCS if not s.startswith(f"{RPC_PREFIX}.") or RPCS[s].name.count(".") != 1)
+    if outside:
+        raise ValueError(f"RPC subjects must be {RPC_PREFIX}.<area>.<operation>: {outside}")
 
 
 # --------------------------------------------------------------------------- JSON Schemas
@@ -158,20 +164,28 @@ def event_schema(event_type: str, model: type[EventData]) -> dict[str, Any]:
     return schema
 
 
-def rpc_schema(model: type[BaseModel], kind: str) -> dict[str, Any]:
+def rpc_schema(spec: RpcSpec, kind: str) -> dict[str, Any]:
+    """The JSON Schema of the ``request`` or ``reply`` body of one RPC subject."""
+    model = spec.request if kind == "request" else spec.reply
     schema = model.model_json_schema()
+    lead = f"The {kind} body (JSON) on NATS subject `{spec.subject}` (answered by {spec.responder}). {spec.description}"
     schema.update(
         {
             "$schema": JSON_SCHEMA_DIALECT,
-            "$id": f"{ID_PREFIX}:rpc:collab.get_collaborators.{kind}",
+            "$id": f"{ID_PREFIX}:rpc:{spec.name}.{kind}",
             "title": model.__name__,
-            "description": _describe(
-                model, f"The {kind} body (JSON) on NATS subject `{RPC_GET_COLLABORATORS}` (COL-1)."
-            ),
-            "x-nats-subject": RPC_GET_COLLABORATORS,
+            "description": _describe(model, lead),
+            "x-nats-subject": spec.subject,
+            "x-rpc-responder": spec.responder,
+            "x-rpc-external": spec.external,
         }
     )
     return schema
+
+
+def rpc_file(spec: RpcSpec, kind: str) -> str:
+    """``rpc/<name>.<kind>.schema.json`` (``kind``: ``request`` or ``reply``)."""
+    return f"rpc/{spec.name}.{kind}.schema.json"
 
 
 def _event_file(event_type: str) -> str:
@@ -186,10 +200,15 @@ def _ident(text: str) -> str:
 
 
 _ALL_EVENTS_CHANNEL = "allEvents"
-#: RPC subject -> the operation-name suffix of its request / reply operations (bodies: ``rpc/``).
-_RPC_OPERATION = {RPC_GET_COLLABORATORS: "GetCollaborators"}
-_RPC_CHANNEL = "collabGetCollaborators"
-_RPC_REPLY_CHANNEL = "collabGetCollaboratorsReply"
+
+
+def _rpc_ident(spec: RpcSpec) -> str:
+    """``temporality.rpc.agents.register`` -> ``agentsRegister`` (its channel; ``...Reply``: the reply's)."""
+    return _ident(spec.name)
+
+
+def _upper(ident: str) -> str:
+    return ident[:1].upper() + ident[1:]
 
 
 def build_asyncapi() -> dict[str, Any]:
@@ -235,30 +254,32 @@ def build_asyncapi() -> dict[str, Any]:
         "description": "The whole journal (stream TEMPORALITY_EVENTS), for subscribers of every event type.",
         "messages": {ident: {"$ref": f"#/components/messages/{ident}"} for ident in map(_ident, types)},
     }
-    messages["collaboratorsQuery"] = {
-        "name": "collab.get_collaborators.request",
-        "title": CollaboratorsQuery.__name__,
-        "contentType": "application/json",
-        "payload": {"$ref": f"./{RPC_REQUEST_FILE}"},
-    }
-    messages["collaboratorsReply"] = {
-        "name": "collab.get_collaborators.reply",
-        "title": CollaboratorsReply.__name__,
-        "contentType": "application/json",
-        "payload": {"$ref": f"./{RPC_REPLY_FILE}"},
-    }
-    channels[_RPC_CHANNEL] = {
-        "address": RPC_GET_COLLABORATORS,
-        "title": "get_collaborators",
-        "description": "COL-1 request/reply (core NATS): the participants of a run's saga.",
-        "messages": {"collaboratorsQuery": {"$ref": "#/components/messages/collaboratorsQuery"}},
-    }
-    channels[_RPC_REPLY_CHANNEL] = {
-        "address": None,
-        "title": "get_collaborators reply",
-        "description": "The requester's reply inbox (NATS reply subject), chosen per request.",
-        "messages": {"collaboratorsReply": {"$ref": "#/components/messages/collaboratorsReply"}},
-    }
+    for rpc in RPCS.values():
+        ident = _rpc_ident(rpc)
+        callers = "any agent outside the services, and services" if rpc.external else "services"
+        for kind in ("request", "reply"):
+            body = rpc.request if kind == "request" else rpc.reply
+            messages[f"{ident}{_upper(kind)}"] = {
+                "name": f"{rpc.name}.{kind}",
+                "title": body.__name__,
+                "contentType": "application/json",
+                "payload": {"$ref": f"./{rpc_file(rpc, kind)}"},
+            }
+        channels[ident] = {
+            "address": rpc.subject,
+            "title": rpc.name,
+            "description": (
+                f"Request/reply (core NATS): {rpc.description} Answered by {rpc.responder} (queue group "
+                f"`{rpc.responder}`); called by {callers}."
+            ),
+            "messages": {f"{ident}Request": {"$ref": f"#/components/messages/{ident}Request"}},
+        }
+        channels[f"{ident}Reply"] = {
+            "address": None,
+            "title": f"{rpc.name} reply",
+            "description": "The requester's reply inbox (NATS reply subject), chosen per request.",
+            "messages": {f"{ident}Reply": {"$ref": f"#/components/messages/{ident}Reply"}},
+        }
 
     operations: dict[str, Any] = {}
 
@@ -270,11 +291,12 @@ def build_asyncapi() -> dict[str, Any]:
             "tags": [{"name": service}],
         }
 
-    def rpc_op(service: str, action: str) -> dict[str, Any]:
-        operation = op(service, action, _RPC_CHANNEL, ["collaboratorsQuery"])
+    def rpc_op(service: str, action: str, spec: RpcSpec) -> dict[str, Any]:
+        ident = _rpc_ident(spec)
+        operation = op(service, action, ident, [f"{ident}Request"])
         operation["reply"] = {
-            "channel": {"$ref": f"#/channels/{_RPC_REPLY_CHANNEL}"},
-            "messages": [{"$ref": f"#/channels/{_RPC_REPLY_CHANNEL}/messages/collaboratorsReply"}],
+            "channel": {"$ref": f"#/channels/{ident}Reply"},
+            "messages": [{"$ref": f"#/channels/{ident}Reply/messages/{ident}Reply"}],
         }
         return operation
 
@@ -292,9 +314,11 @@ def build_asyncapi() -> dict[str, Any]:
                 ident = _ident(event_type)
                 operations[f"{svc}Receive{ident[:1].upper()}{ident[1:]}"] = op(spec.name, "receive", ident, [ident])
         for subject in spec.requests:
-            operations[f"{svc}Request{_RPC_OPERATION[subject]}"] = rpc_op(spec.name, "send")
+            rpc = RPCS[subject]
+            operations[f"{svc}Request{_upper(_rpc_ident(rpc))}"] = rpc_op(spec.name, "send", rpc)
         for subject in spec.responders:
-            operations[f"{svc}Reply{_RPC_OPERATION[subject]}"] = rpc_op(spec.name, "receive")
+            rpc = RPCS[subject]
+            operations[f"{svc}Reply{_upper(_rpc_ident(rpc))}"] = rpc_op(spec.name, "receive", rpc)
 
     return {
         "asyncapi": "3.0.0",
@@ -398,7 +422,7 @@ and checked for staleness by `libs/protocol/tests/test_schemas.py`
 |---|---|
 | `envelope.schema.json` | the CloudEvents 1.0 envelope with the extension attributes {extensions} |
 | `events/<type>.schema.json` | JSON Schema 2020-12 of the `data` of each event type; subject `temporality.events.<type>` |
-| `rpc/collab.get_collaborators.*.schema.json` | request and reply bodies on `{rpc}` (COL-1) |
+| `rpc/<name>.{{request,reply}}.schema.json` | request and reply bodies on `temporality.rpc.<name>`: {rpc} |
 | `asyncapi.yaml` | AsyncAPI 3.0.0: channels, messages and each service's send/receive operations |
 
 Protocol version: {version}. Event types: {count}.
@@ -409,18 +433,19 @@ def render() -> dict[str, str]:
     """Every generated file: path relative to ``schemas/`` -> content."""
     files = {
         ENVELOPE_FILE: _json(envelope_schema()),
-        RPC_REQUEST_FILE: _json(rpc_schema(CollaboratorsQuery, "request")),
-        RPC_REPLY_FILE: _json(rpc_schema(CollaboratorsReply, "reply")),
         ASYNCAPI_FILE: _yaml(build_asyncapi()),
         README_FILE: _README.format(
             extensions=", ".join(f"`{e}`" for e in _EXT),
-            rpc=RPC_GET_COLLABORATORS,
+            rpc=", ".join(f"`{spec.name}`" for spec in RPCS.values()),
             version=PROTOCOL_VERSION,
             count=len(EVENT_MODELS),
         ),
     }
     for event_type, model in sorted(EVENT_MODELS.items()):
         files[_event_file(event_type)] = _json(event_schema(event_type, model))
+    for spec in RPCS.values():
+        for kind in ("request", "reply"):
+            files[rpc_file(spec, kind)] = _json(rpc_schema(spec, kind))
     return dict(sorted(files.items()))
 
 

@@ -9,7 +9,18 @@ from typing import Generic, TypeVar
 
 from temporality_protocol.errors import IllegalTransition
 
-__all__ = ["HUMAN_REQUEST", "RUN", "HumanRequestState", "RunState", "StateMachine"]
+__all__ = [
+    "AGENT_ASK",
+    "AGENT_LIFECYCLE",
+    "AGENT_REPORTABLE",
+    "HUMAN_REQUEST",
+    "RUN",
+    "AgentAskState",
+    "AgentLifecycleState",
+    "HumanRequestState",
+    "RunState",
+    "StateMachine",
+]
 
 S = TypeVar("S", bound=StrEnum)
 
@@ -82,5 +93,86 @@ HUMAN_REQUEST: StateMachine[HumanRequestState] = StateMachine(
         _H.ANSWERED: frozenset(),
         _H.EXPIRED: frozenset(),
         _H.CANCELLED: frozenset(),
+    },
+)
+
+
+class AgentAskState(StrEnum):
+    """One ``ask_agent`` request as agent-collab routes it (COL-2, COL-3, COL-9, PRO-1).
+
+    ``expired`` is not terminal: a wait that timed out leaves the request with its recipient, and a
+    late reply still goes back (COL-2). A reply ends it as ``answered`` or ``refused`` (the recipient's
+    right to refuse, PRO-1), or ``reply_undeliverable`` when the asker had already finished.
+    """
+
+    ASKED = "asked"
+    DELIVERED = "delivered"
+    EXPIRED = "expired"
+    ANSWERED = "answered"
+    REFUSED = "refused"
+    REPLY_UNDELIVERABLE = "reply_undeliverable"
+    UNDELIVERABLE = "undeliverable"
+
+
+_A = AgentAskState
+_A_REPLIED = frozenset({_A.ANSWERED, _A.REFUSED, _A.REPLY_UNDELIVERABLE})
+AGENT_ASK: StateMachine[AgentAskState] = StateMachine(
+    name="agent_ask",
+    initial=_A.ASKED,
+    transitions={
+        _A.ASKED: frozenset({_A.DELIVERED, _A.UNDELIVERABLE}),
+        _A.DELIVERED: _A_REPLIED | {_A.EXPIRED, _A.UNDELIVERABLE},
+        _A.EXPIRED: _A_REPLIED | {_A.UNDELIVERABLE},
+        _A.ANSWERED: frozenset(),
+        _A.REFUSED: frozenset(),
+        _A.REPLY_UNDELIVERABLE: frozenset(),
+        _A.UNDELIVERABLE: frozenset(),
+    },
+)
+
+
+class AgentLifecycleState(StrEnum):
+    """An external agent as agent-collab's registry sees it (AP-2); every move is journaled as
+    ``agent.lifecycle_changed``.
+
+    ``created`` is where a registration starts and ``registered`` where an accepted one lands; the
+    working states (``idle`` … ``failed``) are what the agent itself reports in its heartbeats (AP-4);
+    ``offline`` is set by agent-collab when no heartbeat came within the interval, and an agent coming
+    back goes through ``resuming``; ``decommissioned`` (deregistration) ends an incarnation: a later
+    registration starts a new one at ``created``.
+    """
+
+    CREATED = "created"
+    REGISTERED = "registered"
+    IDLE = "idle"
+    BUSY = "busy"
+    WAITING_APPROVAL = "waiting_approval"
+    PAUSED = "paused"
+    RESUMING = "resuming"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    OFFLINE = "offline"
+    DECOMMISSIONED = "decommissioned"
+
+
+_L = AgentLifecycleState
+#: The states an agent may report in a heartbeat (its own view of its work). Heartbeats sample the
+#: agent's state, so any working state may follow any other: one the agent passed through between two
+#: heartbeats is never seen.
+AGENT_REPORTABLE: frozenset[AgentLifecycleState] = frozenset(
+    {_L.IDLE, _L.BUSY, _L.WAITING_APPROVAL, _L.PAUSED, _L.RESUMING, _L.COMPLETED, _L.FAILED}
+)
+#: Every state but the ends may be left by a re-registration, a missed heartbeat or a deregistration.
+_L_LEAVE = frozenset({_L.REGISTERED, _L.OFFLINE, _L.DECOMMISSIONED})
+AGENT_LIFECYCLE: StateMachine[AgentLifecycleState] = StateMachine(
+    name="agent_lifecycle",
+    initial=_L.CREATED,
+    transitions={
+        _L.CREATED: frozenset({_L.REGISTERED}),
+        _L.REGISTERED: AGENT_REPORTABLE | {_L.OFFLINE, _L.DECOMMISSIONED},
+        **{state: (AGENT_REPORTABLE - {state}) | _L_LEAVE for state in AGENT_REPORTABLE},
+        # back from offline: through resuming (a heartbeat), or a fresh registration
+        _L.OFFLINE: frozenset({_L.RESUMING, _L.REGISTERED, _L.DECOMMISSIONED}),
+        _L.DECOMMISSIONED: frozenset(),
     },
 )

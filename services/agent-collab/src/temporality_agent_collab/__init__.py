@@ -1,5 +1,10 @@
-"""agent-collab: the saga-participants projection and ``get_collaborators`` (COL-1)."""
+"""agent-collab: the saga-participants projection and ``get_collaborators`` (COL-1); ask/answer routing
+between agents, relay runs and wait timeouts (COL-2..COL-9, PRO-1); the Agent Protocol for external
+agents: registration, heartbeats, lifecycle and discovery (AP-2..AP-4, PRO-2, PRO-3)."""
 
+from temporality_agent_collab.agents import AgentRegistry
+from temporality_agent_collab.asks import AskRecord, RelayIndex, resolve
+from temporality_agent_collab.external import AllowList, ExternalAgent, load_allow_list
 from temporality_agent_collab.participants import (
     HumanEntry,
     RunEntry,
@@ -9,14 +14,23 @@ from temporality_agent_collab.participants import (
     collaborators,
 )
 from temporality_agent_collab.projector import Projector
+from temporality_agent_collab.registry import AgentRecord
+from temporality_agent_collab.router import AskRouter
 from temporality_agent_collab.rpc import QUEUE_GROUP, CollaboratorsResponder, error_reply, lookup, open_responder
 from temporality_agent_collab.settings import Settings
 
 __all__ = [
     "QUEUE_GROUP",
+    "AgentRecord",
+    "AgentRegistry",
+    "AllowList",
+    "AskRecord",
+    "AskRouter",
     "CollaboratorsResponder",
+    "ExternalAgent",
     "HumanEntry",
     "Projector",
+    "RelayIndex",
     "RunEntry",
     "RunIndex",
     "SagaParticipants",
@@ -24,6 +38,8 @@ __all__ = [
     "apply",
     "collaborators",
     "error_reply",
+    "load_allow_list",
     "lookup",
     "open_responder",
+    "resolve",
 ]

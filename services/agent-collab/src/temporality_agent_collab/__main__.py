@@ -1,4 +1,6 @@
-"""``temporality-agent-collab``: the saga projector and the get_collaborators responder, started by the runtime.
+"""``temporality-agent-collab``: the saga projector, the get_collaborators responder, the ask router
+(asks, replies, relay runs, wait timeouts) and the registry of external agents (register, heartbeat,
+deregister, list; liveness timers), started by the runtime.
 
 At SIGTERM the runtime unsubscribes the responder first (new requests go to other replicas), lets the
 requests already received finish, then stops the consumer and drains the connection.
@@ -6,9 +8,14 @@ requests already received finish, then stops the consumer and drains the connect
 
 from __future__ import annotations
 
+from temporality_agent_collab.agents import AgentRegistry
+from temporality_agent_collab.external import load_allow_list
 from temporality_agent_collab.projector import Projector
+from temporality_agent_collab.router import AskRouter
 from temporality_agent_collab.rpc import open_responder
 from temporality_agent_collab.settings import Settings
+from temporality_bus import Delivery
+from temporality_protocol import Envelope
 from temporality_protocol.catalog import SERVICES
 from temporality_service import Runtime, Setup, serve
 
@@ -18,10 +25,25 @@ SPEC = SERVICES["agent-collab"]
 
 
 def configure(settings: Settings) -> Setup[Settings]:
+    """Reads the allow-list of external agents (a ConfigError -- exit 2 -- when it is unusable)."""
+    allow_list = load_allow_list(settings.external_agents_file)
+
     async def setup(rt: Runtime[Settings]) -> None:
         projector = await Projector.open(rt.bus)
-        rt.consumer("agent-collab-runs", handler=projector.handle, max_inflight=rt.settings.max_inflight)
+        router = await AskRouter.open(rt.bus)
+        registry = await AgentRegistry.open(rt.bus, allow_list, grace_s=rt.settings.heartbeat_grace_s)
+
+        async def runs(event: Envelope, delivery: Delivery) -> None:
+            await projector.handle(event, delivery)
+            await router.on_run_event(event, delivery)  # a relay run that ended: did it answer?
+
+        rt.consumer("agent-collab-runs", handler=runs, max_inflight=rt.settings.max_inflight)
+        rt.consumer("agent-collab-asks", handler=router.handle, max_inflight=rt.settings.max_inflight)
+        rt.consumer("agent-collab-ask-timers", raw_handler=router.handle_timer)
         rt.responder(await open_responder(rt.bus, max_inflight=rt.settings.max_inflight))
+        rt.consumer("agent-collab-heartbeats", raw_handler=registry.handle_timer)
+        for responder in registry.responders(max_inflight=rt.settings.max_inflight):
+            rt.responder(responder)
 
     return setup
 

@@ -79,6 +79,8 @@ class RunEntry(_Model):
     title: str | None = None
     status: RunState = RunState.PENDING
     parent_run_id: str | None = None
+    #: The ``run.started`` event's time: ``agent:<id>`` resolves to the agent's latest-started run (COL-6).
+    started_at: datetime | None = None
 
 
 class HumanEntry(_Model):
@@ -179,6 +181,7 @@ def apply(saga: SagaParticipants, event: Envelope) -> SagaParticipants | None:
             title=started.title,
             parent_run_id=started.parent_run_id,
             status=_next_status(before.status, RunState.RUNNING),
+            started_at=event.time,
         )
     elif event.type in _TERMINAL_STATUS:
         run_id = run_of(event)

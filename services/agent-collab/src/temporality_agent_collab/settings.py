@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -17,3 +19,7 @@ class Settings(ServiceSettings):
 
     #: Events the projector handles concurrently (CAS keeps concurrent updates of one saga correct).
     max_inflight: int = Field(default=8, ge=1)
+    #: The allow-list of external agents (AP-3); unset: ``config/external-agents.yaml`` if it exists, else none.
+    external_agents_file: Path | None = None
+    #: An external agent goes offline this long after its heartbeat interval passed without one (AP-4).
+    heartbeat_grace_s: float = Field(default=2.0, ge=0)

@@ -1,0 +1,339 @@
+"""The Agent Protocol for external agents over NATS request/reply (AP-2..AP-4, PRO-2, PRO-3).
+
+Four :class:`temporality_bus.Responder` s in the queue group ``agent-collab`` (N replicas share them)
+on the catalogue's subjects, and the handler of the ``agent-heartbeat`` timer firings:
+
+==========================================  ==================================================================
+``temporality.rpc.agents.register``         allow-list, highest common version, record -> ``agent.registered`` +
+                                            ``agent.lifecycle_changed``; else ``agent.registration_refused``
+``temporality.rpc.agents.heartbeat``        liveness re-armed, the reported state taken (journaled)
+``temporality.rpc.agents.deregister``       ``decommissioned`` (journaled), liveness timer cancelled
+``temporality.rpc.agents.list``             the registered agents' cards, capabilities ``verified: false``
+timer ``agent-heartbeat.<agent_id>``        no newer heartbeat: ``offline`` (journaled)
+==========================================  ==================================================================
+
+Every step is *record first, then effects*: the decision is committed to KV with
+:meth:`~temporality_bus.Store.modify`, then the events of the stored record are published
+(deterministic ids) and its timer armed, then the reply sent -- so a reply says the fact is journaled.
+A retried request or a redelivered firing finds the record and republishes the same facts, which
+JetStream and the journal drop. Every request gets one reply: a malformed one a ``malformed_request``
+refusal naming the field, never silence.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from temporality_agent_collab.external import AllowList
+from temporality_agent_collab.registry import (
+    AgentRecord,
+    Refused,
+    TimerPayload,
+    agent_key,
+    card,
+    decommissioned,
+    fresh_record,
+    heartbeat_missed,
+    heartbeat_seen,
+    lifecycle_events,
+    negotiated,
+    refused_event,
+    registered,
+    registered_event,
+    timer_payload,
+    utcnow,
+)
+from temporality_agent_collab.rpc import QUEUE_GROUP
+from temporality_bus import (
+    AlreadyExists,
+    Bus,
+    Delivery,
+    Failure,
+    NotFound,
+    PermanentError,
+    Request,
+    Responder,
+    Store,
+    Timers,
+)
+from temporality_protocol import (
+    AgentRefusal,
+    AgentRegistration,
+    AgentsQuery,
+    AgentsReply,
+    Deregistration,
+    DeregistrationReply,
+    Heartbeat,
+    HeartbeatAck,
+    RegistrationReply,
+    derive_id,
+)
+from temporality_protocol.catalog import (
+    BUCKET_AGENTS,
+    RPC_AGENTS_DEREGISTER,
+    RPC_AGENTS_HEARTBEAT,
+    RPC_AGENTS_LIST,
+    RPC_AGENTS_REGISTER,
+    TIMER_NS_AGENT_HEARTBEAT,
+)
+from temporality_protocol.events import AgentRefusalReason
+from temporality_protocol.states import AgentLifecycleState
+
+__all__ = ["AgentRegistry"]
+
+log = structlog.get_logger(__name__)
+
+#: Compare-and-set attempts on one agent's record: an agent heartbeating fast through several replicas races
+#: itself, and a lost race only costs a re-read.
+MODIFY_ATTEMPTS = 32
+
+
+def _agent_id_hint(raw: bytes) -> str:
+    """The ``agent_id`` of a request that failed validation, if one can be read, for the refusal reply."""
+    try:
+        body: Any = json.loads(raw)
+    except ValueError:
+        return ""
+    agent_id = body.get("agent_id") if isinstance(body, dict) else None
+    return agent_id[:64] if isinstance(agent_id, str) else ""
+
+
+def _failure_refusal(failure: Failure) -> AgentRefusal:
+    if failure.kind == "malformed":
+        return AgentRefusal(reason="malformed_request", detail=f"malformed request: {failure.detail}"[:4096])
+    return AgentRefusal(reason="internal_error", detail=f"internal error: {failure.detail}"[:4096])
+
+
+class AgentRegistry:
+    """The registry's responders and timer handler. Build with :meth:`open`; register :meth:`responders`
+    and :meth:`handle_timer` with the runtime."""
+
+    def __init__(self, bus: Bus, store: Store[AgentRecord], allow_list: AllowList, *, grace_s: float) -> None:
+        self._bus = bus
+        self._store = store
+        self.allow_list = allow_list
+        self.grace_s = grace_s
+        self.timers = Timers(bus, TIMER_NS_AGENT_HEARTBEAT)
+
+    @classmethod
+    async def open(cls, bus: Bus, allow_list: AllowList, *, grace_s: float) -> AgentRegistry:
+        return cls(bus, await bus.store(BUCKET_AGENTS, AgentRecord), allow_list, grace_s=grace_s)
+
+    def responders(self, *, queue: str = QUEUE_GROUP, max_inflight: int = 8) -> list[Responder[Any, Any]]:
+        """The four responders (not started): register, heartbeat, deregister, list."""
+        common: dict[str, Any] = {"queue": queue, "max_inflight": max_inflight}
+        return [
+            Responder(
+                self._bus,
+                RPC_AGENTS_REGISTER,
+                request_model=AgentRegistration,
+                handler=self._on_register,
+                on_error=lambda f: RegistrationReply(
+                    agent_id=_agent_id_hint(f.raw), outcome="refused", refusal=_failure_refusal(f)
+                ),
+                negotiate_versions=False,  # negotiated per agent against the allow-list, refusals journaled
+                **common,
+            ),
+            Responder(
+                self._bus,
+                RPC_AGENTS_HEARTBEAT,
+                request_model=Heartbeat,
+                handler=self._on_heartbeat,
+                on_error=lambda f: HeartbeatAck(
+                    agent_id=_agent_id_hint(f.raw), accepted=False, refusal=_failure_refusal(f)
+                ),
+                negotiate_versions=False,  # speaks the version its registration negotiated
+                **common,
+            ),
+            Responder(
+                self._bus,
+                RPC_AGENTS_DEREGISTER,
+                request_model=Deregistration,
+                handler=self._on_deregister,
+                on_error=lambda f: DeregistrationReply(
+                    agent_id=_agent_id_hint(f.raw), outcome="refused", refusal=_failure_refusal(f)
+                ),
+                negotiate_versions=False,
+                **common,
+            ),
+            Responder(
+                self._bus,
+                RPC_AGENTS_LIST,
+                request_model=AgentsQuery,
+                handler=self._on_list,
+                on_error=lambda f: AgentsReply(error=_failure_refusal(f).detail),
+                **common,
+            ),
+        ]
+
+    # ------------------------------------------------------------------ effects of a stored record
+    async def _journal(self, record: AgentRecord, *, registration: bool = False) -> None:
+        """Publish what the stored record says happened, then (re-)arm its liveness timer."""
+        events = lifecycle_events(record)
+        if registration:
+            events.insert(0, registered_event(record))
+        for event in events:
+            await self._bus.publish(event)
+        if record.live:
+            await self.timers.rearm(
+                record.agent_id,
+                record.deadline,
+                timer_payload(record),
+                msg_id=derive_id("tmr", record.agent_id, str(record.incarnation), str(record.beat)),
+            )
+
+    # ------------------------------------------------------------------ register (AP-3, PRO-3)
+    async def _on_register(self, request: Request[AgentRegistration]) -> RegistrationReply:
+        body = request.body
+        with structlog.contextvars.bound_contextvars(agent_id=body.agent_id):
+            return await self.register(body)
+
+    async def register(self, body: AgentRegistration) -> RegistrationReply:
+        allowed = self.allow_list.get(body.agent_id)
+        try:
+            if allowed is None:
+                raise Refused("unknown_agent", f"agent {body.agent_id!r} is not allowed to register here")
+            version = negotiated(body, allowed)
+        except Refused as refused:
+            supported = allowed.speakable_versions() if allowed is not None else []
+            await self._bus.publish(refused_event(body, refused, supported))
+            log.info("agent.registration_refused", reason=refused.reason, declared=body.declared_versions())
+            return RegistrationReply(
+                agent_id=body.agent_id, outcome="refused", supported_versions=supported, refusal=refused.refusal()
+            )
+        now = utcnow()
+        key = agent_key(body.agent_id)
+        params: dict[str, Any] = {"version": version, "grace_s": self.grace_s, "now": now}
+        if await self._store.get(key) is None:
+            fresh = fresh_record(body, allowed, self.allow_list, **params)
+            try:
+                await self._store.create(key, fresh)
+                record = fresh
+            except AlreadyExists:  # another replica (or our own earlier attempt) got there first
+                record = await self._modify(key, lambda cur: registered(cur, body, allowed, self.allow_list, **params))
+        else:
+            record = await self._modify(key, lambda cur: registered(cur, body, allowed, self.allow_list, **params))
+        await self._journal(record, registration=True)
+        log.info("agent.registered", incarnation=record.incarnation, version=version, state=record.state.value)
+        return RegistrationReply(
+            agent_id=record.agent_id,
+            outcome="registered",
+            protocol_version=record.protocol_version,
+            supported_versions=allowed.speakable_versions(),
+            state=record.state,
+            incarnation=record.incarnation,
+            heartbeat_interval_s=record.heartbeat_interval_s,
+            offline_after_s=record.offline_after_s,
+            policy=record.policy,
+        )
+
+    async def _modify(self, key: str, fn: Callable[[AgentRecord], AgentRecord | None]) -> AgentRecord:
+        """One agent's record changed by ``fn``; an agent's requests race only each other (and its timer)."""
+        return (await self._store.modify(key, fn, attempts=MODIFY_ATTEMPTS)).value
+
+    # ------------------------------------------------------------------ heartbeat (AP-4)
+    async def _on_heartbeat(self, request: Request[Heartbeat]) -> HeartbeatAck:
+        body = request.body
+        with structlog.contextvars.bound_contextvars(agent_id=body.agent_id):
+            return await self.heartbeat(body)
+
+    async def heartbeat(self, body: Heartbeat) -> HeartbeatAck:
+        now = utcnow()
+        try:
+            record = await self._modify(agent_key(body.agent_id), lambda cur: heartbeat_seen(cur, body, now))
+        except NotFound:
+            return self._ack_refused(body.agent_id, "not_registered", f"agent {body.agent_id!r} is not registered")
+        except Refused as refused:
+            return self._ack_refused(body.agent_id, refused.reason, refused.detail)
+        await self._journal(record)
+        if record.recent:
+            log.info("agent.lifecycle_changed", moves=[t.to_state.value for t in record.recent])
+        return HeartbeatAck(
+            agent_id=record.agent_id,
+            accepted=True,
+            state=record.state,
+            protocol_version=record.protocol_version,
+            offline_at=record.deadline,
+        )
+
+    @staticmethod
+    def _ack_refused(agent_id: str, reason: AgentRefusalReason, detail: str) -> HeartbeatAck:
+        log.info("agent.heartbeat_refused", reason=reason)
+        return HeartbeatAck(agent_id=agent_id, accepted=False, refusal=AgentRefusal(reason=reason, detail=detail))
+
+    # ------------------------------------------------------------------ deregister (AP-2)
+    async def _on_deregister(self, request: Request[Deregistration]) -> DeregistrationReply:
+        body = request.body
+        with structlog.contextvars.bound_contextvars(agent_id=body.agent_id):
+            return await self.deregister(body)
+
+    async def deregister(self, body: Deregistration) -> DeregistrationReply:
+        now = utcnow()
+        try:
+            record = await self._modify(agent_key(body.agent_id), lambda cur: decommissioned(cur, body, now))
+        except NotFound:
+            refusal = AgentRefusal(reason="not_registered", detail=f"agent {body.agent_id!r} is not registered")
+            return DeregistrationReply(agent_id=body.agent_id, outcome="refused", refusal=refusal)
+        except Refused as refused:
+            return DeregistrationReply(agent_id=body.agent_id, outcome="refused", refusal=refused.refusal())
+        await self._journal(record)
+        await self.timers.cancel(record.agent_id)  # a firing already on its way finds it decommissioned
+        log.info("agent.decommissioned", incarnation=record.incarnation)
+        return DeregistrationReply(agent_id=record.agent_id, outcome="decommissioned", state=record.state)
+
+    # ------------------------------------------------------------------ discovery (PRO-2)
+    async def _on_list(self, request: Request[AgentsQuery]) -> AgentsReply:
+        cards = []
+        for key in sorted(await self._store.keys()):
+            found = await self._store.get(key)
+            if found is None:
+                continue
+            if found.value.state is AgentLifecycleState.DECOMMISSIONED and not request.body.include_decommissioned:
+                continue
+            cards.append(card(found.value))
+        return AgentsReply(protocol_version=request.version, agents=cards)
+
+    # ------------------------------------------------------------------ liveness timers
+    async def handle_timer(self, data: bytes, delivery: Delivery | None = None) -> None:
+        """An ``agent-heartbeat`` timer fired: ``offline`` unless a newer heartbeat came (its marker moved)."""
+        try:
+            payload = TimerPayload.model_validate_json(data)
+        except ValidationError as exc:
+            raise PermanentError(f"unreadable heartbeat timer payload: {exc}") from exc
+        with structlog.contextvars.bound_contextvars(agent_id=payload.agent_id):
+            await self.missed(payload, delivery)
+
+    async def missed(self, payload: TimerPayload, delivery: Delivery | None = None) -> None:
+        key = agent_key(payload.agent_id)
+        found = await self._store.get(key)
+        if found is None:
+            raise PermanentError(f"a heartbeat timer fired for {payload.agent_id!r}, which was never registered")
+        current = found.value
+        now = utcnow()
+        marked = current.incarnation == payload.incarnation and current.beat == payload.beat
+        if marked and current.live and now < current.deadline:  # fired early: never go offline early
+            cause = f"seq:{delivery.stream_seq}" if delivery is not None else now.isoformat()
+            await self.timers.rearm(
+                current.agent_id,
+                current.deadline,
+                timer_payload(current),
+                msg_id=derive_id("tmr", current.agent_id, str(current.incarnation), str(current.beat), cause),
+            )
+            log.warning("agent_timer.fired_early", deadline=current.deadline.isoformat())
+            return
+        result = await self._store.modify(
+            key, lambda cur: heartbeat_missed(cur, payload.incarnation, payload.beat, now), attempts=MODIFY_ATTEMPTS
+        )
+        record = result.value
+        if record.state is AgentLifecycleState.OFFLINE and record.incarnation == payload.incarnation:
+            if record.recent and record.recent[-1].reason == "heartbeat_missed" and record.beat == payload.beat:
+                await self._journal(record)  # republished on a redelivery: the same ids
+                if result.changed:
+                    log.info("agent.offline", incarnation=record.incarnation, beat=record.beat)
+                return
+        log.info("agent_timer.ignored", state=record.state.value, beat=payload.beat, current_beat=record.beat)

@@ -1,0 +1,434 @@
+"""The registry of external agents (AP-2..AP-4, PRO-2, PRO-3), pure: the record, the decisions, the events.
+
+No I/O here. One record per agent (KV ``agent-registry`` / ``agent.<agent_id>``). Each decision is a
+function of the stored record and one request (:func:`registered`, :func:`heartbeat_seen`,
+:func:`heartbeat_missed`, :func:`decommissioned`) that :meth:`temporality_bus.Store.modify` runs in its
+compare-and-set loop; it moves the lifecycle only along :data:`~temporality_protocol.states.AGENT_LIFECYCLE`
+and leaves the moves it made in :attr:`AgentRecord.recent`. After the commit those moves are
+journaled (:func:`lifecycle_events`) with ids derived from (agent, incarnation, move number), so
+journaling the same record twice -- a retried request, a redelivered timer, a second replica -- is
+the same facts twice, which JetStream and the journal drop.
+
+Liveness: :attr:`AgentRecord.beat` counts registrations and heartbeats of the incarnation. Each one
+arms the agent's ``agent-heartbeat`` timer at :attr:`AgentRecord.deadline` carrying that number; a
+firing acts only if the record still has it (no newer heartbeat since), like the run watchdog.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from temporality_agent_collab.external import AllowList, ExternalAgent
+from temporality_protocol import (
+    AgentCapability,
+    AgentCard,
+    AgentLifecycleChanged,
+    AgentLimits,
+    AgentPolicy,
+    AgentRefusal,
+    AgentRegistered,
+    AgentRegistration,
+    AgentRegistrationRefused,
+    Deregistration,
+    Envelope,
+    EventData,
+    Heartbeat,
+    IncompatibleProtocolVersion,
+    derive_id,
+    make_event,
+    negotiate,
+)
+from temporality_protocol.events import AgentRefusalReason
+from temporality_protocol.states import AGENT_LIFECYCLE, AgentLifecycleState
+from temporality_protocol.version import parse_version
+
+__all__ = [
+    "SOURCE",
+    "AgentRecord",
+    "Refused",
+    "TimerPayload",
+    "Transition",
+    "agent_key",
+    "card",
+    "decommissioned",
+    "fresh_record",
+    "heartbeat_missed",
+    "heartbeat_seen",
+    "lifecycle_events",
+    "negotiated",
+    "refused_event",
+    "registered",
+    "registered_event",
+    "timer_payload",
+    "utcnow",
+]
+
+#: ``source`` of every event agent-collab publishes.
+SOURCE = "/temporality/agent-collab"
+_L = AgentLifecycleState
+LifecycleReason = Literal["registered", "re_registered", "heartbeat", "heartbeat_missed", "came_back", "deregistered"]
+
+
+class Refused(Exception):
+    """A request the registry refuses: the reply carries ``reason`` and ``detail`` (PRO-3: explicit)."""
+
+    def __init__(self, reason: AgentRefusalReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason: AgentRefusalReason = reason
+        self.detail = detail
+
+    def refusal(self) -> AgentRefusal:
+        return AgentRefusal(reason=self.reason, detail=self.detail)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Transition(_Model):
+    """One lifecycle move, as journaled in ``agent.lifecycle_changed``."""
+
+    seq: Annotated[int, Field(gt=0)]
+    from_state: AgentLifecycleState
+    to_state: AgentLifecycleState
+    reason: LifecycleReason
+    at: datetime
+    detail: str = ""
+    active_run_id: str | None = None
+
+
+class AgentRecord(_Model):
+    """KV ``agent-registry`` / ``agent.<agent_id>``: one external agent's registration and lifecycle."""
+
+    agent_id: str
+    #: Registrations since the last decommissioning are one incarnation; a registration after it starts the next.
+    incarnation: Annotated[int, Field(gt=0)] = 1
+    #: Accepted registrations of this incarnation (a changed declaration is a new one).
+    registration: Annotated[int, Field(gt=0)] = 1
+    state: AgentLifecycleState = _L.CREATED
+    #: Lifecycle moves of this incarnation (the last one's ``seq``).
+    seq: Annotated[int, Field(ge=0)] = 0
+    #: The moves the last change made, journaled after its commit.
+    recent: list[Transition] = Field(default_factory=list)
+    declaration: AgentRegistration
+    protocol_version: str
+    policy: AgentPolicy
+    heartbeat_interval_s: float
+    offline_after_s: float
+    registered_at: datetime
+    #: Registrations and heartbeats of this incarnation: the marker the liveness timer was armed with.
+    beat: Annotated[int, Field(ge=0)] = 0
+    last_heartbeat_at: datetime | None = None
+    #: No heartbeat by then: ``offline``.
+    deadline: datetime
+    active_run_id: str | None = None
+    resource_usage: dict[str, float] = Field(default_factory=dict)
+    decommission_reason: str | None = None
+
+    @property
+    def live(self) -> bool:
+        """Its liveness timer should be armed (not offline, not decommissioned)."""
+        return self.state not in (_L.OFFLINE, _L.DECOMMISSIONED)
+
+    def moved(self, moves: list[tuple[AgentLifecycleState, LifecycleReason, str]], at: datetime) -> list[Transition]:
+        """The transitions ``moves`` make from the current state (each checked against the state machine)."""
+        out: list[Transition] = []
+        state, seq = self.state, self.seq
+        for target, reason, detail in moves:
+            AGENT_LIFECYCLE.transition(state, target)
+            seq += 1
+            out.append(
+                Transition(
+                    seq=seq,
+                    from_state=state,
+                    to_state=target,
+                    reason=reason,
+                    at=at,
+                    detail=detail,
+                    active_run_id=self.active_run_id,
+                )
+            )
+            state = target
+        return out
+
+
+def agent_key(agent_id: str) -> str:
+    return f"agent.{agent_id}"
+
+
+def _parseable(versions: list[str]) -> list[str]:
+    ok = []
+    for version in versions:
+        try:
+            parse_version(version)
+        except ValueError:
+            continue  # a version we cannot even read is one we do not speak: ignored, not fatal (PRO-3)
+        ok.append(version)
+    return ok
+
+
+def negotiated(request: AgentRegistration, allowed: ExternalAgent) -> str:
+    """The highest version common to the request and the allow-list's entry (PRO-3); :class:`Refused` else."""
+    ours = allowed.speakable_versions()
+    theirs = _parseable(request.declared_versions())
+    try:
+        return negotiate(ours, theirs)
+    except IncompatibleProtocolVersion:
+        detail = f"no common protocol version: agent-collab speaks {ours or 'none'} with it, it speaks {theirs}"
+        raise Refused("no_common_version", detail) from None
+
+
+def _policy(request: AgentRegistration, allowed: ExternalAgent) -> AgentPolicy:
+    granted = allowed.limits.max_context_size
+    context = request.max_context_size if granted is None else min(granted, request.max_context_size)
+    tools = [t for t in dict.fromkeys(request.supported_tools) if t in allowed.allowed_tools]
+    return AgentPolicy(
+        allowed_tools=tools,
+        limits=AgentLimits(max_context_size=context, max_concurrent_tasks=allowed.limits.max_concurrent_tasks),
+    )
+
+
+def fresh_record(
+    request: AgentRegistration,
+    allowed: ExternalAgent,
+    allow_list: AllowList,
+    *,
+    version: str,
+    grace_s: float,
+    now: datetime,
+    incarnation: int = 1,
+) -> AgentRecord:
+    """A new incarnation, ``created`` -> ``registered``."""
+    interval = allow_list.interval_of(allowed)
+    base = AgentRecord(
+        agent_id=request.agent_id,
+        incarnation=incarnation,
+        declaration=request,
+        protocol_version=version,
+        policy=_policy(request, allowed),
+        heartbeat_interval_s=interval,
+        offline_after_s=interval + grace_s,
+        registered_at=now,
+        deadline=now + timedelta(seconds=interval + grace_s),
+    )
+    moves = base.moved([(_L.REGISTERED, "registered", "")], now)
+    return AgentRecord.model_validate(
+        {**base.model_dump(), "state": _L.REGISTERED, "seq": moves[-1].seq, "recent": moves, "beat": 1}
+    )
+
+
+def registered(
+    current: AgentRecord,
+    request: AgentRegistration,
+    allowed: ExternalAgent,
+    allow_list: AllowList,
+    *,
+    version: str,
+    grace_s: float,
+    now: datetime,
+) -> AgentRecord | None:
+    """A registration of an agent that has a record: ``None`` for a repeat of the standing one (idempotent),
+    a new incarnation after decommissioning, else a re-registration (``<state>`` -> ``registered``)."""
+    if current.state is _L.DECOMMISSIONED:
+        return fresh_record(
+            request, allowed, allow_list, version=version, grace_s=grace_s, now=now, incarnation=current.incarnation + 1
+        )
+    policy = _policy(request, allowed)
+    interval = allow_list.interval_of(allowed)
+    same = (
+        current.declaration == request
+        and current.protocol_version == version
+        and current.policy == policy
+        and current.heartbeat_interval_s == interval
+        and current.offline_after_s == interval + grace_s
+    )
+    if same and current.state is _L.REGISTERED:
+        return None
+    moves = current.moved([(_L.REGISTERED, "re_registered", "")], now)
+    return AgentRecord.model_validate(
+        {
+            **current.model_dump(),
+            "registration": current.registration + 1,
+            "state": _L.REGISTERED,
+            "seq": moves[-1].seq,
+            "recent": moves,
+            "declaration": request,
+            "protocol_version": version,
+            "policy": policy,
+            "heartbeat_interval_s": interval,
+            "offline_after_s": interval + grace_s,
+            "beat": current.beat + 1,
+            "deadline": now + timedelta(seconds=interval + grace_s),
+        }
+    )
+
+
+def _check_live(current: AgentRecord, agent_id: str, version: str) -> None:
+    if current.state is _L.DECOMMISSIONED:
+        raise Refused("not_registered", f"agent {agent_id!r} was decommissioned: register again")
+    if version != current.protocol_version:
+        detail = f"this registration speaks protocol version {current.protocol_version}, not {version}"
+        raise Refused("version_mismatch", detail)
+
+
+def heartbeat_seen(current: AgentRecord, beat: Heartbeat, now: datetime) -> AgentRecord:
+    """A heartbeat (AP-4): liveness re-armed, the state it reports taken (an offline agent resumes first)."""
+    _check_live(current, beat.agent_id, beat.protocol_version)
+    moves: list[tuple[AgentLifecycleState, LifecycleReason, str]] = []
+    state = current.state
+    if state is _L.OFFLINE:
+        moves.append((_L.RESUMING, "came_back", "a heartbeat after the agent went offline"))
+        state = _L.RESUMING
+    target = AgentLifecycleState(beat.current_state)
+    if target is not state:
+        if not AGENT_LIFECYCLE.allowed(state, target):
+            raise Refused("illegal_transition", f"the agent lifecycle does not go from {state.value} to {target.value}")
+        moves.append((target, "heartbeat", ""))
+    recent = current.moved(moves, now)
+    return AgentRecord.model_validate(
+        {
+            **current.model_dump(),
+            "state": recent[-1].to_state if recent else current.state,
+            "seq": recent[-1].seq if recent else current.seq,
+            "recent": recent,
+            "beat": current.beat + 1,
+            "last_heartbeat_at": now,
+            "deadline": now + timedelta(seconds=current.offline_after_s),
+            "active_run_id": beat.active_run_id,
+            "resource_usage": beat.resource_usage,
+        }
+    )
+
+
+def heartbeat_missed(current: AgentRecord, incarnation: int, beat: int, now: datetime) -> AgentRecord | None:
+    """The liveness timer armed at (``incarnation``, ``beat``) fired: ``offline``, unless a newer heartbeat
+    (or registration) came since, the agent is already offline or gone, or the deadline is still ahead."""
+    if current.incarnation != incarnation or current.beat != beat or not current.live or now < current.deadline:
+        return None
+    detail = f"no heartbeat within {current.offline_after_s:g} s"
+    recent = current.moved([(_L.OFFLINE, "heartbeat_missed", detail)], now)
+    return AgentRecord.model_validate(
+        {**current.model_dump(), "state": _L.OFFLINE, "seq": recent[-1].seq, "recent": recent}
+    )
+
+
+def decommissioned(current: AgentRecord, request: Deregistration, now: datetime) -> AgentRecord | None:
+    """A deregistration: ``decommissioned`` (``None``: it already is -- a repeat, idempotent)."""
+    if current.state is _L.DECOMMISSIONED:
+        return None
+    _check_live(current, request.agent_id, request.protocol_version)
+    recent = current.moved([(_L.DECOMMISSIONED, "deregistered", request.reason)], now)
+    return AgentRecord.model_validate(
+        {
+            **current.model_dump(),
+            "state": _L.DECOMMISSIONED,
+            "seq": recent[-1].seq,
+            "recent": recent,
+            "decommission_reason": request.reason,
+        }
+    )
+
+
+# --------------------------------------------------------------------------- the events
+def _event(data: EventData, agent_id: str, *, id: str | None, time: datetime | None = None) -> Envelope:
+    return make_event(data, source=SOURCE, id=id, subject=agent_id, actor=f"agent:{agent_id}", time=time)
+
+
+def lifecycle_events(record: AgentRecord) -> list[Envelope]:
+    """``agent.lifecycle_changed`` for each move the record's last change made (deterministic ids)."""
+    return [
+        _event(
+            AgentLifecycleChanged(
+                agent_id=record.agent_id,
+                incarnation=record.incarnation,
+                seq=t.seq,
+                from_state=t.from_state,
+                to_state=t.to_state,
+                reason=t.reason,
+                detail=t.detail,
+                active_run_id=t.active_run_id,
+            ),
+            record.agent_id,
+            id=derive_id("evt", "agent.lifecycle_changed", record.agent_id, str(record.incarnation), str(t.seq)),
+            time=t.at,
+        )
+        for t in record.recent
+    ]
+
+
+def registered_event(record: AgentRecord) -> Envelope:
+    """``agent.registered`` for the record's standing registration (the same id however often it is built)."""
+    declared = record.declaration
+    data = AgentRegistered(
+        agent_id=record.agent_id,
+        incarnation=record.incarnation,
+        registration=record.registration,
+        protocol_version=record.protocol_version,
+        provider=declared.provider,
+        model=declared.model,
+        capabilities=declared.capabilities,
+        supported_tools=declared.supported_tools,
+        allowed_tools=record.policy.allowed_tools,
+        max_context_size=record.policy.limits.max_context_size,
+        heartbeat_interval_s=record.heartbeat_interval_s,
+    )
+    parts = (record.agent_id, str(record.incarnation), str(record.registration))
+    return _event(data, record.agent_id, id=derive_id("evt", "agent.registered", *parts))
+
+
+def refused_event(request: AgentRegistration, refused: Refused, supported: list[str]) -> Envelope:
+    """``agent.registration_refused``. A refusal is a fact of one request, so it gets a fresh id (a retried
+    request is another refused attempt, journaled again)."""
+    reason: Literal["unknown_agent", "no_common_version"] = (
+        "unknown_agent" if refused.reason == "unknown_agent" else "no_common_version"
+    )
+    data = AgentRegistrationRefused(
+        agent_id=request.agent_id,
+        reason=reason,
+        detail=refused.detail,
+        declared_versions=request.declared_versions(),
+        supported_versions=supported,
+        provider=request.provider,
+        model=request.model,
+    )
+    return _event(data, request.agent_id, id=None)
+
+
+# --------------------------------------------------------------------------- discovery and timers
+def card(record: AgentRecord) -> AgentCard:
+    """The agent's card (PRO-2): every declared capability unverified, no conformance exchange exists yet."""
+    declared = record.declaration
+    return AgentCard(
+        agent_id=record.agent_id,
+        provider=declared.provider,
+        model=declared.model,
+        state=record.state,
+        protocol_version=record.protocol_version,
+        capabilities=[AgentCapability(name=c, verified=False) for c in declared.capabilities],
+        supported_tools=declared.supported_tools,
+        allowed_tools=record.policy.allowed_tools,
+        max_context_size=record.policy.limits.max_context_size,
+        registered_at=record.registered_at,
+        last_heartbeat_at=record.last_heartbeat_at,
+        active_run_id=record.active_run_id,
+    )
+
+
+class TimerPayload(_Model):
+    """What an ``agent-heartbeat`` timer carries: the liveness marker it was armed at."""
+
+    agent_id: str
+    incarnation: Annotated[int, Field(gt=0)]
+    beat: Annotated[int, Field(ge=0)]
+
+
+def timer_payload(record: AgentRecord) -> bytes:
+    return json.dumps({"agent_id": record.agent_id, "incarnation": record.incarnation, "beat": record.beat}).encode()
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)

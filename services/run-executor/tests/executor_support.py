@@ -137,6 +137,7 @@ async def executor(bus: Bus) -> AsyncIterator[RunExecutor]:
         watchdog_grace_s: float = DEFAULT_GRACE_S,
         tools: ToolRegistry | None = None,
         card_tools: dict[str, list[Tool]] | None = None,
+        lease_s: float | None = None,
     ) -> Engine:
         cache = ProviderCache(scripted_think_s=think_s)
         caches.append(cache)
@@ -149,10 +150,12 @@ async def executor(bus: Bus) -> AsyncIterator[RunExecutor]:
             watchdog_grace_s=watchdog_grace_s,
             tools=tools,
             card_tools=card_tools,
+            lease_s=lease_s,
         )
         for name, handler in (
             ("run-executor-requests", engine.on_run_requested),
             ("run-executor-human", engine.on_human_event),
+            ("run-executor-agents", engine.on_agent_event),
         ):
             spec = dataclasses.replace(CONSUMERS[name], max_deliver=max_deliver, backoff_s=(0.05, 0.1))
             consumers.append(Consumer(bus, spec, handler=handler, max_inflight=4, on_dead_letter=engine.on_dead_letter))

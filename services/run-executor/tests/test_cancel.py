@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 from executor_support import PR_WITH_CONTRACT_CHANGE, RunExecutor, run_requested
 
@@ -27,6 +28,7 @@ from temporality_run_executor.agents import AgentCard
 from temporality_run_executor.providers import AssistantTurn, Provider, ToolSpec, TurnContext
 from temporality_run_executor.providers.factory import ProviderCache
 from temporality_run_executor.records import Message, RunRecord
+from temporality_run_executor.tools import BUILTIN_TOOLS, Tool, ToolContext, ToolRegistry
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 
@@ -227,3 +229,31 @@ async def test_a_cancel_for_an_unknown_run_is_dead_lettered(
     (dead,) = await event_log.wait_for("bus.dead_lettered")
     assert dead.data["original_type"] == "run.cancel_requested"
     assert "unknown run run-that-never-was" in dead.data["error"]
+
+
+async def test_a_cancel_recorded_during_a_tool_call_applies_at_the_boundary_after_it(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_input(arguments: dict[str, Any], ctx: ToolContext) -> str:
+        entered.set()
+        await release.wait()
+        return json.dumps(ctx.run.input, sort_keys=True)
+
+    gated = Tool(name="get_input", description="d", parameters={"type": "object"}, implementation=slow_input)
+    await executor(tools=ToolRegistry([gated, *(t for t in BUILTIN_TOOLS if t.name != "get_input")]))
+    event = run_requested()
+    run_id = event.runid
+    assert run_id
+    await bus.publish(event)
+    await asyncio.wait_for(entered.wait(), 30)  # turn 1's tool call is running
+    await _processed(bus, await _cancel(bus, run_id, reason="mid-tool", by="admin"))
+    assert (await _record(bus, run_id)).state is RunState.RUNNING  # recorded, deferred to the boundary
+    release.set()
+    (cancelled,) = await event_log.wait_for("run.cancelled", run_id=run_id)
+    assert cancelled.data["reason"] == "mid-tool (requested by admin)"
+    await _record(bus, run_id, RunState.CANCELLED)
+    await event_log.caught_up()
+    assert [e.data["turn"] for e in event_log.of_type("run.checkpointed", run_id)] == [1]
+    assert not event_log.of_type("human.requested", run_id)  # no turn 2

@@ -334,3 +334,23 @@ async def test_transitions_are_idempotent_and_a_stale_driver_moves_on(
         await engine._transition(run_id, RunState.FAILED, error="late")
     assert (await _state(bus, run_id)).result == done.result
     assert not event_log.of_type("bus.dead_lettered")
+
+
+async def test_a_run_parked_by_an_older_executor_resumes(bus: Bus, event_log: EventLog, executor: RunExecutor) -> None:
+    await executor()
+    event = run_requested()
+    run_id = event.runid
+    assert run_id
+    await bus.publish(event)
+    (req,) = await event_log.wait_for("human.requested", run_id=run_id)
+    await _state(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    # the checkpoint as an executor before typed pending asks wrote it: no "kind" on the pending ask
+    kv = await bus.kv(BUCKET_CHECKPOINTS)
+    entry = await kv.get(run_id)
+    old = json.loads(entry.value or b"{}")
+    del old["pending"]["kind"]
+    await kv.put(run_id, json.dumps(old).encode())
+    await _answer(bus, req.payload(HumanRequested), OptionAnswer(option_id="ship-v2", label="Ship it as a breaking v2"))
+    (completed,) = await event_log.wait_for("run.completed", run_id=run_id)
+    assert "Ship it as a breaking v2 [ship-v2]" in completed.data["result"]
+    assert not event_log.of_type("bus.dead_lettered")

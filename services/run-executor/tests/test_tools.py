@@ -39,8 +39,13 @@ def test_a_plain_list_is_the_allow_list_and_the_default_is_input_and_ask() -> No
 
 def test_deny_wins_over_allow_and_patterns_never_select_a_deprecated_alias() -> None:
     everything = ToolPolicy(allow=["*"])
-    assert _names(everything) == ["get_input", "ask_human", "notify"]  # not get_pr_context
-    assert _names(ToolPolicy(allow=["*"], deny=["notify", "ask_*"])) == ["get_input"]
+    # not get_pr_context
+    assert _names(everything) == ["get_input", "ask_human", "notify", "get_collaborators", "ask_agent", "answer_agent"]
+    assert _names(ToolPolicy(allow=["*"], deny=["notify", "ask_*"])) == [
+        "get_input",
+        "get_collaborators",
+        "answer_agent",
+    ]
     assert _names(ToolPolicy(allow=["get_pr_context", "ask_human"])) == ["ask_human", "get_pr_context"]
 
 
@@ -99,7 +104,7 @@ async def test_a_denied_tool_is_never_offered_and_a_call_to_it_is_refused(
         assistant_tool_call("call_n", "notify", {"recipient": "user:alice", "message": "hi"}),
         assistant_text("done"),
     ]
-    await executor(cards=[_card(emulator, ToolPolicy(allow=["*"], deny=["notify"]))])
+    await executor(cards=[_card(emulator, ToolPolicy(allow=["*"], deny=["notify", "*_agent", "get_collaborators"]))])
     event = run_requested()
     await bus.publish(event)
     await event_log.wait_for("run.completed", run_id=event.runid)

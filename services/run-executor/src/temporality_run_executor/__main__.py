@@ -68,6 +68,7 @@ def configure(settings: Settings) -> Setup[Settings]:
         for durable, handler in (
             ("run-executor-requests", engine.on_run_requested),
             ("run-executor-human", engine.on_human_event),
+            ("run-executor-agents", engine.on_agent_event),
         ):
             rt.consumer(
                 durable,

@@ -7,9 +7,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temporality_protocol import HumanPolicy, LaunchSource, NormalizedEvent, RunState
+from temporality_protocol import HumanPolicy, LaunchSource, NormalizedEvent, RelayRequest, RunState
 
-__all__ = ["CancelRequest", "Checkpoint", "Message", "PendingAsk", "RunRecord", "ToolCall", "Usage"]
+__all__ = [
+    "AgentMail",
+    "CancelRequest",
+    "Checkpoint",
+    "Lease",
+    "Message",
+    "PendingAsk",
+    "ReceivedAsk",
+    "RunRecord",
+    "ToolCall",
+    "Usage",
+]
 
 
 class _Model(BaseModel):
@@ -51,14 +62,60 @@ class Message(_Model):
 
 
 class PendingAsk(_Model):
-    """The ask_human call the run is parked on."""
+    """The call the run is parked on (checkpointed with the turn that made it): ``ask_human``, or
+    ``ask_agent`` in ``wait`` mode."""
 
+    #: What the run waits for: a person (``waiting_for_human``) or an agent's reply (``waiting_for_agent``).
+    #: Checkpoints written before this field existed read as ``human``.
+    kind: Literal["human", "agent"] = "human"
     request_id: str
     call_id: str
     turn: int
     asked_at: datetime
-    #: The validated ask_human arguments, so a crash between checkpoint and publish can re-park.
+    #: The validated ask_human arguments (for an agent: the ``agent.asked`` payload), so a crash between
+    #: checkpoint and publish can re-park.
     arguments: dict[str, Any]
+
+
+class AgentMail(_Model):
+    """An ``agent.*`` event for the run, queued in its checkpoint until the next turn boundary (COL-4)."""
+
+    #: What identifies the event once: a redelivered copy is not queued again.
+    key: str
+    kind: Literal["ask", "answer", "expired", "undeliverable", "reply_undeliverable"]
+    request_id: str
+    #: Who it comes from: ``agent:<id>`` for an ask or an answer, ``agent-collab`` for the others.
+    sender: str
+    sender_run_id: str | None = None
+    mode: Literal["async", "wait"] | None = None
+    #: The question, the answer (or refusal), or the sentence saying why it went nowhere.
+    text: str
+    truncated: bool = False
+    #: ``answer``: ``answer`` or ``refusal``; ``undeliverable``/``reply_undeliverable``: the reason.
+    outcome: str | None = None
+    #: An answer that came after its wait had expired (by the async path, COL-2).
+    late: bool = False
+    #: Wait-mode asks: when the asker stops waiting.
+    expires_at: datetime | None = None
+
+
+class ReceivedAsk(_Model):
+    """A request this run received (delivered to it, or in a relay run's input): ``answer_agent`` may
+    answer it once (COL-3)."""
+
+    request_id: str
+    asker_run_id: str
+    asker_agent: str
+    mode: Literal["async", "wait"] = "async"
+    answered: bool = False
+
+
+class Lease(_Model):
+    """Which handler drives the run now (issue 6: no run executed twice at once): taken when a handler
+    starts driving, renewed at every turn boundary, dropped when the run parks or ends."""
+
+    holder: str
+    expires_at: datetime
 
 
 class CancelRequest(_Model):
@@ -95,6 +152,13 @@ class RunRecord(_Model):
     #: Set once a cancel is asked for (the first one wins); the run moves to ``cancelled`` at the next turn
     #: boundary, at once if nobody is driving it (pending, waiting for a person).
     cancel: CancelRequest | None = None
+    #: A relay run answering one ask for a finished run (COL-6): its turn budget, no delegation.
+    relay: RelayRequest | None = None
+    #: The run speaks agent collaboration (COL-9): records written before it existed read ``False`` and
+    #: their runs are offered none of its tools.
+    collab: bool = False
+    #: The driver holding the run (``None``: nobody drives it, or a record from before leases).
+    lease: Lease | None = None
 
 
 class Checkpoint(_Model):
@@ -112,3 +176,13 @@ class Checkpoint(_Model):
     usage: Usage = Field(default_factory=Usage)
     #: Malformed tool calls (unparseable arguments, unknown tools) returned to the model so far.
     malformed_tool_calls: int = 0
+    #: Agent messages not delivered yet: framed as user messages at the next turn boundary (COL-4).
+    inbox: list[AgentMail] = Field(default_factory=list)
+    #: Agent messages already delivered into ``messages`` (what a scripted agent reacts to).
+    mail: list[AgentMail] = Field(default_factory=list)
+    #: Keys of every agent message queued so far (a redelivered event is a no-op).
+    mail_keys: list[str] = Field(default_factory=list)
+    #: Requests this run received and may answer with ``answer_agent``.
+    received: list[ReceivedAsk] = Field(default_factory=list)
+    #: The key of the agent event whose result ended the run's last wait for an agent.
+    resumed_by: str | None = None

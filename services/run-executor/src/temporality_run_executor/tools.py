@@ -6,6 +6,12 @@ offered) plus an implementation. The built-ins (:data:`BUILTIN_TOOLS`):
 ``get_input``       the run's mapped input (the trigger's mapping, TRG-8), as JSON. Nothing source-specific.
 ``ask_human``       ask a person and wait: the engine parks the run on it (it has no implementation here).
 ``notify``          tell a person something, no answer expected: publishes ``human.notify_requested``.
+``get_collaborators``  the participants of the run's saga (agents, people, runs), asked of agent-collab
+                    over NATS request/reply (COL-1).
+``ask_agent``       ask another agent of the saga (COL-2): handled by the run machine -- ``async`` publishes
+                    ``agent.asked`` and returns at once, ``wait`` parks the run in ``waiting_for_agent``.
+``answer_agent``    answer (or refuse, PRO-1) a request this run received: handled by the run machine,
+                    which publishes ``agent.replied`` (COL-3).
 ``get_pr_context``  DEPRECATED alias of ``get_input``, kept for cards written before it; offered only
                     when a card names it exactly (a pattern such as ``*`` never selects it).
 
@@ -30,21 +36,36 @@ import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from temporality_protocol import EventData, HumanNotifyRequested, HumanOption, derive_id
+from temporality_protocol import (
+    ASK_TIMEOUT_DEFAULT_S,
+    CollaboratorsQuery,
+    CollaboratorsReply,
+    EventData,
+    HumanNotifyRequested,
+    HumanOption,
+    derive_id,
+)
+from temporality_protocol.catalog import RPC_GET_COLLABORATORS
 from temporality_run_executor.providers.base import ToolSpec
 from temporality_run_executor.records import RunRecord
 
 __all__ = [
+    "ANSWER_AGENT",
+    "ASK_AGENT",
     "ASK_HUMAN",
     "BUILTIN_TOOLS",
+    "COLLAB_TOOLS",
+    "GET_COLLABORATORS",
     "GET_INPUT",
     "NOTIFY",
+    "AnswerAgentArgs",
+    "AskAgentArgs",
     "AskHumanArgs",
     "NotifyArgs",
     "Tool",
@@ -57,6 +78,13 @@ __all__ = [
 ASK_HUMAN = "ask_human"
 GET_INPUT = "get_input"
 NOTIFY = "notify"
+GET_COLLABORATORS = "get_collaborators"
+ASK_AGENT = "ask_agent"
+ANSWER_AGENT = "answer_agent"
+#: The agent-collaboration tools: runs created before they existed are offered none of them (COL-9).
+COLLAB_TOOLS = frozenset({GET_COLLABORATORS, ASK_AGENT, ANSWER_AGENT})
+#: Seconds ``get_collaborators`` waits for agent-collab's reply.
+COLLABORATORS_TIMEOUT_S = 5.0
 #: A tool name as the OpenAI function-calling API accepts it.
 TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -87,7 +115,41 @@ class NotifyArgs(BaseModel):
     message: Annotated[str, Field(min_length=1, max_length=4096)]
 
 
+class AskAgentArgs(BaseModel):
+    """COL-2: ``ask_agent(to, message, mode, timeout)``. The run machine cuts ``message`` to 4096 characters
+    and clamps ``timeout`` to 1..3600 seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    to: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=200,
+            description="Who: agent:<agent id>, run:<run id> or a run id, in this run's saga (see get_collaborators)",
+        ),
+    ]
+    message: Annotated[str, Field(min_length=1, description="The question, self-contained (cut at 4096 characters)")]
+    mode: Annotated[
+        Literal["async", "wait"],
+        Field(description="async: the answer arrives later as a message; wait: wait (durably) for it as this result"),
+    ] = "async"
+    timeout: Annotated[int, Field(ge=1, description="wait: seconds to wait (at most 3600)")] = ASK_TIMEOUT_DEFAULT_S
+
+
+class AnswerAgentArgs(BaseModel):
+    """COL-3: ``answer_agent(request_id, answer, refuse)`` for a request this run received."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: Annotated[str, Field(min_length=1, max_length=128, description="The request id of the message")]
+    answer: Annotated[str, Field(min_length=1, description="The answer, or why you refuse (cut at 4096 characters)")]
+    refuse: Annotated[bool, Field(description="Refuse the request instead of answering it (say why)")] = False
+
+
 Publish = Callable[[EventData, tuple[str, ...]], Awaitable[None]]
+#: A NATS request/reply: ``request(subject, payload, timeout_s) -> reply payload``.
+Request = Callable[[str, bytes, float], Awaitable[bytes]]
 
 
 @dataclass(frozen=True)
@@ -103,6 +165,8 @@ class ToolContext:
     index: int
     call_id: str
     publish: Publish
+    #: Request/reply on the bus (``get_collaborators``); ``None`` where the driver offers none.
+    request: Request | None = None
 
 
 ToolFn = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
@@ -240,6 +304,25 @@ async def _notify(arguments: dict[str, Any], ctx: ToolContext) -> str:
     return json.dumps({"status": "queued", "notification_id": notification_id})
 
 
+async def _get_collaborators(arguments: dict[str, Any], ctx: ToolContext) -> str:
+    """COL-1: agent-collab's view of the run's saga. It not answering is a tool error, never a broken run."""
+    if ctx.request is None:
+        raise ToolError("get_collaborators is not available here")
+    query = CollaboratorsQuery(run_id=ctx.run.run_id).model_dump_json().encode()
+    try:
+        raw = await ctx.request(RPC_GET_COLLABORATORS, query, COLLABORATORS_TIMEOUT_S)
+    except Exception as exc:  # no responder, a timeout, a connection lost: the model may try again later
+        raise ToolError(f"the collaboration service did not answer ({type(exc).__name__}); try again later") from exc
+    try:
+        reply = CollaboratorsReply.model_validate_json(raw)
+    except ValueError as exc:
+        raise ToolError("the collaboration service sent an unreadable reply") from exc
+    if reply.error:
+        raise ToolError(f"no collaborators: {reply.error}")
+    items = [c.model_dump(mode="json", exclude_none=True) for c in reply.collaborators]
+    return json.dumps({"saga_id": reply.saga_id, "collaborators": items}, sort_keys=True)
+
+
 BUILTIN_TOOLS: tuple[Tool, ...] = (
     Tool(
         name=GET_INPUT,
@@ -258,6 +341,26 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
         description="Tell a person (user:<id>) something that needs no answer; the run does not wait.",
         parameters=NotifyArgs.model_json_schema(),
         implementation=_notify,
+    ),
+    Tool(
+        name=GET_COLLABORATORS,
+        description="Who takes part in this run's saga: agents (agent:<id>), people (human:<id>) and runs "
+        "(run:<id>), with their role, task and status. Address ask_agent with these ids.",
+        parameters=_NO_ARGUMENTS,
+        implementation=_get_collaborators,
+    ),
+    Tool(
+        name=ASK_AGENT,
+        description="Ask another agent of this saga something. mode=async (default): returns at once with a "
+        "request id; the answer arrives later as a message. mode=wait: wait (durably, at no cost) for the answer "
+        "as this tool's result, at most `timeout` seconds; after that the answer may still arrive as a message.",
+        parameters=AskAgentArgs.model_json_schema(),
+    ),
+    Tool(
+        name=ANSWER_AGENT,
+        description="Answer a request another agent sent you (its request id is in the message), once. Set "
+        "refuse=true to decline it, saying why in `answer`.",
+        parameters=AnswerAgentArgs.model_json_schema(),
     ),
     Tool(
         name="get_pr_context",

@@ -29,6 +29,13 @@ class TurnContext(BaseModel):
     people: list[str] = Field(default_factory=list)
     #: The turn being computed (1 for the first).
     turn: int
+    #: Agent messages delivered so far, oldest first (``AgentMail`` as JSON: ``kind``, ``request_id``,
+    #: ``sender``, ``text``...), as framed into the conversation (COL-4).
+    mail: list[dict[str, Any]] = Field(default_factory=list)
+    #: Request ids this run received and has not answered yet (``answer_agent`` accepts these).
+    asks: list[str] = Field(default_factory=list)
+    #: This is a relay run (it answers one ask for a finished run of its agent, COL-6).
+    relay: bool = False
 
 
 class AssistantTurn(BaseModel):

@@ -1,0 +1,1781 @@
+"""The run machine: what a run does next, decided from plain data -- no I/O, no clock of its own.
+
+Temporal splits a workflow (deterministic decisions) from its activities (side effects); the
+run-executor splits the same way. :func:`decide` takes
+
+* the run record and its last checkpoint as the driver read them (``None``: not there),
+* the :class:`Agent` (the card and the tools its runs may be offered; ``None``: no such card),
+* one :data:`Incoming` thing: a message the executor consumed (:class:`Requested`,
+  :class:`HumanOutcome`, :class:`CancelRequested`, :class:`WatchdogFired`, :class:`DeadLettered`), the
+  result of a call the machine asked for (:class:`ProviderReplied`, :class:`ProviderFailed`,
+  :class:`ToolReturned`), or a step it chained itself (:class:`Boundary`, :class:`Parked`...),
+* the time (``now``) and the delivery attempt (:class:`Attempt`),
+
+and returns a :class:`Decision`: the :data:`Effect` s to perform, in order, then
+(:attr:`Decision.then`) nothing (the handler is done), another :data:`Incoming` to decide on once the
+effects are performed, or a call (:class:`CallProvider`, :class:`CallTool`) whose result is the next
+:data:`Incoming`. The driver (:class:`temporality_run_executor.engine.Engine`) reads the state, performs
+the effects and calls, and loops; it decides nothing.
+
+The rules the machine keeps:
+
+* **Turn boundaries.** A turn is one provider call plus its tool calls, then a checkpoint
+  (:class:`SaveCheckpoint`: one compare-and-set against the checkpoint the turn started from, so two
+  drivers never both commit a turn). Whatever comes from outside -- a cancel, a person's answer --
+  takes effect only at a boundary (:func:`_boundary`), never in the middle of a turn (COL-4): an answer
+  that arrives while its run is still parking is retried until the run is parked, a cancel is recorded
+  and applied by the driver at its next boundary.
+* **Deterministic ids.** Event ids derive from the run, the event type and the facts (turn, call
+  index, request id); request ids from (run, turn, call index). A replay after a crash between the
+  provider's reply, a tool's side effect and the checkpoint republishes the same ids (deduplicated):
+  no question is asked twice.
+* **Facts before state.** Every event is published before the state that records it is committed.
+* **Limits exclude waiting.** ``compute_s`` sums the provider and tool time of committed turns; a
+  parked run has no watchdog and spends nothing.
+
+* **Agent messages (COL-2..COL-4).** An ``agent.*`` event for the run (:class:`AgentNews`) either ends
+  the run's ``waiting_for_agent`` (the ``ask_agent`` call's result, applied like a person's answer) or
+  is queued in the checkpoint's ``inbox`` (:class:`QueueMail`) and framed as a user message at the next
+  turn boundary (:class:`DeliverMail`, :func:`frame`): never in the middle of a turn, never while the
+  run is parked, never dropped. ``ask_agent`` and ``answer_agent`` are decided here, not run by the
+  driver: their events are :class:`Emit` plans of the turn, their request ids derived from (run,
+  turn, call index).
+* **One driver at a time (issue 6).** A handler that drives the run holds its :class:`~.records.Lease`
+  (:class:`TakeLease`, renewed at every turn boundary, dropped when the run parks or ends); a
+  delivery that finds a live lease held by another handler gives the message back (a lost race)
+  instead of driving; an expired one (its driver died) is taken over as recovery.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from temporality_bus import PermanentError, TransientError, evolve
+from temporality_protocol import (
+    ASK_TIMEOUT_MAX_S,
+    RUN,
+    AgentAnswerReceived,
+    AgentAsked,
+    AgentAskExpired,
+    AgentAskUndeliverable,
+    AgentMessageReceived,
+    AgentReplied,
+    AgentReplyUndeliverable,
+    AgentSummary,
+    EventData,
+    HumanAnswered,
+    HumanExpired,
+    HumanRejected,
+    HumanRequested,
+    RunCancelled,
+    RunCancelRequested,
+    RunCheckpointed,
+    RunCompleted,
+    RunCreated,
+    RunFailed,
+    RunRequested,
+    RunResumed,
+    RunStarted,
+    RunState,
+    RunToolCalled,
+    ToolFailed,
+    derive_id,
+)
+from temporality_run_executor.agents import AgentCard, Limits
+from temporality_run_executor.providers.base import AssistantTurn, ToolSpec, TurnContext
+from temporality_run_executor.records import (
+    AgentMail,
+    CancelRequest,
+    Checkpoint,
+    Lease,
+    Message,
+    PendingAsk,
+    ReceivedAsk,
+    RunRecord,
+    ToolCall,
+    Usage,
+)
+from temporality_run_executor.results import (
+    AgentAnsweredResult,
+    AgentTimedOutResult,
+    AgentUndeliverableResult,
+    HumanResult,
+    human_result,
+    tool_content,
+)
+from temporality_run_executor.tools import (
+    ANSWER_AGENT,
+    ASK_AGENT,
+    ASK_HUMAN,
+    COLLAB_TOOLS,
+    GET_INPUT,
+    AnswerAgentArgs,
+    AskAgentArgs,
+    AskHumanArgs,
+    Tool,
+    ToolError,
+    ToolRegistry,
+)
+from temporality_run_executor.watchdog import WatchdogPayload
+
+__all__ = [
+    "ACTIVE",
+    "MAX_TEXT",
+    "Agent",
+    "AgentNews",
+    "ApplyResult",
+    "ArmWatchdog",
+    "Ask",
+    "Attempt",
+    "Boundary",
+    "CallProvider",
+    "CallTool",
+    "CancelRecorded",
+    "CancelRequested",
+    "CreateCheckpoint",
+    "CreateRun",
+    "DeadLettered",
+    "Decision",
+    "DeliverMail",
+    "DisarmWatchdog",
+    "Effect",
+    "Emit",
+    "FlagCancel",
+    "HumanOutcome",
+    "Incoming",
+    "Invoke",
+    "LeaseHeld",
+    "LeaseLost",
+    "Note",
+    "Parked",
+    "ProviderFailed",
+    "ProviderReplied",
+    "Publish",
+    "QueueMail",
+    "Refuse",
+    "Reject",
+    "Requested",
+    "Retry",
+    "RunMovedOn",
+    "SaveCheckpoint",
+    "TakeLease",
+    "Then",
+    "ToolBroke",
+    "ToolOutput",
+    "ToolPlan",
+    "ToolReturned",
+    "Transition",
+    "TurnInFlight",
+    "WatchdogFired",
+    "agent_news",
+    "apply_result",
+    "decide",
+    "delivered",
+    "drives",
+    "flagged",
+    "frame",
+    "human_outcome",
+    "initial_checkpoint",
+    "leased",
+    "merge_mail",
+    "moved",
+    "new_record",
+    "offered_tools",
+    "queued",
+    "released",
+    "renewed",
+    "summary",
+    "tool_error",
+]
+
+#: States in which a driver is (or should be) working on the run: the watchdog watches these.
+ACTIVE = frozenset({RunState.PENDING, RunState.RUNNING, RunState.RESUMING})
+#: The tool whose call a pending ask of each kind parks (its result is applied to that call).
+_PARKED_TOOL = {"human": ASK_HUMAN, "agent": ASK_AGENT}
+#: What the run waits in, per kind of pending ask.
+_WAITING = {"human": RunState.WAITING_FOR_HUMAN, "agent": RunState.WAITING_FOR_AGENT}
+#: Free text in ``agent.*`` events is cut to this many characters by its sender (COL-9).
+MAX_TEXT = 4096
+
+
+class LeaseHeld(TransientError):
+    """Another handler holds a live lease on the run: this delivery does not drive it (retried later; a
+    lost race, so giving up on it fails nothing)."""
+
+
+class LeaseLost(Exception):
+    """This handler's lease was taken over (it had expired): another handler drives the run now."""
+
+
+class RunMovedOn(Exception):
+    """Another driver moved the run past what this handler wanted to do (a redelivery racing the
+    original, a duplicate answer): this handler's work is stale and it ends quietly."""
+
+    def __init__(self, run_id: str, state: RunState, target: RunState) -> None:
+        super().__init__(f"run {run_id} is {state.value}; not moving it to {target.value}")
+
+
+# --------------------------------------------------------------------------- what the machine knows
+@dataclass(frozen=True)
+class Agent:
+    """An agent card with the tools its runs may be offered (the executor's, plus its MCP servers')."""
+
+    card: AgentCard
+    tools: ToolRegistry
+
+    def offered(self) -> list[Tool]:
+        return self.tools.offered(self.card.tools)
+
+    def specs(self) -> list[ToolSpec]:
+        return self.tools.specs(self.card.tools)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The delivery of the message being handled: its stream sequence and how often it was delivered."""
+
+    stream_seq: int = 0
+    delivered: int = 1
+    max_deliver: int = 8
+    #: Who handles it: the holder of the run's lease while this handler drives it.
+    driver: str = "driver"
+    #: How long a lease lasts past its last renewal (tied to the consumers' ack wait).
+    lease_s: float = 30.0
+
+    @property
+    def last(self) -> bool:
+        """No redelivery will follow: what fails now fails for good."""
+        return self.delivered >= self.max_deliver
+
+    def cause(self, phase: str) -> tuple[str, ...]:
+        """Id parts of something done in ``phase`` of this delivery (a watchdog arm, a recovery)."""
+        return phase, str(self.stream_seq), str(self.delivered)
+
+
+# --------------------------------------------------------------------------- incoming
+@dataclass(frozen=True)
+class Requested:
+    """``run.requested``: create the run once, start it (or recover it: it was running)."""
+
+    request: RunRequested
+    correlation_id: str
+    tenant: str | None = None
+
+
+@dataclass(frozen=True)
+class HumanOutcome:
+    """A ``human.answered`` / ``human.expired`` / ``human.rejected`` for one of the run's requests."""
+
+    event_type: str
+    event_id: str
+    run_id: str
+    request_id: str
+    result: HumanResult
+    reason: Literal["answer", "expiry", "rejection"]
+    waited_s: float | None = None
+    #: An expiry under a ``fail`` timeout policy: the run fails instead of resuming.
+    fails_run: bool = False
+    #: An expiry under a ``cancel`` timeout policy: human-interaction published ``run.cancel_requested`` for
+    #: the run before this outcome, and that cancels it; the run does not resume without an answer.
+    cancels_run: bool = False
+
+
+@dataclass(frozen=True)
+class AgentNews:
+    """An ``agent.*`` event for the run (COL-2..COL-4): a message to queue, or the end of its wait."""
+
+    event_type: str
+    event_id: str
+    run_id: str
+    mail: AgentMail
+    #: The result it gives a waiting ``ask_agent`` call on ``mail.request_id`` (``None``: only a message).
+    result: str | None = None
+    reason: Literal["answer", "expiry", "rejection"] = "answer"
+    waited_s: float | None = None
+    #: An ask to a relay run: the request is in the run's input already (not delivered again).
+    relay: bool = False
+
+
+@dataclass(frozen=True)
+class CancelRequested:
+    """``run.cancel_requested`` (RUN-2)."""
+
+    run_id: str
+    reason: str
+    requested_by: str
+    event_id: str
+
+
+@dataclass(frozen=True)
+class CancelRecorded:
+    """The cancel is on the record: cancel the run now if nobody drives it."""
+
+    requested_by: str
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A turn boundary of the driving handler (run and checkpoint read afresh): start a turn, park or end."""
+
+
+@dataclass(frozen=True)
+class Parked:
+    """The run just parked: a cancel recorded while it parked applies now (nobody else drives it)."""
+
+
+@dataclass(frozen=True)
+class ProviderReplied:
+    turn: int
+    reply: AssistantTurn
+    #: Seconds since the turn's provider call began (the turn's compute so far).
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class ProviderFailed:
+    turn: int
+    error: str
+    #: Retrying cannot help (:class:`~temporality_run_executor.providers.PermanentProviderError`).
+    permanent: bool
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """What a tool returned (or the tool error it raised, as the model gets it)."""
+
+    content: str
+
+
+@dataclass(frozen=True)
+class ToolBroke:
+    """The tool raised something other than :class:`ToolError`: ``tool.failed``, an error for the model."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Invoke:
+    """Run the tool (the driver does, with the call's arguments)."""
+
+    tool: Tool
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """The call is not executed; ``content`` (a tool error) goes back to the model."""
+
+    content: str
+    #: Counts against ``limits.max_malformed_tool_calls`` (not allowed, arguments not JSON).
+    malformed: bool = False
+    note: Note | None = None
+
+
+@dataclass(frozen=True)
+class Ask:
+    """The call parks the run on a person; its result is their answer, applied at a later boundary."""
+
+    pending: PendingAsk
+
+
+@dataclass(frozen=True)
+class Emit:
+    """The call is decided by the machine: ``publish`` (``agent.asked`` async, ``agent.replied``) is its side
+    effect, ``content`` its result."""
+
+    content: str
+    publish: Publish
+    #: ``answer_agent``: the request it answers (marked answered when the turn commits).
+    answers: str | None = None
+
+
+ToolPlan = Invoke | Refuse | Ask | Emit
+
+
+@dataclass(frozen=True)
+class TurnInFlight:
+    """A turn between the provider's reply and its checkpoint: the plan of each call, the results so far."""
+
+    number: int
+    reply: AssistantTurn
+    usage: Usage
+    plans: tuple[ToolPlan, ...]
+    #: The tool messages of the calls handled so far, in call order (parked calls have none yet).
+    results: tuple[Message, ...] = ()
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return self.reply.tool_calls
+
+    @property
+    def pending(self) -> PendingAsk | None:
+        return next((plan.pending for plan in self.plans if isinstance(plan, Ask)), None)
+
+    @property
+    def malformed(self) -> int:
+        return sum(1 for plan in self.plans if isinstance(plan, Refuse) and plan.malformed)
+
+
+@dataclass(frozen=True)
+class ToolReturned:
+    turn: TurnInFlight
+    index: int
+    outcome: ToolOutput | ToolBroke
+    #: Seconds since the turn's provider call began.
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class WatchdogFired:
+    payload: WatchdogPayload
+    #: The watchdog's grace beyond the compute limit (for the failure's text).
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class DeadLettered:
+    """The consumer runner gives up on a message naming the run (deliveries used up, or a permanent error)."""
+
+    event_type: str
+    event_id: str
+    #: The ``request_id`` of a ``human.*`` message.
+    request_id: str | None
+    deliveries: int
+    #: ``"<exception type>: <message>"``.
+    error: str
+    #: The handler lost a compare-and-set to another driver, which is making progress with the run.
+    lost_race: bool = False
+
+
+Incoming = (
+    Requested
+    | HumanOutcome
+    | AgentNews
+    | CancelRequested
+    | CancelRecorded
+    | Boundary
+    | Parked
+    | ProviderReplied
+    | ProviderFailed
+    | ToolReturned
+    | WatchdogFired
+    | DeadLettered
+)
+
+
+# --------------------------------------------------------------------------- effects
+@dataclass(frozen=True)
+class Publish:
+    """Publish a run event; its id is derived from the run, the event type and ``id_parts``."""
+
+    data: EventData
+    id_parts: tuple[str, ...] = ()
+    causation: str | None = None
+
+
+@dataclass(frozen=True)
+class CreateRun:
+    """Create the run record if absent, then read it."""
+
+    record: RunRecord
+
+
+@dataclass(frozen=True)
+class CreateCheckpoint:
+    """Create the run's checkpoint if absent."""
+
+    checkpoint: Checkpoint
+
+
+@dataclass(frozen=True)
+class SaveCheckpoint:
+    """Commit a turn: compare-and-set against the checkpoint the decision was made from, never retried
+    (losing it means another driver committed this turn)."""
+
+    checkpoint: Checkpoint
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """Apply a parked call's result to the checkpoint (:func:`apply_result`, through ``Store.modify``)."""
+
+    request_id: str
+    content: str
+    #: The key of the agent event that ended the wait (``None``: a person's outcome).
+    key: str | None = None
+
+
+@dataclass(frozen=True)
+class QueueMail:
+    """Queue an agent message in the checkpoint's inbox (:func:`queued`, through ``Store.modify``)."""
+
+    mail: AgentMail
+
+
+@dataclass(frozen=True)
+class DeliverMail:
+    """Frame the inbox into the conversation (:func:`delivered`, through ``Store.modify``)."""
+
+
+@dataclass(frozen=True)
+class TakeLease:
+    """Take (or, ``renew``, keep) the run's lease (:func:`leased`, through ``Store.modify``). Held live by
+    another handler: :class:`LeaseHeld`; lost while renewing: :class:`LeaseLost`."""
+
+    lease: Lease
+    renew: bool = False
+
+
+@dataclass(frozen=True)
+class Transition:
+    """Move the run to ``target`` (:func:`moved`, through ``Store.modify``); refused: :class:`RunMovedOn`."""
+
+    target: RunState
+    changes: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FlagCancel:
+    """Record a cancel on the run (:func:`flagged`, through ``Store.modify``)."""
+
+    request: CancelRequest
+
+
+@dataclass(frozen=True)
+class ArmWatchdog:
+    """(Re-)arm the run's watchdog at ``turn`` for ``limit_s`` (plus grace); ``cause`` keys the arm."""
+
+    turn: int
+    limit_s: float
+    cause: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DisarmWatchdog:
+    pass
+
+
+@dataclass(frozen=True)
+class Note:
+    """A log line (the machine logs nothing itself)."""
+
+    event: str
+    level: Literal["info", "warning"] = "info"
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Give the message back: redelivered later (a ``TransientError``)."""
+
+    reason: str
+    #: Another handler drives the run (:class:`LeaseHeld`): giving up on the message fails nothing.
+    lost_race: bool = False
+
+
+@dataclass(frozen=True)
+class Reject:
+    """The message can never succeed: dead-lettered (a ``PermanentError``)."""
+
+    reason: str
+
+
+Effect = (
+    Publish
+    | CreateRun
+    | CreateCheckpoint
+    | SaveCheckpoint
+    | ApplyResult
+    | QueueMail
+    | DeliverMail
+    | TakeLease
+    | Transition
+    | FlagCancel
+    | ArmWatchdog
+    | DisarmWatchdog
+    | Note
+    | Retry
+    | Reject
+)
+
+
+@dataclass(frozen=True)
+class CallProvider:
+    """Ask the provider for turn ``turn``; the reply comes back as :class:`ProviderReplied`."""
+
+    turn: int
+    messages: list[Message]
+    tools: list[ToolSpec]
+    budget_s: float
+    context: TurnContext
+
+
+@dataclass(frozen=True)
+class CallTool:
+    """Run the :class:`Invoke` at ``index`` of ``turn``; its outcome comes back as :class:`ToolReturned`."""
+
+    turn: TurnInFlight
+    index: int
+
+
+Then = Incoming | CallProvider | CallTool | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    effects: tuple[Effect, ...] = ()
+    then: Then = None
+
+
+def _decision(*effects: Effect, then: Then = None) -> Decision:
+    return Decision(effects, then)
+
+
+# --------------------------------------------------------------------------- decide
+def decide(
+    run: RunRecord | None,
+    checkpoint: Checkpoint | None,
+    agent: Agent | None,
+    incoming: Incoming,
+    *,
+    now: datetime,
+    attempt: Attempt | None = None,
+) -> Decision:
+    """What ``incoming`` makes the run do next (see the module docstring)."""
+    attempt = attempt or Attempt()
+    match incoming:
+        case Requested():
+            return _requested(run, checkpoint, agent, incoming, now, attempt)
+        case HumanOutcome():
+            return _human_outcome(run, checkpoint, agent, incoming, attempt, now)
+        case AgentNews():
+            return _agent_news(run, checkpoint, agent, incoming, attempt, now)
+        case CancelRequested():
+            if run is None:
+                return _decision(Reject(f"run.cancel_requested for unknown run {incoming.run_id}"))
+            request = CancelRequest(
+                reason=incoming.reason,
+                requested_by=incoming.requested_by,
+                requested_at=now,
+                event_id=incoming.event_id,
+            )
+            return _decision(FlagCancel(request), then=CancelRecorded(incoming.requested_by))
+        case CancelRecorded():
+            return _cancel_recorded(run, incoming)
+        case Boundary():
+            return _boundary(run, checkpoint, agent, attempt, now)
+        case Parked():
+            if run is not None and run.cancel is not None:  # asked to stop while parking: nobody else will
+                return _decision(*_cancel(run, run.cancel))
+            return _decision()
+        case ProviderReplied():
+            return _provider_replied(run, checkpoint, agent, incoming, now)
+        case ProviderFailed():
+            return _provider_failed(run, checkpoint, incoming, attempt)
+        case ToolReturned():
+            return _tool_returned(run, checkpoint, agent, incoming, now)
+        case WatchdogFired():
+            return _watchdog_fired(run, checkpoint, agent, incoming, now, attempt)
+        case DeadLettered():
+            return _dead_lettered(run, checkpoint, incoming)
+
+
+def _requested(
+    run: RunRecord | None,
+    ckpt: Checkpoint | None,
+    agent: Agent | None,
+    incoming: Requested,
+    now: datetime,
+    attempt: Attempt,
+) -> Decision:
+    if run is None:
+        return _decision(CreateRun(new_record(incoming, now)), then=incoming)
+    created = Publish(RunCreated(run_id=run.run_id, agent=run.agent, title=run.title, launch=run.launch))
+    if run.state not in (RunState.PENDING, RunState.RUNNING):  # parked, resuming or finished
+        return _decision(created, Note("run.requested.duplicate", fields={"state": run.state.value}))
+    if agent is None:
+        return _decision(created, *_unknown_agent(run))
+    card = agent.card
+    started = Publish(
+        RunStarted(
+            run_id=run.run_id,
+            agent=card.id,
+            role=card.role,
+            title=run.title,
+            parent_run_id=run.parent_run_id,
+            agent_card=summary(agent, run),
+        )
+    )
+    limit_s = card.limits.max_compute_s
+    if _held_by_other(run, attempt, now):  # a redelivery while its driver is mid-turn (issue 6)
+        return _decision(created, _lease_held(run))
+    if run.state is RunState.PENDING:
+        return _decision(
+            created,
+            CreateCheckpoint(initial_checkpoint(run, agent, now)),
+            ArmWatchdog(0, limit_s, attempt.cause("start")),
+            TakeLease(_lease(attempt, now)),
+            Transition(RunState.RUNNING),
+            started,
+            then=Boundary(),
+        )
+    if ckpt is None:
+        return _decision(created, Retry(f"checkpoint of {run.run_id} not found"))
+    # running, nobody holds it, and this is its run.requested again: the driver died mid-turn (AP-8)
+    return _decision(
+        created,
+        TakeLease(_lease(attempt, now)),
+        ArmWatchdog(ckpt.turn, limit_s, attempt.cause("recovery")),
+        Publish(
+            RunResumed(run_id=run.run_id, reason="recovery", from_turn=ckpt.turn),
+            attempt.cause("recovery"),
+        ),
+        Note("run.recovering", "warning", {"from_turn": ckpt.turn}),
+        started,
+        then=Boundary(),
+    )
+
+
+def _human_outcome(
+    run: RunRecord | None,
+    ckpt: Checkpoint | None,
+    agent: Agent | None,
+    incoming: HumanOutcome,
+    attempt: Attempt,
+    now: datetime,
+) -> Decision:
+    if run is None:
+        return _decision(Reject(f"{incoming.event_type} for unknown run {incoming.run_id}"))
+    if agent is None:
+        return _decision(*_unknown_agent(run))
+    if ckpt is None:
+        return _decision(Retry(f"checkpoint of {run.run_id} not found"))
+    request_id = incoming.request_id
+    if run.state is RunState.WAITING_FOR_HUMAN:
+        if run.waiting_request_id != request_id:
+            return _decision(Note("human.outcome.stale", fields={"waiting_for": run.waiting_request_id}))
+        if incoming.fails_run:
+            return _decision(*_fail(run, "human_request_expired", f"no answer to {request_id} in time"))
+        if incoming.cancels_run:  # its run.cancel_requested (published first) cancels the waiting run
+            return _decision(Note("human.outcome.cancels_run", fields={"request_id": request_id}))
+        resumed = RunResumed(
+            run_id=run.run_id,
+            reason=incoming.reason,
+            from_turn=ckpt.turn,
+            request_id=request_id,
+            waited_s=incoming.waited_s,
+        )
+        return _decision(
+            Publish(resumed, (request_id,), causation=incoming.event_id),
+            ArmWatchdog(ckpt.turn, agent.card.limits.max_compute_s, attempt.cause("resume")),
+            Transition(RunState.RESUMING),
+            then=incoming,  # decided again once resuming: the result is applied
+        )
+    if run.state is RunState.RESUMING:
+        if _held_by_other(run, attempt, now):
+            return _decision(_lease_held(run))
+        return _decision(
+            TakeLease(_lease(attempt, now)),
+            ApplyResult(request_id, tool_content(incoming.result)),
+            Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None}),
+            then=Boundary(),
+        )
+    if run.state is RunState.RUNNING:
+        if ckpt.pending is not None and ckpt.pending.request_id == request_id:
+            # the turn that asked is committed, the park is not: applied once the run is parked
+            return _decision(Retry("the run has not finished parking on this request yet"))
+        if request_id not in ckpt.applied_requests:
+            return _decision(Note("human.outcome.stale", fields={"state": run.state.value}))
+        return _recover_after_resume(run, attempt, now)
+    return _decision(Note("human.outcome.ignored", fields={"state": run.state.value}))
+
+
+def _recover_after_resume(run: RunRecord, attempt: Attempt, now: datetime) -> Decision:
+    """The outcome is applied and the run running: if nobody holds it, the driver that resumed with it
+    died, and this delivery drives the run on."""
+    if _held_by_other(run, attempt, now):
+        return _decision(_lease_held(run))
+    return _decision(Note("run.recovering.after_resume", "warning"), TakeLease(_lease(attempt, now)), then=Boundary())
+
+
+def _agent_news(
+    run: RunRecord | None,
+    ckpt: Checkpoint | None,
+    agent: Agent | None,
+    incoming: AgentNews,
+    attempt: Attempt,
+    now: datetime,
+) -> Decision:
+    """COL-2..COL-4: the end of the run's wait for this request, or a message for its next turn boundary
+    (queued whatever the run is doing: running, resuming, parked on a person or on another request)."""
+    mail = incoming.mail
+    fields = {"kind": mail.kind, "request_id": mail.request_id}
+    if incoming.relay:  # a relay run's request is in its input: it is not delivered twice
+        return _decision(Note("agent.message.in_relay_input", fields=fields))
+    if run is None:
+        return _decision(Reject(f"{incoming.event_type} for unknown run {incoming.run_id}"))
+    if run.state in RUN.terminal:
+        return _decision(Note("agent.message.run_finished", "warning", {**fields, "state": run.state.value}))
+    if ckpt is None:
+        return _decision(Retry(f"checkpoint of {run.run_id} not found"))
+    request_id = mail.request_id
+    if mail.key in ckpt.mail_keys or mail.key == ckpt.resumed_by:
+        applied_last = ckpt.applied_requests[-1:] == [request_id]
+        if run.state is RunState.RUNNING and mail.key == ckpt.resumed_by and applied_last:
+            return _recover_after_resume(run, attempt, now)
+        return _decision(Note("agent.message.duplicate", fields=fields))
+    ends_wait = incoming.result is not None and run.waiting_request_id == request_id
+    if ends_wait and run.state is RunState.WAITING_FOR_AGENT:
+        if agent is None:
+            return _decision(*_unknown_agent(run))
+        resumed = RunResumed(
+            run_id=run.run_id,
+            reason=incoming.reason,
+            from_turn=ckpt.turn,
+            request_id=request_id,
+            waited_s=incoming.waited_s,
+        )
+        return _decision(
+            Publish(resumed, (request_id,), causation=incoming.event_id),
+            ArmWatchdog(ckpt.turn, agent.card.limits.max_compute_s, attempt.cause("resume")),
+            Transition(RunState.RESUMING),
+            then=incoming,  # decided again once resuming: the result is applied
+        )
+    if ends_wait and run.state is RunState.RESUMING and incoming.result is not None:
+        if _held_by_other(run, attempt, now):
+            return _decision(_lease_held(run))
+        return _decision(
+            TakeLease(_lease(attempt, now)),
+            ApplyResult(request_id, incoming.result, key=mail.key),
+            Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None}),
+            then=Boundary(),
+        )
+    pending = ckpt.pending
+    if incoming.result is not None and pending is not None and pending.request_id == request_id:
+        # the turn that asked is committed, the park is not: applied once the run is parked
+        return _decision(Retry("the run has not finished parking on this request yet"))
+    # a message: for the next turn boundary (a late answer, an async one, a question to this run...)
+    return _decision(QueueMail(mail), Note("agent.message.queued", fields={**fields, "state": run.state.value}))
+
+
+def _cancel_recorded(run: RunRecord | None, incoming: CancelRecorded) -> Decision:
+    """RUN-2: a run nobody is driving (pending, parked) is cancelled at once; a driven one by its driver at
+    the next turn boundary; a finished one ignores it."""
+    if run is None:
+        return _decision()
+    if run.state in RUN.terminal or run.cancel is None:
+        fields = {"state": run.state.value, "requested_by": incoming.requested_by}
+        return _decision(Note("run.cancel.ignored", fields=fields))
+    if run.state in (RunState.PENDING, RunState.WAITING_FOR_HUMAN, RunState.WAITING_FOR_AGENT):
+        return _decision(*_cancel(run, run.cancel))
+    fields = {"state": run.state.value, "requested_by": incoming.requested_by}
+    return _decision(Note("run.cancel.deferred", fields=fields))
+
+
+def _boundary(
+    run: RunRecord | None, ckpt: Checkpoint | None, agent: Agent | None, attempt: Attempt, now: datetime
+) -> Decision:
+    """A turn boundary: whatever was asked for meanwhile applies now, then park, fail a limit, or start a turn.
+
+    Agent messages queued meanwhile (COL-4) are framed into the conversation here, as user messages,
+    before the limits are checked and the next provider call is made; a run about to park keeps them
+    queued until it resumes. Starting a turn renews the handler's lease.
+    """
+    if run is None or run.state is not RunState.RUNNING:
+        return _decision()
+    if run.cancel is not None:
+        return _decision(*_cancel(run, run.cancel))
+    if agent is None:
+        return _decision(*_unknown_agent(run))
+    if ckpt is None:
+        return _decision(Retry(f"checkpoint of {run.run_id} not found"))
+    if ckpt.pending is not None:
+        return _park(run, ckpt.pending)
+    if _held_by_other(run, attempt, now):  # our lease expired mid-turn and another handler took over
+        return _decision(Note("run.lease.lost", "warning", {"holder": run.lease.holder if run.lease else None}))
+    if ckpt.inbox:
+        return _decision(DeliverMail(), then=Boundary())
+    limits = agent.card.limits
+    max_turns = _max_turns(run, agent)
+    if ckpt.turn >= max_turns:
+        return _decision(*_fail(run, "max_turns", f"the agent used all {max_turns} turns", usage=ckpt.usage))
+    if ckpt.compute_s >= limits.max_compute_s:
+        error = f"{ckpt.compute_s:.1f}s of compute used; the budget is {limits.max_compute_s:.1f}s"
+        return _decision(*_fail(run, "compute_timeout", error, usage=ckpt.usage))
+    if limits.max_tokens is not None and ckpt.usage.total_tokens >= limits.max_tokens:
+        return _decision(*_fail(run, "token_limit", _token_text(ckpt.usage, limits.max_tokens), usage=ckpt.usage))
+    turn = ckpt.turn + 1
+    call = CallProvider(
+        turn=turn,
+        messages=ckpt.messages,
+        tools=[tool.spec for tool in offered_tools(run, agent)],
+        budget_s=limits.max_compute_s - ckpt.compute_s,
+        context=TurnContext(
+            run_id=run.run_id,
+            agent=agent.card.id,
+            title=run.title,
+            people=run.human.allowed_recipients,
+            turn=turn,
+            mail=[m.model_dump(mode="json") for m in ckpt.mail],
+            asks=[r.request_id for r in ckpt.received if not r.answered],
+            relay=run.relay is not None,
+        ),
+    )
+    return _decision(
+        TakeLease(_lease(attempt, now), renew=True),
+        ArmWatchdog(ckpt.turn, limits.max_compute_s, attempt.cause("turn")),
+        then=call,
+    )
+
+
+def _park(run: RunRecord, pending: PendingAsk) -> Decision:
+    """Ask, then wait at zero cost: ``human.requested`` (or ``agent.asked``), the watchdog off,
+    ``waiting_for_human`` (or ``waiting_for_agent``) (RUN-3, COL-2)."""
+    waiting = {"waiting_request_id": pending.request_id, "waiting_since": pending.asked_at}
+    if pending.kind == "agent":
+        asked = AgentAsked.model_validate(pending.arguments)
+        return _decision(
+            Publish(asked, (pending.request_id,)),
+            DisarmWatchdog(),
+            Transition(RunState.WAITING_FOR_AGENT, waiting),
+            Note("run.parked", fields={"request_id": pending.request_id, "to": asked.to}),
+            then=Parked(),
+        )
+    args = AskHumanArgs.model_validate(pending.arguments)
+    policy = run.human
+    timeout = min(args.timeout or policy.default_timeout_s, policy.max_timeout_s)
+    requested = HumanRequested(
+        request_id=pending.request_id,
+        run_id=run.run_id,
+        agent=run.agent,
+        title=run.title,
+        recipient=args.recipient,
+        question=args.question,
+        context=args.context,
+        options=args.options,
+        timeout_s=timeout,
+        expires_at=pending.asked_at + timedelta(seconds=timeout),
+        policy=policy,
+        turn=pending.turn,
+    )
+    return _decision(
+        Publish(requested, (pending.request_id,)),
+        # before the move: once it waits, an answer may resume (and re-arm) it at any moment
+        DisarmWatchdog(),
+        Transition(RunState.WAITING_FOR_HUMAN, waiting),
+        Note("run.parked", fields={"request_id": pending.request_id, "recipient": args.recipient}),
+        then=Parked(),
+    )
+
+
+def _provider_failed(
+    run: RunRecord | None, ckpt: Checkpoint | None, incoming: ProviderFailed, attempt: Attempt
+) -> Decision:
+    if run is None or ckpt is None:
+        return _decision(Retry(incoming.error))
+    if incoming.permanent or attempt.last:
+        return _decision(*_fail(run, "provider_error", incoming.error, usage=ckpt.usage))
+    return _decision(Retry(incoming.error))
+
+
+def _provider_replied(
+    run: RunRecord | None, ckpt: Checkpoint | None, agent: Agent | None, incoming: ProviderReplied, now: datetime
+) -> Decision:
+    if run is None or run.state is not RunState.RUNNING:
+        # the turn took so long that the run moved on meanwhile (the watchdog failed it): drop it
+        run_id = run.run_id if run is not None else "?"
+        detail = f"run {run_id} is no longer running; turn {incoming.turn} dropped"
+        return _decision(Note("run.moved_on", "warning", {"detail": detail}))
+    if agent is None:
+        return _decision(*_unknown_agent(run))
+    if ckpt is None:
+        return _decision(Retry(f"checkpoint of {run.run_id} not found"))
+    reply = incoming.reply
+    usage = ckpt.usage + (reply.usage or Usage())
+    max_tokens = agent.card.limits.max_tokens
+    if max_tokens is not None and usage.total_tokens > max_tokens:
+        return _decision(*_fail(run, "token_limit", _token_text(usage, max_tokens), usage=usage))
+    if not reply.tool_calls:
+        return _decision(*_complete(run, reply.content or "", incoming.turn, usage))
+    turn = TurnInFlight(
+        number=incoming.turn, reply=reply, usage=usage, plans=_plan_calls(run, ckpt, agent, incoming.turn, now, reply)
+    )
+    return _calls_from(run, ckpt, agent, turn, 0, (), incoming.elapsed_s, now)
+
+
+def _plan_calls(
+    run: RunRecord, ckpt: Checkpoint, agent: Agent, turn: int, now: datetime, reply: AssistantTurn
+) -> tuple[ToolPlan, ...]:
+    plans: list[ToolPlan] = []
+    asked = False
+    answered: set[str] = set()
+    for index, call in enumerate(reply.tool_calls):
+        plan = _plan_call(run, ckpt, agent, turn, index, call, asked, answered, now)
+        asked = asked or isinstance(plan, Ask)
+        if isinstance(plan, Emit) and plan.answers is not None:
+            answered.add(plan.answers)
+        plans.append(plan)
+    return tuple(plans)
+
+
+def _plan_call(
+    run: RunRecord,
+    ckpt: Checkpoint,
+    agent: Agent,
+    turn: int,
+    index: int,
+    call: ToolCall,
+    asked: bool,
+    answered: set[str],
+    now: datetime,
+) -> ToolPlan:
+    """One tool call, checked before anything runs: the card's policy, JSON arguments, the tool's schema.
+    ``ask_human`` and a waiting ``ask_agent`` park (one per turn); ``ask_agent`` and ``answer_agent`` are
+    decided here; anything else is invoked by the driver."""
+    where = {"turn": turn, "call_id": call.id, "tool": call.name}
+    card = agent.card
+    try:
+        tool = agent.tools.resolve(call.name, card.tools, card.id)
+        if tool.name in _hidden(run):
+            offered = ", ".join(t.name for t in offered_tools(run, agent)) or "none"
+            raise ToolError(f"tool {call.name!r} is not allowed for this run of agent {card.id}; its tools: {offered}")
+    except ToolError as refused:
+        note = Note("run.tool_call.malformed", "warning", {**where, "why": "not_allowed"})
+        return Refuse(tool_error(str(refused)), malformed=True, note=note)
+    if call.invalid_arguments is not None:
+        text = (
+            f"the arguments of {call.name!r} are not a JSON object: "
+            f"{call.invalid_arguments[:200]!r}; call it again with valid JSON arguments"
+        )
+        note = Note("run.tool_call.malformed", "warning", {**where, "why": "arguments"})
+        return Refuse(tool_error(text), malformed=True, note=note)
+    problem = tool.argument_problem(call.arguments)
+    if problem is not None:
+        return Refuse(tool_error(problem), note=Note("run.tool_call.invalid_arguments", fields=where))
+    if tool.name == ASK_AGENT:
+        return _plan_ask_agent(run, turn, index, call, asked, now)
+    if tool.name == ANSWER_AGENT:
+        return _plan_answer_agent(run, ckpt, turn, index, call, answered)
+    if tool.name != ASK_HUMAN:
+        return Invoke(tool)
+    if asked:
+        return Refuse(tool_error("one ask_human per turn (or waiting ask_agent): ask again after the first answer"))
+    try:
+        args = AskHumanArgs.model_validate(call.arguments)
+    except ValidationError as exc:
+        return Refuse(tool_error(f"invalid ask_human arguments: {exc}"))
+    pending = PendingAsk(
+        request_id=derive_id("hr", run.run_id, str(turn), str(index)),
+        call_id=call.id,
+        turn=turn,
+        asked_at=now,
+        arguments=args.model_dump(mode="json"),
+    )
+    return Ask(pending)
+
+
+def ask_request_id(run_id: str, turn: int, index: int) -> str:
+    """COL-5: ``"req-" + hash(operation id)``, the operation being call ``index`` of ``turn`` of the run --
+    the same on every replay of the turn, new for every other call."""
+    return derive_id("req", run_id, ASK_AGENT, str(turn), str(index))
+
+
+def _plan_ask_agent(run: RunRecord, turn: int, index: int, call: ToolCall, asked: bool, now: datetime) -> ToolPlan:
+    try:
+        args = AskAgentArgs.model_validate(call.arguments)
+    except ValidationError as exc:
+        return Refuse(tool_error(f"invalid ask_agent arguments: {exc}"))
+    if args.mode == "wait" and asked:
+        return Refuse(tool_error("one waiting call (ask_human or ask_agent mode=wait) per turn: wait for the first"))
+    request_id = ask_request_id(run.run_id, turn, index)
+    timeout_s = max(1, min(args.timeout, ASK_TIMEOUT_MAX_S))
+    asked_event = AgentAsked(
+        request_id=request_id,
+        asker_run_id=run.run_id,
+        asker_agent=run.agent,
+        to=args.to,
+        mode=args.mode,
+        timeout_s=timeout_s,
+        message=args.message[:MAX_TEXT],
+        truncated=len(args.message) > MAX_TEXT,
+        turn=turn,
+    )
+    if args.mode == "wait":
+        pending = PendingAsk(
+            kind="agent",
+            request_id=request_id,
+            call_id=call.id,
+            turn=turn,
+            asked_at=now,
+            arguments=asked_event.model_dump(mode="json"),
+        )
+        return Ask(pending)
+    content = {
+        "status": "sent",
+        "request_id": request_id,
+        "to": args.to,
+        "mode": "async",
+        "note": "the answer arrives later as a message with this request id",
+        "truncated": asked_event.truncated,
+    }
+    return Emit(json.dumps(content, sort_keys=True), Publish(asked_event, (request_id,)))
+
+
+def _plan_answer_agent(
+    run: RunRecord, ckpt: Checkpoint, turn: int, index: int, call: ToolCall, answered: set[str]
+) -> ToolPlan:
+    """COL-3: only a request this run received, once; the reply is ``agent.replied`` (PRO-1: a refusal too)."""
+    try:
+        args = AnswerAgentArgs.model_validate(call.arguments)
+    except ValidationError as exc:
+        return Refuse(tool_error(f"invalid answer_agent arguments: {exc}"))
+    received = next((r for r in ckpt.received if r.request_id == args.request_id), None)
+    if received is None:
+        open_ids = ", ".join(r.request_id for r in ckpt.received if not r.answered) or "none"
+        return Refuse(
+            tool_error(f"this run received no request {args.request_id!r}; requests you may answer: {open_ids}")
+        )
+    if received.answered or args.request_id in answered:
+        return Refuse(tool_error(f"request {args.request_id} is already answered: a request is answered once"))
+    outcome: Literal["answer", "refusal"] = "refusal" if args.refuse else "answer"
+    replied = AgentReplied(
+        request_id=args.request_id,
+        replier_run_id=run.run_id,
+        replier_agent=run.agent,
+        outcome=outcome,
+        answer=args.answer[:MAX_TEXT],
+        truncated=len(args.answer) > MAX_TEXT,
+        turn=turn,
+    )
+    content = {
+        "status": "sent",
+        "request_id": args.request_id,
+        "outcome": outcome,
+        "to": f"agent:{received.asker_agent}",
+        "note": "a message tells you if it could not be delivered (e.g. the asker has finished)",
+    }
+    return Emit(json.dumps(content, sort_keys=True), Publish(replied, (str(turn), str(index))), args.request_id)
+
+
+def _tool_returned(
+    run: RunRecord | None, ckpt: Checkpoint | None, agent: Agent | None, incoming: ToolReturned, now: datetime
+) -> Decision:
+    if run is None or agent is None or ckpt is None:
+        return _decision(Retry("the run or its checkpoint vanished mid-turn"))
+    turn, index = incoming.turn, incoming.index
+    call = turn.calls[index]
+    effects: list[Effect] = []
+    outcome = incoming.outcome
+    if isinstance(outcome, ToolBroke):
+        fields = {"turn": turn.number, "call_id": call.id, "tool": call.name, "error": outcome.error}
+        effects += [
+            Note("tool.failed", "warning", fields),
+            Publish(
+                ToolFailed(
+                    run_id=run.run_id, turn=turn.number, call_id=call.id, tool=call.name, error=outcome.error[:4096]
+                ),
+                (str(turn.number), str(index)),
+            ),
+        ]
+        content = tool_error(f"the tool {call.name!r} failed: {outcome.error}")
+    else:
+        content = outcome.content
+    effects.append(_tool_called(run, turn.number, index, call, content))
+    turn = replace(turn, results=(*turn.results, _tool_message(call, content)))
+    return _calls_from(run, ckpt, agent, turn, index + 1, tuple(effects), incoming.elapsed_s, now)
+
+
+def _calls_from(
+    run: RunRecord,
+    ckpt: Checkpoint,
+    agent: Agent,
+    turn: TurnInFlight,
+    start: int,
+    effects: tuple[Effect, ...],
+    elapsed_s: float,
+    now: datetime,
+) -> Decision:
+    """The turn's calls from ``start`` on, in order: refusals answered at once, the next invocation handed
+    to the driver; when none is left, the turn's checkpoint."""
+    done = list(effects)
+    for index in range(start, len(turn.plans)):
+        plan, call = turn.plans[index], turn.calls[index]
+        if isinstance(plan, Ask):
+            continue  # its result is the person's answer, applied when it comes
+        if isinstance(plan, Invoke):
+            return Decision(tuple(done), CallTool(turn, index))
+        if isinstance(plan, Emit):
+            done.append(plan.publish)
+        elif plan.note is not None:
+            done.append(plan.note)
+        done.append(_tool_called(run, turn.number, index, call, plan.content))
+        turn = replace(turn, results=(*turn.results, _tool_message(call, plan.content)))
+    return _commit(run, ckpt, agent, turn, tuple(done), elapsed_s, now)
+
+
+def _commit(
+    run: RunRecord,
+    ckpt: Checkpoint,
+    agent: Agent,
+    turn: TurnInFlight,
+    effects: tuple[Effect, ...],
+    elapsed_s: float,
+    now: datetime,
+) -> Decision:
+    limits = agent.card.limits
+    malformed = ckpt.malformed_tool_calls + turn.malformed
+    if malformed > limits.max_malformed_tool_calls:
+        error = (
+            f"{malformed} malformed tool calls (unparseable arguments or unknown tools); the card allows "
+            f"{limits.max_malformed_tool_calls}"
+        )
+        return Decision((*effects, *_fail(run, "malformed_tool_calls", error, usage=turn.usage)))
+    assistant = Message(role="assistant", content=turn.reply.content, tool_calls=turn.reply.tool_calls)
+    answered = {plan.answers for plan in turn.plans if isinstance(plan, Emit) and plan.answers is not None}
+    received = [evolve(r, answered=True) if r.request_id in answered else r for r in ckpt.received]
+    saved = evolve(
+        ckpt,
+        checkpoint_id=derive_id("ckpt", run.run_id, str(turn.number)),
+        turn=turn.number,
+        saved_at=now,
+        messages=[*ckpt.messages, assistant, *turn.results],
+        pending=turn.pending,
+        compute_s=ckpt.compute_s + elapsed_s,
+        usage=turn.usage,
+        malformed_tool_calls=malformed,
+        received=received,
+    )
+    checkpointed = RunCheckpointed(run_id=run.run_id, checkpoint_id=saved.checkpoint_id, turn=turn.number)
+    return Decision((*effects, SaveCheckpoint(saved), Publish(checkpointed, (str(turn.number),))), Boundary())
+
+
+def _watchdog_fired(
+    run: RunRecord | None,
+    ckpt: Checkpoint | None,
+    agent: Agent | None,
+    incoming: WatchdogFired,
+    now: datetime,
+    attempt: Attempt,
+) -> Decision:
+    """See :mod:`.watchdog`: decided from the record, never from the firing alone."""
+    if run is None:
+        return _decision(Note("watchdog.unknown_run"))
+    if run.state not in ACTIVE:  # waiting for a person, or finished
+        return _decision(Note("watchdog.ignored", fields={"state": run.state.value}))
+    payload = incoming.payload
+    turn = ckpt.turn if ckpt is not None else 0
+    limits = agent.card.limits if agent is not None else Limits()
+    if turn != payload.turn:
+        # progress since the arm, and nobody armed it again (the driver died right after): watch on
+        fields = {"armed_turn": payload.turn, "turn": turn, "state": run.state.value}
+        return _decision(
+            ArmWatchdog(turn, limits.max_compute_s, attempt.cause("progress")),
+            Note("watchdog.progressed", "warning", fields),
+        )
+    if run.cancel is not None:  # stalled, but asked to stop: cancelled, as asked
+        return _decision(*_cancel(run, run.cancel))
+    idle_s = (now - payload.armed_at).total_seconds()
+    error = (
+        f"no progress in {run.state.value} at turn {turn} for {idle_s:.0f}s: longer than the compute "
+        f"limit ({limits.max_compute_s:g}s) plus the watchdog's grace ({incoming.grace_s:g}s)"
+    )
+    return _decision(*_fail(run, "stalled", error))
+
+
+def _dead_lettered(run: RunRecord | None, ckpt: Checkpoint | None, incoming: DeadLettered) -> Decision:
+    """A run whose message is given up on fails visibly (``infrastructure_error``); one asked to stop is
+    cancelled; a run the message does not drive is left alone."""
+    if incoming.lost_race:
+        return _decision()
+    if run is None:
+        return _decision(Note("run.dead_letter.unknown_run", fields={"ce_type": incoming.event_type}))
+    if not drives(run, ckpt, incoming.event_type, incoming.request_id):
+        fields = {"state": run.state.value, "ce_type": incoming.event_type}
+        return _decision(Note("run.dead_letter.not_its_driver", fields=fields))
+    if run.cancel is not None:  # it was to stop anyway: what it was asked for, not a failure
+        return _decision(*_cancel(run, run.cancel))
+    error = (
+        f"{incoming.event_type} {incoming.event_id} dead-lettered after {incoming.deliveries} deliveries: "
+        f"{incoming.error}"
+    )
+    return _decision(*_fail(run, "infrastructure_error", error, causation=incoming.event_id))
+
+
+def drives(run: RunRecord, ckpt: Checkpoint | None, event_type: str, request_id: str | None) -> bool:
+    """Whether a message of ``event_type`` is the one ``run`` depends on to move on (so losing it strands it).
+
+    ``run.requested`` drives a run that is pending, or running and never resumed; a ``human.*``
+    outcome (or an ``agent.*`` one ending a wait) drives the run waiting on (or resuming with) its
+    request, or running on the strength of it (its request is the last one applied). Finished and
+    waiting runs depend on no other message; a queued agent message drives nothing.
+    """
+    if run.state in RUN.terminal or event_type == RunCancelRequested.EVENT_TYPE:
+        return False  # a cancel request drives nothing: the run goes on without it
+    request = request_id if event_type.startswith(("human.", "agent.")) else None
+    if run.state in (RunState.WAITING_FOR_HUMAN, RunState.WAITING_FOR_AGENT, RunState.RESUMING):
+        return request is not None and run.waiting_request_id == request
+    if run.state is RunState.PENDING:
+        return request is None
+    if run.state is RunState.RUNNING:
+        applied = ckpt.applied_requests if ckpt is not None else []
+        if request is None:
+            return not applied
+        return bool(applied) and applied[-1] == request
+    return False
+
+
+# --------------------------------------------------------------------------- endings
+def _complete(run: RunRecord, result: str, turns: int, usage: Usage) -> tuple[Effect, ...]:
+    return (
+        Publish(RunCompleted(run_id=run.run_id, result=result[:16384], turns=turns)),
+        Transition(RunState.COMPLETED, {"result": result, "usage": usage}),
+        DisarmWatchdog(),
+        Note("run.completed", fields={"turns": turns, "total_tokens": usage.total_tokens}),
+    )
+
+
+def _cancel(run: RunRecord, cancel: CancelRequest) -> tuple[Effect, ...]:
+    """``run.cancelled`` first (one id per run: a repeat is deduplicated), then the record, then its watchdog.
+    Pending human requests are human-interaction's to cancel (it consumes ``run.cancelled``)."""
+    reason = f"{cancel.reason} (requested by {cancel.requested_by})"
+    return (
+        Publish(RunCancelled(run_id=run.run_id, reason=reason[:4096]), causation=cancel.event_id),
+        Transition(RunState.CANCELLED, {"waiting_request_id": None}),
+        DisarmWatchdog(),
+        Note("run.cancelled", fields={"reason": cancel.reason, "requested_by": cancel.requested_by}),
+    )
+
+
+def _fail(
+    run: RunRecord, reason: str, error: str, *, causation: str | None = None, usage: Usage | None = None
+) -> tuple[Effect, ...]:
+    # one id per run, whatever the reason: a run fails once, and a repeat is deduplicated
+    changes: dict[str, Any] = {"error": f"{reason}: {error}"}
+    if usage is not None:
+        changes["usage"] = usage
+    return (
+        Publish(RunFailed(run_id=run.run_id, reason=reason, error=error[:4096]), causation=causation),
+        Transition(RunState.FAILED, changes),
+        DisarmWatchdog(),
+        Note("run.failed", "warning", {"reason": reason, "error": error}),
+    )
+
+
+def _unknown_agent(run: RunRecord) -> tuple[Effect, ...]:
+    return _fail(run, "unknown_agent", f"no agent card named {run.agent!r}")
+
+
+# --------------------------------------------------------------------------- pure state changes
+def new_record(incoming: Requested, now: datetime) -> RunRecord:
+    """The record a ``run.requested`` creates (pending)."""
+    req = incoming.request
+    return RunRecord(
+        run_id=req.run_id,
+        state=RUN.initial,
+        agent=req.agent,
+        title=req.title,
+        launch=req.launch,
+        input=req.input,
+        event=req.event,
+        human=req.human,
+        parent_run_id=req.parent_run_id,
+        relay=req.relay,
+        collab=True,
+        correlation_id=incoming.correlation_id,
+        tenant=incoming.tenant,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def initial_checkpoint(run: RunRecord, agent: Agent, now: datetime) -> Checkpoint:
+    """Turn 0: the card's instructions and the task (whom the run may ask, how to read its input)."""
+    askable = ", ".join(run.human.allowed_recipients) or "nobody"
+    task = "\n".join(
+        [
+            f"Task: {' '.join(run.title.split())}",  # one line: a title cannot forge the lines below
+            f"Launched by: {run.launch.kind} trigger {run.launch.trigger_id or '-'}",
+            f"People you may ask: {askable}",
+        ]
+    )
+    if any(tool.name == GET_INPUT for tool in agent.offered()):
+        task += f"\nCall {GET_INPUT} for the data this run was started with."
+    else:  # no tool to read it with: the input is part of the first message
+        task += f"\nThe data this run was started with:\n{json.dumps(run.input, sort_keys=True)}"
+    messages = [Message(role="system", content=agent.card.instructions()), Message(role="user", content=task)]
+    asks = _relay_asks(run)
+    messages += [Message(role="user", content=frame(mail)) for mail in asks]
+    return Checkpoint(
+        checkpoint_id=derive_id("ckpt", run.run_id, "0"),
+        run_id=run.run_id,
+        turn=0,
+        saved_at=now,
+        messages=messages,
+        mail=asks,
+        mail_keys=[mail.key for mail in asks],
+        received=[_received(mail) for mail in asks],
+    )
+
+
+def _relay_asks(run: RunRecord) -> list[AgentMail]:
+    """A relay run's request (COL-6): in its input's ``incoming_asks``, delivered with its first turn."""
+    relay = run.relay
+    if relay is None:
+        return []
+    items = run.input.get("incoming_asks")
+    found = [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+    item = next((i for i in found if i.get("request_id") == relay.request_id), {})
+    mode = "wait" if item.get("mode") == "wait" else "async"
+    text = item.get("message") if isinstance(item.get("message"), str) else run.input.get("instructions")
+    mail = AgentMail(
+        key=f"relay:{relay.request_id}",
+        kind="ask",
+        request_id=relay.request_id,
+        sender=f"agent:{relay.asker_agent}",
+        sender_run_id=relay.asker_run_id,
+        mode=mode,
+        text=str(text or "(no message)")[:MAX_TEXT],
+        truncated=bool(item.get("truncated", False)),
+    )
+    return [mail]
+
+
+def _received(mail: AgentMail) -> ReceivedAsk:
+    asker = mail.sender.removeprefix("agent:")
+    return ReceivedAsk(
+        request_id=mail.request_id, asker_run_id=mail.sender_run_id or "", asker_agent=asker, mode=mail.mode or "async"
+    )
+
+
+def summary(agent: Agent, run: RunRecord | None = None) -> AgentSummary:
+    """RUN-1: the card's facts a run exposes in ``run.started`` (the journal keeps them with the run)."""
+    card = agent.card
+    return AgentSummary(
+        provider=card.provider.kind,
+        model=card.provider.model if card.provider.kind == "openai" else None,
+        skills=[skill.name for skill in card.skills],
+        tools=[tool.name for tool in (offered_tools(run, agent) if run is not None else agent.offered())],
+        mcp_servers=[server.name for server in card.mcp_servers],
+        max_turns=_max_turns(run, agent) if run is not None else card.limits.max_turns,
+        max_tokens=card.limits.max_tokens,
+        max_compute_s=card.limits.max_compute_s,
+    )
+
+
+def moved(run: RunRecord, target: RunState, changes: Mapping[str, Any], now: datetime) -> RunRecord | None:
+    """``run`` in ``target`` with ``changes`` (``None``: nothing to write), through the state machine.
+
+    Already in ``target``: only ``changes`` are applied, and a finished run is never rewritten. A move
+    the state machine refuses means another driver got there first: :class:`RunMovedOn`.
+    """
+    state = run.state
+    if target not in ACTIVE and run.lease is not None:  # parked or finished: nobody drives it any more
+        changes = {"lease": None, **changes}
+    if state is target and (not changes or state in RUN.terminal):
+        return None
+    if state is not target and not RUN.allowed(state, target):
+        raise RunMovedOn(run.run_id, state, target)
+    return evolve(run, state=target, updated_at=now, **changes)
+
+
+def flagged(run: RunRecord, request: CancelRequest, now: datetime) -> RunRecord | None:
+    """``run`` with the cancel recorded; ``None`` when finished or already asked to stop (the first wins)."""
+    if run.state in RUN.terminal or run.cancel is not None:
+        return None
+    return evolve(run, cancel=request, updated_at=now)
+
+
+def apply_result(
+    ckpt: Checkpoint, request_id: str, content: str, now: datetime, key: str | None = None
+) -> Checkpoint | None:
+    """The checkpoint with the result of the parked call ``request_id`` as its tool message; ``None`` when
+    already applied (a redelivered outcome is a no-op). Waiting on another request: ``PermanentError``.
+    ``key``: the agent event that ended the wait (remembered, so its redelivery is known)."""
+    if request_id in ckpt.applied_requests:
+        return None
+    pending = ckpt.pending
+    if pending is None or pending.request_id != request_id:
+        raise PermanentError(f"run {ckpt.run_id} is not waiting on {request_id}")
+    message = Message(role="tool", tool_call_id=pending.call_id, name=_PARKED_TOOL[pending.kind], content=content)
+    return evolve(
+        ckpt,
+        messages=[*ckpt.messages, message],
+        pending=None,
+        applied_requests=[*ckpt.applied_requests, request_id],
+        resumed_by=key if key is not None else ckpt.resumed_by,
+        saved_at=now,
+    )
+
+
+def queued(ckpt: Checkpoint, mail: AgentMail) -> Checkpoint | None:
+    """The checkpoint with ``mail`` in its inbox; ``None`` when already there or delivered (redelivery), or
+    an ask for a request it already received (COL-4: delivered once)."""
+    if mail.key in ckpt.mail_keys:
+        return None
+    if mail.kind == "ask" and (
+        any(r.request_id == mail.request_id for r in ckpt.received)
+        or any(m.kind == "ask" and m.request_id == mail.request_id for m in ckpt.inbox)
+    ):
+        return None
+    return evolve(ckpt, inbox=[*ckpt.inbox, mail], mail_keys=[*ckpt.mail_keys, mail.key])
+
+
+def delivered(ckpt: Checkpoint, now: datetime) -> Checkpoint | None:
+    """The checkpoint with its inbox framed into the conversation as user messages (COL-4), the asks among
+    them answerable with ``answer_agent``; ``None`` when the inbox is empty."""
+    if not ckpt.inbox:
+        return None
+    known = {r.request_id for r in ckpt.received}
+    asks = [m for m in ckpt.inbox if m.kind == "ask" and m.request_id not in known]
+    return evolve(
+        ckpt,
+        messages=[*ckpt.messages, *(Message(role="user", content=frame(m)) for m in ckpt.inbox)],
+        mail=[*ckpt.mail, *ckpt.inbox],
+        inbox=[],
+        received=[*ckpt.received, *(_received(m) for m in asks)],
+        saved_at=now,
+    )
+
+
+def merge_mail(saved: Checkpoint, base: Checkpoint, fresh: Checkpoint) -> Checkpoint | None:
+    """A turn's checkpoint ``saved`` (made from ``base``) when the store holds ``fresh``: if all that changed
+    since ``base`` is mail queued meanwhile, ``saved`` with that mail too; else ``None`` (another driver
+    committed: the turn is lost)."""
+    if evolve(fresh, inbox=base.inbox, mail_keys=base.mail_keys) != base:
+        return None
+    have = set(saved.mail_keys)  # the base's, and what an earlier merge added
+    new = [m for m in fresh.inbox if m.key not in have]
+    keys = [k for k in fresh.mail_keys if k not in have]
+    return evolve(saved, inbox=[*saved.inbox, *new], mail_keys=[*saved.mail_keys, *keys])
+
+
+def leased(run: RunRecord, lease: Lease, now: datetime) -> RunRecord | None:
+    """``run`` held by ``lease``'s holder until its expiry. Held live by another: :class:`LeaseHeld`. A finished
+    or parked run is not taken (``None``: nothing to write)."""
+    current = run.lease
+    if current is not None and current.holder != lease.holder and current.expires_at > now:
+        raise LeaseHeld(f"run {run.run_id} is driven by {current.holder} until {current.expires_at.isoformat()}")
+    if run.state not in ACTIVE:
+        return None
+    return evolve(run, lease=lease)
+
+
+def released(run: RunRecord, holder: str) -> RunRecord | None:
+    """``run`` without ``holder``'s lease (its handler stops driving: it failed, or gave the message back);
+    ``None`` when ``holder`` does not hold it."""
+    if run.lease is None or run.lease.holder != holder:
+        return None
+    return evolve(run, lease=None)
+
+
+def renewed(run: RunRecord, holder: str, expires_at: datetime) -> RunRecord | None:
+    """``run`` with ``holder``'s lease extended to ``expires_at``; ``None`` when it no longer holds it."""
+    if run.lease is None or run.lease.holder != holder or run.state not in ACTIVE:
+        return None
+    return evolve(run, lease=Lease(holder=holder, expires_at=expires_at))
+
+
+def frame(mail: AgentMail) -> str:
+    """COL-4: the fixed framing of an agent message as the model reads it -- a header (type, request id,
+    sender), what to do with it, then the text (the other agent's words, verbatim)."""
+    sender = mail.sender + (f" (run {mail.sender_run_id})" if mail.sender_run_id else "")
+    kind = {"answer": "refusal" if mail.outcome == "refusal" else "answer"}.get(mail.kind, mail.kind)
+    head = f"[agent message] type: {kind} | request_id: {mail.request_id} | from: {sender}"
+    if mail.mode is not None and mail.kind == "ask":
+        head += f" | mode: {mail.mode}"
+    lines = [head]
+    if mail.kind == "ask" and mail.mode == "wait":
+        until = f" (until {mail.expires_at.isoformat()})" if mail.expires_at is not None else ""
+        lines.append(
+            f"The asker is waiting for your answer{until}: answer it in your next tool batch with "
+            f'answer_agent(request_id="{mail.request_id}", answer=...), or refuse it with refuse=true and the reason.'
+        )
+    elif mail.kind == "ask":
+        lines.append(
+            f'Answer it with answer_agent(request_id="{mail.request_id}", answer=...) when you can, '
+            "or refuse it with refuse=true and the reason."
+        )
+    elif mail.kind == "answer":
+        late = " It came after your wait had timed out." if mail.late else ""
+        lines.append(f"The {kind} to your ask_agent request {mail.request_id}.{late}")
+    elif mail.kind == "expired":
+        lines.append(f"Your wait for request {mail.request_id} timed out; the answer may still arrive.")
+    elif mail.kind == "undeliverable":
+        lines.append(f"Your ask_agent request {mail.request_id} reached nobody ({mail.outcome}).")
+    else:
+        lines.append(f"Your answer to request {mail.request_id} was not delivered ({mail.outcome}).")
+    if mail.truncated:
+        lines.append("(The text was cut at 4096 characters.)")
+    lines += ["---", mail.text]
+    return "\n".join(lines)
+
+
+def agent_news(
+    event_type: str,
+    event_id: str,
+    data: AgentMessageReceived
+    | AgentAnswerReceived
+    | AgentAskExpired
+    | AgentAskUndeliverable
+    | AgentReplyUndeliverable,
+) -> AgentNews:
+    """The incoming an ``agent.*`` event for one of the run-executor's runs is."""
+    rid = data.request_id
+    if isinstance(data, AgentMessageReceived):
+        mail = AgentMail(
+            key=event_id,
+            kind="ask",
+            request_id=rid,
+            sender=f"agent:{data.asker_agent}",
+            sender_run_id=data.asker_run_id,
+            mode=data.mode,
+            text=data.message,
+            truncated=data.truncated,
+            expires_at=data.expires_at,
+        )
+        return AgentNews(event_type, event_id, data.recipient_run_id, mail, relay=data.relay)
+    if isinstance(data, AgentAnswerReceived):
+        mail = AgentMail(
+            key=event_id,
+            kind="answer",
+            request_id=rid,
+            sender=f"agent:{data.replier_agent}",
+            sender_run_id=data.replier_run_id,
+            mode=data.mode,
+            text=data.answer,
+            truncated=data.truncated,
+            outcome=data.outcome,
+            late=data.late,
+        )
+        answered = AgentAnsweredResult(
+            request_id=rid,
+            outcome=data.outcome,
+            replier=f"agent:{data.replier_agent}",
+            replier_run_id=data.replier_run_id,
+            answer=data.answer,
+            truncated=data.truncated,
+        )
+        return AgentNews(event_type, event_id, data.asker_run_id, mail, tool_content(answered), waited_s=data.waited_s)
+    if isinstance(data, AgentAskExpired):
+        text = f"no answer within {data.timeout_s}s"
+        mail = AgentMail(
+            key=event_id, kind="expired", request_id=rid, sender="agent-collab", sender_run_id=None, text=text
+        )
+        result = tool_content(AgentTimedOutResult(request_id=rid, timeout_s=data.timeout_s))
+        return AgentNews(event_type, event_id, data.asker_run_id, mail, result, "expiry", data.waited_s)
+    if isinstance(data, AgentAskUndeliverable):
+        mail = AgentMail(
+            key=event_id,
+            kind="undeliverable",
+            request_id=rid,
+            sender="agent-collab",
+            text=data.detail,
+            outcome=data.reason,
+        )
+        result = tool_content(AgentUndeliverableResult(request_id=rid, reason=data.reason, error=data.detail))
+        return AgentNews(event_type, event_id, data.asker_run_id, mail, result, "rejection")
+    mail = AgentMail(
+        key=event_id,
+        kind="reply_undeliverable",
+        request_id=rid,
+        sender="agent-collab",
+        text=data.detail,
+        outcome=data.reason,
+    )
+    return AgentNews(event_type, event_id, data.replier_run_id, mail)
+
+
+def human_outcome(event_type: str, event_id: str, data: HumanAnswered | HumanExpired | HumanRejected) -> HumanOutcome:
+    """The incoming a ``human.*`` outcome event is."""
+    reason: Literal["answer", "expiry", "rejection"]
+    waited: float | None = None
+    fails = cancels = False
+    if isinstance(data, HumanAnswered):
+        reason, waited = "answer", data.waited_s
+    elif isinstance(data, HumanExpired):
+        reason, waited = "expiry", data.waited_s
+        fails, cancels = data.action == "fail", data.action == "cancel"
+    else:
+        reason = "rejection"
+    return HumanOutcome(
+        event_type=event_type,
+        event_id=event_id,
+        run_id=data.run_id,
+        request_id=data.request_id,
+        result=human_result(data),
+        reason=reason,
+        waited_s=waited,
+        fails_run=fails,
+        cancels_run=cancels,
+    )
+
+
+# --------------------------------------------------------------------------- helpers
+def _hidden(run: RunRecord) -> frozenset[str]:
+    """Tools the card allows that this run is not offered: the collaboration tools to a run from before
+    them (COL-9), delegation to a relay run (COL-6)."""
+    if not run.collab:
+        return COLLAB_TOOLS
+    if run.relay is not None:
+        return frozenset({ASK_AGENT})
+    return frozenset()
+
+
+def offered_tools(run: RunRecord, agent: Agent) -> list[Tool]:
+    """The tools ``run`` is offered: the card's (COL-8: its allow/deny list governs them all), less
+    :func:`_hidden`."""
+    hidden = _hidden(run)
+    return [tool for tool in agent.offered() if tool.name not in hidden]
+
+
+def _max_turns(run: RunRecord, agent: Agent) -> int:
+    limit = agent.card.limits.max_turns
+    return min(limit, run.relay.max_turns) if run.relay is not None else limit
+
+
+def _lease(attempt: Attempt, now: datetime) -> Lease:
+    return Lease(holder=attempt.driver, expires_at=now + timedelta(seconds=attempt.lease_s))
+
+
+def _held_by_other(run: RunRecord, attempt: Attempt, now: datetime) -> bool:
+    lease = run.lease
+    return lease is not None and lease.holder != attempt.driver and lease.expires_at > now
+
+
+def _lease_held(run: RunRecord) -> Retry:
+    lease = run.lease
+    holder = lease.holder if lease is not None else "?"
+    return Retry(f"run {run.run_id} is driven by {holder}; retried later", lost_race=True)
+
+
+def _tool_called(run: RunRecord, turn: int, index: int, call: ToolCall, content: str) -> Publish:
+    called = RunToolCalled(
+        run_id=run.run_id,
+        turn=turn,
+        call_id=call.id,
+        tool=call.name,
+        arguments=call.arguments,
+        result_preview=content[:4096],
+    )
+    return Publish(called, (str(turn), str(index)))
+
+
+def _tool_message(call: ToolCall, content: str) -> Message:
+    return Message(role="tool", tool_call_id=call.id, name=call.name, content=content)
+
+
+def tool_error(message: str) -> str:
+    """A tool result telling the model what went wrong: ``{"error": message}``."""
+    return json.dumps({"error": message})
+
+
+def _token_text(usage: Usage, max_tokens: int) -> str:
+    return (
+        f"{usage.total_tokens} tokens used ({usage.prompt_tokens} prompt, {usage.completion_tokens} completion); "
+        f"the card's limit is {max_tokens}"
+    )

@@ -1,0 +1,591 @@
+"""The run machine, decided from plain data: no NATS, no provider, no clock but the one passed in.
+
+These pin the rules the driver relies on (turn boundaries, deterministic ids, limits that exclude
+waiting, idempotent outcomes, cancels) one decision at a time; the executor tests check the same over a
+real nats-server.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from executor_support import REVIEWER, run_requested
+
+from temporality_bus import PermanentError
+from temporality_protocol import (
+    HumanAnswered,
+    HumanExpired,
+    HumanPolicy,
+    HumanRejected,
+    HumanRequested,
+    LaunchSource,
+    OptionAnswer,
+    RunCancelled,
+    RunCheckpointed,
+    RunCompleted,
+    RunCreated,
+    RunFailed,
+    RunRequested,
+    RunResumed,
+    RunStarted,
+    RunState,
+    RunToolCalled,
+    TextAnswer,
+    ToolFailed,
+    derive_id,
+)
+from temporality_run_executor.agents import Limits
+from temporality_run_executor.machine import (
+    Agent,
+    ApplyResult,
+    ArmWatchdog,
+    Ask,
+    Attempt,
+    Boundary,
+    CallProvider,
+    CallTool,
+    CancelRecorded,
+    CancelRequested,
+    CreateCheckpoint,
+    CreateRun,
+    DeadLettered,
+    Decision,
+    DisarmWatchdog,
+    FlagCancel,
+    Incoming,
+    Note,
+    Parked,
+    ProviderFailed,
+    ProviderReplied,
+    Publish,
+    Reject,
+    Requested,
+    Retry,
+    RunMovedOn,
+    SaveCheckpoint,
+    TakeLease,
+    ToolBroke,
+    ToolOutput,
+    ToolReturned,
+    Transition,
+    WatchdogFired,
+    apply_result,
+    decide,
+    drives,
+    flagged,
+    human_outcome,
+    moved,
+)
+from temporality_run_executor.providers import AssistantTurn
+from temporality_run_executor.records import (
+    CancelRequest,
+    Checkpoint,
+    Lease,
+    Message,
+    PendingAsk,
+    RunRecord,
+    ToolCall,
+    Usage,
+)
+from temporality_run_executor.results import parse_result, tool_content
+from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
+from temporality_run_executor.watchdog import WatchdogPayload
+
+T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+RUN_ID = "run-m-1"
+AGENT = Agent(
+    REVIEWER.model_copy(update={"tools": ToolPolicy(allow=["get_input", "ask_human"])}), ToolRegistry(BUILTIN_TOOLS)
+)
+ASK_ARGS: dict[str, Any] = {"recipient": "user:alice", "question": "Keep v1?"}
+REQUEST_ID = derive_id("hr", RUN_ID, "2", "0")
+
+
+def _run(state: RunState, **changes: Any) -> RunRecord:
+    fields: dict[str, Any] = {
+        "run_id": RUN_ID,
+        "state": state,
+        "agent": "reviewer",
+        "title": "Review PR #42",
+        "launch": LaunchSource(kind="webhook", trigger_id="ado-pr-review"),
+        "human": HumanPolicy(allowed_recipients=["user:alice"], default_timeout_s=600),
+        "correlation_id": RUN_ID,
+        "created_at": T0,
+        "updated_at": T0,
+    }
+    return RunRecord(**(fields | changes))
+
+
+def _pending(turn: int = 2, request_id: str = REQUEST_ID, asked_at: datetime = T0) -> PendingAsk:
+    return PendingAsk(request_id=request_id, call_id="call-ask", turn=turn, asked_at=asked_at, arguments=ASK_ARGS)
+
+
+def _ckpt(turn: int = 1, **changes: Any) -> Checkpoint:
+    fields: dict[str, Any] = {
+        "checkpoint_id": f"ckpt-{turn}",
+        "run_id": RUN_ID,
+        "turn": turn,
+        "saved_at": T0,
+        "messages": [Message(role="system", content="s"), Message(role="user", content="task")],
+    }
+    return Checkpoint(**(fields | changes))
+
+
+def _decide(
+    run: RunRecord | None,
+    ckpt: Checkpoint | None,
+    incoming: Incoming,
+    *,
+    now: datetime = T0,
+    attempt: Attempt | None = None,
+    agent: Agent | None = AGENT,
+) -> Decision:
+    return decide(run, ckpt, agent, incoming, now=now, attempt=attempt)
+
+
+def _published(decision: Decision) -> list[Any]:
+    return [e.data for e in decision.effects if isinstance(e, Publish)]
+
+
+def _kinds(decision: Decision) -> list[str]:
+    return [type(e).__name__ for e in decision.effects if not isinstance(e, Note)]
+
+
+def _answered(request_id: str = REQUEST_ID, answer: OptionAnswer | TextAnswer | None = None) -> HumanAnswered:
+    return HumanAnswered(
+        request_id=request_id,
+        run_id=RUN_ID,
+        recipient="user:alice",
+        responder="user:alice",
+        answer=answer or OptionAnswer(option_id="keep-v1", label="Keep v1"),
+        channel="web",
+        waited_s=86400.0,
+    )
+
+
+# --------------------------------------------------------------------------- start
+def test_a_new_run_is_created_once_then_started_and_driven() -> None:
+    event = run_requested(RUN_ID)
+    incoming = Requested(request=event.payload(RunRequested), correlation_id=RUN_ID)
+    first = _decide(None, None, incoming)
+    assert _kinds(first) == ["CreateRun"]
+    assert first.then == incoming  # decided again once the record is there
+    (create,) = first.effects
+    assert isinstance(create, CreateRun)
+    assert create.record.state is RunState.PENDING
+    assert create.record.created_at == T0
+
+    started = _decide(create.record, None, incoming, attempt=Attempt(stream_seq=7, delivered=1))
+    assert _kinds(started) == ["Publish", "CreateCheckpoint", "ArmWatchdog", "TakeLease", "Transition", "Publish"]
+    created, _, arm, lease, move, begun = started.effects
+    assert lease == TakeLease(Lease(holder="driver", expires_at=T0 + timedelta(seconds=30)))
+    assert isinstance(created, Publish)
+    assert isinstance(created.data, RunCreated)
+    assert arm == ArmWatchdog(0, REVIEWER.limits.max_compute_s, ("start", "7", "1"))
+    assert move == Transition(RunState.RUNNING)
+    assert isinstance(begun, Publish)
+    assert isinstance(begun.data, RunStarted)
+    assert begun.data.agent_card is not None
+    assert begun.data.agent_card.tools == ["get_input", "ask_human"]
+    assert started.then == Boundary()
+
+
+def test_a_run_requested_again_while_running_recovers_from_its_checkpoint() -> None:
+    incoming = Requested(request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID)
+    decision = _decide(_run(RunState.RUNNING), _ckpt(turn=3), incoming, attempt=Attempt(stream_seq=7, delivered=2))
+    resumed = [d for d in _published(decision) if isinstance(d, RunResumed)]
+    assert resumed == [RunResumed(run_id=RUN_ID, reason="recovery", from_turn=3)]
+    recovery = next(e for e in decision.effects if isinstance(e, Publish) and isinstance(e.data, RunResumed))
+    assert recovery.id_parts == ("recovery", "7", "2")
+    assert decision.then == Boundary()
+    # parked, resuming or finished: a duplicate request changes nothing but its run.created
+    for state in (RunState.WAITING_FOR_HUMAN, RunState.RESUMING, RunState.COMPLETED):
+        duplicate = _decide(_run(state), _ckpt(), incoming)
+        assert [type(d) for d in _published(duplicate)] == [RunCreated]
+        assert duplicate.then is None
+
+
+def test_an_unknown_agent_fails_the_run() -> None:
+    incoming = Requested(request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID)
+    decision = _decide(_run(RunState.PENDING), None, incoming, agent=None)
+    assert _kinds(decision) == ["Publish", "Publish", "Transition", "DisarmWatchdog"]
+    failed = _published(decision)[1]
+    assert isinstance(failed, RunFailed)
+    assert failed.reason == "unknown_agent"
+
+
+# --------------------------------------------------------------------------- turns
+def test_a_boundary_starts_a_turn_with_the_remaining_budget() -> None:
+    decision = _decide(_run(RunState.RUNNING), _ckpt(turn=2, compute_s=100.0), Boundary())
+    renew = TakeLease(Lease(holder="driver", expires_at=T0 + timedelta(seconds=30)), renew=True)
+    assert decision.effects == (renew, ArmWatchdog(2, 900.0, ("turn", "0", "1")))
+    call = decision.then
+    assert isinstance(call, CallProvider)
+    assert (call.turn, call.budget_s, call.context.turn) == (3, 800.0, 3)
+    assert [spec.name for spec in call.tools] == ["get_input", "ask_human"]
+
+
+def test_limits_exclude_waiting_time() -> None:
+    # parked for a week after 10 s of compute, against a 60 s budget: the next turn starts
+    agent = Agent(AGENT.card.model_copy(update={"limits": Limits(max_compute_s=60.0)}), AGENT.tools)
+    ckpt = _ckpt(turn=2, compute_s=10.0, applied_requests=[REQUEST_ID])
+    resumed = _run(RunState.RUNNING, created_at=T0 - timedelta(days=7))
+    decision = _decide(resumed, ckpt, Boundary(), now=T0 + timedelta(days=7), agent=agent)
+    assert isinstance(decision.then, CallProvider)
+    assert decision.then.budget_s == 50.0
+    # and the turn's own compute is what is added to the checkpoint
+    reply = AssistantTurn(tool_calls=[ToolCall(id="call-read", name="get_input")])
+    asked = _decide(resumed, ckpt, ProviderReplied(turn=3, reply=reply, elapsed_s=0.5), agent=agent)
+    assert isinstance(asked.then, CallTool)
+    done = _decide(resumed, ckpt, ToolReturned(asked.then.turn, 0, ToolOutput("{}"), elapsed_s=1.5), agent=agent)
+    (saved,) = [e for e in done.effects if isinstance(e, SaveCheckpoint)]
+    assert saved.checkpoint.compute_s == 11.5
+    # computing past the budget fails the run at the next boundary
+    spent = _decide(resumed, ckpt.model_copy(update={"compute_s": 60.0}), Boundary(), agent=agent)
+    (failed,) = [d for d in _published(spent) if isinstance(d, RunFailed)]
+    assert failed.reason == "compute_timeout"
+
+
+@pytest.mark.parametrize(
+    ("ckpt", "limits", "reason"),
+    [
+        (_ckpt(turn=20), Limits(), "max_turns"),
+        (_ckpt(usage=Usage(total_tokens=100)), Limits(max_tokens=100), "token_limit"),
+    ],
+)
+def test_a_limit_reached_at_a_boundary_fails_the_run(ckpt: Checkpoint, limits: Limits, reason: str) -> None:
+    agent = Agent(AGENT.card.model_copy(update={"limits": limits}), AGENT.tools)
+    decision = _decide(_run(RunState.RUNNING), ckpt, Boundary(), agent=agent)
+    (failed,) = _published(decision)
+    assert isinstance(failed, RunFailed)
+    assert failed.reason == reason
+    assert decision.then is None
+
+
+def test_a_final_answer_completes_the_run_with_its_usage() -> None:
+    reply = AssistantTurn(content="LGTM", usage=Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5))
+    ckpt = _ckpt(turn=1, usage=Usage(total_tokens=10))
+    decision = _decide(_run(RunState.RUNNING), ckpt, ProviderReplied(turn=2, reply=reply, elapsed_s=0.1))
+    assert _published(decision) == [RunCompleted(run_id=RUN_ID, result="LGTM", turns=2)]
+    (move,) = [e for e in decision.effects if isinstance(e, Transition)]
+    assert move.target is RunState.COMPLETED
+    assert move.changes["usage"].total_tokens == 15
+
+
+def test_a_reply_for_a_run_that_moved_on_meanwhile_is_dropped() -> None:
+    reply = AssistantTurn(content="late")
+    decision = _decide(_run(RunState.FAILED), _ckpt(), ProviderReplied(turn=2, reply=reply, elapsed_s=900))
+    assert _kinds(decision) == []
+    assert decision.then is None
+
+
+def test_tool_calls_run_in_order_refusals_answered_at_once_one_ask_per_turn() -> None:
+    calls = [
+        ToolCall(id="call-read", name="get_input"),
+        ToolCall(id="call-rm", name="delete_repository", arguments={"name": "x"}),
+        ToolCall(id="call-ask", name="ask_human", arguments=ASK_ARGS),
+        ToolCall(id="call-ask2", name="ask_human", arguments=ASK_ARGS),
+    ]
+    reply = AssistantTurn(content="Reading.", tool_calls=calls)
+    run, ckpt = _run(RunState.RUNNING), _ckpt(turn=1)
+    first = _decide(run, ckpt, ProviderReplied(turn=2, reply=reply, elapsed_s=0.2))
+    assert first.effects == ()  # nothing before the first call
+    call = first.then
+    assert isinstance(call, CallTool)
+    assert call.index == 0
+    assert isinstance(call.turn.plans[2], Ask)
+    assert call.turn.plans[2].pending.request_id == derive_id("hr", RUN_ID, "2", "2")
+
+    done = _decide(run, ckpt, ToolReturned(call.turn, 0, ToolOutput('{"pr": 42}'), elapsed_s=0.3))
+    called = [d for d in _published(done) if isinstance(d, RunToolCalled)]
+    assert [(c.call_id, c.turn) for c in called] == [("call-read", 2), ("call-rm", 2), ("call-ask2", 2)]
+    assert "not allowed" in json.loads(called[1].result_preview)["error"]
+    assert "one ask_human per turn" in json.loads(called[2].result_preview)["error"]
+    ids = [e.id_parts for e in done.effects if isinstance(e, Publish) and isinstance(e.data, RunToolCalled)]
+    assert ids == [("2", "0"), ("2", "1"), ("2", "3")]  # (turn, call index): a replay republishes them
+    saves = [e for e in done.effects if isinstance(e, SaveCheckpoint)]
+    assert len(saves) == 1
+    saved = saves[0].checkpoint
+    assert saved.turn == 2
+    assert saved.checkpoint_id == derive_id("ckpt", RUN_ID, "2")
+    assert saved.pending is not None
+    assert saved.pending.call_id == "call-ask"
+    assert saved.malformed_tool_calls == 1
+    assert [(m.role, m.tool_call_id) for m in saved.messages[2:]] == [
+        ("assistant", None),
+        ("tool", "call-read"),
+        ("tool", "call-rm"),
+        ("tool", "call-ask2"),
+    ]
+    assert _published(done)[-1] == RunCheckpointed(run_id=RUN_ID, checkpoint_id=saved.checkpoint_id, turn=2)
+    assert done.then == Boundary()  # where it parks
+
+
+def test_the_same_reply_decided_twice_gives_the_same_ids() -> None:
+    reply = AssistantTurn(tool_calls=[ToolCall(id="call-ask", name="ask_human", arguments=ASK_ARGS)])
+    run, ckpt = _run(RunState.RUNNING), _ckpt(turn=1)
+    once = _decide(run, ckpt, ProviderReplied(turn=2, reply=reply, elapsed_s=0.1))
+    again = _decide(run, ckpt, ProviderReplied(turn=2, reply=reply, elapsed_s=0.4), now=T0 + timedelta(minutes=5))
+    (first,) = [e for e in once.effects if isinstance(e, SaveCheckpoint)]
+    (second,) = [e for e in again.effects if isinstance(e, SaveCheckpoint)]
+    assert first.checkpoint.pending is not None
+    assert second.checkpoint.pending is not None
+    assert first.checkpoint.pending.request_id == second.checkpoint.pending.request_id == REQUEST_ID
+    assert first.checkpoint.checkpoint_id == second.checkpoint.checkpoint_id
+
+
+def test_a_tool_that_broke_is_a_tool_failed_and_an_error_for_the_model() -> None:
+    reply = AssistantTurn(tool_calls=[ToolCall(id="call-read", name="get_input")])
+    run, ckpt = _run(RunState.RUNNING), _ckpt(turn=1)
+    call = _decide(run, ckpt, ProviderReplied(turn=2, reply=reply, elapsed_s=0.1)).then
+    assert isinstance(call, CallTool)
+    done = _decide(run, ckpt, ToolReturned(call.turn, 0, ToolBroke("RuntimeError: disk gone"), elapsed_s=0.2))
+    failed, called, _ = _published(done)
+    assert failed == ToolFailed(
+        run_id=RUN_ID, turn=2, call_id="call-read", tool="get_input", error="RuntimeError: disk gone"
+    )
+    assert isinstance(called, RunToolCalled)
+    assert json.loads(called.result_preview) == {"error": "the tool 'get_input' failed: RuntimeError: disk gone"}
+    assert not [d for d in _published(done) if isinstance(d, RunFailed)]
+
+
+def test_too_many_malformed_calls_fail_the_run_instead_of_committing() -> None:
+    agent = Agent(AGENT.card.model_copy(update={"limits": Limits(max_malformed_tool_calls=1)}), AGENT.tools)
+    reply = AssistantTurn(tool_calls=[ToolCall(id="c", name="get_input", invalid_arguments="nope")])
+    ckpt = _ckpt(turn=1, malformed_tool_calls=1)
+    decision = _decide(_run(RunState.RUNNING), ckpt, ProviderReplied(turn=2, reply=reply, elapsed_s=0.1), agent=agent)
+    assert not [e for e in decision.effects if isinstance(e, SaveCheckpoint)]
+    assert [d.reason for d in _published(decision) if isinstance(d, RunFailed)] == ["malformed_tool_calls"]
+
+
+@pytest.mark.parametrize(("permanent", "attempt", "fails"), [(False, 1, False), (False, 8, True), (True, 1, True)])
+def test_a_provider_failure_is_retried_until_it_is_permanent_or_the_last_delivery(
+    permanent: bool, attempt: int, fails: bool
+) -> None:
+    failure = ProviderFailed(turn=2, error="503: overloaded", permanent=permanent)
+    decision = _decide(_run(RunState.RUNNING), _ckpt(), failure, attempt=Attempt(delivered=attempt, max_deliver=8))
+    if fails:
+        assert [d.reason for d in _published(decision) if isinstance(d, RunFailed)] == ["provider_error"]
+    else:
+        assert decision.effects == (Retry("503: overloaded"),)
+
+
+# --------------------------------------------------------------------------- parking and outcomes
+def test_a_pending_ask_parks_the_run_without_a_watchdog() -> None:
+    decision = _decide(_run(RunState.RUNNING), _ckpt(turn=2, pending=_pending()), Boundary())
+    assert _kinds(decision) == ["Publish", "DisarmWatchdog", "Transition"]
+    (requested,) = _published(decision)
+    assert isinstance(requested, HumanRequested)
+    assert (requested.request_id, requested.timeout_s) == (REQUEST_ID, 600)
+    assert requested.expires_at == T0 + timedelta(seconds=600)  # from the ask's time, not the clock
+    (move,) = [e for e in decision.effects if isinstance(e, Transition)]
+    assert move == Transition(RunState.WAITING_FOR_HUMAN, {"waiting_request_id": REQUEST_ID, "waiting_since": T0})
+    assert decision.then == Parked()
+    assert _decide(_run(RunState.WAITING_FOR_HUMAN), None, Parked()).effects == ()
+
+
+def test_an_outcome_arriving_before_its_run_has_parked_is_applied_once_parked() -> None:
+    outcome = human_outcome("human.answered", "evt-ans", _answered())
+    ckpt = _ckpt(turn=2, pending=_pending())
+    # the turn that asked is committed, the move to waiting_for_human is not: never mid-turn, retried
+    early = _decide(_run(RunState.RUNNING), ckpt, outcome)
+    assert early.effects == (Retry("the run has not finished parking on this request yet"),)
+    # parked: it resumes (run.resumed, the watchdog back, resuming), then applies it, then drives
+    waiting = _run(RunState.WAITING_FOR_HUMAN, waiting_request_id=REQUEST_ID, waiting_since=T0)
+    resume = _decide(waiting, ckpt, outcome)
+    assert _kinds(resume) == ["Publish", "ArmWatchdog", "Transition"]
+    (resumed,) = _published(resume)
+    assert resumed == RunResumed(run_id=RUN_ID, reason="answer", from_turn=2, request_id=REQUEST_ID, waited_s=86400.0)
+    assert resume.then == outcome
+    apply = _decide(_run(RunState.RESUMING, waiting_request_id=REQUEST_ID), ckpt, outcome)
+    assert isinstance(apply.effects[0], TakeLease)  # the handler that resumes it drives it
+    assert apply.effects[1] == ApplyResult(REQUEST_ID, tool_content(outcome.result))
+    assert apply.effects[2] == Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None})
+    assert apply.then == Boundary()
+    applied = apply_result(ckpt, REQUEST_ID, tool_content(outcome.result), T0)
+    assert applied is not None
+    assert applied.pending is None
+    assert applied.applied_requests == [REQUEST_ID]
+    last = applied.messages[-1]
+    assert (last.role, last.name, last.tool_call_id) == ("tool", "ask_human", "call-ask")
+    assert parse_result(last.content or "") == outcome.result
+
+
+def test_a_repeated_outcome_for_an_applied_request_is_a_no_op() -> None:
+    outcome = human_outcome("human.answered", "evt-dup", _answered())
+    ckpt = _ckpt(turn=2, applied_requests=[REQUEST_ID])
+    assert apply_result(ckpt, REQUEST_ID, tool_content(outcome.result), T0) is None
+    # while the run waits on its next request, or after it finished: nothing but a log line
+    later = _run(RunState.WAITING_FOR_HUMAN, waiting_request_id="hr-next")
+    for run in (later, _run(RunState.COMPLETED)):
+        decision = _decide(run, ckpt, outcome)
+        assert _kinds(decision) == []
+        assert decision.then is None
+    # running on the strength of it (its resumer died): this delivery drives the run on
+    assert _decide(_run(RunState.RUNNING), ckpt, outcome).then == Boundary()
+    # applying an outcome the run is not waiting for is refused for good
+    with pytest.raises(PermanentError, match="is not waiting on hr-other"):
+        apply_result(_ckpt(pending=_pending()), "hr-other", "{}", T0)
+
+
+def test_an_expiry_under_a_fail_policy_fails_the_run() -> None:
+    expired = HumanExpired(request_id=REQUEST_ID, run_id=RUN_ID, recipient="user:alice", action="fail", waited_s=600)
+    waiting = _run(RunState.WAITING_FOR_HUMAN, waiting_request_id=REQUEST_ID)
+    decision = _decide(waiting, _ckpt(pending=_pending()), human_outcome("human.expired", "evt-x", expired))
+    assert [d.reason for d in _published(decision) if isinstance(d, RunFailed)] == ["human_request_expired"]
+
+
+def test_an_expiry_under_a_cancel_policy_leaves_the_cancelling_to_its_cancel_request() -> None:
+    expired = HumanExpired(request_id=REQUEST_ID, run_id=RUN_ID, recipient="user:alice", action="cancel", waited_s=60)
+    waiting = _run(RunState.WAITING_FOR_HUMAN, waiting_request_id=REQUEST_ID)
+    decision = _decide(waiting, _ckpt(pending=_pending()), human_outcome("human.expired", "evt-x", expired))
+    assert not _published(decision), "neither resumed without an answer nor failed"
+    assert not any(isinstance(e, Transition) for e in decision.effects)
+    assert decision.then is None
+
+
+def test_an_outcome_for_an_unknown_run_is_rejected() -> None:
+    outcome = human_outcome("human.answered", "evt-ans", _answered())
+    assert _decide(None, None, outcome).effects == (Reject(f"human.answered for unknown run {RUN_ID}"),)
+
+
+def test_human_outcomes_are_the_tool_results_older_executors_wrote() -> None:
+    # the exact JSON the engine wrote as untyped dicts: checkpoints saved by it read the same
+    answer = OptionAnswer(option_id="keep-v1", label="Keep v1")
+    legacy_answered = {
+        "request_id": REQUEST_ID,
+        "status": "answered",
+        "responder": "user:alice",
+        "channel": "web",
+        "answer": answer.model_dump(mode="json"),
+    }
+    assert tool_content(human_outcome("human.answered", "e", _answered(answer=answer)).result) == json.dumps(
+        legacy_answered, sort_keys=True
+    )
+    expired = HumanExpired(request_id=REQUEST_ID, run_id=RUN_ID, recipient="user:alice", action="default", waited_s=1)
+    legacy_expired = {
+        "request_id": REQUEST_ID,
+        "status": "expired",
+        "note": "nobody answered in time; the timeout policy's default applies",
+        "answer": None,
+    }
+    assert tool_content(human_outcome("human.expired", "e", expired).result) == json.dumps(
+        legacy_expired, sort_keys=True
+    )
+    rejected = HumanRejected(
+        request_id=REQUEST_ID, run_id=RUN_ID, recipient="user:bob", reason="recipient_not_allowed", detail="no"
+    )
+    legacy_rejected = {"request_id": REQUEST_ID, "status": "rejected", "error": "recipient_not_allowed: no"}
+    assert tool_content(human_outcome("human.rejected", "e", rejected).result) == json.dumps(
+        legacy_rejected, sort_keys=True
+    )
+    assert parse_result(json.dumps(legacy_rejected)).status == "rejected"
+
+
+def test_a_checkpoint_written_before_pending_asks_had_a_kind_still_resumes() -> None:
+    old = {
+        "checkpoint_id": "ckpt-2",
+        "run_id": RUN_ID,
+        "turn": 2,
+        "saved_at": T0.isoformat(),
+        "messages": [{"role": "system", "content": "s"}],
+        "pending": {
+            "request_id": REQUEST_ID,
+            "call_id": "call-ask",
+            "turn": 2,
+            "asked_at": T0.isoformat(),
+            "arguments": ASK_ARGS,
+        },
+        "compute_s": 1.5,
+        "applied_requests": [],
+    }
+    ckpt = Checkpoint.model_validate_json(json.dumps(old))
+    assert ckpt.pending is not None
+    assert ckpt.pending.kind == "human"
+    assert (ckpt.usage, ckpt.malformed_tool_calls) == (Usage(), 0)
+    outcome = human_outcome("human.answered", "evt-ans", _answered())
+    applied = apply_result(ckpt, REQUEST_ID, tool_content(outcome.result), T0)
+    assert applied is not None
+    assert applied.messages[-1].tool_call_id == "call-ask"
+
+
+# --------------------------------------------------------------------------- cancel
+def test_cancel_while_waiting_cancels_at_once_and_a_driven_run_at_its_next_boundary() -> None:
+    incoming = CancelRequested(run_id=RUN_ID, reason="wrong PR", requested_by="on-call", event_id="evt-c1")
+    waiting = _run(RunState.WAITING_FOR_HUMAN, waiting_request_id=REQUEST_ID)
+    flag = _decide(waiting, _ckpt(), incoming)
+    request = CancelRequest(reason="wrong PR", requested_by="on-call", requested_at=T0, event_id="evt-c1")
+    assert flag.effects == (FlagCancel(request),)
+    assert flag.then == CancelRecorded("on-call")
+    flagged_run = flagged(waiting, request, T0)
+    assert flagged_run is not None
+    assert flagged(flagged_run, request.model_copy(update={"event_id": "evt-c2"}), T0) is None  # the first wins
+    cancel = _decide(flagged_run, _ckpt(), CancelRecorded("on-call"))
+    assert _kinds(cancel) == ["Publish", "Transition", "DisarmWatchdog"]
+    (cancelled,) = [e for e in cancel.effects if isinstance(e, Publish)]
+    assert cancelled.data == RunCancelled(run_id=RUN_ID, reason="wrong PR (requested by on-call)")
+    assert cancelled.causation == "evt-c1"
+    # a driven run: nothing now; its driver cancels at the boundary instead of starting a turn
+    running = _run(RunState.RUNNING, cancel=request)
+    assert _kinds(_decide(running, _ckpt(), CancelRecorded("on-call"))) == []
+    at_boundary = _decide(running, _ckpt(pending=_pending()), Boundary())
+    assert [type(d) for d in _published(at_boundary)] == [RunCancelled]
+    assert at_boundary.then is None
+    # asked to stop while it parked: cancelled right after the park
+    assert [type(d) for d in _published(_decide(flagged_run, None, Parked()))] == [RunCancelled]
+    # finished: ignored; unknown: dead-lettered
+    assert _kinds(_decide(_run(RunState.COMPLETED), None, CancelRecorded("on-call"))) == []
+    assert _decide(None, None, incoming).effects == (Reject(f"run.cancel_requested for unknown run {RUN_ID}"),)
+
+
+def test_moves_go_through_the_state_machine() -> None:
+    waiting = _run(RunState.WAITING_FOR_HUMAN)
+    assert moved(waiting, RunState.WAITING_FOR_HUMAN, {}, T0) is None  # a repeat is a no-op
+    with pytest.raises(RunMovedOn):
+        moved(waiting, RunState.RUNNING, {}, T0)  # never back to running without resuming
+    done = _run(RunState.COMPLETED, result="ok")
+    assert moved(done, RunState.COMPLETED, {"result": "other"}, T0) is None  # a finished record is final
+    resuming = moved(waiting, RunState.RESUMING, {}, T0 + timedelta(seconds=1))
+    assert resuming is not None
+    assert (resuming.state, resuming.updated_at) == (RunState.RESUMING, T0 + timedelta(seconds=1))
+
+
+# --------------------------------------------------------------------------- watchdog and dead letters
+def _fired(turn: int, armed_at: datetime = T0) -> WatchdogFired:
+    payload = WatchdogPayload(run_id=RUN_ID, turn=turn, armed_at=armed_at, deadline=armed_at + timedelta(seconds=1))
+    return WatchdogFired(payload=payload, grace_s=300.0)
+
+
+def test_the_watchdog_fails_a_run_without_progress_and_watches_on_after_progress() -> None:
+    running = _run(RunState.RUNNING)
+    later = T0 + timedelta(seconds=1500)
+    progressed = _decide(running, _ckpt(turn=3), _fired(turn=2), now=later, attempt=Attempt(stream_seq=9))
+    assert [e for e in progressed.effects if not isinstance(e, Note)] == [ArmWatchdog(3, 900.0, ("progress", "9", "1"))]
+    stalled = _decide(running, _ckpt(turn=3), _fired(turn=3), now=later)
+    (failed,) = _published(stalled)
+    assert isinstance(failed, RunFailed)
+    assert failed.reason == "stalled"
+    assert failed.error.startswith("no progress in running at turn 3 for 1500s")
+    for state in (RunState.WAITING_FOR_HUMAN, RunState.COMPLETED):
+        assert _kinds(_decide(_run(state), _ckpt(turn=3), _fired(turn=3), now=later)) == []
+
+
+def test_a_dead_letter_fails_only_the_run_its_message_drives() -> None:
+    applied = _ckpt(applied_requests=["hr-0", "hr-1"])
+    assert drives(_run(RunState.RUNNING), applied, "human.answered", "hr-1")
+    assert not drives(_run(RunState.RUNNING), applied, "human.answered", "hr-0")
+    assert not drives(_run(RunState.RUNNING), applied, "run.requested", None)
+    assert drives(_run(RunState.PENDING), None, "run.requested", None)
+    assert not drives(_run(RunState.RUNNING), _ckpt(), "run.cancel_requested", None)
+    lost = DeadLettered("run.requested", "evt-1", None, 3, "Conflict: raced", lost_race=True)
+    assert _decide(_run(RunState.PENDING), None, lost).effects == ()
+    given_up = DeadLettered("run.requested", "evt-1", None, 3, "RuntimeError: boom")
+    (failed,) = _published(_decide(_run(RunState.PENDING), None, given_up))
+    assert isinstance(failed, RunFailed)
+    assert failed.error == "run.requested evt-1 dead-lettered after 3 deliveries: RuntimeError: boom"
+    decision = _decide(_run(RunState.PENDING), None, given_up)
+    assert [e.causation for e in decision.effects if isinstance(e, Publish)] == ["evt-1"]
+    assert DisarmWatchdog() in decision.effects
+    assert not [e for e in decision.effects if isinstance(e, CreateCheckpoint)]

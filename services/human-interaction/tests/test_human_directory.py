@@ -8,7 +8,14 @@ import pytest
 from human_support import USERS_FILE
 
 from temporality_human_interaction.channels import WebInboxAdapter
-from temporality_human_interaction.directory import Directory, DirectoryError, user_id_of
+from temporality_human_interaction.directory import (
+    Directory,
+    DirectoryError,
+    group_id_of,
+    hash_token,
+    parse_directory,
+    user_id_of,
+)
 from temporality_human_interaction.requests import ChannelChoice, channel_candidates
 
 
@@ -104,3 +111,40 @@ async def test_channel_choice_falls_back_when_the_preferred_adapter_is_missing_o
     async with web:
         assert channel_candidates(alice, {"web": web}) == [ChannelChoice("web", fallback_from="matrix")]
     assert not web.available
+
+
+def test_groups_in_the_file_must_list_known_users_once() -> None:
+    raw = _raw()
+    directory = Directory.from_mapping({**raw, "groups": {"owners": {"display_name": "Owners", "members": ["alice"]}}})
+    group = directory.group("owners")
+    assert group is not None
+    assert group.members == ["alice"]
+    assert directory.groups_with("alice") == ["owners"]
+    with pytest.raises(DirectoryError, match="zed"):
+        Directory.from_mapping({**raw, "groups": {"owners": {"display_name": "Owners", "members": ["alice", "zed"]}}})
+    with pytest.raises(DirectoryError, match="twice"):
+        Directory.from_mapping({**raw, "groups": {"owners": {"display_name": "O", "members": ["alice", "alice"]}}})
+    with pytest.raises(DirectoryError, match="members"):
+        Directory.from_mapping({**raw, "groups": {"owners": {"display_name": "Owners", "members": []}}})
+
+
+def test_a_literal_token_is_kept_only_as_its_hash() -> None:
+    users, _ = parse_directory(_raw())
+    alice = users["alice"]
+    assert alice.inbox_token is None
+    assert alice.inbox_token_sha256 == hash_token("alice-token-1")
+    assert "alice-token-1" not in alice.model_dump_json()
+    assert Directory(users).user_for_token("alice-token-1") == "alice"
+    with pytest.raises(DirectoryError, match="inbox_token"):
+        Directory.from_mapping(_raw(inbox_token="short"))
+
+
+def test_ids_are_kv_safe_and_groups_are_recipients() -> None:
+    for bad in ("a..b", ".a", "a.", "a b", "x" * 65):
+        with pytest.raises(DirectoryError):
+            Directory.from_mapping({"users": {bad: _raw()["users"]["alice"]}})  # type: ignore[index]
+    assert "john.doe" in Directory.from_mapping({"users": {"john.doe": _raw()["users"]["alice"]}})  # type: ignore[index]
+    assert group_id_of("group:api-owners") == "api-owners"
+    assert group_id_of("user:alice") is None
+    assert user_id_of("group:api-owners") is None
+    assert group_id_of("group:a..b") is None

@@ -132,7 +132,9 @@ async def test_request_id_reused_by_another_run_is_permanent(bus: Bus, handler: 
 class _BrokenWeb(WebInboxAdapter):
     """A web channel whose every delivery fails (a transport that is up but refuses)."""
 
-    async def do_deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
+    async def do_deliver(
+        self, request: HumanRequestRecord, profile: UserProfile, *, banner: str | None = None, tag: str = ""
+    ) -> DeliveryReceipt:
         raise DeliveryFailed("the inbox refused it")
 
 

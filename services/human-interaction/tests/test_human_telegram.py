@@ -7,9 +7,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from human_support import OPTIONS, events_of, exactly, requested, stored, wait_for_record
+from human_support import OPTIONS, events_of, exactly, requested, running, stored, wait_for_record
 
-from conftest import running
 from temporality_bus import Bus, Consumer, PermanentError, TransientError
 from temporality_human_interaction.api import create_app
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
@@ -180,7 +179,7 @@ async def test_stale_button_is_refused_with_the_reason_and_binds_nothing(
     assert (await emulator.wait_for_callback_answer(same))["text"] == "Already recorded: Keep the v1 API"
     other = await emulator.press(ALICE, message, emulator_data(data, 2))  # another option: refused
     refusal = await emulator.wait_for_callback_answer(other)
-    assert refusal["text"].startswith("Not recorded: already answered by user:alice")
+    assert refusal["text"].startswith("Not recorded: already answered by Alice Example (user:alice)")
     assert refusal["show_alert"] == "true"
     await exactly(bus, "human.answered", 1)
 

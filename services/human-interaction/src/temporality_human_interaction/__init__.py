@@ -1,13 +1,15 @@
-"""human-interaction: the user directory, human requests, channel adapters, answer binding, deadlines."""
+"""human-interaction: the user directory (a live store with an API), human requests, channel adapters, answer
+binding, deadlines."""
 
 from temporality_human_interaction.answers import AnswerRefused, AnswerSubmission, bind_answer
 from temporality_human_interaction.api import create_app
 from temporality_human_interaction.channels import ChannelAdapter, DeliveryReceipt, WebInboxAdapter
 from temporality_human_interaction.deadlines import DeadlineHandler
-from temporality_human_interaction.directory import Directory, DirectoryError, UserProfile
+from temporality_human_interaction.directory import Directory, DirectoryError, GroupProfile, UserProfile
 from temporality_human_interaction.records import HumanRequestRecord
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.settings import Settings
+from temporality_human_interaction.store import DirectoryStore, DirectoryWatch
 
 __all__ = [
     "AnswerRefused",
@@ -17,6 +19,9 @@ __all__ = [
     "DeliveryReceipt",
     "Directory",
     "DirectoryError",
+    "DirectoryStore",
+    "DirectoryWatch",
+    "GroupProfile",
     "HumanRequestRecord",
     "RequestHandler",
     "Settings",

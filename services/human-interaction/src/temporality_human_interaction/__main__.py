@@ -1,5 +1,11 @@
 """``temporality-human-interaction``: the user directory, channel adapters, the request and deadline
-consumers and the web-inbox API, started by the service runtime."""
+consumers, the web-inbox API and the directory API, started by the service runtime.
+
+configure: read the API tokens file and validate the users file (either unusable: exit 2). setup: open
+the ``human-directory`` bucket, seed it with the file's users and groups (create-if-absent, each one
+created journaled as ``human.directory.changed``), then watch it: the :class:`Directory` every part
+reads is the store's, kept current without a restart (ready only once the first snapshot is applied).
+"""
 
 from __future__ import annotations
 
@@ -7,20 +13,26 @@ import structlog
 
 from temporality_bus import Bus
 from temporality_human_interaction.api import create_app
+from temporality_human_interaction.chain import ChainRunner
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
 from temporality_human_interaction.channels.matrix import MatrixAdapter
 from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.deadlines import DeadlineHandler
-from temporality_human_interaction.directory import Directory, DirectoryError
+from temporality_human_interaction.directory import Directory, DirectoryError, parse_directory, read_directory_file
+from temporality_human_interaction.directory_api import group_view, user_view
+from temporality_human_interaction.events import SOURCE
 from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.notifications import NotificationHandler
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
 from temporality_human_interaction.settings import Settings
+from temporality_human_interaction.store import DirectoryStore, DirectoryWatch, entry_key
+from temporality_protocol import derive_id, make_event
 from temporality_protocol.catalog import SERVICES
-from temporality_service import ConfigError, Runtime, Setup, serve
+from temporality_protocol.events import HumanDirectoryChanged
+from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
 
-__all__ = ["SPEC", "build_adapters", "check_channel_settings", "configure", "run"]
+__all__ = ["SPEC", "build_adapters", "check_channel_settings", "configure", "run", "seed_directory"]
 
 SPEC = SERVICES["human-interaction"]
 log = structlog.get_logger(__name__)
@@ -67,16 +79,56 @@ def build_adapters(settings: Settings, bus: Bus) -> list[ChannelAdapter]:
     return adapters
 
 
+async def seed_directory(bus: Bus, store: DirectoryStore, raw: object, *, by: str) -> int:
+    """Create the users file's entries the store does not hold yet, each journaled; how many were created."""
+    users, groups = parse_directory(raw)
+    created = await store.seed(users, groups, by=by)
+    for kind, entry_id, entry, revision in created:
+        if entry.user is not None:
+            after = user_view(entry_id, entry.user)
+        else:
+            assert entry.group is not None
+            after = group_view(entry_id, entry.group)
+        change = HumanDirectoryChanged(
+            kind=kind,
+            entry_id=entry_id,
+            action="created",
+            revision=revision,
+            changed_by=by,
+            changed_fields=sorted(set(after) - {"id", "inbox_token_set"}),
+            after=after,
+        )
+        event_id = derive_id("evt", "directory", kind, entry_id, str(revision), "created")
+        await bus.publish(
+            make_event(change, source=SOURCE, id=event_id, actor=by, correlation_id=entry_key(kind, entry_id))
+        )
+        log.info("directory.seeded", kind=kind, id=entry_id, revision=revision)
+    return len(created)
+
+
 def configure(settings: Settings) -> Setup[Settings]:
-    """Load the user directory and check the channel settings before anything connects (invalid: exit 2)."""
+    """Read the API tokens and the user directory and check the channel settings before anything connects
+    (invalid: exit 2)."""
     check_channel_settings(settings)
     try:
-        directory = Directory.from_yaml(settings.users_file)
+        auth = ApiAuth.from_settings(settings.api)
+    except TokenFileError as exc:
+        raise ConfigError(str(exc)) from exc
+    try:
+        raw = read_directory_file(settings.users_file)
+        seed = Directory.from_mapping(raw)  # validated whole: the same checks as every start
     except DirectoryError as exc:
         raise ConfigError(f"{settings.users_file}: {exc}") from exc
-    log.info("directory.loaded", users=len(directory), file=str(settings.users_file))
+    log.info("directory.file_read", users=len(seed), groups=len(seed.group_ids()), file=str(settings.users_file))
+    seeded_by = f"file:{settings.users_file}"
 
     async def setup(rt: Runtime[Settings]) -> None:
+        store = await DirectoryStore.open(rt.bus)
+        await seed_directory(rt.bus, store, raw, by=seeded_by)
+        directory = Directory()
+        watch = DirectoryWatch(directory, store)
+        await rt.resources.enter_async_context(watch.watching())
+        rt.ready_check("directory-store", watch.check)
         adapters: dict[str, ChannelAdapter] = {}
         inbound = AnswerRouter(rt.bus, directory, adapters, repair_after_s=rt.settings.answer_repair_after_s)
         for adapter in build_adapters(rt.settings, rt.bus):
@@ -85,12 +137,13 @@ def configure(settings: Settings) -> Setup[Settings]:
         log.info("channels.ready", channels=sorted(n for n, a in adapters.items() if a.available))
         requests = RequestHandler(rt.bus, directory, adapters)
         rt.consumer("human-interaction-requests", handler=requests.handle, max_inflight=rt.settings.max_inflight)
-        deadlines = DeadlineHandler(rt.bus, on_outcome=inbound.show_outcome)
+        chain = ChainRunner(rt.bus, directory, adapters)  # reminders and escalation (HUM-8)
+        deadlines = DeadlineHandler(rt.bus, on_outcome=inbound.show_outcome, chain=chain)
         rt.consumer("human-interaction-deadlines", raw_handler=deadlines.handle)
         rt.consumer("human-interaction-runs", handler=RunEndHandler(rt.bus, inbound.show_outcome).handle)
         notifications = NotificationHandler(rt.bus, directory, adapters)
         rt.consumer("human-interaction-notifications", handler=notifications.handle)
-        rt.http(create_app(rt.settings, rt.bus, directory, inbound))
+        rt.http(create_app(rt.settings, rt.bus, directory, inbound, store=store, auth=auth))
 
     return setup
 

@@ -43,7 +43,13 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 
 from temporality_bus import Bus, NotFound, TransientError, evolve
 from temporality_human_interaction.events import answered_event
-from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
+from temporality_human_interaction.records import (
+    MAX_LATE_ANSWERS,
+    HumanRequestRecord,
+    LateAnswer,
+    RequestStore,
+    open_store,
+)
 from temporality_human_interaction.timers import arm_answer_repair
 from temporality_protocol import HumanAnswer, HumanRequestState, OptionAnswer, TextAnswer
 from temporality_protocol.events import MAX_TEXT
@@ -140,7 +146,12 @@ def interpret(record: HumanRequestRecord, submission: AnswerSubmission) -> Human
 
 
 def check_recipient(record: HumanRequestRecord, responder: str) -> None:
-    if record.recipient != responder:
+    if not record.may_answer(responder):
+        who = f"the members of {record.recipient}" if record.members else "the recipient"
+        if record.escalated_to is not None:
+            raise NotRecipient(f"only {who} or {record.escalated_to} (escalated to) may answer")
+        if record.members:
+            raise NotRecipient(f"only {who} may answer")
         raise NotRecipient("only the recipient may answer")
 
 
@@ -148,7 +159,10 @@ def refusal_for(record: HumanRequestRecord) -> NotPending:
     """Why a request that is not pending cannot take an answer, in a sentence for the responder."""
     if record.status is HumanRequestState.ANSWERED:
         when = record.answered_at.isoformat() if record.answered_at else "earlier"
-        return NotPending(f"already answered by {record.responder} at {when}", code="already_answered", record=record)
+        who = record.responder or "someone"
+        if record.responder_name and record.responder_name != record.responder:
+            who = f"{record.responder_name} ({record.responder})"
+        return NotPending(f"already answered by {who} at {when}", code="already_answered", record=record)
     if record.status is HumanRequestState.EXPIRED:
         return NotPending(
             f"expired at {record.expires_at.isoformat()} without an answer", code="expired", record=record
@@ -180,6 +194,7 @@ async def bind_answer(
     channel: str,
     clock: Callable[[], datetime] | None = None,
     repair_after_s: float = DEFAULT_REPAIR_AFTER_S,
+    responder_name: str | None = None,
 ) -> HumanRequestRecord:
     """Bind ``submission`` from ``responder`` (``user:<id>``) to ``request_id``; returns the answered record.
 
@@ -193,6 +208,7 @@ async def bind_answer(
         channel=channel,
         clock=clock,
         repair_after_s=repair_after_s,
+        responder_name=responder_name,
     )
     return record
 
@@ -206,12 +222,14 @@ async def bind_answer_outcome(
     channel: str,
     clock: Callable[[], datetime] | None = None,
     repair_after_s: float = DEFAULT_REPAIR_AFTER_S,
+    responder_name: str | None = None,
 ) -> tuple[HumanRequestRecord, bool]:
     """:func:`bind_answer`, also saying whether the answer was already recorded (an identical repeat)."""
     store = await open_store(bus)
     try:
-        record, fresh = await _bind(store, request_id, responder, submission, channel, clock or _utcnow)
+        record, fresh = await _bind(store, request_id, responder, submission, channel, clock or _utcnow, responder_name)
     except NotPending as refused:
+        await _record_late(store, request_id, responder, submission, channel, refused, clock or _utcnow)
         if refused.record is not None and unannounced(refused.record):
             # Refused, but the answer that was bound first may never have been announced: announce it now.
             with structlog.contextvars.bound_contextvars(request_id=request_id, run_id=refused.record.run_id):
@@ -227,6 +245,39 @@ async def bind_answer_outcome(
         else:
             log.info("answer.republishing", trigger="same_answer")
         return await announce_answer(bus, record, store=store), not fresh
+
+
+async def _record_late(
+    store: RequestStore,
+    request_id: str,
+    responder: str,
+    submission: AnswerSubmission,
+    channel: str,
+    refused: NotPending,
+    clock: Callable[[], datetime],
+) -> None:
+    """Keep an answer refused because the request had ended in ``late_answers`` (best effort: never
+    changes the refusal; the newest :data:`MAX_LATE_ANSWERS` are kept)."""
+    record = refused.record
+    answer: HumanAnswer | None = None
+    if record is not None:
+        try:
+            answer = interpret(record, submission)
+        except InvalidAnswer:
+            answer = None
+    late = LateAnswer(responder=responder, channel=channel, at=clock(), refused=refused.code, answer=answer)
+
+    def keep(current: HumanRequestRecord) -> HumanRequestRecord | None:
+        if current.pending:
+            return None
+        return evolve(current, late_answers=[*current.late_answers, late][-MAX_LATE_ANSWERS:])
+
+    try:
+        await store.modify(request_id, keep)
+    except Exception as exc:
+        log.warning("answer.late_not_recorded", request_id=request_id, error=repr(exc))
+        return
+    log.info("answer.late_recorded", request_id=request_id, responder=responder, refused=refused.code)
 
 
 async def announce_answer(
@@ -265,6 +316,7 @@ async def _bind(
     submission: AnswerSubmission,
     channel: str,
     clock: Callable[[], datetime],
+    responder_name: str | None = None,
 ) -> tuple[HumanRequestRecord, bool]:
     """The answered record, and whether this call bound it (False: the identical answer was already bound).
 
@@ -286,6 +338,7 @@ async def _bind(
             HumanRequestState.ANSWERED,
             answer=interpret(record, submission),
             responder=responder,
+            responder_name=responder_name,
             answered_at=clock(),
             answer_channel=channel,
             answer_published=False,

@@ -1,4 +1,4 @@
-"""The HTTP API: the web inbox and answer binding.
+"""The HTTP API: the web inbox, answer binding and the directory API (:mod:`.directory_api`).
 
 Every error is JSON ``{"error": "<code>", "detail": "<sentence>"}``. A person is identified by
 ``Authorization: Bearer <inbox token>`` (their profile's ``inbox_token``), never by a user id in
@@ -10,7 +10,11 @@ time (or refuses) is a 503, never a hung request.
 ``GET /inbox``                             the caller's pending requests, newest first
 ``GET /requests/{request_id}``             one request (only its recipient may read it)
 ``POST /requests/{request_id}/answer``     ``{"option_id": ...}`` or ``{"text": ...}``
+``/directory/users``, ``/directory/groups``  the directory API (role tokens, see :mod:`.directory_api`)
 =========================================  ==================================================
+
+The inbox routes authenticate a person by inbox token against the live directory (an API change
+applies as soon as this replica's watch has it); the directory routes take API role tokens.
 
 Answering: 200 with the request; the identical answer again from the same person is also 200, with
 ``"already_recorded": true`` (whenever it arrives); anything else on an answered request is 409
@@ -35,11 +39,14 @@ from temporality_bus import Bus, TransientError
 from temporality_human_interaction.answers import AnswerSubmission, RequestNotFound, check_recipient
 from temporality_human_interaction.channels import AnswerSink, InboundAnswer
 from temporality_human_interaction.directory import Directory, recipient_for, user_id_of
+from temporality_human_interaction.directory_api import directory_router
 from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.records import HumanRequestRecord, is_request_id, list_pending, open_store
 from temporality_human_interaction.settings import Settings
+from temporality_human_interaction.store import DirectoryStore
 from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState
 from temporality_service import (
+    ApiAuth,
     ErrorBody,
     Unauthorized,
     Unavailable,
@@ -142,8 +149,19 @@ async def _caller(request: Request, authorization: Annotated[str | None, Header(
 Caller = Annotated[str, Depends(_caller)]
 
 
-def create_app(settings: Settings, bus: Bus, directory: Directory, inbound: AnswerSink | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    bus: Bus,
+    directory: Directory,
+    inbound: AnswerSink | None = None,
+    *,
+    store: DirectoryStore | None = None,
+    auth: ApiAuth | None = None,
+) -> FastAPI:
     """The API over an already-connected ``bus`` (the caller owns its lifetime).
+
+    With a directory ``store`` (which ``directory`` is the watched view of), the ``/directory`` routes are
+    served, checked against ``auth``'s role tokens (none: every directory call is a 401).
 
     Answers go to ``inbound``, the same channel-neutral binding every chat adapter uses (the service
     passes its :class:`~temporality_human_interaction.inbound.AnswerRouter`, which also edits the
@@ -153,10 +171,21 @@ def create_app(settings: Settings, bus: Bus, directory: Directory, inbound: Answ
     app = FastAPI(
         title="Temporality human-interaction",
         version="0.1.0",
-        responses={code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 503)},
+        responses={code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 412, 413, 422, 428, 503)},
     )
     app.state.directory = directory
     install_error_handlers(app)
+    (auth or ApiAuth()).install(app)
+    if store is not None:
+        app.include_router(
+            directory_router(
+                directory,
+                store,
+                bus,
+                max_body_bytes=settings.max_body_bytes,
+                retry_after_s=max(1, int(settings.bus_timeout_s)),
+            )
+        )
 
     @asynccontextmanager
     async def bus_call(what: str) -> AsyncIterator[None]:

@@ -1,4 +1,4 @@
-"""Timers firing: a pending request expires with its timeout policy (HUM-8); a lost answer is announced.
+"""Timers firing: the timeout policy's chain and expiry (HUM-8); a lost answer is announced.
 
 Run by :class:`temporality_bus.Consumer` on ``CONSUMERS["human-interaction-deadlines"]`` as a raw
 handler: the message is the timer payload ``{"request_id": ...}`` that a JetStream message schedule
@@ -6,8 +6,13 @@ published (the deadline, or an answer's repair timer, see :mod:`.timers`). What 
 the record alone, never on which timer fired:
 
 * **pending, ``expires_at`` passed**: CAS to ``expired`` first; ``human.expired`` is published after
-  it and ``expiry_published`` records that, so a crash in between is repaired by the redelivery.
+  it and ``expiry_published`` records that, so a crash in between is repaired by the redelivery. With
+  the policy's terminal ``cancel``, ``run.cancel_requested`` (reason ``human_timeout: …``) is published
+  first, then ``human.expired`` (``action: cancel``), so the run-executor cancels the parked run.
   Then every sent copy of the question is edited to say it expired (``on_outcome``, best effort).
+* **pending, before ``expires_at``, a chain step's timer** (payload ``step``, HUM-8): the step is taken
+  by :class:`~.chain.ChainRunner` if ``chain_done`` is at it and it is due (a reminder, the escalation);
+  a stale firing (the step already happened) does nothing, an early one re-arms the step's timer.
 * **pending, before ``expires_at``** (a timer fired early): nothing expires; the deadline is armed
   again at ``expires_at`` so the request still expires on time.
 * **answered, ``answer_published`` false** (the publish after the answer's CAS was lost): the stored
@@ -26,9 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_bus import Bus, Delivery, NotFound, PermanentError, evolve
 from temporality_human_interaction.answers import announce_answer, unannounced
-from temporality_human_interaction.events import expired_event
+from temporality_human_interaction.chain import ChainRunner, plan
+from temporality_human_interaction.events import cancel_requested_event, expired_event
 from temporality_human_interaction.records import REQUEST_ID_PATTERN, HumanRequestRecord, RequestStore, open_store
-from temporality_human_interaction.timers import rearm_deadline
+from temporality_human_interaction.timers import arm_chain_step, rearm_deadline
 from temporality_protocol import HumanRequestState
 
 __all__ = ["DeadlineHandler", "DeadlinePayload"]
@@ -48,6 +54,8 @@ class DeadlinePayload(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     request_id: Annotated[str, Field(pattern=REQUEST_ID_PATTERN)]
+    #: A chain step's timer (:mod:`.chain`): the step's index; absent for the deadline and repair timers.
+    step: Annotated[int, Field(ge=0, le=1000)] | None = None
 
 
 class DeadlineHandler:
@@ -59,9 +67,12 @@ class DeadlineHandler:
         *,
         clock: Callable[[], datetime] | None = None,
         on_outcome: Callable[[HumanRequestRecord], Awaitable[None]] | None = None,
+        chain: ChainRunner | None = None,
     ) -> None:
         self._bus = bus
         self._clock = clock or _utcnow
+        #: Takes the timeout policy's steps (reminders, escalation); without it a step's firing is only logged.
+        self._chain = chain
         #: Shows an expiry on the question's sent copies (``AnswerRouter.show_outcome``); best effort.
         self._on_outcome = on_outcome
 
@@ -74,7 +85,10 @@ class DeadlineHandler:
             store = await open_store(self._bus)
             record = await self._expire(store, payload.request_id)
             if record.pending:
-                await self._rearm(record, delivery)
+                if payload.step is not None:
+                    await self._chain_step(store, record, payload.step, delivery)
+                else:
+                    await self._rearm(record, delivery)
                 return
             if unannounced(record):
                 log.warning("answer.republishing", trigger="timer", run_id=record.run_id)
@@ -86,6 +100,8 @@ class DeadlineHandler:
             if record.expiry_published:
                 log.info("deadline.already_announced")
                 return
+            if record.policy.on_timeout.action == "cancel":  # the run-executor cancels the parked run on it
+                await self._bus.publish(cancel_requested_event(record))
             await self._bus.publish(expired_event(record, now=record.expires_at))
             await self._mark_published(store, payload.request_id)
             log.info("request.expired", action=record.policy.on_timeout.action, run_id=record.run_id)
@@ -104,6 +120,28 @@ class DeadlineHandler:
             return (await store.modify(key, expire)).value
         except NotFound:
             raise PermanentError(f"a deadline fired for {key}, which is not a known request") from None
+
+    async def _chain_step(
+        self, store: RequestStore, record: HumanRequestRecord, index: int, delivery: Delivery | None
+    ) -> None:
+        """A chain step's timer fired on a pending request: take the step if it is the next one and due."""
+        steps = plan(record)
+        step = steps[index] if index < len(steps) else None
+        if step is None or record.chain_done != index:
+            # done already (a redelivered or duplicated firing), or not the next one: the record decides
+            log.info("chain.step_stale", step=index, chain_done=record.chain_done)
+            return
+        now = self._clock()
+        if now < step.at:
+            cause = f"seq:{delivery.stream_seq}" if delivery is not None and delivery.stream_seq else now.isoformat()
+            at = max(step.at, now + _REARM_MIN_DELAY)
+            result = await arm_chain_step(self._bus, record.request_id, index, at, cause=cause)
+            log.warning("chain.fired_early", step=index, due=step.at.isoformat(), duplicate=result.duplicate)
+            return
+        if self._chain is None:
+            log.warning("chain.not_running", step=index)
+            return
+        await self._chain.take(store, record, step)
 
     async def _rearm(self, record: HumanRequestRecord, delivery: Delivery | None) -> None:
         """A timer fired before ``expires_at``: never expire early, arm the deadline again instead."""

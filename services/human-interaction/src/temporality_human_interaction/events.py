@@ -12,13 +12,17 @@ from typing import Literal
 
 from temporality_human_interaction.records import HumanRequestRecord
 from temporality_protocol import (
+    DeliveryAttempt,
     Envelope,
     HumanAnswered,
+    HumanEscalated,
     HumanExpired,
     HumanNotified,
+    HumanReasked,
     HumanRejected,
     HumanRequested,
     OptionAnswer,
+    RunCancelRequested,
     derive_id,
     make_event,
 )
@@ -29,8 +33,11 @@ __all__ = [
     "SOURCE",
     "RejectReason",
     "answered_event",
+    "cancel_requested_event",
+    "escalated_event",
     "expired_event",
     "notified_event",
+    "reasked_event",
     "rejected_event",
 ]
 
@@ -123,6 +130,69 @@ def expired_event(record: HumanRequestRecord, *, now: datetime) -> Envelope:
         ),
         source=SOURCE,
         id=derive_id("evt", record.request_id, "expired"),
+        run_id=record.run_id,
+        correlation_id=record.correlation_id,
+        causation_id=record.requested_event_id,
+        actor=ACTOR,
+    )
+
+
+def reasked_event(
+    record: HumanRequestRecord, *, attempt: int, of: int, channels: list[str], failed: list[DeliveryAttempt]
+) -> Envelope:
+    """``human.reasked``: reminder ``attempt`` of ``of`` (HUM-8); one id per (request, attempt)."""
+    return make_event(
+        HumanReasked(
+            request_id=record.request_id,
+            run_id=record.run_id,
+            recipient=record.recipient,
+            attempt=attempt,
+            of=of,
+            channels=channels,
+            failed_attempts=failed,
+        ),
+        source=SOURCE,
+        id=derive_id("evt", record.request_id, "reasked", str(attempt)),
+        run_id=record.run_id,
+        correlation_id=record.correlation_id,
+        causation_id=record.requested_event_id,
+        actor=ACTOR,
+    )
+
+
+def escalated_event(record: HumanRequestRecord, *, channels: list[str], failed: list[DeliveryAttempt]) -> Envelope:
+    """``human.escalated``: the question forwarded to the policy's escalation target (HUM-8); once per request."""
+    if record.escalated_to is None:
+        raise ValueError(f"request {record.request_id} has not escalated")
+    return make_event(
+        HumanEscalated(
+            request_id=record.request_id,
+            run_id=record.run_id,
+            recipient=record.recipient,
+            to=record.escalated_to,
+            members=list(record.escalation_members),
+            channels=channels,
+            failed_attempts=failed,
+        ),
+        source=SOURCE,
+        id=derive_id("evt", record.request_id, "escalated"),
+        run_id=record.run_id,
+        correlation_id=record.correlation_id,
+        causation_id=record.requested_event_id,
+        actor=ACTOR,
+    )
+
+
+def cancel_requested_event(record: HumanRequestRecord) -> Envelope:
+    """``run.cancel_requested`` for the run of a request that timed out with the policy ``cancel`` (HUM-8)."""
+    return make_event(
+        RunCancelRequested(
+            run_id=record.run_id,
+            reason=f"human_timeout: nobody answered {record.request_id} by {record.expires_at.isoformat()}",
+            requested_by=ACTOR,
+        ),
+        source=SOURCE,
+        id=derive_id("evt", record.request_id, "cancel_requested"),
         run_id=record.run_id,
         correlation_id=record.correlation_id,
         causation_id=record.requested_event_id,

@@ -61,6 +61,7 @@ class AnswerRouter:
                     self._bus,
                     request_id=answer.request_id,
                     responder=responder,
+                    responder_name=self.display_name(responder),
                     submission=answer.submission,
                     channel=answer.channel,
                     repair_after_s=self._repair_after_s,

@@ -12,6 +12,10 @@ checks and routing as a question:
    transient: redelivered with backoff, finally dead-lettered.
 3. Once sent, ``notify.<notification id>`` is claimed in the ``human-channels`` bucket, so a
    redelivered event is not sent again (a crash between the send and the claim can send it twice).
+
+A ``group:<id>`` recipient (itself in ``allowed_recipients``) tells every member of the group, each on
+their own channels; each member sent to is claimed as ``notify.<notification id>.<user id>``, so a
+redelivery (after one member's channels all failed: transient) sends only to the members not told yet.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import structlog
 from temporality_bus import Bus, Delivery, PermanentError, TransientError
 from temporality_human_interaction.channels import ChannelAdapter, ChannelError
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
-from temporality_human_interaction.directory import Directory, user_id_of
+from temporality_human_interaction.directory import Directory, UserProfile, group_id_of, user_id_of
 from temporality_protocol import Envelope
 from temporality_protocol.events import MAX_TEXT, HumanNotifyRequested
 
@@ -46,28 +50,51 @@ class NotificationHandler:
     async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
         payload = event.payload(HumanNotifyRequested)  # invalid data -> ProtocolError -> dead-lettered
         with structlog.contextvars.bound_contextvars(notification_id=payload.notification_id, run_id=payload.run_id):
-            user_id = user_id_of(payload.recipient)
-            if user_id is None or payload.recipient not in payload.policy.allowed_recipients:
+            user_id, group_id = user_id_of(payload.recipient), group_id_of(payload.recipient)
+            allowed = payload.recipient in payload.policy.allowed_recipients
+            if (user_id is None and group_id is None) or not allowed:
                 raise PermanentError(f"{payload.recipient} may not be notified by run {payload.run_id} (SEC-1)")
-            profile = self._directory.get(user_id)
-            if profile is None:
-                raise PermanentError(f"{payload.recipient} is not in the user directory")
-            sent_key = ref_key("notify", payload.notification_id)
-            if (done := await self._refs.get(sent_key)) is not None:
-                log.info("notification.already_sent", channel=done)
+            if user_id is not None:
+                profile = self._directory.get(user_id)
+                if profile is None:
+                    raise PermanentError(f"{payload.recipient} is not in the user directory")
+                error = await self._send(payload, ref_key("notify", payload.notification_id), profile)
+                if error is not None:
+                    raise TransientError(f"notification {payload.notification_id} could not be sent: {error}")
                 return
-            failures: list[str] = []
-            for name in profile.channel_order():
-                adapter = self._adapters.get(name)
-                if adapter is None:
-                    failures.append(f"{name}: no adapter runs here")
+            assert group_id is not None
+            group = self._directory.group(group_id)
+            if group is None:
+                raise PermanentError(f"{payload.recipient} is not a group of the user directory")
+            errors: list[str] = []
+            for member in group.members:
+                member_profile = self._directory.get(member)
+                if member_profile is None:
+                    log.warning("notification.member_unknown", member=member)
                     continue
-                try:
-                    await adapter.notify(profile, notification_text(payload))
-                except ChannelError as exc:
-                    failures.append(f"{name}: {exc}")
-                    continue
-                await self._refs.claim(sent_key, name)
-                log.info("notification.sent", channel=name, recipient=payload.recipient, failed=failures)
-                return
-            raise TransientError(f"notification {payload.notification_id} could not be sent: {'; '.join(failures)}")
+                key = ref_key("notify", payload.notification_id, member)
+                if (error := await self._send(payload, key, member_profile)) is not None:
+                    errors.append(f"{member}: {error}")
+            if errors:
+                raise TransientError(f"notification {payload.notification_id} did not reach {'; '.join(errors)}")
+
+    async def _send(self, payload: HumanNotifyRequested, sent_key: str, profile: UserProfile) -> str | None:
+        """Tell one person (once: ``sent_key`` is claimed after the send); why every channel failed, or None."""
+        if (done := await self._refs.get(sent_key)) is not None:
+            log.info("notification.already_sent", channel=done, key=sent_key)
+            return None
+        failures: list[str] = []
+        for name in profile.channel_order():
+            adapter = self._adapters.get(name)
+            if adapter is None:
+                failures.append(f"{name}: no adapter runs here")
+                continue
+            try:
+                await adapter.notify(profile, notification_text(payload))
+            except ChannelError as exc:
+                failures.append(f"{name}: {exc}")
+                continue
+            await self._refs.claim(sent_key, name)
+            log.info("notification.sent", channel=name, recipient=payload.recipient, failed=failures)
+            return None
+        return "; ".join(failures) or "no channel"

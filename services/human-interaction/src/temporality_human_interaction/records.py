@@ -26,8 +26,10 @@ from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
 from temporality_protocol.events import DeliveryAttempt
 
 __all__ = [
+    "MAX_LATE_ANSWERS",
     "REQUEST_ID_PATTERN",
     "HumanRequestRecord",
+    "LateAnswer",
     "RequestStore",
     "SentCopy",
     "is_request_id",
@@ -58,6 +60,27 @@ class SentCopy(BaseModel):
     reference: str
     address: str | None = None
     sent_at: datetime
+    #: Whom this copy went to (``user:<id>``): a group request has one copy per member reached.
+    recipient: str | None = None
+    #: Which send this is (HUM-8 chain): ``""`` the question, ``reask-<n>`` reminder n, ``escalation``.
+    tag: str = ""
+
+
+class LateAnswer(BaseModel):
+    """An answer refused because the request had already ended (answered, expired, cancelled): kept, not applied."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    responder: str
+    channel: str
+    at: datetime
+    #: The refusal's code: ``already_answered``, ``expired`` or ``cancelled``.
+    refused: str
+    answer: HumanAnswer | None = None
+
+
+#: The request keeps at most this many late answers (the newest ones).
+MAX_LATE_ANSWERS = 20
 
 
 class HumanRequestRecord(BaseModel):
@@ -69,6 +92,9 @@ class HumanRequestRecord(BaseModel):
     agent: str
     title: str
     recipient: str
+    #: For a ``group:<id>`` recipient: the members (``user:<id>``) asked, fixed when the request was stored;
+    #: any of them may answer, the first valid answer wins. Empty for a person.
+    members: list[str] = Field(default_factory=list)
     question: str
     context: str = ""
     options: list[HumanOption] = Field(default_factory=list)
@@ -80,6 +106,8 @@ class HumanRequestRecord(BaseModel):
     policy: HumanPolicy
     answer: HumanAnswer | None = None
     responder: str | None = None
+    #: The responder's display name when the answer was bound ("already answered by <name>").
+    responder_name: str | None = None
     answered_at: datetime | None = None
     #: The channel the answer arrived on, so a repair republishes exactly the ``human.answered`` it lost.
     answer_channel: str | None = None
@@ -95,15 +123,51 @@ class HumanRequestRecord(BaseModel):
     deliveries: list[SentCopy] = Field(default_factory=list)
     #: The channels tried before the one that carried it, and why each failed (``human.notified.failed_attempts``).
     failed_deliveries: list[DeliveryAttempt] = Field(default_factory=list)
+    #: How many steps of the timeout policy's chain (:func:`.chain.plan`) are done (HUM-8): a firing for an
+    #: earlier step is stale and does nothing.
+    chain_done: int = 0
+    #: The escalation target (``user:<id>`` / ``group:<id>``) once the chain escalated, and the people it
+    #: stands for (fixed then, like ``members``): from then on they may answer too.
+    escalated_to: str | None = None
+    escalation_members: list[str] = Field(default_factory=list)
+    #: Answers that came after the request ended (HUM-8: refused with a clear message and recorded here).
+    late_answers: list[LateAnswer] = Field(default_factory=list)
+
+    def may_answer(self, responder: str) -> bool:
+        """Whether ``responder`` (``user:<id>``) is the recipient or, for a group request, one of its members
+        (or, once the request escalated, the escalation target or one of its members)."""
+        return (
+            responder == self.recipient
+            or responder in self.members
+            or responder == self.escalated_to
+            or responder in self.escalation_members
+        )
+
+    def asked(self) -> list[str]:
+        """The people the question was first put to (``user:<id>``): the recipient or the group's members."""
+        return list(self.members) if self.members else [self.recipient]
+
+    def sent(self, recipient: str, tag: str) -> SentCopy | None:
+        """The copy of send ``tag`` that went to ``recipient``, if any."""
+        return next((c for c in self.deliveries if c.tag == tag and (c.recipient or self.recipient) == recipient), None)
+
+    def reached(self, recipient: str) -> bool:
+        """Whether a copy of the question already went to ``recipient`` (``user:<id>``)."""
+        return any(
+            c.recipient == recipient or (c.recipient is None and recipient == self.recipient) for c in self.deliveries
+        )
 
     def copy_on(self, channel: str) -> SentCopy | None:
         """The copy ``channel`` carried, if it carried one."""
         return next((c for c in self.deliveries if c.channel == channel), None)
 
     @classmethod
-    def from_requested(cls, event: Envelope, payload: HumanRequested) -> HumanRequestRecord:
+    def from_requested(
+        cls, event: Envelope, payload: HumanRequested, members: list[str] | None = None
+    ) -> HumanRequestRecord:
         """The record for a ``human.requested`` event; created when the agent asked (the event's time)."""
         return cls(
+            members=list(members or []),
             request_id=payload.request_id,
             run_id=payload.run_id,
             agent=payload.agent,
@@ -145,7 +209,7 @@ async def open_store(bus: Bus) -> RequestStore:
 
 
 async def list_pending(store: RequestStore, recipient: str) -> list[HumanRequestRecord]:
-    """The recipient's pending requests, newest first.
+    """The recipient's pending requests (those of the groups they were asked as a member of too), newest first.
 
     Scans every key of the bucket: fine for a demo-sized directory, O(requests) per call. A per-user
     index (a KV key per (recipient, request) or a journal query) should replace it before real load.
@@ -153,7 +217,7 @@ async def list_pending(store: RequestStore, recipient: str) -> list[HumanRequest
     found: list[HumanRequestRecord] = []
     for key in await store.keys():
         got = await store.get(key)
-        if got is not None and got.value.recipient == recipient and got.value.pending:
+        if got is not None and got.value.may_answer(recipient) and got.value.pending:
             found.append(got.value)
     found.sort(key=lambda r: (r.created_at, r.request_id), reverse=True)
     return found

@@ -18,8 +18,19 @@ the I/O in an order where every step is idempotent under redelivery:
    whose adapter does not run here, is down, has no identity for the person or refuses the delivery
    is skipped for the next. Record the channel, the sent copy (what the transport needs to edit it and
    bind replies) and the failed attempts in one compare-and-set.
-5. Publish ``human.notified`` (deterministic id) with ``channel``, ``fallback_from`` and
+5. Once delivered, arm the timer of the timeout policy chain's first step (a reminder or the
+   escalation, :mod:`.chain`; deduplicated per step, so a redelivery arms nothing new).
+6. Publish ``human.notified`` (deterministic id) with ``channel``, ``fallback_from`` and
    ``failed_attempts`` (each channel tried before, and why it failed): every attempt is journaled.
+
+A ``group:<id>`` recipient (listed itself in ``policy.allowed_recipients``) is asked through the same
+path: its members are fixed in the record when it is stored (``members``), and step 4 runs for each
+member in turn, on that member's own preferred channel and fallback, one compare-and-set per member
+reached (a redelivery skips the members who already have a copy). Any member may answer; the first
+valid answer is bound (the one compare-and-set of :mod:`.answers`) and every copy, on every member's
+channel, is edited to say who answered. A member no channel reaches is listed in ``failed_attempts``
+(``error`` starts with the member); only when no member at all can be reached is it transient.
+``human.notified`` is published once for the request: ``channel`` is the first member's.
 """
 
 from __future__ import annotations
@@ -31,8 +42,16 @@ from datetime import UTC, datetime
 import structlog
 
 from temporality_bus import AlreadyExists, Bus, Delivery, NotFound, PermanentError, TransientError, evolve
-from temporality_human_interaction.channels import ChannelAdapter, ChannelError, DeliveryReceipt
-from temporality_human_interaction.directory import Directory, UserProfile, user_id_of
+from temporality_human_interaction.chain import arm_next_step, configured_steps, plan
+from temporality_human_interaction.channels import ChannelAdapter, DeliveryReceipt
+from temporality_human_interaction.delivery import deliver_along
+from temporality_human_interaction.directory import (
+    Directory,
+    UserProfile,
+    group_id_of,
+    recipient_for,
+    user_id_of,
+)
 from temporality_human_interaction.events import RejectReason, notified_event, rejected_event
 from temporality_human_interaction.records import (
     HumanRequestRecord,
@@ -48,6 +67,7 @@ from temporality_protocol.events import MAX_TEXT, DeliveryAttempt
 
 __all__ = [
     "ChannelChoice",
+    "Member",
     "Refusal",
     "RequestHandler",
     "Route",
@@ -65,9 +85,24 @@ class Refusal:
 
 
 @dataclass(frozen=True)
-class Route:
-    user_id: str
+class Member:
+    """One person a request goes to: ``user:<id>`` and their profile."""
+
+    recipient: str
     profile: UserProfile
+
+
+@dataclass(frozen=True)
+class Route:
+    """Who is asked: one person, or every member of a group (``group`` True)."""
+
+    members: tuple[Member, ...]
+    group: bool = False
+
+    @property
+    def profile(self) -> UserProfile:
+        """The (first) person's profile: whose preferred channel ``human.notified`` reports."""
+        return self.members[0].profile
 
 
 @dataclass(frozen=True)
@@ -79,17 +114,19 @@ class ChannelChoice:
 
 def authorize(payload: HumanRequested, directory: Directory) -> Route | Refusal:
     """SEC-1 and basic sanity: may this run ask this person, and can the person answer at all?"""
-    user_id = user_id_of(payload.recipient)
-    if user_id is None:
-        return Refusal("recipient_not_allowed", f"recipient {payload.recipient!r} is not of the form user:<id>")
+    user_id, group_id = user_id_of(payload.recipient), group_id_of(payload.recipient)
+    if user_id is None and group_id is None:
+        return Refusal(
+            "recipient_not_allowed", f"recipient {payload.recipient!r} is not of the form user:<id> or group:<id>"
+        )
     if payload.recipient not in payload.policy.allowed_recipients:
         return Refusal(
             "recipient_not_allowed",
             f"{payload.recipient} is not among the recipients this run's trigger allows",
         )
-    profile = directory.get(user_id)
-    if profile is None:
-        return Refusal("unknown_recipient", f"{payload.recipient} is not in the user directory")
+    route = route_of(payload.recipient, directory)
+    if isinstance(route, Refusal):
+        return route
     if not is_request_id(payload.request_id):
         return Refusal("invalid_request", "request_id must be 1-128 characters of A-Z a-z 0-9 _ -")
     option_ids = [o.id for o in payload.options]
@@ -100,7 +137,27 @@ def authorize(payload: HumanRequested, directory: Directory) -> Route | Refusal:
     on_timeout = payload.policy.on_timeout
     if on_timeout.action == "default" and on_timeout.default_option not in option_ids:
         return Refusal("invalid_request", f"the timeout default {on_timeout.default_option!r} is not an option")
-    return Route(user_id, profile)
+    return route
+
+
+def route_of(recipient: str, directory: Directory) -> Route | Refusal:
+    """The people behind ``recipient`` as the directory stands now (a group: its members still in it)."""
+    user_id = user_id_of(recipient)
+    if user_id is not None:
+        profile = directory.get(user_id)
+        if profile is None:
+            return Refusal("unknown_recipient", f"{recipient} is not in the user directory")
+        return Route((Member(recipient, profile),))
+    group_id = group_id_of(recipient)
+    group = directory.group(group_id) if group_id is not None else None
+    if group is None:
+        return Refusal("unknown_recipient", f"{recipient} is not a group of the user directory")
+    members = tuple(
+        Member(recipient_for(m), profile) for m in group.members if (profile := directory.get(m)) is not None
+    )
+    if not members:
+        return Refusal("unknown_recipient", f"none of the members of {recipient} is in the user directory")
+    return Route(members, group=True)
 
 
 def channel_candidates(profile: UserProfile, adapters: Mapping[str, ChannelAdapter]) -> list[ChannelChoice]:
@@ -129,20 +186,29 @@ class RequestHandler:
     async def _handle(self, event: Envelope, payload: HumanRequested) -> None:
         decision = authorize(payload, self._directory)
         if isinstance(decision, Refusal):
+            if decision.reason == "unknown_recipient" and await self._stored_before(payload):
+                return
             await self._reject(event, payload, decision)
             return
         store = await open_store(self._bus)
-        candidates = channel_candidates(decision.profile, self._adapters)
         stored = await store.get(payload.request_id)
         if stored is None:
-            if not candidates:
-                detail = f"none of {decision.profile.channel_order()} has an available adapter"
+            reachable = [m for m in decision.members if channel_candidates(m.profile, self._adapters)]
+            if not reachable:
+                orders = "; ".join(f"{m.recipient}: {m.profile.channel_order()}" for m in decision.members)
+                detail = f"no channel has an available adapter ({orders})"
+                if not decision.group:
+                    detail = f"none of {decision.profile.channel_order()} has an available adapter"
                 await self._reject(event, payload, Refusal("no_channel", detail))
                 return
-            record = HumanRequestRecord.from_requested(event, payload)
+            members = [m.recipient for m in decision.members] if decision.group else []
+            record = HumanRequestRecord.from_requested(event, payload, members)
             try:
                 await store.create(payload.request_id, record)
                 log.info("request.stored", recipient=payload.recipient, expires_at=record.expires_at.isoformat())
+                dropped = configured_steps(record.policy.on_timeout) - len(plan(record))
+                if dropped:  # the deadline wins: say so, the trigger's chain does not fit this timeout
+                    log.warning("chain.steps_beyond_deadline", dropped=dropped, timeout_s=payload.timeout_s)
             except AlreadyExists:
                 log.info("request.already_stored")
                 stored = await store.get(payload.request_id)
@@ -165,9 +231,13 @@ class RequestHandler:
 
         if record.pending:  # before delivery: a request that can never be delivered still expires (HUM-8)
             await self._schedule_deadline(record)
-        if record.channel is None and record.pending:
+        if record.pending and not decision.group and record.channel is None:
             receipt, failures = await self._deliver(record, decision.profile)
             record = await self._record_delivery(store, record.request_id, receipt, failures)
+        elif record.pending and decision.group:
+            record = await self._deliver_to_members(store, record, decision)
+        if record.pending and record.channel is not None:  # delivered: the timeout policy's chain starts (HUM-8)
+            await arm_next_step(self._bus, record)
         if record.channel is not None:
             fallback_from = None if record.channel == decision.profile.preferred else decision.profile.preferred
             await self._bus.publish(notified_event(record, channel=record.channel, fallback_from=fallback_from))
@@ -178,6 +248,21 @@ class RequestHandler:
                 failed=[f.channel for f in record.failed_deliveries],
             )
 
+    async def _stored_before(self, payload: HumanRequested) -> bool:
+        """A redelivery of a request stored before its recipient left the directory (the directory is live):
+        never reject a request that exists. It keeps its deadline (re-armed: deduplicated) and expires with
+        its timeout policy; if it was delivered, its ``human.notified`` is published again (same id)."""
+        got = await (await open_store(self._bus)).get(payload.request_id)
+        if got is None or got.value.run_id != payload.run_id or got.value.recipient != payload.recipient:
+            return False
+        record = got.value
+        log.warning("request.recipient_left_directory", recipient=record.recipient, status=record.status.value)
+        if record.pending:
+            await self._schedule_deadline(record)
+        if record.channel is not None:
+            await self._bus.publish(notified_event(record, channel=record.channel, fallback_from=None))
+        return True
+
     async def _reject(self, event: Envelope, payload: HumanRequested, refusal: Refusal) -> None:
         await self._bus.publish(rejected_event(event, payload, refusal.reason, refusal.detail))
         log.warning("request.rejected", reason=refusal.reason, detail=refusal.detail, recipient=payload.recipient)
@@ -185,45 +270,79 @@ class RequestHandler:
     async def _deliver(
         self, record: HumanRequestRecord, profile: UserProfile
     ) -> tuple[DeliveryReceipt, list[DeliveryAttempt]]:
-        """HUM-2: the profile's channels in order until one carries the question; returns its receipt and every
-        channel that could not (not running here, no identity, refused). All failing is transient (the consumer
-        retries with backoff)."""
-        failures: list[DeliveryAttempt] = []
-        for name in profile.channel_order():
-            adapter = self._adapters.get(name)
-            if adapter is None:
-                failures.append(DeliveryAttempt(channel=name, error=f"no {name} adapter runs in this deployment"))
+        """HUM-2: the profile's channels in order until one carries the question (:func:`.delivery.deliver_along`);
+        all failing is transient (the consumer retries with backoff)."""
+        return await deliver_along(self._adapters, record, profile)
+
+    async def _deliver_to_members(
+        self, store: RequestStore, record: HumanRequestRecord, route: Route
+    ) -> HumanRequestRecord:
+        """A group request: each member (of those fixed in the record) not reached yet, on their own channels."""
+        profiles = {m.recipient: m.profile for m in route.members}
+        unreachable: list[DeliveryAttempt] = []
+        for member in record.members:
+            if record.reached(member):
+                continue
+            profile = profiles.get(member)
+            if profile is None:
+                unreachable.append(DeliveryAttempt(channel="none", error=f"{member}: no longer in the directory"))
                 continue
             try:
-                receipt = await adapter.deliver(record, profile)
-            except ChannelError as exc:
-                failures.append(DeliveryAttempt(channel=name, error=str(exc)[:MAX_TEXT]))
-                log.warning("delivery.failed", channel=name, error=str(exc))
+                receipt, failures = await self._deliver(record, profile)
+            except TransientError as exc:
+                unreachable.append(DeliveryAttempt(channel="none", error=f"{member}: {exc}"[:MAX_TEXT]))
                 continue
-            log.info("delivery.done", channel=receipt.channel, reference=receipt.reference, failed=len(failures))
-            return receipt, failures
-        detail = "; ".join(f"{f.channel}: {f.error}" for f in failures) or "no channel"
-        raise TransientError(f"request {record.request_id} could not be delivered: {detail}")
+            failures = [DeliveryAttempt(channel=f.channel, error=f"{member}: {f.error}"[:MAX_TEXT]) for f in failures]
+            record = await self._record_delivery(store, record.request_id, receipt, failures, recipient=member)
+        if not record.deliveries:
+            detail = "; ".join(f.error for f in unreachable) or "no member"
+            raise TransientError(f"request {record.request_id} reached no member of {record.recipient}: {detail}")
+        if unreachable:
+            record = await self._record_failures(store, record.request_id, unreachable)
+        return record
+
+    async def _record_failures(
+        self, store: RequestStore, key: str, failures: list[DeliveryAttempt]
+    ) -> HumanRequestRecord:
+        def record(current: HumanRequestRecord) -> HumanRequestRecord | None:
+            new = [f for f in failures if f not in current.failed_deliveries]
+            return evolve(current, failed_deliveries=[*current.failed_deliveries, *new]) if new else None
+
+        try:
+            return (await store.modify(key, record)).value
+        except NotFound:  # pragma: no cover - requests are never deleted
+            raise TransientError(f"request {key} vanished") from None
 
     async def _record_delivery(
-        self, store: RequestStore, key: str, receipt: DeliveryReceipt, failures: list[DeliveryAttempt]
+        self,
+        store: RequestStore,
+        key: str,
+        receipt: DeliveryReceipt,
+        failures: list[DeliveryAttempt],
+        *,
+        recipient: str | None = None,
     ) -> HumanRequestRecord:
-        """Record the channel that carried the question and the sent copy (to bind replies and edit it later)."""
+        """Record the channel that carried the question and the sent copy (to bind replies and edit it later).
+
+        ``recipient``: the group member this copy went to (a group request has one copy per member)."""
         copy = SentCopy(
             channel=receipt.channel,
             reference=receipt.reference or key,
             address=receipt.address,
             sent_at=datetime.now(UTC),
+            recipient=recipient,
         )
 
         def record(current: HumanRequestRecord) -> HumanRequestRecord | None:
-            if current.channel is not None:  # another delivery of the same message won
+            if recipient is None and current.channel is not None:  # another delivery of the same message won
+                return None
+            if recipient is not None and current.reached(recipient):
                 return None
             return evolve(
                 current,
-                channel=receipt.channel,
+                channel=current.channel or receipt.channel,
                 deliveries=[*current.deliveries, copy],
-                failed_deliveries=failures,
+                failed_deliveries=[*current.failed_deliveries, *failures] if recipient else failures,
             )
 
         try:

@@ -14,7 +14,12 @@ repair     ``…schedule.human.<id>.repair`` ->              when an answer is b
            ``…fired.human.<id>.repair``, a little later    published: announces it if the publish was lost
 rearm      ``…schedule.human.<id>.rearm`` ->               when a timer fired on a request still pending
            ``…fired.human.<id>``, at ``expires_at``        before its ``expires_at``
+chain      ``…schedule.human.<id>.chain`` ->               the timeout policy's next step (HUM-8: a
+           ``…fired.human.<id>.chain``, payload also       reminder, the escalation), armed once the
+           ``"step": <index>``                             question (or the previous step) is committed
 =========  ==============================================  =============================================
+
+One ``chain`` key per request: arming the next step replaces the schedule of the one that fired.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from temporality_protocol.catalog import TIMER_NS_HUMAN
 
 __all__ = [
     "arm_answer_repair",
+    "arm_chain_step",
     "arm_deadline",
+    "chain_key",
     "human_timers",
     "rearm_deadline",
     "rearm_key",
@@ -37,8 +44,11 @@ __all__ = [
 ]
 
 
-def timer_payload(request_id: str) -> bytes:
-    return json.dumps({"request_id": request_id}).encode()
+def timer_payload(request_id: str, step: int | None = None) -> bytes:
+    body: dict[str, object] = {"request_id": request_id}
+    if step is not None:
+        body["step"] = step
+    return json.dumps(body).encode()
 
 
 def human_timers(bus: Bus) -> Timers:
@@ -52,6 +62,21 @@ def repair_key(request_id: str) -> str:
 
 def rearm_key(request_id: str) -> str:
     return f"{request_id}.rearm"
+
+
+def chain_key(request_id: str) -> str:
+    return f"{request_id}.chain"
+
+
+async def arm_chain_step(
+    bus: Bus, request_id: str, step: int, at: datetime, *, cause: str | None = None
+) -> PublishResult:
+    """The timer of the chain's step ``step`` (an index into :func:`.chain.plan`), at ``at``.
+
+    The msg id is the step's (a repeat, by a redelivery or another replica, is deduplicated); ``cause``
+    (an early firing) keys a re-arm of the same step."""
+    msg_id = derive_id("tmr", request_id, "chain", str(step), *((cause,) if cause else ()))
+    return await human_timers(bus).arm(chain_key(request_id), at, timer_payload(request_id, step), msg_id=msg_id)
 
 
 async def arm_deadline(bus: Bus, request_id: str, expires_at: datetime) -> PublishResult:

@@ -161,8 +161,14 @@ class ChannelAdapter(abc.ABC):
         """Whether a delivery can be attempted now; an unavailable preferred channel means fallback (HUM-2)."""
 
     @abc.abstractmethod
-    async def do_deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
-        """Transport-specific delivery. Raise :class:`DeliveryFailed` on a refusal."""
+    async def do_deliver(
+        self, request: HumanRequestRecord, profile: UserProfile, *, banner: str | None = None, tag: str = ""
+    ) -> DeliveryReceipt:
+        """Transport-specific delivery. Raise :class:`DeliveryFailed` on a refusal.
+
+        ``tag`` names the send (``""`` the question; ``reask-<n>``, ``escalation``: the timeout policy's chain
+        sending it again as a new message, HUM-8), so a transport with idempotency keys keeps them apart;
+        ``banner`` is a line to show first (why it is sent again)."""
 
     @abc.abstractmethod
     async def do_update(self, request: HumanRequestRecord, copy: SentCopy, responder_name: str | None) -> None:
@@ -173,11 +179,13 @@ class ChannelAdapter(abc.ABC):
     async def do_notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
         """Transport-specific plain notification. Raise :class:`DeliveryFailed` on a refusal."""
 
-    async def deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
+    async def deliver(
+        self, request: HumanRequestRecord, profile: UserProfile, *, banner: str | None = None, tag: str = ""
+    ) -> DeliveryReceipt:
         """Deliver ``request`` to the person behind ``profile``. Do not override: implement :meth:`do_deliver`."""
         self._check(profile)
         try:
-            return await self.do_deliver(request, profile)
+            return await self.do_deliver(request, profile, banner=banner, tag=tag)
         except ChannelError:
             raise
         except Exception as exc:

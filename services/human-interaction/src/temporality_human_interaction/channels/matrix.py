@@ -33,6 +33,7 @@ the recipient, already answered, expired ...). The bot's own events and edits ar
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 from typing import Any, ClassVar
 
@@ -239,21 +240,24 @@ class MatrixAdapter(ChannelAdapter):
         log.info("matrix.dm_created", room_id=room_id, reused=room_id != created.room_id)
         return room_id
 
-    async def do_deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
+    async def do_deliver(
+        self, request: HumanRequestRecord, profile: UserProfile, *, banner: str | None = None, tag: str = ""
+    ) -> DeliveryReceipt:
         assert profile.channels.matrix is not None  # reaches() checked it
         room_id = await self.dm_room(profile.channels.matrix.user_id)
         content = {
             "msgtype": "m.text",
-            "body": question_text(request, hint=_HINT),
+            "body": question_text(request, hint=_HINT, banner=banner),
             "format": "org.matrix.custom.html",
-            "formatted_body": question_html(request, hint=_HINT),
+            "formatted_body": question_html(request, hint=_HINT, banner=banner),
         }
-        event_id = await self._send(room_id, "m.room.message", content, tx_id=f"q-{request.request_id}")
+        send = f"{request.request_id}-{tag}" if tag else request.request_id  # a reminder is a new message
+        event_id = await self._send(room_id, "m.room.message", content, tx_id=f"q-{send}")
         await self._refs.claim(ref_key("matrix", "event", event_id), request.request_id)
         await self._refs.put(ref_key("matrix", "latest", room_id), request.request_id)
         for number, _ in enumerate(request.options[: len(KEYCAPS)], start=1):
             reaction = {"m.relates_to": {"rel_type": "m.annotation", "event_id": event_id, "key": KEYCAPS[number - 1]}}
-            await self._send(room_id, "m.reaction", reaction, tx_id=f"r-{request.request_id}-{number}")
+            await self._send(room_id, "m.reaction", reaction, tx_id=f"r-{send}-{number}")
         return DeliveryReceipt(channel=self.name, reference=event_id, address=room_id)
 
     async def do_update(self, request: HumanRequestRecord, copy: SentCopy, responder_name: str | None) -> None:
@@ -273,8 +277,10 @@ class MatrixAdapter(ChannelAdapter):
             "m.new_content": new_content,
             "m.relates_to": {"rel_type": "m.replace", "event_id": copy.reference},
         }
+        # one edit per copy: a room may hold the question and its reminders (same request, other events)
+        copy_ref = hashlib.sha256(copy.reference.encode()).hexdigest()[:16]
         await self._send(
-            copy.address, "m.room.message", content, tx_id=f"u-{request.request_id}-{request.status.value}"
+            copy.address, "m.room.message", content, tx_id=f"u-{request.request_id}-{request.status.value}-{copy_ref}"
         )
 
     async def do_notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:

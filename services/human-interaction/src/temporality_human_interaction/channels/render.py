@@ -50,6 +50,8 @@ def if_nobody_answers(record: HumanRequestRecord) -> str:
     if on_timeout.action == "default" and on_timeout.default_option is not None:
         option = record.option(on_timeout.default_option)
         outcome = f"I go with “{option.label if option else on_timeout.default_option}”"
+    elif on_timeout.action == "cancel":
+        outcome = "the task is cancelled"
     else:
         outcome = "the task stops without your answer"
     return f"No answer by {_deadline(record)} → {outcome}."
@@ -64,8 +66,10 @@ def _how_to_answer(record: HumanRequestRecord, channel_hint: str) -> str:
     return "; ".join(parts)
 
 
-def question_text(record: HumanRequestRecord, *, hint: str = "tap an option") -> str:
-    lines = [f"❓ {record.title}", ""]
+def question_text(record: HumanRequestRecord, *, hint: str = "tap an option", banner: str | None = None) -> str:
+    """The question as plain text; ``banner`` (a reminder, an escalation) is its first line when given."""
+    lines = [banner, ""] if banner else []
+    lines += [f"❓ {record.title}", ""]
     if record.context.strip():
         lines += [_clip(record.context), ""]
     lines.append(record.question)
@@ -79,9 +83,12 @@ def question_text(record: HumanRequestRecord, *, hint: str = "tap an option") ->
     return "\n".join(lines)
 
 
-def question_html(record: HumanRequestRecord, *, hint: str = "react with an option's number") -> str:
+def question_html(
+    record: HumanRequestRecord, *, hint: str = "react with an option's number", banner: str | None = None
+) -> str:
     esc = html.escape
-    out = [f"<p><b>❓ {esc(record.title)}</b></p>"]
+    out = [f"<p><i>{esc(banner)}</i></p>"] if banner else []
+    out.append(f"<p><b>❓ {esc(record.title)}</b></p>")
     if record.context.strip():
         out.append(f"<p>{esc(_clip(record.context))}</p>")
     out.append(f"<p>{esc(record.question)}</p>")

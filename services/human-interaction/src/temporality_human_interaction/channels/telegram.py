@@ -116,7 +116,9 @@ class TelegramAdapter(ChannelAdapter):
         return self._app
 
     # ------------------------------------------------------------------ outbound
-    async def do_deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
+    async def do_deliver(
+        self, request: HumanRequestRecord, profile: UserProfile, *, banner: str | None = None, tag: str = ""
+    ) -> DeliveryReceipt:
         assert profile.channels.telegram is not None  # reaches() checked it
         chat_id = profile.channels.telegram.chat_id
         token = await self._refs.claim(ref_key("telegram", "req", request.request_id), secrets.token_urlsafe(9))
@@ -128,7 +130,7 @@ class TelegramAdapter(ChannelAdapter):
         try:
             message = await self._bot_app().bot.send_message(
                 chat_id=chat_id,
-                text=question_text(request, hint="tap an option below"),
+                text=question_text(request, hint="tap an option below", banner=banner),
                 reply_markup=InlineKeyboardMarkup(keyboard) if keyboard else None,
             )
         except TelegramError as exc:

@@ -36,8 +36,11 @@ class WebInboxAdapter(ChannelAdapter):
     def available(self) -> bool:
         return self._open
 
-    async def do_deliver(self, request: HumanRequestRecord, profile: UserProfile) -> DeliveryReceipt:
-        if profile.inbox_token is None and profile.inbox_token_env is None:
+    async def do_deliver(
+        self, request: HumanRequestRecord, profile: UserProfile, *, banner: str | None = None, tag: str = ""
+    ) -> DeliveryReceipt:
+        # A reminder or an escalation changes nothing here: the inbox lists every pending request it may answer.
+        if not profile.has_inbox_token:
             raise DeliveryFailed(f"{request.recipient} has no inbox token and could never open the inbox")
         return DeliveryReceipt(channel=self.name, reference=request.request_id)
 

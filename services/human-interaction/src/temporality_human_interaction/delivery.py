@@ -1,0 +1,58 @@
+"""Delivering one send of a question to one person along their profile (HUM-2), for every caller.
+
+The request handler (the question), and the timeout policy's chain (a reminder, an escalation, HUM-8)
+send through :func:`deliver_along`: the profile's channels in order (preferred first, then the
+fallback order) until one carries it; a channel whose adapter does not run here, is down, has no
+identity for the person or refuses is skipped for the next and reported as a :class:`DeliveryAttempt`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import structlog
+
+from temporality_bus import TransientError
+from temporality_human_interaction.channels import ChannelAdapter, ChannelError, DeliveryReceipt
+from temporality_human_interaction.directory import UserProfile
+from temporality_human_interaction.records import HumanRequestRecord
+from temporality_protocol.events import MAX_TEXT, DeliveryAttempt
+
+__all__ = ["deliver_along"]
+
+log = structlog.get_logger(__name__)
+
+
+async def deliver_along(
+    adapters: Mapping[str, ChannelAdapter],
+    record: HumanRequestRecord,
+    profile: UserProfile,
+    *,
+    banner: str | None = None,
+    tag: str = "",
+) -> tuple[DeliveryReceipt, list[DeliveryAttempt]]:
+    """The receipt of the first channel that carried the send, and every channel that could not before it.
+
+    All failing is a :class:`TransientError` (the request consumer retries it; the chain reports it)."""
+    failures: list[DeliveryAttempt] = []
+    for name in profile.channel_order():
+        adapter = adapters.get(name)
+        if adapter is None:
+            failures.append(DeliveryAttempt(channel=name, error=f"no {name} adapter runs in this deployment"))
+            continue
+        try:
+            receipt = await adapter.deliver(record, profile, banner=banner, tag=tag)
+        except ChannelError as exc:
+            failures.append(DeliveryAttempt(channel=name, error=str(exc)[:MAX_TEXT]))
+            log.warning("delivery.failed", channel=name, error=str(exc), send=tag or "question")
+            continue
+        log.info(
+            "delivery.done",
+            channel=receipt.channel,
+            reference=receipt.reference,
+            failed=len(failures),
+            send=tag or "question",
+        )
+        return receipt, failures
+    detail = "; ".join(f"{f.channel}: {f.error}" for f in failures) or "no channel"
+    raise TransientError(f"request {record.request_id} could not be delivered: {detail}")

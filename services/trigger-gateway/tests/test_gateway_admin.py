@@ -96,7 +96,12 @@ async def test_create_returns_every_field_but_never_a_secret(admin: httpx.AsyncC
     for field in ("id", "name", "type", "enabled", "agent", "input", "context", "auth", "deduplication", "retry"):
         assert field in trigger, field
     assert trigger["human"]["allowed_recipients"] == ["user:alice"]
-    assert trigger["human"]["on_timeout"] == {"action": "default", "default_option": "keep-v1"}
+    assert trigger["human"]["on_timeout"] == {
+        "action": "default",
+        "default_option": "keep-v1",
+        "renotify": None,
+        "escalate": None,
+    }
     assert trigger["retry"] == {"retry_after_s": 30}
     assert trigger["auth"] == {"type": "basic", "username": "azure"}
     assert body["write_only_set"] == ["auth.password"]

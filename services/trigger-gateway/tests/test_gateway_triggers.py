@@ -114,6 +114,12 @@ def test_auth_must_be_explicit_and_none_is_allowed_explicitly() -> None:
             "triggers[0] (ado-pr-review).human.on_timeout.defualt",
             id="on-timeout",
         ),
+        pytest.param(
+            "default_option: keep-v1}",
+            "default_option: keep-v1, renotify: {every_s: 60, max: 2, evry: 5}}",
+            "triggers[0] (ado-pr-review).human.on_timeout.renotify.evry",
+            id="renotify",
+        ),
         pytest.param("triggers:", "trigers:", "trigers", id="top-level"),
     ],
 )
@@ -127,13 +133,31 @@ def test_typo_keys_fail_with_their_location(old: str, new: str, where: str) -> N
     ("on_timeout", "expected"),
     [
         pytest.param("{action: default}", "needs default_option", id="default-without-option"),
-        pytest.param("{action: explode}", "'fail' or 'default'", id="unknown-action"),
+        pytest.param("{action: explode}", "'fail', 'default' or 'cancel'", id="unknown-action"),
     ],
 )
 def test_bad_on_timeout_fails(on_timeout: str, expected: str) -> None:
     message = _error(GOOD.replace("{action: default, default_option: keep-v1}", on_timeout))
     assert "triggers[0] (ado-pr-review).human.on_timeout" in message
     assert expected in message
+
+
+def test_groups_may_be_allowed_recipients_and_the_timeout_chain_is_read() -> None:
+    text = GOOD.replace("allowed_recipients: [user:alice]", "allowed_recipients: [user:alice, group:api-owners]")
+    text = text.replace(
+        "{action: default, default_option: keep-v1}",
+        "{action: cancel, renotify: {every_s: 600, max: 2}, escalate: {to: 'group:api-owners', after_s: 600}}",
+    )
+    (trigger,) = load_triggers_yaml(text)
+    assert isinstance(trigger, WebhookTrigger)
+    policy = trigger.human.policy()
+    assert policy.allowed_recipients == ["user:alice", "group:api-owners"]
+    assert policy.on_timeout.action == "cancel"
+    assert policy.on_timeout.renotify is not None
+    assert policy.on_timeout.renotify.max == 2
+    assert policy.on_timeout.escalate is not None
+    assert policy.on_timeout.escalate.to == "group:api-owners"
+    assert "allowed_recipients" in _error(GOOD.replace("[user:alice]", "[channel:telegram]"))
 
 
 def test_unknown_adapter_fails_and_lists_the_known_ones() -> None:

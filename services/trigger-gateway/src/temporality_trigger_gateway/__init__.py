@@ -1,5 +1,6 @@
-"""Temporality's trigger-gateway: webhook intake (auth, normalization, dedupe) → ``run.requested``, over a
-trigger store every replica watches, managed through the ``/triggers`` admin API (docs/triggers.md)."""
+"""Temporality's trigger-gateway: webhook intake (auth, normalization, dedupe), schedule ticks and the
+system's own events (event triggers) → ``run.requested``, over a trigger store every replica watches,
+managed through the ``/triggers`` admin API (docs/triggers.md)."""
 
 from temporality_trigger_gateway.api import create_app
 from temporality_trigger_gateway.errors import TriggerConfigError

@@ -5,7 +5,9 @@ configure (nothing connected yet; exit 2 on any problem): the API tokens file, t
 triggers file validated against them. setup: open the ``trigger-definitions`` bucket, seed it with the
 file's triggers (create-if-absent: several replicas may start at once, one wins each id and journals
 ``trigger.created``), load the whole store and watch it (``/readyz`` requires the watch; each change arms
-or cancels a schedule trigger's next tick), consume fired ticks (``trigger-gateway-schedules``), serve.
+or cancels a schedule trigger's next tick), consume fired ticks (``trigger-gateway-schedules``), the
+system's own events for the event triggers and the concurrency keys (``trigger-gateway-events``) and the
+ends of debounce windows (``trigger-gateway-debounce``), serve.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import os
 
 import structlog
 
+from temporality_bus import Delivery
 from temporality_protocol import TriggerCreated, derive_id, make_event
 from temporality_protocol.catalog import SERVICES
 from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
 from temporality_trigger_gateway.agents import load_agent_ids
 from temporality_trigger_gateway.api import create_app
 from temporality_trigger_gateway.errors import TriggerConfigError
+from temporality_trigger_gateway.events import EventTriggers
+from temporality_trigger_gateway.launch import Launcher
 from temporality_trigger_gateway.schedule import Scheduler
 from temporality_trigger_gateway.settings import Settings
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
@@ -69,10 +74,18 @@ def configure(settings: Settings) -> Setup[Settings]:
             await rt.bus.publish(make_event(change, source=SOURCE, id=event_id, correlation_id=trigger_id))
             log.info("trigger.seeded", trigger_id=trigger_id, revision=revision)
         registry = TriggerRegistry(environ=os.environ, agents=agents)
-        scheduler = Scheduler(rt.bus, registry)
+        launcher = Launcher(rt.bus, retry_after_s=rt.settings.retry_after_s, claim_lease_s=rt.settings.claim_lease_s)
+        scheduler = Scheduler(rt.bus, registry, launcher=launcher)
         registry.on_change = scheduler.on_change  # arm / cancel schedule triggers' next tick
         await rt.resources.enter_async_context(registry.watching(store))
         rt.consumer("trigger-gateway-schedules", raw_handler=scheduler.handle)
+        event_triggers = EventTriggers(registry, launcher, store=store, max_depth=rt.settings.event_max_depth)
+        rt.consumer("trigger-gateway-events", handler=event_triggers.handle)
+
+        async def debounce_ended(data: bytes, delivery: Delivery) -> None:
+            await launcher.flow.fire(data, registry.get)
+
+        rt.consumer("trigger-gateway-debounce", raw_handler=debounce_ended)
         rt.ready_check("trigger-store", registry.check)
         rt.http(create_app(rt.settings, rt.bus, registry, store=store, auth=auth))
 

@@ -8,6 +8,8 @@
 ``POST /triggers/{id}/enable|disable`` operator  switch; ``If-Match`` honoured when given
 ``DELETE /triggers/{id}``              admin     delete (204); ``If-Match`` honoured when given
 ``POST /triggers/preview``             viewer    what a draft would make of a sample delivery; no effect
+``GET /triggers/{id}/deliveries``      viewer    its deliveries' processing state, newest first (cursor)
+``POST …/deliveries/{d}/redrive``      operator  re-run a rejected or failed delivery (:mod:`.redrive`)
 =====================================  ========  ==================================================
 
 Authentication is :mod:`temporality_service.auth` (``Authorization: Bearer <API token>``): 401 without a
@@ -21,17 +23,22 @@ response lists it under ``write_only_set``); prefer ``*_env``. A replace whose `
 it read. Every change is journaled (``trigger.created|updated|deleted|enabled|disabled``, the token's
 name as ``changed_by``, never a secret) after the store took it; the answer waits until this replica
 serves the new revision.
+
+An ``event`` trigger that becomes enabled (created enabled, enabled, or replaced into an enabled event
+trigger) is stored with ``active_from_seq``, the events stream's last sequence now: it reacts only to
+events stored after it (TRG-6). A replace of an already enabled event trigger keeps its activation.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Awaitable, Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 import structlog
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -58,9 +65,12 @@ from temporality_service import (
     read_body,
 )
 from temporality_service.http import Conflict as HttpConflict
+from temporality_trigger_gateway.errors import BusUnavailable
+from temporality_trigger_gateway.launch import Launcher
 from temporality_trigger_gateway.preview import run_preview
+from temporality_trigger_gateway.redrive import NotRedrivable, redrive
 from temporality_trigger_gateway.store import TriggerRecord, TriggerRegistry, TriggerStore, validate_spec
-from temporality_trigger_gateway.triggers import TriggerConfig, field_errors
+from temporality_trigger_gateway.triggers import EventTrigger, TriggerConfig, field_errors
 
 __all__ = [
     "SECRET_FIELDS",
@@ -77,6 +87,7 @@ SOURCE = "/temporality/trigger-gateway"
 #: The literal secrets an ``auth`` may hold (each has a ``*_env`` twin); never returned.
 SECRET_FIELDS = ("password", "token", "secret")
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_DELIVERY = re.compile(r"^dlv-[0-9a-f]{24}$")
 #: A trigger body larger than this is refused (413): a trigger is a few hundred bytes, and a KV value is
 #: bounded by NATS's max_payload.
 MAX_TRIGGER_BYTES = 64 * 1024
@@ -149,6 +160,34 @@ def _revision_of(if_match: str | None) -> int | None:
     return int(value)
 
 
+def _cursor(text: str | None) -> tuple[datetime, str] | None:
+    """A deliveries page cursor (``next_cursor`` of the previous page) -> (received at, delivery id)."""
+    if text is None:
+        return None
+    try:
+        stamp, delivery_id = base64.urlsafe_b64decode(text.encode("ascii")).decode("utf-8").split("|", 1)
+        at = datetime.fromisoformat(stamp)
+    except (ValueError, UnicodeError):
+        raise InvalidCursor("cursor is not a next_cursor this API returned") from None
+    if at.tzinfo is None or not _DELIVERY.match(delivery_id):
+        raise InvalidCursor("cursor is not a next_cursor this API returned")
+    return at, delivery_id
+
+
+def _next_cursor(following: tuple[datetime, str] | None) -> str | None:
+    if following is None:
+        return None
+    return base64.urlsafe_b64encode(f"{following[0].isoformat()}|{following[1]}".encode()).decode("ascii")
+
+
+class InvalidCursor(Unprocessable):
+    code = "invalid_cursor"
+
+
+class UnknownDelivery(NotFound):
+    code = "delivery_not_found"
+
+
 def admin_router(
     registry: TriggerRegistry,
     store: TriggerStore,
@@ -156,9 +195,12 @@ def admin_router(
     *,
     max_body_bytes: int,
     retry_after_s: int,
+    launcher: Launcher | None = None,
 ) -> APIRouter:
-    """The ``/triggers`` routes over ``store``; ``registry`` is this replica's live view of it."""
+    """The ``/triggers`` routes over ``store``; ``registry`` is this replica's live view of it. ``launcher``:
+    the launch path the deliveries API reads and re-drives through (``None``: one of its own)."""
     router = APIRouter(prefix="/triggers", tags=["triggers"])
+    launch_path = launcher or Launcher(bus, retry_after_s=retry_after_s)
 
     def validate(spec: Any) -> TriggerConfig:
         if not isinstance(spec, dict):
@@ -258,6 +300,21 @@ def admin_router(
             enabled=trigger.enabled if trigger is not None else None,
         )
 
+    async def activation(trigger: TriggerConfig, before: TriggerRecord | None) -> int | None:
+        """An enabled event trigger reacts to events after this stream sequence (TRG-6): the stream's tail
+        now, unless it was already an enabled event trigger (then it keeps reacting from where it did)."""
+        if not (isinstance(trigger, EventTrigger) and trigger.enabled):
+            return None
+        if (
+            before is not None
+            and not before.deleted
+            and before.active_from_seq is not None
+            and before.spec.get("type") == "event"
+            and before.spec.get("enabled", True) is True
+        ):
+            return before.active_from_seq
+        return await io(store.events_tail())
+
     async def settled(trigger_id: str, revision: int) -> None:
         """Answer once this replica serves the change (its own watch applied it), bounded."""
         if not await registry.wait_for_revision(trigger_id, revision, timeout_s=5.0):
@@ -273,6 +330,40 @@ def admin_router(
     async def preview(request: Request, who: AsViewer) -> JSONResponse:
         return JSONResponse(await run_preview(await read_sample(request), registry, store, io))
 
+    @router.get("/{trigger_id}/deliveries", summary="A trigger's deliveries and their processing state, newest first")
+    async def list_deliveries(
+        trigger_id: str,
+        who: AsViewer,
+        cursor: Annotated[str | None, Query(max_length=200)] = None,
+        limit: Annotated[int, Query(ge=1, le=100)] = 50,
+    ) -> JSONResponse:
+        await current(trigger_id)
+        before = _cursor(cursor)
+        page, following = await io(launch_path.deliveries.newest(trigger_id, before=before, limit=limit))
+        return JSONResponse({"deliveries": [r.view() for r in page], "next_cursor": _next_cursor(following)})
+
+    @router.post(
+        "/{trigger_id}/deliveries/{delivery_id}/redrive",
+        summary="Re-run a rejected or failed delivery through the launch path (its original event id)",
+    )
+    async def redrive_delivery(trigger_id: str, delivery_id: str, who: AsOperator) -> JSONResponse:
+        await current(trigger_id)
+        found = await io(launch_path.deliveries.get(trigger_id, delivery_id)) if _DELIVERY.match(delivery_id) else None
+        if found is None:
+            raise UnknownDelivery(f"trigger {trigger_id!r} has no delivery {delivery_id[:100]!r} (kept 7 days)")
+        trigger = registry.get(trigger_id)
+        if trigger is None:
+            raise NotRedrivable(
+                f"trigger {trigger_id!r} is not served here ({registry.problems.get(trigger_id, 'not loaded')})"
+            )
+        try:
+            answer = await redrive(launch_path, trigger, found)
+        except BusUnavailable as exc:
+            raise Unavailable(exc.detail, code="bus_unavailable", retry_after_s=retry_after_s) from exc
+        log.info("delivery.redrive_requested", trigger_id=trigger_id, delivery_id=delivery_id, principal=who.name)
+        status = 202 if answer.get("status") in ("accepted", "queued", "debounced") else 200
+        return JSONResponse(answer, status_code=status)
+
     @router.get("/{trigger_id}", summary="Read a trigger")
     async def read_trigger(trigger_id: str, who: AsViewer) -> JSONResponse:
         return answer(trigger_id, await current(trigger_id))
@@ -281,7 +372,13 @@ def admin_router(
     async def create_trigger(request: Request, who: AsAdmin) -> JSONResponse:
         spec = await read_spec(request)
         trigger = validate(spec)
-        record = TriggerRecord(spec=spec, origin="api", updated_by=who.name, updated_at=_now())
+        record = TriggerRecord(
+            spec=spec,
+            origin="api",
+            updated_by=who.name,
+            updated_at=_now(),
+            active_from_seq=await activation(trigger, None),
+        )
         existing = await io(store.get_any(trigger.id))
         try:
             if existing is None:
@@ -320,7 +417,13 @@ def admin_router(
         if isinstance(spec, dict):
             spec = _keep_secrets(spec, found.value.spec)
         trigger = validate(spec)
-        record = TriggerRecord(spec=spec, origin="api", updated_by=who.name, updated_at=_now())
+        record = TriggerRecord(
+            spec=spec,
+            origin="api",
+            updated_by=who.name,
+            updated_at=_now(),
+            active_from_seq=await activation(trigger, found.value),
+        )
         try:
             revision = await io(store.store.update(trigger_id, record, found.revision))
         except Conflict:
@@ -341,7 +444,13 @@ def admin_router(
             return answer(trigger_id, found)  # already so: nothing written, nothing journaled
         spec = {**found.value.spec, "enabled": enabled}
         trigger = validate(spec)
-        record = TriggerRecord(spec=spec, origin=found.value.origin, updated_by=who_name, updated_at=_now())
+        record = TriggerRecord(
+            spec=spec,
+            origin=found.value.origin,
+            updated_by=who_name,
+            updated_at=_now(),
+            active_from_seq=await activation(trigger, found.value) if enabled else found.value.active_from_seq,
+        )
         try:
             revision = await io(store.store.update(trigger_id, record, found.revision))
         except Conflict:

@@ -7,8 +7,8 @@ served as it now is, without a restart.
 
 Checks run in this order, each answered as ``{"error": code, "detail": sentence}``:
 unknown trigger 404 → header credentials 401 → size 413 → body signature 401 → UTF-8 JSON 400 →
-source shape 422 → disabled / unhandled event type 200 ``ignored`` → accepted 202 / duplicate 200,
-or 503 when NATS is unavailable. Never 410 (Azure DevOps disables a subscription on it).
+source shape 422 → disabled / unhandled event type 200 ``ignored`` → accepted 202 / duplicate 200 (with a
+concurrency key: queued or debounced 202 / skipped 200), or 503 when NATS is unavailable. Never 410 (Azure DevOps disables a subscription on it).
 
 The trigger's ``auth`` is its verifier (:mod:`temporality_trigger_gateway.auth`): one that reads only
 headers runs before the body is read, one that signs the body runs on the raw bytes before they are
@@ -34,7 +34,7 @@ from temporality_trigger_gateway.errors import (
     MalformedBody,
     UnknownTrigger,
 )
-from temporality_trigger_gateway.intake import Accepted, Intake
+from temporality_trigger_gateway.intake import Accepted, Debounced, Intake, Queued
 from temporality_trigger_gateway.settings import Settings
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
 from temporality_trigger_gateway.triggers import TriggerConfig
@@ -69,7 +69,12 @@ def create_app(
     if store is not None:
         app.include_router(
             admin_router(
-                registry, store, bus, max_body_bytes=settings.max_body_bytes, retry_after_s=settings.retry_after_s
+                registry,
+                store,
+                bus,
+                max_body_bytes=settings.max_body_bytes,
+                retry_after_s=settings.retry_after_s,
+                launcher=intake.launcher,
             ),
             responses={code: {"model": ErrorBody} for code in (401, 403, 404, 409, 412, 422, 428, 503)},
         )
@@ -100,6 +105,7 @@ def create_app(
             if trigger.retry.retry_after_s is not None:  # the trigger's own retry policy
                 raise BusUnavailable(unavailable.detail, trigger.retry.retry_after_s) from unavailable
             raise
-        return JSONResponse(outcome.model_dump(), status_code=202 if isinstance(outcome, Accepted) else 200)
+        started = isinstance(outcome, Accepted | Queued | Debounced)
+        return JSONResponse(outcome.model_dump(mode="json", exclude_none=True), status_code=202 if started else 200)
 
     return app

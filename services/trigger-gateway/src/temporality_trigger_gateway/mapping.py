@@ -37,6 +37,7 @@ __all__ = [
     "MappingFailed",
     "agent_input",
     "check_prompt",
+    "compile_expression",
     "compile_mapping",
     "event_document",
     "render_prompt",
@@ -48,25 +49,28 @@ MAX_EXPRESSION = 1000
 
 def compile_mapping(mapping: Mapping[str, str]) -> dict[str, ParsedResult]:
     """Every expression compiled; ``ValueError`` naming the first field whose expression is invalid."""
-    compiled: dict[str, ParsedResult] = {}
-    for field, expression in mapping.items():
-        if not expression.strip():
-            raise ValueError(f"input.{field}: the expression is empty")
-        if len(expression) > MAX_EXPRESSION:
-            raise ValueError(f"input.{field}: the expression is longer than {MAX_EXPRESSION} characters")
-        try:
-            compiled[field] = jmespath.compile(expression)
-        except JMESPathError as exc:
-            reason = str(exc).splitlines()[0][:200]
-            raise ValueError(f"input.{field}: not a valid JMESPath expression ({reason})") from None
-        except RecursionError:  # the parser recurses per nesting level: "((((…" or "!!!!…"
-            raise ValueError(f"input.{field}: the expression is nested too deeply") from None
-        try:  # so does the interpreter ("a|a|a|…" parses flat enough): find out now, not per delivery
-            compiled[field].search({})
-        except JMESPathError:
-            pass  # a type error on the empty document (length(null)): fine, real events have data
-        except RecursionError:
-            raise ValueError(f"input.{field}: the expression is nested too deeply") from None
+    return {field: compile_expression(expression, f"input.{field}") for field, expression in mapping.items()}
+
+
+def compile_expression(expression: str, where: str) -> ParsedResult:
+    """One JMESPath expression compiled; ``ValueError`` starting with ``where`` when it is invalid."""
+    if not expression.strip():
+        raise ValueError(f"{where}: the expression is empty")
+    if len(expression) > MAX_EXPRESSION:
+        raise ValueError(f"{where}: the expression is longer than {MAX_EXPRESSION} characters")
+    try:
+        compiled = jmespath.compile(expression)
+    except JMESPathError as exc:
+        reason = str(exc).splitlines()[0][:200]
+        raise ValueError(f"{where}: not a valid JMESPath expression ({reason})") from None
+    except RecursionError:  # the parser recurses per nesting level: "((((…" or "!!!!…"
+        raise ValueError(f"{where}: the expression is nested too deeply") from None
+    try:  # so does the interpreter ("a|a|a|…" parses flat enough): find out now, not per delivery
+        compiled.search({})
+    except JMESPathError:
+        pass  # a type error on the empty document (length(null)): fine, real events have data
+    except RecursionError:
+        raise ValueError(f"{where}: the expression is nested too deeply") from None
     return compiled
 
 
@@ -103,9 +107,11 @@ def agent_input(
 class MappingFailed(ValueError):
     """An expression could not be evaluated on this event (a type error inside a JMESPath function)."""
 
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"input.{field}: {reason}")
+    def __init__(self, field: str, reason: str, *, section: str = "input") -> None:
+        super().__init__(f"{section}.{field}: {reason}")
         self.field = field
+        #: Where the failing expression is: ``input`` (a mapped field) or ``concurrency`` (its ``key``).
+        self.section = section
 
 
 def check_prompt(template: str, fields: Mapping[str, str] | None) -> None:

@@ -17,7 +17,10 @@ Answer (200 whenever the request itself is well formed)::
 
 Nothing is started, published or stored, and the sender's authentication is not checked: the preview
 validates a draft as a save would, except that ``*_env`` variables need not be set in the gateway's
-environment. Only ``webhook`` triggers can be previewed.
+environment. ``webhook`` and ``event`` triggers can be previewed; for an ``event`` trigger ``payload`` is
+a sample CloudEvent (structured JSON, as on the bus: ``id``, ``source``, ``type``, ``time``, ``data``,
+``actor``, ``tenant``, ``runid``...) and ``headers`` are not used. The preview does not check the
+trigger's activation or the loop rule (they depend on the journal).
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from temporality_protocol import run_id_for_delivery
+from temporality_protocol import Envelope, run_id_for_delivery
 from temporality_service import Unprocessable
 from temporality_trigger_gateway.adapters import ADAPTERS, WebhookRequest
 from temporality_trigger_gateway.errors import InvalidPayload
+from temporality_trigger_gateway.events import normalize, run_title
 from temporality_trigger_gateway.mapping import MappingFailed
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore, validate_spec
-from temporality_trigger_gateway.triggers import WebhookTrigger, field_errors
+from temporality_trigger_gateway.triggers import EventTrigger, WebhookTrigger, field_errors
 
 __all__ = ["run_preview"]
 
@@ -104,8 +108,10 @@ async def run_preview(
         trigger = validate_spec(spec, environ=_AnyEnviron(), agents=registry.agents)
     except ValidationError as exc:
         return _failed("trigger", field_errors(exc, spec))
+    if isinstance(trigger, EventTrigger):
+        return _preview_event(trigger, body["payload"])
     if not isinstance(trigger, WebhookTrigger):
-        message = f"only webhook triggers can be previewed, not {trigger.type} triggers"
+        message = f"only webhook and event triggers can be previewed, not {trigger.type} triggers"
         return _failed("trigger", [{"field": "type", "message": message}])
 
     payload = body["payload"]
@@ -137,6 +143,39 @@ async def run_preview(
     elif source.type not in trigger.events:
         detail = f"the trigger does not handle {source.type!r} events (its events: {', '.join(trigger.events)})"
         answer |= {"would_start_run": False, "ignored": {"reason": "unsupported_event", "detail": detail}}
+    else:
+        answer["would_start_run"] = True
+    return answer
+
+
+def _preview_event(trigger: EventTrigger, sample: Any) -> dict[str, Any]:
+    """An event trigger's preview: ``payload`` is a sample CloudEvent (structured JSON, as on the bus)."""
+    if not isinstance(sample, dict):
+        return _failed("payload", [{"field": "<body>", "message": "an event trigger's sample is a CloudEvent object"}])
+    try:
+        envelope = Envelope.model_validate(sample)
+    except ValidationError as exc:
+        return _failed("payload", field_errors(exc, sample))
+    event = normalize(envelope, tenant=trigger.tenant)
+    try:
+        mapped = trigger.agent_input(event)
+    except MappingFailed as exc:
+        return _failed("mapping", [{"field": f"input.{exc.field}", "message": str(exc)}])
+    answer: dict[str, Any] = {
+        "ok": True,
+        "source_event": {"id": envelope.id, "type": envelope.type},
+        "event": event.model_dump(mode="json"),
+        "input": mapped,
+        "run_id": run_id_for_delivery(trigger.id, envelope.id),
+        "title": run_title(trigger, event),
+    }
+    if not trigger.enabled:
+        answer |= {"would_start_run": False, "ignored": {"reason": "disabled", "detail": "the trigger is disabled"}}
+    elif envelope.type not in trigger.event_types:
+        detail = f"the trigger does not listen to {envelope.type!r} (its event_type: {', '.join(trigger.event_types)})"
+        answer |= {"would_start_run": False, "ignored": {"reason": "unsupported_event", "detail": detail}}
+    elif not trigger.matches(normalize(envelope)):
+        answer |= {"would_start_run": False, "ignored": {"reason": "filtered", "detail": "the filter does not match"}}
     else:
         answer["would_start_run"] = True
     return answer

@@ -26,27 +26,23 @@ its run, ``skip`` journals ``trigger.rejected`` (reason ``missed_tick``) and sta
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 import structlog
 from croniter import croniter  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from temporality_bus import Bus, Delivery, PermanentError, Timers
-from temporality_protocol import (
-    Actor,
-    Envelope,
-    LaunchSource,
-    NormalizedEvent,
-    RunRequested,
-    TriggerAccepted,
-    TriggerReceived,
-    TriggerRejected,
-    derive_id,
-    make_event,
-    run_id_for_delivery,
-)
+from temporality_protocol import Actor, Envelope, NormalizedEvent, derive_id, run_id_for_delivery
 from temporality_protocol.catalog import TIMER_NS_TRIGGER_SCHEDULE
+from temporality_trigger_gateway.errors import BodyTooLarge
+from temporality_trigger_gateway.launch import (
+    Launcher,
+    TriggerDelivery,
+    launch_events,
+    received_event,
+    refusal_events,
+    rejected_event,
+)
 from temporality_trigger_gateway.mapping import MappingFailed
 from temporality_trigger_gateway.store import TriggerRegistry
 from temporality_trigger_gateway.triggers import ScheduleTrigger, TriggerConfig
@@ -55,8 +51,6 @@ __all__ = ["ADAPTER", "Scheduler", "Tick", "next_tick", "tick_events"]
 
 log = structlog.get_logger(__name__)
 
-SOURCE = "/temporality/trigger-gateway"
-ACTOR = "service:trigger-gateway"
 #: The ``adapter`` a tick is journaled under (``trigger.received``).
 ADAPTER = "schedule"
 
@@ -83,15 +77,24 @@ def _tick_id(at: datetime) -> str:
     return "tick:" + at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def tick_events(trigger: ScheduleTrigger, at: datetime, *, now: datetime, body_bytes: int = 0) -> list[Envelope]:
-    """What one tick publishes: ``trigger.received`` + ``trigger.accepted`` + ``run.requested``, or
-    ``trigger.received`` + ``trigger.rejected(missed_tick)``; every id derived from (trigger, tick)."""
+def _delivery(trigger: ScheduleTrigger, at: datetime, body_bytes: int) -> TriggerDelivery:
     source_event_id = _tick_id(at)
-    run_id = run_id_for_delivery(trigger.id, source_event_id)
-    delivery_id = derive_id("dlv", trigger.id, source_event_id)
+    return TriggerDelivery(
+        trigger=trigger,
+        delivery_id=derive_id("dlv", trigger.id, source_event_id),
+        kind="schedule",
+        adapter=ADAPTER,
+        source_event_id=source_event_id,
+        source_event_type="schedule.tick",
+        body_bytes=body_bytes,
+    )
+
+
+def tick_event(trigger: ScheduleTrigger, at: datetime, *, now: datetime) -> NormalizedEvent:
+    """The tick as the mapping (and a concurrency key) sees it: type ``schedule.tick``."""
     late_s = max(0.0, (now - at).total_seconds())
-    event = NormalizedEvent(
-        id=source_event_id,
+    return NormalizedEvent(
+        id=_tick_id(at),
         type="schedule.tick",
         source=f"/temporality/schedule/{trigger.id}",
         timestamp=at,
@@ -100,108 +103,63 @@ def tick_events(trigger: ScheduleTrigger, at: datetime, *, now: datetime, body_b
         payload={"tick": at.isoformat(), "cron": trigger.cron, "timezone": trigger.timezone, "late_s": round(late_s)},
         metadata={"trigger_id": trigger.id},
     )
-    common: dict[str, Any] = {"source": SOURCE, "actor": ACTOR, "tenant": trigger.tenant}
-    received = make_event(
-        TriggerReceived(
-            trigger_id=trigger.id,
-            delivery_id=delivery_id,
-            adapter=ADAPTER,
-            source_event_id=source_event_id,
-            source_event_type=event.type,
-            body_bytes=body_bytes,
-        ),
-        id=derive_id("evt", delivery_id, "received"),
-        run_id=run_id,
-        correlation_id=run_id,
-        **common,
-    )
-    if late_s > trigger.missed.grace_s and trigger.missed.policy == "skip":
-        rejected = make_event(
-            TriggerRejected(
-                trigger_id=trigger.id,
-                delivery_id=delivery_id,
-                reason="missed_tick",
-                detail=f"the tick of {at.isoformat()} was handled {round(late_s)} s late (grace "
-                f"{trigger.missed.grace_s} s, missed policy skip)",
-                source_event_id=source_event_id,
-            ),
-            id=derive_id("evt", delivery_id, "rejected"),
-            causation_id=received.id,
-            correlation_id=delivery_id,
-            **common,
+
+
+def tick_title(trigger: ScheduleTrigger, at: datetime) -> str:
+    return f"{trigger.name} ({at.astimezone(trigger.zone).isoformat()})"
+
+
+def _missed(trigger: ScheduleTrigger, at: datetime, now: datetime) -> bool:
+    """Whether the tick is handled past its grace by a trigger whose missed policy is ``skip``."""
+    return (now - at).total_seconds() > trigger.missed.grace_s and trigger.missed.policy == "skip"
+
+
+def tick_events(trigger: ScheduleTrigger, at: datetime, *, now: datetime, body_bytes: int = 0) -> list[Envelope]:
+    """What one tick publishes: ``trigger.received`` + ``trigger.accepted`` + ``run.requested``, or
+    ``trigger.received`` + ``trigger.rejected(missed_tick)``; every id derived from (trigger, tick)."""
+    delivery = _delivery(trigger, at, body_bytes)
+    source_event_id = _tick_id(at)
+    run_id = run_id_for_delivery(trigger.id, source_event_id)
+    late_s = max(0.0, (now - at).total_seconds())
+    event = tick_event(trigger, at, now=now)
+    received = received_event(delivery, run_id=run_id, tenant=trigger.tenant)
+    if _missed(trigger, at, now):
+        detail = (
+            f"the tick of {at.isoformat()} was handled {round(late_s)} s late (grace "
+            f"{trigger.missed.grace_s} s, missed policy skip)"
+        )
+        rejected = rejected_event(
+            delivery, "missed_tick", detail, run_id=None, tenant=trigger.tenant, causation_id=received.id
         )
         return [received, rejected]
-    accepted = make_event(
-        TriggerAccepted(
-            trigger_id=trigger.id,
-            delivery_id=delivery_id,
-            source_event_id=source_event_id,
-            run_id=run_id,
-            agent=trigger.agent,
-        ),
-        id=derive_id("evt", run_id, "trigger.accepted"),
+    accepted, requested = launch_events(
+        delivery,
+        event,
+        run_id=run_id,
+        title=tick_title(trigger, at),
         causation_id=received.id,
-        run_id=run_id,
-        correlation_id=run_id,
-        **common,
-    )
-    requested = make_event(
-        RunRequested(
-            run_id=run_id,
-            agent=trigger.agent,
-            title=f"{trigger.name} ({at.astimezone(trigger.zone).isoformat()})"[:200],
-            launch=LaunchSource(kind="schedule", trigger_id=trigger.id, delivery_id=delivery_id),
-            event=event,
-            input=trigger.agent_input(event),
-            human=trigger.human.policy(),
-        ),
-        id=derive_id("evt", run_id, "run.requested"),
-        causation_id=accepted.id,
-        run_id=run_id,
-        correlation_id=run_id,
-        **common,
+        human=trigger.human.policy(),
+        input=trigger.agent_input(event),
+        with_payload=True,
     )
     return [received, accepted, requested]
 
 
 def _mapping_refused(trigger: ScheduleTrigger, at: datetime, detail: str, *, body_bytes: int) -> list[Envelope]:
-    source_event_id = _tick_id(at)
-    delivery_id = derive_id("dlv", trigger.id, source_event_id)
-    common: dict[str, Any] = {"source": SOURCE, "actor": ACTOR, "tenant": trigger.tenant, "correlation_id": delivery_id}
-    received = make_event(
-        TriggerReceived(
-            trigger_id=trigger.id,
-            delivery_id=delivery_id,
-            adapter=ADAPTER,
-            source_event_id=source_event_id,
-            source_event_type="schedule.tick",
-            body_bytes=body_bytes,
-        ),
-        id=derive_id("evt", delivery_id, "received"),
-        **common,
-    )
-    rejected = make_event(
-        TriggerRejected(
-            trigger_id=trigger.id,
-            delivery_id=delivery_id,
-            reason="invalid_payload",
-            detail=f"the input mapping cannot be applied to the tick ({detail})"[:1000],
-            source_event_id=source_event_id,
-        ),
-        id=derive_id("evt", delivery_id, "rejected"),
-        causation_id=received.id,
-        **common,
-    )
-    return [received, rejected]
+    delivery = _delivery(trigger, at, body_bytes)
+    refused = f"the input mapping cannot be applied to the tick ({detail})"
+    return list(refusal_events(delivery, "invalid_payload", refused, run_id=None, tenant=trigger.tenant))
 
 
 # --------------------------------------------------------------------------- effects
 class Scheduler:
     """Arms, cancels and handles the ticks of this replica's schedule triggers."""
 
-    def __init__(self, bus: Bus, registry: TriggerRegistry) -> None:
+    def __init__(self, bus: Bus, registry: TriggerRegistry, *, launcher: Launcher | None = None) -> None:
         self._bus = bus
         self._registry = registry
+        #: Launches the ticks of a trigger with a concurrency key (claim, then its key's policy).
+        self._launcher = launcher
         self.timers = Timers(bus, TIMER_NS_TRIGGER_SCHEDULE)
         #: Ids this replica has seen as enabled schedule triggers (a webhook trigger's change cancels nothing).
         self._scheduled: set[str] = set()
@@ -242,16 +200,41 @@ class Scheduler:
             await self.arm_next(trigger, current)
             return
         now = datetime.now(UTC)
-        try:
-            events = tick_events(trigger, tick.at, now=now, body_bytes=len(data))
-        except MappingFailed as exc:  # journaled, and the trigger keeps ticking
-            events = _mapping_refused(trigger, tick.at, str(exc), body_bytes=len(data))
-        await self._bus.publish_many(events)
+        if trigger.concurrency is not None and self._launcher is not None and not _missed(trigger, tick.at, now):
+            outcome = await self._flow_controlled(trigger, tick.at, now, len(data))
+        else:
+            try:
+                events = tick_events(trigger, tick.at, now=now, body_bytes=len(data))
+            except MappingFailed as exc:  # journaled, and the trigger keeps ticking
+                events = _mapping_refused(trigger, tick.at, str(exc), body_bytes=len(data))
+            await self._bus.publish_many(events)
+            outcome = events[-1].type
         log.info(
             "schedule.ticked",
             trigger_id=trigger.id,
             tick=tick.at.isoformat(),
-            outcome=events[-1].type,
+            outcome=outcome,
             late_s=round((now - tick.at).total_seconds(), 3),
         )
         await self.arm_next(trigger, max(current, tick.revision), after=max(now, tick.at))
+
+    async def _flow_controlled(self, trigger: ScheduleTrigger, at: datetime, now: datetime, body_bytes: int) -> str:
+        """A tick of a trigger with a concurrency key: through the launch path's claim and the key's policy
+        (the claim recognises a redelivered tick as the same delivery)."""
+        assert self._launcher is not None
+        delivery = _delivery(trigger, at, body_bytes)
+        event = tick_event(trigger, at, now=now)
+        try:
+            mapped = trigger.agent_input(event)
+            key = trigger.concurrency_key(event)
+        except MappingFailed as exc:
+            await self._bus.publish_many(_mapping_refused(trigger, at, str(exc), body_bytes=body_bytes))
+            return "trigger.rejected"
+        run_id = run_id_for_delivery(trigger.id, _tick_id(at))
+        try:
+            outcome = await self._launcher.launch(
+                delivery, event, run_id, tick_title(trigger, at), mapped, with_payload=True, concurrency_key=key
+            )
+        except BodyTooLarge as exc:
+            raise PermanentError(exc.detail) from exc
+        return outcome.status

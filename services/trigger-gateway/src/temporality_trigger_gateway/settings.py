@@ -29,3 +29,6 @@ class Settings(HttpServiceSettings):
     #: A dedupe claim older than this whose delivery never reported ``run.requested`` published is taken
     #: over by a redelivery, which publishes the same derived ids (the claimant's process died).
     claim_lease_s: float = Field(default=10.0, gt=0, le=300)
+    #: Event triggers (TRG-6 anti-loop): the deepest chain of event-trigger launches. ``1``: an event of a run
+    #: an event trigger started never fires an event trigger; past it, ``trigger.rejected(loop_limit)``.
+    event_max_depth: int = Field(default=1, ge=1, le=20)

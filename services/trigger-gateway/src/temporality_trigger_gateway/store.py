@@ -23,31 +23,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import nats.errors
 import structlog
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from temporality_bus import AlreadyExists, Bus, Store, Versioned
-from temporality_protocol.catalog import BUCKET_TRIGGERS
+from temporality_bus import AlreadyExists, Bus, KvWatch, Store, Versioned, entry_value
+from temporality_protocol.catalog import BUCKET_TRIGGERS, EVENTS_STREAM
 from temporality_trigger_gateway.auth import NoAuth, literal_secret
-from temporality_trigger_gateway.triggers import TriggerConfig, WebhookTrigger
+from temporality_trigger_gateway.triggers import EventTrigger, TriggerConfig, WebhookTrigger
 
-__all__ = ["TRIGGER", "ChangeHook", "TriggerRecord", "TriggerRegistry", "TriggerStore", "validate_spec"]
+__all__ = ["TRIGGER", "Activation", "ChangeHook", "TriggerRecord", "TriggerRegistry", "TriggerStore", "validate_spec"]
 
 log = structlog.get_logger(__name__)
 
 #: Validates one trigger mapping (the discriminated union of the three types).
 TRIGGER: TypeAdapter[TriggerConfig] = TypeAdapter(TriggerConfig)
-#: How long the watch waits before it starts again after failing (the bus went away).
-_REWATCH_S = 1.0
-#: How often an idle watch checks whether the connection was re-established meanwhile (nats-py's ordered
-#: consumer behind a KV watch notices a restarted server only after ~20 s on its own).
-_RECONNECT_CHECK_S = 2.0
 #: Called after the registry applied a store change: (trigger id, the trigger now served or ``None``, revision).
 ChangeHook = Callable[[str, TriggerConfig | None, int], Awaitable[None]]
 
@@ -65,6 +60,18 @@ class TriggerRecord(BaseModel):
     updated_at: datetime
     #: A tombstone: the id was deleted (the triggers file does not seed it again).
     deleted: bool = False
+    #: An ``event`` trigger: the ``TEMPORALITY_EVENTS`` stream's last sequence when it was last enabled
+    #: (created enabled, enabled, seeded); it reacts only to events stored after it (TRG-6).
+    active_from_seq: int | None = None
+
+
+@dataclass(frozen=True)
+class Activation:
+    """Since when an event trigger reacts: events after ``after_seq`` (or, for a record written without
+    one, events the server stored after ``since``)."""
+
+    after_seq: int | None
+    since: datetime
 
 
 def validate_spec(
@@ -88,17 +95,33 @@ class TriggerStore:
         kv = await bus.ensure_bucket(BUCKET_TRIGGERS)
         return cls(await bus.store(BUCKET_TRIGGERS, TriggerRecord), kv, bus)
 
-    @property
-    def reconnects(self) -> int:
-        """How often the connection was re-established (a watch started before may have gone stale)."""
-        return int(self.bus.nc.stats.get("reconnects", 0))
+    async def last_revision(self) -> int:
+        """The bucket's latest revision (its stream's last sequence): every change stored so far."""
+        info = await self.bus.js.stream_info(f"KV_{BUCKET_TRIGGERS.name}")
+        return int(info.state.last_seq or 0)
+
+    async def events_tail(self) -> int:
+        """The ``TEMPORALITY_EVENTS`` stream's last sequence: an event trigger enabled now reacts after it."""
+        info = await self.bus.js.stream_info(EVENTS_STREAM.name)
+        return int(info.state.last_seq or 0)
 
     async def seed(self, specs: Iterable[Mapping[str, Any]], *, by: str) -> list[tuple[str, int]]:
         """Create each file trigger that has no record yet; the ``(id, revision)`` this call created."""
         created: list[tuple[str, int]] = []
+        tail: int | None = None
         for spec in specs:
             trigger_id = str(spec["id"])
-            record = TriggerRecord(spec=dict(spec), origin="file", updated_by=by, updated_at=datetime.now(UTC))
+            active_from: int | None = None
+            if spec.get("type") == "event" and spec.get("enabled", True) is True:
+                tail = await self.events_tail() if tail is None else tail
+                active_from = tail
+            record = TriggerRecord(
+                spec=dict(spec),
+                origin="file",
+                updated_by=by,
+                updated_at=datetime.now(UTC),
+                active_from_seq=active_from,
+            )
             try:
                 created.append((trigger_id, await self.store.create(trigger_id, record)))
             except AlreadyExists:
@@ -139,9 +162,10 @@ class TriggerRegistry:
         self.problems: dict[str, str] = {}
         #: id -> the last store revision applied (tests and the admin API wait on it).
         self.revisions: dict[str, int] = {}
+        #: id -> since when an event trigger reacts (its record's activation).
+        self.activations: dict[str, Activation] = {}
         self._changed = asyncio.Condition()
-        self._watching = False
-        self._failure: str | None = None
+        self._watch: KvWatch | None = None
         #: Effects of a change (arming a schedule trigger's timer); a failing hook is logged, never fatal.
         self.on_change: ChangeHook | None = None
 
@@ -163,6 +187,21 @@ class TriggerRegistry:
     def all(self) -> list[TriggerConfig]:
         return [self._triggers[k] for k in sorted(self._triggers)]
 
+    @property
+    def applied(self) -> int:
+        """The highest store revision this replica applied (a KV revision is the bucket stream's sequence)."""
+        return max(self.revisions.values(), default=0)
+
+    async def wait_for_store(self, revision: int, timeout_s: float = 2.0) -> bool:
+        """Wait until this replica applied every store change up to ``revision``; False on timeout."""
+        async with self._changed:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._changed.wait_for(lambda: self.applied >= revision)
+            except TimeoutError:
+                return False
+        return True
+
     async def wait_for_revision(self, trigger_id: str, revision: int, timeout_s: float = 5.0) -> bool:
         """Wait until this replica applied ``revision`` (or a later one) of ``trigger_id``; False on timeout."""
         async with self._changed:
@@ -175,8 +214,9 @@ class TriggerRegistry:
 
     async def check(self) -> None:
         """The readiness check: the watch runs (``/readyz`` 503 while it is being restarted)."""
-        if not self._watching:
-            raise RuntimeError(self._failure or "the trigger store is not watched yet")
+        if self._watch is None:
+            raise RuntimeError("the trigger store is not watched yet")
+        await self._watch.check()
 
     # ------------------------------------------------------------------ applying
     def apply(self, trigger_id: str, record: TriggerRecord | None, revision: int) -> None:
@@ -184,6 +224,7 @@ class TriggerRegistry:
         self.revisions[trigger_id] = max(self.revisions.get(trigger_id, 0), revision)
         if record is None or record.deleted:
             self.problems.pop(trigger_id, None)
+            self.activations.pop(trigger_id, None)
             if self._triggers.pop(trigger_id, None) is not None:
                 log.info("trigger.removed", trigger_id=trigger_id, revision=revision)
             return
@@ -203,6 +244,7 @@ class TriggerRegistry:
             log.error("trigger.invalid", trigger_id=trigger_id, revision=revision, problem="id is not the key")
             return
         self.problems.pop(trigger_id, None)
+        self.activations[trigger_id] = Activation(record.active_from_seq, record.updated_at)
         self._serve(trigger, revision=revision)
 
     def _serve(self, trigger: TriggerConfig, *, revision: int | None = None) -> None:
@@ -221,8 +263,14 @@ class TriggerRegistry:
                 revision=revision,
             )
         else:
-            if trigger.type == "event":
-                log.warning("trigger.not_served", trigger_id=trigger.id, type=trigger.type, reason="not served yet")
+            if isinstance(trigger, EventTrigger):
+                log.info(
+                    "trigger.listening",
+                    trigger_id=trigger.id,
+                    event_types=list(trigger.event_types),
+                    enabled=trigger.enabled,
+                    revision=revision,
+                )
             else:
                 log.info("trigger.scheduled", trigger_id=trigger.id, enabled=trigger.enabled, revision=revision)
 
@@ -231,83 +279,42 @@ class TriggerRegistry:
             self._changed.notify_all()
 
     # ------------------------------------------------------------------ watching
-    @contextlib.asynccontextmanager
-    async def watching(self, store: TriggerStore) -> AsyncIterator[None]:
+    def watching(self, store: TriggerStore) -> contextlib.AbstractAsyncContextManager[None]:
         """Load every stored trigger, then keep applying changes until the context exits.
 
         Returns once the initial snapshot is applied (so a replica is ready only when it serves the
         store's triggers). A watch that fails later (the bus went away) is started again, re-reading the
-        whole bucket; meanwhile ``check`` fails (``/readyz`` 503) and the last known triggers are served."""
-        watcher = await self._snapshot(store)
-        task = asyncio.create_task(self._follow(store, watcher), name="trigger-store-watch")
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        whole bucket; meanwhile ``check`` fails (``/readyz`` 503) and the last known triggers are served
+        (:class:`temporality_bus.KvWatch`)."""
+        self._watch = KvWatch(
+            store.bus,
+            store.kv,
+            "trigger store",
+            apply=self._apply_entry,
+            forget=self._forget,
+            loaded=self._loaded,
+            changed=self._notify,
+        )
+        return self._watch.watching()
 
-    async def _snapshot(self, store: TriggerStore) -> KeyValue.KeyWatcher:
-        """Start a watch and apply everything up to its initial marker; ids no longer stored are dropped."""
-        watcher = await store.kv.watchall()
-        seen: set[str] = set()
-        while True:
-            entry = await watcher.updates(timeout=30)  # type: ignore[no-untyped-call]
-            if entry is None:  # the initial marker: everything stored has been delivered
-                break
-            seen.add(entry.key)
-            await self._apply_entry(entry)
+    async def _forget(self, seen: set[str]) -> None:
+        """After a snapshot: stop serving ids the store no longer holds."""
         for gone in set(self._triggers) - seen:
             self.apply(gone, None, self.revisions.get(gone, 0))
             await self._hook(gone)
-        self._watching = True
-        self._failure = None
+
+    async def _loaded(self) -> None:
         await self._notify()
         log.info("trigger.store_loaded", triggers=len(self._triggers), invalid=len(self.problems))
-        return watcher
-
-    async def _follow(self, store: TriggerStore, watcher: KeyValue.KeyWatcher) -> None:
-        reconnects = store.reconnects
-        while True:
-            try:
-                while True:
-                    try:
-                        entry = await watcher.updates(timeout=_RECONNECT_CHECK_S)  # type: ignore[no-untyped-call]
-                    except nats.errors.TimeoutError:
-                        if store.reconnects != reconnects:  # the server restarted or we moved: read it all again
-                            raise RuntimeError("the connection was re-established") from None
-                        continue
-                    if isinstance(entry, type(KeyValue.KeyWatcher.STOP_ITER)):
-                        raise RuntimeError("the trigger store watch ended")
-                    if entry is None:
-                        continue
-                    await self._apply_entry(entry)
-                    await self._notify()
-            except asyncio.CancelledError:
-                with contextlib.suppress(Exception):
-                    await watcher.stop()  # type: ignore[no-untyped-call]
-                raise
-            except Exception as exc:
-                self._watching = False
-                self._failure = f"the trigger store watch failed: {exc!r}"
-                log.warning("trigger.watch_failed", error=repr(exc))
-                with contextlib.suppress(Exception):
-                    await watcher.stop()  # type: ignore[no-untyped-call]
-                await asyncio.sleep(_REWATCH_S)
-                try:
-                    reconnects = store.reconnects
-                    watcher = await self._snapshot(store)
-                except Exception as again:
-                    self._failure = f"the trigger store cannot be read: {again!r}"
-                    log.warning("trigger.watch_failed", error=repr(again))
 
     async def _apply_entry(self, entry: KeyValue.Entry) -> None:
         revision = entry.revision or 0
-        if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
+        value = entry_value(entry)
+        if value is None:
             self.apply(entry.key, None, revision)
         else:
             try:
-                record = TriggerRecord.model_validate_json(entry.value)
+                record = TriggerRecord.model_validate_json(value)
             except ValidationError as exc:
                 self.problems[entry.key] = f"unreadable record: {exc.error_count()} problem(s)"
                 self._triggers.pop(entry.key, None)

@@ -2,8 +2,8 @@
 
 Every mapping forbids unknown keys, so a typo fails at start-up (or is a 422 on save) instead of
 silently doing nothing. ``webhook`` triggers are served at ``/hooks/<id>``, ``schedule`` triggers
-by JetStream message schedules (:mod:`.schedule`); ``event`` triggers are validated and stored, and the
-gateway logs them as not served yet.
+by JetStream message schedules (:mod:`.schedule`), ``event`` triggers by the gateway's consumer of the
+system's own events (:mod:`.events`).
 
 Validation takes a context (``model_validate(..., context=...)``): ``environ`` resolves the auth's
 ``*_env`` secrets, ``agents`` (a set of agent ids from the run-executor's agent cards, or ``None`` when
@@ -15,6 +15,7 @@ The recipients a run may ask (``human``, SEC-1) come from here and never from th
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from croniter import croniter  # type: ignore[import-untyped]
+from jmespath.exceptions import JMESPathError
 from jmespath.parser import ParsedResult
 from pydantic import (
     BaseModel,
@@ -36,14 +38,24 @@ from pydantic import (
 )
 
 from temporality_protocol import HumanPolicy, NormalizedEvent, TimeoutPolicy
-from temporality_protocol.catalog import BUCKET_DEDUPE
+from temporality_protocol.catalog import BUCKET_DEDUPE, TRIGGERABLE_EVENTS
+from temporality_protocol.events import EVENT_MODELS, Escalate, Renotify
 from temporality_trigger_gateway.adapters import ADAPTERS
 from temporality_trigger_gateway.auth import Auth, BasicAuth, NoAuth
 from temporality_trigger_gateway.errors import TriggerConfigError
-from temporality_trigger_gateway.mapping import agent_input, check_prompt, compile_mapping, render_prompt
+from temporality_trigger_gateway.mapping import (
+    MappingFailed,
+    agent_input,
+    check_prompt,
+    compile_expression,
+    compile_mapping,
+    event_document,
+    render_prompt,
+)
 
 __all__ = [
     "BasicAuth",
+    "Concurrency",
     "Deduplication",
     "EventTrigger",
     "HumanConfig",
@@ -55,6 +67,7 @@ __all__ = [
     "TriggersFile",
     "WebhookTrigger",
     "field_errors",
+    "filter_text",
     "load_triggers",
     "parse_triggers",
     "read_triggers_file",
@@ -96,8 +109,73 @@ class RetryPolicy(_Config):
     retry_after_s: Annotated[int, Field(ge=1, le=3600)] | None = None
 
 
-class _TimeoutConfig(TimeoutPolicy):
+#: The longest key value kept in the concurrency record (it is hashed into the KV key; shown for operators).
+MAX_KEY_TEXT = 500
+
+
+class Concurrency(_Config):
+    """Flow control per trigger: at most one active run per concurrency key (issue 7).
+
+    ``key`` is a JMESPath expression over the normalized event (the mapping's document, ``context``
+    included), e.g. ``join('/', [payload.repository.id, to_string(payload.pull_request.id)])``; the value
+    (a string as is, anything else in its JSON form) names the key, ``null`` means the event has none (it
+    is launched without flow control). ``policy`` says what a new event does while a run of its key is
+    active: ``queue`` (start after it, in order), ``skip`` (journaled ``trigger.rejected(concurrency_skip)``)
+    or ``supersede`` (``run.cancel_requested`` for the older run, reason ``superseded``, and start the
+    new one). ``max_queued`` bounds a ``queue``: one more is refused like ``skip``. ``debounce_s``: the
+    key's run starts only once no new event of it arrived for that long; the latest event wins (the older
+    ones are journaled ``trigger.rejected(debounced)``), then the policy applies."""
+
+    key: Annotated[str, Field(min_length=1)]
+    policy: Literal["queue", "skip", "supersede"]
+    max_queued: Annotated[int, Field(ge=1, le=100)] = 20
+    #: Start a key's run only once no new event of it arrived for this many seconds (the latest wins).
+    debounce_s: Annotated[int, Field(ge=1, le=24 * 3600)] | None = None
+    _compiled: ParsedResult | None = PrivateAttr(default=None)
+
+    @field_validator("key")
+    @classmethod
+    def _valid_key(cls, value: str) -> str:
+        compile_expression(value, "key")
+        return value
+
+    @model_validator(mode="after")
+    def _compile_key(self) -> Self:
+        self._compiled = compile_expression(self.key, "key")
+        return self
+
+    def key_of(self, event: NormalizedEvent, context: Mapping[str, Any]) -> str | None:
+        """The event's key value (``None``: it has none); :class:`MappingFailed` when the expression fails."""
+        assert self._compiled is not None  # compiled by the validator
+        try:
+            found = self._compiled.search(event_document(event, context))
+        except JMESPathError as exc:
+            raise MappingFailed("key", str(exc).splitlines()[0][:200], section="concurrency") from None
+        except RecursionError:
+            raise MappingFailed(
+                "key", "the expression is nested too deeply to evaluate", section="concurrency"
+            ) from None
+        if found is None:
+            return None
+        text = found if isinstance(found, str) else json.dumps(found, sort_keys=True, separators=(",", ":"))
+        return text[:MAX_KEY_TEXT] if text else None
+
+
+class _RenotifyConfig(Renotify):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _EscalateConfig(Escalate):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _TimeoutConfig(TimeoutPolicy):
+    """``on_timeout`` as written by hand: a typo anywhere in it (``renotify.evry``) is refused, not ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    renotify: _RenotifyConfig | None = None
+    escalate: _EscalateConfig | None = None
 
 
 class HumanConfig(HumanPolicy):
@@ -105,7 +183,8 @@ class HumanConfig(HumanPolicy):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    allowed_recipients: list[Annotated[str, Field(pattern=r"^user:\S+$")]] = Field(default_factory=list)
+    #: People (``user:<id>``) and groups (``group:<id>``: any member may be asked, the first answer wins).
+    allowed_recipients: list[Annotated[str, Field(pattern=r"^(user|group):\S+$")]] = Field(default_factory=list)
     on_timeout: _TimeoutConfig = Field(default_factory=_TimeoutConfig)
 
     @model_validator(mode="after")
@@ -134,6 +213,8 @@ class _Trigger(_Config):
     #: Static data of the trigger, visible to the mapping as ``context`` and passed to the agent.
     context: Annotated[dict[str, Any], Field(max_length=100)] = Field(default_factory=dict)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    #: At most one active run per concurrency key, and what a new event does meanwhile (issue 7).
+    concurrency: Concurrency | None = None
     _compiled: dict[str, ParsedResult] | None = PrivateAttr(default=None)
 
     @field_validator("agent")
@@ -170,6 +251,10 @@ class _Trigger(_Config):
         if prompt is None:
             return mapped
         return {**mapped, "prompt": render_prompt(prompt, mapped)}
+
+    def concurrency_key(self, event: NormalizedEvent) -> str | None:
+        """The event's concurrency key value (``None``: no flow control for it); :class:`MappingFailed`."""
+        return None if self.concurrency is None else self.concurrency.key_of(event, self.context)
 
 
 class WebhookTrigger(_Trigger):
@@ -225,23 +310,100 @@ class WebhookTrigger(_Trigger):
         return value
 
 
+#: An exact-match filter value; numbers and booleans are compared in their JSON text form (TRG-5).
+_FilterValue = str | int | float | bool
+
+
+def filter_text(value: Any) -> str | None:
+    """A value as the filter compares it: a string as is, a number or boolean in its JSON form, anything
+    else (absent, ``null``, an object, a list) as nothing, which never matches."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    return None
+
+
 class EventTrigger(_Trigger):
-    """Fires on the system's own journal events (TRG-5/6). Loaded and validated; not served yet."""
+    """Fires on the system's own events (TRG-2/5/6), served by :mod:`.events`.
+
+    ``event_type`` names one type of :data:`~temporality_protocol.catalog.TRIGGERABLE_EVENTS` or a list of
+    them. ``filter`` entries must all match the event (exact match; empty: every event of those types):
+    ``actor_id`` / ``actor_type`` (the CloudEvent's ``actor``, ``agent:reviewer`` -> ``reviewer`` /
+    ``agent``), ``project`` (its ``tenant``) and ``data.<field>[.<field>...]`` (its data; the first field
+    must exist in every listed event type). ``allow_self``: the trigger may react to events its own runs
+    caused (still bounded by the gateway's maximum launch depth)."""
 
     type: Literal["event"]
-    event_type: Annotated[str, Field(min_length=1)]
-    filter: dict[str, str] = Field(default_factory=dict)
-    prompt: str | None = None
+    event_type: Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1, max_length=20)]
+    filter: Annotated[dict[str, _FilterValue], Field(max_length=20)] = Field(default_factory=dict)
+    #: The task prompt template (``${field}`` over the agent input), rendered into ``input.prompt``.
+    prompt: Annotated[str, Field(min_length=1, max_length=8000)] | None = None
+    allow_self: bool = False
+
+    @field_validator("event_type")
+    @classmethod
+    def _known_event_types(cls, value: str | list[str]) -> str | list[str]:
+        listed = [value] if isinstance(value, str) else value
+        if len(set(listed)) != len(listed):
+            raise ValueError("event_type lists an event type twice")
+        unknown = [t for t in listed if t not in TRIGGERABLE_EVENTS]
+        if unknown:
+            raise ValueError(
+                f"unknown event type(s) {', '.join(repr(t[:80]) for t in unknown[:5])}; an event trigger "
+                f"listens to {', '.join(TRIGGERABLE_EVENTS)}"
+            )
+        return value
 
     @field_validator("filter")
     @classmethod
-    def _known_filter_keys(cls, value: dict[str, str]) -> dict[str, str]:
+    def _known_filter_keys(cls, value: dict[str, _FilterValue], info: ValidationInfo) -> dict[str, _FilterValue]:
         unknown = sorted(k for k in value if k not in _EVENT_FILTER_KEYS and not k.startswith("data."))
         if unknown:
             raise ValueError(
                 f"unknown filter key(s) {', '.join(unknown)}; use actor_id, actor_type, project, data.<field>"
             )
+        listed = info.data.get("event_type")
+        types = [listed] if isinstance(listed, str) else (listed or [])
+        for key in value:
+            if not key.startswith("data."):
+                continue
+            path = key.removeprefix("data.").split(".")
+            if not all(path):
+                raise ValueError(f"filter key {key!r} is not data.<field>[.<field>...]")
+            missing = [t for t in types if path[0] not in EVENT_MODELS[t].model_fields]
+            if missing:
+                raise ValueError(f"unknown filter key {key}: {', '.join(missing)} events have no field {path[0]!r}")
         return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_fields_exist(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            check_prompt(value, info.data.get("input"))
+        return value
+
+    @property
+    def event_types(self) -> tuple[str, ...]:
+        """The event types it listens to."""
+        return (self.event_type,) if isinstance(self.event_type, str) else tuple(self.event_type)
+
+    def matches(self, event: NormalizedEvent) -> bool:
+        """Whether every ``filter`` entry matches ``event`` (the normalized CloudEvent, :func:`.events.normalize`)."""
+        for key, expected in self.filter.items():
+            if key == "actor_id":
+                found: Any = event.actor.id if event.actor is not None else None
+            elif key == "actor_type":
+                found = event.actor.type if event.actor is not None else None
+            elif key == "project":
+                found = event.tenant
+            else:
+                found = event.payload
+                for part in key.removeprefix("data.").split("."):
+                    found = found.get(part) if isinstance(found, dict) else None
+            if filter_text(found) != filter_text(expected):
+                return False
+        return True
 
 
 class MissedTicks(_Config):

@@ -1,0 +1,699 @@
+"""The one launch path of every trigger type (TRG-7, IDEM-1): what a delivery journals, and the claim.
+
+A *delivery* is one source event handed to one trigger: an HTTP webhook delivery (:mod:`.intake`), a
+schedule tick (:mod:`.schedule`) or one of the system's own events (:mod:`.events`). Whatever its kind,
+it journals the same events, built here::
+
+    trigger.received                          every delivery (id derived from the delivery id)
+      + trigger.accepted + run.requested      it starts a run (ids derived from the run id)
+      + trigger.rejected(<reason>)            it does not (duplicate, disabled, loop_limit, ...)
+
+and a delivery that may arrive more than once takes the launch through :class:`Launcher`, claim first::
+
+    claim the dedupe key (trigger id, event id): KV create-if-absent, state ``claimed``
+      won      -> trigger.received + trigger.accepted + run.requested, pipelined, every ack awaited
+                  -> state ``published`` -> Accepted
+      lost     -> the key says ``published``            -> trigger.received + trigger.rejected(duplicate)
+                                                           -> Duplicate
+                  the key says ``claimed``, lease fresh -> wait for it to be published (or released)
+                  ``claimed`` past its lease, ``released`` or expired -> take the claim over (compare-and-set)
+                  and publish the same derived ids: JetStream dedupes ``Nats-Msg-Id``, the run store
+                  refuses a second line, so a process that died between claim and publish loses nothing
+      ours     -> the key names this very delivery id (a redelivered bus message: its delivery id is
+                  derived from the message) -> publish the same ids again and mark it ``published``
+
+Exactly one delivery of concurrent ones is ``Accepted``; every other gets its own
+``trigger.rejected(duplicate)``. A trigger with a concurrency key (:mod:`.concurrency`) decides after the
+claim is won whether the run starts (``Accepted``, with the superseded run's ``run.cancel_requested`` in
+the same batch), waits in its key's queue (``Queued``: ``trigger.received`` only; the claim is marked
+``queued``, which a copy of the event treats as published) or is refused (``Skipped``:
+``trigger.rejected(concurrency_skip)``; the claim is released, so a redelivery decides again). A claimant whose publish fails releases its claim (best effort) so a
+retry takes over at once. Every outcome is returned only after JetStream acked what it reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, TypeVar
+
+import nats.errors
+import structlog
+from pydantic import BaseModel, ConfigDict
+
+from temporality_bus import AlreadyExists, Bus, Conflict, PermanentError, Store, TransientError, evolve
+from temporality_protocol import (
+    Envelope,
+    HumanPolicy,
+    LaunchSource,
+    NormalizedEvent,
+    RunRequested,
+    TriggerAccepted,
+    TriggerReceived,
+    TriggerRejected,
+    derive_id,
+    make_event,
+)
+from temporality_protocol.catalog import BUCKET_DEDUPE
+from temporality_trigger_gateway.concurrency import Debounce, FlowControl, QueuedLaunch, Skip, Start, Wait
+from temporality_trigger_gateway.deliveries import Deliveries
+from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable
+from temporality_trigger_gateway.triggers import TriggerConfig
+
+__all__ = [
+    "ACTOR",
+    "SOURCE",
+    "Accepted",
+    "ClaimState",
+    "Debounced",
+    "DedupeRecord",
+    "Duplicate",
+    "Launcher",
+    "Queued",
+    "RejectReason",
+    "Skipped",
+    "TriggerDelivery",
+    "dedupe_key",
+    "launch_events",
+    "received_event",
+    "refusal_events",
+    "rejected_event",
+]
+
+log = structlog.get_logger(__name__)
+
+SOURCE = "/temporality/trigger-gateway"
+ACTOR = "service:trigger-gateway"
+#: How often a delivery that lost the claim re-reads it while the claimant publishes.
+_POLL_S = 0.02
+T = TypeVar("T")
+
+RejectReason = Literal[
+    "duplicate",
+    "unsupported_event",
+    "disabled",
+    "invalid_payload",
+    "missed_tick",
+    "loop_limit",
+    "concurrency_skip",
+    "debounced",
+]
+ClaimState = Literal["claimed", "published", "released", "queued"]
+
+
+# --------------------------------------------------------------------------- outcomes
+class _Outcome(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    delivery_id: str
+
+
+class Accepted(_Outcome):
+    status: Literal["accepted"] = "accepted"
+    run_id: str
+    #: The older run of the same concurrency key whose cancellation was requested (policy ``supersede``).
+    superseded_run_id: str | None = None
+
+
+class Queued(_Outcome):
+    """Waiting behind the active run of its concurrency key (policy ``queue``); it starts when that ends."""
+
+    status: Literal["queued"] = "queued"
+    run_id: str
+    position: int
+    active_run_id: str | None
+
+
+class Debounced(_Outcome):
+    """Held as its concurrency key's latest event until no newer one arrived for ``debounce_s`` (``until``)."""
+
+    status: Literal["debounced"] = "debounced"
+    run_id: str
+    until: datetime
+
+
+class Skipped(_Outcome):
+    """Refused because a run of its concurrency key is active (policy ``skip``, or a full queue)."""
+
+    status: Literal["skipped"] = "skipped"
+    reason: Literal["concurrency_skip"] = "concurrency_skip"
+    detail: str
+    active_run_id: str | None
+
+
+class Duplicate(_Outcome):
+    status: Literal["duplicate"] = "duplicate"
+    run_id: str
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """The outcome of a delivery decided by an earlier handling of the same message (not recorded again)."""
+
+    outcome: Accepted | Queued
+
+
+class DedupeRecord(BaseModel):
+    """The value under a dedupe key: which run a source event started, and how far its launch got.
+
+    ``claimed``: a delivery owns the launch and is publishing; ``published``: JetStream acked
+    ``run.requested``; ``released``: the claimant failed to publish (or was refused by its concurrency
+    key's ``skip``) and gave the claim back; ``queued``: waiting in its concurrency key's queue (a copy of
+    the event is a duplicate). A record
+    written before claims existed has no ``state`` and reads as ``published``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    trigger_id: str
+    source_event_id: str
+    run_id: str
+    delivery_id: str
+    accepted_at: datetime
+    expires_at: datetime
+    state: ClaimState = "published"
+    claimed_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class TriggerDelivery:
+    """One source event handed to one trigger, whatever the trigger's type.
+
+    ``adapter`` is what ``trigger.received`` names (the webhook's source adapter, ``schedule``, ``event``).
+    ``causation_id`` and ``correlation_id`` chain an event trigger's events to the CloudEvent that fired
+    it (its id, its saga); without them a delivery's events correlate on the run (or the delivery)."""
+
+    trigger: TriggerConfig
+    delivery_id: str
+    kind: Literal["webhook", "event", "schedule"]
+    adapter: str
+    source_event_id: str | None
+    source_event_type: str | None
+    body_bytes: int = 0
+    #: The launch depth a run of this delivery has (LaunchSource.depth; event triggers, TRG-6).
+    depth: int = 0
+    causation_id: str | None = None
+    correlation_id: str | None = None
+
+
+# --------------------------------------------------------------------------- decisions (pure)
+def dedupe_key(trigger_id: str, source_event_id: str) -> str:
+    return derive_id("dd", trigger_id, source_event_id)
+
+
+def _envelope(delivery: TriggerDelivery, *, run_id: str | None, tenant: str | None, id: str) -> dict[str, Any]:
+    return {
+        "source": SOURCE,
+        "id": id,
+        "run_id": run_id,
+        "correlation_id": delivery.correlation_id or run_id or delivery.delivery_id,
+        "actor": ACTOR,
+        "tenant": tenant,
+    }
+
+
+def received_event(delivery: TriggerDelivery, *, run_id: str | None, tenant: str | None) -> Envelope:
+    """``trigger.received`` of ``delivery`` (one per delivery: the id is derived from the delivery id)."""
+    return make_event(
+        TriggerReceived(
+            trigger_id=delivery.trigger.id,
+            delivery_id=delivery.delivery_id,
+            adapter=delivery.adapter,
+            source_event_id=delivery.source_event_id,
+            source_event_type=delivery.source_event_type,
+            body_bytes=delivery.body_bytes,
+        ),
+        causation_id=delivery.causation_id,
+        **_envelope(delivery, run_id=run_id, tenant=tenant, id=derive_id("evt", delivery.delivery_id, "received")),
+    )
+
+
+def rejected_event(
+    delivery: TriggerDelivery,
+    reason: RejectReason,
+    detail: str,
+    *,
+    run_id: str | None,
+    tenant: str | None,
+    causation_id: str,
+) -> Envelope:
+    """``trigger.rejected`` of ``delivery``, caused by its ``trigger.received`` (``causation_id``)."""
+    return make_event(
+        TriggerRejected(
+            trigger_id=delivery.trigger.id,
+            delivery_id=delivery.delivery_id,
+            reason=reason,
+            detail=detail[:1000],
+            source_event_id=delivery.source_event_id,
+            run_id=run_id,
+            depth=delivery.depth if delivery.kind == "event" else None,
+        ),
+        causation_id=causation_id,
+        **_envelope(delivery, run_id=run_id, tenant=tenant, id=derive_id("evt", delivery.delivery_id, "rejected")),
+    )
+
+
+def refusal_events(
+    delivery: TriggerDelivery, reason: RejectReason, detail: str, *, run_id: str | None, tenant: str | None
+) -> tuple[Envelope, Envelope]:
+    """The pair a delivery that starts no run journals: ``trigger.received`` + ``trigger.rejected``."""
+    received = received_event(delivery, run_id=run_id, tenant=tenant)
+    rejected = rejected_event(delivery, reason, detail, run_id=run_id, tenant=tenant, causation_id=received.id)
+    return received, rejected
+
+
+def launch_events(
+    delivery: TriggerDelivery,
+    event: NormalizedEvent,
+    *,
+    run_id: str,
+    title: str,
+    causation_id: str,
+    human: HumanPolicy,
+    input: dict[str, Any] | None = None,
+    with_payload: bool = False,
+) -> tuple[Envelope, Envelope]:
+    """``trigger.accepted`` and ``run.requested``, with ids derived from the run: redelivery reuses them.
+
+    ``human`` is the trigger's ``human.policy()`` (SEC-1: from its config, never from the event).
+    ``input`` is the agent input the trigger's mapping produced (:func:`.mapping.agent_input`); ``None``:
+    the event's payload. ``with_payload``: the run's ``event`` keeps its payload (otherwise it is carried
+    once, as the input)."""
+    trigger = delivery.trigger
+    accepted = make_event(
+        TriggerAccepted(
+            trigger_id=trigger.id,
+            delivery_id=delivery.delivery_id,
+            source_event_id=event.id,
+            run_id=run_id,
+            agent=trigger.agent,
+        ),
+        causation_id=causation_id,
+        **_envelope(delivery, run_id=run_id, tenant=event.tenant, id=derive_id("evt", run_id, "trigger.accepted")),
+    )
+    requested = make_event(
+        RunRequested(
+            run_id=run_id,
+            agent=trigger.agent,
+            title=title[:200],
+            launch=LaunchSource(
+                kind=delivery.kind, trigger_id=trigger.id, delivery_id=delivery.delivery_id, depth=delivery.depth
+            ),
+            event=event if with_payload else _without_payload(event),
+            input=event.payload if input is None else input,
+            human=human,
+        ),
+        causation_id=accepted.id,
+        **_envelope(delivery, run_id=run_id, tenant=event.tenant, id=derive_id("evt", run_id, "run.requested")),
+    )
+    return accepted, requested
+
+
+def _queued_launch(
+    delivery: TriggerDelivery,
+    event: NormalizedEvent,
+    run_id: str,
+    title: str,
+    mapped: dict[str, Any],
+    with_payload: bool,
+) -> QueuedLaunch:
+    """What a delivery needs to be launched later from its concurrency key's queue."""
+    return QueuedLaunch(
+        trigger_id=delivery.trigger.id,
+        delivery_id=delivery.delivery_id,
+        kind=delivery.kind,
+        adapter=delivery.adapter,
+        source_event_id=delivery.source_event_id,
+        source_event_type=delivery.source_event_type,
+        body_bytes=delivery.body_bytes,
+        depth=delivery.depth,
+        causation_id=delivery.causation_id,
+        correlation_id=delivery.correlation_id,
+        run_id=run_id,
+        title=title[:200],
+        event=event,
+        input=mapped,
+        with_payload=with_payload,
+    )
+
+
+def _delivery_of(launch: QueuedLaunch, trigger: TriggerConfig) -> TriggerDelivery:
+    """The delivery a stored launch was made from."""
+    return TriggerDelivery(
+        trigger=trigger,
+        delivery_id=launch.delivery_id,
+        kind=launch.kind,
+        adapter=launch.adapter,
+        source_event_id=launch.source_event_id,
+        source_event_type=launch.source_event_type,
+        body_bytes=launch.body_bytes,
+        depth=launch.depth,
+        causation_id=launch.causation_id,
+        correlation_id=launch.correlation_id,
+    )
+
+
+def _without_payload(event: NormalizedEvent) -> NormalizedEvent:
+    """``event`` with an empty payload. Not re-validated: every field comes from ``event``, which was
+    built through the validating constructor, and ``{}`` is a valid payload."""
+    fields = dict(event.__dict__)
+    fields["payload"] = {}
+    return NormalizedEvent.model_construct(event.model_fields_set | {"payload"}, **fields)
+
+
+# --------------------------------------------------------------------------- effects
+class Launcher:
+    """Carries deliveries out on the bus: the dedupe claim, the pipelined publish, the claim's release.
+
+    Every bus failure becomes :class:`BusUnavailable` (a webhook answers 503; a consumer retries), an
+    unpublishable event :class:`BodyTooLarge`."""
+
+    def __init__(self, bus: Bus, *, retry_after_s: int, claim_lease_s: float = 10.0) -> None:
+        self.bus = bus
+        self._retry_after_s = retry_after_s
+        self._claim_lease_s = claim_lease_s
+        self._store: Store[DedupeRecord] | None = None
+        self._policies: dict[str, tuple[TriggerConfig, HumanPolicy]] = {}
+        self.flow = FlowControl(self)
+        self.deliveries = Deliveries(bus)
+
+    async def publish(self, events: tuple[Envelope, ...] | list[Envelope]) -> None:
+        """Publish ``events`` together (one round trip, every ack awaited)."""
+        await self.io(self.bus.publish_many(events))
+
+    async def launch(
+        self,
+        delivery: TriggerDelivery,
+        event: NormalizedEvent,
+        run_id: str,
+        title: str,
+        mapped: dict[str, Any],
+        *,
+        with_payload: bool = False,
+        concurrency_key: str | None = None,
+        redrive_of: str | None = None,
+    ) -> Accepted | Duplicate | Queued | Skipped | Debounced:
+        """Start the run of ``event`` for ``delivery``'s trigger at most once (the claim, module docstring).
+
+        ``concurrency_key``: the event's key under the trigger's ``concurrency`` (``None``: no flow control).
+        The delivery's processing state is recorded (:mod:`.deliveries`): received, then its outcome, or
+        failed when the bus did not acknowledge (the error propagates: the sender or the consumer retries).
+        ``redrive_of``: the delivery this one re-drives."""
+        record = self.deliveries.record
+        await record(delivery, "received", event=event, title=title, redrive_of=redrive_of)
+        try:
+            outcome = await self._launch(
+                delivery, event, run_id, title, mapped, with_payload=with_payload, concurrency_key=concurrency_key
+            )
+        except Exception as exc:
+            detail = getattr(exc, "detail", None) or repr(exc)
+            if isinstance(exc, BusUnavailable):
+                detail += " (the sender, or the bus, retries: the claim was released)"
+            await record(delivery, "failed", detail=detail)
+            raise
+        if isinstance(outcome, _Decided):
+            return outcome.outcome  # recorded when it was decided
+        if isinstance(outcome, Accepted):
+            await record(delivery, "accepted", run_id=outcome.run_id)
+        elif isinstance(outcome, Duplicate):
+            await record(
+                delivery, "rejected", run_id=outcome.run_id, reason="duplicate", detail="already accepted as this run"
+            )
+        elif isinstance(outcome, Skipped):
+            await record(delivery, "rejected", reason=outcome.reason, detail=outcome.detail)
+        else:
+            await record(delivery, outcome.status, run_id=outcome.run_id)
+        return outcome
+
+    async def refuse(
+        self,
+        delivery: TriggerDelivery,
+        reason: RejectReason,
+        detail: str,
+        *,
+        tenant: str | None,
+        event: NormalizedEvent | None = None,
+        title: str | None = None,
+    ) -> None:
+        """Journal a delivery that starts no run (``trigger.received`` + ``trigger.rejected``) and record it."""
+        await self.publish(refusal_events(delivery, reason, detail, run_id=None, tenant=tenant))
+        await self.deliveries.record(delivery, "rejected", event=event, title=title, reason=reason, detail=detail)
+
+    async def _launch(
+        self,
+        delivery: TriggerDelivery,
+        event: NormalizedEvent,
+        run_id: str,
+        title: str,
+        mapped: dict[str, Any],
+        *,
+        with_payload: bool,
+        concurrency_key: str | None,
+    ) -> Accepted | Duplicate | Queued | Skipped | Debounced | _Decided:
+        key = dedupe_key(delivery.trigger.id, event.id)
+        store = await self.dedupe()
+        received = received_event(delivery, run_id=run_id, tenant=event.tenant)
+        won = await self._claim(store, key, delivery, event, run_id)
+        if isinstance(won, DedupeRecord):
+            detail = f"source event {event.id} was already accepted as run {won.run_id} (delivery {won.delivery_id})"
+            rejected = rejected_event(
+                delivery, "duplicate", detail, run_id=run_id, tenant=event.tenant, causation_id=received.id
+            )
+            await self.publish((received, rejected))
+            return Duplicate(delivery_id=delivery.delivery_id, run_id=run_id)
+
+        claim, revision = won
+        cancel: tuple[Envelope, ...] = ()
+        superseded: str | None = None
+        flow_controlled = concurrency_key is not None and delivery.trigger.concurrency is not None
+        if flow_controlled and revision is None:
+            # this very delivery again (a redelivered message), already decided: its decision stands (deciding
+            # again could let an old event take its key back from a newer run)
+            log.info("launch.already_decided", state=claim.state)
+            if claim.state == "queued":
+                return _Decided(Queued(delivery_id=delivery.delivery_id, run_id=run_id, position=0, active_run_id=None))
+            return _Decided(Accepted(delivery_id=delivery.delivery_id, run_id=run_id))
+        if concurrency_key is not None and delivery.trigger.concurrency is not None:
+            queued = _queued_launch(delivery, event, run_id, title, mapped, with_payload)
+            try:
+                decision = await self.flow.admit(delivery, queued, concurrency_key)
+            except Exception:
+                if revision is not None:
+                    await self._release(store, key, claim, revision)
+                raise
+            if isinstance(decision, Skip):
+                rejected = rejected_event(
+                    delivery,
+                    "concurrency_skip",
+                    decision.detail,
+                    run_id=None,
+                    tenant=event.tenant,
+                    causation_id=received.id,
+                )
+                await self.publish((received, rejected))
+                if revision is not None:
+                    await self._release(store, key, claim, revision)  # a redelivery (or a re-drive) decides again
+                return Skipped(delivery_id=delivery.delivery_id, detail=decision.detail, active_run_id=decision.active)
+            if isinstance(decision, Wait | Debounce):
+                held: tuple[Envelope, ...] = (received,)
+                replaced = decision.replaced if isinstance(decision, Debounce) else None
+                if replaced is not None:
+                    held += (self._debounced_away(replaced, delivery),)
+                await self.publish(held)
+                if replaced is not None:
+                    await self.deliveries.record(
+                        _delivery_of(replaced, delivery.trigger),
+                        "rejected",
+                        reason="debounced",
+                        detail=f"a newer event arrived within the debounce window (delivery {delivery.delivery_id})",
+                    )
+                if revision is not None:
+                    try:
+                        await self.io(store.update(key, evolve(claim, state="queued"), revision))
+                    except Conflict:
+                        log.info("launch.claim_taken_over")
+                if isinstance(decision, Debounce):
+                    return Debounced(delivery_id=delivery.delivery_id, run_id=run_id, until=decision.until)
+                return Queued(
+                    delivery_id=delivery.delivery_id,
+                    run_id=run_id,
+                    position=decision.position,
+                    active_run_id=decision.active,
+                )
+            if decision.cancel is not None:
+                cancel, superseded = (decision.cancel,), decision.superseded
+        accepted, requested = launch_events(
+            delivery,
+            event,
+            run_id=run_id,
+            title=title,
+            causation_id=received.id,
+            human=self._policy(delivery.trigger),
+            input=mapped,
+            with_payload=with_payload,
+        )
+        try:
+            await self.publish((received, accepted, requested, *cancel))
+        except Exception:
+            if revision is not None:
+                await self._release(store, key, claim, revision)
+            raise
+        if revision is None:  # ours, already marked published
+            return Accepted(delivery_id=delivery.delivery_id, run_id=run_id, superseded_run_id=superseded)
+        try:
+            await self.io(store.update(key, evolve(claim, state="published"), revision))
+        except Conflict:
+            log.info("launch.claim_taken_over")  # a redelivery took a stale claim over; it published the same ids
+        except BusUnavailable:
+            # run.requested is durable: it is accepted. A redelivery after the lease republishes the same
+            # ids (deduped) instead of answering duplicate: harmless.
+            log.warning("launch.claim_not_marked_published")
+        return Accepted(delivery_id=delivery.delivery_id, run_id=run_id, superseded_run_id=superseded)
+
+    def _debounced_away(self, older: QueuedLaunch, newer: TriggerDelivery) -> Envelope:
+        """``trigger.rejected(debounced)`` of the older event a newer one replaced in the debounce window."""
+        delivery = _delivery_of(older, newer.trigger)
+        detail = f"a newer event of the same concurrency key arrived within the debounce window (delivery {newer.delivery_id})"
+        rejected = rejected_event(
+            delivery,
+            "debounced",
+            detail,
+            run_id=None,
+            tenant=older.event.tenant,
+            causation_id=derive_id("evt", older.delivery_id, "received"),
+        )
+        return rejected
+
+    async def launch_debounced(self, launch: QueuedLaunch, trigger: TriggerConfig, key: str) -> None:
+        """A debounce window ended on ``launch`` (still its key's latest event): start, queue or refuse it
+        under the trigger's policy (its ``trigger.received`` went out when it arrived)."""
+        delivery = _delivery_of(launch, trigger)
+        decision = await self.flow.admit(delivery, launch, key, fired=True)
+        if isinstance(decision, Start):
+            await self.start_queued(launch, trigger, cancel=decision.cancel)
+        elif isinstance(decision, Skip):
+            received_id = derive_id("evt", launch.delivery_id, "received")
+            rejected = rejected_event(
+                delivery,
+                "concurrency_skip",
+                decision.detail,
+                run_id=None,
+                tenant=launch.event.tenant,
+                causation_id=received_id,
+            )
+            await self.publish((rejected,))
+            await self.deliveries.record(delivery, "rejected", reason="concurrency_skip", detail=decision.detail)
+        log.info("launch.debounce_ended", run_id=launch.run_id, decision=type(decision).__name__.lower())
+
+    async def start_queued(
+        self, launch: QueuedLaunch, trigger: TriggerConfig, *, cancel: Envelope | None = None
+    ) -> None:
+        """Publish a queued (or debounced) delivery's ``trigger.accepted`` + ``run.requested`` (its
+        ``trigger.received`` went out when it arrived), with a superseded run's ``run.cancel_requested``;
+        every id derives from the runs, so a repeat is deduplicated."""
+        delivery = _delivery_of(launch, trigger)
+        received_id = derive_id("evt", launch.delivery_id, "received")
+        accepted, requested = launch_events(
+            delivery,
+            launch.event,
+            run_id=launch.run_id,
+            title=launch.title,
+            causation_id=received_id,
+            human=self._policy(delivery.trigger),
+            input=launch.input,
+            with_payload=launch.with_payload,
+        )
+        await self.publish((accepted, requested) if cancel is None else (accepted, requested, cancel))
+        await self.deliveries.record(delivery, "accepted", run_id=launch.run_id)
+
+    def _policy(self, trigger: TriggerConfig) -> HumanPolicy:
+        """The trigger's human policy as it goes on the wire, built once per trigger (both are frozen)."""
+        cached = self._policies.get(trigger.id)
+        if cached is None or cached[0] is not trigger:
+            cached = self._policies[trigger.id] = (trigger, trigger.human.policy())
+        return cached[1]
+
+    async def dedupe(self) -> Store[DedupeRecord]:
+        """The ``trigger-dedupe`` bucket (opened once)."""
+        if self._store is None:
+            self._store = await self.io(self.bus.store(BUCKET_DEDUPE, DedupeRecord))
+        return self._store
+
+    async def _claim(
+        self, store: Store[DedupeRecord], key: str, delivery: TriggerDelivery, event: NormalizedEvent, run_id: str
+    ) -> tuple[DedupeRecord, int | None] | DedupeRecord:
+        """Own the launch of ``event`` (the claim and its revision; ``None``: this delivery's own claim,
+        already published), or the record of the delivery that did."""
+        trigger = delivery.trigger
+        lease = timedelta(seconds=self._claim_lease_s)
+        deadline = asyncio.get_running_loop().time() + self._claim_lease_s + 5 * _POLL_S
+        while True:
+            now = datetime.now(UTC)
+            claim = DedupeRecord(
+                trigger_id=trigger.id,
+                source_event_id=event.id,
+                run_id=run_id,
+                delivery_id=delivery.delivery_id,
+                accepted_at=now,
+                expires_at=now + timedelta(days=trigger.deduplication.ttl_days),
+                state="claimed",
+                claimed_at=now,
+            )
+            try:
+                return claim, await self.io(store.create(key, claim))
+            except AlreadyExists:
+                pass
+            existing = await self.io(store.get(key))
+            if existing is None:
+                continue  # gone between the two calls (bucket TTL): claim again
+            record = existing.value
+            if record.delivery_id == delivery.delivery_id and record.expires_at > now:
+                # this very delivery again (a redelivered bus message): finish what it started
+                if record.state in ("published", "queued"):
+                    return record, None
+                try:
+                    return claim, await self.io(store.update(key, claim, existing.revision))
+                except Conflict:
+                    continue
+            stale = (
+                record.expires_at <= now
+                or record.state == "released"
+                or (record.state == "claimed" and (record.claimed_at or record.accepted_at) + lease <= now)
+            )
+            if stale:
+                if record.state == "claimed" and record.expires_at > now:
+                    log.warning("launch.stale_claim_taken_over", claimed_by=record.delivery_id)
+                try:
+                    return claim, await self.io(store.update(key, claim, existing.revision))
+                except Conflict:
+                    continue  # another delivery took it over first
+            if record.state in ("published", "queued"):
+                return record
+            # Another delivery holds a fresh claim and is publishing: wait for its outcome.
+            if asyncio.get_running_loop().time() > deadline:
+                raise BusUnavailable(
+                    "another delivery of this event is still being published; retry later", self._retry_after_s
+                )
+            await asyncio.sleep(_POLL_S)
+
+    async def _release(self, store: Store[DedupeRecord], key: str, claim: DedupeRecord, revision: int) -> None:
+        """Give a claim back after a failed publish, so a retry need not wait for the lease."""
+        try:
+            await self.io(store.update(key, evolve(claim, state="released"), revision))
+        except Exception as exc:
+            log.warning("launch.claim_not_released", error=repr(exc))
+
+    async def io(self, call: Awaitable[T]) -> T:
+        """Run one bus call; anything NATS-side becomes :class:`BusUnavailable` (503, the sender retries)."""
+        if not self.bus.nc.is_connected:
+            if asyncio.iscoroutine(call):
+                call.close()
+            raise BusUnavailable("the event bus is not connected; retry later", self._retry_after_s)
+        try:
+            return await call
+        except PermanentError as exc:  # e.g. larger than the server's max_payload: retrying cannot help
+            log.warning("launch.unpublishable", error=repr(exc))
+            raise BodyTooLarge(f"the normalized event cannot be published: {exc}") from exc
+        except (TransientError, nats.errors.Error, TimeoutError) as exc:
+            log.warning("launch.bus_unavailable", error=repr(exc))
+            raise BusUnavailable("the event bus did not acknowledge in time; retry later", self._retry_after_s) from exc

@@ -1,0 +1,136 @@
+"""Re-driving a rejected or failed delivery (IDEM-1, issue 7): the same launch path, the original event id.
+
+``POST /triggers/{id}/deliveries/{delivery_id}/redrive`` (operator) takes the delivery's stored record
+(:mod:`.deliveries`) and runs its normalized event through the launch path *as the trigger is now*, as a
+new delivery (id derived from the original and the re-drive's number, ``redrive_of`` naming the original)::
+
+    the original was accepted                     -> 409 delivery_accepted (it could never start a second run)
+    received / queued / debounced (not decided)   -> 409 delivery_pending
+    loop_limit, or its event was not kept         -> 409 not_redrivable (the loop rule is not bypassed)
+    the trigger is disabled / no longer lists the event type -> journaled trigger.rejected, answered ignored
+    otherwise                                     -> mapping, concurrency key, then Launcher.launch with
+                                                     the run id of (trigger id, original event id)
+
+Because the run id and the dedupe claim come from the original event id, a re-drive of an event that was
+accepted meanwhile (by a retry of the sender) is a duplicate, never a second run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from temporality_bus import AlreadyExists
+from temporality_protocol import derive_id, run_id_for_delivery
+from temporality_protocol.catalog import BUCKET_DEDUPE
+from temporality_service.http import Conflict
+from temporality_trigger_gateway.deliveries import DeliveryRecord
+from temporality_trigger_gateway.events import Lineage, lineage_key
+from temporality_trigger_gateway.launch import Launcher, RejectReason, TriggerDelivery
+from temporality_trigger_gateway.mapping import MappingFailed
+from temporality_trigger_gateway.triggers import EventTrigger, TriggerConfig, WebhookTrigger
+
+__all__ = ["DeliveryAccepted", "DeliveryPending", "NotRedrivable", "redrive"]
+
+log = structlog.get_logger(__name__)
+
+
+class NotRedrivable(Conflict):
+    code = "not_redrivable"
+
+
+class DeliveryAccepted(Conflict):
+    code = "delivery_accepted"
+
+
+class DeliveryPending(Conflict):
+    code = "delivery_pending"
+
+
+def _check(record: DeliveryRecord) -> None:
+    """Refuse what a re-drive cannot (or must not) do, with the reason."""
+    if record.state == "accepted":
+        raise DeliveryAccepted(
+            f"delivery {record.delivery_id} was accepted as run {record.run_id}: re-driving it could never start "
+            "a second run"
+        )
+    if record.state in ("received", "queued", "debounced"):
+        raise DeliveryPending(f"delivery {record.delivery_id} is still {record.state}: it has not been decided yet")
+    if record.reason == "loop_limit":
+        raise NotRedrivable(
+            f"delivery {record.delivery_id} was refused by the loop rule, which a re-drive does not bypass"
+        )
+    if record.event is None:
+        why = "it is larger than 64 KiB" if record.event_omitted else "it was refused before it was normalized"
+        raise NotRedrivable(f"delivery {record.delivery_id} cannot be re-driven: its event was not kept ({why})")
+
+
+async def redrive(launcher: Launcher, trigger: TriggerConfig, record: DeliveryRecord) -> dict[str, Any]:
+    """Re-run ``record``'s delivery through the launch path; the outcome as the webhook answers it."""
+    _check(record)
+    event = record.event
+    assert event is not None
+    number = len(record.redriven_as) + 1
+    delivery = TriggerDelivery(
+        trigger=trigger,
+        delivery_id=derive_id("dlv", record.delivery_id, "redrive", str(number)),
+        kind=record.kind,
+        adapter=record.adapter,
+        source_event_id=record.source_event_id,
+        source_event_type=record.source_event_type,
+        body_bytes=record.body_bytes,
+        depth=record.depth,
+        causation_id=record.causation_id,
+        correlation_id=record.correlation_id,
+    )
+    answer: dict[str, Any] = {"redrive_of": record.delivery_id, "delivery_id": delivery.delivery_id}
+    with structlog.contextvars.bound_contextvars(
+        trigger_id=trigger.id, delivery_id=delivery.delivery_id, redrive_of=record.delivery_id
+    ):
+        refused: tuple[RejectReason, str] | None = _refusal(trigger, record.source_event_type or event.type)
+        if refused is None:
+            try:
+                mapped = trigger.agent_input(event)
+                key = trigger.concurrency_key(event)
+            except MappingFailed as exc:
+                refused = ("invalid_payload", f"the {exc.section} expression cannot be applied ({exc})")
+        if refused is not None:
+            reason, detail = refused
+            await launcher.refuse(delivery, reason, detail, tenant=event.tenant, event=event, title=record.title)
+            await launcher.deliveries.redriven(trigger.id, record.delivery_id, delivery.delivery_id)
+            log.info("delivery.redriven", status="ignored", reason=reason)
+            return {**answer, "status": "ignored", "reason": reason, "detail": detail}
+        run_id = run_id_for_delivery(trigger.id, event.id)
+        if record.kind == "event":  # the run's lineage, as the event consumer writes it (TRG-6 depth)
+            lineages = await launcher.io(launcher.bus.store(BUCKET_DEDUPE, Lineage))
+            try:
+                lineage = Lineage(run_id=run_id, depth=record.depth, chain=[trigger.id])
+                await launcher.io(lineages.create(lineage_key(run_id), lineage))
+            except AlreadyExists:
+                pass
+        outcome = await launcher.launch(
+            delivery,
+            event,
+            run_id,
+            record.title or f"{trigger.name}: {event.type}",
+            mapped,
+            with_payload=record.kind == "schedule" or (record.kind == "event" and trigger.input is not None),
+            concurrency_key=key,
+            redrive_of=record.delivery_id,
+        )
+        await launcher.deliveries.redriven(trigger.id, record.delivery_id, delivery.delivery_id)
+        log.info("delivery.redriven", status=outcome.status, run_id=run_id)
+    return {**answer, **outcome.model_dump(mode="json", exclude_none=True)}
+
+
+def _refusal(trigger: TriggerConfig, event_type: str) -> tuple[RejectReason, str] | None:
+    """Why the trigger as it is now ignores the event (disabled, or no longer an event type it lists);
+    ``event_type`` is the source's (a webhook's ``events`` name those, e.g. ``git.pullrequest.created``)."""
+    if not trigger.enabled:
+        return "disabled", f"trigger {trigger.id} is disabled"
+    if isinstance(trigger, WebhookTrigger) and event_type not in trigger.events:
+        return "unsupported_event", f"trigger {trigger.id} does not handle {event_type!r} events"
+    if isinstance(trigger, EventTrigger) and event_type not in trigger.event_types:
+        return "unsupported_event", f"trigger {trigger.id} does not listen to {event_type!r} events"
+    return None

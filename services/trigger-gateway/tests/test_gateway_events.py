@@ -1,0 +1,402 @@
+"""Event triggers (TRG-2/5/6): runs started by the system's own events. Real nats-server; the gateways are
+the real ``configure`` + ``run_until`` in-process (``gateway_support.replicas``); events are published on
+the bus as the other services publish them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from gateway_support import AGENTS, AS_ADMIN, AS_OPERATOR, AS_VIEWER, eventually, replicas
+
+from temporality_bus import Bus, Delivery
+from temporality_protocol import (
+    CONTENT_TYPE,
+    Envelope,
+    RunCompleted,
+    RunRequested,
+    TriggerRejected,
+    decode,
+    derive_id,
+    encode,
+    make_event,
+)
+from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM, subject_for
+from temporality_service import ApiAuth
+from temporality_testing.events import EventLog
+from temporality_testing.waiting import stays
+from temporality_trigger_gateway import Settings, create_app
+from temporality_trigger_gateway.events import EventTriggers, normalize
+from temporality_trigger_gateway.launch import Launcher
+from temporality_trigger_gateway.store import TriggerRecord, TriggerRegistry, TriggerStore, validate_spec
+from temporality_trigger_gateway.triggers import EventTrigger
+
+DURABLE = "trigger-gateway-events"
+
+
+def _spec(trigger_id: str = "after-review", **changes: Any) -> dict[str, Any]:
+    """An event trigger: when a reviewer run completes, a triager run gets its result."""
+    spec: dict[str, Any] = {
+        "id": trigger_id,
+        "name": "Triage what the reviewer found",
+        "type": "event",
+        "event_type": "run.completed",
+        "filter": {"actor_type": "agent", "actor_id": "reviewer", "project": "fabrikam"},
+        "agent": "triager",
+        "input": {"reviewed_run": "metadata.run_id", "result": "payload.result", "turns": "payload.turns"},
+        "prompt": "Triage the findings of ${reviewed_run}: ${result}",
+        "human": {"allowed_recipients": ["user:alice"]},
+    }
+    spec.update(changes)
+    return spec
+
+
+def _completed(run_id: str, agent: str = "reviewer", tenant: str | None = "fabrikam") -> Envelope:
+    """``run.completed`` as the run-executor publishes it."""
+    return make_event(
+        RunCompleted(run_id=run_id, result=f"findings of {run_id}", turns=3),
+        source="/temporality/run-executor",
+        id=derive_id("evt", run_id, "run.completed"),
+        run_id=run_id,
+        correlation_id=f"saga-{run_id}",
+        actor=f"agent:{agent}",
+        tenant=tenant,
+    )
+
+
+def _runs(log: EventLog, trigger_id: str) -> list[RunRequested]:
+    return [
+        e.payload(RunRequested)
+        for e in log.of_type("run.requested")
+        if e.data["launch"].get("trigger_id") == trigger_id
+    ]
+
+
+async def _run_for(log: EventLog, trigger_id: str, source: Envelope) -> RunRequested:
+    (found,) = await log.wait_for(
+        "run.requested",
+        where=lambda e: (
+            e.data["launch"].get("trigger_id") == trigger_id and (e.data.get("event") or {}).get("id") == source.id
+        ),
+        timeout_s=10,
+    )
+    run: RunRequested = found.payload(RunRequested)
+    return run
+
+
+async def _create(client: Any, spec: dict[str, Any]) -> None:
+    created = await client.post("/triggers", json=spec, headers=AS_ADMIN)
+    assert created.status_code == 201, created.text
+
+
+# --------------------------------------------------------------------------- pure
+def _trigger(**changes: Any) -> EventTrigger:
+    trigger = validate_spec(_spec(**changes), environ={}, agents=AGENTS)
+    assert isinstance(trigger, EventTrigger)
+    return trigger
+
+
+def test_the_filter_matches_exactly_and_compares_numbers_in_string_form() -> None:
+    event = normalize(_completed("run-1"))
+    assert event.actor is not None
+    assert (event.actor.type, event.actor.id) == ("agent", "reviewer")
+    assert event.metadata["run_id"] == "run-1"
+    assert _trigger().matches(event)
+    assert _trigger(filter={"data.turns": 3}).matches(event)
+    assert _trigger(filter={"data.turns": "3"}).matches(event)
+    assert not _trigger(filter={"data.turns": "4"}).matches(event)
+    assert not _trigger().matches(normalize(_completed("run-1", agent="triager")))
+    assert not _trigger().matches(normalize(_completed("run-1", tenant=None)))
+    assert _trigger(filter={}).matches(normalize(_completed("run-1", agent="x", tenant=None)))  # empty: every event
+
+
+async def test_an_invalid_event_trigger_is_refused_naming_the_field(gateway_settings: Settings) -> None:
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        ({"event_type": "run.exploded"}, "event_type", "unknown event type"),
+        ({"event_type": "run.tool_called"}, "event_type", "unknown event type"),  # not one a trigger may listen to
+        ({"event_type": ["run.failed", "run.failed"]}, "event_type", "twice"),
+        ({"filter": {"colour": "red"}}, "filter", "unknown filter key(s) colour"),
+        ({"filter": {"data.reason": "x"}}, "filter", "run.completed events have no field 'reason'"),
+        ({"filter": {"data.": "x"}}, "filter", "data.<field>"),
+        ({"input": {"r": "payload.[["}}, "input", "not a valid JMESPath expression"),
+        ({"prompt": "${nope}"}, "prompt", "the template uses nope"),
+        ({"adapter": "github"}, "adapter", "Extra inputs are not permitted"),
+    ]
+    async with replicas(gateway_settings, 1) as (a,):
+        for changes, field, message in cases:
+            answer = await a.post("/triggers", json=_spec(**changes), headers=AS_ADMIN)
+            assert answer.status_code == 422, (changes, answer.text)
+            body = answer.json()
+            assert body["error"] == "invalid_trigger"
+            assert any(e["field"] == field and message in e["message"] for e in body["errors"]), (changes, body)
+
+
+async def test_a_matching_event_starts_one_run_with_the_mapped_input_across_two_replicas(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    async with replicas(gateway_settings, 2) as (a, b):
+        await _create(a, _spec())
+        await _create(
+            b, _spec("all-failures", event_type=["run.failed", "run.cancelled"], filter={}, input=None, prompt=None)
+        )
+        first, other_agent, second = _completed("run-r1"), _completed("run-t1", agent="triager"), _completed("run-r2")
+        for event in (first, other_agent, second):
+            await bus.publish(event)
+        await bus.publish_raw(  # the same event again, past JetStream's duplicate window (another Nats-Msg-Id)
+            first.nats_subject, encode(first), {"Nats-Msg-Id": first.id + "-again", "Content-Type": CONTENT_TYPE}
+        )
+        run = await _run_for(event_log, "after-review", first)
+        await _run_for(event_log, "after-review", second)
+        assert run.agent == "triager"
+        assert run.launch.kind == "event"
+        assert run.launch.trigger_id == "after-review"
+        assert run.launch.depth == 1
+        assert run.input == {
+            "reviewed_run": "run-r1",
+            "result": "findings of run-r1",
+            "turns": 3,
+            "prompt": "Triage the findings of run-r1: findings of run-r1",
+        }
+        assert run.event is not None
+        assert run.event.payload["result"] == "findings of run-r1"
+        assert run.human.allowed_recipients == ["user:alice"]
+        requested = next(e for e in event_log.of_type("run.requested") if e.runid == run.run_id)
+        assert requested.correlationid == "saga-run-r1"  # the run joins the saga of the event that fired it
+        (received,) = [
+            e for e in event_log.of_type("trigger.received") if e.data["delivery_id"] == run.launch.delivery_id
+        ]
+        assert received.data["adapter"] == "event"
+        assert received.causationid == first.id
+
+        async def settled() -> bool:
+            info = await bus.js.consumer_info(EVENTS_STREAM.name, DURABLE)
+            return bool(info.num_pending == 0 and info.num_ack_pending == 0)
+
+        await eventually(settled, timeout_s=10, what="every event handled")
+        await event_log.caught_up()
+
+        def once_each() -> bool:
+            runs = _runs(event_log, "after-review")
+            return sorted(r.run_id for r in runs) == sorted({r.run_id for r in runs}) and len(runs) == 2
+
+        await stays(once_each, settle_s=0.5, what="one run per matching event, none for the triager's")
+        assert not _runs(event_log, "all-failures")  # it listens to other event types
+        assert len(event_log.of_type("trigger.accepted")) == 2
+        assert not event_log.of_type("trigger.rejected")  # a copy of an event is the same delivery, not a duplicate
+
+        # a trigger created through one replica reacts at once, whichever replica gets the event
+        for n in range(4):
+            await _create((a, b)[n % 2], _spec(f"just-made-{n}", filter={"data.run_id": f"run-new-{n}"}))
+            fresh = _completed(f"run-new-{n}")
+            await bus.publish(fresh)
+            await _run_for(event_log, f"just-made-{n}", fresh)
+
+
+@contextlib.asynccontextmanager
+async def _admin_only(settings: Settings, bus: Bus) -> AsyncIterator[httpx.AsyncClient]:
+    """The admin API without the event consumer: what it stores while no gateway handles events."""
+    store = await TriggerStore.open(bus)
+    registry = TriggerRegistry(environ={}, agents=AGENTS)
+    async with registry.watching(store):
+        app = create_app(settings, bus, registry, store=store, auth=ApiAuth.from_settings(settings.api))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
+            yield c
+
+
+async def test_events_before_the_trigger_existed_or_while_it_was_disabled_start_nothing(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    await bus.ensure_consumer(CONSUMERS[DURABLE])  # as a gateway's first start: what follows is its backlog
+    before = _completed("run-before")
+    await bus.publish(before)  # in the backlog, stored before the trigger exists
+    async with _admin_only(gateway_settings, bus) as admin:
+        await _create(admin, _spec())
+    async with replicas(gateway_settings, 1) as (a,):
+        after = _completed("run-after")
+        await bus.publish(after)
+        await _run_for(event_log, "after-review", after)  # handled in stream order: the backlog before it
+        assert (await a.post("/triggers/after-review/disable", headers=AS_OPERATOR)).status_code == 200
+    while_disabled = _completed("run-disabled")
+    await bus.publish(while_disabled)  # in the backlog again, stored while the trigger is disabled
+    async with _admin_only(gateway_settings, bus) as admin:
+        assert (await admin.post("/triggers/after-review/enable", headers=AS_OPERATOR)).status_code == 200
+    async with replicas(gateway_settings, 1):
+        enabled_again = _completed("run-enabled")
+        await bus.publish(enabled_again)
+        await _run_for(event_log, "after-review", enabled_again)
+        seen = {r.event.id for r in _runs(event_log, "after-review") if r.event is not None}
+        assert seen == {after.id, enabled_again.id}
+        await stays(lambda: len(_runs(event_log, "after-review")) == 2, settle_s=0.5, what="no replayed history")
+        assert not event_log.of_type("trigger.rejected")  # skipped, not refused: nothing journaled for them
+
+
+async def test_a_seeded_trigger_and_a_record_without_an_activation_skip_the_backlog_before_them(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    await bus.ensure_consumer(CONSUMERS[DURABLE])  # as a gateway's first start: what follows is its backlog
+    backlog = _completed("run-backlog")
+    await bus.publish(backlog)
+    text = gateway_settings.triggers_file.read_text(encoding="utf-8")
+    seeded = "\n".join(
+        [
+            "  - id: seeded-events",
+            "    name: Seeded from the file",
+            "    type: event",
+            "    event_type: run.completed",
+            "    agent: triager",
+        ]
+    )
+    gateway_settings.triggers_file.write_text(text.rstrip("\n") + "\n" + seeded + "\n", encoding="utf-8")
+    store = await TriggerStore.open(bus)  # a record an older gateway wrote: no active_from_seq (its time counts)
+    await store.store.create(
+        "legacy-events",
+        TriggerRecord(
+            spec=_spec("legacy-events", filter={}), origin="api", updated_by="old", updated_at=datetime.now(UTC)
+        ),
+    )
+    async with replicas(gateway_settings, 1):
+        after = _completed("run-after-start")
+        await bus.publish(after)
+        await _run_for(event_log, "seeded-events", after)
+        await _run_for(event_log, "legacy-events", after)  # handled in stream order: the backlog before it
+        assert {r.event.id for r in _runs(event_log, "seeded-events") if r.event is not None} == {after.id}
+        assert {r.event.id for r in _runs(event_log, "legacy-events") if r.event is not None} == {after.id}
+
+
+async def test_the_loop_limit_refuses_an_event_of_a_run_the_trigger_started(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    async with replicas(gateway_settings, 1) as (a,):
+        # a reviewer run whose completion starts a reviewer run: would loop forever without the limit
+        await _create(a, _spec("review-again", agent="reviewer", filter={}, input=None, prompt=None))
+        # and a trigger on refusals, which must not react to the loop refusal (nor to its own refusals)
+        await _create(a, _spec("on-refusal", event_type="trigger.rejected", filter={}, input=None, prompt=None))
+        webhook_refusal = make_event(
+            TriggerRejected(trigger_id="ado-pr", delivery_id="dlv-1", reason="duplicate", detail="seen"),
+            source="/temporality/trigger-gateway",
+            id="evt-webhook-refusal",
+        )
+        await bus.publish(webhook_refusal)
+        assert (await _run_for(event_log, "on-refusal", webhook_refusal)).launch.depth == 1
+        webhook_run = _completed("run-from-webhook")
+        await bus.publish(webhook_run)
+        first = await _run_for(event_log, "review-again", webhook_run)
+        assert first.launch.depth == 1
+        await bus.publish(_completed(first.run_id))  # that run completes (its events carry its run id)
+        (rejected,) = await event_log.wait_for(
+            "trigger.rejected",
+            where=lambda e: e.source == "/temporality/trigger-gateway" and e.id != webhook_refusal.id,
+        )
+        assert rejected.data["reason"] == "loop_limit"
+        assert rejected.data["trigger_id"] == "review-again"
+        assert rejected.data["depth"] == 2
+        assert "itself" in rejected.data["detail"]
+
+        async def settled() -> bool:
+            info = await bus.js.consumer_info(EVENTS_STREAM.name, DURABLE)
+            return bool(info.num_pending == 0 and info.num_ack_pending == 0)
+
+        await eventually(settled, timeout_s=10, what="every event handled")
+        await event_log.caught_up()
+
+        def one_run_each() -> bool:
+            return len(_runs(event_log, "review-again")) == 1 and len(_runs(event_log, "on-refusal")) == 1
+
+        await stays(one_run_each, settle_s=0.5, what="no second run, no run for the loop refusal")
+        assert len(event_log.of_type("trigger.rejected")) == 2  # the webhook's and the loop refusal: no more
+
+
+async def test_a_longer_chain_is_allowed_up_to_the_configured_depth(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    settings = gateway_settings.model_copy(update={"event_max_depth": 2})
+    async with replicas(settings, 1) as (a,):
+        await _create(a, _spec("chain", agent="reviewer", filter={}, input=None, prompt=None, allow_self=True))
+        source = _completed("run-root")
+        await bus.publish(source)
+        depths = []
+        for _ in range(2):
+            run = await _run_for(event_log, "chain", source)
+            depths.append(run.launch.depth)
+            source = _completed(run.run_id)
+            await bus.publish(source)
+        assert depths == [1, 2]
+        (rejected,) = await event_log.wait_for("trigger.rejected", timeout_s=10)
+        assert rejected.data["reason"] == "loop_limit"
+        assert "past the maximum 2" in rejected.data["detail"]
+        assert rejected.data["source_event_id"] == source.id
+        assert rejected.data["depth"] == 3
+        await event_log.caught_up()
+        await stays(lambda: len(_runs(event_log, "chain")) == 2, settle_s=0.5, what="the chain stopped at depth 2")
+
+
+async def test_a_redelivery_after_a_crash_starts_no_second_run(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    nats = gateway_settings.nats.model_copy(update={"ack_wait_s": 1.0})  # the redelivery comes sooner
+    gateway_settings = gateway_settings.model_copy(update={"nats": nats})
+    async with replicas(gateway_settings, 1) as (a,):
+        await _create(a, _spec())
+    event = _completed("run-crash")
+    await bus.publish(event)
+    # a gateway that handled the event and died before acknowledging it: the durable still owes it
+    store = await TriggerStore.open(bus)
+    registry = TriggerRegistry(environ={}, agents=AGENTS)
+    sub = await bus.js.pull_subscribe_bind(durable=DURABLE, stream=EVENTS_STREAM.name)
+    try:
+        (msg,) = await sub.fetch(batch=1, timeout=5)
+        async with registry.watching(store):
+            await EventTriggers(registry, Launcher(bus, retry_after_s=1)).handle(decode(msg.data), Delivery(msg))
+    finally:
+        await sub.unsubscribe()
+    await _run_for(event_log, "after-review", event)
+    async with replicas(gateway_settings, 1):  # the restart: the message is redelivered after ack_wait (1 s)
+
+        async def redelivered_and_acked() -> bool:
+            info = await bus.js.consumer_info(EVENTS_STREAM.name, DURABLE)
+            return bool(info.num_redelivered == 0 and info.num_ack_pending == 0 and info.num_pending == 0)
+
+        await eventually(redelivered_and_acked, timeout_s=15, what="the redelivery handled")
+        await event_log.caught_up()
+        assert len(_runs(event_log, "after-review")) == 1
+        assert len(event_log.of_type("trigger.accepted")) == 1  # the same derived ids: JetStream deduped them
+        assert not event_log.of_type("trigger.rejected")  # the claim knew the delivery as its own: no "duplicate"
+
+
+async def test_the_preview_shows_what_an_event_trigger_makes_of_a_sample_event(gateway_settings: Settings) -> None:
+    sample = json.loads(encode(_completed("run-sample")))
+    async with replicas(gateway_settings, 1) as (a,):
+
+        async def preview(**changes: Any) -> dict[str, Any]:
+            body = {"trigger": _spec(), "payload": sample} | changes
+            answer = await a.post("/triggers/preview", json=body, headers=AS_VIEWER)
+            assert answer.status_code == 200, answer.text
+            result: dict[str, Any] = answer.json()
+            return result
+
+        shown = await preview()
+        assert shown["ok"]
+        assert shown["would_start_run"]
+        assert shown["input"]["reviewed_run"] == "run-sample"
+        assert shown["input"]["turns"] == 3
+        assert shown["source_event"] == {"id": derive_id("evt", "run-sample", "run.completed"), "type": "run.completed"}
+        filtered = await preview(trigger=_spec(filter={"actor_id": "triager"}))
+        assert filtered["would_start_run"] is False
+        assert filtered["ignored"]["reason"] == "filtered"
+        other = await preview(trigger=_spec(event_type="run.failed", filter={}))
+        assert other["ignored"]["reason"] == "unsupported_event"
+        broken = await preview(payload={"id": "x", "type": "run.completed"})
+        assert broken["ok"] is False
+        assert broken["stage"] == "payload"
+        assert {e["field"] for e in broken["errors"]} >= {"source", "time", "data"}
+
+
+@pytest.mark.parametrize("event_type", ["run.completed", "trigger.rejected"])
+def test_the_consumer_listens_to_what_a_trigger_may_name(event_type: str) -> None:
+    assert subject_for(event_type) in CONSUMERS[DURABLE].filter_subjects
+    assert CONSUMERS[DURABLE].deliver_policy == "new"

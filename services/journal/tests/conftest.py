@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from journal_support import VIEWER, ServedJournal, api_auth, serve_journal, served_settings
+from journal_support import VIEWER, ServedJournal, api_auth, serve_gateway, serve_journal, served_settings
 from playwright.async_api import BrowserContext, async_playwright
 
 from temporality_bus import Bus, Consumer, Delivery, NatsSettings
@@ -316,6 +316,18 @@ async def served_journal(tmp_path: Path, nats_settings: NatsSettings, bus: Bus) 
     SQLite, the test tokens (``journal_support``)."""
     async with serve_journal(served_settings(tmp_path, nats_settings), bus) as served:
         yield served
+
+
+@pytest.fixture
+async def served_journal_with_gateway(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus
+) -> AsyncIterator[ServedJournal]:
+    """:func:`served_journal` with the real trigger-gateway beside it (``journal_support.serve_gateway``,
+    the same tokens) as its ``TEMPORALITY_JOURNAL_GATEWAY_URL``: the console's trigger wizard works."""
+    async with serve_gateway(tmp_path, nats_settings) as gateway_url:
+        settings = served_settings(tmp_path, nats_settings, gateway_url=gateway_url)
+        async with serve_journal(settings, bus) as served:
+            yield served
 
 
 # --------------------------------------------------------------------------- a real headless Chromium

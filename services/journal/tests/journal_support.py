@@ -17,6 +17,9 @@ from temporality_journal import Settings
 from temporality_journal.__main__ import SPEC, configure
 from temporality_service import ApiAuth, ApiAuthSettings, ApiToken, Role, Runtime, run_until
 from temporality_service.auth import dump_tokens
+from temporality_trigger_gateway import Settings as GatewaySettings
+from temporality_trigger_gateway.__main__ import SPEC as GATEWAY_SPEC
+from temporality_trigger_gateway.__main__ import configure as gateway_configure
 
 VIEWER_TOKEN = "journal-test-viewer-token-0123456789"
 OPERATOR_TOKEN = "journal-test-operator-token-0123456789"
@@ -69,14 +72,70 @@ class ServedJournal:
             raise AssertionError(f"event {event_id} not recorded within {within_s}s")
 
 
-def served_settings(tmp_path: Path, nats_settings: NatsSettings, database_url: str | None = None) -> Settings:
-    """The journal's settings for :func:`serve_journal`: a free port, the test tokens, SQLite unless given."""
+def served_settings(
+    tmp_path: Path, nats_settings: NatsSettings, database_url: str | None = None, gateway_url: str | None = None
+) -> Settings:
+    """The journal's settings for :func:`serve_journal`: a free port, the test tokens, SQLite unless given,
+    the trigger-gateway at ``gateway_url`` (unset: none)."""
     return Settings(
         nats=nats_settings,
         port=0,
         database_url=database_url or f"sqlite+aiosqlite:///{tmp_path / 'served' / 'journal.db'}",
         api=ApiAuthSettings(tokens_file=write_tokens(tmp_path / "tokens.json")),
+        gateway_url=gateway_url,
     )
+
+
+# --------------------------------------------------------------------------- the trigger-gateway, served
+#: The gateway's triggers file in these tests: one webhook trigger of the generic source, no auth.
+GATEWAY_TRIGGERS = """triggers:
+  - id: seeded-hook
+    name: Seeded by the file
+    type: webhook
+    adapter: generic
+    events: [order.created]
+    agent: reviewer
+    auth: {type: none}
+"""
+
+
+@asynccontextmanager
+async def serve_gateway(tmp_path: Path, nats_settings: NatsSettings) -> AsyncIterator[str]:
+    """The real trigger-gateway (its own ``configure``/``setup``) in-process on 127.0.0.1 and a free port,
+    admitting the journal's test tokens (:data:`TOKENS`), agents ``reviewer`` and ``triager``; yields its URL."""
+    directory = tmp_path / "gateway"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "triggers.yaml").write_text(GATEWAY_TRIGGERS, encoding="utf-8")
+    (directory / "agents.yaml").write_text("agents:\n  - {id: reviewer}\n  - {id: triager}\n", encoding="utf-8")
+    settings = GatewaySettings(
+        nats=nats_settings,
+        host="127.0.0.1",
+        port=0,
+        triggers_file=directory / "triggers.yaml",
+        api=ApiAuthSettings(tokens_file=write_tokens(directory / "tokens.json")),
+    )
+    setup = gateway_configure(settings)
+    runtimes: list[Runtime[GatewaySettings]] = []
+
+    async def _setup(rt: Runtime[GatewaySettings]) -> None:
+        await setup(rt)
+        runtimes.append(rt)
+
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run_until(GATEWAY_SPEC, settings, _setup, stop, ready=ready))
+    try:
+        waiter = asyncio.ensure_future(ready.wait())
+        done, _ = await asyncio.wait({waiter, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            waiter.cancel()
+            task.result()  # raises why it stopped
+        assert ready.is_set(), "the trigger-gateway was not ready within 60 s"
+        server = runtimes[0].server
+        assert server is not None
+        yield server.url
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
 
 
 @asynccontextmanager

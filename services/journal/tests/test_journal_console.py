@@ -11,12 +11,15 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
-from journal_support import OPERATOR_TOKEN, VIEWER, VIEWER_TOKEN
+import pytest
+from journal_support import ADMIN_TOKEN, OPERATOR_TOKEN, VIEWER, VIEWER_TOKEN
 from playwright.async_api import BrowserContext, Page, expect
 
-from temporality_protocol import Envelope, RunToolCalled, TriggerAccepted, derive_id, make_event
+from temporality_protocol import Envelope, RunStarted, RunToolCalled, TriggerAccepted, derive_id, make_event
+from temporality_protocol.events import AgentAsked, AgentAskUndeliverable, AgentMessageReceived
 
 MakeStory = Callable[..., Any]  # conftest.RunStory
 Served = Any  # conftest.ServedJournal
@@ -254,3 +257,152 @@ async def test_runs_list_filters(served_journal: Served, browser_context: Browse
     await page.get_by_label("Title contains").fill("nothing like this")
     await page.get_by_role("button", name="Filter").click()
     await expect(page.locator("#runs")).to_contain_text("No runs.", timeout=WAIT_MS)
+
+
+async def test_agent_asks_read_in_the_timeline_and_relay_run_ids_open(
+    served_journal: Served, browser_context: BrowserContext, story: MakeStory
+) -> None:
+    asker, target = story(agent="planner"), story()
+    relay = f"{target.run_id}/ask/01"
+    asked = make_event(
+        AgentAsked(
+            request_id="req-c1",
+            asker_run_id=asker.run_id,
+            asker_agent="planner",
+            to="agent:ghost",
+            message="Is it safe?",
+        ),
+        id=derive_id("evt", "console", "asked"),
+        run_id=asker.run_id,
+        correlation_id="saga-console",
+        source="/temporality/test",
+    )
+    refused = make_event(
+        AgentAskUndeliverable(
+            request_id="req-c1",
+            asker_run_id=asker.run_id,
+            to="agent:ghost",
+            reason="unknown_addressee",
+            detail="nobody",
+        ),
+        id=derive_id("evt", "console", "undeliverable"),
+        run_id=asker.run_id,
+        correlation_id="saga-console",
+        source="/temporality/test",
+    )
+    received = make_event(
+        AgentMessageReceived(
+            request_id="req-c2",
+            asker_run_id=asker.run_id,
+            asker_agent="planner",
+            to="agent:reviewer",
+            resolved_run_id=target.run_id,
+            recipient_run_id=relay,
+            mode="async",
+            timeout_s=300,
+            message="Why did you approve?",
+            relay=True,
+            relay_run=relay,
+        ),
+        id=derive_id("evt", "console", "received"),
+        run_id=relay,
+        correlation_id="saga-console",
+        source="/temporality/test",
+    )
+    relay_started = make_event(
+        RunStarted(run_id=relay, agent="reviewer", role="reviewer", title="Relay"),
+        source="/temporality/test",
+        id=derive_id("evt", relay, "started"),
+        run_id=relay,
+    )
+    await _publish(served_journal, asker.requested(), asker.started(), asked, refused, relay_started, received)
+    page = await _sign_in(browser_context, served_journal, VIEWER_TOKEN, f"#/runs/{asker.run_id}")
+    steps = page.locator("#timeline > li .step-title")
+    await expect(steps).to_contain_text(
+        ["Asked agent ghost: Is it safe?", "Ask undeliverable: unknown_addressee"], timeout=WAIT_MS
+    )
+    await page.goto(f"{served_journal.url}/console/#/runs/{quote(relay, safe='')}")
+    await expect(steps).to_have_text(
+        ["Run started", "Message from agent planner: Why did you approve?"], timeout=WAIT_MS
+    )
+
+
+async def test_trigger_wizard_creates_previews_and_disables_and_a_viewer_only_reads(
+    served_journal_with_gateway: Served, browser_context: BrowserContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = served_journal_with_gateway
+    monkeypatch.setenv("WIZARD_HOOK_TOKEN", "a-bearer-token-the-gateway-reads")  # the gateway resolves *_env
+    page = await _sign_in(browser_context, served, ADMIN_TOKEN, "#/triggers")
+    defs = page.locator("#trigger-defs")
+    await expect(defs.locator('tr[data-trigger-id="seeded-hook"]')).to_contain_text("webhook", timeout=WAIT_MS)
+    await page.get_by_role("link", name="New trigger").click()
+
+    form = page.locator("#trigger-form")
+    await form.get_by_label("Id", exact=True).fill("wizard-orders")
+    await form.get_by_label("Name", exact=True).fill("Orders from the shop")
+    await form.get_by_label("Agent", exact=True).fill("reviewer")
+    await form.get_by_label("Adapter").fill("generic")
+    await form.get_by_label("Event types").fill("order.created")
+    await form.get_by_label("Auth type").select_option("bearer")
+    await form.get_by_label("Secret environment variable").fill("WIZARD_HOOK_TOKEN")
+    await form.get_by_label("Input mapping").fill("order = payload.order_id\ncustomer = payload.customer")
+    await form.get_by_label("Allowed recipients").fill("user:alice")
+    await form.get_by_label("Sample payload (JSON)").fill(
+        '{"type": "order.created", "id": "ord-7", "data": {"order_id": 7, "customer": "<b>ACME</b>"}}'
+    )
+    await page.get_by_role("button", name="Preview").click()
+    await expect(page.locator("#preview-input")).to_contain_text('"order": 7', timeout=WAIT_MS)
+    await expect(page.locator("#preview-input")).to_contain_text('"customer": "<b>ACME</b>"')  # text, not markup
+    await expect(page.locator("#preview-event")).to_contain_text("order.created")
+    # a field in error is named, before anything is saved
+    await form.get_by_label("Agent", exact=True).fill("nobody")
+    await page.get_by_role("button", name="Preview").click()
+    await expect(page.locator("#preview")).to_contain_text("agent: unknown agent", timeout=WAIT_MS)
+    await form.get_by_label("Agent", exact=True).fill("reviewer")
+    await _screenshot(page, "trigger-wizard")
+
+    await page.get_by_role("button", name="Create trigger").click()
+    await expect(page.locator("#message")).to_contain_text("Trigger wizard-orders saved", timeout=WAIT_MS)
+    row = defs.locator('tr[data-trigger-id="wizard-orders"]')
+    await expect(row.locator("td.enabled")).to_have_text("yes", timeout=WAIT_MS)
+    await expect(row).to_contain_text("root")  # changed by the admin token's name
+    await row.get_by_role("button", name="Disable").click()
+    await expect(row.locator("td.enabled")).to_have_text("no", timeout=WAIT_MS)
+    await expect(row.get_by_role("button", name="Enable")).to_be_visible()
+
+    async with httpx.AsyncClient(base_url=served.url, headers=VIEWER) as client:
+        stored = (await client.get("/gateway/triggers/wizard-orders")).json()["trigger"]
+    assert stored["auth"] == {"type": "bearer", "token_env": "WIZARD_HOOK_TOKEN"}
+    assert stored["input"] == {"order": "payload.order_id", "customer": "payload.customer"}
+    assert (stored["enabled"], stored["human"]["allowed_recipients"]) == (False, ["user:alice"])
+
+    viewer = await _sign_in(browser_context, served, VIEWER_TOKEN, "#/triggers")
+    viewer_row = viewer.locator('#trigger-defs tr[data-trigger-id="wizard-orders"]')
+    await expect(viewer_row.locator("td.enabled")).to_have_text("no", timeout=WAIT_MS)
+    assert await viewer.locator("#trigger-defs button, #trigger-defs a.button").count() == 0
+    assert await viewer.get_by_role("link", name="New trigger").count() == 0
+
+
+async def test_trigger_wizard_edit_says_412_when_someone_else_changed_it(
+    served_journal_with_gateway: Served, browser_context: BrowserContext
+) -> None:
+    served = served_journal_with_gateway
+    page = await _sign_in(browser_context, served, ADMIN_TOKEN, "#/triggers")
+    row = page.locator('#trigger-defs tr[data-trigger-id="seeded-hook"]')
+    await row.get_by_role("link", name="Edit").click()
+    form = page.locator("#trigger-form")
+    await expect(form.get_by_label("Adapter")).to_have_value("generic", timeout=WAIT_MS)
+    await expect(form.get_by_label("Id", exact=True)).to_be_disabled()
+    async with httpx.AsyncClient(base_url=served.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as client:
+        assert (await client.post("/gateway/triggers/seeded-hook/disable")).status_code == 200  # meanwhile
+
+    await form.get_by_label("Name", exact=True).fill("Renamed in the console")
+    await page.get_by_role("button", name="Save changes").click()
+    await expect(page.locator("#message")).to_contain_text("Someone else changed this trigger", timeout=WAIT_MS)
+    await page.get_by_role("button", name="Reload").click()
+    await expect(form.get_by_label("Enabled")).not_to_be_checked(timeout=WAIT_MS)  # their version
+    await form.get_by_label("Name", exact=True).fill("Renamed in the console")
+    await page.get_by_role("button", name="Save changes").click()
+    await expect(page.locator("#message")).to_contain_text("Trigger seeded-hook saved", timeout=WAIT_MS)
+    await expect(row).to_contain_text("Renamed in the console", timeout=WAIT_MS)
+    await expect(row.locator("td.enabled")).to_have_text("no")

@@ -21,7 +21,9 @@ from temporality_bus import Bus, NatsSettings
 from temporality_journal import Database, Recorder
 from temporality_journal.database import VERSION_TABLE, head_revision
 from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE, JournalModel
+from temporality_protocol import derive_id, make_event
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
+from temporality_protocol.events import AgentAsked
 
 MakeStory = Callable[..., Any]  # conftest.RunStory
 
@@ -78,7 +80,13 @@ async def test_rebuild_drops_the_read_model_and_the_next_start_replays_the_strea
 ) -> None:
     settings = served_settings(tmp_path, nats_settings, database_url)
     s = story()
-    events = [s.requested(), s.started(), s.human_requested(), s.answered(), s.resumed(), s.completed()]
+    asked = make_event(
+        AgentAsked(request_id="req-rebuilt", asker_run_id=s.run_id, asker_agent=s.agent, to="agent:x", message="?"),
+        source="/temporality/test",
+        id=derive_id("evt", s.run_id, "asked"),
+        run_id=s.run_id,
+    )
+    events = [s.requested(), s.started(), asked, s.human_requested(), s.answered(), s.resumed(), s.completed()]
     async with serve_journal(settings, bus) as served:
         for event in events:
             await bus.publish(event)
@@ -86,6 +94,7 @@ async def test_rebuild_drops_the_read_model_and_the_next_start_replays_the_strea
     async with Database.open(database_url) as database:  # a read model gone wrong
         async with database.engine.begin() as conn:
             await conn.execute(text("DELETE FROM runs"))
+            await conn.execute(text("DELETE FROM asks"))
 
     code, out = await _journal_cli(
         "rebuild",
@@ -108,7 +117,9 @@ async def test_rebuild_drops_the_read_model_and_the_next_start_replays_the_strea
         async with httpx.AsyncClient(base_url=served.url, headers=VIEWER) as client:
             run = (await client.get(f"/runs/{s.run_id}")).json()
             trajectory = (await client.get(f"/runs/{s.run_id}/events")).json()["events"]
+            asks = (await client.get(f"/runs/{s.run_id}/asks")).json()["sent"]
     assert run["state"] == "completed"
+    assert [(a["request_id"], a["state"]) for a in asks] == [("req-rebuilt", "asked")]
     assert [e["id"] for e in trajectory] == [e.id for e in events]
 
 

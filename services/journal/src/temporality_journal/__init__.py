@@ -1,6 +1,8 @@
 """The journal: every CloudEvent into SQL (SQLite or PostgreSQL), runs projected from them, a query API.
 
 Modules: :mod:`.recorder` (the batched, idempotent ingest), :mod:`.projection` (runs from events, pure),
+:mod:`.asks` (agent asks from the ``agent.*`` events, pure), :mod:`.audit` (the audit trail's kinds, pure),
+:mod:`.retention` (the purge of finished runs),
 :mod:`.api` (the JSON API behind role tokens, the cancel request, the console's static files),
 :mod:`.tail` (the live tail over Server-Sent Events), :mod:`.insights` (trigger and human analytics,
 pure); ``console/`` holds the web console (docs/console.md). docs/journal.md documents the API.

@@ -3,6 +3,9 @@
 ``configure`` checks the database URL and reads the role tokens (``TEMPORALITY_API_TOKENS_FILE``): an
 unusable URL or tokens file is a configuration error (exit 2) before anything connects.
 
+``setup`` opens one shared HTTP client to the trigger-gateway when ``TEMPORALITY_JOURNAL_GATEWAY_URL`` is set
+(closed with the other resources): the console's ``/gateway/`` proxy (:mod:`temporality_journal.gateway`).
+
 ``temporality-journal rebuild`` (``python -m temporality_journal rebuild``) drops the read model and
 makes the next start replay the stream from the beginning: :mod:`temporality_journal.rebuild`.
 """
@@ -15,8 +18,10 @@ from sqlalchemy.exc import ArgumentError
 
 from temporality_journal.api import create_app
 from temporality_journal.database import Database, async_url
+from temporality_journal.gateway import gateway_client
 from temporality_journal.rebuild import main as rebuild_main
 from temporality_journal.recorder import Recorder
+from temporality_journal.retention import Retention
 from temporality_journal.settings import Settings
 from temporality_journal.tail import Changes, Tail
 from temporality_protocol.catalog import SERVICES
@@ -50,8 +55,12 @@ def configure(settings: Settings) -> Setup[Settings]:
         )
         # Open SSE streams end once the server stops accepting (SIGTERM), instead of holding up the drain.
         tail = Tail(database, changes, stopping=lambda: rt.server is not None and rt.server.should_exit)
-        rt.http(create_app(rt.settings, database, rt.bus, auth, tail))
+        client = gateway_client(rt.settings)  # the console's way to the trigger admin API
+        gateway = await rt.resources.enter_async_context(client) if client is not None else None
+        rt.http(create_app(rt.settings, database, rt.bus, auth, tail, gateway))
         rt.ready_check("database", database.ping)
+        if rt.settings.retention_days > 0:  # 0: keep everything, no purge
+            await rt.resources.enter_async_context(Retention(database, rt.settings.retention_days).running())
 
     return setup
 

@@ -15,6 +15,7 @@ role too low a 403.
 ``GET /runs/waiting``               UI-1: the runs waiting for a human, the oldest wait first
 ``GET /runs/{run_id}``              one run; ``waiting`` while it waits for a human (404 unknown)
 ``GET /runs/{run_id}/events``       the run's trajectory in stream order (``after`` = stream seq)
+``GET /runs/{run_id}/asks``         COL-9: the agent asks the run sent and received
 ``POST /runs/{run_id}/cancel``      operator: publish ``run.cancel_requested`` (body ``{reason}``);
                                     202, 404 unknown run, 409 already finished
 ``GET /events?type=&run_id=``       recent events, newest first (``type=bus.dead_lettered``: the
@@ -22,9 +23,17 @@ role too low a 403.
 ``GET /triggers``                   UI-2: per trigger id, its deliveries and runs
 ``GET /triggers/{id}/deliveries``   one trigger's deliveries, newest first, paged by ``before``
 ``GET /analytics/human``            OBS-1: how often runs ask humans, how long they wait, what
+``GET /asks``                       COL-9: agent asks, newest first; ``state``, ``agent``,
+                                    ``saga_id``, ``run_id``, ``since``/``until``, paged by ``before``
+``GET /audit``                      operator: the critical actions (:mod:`temporality_journal.audit`)
+``/gateway/triggers...``            UI-2: the trigger admin API of the trigger-gateway, proxied (allow-listed;
+                                    the gateway checks the token): :mod:`temporality_journal.gateway`
 ==================================  ======================================================
 
-Read-only over ``events`` and ``runs`` (no extra columns); the trigger and analytics views aggregate
+Run ids may contain ``/`` (relay runs, ``<target run>/ask/NN``): the run routes take ``{run_id:path}``,
+the sub-routes declared before ``/runs/{run_id}``.
+
+Read-only over ``events``, ``runs`` and ``asks``; the trigger and analytics views aggregate
 in Python over the rows they select (:mod:`temporality_journal.insights`). The one write is the cancel
 request, which goes to the bus (the run-executor decides; the journal records the request and the
 ``run.cancelled`` that follows like any other event).
@@ -39,6 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path as FilePath
 from typing import Annotated, Any
 
+import httpx
 import structlog
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import RedirectResponse
@@ -53,7 +63,9 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from temporality_bus import Bus, TransientError
+from temporality_journal.audit import AUDIT_KINDS, AUDIT_REASONS, AuditEntry, audit_entry
 from temporality_journal.database import Database
+from temporality_journal.gateway import gateway_router
 from temporality_journal.insights import (
     HUMAN_TYPES,
     TRIGGER_CHANGE_TYPES,
@@ -67,12 +79,14 @@ from temporality_journal.insights import (
     deliveries_of,
     encode_cursor,
     human_analytics,
+    older_than,
     triggers_of,
 )
-from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE, EventRecord, RunRecord, as_utc
+from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE, AskRecord, EventRecord, RunRecord, as_utc
 from temporality_journal.settings import Settings
 from temporality_journal.tail import Tail
 from temporality_protocol import RUN, RunCancelRequested, RunState, derive_id, make_event
+from temporality_protocol.states import AgentAskState
 from temporality_service import (
     ApiAuth,
     AsOperator,
@@ -89,11 +103,15 @@ from temporality_service import (
 from temporality_service.http import Conflict, summarize_errors
 
 __all__ = [
+    "AskList",
+    "AskView",
+    "AuditList",
     "CancelAccepted",
     "CancelRequest",
     "DeliveryList",
     "EventList",
     "EventView",
+    "RunAsks",
     "RunList",
     "RunView",
     "Trajectory",
@@ -232,6 +250,96 @@ class EventList(BaseModel):
     events: list[EventView]
 
 
+class AskView(BaseModel):
+    """COL-9: one agent ask -- who asked whom, what became of it, and why it went nowhere."""
+
+    request_id: str
+    state: AgentAskState = Field(
+        description="AGENT_ASK: asked, delivered, expired, answered, refused, reply_undeliverable, undeliverable"
+    )
+    saga_id: str | None = Field(description="The events' correlation id")
+    asker_run_id: str | None
+    asker_agent: str | None
+    to: str | None = Field(description="The address as the asking model wrote it")
+    resolved_run_id: str | None = Field(description="The run the address resolved to in the asker's saga")
+    resolved_agent: str | None
+    recipient_run_id: str | None = Field(description="Who got the ask: the resolved run, or the relay run")
+    relay: bool
+    relay_run: str | None
+    mode: str | None = Field(description="async or wait")
+    timeout_s: int | None
+    expires_at: datetime | None
+    message: str | None
+    truncated: bool
+    replier_run_id: str | None
+    replier_agent: str | None
+    outcome: str | None = Field(description="answer or refusal, once a reply is known")
+    answer: str | None = Field(description="The answer, or why the replier refused")
+    late: bool = Field(description="The answer came after the wait had expired")
+    waited_s: float | None
+    reason: str | None = Field(description="Why it went nowhere (undeliverable, reply_undeliverable)")
+    detail: str | None
+    asked_at: datetime
+    delivered_at: datetime | None
+    expired_at: datetime | None
+    replied_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, record: AskRecord) -> AskView:
+        return cls(
+            request_id=record.request_id,
+            state=AgentAskState(record.state),
+            saga_id=record.correlation_id,
+            asker_run_id=record.asker_run_id,
+            asker_agent=record.asker_agent,
+            to=record.to_address,
+            resolved_run_id=record.resolved_run_id,
+            resolved_agent=record.resolved_agent,
+            recipient_run_id=record.recipient_run_id,
+            relay=bool(record.relay),
+            relay_run=record.relay_run,
+            mode=record.mode,
+            timeout_s=record.timeout_s,
+            expires_at=record.expires_at,
+            message=record.message,
+            truncated=bool(record.truncated),
+            replier_run_id=record.replier_run_id,
+            replier_agent=record.replier_agent,
+            outcome=record.outcome,
+            answer=record.answer,
+            late=bool(record.late),
+            waited_s=record.waited_s,
+            reason=record.reason,
+            detail=record.detail,
+            asked_at=record.asked_at,
+            delivered_at=record.delivered_at,
+            expired_at=record.expired_at,
+            replied_at=record.replied_at,
+            finished_at=record.finished_at,
+            updated_at=record.updated_at,
+        )
+
+
+class RunAsks(BaseModel):
+    run_id: str
+    sent: list[AskView] = Field(description="Asks this run sent, oldest first")
+    received: list[AskView] = Field(
+        description="Asks this run received, or that a relay answered on its behalf, oldest first"
+    )
+
+
+class AskList(BaseModel):
+    asks: list[AskView]
+    next_before: str | None = Field(default=None, description="Pass as ``before`` for the next (older) page")
+
+
+class AuditList(BaseModel):
+    entries: list[AuditEntry]
+    next_before: str | None = Field(default=None, description="Pass as ``before`` for the next (older) page")
+
+
 class WhoAmI(BaseModel):
     name: str = Field(description="The API token's name (never the token)")
     role: str = Field(description="viewer, operator or admin")
@@ -257,9 +365,18 @@ def _run_not_found(run_id: str) -> NotFound:
 
 
 # --------------------------------------------------------------------------- app
-def create_app(settings: Settings, database: Database, bus: Bus, auth: ApiAuth, tail: Tail | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    database: Database,
+    bus: Bus,
+    auth: ApiAuth,
+    tail: Tail | None = None,
+    gateway: httpx.AsyncClient | None = None,
+) -> FastAPI:
     """The journal API over ``database`` and ``bus`` (already open; the caller owns their lifecycles),
-    admitting the role tokens of ``auth``; ``tail`` feeds ``/events/stream`` (default: one that only polls)."""
+    admitting the role tokens of ``auth``; ``tail`` feeds ``/events/stream`` (default: one that only polls);
+    ``gateway`` (open, the caller's: :func:`temporality_journal.gateway.gateway_client`) serves the
+    ``/gateway/`` proxy to the trigger admin API (None: those routes answer 503)."""
     tail = tail or Tail(database)
     app = FastAPI(
         title="Temporality journal",
@@ -274,6 +391,7 @@ def create_app(settings: Settings, database: Database, bus: Bus, auth: ApiAuth, 
     auth.install(app)
 
     app.mount("/console", _ConsoleFiles(directory=CONSOLE_DIR, html=True), name="console")
+    app.include_router(gateway_router(settings, gateway))
 
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:
@@ -305,14 +423,7 @@ def create_app(settings: Settings, database: Database, bus: Bus, auth: ApiAuth, 
             conditions.append(col(RunRecord.state) == state.value)
         if q:
             conditions.append(col(RunRecord.title).icontains(q, autoescape=True))
-        if before is not None:
-            cursor = decode_cursor(before)
-            conditions.append(
-                or_(
-                    col(RunRecord.created_at) < cursor.time,
-                    and_(col(RunRecord.created_at) == cursor.time, col(RunRecord.run_id) < cursor.key),
-                )
-            )
+        conditions += older_than(before, col(RunRecord.created_at), col(RunRecord.run_id))
         query = (
             select(RunRecord)
             .where(*conditions)
@@ -352,15 +463,9 @@ def create_app(settings: Settings, database: Database, bus: Bus, auth: ApiAuth, 
         now = datetime.now(UTC)
         return WaitingList(runs=[RunView.of(r, now) for r in records])
 
-    @app.get("/runs/{run_id}", response_model=RunView, responses={404: {"model": ErrorBody}})
-    async def get_run(run_id: str, who: AsViewer) -> RunView:
-        async with database.sessions() as session:
-            record = await session.get(RunRecord, run_id)
-        if record is None:
-            raise _run_not_found(run_id)
-        return RunView.of(record, datetime.now(UTC))
-
-    @app.get("/runs/{run_id}/events", response_model=Trajectory, responses={404: {"model": ErrorBody}})
+    # Run ids may contain "/" (relay runs: "<target run>/ask/NN"), hence ``{run_id:path}``; the sub-routes
+    # come first, so "/runs/a/ask/01/events" is the trajectory of "a/ask/01", and "/runs/{run_id:path}" last.
+    @app.get("/runs/{run_id:path}/events", response_model=Trajectory, responses={404: {"model": ErrorBody}})
     async def run_events(
         run_id: str,
         who: AsViewer,
@@ -375,16 +480,12 @@ def create_app(settings: Settings, database: Database, bus: Bus, auth: ApiAuth, 
         )
         async with database.sessions() as session:
             records = (await session.exec(query)).all()
-            if not records and await session.get(RunRecord, run_id) is None:
-                known = (
-                    await session.exec(select(EventRecord.id).where(EventRecord.run_id == run_id).limit(1))
-                ).first()
-                if known is None:
-                    raise _run_not_found(run_id)
+            if not records and not await _run_known(session, run_id):
+                raise _run_not_found(run_id)
         return Trajectory(run_id=run_id, events=[EventView.of(r) for r in records])
 
     @app.post(
-        "/runs/{run_id}/cancel",
+        "/runs/{run_id:path}/cancel",
         status_code=202,
         response_model=CancelAccepted,
         responses={code: {"model": ErrorBody} for code in (400, 404, 409, 413, 503)},
@@ -424,6 +525,106 @@ def create_app(settings: Settings, database: Database, bus: Bus, auth: ApiAuth, 
             ) from exc
         log.info("run.cancel_requested", run_id=run_id, requested_by=who.name, ce_id=event.id)
         return CancelAccepted(status="cancel_requested", run_id=run_id, event_id=event.id, requested_by=who.name)
+
+    @app.get(
+        "/runs/{run_id:path}/asks",
+        response_model=RunAsks,
+        responses={404: {"model": ErrorBody}},
+        description="COL-9: the agent asks this run sent (``sent``: it is the asker) and received (``received``: "
+        "it is the recipient, or the finished run a relay answered for), each oldest first. 404 for a run the "
+        "journal knows nothing of.",
+    )
+    async def run_asks(
+        run_id: Annotated[str, Path(max_length=MAX_TEXT_PARAM, pattern=NO_NUL)],
+        who: AsViewer,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many of each")] = MAX_LIMIT,
+    ) -> RunAsks:
+        order = (col(AskRecord.asked_at), col(AskRecord.request_id))
+        async with database.sessions() as session:
+            sent = (
+                await session.exec(
+                    select(AskRecord).where(col(AskRecord.asker_run_id) == run_id).order_by(*order).limit(limit)
+                )
+            ).all()
+            received = (
+                await session.exec(
+                    select(AskRecord)
+                    .where(
+                        or_(col(AskRecord.recipient_run_id) == run_id, col(AskRecord.resolved_run_id) == run_id),
+                        or_(col(AskRecord.asker_run_id).is_(None), col(AskRecord.asker_run_id) != run_id),
+                    )
+                    .order_by(*order)
+                    .limit(limit)
+                )
+            ).all()
+            if not sent and not received and not await _run_known(session, run_id):
+                raise _run_not_found(run_id)
+        return RunAsks(run_id=run_id, sent=[AskView.of(a) for a in sent], received=[AskView.of(a) for a in received])
+
+    @app.get("/runs/{run_id:path}", response_model=RunView, responses={404: {"model": ErrorBody}})
+    async def get_run(
+        run_id: Annotated[str, Path(max_length=MAX_TEXT_PARAM, pattern=NO_NUL)], who: AsViewer
+    ) -> RunView:
+        async with database.sessions() as session:
+            record = await session.get(RunRecord, run_id)
+        if record is None:
+            raise _run_not_found(run_id)
+        return RunView.of(record, datetime.now(UTC))
+
+    @app.get(
+        "/asks",
+        response_model=AskList,
+        description="COL-9: agent asks, newest first (by asked_at, then request id): who asked whom (``to`` as "
+        "written, ``resolved_*`` as resolved), the state (AGENT_ASK), the relay run, the answer or refusal, and "
+        "why it went nowhere (``reason``, ``detail``). Filters combine with AND; page with ``before`` = the "
+        "previous page's ``next_before``.",
+    )
+    async def list_asks(
+        who: AsViewer,
+        state: Annotated[AgentAskState | None, Query(description="Only asks in this state")] = None,
+        agent: Annotated[str | None, _text("Only asks this agent sent or that resolved to it")] = None,
+        saga_id: Annotated[str | None, _text("Only asks of this saga (the events' correlation id)")] = None,
+        run_id: Annotated[str | None, _text("Only asks this run sent, received or answered through a relay")] = None,
+        since: Annotated[datetime | None, Query(description="Only asks asked at or after (ISO 8601)")] = None,
+        until: Annotated[datetime | None, Query(description="Only asks asked before (ISO 8601)")] = None,
+        before: Annotated[str | None, _text("Opaque cursor: the next_before of the previous page")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many asks")] = 100,
+    ) -> AskList:
+        since, until = _utc(since, "since"), _utc(until, "until")
+        if since is not None and until is not None and since > until:
+            raise Unprocessable("query.since: must not be after until")
+        conditions: list[ColumnElement[bool]] = []
+        if state is not None:
+            conditions.append(col(AskRecord.state) == state.value)
+        if agent is not None:
+            conditions.append(or_(col(AskRecord.asker_agent) == agent, col(AskRecord.resolved_agent) == agent))
+        if saga_id is not None:
+            conditions.append(col(AskRecord.correlation_id) == saga_id)
+        if run_id is not None:
+            conditions.append(
+                or_(
+                    col(AskRecord.asker_run_id) == run_id,
+                    col(AskRecord.recipient_run_id) == run_id,
+                    col(AskRecord.resolved_run_id) == run_id,
+                )
+            )
+        if since is not None:
+            conditions.append(col(AskRecord.asked_at) >= since)
+        if until is not None:
+            conditions.append(col(AskRecord.asked_at) < until)
+        conditions += older_than(before, col(AskRecord.asked_at), col(AskRecord.request_id))
+        query = (
+            select(AskRecord)
+            .where(*conditions)
+            .order_by(col(AskRecord.asked_at).desc(), col(AskRecord.request_id).desc())
+            .limit(limit + 1)
+        )
+        async with database.sessions() as session:
+            records = list((await session.exec(query)).all())
+        more = len(records) > limit
+        records = records[:limit]
+        next_before = encode_cursor(records[-1].asked_at, records[-1].request_id) if more else None
+        return AskList(asks=[AskView.of(a) for a in records], next_before=next_before)
 
     @app.get("/events", response_model=EventList)
     async def list_events(
@@ -470,6 +671,90 @@ def create_app(settings: Settings, database: Database, bus: Bus, auth: ApiAuth, 
             gone=request.is_disconnected,
         ):
             yield item
+
+    @app.get(
+        "/audit",
+        response_model=AuditList,
+        responses={403: {"model": ErrorBody}},
+        description="Operator: the audit trail of critical actions, newest first (by time, then event id): "
+        "trigger changes, directory (user/group) changes, cancel requests, refused human requests "
+        "(recipient_not_allowed), undeliverable agent asks and replies, dead letters. Each with who (``actor``), "
+        "what (``type``, ``kind``, ``target``, ``summary``) and when; ``details`` is the event's data with "
+        "credential-like values redacted. Filters combine with AND; page with ``before`` = ``next_before``.",
+    )
+    async def audit(
+        who: AsOperator,
+        type_: Annotated[
+            str | None,
+            Query(alias="type", max_length=MAX_TEXT_PARAM, pattern=NO_NUL, description="Only this audited event type"),
+        ] = None,
+        kind: Annotated[str | None, _text("Only this kind (trigger_change, cancellation, ...)")] = None,
+        actor: Annotated[str | None, _text("Only actions by this token name / file (or CloudEvent actor)")] = None,
+        since: Annotated[datetime | None, Query(description="Only actions at or after (ISO 8601)")] = None,
+        until: Annotated[datetime | None, Query(description="Only actions before (ISO 8601)")] = None,
+        before: Annotated[str | None, _text("Opaque cursor: the next_before of the previous page")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many entries")] = 100,
+    ) -> AuditList:
+        types = sorted(AUDIT_KINDS)
+        if type_ is not None:
+            if type_ not in AUDIT_KINDS:
+                raise Unprocessable(f"query.type: not an audited event type; one of {', '.join(types)}")
+            types = [type_]
+        if kind is not None:
+            kinds = sorted(set(AUDIT_KINDS.values()))
+            if kind not in kinds:
+                raise Unprocessable(f"query.kind: unknown kind; one of {', '.join(kinds)}")
+            types = [t for t in types if AUDIT_KINDS[t] == kind]
+        since, until = _utc(since, "since"), _utc(until, "until")
+        if since is not None and until is not None and since > until:
+            raise Unprocessable("query.since: must not be after until")
+        t = EVENTS_TABLE.c
+        reason = t.data["reason"].as_string()
+        conditions: list[ColumnElement[bool]] = [
+            t.type.in_(types),
+            or_(
+                t.type.not_in(list(AUDIT_REASONS)),
+                *(and_(t.type == name, reason.in_(sorted(allowed))) for name, allowed in AUDIT_REASONS.items()),
+            ),
+        ]
+        if actor is not None:
+            conditions.append(
+                or_(
+                    t.actor == actor,
+                    t.actor == f"token:{actor}",
+                    t.data["changed_by"].as_string() == actor,
+                    t.data["requested_by"].as_string() == actor,
+                )
+            )
+        if since is not None:
+            conditions.append(t.time >= since)
+        if until is not None:
+            conditions.append(t.time < until)
+        conditions += older_than(before, t.time, t.id)
+        query = (
+            sa_select(t.id, t.type, t.time, t.actor, t.run_id, t.stream_seq, t.data)
+            .where(*conditions)
+            .order_by(t.time.desc(), t.id.desc())
+            .limit(limit + 1)
+        )
+        async with database.sessions() as session:
+            rows = (await (await session.connection()).execute(query)).all()
+        more = len(rows) > limit
+        entries = [
+            audit_entry(
+                id=i,
+                type=ty,
+                time=as_utc(tm),
+                actor=a,
+                run_id=r,
+                stream_seq=seq,
+                data=d if isinstance(d, dict) else {},
+            )
+            for i, ty, tm, a, r, seq, d in rows[:limit]
+        ]
+        log.debug("audit.read", principal=who.name, entries=len(entries))
+        next_before = encode_cursor(entries[-1].time, entries[-1].id) if more else None
+        return AuditList(entries=entries, next_before=next_before)
 
     @app.get(
         "/triggers",
@@ -616,6 +901,13 @@ def _utc(value: datetime | None, name: str) -> datetime | None:
         return as_utc(value)
     except OverflowError:
         raise Unprocessable(f"query.{name}: out of the representable range in UTC") from None
+
+
+async def _run_known(session: AsyncSession, run_id: str) -> bool:
+    """Whether the journal has a row or any event of ``run_id``."""
+    if await session.get(RunRecord, run_id) is not None:
+        return True
+    return (await session.exec(select(EventRecord.id).where(EventRecord.run_id == run_id).limit(1))).first() is not None
 
 
 async def _event_rows(session: AsyncSession, *conditions: ColumnElement[bool]) -> list[EventRow]:

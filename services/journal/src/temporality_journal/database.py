@@ -36,6 +36,8 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "journal_schema_version"
 #: The schema ``create_all`` made before migrations existed.
 BASELINE_REVISION = "0001"
+#: The revision that added ``asks`` (an unversioned database that has it is stamped there).
+ASKS_REVISION = "0002"
 _ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
     "postgres": "postgresql+asyncpg",
@@ -91,8 +93,10 @@ def _upgrade(connection: Connection) -> None:
     tables = set(inspect(connection).get_table_names())
     config = _alembic(connection)
     if "events" in tables and VERSION_TABLE not in tables:
-        log.info("database.stamped", revision=BASELINE_REVISION, reason="tables made before migrations existed")
-        command.stamp(config, BASELINE_REVISION)
+        # ``create_all`` made the models' tables of its day: with ``asks`` that is revision 0002's schema
+        revision = ASKS_REVISION if "asks" in tables else BASELINE_REVISION
+        log.info("database.stamped", revision=revision, reason="tables made before migrations existed")
+        command.stamp(config, revision)
     command.upgrade(config, "head")
 
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
+from sqlalchemy import ColumnElement, and_, or_
 
 from temporality_journal.models import as_utc
 from temporality_protocol import RunState
@@ -35,6 +36,7 @@ __all__ = [
     "deliveries_of",
     "encode_cursor",
     "human_analytics",
+    "older_than",
     "triggers_of",
 ]
 
@@ -73,6 +75,15 @@ def decode_cursor(token: str, name: str = "before") -> Cursor:
         return Cursor(as_utc(time), key)
     except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
         raise bad from None
+
+
+def older_than(before: str | None, time_column: Any, key_column: Any) -> list[ColumnElement[bool]]:
+    """The keyset condition of a newest-first page (ordered by ``time_column``, then ``key_column``,
+    both descending): rows strictly older than the cursor ``before``; none for the first page."""
+    if before is None:
+        return []
+    cursor = decode_cursor(before)
+    return [or_(time_column < cursor.time, and_(time_column == cursor.time, key_column < cursor.key))]
 
 
 # --------------------------------------------------------------------------- rows read by the API

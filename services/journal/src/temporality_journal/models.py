@@ -1,4 +1,4 @@
-"""The journal's SQL tables (SQLModel): ``events``, every CloudEvent once, and ``runs``, their projection.
+"""The journal's SQL tables (SQLModel): ``events``, every CloudEvent once; ``runs`` and ``asks``, their projections.
 
 The tables live in their own SQLAlchemy registry, so the journal creates exactly its own tables
 even when other SQLModel models share the process (tests import every service).
@@ -9,17 +9,21 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Dialect, Index, String, Table
+from sqlalchemy import JSON, BigInteger, Boolean, Column, DateTime, Dialect, Index, String, Table
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import registry
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
 from temporality_protocol import RunState
+from temporality_protocol.states import AgentAskState
 
 __all__ = [
+    "ASKS_TABLE",
     "EVENTS_TABLE",
     "RUNS_TABLE",
+    "AskRecord",
+    "AskSnapshot",
     "EventRecord",
     "JournalModel",
     "RunRecord",
@@ -92,7 +96,7 @@ class RunSnapshot(JournalModel):
     created_at: datetime = Field(sa_type=UTCDateTime, index=True)
     updated_at: datetime = Field(sa_type=UTCDateTime)
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
-    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime, index=True)
     result: str | None = None
     error: str | None = None
     waiting_request_id: str | None = None
@@ -113,6 +117,60 @@ class RunRecord(RunSnapshot, table=True):
         return RunSnapshot.model_validate(self, from_attributes=True)
 
 
-#: The two tables as SQLAlchemy core objects (batch inserts, upserts and aggregate queries).
+class AskSnapshot(JournalModel):
+    """One ``ask_agent`` request as the journal sees it (COL-9): who asked whom, what became of it.
+
+    What :func:`temporality_journal.projection.project_ask` reads and returns. ``state`` follows
+    :data:`temporality_protocol.AGENT_ASK`; ``to_address`` is the address as the model wrote it (``to``), ``resolved_*``
+    what agent-collab resolved it to, ``recipient_run_id`` who got it (the relay run when ``relay``).
+    ``reason``/``detail`` say why it went nowhere (``agent.ask_undeliverable``, or
+    ``agent.reply_undeliverable`` with ``asker_finished``).
+    """
+
+    request_id: str = Field(primary_key=True)
+    state: AgentAskState = Field(sa_type=String(32), index=True)
+    correlation_id: str | None = Field(default=None, index=True)
+    asker_run_id: str | None = Field(default=None, index=True)
+    asker_agent: str | None = None
+    to_address: str | None = None
+    mode: str | None = None
+    timeout_s: int | None = None
+    message: str | None = None
+    truncated: bool | None = Field(default=None, sa_type=Boolean)
+    resolved_run_id: str | None = None
+    resolved_agent: str | None = None
+    recipient_run_id: str | None = Field(default=None, index=True)
+    relay: bool | None = Field(default=None, sa_type=Boolean)
+    relay_run: str | None = None
+    expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    replier_run_id: str | None = None
+    replier_agent: str | None = None
+    outcome: str | None = None
+    answer: str | None = None
+    late: bool | None = Field(default=None, sa_type=Boolean)
+    waited_s: float | None = None
+    reason: str | None = None
+    detail: str | None = None
+    asked_at: datetime = Field(sa_type=UTCDateTime, index=True)
+    delivered_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    expired_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    replied_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    updated_at: datetime = Field(sa_type=UTCDateTime)
+    #: The highest stream sequence of an event projected onto this ask.
+    last_event_seq: int | None = Field(default=None, sa_type=BigInteger)
+
+
+class AskRecord(AskSnapshot, table=True):
+    """The ``asks`` table: one row per ``ask_agent`` request id, moved by the projection."""
+
+    __tablename__ = "asks"
+
+    def snapshot(self) -> AskSnapshot:
+        return AskSnapshot.model_validate(self, from_attributes=True)
+
+
+#: The tables as SQLAlchemy core objects (batch inserts, upserts and aggregate queries).
 EVENTS_TABLE: Table = EventRecord.metadata.tables["events"]
 RUNS_TABLE: Table = RunRecord.metadata.tables["runs"]
+ASKS_TABLE: Table = AskRecord.metadata.tables["asks"]

@@ -14,7 +14,8 @@ of such an event: refusing that too would dead-letter it again, and again, so it
 :meth:`Recorder.handle_batch` is the consumer's batch handler: a batch of events in one
 transaction -- one ``INSERT … ON CONFLICT DO NOTHING`` of the events (SQLAlchemy core, not the ORM),
 the affected runs read once, projected in memory in stream order with :func:`project`, written back
-with one upsert -- committed once, then acked by the runner. Any error rolls the whole batch back and
+with one upsert; the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
+-- committed once, then acked by the runner. Any error rolls the whole batch back and
 raises: the runner then records the events one by one through :meth:`Recorder.handle`, where an
 unstorable event is dead-lettered alone and a database outage is retried with backoff.
 """
@@ -37,8 +38,18 @@ from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from temporality_bus import Delivery, PermanentError, evolve
+from temporality_journal.asks import project_ask, request_id_of
 from temporality_journal.database import Database
-from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE, EventRecord, RunRecord, RunSnapshot, as_utc
+from temporality_journal.models import (
+    ASKS_TABLE,
+    EVENTS_TABLE,
+    RUNS_TABLE,
+    AskSnapshot,
+    EventRecord,
+    RunRecord,
+    RunSnapshot,
+    as_utc,
+)
 from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
 from temporality_protocol import BusDeadLettered, Envelope, InvalidEnvelope
 from temporality_protocol.catalog import CONSUMERS
@@ -56,6 +67,7 @@ _PG_UNIQUE_VIOLATION = "23505"
 _SQLITE_UNIQUE_VIOLATIONS = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"})
 _JOURNAL_CONSUMER = CONSUMERS["journal"].durable
 _RUN_COLUMNS = tuple(RunSnapshot.model_fields)
+_ASK_COLUMNS = tuple(AskSnapshot.model_fields)
 
 
 def _storable_text(value: str) -> str:
@@ -167,7 +179,7 @@ def _describe(exc: DBAPIError) -> str:
 
 
 class Recorder:
-    """Writes events into ``events`` and their projection into ``runs``. Idempotent by event id."""
+    """Writes events into ``events`` and their projections into ``runs`` and ``asks``. Idempotent by event id."""
 
     def __init__(self, database: Database, on_commit: Callable[[], None] | None = None) -> None:
         """``on_commit`` is called after each commit that stored new events (once per batch, never per
@@ -213,10 +225,11 @@ class Recorder:
             new = {row[0] for row in inserted}
             fresh = [events[row["id"]] for row in rows if row["id"] in new]  # still in stream order
             moved = await self._project_batch(conn, fresh)
+            asks = await self._project_asks(conn, fresh)
         if new and self._on_commit is not None:
             self._on_commit()
         # one line per batch (each run's move is logged at debug): per-event info lines cost more than the SQL
-        log.info("batch.recorded", events=len(rows), new=len(new), runs_moved=moved)
+        log.info("batch.recorded", events=len(rows), new=len(new), runs_moved=moved, asks_changed=asks)
         return len(new)
 
     async def _project_batch(self, conn: AsyncConnection, fresh: list[tuple[Envelope, int]]) -> int:
@@ -265,6 +278,46 @@ class Recorder:
             )
         return moved
 
+    async def _project_asks(self, conn: AsyncConnection, fresh: list[tuple[Envelope, int]]) -> int:
+        """Project the ``agent.*`` events of ``fresh`` (stream order) onto their asks; how many asks changed."""
+        projected = [(event, seq, rid) for event, seq in fresh if (rid := request_id_of(event)) is not None]
+        if not projected:
+            return 0
+        ids = sorted({rid for _, _, rid in projected})  # one lock order between replicas
+        query = (
+            select(ASKS_TABLE)
+            .where(ASKS_TABLE.c.request_id.in_(ids))
+            .order_by(ASKS_TABLE.c.request_id)
+            .with_for_update()
+        )
+        before: dict[str, AskSnapshot] = {
+            row.request_id: AskSnapshot.model_validate(dict(row._mapping)) for row in await conn.execute(query)
+        }
+        asks: dict[str, AskSnapshot] = dict(before)
+        for event, seq, rid in projected:
+            try:
+                after = project_ask(asks.get(rid), event, seq)
+            except InvalidEnvelope as exc:  # stored as it came; a read model must not lose the fact
+                log.warning("ask.projection_skipped", ce_id=event.id, request_id=rid, error=str(exc))
+                continue
+            if after is not None:
+                log.debug("ask.moved", request_id=rid, state=after.state.value, ce_type=event.type)
+                asks[rid] = after
+        created = [_ask_row(ask) for rid, ask in asks.items() if rid not in before]
+        changed = [_ask_row(ask) for rid, ask in asks.items() if rid in before and ask != before[rid]]
+        if created:  # a plain insert: a replica creating the same ask meanwhile fails the batch (retried)
+            await conn.execute(ASKS_TABLE.insert(), created)
+        if changed:  # rows locked above
+            upsert = self._insert(ASKS_TABLE)
+            await conn.execute(
+                upsert.on_conflict_do_update(
+                    index_elements=["request_id"],
+                    set_={name: upsert.excluded[name] for name in _ASK_COLUMNS if name != "request_id"},
+                ),
+                changed,
+            )
+        return len(created) + len(changed)
+
     async def record(self, event: Envelope, stream_seq: int) -> bool:
         """Store ``event`` and apply it to its run; ``False`` (and no change) when its id is known.
 
@@ -279,6 +332,7 @@ class Recorder:
                     log.debug("event.duplicate", ce_id=event.id)
                     return False
                 await self._project(session, event, stream_seq)
+                await self._project_asks(await session.connection(), [(event, stream_seq)])
         except DBAPIError as exc:
             if not unfixable(exc):
                 raise
@@ -343,4 +397,10 @@ def _event_row(event: Envelope, stream_seq: int, recorded_at: datetime) -> dict[
 def _run_row(run: RunSnapshot) -> dict[str, Any]:
     row = {name: getattr(run, name) for name in _RUN_COLUMNS}
     row["state"] = run.state.value
+    return row
+
+
+def _ask_row(ask: AskSnapshot) -> dict[str, Any]:
+    row = {name: getattr(ask, name) for name in _ASK_COLUMNS}
+    row["state"] = ask.state.value
     return row

@@ -7,6 +7,12 @@
                                     ``postgresql+asyncpg://user@host/db`` in deployment
                                     (``postgresql://`` and ``sqlite://`` are accepted too)
 ``TEMPORALITY_JOURNAL_BATCH_SIZE``  events recorded per transaction, at most (``256``)
+``TEMPORALITY_JOURNAL_RETENTION_DAYS``  purge finished runs (rows and events) older than this
+                                    many days; ``0`` keeps everything (the default;
+                                    :mod:`temporality_journal.retention`)
+``TEMPORALITY_JOURNAL_GATEWAY_URL``  the trigger-gateway's URL (``http://127.0.0.1:8080``), for the
+                                    console's trigger wizard (``/gateway/...``,
+                                    :mod:`temporality_journal.gateway`); unset: those routes are 503
 ``TEMPORALITY_API_TOKENS_FILE``     the role tokens the API and console admit
                                     (:class:`temporality_service.ApiAuthSettings`)
 ``TEMPORALITY_NATS_*``              :class:`temporality_bus.NatsSettings`
@@ -17,7 +23,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import AnyHttpUrl, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from temporality_service import HttpServiceSettings
@@ -40,3 +48,18 @@ class Settings(HttpServiceSettings):
         description="SQLAlchemy async URL (sqlite+aiosqlite:///path or postgresql+asyncpg://...)",
     )
     batch_size: int = Field(default=256, ge=1, le=10_000, description="events recorded per transaction, at most")
+    retention_days: int = Field(
+        default=0,
+        ge=0,
+        le=36_500,
+        description="purge finished runs' rows and events finished more than this many days ago; 0 keeps all",
+    )
+    gateway_url: AnyHttpUrl | None = Field(
+        default=None,
+        description="the trigger-gateway's URL the /gateway/ routes forward to; unset (or empty): they answer 503",
+    )
+
+    @field_validator("gateway_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value

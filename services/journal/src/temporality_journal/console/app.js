@@ -87,6 +87,7 @@ class ApiError extends Error {
     super(body?.detail || `HTTP ${status}`);
     this.status = status;
     this.code = body?.error || "http_error";
+    this.body = body;
   }
 }
 
@@ -94,9 +95,11 @@ function token() {
   return sessionStorage.getItem(TOKEN_KEY);
 }
 
-async function api(path, { method = "GET", body, signal, tokenOverride } = {}) {
+// The parsed JSON body and the ETag (for a later If-Match) of one API call; throws ApiError for a non-2xx.
+async function apiWithEtag(path, { method = "GET", body, signal, tokenOverride, ifMatch } = {}) {
   const headers = { Authorization: `Bearer ${tokenOverride ?? token() ?? ""}` };
   if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (ifMatch) headers["If-Match"] = ifMatch;
   const response = await fetch(path, {
     method,
     headers,
@@ -110,7 +113,11 @@ async function api(path, { method = "GET", body, signal, tokenOverride } = {}) {
     parsed = null;
   }
   if (!response.ok) throw new ApiError(response.status, parsed);
-  return parsed;
+  return { data: parsed, etag: response.headers.get("ETag") };
+}
+
+async function api(path, options = {}) {
+  return (await apiWithEtag(path, options)).data;
 }
 
 // A 401 signs out (the token is not valid); a 403 explains the role; anything else is shown as is.
@@ -285,6 +292,7 @@ function renderChrome(active) {
 }
 
 const mayOperate = () => me && ROLES[me.role] >= ROLES.operator;
+const mayAdmin = () => me && ROLES[me.role] >= ROLES.admin;
 
 // ------------------------------------------------------------------ runs list
 function runsView(signal, query) {
@@ -476,6 +484,46 @@ export function timeline(events, run, now = Date.now()) {
         step.kind = "bad";
         step.lines = [["Reason", d.reason], ["Error", d.error]];
         break;
+      // Agent collaboration (COL-9): who asked whom, the answer, and why a message went nowhere.
+      case "agent.asked":
+        step.title = `Asked ${address(d.to)}: ${clip(d.message)}`;
+        step.kind = "human";
+        step.lines = [["Request", d.request_id], ["Mode", d.mode === "wait" ? `wait (${duration(d.timeout_s)})` : d.mode],
+          ["Message", d.message], ["Truncated", d.truncated ? "yes" : null]];
+        break;
+      case "agent.message.received":
+        step.title = `Message from agent ${d.asker_agent}: ${clip(d.message)}`;
+        step.kind = "human";
+        step.lines = [["Request", d.request_id], ["From run", d.asker_run_id], ["Addressed as", d.to],
+          ["Relay for", d.relay ? d.resolved_run_id : null], ["Answer by", d.expires_at ? when(d.expires_at) : null]];
+        break;
+      case "agent.replied":
+        step.title = d.outcome === "refusal" ? `Refused request ${d.request_id}` : `Answered request ${d.request_id}`;
+        step.lines = [["Answer", d.answer]];
+        break;
+      case "agent.answer.received":
+        step.title = d.outcome === "refusal"
+          ? `Refusal received from ${d.replier_agent}`
+          : `Answer received from ${d.replier_agent}`;
+        step.kind = d.outcome === "refusal" ? "bad" : "human";
+        step.lines = [["Answer", d.answer], ["Request", d.request_id], ["Run", d.replier_run_id],
+          ["Waited", duration(d.waited_s)], ["Late", d.late ? "yes (after the wait expired)" : null]];
+        break;
+      case "agent.ask_expired":
+        step.title = `No answer from the agent within ${duration(d.timeout_s)}`;
+        step.kind = "bad";
+        step.lines = [["Request", d.request_id], ["Still open at", d.recipient_run_id]];
+        break;
+      case "agent.ask_undeliverable":
+        step.title = `Ask undeliverable: ${d.reason}`;
+        step.kind = "bad";
+        step.lines = [["To", d.to], ["Detail", d.detail], ["Request", d.request_id]];
+        break;
+      case "agent.reply_undeliverable":
+        step.title = `Reply undeliverable: ${d.reason}`;
+        step.kind = "bad";
+        step.lines = [["Detail", d.detail], ["Request", d.request_id]];
+        break;
       case "run.cancel_requested":
         step.title = `Cancel requested by ${d.requested_by}`;
         step.kind = "bad";
@@ -492,6 +540,18 @@ export function timeline(events, run, now = Date.now()) {
     steps.push(step);
   }
   return steps;
+}
+
+// "agent:reviewer-2" -> "agent reviewer-2", "run:run-1" -> "run run-1"; anything else as the model wrote it.
+function address(to) {
+  const match = /^(agent|run):(.+)$/.exec(String(to ?? ""));
+  return match ? `${match[1]} ${match[2]}` : String(to ?? "");
+}
+
+// A one-line preview of a free text (messages are up to 4096 characters; the details hold all of it).
+function clip(text, max = 80) {
+  const value = String(text ?? "").replace(/\s+/g, " ").trim();
+  return value.length > max ? `${value.slice(0, max - 1)}…` : value;
 }
 
 function stepNode(step, openIds) {
@@ -628,6 +688,8 @@ function triggersView(signal) {
   const body = h("tbody");
   show(
     h("h1", {}, "Triggers"),
+    definitionsSection(signal),
+    h("h2", {}, "What the journal saw"),
     h("p", { class: "muted" }, "What the journal saw of each trigger: its deliveries, runs and audit events."),
     h("table", { id: "triggers" },
       h("thead", {}, h("tr", {}, ...["Trigger", "Source", "Event", "Agent", "Enabled", "Last run"].map((t) => h("th", {}, t)),
@@ -666,6 +728,341 @@ function deliveriesView(signal, triggerId) {
       h("td", {}, when(d.time)))));
     if (!data.deliveries.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No deliveries.")));
   }).catch(failed);
+}
+
+// ------------------------------------------------------------------ trigger definitions and the wizard (UI-2)
+// Through the journal's /gateway/ proxy to the trigger-gateway's admin API (docs/console.md): the gateway
+// checks the token (viewer reads and previews, operator enables/disables, admin creates, replaces, deletes).
+const GATEWAY = "/gateway/triggers";
+const ADAPTERS = ["azure_devops.pull_request", "azure_devops.work_item", "github", "gitlab", "generic", "mindmap.test_case"];
+const AUTH_TYPES = ["none", "basic", "bearer", "github", "gitlab", "header", "hmac_sha256", "standard_webhooks"];
+// The ``*_env`` field that names each auth type's secret (literal secrets are never written here).
+const SECRET_ENV = { basic: "password_env", bearer: "token_env" };
+const secretEnvField = (type) => (type === "none" ? null : SECRET_ENV[type] ?? "secret_env");
+// Fields only one trigger type has: dropped when the wizard saves another type.
+const TYPE_FIELDS = {
+  webhook: ["adapter", "events", "auth"],
+  schedule: ["cron", "timezone", "missed"],
+  event: ["event_type", "filter", "allow_self"],
+};
+const etagOf = (revision) => `"${revision}"`;
+
+function gatewayFailed(error, where) {
+  if (error instanceof ApiError && error.code === "gateway_not_configured") {
+    where.replaceChildren(h("p", { class: "muted", id: "gateway-off" },
+      "Trigger definitions are not available here: the journal has no TEMPORALITY_JOURNAL_GATEWAY_URL."));
+    return;
+  }
+  failed(error);
+}
+
+function definitionsSection(signal) {
+  const body = h("tbody");
+  const section = h("section", { id: "definitions" });
+  const toolbar = h("div", { class: "toolbar" },
+    h("h2", {}, "Definitions"),
+    mayAdmin() ? h("a", { class: "button primary", href: "#/wizard", id: "new-trigger" }, "New trigger") : null);
+  const table = h("table", { id: "trigger-defs" },
+    h("thead", {}, h("tr", {}, ...["Trigger", "Name", "Type", "Agent", "Enabled", "Revision", "Changed by", ""]
+      .map((t) => h("th", {}, t)))),
+    body);
+  const holder = h("div", {}, table);
+  section.append(toolbar, holder);
+
+  async function load() {
+    const data = await api(GATEWAY, { signal });
+    body.replaceChildren(...data.triggers.map((item) => definitionRow(item, signal, load)));
+    if (!data.triggers.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "empty" }, "No triggers defined.")));
+  }
+  load().catch((error) => gatewayFailed(error, holder));
+  return section;
+}
+
+function definitionRow(item, signal, reload) {
+  const t = item.trigger;
+  const actions = h("td", { class: "actions" });
+  const row = h("tr", { dataset: { triggerId: t.id } },
+    h("td", {}, h("a", { href: `#/triggers/${encodeURIComponent(t.id)}` }, t.id)),
+    h("td", {}, t.name ?? ""),
+    h("td", {}, t.type ?? "?"),
+    h("td", {}, t.agent ?? "—"),
+    h("td", { class: "enabled" }, t.enabled === false ? "no" : "yes"),
+    h("td", { class: "num" }, item.revision),
+    h("td", {}, item.updated_by ?? "—", item.problem ? h("div", { class: "bad" }, item.problem) : null),
+    actions);
+  const act = async (path, method, done) => {
+    try {
+      await api(`${GATEWAY}/${encodeURIComponent(t.id)}${path}`, { method, signal, ifMatch: etagOf(item.revision) });
+      message(done, "info");
+      await reload();
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 412) {
+        message(`Someone else changed ${t.id} meanwhile (412): the list is reloaded, try again.`);
+        reload().catch(failed);
+      } else failed(error);
+    }
+  };
+  if (mayAdmin()) actions.append(h("a", { class: "button", href: `#/wizard/${encodeURIComponent(t.id)}` }, "Edit"));
+  if (mayOperate()) {
+    const enabled = t.enabled !== false;
+    actions.append(h("button", {
+      type: "button",
+      onclick: () => act(enabled ? "/disable" : "/enable", "POST", `${t.id} ${enabled ? "disabled" : "enabled"}.`),
+    }, enabled ? "Disable" : "Enable"));
+  }
+  if (mayAdmin()) {
+    const confirmBox = h("span", { class: "confirm", hidden: true },
+      `Delete ${t.id}? `,
+      h("button", { type: "button", class: "danger", onclick: () => act("", "DELETE", `${t.id} deleted.`) }, "Yes, delete"),
+      h("button", { type: "button", onclick: () => { confirmBox.hidden = true; } }, "Keep"));
+    actions.append(h("button", { type: "button", onclick: () => { confirmBox.hidden = false; } }, "Delete"), confirmBox);
+  }
+  return row;
+}
+
+// "a, b\nc" -> ["a", "b", "c"]
+const listOf = (text) => text.split(/[\s,]+/).map((v) => v.trim()).filter(Boolean);
+
+// "field = expression" lines -> {field: expression}; throws naming the bad line.
+function pairsOf(text, what) {
+  const out = {};
+  for (const [i, raw] of text.split("\n").entries()) {
+    const line = raw.trim();
+    if (!line) continue;
+    const eq = line.indexOf("=");
+    if (eq <= 0) throw new Error(`${what}, line ${i + 1}: write name = value`);
+    out[line.slice(0, eq).trim()] = line.slice(eq + 1).trim();
+  }
+  return out;
+}
+
+function wizardView(signal, triggerId) {
+  const editing = triggerId !== null;
+  const title = h("h1", {}, editing ? "Edit trigger " : "New trigger", editing ? h("code", {}, triggerId) : null);
+  if (!mayAdmin()) {
+    show(title, h("p", { class: "muted" }, "Creating and changing triggers needs an admin token."));
+    return;
+  }
+  const root = h("div", {}, editing ? "Loading…" : null);
+  show(title, root);
+  let base = {}; // what the gateway holds (editing): fields the form does not show are kept
+  let etag = null;
+
+  // A labelled control; its help text is its description (not part of its accessible name).
+  const field = (label, control, help) => {
+    control.id = `tw-${control.name}`;
+    const note = help ? h("span", { class: "muted", id: `tw-${control.name}-help` }, help) : null;
+    if (note) control.setAttribute("aria-describedby", note.id);
+    return h("div", { class: "field" }, h("label", { for: control.id }, label), control, note);
+  };
+  const input = (name, attrs = {}) => h("input", { name, ...attrs });
+  const area = (name, rows, attrs = {}) => h("textarea", { name, rows, ...attrs });
+  const select = (name, options) => h("select", { name }, options.map((o) => h("option", { value: o }, o)));
+
+  const f = {
+    id: input("id", { required: true, pattern: "[a-z0-9][a-z0-9-]{0,62}", disabled: editing }),
+    name: input("name", { required: true, maxlength: 200 }),
+    type: select("type", ["webhook", "schedule", "event"]),
+    enabled: input("enabled", { type: "checkbox", checked: true }),
+    agent: input("agent", { required: true }),
+    adapter: input("adapter", { list: "adapters" }),
+    events: input("events", { placeholder: "git.pullrequest.created, git.pullrequest.updated" }),
+    authType: select("auth_type", AUTH_TYPES),
+    username: input("username"),
+    header: input("header", { placeholder: "X-Api-Key" }),
+    secretEnv: input("secret_env", { placeholder: "HOOK_SECRET", pattern: "[A-Za-z_][A-Za-z0-9_]*" }),
+    cron: input("cron", { placeholder: "0 3 * * *" }),
+    timezone: input("timezone", { placeholder: "UTC" }),
+    eventType: input("event_type", { placeholder: "run.failed" }),
+    filter: area("filter", 2, { placeholder: "actor_id = reviewer" }),
+    mapping: area("input", 4, { placeholder: "repository = payload.repository.name\nauthor = actor.display_name || actor.id" }),
+    recipients: input("recipients", { placeholder: "user:alice, user:bob" }),
+    timeout: input("timeout", { type: "number", min: 1, placeholder: "3600" }),
+    sample: area("sample", 6, { placeholder: '{"type": "order.created", "id": "ord-1", "data": {"order_id": 42}}' }),
+  };
+  const webhookPart = h("fieldset", { id: "part-webhook" }, h("legend", {}, "Webhook"),
+    field("Adapter", f.adapter), h("datalist", { id: "adapters" }, ADAPTERS.map((a) => h("option", { value: a }))),
+    field("Event types", f.events, "comma-separated, as the source names them"),
+    field("Auth type", f.authType),
+    field("User name", f.username, "basic"),
+    field("Header", f.header, "header, hmac_sha256"),
+    field("Secret environment variable", f.secretEnv,
+      "the name of the gateway's variable holding the secret (*_env); never the secret itself"));
+  const schedulePart = h("fieldset", { id: "part-schedule" }, h("legend", {}, "Schedule"),
+    field("Cron", f.cron, "minute hour day month weekday"), field("Time zone", f.timezone, "IANA, e.g. Europe/Berlin"));
+  const eventPart = h("fieldset", { id: "part-event" }, h("legend", {}, "Event"),
+    field("Event type", f.eventType, "one or more system event types, comma-separated"),
+    field("Filter", f.filter, "name = value lines: actor_id, actor_type, project, data.<field>"));
+  const parts = { webhook: webhookPart, schedule: schedulePart, event: eventPart };
+  const showParts = () => {
+    for (const [type, part] of Object.entries(parts)) part.hidden = f.type.value !== type;
+    previewButton.disabled = f.type.value === "schedule";
+  };
+  f.type.addEventListener("change", showParts);
+
+  const previewOut = h("div", { id: "preview", "aria-live": "polite" });
+  const previewButton = h("button", { type: "button", id: "preview-button" }, "Preview");
+  const saveButton = h("button", { type: "submit", class: "primary", id: "save-trigger" }, editing ? "Save changes" : "Create trigger");
+  const form = h("form", { class: "wizard", id: "trigger-form" },
+    h("fieldset", {}, h("legend", {}, "Trigger"),
+      field("Id", f.id, "lower-case letters, digits and -"), field("Name", f.name), field("Type", f.type),
+      h("label", { class: "inline" }, f.enabled, "Enabled"), field("Agent", f.agent, "an agent id of the agent cards")),
+    webhookPart, schedulePart, eventPart,
+    h("fieldset", {}, h("legend", {}, "Agent input"),
+      field("Input mapping", f.mapping, "field = JMESPath over the normalized event, one per line; empty: the payload")),
+    h("fieldset", {}, h("legend", {}, "Human policy"),
+      field("Allowed recipients", f.recipients, "user:<id>, comma-separated"),
+      field("Default timeout (s)", f.timeout)),
+    h("fieldset", {}, h("legend", {}, "Preview"),
+      field("Sample payload (JSON)", f.sample, "a delivery's body (webhook) or a CloudEvent (event); nothing is started"),
+      previewButton, previewOut),
+    h("div", { class: "toolbar" }, saveButton, h("a", { class: "button", href: "#/triggers" }, "Cancel")));
+
+  function fill(t) {
+    f.id.value = t.id ?? "";
+    f.name.value = t.name ?? "";
+    f.type.value = t.type ?? "webhook";
+    f.enabled.checked = t.enabled !== false;
+    f.agent.value = t.agent ?? "";
+    f.adapter.value = t.adapter ?? "";
+    f.events.value = (t.events ?? []).join(", ");
+    const auth = t.auth ?? {};
+    f.authType.value = auth.type ?? "none";
+    f.username.value = auth.username ?? "";
+    f.header.value = auth.header ?? "";
+    f.secretEnv.value = auth[secretEnvField(auth.type ?? "none")] ?? "";
+    f.cron.value = t.cron ?? "";
+    f.timezone.value = t.timezone ?? "";
+    f.eventType.value = t.event_type === undefined ? "" : [].concat(t.event_type).join(", ");
+    f.filter.value = Object.entries(t.filter ?? {}).map(([k, v]) => `${k} = ${v}`).join("\n");
+    f.mapping.value = Object.entries(t.input ?? {}).map(([k, v]) => `${k} = ${v}`).join("\n");
+    f.recipients.value = (t.human?.allowed_recipients ?? []).join(", ");
+    f.timeout.value = t.human?.default_timeout_s ?? "";
+  }
+
+  // The trigger as the gateway takes it (JSON): the stored one with the form's fields written over it.
+  function spec() {
+    const type = f.type.value;
+    const out = { ...base };
+    for (const [other, names] of Object.entries(TYPE_FIELDS)) if (other !== type) for (const n of names) delete out[n];
+    Object.assign(out, { id: editing ? triggerId : f.id.value.trim(), name: f.name.value.trim(), type,
+      enabled: f.enabled.checked, agent: f.agent.value.trim() });
+    if (type === "webhook") {
+      out.adapter = f.adapter.value.trim();
+      out.events = listOf(f.events.value);
+      const authType = f.authType.value;
+      const kept = base.auth?.type === authType ? { ...base.auth } : {};
+      const auth = { ...kept, type: authType };
+      if (authType === "basic") auth.username = f.username.value.trim();
+      else delete auth.username;
+      if (["header", "hmac_sha256"].includes(authType)) auth.header = f.header.value.trim();
+      else delete auth.header;
+      for (const name of ["password_env", "token_env", "secret_env"]) delete auth[name];
+      const envField = secretEnvField(authType);
+      if (envField && f.secretEnv.value.trim()) auth[envField] = f.secretEnv.value.trim();
+      out.auth = auth;
+    } else if (type === "schedule") {
+      out.cron = f.cron.value.trim();
+      if (f.timezone.value.trim()) out.timezone = f.timezone.value.trim();
+      else delete out.timezone;
+    } else {
+      const types = listOf(f.eventType.value);
+      out.event_type = types.length === 1 ? types[0] : types;
+      out.filter = pairsOf(f.filter.value, "Filter");
+    }
+    const mapping = pairsOf(f.mapping.value, "Input mapping");
+    if (Object.keys(mapping).length) out.input = mapping;
+    else delete out.input;
+    const human = { ...(base.human ?? {}) };
+    human.allowed_recipients = listOf(f.recipients.value);
+    if (f.timeout.value) human.default_timeout_s = Number(f.timeout.value);
+    out.human = human;
+    return out;
+  }
+
+  function fieldErrors(errors) {
+    return h("ul", { class: "errors" }, (errors ?? []).map((e) => h("li", {}, `${e.field}: ${e.message}`)));
+  }
+
+  previewButton.addEventListener("click", async () => {
+    message(null);
+    let payload;
+    let draft;
+    try {
+      draft = spec();
+      payload = JSON.parse(f.sample.value || "{}");
+    } catch (error) {
+      previewOut.replaceChildren(h("p", { class: "bad" }, `Not previewed: ${error.message}`));
+      return;
+    }
+    previewOut.replaceChildren("Previewing…");
+    try {
+      const answer = await api(`${GATEWAY}/preview`, { method: "POST", body: { trigger: draft, payload }, signal });
+      if (!answer.ok) {
+        previewOut.replaceChildren(h("p", { class: "bad" }, `The ${answer.stage} is not valid:`), fieldErrors(answer.errors));
+      } else if (!answer.would_start_run) {
+        previewOut.replaceChildren(h("p", {}, `No run: ${answer.ignored?.reason ?? "ignored"}`,
+          answer.ignored?.detail ? ` — ${answer.ignored.detail}` : ""));
+      } else {
+        previewOut.replaceChildren(
+          h("p", { class: "ok" }, `Would start a run: ${answer.title ?? answer.run_id ?? ""}`),
+          h("h3", {}, "Agent input"), h("pre", { id: "preview-input" }, JSON.stringify(answer.input, null, 2)),
+          h("h3", {}, "Normalized event"), h("pre", { id: "preview-event" }, JSON.stringify(answer.event, null, 2)));
+      }
+    } catch (error) {
+      if (error instanceof ApiError && error.status !== 401 && error.status !== 403) {
+        previewOut.replaceChildren(h("p", { class: "bad" }, `${error.message} (${error.status} ${error.code})`),
+          fieldErrors(error.body?.errors));
+      } else {
+        previewOut.replaceChildren();
+        failed(error);
+      }
+    }
+  });
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    message(null);
+    let body;
+    try {
+      body = spec();
+    } catch (error) {
+      message(error.message);
+      return;
+    }
+    try {
+      const path = editing ? `${GATEWAY}/${encodeURIComponent(triggerId)}` : GATEWAY;
+      const saved = await api(path, { method: editing ? "PUT" : "POST", body, signal, ifMatch: editing ? etag : null });
+      go("#/triggers", `Trigger ${saved.trigger.id} saved (revision ${saved.revision}).`);
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 412) {
+        message("Someone else changed this trigger since you opened it (412). Reload it to see their version, then edit again.");
+        saveButton.after(h("button", { type: "button", id: "reload-trigger", onclick: () => go(location.hash) }, "Reload"));
+      } else if (error instanceof ApiError && error.status === 422) {
+        message(`Not saved: ${error.message} (422).`);
+      } else failed(error);
+    }
+  });
+
+  if (!editing) {
+    root.replaceChildren(form);
+    showParts();
+    f.id.focus();
+    return;
+  }
+  apiWithEtag(`${GATEWAY}/${encodeURIComponent(triggerId)}`, { signal }).then(({ data, etag: tag }) => {
+    base = { ...data.trigger };
+    etag = tag;
+    fill(base);
+    root.replaceChildren(
+      data.write_only_set?.length
+        ? h("p", { class: "muted" }, `Kept as stored (write-only): ${data.write_only_set.join(", ")}.`) : "",
+      form);
+    showParts();
+  }).catch((error) => {
+    root.replaceChildren();
+    gatewayFailed(error, root);
+  });
 }
 
 // ------------------------------------------------------------------ analytics (OBS-1)
@@ -736,10 +1133,11 @@ async function route() {
       if (!me) return;
     }
   }
-  renderChrome(parts[0] || "runs");
+  renderChrome(parts[0] === "wizard" ? "triggers" : parts[0] || "runs");
   if (parts[0] === "signin") location.hash = "#/runs";
   else if (parts[0] === "runs" && parts[1]) runView(signal, parts[1]);
   else if (parts[0] === "waiting") waitingView(signal);
+  else if (parts[0] === "wizard") wizardView(signal, parts[1] ?? null);
   else if (parts[0] === "triggers" && parts[1]) deliveriesView(signal, parts[1]);
   else if (parts[0] === "triggers") triggersView(signal);
   else if (parts[0] === "analytics") analyticsView(signal);

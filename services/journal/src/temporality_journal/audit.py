@@ -1,0 +1,146 @@
+"""The audit trail (issue 11, AP-11): which journaled events are critical actions, and how one reads. Pure.
+
+:data:`AUDIT_KINDS` is the one declaration: an event type listed there is in ``GET /audit``; adding a
+type is one line (a type only some of whose events count adds its reasons to :data:`AUDIT_REASONS`).
+Nothing is stored twice: ``/audit`` selects these events from ``events``.
+
+=============================================  ====================  =================================
+event                                          kind                  who (``actor``)
+=============================================  ====================  =================================
+trigger.created/updated/deleted/enabled/       ``trigger_change``    ``changed_by`` (a token name or
+disabled                                                             ``file:<path>``)
+human.directory.changed                        ``directory_change``  ``changed_by``
+run.cancel_requested                           ``cancellation``      ``requested_by``
+human.rejected (``recipient_not_allowed``)     ``permission_refusal`` the CloudEvent actor (SEC-1)
+agent.registered, agent.registration_refused,  ``agent_registration`` the CloudEvent actor
+agent.lifecycle_changed (``deregistered``)
+agent.ask_undeliverable,                       ``agent_refusal``     the CloudEvent actor
+agent.reply_undeliverable
+bus.dead_lettered                              ``dead_letter``       the CloudEvent actor
+=============================================  ====================  =================================
+
+Never a secret: the events carry none by contract (token *names*, ``inbox_token_set`` flags), and
+:func:`redact` replaces the value of any key that looks like a credential anyway.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+__all__ = ["AUDIT_KINDS", "AUDIT_REASONS", "REDACTED", "AuditEntry", "audit_entry", "redact"]
+
+#: Every audited event type and its kind (the ``kind`` filter of ``GET /audit``).
+AUDIT_KINDS: dict[str, str] = {
+    "trigger.created": "trigger_change",
+    "trigger.updated": "trigger_change",
+    "trigger.deleted": "trigger_change",
+    "trigger.enabled": "trigger_change",
+    "trigger.disabled": "trigger_change",
+    "human.directory.changed": "directory_change",
+    "run.cancel_requested": "cancellation",
+    "human.rejected": "permission_refusal",
+    "agent.registered": "agent_registration",
+    "agent.registration_refused": "agent_registration",
+    "agent.lifecycle_changed": "agent_registration",
+    "agent.ask_undeliverable": "agent_refusal",
+    "agent.reply_undeliverable": "agent_refusal",
+    "bus.dead_lettered": "dead_letter",
+}
+#: Types of which only events with one of these ``data.reason`` values are audited.
+AUDIT_REASONS: dict[str, frozenset[str]] = {
+    "human.rejected": frozenset({"recipient_not_allowed"}),
+    "agent.lifecycle_changed": frozenset({"deregistered"}),
+}
+REDACTED = "[redacted]"
+_SECRET_KEY = re.compile(r"token|secret|password|passwd|credential|authorization|api_?key|private", re.IGNORECASE)
+
+
+def redact(value: Any) -> Any:
+    """``value`` with every credential-like key's value replaced (recursively); ``*_set`` flags are kept."""
+    if isinstance(value, dict):
+        return {k: REDACTED if _secret_key(k) and not isinstance(v, bool) else redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+def _secret_key(key: object) -> bool:
+    return isinstance(key, str) and not key.endswith("_set") and _SECRET_KEY.search(key) is not None
+
+
+class AuditEntry(BaseModel):
+    """One critical action: what, who, when, on what."""
+
+    id: str = Field(description="The CloudEvent id")
+    type: str
+    kind: str = Field(description="trigger_change, directory_change, cancellation, permission_refusal, ...")
+    time: datetime
+    actor: str | None = Field(description="Who: the token name or file that changed it, else the event's actor")
+    event_actor: str | None = Field(description="The CloudEvent actor attribute")
+    target: str | None = Field(description="What: the trigger, directory entry, run or request concerned")
+    run_id: str | None
+    summary: str
+    stream_seq: int
+    details: dict[str, Any] = Field(description="The event's data, credential-like values redacted")
+
+
+def audit_entry(
+    *, id: str, type: str, time: datetime, actor: str | None, run_id: str | None, stream_seq: int, data: dict[str, Any]
+) -> AuditEntry:
+    """The audit view of one stored event of an :data:`AUDIT_KINDS` type."""
+    who = _str(data, "changed_by") or _str(data, "requested_by") or actor
+    target, summary = _describe(type, data, run_id)
+    return AuditEntry(
+        id=id,
+        type=type,
+        kind=AUDIT_KINDS.get(type, "other"),
+        time=time,
+        actor=who,
+        event_actor=actor,
+        target=target,
+        run_id=run_id,
+        summary=summary,
+        stream_seq=stream_seq,
+        details=redact(data),
+    )
+
+
+def _str(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def _describe(type_: str, data: dict[str, Any], run_id: str | None) -> tuple[str | None, str]:
+    reason = _str(data, "reason")
+    if type_.startswith("trigger."):
+        trigger = _str(data, "trigger_id")
+        return trigger, f"trigger {trigger} {type_.removeprefix('trigger.')} (revision {data.get('revision')})"
+    if type_ == "human.directory.changed":
+        entry = f"{data.get('kind')}:{data.get('entry_id')}"
+        return entry, f"{entry} {data.get('action')} (revision {data.get('revision')})"
+    if type_ == "run.cancel_requested":
+        return run_id, f"cancel of run {run_id} requested: {_str(data, 'reason')}"
+    if type_ == "human.rejected":
+        return _str(data, "recipient"), f"request to {data.get('recipient')} refused: {reason}"
+    if type_ == "agent.ask_undeliverable":
+        return _str(data, "request_id"), f"ask to {data.get('to')} undeliverable: {reason}"
+    if type_ == "agent.reply_undeliverable":
+        return _str(data, "request_id"), f"reply to {data.get('request_id')} undeliverable: {reason}"
+    if type_ == "agent.registered":
+        agent = _str(data, "agent_id")
+        return agent, f"agent {agent} registered (protocol {data.get('protocol_version')})"
+    if type_ == "agent.registration_refused":
+        agent = _str(data, "agent_id")
+        return agent, f"registration of agent {agent} refused: {reason}"
+    if type_ == "agent.lifecycle_changed":
+        agent = _str(data, "agent_id")
+        return agent, f"agent {agent} {reason}: {data.get('from_state')} -> {data.get('to_state')}"
+    if type_ == "bus.dead_lettered":
+        return _str(
+            data, "consumer"
+        ), f"{data.get('original_type') or 'a message'} dead-lettered by {data.get('consumer')}"
+    return run_id, type_

@@ -1,0 +1,278 @@
+"""The console's way to the trigger admin API: an allow-listed proxy ``/gateway/triggers...`` -> the
+trigger-gateway's ``/triggers...`` (UI-2, issue 9; the console's CSP allows ``connect-src 'self'`` only).
+
+==================================================  ==========================  =====================
+``/gateway/triggers``                               ``GET``, ``POST``           list, create
+``/gateway/triggers/preview``                       ``POST``                    a draft + a sample delivery
+``/gateway/triggers/{id}``                          ``GET``, ``PUT``, ``DELETE``  read (ETag), replace, delete
+``/gateway/triggers/{id}/enable`` / ``/disable``    ``POST``                    switch
+``/gateway/triggers/{id}/deliveries``               ``GET``                     ``cursor``, ``limit`` only
+``/gateway/triggers/{id}/deliveries/{d}/redrive``   ``POST``                    re-run a delivery
+==================================================  ==========================  =====================
+
+Anything else under ``/gateway/`` -- another path, an id the gateway's own patterns refuse
+(``^[a-z0-9][a-z0-9-]{0,62}$`` for trigger ids, ``^dlv-[0-9a-f]{24}$`` for delivery ids), a path with any
+percent-escape (no valid one needs it: no ``..`` or ``%2F`` reaches the gateway) -- is a 404
+``gateway_route_not_found`` from the journal; another method on an allow-listed path is a 405 (``Allow``).
+Neither is forwarded. The upstream URL is built from the validated ids, never from the request's path.
+
+The journal admits any valid API token (401 without one: anonymous requests never reach the gateway) and
+checks no role: the caller's ``Authorization`` goes to the gateway (the same role tokens:
+``TEMPORALITY_API_TOKENS_FILE``), whose status and body come back as they are (its 401, 403, 409, 412, 422
+and 428 included). Request headers passed on: ``Authorization``, ``If-Match``, ``Content-Type``,
+``Accept``; response headers returned: ``Content-Type``, ``ETag``, ``Location`` (``/triggers/x`` becomes
+``/gateway/triggers/x``), ``Retry-After``, ``WWW-Authenticate``. Nothing else either way.
+
+Limits and errors (``{"error", "detail"}``): a body over ``TEMPORALITY_JOURNAL_MAX_BODY_BYTES`` is a 413;
+``TEMPORALITY_JOURNAL_GATEWAY_URL`` unset is a 503 ``gateway_not_configured``; the gateway unreachable or
+silent for :data:`TIMEOUT_S` is a 502 ``gateway_unreachable``, an answer over :data:`MAX_ANSWER_BYTES` a
+502 ``gateway_answer_too_large``. Each forwarded request is logged with its method, route template,
+status and duration -- never a header or a body.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import httpx
+import structlog
+from fastapi import APIRouter, Header, Path, Query, Request
+from starlette.responses import Response
+
+from temporality_journal.settings import Settings
+from temporality_service import ApiError, AsViewer, ErrorBody, NotFound, Unavailable, read_body
+
+__all__ = ["MAX_ANSWER_BYTES", "TIMEOUT_S", "gateway_client", "gateway_router"]
+
+log = structlog.get_logger(__name__)
+
+#: httpx's timeout of each phase of a forwarded request (connect, write, every read, pool), in seconds.
+TIMEOUT_S = 10.0
+#: A gateway answer larger than this is not passed on (502): a page of triggers is far smaller.
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+#: The gateway's own id patterns (``temporality_trigger_gateway.admin``).
+TRIGGER_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+DELIVERY_ID = re.compile(r"^dlv-[0-9a-f]{24}$")
+PASSED_REQUEST_HEADERS = ("authorization", "if-match", "content-type", "accept")
+PASSED = frozenset(PASSED_REQUEST_HEADERS)
+PASSED_RESPONSE_HEADERS = ("content-type", "etag", "retry-after", "www-authenticate")
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+_ID_PART = r"[a-z0-9][a-z0-9-]{0,62}"
+#: The allow-list's path shapes (under ``/gateway/``) and their methods: another method on one is a 405.
+SHAPES: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
+    (re.compile(r"triggers"), ("GET", "POST")),
+    (re.compile(r"triggers/preview"), ("GET", "POST", "PUT", "DELETE")),  # also a trigger id
+    (re.compile(rf"triggers/{_ID_PART}"), ("GET", "PUT", "DELETE")),
+    (re.compile(rf"triggers/{_ID_PART}/(enable|disable)"), ("POST",)),
+    (re.compile(rf"triggers/{_ID_PART}/deliveries"), ("GET",)),
+    (re.compile(rf"triggers/{_ID_PART}/deliveries/[^/]+/redrive"), ("POST",)),
+)
+TAG = "gateway proxy"
+#: What every proxied route says in OpenAPI.
+PROXIED = (
+    "Proxied to the trigger-gateway's admin API (TEMPORALITY_JOURNAL_GATEWAY_URL): the journal admits any "
+    "valid API token (401 otherwise), the gateway checks its role and answers; its status, body and ETag come back unchanged. 502 gateway_unreachable, 503 "
+    "gateway_not_configured. See docs/journal.md."
+)
+_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (401, 403, 404, 409, 412, 413, 422, 428, 502, 503)
+}
+
+
+#: Module-level (``from __future__ import annotations``: FastAPI resolves them in the module's namespace).
+TriggerId = Annotated[str, Path(description="A trigger id (^[a-z0-9][a-z0-9-]{0,62}$; else 404)")]
+DeliveryId = Annotated[str, Path(description="A delivery id (^dlv-[0-9a-f]{24}$; else 404)")]
+Auth = Annotated[str | None, Header(description="Bearer <API token>, passed to the gateway")]
+IfMatch = Annotated[str | None, Header(alias="If-Match", description="The trigger's ETag, passed on")]
+
+
+class MethodNotAllowed(ApiError):
+    status = 405
+    code = "method_not_allowed"
+
+
+class GatewayUnreachable(ApiError):
+    status = 502
+    code = "gateway_unreachable"
+
+
+class GatewayAnswerTooLarge(ApiError):
+    status = 502
+    code = "gateway_answer_too_large"
+
+
+def gateway_client(settings: Settings) -> httpx.AsyncClient | None:
+    """The one client every proxied request shares (enter it as a resource), or None when no URL is set."""
+    if settings.gateway_url is None:
+        return None
+    return httpx.AsyncClient(base_url=str(settings.gateway_url), timeout=TIMEOUT_S, follow_redirects=False)
+
+
+def _no_route() -> NotFound:
+    return NotFound("no such route under /gateway/ (see docs/journal.md)", code="gateway_route_not_found")
+
+
+def _trigger(trigger_id: str) -> str:
+    if not TRIGGER_ID.match(trigger_id):
+        raise _no_route()
+    return trigger_id
+
+
+def gateway_router(settings: Settings, client: httpx.AsyncClient | None) -> APIRouter:
+    """The ``/gateway/triggers...`` routes forwarding through ``client`` (None: every one is a 503)."""
+    router = APIRouter(tags=[TAG], responses=_ERRORS)
+
+    async def forward(
+        request: Request,
+        method: str,
+        route: str,
+        upstream: str,
+        *,
+        body: bool = False,
+        params: Mapping[str, str] | None = None,
+    ) -> Response:
+        raw_path = request.scope.get("raw_path") or request.url.path.encode()
+        if b"%" in raw_path.split(b"?", 1)[0]:  # no id needs escaping: %2F and %2E%2E tricks end here
+            raise _no_route()
+        if client is None:
+            raise Unavailable(
+                "the trigger API is not reachable from the journal: set TEMPORALITY_JOURNAL_GATEWAY_URL to the "
+                "trigger-gateway's URL",
+                code="gateway_not_configured",
+            )
+        content = await read_body(request, settings.max_body_bytes) if body else None
+        # The raw bytes as received (a value need not be ASCII: the gateway judges it, httpx must not choke).
+        headers = [(name, value) for name, value in request.scope["headers"] if name.decode("latin-1") in PASSED]
+        started = time.monotonic()
+        outgoing = client.build_request(method, upstream, params=params or None, headers=headers, content=content)
+        try:
+            answer = await client.send(outgoing, stream=True)
+        except httpx.HTTPError as exc:
+            log.warning("gateway.unreachable", method=method, route=route, error=type(exc).__name__)
+            raise GatewayUnreachable(
+                f"the trigger-gateway did not answer ({type(exc).__name__}); retry later"
+            ) from None
+        try:
+            received = bytearray()
+            async for chunk in answer.aiter_bytes():
+                received += chunk
+                if len(received) > MAX_ANSWER_BYTES:
+                    log.warning("gateway.answer_too_large", method=method, route=route, status=answer.status_code)
+                    raise GatewayAnswerTooLarge(f"the trigger-gateway's answer exceeds {MAX_ANSWER_BYTES} bytes")
+        except httpx.HTTPError as exc:
+            log.warning("gateway.unreachable", method=method, route=route, error=type(exc).__name__)
+            raise GatewayUnreachable(
+                f"the trigger-gateway broke off its answer ({type(exc).__name__}); retry later"
+            ) from None
+        finally:
+            await answer.aclose()
+        returned = {name: answer.headers[name] for name in PASSED_RESPONSE_HEADERS if name in answer.headers}
+        location = answer.headers.get("location")
+        if location is not None and location.startswith("/triggers"):
+            returned["location"] = f"/gateway{location}"
+        log.info(
+            "gateway.proxied",
+            method=method,
+            route=route,
+            status=answer.status_code,
+            duration_ms=round((time.monotonic() - started) * 1000, 1),
+        )
+        return Response(content=bytes(received), status_code=answer.status_code, headers=returned)
+
+    @router.get("/gateway/triggers", description=f"The stored triggers. {PROXIED}")
+    async def list_triggers(request: Request, who: AsViewer, authorization: Auth = None) -> Response:
+        return await forward(request, "GET", "/triggers", "/triggers")
+
+    @router.post("/gateway/triggers", description=f"Create a trigger (admin). {PROXIED}", openapi_extra=_BODY)
+    async def create_trigger(request: Request, who: AsViewer, authorization: Auth = None) -> Response:
+        return await forward(request, "POST", "/triggers", "/triggers", body=True)
+
+    @router.post(
+        "/gateway/triggers/preview",
+        description=f"What a draft trigger makes of a sample delivery; nothing is started. {PROXIED}",
+        openapi_extra=_BODY,
+    )
+    async def preview(request: Request, who: AsViewer, authorization: Auth = None) -> Response:
+        return await forward(request, "POST", "/triggers/preview", "/triggers/preview", body=True)
+
+    @router.get("/gateway/triggers/{trigger_id}", description=f"One trigger, with its ETag. {PROXIED}")
+    async def read_trigger(
+        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None
+    ) -> Response:
+        return await forward(request, "GET", "/triggers/{id}", f"/triggers/{_trigger(trigger_id)}")
+
+    @router.put(
+        "/gateway/triggers/{trigger_id}",
+        description=f"Replace a trigger (admin; If-Match required). {PROXIED}",
+        openapi_extra=_BODY,
+    )
+    async def replace_trigger(
+        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None, if_match: IfMatch = None
+    ) -> Response:
+        return await forward(request, "PUT", "/triggers/{id}", f"/triggers/{_trigger(trigger_id)}", body=True)
+
+    @router.delete("/gateway/triggers/{trigger_id}", description=f"Delete a trigger (admin). {PROXIED}")
+    async def delete_trigger(
+        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None, if_match: IfMatch = None
+    ) -> Response:
+        return await forward(request, "DELETE", "/triggers/{id}", f"/triggers/{_trigger(trigger_id)}")
+
+    @router.post("/gateway/triggers/{trigger_id}/enable", description=f"Enable a trigger (operator). {PROXIED}")
+    async def enable_trigger(
+        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None, if_match: IfMatch = None
+    ) -> Response:
+        return await forward(request, "POST", "/triggers/{id}/enable", f"/triggers/{_trigger(trigger_id)}/enable")
+
+    @router.post("/gateway/triggers/{trigger_id}/disable", description=f"Disable a trigger (operator). {PROXIED}")
+    async def disable_trigger(
+        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None, if_match: IfMatch = None
+    ) -> Response:
+        return await forward(request, "POST", "/triggers/{id}/disable", f"/triggers/{_trigger(trigger_id)}/disable")
+
+    @router.get(
+        "/gateway/triggers/{trigger_id}/deliveries",
+        description=f"A trigger's deliveries and their processing state, newest first. {PROXIED}",
+    )
+    async def list_deliveries(
+        request: Request,
+        trigger_id: TriggerId,
+        who: AsViewer,
+        authorization: Auth = None,
+        cursor: Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page")] = None,
+        limit: Annotated[int | None, Query(ge=1, le=100, description="At most this many (gateway: 50)")] = None,
+    ) -> Response:
+        params = {k: str(v) for k, v in (("cursor", cursor), ("limit", limit)) if v is not None}
+        upstream = f"/triggers/{_trigger(trigger_id)}/deliveries"
+        return await forward(request, "GET", "/triggers/{id}/deliveries", upstream, params=params)
+
+    @router.post(
+        "/gateway/triggers/{trigger_id}/deliveries/{delivery_id}/redrive",
+        description=f"Re-run a rejected or failed delivery (operator). {PROXIED}",
+    )
+    async def redrive(
+        request: Request,
+        trigger_id: TriggerId,
+        delivery_id: DeliveryId,
+        who: AsViewer,
+        authorization: Auth = None,
+    ) -> Response:
+        if not DELIVERY_ID.match(delivery_id):
+            raise _no_route()
+        upstream = f"/triggers/{_trigger(trigger_id)}/deliveries/{delivery_id}/redrive"
+        return await forward(request, "POST", "/triggers/{id}/deliveries/{d}/redrive", upstream)
+
+    @router.api_route("/gateway/{rest:path}", methods=ALL_METHODS, include_in_schema=False)
+    async def elsewhere(request: Request, rest: str) -> Response:
+        for shape, methods in SHAPES:
+            if shape.fullmatch(rest) and request.method not in methods:
+                raise MethodNotAllowed(
+                    f"{request.method} is not allowed here; {', '.join(methods)} are",
+                    headers={"Allow": ", ".join(methods)},
+                )
+        raise _no_route()
+
+    return router

@@ -1,0 +1,166 @@
+"""``GET /audit`` (issue 11, AP-11): the critical actions, who did them and when; never a secret."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from journal_support import ADMIN, OPERATOR
+
+from temporality_journal.audit import AUDIT_KINDS, REDACTED, redact
+from temporality_protocol import (
+    BusDeadLettered,
+    Envelope,
+    EventData,
+    HumanRejected,
+    RunCancelRequested,
+    RunStarted,
+    TriggerCreated,
+    TriggerDisabled,
+    derive_id,
+    make_event,
+)
+from temporality_protocol.events import AgentAskUndeliverable, HumanDirectoryChanged
+
+Journal = Any  # conftest.Journal
+T0 = datetime(2026, 5, 4, 12, 0, tzinfo=UTC)
+
+
+def _ev(data: EventData, at: int, *, actor: str | None = None, run_id: str | None = None) -> Any:
+    return make_event(
+        data,
+        source="/temporality/test",
+        id=derive_id("evt", "audit", data.EVENT_TYPE, str(at)),
+        run_id=run_id,
+        actor=actor,
+        time=T0 + timedelta(minutes=at),
+    )
+
+
+def _lifecycle(reason: str, at: int) -> Envelope:
+    """An external agent's lifecycle move (built as a plain envelope: the journal reads it as stored)."""
+    return Envelope(
+        id=derive_id("evt", "audit", "lifecycle", reason),
+        source="/temporality/agent-collab",
+        type="agent.lifecycle_changed",
+        time=T0 + timedelta(minutes=at),
+        actor="service:agent-collab",
+        data={"agent_id": "ext-1", "incarnation": 1, "seq": at, "from_state": "a", "to_state": "b", "reason": reason},
+    )
+
+
+def test_credential_like_values_are_redacted_and_flags_kept() -> None:
+    data = {"after": {"inbox_token": "s3cret", "inbox_token_set": True, "name": "Alice"}, "items": [{"Password": "x"}]}
+    assert redact(data) == {
+        "after": {"inbox_token": REDACTED, "inbox_token_set": True, "name": "Alice"},
+        "items": [{"Password": REDACTED}],
+    }
+
+
+async def test_audit_lists_the_critical_actions_with_who_and_when(journal: Journal) -> None:
+    events = [
+        _ev(
+            TriggerCreated(trigger_id="ado-pr", revision=1, changed_by="root", agent="reviewer"), 1, actor="token:root"
+        ),
+        _ev(
+            HumanDirectoryChanged(
+                kind="user",
+                entry_id="alice",
+                action="updated",
+                revision=7,
+                changed_by="root",
+                changed_fields=["inbox_token"],
+                after={"id": "alice", "inbox_token_set": True, "inbox_token": "leaked-by-a-bug"},
+            ),
+            2,
+            actor="token:root",
+        ),
+        _ev(RunCancelRequested(run_id="run-1", reason="PR closed", requested_by="oncall"), 3, run_id="run-1"),
+        _ev(
+            HumanRejected(
+                request_id="h1", run_id="run-1", recipient="user:eve", reason="recipient_not_allowed", detail="no"
+            ),
+            4,
+            run_id="run-1",
+        ),
+        _ev(  # not a permission refusal: not audited
+            HumanRejected(request_id="h2", run_id="run-1", recipient="user:bob", reason="no_channel", detail="none"),
+            5,
+            run_id="run-1",
+        ),
+        _ev(
+            AgentAskUndeliverable(
+                request_id="req-1", asker_run_id="run-1", to="agent:ghost", reason="unknown_addressee", detail="no one"
+            ),
+            6,
+            run_id="run-1",
+        ),
+        _ev(
+            BusDeadLettered(
+                consumer="journal",
+                stream="TEMPORALITY_EVENTS",
+                subject="temporality.events.x",
+                stream_seq=9,
+                deliveries=1,
+                error="bad",
+                dlq_subject="temporality.dlq.journal",
+            ),
+            7,
+        ),
+        _ev(RunStarted(run_id="run-1", agent="reviewer", role="r", title="t"), 8, run_id="run-1"),  # not audited
+        _ev(TriggerDisabled(trigger_id="ado-pr", revision=2, changed_by="file:triggers.yaml"), 9),
+        _lifecycle("heartbeat", 10),  # not audited: only a deregistration is
+        _lifecycle("deregistered", 11),
+    ]
+    await journal.recorder.record_batch([(e, i + 1) for i, e in enumerate(events)])
+    client = journal.client
+
+    viewer = await client.get("/audit")
+    assert viewer.status_code == 403
+    assert viewer.json()["error"] == "forbidden"
+
+    async def audit(**params: Any) -> list[tuple[str, str | None]]:
+        response = await client.get("/audit", params=params, headers=OPERATOR)
+        assert response.status_code == 200, response.text
+        return [(e["type"], e["actor"]) for e in response.json()["entries"]]
+
+    assert await audit() == [
+        ("agent.lifecycle_changed", "service:agent-collab"),
+        ("trigger.disabled", "file:triggers.yaml"),
+        ("bus.dead_lettered", None),
+        ("agent.ask_undeliverable", None),
+        ("human.rejected", None),
+        ("run.cancel_requested", "oncall"),
+        ("human.directory.changed", "root"),
+        ("trigger.created", "root"),
+    ]
+    body = (await client.get("/audit", params={"kind": "directory_change"}, headers=ADMIN)).json()
+    (entry,) = body["entries"]
+    assert entry["target"] == "user:alice"
+    assert entry["time"].startswith("2026-05-04T12:02")
+    assert entry["details"]["after"]["inbox_token"] == REDACTED
+    assert "leaked-by-a-bug" not in str(body)
+    assert await audit(actor="root") == [("human.directory.changed", "root"), ("trigger.created", "root")]
+    assert await audit(type="run.cancel_requested") == [("run.cancel_requested", "oncall")]
+    assert await audit(kind="trigger_change", since=(T0 + timedelta(minutes=2)).isoformat()) == [
+        ("trigger.disabled", "file:triggers.yaml")
+    ]
+    assert await audit(until=(T0 + timedelta(minutes=2)).isoformat()) == [("trigger.created", "root")]
+    page = (await client.get("/audit", params={"limit": 4}, headers=OPERATOR)).json()
+    assert len(page["entries"]) == 4
+    rest = await audit(limit=5, before=page["next_before"])
+    assert rest == [
+        ("human.rejected", None),
+        ("run.cancel_requested", "oncall"),
+        ("human.directory.changed", "root"),
+        ("trigger.created", "root"),
+    ]
+    body = (await client.get("/audit", params={"kind": "agent_registration"}, headers=OPERATOR)).json()
+    (deregistered,) = body["entries"]
+    assert deregistered["target"] == "ext-1"
+    assert deregistered["details"]["reason"] == "deregistered"
+    for params in ({"type": "run.started"}, {"kind": "gossip"}, {"before": "nope"}):
+        bad = await client.get("/audit", params=params, headers=OPERATOR)
+        assert bad.status_code == 422, params
+        assert next(iter(params)) in bad.json()["detail"]
+    assert set(AUDIT_KINDS) >= {"human.directory.changed", "trigger.created", "run.cancel_requested"}

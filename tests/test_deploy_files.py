@@ -42,6 +42,7 @@ CONFIG_FILES = {
     "triggers.yaml": ("trigger-gateway", "TEMPORALITY_GATEWAY_TRIGGERS_FILE"),
     "users.yaml": ("human-interaction", "TEMPORALITY_HUMAN_USERS_FILE"),
     "agents.yaml": ("run-executor", "TEMPORALITY_EXECUTOR_AGENTS_FILE"),
+    "external-agents.yaml": ("agent-collab", "TEMPORALITY_COLLAB_EXTERNAL_AGENTS_FILE"),
 }
 ENV_NAME = re.compile(r"\bTEMPORALITY_[A-Z0-9_]+\b")
 
@@ -825,8 +826,20 @@ def test_helm_nats_users_and_tls_come_from_secrets() -> None:
     assert not {e["name"] for e in plain["env"]} & {"TEMPORALITY_NATS_USER", "TEMPORALITY_NATS_TLS_CA_FILE"}
 
 
+def test_helm_stream_replicas_and_retention_reach_every_service() -> None:
+    """A clustered NATS: every service creates its streams and buckets with the same replicas and retention."""
+    cases = (({}, ("1", "0")), ({"nats": {"streamReplicas": 3, "eventsMaxAgeDays": 30}}, ("3", "30")))
+    for values, (replicas, max_age) in cases:
+        for name, deployment in _deployments(values).items():
+            (container,) = deployment["spec"]["template"]["spec"]["containers"]
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env["TEMPORALITY_NATS_STREAM_REPLICAS"] == replicas, name
+            assert env["TEMPORALITY_NATS_EVENTS_MAX_AGE_DAYS"] == max_age, name
+
+
 def test_chart_default_config_files_load_in_the_services(values: dict[str, Any], tmp_path: Path) -> None:
     """The ConfigMap's defaults are accepted by the loaders the services use at start-up."""
+    from temporality_agent_collab.external import load_allow_list
     from temporality_human_interaction.directory import Directory
     from temporality_run_executor.agents import load_agents
     from temporality_trigger_gateway.triggers import parse_triggers
@@ -837,3 +850,6 @@ def test_chart_default_config_files_load_in_the_services(values: dict[str, Any],
     agents = tmp_path / "agents.yaml"
     agents.write_text(config["agents.yaml"], encoding="utf-8")
     load_agents(agents)
+    external = tmp_path / "external-agents.yaml"
+    external.write_text(config["external-agents.yaml"], encoding="utf-8")
+    assert load_allow_list(external).agents == []  # nobody may register until the operator lists them

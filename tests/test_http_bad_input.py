@@ -129,7 +129,7 @@ def services(stack: Stack) -> list[Service]:
                 ("DELETE", "/triggers/", {"trigger_id": "does-not-exist"}),
             ),
             route_headers=(("PUT", "/triggers/", {"If-Match": "*"}),),
-            bodiless=("/enable", "/disable"),
+            bodiless=("/enable", "/disable", "/redrive"),
             body_limit=MiB,
             path_values={"trigger_id": "ado-pr-review"},  # config/triggers.yaml
             benign_body=b'{"eventType": "git.pullrequest.created"}',  # not the adapter's shape: 422, no run
@@ -143,6 +143,10 @@ def services(stack: Stack) -> list[Service]:
             other_auth=HOOK_AUTH,
             body_limit=64 * KiB,
             path_values={"request_id": "req-does-not-exist"},  # a well-shaped id: the body is parsed
+            route_auth=(("/directory", f"Bearer {API_TOKENS[2].token.get_secret_value()}"),),  # admin API
+            # the directory API works on ids nobody has: the sweep never changes or deletes the people it asks as
+            route_path_values=(("*", "/directory/", {"user_id": "sweep-nobody", "group_id": "sweep-nobody"}),),
+            route_headers=(("PUT", "/directory/", {"If-Match": "*"}),),
             benign_body=b'{"option_id": "keep-v1"}',
             raw_prefix=b"/requests/",
             body_route=b"/requests/req-does-not-exist/answer",
@@ -153,6 +157,13 @@ def services(stack: Stack) -> list[Service]:
             auth=f"Bearer {API_TOKENS[2].token.get_secret_value()}",  # admin: every journal route
             other_auth=ALICE["Authorization"],
             path_values={"run_id": "run-does-not-exist"},
+            # the proxied trigger admin API (/gateway/triggers...) works on the sweep's own trigger, as above
+            route_path_values=(
+                ("*", "/gateway/triggers/", {"trigger_id": SWEEP_TRIGGER, "delivery_id": "dlv-" + "0" * 24}),
+                ("DELETE", "/gateway/triggers/", {"trigger_id": "does-not-exist"}),
+            ),
+            route_headers=(("PUT", "/gateway/triggers/", {"If-Match": "*"}),),
+            bodiless=("/enable", "/disable", "/redrive"),
             raw_prefix=b"/runs/",
         ),
     ]

@@ -17,8 +17,8 @@ from pydantic import SecretStr
 from temporality_bus import Bus, NatsSettings
 from temporality_embedded import NatsServer, Stack
 from temporality_protocol import TriggerReceived, encode, make_event
-from temporality_protocol.catalog import EVENTS_STREAM, SERVICES, subject_for
-from temporality_protocol.permissions import permissions_for
+from temporality_protocol.catalog import EVENTS_STREAM, RPCS, SERVICES, subject_for
+from temporality_protocol.permissions import external_agent_permissions, permissions_for
 
 PASSWORDS = {name: f"{name}-password" for name in SERVICES}
 
@@ -42,6 +42,7 @@ def secured(tmp_path: Path) -> Any:
         tmp_path / "nats",
         users={
             **{name: (PASSWORDS[name], permissions_for(name)) for name in SERVICES},
+            "example-agent": ("agent-password", external_agent_permissions()),
             "admin": ("admin-password", None),
         },
     )
@@ -84,6 +85,49 @@ async def test_the_server_refuses_a_publish_outside_the_services_permissions(sec
         await gateway.close()
     with pytest.raises(nats.errors.Error):
         await nats.connect(secured.url, user="trigger-gateway", password="wrong", allow_reconnect=False)
+
+
+def test_an_external_agent_may_only_call_the_agent_protocol() -> None:
+    permissions = external_agent_permissions()
+    external = {spec.subject for spec in RPCS.values() if spec.external}
+    assert external, "the Agent Protocol's subjects are marked external in the catalogue"
+    assert set(permissions.publish) == external
+    assert permissions.subscribe == ("_INBOX.>",)
+    assert not permissions.allow_responses
+
+
+async def test_the_server_lets_an_external_agent_register_and_nothing_else(secured: NatsServer) -> None:
+    register = next(spec.subject for spec in RPCS.values() if spec.external and spec.name.endswith("register"))
+    admin = await nats.connect(secured.url, user="admin", password="admin-password")
+    violations: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        violations.append(str(exc))
+
+    async def answer(msg: Any) -> None:  # stands in for agent-collab: the request got through
+        await msg.respond(b'{"accepted": true}')
+
+    await admin.subscribe(register, cb=answer)
+    await admin.flush()
+    agent = await nats.connect(secured.url, user="example-agent", password="agent-password", error_cb=on_error)
+    try:
+        reply = await agent.request(register, b"{}", timeout=5)
+        assert reply.data == b'{"accepted": true}'
+        await agent.publish(subject_for("agent.registered"), b"{}")  # forging an event: refused
+        await agent.publish("$JS.API.STREAM.NAMES", b"")  # the JetStream API: refused
+        await agent.flush()
+        await eventually(
+            lambda: asyncio.sleep(
+                0, violations if len([v for v in violations if "permissions violation" in v]) >= 2 else None
+            ),
+            timeout_s=10,
+            what="the server refusing both publishes",
+        )
+        assert any("agent.registered" in v for v in violations), violations
+        assert any("$js.api" in v.lower() for v in violations), violations
+    finally:
+        await agent.close()
+        await admin.close()
 
 
 async def _every_event(stack: Stack) -> bytes:

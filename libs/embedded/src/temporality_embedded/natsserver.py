@@ -4,6 +4,10 @@ Readiness is the ports file the server writes once it listens with JetStream up 
 never a sleep. With ``users`` the server requires authentication: it is started with a config file
 (``nats.conf``, mode 0600, in the store dir) listing each user, its password and its permissions
 (``None``: everything, for an operator's or a test's own connection).
+
+With ``cluster`` the server is one node of a JetStream cluster (its route port and every node's route);
+:class:`LocalCluster` starts such a cluster of three on this machine, for tests and for trying a
+clustered deployment locally.
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ import signal
 import subprocess
 import sysconfig
 import time
-from collections.abc import Mapping
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from temporality_embedded.processes import free_port
 from temporality_protocol.permissions import Permissions
 
-__all__ = ["NatsServer", "NatsUser", "nats_server_binary"]
+__all__ = ["ClusterNode", "LocalCluster", "NatsServer", "NatsUser", "nats_server_binary"]
 
 #: A user of the server: (password, permissions or ``None`` for full access).
 NatsUser = tuple[str, Permissions | None]
@@ -35,6 +43,17 @@ def nats_server_binary() -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class ClusterNode:
+    """This server's place in a cluster: the cluster's name, its own unique name, the port it accepts
+    routes on and the route URL of every node (its own included: the server skips itself)."""
+
+    cluster: str
+    name: str
+    route_port: int
+    routes: tuple[str, ...]
+
+
 class NatsServer:
     def __init__(
         self,
@@ -45,8 +64,10 @@ class NatsServer:
         users: Mapping[str, NatsUser] | None = None,
         tls: tuple[Path, Path] | None = None,
         tls_verify_ca: Path | None = None,
+        cluster: ClusterNode | None = None,
     ) -> None:
         self.store_dir = store_dir
+        self.cluster = cluster
         #: (certificate, key): the server speaks TLS only; with ``tls_verify_ca`` clients need a certificate
         #: signed by that CA (mutual TLS).
         self.tls = tls
@@ -56,6 +77,7 @@ class NatsServer:
         self.log_file = log_file or store_dir / "nats-server.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
+        self.monitoring_url = ""
 
     def start(self, timeout: float = 10.0) -> str:
         self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -73,6 +95,14 @@ class NatsServer:
             "--ports_file_dir", str(ports_dir),
             "-l", str(self.log_file),
         ]  # fmt: skip
+        if self.cluster is not None:
+            cmd += [
+                "--name", self.cluster.name,
+                "--cluster_name", self.cluster.cluster,
+                "--cluster", f"nats://127.0.0.1:{self.cluster.route_port}",
+                "--routes", ",".join(self.cluster.routes),
+                "-m", "-1",  # the monitoring port: /healthz says when JetStream has its meta leader
+            ]  # fmt: skip
         if self.users:
             cmd += ["-c", str(self._write_config())]
         if self.tls is not None:
@@ -91,6 +121,7 @@ class NatsServer:
                     ports = None
                 if ports and ports.get("nats"):
                     self.url = str(ports["nats"][0])
+                    self.monitoring_url = str((ports.get("monitoring") or [""])[0])
                     return self.url
             if self.proc.poll() is not None:
                 raise RuntimeError(f"nats-server exited with {self.proc.returncode}; see {self.log_file}")
@@ -131,3 +162,71 @@ class NatsServer:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+class LocalCluster:
+    """``size`` nats-servers on 127.0.0.1 forming one JetStream cluster, each with its own store under ``root``.
+
+    :meth:`start` returns once every node answers ``/healthz`` (JetStream up, a meta leader elected);
+    :attr:`url` lists every node's client URL (comma-separated, as ``TEMPORALITY_NATS_URL`` takes it).
+    :meth:`kill` is ``kill -9`` of one node; :meth:`restart` brings it back on the same ports and store,
+    and it catches up with the others.
+    """
+
+    def __init__(self, root: Path, *, size: int = 3, name: str = "temporality") -> None:
+        route_ports = [free_port() for _ in range(size)]
+        routes = tuple(f"nats://127.0.0.1:{port}" for port in route_ports)
+        self.nodes = [
+            NatsServer(root / f"node-{index}", cluster=ClusterNode(name, f"node-{index}", route_port, routes))
+            for index, route_port in enumerate(route_ports, start=1)
+        ]
+
+    @property
+    def url(self) -> str:
+        return ",".join(node.url for node in self.nodes)
+
+    def start(self, timeout: float = 60.0) -> str:
+        try:
+            for node in self.nodes:
+                node.start(timeout)
+            self.wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def wait_healthy(self, timeout: float = 60.0, nodes: Sequence[NatsServer] | None = None) -> None:
+        """Every node (of ``nodes``) answers ``/healthz`` with 200: JetStream is up and current."""
+        deadline = time.monotonic() + timeout
+        waiting = list(self.nodes if nodes is None else nodes)
+        last = ""
+        while waiting:
+            node = waiting[0]
+            try:
+                with urllib.request.urlopen(f"{node.monitoring_url}/healthz", timeout=2) as response:
+                    if response.status == 200:
+                        waiting.pop(0)
+                        continue
+            except (urllib.error.URLError, OSError) as exc:
+                last = f"{node.cluster.name if node.cluster else node.url}: {exc}"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the NATS cluster is not healthy after {timeout}s ({last})")
+            time.sleep(0.1)
+
+    def kill(self, index: int) -> NatsServer:
+        """``kill -9`` node ``index`` (0-based)."""
+        node = self.nodes[index]
+        node.kill()
+        return node
+
+    def restart(self, index: int, timeout: float = 60.0) -> NatsServer:
+        """Start node ``index`` again on the client port it had, with its store; waits until it is healthy."""
+        node = self.nodes[index]
+        node.requested_port = node.port
+        node.start(timeout)
+        self.wait_healthy(timeout, [node])
+        return node
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

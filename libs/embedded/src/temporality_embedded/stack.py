@@ -39,6 +39,7 @@ _CONFIG_FILES: dict[str, tuple[str, str]] = {
     "trigger-gateway": ("TRIGGERS_FILE", "triggers.yaml"),
     "human-interaction": ("USERS_FILE", "users.yaml"),
     "run-executor": ("AGENTS_FILE", "agents.yaml"),
+    "agent-collab": ("EXTERNAL_AGENTS_FILE", "external-agents.yaml"),
 }
 #: HTTP service -> the :class:`StackConfig` field holding its port (``temporality up --<flag>-port``).
 _PORT_FIELDS: dict[str, str] = {
@@ -73,6 +74,9 @@ class StackConfig:
     human_port: int = 8081
     journal_port: int = 8082
     nats_port: int = -1  # -1: a random free port
+    #: Connect the services to this NATS (a cluster: its nodes' URLs, comma-separated) instead of starting
+    #: the embedded nats-server; the caller runs it (and :attr:`nats_auth` does not apply).
+    nats_url: str | None = None
     database_url: str | None = None  # default: SQLite under data_dir
     log_format: str = "console"
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -112,6 +116,8 @@ class Stack:
         self.config = config
         self.data_dir = config.data_dir.resolve()
         self._nats_passwords: dict[str, str] = {}
+        if config.nats_url is not None and config.nats_auth:
+            raise ValueError("nats_auth configures the embedded nats-server; it cannot apply to nats_url")
         users: dict[str, NatsUser] = {}
         if config.nats_auth:
             self._nats_passwords = {name: secrets.token_urlsafe(24) for name in [*SERVICES, NATS_ADMIN]}
@@ -126,6 +132,11 @@ class Stack:
             raise ValueError(f"replicas: unknown services {unknown} or a count below 1 in {dict(config.replicas)}")
         self.api_tokens_file = (config.api_tokens_file or self.data_dir / "api-tokens.json").resolve()
         self.api_tokens: list[ApiToken] = []
+
+    @property
+    def nats_url(self) -> str:
+        """What the services connect to: :attr:`StackConfig.nats_url`, else the embedded server's URL."""
+        return self.config.nats_url if self.config.nats_url is not None else self.nats.url
 
     @property
     def nats_admin(self) -> tuple[str, str] | None:
@@ -182,7 +193,7 @@ class Stack:
     def env_for(self, name: str, replica: int = 0) -> dict[str, str]:
         spec = SERVICES[name]
         env = {
-            "TEMPORALITY_NATS_URL": self.nats.url,
+            "TEMPORALITY_NATS_URL": self.nats_url,
             "TEMPORALITY_LOG_FORMAT": self.config.log_format,
             "TEMPORALITY_API_TOKENS_FILE": str(self.api_tokens_file),
         }
@@ -197,12 +208,14 @@ class Stack:
             env[f"{spec.env_prefix}{setting}"] = str(self.config.config_dir.resolve() / file)
         if name == "journal":
             env["TEMPORALITY_DATABASE_URL"] = self.database_url
+            env["TEMPORALITY_JOURNAL_GATEWAY_URL"] = self.gateway_url  # the console's trigger wizard
         return env | dict(self.config.extra_env)
 
     def start(self, timeout: float = 60.0) -> None:
         """Raises ``TokenFileError`` for an invalid tokens file, ``RuntimeError``/``TimeoutError`` otherwise."""
         self.api_tokens = ensure_tokens_file(self.api_tokens_file)
-        self.nats.start()
+        if self.config.nats_url is None:
+            self.nats.start()
         try:
             for name in SERVICES:
                 self.replicas[name] = []

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
@@ -16,9 +17,17 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
-from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NoStreamResponseError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    BucketNotFoundError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from temporality_bus.errors import PermanentError, TransientError
 from temporality_bus.settings import NatsSettings
@@ -32,6 +41,9 @@ log = structlog.get_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
 #: How long a JetStream publish (or API call) waits for the server's acknowledgement.
 JS_TIMEOUT_S = 10.0
+#: How long ``ensure`` keeps retrying a layout step the cluster cannot answer yet (timeouts, 503).
+LAYOUT_RETRY_S = 60.0
+_LAYOUT_TRANSIENT = (nats.errors.TimeoutError, TimeoutError, ServiceUnavailableError)
 _NO_RESPONDERS = "503"  # the status header of a publish no stream took
 
 
@@ -105,11 +117,30 @@ class Bus:
 
     # ------------------------------------------------------------------ layout
     async def ensure(self, streams: Iterable[StreamSpec] = (), buckets: Iterable[BucketSpec] = ()) -> None:
-        """Create or update streams and KV buckets; safe to call from every process at every start."""
+        """Create or update streams and KV buckets; safe to call from every process at every start.
+
+        On a JetStream cluster the API can time out or answer 503 for a while (a stream being created
+        by another service still electing its leader, the meta leader changing): each step is retried
+        with backoff for up to :data:`LAYOUT_RETRY_S` before the start fails."""
         for spec in streams:
-            await self.ensure_stream(spec)
+            await self._layout_step(f"stream {spec.name}", functools.partial(self.ensure_stream, spec))
         for bucket in buckets:
-            await self.ensure_bucket(bucket)
+            await self._layout_step(f"bucket {bucket.name}", functools.partial(self.ensure_bucket, bucket))
+
+    async def _layout_step(self, what: str, step: Callable[[], Awaitable[object]]) -> None:
+        def _log(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            log.warning("layout.retrying", step=what, attempt=state.attempt_number, error=repr(error))
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(_LAYOUT_TRANSIENT),
+            stop=stop_after_delay(LAYOUT_RETRY_S),
+            wait=wait_exponential_jitter(initial=0.25, max=5),
+            before_sleep=_log,
+            reraise=True,
+        ):
+            with attempt:
+                await step()
 
     async def ensure_stream(self, spec: StreamSpec) -> None:
         max_age_s = spec.max_age_s
@@ -129,10 +160,13 @@ class Bus:
         try:
             await self.js.stream_info(spec.name)
         except NotFoundError:
-            await self.js.add_stream(config)
-            log.info("stream.created", stream=spec.name)
-        else:
-            await self.js.update_stream(config)
+            try:
+                await self.js.add_stream(config)
+                log.info("stream.created", stream=spec.name)
+                return
+            except BadRequestError:  # another process created it between our two calls
+                pass
+        await self.js.update_stream(config)
 
     async def ensure_bucket(self, spec: BucketSpec) -> KeyValue:
         try:

@@ -135,7 +135,7 @@ class Bus:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(_LAYOUT_TRANSIENT),
             stop=stop_after_delay(LAYOUT_RETRY_S),
-            wait=wait_exponential_jitter(initial=0.25, max=5),
+            wait=wait_exponential_jitter(multiplier=0.25, max=5, jitter=0.25),
             before_sleep=_log,
             reraise=True,
         ):

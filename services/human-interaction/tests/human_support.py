@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -23,6 +24,7 @@ from temporality_protocol import (
     new_id,
 )
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS, EVENTS_STREAM, TIMERS_STREAM, subject_for
+from temporality_testing.telegram_emulator import TelegramUser
 
 USERS_FILE = Path(__file__).resolve().parents[3] / "config" / "users.yaml"
 ALICE = {"Authorization": "Bearer alice-demo-token"}
@@ -175,3 +177,35 @@ async def running(*consumers: Consumer) -> AsyncIterator[None]:
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+
+#: People on Telegram in the group and timeout-chain tests (alice answers in the web inbox).
+BOB_TELEGRAM = TelegramUser(1002, "Bob")
+DAVE_TELEGRAM = TelegramUser(1004, "Dave")
+
+
+def people(groups: dict[str, Any]) -> dict[str, Any]:
+    """A directory mapping with alice (web), bob (Telegram, then web) and dave (Telegram), and ``groups``."""
+    return {
+        "users": {
+            "alice": {
+                "display_name": "Alice Example",
+                "inbox_token": "alice-demo-token",
+                "preferred": "web",
+                "channels": {"web": {}},
+            },
+            "bob": {
+                "display_name": "Bob Example",
+                "inbox_token": "bob-demo-token",
+                "preferred": "telegram",
+                "fallback": ["web"],
+                "channels": {"telegram": {"chat_id": BOB_TELEGRAM.id}, "web": {}},
+            },
+            "dave": {
+                "display_name": "Dave Example",
+                "preferred": "telegram",
+                "channels": {"telegram": {"chat_id": DAVE_TELEGRAM.id}},
+            },
+        },
+        "groups": groups,
+    }

@@ -16,7 +16,17 @@ from typing import Any
 
 import pytest
 from directory_support import Replica, replica
-from human_support import events_of, exactly, requested, running, stored, wait_for_record
+from human_support import (
+    BOB_TELEGRAM,
+    DAVE_TELEGRAM,
+    events_of,
+    exactly,
+    people,
+    requested,
+    running,
+    stored,
+    wait_for_record,
+)
 from pydantic import ValidationError
 
 from temporality_bus import Bus, Consumer
@@ -41,36 +51,13 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import CONSUMERS
 from temporality_protocol.events import Escalate, Renotify
-from temporality_testing.telegram_emulator import BOT_ID, TelegramEmulator, TelegramUser
+from temporality_testing.telegram_emulator import BOT_ID, TelegramEmulator
 
-BOB = TelegramUser(1002, "Bob")
-DAVE = TelegramUser(1004, "Dave")
+BOB, DAVE = BOB_TELEGRAM, DAVE_TELEGRAM
 ALICE_WEB = {"Authorization": "Bearer alice-demo-token"}
 BOB_WEB = {"Authorization": "Bearer bob-demo-token"}
 
-USERS: dict[str, Any] = {
-    "users": {
-        "alice": {
-            "display_name": "Alice Example",
-            "inbox_token": "alice-demo-token",
-            "preferred": "web",
-            "channels": {"web": {}},
-        },
-        "bob": {
-            "display_name": "Bob Example",
-            "inbox_token": "bob-demo-token",
-            "preferred": "telegram",
-            "fallback": ["web"],
-            "channels": {"telegram": {"chat_id": BOB.id}, "web": {}},
-        },
-        "dave": {
-            "display_name": "Dave Example",
-            "preferred": "telegram",
-            "channels": {"telegram": {"chat_id": DAVE.id}},
-        },
-    },
-    "groups": {"reviewers": {"display_name": "Reviewers", "members": ["bob", "dave"]}},
-}
+USERS: dict[str, Any] = people({"reviewers": {"display_name": "Reviewers", "members": ["bob", "dave"]}})
 
 
 @dataclass

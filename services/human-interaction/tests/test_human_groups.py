@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from directory_support import ADMIN, replica
-from human_support import exactly, requested, stored
+from human_support import BOB_TELEGRAM, DAVE_TELEGRAM, exactly, people, requested, stored
 
 from temporality_bus import Bus, PermanentError
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
@@ -29,35 +29,12 @@ from temporality_protocol import (
     make_event,
     new_id,
 )
-from temporality_testing.telegram_emulator import TelegramEmulator, TelegramUser
+from temporality_testing.telegram_emulator import TelegramEmulator
 
-BOB = TelegramUser(1002, "Bob")
-DAVE = TelegramUser(1004, "Dave")
+BOB, DAVE = BOB_TELEGRAM, DAVE_TELEGRAM
 GROUP = "group:api-owners"
 
-USERS: dict[str, Any] = {
-    "users": {
-        "alice": {
-            "display_name": "Alice Example",
-            "inbox_token": "alice-demo-token",
-            "preferred": "web",
-            "channels": {"web": {}},
-        },
-        "bob": {
-            "display_name": "Bob Example",
-            "inbox_token": "bob-demo-token",
-            "preferred": "telegram",
-            "fallback": ["web"],
-            "channels": {"telegram": {"chat_id": BOB.id}, "web": {}},
-        },
-        "dave": {
-            "display_name": "Dave Example",
-            "preferred": "telegram",
-            "channels": {"telegram": {"chat_id": DAVE.id}},
-        },
-    },
-    "groups": {"api-owners": {"display_name": "API owners", "members": ["alice", "bob"]}},
-}
+USERS: dict[str, Any] = people({"api-owners": {"display_name": "API owners", "members": ["alice", "bob"]}})
 ALICE_WEB = {"Authorization": "Bearer alice-demo-token"}
 BOB_WEB = {"Authorization": "Bearer bob-demo-token"}
 

@@ -18,6 +18,7 @@ from temporality_protocol.catalog import (
     ALL_STREAMS,
     CONSUMERS,
     EVENTS_STREAM,
+    RPC_AGENTS_CONFORMANCE,
     RPC_AGENTS_DEREGISTER,
     RPC_AGENTS_HEARTBEAT,
     RPC_AGENTS_LIST,
@@ -40,6 +41,8 @@ from temporality_protocol.events import (
     AgentRefusal,
     AgentsReply,
     CollaboratorsReply,
+    ConformanceReply,
+    ConformanceResult,
     DeregistrationReply,
     HeartbeatAck,
     RegistrationReply,
@@ -103,8 +106,10 @@ def test_receives_is_what_the_consumers_filter() -> None:
         "agent.ask_undeliverable",
         "agent.reply_undeliverable",
     }
-    # its timer consumer is internal; run endings cancel the run's pending requests; notifications go out
+    # its timer consumer is internal; run endings cancel the run's pending requests; notifications go out;
+    # run.requested feeds its own projection of each run's policy (SEC-1)
     assert set(SERVICES["human-interaction"].receives) == {
+        "run.requested",
         "human.requested",
         "human.notify_requested",
         "run.completed",
@@ -191,6 +196,7 @@ def test_every_rpc_subject_has_one_row_and_its_responder_answers_it() -> None:
         "temporality.rpc.agents.heartbeat",
         "temporality.rpc.agents.deregister",
         "temporality.rpc.agents.list",
+        "temporality.rpc.agents.conformance",
     }
 
 
@@ -286,6 +292,13 @@ _BODIES: dict[str, tuple[dict[str, Any], BaseModel]] = {
         DeregistrationReply(agent_id="triage-bot", outcome="decommissioned", state=AgentLifecycleState.DECOMMISSIONED),
     ),
     RPC_AGENTS_LIST: ({"protocol_versions": ["1.0"]}, AgentsReply(protocol_version="1.0")),
+    RPC_AGENTS_CONFORMANCE: (
+        {"agent_id": "triage-bot", "protocol_version": "1.0", "round": 1, "answers": [{"probe_id": "prb-1", "answer": "x"}]},
+        ConformanceReply(
+            agent_id="triage-bot", accepted=True, round=1,
+            results=[ConformanceResult(capability="echo", verified=True, outcome="verified")],
+        ),
+    ),
     RPC_GET_COLLABORATORS: ({"run_id": "run-1"}, CollaboratorsReply(run_id="run-1", error="unknown run 'run-1'")),
 }  # fmt: skip
 

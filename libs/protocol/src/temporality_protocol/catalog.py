@@ -19,6 +19,8 @@ from temporality_protocol.events import (
     AgentsReply,
     CollaboratorsQuery,
     CollaboratorsReply,
+    ConformanceAnswers,
+    ConformanceReply,
     Deregistration,
     DeregistrationReply,
     Heartbeat,
@@ -31,6 +33,8 @@ __all__ = [
     "ALL_EVENTS_SUBJECT",
     "ALL_STREAMS",
     "BUCKET_AGENTS",
+    "BUCKET_AGENT_NONCES",
+    "BUCKET_CANCEL_MARKERS",
     "BUCKET_CHECKPOINTS",
     "BUCKET_COLLAB",
     "BUCKET_CONCURRENCY",
@@ -48,6 +52,7 @@ __all__ = [
     "EVENTS_PREFIX",
     "EVENTS_STREAM",
     "RPCS",
+    "RPC_AGENTS_CONFORMANCE",
     "RPC_AGENTS_DEREGISTER",
     "RPC_AGENTS_HEARTBEAT",
     "RPC_AGENTS_LIST",
@@ -56,11 +61,13 @@ __all__ = [
     "RPC_PREFIX",
     "RPC_SUBJECTS",
     "SERVICES",
+    "SUBSCRIBER_PREFIX",
     "TIMERS_STREAM",
     "TIMER_FIRED_HUMAN",
     "TIMER_FIRED_PREFIX",
     "TIMER_FIRED_RUN_WATCHDOG",
     "TIMER_NS_AGENT_ASK",
+    "TIMER_NS_AGENT_CONFORMANCE",
     "TIMER_NS_AGENT_HEARTBEAT",
     "TIMER_NS_HUMAN",
     "TIMER_NS_RUN_WATCHDOG",
@@ -87,6 +94,9 @@ DAY = 24 * 3600
 EVENTS_PREFIX = "temporality.events"
 #: Dead letters: ``temporality.dlq.<consumer>``.
 DLQ_PREFIX = "temporality.dlq"
+#: Durable consumers of journal subscribers outside the services (DC-6) are named ``sub-<name>...``; no
+#: service consumer may be (``temporality_protocol.permissions.journal_subscriber_permissions``).
+SUBSCRIBER_PREFIX = "sub-"
 #: Timer schedules live on ``temporality.timers.schedule.<namespace>.<key>`` and fire onto
 #: ``temporality.timers.fired.<namespace>.<key>`` (one namespace per purpose: ``human``,
 #: ``run-watchdog``, later ``agent-ask``, ``renotify``, ``cron``).
@@ -114,6 +124,9 @@ TIMER_NS_AGENT_ASK = "agent-ask"
 #: External agents' liveness (AP-4): one timer per registered agent (key = agent id), re-armed by every
 #: heartbeat at its time + the offline delay; firing with no newer heartbeat moves the agent ``offline``.
 TIMER_NS_AGENT_HEARTBEAT = "agent-heartbeat"
+#: External agents' conformance rounds (PRO-2): one timer per agent (key = agent id) at the open round's
+#: deadline; firing on a round still unanswered ends it (every probed capability ``timeout``).
+TIMER_NS_AGENT_CONFORMANCE = "agent-conformance"
 #: The event types an ``event`` trigger may listen to (TRG-5): the filter of the ``trigger-gateway-events``
 #: consumer, so every event of these types (and no other) passes through the trigger-gateway.
 TRIGGERABLE_EVENTS: tuple[str, ...] = (
@@ -135,6 +148,7 @@ RPC_AGENTS_REGISTER = f"{RPC_PREFIX}.agents.register"
 RPC_AGENTS_HEARTBEAT = f"{RPC_PREFIX}.agents.heartbeat"
 RPC_AGENTS_DEREGISTER = f"{RPC_PREFIX}.agents.deregister"
 RPC_AGENTS_LIST = f"{RPC_PREFIX}.agents.list"
+RPC_AGENTS_CONFORMANCE = f"{RPC_PREFIX}.agents.conformance"
 
 
 def subject_for(event_type: str) -> str:
@@ -197,6 +211,12 @@ ALL_STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, DLQ_STREAM, TIMERS_STREAM)
 
 BUCKET_RUNS = BucketSpec("runs", "Run records: state machine position, agent, policy (CAS on revision)")
 BUCKET_CHECKPOINTS = BucketSpec("run-checkpoints", "The last checkpoint of each run (AP-7)")
+#: The run-executor's cancels for runs it has not created yet (a trigger's ``supersede`` can overtake the
+#: ``run.requested``): key = run id, written once; the ``run.requested`` that comes later is cancelled at once.
+#: TTL 7 days (like the gateway's dedupe claims): a cancel for a run that never comes does not stay forever.
+BUCKET_CANCEL_MARKERS = BucketSpec(
+    "run-cancel-markers", "Cancels that arrived before their run.requested (run id -> the cancel)", ttl_s=7 * DAY
+)
 BUCKET_HUMAN_REQUESTS = BucketSpec("human-requests", "Human requests (HUM-4), persisted before delivery")
 BUCKET_DEDUPE = BucketSpec(
     "trigger-dedupe",
@@ -229,6 +249,12 @@ BUCKET_CONCURRENCY = BucketSpec(
 BUCKET_AGENTS = BucketSpec(
     "agent-registry", "External agents: registration, negotiated version, policy, lifecycle state, last heartbeat"
 )
+#: agent-collab's replay protection for signed Agent Protocol messages (AP-11): ``nonce.<agent id>.<nonce>``,
+#: created once (a second create is a replay), shared by every replica. TTL 10 min = twice the longest
+#: timestamp window agent-collab accepts (``TEMPORALITY_COLLAB_SIGNATURE_WINDOW_S`` <= 300 s).
+BUCKET_AGENT_NONCES = BucketSpec(
+    "agent-nonces", "Nonces of signed external-agent messages seen within the timestamp window (replays)", ttl_s=600
+)
 #: Trigger deliveries (IDEM-1): each delivery's processing state, key ``<trigger id>.<delivery id>``, with its
 #: normalized event (bounded) so an operator can re-drive a rejected or failed one; TTL 7 days.
 BUCKET_DELIVERIES = BucketSpec(
@@ -239,6 +265,7 @@ BUCKET_DELIVERIES = BucketSpec(
 ALL_BUCKETS: tuple[BucketSpec, ...] = (
     BUCKET_RUNS,
     BUCKET_CHECKPOINTS,
+    BUCKET_CANCEL_MARKERS,
     BUCKET_HUMAN_REQUESTS,
     BUCKET_DEDUPE,
     BUCKET_COLLAB,
@@ -246,6 +273,7 @@ ALL_BUCKETS: tuple[BucketSpec, ...] = (
     BUCKET_HUMAN_CHANNELS,
     BUCKET_HUMAN_DIRECTORY,
     BUCKET_AGENTS,
+    BUCKET_AGENT_NONCES,
     BUCKET_CONCURRENCY,
     BUCKET_DELIVERIES,
 )
@@ -313,6 +341,12 @@ CONSUMERS: dict[str, ConsumerSpec] = {
             "Deliver an agent's notification (no answer expected) along the person's channels",
         ),
         ConsumerSpec(
+            "human-interaction-policies",
+            _E,
+            (subject_for("run.requested"),),
+            "SEC-1: each run's human policy (whom it may ask) as its trigger set it, never the executor's copy",
+        ),
+        ConsumerSpec(
             "journal",
             _E,
             (f"{EVENTS_PREFIX}.>",),
@@ -351,6 +385,13 @@ CONSUMERS: dict[str, ConsumerSpec] = {
             # a firing's only transient failure is the bus: never dead-letter one (the agent would stay
             # online forever); an unreadable payload is still a permanent error
             max_deliver=-1,
+        ),
+        ConsumerSpec(
+            "agent-collab-conformance",
+            TIMERS_STREAM.name,
+            (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_AGENT_CONFORMANCE}.>",),
+            "External agents' conformance deadlines firing: a round still unanswered fails (PRO-2)",
+            max_deliver=-1,  # never dead-letter one: the round would stay open forever
         ),
         ConsumerSpec(
             "trigger-gateway-schedules",
@@ -408,6 +449,13 @@ class RpcSpec:
         return self.subject.removeprefix(f"{RPC_PREFIX}.")
 
 
+#: What every external (Agent Protocol) request must carry (AP-11); the exact signing input is documented in
+#: docs/agent-collaboration.md ("Signed messages") and by ``temporality_agent_collab.signing``.
+_SIGNED = (
+    " Every request is signed with the agent's Ed25519 key: NATS headers Temporality-Key-Id, Temporality-Timestamp "
+    "(Unix seconds), Temporality-Nonce and Temporality-Signature (base64) over 'temporality-agent-signature-v1' LF "
+    "subject LF key id LF timestamp LF nonce LF body; unsigned, badly signed, stale or replayed requests are refused."
+)
 RPCS: dict[str, RpcSpec] = {
     r.subject: r
     for r in (
@@ -424,7 +472,7 @@ RPCS: dict[str, RpcSpec] = {
             RegistrationReply,
             "agent-collab",
             "AP-3: an external agent registers; the reply is its configuration and security policy, or a refusal "
-            "(journaled).",
+            "(journaled)." + _SIGNED,
             external=True,
         ),
         RpcSpec(
@@ -432,7 +480,7 @@ RPCS: dict[str, RpcSpec] = {
             Heartbeat,
             HeartbeatAck,
             "agent-collab",
-            "AP-4: a registered agent is alive and reports its state; none within the interval: offline.",
+            "AP-4: a registered agent is alive and reports its state; none within the interval: offline." + _SIGNED,
             external=True,
         ),
         RpcSpec(
@@ -440,7 +488,7 @@ RPCS: dict[str, RpcSpec] = {
             Deregistration,
             DeregistrationReply,
             "agent-collab",
-            "AP-2: an external agent leaves (decommissioned).",
+            "AP-2: an external agent leaves (decommissioned)." + _SIGNED,
             external=True,
         ),
         RpcSpec(
@@ -448,7 +496,17 @@ RPCS: dict[str, RpcSpec] = {
             AgentsQuery,
             AgentsReply,
             "agent-collab",
-            "PRO-2: the registered agents' cards; declared capabilities are marked unverified.",
+            "PRO-2: the hosted and registered agents' cards; a declared capability is unverified until the agent "
+            "passed a conformance round for it." + _SIGNED,
+            external=True,
+        ),
+        RpcSpec(
+            RPC_AGENTS_CONFORMANCE,
+            ConformanceAnswers,
+            ConformanceReply,
+            "agent-collab",
+            "PRO-2: a registered agent answers the probes of its open conformance round (sent in the registration "
+            "reply and heartbeat acks) before its deadline; correct answers verify capabilities." + _SIGNED,
             external=True,
         ),
     )
@@ -503,6 +561,11 @@ class ServiceSpec:
     sends: tuple[str, ...] = ()
     #: Request/reply subjects it calls.
     requests: tuple[str, ...] = ()
+    #: KV buckets it owns (names of :data:`ALL_BUCKETS`; each bucket has exactly one owner): it alone writes
+    #: them, and its NATS user may read, write and watch only these (``temporality_protocol.permissions``).
+    buckets: tuple[str, ...] = ()
+    #: KV buckets another service owns that it reads or watches (never writes).
+    reads_buckets: tuple[str, ...] = ()
 
     @property
     def script(self) -> str:
@@ -567,6 +630,7 @@ SERVICES: dict[str, ServiceSpec] = {
             ),
             consumers=("trigger-gateway-schedules", "trigger-gateway-events", "trigger-gateway-debounce"),
             timers=(TIMER_NS_TRIGGER_SCHEDULE, TIMER_NS_TRIGGER_DEBOUNCE),
+            buckets=(BUCKET_TRIGGERS.name, BUCKET_DEDUPE.name, BUCKET_CONCURRENCY.name, BUCKET_DELIVERIES.name),
         ),
         ServiceSpec(
             "run-executor",
@@ -575,6 +639,7 @@ SERVICES: dict[str, ServiceSpec] = {
             env_prefix="TEMPORALITY_EXECUTOR_",
             consumers=("run-executor-requests", "run-executor-human", "run-executor-agents", "run-executor-watchdog"),
             timers=(TIMER_NS_RUN_WATCHDOG,),
+            buckets=(BUCKET_RUNS.name, BUCKET_CHECKPOINTS.name, BUCKET_CANCEL_MARKERS.name),
             requests=(RPC_GET_COLLABORATORS,),  # the get_collaborators tool (COL-1)
             sends=(
                 "run.created",
@@ -586,6 +651,7 @@ SERVICES: dict[str, ServiceSpec] = {
                 "run.completed",
                 "run.failed",
                 "run.cancelled",
+                "run.input_after_end",  # an answer or agent message for a run that had ended: journaled
                 "human.requested",
                 "human.notify_requested",
                 "agent.asked",
@@ -603,12 +669,15 @@ SERVICES: dict[str, ServiceSpec] = {
                 "human-interaction-deadlines",
                 "human-interaction-runs",
                 "human-interaction-notifications",
+                "human-interaction-policies",
             ),
             timers=(TIMER_NS_HUMAN,),
+            buckets=(BUCKET_HUMAN_REQUESTS.name, BUCKET_HUMAN_CHANNELS.name, BUCKET_HUMAN_DIRECTORY.name),
             http_port=8081,
             sends=(
                 "human.notified",
                 "human.answered",
+                "human.answer_refused",  # a late, foreign or second answer: journaled, never applied (HUM-7)
                 "human.expired",
                 "human.reasked",  # the timeout policy chain (HUM-8): a reminder
                 "human.escalated",  # ... the question forwarded to the escalation target
@@ -623,15 +692,23 @@ SERVICES: dict[str, ServiceSpec] = {
             package="temporality_agent_collab",
             description="Saga participants, get_collaborators, ask/answer routing between agents, relay runs",
             env_prefix="TEMPORALITY_COLLAB_",
-            consumers=("agent-collab-runs", "agent-collab-asks", "agent-collab-ask-timers", "agent-collab-heartbeats"),
+            consumers=(
+                "agent-collab-runs",
+                "agent-collab-asks",
+                "agent-collab-ask-timers",
+                "agent-collab-heartbeats",
+                "agent-collab-conformance",
+            ),
             responders=(
                 RPC_GET_COLLABORATORS,
                 RPC_AGENTS_REGISTER,
                 RPC_AGENTS_HEARTBEAT,
                 RPC_AGENTS_DEREGISTER,
                 RPC_AGENTS_LIST,
+                RPC_AGENTS_CONFORMANCE,
             ),
-            timers=(TIMER_NS_AGENT_ASK, TIMER_NS_AGENT_HEARTBEAT),
+            timers=(TIMER_NS_AGENT_ASK, TIMER_NS_AGENT_HEARTBEAT, TIMER_NS_AGENT_CONFORMANCE),
+            buckets=(BUCKET_COLLAB.name, BUCKET_AGENTS.name, BUCKET_AGENT_NONCES.name),
             sends=(
                 "agent.message.received",
                 "agent.answer.received",
@@ -641,7 +718,10 @@ SERVICES: dict[str, ServiceSpec] = {
                 "run.requested",  # relay runs (COL-6)
                 "agent.registered",  # the Agent Protocol (AP-2..AP-4): what it accepted or refused
                 "agent.registration_refused",
+                "agent.message_refused",  # unsigned, badly signed, stale or replayed (AP-11)
                 "agent.lifecycle_changed",
+                "agent.readmitted",  # an operator lifted a decommissioning's hold (its HTTP API)
+                "agent.conformance_checked",  # a conformance round ended (PRO-2)
                 DEAD_LETTERED,
             ),
         ),
@@ -652,7 +732,7 @@ SERVICES: dict[str, ServiceSpec] = {
             env_prefix="TEMPORALITY_JOURNAL_",
             consumers=("journal",),
             http_port=8082,
-            sends=("run.cancel_requested", DEAD_LETTERED),
+            sends=("run.cancel_requested", "api.access_refused", DEAD_LETTERED),
         ),
     )
 }
@@ -668,8 +748,21 @@ def service_problems(
     owners: dict[str, list[str]] = {durable: [] for durable in consumers}
     responders: dict[str, list[str]] = {subject: [] for subject in RPC_SUBJECTS}
     ports: dict[int, str] = {}
+    bucket_owners: dict[str, list[str]] = {bucket.name: [] for bucket in ALL_BUCKETS}
+    problems += [
+        f"consumer {d} is named like a journal subscriber's ({SUBSCRIBER_PREFIX}...)"
+        for d in consumers
+        if d.startswith(SUBSCRIBER_PREFIX)
+    ]
     for key, spec in services.items():
         where = f"service {key}"
+        for bucket in (*spec.buckets, *spec.reads_buckets):
+            if bucket not in bucket_owners:
+                problems.append(f"{where} names bucket {bucket!r}, which is not in ALL_BUCKETS")
+        for bucket in spec.buckets:
+            bucket_owners.get(bucket, []).append(spec.name)
+        if set(spec.buckets) & set(spec.reads_buckets):
+            problems.append(f"{where} both owns and only reads {sorted(set(spec.buckets) & set(spec.reads_buckets))}")
         if spec.name != key:
             problems.append(f"{where} is keyed under another name than its own ({spec.name!r})")
         if spec.package != "temporality_" + spec.name.replace("-", "_"):
@@ -718,6 +811,12 @@ def service_problems(
                 f"{where}: timer namespaces {sorted(spec.timers)} are not those its consumers' filters fire "
                 f"({sorted(fired)})"
             )
+    for bucket, names in bucket_owners.items():
+        if len(names) != 1:
+            problems.append(
+                f"bucket {bucket} belongs to {len(names)} services ({names}), not exactly one: add it to the "
+                "`buckets` of the service that writes it (its NATS user may touch no other)"
+            )
     senders = {t for spec in services.values() for t in spec.sends}
     orphans = sorted(set(EVENT_MODELS) - senders)
     if orphans:
@@ -743,7 +842,9 @@ def check_services(
     and each RPC subject has exactly one responder; ``bus.dead_lettered`` is sent exactly by services
     with consumers; every modelled event type has a sender and every type sent has a model; every
     event filter of a consumer matches a modelled type; timer namespaces are those the consumers'
-    filters fire; names, packages, env prefixes and HTTP ports follow the conventions."""
+    filters fire; each bucket of :data:`ALL_BUCKETS` is owned (``buckets``) by exactly one service and the
+    buckets a service names exist; no consumer is named like a journal subscriber's (``sub-``); names,
+    packages, env prefixes and HTTP ports follow the conventions."""
     problems = service_problems(services, consumers)
     if problems:
         raise ValueError("temporality_protocol.catalog.SERVICES is inconsistent:\n  " + "\n  ".join(problems))

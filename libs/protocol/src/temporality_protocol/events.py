@@ -17,6 +17,7 @@ from temporality_protocol.states import AgentLifecycleState
 __all__ = [
     "ASK_TIMEOUT_DEFAULT_S",
     "ASK_TIMEOUT_MAX_S",
+    "CONFORMANCE_PROBES",
     "EVENT_MODELS",
     "Actor",
     "AgentAnswerReceived",
@@ -25,10 +26,13 @@ __all__ = [
     "AgentAsked",
     "AgentCapability",
     "AgentCard",
+    "AgentConformanceChecked",
     "AgentLifecycleChanged",
     "AgentLimits",
     "AgentMessageReceived",
+    "AgentMessageRefused",
     "AgentPolicy",
+    "AgentReadmitted",
     "AgentRefusal",
     "AgentRegistered",
     "AgentRegistration",
@@ -38,10 +42,17 @@ __all__ = [
     "AgentSummary",
     "AgentsQuery",
     "AgentsReply",
+    "ApiAccessRefused",
     "BusDeadLettered",
     "Collaborator",
     "CollaboratorsQuery",
     "CollaboratorsReply",
+    "ConformanceAnswer",
+    "ConformanceAnswers",
+    "ConformanceChallenge",
+    "ConformanceProbe",
+    "ConformanceReply",
+    "ConformanceResult",
     "DeliveryAttempt",
     "Deregistration",
     "DeregistrationReply",
@@ -50,6 +61,7 @@ __all__ = [
     "Heartbeat",
     "HeartbeatAck",
     "HumanAnswer",
+    "HumanAnswerRefused",
     "HumanAnswered",
     "HumanDirectoryChanged",
     "HumanEscalated",
@@ -73,10 +85,12 @@ __all__ = [
     "RunCompleted",
     "RunCreated",
     "RunFailed",
+    "RunInputAfterEnd",
     "RunRequested",
     "RunResumed",
     "RunStarted",
     "RunToolCalled",
+    "RunUsage",
     "TextAnswer",
     "TimeoutPolicy",
     "ToolFailed",
@@ -235,6 +249,7 @@ class TriggerRejected(EventData):
     #: ``concurrency_skip``: a run of the trigger's concurrency key is active and its policy is ``skip``
     #: (or its ``queue`` is full); the detail names the active run.
     #: ``debounced``: a newer event of the same concurrency key arrived within the trigger's debounce window.
+    #: ``filtered``: the trigger's condition (``when``, an event trigger's ``filter``) does not match the event.
     reason: Literal[
         "duplicate",
         "unsupported_event",
@@ -244,6 +259,7 @@ class TriggerRejected(EventData):
         "loop_limit",
         "concurrency_skip",
         "debounced",
+        "filtered",
     ]
     detail: str
     source_event_id: str | None = None
@@ -403,11 +419,27 @@ class RunResumed(EventData):
     waited_s: float | None = None
 
 
+class RunUsage(_Model):
+    """What a whole run used, over all its turns, across parks and resumes (on its terminal event).
+
+    Tokens are the provider's own count: an OpenAI-compatible endpoint's ``usage`` blocks, summed (a reply
+    without one counts 0); the scripted provider reports none, so its runs show 0 tokens.
+    """
+
+    turns: int = Field(default=0, description="Provider calls made (turns), the last one included")
+    tool_calls: int = Field(default=0, description="Tool calls the model made (refused and parked ones included)")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
 class RunCompleted(EventData):
     EVENT_TYPE: ClassVar[str] = "run.completed"
     run_id: str
     result: Annotated[str, Field(max_length=MAX_TEXT * 4)]
     turns: int
+    #: Absent on events from executors before it.
+    usage: RunUsage | None = None
 
 
 class RunFailed(EventData):
@@ -415,6 +447,7 @@ class RunFailed(EventData):
     run_id: str
     reason: str
     error: str
+    usage: RunUsage | None = None
 
 
 class RunCancelRequested(EventData):
@@ -435,6 +468,24 @@ class RunCancelled(EventData):
     EVENT_TYPE: ClassVar[str] = "run.cancelled"
     run_id: str
     reason: str
+    usage: RunUsage | None = None
+
+
+class RunInputAfterEnd(EventData):
+    """An input reached a run that had already ended -- a person's answer (or expiry, rejection) for one of its
+    requests, an agent's message or answer: journaled by the run-executor, never applied (nothing vanishes)."""
+
+    EVENT_TYPE: ClassVar[str] = "run.input_after_end"
+    run_id: str
+    #: The run's terminal state: ``completed``, ``failed`` or ``cancelled``.
+    state: str
+    #: The CloudEvent that came (``human.answered``, ``agent.message.received``, ...) and its id (the causation).
+    input_type: str
+    input_id: str
+    request_id: str | None = None
+    #: Who it came from: ``user:<id>`` for a person, ``agent:<id>`` for an agent, ``agent-collab``.
+    sender: str | None = None
+    detail: Annotated[str, Field(max_length=MAX_TEXT)]
 
 
 # --------------------------------------------------------------------------- human.*
@@ -476,6 +527,13 @@ class HumanNotified(EventData):
     failed_attempts: list[DeliveryAttempt] = Field(
         default_factory=list, description="Channels tried before `channel`, in order, and why each failed"
     )
+    redacted: dict[str, int] = Field(
+        default_factory=dict,
+        description="What the egress policy redacted before the question left, per kind (counts, never a secret)",
+    )
+    truncated: list[str] = Field(
+        default_factory=list, description="The text fields `channel` showed truncated (`context`, `question`, ...)"
+    )
 
 
 class HumanNotifyRequested(EventData):
@@ -516,6 +574,24 @@ class HumanAnswered(EventData):
     answer: HumanAnswer
     channel: str
     waited_s: float
+
+
+class HumanAnswerRefused(EventData):
+    """HUM-7/HUM-9: an answer that was recorded and refused, never applied: it came after the request ended
+    (``already_answered`` by someone else or with another value, ``expired``, ``cancelled``) or from someone
+    who may not answer (``not_recipient``). ``answer`` is what was refused (an option, or the free text after
+    the egress policy's redaction); ``None`` when it named no option of the request."""
+
+    EVENT_TYPE: ClassVar[str] = "human.answer_refused"
+    request_id: str
+    run_id: str
+    recipient: str
+    responder: str = Field(description="`user:<id>`, or `<channel>:<identity>` for someone not in the directory")
+    channel: str
+    reason: Literal["already_answered", "expired", "cancelled", "not_recipient"]
+    detail: Annotated[str, Field(max_length=500)] = ""
+    received_at: datetime
+    answer: HumanAnswer | None = None
 
 
 class HumanExpired(EventData):
@@ -579,6 +655,30 @@ class HumanDirectoryChanged(EventData):
     #: The top-level fields that differ from the previous version (``inbox_token`` when the token changed).
     changed_fields: list[str] = Field(default_factory=list)
     after: dict[str, Any] | None = None
+
+
+# --------------------------------------------------------------------------- api.*
+class ApiAccessRefused(EventData):
+    """An HTTP API refused a caller's credentials (401) or role (403): for the audit trail.
+
+    Rate-limited by the service that refused (one event per caller and window, ``count`` = the refusals it
+    stands for), so a scanner cannot flood the journal. Never the credential: for a 403 the token's *name*
+    (``principal``), for a 401 only the address it came from and why.
+    """
+
+    EVENT_TYPE: ClassVar[str] = "api.access_refused"
+    service: str = Field(description="The service that refused (journal, ...)")
+    status: Literal[401, 403]
+    #: unauthorized (no / malformed credentials), invalid_token, forbidden (role too low)
+    reason: Annotated[str, Field(max_length=64)]
+    method: Annotated[str, Field(max_length=16)]
+    path: Annotated[str, Field(max_length=200, description="The request path, cut at 200 characters")]
+    address: str | None = Field(default=None, description="The client address (host) it came from")
+    principal: str | None = Field(default=None, description="A 403's token name; never the token")
+    role_needed: str | None = None
+    count: Annotated[int, Field(ge=1)] = Field(default=1, description="Refusals from this caller in the window")
+    first_at: datetime
+    window_s: Annotated[int, Field(gt=0)]
 
 
 # --------------------------------------------------------------------------- bus.*
@@ -752,6 +852,19 @@ AgentRefusalReason = Literal[
     "version_mismatch",  # a heartbeat or deregistration in another version than the negotiated one
     "illegal_transition",  # a heartbeat reporting a state the lifecycle does not allow from the current one
     "internal_error",  # agent-collab failed (logged); retry later
+    # signed messages (AP-11, PRO-4): journaled as agent.message_refused
+    "unsigned",  # no Temporality-Signature from an agent whose messages must be signed
+    "bad_signature",  # the signature does not verify (wrong key, changed body/subject/headers) or is unreadable
+    "unknown_key",  # Temporality-Key-Id names no public key agent-collab knows
+    "key_mismatch",  # signed with one agent's key, the body speaks for another agent
+    "stale_timestamp",  # Temporality-Timestamp outside the accepted window around agent-collab's clock
+    "replayed_nonce",  # a Temporality-Nonce this agent already used within the window
+    "decommissioned",  # a registration of an agent an operator decommissioned (until an operator readmits it)
+    "no_round_open",  # conformance answers for a round that is not open (never started, or already closed)
+]
+#: The refusals of :class:`AgentMessageRefused`: a message that did not prove who sent it (AP-11).
+AgentMessageRefusalReason = Literal[
+    "unsigned", "bad_signature", "unknown_key", "unknown_agent", "key_mismatch", "stale_timestamp", "replayed_nonce"
 ]
 
 
@@ -833,6 +946,8 @@ class RegistrationReply(_AgentReply):
     offline_after_s: float | None = None
     policy: AgentPolicy | None = None
     refusal: AgentRefusal | None = None
+    #: An open conformance round (PRO-2): answer its probes on ``temporality.rpc.agents.conformance``.
+    conformance: ConformanceChallenge | None = None
 
 
 class Heartbeat(_AgentRequest):
@@ -860,6 +975,8 @@ class HeartbeatAck(_AgentReply):
     #: The next heartbeat must arrive before this, or the agent goes ``offline``.
     offline_at: datetime | None = None
     refusal: AgentRefusal | None = None
+    #: The conformance round still open, repeated on every ack until it is answered or its deadline passes.
+    conformance: ConformanceChallenge | None = None
 
 
 class Deregistration(_AgentRequest):
@@ -878,43 +995,129 @@ class DeregistrationReply(_AgentReply):
 
 
 class AgentsQuery(_AgentRequest):
-    """PRO-2 discovery, on ``temporality.rpc.agents.list``: the registered agents' cards."""
+    """PRO-2 discovery, on ``temporality.rpc.agents.list``: the hosted and the registered agents' cards."""
 
     protocol_versions: list[str] = Field(default_factory=lambda: ["1.0"])
     #: Include decommissioned agents (default: only agents with a live registration).
     include_decommissioned: bool = False
+    #: ``hosted`` (the run-executor's agents), ``external`` (registered over the protocol) or ``all``.
+    kind: Literal["all", "hosted", "external"] = "all"
+
+
+# --------------------------------------------------------------------------- conformance (PRO-2)
+#: The capabilities the protocol can check, and what a correct answer to a probe of each is: a declared
+#: capability with a probe is verified by a conformance round; one without stays unverified (``no_probe``).
+CONFORMANCE_PROBES: dict[str, str] = {
+    "echo": "the challenge, verbatim",
+    "reverse": "the challenge's characters in reverse order",
+}
+
+
+class ConformanceProbe(_AgentReply):
+    """One probe of a conformance round: answer ``challenge`` as ``capability`` says (CONFORMANCE_PROBES)."""
+
+    probe_id: str
+    capability: str
+    challenge: str
+    #: What a correct answer is, for people (the rule is ``CONFORMANCE_PROBES``).
+    expects: str
+
+
+class ConformanceChallenge(_AgentReply):
+    """An open conformance round: answer every probe before ``deadline`` on ``temporality.rpc.agents.conformance``."""
+
+    round: int
+    deadline: datetime
+    probes: list[ConformanceProbe]
+
+
+class ConformanceAnswer(_AgentRequest):
+    probe_id: Annotated[str, Field(min_length=1, max_length=128)]
+    answer: Annotated[str, Field(max_length=MAX_TEXT)]
+
+
+class ConformanceAnswers(_AgentRequest):
+    """PRO-2: a registered agent answers the probes of its open conformance round (signed like every request)."""
+
+    agent_id: ExternalAgentId
+    #: The negotiated version.
+    protocol_version: _VersionText
+    round: Annotated[int, Field(gt=0)]
+    answers: list[ConformanceAnswer] = Field(default_factory=list, max_length=64)
+
+
+class ConformanceResult(_AgentReply):
+    """What one probe of a round found out about one declared capability."""
+
+    capability: str
+    verified: bool
+    #: ``verified``; ``wrong_answer``; ``unanswered`` (answers came, not for this probe); ``late`` (answers came
+    #: after the deadline); ``timeout`` (no answers before the deadline's timer fired).
+    outcome: Literal["verified", "wrong_answer", "unanswered", "late", "timeout"]
+    detail: Annotated[str, Field(max_length=MAX_TEXT)] = ""
 
 
 class AgentCapability(_AgentReply):
-    """A declared capability. ``verified`` stays false until the agent has passed a conformance exchange
-    for it (PRO-2: declared is not proven) -- no such exchange exists yet, so it is always false."""
+    """A declared capability (PRO-2: declared is not proven). ``verified`` is true only once the agent has
+    answered its probe correctly in a conformance round of this incarnation and declaration."""
 
     name: str
     verified: bool = False
+    #: ``unverified``: never checked; ``no_probe``: the protocol has no check for it (stays unverified);
+    #: ``pending``: a round is open; ``verified`` / ``failed``: the last round's verdict.
+    status: Literal["unverified", "no_probe", "pending", "verified", "failed"] = "unverified"
+    #: How it was checked: the probe's name (the capability itself: ``echo`` ...), ``None`` without one.
+    probe: str | None = None
+    #: The conformance round that decided it and when.
+    round: int | None = None
+    checked_at: datetime | None = None
+    #: Why it failed (``wrong_answer`` ...): the round's outcome for it.
+    outcome: str | None = None
 
 
 class AgentCard(_AgentReply):
-    """One registered external agent as discovery shows it."""
+    """One agent as discovery shows it: ``kind: hosted`` (run by the run-executor, as its last
+    ``run.started`` showed it) or ``external`` (registered over the Agent Protocol)."""
 
     agent_id: str
-    origin: Literal["registered"] = "registered"
+    kind: Literal["hosted", "external"] = "external"
     provider: str
-    model: str
-    state: AgentLifecycleState
-    protocol_version: str
-    capabilities: list[AgentCapability]
-    supported_tools: list[str]
-    allowed_tools: list[str]
-    max_context_size: int
-    registered_at: datetime
+    model: str | None = None
+    #: External agents: their lifecycle state; ``None`` for hosted ones (they exist only as runs).
+    state: AgentLifecycleState | None = None
+    protocol_version: str | None = None
+    capabilities: list[AgentCapability] = Field(default_factory=list)
+    supported_tools: list[str] = Field(default_factory=list)
+    #: External: the tools granted of those it supports; hosted: the tools its runs are offered.
+    allowed_tools: list[str] = Field(default_factory=list)
+    max_context_size: int | None = None
+    registered_at: datetime | None = None
     last_heartbeat_at: datetime | None = None
     active_run_id: str | None = None
+    #: Hosted: the card's role and skills, and the run whose ``run.started`` this card is from.
+    role: str | None = None
+    skills: list[str] = Field(default_factory=list)
+    last_run_id: str | None = None
+    last_started_at: datetime | None = None
 
 
 class AgentsReply(_AgentReply):
     protocol_version: str | None = None
     agents: list[AgentCard] = Field(default_factory=list)
     error: str | None = None
+    #: Set when the query was refused for its signature (AP-11): the machine-readable reason.
+    refusal: AgentRefusal | None = None
+
+
+class ConformanceReply(_AgentReply):
+    """The answer to :class:`ConformanceAnswers`: the round's verdict per capability, or a refusal."""
+
+    agent_id: str
+    accepted: bool
+    round: int | None = None
+    results: list[ConformanceResult] = Field(default_factory=list)
+    capabilities: list[AgentCapability] = Field(default_factory=list)
+    refusal: AgentRefusal | None = None
 
 
 class AgentRegistered(EventData):
@@ -940,12 +1143,31 @@ class AgentRegistrationRefused(EventData):
 
     EVENT_TYPE: ClassVar[str] = "agent.registration_refused"
     agent_id: str
-    reason: Literal["unknown_agent", "no_common_version"]
+    reason: Literal["unknown_agent", "no_common_version", "decommissioned"]
     detail: Annotated[str, Field(max_length=MAX_TEXT)]
     declared_versions: list[str] = Field(default_factory=list)
     supported_versions: list[str] = Field(default_factory=list)
     provider: str | None = None
     model: str | None = None
+
+
+class AgentMessageRefused(EventData):
+    """agent-collab refused a message of the Agent Protocol that did not prove who sent it (AP-11, PRO-4):
+    unsigned, badly signed, an unknown key, a stale timestamp or a replayed nonce. ``agent_id`` is who the
+    message *claimed* to be (its ``Temporality-Key-Id``, else its body's ``agent_id``): unverified."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.message_refused"
+    agent_id: Annotated[str, Field(max_length=128)] | None = None
+    #: The RPC subject it came on (``temporality.rpc.agents.heartbeat``, ...).
+    subject: Annotated[str, Field(max_length=256)]
+    reason: AgentMessageRefusalReason
+    detail: Annotated[str, Field(max_length=MAX_TEXT)]
+    key_id: Annotated[str, Field(max_length=128)] | None = None
+    nonce: Annotated[str, Field(max_length=128)] | None = None
+    #: Its ``Temporality-Timestamp``, when it had a readable one.
+    signed_at: datetime | None = None
+    #: SHA-256 (hex) of the body as received: which message, without storing it.
+    body_sha256: Annotated[str, Field(min_length=64, max_length=64)]
 
 
 class AgentLifecycleChanged(EventData):
@@ -958,9 +1180,42 @@ class AgentLifecycleChanged(EventData):
     seq: Annotated[int, Field(gt=0)]
     from_state: AgentLifecycleState
     to_state: AgentLifecycleState
-    reason: Literal["registered", "re_registered", "heartbeat", "heartbeat_missed", "came_back", "deregistered"]
+    #: ``decommissioned``: an operator took it out of service (``requested_by``); ``deregistered``: it left.
+    reason: Literal[
+        "registered", "re_registered", "heartbeat", "heartbeat_missed", "came_back", "deregistered", "decommissioned"
+    ]
     detail: Annotated[str, Field(max_length=500)] = ""
     active_run_id: str | None = None
+    #: Who moved it, when a person did (the API token's name): the operator of a ``decommissioned``.
+    requested_by: str | None = None
+
+
+class AgentConformanceChecked(EventData):
+    """A conformance round of an external agent ended (PRO-2): each probed capability verified or not."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.conformance_checked"
+    agent_id: str
+    incarnation: int
+    round: int
+    #: Every probe answered correctly and in time.
+    passed: bool
+    results: list[ConformanceResult]
+    started_at: datetime
+    deadline: datetime
+    #: When the answers arrived (``None``: none came, the deadline's timer ended the round).
+    answered_at: datetime | None = None
+
+
+class AgentReadmitted(EventData):
+    """An operator lifted the hold an operator decommissioning put on an external agent: it may register
+    again (a new incarnation). The decommissioned incarnation stays decommissioned."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.readmitted"
+    agent_id: str
+    #: The incarnation an operator had decommissioned.
+    incarnation: int
+    requested_by: str
+    reason: Annotated[str, Field(max_length=500)] = ""
 
 
 EVENT_MODELS: dict[str, type[EventData]] = {
@@ -985,11 +1240,13 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         RunFailed,
         RunCancelRequested,
         RunCancelled,
+        RunInputAfterEnd,
         HumanRequested,
         HumanNotified,
         HumanNotifyRequested,
         HumanRejected,
         HumanAnswered,
+        HumanAnswerRefused,
         HumanExpired,
         HumanReasked,
         HumanEscalated,
@@ -1003,7 +1260,11 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         AgentReplyUndeliverable,
         AgentRegistered,
         AgentRegistrationRefused,
+        AgentMessageRefused,
         AgentLifecycleChanged,
+        AgentReadmitted,
+        AgentConformanceChecked,
+        ApiAccessRefused,
         BusDeadLettered,
     )
 }

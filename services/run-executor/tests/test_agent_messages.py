@@ -94,7 +94,7 @@ def _message(recipient: str, request_id: str, mode: str = "wait") -> AgentMessag
         resolved_run_id=recipient,
         resolved_agent="helper",
         recipient_run_id=recipient,
-        mode=mode,  # type: ignore[arg-type]
+        mode=mode,
         timeout_s=300,
         message="Keep v1?",
     )

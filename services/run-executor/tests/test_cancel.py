@@ -2,7 +2,7 @@
 
 A parked run is cancelled at once (its watchdog gone, a late answer ignored); a run in the middle of a
 turn finishes that turn and is cancelled at the boundary; a second cancel and a cancel of a finished run
-change nothing.
+change nothing. A cancel that comes before its run: ``test_early_cancel.py``.
 """
 
 from __future__ import annotations
@@ -219,16 +219,6 @@ async def test_a_finished_run_ignores_a_cancel(bus: Bus, event_log: EventLog, ex
     after = await _record(bus, run_id)
     assert (after.state, after.result, after.cancel) == (RunState.COMPLETED, done.result, None)
     assert not event_log.of_type("bus.dead_lettered")
-
-
-async def test_a_cancel_for_an_unknown_run_is_dead_lettered(
-    bus: Bus, event_log: EventLog, executor: RunExecutor
-) -> None:
-    await executor()
-    await _cancel(bus, "run-that-never-was")
-    (dead,) = await event_log.wait_for("bus.dead_lettered")
-    assert dead.data["original_type"] == "run.cancel_requested"
-    assert "unknown run run-that-never-was" in dead.data["error"]
 
 
 async def test_a_cancel_recorded_during_a_tool_call_applies_at_the_boundary_after_it(

@@ -7,6 +7,7 @@ real nats-server.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,17 +29,20 @@ from temporality_protocol import (
     RunCompleted,
     RunCreated,
     RunFailed,
+    RunInputAfterEnd,
     RunRequested,
     RunResumed,
     RunStarted,
     RunState,
     RunToolCalled,
+    RunUsage,
     TextAnswer,
     ToolFailed,
     derive_id,
 )
 from temporality_run_executor.agents import Limits
 from temporality_run_executor.machine import (
+    AdoptCancelMarker,
     Agent,
     ApplyResult,
     ArmWatchdog,
@@ -56,6 +60,7 @@ from temporality_run_executor.machine import (
     DisarmWatchdog,
     FlagCancel,
     Incoming,
+    MarkCancel,
     Note,
     Parked,
     ProviderFailed,
@@ -177,6 +182,10 @@ def test_a_new_run_is_created_once_then_started_and_driven() -> None:
     assert create.record.state is RunState.PENDING
     assert create.record.created_at == T0
 
+    # pending: first the driver looks for a cancel that came before the run (none here)
+    look = _decide(create.record, None, incoming)
+    assert look == Decision((AdoptCancelMarker(),), dataclasses.replace(incoming, marker_checked=True))
+    incoming = dataclasses.replace(incoming, marker_checked=True)
     started = _decide(create.record, None, incoming, attempt=Attempt(stream_seq=7, delivered=1))
     assert _kinds(started) == ["Publish", "CreateCheckpoint", "ArmWatchdog", "TakeLease", "Transition", "Publish"]
     created, _, arm, lease, move, begun = started.effects
@@ -199,6 +208,9 @@ def test_a_run_requested_again_while_running_recovers_from_its_checkpoint() -> N
     assert resumed == [RunResumed(run_id=RUN_ID, reason="recovery", from_turn=3)]
     recovery = next(e for e in decision.effects if isinstance(e, Publish) and isinstance(e.data, RunResumed))
     assert recovery.id_parts == ("recovery", "7", "2")
+    # the last committed turn's run.checkpointed again: its driver may have died between commit and publish
+    again = next(e for e in decision.effects if isinstance(e, Publish) and isinstance(e.data, RunCheckpointed))
+    assert (again.data, again.id_parts) == (RunCheckpointed(run_id=RUN_ID, checkpoint_id="ckpt-3", turn=3), ("3",))
     assert decision.then == Boundary()
     # parked, resuming or finished: a duplicate request changes nothing but its run.created
     for state in (RunState.WAITING_FOR_HUMAN, RunState.RESUMING, RunState.COMPLETED):
@@ -208,7 +220,9 @@ def test_a_run_requested_again_while_running_recovers_from_its_checkpoint() -> N
 
 
 def test_an_unknown_agent_fails_the_run() -> None:
-    incoming = Requested(request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID)
+    incoming = Requested(
+        request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID, marker_checked=True
+    )
     decision = _decide(_run(RunState.PENDING), None, incoming, agent=None)
     assert _kinds(decision) == ["Publish", "Publish", "Transition", "DisarmWatchdog"]
     failed = _published(decision)[1]
@@ -266,12 +280,40 @@ def test_a_limit_reached_at_a_boundary_fails_the_run(ckpt: Checkpoint, limits: L
 
 def test_a_final_answer_completes_the_run_with_its_usage() -> None:
     reply = AssistantTurn(content="LGTM", usage=Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5))
-    ckpt = _ckpt(turn=1, usage=Usage(total_tokens=10))
+    ckpt = _ckpt(turn=1, usage=Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10), tool_calls=2)
     decision = _decide(_run(RunState.RUNNING), ckpt, ProviderReplied(turn=2, reply=reply, elapsed_s=0.1))
-    assert _published(decision) == [RunCompleted(run_id=RUN_ID, result="LGTM", turns=2)]
+    totals = RunUsage(turns=2, tool_calls=2, prompt_tokens=10, completion_tokens=5, total_tokens=15)
+    assert _published(decision) == [RunCompleted(run_id=RUN_ID, result="LGTM", turns=2, usage=totals)]
     (move,) = [e for e in decision.effects if isinstance(e, Transition)]
     assert move.target is RunState.COMPLETED
-    assert move.changes["usage"].total_tokens == 15
+    assert move.changes["usage"] == totals
+
+
+def test_every_ending_carries_the_run_totals() -> None:
+    """Failures and cancels carry the committed turns' totals too; a turn that commits adds its calls."""
+    ckpt = _ckpt(turn=3, usage=Usage(prompt_tokens=30, completion_tokens=6, total_tokens=36), tool_calls=4)
+    committed = RunUsage(turns=3, tool_calls=4, prompt_tokens=30, completion_tokens=6, total_tokens=36)
+    limited = Agent(AGENT.card.model_copy(update={"limits": Limits(max_turns=3)}), AGENT.tools)
+    (failed,) = _published(_decide(_run(RunState.RUNNING), ckpt, Boundary(), agent=limited))
+    assert isinstance(failed, RunFailed)
+    assert (failed.reason, failed.usage) == ("max_turns", committed)
+    request = CancelRequest(reason="stop", requested_by="on-call", requested_at=T0, event_id="evt-c")
+    (cancelled,) = _published(_decide(_run(RunState.RUNNING, cancel=request), ckpt, Boundary()))
+    assert isinstance(cancelled, RunCancelled)
+    assert cancelled.usage == committed
+    # a turn with two tool calls commits them into the checkpoint's count
+    calls = [ToolCall(id=f"c{i}", name="get_input") for i in range(2)]
+    reply = AssistantTurn(content=None, tool_calls=calls, usage=Usage(prompt_tokens=1, total_tokens=1))
+    decision = _decide(_run(RunState.RUNNING), ckpt, ProviderReplied(turn=4, reply=reply, elapsed_s=0.1))
+    assert isinstance(decision.then, CallTool)
+    turn = decision.then.turn
+    for index in range(2):
+        returned = ToolReturned(turn=turn, index=index, outcome=ToolOutput("{}"), elapsed_s=0.2)
+        decision = _decide(_run(RunState.RUNNING), ckpt, returned)
+        if isinstance(decision.then, CallTool):
+            turn = decision.then.turn
+    (save,) = [e for e in decision.effects if isinstance(e, SaveCheckpoint)]
+    assert (save.checkpoint.turn, save.checkpoint.tool_calls, save.checkpoint.usage.total_tokens) == (4, 6, 37)
 
 
 def test_a_reply_for_a_run_that_moved_on_meanwhile_is_dropped() -> None:
@@ -417,12 +459,27 @@ def test_a_repeated_outcome_for_an_applied_request_is_a_no_op() -> None:
     outcome = human_outcome("human.answered", "evt-dup", _answered())
     ckpt = _ckpt(turn=2, applied_requests=[REQUEST_ID])
     assert apply_result(ckpt, REQUEST_ID, tool_content(outcome.result), T0) is None
-    # while the run waits on its next request, or after it finished: nothing but a log line
-    later = _run(RunState.WAITING_FOR_HUMAN, waiting_request_id="hr-next")
-    for run in (later, _run(RunState.COMPLETED)):
-        decision = _decide(run, ckpt, outcome)
-        assert _kinds(decision) == []
+    # while the run waits on its next request: nothing but a log line
+    later = _decide(_run(RunState.WAITING_FOR_HUMAN, waiting_request_id="hr-next"), ckpt, outcome)
+    assert (_kinds(later), later.then) == ([], None)
+    # after it finished (any ending): journaled as run.input_after_end, never applied
+    for state in (RunState.COMPLETED, RunState.CANCELLED, RunState.FAILED):
+        decision = _decide(_run(state), ckpt, outcome)
         assert decision.then is None
+        (after,) = decision.effects
+        assert isinstance(after, Publish)
+        assert (after.id_parts, after.causation) == (("evt-dup",), "evt-dup")
+        assert after.data == RunInputAfterEnd(
+            run_id=RUN_ID,
+            state=state.value,
+            input_type="human.answered",
+            input_id="evt-dup",
+            request_id=REQUEST_ID,
+            sender="user:alice",
+            detail=f"run {RUN_ID} is {state.value}: the answer to {REQUEST_ID} was not applied",
+        )
+    # ... also when its card is gone meanwhile (never a run.failed for a finished run)
+    assert _kinds(_decide(_run(RunState.COMPLETED), ckpt, outcome, agent=None)) == ["Publish"]
     # running on the strength of it (its resumer died): this delivery drives the run on
     assert _decide(_run(RunState.RUNNING), ckpt, outcome).then == Boundary()
     # applying an outcome the run is not waiting for is refused for good
@@ -525,7 +582,8 @@ def test_cancel_while_waiting_cancels_at_once_and_a_driven_run_at_its_next_bound
     cancel = _decide(flagged_run, _ckpt(), CancelRecorded("on-call"))
     assert _kinds(cancel) == ["Publish", "Transition", "DisarmWatchdog"]
     (cancelled,) = [e for e in cancel.effects if isinstance(e, Publish)]
-    assert cancelled.data == RunCancelled(run_id=RUN_ID, reason="wrong PR (requested by on-call)")
+    totals = RunUsage(turns=1)  # _ckpt(): one committed turn, no tool calls, no tokens
+    assert cancelled.data == RunCancelled(run_id=RUN_ID, reason="wrong PR (requested by on-call)", usage=totals)
     assert cancelled.causation == "evt-c1"
     # a driven run: nothing now; its driver cancels at the boundary instead of starting a turn
     running = _run(RunState.RUNNING, cancel=request)
@@ -535,9 +593,36 @@ def test_cancel_while_waiting_cancels_at_once_and_a_driven_run_at_its_next_bound
     assert at_boundary.then is None
     # asked to stop while it parked: cancelled right after the park
     assert [type(d) for d in _published(_decide(flagged_run, None, Parked()))] == [RunCancelled]
-    # finished: ignored; unknown: dead-lettered
+    # finished: ignored
     assert _kinds(_decide(_run(RunState.COMPLETED), None, CancelRecorded("on-call"))) == []
-    assert _decide(None, None, incoming).effects == (Reject(f"run.cancel_requested for unknown run {RUN_ID}"),)
+
+
+def test_a_cancel_before_its_run_leaves_a_marker_the_run_adopts_at_once() -> None:
+    incoming = CancelRequested(run_id=RUN_ID, reason="superseded", requested_by="trigger:t1", event_id="evt-c1")
+    request = CancelRequest(reason="superseded", requested_by="trigger:t1", requested_at=T0, event_id="evt-c1")
+    # unknown run: a marker, then decided again on the record read after it
+    mark = _decide(None, None, incoming)
+    assert mark == Decision((MarkCancel(request),), dataclasses.replace(incoming, marked=True))
+    marked = dataclasses.replace(incoming, marked=True)
+    assert _kinds(_decide(None, None, marked)) == []  # still unknown: the marker waits for it
+    # the run.requested created it meanwhile: recorded on it as usual
+    assert _decide(_run(RunState.PENDING), None, marked).effects == (FlagCancel(request),)
+    # the run.requested that comes later: pending and flagged (the driver adopted the marker) -> cancelled
+    # at once, no checkpoint, no lease, no provider call
+    requested = Requested(request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID)
+    adopted = _decide(_run(RunState.PENDING, cancel=request), None, requested)
+    assert _kinds(adopted) == ["Publish", "Publish", "Transition", "DisarmWatchdog"]
+    assert [type(d) for d in _published(adopted)] == [RunCreated, RunCancelled]
+    assert adopted.then is None
+    cancelled = adopted.effects[1]
+    assert isinstance(cancelled, Publish)
+    assert cancelled.causation == "evt-c1"
+    assert cancelled.data == RunCancelled(
+        run_id=RUN_ID, reason="superseded (requested by trigger:t1)", usage=RunUsage()
+    )  # no turn, nothing used
+    # no marker found: started as usual
+    checked = dataclasses.replace(requested, marker_checked=True)
+    assert "CreateCheckpoint" in _kinds(_decide(_run(RunState.PENDING), None, checked))
 
 
 def test_moves_go_through_the_state_machine() -> None:

@@ -24,6 +24,7 @@ from temporality_protocol import (
     HumanPolicy,
     LaunchSource,
     RelayRequest,
+    RunInputAfterEnd,
     RunRequested,
     RunResumed,
     RunState,
@@ -69,6 +70,7 @@ from temporality_run_executor.machine import (
     renewed,
     summary,
 )
+from temporality_run_executor.machine import __all__ as machine_all
 from temporality_run_executor.providers import AssistantTurn
 from temporality_run_executor.records import Checkpoint, Lease, Message, RunRecord, ToolCall
 from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
@@ -145,7 +147,7 @@ def _asked_message(mode: str = "async", request_id: str = "req-in-1") -> AgentNe
         resolved_run_id=RUN_ID,
         resolved_agent="reviewer",
         recipient_run_id=RUN_ID,
-        mode=mode,  # type: ignore[arg-type]
+        mode=mode,
         timeout_s=300,
         expires_at=T0 + timedelta(seconds=300) if mode == "wait" else None,
         message="Is v1 still used?",
@@ -278,8 +280,15 @@ def test_a_late_answer_after_the_timeout_arrives_as_a_message() -> None:
     assert _kinds(decision) == ["QueueMail"]
     # the expiry redelivered is a duplicate, but it drives a run whose resumer died (recovery)
     again = AgentNews("agent.ask_expired", "evt-exp", RUN_ID, late.mail.model_copy(update={"key": "evt-exp"}), "{}")
-    assert _kinds(_decide(_run(RunState.RUNNING), resumed, again)) == ["TakeLease"]
+    # ... and the last committed turn's run.checkpointed again (a deduplicated repeat, or the one it lost)
+    assert _kinds(_decide(_run(RunState.RUNNING), resumed, again)) == ["TakeLease", "Publish"]
     assert _kinds(_decide(_run(RunState.WAITING_FOR_HUMAN), resumed, again)) == []
+    # applied, but its resumer died before the run was running again: the redelivery finishes the resume
+    resuming = _run(RunState.RESUMING, waiting_request_id=ASK_ID)
+    finish = _decide(resuming, resumed, again)
+    assert _kinds(finish) == ["TakeLease", "ApplyResult", "Transition"]
+    assert apply_result(resumed, ASK_ID, "{}", T0, key="evt-exp") is None  # the ApplyResult changes nothing
+    assert finish.then == Boundary()
 
 
 # --------------------------------------------------------------------------- delivery at turn boundaries
@@ -364,7 +373,11 @@ def test_mail_queued_mid_turn_survives_the_turns_commit() -> None:
 
 
 def test_messages_for_finished_unknown_and_relay_runs() -> None:
-    assert _kinds(_decide(_run(RunState.COMPLETED), _ckpt(), _asked_message())) == []
+    finished = _decide(_run(RunState.COMPLETED), _ckpt(), _asked_message())
+    (after,) = [e.data for e in finished.effects if isinstance(e, Publish)]  # journaled, never applied
+    assert isinstance(after, RunInputAfterEnd)
+    assert (after.state, after.input_type, after.sender) == ("completed", "agent.message.received", "agent:architect")
+    assert after.detail == f"run {RUN_ID} is completed: the message was not applied"
     assert _kinds(_decide(None, None, _asked_message())) == ["Reject"]
     relayed = AgentNews("agent.message.received", "e", "t/ask/01", _asked_message().mail, relay=True)
     assert _kinds(_decide(None, None, relayed)) == []  # the request is in the relay run's input
@@ -526,7 +539,7 @@ def test_a_plan_is_an_emit_for_the_collaboration_calls() -> None:
     assert isinstance(replied.then, CallTool)
     assert isinstance(replied.then.turn.plans[0], Emit)
     assert not isinstance(replied.then.turn.plans[0], Ask)
-    assert QueueMail  # exported
+    assert QueueMail.__name__ in machine_all  # exported
 
 
 def test_a_lease_is_renewed_only_by_its_holder_while_the_run_is_driven() -> None:

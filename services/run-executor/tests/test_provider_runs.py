@@ -11,7 +11,16 @@ import pytest
 from executor_support import REVIEWER, RunExecutor, run_requested
 
 from temporality_bus import Bus
-from temporality_protocol import RunState
+from temporality_protocol import (
+    HumanAnswered,
+    HumanRequested,
+    OptionAnswer,
+    RunCompleted,
+    RunFailed,
+    RunState,
+    RunUsage,
+    make_event,
+)
 from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
 from temporality_run_executor.agents import AgentCard, Limits, ProviderConfig
 from temporality_run_executor.records import Checkpoint, RunRecord, Usage
@@ -78,9 +87,11 @@ async def test_rate_limits_and_5xx_are_retried_within_the_turn_and_tokens_are_to
     assert completed.data["result"] == "Review done."
     assert len(emulator.requests) == 5
     assert not event_log.of_type("run.failed", event.runid)
-    # the protocol's run.completed has no token field: the totals live in the run record and checkpoint
+    # the run's totals: on run.completed and in the record (two turns, one tool call, both usage blocks)
+    totals = RunUsage(turns=2, tool_calls=1, prompt_tokens=250, completion_tokens=30, total_tokens=280)
+    assert completed.payload(RunCompleted).usage == totals
     record = await _finished_record(bus, event.runid)
-    assert record.usage == Usage(prompt_tokens=250, completion_tokens=30, total_tokens=280)
+    assert record.usage == totals
     ckpt = await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).get(str(event.runid))
     assert ckpt is not None
     assert ckpt.value.usage == Usage(prompt_tokens=100, completion_tokens=10, total_tokens=110)  # committed turns
@@ -140,6 +151,59 @@ async def test_passing_the_token_limit_fails_the_run(
     record = await _finished_record(bus, event.runid)
     assert record.usage is not None
     assert record.usage.total_tokens == 160
+    # the failing turn counts: it was made and its tokens were spent, though it never committed
+    totals = RunUsage(turns=2, tool_calls=1, prompt_tokens=120, completion_tokens=40, total_tokens=160)
+    assert failed.payload(RunFailed).usage == totals == record.usage
+
+
+async def test_the_run_totals_survive_a_park_and_resume(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    """Turns, tool calls and tokens before the park (in the checkpoint) and after the resume (another
+    handler, reading the checkpoint back from KV) add up on run.completed."""
+    ask = {"recipient": "user:alice", "question": "Keep v1?", "options": [{"id": "keep-v1", "label": "Keep v1"}]}
+    emulator.replies += [
+        assistant_tool_call("call_ctx", "get_input", {}, usage=usage(100, 10)),
+        assistant_tool_call("call_ask", "ask_human", ask, usage=usage(120, 15)),
+        assistant_text("Keeping v1.", usage=usage(200, 30)),
+    ]
+    await executor(cards=[_card(emulator)])
+    event = run_requested()
+    run_id = event.runid
+    assert run_id
+    await bus.publish(event)
+    (requested,) = await event_log.wait_for("human.requested", run_id=run_id)
+    parked = await _record_in(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    assert parked.usage is None  # written when the run ends
+    ckpt = await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).get(run_id)
+    assert ckpt is not None
+    assert (ckpt.value.turn, ckpt.value.tool_calls, ckpt.value.usage.total_tokens) == (2, 2, 245)
+    answered = HumanAnswered(
+        request_id=requested.payload(HumanRequested).request_id,
+        run_id=run_id,
+        recipient="user:alice",
+        responder="user:alice",
+        answer=OptionAnswer(option_id="keep-v1"),
+        channel="web",
+        waited_s=3.0,
+    )
+    await bus.publish(make_event(answered, source="/test", run_id=run_id))
+    (completed,) = await event_log.wait_for("run.completed", run_id=run_id)
+    assert completed.data["result"] == "Keeping v1."
+    totals = RunUsage(turns=3, tool_calls=2, prompt_tokens=420, completion_tokens=55, total_tokens=475)
+    assert completed.payload(RunCompleted).usage == totals
+    assert (await _finished_record(bus, run_id)).usage == totals
+    assert len(emulator.requests) == 3
+
+
+async def _record_in(bus: Bus, run_id: str, state: RunState, timeout_s: float = 10.0) -> RunRecord:
+    runs = await bus.store(BUCKET_RUNS, RunRecord)
+    async with asyncio.timeout(timeout_s):
+        while True:
+            current = await runs.get(run_id)
+            if current is not None and current.value.state is state:
+                return current.value
+            await asyncio.sleep(0.05)
 
 
 async def test_malformed_tool_calls_go_back_to_the_model_as_tool_errors(

@@ -6,12 +6,13 @@ import structlog
 
 from temporality_protocol.catalog import CONSUMERS, SERVICES
 from temporality_run_executor.agents import AgentsFileError, load_agents
+from temporality_run_executor.api import create_app
 from temporality_run_executor.engine import Engine
 from temporality_run_executor.mcp_servers import McpToolFailed, list_card_tools, tool_name
 from temporality_run_executor.providers.factory import ProviderCache, ProviderConfigError
 from temporality_run_executor.settings import Settings
 from temporality_run_executor.tools import BUILTIN_TOOLS, Tool, ToolRegistry
-from temporality_service import ConfigError, Runtime, Setup, serve
+from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
 
 __all__ = ["SPEC", "configure", "run"]
 
@@ -37,6 +38,10 @@ def configure(settings: Settings) -> Setup[Settings]:
                 f"(known: {', '.join(tools.names())})"
             )
     log.info("agents.loaded", agents=len(agents), file=str(settings.agents_file))
+    try:  # the cards' API, on the probe port when there is one
+        auth = ApiAuth.from_settings(settings.api) if settings.port is not None else None
+    except TokenFileError as exc:
+        raise ConfigError(str(exc)) from exc
     if settings.scripted_crash_on is not None:
         log.warning("scripted.crash_on_configured", text=settings.scripted_crash_on)
 
@@ -63,6 +68,8 @@ def configure(settings: Settings) -> Setup[Settings]:
             tools=tools,
             card_tools=card_tools,
         )
+        if auth is not None:
+            rt.http(create_app(agents, lambda card: engine.registry(card).offered(card.tools), auth))
         inflight = rt.settings.max_inflight
         # a run whose message is given up on fails visibly (infrastructure_error) before it is dead-lettered
         for durable, handler in (

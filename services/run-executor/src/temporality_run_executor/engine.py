@@ -9,10 +9,13 @@ A turn = one provider call + its tool calls, then a checkpoint (KV, AP-7) + ``ru
 ``human.*``        -> ``resuming`` -> the outcome becomes the tool result -> ``running`` -> drive.
 ``run.cancel_requested`` -> recorded on the run; a run nobody drives (pending, parked) is cancelled at
                       once, a driven one by its driver at the next turn boundary (``run.cancelled``).
+                      A cancel for a run not created yet leaves a marker (bucket ``run-cancel-markers``,
+                      TTL 7 days) that its ``run.requested`` adopts: the run is cancelled as it is created.
 ``agent.*``        -> the end of a ``waiting_for_agent`` (``ask_agent`` in wait mode: ``resuming`` ->
                       the answer, the timeout or the undeliverable reason becomes the tool result), or a
                       message queued in the checkpoint and framed into the conversation at the next
                       turn boundary (COL-4).
+anything for a run that has ended (an answer, an agent message) -> ``run.input_after_end``, acked.
 
 A handler that drives a run holds its lease (in the run record: holder and expiry, taken with
 ``Store.modify``, renewed at every turn boundary): a second delivery of ``run.requested`` while the first
@@ -91,10 +94,11 @@ from temporality_protocol import (
     make_event,
     new_id,
 )
-from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
+from temporality_protocol.catalog import BUCKET_CANCEL_MARKERS, BUCKET_CHECKPOINTS, BUCKET_RUNS
 from temporality_run_executor.agents import AgentCard, AgentDirectory
 from temporality_run_executor.machine import (
     ACTIVE,
+    AdoptCancelMarker,
     Agent,
     ApplyResult,
     ArmWatchdog,
@@ -115,6 +119,7 @@ from temporality_run_executor.machine import (
     Invoke,
     LeaseHeld,
     LeaseLost,
+    MarkCancel,
     Note,
     ProviderFailed,
     ProviderReplied,
@@ -146,7 +151,7 @@ from temporality_run_executor.machine import (
     tool_error,
 )
 from temporality_run_executor.providers import PermanentProviderError, Provider, ProviderError
-from temporality_run_executor.records import Checkpoint, RunRecord
+from temporality_run_executor.records import CancelRequest, Checkpoint, RunRecord
 from temporality_run_executor.tools import BUILTIN_TOOLS, Tool, ToolContext, ToolError, ToolRegistry
 from temporality_run_executor.watchdog import DEFAULT_GRACE_S, RunWatchdog, WatchdogPayload
 
@@ -200,6 +205,7 @@ class Engine:
         provider_for: ProviderFactory,
         *,
         max_deliver: int,
+        markers: Store[CancelRequest],
         watchdog_grace_s: float = DEFAULT_GRACE_S,
         tools: ToolRegistry | None = None,
         card_tools: Mapping[str, list[Tool]] | None = None,
@@ -212,6 +218,8 @@ class Engine:
         self._registries = {agent: self.tools.with_tools(extra) for agent, extra in (card_tools or {}).items()}
         self.runs = runs
         self.checkpoints = checkpoints
+        #: Cancels for runs not created yet (key: run id; the bucket's TTL bounds how long one waits).
+        self.markers = markers
         self.agents = agents
         self.provider_for = provider_for
         self.max_deliver = max_deliver
@@ -222,6 +230,13 @@ class Engine:
         self.lease_s = lease_s if lease_s is not None else bus.settings.ack_wait_s
         #: This engine's name in lease holders (``<name>/<handler>``).
         self.name = new_id("drv")
+        #: TEST SEAM, for the crash-injection tests only (``tests/test_crash_matrix.py``); never set in the
+        #: service. Awaited at each named point of the driver (:meth:`_seam`), so a test can stop the
+        #: "process" exactly there: ``effect:<Effect>`` (``effect:Transition:<state>``) after an effect is
+        #: committed, ``published:<event type>`` after an event is stored, ``provider_replied`` /
+        #: ``tool_returned`` after a call came back (its result not stored yet), ``handled:<Incoming>``
+        #: when a handler is done (before its message is acked).
+        self.crash_point: Callable[[str], Awaitable[None]] | None = None
 
     @classmethod
     async def open(
@@ -244,6 +259,7 @@ class Engine:
             agents,
             provider_for,
             max_deliver=max_deliver,
+            markers=await bus.store(BUCKET_CANCEL_MARKERS, CancelRequest),
             watchdog_grace_s=watchdog_grace_s,
             tools=tools,
             card_tools=card_tools,
@@ -355,6 +371,7 @@ class Engine:
                 if not await self._lease_lapses(view.run_id):
                     raise
                 await self._drive(view, incoming, attempt)
+            await self._seam("handled", type(incoming).__name__)
         except RunMovedOn as moved_on:
             log.warning("run.moved_on", detail=str(moved_on))
         except LeaseLost as lost:
@@ -434,16 +451,28 @@ class Engine:
             await self._publish_all(view, publishes)
             publishes = []
             await self._effect(view, effect)
+            if self.crash_point is not None:
+                target = (effect.target.value,) if isinstance(effect, Transition) else ()
+                await self._seam("effect", type(effect).__name__, *target)
         await self._publish_all(view, publishes)
         then = decision.then
         if isinstance(then, CallProvider):
             assert agent is not None
             view.run_current = False
-            return await self._leased(view, self._call_provider(view, agent, then))
+            replied = await self._leased(view, self._call_provider(view, agent, then))
+            await self._seam("provider_replied")
+            return replied
         if isinstance(then, CallTool):
             view.run_current = False
-            return await self._leased(view, self._call_tool(view, then))
+            returned = await self._leased(view, self._call_tool(view, then))
+            await self._seam("tool_returned")
+            return returned
         return then
+
+    async def _seam(self, *point: str) -> None:
+        """The test seam (:attr:`crash_point`) at ``point``; nothing at all in the service."""
+        if self.crash_point is not None:
+            await self.crash_point(":".join(point))
 
     async def _leased(self, view: _View, call: Awaitable[_T]) -> _T:
         """``call`` (a provider or tool call), the handler's lease on the run kept fresh meanwhile: renewed
@@ -480,8 +509,11 @@ class Engine:
         if len(publishes) == 1:
             (only,) = publishes
             await self._emit(run, only.data, *only.id_parts, causation=only.causation)
-            return
-        await asyncio.gather(*(self._emit(run, p.data, *p.id_parts, causation=p.causation) for p in publishes))
+        else:
+            await asyncio.gather(*(self._emit(run, p.data, *p.id_parts, causation=p.causation) for p in publishes))
+        if self.crash_point is not None:
+            for published in publishes:
+                await self._seam("published", published.data.EVENT_TYPE)
 
     async def _effect(self, view: _View, effect: Effect) -> None:
         run_id = view.run_id
@@ -539,6 +571,24 @@ class Engine:
                 except NotFound:
                     raise TransientError(f"run {run_id} vanished") from None
                 view.run, view.run_current = flag.value, True
+            case MarkCancel():
+                try:
+                    await self.markers.create(run_id, effect.request)
+                    log.info("run.cancel.marker_written", requested_by=effect.request.requested_by)
+                except AlreadyExists:
+                    log.info("run.cancel.marker_exists")
+                current = await self.runs.get(run_id)  # after the marker: see Requested's adoption
+                view.run, view.run_current = (current.value if current is not None else None), True
+            case AdoptCancelMarker():
+                marker = await self.markers.get(run_id)
+                if marker is not None:
+                    request = marker.value
+                    try:
+                        flag = await self.runs.modify(run_id, lambda r: flagged(r, request, self.clock()))
+                    except NotFound:
+                        raise TransientError(f"run {run_id} vanished") from None
+                    view.run, view.run_current = flag.value, True
+                    log.info("run.cancel.marker_adopted", requested_by=request.requested_by)
             case Note():
                 getattr(log, effect.level)(effect.event, **effect.fields)
             case Retry():

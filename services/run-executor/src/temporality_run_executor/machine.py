@@ -79,11 +79,13 @@ from temporality_protocol import (
     RunCompleted,
     RunCreated,
     RunFailed,
+    RunInputAfterEnd,
     RunRequested,
     RunResumed,
     RunStarted,
     RunState,
     RunToolCalled,
+    RunUsage,
     ToolFailed,
     derive_id,
 )
@@ -127,6 +129,7 @@ from temporality_run_executor.watchdog import WatchdogPayload
 __all__ = [
     "ACTIVE",
     "MAX_TEXT",
+    "AdoptCancelMarker",
     "Agent",
     "AgentNews",
     "ApplyResult",
@@ -152,6 +155,7 @@ __all__ = [
     "Invoke",
     "LeaseHeld",
     "LeaseLost",
+    "MarkCancel",
     "Note",
     "Parked",
     "ProviderFailed",
@@ -266,6 +270,8 @@ class Requested:
     request: RunRequested
     correlation_id: str
     tenant: str | None = None
+    #: The driver has looked for a cancel that came before the run (:class:`AdoptCancelMarker`).
+    marker_checked: bool = False
 
 
 @dataclass(frozen=True)
@@ -284,6 +290,8 @@ class HumanOutcome:
     #: An expiry under a ``cancel`` timeout policy: human-interaction published ``run.cancel_requested`` for
     #: the run before this outcome, and that cancels it; the run does not resume without an answer.
     cancels_run: bool = False
+    #: Who answered (``user:<id>``); ``None`` for an expiry or a rejection.
+    sender: str | None = None
 
 
 @dataclass(frozen=True)
@@ -310,6 +318,8 @@ class CancelRequested:
     reason: str
     requested_by: str
     event_id: str
+    #: The run was unknown and the cancel is left as a marker (:class:`MarkCancel`); decided again once.
+    marked: bool = False
 
 
 @dataclass(frozen=True)
@@ -547,6 +557,20 @@ class FlagCancel:
 
 
 @dataclass(frozen=True)
+class MarkCancel:
+    """Leave ``request`` as the cancel marker of a run not created yet (create-if-absent: the first wins),
+    then read the run again (its ``run.requested`` may have created it meanwhile)."""
+
+    request: CancelRequest
+
+
+@dataclass(frozen=True)
+class AdoptCancelMarker:
+    """Look for the run's cancel marker (a cancel that came before its ``run.requested``) and, if there is
+    one, record it on the run (:func:`flagged`, through ``Store.modify``)."""
+
+
+@dataclass(frozen=True)
 class ArmWatchdog:
     """(Re-)arm the run's watchdog at ``turn`` for ``limit_s`` (plus grace); ``cause`` keys the arm."""
 
@@ -596,6 +620,8 @@ Effect = (
     | TakeLease
     | Transition
     | FlagCancel
+    | MarkCancel
+    | AdoptCancelMarker
     | ArmWatchdog
     | DisarmWatchdog
     | Note
@@ -656,22 +682,26 @@ def decide(
         case AgentNews():
             return _agent_news(run, checkpoint, agent, incoming, attempt, now)
         case CancelRequested():
-            if run is None:
-                return _decision(Reject(f"run.cancel_requested for unknown run {incoming.run_id}"))
             request = CancelRequest(
                 reason=incoming.reason,
                 requested_by=incoming.requested_by,
                 requested_at=now,
                 event_id=incoming.event_id,
             )
+            if run is None:
+                # its run.requested has not come yet (a supersede can overtake it): a marker the run adopts
+                if incoming.marked:
+                    fields = {"requested_by": incoming.requested_by, "event_id": incoming.event_id}
+                    return _decision(Note("run.cancel.marked", fields=fields))
+                return _decision(MarkCancel(request), then=replace(incoming, marked=True))
             return _decision(FlagCancel(request), then=CancelRecorded(incoming.requested_by))
         case CancelRecorded():
-            return _cancel_recorded(run, incoming)
+            return _cancel_recorded(run, checkpoint, incoming)
         case Boundary():
             return _boundary(run, checkpoint, agent, attempt, now)
         case Parked():
             if run is not None and run.cancel is not None:  # asked to stop while parking: nobody else will
-                return _decision(*_cancel(run, run.cancel))
+                return _decision(*_cancel(run, run.cancel, _totals(checkpoint)))
             return _decision()
         case ProviderReplied():
             return _provider_replied(run, checkpoint, agent, incoming, now)
@@ -698,8 +728,14 @@ def _requested(
     created = Publish(RunCreated(run_id=run.run_id, agent=run.agent, title=run.title, launch=run.launch))
     if run.state not in (RunState.PENDING, RunState.RUNNING):  # parked, resuming or finished
         return _decision(created, Note("run.requested.duplicate", fields={"state": run.state.value}))
+    if run.state is RunState.PENDING and run.cancel is not None:  # asked to stop before it started
+        return _decision(created, *_cancel(run, run.cancel, _totals(ckpt)))
+    if run.state is RunState.PENDING and not incoming.marker_checked:
+        # a cancel may have come first (it left a marker): written after the record, read after it too,
+        # so a cancel racing this handler either finds the record or leaves a marker this read sees
+        return _decision(AdoptCancelMarker(), then=replace(incoming, marker_checked=True))
     if agent is None:
-        return _decision(created, *_unknown_agent(run))
+        return _decision(created, *_unknown_agent(run, ckpt))
     card = agent.card
     started = Publish(
         RunStarted(
@@ -736,6 +772,7 @@ def _requested(
             attempt.cause("recovery"),
         ),
         Note("run.recovering", "warning", {"from_turn": ckpt.turn}),
+        *_checkpointed_again(run, ckpt),
         started,
         then=Boundary(),
     )
@@ -751,16 +788,22 @@ def _human_outcome(
 ) -> Decision:
     if run is None:
         return _decision(Reject(f"{incoming.event_type} for unknown run {incoming.run_id}"))
+    request_id = incoming.request_id
+    if run.state in RUN.terminal:  # it ended meanwhile (cancelled, failed...): journaled, never applied
+        what = {"answer": "the answer to", "expiry": "the expiry of", "rejection": "the rejection of"}[incoming.reason]
+        return _decision(
+            _after_end(run, incoming.event_type, incoming.event_id, request_id, incoming.sender, f"{what} {request_id}")
+        )
     if agent is None:
-        return _decision(*_unknown_agent(run))
+        return _decision(*_unknown_agent(run, ckpt))
     if ckpt is None:
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
-    request_id = incoming.request_id
     if run.state is RunState.WAITING_FOR_HUMAN:
         if run.waiting_request_id != request_id:
             return _decision(Note("human.outcome.stale", fields={"waiting_for": run.waiting_request_id}))
         if incoming.fails_run:
-            return _decision(*_fail(run, "human_request_expired", f"no answer to {request_id} in time"))
+            error = f"no answer to {request_id} in time"
+            return _decision(*_fail(run, "human_request_expired", error, totals=_totals(ckpt)))
         if incoming.cancels_run:  # its run.cancel_requested (published first) cancels the waiting run
             return _decision(Note("human.outcome.cancels_run", fields={"request_id": request_id}))
         resumed = RunResumed(
@@ -791,16 +834,52 @@ def _human_outcome(
             return _decision(Retry("the run has not finished parking on this request yet"))
         if request_id not in ckpt.applied_requests:
             return _decision(Note("human.outcome.stale", fields={"state": run.state.value}))
-        return _recover_after_resume(run, attempt, now)
+        return _recover_after_resume(run, ckpt, attempt, now)
     return _decision(Note("human.outcome.ignored", fields={"state": run.state.value}))
 
 
-def _recover_after_resume(run: RunRecord, attempt: Attempt, now: datetime) -> Decision:
+def _after_end(
+    run: RunRecord, event_type: str, event_id: str, request_id: str | None, sender: str | None, what: str
+) -> Publish:
+    """``run.input_after_end`` for something that reached the run after it ended (one id per input: a
+    redelivery is a deduplicated repeat), so the journal shows it came and was not applied."""
+    after = RunInputAfterEnd(
+        run_id=run.run_id,
+        state=run.state.value,
+        input_type=event_type,
+        input_id=event_id,
+        request_id=request_id,
+        sender=sender,
+        detail=f"run {run.run_id} is {run.state.value}: {what} was not applied"[:MAX_TEXT],
+    )
+    return Publish(after, (event_id,), causation=event_id)
+
+
+def _recover_after_resume(run: RunRecord, ckpt: Checkpoint, attempt: Attempt, now: datetime) -> Decision:
     """The outcome is applied and the run running: if nobody holds it, the driver that resumed with it
     died, and this delivery drives the run on."""
     if _held_by_other(run, attempt, now):
         return _decision(_lease_held(run))
-    return _decision(Note("run.recovering.after_resume", "warning"), TakeLease(_lease(attempt, now)), then=Boundary())
+    return _decision(
+        Note("run.recovering.after_resume", "warning"),
+        TakeLease(_lease(attempt, now)),
+        *_checkpointed_again(run, ckpt),
+        then=Boundary(),
+    )
+
+
+def _checkpointed_again(run: RunRecord, ckpt: Checkpoint) -> tuple[Publish, ...]:
+    """A recovery republishes the last committed turn's ``run.checkpointed`` (its id is the turn's: a
+    deduplicated repeat when it went out): a driver that died between the turn's compare-and-set and that
+    publish would otherwise leave the journal without it (found by ``tests/test_crash_matrix.py``)."""
+    if ckpt.turn == 0:
+        return ()
+    return (_checkpointed(run, ckpt),)
+
+
+def _checkpointed(run: RunRecord, ckpt: Checkpoint) -> Publish:
+    checkpointed = RunCheckpointed(run_id=run.run_id, checkpoint_id=ckpt.checkpoint_id, turn=ckpt.turn)
+    return Publish(checkpointed, (str(ckpt.turn),))
 
 
 def _agent_news(
@@ -819,20 +898,28 @@ def _agent_news(
         return _decision(Note("agent.message.in_relay_input", fields=fields))
     if run is None:
         return _decision(Reject(f"{incoming.event_type} for unknown run {incoming.run_id}"))
-    if run.state in RUN.terminal:
-        return _decision(Note("agent.message.run_finished", "warning", {**fields, "state": run.state.value}))
+    if run.state in RUN.terminal:  # it ended meanwhile: journaled, never applied
+        what = {"ask": "the message", "answer": "the answer to"}.get(mail.kind, f"the {mail.kind} notice of")
+        what += "" if mail.kind == "ask" else f" {mail.request_id}"
+        return _decision(
+            Note("agent.message.run_finished", "warning", {**fields, "state": run.state.value}),
+            _after_end(run, incoming.event_type, incoming.event_id, mail.request_id, mail.sender, what),
+        )
     if ckpt is None:
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
     request_id = mail.request_id
-    if mail.key in ckpt.mail_keys or mail.key == ckpt.resumed_by:
+    # the event that ended the wait, again, while the run is still resuming with it: its resumer died after
+    # applying it (found by tests/test_crash_matrix.py) -- this delivery finishes the resume below
+    resuming_with_it = run.state is RunState.RESUMING and mail.key == ckpt.resumed_by
+    if (mail.key in ckpt.mail_keys or mail.key == ckpt.resumed_by) and not resuming_with_it:
         applied_last = ckpt.applied_requests[-1:] == [request_id]
         if run.state is RunState.RUNNING and mail.key == ckpt.resumed_by and applied_last:
-            return _recover_after_resume(run, attempt, now)
+            return _recover_after_resume(run, ckpt, attempt, now)
         return _decision(Note("agent.message.duplicate", fields=fields))
     ends_wait = incoming.result is not None and run.waiting_request_id == request_id
     if ends_wait and run.state is RunState.WAITING_FOR_AGENT:
         if agent is None:
-            return _decision(*_unknown_agent(run))
+            return _decision(*_unknown_agent(run, ckpt))
         resumed = RunResumed(
             run_id=run.run_id,
             reason=incoming.reason,
@@ -863,7 +950,7 @@ def _agent_news(
     return _decision(QueueMail(mail), Note("agent.message.queued", fields={**fields, "state": run.state.value}))
 
 
-def _cancel_recorded(run: RunRecord | None, incoming: CancelRecorded) -> Decision:
+def _cancel_recorded(run: RunRecord | None, ckpt: Checkpoint | None, incoming: CancelRecorded) -> Decision:
     """RUN-2: a run nobody is driving (pending, parked) is cancelled at once; a driven one by its driver at
     the next turn boundary; a finished one ignores it."""
     if run is None:
@@ -872,7 +959,7 @@ def _cancel_recorded(run: RunRecord | None, incoming: CancelRecorded) -> Decisio
         fields = {"state": run.state.value, "requested_by": incoming.requested_by}
         return _decision(Note("run.cancel.ignored", fields=fields))
     if run.state in (RunState.PENDING, RunState.WAITING_FOR_HUMAN, RunState.WAITING_FOR_AGENT):
-        return _decision(*_cancel(run, run.cancel))
+        return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
     fields = {"state": run.state.value, "requested_by": incoming.requested_by}
     return _decision(Note("run.cancel.deferred", fields=fields))
 
@@ -889,9 +976,9 @@ def _boundary(
     if run is None or run.state is not RunState.RUNNING:
         return _decision()
     if run.cancel is not None:
-        return _decision(*_cancel(run, run.cancel))
+        return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
     if agent is None:
-        return _decision(*_unknown_agent(run))
+        return _decision(*_unknown_agent(run, ckpt))
     if ckpt is None:
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
     if ckpt.pending is not None:
@@ -903,12 +990,12 @@ def _boundary(
     limits = agent.card.limits
     max_turns = _max_turns(run, agent)
     if ckpt.turn >= max_turns:
-        return _decision(*_fail(run, "max_turns", f"the agent used all {max_turns} turns", usage=ckpt.usage))
+        return _decision(*_fail(run, "max_turns", f"the agent used all {max_turns} turns", totals=_totals(ckpt)))
     if ckpt.compute_s >= limits.max_compute_s:
         error = f"{ckpt.compute_s:.1f}s of compute used; the budget is {limits.max_compute_s:.1f}s"
-        return _decision(*_fail(run, "compute_timeout", error, usage=ckpt.usage))
+        return _decision(*_fail(run, "compute_timeout", error, totals=_totals(ckpt)))
     if limits.max_tokens is not None and ckpt.usage.total_tokens >= limits.max_tokens:
-        return _decision(*_fail(run, "token_limit", _token_text(ckpt.usage, limits.max_tokens), usage=ckpt.usage))
+        return _decision(*_fail(run, "token_limit", _token_text(ckpt.usage, limits.max_tokens), totals=_totals(ckpt)))
     turn = ckpt.turn + 1
     call = CallProvider(
         turn=turn,
@@ -979,7 +1066,7 @@ def _provider_failed(
     if run is None or ckpt is None:
         return _decision(Retry(incoming.error))
     if incoming.permanent or attempt.last:
-        return _decision(*_fail(run, "provider_error", incoming.error, usage=ckpt.usage))
+        return _decision(*_fail(run, "provider_error", incoming.error, totals=_totals(ckpt)))
     return _decision(Retry(incoming.error))
 
 
@@ -992,16 +1079,17 @@ def _provider_replied(
         detail = f"run {run_id} is no longer running; turn {incoming.turn} dropped"
         return _decision(Note("run.moved_on", "warning", {"detail": detail}))
     if agent is None:
-        return _decision(*_unknown_agent(run))
+        return _decision(*_unknown_agent(run, ckpt))
     if ckpt is None:
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
     reply = incoming.reply
     usage = ckpt.usage + (reply.usage or Usage())
     max_tokens = agent.card.limits.max_tokens
     if max_tokens is not None and usage.total_tokens > max_tokens:
-        return _decision(*_fail(run, "token_limit", _token_text(usage, max_tokens), usage=usage))
+        totals = _totals(ckpt, turns=incoming.turn, calls=len(reply.tool_calls), usage=usage)
+        return _decision(*_fail(run, "token_limit", _token_text(usage, max_tokens), totals=totals))
     if not reply.tool_calls:
-        return _decision(*_complete(run, reply.content or "", incoming.turn, usage))
+        return _decision(*_complete(run, reply.content or "", _totals(ckpt, turns=incoming.turn, usage=usage)))
     turn = TurnInFlight(
         number=incoming.turn, reply=reply, usage=usage, plans=_plan_calls(run, ckpt, agent, incoming.turn, now, reply)
     )
@@ -1234,7 +1322,8 @@ def _commit(
             f"{malformed} malformed tool calls (unparseable arguments or unknown tools); the card allows "
             f"{limits.max_malformed_tool_calls}"
         )
-        return Decision((*effects, *_fail(run, "malformed_tool_calls", error, usage=turn.usage)))
+        totals = _totals(ckpt, turns=turn.number, calls=len(turn.calls), usage=turn.usage)
+        return Decision((*effects, *_fail(run, "malformed_tool_calls", error, totals=totals)))
     assistant = Message(role="assistant", content=turn.reply.content, tool_calls=turn.reply.tool_calls)
     answered = {plan.answers for plan in turn.plans if isinstance(plan, Emit) and plan.answers is not None}
     received = [evolve(r, answered=True) if r.request_id in answered else r for r in ckpt.received]
@@ -1247,11 +1336,11 @@ def _commit(
         pending=turn.pending,
         compute_s=ckpt.compute_s + elapsed_s,
         usage=turn.usage,
+        tool_calls=ckpt.tool_calls + len(turn.calls),
         malformed_tool_calls=malformed,
         received=received,
     )
-    checkpointed = RunCheckpointed(run_id=run.run_id, checkpoint_id=saved.checkpoint_id, turn=turn.number)
-    return Decision((*effects, SaveCheckpoint(saved), Publish(checkpointed, (str(turn.number),))), Boundary())
+    return Decision((*effects, SaveCheckpoint(saved), _checkpointed(run, saved)), Boundary())
 
 
 def _watchdog_fired(
@@ -1278,13 +1367,13 @@ def _watchdog_fired(
             Note("watchdog.progressed", "warning", fields),
         )
     if run.cancel is not None:  # stalled, but asked to stop: cancelled, as asked
-        return _decision(*_cancel(run, run.cancel))
+        return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
     idle_s = (now - payload.armed_at).total_seconds()
     error = (
         f"no progress in {run.state.value} at turn {turn} for {idle_s:.0f}s: longer than the compute "
         f"limit ({limits.max_compute_s:g}s) plus the watchdog's grace ({incoming.grace_s:g}s)"
     )
-    return _decision(*_fail(run, "stalled", error))
+    return _decision(*_fail(run, "stalled", error, totals=_totals(ckpt)))
 
 
 def _dead_lettered(run: RunRecord | None, ckpt: Checkpoint | None, incoming: DeadLettered) -> Decision:
@@ -1298,12 +1387,12 @@ def _dead_lettered(run: RunRecord | None, ckpt: Checkpoint | None, incoming: Dea
         fields = {"state": run.state.value, "ce_type": incoming.event_type}
         return _decision(Note("run.dead_letter.not_its_driver", fields=fields))
     if run.cancel is not None:  # it was to stop anyway: what it was asked for, not a failure
-        return _decision(*_cancel(run, run.cancel))
+        return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
     error = (
         f"{incoming.event_type} {incoming.event_id} dead-lettered after {incoming.deliveries} deliveries: "
         f"{incoming.error}"
     )
-    return _decision(*_fail(run, "infrastructure_error", error, causation=incoming.event_id))
+    return _decision(*_fail(run, "infrastructure_error", error, causation=incoming.event_id, totals=_totals(ckpt)))
 
 
 def drives(run: RunRecord, ckpt: Checkpoint | None, event_type: str, request_id: str | None) -> bool:
@@ -1330,44 +1419,59 @@ def drives(run: RunRecord, ckpt: Checkpoint | None, event_type: str, request_id:
 
 
 # --------------------------------------------------------------------------- endings
-def _complete(run: RunRecord, result: str, turns: int, usage: Usage) -> tuple[Effect, ...]:
-    return (
-        Publish(RunCompleted(run_id=run.run_id, result=result[:16384], turns=turns)),
-        Transition(RunState.COMPLETED, {"result": result, "usage": usage}),
-        DisarmWatchdog(),
-        Note("run.completed", fields={"turns": turns, "total_tokens": usage.total_tokens}),
+def _totals(
+    ckpt: Checkpoint | None, *, turns: int | None = None, calls: int = 0, usage: Usage | None = None
+) -> RunUsage:
+    """What the run used, for its terminal event and record: the committed turns' totals (``ckpt``: they
+    survive parks, resumes and recoveries), plus an uncommitted last turn's (``turns``, ``calls``, ``usage``)."""
+    tokens = usage if usage is not None else (ckpt.usage if ckpt is not None else Usage())
+    return RunUsage(
+        turns=turns if turns is not None else (ckpt.turn if ckpt is not None else 0),
+        tool_calls=(ckpt.tool_calls if ckpt is not None else 0) + calls,
+        prompt_tokens=tokens.prompt_tokens,
+        completion_tokens=tokens.completion_tokens,
+        total_tokens=tokens.total_tokens,
     )
 
 
-def _cancel(run: RunRecord, cancel: CancelRequest) -> tuple[Effect, ...]:
+def _complete(run: RunRecord, result: str, totals: RunUsage) -> tuple[Effect, ...]:
+    turns = totals.turns
+    return (
+        Publish(RunCompleted(run_id=run.run_id, result=result[:16384], turns=turns, usage=totals)),
+        Transition(RunState.COMPLETED, {"result": result, "usage": totals}),
+        DisarmWatchdog(),
+        Note("run.completed", fields={"turns": turns, "total_tokens": totals.total_tokens}),
+    )
+
+
+def _cancel(run: RunRecord, cancel: CancelRequest, totals: RunUsage) -> tuple[Effect, ...]:
     """``run.cancelled`` first (one id per run: a repeat is deduplicated), then the record, then its watchdog.
     Pending human requests are human-interaction's to cancel (it consumes ``run.cancelled``)."""
     reason = f"{cancel.reason} (requested by {cancel.requested_by})"
     return (
-        Publish(RunCancelled(run_id=run.run_id, reason=reason[:4096]), causation=cancel.event_id),
-        Transition(RunState.CANCELLED, {"waiting_request_id": None}),
+        Publish(RunCancelled(run_id=run.run_id, reason=reason[:4096], usage=totals), causation=cancel.event_id),
+        Transition(RunState.CANCELLED, {"waiting_request_id": None, "usage": totals}),
         DisarmWatchdog(),
         Note("run.cancelled", fields={"reason": cancel.reason, "requested_by": cancel.requested_by}),
     )
 
 
 def _fail(
-    run: RunRecord, reason: str, error: str, *, causation: str | None = None, usage: Usage | None = None
+    run: RunRecord, reason: str, error: str, *, totals: RunUsage, causation: str | None = None
 ) -> tuple[Effect, ...]:
     # one id per run, whatever the reason: a run fails once, and a repeat is deduplicated
-    changes: dict[str, Any] = {"error": f"{reason}: {error}"}
-    if usage is not None:
-        changes["usage"] = usage
+    changes: dict[str, Any] = {"error": f"{reason}: {error}", "usage": totals}
+    failed = RunFailed(run_id=run.run_id, reason=reason, error=error[:4096], usage=totals)
     return (
-        Publish(RunFailed(run_id=run.run_id, reason=reason, error=error[:4096]), causation=causation),
+        Publish(failed, causation=causation),
         Transition(RunState.FAILED, changes),
         DisarmWatchdog(),
         Note("run.failed", "warning", {"reason": reason, "error": error}),
     )
 
 
-def _unknown_agent(run: RunRecord) -> tuple[Effect, ...]:
-    return _fail(run, "unknown_agent", f"no agent card named {run.agent!r}")
+def _unknown_agent(run: RunRecord, ckpt: Checkpoint | None) -> tuple[Effect, ...]:
+    return _fail(run, "unknown_agent", f"no agent card named {run.agent!r}", totals=_totals(ckpt))
 
 
 # --------------------------------------------------------------------------- pure state changes
@@ -1712,6 +1816,7 @@ def human_outcome(event_type: str, event_id: str, data: HumanAnswered | HumanExp
         waited_s=waited,
         fails_run=fails,
         cancels_run=cancels,
+        sender=data.responder if isinstance(data, HumanAnswered) else None,
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temporality_protocol import HumanPolicy, LaunchSource, NormalizedEvent, RelayRequest, RunState
+from temporality_protocol import HumanPolicy, LaunchSource, NormalizedEvent, RelayRequest, RunState, RunUsage
 
 __all__ = [
     "AgentMail",
@@ -146,9 +146,9 @@ class RunRecord(_Model):
     waiting_since: datetime | None = None
     result: str | None = None
     error: str | None = None
-    #: The run's token totals, written when it completes or fails in its agent loop (the protocol's
-    #: ``run.completed``/``run.failed`` have no field for them).
-    usage: Usage | None = None
+    #: What the whole run used (turns, tool calls, tokens), written when it ends -- the same totals as its
+    #: terminal event's ``usage``. Records from before read their tokens only (the rest 0).
+    usage: RunUsage | None = None
     #: Set once a cancel is asked for (the first one wins); the run moves to ``cancelled`` at the next turn
     #: boundary, at once if nobody is driving it (pending, waiting for a person).
     cancel: CancelRequest | None = None
@@ -174,6 +174,8 @@ class Checkpoint(_Model):
     applied_requests: list[str] = Field(default_factory=list)
     #: Tokens used over all committed turns (the endpoints' ``usage`` blocks, summed).
     usage: Usage = Field(default_factory=Usage)
+    #: Tool calls the model made over all committed turns (checkpoints from before it read 0).
+    tool_calls: int = 0
     #: Malformed tool calls (unparseable arguments, unknown tools) returned to the model so far.
     malformed_tool_calls: int = 0
     #: Agent messages not delivered yet: framed as user messages at the next turn boundary (COL-4).

@@ -14,7 +14,8 @@ __all__ = ["Settings"]
 
 
 class Settings(ServiceSettings):
-    """A worker: no HTTP API. ``TEMPORALITY_EXECUTOR_PORT`` serves ``/healthz`` and ``/readyz`` for probes."""
+    """A worker. ``TEMPORALITY_EXECUTOR_PORT`` (unset: no HTTP server) serves ``/healthz``, ``/readyz`` and
+    ``/metrics`` for probes, and the read-only agent cards API (``GET /agents``, role tokens: :mod:`.api`)."""
 
     model_config = SettingsConfigDict(env_prefix="TEMPORALITY_EXECUTOR_", extra="ignore")
 

@@ -1,0 +1,136 @@
+"""The agent cards over HTTP, read-only (RUN-1: "agent cards in config, and readable over an API").
+
+===========================  ======  ==========================================================
+``GET /agents``              viewer  every loaded card, by id: ``{"agents": [<card view>, ...]}``
+``GET /agents/{agent_id}``   viewer  one card; 404 ``agent_not_found`` for an id no card has
+===========================  ======  ==========================================================
+
+Served on the executor's probe port (``TEMPORALITY_EXECUTOR_PORT``, beside ``/healthz``, ``/readyz`` and
+``/metrics``) when one is set; authorized with the role tokens of :mod:`temporality_service.auth` (401
+without a valid token, 403 never: viewer is the lowest role).
+
+A view shows what the card *does*: id, role, description, skills (name and description, not their
+instructions), the tool policy and the tools it is offered after it (MCP tools included), the provider
+(kind, model, the endpoint without credentials), limits, MCP server names and whether its sandbox has
+network. Never a secret or an environment value: not the system prompt, not the provider's key (nor
+the name of its variable), not an MCP server's command, arguments or ``env``, not the sandbox's
+pass-through names.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Callable
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict
+
+from temporality_run_executor.agents import AgentCard, AgentDirectory, Limits
+from temporality_run_executor.tools import Tool
+from temporality_service import ApiAuth, AsViewer, ErrorBody, NotFound, install_error_handlers
+
+__all__ = ["AgentView", "AgentsView", "ProviderView", "SkillView", "ToolPolicyView", "agent_view", "create_app"]
+
+_ID = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SkillView(_View):
+    name: str
+    description: str
+
+
+class ToolPolicyView(_View):
+    allow: list[str]
+    deny: list[str]
+
+
+class ProviderView(_View):
+    #: ``openai`` or ``scripted`` (deterministic, for demos and tests).
+    kind: str
+    model: str | None = None
+    #: The endpoint, without user info, query or fragment (which might hold a credential).
+    base_url: str | None = None
+    #: The scripted provider's shipped script (``reviewer``), ``file`` or ``inline``.
+    script: str | None = None
+
+
+class AgentView(_View):
+    id: str
+    role: str
+    description: str
+    skills: list[SkillView]
+    tool_policy: ToolPolicyView
+    #: What its runs are offered (after allow/deny; MCP tools as ``<server>__<tool>``).
+    tools: list[str]
+    provider: ProviderView
+    limits: Limits
+    mcp_servers: list[str]
+    sandbox_network: bool
+
+
+class AgentsView(_View):
+    agents: list[AgentView]
+
+
+def _endpoint(url: str | None) -> str | None:
+    if url is None:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def agent_view(card: AgentCard, offered: list[Tool]) -> AgentView:
+    """The public view of ``card`` whose runs are offered ``offered`` (see the module docstring)."""
+    provider = card.provider
+    script: str | None = None
+    if provider.kind == "scripted":
+        script = provider.script if isinstance(provider.script, str) else "file" if provider.script_file else "inline"
+    return AgentView(
+        id=card.id,
+        role=card.role,
+        description=card.description,
+        skills=[SkillView(name=s.name, description=s.description) for s in card.skills],
+        tool_policy=ToolPolicyView(allow=list(card.tools.allow), deny=list(card.tools.deny)),
+        tools=[tool.name for tool in offered],
+        provider=ProviderView(
+            kind=provider.kind,
+            model=provider.model if provider.kind == "openai" else None,
+            base_url=_endpoint(provider.base_url) if provider.kind == "openai" else None,
+            script=script,
+        ),
+        limits=card.limits,
+        mcp_servers=[server.name for server in card.mcp_servers],
+        sandbox_network=card.sandbox.network,
+    )
+
+
+def create_app(agents: AgentDirectory, offered: Callable[[AgentCard], list[Tool]], auth: ApiAuth) -> FastAPI:
+    """The executor's HTTP app: the agent cards (``offered``: the tools a card's runs are offered)."""
+    app = FastAPI(
+        title="Temporality run-executor",
+        version="0.1.0",
+        responses={code: {"model": ErrorBody} for code in (400, 401, 403, 404, 422)},
+    )
+    install_error_handlers(app)
+    auth.install(app)
+    views = {card.id: agent_view(card, offered(card)) for card in agents.cards()}  # the cards are fixed at start
+
+    @app.get("/agents", response_model=AgentsView)
+    async def list_agents(who: AsViewer) -> AgentsView:
+        return AgentsView(agents=[views[key] for key in sorted(views)])
+
+    @app.get("/agents/{agent_id}", response_model=AgentView)
+    async def get_agent(agent_id: str, who: AsViewer) -> AgentView:
+        view = views.get(agent_id) if _ID.match(agent_id) else None
+        if view is None:
+            raise NotFound(f"no agent card {agent_id[:100]!r} is loaded", code="agent_not_found")
+        return view
+
+    return app

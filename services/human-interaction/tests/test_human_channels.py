@@ -15,6 +15,7 @@ from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.channels.render import option_named, outcome_text, question_html, question_text
 from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.egress import DEFAULT_POLICY
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import HumanPolicy, HumanRequestState, OptionAnswer, TimeoutPolicy
@@ -67,10 +68,12 @@ def test_a_half_configured_matrix_is_a_config_error(env: dict[str, str]) -> None
 
 
 def test_the_question_is_compact_and_says_what_happens_without_an_answer() -> None:
-    record = _record()
+    record, truncated = DEFAULT_POLICY.for_channel(_record(), "telegram")  # as the adapter renders it (egress)
     text = question_text(record)
     assert text.startswith("❓ PR #1842 in repo X")
-    assert "x" * 700 not in text  # long context is cut
+    assert "x" * 900 not in text  # long context is cut to the channel's limit (800), with a marker
+    assert "more characters)" in text
+    assert truncated == ["context"]
     assert "2. Drop v1 — The review approves the removal" in text
     assert "No answer by 2026-12-01 14:30 UTC → I go with “Keep the v1 API”." in text
     html = question_html(record)

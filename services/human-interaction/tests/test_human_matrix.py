@@ -22,6 +22,7 @@ from temporality_protocol import (
     HumanAnswered,
     HumanNotifyRequested,
     HumanPolicy,
+    HumanRequested,
     HumanRequestState,
     OptionAnswer,
     TextAnswer,
@@ -242,3 +243,31 @@ async def test_a_notification_arrives_as_a_notice_in_the_dm(
     )
     assert notice["content"]["body"] == "📣 Review PR 42\n\nReview finished: two comments."
     assert "m.relates_to" not in notice["content"]  # a plain notice, not a reply to anything
+
+
+async def test_the_question_on_matrix_is_redacted_and_truncated(
+    bus: Bus, bot: tuple[MatrixAdapter, RequestHandler], alice: MatrixPerson, matrix_accounts: dict[str, MatrixAccount]
+) -> None:
+    """Egress (HUM-5, SEC-1) on the real homeserver: the question and its edit carry no secret, the long context
+    is cut to Matrix's limit with a marker."""
+    secret = "ghp_" + "Mx7Nc6Bv5Vc4Xz3Lk2Jh1" * 2
+    event = requested()
+    payload = event.payload(HumanRequested).model_copy(
+        update={
+            "title": "Rotate the leaked token",
+            "context": f"The CI log prints Authorization: Bearer {secret}\n" + "log line " * 400,
+            "question": f"Revoke {secret} now?",
+        }
+    )
+    await bot[1].handle(make_event(payload, source="/temporality/run-executor", run_id=payload.run_id))
+    bot_id = matrix_accounts["bot"].user_id
+    room_id, question = await alice.wait_for_question(bot_id, "Rotate the leaked token")
+    body, html = question["content"]["body"], question["content"]["formatted_body"]
+    assert "[REDACTED:github_token]" in body
+    assert "[REDACTED:" in html
+    assert "more characters)" in body
+    assert len(body) < 3000  # Matrix's default limit: 2,000 characters per field, plus the rest of the question
+
+    await alice.react(room_id, str(question["event_id"]), KEYCAPS[0])
+    await alice.wait_for_edit_of(str(question["event_id"]))
+    assert all(secret not in str(e) for _, e in alice.seen)

@@ -17,6 +17,7 @@ from temporality_human_interaction.deadlines import DeadlineHandler
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.notifications import NotificationHandler
+from temporality_human_interaction.records import HumanRequestRecord
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
 from temporality_human_interaction.settings import Settings
@@ -26,6 +27,7 @@ from temporality_protocol import (
     HumanNotified,
     HumanNotifyRequested,
     HumanPolicy,
+    HumanRequested,
     HumanRequestState,
     OptionAnswer,
     RunCancelled,
@@ -372,3 +374,26 @@ async def test_a_notification_goes_to_the_preferred_channel_once(
     emulator.block(BOB.id)  # bob's only other channel is the web inbox, which carries no notifications
     with pytest.raises(TransientError, match="could not be sent"):
         await handler.handle(_notify_event(recipient="user:bob", allowed=("user:bob",)))
+
+
+async def test_a_delivery_repeated_before_its_copy_was_recorded_sends_no_second_message(
+    bus: Bus,
+    emulator: TelegramEmulator,
+    tg_directory: Directory,
+    channels: tuple[dict[str, ChannelAdapter], AnswerRouter],
+) -> None:
+    """The request handler crashed after ``sendMessage`` but before recording the copy: the redelivery's send
+    finds the message it already sent (``telegram.sent.…``) and reuses it (the reminder is its own send)."""
+    event = requested(allowed=("user:alice",))
+    record = HumanRequestRecord.from_requested(event, event.payload(HumanRequested))
+    profile = tg_directory.get("alice")
+    assert profile is not None
+    telegram = channels[0]["telegram"]
+    first = await telegram.deliver(record, profile)
+    again = await telegram.deliver(record, profile)  # the redelivery, the copy never recorded
+    assert again == first
+    reminder = await telegram.deliver(record, profile, banner="🔔 Reminder 1 of 1", tag="reask-1")
+    assert reminder.reference != first.reference
+    await emulator.wait_for_message(ALICE.id, lambda m: str(m["message_id"]) == reminder.reference)
+    sent = [m for (chat, _), m in emulator.messages.items() if chat == ALICE.id and m["from"]["is_bot"]]
+    assert sorted(str(m["message_id"]) for m in sent) == sorted([str(first.reference), str(reminder.reference)])

@@ -9,6 +9,8 @@ reads is the store's, kept current without a restart (ready only once the first 
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import structlog
 
 from temporality_bus import Bus
@@ -20,9 +22,12 @@ from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.deadlines import DeadlineHandler
 from temporality_human_interaction.directory import Directory, DirectoryError, parse_directory, read_directory_file
 from temporality_human_interaction.directory_api import group_view, user_view
+from temporality_human_interaction.egress import EgressPolicy, PatternError
 from temporality_human_interaction.events import SOURCE
 from temporality_human_interaction.inbound import AnswerRouter
+from temporality_human_interaction.inbox import RetentionSweeper, rebuild_index
 from temporality_human_interaction.notifications import NotificationHandler
+from temporality_human_interaction.policies import RunPolicies, RunPolicyHandler
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
 from temporality_human_interaction.settings import Settings
@@ -32,7 +37,7 @@ from temporality_protocol.catalog import SERVICES
 from temporality_protocol.events import HumanDirectoryChanged
 from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
 
-__all__ = ["SPEC", "build_adapters", "check_channel_settings", "configure", "run", "seed_directory"]
+__all__ = ["SPEC", "build_adapters", "check_channel_settings", "configure", "egress_policy", "run", "seed_directory"]
 
 SPEC = SERVICES["human-interaction"]
 log = structlog.get_logger(__name__)
@@ -51,8 +56,23 @@ def check_channel_settings(settings: Settings) -> None:
         )
 
 
-def build_adapters(settings: Settings, bus: Bus) -> list[ChannelAdapter]:
-    """The transports to start: the web inbox always, each chat transport only when it is configured."""
+def egress_policy(settings: Settings) -> EgressPolicy:
+    """The egress policy of the settings (HUM-5, SEC-1); a bad extra pattern is a ConfigError naming its key."""
+    try:
+        return EgressPolicy.build(
+            limits=settings.egress_max_chars,
+            extra_patterns=settings.egress_redact_patterns,
+            default_limit=settings.egress_default_max_chars,
+            setting="TEMPORALITY_HUMAN_EGRESS_REDACT_PATTERNS",
+        )
+    except PatternError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def build_adapters(settings: Settings, bus: Bus, egress: EgressPolicy | None = None) -> list[ChannelAdapter]:
+    """The transports to start: the web inbox always, each chat transport only when it is configured; each
+    sends through ``egress`` (default: the settings' policy)."""
+    policy = egress or egress_policy(settings)
     adapters: list[ChannelAdapter] = [WebInboxAdapter()]
     if settings.telegram_token is not None and settings.telegram_enabled:
         adapters.append(
@@ -76,6 +96,8 @@ def build_adapters(settings: Settings, bus: Bus) -> list[ChannelAdapter]:
                 sync_timeout_s=settings.matrix_sync_timeout_s,
             )
         )
+    for adapter in adapters:
+        adapter.egress = policy
     return adapters
 
 
@@ -110,6 +132,7 @@ def configure(settings: Settings) -> Setup[Settings]:
     """Read the API tokens and the user directory and check the channel settings before anything connects
     (invalid: exit 2)."""
     check_channel_settings(settings)
+    egress = egress_policy(settings)
     try:
         auth = ApiAuth.from_settings(settings.api)
     except TokenFileError as exc:
@@ -130,20 +153,31 @@ def configure(settings: Settings) -> Setup[Settings]:
         await rt.resources.enter_async_context(watch.watching())
         rt.ready_check("directory-store", watch.check)
         adapters: dict[str, ChannelAdapter] = {}
-        inbound = AnswerRouter(rt.bus, directory, adapters, repair_after_s=rt.settings.answer_repair_after_s)
-        for adapter in build_adapters(rt.settings, rt.bus):
+        inbound = AnswerRouter(
+            rt.bus, directory, adapters, repair_after_s=rt.settings.answer_repair_after_s, egress=egress
+        )
+        for adapter in build_adapters(rt.settings, rt.bus, egress):
             adapter.attach(inbound)  # every channel hands its answers to the one binding
             adapters[adapter.name] = await rt.resources.enter_async_context(adapter)
         log.info("channels.ready", channels=sorted(n for n, a in adapters.items() if a.available))
-        requests = RequestHandler(rt.bus, directory, adapters)
+        policies = RunPolicies(rt.bus, wait_deliveries=rt.settings.policy_wait_deliveries)  # SEC-1
+        rt.consumer("human-interaction-policies", handler=RunPolicyHandler(policies).handle)
+        requests = RequestHandler(rt.bus, directory, adapters, egress=egress, policies=policies)
         rt.consumer("human-interaction-requests", handler=requests.handle, max_inflight=rt.settings.max_inflight)
         chain = ChainRunner(rt.bus, directory, adapters)  # reminders and escalation (HUM-8)
-        deadlines = DeadlineHandler(rt.bus, on_outcome=inbound.show_outcome, chain=chain)
+        await rebuild_index(rt.bus)  # the inbox index: requests stored before it existed are found (idempotent)
+        sweeper = RetentionSweeper(
+            rt.bus,
+            retention=timedelta(days=rt.settings.request_retention_days),
+            every_s=rt.settings.retention_sweep_every_s,
+        )
+        await sweeper.start()
+        deadlines = DeadlineHandler(rt.bus, on_outcome=inbound.show_outcome, chain=chain, sweeper=sweeper)
         rt.consumer("human-interaction-deadlines", raw_handler=deadlines.handle)
         rt.consumer("human-interaction-runs", handler=RunEndHandler(rt.bus, inbound.show_outcome).handle)
-        notifications = NotificationHandler(rt.bus, directory, adapters)
+        notifications = NotificationHandler(rt.bus, directory, adapters, policies=policies)
         rt.consumer("human-interaction-notifications", handler=notifications.handle)
-        rt.http(create_app(rt.settings, rt.bus, directory, inbound, store=store, auth=auth))
+        rt.http(create_app(rt.settings, rt.bus, directory, inbound, store=store, auth=auth, egress=egress))
 
     return setup
 

@@ -42,7 +42,8 @@ import structlog
 from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 
 from temporality_bus import Bus, NotFound, TransientError, evolve
-from temporality_human_interaction.events import answered_event
+from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
+from temporality_human_interaction.events import RefusedReason, answer_refused_event, answered_event
 from temporality_human_interaction.records import (
     MAX_LATE_ANSWERS,
     HumanRequestRecord,
@@ -115,6 +116,11 @@ class NotRecipient(AnswerRefused):
     status = 403
     code = "not_recipient"
 
+    def __init__(self, detail: str, *, record: HumanRequestRecord | None = None) -> None:
+        super().__init__(detail)
+        #: The request the answer was for (journaled as ``human.answer_refused``).
+        self.record = record
+
 
 class NotPending(AnswerRefused):
     status = 409
@@ -149,10 +155,10 @@ def check_recipient(record: HumanRequestRecord, responder: str) -> None:
     if not record.may_answer(responder):
         who = f"the members of {record.recipient}" if record.members else "the recipient"
         if record.escalated_to is not None:
-            raise NotRecipient(f"only {who} or {record.escalated_to} (escalated to) may answer")
+            raise NotRecipient(f"only {who} or {record.escalated_to} (escalated to) may answer", record=record)
         if record.members:
-            raise NotRecipient(f"only {who} may answer")
-        raise NotRecipient("only the recipient may answer")
+            raise NotRecipient(f"only {who} may answer", record=record)
+        raise NotRecipient("only the recipient may answer", record=record)
 
 
 def refusal_for(record: HumanRequestRecord) -> NotPending:
@@ -223,13 +229,27 @@ async def bind_answer_outcome(
     clock: Callable[[], datetime] | None = None,
     repair_after_s: float = DEFAULT_REPAIR_AFTER_S,
     responder_name: str | None = None,
+    egress: EgressPolicy | None = None,
 ) -> tuple[HumanRequestRecord, bool]:
-    """:func:`bind_answer`, also saying whether the answer was already recorded (an identical repeat)."""
+    """:func:`bind_answer`, also saying whether the answer was already recorded (an identical repeat).
+
+    A refusal for a request that exists (ended, or not this responder's to answer) is journaled as
+    ``human.answer_refused`` before it is raised (HUM-7, HUM-9); a free-text answer in it is redacted by
+    ``egress``. A bus failure publishing it propagates (503 / "try again"): the retry publishes the same id.
+    """
     store = await open_store(bus)
+    now = clock or _utcnow
     try:
-        record, fresh = await _bind(store, request_id, responder, submission, channel, clock or _utcnow, responder_name)
+        record, fresh = await _bind(store, request_id, responder, submission, channel, now, responder_name)
+    except NotRecipient as refused:
+        if refused.record is not None:
+            await _journal_refusal(bus, refused.record, responder, submission, channel, refused, now(), egress)
+        raise
     except NotPending as refused:
-        await _record_late(store, request_id, responder, submission, channel, refused, clock or _utcnow)
+        received_at = now()
+        await _record_late(store, request_id, responder, submission, channel, refused, now)
+        if refused.record is not None:
+            await _journal_refusal(bus, refused.record, responder, submission, channel, refused, received_at, egress)
         if refused.record is not None and unannounced(refused.record):
             # Refused, but the answer that was bound first may never have been announced: announce it now.
             with structlog.contextvars.bound_contextvars(request_id=request_id, run_id=refused.record.run_id):
@@ -238,6 +258,9 @@ async def bind_answer_outcome(
         raise
     with structlog.contextvars.bound_contextvars(request_id=request_id, run_id=record.run_id):
         if fresh:
+            from temporality_human_interaction.inbox import unindex
+
+            await unindex(bus, record)
             await _arm_repair(bus, record, repair_after_s)
         elif record.answer_published:
             log.info("answer.already_recorded", responder=responder)
@@ -245,6 +268,51 @@ async def bind_answer_outcome(
         else:
             log.info("answer.republishing", trigger="same_answer")
         return await announce_answer(bus, record, store=store), not fresh
+
+
+_JOURNALED: frozenset[str] = frozenset({"already_answered", "expired", "cancelled", "not_recipient"})
+
+
+async def _journal_refusal(
+    bus: Bus,
+    record: HumanRequestRecord,
+    responder: str,
+    submission: AnswerSubmission,
+    channel: str,
+    refused: AnswerRefused,
+    received_at: datetime,
+    egress: EgressPolicy | None,
+) -> None:
+    """Publish ``human.answer_refused`` for ``refused`` (deterministic id per request, responder, submission)."""
+    if refused.code not in _JOURNALED:
+        return
+    reason: RefusedReason = refused.code  # type: ignore[assignment]  # checked against _JOURNALED above
+    answer: HumanAnswer | None
+    try:
+        answer = interpret(record, submission)
+    except InvalidAnswer:
+        answer = None
+    if isinstance(answer, TextAnswer):  # the journal is read by operators: no secrets in it either (SEC-1)
+        answer = TextAnswer(value=(egress or DEFAULT_POLICY).redact_text(answer.value)[:MAX_TEXT])
+    key = f"option:{submission.option_id}" if submission.option_id is not None else f"text:{submission.text}"
+    event = answer_refused_event(
+        record,
+        responder=responder,
+        channel=channel,
+        reason=reason,
+        detail=refused.detail,
+        received_at=received_at,
+        answer=answer,
+        submission_key=key,
+    )
+    result = await bus.publish(event)
+    log.info(
+        "answer.refusal_journaled",
+        request_id=record.request_id,
+        responder=responder,
+        reason=reason,
+        duplicate=result.duplicate,
+    )
 
 
 async def _record_late(

@@ -40,8 +40,10 @@ from temporality_human_interaction.answers import AnswerSubmission, RequestNotFo
 from temporality_human_interaction.channels import AnswerSink, InboundAnswer
 from temporality_human_interaction.directory import Directory, recipient_for, user_id_of
 from temporality_human_interaction.directory_api import directory_router
+from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.inbound import AnswerRouter
-from temporality_human_interaction.records import HumanRequestRecord, is_request_id, list_pending, open_store
+from temporality_human_interaction.inbox import list_inbox
+from temporality_human_interaction.records import HumanRequestRecord, is_request_id, open_store
 from temporality_human_interaction.settings import Settings
 from temporality_human_interaction.store import DirectoryStore
 from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState
@@ -157,6 +159,7 @@ def create_app(
     *,
     store: DirectoryStore | None = None,
     auth: ApiAuth | None = None,
+    egress: EgressPolicy | None = None,
 ) -> FastAPI:
     """The API over an already-connected ``bus`` (the caller owns its lifetime).
 
@@ -166,8 +169,18 @@ def create_app(
     Answers go to ``inbound``, the same channel-neutral binding every chat adapter uses (the service
     passes its :class:`~temporality_human_interaction.inbound.AnswerRouter`, which also edits the
     question's copies on the other channels); without one, a router with no chat adapters.
+
+    What the inbox routes show passes through ``egress`` for the ``web`` channel (HUM-5, SEC-1): the stored
+    request is already redacted; each text field is truncated to the web inbox's limit.
     """
-    sink: AnswerSink = inbound or AnswerRouter(bus, directory, repair_after_s=settings.answer_repair_after_s)
+    policy = egress or DEFAULT_POLICY
+    sink: AnswerSink = inbound or AnswerRouter(
+        bus, directory, repair_after_s=settings.answer_repair_after_s, egress=policy
+    )
+
+    def shown(record: HumanRequestRecord) -> HumanRequestRecord:
+        return policy.for_channel(record, WEB_CHANNEL)[0]
+
     app = FastAPI(
         title="Temporality human-interaction",
         version="0.1.0",
@@ -203,10 +216,9 @@ def create_app(
     async def inbox(user: Caller) -> InboxView:
         async with bus_call("listing the inbox"):
             store = await open_store(bus)
-            # Scans every key of the bucket (see records.list_pending); fine for now, indexed later.
-            pending = await list_pending(store, user)
+            pending = await list_inbox(bus, store, user)  # the per-recipient index (inbox.py), never a scan
         now = datetime.now(UTC)
-        return InboxView(user=user, requests=[InboxItem.of(r, now) for r in pending])
+        return InboxView(user=user, requests=[InboxItem.of(shown(r), now) for r in pending])
 
     @app.get("/requests/{request_id}")
     async def get_request(request_id: str, user: Caller) -> RequestView:
@@ -217,7 +229,7 @@ def create_app(
         if got is None:
             raise RequestNotFound(f"there is no request {request_id}")
         check_recipient(got.value, user)
-        return RequestView.of(got.value, datetime.now(UTC))
+        return RequestView.of(shown(got.value), datetime.now(UTC))
 
     @app.post("/requests/{request_id}/answer")
     async def answer(request_id: str, user: Caller, request: Request) -> RequestView:
@@ -234,7 +246,7 @@ def create_app(
         if result.refused is not None:
             raise result.refused
         assert result.record is not None
-        return RequestView.of(result.record, datetime.now(UTC), already_recorded=result.already_recorded)
+        return RequestView.of(shown(result.record), datetime.now(UTC), already_recorded=result.already_recorded)
 
     return app
 

@@ -48,6 +48,7 @@ from temporality_human_interaction.channels import ChannelAdapter, DeliveryRecei
 from temporality_human_interaction.delivery import deliver_along
 from temporality_human_interaction.directory import Directory, group_id_of, recipient_for, user_id_of
 from temporality_human_interaction.events import escalated_event, reasked_event
+from temporality_human_interaction.inbox import index_people
 from temporality_human_interaction.records import HumanRequestRecord, RequestStore, SentCopy
 from temporality_human_interaction.timers import arm_chain_step
 from temporality_protocol.events import MAX_TEXT, DeliveryAttempt, TimeoutPolicy
@@ -163,6 +164,7 @@ class ChainRunner:
         escalate = record.policy.on_timeout.escalate
         assert escalate is not None  # plan() has an escalation step only then
         members = self._targets(escalate.to)
+        await index_people(self._bus, record.request_id, [escalate.to, *members])  # listed before it binds
 
         def mark(current: HumanRequestRecord) -> HumanRequestRecord | None:
             if not current.pending or current.escalated_to is not None:

@@ -33,6 +33,7 @@ from temporality_bus import Bus, Delivery, NotFound, PermanentError, evolve
 from temporality_human_interaction.answers import announce_answer, unannounced
 from temporality_human_interaction.chain import ChainRunner, plan
 from temporality_human_interaction.events import cancel_requested_event, expired_event
+from temporality_human_interaction.inbox import RetentionSweeper, is_sweep, unindex
 from temporality_human_interaction.records import REQUEST_ID_PATTERN, HumanRequestRecord, RequestStore, open_store
 from temporality_human_interaction.timers import arm_chain_step, rearm_deadline
 from temporality_protocol import HumanRequestState
@@ -68,8 +69,11 @@ class DeadlineHandler:
         clock: Callable[[], datetime] | None = None,
         on_outcome: Callable[[HumanRequestRecord], Awaitable[None]] | None = None,
         chain: ChainRunner | None = None,
+        sweeper: RetentionSweeper | None = None,
     ) -> None:
         self._bus = bus
+        #: Purges ended requests past the retention when the sweep's timer fires (:mod:`.inbox`).
+        self._sweeper = sweeper
         self._clock = clock or _utcnow
         #: Takes the timeout policy's steps (reminders, escalation); without it a step's firing is only logged.
         self._chain = chain
@@ -77,6 +81,12 @@ class DeadlineHandler:
         self._on_outcome = on_outcome
 
     async def handle(self, data: bytes, delivery: Delivery | None = None) -> None:
+        if is_sweep(data):
+            if self._sweeper is None:
+                log.warning("retention.sweep_not_running")
+                return
+            await self._sweeper.fired()
+            return
         try:
             payload = DeadlinePayload.model_validate_json(data)
         except ValidationError as exc:
@@ -100,6 +110,7 @@ class DeadlineHandler:
             if record.expiry_published:
                 log.info("deadline.already_announced")
                 return
+            await unindex(self._bus, record)
             if record.policy.on_timeout.action == "cancel":  # the run-executor cancels the parked run on it
                 await self._bus.publish(cancel_requested_event(record))
             await self._bus.publish(expired_event(record, now=record.expires_at))

@@ -7,6 +7,7 @@ call republishes the same id and JetStream (and the journal) keep one copy.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Literal
 
@@ -14,7 +15,9 @@ from temporality_human_interaction.records import HumanRequestRecord
 from temporality_protocol import (
     DeliveryAttempt,
     Envelope,
+    HumanAnswer,
     HumanAnswered,
+    HumanAnswerRefused,
     HumanEscalated,
     HumanExpired,
     HumanNotified,
@@ -31,7 +34,9 @@ __all__ = [
     "ACTOR",
     "SERVICE",
     "SOURCE",
+    "RefusedReason",
     "RejectReason",
+    "answer_refused_event",
     "answered_event",
     "cancel_requested_event",
     "escalated_event",
@@ -68,7 +73,10 @@ def rejected_event(incoming: Envelope, payload: HumanRequested, reason: RejectRe
     )
 
 
-def notified_event(record: HumanRequestRecord, *, channel: str, fallback_from: str | None) -> Envelope:
+def notified_event(
+    record: HumanRequestRecord, *, channel: str, fallback_from: str | None, truncated: list[str] | None = None
+) -> Envelope:
+    """``human.notified``; ``redacted`` comes from the record (intake), ``truncated`` from the channel's egress."""
     return make_event(
         HumanNotified(
             request_id=record.request_id,
@@ -77,6 +85,8 @@ def notified_event(record: HumanRequestRecord, *, channel: str, fallback_from: s
             channel=channel,
             fallback_from=fallback_from,
             failed_attempts=list(record.failed_deliveries),
+            redacted=dict(record.redactions),
+            truncated=list(truncated or []),
         ),
         source=SOURCE,
         id=derive_id("evt", record.request_id, "notified"),
@@ -107,6 +117,45 @@ def answered_event(record: HumanRequestRecord, *, channel: str) -> Envelope:
         correlation_id=record.correlation_id,
         causation_id=record.requested_event_id,
         actor=record.responder,
+    )
+
+
+#: Why an answer was refused and journaled (``human.answer_refused.reason``).
+RefusedReason = Literal["already_answered", "expired", "cancelled", "not_recipient"]
+
+
+def answer_refused_event(
+    record: HumanRequestRecord,
+    *,
+    responder: str,
+    channel: str,
+    reason: RefusedReason,
+    detail: str,
+    received_at: datetime,
+    answer: HumanAnswer | None,
+    submission_key: str,
+) -> Envelope:
+    """``human.answer_refused`` (HUM-7, HUM-9): one id per (request, responder, what they sent), so a redelivered
+    or retried refusal is one event; the same person sending something else is another."""
+    digest = hashlib.sha256(submission_key.encode()).hexdigest()[:16]
+    return make_event(
+        HumanAnswerRefused(
+            request_id=record.request_id,
+            run_id=record.run_id,
+            recipient=record.recipient,
+            responder=responder,
+            channel=channel,
+            reason=reason,
+            detail=detail[:500],
+            received_at=received_at,
+            answer=answer,
+        ),
+        source=SOURCE,
+        id=derive_id("evt", record.request_id, "answer_refused", responder, digest),
+        run_id=record.run_id,
+        correlation_id=record.correlation_id,
+        causation_id=record.requested_event_id,
+        actor=ACTOR,
     )
 
 

@@ -12,7 +12,8 @@ the option id or free text, and the channel identity of who answered. The router
    answered and what (:meth:`AnswerRouter.show_outcome`, best effort: a failed edit is logged, never
    undoes the answer).
 
-Refusals come back as :class:`~.channels.InboundResult` (``refused``) for the adapter to tell the
+A refusal for an existing request (late: answered, expired, cancelled; or not the responder's to give) is
+journaled as ``human.answer_refused`` by the binding (HUM-7, HUM-9), then comes back as :class:`~.channels.InboundResult` (``refused``) for the adapter to tell the
 responder; bus failures propagate (the web API answers 503, a chat adapter says "try again").
 """
 
@@ -26,6 +27,7 @@ from temporality_bus import Bus
 from temporality_human_interaction.answers import DEFAULT_REPAIR_AFTER_S, AnswerRefused, bind_answer_outcome
 from temporality_human_interaction.channels.base import ChannelAdapter, ChannelError, InboundAnswer, InboundResult
 from temporality_human_interaction.directory import Directory, recipient_for, user_id_of
+from temporality_human_interaction.egress import EgressPolicy
 from temporality_human_interaction.records import HumanRequestRecord
 
 __all__ = ["AnswerRouter"]
@@ -43,7 +45,9 @@ class AnswerRouter:
         adapters: Mapping[str, ChannelAdapter] | None = None,
         *,
         repair_after_s: float = DEFAULT_REPAIR_AFTER_S,
+        egress: EgressPolicy | None = None,
     ) -> None:
+        self._egress = egress
         self._bus = bus
         self._directory = directory
         self._adapters: Mapping[str, ChannelAdapter] = adapters if adapters is not None else {}
@@ -65,6 +69,7 @@ class AnswerRouter:
                     submission=answer.submission,
                     channel=answer.channel,
                     repair_after_s=self._repair_after_s,
+                    egress=self._egress,
                 )
             except AnswerRefused as refused:
                 log.info("answer.refused", code=refused.code, responder=responder, detail=refused.detail)

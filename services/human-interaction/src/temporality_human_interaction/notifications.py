@@ -3,7 +3,8 @@
 Run by :class:`temporality_bus.Consumer` on ``CONSUMERS["human-interaction-notifications"]``. The same
 checks and routing as a question:
 
-1. SEC-1: the recipient must be ``user:<id>``, listed in the event's ``policy.allowed_recipients`` and
+1. SEC-1: the recipient must be ``user:<id>``, listed in the run's ``allowed_recipients`` (this service's
+   projection of ``run.requested``, :mod:`.policies`, not the event's copy; retried until it is there) and
    known to the directory; otherwise :class:`~temporality_bus.PermanentError` (the runtime dead-letters
    it and journals ``bus.dead_lettered``: a refused notification is visible, never silently dropped).
 2. The profile's channels in order (preferred, then fallback) through each adapter's
@@ -28,6 +29,7 @@ from temporality_bus import Bus, Delivery, PermanentError, TransientError
 from temporality_human_interaction.channels import ChannelAdapter, ChannelError
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.directory import Directory, UserProfile, group_id_of, user_id_of
+from temporality_human_interaction.policies import PolicyUnknown, RunPolicies
 from temporality_protocol import Envelope
 from temporality_protocol.events import MAX_TEXT, HumanNotifyRequested
 
@@ -41,7 +43,16 @@ def notification_text(payload: HumanNotifyRequested) -> str:
 
 
 class NotificationHandler:
-    def __init__(self, bus: Bus, directory: Directory, adapters: Mapping[str, ChannelAdapter]) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        directory: Directory,
+        adapters: Mapping[str, ChannelAdapter],
+        *,
+        policies: RunPolicies | None = None,
+    ) -> None:
+        #: SEC-1: the projected run policies (:mod:`.policies`); ``None`` trusts the event's copy (unit tests).
+        self._policies = policies
         self._bus = bus
         self._directory = directory
         self._adapters = adapters
@@ -51,7 +62,13 @@ class NotificationHandler:
         payload = event.payload(HumanNotifyRequested)  # invalid data -> ProtocolError -> dead-lettered
         with structlog.contextvars.bound_contextvars(notification_id=payload.notification_id, run_id=payload.run_id):
             user_id, group_id = user_id_of(payload.recipient), group_id_of(payload.recipient)
-            allowed = payload.recipient in payload.policy.allowed_recipients
+            policy = payload.policy
+            if self._policies is not None:
+                try:
+                    policy = await self._policies.get(payload.run_id, delivery)
+                except PolicyUnknown as unknown:
+                    raise PermanentError(str(unknown)) from None
+            allowed = payload.recipient in policy.allowed_recipients
             if (user_id is None and group_id is None) or not allowed:
                 raise PermanentError(f"{payload.recipient} may not be notified by run {payload.run_id} (SEC-1)")
             if user_id is not None:

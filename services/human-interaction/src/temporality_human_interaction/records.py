@@ -132,6 +132,10 @@ class HumanRequestRecord(BaseModel):
     escalation_members: list[str] = Field(default_factory=list)
     #: Answers that came after the request ended (HUM-8: refused with a clear message and recorded here).
     late_answers: list[LateAnswer] = Field(default_factory=list)
+    #: What the egress policy redacted at intake, per kind (``{"github_token": 1}``); never the secret (SEC-1).
+    redactions: dict[str, int] = Field(default_factory=dict)
+    #: When the request left ``pending`` (answered, expired, cancelled): the retention counts from here.
+    ended_at: datetime | None = None
 
     def may_answer(self, responder: str) -> bool:
         """Whether ``responder`` (``user:<id>``) is the recipient or, for a group request, one of its members
@@ -195,6 +199,8 @@ class HumanRequestRecord(BaseModel):
     def moved_to(self, target: HumanRequestState, **changes: object) -> HumanRequestRecord:
         """A copy in ``target`` (checked against the state machine) with ``changes`` applied (validated)."""
         HUMAN_REQUEST.transition(self.status, target)
+        if target is not HumanRequestState.PENDING and "ended_at" not in changes:
+            changes["ended_at"] = datetime.now(UTC)
         return evolve(self, **changes, status=target)
 
     def waited_s(self, until: datetime) -> float:
@@ -211,8 +217,9 @@ async def open_store(bus: Bus) -> RequestStore:
 async def list_pending(store: RequestStore, recipient: str) -> list[HumanRequestRecord]:
     """The recipient's pending requests (those of the groups they were asked as a member of too), newest first.
 
-    Scans every key of the bucket: fine for a demo-sized directory, O(requests) per call. A per-user
-    index (a KV key per (recipient, request) or a journal query) should replace it before real load.
+    Scans every key of the bucket, O(requests) per call: the web inbox reads the per-recipient index
+    instead (:func:`temporality_human_interaction.inbox.list_inbox`); this stays as the reference the
+    index is checked against in tests.
     """
     found: list[HumanRequestRecord] = []
     for key in await store.keys():

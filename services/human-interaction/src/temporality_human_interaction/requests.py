@@ -4,9 +4,11 @@ Run by :class:`temporality_bus.Consumer` on ``CONSUMERS["human-interaction-reque
 decisions (:func:`authorize`, :func:`channel_candidates`) are pure; :class:`RequestHandler` does
 the I/O in an order where every step is idempotent under redelivery:
 
-1. SEC-1: the recipient must be ``user:<id>``, listed in ``policy.allowed_recipients`` (which the
-   run got from its trigger's configuration, never from the webhook) and known to the directory;
-   otherwise ``human.rejected`` (deterministic id) and nothing is stored.
+1. SEC-1: the recipient must be ``user:<id>``, listed in the run's ``allowed_recipients`` and known to
+   the directory; otherwise ``human.rejected`` (deterministic id) and nothing is stored. The policy is
+   this service's own projection of the run's ``run.requested`` (:mod:`.policies`: the trigger's
+   configuration), never the copy in ``human.requested``; it replaces that copy (timeout chain included).
+   Not projected yet: retried with backoff, then refused.
 2. Persist the record first (create-if-absent; on redelivery continue with the stored one), so an
    answer arriving before the notification is never lost.
    Index it under its run (``runs.index_request``); if the run already ended, cancel it here.
@@ -18,6 +20,8 @@ the I/O in an order where every step is idempotent under redelivery:
    whose adapter does not run here, is down, has no identity for the person or refuses the delivery
    is skipped for the next. Record the channel, the sent copy (what the transport needs to edit it and
    bind replies) and the failed attempts in one compare-and-set.
+   (Before it is stored the record passes the egress policy, :mod:`.egress`: secrets in the title, the
+   question, the context and the options are redacted, the counts kept in ``redactions``.)
 5. Once delivered, arm the timer of the timeout policy chain's first step (a reminder or the
    escalation, :mod:`.chain`; deduplicated per step, so a redelivery arms nothing new).
 6. Publish ``human.notified`` (deterministic id) with ``channel``, ``fallback_from`` and
@@ -37,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import structlog
 
@@ -52,7 +56,10 @@ from temporality_human_interaction.directory import (
     recipient_for,
     user_id_of,
 )
+from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.events import RejectReason, notified_event, rejected_event
+from temporality_human_interaction.inbox import index_open
+from temporality_human_interaction.policies import PolicyUnknown, RunPolicies
 from temporality_human_interaction.records import (
     HumanRequestRecord,
     RequestStore,
@@ -76,6 +83,10 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
+
+#: A ``human.requested`` is stamped a moment after the run-executor computed its deadline from the same
+#: policy: a deadline within this much of ``time + max_timeout_s`` is the executor's own, not a widening.
+_DEADLINE_SLACK = timedelta(seconds=60)
 
 
 @dataclass(frozen=True)
@@ -173,14 +184,47 @@ def channel_candidates(profile: UserProfile, adapters: Mapping[str, ChannelAdapt
 class RequestHandler:
     """The ``human.requested`` handler; :meth:`handle` is what the consumer calls."""
 
-    def __init__(self, bus: Bus, directory: Directory, adapters: Mapping[str, ChannelAdapter]) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        directory: Directory,
+        adapters: Mapping[str, ChannelAdapter],
+        *,
+        egress: EgressPolicy | None = None,
+        policies: RunPolicies | None = None,
+    ) -> None:
         self._bus = bus
         self._directory = directory
         self._adapters = dict(adapters)
+        self._egress = egress or DEFAULT_POLICY
+        #: SEC-1: the runs' policies as this service projected them from ``run.requested`` (:mod:`.policies`).
+        #: ``None`` trusts the event's copy (unit tests of the handler alone); the service always passes one.
+        self._policies = policies
 
     async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
         payload = event.payload(HumanRequested)  # invalid data -> ProtocolError -> dead-lettered
         with structlog.contextvars.bound_contextvars(request_id=payload.request_id, run_id=payload.run_id):
+            if self._policies is not None:
+                try:
+                    projected = await self._policies.get(payload.run_id, delivery)
+                except PolicyUnknown as unknown:
+                    await self._reject(event, payload, Refusal("recipient_not_allowed", str(unknown)))
+                    return
+                if projected != payload.policy:
+                    log.warning(
+                        "request.policy_differs",
+                        detail="human.requested carries another policy than its run.requested: the latter applies",
+                        claimed=payload.policy.allowed_recipients,
+                        projected=projected.allowed_recipients,
+                    )
+                payload = payload.model_copy(update={"policy": projected})
+                # the executor computed the deadline from its copy: never longer than the trigger allows
+                latest = event.time + timedelta(seconds=projected.max_timeout_s) + _DEADLINE_SLACK
+                if payload.expires_at > latest:
+                    log.warning(
+                        "request.deadline_capped", claimed=payload.expires_at.isoformat(), to=latest.isoformat()
+                    )
+                    payload = payload.model_copy(update={"expires_at": latest, "timeout_s": projected.max_timeout_s})
             await self._handle(event, payload)
 
     async def _handle(self, event: Envelope, payload: HumanRequested) -> None:
@@ -202,8 +246,12 @@ class RequestHandler:
                 await self._reject(event, payload, Refusal("no_channel", detail))
                 return
             members = [m.recipient for m in decision.members] if decision.group else []
-            record = HumanRequestRecord.from_requested(event, payload, members)
+            # SEC-1 / HUM-5: secrets never reach the store, so no channel, API or reminder can show them.
+            record = self._egress.redact_record(HumanRequestRecord.from_requested(event, payload, members))
+            if record.redactions:
+                log.info("request.redacted", redacted=record.redactions)
             try:
+                await index_open(self._bus, record)  # the inbox index first: a stored request is always listed
                 await store.create(payload.request_id, record)
                 log.info("request.stored", recipient=payload.recipient, expires_at=record.expires_at.isoformat())
                 dropped = configured_steps(record.policy.on_timeout) - len(plan(record))
@@ -224,6 +272,7 @@ class RequestHandler:
             )
         if record.pending:  # index it under its run, then check the run has not ended meanwhile (runs.py)
             await index_request(self._bus, record.run_id, record.request_id)
+            await index_open(self._bus, record)
             ended = await run_ended(self._bus, record.run_id)
             if ended is not None:
                 cancelled = await cancel_pending(self._bus, record.request_id, ended, None)
@@ -240,7 +289,10 @@ class RequestHandler:
             await arm_next_step(self._bus, record)
         if record.channel is not None:
             fallback_from = None if record.channel == decision.profile.preferred else decision.profile.preferred
-            await self._bus.publish(notified_event(record, channel=record.channel, fallback_from=fallback_from))
+            truncated = self._egress.for_channel(record, record.channel)[1]
+            await self._bus.publish(
+                notified_event(record, channel=record.channel, fallback_from=fallback_from, truncated=truncated)
+            )
             log.info(
                 "request.notified",
                 channel=record.channel,
@@ -260,7 +312,10 @@ class RequestHandler:
         if record.pending:
             await self._schedule_deadline(record)
         if record.channel is not None:
-            await self._bus.publish(notified_event(record, channel=record.channel, fallback_from=None))
+            truncated = self._egress.for_channel(record, record.channel)[1]
+            await self._bus.publish(
+                notified_event(record, channel=record.channel, fallback_from=None, truncated=truncated)
+            )
         return True
 
     async def _reject(self, event: Envelope, payload: HumanRequested, refusal: Refusal) -> None:

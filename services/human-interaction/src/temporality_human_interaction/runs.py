@@ -22,6 +22,7 @@ import structlog
 
 from temporality_bus import Bus, Delivery, NotFound
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
+from temporality_human_interaction.inbox import unindex
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_protocol import Envelope, HumanRequestState
 
@@ -75,6 +76,7 @@ async def cancel_pending(
     if record.status is not HumanRequestState.CANCELLED:
         return record
     log.info("request.cancelled", request_id=request_id, because=because, changed=result.changed)
+    await unindex(bus, record)
     if on_outcome is not None:
         await on_outcome(record)
     return record

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from temporality_service import HttpServiceSettings
@@ -33,6 +33,23 @@ class Settings(HttpServiceSettings):
     #: ``human.answered`` publish was lost (a crash or a bus timeout right after the answer was stored).
     answer_repair_after_s: float = Field(default=30.0, gt=0, le=300)  # within the 10-min dedupe window
 
+    #: Answered / expired / cancelled requests are kept this long after they ended (and at least until their
+    #: deadline passed), then purged by a sweep every ``retention_sweep_every_s``.
+    request_retention_days: float = Field(default=30.0, gt=0, le=3650)
+    retention_sweep_every_s: float = Field(default=3600.0, ge=1, le=7 * 24 * 3600)
+    #: SEC-1: how many deliveries a ``human.requested`` / ``human.notify_requested`` waits for its run's
+    #: ``run.requested`` policy (backoff 0.5, 1, 2, 5 s: the default waits ~8.5 s) before it is refused.
+    policy_wait_deliveries: int = Field(default=5, ge=1, le=7)
+
+    # ------------------------------------------------------------------ egress policy (HUM-5, SEC-1)
+    #: Per channel, the characters each text field (context, question, ...) keeps before it is truncated with
+    #: a visible marker; JSON, e.g. ``{"telegram": 600}`` (merged over the defaults of :mod:`.egress`).
+    egress_max_chars: dict[str, int] = Field(default_factory=dict)
+    #: The limit for a channel ``egress_max_chars`` and the defaults do not name.
+    egress_default_max_chars: int = Field(default=1000, ge=40, le=100_000)
+    #: Extra secret patterns, JSON ``{"<kind>": "<regex>"}``; checked at start (a bad regex: exit 2).
+    egress_redact_patterns: dict[str, str] = Field(default_factory=dict)
+
     # ------------------------------------------------------------------ Telegram (HUM-3)
     #: The bot token from @BotFather; unset: no Telegram adapter.
     telegram_token: SecretStr | None = None
@@ -52,6 +69,14 @@ class Settings(HttpServiceSettings):
     matrix_access_token: SecretStr | None = None
     #: The long-poll ``timeout`` of ``/sync``, seconds.
     matrix_sync_timeout_s: float = Field(default=10.0, ge=0, le=60)
+
+    @field_validator("egress_max_chars")
+    @classmethod
+    def _limits_usable(cls, value: dict[str, int]) -> dict[str, int]:
+        for channel, limit in value.items():
+            if not 40 <= limit <= 100_000:
+                raise ValueError(f"egress_max_chars[{channel}]: {limit} is not between 40 and 100000")
+        return value
 
     @property
     def telegram_enabled(self) -> bool:

@@ -29,6 +29,11 @@ Errors::
     ├── ChannelUnavailable -- the adapter is not initialized / its transport is down: try the next channel
     └── DeliveryFailed     -- the transport refused or failed this delivery: try the next channel, then retry
 
+Egress (HUM-5, SEC-1): :meth:`ChannelAdapter.deliver`, :meth:`ChannelAdapter.update` and
+:meth:`ChannelAdapter.notify` hand the ``do_*`` hooks the request / text as the adapter's
+:attr:`ChannelAdapter.egress` policy lets it leave on this channel: secrets redacted, each text field
+truncated to the channel's limit with a visible marker.
+
 Contract for implementations: ``do_deliver`` renders only the compact question (HUM-5) and never
 the run's technical context; it stores what it needs to bind replies (``channels.refs``) *before*
 the message leaves, so an instant answer is never lost. ``do_update`` may be called more than once
@@ -45,6 +50,7 @@ from typing import ClassVar, Self
 
 from temporality_human_interaction.answers import AnswerRefused, AnswerSubmission
 from temporality_human_interaction.directory import UserProfile
+from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy
 
 __all__ = [
@@ -116,6 +122,9 @@ class ChannelAdapter(abc.ABC):
     #: The channel name used in user profiles (``preferred``, ``fallback``, ``channels``).
     name: ClassVar[str]
     _inbound: AnswerSink | None = None
+    #: What may leave on this channel (HUM-5, SEC-1): every question, outcome and notification passes through
+    #: it in the public methods below, so no implementation can skip it. The service sets its configured one.
+    egress: EgressPolicy = DEFAULT_POLICY
 
     def attach(self, inbound: AnswerSink) -> None:
         """Where this adapter hands the answers it receives; call before :meth:`initialize`."""
@@ -184,6 +193,7 @@ class ChannelAdapter(abc.ABC):
     ) -> DeliveryReceipt:
         """Deliver ``request`` to the person behind ``profile``. Do not override: implement :meth:`do_deliver`."""
         self._check(profile)
+        request, _ = self.egress.for_channel(request, self.name)
         try:
             return await self.do_deliver(request, profile, banner=banner, tag=tag)
         except ChannelError:
@@ -195,6 +205,7 @@ class ChannelAdapter(abc.ABC):
         """Show ``request``'s outcome on the sent ``copy``. Do not override: implement :meth:`do_update`."""
         if not self.available:
             raise ChannelUnavailable(f"channel {self.name} is not available")
+        request, _ = self.egress.for_channel(request, self.name)
         try:
             await self.do_update(request, copy, responder_name)
         except ChannelError:
@@ -205,6 +216,7 @@ class ChannelAdapter(abc.ABC):
     async def notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
         """Send ``text`` to the person behind ``profile``. Do not override: implement :meth:`do_notify`."""
         self._check(profile)
+        text = self.egress.message_for(self.name, text)
         try:
             return await self.do_notify(profile, text)
         except ChannelError:

@@ -18,6 +18,8 @@ key                                    value
 ``run.<run id>.<request id>``          the request id: the run's requests (see :mod:`..runs`)
 ``runend.<run id>``                    the event type that ended the run
 ``notify.<notification id>``           the channel that sent that notification (see :mod:`..notifications`)
+``open.<user id>.<request id>``        the request id: an open request that person may answer (:mod:`..inbox`)
+``policy.<run id>``                    the run's human policy from its ``run.requested`` (:mod:`..policies`)
 =====================================  ==========================================================
 
 The bucket is ensured by this service on first use (it is not in the shared catalogue yet).
@@ -74,6 +76,10 @@ class ChannelRefs:
     async def put(self, key: str, value: str) -> None:
         """Overwrite ``key`` (for values that move on: a sync token, the newest question in a room)."""
         await (await self._open()).put(key, ChannelRef(value=value))
+
+    async def delete(self, key: str) -> None:
+        """Remove ``key`` (a no-op when it is not there)."""
+        await (await self._bus.kv(BUCKET_HUMAN_CHANNELS)).purge(key)
 
     async def claim(self, key: str, value: str) -> str:
         """Store ``value`` under ``key`` unless the key exists; returns the value that is stored."""

@@ -2,7 +2,8 @@
 
 Compact and self-contained: the task (title), why the agent asks (the context, truncated), the
 question, the options numbered with what each leads to, the deadline and what happens if nobody
-answers. Never the run's technical context beyond that. Plain text (Telegram) and HTML with a plain
+answers. Never the run's technical context beyond that. The adapters' public methods hand these functions
+a record the egress policy already redacted and truncated for their channel (:mod:`..egress`). Plain text (Telegram) and HTML with a plain
 fallback (Matrix ``formatted_body``).
 """
 
@@ -14,7 +15,6 @@ from temporality_human_interaction.records import HumanRequestRecord
 from temporality_protocol import HumanOption, HumanRequestState, OptionAnswer, TextAnswer
 
 __all__ = [
-    "MAX_CONTEXT",
     "if_nobody_answers",
     "option_named",
     "outcome_html",
@@ -23,8 +23,9 @@ __all__ = [
     "question_text",
 ]
 
-#: Context longer than this is cut (with an ellipsis) before it leaves the system.
-MAX_CONTEXT = 600
+#: A free-text answer quoted in an outcome line is cut to this many characters. (The question's own text is
+#: redacted and truncated per channel by the egress policy before it gets here: :mod:`..egress`.)
+MAX_QUOTED_ANSWER = 200
 
 
 def option_named(record: HumanRequestRecord, text: str) -> HumanOption | None:
@@ -35,7 +36,7 @@ def option_named(record: HumanRequestRecord, text: str) -> HumanOption | None:
     return next((o for o in record.options if said in (o.id.casefold(), o.label.casefold())), None)
 
 
-def _clip(text: str, limit: int = MAX_CONTEXT) -> str:
+def _clip(text: str, limit: int = MAX_QUOTED_ANSWER) -> str:
     text = text.strip()
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
@@ -71,7 +72,7 @@ def question_text(record: HumanRequestRecord, *, hint: str = "tap an option", ba
     lines = [banner, ""] if banner else []
     lines += [f"❓ {record.title}", ""]
     if record.context.strip():
-        lines += [_clip(record.context), ""]
+        lines += [record.context.strip(), ""]
     lines.append(record.question)
     for number, option in enumerate(record.options, start=1):
         consequence = f" — {option.consequence}" if option.consequence else ""
@@ -90,7 +91,7 @@ def question_html(
     out = [f"<p><i>{esc(banner)}</i></p>"] if banner else []
     out.append(f"<p><b>❓ {esc(record.title)}</b></p>")
     if record.context.strip():
-        out.append(f"<p>{esc(_clip(record.context))}</p>")
+        out.append(f"<p>{esc(record.context.strip())}</p>")
     out.append(f"<p>{esc(record.question)}</p>")
     if record.options:
         items = "".join(
@@ -110,7 +111,7 @@ def _answer_words(record: HumanRequestRecord) -> str:
     if isinstance(answer, OptionAnswer):
         return f"“{answer.label or answer.option_id}”"
     if isinstance(answer, TextAnswer):
-        return f"“{_clip(answer.value, 200)}”"
+        return f"“{_clip(answer.value)}”"
     return "an answer"
 
 

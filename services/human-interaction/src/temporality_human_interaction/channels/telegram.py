@@ -28,8 +28,13 @@ The responder's identity is the Telegram user id (``from.id``), which the direct
 (``channels.telegram.chat_id``, the private chat id, equals it). The bot token is a secret: it is
 never logged, and httpx's request log (which prints URLs, token included) is kept at WARNING.
 
-A crash between ``sendMessage`` and recording the sent copy can send the question a second time on
-redelivery (the Bot API has no idempotency key); both copies carry the same token, so either binds.
+Sent once: the Bot API has no idempotency key and no way to list what a bot sent, so the message id is
+claimed under ``telegram.sent.<request id>.<tag>.<chat>`` the moment ``sendMessage`` returns, and a
+redelivered delivery (the request handler crashed or lost its compare-and-set before recording the copy)
+finds it and reuses that message instead of sending another. The bound: only a crash in the one KV write
+between ``sendMessage`` returning and that claim (or the KV being unreachable right then) sends the
+question a second time; both copies carry the same token, so either binds, and only the recorded one is
+edited to show the outcome.
 """
 
 from __future__ import annotations
@@ -58,9 +63,16 @@ from temporality_human_interaction.directory import UserProfile
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy, open_store
 from temporality_protocol.events import MAX_TEXT
 
-__all__ = ["TelegramAdapter"]
+__all__ = ["TelegramAdapter", "sent_message_key"]
 
 log = structlog.get_logger(__name__)
+
+
+def sent_message_key(request_id: str, tag: str, chat_id: int | str) -> str:
+    """``telegram.sent.<request id>.<tag>.<chat>``: the message id a send (question ``q``, ``reask-<n>``,
+    ``escalation``) of a request got in a chat, claimed right after ``sendMessage`` returned."""
+    return ref_key("telegram", "sent", request_id, tag or "q", chat_id)
+
 
 #: What a person is told when the bus did not answer while their answer was being bound.
 _TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a moment."
@@ -121,6 +133,11 @@ class TelegramAdapter(ChannelAdapter):
     ) -> DeliveryReceipt:
         assert profile.channels.telegram is not None  # reaches() checked it
         chat_id = profile.channels.telegram.chat_id
+        sent_key = sent_message_key(request.request_id, tag, chat_id)
+        if (sent := await self._refs.get(sent_key)) is not None:
+            # sent before, its copy not recorded (a crash or a lost CAS after the send): the same message, not a new one
+            log.info("telegram.already_sent", chat_id=chat_id, message_id=sent, tag=tag)
+            return DeliveryReceipt(channel=self.name, reference=sent, address=str(chat_id))
         token = await self._refs.claim(ref_key("telegram", "req", request.request_id), secrets.token_urlsafe(9))
         await self._refs.claim(ref_key("telegram", "token", token), request.request_id)
         keyboard = [
@@ -135,6 +152,7 @@ class TelegramAdapter(ChannelAdapter):
             )
         except TelegramError as exc:
             raise DeliveryFailed(f"Telegram refused the question for chat {chat_id}: {exc}") from exc
+        await self._refs.claim(sent_key, str(message.message_id))  # first thing after the send: see the docstring
         await self._refs.claim(ref_key("telegram", "msg", chat_id, message.message_id), request.request_id)
         return DeliveryReceipt(channel=self.name, reference=str(message.message_id), address=str(chat_id))
 

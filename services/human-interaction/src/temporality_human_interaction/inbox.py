@@ -1,0 +1,237 @@
+"""The per-recipient index of open requests, and the retention purge of ended ones (HUM-3).
+
+**Index.** ``open.<user id>.<request id>`` in ``human-channels`` (value: the request id) for every person
+who may answer a pending request: the recipient, a group's members, the escalation target and its members.
+``GET /inbox`` reads only the caller's keys (a server-side filtered watch), never every request.
+
+* Written *before* the record (:func:`index_open` at intake, before the create; at escalation, before the
+  target is recorded), create-if-absent: a crash in between leaves an entry without a record, which the
+  inbox skips, never a pending record that is missing from its inbox.
+* Removed when the request ends (answered, expired, cancelled: :func:`unindex`, best effort). An entry left
+  behind (a crash, a failed delete) is harmless: the inbox shows a request only when the record says it is
+  pending and the caller may answer it, and drops the stale entry as it goes.
+* Rebuilt at every start (:func:`rebuild_index`: each pending record's entries claimed again, idempotent):
+  requests stored before the index existed are found, and two replicas rebuilding at once agree.
+
+**Retention.** An ended request (answered / expired / cancelled) is kept ``retention`` after it ended — and
+at least until its deadline passed, so no timer of it is still to fire — then purged: its channel
+references (Telegram token and message keys, Matrix event keys, the run and inbox index entries) first, the
+record last, with a compare-and-set on the revision read (a record that changed meanwhile is left for the
+next sweep). One sweep per ``every_s`` runs on the durable timer ``…schedule.human._sweep.retention``: the
+timers consumer gives each firing to one replica, and every replica arms the same slot (the next multiple of
+``every_s``) with the same message id, so they never sweep twice nor push each other's sweep later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import structlog
+from nats.js.errors import KeyWrongLastSequenceError
+
+from temporality_bus import Bus, PublishResult
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
+from temporality_human_interaction.directory import user_id_of
+from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
+from temporality_human_interaction.timers import human_timers
+from temporality_protocol import derive_id
+from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
+
+__all__ = [
+    "SWEEP_KEY",
+    "RetentionSweeper",
+    "answerers",
+    "arm_sweep",
+    "inbox_key",
+    "index_open",
+    "index_people",
+    "is_sweep",
+    "list_inbox",
+    "open_requests_of",
+    "rebuild_index",
+    "unindex",
+]
+
+log = structlog.get_logger(__name__)
+
+#: The retention sweep's timer key (never a request id's: those have no dot, and ``.retention`` is no suffix).
+SWEEP_KEY = "_sweep.retention"
+_LIST_TIMEOUT_S = 5.0
+
+
+def inbox_key(user: str, request_id: str) -> str:
+    return ref_key("open", user, request_id)
+
+
+def answerers(record: HumanRequestRecord) -> list[str]:
+    """Every person (``user:<id>``) who may answer ``record``."""
+    out: list[str] = []
+    for who in (record.recipient, *record.members, record.escalated_to, *record.escalation_members):
+        if who and user_id_of(who) is not None and who not in out:
+            out.append(who)
+    return out
+
+
+async def index_people(bus: Bus, request_id: str, people: list[str]) -> None:
+    refs = ChannelRefs(bus)
+    for person in people:
+        if user_id_of(person) is not None:
+            await refs.claim(inbox_key(person, request_id), request_id)
+
+
+async def index_open(bus: Bus, record: HumanRequestRecord) -> None:
+    """Index ``record`` under everyone who may answer it (create-if-absent: a repeat is a no-op)."""
+    await index_people(bus, record.request_id, answerers(record))
+
+
+async def unindex(bus: Bus, record: HumanRequestRecord) -> None:
+    """Drop ``record``'s inbox entries (best effort: a stale entry is skipped by the inbox and dropped there)."""
+    refs = ChannelRefs(bus)
+    for person in answerers(record):
+        try:
+            await refs.delete(inbox_key(person, record.request_id))
+        except Exception as exc:
+            log.warning("inbox.unindex_failed", request_id=record.request_id, person=person, error=repr(exc))
+
+
+async def open_requests_of(bus: Bus, user: str) -> list[str]:
+    """The request ids indexed under ``user``: a server-side filtered watch of ``open.<user>.*``."""
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    watcher = await kv.watch(f"{ref_key('open', user)}.*", ignore_deletes=True, meta_only=True)
+    found: list[str] = []
+    try:  # the watch delivers every matching key, then None once it has caught up
+        async with asyncio.timeout(_LIST_TIMEOUT_S):
+            while (entry := await watcher.updates(timeout=_LIST_TIMEOUT_S)) is not None:  # type: ignore[no-untyped-call]
+                found.append(str(entry.key).rsplit(".", 1)[1])
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
+    return sorted(found)
+
+
+async def list_inbox(bus: Bus, store: RequestStore, user: str) -> list[HumanRequestRecord]:
+    """``user``'s pending requests (their own, their groups', escalated to them), newest first, from the index."""
+    refs = ChannelRefs(bus)
+    found: list[HumanRequestRecord] = []
+    for request_id in await open_requests_of(bus, user):
+        got = await store.get(request_id)
+        if got is None:  # indexed before its record was stored (or purged): not shown, left alone
+            continue
+        record = got.value
+        if record.pending and record.may_answer(user):
+            found.append(record)
+        elif not record.pending:
+            await refs.delete(inbox_key(user, request_id))  # a removal that was lost: done now
+    found.sort(key=lambda r: (r.created_at, r.request_id), reverse=True)
+    return found
+
+
+async def rebuild_index(bus: Bus) -> int:
+    """Index every pending request again (idempotent); how many were pending."""
+    store = await open_store(bus)
+    pending = 0
+    for key in await store.keys():
+        got = await store.get(key)
+        if got is not None and got.value.pending:
+            await index_open(bus, got.value)
+            pending += 1
+    log.info("inbox.index_rebuilt", pending=pending)
+    return pending
+
+
+def is_sweep(data: bytes) -> bool:
+    """Whether a timer payload is the retention sweep's."""
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("sweep") == "retention"
+
+
+async def arm_sweep(bus: Bus, every_s: float, now: datetime) -> PublishResult:
+    """Arm the sweep at the next multiple of ``every_s`` after ``now`` (the same slot and id on every replica)."""
+    slot = (math.floor(now.timestamp() / every_s) + 1) * every_s
+    at = datetime.fromtimestamp(slot, UTC)
+    payload = json.dumps({"sweep": "retention"}).encode()
+    return await human_timers(bus).arm(SWEEP_KEY, at, payload, msg_id=derive_id("tmr", "sweep", str(int(slot))))
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class RetentionSweeper:
+    """Purges ended requests past the retention; :meth:`fired` is what the timers handler calls."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        retention: timedelta,
+        every_s: float,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self._bus = bus
+        self.retention = retention
+        self.every_s = every_s
+        self._clock = clock or _utcnow
+
+    def due(self, record: HumanRequestRecord) -> datetime | None:
+        """When ``record`` may be purged (None: it is still pending)."""
+        if record.pending:
+            return None
+        ended = record.ended_at or record.answered_at or record.expires_at
+        return max(ended, record.expires_at) + self.retention
+
+    async def start(self) -> None:
+        """Arm the next sweep (each start; every replica arms the same slot)."""
+        result = await arm_sweep(self._bus, self.every_s, self._clock())
+        log.info("retention.sweep_armed", every_s=self.every_s, duplicate=result.duplicate)
+
+    async def fired(self) -> None:
+        purged = await self.sweep()
+        await arm_sweep(self._bus, self.every_s, self._clock())
+        log.info("retention.swept", purged=purged)
+
+    async def sweep(self) -> int:
+        """Purge every ended request past its retention; how many were purged."""
+        store = await open_store(self._bus)
+        now = self._clock()
+        purged = 0
+        for key in await store.keys():
+            got = await store.get(key)
+            if got is None:
+                continue
+            due = self.due(got.value)
+            if due is None or now < due:
+                continue
+            if await self._purge(got.value, got.revision):
+                purged += 1
+        return purged
+
+    async def _purge(self, record: HumanRequestRecord, revision: int) -> bool:
+        refs = ChannelRefs(self._bus)
+        keys = [inbox_key(p, record.request_id) for p in answerers(record)]
+        keys.append(ref_key("run", record.run_id, record.request_id))
+        token = await refs.get(ref_key("telegram", "req", record.request_id))
+        if token is not None:
+            keys += [ref_key("telegram", "token", token), ref_key("telegram", "req", record.request_id)]
+        for copy in record.deliveries:
+            if copy.channel == "telegram" and copy.address is not None:
+                keys.append(ref_key("telegram", "msg", copy.address, copy.reference))
+                keys.append(ref_key("telegram", "sent", record.request_id, copy.tag or "q", copy.address))
+            elif copy.channel == "matrix":
+                keys.append(ref_key("matrix", "event", copy.reference))
+        for key in keys:  # the references first: a crash here leaves the record, purged by the next sweep
+            await refs.delete(key)
+        kv = await self._bus.kv(BUCKET_HUMAN_REQUESTS)
+        try:
+            await kv.delete(record.request_id, last=revision)
+        except KeyWrongLastSequenceError:
+            log.info("retention.changed_meanwhile", request_id=record.request_id)
+            return False
+        log.info("retention.purged", request_id=record.request_id, status=record.status.value)
+        return True

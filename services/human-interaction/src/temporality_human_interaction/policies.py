@@ -1,0 +1,87 @@
+"""human-interaction's own projection of each run's policy (SEC-1).
+
+Whom a run may ask (``allowed_recipients``) and what its timeout policy does (reminders, the escalation
+target, the terminal step) come from the run's ``run.requested`` — published by the trigger-gateway from
+the trigger's configuration, or by agent-collab for a relay run (nobody to ask) — never from the copy
+the run-executor puts into ``human.requested`` / ``human.notify_requested``: a compromised or buggy
+executor must not be able to widen whom a run may ask.
+
+The ``human-interaction-policies`` consumer (:class:`RunPolicyHandler`) stores each ``run.requested``'s
+``human`` policy under ``policy.<run id>`` in the ``human-channels`` bucket, create-if-absent (the first
+``run.requested`` of a run wins; a redelivery is a no-op). The request and notification handlers look it
+up (:meth:`RunPolicies.get`) and use it *instead of* the event's copy. The two streams are not ordered
+against each other, so a ``human.requested`` may arrive before its run's policy is stored: the handler
+then raises :class:`~temporality_bus.TransientError` (nak with the consumer's backoff) until
+:attr:`RunPolicies.wait_deliveries` deliveries have seen no policy, and then refuses the request
+(``human.rejected``, ``recipient_not_allowed``, the detail says no policy is known for the run).
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from temporality_bus import Bus, Delivery, TransientError
+from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_protocol import Envelope, HumanPolicy, RunRequested
+
+__all__ = ["DEFAULT_WAIT_DELIVERIES", "PolicyUnknown", "RunPolicies", "RunPolicyHandler", "policy_key"]
+
+log = structlog.get_logger(__name__)
+
+#: How many deliveries of a ``human.requested`` wait for its run's policy (backoff 0.5, 1, 2, 5 s: ~8.5 s).
+DEFAULT_WAIT_DELIVERIES = 5
+
+
+def policy_key(run_id: str) -> str:
+    return ref_key("policy", run_id)
+
+
+class PolicyUnknown(Exception):
+    """No ``run.requested`` was seen for the run, and the wait for it is over: refuse."""
+
+
+class RunPolicies:
+    """Read and write the projection (``policy.<run id>`` in ``human-channels``)."""
+
+    def __init__(self, bus: Bus, *, wait_deliveries: int = DEFAULT_WAIT_DELIVERIES) -> None:
+        self._refs = ChannelRefs(bus)
+        self.wait_deliveries = wait_deliveries
+
+    async def record(self, run_id: str, policy: HumanPolicy) -> HumanPolicy:
+        """Store ``policy`` for ``run_id`` unless one is stored; returns the stored one."""
+        stored = await self._refs.claim(policy_key(run_id), policy.model_dump_json())
+        return HumanPolicy.model_validate_json(stored)
+
+    async def lookup(self, run_id: str) -> HumanPolicy | None:
+        raw = await self._refs.get(policy_key(run_id))
+        return HumanPolicy.model_validate_json(raw) if raw is not None else None
+
+    async def get(self, run_id: str, delivery: Delivery | None) -> HumanPolicy:
+        """The run's projected policy. Not there yet: TransientError (retry later) while deliveries remain,
+        then :class:`PolicyUnknown`. Without a ``delivery`` (a direct call) there is no retry: PolicyUnknown."""
+        policy = await self.lookup(run_id)
+        if policy is not None:
+            return policy
+        seen = delivery.num_delivered if delivery is not None else self.wait_deliveries
+        if seen < self.wait_deliveries:
+            log.info("policy.not_yet_known", run_id=run_id, delivery=seen, of=self.wait_deliveries)
+            raise TransientError(f"no run.requested seen yet for run {run_id} (delivery {seen})")
+        raise PolicyUnknown(
+            f"human-interaction has no policy for run {run_id}: its run.requested was not seen "
+            f"(waited {seen} deliveries), so nobody may be asked"
+        )
+
+
+class RunPolicyHandler:
+    """The ``human-interaction-policies`` consumer's handler: ``run.requested`` -> the projection."""
+
+    def __init__(self, policies: RunPolicies) -> None:
+        self._policies = policies
+
+    async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
+        payload = event.payload(RunRequested)  # invalid data -> ProtocolError -> dead-lettered
+        stored = await self._policies.record(payload.run_id, payload.human)
+        if stored != payload.human:
+            log.warning("policy.kept_first", run_id=payload.run_id, event_id=event.id)
+        else:
+            log.info("policy.recorded", run_id=payload.run_id, allowed=payload.human.allowed_recipients)

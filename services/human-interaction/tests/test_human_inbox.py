@@ -1,0 +1,177 @@
+"""The per-recipient index of open requests behind ``GET /inbox`` and the retention purge (HUM-3)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from human_support import ALICE, BOB, requested, running, stored, wait_for_record
+
+from temporality_bus import Bus, Consumer
+from temporality_human_interaction.channels import WebInboxAdapter
+from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.deadlines import DeadlineHandler
+from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.inbox import (
+    RetentionSweeper,
+    arm_sweep,
+    inbox_key,
+    list_inbox,
+    open_requests_of,
+    rebuild_index,
+)
+from temporality_human_interaction.records import list_pending, open_store
+from temporality_human_interaction.requests import RequestHandler
+from temporality_human_interaction.runs import RunEndHandler
+from temporality_protocol import HumanRequestState, RunCancelled, make_event
+from temporality_protocol.catalog import CONSUMERS
+
+
+async def _ids(client: httpx.AsyncClient, headers: dict[str, str]) -> list[str]:
+    response = await client.get("/inbox", headers=headers)
+    assert response.status_code == 200
+    return [r["id"] for r in response.json()["requests"]]
+
+
+async def test_the_index_follows_every_state_change_and_matches_a_full_scan(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    to_alice = [requested() for _ in range(3)]
+    to_bob = requested(recipient="user:bob")
+    for event in [*to_alice, to_bob]:
+        await handler.handle(event)
+    ids = [str(e.data["request_id"]) for e in to_alice]
+    assert sorted(await open_requests_of(bus, "user:alice")) == sorted(ids)
+    assert await open_requests_of(bus, "user:bob") == [to_bob.data["request_id"]]
+
+    # answered -> out of the index; cancelled (its run ended) -> out of the index
+    answered = await client.post(f"/requests/{ids[0]}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
+    assert answered.status_code == 200
+    run_id = to_alice[1].runid
+    assert run_id is not None
+    await RunEndHandler(bus).handle(
+        make_event(RunCancelled(run_id=run_id, reason="operator"), source="/test", run_id=run_id)
+    )
+    assert await open_requests_of(bus, "user:alice") == [ids[2]]
+    assert await _ids(client, ALICE) == [ids[2]]
+    assert await _ids(client, BOB) == [to_bob.data["request_id"]]
+
+    store = await open_store(bus)
+    for user in ("user:alice", "user:bob"):  # the index gives what a scan of every request gives
+        assert [r.request_id for r in await list_inbox(bus, store, user)] == [
+            r.request_id for r in await list_pending(store, user)
+        ]
+    record = await stored(bus, ids[0])
+    assert record is not None
+    assert record.ended_at is not None
+
+
+async def test_a_stale_entry_is_skipped_and_dropped_and_a_lost_index_is_rebuilt(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    done, waiting = requested(), requested()
+    for event in (done, waiting):
+        await handler.handle(event)
+    done_id, waiting_id = str(done.data["request_id"]), str(waiting.data["request_id"])
+    assert (await client.post(f"/requests/{done_id}/answer", json={"option_id": "drop-v1"}, headers=ALICE)).is_success
+
+    refs = ChannelRefs(bus)
+    await refs.claim(inbox_key("user:alice", done_id), done_id)  # a removal that was lost
+    await refs.claim(inbox_key("user:alice", "hreq-never-stored"), "hreq-never-stored")  # crashed before the store
+    await refs.claim(inbox_key("user:bob", waiting_id), waiting_id)  # an entry for someone who may not answer it
+    assert await _ids(client, ALICE) == [waiting_id]
+    assert await _ids(client, BOB) == []
+    assert done_id not in await open_requests_of(bus, "user:alice")  # dropped while listing
+
+    await refs.delete(inbox_key("user:alice", waiting_id))  # the index lost an entry (an old version, a wipe)
+    assert await _ids(client, ALICE) == []
+    assert await rebuild_index(bus) == 1
+    assert await _ids(client, ALICE) == [waiting_id]
+    assert await rebuild_index(bus) == 1  # idempotent
+    assert await open_requests_of(bus, "user:alice") == sorted([waiting_id, "hreq-never-stored"])
+
+
+async def test_a_group_request_is_indexed_under_each_member(bus: Bus, directory: Directory) -> None:
+    group_id = "api-owners"  # config/users.yaml: alice and bob
+    group = directory.group(group_id)
+    assert group is not None
+    assert len(group.members) >= 2
+    async with WebInboxAdapter() as web:
+        handler = RequestHandler(bus, directory, {web.name: web})
+        event = requested(recipient=f"group:{group_id}", allowed=(f"group:{group_id}",))
+        await handler.handle(event)
+    for member in group.members:
+        assert await open_requests_of(bus, f"user:{member}") == [event.data["request_id"]]
+
+
+@pytest.mark.usefixtures("consumers")
+async def test_ended_requests_are_purged_after_the_retention_and_never_before(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    expired, answered, pending = requested(expires_in_s=-5), requested(expires_in_s=3600), requested()
+    for event in (expired, answered, pending):
+        await handler.handle(event)
+    expired_id, answered_id, pending_id = (str(e.data["request_id"]) for e in (expired, answered, pending))
+    await wait_for_record(bus, expired_id, lambda r: r.status is HumanRequestState.EXPIRED and r.expiry_published)
+    assert (
+        await client.post(f"/requests/{answered_id}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
+    ).is_success
+
+    now = datetime.now(UTC)
+    retention = timedelta(seconds=30)
+    early = RetentionSweeper(bus, retention=retention, every_s=60, clock=lambda: now + timedelta(seconds=10))
+    assert await early.sweep() == 0  # within the retention: kept
+    assert await stored(bus, expired_id) is not None
+
+    later = RetentionSweeper(bus, retention=retention, every_s=60, clock=lambda: now + timedelta(seconds=40))
+    assert await later.sweep() == 1  # the expired one; the answered one waits for its deadline too
+    assert await stored(bus, expired_id) is None
+    assert await ChannelRefs(bus).get(ref_key("run", str(expired.runid), expired_id)) is None
+    assert await stored(bus, answered_id) is not None
+    gone = await client.get(f"/requests/{expired_id}", headers=ALICE)
+    assert gone.status_code == 404
+
+    much_later = RetentionSweeper(bus, retention=retention, every_s=60, clock=lambda: now + timedelta(seconds=3700))
+    assert await much_later.sweep() == 1
+    assert await stored(bus, answered_id) is None
+    assert await stored(bus, pending_id) is not None  # pending requests are never purged
+    assert await _ids(client, ALICE) == [pending_id]
+
+
+@pytest.fixture
+async def sweeping(bus: Bus) -> AsyncIterator[RetentionSweeper]:
+    sweeper = RetentionSweeper(bus, retention=timedelta(milliseconds=10), every_s=1)
+    handler = DeadlineHandler(bus, sweeper=sweeper)
+    consumer = Consumer(bus, CONSUMERS["human-interaction-deadlines"], raw_handler=handler.handle, fetch_timeout_s=0.2)
+    async with running(consumer):
+        yield sweeper
+
+
+async def test_the_sweep_runs_on_its_timer_and_replicas_arm_one_slot(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, sweeping: RetentionSweeper
+) -> None:
+    event = requested(expires_in_s=-5)
+    request_id = str(event.data["request_id"])
+    await handler.handle(event)
+    await wait_for_record(bus, request_id, lambda r: r.status is HumanRequestState.EXPIRED and r.expiry_published)
+
+    now = datetime.now(UTC)
+    first = await arm_sweep(bus, 1, now)
+    second = await arm_sweep(bus, 1, now)  # another replica starting in the same slot
+    assert not first.duplicate
+    assert second.duplicate
+
+    # the timer fires, the sweep purges it, and arms the next slot
+    await _until_gone(bus, request_id)
+
+
+async def _until_gone(bus: Bus, request_id: str, *, within_s: float = 30) -> None:
+    store = await open_store(bus)
+    async with asyncio.timeout(within_s):
+        while True:
+            if await store.get(request_id) is None:
+                return
+            await asyncio.sleep(0.1)

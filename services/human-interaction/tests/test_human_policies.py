@@ -1,0 +1,190 @@
+"""SEC-1: human-interaction decides whom a run may ask from its own projection of ``run.requested``, never from
+the copy the run-executor puts into ``human.requested`` / ``human.notify_requested`` (forged events here)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+from human_support import events_of, exactly, requested, running, stored
+from nats.js.errors import NotFoundError
+
+from temporality_bus import Bus, Consumer, PermanentError
+from temporality_human_interaction.channels import ChannelAdapter
+from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.notifications import NotificationHandler
+from temporality_human_interaction.policies import RunPolicies, RunPolicyHandler
+from temporality_human_interaction.requests import RequestHandler
+from temporality_protocol import (
+    Escalate,
+    HumanNotified,
+    HumanNotifyRequested,
+    HumanPolicy,
+    HumanRejected,
+    LaunchSource,
+    RunRequested,
+    TimeoutPolicy,
+    make_event,
+    new_id,
+)
+from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
+
+
+def _run_requested(run_id: str, allowed: list[str], max_timeout_s: int = 7 * 24 * 3600) -> RunRequested:
+    return RunRequested(
+        run_id=run_id,
+        agent="reviewer",
+        title="Review PR 42",
+        launch=LaunchSource(kind="webhook", trigger_id="ado-pr-review"),
+        human=HumanPolicy(allowed_recipients=allowed, max_timeout_s=max_timeout_s),
+    )
+
+
+async def _publish_run(bus: Bus, run_id: str, allowed: list[str], max_timeout_s: int = 7 * 24 * 3600) -> None:
+    data = _run_requested(run_id, allowed, max_timeout_s)
+    await bus.publish(make_event(data, source="/temporality/trigger-gateway", run_id=run_id))
+
+
+def _consumers(
+    bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter], wait_deliveries: int
+) -> tuple[Consumer, Consumer]:
+    policies = RunPolicies(bus, wait_deliveries=wait_deliveries)
+    handler = RequestHandler(bus, directory, adapters, policies=policies)
+    return (
+        Consumer(
+            bus, CONSUMERS["human-interaction-policies"], handler=RunPolicyHandler(policies).handle, fetch_timeout_s=0.2
+        ),
+        Consumer(bus, CONSUMERS["human-interaction-requests"], handler=handler.handle, fetch_timeout_s=0.2),
+    )
+
+
+@pytest.fixture
+async def both(bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]) -> AsyncIterator[None]:
+    async with running(*_consumers(bus, directory, adapters, wait_deliveries=5)):
+        yield
+
+
+@pytest.mark.usefixtures("both")
+async def test_a_forged_request_widening_the_recipients_is_refused(bus: Bus) -> None:
+    run_id = new_id("run")
+    await _publish_run(bus, run_id, ["user:alice"])
+    # the executor's copy claims bob may be asked too: the trigger never said so
+    forged = requested(recipient="user:bob", allowed=("user:alice", "user:bob"), run_id=run_id)
+    await bus.publish(forged)
+
+    [rejected] = await exactly(bus, "human.rejected")
+    payload = rejected.payload(HumanRejected)
+    assert payload.request_id == forged.data["request_id"]
+    assert payload.reason == "recipient_not_allowed"
+    assert await stored(bus, payload.request_id) is None
+    assert await events_of(bus, "human.notified") == []
+
+
+@pytest.mark.usefixtures("both")
+async def test_the_projected_policy_replaces_the_copy_escalation_included(bus: Bus) -> None:
+    run_id = new_id("run")
+    await _publish_run(bus, run_id, ["user:alice"], max_timeout_s=600)
+    widened = TimeoutPolicy(action="fail", escalate=Escalate(to="user:bob", after_s=60))
+    event = requested(
+        recipient="user:alice",
+        allowed=("user:alice", "user:bob"),
+        run_id=run_id,
+        on_timeout=widened,
+        expires_in_s=30 * 24 * 3600,  # far beyond the trigger's max_timeout_s
+    )
+    await bus.publish(event)
+
+    [notified] = await exactly(bus, "human.notified")
+    assert notified.payload(HumanNotified).request_id == event.data["request_id"]
+    record = await stored(bus, str(event.data["request_id"]))
+    assert record is not None
+    assert record.policy.allowed_recipients == ["user:alice"]
+    assert record.policy.on_timeout.escalate is None  # the forged escalation target is gone
+    assert record.expires_at <= event.time + timedelta(seconds=600 + 60)  # capped at the trigger's max_timeout_s
+
+
+async def _redelivered(bus: Bus, consumer: str, *, within_s: float = 20) -> None:
+    """Until ``consumer`` has redelivered a message (it nak'ed one and got it again)."""
+    async with asyncio.timeout(within_s):
+        while True:
+            try:
+                if (await bus.js.consumer_info(EVENTS_STREAM.name, consumer)).num_redelivered >= 1:
+                    return
+            except NotFoundError:  # the runner has not created its durable yet
+                pass
+            await asyncio.sleep(0.05)
+
+
+async def test_a_request_before_its_run_policy_waits_for_it(
+    bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]
+) -> None:
+    policy_consumer, request_consumer = _consumers(bus, directory, adapters, wait_deliveries=7)
+    run_id = new_id("run")
+    event = requested(recipient="user:alice", run_id=run_id)
+    await bus.publish(event)
+    await _publish_run(bus, run_id, ["user:alice"])
+    async with running(request_consumer):
+        # the request is handled first and retried (nak with delay), since no policy is projected yet
+        await _redelivered(bus, "human-interaction-requests")
+        assert await stored(bus, str(event.data["request_id"])) is None
+        async with running(policy_consumer):
+            [notified] = await exactly(bus, "human.notified", within_s=40)
+    assert notified.payload(HumanNotified).request_id == event.data["request_id"]
+    assert await events_of(bus, "human.rejected") == []
+
+
+async def test_a_request_whose_run_never_came_is_refused_after_the_bound(
+    bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]
+) -> None:
+    _, request_consumer = _consumers(bus, directory, adapters, wait_deliveries=2)
+    event = requested(recipient="user:alice")
+    await bus.publish(event)
+    async with running(request_consumer):
+        [rejected] = await exactly(bus, "human.rejected", within_s=20)
+    payload = rejected.payload(HumanRejected)
+    assert payload.reason == "recipient_not_allowed"
+    assert "no policy for run" in payload.detail
+    assert await stored(bus, payload.request_id) is None
+
+
+async def test_a_forged_notification_widening_the_recipients_is_refused(
+    bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]
+) -> None:
+    policies = RunPolicies(bus)
+    run_id = new_id("run")
+    await RunPolicyHandler(policies).handle(
+        make_event(_run_requested(run_id, ["user:alice"]), source="/temporality/trigger-gateway", run_id=run_id)
+    )
+    note = HumanNotifyRequested(
+        notification_id=new_id("hn"),
+        run_id=run_id,
+        agent="reviewer",
+        title="Review PR 42",
+        recipient="user:bob",
+        message="Review finished.",
+        policy=HumanPolicy(allowed_recipients=["user:alice", "user:bob"]),
+        turn=3,
+    )
+    handler = NotificationHandler(bus, directory, adapters, policies=policies)
+    with pytest.raises(PermanentError, match="SEC-1"):
+        await handler.handle(make_event(note, source="/temporality/run-executor", run_id=run_id))
+    unknown = note.model_copy(update={"run_id": new_id("run")})
+    with pytest.raises(PermanentError, match="no policy for run"):
+        await handler.handle(make_event(unknown, source="/temporality/run-executor", run_id=unknown.run_id))
+
+
+async def test_the_first_run_requested_of_a_run_is_the_one_kept(bus: Bus) -> None:
+    policies = RunPolicies(bus)
+    run_id = new_id("run")
+    assert (await policies.record(run_id, HumanPolicy(allowed_recipients=["user:alice"]))).allowed_recipients == [
+        "user:alice"
+    ]
+    again = await policies.record(run_id, HumanPolicy(allowed_recipients=["user:alice", "user:bob"]))
+    assert again.allowed_recipients == ["user:alice"]
+    relay = f"{run_id}/ask/01"  # relay run ids carry slashes: still one key
+    await policies.record(relay, HumanPolicy(allowed_recipients=[]))
+    found = await policies.lookup(relay)
+    assert found is not None
+    assert found.allowed_recipients == []

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 from gateway_support import ENVIRON, MAX_BODY, PASSWORD, TRIGGERS_YAML, agents_file, load_triggers_yaml, tokens_file
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from temporality_bus import Bus, NatsSettings
 from temporality_service import ApiAuthSettings
 from temporality_trigger_gateway import Settings, TriggerConfig, create_app
+
+# hypothesis keeps a cache (``.hypothesis/``) in the working directory: not in the checkout (it is not ignored)
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "temporality-gateway-hypothesis")
 
 
 @pytest.fixture

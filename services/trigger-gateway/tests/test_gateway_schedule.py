@@ -11,15 +11,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from gateway_support import AGENTS, AS_ADMIN, AS_OPERATOR, eventually, journal, replicas
+from gateway_support import AGENTS, AS_ADMIN, AS_OPERATOR, AS_VIEWER, eventually, journal, replicas
 
 from temporality_bus import Bus, Timers
-from temporality_protocol import RunRequested
+from temporality_protocol import RunRequested, run_id_for_delivery
 from temporality_protocol.catalog import TIMER_NS_TRIGGER_SCHEDULE
+from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 from temporality_trigger_gateway import Settings
-from temporality_trigger_gateway.schedule import Tick, next_tick, tick_events
-from temporality_trigger_gateway.store import validate_spec
+from temporality_trigger_gateway.launch import Launcher
+from temporality_trigger_gateway.schedule import Scheduler, Tick, next_tick
+from temporality_trigger_gateway.store import TriggerRegistry, validate_spec
 from temporality_trigger_gateway.triggers import ScheduleTrigger
 
 
@@ -37,8 +39,8 @@ def _schedule(trigger_id: str = "every-2s", **changes: Any) -> dict[str, Any]:
     return spec
 
 
-def _trigger(**changes: Any) -> ScheduleTrigger:
-    trigger = validate_spec(_schedule(**changes), environ={}, agents=AGENTS)
+def _trigger(trigger_id: str = "every-2s", **changes: Any) -> ScheduleTrigger:
+    trigger = validate_spec(_schedule(trigger_id, **changes), environ={}, agents=AGENTS)
     assert isinstance(trigger, ScheduleTrigger)
     return trigger
 
@@ -52,21 +54,29 @@ def test_next_tick_reads_the_cron_in_the_trigger_s_time_zone() -> None:
     assert next_tick(nightly, summer) == datetime(2026, 7, 11, 1, 0, tzinfo=UTC)  # 03:00 CEST
 
 
-def test_a_tick_makes_one_deterministic_run_and_a_late_one_follows_the_missed_policy() -> None:
+async def test_a_tick_makes_one_deterministic_run_and_a_late_one_follows_the_missed_policy(
+    bus: Bus, event_log: EventLog
+) -> None:
+    nightly, skipping = _trigger(), _trigger("skipping", missed={"policy": "skip", "grace_s": 60})
+    scheduler = Scheduler(bus, TriggerRegistry.static([nightly, skipping]), launcher=Launcher(bus, retry_after_s=1))
     at = datetime(2026, 1, 10, 3, 0, tzinfo=UTC)
-    events = tick_events(_trigger(), at, now=at + timedelta(seconds=1))
-    assert [e.type for e in events] == ["trigger.received", "trigger.accepted", "run.requested"]
-    again = tick_events(_trigger(), at, now=at + timedelta(seconds=30))
-    assert [e.id for e in again] == [e.id for e in events]  # a redelivered firing: the same ids
-    requested = events[-1].payload(RunRequested)
-    assert requested.launch.kind == "schedule"
-    assert requested.input["prompt"] == "Summarise what happened before 2026-01-10T03:00:00+00:00"
-    assert requested.human.allowed_recipients == ["user:alice"]
+    assert await scheduler.launch_tick(nightly, at, now=at + timedelta(seconds=1)) == "accepted"
+    # a redelivered firing is the same delivery: the same ids again, still one run
+    assert await scheduler.launch_tick(nightly, at, now=at + timedelta(seconds=30)) == "accepted"
+    run_id = run_id_for_delivery("every-2s", "tick:2026-01-10T03:00:00Z")
+    (requested,) = await event_log.wait_for("run.requested", run_id=run_id, timeout_s=10)
+    run = requested.payload(RunRequested)
+    assert run.launch.kind == "schedule"
+    assert run.input["prompt"] == "Summarise what happened before 2026-01-10T03:00:00+00:00"
+    assert run.human.allowed_recipients == ["user:alice"]
     late = at + timedelta(hours=2)
-    assert tick_events(_trigger(), at, now=late)[-1].type == "run.requested"  # run_once (default)
-    skipped = tick_events(_trigger(missed={"policy": "skip", "grace_s": 60}), at, now=late)
-    assert [e.type for e in skipped] == ["trigger.received", "trigger.rejected"]
-    assert skipped[-1].data["reason"] == "missed_tick"
+    assert await scheduler.launch_tick(nightly, at + timedelta(hours=1), now=late) == "accepted"  # run_once
+    assert await scheduler.launch_tick(skipping, at, now=late) == "rejected:missed_tick"
+    (rejected,) = await event_log.wait_for("trigger.rejected", timeout_s=10)
+    assert (rejected.data["trigger_id"], rejected.data["reason"]) == ("skipping", "missed_tick")
+    await event_log.caught_up()
+    assert len(event_log.of_type("run.requested")) == 2
+    assert len(event_log.of_type("trigger.received")) == 3
 
 
 @pytest.mark.parametrize(
@@ -149,3 +159,55 @@ async def test_a_tick_armed_for_an_old_revision_or_a_deleted_trigger_starts_noth
 
 async def _no_runs(bus: Bus) -> bool:
     return not await _runs(bus)
+
+
+async def test_every_tick_is_a_listed_delivery_and_a_missed_one_can_be_redriven(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    async with replicas(gateway_settings, 1) as (a,):
+        ticking = await a.post("/triggers", json=_schedule(), headers=AS_ADMIN)
+        assert ticking.status_code == 201, ticking.text
+        (first,) = await event_log.wait_for(
+            "run.requested", where=lambda e: e.data["launch"]["trigger_id"] == "every-2s", timeout_s=15
+        )
+        await a.post("/triggers/every-2s/disable", headers=AS_OPERATOR)
+
+        async def listed(trigger_id: str) -> list[dict[str, Any]]:
+            answer = await a.get(f"/triggers/{trigger_id}/deliveries", headers=AS_VIEWER)
+            assert answer.status_code == 200, answer.text
+            rows: list[dict[str, Any]] = answer.json()["deliveries"]
+            return rows
+
+        rows = await listed("every-2s")
+        row = next(r for r in rows if r["run_id"] == first.runid)  # recorded before its run.requested went out
+        assert (row["kind"], row["state"], row["adapter"], row["has_event"]) == (
+            "schedule",
+            "accepted",
+            "schedule",
+            True,
+        )
+        assert row["source_event_id"].startswith("tick:")
+
+        # a tick handled past its grace, policy skip: a rejected delivery, which an operator can re-drive
+        spec = _schedule("nightly", cron="0 3 * * *", missed={"policy": "skip", "grace_s": 60})
+        created = await a.post("/triggers", json=spec, headers=AS_ADMIN)
+        assert created.status_code == 201, created.text
+        revision = int(created.headers["ETag"].strip('"'))
+        late = (datetime.now(UTC) - timedelta(hours=2)).replace(microsecond=0)
+        tick = Tick(trigger_id="nightly", at=late, revision=revision).model_dump_json().encode()
+        await Timers(bus, TIMER_NS_TRIGGER_SCHEDULE).arm("nightly", datetime.now(UTC), tick)  # fires at once
+        (rejected,) = await event_log.wait_for(
+            "trigger.rejected", where=lambda e: e.data["trigger_id"] == "nightly", timeout_s=10
+        )
+        assert rejected.data["reason"] == "missed_tick"
+        (missed,) = await listed("nightly")
+        assert (missed["state"], missed["reason"], missed["delivery_id"]) == (
+            "rejected",
+            "missed_tick",
+            rejected.data["delivery_id"],
+        )
+        redriven = await a.post(f"/triggers/nightly/deliveries/{missed['delivery_id']}/redrive", headers=AS_OPERATOR)
+        assert redriven.status_code == 202, redriven.text
+        tick_id = "tick:" + late.strftime("%Y-%m-%dT%H:%M:%SZ")
+        assert redriven.json()["run_id"] == run_id_for_delivery("nightly", tick_id)
+        await event_log.wait_for("run.requested", run_id=redriven.json()["run_id"], timeout_s=10)

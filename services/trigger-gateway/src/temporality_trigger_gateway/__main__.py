@@ -6,8 +6,9 @@ triggers file validated against them. setup: open the ``trigger-definitions`` bu
 file's triggers (create-if-absent: several replicas may start at once, one wins each id and journals
 ``trigger.created``), load the whole store and watch it (``/readyz`` requires the watch; each change arms
 or cancels a schedule trigger's next tick), consume fired ticks (``trigger-gateway-schedules``), the
-system's own events for the event triggers and the concurrency keys (``trigger-gateway-events``) and the
-ends of debounce windows (``trigger-gateway-debounce``), serve.
+system's own events for the event triggers and the concurrency keys (``trigger-gateway-events``, pulled
+only while an enabled event trigger or a concurrency key needs it: :mod:`.ondemand`) and the ends of
+debounce windows (``trigger-gateway-debounce``), serve.
 """
 
 from __future__ import annotations
@@ -18,22 +19,25 @@ import structlog
 
 from temporality_bus import Delivery
 from temporality_protocol import TriggerCreated, derive_id, make_event
-from temporality_protocol.catalog import SERVICES
+from temporality_protocol.catalog import CONSUMERS, SERVICES
 from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
 from temporality_trigger_gateway.agents import load_agent_ids
 from temporality_trigger_gateway.api import create_app
 from temporality_trigger_gateway.errors import TriggerConfigError
-from temporality_trigger_gateway.events import EventTriggers
+from temporality_trigger_gateway.events import EventTriggers, journal_needed
 from temporality_trigger_gateway.launch import Launcher
+from temporality_trigger_gateway.ondemand import OnDemandConsumer
 from temporality_trigger_gateway.schedule import Scheduler
 from temporality_trigger_gateway.settings import Settings
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
-from temporality_trigger_gateway.triggers import parse_triggers, read_triggers_file
+from temporality_trigger_gateway.triggers import TriggerConfig, parse_triggers, read_triggers_file
 
 __all__ = ["SPEC", "configure", "run"]
 
 SPEC = SERVICES["trigger-gateway"]
 SOURCE = "/temporality/trigger-gateway"
+#: The consumer of the event triggers and the concurrency keys' releases; pulls only while needed.
+EVENTS_CONSUMER = "trigger-gateway-events"
 
 log = structlog.get_logger(__name__)
 
@@ -76,11 +80,26 @@ def configure(settings: Settings) -> Setup[Settings]:
         registry = TriggerRegistry(environ=os.environ, agents=agents)
         launcher = Launcher(rt.bus, retry_after_s=rt.settings.retry_after_s, claim_lease_s=rt.settings.claim_lease_s)
         scheduler = Scheduler(rt.bus, registry, launcher=launcher)
-        registry.on_change = scheduler.on_change  # arm / cancel schedule triggers' next tick
-        await rt.resources.enter_async_context(registry.watching(store))
-        rt.consumer("trigger-gateway-schedules", raw_handler=scheduler.handle)
         event_triggers = EventTriggers(registry, launcher, store=store, max_depth=rt.settings.event_max_depth)
-        rt.consumer("trigger-gateway-events", handler=event_triggers.handle)
+        # The journal is read only while an enabled event trigger or a concurrency key needs it (TRG-6).
+        journal = OnDemandConsumer(
+            rt.bus, CONSUMERS[EVENTS_CONSUMER], handler=event_triggers.handle, observer=rt.metrics
+        )
+
+        def follow_registry() -> None:
+            why = journal_needed(registry.all())
+            journal.want(why is not None, why=why or "no enabled event trigger and no concurrency key")
+
+        async def changed(trigger_id: str, trigger: TriggerConfig | None, revision: int) -> None:
+            follow_registry()
+            await scheduler.on_change(trigger_id, trigger, revision)  # arm / cancel a schedule's next tick
+
+        registry.on_change = changed
+        await rt.resources.enter_async_context(registry.watching(store))
+        follow_registry()
+        rt.consumer("trigger-gateway-schedules", raw_handler=scheduler.handle)
+        rt.consumers.append(journal)  # the runtime runs it like its own consumers (rt.consumer builds plain ones)
+        rt.readiness.watch_consumer(journal)
 
         async def debounce_ended(data: bytes, delivery: Delivery) -> None:
             await launcher.flow.fire(data, registry.get)

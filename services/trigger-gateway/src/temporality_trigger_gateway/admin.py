@@ -202,11 +202,11 @@ def admin_router(
     router = APIRouter(prefix="/triggers", tags=["triggers"])
     launch_path = launcher or Launcher(bus, retry_after_s=retry_after_s)
 
-    def validate(spec: Any) -> TriggerConfig:
+    def validate(spec: Any, *, new: bool = False) -> TriggerConfig:
         if not isinstance(spec, dict):
             raise TriggerInvalid([{"field": "<body>", "message": "a trigger is a JSON object"}])
         try:
-            return validate_spec(spec, environ=registry.environ, agents=registry.agents)
+            return validate_spec(spec, environ=registry.environ, agents=registry.agents, new=new)
         except ValidationError as exc:
             raise TriggerInvalid(field_errors(exc, spec)) from None
 
@@ -371,7 +371,7 @@ def admin_router(
     @router.post("", status_code=201, summary="Create a trigger")
     async def create_trigger(request: Request, who: AsAdmin) -> JSONResponse:
         spec = await read_spec(request)
-        trigger = validate(spec)
+        trigger = validate(spec, new=True)
         record = TriggerRecord(
             spec=spec,
             origin="api",

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from temporality_bus import Bus
     from temporality_trigger_gateway.launch import TriggerDelivery
 
-__all__ = ["MAX_EVENT_BYTES", "Deliveries", "DeliveryRecord", "DeliveryState", "delivery_key"]
+__all__ = ["MAX_EVENT_BYTES", "Deliveries", "DeliveryRecord", "DeliveryState", "delivery_key", "index_key"]
 
 log = structlog.get_logger(__name__)
 
@@ -83,6 +83,27 @@ class DeliveryRecord(BaseModel):
 
 def delivery_key(trigger_id: str, delivery_id: str) -> str:
     return f"{trigger_id}.{delivery_id}"
+
+
+#: The receipt time as an index key token: fixed width, so the keys sort as the times do.
+_STAMP = "%Y%m%dT%H%M%S%fZ"
+
+
+def index_key(trigger_id: str, received_at: datetime, delivery_id: str) -> str:
+    """The delivery's entry in its trigger's index: ``<trigger id>.at.<receipt time>.<delivery id>``
+    (written once, when the record is created; the listing orders and pages the keys alone)."""
+    return f"{trigger_id}.at.{received_at.astimezone(UTC).strftime(_STAMP)}.{delivery_id}"
+
+
+def _indexed(key: str, trigger_id: str) -> tuple[datetime, str] | None:
+    """(receipt time, delivery id) of an index key of ``trigger_id`` (``None``: not one)."""
+    parts = key.removeprefix(f"{trigger_id}.").split(".")
+    if len(parts) != 3 or parts[0] != "at":
+        return None
+    try:
+        return datetime.strptime(parts[1], _STAMP).replace(tzinfo=UTC), parts[2]
+    except ValueError:
+        return None
 
 
 def _kept(event: NormalizedEvent | None) -> tuple[NormalizedEvent | None, bool]:
@@ -154,7 +175,13 @@ class Deliveries:
             )
 
         key = delivery_key(delivery.trigger.id, delivery.delivery_id)
-        await self._best_effort(key, (await self._safe_store()), step, create)
+        stored = await self._best_effort(key, (await self._safe_store()), step, create)
+        if stored is not None and stored.received_at == now:  # created by this call: index it
+            try:
+                kv = await self._bus.kv(BUCKET_DELIVERIES)
+                await kv.put(index_key(delivery.trigger.id, now, delivery.delivery_id), delivery.delivery_id.encode())
+            except Exception as exc:
+                log.warning("delivery.not_indexed", key=key, error=repr(exc))
 
     async def redriven(self, trigger_id: str, delivery_id: str, as_delivery: str) -> None:
         """Note on the original delivery that it was re-driven as ``as_delivery`` (best effort)."""
@@ -177,30 +204,65 @@ class Deliveries:
         self, trigger_id: str, *, before: tuple[datetime, str] | None, limit: int
     ) -> tuple[list[DeliveryRecord], tuple[datetime, str] | None]:
         """Up to ``limit`` records of ``trigger_id``, newest first, received before the ``before`` cursor
-        (time, delivery id); and the cursor of the next page (``None``: no more). Reads the trigger's
-        records through one filtered KV watch (every record kept, 7 days at most)."""
+        (time, delivery id); and the cursor of the next page (``None``: no more).
+
+        Reads the trigger's *keys* (one filtered, headers-only KV watch: no values) and orders them by the
+        index keys' receipt times, then fetches only the page's records. A record without an index entry
+        (written before the index existed) is read to learn its receipt time."""
+        keys = await self._keys(f"{trigger_id}.>")
+        indexed: dict[str, datetime] = {}
+        plain: set[str] = set()
+        for key in keys:
+            found = _indexed(key, trigger_id)
+            if found is not None:
+                indexed[found[1]] = found[0]
+            elif key.count(".") == 1:
+                plain.add(key.removeprefix(f"{trigger_id}."))
+        store = await self.store()
+        legacy: dict[str, DeliveryRecord] = {}
+        for delivery_id in sorted(plain - set(indexed)):
+            record = await self._read(store, trigger_id, delivery_id)
+            if record is not None:
+                legacy[delivery_id] = record
+                indexed[delivery_id] = record.received_at
+        order = sorted(((at, d) for d, at in indexed.items() if d in plain), reverse=True)
+        if before is not None:
+            order = [entry for entry in order if entry < before]
+        page: list[DeliveryRecord] = []
+        taken = 0
+        for _at, delivery_id in order:
+            if len(page) == limit:
+                break
+            taken += 1
+            record = legacy.get(delivery_id) or await self._read(store, trigger_id, delivery_id)
+            if record is not None:
+                page.append(record)
+        following = (page[-1].received_at, page[-1].delivery_id) if page and taken < len(order) else None
+        return page, following
+
+    async def _keys(self, subject: str) -> list[str]:
+        """The live keys matching ``subject`` (a headers-only watch of the last entry per key)."""
         kv = await self._bus.kv(BUCKET_DELIVERIES)
-        watcher = await kv.watch(f"{trigger_id}.>", ignore_deletes=True)
-        found: list[DeliveryRecord] = []
+        watcher = await kv.watch(subject, ignore_deletes=True, meta_only=True)
+        keys: list[str] = []
         try:
             while True:
                 entry = await watcher.updates(timeout=10)  # type: ignore[no-untyped-call]
                 if entry is None:
                     break
-                if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
-                    continue
-                try:
-                    found.append(DeliveryRecord.model_validate_json(entry.value))
-                except ValidationError:
-                    log.warning("delivery.unreadable", key=entry.key)
+                if entry.operation not in (KV_DEL, KV_PURGE):
+                    keys.append(entry.key)
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
-        found.sort(key=lambda r: (r.received_at, r.delivery_id), reverse=True)
-        if before is not None:
-            found = [r for r in found if (r.received_at, r.delivery_id) < before]
-        page = found[:limit]
-        following = (page[-1].received_at, page[-1].delivery_id) if len(found) > limit else None
-        return page, following
+        return keys
+
+    async def _read(self, store: Store[DeliveryRecord], trigger_id: str, delivery_id: str) -> DeliveryRecord | None:
+        try:
+            found = await store.get(delivery_key(trigger_id, delivery_id))
+        except ValidationError:
+            log.warning("delivery.unreadable", delivery_id=delivery_id)
+            return None
+        return None if found is None else found.value
 
     async def _safe_store(self) -> Store[DeliveryRecord] | None:
         try:
@@ -215,11 +277,13 @@ class Deliveries:
         store: Store[DeliveryRecord] | None,
         step: Callable[[DeliveryRecord], DeliveryRecord],
         create: Callable[[], DeliveryRecord],
-    ) -> None:
-        """Never fails the delivery: a bus or store problem is logged (the journal has the outcome)."""
+    ) -> DeliveryRecord | None:
+        """Never fails the delivery: a bus or store problem is logged (the journal has the outcome). The
+        record as stored (``None``: not written)."""
         if store is None or not self._bus.nc.is_connected:
-            return
+            return None
         try:
-            await store.modify(key, step, create=create)
+            return (await store.modify(key, step, create=create)).value
         except Exception as exc:
             log.warning("delivery.not_recorded", key=key, error=repr(exc))
+            return None

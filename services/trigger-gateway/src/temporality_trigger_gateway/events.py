@@ -1,17 +1,19 @@
 """Event triggers (TRG-2/5/6): runs started by the system's own events, through the one launch path.
 
 The ``trigger-gateway-events`` durable consumer reads the event types an event trigger may listen to
-(:data:`~temporality_protocol.catalog.TRIGGERABLE_EVENTS`) from ``TEMPORALITY_EVENTS``; the replicas
-share it (each event goes to one of them). Created with deliver policy ``new``, a fresh installation
+(:data:`~temporality_protocol.catalog.TRIGGERABLE_EVENTS`) from ``TEMPORALITY_EVENTS``, only while
+:func:`journal_needed` says so (:mod:`.ondemand`); the replicas share it (each event goes to one of them). Created with deliver policy ``new``, a fresh installation
 starts at the stream's tail, and its acknowledged position is the persisted cursor. For each event::
 
     every trigger change stored before the event applied here first (another replica may have just
     created or disabled a trigger; one stream-info call on the trigger bucket, bounded)
-    the enabled event triggers listing its type, whose filter matches (none: ack, nothing journaled)
+    the enabled event triggers listing its type (none: ack, nothing journaled); a trigger.rejected(filtered)
+    never fires one (a condition's refusal would only echo refusals)
       stored at or before the trigger's activation (TriggerRecord.active_from_seq) -> skipped, logged
       launch depth d of the event (the run it belongs to, or a trigger.rejected's own depth):
         d > max depth (the event is itself a refusal past the limit)   -> dropped, logged
         caused by this trigger (its own trigger.* event)               -> dropped, logged
+        its condition (filter, then when) does not hold                -> skipped, logged (debug): nothing journaled
         caused by this trigger's own runs, allow_self false            -> trigger.rejected(loop_limit)
         d + 1 > max depth (TEMPORALITY_GATEWAY_EVENT_MAX_DEPTH, 1)     -> trigger.rejected(loop_limit)
         the input mapping fails on it                                  -> trigger.rejected(invalid_payload)
@@ -33,6 +35,7 @@ event trigger (TRG-6 anti-loop); a larger maximum allows chains that long.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 import structlog
@@ -46,9 +49,18 @@ from temporality_trigger_gateway.errors import BodyTooLarge
 from temporality_trigger_gateway.launch import Launcher, RejectReason, TriggerDelivery
 from temporality_trigger_gateway.mapping import MappingFailed
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
-from temporality_trigger_gateway.triggers import EventTrigger
+from temporality_trigger_gateway.triggers import EventTrigger, TriggerConfig
 
-__all__ = ["ADAPTER", "EventTriggers", "Lineage", "delivery_id_for", "lineage_key", "normalize", "run_title"]
+__all__ = [
+    "ADAPTER",
+    "EventTriggers",
+    "Lineage",
+    "delivery_id_for",
+    "journal_needed",
+    "lineage_key",
+    "normalize",
+    "run_title",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -114,6 +126,18 @@ def normalize(envelope: Envelope, *, tenant: str | None = None) -> NormalizedEve
     )
 
 
+def journal_needed(triggers: Iterable[TriggerConfig]) -> str | None:
+    """Why the ``trigger-gateway-events`` consumer must pull (``None``: nothing needs the journal): an
+    enabled event trigger, or a trigger with ``concurrency`` (enabled or not: a run of its key may still
+    be active, and its end must free the key and start the next queued run)."""
+    for trigger in triggers:
+        if isinstance(trigger, EventTrigger) and trigger.enabled:
+            return f"event trigger {trigger.id} is enabled"
+        if trigger.concurrency is not None:
+            return f"trigger {trigger.id} has a concurrency key (run ends release it)"
+    return None
+
+
 def run_title(trigger: EventTrigger, event: NormalizedEvent) -> str:
     about = event.metadata.get("run_id") or event.id
     return f"{trigger.name}: {event.type} of {about}"[:200]
@@ -161,10 +185,10 @@ class EventTriggers:
         triggers = self.listening(envelope.type)
         if not triggers:
             return
-        event = normalize(envelope)
-        matching = [t for t in triggers if t.matches(event)]
-        fresh = [t for t in matching if self._active_for(t, delivery)]
-        for stale in sorted({t.id for t in matching} - {t.id for t in fresh}):
+        if envelope.type == "trigger.rejected" and envelope.data.get("reason") == "filtered":
+            return  # a condition's refusal never fires a trigger: it would only echo (and feed) refusals
+        fresh = [t for t in triggers if self._active_for(t, delivery)]
+        for stale in sorted({t.id for t in triggers} - {t.id for t in fresh}):
             log.info("event_trigger.before_activation", trigger_id=stale, ce_id=envelope.id, seq=delivery.stream_seq)
         if not fresh:
             return
@@ -254,10 +278,22 @@ class EventTriggers:
         if depth > self._max_depth:
             log.info("event_trigger.loop_dropped", depth=depth, reason="the event is past the launch depth itself")
             return
+        own_event = envelope.type.startswith("trigger.") and envelope.data.get("trigger_id") == trigger.id
+        if own_event and not trigger.allow_self:
+            log.info("event_trigger.loop_dropped", depth=depth, reason="the trigger's own journal event")
+            return
+        event = normalize(envelope, tenant=trigger.tenant)
+        try:
+            filtered = trigger.filtered(event)
+        except MappingFailed as exc:
+            await self._refuse(delivery, "invalid_payload", f"the when expression cannot be applied ({exc})", tenant)
+            return
+        if filtered is not None:
+            # A subscription's filter, not a refused delivery: most events of a listed type are not for this
+            # trigger, and journaling each would add two events per (event, trigger) to the journal.
+            log.debug("event_trigger.filtered", trigger_id=trigger.id, event_type=envelope.type, detail=filtered)
+            return
         if trigger.id in causers and not trigger.allow_self:
-            if envelope.type.startswith("trigger.") and envelope.data.get("trigger_id") == trigger.id:
-                log.info("event_trigger.loop_dropped", depth=depth, reason="the trigger's own journal event")
-                return
             detail = f"the event was caused by a run of trigger {trigger.id} itself (allow_self is false)"
             await self._refuse(delivery, "loop_limit", detail, tenant)
             return
@@ -268,7 +304,6 @@ class EventTriggers:
             )
             await self._refuse(delivery, "loop_limit", detail, tenant)
             return
-        event = normalize(envelope, tenant=trigger.tenant)
         try:
             mapped = trigger.agent_input(event)
             key = trigger.concurrency_key(event)

@@ -4,6 +4,7 @@ The dedupe-and-launch path itself (claim first, IDEM-1) is :mod:`.launch`, share
 triggers; this module turns an HTTP delivery into a :class:`~.launch.TriggerDelivery` and answers it::
 
     disabled trigger / event type it does not list -> trigger.received + trigger.rejected -> 200 ignored
+    its ``when`` is not truthy for the event        -> trigger.received + trigger.rejected(filtered) -> 200 ignored
     otherwise                                      -> normalize, map the input, launch -> 202 accepted
                                                       (or 200 duplicate: another delivery already did)
 
@@ -70,7 +71,7 @@ class Ignored(BaseModel):
     model_config = ConfigDict(frozen=True)
     delivery_id: str
     status: Literal["ignored"] = "ignored"
-    reason: Literal["disabled", "unsupported_event"]
+    reason: Literal["disabled", "unsupported_event", "filtered"]
     detail: str
 
 
@@ -155,13 +156,24 @@ class Intake:
             return Ignored(delivery_id=delivery.delivery_id, reason=reason, detail=detail)
         event = adapter.normalize(request, tenant=trigger.tenant)
         try:
-            mapped = trigger.agent_input(event)
-            key = trigger.concurrency_key(event)
+            filtered = trigger.filtered(event)
+            if filtered is None:
+                mapped = trigger.agent_input(event)
+                key = trigger.concurrency_key(event)
         except MappingFailed as exc:
             raise InvalidPayload(
                 f"the trigger's {exc.section} expression cannot be applied to this event ({exc})",
-                [{"loc": [exc.section, exc.field], "msg": str(exc), "type": "mapping"}],
+                [{"loc": [p for p in (exc.section, exc.field) if p], "msg": str(exc), "type": "mapping"}],
             ) from None
+        if filtered is not None:
+            with structlog.contextvars.bound_contextvars(
+                trigger_id=trigger.id, delivery_id=delivery.delivery_id, source_event_id=source.id
+            ):
+                await self._launcher.refuse(
+                    delivery, "filtered", filtered, tenant=event.tenant, event=event, title=adapter.run_title(event)
+                )
+                log.info("webhook.handled", status="ignored", reason="filtered", source_event_type=source.type)
+            return Ignored(delivery_id=delivery.delivery_id, reason="filtered", detail=filtered)
         run_id = run_id_for_delivery(trigger.id, event.id)
         # One binding for the whole launch: what any warning below (bus, claim) needs to be traced.
         with structlog.contextvars.bound_contextvars(

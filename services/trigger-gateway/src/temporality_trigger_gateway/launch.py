@@ -99,6 +99,7 @@ RejectReason = Literal[
     "loop_limit",
     "concurrency_skip",
     "debounced",
+    "filtered",
 ]
 ClaimState = Literal["claimed", "published", "released", "queued"]
 

@@ -17,11 +17,17 @@ the field: exit 2 for the triggers file, 422 for the admin API), never per deliv
 that matches nothing yields ``null`` (JMESPath's own rule), so a field the sender omits does not fail
 the delivery. Without a mapping the input is the event's payload, as before, plus ``context`` when the
 trigger has one. A trigger never carries the agent's system prompt: behaviour lives in the agent card.
+
+A trigger's ``when`` is a condition over the same document (:func:`condition_holds`), with JMESPath's
+truthiness (:func:`is_truthy`: ``false``, ``null`` and empty strings, lists and objects are false; ``0``
+is true). Every evaluation goes through :func:`evaluate`, which turns whatever an expression can fail with
+on a particular event into :class:`MappingFailed` naming it.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping
 from string import Template
 from typing import Any
@@ -39,7 +45,10 @@ __all__ = [
     "check_prompt",
     "compile_expression",
     "compile_mapping",
+    "condition_holds",
+    "evaluate",
     "event_document",
+    "is_truthy",
     "render_prompt",
 ]
 
@@ -59,7 +68,11 @@ def compile_expression(expression: str, where: str) -> ParsedResult:
     if len(expression) > MAX_EXPRESSION:
         raise ValueError(f"{where}: the expression is longer than {MAX_EXPRESSION} characters")
     try:
-        compiled = jmespath.compile(expression)
+        with warnings.catch_warnings():
+            # `foo` (a literal that is not JSON) is JMESPath's deprecated string literal: still valid, and
+            # the warning would say so at every compile (or fail under -W error)
+            warnings.simplefilter("ignore", PendingDeprecationWarning)
+            compiled = jmespath.compile(expression)
     except JMESPathError as exc:
         reason = str(exc).splitlines()[0][:200]
         raise ValueError(f"{where}: not a valid JMESPath expression ({reason})") from None
@@ -67,7 +80,7 @@ def compile_expression(expression: str, where: str) -> ParsedResult:
         raise ValueError(f"{where}: the expression is nested too deeply") from None
     try:  # so does the interpreter ("a|a|a|…" parses flat enough): find out now, not per delivery
         compiled.search({})
-    except JMESPathError:
+    except (JMESPathError, TypeError, ArithmeticError):
         pass  # a type error on the empty document (length(null)): fine, real events have data
     except RecursionError:
         raise ValueError(f"{where}: the expression is nested too deeply") from None
@@ -93,25 +106,51 @@ def agent_input(
             return event.payload
         return {**event.payload, "context": dict(context)}
     document = event_document(event, context)
-    result: dict[str, Any] = {}
-    for field, expression in compiled.items():
-        try:
-            result[field] = expression.search(document)
-        except JMESPathError as exc:
-            raise MappingFailed(field, str(exc).splitlines()[0][:200]) from None
-        except RecursionError:
-            raise MappingFailed(field, "the expression is nested too deeply to evaluate") from None
-    return result
+    return {field: evaluate(expression, document, field) for field, expression in compiled.items()}
+
+
+def evaluate(compiled: ParsedResult, document: Mapping[str, Any], field: str, *, section: str = "input") -> Any:
+    """``compiled`` applied to ``document``; :class:`MappingFailed` naming ``section.field`` when it cannot be
+    evaluated on this document: a function given the wrong type, an expression nested too deeply, or an
+    ordering (``<``, ``>``) between a string and a number, which the jmespath library raises as TypeError."""
+    try:
+        return compiled.search(document)
+    except JMESPathError as exc:
+        raise MappingFailed(field, str(exc).splitlines()[0][:200], section=section) from None
+    except RecursionError:
+        raise MappingFailed(field, "the expression is nested too deeply to evaluate", section=section) from None
+    except (TypeError, ArithmeticError) as exc:
+        raise MappingFailed(field, f"cannot be evaluated on these values ({exc})"[:200], section=section) from None
+
+
+def is_truthy(value: Any) -> bool:
+    """JMESPath's truthiness: ``false``, ``null``, an empty string, list or object are false; everything
+    else (``0`` included, unlike Python) is true."""
+    if value is None or value is False:
+        return False
+    if isinstance(value, str | list | dict):
+        return len(value) > 0
+    return True
+
+
+def condition_holds(compiled: ParsedResult, document: Mapping[str, Any]) -> bool:
+    """Whether a trigger's ``when`` holds on ``document`` (:func:`event_document`); :class:`MappingFailed`
+    (section ``when``) when it cannot be evaluated on it (a function given the wrong type)."""
+    return is_truthy(evaluate(compiled, document, "", section="when"))
 
 
 class MappingFailed(ValueError):
     """An expression could not be evaluated on this event (a type error inside a JMESPath function)."""
 
     def __init__(self, field: str, reason: str, *, section: str = "input") -> None:
-        super().__init__(f"{section}.{field}: {reason}")
+        where = f"{section}.{field}" if field else section
+        super().__init__(f"{where}: {reason}")
         self.field = field
-        #: Where the failing expression is: ``input`` (a mapped field) or ``concurrency`` (its ``key``).
+        #: Where the failing expression is: ``input`` (a mapped field), ``concurrency`` (its ``key``) or
+        #: ``when`` (the trigger's condition; ``field`` is then empty).
         self.section = section
+        #: The failing expression's place as written: ``input.author``, ``concurrency.key``, ``when``.
+        self.where = where
 
 
 def check_prompt(template: str, fields: Mapping[str, str] | None) -> None:

@@ -9,10 +9,14 @@ Request body::
 
 Answer (200 whenever the request itself is well formed)::
 
-    {"ok": true, "would_start_run": true, "source_event": {"id", "type"},
+    {"ok": true, "would_start_run": true, "matches": true, "source_event": {"id", "type"},
      "event": {...the normalized event (TRG-4)...}, "input": {...the agent input (TRG-8)...},
      "run_id": "run-…", "title": "…"}
     {"ok": true, "would_start_run": false, "ignored": {"reason": "unsupported_event", "detail": "…"}, ...}
+    {"ok": true, "would_start_run": false, "matches": false, "ignored": {"reason": "filtered", ...}, ...}
+
+``matches``: whether the trigger's condition (``when``; an event trigger's ``filter`` too) holds for the
+sample. The mapping is applied either way, so a draft's input can be checked on a sample it filters.
     {"ok": false, "stage": "trigger" | "payload" | "mapping", "errors": [{"field", "message"}]}
 
 Nothing is started, published or stored, and the sender's authentication is not checked: the preview
@@ -104,8 +108,8 @@ async def run_preview(
         spec = body["trigger"]
     if not isinstance(spec, dict):
         return _failed("trigger", [{"field": "trigger", "message": "a trigger is a JSON object"}])
-    try:
-        trigger = validate_spec(spec, environ=_AnyEnviron(), agents=registry.agents)
+    try:  # a draft is checked as its creation would be (a reserved id refused)
+        trigger = validate_spec(spec, environ=_AnyEnviron(), agents=registry.agents, new="trigger" in body)
     except ValidationError as exc:
         return _failed("trigger", field_errors(exc, spec))
     if isinstance(trigger, EventTrigger):
@@ -127,25 +131,36 @@ async def run_preview(
         ]
         return _failed("payload", errors or [{"field": "<body>", "message": exc.detail}])
     try:
+        filtered = trigger.filtered(event)
         mapped = trigger.agent_input(event)
     except MappingFailed as exc:
-        return _failed("mapping", [{"field": f"input.{exc.field}", "message": str(exc)}])
+        return _failed("mapping", [{"field": exc.where, "message": str(exc)}])
     answer: dict[str, Any] = {
         "ok": True,
+        "matches": filtered is None,
         "source_event": source.model_dump(mode="json"),
         "event": event.model_dump(mode="json"),
         "input": mapped,
         "run_id": run_id_for_delivery(trigger.id, event.id),
         "title": adapter.run_title(event)[:200],
     }
-    if not trigger.enabled:
-        answer |= {"would_start_run": False, "ignored": {"reason": "disabled", "detail": "the trigger is disabled"}}
-    elif source.type not in trigger.events:
-        detail = f"the trigger does not handle {source.type!r} events (its events: {', '.join(trigger.events)})"
-        answer |= {"would_start_run": False, "ignored": {"reason": "unsupported_event", "detail": detail}}
+    unsupported = None
+    if source.type not in trigger.events:
+        unsupported = f"the trigger does not handle {source.type!r} events (its events: {', '.join(trigger.events)})"
+    return _verdict(answer, enabled=trigger.enabled, unsupported=unsupported, filtered=filtered)
+
+
+def _verdict(answer: dict[str, Any], *, enabled: bool, unsupported: str | None, filtered: str | None) -> dict[str, Any]:
+    """``answer`` with ``would_start_run``, and ``ignored`` saying why not (in the order the gateway decides)."""
+    if not enabled:
+        ignored = {"reason": "disabled", "detail": "the trigger is disabled"}
+    elif unsupported is not None:
+        ignored = {"reason": "unsupported_event", "detail": unsupported}
+    elif filtered is not None:
+        ignored = {"reason": "filtered", "detail": filtered}
     else:
-        answer["would_start_run"] = True
-    return answer
+        return {**answer, "would_start_run": True}
+    return {**answer, "would_start_run": False, "ignored": ignored}
 
 
 def _preview_event(trigger: EventTrigger, sample: Any) -> dict[str, Any]:
@@ -158,24 +173,21 @@ def _preview_event(trigger: EventTrigger, sample: Any) -> dict[str, Any]:
         return _failed("payload", field_errors(exc, sample))
     event = normalize(envelope, tenant=trigger.tenant)
     try:
+        filtered = trigger.filtered(event)
         mapped = trigger.agent_input(event)
     except MappingFailed as exc:
-        return _failed("mapping", [{"field": f"input.{exc.field}", "message": str(exc)}])
+        return _failed("mapping", [{"field": exc.where, "message": str(exc)}])
     answer: dict[str, Any] = {
         "ok": True,
+        "matches": filtered is None,
         "source_event": {"id": envelope.id, "type": envelope.type},
         "event": event.model_dump(mode="json"),
         "input": mapped,
         "run_id": run_id_for_delivery(trigger.id, envelope.id),
         "title": run_title(trigger, event),
     }
-    if not trigger.enabled:
-        answer |= {"would_start_run": False, "ignored": {"reason": "disabled", "detail": "the trigger is disabled"}}
-    elif envelope.type not in trigger.event_types:
-        detail = f"the trigger does not listen to {envelope.type!r} (its event_type: {', '.join(trigger.event_types)})"
-        answer |= {"would_start_run": False, "ignored": {"reason": "unsupported_event", "detail": detail}}
-    elif not trigger.matches(normalize(envelope)):
-        answer |= {"would_start_run": False, "ignored": {"reason": "filtered", "detail": "the filter does not match"}}
-    else:
-        answer["would_start_run"] = True
-    return answer
+    unsupported = None
+    if envelope.type not in trigger.event_types:
+        listed = ", ".join(trigger.event_types)
+        unsupported = f"the trigger does not listen to {envelope.type!r} (its event_type: {listed})"
+    return _verdict(answer, enabled=trigger.enabled, unsupported=unsupported, filtered=filtered)

@@ -7,7 +7,8 @@ new delivery (id derived from the original and the re-drive's number, ``redrive_
     the original was accepted                     -> 409 delivery_accepted (it could never start a second run)
     received / queued / debounced (not decided)   -> 409 delivery_pending
     loop_limit, or its event was not kept         -> 409 not_redrivable (the loop rule is not bypassed)
-    the trigger is disabled / no longer lists the event type -> journaled trigger.rejected, answered ignored
+    the trigger is disabled / no longer lists the event type / its condition (when, filter) does not hold
+                                                  -> journaled trigger.rejected, answered ignored
     otherwise                                     -> mapping, concurrency key, then Launcher.launch with
                                                      the run id of (trigger id, original event id)
 
@@ -91,8 +92,12 @@ async def redrive(launcher: Launcher, trigger: TriggerConfig, record: DeliveryRe
         refused: tuple[RejectReason, str] | None = _refusal(trigger, record.source_event_type or event.type)
         if refused is None:
             try:
-                mapped = trigger.agent_input(event)
-                key = trigger.concurrency_key(event)
+                filtered = trigger.filtered(event)
+                if filtered is not None:
+                    refused = ("filtered", filtered)
+                else:
+                    mapped = trigger.agent_input(event)
+                    key = trigger.concurrency_key(event)
             except MappingFailed as exc:
                 refused = ("invalid_payload", f"the {exc.section} expression cannot be applied ({exc})")
         if refused is not None:

@@ -12,9 +12,14 @@ payload names the trigger, the tick time and the trigger revision it was armed f
                                            -> the trigger as stored now: gone, disabled or re-armed for a
                                            newer revision -> nothing; else launch, then arm the next tick
 
-The run id is ``run_id_for_delivery(trigger id, "tick:<time>")`` and every event id is derived from it,
-so a redelivered firing republishes the same ids (JetStream dedupes them; the run store refuses a second
-line): one run per tick with any number of replicas.
+Every tick is a delivery of the launch path (:class:`~.launch.Launcher`): recorded in
+``trigger-deliveries`` (listed, re-drivable), then the dedupe claim, ``trigger.received`` +
+``trigger.accepted`` + ``run.requested``, or ``trigger.received`` + ``trigger.rejected`` (``missed_tick``,
+``filtered`` by ``when``, ``invalid_payload``, a concurrency key's ``concurrency_skip``...). The delivery
+id and the run id (``run_id_for_delivery(trigger id, "tick:<time>")``) derive from the tick, and every
+event id from them, so a redelivered firing is the same delivery: the claim recognises it and the same
+ids are published again (JetStream dedupes them; the run store refuses a second line): one run per tick
+with any number of replicas.
 
 **Missed ticks.** While the gateways (or NATS) are down nothing fires in between: the one armed tick fires
 (or is delivered) late, once they are back, and only the next tick after *now* is armed again, so a
@@ -32,22 +37,15 @@ from croniter import croniter  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from temporality_bus import Bus, Delivery, PermanentError, Timers
-from temporality_protocol import Actor, Envelope, NormalizedEvent, derive_id, run_id_for_delivery
+from temporality_protocol import Actor, NormalizedEvent, derive_id, run_id_for_delivery
 from temporality_protocol.catalog import TIMER_NS_TRIGGER_SCHEDULE
 from temporality_trigger_gateway.errors import BodyTooLarge
-from temporality_trigger_gateway.launch import (
-    Launcher,
-    TriggerDelivery,
-    launch_events,
-    received_event,
-    refusal_events,
-    rejected_event,
-)
+from temporality_trigger_gateway.launch import Launcher, RejectReason, TriggerDelivery
 from temporality_trigger_gateway.mapping import MappingFailed
 from temporality_trigger_gateway.store import TriggerRegistry
 from temporality_trigger_gateway.triggers import ScheduleTrigger, TriggerConfig
 
-__all__ = ["ADAPTER", "Scheduler", "Tick", "next_tick", "tick_events"]
+__all__ = ["ADAPTER", "Scheduler", "Tick", "next_tick", "tick_event"]
 
 log = structlog.get_logger(__name__)
 
@@ -114,41 +112,12 @@ def _missed(trigger: ScheduleTrigger, at: datetime, now: datetime) -> bool:
     return (now - at).total_seconds() > trigger.missed.grace_s and trigger.missed.policy == "skip"
 
 
-def tick_events(trigger: ScheduleTrigger, at: datetime, *, now: datetime, body_bytes: int = 0) -> list[Envelope]:
-    """What one tick publishes: ``trigger.received`` + ``trigger.accepted`` + ``run.requested``, or
-    ``trigger.received`` + ``trigger.rejected(missed_tick)``; every id derived from (trigger, tick)."""
-    delivery = _delivery(trigger, at, body_bytes)
-    source_event_id = _tick_id(at)
-    run_id = run_id_for_delivery(trigger.id, source_event_id)
+def _missed_detail(trigger: ScheduleTrigger, at: datetime, now: datetime) -> str:
     late_s = max(0.0, (now - at).total_seconds())
-    event = tick_event(trigger, at, now=now)
-    received = received_event(delivery, run_id=run_id, tenant=trigger.tenant)
-    if _missed(trigger, at, now):
-        detail = (
-            f"the tick of {at.isoformat()} was handled {round(late_s)} s late (grace "
-            f"{trigger.missed.grace_s} s, missed policy skip)"
-        )
-        rejected = rejected_event(
-            delivery, "missed_tick", detail, run_id=None, tenant=trigger.tenant, causation_id=received.id
-        )
-        return [received, rejected]
-    accepted, requested = launch_events(
-        delivery,
-        event,
-        run_id=run_id,
-        title=tick_title(trigger, at),
-        causation_id=received.id,
-        human=trigger.human.policy(),
-        input=trigger.agent_input(event),
-        with_payload=True,
+    return (
+        f"the tick of {at.isoformat()} was handled {round(late_s)} s late (grace "
+        f"{trigger.missed.grace_s} s, missed policy skip)"
     )
-    return [received, accepted, requested]
-
-
-def _mapping_refused(trigger: ScheduleTrigger, at: datetime, detail: str, *, body_bytes: int) -> list[Envelope]:
-    delivery = _delivery(trigger, at, body_bytes)
-    refused = f"the input mapping cannot be applied to the tick ({detail})"
-    return list(refusal_events(delivery, "invalid_payload", refused, run_id=None, tenant=trigger.tenant))
 
 
 # --------------------------------------------------------------------------- effects
@@ -158,8 +127,8 @@ class Scheduler:
     def __init__(self, bus: Bus, registry: TriggerRegistry, *, launcher: Launcher | None = None) -> None:
         self._bus = bus
         self._registry = registry
-        #: Launches the ticks of a trigger with a concurrency key (claim, then its key's policy).
-        self._launcher = launcher
+        #: Launches every tick: the claim, the delivery's record, then its concurrency key's policy.
+        self._launcher = launcher or Launcher(bus, retry_after_s=10)
         self.timers = Timers(bus, TIMER_NS_TRIGGER_SCHEDULE)
         #: Ids this replica has seen as enabled schedule triggers (a webhook trigger's change cancels nothing).
         self._scheduled: set[str] = set()
@@ -200,15 +169,11 @@ class Scheduler:
             await self.arm_next(trigger, current)
             return
         now = datetime.now(UTC)
-        if trigger.concurrency is not None and self._launcher is not None and not _missed(trigger, tick.at, now):
-            outcome = await self._flow_controlled(trigger, tick.at, now, len(data))
-        else:
+        with structlog.contextvars.bound_contextvars(trigger_id=trigger.id, tick=tick.at.isoformat()):
             try:
-                events = tick_events(trigger, tick.at, now=now, body_bytes=len(data))
-            except MappingFailed as exc:  # journaled, and the trigger keeps ticking
-                events = _mapping_refused(trigger, tick.at, str(exc), body_bytes=len(data))
-            await self._bus.publish_many(events)
-            outcome = events[-1].type
+                outcome = await self.launch_tick(trigger, tick.at, now=now, body_bytes=len(data))
+            except BodyTooLarge as exc:
+                raise PermanentError(exc.detail) from exc
         log.info(
             "schedule.ticked",
             trigger_id=trigger.id,
@@ -218,23 +183,32 @@ class Scheduler:
         )
         await self.arm_next(trigger, max(current, tick.revision), after=max(now, tick.at))
 
-    async def _flow_controlled(self, trigger: ScheduleTrigger, at: datetime, now: datetime, body_bytes: int) -> str:
-        """A tick of a trigger with a concurrency key: through the launch path's claim and the key's policy
-        (the claim recognises a redelivered tick as the same delivery)."""
-        assert self._launcher is not None
+    async def launch_tick(self, trigger: ScheduleTrigger, at: datetime, *, now: datetime, body_bytes: int = 0) -> str:
+        """One tick as a delivery of the launch path (recorded in ``trigger-deliveries``, so it is listed and
+        can be re-driven): missed past its grace (policy ``skip``), refused by ``when``, or the claim then the
+        concurrency key's policy. The claim recognises a redelivered tick as the same delivery."""
         delivery = _delivery(trigger, at, body_bytes)
         event = tick_event(trigger, at, now=now)
-        try:
-            mapped = trigger.agent_input(event)
-            key = trigger.concurrency_key(event)
-        except MappingFailed as exc:
-            await self._bus.publish_many(_mapping_refused(trigger, at, str(exc), body_bytes=body_bytes))
-            return "trigger.rejected"
+        title = tick_title(trigger, at)
+        refused: tuple[RejectReason, str] | None = None
+        if _missed(trigger, at, now):
+            refused = "missed_tick", _missed_detail(trigger, at, now)
+        else:
+            try:
+                filtered = trigger.filtered(event)
+                if filtered is not None:
+                    refused = "filtered", filtered
+                else:
+                    mapped = trigger.agent_input(event)
+                    key = trigger.concurrency_key(event)
+            except MappingFailed as exc:  # journaled, and the trigger keeps ticking
+                refused = "invalid_payload", f"the {exc.section} expression cannot be applied to the tick ({exc})"
+        if refused is not None:
+            reason, detail = refused
+            await self._launcher.refuse(delivery, reason, detail, tenant=trigger.tenant, event=event, title=title)
+            return f"rejected:{reason}"
         run_id = run_id_for_delivery(trigger.id, _tick_id(at))
-        try:
-            outcome = await self._launcher.launch(
-                delivery, event, run_id, tick_title(trigger, at), mapped, with_payload=True, concurrency_key=key
-            )
-        except BodyTooLarge as exc:
-            raise PermanentError(exc.detail) from exc
-        return outcome.status
+        launched = await self._launcher.launch(
+            delivery, event, run_id, title, mapped, with_payload=True, concurrency_key=key
+        )
+        return launched.status

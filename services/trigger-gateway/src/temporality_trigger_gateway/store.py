@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import structlog
 from nats.js.kv import KeyValue
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
 
 from temporality_bus import AlreadyExists, Bus, KvWatch, Store, Versioned, entry_value
 from temporality_protocol.catalog import BUCKET_TRIGGERS, EVENTS_STREAM
@@ -47,10 +47,29 @@ TRIGGER: TypeAdapter[TriggerConfig] = TypeAdapter(TriggerConfig)
 ChangeHook = Callable[[str, TriggerConfig | None, int], Awaitable[None]]
 
 
-class TriggerRecord(BaseModel):
-    """The value under a trigger id in ``trigger-definitions``."""
+#: The unknown record fields already logged (once each set: a newer gateway's record is read often).
+_IGNORED_FIELDS: set[tuple[str, ...]] = set()
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+class TriggerRecord(BaseModel):
+    """The value under a trigger id in ``trigger-definitions``.
+
+    Unknown fields are ignored when a record is read (logged once per set of fields): a newer gateway may
+    have written fields this one does not know, and during a rolling upgrade both read the same bucket.
+    The trigger inside (``spec``) is validated as API input is, unknown keys refused: a trigger this
+    replica cannot honour in full is not served (``trigger.invalid``) rather than served in part."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _note_unknown_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = tuple(sorted(str(k) for k in data if k not in cls.model_fields))
+            if unknown and unknown not in _IGNORED_FIELDS:
+                _IGNORED_FIELDS.add(unknown)
+                log.warning("trigger.record_fields_ignored", fields=list(unknown), hint="written by a newer gateway")
+        return data
 
     #: The trigger as written (file mapping or API body), literal secrets included: never returned.
     spec: dict[str, Any]
@@ -75,10 +94,11 @@ class Activation:
 
 
 def validate_spec(
-    spec: Mapping[str, Any], *, environ: Mapping[str, str], agents: frozenset[str] | None
+    spec: Mapping[str, Any], *, environ: Mapping[str, str], agents: frozenset[str] | None, new: bool = False
 ) -> TriggerConfig:
-    """One trigger mapping validated as the file and the API validate it (``ValidationError`` otherwise)."""
-    return TRIGGER.validate_python(spec, context={"environ": environ, "agents": agents})
+    """One trigger mapping validated as the file and the API validate it (``ValidationError`` otherwise).
+    ``new``: a trigger being created (a reserved id is refused; a stored record keeps being served)."""
+    return TRIGGER.validate_python(spec, context={"environ": environ, "agents": agents, "new": new})
 
 
 class TriggerStore:

@@ -7,8 +7,10 @@ system's own events (:mod:`.events`).
 
 Validation takes a context (``model_validate(..., context=...)``): ``environ`` resolves the auth's
 ``*_env`` secrets, ``agents`` (a set of agent ids from the run-executor's agent cards, or ``None`` when
-unknown) refuses a trigger naming an agent that does not exist. ``input`` (JMESPath, see
-:mod:`temporality_trigger_gateway.mapping`) is compiled once here.
+unknown) refuses a trigger naming an agent that does not exist. ``input``, ``when`` and a concurrency
+``key`` (JMESPath, see :mod:`temporality_trigger_gateway.mapping`) are compiled once here. ``when`` is the
+trigger's condition (with an event trigger's exact-match ``filter`` before it: one condition,
+:meth:`~_Trigger.filtered`); a delivery it refuses is ``filtered``.
 
 The recipients a run may ask (``human``, SEC-1) come from here and never from the webhook body.
 """
@@ -24,7 +26,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from croniter import croniter  # type: ignore[import-untyped]
-from jmespath.exceptions import JMESPathError
 from jmespath.parser import ParsedResult
 from pydantic import (
     BaseModel,
@@ -44,16 +45,19 @@ from temporality_trigger_gateway.adapters import ADAPTERS
 from temporality_trigger_gateway.auth import Auth, BasicAuth, NoAuth
 from temporality_trigger_gateway.errors import TriggerConfigError
 from temporality_trigger_gateway.mapping import (
-    MappingFailed,
+    MAX_EXPRESSION,
     agent_input,
     check_prompt,
     compile_expression,
     compile_mapping,
+    condition_holds,
+    evaluate,
     event_document,
     render_prompt,
 )
 
 __all__ = [
+    "RESERVED_IDS",
     "BasicAuth",
     "Concurrency",
     "Deduplication",
@@ -81,6 +85,8 @@ _Slug = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 #: An agent-input field name (a key of ``input``).
 _InputField = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
 _EVENT_FILTER_KEYS = frozenset({"actor_id", "actor_type", "project"})
+#: Ids a new trigger cannot take: ``/triggers/preview`` is the preview endpoint (``POST /triggers/preview``).
+RESERVED_IDS = frozenset({"preview"})
 
 
 class _Config(BaseModel):
@@ -147,14 +153,7 @@ class Concurrency(_Config):
     def key_of(self, event: NormalizedEvent, context: Mapping[str, Any]) -> str | None:
         """The event's key value (``None``: it has none); :class:`MappingFailed` when the expression fails."""
         assert self._compiled is not None  # compiled by the validator
-        try:
-            found = self._compiled.search(event_document(event, context))
-        except JMESPathError as exc:
-            raise MappingFailed("key", str(exc).splitlines()[0][:200], section="concurrency") from None
-        except RecursionError:
-            raise MappingFailed(
-                "key", "the expression is nested too deeply to evaluate", section="concurrency"
-            ) from None
+        found = evaluate(self._compiled, event_document(event, context), "key", section="concurrency")
         if found is None:
             return None
         text = found if isinstance(found, str) else json.dumps(found, sort_keys=True, separators=(",", ":"))
@@ -215,7 +214,20 @@ class _Trigger(_Config):
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     #: At most one active run per concurrency key, and what a new event does meanwhile (issue 7).
     concurrency: Concurrency | None = None
+    #: A JMESPath condition over the event's document (the mapping's, ``context`` included), evaluated
+    #: after the source match: a delivery for which it is not truthy is ``filtered`` (journaled, no run).
+    when: Annotated[str, Field(min_length=1, max_length=MAX_EXPRESSION)] | None = None
     _compiled: dict[str, ParsedResult] | None = PrivateAttr(default=None)
+    _when: ParsedResult | None = PrivateAttr(default=None)
+
+    @field_validator("id")
+    @classmethod
+    def _not_reserved(cls, value: str, info: ValidationInfo) -> str:
+        """A new trigger (the file, ``POST /triggers``: context ``new``) cannot take a reserved id; a record
+        stored before the id was reserved is still served."""
+        if (info.context or {}).get("new") and value in RESERVED_IDS:
+            raise ValueError(f"the id {value!r} is reserved (POST /triggers/{value} is the admin API's own route)")
+        return value
 
     @field_validator("agent")
     @classmethod
@@ -233,10 +245,26 @@ class _Trigger(_Config):
             compile_mapping(value)  # raises ValueError naming the field
         return value
 
+    @field_validator("when")
+    @classmethod
+    def _valid_condition(cls, value: str | None) -> str | None:
+        if value is not None:
+            compile_expression(value, "when")  # raises ValueError naming the field
+        return value
+
     @model_validator(mode="after")
     def _compile_mapping(self) -> Self:
         self._compiled = None if self.input is None else compile_mapping(self.input)
+        self._when = None if self.when is None else compile_expression(self.when, "when")
         return self
+
+    def filtered(self, event: NormalizedEvent) -> str | None:
+        """Why the trigger's condition refuses ``event`` (``None``: it matches, or there is none);
+        :class:`MappingFailed` (section ``when``) when ``when`` cannot be evaluated on it."""
+        if self._when is None or condition_holds(self._when, event_document(event, self.context)):
+            return None
+        assert self.when is not None
+        return f"the trigger's condition is false for this event (when: {self.when[:200]})"
 
     @property
     def compiled_input(self) -> dict[str, ParsedResult] | None:
@@ -389,7 +417,12 @@ class EventTrigger(_Trigger):
         return (self.event_type,) if isinstance(self.event_type, str) else tuple(self.event_type)
 
     def matches(self, event: NormalizedEvent) -> bool:
-        """Whether every ``filter`` entry matches ``event`` (the normalized CloudEvent, :func:`.events.normalize`)."""
+        """Whether the trigger's condition (every ``filter`` entry, then ``when``) holds for ``event``."""
+        return self.filtered(event) is None
+
+    def filtered(self, event: NormalizedEvent) -> str | None:
+        """Why the condition refuses ``event`` (the normalized CloudEvent, :func:`.events.normalize`):
+        ``filter`` is the exact-match shorthand of TRG-5, checked first, then ``when``; ``None``: it matches."""
         for key, expected in self.filter.items():
             if key == "actor_id":
                 found: Any = event.actor.id if event.actor is not None else None
@@ -401,9 +434,11 @@ class EventTrigger(_Trigger):
                 found = event.payload
                 for part in key.removeprefix("data.").split("."):
                     found = found.get(part) if isinstance(found, dict) else None
-            if filter_text(found) != filter_text(expected):
-                return False
-        return True
+            text = filter_text(found)
+            if text != filter_text(expected):
+                shown = "nothing" if text is None else repr(text[:100])
+                return f"filter {key}: the event has {shown}, not {filter_text(expected)!r}"
+        return super().filtered(event)
 
 
 class MissedTicks(_Config):
@@ -489,7 +524,7 @@ def parse_triggers(
     ``agents``: the agent ids a trigger may name (``None``: not checked)."""
     if not isinstance(data, dict):
         raise TriggerConfigError(f"{source}: expected a mapping with a 'triggers' list, got {type(data).__name__}")
-    context = {"environ": os.environ if environ is None else environ, "agents": agents}
+    context = {"environ": os.environ if environ is None else environ, "agents": agents, "new": True}
     try:
         parsed = TriggersFile.model_validate(data, context=context)
     except ValidationError as exc:

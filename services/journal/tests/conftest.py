@@ -29,7 +29,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from journal_support import VIEWER, ServedJournal, api_auth, serve_gateway, serve_journal, served_settings
+from journal_support import (
+    VIEWER,
+    ServedJournal,
+    api_auth,
+    serve_gateway,
+    serve_human,
+    serve_journal,
+    served_settings,
+)
 from playwright.async_api import BrowserContext, async_playwright
 
 from temporality_bus import Bus, Consumer, Delivery, NatsSettings
@@ -326,6 +334,18 @@ async def served_journal_with_gateway(
     the same tokens) as its ``TEMPORALITY_JOURNAL_GATEWAY_URL``: the console's trigger wizard works."""
     async with serve_gateway(tmp_path, nats_settings) as gateway_url:
         settings = served_settings(tmp_path, nats_settings, gateway_url=gateway_url)
+        async with serve_journal(settings, bus) as served:
+            yield served
+
+
+@pytest.fixture
+async def served_journal_with_human(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus
+) -> AsyncIterator[ServedJournal]:
+    """:func:`served_journal` with the real human-interaction service beside it (``journal_support.serve_human``:
+    alice and bob on the web inbox) as its ``TEMPORALITY_JOURNAL_HUMAN_URL``: the console's inbox works."""
+    async with serve_human(tmp_path, nats_settings) as human_url:
+        settings = served_settings(tmp_path, nats_settings, human_url=human_url)
         async with serve_journal(settings, bus) as served:
             yield served
 

@@ -4,18 +4,23 @@ called conftest)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import httpx
 from pydantic import SecretStr
 
 from temporality_bus import Bus, NatsSettings
+from temporality_human_interaction import Settings as HumanSettings
+from temporality_human_interaction.__main__ import SPEC as HUMAN_SPEC
+from temporality_human_interaction.__main__ import configure as human_configure
 from temporality_journal import Settings
 from temporality_journal.__main__ import SPEC, configure
-from temporality_service import ApiAuth, ApiAuthSettings, ApiToken, Role, Runtime, run_until
+from temporality_protocol.catalog import ServiceSpec
+from temporality_service import ApiAuth, ApiAuthSettings, ApiToken, HttpServiceSettings, Role, Runtime, Setup, run_until
 from temporality_service.auth import dump_tokens
 from temporality_trigger_gateway import Settings as GatewaySettings
 from temporality_trigger_gateway.__main__ import SPEC as GATEWAY_SPEC
@@ -32,6 +37,23 @@ TOKENS = [
 VIEWER = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
 OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+T = TypeVar("T")
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float = 30, what: str = "condition") -> T:
+    """Poll ``probe`` (another process's view) until it returns something truthy; bounded, says what it waited for."""
+    last: T | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                last = await probe()
+                if last:
+                    return last
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last value: {last!r}") from None
 
 
 def api_auth() -> ApiAuth:
@@ -73,16 +95,21 @@ class ServedJournal:
 
 
 def served_settings(
-    tmp_path: Path, nats_settings: NatsSettings, database_url: str | None = None, gateway_url: str | None = None
+    tmp_path: Path,
+    nats_settings: NatsSettings,
+    database_url: str | None = None,
+    gateway_url: str | None = None,
+    human_url: str | None = None,
 ) -> Settings:
     """The journal's settings for :func:`serve_journal`: a free port, the test tokens, SQLite unless given,
-    the trigger-gateway at ``gateway_url`` (unset: none)."""
+    the trigger-gateway at ``gateway_url`` and human-interaction at ``human_url`` (unset: none)."""
     return Settings(
         nats=nats_settings,
         port=0,
         database_url=database_url or f"sqlite+aiosqlite:///{tmp_path / 'served' / 'journal.db'}",
         api=ApiAuthSettings(tokens_file=write_tokens(tmp_path / "tokens.json")),
         gateway_url=gateway_url,
+        human_url=human_url,
     )
 
 
@@ -114,25 +141,82 @@ async def serve_gateway(tmp_path: Path, nats_settings: NatsSettings) -> AsyncIte
         triggers_file=directory / "triggers.yaml",
         api=ApiAuthSettings(tokens_file=write_tokens(directory / "tokens.json")),
     )
-    setup = gateway_configure(settings)
-    runtimes: list[Runtime[GatewaySettings]] = []
+    async with serve_service(GATEWAY_SPEC, settings, gateway_configure(settings)) as running:
+        server = running.runtime.server
+        assert server is not None
+        yield server.url
 
-    async def _setup(rt: Runtime[GatewaySettings]) -> None:
+
+#: The directory human-interaction reads in these tests: alice and bob answer on the web.
+HUMAN_USERS = """users:
+  alice:
+    display_name: Alice Example
+    inbox_token: alice-inbox-token
+    preferred: web
+    channels: {web: {}}
+  bob:
+    display_name: Bob Example
+    inbox_token: bob-inbox-token
+    preferred: web
+    channels: {web: {}}
+"""
+ALICE_INBOX = {"Authorization": "Bearer alice-inbox-token"}
+BOB_INBOX = {"Authorization": "Bearer bob-inbox-token"}
+
+
+@asynccontextmanager
+async def serve_human(tmp_path: Path, nats_settings: NatsSettings) -> AsyncIterator[str]:
+    """The real human-interaction service (its own ``configure``/``setup``) in-process on 127.0.0.1 and a free
+    port, with :data:`HUMAN_USERS` (web inbox only); yields its URL."""
+    directory = tmp_path / "human"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "users.yaml").write_text(HUMAN_USERS, encoding="utf-8")
+    settings = HumanSettings(
+        nats=nats_settings,
+        host="127.0.0.1",
+        port=0,
+        users_file=directory / "users.yaml",
+        api=ApiAuthSettings(tokens_file=write_tokens(directory / "tokens.json")),
+    )
+    async with serve_service(HUMAN_SPEC, settings, human_configure(settings)) as running:
+        server = running.runtime.server
+        assert server is not None
+        yield server.url
+
+
+S = TypeVar("S", bound=HttpServiceSettings)
+
+
+@dataclass
+class Running(Generic[S]):
+    """A service run in-process by :func:`serve_service`: set ``stop`` to stop it (SIGTERM's path); ``task``
+    then ends."""
+
+    runtime: Runtime[S]
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+
+@asynccontextmanager
+async def serve_service(spec: ServiceSpec, settings: S, setup: Setup[S]) -> AsyncIterator[Running[S]]:
+    """Run one service (its ``setup``, as its ``configure`` made it) in-process by the service runtime until
+    the block ends; yields it once it is ready (raises why it stopped, if it did)."""
+    runtimes: list[Runtime[S]] = []
+
+    async def _setup(rt: Runtime[S]) -> None:
         await setup(rt)
         runtimes.append(rt)
 
     stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run_until(GATEWAY_SPEC, settings, _setup, stop, ready=ready))
+    task = asyncio.create_task(run_until(spec, settings, _setup, stop, ready=ready))
     try:
         waiter = asyncio.ensure_future(ready.wait())
         done, _ = await asyncio.wait({waiter, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
         if task in done:
             waiter.cancel()
             task.result()  # raises why it stopped
-        assert ready.is_set(), "the trigger-gateway was not ready within 60 s"
-        server = runtimes[0].server
-        assert server is not None
-        yield server.url
+        assert ready.is_set(), f"{spec.name} was not ready within 60 s"
+        yield Running(runtimes[0], stop, task)
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
@@ -141,25 +225,7 @@ async def serve_gateway(tmp_path: Path, nats_settings: NatsSettings) -> AsyncIte
 @asynccontextmanager
 async def serve_journal(settings: Settings, bus: Bus) -> AsyncIterator[ServedJournal]:
     """Run the journal service (its own ``configure``/``setup``) in-process until the block ends."""
-    setup = configure(settings)
-    runtimes: list[Runtime[Settings]] = []
-
-    async def _setup(rt: Runtime[Settings]) -> None:
-        await setup(rt)
-        runtimes.append(rt)
-
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run_until(SPEC, settings, _setup, stop, ready=ready))
-    try:
-        waiter = asyncio.ensure_future(ready.wait())
-        done, _ = await asyncio.wait({waiter, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            waiter.cancel()
-            task.result()  # raises why it stopped
-        assert ready.is_set(), "the journal was not ready within 60 s"
-        server = runtimes[0].server
+    async with serve_service(SPEC, settings, configure(settings)) as running:
+        server = running.runtime.server
         assert server is not None
-        yield ServedJournal(url=server.url, bus=bus, runtime=runtimes[0], stop=stop, task=task)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
+        yield ServedJournal(url=server.url, bus=bus, runtime=running.runtime, stop=running.stop, task=running.task)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -12,6 +13,8 @@ from journal_support import VIEWER, api_auth
 
 from temporality_bus import Bus
 from temporality_journal import Database, Recorder, Settings, create_app
+from temporality_protocol import TriggerAccepted, derive_id, make_event
+from temporality_protocol.events import AgentMessageReceived
 
 MakeStory = Callable[..., Any]  # conftest.RunStory
 Journal = Any  # conftest.Journal
@@ -108,3 +111,51 @@ async def test_recorder_alone_is_idempotent(database: Database, bus: Bus, story:
         events = (await client.get(f"/runs/{s.run_id}/events")).json()["events"]
         assert [(e["type"], e["stream_seq"]) for e in events] == [("run.requested", 1), ("run.started", 3)]
         assert (await client.get(f"/runs/{s.run_id}")).json()["last_event_seq"] == 3
+
+
+async def test_a_run_known_only_from_events_is_answered_from_them(journal: Journal, story: MakeStory) -> None:
+    """A run with no run event yet (only its trigger's acceptance and a notification; a relay run with only its
+    message) is not a 404: ``/runs/{id}`` says what its events say, ``projected: false``."""
+    s = story(trigger_id="ado-pr", agent="reviewer")
+    accepted = make_event(
+        TriggerAccepted(
+            trigger_id="ado-pr", delivery_id="dlv-9", source_event_id="e-9", run_id=s.run_id, agent="reviewer"
+        ),
+        source="/t",
+        id=derive_id("evt", s.run_id, "accepted"),
+        run_id=s.run_id,
+    )
+    relay = f"{s.run_id}/ask/01"
+    message = make_event(
+        AgentMessageReceived(
+            request_id="req-9",
+            asker_run_id="run-asker",
+            asker_agent="planner",
+            to="agent:reviewer",
+            resolved_run_id=s.run_id,
+            resolved_agent="reviewer",
+            recipient_run_id=relay,
+            mode="async",
+            timeout_s=300,
+            message="Why?",
+            relay=True,
+            relay_run=relay,
+        ),
+        source="/t",
+        id=derive_id("evt", relay, "received"),
+        run_id=relay,
+    )
+    await journal.send(accepted, s.notified("web"), message)
+    run = await journal.run(s.run_id)
+    assert (run["projected"], run["state"], run["agent"], run["trigger_id"]) == (False, "pending", "reviewer", "ado-pr")
+    assert run["last_event_seq"] is not None
+    events = (await journal.client.get(f"/runs/{s.run_id}/events")).json()["events"]
+    assert [e["type"] for e in events] == ["trigger.accepted", "human.notified"]
+    relayed = await journal.run(quote(relay, safe=""))
+    assert (relayed["run_id"], relayed["projected"], relayed["agent"]) == (relay, False, "reviewer")
+    assert run["run_id"] not in [r["run_id"] for r in (await journal.client.get("/runs")).json()["runs"]]
+
+    # once a run event arrives, the row answers
+    await journal.send(s.requested(), s.started())
+    run = await journal.run(s.run_id)
+    assert (run["projected"], run["state"]) == (True, "running")

@@ -20,7 +20,13 @@ from temporality_protocol import (
     derive_id,
     make_event,
 )
-from temporality_protocol.events import AgentAskUndeliverable, HumanDirectoryChanged
+from temporality_protocol.events import (
+    AgentAskUndeliverable,
+    AgentMessageRefused,
+    AgentReadmitted,
+    HumanAnswerRefused,
+    HumanDirectoryChanged,
+)
 
 Journal = Any  # conftest.Journal
 T0 = datetime(2026, 5, 4, 12, 0, tzinfo=UTC)
@@ -118,6 +124,7 @@ async def test_audit_lists_the_critical_actions_with_who_and_when(journal: Journ
     viewer = await client.get("/audit")
     assert viewer.status_code == 403
     assert viewer.json()["error"] == "forbidden"
+    await journal.wait_type("api.access_refused")  # the refusal itself is audited (the newest entry)
 
     async def audit(**params: Any) -> list[tuple[str, str | None]]:
         response = await client.get("/audit", params=params, headers=OPERATOR)
@@ -125,6 +132,7 @@ async def test_audit_lists_the_critical_actions_with_who_and_when(journal: Journ
         return [(e["type"], e["actor"]) for e in response.json()["entries"]]
 
     assert await audit() == [
+        ("api.access_refused", "token:board"),
         ("agent.lifecycle_changed", "service:agent-collab"),
         ("trigger.disabled", "file:triggers.yaml"),
         ("bus.dead_lettered", None),
@@ -150,6 +158,7 @@ async def test_audit_lists_the_critical_actions_with_who_and_when(journal: Journ
     assert len(page["entries"]) == 4
     rest = await audit(limit=5, before=page["next_before"])
     assert rest == [
+        ("agent.ask_undeliverable", None),
         ("human.rejected", None),
         ("run.cancel_requested", "oncall"),
         ("human.directory.changed", "root"),
@@ -164,3 +173,49 @@ async def test_audit_lists_the_critical_actions_with_who_and_when(journal: Journ
         assert bad.status_code == 422, params
         assert next(iter(params)) in bad.json()["detail"]
     assert set(AUDIT_KINDS) >= {"human.directory.changed", "trigger.created", "run.cancel_requested"}
+
+
+async def test_refused_answers_agent_message_refusals_and_operator_decommissions_are_audited(
+    journal: Journal,
+) -> None:
+    at = T0 + timedelta(minutes=1)
+    events = [
+        _ev(
+            HumanAnswerRefused(
+                request_id="h1", run_id="run-1", recipient="user:alice", responder="telegram:3003",
+                channel="telegram", reason="not_recipient", received_at=at,
+            ),
+            1,
+            run_id="run-1",
+        ),
+        _ev(  # a late answer by the recipient: recorded, not a permission refusal
+            HumanAnswerRefused(
+                request_id="h1", run_id="run-1", recipient="user:alice", responder="user:alice",
+                channel="web", reason="expired", received_at=at,
+            ),
+            2,
+            run_id="run-1",
+        ),
+        _ev(
+            AgentMessageRefused(
+                agent_id="ext-1", subject="temporality.rpc.agents.heartbeat", reason="replayed_nonce",
+                detail="seen", body_sha256="0" * 64,
+            ),
+            3,
+        ),
+        _lifecycle("decommissioned", 4),
+        _ev(AgentReadmitted(agent_id="ext-1", incarnation=1, requested_by="oncall"), 5),
+    ]  # fmt: skip
+    await journal.recorder.record_batch([(e, i + 1) for i, e in enumerate(events)])
+    response = await journal.client.get("/audit", headers=OPERATOR)
+    assert response.status_code == 200, response.text
+    entries = response.json()["entries"]
+    assert [(e["type"], e["kind"], e["target"]) for e in entries] == [
+        ("agent.readmitted", "agent_registration", "ext-1"),
+        ("agent.lifecycle_changed", "agent_registration", "ext-1"),
+        ("agent.message_refused", "agent_refusal", "ext-1"),
+        ("human.answer_refused", "permission_refusal", "h1"),
+    ]
+    assert entries[0]["actor"] == "oncall"
+    assert "replayed_nonce" in entries[2]["summary"]
+    assert "telegram:3003" in entries[3]["summary"]

@@ -406,3 +406,103 @@ async def test_trigger_wizard_edit_says_412_when_someone_else_changed_it(
     await expect(page.locator("#message")).to_contain_text("Trigger seeded-hook saved", timeout=WAIT_MS)
     await expect(row).to_contain_text("Renamed in the console", timeout=WAIT_MS)
     await expect(row.locator("td.enabled")).to_have_text("no")
+
+
+async def test_a_run_known_only_from_events_opens_with_what_is_known(
+    served_journal: Served, browser_context: BrowserContext, story: MakeStory
+) -> None:
+    s = story()
+    await _publish(served_journal, _trigger_accepted(s), s.notified("web"))  # no run event (yet)
+    page = await _sign_in(browser_context, served_journal, OPERATOR_TOKEN, f"#/runs/{s.run_id}")
+    header = page.locator("#run-header")
+    await expect(header.locator("#run-unprojected")).to_contain_text("Known from its events only", timeout=WAIT_MS)
+    await expect(header.locator('[data-state="pending"]')).to_be_visible()
+    await expect(header).to_contain_text("ado-pr")  # the trigger, from trigger.accepted
+    await expect(page.locator("#timeline > li .step-title")).to_have_text(["Trigger ado-pr", "Notified alice on web"])
+    await expect(page.locator("#cancel-run")).to_have_count(0)  # nothing the executor knows to cancel yet
+    await expect(page.get_by_role("alert")).to_be_hidden()  # no 404
+
+
+async def test_trigger_wizard_prompt_condition_dedupe_and_concurrency(
+    served_journal_with_gateway: Served, browser_context: BrowserContext
+) -> None:
+    served = served_journal_with_gateway
+    page = await _sign_in(browser_context, served, ADMIN_TOKEN, "#/wizard")
+    form = page.locator("#trigger-form")
+    await form.get_by_label("Id", exact=True).fill("wizard-flow")
+    await form.get_by_label("Name", exact=True).fill("Orders, one run per customer")
+    await form.get_by_label("Agent", exact=True).fill("reviewer")
+    await form.get_by_label("Adapter").fill("generic")
+    await form.get_by_label("Event types").fill("order.created")
+    await form.get_by_label("Input mapping").fill("order = payload.order_id\ncustomer = payload.customer")
+    await form.get_by_label("Prompt (first message)").fill("Check order ${order} of ${customer}.")
+    await form.get_by_label("Condition (when)").fill("payload.total > `100`")
+    await form.get_by_label("Remember event ids (days)").fill("3")
+    await form.get_by_label("Concurrency key").fill("payload.customer")
+    await form.get_by_label("When a run of the key is active").select_option("supersede")
+    await form.get_by_label("Debounce (s)").fill("30")
+    await form.get_by_label("Sample headers").fill("Idempotency-Key: ord-9")
+    sample = form.get_by_label("Sample payload (JSON)")
+    await sample.fill(
+        '{"type": "order.created", "id": "ord-9", "data": {"order_id": 9, "customer": "acme", "total": 250}}'
+    )
+    await page.get_by_role("button", name="Preview").click()
+    await expect(page.locator("#preview-input")).to_contain_text('"prompt": "Check order 9 of acme."', timeout=WAIT_MS)
+    # the condition is checked in the preview too: a small order starts no run
+    await sample.fill(
+        '{"type": "order.created", "id": "ord-8", "data": {"order_id": 8, "customer": "acme", "total": 5}}'
+    )
+    await page.get_by_role("button", name="Preview").click()
+    await expect(page.locator("#preview")).to_contain_text("No run: filtered", timeout=WAIT_MS)
+    await page.get_by_role("button", name="Create trigger").click()
+    await expect(page.locator("#message")).to_contain_text("Trigger wizard-flow saved", timeout=WAIT_MS)
+
+    async with httpx.AsyncClient(base_url=served.url, headers=VIEWER) as client:
+        stored = (await client.get("/gateway/triggers/wizard-flow")).json()["trigger"]
+    assert stored["prompt"] == "Check order ${order} of ${customer}."
+    assert stored["when"] == "payload.total > `100`"
+    assert stored["deduplication"] == {"ttl_days": 3}
+    assert {k: stored["concurrency"][k] for k in ("key", "policy", "debounce_s")} == {
+        "key": "payload.customer",
+        "policy": "supersede",
+        "debounce_s": 30,
+    }
+    # editing starts from the stored values, and clearing a field removes it
+    await page.locator('#trigger-defs tr[data-trigger-id="wizard-flow"]').get_by_role("link", name="Edit").click()
+    await expect(form.get_by_label("Concurrency key")).to_have_value("payload.customer", timeout=WAIT_MS)
+    await expect(form.get_by_label("When a run of the key is active")).to_have_value("supersede")
+    await expect(form.get_by_label("Prompt (first message)")).to_have_value("Check order ${order} of ${customer}.")
+    await form.get_by_label("Concurrency key").fill("")
+    await form.get_by_label("Condition (when)").fill("")
+    await page.get_by_role("button", name="Save changes").click()
+    await expect(page.locator("#message")).to_contain_text("Trigger wizard-flow saved", timeout=WAIT_MS)
+    async with httpx.AsyncClient(base_url=served.url, headers=VIEWER) as client:
+        stored = (await client.get("/gateway/triggers/wizard-flow")).json()["trigger"]
+    assert (stored.get("concurrency"), stored.get("when"), stored["deduplication"]) == (None, None, {"ttl_days": 3})
+
+
+async def test_an_operator_re_drives_a_rejected_delivery(
+    served_journal_with_gateway: Served, browser_context: BrowserContext
+) -> None:
+    served = served_journal_with_gateway
+    gateway = str(served.runtime.settings.gateway_url).rstrip("/")
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=20) as client:
+        assert (await client.post(f"{gateway}/triggers/seeded-hook/disable")).status_code == 200
+        hook = await client.post(
+            f"{gateway}/hooks/seeded-hook", json={"type": "order.created", "id": "ord-redrive", "data": {"n": 1}}
+        )
+        assert hook.json()["reason"] == "disabled", hook.text
+        assert (await client.post(f"{gateway}/triggers/seeded-hook/enable")).status_code == 200
+    page = await _sign_in(browser_context, served, OPERATOR_TOKEN, "#/triggers/seeded-hook")
+    rejected = page.locator('#processing tr[data-state="rejected"]')
+    await expect(rejected).to_contain_text("disabled", timeout=WAIT_MS)
+    await rejected.get_by_role("button", name="Re-drive").click()
+    await expect(page.get_by_role("alert")).to_contain_text("re-driven as dlv-", timeout=WAIT_MS)
+    await expect(page.get_by_role("alert")).to_contain_text(": accepted (run run-")
+    accepted = page.locator('#processing tr[data-state="accepted"]')
+    await expect(accepted).to_contain_text("re-drive of", timeout=WAIT_MS)
+    await expect(accepted.get_by_role("link")).to_have_text(re.compile(r"^run-"))
+
+    viewer = await _sign_in(browser_context, served, VIEWER_TOKEN, "#/triggers/seeded-hook")
+    await expect(viewer.locator("#processing tr[data-state]")).to_have_count(2, timeout=WAIT_MS)
+    assert await viewer.locator("#processing button").count() == 0  # viewers read, operators re-drive

@@ -17,7 +17,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_journal import Database, Recorder, Settings
 from temporality_journal.models import ASKS_TABLE, EVENTS_TABLE, RUNS_TABLE
 from temporality_journal.retention import Purged, Retention
-from temporality_protocol import TriggerCreated, make_event
+from temporality_protocol import HumanRejected, RunCancelRequested, TriggerCreated, make_event
 from temporality_protocol.events import AgentAsked
 
 MakeStory = Callable[..., Any]  # conftest.RunStory
@@ -68,17 +68,61 @@ async def test_finished_runs_older_than_the_retention_are_purged_in_batches(
     old, older, waiting, recent = await _seed(database, story)
     retention = Retention(database, 30, clock=lambda: NOW, batch_size=1)
     purged = await retention.purge()
-    assert (purged.runs, purged.events, purged.asks) == (2, 8, 1)  # 2 runs x 3 events, the ask, the old trigger event
-    assert purged.batches >= 3  # one run per transaction
+    assert (purged.runs, purged.events, purged.asks) == (2, 7, 1)  # 2 runs x 3 events, the ask (not the audit)
+    assert purged.batches >= 2  # one run per transaction
     for gone in (old, older):
         assert await _count(database, RUNS_TABLE, run_id=gone.run_id) == 0
         assert await _count(database, EVENTS_TABLE, run_id=gone.run_id) == 0
     assert await _count(database, RUNS_TABLE, run_id=waiting.run_id) == 1
     assert await _count(database, EVENTS_TABLE, run_id=waiting.run_id) == 3
     assert await _count(database, RUNS_TABLE, run_id=recent.run_id) == 1
-    assert await _count(database, EVENTS_TABLE, type="trigger.created") == 1
+    assert await _count(database, EVENTS_TABLE, type="trigger.created") == 2  # audited: kept, however old
     assert await _count(database, ASKS_TABLE) == 0
     assert await retention.purge() == Purged()  # a second pass finds nothing
+
+
+async def test_the_audit_trail_outlives_the_table_retention_and_has_its_own(
+    database: Database, story: MakeStory
+) -> None:
+    cancelled = story(at=NOW - timedelta(days=40))
+    cancel = make_event(
+        RunCancelRequested(run_id=cancelled.run_id, reason="closed", requested_by="oncall"),
+        source="/t",
+        run_id=cancelled.run_id,
+        time=NOW - timedelta(days=40),
+    )
+    very_old = make_event(
+        TriggerCreated(trigger_id="t", revision=1, changed_by="root"), source="/t", time=NOW - timedelta(days=400)
+    )
+    refused = [  # human.rejected is audited for recipient_not_allowed only
+        make_event(
+            HumanRejected(
+                request_id=f"hreq-{reason}", run_id=cancelled.run_id, recipient="user:eve", reason=reason, detail="x"
+            ),
+            source="/t",
+            run_id=cancelled.run_id,
+            time=NOW - timedelta(days=40),
+        )
+        for reason in ("recipient_not_allowed", "invalid_request")
+    ]
+    events = [cancelled.requested(), cancelled.started(), cancel, *refused, cancelled.cancelled(), very_old]
+    await Recorder(database).record_batch([(e, i + 1) for i, e in enumerate(events)])
+
+    purged = await Retention(database, 30, clock=lambda: NOW).purge()
+    assert (purged.runs, purged.events, purged.audit) == (1, 4, 0)  # requested, started, the other refusal, cancelled
+    kept = {r.id for r in await _rows(database)}
+    assert kept == {cancel.id, refused[0].id, very_old.id}  # the run's audited events and the old trigger change
+
+    purged = await Retention(database, 30, audit_days=365, clock=lambda: NOW).purge()
+    assert (purged.runs, purged.events, purged.audit) == (0, 0, 1)  # only the audit older than a year
+    assert {r.id for r in await _rows(database)} == {cancel.id, refused[0].id}
+    assert await Retention(database, 0, audit_days=30, clock=lambda: NOW).purge() == Purged(audit=2, batches=1)
+    assert await _rows(database) == []
+
+
+async def _rows(database: Database) -> list[Any]:
+    async with database.engine.connect() as conn:
+        return list((await conn.execute(select(EVENTS_TABLE.c.id))).all())
 
 
 async def test_the_background_purge_runs_at_start(database: Database, story: MakeStory) -> None:
@@ -99,7 +143,11 @@ async def test_the_background_purge_runs_at_start(database: Database, story: Mak
 
 
 def test_retention_is_off_by_default_and_refuses_nonsense(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Settings().retention_days == 0
+    assert (Settings().retention_days, Settings().audit_retention_days) == (0, 0)
+    monkeypatch.setenv("TEMPORALITY_JOURNAL_AUDIT_RETENTION_DAYS", "3650")
+    assert Settings().audit_retention_days == 3650
+    with pytest.raises(ValueError, match="at least one day"):
+        Retention(None, 0)  # type: ignore[arg-type]
     monkeypatch.setenv("TEMPORALITY_JOURNAL_RETENTION_DAYS", "14")
     assert Settings().retention_days == 14
     monkeypatch.setenv("TEMPORALITY_JOURNAL_RETENTION_DAYS", "-1")

@@ -4,7 +4,9 @@
 unusable URL or tokens file is a configuration error (exit 2) before anything connects.
 
 ``setup`` opens one shared HTTP client to the trigger-gateway when ``TEMPORALITY_JOURNAL_GATEWAY_URL`` is set
-(closed with the other resources): the console's ``/gateway/`` proxy (:mod:`temporality_journal.gateway`).
+(closed with the other resources): the console's ``/gateway/`` proxy (:mod:`temporality_journal.gateway`);
+likewise one to human-interaction when ``TEMPORALITY_JOURNAL_HUMAN_URL`` is set: the ``/human/`` inbox proxy
+(:mod:`temporality_journal.human`).
 
 ``temporality-journal rebuild`` (``python -m temporality_journal rebuild``) drops the read model and
 makes the next start replay the stream from the beginning: :mod:`temporality_journal.rebuild`.
@@ -16,9 +18,11 @@ import sys
 
 from sqlalchemy.exc import ArgumentError
 
+from temporality_journal.access import AccessAudit
 from temporality_journal.api import create_app
 from temporality_journal.database import Database, async_url
 from temporality_journal.gateway import gateway_client
+from temporality_journal.human import human_client
 from temporality_journal.rebuild import main as rebuild_main
 from temporality_journal.recorder import Recorder
 from temporality_journal.retention import Retention
@@ -57,10 +61,15 @@ def configure(settings: Settings) -> Setup[Settings]:
         tail = Tail(database, changes, stopping=lambda: rt.server is not None and rt.server.should_exit)
         client = gateway_client(rt.settings)  # the console's way to the trigger admin API
         gateway = await rt.resources.enter_async_context(client) if client is not None else None
-        rt.http(create_app(rt.settings, database, rt.bus, auth, tail, gateway))
+        inbox_client = human_client(rt.settings)  # the console's way to the web inbox
+        human = await rt.resources.enter_async_context(inbox_client) if inbox_client is not None else None
+        access = AccessAudit(rt.bus)  # refused API access into the audit trail, rate-limited
+        await rt.resources.enter_async_context(access.running())
+        rt.http(create_app(rt.settings, database, rt.bus, auth, tail, gateway, human, access))
         rt.ready_check("database", database.ping)
-        if rt.settings.retention_days > 0:  # 0: keep everything, no purge
-            await rt.resources.enter_async_context(Retention(database, rt.settings.retention_days).running())
+        days, audit_days = rt.settings.retention_days, rt.settings.audit_retention_days
+        if days > 0 or audit_days > 0:  # 0 and 0: keep everything, no purge
+            await rt.resources.enter_async_context(Retention(database, days, audit_days=audit_days).running())
 
     return setup
 

@@ -28,6 +28,9 @@ role too low a 403.
 ``GET /audit``                      operator: the critical actions (:mod:`temporality_journal.audit`)
 ``/gateway/triggers...``            UI-2: the trigger admin API of the trigger-gateway, proxied (allow-listed;
                                     the gateway checks the token): :mod:`temporality_journal.gateway`
+``/human/inbox``, ``/human/requests...``  the web inbox of human-interaction, proxied (allow-listed; the
+                                    caller's inbox token, which human-interaction checks):
+                                    :mod:`temporality_journal.human`
 ==================================  ======================================================
 
 Run ids may contain ``/`` (relay runs, ``<target run>/ask/NN``): the run routes take ``{run_id:path}``,
@@ -55,7 +58,7 @@ from fastapi.responses import RedirectResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import ColumnElement, and_, or_
+from sqlalchemy import ColumnElement, func, or_
 from sqlalchemy import select as sa_select
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -63,9 +66,11 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from temporality_bus import Bus, TransientError
-from temporality_journal.audit import AUDIT_KINDS, AUDIT_REASONS, AuditEntry, audit_entry
+from temporality_journal.access import AccessAudit, AuditedAuth, RequestContext
+from temporality_journal.audit import AUDIT_KINDS, AuditEntry, audit_entry, audited
 from temporality_journal.database import Database
 from temporality_journal.gateway import gateway_router
+from temporality_journal.human import human_router
 from temporality_journal.insights import (
     HUMAN_TYPES,
     TRIGGER_CHANGE_TYPES,
@@ -168,6 +173,11 @@ class RunView(BaseModel):
     error: str | None
     last_event_seq: int | None
     waiting: Waiting | None
+    projected: bool = Field(
+        default=True,
+        description="False: no event that makes a run (run.requested, run.started, ...) has been journaled for "
+        "this id yet, only others (trigger.*, human.*, agent.* ...); the run is shown from those, state pending",
+    )
 
     @classmethod
     def of(cls, record: RunRecord, now: datetime) -> RunView:
@@ -372,11 +382,16 @@ def create_app(
     auth: ApiAuth,
     tail: Tail | None = None,
     gateway: httpx.AsyncClient | None = None,
+    human: httpx.AsyncClient | None = None,
+    access: AccessAudit | None = None,
 ) -> FastAPI:
     """The journal API over ``database`` and ``bus`` (already open; the caller owns their lifecycles),
     admitting the role tokens of ``auth``; ``tail`` feeds ``/events/stream`` (default: one that only polls);
     ``gateway`` (open, the caller's: :func:`temporality_journal.gateway.gateway_client`) serves the
-    ``/gateway/`` proxy to the trigger admin API (None: those routes answer 503)."""
+    ``/gateway/`` proxy to the trigger admin API (None: those routes answer 503); ``human`` likewise the
+    ``/human/`` proxy to human-interaction's web inbox (:func:`temporality_journal.human.human_client`).
+    Every 401/403 of the token check goes to ``access`` (default: one publishing on ``bus``), the audit trail's
+    ``api.access_refused`` (:mod:`temporality_journal.access`)."""
     tail = tail or Tail(database)
     app = FastAPI(
         title="Temporality journal",
@@ -388,10 +403,12 @@ def create_app(
     app.state.settings = settings
     app.state.database = database
     install_error_handlers(app)
-    auth.install(app)
+    AuditedAuth(auth, access or AccessAudit(bus)).install(app)  # refusals into the audit trail
+    app.add_middleware(RequestContext)
 
     app.mount("/console", _ConsoleFiles(directory=CONSOLE_DIR, html=True), name="console")
     app.include_router(gateway_router(settings, gateway))
+    app.include_router(human_router(settings, human, database))
 
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:
@@ -561,15 +578,25 @@ def create_app(
                 raise _run_not_found(run_id)
         return RunAsks(run_id=run_id, sent=[AskView.of(a) for a in sent], received=[AskView.of(a) for a in received])
 
-    @app.get("/runs/{run_id:path}", response_model=RunView, responses={404: {"model": ErrorBody}})
+    @app.get(
+        "/runs/{run_id:path}",
+        response_model=RunView,
+        responses={404: {"model": ErrorBody}},
+        description="One run. A run the journal knows only from events that make no run row yet (a trigger's "
+        "acceptance, a notification, an agent message to a relay run ...) is answered from those events with "
+        "``projected: false`` (state pending); 404 only for an id no journaled event names.",
+    )
     async def get_run(
         run_id: Annotated[str, Path(max_length=MAX_TEXT_PARAM, pattern=NO_NUL)], who: AsViewer
     ) -> RunView:
         async with database.sessions() as session:
             record = await session.get(RunRecord, run_id)
-        if record is None:
+            known = await _run_from_events(session, run_id) if record is None else None
+        if record is not None:
+            return RunView.of(record, datetime.now(UTC))
+        if known is None:
             raise _run_not_found(run_id)
-        return RunView.of(record, datetime.now(UTC))
+        return known
 
     @app.get(
         "/asks",
@@ -709,14 +736,7 @@ def create_app(
         if since is not None and until is not None and since > until:
             raise Unprocessable("query.since: must not be after until")
         t = EVENTS_TABLE.c
-        reason = t.data["reason"].as_string()
-        conditions: list[ColumnElement[bool]] = [
-            t.type.in_(types),
-            or_(
-                t.type.not_in(list(AUDIT_REASONS)),
-                *(and_(t.type == name, reason.in_(sorted(allowed))) for name, allowed in AUDIT_REASONS.items()),
-            ),
-        ]
+        conditions: list[ColumnElement[bool]] = [audited(types)]
         if actor is not None:
             conditions.append(
                 or_(
@@ -908,6 +928,59 @@ async def _run_known(session: AsyncSession, run_id: str) -> bool:
     if await session.get(RunRecord, run_id) is not None:
         return True
     return (await session.exec(select(EventRecord.id).where(EventRecord.run_id == run_id).limit(1))).first() is not None
+
+
+#: How many of an event-only run's events :func:`_run_from_events` reads (oldest first) for its facts.
+_EVENT_ONLY_SCAN = 50
+
+
+async def _run_from_events(session: AsyncSession, run_id: str) -> RunView | None:
+    """What the events of a run without a row say about it (``projected: false``), or None without any."""
+    t = EVENTS_TABLE.c
+    bounds = (
+        await (await session.connection()).execute(
+            sa_select(func.min(t.time), func.max(t.time), func.max(t.stream_seq)).where(t.run_id == run_id)
+        )
+    ).one()
+    if bounds[0] is None:
+        return None
+    rows = (
+        await (await session.connection()).execute(
+            sa_select(t.data).where(t.run_id == run_id).order_by(t.stream_seq).limit(_EVENT_ONLY_SCAN)
+        )
+    ).all()
+    found: dict[str, str] = {}
+    for (data,) in rows:
+        if not isinstance(data, dict):
+            continue
+        raw_launch = data.get("launch")
+        launch: dict[str, Any] = raw_launch if isinstance(raw_launch, dict) else {}
+        for key, value in (
+            ("agent", data.get("agent")),
+            ("agent", data.get("resolved_agent") if data.get("recipient_run_id") == run_id else None),
+            ("title", data.get("title")),
+            ("trigger_id", data.get("trigger_id") or launch.get("trigger_id")),
+            ("launch_kind", launch.get("kind")),
+        ):
+            if isinstance(value, str) and value and key not in found:
+                found[key] = value
+    return RunView(
+        run_id=run_id,
+        state=RUN.initial,
+        agent=found.get("agent"),
+        title=found.get("title"),
+        trigger_id=found.get("trigger_id"),
+        launch_kind=found.get("launch_kind"),
+        created_at=as_utc(bounds[0]),
+        updated_at=as_utc(bounds[1]),
+        started_at=None,
+        finished_at=None,
+        result=None,
+        error=None,
+        last_event_seq=bounds[2],
+        waiting=None,
+        projected=False,
+    )
 
 
 async def _event_rows(session: AsyncSession, *conditions: ColumnElement[bool]) -> list[EventRow]:

@@ -12,11 +12,16 @@ disabled                                                             ``file:<pat
 human.directory.changed                        ``directory_change``  ``changed_by``
 run.cancel_requested                           ``cancellation``      ``requested_by``
 human.rejected (``recipient_not_allowed``)     ``permission_refusal`` the CloudEvent actor (SEC-1)
-agent.registered, agent.registration_refused,  ``agent_registration`` the CloudEvent actor
-agent.lifecycle_changed (``deregistered``)
+human.answer_refused (``not_recipient``)      ``permission_refusal`` the CloudEvent actor (HUM-7)
+agent.registered, agent.registration_refused,  ``agent_registration`` ``requested_by`` (an operator's
+agent.lifecycle_changed (``deregistered``,                          decommission, readmission) or
+``decommissioned``), agent.readmitted                               the CloudEvent actor
 agent.ask_undeliverable,                       ``agent_refusal``     the CloudEvent actor
-agent.reply_undeliverable
+agent.reply_undeliverable, agent.message_refused
+(unsigned, badly signed, replayed: AP-11)
 bus.dead_lettered                              ``dead_letter``       the CloudEvent actor
+api.access_refused (401/403 of the journal's   ``access_refusal``    ``token:<name>`` (403) or
+token check, rate-limited: :mod:`.access`)                           ``address:<client>`` (401)
 =============================================  ====================  =================================
 
 Never a secret: the events carry none by contract (token *names*, ``inbox_token_set`` flags), and
@@ -30,8 +35,11 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
+from sqlalchemy import ColumnElement, and_, func, not_, or_
 
-__all__ = ["AUDIT_KINDS", "AUDIT_REASONS", "REDACTED", "AuditEntry", "audit_entry", "redact"]
+from temporality_journal.models import EVENTS_TABLE
+
+__all__ = ["AUDIT_KINDS", "AUDIT_REASONS", "REDACTED", "AuditEntry", "audit_entry", "audited", "redact"]
 
 #: Every audited event type and its kind (the ``kind`` filter of ``GET /audit``).
 AUDIT_KINDS: dict[str, str] = {
@@ -43,19 +51,45 @@ AUDIT_KINDS: dict[str, str] = {
     "human.directory.changed": "directory_change",
     "run.cancel_requested": "cancellation",
     "human.rejected": "permission_refusal",
+    "human.answer_refused": "permission_refusal",
     "agent.registered": "agent_registration",
     "agent.registration_refused": "agent_registration",
     "agent.lifecycle_changed": "agent_registration",
+    "agent.readmitted": "agent_registration",
     "agent.ask_undeliverable": "agent_refusal",
     "agent.reply_undeliverable": "agent_refusal",
+    "agent.message_refused": "agent_refusal",
     "bus.dead_lettered": "dead_letter",
+    "api.access_refused": "access_refusal",
 }
 #: Types of which only events with one of these ``data.reason`` values are audited.
 AUDIT_REASONS: dict[str, frozenset[str]] = {
     "human.rejected": frozenset({"recipient_not_allowed"}),
-    "agent.lifecycle_changed": frozenset({"deregistered"}),
+    "human.answer_refused": frozenset({"not_recipient"}),
+    "agent.lifecycle_changed": frozenset({"deregistered", "decommissioned"}),
 }
 REDACTED = "[redacted]"
+
+
+def audited(types: list[str] | None = None) -> ColumnElement[bool]:
+    """The SQL condition "this row of ``events`` is in the audit trail" (of one of ``types``, default all):
+    its type is in :data:`AUDIT_KINDS` and, for the types of :data:`AUDIT_REASONS`, its reason is one of
+    theirs. ``GET /audit`` selects by it; retention keeps what it matches (:mod:`.retention`)."""
+    t = EVENTS_TABLE.c
+    reason = func.coalesce(t.data["reason"].as_string(), "")  # never NULL: NOT (...) must be true or false
+    return and_(
+        t.type.in_(sorted(AUDIT_KINDS) if types is None else types),
+        or_(
+            t.type.not_in(list(AUDIT_REASONS)),
+            *(and_(t.type == name, reason.in_(sorted(allowed))) for name, allowed in AUDIT_REASONS.items()),
+        ),
+    )
+
+
+def not_audited() -> ColumnElement[bool]:
+    return not_(audited())
+
+
 _SECRET_KEY = re.compile(r"token|secret|password|passwd|credential|authorization|api_?key|private", re.IGNORECASE)
 
 
@@ -126,6 +160,17 @@ def _describe(type_: str, data: dict[str, Any], run_id: str | None) -> tuple[str
         return run_id, f"cancel of run {run_id} requested: {_str(data, 'reason')}"
     if type_ == "human.rejected":
         return _str(data, "recipient"), f"request to {data.get('recipient')} refused: {reason}"
+    if type_ == "human.answer_refused":
+        return _str(data, "request_id"), (
+            f"answer by {data.get('responder')} on {data.get('channel')} to a question for "
+            f"{data.get('recipient')} refused: {reason}"
+        )
+    if type_ == "agent.message_refused":
+        agent = _str(data, "agent_id")
+        return agent, f"message from agent {agent or '(unknown)'} on {data.get('subject')} refused: {reason}"
+    if type_ == "agent.readmitted":
+        agent = _str(data, "agent_id")
+        return agent, f"agent {agent} readmitted after decommissioning (incarnation {data.get('incarnation')})"
     if type_ == "agent.ask_undeliverable":
         return _str(data, "request_id"), f"ask to {data.get('to')} undeliverable: {reason}"
     if type_ == "agent.reply_undeliverable":
@@ -139,6 +184,12 @@ def _describe(type_: str, data: dict[str, Any], run_id: str | None) -> tuple[str
     if type_ == "agent.lifecycle_changed":
         agent = _str(data, "agent_id")
         return agent, f"agent {agent} {reason}: {data.get('from_state')} -> {data.get('to_state')}"
+    if type_ == "api.access_refused":
+        times = f" ({data.get('count')} times in {data.get('window_s')} s)" if data.get("count", 1) != 1 else ""
+        who = data.get("principal") or data.get("address")
+        return _str(data, "path"), (
+            f"{data.get('status')} {reason} {data.get('method')} {data.get('path')} for {who}{times}"
+        )
     if type_ == "bus.dead_lettered":
         return _str(
             data, "consumer"

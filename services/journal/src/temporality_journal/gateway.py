@@ -27,42 +27,33 @@ Limits and errors (``{"error", "detail"}``): a body over ``TEMPORALITY_JOURNAL_M
 ``TEMPORALITY_JOURNAL_GATEWAY_URL`` unset is a 503 ``gateway_not_configured``; the gateway unreachable or
 silent for :data:`TIMEOUT_S` is a 502 ``gateway_unreachable``, an answer over :data:`MAX_ANSWER_BYTES` a
 502 ``gateway_answer_too_large``. Each forwarded request is logged with its method, route template,
-status and duration -- never a header or a body.
+status and duration -- never a header or a body. The forwarding itself is :class:`temporality_journal.proxy.Upstream`'s
+(shared with the inbox proxy, :mod:`temporality_journal.human`); this module is the allow-list.
 """
 
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Mapping
 from typing import Annotated, Any
 
 import httpx
-import structlog
 from fastapi import APIRouter, Header, Path, Query, Request
 from starlette.responses import Response
 
+from temporality_journal.proxy import ALL_METHODS, MAX_ANSWER_BYTES, TIMEOUT_S, ShapeList, Upstream, upstream_client
 from temporality_journal.settings import Settings
-from temporality_service import ApiError, AsViewer, ErrorBody, NotFound, Unavailable, read_body
+from temporality_service import AsViewer, ErrorBody
 
 __all__ = ["MAX_ANSWER_BYTES", "TIMEOUT_S", "gateway_client", "gateway_router"]
 
-log = structlog.get_logger(__name__)
-
-#: httpx's timeout of each phase of a forwarded request (connect, write, every read, pool), in seconds.
-TIMEOUT_S = 10.0
-#: A gateway answer larger than this is not passed on (502): a page of triggers is far smaller.
-MAX_ANSWER_BYTES = 4 * 1024 * 1024
 #: The gateway's own id patterns (``temporality_trigger_gateway.admin``).
 TRIGGER_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 DELIVERY_ID = re.compile(r"^dlv-[0-9a-f]{24}$")
-PASSED_REQUEST_HEADERS = ("authorization", "if-match", "content-type", "accept")
-PASSED = frozenset(PASSED_REQUEST_HEADERS)
+PASSED = frozenset(("authorization", "if-match", "content-type", "accept"))
 PASSED_RESPONSE_HEADERS = ("content-type", "etag", "retry-after", "www-authenticate")
-ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 _ID_PART = r"[a-z0-9][a-z0-9-]{0,62}"
 #: The allow-list's path shapes (under ``/gateway/``) and their methods: another method on one is a 405.
-SHAPES: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
+SHAPES: ShapeList = (
     (re.compile(r"triggers"), ("GET", "POST")),
     (re.compile(r"triggers/preview"), ("GET", "POST", "PUT", "DELETE")),  # also a trigger id
     (re.compile(rf"triggers/{_ID_PART}"), ("GET", "PUT", "DELETE")),
@@ -90,98 +81,30 @@ Auth = Annotated[str | None, Header(description="Bearer <API token>, passed to t
 IfMatch = Annotated[str | None, Header(alias="If-Match", description="The trigger's ETag, passed on")]
 
 
-class MethodNotAllowed(ApiError):
-    status = 405
-    code = "method_not_allowed"
-
-
-class GatewayUnreachable(ApiError):
-    status = 502
-    code = "gateway_unreachable"
-
-
-class GatewayAnswerTooLarge(ApiError):
-    status = 502
-    code = "gateway_answer_too_large"
-
-
 def gateway_client(settings: Settings) -> httpx.AsyncClient | None:
     """The one client every proxied request shares (enter it as a resource), or None when no URL is set."""
-    if settings.gateway_url is None:
-        return None
-    return httpx.AsyncClient(base_url=str(settings.gateway_url), timeout=TIMEOUT_S, follow_redirects=False)
-
-
-def _no_route() -> NotFound:
-    return NotFound("no such route under /gateway/ (see docs/journal.md)", code="gateway_route_not_found")
-
-
-def _trigger(trigger_id: str) -> str:
-    if not TRIGGER_ID.match(trigger_id):
-        raise _no_route()
-    return trigger_id
+    return upstream_client(settings.gateway_url)
 
 
 def gateway_router(settings: Settings, client: httpx.AsyncClient | None) -> APIRouter:
     """The ``/gateway/triggers...`` routes forwarding through ``client`` (None: every one is a 503)."""
     router = APIRouter(tags=[TAG], responses=_ERRORS)
+    peer = Upstream(
+        name="gateway",
+        label="trigger-gateway",
+        setting="TEMPORALITY_JOURNAL_GATEWAY_URL",
+        client=client,
+        max_body_bytes=settings.max_body_bytes,
+        request_headers=PASSED,
+        response_headers=PASSED_RESPONSE_HEADERS,
+        location=("/triggers", "/gateway/triggers"),
+    )
+    forward = peer.forward
 
-    async def forward(
-        request: Request,
-        method: str,
-        route: str,
-        upstream: str,
-        *,
-        body: bool = False,
-        params: Mapping[str, str] | None = None,
-    ) -> Response:
-        raw_path = request.scope.get("raw_path") or request.url.path.encode()
-        if b"%" in raw_path.split(b"?", 1)[0]:  # no id needs escaping: %2F and %2E%2E tricks end here
-            raise _no_route()
-        if client is None:
-            raise Unavailable(
-                "the trigger API is not reachable from the journal: set TEMPORALITY_JOURNAL_GATEWAY_URL to the "
-                "trigger-gateway's URL",
-                code="gateway_not_configured",
-            )
-        content = await read_body(request, settings.max_body_bytes) if body else None
-        # The raw bytes as received (a value need not be ASCII: the gateway judges it, httpx must not choke).
-        headers = [(name, value) for name, value in request.scope["headers"] if name.decode("latin-1") in PASSED]
-        started = time.monotonic()
-        outgoing = client.build_request(method, upstream, params=params or None, headers=headers, content=content)
-        try:
-            answer = await client.send(outgoing, stream=True)
-        except httpx.HTTPError as exc:
-            log.warning("gateway.unreachable", method=method, route=route, error=type(exc).__name__)
-            raise GatewayUnreachable(
-                f"the trigger-gateway did not answer ({type(exc).__name__}); retry later"
-            ) from None
-        try:
-            received = bytearray()
-            async for chunk in answer.aiter_bytes():
-                received += chunk
-                if len(received) > MAX_ANSWER_BYTES:
-                    log.warning("gateway.answer_too_large", method=method, route=route, status=answer.status_code)
-                    raise GatewayAnswerTooLarge(f"the trigger-gateway's answer exceeds {MAX_ANSWER_BYTES} bytes")
-        except httpx.HTTPError as exc:
-            log.warning("gateway.unreachable", method=method, route=route, error=type(exc).__name__)
-            raise GatewayUnreachable(
-                f"the trigger-gateway broke off its answer ({type(exc).__name__}); retry later"
-            ) from None
-        finally:
-            await answer.aclose()
-        returned = {name: answer.headers[name] for name in PASSED_RESPONSE_HEADERS if name in answer.headers}
-        location = answer.headers.get("location")
-        if location is not None and location.startswith("/triggers"):
-            returned["location"] = f"/gateway{location}"
-        log.info(
-            "gateway.proxied",
-            method=method,
-            route=route,
-            status=answer.status_code,
-            duration_ms=round((time.monotonic() - started) * 1000, 1),
-        )
-        return Response(content=bytes(received), status_code=answer.status_code, headers=returned)
+    def _trigger(trigger_id: str) -> str:
+        if not TRIGGER_ID.match(trigger_id):
+            raise peer.no_route()
+        return trigger_id
 
     @router.get("/gateway/triggers", description=f"The stored triggers. {PROXIED}")
     async def list_triggers(request: Request, who: AsViewer, authorization: Auth = None) -> Response:
@@ -261,18 +184,12 @@ def gateway_router(settings: Settings, client: httpx.AsyncClient | None) -> APIR
         authorization: Auth = None,
     ) -> Response:
         if not DELIVERY_ID.match(delivery_id):
-            raise _no_route()
+            raise peer.no_route()
         upstream = f"/triggers/{_trigger(trigger_id)}/deliveries/{delivery_id}/redrive"
         return await forward(request, "POST", "/triggers/{id}/deliveries/{d}/redrive", upstream)
 
     @router.api_route("/gateway/{rest:path}", methods=ALL_METHODS, include_in_schema=False)
     async def elsewhere(request: Request, rest: str) -> Response:
-        for shape, methods in SHAPES:
-            if shape.fullmatch(rest) and request.method not in methods:
-                raise MethodNotAllowed(
-                    f"{request.method} is not allowed here; {', '.join(methods)} are",
-                    headers={"Allow": ", ".join(methods)},
-                )
-        raise _no_route()
+        raise peer.refuse_elsewhere(request.method, rest, SHAPES)
 
     return router

@@ -10,9 +10,15 @@
 ``TEMPORALITY_JOURNAL_RETENTION_DAYS``  purge finished runs (rows and events) older than this
                                     many days; ``0`` keeps everything (the default;
                                     :mod:`temporality_journal.retention`)
+``TEMPORALITY_JOURNAL_AUDIT_RETENTION_DAYS``  purge audited events (``GET /audit``) older than this; ``0``
+                                    keeps them forever (the default); the table retention never
+                                    purges them
 ``TEMPORALITY_JOURNAL_GATEWAY_URL``  the trigger-gateway's URL (``http://127.0.0.1:8080``), for the
                                     console's trigger wizard (``/gateway/...``,
                                     :mod:`temporality_journal.gateway`); unset: those routes are 503
+``TEMPORALITY_JOURNAL_HUMAN_URL``   human-interaction's URL (``http://127.0.0.1:8081``), for the
+                                    console's web inbox (``/human/...``,
+                                    :mod:`temporality_journal.human`); unset: those routes are 503
 ``TEMPORALITY_API_TOKENS_FILE``     the role tokens the API and console admit
                                     (:class:`temporality_service.ApiAuthSettings`)
 ``TEMPORALITY_NATS_*``              :class:`temporality_bus.NatsSettings`
@@ -54,12 +60,25 @@ class Settings(HttpServiceSettings):
         le=36_500,
         description="purge finished runs' rows and events finished more than this many days ago; 0 keeps all",
     )
+    audit_retention_days: int = Field(
+        default=0,
+        ge=0,
+        le=36_500,
+        description="purge audited events (GET /audit) older than this many days; 0 keeps them forever (the table "
+        "retention never purges them)",
+    )
     gateway_url: AnyHttpUrl | None = Field(
         default=None,
         description="the trigger-gateway's URL the /gateway/ routes forward to; unset (or empty): they answer 503",
     )
 
-    @field_validator("gateway_url", mode="before")
+    human_url: AnyHttpUrl | None = Field(
+        default=None,
+        description="human-interaction's URL the /human/ (web inbox) routes forward to; unset (or empty): they "
+        "answer 503",
+    )
+
+    @field_validator("gateway_url", "human_url", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value

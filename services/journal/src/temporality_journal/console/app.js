@@ -260,6 +260,8 @@ function signInView() {
         "It is kept in this browser tab only.",
     ),
     h("button", { class: "primary", type: "submit" }, "Sign in"),
+    h("p", { class: "muted" }, "Here to answer a question an agent asked you? ",
+      h("a", { href: "#/inbox" }, "Open your inbox"), " (with your inbox token)."),
   );
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -285,6 +287,7 @@ function renderChrome(active) {
   $("nav").hidden = !me;
   $("sign-out").hidden = !me;
   $("who").textContent = me ? `${me.name} (${me.role})` : "";
+  $("live").hidden = active === "inbox"; // a person's inbox has no live tail (it re-reads instead)
   for (const link of document.querySelectorAll("[data-nav]")) {
     if (link.dataset.nav === active) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
@@ -591,7 +594,11 @@ function runView(signal, runId) {
         ["Question", run.waiting.question], ["Since", when(run.waiting.since)]);
     }
     const nodes = [facts(pairs)];
-    if (mayOperate() && !TERMINAL.has(run.state)) nodes.push(cancelForm(run.run_id, signal, () => reload()));
+    if (run.projected === false) {
+      nodes.push(h("p", { class: "muted", id: "run-unprojected" },
+        "Known from its events only: no run event (run requested, created, started …) has been journaled for " +
+        "this id yet. The timeline shows what is known."));
+    } else if (mayOperate() && !TERMINAL.has(run.state)) nodes.push(cancelForm(run.run_id, signal, () => reload()));
     header.replaceChildren(...nodes);
   }
   function renderTimeline() {
@@ -728,6 +735,61 @@ function deliveriesView(signal, triggerId) {
       h("td", {}, when(d.time)))));
     if (!data.deliveries.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No deliveries.")));
   }).catch(failed);
+  $("view").append(processingSection(signal, triggerId));
+}
+
+// The gateway's processing state of a trigger's deliveries (through /gateway/), with Re-drive for a rejected
+// or failed one whose event the gateway kept (operator; the gateway decides and says why not).
+const REDRIVABLE = new Set(["rejected", "failed"]);
+
+function processingSection(signal, triggerId) {
+  const body = h("tbody");
+  const holder = h("div", {},
+    h("table", { id: "processing" },
+      h("thead", {}, h("tr", {}, ...["Delivery", "State", "Reason", "Run", "Received", ""].map((t) => h("th", {}, t)))),
+      body));
+  const base = `${GATEWAY}/${encodeURIComponent(triggerId)}/deliveries`;
+
+  async function redrive(d, cell) {
+    cell.replaceChildren("Re-driving…");
+    try {
+      const answer = await api(`${base}/${encodeURIComponent(d.delivery_id)}/redrive`, { method: "POST", signal });
+      message(`Delivery ${d.delivery_id} re-driven as ${answer.delivery_id}: ${answer.status}` +
+        `${answer.run_id ? ` (run ${answer.run_id})` : ""}.`, "info");
+      await load();
+    } catch (error) {
+      cell.replaceChildren();
+      if (error instanceof ApiError && error.status === 409) {
+        message(`Not re-driven: ${error.message} (409 ${error.code}).`);
+        await load().catch(failed);
+      } else failed(error);
+    }
+  }
+
+  async function load() {
+    const data = await api(`${base}?limit=50`, { signal });
+    body.replaceChildren(...data.deliveries.map((d) => {
+      const actions = h("td", { class: "actions" });
+      if (mayOperate() && REDRIVABLE.has(d.state) && d.has_event !== false) {
+        actions.append(h("button", { type: "button", onclick: () => redrive(d, actions) }, "Re-drive"));
+      }
+      return h("tr", { dataset: { deliveryId: d.delivery_id, state: d.state } },
+        h("td", {}, d.delivery_id, d.redrive_of ? h("div", { class: "muted" }, `re-drive of ${d.redrive_of}`) : null),
+        h("td", { class: "state-cell" }, d.state),
+        h("td", {}, [d.reason, d.detail].filter(Boolean).join(": ")),
+        h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
+        h("td", {}, when(d.received_at)),
+        actions);
+    }));
+    if (!data.deliveries.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No deliveries recorded.")));
+  }
+  load().catch((error) => {
+    if (error instanceof ApiError && error.status === 404) {
+      holder.replaceChildren(h("p", { class: "muted" }, `The trigger-gateway holds no trigger ${triggerId} (${error.code}).`));
+    } else gatewayFailed(error, holder);
+  });
+  return h("section", { id: "processing-section" },
+    h("h2", {}, "Processing state (trigger-gateway)"), holder);
 }
 
 // ------------------------------------------------------------------ trigger definitions and the wizard (UI-2)
@@ -836,6 +898,19 @@ function pairsOf(text, what) {
   return out;
 }
 
+// "Name: value" lines -> {Name: value}; throws naming the bad line.
+function headersOf(text) {
+  const out = {};
+  for (const [i, raw] of text.split("\n").entries()) {
+    const line = raw.trim();
+    if (!line) continue;
+    const colon = line.indexOf(":");
+    if (colon <= 0) throw new Error(`Sample headers, line ${i + 1}: write Name: value`);
+    out[line.slice(0, colon).trim()] = line.slice(colon + 1).trim();
+  }
+  return out;
+}
+
 function wizardView(signal, triggerId) {
   const editing = triggerId !== null;
   const title = h("h1", {}, editing ? "Edit trigger " : "New trigger", editing ? h("code", {}, triggerId) : null);
@@ -876,9 +951,17 @@ function wizardView(signal, triggerId) {
     eventType: input("event_type", { placeholder: "run.failed" }),
     filter: area("filter", 2, { placeholder: "actor_id = reviewer" }),
     mapping: area("input", 4, { placeholder: "repository = payload.repository.name\nauthor = actor.display_name || actor.id" }),
+    prompt: area("prompt", 3, { maxlength: 8000, placeholder: "Review PR ${pr} in ${repository}: check the API contract." }),
+    when: input("when", { maxlength: 2000, placeholder: "payload.pull_request.draft == `false`" }),
+    dedupe: input("dedupe", { type: "number", min: 1, max: 7, placeholder: "7" }),
+    concurrencyKey: input("concurrency_key", { placeholder: "payload.repository.id" }),
+    concurrencyMode: select("concurrency_mode", ["queue", "skip", "supersede"]),
+    debounce: input("debounce", { type: "number", min: 1, max: 86400, placeholder: "none" }),
+    maxQueued: input("max_queued", { type: "number", min: 1, max: 100, placeholder: "20" }),
     recipients: input("recipients", { placeholder: "user:alice, user:bob" }),
     timeout: input("timeout", { type: "number", min: 1, placeholder: "3600" }),
     sample: area("sample", 6, { placeholder: '{"type": "order.created", "id": "ord-1", "data": {"order_id": 42}}' }),
+    headers: area("headers", 2, { placeholder: "X-GitHub-Event: pull_request" }),
   };
   const webhookPart = h("fieldset", { id: "part-webhook" }, h("legend", {}, "Webhook"),
     field("Adapter", f.adapter), h("datalist", { id: "adapters" }, ADAPTERS.map((a) => h("option", { value: a }))),
@@ -909,12 +992,25 @@ function wizardView(signal, triggerId) {
       h("label", { class: "inline" }, f.enabled, "Enabled"), field("Agent", f.agent, "an agent id of the agent cards")),
     webhookPart, schedulePart, eventPart,
     h("fieldset", {}, h("legend", {}, "Agent input"),
-      field("Input mapping", f.mapping, "field = JMESPath over the normalized event, one per line; empty: the payload")),
+      field("Input mapping", f.mapping, "field = JMESPath over the normalized event, one per line; empty: the payload"),
+      field("Prompt (first message)", f.prompt,
+        "the task the run starts with, in input.prompt; ${field} takes a field of the input mapping; empty: none"),
+      field("Condition (when)", f.when,
+        "JMESPath over the event; a delivery for which it is not true starts no run (filtered); empty: every one")),
+    h("fieldset", { id: "part-flow" }, h("legend", {}, "Duplicates and concurrency"),
+      field("Remember event ids (days)", f.dedupe, "a source event id delivered again within this is a duplicate; empty: 7"),
+      field("Concurrency key", f.concurrencyKey,
+        "JMESPath over the event: at most one active run per value; empty: no flow control"),
+      field("When a run of the key is active", f.concurrencyMode,
+        "queue: start after it; skip: refuse the new event; supersede: cancel the older run"),
+      field("Debounce (s)", f.debounce, "start only once no new event of the key came for this long (the latest wins)"),
+      field("Queue at most", f.maxQueued, "queue: events waiting per key (default 20)")),
     h("fieldset", {}, h("legend", {}, "Human policy"),
       field("Allowed recipients", f.recipients, "user:<id>, comma-separated"),
       field("Default timeout (s)", f.timeout)),
     h("fieldset", {}, h("legend", {}, "Preview"),
       field("Sample payload (JSON)", f.sample, "a delivery's body (webhook) or a CloudEvent (event); nothing is started"),
+      field("Sample headers", f.headers, "Name: value lines, as the source sends them (e.g. GitHub's X-GitHub-Event)"),
       previewButton, previewOut),
     h("div", { class: "toolbar" }, saveButton, h("a", { class: "button", href: "#/triggers" }, "Cancel")));
 
@@ -936,6 +1032,13 @@ function wizardView(signal, triggerId) {
     f.eventType.value = t.event_type === undefined ? "" : [].concat(t.event_type).join(", ");
     f.filter.value = Object.entries(t.filter ?? {}).map(([k, v]) => `${k} = ${v}`).join("\n");
     f.mapping.value = Object.entries(t.input ?? {}).map(([k, v]) => `${k} = ${v}`).join("\n");
+    f.prompt.value = t.prompt ?? "";
+    f.when.value = t.when ?? "";
+    f.dedupe.value = t.deduplication?.ttl_days ?? "";
+    f.concurrencyKey.value = t.concurrency?.key ?? "";
+    f.concurrencyMode.value = t.concurrency?.policy ?? "queue";
+    f.debounce.value = t.concurrency?.debounce_s ?? "";
+    f.maxQueued.value = t.concurrency?.max_queued ?? "";
     f.recipients.value = (t.human?.allowed_recipients ?? []).join(", ");
     f.timeout.value = t.human?.default_timeout_s ?? "";
   }
@@ -973,6 +1076,23 @@ function wizardView(signal, triggerId) {
     const mapping = pairsOf(f.mapping.value, "Input mapping");
     if (Object.keys(mapping).length) out.input = mapping;
     else delete out.input;
+    const optional = (name, value) => {
+      if (value) out[name] = value;
+      else delete out[name];
+    };
+    optional("prompt", f.prompt.value.trim());
+    optional("when", f.when.value.trim());
+    optional("deduplication", f.dedupe.value ? { ...(base.deduplication ?? {}), ttl_days: Number(f.dedupe.value) } : null);
+    const key = f.concurrencyKey.value.trim();
+    let concurrency = null;
+    if (key) {
+      concurrency = { ...(base.concurrency ?? {}), key, policy: f.concurrencyMode.value };
+      for (const [name, control] of [["debounce_s", f.debounce], ["max_queued", f.maxQueued]]) {
+        if (control.value) concurrency[name] = Number(control.value);
+        else delete concurrency[name];
+      }
+    }
+    optional("concurrency", concurrency);
     const human = { ...(base.human ?? {}) };
     human.allowed_recipients = listOf(f.recipients.value);
     if (f.timeout.value) human.default_timeout_s = Number(f.timeout.value);
@@ -988,16 +1108,20 @@ function wizardView(signal, triggerId) {
     message(null);
     let payload;
     let draft;
+    let headers;
     try {
       draft = spec();
       payload = JSON.parse(f.sample.value || "{}");
+      headers = headersOf(f.headers.value);
     } catch (error) {
       previewOut.replaceChildren(h("p", { class: "bad" }, `Not previewed: ${error.message}`));
       return;
     }
     previewOut.replaceChildren("Previewing…");
     try {
-      const answer = await api(`${GATEWAY}/preview`, { method: "POST", body: { trigger: draft, payload }, signal });
+      const body = { trigger: draft, payload };
+      if (Object.keys(headers).length) body.headers = headers;
+      const answer = await api(`${GATEWAY}/preview`, { method: "POST", body, signal });
       if (!answer.ok) {
         previewOut.replaceChildren(h("p", { class: "bad" }, `The ${answer.stage} is not valid:`), fieldErrors(answer.errors));
       } else if (!answer.would_start_run) {
@@ -1112,6 +1236,207 @@ function analyticsView(signal) {
   }).catch(failed);
 }
 
+// ------------------------------------------------------------------ the web inbox (UI-1 / HUM)
+// A person answers their own questions here. They sign in with their *inbox token* (their directory
+// profile's inbox_token), not an API token: a separate sign-in, kept under its own key in this tab. The
+// journal forwards /human/... to human-interaction, which checks the token and shows only their questions.
+const INBOX_TOKEN_KEY = "temporality.console.inbox-token";
+const inboxToken = () => sessionStorage.getItem(INBOX_TOKEN_KEY);
+// Why human-interaction refused an answer, in the person's words (the detail follows).
+const REFUSALS = {
+  already_answered: "Already answered",
+  expired: "Too late: the question expired",
+  cancelled: "The question was withdrawn",
+  not_recipient: "Not yours to answer",
+  unknown_request: "No such question",
+  invalid_answer: "That answer does not fit",
+};
+
+async function inboxApi(path, { method = "GET", body, signal, tokenOverride } = {}) {
+  return api(path, { method, body, signal, tokenOverride: tokenOverride ?? inboxToken() ?? "" });
+}
+
+function inboxFailed(error) {
+  if (error?.name === "AbortError") return;
+  if (error instanceof ApiError && error.status === 401) {
+    sessionStorage.removeItem(INBOX_TOKEN_KEY);
+    go("#/inbox", `Inbox: not signed in: ${error.message} (401). Sign in with your inbox token.`);
+  } else if (error instanceof ApiError) {
+    message(`Inbox: ${error.message} (${error.status} ${error.code}).`);
+  } else {
+    message(`The inbox did not answer: ${error?.message || error}.`);
+  }
+}
+
+function inboxSignInView() {
+  const input = h("input", {
+    id: "inbox-token",
+    name: "inbox-token",
+    type: "password",
+    autocomplete: "off",
+    required: true,
+    "aria-describedby": "inbox-token-help",
+  });
+  const form = h(
+    "form",
+    { class: "signin card", id: "inbox-signin" },
+    h("h1", {}, "Your inbox: sign in"),
+    h("label", { for: "inbox-token" }, "Inbox token", input),
+    h(
+      "p",
+      { id: "inbox-token-help", class: "muted" },
+      "Your personal inbox token (from your user profile), to answer the questions agents ask you. " +
+        "This is not an operator's API token. It is kept in this browser tab only.",
+    ),
+    h("button", { class: "primary", type: "submit" }, "Open my inbox"),
+  );
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const candidate = input.value.trim();
+    try {
+      await inboxApi("/human/inbox", { tokenOverride: candidate });
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 401) {
+        message(`That inbox token was refused: ${error.message} (401).`);
+      } else inboxFailed(error);
+      input.select();
+      return;
+    }
+    sessionStorage.setItem(INBOX_TOKEN_KEY, candidate);
+    go("#/inbox");
+  });
+  show(form);
+  input.focus();
+}
+
+function optionLabel(item, optionId) {
+  return item.options.find((o) => o.id === optionId)?.label ?? optionId;
+}
+
+function inboxCard(item, signal) {
+  const status = h("p", { class: "answer-status", role: "status", "aria-live": "polite" });
+  const controls = [];
+  const expires = Date.parse(item.expires_at);
+  const card = h("article", { class: "card inbox-item", dataset: { requestId: item.id }, "aria-labelledby": `q-${item.id}` });
+
+  async function send(body, shown) {
+    for (const c of controls) c.disabled = true;
+    status.className = "answer-status";
+    status.textContent = "Sending…";
+    try {
+      const answered = await inboxApi(`/human/requests/${encodeURIComponent(item.id)}/answer`, {
+        method: "POST",
+        body,
+        signal,
+      });
+      card.dataset.outcome = "recorded";
+      status.className = "answer-status ok";
+      status.textContent = answered?.already_recorded
+        ? `Answer recorded (you had already sent it): ${shown}.`
+        : `Answer recorded: ${shown}. The run continues.`;
+    } catch (error) {
+      if (error?.name === "AbortError") return;
+      if (error instanceof ApiError && error.status === 401) {
+        inboxFailed(error);
+        return;
+      }
+      const known = error instanceof ApiError ? REFUSALS[error.code] : null;
+      card.dataset.outcome = "refused";
+      status.className = "answer-status bad";
+      status.textContent = error instanceof ApiError
+        ? `${known ?? "Not recorded"}: ${error.message} (${error.status}).`
+        : `Not recorded: the inbox did not answer (${error?.message || error}). Try again.`;
+      // A wrong answer (422) or an unreachable inbox may be corrected; a refusal is final.
+      if (!(error instanceof ApiError) || error.status === 422 || error.status >= 500) {
+        for (const c of controls) c.disabled = false;
+      }
+    }
+  }
+
+  const optionButtons = item.options.map((o) => {
+    const button = h("button", { type: "button", class: "option", dataset: { optionId: o.id } }, o.label);
+    button.addEventListener("click", () => send({ option_id: o.id }, o.label));
+    controls.push(button);
+    return h("li", {}, button, o.consequence ? h("span", { class: "muted" }, ` ${o.consequence}`) : null);
+  });
+  let textForm = null;
+  if (item.allow_free_text) {
+    const text = h("input", { id: `text-${item.id}`, name: "text", maxlength: 4000, autocomplete: "off" });
+    const submit = h("button", { type: "submit" }, "Send answer");
+    controls.push(text, submit);
+    textForm = h("form", { class: "answer-text" },
+      h("label", { for: `text-${item.id}` }, item.options.length ? "Or answer in your own words" : "Your answer"),
+      text, submit);
+    textForm.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const value = text.value.trim();
+      if (!value) {
+        status.className = "answer-status bad";
+        status.textContent = "Write an answer first.";
+        text.focus();
+        return;
+      }
+      send({ text: value }, `“${value}”`);
+    });
+  }
+  const timeout = item.on_timeout?.summary ?? "What happens without an answer is not known yet.";
+  card.append(
+    h("p", { class: "muted task" }, item.title),
+    h("h2", { id: `q-${item.id}`, class: "question" }, item.question),
+    item.context ? h("p", { class: "why" }, h("strong", {}, "Why: "), item.context) : null,
+    optionButtons.length ? h("ul", { class: "options", "aria-label": "Options" }, optionButtons) : null,
+    textForm,
+    h("p", { class: "deadline" },
+      h("strong", {}, "Answer by "), when(item.expires_at),
+      Number.isNaN(expires) ? "" : ` (${expires > Date.now() ? `in ${duration((expires - Date.now()) / 1000)}` : "overdue"}). `,
+      h("span", { class: "on-timeout" }, timeout)),
+    status,
+  );
+  return card;
+}
+
+function inboxView(signal) {
+  if (!inboxToken()) {
+    inboxSignInView();
+    return;
+  }
+  const list = h("div", { id: "inbox", "aria-live": "polite" });
+  const who = h("span", { id: "inbox-who", class: "muted" });
+  const refresh = h("button", { type: "button" }, "Refresh");
+  const leave = h("button", { type: "button" }, "Sign out of the inbox");
+  leave.addEventListener("click", () => {
+    sessionStorage.removeItem(INBOX_TOKEN_KEY);
+    go("#/inbox", null);
+  });
+  show(h("div", { class: "toolbar" }, h("h1", {}, "Your questions"), who, refresh, leave), list);
+  const cards = new Map(); // request id -> card (an answered card stays until the next sign-in)
+
+  async function load() {
+    const data = await inboxApi("/human/inbox", { signal });
+    who.textContent = `Signed in to the inbox as ${person(data.user)}`;
+    const pending = new Set(data.requests.map((r) => r.id));
+    for (const [id, card] of cards) {
+      if (!pending.has(id) && !card.dataset.outcome) {
+        card.remove();
+        cards.delete(id);
+      }
+    }
+    for (const item of [...data.requests].reverse()) { // newest first: prepend oldest to newest
+      if (cards.has(item.id)) continue;
+      const card = inboxCard(item, signal);
+      cards.set(item.id, card);
+      list.prepend(card);
+    }
+    list.querySelector(".empty")?.remove();
+    if (!cards.size) list.append(h("p", { class: "empty" }, "No questions are waiting for you."));
+  }
+  refresh.addEventListener("click", () => load().catch(inboxFailed));
+  load().catch(inboxFailed);
+  // No live tail for a person (it needs an API token): the inbox re-reads every 10 s while open.
+  const timer = setInterval(() => load().catch(inboxFailed), 10_000);
+  signal.addEventListener("abort", () => clearInterval(timer));
+}
+
 // ------------------------------------------------------------------ routing
 async function route() {
   viewAbort?.abort();
@@ -1120,6 +1445,13 @@ async function route() {
   setLive(false);
   const [path, query = ""] = location.hash.replace(/^#/, "").split("?");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  if (parts[0] === "inbox") { // a person's own sign-in, independent of the operator's API token
+    renderChrome("inbox");
+    const signedIn = Boolean(inboxToken());
+    inboxView(signal);
+    if (signedIn) $("view").focus({ preventScroll: true }); // the sign-in form focuses its token field
+    return;
+  }
   if (!token()) {
     renderChrome();
     signInView();

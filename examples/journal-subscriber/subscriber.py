@@ -1,0 +1,251 @@
+"""A journal subscriber for Temporality (DC-6): its own durable consumer on the events stream.
+
+It uses nothing of Temporality's code: only what ``schemas/asyncapi.yaml`` and docs/journal.md publish --
+every event is a CloudEvent 1.0 JSON body on the JetStream stream ``TEMPORALITY_EVENTS``, subject
+``temporality.events.<type>`` -- and nats-py for the transport. It
+
+1. connects (optionally as its own NATS user, e.g. the read-only subscriber ``sub-<name>``, with the inbox
+   prefix ``_INBOX.sub-<name>`` that user may subscribe below);
+2. creates its durable pull consumer ``sub-<name>`` on ``TEMPORALITY_EVENTS`` the first time (explicit ack,
+   filtered to the event types asked for; ``--deliver all`` from the stream's first event, or ``new``), or
+   binds to it again after a restart, which resumes after the last acknowledged event;
+3. fetches in batches and handles each event -- prints one JSON line to stdout and, with ``--out``, appends
+   it to a file, skipping an event id already there (at-least-once delivery: a redelivered event is handled
+   once) -- and acks only after handling;
+4. stops on SIGINT/SIGTERM (or after ``--max-events``), finishing the event in hand.
+
+    python examples/journal-subscriber/subscriber.py --nats-url nats://127.0.0.1:4222 \\
+        --type run.completed --type run.failed --out handled.jsonl
+
+Every option can also come from the environment: ``TEMPORALITY_NATS_URL``, ``TEMPORALITY_SUBSCRIBER_NAME``,
+``TEMPORALITY_SUBSCRIBER_DURABLE``, ``TEMPORALITY_SUBSCRIBER_USER``, ``TEMPORALITY_SUBSCRIBER_PASSWORD``,
+``TEMPORALITY_SUBSCRIBER_TYPES`` (comma-separated). A body that is not a CloudEvent is terminated (never
+redelivered) and reported on stderr; a handler failure is nak'ed with a delay and retried up to
+``--max-deliver`` times. Exit codes: 0 stopped, 2 bad arguments, 3 NATS refused or unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+log = logging.getLogger("journal-subscriber")
+
+STREAM = "TEMPORALITY_EVENTS"
+PREFIX = "temporality.events"
+#: A subscriber's name: one subject token that is also a valid consumer name (the NATS user is sub-<name>).
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,62}$")
+#: An event type or a pattern of them (``run.completed``, ``human.*``, ``agent.>``).
+TYPE = re.compile(r"^([a-z0-9_]+|\*)(\.([a-z0-9_]+|\*))*(\.>)?$|^>$")
+
+
+def _args(argv: Sequence[str] | None) -> argparse.Namespace:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nats-url", default=env("TEMPORALITY_NATS_URL", "nats://127.0.0.1:4222"))
+    parser.add_argument(
+        "--name",
+        default=env("TEMPORALITY_SUBSCRIBER_NAME", "example"),
+        help="the subscriber's name: durable sub-<name>, inbox prefix _INBOX.sub-<name> (default: example)",
+    )
+    parser.add_argument(
+        "--durable",
+        default=env("TEMPORALITY_SUBSCRIBER_DURABLE"),
+        help="the durable consumer's name (default: sub-<name>; the subscriber user allows sub-<name>[-<suffix>])",
+    )
+    parser.add_argument("--user", default=env("TEMPORALITY_SUBSCRIBER_USER"), help="NATS user (e.g. sub-<name>)")
+    parser.add_argument("--password", default=env("TEMPORALITY_SUBSCRIBER_PASSWORD"), help="its password")
+    parser.add_argument(
+        "--type",
+        action="append",
+        dest="types",
+        help="an event type to receive, or a pattern (human.*, agent.>); repeat it; default: run.completed, "
+        "run.failed, run.cancelled",
+    )
+    parser.add_argument(
+        "--deliver",
+        choices=("all", "new"),
+        default="all",
+        help="where a NEW durable starts: the stream's first event (all) or events from now on (new); an "
+        "existing durable always resumes where it stopped",
+    )
+    parser.add_argument("--out", type=Path, help="append each handled event here (JSON lines), once per event id")
+    parser.add_argument("--batch", type=int, default=64, help="events fetched at once (default 64)")
+    parser.add_argument("--ack-wait-s", type=float, default=30.0, help="redelivered if not acked within (30 s)")
+    parser.add_argument("--max-deliver", type=int, default=5, help="attempts per event before giving up (5)")
+    parser.add_argument("--max-events", type=int, default=0, help="stop after handling this many (0: never)")
+    args = parser.parse_args(argv)
+    if args.types is None:
+        listed = env("TEMPORALITY_SUBSCRIBER_TYPES", "")
+        args.types = [t.strip() for t in listed.split(",") if t.strip()] or [
+            "run.completed",
+            "run.failed",
+            "run.cancelled",
+        ]
+    if not NAME.match(args.name):
+        parser.error(f"--name {args.name!r}: 1-63 of A-Z a-z 0-9 _ - (not starting with -)")
+    args.durable = args.durable or f"sub-{args.name}"
+    if not NAME.match(args.durable):
+        parser.error(f"--durable {args.durable!r}: 1-63 of A-Z a-z 0-9 _ -")
+    for event_type in args.types:
+        if not TYPE.match(event_type):
+            parser.error(f"--type {event_type!r}: an event type such as run.completed, or a pattern (human.*)")
+    if args.batch < 1 or args.max_deliver < 1 or args.ack_wait_s <= 0 or args.max_events < 0:
+        parser.error("--batch and --max-deliver must be >= 1, --ack-wait-s > 0, --max-events >= 0")
+    return args
+
+
+class Handler:
+    """The side effect: one JSON line per event (stdout, and ``out`` once per event id)."""
+
+    def __init__(self, out: Path | None) -> None:
+        self.out = out
+        self.seen: set[str] = set()
+        if out is not None and out.exists():  # what an earlier run already handled (idempotency across restarts)
+            for line in out.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    self.seen.add(json.loads(line)["id"])
+
+    def __call__(self, event: dict[str, Any], seq: int) -> bool:
+        """Handle ``event`` (stream sequence ``seq``); False when it was handled before (a redelivery)."""
+        if event["id"] in self.seen:
+            return False
+        line = json.dumps(
+            {
+                "seq": seq,
+                "id": event["id"],
+                "type": event["type"],
+                "time": event.get("time"),
+                "run_id": event.get("runid"),
+                "subject": event.get("subject"),
+            },
+            separators=(",", ":"),
+        )
+        if self.out is not None:
+            with self.out.open("a", encoding="utf-8") as file:
+                file.write(line + "\n")
+                file.flush()
+                os.fsync(file.fileno())
+        self.seen.add(event["id"])
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        return True
+
+
+def _cloudevent(body: bytes) -> dict[str, Any]:
+    """The CloudEvent of a message body, or ValueError (a poison message)."""
+    event = json.loads(body)
+    if not isinstance(event, dict) or event.get("specversion") != "1.0":
+        raise ValueError("not a CloudEvents 1.0 JSON object")
+    for key in ("id", "type", "source"):
+        if not isinstance(event.get(key), str) or not event[key]:
+            raise ValueError(f"the CloudEvent has no {key}")
+    return event
+
+
+async def run(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    options: dict[str, Any] = {
+        "servers": [args.nats_url],
+        "name": f"journal-subscriber-{args.name}",
+        "inbox_prefix": f"_INBOX.sub-{args.name}",  # the subscriber user may subscribe below this only
+        "connect_timeout": 5,
+        "max_reconnect_attempts": 10,
+        "allow_reconnect": True,
+    }
+    if args.user:
+        options |= {"user": args.user, "password": args.password or ""}
+    try:
+        nc = await nats.connect(**options)
+    except (OSError, nats.errors.Error) as exc:
+        log.error("cannot connect to %s: %s", args.nats_url, exc)
+        return 3
+    handler = Handler(args.out)
+    handled = 0
+    try:
+        js = nc.jetstream()
+        subjects = [f"{PREFIX}.{t}" for t in args.types]
+        config = ConsumerConfig(
+            durable_name=args.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL if args.deliver == "all" else DeliverPolicy.NEW,
+            ack_wait=args.ack_wait_s,
+            max_deliver=args.max_deliver,
+            max_ack_pending=max(args.batch * 4, 256),
+            description=f"journal subscriber {args.name} (examples/journal-subscriber)",
+        )
+        if len(subjects) == 1:
+            config.filter_subject = subjects[0]
+        else:
+            config.filter_subjects = subjects
+        try:
+            # Binds to the durable when it exists (a restart: it resumes after the last ack), creates it otherwise.
+            sub = await js.pull_subscribe(subjects[0], durable=args.durable, stream=STREAM, config=config)
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            log.error("cannot open the durable consumer %s on %s: %s", args.durable, STREAM, exc)
+            return 3
+        info = await sub.consumer_info()
+        log.info(
+            "subscribed: durable %s on %s, filter %s, %d pending, %d acknowledged before",
+            args.durable,
+            STREAM,
+            ", ".join(info.config.filter_subjects or [info.config.filter_subject or ""]),
+            info.num_pending,
+            info.ack_floor.stream_seq if info.ack_floor else 0,
+        )
+        while not stop.is_set():
+            try:
+                messages = await sub.fetch(args.batch, timeout=1)
+            except nats.errors.TimeoutError:
+                continue
+            for msg in messages:
+                seq = msg.metadata.sequence.stream
+                try:
+                    event = _cloudevent(msg.data)
+                except ValueError as exc:
+                    log.error("seq %d is not a CloudEvent (%s): terminated, not redelivered", seq, exc)
+                    await msg.term()
+                    continue
+                try:
+                    if not handler(event, seq):
+                        log.info("seq %d (%s) was handled before: acked again", seq, event["id"])
+                except Exception as exc:  # a failed side effect: try again later, bounded by max_deliver
+                    log.warning("handling seq %d failed (%s): redelivered in 5 s", seq, exc)
+                    await msg.nak(delay=5)
+                    continue
+                await msg.ack_sync()  # only after the side effect is done; the server confirms it
+                handled += 1
+                if args.max_events and handled >= args.max_events:
+                    stop.set()
+                    break
+        await sub.unsubscribe()  # before drain: an idle pull subscription can hold drain up
+    finally:
+        await nc.drain()
+    log.info("stopped after handling %d events", handled)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
+    return asyncio.run(run(_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

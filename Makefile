@@ -35,3 +35,4 @@ bench: sync  ## print throughput and latency figures (no assertions)
 	.venv/bin/python bench/gateway.py
 	.venv/bin/python bench/latency.py
 	.venv/bin/python bench/journal.py
+	.venv/bin/python bench/agent_collab.py

@@ -2,28 +2,41 @@
 
 It uses nothing of Temporality's code: only the subjects and JSON Schemas in ``schemas/`` (see
 ``schemas/asyncapi.yaml``, channels ``agentsRegister``, ``agentsHeartbeat``, ``agentsDeregister``),
-nats-py for the transport and jsonschema to check every body it sends and receives. It
+nats-py for the transport, jsonschema to check every body it sends and receives, and cryptography's
+Ed25519 to sign every request (AP-11; docs/agent-collaboration.md, "Signed messages"). It
 
 1. registers on ``temporality.rpc.agents.register`` (AP-3) and reads its policy and the negotiated
    protocol version from the reply -- or stops, saying why it was refused;
-2. heartbeats on ``temporality.rpc.agents.heartbeat`` (AP-4) ``--beats`` times, every ``--period-s``
+2. answers the conformance round the reply (or a later heartbeat ack) carries, on
+   ``temporality.rpc.agents.conformance`` (PRO-2): ``echo`` and ``reverse`` are capabilities the
+   protocol can probe, so they become verified; ``triage`` has no probe and stays unverified.
+   ``--conformance wrong`` answers every probe wrongly and ``--conformance ignore`` not at all, to
+   see the platform refuse to verify them;
+3. heartbeats on ``temporality.rpc.agents.heartbeat`` (AP-4) ``--beats`` times, every ``--period-s``
    seconds (default: half the interval the reply asks for), alternating ``idle`` and ``busy``;
-3. deregisters on ``temporality.rpc.agents.deregister`` (``decommissioned``), also when interrupted.
+4. deregisters on ``temporality.rpc.agents.deregister`` (``decommissioned``), also when interrupted.
 
-    python examples/external-agent/agent.py --nats-url nats://127.0.0.1:4222 --beats 3
+    python examples/external-agent/agent.py keygen --out example-agent.key   # prints the public key
+    python examples/external-agent/agent.py --nats-url nats://127.0.0.1:4222 --key-file example-agent.key
 
-The agent id must be on agent-collab's allow-list (``config/external-agents.yaml`` lists
-``example-agent``). Exit codes: 0 done, 3 registration refused, 4 a heartbeat refused, 5 a reply
-that does not match its schema, 6 no reply in time.
+The agent id must be on agent-collab's allow-list with that public key (``public_key:``); the
+repository's ``config/external-agents.yaml`` lists ``example-agent`` as ``allow_unsigned`` for
+development, so without ``--key-file`` (or ``TEMPORALITY_AGENT_KEY_FILE``) it sends unsigned
+requests, which only such an agent may. Exit codes: 0 done, 2 unusable key file, 3 registration
+refused, 4 a heartbeat refused, 5 a reply that does not match its schema, 6 no reply in time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import logging
+import os
+import secrets
 import sys
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +44,14 @@ from typing import Any
 
 import nats
 import nats.errors
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+    load_pem_private_key,
+)
 from jsonschema import Draft202012Validator, ValidationError
 
 log = logging.getLogger("external-agent")
@@ -40,6 +61,9 @@ VERSIONS = ["1.0"]
 REGISTER = "temporality.rpc.agents.register"
 HEARTBEAT = "temporality.rpc.agents.heartbeat"
 DEREGISTER = "temporality.rpc.agents.deregister"
+CONFORMANCE = "temporality.rpc.agents.conformance"
+#: What it declares it can do; the platform probes those the protocol has a check for (PRO-2).
+CAPABILITIES = ["echo", "reverse", "triage"]
 _DEFAULT_SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
@@ -51,14 +75,71 @@ class ProtocolFailure(Exception):
         self.code = code
 
 
-class Client:
-    """Request/reply on the Agent Protocol's subjects, every body checked against its published schema."""
+# --------------------------------------------------------------------------- signing (AP-11)
+#: The first line of the signing input (docs/agent-collaboration.md, "Signed messages").
+SIGNATURE_SCHEME = "temporality-agent-signature-v1"
 
-    def __init__(self, nc: Any, schemas: Path, timeout_s: float) -> None:
+
+def signing_input(subject: str, key_id: str, timestamp: str, nonce: str, body: bytes) -> bytes:
+    """scheme LF subject LF key id LF timestamp LF nonce LF body -- the body's exact bytes, last."""
+    return "\n".join([SIGNATURE_SCHEME, subject, key_id, timestamp, nonce, ""]).encode() + body
+
+
+def signature_headers(key: Ed25519PrivateKey, subject: str, key_id: str, body: bytes) -> dict[str, str]:
+    """The four headers of one signed request: a new nonce and the current time for every message."""
+    timestamp, nonce = str(int(time.time())), secrets.token_urlsafe(16)
+    signature = key.sign(signing_input(subject, key_id, timestamp, nonce, body))
+    return {
+        "Temporality-Key-Id": key_id,
+        "Temporality-Timestamp": timestamp,
+        "Temporality-Nonce": nonce,
+        "Temporality-Signature": base64.b64encode(signature).decode("ascii"),
+    }
+
+
+def load_key(path: Path) -> Ed25519PrivateKey:
+    """An Ed25519 private key: PEM (PKCS#8, as ``keygen`` writes it) or the 32-byte seed in base64."""
+    text = path.read_bytes()
+    if text.lstrip().startswith(b"-----BEGIN"):
+        key = load_pem_private_key(text, password=None)
+    else:
+        key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(text.strip(), validate=True))
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{path} holds a {type(key).__name__}, not an Ed25519 private key")
+    return key
+
+
+def public_key_of(key: Ed25519PrivateKey) -> str:
+    """The public key as the allow-list's ``public_key:`` takes it: the raw 32 bytes in base64."""
+    return base64.b64encode(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode("ascii")
+
+
+def keygen(out: Path) -> int:
+    """Write a new private key to ``out`` (PEM, mode 0600) and print the line for the allow-list."""
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never overwrite a key
+    except OSError as exc:
+        log.error("cannot write %s: %s", out, exc.strerror or exc)
+        return 2
+    with os.fdopen(fd, "wb") as file:
+        file.write(pem)
+    sys.stdout.write(f"public_key: {public_key_of(key)}\n")
+    return 0
+
+
+class Client:
+    """Request/reply on the Agent Protocol's subjects, every body checked against its published schema and
+    signed with ``key`` (unsigned when it is ``None``: only an ``allow_unsigned`` agent may)."""
+
+    def __init__(self, nc: Any, schemas: Path, timeout_s: float, *, key: Ed25519PrivateKey | None, key_id: str) -> None:
         self._nc = nc
         self._timeout_s = timeout_s
+        self._key = key
+        self._key_id = key_id
         self._validators: dict[str, Draft202012Validator] = {}
-        for subject in (REGISTER, HEARTBEAT, DEREGISTER):
+        for subject in (REGISTER, HEARTBEAT, DEREGISTER, CONFORMANCE):
             name = subject.removeprefix("temporality.rpc.")
             for kind in ("request", "reply"):
                 schema = json.loads((schemas / "rpc" / f"{name}.{kind}.schema.json").read_text(encoding="utf-8"))
@@ -69,8 +150,10 @@ class Client:
 
     async def call(self, subject: str, body: dict[str, Any]) -> dict[str, Any]:
         self._validators[f"{subject} request"].validate(body)  # our own bug if this fails
+        payload = json.dumps(body).encode()
+        headers = signature_headers(self._key, subject, self._key_id, payload) if self._key is not None else None
         try:
-            msg = await self._nc.request(subject, json.dumps(body).encode(), timeout=self._timeout_s)
+            msg = await self._nc.request(subject, payload, timeout=self._timeout_s, headers=headers)
         except nats.errors.TimeoutError:
             raise ProtocolFailure(6, f"no reply on {subject} within {self._timeout_s}s") from None
         reply: dict[str, Any] = json.loads(msg.data)
@@ -85,9 +168,47 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
+def probe_answer(probe: dict[str, Any], mode: str) -> str:
+    """The answer to one probe (its ``expects`` says the rule): ``echo`` the challenge, ``reverse`` it."""
+    challenge = str(probe["challenge"])
+    if mode == "wrong":
+        return challenge + "?"
+    if probe["capability"] == "reverse":
+        return challenge[::-1]
+    return challenge  # echo (and any probe it does not know: echoing is the honest best effort)
+
+
+async def answer_round(
+    client: Client, agent_id: str, version: str, round_: dict[str, Any], answered: set[int], mode: str
+) -> None:
+    """Answer a conformance round once (``answered`` remembers which); ``ignore`` never answers."""
+    if round_["round"] in answered or mode == "ignore":
+        return
+    answers = [{"probe_id": p["probe_id"], "answer": probe_answer(p, mode)} for p in round_["probes"]]
+    reply = await client.call(
+        CONFORMANCE, {"agent_id": agent_id, "protocol_version": version, "round": round_["round"], "answers": answers}
+    )
+    answered.add(round_["round"])
+    if not reply["accepted"]:
+        log.warning("conformance answers refused (%s): %s", reply["refusal"]["reason"], reply["refusal"]["detail"])
+        return
+    verdict = ", ".join(f"{c['name']}={c['status']}" for c in reply["capabilities"])
+    log.info("conformance round %d: %s", round_["round"], verdict)
+
+
 async def run(args: argparse.Namespace) -> int:
+    key_file = args.key_file or os.environ.get("TEMPORALITY_AGENT_KEY_FILE")
+    key: Ed25519PrivateKey | None = None
+    if key_file:
+        try:
+            key = load_key(Path(key_file))
+        except (OSError, ValueError, TypeError) as exc:
+            log.error("cannot use the key file %s: %s", key_file, exc)
+            return 2
+    else:
+        log.warning("no --key-file: sending unsigned requests (only an allow_unsigned agent may)")
     nc = await nats.connect(args.nats_url, name=f"external-agent-{args.agent_id}", connect_timeout=5)
-    client = Client(nc, args.schemas, args.timeout_s)
+    client = Client(nc, args.schemas, args.timeout_s, key=key, key_id=args.agent_id)
     version: str | None = None
     try:
         reply = await client.call(
@@ -98,7 +219,7 @@ async def run(args: argparse.Namespace) -> int:
                 "protocol_versions": VERSIONS[1:],
                 "provider": "example",
                 "model": "rule-based-0",
-                "capabilities": ["echo"],
+                "capabilities": CAPABILITIES,
                 "supported_tools": ["get_input", "shell"],
                 "max_context_size": 16000,
             },
@@ -114,6 +235,9 @@ async def run(args: argparse.Namespace) -> int:
             reply["policy"]["allowed_tools"],
             period,
         )
+        answered: set[int] = set()
+        if reply["conformance"] is not None:
+            await answer_round(client, args.agent_id, version, reply["conformance"], answered, args.conformance)
         for beat in range(args.beats):
             if beat:
                 await asyncio.sleep(period)  # the heartbeat period itself
@@ -132,6 +256,8 @@ async def run(args: argparse.Namespace) -> int:
             if not ack["accepted"]:
                 refusal = ack["refusal"]
                 raise ProtocolFailure(4, f"heartbeat refused ({refusal['reason']}): {refusal['detail']}")
+            if ack["conformance"] is not None:  # still open: the answers were lost, or it is a new round
+                await answer_round(client, args.agent_id, version, ack["conformance"], answered, args.conformance)
             log.info("heartbeat %d: %s, offline at %s unless another comes", beat + 1, ack["state"], ack["offline_at"])
     except ProtocolFailure as failure:
         log.error("%s", failure)
@@ -150,6 +276,11 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["keygen"]:
+        gen = argparse.ArgumentParser(prog="agent.py keygen", description="Make the agent's Ed25519 key pair.")
+        gen.add_argument("--out", type=Path, required=True, help="where to write the private key (PEM, mode 0600)")
+        return keygen(gen.parse_args(argv[1:]).out)
     parser = argparse.ArgumentParser(description="An external agent speaking Temporality's Agent Protocol.")
     parser.add_argument("--nats-url", default="nats://127.0.0.1:4222")
     parser.add_argument("--agent-id", default="example-agent")
@@ -157,6 +288,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--beats", type=int, default=3, help="heartbeats to send before deregistering")
     parser.add_argument("--period-s", type=float, default=None, help="seconds between heartbeats")
     parser.add_argument("--timeout-s", type=float, default=5.0, help="how long to wait for each reply")
+    parser.add_argument(
+        "--conformance",
+        choices=["answer", "wrong", "ignore"],
+        default="answer",
+        help="how to treat the platform's conformance probes (wrong/ignore: see it refuse to verify)",
+    )
+    parser.add_argument(
+        "--key-file", type=Path, default=None, help="its Ed25519 private key (default: $TEMPORALITY_AGENT_KEY_FILE)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return asyncio.run(run(args))

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from temporality_agent_collab.__main__ import SPEC, configure
 from temporality_agent_collab.settings import Settings
@@ -14,9 +15,9 @@ from temporality_service import run_until
 
 __all__ = ["StartCollab", "collab_replicas"]
 
-#: ``await start(allow_file)``: one more agent-collab replica (that allow-list of external agents, heartbeat
-#: grace 0), ready; returns its stop function.
-StartCollab = Callable[[Path], Awaitable[Callable[[], Awaitable[None]]]]
+#: ``await start(allow_file, **settings)``: one more agent-collab replica (that allow-list of external agents,
+#: heartbeat grace 0, any other settings given), ready; returns its stop function.
+StartCollab = Callable[..., Awaitable[Callable[[], Awaitable[None]]]]
 
 
 @asynccontextmanager
@@ -24,8 +25,8 @@ async def collab_replicas(nats_settings: NatsSettings) -> AsyncIterator[StartCol
     """Yields ``start``; every replica it started is stopped on exit."""
     tasks: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
 
-    async def start(allow_file: Path) -> Callable[[], Awaitable[None]]:
-        settings = Settings(nats=nats_settings, external_agents_file=allow_file, heartbeat_grace_s=0)
+    async def start(allow_file: Path, **overrides: Any) -> Callable[[], Awaitable[None]]:
+        settings = Settings(nats=nats_settings, external_agents_file=allow_file, heartbeat_grace_s=0, **overrides)
         stop, ready = asyncio.Event(), asyncio.Event()
         task = asyncio.create_task(run_until(SPEC, settings, configure(settings), stop, ready=ready))
         tasks.append((stop, task))

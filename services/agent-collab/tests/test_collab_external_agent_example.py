@@ -14,7 +14,7 @@ import pytest
 from collab_replicas import StartCollab, collab_replicas
 
 from temporality_bus import NatsSettings
-from temporality_protocol import AgentLifecycleChanged, AgentRegistered
+from temporality_protocol import AgentConformanceChecked, AgentLifecycleChanged, AgentMessageRefused, AgentRegistered
 from temporality_testing.events import EventLog
 
 
@@ -26,7 +26,7 @@ async def start_agent_collab(nats_settings: NatsSettings) -> AsyncIterator[Start
 
 ROOT = Path(__file__).resolve().parents[3]
 AGENT = ROOT / "examples" / "external-agent" / "agent.py"
-ALLOWED_IMPORTS = {"nats", "jsonschema"}
+ALLOWED_IMPORTS = {"nats", "jsonschema", "cryptography"}
 
 
 def test_the_example_imports_nothing_of_temporality() -> None:
@@ -38,32 +38,55 @@ def test_the_example_imports_nothing_of_temporality() -> None:
         for name in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""])
     }
     foreign = imported - set(sys.stdlib_module_names) - ALLOWED_IMPORTS - {"__future__"}
-    assert not foreign, f"the example must use only the stdlib, nats-py and jsonschema, not {foreign}"
+    assert not foreign, f"the example must use only the stdlib, nats-py, jsonschema and cryptography, not {foreign}"
+
+
+async def run_agent(*args: str) -> tuple[int, bytes, bytes]:
+    """The example as a subprocess: its exit code, stdout and stderr."""
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable, str(AGENT), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        out, err = await asyncio.wait_for(agent.communicate(), 20)
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+            await agent.wait()
+    assert agent.returncode is not None
+    return agent.returncode, out, err
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+async def keygen(path: Path) -> str:
+    """``agent.py keygen``: the private key written to ``path``, the allow-list line printed."""
+    code, out, err = await run_agent("keygen", "--out", str(path))
+    assert code == 0, err.decode()
+    assert _mode(path) == 0o600
+    line = out.decode().strip()
+    assert line.startswith("public_key: ")
+    return line.removeprefix("public_key: ")
+
+
+def signed_allow_list(tmp_path: Path, public_key: str) -> Path:
+    path = tmp_path / "external-agents.yaml"
+    path.write_text(
+        f"agents:\n  - id: example-agent\n    allowed_tools: [get_input]\n    public_key: {public_key}\n",
+        encoding="utf-8",
+    )
+    return path
 
 
 async def test_the_example_agent_registers_heartbeats_and_deregisters(
     nats_settings: NatsSettings, event_log: EventLog, start_agent_collab: StartCollab
 ) -> None:
+    """With the repository's own allow-list, where ``example-agent`` is ``allow_unsigned`` (development)."""
     await start_agent_collab(ROOT / "config" / "external-agents.yaml")
-    agent = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(AGENT),
-        "--nats-url",
-        nats_settings.url,
-        "--beats",
-        "2",
-        "--period-s",
-        "0.2",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        _out, err = await asyncio.wait_for(agent.communicate(), 20)
-    finally:
-        if agent.returncode is None:
-            agent.kill()
-            await agent.wait()
-    assert agent.returncode == 0, err.decode()
+    code, _out, err = await run_agent("--nats-url", nats_settings.url, "--beats", "2", "--period-s", "0.2")
+    assert code == 0, err.decode()
+    assert b"sending unsigned requests" in err
     assert b"registered: version 1.0" in err
     (registered,) = await event_log.wait_for(AgentRegistered.EVENT_TYPE, timeout_s=10)
     assert registered.data["agent_id"] == "example-agent"
@@ -82,3 +105,74 @@ async def test_the_example_agent_registers_heartbeats_and_deregisters(
     # registered first, then its lifecycle
     types = [e.type for e in event_log.events if e.type.startswith("agent.")]
     assert types[0] == AgentRegistered.EVENT_TYPE
+    # it answered the conformance round its registration reply carried (PRO-2): echo and reverse verified
+    (checked,) = await event_log.wait_for(AgentConformanceChecked.EVENT_TYPE, timeout_s=10)
+    data = checked.payload(AgentConformanceChecked)
+    assert (data.agent_id, data.round, data.passed) == ("example-agent", 1, True)
+    assert sorted((r.capability, r.outcome) for r in data.results) == [("echo", "verified"), ("reverse", "verified")]
+    assert b"conformance round 1: echo=verified, reverse=verified, triage=no_probe" in err
+
+
+async def test_the_example_agent_answering_wrongly_is_not_verified(
+    nats_settings: NatsSettings, event_log: EventLog, start_agent_collab: StartCollab
+) -> None:
+    await start_agent_collab(ROOT / "config" / "external-agents.yaml")
+    code, _out, err = await run_agent(
+        "--nats-url", nats_settings.url, "--beats", "1", "--period-s", "0.2", "--conformance", "wrong"
+    )
+    assert code == 0, err.decode()
+    (checked,) = await event_log.wait_for(AgentConformanceChecked.EVENT_TYPE, timeout_s=10)
+    data = checked.payload(AgentConformanceChecked)
+    assert (data.agent_id, data.passed) == ("example-agent", False)
+    assert sorted((r.capability, r.verified, r.outcome) for r in data.results) == [
+        ("echo", False, "wrong_answer"),
+        ("reverse", False, "wrong_answer"),
+    ]
+    assert b"echo=failed, reverse=failed, triage=no_probe" in err
+
+
+async def test_the_example_agent_signs_with_a_key_from_keygen(
+    nats_settings: NatsSettings, event_log: EventLog, start_agent_collab: StartCollab, tmp_path: Path
+) -> None:
+    """Its own implementation of the signing input, verified by agent-collab (cross-implementation, AP-11)."""
+    public_key = await keygen(tmp_path / "agent.key")
+    await start_agent_collab(signed_allow_list(tmp_path, public_key))
+    code, _out, err = await run_agent(
+        "--nats-url", nats_settings.url, "--key-file", str(tmp_path / "agent.key"), "--beats", "2", "--period-s", "0.2"
+    )
+    assert code == 0, err.decode()
+    assert b"unsigned" not in err
+    await event_log.wait_for(
+        AgentLifecycleChanged.EVENT_TYPE, where=lambda e: e.data["to_state"] == "decommissioned", timeout_s=10
+    )
+    (checked,) = await event_log.wait_for(AgentConformanceChecked.EVENT_TYPE, timeout_s=10)
+    assert checked.data["passed"] is True  # its conformance answers were signed and verified too
+    await event_log.caught_up()
+    assert event_log.of_type(AgentMessageRefused.EVENT_TYPE) == []
+    assert len(event_log.of_type(AgentLifecycleChanged.EVENT_TYPE)) == 4
+
+
+async def test_the_example_agent_with_another_key_is_refused(
+    nats_settings: NatsSettings, event_log: EventLog, start_agent_collab: StartCollab, tmp_path: Path
+) -> None:
+    listed = await keygen(tmp_path / "listed.key")
+    await keygen(tmp_path / "other.key")
+    await start_agent_collab(signed_allow_list(tmp_path, listed))
+    code, _out, err = await run_agent("--nats-url", nats_settings.url, "--key-file", str(tmp_path / "other.key"))
+    assert code == 3, err.decode()
+    assert b"registration refused (bad_signature)" in err
+    (refused,) = await event_log.wait_for(AgentMessageRefused.EVENT_TYPE, timeout_s=10)
+    assert (refused.data["agent_id"], refused.data["reason"]) == ("example-agent", "bad_signature")
+    # unsigned, against an allow-list that lists its key: refused too
+    code, _out, err = await run_agent("--nats-url", nats_settings.url)
+    assert code == 3, err.decode()
+    assert b"registration refused (unsigned)" in err
+    await event_log.caught_up()
+    assert event_log.of_type(AgentRegistered.EVENT_TYPE) == []
+
+
+async def test_an_unusable_key_file_is_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "garbage.key").write_text("not a key", encoding="utf-8")
+    code, _out, err = await run_agent("--nats-url", "nats://127.0.0.1:1", "--key-file", str(tmp_path / "garbage.key"))
+    assert code == 2, err.decode()
+    assert b"cannot use the key file" in err

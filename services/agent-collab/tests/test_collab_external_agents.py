@@ -2,7 +2,8 @@
 PRO-2, PRO-3).
 
 The test plays the external agent: it sends the JSON bodies the published schemas describe on the
-``temporality.rpc.agents.*`` subjects and waits on what agent-collab journals. Heartbeat interval 1 s,
+``temporality.rpc.agents.*`` subjects and waits on what agent-collab journals. The agents here are
+``allow_unsigned`` (signatures: ``test_collab_signed_messages.py``). Heartbeat interval 1 s,
 grace 0, so an agent goes offline within about two seconds of its last heartbeat (timers have whole
 seconds).
 """
@@ -57,9 +58,13 @@ agents:
     protocol_versions: ["1.0"]
     allowed_tools: [get_input, notify]
     limits: {max_context_size: 32000, max_concurrent_tasks: 2}
+    allow_unsigned: true
   - id: old-bot
     protocol_versions: ["1.0"]
+    allow_unsigned: true
 """
+#: An unsigned request names its sender in this header when its body has no ``agent_id`` (the listing).
+AS_TRIAGE_BOT = {"Temporality-Key-Id": "triage-bot"}
 
 
 def registration(agent_id: str = "triage-bot", **changes: Any) -> dict[str, Any]:
@@ -94,10 +99,12 @@ def reply_schema(name: str) -> Draft202012Validator:
     return Draft202012Validator(json.loads((SCHEMAS / f"rpc/{name}.reply.schema.json").read_text(encoding="utf-8")))
 
 
-async def call(bus: Bus, subject: str, body: dict[str, Any] | bytes) -> dict[str, Any]:
+async def call(
+    bus: Bus, subject: str, body: dict[str, Any] | bytes, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     """One request as an external agent makes it; the reply is checked against the published schema."""
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    reply: dict[str, Any] = json.loads(await bus.request(subject, raw, timeout_s=10))
+    reply: dict[str, Any] = json.loads((await bus.nc.request(subject, raw, timeout=10, headers=headers)).data)
     reply_schema(subject.removeprefix("temporality.rpc.")).validate(reply)
     return reply
 
@@ -235,11 +242,11 @@ async def test_a_malformed_request_gets_a_refusal_naming_the_field(
         "malformed_request",
     )
     assert "max_context_size" in reply["refusal"]["detail"]
-    not_json = await call(bus, RPC_AGENTS_HEARTBEAT, b"{not json")
+    not_json = await call(bus, RPC_AGENTS_HEARTBEAT, b"{not json", AS_TRIAGE_BOT)
     assert (not_json["accepted"], not_json["refusal"]["reason"]) == (False, "malformed_request")
     bad_state = await call(bus, RPC_AGENTS_HEARTBEAT, heartbeat(state="dancing"))
     assert "current_state" in bad_state["refusal"]["detail"]
-    listing = await call(bus, RPC_AGENTS_LIST, {"protocol_versions": ["7.0"]})
+    listing = await call(bus, RPC_AGENTS_LIST, {"protocol_versions": ["7.0"]}, AS_TRIAGE_BOT)
     assert listing["agents"] == []
     assert "no common protocol version" in listing["error"]
 
@@ -323,8 +330,10 @@ async def test_a_repeated_or_stale_timer_firing_changes_nothing(bus: Bus, event_
 
 
 async def test_heartbeats_that_cannot_be_taken_are_refused(bus: Bus, collab: object) -> None:
-    unknown = await call(bus, RPC_AGENTS_HEARTBEAT, heartbeat("nobody"))
-    assert (unknown["accepted"], unknown["refusal"]["reason"]) == (False, "not_registered")
+    unknown = await call(bus, RPC_AGENTS_HEARTBEAT, heartbeat("nobody"))  # not on the allow-list
+    assert (unknown["accepted"], unknown["refusal"]["reason"]) == (False, "unknown_agent")
+    unregistered = await call(bus, RPC_AGENTS_HEARTBEAT, heartbeat("old-bot"))
+    assert (unregistered["accepted"], unregistered["refusal"]["reason"]) == (False, "not_registered")
     await call(bus, RPC_AGENTS_REGISTER, registration())
     other = await call(bus, RPC_AGENTS_HEARTBEAT, heartbeat(protocol_version="2.3"))
     assert (other["accepted"], other["refusal"]["reason"]) == (False, "version_mismatch")
@@ -342,7 +351,7 @@ async def test_deregister_decommissions_and_a_new_registration_is_a_new_incarnat
     assert again == reply  # idempotent
     late = await call(bus, RPC_AGENTS_HEARTBEAT, heartbeat())
     assert late["refusal"]["reason"] == "not_registered"
-    listed = await call(bus, RPC_AGENTS_LIST, {})
+    listed = await call(bus, RPC_AGENTS_LIST, {}, AS_TRIAGE_BOT)
     assert listed["agents"] == []
     # back with a new incarnation
     back = await call(bus, RPC_AGENTS_REGISTER, registration())
@@ -360,16 +369,20 @@ async def test_deregister_decommissions_and_a_new_registration_is_a_new_incarnat
 async def test_list_shows_the_cards_with_unverified_capabilities(bus: Bus, collab: object) -> None:
     await call(bus, RPC_AGENTS_REGISTER, registration())
     await call(bus, RPC_AGENTS_HEARTBEAT, heartbeat(state="busy", active_run_id="run-1"))
-    reply = await call(bus, RPC_AGENTS_LIST, {"protocol_versions": ["1.0"], "unknown": "ignored"})
+    reply = await call(bus, RPC_AGENTS_LIST, {"protocol_versions": ["1.0"], "unknown": "ignored"}, AS_TRIAGE_BOT)
     assert reply["protocol_version"] == "1.0"
     (agent,) = reply["agents"]
-    assert (agent["agent_id"], agent["origin"], agent["state"], agent["active_run_id"]) == (
+    assert (agent["agent_id"], agent["kind"], agent["state"], agent["active_run_id"]) == (
         "triage-bot",
-        "registered",
+        "external",
         "busy",
         "run-1",
     )
-    assert agent["capabilities"] == [{"name": "triage", "verified": False}, {"name": "summarise", "verified": False}]
+    # neither capability has a probe the protocol could run: declared, never verified (PRO-2)
+    assert [(c["name"], c["verified"], c["status"], c["round"]) for c in agent["capabilities"]] == [
+        ("triage", False, "no_probe", None),
+        ("summarise", False, "no_probe", None),
+    ]
     assert (agent["allowed_tools"], agent["max_context_size"]) == (["get_input"], 32000)
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from temporality_agent_collab.external import AllowList
 from temporality_agent_collab.registry import (
+    AlreadyDecommissioned,
     Refused,
     decommissioned,
     fresh_record,
@@ -15,6 +16,8 @@ from temporality_agent_collab.registry import (
     heartbeat_seen,
     lifecycle_events,
     negotiated,
+    operator_decommissioned,
+    readmitted,
     registered,
 )
 from temporality_protocol import AgentRegistration, Deregistration, Heartbeat
@@ -112,3 +115,43 @@ def test_heartbeats_and_deregistrations_that_cannot_be_taken() -> None:
     new = registered(gone, request(), BOT, ALLOW, version="1.0", grace_s=1, now=T0)
     assert new is not None
     assert (new.incarnation, new.seq, new.state) == (2, 1, L.REGISTERED)
+
+
+def test_an_operator_decommissioning_holds_the_agent_out_until_readmitted() -> None:
+    record = fresh_record(request(), BOT, ALLOW, version="1.0", grace_s=1, now=T0)
+    held = operator_decommissioned(record, "on-call", "leaked key", T0)
+    assert held is not None
+    assert (held.state, held.held_by, held.decommission_reason) == (L.DECOMMISSIONED, "on-call", "leaked key")
+    (move,) = held.recent
+    assert (move.reason, move.requested_by, move.detail) == ("decommissioned", "on-call", "leaked key")
+    (event,) = lifecycle_events(held)
+    assert (event.actor, event.data["requested_by"]) == ("token:on-call", "on-call")
+    assert operator_decommissioned(held, "someone-else", "", T0) is None  # a repeat: nothing moves
+    # every later message of the agent is refused, its registration too
+    for attempt in (
+        lambda: heartbeat_seen(held, beat(), T0),
+        lambda: decommissioned(held, Deregistration(agent_id="bot", protocol_version="1.0"), T0),
+        lambda: registered(held, request(), BOT, ALLOW, version="1.0", grace_s=1, now=T0),
+    ):
+        with pytest.raises(Refused) as refused:
+            attempt()
+        assert "on-call" in refused.value.detail
+    with pytest.raises(Refused) as again:
+        registered(held, request(), BOT, ALLOW, version="1.0", grace_s=1, now=T0)
+    assert again.value.reason == "decommissioned"
+    # readmitted: a registration is the next incarnation
+    free = readmitted(held)
+    assert free is not None
+    assert (free.held_by, free.state, free.recent) == (None, L.DECOMMISSIONED, [])
+    assert readmitted(free) is None
+    back = registered(free, request(), BOT, ALLOW, version="1.0", grace_s=1, now=T0)
+    assert back is not None
+    assert (back.incarnation, back.state) == (2, L.REGISTERED)
+
+
+def test_an_agent_that_left_by_itself_cannot_be_decommissioned_again() -> None:
+    record = fresh_record(request(), BOT, ALLOW, version="1.0", grace_s=1, now=T0)
+    left = decommissioned(record, Deregistration(agent_id="bot", protocol_version="1.0"), T0)
+    assert left is not None
+    with pytest.raises(AlreadyDecommissioned):
+        operator_decommissioned(left, "on-call", "", T0)

@@ -1,6 +1,8 @@
 """``temporality-agent-collab``: the saga projector, the get_collaborators responder, the ask router
 (asks, replies, relay runs, wait timeouts) and the registry of external agents (register, heartbeat,
-deregister, list; liveness timers), started by the runtime.
+deregister, list, conformance; liveness and conformance timers) with the hosted agents' cards, started by
+the runtime. With ``TEMPORALITY_COLLAB_PORT`` set it
+also serves the operator API (:mod:`temporality_agent_collab.api`) next to ``/healthz`` and ``/readyz``.
 
 At SIGTERM the runtime unsubscribes the responder first (new requests go to other replicas), lets the
 requests already received finish, then stops the consumer and drains the connection.
@@ -9,6 +11,7 @@ requests already received finish, then stops the consumer and drains the connect
 from __future__ import annotations
 
 from temporality_agent_collab.agents import AgentRegistry
+from temporality_agent_collab.api import create_app
 from temporality_agent_collab.external import load_allow_list
 from temporality_agent_collab.projector import Projector
 from temporality_agent_collab.router import AskRouter
@@ -17,7 +20,7 @@ from temporality_agent_collab.settings import Settings
 from temporality_bus import Delivery
 from temporality_protocol import Envelope
 from temporality_protocol.catalog import SERVICES
-from temporality_service import Runtime, Setup, serve
+from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
 
 __all__ = ["SPEC", "configure", "run"]
 
@@ -25,16 +28,30 @@ SPEC = SERVICES["agent-collab"]
 
 
 def configure(settings: Settings) -> Setup[Settings]:
-    """Reads the allow-list of external agents (a ConfigError -- exit 2 -- when it is unusable)."""
+    """Reads the allow-list of external agents and, when the operator API is served, the API tokens (a
+    ConfigError -- exit 2 -- when either is unusable)."""
     allow_list = load_allow_list(settings.external_agents_file)
+    auth: ApiAuth | None = None
+    if settings.port is not None:
+        try:
+            auth = ApiAuth.from_settings(settings.api)
+        except TokenFileError as exc:
+            raise ConfigError(f"TEMPORALITY_API_TOKENS_FILE: {exc}") from exc
 
     async def setup(rt: Runtime[Settings]) -> None:
         projector = await Projector.open(rt.bus)
         router = await AskRouter.open(rt.bus)
-        registry = await AgentRegistry.open(rt.bus, allow_list, grace_s=rt.settings.heartbeat_grace_s)
+        registry = await AgentRegistry.open(
+            rt.bus,
+            allow_list,
+            grace_s=rt.settings.heartbeat_grace_s,
+            signature_window_s=rt.settings.signature_window_s,
+            conformance_timeout_s=rt.settings.conformance_timeout_s,
+        )
 
         async def runs(event: Envelope, delivery: Delivery) -> None:
             await projector.handle(event, delivery)
+            await registry.hosted.on_run_event(event)  # run.started: the hosted agent's card (PRO-2)
             await router.on_run_event(event, delivery)  # a relay run that ended: did it answer?
 
         rt.consumer("agent-collab-runs", handler=runs, max_inflight=rt.settings.max_inflight)
@@ -42,8 +59,11 @@ def configure(settings: Settings) -> Setup[Settings]:
         rt.consumer("agent-collab-ask-timers", raw_handler=router.handle_timer)
         rt.responder(await open_responder(rt.bus, max_inflight=rt.settings.max_inflight))
         rt.consumer("agent-collab-heartbeats", raw_handler=registry.handle_timer)
+        rt.consumer("agent-collab-conformance", raw_handler=registry.handle_conformance_timer)
         for responder in registry.responders(max_inflight=rt.settings.max_inflight):
             rt.responder(responder)
+        if auth is not None:
+            rt.http(create_app(registry, auth))
 
     return setup
 

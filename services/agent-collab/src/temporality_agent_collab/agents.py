@@ -8,8 +8,12 @@ on the catalogue's subjects, and the handler of the ``agent-heartbeat`` timer fi
                                             ``agent.lifecycle_changed``; else ``agent.registration_refused``
 ``temporality.rpc.agents.heartbeat``        liveness re-armed, the reported state taken (journaled)
 ``temporality.rpc.agents.deregister``       ``decommissioned`` (journaled), liveness timer cancelled
-``temporality.rpc.agents.list``             the registered agents' cards, capabilities ``verified: false``
+``temporality.rpc.agents.list``             the hosted and registered agents' cards; a capability is
+                                            ``verified`` only by a passed conformance round (PRO-2)
+``temporality.rpc.agents.conformance``      the answers to the open conformance round: each probed
+                                            capability verified or failed (``agent.conformance_checked``)
 timer ``agent-heartbeat.<agent_id>``        no newer heartbeat: ``offline`` (journaled)
+timer ``agent-conformance.<agent_id>``      the open round's deadline passed unanswered: ``timeout``
 ==========================================  ==================================================================
 
 Every step is *record first, then effects*: the decision is committed to KV with
@@ -24,24 +28,35 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from pydantic import ValidationError
 
+from temporality_agent_collab.conformance import DEFAULT_TIMEOUT_S, challenge
+from temporality_agent_collab.conformance import TimerPayload as ConformanceTimer
+from temporality_agent_collab.conformance import timer_payload as conformance_timer_payload
 from temporality_agent_collab.external import AllowList
+from temporality_agent_collab.gate import MessageGate, SignedResponder
+from temporality_agent_collab.hosted import HostedAgents
 from temporality_agent_collab.registry import (
     AgentRecord,
     Refused,
     TimerPayload,
     agent_key,
     card,
+    checked_event,
+    conformance_answered,
+    conformance_timed_out,
     decommissioned,
     fresh_record,
     heartbeat_missed,
     heartbeat_seen,
     lifecycle_events,
     negotiated,
+    operator_decommissioned,
+    readmitted,
+    readmitted_event,
     refused_event,
     registered,
     registered_event,
@@ -62,10 +77,13 @@ from temporality_bus import (
     Timers,
 )
 from temporality_protocol import (
+    AgentCard,
     AgentRefusal,
     AgentRegistration,
     AgentsQuery,
     AgentsReply,
+    ConformanceAnswers,
+    ConformanceReply,
     Deregistration,
     DeregistrationReply,
     Heartbeat,
@@ -75,10 +93,12 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import (
     BUCKET_AGENTS,
+    RPC_AGENTS_CONFORMANCE,
     RPC_AGENTS_DEREGISTER,
     RPC_AGENTS_HEARTBEAT,
     RPC_AGENTS_LIST,
     RPC_AGENTS_REGISTER,
+    TIMER_NS_AGENT_CONFORMANCE,
     TIMER_NS_AGENT_HEARTBEAT,
 )
 from temporality_protocol.events import AgentRefusalReason
@@ -113,60 +133,113 @@ class AgentRegistry:
     """The registry's responders and timer handler. Build with :meth:`open`; register :meth:`responders`
     and :meth:`handle_timer` with the runtime."""
 
-    def __init__(self, bus: Bus, store: Store[AgentRecord], allow_list: AllowList, *, grace_s: float) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        store: Store[AgentRecord],
+        allow_list: AllowList,
+        gate: MessageGate,
+        *,
+        grace_s: float,
+        hosted: HostedAgents,
+        conformance_timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         self._bus = bus
         self._store = store
         self.allow_list = allow_list
+        self.gate = gate
         self.grace_s = grace_s
+        self.hosted = hosted
+        self.conformance_timeout_s = conformance_timeout_s
         self.timers = Timers(bus, TIMER_NS_AGENT_HEARTBEAT)
+        self.conformance_timers = Timers(bus, TIMER_NS_AGENT_CONFORMANCE)
 
     @classmethod
-    async def open(cls, bus: Bus, allow_list: AllowList, *, grace_s: float) -> AgentRegistry:
-        return cls(bus, await bus.store(BUCKET_AGENTS, AgentRecord), allow_list, grace_s=grace_s)
+    async def open(
+        cls,
+        bus: Bus,
+        allow_list: AllowList,
+        *,
+        grace_s: float,
+        signature_window_s: float = 120.0,
+        conformance_timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> AgentRegistry:
+        gate = await MessageGate.open(bus, allow_list, window_s=signature_window_s)
+        return cls(
+            bus,
+            await bus.store(BUCKET_AGENTS, AgentRecord),
+            allow_list,
+            gate,
+            grace_s=grace_s,
+            hosted=await HostedAgents.open(bus),
+            conformance_timeout_s=conformance_timeout_s,
+        )
 
     def responders(self, *, queue: str = QUEUE_GROUP, max_inflight: int = 8) -> list[Responder[Any, Any]]:
-        """The four responders (not started): register, heartbeat, deregister, list."""
-        common: dict[str, Any] = {"queue": queue, "max_inflight": max_inflight}
+        """The five responders (not started): register, heartbeat, deregister, list, conformance. Every request passes
+        the signature gate first (AP-11); a refused one gets its reply from ``refused``."""
+        common: dict[str, Any] = {"gate": self.gate, "queue": queue, "max_inflight": max_inflight}
         return [
-            Responder(
+            SignedResponder(
                 self._bus,
                 RPC_AGENTS_REGISTER,
                 request_model=AgentRegistration,
                 handler=self._on_register,
+                refused=lambda agent_id, refusal: RegistrationReply(
+                    agent_id=agent_id, outcome="refused", refusal=refusal
+                ),
                 on_error=lambda f: RegistrationReply(
                     agent_id=_agent_id_hint(f.raw), outcome="refused", refusal=_failure_refusal(f)
                 ),
                 negotiate_versions=False,  # negotiated per agent against the allow-list, refusals journaled
+                pass_unknown=True,  # an agent not listed: refused by register, which journals its declaration
                 **common,
             ),
-            Responder(
+            SignedResponder(
                 self._bus,
                 RPC_AGENTS_HEARTBEAT,
                 request_model=Heartbeat,
                 handler=self._on_heartbeat,
+                refused=lambda agent_id, refusal: HeartbeatAck(agent_id=agent_id, accepted=False, refusal=refusal),
                 on_error=lambda f: HeartbeatAck(
                     agent_id=_agent_id_hint(f.raw), accepted=False, refusal=_failure_refusal(f)
                 ),
                 negotiate_versions=False,  # speaks the version its registration negotiated
                 **common,
             ),
-            Responder(
+            SignedResponder(
                 self._bus,
                 RPC_AGENTS_DEREGISTER,
                 request_model=Deregistration,
                 handler=self._on_deregister,
+                refused=lambda agent_id, refusal: DeregistrationReply(
+                    agent_id=agent_id, outcome="refused", refusal=refusal
+                ),
                 on_error=lambda f: DeregistrationReply(
                     agent_id=_agent_id_hint(f.raw), outcome="refused", refusal=_failure_refusal(f)
                 ),
                 negotiate_versions=False,
                 **common,
             ),
-            Responder(
+            SignedResponder(
                 self._bus,
                 RPC_AGENTS_LIST,
                 request_model=AgentsQuery,
                 handler=self._on_list,
+                refused=lambda _agent_id, refusal: AgentsReply(error=refusal.detail, refusal=refusal),
                 on_error=lambda f: AgentsReply(error=_failure_refusal(f).detail),
+                **common,
+            ),
+            SignedResponder(
+                self._bus,
+                RPC_AGENTS_CONFORMANCE,
+                request_model=ConformanceAnswers,
+                handler=self._on_conformance,
+                refused=lambda agent_id, refusal: ConformanceReply(agent_id=agent_id, accepted=False, refusal=refusal),
+                on_error=lambda f: ConformanceReply(
+                    agent_id=_agent_id_hint(f.raw), accepted=False, refusal=_failure_refusal(f)
+                ),
+                negotiate_versions=False,  # speaks the version its registration negotiated
                 **common,
             ),
         ]
@@ -186,6 +259,14 @@ class AgentRegistry:
                 timer_payload(record),
                 msg_id=derive_id("tmr", record.agent_id, str(record.incarnation), str(record.beat)),
             )
+        rnd = record.conformance
+        if record.live and rnd is not None and rnd.open:  # the round's deadline (the same arm every time)
+            await self.conformance_timers.arm(
+                record.agent_id,
+                rnd.deadline,
+                conformance_timer_payload(record.agent_id, record.incarnation, rnd.round),
+                msg_id=derive_id("tmr", "conformance", record.agent_id, str(record.incarnation), str(rnd.round)),
+            )
 
     # ------------------------------------------------------------------ register (AP-3, PRO-3)
     async def _on_register(self, request: Request[AgentRegistration]) -> RegistrationReply:
@@ -194,6 +275,7 @@ class AgentRegistry:
             return await self.register(body)
 
     async def register(self, body: AgentRegistration) -> RegistrationReply:
+        """Register (AP-3); the reply carries the open conformance round's probes (PRO-2), if any."""
         allowed = self.allow_list.get(body.agent_id)
         try:
             if allowed is None:
@@ -208,16 +290,28 @@ class AgentRegistry:
             )
         now = utcnow()
         key = agent_key(body.agent_id)
-        params: dict[str, Any] = {"version": version, "grace_s": self.grace_s, "now": now}
-        if await self._store.get(key) is None:
-            fresh = fresh_record(body, allowed, self.allow_list, **params)
-            try:
-                await self._store.create(key, fresh)
-                record = fresh
-            except AlreadyExists:  # another replica (or our own earlier attempt) got there first
+        params: dict[str, Any] = {
+            "version": version,
+            "grace_s": self.grace_s,
+            "now": now,
+            "conformance_timeout_s": self.conformance_timeout_s,
+        }
+        try:
+            if await self._store.get(key) is None:
+                fresh = fresh_record(body, allowed, self.allow_list, **params)
+                try:
+                    await self._store.create(key, fresh)
+                    record = fresh
+                except AlreadyExists:  # another replica (or our own earlier attempt) got there first
+                    record = await self._modify(
+                        key, lambda cur: registered(cur, body, allowed, self.allow_list, **params)
+                    )
+            else:
                 record = await self._modify(key, lambda cur: registered(cur, body, allowed, self.allow_list, **params))
-        else:
-            record = await self._modify(key, lambda cur: registered(cur, body, allowed, self.allow_list, **params))
+        except Refused as refused:  # decommissioned by an operator and not readmitted
+            await self._bus.publish(refused_event(body, refused, allowed.speakable_versions()))
+            log.info("agent.registration_refused", reason=refused.reason)
+            return RegistrationReply(agent_id=body.agent_id, outcome="refused", refusal=refused.refusal())
         await self._journal(record, registration=True)
         log.info("agent.registered", incarnation=record.incarnation, version=version, state=record.state.value)
         return RegistrationReply(
@@ -230,6 +324,7 @@ class AgentRegistry:
             heartbeat_interval_s=record.heartbeat_interval_s,
             offline_after_s=record.offline_after_s,
             policy=record.policy,
+            conformance=challenge(record.conformance, utcnow()),
         )
 
     async def _modify(self, key: str, fn: Callable[[AgentRecord], AgentRecord | None]) -> AgentRecord:
@@ -259,6 +354,7 @@ class AgentRegistry:
             state=record.state,
             protocol_version=record.protocol_version,
             offline_at=record.deadline,
+            conformance=challenge(record.conformance, now),  # until it is answered (a lost reply is no loss)
         )
 
     @staticmethod
@@ -283,20 +379,146 @@ class AgentRegistry:
             return DeregistrationReply(agent_id=body.agent_id, outcome="refused", refusal=refused.refusal())
         await self._journal(record)
         await self.timers.cancel(record.agent_id)  # a firing already on its way finds it decommissioned
+        await self.conformance_timers.cancel(record.agent_id)
         log.info("agent.decommissioned", incarnation=record.incarnation)
         return DeregistrationReply(agent_id=record.agent_id, outcome="decommissioned", state=record.state)
 
-    # ------------------------------------------------------------------ discovery (PRO-2)
-    async def _on_list(self, request: Request[AgentsQuery]) -> AgentsReply:
-        cards = []
+    # ------------------------------------------------------------------ operators (the HTTP API)
+    async def decommission(self, agent_id: str, *, by: str, reason: str) -> tuple[AgentRecord, bool]:
+        """An operator takes the agent out of service (journaled with ``requested_by``); its later messages,
+        a registration included, are refused until :meth:`readmit`. Returns the record and whether this call
+        moved it (``False``: an operator already had). :class:`NotFound` for an agent never registered,
+        :class:`AlreadyDecommissioned` for one that deregistered itself."""
+        now = utcnow()
+        result = await self._store.modify(
+            agent_key(agent_id), lambda cur: operator_decommissioned(cur, by, reason, now), attempts=MODIFY_ATTEMPTS
+        )
+        record = result.value
+        if result.changed:
+            await self._journal(record)
+            await self.timers.cancel(record.agent_id)
+            await self.conformance_timers.cancel(record.agent_id)
+            log.info("agent.decommissioned", agent_id=agent_id, by=by, incarnation=record.incarnation)
+        return record, result.changed
+
+    async def readmit(self, agent_id: str, *, by: str, reason: str) -> tuple[AgentRecord, bool]:
+        """Lift an operator's hold: the agent may register again (journaled ``agent.readmitted``). Returns the
+        record and whether there was a hold; :class:`NotFound` for an agent never registered."""
+        key = agent_key(agent_id)
+        before = await self._store.get(key)
+        if before is None:
+            raise NotFound(BUCKET_AGENTS.name, key)
+        result = await self._store.modify(key, readmitted, attempts=MODIFY_ATTEMPTS)
+        if result.changed:
+            await self._bus.publish(readmitted_event(result.value, by, reason))
+            log.info("agent.readmitted", agent_id=agent_id, by=by, incarnation=result.value.incarnation)
+        return result.value, result.changed
+
+    async def cards(
+        self, *, include_decommissioned: bool, kind: Literal["all", "hosted", "external"] = "all"
+    ) -> list[AgentCard]:
+        """The hosted agents' cards (as their last ``run.started`` showed them), then the registered ones."""
+        cards = await self.hosted.cards() if kind in ("all", "hosted") else []
+        if kind == "hosted":
+            return cards
         for key in sorted(await self._store.keys()):
+            if not key.startswith("agent."):
+                continue  # the bucket holds the hosted agents' cards too (hosted.<agent id>)
             found = await self._store.get(key)
             if found is None:
                 continue
-            if found.value.state is AgentLifecycleState.DECOMMISSIONED and not request.body.include_decommissioned:
+            if found.value.state is AgentLifecycleState.DECOMMISSIONED and not include_decommissioned:
                 continue
             cards.append(card(found.value))
+        return cards
+
+    # ------------------------------------------------------------------ discovery (PRO-2)
+    async def _on_list(self, request: Request[AgentsQuery]) -> AgentsReply:
+        query = request.body
+        cards = await self.cards(include_decommissioned=query.include_decommissioned, kind=query.kind)
         return AgentsReply(protocol_version=request.version, agents=cards)
+
+    # ------------------------------------------------------------------ conformance (PRO-2)
+    async def _on_conformance(self, request: Request[ConformanceAnswers]) -> ConformanceReply:
+        body = request.body
+        with structlog.contextvars.bound_contextvars(agent_id=body.agent_id, round=body.round):
+            return await self.conformance(body)
+
+    async def conformance(self, body: ConformanceAnswers) -> ConformanceReply:
+        """The agent's answers to its open round: the round ends with each capability's verdict, journaled
+        (``agent.conformance_checked``) before the reply. A retry gets the same verdict (and republishes it)."""
+        now = utcnow()
+        try:
+            record = await self._modify(agent_key(body.agent_id), lambda cur: conformance_answered(cur, body, now))
+        except NotFound:
+            refusal = AgentRefusal(reason="not_registered", detail=f"agent {body.agent_id!r} is not registered")
+            return ConformanceReply(agent_id=body.agent_id, accepted=False, refusal=refusal)
+        except Refused as refused:
+            log.info("agent.conformance_refused", reason=refused.reason)
+            return ConformanceReply(agent_id=body.agent_id, accepted=False, refusal=refused.refusal())
+        rnd = record.conformance
+        if rnd is None or rnd.results is None:  # pragma: no cover - conformance_answered ended this very round
+            raise RuntimeError("the conformance round is not ended after its answers")
+        await self._bus.publish(checked_event(record))
+        await self.conformance_timers.cancel(record.agent_id)  # a firing already on its way finds it ended
+        log.info("agent.conformance_checked", passed=rnd.passed, outcomes=[r.outcome for r in rnd.results])
+        return ConformanceReply(
+            agent_id=record.agent_id,
+            accepted=True,
+            round=rnd.round,
+            results=rnd.results,
+            capabilities=card(record).capabilities,
+        )
+
+    async def handle_conformance_timer(self, data: bytes, delivery: Delivery | None = None) -> None:
+        """An ``agent-conformance`` timer fired: the round ends ``timeout`` unless it was answered (or replaced)."""
+        try:
+            payload = ConformanceTimer.model_validate_json(data)
+        except ValidationError as exc:
+            raise PermanentError(f"unreadable conformance timer payload: {exc}") from exc
+        with structlog.contextvars.bound_contextvars(agent_id=payload.agent_id, round=payload.round):
+            await self.conformance_deadline(payload, delivery)
+
+    async def conformance_deadline(self, payload: ConformanceTimer, delivery: Delivery | None = None) -> None:
+        key = agent_key(payload.agent_id)
+        found = await self._store.get(key)
+        if found is None:
+            raise PermanentError(f"a conformance timer fired for {payload.agent_id!r}, which was never registered")
+        now = utcnow()
+        current = found.value
+        rnd = current.conformance
+        mine = current.incarnation == payload.incarnation and rnd is not None and rnd.round == payload.round
+        if mine and rnd is not None and rnd.open and now < rnd.deadline:  # fired early: never fail a round early
+            cause = f"seq:{delivery.stream_seq}" if delivery is not None else now.isoformat()
+            await self.conformance_timers.rearm(
+                current.agent_id,
+                rnd.deadline,
+                conformance_timer_payload(current.agent_id, current.incarnation, rnd.round),
+                msg_id=derive_id(
+                    "tmr", "conformance", current.agent_id, str(current.incarnation), str(rnd.round), cause
+                ),
+            )
+            log.warning("conformance_timer.fired_early", deadline=rnd.deadline.isoformat())
+            return
+        result = await self._store.modify(
+            key,
+            lambda cur: conformance_timed_out(cur, payload.incarnation, payload.round, now),
+            attempts=MODIFY_ATTEMPTS,
+        )
+        record = result.value
+        ended = record.conformance
+        if (
+            record.incarnation == payload.incarnation
+            and ended is not None
+            and ended.round == payload.round
+            and not ended.open
+            and ended.answered_at is None
+        ):
+            await self._bus.publish(checked_event(record))  # republished on a redelivery: the same id
+            if result.changed:
+                log.info("agent.conformance_timed_out", incarnation=record.incarnation)
+            return
+        log.info("conformance_timer.ignored", round=payload.round)
 
     # ------------------------------------------------------------------ liveness timers
     async def handle_timer(self, data: bytes, delivery: Delivery | None = None) -> None:

@@ -10,9 +10,15 @@ Read once at start from ``TEMPORALITY_COLLAB_EXTERNAL_AGENTS_FILE`` (``config/ex
         allowed_tools: [get_input]    # of the tools it supports, those it may use
         limits: {max_context_size: 128000, max_concurrent_tasks: 1}
         heartbeat_interval_s: 5       # optional override
+        public_key: 0KRdcBwYgHm1fAJv4uY7oQ2Bq8kqJ3xJpN1wXfQ8bW4=   # Ed25519, raw 32 bytes in base64, or PEM
+      - id: dev-bot
+        allow_unsigned: true          # development only: its messages need no signature
 
-An agent not listed is refused (``unknown_agent``, journaled). The file is the policy, not a secret:
-authentication of the agent itself is the NATS user it connects as (issue 11).
+An agent not listed is refused (``unknown_agent``, journaled). Every message an agent sends must be
+signed with the private key of its ``public_key`` (AP-11, :mod:`temporality_agent_collab.signing`); an
+agent with no ``public_key`` is refused unless ``allow_unsigned: true`` marks it (never both). A key
+that cannot be read is a :class:`ConfigError` naming the agent. The file holds public keys only: it is
+policy, not a secret.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from temporality_agent_collab.signing import Keyring, load_public_key
 from temporality_protocol import SUPPORTED_VERSIONS
 from temporality_protocol.events import ExternalAgentId
 from temporality_protocol.version import parse_version
@@ -56,6 +63,21 @@ class ExternalAgent(_Strict):
     allowed_tools: list[str] = Field(default_factory=list)
     limits: ExternalLimits = Field(default_factory=ExternalLimits)
     heartbeat_interval_s: Annotated[float, Field(gt=0)] | None = None
+    #: Its Ed25519 public key (raw 32 bytes in base64, or PEM): every message it sends is verified with it.
+    public_key: str | None = None
+    #: Accept its messages unsigned (development only; only for an agent without a ``public_key``).
+    allow_unsigned: bool = False
+
+    @model_validator(mode="after")
+    def _key_readable(self) -> ExternalAgent:
+        if self.public_key is not None:
+            try:
+                load_public_key(self.public_key)
+            except ValueError as exc:
+                raise ValueError(f"public_key of agent {self.id!r} is not an Ed25519 public key: {exc}") from None
+            if self.allow_unsigned:
+                raise ValueError(f"agent {self.id!r} has a public_key and allow_unsigned: choose one")
+        return self
 
     @field_validator("protocol_versions")
     @classmethod
@@ -87,6 +109,14 @@ class AllowList(_Strict):
     def interval_of(self, agent: ExternalAgent) -> float:
         return agent.heartbeat_interval_s if agent.heartbeat_interval_s is not None else self.heartbeat_interval_s
 
+    def keyring(self) -> Keyring:
+        """The public keys and the agents allowed unsigned messages (keys were checked when the list loaded)."""
+        return Keyring(
+            keys={a.id: load_public_key(a.public_key) for a in self.agents if a.public_key is not None},
+            unsigned_ok=frozenset(a.id for a in self.agents if a.allow_unsigned),
+            listed=frozenset(a.id for a in self.agents),
+        )
+
 
 def load_allow_list(path: Path | None) -> AllowList:
     """The allow-list in ``path``; ``None``: :data:`DEFAULT_FILE` if it exists, else an empty list (every
@@ -108,6 +138,10 @@ def load_allow_list(path: Path | None) -> AllowList:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'file'}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"{path} is not a valid external agents file: {problems}") from exc
     for agent in allow.agents:
+        if agent.public_key is None and not agent.allow_unsigned:
+            log.warning("external_agents.no_public_key", agent_id=agent.id, effect="every message it sends is refused")
+        elif agent.allow_unsigned:
+            log.warning("external_agents.unsigned_allowed", agent_id=agent.id, effect="development only")
         if not agent.speakable_versions():
             log.warning("external_agents.no_speakable_version", agent_id=agent.id, versions=agent.protocol_versions)
     log.info("external_agents.loaded", file=str(path), agents=len(allow.agents))

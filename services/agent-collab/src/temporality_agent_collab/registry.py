@@ -22,17 +22,28 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from temporality_agent_collab.conformance import (
+    DEFAULT_TIMEOUT_S,
+    ConformanceRound,
+    capability_views,
+    checked_event_data,
+    checked_event_id,
+    evaluate,
+    new_round,
+    round_closed_by_timer,
+)
 from temporality_agent_collab.external import AllowList, ExternalAgent
 from temporality_protocol import (
-    AgentCapability,
     AgentCard,
     AgentLifecycleChanged,
     AgentLimits,
     AgentPolicy,
+    AgentReadmitted,
     AgentRefusal,
     AgentRegistered,
     AgentRegistration,
     AgentRegistrationRefused,
+    ConformanceAnswers,
     Deregistration,
     Envelope,
     EventData,
@@ -49,17 +60,24 @@ from temporality_protocol.version import parse_version
 __all__ = [
     "SOURCE",
     "AgentRecord",
+    "AlreadyDecommissioned",
     "Refused",
     "TimerPayload",
     "Transition",
     "agent_key",
     "card",
+    "checked_event",
+    "conformance_answered",
+    "conformance_timed_out",
     "decommissioned",
     "fresh_record",
     "heartbeat_missed",
     "heartbeat_seen",
     "lifecycle_events",
     "negotiated",
+    "operator_decommissioned",
+    "readmitted",
+    "readmitted_event",
     "refused_event",
     "registered",
     "registered_event",
@@ -70,7 +88,9 @@ __all__ = [
 #: ``source`` of every event agent-collab publishes.
 SOURCE = "/temporality/agent-collab"
 _L = AgentLifecycleState
-LifecycleReason = Literal["registered", "re_registered", "heartbeat", "heartbeat_missed", "came_back", "deregistered"]
+LifecycleReason = Literal[
+    "registered", "re_registered", "heartbeat", "heartbeat_missed", "came_back", "deregistered", "decommissioned"
+]
 
 
 class Refused(Exception):
@@ -99,6 +119,8 @@ class Transition(_Model):
     at: datetime
     detail: str = ""
     active_run_id: str | None = None
+    #: The operator who made the move (``decommissioned``), else ``None`` (the agent or a timer did).
+    requested_by: str | None = None
 
 
 class AgentRecord(_Model):
@@ -128,13 +150,26 @@ class AgentRecord(_Model):
     active_run_id: str | None = None
     resource_usage: dict[str, float] = Field(default_factory=dict)
     decommission_reason: str | None = None
+    #: The operator who decommissioned this incarnation: while set, registrations are refused
+    #: (``decommissioned``) until an operator readmits the agent.
+    held_by: str | None = None
+    #: Conformance rounds opened in this incarnation (PRO-2), and the latest one (open or ended; ``None``:
+    #: none, or the declared capabilities have no probe).
+    rounds: Annotated[int, Field(ge=0)] = 0
+    conformance: ConformanceRound | None = None
 
     @property
     def live(self) -> bool:
         """Its liveness timer should be armed (not offline, not decommissioned)."""
         return self.state not in (_L.OFFLINE, _L.DECOMMISSIONED)
 
-    def moved(self, moves: list[tuple[AgentLifecycleState, LifecycleReason, str]], at: datetime) -> list[Transition]:
+    def moved(
+        self,
+        moves: list[tuple[AgentLifecycleState, LifecycleReason, str]],
+        at: datetime,
+        *,
+        requested_by: str | None = None,
+    ) -> list[Transition]:
         """The transitions ``moves`` make from the current state (each checked against the state machine)."""
         out: list[Transition] = []
         state, seq = self.state, self.seq
@@ -150,6 +185,7 @@ class AgentRecord(_Model):
                     at=at,
                     detail=detail,
                     active_run_id=self.active_run_id,
+                    requested_by=requested_by,
                 )
             )
             state = target
@@ -201,9 +237,12 @@ def fresh_record(
     grace_s: float,
     now: datetime,
     incarnation: int = 1,
+    conformance_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> AgentRecord:
-    """A new incarnation, ``created`` -> ``registered``."""
+    """A new incarnation, ``created`` -> ``registered``, with its first conformance round open (if any of its
+    capabilities has a probe)."""
     interval = allow_list.interval_of(allowed)
+    rnd = new_round(request.agent_id, incarnation, 1, request.capabilities, now=now, timeout_s=conformance_timeout_s)
     base = AgentRecord(
         agent_id=request.agent_id,
         incarnation=incarnation,
@@ -217,7 +256,15 @@ def fresh_record(
     )
     moves = base.moved([(_L.REGISTERED, "registered", "")], now)
     return AgentRecord.model_validate(
-        {**base.model_dump(), "state": _L.REGISTERED, "seq": moves[-1].seq, "recent": moves, "beat": 1}
+        {
+            **base.model_dump(),
+            "state": _L.REGISTERED,
+            "seq": moves[-1].seq,
+            "recent": moves,
+            "beat": 1,
+            "rounds": 1 if rnd is not None else 0,
+            "conformance": rnd,
+        }
     )
 
 
@@ -230,12 +277,26 @@ def registered(
     version: str,
     grace_s: float,
     now: datetime,
+    conformance_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> AgentRecord | None:
     """A registration of an agent that has a record: ``None`` for a repeat of the standing one (idempotent),
-    a new incarnation after decommissioning, else a re-registration (``<state>`` -> ``registered``)."""
+    a new incarnation after decommissioning, else a re-registration (``<state>`` -> ``registered``), which
+    opens a new conformance round when it changes the declared capabilities."""
+    if current.state is _L.DECOMMISSIONED and current.held_by is not None:
+        detail = (
+            f"agent {current.agent_id!r} was decommissioned by an operator ({current.held_by}): it must be readmitted"
+        )
+        raise Refused("decommissioned", detail)
     if current.state is _L.DECOMMISSIONED:
         return fresh_record(
-            request, allowed, allow_list, version=version, grace_s=grace_s, now=now, incarnation=current.incarnation + 1
+            request,
+            allowed,
+            allow_list,
+            version=version,
+            grace_s=grace_s,
+            now=now,
+            incarnation=current.incarnation + 1,
+            conformance_timeout_s=conformance_timeout_s,
         )
     policy = _policy(request, allowed)
     interval = allow_list.interval_of(allowed)
@@ -248,13 +309,27 @@ def registered(
     )
     if same and current.state is _L.REGISTERED:
         return None
-    moves = current.moved([(_L.REGISTERED, "re_registered", "")], now)
+    # a changed declaration from an agent still ``registered`` (no heartbeat yet) is a new registration, not a move
+    moves = [] if current.state is _L.REGISTERED else current.moved([(_L.REGISTERED, "re_registered", "")], now)
+    rounds, rnd = current.rounds, current.conformance
+    if list(dict.fromkeys(request.capabilities)) != list(dict.fromkeys(current.declaration.capabilities)):
+        rnd = new_round(
+            request.agent_id,
+            current.incarnation,
+            rounds + 1,
+            request.capabilities,
+            now=now,
+            timeout_s=conformance_timeout_s,
+        )
+        rounds += 1 if rnd is not None else 0
     return AgentRecord.model_validate(
         {
             **current.model_dump(),
+            "rounds": rounds,
+            "conformance": rnd,
             "registration": current.registration + 1,
             "state": _L.REGISTERED,
-            "seq": moves[-1].seq,
+            "seq": moves[-1].seq if moves else current.seq,
             "recent": moves,
             "declaration": request,
             "protocol_version": version,
@@ -268,6 +343,8 @@ def registered(
 
 
 def _check_live(current: AgentRecord, agent_id: str, version: str) -> None:
+    if current.state is _L.DECOMMISSIONED and current.held_by is not None:
+        raise Refused("not_registered", f"agent {agent_id!r} was decommissioned by an operator ({current.held_by})")
     if current.state is _L.DECOMMISSIONED:
         raise Refused("not_registered", f"agent {agent_id!r} was decommissioned: register again")
     if version != current.protocol_version:
@@ -317,8 +394,9 @@ def heartbeat_missed(current: AgentRecord, incarnation: int, beat: int, now: dat
 
 
 def decommissioned(current: AgentRecord, request: Deregistration, now: datetime) -> AgentRecord | None:
-    """A deregistration: ``decommissioned`` (``None``: it already is -- a repeat, idempotent)."""
-    if current.state is _L.DECOMMISSIONED:
+    """A deregistration: ``decommissioned`` (``None``: it already is -- a repeat, idempotent; refused when an
+    operator decommissioned it: that incarnation is no longer the agent's to end)."""
+    if current.state is _L.DECOMMISSIONED and current.held_by is None:
         return None
     _check_live(current, request.agent_id, request.protocol_version)
     recent = current.moved([(_L.DECOMMISSIONED, "deregistered", request.reason)], now)
@@ -333,9 +411,76 @@ def decommissioned(current: AgentRecord, request: Deregistration, now: datetime)
     )
 
 
+class AlreadyDecommissioned(Exception):
+    """An operator asked to decommission an agent that had already left by itself (nothing to move)."""
+
+
+def operator_decommissioned(current: AgentRecord, by: str, reason: str, now: datetime) -> AgentRecord | None:
+    """An operator takes the agent out of service: ``decommissioned`` (reason ``decommissioned``, ``requested_by``)
+    and held -- its later messages are refused, a registration too until an operator readmits it. ``None``:
+    an operator already did (a repeat); :class:`AlreadyDecommissioned` when the agent had deregistered."""
+    if current.state is _L.DECOMMISSIONED:
+        if current.held_by is not None:
+            return None
+        raise AlreadyDecommissioned(current.agent_id)
+    recent = current.moved([(_L.DECOMMISSIONED, "decommissioned", reason)], now, requested_by=by)
+    return AgentRecord.model_validate(
+        {
+            **current.model_dump(),
+            "state": _L.DECOMMISSIONED,
+            "seq": recent[-1].seq,
+            "recent": recent,
+            "decommission_reason": reason or f"decommissioned by {by}",
+            "held_by": by,
+        }
+    )
+
+
+def readmitted(current: AgentRecord) -> AgentRecord | None:
+    """The hold lifted: the agent may register again (a new incarnation). ``None``: there was none."""
+    if current.held_by is None:
+        return None
+    return AgentRecord.model_validate({**current.model_dump(), "held_by": None, "recent": []})
+
+
+def conformance_answered(current: AgentRecord, body: ConformanceAnswers, now: datetime) -> AgentRecord | None:
+    """The agent answered a conformance round: the open round ends with each probe's verdict (``None``: the
+    round already ended with these answers' first arrival -- a retry, answered the same). :class:`Refused`
+    for an agent not live, another version, or a round that is not open (``no_round_open``: never opened,
+    superseded, or ended by its deadline)."""
+    _check_live(current, body.agent_id, body.protocol_version)
+    rnd = current.conformance
+    if rnd is None or rnd.round != body.round:
+        opened = f"round {rnd.round} is the latest" if rnd is not None else "no round was opened"
+        raise Refused("no_round_open", f"conformance round {body.round} is not open for {body.agent_id!r}: {opened}")
+    if not rnd.open:
+        if rnd.answered_at is None:
+            detail = f"conformance round {rnd.round} ended at its deadline {rnd.deadline.isoformat()} without answers"
+            raise Refused("no_round_open", detail)
+        return None
+    return AgentRecord.model_validate({**current.model_dump(), "recent": [], "conformance": evaluate(rnd, body, now)})
+
+
+def conformance_timed_out(current: AgentRecord, incarnation: int, round_no: int, now: datetime) -> AgentRecord | None:
+    """The deadline timer of (``incarnation``, ``round_no``) fired: that round ends ``timeout`` if it is still
+    open and its deadline has passed; ``None`` otherwise (answered, superseded, another incarnation, early)."""
+    rnd = current.conformance
+    if current.incarnation != incarnation or rnd is None or rnd.round != round_no or not rnd.open:
+        return None
+    if now < rnd.deadline:
+        return None
+    return AgentRecord.model_validate(
+        {**current.model_dump(), "recent": [], "conformance": round_closed_by_timer(rnd, now)}
+    )
+
+
 # --------------------------------------------------------------------------- the events
-def _event(data: EventData, agent_id: str, *, id: str | None, time: datetime | None = None) -> Envelope:
-    return make_event(data, source=SOURCE, id=id, subject=agent_id, actor=f"agent:{agent_id}", time=time)
+def _event(
+    data: EventData, agent_id: str, *, id: str | None, time: datetime | None = None, by: str | None = None
+) -> Envelope:
+    """An event about ``agent_id``: its actor is the agent, or the operator (``token:<name>``) who acted."""
+    actor = f"token:{by}" if by is not None else f"agent:{agent_id}"
+    return make_event(data, source=SOURCE, id=id, subject=agent_id, actor=actor, time=time)
 
 
 def lifecycle_events(record: AgentRecord) -> list[Envelope]:
@@ -351,10 +496,12 @@ def lifecycle_events(record: AgentRecord) -> list[Envelope]:
                 reason=t.reason,
                 detail=t.detail,
                 active_run_id=t.active_run_id,
+                requested_by=t.requested_by,
             ),
             record.agent_id,
             id=derive_id("evt", "agent.lifecycle_changed", record.agent_id, str(record.incarnation), str(t.seq)),
             time=t.at,
+            by=t.requested_by,
         )
         for t in record.recent
     ]
@@ -383,9 +530,9 @@ def registered_event(record: AgentRecord) -> Envelope:
 def refused_event(request: AgentRegistration, refused: Refused, supported: list[str]) -> Envelope:
     """``agent.registration_refused``. A refusal is a fact of one request, so it gets a fresh id (a retried
     request is another refused attempt, journaled again)."""
-    reason: Literal["unknown_agent", "no_common_version"] = (
-        "unknown_agent" if refused.reason == "unknown_agent" else "no_common_version"
-    )
+    reason: Literal["unknown_agent", "no_common_version", "decommissioned"] = "no_common_version"
+    if refused.reason == "unknown_agent" or refused.reason == "decommissioned":
+        reason = refused.reason
     data = AgentRegistrationRefused(
         agent_id=request.agent_id,
         reason=reason,
@@ -398,17 +545,39 @@ def refused_event(request: AgentRegistration, refused: Refused, supported: list[
     return _event(data, request.agent_id, id=None)
 
 
+def checked_event(record: AgentRecord) -> Envelope:
+    """``agent.conformance_checked`` for the record's ended round (one fact per round: a derived id)."""
+    rnd = record.conformance
+    if rnd is None or rnd.open:
+        raise ValueError("only an ended conformance round is journaled")
+    data = checked_event_data(record.agent_id, record.incarnation, rnd)
+    return _event(
+        data,
+        record.agent_id,
+        id=checked_event_id(record.agent_id, record.incarnation, rnd.round),
+        time=rnd.closed_at,
+    )
+
+
+def readmitted_event(record: AgentRecord, by: str, reason: str) -> Envelope:
+    """``agent.readmitted`` for the incarnation that was held (one fact per incarnation: a derived id)."""
+    data = AgentReadmitted(agent_id=record.agent_id, incarnation=record.incarnation, requested_by=by, reason=reason)
+    parts = (record.agent_id, str(record.incarnation))
+    return _event(data, record.agent_id, id=derive_id("evt", "agent.readmitted", *parts), by=by)
+
+
 # --------------------------------------------------------------------------- discovery and timers
 def card(record: AgentRecord) -> AgentCard:
-    """The agent's card (PRO-2): every declared capability unverified, no conformance exchange exists yet."""
+    """The agent's card (PRO-2): a declared capability is verified only by its conformance round."""
     declared = record.declaration
     return AgentCard(
         agent_id=record.agent_id,
+        kind="external",
         provider=declared.provider,
         model=declared.model,
         state=record.state,
         protocol_version=record.protocol_version,
-        capabilities=[AgentCapability(name=c, verified=False) for c in declared.capabilities],
+        capabilities=capability_views(declared.capabilities, record.conformance),
         supported_tools=declared.supported_tools,
         allowed_tools=record.policy.allowed_tools,
         max_context_size=record.policy.limits.max_context_size,

@@ -13,7 +13,8 @@ __all__ = ["Settings"]
 
 
 class Settings(ServiceSettings):
-    """A worker: no HTTP API. ``TEMPORALITY_COLLAB_PORT`` serves ``/healthz`` and ``/readyz`` for probes."""
+    """A worker. ``TEMPORALITY_COLLAB_PORT`` (unset: none) serves ``/healthz`` and ``/readyz`` for probes and the
+    operator API (``/agents``, role tokens from ``TEMPORALITY_API_TOKENS_FILE``)."""
 
     model_config = SettingsConfigDict(env_prefix="TEMPORALITY_COLLAB_", extra="ignore")
 
@@ -23,3 +24,9 @@ class Settings(ServiceSettings):
     external_agents_file: Path | None = None
     #: An external agent goes offline this long after its heartbeat interval passed without one (AP-4).
     heartbeat_grace_s: float = Field(default=2.0, ge=0)
+    #: A signed message is accepted only if its ``Temporality-Timestamp`` is at most this far from our clock
+    #: (AP-11); at most 300 s, half the TTL of the nonce bucket that catches replays within the window.
+    signature_window_s: float = Field(default=120.0, gt=0, le=300)
+    #: How long a registered agent has to answer the probes of a conformance round (PRO-2); the deadline is a
+    #: durable timer (whole seconds), a later answer is ``late``.
+    conformance_timeout_s: float = Field(default=10.0, gt=0, le=300)

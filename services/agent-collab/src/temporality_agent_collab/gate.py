@@ -1,0 +1,195 @@
+"""The I/O shell of signed messages (AP-11, PRO-4): nonces claimed in KV, refusals journaled, and the
+responder that checks every request before it is read.
+
+:class:`MessageGate` runs :func:`~temporality_agent_collab.signing.verify` on the raw request (subject,
+headers, body bytes), then claims the message's nonce in the KV bucket ``agent-nonces``
+(``nonce.<agent id>.<nonce>``, created once: a second create -- on this replica or any other -- is a
+replay). The bucket's TTL (10 min) outlives every timestamp the window still accepts, so a nonce is
+remembered for as long as its message could be replayed; after that the timestamp is stale.
+
+A refused message is journaled (``agent.message_refused``) *before* the refusal is replied, like every
+other fact of the registry. Its event id is derived from the subject, the signature headers and the
+body, so the very same bytes sent again and again are one journaled refusal (JetStream drops the
+duplicates within its window) rather than a flood; a changed message is a new refusal. When the event
+cannot be published the reply is ``internal_error`` (the message is refused either way).
+
+:class:`SignedResponder` is a :class:`~temporality_bus.Responder` whose :meth:`~SignedResponder.answer`
+runs the gate first: a refused request never reaches the model or the handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import structlog
+from nats.aio.msg import Msg
+from pydantic import BaseModel, ConfigDict
+
+from temporality_agent_collab.external import AllowList
+from temporality_agent_collab.registry import SOURCE, utcnow
+from temporality_agent_collab.signing import (
+    NONCE_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    Keyring,
+    MessageRefused,
+    Signed,
+    Verified,
+    body_digest,
+    verify,
+)
+from temporality_bus import AlreadyExists, Bus, Failure, Responder, Store
+from temporality_protocol import AgentMessageRefused, AgentRefusal, Envelope, derive_id, make_event
+from temporality_protocol.catalog import BUCKET_AGENT_NONCES
+
+__all__ = ["MAX_WINDOW_S", "MessageGate", "NonceSeen", "SignedResponder", "nonce_key", "refused_event"]
+
+log = structlog.get_logger(__name__)
+
+Q = TypeVar("Q", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
+
+#: The widest timestamp window the nonce bucket's TTL covers (a nonce must outlive its message's window).
+MAX_WINDOW_S = BUCKET_AGENT_NONCES.ttl_s / 2
+
+
+class NonceSeen(BaseModel):
+    """KV ``agent-nonces`` / ``nonce.<agent id>.<nonce>``: a nonce used once (expires with the bucket's TTL)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    agent_id: str
+    subject: str
+    signed_at: datetime
+    seen_at: datetime
+
+
+def nonce_key(agent_id: str, nonce: str) -> str:
+    return f"nonce.{agent_id}.{nonce}"
+
+
+def refused_event(refused: MessageRefused, subject: str, headers: dict[str, str] | None, body: bytes) -> Envelope:
+    """``agent.message_refused``, its id derived from what was received (the same bytes: the same event)."""
+    signed = refused.signed
+    digest = body_digest(body)
+    got = headers or {}
+    received = json.dumps(
+        [subject, refused.key_id, *(got.get(h) for h in (TIMESTAMP_HEADER, NONCE_HEADER, SIGNATURE_HEADER)), digest]
+    )
+    data = AgentMessageRefused(
+        agent_id=refused.agent_id[:128] if refused.agent_id else None,
+        subject=subject[:256],
+        reason=refused.reason,
+        detail=refused.detail[:4096],
+        key_id=refused.key_id[:128] if refused.key_id else None,
+        nonce=signed.nonce if signed is not None else None,
+        signed_at=signed.signed_at if signed is not None else None,
+        body_sha256=digest,
+    )
+    return make_event(
+        data,
+        source=SOURCE,
+        id=derive_id("evt", "agent.message_refused", hashlib.sha256(received.encode()).hexdigest()),
+        subject=data.agent_id,
+        actor=f"agent:{data.agent_id}" if data.agent_id else None,
+    )
+
+
+class MessageGate:
+    """Verifies, claims the nonce, journals refusals. Build with :meth:`open`."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        nonces: Store[NonceSeen],
+        keyring: Keyring,
+        *,
+        window_s: float,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        if not 0 < window_s <= MAX_WINDOW_S:
+            raise ValueError(f"the timestamp window must be in (0, {MAX_WINDOW_S:g}] s, not {window_s}")
+        self._bus = bus
+        self._nonces = nonces
+        self.keyring = keyring
+        self.window_s = window_s
+        self._clock = clock
+
+    @classmethod
+    async def open(cls, bus: Bus, allow_list: AllowList, *, window_s: float) -> MessageGate:
+        return cls(bus, await bus.store(BUCKET_AGENT_NONCES, NonceSeen), allow_list.keyring(), window_s=window_s)
+
+    async def admit(self, subject: str, msg: Msg, *, pass_unknown: bool = False) -> Verified:
+        """Who sent ``msg``, proven and not a replay; else the refusal is journaled and :class:`MessageRefused`
+        raised. ``pass_unknown``: an unsigned message from an agent not on the allow-list is let through (the
+        registration handler refuses it itself, journaling what it declared)."""
+        headers: dict[str, str] | None = msg.headers
+        body = bytes(msg.data)
+        now = self._clock()
+        try:
+            verified = verify(self.keyring, subject, headers, body, now=now, window_s=self.window_s)
+            if verified.signed is not None:
+                await self._claim(subject, verified.signed, now)
+        except MessageRefused as refused:
+            if pass_unknown and refused.reason == "unknown_agent":
+                return Verified(agent_id=refused.agent_id, signed=None)
+            await self._bus.publish(refused_event(refused, subject, headers, body))
+            log.info("agent.message_refused", subject=subject, agent_id=refused.agent_id, reason=refused.reason)
+            raise
+        return verified
+
+    async def _claim(self, subject: str, signed: Signed, now: datetime) -> None:
+        """The nonce is the key id's from now on (the signature was verified: the key id is the agent)."""
+        agent_id = signed.key_id
+        seen = NonceSeen(agent_id=agent_id, subject=subject, signed_at=signed.signed_at, seen_at=now)
+        try:
+            await self._nonces.create(nonce_key(agent_id, signed.nonce), seen)
+        except AlreadyExists:
+            raise MessageRefused(
+                "replayed_nonce",
+                f"nonce {signed.nonce!r} was already used by {agent_id!r}: sign every message afresh",
+                agent_id=agent_id,
+                signed=signed,
+            ) from None
+
+
+class SignedResponder(Responder[Q, R]):
+    """A responder whose requests pass the :class:`MessageGate` before they are decoded; ``refused`` builds
+    the reply to a refused one from the claimed agent id and the refusal."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        subject: str,
+        *,
+        gate: MessageGate,
+        refused: Callable[[str, AgentRefusal], R],
+        on_error: Callable[[Failure], R],
+        pass_unknown: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(bus, subject, on_error=on_error, **kwargs)
+        self._gate = gate
+        self._refused = refused
+        self._error_reply = on_error
+        self._pass_unknown = pass_unknown
+
+    async def answer(self, msg: Msg) -> bytes:
+        try:
+            await self._gate.admit(self.subject, msg, pass_unknown=self._pass_unknown)
+        except MessageRefused as refused:
+            refusal = AgentRefusal(reason=refused.reason, detail=refused.detail[:4096])
+            return self._refused((refused.agent_id or "")[:64], refusal).model_dump_json().encode()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the nonce store or the journal failed: nothing was decided, retry
+            log.error("agent.gate_failed", subject=self.subject, error=repr(exc), exc_info=True)
+            return (
+                self._error_reply(Failure("internal", type(exc).__name__, bytes(msg.data))).model_dump_json().encode()
+            )
+        return await super().answer(msg)

@@ -1,0 +1,124 @@
+"""The hosted agents' cards (PRO-2): the run-executor's agents, as the journal shows them.
+
+agent-collab does not read the run-executor's card file (``config/agents.yaml``): the card that
+matters is the one a run was actually started with, and that is what every ``run.started`` carries in
+its ``agent_card`` summary (provider, model, skills, the tools offered after the allow/deny list, the
+limits) -- no shared file to keep in step, no second parser of the executor's format, and the same
+answer on every replica and in every deployment. The projection keeps, per agent id, the summary of
+its latest-started run (KV ``agent-registry`` / ``hosted.<agent id>``, compare-and-set on the event
+time, so a redelivered or out-of-order older ``run.started`` never overwrites a newer one).
+
+What follows from that, documented rather than hidden: an agent whose card exists but has never run is
+not listed yet, and a card edited since its last run shows as it was then (``last_started_at`` says
+when). A hosted agent has no conformance round: it runs inside the platform, its tools are the
+platform's own; its skills are listed as the card's (``skills``), not as verified capabilities.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+import structlog
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from temporality_bus import Bus, Store
+from temporality_protocol import AgentCard, AgentSummary, Envelope, ProtocolError, RunStarted
+from temporality_protocol.catalog import BUCKET_AGENTS
+
+__all__ = ["HOSTED_PREFIX", "HostedAgent", "HostedAgents", "hosted_key"]
+
+log = structlog.get_logger(__name__)
+
+#: The key prefix of hosted cards in ``agent-registry`` (external agents are ``agent.<id>``).
+HOSTED_PREFIX = "hosted."
+#: A hosted agent id is one KV key token.
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+#: Compare-and-set attempts: every run of an agent writes its card, so busy agents race themselves.
+MODIFY_ATTEMPTS = 16
+_NEVER = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class HostedAgent(BaseModel):
+    """KV ``agent-registry`` / ``hosted.<agent id>``: the card summary of the agent's latest-started run."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    agent_id: str
+    role: str
+    summary: AgentSummary
+    last_run_id: str
+    last_started_at: datetime
+
+
+def hosted_key(agent_id: str) -> str:
+    return f"{HOSTED_PREFIX}{agent_id}"
+
+
+def card_of(agent: HostedAgent) -> AgentCard:
+    summary = agent.summary
+    return AgentCard(
+        agent_id=agent.agent_id,
+        kind="hosted",
+        provider=summary.provider,
+        model=summary.model,
+        supported_tools=summary.tools,
+        allowed_tools=summary.tools,
+        role=agent.role,
+        skills=summary.skills,
+        last_run_id=agent.last_run_id,
+        last_started_at=agent.last_started_at,
+    )
+
+
+class HostedAgents:
+    """The projection; :meth:`on_run_event` from the ``agent-collab-runs`` consumer, :meth:`cards` for discovery."""
+
+    def __init__(self, store: Store[HostedAgent]) -> None:
+        self._store = store
+
+    @classmethod
+    async def open(cls, bus: Bus) -> HostedAgents:
+        return cls(await bus.store(BUCKET_AGENTS, HostedAgent))
+
+    async def on_run_event(self, event: Envelope) -> bool:
+        """Project a ``run.started`` (other types are ignored); ``True`` if the card changed. An event that
+        cannot be projected (no card summary, an id that is no key) is logged and skipped: the saga
+        projection sharing this consumer must not be dead-lettered for it."""
+        if event.type != RunStarted.EVENT_TYPE:
+            return False
+        try:
+            data = event.payload(RunStarted)
+        except (ValidationError, ProtocolError):
+            return False  # not a run.started we can read: the saga projection deals with it
+        if data.agent_card is None or not _ID.fullmatch(data.agent):
+            log.info("hosted.not_projected", agent=data.agent[:128], has_card=data.agent_card is not None)
+            return False
+        fresh = HostedAgent(
+            agent_id=data.agent,
+            role=data.role,
+            summary=data.agent_card,
+            last_run_id=data.run_id,
+            last_started_at=event.time,
+        )
+
+        def newer(current: HostedAgent) -> HostedAgent | None:
+            if current == fresh or current.last_started_at > fresh.last_started_at:
+                return None
+            if current.last_started_at == fresh.last_started_at and current.last_run_id >= fresh.last_run_id:
+                return None  # the same instant: the larger run id wins, whatever order they come in
+            return fresh
+
+        never = fresh.model_copy(update={"last_run_id": "", "last_started_at": _NEVER})  # older than any run
+        result = await self._store.modify(hosted_key(data.agent), newer, create=lambda: never, attempts=MODIFY_ATTEMPTS)
+        return result.changed
+
+    async def cards(self) -> list[AgentCard]:
+        out = []
+        for key in sorted(await self._store.keys()):
+            if not key.startswith(HOSTED_PREFIX):
+                continue
+            found = await self._store.get(key)
+            if found is not None:
+                out.append(card_of(found.value))
+        return out

@@ -3,7 +3,10 @@ and what it stored survives the next start."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,10 +14,13 @@ import time
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
 from e2e_support import CONFIG, EXAMPLE_PR, HOOK_AUTH
 
 from temporality_embedded import SERVICES, free_port
+from temporality_embedded.cli import build_parser
+from temporality_protocol.catalog import EVENTS_STREAM
 
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(sys.executable).parent / "temporality"
@@ -64,6 +70,38 @@ def _admin_token(out: str) -> str:
     raise AssertionError(f"no admin token printed: {out}")
 
 
+def _subscriber(out: str) -> tuple[str, str, str]:
+    """The journal subscriber ``temporality up`` printed: (URL with credentials, durable, inbox prefix)."""
+    for line in out.splitlines():
+        if "NATS journal subscriber" in line:
+            words = line.split()
+            return words[3], words[words.index("durable") + 1], words[words.index("prefix") + 1].rstrip(")")
+    raise AssertionError(f"no journal subscriber printed: {out}")
+
+
+async def _read_journal(url: str, durable: str, inbox: str, until: str) -> list[dict[str, object]]:
+    """As the printed subscriber, with a plain nats-py pull consumer: fetch and ack events until one whose
+    JSON contains ``until``; every event read, in order."""
+    nc = await nats.connect(url, inbox_prefix=inbox, allow_reconnect=False)
+    try:
+        sub = await nc.jetstream(timeout=5).pull_subscribe(
+            "temporality.events.>", durable=durable, stream=EVENTS_STREAM.name
+        )
+        events: list[dict[str, object]] = []
+        async with asyncio.timeout(60):
+            while not any(until in json.dumps(event) for event in events):
+                try:
+                    batch = await sub.fetch(20, timeout=2)
+                except nats.errors.TimeoutError:
+                    continue  # nothing yet
+                for msg in batch:
+                    events.append(json.loads(msg.data))
+                    await msg.ack_sync(timeout=5)
+        return events
+    finally:
+        await nc.close()
+
+
 def _pids(run_dir: Path) -> list[int]:
     return [int(p.read_text().split()[0]) for p in run_dir.glob("*.ready")]
 
@@ -105,6 +143,22 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         assert "text/html" in console.headers["content-type"]
         pids = _pids(data_dir / "run")
         assert len(pids) == len(SERVICES)
+        # the workers' APIs it prints answer: agent-collab's agents, the run-executor's agent cards
+        printed = re.findall(r"(http://127\.0\.0\.1:\d+)/agents ", out)
+        assert len(printed) == 2, out
+        for base in printed:
+            agents = keep_alive.get(f"{base}/agents", headers={"Authorization": f"Bearer {token}"})
+            assert agents.status_code == 200, (base, agents.text)
+        cards = keep_alive.get(f"{printed[1]}/agents", headers={"Authorization": f"Bearer {token}"}).json()
+        assert "reviewer" in json.dumps(cards), cards
+        # NATS auth is on: the services run as their own users, and the printed subscriber reads the journal
+        assert "NATS user (full access)" in out
+        passwords = data_dir / "nats-users.json"
+        assert passwords.stat().st_mode & 0o077 == 0, "the NATS passwords file is readable by others"
+        url, durable, inbox = _subscriber(out)
+        assert url.split("@")[0].split(":")[-1] in passwords.read_text(encoding="utf-8")
+        first = asyncio.run(_read_journal(url, durable, inbox, until=run_id))
+        assert any(e["type"] == "trigger.received" for e in first), first
     finally:
         code = up.interrupt()
         keep_alive.close()
@@ -117,10 +171,16 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
     try:
         out_again = "\n".join(again.read_until("Press Ctrl-C to stop."))
         assert _admin_token(out_again) == token, "the admin token must survive a restart"
+        url_again, *rest_again = _subscriber(out_again)
+        assert url_again.split("@")[0] == url.split("@")[0], "the NATS passwords must survive a restart"
+        assert rest_again == [durable, inbox]
         hook = f"http://127.0.0.1:{again.ports['gateway']}/hooks/ado-pr-review"
         duplicate = httpx.post(hook, content=body, headers=headers, timeout=10)
         assert duplicate.status_code == 200, duplicate.text
         assert duplicate.json()["run_id"] == run_id
+        # the subscriber's durable resumed where it acknowledged: the rest and the duplicate's rejection, once
+        rest = asyncio.run(_read_journal(url_again, durable, inbox, until='"reason": "duplicate"'))
+        assert not {e["id"] for e in first} & {e["id"] for e in rest}, "an acknowledged event came again"
         run = httpx.get(
             f"http://127.0.0.1:{again.ports['journal']}/runs/{run_id}",
             headers={"Authorization": f"Bearer {token}"},
@@ -130,6 +190,23 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         assert run.json()["agent"] == "reviewer"
     finally:
         assert again.interrupt() == 0
+
+
+def test_nats_auth_is_on_unless_turned_off() -> None:
+    assert build_parser().parse_args(["up"]).nats_auth is True
+    assert build_parser().parse_args(["up", "--no-nats-auth"]).nats_auth is False
+
+
+def test_up_refuses_a_bad_subscriber_name(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(SCRIPT), "up", "--data-dir", str(tmp_path / "d"), "--config-dir", str(CONFIG), "--nats-subscriber", "a.b"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2, result.stdout
+    assert "error: subscriber name 'a.b'" in result.stdout
 
 
 def test_up_refuses_a_missing_config_dir(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ import pytest
 import yaml
 from e2e_support import ALICE, API_TOKENS, CONFIG, HOOK_AUTH, eventually, example_pr, make_stack, post_hook
 
-from temporality_embedded import Stack
+from temporality_embedded import Stack, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -97,6 +97,10 @@ class Service:
 
 #: A trigger of the sweep's own stack config (a copy of ado-pr-review) that the admin API probes may change.
 SWEEP_TRIGGER = "sweep-target"
+#: agent-collab is a worker: the sweep's stack gives it a port for its operator API (``TEMPORALITY_COLLAB_PORT``).
+COLLAB_PORT_ENV = "TEMPORALITY_COLLAB_PORT"
+#: The run-executor too, for its agent cards API (``TEMPORALITY_EXECUTOR_PORT``).
+EXECUTOR_PORT_ENV = "TEMPORALITY_EXECUTOR_PORT"
 
 
 def sweep_config(directory: Path) -> Path:
@@ -155,8 +159,10 @@ def services(stack: Stack) -> list[Service]:
             name="journal",
             port=port("journal"),
             auth=f"Bearer {API_TOKENS[2].token.get_secret_value()}",  # admin: every journal route
-            other_auth=ALICE["Authorization"],
-            path_values={"run_id": "run-does-not-exist"},
+            other_auth=HOOK_AUTH,  # Basic: alice's inbox token is valid on /human/ (a wrong token: "wrong password")
+            # the proxied web inbox (/human/...) takes a person's inbox token, which human-interaction checks
+            route_auth=(("/human/", ALICE["Authorization"]),),
+            path_values={"run_id": "run-does-not-exist", "request_id": "req-does-not-exist"},
             # the proxied trigger admin API (/gateway/triggers...) works on the sweep's own trigger, as above
             route_path_values=(
                 ("*", "/gateway/triggers/", {"trigger_id": SWEEP_TRIGGER, "delivery_id": "dlv-" + "0" * 24}),
@@ -165,6 +171,27 @@ def services(stack: Stack) -> list[Service]:
             route_headers=(("PUT", "/gateway/triggers/", {"If-Match": "*"}),),
             bodiless=("/enable", "/disable", "/redrive"),
             raw_prefix=b"/runs/",
+        ),
+        Service(
+            name="agent-collab",
+            port=int(stack.config.extra_env[COLLAB_PORT_ENV]),
+            auth=f"Bearer {API_TOKENS[2].token.get_secret_value()}",  # admin: every operator route
+            other_auth=HOOK_AUTH,
+            auth_prefixes=("/agents",),
+            body_limit=64 * KiB,
+            path_values={"agent_id": "sweep-nobody"},  # never registered: the operator actions change nothing
+            benign_body=b'{"reason": "sweep"}',
+            raw_prefix=b"/agents/",
+            body_route=b"/agents/sweep-nobody/decommission",
+        ),
+        Service(
+            name="run-executor",
+            port=int(stack.config.extra_env[EXECUTOR_PORT_ENV]),
+            auth=f"Bearer {API_TOKENS[0].token.get_secret_value()}",  # viewer: the agent cards are read-only
+            other_auth=HOOK_AUTH,
+            auth_prefixes=("/agents",),
+            path_values={"agent_id": "reviewer"},  # config/agents.yaml
+            raw_prefix=b"/agents/",
         ),
     ]
 
@@ -226,6 +253,15 @@ DOCUMENTED_ROUTES: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
                 ]
             },
         ),
+    ],
+    "agent-collab": [
+        ("get", "/agents", {"parameters": [{"name": "include_decommissioned", "in": "query"}]}),
+        ("post", "/agents/{agent_id}/decommission", {"parameters": [{"name": "agent_id", "in": "path"}]}),
+        ("post", "/agents/{agent_id}/readmit", {"parameters": [{"name": "agent_id", "in": "path"}]}),
+    ],
+    "run-executor": [
+        ("get", "/agents", {}),
+        ("get", "/agents/{agent_id}", {"parameters": [{"name": "agent_id", "in": "path"}]}),
     ],
 }
 HEALTH_ROUTES: list[tuple[str, str, dict[str, Any]]] = [("get", "/healthz", {}), ("get", "/readyz", {})]
@@ -794,7 +830,8 @@ async def raw_exchange(
 def hostile_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The five services as their own processes, started once for this module (as tests/test_e2e.py does)."""
     root = tmp_path_factory.mktemp("bad-input")
-    stack = make_stack(root, config_dir=sweep_config(root / "config"))
+    ports = {COLLAB_PORT_ENV: str(free_port()), EXECUTOR_PORT_ENV: str(free_port())}
+    stack = make_stack(root, config_dir=sweep_config(root / "config"), **ports)
     stack.start()
     try:
         yield stack

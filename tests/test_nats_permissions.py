@@ -4,6 +4,8 @@ implies; the server refuses anything else, and the whole system still works unde
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +18,31 @@ from pydantic import SecretStr
 
 from temporality_bus import Bus, NatsSettings
 from temporality_embedded import NatsServer, Stack
+from temporality_embedded.cli import nats_authorization
+from temporality_embedded.natsserver import password_variable
 from temporality_protocol import TriggerReceived, encode, make_event
-from temporality_protocol.catalog import EVENTS_STREAM, RPCS, SERVICES, subject_for
-from temporality_protocol.permissions import external_agent_permissions, permissions_for
+from temporality_protocol.catalog import (
+    ALL_BUCKETS,
+    BUCKET_RUNS,
+    CONSUMERS,
+    DLQ_STREAM,
+    EVENTS_STREAM,
+    RPCS,
+    SERVICES,
+    service_problems,
+    subject_for,
+)
+from temporality_protocol.permissions import (
+    SUBSCRIBER_PREFIX,
+    external_agent_permissions,
+    journal_subscriber_permissions,
+    permissions_for,
+    subscriber_inbox,
+    subscriber_user,
+)
 
 PASSWORDS = {name: f"{name}-password" for name in SERVICES}
+AUDIT = subscriber_user("audit")  # the journal subscriber of these tests: user and durable sub-audit
 
 
 def test_permissions_follow_the_catalogue() -> None:
@@ -33,7 +55,33 @@ def test_permissions_follow_the_catalogue() -> None:
         assert "temporality.events.>" not in permissions.publish
         assert permissions.allow_responses == bool(spec.responders)
         assert set(spec.responders) <= set(permissions.subscribe)
+        # JetStream and KV: no blanket grant; its own durables and buckets, nobody else's
+        assert not {"$JS.API.>", "$KV.>", ">", "$JS.>"} & set(permissions.publish), name
+        for bucket in ALL_BUCKETS:
+            owns = bucket.name in spec.buckets
+            assert (f"$KV.{bucket.name}.>" in permissions.publish) == owns, (name, bucket.name)
+            reads = owns or bucket.name in spec.reads_buckets
+            assert (f"$JS.API.STREAM.MSG.GET.KV_{bucket.name}" in permissions.publish) == reads, (name, bucket.name)
+        for durable, consumer in CONSUMERS.items():
+            fetch = f"$JS.API.CONSUMER.MSG.NEXT.{consumer.stream}.{durable}"
+            assert (fetch in permissions.publish) == (durable in spec.consumers), (name, durable)
+        assert not [p for p in permissions.publish if ".DELETE." in p and ".STREAM." in p], name
     assert subject_for("human.answered") not in permissions_for("trigger-gateway").publish
+    assert sorted(b for spec in SERVICES.values() for b in spec.buckets) == sorted(b.name for b in ALL_BUCKETS)
+
+
+def test_the_catalogue_refuses_a_bucket_nobody_owns_and_a_consumer_named_like_a_subscriber() -> None:
+    """A new bucket must name its owner, or no service's NATS user could use it (check_services, make schemas)."""
+    gateway = SERVICES["trigger-gateway"]
+    orphaned = {**SERVICES, "trigger-gateway": dataclasses.replace(gateway, buckets=gateway.buckets[1:])}
+    problems = service_problems(orphaned)
+    assert any(f"bucket {gateway.buckets[0]} belongs to 0 services" in p for p in problems), problems
+    twice = {**SERVICES, "journal": dataclasses.replace(SERVICES["journal"], buckets=(gateway.buckets[0],))}
+    assert any(f"bucket {gateway.buckets[0]} belongs to 2 services" in p for p in service_problems(twice))
+    unknown = {**SERVICES, "journal": dataclasses.replace(SERVICES["journal"], reads_buckets=("nope",))}
+    assert any("names bucket 'nope'" in p for p in service_problems(unknown))
+    consumers = {**CONSUMERS, "sub-x": dataclasses.replace(CONSUMERS["journal"], durable="sub-x")}
+    assert any("consumer sub-x is named like a journal subscriber" in p for p in service_problems(None, consumers))
 
 
 @pytest.fixture
@@ -43,6 +91,8 @@ def secured(tmp_path: Path) -> Any:
         users={
             **{name: (PASSWORDS[name], permissions_for(name)) for name in SERVICES},
             "example-agent": ("agent-password", external_agent_permissions()),
+            AUDIT: ("audit-password", journal_subscriber_permissions("audit")),
+            subscriber_user("other"): ("other-password", journal_subscriber_permissions("other")),
             "admin": ("admin-password", None),
         },
     )
@@ -87,6 +137,85 @@ async def test_the_server_refuses_a_publish_outside_the_services_permissions(sec
         await nats.connect(secured.url, user="trigger-gateway", password="wrong", allow_reconnect=False)
 
 
+async def test_a_service_may_not_touch_another_services_bucket(secured: NatsServer) -> None:
+    """The gateway reads and writes its own buckets; the run-executor's ``runs`` it may not get, put or watch."""
+    admin = NatsSettings(url=secured.url, user="admin", password=SecretStr("admin-password"))
+    async with Bus.connect(admin, name="admin") as bus:
+        await bus.ensure([EVENTS_STREAM], ALL_BUCKETS)
+        await (await bus.kv(BUCKET_RUNS)).put("run-1", b'{"state": "running"}')
+    owner = next(b for b in ALL_BUCKETS if b.name in SERVICES["trigger-gateway"].buckets)
+    assert BUCKET_RUNS.name not in SERVICES["trigger-gateway"].buckets
+    violations: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        violations.append(str(exc))
+
+    gateway = await nats.connect(
+        secured.url, user="trigger-gateway", password=PASSWORDS["trigger-gateway"], error_cb=on_error
+    )
+    try:
+        js = gateway.jetstream(timeout=2)
+        own = await js.key_value(owner.name)  # its own: put, get, list
+        await own.put("k", b"v")
+        assert (await own.get("k")).value == b"v"
+        assert await own.keys() == ["k"]
+        runs = await js.key_value(BUCKET_RUNS.name)  # the layout is visible (stream info), the data is not
+        refused = (nats.errors.TimeoutError, nats.errors.NoRespondersError)
+        with pytest.raises(refused):
+            await runs.get("run-1")
+        with pytest.raises(refused):
+            await runs.put("run-1", b'{"state": "completed"}')
+        with pytest.raises(refused):
+            await runs.keys()
+        await _violations_of(
+            violations,
+            f"$js.api.stream.msg.get.kv_{BUCKET_RUNS.name}",
+            f"$kv.{BUCKET_RUNS.name}.run-1",
+            f"$js.api.consumer.create.kv_{BUCKET_RUNS.name}",
+        )
+    finally:
+        await gateway.close()
+    async with Bus.connect(admin, name="admin") as bus:
+        assert (await (await bus.kv(BUCKET_RUNS)).get("run-1")).value == b'{"state": "running"}'
+
+
+async def test_the_printed_server_authorization_works_on_a_real_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``temporality nats-authorization`` (for a NATS the operator runs: Helm, compose) is what the tests use:
+    the gateway ensures the stream and publishes its own event, is refused another's; the subscriber reads."""
+    config = tmp_path / "auth.conf"
+    config.write_text(nats_authorization(["audit"], ["example-agent"]), encoding="utf-8")
+    for user in [*SERVICES, AUDIT, "example-agent"]:
+        monkeypatch.setenv(password_variable(user), f"{user}-secret")  # the server reads them from its env
+    server = NatsServer(tmp_path / "nats", config_file=config)
+    server.start()
+    try:
+        gateway = NatsSettings(url=server.url, user="trigger-gateway", password=SecretStr("trigger-gateway-secret"))
+        async with Bus.connect(gateway, name="trigger-gateway") as bus:
+            await bus.ensure([EVENTS_STREAM])  # the layout: allowed
+            event = make_event(
+                TriggerReceived(trigger_id="t", delivery_id="d", adapter="generic", body_bytes=2), source="/t"
+            )
+            assert (await bus.publish(event)).stream == EVENTS_STREAM.name
+            with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+                await bus.js.publish(subject_for("human.answered"), b"{}", timeout=2)
+        nc = await nats.connect(
+            server.url, user=AUDIT, password=f"{AUDIT}-secret", inbox_prefix=subscriber_inbox("audit")
+        )
+        try:
+            sub = await nc.jetstream(timeout=5).pull_subscribe(
+                "temporality.events.>", durable=AUDIT, stream=EVENTS_STREAM.name
+            )
+            assert await _fetch_ids(sub, 1) == [event.id]
+        finally:
+            await nc.close()
+        with pytest.raises(nats.errors.Error):  # the variable's value, not its name, is the password
+            await nats.connect(server.url, user="journal", password="$JOURNAL_PASSWORD", allow_reconnect=False)
+    finally:
+        server.stop()
+
+
 def test_an_external_agent_may_only_call_the_agent_protocol() -> None:
     permissions = external_agent_permissions()
     external = {spec.subject for spec in RPCS.values() if spec.external}
@@ -127,6 +256,154 @@ async def test_the_server_lets_an_external_agent_register_and_nothing_else(secur
         assert any("$js.api" in v.lower() for v in violations), violations
     finally:
         await agent.close()
+        await admin.close()
+
+
+def test_a_journal_subscriber_gets_exactly_its_own_durables() -> None:
+    assert not [d for d in CONSUMERS if d.startswith(SUBSCRIBER_PREFIX)], "sub- is reserved for subscribers"
+    permissions = journal_subscriber_permissions("audit", ["sub-audit", "sub-audit-replay"])
+    stream = EVENTS_STREAM.name
+    assert f"$JS.API.CONSUMER.MSG.NEXT.{stream}.sub-audit-replay" in permissions.publish
+    assert f"$JS.ACK.{stream}.sub-audit.>" in permissions.publish
+    assert not [p for p in permissions.publish if not p.startswith(("$JS.API.", "$JS.ACK."))], "no event, no KV"
+    assert not [p for p in permissions.publish if "*" in p or p.endswith(f"{stream}.>")], "no wildcard names"
+    assert permissions.subscribe == ("_INBOX.sub-audit.>",)
+    assert not permissions.allow_responses
+    for name, durables in (("audit", ["sub-other"]), ("audit", ["journal"]), ("a.b", []), ("*", []), ("", [])):
+        with pytest.raises(ValueError, match=r"subscriber|durable"):
+            journal_subscriber_permissions(name, durables)
+
+
+async def _violations_of(violations: list[str], *needles: str) -> list[str]:
+    """Wait until the server has reported a permissions violation naming each of ``needles``."""
+
+    async def reported() -> list[str] | None:
+        found = [v for v in violations if "permissions violation" in v.lower()]
+        return found if all(any(n.lower() in v.lower() for v in found) for n in needles) else None
+
+    return await eventually(reported, timeout_s=10, what=f"the server refusing {needles}")
+
+
+async def _journal_layout(server: NatsServer) -> list[str]:
+    """As the admin: the layout, the journal's durable, and three events for the subscriber to read (their ids)."""
+    admin = NatsSettings(url=server.url, user="admin", password=SecretStr("admin-password"))
+    events = [
+        make_event(TriggerReceived(trigger_id="t", delivery_id=f"d-{n}", adapter="generic", body_bytes=2), source="/t")
+        for n in range(3)
+    ]
+    async with Bus.connect(admin, name="admin") as bus:
+        await bus.ensure([EVENTS_STREAM, DLQ_STREAM], [BUCKET_RUNS])
+        await bus.ensure_consumer(CONSUMERS["journal"])
+        for event in events:
+            await bus.publish(event)
+    return [event.id for event in events]
+
+
+async def _fetch_ids(sub: Any, count: int) -> list[str]:
+    """Fetch until ``count`` messages came (a fetch may return fewer), acking each; their event ids."""
+    ids: list[str] = []
+    async with asyncio.timeout(15):
+        while len(ids) < count:
+            for msg in await sub.fetch(count - len(ids), timeout=5):
+                ids.append(msg.headers["Nats-Msg-Id"] if msg.headers else "")
+                await msg.ack_sync(timeout=5)  # the server confirms each ack
+    return ids
+
+
+async def _subscriber(server: NatsServer, violations: list[str] | None = None) -> nats.NATS:
+    async def on_error(exc: Exception) -> None:
+        if violations is not None:
+            violations.append(str(exc))
+
+    return await nats.connect(
+        server.url, user=AUDIT, password="audit-password", inbox_prefix=subscriber_inbox("audit"), error_cb=on_error
+    )
+
+
+async def test_a_journal_subscriber_reads_acks_and_resumes_with_a_plain_pull_consumer(secured: NatsServer) -> None:
+    """DC-6: a plain nats-py pull consumer (explicit stream, a sub- durable) works under the subscriber user."""
+    ids = await _journal_layout(secured)
+    nc = await _subscriber(secured)
+    try:
+        js = nc.jetstream(timeout=5)
+        info = await js.stream_info(EVENTS_STREAM.name)
+        assert info.state.messages == 3
+        sub = await js.pull_subscribe("temporality.events.>", durable=AUDIT, stream=EVENTS_STREAM.name)
+        assert await _fetch_ids(sub, 2) == ids[:2]
+    finally:
+        await nc.close()
+    admin = await nats.connect(secured.url, user="admin", password="admin-password")
+    try:  # more events while the subscriber is away
+        await admin.jetstream().publish(subject_for("trigger.received"), b"{}", headers={"Nats-Msg-Id": "later"})
+    finally:
+        await admin.close()
+    again = await _subscriber(secured)
+    try:  # a new connection resumes the durable where it acknowledged: the rest, nothing twice
+        sub = await again.jetstream(timeout=5).pull_subscribe(
+            "temporality.events.>", durable=AUDIT, stream=EVENTS_STREAM.name
+        )
+        assert await _fetch_ids(sub, 2) == [ids[2], "later"]
+        info = await sub.consumer_info()
+        assert info.num_ack_pending == 0
+        assert info.num_pending == 0
+    finally:
+        await again.close()
+
+
+async def test_a_journal_subscriber_may_do_nothing_else(secured: NatsServer) -> None:
+    await _journal_layout(secured)
+    violations: list[str] = []
+    nc = await _subscriber(secured, violations)
+    stream = EVENTS_STREAM.name
+    try:
+        js = nc.jetstream(timeout=2)
+        refused = (nats.errors.TimeoutError, nats.errors.NoRespondersError)
+        with pytest.raises(refused):  # publishing an event
+            await js.publish(subject_for("run.completed"), b"{}")
+        with pytest.raises(refused):  # deleting the journal's durable
+            await js.delete_consumer(stream, "journal")
+        with pytest.raises(refused):  # a consumer named like a service's
+            await js.pull_subscribe("temporality.events.>", durable="run-executor-requests", stream=stream)
+        with pytest.raises(refused):  # another subscriber's durable
+            await js.add_consumer(stream, durable_name=subscriber_user("other"))
+        with pytest.raises(refused):  # a KV bucket
+            await js.key_value(BUCKET_RUNS.name)
+        with pytest.raises(refused):  # ... even by a direct get
+            await nc.request(f"$JS.API.DIRECT.GET.KV_{BUCKET_RUNS.name}.$KV.{BUCKET_RUNS.name}.run-1", b"", timeout=2)
+        with pytest.raises(refused):  # another stream
+            await js.stream_info(DLQ_STREAM.name)
+        await nc.subscribe("_INBOX.>")  # everyone's replies: refused (reported asynchronously)
+        await nc.subscribe(subject_for("run.completed"))  # the events outside a consumer
+        await nc.flush()
+        await _violations_of(
+            violations,
+            "temporality.events.run.completed",
+            f"$js.api.consumer.delete.{stream}.journal",
+            f"$js.api.consumer.info.{stream}.run-executor-requests",
+            f"$js.api.consumer.durable.create.{stream}.sub-other",
+            f"kv_{BUCKET_RUNS.name}",
+            f"$js.api.direct.get.kv_{BUCKET_RUNS.name}",
+            f"$js.api.stream.info.{DLQ_STREAM.name}",
+            'subscription to "_inbox.>"',
+            'subscription to "temporality.events.run.completed"',
+        )
+        # its own durable's name in the subject does not let it write another's config: the server checks
+        body = {
+            "stream_name": stream,
+            "config": {"durable_name": "journal", "name": "journal", "ack_policy": "explicit"},
+        }
+        reply = await nc.request(f"$JS.API.CONSUMER.CREATE.{stream}.{AUDIT}", json.dumps(body).encode(), timeout=5)
+        assert json.loads(reply.data)["error"]["err_code"] == 10017, reply.data  # name does not match the subject
+    finally:
+        await nc.close()
+    admin = await nats.connect(secured.url, user="admin", password="admin-password")
+    try:
+        ajs = admin.jetstream()
+        names = [c.name for c in await ajs.consumers_info(stream)]
+        assert sorted(names) == ["journal"], names  # nothing created, nothing deleted
+        info = await ajs.stream_info(stream, subjects_filter=subject_for("run.completed"))
+        assert not info.state.subjects, "the forged event reached the stream"
+    finally:
         await admin.close()
 
 
@@ -181,6 +458,30 @@ async def test_the_whole_system_runs_with_per_service_nats_users(tmp_path: Path)
                 return body if run.status_code == 200 and body.get("state") == "completed" else None
 
             await eventually(completed, timeout_s=90, what="the run completed in the journal")
+        # the stack's journal subscriber reads the same run, through its own durable, beside the journal's
+        subscriber = stack.subscriber("example")
+        assert subscriber is not None
+        user, password, inbox = subscriber
+        nc = await nats.connect(stack.nats.url, user=user, password=password, inbox_prefix=inbox)
+        try:
+            sub = await nc.jetstream(timeout=5).pull_subscribe(
+                "temporality.events.>", durable=user, stream=EVENTS_STREAM.name
+            )
+            seen: list[str] = []
+
+            async def run_completed() -> bool:
+                try:
+                    batch = await sub.fetch(50, timeout=1)
+                except nats.errors.TimeoutError:
+                    return False
+                for msg in batch:
+                    seen.append(msg.subject)
+                    await msg.ack()
+                return subject_for("run.completed") in seen
+
+            await eventually(run_completed, timeout_s=60, what="the subscriber reading run.completed")
+        finally:
+            await nc.close()
         assert not stack.dead()
         events = await _every_event(stack)
         assert run_id.encode() in events  # the dump really holds this run's events

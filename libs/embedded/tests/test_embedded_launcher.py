@@ -82,7 +82,11 @@ def test_each_service_gets_its_port_variable_and_config(tmp_path: Path) -> None:
     for name, spec in catalog.SERVICES.items():
         env = s.env_for(name)
         port_vars = {k for k in env if k.endswith("_PORT")}
-        if spec.http_port is None:
+        if name == "agent-collab":  # a worker serving its operator API on a free port (StackConfig.collab_port)
+            assert {k: env[k] for k in port_vars} == {"TEMPORALITY_COLLAB_PORT": "0"}
+        elif name == "run-executor":  # a worker serving its agent cards on a free port (StackConfig.executor_port)
+            assert {k: env[k] for k in port_vars} == {"TEMPORALITY_EXECUTOR_PORT": "0"}
+        elif spec.http_port is None:
             assert port_vars == set(), name
         else:
             assert spec.port_env == f"{spec.env_prefix}PORT"

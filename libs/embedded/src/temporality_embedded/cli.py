@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import signal
 import socket
 import sys
@@ -12,10 +14,21 @@ from typing import Any
 
 import yaml
 
+from temporality_embedded.natsserver import NatsUser, authorization_block, password_variable
 from temporality_embedded.processes import SERVICES
 from temporality_embedded.stack import Stack, StackConfig, TokenFileError
+from temporality_protocol.catalog import EVENTS_STREAM
+from temporality_protocol.permissions import (
+    external_agent_permissions,
+    journal_subscriber_permissions,
+    permissions_for,
+    subscriber_user,
+)
 
-__all__ = ["build_parser", "main", "port_free"]
+__all__ = ["DEFAULT_SUBSCRIBERS", "build_parser", "main", "nats_authorization", "port_free"]
+
+#: The journal subscriber ``temporality up`` creates when ``--nats-subscriber`` names none (user ``sub-example``).
+DEFAULT_SUBSCRIBERS: tuple[str, ...] = ("example",)
 
 
 def _out(line: str = "") -> None:
@@ -66,26 +79,31 @@ def up(args: argparse.Namespace) -> int:
         if port > 0 and not port_free(port):
             _out(f"error: 127.0.0.1:{port} is already in use; pick another with {flag}")
             return 2
-    stack = Stack(
-        StackConfig(
-            data_dir=Path(args.data_dir),
-            config_dir=config_dir,
-            gateway_port=args.gateway_port,
-            human_port=args.human_port,
-            journal_port=args.journal_port,
-            nats_port=args.nats_port,
-            log_format="console",
-            api_tokens_file=Path(args.api_tokens_file) if args.api_tokens_file else None,
-            nats_auth=args.nats_auth,
+    try:
+        stack = Stack(
+            StackConfig(
+                data_dir=Path(args.data_dir),
+                config_dir=config_dir,
+                gateway_port=args.gateway_port,
+                human_port=args.human_port,
+                journal_port=args.journal_port,
+                nats_port=args.nats_port,
+                log_format="console",
+                api_tokens_file=Path(args.api_tokens_file) if args.api_tokens_file else None,
+                nats_auth=args.nats_auth,
+                nats_subscribers=tuple(args.nats_subscriber or DEFAULT_SUBSCRIBERS),
+            )
         )
-    )
+    except ValueError as exc:
+        _out(f"error: {exc}")
+        return 2
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     _out(f"Starting Temporality: nats-server (JetStream) + SQLite + {len(SERVICES)} services ...")
     try:
         stack.start()
-    except TokenFileError as exc:
+    except (TokenFileError, ValueError) as exc:  # the API tokens file, the NATS passwords file
         _out(f"error: {exc}")
         return 2
     except (RuntimeError, TimeoutError) as exc:
@@ -98,12 +116,24 @@ def up(args: argparse.Namespace) -> int:
     _out(f"  Web console                {stack.journal_url}/console/   (sign in with the admin API token)")
     _out(f"  Journal API                {stack.journal_url}/runs   (Authorization: Bearer <API token>)")
     _out(f"  Trigger admin API          {stack.gateway_url}/triggers   (Authorization: Bearer <API token>)")
+    _out(f"  Agents API (agent-collab)  {stack.collab_url}/agents   (Authorization: Bearer <API token>)")
+    _out(f"  Agent cards (run-executor) {stack.executor_url}/agents   (Authorization: Bearer <API token>)")
     if stack.admin_token is not None:
         _out(f"  Admin API token            {stack.admin_token}   (from {stack.api_tokens_file})")
     _out(f"  NATS (JetStream)           {stack.nats.url}   (every event on temporality.events.>)")
     if stack.nats_admin is not None:
         user, password = stack.nats_admin
         _out(f"  NATS user (full access)    {user} / {password}   (each service has its own, narrower user)")
+        for name in stack.config.nats_subscribers:
+            subscriber = stack.subscriber(name)
+            assert subscriber is not None
+            user, password, inbox = subscriber
+            url = stack.nats.url.replace("nats://", f"nats://{user}:{password}@", 1)
+            _out(
+                f"  NATS journal subscriber    {url}   (read-only: durable {user} on {EVENTS_STREAM.name}, "
+                f"inbox prefix {inbox})"
+            )
+        _out(f"  NATS passwords             {stack.nats_passwords_file}   (kept across restarts)")
     _out(f"  Data and logs              {stack.data_dir}   (logs in {stack.data_dir / 'run'})")
     _out("Press Ctrl-C to stop.")
     code = 0
@@ -120,6 +150,27 @@ def up(args: argparse.Namespace) -> int:
     return code
 
 
+def nats_authorization(subscribers: list[str], external_agents: list[str]) -> str:
+    """The nats-server ``authorization`` block for every service, the journal ``subscribers`` and the
+    ``external_agents``, with each password read from the server's environment (``$TRIGGER_GATEWAY_PASSWORD``).
+    Raises ``ValueError`` for a bad subscriber name."""
+    users: dict[str, NatsUser] = {name: ("", permissions_for(name)) for name in SERVICES}
+    users |= {subscriber_user(name): ("", journal_subscriber_permissions(name)) for name in subscribers}
+    users |= {name: ("", external_agent_permissions()) for name in external_agents}
+    block = authorization_block(users)
+    for entry in block["users"]:
+        entry["password"] = f"@@{password_variable(str(entry['user']))}@@"
+    text = json.dumps(block, indent=2)
+    variables = ", ".join(password_variable(user) for user in sorted(users))
+    return (
+        "# nats-server authorization for Temporality, derived from the service catalogue (temporality_protocol.\n"
+        f"# permissions). Each password comes from the server's environment: {variables}.\n"
+        + "authorization: "
+        + re.sub(r'"@@([A-Z0-9_]+)@@"', r"$\1", text)
+        + "\n"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="temporality", description="Temporality: event-triggered agent runs")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -132,13 +183,31 @@ def build_parser() -> argparse.ArgumentParser:
     p_up.add_argument("--nats-port", type=int, default=-1, help="-1 picks a free port")
     p_up.add_argument(
         "--nats-auth",
-        action="store_true",
-        help="each service connects to NATS as its own user, with the permissions the catalogue gives it",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="each service connects to NATS as its own user, with the permissions the catalogue gives it, plus a "
+        "read-only journal subscriber user (default: on; --no-nats-auth: no NATS authentication)",
+    )
+    p_up.add_argument(
+        "--nats-subscriber",
+        action="append",
+        metavar="NAME",
+        help="a read-only journal subscriber: NATS user and durable sub-NAME (repeatable; default: "
+        + ", ".join(DEFAULT_SUBSCRIBERS)
+        + ")",
     )
     p_up.add_argument(
         "--api-tokens-file",
         default=None,
         help="role tokens for the APIs (default: <data-dir>/api-tokens.json, created with a fresh admin token)",
+    )
+    p_auth = commands.add_parser(
+        "nats-authorization",
+        help="print the nats-server authorization block (every service's user, subscribers, external agents)",
+    )
+    p_auth.add_argument("--subscriber", action="append", default=[], metavar="NAME", help="journal subscriber sub-NAME")
+    p_auth.add_argument(
+        "--external-agent", action="append", default=[], metavar="USER", help="an external agent's user"
     )
     return parser
 
@@ -147,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "up":
         return up(args)
+    if args.command == "nats-authorization":
+        try:
+            sys.stdout.write(nats_authorization(args.subscriber, args.external_agent))
+        except ValueError as exc:
+            _out(f"error: {exc}")
+            return 2
+        return 0
     return 2  # pragma: no cover - argparse enforces the choices
 
 

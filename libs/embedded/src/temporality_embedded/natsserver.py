@@ -28,10 +28,34 @@ from pathlib import Path
 from temporality_embedded.processes import free_port
 from temporality_protocol.permissions import Permissions
 
-__all__ = ["ClusterNode", "LocalCluster", "NatsServer", "NatsUser", "nats_server_binary"]
+__all__ = [
+    "ClusterNode",
+    "LocalCluster",
+    "NatsServer",
+    "NatsUser",
+    "authorization_block",
+    "nats_server_binary",
+    "password_variable",
+]
 
 #: A user of the server: (password, permissions or ``None`` for full access).
 NatsUser = tuple[str, Permissions | None]
+
+
+def authorization_block(users: Mapping[str, NatsUser]) -> dict[str, list[dict[str, object]]]:
+    """The server config's ``authorization`` block for ``users`` (JSON is valid nats-server config syntax)."""
+    entries = []
+    for name, (password, permissions) in sorted(users.items()):
+        entry: dict[str, object] = {"user": name, "password": password}
+        if permissions is not None:
+            entry["permissions"] = permissions.as_config()
+        entries.append(entry)
+    return {"users": entries}
+
+
+def password_variable(user: str) -> str:
+    """The environment variable a generated server config reads ``user``'s password from: ``SUB_AUDIT_PASSWORD``."""
+    return "".join(c if c.isalnum() else "_" for c in user).upper() + "_PASSWORD"
 
 
 def nats_server_binary() -> Path:
@@ -65,8 +89,11 @@ class NatsServer:
         tls: tuple[Path, Path] | None = None,
         tls_verify_ca: Path | None = None,
         cluster: ClusterNode | None = None,
+        config_file: Path | None = None,
     ) -> None:
         self.store_dir = store_dir
+        #: A config file of the caller's (e.g. ``temporality nats-authorization``'s output) instead of ``users``.
+        self.config_file = config_file
         self.cluster = cluster
         #: (certificate, key): the server speaks TLS only; with ``tls_verify_ca`` clients need a certificate
         #: signed by that CA (mutual TLS).
@@ -103,7 +130,9 @@ class NatsServer:
                 "--routes", ",".join(self.cluster.routes),
                 "-m", "-1",  # the monitoring port: /healthz says when JetStream has its meta leader
             ]  # fmt: skip
-        if self.users:
+        if self.config_file is not None:
+            cmd += ["-c", str(self.config_file)]
+        elif self.users:
             cmd += ["-c", str(self._write_config())]
         if self.tls is not None:
             cmd += ["--tls", "--tlscert", str(self.tls[0]), "--tlskey", str(self.tls[1])]
@@ -131,17 +160,11 @@ class NatsServer:
 
     def _write_config(self) -> Path:
         """The authorization block (nats-server's config syntax accepts JSON); other settings stay flags."""
-        users = []
-        for name, (password, permissions) in sorted(self.users.items()):
-            entry: dict[str, object] = {"user": name, "password": password}
-            if permissions is not None:
-                entry["permissions"] = permissions.as_config()
-            users.append(entry)
         path = self.store_dir / "nats.conf"
         path.unlink(missing_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write("authorization: " + json.dumps({"users": users}, indent=2) + "\n")
+            file.write("authorization: " + json.dumps(authorization_block(self.users), indent=2) + "\n")
         return path
 
     @property

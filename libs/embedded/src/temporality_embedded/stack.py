@@ -7,9 +7,10 @@ each reads, which ``StackConfig`` field holds a port) is checked against it.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +18,12 @@ from pydantic import SecretStr
 
 from temporality_embedded.natsserver import NatsServer, NatsUser
 from temporality_embedded.processes import SERVICES, ServiceProcess
-from temporality_protocol.permissions import permissions_for
+from temporality_protocol.permissions import (
+    journal_subscriber_permissions,
+    permissions_for,
+    subscriber_inbox,
+    subscriber_user,
+)
 from temporality_service.auth import ApiToken, Role, TokenFileError, dump_tokens, load_tokens
 
 __all__ = [
@@ -28,6 +34,7 @@ __all__ = [
     "StackConfig",
     "TokenFileError",
     "check_stop_order",
+    "ensure_nats_passwords",
     "ensure_tokens_file",
 ]
 
@@ -74,6 +81,12 @@ class StackConfig:
     human_port: int = 8081
     journal_port: int = 8082
     nats_port: int = -1  # -1: a random free port
+    #: agent-collab's operator API (``GET /agents``, decommission; ``TEMPORALITY_COLLAB_PORT``): 0, a free port
+    #: the OS picks, which its ready file names (:attr:`Stack.collab_url`).
+    collab_port: int = 0
+    #: the run-executor's agent-card API (``GET /agents``; ``TEMPORALITY_EXECUTOR_PORT``): 0, a free port the
+    #: OS picks, which its ready file names (:attr:`Stack.executor_url`).
+    executor_port: int = 0
     #: Connect the services to this NATS (a cluster: its nodes' URLs, comma-separated) instead of starting
     #: the embedded nats-server; the caller runs it (and :attr:`nats_auth` does not apply).
     nats_url: str | None = None
@@ -84,9 +97,14 @@ class StackConfig:
     #: created with one fresh admin token on first start and reused afterwards (the token stays valid).
     api_tokens_file: Path | None = None
     #: Each service connects to NATS as its own user with the permissions its catalogue entry implies
-    #: (``temporality_protocol.permissions``); fresh passwords at every start. :attr:`Stack.nats_admin`
-    #: is a user with full access for the operator's (and the tests') own connections.
+    #: (``temporality_protocol.permissions``). :attr:`Stack.nats_admin` is a user with full access for the
+    #: operator's (and the tests') own connections. The passwords are random, kept in
+    #: ``<data_dir>/nats-users.json`` (mode 0600) and reused by the next start. Off here; ``temporality up``
+    #: turns it on unless ``--no-nats-auth``.
     nats_auth: bool = False
+    #: With :attr:`nats_auth`: read-only journal subscribers (DC-6), each the NATS user ``sub-<name>`` that may
+    #: run the durable pull consumer ``sub-<name>`` on the events stream and nothing else (:meth:`Stack.subscriber`).
+    nats_subscribers: tuple[str, ...] = ("example",)
     #: Processes per service (default 1), sharing its durable consumers; extra replicas of an HTTP service
     #: listen on free ports (:meth:`Stack.urls`). The journal on SQLite must stay at one.
     replicas: Mapping[str, int] = field(default_factory=dict)
@@ -96,6 +114,32 @@ class StackConfig:
 NATS_ADMIN = "temporality-admin"
 #: The name of the admin token ``temporality up`` creates.
 ADMIN_TOKEN_NAME = "local-admin"
+
+
+def ensure_nats_passwords(path: Path, users: Iterable[str]) -> dict[str, str]:
+    """The NATS password of each of ``users``, from ``path`` (JSON ``{user: password}``, mode 0600): kept ones
+    are reused, missing ones generated and written back. Raises ``ValueError`` for an unreadable file."""
+    stored: dict[str, str] = {}
+    if path.exists():
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: not a JSON object of NATS passwords ({exc})") from exc
+        if not isinstance(loaded, dict) or not all(isinstance(v, str) and v for v in loaded.values()):
+            raise ValueError(f"{path}: not a JSON object of user -> password")
+        stored = {str(user): password for user, password in loaded.items()}
+    wanted = list(users)
+    missing = [user for user in wanted if user not in stored]
+    if missing:
+        stored |= {user: secrets.token_urlsafe(24) for user in missing}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = path.with_name(path.name + ".new")
+        fresh.unlink(missing_ok=True)
+        fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(json.dumps(stored, indent=2, sort_keys=True) + "\n")
+        fresh.replace(path)  # whole or not at all
+    return {user: stored[user] for user in wanted}
 
 
 def ensure_tokens_file(path: Path) -> list[ApiToken]:
@@ -118,12 +162,9 @@ class Stack:
         self._nats_passwords: dict[str, str] = {}
         if config.nats_url is not None and config.nats_auth:
             raise ValueError("nats_auth configures the embedded nats-server; it cannot apply to nats_url")
-        users: dict[str, NatsUser] = {}
-        if config.nats_auth:
-            self._nats_passwords = {name: secrets.token_urlsafe(24) for name in [*SERVICES, NATS_ADMIN]}
-            users = {name: (self._nats_passwords[name], permissions_for(name)) for name in SERVICES}
-            users[NATS_ADMIN] = (self._nats_passwords[NATS_ADMIN], None)
-        self.nats = NatsServer(self.data_dir / "nats", port=config.nats_port, users=users)
+        for name in config.nats_subscribers:
+            journal_subscriber_permissions(name)  # a bad name fails here, before anything starts
+        self.nats = NatsServer(self.data_dir / "nats", port=config.nats_port)
         #: The first replica of each service; :attr:`replicas` has them all.
         self.services: dict[str, ServiceProcess] = {}
         self.replicas: dict[str, list[ServiceProcess]] = {}
@@ -139,11 +180,38 @@ class Stack:
         return self.config.nats_url if self.config.nats_url is not None else self.nats.url
 
     @property
+    def nats_passwords_file(self) -> Path:
+        return self.data_dir / "nats-users.json"
+
+    def _nats_users(self) -> dict[str, NatsUser]:
+        """Every NATS user with its password (from :attr:`nats_passwords_file`) and permissions; ``{}`` without auth."""
+        if not self.config.nats_auth:
+            return {}
+        subscribers = {subscriber_user(name): name for name in self.config.nats_subscribers}
+        if not self._nats_passwords:
+            self._nats_passwords = ensure_nats_passwords(
+                self.nats_passwords_file, [*SERVICES, NATS_ADMIN, *subscribers]
+            )
+        users: dict[str, NatsUser] = {name: (self._nats_passwords[name], permissions_for(name)) for name in SERVICES}
+        users[NATS_ADMIN] = (self._nats_passwords[NATS_ADMIN], None)
+        for user, name in subscribers.items():
+            users[user] = (self._nats_passwords[user], journal_subscriber_permissions(name))
+        return users
+
+    @property
     def nats_admin(self) -> tuple[str, str] | None:
         """(user, password) with full access when :attr:`StackConfig.nats_auth` is on, else ``None``."""
-        if not self._nats_passwords:
+        if not self._nats_users():
             return None
         return NATS_ADMIN, self._nats_passwords[NATS_ADMIN]
+
+    def subscriber(self, name: str) -> tuple[str, str, str] | None:
+        """The journal subscriber ``name`` of :attr:`StackConfig.nats_subscribers`: (user, password, inbox prefix)
+        to connect with; its durable is named like the user. ``None`` without NATS auth."""
+        if name not in self.config.nats_subscribers or not self._nats_users():
+            return None
+        user = subscriber_user(name)
+        return user, self._nats_passwords[user], subscriber_inbox(name)
 
     @property
     def admin_token(self) -> str | None:
@@ -162,6 +230,21 @@ class Stack:
     @property
     def journal_url(self) -> str:
         return f"http://127.0.0.1:{self.config.journal_port}"
+
+    @property
+    def collab_url(self) -> str | None:
+        """agent-collab's operator API (``/agents``), once it is ready (its ready file names the port)."""
+        return self._worker_url("agent-collab")
+
+    @property
+    def executor_url(self) -> str | None:
+        """The run-executor's agent-card API (``/agents``), once it is ready (its ready file names the port)."""
+        return self._worker_url("run-executor")
+
+    def _worker_url(self, name: str) -> str | None:
+        process = self.services.get(name)
+        url = process.url if process is not None else None
+        return url.replace("0.0.0.0", "127.0.0.1") if url is not None else None
 
     @property
     def database_url(self) -> str:
@@ -197,7 +280,7 @@ class Stack:
             "TEMPORALITY_LOG_FORMAT": self.config.log_format,
             "TEMPORALITY_API_TOKENS_FILE": str(self.api_tokens_file),
         }
-        if self._nats_passwords:
+        if self._nats_users():
             env["TEMPORALITY_NATS_USER"] = name
             env["TEMPORALITY_NATS_PASSWORD"] = self._nats_passwords[name]
         port = self.http_port(name, replica)
@@ -206,15 +289,21 @@ class Stack:
         if name in _CONFIG_FILES:
             setting, file = _CONFIG_FILES[name]
             env[f"{spec.env_prefix}{setting}"] = str(self.config.config_dir.resolve() / file)
+        if name == "agent-collab":  # a worker, but it serves the operator API on its probe port
+            env["TEMPORALITY_COLLAB_PORT"] = str(self.config.collab_port if replica == 0 else 0)
+        if name == "run-executor":  # a worker, but it serves the agent cards on its probe port
+            env["TEMPORALITY_EXECUTOR_PORT"] = str(self.config.executor_port if replica == 0 else 0)
         if name == "journal":
             env["TEMPORALITY_DATABASE_URL"] = self.database_url
             env["TEMPORALITY_JOURNAL_GATEWAY_URL"] = self.gateway_url  # the console's trigger wizard
+            env["TEMPORALITY_JOURNAL_HUMAN_URL"] = self.human_url  # the console's web inbox
         return env | dict(self.config.extra_env)
 
     def start(self, timeout: float = 60.0) -> None:
         """Raises ``TokenFileError`` for an invalid tokens file, ``RuntimeError``/``TimeoutError`` otherwise."""
         self.api_tokens = ensure_tokens_file(self.api_tokens_file)
         if self.config.nats_url is None:
+            self.nats.users = self._nats_users()
             self.nats.start()
         try:
             for name in SERVICES:

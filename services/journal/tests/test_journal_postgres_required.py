@@ -34,15 +34,18 @@ def _closed_port() -> int:
         return port  # closed again on exit: nothing listens on it
 
 
-async def _run_postgres_variant(require: str | None) -> tuple[int | None, str]:
-    """Run pytest on the test above, PostgreSQL variant only, against a closed port: (exit code, output)."""
+async def _run_postgres_variant(require: str | None, basetemp: Path) -> tuple[int | None, str]:
+    """Run pytest on the test above, PostgreSQL variant only, against a closed port: (exit code, output).
+
+    Its own ``--basetemp``: the default one under /tmp/pytest-of-<user> is shared with the suite's other
+    pytest processes, and its clean-up at exit races with theirs ("Directory not empty")."""
     env = {k: v for k, v in os.environ.items() if k != REQUIRE}
     env["TEMPORALITY_TEST_POSTGRES_URL"] = f"postgresql://postgres:s3cret@127.0.0.1:{_closed_port()}/postgres"
     if require is not None:
         env[REQUIRE] = require
     node = f"{HERE}::test_database_is_fresh_and_has_the_journal_tables[postgres]"
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "pytest", node, "-q", "-rsE", "-p", "no:cacheprovider"),
+        *(sys.executable, "-m", "pytest", node, "-q", "-rsE", "-p", "no:cacheprovider", f"--basetemp={basetemp}"),
         cwd=REPO_ROOT,
         env=env,
         stdout=asyncio.subprocess.PIPE,
@@ -58,9 +61,9 @@ async def _run_postgres_variant(require: str | None) -> tuple[int | None, str]:
     return proc.returncode, output.decode()
 
 
-async def test_unreachable_postgres_skips_by_default_and_fails_when_required() -> None:
+async def test_unreachable_postgres_skips_by_default_and_fails_when_required(tmp_path: Path) -> None:
     (skip_rc, skipped), (fail_rc, failed) = await asyncio.gather(
-        _run_postgres_variant(None), _run_postgres_variant("1")
+        _run_postgres_variant(None, tmp_path / "skip"), _run_postgres_variant("1", tmp_path / "fail")
     )
     reason = "PostgreSQL not reachable at postgresql://postgres:***@127.0.0.1:"
 

@@ -3,17 +3,30 @@
 Run as ``python mcp_notes_server.py``: ``read_note`` reads a file from its working directory,
 ``whoami`` reports its working directory and two environment variables, ``boom`` always fails,
 ``can_connect`` tries a TCP connection (the sandbox's network switch).
+
+With ``--session-tools``, for the session tests (``test_mcp_sessions.py``), also: ``stats`` reports its pid
+and how many calls it has served (one process per session), ``rendezvous`` waits (bounded) until ``n``
+calls are in flight at once, ``die`` exits the process mid-call, ``ask`` asks the user for input
+(``elicitation/create``), ``add_extra`` adds a tool (``notifications/tools/list_changed``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
+import sys
 from pathlib import Path
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
 
 server = MCPServer("notes")
+_calls = 0
+_in_flight = 0
+_max_in_flight = 0
+_rounds = 0
+_changed = asyncio.Condition()
 
 
 @server.tool()
@@ -44,5 +57,60 @@ def can_connect(port: int) -> dict[str, object]:
         return {"ok": False, "error": str(exc)}
 
 
+def stats() -> dict[str, int]:
+    """This process's id, the calls it served before this one, and the most it has had in flight at once."""
+    global _calls
+    _calls += 1
+    return {"pid": os.getpid(), "calls": _calls - 1, "max_in_flight": _max_in_flight}
+
+
+async def rendezvous(n: int, wait_s: float) -> dict[str, object]:
+    """Wait up to wait_s seconds until n calls of this tool are in flight at once."""
+    global _in_flight, _max_in_flight, _rounds
+    async with _changed:
+        mine = _rounds
+        _in_flight += 1
+        _max_in_flight = max(_max_in_flight, _in_flight)
+        if _in_flight >= n:
+            _rounds += 1  # every call waiting in this round has met
+            _changed.notify_all()
+        try:
+            met = await asyncio.wait_for(_changed.wait_for(lambda: _rounds > mine), wait_s)
+        except TimeoutError:
+            met = False
+        finally:
+            _in_flight -= 1
+    return {"met": bool(met), "pid": os.getpid()}
+
+
+def die() -> str:
+    """Exit the process in the middle of the call."""
+    os._exit(9)
+
+
+async def add_extra(ctx: Context) -> str:
+    """Add the tool ``extra`` and tell the client its tool list changed."""
+    server.add_tool(lambda: "extra", name="extra", description="Added at run time.")
+    await ctx.session.send_tool_list_changed()
+    return "added"
+
+
+class _Choice(BaseModel):
+    keep: bool
+
+
+async def ask(ctx: Context) -> str:
+    """Ask the user (elicitation) whether to keep the note."""
+    answer = await ctx.elicit("Keep the note?", _Choice)
+    return f"answered: {answer.action}"
+
+
+def _add_session_tools() -> None:
+    for tool in (stats, rendezvous, die, add_extra, ask):
+        server.add_tool(tool)
+
+
 if __name__ == "__main__":
+    if "--session-tools" in sys.argv[1:]:
+        _add_session_tools()
     server.run()

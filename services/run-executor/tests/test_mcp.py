@@ -17,7 +17,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_protocol import ToolFailed
 from temporality_run_executor.__main__ import SPEC, configure
 from temporality_run_executor.agents import AgentCard, McpServer, ProviderConfig, Sandbox
-from temporality_run_executor.mcp_servers import McpClient, McpToolFailed, list_card_tools
+from temporality_run_executor.mcp_servers import McpClient, McpPool, McpToolFailed, list_card_tools
 from temporality_run_executor.providers.script import Script
 from temporality_run_executor.settings import Settings
 from temporality_run_executor.tools import ToolPolicy
@@ -41,6 +41,15 @@ SCRIPT = Script.model_validate(
 )
 
 
+@pytest.fixture
+async def pool() -> AsyncIterator[McpPool]:
+    pool = McpPool()
+    try:
+        yield pool
+    finally:
+        await pool.aclose()
+
+
 def _card(sandbox: Sandbox) -> AgentCard:
     return REVIEWER.model_copy(
         update={
@@ -53,13 +62,18 @@ def _card(sandbox: Sandbox) -> AgentCard:
 
 
 async def test_a_scripted_run_calls_mcp_tools_in_the_card_s_sandbox(
-    bus: Bus, event_log: EventLog, executor: RunExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bus: Bus,
+    event_log: EventLog,
+    executor: RunExecutor,
+    pool: McpPool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     (tmp_path / "note.txt").write_text("ship on Friday", encoding="utf-8")
     monkeypatch.setenv("NOTES_SECRET", "passed-through")
     monkeypatch.setenv("NOTES_OTHER", "not-passed")
     card = _card(Sandbox(working_dir=tmp_path, env=["NOTES_SECRET"]))
-    listed = await list_card_tools(card)
+    listed = await list_card_tools(card, pool)
     assert sorted(t.name for t in listed) == ["notes__boom", "notes__can_connect", "notes__read_note", "notes__whoami"]
     engine = await executor(cards=[card], card_tools={card.id: listed})
     offered = {t.name: t for t in engine.registry(card).offered(card.tools)}
@@ -101,19 +115,19 @@ async def listener() -> AsyncIterator[int]:
         await server.wait_closed()
 
 
-async def test_network_off_means_the_server_cannot_connect(listener: int) -> None:
-    online = json.loads(await McpClient(SERVER, Sandbox()).call("can_connect", {"port": listener}))
+async def test_network_off_means_the_server_cannot_connect(listener: int, pool: McpPool) -> None:
+    online = json.loads(await McpClient(SERVER, Sandbox(), pool).call("can_connect", {"port": listener}))
     assert online == {"ok": True}
-    offline = json.loads(await McpClient(SERVER, Sandbox(network=False)).call("can_connect", {"port": listener}))
+    offline = json.loads(await McpClient(SERVER, Sandbox(network=False), pool).call("can_connect", {"port": listener}))
     assert offline["ok"] is False
     assert "unreachable" in offline["error"].lower()
 
 
-async def test_a_server_that_cannot_start_fails_listing_naming_the_agent_and_server() -> None:
+async def test_a_server_that_cannot_start_fails_listing_naming_the_agent_and_server(pool: McpPool) -> None:
     broken = SERVER.model_copy(update={"args": ["-c", "import sys; sys.exit(3)"]})
     card = _card(Sandbox()).model_copy(update={"mcp_servers": [broken], "id": "lost"})
     with pytest.raises(McpToolFailed, match=r"agent lost: mcp_servers notes: could not list its tools"):
-        await list_card_tools(card)
+        await list_card_tools(card, pool)
 
 
 def _agents_file(tmp_path: Path, args: list[str]) -> Path:

@@ -8,7 +8,7 @@ from temporality_protocol.catalog import CONSUMERS, SERVICES
 from temporality_run_executor.agents import AgentsFileError, load_agents
 from temporality_run_executor.api import create_app
 from temporality_run_executor.engine import Engine
-from temporality_run_executor.mcp_servers import McpToolFailed, list_card_tools, tool_name
+from temporality_run_executor.mcp_servers import McpPool, McpToolFailed, list_card_tools, tool_name
 from temporality_run_executor.providers.factory import ProviderCache, ProviderConfigError
 from temporality_run_executor.settings import Settings
 from temporality_run_executor.tools import BUILTIN_TOOLS, Tool, ToolRegistry
@@ -47,12 +47,14 @@ def configure(settings: Settings) -> Setup[Settings]:
 
     async def setup(rt: Runtime[Settings]) -> None:
         rt.resources.push_async_callback(providers.aclose)
+        mcp = McpPool(idle_s=rt.settings.mcp_idle_s, max_calls=rt.settings.mcp_max_calls)
+        rt.resources.push_async_callback(mcp.aclose)  # stops every MCP server at shutdown
         card_tools: dict[str, list[Tool]] = {}
         for card in agents.cards():
             if not card.mcp_servers:
                 continue
             try:
-                card_tools[card.id] = await list_card_tools(card)
+                card_tools[card.id] = await list_card_tools(card, mcp)
             except McpToolFailed as exc:
                 raise ConfigError(str(exc)) from exc
             unknown = tools.with_tools(card_tools[card.id]).unknown(card.tools)

@@ -1,24 +1,41 @@
 """Tools from MCP servers, through the official ``mcp`` SDK (stdio transport), run in the card's sandbox.
 
 When the executor starts (:func:`list_card_tools`, from ``setup``), every MCP server a card declares is
-started once and asked for its tools; each becomes a registry :class:`~.tools.Tool` named
+started and asked for its tools; each becomes a registry :class:`~.tools.Tool` named
 ``<server>__<tool>`` (OpenAI function names allow no dots) with the server's description and input
 schema, so the card's ``tools`` allow/deny policy, JSON-schema argument validation and ``tool.failed``
 apply to it like to any tool. A server that cannot be started or listed stops the executor (exit 2,
 naming the agent and the server): a card must not silently lose its tools.
 
-Each call starts the server afresh (``StdioServerParameters``: the card's ``sandbox.working_dir`` as
-its working directory; an environment of the SDK's safe defaults -- ``HOME``, ``LOGNAME``, ``PATH``,
-``SHELL``, ``TERM``, ``USER`` -- plus the variables ``sandbox.env`` passes through and the server's own
-``env``; with ``sandbox.network: false`` it runs under ``unshare -rn``: a user and network namespace
-of its own, with no usable interface), initializes, calls the tool within the server's ``timeout_s``
-and closes it. No MCP session outlives a call, so nothing is lost when the executor restarts or a run
-parks, and a redelivered turn simply calls again (MCP tools must be idempotent per call, like every
-tool). A call result with ``isError``, a server that does not start, or a timeout raises
-:class:`McpToolFailed`: the engine publishes ``tool.failed`` and the model gets the error.
+Sessions are long-lived (:class:`McpPool`, one per executor process): one live stdio session per
+(server config, sandbox), started on first use and reused by every call of every run, with at most
+``max_calls`` calls in flight on it (more wait their turn). The server process runs in the card's
+sandbox (``StdioServerParameters``: ``sandbox.working_dir`` as its working directory; an environment of
+the SDK's safe defaults -- ``HOME``, ``LOGNAME``, ``PATH``, ``SHELL``, ``TERM``, ``USER`` -- plus the
+variables ``sandbox.env`` passes through and the server's own ``env``; with ``sandbox.network: false``
+under ``unshare -rn``: a user and network namespace of its own, with no usable interface). Each session
+is owned by a task of its own, which enters the SDK's ``stdio_client`` and ``ClientSession`` (anyio
+cancel scopes must be exited by the task that entered them) and waits until the session is retired;
+callers talk to it through the session object. A session is retired when
 
-Not done yet: a long-lived session per server (each call pays the server's start-up), and elicitation
-(``elicitation/create``) or ``input_required`` results becoming human requests.
+- the server's stdout ends (it died, was killed, or exited): the call in flight fails
+  (:class:`McpToolFailed`, a tool error the model sees, ``tool.failed``), the next call starts a fresh one;
+- it has had no call for ``idle_s`` seconds;
+- the pool closes (executor shutdown): the SDK closes the server's stdin, then terminates and reaps its
+  process tree, so no server outlives the executor.
+
+Its tool listing is cached per session and listed again after the server's ``tools/list_changed``
+(the registry's tools are fixed at start; the fresh listing keeps the SDK's output-schema validation
+current). Nothing a run needs lives in a session, so a restart or a parked run loses nothing; a
+redelivered turn simply calls again (MCP tools must be idempotent per call, like every tool). A call
+result with ``isError``, a server that does not start, a dead server or a timeout (``timeout_s``, the
+start of a session included) raises :class:`McpToolFailed`: the engine publishes ``tool.failed`` and
+the model gets the error.
+
+Elicitation (``elicitation/create`` from the server during a call) is declined at once with the error
+"elicitation not supported yet", so the call fails as a tool error instead of hanging; the capability
+is advertised for the later step that turns it into a parked human request. An ``input_required``
+result (MCP 2026-07-28) likewise fails the call.
 """
 
 from __future__ import annotations
@@ -28,86 +45,332 @@ import json
 import os
 import shutil
 import sys
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, Self
 
+import anyio
 import structlog
 from mcp import types as mcp_types
-from mcp.client.session import ClientSession
+from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared._stream_protocols import ReadStream
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 
 from temporality_run_executor.agents import AgentCard, McpServer, Sandbox
 from temporality_run_executor.tools import Tool, ToolContext
 
-__all__ = ["SEPARATOR", "McpClient", "McpToolFailed", "list_card_tools", "tool_name"]
+__all__ = [
+    "DEFAULT_IDLE_S",
+    "DEFAULT_MAX_CALLS",
+    "ELICITATION_UNSUPPORTED",
+    "SEPARATOR",
+    "McpClient",
+    "McpPool",
+    "McpToolFailed",
+    "list_card_tools",
+    "tool_name",
+]
 
 log = structlog.get_logger(__name__)
 #: Between the server's name and its tool's name: ``notes__read_note``.
 SEPARATOR = "__"
+#: Seconds a session may sit without a call before its server is stopped.
+DEFAULT_IDLE_S = 300.0
+#: Calls in flight on one session at once.
+DEFAULT_MAX_CALLS = 4
+#: What a server asking for input mid-call (``elicitation/create``) is told, and what the model then sees.
+ELICITATION_UNSUPPORTED = (
+    "elicitation not supported yet: the tool asked for the user's input mid-call (elicitation/create), "
+    "which Temporality cannot collect yet"
+)
+#: Seconds :meth:`McpPool.aclose` waits for the sessions to stop their servers (the SDK bounds each at ~6 s).
+_CLOSE_TIMEOUT_S = 15.0
 
 
 class McpToolFailed(Exception):
-    """The MCP server could not run the call (an ``isError`` result, no server, a timeout)."""
+    """The MCP server could not run the call (an ``isError`` result, no server, a dead server, a timeout)."""
 
 
 def tool_name(server: str, tool: str) -> str:
     return f"{server}{SEPARATOR}{tool}"
 
 
-class McpClient:
-    """Starts one declared server in a card's sandbox, one session per operation."""
+def parameters(server: McpServer, sandbox: Sandbox) -> StdioServerParameters:
+    """How ``server`` is started in ``sandbox``."""
+    env = {name: os.environ[name] for name in sandbox.env if name in os.environ} | server.env
+    command, args = server.command, list(server.args)
+    if not sandbox.network:
+        unshare = shutil.which("unshare")
+        if unshare is None:
+            raise McpToolFailed("sandbox.network is false but `unshare` is not installed")
+        command, args = unshare, ["--user", "--map-root-user", "--net", "--", command, *args]
+    cwd = str(sandbox.working_dir) if sandbox.working_dir is not None else None
+    return StdioServerParameters(command=command, args=args, env=env, cwd=cwd)
 
-    def __init__(self, server: McpServer, sandbox: Sandbox) -> None:
-        self.server = server
-        self.sandbox = sandbox
 
-    def parameters(self) -> StdioServerParameters:
-        env = {name: os.environ[name] for name in self.sandbox.env if name in os.environ} | self.server.env
-        command, args = self.server.command, list(self.server.args)
-        if not self.sandbox.network:
-            unshare = shutil.which("unshare")
-            if unshare is None:
-                raise McpToolFailed("sandbox.network is false but `unshare` is not installed")
-            command, args = unshare, ["--user", "--map-root-user", "--net", "--", command, *args]
-        cwd = str(self.sandbox.working_dir) if self.sandbox.working_dir is not None else None
-        return StdioServerParameters(command=command, args=args, env=env, cwd=cwd)
+class _WatchedStream:
+    """The transport's read stream, telling its session when it ends (the server's stdout closed)."""
 
-    async def _session(self, work: Any) -> Any:
+    def __init__(self, inner: ReadStream[SessionMessage | Exception], on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_end()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _WatchedStream:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc_val: BaseException | None, exc_tb: TracebackType | None
+    ) -> bool | None:
+        await self.aclose()
+        return None
+
+
+class _Session:
+    """One live stdio session, owned by its own task from start to stop."""
+
+    def __init__(self, pool: McpPool, key: str, server: McpServer, params: StdioServerParameters) -> None:
+        self.pool, self.key, self.server = pool, key, server
+        self.calls = asyncio.Semaphore(pool.max_calls)
+        self.active = 0  # calls using it or waiting for a slot
+        self.retired = False
+        self.elicitations = 0
+        self._stop = asyncio.Event()
+        #: Entered and exited by the session's own task; cancelled only while the session is still starting.
+        self._starting = anyio.CancelScope()
+        self._idle: asyncio.TimerHandle | None = None
+        self._tools: list[mcp_types.Tool] | None = None
+        self._listings = 0  # tools/list_changed notifications so far
+        self._listing = asyncio.Lock()
+        self._ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+        self._ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no GC warning
+        self.task = asyncio.create_task(self._own(params), name=f"mcp-session-{server.name}")
+
+    async def _own(self, params: StdioServerParameters) -> None:
+        why = "stopped"
+        try:
+            with self._starting:
+                await self._run(params)
+        except Exception as exc:  # it could not start, or broke: the callers waiting for it get the error
+            why = f"{type(exc).__name__}: {exc}"
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+        finally:
+            if not self._ready.done():
+                self._ready.set_exception(McpToolFailed(f"the session stopped before it was ready ({why})"))
+            self.retire(why)
+            log.info("mcp.session_stopped", server=self.server.name, reason=why)
+
+    async def _run(self, params: StdioServerParameters) -> None:
         async with (
-            stdio_client(self.parameters(), errlog=sys.stderr) as (read, write),  # its stderr: the executor's
-            ClientSession(read, write, read_timeout_seconds=self.server.timeout_s) as session,
+            stdio_client(params, errlog=sys.stderr) as (read, write),  # its stderr: the executor's
+            ClientSession(
+                _WatchedStream(read, lambda: self.retire("the server's stdout closed (it exited)")),
+                write,
+                read_timeout_seconds=self.server.timeout_s,
+                message_handler=self._on_message,
+                elicitation_callback=self._on_elicitation,
+            ) as session,
         ):
             await session.initialize()
-            return await work(session)
+            self._ready.set_result(session)
+            log.info("mcp.session_started", server=self.server.name)
+            await self._stop.wait()
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self._tools = None
+            self._listings += 1
+
+    async def _on_elicitation(
+        self, context: ClientRequestContext, params: mcp_types.ElicitRequestParams
+    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        self.elicitations += 1
+        log.warning("mcp.elicitation_declined", server=self.server.name, message=params.message)
+        return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=ELICITATION_UNSUPPORTED)
+
+    def retire(self, why: str) -> None:
+        """No new call uses it; its task stops the server as soon as it can (it may still be starting)."""
+        if not self.retired:
+            self.retired = True
+            log.info("mcp.session_retired", server=self.server.name, reason=why)
+        self.pool._forget(self)
+        self._cancel_idle()
+        self._stop.set()
+        if not self._ready.done():  # still starting (a server slow to initialize): stop waiting for it
+            self._starting.cancel()
+
+    def _cancel_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def _idle_expired(self) -> None:
+        self._idle = None
+        if self.active == 0:
+            self.retire(f"idle for {self.pool.idle_s:g}s")
+
+    @asynccontextmanager
+    async def use(self) -> AsyncIterator[ClientSession]:
+        """The session, for one call: waits for a free slot and for the session to be ready."""
+        self.active += 1
+        self._cancel_idle()
+        try:
+            async with self.calls:
+                yield await asyncio.shield(self._ready)
+        finally:
+            self.active -= 1
+            if self.active == 0 and not self.retired:
+                self._idle = asyncio.get_running_loop().call_later(self.pool.idle_s, self._idle_expired)
+
+    async def tools(self, session: ClientSession) -> list[mcp_types.Tool]:
+        """The server's tools, listed once per session (again after ``tools/list_changed``)."""
+        async with self._listing:
+            while self._tools is None:
+                changes = self._listings
+                tools: list[mcp_types.Tool] = []
+                cursor: str | None = None
+                while True:
+                    params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                    page = await session.list_tools(params=params)
+                    tools += page.tools
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+                if changes == self._listings:  # else it changed while listing: list again
+                    self._tools = tools
+            return self._tools
+
+
+class McpPool:
+    """The executor's live MCP sessions: one per (server config, sandbox), shared by every run.
+
+    ``idle_s``: a session without a call for that long is closed (its server stopped); the next call
+    starts it again. ``max_calls``: calls in flight on one session at once.
+    """
+
+    def __init__(self, *, idle_s: float = DEFAULT_IDLE_S, max_calls: int = DEFAULT_MAX_CALLS) -> None:
+        if idle_s <= 0 or max_calls < 1:
+            raise ValueError("idle_s must be positive and max_calls at least 1")
+        self.idle_s = idle_s
+        self.max_calls = max_calls
+        self._live: dict[str, _Session] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # every session's task until it has stopped its server
+        self._closed = False
+
+    @staticmethod
+    def _key(server: McpServer, sandbox: Sandbox) -> str:
+        return json.dumps([server.model_dump(mode="json"), sandbox.model_dump(mode="json")], sort_keys=True)
+
+    def live(self, server: McpServer, sandbox: Sandbox) -> bool:
+        """Whether a session for ``server`` in ``sandbox`` is live (started or starting, not retired)."""
+        return self._key(server, sandbox) in self._live
+
+    @property
+    def running(self) -> int:
+        """Sessions whose task has not finished yet (retired ones still stopping their server included)."""
+        return sum(not task.done() for task in self._tasks)
+
+    def _session(self, server: McpServer, sandbox: Sandbox) -> _Session:
+        if self._closed:
+            raise McpToolFailed("the executor is shutting down")
+        key = self._key(server, sandbox)
+        session = self._live.get(key)
+        if session is None:
+            session = _Session(self, key, server, parameters(server, sandbox))
+            self._live[key] = session
+            self._tasks.add(session.task)
+            session.task.add_done_callback(self._tasks.discard)
+        return session
+
+    def _forget(self, session: _Session) -> None:
+        if self._live.get(session.key) is session:
+            del self._live[session.key]
+
+    @asynccontextmanager
+    async def session(self, server: McpServer, sandbox: Sandbox) -> AsyncIterator[tuple[_Session, ClientSession]]:
+        """The live session for ``server`` in ``sandbox`` (started if there is none), for one call."""
+        pooled = self._session(server, sandbox)
+        async with pooled.use() as client:
+            yield pooled, client
+
+    async def aclose(self) -> None:
+        """Close every session and wait until their servers are stopped (executor shutdown)."""
+        self._closed = True
+        for session in list(self._live.values()):
+            session.retire("the executor is shutting down")
+        tasks = list(self._tasks)
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=_CLOSE_TIMEOUT_S)
+        for task in pending:  # the SDK bounds its shutdown; this only guards against a hang in it
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        log.info("mcp.pool_closed", sessions=len(tasks))
+
+
+class McpClient:
+    """One declared server in a card's sandbox, called through the pool's live session."""
+
+    def __init__(self, server: McpServer, sandbox: Sandbox, pool: McpPool) -> None:
+        self.server = server
+        self.sandbox = sandbox
+        self.pool = pool
 
     async def list_tools(self) -> list[mcp_types.Tool]:
-        async def work(session: ClientSession) -> list[mcp_types.Tool]:
-            tools: list[mcp_types.Tool] = []
-            cursor: str | None = None
-            while True:
-                params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
-                page = await session.list_tools(params=params)
-                tools += page.tools
-                cursor = page.next_cursor
-                if not cursor:
-                    return tools
-
-        result: list[mcp_types.Tool] = await asyncio.wait_for(self._session(work), self.server.timeout_s)
-        return result
+        async with asyncio.timeout(self.server.timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):
+            return list(await s.tools(client))
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> str:
-        async def work(session: ClientSession) -> mcp_types.CallToolResult:
-            return await session.call_tool(tool, arguments)
-
+        name, timeout_s = self.server.name, self.server.timeout_s
+        elicited = 0
         try:
-            result: mcp_types.CallToolResult = await asyncio.wait_for(self._session(work), self.server.timeout_s)
+            async with asyncio.timeout(timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):
+                await s.tools(client)  # current, for the SDK's validation of structured results
+                elicited = s.elicitations
+                result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout_s)
+                elicited = s.elicitations - elicited
         except TimeoutError:
-            raise McpToolFailed(f"{self.server.name}: {tool} took longer than {self.server.timeout_s:g}s") from None
-        except (OSError, McpToolFailed) as exc:
-            raise McpToolFailed(f"{self.server.name}: could not run {tool}: {exc}") from exc
+            raise McpToolFailed(f"{name}: {tool} took longer than {timeout_s:g}s") from None
+        except McpToolFailed as exc:
+            raise McpToolFailed(f"{name}: could not run {tool}: {exc}") from exc
+        except Exception as exc:  # no server, a dead one, an error response, an input_required result
+            raise McpToolFailed(f"{name}: could not run {tool}: {type(exc).__name__}: {_describe(exc)}") from exc
         text = _text(result)
         if result.is_error:
-            raise McpToolFailed(f"{self.server.name}: {tool}: {text}")
+            if elicited and ELICITATION_UNSUPPORTED not in text:
+                text = f"{text} (the server asked for input mid-call: {ELICITATION_UNSUPPORTED})"
+            raise McpToolFailed(f"{name}: {tool}: {text}")
         return text
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, MCPError) and exc.code == mcp_types.CONNECTION_CLOSED:
+        return f"{exc} (the server exited; the next call starts it again)"
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(f"{type(e).__name__}: {e}" for e in exc.exceptions)
+    return str(exc)
 
 
 def _text(result: mcp_types.CallToolResult) -> str:
@@ -135,11 +398,12 @@ def _tool(client: McpClient, listed: mcp_types.Tool) -> Tool:
     )
 
 
-async def list_card_tools(card: AgentCard) -> list[Tool]:
-    """The tools of every MCP server ``card`` declares (each server started once, in the card's sandbox)."""
+async def list_card_tools(card: AgentCard, pool: McpPool) -> list[Tool]:
+    """The tools of every MCP server ``card`` declares (each server's session started in the card's sandbox,
+    and kept in ``pool`` for the calls)."""
     tools: list[Tool] = []
     for server in card.mcp_servers:
-        client = McpClient(server, card.sandbox)
+        client = McpClient(server, card.sandbox, pool)
         try:
             listed = await client.list_tools()
         except Exception as exc:  # whatever it is, the card cannot get its tools: say which and why

@@ -35,3 +35,8 @@ class Settings(ServiceSettings):
     #: progress before the watchdog fails it (``stalled``). Keep it above ``ack_wait`` plus the longest
     #: retry backoff (30 s), which re-arm the watchdog on every attempt.
     watchdog_grace_s: float = Field(default=DEFAULT_GRACE_S, gt=0)
+    #: Seconds an MCP server's live session may sit without a call before the server is stopped (the next
+    #: call starts it again); see :mod:`.mcp_servers`.
+    mcp_idle_s: float = Field(default=300.0, gt=0)
+    #: Calls in flight at once on one MCP server's session (more wait for a free slot).
+    mcp_max_calls: int = Field(default=4, ge=1)

@@ -102,6 +102,42 @@ async def test_a_batch_of_mixed_events_gives_the_rows_of_one_by_one(database: Da
     assert await _rows(database) == expected
 
 
+async def test_full_batches_of_interleaved_runs_give_the_rows_of_one_by_one(
+    database: Database, story: MakeStory
+) -> None:
+    """Batches the size the journal fetches (PostgreSQL: the one-statement ``unnest`` insert of the events), of
+    trajectories interleaved as a pipeline makes them, one redelivered half-way: the rows of one by one."""
+    stories = [story(title=f"Run {i} \u00e9\u4e2d \U0001f600") for i in range(40)]
+    steps: list[Callable[[Any], Envelope]] = [
+        lambda s: s.requested(),
+        lambda s: s.created(),
+        lambda s: s.started(),
+        lambda s: s.human_requested(),
+        lambda s: s.notified("web"),
+        lambda s: s.answered(),
+        lambda s: s.resumed(),
+        lambda s: s.completed(),
+    ]
+    trajectories = [[step(s) for step in steps] for s in stories]
+    flat = [trajectory[i] for i in range(len(steps)) for trajectory in trajectories]
+    flat += [_event(f"evt-note-{i}", runid=s.run_id, data={"run_id": s.run_id, "n": i}) for i, s in enumerate(stories)]
+    events = [(event, seq) for seq, event in enumerate(flat, start=1)]
+    events[150:150] = events[100:120]  # redelivered within the stream: stored once, projected once
+    recorder = Recorder(database)
+    for event, seq in events:
+        await recorder.record(event, seq)
+    expected = await _rows(database)
+    assert len(expected[0]) == len(flat)
+    assert {run["state"] for run in expected[1]} == {"completed"}
+
+    await _clear(database)
+    new = 0
+    for start in range(0, len(events), 128):
+        new += await recorder.record_batch(events[start : start + 128])
+    assert new == len(flat)
+    assert await _rows(database) == expected
+
+
 async def test_a_redelivered_batch_changes_nothing(database: Database, story: MakeStory) -> None:
     recorder = Recorder(database)
     events = _mixed(story)

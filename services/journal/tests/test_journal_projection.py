@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from temporality_journal import RunSnapshot, project, run_id_of
+from temporality_journal.models import updated
 from temporality_protocol import (
     RUN,
     Envelope,
@@ -232,3 +233,49 @@ def test_naive_event_times_are_read_as_utc(story: MakeStory) -> None:
     assert run is not None
     assert run.created_at == naive.replace(tzinfo=UTC)
     assert run.created_at.utcoffset() == timedelta(0)
+
+
+def test_every_projected_row_is_what_its_model_validates(story: MakeStory) -> None:
+    """The projection copies rows without validating them again: each row it returns must be one the
+    model accepts unchanged (right types: enum state, aware datetimes, ints), through every move."""
+    s = story()
+    events = [
+        s.started(),  # first seen through a later event
+        s.requested(),
+        s.created(),
+        s.human_requested(),
+        s.notified("matrix"),
+        s.answered(),
+        s.resumed(),
+        s.notified("web", request_id="hreq-nobody-waits-on"),  # changes nothing
+        s.completed(),
+        s.requested(),  # late, after the end: fills blanks only
+    ]
+    run: RunSnapshot | None = None
+    moves = 0
+    for seq, event in enumerate(events, start=1):
+        after = project(run, event, seq)
+        if after is None:
+            continue
+        moves += 1
+        assert RunSnapshot.model_validate(after.model_dump()) == after
+        assert type(after.state) is RunState
+        assert all(
+            value.tzinfo is not None
+            for value in (after.created_at, after.updated_at, after.started_at, after.waiting_since)
+            if value is not None
+        )
+        _assert_waiting_invariant(after)
+        run = after
+    assert run is not None
+    assert run.state == RunState.COMPLETED
+    assert moves >= 7
+
+
+def test_updating_a_snapshot_refuses_a_name_that_is_no_field(story: MakeStory) -> None:
+    run = project(None, story().requested(), 1)
+    assert run is not None
+    with pytest.raises(ValueError, match="no field"):
+        updated(run, {"stat": RunState.RUNNING})
+    assert updated(run, {"title": "new"}).title == "new"
+    assert run.title != "new"

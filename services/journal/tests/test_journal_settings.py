@@ -39,6 +39,10 @@ def test_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEMPORALITY_JOURNAL_BATCH_SIZE", "0")
     with pytest.raises(ValidationError):
         Settings()
+    # past the consumer's max_ack_pending a fetch is never filled: refused at start, not slow at run time
+    monkeypatch.setenv("TEMPORALITY_JOURNAL_BATCH_SIZE", "1001")
+    with pytest.raises(ValidationError):
+        Settings()
 
 
 def test_bad_environment_fails_early(monkeypatch: pytest.MonkeyPatch) -> None:

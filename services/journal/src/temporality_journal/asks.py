@@ -34,8 +34,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from temporality_bus import evolve
-from temporality_journal.models import AskSnapshot, as_utc
+from temporality_journal.models import AskSnapshot, as_utc, updated
 from temporality_protocol import Envelope, EventData
 from temporality_protocol.events import (
     AgentAnswerReceived,
@@ -109,11 +108,11 @@ def project_ask(current: AskSnapshot | None, event: Envelope, stream_seq: int) -
         return None
     after = _fill(after, correlation_id=event.correlationid)
     if time < after.asked_at:  # until agent.asked is seen, the earliest event of the ask stands in for it
-        after = evolve(after, asked_at=time)
+        after = _set(after, asked_at=time)
     if after == base and current is not None:
         return None
     last = stream_seq if after.last_event_seq is None else max(after.last_event_seq, stream_seq)
-    after = evolve(after, updated_at=max(after.updated_at, time), last_event_seq=last)
+    after = _set(after, updated_at=max(after.updated_at, time), last_event_seq=last)
     return None if after == current else after
 
 
@@ -169,7 +168,7 @@ def _apply(ask: AskSnapshot, data: EventData, time: datetime) -> AskSnapshot | N
         case AgentAnswerReceived():
             if ask.state in AGENT_ASK.terminal:
                 return _fill(ask, asker_run_id=data.asker_run_id)
-            ask = evolve(
+            ask = _set(
                 _fill(ask, asker_run_id=data.asker_run_id, mode=data.mode, relay=data.relay, relay_run=data.relay_run),
                 replier_run_id=data.replier_run_id,
                 replier_agent=data.replier_agent,
@@ -184,14 +183,14 @@ def _apply(ask: AskSnapshot, data: EventData, time: datetime) -> AskSnapshot | N
         case AgentAskUndeliverable():
             ask = _fill(ask, asker_run_id=data.asker_run_id, to_address=data.to)
             if ask.state not in AGENT_ASK.terminal:
-                ask = evolve(ask, reason=data.reason, detail=data.detail)
+                ask = _set(ask, reason=data.reason, detail=data.detail)
             return _move(ask, AgentAskState.UNDELIVERABLE, time)
         case AgentReplyUndeliverable():
             if data.reason != "asker_finished":
                 return None
             ask = _fill(ask, asker_run_id=data.asker_run_id, replier_run_id=data.replier_run_id)
             if ask.state not in AGENT_ASK.terminal:
-                ask = evolve(ask, reason=data.reason, detail=data.detail)
+                ask = _set(ask, reason=data.reason, detail=data.detail)
             return _move(ask, AgentAskState.REPLY_UNDELIVERABLE, time)
         case _:  # pragma: no cover - ASK_TYPES lists exactly the cases above
             return None
@@ -200,7 +199,12 @@ def _apply(ask: AskSnapshot, data: EventData, time: datetime) -> AskSnapshot | N
 def _fill(ask: AskSnapshot, **values: Any) -> AskSnapshot:
     """Set the fields that are still blank."""
     blank = {k: v for k, v in values.items() if v is not None and getattr(ask, k) is None}
-    return evolve(ask, **blank) if blank else ask
+    return _set(ask, **blank) if blank else ask
+
+
+def _set(ask: AskSnapshot, **values: Any) -> AskSnapshot:
+    """``ask`` with ``values`` (from validated event data: not validated again)."""
+    return updated(ask, values)
 
 
 def _move(ask: AskSnapshot, target: AgentAskState, time: datetime) -> AskSnapshot:
@@ -208,4 +212,4 @@ def _move(ask: AskSnapshot, target: AgentAskState, time: datetime) -> AskSnapsho
     if ask_rank(target) <= ask_rank(ask.state):
         return ask
     finished = {"finished_at": time} if target in AGENT_ASK.terminal else {}
-    return evolve(ask, state=target, **finished)
+    return _set(ask, state=target, **finished)

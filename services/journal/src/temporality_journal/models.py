@@ -7,7 +7,7 @@ even when other SQLModel models share the process (tests import every service).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import JSON, BigInteger, Boolean, Column, DateTime, Dialect, Index, String, Table
 from sqlalchemy.dialects.postgresql import JSONB
@@ -30,12 +30,27 @@ __all__ = [
     "RunSnapshot",
     "UTCDateTime",
     "as_utc",
+    "updated",
 ]
 
 
 def as_utc(value: datetime) -> datetime:
     """An aware UTC datetime; a naive one is taken to be UTC already."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+_Snapshot = TypeVar("_Snapshot", bound=SQLModel)
+
+
+def updated(snapshot: _Snapshot, changes: dict[str, Any]) -> _Snapshot:
+    """A copy of ``snapshot`` with ``changes``, not validated again: for the projections, whose values
+    come from validated event data and the snapshot's own fields (``evolve`` would dump and re-validate
+    the whole row, the projection's main cost). A name that is not a field is a bug: :class:`ValueError`.
+    """
+    fields = type(snapshot).model_fields
+    if not changes.keys() <= fields.keys():
+        raise ValueError(f"{type(snapshot).__name__} has no field {sorted(changes.keys() - fields.keys())}")
+    return snapshot.model_copy(update=changes)
 
 
 class UTCDateTime(TypeDecorator[datetime]):

@@ -36,8 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from temporality_bus import evolve
-from temporality_journal.models import RunSnapshot, as_utc
+from temporality_journal.models import RunSnapshot, as_utc, updated
 from temporality_protocol import (
     RUN,
     Envelope,
@@ -76,6 +75,7 @@ PROJECTED_TYPES: frozenset[str] = frozenset(
     )
 )
 
+_TERMINAL = RUN.terminal  # a property that builds the set on every call
 _WAITING_CLEARED: dict[str, Any] = {
     "waiting_request_id": None,
     "waiting_recipient": None,
@@ -121,9 +121,11 @@ def project(current: RunSnapshot | None, event: Envelope, stream_seq: int) -> Ru
 
 
 def _apply(run: RunSnapshot, data: EventData, fact: _Fact) -> RunSnapshot | None:
+    # Each case builds one update and copies the run once (:func:`_touch`): the values come from
+    # validated event data, so nothing is validated again.
     match data:
         case RunRequested() | RunCreated():
-            run = _fill(
+            fill = _blanks(
                 run,
                 agent=data.agent,
                 title=data.title,
@@ -131,17 +133,17 @@ def _apply(run: RunSnapshot, data: EventData, fact: _Fact) -> RunSnapshot | None
                 launch_kind=data.launch.kind,
             )
             if fact.time < run.created_at:
-                run = evolve(run, created_at=fact.time)
-            return _touch(run, fact)
+                fill["created_at"] = fact.time
+            return _touch(run, fact, fill)
         case RunStarted():
-            run = _fill(run, agent=data.agent, title=data.title, started_at=fact.time)
-            return _move(run, fact, RunState.RUNNING)
+            fill = _blanks(run, agent=data.agent, title=data.title, started_at=fact.time)
+            return _move(run, fact, RunState.RUNNING, fill)
         case HumanRequested():
-            run = _fill(run, agent=data.agent, title=data.title)
             return _move(
                 run,
                 fact,
                 RunState.WAITING_FOR_HUMAN,
+                _blanks(run, agent=data.agent, title=data.title),
                 waiting_request_id=data.request_id,
                 waiting_recipient=data.recipient,
                 waiting_question=data.question,
@@ -151,13 +153,13 @@ def _apply(run: RunSnapshot, data: EventData, fact: _Fact) -> RunSnapshot | None
         case HumanNotified():
             if not _waits_on(run, data.request_id) or (run.waiting_channel is not None and _stale(run, fact)):
                 return None
-            return _touch(evolve(run, waiting_channel=data.channel), fact)
+            return _touch(run, fact, {"waiting_channel": data.channel})
         case HumanAnswered() | HumanExpired():
             if not _waits_on(run, data.request_id):
                 return None
-            return _move(run, fact, RunState.RESUMING)
+            return _move(run, fact, RunState.RESUMING, {})
         case RunResumed():
-            return _move(run, fact, RunState.RUNNING)
+            return _move(run, fact, RunState.RUNNING, {})
         case RunCompleted():
             return _finish(run, fact, RunState.COMPLETED, result=data.result)
         case RunFailed():
@@ -186,31 +188,43 @@ def _waits_on(run: RunSnapshot, request_id: str) -> bool:
     return run.state == RunState.WAITING_FOR_HUMAN and run.waiting_request_id == request_id
 
 
-def _fill(run: RunSnapshot, **values: Any) -> RunSnapshot:
-    """Set the fields that are still blank."""
-    blank = {k: v for k, v in values.items() if v is not None and getattr(run, k) is None}
-    return evolve(run, **blank) if blank else run
+def _blanks(run: RunSnapshot, **values: Any) -> dict[str, Any]:
+    """The ``values`` for the fields that are still blank."""
+    return {k: v for k, v in values.items() if v is not None and getattr(run, k) is None}
 
 
-def _touch(run: RunSnapshot, fact: _Fact) -> RunSnapshot:
-    """Note that ``fact`` was applied (``updated_at``, ``last_event_seq``); terminal runs stay as they are."""
-    if run.state in RUN.terminal:
-        return run
-    last = fact.seq if run.last_event_seq is None else max(run.last_event_seq, fact.seq)
-    return evolve(run, updated_at=max(run.updated_at, fact.time), last_event_seq=last)
+def _touch(run: RunSnapshot, fact: _Fact, update: dict[str, Any]) -> RunSnapshot:
+    """``run`` with ``update``, noting that ``fact`` was applied (``updated_at``, ``last_event_seq``)
+    unless the run is terminal (terminal runs only take ``update``, blank fields filled)."""
+    if update.get("state", run.state) not in _TERMINAL:
+        last = fact.seq if run.last_event_seq is None else max(run.last_event_seq, fact.seq)
+        update = {**update, "updated_at": max(run.updated_at, fact.time), "last_event_seq": last}
+    return updated(run, update) if update else run
 
 
-def _move(run: RunSnapshot, fact: _Fact, state: RunState, **fields: Any) -> RunSnapshot:
-    if run.state in RUN.terminal or _stale(run, fact):
-        return _touch(run, fact)
-    update: dict[str, Any] = {"state": state}
+def _move(run: RunSnapshot, fact: _Fact, state: RunState, fill: dict[str, Any], **fields: Any) -> RunSnapshot:
+    """``state`` (with ``fields``) unless the run is terminal or ``fact`` is stale; ``fill`` either way."""
+    if run.state in _TERMINAL or _stale(run, fact):
+        return _touch(run, fact, fill)
+    update: dict[str, Any] = {**fill, "state": state}
     if state != RunState.WAITING_FOR_HUMAN:
         update.update(_WAITING_CLEARED)
     update.update(fields)
-    return _touch(evolve(run, **update), fact)
+    return _touch(run, fact, update)
 
 
 def _finish(run: RunSnapshot, fact: _Fact, state: RunState, **fields: Any) -> RunSnapshot | None:
-    if run.state in RUN.terminal:
+    if run.state in _TERMINAL:
         return None
-    return evolve(_touch(run, fact), state=state, finished_at=fact.time, **_WAITING_CLEARED, **fields)
+    last = fact.seq if run.last_event_seq is None else max(run.last_event_seq, fact.seq)
+    return updated(
+        run,
+        {
+            "updated_at": max(run.updated_at, fact.time),
+            "last_event_seq": last,
+            "state": state,
+            "finished_at": fact.time,
+            **_WAITING_CLEARED,
+            **fields,
+        },
+    )

@@ -12,9 +12,11 @@ redelivering it forever (the journal consumer has no delivery limit) -- except t
 of such an event: refusing that too would dead-letter it again, and again, so it is retried.
 
 :meth:`Recorder.handle_batch` is the consumer's batch handler: a batch of events in one
-transaction -- one ``INSERT … ON CONFLICT DO NOTHING`` of the events (SQLAlchemy core, not the ORM),
-the affected runs read once, projected in memory in stream order with :func:`project`, written back
-with one upsert; the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
+transaction -- one ``INSERT … ON CONFLICT DO NOTHING`` of the events (on PostgreSQL one statement
+over ``unnest`` of one array per column, ``data`` as the JSON text the sanitizing check made anyway;
+SQLAlchemy core on SQLite; never the ORM), the affected runs read once, projected in memory in
+stream order with :func:`project` (which copies rows without validating them again), written back
+with one insert and one upsert; the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
 -- committed once, then acked by the runner. Any error rolls the whole batch back and
 raises: the runner then records the events one by one through :meth:`Recorder.handle`, where an
 unstorable event is dead-lettered alone and a database outage is retried with backoff.
@@ -68,6 +70,28 @@ _SQLITE_UNIQUE_VIOLATIONS = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_C
 _JOURNAL_CONSUMER = CONSUMERS["journal"].durable
 _RUN_COLUMNS = tuple(RunSnapshot.model_fields)
 _ASK_COLUMNS = tuple(AskSnapshot.model_fields)
+#: ``events`` columns passed as one array each to :data:`_PG_INSERT_EVENTS` (then ``data``, ``recorded_at``).
+_PG_ARRAY_COLUMNS = (
+    "id",
+    "type",
+    "source",
+    "time",
+    "run_id",
+    "correlation_id",
+    "causation_id",
+    "actor",
+    "tenant",
+    "subject",
+    "stream_seq",
+)
+_PG_ARRAY_TYPES = ("text",) * 3 + ("timestamptz",) + ("text",) * 6 + ("bigint",)
+_PG_INSERT_EVENTS = (
+    f"INSERT INTO events ({', '.join(_PG_ARRAY_COLUMNS)}, data, recorded_at) "
+    f"SELECT {', '.join(_PG_ARRAY_COLUMNS)}, data::jsonb, ${len(_PG_ARRAY_COLUMNS) + 2}::timestamptz "
+    f"FROM unnest({', '.join(f'${i}::{t}[]' for i, t in enumerate(_PG_ARRAY_TYPES, 1))}, "
+    f"${len(_PG_ARRAY_COLUMNS) + 1}::text[]) AS batch({', '.join(_PG_ARRAY_COLUMNS)}, data) "
+    "ON CONFLICT (id) DO NOTHING RETURNING id"
+)
 
 
 def _storable_text(value: str) -> str:
@@ -108,8 +132,18 @@ def sanitize(event: Envelope) -> tuple[Envelope, list[str]]:
     itself when nothing had to change. The replacement is deterministic, so a redelivered event
     still maps to the same stored id.
     """
-    if _storable(event):
-        return event, []
+    event, changed, _dumped = _cleaned(event)
+    return event, changed
+
+
+def _cleaned(event: Envelope) -> tuple[Envelope, list[str], str | None]:
+    """:func:`sanitize`, plus ``data`` as JSON text (``None`` when it is not JSON-serializable).
+
+    The common case (nothing to replace) serializes ``data`` once, for the check and for the insert.
+    """
+    dumped = _storable_dump(event)
+    if dumped is not None:
+        return event, [], dumped
     scrubber = _Scrubber()
     update: dict[str, Any] = {}
     for name in type(event).model_fields:
@@ -122,26 +156,32 @@ def sanitize(event: Envelope) -> tuple[Envelope, list[str]]:
     data = scrubber.value(event.data)
     if scrubber.changed > before:
         update["data"] = data
-    if not update:
-        return event, []
-    return evolve(event, **update), sorted(update)
-
-
-def _storable(event: Envelope) -> bool:
-    """Whether nothing in ``event`` needs replacing: one scan of its ``data`` serialized (C speed), not a walk.
-
-    ``json.dumps`` escapes U+0000 as ``\\u0000`` and keeps lone surrogates as they are (``ensure_ascii=False``);
-    a false alarm (a string holding a literal backslash-u0000) only takes the slow, exact path.
-    """
-    for name in type(event).model_fields:
-        value = getattr(event, name)
-        if isinstance(value, str) and _UNSTORABLE.search(value) is not None:
-            return False
+    if update:
+        event = evolve(event, **update)
     try:
         dumped = json.dumps(event.data, ensure_ascii=False)
     except (TypeError, ValueError):
-        return False
-    return "\\u0000" not in dumped and _UNSTORABLE.search(dumped) is None
+        dumped = None
+    return event, sorted(update), dumped
+
+
+def _storable_dump(event: Envelope) -> str | None:
+    """``event.data`` as JSON text when nothing in ``event`` needs replacing, else ``None``.
+
+    One scan of the serialized ``data`` (C speed), not a walk. ``json.dumps`` escapes U+0000 as
+    ``\\u0000`` and keeps lone surrogates as they are (``ensure_ascii=False``); a false alarm (a string
+    holding a literal backslash-u0000) only takes the slow, exact path.
+    """
+    # one search over the text attributes joined (joining never pairs two lone surrogates)
+    if _UNSTORABLE.search("".join([v for v in event.__dict__.values() if isinstance(v, str)])) is not None:
+        return None
+    try:
+        dumped = json.dumps(event.data, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    if "\\u0000" in dumped or _UNSTORABLE.search(dumped) is not None:
+        return None
+    return dumped
 
 
 def unfixable(exc: DBAPIError) -> bool:
@@ -203,10 +243,11 @@ class Recorder:
         with nothing written (the caller falls back to :meth:`record` per event).
         """
         rows: list[dict[str, Any]] = []
+        dumps: list[str | None] = []
         events: dict[str, tuple[Envelope, int]] = {}
         now = datetime.now(UTC)
         for event, stream_seq in sorted(batch, key=lambda item: item[1]):
-            event, sanitized = sanitize(event)
+            event, sanitized, dumped = _cleaned(event)
             if sanitized:
                 log.warning(
                     "event.sanitized", ce_id=event.id, ce_type=event.type, fields=sanitized, replacement="U+FFFD"
@@ -215,14 +256,11 @@ class Recorder:
                 continue
             events[event.id] = (event, stream_seq)
             rows.append(_event_row(event, stream_seq, now))
+            dumps.append(dumped)
         if not rows:
             return 0
         async with self._database.engine.begin() as conn:
-            inserted = await conn.execute(
-                self._insert(EVENTS_TABLE).on_conflict_do_nothing(index_elements=["id"]).returning(EVENTS_TABLE.c.id),
-                rows,
-            )
-            new = {row[0] for row in inserted}
+            new = await self._insert_events(conn, rows, dumps)
             fresh = [events[row["id"]] for row in rows if row["id"] in new]  # still in stream order
             moved = await self._project_batch(conn, fresh)
             asks = await self._project_asks(conn, fresh)
@@ -231,6 +269,27 @@ class Recorder:
         # one line per batch (each run's move is logged at debug): per-event info lines cost more than the SQL
         log.info("batch.recorded", events=len(rows), new=len(new), runs_moved=moved, asks_changed=asks)
         return len(new)
+
+    async def _insert_events(
+        self, conn: AsyncConnection, rows: list[dict[str, Any]], dumps: list[str | None]
+    ) -> set[str]:
+        """Insert ``rows`` unless their id is stored already; the ids that were new.
+
+        PostgreSQL: one ``INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING RETURNING id`` with one
+        array per column, ``data`` passed as the JSON text :func:`_cleaned` made anyway (cast to
+        ``jsonb`` by the server): one statement and one round trip, nothing built per row by
+        SQLAlchemy. SQLite (or a ``data`` that is not JSON-serializable): SQLAlchemy core's multi-row
+        insert with the same semantics.
+        """
+        if self._database.dialect == "postgresql" and None not in dumps:
+            columns = [[row[name] for row in rows] for name in _PG_ARRAY_COLUMNS]
+            result = await conn.exec_driver_sql(_PG_INSERT_EVENTS, (*columns, dumps, rows[0]["recorded_at"]))
+            return {row[0] for row in result}
+        inserted = await conn.execute(
+            self._insert(EVENTS_TABLE).on_conflict_do_nothing(index_elements=["id"]).returning(EVENTS_TABLE.c.id),
+            rows,
+        )
+        return {row[0] for row in inserted}
 
     async def _project_batch(self, conn: AsyncConnection, fresh: list[tuple[Envelope, int]]) -> int:
         """Project ``fresh`` (new events, stream order) onto their runs; how many state moves."""

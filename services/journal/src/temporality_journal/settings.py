@@ -53,7 +53,8 @@ class Settings(HttpServiceSettings):
         validation_alias="TEMPORALITY_DATABASE_URL",
         description="SQLAlchemy async URL (sqlite+aiosqlite:///path or postgresql+asyncpg://...)",
     )
-    batch_size: int = Field(default=256, ge=1, le=10_000, description="events recorded per transaction, at most")
+    # at most the consumer's max_ack_pending (1,000): a larger fetch is never filled and waits out its timeout
+    batch_size: int = Field(default=256, ge=1, le=1_000, description="events recorded per transaction, at most")
     retention_days: int = Field(
         default=0,
         ge=0,

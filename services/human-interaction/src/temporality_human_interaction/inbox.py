@@ -225,6 +225,9 @@ class RetentionSweeper:
                 keys.append(ref_key("telegram", "sent", record.request_id, copy.tag or "q", copy.address))
             elif copy.channel == "matrix":
                 keys.append(ref_key("matrix", "event", copy.reference))
+                poll_id = await refs.get(ref_key("matrix", "poll", copy.reference))
+                if poll_id is not None:  # the question's poll: its binding and the question -> poll link
+                    keys += [ref_key("matrix", "event", poll_id), ref_key("matrix", "poll", copy.reference)]
         for key in keys:  # the references first: a crash here leaves the record, purged by the next sweep
             await refs.delete(key)
         kv = await self._bus.kv(BUCKET_HUMAN_REQUESTS)

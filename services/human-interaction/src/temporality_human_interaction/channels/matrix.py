@@ -17,16 +17,21 @@ Outbound:
   consequences, the deadline and what happens if nobody answers) with a plain-text ``body``; the
   transaction id is derived from the request id, so a redelivered ``human.requested`` is
   deduplicated by the homeserver. Then the bot reacts with ``1️⃣``, ``2️⃣`` ... (up to ``🔟``), one
-  reaction per option: the "buttons". ``matrix.event.<event id>`` -> request id binds answers;
+  reaction per option: the "buttons". Then an ``m.poll.start`` (MSC3381, stable names) with the
+  options as its answers (their ids as answer ids), for clients that show polls
+  (``matrix.poll.<question event id>`` -> the poll's event id).
+  ``matrix.event.<event id>`` -> request id binds answers (the question's and the poll's event);
   ``matrix.latest.<room>`` names the newest question in the room (for a bare "2").
-* **update**: an ``m.replace`` edit of the question showing the outcome.
+* **update**: an ``m.replace`` edit of the question showing the outcome, and an ``m.poll.end`` closing its poll.
 * **notify**: a plain ``m.notice``.
 
 Inbound (all handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding; the responder's
 identity is the event ``sender``): a **reaction** with an option's keycap (or digit) on a question;
 a **rich reply** (``m.relates_to.m.in_reply_to``) to a question — an option's number/id/label binds
 that option, anything else free text; **plain text** naming an option's number or label binds it to
-the room's newest question. The bot answers each with a notice in reply: recorded, or why not (not
+the room's newest question; a **poll response** (``m.poll.response`` with ``m.selections``, or the
+unstable ``org.matrix.msc3381.poll.response``) to the question's poll binds the option it selects. The
+bot answers each with a notice in reply: recorded, or why not (not
 the recipient, already answered, expired ...). The bot's own events and edits are ignored.
 """
 
@@ -81,6 +86,9 @@ KEYCAPS = ("1️⃣", "2️⃣", "3️⃣", "4️⃣", "5️⃣", "6️⃣", "7�
 _HINT = "react with an option's number, or reply to this message"
 _TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a moment."
 _RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+POLL_START = "m.poll.start"
+POLL_END = "m.poll.end"
+POLL_RESPONSES = ("m.poll.response", "org.matrix.msc3381.poll.response")
 
 
 def option_for_reaction(options: list[HumanOption], key: str) -> HumanOption | None:
@@ -93,6 +101,31 @@ def option_for_reaction(options: list[HumanOption], key: str) -> HumanOption | N
     else:
         return None
     return options[number - 1] if 1 <= number <= len(options) else None
+
+
+def poll_content(request: HumanRequestRecord, fallback: str) -> dict[str, Any]:
+    """The ``m.poll.start`` content offering ``request``'s options (answer ids = option ids), one selection."""
+    answers = [{"m.id": o.id, "m.text": [{"body": o.label}]} for o in request.options[: len(KEYCAPS)]]
+    return {
+        "m.poll": {
+            "kind": "m.disclosed",
+            "max_selections": 1,
+            "question": {"m.text": [{"body": request.question}]},
+            "answers": answers,
+        },
+        "m.text": [{"body": fallback}],
+    }
+
+
+def poll_selection(event_type: str, content: dict[str, Any]) -> str | None:
+    """The answer id a poll response selects (stable ``m.selections`` or MSC3381's unstable form); else None."""
+    if event_type == "m.poll.response":
+        selections = content.get("m.selections")
+    else:
+        selections = (content.get("org.matrix.msc3381.poll.response") or {}).get("answers")
+    if not isinstance(selections, list) or not selections or not isinstance(selections[0], str):
+        return None
+    return selections[0]
 
 
 def _strip_reply_fallback(body: str) -> str:
@@ -258,6 +291,13 @@ class MatrixAdapter(ChannelAdapter):
         for number, _ in enumerate(request.options[: len(KEYCAPS)], start=1):
             reaction = {"m.relates_to": {"rel_type": "m.annotation", "event_id": event_id, "key": KEYCAPS[number - 1]}}
             await self._send(room_id, "m.reaction", reaction, tx_id=f"r-{send}-{number}")
+        if request.options:
+            fallback = "\n".join(
+                [request.question, *(f"{n}. {o.label}" for n, o in enumerate(request.options[: len(KEYCAPS)], 1))]
+            )
+            poll_id = await self._send(room_id, POLL_START, poll_content(request, fallback), tx_id=f"p-{send}")
+            await self._refs.claim(ref_key("matrix", "event", poll_id), request.request_id)
+            await self._refs.put(ref_key("matrix", "poll", event_id), poll_id)
         return DeliveryReceipt(channel=self.name, reference=event_id, address=room_id)
 
     async def do_update(self, request: HumanRequestRecord, copy: SentCopy, responder_name: str | None) -> None:
@@ -282,6 +322,10 @@ class MatrixAdapter(ChannelAdapter):
         await self._send(
             copy.address, "m.room.message", content, tx_id=f"u-{request.request_id}-{request.status.value}-{copy_ref}"
         )
+        poll_id = await self._refs.get(ref_key("matrix", "poll", copy.reference))
+        if poll_id is not None:  # close the question's poll, saying how it ended
+            end = {"m.relates_to": {"rel_type": "m.reference", "event_id": poll_id}, "m.text": [{"body": outcome}]}
+            await self._send(copy.address, POLL_END, end, tx_id=f"e-{request.request_id}-{copy_ref}")
 
     async def do_notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
         assert profile.channels.matrix is not None
@@ -310,6 +354,8 @@ class MatrixAdapter(ChannelAdapter):
         relates = content.get("m.relates_to") or {}
         if kind == "m.reaction" and relates.get("rel_type") == "m.annotation":
             await self._on_reaction(room_id, source, relates)
+        elif kind in POLL_RESPONSES and relates.get("rel_type") == "m.reference":
+            await self._on_poll_response(room_id, source, str(kind), content, relates)
         elif kind == "m.room.message" and relates.get("rel_type") != "m.replace":
             body = content.get("body")
             if not isinstance(body, str) or not body.strip():
@@ -338,6 +384,20 @@ class MatrixAdapter(ChannelAdapter):
         option = option_for_reaction(record.options, str(relates.get("key", ""))) if record is not None else None
         if option is None:
             return  # an emoji that names no option: not an answer
+        result = await self._submit(request_id, str(source.get("sender")), AnswerSubmission(option_id=option.id))
+        await self._tell(room_id, source, result, f"Recorded: {option.label}")
+
+    async def _on_poll_response(
+        self, room_id: str, source: dict[str, Any], kind: str, content: dict[str, Any], relates: dict[str, Any]
+    ) -> None:
+        request_id = await self._refs.get(ref_key("matrix", "event", str(relates.get("event_id"))))
+        selected = poll_selection(kind, content)
+        if request_id is None or selected is None:
+            return  # a response to another poll, or one that selects nothing (a retraction)
+        record = await self._record(request_id)
+        option = record.option(selected) if record is not None else None
+        if option is None:
+            return  # an answer id the request does not offer: not an answer
         result = await self._submit(request_id, str(source.get("sender")), AnswerSubmission(option_id=option.id))
         await self._tell(room_id, source, result, f"Recorded: {option.label}")
 

@@ -30,6 +30,7 @@ from temporality_protocol.events import (
     AgentAskExpired,
     AgentAskUndeliverable,
     AgentConformanceChecked,
+    AgentHandedOff,
     AgentLifecycleChanged,
     AgentMessageReceived,
     AgentMessageRefused,
@@ -47,6 +48,7 @@ from temporality_protocol.events import (
     ConformanceResult,
     DeliveryAttempt,
     Escalate,
+    HandoffDocument,
     HumanAnswered,
     HumanAnswerRefused,
     HumanDirectoryChanged,
@@ -217,6 +219,14 @@ EXAMPLES: dict[str, EventData] = {
         AgentReplied(
             request_id="req-1", replier_run_id="run-2/ask/01", replier_agent="reviewer", outcome="refusal",
             answer="I only review code, ask the release manager", turn=1,
+        ),
+        AgentHandedOff(
+            handoff_id="ho-1", parent_run_id="run-1", parent_agent="planner", child_run_id="run-3",
+            agent="reviewer", call_id="call-1", turn=2,
+            document=HandoffDocument(
+                objective="Review PR 42", current_status="planned", completed_steps=["read the PR"],
+                remaining_steps=["review the API change"], acceptance_criteria=["a verdict with reasons"],
+            ),
         ),
         AgentAnswerReceived(
             request_id="req-1", asker_run_id="run-1", replier_run_id="run-2/ask/01", replier_agent="reviewer",

@@ -40,11 +40,20 @@ def test_a_plain_list_is_the_allow_list_and_the_default_is_input_and_ask() -> No
 def test_deny_wins_over_allow_and_patterns_never_select_a_deprecated_alias() -> None:
     everything = ToolPolicy(allow=["*"])
     # not get_pr_context
-    assert _names(everything) == ["get_input", "ask_human", "notify", "get_collaborators", "ask_agent", "answer_agent"]
+    assert _names(everything) == [
+        "get_input",
+        "ask_human",
+        "notify",
+        "get_collaborators",
+        "ask_agent",
+        "answer_agent",
+        "handoff_to_agent",
+    ]
     assert _names(ToolPolicy(allow=["*"], deny=["notify", "ask_*"])) == [
         "get_input",
         "get_collaborators",
         "answer_agent",
+        "handoff_to_agent",
     ]
     assert _names(ToolPolicy(allow=["get_pr_context", "ask_human"])) == ["ask_human", "get_pr_context"]
 

@@ -362,8 +362,9 @@ CONSUMERS: dict[str, ConsumerSpec] = {
                 subject_for("run.failed"),
                 subject_for("run.cancelled"),
                 subject_for("human.answered"),
+                subject_for("agent.handed_off"),
             ),
-            "Saga participants projection (COL-1)",
+            "Saga participants projection (COL-1; AP-6 handoffs)",
         ),
         ConsumerSpec(
             "agent-collab-asks",
@@ -656,6 +657,8 @@ SERVICES: dict[str, ServiceSpec] = {
                 "human.notify_requested",
                 "agent.asked",
                 "agent.replied",
+                "agent.handed_off",  # AP-6: a handoff, then the child's run.requested
+                "run.requested",
                 DEAD_LETTERED,
             ),
         ),

@@ -27,6 +27,7 @@ __all__ = [
     "AgentCapability",
     "AgentCard",
     "AgentConformanceChecked",
+    "AgentHandedOff",
     "AgentLifecycleChanged",
     "AgentLimits",
     "AgentMessageReceived",
@@ -58,6 +59,7 @@ __all__ = [
     "DeregistrationReply",
     "Escalate",
     "EventData",
+    "HandoffDocument",
     "Heartbeat",
     "HeartbeatAck",
     "HumanAnswer",
@@ -712,6 +714,11 @@ class Collaborator(_Model):
     task: Annotated[str, Field(max_length=200)] | None = None
     status: str
     run_id: str | None = None
+    #: How this run came into the saga, when not by its own launch: ``handoff`` (AP-6, another run handed its
+    #: task to it); ``None`` otherwise.
+    relation: Literal["handoff"] | None = None
+    #: The run that handed its task to this one (``relation: handoff``).
+    parent_run_id: str | None = None
 
 
 class CollaboratorsReply(_Model):
@@ -780,6 +787,42 @@ class AgentReplied(EventData):
     answer: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
     truncated: bool = False
     turn: Annotated[int, Field(ge=0)] = 0
+
+
+HandoffItem = Annotated[str, Field(max_length=MAX_TEXT)]
+HandoffList = Annotated[list[HandoffItem], Field(max_length=50)]
+
+
+class HandoffDocument(_Model):
+    """AP-6: what a run hands to another agent -- self-contained, so the child needs nothing else."""
+
+    objective: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+    current_status: HandoffItem = ""
+    completed_steps: HandoffList = Field(default_factory=list)
+    remaining_steps: HandoffList = Field(default_factory=list)
+    artifacts: HandoffList = Field(default_factory=list)
+    memory_links: HandoffList = Field(default_factory=list)
+    open_questions: HandoffList = Field(default_factory=list)
+    constraints: HandoffList = Field(default_factory=list)
+    acceptance_criteria: HandoffList = Field(default_factory=list)
+
+
+class AgentHandedOff(EventData):
+    """AP-6: a run handed its task to another agent (run-executor). This one event decides the handoff: the
+    child's ``run.requested`` (same saga, ``parent_run_id`` the handing run) follows from it with an id derived
+    from ``handoff_id``; the handing run then completes."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.handed_off"
+    #: ``derive_id("ho", parent run, tool call id)``: a retried or replayed call is the same handoff.
+    handoff_id: AskRequestId
+    parent_run_id: str
+    parent_agent: str
+    child_run_id: str
+    #: The target agent (a hosted agent card).
+    agent: str
+    document: HandoffDocument
+    turn: Annotated[int, Field(ge=0)] = 0
+    call_id: str = ""
 
 
 class AgentAnswerReceived(EventData):
@@ -1254,6 +1297,7 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         AgentAsked,
         AgentMessageReceived,
         AgentReplied,
+        AgentHandedOff,
         AgentAnswerReceived,
         AgentAskExpired,
         AgentAskUndeliverable,

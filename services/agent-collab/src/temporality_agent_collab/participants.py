@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporality_bus import evolve
 from temporality_protocol import (
     RUN,
+    AgentHandedOff,
     Collaborator,
     Envelope,
     HumanAnswered,
@@ -52,7 +53,9 @@ APPLIED_EVENT_IDS_MAX = 512
 #: COL-1: a collaborator's ``task`` is the run title cut to this many characters.
 TASK_MAX = 200
 #: The event types the projection understands (the filter of ``CONSUMERS["agent-collab-runs"]``).
-HANDLED_TYPES = frozenset(m.EVENT_TYPE for m in (RunStarted, RunCompleted, RunFailed, RunCancelled, HumanAnswered))
+HANDLED_TYPES = frozenset(
+    m.EVENT_TYPE for m in (RunStarted, RunCompleted, RunFailed, RunCancelled, HumanAnswered, AgentHandedOff)
+)
 
 _KEY_TOKEN = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
 _TERMINAL_STATUS: dict[str, RunState] = {
@@ -81,6 +84,8 @@ class RunEntry(_Model):
     parent_run_id: str | None = None
     #: The ``run.started`` event's time: ``agent:<id>`` resolves to the agent's latest-started run (COL-6).
     started_at: datetime | None = None
+    #: ``handoff``: the run was started by ``agent.handed_off`` (AP-6), its parent handed it the task.
+    relation: str | None = None
 
 
 class HumanEntry(_Model):
@@ -122,8 +127,10 @@ def run_key(run_id: str) -> str:
 
 # --------------------------------------------------------------------------- events
 def run_of(event: Envelope) -> str:
-    """The run an event is about: ``data.run_id`` (every handled type has one), else the envelope's ``runid``."""
-    run_id = event.data.get("run_id")
+    """The run an event is about: ``data.run_id`` (``parent_run_id`` for ``agent.handed_off``: the handing run,
+    whose saga the child joins), else the envelope's ``runid``."""
+    key = "parent_run_id" if event.type == AgentHandedOff.EVENT_TYPE else "run_id"
+    run_id = event.data.get(key)
     if isinstance(run_id, str) and run_id:
         return run_id
     if event.runid:
@@ -188,6 +195,15 @@ def apply(saga: SagaParticipants, event: Envelope) -> SagaParticipants | None:
         event.payload()  # validate the data even though only its run id and type matter here
         before = runs.get(run_id, RunEntry())
         runs[run_id] = evolve(before, status=_next_status(before.status, _TERMINAL_STATUS[event.type]))
+    elif event.type == AgentHandedOff.EVENT_TYPE:  # AP-6: the child joins the saga before it starts
+        handed = event.payload(AgentHandedOff)
+        before = runs.get(handed.child_run_id, RunEntry())
+        runs[handed.child_run_id] = evolve(
+            before,
+            agent=before.agent or handed.agent,
+            parent_run_id=handed.parent_run_id,
+            relation="handoff",
+        )
     else:  # human.answered
         answered = event.payload(HumanAnswered)
         if answered.run_id not in runs:
@@ -213,12 +229,20 @@ def apply(saga: SagaParticipants, event: Envelope) -> SagaParticipants | None:
 # --------------------------------------------------------------------------- reply items
 def _run_item(run_id: str, run: RunEntry) -> Collaborator:
     task = run.title[:TASK_MAX] if run.title is not None else None
+    handoff = run.relation == "handoff"
+    extra = {"relation": "handoff", "parent_run_id": run.parent_run_id} if handoff else {}
     if run.agent:
         return Collaborator(
-            id=f"agent:{run.agent}", kind="agent", role=run.role, task=task, status=run.status.value, run_id=run_id
+            id=f"agent:{run.agent}",
+            kind="agent",
+            role=run.role,
+            task=task,
+            status=run.status.value,
+            run_id=run_id,
+            **extra,
         )
     return Collaborator(
-        id=f"run:{run_id}", kind="run", role=run.role, task=task, status=run.status.value, run_id=run_id
+        id=f"run:{run_id}", kind="run", role=run.role, task=task, status=run.status.value, run_id=run_id, **extra
     )
 
 

@@ -9,6 +9,9 @@ Handler for ``CONSUMERS["agent-collab-runs"]``. Per event:
 
 The index is written before the saga, and both steps run on every delivery, so a crash between
 them is repaired by the redelivery. Returning acks; an id that cannot be a KV key is permanent.
+
+``agent.handed_off`` (AP-6) is about the handing run (its saga is the parent's); its child run is indexed
+into that saga too, so the child is in the saga before its own ``run.started`` is projected.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from temporality_agent_collab.participants import (
     saga_key,
 )
 from temporality_bus import AlreadyExists, Bus, Delivery, PermanentError, Store, TransientError
-from temporality_protocol import Envelope
+from temporality_protocol import AgentHandedOff, Envelope
 from temporality_protocol.catalog import BUCKET_COLLAB
 
 __all__ = ["Projector"]
@@ -62,6 +65,8 @@ class Projector:
         try:
             run_id = run_of(event)
             saga_id = await self._saga_for(run_id, saga_id_of(event))
+            if event.type == AgentHandedOff.EVENT_TYPE:  # AP-6: the child joins the handing run's saga
+                await self._saga_for(event.payload(AgentHandedOff).child_run_id, saga_id)
             changed = await self._apply(saga_id, event)
         except InvalidKey as exc:
             raise PermanentError(str(exc)) from exc

@@ -273,7 +273,9 @@ class Engine:
 
     def agent(self, name: str) -> Agent | None:
         card = self.agents.get(name)
-        return Agent(card, self.registry(card)) if card is not None else None
+        if card is None:
+            return None
+        return Agent(card, self.registry(card), hosted=frozenset(c.id for c in self.agents.cards()))
 
     # ------------------------------------------------------------------ handlers
     async def on_run_requested(self, event: Envelope, delivery: Delivery) -> None:
@@ -508,9 +510,11 @@ class Engine:
         assert run is not None
         if len(publishes) == 1:
             (only,) = publishes
-            await self._emit(run, only.data, *only.id_parts, causation=only.causation)
+            await self._emit(run, only.data, *only.id_parts, causation=only.causation, run_id=only.run_id)
         else:
-            await asyncio.gather(*(self._emit(run, p.data, *p.id_parts, causation=p.causation) for p in publishes))
+            await asyncio.gather(
+                *(self._emit(run, p.data, *p.id_parts, causation=p.causation, run_id=p.run_id) for p in publishes)
+            )
         if self.crash_point is not None:
             for published in publishes:
                 await self._seam("published", published.data.EVENT_TYPE)
@@ -681,13 +685,15 @@ class Engine:
             log.info("run.state", state=target.value)
         return result.value
 
-    async def _emit(self, run: RunRecord, data: EventData, *id_parts: str, causation: str | None = None) -> None:
+    async def _emit(
+        self, run: RunRecord, data: EventData, *id_parts: str, causation: str | None = None, run_id: str | None = None
+    ) -> None:
         await self.bus.publish(
             make_event(
                 data,
                 source=SOURCE,
                 id=derive_id("evt", run.run_id, data.EVENT_TYPE, *id_parts),
-                run_id=run.run_id,
+                run_id=run_id or run.run_id,
                 correlation_id=run.correlation_id,
                 causation_id=causation,
                 actor=f"agent:{run.agent}",

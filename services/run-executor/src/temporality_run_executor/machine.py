@@ -64,15 +64,18 @@ from temporality_protocol import (
     AgentAsked,
     AgentAskExpired,
     AgentAskUndeliverable,
+    AgentHandedOff,
     AgentMessageReceived,
     AgentReplied,
     AgentReplyUndeliverable,
     AgentSummary,
     EventData,
+    HandoffDocument,
     HumanAnswered,
     HumanExpired,
     HumanRejected,
     HumanRequested,
+    LaunchSource,
     RunCancelled,
     RunCancelRequested,
     RunCheckpointed,
@@ -117,9 +120,11 @@ from temporality_run_executor.tools import (
     ASK_HUMAN,
     COLLAB_TOOLS,
     GET_INPUT,
+    HANDOFF_TO_AGENT,
     AnswerAgentArgs,
     AskAgentArgs,
     AskHumanArgs,
+    HandoffArgs,
     Tool,
     ToolError,
     ToolRegistry,
@@ -128,6 +133,7 @@ from temporality_run_executor.watchdog import WatchdogPayload
 
 __all__ = [
     "ACTIVE",
+    "MAX_HANDOFF_DEPTH",
     "MAX_TEXT",
     "AdoptCancelMarker",
     "Agent",
@@ -184,6 +190,8 @@ __all__ = [
     "drives",
     "flagged",
     "frame",
+    "handed_off_to",
+    "handoff_ids",
     "human_outcome",
     "initial_checkpoint",
     "leased",
@@ -232,6 +240,8 @@ class Agent:
 
     card: AgentCard
     tools: ToolRegistry
+    #: The ids of the hosted agent cards this executor knows: the targets ``handoff_to_agent`` accepts (AP-6).
+    hosted: frozenset[str] = frozenset()
 
     def offered(self) -> list[Tool]:
         return self.tools.offered(self.card.tools)
@@ -402,6 +412,10 @@ class Emit:
     publish: Publish
     #: ``answer_agent``: the request it answers (marked answered when the turn commits).
     answers: str | None = None
+    #: Published right after ``publish`` (a handoff's child ``run.requested``).
+    also: tuple[Publish, ...] = ()
+    #: ``handoff_to_agent``: the child run; the run completes (handed off) when the turn commits (AP-6).
+    handoff: str | None = None
 
 
 ToolPlan = Invoke | Refuse | Ask | Emit
@@ -486,6 +500,8 @@ class Publish:
     data: EventData
     id_parts: tuple[str, ...] = ()
     causation: str | None = None
+    #: The envelope's ``runid`` when the event belongs to another run's trajectory (a handoff's child run).
+    run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -985,6 +1001,9 @@ def _boundary(
         return _park(run, ckpt.pending)
     if _held_by_other(run, attempt, now):  # our lease expired mid-turn and another handler took over
         return _decision(Note("run.lease.lost", "warning", {"holder": run.lease.holder if run.lease else None}))
+    child = handed_off_to(ckpt)
+    if child is not None:  # a crash after the handoff's turn was committed: the run still ends, handed off
+        return _decision(*_complete(run, _handed_off_result(child), _totals(ckpt)))
     if ckpt.inbox:
         return _decision(DeliverMail(), then=Boundary())
     limits = agent.card.limits
@@ -1101,10 +1120,18 @@ def _plan_calls(
 ) -> tuple[ToolPlan, ...]:
     plans: list[ToolPlan] = []
     asked = False
+    handed = False
     answered: set[str] = set()
     for index, call in enumerate(reply.tool_calls):
-        plan = _plan_call(run, ckpt, agent, turn, index, call, asked, answered, now)
+        if call.name == HANDOFF_TO_AGENT and (asked or handed):
+            why = "one handoff per turn, never together with a waiting call (ask_human, ask_agent mode=wait)"
+            plan: ToolPlan = Refuse(tool_error(why))
+        elif handed and call.name in (ASK_HUMAN, ASK_AGENT) and call.arguments.get("mode") != "async":
+            plan = Refuse(tool_error("this run has handed its task off in this turn: it cannot wait for anything"))
+        else:
+            plan = _plan_call(run, ckpt, agent, turn, index, call, asked, answered, now)
         asked = asked or isinstance(plan, Ask)
+        handed = handed or (isinstance(plan, Emit) and plan.handoff is not None)
         if isinstance(plan, Emit) and plan.answers is not None:
             answered.add(plan.answers)
         plans.append(plan)
@@ -1149,6 +1176,8 @@ def _plan_call(
         return _plan_ask_agent(run, turn, index, call, asked, now)
     if tool.name == ANSWER_AGENT:
         return _plan_answer_agent(run, ckpt, turn, index, call, answered)
+    if tool.name == HANDOFF_TO_AGENT:
+        return _plan_handoff(run, agent, turn, call)
     if tool.name != ASK_HUMAN:
         return Invoke(tool)
     if asked:
@@ -1250,6 +1279,94 @@ def _plan_answer_agent(
     return Emit(json.dumps(content, sort_keys=True), Publish(replied, (str(turn), str(index))), args.request_id)
 
 
+def handoff_ids(run_id: str, call_id: str) -> tuple[str, str]:
+    """AP-6: ``(handoff id, child run id)`` of the ``handoff_to_agent`` call ``call_id`` of the run -- the same
+    on every retry or replay of the call, so it never makes two children."""
+    return derive_id("ho", run_id, HANDOFF_TO_AGENT, call_id), derive_id("run", run_id, HANDOFF_TO_AGENT, call_id)
+
+
+def _handed_off_result(child_run_id: str) -> str:
+    """The result of a run that handed its task off (``run.completed.result``)."""
+    return json.dumps({"status": "handed_off", "child_run_id": child_run_id}, sort_keys=True)
+
+
+def handed_off_to(ckpt: Checkpoint) -> str | None:
+    """The child run when the last committed turn handed the run's task off (AP-6), else ``None``."""
+    last = next((m for m in reversed(ckpt.messages) if m.role == "assistant"), None)
+    if last is None:
+        return None
+    calls = {call.id for call in last.tool_calls if call.name == HANDOFF_TO_AGENT}
+    for message in ckpt.messages:
+        if message.role == "tool" and message.tool_call_id in calls:
+            try:
+                content = json.loads(message.content or "null")
+            except ValueError:
+                continue
+            if isinstance(content, dict) and content.get("status") == "handed_off":
+                return str(content["child_run_id"])
+    return None
+
+
+#: A handoff chain longer than this is refused (each child's ``launch.depth`` is one more than its parent's).
+MAX_HANDOFF_DEPTH = 8
+
+
+def _plan_handoff(run: RunRecord, agent: Agent, turn: int, call: ToolCall) -> ToolPlan:
+    """AP-6: hand the run's task to a hosted agent. ``agent.handed_off`` decides it; the child's ``run.requested``
+    (same saga, parent this run, the document as its input, this run's human policy -- never wider) follows;
+    the run completes when the turn commits."""
+    try:
+        args = HandoffArgs.model_validate(call.arguments)
+    except ValidationError as exc:
+        return Refuse(tool_error(f"invalid handoff_to_agent arguments: {exc}"))
+    if args.agent not in agent.hosted:
+        known = ", ".join(sorted(agent.hosted)) or "none"
+        return Refuse(tool_error(f"no agent {args.agent!r} to hand off to; the agents you may hand off to: {known}"))
+    if run.launch.depth >= MAX_HANDOFF_DEPTH:
+        return Refuse(tool_error(f"this task was handed on {run.launch.depth} times already: finish it here"))
+    handoff_id, child_run_id = handoff_ids(run.run_id, call.id)
+    document = HandoffDocument(**args.model_dump(exclude={"agent"}))
+    handed = AgentHandedOff(
+        handoff_id=handoff_id,
+        parent_run_id=run.run_id,
+        parent_agent=run.agent,
+        child_run_id=child_run_id,
+        agent=args.agent,
+        document=document,
+        turn=turn,
+        call_id=call.id,
+    )
+    child = RunRequested(
+        run_id=child_run_id,
+        agent=args.agent,
+        title=f"Handoff from {run.agent}: {' '.join(args.objective.split())}"[:200],
+        launch=LaunchSource(kind="event", depth=run.launch.depth + 1),
+        input={
+            "handoff": {
+                "handoff_id": handoff_id,
+                "from_agent": run.agent,
+                "from_run_id": run.run_id,
+                **document.model_dump(mode="json"),
+            }
+        },
+        human=run.human,
+        parent_run_id=run.run_id,
+    )
+    content = {
+        "status": "handed_off",
+        "handoff_id": handoff_id,
+        "child_run_id": child_run_id,
+        "agent": args.agent,
+        "note": "the task is now with that agent's run; this run ends after this turn",
+    }
+    return Emit(
+        json.dumps(content, sort_keys=True),
+        Publish(handed, (handoff_id,)),
+        also=(Publish(child, (handoff_id,), run_id=child_run_id),),
+        handoff=child_run_id,
+    )
+
+
 def _tool_returned(
     run: RunRecord | None, ckpt: Checkpoint | None, agent: Agent | None, incoming: ToolReturned, now: datetime
 ) -> Decision:
@@ -1298,7 +1415,7 @@ def _calls_from(
         if isinstance(plan, Invoke):
             return Decision(tuple(done), CallTool(turn, index))
         if isinstance(plan, Emit):
-            done.append(plan.publish)
+            done += [plan.publish, *plan.also]
         elif plan.note is not None:
             done.append(plan.note)
         done.append(_tool_called(run, turn.number, index, call, plan.content))
@@ -1340,7 +1457,11 @@ def _commit(
         malformed_tool_calls=malformed,
         received=received,
     )
-    return Decision((*effects, SaveCheckpoint(saved), _checkpointed(run, saved)), Boundary())
+    committed = (*effects, SaveCheckpoint(saved), _checkpointed(run, saved))
+    handoff = next((p.handoff for p in turn.plans if isinstance(p, Emit) and p.handoff is not None), None)
+    if handoff is not None:  # AP-6: the task is the child's now; this run ends with this turn
+        return Decision((*committed, *_complete(run, _handed_off_result(handoff), _totals(saved))))
+    return Decision(committed, Boundary())
 
 
 def _watchdog_fired(
@@ -1827,7 +1948,7 @@ def _hidden(run: RunRecord) -> frozenset[str]:
     if not run.collab:
         return COLLAB_TOOLS
     if run.relay is not None:
-        return frozenset({ASK_AGENT})
+        return frozenset({ASK_AGENT, HANDOFF_TO_AGENT})
     return frozenset()
 
 

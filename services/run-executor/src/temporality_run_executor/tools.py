@@ -12,6 +12,8 @@ offered) plus an implementation. The built-ins (:data:`BUILTIN_TOOLS`):
                     ``agent.asked`` and returns at once, ``wait`` parks the run in ``waiting_for_agent``.
 ``answer_agent``    answer (or refuse, PRO-1) a request this run received: handled by the run machine,
                     which publishes ``agent.replied`` (COL-3).
+``handoff_to_agent``  hand the run's task to another (hosted) agent (AP-6): handled by the run machine, which
+                    publishes ``agent.handed_off`` and the child's ``run.requested``; the run then completes.
 ``get_pr_context``  DEPRECATED alias of ``get_input``, kept for cards written before it; offered only
                     when a card names it exactly (a pattern such as ``*`` never selects it).
 
@@ -63,10 +65,12 @@ __all__ = [
     "COLLAB_TOOLS",
     "GET_COLLABORATORS",
     "GET_INPUT",
+    "HANDOFF_TO_AGENT",
     "NOTIFY",
     "AnswerAgentArgs",
     "AskAgentArgs",
     "AskHumanArgs",
+    "HandoffArgs",
     "NotifyArgs",
     "Tool",
     "ToolContext",
@@ -81,8 +85,9 @@ NOTIFY = "notify"
 GET_COLLABORATORS = "get_collaborators"
 ASK_AGENT = "ask_agent"
 ANSWER_AGENT = "answer_agent"
+HANDOFF_TO_AGENT = "handoff_to_agent"
 #: The agent-collaboration tools: runs created before they existed are offered none of them (COL-9).
-COLLAB_TOOLS = frozenset({GET_COLLABORATORS, ASK_AGENT, ANSWER_AGENT})
+COLLAB_TOOLS = frozenset({GET_COLLABORATORS, ASK_AGENT, ANSWER_AGENT, HANDOFF_TO_AGENT})
 #: Seconds ``get_collaborators`` waits for agent-collab's reply.
 COLLABORATORS_TIMEOUT_S = 5.0
 #: A tool name as the OpenAI function-calling API accepts it.
@@ -145,6 +150,30 @@ class AnswerAgentArgs(BaseModel):
     request_id: Annotated[str, Field(min_length=1, max_length=128, description="The request id of the message")]
     answer: Annotated[str, Field(min_length=1, description="The answer, or why you refuse (cut at 4096 characters)")]
     refuse: Annotated[bool, Field(description="Refuse the request instead of answering it (say why)")] = False
+
+
+_Items = Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=50)]
+
+
+class HandoffArgs(BaseModel):
+    """AP-6: ``handoff_to_agent(agent, objective, current_status, completed_steps, remaining_steps, artifacts,
+    memory_links, open_questions, constraints, acceptance_criteria)``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent: Annotated[
+        str,
+        Field(min_length=1, max_length=128, description="The agent id to hand the task to (a hosted agent card)"),
+    ]
+    objective: Annotated[str, Field(min_length=1, max_length=4096, description="What the other agent must achieve")]
+    current_status: Annotated[str, Field(max_length=4096, description="Where the task stands now")] = ""
+    completed_steps: _Items = Field(default_factory=list, description="What is done already")
+    remaining_steps: _Items = Field(default_factory=list, description="What is left to do")
+    artifacts: _Items = Field(default_factory=list, description="Results so far: links, ids, short content")
+    memory_links: _Items = Field(default_factory=list, description="Where to read more (documents, runs, notes)")
+    open_questions: _Items = Field(default_factory=list, description="What is still unclear")
+    constraints: _Items = Field(default_factory=list, description="What the other agent must respect")
+    acceptance_criteria: _Items = Field(default_factory=list, description="When the task counts as done")
 
 
 Publish = Callable[[EventData, tuple[str, ...]], Awaitable[None]]
@@ -361,6 +390,13 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
         description="Answer a request another agent sent you (its request id is in the message), once. Set "
         "refuse=true to decline it, saying why in `answer`.",
         parameters=AnswerAgentArgs.model_json_schema(),
+    ),
+    Tool(
+        name=HANDOFF_TO_AGENT,
+        description="Hand this task over to another agent, with everything it needs to carry on: a new run of that "
+        "agent starts in this saga with your handoff document as its input, and this run ends (completed, handed "
+        "off) after this turn. Use it when another agent should finish the work, not to ask a question.",
+        parameters=HandoffArgs.model_json_schema(),
     ),
     Tool(
         name="get_pr_context",

@@ -22,8 +22,10 @@ from temporality_protocol import (
 )
 from temporality_protocol.events import (
     AgentAskUndeliverable,
+    AgentHandedOff,
     AgentMessageRefused,
     AgentReadmitted,
+    HandoffDocument,
     HumanAnswerRefused,
     HumanDirectoryChanged,
 )
@@ -205,17 +207,27 @@ async def test_refused_answers_agent_message_refusals_and_operator_decommissions
         ),
         _lifecycle("decommissioned", 4),
         _ev(AgentReadmitted(agent_id="ext-1", incarnation=1, requested_by="oncall"), 5),
+        _ev(
+            AgentHandedOff(
+                handoff_id="req-" + "0" * 24, parent_run_id="run-1", parent_agent="reviewer",
+                child_run_id="run-2", agent="triager", document=HandoffDocument(objective="Label the issue"),
+            ),
+            6,
+            run_id="run-1",
+        ),
     ]  # fmt: skip
     await journal.recorder.record_batch([(e, i + 1) for i, e in enumerate(events)])
     response = await journal.client.get("/audit", headers=OPERATOR)
     assert response.status_code == 200, response.text
     entries = response.json()["entries"]
     assert [(e["type"], e["kind"], e["target"]) for e in entries] == [
+        ("agent.handed_off", "handoff", "run-2"),
         ("agent.readmitted", "agent_registration", "ext-1"),
         ("agent.lifecycle_changed", "agent_registration", "ext-1"),
         ("agent.message_refused", "agent_refusal", "ext-1"),
         ("human.answer_refused", "permission_refusal", "h1"),
     ]
-    assert entries[0]["actor"] == "oncall"
-    assert "replayed_nonce" in entries[2]["summary"]
-    assert "telegram:3003" in entries[3]["summary"]
+    assert "handed its task to agent triager" in entries[0]["summary"]
+    assert entries[1]["actor"] == "oncall"
+    assert "replayed_nonce" in entries[3]["summary"]
+    assert "telegram:3003" in entries[4]["summary"]

@@ -30,6 +30,7 @@ from temporality_protocol import (
     new_id,
 )
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
+from temporality_testing.waiting import stays
 
 
 def _run_requested(run_id: str, allowed: list[str], max_timeout_s: int = 7 * 24 * 3600) -> RunRequested:
@@ -147,6 +148,32 @@ async def test_a_request_whose_run_never_came_is_refused_after_the_bound(
     assert payload.reason == "recipient_not_allowed"
     assert "no policy for run" in payload.detail
     assert await stored(bus, payload.request_id) is None
+
+
+async def test_past_the_bound_a_request_waits_while_the_projection_catches_up(
+    bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]
+) -> None:
+    """After an outage with a backlog of run.requested, the bound alone would refuse requests whose policy is
+    still in the backlog: while the policies consumer has messages pending, the request keeps waiting."""
+    policy_consumer, request_consumer = _consumers(bus, directory, adapters, wait_deliveries=2)
+    async with running(policy_consumer):  # its durable exists (it ran before the outage), then it stops
+        pass
+    run_id = new_id("run")
+    await _publish_run(bus, run_id, ["user:alice"])  # in the policies consumer's backlog
+    event = requested(recipient="user:alice", run_id=run_id)
+    await bus.publish(event)
+    async with running(request_consumer):
+        await _redelivered(bus, "human-interaction-requests")
+
+        async def not_refused() -> bool:
+            return await events_of(bus, "human.rejected") == []
+
+        # the bound (2 deliveries, ~0.5 s) is long past, and the request is still waiting, not refused
+        await stays(not_refused, settle_s=4.0, what="no refusal while the projection is behind")
+        async with running(policy_consumer):
+            [notified] = await exactly(bus, "human.notified", within_s=60)
+    assert notified.payload(HumanNotified).request_id == event.data["request_id"]
+    assert await events_of(bus, "human.rejected") == []
 
 
 async def test_a_forged_notification_widening_the_recipients_is_refused(

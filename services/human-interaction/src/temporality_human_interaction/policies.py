@@ -14,15 +14,20 @@ against each other, so a ``human.requested`` may arrive before its run's policy 
 then raises :class:`~temporality_bus.TransientError` (nak with the consumer's backoff) until
 :attr:`RunPolicies.wait_deliveries` deliveries have seen no policy, and then refuses the request
 (``human.rejected``, ``recipient_not_allowed``, the detail says no policy is known for the run).
+Past that bound it still waits while the policies consumer has messages pending (it is catching up, e.g.
+after an outage with a backlog of ``run.requested``), up to the request consumer's last delivery.
 """
 
 from __future__ import annotations
 
+import nats.errors
+import nats.js.errors
 import structlog
 
 from temporality_bus import Bus, Delivery, TransientError
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_protocol import Envelope, HumanPolicy, RunRequested
+from temporality_protocol.catalog import CONSUMERS
 
 __all__ = ["DEFAULT_WAIT_DELIVERIES", "PolicyUnknown", "RunPolicies", "RunPolicyHandler", "policy_key"]
 
@@ -30,6 +35,10 @@ log = structlog.get_logger(__name__)
 
 #: How many deliveries of a ``human.requested`` wait for its run's policy (backoff 0.5, 1, 2, 5 s: ~8.5 s).
 DEFAULT_WAIT_DELIVERIES = 5
+#: The consumer projecting ``run.requested``; while it lags, a request keeps waiting past the bound.
+POLICIES_CONSUMER = "human-interaction-policies"
+#: The request consumer's last delivery: the wait ends there with a refusal, never a dead letter.
+_LAST_DELIVERY = CONSUMERS["human-interaction-requests"].max_deliver
 
 
 def policy_key(run_id: str) -> str:
@@ -44,6 +53,7 @@ class RunPolicies:
     """Read and write the projection (``policy.<run id>`` in ``human-channels``)."""
 
     def __init__(self, bus: Bus, *, wait_deliveries: int = DEFAULT_WAIT_DELIVERIES) -> None:
+        self._bus = bus
         self._refs = ChannelRefs(bus)
         self.wait_deliveries = wait_deliveries
 
@@ -66,10 +76,22 @@ class RunPolicies:
         if seen < self.wait_deliveries:
             log.info("policy.not_yet_known", run_id=run_id, delivery=seen, of=self.wait_deliveries)
             raise TransientError(f"no run.requested seen yet for run {run_id} (delivery {seen})")
+        if delivery is not None and seen < _LAST_DELIVERY and (behind := await self._policies_behind()):
+            log.info("policy.projection_catching_up", run_id=run_id, delivery=seen, pending=behind)
+            raise TransientError(f"no policy for run {run_id} yet; the projection is {behind} events behind")
         raise PolicyUnknown(
             f"human-interaction has no policy for run {run_id}: its run.requested was not seen "
             f"(waited {seen} deliveries), so nobody may be asked"
         )
+
+    async def _policies_behind(self) -> int:
+        """Messages the policies consumer has not settled yet (0: caught up, or it cannot be told)."""
+        spec = CONSUMERS[POLICIES_CONSUMER]
+        try:
+            info = await self._bus.js.consumer_info(spec.stream, spec.durable)
+        except (nats.js.errors.NotFoundError, nats.errors.Error, TimeoutError):
+            return 0  # no such durable (it never ran) or no answer: the bound applies as it is
+        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
 
 class RunPolicyHandler:

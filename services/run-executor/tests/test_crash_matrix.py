@@ -23,15 +23,13 @@ the routed ``agent.answer.received``). Bugs it found (fixed): a kill between a t
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 
 import pytest
+from executor_processes import Crash, Process, start_process
 from executor_support import REVIEWER, run_requested
 
-from temporality_bus import Bus, Consumer, NatsSettings
+from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
     AgentAnswerReceived,
     AgentAsked,
@@ -44,11 +42,9 @@ from temporality_protocol import (
     derive_id,
     make_event,
 )
-from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS, CONSUMERS
-from temporality_run_executor.agents import AgentCard, AgentDirectory, ProviderConfig
-from temporality_run_executor.engine import Engine
+from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
+from temporality_run_executor.agents import AgentCard, ProviderConfig
 from temporality_run_executor.machine import ask_request_id
-from temporality_run_executor.providers.factory import ProviderCache
 from temporality_run_executor.providers.script import Script
 from temporality_run_executor.records import Checkpoint, RunRecord
 from temporality_run_executor.tools import ToolPolicy
@@ -82,76 +78,8 @@ ASKER = AgentCard(
 )
 
 
-class ProcessKilled(Exception):
-    """What the killed executor's handler ends with (its connection is already closed: nothing it does
-    afterwards reaches the server)."""
-
-
-@dataclass
-class Crash:
-    """The fault: at the ``nth`` time the driver passes ``point`` (counted once armed), the process dies."""
-
-    point: str
-    nth: int = 1
-    armed: bool = False
-    hits: int = 0
-    bus: Bus | None = None
-    crashed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def __call__(self, point: str) -> None:
-        if not self.armed or point != self.point or self.crashed.is_set():
-            return
-        self.hits += 1
-        if self.hits < self.nth:
-            return
-        self.crashed.set()
-        assert self.bus is not None
-        await self.bus.nc.close()  # kill -9: no ack, no nak, no lease release, no further publish
-        raise ProcessKilled(point)
-
-
-@dataclass
-class Process:
-    """One executor process: a connection of its own, the engine, its four consumers."""
-
-    engine: Engine
-    bus: Bus
-    stack: contextlib.AsyncExitStack
-    cache: ProviderCache
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    async def end(self) -> None:
-        """Stop it (gracefully if it is alive; a killed one's tasks just end)."""
-        self.stop.set()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await self.stack.aclose()
-        await self.cache.aclose()
-
-
 async def _start(settings: NatsSettings, name: str, crash: Crash | None = None) -> Process:
-    stack = contextlib.AsyncExitStack()
-    bus = await stack.enter_async_context(Bus.connect(settings, name=name))
-    cache = ProviderCache()
-    engine = await Engine.open(bus, AgentDirectory([REVIEWER, ASKER]), cache, max_deliver=8)
-    process = Process(engine, bus, stack, cache)
-    if crash is not None:
-        crash.bus = bus
-        engine.crash_point = crash
-    consumers: list[Consumer] = []
-    for durable, handler in (
-        ("run-executor-requests", engine.on_run_requested),
-        ("run-executor-human", engine.on_human_event),
-        ("run-executor-agents", engine.on_agent_event),
-    ):
-        spec = dataclasses.replace(CONSUMERS[durable], max_deliver=8, backoff_s=(0.05, 0.1))
-        consumers.append(Consumer(bus, spec, handler=handler, max_inflight=4, on_dead_letter=engine.on_dead_letter))
-    watchdog = dataclasses.replace(CONSUMERS["run-executor-watchdog"], backoff_s=(0.05, 0.1))
-    consumers.append(Consumer(bus, watchdog, raw_handler=engine.on_watchdog, max_inflight=4))
-    process.tasks.extend(asyncio.create_task(c.run(process.stop)) for c in consumers)
-    await asyncio.wait_for(asyncio.gather(*(c.running.wait() for c in consumers)), 30)
-    return process
+    return await start_process(settings, name, [REVIEWER, ASKER], crash)
 
 
 @pytest.fixture

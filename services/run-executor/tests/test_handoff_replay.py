@@ -12,16 +12,14 @@ completing with the document, and the parent completing once, handed off.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from executor_processes import Crash, Process, start_process
 
-from temporality_bus import Bus, Consumer, NatsSettings
+from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
     AgentHandedOff,
     HumanPolicy,
@@ -30,11 +28,9 @@ from temporality_protocol import (
     RunRequested,
     make_event,
 )
-from temporality_protocol.catalog import BUCKET_RUNS, CONSUMERS
-from temporality_run_executor.agents import AgentCard, AgentDirectory, ProviderConfig
-from temporality_run_executor.engine import Engine
+from temporality_protocol.catalog import BUCKET_RUNS
+from temporality_run_executor.agents import AgentCard, ProviderConfig
 from temporality_run_executor.machine import handoff_ids
-from temporality_run_executor.providers.factory import ProviderCache
 from temporality_run_executor.records import RunRecord
 from temporality_run_executor.tools import ToolPolicy
 from temporality_testing.events import EventLog
@@ -73,65 +69,8 @@ FINISHER = _card(
 )
 
 
-class ProcessKilled(Exception):
-    """What the killed executor's handler ends with (its connection is already closed)."""
-
-
-@dataclass
-class Crash:
-    """At the first time the driver passes ``point``, the process dies."""
-
-    point: str
-    bus: Bus | None = None
-    crashed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def __call__(self, point: str) -> None:
-        if point != self.point or self.crashed.is_set():
-            return
-        self.crashed.set()
-        assert self.bus is not None
-        await self.bus.nc.close()  # kill -9: no ack, no nak, no lease release, no further publish
-        raise ProcessKilled(point)
-
-
-@dataclass
-class Process:
-    bus: Bus
-    stack: contextlib.AsyncExitStack
-    cache: ProviderCache
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    async def end(self) -> None:
-        self.stop.set()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await self.stack.aclose()
-        await self.cache.aclose()
-
-
 async def _start(settings: NatsSettings, name: str, crash: Crash | None = None) -> Process:
-    stack = contextlib.AsyncExitStack()
-    bus = await stack.enter_async_context(Bus.connect(settings, name=name))
-    cache = ProviderCache()
-    engine = await Engine.open(bus, AgentDirectory([LEAD, FINISHER]), cache, max_deliver=8)
-    process = Process(bus, stack, cache)
-    if crash is not None:
-        crash.bus = bus
-        engine.crash_point = crash
-    consumers: list[Consumer] = []
-    for durable, handler in (
-        ("run-executor-requests", engine.on_run_requested),
-        ("run-executor-human", engine.on_human_event),
-        ("run-executor-agents", engine.on_agent_event),
-    ):
-        spec = dataclasses.replace(CONSUMERS[durable], max_deliver=8, backoff_s=(0.05, 0.1))
-        consumers.append(Consumer(bus, spec, handler=handler, max_inflight=4, on_dead_letter=engine.on_dead_letter))
-    watchdog = dataclasses.replace(CONSUMERS["run-executor-watchdog"], backoff_s=(0.05, 0.1))
-    consumers.append(Consumer(bus, watchdog, raw_handler=engine.on_watchdog, max_inflight=4))
-    process.tasks.extend(asyncio.create_task(c.run(process.stop)) for c in consumers)
-    await asyncio.wait_for(asyncio.gather(*(c.running.wait() for c in consumers)), 30)
-    return process
+    return await start_process(settings, name, [LEAD, FINISHER], crash)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from directory_support import (
     ADMIN,
     CAROL_TOKEN,
     OPERATOR,
+    TOKENS,
     USERS,
     VIEWER,
     carol,
@@ -20,9 +21,15 @@ from directory_support import (
 from human_support import exactly
 
 from temporality_bus import Bus
+from temporality_human_interaction.__main__ import seed_directory
+from temporality_human_interaction.api import create_app
+from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.inbound import AnswerRouter
+from temporality_human_interaction.settings import Settings
 from temporality_human_interaction.store import DirectoryStore
 from temporality_protocol import encode
 from temporality_protocol.events import HumanDirectoryChanged
+from temporality_service import ApiAuth
 
 CAROL = {"Authorization": f"Bearer {CAROL_TOKEN}"}
 
@@ -253,3 +260,22 @@ async def test_every_change_is_audited_with_who_and_what_and_no_secret(bus: Bus)
         got = await store.store.get(key)
         assert got is not None
         assert 'inbox_token":"' not in got.value.model_dump_json().replace(" ", "")
+
+
+async def test_a_token_the_replica_has_not_seen_yet_is_still_refused(bus: Bus) -> None:
+    """The shared-token check reads the store, not only this replica's directory (which follows the store
+    through a watch and may lag it: just seeded, or written by another replica). Here the replica's
+    directory stays empty, as one that has not caught up, while the store already holds alice."""
+    store = await DirectoryStore.open(bus)
+    await seed_directory(bus, store, USERS, by="file:test-users.yaml")
+    behind = Directory()  # no watch: it has seen nothing
+    app = create_app(
+        Settings(bus_timeout_s=2.0), bus, behind, AnswerRouter(bus, behind, {}), store=store, auth=ApiAuth(TOKENS)
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://human.test") as c:
+        taken = await c.post("/directory/users", json=carol(inbox_token="alice-demo-token"), headers=ADMIN)
+        assert taken.status_code == 422, taken.text
+        assert [e["field"] for e in taken.json()["errors"]] == ["inbox_token"]
+        assert "alice-demo-token" not in taken.text
+        own = await c.post("/directory/users", json=carol(), headers=ADMIN)
+        assert own.status_code == 201, own.text

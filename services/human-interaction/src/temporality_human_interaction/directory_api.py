@@ -30,6 +30,7 @@ secret) after the store took it; the answer waits until this replica serves the 
 
 from __future__ import annotations
 
+import hmac
 import os
 import re
 from collections.abc import Awaitable, Mapping
@@ -237,7 +238,7 @@ def directory_router(
             raise EntryInvalid(kind, [{"field": "id", "message": message}])
         return entry_id
 
-    def validate_user(user_id: str, body: dict[str, Any]) -> UserProfile:
+    async def validate_user(user_id: str, body: dict[str, Any]) -> UserProfile:
         try:
             profile = UserProfile.model_validate(body).hashed()
         except ValidationError as exc:
@@ -247,9 +248,28 @@ def directory_router(
         except DirectoryError as exc:
             field = "inbox_token_env" if profile.inbox_token_env is not None else "inbox_token"
             raise EntryInvalid("user", [{"field": field, "message": str(exc)}]) from None
-        if digest is not None and directory.token_owner(digest) not in (None, user_id):
+        if digest is not None and await token_owned_elsewhere(user_id, digest):
             raise EntryInvalid("user", [{"field": "inbox_token", "message": "is another user's inbox token"}])
         return profile
+
+    async def token_owned_elsewhere(user_id: str, digest: str) -> bool:
+        """Whether another user holds this token: in this replica's directory or in the store itself.
+
+        The store is read too because the directory follows it through a watch and may not have seen a
+        user yet (just seeded, or written by another replica a moment ago)."""
+        if directory.token_owner(digest) not in (None, user_id):
+            return True
+        for other_id, record in await io(store.all("user")):
+            other = record.value.user
+            if other_id == user_id or other is None:
+                continue
+            try:
+                theirs = resolve_token(other_id, other, env)
+            except DirectoryError:
+                continue
+            if theirs is not None and hmac.compare_digest(bytes.fromhex(theirs), bytes.fromhex(digest)):
+                return True
+        return False
 
     async def validate_group(body: dict[str, Any]) -> GroupProfile:
         try:
@@ -410,7 +430,7 @@ def directory_router(
     async def create_user(request: Request, who: AsAdmin) -> JSONResponse:
         body = body_object("user", await read_json(request))
         user_id = take_id("user", body, None)
-        profile = validate_user(user_id, body)
+        profile = await validate_user(user_id, body)
         entry = DirectoryEntry(user=profile, origin="api", updated_by=who.name, updated_at=_now())
         return await create("user", user_id, entry, who)
 
@@ -428,7 +448,7 @@ def directory_router(
         token_given = "inbox_token" in body or "inbox_token_sha256" in body or body.get("inbox_token_env")
         if stored is not None and not token_given:
             body.update(inbox_token_sha256=stored.inbox_token_sha256, inbox_token_env=stored.inbox_token_env)
-        profile = validate_user(user_id, body)
+        profile = await validate_user(user_id, body)
         entry = DirectoryEntry(user=profile, origin="api", updated_by=who.name, updated_at=_now())
         return await replace("user", user_id, found, entry, who, if_match)
 

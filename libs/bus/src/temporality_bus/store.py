@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 import structlog
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 from nats.js.kv import KeyValue
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from temporality_bus.errors import AlreadyExists, Conflict, Contended, NotFound
 from temporality_bus.models import revalidated
@@ -96,6 +96,7 @@ class Store(Generic[M]):
         *,
         create: Callable[[], M] | None = None,
         attempts: int = DEFAULT_ATTEMPTS,
+        known: Versioned[M] | None = None,
     ) -> Modified[M]:
         """Compare-and-set ``key`` to ``fn(current)``, re-reading and calling ``fn`` again on every lost race.
 
@@ -112,9 +113,19 @@ class Store(Generic[M]):
         ``ValidationError`` for a value the model refuses, ``TypeError`` for another model), and the
         :class:`Modified` returned holds exactly what was stored. After ``attempts`` lost races:
         :class:`Contended` (a :class:`TransientError`).
+
+        ``known``: what the caller last read or wrote of the key (value and revision). The first attempt
+        starts from it instead of reading, which saves a round trip whenever it is still current. Only a
+        *write* is ever based on it -- the compare-and-set proves it current; a stale one loses the race and
+        the next attempt reads. Any other outcome (``fn`` changes nothing, or raises) is decided again on a
+        fresh read, so ``known`` never changes what ``modify`` returns or raises, only how many reads it takes.
         """
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
+        if known is not None:
+            written = await self._modify_known(key, fn, known)
+            if written is not None:
+                return written
         for attempt in range(1, attempts + 1):
             current = await self.get(key)
             if current is None:
@@ -142,6 +153,25 @@ class Store(Generic[M]):
                 continue
             return Modified(value, revision)
         raise Contended(self.bucket, key, attempts)
+
+    async def _modify_known(self, key: str, fn: Callable[[M], M | None], known: Versioned[M]) -> Modified[M] | None:
+        """:meth:`modify`'s write from ``known`` without a read; ``None``: decide on a fresh read instead."""
+        try:
+            new = fn(known.value)
+        except Exception:  # perhaps only because ``known`` is stale: raise (or not) on what is stored
+            return None
+        if new is None or new is known.value:  # "no change" must be true of what is stored, not of ``known``
+            return None
+        try:
+            value = revalidated(self._model, new)
+        except (ValidationError, TypeError):
+            return None
+        try:
+            revision = await self._kv.update(key, value.model_dump_json().encode(), last=known.revision)
+        except KeyWrongLastSequenceError:
+            log.debug("store.cas_retry", bucket=self.bucket, key=key, attempt=0, race="known")
+            return None
+        return Modified(value, revision)
 
     def _encode(self, value: M) -> bytes:
         return revalidated(self._model, value).model_dump_json().encode()

@@ -189,6 +189,17 @@ class _View:
     checkpoint_current: bool = False
     #: This handler's name as a lease holder.
     holder: str = ""
+    #: The store revision ``run`` was read or written at (0: unknown): the base of the next compare-and-set,
+    #: which then needs no read (``Store.modify(known=...)``; a stale one only loses the race and reads).
+    run_revision: int = 0
+
+    def known_run(self) -> Versioned[RunRecord] | None:
+        return Versioned(self.run, self.run_revision) if self.run is not None and self.run_revision else None
+
+    def hold_run(self, record: Versioned[RunRecord] | None) -> None:
+        """``record`` is what the store holds now (just read or written by this handler)."""
+        self.run, self.run_revision = (record.value, record.revision) if record is not None else (None, 0)
+        self.run_current = True
 
     @property
     def ckpt(self) -> Checkpoint | None:
@@ -382,8 +393,7 @@ class Engine:
             await self._release(view, attempt.driver)
 
     async def _drive(self, view: _View, incoming: Incoming, attempt: Attempt) -> None:
-        current = await self.runs.get(view.run_id)
-        view.run, view.run_current = (current.value if current is not None else None), True
+        view.hold_run(await self.runs.get(view.run_id))
         view.checkpoint, view.checkpoint_current = None, False
         if view.run is not None and view.run.state is not RunState.PENDING:  # a pending run has none yet
             await self._read_checkpoint(view)
@@ -421,7 +431,7 @@ class Engine:
         if run is None or run.lease is None or run.lease.holder != holder:
             return
         try:
-            await self.runs.modify(view.run_id, lambda r: released(r, holder))
+            await self.runs.modify(view.run_id, lambda r: released(r, holder), known=view.known_run())
         except Exception as exc:  # the bus is failing: the lease expires on its own
             log.warning("run.lease.release_failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -437,7 +447,7 @@ class Engine:
         await asyncio.gather(*reads)
 
     async def _read_run(self, view: _View) -> None:
-        view.run, view.run_current = (await self._get(view.run_id)).value, True
+        view.hold_run(await self._get(view.run_id))
 
     async def _read_checkpoint(self, view: _View) -> None:
         view.checkpoint, view.checkpoint_current = await self.checkpoints.get(view.run_id), True
@@ -525,7 +535,7 @@ class Engine:
             case Publish():
                 await self._publish_all(view, [effect])
             case Transition():
-                view.run, view.run_current = await self._transition(run_id, effect.target, **effect.changes), True
+                view.hold_run(await self._move(run_id, effect.target, view.known_run(), effect.changes))
             case ArmWatchdog():
                 await self.watchdog.arm(run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause)
             case DisarmWatchdog():
@@ -533,24 +543,26 @@ class Engine:
             case SaveCheckpoint():
                 view.checkpoint, view.checkpoint_current = await self._save_checkpoint(view, effect.checkpoint), True
             case QueueMail():
-                queue = await self._modify_checkpoint(run_id, lambda c: queued(c, effect.mail))
+                queue = await self._modify_checkpoint(view, lambda c: queued(c, effect.mail))
                 view.checkpoint, view.checkpoint_current = Versioned(queue.value, queue.revision), True
             case DeliverMail():
-                mail = await self._modify_checkpoint(run_id, lambda c: delivered(c, self.clock()))
+                mail = await self._modify_checkpoint(view, lambda c: delivered(c, self.clock()))
                 view.checkpoint, view.checkpoint_current = Versioned(mail.value, mail.revision), True
             case TakeLease():
                 try:
-                    taken = await self.runs.modify(run_id, lambda r: leased(r, effect.lease, self.clock()))
+                    taken = await self.runs.modify(
+                        run_id, lambda r: leased(r, effect.lease, self.clock()), known=view.known_run()
+                    )
                 except NotFound:
                     raise TransientError(f"run {run_id} vanished") from None
                 except LeaseHeld as held:
                     if effect.renew:
                         raise LeaseLost(str(held)) from None
                     raise
-                view.run, view.run_current = taken.value, True
+                view.hold_run(taken)
             case ApplyResult():
                 applied = await self._modify_checkpoint(
-                    run_id, lambda c: apply_result(c, effect.request_id, effect.content, self.clock(), effect.key)
+                    view, lambda c: apply_result(c, effect.request_id, effect.content, self.clock(), effect.key)
                 )
                 view.checkpoint, view.checkpoint_current = Versioned(applied.value, applied.revision), True
             case CreateCheckpoint():
@@ -571,27 +583,30 @@ class Engine:
                     await self._read_checkpoint(view)
             case FlagCancel():
                 try:
-                    flag = await self.runs.modify(run_id, lambda r: flagged(r, effect.request, self.clock()))
+                    flag = await self.runs.modify(
+                        run_id, lambda r: flagged(r, effect.request, self.clock()), known=view.known_run()
+                    )
                 except NotFound:
                     raise TransientError(f"run {run_id} vanished") from None
-                view.run, view.run_current = flag.value, True
+                view.hold_run(flag)
             case MarkCancel():
                 try:
                     await self.markers.create(run_id, effect.request)
                     log.info("run.cancel.marker_written", requested_by=effect.request.requested_by)
                 except AlreadyExists:
                     log.info("run.cancel.marker_exists")
-                current = await self.runs.get(run_id)  # after the marker: see Requested's adoption
-                view.run, view.run_current = (current.value if current is not None else None), True
+                view.hold_run(await self.runs.get(run_id))  # after the marker: see Requested's adoption
             case AdoptCancelMarker():
                 marker = await self.markers.get(run_id)
                 if marker is not None:
                     request = marker.value
                     try:
-                        flag = await self.runs.modify(run_id, lambda r: flagged(r, request, self.clock()))
+                        flag = await self.runs.modify(
+                            run_id, lambda r: flagged(r, request, self.clock()), known=view.known_run()
+                        )
                     except NotFound:
                         raise TransientError(f"run {run_id} vanished") from None
-                    view.run, view.run_current = flag.value, True
+                    view.hold_run(flag)
                     log.info("run.cancel.marker_adopted", requested_by=request.requested_by)
             case Note():
                 getattr(log, effect.level)(effect.event, **effect.fields)
@@ -663,12 +678,12 @@ class Engine:
         return current
 
     async def _modify_checkpoint(
-        self, run_id: str, fn: Callable[[Checkpoint], Checkpoint | None]
+        self, view: _View, fn: Callable[[Checkpoint], Checkpoint | None]
     ) -> Versioned[Checkpoint]:
         try:
-            return await self.checkpoints.modify(run_id, fn)
+            return await self.checkpoints.modify(view.run_id, fn, known=view.checkpoint)
         except NotFound:
-            raise TransientError(f"checkpoint of {run_id} not found") from None
+            raise TransientError(f"checkpoint of {view.run_id} not found") from None
 
     async def _transition(self, run_id: str, target: RunState, **changes: Any) -> RunRecord:
         """Compare-and-set the run to ``target`` (:func:`~temporality_run_executor.machine.moved`).
@@ -677,13 +692,19 @@ class Engine:
         another driver got there first (e.g. a redelivery racing the original): :class:`RunMovedOn`,
         which the handlers treat as done.
         """
+        return (await self._move(run_id, target, None, changes)).value
+
+    async def _move(
+        self, run_id: str, target: RunState, known: Versioned[RunRecord] | None, changes: Mapping[str, Any]
+    ) -> Versioned[RunRecord]:
+        """:meth:`_transition` from what the handler holds (``known``: no read when it is current)."""
         try:
-            result = await self.runs.modify(run_id, lambda run: moved(run, target, changes, self.clock()))
+            result = await self.runs.modify(run_id, lambda run: moved(run, target, changes, self.clock()), known=known)
         except NotFound:
             raise TransientError(f"run {run_id} vanished") from None
         if result.changed:
             log.info("run.state", state=target.value)
-        return result.value
+        return result
 
     async def _emit(
         self, run: RunRecord, data: EventData, *id_parts: str, causation: str | None = None, run_id: str | None = None

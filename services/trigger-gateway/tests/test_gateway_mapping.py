@@ -3,6 +3,7 @@ without starting or publishing anything."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -78,6 +79,19 @@ def test_an_invalid_expression_is_refused_naming_the_field() -> None:
         compile_mapping({"repository": "payload.repository", "author": "actor.[id"})
     with pytest.raises(ValueError, match=r"input\.empty: the expression is empty"):
         compile_mapping({"empty": "  "})
+
+
+@pytest.mark.parametrize("expression", ["&payload", "[&id]", "{k: &id}", "not_null(&id)", "sort_by(@, &not_null(&a))"])
+def test_an_expression_reference_outside_its_functions_is_refused(expression: str) -> None:
+    """``&x`` evaluates to a function object, which no JSON can hold: refused when the trigger is saved."""
+    with pytest.raises(ValueError, match=r"input\.x: `&…` \(an expression reference\) may only be an argument of"):
+        compile_mapping({"x": expression})
+
+
+def test_expression_references_as_arguments_of_their_functions_map_to_values() -> None:
+    mapped = agent_input(EVENT, compile_mapping({"ids": "map(&id, [payload.order])"}), {})
+    json.dumps(mapped)  # a value, not a function object
+    assert mapped == {"ids": [EVENT.payload["order"]["id"]]}
 
 
 def test_an_expression_that_fails_on_this_event_names_the_field() -> None:

@@ -78,6 +78,10 @@ def compile_expression(expression: str, where: str) -> ParsedResult:
         raise ValueError(f"{where}: not a valid JMESPath expression ({reason})") from None
     except RecursionError:  # the parser recurses per nesting level: "((((…" or "!!!!…"
         raise ValueError(f"{where}: the expression is nested too deeply") from None
+    if _stray_reference(compiled.parsed):  # `&a` evaluates to a function object, not to JSON
+        raise ValueError(
+            f"{where}: `&…` (an expression reference) may only be an argument of {', '.join(_TAKE_REFERENCES)}"
+        )
     try:  # so does the interpreter ("a|a|a|…" parses flat enough): find out now, not per delivery
         compiled.search({})
     except (JMESPathError, TypeError, ArithmeticError):
@@ -85,6 +89,23 @@ def compile_expression(expression: str, where: str) -> ParsedResult:
     except RecursionError:
         raise ValueError(f"{where}: the expression is nested too deeply") from None
     return compiled
+
+
+#: The built-in functions that take an expression reference (``sort_by(@, &age)``) and return plain values.
+_TAKE_REFERENCES = ("map", "max_by", "min_by", "sort_by")
+
+
+def _stray_reference(parsed: Mapping[str, Any]) -> bool:
+    """Whether the parsed expression has an ``expref`` anywhere but as an argument of :data:`_TAKE_REFERENCES`
+    (a loop, not recursion: the tree of ``a|a|a|…`` is as deep as the expression is long)."""
+    pending: list[tuple[Mapping[str, Any], str | None]] = [(parsed, None)]
+    while pending:
+        node, argument_of = pending.pop()
+        if node.get("type") == "expref" and argument_of not in _TAKE_REFERENCES:
+            return True
+        function = node.get("value") if node.get("type") == "function_expression" else None
+        pending.extend((child, function) for child in node.get("children", []) if isinstance(child, dict))
+    return False
 
 
 def event_document(event: NormalizedEvent, context: Mapping[str, Any]) -> dict[str, Any]:

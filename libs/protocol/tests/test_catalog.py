@@ -23,6 +23,8 @@ from temporality_protocol.catalog import (
     RPC_AGENTS_HEARTBEAT,
     RPC_AGENTS_LIST,
     RPC_AGENTS_REGISTER,
+    RPC_AGENTS_TASKS_ACT,
+    RPC_AGENTS_TASKS_POLL,
     RPC_GET_COLLABORATORS,
     RPC_SUBJECTS,
     RPCS,
@@ -40,12 +42,17 @@ from temporality_protocol.events import (
     AgentPolicy,
     AgentRefusal,
     AgentsReply,
+    AgentTask,
     CollaboratorsReply,
     ConformanceReply,
     ConformanceResult,
     DeregistrationReply,
     HeartbeatAck,
     RegistrationReply,
+    TaskActionReply,
+    TaskAssignment,
+    TaskPollReply,
+    TaskRefusal,
 )
 from temporality_protocol.schemagen import rpc_file, rpc_schema
 from temporality_protocol.states import AgentLifecycleState
@@ -197,6 +204,8 @@ def test_every_rpc_subject_has_one_row_and_its_responder_answers_it() -> None:
         "temporality.rpc.agents.deregister",
         "temporality.rpc.agents.list",
         "temporality.rpc.agents.conformance",
+        "temporality.rpc.agents.tasks",
+        "temporality.rpc.agents.act",
     }
 
 
@@ -300,6 +309,30 @@ _BODIES: dict[str, tuple[dict[str, Any], BaseModel]] = {
         ),
     ),
     RPC_GET_COLLABORATORS: ({"run_id": "run-1"}, CollaboratorsReply(run_id="run-1", error="unknown run 'run-1'")),
+    RPC_AGENTS_TASKS_POLL: (
+        {"agent_id": "example-agent", "protocol_version": "1.0", "session_id": "s-1"},
+        TaskPollReply(
+            agent_id="example-agent", accepted=True,
+            tasks=[TaskAssignment(
+                task=AgentTask(
+                    run_id="run-1", task_id="task-1", objective="Triage", context={}, constraints={},
+                    acceptance_criteria=[], timeout_s=600, priority="normal",
+                ),
+                state="working", turn=1, inputs=[], acted=False,
+            )],
+        ),
+    ),
+    RPC_AGENTS_TASKS_ACT: (
+        {
+            "agent_id": "example-agent", "protocol_version": "1.0", "task_id": "task-1", "turn": 1,
+            "action_id": "task-1:1:act", "kind": "tool_calls",
+            "calls": [{"name": "ask_human", "arguments": {"recipient": "user:alice", "question": "Go?"}}],
+        },
+        TaskActionReply(
+            agent_id="example-agent", task_id="task-1", accepted=False,
+            refusal=TaskRefusal(reason="wrong_turn", detail="task task-1 is at turn 2, not 1"),
+        ),
+    ),
 }  # fmt: skip
 
 

@@ -26,6 +26,10 @@ from temporality_protocol.events import (
     Heartbeat,
     HeartbeatAck,
     RegistrationReply,
+    TaskAction,
+    TaskActionReply,
+    TaskPoll,
+    TaskPollReply,
 )
 
 __all__ = [
@@ -34,6 +38,7 @@ __all__ = [
     "ALL_STREAMS",
     "BUCKET_AGENTS",
     "BUCKET_AGENT_NONCES",
+    "BUCKET_AGENT_TASKS",
     "BUCKET_CANCEL_MARKERS",
     "BUCKET_CHECKPOINTS",
     "BUCKET_COLLAB",
@@ -57,6 +62,8 @@ __all__ = [
     "RPC_AGENTS_HEARTBEAT",
     "RPC_AGENTS_LIST",
     "RPC_AGENTS_REGISTER",
+    "RPC_AGENTS_TASKS_ACT",
+    "RPC_AGENTS_TASKS_POLL",
     "RPC_GET_COLLABORATORS",
     "RPC_PREFIX",
     "RPC_SUBJECTS",
@@ -149,6 +156,9 @@ RPC_AGENTS_HEARTBEAT = f"{RPC_PREFIX}.agents.heartbeat"
 RPC_AGENTS_DEREGISTER = f"{RPC_PREFIX}.agents.deregister"
 RPC_AGENTS_LIST = f"{RPC_PREFIX}.agents.list"
 RPC_AGENTS_CONFORMANCE = f"{RPC_PREFIX}.agents.conformance"
+#: External agents take runs' tasks (AP-5) and act on them: tool calls, checkpoints, streaming events, results.
+RPC_AGENTS_TASKS_POLL = f"{RPC_PREFIX}.agents.tasks"
+RPC_AGENTS_TASKS_ACT = f"{RPC_PREFIX}.agents.act"
 
 
 def subject_for(event_type: str) -> str:
@@ -255,6 +265,12 @@ BUCKET_AGENTS = BucketSpec(
 BUCKET_AGENT_NONCES = BucketSpec(
     "agent-nonces", "Nonces of signed external-agent messages seen within the timestamp window (replays)", ttl_s=600
 )
+#: agent-collab's tasks of external agents (AP-5, AP-7): ``task.<agent id>.<task id>`` (the dialogue, changed
+#: with Store.modify), ``run.<run id>`` (which task a run has) and ``ckpt.<task id>`` (the agent's last checkpoint).
+#: The run-executor reads it (the agent's action for a turn). TTL 30 days: finished tasks go.
+BUCKET_AGENT_TASKS = BucketSpec(
+    "agent-tasks", "External agents' tasks: the turn open, the agent's actions, its last checkpoint", ttl_s=30 * DAY
+)
 #: Trigger deliveries (IDEM-1): each delivery's processing state, key ``<trigger id>.<delivery id>``, with its
 #: normalized event (bounded) so an operator can re-drive a rejected or failed one; TTL 7 days.
 BUCKET_DELIVERIES = BucketSpec(
@@ -274,6 +290,7 @@ ALL_BUCKETS: tuple[BucketSpec, ...] = (
     BUCKET_HUMAN_DIRECTORY,
     BUCKET_AGENTS,
     BUCKET_AGENT_NONCES,
+    BUCKET_AGENT_TASKS,
     BUCKET_CONCURRENCY,
     BUCKET_DELIVERIES,
 )
@@ -386,6 +403,12 @@ CONSUMERS: dict[str, ConsumerSpec] = {
             # a firing's only transient failure is the bus: never dead-letter one (the agent would stay
             # online forever); an unreadable payload is still a permanent error
             max_deliver=-1,
+        ),
+        ConsumerSpec(
+            "agent-collab-tasks",
+            _E,
+            (subject_for("agent.task.offered"),),
+            "Turns of runs executed by external agents: each task's open turn, for the agent to take (AP-5)",
         ),
         ConsumerSpec(
             "agent-collab-conformance",
@@ -510,6 +533,25 @@ RPCS: dict[str, RpcSpec] = {
             "reply and heartbeat acks) before its deadline; correct answers verify capabilities." + _SIGNED,
             external=True,
         ),
+        RpcSpec(
+            RPC_AGENTS_TASKS_POLL,
+            TaskPoll,
+            TaskPollReply,
+            "agent-collab",
+            "AP-5, AP-8: a registered, online agent gets the tasks it holds: each with its open turn, the outcomes of "
+            "its last tool calls and its last checkpoint; a task held under another session is resumed." + _SIGNED,
+            external=True,
+        ),
+        RpcSpec(
+            RPC_AGENTS_TASKS_ACT,
+            TaskAction,
+            TaskActionReply,
+            "agent-collab",
+            "AP-5, AP-7, AP-9: an agent acts on its task's open turn (tool calls such as ask_human, a result, a "
+            "failure) or stores a checkpoint or a streaming event; out-of-order messages are refused and journaled."
+            + _SIGNED,
+            external=True,
+        ),
     )
 }
 
@@ -567,6 +609,24 @@ class ServiceSpec:
     buckets: tuple[str, ...] = ()
     #: KV buckets another service owns that it reads or watches (never writes).
     reads_buckets: tuple[str, ...] = ()
+    #: Shared streams it owns (names of :data:`ALL_STREAMS`; each has exactly one owner): it alone creates and
+    #: updates them at start (its settings decide their retention and replicas); every other service only reads
+    #: their info and, started first, waits until the owner has created them (:attr:`uses_streams`).
+    streams: tuple[str, ...] = ()
+
+    @property
+    def uses_streams(self) -> tuple[str, ...]:
+        """The shared streams it publishes to or consumes from, its own included: the events stream when it
+        sends events, the dead letters when it has consumers, the timers when it arms timers, and the stream
+        of each of its consumers."""
+        used = {CONSUMERS[durable].stream for durable in self.consumers if durable in CONSUMERS}
+        if self.sends:
+            used.add(EVENTS_STREAM.name)
+        if self.consumers:
+            used.add(DLQ_STREAM.name)
+        if self.timers:
+            used.add(TIMERS_STREAM.name)
+        return tuple(stream.name for stream in ALL_STREAMS if stream.name in used)
 
     @property
     def script(self) -> str:
@@ -641,6 +701,7 @@ SERVICES: dict[str, ServiceSpec] = {
             consumers=("run-executor-requests", "run-executor-human", "run-executor-agents", "run-executor-watchdog"),
             timers=(TIMER_NS_RUN_WATCHDOG,),
             buckets=(BUCKET_RUNS.name, BUCKET_CHECKPOINTS.name, BUCKET_CANCEL_MARKERS.name),
+            reads_buckets=(BUCKET_AGENT_TASKS.name,),  # an external agent's action for a run's turn (AP-5)
             requests=(RPC_GET_COLLABORATORS,),  # the get_collaborators tool (COL-1)
             sends=(
                 "run.created",
@@ -658,6 +719,7 @@ SERVICES: dict[str, ServiceSpec] = {
                 "agent.asked",
                 "agent.replied",
                 "agent.handed_off",  # AP-6: a handoff, then the child's run.requested
+                "agent.task.offered",  # AP-5: a turn of a run an external agent executes
                 "run.requested",
                 DEAD_LETTERED,
             ),
@@ -701,6 +763,7 @@ SERVICES: dict[str, ServiceSpec] = {
                 "agent-collab-ask-timers",
                 "agent-collab-heartbeats",
                 "agent-collab-conformance",
+                "agent-collab-tasks",
             ),
             responders=(
                 RPC_GET_COLLABORATORS,
@@ -709,9 +772,11 @@ SERVICES: dict[str, ServiceSpec] = {
                 RPC_AGENTS_DEREGISTER,
                 RPC_AGENTS_LIST,
                 RPC_AGENTS_CONFORMANCE,
+                RPC_AGENTS_TASKS_POLL,
+                RPC_AGENTS_TASKS_ACT,
             ),
             timers=(TIMER_NS_AGENT_ASK, TIMER_NS_AGENT_HEARTBEAT, TIMER_NS_AGENT_CONFORMANCE),
-            buckets=(BUCKET_COLLAB.name, BUCKET_AGENTS.name, BUCKET_AGENT_NONCES.name),
+            buckets=(BUCKET_COLLAB.name, BUCKET_AGENTS.name, BUCKET_AGENT_NONCES.name, BUCKET_AGENT_TASKS.name),
             sends=(
                 "agent.message.received",
                 "agent.answer.received",
@@ -725,6 +790,11 @@ SERVICES: dict[str, ServiceSpec] = {
                 "agent.lifecycle_changed",
                 "agent.readmitted",  # an operator lifted a decommissioning's hold (its HTTP API)
                 "agent.conformance_checked",  # a conformance round ended (PRO-2)
+                "agent.task.taken",  # external agents' tasks (AP-5, AP-7..AP-9)
+                "agent.task.acted",
+                "agent.task.checkpointed",
+                "agent.task.streamed",
+                "agent.task.refused",
                 DEAD_LETTERED,
             ),
         ),
@@ -734,6 +804,8 @@ SERVICES: dict[str, ServiceSpec] = {
             description="Every event into SQL; run and trajectory API",
             env_prefix="TEMPORALITY_JOURNAL_",
             consumers=("journal",),
+            # the record of every event: it owns the shared streams (every other service waits for them)
+            streams=(EVENTS_STREAM.name, DLQ_STREAM.name, TIMERS_STREAM.name),
             http_port=8082,
             sends=("run.cancel_requested", "api.access_refused", DEAD_LETTERED),
         ),
@@ -752,6 +824,7 @@ def service_problems(
     responders: dict[str, list[str]] = {subject: [] for subject in RPC_SUBJECTS}
     ports: dict[int, str] = {}
     bucket_owners: dict[str, list[str]] = {bucket.name: [] for bucket in ALL_BUCKETS}
+    stream_owners: dict[str, list[str]] = {stream.name: [] for stream in ALL_STREAMS}
     problems += [
         f"consumer {d} is named like a journal subscriber's ({SUBSCRIBER_PREFIX}...)"
         for d in consumers
@@ -764,6 +837,11 @@ def service_problems(
                 problems.append(f"{where} names bucket {bucket!r}, which is not in ALL_BUCKETS")
         for bucket in spec.buckets:
             bucket_owners.get(bucket, []).append(spec.name)
+        for stream in spec.streams:
+            if stream not in stream_owners:
+                problems.append(f"{where} owns stream {stream!r}, which is not in ALL_STREAMS")
+            else:
+                stream_owners[stream].append(spec.name)
         if set(spec.buckets) & set(spec.reads_buckets):
             problems.append(f"{where} both owns and only reads {sorted(set(spec.buckets) & set(spec.reads_buckets))}")
         if spec.name != key:
@@ -820,6 +898,12 @@ def service_problems(
                 f"bucket {bucket} belongs to {len(names)} services ({names}), not exactly one: add it to the "
                 "`buckets` of the service that writes it (its NATS user may touch no other)"
             )
+    for stream, names in stream_owners.items():
+        if len(names) != 1:
+            problems.append(
+                f"stream {stream} belongs to {len(names)} services ({names}), not exactly one: add it to the "
+                "`streams` of the service that creates it (no other may)"
+            )
     senders = {t for spec in services.values() for t in spec.sends}
     orphans = sorted(set(EVENT_MODELS) - senders)
     if orphans:
@@ -846,7 +930,7 @@ def check_services(
     with consumers; every modelled event type has a sender and every type sent has a model; every
     event filter of a consumer matches a modelled type; timer namespaces are those the consumers'
     filters fire; each bucket of :data:`ALL_BUCKETS` is owned (``buckets``) by exactly one service and the
-    buckets a service names exist; no consumer is named like a journal subscriber's (``sub-``); names,
+    buckets a service names exist; each stream of :data:`ALL_STREAMS` is owned (``streams``) by exactly one; no consumer is named like a journal subscriber's (``sub-``); names,
     packages, env prefixes and HTTP ports follow the conventions."""
     problems = service_problems(services, consumers)
     if problems:

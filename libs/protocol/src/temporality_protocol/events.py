@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from temporality_protocol.states import AgentLifecycleState
 
@@ -41,6 +42,13 @@ __all__ = [
     "AgentReplied",
     "AgentReplyUndeliverable",
     "AgentSummary",
+    "AgentTask",
+    "AgentTaskActed",
+    "AgentTaskCheckpointed",
+    "AgentTaskOffered",
+    "AgentTaskRefused",
+    "AgentTaskStreamed",
+    "AgentTaskTaken",
     "AgentsQuery",
     "AgentsReply",
     "ApiAccessRefused",
@@ -93,6 +101,21 @@ __all__ = [
     "RunStarted",
     "RunToolCalled",
     "RunUsage",
+    "SourceLink",
+    "StoredCheckpoint",
+    "TaskAction",
+    "TaskActionKind",
+    "TaskActionReply",
+    "TaskAssignment",
+    "TaskCheckpoint",
+    "TaskEventKind",
+    "TaskInput",
+    "TaskPoll",
+    "TaskPollReply",
+    "TaskRefusal",
+    "TaskRefusalReason",
+    "TaskStreamEvent",
+    "TaskToolCall",
     "TextAnswer",
     "TimeoutPolicy",
     "ToolFailed",
@@ -105,6 +128,7 @@ __all__ = [
     "TriggerReceived",
     "TriggerRejected",
     "TriggerUpdated",
+    "is_web_url",
 ]
 
 #: Free-text payloads in events are cut to this many characters (COL-9 uses the same bound).
@@ -130,6 +154,42 @@ class Actor(_Model):
     display_name: str | None = None
 
 
+#: A source link is at most this long (a PR's web URL is far shorter; a longer one is not kept).
+MAX_LINK = 2048
+
+
+class SourceLink(_Model):
+    """HUM-5: where a person opens what a run is about -- a pull request's, work item's, ... web page.
+
+    Only an absolute ``http(s)`` URL (:func:`is_web_url`); the gateway keeps none when the source's is
+    not one (the delivery is still accepted)."""
+
+    href: Annotated[str, Field(min_length=1, max_length=MAX_LINK)]
+    label: Annotated[str, Field(max_length=200)] | None = Field(
+        default=None, description="A short name for it, e.g. `PR #1842 in repo X`"
+    )
+
+    @field_validator("href")
+    @classmethod
+    def _web_url(cls, value: str) -> str:
+        if not is_web_url(value):
+            raise ValueError("not an absolute http(s) URL")
+        return value
+
+
+def is_web_url(value: str) -> bool:
+    """An absolute ``http``/``https`` URL with a host and no credentials (``user:pw@``), without
+    whitespace or control characters."""
+    if len(value) > MAX_LINK or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+        return False
+    try:
+        parts = urlsplit(value)
+        _ = parts.port  # a bad port raises
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and "@" not in parts.netloc
+
+
 class NormalizedEvent(_Model):
     """TRG-4: every source becomes this; agents never see the raw webhook format."""
 
@@ -141,6 +201,9 @@ class NormalizedEvent(_Model):
     tenant: str | None = None
     payload: dict[str, Any] = Field(description="The mapped, source-independent data the agent receives")
     metadata: dict[str, str] = Field(default_factory=dict)
+    source_link: SourceLink | None = Field(
+        default=None, description="The source's web page (the PR, work item, ...) a person opens (HUM-5)"
+    )
 
 
 class HumanOption(_Model):
@@ -510,6 +573,9 @@ class HumanRequested(EventData):
     expires_at: datetime
     policy: HumanPolicy
     turn: int
+    source_link: SourceLink | None = Field(
+        default=None, description="The run's source (its launch event's link), set by the platform, never the agent"
+    )
 
 
 class DeliveryAttempt(_Model):
@@ -1261,6 +1327,274 @@ class AgentReadmitted(EventData):
     reason: Annotated[str, Field(max_length=500)] = ""
 
 
+# --------------------------------------------------------------------------- external agents' tasks (AP-5, AP-7..AP-9)
+_TaskId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")]
+_ActionId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+_SessionId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+#: What an external agent may send for a task: one action closes a turn (``tool_calls``, ``result``,
+#: ``failure``); ``checkpoint`` (AP-7) and ``event`` (AP-9) may come any time while it holds the task.
+TaskActionKind = Literal["tool_calls", "result", "failure", "checkpoint", "event"]
+#: The streaming events of AP-9.
+TaskEventKind = Literal["progress", "log", "warning", "partial_result", "metrics"]
+#: Why agent-collab refused a task message (journaled as ``agent.task.refused``).
+TaskRefusalReason = Literal[
+    "malformed_request",
+    "not_registered",  # no live registration (or offline: heartbeat first)
+    "version_mismatch",
+    "unknown_task",  # no such task for this agent (never assigned, or another agent's)
+    "not_taken",  # an action for a task the agent has not taken (polled) yet
+    "wrong_turn",  # an action for another turn than the one open
+    "turn_closed",  # the turn already has another action
+    "task_ended",  # the task (its run) has ended
+    "tool_not_allowed",  # a tool call outside the agent's granted tools
+    "internal_error",
+    "unsigned",
+    "bad_signature",
+    "unknown_key",
+    "unknown_agent",
+    "key_mismatch",
+    "stale_timestamp",
+    "replayed_nonce",
+]
+
+
+class TaskRefusal(_AgentReply):
+    """An explicit refusal of a task message: a machine-readable reason and a sentence for people."""
+
+    reason: TaskRefusalReason
+    detail: Annotated[str, Field(max_length=MAX_TEXT)]
+
+
+class AgentTask(_AgentReply):
+    """AP-5: what an external agent is asked to do for a run."""
+
+    run_id: str
+    task_id: str
+    objective: str
+    #: The run's facts: ``input`` (the data it was started with), ``people`` (whom it may ask), ``instructions``
+    #: (the agent card's prompt), ``launched_by``.
+    context: dict[str, Any]
+    #: ``tools`` (what it may call: the card's offer within its granted tools), ``max_turns``, ``max_compute_s``.
+    constraints: dict[str, Any]
+    acceptance_criteria: list[str]
+    #: Seconds the agent has, over all its turns, before the run fails (waiting for a person never counts).
+    timeout_s: float
+    priority: Literal["low", "normal", "high"]
+
+
+class TaskInput(_AgentReply):
+    """The outcome of one tool call of the agent's last action (an ``ask_human`` answer, ...)."""
+
+    tool_call_id: str
+    tool: str
+    content: str
+
+
+class TaskToolCall(_AgentRequest):
+    """One tool call of a ``tool_calls`` action, by the tool's name (``ask_human``, ``notify``, ...)."""
+
+    name: _Token
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskCheckpoint(_AgentRequest):
+    """AP-7: the agent's state, stored by the platform (one per task, the last wins) and handed back on
+    recovery (AP-8). ``checkpoint_id`` and ``timestamp`` are set by agent-collab when the agent leaves them out."""
+
+    checkpoint_id: _ActionId | None = None
+    run_id: str | None = None
+    timestamp: datetime | None = None
+    execution_state: dict[str, Any] = Field(default_factory=dict)
+    memory_snapshot: dict[str, Any] = Field(default_factory=dict)
+    artifact_references: list[Annotated[str, Field(max_length=1024)]] = Field(default_factory=list, max_length=64)
+
+
+class StoredCheckpoint(_AgentReply):
+    """AP-7, as stored and handed back: every field set."""
+
+    checkpoint_id: str
+    run_id: str
+    task_id: str
+    turn: int
+    timestamp: datetime
+    execution_state: dict[str, Any]
+    memory_snapshot: dict[str, Any]
+    artifact_references: list[str]
+
+
+class TaskStreamEvent(_AgentRequest):
+    """AP-9: a progress report, log line, warning, partial result or metrics, journaled as ``agent.task.streamed``."""
+
+    kind: TaskEventKind
+    message: Annotated[str, Field(max_length=MAX_TEXT)] = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+    #: The request it belongs to (e.g. the ``ask_human`` in flight); default: the task id.
+    request_id: Annotated[str, Field(max_length=128)] | None = None
+
+
+class TaskPoll(_AgentRequest):
+    """An agent asks for its tasks, on ``temporality.rpc.agents.tasks`` (after each heartbeat, say).
+
+    ``session_id`` names the agent *process* (a fresh one at every start): a task held under another session
+    is being *resumed* (AP-8) -- journaled, and the run publishes ``run.resumed``."""
+
+    agent_id: ExternalAgentId
+    protocol_version: _VersionText
+    session_id: _SessionId
+
+
+class TaskAssignment(_AgentReply):
+    """One task the agent holds, as it stands."""
+
+    task: AgentTask
+    state: str
+    #: The turn open now; act on it with ``turn`` = this.
+    turn: int
+    #: The outcomes of the last action's tool calls (empty on turn 1).
+    inputs: list[TaskInput]
+    #: This turn already has the agent's action (sent before a crash): wait for the next turn.
+    acted: bool
+    #: The last checkpoint stored for the task (AP-7), for a resume (AP-8).
+    checkpoint: StoredCheckpoint | None = None
+    #: Taken under another session before: the agent resumes it (check the context is still current).
+    resumed: bool = False
+
+
+class TaskPollReply(_AgentReply):
+    agent_id: str
+    accepted: bool
+    tasks: list[TaskAssignment] = Field(default_factory=list)
+    refusal: TaskRefusal | None = None
+
+
+class TaskAction(_AgentRequest):
+    """An agent's message for a task, on ``temporality.rpc.agents.act``.
+
+    ``action_id`` is the agent's own, stable id of this action (e.g. ``<task>:<turn>:act``): the same action
+    sent again (a retry after a lost reply, after a crash) is answered ``duplicate: true`` and changes nothing.
+    """
+
+    agent_id: ExternalAgentId
+    protocol_version: _VersionText
+    task_id: _TaskId
+    #: The turn it acts on (the assignment's ``turn``).
+    turn: Annotated[int, Field(gt=0)]
+    action_id: _ActionId
+    kind: TaskActionKind
+    #: ``tool_calls``: the calls, run by the platform in order; their outcomes come back as the next turn's inputs.
+    calls: list[TaskToolCall] = Field(default_factory=list, max_length=16)
+    #: ``result``: the task's final answer.
+    result: Annotated[str, Field(max_length=MAX_TEXT * 4)] | None = None
+    #: ``failure``: why it gives up.
+    error: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+    checkpoint: TaskCheckpoint | None = None
+    event: TaskStreamEvent | None = None
+
+    @model_validator(mode="after")
+    def _fits_kind(self) -> TaskAction:
+        needs = {"tool_calls": bool(self.calls), "result": self.result is not None, "failure": self.error is not None}
+        needs |= {"checkpoint": self.checkpoint is not None, "event": self.event is not None}
+        if not needs[self.kind]:
+            field = {"tool_calls": "calls", "result": "result", "failure": "error"}.get(self.kind, self.kind)
+            raise ValueError(f"a {self.kind} action needs {field}")
+        return self
+
+
+class TaskActionReply(_AgentReply):
+    agent_id: str
+    task_id: str
+    accepted: bool
+    #: The same action was already accepted: nothing changed.
+    duplicate: bool = False
+    state: str | None = None
+    checkpoint_id: str | None = None
+    refusal: TaskRefusal | None = None
+
+
+class AgentTaskOffered(EventData):
+    """The run-executor offers an external agent a turn of a run's task (AP-5): the task on the first turn,
+    the outcomes of the agent's last tool calls on the next."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.task.offered"
+    run_id: str
+    task_id: str
+    agent_id: str
+    turn: int
+    task: AgentTask
+    inputs: list[TaskInput] = Field(default_factory=list)
+
+
+class AgentTaskTaken(EventData):
+    """The agent took the task (polled it): first, or again after a crash or restart (``resumed``, AP-8)."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.task.taken"
+    run_id: str
+    task_id: str
+    agent_id: str
+    turn: int
+    #: Takes of the task so far (1: the first).
+    take: int
+    session_id: str
+    resumed: bool
+    checkpoint_id: str | None = None
+
+
+class AgentTaskActed(EventData):
+    """The agent's action for a turn (tool calls, a result or a failure): the run carries it out."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.task.acted"
+    run_id: str
+    task_id: str
+    agent_id: str
+    turn: int
+    action_id: str
+    kind: Literal["tool_calls", "result", "failure"]
+    tools: list[str] = Field(default_factory=list)
+    detail: Annotated[str, Field(max_length=MAX_TEXT)] = ""
+
+
+class AgentTaskCheckpointed(EventData):
+    """AP-7: agent-collab stored the agent's checkpoint for the task (the state itself is in KV)."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.task.checkpointed"
+    run_id: str
+    task_id: str
+    agent_id: str
+    turn: int
+    checkpoint_id: str
+    artifact_references: list[str] = Field(default_factory=list)
+    size_bytes: int
+
+
+class AgentTaskStreamed(EventData):
+    """AP-9: a streaming event of an external agent's task, with the saga's correlation id and its request id."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.task.streamed"
+    run_id: str
+    task_id: str
+    agent_id: str
+    turn: int
+    kind: TaskEventKind
+    correlation_id: str
+    request_id: str
+    message: Annotated[str, Field(max_length=MAX_TEXT)] = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentTaskRefused(EventData):
+    """agent-collab refused an agent's task message that was out of order for the task's dialogue (AP-5, PRO-5)."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.task.refused"
+    agent_id: str
+    task_id: str | None = None
+    run_id: str | None = None
+    turn: int | None = None
+    action_id: str | None = None
+    kind: str | None = None
+    reason: TaskRefusalReason
+    detail: Annotated[str, Field(max_length=MAX_TEXT)]
+
+
 EVENT_MODELS: dict[str, type[EventData]] = {
     m.EVENT_TYPE: m
     for m in (
@@ -1308,6 +1642,12 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         AgentLifecycleChanged,
         AgentReadmitted,
         AgentConformanceChecked,
+        AgentTaskOffered,
+        AgentTaskTaken,
+        AgentTaskActed,
+        AgentTaskCheckpointed,
+        AgentTaskStreamed,
+        AgentTaskRefused,
         ApiAccessRefused,
         BusDeadLettered,
     )

@@ -14,26 +14,32 @@ Each service connects as its own NATS user. What that user may **publish** follo
 ``$JS.API.STREAM.MSG.GET.KV_<bucket>``, ``$JS.API.DIRECT.GET...``,  reading and watching (an ephemeral
 ``$JS.API.CONSUMER.{CREATE,INFO,DELETE}.KV_<bucket>...``,           ordered consumer) the buckets it owns
 ``$JS.FC.KV_<bucket>.>``                                            or ``reads_buckets``
-``$JS.API.STREAM.{INFO,CREATE,UPDATE}.<stream>``                    the layout: each service ensures the
-``$JS.API.STREAM.{INFO,CREATE}.KV_<bucket>``                        three streams and every catalogue
-                                                                    bucket at start (see below)
+``$JS.API.STREAM.{INFO,CREATE,UPDATE}.<stream>``                    the layout: the streams it owns
+``$JS.API.STREAM.{INFO,CREATE}.KV_<bucket>``                        (``streams``) and its buckets; only
+``$JS.API.STREAM.INFO.<stream>`` / ``.KV_<bucket>``                 *info* of the streams it merely uses
+                                                                    (``uses_streams``) and ``reads_buckets``
 RPC subjects it ``requests``                                        asking another service
 ==================================================================  =====================================
 
-and it may **subscribe** to ``_INBOX.>`` (replies, pull-consumer deliveries, KV watches) and the RPC
-subjects it answers (``responders``, with ``allow_responses`` so it can reply). So the gateway cannot
-publish ``human.answered`` and the run-executor cannot forge ``trigger.accepted``: the server refuses
+and it may **subscribe** only below its own inbox prefix, ``_INBOX.<service>.>`` (:func:`service_inbox`;
+the runtime connects with nats-py ``connect(inbox_prefix=...)``: its requests' replies, JetStream API
+answers, pull-consumer deliveries and KV watches arrive there), and to the RPC subjects it answers
+(``responders``). A responder replies to the requester's own inbox (``_INBOX.<other>.…``), which it may not
+publish to in general: ``allow_responses`` is the NATS feature for exactly this, one reply to each request
+it received, so a responder can answer but not write into another client's inbox unasked. So the gateway
+cannot publish ``human.answered`` and the run-executor cannot forge ``trigger.accepted``: the server refuses
 with a permissions violation and the event never reaches the stream. A service cannot read, write or
 watch another's bucket, touch another's durable, read a stream except through its own consumers, delete
-or purge a stream (but the timers, for its cancels) or delete a bucket.
+or purge a stream (but the timers, for its cancels) or delete a bucket, create or reconfigure a stream or
+bucket it does not own, or read another client's replies.
 
-What is still wide, and why: the service runtime ensures the *whole* layout at every start (``Bus.ensure``
-with every stream and bucket), so every service may create any catalogue bucket that does not exist yet
-and read its stream info (its configuration and message counts, not its data), and create or update the
-three shared streams. Once the runtime ensures only a service's own layout (``ServiceSpec.buckets`` and
-the streams it uses) that can narrow too. A cancel is a purge by subject, which NATS permissions cannot
-restrict to one namespace: a service with timers may purge any timer. ``_INBOX.>`` lets a service see
-other clients' replies; a per-service inbox prefix (as the journal subscriber has) would close that.
+Who owns the layout: each bucket's owner (``ServiceSpec.buckets``) creates it; the shared streams (events,
+dead letters, timers) are the journal's (``ServiceSpec.streams``): it creates and updates them, so its
+``TEMPORALITY_NATS_EVENTS_MAX_AGE_DAYS`` and ``_STREAM_REPLICAS`` decide them. A service started before the
+owner waits, not ready, until the stream exists (``temporality_service.runtime``; without a NATS user, where
+nothing is enforced, it creates a missing one instead, never changing an existing one). What is still wide: a
+cancel is a purge by subject, which NATS permissions cannot restrict to one namespace, so a service with
+timers may purge any timer.
 
 A new bucket is declared in the catalogue (``ALL_BUCKETS``) *and* in the ``buckets`` of the service that
 writes it (:func:`~temporality_protocol.catalog.check_services` refuses a bucket without exactly one owner);
@@ -77,8 +83,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from temporality_protocol.catalog import (
-    ALL_BUCKETS,
-    ALL_STREAMS,
     CONSUMERS,
     DLQ_PREFIX,
     EVENTS_STREAM,
@@ -92,17 +96,21 @@ from temporality_protocol.catalog import (
 )
 
 __all__ = [
+    "INBOX_PREFIX",
     "SUBSCRIBER_PREFIX",
     "Permissions",
     "external_agent_permissions",
     "journal_subscriber_permissions",
     "permissions_for",
+    "service_inbox",
     "subscriber_inbox",
     "subscriber_user",
 ]
 
 #: A subscriber's name: one subject token that is also a valid consumer name.
 _SUBSCRIBER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,62}")
+#: nats-py's default inbox prefix; every user here gets one token below it (its own).
+INBOX_PREFIX = "_INBOX"
 
 
 @dataclass(frozen=True)
@@ -153,15 +161,28 @@ def _bucket_reads(bucket: str) -> list[str]:
     ]
 
 
-def _layout() -> list[str]:
-    """What ``Bus.ensure`` of the whole layout sends: stream info / create / update of the three streams,
-    info / create of each catalogue bucket's stream (an existing bucket is never updated)."""
+def _layout(spec: ServiceSpec) -> list[str]:
+    """What the runtime's layout step sends for ``spec``: info / create / update of the streams it owns, info
+    of the other streams it uses; info / create of its own buckets' streams (an existing bucket is never
+    updated), info of the buckets it only reads."""
     grants: list[str] = []
-    for stream in ALL_STREAMS:
-        grants += [f"$JS.API.STREAM.{op}.{stream.name}" for op in ("INFO", "CREATE", "UPDATE")]
-    for bucket in ALL_BUCKETS:
-        grants += [f"$JS.API.STREAM.{op}.KV_{bucket.name}" for op in ("INFO", "CREATE")]
+    for stream in dict.fromkeys((*spec.streams, *spec.uses_streams)):
+        ops = ("INFO", "CREATE", "UPDATE") if stream in spec.streams else ("INFO",)
+        grants += [f"$JS.API.STREAM.{op}.{stream}" for op in ops]
+    for bucket in spec.buckets:
+        grants += [f"$JS.API.STREAM.{op}.KV_{bucket}" for op in ("INFO", "CREATE")]
+    grants += [f"$JS.API.STREAM.INFO.KV_{bucket}" for bucket in spec.reads_buckets]
     return grants
+
+
+def service_inbox(name: str) -> str:
+    """The inbox prefix the service ``name`` connects with (nats-py ``inbox_prefix``): ``_INBOX.<name>``.
+
+    Its replies (requests, JetStream API answers, fetched messages, KV watches) arrive below it, and its
+    NATS user may subscribe nowhere else under ``_INBOX``: it cannot read another client's replies."""
+    if not _SUBSCRIBER_NAME.fullmatch(name):
+        raise ValueError(f"service name {name!r}: letters, digits, '_' and '-' only (at most 63), no '.', '*', '>'")
+    return f"{INBOX_PREFIX}.{name}"
 
 
 def permissions_for(service: str | ServiceSpec) -> Permissions:
@@ -180,8 +201,8 @@ def permissions_for(service: str | ServiceSpec) -> Permissions:
     for bucket in (*spec.buckets, *spec.reads_buckets):
         publish += _bucket_reads(bucket)
     publish += list(spec.requests)
-    publish += _layout()
-    subscribe = ["_INBOX.>", *spec.responders]
+    publish += _layout(spec)
+    subscribe = [f"{service_inbox(spec.name)}.>", *spec.responders]
     return Permissions(
         publish=tuple(dict.fromkeys(publish)),
         subscribe=tuple(dict.fromkeys(subscribe)),
@@ -210,7 +231,7 @@ def subscriber_user(name: str) -> str:
 
 def subscriber_inbox(name: str) -> str:
     """The inbox prefix the subscriber ``name`` connects with (nats-py ``inbox_prefix``): ``_INBOX.sub-<name>``."""
-    return f"_INBOX.{subscriber_user(name)}"
+    return f"{INBOX_PREFIX}.{subscriber_user(name)}"
 
 
 def journal_subscriber_permissions(name: str, durables: Iterable[str] = ()) -> Permissions:

@@ -13,10 +13,12 @@ __all__ = [
     "AGENT_ASK",
     "AGENT_LIFECYCLE",
     "AGENT_REPORTABLE",
+    "AGENT_TASK",
     "HUMAN_REQUEST",
     "RUN",
     "AgentAskState",
     "AgentLifecycleState",
+    "AgentTaskState",
     "HumanRequestState",
     "RunState",
     "StateMachine",
@@ -174,5 +176,38 @@ AGENT_LIFECYCLE: StateMachine[AgentLifecycleState] = StateMachine(
         # back from offline: through resuming (a heartbeat), or a fresh registration
         _L.OFFLINE: frozenset({_L.RESUMING, _L.REGISTERED, _L.DECOMMISSIONED}),
         _L.DECOMMISSIONED: frozenset(),
+    },
+)
+
+
+class AgentTaskState(StrEnum):
+    """The dialogue of one task an external agent executes for a run (AP-5, PRO-5), as agent-collab keeps it.
+
+    The run-executor *offers* each turn (the task on the first, the tool results of the last action on the
+    next); the agent *takes* it by polling (``working``), then *acts* once per turn: tool calls (``acted``:
+    the run runs them -- ``ask_human`` parks it -- and offers the next turn), a result (``completed``) or a
+    failure (``failed``). A run that ends otherwise (cancelled, failed, timed out) ends its task too.
+    """
+
+    OFFERED = "offered"
+    WORKING = "working"
+    ACTED = "acted"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_T = AgentTaskState
+_T_ENDS = frozenset({_T.COMPLETED, _T.FAILED, _T.CANCELLED})
+AGENT_TASK: StateMachine[AgentTaskState] = StateMachine(
+    name="agent_task",
+    initial=_T.OFFERED,
+    transitions={
+        _T.OFFERED: frozenset({_T.WORKING}) | _T_ENDS,
+        _T.WORKING: frozenset({_T.ACTED}) | _T_ENDS,
+        _T.ACTED: frozenset({_T.OFFERED}) | _T_ENDS,
+        _T.COMPLETED: frozenset(),
+        _T.FAILED: frozenset(),
+        _T.CANCELLED: frozenset(),
     },
 )

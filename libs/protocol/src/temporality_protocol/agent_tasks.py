@@ -1,0 +1,94 @@
+"""The tasks of external agents as agent-collab keeps them in KV ``agent-tasks`` (AP-5, AP-7): the record the
+run-executor reads to learn an agent's action for a run's turn. agent-collab alone writes it.
+
+Keys: ``task.<agent id>.<task id>`` (:class:`TaskRecord`), ``run.<run id>`` (:class:`TaskRef`: which task a run
+has), ``ckpt.<task id>`` (:class:`~temporality_protocol.events.StoredCheckpoint`: the agent's last checkpoint).
+A run has one task, its id derived from the run id (:func:`task_id_for`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from temporality_protocol.events import AgentTask, TaskInput, TaskToolCall
+from temporality_protocol.ids import derive_id
+from temporality_protocol.states import AGENT_TASK, AgentTaskState
+
+__all__ = ["StoredAction", "TaskRecord", "TaskRef", "checkpoint_key", "run_key", "task_id_for", "task_key"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class StoredAction(_Model):
+    """One turn-closing action the agent sent (tool calls, a result or a failure)."""
+
+    turn: int
+    action_id: str
+    kind: str
+    calls: list[TaskToolCall] = Field(default_factory=list)
+    result: str | None = None
+    error: str | None = None
+    #: The task's take (:attr:`TaskRecord.take`) it was sent under: a later take resumed after it.
+    take: int = 1
+    at: datetime
+
+
+class TaskRecord(_Model):
+    """``task.<agent id>.<task id>``: the dialogue of one task (:data:`~temporality_protocol.states.AGENT_TASK`)."""
+
+    agent_id: str
+    task_id: str
+    run_id: str
+    #: The run's saga (the streaming events carry it, AP-9).
+    correlation_id: str
+    task: AgentTask
+    state: AgentTaskState = AgentTaskState.OFFERED
+    #: The turn open now (offered, taken, or acted on and waiting for its tools).
+    turn: int = 1
+    #: The outcomes of the last action's tool calls, handed to the agent with the open turn.
+    inputs: list[TaskInput] = Field(default_factory=list)
+    #: Every turn-closing action, oldest first (one per turn).
+    actions: list[StoredAction] = Field(default_factory=list)
+    #: The agent process that holds it, and how many times it was taken (> 1: resumed, AP-8).
+    session_id: str | None = None
+    take: int = 0
+    checkpoint_id: str | None = None
+    #: Why it ended, when it ended without the agent's result or failure (the run was cancelled, ...).
+    ended: str | None = None
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def over(self) -> bool:
+        return self.state in AGENT_TASK.terminal
+
+    def action_for(self, turn: int) -> StoredAction | None:
+        return next((a for a in self.actions if a.turn == turn), None)
+
+
+class TaskRef(_Model):
+    """``run.<run id>``: the task a run has."""
+
+    agent_id: str
+    task_id: str
+
+
+def task_id_for(run_id: str) -> str:
+    """A run's task id: stable across retries and replays (one task per run)."""
+    return derive_id("task", run_id)
+
+
+def task_key(agent_id: str, task_id: str) -> str:
+    return f"task.{agent_id}.{task_id}"
+
+
+def run_key(run_id: str) -> str:
+    return f"run.{run_id}"
+
+
+def checkpoint_key(task_id: str) -> str:
+    return f"ckpt.{task_id}"

@@ -1,0 +1,218 @@
+"""Secret redaction, shared by every publisher of text a person will read (HUM-5, SEC-1).
+
+The patterns live here, not in one service, because a secret must be gone before an event reaches the
+bus: the run-executor redacts each ``human.requested`` it publishes (:meth:`Redactor.human_requested`),
+so neither the bus nor the journal holds one; human-interaction applies the same patterns again when it
+stores a request, and truncates per channel (``temporality_human_interaction.egress``).
+
+Each match of a :class:`SecretPattern` becomes ``[REDACTED:<kind>]``; for ``key=value`` and URL
+credentials only the secret part is replaced, so the text stays readable
+(``postgres://app:[REDACTED:url_credentials]@db:5432/x``). The built-in patterns
+(:data:`BUILTIN_PATTERNS`) are always on; a deployment adds its own with
+``TEMPORALITY_HUMAN_EGRESS_REDACT_PATTERNS`` (JSON ``{"<kind>": "<regex>"}``: the whole match is replaced,
+or only the group named ``secret``), which every process that publishes or shows a person's text reads:
+:func:`process_redactor`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+
+from temporality_protocol.events import HumanOption, HumanRequested, SourceLink
+
+__all__ = [
+    "BUILTIN_PATTERNS",
+    "MARKER",
+    "REDACT_PATTERNS_ENV",
+    "PatternError",
+    "Redacted",
+    "Redactor",
+    "SecretPattern",
+    "compile_extra_patterns",
+    "process_redactor",
+]
+
+#: The variable that adds a deployment's own patterns, in every process that reads it (JSON object).
+REDACT_PATTERNS_ENV = "TEMPORALITY_HUMAN_EGRESS_REDACT_PATTERNS"
+#: What a redaction leaves in the text; ``kind`` names the pattern.
+MARKER = re.compile(r"\[REDACTED:(?P<kind>[a-z0-9_]{1,40})\]")
+
+
+@dataclass(frozen=True)
+class SecretPattern:
+    """One kind of secret: ``regex`` finds it; the group named ``secret`` (or the whole match) is replaced."""
+
+    kind: str
+    regex: re.Pattern[str]
+
+    def span_of(self, match: re.Match[str]) -> tuple[int, int]:
+        if "secret" in self.regex.groupindex:
+            return match.span("secret")
+        return match.span()
+
+
+def _p(kind: str, pattern: str, flags: int = 0) -> SecretPattern:
+    return SecretPattern(kind, re.compile(pattern, flags))
+
+
+#: Never re-redact a marker (patterns run one after another over the same text).
+_NOT_MARKER = r"(?!\[REDACTED)"
+#: Words naming a secret in ``key=value`` / ``key: value`` (``DB_PASSWORD=…``, ``api_key: …``, ``?access_token=…``).
+_SECRET_KEY_WORDS = (
+    r"password|passwd|pwd|passphrase|secret|token|api[_-]?key|apikey|access[_-]?key|secret[_-]?key"
+    r"|account[_-]?key|shared[_-]?access[_-]?key|private[_-]?key|client[_-]?secret|credentials?"
+)
+
+#: In order: a later pattern never sees what an earlier one replaced.
+BUILTIN_PATTERNS: tuple[SecretPattern, ...] = (
+    # -----BEGIN RSA PRIVATE KEY----- … -----END RSA PRIVATE KEY----- (also a block cut off before its END)
+    _p(
+        "private_key",
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----[\s\S]*?(-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|\Z)",
+    ),
+    # header.payload.signature, both first parts base64url JSON objects ("eyJ" = '{"')
+    _p("jwt", r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
+    # scheme://user:password@host — connection strings (postgres, mysql, redis, amqp, mongodb+srv) and URLs
+    _p("url_credentials", r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:" + _NOT_MARKER + r"(?P<secret>[^\s@/]+)@"),
+    # GitHub personal, OAuth, user-to-server, server-to-server, refresh tokens; fine-grained PATs
+    _p("github_token", r"\b(gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
+    _p("gitlab_token", r"\bgl(pat|dt|rt|ptt|cbt|oas)-[A-Za-z0-9_-]{20,}"),
+    _p("aws_access_key_id", r"\b(AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b"),
+    _p(
+        "aws_secret_access_key",
+        r"(?i)\baws_?secret_?(access_?)?key[\"']?\s*[:=]\s*[\"']?" + _NOT_MARKER + r"(?P<secret>[A-Za-z0-9/+=]{40})",
+    ),
+    _p("slack_token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
+    _p("stripe_key", r"\b[rsp]k_(live|test)_[A-Za-z0-9]{16,}"),
+    _p("google_api_key", r"\bAIza[0-9A-Za-z_-]{35}"),
+    # OpenAI / Anthropic style keys: sk-…, sk-proj-…, sk-ant-…
+    _p("api_key", r"\bsk-[A-Za-z0-9_-]{20,}"),
+    # Authorization: Bearer <token> / Basic <base64> / token <token>
+    _p(
+        "authorization_header",
+        r"(?i)\b(bearer|basic|token)\s+" + _NOT_MARKER + r"(?P<secret>[A-Za-z0-9._~+/-]{16,}=*)",
+    ),
+    # DB_PASSWORD=…, "api_key": "…", Password=…; (ADO.NET), ?access_token=…&
+    _p(
+        "secret_assignment",
+        r"(?i)\b[A-Za-z0-9_.-]*("
+        + _SECRET_KEY_WORDS
+        + r")[A-Za-z0-9_.-]*[\"']?\s*[:=]\s*[\"']?"
+        + _NOT_MARKER
+        + r"(?P<secret>[^\s\"',;&<>]+)",
+    ),
+)
+
+
+class PatternError(ValueError):
+    """An extra pattern of the configuration is not usable; the message names its key."""
+
+
+def compile_extra_patterns(raw: Mapping[str, str], *, setting: str) -> tuple[SecretPattern, ...]:
+    """``{"<kind>": "<regex>"}`` from the configuration as patterns; a bad one raises :class:`PatternError`
+    naming ``<setting>[<kind>]``."""
+    out: list[SecretPattern] = []
+    for kind, pattern in raw.items():
+        key = f"{setting}[{kind}]"
+        if not re.fullmatch(r"[a-z0-9_]{1,40}", kind):
+            raise PatternError(f"{key}: a pattern's name must be 1-40 characters of a-z 0-9 _")
+        if not isinstance(pattern, str):
+            raise PatternError(f"{key}: a pattern must be a string")
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise PatternError(f"{key}: not a valid regular expression: {exc}") from None
+        if regex.search("") is not None:
+            raise PatternError(f"{key}: the pattern matches the empty string (it would redact nothing useful)")
+        out.append(SecretPattern(kind, regex))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Redacted:
+    text: str
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class Redactor:
+    """Replaces every match of ``patterns`` in a text; pure (build it once, use it anywhere)."""
+
+    patterns: tuple[SecretPattern, ...] = BUILTIN_PATTERNS
+
+    @classmethod
+    def build(cls, extra_patterns: Mapping[str, str] | None = None, *, setting: str = REDACT_PATTERNS_ENV) -> Redactor:
+        return cls((*BUILTIN_PATTERNS, *compile_extra_patterns(extra_patterns or {}, setting=setting)))
+
+    def redact(self, text: str) -> Redacted:
+        counts: Counter[str] = Counter()
+        for pattern in self.patterns:
+            pieces: list[str] = []
+            last = 0
+            for match in pattern.regex.finditer(text):
+                start, end = pattern.span_of(match)
+                if end <= start or start < last or "[REDACTED:" in text[start:end]:
+                    continue  # empty, overlapping, or already redacted inside (by an earlier pattern)
+                pieces += [text[last:start], f"[REDACTED:{pattern.kind}]"]
+                last = end
+                counts[pattern.kind] += 1
+            if pieces:
+                text = "".join(pieces) + text[last:]
+        return Redacted(text, counts)
+
+    def link(self, link: SourceLink | None) -> SourceLink | None:
+        """``link`` unless its URL holds a secret (``?access_token=…``: a redacted URL opens nothing)."""
+        if link is None or self.redact(link.href).counts:
+            return None
+        if link.label is None:
+            return link
+        return SourceLink(href=link.href, label=self.redact(link.label).text[:200])
+
+    def human_requested(self, data: HumanRequested) -> HumanRequested:
+        """``data`` with every text a person will read redacted: the title, question, context, each option's
+        label and consequence, the source link. Ids, the policy and the recipient are never touched."""
+
+        def clean(text: str) -> str:
+            return self.redact(text).text
+
+        options = [
+            HumanOption(
+                id=o.id,
+                label=clean(o.label)[:200] or o.id,
+                consequence=clean(o.consequence) if o.consequence is not None else None,
+            )
+            for o in data.options
+        ]
+        return data.model_copy(
+            update={
+                "title": clean(data.title),
+                "question": clean(data.question)[:4096] or "(redacted)",
+                "context": clean(data.context)[:4096],
+                "options": options,
+                "source_link": self.link(data.source_link),
+            }
+        )
+
+
+@cache
+def process_redactor() -> Redactor:
+    """The built-in patterns plus this process's :data:`REDACT_PATTERNS_ENV`, read once (on first use).
+
+    A value that is not a JSON object of valid patterns raises :class:`PatternError` (every time): a
+    publisher then fails rather than publish what it could not redact."""
+    raw = os.environ.get(REDACT_PATTERNS_ENV, "").strip()
+    if not raw:
+        return Redactor()
+    try:
+        extra = json.loads(raw)
+    except ValueError as exc:
+        raise PatternError(f"{REDACT_PATTERNS_ENV}: not JSON: {exc}") from None
+    if not isinstance(extra, dict):
+        raise PatternError(f'{REDACT_PATTERNS_ENV}: must be a JSON object {{"<kind>": "<regex>"}}')
+    return Redactor.build(extra)

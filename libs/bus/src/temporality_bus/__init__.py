@@ -15,6 +15,7 @@ from temporality_bus.errors import (
     TransientError,
 )
 from temporality_bus.models import evolve, revalidated
+from temporality_bus.pipeline import Pipeline
 from temporality_bus.responder import Failure, Request, Responder
 from temporality_bus.settings import NatsSettings
 from temporality_bus.store import Modified, Store, Versioned
@@ -38,6 +39,7 @@ __all__ = [
     "NotFound",
     "Outcome",
     "PermanentError",
+    "Pipeline",
     "PublishResult",
     "Request",
     "Responder",

@@ -7,9 +7,10 @@ import contextlib
 import functools
 import itertools
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats
 import structlog
@@ -47,6 +48,13 @@ _LAYOUT_TRANSIENT = (nats.errors.TimeoutError, TimeoutError, ServiceUnavailableE
 _NO_RESPONDERS = "503"  # the status header of a publish no stream took
 
 
+def _default_inbox(user: str | None) -> str:
+    """``_INBOX.<user>`` for a user name that is one subject token (a service's, ``sub-<name>``), else ``_INBOX``."""
+    if user and re.fullmatch(r"[A-Za-z0-9_-]+", user):
+        return f"_INBOX.{user}"
+    return "_INBOX"
+
+
 class PublishResult(BaseModel):
     stream: str
     seq: int
@@ -70,7 +78,10 @@ class Bus:
 
     @classmethod
     @asynccontextmanager
-    async def connect(cls, settings: NatsSettings, *, name: str) -> AsyncIterator[Bus]:
+    async def connect(cls, settings: NatsSettings, *, name: str, inbox_prefix: str | None = None) -> AsyncIterator[Bus]:
+        """Connect as ``name`` (the client name the server shows). Replies arrive below ``inbox_prefix``
+        (the service runtime passes ``_INBOX.<service>``, the only inbox its NATS user may subscribe to);
+        by default ``_INBOX.<user>`` when the settings name a user that is one subject token, else ``_INBOX``."""
         closing = False  # set once we drain: the disconnect that follows is ours, not an outage
 
         async def _disconnected() -> None:
@@ -99,6 +110,7 @@ class Bus:
             tls=settings.ssl_context(),
             user=settings.user,
             password=settings.password.get_secret_value() if settings.password is not None else None,
+            inbox_prefix=inbox_prefix or _default_inbox(settings.user),
         )
         log.info("nats.connected", servers=settings.servers, client=name, user=settings.user)
         bus = cls(nc, settings, name)
@@ -142,11 +154,48 @@ class Bus:
             with attempt:
                 await step()
 
-    async def ensure_stream(self, spec: StreamSpec) -> None:
+    async def find_layout(
+        self, streams: Iterable[StreamSpec] = (), buckets: Iterable[BucketSpec] = (), *, create_missing: bool = False
+    ) -> list[str]:
+        """Look up streams and buckets another service owns without changing them (only their info is read):
+        the names of those that do not exist yet, ``[]`` once all do. A bucket found is opened for :meth:`kv`
+        and :meth:`store`. A look-up the server does not answer in time counts as missing.
+
+        ``create_missing`` creates a missing one with the catalogue's configuration (an existing one is never
+        updated: its owner's settings stay): for a connection without NATS permissions, where nothing but
+        start order would make it wait for the owner."""
+        missing: list[str] = []
+        for spec in streams:
+            try:
+                await self.js.stream_info(spec.name)
+            except NotFoundError:
+                if not create_missing:
+                    missing.append(spec.name)
+                    continue
+                try:
+                    await self.js.add_stream(self._stream_config(spec))
+                    log.info("stream.created", stream=spec.name, by="a user of it, before its owner")
+                except BadRequestError:  # its owner (or another service) created it meanwhile
+                    pass
+            except _LAYOUT_TRANSIENT:
+                missing.append(spec.name)
+        for bucket in buckets:
+            if bucket.name in self._kv:
+                continue
+            try:
+                if create_missing:
+                    await self.ensure_bucket(bucket)
+                else:
+                    self._kv[bucket.name] = await self.js.key_value(bucket.name)
+            except (BucketNotFoundError, NotFoundError, *_LAYOUT_TRANSIENT):
+                missing.append(f"KV_{bucket.name}")
+        return missing
+
+    def _stream_config(self, spec: StreamSpec) -> jsapi.StreamConfig:
         max_age_s = spec.max_age_s
         if spec.name == EVENTS_STREAM.name and self.settings.events_max_age_days > 0:
             max_age_s = self.settings.events_max_age_days * 24 * 3600
-        config = jsapi.StreamConfig(
+        return jsapi.StreamConfig(
             name=spec.name,
             description=spec.description,
             subjects=list(spec.subjects),
@@ -157,6 +206,10 @@ class Bus:
             allow_msg_schedules=spec.allow_msg_schedules or None,
             num_replicas=self.settings.stream_replicas,
         )
+
+    async def ensure_stream(self, spec: StreamSpec) -> None:
+        """Create the stream, or update it to this configuration (its owner's settings)."""
+        config = self._stream_config(spec)
         try:
             await self.js.stream_info(spec.name)
         except NotFoundError:
@@ -296,7 +349,7 @@ class Bus:
                     continue
                 error = future.exception()  # retrieved for every future, so none is reported as unhandled
                 if error is not None:
-                    failure = failure or TransientError(f"publish to {subject} failed: {error!r}")
+                    failure = failure or TransientError(f"publish to {subject} failed: {str(error) or repr(error)}")
                     continue
                 ack = future.result()
                 results.append(PublishResult(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate)))
@@ -338,7 +391,7 @@ class Bus:
         try:
             response = json.loads(msg.data)
             if "error" in response:
-                future.set_exception(APIError.from_error(response["error"]))
+                future.set_exception(_api_error(response["error"]))
             else:
                 future.set_result(jsapi.PubAck.from_response(response))
         except (ValueError, TypeError, KeyError) as exc:
@@ -348,3 +401,14 @@ class Bus:
         msg = await self.nc.request(subject, payload, timeout=timeout_s)
         data: bytes = msg.data
         return data
+
+
+def _api_error(error: dict[str, Any]) -> APIError:
+    """The exception JetStream's error answer stands for (nats-py's ``APIError.from_error`` *raises* it)."""
+    try:
+        APIError.from_error(error)
+    except APIError as exc:
+        return exc
+    except (TypeError, KeyError):  # an error object without the fields nats-py expects
+        pass
+    return APIError(description=str(error))

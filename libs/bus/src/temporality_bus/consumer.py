@@ -41,7 +41,23 @@ alone), hands the others to ``batch_handler`` in stream order, and acks them all
 falls back to the per-message path for each message of the batch, one after another: ``handler``
 then settles each of them as above (ack, nak with backoff, dead-letter), so one poison message never
 blocks or dead-letters its neighbours. ``batch_handler`` must therefore be all-or-nothing and
-idempotent, like ``handler``. One batch is in hand at a time; the heartbeat covers all its messages.
+idempotent, like ``handler``.
+
+*Prefetch*: while ``batch_handler`` runs (commits) one batch, the runner already fetches and decodes
+the next one, so the fetch, the client's parsing and the decoding overlap the database's commit. At
+most one batch is in hand besides the one being handled (and together never more than the durable's
+``max_ack_pending``); the heartbeat keeps every message in hand alive, the prefetched ones included.
+Batches are handed over one at a time, in the order they were fetched (stream order). A stop lets the
+runner finish the batch being handled and the one prefetched (it fetches no more); a cancellation
+abandons both un-acked, and JetStream redelivers them after ``ack_wait``.
+
+*Acks*: each message of a committed batch gets its own ``ack``, all of them written to the connection
+at once after the handler returned, none awaited for a reply (no round trip per message). Not one
+cumulative ack (``AckPolicy.ALL``): that acks *everything* up to a sequence on the durable, so it would
+also ack a message of an earlier batch nak'ed for a retry by the fallback, and messages another
+replica sharing the durable holds and has not committed; and NATS refuses to change the ack policy of
+an existing durable, so deployed durables would need to be re-created. Explicit acks can never settle
+a message whose handling failed.
 """
 
 from __future__ import annotations
@@ -50,6 +66,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import nats.errors
@@ -111,14 +128,23 @@ class ConsumerObserver(Protocol):
     def settled(self, durable: str, outcome: Outcome, seconds: float, count: int = 1) -> None: ...
 
 
+@dataclass(frozen=True)
+class _Fetched:
+    """One fetched batch, decoded: every message (in hand), those for the per-message path, the batch."""
+
+    msgs: list[Msg]
+    alone: list[Msg]
+    batch: list[tuple[Envelope, Delivery]]
+
+
 class Consumer:
     """Runs one durable pull consumer (``spec``) until ``stop`` is set.
 
     ``handler`` gets decoded envelopes (version-checked, PRO-3); ``raw_handler`` gets bytes (timers).
     ``max_inflight`` messages are handled concurrently. ``on_dead_letter`` runs before each message
     is dead-lettered (idempotent; its failure retries the dead-lettering). ``batch_handler`` (with
-    ``handler`` as its per-message fallback) takes up to ``batch_size`` messages at a time, one batch
-    in hand (``max_inflight`` does not apply).
+    ``handler`` as its per-message fallback) takes up to ``batch_size`` messages at a time, fetching
+    the next batch while it handles one (``max_inflight`` does not apply).
     """
 
     def __init__(
@@ -159,6 +185,8 @@ class Consumer:
         #: Messages being handled (or dead-lettered), by reply subject (unique per delivery; ``Msg`` is
         #: unhashable): the heartbeat keeps each of them alive.
         self._in_hand: dict[str, Msg] = {}
+        #: Protocol versions the batch path has negotiated successfully (the result never changes).
+        self._readable: set[str] = set()
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -174,10 +202,8 @@ class Consumer:
         try:
             while not stop.is_set():
                 if self._batch_handler is not None:
-                    batch = await self._fetch(sub, self._batch_size)
-                    if batch:
-                        await self._process_batch(batch)
-                    continue
+                    await self._run_batches(sub, stop)
+                    break
                 free = self._max_inflight - len(inflight)
                 if free <= 0:
                     await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
@@ -208,28 +234,83 @@ class Consumer:
             await asyncio.sleep(0.5)
             return []
 
-    async def _process_batch(self, msgs: list[Msg]) -> None:
-        """Decode, hand the decodable to the batch handler, ack them; per message when it raises."""
-        assert self._batch_handler is not None
+    async def _run_batches(self, sub: JetStreamContext.PullSubscription, stop: asyncio.Event) -> None:
+        """The batch loop: handle one batch while the next is fetched and decoded, until ``stop``.
+
+        The prefetch asks for at most ``max_ack_pending`` minus what is in hand, so the server can
+        always fill it; with no room left the next fetch simply waits for the current batch.
+        """
+        limit = await self._max_ack_pending(sub)
+        prefetch: asyncio.Task[_Fetched] | None = None
+        try:
+            current = _Fetched([], [], [])
+            while True:
+                if not current.msgs:
+                    if stop.is_set():
+                        return
+                    current = await self._fetch_batch(sub, self._batch_size)
+                    continue
+                room = min(self._batch_size, limit - len(self._in_hand))
+                if not stop.is_set() and room > 0:
+                    prefetch = asyncio.create_task(self._fetch_batch(sub, room), name=f"prefetch:{self.spec.durable}")
+                await self._process_batch(current)
+                current = _Fetched([], [], [])
+                if prefetch is not None:
+                    current, prefetch = await prefetch, None
+        finally:
+            if prefetch is not None:  # cancelled mid-batch: the prefetched batch is abandoned un-acked
+                prefetch.cancel()
+                await asyncio.wait([prefetch])
+                if not prefetch.cancelled() and prefetch.exception() is None:
+                    for msg in prefetch.result().msgs:
+                        self._in_hand.pop(msg.reply, None)
+
+    async def _max_ack_pending(self, sub: JetStreamContext.PullSubscription) -> int:
+        """The durable's ``max_ack_pending`` (how many messages the server lets one hold un-acked)."""
+        try:
+            info = await sub.consumer_info()
+        except Exception as exc:  # the bound is an optimisation: without it, one batch besides the current
+            self._log.warning("consumer.info_failed", error=repr(exc))
+            return 2 * self._batch_size
+        pending = info.config.max_ack_pending
+        return pending if pending is not None and pending > 0 else 2 * self._batch_size
+
+    async def _fetch_batch(self, sub: JetStreamContext.PullSubscription, size: int) -> _Fetched:
+        """Fetch up to ``size`` messages, put them in hand (the heartbeat covers them) and decode them.
+
+        A message past the delivery limit, or one that does not decode, is set aside for the
+        per-message path (which dead-letters it alone); the others make the batch, in stream order.
+        """
+        msgs = await self._fetch(sub, size)
         for msg in msgs:
             self._in_hand[msg.reply] = msg
+        alone: list[Msg] = []
         batch: list[tuple[Envelope, Delivery]] = []
-        held: list[Msg] = []
         for msg in msgs:
             delivery = Delivery(msg)
             if 0 < self.spec.max_deliver < delivery.num_delivered:
-                await self._process(msg)  # past the limit: the per-message path dead-letters it
+                alone.append(msg)  # past the limit: the per-message path dead-letters it
                 continue
             try:
                 event = decode(msg.data)
-                negotiate(SUPPORTED_VERSIONS, [event.protocolversion])
+                if event.protocolversion not in self._readable:  # negotiated once per version seen
+                    negotiate(SUPPORTED_VERSIONS, [event.protocolversion])
+                    self._readable.add(event.protocolversion)
             except (ProtocolError, ValidationError):
-                await self._process(msg)  # fails the same way there, and is dead-lettered alone
+                alone.append(msg)  # fails the same way there, and is dead-lettered alone
                 continue
             batch.append((event, delivery))
-            held.append(msg)
+        return _Fetched(msgs, alone, batch)
+
+    async def _process_batch(self, fetched: _Fetched) -> None:
+        """Dead-letter the set-aside, hand the batch to the batch handler, ack it; per message when it raises."""
+        assert self._batch_handler is not None
+        for msg in fetched.alone:
+            await self._process(msg)
+        batch = fetched.batch
         if not batch:
             return
+        held = [delivery.msg for _, delivery in batch]
         started = time.monotonic()
         try:
             with structlog.contextvars.bound_contextvars(
@@ -248,10 +329,12 @@ class Consumer:
             for msg in held:  # one by one: each is acked, nak'ed or dead-lettered on its own
                 await self._process(msg)
             return
+        # only now: the batch handler returned, its side effects are committed. One ack per message,
+        # written back to back (nats-py buffers them into one write), no reply awaited.
         for msg in held:
             self._in_hand.pop(msg.reply, None)
             try:
-                await msg.ack()  # only now: the batch handler returned, its side effects are committed
+                await msg.ack()
             except Exception as exc:  # the message comes back after ack_wait; handlers are idempotent
                 self._log.warning("consumer.settle_failed", error=repr(exc))
         self._observe("acked", time.monotonic() - started, len(held))

@@ -36,11 +36,13 @@ class NatsSettings(BaseSettings):
     ack_wait_s: float = 30.0
     #: Copies of every stream and KV bucket the services create (``Bus.ensure``): 1 on a single server,
     #: 3 on a 3-node JetStream cluster (a node can fail without losing an accepted event). An existing
-    #: stream is scaled to this at the next start. Consumers follow their stream.
+    #: stream is scaled to this at its owner's next start (the shared streams: the journal's; a bucket: its
+    #: owner's, ``ServiceSpec.streams`` / ``buckets``). Consumers follow their stream. Set it on every service.
     stream_replicas: int = Field(default=1, ge=1, le=5)
     #: How long the events stream keeps an event (days; 0: forever). The journal's database keeps the
     #: history for people; the stream only has to outlive any consumer's lag and the rebuild you want to be
-    #: able to do. Set the same value on every service (each one ensures the stream at start).
+    #: able to do. Only the stream's owner, the journal, applies it (it creates and updates the shared
+    #: streams at start; the other services may only read their info).
     events_max_age_days: float = Field(default=0, ge=0)
 
     @model_validator(mode="after")

@@ -1,6 +1,9 @@
 """``run_service``: the one lifecycle of every Temporality service process.
 
-    settings -> logging -> connect -> ensure the bus layout -> setup (the service registers its consumers,
+    settings -> logging -> connect (replies below its own inbox, ``_INBOX.<service>``) -> ensure the
+    layout it owns (its streams and buckets, ``ServiceSpec.streams`` / ``buckets``) -> wait until the streams
+    it uses and the buckets it reads exist (their owners create them; meanwhile ``/healthz`` 200 and
+    ``/readyz`` 503) -> setup (the service registers its consumers,
     responders, HTTP app, readiness checks and resources) -> start them all -> ready (ready file,
     ``/readyz`` 200) only once every consumer is bound, every responder subscribed and the HTTP server
     accepting -> wait for SIGTERM/SIGINT -> not ready -> stop HTTP and responders (no new work) -> let the
@@ -31,7 +34,8 @@ from pydantic import ValidationError
 
 from temporality_bus import Bus, Consumer
 from temporality_bus.consumer import BatchHandler, DeadLetterHook, EnvelopeHandler, RawHandler
-from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS, ServiceSpec
+from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS, SERVICES, ServiceSpec
+from temporality_protocol.permissions import service_inbox
 from temporality_service.health import Readiness, add_health_routes
 from temporality_service.lifecycle import clear_ready, mark_ready, stop_on_signals
 from temporality_service.logs import configure_logging
@@ -202,8 +206,15 @@ async def run_until(
     tests run services in-process through it, several replicas on one event loop.
     """
     async with contextlib.AsyncExitStack() as resources:
-        bus = await resources.enter_async_context(Bus.connect(settings.nats, name=spec.name))
-        await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
+        bus = await resources.enter_async_context(
+            Bus.connect(settings.nats, name=spec.name, inbox_prefix=service_inbox(spec.name))
+        )
+        await bus.ensure(
+            [s for s in ALL_STREAMS if s.name in spec.streams], [b for b in ALL_BUCKETS if b.name in spec.buckets]
+        )
+        if not await _wait_for_layout(spec, settings, bus, stop):
+            log.info("service.stopped", while_waiting_for="the layout")
+            return
         runtime = Runtime(spec, settings, bus, contextlib.AsyncExitStack())
         await resources.enter_async_context(runtime.resources)  # the service's own: closed before the bus
         await setup(runtime)
@@ -217,6 +228,73 @@ async def run_until(
         for callback in reversed(runtime._on_stop):
             await callback()
     log.info("service.stopped")
+
+
+#: How often a service waiting for another's streams or buckets says so in its log.
+_LAYOUT_LOG_EVERY_S = 30.0
+
+
+async def _wait_for_layout(spec: ServiceSpec, settings: ServiceSettings, bus: Bus, stop: asyncio.Event) -> bool:
+    """Wait until the streams the service uses and the buckets it reads, which other services own and create,
+    exist; ``False`` when ``stop`` came first. It only reads their info: it may not create or change them
+    (without a NATS user, where nothing is enforced, it creates a missing one instead of waiting).
+
+    Meanwhile a service with a port answers ``/healthz`` (200: alive, so no probe restarts it) and
+    ``/readyz`` (503: the layout check fails, its log names what is missing and who creates it)."""
+    streams = [s for s in ALL_STREAMS if s.name in spec.uses_streams and s.name not in spec.streams]
+    buckets = [b for b in ALL_BUCKETS if b.name in spec.reads_buckets]
+    # without a NATS user no permission stops anyone: waiting would only make start order matter (a service
+    # or a test started alone), so it creates what is missing, never changing what exists
+    create = settings.nats.user is None
+    missing = await bus.find_layout(streams, buckets, create_missing=create)
+    if not missing:
+        return True
+    owners = {stream: owner.name for owner in SERVICES.values() for stream in owner.streams}
+    owners |= {f"KV_{bucket}": owner.name for owner in SERVICES.values() for bucket in owner.buckets}
+
+    def waiting() -> str:
+        return ", ".join(f"{name} (created by {owners.get(name, 'its owner')})" for name in missing)
+
+    async def layout() -> None:
+        if missing:
+            raise RuntimeError(f"waiting for {waiting()}")
+
+    server: HttpServer | None = None
+    serving: asyncio.Task[None] | None = None
+    if settings.port is not None:
+        readiness = Readiness(spec.name, bus)
+        readiness.add_check("layout", layout)
+        app = FastAPI(title=f"Temporality {spec.name} (waiting for the layout)", openapi_url=None)
+        add_health_routes(app, readiness)
+        server = HttpServer(app, host=settings.host, port=settings.port)
+        serving = asyncio.create_task(server.run_until_exit())
+    try:
+        loop = asyncio.get_running_loop()
+        delay, since, logged = 0.05, loop.time(), loop.time()
+        log.info("layout.waiting", missing=missing, detail=f"not ready until its owner creates {waiting()}")
+        while missing:
+            if loop.time() - logged >= _LAYOUT_LOG_EVERY_S:  # a normal start waits a second or two; this long is not
+                log.warning(
+                    "layout.still_waiting",
+                    missing=missing,
+                    waited_s=round(loop.time() - since),
+                    detail=f"not ready until its owner creates {waiting()}: is it running?",
+                )
+                logged = loop.time()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await stop.wait()
+            if stop.is_set():
+                return False
+            delay = min(delay * 2, 2.0)
+            missing = await bus.find_layout(streams, buckets, create_missing=create)
+        log.info("layout.found", streams=[s.name for s in streams], buckets=[b.name for b in buckets])
+        return True
+    finally:
+        if server is not None and serving is not None:
+            server.should_exit = True
+            with contextlib.suppress(Exception):  # a server that failed to bind: the real one reports it
+                await serving
 
 
 async def _serve(runtime: Runtime[Any], stop: asyncio.Event, ready: asyncio.Event | None) -> None:

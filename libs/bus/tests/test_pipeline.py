@@ -1,0 +1,98 @@
+"""temporality_bus.Pipeline against a real nats-server: mixed event and KV writes, one outcome each."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from temporality_bus import Bus, Conflict, PermanentError, Pipeline, PublishResult, TransientError
+from temporality_bus.pipeline import event_write, kv_write
+from temporality_protocol import TriggerReceived, decode, make_event
+from temporality_protocol.catalog import EVENTS_STREAM, BucketSpec
+
+BUCKET = BucketSpec("t-pipeline", "test bucket")
+
+
+class Item(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    name: str
+    n: int = 0
+
+
+def _item(name: str, n: int = 0) -> bytes:
+    return Item(name=name, n=n).model_dump_json().encode()
+
+
+async def test_each_write_of_a_batch_has_its_own_outcome(bus: Bus) -> None:
+    store = await bus.store(BUCKET, Item)
+    existing = await store.create("taken", Item(name="taken"))
+    pipeline = Pipeline(bus)
+    event = make_event(
+        TriggerReceived(trigger_id="t", delivery_id="d-1", adapter="generic", body_bytes=0),
+        source="/test",
+        id="evt-d-1",
+    )
+    results = await pipeline.send(
+        [
+            kv_write(BUCKET.name, "fresh", _item("fresh"), revision=0),  # create-if-absent: written
+            kv_write(BUCKET.name, "taken", _item("taken", 1), revision=0),  # exists: Conflict
+            kv_write(BUCKET.name, "taken", _item("taken", 2), revision=existing + 99),  # wrong revision: Conflict
+            event_write(event),
+            kv_write(BUCKET.name, "plain", _item("plain")),  # no compare-and-set
+            event_write(event),  # the same id again: deduplicated, not an error
+        ]
+    )
+    created, exists, stale, published, plain, again = results
+    assert isinstance(created, PublishResult)
+    assert isinstance(exists, Conflict)
+    assert (exists.key, exists.revision) == ("taken", 0)
+    assert isinstance(stale, Conflict)
+    assert isinstance(published, PublishResult)
+    assert published.stream == EVENTS_STREAM.name
+    assert isinstance(plain, PublishResult)
+    assert isinstance(again, PublishResult)
+    assert again.duplicate
+    assert pipeline.pending == 0
+
+    fresh = await store.get("fresh")
+    assert fresh is not None
+    assert (fresh.value, fresh.revision) == (Item(name="fresh"), created.seq)  # the ack's seq is the revision
+    taken = await store.get("taken")
+    assert taken is not None
+    assert (taken.value.n, taken.revision) == (0, existing)  # neither refused write changed it
+    # a compare-and-set on the revision the first write returned goes through
+    (updated,) = await pipeline.send([kv_write(BUCKET.name, "fresh", _item("fresh", 5), revision=created.seq)])
+    assert isinstance(updated, PublishResult)
+    stored = await store.get("fresh")
+    assert stored is not None
+    assert stored.value.n == 5
+    msg = await bus.js.get_last_msg(EVENTS_STREAM.name, event.nats_subject)
+    assert decode(msg.data or b"").id == "evt-d-1"
+
+
+async def test_a_write_no_stream_takes_fails_alone_and_at_once(bus: Bus) -> None:
+    await bus.store(BUCKET, Item)  # the bucket exists
+    pipeline = Pipeline(bus)
+    results = await pipeline.send(
+        [
+            kv_write(BUCKET.name, "before", _item("before")),
+            kv_write("t-no-such-bucket", "k", _item("k")),  # no stream: the server answers "no responders"
+            kv_write(BUCKET.name, "after", _item("after")),
+        ],
+        timeout_s=5,
+    )
+    before, nowhere, after = results
+    assert isinstance(before, PublishResult)
+    assert isinstance(nowhere, TransientError)
+    assert "no stream" in str(nowhere)
+    assert isinstance(after, PublishResult)
+
+
+async def test_a_write_over_max_payload_sends_nothing(bus: Bus) -> None:
+    store = await bus.store(BUCKET, Item)
+    pipeline = Pipeline(bus)
+    too_big = b"x" * (bus.nc.max_payload + 1)
+    with pytest.raises(PermanentError):
+        await pipeline.send([kv_write(BUCKET.name, "small", _item("small")), kv_write(BUCKET.name, "big", too_big)])
+    assert await store.get("small") is None
+    assert await pipeline.send([]) == []

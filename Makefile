@@ -25,11 +25,14 @@ lint: sync
 typecheck: sync
 	.venv/bin/mypy
 
-schemas: sync  ## regenerate schemas/ from the protocol library
+schemas: sync  ## regenerate schemas/ and compose's NATS authorization from the protocol library
 	.venv/bin/python -m temporality_protocol.schemagen schemas
+	.venv/bin/temporality nats-authorization > deploy/compose/nats-authorization.conf
 
-schemas-check: sync  ## fail when schemas/ is stale
+schemas-check: sync  ## fail when schemas/ or compose's NATS authorization is stale
 	.venv/bin/python -m temporality_protocol.schemagen schemas --check
+	@.venv/bin/temporality nats-authorization | diff -q - deploy/compose/nats-authorization.conf >/dev/null \
+	  || { echo "deploy/compose/nats-authorization.conf is stale: run make schemas"; exit 1; }
 
 bench: sync  ## print throughput and latency figures (no assertions)
 	.venv/bin/python bench/gateway.py

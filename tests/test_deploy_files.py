@@ -21,11 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats
+import nats.errors
 import pytest
 import yaml
 from jsonschema import validators
 
+from temporality_embedded.cli import nats_authorization
+from temporality_embedded.natsserver import NatsServer, password_variable
 from temporality_protocol.catalog import SERVICES as CATALOGUE
+from temporality_protocol.permissions import service_inbox
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "temporality"
@@ -225,6 +230,70 @@ def test_compose_probes_no_service_on_a_ready_file(compose: dict[str, Any]) -> N
     assert "/tmp/ready" not in text
     for name in SERVICES:
         assert "/readyz" in _healthcheck_text(compose["services"][name]), name
+
+
+#: The NATS authorization block compose mounts into its nats-server: ``temporality nats-authorization``'s output.
+COMPOSE_NATS_AUTH = ROOT / "deploy" / "compose" / "nats-authorization.conf"
+_DEFAULTED = re.compile(r"\$\{([A-Z0-9_]+):-([^}]*)\}")
+
+
+def _compose_value(value: str) -> str:
+    """A compose value with each ``${VAR:-default}`` resolved to its default (an empty environment)."""
+    return _DEFAULTED.sub(lambda m: m[2], value)
+
+
+def test_compose_nats_authorization_is_the_catalogue_s() -> None:
+    """The committed block is what the catalogue derives today (a new event, bucket or consumer changes it)."""
+    assert COMPOSE_NATS_AUTH.read_text(encoding="utf-8") == nats_authorization([], []), (
+        "deploy/compose/nats-authorization.conf is stale: regenerate it with `make schemas`"
+    )
+
+
+def test_compose_runs_nats_with_a_user_per_service(compose: dict[str, Any]) -> None:
+    """The nats server reads the derived block and every service's password; each service gets its own user
+    and only its own password."""
+    nats = compose["services"]["nats"]
+    command = nats["command"]
+    config = command[command.index("-c") + 1]
+    assert f"./{COMPOSE_NATS_AUTH.relative_to(ROOT)}:{config}:ro" in nats["volumes"]
+    server_env = _env(nats)
+    assert set(server_env) == {password_variable(name) for name in SERVICES}
+    passwords = {name: server_env[password_variable(name)] for name in SERVICES}
+    assert len(set(passwords.values())) == len(SERVICES), "one password per service"
+    for name in SERVICES:
+        env = _env(compose["services"][name])
+        assert env["TEMPORALITY_NATS_USER"] == name
+        assert env["TEMPORALITY_NATS_PASSWORD"] == passwords[name]
+        others = {v for other, v in passwords.items() if other != name}
+        assert not others & set(env.values()), f"{name} is given another service's NATS password"
+        assert passwords[name].startswith(f"${{{password_variable(name)}:-"), "the password comes from the environment"
+
+
+async def test_compose_nats_config_and_passwords_work_on_a_real_server(
+    compose: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Docker here: the nats-server of the wheel runs the compose file's config with its (default)
+    environment, and each service's compose user and password connect, with the service's inbox."""
+    for variable, value in _env(compose["services"]["nats"]).items():
+        monkeypatch.setenv(variable, _compose_value(value))
+    server = NatsServer(tmp_path / "nats", config_file=COMPOSE_NATS_AUTH)
+    server.start()
+    try:
+        for name in SERVICES:
+            env = {k: _compose_value(v) for k, v in _env(compose["services"][name]).items()}
+            nc = await nats.connect(
+                server.url,
+                user=env["TEMPORALITY_NATS_USER"],
+                password=env["TEMPORALITY_NATS_PASSWORD"],
+                inbox_prefix=service_inbox(name),
+                allow_reconnect=False,
+            )
+            await nc.flush()
+            await nc.close()
+        with pytest.raises(nats.errors.Error):  # without the password: refused
+            await nats.connect(server.url, allow_reconnect=False)
+    finally:
+        server.stop()
 
 
 def test_compose_env_names_are_ones_the_services_read() -> None:

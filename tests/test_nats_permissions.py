@@ -4,6 +4,7 @@ implies; the server refuses anything else, and the whole system still works unde
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -14,21 +15,29 @@ import nats
 import nats.errors
 import pytest
 from e2e_support import ALICE, API_TOKENS, JOURNAL, eventually, example_pr, make_stack, post_hook
+from nats.js.api import KeyValueConfig, StreamConfig
+from nats.js.errors import NotFoundError
+from nats.js.kv import KeyValue
 from pydantic import SecretStr
 
 from temporality_bus import Bus, NatsSettings
 from temporality_embedded import NatsServer, Stack
 from temporality_embedded.cli import nats_authorization
 from temporality_embedded.natsserver import password_variable
+from temporality_embedded.processes import free_port
 from temporality_protocol import TriggerReceived, encode, make_event
 from temporality_protocol.catalog import (
     ALL_BUCKETS,
+    ALL_STREAMS,
     BUCKET_RUNS,
     CONSUMERS,
     DLQ_STREAM,
     EVENTS_STREAM,
+    RPC_AGENTS_REGISTER,
+    RPC_GET_COLLABORATORS,
     RPCS,
     SERVICES,
+    ServiceSpec,
     service_problems,
     subject_for,
 )
@@ -37,9 +46,12 @@ from temporality_protocol.permissions import (
     external_agent_permissions,
     journal_subscriber_permissions,
     permissions_for,
+    service_inbox,
     subscriber_inbox,
     subscriber_user,
 )
+from temporality_service.runtime import Runtime, run_until
+from temporality_service.settings import ServiceSettings
 
 PASSWORDS = {name: f"{name}-password" for name in SERVICES}
 AUDIT = subscriber_user("audit")  # the journal subscriber of these tests: user and durable sub-audit
@@ -66,7 +78,26 @@ def test_permissions_follow_the_catalogue() -> None:
             fetch = f"$JS.API.CONSUMER.MSG.NEXT.{consumer.stream}.{durable}"
             assert (fetch in permissions.publish) == (durable in spec.consumers), (name, durable)
         assert not [p for p in permissions.publish if ".DELETE." in p and ".STREAM." in p], name
+        # replies: its own inbox only, never everyone's
+        assert permissions.subscribe == (f"_INBOX.{name}.>", *spec.responders), name
+        # the layout: it creates and changes only what it owns, reads the info of what it uses
+        for stream in ALL_STREAMS:
+            owns, uses = stream.name in spec.streams, stream.name in spec.uses_streams
+            for op in ("CREATE", "UPDATE"):
+                assert (f"$JS.API.STREAM.{op}.{stream.name}" in permissions.publish) == owns, (name, op, stream.name)
+            assert (f"$JS.API.STREAM.INFO.{stream.name}" in permissions.publish) == (owns or uses), (name, stream)
+        for bucket in ALL_BUCKETS:
+            owns = bucket.name in spec.buckets
+            assert (f"$JS.API.STREAM.CREATE.KV_{bucket.name}" in permissions.publish) == owns, (name, bucket.name)
+            info = owns or bucket.name in spec.reads_buckets
+            assert (f"$JS.API.STREAM.INFO.KV_{bucket.name}" in permissions.publish) == info, (name, bucket.name)
     assert subject_for("human.answered") not in permissions_for("trigger-gateway").publish
+    assert sorted(s for spec in SERVICES.values() for s in spec.streams) == sorted(s.name for s in ALL_STREAMS)
+    assert SERVICES["trigger-gateway"].uses_streams == tuple(s.name for s in ALL_STREAMS)  # events, DLQ, timers
+    assert SERVICES["journal"].uses_streams == (EVENTS_STREAM.name, DLQ_STREAM.name)  # no timers
+    for bad in ("a.b", "*", ">", ""):
+        with pytest.raises(ValueError, match="service name"):
+            service_inbox(bad)
     assert sorted(b for spec in SERVICES.values() for b in spec.buckets) == sorted(b.name for b in ALL_BUCKETS)
 
 
@@ -80,6 +111,11 @@ def test_the_catalogue_refuses_a_bucket_nobody_owns_and_a_consumer_named_like_a_
     assert any(f"bucket {gateway.buckets[0]} belongs to 2 services" in p for p in service_problems(twice))
     unknown = {**SERVICES, "journal": dataclasses.replace(SERVICES["journal"], reads_buckets=("nope",))}
     assert any("names bucket 'nope'" in p for p in service_problems(unknown))
+    journal = SERVICES["journal"]
+    unowned = {**SERVICES, "journal": dataclasses.replace(journal, streams=journal.streams[1:])}
+    assert any(f"stream {journal.streams[0]} belongs to 0 services" in p for p in service_problems(unowned))
+    shared = {**SERVICES, "trigger-gateway": dataclasses.replace(gateway, streams=(journal.streams[0],))}
+    assert any(f"stream {journal.streams[0]} belongs to 2 services" in p for p in service_problems(shared))
     consumers = {**CONSUMERS, "sub-x": dataclasses.replace(CONSUMERS["journal"], durable="sub-x")}
     assert any("consumer sub-x is named like a journal subscriber" in p for p in service_problems(None, consumers))
 
@@ -108,13 +144,7 @@ async def test_the_server_refuses_a_publish_outside_the_services_permissions(sec
     async with Bus.connect(admin, name="admin") as bus:
         await bus.ensure([EVENTS_STREAM])
     violations: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        violations.append(str(exc))
-
-    gateway = await nats.connect(
-        secured.url, user="trigger-gateway", password=PASSWORDS["trigger-gateway"], error_cb=on_error
-    )
+    gateway = await _service(secured, "trigger-gateway", violations)
     try:
         js = gateway.jetstream()
         own = make_event(
@@ -146,21 +176,19 @@ async def test_a_service_may_not_touch_another_services_bucket(secured: NatsServ
     owner = next(b for b in ALL_BUCKETS if b.name in SERVICES["trigger-gateway"].buckets)
     assert BUCKET_RUNS.name not in SERVICES["trigger-gateway"].buckets
     violations: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        violations.append(str(exc))
-
-    gateway = await nats.connect(
-        secured.url, user="trigger-gateway", password=PASSWORDS["trigger-gateway"], error_cb=on_error
-    )
+    gateway = await _service(secured, "trigger-gateway", violations)
     try:
         js = gateway.jetstream(timeout=2)
         own = await js.key_value(owner.name)  # its own: put, get, list
         await own.put("k", b"v")
         assert (await own.get("k")).value == b"v"
         assert await own.keys() == ["k"]
-        runs = await js.key_value(BUCKET_RUNS.name)  # the layout is visible (stream info), the data is not
         refused = (nats.errors.TimeoutError, nats.errors.NoRespondersError)
+        with pytest.raises(refused):  # not even its info (configuration, counts) is visible ...
+            await js.key_value(BUCKET_RUNS.name)
+        # ... nor its data, asked for without the look-up
+        stream = f"KV_{BUCKET_RUNS.name}"
+        runs = KeyValue(name=BUCKET_RUNS.name, stream=stream, pre=f"$KV.{BUCKET_RUNS.name}.", js=js, direct=False)
         with pytest.raises(refused):
             await runs.get("run-1")
         with pytest.raises(refused):
@@ -169,6 +197,7 @@ async def test_a_service_may_not_touch_another_services_bucket(secured: NatsServ
             await runs.keys()
         await _violations_of(
             violations,
+            f"$js.api.stream.info.kv_{BUCKET_RUNS.name}",
             f"$js.api.stream.msg.get.kv_{BUCKET_RUNS.name}",
             f"$kv.{BUCKET_RUNS.name}.run-1",
             f"$js.api.consumer.create.kv_{BUCKET_RUNS.name}",
@@ -183,7 +212,8 @@ async def test_the_printed_server_authorization_works_on_a_real_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``temporality nats-authorization`` (for a NATS the operator runs: Helm, compose) is what the tests use:
-    the gateway ensures the stream and publishes its own event, is refused another's; the subscriber reads."""
+    the journal creates the streams it owns, the gateway finds them and publishes its own event, is refused
+    another's; the subscriber reads."""
     config = tmp_path / "auth.conf"
     config.write_text(nats_authorization(["audit"], ["example-agent"]), encoding="utf-8")
     for user in [*SERVICES, AUDIT, "example-agent"]:
@@ -191,9 +221,12 @@ async def test_the_printed_server_authorization_works_on_a_real_server(
     server = NatsServer(tmp_path / "nats", config_file=config)
     server.start()
     try:
+        journal = NatsSettings(url=server.url, user="journal", password=SecretStr("journal-secret"))
+        async with Bus.connect(journal, name="journal") as bus:  # the owner of the shared streams
+            await bus.ensure(ALL_STREAMS)
         gateway = NatsSettings(url=server.url, user="trigger-gateway", password=SecretStr("trigger-gateway-secret"))
-        async with Bus.connect(gateway, name="trigger-gateway") as bus:
-            await bus.ensure([EVENTS_STREAM])  # the layout: allowed
+        async with Bus.connect(gateway, name="trigger-gateway") as bus:  # its inbox: _INBOX.trigger-gateway
+            assert await bus.find_layout([EVENTS_STREAM]) == []  # the stream's info: allowed
             event = make_event(
                 TriggerReceived(trigger_id="t", delivery_id="d", adapter="generic", body_bytes=2), source="/t"
             )
@@ -212,6 +245,203 @@ async def test_the_printed_server_authorization_works_on_a_real_server(
             await nc.close()
         with pytest.raises(nats.errors.Error):  # the variable's value, not its name, is the password
             await nats.connect(server.url, user="journal", password="$JOURNAL_PASSWORD", allow_reconnect=False)
+    finally:
+        server.stop()
+
+
+REFUSED = (nats.errors.TimeoutError, nats.errors.NoRespondersError)
+
+
+async def test_a_service_cannot_read_another_services_inbox_and_responders_still_answer(secured: NatsServer) -> None:
+    """Each service's replies arrive below its own ``_INBOX.<service>``: another service may not subscribe
+    there (nor to ``_INBOX.>``); a responder still answers a request from another inbox (allow_responses),
+    but may not write into that inbox unasked."""
+    violations: list[str] = []
+    collab = await _service(secured, "agent-collab", violations)
+    executor = await _service(secured, "run-executor", violations)
+    gateway = await _service(secured, "trigger-gateway", violations)
+    admin = await nats.connect(secured.url, user="admin", password="admin-password")
+    try:
+        requests: list[str] = []
+
+        async def answer(msg: Any) -> None:  # the responder's side, as agent-collab's user
+            requests.append(msg.reply)
+            await msg.respond(b'{"collaborators": []}')
+
+        await collab.subscribe(RPC_GET_COLLABORATORS, queue="agent-collab", cb=answer)
+        await collab.subscribe(RPC_AGENTS_REGISTER, queue="agent-collab", cb=answer)
+        await collab.flush()
+        snooped: list[bytes] = []
+
+        async def snoop(msg: Any) -> None:
+            snooped.append(msg.data)
+
+        await gateway.subscribe("_INBOX.run-executor.>", cb=snoop)  # another service's replies: refused
+        await gateway.subscribe("_INBOX.>", cb=snoop)  # everyone's: refused
+        await gateway.flush()
+        await _violations_of(violations, 'subscription to "_inbox.run-executor.>"', 'subscription to "_inbox.>"')
+        reply = await executor.request(RPC_GET_COLLABORATORS, b"{}", timeout=5)  # the run-executor asks
+        assert reply.data == b'{"collaborators": []}'
+        assert requests, "the responder got no request"
+        assert requests[0].startswith("_INBOX.run-executor."), requests
+        external = await nats.connect(secured.url, user="example-agent", password="agent-password")
+        try:  # an external agent (the default _INBOX) is answered too
+            assert (await external.request(RPC_AGENTS_REGISTER, b"{}", timeout=5)).data
+        finally:
+            await external.close()
+        # the responder may not publish into the requester's inbox outside a reply (nor replay an old one)
+        await collab.publish(requests[0] + "x", b"forged")
+        await collab.flush()
+        await _violations_of(violations, f'publish to "{requests[0].lower()}x"')
+        await admin.publish(requests[0], b"late")  # full access: reaches only the run-executor's inbox
+        await admin.flush()
+        await executor.flush()
+        await gateway.flush()
+        assert not snooped, snooped
+    finally:
+        for nc in (collab, executor, gateway, admin):
+            await nc.close()
+
+
+async def test_a_service_cannot_create_or_change_a_stream_or_bucket_it_does_not_own(secured: NatsServer) -> None:
+    """The journal owns the shared streams: the gateway may read their info, not create or reconfigure them;
+    it creates its own bucket, not the run-executor's."""
+    violations: list[str] = []
+    gateway = await _service(secured, "trigger-gateway", violations)
+    journal = await _service(secured, "journal", violations)
+    try:
+        gjs = gateway.jetstream(timeout=2)
+        config = StreamConfig(name=EVENTS_STREAM.name, subjects=list(EVENTS_STREAM.subjects))
+        with pytest.raises(REFUSED):  # before the owner: it may not create it either
+            await gjs.add_stream(config)
+        with pytest.raises(NotFoundError):  # but it may look: not there yet
+            await gjs.stream_info(EVENTS_STREAM.name)
+        await journal.jetstream(timeout=5).add_stream(config)  # the owner creates it
+        assert (await gjs.stream_info(EVENTS_STREAM.name)).config.max_age in (None, 0)  # now visible
+        with pytest.raises(REFUSED):  # ... and may not change it
+            await gjs.update_stream(StreamConfig(name=EVENTS_STREAM.name, subjects=["x.>"], max_age=60))
+        with pytest.raises(REFUSED):  # nor create another stream of the layout
+            await gjs.add_stream(StreamConfig(name=DLQ_STREAM.name, subjects=list(DLQ_STREAM.subjects)))
+        with pytest.raises(REFUSED):  # nor another's bucket
+            await gjs.create_key_value(KeyValueConfig(bucket=BUCKET_RUNS.name))
+        own = SERVICES["trigger-gateway"].buckets[0]
+        await gjs.create_key_value(KeyValueConfig(bucket=own))  # its own: allowed
+        await _violations_of(
+            violations,
+            f"$js.api.stream.create.{EVENTS_STREAM.name}",
+            f"$js.api.stream.update.{EVENTS_STREAM.name}",
+            f"$js.api.stream.create.{DLQ_STREAM.name}",
+            f"$js.api.stream.create.kv_{BUCKET_RUNS.name}",
+        )
+    finally:
+        await gateway.close()
+        await journal.close()
+    admin = await nats.connect(secured.url, user="admin", password="admin-password")
+    try:
+        ajs = admin.jetstream()
+        info = await ajs.stream_info(EVENTS_STREAM.name)
+        assert info.config.subjects == list(EVENTS_STREAM.subjects), "the gateway's update reached the stream"
+        names = {stream.config.name for stream in await ajs.streams_info()}
+        assert names == {EVENTS_STREAM.name, f"KV_{own}"}, names
+    finally:
+        await admin.close()
+
+
+async def test_a_service_started_before_the_owner_waits_not_ready_then_runs(tmp_path: Path) -> None:
+    """The runtime ensures only what the service owns: started before the journal has created the events
+    stream, a service (its own NATS user) answers /healthz and 503 on /readyz, and runs once the stream exists."""
+    probe = ServiceSpec(
+        "probe",
+        package="temporality_probe",
+        description="a service that only sends trigger.received",
+        env_prefix="TEMPORALITY_PROBE_",
+        sends=("trigger.received",),
+    )
+    server = NatsServer(
+        tmp_path / "nats",
+        users={
+            "probe": ("probe-password", permissions_for(probe)),
+            "journal": (PASSWORDS["journal"], permissions_for("journal")),
+            "admin": ("admin-password", None),
+        },
+    )
+    server.start()
+    stop, ready = asyncio.Event(), asyncio.Event()
+    buses: list[Bus] = []
+
+    async def setup(runtime: Runtime[ServiceSettings]) -> None:
+        buses.append(runtime.bus)
+
+    port = free_port()
+    settings = ServiceSettings(
+        nats=NatsSettings(url=server.url, user="probe", password=SecretStr("probe-password")), port=port
+    )
+    service = asyncio.create_task(run_until(probe, settings, setup, stop, ready=ready))
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+
+            async def answering() -> httpx.Response | None:
+                with contextlib.suppress(httpx.TransportError):
+                    return await http.get("/readyz")
+                return None
+
+            waiting = await eventually(answering, timeout_s=30, what="the waiting service's /readyz")
+            assert waiting.status_code == 503, waiting.text
+            assert waiting.json()["checks"] == {"layout": "failing"}, waiting.json()
+            assert (await http.get("/healthz")).status_code == 200  # alive: no probe restarts it
+            assert not service.done()
+            assert not ready.is_set()
+            assert not buses, "set up before the layout existed"
+            owner = NatsSettings(url=server.url, user="journal", password=SecretStr(PASSWORDS["journal"]))
+            async with Bus.connect(owner, name="journal") as journal:
+                await journal.ensure(ALL_STREAMS)
+            await asyncio.wait_for(ready.wait(), 30)
+            assert (await http.get("/readyz")).status_code == 200
+        event = make_event(
+            TriggerReceived(trigger_id="t", delivery_id="d", adapter="generic", body_bytes=2), source="/t"
+        )
+        assert (await buses[0].publish(event)).stream == EVENTS_STREAM.name  # its own inbox gets the ack
+    finally:
+        stop.set()
+        await asyncio.wait_for(service, 30)
+        server.stop()
+
+
+async def test_without_nats_users_a_service_creates_what_it_uses_but_never_changes_it(tmp_path: Path) -> None:
+    """No NATS user, nothing enforced: a service started alone does not wait for the journal, it creates the
+    missing streams it uses with the catalogue's configuration; one that exists (the owner's) it leaves as is."""
+    probe = ServiceSpec(
+        "probe",
+        package="temporality_probe",
+        description="a service that only sends trigger.received: it uses the events stream alone",
+        env_prefix="TEMPORALITY_PROBE_",
+        sends=("trigger.received",),
+    )
+    server = NatsServer(tmp_path / "nats")
+    server.start()
+    try:
+        settings = NatsSettings(url=server.url)
+        owners = NatsSettings(url=server.url, events_max_age_days=3)
+        async with Bus.connect(owners, name="journal") as journal:  # the owner's stream, its retention
+            await journal.ensure([EVENTS_STREAM])
+        stop, ready = asyncio.Event(), asyncio.Event()
+
+        async def setup(runtime: Runtime[ServiceSettings]) -> None:
+            pass
+
+        service = asyncio.create_task(run_until(probe, ServiceSettings(nats=settings), setup, stop, ready=ready))
+        try:
+            await asyncio.wait_for(ready.wait(), 30)
+        finally:
+            stop.set()
+            await asyncio.wait_for(service, 30)
+        async with Bus.connect(settings, name="admin") as bus:
+            info = await bus.js.stream_info(EVENTS_STREAM.name)
+            assert info.config.max_age == 3 * 24 * 3600, "the owner's retention was changed"
+            assert await bus.find_layout(ALL_STREAMS) == [DLQ_STREAM.name, "TEMPORALITY_TIMERS"]  # not used
+        async with Bus.connect(settings, name="probe") as bus:  # what the runtime does for a missing one
+            assert await bus.find_layout([DLQ_STREAM], create_missing=True) == []
+            assert (await bus.js.stream_info(DLQ_STREAM.name)).config.max_age == DLQ_STREAM.max_age_s
     finally:
         server.stop()
 
@@ -272,6 +502,23 @@ def test_a_journal_subscriber_gets_exactly_its_own_durables() -> None:
     for name, durables in (("audit", ["sub-other"]), ("audit", ["journal"]), ("a.b", []), ("*", []), ("", [])):
         with pytest.raises(ValueError, match=r"subscriber|durable"):
             journal_subscriber_permissions(name, durables)
+
+
+async def _service(server: NatsServer, name: str, violations: list[str] | None = None) -> nats.NATS:
+    """A plain nats-py connection as the service ``name``'s user, with its inbox prefix (as the runtime connects)."""
+
+    async def on_error(exc: Exception) -> None:
+        if violations is not None:
+            violations.append(str(exc))
+
+    return await nats.connect(
+        server.url,
+        user=name,
+        password=PASSWORDS[name],
+        inbox_prefix=service_inbox(name),
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
 
 
 async def _violations_of(violations: list[str], *needles: str) -> list[str]:
@@ -489,6 +736,10 @@ async def test_the_whole_system_runs_with_per_service_nats_users(tmp_path: Path)
         await asyncio.to_thread(stack.stop)
     logs = b"".join(p.read_bytes() for p in (tmp_path / "stack" / "run").glob("*.log"))
     assert b"run.completed" in events
+    # every service stayed inside its permissions the whole time (own inbox, own layout): the server logs each
+    # refusal ("Publish Violation", "Subscription Violation")
+    server_log = (tmp_path / "stack" / "nats" / "nats-server.log").read_text(encoding="utf-8", errors="replace")
+    assert "Violation" not in server_log, [line for line in server_log.splitlines() if "Violation" in line][:10]
     assert logs
     secrets = {
         "the webhook password": b"change-me",

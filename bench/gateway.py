@@ -1,7 +1,7 @@
 """Benchmark: webhook throughput of the trigger-gateway under wrk, against an in-run baseline and a ceiling.
 
     .venv/bin/python bench/gateway.py [--duration 10] [--connections 32] [--threads 2] [--warmup 2]
-                                      [--rounds 1] [--servers old runtime bare] [--show-wrk]
+                                      [--rounds 1] [--servers old runtime bare] [--show-wrk] [--profile DIR]
 
 Needs ``wrk`` on the PATH (Debian/Ubuntu: ``apt-get install wrk``); without it the bench says so and
 exits 2. It starts its own nats-server (temporality_testing.NatsServer, temp dir, random port) and three
@@ -14,9 +14,10 @@ servers, each in its own subprocess on a free 127.0.0.1 port, connected to that 
   runtime  the same app served by ``temporality_service.HttpServer`` (IPPROTO_TCP socket -> TCP_NODELAY,
            httptools) on uvloop (``temporality_service.runtime.run``): what the service runs now.
   bare     a bare FastAPI endpoint awaiting one JetStream publish of the body, served like ``runtime``:
-           the ceiling (per new event the gateway awaits 3 JetStream round trips -- the dedupe claim, one
-           pipelined batch of trigger.received + trigger.accepted + run.requested, the claim marked
-           published -- and publishes 5 messages; the bare endpoint 1 and 1).
+           the ceiling (per new event the gateway awaits 3 JetStream round trips of pipelined writes --
+           the dedupe claim with the delivery's received record and index entry; trigger.received +
+           trigger.accepted + run.requested; the claim marked published with the delivery's accepted
+           record -- 8 messages; the bare endpoint 1 and 1).
 
 All three are started up front (an idle one costs nothing). Each is warmed up once with a short wrk run,
 then measured for ``--duration`` seconds of keep-alive POSTs with ``bench/wrk_webhook.lua``, servers
@@ -31,14 +32,20 @@ ratios within one run, not absolute capacity; CPU per request is the figure leas
 load, and a high "other cores" says to rerun. Loopback only; every wrk run is bounded by ``--duration``,
 the whole bench by ``--timeout``. Nothing asserts on speed; the exit code is 1 when a server answered
 anything but 202 or wrk saw socket errors (the load was not what it claims to be).
+
+``--profile DIR``: each server runs under cProfile for the whole run and writes ``DIR/<kind>.prof``; the
+bench prints the top functions of each by own time (profiled figures are not comparable with unprofiled ones).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import io
 import json
 import os
+import pstats
 import resource
 import shutil
 import signal
@@ -129,7 +136,7 @@ async def _serve_old(app: FastAPI, port_file: Path) -> None:
     await server.serve(sockets=[sock])
 
 
-async def _serve(kind: str, nats_url: str, triggers_file: Path, port_file: Path) -> int:
+async def _serve(kind: str, nats_url: str, triggers_file: Path, port_file: Path, profile: Path | None) -> int:
     configure_logging(LogSettings(level="warning", format="console"), service=f"bench-{kind}")
     nats = NatsSettings(url=nats_url)
     async with Bus.connect(nats, name=f"bench-{kind}") as bus:
@@ -138,17 +145,29 @@ async def _serve(kind: str, nats_url: str, triggers_file: Path, port_file: Path)
             app = _bare_app(bus)
         else:
             app = create_app(Settings(nats=nats), bus, load_triggers(triggers_file))
-        if kind == "old":
-            await _serve_old(app, port_file)
-        else:
-            await _serve_runtime(app, port_file)
+        profiler = cProfile.Profile() if profile is not None else None
+        if profiler is not None:
+            profiler.enable()  # the whole serving time: warm-up and every round (deterministic: ~2x slower)
+        try:
+            if kind == "old":
+                await _serve_old(app, port_file)
+            else:
+                await _serve_runtime(app, port_file)
+        finally:
+            if profiler is not None and profile is not None:
+                profiler.disable()
+                profiler.dump_stats(profile)
     return 0
 
 
 # --------------------------------------------------------------------------- parent: servers
-def _start(kind: str, nats_url: str, triggers_file: Path, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+def _start(
+    kind: str, nats_url: str, triggers_file: Path, workdir: Path, profile: Path | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
     port_file = workdir / f"{kind}.port"
     cmd = [sys.executable, __file__, "--serve", kind, "--nats", nats_url, "--triggers", str(triggers_file)]
+    if profile is not None:
+        cmd += ["--profile", str(profile)]
     env = {**os.environ, PASSWORD_ENV: PASSWORD}
     proc = subprocess.Popen([*cmd, "--port-file", str(port_file)], stdin=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 30
@@ -334,6 +353,19 @@ def _report(best: dict[str, Result], runs: dict[str, list[Result]]) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
 
+def _profile_report(folder: Path, kinds: list[str], top: int = 25) -> None:
+    """The functions that took the most time of their own in each profiled server (the .prof files stay)."""
+    for kind in kinds:
+        path = folder / f"{kind}.prof"
+        if not path.exists():
+            continue
+        out = io.StringIO()
+        stats = pstats.Stats(str(path), stream=out)
+        stats.sort_stats("tottime").print_stats(top)
+        sys.stdout.write(f"\n--- profile of {kind} ({path}; sorted by own time; cProfile slows it ~2x) ---\n")
+        sys.stdout.write(out.getvalue().split("\n\n", 1)[-1])
+
+
 def _bench(args: argparse.Namespace) -> int:
     cores = os.cpu_count() or 1
     load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
@@ -356,7 +388,8 @@ def _bench(args: argparse.Namespace) -> int:
         runs: dict[str, list[Result]] = {kind: [] for kind in args.servers}
         try:
             for kind in args.servers:  # idle while another is measured: an idle server costs nothing
-                servers[kind] = _start(kind, nats.url, triggers_file, workdir)
+                profile = args.profile / f"{kind}.prof" if args.profile is not None else None
+                servers[kind] = _start(kind, nats.url, triggers_file, workdir, profile)
             for round_ in range(args.rounds):
                 for kind, (proc, port) in servers.items():
                     if round_ == 0 and args.warmup > 0:
@@ -367,6 +400,8 @@ def _bench(args: argparse.Namespace) -> int:
                 _stop(proc)
             nats.stop()
     _report({kind: max(rs, key=lambda r: r.rate) for kind, rs in runs.items()}, runs)
+    if args.profile is not None:
+        _profile_report(args.profile, args.servers)
     refused = {
         r.name: {**r.statuses, "socket errors": r.socket_errors}
         for rs in runs.values()
@@ -390,6 +425,12 @@ def main() -> None:
         "--servers", nargs="+", choices=KINDS, default=list(KINDS), help="which servers, in order (default: all)"
     )
     parser.add_argument("--show-wrk", action="store_true", help="print wrk's own output too")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="run each server under cProfile, write <kind>.prof to this folder and print the top functions"
+        " (the figures are then not comparable with unprofiled runs)",
+    )
     parser.add_argument("--timeout", type=float, default=600, help="give up after this many seconds (default 600)")
     parser.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--nats", help=argparse.SUPPRESS)
@@ -397,9 +438,12 @@ def main() -> None:
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve == "old":
-        sys.exit(asyncio.run(_serve(args.serve, args.nats, args.triggers, args.port_file)))
+        sys.exit(asyncio.run(_serve(args.serve, args.nats, args.triggers, args.port_file, args.profile)))
     if args.serve:
-        sys.exit(run_on_uvloop(_serve(args.serve, args.nats, args.triggers, args.port_file)))
+        sys.exit(run_on_uvloop(_serve(args.serve, args.nats, args.triggers, args.port_file, args.profile)))
+    if args.profile is not None:
+        args.profile = args.profile.resolve()
+        args.profile.mkdir(parents=True, exist_ok=True)
     if args.duration < 1 or args.warmup < 0 or args.rounds < 1 or not 1 <= args.threads <= args.connections:
         parser.error("--duration >= 1, --warmup >= 0, --rounds >= 1 and 1 <= --threads <= --connections")
     args.servers = list(dict.fromkeys(args.servers))

@@ -13,7 +13,8 @@ import httpx
 import pytest
 from gateway_support import MAX_BODY, REPO, basic, fixture_bytes, fixture_json, journal, post, run_requested, types
 
-from temporality_bus import Bus, PublishResult, Store, TransientError
+from temporality_bus import Bus, BusError, Pipeline, PublishResult, TransientError
+from temporality_bus.pipeline import Write
 from temporality_protocol import (
     Envelope,
     HumanPolicy,
@@ -277,16 +278,21 @@ async def test_crash_between_claim_and_publish_redelivery_after_the_lease_starts
 async def test_crash_after_publish_redelivery_republishes_the_same_ids(bus: Bus, triggers: list[TriggerConfig]) -> None:
     """Died after run.requested was acked but before the claim said so: the takeover's publish is deduped."""
     settings = Settings(max_body_bytes=MAX_BODY, retry_after_s=7, claim_lease_s=0.2)
-    real_update = Store.update
+    real_send = Pipeline.send
 
-    async def crashing(self: Store[Any], key: str, value: Any, revision: int) -> int:
-        if isinstance(value, DedupeRecord) and value.state == "published":
+    async def crashing(self: Pipeline, writes: Sequence[Write], **kw: Any) -> list[PublishResult | BusError]:
+        marks = [
+            w
+            for w in writes
+            if w.bucket == BUCKET_DEDUPE.name and DedupeRecord.model_validate_json(w.payload).state == "published"
+        ]
+        if marks:  # the claim's mark goes out pipelined after the events: die before it is sent
             raise _Crash
-        return await real_update(self, key, value, revision)
+        return await real_send(self, writes, **kw)
 
     app = create_app(settings, bus, triggers)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
-        with patch.object(Store, "update", crashing), pytest.raises(_Crash):
+        with patch.object(Pipeline, "send", crashing), pytest.raises(_Crash):
             await post(c, fixture_bytes("pr-created.json"))
         response = await asyncio.wait_for(post(c, fixture_bytes("pr-created.json")), 10)
     assert response.status_code == 202

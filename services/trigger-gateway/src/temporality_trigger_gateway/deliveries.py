@@ -20,7 +20,8 @@ event that was accepted meanwhile, never a second run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
@@ -28,7 +29,8 @@ import structlog
 from nats.js.kv import KV_DEL, KV_PURGE
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from temporality_bus import Store, evolve
+from temporality_bus import BusError, Conflict, PublishResult, Store, evolve
+from temporality_bus.pipeline import Write, kv_write
 from temporality_protocol import NormalizedEvent
 from temporality_protocol.catalog import BUCKET_DELIVERIES
 
@@ -36,7 +38,15 @@ if TYPE_CHECKING:
     from temporality_bus import Bus
     from temporality_trigger_gateway.launch import TriggerDelivery
 
-__all__ = ["MAX_EVENT_BYTES", "Deliveries", "DeliveryRecord", "DeliveryState", "delivery_key", "index_key"]
+__all__ = [
+    "MAX_EVENT_BYTES",
+    "Deliveries",
+    "DeliveryRecord",
+    "DeliveryState",
+    "Draft",
+    "delivery_key",
+    "index_key",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -114,6 +124,36 @@ def _kept(event: NormalizedEvent | None) -> tuple[NormalizedEvent | None, bool]:
     return event, False
 
 
+@dataclass
+class Draft:
+    """One delivery's record on the launch path, built once and written next to the launch's own bus
+    writes (:meth:`Deliveries.draft`, :meth:`Deliveries.writes`, :meth:`Deliveries.settle`).
+
+    ``head`` is the record without its event; the event is encoded once (``event_json``) and spliced into
+    every write of the record, so it is neither re-validated nor re-encoded per state. ``revision`` is
+    the record's as last written here (``None``: not written by the draft; a later state then goes
+    through :meth:`Deliveries.record`'s read-modify-write)."""
+
+    delivery: TriggerDelivery
+    event: NormalizedEvent
+    key: str
+    head: DeliveryRecord
+    event_json: bytes | None
+    #: The delivery id is new (a webhook's): the index entry can go out with the record's creation.
+    fresh: bool
+    revision: int | None = None
+    #: The state last written (``None``: nothing yet).
+    written: DeliveryState | None = None
+    indexed: bool = False
+
+    def encoded(self, head: DeliveryRecord) -> bytes:
+        """``head`` with the draft's event, as stored (the model's JSON: a reader validates it as usual)."""
+        doc = head.model_dump_json(exclude={"event"}).encode()
+        if self.event_json is None:
+            return doc
+        return doc[:-1] + b',"event":' + self.event_json + b"}"
+
+
 class Deliveries:
     """The ``trigger-deliveries`` bucket: record, update, list (newest first), read."""
 
@@ -137,9 +177,11 @@ class Deliveries:
         reason: str | None = None,
         detail: str | None = None,
         redrive_of: str | None = None,
+        index: bool = True,
     ) -> None:
         """Write the delivery's record as it is now (best effort). A later state keeps the event, title,
-        receipt time and re-drive links the record already has."""
+        receipt time and re-drive links the record already has. ``index``: a record this call creates
+        gets its index entry (``False``: it has one already)."""
         now = datetime.now(UTC)
         kept, omitted = _kept(event)
 
@@ -176,12 +218,160 @@ class Deliveries:
 
         key = delivery_key(delivery.trigger.id, delivery.delivery_id)
         stored = await self._best_effort(key, (await self._safe_store()), step, create)
-        if stored is not None and stored.received_at == now:  # created by this call: index it
+        if index and stored is not None and stored.received_at == now:  # created by this call: index it
             try:
                 kv = await self._bus.kv(BUCKET_DELIVERIES)
                 await kv.put(index_key(delivery.trigger.id, now, delivery.delivery_id), delivery.delivery_id.encode())
             except Exception as exc:
                 log.warning("delivery.not_indexed", key=key, error=repr(exc))
+
+    # ------------------------------------------------------------------ the launch path's pipelined writes
+    async def draft(
+        self,
+        delivery: TriggerDelivery,
+        *,
+        event: NormalizedEvent,
+        title: str | None,
+        redrive_of: str | None = None,
+    ) -> Draft:
+        """The ``received`` record of ``delivery``, not written yet (:meth:`writes` gives its writes)."""
+        await self._safe_store()  # the bucket opened (ensured) once, so the pipelined writes find its stream
+        now = datetime.now(UTC)
+        encoded = event.model_dump_json().encode()  # once: spliced into every write of the record
+        omitted = len(encoded) > MAX_EVENT_BYTES
+        event_json = None if omitted else encoded
+        head = DeliveryRecord(
+            trigger_id=delivery.trigger.id,
+            delivery_id=delivery.delivery_id,
+            kind=delivery.kind,
+            adapter=delivery.adapter,
+            source_event_id=delivery.source_event_id,
+            source_event_type=delivery.source_event_type,
+            body_bytes=delivery.body_bytes,
+            depth=delivery.depth,
+            causation_id=delivery.causation_id,
+            correlation_id=delivery.correlation_id,
+            state="received",
+            title=title,
+            received_at=now,
+            updated_at=now,
+            event_omitted=omitted,
+            redrive_of=redrive_of,
+        )
+        fresh = delivery.kind == "webhook" and redrive_of is None  # its id is new_id(): never written before
+        return Draft(delivery, event, delivery_key(delivery.trigger.id, delivery.delivery_id), head, event_json, fresh)
+
+    def writes(self, draft: Draft) -> list[Write]:
+        """The draft's creation (create-if-absent), and for a fresh delivery id its index entry too."""
+        bucket = BUCKET_DELIVERIES.name
+        created = [kv_write(bucket, draft.key, draft.encoded(draft.head), revision=0)]
+        if draft.fresh:
+            head = draft.head
+            index = index_key(head.trigger_id, head.received_at, head.delivery_id)
+            created.append(kv_write(bucket, index, head.delivery_id.encode()))
+        return created
+
+    def state_write(
+        self,
+        draft: Draft,
+        state: DeliveryState,
+        *,
+        run_id: str | None = None,
+        reason: str | None = None,
+        detail: str | None = None,
+    ) -> tuple[Write, DeliveryRecord] | None:
+        """The write moving the draft's record to ``state`` (compare-and-set on its revision) and the head
+        it writes; ``None`` when the draft was not written (use :meth:`record`)."""
+        if draft.revision is None:
+            return None
+        # Every value is typed and comes from this module or the launch path: no re-validation of the record.
+        head = draft.head.model_copy(
+            update={
+                "state": state,
+                "run_id": run_id or draft.head.run_id,
+                "reason": reason,
+                "detail": None if detail is None else detail[:1000],
+                "updated_at": datetime.now(UTC),
+            }
+        )
+        write = kv_write(BUCKET_DELIVERIES.name, draft.key, draft.encoded(head), revision=draft.revision)
+        return write, head
+
+    async def settle(
+        self,
+        draft: Draft,
+        results: list[PublishResult | BusError],
+        *,
+        head: DeliveryRecord | None = None,
+    ) -> None:
+        """Take the outcome of the draft's writes: :meth:`writes`' (``head`` ``None``) or one
+        :meth:`state_write`'s (its ``head``). A creation that found the record (a redelivered message)
+        updates it the read-modify-write way; anything else that failed is logged (best effort)."""
+        first = results[0]
+        if isinstance(first, PublishResult):
+            draft.revision, draft.written = first.seq, (head or draft.head).state
+            if head is not None:
+                draft.head = head
+        else:
+            draft.revision = None
+            if head is None and isinstance(first, Conflict):  # this delivery was recorded before: keep its record
+                await self._update(draft, "received")
+            else:
+                log.warning("delivery.not_recorded", key=draft.key, error=repr(first))
+        for result in results[1:]:
+            if isinstance(result, PublishResult):
+                draft.indexed = True
+            else:
+                log.warning("delivery.not_indexed", key=draft.key, error=repr(result))
+
+    async def update(
+        self,
+        draft: Draft,
+        state: DeliveryState,
+        *,
+        run_id: str | None = None,
+        reason: str | None = None,
+        detail: str | None = None,
+        send: Callable[[list[Write]], Awaitable[list[PublishResult | BusError]]],
+    ) -> None:
+        """Move the draft's record to ``state`` now: one compare-and-set write, or (not written by the
+        draft, or changed meanwhile) :meth:`record`'s read-modify-write. Best effort."""
+        planned = self.state_write(draft, state, run_id=run_id, reason=reason, detail=detail)
+        if planned is not None:
+            write, head = planned
+            try:
+                results = await send([write])
+            except Exception as exc:  # not connected: the read-modify-write below says so (best effort)
+                log.debug("delivery.write_failed", key=draft.key, error=repr(exc))
+            else:
+                if isinstance(results[0], PublishResult):
+                    await self.settle(draft, results, head=head)
+                    return
+            draft.revision = None  # lost its compare-and-set (changed meanwhile) or failed: read it again
+        await self._update(draft, state, run_id=run_id, reason=reason, detail=detail)
+
+    async def _update(
+        self,
+        draft: Draft,
+        state: DeliveryState,
+        *,
+        run_id: str | None = None,
+        reason: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        """:meth:`record` for a draft (the read-modify-write path, which keeps what the record has)."""
+        await self.record(
+            draft.delivery,
+            state,
+            event=draft.event,
+            title=draft.head.title,
+            run_id=run_id,
+            reason=reason,
+            detail=detail,
+            redrive_of=draft.head.redrive_of,
+            index=not draft.indexed,
+        )
+        draft.written = state
 
     async def redriven(self, trigger_id: str, delivery_id: str, as_delivery: str) -> None:
         """Note on the original delivery that it was re-driven as ``as_delivery`` (best effort)."""

@@ -175,14 +175,18 @@ class Intake:
                 log.info("webhook.handled", status="ignored", reason="filtered", source_event_type=source.type)
             return Ignored(delivery_id=delivery.delivery_id, reason="filtered", detail=filtered)
         run_id = run_id_for_delivery(trigger.id, event.id)
-        # One binding for the whole launch: what any warning below (bus, claim) needs to be traced.
-        with structlog.contextvars.bound_contextvars(
-            trigger_id=trigger.id, delivery_id=delivery.delivery_id, source_event_id=source.id, run_id=run_id
-        ):
-            outcome = await self._launcher.launch(
-                delivery, event, run_id, adapter.run_title(event), mapped, concurrency_key=key
-            )
-            log.info("webhook.handled", status=outcome.status)
+        # No context binding on this, the hot path: a failed launch logs its ids itself (launch.failed).
+        outcome = await self._launcher.launch(
+            delivery, event, run_id, adapter.run_title(event), mapped, concurrency_key=key
+        )
+        log.info(
+            "webhook.handled",
+            status=outcome.status,
+            trigger_id=trigger.id,
+            delivery_id=delivery.delivery_id,
+            source_event_id=source.id,
+            run_id=run_id,
+        )
         return outcome
 
     async def refused(self, trigger: WebhookTrigger, error: ApiError, *, body_bytes: int) -> None:

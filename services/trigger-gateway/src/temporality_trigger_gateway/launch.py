@@ -29,6 +29,13 @@ the same batch), waits in its key's queue (``Queued``: ``trigger.received`` only
 ``queued``, which a copy of the event treats as published) or is refused (``Skipped``:
 ``trigger.rejected(concurrency_skip)``; the claim is released, so a redelivery decides again). A claimant whose publish fails releases its claim (best effort) so a
 retry takes over at once. Every outcome is returned only after JetStream acked what it reports.
+
+Round trips of a new event (the hot path, :class:`temporality_bus.Pipeline`): (1) the claim's create with
+the delivery's ``received`` record (and a webhook's index entry), (2) the three events, (3) the claim's
+``published`` mark with the delivery's ``accepted`` record. The mark never rides with the events: were
+``run.requested`` refused while the mark was stored, a retry would be answered ``duplicate`` of a run that
+does not exist. Values are encoded once and written without re-validation: each was built by its model's
+validating constructor (the delivery's event is encoded once and spliced into each write of its record).
 """
 
 from __future__ import annotations
@@ -43,7 +50,19 @@ import nats.errors
 import structlog
 from pydantic import BaseModel, ConfigDict
 
-from temporality_bus import AlreadyExists, Bus, Conflict, PermanentError, Store, TransientError, evolve
+from temporality_bus import (
+    AlreadyExists,
+    Bus,
+    BusError,
+    Conflict,
+    PermanentError,
+    Pipeline,
+    PublishResult,
+    Store,
+    TransientError,
+    evolve,
+)
+from temporality_bus.pipeline import Write, kv_write
 from temporality_protocol import (
     Envelope,
     HumanPolicy,
@@ -58,7 +77,7 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_trigger_gateway.concurrency import Debounce, FlowControl, QueuedLaunch, Skip, Start, Wait
-from temporality_trigger_gateway.deliveries import Deliveries
+from temporality_trigger_gateway.deliveries import Deliveries, Draft
 from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable
 from temporality_trigger_gateway.triggers import TriggerConfig
 
@@ -377,10 +396,17 @@ class Launcher:
         self._policies: dict[str, tuple[TriggerConfig, HumanPolicy]] = {}
         self.flow = FlowControl(self)
         self.deliveries = Deliveries(bus)
+        self.pipeline = Pipeline(bus)
 
     async def publish(self, events: tuple[Envelope, ...] | list[Envelope]) -> None:
-        """Publish ``events`` together (one round trip, every ack awaited)."""
+        """Publish ``events`` together (one round trip, every ack awaited): :class:`BusUnavailable` unless
+        JetStream stored every one (those it did are deduplicated by id when a retry publishes them again)."""
         await self.io(self.bus.publish_many(events))
+
+    async def send(self, writes: list[Write]) -> list[PublishResult | BusError]:
+        """Pipelined writes (:class:`temporality_bus.Pipeline`), the outcome of each; :class:`BusUnavailable`
+        when the bus is not connected, :class:`BodyTooLarge` when one can never be written."""
+        return await self.io(self.pipeline.send(writes))
 
     async def launch(
         self,
@@ -400,30 +426,50 @@ class Launcher:
         The delivery's processing state is recorded (:mod:`.deliveries`): received, then its outcome, or
         failed when the bus did not acknowledge (the error propagates: the sender or the consumer retries).
         ``redrive_of``: the delivery this one re-drives."""
-        record = self.deliveries.record
-        await record(delivery, "received", event=event, title=title, redrive_of=redrive_of)
+        draft = await self.deliveries.draft(delivery, event=event, title=title, redrive_of=redrive_of)
         try:
             outcome = await self._launch(
-                delivery, event, run_id, title, mapped, with_payload=with_payload, concurrency_key=concurrency_key
+                delivery,
+                event,
+                run_id,
+                title,
+                mapped,
+                with_payload=with_payload,
+                concurrency_key=concurrency_key,
+                draft=draft,
             )
         except Exception as exc:
             detail = getattr(exc, "detail", None) or repr(exc)
             if isinstance(exc, BusUnavailable):
                 detail += " (the sender, or the bus, retries: the claim was released)"
-            await record(delivery, "failed", detail=detail)
+            log.warning(
+                "launch.failed",
+                trigger_id=delivery.trigger.id,
+                delivery_id=delivery.delivery_id,
+                run_id=run_id,
+                error=detail,
+            )
+            await self.deliveries.update(draft, "failed", detail=detail, send=self.send)
             raise
         if isinstance(outcome, _Decided):
             return outcome.outcome  # recorded when it was decided
+        update = self.deliveries.update
         if isinstance(outcome, Accepted):
-            await record(delivery, "accepted", run_id=outcome.run_id)
+            if draft.written != "accepted":  # (written with the claim's mark unless that write failed)
+                await update(draft, "accepted", run_id=outcome.run_id, send=self.send)
         elif isinstance(outcome, Duplicate):
-            await record(
-                delivery, "rejected", run_id=outcome.run_id, reason="duplicate", detail="already accepted as this run"
+            await update(
+                draft,
+                "rejected",
+                run_id=outcome.run_id,
+                reason="duplicate",
+                detail="already accepted as this run",
+                send=self.send,
             )
         elif isinstance(outcome, Skipped):
-            await record(delivery, "rejected", reason=outcome.reason, detail=outcome.detail)
+            await update(draft, "rejected", reason=outcome.reason, detail=outcome.detail, send=self.send)
         else:
-            await record(delivery, outcome.status, run_id=outcome.run_id)
+            await update(draft, outcome.status, run_id=outcome.run_id, send=self.send)
         return outcome
 
     async def refuse(
@@ -450,11 +496,12 @@ class Launcher:
         *,
         with_payload: bool,
         concurrency_key: str | None,
+        draft: Draft,
     ) -> Accepted | Duplicate | Queued | Skipped | Debounced | _Decided:
         key = dedupe_key(delivery.trigger.id, event.id)
         store = await self.dedupe()
         received = received_event(delivery, run_id=run_id, tenant=event.tenant)
-        won = await self._claim(store, key, delivery, event, run_id)
+        won = await self._claim(store, key, delivery, event, run_id, draft=draft)
         if isinstance(won, DedupeRecord):
             detail = f"source event {event.id} was already accepted as run {won.run_id} (delivery {won.delivery_id})"
             rejected = rejected_event(
@@ -539,16 +586,31 @@ class Launcher:
             if revision is not None:
                 await self._release(store, key, claim, revision)
             raise
-        if revision is None:  # ours, already marked published
-            return Accepted(delivery_id=delivery.delivery_id, run_id=run_id, superseded_run_id=superseded)
-        try:
-            await self.io(store.update(key, evolve(claim, state="published"), revision))
-        except Conflict:
-            log.info("launch.claim_taken_over")  # a redelivery took a stale claim over; it published the same ids
-        except BusUnavailable:
-            # run.requested is durable: it is accepted. A redelivery after the lease republishes the same
-            # ids (deduped) instead of answering duplicate: harmless.
-            log.warning("launch.claim_not_marked_published")
+        # Every event is stored: the run is accepted. The claim's mark and the delivery's record go out
+        # together, after (never with) the events: "published" must not be stored for an unstored run.requested.
+        writes: list[Write] = []
+        if revision is not None:  # (None: ours, already marked published)
+            published = claim.model_copy(update={"state": "published"})  # a Literal state: nothing to re-validate
+            writes.append(kv_write(BUCKET_DEDUPE.name, key, published.model_dump_json().encode(), revision=revision))
+        recorded = self.deliveries.state_write(draft, "accepted", run_id=run_id)
+        if recorded is not None:
+            writes.append(recorded[0])
+        results: list[PublishResult | BusError] = []
+        if writes:
+            try:
+                results = await self.send(writes)
+            except BusUnavailable as exc:  # disconnected just now: the same as two unacknowledged writes
+                results = [TransientError(exc.detail)] * len(writes)
+        if revision is not None:
+            marked = results.pop(0)
+            if isinstance(marked, Conflict):
+                log.info("launch.claim_taken_over")  # a redelivery took a stale claim over; it published the same ids
+            elif not isinstance(marked, PublishResult):
+                # run.requested is durable: it is accepted. A redelivery after the lease republishes the same
+                # ids (deduped) instead of answering duplicate: harmless.
+                log.warning("launch.claim_not_marked_published", run_id=run_id, error=repr(marked))
+        if recorded is not None and results and isinstance(results[0], PublishResult):
+            await self.deliveries.settle(draft, results, head=recorded[1])
         return Accepted(delivery_id=delivery.delivery_id, run_id=run_id, superseded_run_id=superseded)
 
     def _debounced_away(self, older: QueuedLaunch, newer: TriggerDelivery) -> Envelope:
@@ -621,13 +683,22 @@ class Launcher:
         return self._store
 
     async def _claim(
-        self, store: Store[DedupeRecord], key: str, delivery: TriggerDelivery, event: NormalizedEvent, run_id: str
+        self,
+        store: Store[DedupeRecord],
+        key: str,
+        delivery: TriggerDelivery,
+        event: NormalizedEvent,
+        run_id: str,
+        *,
+        draft: Draft | None = None,
     ) -> tuple[DedupeRecord, int | None] | DedupeRecord:
         """Own the launch of ``event`` (the claim and its revision; ``None``: this delivery's own claim,
-        already published), or the record of the delivery that did."""
+        already published), or the record of the delivery that did. The first create-if-absent goes out
+        pipelined with ``draft``'s writes (the delivery's ``received`` record)."""
         trigger = delivery.trigger
         lease = timedelta(seconds=self._claim_lease_s)
         deadline = asyncio.get_running_loop().time() + self._claim_lease_s + 5 * _POLL_S
+        first = draft
         while True:
             now = datetime.now(UTC)
             claim = DedupeRecord(
@@ -640,14 +711,30 @@ class Launcher:
                 state="claimed",
                 claimed_at=now,
             )
-            try:
-                return claim, await self.io(store.create(key, claim))
-            except AlreadyExists:
-                pass
+            if first is not None:  # one round trip: the claim and the delivery's record
+                created = kv_write(BUCKET_DEDUPE.name, key, claim.model_dump_json().encode(), revision=0)
+                results = await self.send([created, *self.deliveries.writes(first)])
+                await self.deliveries.settle(first, results[1:])
+                first = None
+                if isinstance(results[0], PublishResult):
+                    return claim, results[0].seq
+                if not isinstance(results[0], Conflict):  # (a Conflict: the key exists, read it below)
+                    log.warning("launch.bus_unavailable", error=repr(results[0]))
+                    raise BusUnavailable(
+                        "the event bus did not acknowledge in time; retry later", self._retry_after_s
+                    ) from results[0]
+            else:
+                try:
+                    return claim, await self.io(store.create(key, claim))
+                except AlreadyExists:
+                    pass
             existing = await self.io(store.get(key))
             if existing is None:
                 continue  # gone between the two calls (bucket TTL): claim again
             record = existing.value
+            # The time as of this read (the claim above was built before two round trips): whether its lease
+            # is over is judged on it, so a takeover due before the deadline below happens before it.
+            now = datetime.now(UTC)
             if record.delivery_id == delivery.delivery_id and record.expires_at > now:
                 # this very delivery again (a redelivered bus message): finish what it started
                 if record.state in ("published", "queued"):

@@ -28,6 +28,7 @@ from temporality_trigger_gateway.adapters.base import (
     aware,
     clip,
     invalid_payload,
+    web_link,
 )
 from temporality_trigger_gateway.errors import InvalidPayload
 
@@ -66,6 +67,11 @@ class Repository(_Ado):
     url: _Text
     project: Project
     remote_url: str | None = None
+    web_url: str | None = None
+
+
+class Href(_Ado):
+    href: str | None = None
 
 
 class CommitRef(_Ado):
@@ -86,6 +92,7 @@ class PullRequest(_Ado):
     reviewers: list[Identity] | None = None
     last_merge_source_commit: CommitRef | None = None
     last_merge_target_commit: CommitRef | None = None
+    links: dict[str, Href] | None = Field(default=None, alias="_links")
 
 
 class Container(_Ado):
@@ -121,6 +128,24 @@ def _branch(ref: str) -> str:
 def _origin(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else url
+
+
+def _without_user(url: str | None) -> str | None:
+    """``https://org@dev.azure.com/…`` (a ``remoteUrl``) without the ``org@``."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
+def _pr_page(pr: PullRequest) -> str | None:
+    """The PR's web page: ``_links.web`` (newer payloads), else the repository's web URL or clone URL
+    plus ``/pullrequest/<id>`` (what Azure DevOps' own PR links look like)."""
+    web = (pr.links or {}).get("web")
+    if web and web.href:
+        return web.href
+    base = pr.repository.web_url or _without_user(pr.repository.remote_url)
+    return f"{base.rstrip('/')}/pullrequest/{pr.pull_request_id}" if base else None
 
 
 def _person(identity: Identity) -> dict[str, Any]:
@@ -188,6 +213,7 @@ class AzureDevOpsPullRequest(Adapter):
                 },
             },
             metadata={k: str(v) for k, v in metadata.items() if v is not None},
+            source_link=web_link(_pr_page(pr), label=f"PR #{pr.pull_request_id} in {repo.name}"),
         )
 
     def run_title(self, event: NormalizedEvent) -> str:

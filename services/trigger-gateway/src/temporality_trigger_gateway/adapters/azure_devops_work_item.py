@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError
 from temporality_protocol import Actor, NormalizedEvent
 from temporality_trigger_gateway.adapters.azure_devops import (
     Container,
+    Href,
     _Ado,
     _origin,
     identify_azure_devops,
@@ -32,6 +33,7 @@ from temporality_trigger_gateway.adapters.base import (
     aware,
     clip,
     invalid_payload,
+    web_link,
 )
 from temporality_trigger_gateway.errors import InvalidPayload
 
@@ -56,6 +58,7 @@ class WorkItemResource(_Ado):
     fields: dict[str, Any] = Field(default_factory=dict)
     url: str | None = None
     revision: Revision | None = None
+    links: dict[str, Href] | None = Field(default=None, alias="_links")
 
 
 class WorkItemEvent(_Ado):
@@ -72,6 +75,16 @@ class WorkItemEvent(_Ado):
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def _item_page(resource: WorkItemResource, api_url: str, item_id: int) -> str | None:
+    """The work item's web page: ``_links.html`` (newer payloads), else derived from its REST URL
+    (``<collection>/_apis/wit/workItems/5`` → ``<collection>/_workitems/edit/5``)."""
+    html = (resource.links or {}).get("html")
+    if html and html.href:
+        return html.href
+    collection, found, _ = api_url.partition("/_apis/wit/workItems/")
+    return f"{collection}/_workitems/edit/{item_id}" if found else None
 
 
 def _change(value: Any) -> dict[str, Any] | None:
@@ -162,6 +175,11 @@ class AzureDevOpsWorkItem(Adapter):
                 "comment": clip(comment, MAX_DESCRIPTION) if comment else None,
             },
             metadata={k: str(v) for k, v in metadata.items() if v is not None},
+            source_link=web_link(
+                _item_page(resource, url, item_id),
+                label=f"{_text(current.get('System.WorkItemType')) or 'Work item'} #{item_id}"
+                + (f" in {project}" if project else ""),
+            ),
         )
 
     def run_title(self, event: NormalizedEvent) -> str:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from temporality_protocol import NormalizedEvent
+from temporality_protocol import NormalizedEvent, SourceLink, is_web_url
 from temporality_trigger_gateway.errors import InvalidPayload
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "clip",
     "invalid_payload",
     "missing_header",
+    "web_link",
 ]
 
 
@@ -105,3 +106,12 @@ def aware(value: datetime | None) -> datetime | None:
     if value is not None and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value
+
+
+def web_link(*hrefs: str | None, label: str | None = None) -> SourceLink | None:
+    """The first of ``hrefs`` that is an absolute http(s) URL as the event's source link (HUM-5), else
+    ``None``: a source whose link is missing or not a web URL still starts its run, without a link."""
+    for href in hrefs:
+        if href and is_web_url(href):
+            return SourceLink(href=href, label=label[:200] if label else None)
+    return None

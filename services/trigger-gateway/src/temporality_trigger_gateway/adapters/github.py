@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from temporality_protocol import Actor, NormalizedEvent
+from temporality_protocol import Actor, NormalizedEvent, SourceLink
 from temporality_trigger_gateway.adapters.base import (
     MAX_DESCRIPTION,
     Adapter,
@@ -25,6 +25,7 @@ from temporality_trigger_gateway.adapters.base import (
     clip,
     invalid_payload,
     missing_header,
+    web_link,
 )
 from temporality_trigger_gateway.errors import InvalidPayload
 
@@ -185,6 +186,7 @@ class GitHub(Adapter):
         when: datetime | None,
         tenant: str | None,
         payload: dict[str, Any],
+        link: SourceLink | None,
     ) -> NormalizedEvent:
         return NormalizedEvent(
             id=source.id,
@@ -195,6 +197,7 @@ class GitHub(Adapter):
             tenant=tenant or (repo.owner.login if repo.owner else repo.full_name.partition("/")[0]),
             payload={"repository": _repo(repo), "action": source.type.partition(".")[2] or None, **payload},
             metadata={"event_type": source.type, "delivery_id": source.id},
+            source_link=link,
         )
 
     def _pull_request(self, source: SourceEvent, event: PullRequestEvent, tenant: str | None) -> NormalizedEvent:
@@ -220,6 +223,7 @@ class GitHub(Adapter):
                 "author": _person(pr.user),
                 "commits": {"source": pr.head.sha, "target": pr.base.sha, "before": event.before, "after": event.after},
             },
+            web_link(pr.html_url, label=f"PR #{pr.number} in {event.repository.full_name}"),
         )
 
     def _issue(self, source: SourceEvent, event: IssuesEvent, tenant: str | None) -> NormalizedEvent:
@@ -241,6 +245,7 @@ class GitHub(Adapter):
                 },
                 "author": _person(issue.user),
             },
+            web_link(issue.html_url, label=f"Issue #{issue.number} in {event.repository.full_name}"),
         )
 
     def _push(self, source: SourceEvent, event: PushEvent, tenant: str | None) -> NormalizedEvent:
@@ -263,6 +268,12 @@ class GitHub(Adapter):
                 "commits": [{"id": c.id, "message": clip(c.message, 4096), "url": c.url} for c in event.commits[:50]],
                 "commit_count": len(event.commits),
             },
+            web_link(
+                event.compare,
+                head.url if head else None,
+                event.repository.html_url,
+                label=f"Push to {event.ref.removeprefix('refs/heads/')} in {event.repository.full_name}",
+            ),
         )
 
     def run_title(self, event: NormalizedEvent) -> str:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from temporality_protocol import Actor, NormalizedEvent
+from temporality_protocol import Actor, NormalizedEvent, SourceLink
 from temporality_trigger_gateway.adapters.base import (
     MAX_DESCRIPTION,
     Adapter,
@@ -24,6 +24,7 @@ from temporality_trigger_gateway.adapters.base import (
     clip,
     invalid_payload,
     missing_header,
+    web_link,
 )
 from temporality_trigger_gateway.errors import InvalidPayload
 
@@ -139,7 +140,13 @@ class GitLab(Adapter):
         )
 
     def _event(
-        self, source: SourceEvent, project: Project, actor: Actor, tenant: str | None, payload: dict[str, Any]
+        self,
+        source: SourceEvent,
+        project: Project,
+        actor: Actor,
+        tenant: str | None,
+        payload: dict[str, Any],
+        link: SourceLink | None,
     ) -> NormalizedEvent:
         return NormalizedEvent(
             id=source.id,
@@ -150,6 +157,7 @@ class GitLab(Adapter):
             tenant=tenant or project.namespace or project.path_with_namespace.partition("/")[0],
             payload={"project": _project(project), **payload},
             metadata={"event_type": source.type, "event_id": source.id},
+            source_link=link,
         )
 
     def _merge_request(self, source: SourceEvent, event: MergeRequestEvent, tenant: str | None) -> NormalizedEvent:
@@ -174,6 +182,7 @@ class GitLab(Adapter):
                 "author": {"username": event.user.username, "name": event.user.name},
                 "commits": {"source": mr.last_commit.id if mr.last_commit else None},
             },
+            web_link(mr.url, label=f"MR !{mr.iid} in {event.project.path_with_namespace}"),
         )
 
     def _push(self, source: SourceEvent, event: PushEvent, tenant: str | None) -> NormalizedEvent:
@@ -192,6 +201,11 @@ class GitLab(Adapter):
                 if event.total_commits_count is not None
                 else len(event.commits),
             },
+            web_link(
+                *(c.url for c in event.commits if c.id in (event.checkout_sha, event.after)),
+                event.project.web_url,
+                label=f"Push to {event.ref.removeprefix('refs/heads/')} in {event.project.path_with_namespace}",
+            ),
         )
 
     def run_title(self, event: NormalizedEvent) -> str:

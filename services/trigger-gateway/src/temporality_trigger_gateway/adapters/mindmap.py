@@ -32,6 +32,7 @@ from temporality_trigger_gateway.adapters.base import (
     aware,
     clip,
     invalid_payload,
+    web_link,
 )
 
 __all__ = ["MindmapTestCase"]
@@ -113,6 +114,7 @@ class MindmapTestCase(Adapter):
             tenant=tenant,
             payload=payload,
             metadata={"event_type": event.event, "map_id": event.map.id, "test_case_id": case.id},
+            source_link=web_link(event.map.url, label=f"Test case {case.id} in {event.map.title or event.map.id}"),
         )
 
     def run_title(self, event: NormalizedEvent) -> str:

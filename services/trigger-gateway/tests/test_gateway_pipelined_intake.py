@@ -1,0 +1,159 @@
+"""The webhook hot path's pipelined writes against a real nats-server (issue 7, intake speed).
+
+Per new event the gateway makes three round trips: the dedupe claim with the delivery's ``received``
+record (and its index entry), the three events, then the claim's ``published`` mark with the delivery's
+``accepted`` record. These tests pin the order that keeps exactly-once intake (nothing marked published
+before every event is acknowledged), what a batch that JetStream only partly stored leaves behind, and
+that the record written without re-validation reads back as a valid record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from unittest.mock import patch
+
+import httpx
+from gateway_support import MAX_BODY, fixture_bytes, journal, post, types
+
+from temporality_bus import Bus, BusError, Pipeline, PublishResult, TransientError
+from temporality_bus.pipeline import Write
+from temporality_protocol import CONTENT_TYPE, Envelope, NormalizedEvent, derive_id, encode, run_id_for_delivery
+from temporality_protocol.catalog import BUCKET_DEDUPE, BUCKET_DELIVERIES
+from temporality_trigger_gateway import Settings, TriggerConfig, create_app
+from temporality_trigger_gateway.deliveries import Deliveries, DeliveryRecord
+from temporality_trigger_gateway.intake import DedupeRecord
+
+PR_EVENT_ID = "5f0b8f6e-3c2d-4e71-a0d9-7b1e2c4d9a10"
+TRIGGER = "ado-pr-review"
+KEY = derive_id("dd", TRIGGER, PR_EVENT_ID)
+RUN_ID = run_id_for_delivery(TRIGGER, PR_EVENT_ID)
+
+
+def _what(write: Write) -> str:
+    """A write as the assertions name it: ``dedupe:<state>``, ``record:<state>``, ``index``."""
+    if write.bucket == BUCKET_DEDUPE.name:
+        return f"dedupe:{DedupeRecord.model_validate_json(write.payload).state}"
+    if write.bucket == BUCKET_DELIVERIES.name:
+        if ".at." in (write.key or ""):
+            return "index"
+        return f"record:{DeliveryRecord.model_validate_json(write.payload).state}"
+    return write.subject
+
+
+async def _dedupe(bus: Bus) -> DedupeRecord:
+    stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(KEY)
+    assert stored is not None
+    return stored.value
+
+
+async def _records(bus: Bus) -> list[DeliveryRecord]:
+    return (await Deliveries(bus).newest(TRIGGER, before=None, limit=10))[0]
+
+
+async def test_a_new_event_takes_three_round_trips_and_is_marked_published_only_after_its_events(
+    client: httpx.AsyncClient, bus: Bus
+) -> None:
+    trips: list[list[str]] = []
+    real_send, real_publish_many = Pipeline.send, bus.publish_many
+
+    async def sending(self: Pipeline, writes: Sequence[Write], **kw: Any) -> list[PublishResult | BusError]:
+        results = await real_send(self, writes, **kw)
+        trips.append([_what(w) for w in writes])
+        return results
+
+    async def publishing(events: Sequence[Envelope]) -> list[PublishResult]:
+        results = await real_publish_many(events)
+        trips.append([e.type for e in events])
+        return results
+
+    with patch.object(Pipeline, "send", sending), patch.object(bus, "publish_many", publishing):
+        response = await post(client, fixture_bytes("pr-created.json"))
+    assert response.status_code == 202
+    assert response.json() == {"delivery_id": response.json()["delivery_id"], "status": "accepted", "run_id": RUN_ID}
+    assert trips == [
+        ["dedupe:claimed", "record:received", "index"],
+        ["trigger.received", "trigger.accepted", "run.requested"],
+        ["dedupe:published", "record:accepted"],
+    ]
+    assert (await _dedupe(bus)).state == "published"
+    # The record, written as the model's JSON with the event spliced in once, reads back as a valid record.
+    (record,) = await _records(bus)
+    assert (record.state, record.run_id, record.delivery_id) == ("accepted", RUN_ID, response.json()["delivery_id"])
+    assert isinstance(record.event, NormalizedEvent)
+    assert record.event.id == PR_EVENT_ID
+    assert record.event.payload  # the full event, kept for a re-drive
+    assert record.received_at <= record.updated_at
+
+
+async def test_a_batch_jetstream_stores_only_in_part_answers_503_and_the_retry_makes_exactly_one_run(
+    client: httpx.AsyncClient, bus: Bus
+) -> None:
+    """JetStream refuses run.requested alone (its other two events are stored): 503, nothing marked
+    published; the sender's retry publishes the same derived ids: one run, one trigger.accepted."""
+    real_publish_raw_many = bus.publish_raw_many
+
+    async def refusing_run_requested(events: Sequence[Envelope]) -> list[PublishResult]:
+        messages = []
+        for event in events:
+            headers = {"Nats-Msg-Id": event.id, "Content-Type": CONTENT_TYPE, "Ce-Type": event.type}
+            subject = event.nats_subject
+            if event.type == "run.requested":  # a subject no stream takes: the server answers "no responders"
+                subject = "temporality.nowhere.run.requested"
+            messages.append((subject, encode(event), headers))
+        return await real_publish_raw_many(messages)
+
+    with patch.object(bus, "publish_many", refusing_run_requested):
+        refused = await post(client, fixture_bytes("pr-created.json"))
+    assert refused.status_code == 503
+    assert refused.headers["Retry-After"] == "7"
+    assert types(await journal(bus)) == ["trigger.received", "trigger.accepted"]  # half stored, on the stream
+    assert (await _dedupe(bus)).state == "released"  # not published: a retry takes the claim at once
+    (failed,) = await _records(bus)
+    assert failed.state == "failed"
+    assert failed.detail is not None
+    assert "retries" in failed.detail
+
+    retried = await post(client, fixture_bytes("pr-created.json"))
+    assert retried.status_code == 202
+    assert retried.json()["run_id"] == RUN_ID
+    events = await journal(bus)
+    assert types(events).count("run.requested") == 1
+    assert types(events).count("trigger.accepted") == 1  # the retry's copy deduplicated by its derived id
+    assert types(events).count("trigger.received") == 2  # one per delivery
+    assert (await _dedupe(bus)).state == "published"
+    again = await post(client, fixture_bytes("pr-created.json"))
+    assert (again.status_code, again.json()["status"]) == (200, "duplicate")
+    states = sorted(r.state for r in await _records(bus))
+    assert states == ["accepted", "failed", "rejected"]
+
+
+async def test_a_lost_mark_still_answers_accepted_and_a_copy_after_the_lease_makes_no_second_run(
+    bus: Bus, triggers: list[TriggerConfig]
+) -> None:
+    """The claim's mark is not acknowledged (the events are): the 202 stands, since run.requested is
+    stored; a copy of the event after the lease takes the stale claim over and republishes the same ids."""
+    settings = Settings(max_body_bytes=MAX_BODY, retry_after_s=7, claim_lease_s=0.2)
+    real_send = Pipeline.send
+
+    async def losing_marks(self: Pipeline, writes: Sequence[Write], **kw: Any) -> list[PublishResult | BusError]:
+        results = await real_send(self, [w for w in writes if _what(w) != "dedupe:published"], **kw)
+        if any(_what(w) == "dedupe:published" for w in writes):
+            results.insert(0, TransientError("simulated: no ack for the mark"))
+        return results
+
+    app = create_app(settings, bus, triggers)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
+        with patch.object(Pipeline, "send", losing_marks):
+            first = await post(c, fixture_bytes("pr-created.json"))
+        assert first.status_code == 202
+        assert (await _dedupe(bus)).state == "claimed"
+        (record,) = await _records(bus)
+        assert record.state == "accepted"  # the record's write went out (and was acknowledged) all the same
+        copy = await post(c, fixture_bytes("pr-created.json"))  # waits out the 0.2 s lease, takes over
+    assert copy.status_code == 202
+    assert copy.json()["run_id"] == RUN_ID
+    events = await journal(bus)
+    assert types(events).count("run.requested") == 1
+    assert types(events).count("trigger.accepted") == 1
+    assert (await _dedupe(bus)).state == "published"

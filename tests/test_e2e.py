@@ -139,6 +139,10 @@ async def _trajectory(http: httpx.AsyncClient, stack: Stack, run_id: str) -> lis
     return events
 
 
+#: The example PR's web page, derived by the gateway from the payload's repository ``remoteUrl``.
+PR_42_WEB = "https://dev.azure.com/fabrikam/Fabrikam/_git/orders-service/pullrequest/42"
+
+
 async def test_e2e_1_webhook_to_completed_review_with_a_human_answer(stack: Stack, http: httpx.AsyncClient) -> None:
     # 1-3: Azure DevOps sends the PR-created webhook; Temporality accepts it durably
     accepted = await post_hook(http, stack, example_pr())
@@ -168,6 +172,8 @@ async def test_e2e_1_webhook_to_completed_review_with_a_human_answer(stack: Stac
     assert [o["id"] for o in request["options"]] == ["keep-v1", "ship-v2"]
     assert "Missing:" in request["context"]
     assert request["id"] == waiting["request_id"]
+    # HUM-5: one tap from the PR -- its web page, from the webhook through run.requested and human.requested
+    assert request["source_link"] == {"href": PR_42_WEB, "label": "PR #42 in orders-service"}
 
     # 11-12: alice answers; the answer binds to that exact request
     answered = await http.post(
@@ -190,6 +196,7 @@ async def test_e2e_1_webhook_to_completed_review_with_a_human_answer(stack: Stac
     answered_event = next(e for e in events if e["type"] == "human.answered")
     resumed = next(e for e in events if e["type"] == "run.resumed")
     assert answered_event["data"]["request_id"] == human_requested["data"]["request_id"] == request["id"]
+    assert human_requested["data"]["source_link"]["href"] == PR_42_WEB
     assert answered_event["data"]["responder"] == "user:alice"
     assert resumed["data"]["reason"] == "answer"
     assert resumed["data"]["waited_s"] >= 0

@@ -46,7 +46,7 @@ from temporality_human_interaction.inbox import list_inbox
 from temporality_human_interaction.records import HumanRequestRecord, is_request_id, open_store
 from temporality_human_interaction.settings import Settings
 from temporality_human_interaction.store import DirectoryStore
-from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState
+from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState, SourceLink
 from temporality_service import (
     ApiAuth,
     ErrorBody,
@@ -79,6 +79,8 @@ class InboxItem(BaseModel):
     created_at: datetime
     expires_at: datetime
     waiting_s: float
+    #: The run's source to open (the PR's web page ...), when its launch event had one (HUM-5).
+    source_link: SourceLink | None = None
 
     @classmethod
     def of(cls, record: HumanRequestRecord, now: datetime) -> InboxItem:
@@ -130,6 +132,7 @@ def _common(record: HumanRequestRecord, now: datetime) -> dict[str, Any]:
         "created_at": record.created_at,
         "expires_at": record.expires_at,
         "waiting_s": record.waited_s(until),
+        "source_link": record.source_link,
     }
 
 

@@ -17,7 +17,10 @@ who may answer a pending request: the recipient, a group's members, the escalati
 at least until its deadline passed, so no timer of it is still to fire — then purged: its channel
 references (Telegram token and message keys, Matrix event keys, the run and inbox index entries) first, the
 record last, with a compare-and-set on the revision read (a record that changed meanwhile is left for the
-next sweep). One sweep per ``every_s`` runs on the durable timer ``…schedule.human._sweep.retention``: the
+next sweep). Then every other reference nothing needs any more (:func:`stale_references`): whatever is
+left of a request no longer stored (a send claimed but never recorded, an index entry whose record never
+came), notification markers, and an ended run's policy and end marker once none of its requests is kept —
+never a person's DM room or the sync token. One sweep per ``every_s`` runs on the durable timer ``…schedule.human._sweep.retention``: the
 timers consumer gives each firing to one replica, and every replica arms the same slot (the next multiple of
 ``every_s``) with the same message id, so they never sweep twice nor push each other's sweep later.
 """
@@ -28,13 +31,15 @@ import asyncio
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import structlog
 from nats.js.errors import KeyWrongLastSequenceError
+from pydantic import ValidationError
 
 from temporality_bus import Bus, PublishResult
-from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.directory import user_id_of
 from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
 from temporality_human_interaction.timers import human_timers
@@ -43,9 +48,11 @@ from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
 
 __all__ = [
     "SWEEP_KEY",
+    "ChannelEntry",
     "RetentionSweeper",
     "answerers",
     "arm_sweep",
+    "channel_entries",
     "inbox_key",
     "index_open",
     "index_people",
@@ -53,6 +60,7 @@ __all__ = [
     "list_inbox",
     "open_requests_of",
     "rebuild_index",
+    "stale_references",
     "unindex",
 ]
 
@@ -61,6 +69,8 @@ log = structlog.get_logger(__name__)
 #: The retention sweep's timer key (never a request id's: those have no dot, and ``.retention`` is no suffix).
 SWEEP_KEY = "_sweep.retention"
 _LIST_TIMEOUT_S = 5.0
+#: Reading every key of ``human-channels`` for the sweep never takes longer than this (then: retried).
+_SWEEP_LIST_TIMEOUT_S = 60.0
 
 
 def inbox_key(user: str, request_id: str) -> str:
@@ -163,6 +173,91 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass(frozen=True)
+class ChannelEntry:
+    """One key of ``human-channels`` as the sweep reads it."""
+
+    key: str
+    value: str
+    created_at: datetime
+    revision: int
+
+
+async def channel_entries(bus: Bus, *, timeout_s: float = _SWEEP_LIST_TIMEOUT_S) -> list[ChannelEntry]:
+    """Every key of ``human-channels`` with its value: one watch of the bucket (delivers each key once,
+    then ``None`` when caught up), not one read per key."""
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    watcher = await kv.watch(">", ignore_deletes=True)
+    out: list[ChannelEntry] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            while (entry := await watcher.updates(timeout=timeout_s)) is not None:  # type: ignore[no-untyped-call]
+                try:
+                    ref = ChannelRef.model_validate_json(entry.value or b"")
+                except ValidationError:
+                    continue  # not ours to judge
+                out.append(ChannelEntry(str(entry.key), ref.value, ref.created_at, int(entry.revision or 0)))
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
+    return out
+
+
+#: ``<prefix>`` -> the key's value is the request id (``open.<user>.<id>``, ``telegram.token.<token>``, ...).
+_VALUE_IS_REQUEST = (("open",), ("run",), ("telegram", "token"), ("telegram", "msg"), ("matrix", "event"))
+#: ``<prefix>.<request id>...``: the key names the request.
+_KEY_NAMES_REQUEST = (("telegram", "req"), ("telegram", "sent"))
+
+
+def stale_references(
+    entries: list[ChannelEntry], kept: dict[str, str], now: datetime, retention: timedelta
+) -> list[tuple[str, int]]:
+    """The ``(key, revision)`` of every reference the retention may purge, given the requests ``kept``
+    (request id -> run id). Only keys older than ``retention`` go, so a key written for a request that is not
+    stored yet (the index comes first) or stored after ``kept`` was read is never taken:
+
+    * what belongs to a request no longer stored (purged, or never stored after a crash): its inbox and run
+      index entries, Telegram token / message / sent keys, Matrix event keys and its poll link, and a room's
+      "newest question" pointer (``matrix.latest.<room>``) to it;
+    * ``notify.<id>[.<member>]``: a notification's once-only marker (redeliveries come within minutes);
+    * a run's ``policy.<run>`` and ``runend.<run>`` once the run ended and none of its requests is kept.
+
+    Kept whatever their age: a person's DM room (``matrix.room.*``), the sync token (``matrix.since.*``),
+    the policy of a run that has not ended, and anything this list does not name."""
+    keys = {e.key for e in entries}
+    kept_parts = {ref_key(request_id) for request_id in kept}  # as a key part (a long id is hashed there)
+    kept_runs = {ref_key(run_id) for run_id in kept.values()}
+    indexed_runs = {e.key.split(".")[1] for e in entries if e.key.startswith("run.") and e.key.count(".") == 2}
+    ending: set[str] = set()
+    out: list[tuple[str, int]] = []
+    for entry in entries:
+        if entry.created_at + retention > now:
+            continue
+        parts = tuple(entry.key.split("."))
+        if any(parts[: len(p)] == p for p in _VALUE_IS_REQUEST) and len(parts) >= 3:
+            stale = entry.value not in kept
+        elif any(parts[: len(p)] == p for p in _KEY_NAMES_REQUEST) and len(parts) >= 3:
+            stale = parts[2] not in kept_parts
+        elif parts[:2] == ("matrix", "latest"):
+            stale = entry.value not in kept
+        elif parts[:2] == ("matrix", "poll") and len(parts) == 3:
+            stale = ref_key("matrix", "event", parts[2]) not in keys  # its question's binding is gone
+        elif parts[0] == "notify":
+            stale = True
+        elif parts[0] == "runend" and len(parts) == 2:
+            stale = parts[1] not in kept_runs and parts[1] not in indexed_runs
+            if stale:
+                ending.add(parts[1])
+        else:
+            stale = False
+        if stale:
+            out.append((entry.key, entry.revision))
+    # a run's policy goes with its end marker, and before it (a crash in between leaves the marker, which
+    # the next sweep finds again): never a policy without a marker that would keep it forever
+    policies = [(e.key, e.revision) for e in entries if e.key.count(".") == 1 and e.key.startswith("policy.")]
+    first = [(key, rev) for key, rev in policies if key.split(".")[1] in ending]
+    return first + out
+
+
 class RetentionSweeper:
     """Purges ended requests past the retention; :meth:`fired` is what the timers handler calls."""
 
@@ -197,20 +292,35 @@ class RetentionSweeper:
         log.info("retention.swept", purged=purged)
 
     async def sweep(self) -> int:
-        """Purge every ended request past its retention; how many were purged."""
+        """Purge every ended request past its retention, then the references nothing needs any more (see
+        :func:`stale_references`); how many requests were purged."""
         store = await open_store(self._bus)
         now = self._clock()
         purged = 0
+        kept: dict[str, str] = {}  # request id -> run id of every record still there
         for key in await store.keys():
             got = await store.get(key)
             if got is None:
                 continue
             due = self.due(got.value)
-            if due is None or now < due:
-                continue
-            if await self._purge(got.value, got.revision):
+            if due is not None and now >= due and await self._purge(got.value, got.revision):
                 purged += 1
+                continue
+            kept[got.value.request_id] = got.value.run_id
+        await self._sweep_references(kept, now)
         return purged
+
+    async def _sweep_references(self, kept: dict[str, str], now: datetime) -> None:
+        kv = await self._bus.kv(BUCKET_HUMAN_CHANNELS)
+        entries = await channel_entries(self._bus)
+        stale = stale_references(entries, kept, now, self.retention)
+        for key, revision in stale:
+            try:  # a compare-and-set: a key written again meanwhile (the newest question in a room) stays
+                await kv.delete(key, last=revision)
+            except KeyWrongLastSequenceError:
+                log.info("retention.reference_changed_meanwhile", key=key)
+        if stale:
+            log.info("retention.references_purged", count=len(stale))
 
     async def _purge(self, record: HumanRequestRecord, revision: int) -> bool:
         refs = ChannelRefs(self._bus)

@@ -21,6 +21,7 @@ from temporality_protocol import (
     HumanPolicy,
     HumanRequested,
     HumanRequestState,
+    SourceLink,
 )
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
 from temporality_protocol.events import DeliveryAttempt
@@ -136,6 +137,8 @@ class HumanRequestRecord(BaseModel):
     redactions: dict[str, int] = Field(default_factory=dict)
     #: When the request left ``pending`` (answered, expired, cancelled): the retention counts from here.
     ended_at: datetime | None = None
+    #: The run's source (the PR, work item ... its launch event named): shown as a link on every channel (HUM-5).
+    source_link: SourceLink | None = None
 
     def may_answer(self, responder: str) -> bool:
         """Whether ``responder`` (``user:<id>``) is the recipient or, for a group request, one of its members
@@ -187,6 +190,7 @@ class HumanRequestRecord(BaseModel):
             policy=payload.policy,
             requested_event_id=event.id,
             correlation_id=event.correlationid or payload.run_id,
+            source_link=payload.source_link,
         )
 
     @property

@@ -22,6 +22,9 @@ key                                    value
 ``policy.<run id>``                    the run's human policy from its ``run.requested`` (:mod:`..policies`)
 =====================================  ==========================================================
 
+The retention sweep (:mod:`..inbox`) purges every key here that belongs to a purged request, a
+notification or an ended run (past the retention); ``matrix.room.*`` and ``matrix.since.*`` stay.
+
 The bucket is ensured by this service on first use (it is not in the shared catalogue yet).
 """
 

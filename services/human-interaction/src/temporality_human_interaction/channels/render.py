@@ -1,6 +1,7 @@
 """The question a person sees and the outcome it is edited to, rendered once for every chat transport (HUM-5).
 
-Compact and self-contained: the task (title), why the agent asks (the context, truncated), the
+Compact and self-contained: the task (title), a link to its source (the PR's web page, when the
+run's launch event had one), why the agent asks (the context, truncated), the
 question, the options numbered with what each leads to, the deadline and what happens if nobody
 answers. Never the run's technical context beyond that. The adapters' public methods hand these functions
 a record the egress policy already redacted and truncated for their channel (:mod:`..egress`). Plain text (Telegram) and HTML with a plain
@@ -71,6 +72,8 @@ def question_text(record: HumanRequestRecord, *, hint: str = "tap an option", ba
     """The question as plain text; ``banner`` (a reminder, an escalation) is its first line when given."""
     lines = [banner, ""] if banner else []
     lines += [f"❓ {record.title}", ""]
+    if record.source_link is not None:
+        lines += [f"🔗 {record.source_link.label or 'Source'}: {record.source_link.href}", ""]
     if record.context.strip():
         lines += [record.context.strip(), ""]
     lines.append(record.question)
@@ -90,6 +93,9 @@ def question_html(
     esc = html.escape
     out = [f"<p><i>{esc(banner)}</i></p>"] if banner else []
     out.append(f"<p><b>❓ {esc(record.title)}</b></p>")
+    if record.source_link is not None:
+        link = record.source_link
+        out.append(f'<p>🔗 <a href="{esc(link.href, quote=True)}">{esc(link.label or link.href)}</a></p>')
     if record.context.strip():
         out.append(f"<p>{esc(record.context.strip())}</p>")
     out.append(f"<p>{esc(record.question)}</p>")

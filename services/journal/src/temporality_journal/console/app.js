@@ -1380,8 +1380,13 @@ function inboxCard(item, signal) {
     });
   }
   const timeout = item.on_timeout?.summary ?? "What happens without an answer is not known yet.";
+  const link = item.source_link; // the run's source (HUM-5); human-interaction sends only http(s) links
   card.append(
     h("p", { class: "muted task" }, item.title),
+    link && /^https?:\/\//i.test(link.href)
+      ? h("p", { class: "source" },
+          h("a", { href: link.href, target: "_blank", rel: "noopener noreferrer" }, link.label || link.href))
+      : null,
     h("h2", { id: `q-${item.id}`, class: "question" }, item.question),
     item.context ? h("p", { class: "why" }, h("strong", {}, "Why: "), item.context) : null,
     optionButtons.length ? h("ul", { class: "options", "aria-label": "Options" }, optionButtons) : null,

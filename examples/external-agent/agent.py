@@ -23,7 +23,20 @@ The agent id must be on agent-collab's allow-list with that public key (``public
 repository's ``config/external-agents.yaml`` lists ``example-agent`` as ``allow_unsigned`` for
 development, so without ``--key-file`` (or ``TEMPORALITY_AGENT_KEY_FILE``) it sends unsigned
 requests, which only such an agent may. Exit codes: 0 done, 2 unusable key file, 3 registration
-refused, 4 a heartbeat refused, 5 a reply that does not match its schema, 6 no reply in time.
+refused, 4 a heartbeat refused, 5 a reply that does not match its schema, 6 no reply in time, 7 a task
+message refused.
+
+**Tasks** (``--work``; AP-5, AP-7..AP-9, channels ``agentsTasks`` and ``agentsAct``): instead of ``--beats`` it
+heartbeats every period and polls ``temporality.rpc.agents.tasks`` every ``--poll-s`` seconds. A run whose agent
+card says ``provider: {kind: external, agent_id: example-agent}`` (``examples/external-agent/agents.yaml``) is
+offered to it turn by turn. For each task it streams a ``progress`` event, checkpoints, and asks the first
+person the task may ask (``ask_human`` as a ``tool_calls`` action: the run parks until the person answers);
+when the answer comes back as the next turn's input it streams a ``partial_result`` and ``metrics``,
+checkpoints again and sends the ``result`` (the run completes). Killed, it goes ``offline`` after its heartbeat
+deadline; started again it registers, finds its task held by its old session -- the platform hands it back
+with the last checkpoint (``resumed``) and publishes ``run.resumed`` -- and carries on where it was:
+
+    python examples/external-agent/agent.py --nats-url nats://127.0.0.1:4222 --work --tasks 1
 """
 
 from __future__ import annotations
@@ -62,6 +75,8 @@ REGISTER = "temporality.rpc.agents.register"
 HEARTBEAT = "temporality.rpc.agents.heartbeat"
 DEREGISTER = "temporality.rpc.agents.deregister"
 CONFORMANCE = "temporality.rpc.agents.conformance"
+TASKS = "temporality.rpc.agents.tasks"
+ACT = "temporality.rpc.agents.act"
 #: What it declares it can do; the platform probes those the protocol has a check for (PRO-2).
 CAPABILITIES = ["echo", "reverse", "triage"]
 _DEFAULT_SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
@@ -139,7 +154,7 @@ class Client:
         self._key = key
         self._key_id = key_id
         self._validators: dict[str, Draft202012Validator] = {}
-        for subject in (REGISTER, HEARTBEAT, DEREGISTER, CONFORMANCE):
+        for subject in (REGISTER, HEARTBEAT, DEREGISTER, CONFORMANCE, TASKS, ACT):
             name = subject.removeprefix("temporality.rpc.")
             for kind in ("request", "reply"):
                 schema = json.loads((schemas / "rpc" / f"{name}.{kind}.schema.json").read_text(encoding="utf-8"))
@@ -156,6 +171,8 @@ class Client:
             msg = await self._nc.request(subject, payload, timeout=self._timeout_s, headers=headers)
         except nats.errors.TimeoutError:
             raise ProtocolFailure(6, f"no reply on {subject} within {self._timeout_s}s") from None
+        except nats.errors.NoRespondersError:
+            raise ProtocolFailure(6, f"nobody answers on {subject} (is agent-collab running?)") from None
         reply: dict[str, Any] = json.loads(msg.data)
         try:
             self._validators[f"{subject} reply"].validate(reply)
@@ -196,6 +213,176 @@ async def answer_round(
     log.info("conformance round %d: %s", round_["round"], verdict)
 
 
+# --------------------------------------------------------------------------- tasks (AP-5, AP-7..AP-9)
+class Worker:
+    """Takes tasks and does them: one question to a person, then the result (``--work``).
+
+    Its memory is the platform's: every step is checkpointed *before* the action that follows it (AP-7), and
+    a restarted worker resumes from the checkpoint its task comes back with (AP-8). Every action carries a
+    stable ``action_id`` (task, turn, what), so a retry after a lost reply or a crash changes nothing."""
+
+    def __init__(self, client: Client, agent_id: str, version: str) -> None:
+        self.client = client
+        self.agent_id = agent_id
+        self.version = version
+        #: A fresh id per process: a task this worker finds held by another session is being resumed.
+        self.session_id = secrets.token_urlsafe(12)
+        self.completed = 0
+        self.active_run_id: str | None = None
+        self._resumed: set[str] = set()
+
+    async def _act(self, task_id: str, turn: int, what: str, kind: str, **fields: Any) -> dict[str, Any]:
+        body = {
+            "agent_id": self.agent_id,
+            "protocol_version": self.version,
+            "task_id": task_id,
+            "turn": turn,
+            "action_id": f"{task_id}:{turn}:{what}",
+            "kind": kind,
+            **fields,
+        }
+        reply = await self.client.call(ACT, body)
+        if not reply["accepted"]:
+            refusal = reply["refusal"]
+            raise ProtocolFailure(7, f"{kind} refused ({refusal['reason']}): {refusal['detail']}")
+        return reply
+
+    async def _stream(self, task_id: str, turn: int, what: str, kind: str, message: str, **data: Any) -> None:
+        event = {"kind": kind, "message": message, "data": data}
+        await self._act(task_id, turn, what, "event", event=event)
+
+    async def _checkpoint(self, task: dict[str, Any], turn: int, step: str, **state: Any) -> None:
+        checkpoint = {
+            "run_id": task["run_id"],
+            "timestamp": _now(),
+            "execution_state": {"step": step, "turn": turn, **state},
+            "memory_snapshot": {"objective": task["objective"]},
+            "artifact_references": [],
+        }
+        await self._act(task["task_id"], turn, f"ckpt-{step}", "checkpoint", checkpoint=checkpoint)
+
+    async def poll(self) -> None:
+        reply = await self.client.call(
+            TASKS, {"agent_id": self.agent_id, "protocol_version": self.version, "session_id": self.session_id}
+        )
+        if not reply["accepted"]:
+            refusal = reply["refusal"]
+            raise ProtocolFailure(7, f"task poll refused ({refusal['reason']}): {refusal['detail']}")
+        self.active_run_id = reply["tasks"][0]["task"]["run_id"] if reply["tasks"] else None
+        for assignment in reply["tasks"]:
+            try:
+                await self.handle(assignment)
+            except ProtocolFailure as refused:
+                if refused.code != 7:
+                    raise
+                # e.g. task_ended: its run was cancelled meanwhile; the next poll no longer lists it
+                log.warning("task %s: %s", assignment["task"]["task_id"], refused)
+
+    async def handle(self, assignment: dict[str, Any]) -> None:
+        task, turn = assignment["task"], assignment["turn"]
+        task_id = task["task_id"]
+        saved = assignment["checkpoint"]
+        if assignment["resumed"] and task_id not in self._resumed:
+            self._resumed.add(task_id)
+            current = saved is not None and saved["run_id"] == task["run_id"]  # AP-8: is the context current?
+            step = saved["execution_state"].get("step") if current and saved else None
+            log.info(
+                "resuming task %s at turn %d from checkpoint %s (step %s)",
+                task_id,
+                turn,
+                saved["checkpoint_id"] if saved else None,
+                step,
+            )
+        if assignment["acted"]:
+            return  # this turn has our action (sent before a restart): the platform is carrying it out
+        answers = [i["content"] for i in assignment["inputs"] if i["tool"] == "ask_human"]
+        if not answers:
+            people = task["context"].get("people") or []
+            if not people:
+                await self._act(task_id, turn, "fail", "failure", error="nobody to ask about this task")
+                return
+            log.info("task %s: asking %s", task_id, people[0])
+            await self._stream(task_id, turn, "progress", "progress", "read the task; a person must decide", step=1)
+            await self._checkpoint(task, turn, "asking", recipient=people[0])
+            question = {
+                "recipient": people[0],
+                "question": f"{task['objective']}: go ahead?",
+                "context": "Asked by the example external agent.",
+                "options": [{"id": "yes", "label": "Go ahead"}, {"id": "no", "label": "Stop"}],
+            }
+            await self._act(task_id, turn, "act", "tool_calls", calls=[{"name": "ask_human", "arguments": question}])
+            return
+        answer = answers[-1]
+        try:
+            outcome = json.loads(answer)
+        except ValueError:
+            outcome = {}
+        if isinstance(outcome, dict) and outcome.get("status") in ("rejected", "expired"):
+            log.warning("task %s: the question was not answered: %s", task_id, answer)
+            await self._act(task_id, turn, "fail", "failure", error=f"the question was not answered: {answer}")
+            self.completed += 1
+            return
+        log.info("task %s: answered: %s", task_id, answer)
+        await self._stream(task_id, turn, "partial", "partial_result", "the person answered", answer=answer)
+        await self._checkpoint(task, turn, "answered", answer=answer)
+        await self._stream(task_id, turn, "metrics", "metrics", "done", turns=turn)
+        await self._act(task_id, turn, "result", "result", result=f"Done: {task['objective']} -- decision: {answer}")
+        self.completed += 1
+        log.info("task %s completed", task_id)
+
+
+async def work(client: Client, args: argparse.Namespace, version: str, period: float, answered: set[int]) -> None:
+    """``--work``: heartbeat every ``period``, poll for tasks every ``--poll-s``, until ``--tasks`` are done."""
+    worker = Worker(client, args.agent_id, version)
+    last_beat = 0.0
+    beats = 0
+    while args.tasks == 0 or worker.completed < args.tasks:
+        try:
+            last_beat, beats = await _work_step(client, args, version, period, answered, worker, last_beat, beats)
+        except ProtocolFailure as failure:
+            if failure.code != 6:
+                raise
+            # agent-collab is restarting, or a reply was lost: try again (every message is signed afresh,
+            # every action has a stable action_id, so repeating a step is safe)
+            log.warning("%s; retrying", failure)
+            await asyncio.sleep(0.5)
+
+
+async def _work_step(
+    client: Client,
+    args: argparse.Namespace,
+    version: str,
+    period: float,
+    answered: set[int],
+    worker: Worker,
+    last_beat: float,
+    beats: int,
+) -> tuple[float, int]:
+    """One round of ``work``: a heartbeat when one is due, a poll, a pause."""
+    if time.monotonic() - last_beat >= period:
+        beats += 1
+        ack = await client.call(
+            HEARTBEAT,
+            {
+                "agent_id": args.agent_id,
+                "timestamp": _now(),
+                "current_state": "busy" if worker.active_run_id else "idle",
+                "active_run_id": worker.active_run_id,
+                "resource_usage": {"beats": float(beats)},
+                "protocol_version": version,
+            },
+        )
+        if not ack["accepted"]:
+            refusal = ack["refusal"]
+            raise ProtocolFailure(4, f"heartbeat refused ({refusal['reason']}): {refusal['detail']}")
+        if ack["conformance"] is not None:
+            await answer_round(client, args.agent_id, version, ack["conformance"], answered, args.conformance)
+        last_beat = time.monotonic()
+    await worker.poll()
+    await asyncio.sleep(args.poll_s)
+    return last_beat, beats
+
+
 async def run(args: argparse.Namespace) -> int:
     key_file = args.key_file or os.environ.get("TEMPORALITY_AGENT_KEY_FILE")
     key: Ed25519PrivateKey | None = None
@@ -220,7 +407,7 @@ async def run(args: argparse.Namespace) -> int:
                 "provider": "example",
                 "model": "rule-based-0",
                 "capabilities": CAPABILITIES,
-                "supported_tools": ["get_input", "shell"],
+                "supported_tools": ["get_input", "shell", *(["ask_human", "notify"] if args.work else [])],
                 "max_context_size": 16000,
             },
         )
@@ -238,7 +425,9 @@ async def run(args: argparse.Namespace) -> int:
         answered: set[int] = set()
         if reply["conformance"] is not None:
             await answer_round(client, args.agent_id, version, reply["conformance"], answered, args.conformance)
-        for beat in range(args.beats):
+        if args.work:
+            await work(client, args, version, period, answered)
+        for beat in range(0 if args.work else args.beats):
             if beat:
                 await asyncio.sleep(period)  # the heartbeat period itself
             state = "busy" if beat % 2 else "idle"
@@ -288,6 +477,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--beats", type=int, default=3, help="heartbeats to send before deregistering")
     parser.add_argument("--period-s", type=float, default=None, help="seconds between heartbeats")
     parser.add_argument("--timeout-s", type=float, default=5.0, help="how long to wait for each reply")
+    parser.add_argument("--work", action="store_true", help="take tasks and do them (instead of --beats heartbeats)")
+    parser.add_argument("--tasks", type=int, default=0, help="with --work: stop after this many tasks (0: never)")
+    parser.add_argument("--poll-s", type=float, default=1.0, help="with --work: seconds between task polls")
     parser.add_argument(
         "--conformance",
         choices=["answer", "wrong", "ignore"],

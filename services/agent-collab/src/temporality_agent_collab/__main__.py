@@ -1,8 +1,8 @@
 """``temporality-agent-collab``: the saga projector, the get_collaborators responder, the ask router
 (asks, replies, relay runs, wait timeouts) and the registry of external agents (register, heartbeat,
-deregister, list, conformance; liveness and conformance timers) with the hosted agents' cards, started by
-the runtime. With ``TEMPORALITY_COLLAB_PORT`` set it
-also serves the operator API (:mod:`temporality_agent_collab.api`) next to ``/healthz`` and ``/readyz``.
+deregister, list, conformance; liveness and conformance timers) with the hosted agents' cards, and the
+external agents' tasks (:mod:`temporality_agent_collab.tasks`), started by the runtime. With
+``TEMPORALITY_COLLAB_PORT`` set it also serves the operator API (:mod:`temporality_agent_collab.api`) next to ``/healthz`` and ``/readyz``.
 
 At SIGTERM the runtime unsubscribes the responder first (new requests go to other replicas), lets the
 requests already received finish, then stops the consumer and drains the connection.
@@ -17,6 +17,7 @@ from temporality_agent_collab.projector import Projector
 from temporality_agent_collab.router import AskRouter
 from temporality_agent_collab.rpc import open_responder
 from temporality_agent_collab.settings import Settings
+from temporality_agent_collab.tasks import TaskBoard
 from temporality_bus import Delivery
 from temporality_protocol import Envelope
 from temporality_protocol.catalog import SERVICES
@@ -49,8 +50,11 @@ def configure(settings: Settings) -> Setup[Settings]:
             conformance_timeout_s=rt.settings.conformance_timeout_s,
         )
 
+        tasks = await TaskBoard.open(rt.bus, registry.gate)  # external agents' tasks (AP-5, AP-7..AP-9)
+
         async def runs(event: Envelope, delivery: Delivery) -> None:
             await projector.handle(event, delivery)
+            await tasks.on_run_event(event)  # a run that ended ends its external agent's task
             await registry.hosted.on_run_event(event)  # run.started: the hosted agent's card (PRO-2)
             await router.on_run_event(event, delivery)  # a relay run that ended: did it answer?
 
@@ -60,7 +64,11 @@ def configure(settings: Settings) -> Setup[Settings]:
         rt.responder(await open_responder(rt.bus, max_inflight=rt.settings.max_inflight))
         rt.consumer("agent-collab-heartbeats", raw_handler=registry.handle_timer)
         rt.consumer("agent-collab-conformance", raw_handler=registry.handle_conformance_timer)
-        for responder in registry.responders(max_inflight=rt.settings.max_inflight):
+        rt.consumer("agent-collab-tasks", handler=tasks.on_offered, max_inflight=rt.settings.max_inflight)
+        for responder in [
+            *registry.responders(max_inflight=rt.settings.max_inflight),
+            *tasks.responders(max_inflight=rt.settings.max_inflight),
+        ]:
             rt.responder(responder)
         if auth is not None:
             rt.http(create_app(registry, auth))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import structlog
 
 from temporality_protocol.catalog import CONSUMERS, SERVICES
+from temporality_protocol.redaction import PatternError, process_redactor
 from temporality_run_executor.agents import AgentsFileError, load_agents
 from temporality_run_executor.api import create_app
 from temporality_run_executor.engine import Engine
@@ -25,7 +26,7 @@ def configure(settings: Settings) -> Setup[Settings]:
     providers = ProviderCache(scripted_think_s=settings.scripted_think_s, scripted_crash_on=settings.scripted_crash_on)
     try:
         agents = load_agents(settings.agents_file)
-        providers.validate(agents.cards())
+        providers.validate([c for c in agents.cards() if c.provider.kind != "external"])  # external: no provider
     except (AgentsFileError, ProviderConfigError) as exc:
         raise ConfigError(str(exc)) from exc
     tools = ToolRegistry(BUILTIN_TOOLS)
@@ -44,6 +45,10 @@ def configure(settings: Settings) -> Setup[Settings]:
         raise ConfigError(str(exc)) from exc
     if settings.scripted_crash_on is not None:
         log.warning("scripted.crash_on_configured", text=settings.scripted_crash_on)
+    try:  # the redaction patterns every human.requested passes through (SEC-1): unusable ones stop the start
+        process_redactor()
+    except PatternError as exc:
+        raise ConfigError(str(exc)) from exc
 
     async def setup(rt: Runtime[Settings]) -> None:
         rt.resources.push_async_callback(providers.aclose)

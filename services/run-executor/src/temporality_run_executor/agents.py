@@ -36,8 +36,11 @@ class _Strict(BaseModel):
 
 
 class ProviderConfig(_Strict):
-    #: ``scripted`` is the deterministic demo/test provider; ``openai`` any OpenAI-compatible endpoint.
-    kind: Literal["scripted", "openai"]
+    #: ``scripted`` is the deterministic demo/test provider; ``openai`` any OpenAI-compatible endpoint;
+    #: ``external`` an external agent registered with agent-collab computes the turns (``agent_id``, AP-5).
+    kind: Literal["scripted", "openai", "external"]
+    #: For ``external``: the registered agent's id (``config/external-agents.yaml``).
+    agent_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")] | None = None
     #: For ``scripted``: the script -- a name shipped with the executor (``reviewer``) or the script itself
     #: (``vars``/``steps``, see :mod:`.providers.script`).
     script: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] | Script | None = None
@@ -63,6 +66,8 @@ class ProviderConfig(_Strict):
             raise ValueError("a scripted provider takes exactly one of script or script_file")
         if self.kind != "scripted" and (self.script is not None or self.script_file is not None):
             raise ValueError(f"script and script_file are for the scripted provider, not {self.kind}")
+        if (self.kind == "external") != (self.agent_id is not None):
+            raise ValueError("an external provider takes agent_id (and only it does)")
         return self
 
 

@@ -96,6 +96,7 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import BUCKET_CANCEL_MARKERS, BUCKET_CHECKPOINTS, BUCKET_RUNS
 from temporality_run_executor.agents import AgentCard, AgentDirectory
+from temporality_run_executor.external import ExternalAgents
 from temporality_run_executor.machine import (
     ACTIVE,
     AdoptCancelMarker,
@@ -248,6 +249,8 @@ class Engine:
         #: ``tool_returned`` after a call came back (its result not stored yet), ``handled:<Incoming>``
         #: when a handler is done (before its message is acked).
         self.crash_point: Callable[[str], Awaitable[None]] | None = None
+        #: Runs whose card's provider is an external agent (AP-5): their turns go to the agent instead.
+        self.external = ExternalAgents(bus, self._emit)
 
     @classmethod
     async def open(
@@ -616,6 +619,9 @@ class Engine:
                 raise PermanentError(effect.reason)
 
     async def _call_provider(self, view: _View, agent: Agent, call: CallProvider) -> ProviderReplied | ProviderFailed:
+        if agent.card.provider.kind == "external" and view.run is not None:  # an external agent's turn (AP-5)
+            view.turn_started = time.monotonic()
+            return await self.external.complete(view.run, agent, call)
         provider = self.provider_for(agent.card)
         view.turn_started = time.monotonic()
         try:

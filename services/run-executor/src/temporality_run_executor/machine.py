@@ -92,6 +92,7 @@ from temporality_protocol import (
     ToolFailed,
     derive_id,
 )
+from temporality_protocol.redaction import process_redactor
 from temporality_run_executor.agents import AgentCard, Limits
 from temporality_run_executor.providers.base import AssistantTurn, ToolSpec, TurnContext
 from temporality_run_executor.records import (
@@ -1068,7 +1069,9 @@ def _park(run: RunRecord, pending: PendingAsk) -> Decision:
         expires_at=pending.asked_at + timedelta(seconds=timeout),
         policy=policy,
         turn=pending.turn,
+        source_link=run.event.source_link if run.event else None,  # the platform's, never the model's (HUM-5)
     )
+    requested = process_redactor().human_requested(requested)  # SEC-1: no secret on the bus or in the journal
     return _decision(
         Publish(requested, (pending.request_id,)),
         # before the move: once it waits, an answer may resume (and re-arm) it at any moment

@@ -1,0 +1,528 @@
+"""Tasks for external agents (AP-5), their checkpoints (AP-7), recovery (AP-8) and streaming events (AP-9).
+
+A run whose agent card says ``provider: {kind: external, agent_id: ...}`` is still the run-executor's: it
+keeps the run record and publishes every ``run.*`` event. Where a hosted run calls its model, it offers the
+external agent the turn (``agent.task.offered``: the AP-5 task on turn 1, the outcomes of the agent's last
+tool calls after) and waits for the agent's action in KV ``agent-tasks``. This module is agent-collab's half:
+
+==========================================  ==================================================================
+consumer ``agent-collab-tasks``             ``agent.task.offered`` -> the task's record (``offered``, turn N)
+``temporality.rpc.agents.tasks``            a registered, online agent takes its tasks (``working``): each
+                                            with the open turn, its inputs, the last checkpoint; a task held
+                                            under another ``session_id`` is resumed (``agent.task.taken``
+                                            ``resumed: true``; the run-executor publishes ``run.resumed``)
+``temporality.rpc.agents.act``              the agent acts on the open turn -- ``tool_calls`` (``acted``; the
+                                            run runs them, ``ask_human`` parks it), ``result`` (``completed``),
+                                            ``failure`` (``failed``) -- or stores a ``checkpoint`` or a
+                                            streaming ``event``, each journaled; out of order: refused,
+                                            journaled as ``agent.task.refused``
+``run.completed|failed|cancelled``          the task ends with its run (later actions: ``task_ended``)
+==========================================  ==================================================================
+
+Every message passes the signature gate first (AP-11). Record first, then effects: the decision is committed
+with :meth:`~temporality_bus.Store.modify`, then its events are published with ids derived from the task and
+the agent's ``action_id``, then the reply is sent. The same action again finds it stored and is answered
+``duplicate: true`` -- a replay never asks a second question nor completes twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import Any
+
+import structlog
+
+from temporality_agent_collab.gate import MessageGate, SignedResponder
+from temporality_agent_collab.registry import SOURCE, AgentRecord, agent_key, utcnow
+from temporality_agent_collab.rpc import QUEUE_GROUP
+from temporality_bus import AlreadyExists, Bus, Delivery, Failure, NotFound, Request, Responder, Store
+from temporality_protocol import (
+    AgentRefusal,
+    AgentTaskActed,
+    AgentTaskCheckpointed,
+    AgentTaskOffered,
+    AgentTaskRefused,
+    AgentTaskStreamed,
+    AgentTaskTaken,
+    Envelope,
+    EventData,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    StoredCheckpoint,
+    TaskAction,
+    TaskActionReply,
+    TaskAssignment,
+    TaskPoll,
+    TaskPollReply,
+    TaskRefusal,
+    derive_id,
+    make_event,
+)
+from temporality_protocol.agent_tasks import (
+    StoredAction,
+    TaskRecord,
+    TaskRef,
+    checkpoint_key,
+    run_key,
+    task_key,
+)
+from temporality_protocol.catalog import BUCKET_AGENT_TASKS, BUCKET_AGENTS, RPC_AGENTS_TASKS_ACT, RPC_AGENTS_TASKS_POLL
+from temporality_protocol.events import TaskRefusalReason
+from temporality_protocol.states import AGENT_TASK, AgentLifecycleState, AgentTaskState
+
+__all__ = ["MAX_CHECKPOINT_BYTES", "TaskBoard", "TaskRefused", "acted", "offered", "taken"]
+
+log = structlog.get_logger(__name__)
+
+_T = AgentTaskState
+#: A checkpoint larger than this (its JSON) is refused (``malformed_request``): KV is not a blob store.
+MAX_CHECKPOINT_BYTES = 256 * 1024
+MODIFY_ATTEMPTS = 32
+_CLOSING = frozenset({"tool_calls", "result", "failure"})
+
+
+class TaskRefused(Exception):
+    def __init__(self, reason: TaskRefusalReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason: TaskRefusalReason = reason
+        self.detail = detail
+
+
+# --------------------------------------------------------------------------- pure dialogue steps
+def offered(current: TaskRecord, offer: AgentTaskOffered, now: datetime) -> TaskRecord | None:
+    """The run-executor offers turn ``offer.turn``: the next turn after an action, else nothing changes
+    (a redelivered or stale offer, or one for a task that has ended)."""
+    if current.over or offer.turn <= current.turn:
+        return None
+    if current.state is not _T.ACTED or offer.turn != current.turn + 1:
+        log.warning("agent_task.offer_out_of_order", state=current.state.value, turn=current.turn, offered=offer.turn)
+        return None
+    AGENT_TASK.transition(current.state, _T.OFFERED)
+    return current.model_copy(
+        update={"state": _T.OFFERED, "turn": offer.turn, "inputs": offer.inputs, "updated_at": now}
+    )
+
+
+def taken(current: TaskRecord, session_id: str, now: datetime) -> TaskRecord | None:
+    """The agent polled its tasks under ``session_id``: an offered turn is taken; a task held under another
+    session is taken again (a resume, AP-8). ``None``: nothing changes."""
+    if current.over:
+        return None
+    changes: dict[str, Any] = {}
+    if current.state is _T.OFFERED:
+        AGENT_TASK.transition(current.state, _T.WORKING)
+        changes["state"] = _T.WORKING
+    if current.session_id != session_id:
+        changes |= {"session_id": session_id, "take": current.take + 1}
+    if not changes:
+        return None
+    return current.model_copy(update={**changes, "updated_at": now})
+
+
+def acted(current: TaskRecord, body: TaskAction, allowed_tools: list[str], now: datetime) -> TaskRecord | None:
+    """A turn-closing action (tool calls, a result, a failure), checked against the dialogue. ``None``: the
+    same action was already taken (a duplicate); :class:`TaskRefused` when it is out of order."""
+    if any(a.action_id == body.action_id for a in current.actions):
+        return None
+    if current.over:
+        raise TaskRefused("task_ended", f"task {current.task_id} has ended ({current.state.value})")
+    if current.state is _T.OFFERED and current.take == 0:
+        raise TaskRefused("not_taken", f"task {current.task_id} was not taken yet: poll for it first")
+    if body.turn != current.turn:
+        raise TaskRefused("wrong_turn", f"task {current.task_id} is at turn {current.turn}, not {body.turn}")
+    if current.state is not _T.WORKING:
+        raise TaskRefused("turn_closed", f"turn {current.turn} of task {current.task_id} already has an action")
+    refused = [call.name for call in body.calls if call.name not in allowed_tools]
+    if refused:
+        raise TaskRefused("tool_not_allowed", f"tools {refused} are not granted (granted: {allowed_tools})")
+    target = {"tool_calls": _T.ACTED, "result": _T.COMPLETED, "failure": _T.FAILED}[body.kind]
+    AGENT_TASK.transition(current.state, target)
+    action = StoredAction(
+        turn=body.turn,
+        action_id=body.action_id,
+        kind=body.kind,
+        calls=body.calls,
+        result=body.result,
+        error=body.error,
+        take=current.take,
+        at=now,
+    )
+    return current.model_copy(update={"state": target, "actions": [*current.actions, action], "updated_at": now})
+
+
+def _ended_by_run(current: TaskRecord, event_type: str) -> TaskRecord | None:
+    if current.over:
+        return None
+    target = {"run.completed": _T.COMPLETED, "run.failed": _T.FAILED}.get(event_type, _T.CANCELLED)
+    return current.model_copy(update={"state": target, "ended": event_type, "updated_at": utcnow()})
+
+
+def _holds(current: TaskRecord) -> None:
+    """Checkpoints and streaming events come from the agent that holds the task, while it lasts."""
+    if current.over:
+        raise TaskRefused("task_ended", f"task {current.task_id} has ended ({current.state.value})")
+    if current.take == 0:
+        raise TaskRefused("not_taken", f"task {current.task_id} was not taken yet: poll for it first")
+
+
+# --------------------------------------------------------------------------- the I/O shell
+class TaskBoard:
+    """The task responders, the offer consumer and the run-end hook. Build with :meth:`open`."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        tasks: Store[TaskRecord],
+        refs: Store[TaskRef],
+        checkpoints: Store[StoredCheckpoint],
+        agents: Store[AgentRecord],
+        gate: MessageGate,
+    ) -> None:
+        self._bus = bus
+        self._tasks = tasks
+        self._refs = refs
+        self._checkpoints = checkpoints
+        self._agents = agents
+        self.gate = gate
+
+    @classmethod
+    async def open(cls, bus: Bus, gate: MessageGate) -> TaskBoard:
+        return cls(
+            bus,
+            await bus.store(BUCKET_AGENT_TASKS, TaskRecord),
+            await bus.store(BUCKET_AGENT_TASKS, TaskRef),
+            await bus.store(BUCKET_AGENT_TASKS, StoredCheckpoint),
+            await bus.store(BUCKET_AGENTS, AgentRecord),
+            gate,
+        )
+
+    def responders(self, *, queue: str = QUEUE_GROUP, max_inflight: int = 8) -> list[Responder[Any, Any]]:
+        common: dict[str, Any] = {"gate": self.gate, "queue": queue, "max_inflight": max_inflight}
+
+        def refusal(r: AgentRefusal) -> TaskRefusal:
+            return TaskRefusal(reason=r.reason, detail=r.detail)
+
+        def failed(f: Failure) -> TaskRefusal:
+            if f.kind == "malformed":
+                return TaskRefusal(reason="malformed_request", detail=f"malformed request: {f.detail}"[:4096])
+            return TaskRefusal(reason="internal_error", detail=f"internal error: {f.detail}"[:4096])
+
+        return [
+            SignedResponder(
+                self._bus,
+                RPC_AGENTS_TASKS_POLL,
+                request_model=TaskPoll,
+                handler=self._on_poll,
+                refused=lambda agent_id, r: TaskPollReply(agent_id=agent_id, accepted=False, refusal=refusal(r)),
+                on_error=lambda f: TaskPollReply(agent_id=_hint(f.raw, "agent_id"), accepted=False, refusal=failed(f)),
+                negotiate_versions=False,
+                **common,
+            ),
+            SignedResponder(
+                self._bus,
+                RPC_AGENTS_TASKS_ACT,
+                request_model=TaskAction,
+                handler=self._on_act,
+                refused=lambda agent_id, r: TaskActionReply(
+                    agent_id=agent_id, task_id="", accepted=False, refusal=refusal(r)
+                ),
+                on_error=lambda f: TaskActionReply(
+                    agent_id=_hint(f.raw, "agent_id"),
+                    task_id=_hint(f.raw, "task_id"),
+                    accepted=False,
+                    refusal=failed(f),
+                ),
+                negotiate_versions=False,
+                **common,
+            ),
+        ]
+
+    # ------------------------------------------------------------------ the run-executor's side
+    async def on_offered(self, event: Envelope, delivery: Delivery | None = None) -> None:
+        """``agent.task.offered`` (consumer ``agent-collab-tasks``): the task's record at the offered turn."""
+        offer = event.payload(AgentTaskOffered)
+        key = task_key(offer.agent_id, offer.task_id)
+        now = utcnow()
+        with structlog.contextvars.bound_contextvars(run_id=offer.run_id, task_id=offer.task_id):
+            if await self._tasks.get(key) is None:
+                fresh = TaskRecord(
+                    agent_id=offer.agent_id,
+                    task_id=offer.task_id,
+                    run_id=offer.run_id,
+                    correlation_id=event.correlationid or offer.run_id,
+                    task=offer.task,
+                    turn=offer.turn,
+                    inputs=offer.inputs,
+                    created_at=now,
+                    updated_at=now,
+                )
+                try:
+                    await self._tasks.create(key, fresh)
+                    log.info("agent_task.offered", turn=offer.turn, agent_id=offer.agent_id)
+                except AlreadyExists:
+                    pass
+                try:
+                    await self._refs.create(
+                        run_key(offer.run_id), TaskRef(agent_id=offer.agent_id, task_id=offer.task_id)
+                    )
+                except AlreadyExists:
+                    pass
+                return
+            result = await self._tasks.modify(key, lambda cur: offered(cur, offer, now), attempts=MODIFY_ATTEMPTS)
+            if result.changed:
+                log.info("agent_task.offered", turn=offer.turn, agent_id=offer.agent_id)
+
+    async def on_run_event(self, event: Envelope) -> None:
+        """A run ended: so does its task (an action after it is refused ``task_ended``)."""
+        data = event.payload()
+        if not isinstance(data, RunCompleted | RunFailed | RunCancelled):
+            return
+        ref = await self._refs.get(run_key(data.run_id))
+        if ref is None:
+            return
+        key = task_key(ref.value.agent_id, ref.value.task_id)
+        try:
+            result = await self._tasks.modify(key, lambda cur: _ended_by_run(cur, event.type), attempts=MODIFY_ATTEMPTS)
+        except NotFound:
+            return
+        if result.changed:
+            log.info("agent_task.ended_with_run", run_id=data.run_id, state=result.value.state.value)
+
+    # ------------------------------------------------------------------ the agent's side
+    async def _agent(self, agent_id: str, version: str) -> AgentRecord:
+        found = await self._agents.get(agent_key(agent_id))
+        record = found.value if found is not None else None
+        if record is None or record.state is AgentLifecycleState.DECOMMISSIONED:
+            raise TaskRefused("not_registered", f"agent {agent_id!r} is not registered")
+        if record.state is AgentLifecycleState.OFFLINE:
+            raise TaskRefused("not_registered", f"agent {agent_id!r} is offline: register or heartbeat first")
+        if version != record.protocol_version:
+            raise TaskRefused("version_mismatch", f"registered with protocol {record.protocol_version}, not {version}")
+        return record
+
+    async def _on_poll(self, request: Request[TaskPoll]) -> TaskPollReply:
+        body = request.body
+        with structlog.contextvars.bound_contextvars(agent_id=body.agent_id):
+            try:
+                return await self.poll(body)
+            except TaskRefused as refused:
+                log.info("agent_task.poll_refused", reason=refused.reason)
+                return TaskPollReply(
+                    agent_id=body.agent_id,
+                    accepted=False,
+                    refusal=TaskRefusal(reason=refused.reason, detail=refused.detail),
+                )
+
+    async def poll(self, body: TaskPoll) -> TaskPollReply:
+        """The tasks the agent holds, each taken (journaled ``agent.task.taken`` when it is taken anew)."""
+        await self._agent(body.agent_id, body.protocol_version)
+        prefix = f"task.{body.agent_id}."
+        assignments: list[TaskAssignment] = []
+        now = utcnow()
+        for key in sorted(k for k in await self._tasks.keys() if k.startswith(prefix)):
+            found = await self._tasks.get(key)
+            if found is None or found.value.over:
+                continue
+            result = await self._tasks.modify(
+                key, lambda cur: taken(cur, body.session_id, now), attempts=MODIFY_ATTEMPTS
+            )
+            record = result.value
+            if record.over:
+                continue
+            if record.take != found.value.take or result.changed:
+                await self._bus.publish(self._taken_event(record))
+            saved = await self._checkpoints.get(checkpoint_key(record.task_id))
+            assignments.append(
+                TaskAssignment(
+                    task=record.task,
+                    state=record.state.value,
+                    turn=record.turn,
+                    inputs=record.inputs,
+                    acted=record.action_for(record.turn) is not None,
+                    checkpoint=saved.value if saved is not None else None,
+                    resumed=record.take > 1,
+                )
+            )
+        return TaskPollReply(agent_id=body.agent_id, accepted=True, tasks=assignments)
+
+    async def _on_act(self, request: Request[TaskAction]) -> TaskActionReply:
+        body = request.body
+        with structlog.contextvars.bound_contextvars(agent_id=body.agent_id, task_id=body.task_id, turn=body.turn):
+            try:
+                return await self.act(body)
+            except TaskRefused as refused:
+                await self._bus.publish(self._refused_event(body, refused))
+                log.info("agent_task.refused", reason=refused.reason, kind=body.kind)
+                return TaskActionReply(
+                    agent_id=body.agent_id,
+                    task_id=body.task_id,
+                    accepted=False,
+                    refusal=TaskRefusal(reason=refused.reason, detail=refused.detail),
+                )
+
+    async def act(self, body: TaskAction) -> TaskActionReply:
+        agent = await self._agent(body.agent_id, body.protocol_version)
+        key = task_key(body.agent_id, body.task_id)
+        found = await self._tasks.get(key)
+        if found is None:
+            raise TaskRefused("unknown_task", f"no task {body.task_id!r} was assigned to {body.agent_id!r}")
+        if body.kind in _CLOSING:
+            now = utcnow()
+            allowed = agent.policy.allowed_tools
+            result = await self._tasks.modify(key, lambda cur: acted(cur, body, allowed, now), attempts=MODIFY_ATTEMPTS)
+            record = result.value
+            stored = next(a for a in record.actions if a.action_id == body.action_id)
+            await self._bus.publish(self._acted_event(record, stored))
+            if result.changed:
+                log.info("agent_task.acted", kind=body.kind, state=record.state.value)
+            return TaskActionReply(
+                agent_id=body.agent_id,
+                task_id=body.task_id,
+                accepted=True,
+                duplicate=not result.changed,
+                state=record.state.value,
+            )
+        record = found.value
+        _holds(record)
+        if body.kind == "checkpoint":
+            return await self._checkpoint(record, body)
+        return await self._stream(record, body)
+
+    async def _checkpoint(self, record: TaskRecord, body: TaskAction) -> TaskActionReply:
+        """AP-7: stored (the last one wins), then journaled; the same checkpoint again changes nothing."""
+        sent = body.checkpoint
+        assert sent is not None
+        checkpoint_id = sent.checkpoint_id or derive_id("ackpt", record.task_id, body.action_id)
+        stored = StoredCheckpoint(
+            checkpoint_id=checkpoint_id,
+            run_id=record.run_id,
+            task_id=record.task_id,
+            turn=body.turn,
+            timestamp=sent.timestamp or utcnow(),
+            execution_state=sent.execution_state,
+            memory_snapshot=sent.memory_snapshot,
+            artifact_references=sent.artifact_references,
+        )
+        size = len(stored.model_dump_json().encode())
+        if size > MAX_CHECKPOINT_BYTES:
+            raise TaskRefused("malformed_request", f"checkpoint of {size} bytes: at most {MAX_CHECKPOINT_BYTES}")
+        before = await self._checkpoints.get(checkpoint_key(record.task_id))
+        duplicate = before is not None and before.value.checkpoint_id == checkpoint_id
+        if not duplicate:
+            await self._checkpoints.put(checkpoint_key(record.task_id), stored)
+            await self._tasks.modify(
+                task_key(record.agent_id, record.task_id),
+                lambda cur: cur.model_copy(update={"checkpoint_id": checkpoint_id}),
+                attempts=MODIFY_ATTEMPTS,
+            )
+        data = AgentTaskCheckpointed(
+            run_id=record.run_id,
+            task_id=record.task_id,
+            agent_id=record.agent_id,
+            turn=body.turn,
+            checkpoint_id=checkpoint_id,
+            artifact_references=stored.artifact_references,
+            size_bytes=size,
+        )
+        await self._bus.publish(self._event(record, data, "checkpointed", checkpoint_id))
+        log.info("agent_task.checkpointed", checkpoint_id=checkpoint_id, duplicate=duplicate)
+        return TaskActionReply(
+            agent_id=record.agent_id,
+            task_id=record.task_id,
+            accepted=True,
+            duplicate=duplicate,
+            state=record.state.value,
+            checkpoint_id=checkpoint_id,
+        )
+
+    async def _stream(self, record: TaskRecord, body: TaskAction) -> TaskActionReply:
+        """AP-9: journaled with the saga's correlation id and its request id (the same ``action_id``: one event)."""
+        sent = body.event
+        assert sent is not None
+        data = AgentTaskStreamed(
+            run_id=record.run_id,
+            task_id=record.task_id,
+            agent_id=record.agent_id,
+            turn=body.turn,
+            kind=sent.kind,
+            correlation_id=record.correlation_id,
+            request_id=sent.request_id or record.task_id,
+            message=sent.message,
+            data=sent.data,
+        )
+        await self._bus.publish(self._event(record, data, "streamed", body.action_id))
+        return TaskActionReply(
+            agent_id=record.agent_id, task_id=record.task_id, accepted=True, state=record.state.value
+        )
+
+    # ------------------------------------------------------------------ events
+    def _event(self, record: TaskRecord, data: EventData, *parts: str) -> Envelope:
+        return make_event(
+            data,
+            source=SOURCE,
+            id=derive_id("evt", "agent.task", record.task_id, *parts),
+            run_id=record.run_id,
+            correlation_id=record.correlation_id,
+            actor=f"agent:{record.agent_id}",
+            subject=record.agent_id,
+        )
+
+    def _taken_event(self, record: TaskRecord) -> Envelope:
+        data = AgentTaskTaken(
+            run_id=record.run_id,
+            task_id=record.task_id,
+            agent_id=record.agent_id,
+            turn=record.turn,
+            take=record.take,
+            session_id=record.session_id or "",
+            resumed=record.take > 1,
+            checkpoint_id=record.checkpoint_id,
+        )
+        return self._event(record, data, "taken", str(record.take), str(record.turn))
+
+    def _acted_event(self, record: TaskRecord, action: StoredAction) -> Envelope:
+        detail = action.result if action.kind == "result" else action.error if action.kind == "failure" else ""
+        data = AgentTaskActed(
+            run_id=record.run_id,
+            task_id=record.task_id,
+            agent_id=record.agent_id,
+            turn=action.turn,
+            action_id=action.action_id,
+            kind=action.kind,
+            tools=[call.name for call in action.calls],
+            detail=(detail or "")[:4096],
+        )
+        return self._event(record, data, "acted", str(action.turn))
+
+    @staticmethod
+    def _refused_event(body: TaskAction, refused: TaskRefused) -> Envelope:
+        """``agent.task.refused``: the same message refused for the same reason is one event."""
+        seen = json.dumps([body.agent_id, body.task_id, body.turn, body.action_id, body.kind, refused.reason])
+        data = AgentTaskRefused(
+            agent_id=body.agent_id,
+            task_id=body.task_id,
+            turn=body.turn,
+            action_id=body.action_id,
+            kind=body.kind,
+            reason=refused.reason,
+            detail=refused.detail[:4096],
+        )
+        return make_event(
+            data,
+            source=SOURCE,
+            id=derive_id("evt", "agent.task.refused", hashlib.sha256(seen.encode()).hexdigest()),
+            subject=body.agent_id,
+            actor=f"agent:{body.agent_id}",
+        )
+
+
+def _hint(raw: bytes, field: str) -> str:
+    try:
+        body: Any = json.loads(raw)
+    except ValueError:
+        return ""
+    value = body.get(field) if isinstance(body, dict) else None
+    return value[:64] if isinstance(value, str) else ""

@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
+import logging
 import os
 import sqlite3
 import subprocess
@@ -36,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import structlog
 from nats.js.errors import NotFoundError
 from sqlalchemy.engine import make_url
 
-from temporality_bus import Bus, NatsSettings
+from temporality_bus import Bus, Consumer, Delivery, NatsSettings
 from temporality_embedded.natsserver import NatsServer
 from temporality_journal.projection import run_id_of
 from temporality_protocol import (
@@ -61,7 +64,7 @@ from temporality_protocol import (
     derive_id,
     make_event,
 )
-from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, EVENTS_STREAM
+from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS, EVENTS_STREAM
 from temporality_testing.postgres import fresh_postgres_database, postgres_admin_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -370,6 +373,37 @@ async def measure(
     return result
 
 
+async def consumer_only(bus: Bus, backlog: list[Envelope], batch_size: int, commit_ms: float) -> dict[str, Any]:
+    """The journal's consumer alone, in this process: its batch handler only sleeps ``commit_ms`` (a
+    stand-in for the commit). Events/s and this process's CPU per event: the bus side's ceiling."""
+    spec = dataclasses.replace(CONSUMERS["journal"], durable=f"bench-consumer-{batch_size}")
+    seen, done = 0, asyncio.Event()
+
+    async def batch_handler(batch: list[tuple[Envelope, Delivery]]) -> None:
+        nonlocal seen
+        await asyncio.sleep(commit_ms / 1000)
+        seen += len(batch)
+        if seen >= len(backlog):
+            done.set()
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        raise AssertionError("a batch failed")
+
+    consumer = Consumer(bus, spec, handler=handler, batch_handler=batch_handler, batch_size=batch_size)
+    stop = asyncio.Event()
+    t0, c0 = time.perf_counter(), time.process_time()
+    task = asyncio.create_task(consumer.run(stop))
+    await asyncio.wait_for(done.wait(), 1800)
+    t1, c1 = time.perf_counter(), time.process_time()
+    stop.set()
+    await task
+    return {
+        "batch": batch_size,
+        "events_s": len(backlog) / (t1 - t0),
+        "cpu_ms_per_event": (c1 - c0) * 1000 / len(backlog),
+    }
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=20_000)
@@ -377,7 +411,15 @@ async def main() -> None:
     parser.add_argument("--live", type=int, default=5_000, help="events published while the journal runs (0: none)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument(
+        "--consumer-only",
+        type=float,
+        metavar="COMMIT_MS",
+        help="measure only the consumer (no journal, no database), its batch handler sleeping COMMIT_MS per batch",
+    )
     args = parser.parse_args()
+    # the bench's own bus client: no log line per publish (that cost the live publisher half its rate)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     with tempfile.TemporaryDirectory(prefix="journal-bench-") as tmp:
         workdir = Path(tmp)
@@ -390,6 +432,14 @@ async def main() -> None:
                 p0 = time.perf_counter()
                 await publish_all(bus, backlog)
                 say(f"published {len(backlog)} events ({len(backlog) / (time.perf_counter() - p0):,.0f}/s)")
+                if args.consumer_only is not None:
+                    for batch_size in args.batch_sizes:
+                        r = await consumer_only(bus, backlog, batch_size, args.consumer_only)
+                        say(
+                            f"consumer only, batch {r['batch']}, {args.consumer_only:g} ms per commit: "
+                            f"{r['events_s']:,.0f} events/s, {r['cpu_ms_per_event']:.3f} CPU ms/event"
+                        )
+                    return
                 results: list[dict[str, Any]] = []
                 baselines: dict[str, tuple[float, float]] = {}
                 targets: list[str] = ["sqlite"]

@@ -199,22 +199,7 @@ class Deliveries:
             )
 
         def create() -> DeliveryRecord:
-            return DeliveryRecord(
-                trigger_id=delivery.trigger.id,
-                delivery_id=delivery.delivery_id,
-                kind=delivery.kind,
-                adapter=delivery.adapter,
-                source_event_id=delivery.source_event_id,
-                source_event_type=delivery.source_event_type,
-                body_bytes=delivery.body_bytes,
-                depth=delivery.depth,
-                causation_id=delivery.causation_id,
-                correlation_id=delivery.correlation_id,
-                state="received",
-                received_at=now,
-                updated_at=now,
-                redrive_of=redrive_of,
-            )
+            return _received(delivery, now, redrive_of=redrive_of)
 
         key = delivery_key(delivery.trigger.id, delivery.delivery_id)
         stored = await self._best_effort(key, (await self._safe_store()), step, create)
@@ -240,24 +225,7 @@ class Deliveries:
         encoded = event.model_dump_json().encode()  # once: spliced into every write of the record
         omitted = len(encoded) > MAX_EVENT_BYTES
         event_json = None if omitted else encoded
-        head = DeliveryRecord(
-            trigger_id=delivery.trigger.id,
-            delivery_id=delivery.delivery_id,
-            kind=delivery.kind,
-            adapter=delivery.adapter,
-            source_event_id=delivery.source_event_id,
-            source_event_type=delivery.source_event_type,
-            body_bytes=delivery.body_bytes,
-            depth=delivery.depth,
-            causation_id=delivery.causation_id,
-            correlation_id=delivery.correlation_id,
-            state="received",
-            title=title,
-            received_at=now,
-            updated_at=now,
-            event_omitted=omitted,
-            redrive_of=redrive_of,
-        )
+        head = _received(delivery, now, redrive_of=redrive_of, title=title, event_omitted=omitted)
         fresh = delivery.kind == "webhook" and redrive_of is None  # its id is new_id(): never written before
         return Draft(delivery, event, delivery_key(delivery.trigger.id, delivery.delivery_id), head, event_json, fresh)
 
@@ -477,3 +445,32 @@ class Deliveries:
         except Exception as exc:
             log.warning("delivery.not_recorded", key=key, error=repr(exc))
             return None
+
+
+def _received(
+    delivery: TriggerDelivery,
+    now: datetime,
+    *,
+    redrive_of: str | None,
+    title: str | None = None,
+    event_omitted: bool = False,
+) -> DeliveryRecord:
+    """The ``received`` record of ``delivery``, as first written."""
+    return DeliveryRecord(
+        trigger_id=delivery.trigger.id,
+        delivery_id=delivery.delivery_id,
+        kind=delivery.kind,
+        adapter=delivery.adapter,
+        source_event_id=delivery.source_event_id,
+        source_event_type=delivery.source_event_type,
+        body_bytes=delivery.body_bytes,
+        depth=delivery.depth,
+        causation_id=delivery.causation_id,
+        correlation_id=delivery.correlation_id,
+        state="received",
+        title=title,
+        received_at=now,
+        updated_at=now,
+        event_omitted=event_omitted,
+        redrive_of=redrive_of,
+    )

@@ -39,6 +39,7 @@ from temporality_run_executor.records import Checkpoint
 from temporality_run_executor.settings import Settings as ExecutorSettings
 from temporality_service import run_until
 from temporality_testing.events import EventLog
+from temporality_testing.inprocess import serving
 
 SAGA = "saga-collab-1"
 
@@ -115,24 +116,13 @@ async def services(nats_settings: NatsSettings, tmp_path: Path) -> AsyncIterator
     agents.write_text(yaml.safe_dump({"agents": cards}), encoding="utf-8")
     executor = ExecutorSettings(nats=nats_settings, agents_file=agents)
     collab = CollabSettings(nats=nats_settings)
-    stop = asyncio.Event()
-    started = []
-    for spec, settings, setup in (
-        (EXECUTOR_SPEC, executor, configure_executor(executor)),
-        (COLLAB_SPEC, collab, configure_collab(collab)),
+    async with serving(
+        ("run-executor", lambda s, r: run_until(EXECUTOR_SPEC, executor, configure_executor(executor), s, ready=r)),
+        ("agent-collab", lambda s, r: run_until(COLLAB_SPEC, collab, configure_collab(collab), s, ready=r)),
+        ready_within_s=15,
+        stop_within_s=20,
     ):
-        ready = asyncio.Event()
-        task = asyncio.create_task(run_until(spec, settings, setup, stop, ready=ready))  # type: ignore[arg-type]
-        started.append(task)
-        waiting = asyncio.create_task(ready.wait())
-        done, _ = await asyncio.wait([task, waiting], timeout=15, return_when="FIRST_COMPLETED")
-        waiting.cancel()
-        if task in done:
-            task.result()
-        assert ready.is_set(), f"{spec.name} not ready within 15 s"
-    yield
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(*started), 20)
+        yield
 
 
 async def _start(bus: Bus, agent: str) -> str:

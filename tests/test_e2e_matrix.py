@@ -1,8 +1,9 @@
 """E2E-1 answered through Matrix: the five services as processes, the reviewer reachable only on a real Synapse.
 
 One stack for the module (nats-server, SQLite journal, the five services, the shipped triggers and agents) whose
-human-interaction runs its Matrix adapter against the Synapse this module starts (the bot logs in with a
-password, as ``TEMPORALITY_HUMAN_MATRIX_*`` configures it) and whose user directory gives alice only a Matrix
+human-interaction runs its Matrix adapter against the run's one Synapse (the ``synapse`` session fixture of
+``temporality_testing.fixtures``, shared with the HUM tests; the bot logs in with a password, as
+``TEMPORALITY_HUMAN_MATRIX_*`` configures it) and whose user directory gives alice only a Matrix
 identity. alice, and mallory who is not asked, are matrix-nio clients on the same homeserver. Each test posts
 its own pull request (a fresh event id and PR number), so the tests do not depend on one another's order.
 """
@@ -20,7 +21,7 @@ import yaml
 from e2e_support import JOURNAL, ROOT, eventually, example_pr, make_stack, post_hook
 
 from temporality_embedded import Stack
-from temporality_testing.synapse import MatrixAccount, Synapse, synapse_available
+from temporality_testing.synapse import MatrixAccount, Synapse
 from temporality_testing.waiting import stays
 
 sys.path.append(str(ROOT / "services" / "human-interaction" / "tests"))  # the Matrix person of the HUM tests
@@ -30,15 +31,6 @@ pytestmark = pytest.mark.e2e
 
 KEYCAPS = ("1️⃣", "2️⃣")  # the reactions the bot offers for options 1 and 2 (channels/matrix.py)
 OPTIONS = ("Keep the v1 contract", "Ship it as a breaking v2")
-
-
-@pytest.fixture(scope="session")
-def synapse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synapse]:
-    """A real Synapse homeserver (skipped, visibly, if it is not installed)."""
-    if not synapse_available():
-        pytest.skip("matrix-synapse is not installed: E2E-1 over Matrix needs a real homeserver")
-    with Synapse(tmp_path_factory.mktemp("synapse-e2e")) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

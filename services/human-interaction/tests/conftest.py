@@ -1,9 +1,10 @@
 """Fixtures for human-interaction tests: the shipped directory, the web adapter, the handlers under real
-consumers, and an API client over ASGI."""
+consumers, and an API client over ASGI. The Matrix tests' ``synapse`` and ``matrix_accounts`` come from
+``temporality_testing.fixtures`` (one homeserver per test run, shared with tests/test_e2e_matrix.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -17,7 +18,6 @@ from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.settings import Settings
 from temporality_protocol.catalog import CONSUMERS
-from temporality_testing.synapse import MatrixAccount, Synapse, synapse_available
 
 
 @pytest.fixture
@@ -67,18 +67,3 @@ async def client(settings: Settings, bus: Bus, directory: Directory) -> AsyncIte
     app = create_app(settings, bus, directory)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://human.test") as c:
         yield c
-
-
-@pytest.fixture(scope="session")
-def synapse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synapse]:
-    """A real Synapse homeserver for the whole test session (skipped, visibly, if it is not installed)."""
-    if not synapse_available():
-        pytest.skip("matrix-synapse is not installed: the Matrix tests need a real homeserver")
-    with Synapse(tmp_path_factory.mktemp("synapse")) as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def matrix_accounts(synapse: Synapse) -> dict[str, MatrixAccount]:
-    """The bot and the people of the Matrix tests, registered once per session."""
-    return {name: synapse.register(name, f"{name}-password-1") for name in ("bot", "alice", "mallory", "bob")}

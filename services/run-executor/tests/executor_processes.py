@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from temporality_bus import Bus, Consumer, NatsSettings
-from temporality_protocol.catalog import CONSUMERS
+import pytest
+from executor_support import consumers_running, start_consumers
+
+from temporality_bus import Bus, NatsSettings
 from temporality_run_executor.agents import AgentCard, AgentDirectory
 from temporality_run_executor.engine import Engine
 from temporality_run_executor.providers.factory import ProviderCache
@@ -56,38 +57,54 @@ class Process:
     cache: ProviderCache
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    crash: Crash | None = None
 
     async def end(self) -> None:
-        """Stop it (gracefully if it is alive; a killed one's tasks just end)."""
+        """Stop it: gracefully if it is alive; a killed one's work is cancelled, as kill -9 ends it (on its
+        closed connection a request in flight would otherwise wait out its full timeout, reaching nothing)."""
         self.stop.set()
+        if self.crash is not None and self.crash.crashed.is_set():
+            pending = set(self.tasks)
+            while pending:  # a consumer first ends its fetch, then waits for its handlers: cancel until done
+                _, pending = await asyncio.wait(pending, timeout=0.1)
+                for task in pending:
+                    task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.stack.aclose()
         await self.cache.aclose()
 
 
+#: The processes' ack wait, and so their lease: how long what a killed process held (its unacked messages,
+#: its run's lease) stays behind before the next process takes over. Short, as the takeover is what the
+#: crash tests wait for; the live process renews both every third of it.
+TAKEOVER_S = 1.0
+
+
 async def start_process(
     settings: NatsSettings, name: str, cards: Sequence[AgentCard], crash: Crash | None = None
 ) -> Process:
-    """An executor serving ``cards`` with fast retries (backoff 0.05, 0.1 s), its consumers running."""
+    """An executor serving ``cards`` with fast retries (backoff 0.05, 0.1 s) and an ack wait and lease of
+    :data:`TAKEOVER_S`, its consumers running."""
     stack = contextlib.AsyncExitStack()
+    settings = settings.model_copy(update={"ack_wait_s": TAKEOVER_S})
     bus = await stack.enter_async_context(Bus.connect(settings, name=name))
     cache = ProviderCache()
     engine = await Engine.open(bus, AgentDirectory(list(cards)), cache, max_deliver=8)
-    process = Process(engine, bus, stack, cache)
+    process = Process(engine, bus, stack, cache, crash=crash)
     if crash is not None:
         crash.bus = bus
         engine.crash_point = crash
-    consumers: list[Consumer] = []
-    for durable, handler in (
-        ("run-executor-requests", engine.on_run_requested),
-        ("run-executor-human", engine.on_human_event),
-        ("run-executor-agents", engine.on_agent_event),
-    ):
-        spec = dataclasses.replace(CONSUMERS[durable], max_deliver=8, backoff_s=(0.05, 0.1))
-        consumers.append(Consumer(bus, spec, handler=handler, max_inflight=4, on_dead_letter=engine.on_dead_letter))
-    watchdog = dataclasses.replace(CONSUMERS["run-executor-watchdog"], backoff_s=(0.05, 0.1))
-    consumers.append(Consumer(bus, watchdog, raw_handler=engine.on_watchdog, max_inflight=4))
-    process.tasks.extend(asyncio.create_task(c.run(process.stop)) for c in consumers)
-    await asyncio.wait_for(asyncio.gather(*(c.running.wait() for c in consumers)), 30)
+    consumers, tasks = start_consumers(bus, engine, process.stop, max_deliver=8)
+    process.tasks.extend(tasks)
+    await consumers_running(consumers)
     return process
+
+
+@pytest.fixture
+async def processes() -> AsyncIterator[list[Process]]:
+    """The processes a test starts (append them): each ended after the test, killed or not."""
+    started: list[Process] = []
+    yield started
+    for process in started:
+        await process.end()

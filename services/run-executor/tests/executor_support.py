@@ -1,10 +1,13 @@
-"""Helpers and the executor fixture factory for the run-executor tests."""
+"""Helpers and the executor fixture factory for the run-executor tests: the shipped reviewer and its input,
+the engine wired to its consumers as ``__main__`` wires it (:func:`start_consumers`, used here and by
+``executor_processes``), and the bounded waits on the server's view (a run's record, a consumer settled,
+a watchdog schedule) that the test files share."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,13 +24,26 @@ from temporality_protocol import (
     make_event,
     new_id,
 )
-from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS, CONSUMERS
+from temporality_protocol.catalog import (
+    BUCKET_CHECKPOINTS,
+    BUCKET_RUNS,
+    CONSUMERS,
+    EVENTS_STREAM,
+    TIMER_SCHEDULE_RUN_WATCHDOG,
+    TIMERS_STREAM,
+)
+from temporality_run_executor.__main__ import SPEC, configure
 from temporality_run_executor.agents import AgentCard, AgentDirectory, ProviderConfig
 from temporality_run_executor.engine import Engine, ProviderFactory
+from temporality_run_executor.providers import AssistantTurn, Provider, ToolSpec, TurnContext
 from temporality_run_executor.providers.factory import ProviderCache
-from temporality_run_executor.records import Checkpoint, RunRecord
+from temporality_run_executor.records import Checkpoint, Message, RunRecord
+from temporality_run_executor.settings import Settings
 from temporality_run_executor.tools import Tool, ToolRegistry
 from temporality_run_executor.watchdog import DEFAULT_GRACE_S
+from temporality_service import run_until
+from temporality_testing.inprocess import Main
+from temporality_testing.waiting import stays
 
 REVIEWER = AgentCard(
     id="reviewer",
@@ -82,6 +98,39 @@ def expires_in(seconds: float) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
 
 
+class HeldProvider(Provider):
+    """A provider that counts its calls and, with ``hold``, keeps each call waiting until the test sets
+    ``release`` (``entered`` is set once a call is in): a turn in progress, or a driver hung in one. The call
+    then returns :meth:`answer`: ``inner``'s reply unless a subclass says otherwise."""
+
+    def __init__(self, inner: Provider | None = None, *, hold: bool = True) -> None:
+        self.inner = inner
+        self.hold = hold
+        self.calls = 0
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def complete(
+        self,
+        messages: list[Message],
+        tools: list[ToolSpec],
+        *,
+        budget_s: float | None = None,
+        context: TurnContext | None = None,
+    ) -> AssistantTurn:
+        self.calls += 1
+        if self.hold:
+            self.entered.set()
+            await self.release.wait()
+        return await self.answer(messages, tools, budget_s=budget_s, context=context)
+
+    async def answer(
+        self, messages: list[Message], tools: list[ToolSpec], *, budget_s: float | None, context: TurnContext | None
+    ) -> AssistantTurn:
+        assert self.inner is not None, "a HeldProvider without inner must override answer"
+        return await self.inner.complete(messages, tools, budget_s=budget_s, context=context)
+
+
 async def write_run(
     bus: Bus,
     run_id: str,
@@ -117,6 +166,146 @@ async def write_run(
     await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).put(run_id, ckpt)
 
 
+#: The executor's durable consumers on the events stream (the watchdog's is on the timers stream).
+EVENT_DURABLES = ("run-executor-requests", "run-executor-human", "run-executor-agents")
+POLL_S = 0.05
+#: The consumers' fetch timeout: how long a stopped consumer takes to notice (its pending fetch ends first).
+#: The service's 1 s default would add up to a second to the end of every test.
+FETCH_TIMEOUT_S = 0.2
+
+
+async def run_record(
+    bus: Bus,
+    run_id: str,
+    expect: RunState | Callable[[RunRecord], bool] | None = None,
+    *,
+    timeout_s: float = 30,
+) -> RunRecord:
+    """The run's record; with ``expect`` (a state, or a check of the record), wait (bounded) until it holds.
+    AssertionError, naming the last state seen, when it does not within ``timeout_s``."""
+    store = await bus.store(BUCKET_RUNS, RunRecord)
+
+    def holds(record: RunRecord) -> bool:
+        if expect is None:
+            return True
+        if isinstance(expect, RunState):
+            return record.state is expect
+        return expect(record)
+
+    seen: RunRecord | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                got = await store.get(run_id)
+                seen = got.value if got is not None else None
+                if seen is not None and holds(seen):
+                    return seen
+                await asyncio.sleep(POLL_S)
+    except TimeoutError:
+        state = seen.state.value if seen is not None else None
+        raise AssertionError(f"run {run_id}: {expect} not reached within {timeout_s}s (last seen: {state})") from None
+
+
+async def settled(bus: Bus, durables: Sequence[str] = EVENT_DURABLES, *, timeout_s: float = 30) -> None:
+    """Wait (bounded) until every one of ``durables`` (on the events stream) has nothing pending and nothing
+    unacked, all in the same look."""
+    infos: list[Any] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                infos = [await bus.js.consumer_info(EVENTS_STREAM.name, durable) for durable in durables]
+                if all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos):
+                    return
+                await asyncio.sleep(POLL_S)
+    except TimeoutError:
+        raise AssertionError(f"{', '.join(durables)} not settled within {timeout_s}s: {infos}") from None
+
+
+async def handled(bus: Bus, durable: str, seq: int, *, stream: str = EVENTS_STREAM.name, timeout_s: float = 30) -> None:
+    """Wait (bounded) until ``durable`` has acked everything up to stream sequence ``seq``.
+
+    Unlike "nothing pending" (the server may not have counted a just-published message yet), this cannot
+    pass before the message was handled; whatever the handler published is on the stream by then.
+    """
+    info = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                info = await bus.js.consumer_info(stream, durable)
+                if info.ack_floor.stream_seq >= seq and info.num_ack_pending == 0:
+                    return
+                await asyncio.sleep(POLL_S)
+    except TimeoutError:
+        raise AssertionError(f"{durable} has not handled stream seq {seq} within {timeout_s}s: {info}") from None
+
+
+async def watchdog_schedules(bus: Bus, run_id: str) -> int:
+    """How many watchdog schedules the timers stream holds for ``run_id`` (0 or 1: one per subject)."""
+    subject = f"{TIMER_SCHEDULE_RUN_WATCHDOG}.{run_id}"
+    info = await bus.js.stream_info(TIMERS_STREAM.name, subjects_filter=subject)
+    return int((info.state.subjects or {}).get(subject, 0))
+
+
+async def disarmed(bus: Bus, run_id: str, *, settle_s: float = 0.0, timeout_s: float = 30) -> None:
+    """Wait (bounded) until the run has no watchdog schedule (a finished run is disarmed just after its move);
+    with ``settle_s``, then check that it stays so for that long."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while await watchdog_schedules(bus, run_id):  # noqa: ASYNC110 - polling the server's view
+                await asyncio.sleep(POLL_S)
+    except TimeoutError:
+        raise AssertionError(f"run {run_id} still has a watchdog armed after {timeout_s}s") from None
+    if settle_s:
+
+        async def none_left() -> bool:
+            return await watchdog_schedules(bus, run_id) == 0
+
+        await stays(none_left, settle_s=settle_s, what=f"no watchdog for {run_id}")
+
+
+def start_consumers(
+    bus: Bus, engine: Engine, stop: asyncio.Event, *, max_deliver: int = 8
+) -> tuple[list[Consumer], list[asyncio.Task[None]]]:
+    """The engine's four consumers, wired as ``__main__`` wires them (the run consumers with the dead-letter
+    hook, the watchdog's firings) with fast retries (backoff 0.05, 0.1 s) and a short fetch timeout, running
+    until ``stop``."""
+    consumers: list[Consumer] = []
+    for name, handler in (
+        ("run-executor-requests", engine.on_run_requested),
+        ("run-executor-human", engine.on_human_event),
+        ("run-executor-agents", engine.on_agent_event),
+    ):
+        spec = dataclasses.replace(CONSUMERS[name], max_deliver=max_deliver, backoff_s=(0.05, 0.1))
+        consumers.append(
+            Consumer(
+                bus,
+                spec,
+                handler=handler,
+                max_inflight=4,
+                on_dead_letter=engine.on_dead_letter,
+                fetch_timeout_s=FETCH_TIMEOUT_S,
+            )
+        )
+    watchdog = dataclasses.replace(CONSUMERS["run-executor-watchdog"], backoff_s=(0.05, 0.1))
+    consumers.append(
+        Consumer(bus, watchdog, raw_handler=engine.on_watchdog, max_inflight=4, fetch_timeout_s=FETCH_TIMEOUT_S)
+    )
+    return consumers, [asyncio.create_task(c.run(stop)) for c in consumers]
+
+
+async def consumers_running(consumers: Sequence[Consumer]) -> None:
+    await asyncio.wait_for(asyncio.gather(*(c.running.wait() for c in consumers)), 30)  # bound on the server
+
+
+def executor_main(settings: Settings) -> Main:
+    """The run-executor service as ``__main__`` runs it, in this event loop (for ``temporality_testing.inprocess``)."""
+
+    def main(stop: asyncio.Event, ready: asyncio.Event) -> Awaitable[None]:
+        return run_until(SPEC, settings, configure(settings), stop, ready=ready)
+
+    return main
+
+
 RunExecutor = Callable[..., Awaitable[Engine]]
 
 
@@ -141,7 +330,6 @@ async def executor(bus: Bus) -> AsyncIterator[RunExecutor]:
     ) -> Engine:
         cache = ProviderCache(scripted_think_s=think_s)
         caches.append(cache)
-        consumers: list[Consumer] = []
         engine = await Engine.open(
             bus,
             AgentDirectory(cards or [REVIEWER]),
@@ -152,17 +340,9 @@ async def executor(bus: Bus) -> AsyncIterator[RunExecutor]:
             card_tools=card_tools,
             lease_s=lease_s,
         )
-        for name, handler in (
-            ("run-executor-requests", engine.on_run_requested),
-            ("run-executor-human", engine.on_human_event),
-            ("run-executor-agents", engine.on_agent_event),
-        ):
-            spec = dataclasses.replace(CONSUMERS[name], max_deliver=max_deliver, backoff_s=(0.05, 0.1))
-            consumers.append(Consumer(bus, spec, handler=handler, max_inflight=4, on_dead_letter=engine.on_dead_letter))
-        watchdog = dataclasses.replace(CONSUMERS["run-executor-watchdog"], backoff_s=(0.05, 0.1))
-        consumers.append(Consumer(bus, watchdog, raw_handler=engine.on_watchdog, max_inflight=4))
-        tasks.extend(asyncio.create_task(c.run(stop)) for c in consumers)
-        await asyncio.wait_for(asyncio.gather(*(c.running.wait() for c in consumers)), 30)  # bound on the server
+        consumers, started = start_consumers(bus, engine, stop, max_deliver=max_deliver)
+        tasks.extend(started)
+        await consumers_running(consumers)
         return engine
 
     yield start

@@ -7,10 +7,9 @@ however often it is delivered; the run does not move, and nothing is dead-letter
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-from executor_support import PR_WITH_CONTRACT_CHANGE, RunExecutor, run_requested
+from executor_support import PR_WITH_CONTRACT_CHANGE, RunExecutor, run_record, run_requested, settled
 
 from temporality_bus import Bus
 from temporality_protocol import (
@@ -28,30 +27,8 @@ from temporality_protocol import (
     encode,
     make_event,
 )
-from temporality_protocol.catalog import BUCKET_RUNS
-from temporality_run_executor.records import RunRecord
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
-
-
-async def _state(bus: Bus, run_id: str, expect: RunState, timeout_s: float = 30) -> RunRecord:
-    store = await bus.store(BUCKET_RUNS, RunRecord)
-    async with asyncio.timeout(timeout_s):
-        while True:
-            got = await store.get(run_id)
-            if got is not None and got.value.state is expect:
-                return got.value
-            await asyncio.sleep(0.05)
-
-
-async def _idle(bus: Bus, timeout_s: float = 30) -> None:
-    async with asyncio.timeout(timeout_s):
-        for durable in ("run-executor-requests", "run-executor-human", "run-executor-agents"):
-            while True:
-                info = await bus.js.consumer_info("TEMPORALITY_EVENTS", durable)
-                if info.num_pending == 0 and info.num_ack_pending == 0:
-                    break
-                await asyncio.sleep(0.05)
 
 
 async def _twice(bus: Bus, event: Envelope) -> None:
@@ -63,7 +40,7 @@ async def _twice(bus: Bus, event: Envelope) -> None:
 
 async def _journaled_once(bus: Bus, event_log: EventLog, run_id: str, inputs: int) -> list[RunInputAfterEnd]:
     await event_log.wait_for("run.input_after_end", run_id=run_id, count=inputs)
-    await _idle(bus)
+    await settled(bus)
     await event_log.caught_up()
 
     def exactly() -> bool:
@@ -83,10 +60,10 @@ async def test_an_answer_for_a_cancelled_run_is_journaled_not_applied(
     assert run_id
     await bus.publish(event)
     (requested,) = await event_log.wait_for("human.requested", run_id=run_id)
-    await _state(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    await run_record(bus, run_id, RunState.WAITING_FOR_HUMAN)
     cancel = RunCancelRequested(run_id=run_id, reason="wrong PR", requested_by="on-call")
     await bus.publish(make_event(cancel, source="/test", run_id=run_id))
-    await _state(bus, run_id, RunState.CANCELLED)
+    await run_record(bus, run_id, RunState.CANCELLED)
     request_id = requested.payload(HumanRequested).request_id
     answered = HumanAnswered(
         request_id=request_id,
@@ -111,7 +88,7 @@ async def test_an_answer_for_a_cancelled_run_is_journaled_not_applied(
     )
     (journaled,) = event_log.of_type("run.input_after_end", run_id)
     assert journaled.causationid == answer.id
-    assert (await _state(bus, run_id, RunState.CANCELLED)).waiting_request_id is None
+    assert (await run_record(bus, run_id, RunState.CANCELLED)).waiting_request_id is None
     assert not event_log.of_type("run.resumed", run_id)
 
 
@@ -126,7 +103,7 @@ async def test_agent_messages_for_a_completed_run_are_journaled_not_applied(
     assert run_id
     await bus.publish(event)
     await event_log.wait_for("run.completed", run_id=run_id)
-    done = await _state(bus, run_id, RunState.COMPLETED)
+    done = await run_record(bus, run_id, RunState.COMPLETED)
     ask_id, answer_id = derive_id("req", "run-architect", "1"), derive_id("req", run_id, "ask_agent", "1", "0")
     message = AgentMessageReceived(
         request_id=ask_id,
@@ -165,5 +142,5 @@ async def test_agent_messages_for_a_completed_run_are_journaled_not_applied(
     answered = by_type["agent.answer.received"]
     assert (answered.input_id, answered.request_id) == ("evt-reply-1", answer_id)
     assert answered.detail == f"run {run_id} is completed: the answer to {answer_id} was not applied"
-    after = await _state(bus, run_id, RunState.COMPLETED)
+    after = await run_record(bus, run_id, RunState.COMPLETED)
     assert (after.result, after.updated_at) == (done.result, done.updated_at)  # not touched

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from executor_support import REVIEWER, RunExecutor, run_requested
+from executor_support import REVIEWER, HeldProvider, RunExecutor, run_record, run_requested
 
 from temporality_bus import Bus, Delivery
 from temporality_protocol import (
@@ -118,16 +118,6 @@ async def _until(what: str, check: Any, timeout_s: float = 10.0) -> None:
         raise AssertionError(f"not {what} within {timeout_s}s") from None
 
 
-async def _state(bus: Bus, run_id: str, state: RunState) -> None:
-    store = await bus.store(BUCKET_RUNS, RunRecord)
-
-    async def there() -> bool:
-        got = await store.get(run_id)
-        return got is not None and got.value.state is state
-
-    await _until(f"{run_id} {state}", there)
-
-
 async def test_a_wait_ask_parks_the_run_keeps_other_messages_and_resumes_with_the_answer(
     bus: Bus, event_log: EventLog, executor: RunExecutor
 ) -> None:
@@ -140,7 +130,7 @@ async def test_a_wait_ask_parks_the_run_keeps_other_messages_and_resumes_with_th
     asked = asked_event.payload(AgentAsked)
     assert (asked.mode, asked.to, asked.asker_run_id) == ("wait", "agent:helper", run_id)
     assert asked.request_id.startswith("req-")
-    await _state(bus, run_id, RunState.WAITING_FOR_AGENT)
+    await run_record(bus, run_id, RunState.WAITING_FOR_AGENT, timeout_s=10.0)
     # a question for it while it waits for something else: queued, never dropped, the run stays parked
     await bus.publish(_event(_message(run_id, "req-other"), run_id, "evt-msg-other"))
 
@@ -183,7 +173,7 @@ async def test_an_ask_waits_for_the_next_boundary_and_is_answered_once(
     assert run_id
     await bus.publish(event)
     (requested,) = await event_log.wait_for("human.requested", run_id=run_id)
-    await _state(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    await run_record(bus, run_id, RunState.WAITING_FOR_HUMAN, timeout_s=10.0)
     # parked on a person: the ask is kept until the run resumes (a second copy, another event id, is the same ask)
     await bus.publish(_event(_message(run_id, "req-ask-1"), run_id, "evt-msg-1"))
     await bus.publish(_event(_message(run_id, "req-ask-1"), run_id, "evt-msg-1-copy"))
@@ -219,25 +209,12 @@ async def test_an_ask_waits_for_the_next_boundary_and_is_answered_once(
 
 
 # --------------------------------------------------------------------------- the lease (issue 6)
-class _Gate(Provider):
+class _Gate(HeldProvider):
     """Holds its first turn until released; counts its calls."""
 
-    def __init__(self) -> None:
-        self.calls = 0
-        self.entered = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def complete(
-        self,
-        messages: list[Message],
-        tools: list[ToolSpec],
-        *,
-        budget_s: float | None = None,
-        context: TurnContext | None = None,
+    async def answer(
+        self, messages: list[Message], tools: list[ToolSpec], *, budget_s: float | None, context: TurnContext | None
     ) -> AssistantTurn:
-        self.calls += 1
-        self.entered.set()
-        await self.release.wait()
         return AssistantTurn(content="done")
 
 
@@ -280,7 +257,7 @@ async def test_a_redelivery_while_the_first_driver_is_mid_turn_does_not_drive_th
         assert second.calls == 0
     finally:
         first.release.set()  # never left hanging, whatever failed
-    await _state(bus, run_id, RunState.COMPLETED)
+    await run_record(bus, run_id, RunState.COMPLETED, timeout_s=10.0)
     await other.on_run_requested(event, _Redelivery())  # finished: a duplicate, acked
     assert second.calls == 0
     done = await (await bus.store(BUCKET_RUNS, RunRecord)).get(run_id)

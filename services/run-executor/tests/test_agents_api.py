@@ -4,7 +4,6 @@ secret or environment value in any answer."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -12,12 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from executor_support import executor_main
 
 from temporality_bus import NatsSettings
-from temporality_run_executor.__main__ import SPEC, configure
 from temporality_run_executor.settings import Settings
-from temporality_service import run_until
 from temporality_service.auth import ApiToken, Role, dump_tokens
+from temporality_testing.inprocess import serving
 
 VIEWER = ApiToken(name="dashboard", role=Role.viewer, token="viewer-token-0123456789abcdef")
 NOTES = str(Path(__file__).with_name("mcp_notes_server.py"))
@@ -96,20 +95,9 @@ async def executor_url(
             "process": {"ready_file": ready_file},
         }
     )
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run_until(SPEC, settings, configure(settings), stop, ready=ready))
-    try:
-        ready_wait = asyncio.create_task(ready.wait())
-        done, _ = await asyncio.wait([task, ready_wait], timeout=60, return_when="FIRST_COMPLETED")
-        ready_wait.cancel()
-        if task in done:
-            task.result()
-        assert ready.is_set(), "run-executor not ready within 60 s"
+    async with serving(("run-executor", executor_main(settings))):
         url = ready_file.read_text(encoding="utf-8").splitlines()[1]
         yield url.replace("0.0.0.0", "127.0.0.1")
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 def _no_secret(text: str) -> None:

@@ -23,11 +23,10 @@ the routed ``agent.answer.received``). Bugs it found (fixed): a kill between a t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 
 import pytest
 from executor_processes import Crash, Process, start_process
-from executor_support import REVIEWER, run_requested
+from executor_support import REVIEWER, run_record, run_requested, settled
 
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
@@ -42,11 +41,11 @@ from temporality_protocol import (
     derive_id,
     make_event,
 )
-from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
+from temporality_protocol.catalog import BUCKET_CHECKPOINTS
 from temporality_run_executor.agents import AgentCard, ProviderConfig
 from temporality_run_executor.machine import ask_request_id
 from temporality_run_executor.providers.script import Script
-from temporality_run_executor.records import Checkpoint, RunRecord
+from temporality_run_executor.records import Checkpoint
 from temporality_run_executor.tools import ToolPolicy
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
@@ -80,41 +79,6 @@ ASKER = AgentCard(
 
 async def _start(settings: NatsSettings, name: str, crash: Crash | None = None) -> Process:
     return await start_process(settings, name, [REVIEWER, ASKER], crash)
-
-
-@pytest.fixture
-async def processes() -> AsyncIterator[list[Process]]:
-    started: list[Process] = []
-    yield started
-    for process in started:
-        await process.end()
-
-
-async def _record(bus: Bus, run_id: str, check: Callable[[RunRecord], bool], timeout_s: float = 30) -> RunRecord:
-    runs = await bus.store(BUCKET_RUNS, RunRecord)
-    seen = None
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                got = await runs.get(run_id)
-                seen = got.value if got is not None else None
-                if seen is not None and check(seen):
-                    return seen
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        state = seen.state.value if seen is not None else None
-        raise AssertionError(f"run {run_id}: condition not met within {timeout_s}s (state {state})") from None
-
-
-async def _idle(bus: Bus, timeout_s: float = 30) -> None:
-    """Every executor consumer has settled everything stored so far (bounded wait)."""
-    async with asyncio.timeout(timeout_s):
-        for durable in ("run-executor-requests", "run-executor-human", "run-executor-agents"):
-            while True:
-                info = await bus.js.consumer_info("TEMPORALITY_EVENTS", durable)
-                if info.num_pending == 0 and info.num_ack_pending == 0:
-                    break
-                await asyncio.sleep(0.05)
 
 
 def _answer(run_id: str, request_id: str) -> HumanAnswered:
@@ -172,13 +136,13 @@ async def test_a_crash_at_each_boundary_loses_nothing_and_repeats_nothing(
     request_id = derive_id("hr", run_id, "2", "0")  # turn 2, call 0: the same on every replay
     await bus.publish(event)
     if phase == "answer":
-        await _record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_HUMAN)
+        await run_record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_HUMAN)
         crash.armed = True
         await bus.publish(make_event(_answer(run_id, request_id), source="/test", id=f"evt-ans-{run_id}"))
     await asyncio.wait_for(crash.crashed.wait(), 30)
     await first.end()
 
-    at_crash = await _record(bus, run_id, lambda r: True)
+    at_crash = await run_record(bus, run_id, lambda r: True)
     if leased:  # the dead driver's lease is left behind: the next one must wait it out, then take over
         assert at_crash.lease is not None
         assert at_crash.lease.holder.startswith(first.engine.name)
@@ -188,11 +152,11 @@ async def test_a_crash_at_each_boundary_loses_nothing_and_repeats_nothing(
     second = await _start(nats_settings, "executor-2")
     processes.append(second)
     if phase == "start":
-        await _record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_HUMAN)
+        await run_record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_HUMAN)
         await bus.publish(make_event(_answer(run_id, request_id), source="/test", id=f"evt-ans-{run_id}"))
     (completed,) = await event_log.wait_for("run.completed", run_id=run_id, timeout_s=60)
-    done = await _record(bus, run_id, lambda r: r.state is RunState.COMPLETED)
-    await _idle(bus)
+    done = await run_record(bus, run_id, lambda r: r.state is RunState.COMPLETED)
+    await settled(bus)
     await event_log.caught_up()
 
     def once(event_type: str) -> bool:
@@ -275,13 +239,13 @@ async def test_a_crash_around_a_waiting_ask_agent_asks_once_and_ends_once(
     answered = make_event(answer, source="/test", id=f"evt-agent-answer-{run_id}", run_id=run_id)
     await bus.publish(event)
     if phase == "answer":
-        await _record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_AGENT)
+        await run_record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_AGENT)
         crash.armed = True
         await bus.publish(answered)
     await asyncio.wait_for(crash.crashed.wait(), 30)
     await first.end()
 
-    at_crash = await _record(bus, run_id, lambda r: True)
+    at_crash = await run_record(bus, run_id, lambda r: True)
     if leased:
         assert at_crash.lease is not None
         assert at_crash.lease.holder.startswith(first.engine.name)
@@ -291,11 +255,11 @@ async def test_a_crash_around_a_waiting_ask_agent_asks_once_and_ends_once(
     second = await _start(nats_settings, "executor-2")
     processes.append(second)
     if phase == "start":
-        await _record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_AGENT)
+        await run_record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_AGENT)
         await bus.publish(answered)
     (completed,) = await event_log.wait_for("run.completed", run_id=run_id, timeout_s=60)
-    done = await _record(bus, run_id, lambda r: r.state is RunState.COMPLETED)
-    await _idle(bus)
+    done = await run_record(bus, run_id, lambda r: r.state is RunState.COMPLETED)
+    await settled(bus)
     await event_log.caught_up()
 
     def exactly_once() -> bool:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 
 import pytest
-from executor_support import RunExecutor, run_requested
+from executor_support import HeldProvider, RunExecutor, run_record, run_requested, settled
 
 from temporality_bus import Bus
 from temporality_protocol import (
@@ -29,32 +29,20 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import BUCKET_CANCEL_MARKERS, BUCKET_RUNS
 from temporality_run_executor.agents import AgentCard
-from temporality_run_executor.providers import AssistantTurn, Provider, ToolSpec, TurnContext
+from temporality_run_executor.providers import Provider
 from temporality_run_executor.providers.factory import ProviderCache
-from temporality_run_executor.records import CancelRequest, Message, RunRecord
+from temporality_run_executor.records import CancelRequest, RunRecord
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 
 TERMINAL = ("run.completed", "run.failed", "run.cancelled")
 
 
-class CountingProvider(Provider):
+class CountingProvider(HeldProvider):
     """The real scripted provider, counting its calls."""
 
     def __init__(self, inner: Provider) -> None:
-        self.inner = inner
-        self.calls = 0
-
-    async def complete(
-        self,
-        messages: list[Message],
-        tools: list[ToolSpec],
-        *,
-        budget_s: float | None = None,
-        context: TurnContext | None = None,
-    ) -> AssistantTurn:
-        self.calls += 1
-        return await self.inner.complete(messages, tools, budget_s=budget_s, context=context)
+        super().__init__(inner, hold=False)
 
 
 Counted = tuple[ProviderCache, dict[str, CountingProvider]]
@@ -80,25 +68,8 @@ async def _redeliver(bus: Bus, event: Envelope, copy: int) -> None:
     await bus.publish_raw(event.nats_subject, encode(event), headers)
 
 
-async def _acked_all(bus: Bus, timeout_s: float = 30) -> None:
-    """Both consumers the test feeds have acked everything stored so far (bounded wait)."""
-    async with asyncio.timeout(timeout_s):
-        for durable in ("run-executor-requests", "run-executor-human"):
-            while True:
-                info = await bus.js.consumer_info("TEMPORALITY_EVENTS", durable)
-                if info.num_pending == 0 and info.num_ack_pending == 0:
-                    break
-                await asyncio.sleep(0.05)
-
-
-async def _state(bus: Bus, run_id: str, expect: RunState, timeout_s: float = 30) -> RunRecord:
-    store = await bus.store(BUCKET_RUNS, RunRecord)
-    async with asyncio.timeout(timeout_s):
-        while True:
-            got = await store.get(run_id)
-            if got is not None and got.value.state is expect:
-                return got.value
-            await asyncio.sleep(0.05)
+#: The two consumers the test feeds.
+_FED = ("run-executor-requests", "run-executor-human")
 
 
 async def _marker(bus: Bus, run_id: str, timeout_s: float = 30) -> CancelRequest:
@@ -115,10 +86,10 @@ async def _exactly_one_cancel(bus: Bus, event_log: EventLog, run_id: str, cancel
     (cancelled,) = await event_log.wait_for("run.cancelled", run_id=run_id)
     assert cancelled.payload(RunCancelled).reason == "superseded by a newer push (requested by trigger:ado-pr-review)"
     assert cancelled.causationid == cancel_id
-    record = await _state(bus, run_id, RunState.CANCELLED)
+    record = await run_record(bus, run_id, RunState.CANCELLED)
     assert record.cancel is not None
     assert (record.cancel.requested_by, record.cancel.event_id) == ("trigger:ado-pr-review", cancel_id)
-    await _acked_all(bus)
+    await settled(bus, _FED)
     await event_log.caught_up()
 
     def one_terminal() -> bool:
@@ -153,7 +124,7 @@ async def test_a_cancel_before_its_run_requested_cancels_the_run_at_once_without
     await _redeliver(bus, cancel, 1)  # the cancel twice, before the run exists
     marker = await _marker(bus, run_id)
     assert (marker.reason, marker.event_id) == ("superseded by a newer push", cancel.id)
-    await _acked_all(bus)
+    await settled(bus, _FED)
     assert await (await bus.store(BUCKET_RUNS, RunRecord)).get(run_id) is None  # a marker, not a run
     assert not event_log.of_type("bus.dead_lettered")  # no longer a poison message
 
@@ -179,7 +150,7 @@ async def test_a_cancel_after_its_run_requested_takes_the_usual_way(
     assert run_id
     await bus.publish(requested)
     await event_log.wait_for("human.requested", run_id=run_id)  # parked: nobody drives it
-    await _state(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    await run_record(bus, run_id, RunState.WAITING_FOR_HUMAN)
     cancel = _cancel_event(run_id, f"evt-cancel-{run_id}")
     await bus.publish(cancel)
     await _redeliver(bus, requested, 1)
@@ -198,7 +169,7 @@ async def test_a_second_early_cancel_keeps_the_first(bus: Bus, event_log: EventL
     await bus.publish(first)
     await _marker(bus, run_id)
     await bus.publish(_cancel_event(run_id, "evt-c2", reason="another reason"))
-    await _acked_all(bus)
+    await settled(bus, _FED)
     assert (await _marker(bus, run_id)).event_id == "evt-c1"
     await bus.publish(requested)
     await _exactly_one_cancel(bus, event_log, run_id, "evt-c1")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
-from executor_support import PR_WITH_CONTRACT_CHANGE, RunExecutor, run_requested
+from executor_support import PR_WITH_CONTRACT_CHANGE, RunExecutor, handled, run_record, run_requested, settled
 
 from temporality_bus import Bus, TransientError
 from temporality_protocol import (
@@ -22,8 +21,8 @@ from temporality_protocol import (
     TimeoutPolicy,
     make_event,
 )
-from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
-from temporality_run_executor.records import Checkpoint, RunRecord
+from temporality_protocol.catalog import BUCKET_CHECKPOINTS
+from temporality_run_executor.records import Checkpoint
 from temporality_run_executor.tools import BUILTIN_TOOLS, Tool, ToolContext, ToolRegistry
 from temporality_testing.events import EventLog
 
@@ -48,50 +47,6 @@ async def _answer(bus: Bus, request: HumanRequested, answer: OptionAnswer | Text
 _CONSUMERS = ("run-executor-requests", "run-executor-human")
 
 
-async def _drained(bus: Bus, timeout_s: float = 30) -> None:
-    """Wait (bounded) until both executor consumers have nothing pending and nothing unacked."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            infos = [await bus.js.consumer_info("TEMPORALITY_EVENTS", name) for name in _CONSUMERS]
-            if all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos):
-                return
-            await asyncio.sleep(0.05)
-
-
-async def _processed(bus: Bus, consumer: str, seq: int, timeout_s: float = 30) -> None:
-    """Wait (bounded) until ``consumer`` has acked everything up to stream sequence ``seq``.
-
-    Unlike "nothing pending" (the server may not have counted a just-published message yet), this cannot
-    pass before the message was handled; whatever the handler published is on the stream by then.
-    """
-    info = None
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                info = await bus.js.consumer_info("TEMPORALITY_EVENTS", consumer)
-                if info.ack_floor.stream_seq >= seq and info.num_ack_pending == 0:
-                    return
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"{consumer} has not handled stream seq {seq} within {timeout_s}s: {info}") from None
-
-
-async def _state(bus: Bus, run_id: str, expect: RunState | None = None, timeout_s: float = 30) -> RunRecord:
-    """The run record; with ``expect``, wait (bounded) until the run reaches that state."""
-    store = await bus.store(BUCKET_RUNS, RunRecord)
-    got = None
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                got = await store.get(run_id)
-                if got is not None and (expect is None or got.value.state is expect):
-                    return got.value
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        seen = got.value.state if got is not None else None
-        raise AssertionError(f"run {run_id} not in {expect} within {timeout_s}s (last seen: {seen})") from None
-
-
 async def test_ask_human_parks_the_run_then_the_answer_completes_it(
     bus: Bus, event_log: EventLog, executor: RunExecutor
 ) -> None:
@@ -110,13 +65,13 @@ async def test_ask_human_parks_the_run_then_the_answer_completes_it(
     assert request.policy.allowed_recipients == ["user:alice"]
     # parked: state in KV, pending ask in the checkpoint, the message acked, nothing in flight
     await event_log.wait_for("run.checkpointed", run_id=run_id, count=2)
-    record = await _state(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    record = await run_record(bus, run_id, RunState.WAITING_FOR_HUMAN)
     assert record.waiting_request_id == request.request_id
     ckpt = await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).get(run_id)
     assert ckpt is not None
     assert ckpt.value.pending is not None
     assert ckpt.value.pending.request_id == request.request_id
-    await _drained(bus)  # the run.requested message was acked: nothing in flight while waiting
+    await settled(bus, _CONSUMERS)  # the run.requested message was acked: nothing in flight while waiting
 
     await _answer(bus, request, OptionAnswer(option_id="keep-v1", label="Keep the v1 contract"))
     (completed,) = await event_log.wait_for("run.completed", run_id=run_id)
@@ -124,7 +79,7 @@ async def test_ask_human_parks_the_run_then_the_answer_completes_it(
     (resumed,) = await event_log.wait_for("run.resumed", run_id=run_id)
     assert resumed.data["reason"] == "answer"
     assert resumed.data["request_id"] == request.request_id
-    await _state(bus, run_id, RunState.COMPLETED)
+    await run_record(bus, run_id, RunState.COMPLETED)
     types = [e.type for e in event_log.events if e.runid == run_id]
     assert types.index("run.started") < types.index("human.requested") < types.index("run.resumed")
     assert types.index("run.resumed") < types.index("run.completed")
@@ -167,7 +122,7 @@ async def test_duplicate_requests_and_answers_change_nothing(
     (req,) = await event_log.wait_for("human.requested", run_id=run_id)
     # the same run requested again (past JetStream's dedupe: another message id), handled while it waits
     again = await bus.publish(event.model_copy(update={"id": "evt-other-delivery"}))
-    await _processed(bus, "run-executor-requests", again.seq)
+    await handled(bus, "run-executor-requests", again.seq)
     request = req.payload(HumanRequested)
     await _answer(bus, request, OptionAnswer(option_id="ship-v2"))
     await event_log.wait_for("run.completed", run_id=run_id)
@@ -176,8 +131,8 @@ async def test_duplicate_requests_and_answers_change_nothing(
     # and a run.requested after completion
     third = await bus.publish(event.model_copy(update={"id": "evt-third-delivery"}))
     # both handled, and everything they could have published is in the log: only then count
-    await _processed(bus, "run-executor-human", late)
-    await _processed(bus, "run-executor-requests", third.seq)
+    await handled(bus, "run-executor-human", late)
+    await handled(bus, "run-executor-requests", third.seq)
     await event_log.caught_up()
     assert len(event_log.of_type("human.answered", run_id)) == 2
     assert len(event_log.of_type("human.requested", run_id)) == 1
@@ -195,12 +150,12 @@ async def test_answer_to_another_request_is_ignored(bus: Bus, event_log: EventLo
     request = req.payload(HumanRequested)
     stale = request.model_copy(update={"request_id": "hr-not-this-one"})
     # the stale answer is handled (and ignored) before the real one is sent
-    await _processed(bus, "run-executor-human", await _answer(bus, stale, OptionAnswer(option_id="keep-v1")))
+    await handled(bus, "run-executor-human", await _answer(bus, stale, OptionAnswer(option_id="keep-v1")))
     await event_log.caught_up()
     assert not event_log.of_type("run.resumed", event.runid)
     real = await _answer(bus, request, OptionAnswer(option_id="keep-v1"))
     (completed,) = await event_log.wait_for("run.completed", run_id=event.runid)
-    await _processed(bus, "run-executor-human", real)
+    await handled(bus, "run-executor-human", real)
     await event_log.caught_up()
     assert len(event_log.of_type("run.resumed", event.runid)) == 1
     assert "keep-v1" in completed.data["result"]
@@ -230,7 +185,7 @@ async def test_expiry_with_fail_policy_fails_the_run(bus: Bus, event_log: EventL
     (failed,) = await event_log.wait_for("run.failed", run_id=event.runid)
     assert failed.payload(RunFailed).reason == "human_request_expired"
     assert event.runid
-    await _state(bus, event.runid, RunState.FAILED)
+    await run_record(bus, event.runid, RunState.FAILED)
 
 
 async def test_expiry_with_default_policy_continues_with_the_default(
@@ -305,7 +260,7 @@ async def test_persistent_infrastructure_failure_fails_the_run_and_dead_letters_
     (dead,) = await event_log.wait_for("bus.dead_lettered", run_id=event.runid)
     assert dead.data["deliveries"] == 3
     assert event.runid
-    await _state(bus, event.runid, RunState.FAILED)
+    await run_record(bus, event.runid, RunState.FAILED)
 
 
 async def test_transitions_are_idempotent_and_a_stale_driver_moves_on(
@@ -318,7 +273,7 @@ async def test_transitions_are_idempotent_and_a_stale_driver_moves_on(
     run_id = event.runid
     assert run_id
     await bus.publish(event)
-    await _state(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    await run_record(bus, run_id, RunState.WAITING_FOR_HUMAN)
     # parking again (a redelivery racing the original) is a no-op, not an illegal move
     again = await engine._transition(run_id, RunState.WAITING_FOR_HUMAN)
     assert again.state is RunState.WAITING_FOR_HUMAN
@@ -327,12 +282,12 @@ async def test_transitions_are_idempotent_and_a_stale_driver_moves_on(
         await engine._transition(run_id, RunState.RUNNING)
     (req,) = await event_log.wait_for("human.requested", run_id=run_id)
     await _answer(bus, req.payload(HumanRequested), OptionAnswer(option_id="keep-v1"))
-    done = await _state(bus, run_id, RunState.COMPLETED)
+    done = await run_record(bus, run_id, RunState.COMPLETED)
     # a finished run's record is never rewritten, and failing it afterwards is refused quietly
     assert (await engine._transition(run_id, RunState.COMPLETED, result="other")).result == done.result
     with pytest.raises(RunMovedOn):
         await engine._transition(run_id, RunState.FAILED, error="late")
-    assert (await _state(bus, run_id)).result == done.result
+    assert (await run_record(bus, run_id)).result == done.result
     assert not event_log.of_type("bus.dead_lettered")
 
 
@@ -343,7 +298,7 @@ async def test_a_run_parked_by_an_older_executor_resumes(bus: Bus, event_log: Ev
     assert run_id
     await bus.publish(event)
     (req,) = await event_log.wait_for("human.requested", run_id=run_id)
-    await _state(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    await run_record(bus, run_id, RunState.WAITING_FOR_HUMAN)
     # the checkpoint as an executor before typed pending asks wrote it: no "kind" on the pending ask
     kv = await bus.kv(BUCKET_CHECKPOINTS)
     entry = await kv.get(run_id)

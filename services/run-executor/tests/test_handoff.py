@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from executor_support import executor_main
 
 from temporality_agent_collab.__main__ import SPEC as COLLAB_SPEC
 from temporality_agent_collab.__main__ import configure as configure_collab
@@ -37,12 +38,11 @@ from temporality_protocol import (
     make_event,
 )
 from temporality_protocol.catalog import RPC_GET_COLLABORATORS
-from temporality_run_executor.__main__ import SPEC as EXECUTOR_SPEC
-from temporality_run_executor.__main__ import configure as configure_executor
 from temporality_run_executor.machine import handoff_ids
 from temporality_run_executor.settings import Settings as ExecutorSettings
 from temporality_service import run_until
 from temporality_testing.events import EventLog
+from temporality_testing.inprocess import serving
 
 SAGA = "saga-handoff-1"
 DOCUMENT: dict[str, Any] = {
@@ -95,24 +95,16 @@ async def services(nats_settings: NatsSettings, tmp_path: Path) -> AsyncIterator
     agents.write_text(yaml.safe_dump({"agents": [_card("lead", LEAD), _card("finisher", FINISHER)]}), encoding="utf-8")
     executor = ExecutorSettings(nats=nats_settings, agents_file=agents)
     collab = CollabSettings(nats=nats_settings)
-    stop = asyncio.Event()
-    started = []
-    for spec, settings, setup in (
-        (EXECUTOR_SPEC, executor, configure_executor(executor)),
-        (COLLAB_SPEC, collab, configure_collab(collab)),
+    async with serving(
+        ("run-executor", executor_main(executor)),
+        (
+            "agent-collab",
+            lambda stop, ready: run_until(COLLAB_SPEC, collab, configure_collab(collab), stop, ready=ready),
+        ),
+        ready_within_s=15,
+        stop_within_s=20,
     ):
-        ready = asyncio.Event()
-        task = asyncio.create_task(run_until(spec, settings, setup, stop, ready=ready))  # type: ignore[arg-type]
-        started.append(task)
-        waiting = asyncio.create_task(ready.wait())
-        done, _ = await asyncio.wait([task, waiting], timeout=15, return_when="FIRST_COMPLETED")
-        waiting.cancel()
-        if task in done:
-            task.result()
-        assert ready.is_set(), f"{spec.name} not ready within 15 s"
-    yield
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(*started), 20)
+        yield
 
 
 async def _collaborators(bus: Bus, run_id: str, want: str, timeout_s: float = 10) -> CollaboratorsReply:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from executor_processes import Crash, Process, start_process
+from executor_support import settled
 
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
@@ -73,25 +73,6 @@ async def _start(settings: NatsSettings, name: str, crash: Crash | None = None) 
     return await start_process(settings, name, [LEAD, FINISHER], crash)
 
 
-@pytest.fixture
-async def processes() -> AsyncIterator[list[Process]]:
-    started: list[Process] = []
-    yield started
-    for process in started:
-        await process.end()
-
-
-async def _idle(bus: Bus, timeout_s: float = 60) -> None:
-    """Every executor consumer has settled everything stored so far (bounded wait)."""
-    async with asyncio.timeout(timeout_s):
-        for durable in ("run-executor-requests", "run-executor-human", "run-executor-agents"):
-            while True:
-                info = await bus.js.consumer_info("TEMPORALITY_EVENTS", durable)
-                if info.num_pending == 0 and info.num_ack_pending == 0:
-                    break
-                await asyncio.sleep(0.05)
-
-
 POINTS = [
     pytest.param("provider_replied", id="handoff-chosen-not-published"),
     pytest.param("published:agent.handed_off", id="handed-off-published-not-checkpointed"),
@@ -125,7 +106,7 @@ async def test_a_replayed_handoff_makes_no_second_child(
     (finished,) = await event_log.wait_for("run.completed", run_id=child, timeout_s=60)
     assert finished.payload(RunCompleted).result == "did Write the verdict"
     assert finished.correlationid == "saga-r"
-    await _idle(bus)
+    await settled(bus, timeout_s=60)
 
     assert len(event_log.of_type("agent.handed_off")) == 1
     assert event_log.of_type("agent.handed_off")[0].payload(AgentHandedOff).child_run_id == child

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from executor_support import REVIEWER, RunExecutor, run_requested
+from executor_support import REVIEWER, RunExecutor, executor_main, run_requested
 
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import ToolFailed
@@ -23,6 +23,7 @@ from temporality_run_executor.settings import Settings
 from temporality_run_executor.tools import ToolPolicy
 from temporality_service import ConfigError, run_until
 from temporality_testing.events import EventLog
+from temporality_testing.inprocess import serving
 
 SERVER = McpServer(name="notes", command=sys.executable, args=[str(Path(__file__).with_name("mcp_notes_server.py"))])
 SCRIPT = Script.model_validate(
@@ -163,22 +164,11 @@ async def test_the_service_lists_its_cards_mcp_tools_at_start_and_runs_them(
     bus: Bus, event_log: EventLog, nats_settings: NatsSettings, tmp_path: Path
 ) -> None:
     settings = Settings(nats=nats_settings, agents_file=_agents_file(tmp_path, SERVER.args))
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run_until(SPEC, settings, configure(settings), stop, ready=ready))
-    try:
-        ready_wait = asyncio.create_task(ready.wait())
-        done, _ = await asyncio.wait([task, ready_wait], timeout=60, return_when="FIRST_COMPLETED")
-        ready_wait.cancel()
-        if task in done:
-            task.result()
-        assert ready.is_set(), "run-executor not ready within 60 s"
+    async with serving(("run-executor", executor_main(settings))):
         event = run_requested()
         await bus.publish(event)
         (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=120)
         assert completed.data["result"] == "from the service"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 async def test_the_service_refuses_to_start_when_a_server_lists_nothing(

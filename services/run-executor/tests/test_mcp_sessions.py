@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from executor_support import REVIEWER, RunExecutor, run_requested
+from executor_support import REVIEWER, RunExecutor, executor_main, run_requested
 
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import ToolFailed
-from temporality_run_executor.__main__ import SPEC, configure
 from temporality_run_executor.agents import AgentCard, McpServer, ProviderConfig, Sandbox
 from temporality_run_executor.mcp_servers import (
     ELICITATION_UNSUPPORTED,
@@ -32,8 +31,8 @@ from temporality_run_executor.mcp_servers import (
 from temporality_run_executor.providers.script import Script
 from temporality_run_executor.settings import Settings
 from temporality_run_executor.tools import ToolPolicy
-from temporality_service import run_until
 from temporality_testing.events import EventLog
+from temporality_testing.inprocess import serving
 
 SERVER = McpServer(
     name="notes",
@@ -267,24 +266,13 @@ async def test_the_service_stops_its_mcp_servers_at_shutdown(
     agents_file = tmp_path / "agents.yaml"
     agents_file.write_text(json.dumps(cards), encoding="utf-8")  # JSON is YAML
     settings = Settings(nats=nats_settings, agents_file=agents_file)
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run_until(SPEC, settings, configure(settings), stop, ready=ready))
-    try:
-        ready_wait = asyncio.create_task(ready.wait())
-        done, _ = await asyncio.wait([task, ready_wait], timeout=60, return_when="FIRST_COMPLETED")
-        ready_wait.cancel()
-        if task in done:
-            task.result()
-        assert ready.is_set(), "run-executor not ready within 60 s"
+    async with serving(("run-executor", executor_main(settings))):
         event = run_requested()
         await bus.publish(event)
         (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=120)
         pid, calls = (int(part) for part in completed.data["result"].split())
         assert calls == 0
         assert alive(pid)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
     assert not alive(pid)  # the executor stopped it on its way out
 
 

@@ -3,12 +3,11 @@ turn, refusals that fail the run, token accounting and the token limit, malforme
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 
 import pytest
-from executor_support import REVIEWER, RunExecutor, run_requested
+from executor_support import REVIEWER, RunExecutor, run_record, run_requested
 
 from temporality_bus import Bus
 from temporality_protocol import (
@@ -21,7 +20,7 @@ from temporality_protocol import (
     RunUsage,
     make_event,
 )
-from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
+from temporality_protocol.catalog import BUCKET_CHECKPOINTS
 from temporality_run_executor.agents import AgentCard, Limits, ProviderConfig
 from temporality_run_executor.records import Checkpoint, RunRecord, Usage
 from temporality_testing.events import EventLog
@@ -61,13 +60,9 @@ def _card(emulator: OpenAIEmulator, limits: Limits | None = None, max_retries: i
 async def _finished_record(bus: Bus, run_id: str | None, timeout_s: float = 10.0) -> RunRecord:
     """The run record once it is terminal (the event is published before the record is committed)."""
     assert run_id is not None
-    runs = await bus.store(BUCKET_RUNS, RunRecord)
-    async with asyncio.timeout(timeout_s):
-        while True:
-            current = await runs.get(run_id)
-            if current is not None and current.value.state in (RunState.COMPLETED, RunState.FAILED):
-                return current.value
-            await asyncio.sleep(0.05)
+    return await run_record(
+        bus, run_id, lambda r: r.state in (RunState.COMPLETED, RunState.FAILED), timeout_s=timeout_s
+    )
 
 
 async def test_rate_limits_and_5xx_are_retried_within_the_turn_and_tokens_are_totalled(
@@ -173,7 +168,7 @@ async def test_the_run_totals_survive_a_park_and_resume(
     assert run_id
     await bus.publish(event)
     (requested,) = await event_log.wait_for("human.requested", run_id=run_id)
-    parked = await _record_in(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    parked = await run_record(bus, run_id, RunState.WAITING_FOR_HUMAN, timeout_s=10.0)
     assert parked.usage is None  # written when the run ends
     ckpt = await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).get(run_id)
     assert ckpt is not None
@@ -194,16 +189,6 @@ async def test_the_run_totals_survive_a_park_and_resume(
     assert completed.payload(RunCompleted).usage == totals
     assert (await _finished_record(bus, run_id)).usage == totals
     assert len(emulator.requests) == 3
-
-
-async def _record_in(bus: Bus, run_id: str, state: RunState, timeout_s: float = 10.0) -> RunRecord:
-    runs = await bus.store(BUCKET_RUNS, RunRecord)
-    async with asyncio.timeout(timeout_s):
-        while True:
-            current = await runs.get(run_id)
-            if current is not None and current.value.state is state:
-                return current.value
-            await asyncio.sleep(0.05)
 
 
 async def test_malformed_tool_calls_go_back_to_the_model_as_tool_errors(

@@ -7,7 +7,17 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from executor_support import REVIEWER, RunExecutor, run_requested, write_run
+from executor_support import (
+    REVIEWER,
+    HeldProvider,
+    RunExecutor,
+    disarmed,
+    handled,
+    run_record,
+    run_requested,
+    watchdog_schedules,
+    write_run,
+)
 
 from temporality_bus import Bus
 from temporality_protocol import HumanAnswered, HumanRequested, OptionAnswer, RunFailed, RunState, make_event
@@ -32,72 +42,13 @@ TIGHT = REVIEWER.model_copy(update={"limits": Limits(max_compute_s=1.0)})
 GRACE_S = 1.0
 
 
-class HungProvider(Provider):
+class HungProvider(HeldProvider):
     """A provider call that never returns until released: a driver hung in a turn."""
 
-    def __init__(self) -> None:
-        self.entered = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def complete(
-        self,
-        messages: list[Message],
-        tools: list[ToolSpec],
-        *,
-        budget_s: float | None = None,
-        context: TurnContext | None = None,
+    async def answer(
+        self, messages: list[Message], tools: list[ToolSpec], *, budget_s: float | None, context: TurnContext | None
     ) -> AssistantTurn:
-        self.entered.set()
-        await self.release.wait()
         return AssistantTurn(tool_calls=[ToolCall(id="call-context", name="get_input", arguments={})])
-
-
-async def _state(bus: Bus, run_id: str, expect: RunState, timeout_s: float = 30) -> RunRecord:
-    store = await bus.store(BUCKET_RUNS, RunRecord)
-    got = None
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                got = await store.get(run_id)
-                if got is not None and got.value.state is expect:
-                    return got.value
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        seen = got.value.state if got is not None else None
-        raise AssertionError(f"run {run_id} not {expect} within {timeout_s}s (last seen: {seen})") from None
-
-
-async def _schedules(bus: Bus, run_id: str) -> int:
-    """How many watchdog schedules the timers stream holds for ``run_id`` (0 or 1: one per subject)."""
-    subject = f"{TIMER_SCHEDULE_RUN_WATCHDOG}.{run_id}"
-    info = await bus.js.stream_info(TIMERS_STREAM.name, subjects_filter=subject)
-    return int((info.state.subjects or {}).get(subject, 0))
-
-
-async def _disarmed(bus: Bus, run_id: str, timeout_s: float = 30) -> None:
-    """Wait (bounded) until the run has no watchdog schedule (a finished run is disarmed just after its move)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                if not await _schedules(bus, run_id):
-                    return
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"run {run_id} still has a watchdog armed after {timeout_s}s") from None
-
-
-async def _processed(bus: Bus, stream: str, durable: str, seq: int, timeout_s: float = 30) -> None:
-    """Wait (bounded) until ``durable`` has settled everything up to stream sequence ``seq``."""
-    info = None
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                info = await bus.js.consumer_info(stream, durable)
-                if info.ack_floor.stream_seq >= seq and info.num_ack_pending == 0:
-                    return
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"{durable} has not handled seq {seq} within {timeout_s}s: {info}") from None
 
 
 async def _fire(bus: Bus, run_id: str, turn: int) -> int:
@@ -109,7 +60,7 @@ async def _fire(bus: Bus, run_id: str, turn: int) -> int:
 
 
 async def _handled_firing(bus: Bus, run_id: str, turn: int) -> None:
-    await _processed(bus, TIMERS_STREAM.name, WATCHDOG.durable, await _fire(bus, run_id, turn))
+    await handled(bus, WATCHDOG.durable, await _fire(bus, run_id, turn), stream=TIMERS_STREAM.name)
 
 
 async def test_a_run_hung_past_its_compute_limit_is_failed_by_the_watchdog(
@@ -131,23 +82,23 @@ async def test_a_run_hung_past_its_compute_limit_is_failed_by_the_watchdog(
         data = failed.payload(RunFailed)
         assert data.reason == "stalled"
         assert "no progress in running at turn 0" in data.error
-        record = await _state(bus, run_id, RunState.FAILED)
+        record = await run_record(bus, run_id, RunState.FAILED)
         assert record.error is not None
         assert record.error.startswith("stalled: ")
         (started,) = event_log.of_type("run.started", run_id)
         # not before the compute limit plus grace (schedules fire on whole seconds, rounded up)
         assert failed.time - started.time >= timedelta(seconds=TIGHT.limits.max_compute_s + GRACE_S - 0.05)
-        await _disarmed(bus, run_id)
+        await disarmed(bus, run_id)
     finally:
         hung.release.set()
     # the hung driver wakes up to a failed run: it drops its turn and ends quietly
-    await _processed(bus, "TEMPORALITY_EVENTS", "run-executor-requests", requested.seq)
+    await handled(bus, "run-executor-requests", requested.seq)
     await event_log.caught_up()
     assert event_log.of_type("run.tool_called", run_id) == []
     assert event_log.of_type("run.checkpointed", run_id) == []
     assert len(event_log.of_type("run.failed", run_id)) == 1
     assert event_log.of_type("bus.dead_lettered") == []
-    assert (await _state(bus, run_id, RunState.FAILED)).error == record.error
+    assert (await run_record(bus, run_id, RunState.FAILED)).error == record.error
 
 
 async def test_a_run_waiting_for_a_human_is_left_alone(bus: Bus, event_log: EventLog, executor: RunExecutor) -> None:
@@ -157,8 +108,8 @@ async def test_a_run_waiting_for_a_human_is_left_alone(bus: Bus, event_log: Even
     assert run_id
     await bus.publish(event)
     (req,) = await event_log.wait_for("human.requested", run_id=run_id)
-    await _state(bus, run_id, RunState.WAITING_FOR_HUMAN)
-    assert await _schedules(bus, run_id) == 0  # parked: its watchdog is cancelled
+    await run_record(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    assert await watchdog_schedules(bus, run_id) == 0  # parked: its watchdog is cancelled
     # a firing already on its way when it parked (at the turn it parked at) is ignored
     request = req.payload(HumanRequested)
     await _handled_firing(bus, run_id, request.turn)
@@ -180,8 +131,8 @@ async def test_a_run_waiting_for_a_human_is_left_alone(bus: Bus, event_log: Even
     )
     await bus.publish(make_event(answered, source="/test", run_id=run_id))
     await event_log.wait_for("run.completed", run_id=run_id)
-    await _state(bus, run_id, RunState.COMPLETED)
-    await _disarmed(bus, run_id)  # finished: cancelled again
+    await run_record(bus, run_id, RunState.COMPLETED)
+    await disarmed(bus, run_id)  # finished: cancelled again
     assert event_log.of_type("run.failed", run_id) == []
 
 
@@ -193,8 +144,8 @@ async def test_a_firing_after_progress_watches_on_and_one_without_progress_fails
     await write_run(bus, run_id, RunState.RUNNING, turn=2)  # a run left running, nobody driving it
 
     await _handled_firing(bus, run_id, turn=1)  # armed at turn 1; the run has made progress since
-    assert (await _state(bus, run_id, RunState.RUNNING)).error is None
-    assert await _schedules(bus, run_id) == 1  # watched on from the turn it is at
+    assert (await run_record(bus, run_id, RunState.RUNNING)).error is None
+    assert await watchdog_schedules(bus, run_id) == 1  # watched on from the turn it is at
     schedule = await bus.js.get_last_msg(TIMERS_STREAM.name, f"{TIMER_SCHEDULE_RUN_WATCHDOG}.{run_id}")
     rearmed = WatchdogPayload.model_validate_json(schedule.data or b"")
     assert rearmed.turn == 2
@@ -202,10 +153,10 @@ async def test_a_firing_after_progress_watches_on_and_one_without_progress_fails
     assert rearmed.deadline - rearmed.armed_at == timedelta(seconds=limit)
 
     await _handled_firing(bus, run_id, turn=2)  # no progress since that arm: stalled
-    record = await _state(bus, run_id, RunState.FAILED)
+    record = await run_record(bus, run_id, RunState.FAILED)
     assert record.error is not None
     assert record.error.startswith("stalled: no progress in running at turn 2")
-    assert await _schedules(bus, run_id) == 0
+    assert await watchdog_schedules(bus, run_id) == 0
     await _handled_firing(bus, run_id, turn=2)  # a repeat finds it finished: nothing more
     await event_log.caught_up()
     (failed,) = event_log.of_type("run.failed", run_id)
@@ -221,8 +172,8 @@ async def test_a_firing_on_a_waiting_or_finished_run_changes_nothing(
     await write_run(bus, run_id, state, turn=2, waiting="hr-1" if state is RunState.WAITING_FOR_HUMAN else None)
     await _handled_firing(bus, run_id, turn=2)
     await _handled_firing(bus, "run-nobody-knows", turn=0)  # a run that does not exist: ignored too
-    await _state(bus, run_id, state)
-    assert await _schedules(bus, run_id) == 0
+    await run_record(bus, run_id, state)
+    assert await watchdog_schedules(bus, run_id) == 0
     await event_log.caught_up()
     assert event_log.of_type("run.failed") == []
 
@@ -230,7 +181,7 @@ async def test_a_firing_on_a_waiting_or_finished_run_changes_nothing(
 async def test_an_unreadable_firing_is_dead_lettered(bus: Bus, executor: RunExecutor) -> None:
     await executor()
     fired = await bus.publish_raw(f"{TIMER_FIRED_RUN_WATCHDOG}.run-x", b"{not a payload", {})
-    await _processed(bus, TIMERS_STREAM.name, WATCHDOG.durable, fired.seq)
+    await handled(bus, WATCHDOG.durable, fired.seq, stream=TIMERS_STREAM.name)
     subject = f"temporality.dlq.{WATCHDOG.durable}"
     info = await bus.js.stream_info(DLQ_STREAM.name, subjects_filter=subject)
     assert (info.state.subjects or {}).get(subject) == 1

@@ -1,6 +1,9 @@
-"""pytest fixtures: a real nats-server per test, a connected Bus with the layout ensured.
+"""pytest fixtures: a real nats-server per test, a connected Bus with the layout ensured, and one real
+Synapse homeserver per test run (``synapse``, ``matrix_accounts``) for every Matrix test.
 
-Enable with ``pytest_plugins = ["temporality_testing.fixtures"]`` in a conftest.
+Enable with ``pytest_plugins = ["temporality_testing.fixtures"]`` in a conftest (the repository's root
+conftest does; it groups the users of each session fixture here by the fixture, so under xdist all
+Synapse users run on one worker and the homeserver starts once).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_embedded.natsserver import NatsServer
 from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS
 from temporality_testing.events import EventLog
+from temporality_testing.synapse import MatrixAccount, Synapse, synapse_available
 
 
 @pytest.fixture
@@ -62,3 +66,20 @@ async def event_log(bus: Bus) -> AsyncIterator[EventLog]:
         yield log
     finally:
         await log.stop()
+
+
+@pytest.fixture(scope="session")
+def synapse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synapse]:
+    """A real Synapse homeserver for the whole test session, shared by every Matrix test (skipped, visibly,
+    if it is not installed). A test that needs accounts of its own registers them with fresh localparts."""
+    if not synapse_available():
+        pytest.skip("matrix-synapse is not installed: the Matrix tests need a real homeserver")
+    with Synapse(tmp_path_factory.mktemp("synapse")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def matrix_accounts(synapse: Synapse) -> dict[str, MatrixAccount]:
+    """The bot and the people of the Matrix tests (``bot``, ``alice``, ``mallory``, ``bob``), registered once
+    per session."""
+    return {name: synapse.register(name, f"{name}-password-1") for name in ("bot", "alice", "mallory", "bob")}

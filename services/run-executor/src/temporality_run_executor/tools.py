@@ -54,6 +54,7 @@ from temporality_protocol import (
     derive_id,
 )
 from temporality_protocol.catalog import RPC_GET_COLLABORATORS
+from temporality_protocol.redaction import process_redactor
 from temporality_run_executor.providers.base import ToolSpec
 from temporality_run_executor.records import RunRecord
 
@@ -317,14 +318,15 @@ async def _notify(arguments: dict[str, Any], ctx: ToolContext) -> str:
         allowed = ", ".join(policy.allowed_recipients) or "nobody"
         raise ToolError(f"{args.recipient} may not be notified by this run; people you may address: {allowed}")
     notification_id = derive_id("hn", ctx.run.run_id, str(ctx.turn), str(ctx.index))
+    redactor = process_redactor()  # SEC-1: like human.requested, no secret on the bus or in the journal
     await ctx.publish(
         HumanNotifyRequested(
             notification_id=notification_id,
             run_id=ctx.run.run_id,
             agent=ctx.run.agent,
-            title=ctx.run.title,
+            title=redactor.redact(ctx.run.title).text,
             recipient=args.recipient,
-            message=args.message,
+            message=redactor.redact(args.message).text or "(redacted)",
             policy=policy,
             turn=ctx.turn,
         ),

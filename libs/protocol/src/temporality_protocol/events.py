@@ -7,6 +7,7 @@ to its model. Models ignore unknown fields on read so newer writers do not break
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
@@ -177,10 +178,14 @@ class SourceLink(_Model):
         return value
 
 
+#: Whitespace (``str.isspace``: Unicode's too) or a control character: never part of a link we show.
+_UNSAFE_IN_URL = re.compile(r"[\s\x00-\x1f\x7f]")
+
+
 def is_web_url(value: str) -> bool:
     """An absolute ``http``/``https`` URL with a host and no credentials (``user:pw@``), without
     whitespace or control characters."""
-    if len(value) > MAX_LINK or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+    if len(value) > MAX_LINK or _UNSAFE_IN_URL.search(value) is not None:
         return False
     try:
         parts = urlsplit(value)

@@ -25,6 +25,7 @@ from temporality_protocol.events import (
     AgentHandedOff,
     AgentMessageRefused,
     AgentReadmitted,
+    AgentTaskRefused,
     HandoffDocument,
     HumanAnswerRefused,
     HumanDirectoryChanged,
@@ -231,3 +232,16 @@ async def test_refused_answers_agent_message_refusals_and_operator_decommissions
     assert entries[1]["actor"] == "oncall"
     assert "replayed_nonce" in entries[3]["summary"]
     assert "telegram:3003" in entries[4]["summary"]
+
+
+async def test_an_external_agent_s_refused_task_message_is_audited(journal: Journal) -> None:
+    """AP-5/AP-11: a task message out of order for its dialogue (or a tool not granted) is a refusal on record."""
+    refused = AgentTaskRefused(
+        agent_id="ext-1", task_id="task-1", run_id="run-9", turn=2, action_id="act-1", kind="tool_calls",
+        reason="tool_not_allowed", detail="ask_agent is not among ext-1's granted tools",
+    )  # fmt: skip
+    await journal.recorder.record_batch([(_ev(refused, 1, run_id="run-9"), 1)])
+    body = (await journal.client.get("/audit", params={"kind": "agent_refusal"}, headers=OPERATOR)).json()
+    (entry,) = body["entries"]
+    assert (entry["type"], entry["target"]) == ("agent.task.refused", "task-1")
+    assert "tool_calls of agent ext-1 for task task-1 refused: tool_not_allowed" == entry["summary"]

@@ -18,7 +18,9 @@ agent.lifecycle_changed (``deregistered``,                          decommission
 ``decommissioned``), agent.readmitted                               the CloudEvent actor
 agent.ask_undeliverable,                       ``agent_refusal``     the CloudEvent actor
 agent.reply_undeliverable, agent.message_refused
-(unsigned, badly signed, replayed: AP-11)
+(unsigned, badly signed, replayed: AP-11),
+agent.task.refused (out of order for the task,
+a tool not granted: AP-5)
 agent.handed_off (AP-6)                        ``handoff``           the CloudEvent actor
 bus.dead_lettered                              ``dead_letter``       the CloudEvent actor
 api.access_refused (401/403 of the journal's   ``access_refusal``    ``token:<name>`` (403) or
@@ -60,6 +62,7 @@ AUDIT_KINDS: dict[str, str] = {
     "agent.ask_undeliverable": "agent_refusal",
     "agent.reply_undeliverable": "agent_refusal",
     "agent.message_refused": "agent_refusal",
+    "agent.task.refused": "agent_refusal",
     "agent.handed_off": "handoff",
     "bus.dead_lettered": "dead_letter",
     "api.access_refused": "access_refusal",
@@ -170,6 +173,11 @@ def _describe(type_: str, data: dict[str, Any], run_id: str | None) -> tuple[str
     if type_ == "agent.message_refused":
         agent = _str(data, "agent_id")
         return agent, f"message from agent {agent or '(unknown)'} on {data.get('subject')} refused: {reason}"
+    if type_ == "agent.task.refused":
+        agent = _str(data, "agent_id")
+        return _str(data, "task_id"), (
+            f"{data.get('kind') or 'message'} of agent {agent} for task {data.get('task_id')} refused: {reason}"
+        )
     if type_ == "agent.handed_off":
         return _str(data, "child_run_id"), (
             f"run {data.get('parent_run_id')} ({data.get('parent_agent')}) handed its task to agent "

@@ -66,3 +66,27 @@ async def test_the_snapshot_is_applied_before_watching_returns_then_every_change
         await kv.delete("a")
         await kv.put("b", b"22")
         await view.wait({"b": b"22", "c": b"3"})
+
+
+async def test_a_marker_before_the_entries_does_not_cut_the_snapshot_short(bus: Bus) -> None:
+    """nats-py signals "initial values done" (``None``) from the consumer's pending count; when the server
+    has already sent the entries but the client has not read them yet, the marker comes first (seen in CI:
+    a watch that returned an empty view of a bucket holding keys). Reproduced on the real server by putting
+    that early marker in front of the real watcher's queue: the snapshot must still hold every key."""
+    kv = await bus.ensure_bucket(BucketSpec("watch-early-marker", "KvWatch's early-marker bucket"))
+    await kv.put("a", b"1")
+    await kv.put("b", b"2")
+    await kv.delete("b")
+    await kv.put("c", b"3")
+    watchall = kv.watchall
+
+    async def marker_first(**kwargs: object) -> KeyValue.KeyWatcher:
+        watcher = await watchall(**kwargs)  # type: ignore[arg-type]
+        watcher._updates.put_nowait(None)  # the race, made certain
+        return watcher
+
+    kv.watchall = marker_first  # type: ignore[method-assign]
+    view = View()
+    async with KvWatch(bus, kv, "test store", apply=view.apply, forget=view.forget, loaded=view.loaded).watching():
+        assert view.values == {"a": b"1", "c": b"3"}, "the whole snapshot, before watching() returns"
+        assert view.loads == 1

@@ -37,6 +37,8 @@ log = structlog.get_logger(__name__)
 
 #: How long the snapshot may take before the watch counts as failed.
 SNAPSHOT_TIMEOUT_S = 30.0
+#: After nats-py's initial marker, how long to wait for the bucket's last revision before taking it as gone.
+_AFTER_MARKER_S = 2.0
 
 
 def entry_value(entry: KeyValue.Entry) -> bytes | None:
@@ -98,13 +100,30 @@ class KvWatch:
                 await task
 
     async def _snapshot(self) -> KeyValue.KeyWatcher:
+        """Apply everything stored. nats-py's "initial values done" marker (``None``) alone is not proof: when
+        the server has already sent the entries but the client has not read them when it asks the consumer
+        how many are pending (0), the marker comes *first* and the entries after it (seen in CI: a watch that
+        returned with an empty view of a bucket holding two keys). So the snapshot also waits until it has
+        seen the bucket's last revision as of before the watch started: that message is the newest of its
+        key, so the last-per-key delivery sends it -- unless it expired or was purged meanwhile, which a
+        short silence after the marker stands for."""
+        last = (await self.kv.status()).stream_info.state.last_seq or 0
         watcher = await self.kv.watchall()
         seen: set[str] = set()
-        while True:
-            entry = await watcher.updates(timeout=SNAPSHOT_TIMEOUT_S)  # type: ignore[no-untyped-call]
-            if entry is None:  # the initial marker: everything stored has been delivered
+        newest, marked = 0, False
+        while not (marked and newest >= last):
+            try:
+                entry = await watcher.updates(timeout=_AFTER_MARKER_S if marked else SNAPSHOT_TIMEOUT_S)  # type: ignore[no-untyped-call]
+            except nats.errors.TimeoutError:
+                if not marked:
+                    raise
+                log.warning("kv.snapshot_short", store=self.name, newest=newest, expected=last)
                 break
+            if entry is None:  # the initial marker
+                marked = True
+                continue
             seen.add(entry.key)
+            newest = max(newest, entry.revision or 0)
             await self._apply(entry)
         await self._forget(seen)
         self._watching = True

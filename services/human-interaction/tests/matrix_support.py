@@ -4,12 +4,19 @@ replies, and waits (bounded) for what the bot sent."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from nio import AsyncClient, AsyncClientConfig, SyncResponse  # type: ignore[import-untyped]
 
-from temporality_testing.synapse import MatrixAccount
+from temporality_bus import Bus
+from temporality_human_interaction.channels import ChannelAdapter
+from temporality_human_interaction.channels.matrix import MatrixAdapter
+from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.inbound import AnswerRouter
+from temporality_human_interaction.requests import RequestHandler
+from temporality_testing.synapse import MatrixAccount, Synapse
 
 Event = dict[str, Any]
 
@@ -107,3 +114,35 @@ class MatrixPerson:
 
     async def say(self, room_id: str, text: str) -> str:
         return await self.send(room_id, "m.room.message", {"msgtype": "m.text", "body": text})
+
+
+@contextlib.asynccontextmanager
+async def alice_on_matrix(
+    bus: Bus, synapse: Synapse, matrix_accounts: dict[str, MatrixAccount]
+) -> AsyncIterator[RequestHandler]:
+    """The Matrix adapter under test (the bot) running, with alice in the directory reachable on Matrix only;
+    yields the request handler that delivers to it."""
+    directory = Directory.from_mapping(
+        {
+            "users": {
+                "alice": {
+                    "display_name": "Alice Example",
+                    "preferred": "matrix",
+                    "channels": {"matrix": {"user_id": matrix_accounts["alice"].user_id}},
+                }
+            }
+        }
+    )
+    adapters: dict[str, ChannelAdapter] = {}
+    matrix = MatrixAdapter(
+        bus,
+        homeserver=synapse.url,
+        user_id=matrix_accounts["bot"].user_id,
+        password=matrix_accounts["bot"].password,
+        sync_timeout_s=5,
+    )
+    matrix.attach(AnswerRouter(bus, directory, adapters))
+    async with matrix:
+        assert matrix.available
+        adapters[matrix.name] = matrix
+        yield RequestHandler(bus, directory, adapters)

@@ -9,14 +9,11 @@ from typing import Any
 
 import pytest
 from human_support import exactly, requested, stored, wait_for_record
-from matrix_support import MatrixPerson
+from matrix_support import MatrixPerson, alice_on_matrix
 
 from temporality_bus import Bus
-from temporality_human_interaction.channels import ChannelAdapter
-from temporality_human_interaction.channels.matrix import MatrixAdapter, poll_selection
+from temporality_human_interaction.channels.matrix import poll_selection
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
-from temporality_human_interaction.directory import Directory
-from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.inbox import RetentionSweeper
 from temporality_human_interaction.requests import RequestHandler
 from temporality_protocol import HumanRequestState, OptionAnswer
@@ -29,32 +26,10 @@ async def asked(
     bus: Bus, synapse: Synapse, matrix_accounts: dict[str, MatrixAccount]
 ) -> AsyncIterator[tuple[RequestHandler, MatrixPerson]]:
     """The bot (the adapter under test) with alice reachable on Matrix, and alice's client."""
-    directory = Directory.from_mapping(
-        {
-            "users": {
-                "alice": {
-                    "display_name": "Alice Example",
-                    "preferred": "matrix",
-                    "channels": {"matrix": {"user_id": matrix_accounts["alice"].user_id}},
-                }
-            }
-        }
-    )
-    adapters: dict[str, ChannelAdapter] = {}
-    matrix = MatrixAdapter(
-        bus,
-        homeserver=synapse.url,
-        user_id=matrix_accounts["bot"].user_id,
-        password=matrix_accounts["bot"].password,
-        sync_timeout_s=5,
-    )
-    matrix.attach(AnswerRouter(bus, directory, adapters))
     person = await MatrixPerson(synapse.url, matrix_accounts["alice"]).start()
     try:
-        async with matrix:
-            assert matrix.available
-            adapters[matrix.name] = matrix
-            yield RequestHandler(bus, directory, adapters), person
+        async with alice_on_matrix(bus, synapse, matrix_accounts) as handler:
+            yield handler, person
     finally:
         await person.close()
 

@@ -11,12 +11,11 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from human_support import ALICE, events_of, requested, stored
-from matrix_support import MatrixPerson
+from matrix_support import MatrixPerson, alice_on_matrix
 
 from temporality_bus import Bus
 from temporality_human_interaction.api import create_app
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
-from temporality_human_interaction.channels.matrix import MatrixAdapter
 from temporality_human_interaction.channels.render import question_html, question_text
 from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.directory import Directory
@@ -166,29 +165,8 @@ async def test_telegram_shows_the_link_or_leaves_it_out_past_its_limit(bus: Bus)
 async def matrix_bot(
     bus: Bus, synapse: Synapse, matrix_accounts: dict[str, MatrixAccount]
 ) -> AsyncIterator[RequestHandler]:
-    directory = Directory.from_mapping(
-        {
-            "users": {
-                "alice": {
-                    "display_name": "Alice Example",
-                    "preferred": "matrix",
-                    "channels": {"matrix": {"user_id": matrix_accounts["alice"].user_id}},
-                }
-            }
-        }
-    )
-    adapters: dict[str, ChannelAdapter] = {}
-    matrix = MatrixAdapter(
-        bus,
-        homeserver=synapse.url,
-        user_id=matrix_accounts["bot"].user_id,
-        password=matrix_accounts["bot"].password,
-        sync_timeout_s=5,
-    )
-    matrix.attach(AnswerRouter(bus, directory, adapters))
-    async with matrix:
-        adapters[matrix.name] = matrix
-        yield RequestHandler(bus, directory, adapters)
+    async with alice_on_matrix(bus, synapse, matrix_accounts) as handler:
+        yield handler
 
 
 async def test_matrix_shows_the_link_in_the_body_and_as_an_anchor(

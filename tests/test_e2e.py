@@ -581,8 +581,14 @@ async def _still_serves_runs(http: httpx.AsyncClient, stack: Stack) -> None:
     """After the crash loop the executor (still configured to crash on that input) serves other runs."""
     run_id = (await post_hook(http, stack, _new_pr())).json()["run_id"]
     waiting = await _run_in_state(http, stack, run_id, "waiting_for_human")
+    request_id = waiting["waiting"]["request_id"]
+
+    async def in_the_inbox() -> bool:  # the journal showing the run waiting says nothing about the inbox
+        return request_id in [r["id"] for r in await _pending(http, stack)]
+
+    await eventually(in_the_inbox, what=f"alice's inbox to show {request_id}")
     answered = await http.post(
-        f"{stack.human_url}/requests/{waiting['waiting']['request_id']}/answer",
+        f"{stack.human_url}/requests/{request_id}/answer",
         json={"option_id": "keep-v1"},
         headers=ALICE,
     )

@@ -189,6 +189,10 @@ async def test_the_task_dialogue_in_order_and_out_of_order(bus: Bus, event_log: 
         "not_taken"
     )
     taken = await poll(bus)
+    async with asyncio.timeout(10):  # agent-collab consumes the offer on its own: poll until it has
+        while not taken["tasks"]:
+            await asyncio.sleep(0.05)
+            taken = await poll(bus)
     (assignment,) = taken["tasks"]
     assert (assignment["turn"], assignment["state"], assignment["acted"], assignment["resumed"]) == (
         1,

@@ -306,11 +306,32 @@ async def test_a_message_over_max_payload_is_a_permanent_error(bus: Bus) -> None
         await bus.publish_raw("temporality.events.run.failed", too_big, {"Nats-Msg-Id": "big"})
 
 
-async def test_publishing_to_a_subject_without_a_stream_is_transient(bus: Bus) -> None:
+async def test_a_publish_no_stream_answered_is_sent_again_until_one_does(bus: Bus) -> None:
+    """A 503 (no stream took it) stored nothing, so the publish is sent again for a while: on a cluster a
+    stream just created can lack subject interest on this node for a moment (and a KV write is a publish)."""
+    from temporality_protocol.catalog import StreamSpec
+
+    late = StreamSpec(name="LATE", subjects=("late.>",), description="created while a publish waits")
+
+    async def create_later() -> None:
+        await asyncio.sleep(0.3)
+        await bus.ensure_stream(late)
+
+    creating = asyncio.create_task(create_later())
+    ack = await bus.publish_raw("late.one", b"x", {"Nats-Msg-Id": "late-1"})
+    await creating
+    assert (ack.stream, ack.seq) == ("LATE", 1)
+    assert (await bus.js.stream_info("LATE")).state.messages == 1  # sent again, stored once
+
+
+async def test_publishing_to_a_subject_without_a_stream_is_transient_after_the_retry_window(bus: Bus) -> None:
     from temporality_bus import TransientError
 
+    bus.js.no_stream_retry_s = 0.2
+    started = time.monotonic()
     with pytest.raises(TransientError, match=r"publish to nowhere\.at\.all failed"):
-        await bus.publish_raw("nowhere.at.all", b"x", {"Nats-Msg-Id": "n1"})
+        await bus.publish_raw("nowhere.at.all", b"x", {"Nats-Msg-Id": "n2"})
+    assert time.monotonic() - started >= 0.1  # it was sent again, not failed at the first 503
 
 
 async def test_publish_many_stores_every_event_in_order_and_dedupes_by_id(bus: Bus) -> None:

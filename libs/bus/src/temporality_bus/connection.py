@@ -46,6 +46,42 @@ JS_TIMEOUT_S = 10.0
 LAYOUT_RETRY_S = 60.0
 _LAYOUT_TRANSIENT = (nats.errors.TimeoutError, TimeoutError, ServiceUnavailableError)
 _NO_RESPONDERS = "503"  # the status header of a publish no stream took
+#: How long a JetStream publish that no stream answered (503, no responders) is sent again before it fails.
+#: Nothing was stored, so sending it again is safe. On a cluster this is normal for a moment: a stream (or KV
+#: bucket) just created has its leader, but the leader's interest in the subjects has not reached every
+#: node yet; a failover is electing a new leader.
+NO_STREAM_RETRY_S = 3.0
+
+
+class _JetStream(JetStreamContext):
+    """nats-py's JetStream context, whose :meth:`publish` (and so every KV write) sends a publish that no
+    stream answered again, with backoff, for up to ``no_stream_retry_s``."""
+
+    no_stream_retry_s = NO_STREAM_RETRY_S
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        timeout: float | None = None,  # noqa: ASYNC109 -- nats-py's signature
+        stream: str | None = None,
+        headers: dict[str, Any] | None = None,
+        msg_ttl: float | None = None,
+    ) -> jsapi.PubAck:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.no_stream_retry_s
+        delay = 0.02
+        while True:
+            try:
+                return await super().publish(
+                    subject, payload, timeout=timeout, stream=stream, headers=headers, msg_ttl=msg_ttl
+                )
+            except NoStreamResponseError:
+                if loop.time() + delay > deadline:
+                    raise
+                log.debug("publish.no_stream_yet", subject=subject, retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
 
 
 def _default_inbox(user: str | None) -> str:
@@ -66,7 +102,7 @@ class Bus:
 
     def __init__(self, nc: NATS, settings: NatsSettings, name: str) -> None:
         self.nc = nc
-        self.js: JetStreamContext = nc.jetstream(timeout=JS_TIMEOUT_S)
+        self.js: _JetStream = _JetStream(nc, timeout=JS_TIMEOUT_S)
         self.settings = settings
         self.name = name
         self._kv: dict[str, KeyValue] = {}

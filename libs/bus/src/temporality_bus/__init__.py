@@ -14,6 +14,7 @@ from temporality_bus.errors import (
     StoreError,
     TransientError,
 )
+from temporality_bus.listing import live_entries, live_keys
 from temporality_bus.models import evolve, revalidated
 from temporality_bus.pipeline import Pipeline
 from temporality_bus.responder import Failure, Request, Responder
@@ -51,6 +52,8 @@ __all__ = [
     "entry_value",
     "evolve",
     "fire_time",
+    "live_entries",
+    "live_keys",
     "parse_fired_subject",
     "revalidated",
     "schedule_at",

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import structlog
-from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
 from temporality_bus.errors import AlreadyExists, Conflict, Contended, NotFound
+from temporality_bus.listing import live_keys
 from temporality_bus.models import revalidated
 
 __all__ = ["DEFAULT_ATTEMPTS", "Modified", "Store", "Versioned"]
@@ -83,11 +84,9 @@ class Store(Generic[M]):
     async def put(self, key: str, value: M) -> int:
         return await self._kv.put(key, self._encode(value))
 
-    async def keys(self) -> list[str]:
-        try:
-            return list(await self._kv.keys())
-        except NoKeysError:
-            return []
+    async def keys(self, match: str = ">") -> list[str]:
+        """The keys holding a value (matching the subject filter ``match``), complete as of the call."""
+        return await live_keys(self._kv, match)
 
     async def modify(
         self,

@@ -27,7 +27,6 @@ timers consumer gives each firing to one replica, and every replica arms the sam
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from collections.abc import Callable
@@ -38,7 +37,7 @@ import structlog
 from nats.js.errors import KeyWrongLastSequenceError
 from pydantic import ValidationError
 
-from temporality_bus import Bus, PublishResult
+from temporality_bus import Bus, PublishResult, live_entries, live_keys
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.directory import user_id_of
 from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
@@ -69,7 +68,7 @@ log = structlog.get_logger(__name__)
 #: The retention sweep's timer key (never a request id's: those have no dot, and ``.retention`` is no suffix).
 SWEEP_KEY = "_sweep.retention"
 _LIST_TIMEOUT_S = 5.0
-#: Reading every key of ``human-channels`` for the sweep never takes longer than this (then: retried).
+#: Reading the sweep's listing of ``human-channels`` waits this long for each next entry (then: retried).
 _SWEEP_LIST_TIMEOUT_S = 60.0
 
 
@@ -109,17 +108,11 @@ async def unindex(bus: Bus, record: HumanRequestRecord) -> None:
 
 
 async def open_requests_of(bus: Bus, user: str) -> list[str]:
-    """The request ids indexed under ``user``: a server-side filtered watch of ``open.<user>.*``."""
+    """The request ids indexed under ``user``: a server-side filtered listing of ``open.<user>.*``."""
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    watcher = await kv.watch(f"{ref_key('open', user)}.*", ignore_deletes=True, meta_only=True)
-    found: list[str] = []
-    try:  # the watch delivers every matching key, then None once it has caught up
-        async with asyncio.timeout(_LIST_TIMEOUT_S):
-            while (entry := await watcher.updates(timeout=_LIST_TIMEOUT_S)) is not None:  # type: ignore[no-untyped-call]
-                found.append(str(entry.key).rsplit(".", 1)[1])
-    finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    return sorted(found)
+    return sorted(
+        key.rsplit(".", 1)[1] for key in await live_keys(kv, f"{ref_key('open', user)}.*", timeout_s=_LIST_TIMEOUT_S)
+    )
 
 
 async def list_inbox(bus: Bus, store: RequestStore, user: str) -> list[HumanRequestRecord]:
@@ -184,21 +177,16 @@ class ChannelEntry:
 
 
 async def channel_entries(bus: Bus, *, timeout_s: float = _SWEEP_LIST_TIMEOUT_S) -> list[ChannelEntry]:
-    """Every key of ``human-channels`` with its value: one watch of the bucket (delivers each key once,
-    then ``None`` when caught up), not one read per key."""
+    """Every key of ``human-channels`` with its value: one listing of the bucket (each key's last entry,
+    :func:`temporality_bus.live_entries`), not one read per key."""
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    watcher = await kv.watch(">", ignore_deletes=True)
     out: list[ChannelEntry] = []
-    try:
-        async with asyncio.timeout(timeout_s):
-            while (entry := await watcher.updates(timeout=timeout_s)) is not None:  # type: ignore[no-untyped-call]
-                try:
-                    ref = ChannelRef.model_validate_json(entry.value or b"")
-                except ValidationError:
-                    continue  # not ours to judge
-                out.append(ChannelEntry(str(entry.key), ref.value, ref.created_at, int(entry.revision or 0)))
-    finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
+    for entry in await live_entries(kv, timeout_s=timeout_s):
+        try:
+            ref = ChannelRef.model_validate_json(entry.value or b"")
+        except ValidationError:
+            continue  # not ours to judge
+        out.append(ChannelEntry(str(entry.key), ref.value, ref.created_at, int(entry.revision or 0)))
     return out
 
 

@@ -15,12 +15,11 @@ cancelled at intake, before anyone is notified.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
 import structlog
 
-from temporality_bus import Bus, Delivery, NotFound
+from temporality_bus import Bus, Delivery, NotFound, live_keys
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
 from temporality_human_interaction.inbox import unindex
 from temporality_human_interaction.records import HumanRequestRecord, open_store
@@ -42,18 +41,12 @@ async def index_request(bus: Bus, run_id: str, request_id: str) -> None:
 
 
 async def requests_of_run(bus: Bus, run_id: str) -> list[str]:
-    """The request ids indexed under ``run_id``: a server-side filtered watch of ``run.<run id>.*``
+    """The request ids indexed under ``run_id``: a server-side filtered listing of ``run.<run id>.*``
     (nats-py's ``keys(filters=...)`` would read every key of the bucket and filter by substring)."""
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    watcher = await kv.watch(f"{ref_key('run', run_id)}.*", ignore_deletes=True, meta_only=True)
-    found: list[str] = []
-    try:  # the watch delivers every matching key, then None once it has caught up
-        async with asyncio.timeout(_LIST_TIMEOUT_S):
-            while (entry := await watcher.updates(timeout=_LIST_TIMEOUT_S)) is not None:  # type: ignore[no-untyped-call]
-                found.append(str(entry.key).rsplit(".", 1)[1])
-    finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    return sorted(found)
+    return sorted(
+        key.rsplit(".", 1)[1] for key in await live_keys(kv, f"{ref_key('run', run_id)}.*", timeout_s=_LIST_TIMEOUT_S)
+    )
 
 
 async def run_ended(bus: Bus, run_id: str) -> str | None:

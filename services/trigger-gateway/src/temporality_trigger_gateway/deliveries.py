@@ -26,10 +26,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
 import structlog
-from nats.js.kv import KV_DEL, KV_PURGE
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from temporality_bus import BusError, Conflict, PublishResult, Store, evolve
+from temporality_bus import BusError, Conflict, PublishResult, Store, evolve, live_keys
 from temporality_bus.pipeline import Write, kv_write
 from temporality_protocol import NormalizedEvent
 from temporality_protocol.catalog import BUCKET_DELIVERIES
@@ -399,20 +398,8 @@ class Deliveries:
         return page, following
 
     async def _keys(self, subject: str) -> list[str]:
-        """The live keys matching ``subject`` (a headers-only watch of the last entry per key)."""
-        kv = await self._bus.kv(BUCKET_DELIVERIES)
-        watcher = await kv.watch(subject, ignore_deletes=True, meta_only=True)
-        keys: list[str] = []
-        try:
-            while True:
-                entry = await watcher.updates(timeout=10)  # type: ignore[no-untyped-call]
-                if entry is None:
-                    break
-                if entry.operation not in (KV_DEL, KV_PURGE):
-                    keys.append(entry.key)
-        finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
-        return keys
+        """The live keys matching ``subject`` (a headers-only listing of the last entry per key)."""
+        return await live_keys(await self._bus.kv(BUCKET_DELIVERIES), subject)
 
     async def _read(self, store: Store[DeliveryRecord], trigger_id: str, delivery_id: str) -> DeliveryRecord | None:
         try:

@@ -1,0 +1,83 @@
+"""Listing a KV bucket's live keys against a real nats-server: complete even when nats-py's "caught up"
+marker comes before the entries (the race behind an empty inbox listing in CI), deletes and purges left
+out, a filter applied by the server, an empty listing returned at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nats.js.kv import KeyValue
+from pydantic import BaseModel
+
+from temporality_bus import Bus, Store, live_entries, live_keys
+from temporality_protocol.catalog import BucketSpec
+
+
+class Item(BaseModel):
+    n: int
+
+
+async def _bucket(bus: Bus, name: str) -> KeyValue:
+    kv = await bus.ensure_bucket(BucketSpec(name, f"listing test {name}"))
+    await kv.put("open.alice.r1", b"1")
+    await kv.put("open.alice.r2", b"2")
+    await kv.put("open.alice.r3", b"3")
+    await kv.delete("open.alice.r2")
+    await kv.purge("open.alice.r3")
+    await kv.put("open.bob.r4", b"4")
+    await kv.put("open.alice.r5", b"5")
+    return kv
+
+
+def _marker_first(kv: KeyValue) -> None:
+    """Put nats-py's marker in front of the real watcher's queue: the race, made certain."""
+    watch = kv.watch
+
+    async def marker_first(keys: str, **kwargs: object) -> KeyValue.KeyWatcher:
+        watcher = await watch(keys, **kwargs)  # type: ignore[arg-type]
+        watcher._updates.put_nowait(None)
+        return watcher
+
+    kv.watch = marker_first  # type: ignore[method-assign]
+
+
+async def test_the_live_keys_under_a_filter_without_deletes_or_purges(bus: Bus) -> None:
+    kv = await _bucket(bus, "listing-live")
+    assert await live_keys(kv, "open.alice.*") == ["open.alice.r1", "open.alice.r5"]
+    assert await live_keys(kv) == ["open.alice.r1", "open.bob.r4", "open.alice.r5"]
+    entries = await live_entries(kv, "open.>")
+    assert [(e.key, e.value) for e in entries] == [
+        ("open.alice.r1", b"1"),
+        ("open.bob.r4", b"4"),
+        ("open.alice.r5", b"5"),
+    ]
+    assert await live_keys(kv, "open.carol.*") == []  # no message under it: at once, not after a timeout
+
+
+async def test_a_marker_before_the_entries_does_not_cut_the_listing_short(bus: Bus) -> None:
+    kv = await _bucket(bus, "listing-early-marker")
+    _marker_first(kv)
+    assert await live_keys(kv, "open.alice.*") == ["open.alice.r1", "open.alice.r5"]
+    assert [e.value for e in await live_entries(kv, "open.bob.*")] == [b"4"]
+
+
+async def test_a_marker_first_over_only_deleted_keys_is_an_empty_listing(bus: Bus) -> None:
+    """The deletes are delivered (the last message of their key), so the listing still sees its end."""
+    kv = await bus.ensure_bucket(BucketSpec("listing-deleted", "listing test: only deletes"))
+    await kv.put("a", b"1")
+    await kv.delete("a")
+    _marker_first(kv)
+    assert await asyncio.wait_for(live_keys(kv, timeout_s=30), 20) == []
+
+
+async def test_store_keys_lists_the_live_keys(bus: Bus) -> None:
+    kv = await bus.ensure_bucket(BucketSpec("listing-store", "listing test: Store.keys"))
+    store = Store(kv, "listing-store", Item)
+    assert await store.keys() == []
+    await store.create("x.1", Item(n=1))
+    await store.create("y.2", Item(n=2))
+    await store.create("x.3", Item(n=3))
+    await kv.delete("x.3")
+    _marker_first(kv)
+    assert await store.keys() == ["x.1", "y.2"]
+    assert await store.keys("x.*") == ["x.1"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from temporality_embedded import SERVICES, ServiceProcess, Stack, StackConfig, cli, stack
-from temporality_embedded.stack import STOP_ORDER, check_stop_order
+from temporality_embedded.stack import STOP_ORDER, check_stop_order, stop_tiers
 from temporality_protocol import catalog
 
 
@@ -38,6 +38,13 @@ def test_stop_order_covers_exactly_the_catalogue() -> None:
     check_stop_order()
     assert sorted(STOP_ORDER) == sorted(catalog.SERVICES)
     assert STOP_ORDER[-1] == "journal", "the journal records everyone's goodbyes"
+
+
+def test_intake_stops_alone_first_the_workers_together_the_journal_alone_last() -> None:
+    tiers = stop_tiers()
+    assert tiers[0] == ("trigger-gateway",)
+    assert tiers[-1] == ("journal",)
+    assert sorted(n for tier in tiers for n in tier) == sorted(catalog.SERVICES), "each service in one tier"
 
 
 @pytest.mark.parametrize(

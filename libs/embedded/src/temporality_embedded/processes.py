@@ -87,15 +87,23 @@ class ServiceProcess:
 
     def terminate(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, wait for the graceful drain, SIGKILL if it overruns."""
+        self.request_stop()
+        return self.wait_stopped(timeout)
+
+    def request_stop(self) -> None:
+        """SIGTERM, without waiting (:meth:`wait_stopped` waits): several processes drain at once."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self, timeout: float = 15.0) -> int | None:
+        """Wait for the process to exit after :meth:`request_stop`, SIGKILL if it overruns ``timeout``."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self._close_log()
         return self.proc.returncode
 

@@ -36,11 +36,21 @@ __all__ = [
     "check_stop_order",
     "ensure_nats_passwords",
     "ensure_tokens_file",
+    "stop_tiers",
 ]
 
 #: Stop order: intake first, the journal last (it records everyone's goodbyes). Exactly the
 #: catalogue's services (:func:`check_stop_order`; a test and every :class:`Stack` check it).
 STOP_ORDER: tuple[str, ...] = ("trigger-gateway", "agent-collab", "run-executor", "human-interaction", "journal")
+
+
+def stop_tiers(order: tuple[str, ...] = STOP_ORDER) -> list[tuple[str, ...]]:
+    """``order`` as the tiers :meth:`Stack.stop` stops one after another: the first service (intake) alone,
+    the ones between together (none waits on another to drain: what one publishes meanwhile is in the stream
+    for the others' next start), the last (the journal) alone."""
+    return [order[:1], order[1:-1], order[-1:]]
+
+
 #: service -> (its setting naming a config file, after the service's env prefix; the file in the config dir).
 _CONFIG_FILES: dict[str, tuple[str, str]] = {
     "trigger-gateway": ("TRIGGERS_FILE", "triggers.yaml"),
@@ -335,12 +345,16 @@ class Stack:
         return process
 
     def stop(self) -> dict[str, int | None]:
+        """Stop every process in :data:`STOP_ORDER`'s tiers (:func:`stop_tiers`): intake first, then the
+        workers draining together, the journal last; then the embedded NATS. Each process's exit code."""
         codes: dict[str, int | None] = {}
-        for name in STOP_ORDER:
-            for process in reversed(self.replicas.get(name, [])):
-                codes[process.label] = process.terminate()
-            if name in self.services and self.services[name].label not in codes:
-                codes[name] = self.services[name].terminate()
+        for tier in stop_tiers():
+            processes = [p for name in tier for p in reversed(self.replicas.get(name, []))]
+            processes += [self.services[n] for n in tier if n in self.services and self.services[n] not in processes]
+            for process in processes:
+                process.request_stop()
+            for process in processes:  # each gets its full drain time: they drain at the same time
+                codes[process.label] = process.wait_stopped()
         self.nats.stop()
         return codes
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import textwrap
 import tomllib
+from collections.abc import Callable, Iterator
 from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,6 +303,115 @@ def test_compose_env_names_are_ones_the_services_read() -> None:
     assert used <= _documented_env(), f"not in docs/service-conventions.md: {sorted(used - _documented_env())}"
 
 
+# --------------------------------------------------------------------------- redaction patterns (SEC-1)
+#: The redaction file compose gives every redacting service (``REDACTION_ENV_FILE`` names another one).
+COMPOSE_REDACTION_ENV = ROOT / "deploy" / "compose" / "redaction.env"
+#: What a service's source does when it redacts with the deployment's patterns.
+_REDACTS = re.compile(r"\bprocess_redactor\(|\bREDACT_PATTERNS_ENV\b|\begress_redact_patterns\b")
+
+
+def _redacting_services() -> set[str]:
+    """The services whose own code redacts with ``TEMPORALITY_HUMAN_EGRESS_REDACT_PATTERNS``, read from the
+    source: a service that starts redacting is counted (and must then get the patterns) without editing this."""
+    libraries = [
+        p.relative_to(ROOT).as_posix()
+        for p in ROOT.glob("libs/*/src/**/*.py")
+        if p.name != "redaction.py" and _REDACTS.search(p.read_text(encoding="utf-8"))
+    ]
+    assert libraries == [], f"a library redacts ({libraries}): count the services using it here"
+    return {
+        name
+        for name in SERVICES
+        if any(_REDACTS.search(p.read_text(encoding="utf-8")) for p in (ROOT / "services" / name / "src").rglob("*.py"))
+    }
+
+
+def test_the_redacting_services_are_found_in_the_source() -> None:
+    assert _redacting_services() == {"run-executor", "human-interaction"}
+
+
+@pytest.fixture
+def fresh_redactor() -> Iterator[None]:
+    """``process_redactor`` reads the environment once per process: forget it around a test that sets it."""
+    from temporality_protocol.redaction import process_redactor
+
+    process_redactor.cache_clear()
+    yield
+    process_redactor.cache_clear()
+
+
+def _service_redactors(value: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[[str], str]]:
+    """How each redacting service reads ``value`` as its ``TEMPORALITY_HUMAN_EGRESS_REDACT_PATTERNS`` at start
+    (an unusable value raises there, as the service would exit 2): its text -> redacted text."""
+    from temporality_human_interaction.__main__ import egress_policy
+    from temporality_human_interaction.settings import Settings as HumanSettings
+    from temporality_protocol.redaction import REDACT_PATTERNS_ENV, process_redactor
+
+    monkeypatch.setenv(REDACT_PATTERNS_ENV, value)
+    process_redactor.cache_clear()
+    executor = process_redactor()  # the run-executor checks it at configure, then redacts every question with it
+    human = egress_policy(HumanSettings())  # human-interaction's egress policy
+    readers: dict[str, Callable[[str], str]] = {
+        "run-executor": lambda text: executor.redact(text).text,
+        "human-interaction": human.redact_text,
+    }
+    assert set(readers) >= _redacting_services(), "a new redacting service: add how it reads the patterns here"
+    return readers
+
+
+def _env_file(text: str) -> dict[str, str]:
+    """An env file as compose reads it, for the lines this repository writes: ``NAME='value'``, taken as
+    written (compose-go: no escapes, no ``$`` expansion, no ``#`` comment inside single quotes)."""
+    found: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        match = re.fullmatch(r"([A-Z][A-Z0-9_]*)='([^']*)'", line.strip())
+        assert match, f"line {number}: write NAME='value' (single quotes: compose takes the value as written)"
+        found[match[1]] = match[2]
+    return found
+
+
+def _env_files(service: dict[str, Any]) -> list[Path]:
+    files = service.get("env_file", [])
+    files = [files] if isinstance(files, (str, dict)) else files
+    return [(ROOT / _compose_value(f["path"] if isinstance(f, dict) else f)).resolve() for f in files]
+
+
+def test_compose_gives_the_redaction_file_to_every_redacting_service(compose: dict[str, Any]) -> None:
+    """One file, ``deploy/compose/redaction.env`` (or ``$REDACTION_ENV_FILE``), read by exactly the services that
+    redact; none of them sets the variable in its ``environment`` (that would hide the file's value)."""
+    from temporality_protocol.redaction import REDACT_PATTERNS_ENV
+
+    given = {name for name in SERVICES if COMPOSE_REDACTION_ENV.resolve() in _env_files(compose["services"][name])}
+    assert given == _redacting_services()
+    for name in given:
+        assert "${REDACTION_ENV_FILE:-./deploy/compose/redaction.env}" in compose["services"][name]["env_file"]
+        assert REDACT_PATTERNS_ENV not in _env(compose["services"][name]), name
+    assert set(_env_file(COMPOSE_REDACTION_ENV.read_text(encoding="utf-8"))) == {REDACT_PATTERNS_ENV}
+
+
+def test_compose_redaction_file_and_its_example_start_every_redacting_service(
+    fresh_redactor: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped value (no extra pattern) and the file's commented example, uncommented, are accepted by the
+    run-executor and human-interaction alike, and both then redact the example's kinds."""
+    from temporality_protocol.redaction import REDACT_PATTERNS_ENV
+
+    text = COMPOSE_REDACTION_ENV.read_text(encoding="utf-8")
+    shipped = _env_file(text)[REDACT_PATTERNS_ENV]
+    assert json.loads(shipped) == {}, "the built-in patterns only, until the operator adds some"
+    for name, redact in _service_redactors(shipped, monkeypatch).items():
+        assert redact("see TKT-0123456789abcdef") == "see TKT-0123456789abcdef", name
+    (example,) = [line.removeprefix("# ") for line in text.splitlines() if line.startswith(f"# {REDACT_PATTERNS_ENV}=")]
+    value = _env_file(example)[REDACT_PATTERNS_ENV]
+    assert set(json.loads(value)) == {"ticket_secret", "ado_pat"}
+    pat = "q" * 40 + "abcdefgh2345"
+    for name, redact in _service_redactors(value, monkeypatch).items():
+        assert redact("see TKT-0123456789abcdef") == "see TKT-[REDACTED:ticket_secret]", name
+        assert redact(f"push with {pat} please") == "push with [REDACTED:ado_pat] please", name
+
+
 def test_docker_compose_config_if_available() -> None:
     docker = shutil.which("docker")
     if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
@@ -521,6 +631,7 @@ def test_values_validate_against_schema(values: dict[str, Any], values_schema: d
         (("services", "journal", "resources", "limit"), {"memory": "1Gi"}),
         (("config", "trigger.yaml"), "triggers: []\n"),
         (("postgres", "existingSecret", "nmae"), "pg"),
+        (("redaction", "pattern"), {"ticket": "TKT-[0-9]+"}),
     ],
 )
 def test_values_with_a_typo_fail(
@@ -544,6 +655,10 @@ def test_values_with_a_typo_fail(
         (("image", "repository"), ""),
         (("nats", "url"), "localhost:4222"),
         (("ingress",), {"enabled": True}),  # needs a host
+        (("redaction", "patterns"), {"Ticket-Secret": "TKT-[0-9]+"}),  # a kind is a-z 0-9 _
+        (("redaction", "patterns"), {"ticket": 5}),  # a regex is a string
+        (("redaction", "patterns"), {"ticket": ""}),
+        (("redaction", "patterns"), '{"ticket": "TKT-[0-9]+"}'),  # a map, not JSON: the chart encodes it
     ],
 )
 def test_values_with_a_bad_value_fail(
@@ -839,6 +954,7 @@ def test_helm_template_probes_every_deployment_over_http() -> None:
     for name in SERVICES:
         (container,) = deployments[name]["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
+        port: int | None
         if name in WORKERS:
             port_name, port = "health", WORKER_HEALTH_PORT
             host_var, port_var = WORKER_ENV[name]
@@ -897,13 +1013,103 @@ def test_helm_nats_users_and_tls_come_from_secrets() -> None:
 
 def test_helm_stream_replicas_and_retention_reach_every_service() -> None:
     """A clustered NATS: every service creates its streams and buckets with the same replicas and retention."""
-    cases = (({}, ("1", "0")), ({"nats": {"streamReplicas": 3, "eventsMaxAgeDays": 30}}, ("3", "30")))
+    cases: tuple[tuple[dict[str, Any], tuple[str, str]], ...] = (
+        ({}, ("1", "0")),
+        ({"nats": {"streamReplicas": 3, "eventsMaxAgeDays": 30}}, ("3", "30")),
+    )
     for values, (replicas, max_age) in cases:
         for name, deployment in _deployments(values).items():
             (container,) = deployment["spec"]["template"]["spec"]["containers"]
             env = {e["name"]: e.get("value") for e in container["env"]}
             assert env["TEMPORALITY_NATS_STREAM_REPLICAS"] == replicas, name
             assert env["TEMPORALITY_NATS_EVENTS_MAX_AGE_DAYS"] == max_age, name
+
+
+def _kubelet_expand(value: str, defined: dict[str, str]) -> str:
+    """An env ``value`` as the kubelet hands it to the container: ``$(NAME)`` of a variable defined before it is
+    replaced, ``$$`` is one ``$``, anything else is kept (Kubernetes' third_party/forked/golang/expansion)."""
+    out: list[str] = []
+    i = 0
+    while i < len(value):
+        if value[i] != "$" or i + 1 == len(value):
+            out.append(value[i])
+            i += 1
+        elif value[i + 1] == "$":
+            out.append("$")
+            i += 2
+        elif value[i + 1] == "(" and (close := value.find(")", i + 2)) != -1:
+            name = value[i + 2 : close]
+            out.append(defined.get(name, f"$({name})"))
+            i = close + 1
+        else:
+            out.append(value[i : i + 2])
+            i += 2
+    return "".join(out)
+
+
+def _documented_patterns_example() -> dict[str, str]:
+    """The example of ``redaction.patterns`` in values.yaml's comment (a YAML flow mapping in backquotes)."""
+    text = (
+        (CHART / "values.yaml").read_text(encoding="utf-8").split("\nredaction:\n", 1)[1].split("\n  patterns:", 1)[0]
+    )
+    comment = " ".join(line.strip().removeprefix("# ") for line in text.splitlines())
+    (example,) = re.findall(r"`(\{[^`]*\})`", comment)
+    found: dict[str, str] = yaml.safe_load(example)
+    return found
+
+
+#: Patterns that must survive YAML, Helm's toJson, the manifest's quoting and the kubelet's ``$(…)`` expansion.
+_AWKWARD_PATTERNS = {
+    "ticket_secret": "TKT-(?P<secret>[0-9a-f]{16})",  # `<`, `>`: toJson writes \u003c, \u003e
+    "quoted": "pass\"word='(?P<secret>[^' #]+)' #",  # both quotes and `#`
+    "shell_ref": r"key=\$\(TEMPORALITY_NATS_URL\)(?P<secret>\S+)",  # a regex escaping `$(`: backslashes
+    "raw_ref": "x$(TEMPORALITY_NATS_URL)|$$y",  # a raw `$(NAME)` of a variable the pod defines, and `$$`
+    "unicode": r"clé=(?P<secret>\w+)",  # not ASCII
+}
+
+
+def test_helm_redaction_patterns_reach_every_redacting_service(
+    values_schema: dict[str, Any], fresh_redactor: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``redaction.patterns`` is one JSON value in exactly the Deployments of the services that redact; what each
+    container gets (after the kubelet's expansion) is the map as written, which ``Redactor.build`` and each
+    service's own start-up reading accept, and then redact with."""
+    from temporality_protocol.redaction import REDACT_PATTERNS_ENV, Redactor
+
+    documented = _documented_patterns_example()
+    patterns = {**documented, **_AWKWARD_PATTERNS}
+    assert _validate(values_schema, {"redaction": {"patterns": patterns}}) == []
+    given: dict[str, str] = {}
+    for name, deployment in _deployments({"redaction": {"patterns": patterns}}).items():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        defined: dict[str, str] = {}
+        for entry in container["env"]:
+            if entry["name"] == REDACT_PATTERNS_ENV:
+                given[name] = _kubelet_expand(entry["value"], defined)
+            defined[entry["name"]] = _kubelet_expand(entry.get("value", ""), defined)
+        assert "TEMPORALITY_NATS_URL" in defined, "the awkward `$(TEMPORALITY_NATS_URL)` refers to a real variable"
+    assert set(given) == _redacting_services()
+    (value,) = set(given.values())  # the same value in every one
+    assert json.loads(value) == patterns
+    assert (
+        Redactor.build(json.loads(value)).redact("see TKT-0123456789abcdef").text == "see TKT-[REDACTED:ticket_secret]"
+    )
+    pat = "q" * 40 + "abcdefgh2345"
+    for name, redact in _service_redactors(value, monkeypatch).items():
+        assert redact("see TKT-0123456789abcdef") == "see TKT-[REDACTED:ticket_secret]", name
+        assert redact(f"push with {pat} please") == "push with [REDACTED:ado_pat] please", name
+        assert redact("clé=abc123") == "clé=[REDACTED:unicode]", name
+        assert redact("key=$(TEMPORALITY_NATS_URL)hunter2") == "key=$(TEMPORALITY_NATS_URL)[REDACTED:shell_ref]", name
+
+
+def test_helm_renders_no_redaction_variable_by_default(values: dict[str, Any]) -> None:
+    """Empty by default: the built-in patterns only, and no variable (an empty one would stop human-interaction)."""
+    from temporality_protocol.redaction import REDACT_PATTERNS_ENV
+
+    assert values["redaction"] == {"patterns": {}}
+    for name, deployment in _deployments().items():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert REDACT_PATTERNS_ENV not in {e["name"] for e in container["env"]}, name
 
 
 def test_chart_default_config_files_load_in_the_services(values: dict[str, Any], tmp_path: Path) -> None:

@@ -10,9 +10,13 @@ cost and the answer handed back as the tool result all stay the executor's. Only
    priority), after that the outcomes of the agent's last tool calls (``inputs``: the person's answer...).
    agent-collab records it in KV ``agent-tasks``; the agent takes it over the signed Agent Protocol.
 2. The executor waits -- its lease on the run kept fresh, as during any provider call -- until the task's
-   record holds the agent's action for this turn, reading the record every :data:`POLL_S`: ``tool_calls``
-   become the turn's tool calls, ``result`` the final answer, ``failure`` a failed run (``provider_error``).
-   An action already stored (a replay after a crash) is used at once: no second question, no second result.
+   record holds the agent's action for this turn: ``tool_calls`` become the turn's tool calls, ``result`` the
+   final answer, ``failure`` a failed run (``provider_error``). An action already stored (a replay after a
+   crash) is used at once: no second question, no second result. The wait is pushed, not polled: a KV watch
+   of the task's one key wakes it when the record changes and costs nothing meanwhile (see
+   :class:`_Changes`); the record is read again every :data:`REREAD_S` anyway, and at once whenever the
+   watch ended or the connection was re-established (then watched again), so a lost update can only delay
+   a run, never hold it.
 3. While it waits, a new *take* of the task under another agent session since the last turn's action (the
    agent crashed and came back with its checkpoint, AP-8) is announced as ``run.resumed`` (``reason:
    recovery``; id from the take): the run continues with the recovered agent. A run parked on a person when
@@ -20,20 +24,25 @@ cost and the answer handed back as the tool result all stay the executor's. Only
    the run next waits for the agent.
 
 The wait is bounded by the run's remaining compute budget (the card's ``limits.max_compute_s``): an agent that
-is offline (or never comes) does not hold the run forever; past it the run fails ``provider_error``. A kill of
-the executor mid-wait loses nothing: the message comes back, the turn is offered again (deduplicated) and the
-wait resumes.
+is offline (or never comes) does not hold the run forever; past it (and a last read of the record) the run
+fails ``provider_error``. A kill of the executor mid-wait loses nothing: the message comes back, the turn is
+offered again (deduplicated) and the wait resumes. Nor does a bus that fails mid-wait (the server restarting)
+end it: the record is read and watched again every :data:`RETRY_S` until the bus is back, within the same
+deadline (only the last read, at the deadline, fails the delivery instead: it comes back).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
+import nats.errors
 import structlog
+from nats.js.kv import KeyValue
 
-from temporality_bus import Bus, Store
+from temporality_bus import Bus, Store, entry_value
 from temporality_protocol import AgentTask, AgentTaskOffered, RunResumed, TaskInput
 from temporality_protocol.agent_tasks import StoredAction, TaskRecord, task_id_for, task_key
 from temporality_protocol.catalog import BUCKET_AGENT_TASKS
@@ -41,14 +50,22 @@ from temporality_run_executor.machine import Agent, CallProvider, ProviderFailed
 from temporality_run_executor.providers.base import AssistantTurn
 from temporality_run_executor.records import Message, RunRecord, ToolCall
 
-__all__ = ["POLL_S", "ExternalAgents", "inputs_of", "task_of", "turn_of"]
+__all__ = ["RECONNECT_CHECK_S", "REREAD_S", "RETRY_S", "ExternalAgents", "inputs_of", "task_of", "turn_of"]
 
 log = structlog.get_logger(__name__)
 
-#: How often the waiting executor reads the task's record.
-POLL_S = 0.1
+#: How often a waiting executor reads the task's record although its watch said nothing: the safety net under
+#: the watch (an update it missed can delay the run by this much, never hold it).
+REREAD_S = 5.0
+#: How often the wait checks whether the connection was re-established (a local counter, no round trip): the
+#: watch's ordered consumer notices a restarted server only after ~20 s on its own, so it is watched again.
+RECONNECT_CHECK_S = 1.0
+#: After a read or a watch that failed (the bus is away), how long before trying again.
+RETRY_S = 1.0
 Emit = Callable[..., Awaitable[None]]
 _PRIORITIES = ("low", "normal", "high")
+#: What a read or a watch raises while the bus is away (nats-py raises its own and the builtin TimeoutError).
+_BUS_DOWN = (nats.errors.Error, TimeoutError)
 
 
 def task_of(run: RunRecord, agent: Agent, call: CallProvider) -> AgentTask:
@@ -104,13 +121,17 @@ def turn_of(action: StoredAction) -> AssistantTurn | str:
 
 
 class ExternalAgents:
-    """The engine's provider call for external cards. ``emit(run, data, *id_parts)`` publishes a run's event."""
+    """The engine's provider call for external cards. ``emit(run, data, *id_parts)`` publishes a run's event.
 
-    def __init__(self, bus: Bus, emit: Emit, *, poll_s: float = POLL_S) -> None:
+    ``reread_s``: the safety re-read of a waiting turn's record (:data:`REREAD_S`)."""
+
+    def __init__(self, bus: Bus, emit: Emit, *, reread_s: float = REREAD_S) -> None:
         self._bus = bus
         self._emit = emit
-        self._poll_s = poll_s
+        self._reread_s = reread_s
         self._store: Store[TaskRecord] | None = None
+        #: The live watch of each turn waiting here, by task key (one driver waits per run).
+        self.watchers: dict[str, KeyValue.KeyWatcher] = {}
 
     async def _tasks(self) -> Store[TaskRecord]:
         if self._store is None:
@@ -141,25 +162,40 @@ class ExternalAgents:
             previous = found.value.action_for(call.turn - 1) if found is not None else None
             announced = previous.take if previous is not None else 1
             deadline = started + call.budget_s
-            while True:
-                record = found.value if found is not None else None
-                if record is not None:
-                    announced = await self._announce_takes(run, record, call.turn, announced)
-                    action = record.action_for(call.turn)
-                    if action is not None:
-                        return self._reply(call, action, time.monotonic() - started)
-                    if record.over:
-                        return ProviderFailed(
-                            turn=call.turn, error=f"the task ended ({record.state.value})", permanent=True
-                        )
-                if time.monotonic() >= deadline:
-                    detail = (
-                        f"external agent {external_id} did not act on turn {call.turn} within {call.budget_s:.0f} s"
+
+            async def decided(record: TaskRecord | None) -> ProviderReplied | ProviderFailed | None:
+                nonlocal announced
+                if record is None:
+                    return None
+                announced = await self._announce_takes(run, record, call.turn, announced)
+                action = record.action_for(call.turn)
+                if action is not None:
+                    return self._reply(call, action, time.monotonic() - started)
+                if record.over:
+                    return ProviderFailed(
+                        turn=call.turn, error=f"the task ended ({record.state.value})", permanent=True
                     )
-                    log.warning("external.no_action", budget_s=call.budget_s)
-                    return ProviderFailed(turn=call.turn, error=detail, permanent=True)
-                await asyncio.sleep(self._poll_s)
-                found = await tasks.get(key)
+                return None
+
+            outcome = await decided(found.value if found is not None else None)
+            if outcome is not None:
+                return outcome
+            changes = _Changes(self._bus, tasks, key, reread_s=self._reread_s, watchers=self.watchers)
+            try:
+                while time.monotonic() < deadline:
+                    outcome = await decided(await changes.next(until=deadline))
+                    if outcome is not None:
+                        return outcome
+                # a last read (which must succeed: a bus that is away fails the delivery, not the run)
+                last = await tasks.get(key)
+                outcome = await decided(last.value if last is not None else None)
+                if outcome is not None:
+                    return outcome
+            finally:
+                await changes.close()
+            detail = f"external agent {external_id} did not act on turn {call.turn} within {call.budget_s:.0f} s"
+            log.warning("external.no_action", budget_s=call.budget_s)
+            return ProviderFailed(turn=call.turn, error=detail, permanent=True)
 
     async def _announce_takes(self, run: RunRecord, record: TaskRecord, turn: int, announced: int) -> int:
         """AP-8: every take after the first is the agent resuming from its checkpoint: ``run.resumed``."""
@@ -175,3 +211,108 @@ class ExternalAgents:
         if isinstance(reply, str):
             return ProviderFailed(turn=call.turn, error=reply, permanent=True)
         return ProviderReplied(turn=call.turn, reply=reply, elapsed_s=elapsed_s)
+
+
+class _Changes:
+    """The successive states of one task record while a turn waits: pushed by a KV watch of its key, read
+    again every ``reread_s`` all the same, and read and watched again at once when the watch ended or the
+    connection was re-established. nats-py's "caught up" marker is never relied on (see
+    :mod:`temporality_bus.listing`): a watch delivers the key's current value, whenever it comes, and every
+    change after it; each one is simply the record's newest known state."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        tasks: Store[TaskRecord],
+        key: str,
+        *,
+        reread_s: float,
+        watchers: dict[str, KeyValue.KeyWatcher],
+    ) -> None:
+        self._bus = bus
+        self._tasks = tasks
+        self._key = key
+        self._reread_s = reread_s
+        self._watchers = watchers
+        self._watcher: KeyValue.KeyWatcher | None = None
+        self._reconnects = 0
+        self._started = False
+        now = time.monotonic()
+        self._read_at = now + reread_s  # the caller has just read the record
+        self._watch_at = now  # when to (try to) watch again while there is no watch
+
+    def _reconnected(self) -> bool:
+        return int(self._bus.nc.stats.get("reconnects", 0)) != self._reconnects
+
+    async def next(self, *, until: float) -> TaskRecord | None:
+        """The record's next known state: a change the watch pushes, or a read (when one is due, or after a
+        new watch). ``None``: nothing new (no record, a read that failed, or ``until`` came)."""
+        while True:
+            now = time.monotonic()
+            if now >= until:
+                return None
+            if self._watcher is None or self._reconnected():
+                if now < self._watch_at:  # the last watch failed: try again a little later
+                    await asyncio.sleep(min(self._watch_at, until) - now)
+                    continue
+                first = not self._started
+                await self._watch()
+                if not first:  # after a watch that ended or failed: read what it may have missed
+                    return await self._read()
+                continue
+            if now >= self._read_at:
+                return await self._read()
+            timeout = min(self._read_at, until, now + RECONNECT_CHECK_S) - now
+            try:
+                entry = await self._watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+            except nats.errors.TimeoutError:
+                continue
+            if isinstance(entry, type(KeyValue.KeyWatcher.STOP_ITER)):
+                log.info("external.watch_ended")
+                await self._unwatch()
+                continue
+            if entry is None:  # nats-py's "caught up" marker: it proves nothing, and nothing needs it
+                continue
+            value = entry_value(entry)
+            log.debug("external.record_changed", revision=entry.revision)
+            return TaskRecord.model_validate_json(value) if value is not None else None
+
+    async def _read(self) -> TaskRecord | None:
+        try:
+            found = await self._tasks.get(self._key)
+        except _BUS_DOWN as exc:
+            log.warning("external.read_failed", error=f"{type(exc).__name__}: {exc}")
+            self._read_at = time.monotonic() + min(RETRY_S, self._reread_s)
+            return None
+        self._read_at = time.monotonic() + self._reread_s
+        log.debug("external.record_read", found=found is not None)
+        return found.value if found is not None else None
+
+    async def _watch(self) -> None:
+        """(Re)start the watch of the key; on failure, try again after :data:`RETRY_S` (reads meanwhile)."""
+        again = self._started
+        self._started = True
+        await self._unwatch()
+        self._reconnects = int(self._bus.nc.stats.get("reconnects", 0))
+        try:
+            kv = await self._bus.kv(BUCKET_AGENT_TASKS)
+            self._watcher = await kv.watch(self._key)
+        except _BUS_DOWN as exc:
+            log.warning("external.watch_failed", error=f"{type(exc).__name__}: {exc}")
+            self._watch_at = time.monotonic() + RETRY_S
+            return
+        self._watchers[self._key] = self._watcher
+        if again:
+            log.info("external.watching_again")
+
+    async def _unwatch(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is None:
+            return
+        if self._watchers.get(self._key) is watcher:
+            del self._watchers[self._key]
+        with contextlib.suppress(Exception):  # the bus is away: the server drops the consumer on its own
+            await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def close(self) -> None:
+        await self._unwatch()

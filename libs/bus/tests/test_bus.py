@@ -353,16 +353,50 @@ async def test_publish_many_raises_when_one_is_not_stored(bus: Bus) -> None:
     from temporality_bus import TransientError
 
     await bus.ensure([EVENTS_STREAM])
+    bus.js.no_stream_retry_s = 0.2
     messages = [
         ("temporality.events.run.failed", b"{}", {"Nats-Msg-Id": "ok-1"}),
         ("nowhere.at.all", b"x", {"Nats-Msg-Id": "n2"}),
     ]
-    with pytest.raises(TransientError, match=r"publish to nowhere\.at\.all failed"):
+    started = time.monotonic()
+    with pytest.raises(TransientError, match=r"publish to nowhere\.at\.all failed: no stream took it"):
         await asyncio.wait_for(bus.publish_raw_many(messages), 10)
+    assert time.monotonic() - started >= 0.1  # it was sent again, not failed at the first 503
+    assert (await bus.js.stream_info(EVENTS_STREAM.name)).state.messages == 1  # the other one, stored once
     too_big = b"x" * (bus.nc.max_payload + 1)
     with pytest.raises(PermanentError, match="max_payload"):
         await asyncio.wait_for(bus.publish_raw_many([("temporality.events.run.failed", too_big, {})]), 10)
-    assert bus.acks_pending == 0  # nothing left waiting for an ack
+    assert bus.pipeline.pending == 0  # nothing left waiting for an ack
+
+
+async def test_publish_many_sends_again_what_no_stream_took_until_one_does(bus: Bus) -> None:
+    """Like :meth:`Bus.publish`: a 503 in a pipelined batch stored nothing, so that message (alone) is
+    sent again until a stream takes it."""
+    from temporality_protocol.catalog import StreamSpec
+
+    await bus.ensure([EVENTS_STREAM])
+    late = StreamSpec(name="LATE_MANY", subjects=("late-many.>",), description="created while a batch waits")
+
+    async def create_later() -> None:
+        await asyncio.sleep(0.3)
+        await bus.ensure_stream(late)
+
+    creating = asyncio.create_task(create_later())
+    stored, came_late = await asyncio.wait_for(
+        bus.publish_raw_many(
+            [
+                ("temporality.events.run.failed", b"{}", {}),  # no Nats-Msg-Id: a copy would be stored too
+                ("late-many.one", b"x", {"Nats-Msg-Id": "late-1"}),
+            ]
+        ),
+        10,
+    )
+    await creating
+    assert (stored.stream, stored.duplicate) == (EVENTS_STREAM.name, False)
+    assert (came_late.stream, came_late.seq, came_late.duplicate) == ("LATE_MANY", 1, False)
+    assert (await bus.js.stream_info("LATE_MANY")).state.messages == 1
+    assert (await bus.js.stream_info(EVENTS_STREAM.name)).state.messages == 1  # the stored one was not sent again
+    assert bus.pipeline.pending == 0
 
 
 async def test_publish_many_without_an_ack_in_time_is_transient(bus: Bus) -> None:
@@ -375,6 +409,6 @@ async def test_publish_many_without_an_ack_in_time_is_transient(bus: Bus) -> Non
             await asyncio.wait_for(
                 bus.publish_raw_many([("silent.subject", b"x", {"Nats-Msg-Id": "s1"})], timeout_s=0.2), 10
             )
-        assert bus.acks_pending == 0  # the unanswered future was cancelled, its slot freed
+        assert bus.pipeline.pending == 0  # the unanswered future was cancelled, its slot freed
     finally:
         await sub.unsubscribe()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 from pydantic import BaseModel, ConfigDict
 
@@ -70,9 +73,11 @@ async def test_each_write_of_a_batch_has_its_own_outcome(bus: Bus) -> None:
     assert decode(msg.data or b"").id == "evt-d-1"
 
 
-async def test_a_write_no_stream_takes_fails_alone_and_at_once(bus: Bus) -> None:
+async def test_a_write_no_stream_takes_fails_alone_once_the_retry_window_is_over(bus: Bus) -> None:
     await bus.store(BUCKET, Item)  # the bucket exists
+    bus.js.no_stream_retry_s = 0.2
     pipeline = Pipeline(bus)
+    started = time.monotonic()
     results = await pipeline.send(
         [
             kv_write(BUCKET.name, "before", _item("before")),
@@ -81,11 +86,43 @@ async def test_a_write_no_stream_takes_fails_alone_and_at_once(bus: Bus) -> None
         ],
         timeout_s=5,
     )
+    assert time.monotonic() - started >= 0.1  # it was sent again, not failed at the first 503
     before, nowhere, after = results
     assert isinstance(before, PublishResult)
     assert isinstance(nowhere, TransientError)
     assert "no stream" in str(nowhere)
     assert isinstance(after, PublishResult)
+    assert pipeline.pending == 0
+
+
+async def test_a_write_no_stream_took_is_sent_again_alone_until_one_does(bus: Bus) -> None:
+    """A 503 stored nothing, so that write is sent again (as ``bus.js.publish`` does): here a bucket
+    created while the batch waits. The writes that were stored are not sent again."""
+    store = await bus.store(BUCKET, Item)
+    late = BucketSpec("t-pipeline-late", "created while a batch waits")
+
+    async def create_later() -> None:
+        await asyncio.sleep(0.3)
+        await bus.ensure_bucket(late)
+
+    creating = asyncio.create_task(create_later())
+    plain, came_late = await asyncio.wait_for(
+        bus.pipeline.send(
+            [kv_write(BUCKET.name, "plain", _item("plain")), kv_write(late.name, "k", _item("k"), revision=0)]
+        ),
+        10,
+    )
+    await creating
+    assert isinstance(plain, PublishResult)
+    assert isinstance(came_late, PublishResult)
+    entry = await (await bus.store(late, Item)).get("k")
+    assert entry is not None
+    assert (entry.value, entry.revision) == (Item(name="k"), came_late.seq)
+    kept = await store.get("plain")
+    assert kept is not None
+    assert kept.revision == plain.seq
+    assert (await bus.js.stream_info(f"KV_{BUCKET.name}")).state.messages == 1  # "plain" written once
+    assert bus.pipeline.pending == 0
 
 
 async def test_a_write_over_max_payload_sends_nothing(bus: Bus) -> None:

@@ -1,6 +1,6 @@
 """A message JetStream refuses inside a pipelined batch fails that batch with JetStream's own reason, as
-soon as the refusal arrives (nats-py's ``APIError.from_error`` raises instead of returning the error: the
-ack handler must catch it, or the future is never settled and the caller hears "no ack" at the deadline)."""
+soon as the refusal arrives (``publish_raw_many`` is ``Pipeline.send`` with its first failure raised: the
+refusal's error must be read from the reply, or the caller hears "no ack" at the deadline)."""
 
 from __future__ import annotations
 
@@ -24,4 +24,4 @@ async def test_a_refused_message_fails_the_batch_with_jetstream_s_reason(bus: Bu
         await asyncio.wait_for(bus.publish_raw_many(messages, timeout_s=60), 90)
     assert "no ack" not in str(refused.value)
     assert "expected stream" in str(refused.value).lower()
-    assert bus.acks_pending == 0
+    assert bus.pipeline.pending == 0

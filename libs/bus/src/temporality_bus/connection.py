@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
-import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -15,11 +13,9 @@ from typing import Any, TypeVar
 import nats
 import structlog
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
 from nats.js.errors import (
-    APIError,
     BadRequestError,
     BucketNotFoundError,
     NoStreamResponseError,
@@ -31,6 +27,7 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from temporality_bus.errors import PermanentError, TransientError
+from temporality_bus.pipeline import JS_TIMEOUT_S, Pipeline, PublishResult, Write, event_write
 from temporality_bus.settings import NatsSettings
 from temporality_bus.store import Store
 from temporality_protocol import CONTENT_TYPE, Envelope, encode
@@ -40,12 +37,9 @@ __all__ = ["Bus", "PublishResult"]
 
 log = structlog.get_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
-#: How long a JetStream publish (or API call) waits for the server's acknowledgement.
-JS_TIMEOUT_S = 10.0
 #: How long ``ensure`` keeps retrying a layout step the cluster cannot answer yet (timeouts, 503).
 LAYOUT_RETRY_S = 60.0
 _LAYOUT_TRANSIENT = (nats.errors.TimeoutError, TimeoutError, ServiceUnavailableError)
-_NO_RESPONDERS = "503"  # the status header of a publish no stream took
 #: How long a JetStream publish that no stream answered (503, no responders) is sent again before it fails.
 #: Nothing was stored, so sending it again is safe. On a cluster this is normal for a moment: a stream (or KV
 #: bucket) just created has its leader, but the leader's interest in the subjects has not reached every
@@ -91,12 +85,6 @@ def _default_inbox(user: str | None) -> str:
     return "_INBOX"
 
 
-class PublishResult(BaseModel):
-    stream: str
-    seq: int
-    duplicate: bool
-
-
 class Bus:
     """One NATS connection with its JetStream context. Use :meth:`connect` as an async context manager."""
 
@@ -106,11 +94,9 @@ class Bus:
         self.settings = settings
         self.name = name
         self._kv: dict[str, KeyValue] = {}
-        # publish_raw_many: its acks' inbox, the publishes awaiting an ack (by reply token), the tokens
-        self._ack_prefix: str | None = None
-        self._ack_lock = asyncio.Lock()
-        self._acks: dict[str, asyncio.Future[jsapi.PubAck]] = {}
-        self._ack_tokens = itertools.count()
+        #: The connection's pipelined writes (one reply subscription, opened on first use): shared by
+        #: :meth:`publish_many` and every caller that sends its own batches.
+        self.pipeline = Pipeline(self)
 
     @classmethod
     @asynccontextmanager
@@ -328,123 +314,40 @@ class Bus:
         """Publish several events durably, pipelined; returns once JetStream has stored *every* one.
 
         Each event is encoded once and goes out like :meth:`publish` (``Nats-Msg-Id`` = its id), but
-        all are written before the first acknowledgement is awaited: one round trip instead of one per
-        event. The results are in the order of ``events``. When any one is not acknowledged (within
-        the JetStream timeout) this raises like :meth:`publish`, and the others may or may not have
-        been stored: publish them again with the same ids (JetStream dedupes them) or not at all.
+        all are written before the first acknowledgement is awaited (:meth:`Pipeline.send` on
+        :attr:`pipeline`): one round trip instead of one per event. The results are in the order of
+        ``events``. When any one is not stored (no acknowledgement within the JetStream timeout, refused,
+        no stream took it, the same retries as :meth:`publish`) this raises the first failure like
+        :meth:`publish`, and the others may or may not have been stored: publish them again with the same
+        ids (JetStream dedupes them) or not at all.
         """
-        return await self.publish_raw_many(
-            [
-                (
-                    event.nats_subject,
-                    encode(event),
-                    {"Nats-Msg-Id": event.id, "Content-Type": CONTENT_TYPE, "Ce-Type": event.type},
-                )
-                for event in events
-            ]
-        )
+        return await self._publish_all([event_write(event) for event in events], JS_TIMEOUT_S)
 
     async def publish_raw_many(
         self, messages: Sequence[tuple[str, bytes, dict[str, str]]], *, timeout_s: float = JS_TIMEOUT_S
     ) -> list[PublishResult]:
         """:meth:`publish_raw` for several ``(subject, payload, headers)`` messages, pipelined (see
         :meth:`publish_many`): :class:`PermanentError` when one exceeds max_payload (checked before
-        anything is sent), :class:`TransientError` when one is not acknowledged within ``timeout_s``."""
-        if not messages:
-            return []
-        for _, payload, _ in messages:
-            if len(payload) > self.nc.max_payload:
-                raise PermanentError(f"{len(payload)} bytes exceed the server's max_payload")
-        prefix = await self._ack_inbox()
-        loop = asyncio.get_running_loop()
-        tokens: list[str] = []
-        futures: list[asyncio.Future[jsapi.PubAck]] = []
-        try:
-            for subject, payload, headers in messages:
-                token = str(next(self._ack_tokens))
-                future: asyncio.Future[jsapi.PubAck] = loop.create_future()
-                self._acks[token] = future
-                tokens.append(token)
-                futures.append(future)
-                try:
-                    await self.nc.publish(subject, payload, reply=prefix + token, headers=headers)
-                except nats.errors.MaxPayloadError as exc:
-                    raise PermanentError(f"{len(payload)} bytes exceed the server's max_payload") from exc
-                except (nats.errors.Error, OSError) as exc:
-                    raise TransientError(f"publish to {subject} failed: {exc!r}") from exc
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):  # one deadline for the batch
-                    for future in futures:
-                        with contextlib.suppress(Exception):
-                            await future  # an error is read from the future below
-            results: list[PublishResult] = []
-            failure: TransientError | None = None
-            for (subject, _, headers), future in zip(messages, futures, strict=True):
-                if not future.done() or future.cancelled():  # cancelled: the one awaited when time ran out
-                    failure = failure or TransientError(f"publish to {subject} failed: no ack within {timeout_s:g} s")
-                    continue
-                error = future.exception()  # retrieved for every future, so none is reported as unhandled
-                if error is not None:
-                    failure = failure or TransientError(f"publish to {subject} failed: {str(error) or repr(error)}")
-                    continue
-                ack = future.result()
-                results.append(PublishResult(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate)))
-                log.debug("published", subject=subject, msg_id=headers.get("Nats-Msg-Id"), duplicate=ack.duplicate)
-            if failure is not None:
-                raise failure
-            return results
-        finally:
-            for token, future in zip(tokens, futures, strict=True):
-                self._acks.pop(token, None)
-                if not future.done():
-                    future.cancel()
+        anything is sent), :class:`TransientError` when one is not acknowledged within ``timeout_s``, is
+        refused by JetStream (its reason in the text), or no stream took it (after ``js.no_stream_retry_s``
+        of sending it again)."""
+        return await self._publish_all(
+            [Write(subject, payload, headers) for subject, payload, headers in messages], timeout_s
+        )
 
-    @property
-    def acks_pending(self) -> int:
-        """How many :meth:`publish_many` messages are waiting for their ack right now."""
-        return len(self._acks)
-
-    async def _ack_inbox(self) -> str:
-        """The reply-subject prefix of :meth:`publish_raw_many`: one wildcard subscription per Bus,
-        subscribed on first use (and re-subscribed by the client after a reconnect)."""
-        if self._ack_prefix is None:
-            async with self._ack_lock:
-                if self._ack_prefix is None:
-                    prefix = self.nc.new_inbox()
-                    await self.nc.subscribe(prefix + ".*", cb=self._on_ack)
-                    self._ack_prefix = prefix + "."
-        return self._ack_prefix
-
-    async def _on_ack(self, msg: Msg) -> None:
-        """Settle the future of the publish this ack answers (a PubAck, or the error JetStream sent)."""
-        assert self._ack_prefix is not None
-        future = self._acks.pop(msg.subject[len(self._ack_prefix) :], None)
-        if future is None or future.done():
-            return  # late: its publish already gave up
-        if msg.headers and msg.headers.get(jsapi.Header.STATUS) == _NO_RESPONDERS:
-            future.set_exception(NoStreamResponseError())
-            return
-        try:
-            response = json.loads(msg.data)
-            if "error" in response:
-                future.set_exception(_api_error(response["error"]))
-            else:
-                future.set_result(jsapi.PubAck.from_response(response))
-        except (ValueError, TypeError, KeyError) as exc:
-            future.set_exception(TransientError(f"unreadable publish ack: {exc!r}"))
+    async def _publish_all(self, writes: list[Write], timeout_s: float) -> list[PublishResult]:
+        """:meth:`Pipeline.send`, then the first failure raised: the results, in order, when all are stored."""
+        results: list[PublishResult] = []
+        for write, outcome in zip(writes, await self.pipeline.send(writes, timeout_s=timeout_s), strict=True):
+            if not isinstance(outcome, PublishResult):
+                raise outcome
+            results.append(outcome)
+            log.debug(
+                "published", subject=write.subject, msg_id=write.headers.get("Nats-Msg-Id"), duplicate=outcome.duplicate
+            )
+        return results
 
     async def request(self, subject: str, payload: bytes, timeout_s: float = 5.0) -> bytes:
         msg = await self.nc.request(subject, payload, timeout=timeout_s)
         data: bytes = msg.data
         return data
-
-
-def _api_error(error: dict[str, Any]) -> APIError:
-    """The exception JetStream's error answer stands for (nats-py's ``APIError.from_error`` *raises* it)."""
-    try:
-        APIError.from_error(error)
-    except APIError as exc:
-        return exc
-    except (TypeError, KeyError):  # an error object without the fields nats-py expects
-        pass
-    return APIError(description=str(error))

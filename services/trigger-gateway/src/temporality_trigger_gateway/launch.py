@@ -56,7 +56,6 @@ from temporality_bus import (
     BusError,
     Conflict,
     PermanentError,
-    Pipeline,
     PublishResult,
     Store,
     TransientError,
@@ -396,7 +395,7 @@ class Launcher:
         self._policies: dict[str, tuple[TriggerConfig, HumanPolicy]] = {}
         self.flow = FlowControl(self)
         self.deliveries = Deliveries(bus)
-        self.pipeline = Pipeline(bus)
+        self.pipeline = bus.pipeline  # the connection's one reply subscription
 
     async def publish(self, events: tuple[Envelope, ...] | list[Envelope]) -> None:
         """Publish ``events`` together (one round trip, every ack awaited): :class:`BusUnavailable` unless

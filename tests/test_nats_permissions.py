@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import SecretStr
 
-from temporality_bus import Bus, NatsSettings
+from temporality_bus import Bus, NatsSettings, Timers, TransientError
 from temporality_embedded import NatsServer, Stack
 from temporality_embedded.cli import nats_authorization
 from temporality_embedded.natsserver import password_variable
@@ -37,6 +38,8 @@ from temporality_protocol.catalog import (
     RPC_GET_COLLABORATORS,
     RPCS,
     SERVICES,
+    TIMER_NS_HUMAN,
+    TIMERS_STREAM,
     ServiceSpec,
     service_problems,
     subject_for,
@@ -502,6 +505,45 @@ def test_a_journal_subscriber_gets_exactly_its_own_durables() -> None:
     for name, durables in (("audit", ["sub-other"]), ("audit", ["journal"]), ("a.b", []), ("*", []), ("", [])):
         with pytest.raises(ValueError, match=r"subscriber|durable"):
             journal_subscriber_permissions(name, durables)
+
+
+async def test_a_service_cancels_its_own_timers_and_cannot_cancel_another_s(secured: NatsServer) -> None:
+    """A cancel is a publish to the timer's own subject: human-interaction arms and cancels its own; the
+    gateway can neither cancel human-interaction's timer that way nor purge the timers stream."""
+    admin = NatsSettings(url=secured.url, user="admin", password=SecretStr("admin-password"))
+    async with Bus.connect(admin, name="admin") as bus:
+        await bus.ensure([TIMERS_STREAM])
+
+    def as_service(name: str) -> contextlib.AbstractAsyncContextManager[Bus]:
+        settings = NatsSettings(url=secured.url, user=name, password=SecretStr(PASSWORDS[name]))
+        return Bus.connect(settings, name=name, inbox_prefix=service_inbox(name))
+
+    later = datetime.now(UTC) + timedelta(hours=1)
+    async with as_service("human-interaction") as human:
+        timers = Timers(human, TIMER_NS_HUMAN)
+        await timers.arm("mine", later, b"cancelled by its owner")
+        await timers.cancel("mine")
+        await timers.arm("kept", later, b"never cancelled by another service")
+    violations: list[str] = []
+    gateway = await _service(secured, "trigger-gateway", violations)
+    try:
+        async with as_service("trigger-gateway") as gateway_bus:
+            gateway_bus.js.no_stream_retry_s = 0  # a refusal is no "no stream yet"
+            with pytest.raises(TransientError):
+                await Timers(gateway_bus, TIMER_NS_HUMAN).cancel("kept")
+        purge = json.dumps({"filter": "temporality.timers.schedule.human.kept"}).encode()
+        with pytest.raises(REFUSED):
+            await gateway.request(f"$JS.API.STREAM.PURGE.{TIMERS_STREAM.name}", purge, timeout=2)
+        await _violations_of(violations, f"$js.api.stream.purge.{TIMERS_STREAM.name}")
+    finally:
+        await gateway.close()
+    async with Bus.connect(admin, name="admin") as bus:
+        kept = await bus.js.get_last_msg(TIMERS_STREAM.name, "temporality.timers.schedule.human.kept")
+        assert kept.headers is not None
+        assert "Nats-Schedule" in kept.headers, "the other service's cancel reached the stream"
+        mine = await bus.js.get_last_msg(TIMERS_STREAM.name, "temporality.timers.schedule.human.mine")
+        assert mine.headers is not None
+        assert "Nats-Schedule" not in mine.headers, "the owner's cancel replaced its schedule"
 
 
 async def _service(server: NatsServer, name: str, violations: list[str] | None = None) -> nats.NATS:

@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from temporality_bus import Bus, Timers, fire_time, parse_fired_subject
+from temporality_bus.timers import CANCEL_TTL_S
 from temporality_protocol.catalog import TIMERS_STREAM
 
 NS = "test"
@@ -109,7 +110,8 @@ async def test_an_armed_timer_fires_once_not_before_its_time(bus: Bus) -> None:
     assert timers.key_of(msg.subject) == "k1"
     await _nothing_fires(sub, 2.0)  # once
     await _schedule_gone(bus, timers.schedule_subject("k1"))  # a fired @at schedule is removed
-    assert not await timers.cancel("k1")  # nothing left to cancel
+    await timers.cancel("k1")  # nothing left to cancel: a no-op
+    await _nothing_fires(sub, 1.0)
 
 
 async def test_a_cancelled_timer_never_fires(bus: Bus) -> None:
@@ -118,12 +120,29 @@ async def test_a_cancelled_timer_never_fires(bus: Bus) -> None:
     at = datetime.now(UTC) + timedelta(seconds=2)
     await timers.arm("k2", at, b"never", msg_id="tmr-k2")
     await timers.arm("other", at, b"still fires")  # cancel removes only its own key
-    assert await timers.cancel("k2")
-    assert not await timers.cancel("k2")  # idempotent
+    await timers.cancel("k2")
+    await timers.cancel("k2")  # idempotent
     msg, arrived = await _next(sub, 15)
     assert msg.data == b"still fires"
     assert arrived >= at
     await _nothing_fires(sub, 3.0)  # well past k2's time: it never fired
+
+
+async def test_a_cancelled_key_armed_again_fires_and_the_cancel_expires(bus: Bus) -> None:
+    """The cancel is a rollup on the key's subject that schedules nothing: arming the key again replaces it,
+    and it leaves nothing behind (``Nats-TTL``)."""
+    timers = Timers(bus, NS)
+    sub = await _reader(bus, timers, "t-cancel-rearm")
+    await timers.arm("k8", datetime.now(UTC) + timedelta(seconds=2), b"cancelled", msg_id="tmr-k8")
+    await timers.cancel("k8")
+    await timers.rearm("k8", datetime.now(UTC) + timedelta(seconds=1), b"armed again", msg_id="tmr-k8-again")
+    msg, _ = await _next(sub, 15)
+    assert msg.data == b"armed again"
+    await _nothing_fires(sub, 2.0)
+    await timers.cancel("k9")  # never armed
+    stored = await bus.js.get_last_msg(TIMERS_STREAM.name, timers.schedule_subject("k9"))
+    assert stored.headers is not None
+    assert stored.headers.get("Nats-TTL") == f"{CANCEL_TTL_S}s"  # it expires itself
 
 
 async def test_rearming_later_replaces_the_schedule_and_fires_once_at_the_later_time(bus: Bus) -> None:
@@ -184,5 +203,5 @@ async def test_namespaces_do_not_see_each_others_timers(bus: Bus) -> None:
     await mine.arm("k7", datetime.now(UTC) + timedelta(seconds=1), b"mine")
     msg, _ = await _next(sub, 15)
     assert msg.data == b"mine"
-    assert not await theirs.cancel("k7")  # theirs already fired; cancelling it touched nothing of mine
+    await theirs.cancel("k7")  # theirs already fired; cancelling it touches nothing of mine
     await _nothing_fires(sub, 1.0)

@@ -47,12 +47,12 @@ from temporality_protocol.catalog import (
     DLQ_STREAM,
     TIMER_NS_AGENT_ASK,
     TIMER_SCHEDULE_PREFIX,
-    TIMERS_STREAM,
 )
 from temporality_protocol.permissions import permissions_for
 from temporality_protocol.states import AgentAskState
 from temporality_service import run_until
 from temporality_testing.events import EventLog
+from temporality_testing.timers import armed_schedules
 
 SAGA = derive_id("run", "ask-lead")
 LEAD = SAGA
@@ -364,13 +364,11 @@ async def test_a_wait_answered_in_time_cancels_its_timer(bus: Bus, event_log: Ev
     await publish(bus, asked("req-in-time", "agent:reviewer", mode="wait", timeout_s=30))
     await one(event_log, MESSAGE_RECEIVED, "req-in-time")
     schedule = f"{TIMER_SCHEDULE_PREFIX}.{TIMER_NS_AGENT_ASK}.req-in-time"
-    info = await bus.js.stream_info(TIMERS_STREAM.name, subjects_filter=schedule)
-    assert (info.state.subjects or {}).get(schedule) == 1  # armed before the message went out
+    assert await armed_schedules(bus, schedule) == 1  # armed before the message went out
     await publish(bus, replied("req-in-time"))
     answer = (await one(event_log, ANSWER_RECEIVED, "req-in-time")).payload(AgentAnswerReceived)
     assert answer.late is False
-    info = await bus.js.stream_info(TIMERS_STREAM.name, subjects_filter=schedule)
-    assert not (info.state.subjects or {}).get(schedule)  # cancelled before the answer went out
+    assert await armed_schedules(bus, schedule) == 0  # cancelled before the answer went out
 
 
 async def test_a_second_answer_is_refused(bus: Bus, event_log: EventLog, saga: None) -> None:
@@ -492,8 +490,7 @@ async def _no_schedule(bus: Bus, key: str, within_s: float = WAIT_S) -> None:
     schedule = f"{TIMER_SCHEDULE_PREFIX}.{TIMER_NS_AGENT_ASK}.{key}"
     async with asyncio.timeout(within_s):
         while True:
-            info = await bus.js.stream_info(TIMERS_STREAM.name, subjects_filter=schedule)
-            if not (info.state.subjects or {}).get(schedule):
+            if not await armed_schedules(bus, schedule):
                 return
             await asyncio.sleep(0.05)
 

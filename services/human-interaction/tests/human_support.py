@@ -23,8 +23,15 @@ from temporality_protocol import (
     make_event,
     new_id,
 )
-from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS, EVENTS_STREAM, TIMERS_STREAM, subject_for
+from temporality_protocol.catalog import (
+    BUCKET_HUMAN_REQUESTS,
+    EVENTS_STREAM,
+    TIMER_SCHEDULE_PREFIX,
+    TIMERS_STREAM,
+    subject_for,
+)
 from temporality_testing.telegram_emulator import TelegramUser
+from temporality_testing.timers import armed_schedules
 
 USERS_FILE = Path(__file__).resolve().parents[3] / "config" / "users.yaml"
 ALICE = {"Authorization": "Bearer alice-demo-token"}
@@ -145,7 +152,10 @@ async def lose_answer_publish(bus: Bus, client: httpx.AsyncClient, request_id: s
 
 
 async def timer_messages(bus: Bus, subject: str) -> int:
-    """How many messages the timers stream holds on ``subject``."""
+    """How many messages the timers stream holds on ``subject``: on a fired subject, the firings; on a schedule
+    subject, the schedules armed (a cancel's rollup, kept until it expires, is none)."""
+    if subject.startswith(f"{TIMER_SCHEDULE_PREFIX}."):
+        return await armed_schedules(bus, subject)
     info = await bus.js.stream_info(TIMERS_STREAM.name, subjects_filter=subject)
     return int((info.state.subjects or {}).get(subject, 0))
 

@@ -30,7 +30,6 @@ from temporality_protocol.catalog import (
     CONSUMERS,
     EVENTS_STREAM,
     TIMER_SCHEDULE_RUN_WATCHDOG,
-    TIMERS_STREAM,
 )
 from temporality_run_executor.__main__ import SPEC, configure
 from temporality_run_executor.agents import AgentCard, AgentDirectory, ProviderConfig
@@ -43,6 +42,7 @@ from temporality_run_executor.tools import Tool, ToolRegistry
 from temporality_run_executor.watchdog import DEFAULT_GRACE_S
 from temporality_service import run_until
 from temporality_testing.inprocess import Main
+from temporality_testing.timers import armed_schedules
 from temporality_testing.waiting import stays
 
 REVIEWER = AgentCard(
@@ -241,9 +241,7 @@ async def handled(bus: Bus, durable: str, seq: int, *, stream: str = EVENTS_STRE
 
 async def watchdog_schedules(bus: Bus, run_id: str) -> int:
     """How many watchdog schedules the timers stream holds for ``run_id`` (0 or 1: one per subject)."""
-    subject = f"{TIMER_SCHEDULE_RUN_WATCHDOG}.{run_id}"
-    info = await bus.js.stream_info(TIMERS_STREAM.name, subjects_filter=subject)
-    return int((info.state.subjects or {}).get(subject, 0))
+    return await armed_schedules(bus, f"{TIMER_SCHEDULE_RUN_WATCHDOG}.{run_id}")
 
 
 async def disarmed(bus: Bus, run_id: str, *, settle_s: float = 0.0, timeout_s: float = 30) -> None:

@@ -226,6 +226,8 @@ class Bus:
             max_age=max_age_s or None,
             duplicate_window=spec.duplicate_window_s,
             allow_msg_schedules=spec.allow_msg_schedules or None,
+            allow_rollup_hdrs=spec.allow_rollup_and_ttl,
+            allow_msg_ttl=spec.allow_rollup_and_ttl,
             num_replicas=self.settings.stream_replicas,
         )
 

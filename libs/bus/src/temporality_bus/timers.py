@@ -12,8 +12,9 @@ against the real server):
 * **One schedule per subject.** A schedule is stored as a rollup (``Nats-Rollup: sub``) message: a
   newer schedule on the same subject *replaces* the older one, which then never fires. That is
   :meth:`Timers.rearm` (and why one key is one timer).
-* **Cancel = remove the schedule message**: purging the schedule subject (:meth:`Timers.cancel`).
-  A timer that already fired has nothing left to purge.
+* **Cancel = replace the schedule message** with a rollup that schedules nothing and expires itself
+  (``Nats-Rollup: sub`` + ``Nats-TTL``, :meth:`Timers.cancel`): a publish to the key's own subject, so a
+  service's NATS user cancels only its own timers. A timer that already fired has nothing to replace.
 * **``Nats-Msg-Id`` dedupes a schedule like any message** (the stream's duplicate window): a repeat
   of the same arm (a redelivered handler) is dropped, but so is a *different* arm that reuses the
   id: give every distinct arm its own id (or none).
@@ -25,17 +26,17 @@ against the real server):
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import UTC, datetime, timedelta
-
-import nats.errors
 
 from temporality_bus.connection import Bus, PublishResult
 from temporality_bus.errors import TransientError
 from temporality_protocol.catalog import TIMER_FIRED_PREFIX, TIMER_SCHEDULE_PREFIX, TIMERS_STREAM, StreamSpec
 
-__all__ = ["Timers", "fire_time", "parse_fired_subject", "schedule_at"]
+__all__ = ["CANCEL_TTL_S", "Timers", "fire_time", "parse_fired_subject", "schedule_at"]
+
+#: How long a cancel's rollup stays on the schedule subject before the server removes it (seconds).
+CANCEL_TTL_S = 60
 
 _TOKEN = r"[A-Za-z0-9_=-]+"
 _NAMESPACE = re.compile(rf"^{_TOKEN}$")
@@ -156,16 +157,18 @@ class Timers:
         from the one the timer was first armed with, or the duplicate window swallows the rearm."""
         return await self.arm(key, at, payload, msg_id=msg_id, target_key=target_key)
 
-    async def cancel(self, key: str) -> bool:
-        """Remove the key's schedule; ``True`` if there was one to remove (``False``: never armed, already
-        fired, or cancelled). A firing already published is not taken back."""
+    async def cancel(self, key: str) -> None:
+        """Remove the key's schedule, if it has one (never armed, already fired or cancelled: nothing changes).
+        A firing already published is not taken back.
+
+        A publish to the key's own schedule subject, not a purge: a rollup (``Nats-Rollup: sub``) without a
+        schedule replaces the schedule message, so it never fires, and expires itself after
+        :data:`CANCEL_TTL_S` (``Nats-TTL``). Arming the key again replaces it in turn. Its NATS user needs
+        nothing beyond publishing to its own namespace (a purge's filter is in the payload: a purge right
+        would let it cancel every service's timers)."""
         subject = self.schedule_subject(key)
-        request = json.dumps({"filter": subject}).encode()
+        headers = {"Nats-Rollup": "sub", "Nats-TTL": f"{CANCEL_TTL_S}s"}
         try:
-            reply = await self._bus.nc.request(f"$JS.API.STREAM.PURGE.{self.stream}", request, timeout=10)
-        except (nats.errors.Error, OSError) as exc:
-            raise TransientError(f"cancelling timer {subject} failed: {exc!r}") from exc
-        body = json.loads(reply.data)
-        if "error" in body:
-            raise TransientError(f"cancelling timer {subject} failed: {body['error']}")
-        return int(body.get("purged", 0)) > 0
+            await self._bus.publish_raw(subject, b"", headers)
+        except TransientError as exc:
+            raise TransientError(f"cancelling timer {subject} failed: {exc}") from exc

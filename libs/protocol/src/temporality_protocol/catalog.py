@@ -173,6 +173,9 @@ class StreamSpec:
     max_age_s: float = 0  # 0 = keep forever
     duplicate_window_s: float = 120
     allow_msg_schedules: bool = False
+    #: ``Nats-Rollup`` and ``Nats-TTL`` headers allowed (the timers' cancel: a short-lived rollup that replaces
+    #: a schedule, published to the canceller's own subject).
+    allow_rollup_and_ttl: bool = False
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,7 @@ TIMERS_STREAM = StreamSpec(
     description="Durable timers as JetStream message schedules (Nats-Schedule @at ...)",
     max_age_s=400 * DAY,
     allow_msg_schedules=True,
+    allow_rollup_and_ttl=True,
 )
 ALL_STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, DLQ_STREAM, TIMERS_STREAM)
 

@@ -8,8 +8,8 @@ Each service connects as its own NATS user. What that user may **publish** follo
 ``temporality.dlq.<durable>``                                       the dead letters of its own consumers
 ``$JS.API.CONSUMER.{INFO,CREATE,DURABLE.CREATE,DELETE,MSG.NEXT}``   its own durables (``consumers``):
 ``.<stream>.<durable>``, ``$JS.ACK.<stream>.<durable>.>``           create, read position, fetch, ack
-``temporality.timers.schedule.<namespace>.>``                       its own timer namespaces (``timers``),
-``$JS.API.STREAM.PURGE.TEMPORALITY_TIMERS``                         and cancelling them (a purge)
+``temporality.timers.schedule.<namespace>.>``                       its own timer namespaces (``timers``):
+                                                                    arming and cancelling them
 ``$KV.<bucket>.>``                                                  writing the buckets it owns (``buckets``)
 ``$JS.API.STREAM.MSG.GET.KV_<bucket>``, ``$JS.API.DIRECT.GET...``,  reading and watching (an ephemeral
 ``$JS.API.CONSUMER.{CREATE,INFO,DELETE}.KV_<bucket>...``,           ordered consumer) the buckets it owns
@@ -30,16 +30,17 @@ it received, so a responder can answer but not write into another client's inbox
 cannot publish ``human.answered`` and the run-executor cannot forge ``trigger.accepted``: the server refuses
 with a permissions violation and the event never reaches the stream. A service cannot read, write or
 watch another's bucket, touch another's durable, read a stream except through its own consumers, delete
-or purge a stream (but the timers, for its cancels) or delete a bucket, create or reconfigure a stream or
+or purge a stream or delete a bucket, create or reconfigure a stream or
 bucket it does not own, or read another client's replies.
 
 Who owns the layout: each bucket's owner (``ServiceSpec.buckets``) creates it; the shared streams (events,
 dead letters, timers) are the journal's (``ServiceSpec.streams``): it creates and updates them, so its
 ``TEMPORALITY_NATS_EVENTS_MAX_AGE_DAYS`` and ``_STREAM_REPLICAS`` decide them. A service started before the
 owner waits, not ready, until the stream exists (``temporality_service.runtime``; without a NATS user, where
-nothing is enforced, it creates a missing one instead, never changing an existing one). What is still wide: a
-cancel is a purge by subject, which NATS permissions cannot restrict to one namespace, so a service with
-timers may purge any timer.
+nothing is enforced, it creates a missing one instead, never changing an existing one). A timer is cancelled
+by a publish to its own schedule subject (``temporality_bus.Timers.cancel``), never by a purge: a purge's
+filter is in its payload, which NATS permissions cannot restrict, so a purge right would let a service cancel
+any service's timers.
 
 A new bucket is declared in the catalogue (``ALL_BUCKETS``) *and* in the ``buckets`` of the service that
 writes it (:func:`~temporality_protocol.catalog.check_services` refuses a bucket without exactly one owner);
@@ -90,7 +91,6 @@ from temporality_protocol.catalog import (
     SERVICES,
     SUBSCRIBER_PREFIX,
     TIMER_SCHEDULE_PREFIX,
-    TIMERS_STREAM,
     ServiceSpec,
     subject_for,
 )
@@ -194,8 +194,6 @@ def permissions_for(service: str | ServiceSpec) -> Permissions:
         publish.append(f"{DLQ_PREFIX}.{durable}")
         publish += _durable(consumer.stream, durable)
     publish += [f"{TIMER_SCHEDULE_PREFIX}.{namespace}.>" for namespace in spec.timers]
-    if spec.timers:
-        publish.append(f"$JS.API.STREAM.PURGE.{TIMERS_STREAM.name}")  # Timers.cancel
     for bucket in spec.buckets:
         publish.append(f"$KV.{bucket}.>")
     for bucket in (*spec.buckets, *spec.reads_buckets):

@@ -148,8 +148,8 @@ class Scheduler:
             await self.arm_next(trigger, revision)
         elif trigger is None or isinstance(trigger, ScheduleTrigger) or trigger_id in self._scheduled:
             self._scheduled.discard(trigger_id)
-            if await self.timers.cancel(trigger_id):
-                log.info("schedule.cancelled", trigger_id=trigger_id, revision=revision)
+            await self.timers.cancel(trigger_id)
+            log.info("schedule.cancelled", trigger_id=trigger_id, revision=revision)
 
     async def handle(self, data: bytes, delivery: Delivery) -> None:
         """One fired tick (the ``trigger-gateway-schedules`` consumer): launch, then arm the next."""

@@ -8,10 +8,14 @@ run.requested            created ``pending`` with agent, title, trigger id, laun
 run.created              same as run.requested
 run.started              ``running``, ``started_at``
 human.requested          ``waiting_for_human``: request id, recipient, question, since =
-                         the event's time
+                         the event's time; one more while the run already waits on another
+                         (HUM-7: several questions of one turn) makes the wait *several*:
+                         no single request id, the recipients and questions joined, the
+                         channel unknown, ``since`` unchanged
 human.notified           ``waiting_channel``, for the request the run waits on
 human.answered/expired   ``resuming`` (RUN-3: waiting -> resuming -> running), for the
-                         request the run waits on
+                         request the run waits on; on a several-wait nothing (the run
+                         resumes when the executor says so: ``run.resumed``)
 run.resumed              ``running``
 run.completed            ``completed``, ``finished_at``, ``result``
 run.failed               ``failed``, ``finished_at``, ``error`` = "<reason>: <error>"
@@ -26,7 +30,8 @@ What keeps the projection right under redelivery and out-of-order delivery:
 - an event not newer (by stream sequence) than the run's ``last_event_seq`` never changes the
   state; it may still fill blank descriptive fields (``agent``, ``title``, ``started_at`` …);
 - a terminal event applies whatever its sequence: a run that ended has ended;
-- ``waiting_*`` is set exactly while the state is ``waiting_for_human``;
+- ``waiting_*`` is set exactly while the state is ``waiting_for_human`` (``waiting_request_id`` is
+  ``None`` while the run waits on several requests at once, HUM-7);
 - projecting the same event twice gives the same row.
 """
 
@@ -139,6 +144,17 @@ def _apply(run: RunSnapshot, data: EventData, fact: _Fact) -> RunSnapshot | None
             fill = _blanks(run, agent=data.agent, title=data.title, started_at=fact.time)
             return _move(run, fact, RunState.RUNNING, fill)
         case HumanRequested():
+            if _also_asked(run, data.request_id, fact):
+                return _touch(
+                    run,
+                    fact,
+                    {
+                        "waiting_request_id": None,
+                        "waiting_recipient": _joined(run.waiting_recipient, data.recipient, ", "),
+                        "waiting_question": _joined(run.waiting_question, data.question, " | "),
+                        "waiting_channel": None,
+                    },
+                )
             return _move(
                 run,
                 fact,
@@ -182,6 +198,21 @@ def _blank(fact: _Fact) -> RunSnapshot:
 
 def _stale(run: RunSnapshot, fact: _Fact) -> bool:
     return run.last_event_seq is not None and fact.seq <= run.last_event_seq
+
+
+def _also_asked(run: RunSnapshot, request_id: str, fact: _Fact) -> bool:
+    """HUM-7: a further question of the turn the run is parked on (it already waits on another request)."""
+    return run.state == RunState.WAITING_FOR_HUMAN and run.waiting_request_id != request_id and not _stale(run, fact)
+
+
+#: A several-wait's joined ``waiting_question`` is cut to this many characters.
+_JOINED_MAX = 4096
+
+
+def _joined(shown: str | None, more: str, sep: str) -> str:
+    """``shown`` with ``more`` added (once), cut to :data:`_JOINED_MAX` characters."""
+    parts = shown.split(sep) if shown else []
+    return sep.join([*parts, more] if more not in parts else parts)[:_JOINED_MAX]
 
 
 def _waits_on(run: RunSnapshot, request_id: str) -> bool:

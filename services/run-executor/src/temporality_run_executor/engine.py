@@ -7,6 +7,9 @@ A turn = one provider call + its tool calls, then a checkpoint (KV, AP-7) + ``ru
                       ``waiting_for_human`` -> the handler returns, the message is acked, nothing stays
                       in memory (RUN-3).
 ``human.*``        -> ``resuming`` -> the outcome becomes the tool result -> ``running`` -> drive.
+                      Several ``ask_human`` calls in one turn (HUM-7): one ``human.requested`` each, one
+                      park; each outcome is recorded in the checkpoint, and the one that ends the wait
+                      (all in, or the first answer with ``wait_for: first``) resumes the run with them all.
 ``run.cancel_requested`` -> recorded on the run; a run nobody drives (pending, parked) is cancelled at
                       once, a driven one by its driver at the next turn boundary (``run.cancelled``).
                       A cancel for a run not created yet leaves a marker (bucket ``run-cancel-markers``,
@@ -101,6 +104,7 @@ from temporality_run_executor.machine import (
     ACTIVE,
     AdoptCancelMarker,
     Agent,
+    ApplyParked,
     ApplyResult,
     ArmWatchdog,
     Attempt,
@@ -126,6 +130,7 @@ from temporality_run_executor.machine import (
     ProviderReplied,
     Publish,
     QueueMail,
+    RecordOutcome,
     Reject,
     Requested,
     Retry,
@@ -138,6 +143,7 @@ from temporality_run_executor.machine import (
     Transition,
     WatchdogFired,
     agent_news,
+    apply_parked,
     apply_result,
     decide,
     delivered,
@@ -147,6 +153,7 @@ from temporality_run_executor.machine import (
     merge_mail,
     moved,
     queued,
+    recorded,
     released,
     renewed,
     tool_error,
@@ -568,6 +575,12 @@ class Engine:
                     view, lambda c: apply_result(c, effect.request_id, effect.content, self.clock(), effect.key)
                 )
                 view.checkpoint, view.checkpoint_current = Versioned(applied.value, applied.revision), True
+            case RecordOutcome():
+                kept = await self._modify_checkpoint(view, lambda c: recorded(c, effect.outcome))
+                view.checkpoint, view.checkpoint_current = Versioned(kept.value, kept.revision), True
+            case ApplyParked():
+                parked = await self._modify_checkpoint(view, lambda c: apply_parked(c, effect.request_id, self.clock()))
+                view.checkpoint, view.checkpoint_current = Versioned(parked.value, parked.revision), True
             case CreateCheckpoint():
                 try:
                     revision = await self.checkpoints.create(run_id, effect.checkpoint)

@@ -40,6 +40,14 @@ The rules the machine keeps:
   run is parked, never dropped. ``ask_agent`` and ``answer_agent`` are decided here, not run by the
   driver: their events are :class:`Emit` plans of the turn, their request ids derived from (run,
   turn, call index).
+* **Several questions at once (HUM-7).** The ``ask_human`` calls of one reply are asked together: each
+  its own request (ids from run, turn, call index), one ``human.requested`` each, one park (the
+  checkpoint's ``pending`` is the first, ``more_pending`` the rest). Each outcome is recorded in the
+  checkpoint (:class:`RecordOutcome`, once per request); the one that ends the wait -- every call has an
+  outcome (``wait_for: all``, the default), or one is an answer (``wait_for: first``) -- resumes the run,
+  and every call gets its tool result in call order (:class:`ApplyParked`), a question not needed any
+  more ``not_needed``. The calls must agree on ``wait_for`` (else none is asked); a waiting ``ask_agent``
+  or a handoff never shares their turn.
 * **One driver at a time (issue 6).** A handler that drives the run holds its :class:`~.records.Lease`
   (:class:`TakeLease`, renewed at every turn boundary, dropped when the run parks or ends); a
   delivery that finds a live lease held by another handler gives the message back (a lost race)
@@ -101,6 +109,7 @@ from temporality_run_executor.records import (
     Checkpoint,
     Lease,
     Message,
+    ParkedOutcome,
     PendingAsk,
     ReceivedAsk,
     RunRecord,
@@ -111,6 +120,7 @@ from temporality_run_executor.results import (
     AgentAnsweredResult,
     AgentTimedOutResult,
     AgentUndeliverableResult,
+    HumanNotNeededResult,
     HumanResult,
     human_result,
     tool_content,
@@ -129,6 +139,7 @@ from temporality_run_executor.tools import (
     Tool,
     ToolError,
     ToolRegistry,
+    WaitFor,
 )
 from temporality_run_executor.watchdog import WatchdogPayload
 
@@ -139,6 +150,7 @@ __all__ = [
     "AdoptCancelMarker",
     "Agent",
     "AgentNews",
+    "ApplyParked",
     "ApplyResult",
     "ArmWatchdog",
     "Ask",
@@ -169,6 +181,7 @@ __all__ = [
     "ProviderReplied",
     "Publish",
     "QueueMail",
+    "RecordOutcome",
     "Refuse",
     "Reject",
     "Requested",
@@ -185,6 +198,7 @@ __all__ = [
     "TurnInFlight",
     "WatchdogFired",
     "agent_news",
+    "apply_parked",
     "apply_result",
     "decide",
     "delivered",
@@ -201,10 +215,12 @@ __all__ = [
     "new_record",
     "offered_tools",
     "queued",
+    "recorded",
     "released",
     "renewed",
     "summary",
     "tool_error",
+    "wait_for",
 ]
 
 #: States in which a driver is (or should be) working on the run: the watchdog watches these.
@@ -442,6 +458,11 @@ class TurnInFlight:
         return next((plan.pending for plan in self.plans if isinstance(plan, Ask)), None)
 
     @property
+    def parked(self) -> list[PendingAsk]:
+        """Every call of the turn that parks the run, in call order (several ``ask_human``: HUM-7)."""
+        return [plan.pending for plan in self.plans if isinstance(plan, Ask)]
+
+    @property
     def malformed(self) -> int:
         return sum(1 for plan in self.plans if isinstance(plan, Refuse) and plan.malformed)
 
@@ -535,6 +556,22 @@ class ApplyResult:
     content: str
     #: The key of the agent event that ended the wait (``None``: a person's outcome).
     key: str | None = None
+
+
+@dataclass(frozen=True)
+class RecordOutcome:
+    """HUM-7: record the outcome of one of the turn's several parked calls while the run waits on the rest
+    (:func:`recorded`, through ``Store.modify``: a redelivered outcome changes nothing)."""
+
+    outcome: ParkedOutcome
+
+
+@dataclass(frozen=True)
+class ApplyParked:
+    """HUM-7: the wait on several parked calls is over: every call gets its tool result, in call order
+    (:func:`apply_parked`, through ``Store.modify``). ``request_id``: the outcome that ended the wait."""
+
+    request_id: str
 
 
 @dataclass(frozen=True)
@@ -632,6 +669,8 @@ Effect = (
     | CreateCheckpoint
     | SaveCheckpoint
     | ApplyResult
+    | RecordOutcome
+    | ApplyParked
     | QueueMail
     | DeliverMail
     | TakeLease
@@ -815,6 +854,10 @@ def _human_outcome(
         return _decision(*_unknown_agent(run, ckpt))
     if ckpt is None:
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
+    if request_id in ckpt.dismissed_requests:  # HUM-7: another question of its turn was answered first
+        return _decision(Note("human.outcome.not_needed", fields={"request_id": request_id}))
+    if ckpt.more_pending and any(p.request_id == request_id for p in ckpt.parked):
+        return _several_outcome(run, ckpt, agent, incoming, attempt, now)
     if run.state is RunState.WAITING_FOR_HUMAN:
         if run.waiting_request_id != request_id:
             return _decision(Note("human.outcome.stale", fields={"waiting_for": run.waiting_request_id}))
@@ -852,6 +895,76 @@ def _human_outcome(
         if request_id not in ckpt.applied_requests:
             return _decision(Note("human.outcome.stale", fields={"state": run.state.value}))
         return _recover_after_resume(run, ckpt, attempt, now)
+    return _decision(Note("human.outcome.ignored", fields={"state": run.state.value}))
+
+
+def wait_for(ckpt: Checkpoint) -> WaitFor:
+    """HUM-7: how the run's wait on several parked ``ask_human`` calls ends (``all`` unless the turn said
+    ``first``; checkpoints from before read ``all``)."""
+    pending = ckpt.pending
+    return "first" if pending is not None and pending.arguments.get("wait_for") == "first" else "all"
+
+
+def _wait_over(ckpt: Checkpoint) -> bool:
+    """Whether the outcomes recorded end the wait: every parked call has one, or (``first``) one is an answer."""
+    if wait_for(ckpt) == "first" and any(o.reason == "answer" for o in ckpt.outcomes):
+        return True
+    have = {o.request_id for o in ckpt.outcomes}
+    return all(p.request_id in have for p in ckpt.parked)
+
+
+def _several_outcome(
+    run: RunRecord, ckpt: Checkpoint, agent: Agent, incoming: HumanOutcome, attempt: Attempt, now: datetime
+) -> Decision:
+    """HUM-7: an outcome for one of the turn's several parked ``ask_human`` calls. Recorded in the checkpoint
+    (once) while the run stays parked; the one that ends the wait (:func:`_wait_over`) resumes the run, and
+    every call gets its result at once. A timeout policy that fails (or cancels) the run does so whatever
+    the other questions' state: human-interaction then cancels those on the run's end."""
+    request_id = incoming.request_id
+    if run.state is RunState.RUNNING:  # the turn that asked is committed, the park is not
+        return _decision(Retry("the run has not finished parking on this request yet"))
+    if run.state is RunState.WAITING_FOR_HUMAN:
+        if incoming.fails_run:
+            error = f"no answer to {request_id} in time"
+            return _decision(*_fail(run, "human_request_expired", error, totals=_totals(ckpt)))
+        if incoming.cancels_run:  # its run.cancel_requested (published first) cancels the waiting run
+            return _decision(Note("human.outcome.cancels_run", fields={"request_id": request_id}))
+        if all(o.request_id != request_id for o in ckpt.outcomes):
+            outcome = ParkedOutcome(
+                request_id=request_id,
+                content=tool_content(incoming.result),
+                reason=incoming.reason,
+                event_id=incoming.event_id,
+            )
+            return _decision(RecordOutcome(outcome), then=incoming)  # decided again on what the store holds
+        if not _wait_over(ckpt):
+            have = {o.request_id for o in ckpt.outcomes}
+            still = [p.request_id for p in ckpt.parked if p.request_id not in have]
+            return _decision(Note("run.still_waiting", fields={"request_id": request_id, "open": still}))
+        resumed = RunResumed(
+            run_id=run.run_id,
+            reason=incoming.reason,
+            from_turn=ckpt.turn,
+            request_id=request_id,
+            waited_s=incoming.waited_s,
+        )
+        # one run.resumed per wait, whichever outcome ended it (the id is the wait's first request)
+        wait_id = ckpt.parked[0].request_id
+        return _decision(
+            Publish(resumed, (wait_id,), causation=incoming.event_id),
+            ArmWatchdog(ckpt.turn, agent.card.limits.max_compute_s, attempt.cause("resume")),
+            Transition(RunState.RESUMING),
+            then=incoming,  # decided again once resuming: the results are applied
+        )
+    if run.state is RunState.RESUMING:
+        if _held_by_other(run, attempt, now):
+            return _decision(_lease_held(run))
+        return _decision(
+            TakeLease(_lease(attempt, now)),
+            ApplyParked(request_id),
+            Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None}),
+            then=Boundary(),
+        )
     return _decision(Note("human.outcome.ignored", fields={"state": run.state.value}))
 
 
@@ -999,7 +1112,7 @@ def _boundary(
     if ckpt is None:
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
     if ckpt.pending is not None:
-        return _park(run, ckpt.pending)
+        return _park(run, ckpt)
     if _held_by_other(run, attempt, now):  # our lease expired mid-turn and another handler took over
         return _decision(Note("run.lease.lost", "warning", {"holder": run.lease.holder if run.lease else None}))
     child = handed_off_to(ckpt)
@@ -1040,9 +1153,12 @@ def _boundary(
     )
 
 
-def _park(run: RunRecord, pending: PendingAsk) -> Decision:
+def _park(run: RunRecord, ckpt: Checkpoint) -> Decision:
     """Ask, then wait at zero cost: ``human.requested`` (or ``agent.asked``), the watchdog off,
-    ``waiting_for_human`` (or ``waiting_for_agent``) (RUN-3, COL-2)."""
+    ``waiting_for_human`` (or ``waiting_for_agent``) (RUN-3, COL-2). Several ``ask_human`` calls of one turn
+    (HUM-7): one ``human.requested`` each, one park; the record names the first request."""
+    pending = ckpt.pending
+    assert pending is not None
     waiting = {"waiting_request_id": pending.request_id, "waiting_since": pending.asked_at}
     if pending.kind == "agent":
         asked = AgentAsked.model_validate(pending.arguments)
@@ -1053,6 +1169,21 @@ def _park(run: RunRecord, pending: PendingAsk) -> Decision:
             Note("run.parked", fields={"request_id": pending.request_id, "to": asked.to}),
             then=Parked(),
         )
+    args = AskHumanArgs.model_validate(pending.arguments)
+    fields: dict[str, Any] = {"request_id": pending.request_id, "recipient": args.recipient}
+    if ckpt.more_pending:
+        fields |= {"more": [p.request_id for p in ckpt.more_pending], "wait_for": wait_for(ckpt)}
+    return _decision(
+        *(Publish(_human_requested(run, p), (p.request_id,)) for p in ckpt.parked),
+        # before the move: once it waits, an answer may resume (and re-arm) it at any moment
+        DisarmWatchdog(),
+        Transition(RunState.WAITING_FOR_HUMAN, waiting),
+        Note("run.parked", fields=fields),
+        then=Parked(),
+    )
+
+
+def _human_requested(run: RunRecord, pending: PendingAsk) -> HumanRequested:
     args = AskHumanArgs.model_validate(pending.arguments)
     policy = run.human
     timeout = min(args.timeout or policy.default_timeout_s, policy.max_timeout_s)
@@ -1071,15 +1202,7 @@ def _park(run: RunRecord, pending: PendingAsk) -> Decision:
         turn=pending.turn,
         source_link=run.event.source_link if run.event else None,  # the platform's, never the model's (HUM-5)
     )
-    requested = process_redactor().human_requested(requested)  # SEC-1: no secret on the bus or in the journal
-    return _decision(
-        Publish(requested, (pending.request_id,)),
-        # before the move: once it waits, an answer may resume (and re-arm) it at any moment
-        DisarmWatchdog(),
-        Transition(RunState.WAITING_FOR_HUMAN, waiting),
-        Note("run.parked", fields={"request_id": pending.request_id, "recipient": args.recipient}),
-        then=Parked(),
-    )
+    return process_redactor().human_requested(requested)  # SEC-1: no secret on the bus or in the journal
 
 
 def _provider_failed(
@@ -1122,23 +1245,45 @@ def _plan_calls(
     run: RunRecord, ckpt: Checkpoint, agent: Agent, turn: int, now: datetime, reply: AssistantTurn
 ) -> tuple[ToolPlan, ...]:
     plans: list[ToolPlan] = []
-    asked = False
+    waiting: Literal["human", "agent"] | None = None
     handed = False
     answered: set[str] = set()
+    policy = _ask_policy(run, reply.tool_calls)
     for index, call in enumerate(reply.tool_calls):
-        if call.name == HANDOFF_TO_AGENT and (asked or handed):
+        if call.name == HANDOFF_TO_AGENT and (waiting or handed):
             why = "one handoff per turn, never together with a waiting call (ask_human, ask_agent mode=wait)"
             plan: ToolPlan = Refuse(tool_error(why))
         elif handed and call.name in (ASK_HUMAN, ASK_AGENT) and call.arguments.get("mode") != "async":
             plan = Refuse(tool_error("this run has handed its task off in this turn: it cannot wait for anything"))
         else:
-            plan = _plan_call(run, ckpt, agent, turn, index, call, asked, answered, now)
-        asked = asked or isinstance(plan, Ask)
+            plan = _plan_call(run, ckpt, agent, turn, index, call, waiting, policy, answered, now)
+        if isinstance(plan, Ask) and waiting is None:
+            waiting = plan.pending.kind
         handed = handed or (isinstance(plan, Emit) and plan.handoff is not None)
         if isinstance(plan, Emit) and plan.answers is not None:
             answered.add(plan.answers)
         plans.append(plan)
     return tuple(plans)
+
+
+def _ask_policy(run: RunRecord, calls: list[ToolCall]) -> WaitFor | str:
+    """HUM-7: the continuation policy of the turn's ``ask_human`` calls -- the ``wait_for`` they state (they
+    must agree; none stated: ``all``) -- or, as text, why none of them is asked."""
+    asks = [call for call in calls if call.name == ASK_HUMAN]
+    stated = sorted({str(c.arguments.get("wait_for")) for c in asks if c.arguments.get("wait_for") in ("all", "first")})
+    if len(stated) > 1:
+        return (
+            "the ask_human calls of one reply must agree on wait_for (this one has 'all' and 'first'); "
+            "none of them was asked: ask again with one value"
+        )
+    policy: WaitFor = "first" if stated == ["first"] else "all"
+    if policy == "first" and len(asks) > 1 and run.human.on_timeout.action == "cancel":
+        return (
+            "wait_for='first' is not available to this run: its timeout policy cancels the whole run when a "
+            "question expires, and a question that is not needed any more would still expire; none of them was "
+            "asked: use wait_for='all', or ask one question at a time"
+        )
+    return policy
 
 
 def _plan_call(
@@ -1148,13 +1293,16 @@ def _plan_call(
     turn: int,
     index: int,
     call: ToolCall,
-    asked: bool,
+    waiting: Literal["human", "agent"] | None,
+    policy: WaitFor | str,
     answered: set[str],
     now: datetime,
 ) -> ToolPlan:
     """One tool call, checked before anything runs: the card's policy, JSON arguments, the tool's schema.
-    ``ask_human`` and a waiting ``ask_agent`` park (one per turn); ``ask_agent`` and ``answer_agent`` are
-    decided here; anything else is invoked by the driver."""
+    ``ask_human`` calls park the run together (HUM-7: each its own request, ``policy`` the turn's
+    ``wait_for``, or why they are all refused); a waiting ``ask_agent`` parks it alone (one kind of
+    waiting call per turn); ``ask_agent`` and ``answer_agent`` are decided here; anything else is invoked
+    by the driver."""
     where = {"turn": turn, "call_id": call.id, "tool": call.name}
     card = agent.card
     try:
@@ -1176,15 +1324,22 @@ def _plan_call(
     if problem is not None:
         return Refuse(tool_error(problem), note=Note("run.tool_call.invalid_arguments", fields=where))
     if tool.name == ASK_AGENT:
-        return _plan_ask_agent(run, turn, index, call, asked, now)
+        return _plan_ask_agent(run, turn, index, call, waiting is not None, now)
     if tool.name == ANSWER_AGENT:
         return _plan_answer_agent(run, ckpt, turn, index, call, answered)
     if tool.name == HANDOFF_TO_AGENT:
         return _plan_handoff(run, agent, turn, call)
     if tool.name != ASK_HUMAN:
         return Invoke(tool)
-    if asked:
-        return Refuse(tool_error("one ask_human per turn (or waiting ask_agent): ask again after the first answer"))
+    if waiting == "agent":
+        return Refuse(
+            tool_error(
+                "one kind of waiting call per turn: ask_human cannot share a turn with a waiting ask_agent; "
+                "ask again after its answer"
+            )
+        )
+    if policy not in ("all", "first"):
+        return Refuse(tool_error(policy))
     try:
         args = AskHumanArgs.model_validate(call.arguments)
     except ValidationError as exc:
@@ -1194,7 +1349,7 @@ def _plan_call(
         call_id=call.id,
         turn=turn,
         asked_at=now,
-        arguments=args.model_dump(mode="json"),
+        arguments={**args.model_dump(mode="json"), "wait_for": policy},
     )
     return Ask(pending)
 
@@ -1454,6 +1609,8 @@ def _commit(
         saved_at=now,
         messages=[*ckpt.messages, assistant, *turn.results],
         pending=turn.pending,
+        more_pending=turn.parked[1:],
+        outcomes=[],
         compute_s=ckpt.compute_s + elapsed_s,
         usage=turn.usage,
         tool_calls=ckpt.tool_calls + len(turn.calls),
@@ -1531,7 +1688,8 @@ def drives(run: RunRecord, ckpt: Checkpoint | None, event_type: str, request_id:
         return False  # a cancel request drives nothing: the run goes on without it
     request = request_id if event_type.startswith(("human.", "agent.")) else None
     if run.state in (RunState.WAITING_FOR_HUMAN, RunState.WAITING_FOR_AGENT, RunState.RESUMING):
-        return request is not None and run.waiting_request_id == request
+        parked = {p.request_id for p in ckpt.parked} if ckpt is not None else set()
+        return request is not None and (run.waiting_request_id == request or request in parked)
     if run.state is RunState.PENDING:
         return request is None
     if run.state is RunState.RUNNING:
@@ -1736,6 +1894,52 @@ def apply_result(
         pending=None,
         applied_requests=[*ckpt.applied_requests, request_id],
         resumed_by=key if key is not None else ckpt.resumed_by,
+        saved_at=now,
+    )
+
+
+def recorded(ckpt: Checkpoint, outcome: ParkedOutcome) -> Checkpoint | None:
+    """HUM-7: the checkpoint with ``outcome`` recorded for its parked call; ``None`` when one is recorded for
+    that request already (a redelivered event changes nothing) or the run no longer waits on it."""
+    if all(p.request_id != outcome.request_id for p in ckpt.parked) or not ckpt.more_pending:
+        return None
+    if any(o.request_id == outcome.request_id for o in ckpt.outcomes):
+        return None
+    return evolve(ckpt, outcomes=[*ckpt.outcomes, outcome])
+
+
+def apply_parked(ckpt: Checkpoint, request_id: str, now: datetime) -> Checkpoint | None:
+    """HUM-7: the checkpoint with a tool message for every parked ``ask_human`` call of the turn, in call order:
+    its recorded outcome, or (``wait_for: first``, another was answered first) ``not_needed``; ``None`` when
+    already applied. ``request_id`` (the outcome that ended the wait) is the last of ``applied_requests``.
+    The wait not over yet: ``PermanentError``."""
+    parked = ckpt.parked
+    if not ckpt.more_pending:
+        return None
+    if not _wait_over(ckpt):
+        raise PermanentError(f"run {ckpt.run_id} still waits on some of {[p.request_id for p in parked]}")
+    have = {o.request_id: o for o in ckpt.outcomes}
+    winner = next((o.request_id for o in ckpt.outcomes if o.reason == "answer"), request_id)
+    messages: list[Message] = []
+    dismissed: list[str] = []
+    for pending in parked:
+        outcome = have.get(pending.request_id)
+        if outcome is None:
+            content = tool_content(HumanNotNeededResult(request_id=pending.request_id, answered=winner))
+            dismissed.append(pending.request_id)
+        else:
+            content = outcome.content
+        messages.append(Message(role="tool", tool_call_id=pending.call_id, name=ASK_HUMAN, content=content))
+    applied = [o.request_id for o in ckpt.outcomes if o.request_id != request_id]
+    applied += [request_id] if request_id in have else []
+    return evolve(
+        ckpt,
+        messages=[*ckpt.messages, *messages],
+        pending=None,
+        more_pending=[],
+        outcomes=[],
+        applied_requests=[*ckpt.applied_requests, *applied],
+        dismissed_requests=[*ckpt.dismissed_requests, *dismissed],
         saved_at=now,
     )
 

@@ -15,6 +15,7 @@ __all__ = [
     "Checkpoint",
     "Lease",
     "Message",
+    "ParkedOutcome",
     "PendingAsk",
     "ReceivedAsk",
     "RunRecord",
@@ -75,6 +76,18 @@ class PendingAsk(_Model):
     #: The validated ask_human arguments (for an agent: the ``agent.asked`` payload), so a crash between
     #: checkpoint and publish can re-park.
     arguments: dict[str, Any]
+
+
+class ParkedOutcome(_Model):
+    """HUM-7: the outcome of one of a turn's several parked ``ask_human`` calls, recorded while the run still
+    waits for the others; the results are applied together when the wait ends."""
+
+    request_id: str
+    #: The call's tool result (:func:`~temporality_run_executor.results.tool_content`).
+    content: str
+    reason: Literal["answer", "expiry", "rejection"]
+    #: The ``human.*`` event it came in (recorded once: a redelivered copy changes nothing).
+    event_id: str
 
 
 class AgentMail(_Model):
@@ -167,7 +180,14 @@ class Checkpoint(_Model):
     turn: int
     saved_at: datetime
     messages: list[Message]
+    #: The call the run is parked on; with several ``ask_human`` calls in one turn (HUM-7), the first of them.
     pending: PendingAsk | None = None
+    #: HUM-7: the turn's other parked ``ask_human`` calls, in call order (checkpoints from before read ``[]``).
+    more_pending: list[PendingAsk] = Field(default_factory=list)
+    #: HUM-7: outcomes already in for the parked calls while the run waits on the rest.
+    outcomes: list[ParkedOutcome] = Field(default_factory=list)
+    #: HUM-7: requests of a ``wait_for: first`` turn that were not needed (another was answered first).
+    dismissed_requests: list[str] = Field(default_factory=list)
     #: Seconds spent computing (provider + tools) over all committed turns; waiting is excluded.
     compute_s: float = 0.0
     #: Human requests whose outcome is already in ``messages`` (makes a redelivered answer a no-op).
@@ -188,3 +208,8 @@ class Checkpoint(_Model):
     received: list[ReceivedAsk] = Field(default_factory=list)
     #: The key of the agent event whose result ended the run's last wait for an agent.
     resumed_by: str | None = None
+
+    @property
+    def parked(self) -> list[PendingAsk]:
+        """Every call the run is parked on, in call order (``[]``: none)."""
+        return [] if self.pending is None else [self.pending, *self.more_pending]

@@ -8,6 +8,10 @@ provider) reads::
     {"request_id": ..., "status": "answered", "responder": ..., "channel": ..., "answer": {...}}
     {"request_id": ..., "status": "expired", "note": ..., "answer": {...} | null}
     {"request_id": ..., "status": "rejected", "error": "<reason>: <detail>"}
+    {"request_id": ..., "status": "not_needed", "note": ..., "answered": "<request id answered first>"}
+
+The last is HUM-7's: a turn that asked several questions with ``wait_for: "first"`` resumes on the first
+answer, and each question still open then gets ``not_needed``.
 
 Keys sorted, exactly as the executor wrote them before these models existed, so a checkpoint saved by
 an older executor reads the same. ``ask_agent`` in ``wait`` mode ends the same way, with one of
@@ -30,12 +34,14 @@ from temporality_protocol import HumanAnswer, HumanAnswered, HumanExpired, Human
 __all__ = [
     "AGENT_TIMED_OUT_NOTE",
     "EXPIRED_NOTE",
+    "NOT_NEEDED_NOTE",
     "AgentAnsweredResult",
     "AgentResult",
     "AgentTimedOutResult",
     "AgentUndeliverableResult",
     "HumanAnsweredResult",
     "HumanExpiredResult",
+    "HumanNotNeededResult",
     "HumanRejectedResult",
     "HumanResult",
     "human_result",
@@ -73,8 +79,23 @@ class HumanRejectedResult(_Result):
     error: str
 
 
-HumanResult = Annotated[HumanAnsweredResult | HumanExpiredResult | HumanRejectedResult, Field(discriminator="status")]
-_RESULT: TypeAdapter[HumanAnsweredResult | HumanExpiredResult | HumanRejectedResult] = TypeAdapter(HumanResult)
+#: What a question of a ``wait_for: "first"`` turn that was still open when another was answered tells the model.
+NOT_NEEDED_NOTE = (
+    "not needed: another question of this turn was answered first (wait_for=first); "
+    "an answer to this one is not applied"
+)
+
+
+class HumanNotNeededResult(_Result):
+    status: Literal["not_needed"] = "not_needed"
+    note: str = NOT_NEEDED_NOTE
+    #: The request whose answer resumed the run.
+    answered: str
+
+
+_AnyHuman = HumanAnsweredResult | HumanExpiredResult | HumanRejectedResult | HumanNotNeededResult
+HumanResult = Annotated[_AnyHuman, Field(discriminator="status")]
+_RESULT: TypeAdapter[_AnyHuman] = TypeAdapter(HumanResult)
 
 
 def human_result(data: HumanAnswered | HumanExpired | HumanRejected) -> HumanResult:

@@ -5,6 +5,8 @@ offered) plus an implementation. The built-ins (:data:`BUILTIN_TOOLS`):
 
 ``get_input``       the run's mapped input (the trigger's mapping, TRG-8), as JSON. Nothing source-specific.
 ``ask_human``       ask a person and wait: the engine parks the run on it (it has no implementation here).
+                    Several in one reply are asked together (HUM-7); ``wait_for`` says whether the run
+                    resumes when all have an outcome (default) or on the first answer.
 ``notify``          tell a person something, no answer expected: publishes ``human.notify_requested``.
 ``get_collaborators``  the participants of the run's saga (agents, people, runs), asked of agent-collab
                     over NATS request/reply (COL-1).
@@ -78,6 +80,7 @@ __all__ = [
     "ToolError",
     "ToolPolicy",
     "ToolRegistry",
+    "WaitFor",
 ]
 
 ASK_HUMAN = "ask_human"
@@ -100,6 +103,10 @@ class ToolError(Exception):
     """The call cannot be executed as made; its message goes back to the agent as the tool result."""
 
 
+#: HUM-7: the continuation policy of a turn with several ``ask_human`` calls.
+WaitFor = Literal["all", "first"]
+
+
 class AskHumanArgs(BaseModel):
     """HUM-1: ``ask_human(recipient, question, context, options, timeout)``."""
 
@@ -110,6 +117,19 @@ class AskHumanArgs(BaseModel):
     context: Annotated[str, Field(max_length=4096)] = ""
     options: list[HumanOption] = Field(default_factory=list, max_length=10)
     timeout: Annotated[int, Field(gt=0, description="Seconds to wait; capped by the trigger's policy")] | None = None
+    #: HUM-7: how a turn with several ``ask_human`` calls continues (every call of the turn that sets it must
+    #: agree; unset: ``all``). ``None`` in a stored ask: the turn's policy is ``all``.
+    wait_for: (
+        Annotated[
+            WaitFor,
+            Field(
+                description="Several ask_human calls in one reply: 'all' (default) resumes when every question has "
+                "an outcome; 'first' resumes on the first answer, the other questions are then not needed. "
+                "The calls of one reply must agree"
+            ),
+        ]
+        | None
+    ) = None
 
 
 class NotifyArgs(BaseModel):
@@ -364,7 +384,8 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
     Tool(
         name=ASK_HUMAN,
         description="Ask a person a compact, self-contained question and wait (durably, at no cost) for the "
-        "answer, which comes back as this tool's result. Name a person (user:<id>), never a channel.",
+        "answer, which comes back as this tool's result. Name a person (user:<id>), never a channel. Several "
+        "calls in one reply ask them all at once; see wait_for.",
         parameters=AskHumanArgs.model_json_schema(),
     ),
     Tool(

@@ -37,6 +37,10 @@ number); otherwise each ``{{ expr }}`` is replaced by its text (``null``: empty;
 JSON). Besides JMESPath's functions there is ``matches(pattern, text)``: the distinct matches of the
 regular expression ``pattern`` in ``text``, lower-cased and sorted (``[]`` for ``null`` text).
 
+A step may make several tool calls in one reply instead (``calls: [{tool, args}, ...]``, as a model's
+parallel tool calls; e.g. two ``ask_human`` asked at once): their ids are ``call-<step id>.<n>`` and
+``results.<step id>`` is the list of their results in call order (``null`` for one not returned yet).
+
 Which step runs next is read from the conversation alone (each call's id is ``call-<step id>``): the
 first step after the last one that ran whose ``when`` holds (no ``when``: always). So the provider keeps
 no state and resumes correctly from any checkpoint. A script must end with an ``answer`` step without
@@ -169,24 +173,29 @@ class ScriptStep(_Strict):
     id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,40}$")]
     #: JMESPath: the step runs only when this is truthy (unset: always).
     when: str | None = None
-    #: With ``call``: the assistant's text alongside the call.
+    #: With ``call`` (or ``calls``): the assistant's text alongside the call.
     say: str | None = None
     call: ScriptCall | None = None
+    #: Several tool calls in one reply (as a model's parallel tool calls): ids ``call-<step id>.<n>``, and
+    #: ``results.<step id>`` is the list of their results in call order.
+    calls: Annotated[list[ScriptCall], Field(min_length=1, max_length=10)] | None = None
     #: The final text (a template), or one chosen by a value.
     answer: str | ScriptAnswer | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> ScriptStep:
         where = f"step {self.id}"
-        if (self.call is None) == (self.answer is None):
-            raise ValueError(f"{where}: exactly one of call or answer")
-        if self.say is not None and self.call is None:
+        if sum(x is not None for x in (self.call, self.calls, self.answer)) != 1:
+            raise ValueError(f"{where}: exactly one of call or answer (or calls: several calls in one reply)")
+        if self.say is not None and self.answer is not None:
             raise ValueError(f"{where}: say goes with a call (an answer is its own text)")
         if self.when is not None:
             _compile(self.when, f"{where}.when")
         _check_templates(self.say, f"{where}.say")
         if self.call is not None:
             _check_templates(self.call.args, f"{where}.call.args")
+        for n, call in enumerate(self.calls or []):
+            _check_templates(call.args, f"{where}.calls[{n}].args")
         if isinstance(self.answer, ScriptAnswer):
             _compile(self.answer.switch, f"{where}.answer.switch")
             _check_templates(self.answer.cases, f"{where}.answer.cases")

@@ -49,6 +49,11 @@ log = structlog.get_logger(__name__)
 CRASH_EXIT_STATUS = 137
 
 
+def _step_of(call_id: str) -> str:
+    """The step a scripted call id names: ``call-<step id>`` or, for one of several calls, ``call-<step id>.<n>``."""
+    return call_id.removeprefix(CALL_PREFIX).partition(".")[0]
+
+
 def _parsed(content: str | None) -> Any:
     try:
         return json.loads(content or "null")
@@ -89,19 +94,31 @@ class ScriptedProvider(Provider):
             for m in messages
             if m.role == "assistant"
             for call in m.tool_calls
-            if (index := self.script.step_index(call.id.removeprefix(CALL_PREFIX))) is not None
+            if (index := self.script.step_index(_step_of(call.id))) is not None
         ]
         start = max(done) + 1 if done else 0
         for step in self.script.steps[start:]:
             where = f"step {step.id}"
             if step.when is not None and not evaluate(step.when, scope, f"{where}.when"):
                 continue
+            say = render(step.say, scope, f"{where}.say") if step.say is not None else None
+            content = None if say is None else str(say)
             if step.call is not None:
                 args = render(step.call.args, scope, f"{where}.call.args")
-                say = render(step.say, scope, f"{where}.say") if step.say is not None else None
                 call = ToolCall(id=CALL_PREFIX + step.id, name=step.call.tool, arguments=args)
                 log.debug("scripted.step", step=step.id, tool=step.call.tool)
-                return AssistantTurn(content=None if say is None else str(say), tool_calls=[call])
+                return AssistantTurn(content=content, tool_calls=[call])
+            if step.calls is not None:  # several calls in one reply (parallel tool calls)
+                calls = [
+                    ToolCall(
+                        id=f"{CALL_PREFIX}{step.id}.{n}",
+                        name=c.tool,
+                        arguments=render(c.args, scope, f"{where}.calls[{n}].args"),
+                    )
+                    for n, c in enumerate(step.calls)
+                ]
+                log.debug("scripted.step", step=step.id, tools=[c.tool for c in step.calls])
+                return AssistantTurn(content=content, tool_calls=calls)
             return AssistantTurn(content=str(self._answer(step.answer, scope, where)))
         raise ScriptError("no step left to run")  # unreachable: the last step is an unconditional answer
 
@@ -114,9 +131,19 @@ class ScriptedProvider(Provider):
 
     def _scope(self, messages: list[Message], tools: list[ToolSpec], context: TurnContext | None) -> dict[str, Any]:
         results: dict[str, Any] = {}
+        for m in messages:  # a step with several calls: a list, one slot per call (null until it returned)
+            for call in m.tool_calls if m.role == "assistant" else []:
+                step, _, n = call.id.removeprefix(CALL_PREFIX).partition(".")
+                if call.id.startswith(CALL_PREFIX) and n.isdigit():
+                    slots = results.setdefault(step, [])
+                    slots.extend([None] * (int(n) + 1 - len(slots)))
         for m in messages:
             if m.role == "tool" and m.tool_call_id and m.tool_call_id.startswith(CALL_PREFIX):
-                results[m.tool_call_id.removeprefix(CALL_PREFIX)] = _parsed(m.content)
+                step, _, n = m.tool_call_id.removeprefix(CALL_PREFIX).partition(".")
+                if n.isdigit() and isinstance(results.get(step), list) and int(n) < len(results[step]):
+                    results[step][int(n)] = _parsed(m.content)
+                else:
+                    results[m.tool_call_id.removeprefix(CALL_PREFIX)] = _parsed(m.content)
         run = context.model_dump(mode="json") if context is not None else {}
         scope: dict[str, Any] = {"results": results, "run": run, "tools": [t.name for t in tools], "vars": {}}
         for name, value in self.script.vars.items():

@@ -7,8 +7,8 @@ two human requests, each in its own person's web inbox.
 * ``wait_for: all`` (the default): bob answers first, then alice; the run stays parked until both are in,
   resumes once, and completes with both answers in its tool results (in call order).
 * ``wait_for: first``: bob answers; the run resumes at once, alice's question gets ``not_needed`` as its
-  result, and her request is cancelled when the run ends (human-interaction's run-end path) -- her late
-  answer is refused with 409 ``cancelled``.
+  result, and the run withdraws it (``human.cancel_requested``): human-interaction cancels her request --
+  her late answer is refused with 409 ``cancelled``.
 """
 
 from __future__ import annotations
@@ -173,7 +173,14 @@ async def test_two_questions_in_one_turn_answered_in_reverse_order(
 
     done = await eventually(completed, what=f"run {run_id} completed")
     assert done["waiting"] is None
-    events = await _events(http, stack, run_id)
+    needed = {"run.resumed", "run.completed"} | ({"human.cancel_requested"} if wait_for == "first" else set())
+
+    async def recorded() -> list[dict[str, Any]] | None:  # the journal may record a redelivered event later
+        events = await _events(http, stack, run_id)
+        types = [e["type"] for e in events]
+        return events if needed <= set(types) and types.count("human.requested") == 2 else None
+
+    events = await eventually(recorded, what=f"the journal to record {sorted(needed)} of run {run_id}")
     types = [e["type"] for e in events]
     assert types.count("human.requested") == 2
     assert types.count("run.resumed") == 1
@@ -187,14 +194,17 @@ async def test_two_questions_in_one_turn_answered_in_reverse_order(
     else:
         assert done["result"] == "alice=not_needed:- bob=answered:keep"
         assert answered == [bob_request]
+        (withdrawal,) = [e["data"] for e in events if e["type"] == "human.cancel_requested"]
+        assert (withdrawal["request_ids"], withdrawal["answered"]) == ([alice_request], bob_request)
+        assert types.index("human.cancel_requested") < types.index("run.resumed")
 
-        # alice's question is cancelled by the run's end (human-interaction's run-end path), and her late
-        # answer refused
+        # alice's question is cancelled (the withdrawal, or the run's end: whichever human-interaction reads
+        # first), and her late answer refused
         async def cancelled() -> bool:
             response = await http.get(f"{stack.human_url}/requests/{alice_request}", headers=ALICE)
             return response.status_code == 200 and response.json()["status"] == "cancelled"
 
-        await eventually(cancelled, what="alice's request cancelled after the run ended")
+        await eventually(cancelled, what="alice's request cancelled")
         late = await http.post(
             f"{stack.human_url}/requests/{alice_request}/answer", json={"option_id": "ship"}, headers=ALICE
         )

@@ -146,3 +146,14 @@ def test_a_run_s_policy_and_end_marker_stay_while_one_of_its_requests_is_kept() 
         ref_key("telegram", "req", long_id),
         ref_key("telegram", "req", "hreq-gone"),
     ]
+
+
+def test_a_withdrawal_marker_goes_with_its_request() -> None:
+    now = datetime.now(UTC)
+    old = RETENTION + timedelta(hours=1)
+    entries = [
+        _entry(ref_key("withdrawn", "run-a", "hreq-kept"), "hreq-kept", old, now),
+        _entry(ref_key("withdrawn", "run-a", "hreq-gone"), "hreq-gone", old, now),
+    ]
+    stale = stale_references(entries, {"hreq-kept": "run-a"}, now, RETENTION)
+    assert stale == [(ref_key("withdrawn", "run-a", "hreq-gone"), 7)]

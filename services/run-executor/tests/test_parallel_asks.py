@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from temporality_bus import Bus, PermanentError, evolve
 from temporality_protocol import (
     HumanAnswered,
+    HumanCancelRequested,
     HumanExpired,
     HumanPolicy,
     HumanRejected,
@@ -379,6 +380,9 @@ def test_first_answer_resumes_and_the_other_question_is_not_needed() -> None:
     assert all(p.arguments["wait_for"] == "first" for p in world.ckpt.parked)  # one call said it: the turn's
     effects = world.handle(_answered(REQ_B, "user:bob", "keep"))
     assert len(_published(effects, RunResumed)) == 1
+    # the question not needed is withdrawn at once (human-interaction cancels it), not left answerable
+    (withdrawn,) = _published(effects, HumanCancelRequested)
+    assert withdrawn == HumanCancelRequested(run_id=RUN_ID, request_ids=[REQ_A], answered=REQ_B)
     assert _state(world) is RunState.RUNNING
     results = _results(world.ckpt)
     assert [call_id for call_id, _ in results] == ["call-a", "call-b"]
@@ -399,7 +403,8 @@ def test_first_waits_past_expiries_and_rejections_for_an_answer() -> None:
     world = _parked_world(*_two(wait_for="first"))
     world.handle(_expired(REQ_A, "default", default="keep"))
     assert _state(world) is RunState.WAITING_FOR_HUMAN  # an expiry is no answer: bob may still answer
-    world.handle(_answered(REQ_B, "user:bob", "ship"))
+    effects = world.handle(_answered(REQ_B, "user:bob", "ship"))
+    assert _published(effects, HumanCancelRequested) == []  # nothing left open to withdraw
     assert _state(world) is RunState.RUNNING
     results = dict(_results(world.ckpt))
     assert (results["call-a"]["status"], results["call-b"]["status"]) == ("expired", "answered")

@@ -352,8 +352,14 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         ConsumerSpec(
             "human-interaction-runs",
             _E,
-            (subject_for("run.completed"), subject_for("run.failed"), subject_for("run.cancelled")),
-            "A run ended: its pending human requests are cancelled and their sent messages updated",
+            (
+                subject_for("run.completed"),
+                subject_for("run.failed"),
+                subject_for("run.cancelled"),
+                subject_for("human.cancel_requested"),
+            ),
+            "A run ended (or no longer needs some of its questions): its pending human requests are cancelled "
+            "and their sent messages updated",
         ),
         ConsumerSpec(
             "human-interaction-notifications",
@@ -720,6 +726,7 @@ SERVICES: dict[str, ServiceSpec] = {
                 "run.input_after_end",  # an answer or agent message for a run that had ended: journaled
                 "human.requested",
                 "human.notify_requested",
+                "human.cancel_requested",  # HUM-7: the questions a wait_for=first turn no longer needs
                 "agent.asked",
                 "agent.replied",
                 "agent.handed_off",  # AP-6: a handoff, then the child's run.requested

@@ -74,6 +74,7 @@ __all__ = [
     "HumanAnswer",
     "HumanAnswerRefused",
     "HumanAnswered",
+    "HumanCancelRequested",
     "HumanDirectoryChanged",
     "HumanEscalated",
     "HumanExpired",
@@ -625,6 +626,18 @@ class HumanNotifyRequested(EventData):
     message: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
     policy: HumanPolicy
     turn: int
+
+
+class HumanCancelRequested(EventData):
+    """HUM-7: the run no longer needs these requests of its own: it asked several questions in one turn with
+    ``wait_for: first`` and another was answered first. human-interaction cancels those still pending, as at
+    the run's end (their messages show it, a late answer is refused), and only those of this ``run_id``."""
+
+    EVENT_TYPE: ClassVar[str] = "human.cancel_requested"
+    run_id: str
+    request_ids: Annotated[list[str], Field(min_length=1, max_length=64)]
+    reason: Literal["not_needed"] = "not_needed"
+    answered: str | None = Field(default=None, description="The request whose answer made these not needed")
 
 
 class HumanRejected(EventData):
@@ -1626,6 +1639,7 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         HumanRequested,
         HumanNotified,
         HumanNotifyRequested,
+        HumanCancelRequested,
         HumanRejected,
         HumanAnswered,
         HumanAnswerRefused,

@@ -191,7 +191,14 @@ async def channel_entries(bus: Bus, *, timeout_s: float = _SWEEP_LIST_TIMEOUT_S)
 
 
 #: ``<prefix>`` -> the key's value is the request id (``open.<user>.<id>``, ``telegram.token.<token>``, ...).
-_VALUE_IS_REQUEST = (("open",), ("run",), ("telegram", "token"), ("telegram", "msg"), ("matrix", "event"))
+_VALUE_IS_REQUEST = (
+    ("open",),
+    ("run",),
+    ("withdrawn",),
+    ("telegram", "token"),
+    ("telegram", "msg"),
+    ("matrix", "event"),
+)
 #: ``<prefix>.<request id>...``: the key names the request.
 _KEY_NAMES_REQUEST = (("telegram", "req"), ("telegram", "sent"))
 
@@ -204,7 +211,7 @@ def stale_references(
     stored yet (the index comes first) or stored after ``kept`` was read is never taken:
 
     * what belongs to a request no longer stored (purged, or never stored after a crash): its inbox and run
-      index entries, Telegram token / message / sent keys, Matrix event keys and its poll link, and a room's
+      index entries, its withdrawal marker, Telegram token / message / sent keys, Matrix event keys and its poll link, and a room's
       "newest question" pointer (``matrix.latest.<room>``) to it;
     * ``notify.<id>[.<member>]``: a notification's once-only marker (redeliveries come within minutes);
     * a run's ``policy.<run>`` and ``runend.<run>`` once the run ended and none of its requests is kept.

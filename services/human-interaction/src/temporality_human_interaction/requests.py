@@ -67,7 +67,7 @@ from temporality_human_interaction.records import (
     is_request_id,
     open_store,
 )
-from temporality_human_interaction.runs import cancel_pending, index_request, run_ended
+from temporality_human_interaction.runs import cancel_pending, index_request, run_ended, withdrawn
 from temporality_human_interaction.timers import arm_deadline
 from temporality_protocol import Envelope, HumanRequested
 from temporality_protocol.events import MAX_TEXT, DeliveryAttempt
@@ -274,6 +274,8 @@ class RequestHandler:
             await index_request(self._bus, record.run_id, record.request_id)
             await index_open(self._bus, record)
             ended = await run_ended(self._bus, record.run_id)
+            if ended is None and await withdrawn(self._bus, record.run_id, record.request_id):
+                ended = "not_needed"  # HUM-7: its run withdrew it before it was stored
             if ended is not None:
                 cancelled = await cancel_pending(self._bus, record.request_id, ended, None)
                 record = cancelled or record

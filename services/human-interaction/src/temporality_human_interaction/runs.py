@@ -23,9 +23,17 @@ from temporality_bus import Bus, Delivery, NotFound, live_keys
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
 from temporality_human_interaction.inbox import unindex
 from temporality_human_interaction.records import HumanRequestRecord, open_store
-from temporality_protocol import Envelope, HumanRequestState
+from temporality_protocol import Envelope, HumanCancelRequested, HumanRequestState
 
-__all__ = ["RUN_ENDINGS", "RunEndHandler", "cancel_pending", "index_request", "requests_of_run", "run_ended"]
+__all__ = [
+    "RUN_ENDINGS",
+    "RunEndHandler",
+    "cancel_pending",
+    "index_request",
+    "requests_of_run",
+    "run_ended",
+    "withdrawn",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -47,6 +55,11 @@ async def requests_of_run(bus: Bus, run_id: str) -> list[str]:
     return sorted(
         key.rsplit(".", 1)[1] for key in await live_keys(kv, f"{ref_key('run', run_id)}.*", timeout_s=_LIST_TIMEOUT_S)
     )
+
+
+async def withdrawn(bus: Bus, run_id: str, request_id: str) -> bool:
+    """Whether ``run_id`` withdrew its request ``request_id`` (``human.cancel_requested``, HUM-7)."""
+    return await ChannelRefs(bus).get(ref_key("withdrawn", run_id, request_id)) is not None
 
 
 async def run_ended(bus: Bus, run_id: str) -> str | None:
@@ -83,6 +96,9 @@ class RunEndHandler:
         self._on_outcome = on_outcome
 
     async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
+        if event.type == HumanCancelRequested.EVENT_TYPE:
+            await self._withdraw(event.payload(HumanCancelRequested))
+            return
         if event.type not in RUN_ENDINGS:
             return
         run_id = str(event.data.get("run_id") or event.runid or "")
@@ -95,3 +111,21 @@ class RunEndHandler:
             await ChannelRefs(self._bus).claim(ref_key("runend", run_id), event.type)
             for request_id in await requests_of_run(self._bus, run_id):
                 await cancel_pending(self._bus, request_id, event.type, self._on_outcome)
+
+    async def _withdraw(self, withdrawal: HumanCancelRequested) -> None:
+        """HUM-7: the run no longer needs these requests: each is cancelled like at the run's end. The marker
+        first (scoped to the run: another run's request is never touched), so a request stored after this
+        is cancelled at intake (RequestHandler) instead of being sent."""
+        refs = ChannelRefs(self._bus)
+        store = await open_store(self._bus)
+        with structlog.contextvars.bound_contextvars(run_id=withdrawal.run_id):
+            for request_id in withdrawal.request_ids:
+                await refs.claim(ref_key("withdrawn", withdrawal.run_id, request_id), request_id)
+                found = await store.get(request_id)
+                if found is None:
+                    log.info("request.withdrawn_before_stored", request_id=request_id)
+                    continue
+                if found.value.run_id != withdrawal.run_id:
+                    log.warning("request.withdraw_refused", request_id=request_id, owner=found.value.run_id)
+                    continue
+                await cancel_pending(self._bus, request_id, withdrawal.reason, self._on_outcome)

@@ -80,6 +80,7 @@ from temporality_protocol import (
     EventData,
     HandoffDocument,
     HumanAnswered,
+    HumanCancelRequested,
     HumanExpired,
     HumanRejected,
     HumanRequested,
@@ -950,7 +951,15 @@ def _several_outcome(
         )
         # one run.resumed per wait, whichever outcome ended it (the id is the wait's first request)
         wait_id = ckpt.parked[0].request_id
+        have = {o.request_id for o in ckpt.outcomes}
+        unneeded = [p.request_id for p in ckpt.parked if p.request_id not in have]
+        withdraw: tuple[Publish, ...] = ()
+        if unneeded:  # wait_for=first: the questions still open are withdrawn, not left answerable until the end
+            answered = next((o.request_id for o in ckpt.outcomes if o.reason == "answer"), request_id)
+            cancel = HumanCancelRequested(run_id=run.run_id, request_ids=unneeded, answered=answered)
+            withdraw = (Publish(cancel, (wait_id, "not_needed"), causation=incoming.event_id),)
         return _decision(
+            *withdraw,
             Publish(resumed, (wait_id,), causation=incoming.event_id),
             ArmWatchdog(ckpt.turn, agent.card.limits.max_compute_s, attempt.cause("resume")),
             Transition(RunState.RESUMING),

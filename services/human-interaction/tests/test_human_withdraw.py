@@ -1,0 +1,62 @@
+"""HUM-7: a run withdraws the questions it no longer needs (``human.cancel_requested``: several asked with
+``wait_for: first``, another answered first). Each is cancelled like at the run's end -- out of the inbox,
+a late answer refused -- only if it is that run's, and one withdrawn before it was stored is never sent."""
+
+from __future__ import annotations
+
+import httpx
+from human_support import ALICE, events_of, requested, stored
+
+from temporality_bus import Bus
+from temporality_human_interaction.requests import RequestHandler
+from temporality_human_interaction.runs import RunEndHandler
+from temporality_protocol import Envelope, HumanCancelRequested, HumanRequestState, make_event
+
+
+def _withdrawal(run_id: str, *request_ids: str) -> Envelope:
+    data = HumanCancelRequested(run_id=run_id, request_ids=list(request_ids), answered="hreq-answered")
+    return make_event(data, source="/temporality/run-executor", run_id=run_id)
+
+
+async def test_a_withdrawn_request_is_cancelled_and_its_late_answer_refused(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    await handler.handle(asked)
+    assert [r["id"] for r in (await client.get("/inbox", headers=ALICE)).json()["requests"]] == [request_id]
+
+    withdrawal = _withdrawal(run_id, request_id)
+    await RunEndHandler(bus).handle(withdrawal)
+    await RunEndHandler(bus).handle(withdrawal)  # a redelivery: no change
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.CANCELLED
+    assert (await client.get("/inbox", headers=ALICE)).json()["requests"] == []
+    late = await client.post(f"/requests/{request_id}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
+    assert late.status_code == 409
+    assert await events_of(bus, "human.answered") == []
+
+
+async def test_a_run_cannot_withdraw_another_run_s_request(bus: Bus, handler: RequestHandler) -> None:
+    theirs = requested()
+    request_id = str(theirs.data["request_id"])
+    await handler.handle(theirs)
+    await RunEndHandler(bus).handle(_withdrawal("run-someone-else", request_id))
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.PENDING
+
+
+async def test_a_request_withdrawn_before_it_was_stored_is_cancelled_at_intake_never_sent(
+    bus: Bus, handler: RequestHandler
+) -> None:
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    await RunEndHandler(bus).handle(_withdrawal(run_id, request_id))
+    await handler.handle(asked)  # human.requested consumed after the withdrawal
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.CANCELLED
+    assert record.channel is None, "a withdrawn request is never delivered"
+    assert await events_of(bus, "human.notified") == []

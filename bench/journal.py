@@ -204,10 +204,14 @@ def _row(event: Envelope, seq: int, now: datetime) -> tuple[Any, ...]:
         seq,
         json.dumps(event.data),
         now,
+        seq,  # commit_seq: the baseline's rows are numbered in stream order, like one writer's
     )
 
 
-_COLUMNS = "id, type, source, time, run_id, correlation_id, causation_id, actor, tenant, subject, stream_seq, data, recorded_at"
+_COLUMNS = (
+    "id, type, source, time, run_id, correlation_id, causation_id, actor, tenant, subject, stream_seq, data, "
+    "recorded_at, commit_seq"
+)
 
 
 class SqliteDb(Db):
@@ -240,7 +244,7 @@ class SqliteDb(Db):
                 conn.execute(sql.replace(name, f"{name}_baseline", 1).replace("ON events ", "ON events_baseline "))
             t0, c0 = time.perf_counter(), time.process_time()
             conn.execute("BEGIN")
-            conn.executemany(f"INSERT INTO events_baseline ({_COLUMNS}) VALUES ({', '.join('?' * 13)})", rows)
+            conn.executemany(f"INSERT INTO events_baseline ({_COLUMNS}) VALUES ({', '.join('?' * 14)})", rows)
             conn.execute("COMMIT")
             return time.perf_counter() - t0, time.process_time() - c0
 
@@ -267,7 +271,7 @@ class PostgresDb(Db):
         now = datetime.now(UTC)
         rows = [_row(e, i, now) for i, e in enumerate(events, 1)]
         await conn.execute("CREATE TABLE events_baseline (LIKE events INCLUDING ALL)")
-        placeholders = ", ".join(f"${i}" for i in range(1, 14))
+        placeholders = ", ".join(f"${i}" for i in range(1, 15))
         t0, c0 = time.perf_counter(), time.process_time()
         async with conn.transaction():
             await conn.executemany(f"INSERT INTO events_baseline ({_COLUMNS}) VALUES ({placeholders})", rows)

@@ -18,6 +18,7 @@ import pytest
 from journal_support import ADMIN_TOKEN, OPERATOR_TOKEN, VIEWER, VIEWER_TOKEN
 from playwright.async_api import BrowserContext, Page, expect
 
+from temporality_journal import Database, Recorder
 from temporality_protocol import Envelope, RunStarted, RunToolCalled, TriggerAccepted, derive_id, make_event
 from temporality_protocol.events import AgentAsked, AgentAskUndeliverable, AgentMessageReceived
 
@@ -142,6 +143,29 @@ async def test_sign_in_timeline_reads_like_ui_1_and_updates_live(
     await expect(page.locator('#run-header [data-state="completed"]')).to_be_visible(timeout=WAIT_MS)
     await expect(page.locator("#run-header")).to_contain_text("Kept v1")
     await _screenshot(page, "run-completed")
+
+
+async def test_an_event_committed_late_with_a_lower_stream_seq_reaches_the_open_timeline(
+    served_journal: Served, browser_context: BrowserContext, story: MakeStory
+) -> None:
+    """The run page tails after the trajectory's newest *cursor* (``commit_seq``), not its stream sequence: an
+    event a second replica (or a JetStream redelivery) commits later with a lower sequence still arrives."""
+    s = story()
+    async with Database.open(served_journal.runtime.settings.database_url) as database:
+        replica = Recorder(database)  # a second journal replica on the same database
+        for seq, event in enumerate([s.requested(), s.started(), s.human_requested()], 101):
+            assert await replica.record(event, seq)
+        page = await _sign_in(browser_context, served_journal, VIEWER_TOKEN, f"#/runs/{quote(s.run_id, safe='')}")
+        steps = page.locator("#timeline > li .step-title")
+        await expect(steps).to_have_text(
+            ["Trigger ado-pr", "Run started", "Human request", re.compile(r"^Waiting \d+ min$")], timeout=WAIT_MS
+        )
+        await expect(page.locator("#live")).to_have_attribute("data-live", "on", timeout=WAIT_MS)
+        assert await replica.record(s.notified("telegram"), 50)  # committed last, sequence lowest
+        await expect(steps).to_have_text(
+            ["Notified alice on telegram", "Trigger ado-pr", "Run started", "Human request", re.compile("^Waiting")],
+            timeout=WAIT_MS,
+        )
 
 
 async def test_waiting_page_says_whom_which_channel_what_and_since_when(

@@ -11,16 +11,20 @@ from typing import Any
 
 import httpx
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from journal_support import VIEWER, serve_journal, served_settings
 from nats.js.errors import NotFoundError
 from sqlalchemy import Connection, func, select, text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from temporality_bus import Bus, NatsSettings
 from temporality_journal import Database, Recorder
-from temporality_journal.database import VERSION_TABLE, head_revision
-from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE, JournalModel
+from temporality_journal.database import MIGRATIONS_DIR, VERSION_TABLE, async_url, head_revision
+from temporality_journal.models import COMMIT_COUNTER_TABLE, EVENTS_TABLE, RUNS_TABLE, JournalModel
+from temporality_journal.tail import Tail
 from temporality_protocol import derive_id, make_event
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
 from temporality_protocol.events import AgentAsked
@@ -58,6 +62,73 @@ async def test_a_database_made_before_migrations_is_stamped_and_kept(database_ur
     async with Database.open(database_url) as database:
         assert await database.revision() == head_revision()
         assert await _counts(database) == (1, 1)
+
+
+def _migrate_to(revision: str) -> Callable[[Connection], None]:
+    def migrate(connection: Connection) -> None:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+    return migrate
+
+
+async def test_a_database_of_revision_0002_gets_commit_positions_in_stream_order(
+    database_url: str, story: MakeStory
+) -> None:
+    """Upgraded in place: existing events are numbered by stream sequence (equal to it where the sequences
+    are distinct), the counter continues after them, and a cursor an older journal sent still resumes."""
+    s = story()
+    old = [(s.requested(), 3), (s.started(), 1), (s.human_requested(), 7), (s.notified(), 7), (s.answered(), 2)]
+    url = async_url(database_url)
+    if url.get_backend_name() == "sqlite" and url.database:
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_async_engine(url)  # not Database.open: that would migrate to the newest revision
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(_migrate_to("0002"))
+            for event, seq in old:  # revision 0002's events (no commit_seq), inserted out of stream order
+                row = {
+                    "id": event.id,
+                    "type": event.type,
+                    "source": event.source,
+                    "time": event.time,
+                    "run_id": s.run_id,
+                    "stream_seq": seq,
+                    "data": event.data,
+                    "recorded_at": event.time,
+                }
+                await conn.execute(EVENTS_TABLE.insert().values(row))
+        assert await Database(engine).revision() == "0002"
+    finally:
+        await engine.dispose()
+    async with Database.open(database_url) as database:
+        assert await database.revision() == head_revision()
+        async with database.engine.connect() as conn:
+            numbered = (await conn.execute(select(EVENTS_TABLE.c.id, EVENTS_TABLE.c.commit_seq))).all()
+            counter = (await conn.execute(select(COMMIT_COUNTER_TABLE.c.last_seq))).scalar_one()
+            assert await conn.run_sync(_drift) == []
+        by_stream = sorted(old, key=lambda item: (item[1], item[0].id))
+        assert sorted(numbered, key=lambda row: row[1]) == [
+            (event.id, position) for (event, _), position in zip(by_stream, [1, 2, 3, 7, 8], strict=True)
+        ]
+        assert counter == 8
+        newer = s.resumed()
+        assert await Recorder(database).record(newer, 9)
+        # an SSE client of the older journal had id 3 (a stream sequence): it resumes after that event
+        stream = Tail(database).stream(after=3, run_id=None, type_=None, render=lambda r: {"id": r.id}, gone=_present)
+        try:
+            assert (await anext(stream)).comment == "tail after 3"
+            got = [(await anext(stream)) for _ in range(3)]
+        finally:
+            await stream.aclose()
+        expected = [e.id for e, _ in by_stream[3:]] + [newer.id]
+        assert [(item.data["id"], item.id) for item in got] == list(zip(expected, ["7", "8", "9"], strict=True))
+
+
+async def _present() -> bool:
+    return False
 
 
 async def _journal_cli(*args: str, env: dict[str, str]) -> tuple[int, str]:

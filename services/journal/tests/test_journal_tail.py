@@ -1,16 +1,32 @@
-"""The live tail over Server-Sent Events, against the journal service on a real port and a real bus."""
+"""The live tail over Server-Sent Events, against the journal service on a real port and a real bus.
+
+The commit-order tests write through more than one :class:`Recorder` on one database: the served
+journal's own (fed by the bus) and "replicas" opened beside it, which is what a second journal replica
+is, and what a JetStream redelivery looks like to the database (an event committed after events with
+higher stream sequences).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
-from collections.abc import AsyncIterator, Callable
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
-from journal_support import VIEWER
+import pytest
+from journal_support import VIEWER, serve_journal, served_settings
+from sqlalchemy import text
+
+from temporality_bus import Bus, NatsSettings
+from temporality_journal import Database, Recorder
+from temporality_protocol import Envelope
+from temporality_testing.postgres import fresh_postgres_database
 
 MakeStory = Callable[..., Any]  # conftest.RunStory
 Served = Any  # conftest.ServedJournal
@@ -138,3 +154,169 @@ async def test_stopping_the_service_ends_open_streams(served_journal: Served) ->
             async for _ in open_stream.lines:
                 pass  # keep-alives until the stream ends
         await asyncio.wait_for(served_journal.task, 20)
+
+
+# --------------------------------------------------------------------------- commit order, not stream order
+async def _eventually(check: Callable[[], Awaitable[bool]], what: str, within_s: float = 20.0) -> None:
+    """Poll ``check`` until it holds, bounded."""
+    try:
+        async with asyncio.timeout(within_s):  # another process's state: polled
+            for _ in itertools.count():
+                if await check():
+                    return
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"not within {within_s}s: {what}") from None
+
+
+def _ids(items: list[Sse]) -> list[str]:
+    return [item.data["id"] for item in items]
+
+
+def _increasing(items: list[Sse]) -> bool:
+    cursors = [int(item.id or "") for item in items]
+    return cursors == sorted(set(cursors))
+
+
+async def test_an_event_committed_late_with_a_lower_stream_seq_reaches_open_and_resumed_tails(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, database_url: str, story: MakeStory
+) -> None:
+    """The old gap: a tail positioned by stream sequence never sent an event committed after events with
+    higher sequences (a JetStream redelivery keeps its sequence). Positioned by commit order, it does."""
+    s = story()
+    first = [s.requested(), s.started(), s.human_requested()]
+    redelivered, after_it, from_the_bus = s.notified(), s.answered(), s.resumed()
+    settings = served_settings(tmp_path, nats_settings, database_url)
+    async with serve_journal(settings, bus) as served, Database.open(database_url) as database:
+        replica = Recorder(database)  # a second journal replica on the same database
+        async with tail(served) as live:
+            for seq, event in enumerate(first, 101):
+                assert await replica.record(event, seq)
+            got = [await live.next_event() for _ in first]
+            assert _ids(got) == [e.id for e in first]
+            # the message of a failed batch, redelivered: recorded after 101..103 with its own, lower sequence
+            assert await replica.record(redelivered, 100)
+            got.append(await live.next_event())
+            assert got[-1].data["id"] == redelivered.id
+            assert got[-1].data["stream_seq"] == 100
+            assert await replica.record_batch([(after_it, 104)]) == 1
+            got.append(await live.next_event())
+            await bus.publish(from_the_bus)  # the served journal's own recorder, the bus's own (low) sequence
+            got.append(await live.next_event())
+        order = [*first, redelivered, after_it, from_the_bus]
+        assert _ids(got) == [e.id for e in order]  # commit order, each once
+        assert _increasing(got)
+        assert [g.data["commit_seq"] for g in got] == [int(g.id or "") for g in got]
+
+        # a reconnect after the second event gets the rest in commit order, the late one included, once
+        async with tail(served, headers={"Last-Event-ID": got[1].id or ""}) as resumed:
+            rest = [await resumed.next_event() for _ in order[2:]]
+            assert _ids(rest) == [e.id for e in order[2:]]
+            sentinel = s.completed()
+            await bus.publish(sentinel)
+            assert (await resumed.next_event()).data["id"] == sentinel.id  # nothing sent twice before it
+        async with tail(served, after=0) as replay:  # ``after`` takes the same cursor
+            everything = [await replay.next_event() for _ in range(len(order) + 1)]
+        assert _ids(everything) == [*(e.id for e in order), sentinel.id]
+        assert [g.id for g in everything[: len(got)]] == [g.id for g in got]
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh PostgreSQL database (skipped when unreachable, failed under ``TEMPORALITY_REQUIRE_POSTGRES=1``)."""
+    async with fresh_postgres_database("journal_tail") as url:
+        yield url
+
+
+async def _lock_waiters(database: Database) -> int:
+    """How many sessions on this database wait for a lock (PostgreSQL's view of the other connections)."""
+    async with database.engine.connect() as conn:
+        query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        return int((await conn.execute(text(query))).scalar_one())
+
+
+async def _waiters_at_least(database: Database, count: int) -> bool:
+    return await _lock_waiters(database) >= count
+
+
+async def test_two_writers_on_postgres_cannot_make_the_tail_skip(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, postgres_url: str, story: MakeStory
+) -> None:
+    """Replica A has taken its positions and inserted its events but not committed (held up on a run's row
+    lock); replica B, with higher stream sequences, must wait for A's commit instead of committing first
+    and moving the tail past A's events (what a sequence assigned at insert, or the stream sequence, did)."""
+    x, y = story(), story()
+    settings = served_settings(tmp_path, nats_settings, postgres_url)
+    async with (
+        serve_journal(settings, bus) as served,
+        Database.open(postgres_url) as db_a,
+        Database.open(postgres_url) as db_b,
+        Database.open(postgres_url) as db_lock,
+    ):
+        replica_a, replica_b = Recorder(db_a), Recorder(db_b)
+        assert await replica_a.record(x.requested(), 1)  # the run row A's projection will wait on
+        a_events, b_events = [x.started(), x.human_requested()], [y.requested(), y.started()]
+        async with tail(served) as live, db_lock.engine.connect() as holder:
+            await holder.begin()
+            await holder.execute(text("SELECT run_id FROM runs WHERE run_id = :r FOR UPDATE"), {"r": x.run_id})
+            writing_a = asyncio.create_task(replica_a.record_batch([(e, seq) for seq, e in enumerate(a_events, 10)]))
+            await _eventually(lambda: _waiters_at_least(db_lock, 1), "A waits on the run's row")
+            writing_b = asyncio.create_task(replica_b.record_batch([(e, seq) for seq, e in enumerate(b_events, 20)]))
+            await _eventually(lambda: _waiters_at_least(db_lock, 2), "B waits for A's commit")
+            assert not writing_b.done()
+            await holder.commit()
+            assert await asyncio.wait_for(writing_a, 20) == 2
+            assert await asyncio.wait_for(writing_b, 20) == 2
+            got = [await live.next_event() for _ in range(4)]
+            assert _ids(got) == [e.id for e in [*a_events, *b_events]]
+            assert _increasing(got)
+            sentinel = y.completed()
+            await bus.publish(sentinel)
+            assert (await live.next_event()).data["id"] == sentinel.id  # nothing skipped, nothing twice
+        async with tail(served, headers={"Last-Event-ID": got[0].id or ""}) as resumed:
+            rest = [await resumed.next_event() for _ in range(4)]
+        assert _ids(rest) == [*_ids(got[1:]), sentinel.id]
+
+
+async def test_concurrent_writers_reach_the_tail_each_event_once_in_commit_order(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, database_url: str, story: MakeStory
+) -> None:
+    """Two replicas writing batches at once, stream sequences interleaved and out of order: an open tail
+    and a replay from the start both get every event exactly once, in one increasing cursor order."""
+    settings = served_settings(tmp_path, nats_settings, database_url)
+    rng = random.Random(7)
+    writers: list[list[list[tuple[Envelope, int]]]] = [[], []]
+    seq = 0
+    for _ in range(12):
+        for batches in writers:
+            s = story()
+            batch = []
+            for event in (s.requested(), s.started(), s.human_requested(), s.answered()):
+                seq += 1
+                batch.append((event, seq))
+            batches.append(batch)
+    for batches in writers:
+        rng.shuffle(batches)  # each writer commits its batches out of stream order
+    expected = {event.id for batches in writers for batch in batches for event, _ in batch}
+    async with (
+        serve_journal(settings, bus) as served,
+        Database.open(database_url) as db_a,
+        Database.open(database_url) as db_b,
+    ):
+        async with tail(served) as live:
+
+            async def write(recorder: Recorder, batches: list[list[tuple[Envelope, int]]]) -> None:
+                for batch in batches:
+                    assert await recorder.record_batch(batch) == len(batch)
+
+            await asyncio.gather(write(Recorder(db_a), writers[0]), write(Recorder(db_b), writers[1]))
+            got = [await live.next_event() for _ in expected]
+            sentinel = story().requested()
+            await bus.publish(sentinel)
+            assert (await live.next_event()).data["id"] == sentinel.id
+        assert set(_ids(got)) == expected
+        assert len(_ids(got)) == len(expected)
+        assert _increasing(got)
+        async with tail(served, after=0) as replay:
+            again = [await replay.next_event() for _ in expected]
+        assert [(g.id, g.data["id"]) for g in again] == [(g.id, g.data["id"]) for g in got]

@@ -202,8 +202,8 @@ async def test_unfixable_tells_bad_data_and_constraints_from_races_and_outages(d
         assert unfixable(
             await _error_of(
                 database,
-                "INSERT INTO events (id, type, source, time, stream_seq, recorded_at, data) "
-                "VALUES ('big', :t, 's', now(), 1, now(), '{}')",
+                "INSERT INTO events (id, type, source, time, stream_seq, commit_seq, recorded_at, data) "
+                "VALUES ('big', :t, 's', now(), 1, 1, now(), '{}')",
                 t=huge,
             )
         )

@@ -19,7 +19,9 @@ role too low a 403.
 ``POST /runs/{run_id}/cancel``      operator: publish ``run.cancel_requested`` (body ``{reason}``);
                                     202, 404 unknown run, 409 already finished
 ``GET /events?type=&run_id=``       recent events, newest first (``type=bus.dead_lettered``: the
-                                    dead-letter view)
+                                    dead-letter view); each with its ``stream_seq`` and ``commit_seq``
+``GET /events/stream``              the live tail (SSE), resumable by cursor (``commit_seq``):
+                                    :mod:`temporality_journal.tail`
 ``GET /triggers``                   UI-2: per trigger id, its deliveries and runs
 ``GET /triggers/{id}/deliveries``   one trigger's deliveries, newest first, paged by ``before``
 ``GET /analytics/human``            OBS-1: how often runs ask humans, how long they wait, what
@@ -242,7 +244,10 @@ class EventView(BaseModel):
     correlation_id: str | None
     causation_id: str | None
     tenant: str | None
-    stream_seq: int
+    stream_seq: int = Field(description="Its JetStream stream sequence (the journal's stream order)")
+    commit_seq: int = Field(
+        description="Its cursor in the journal's commit order: the live tail's SSE id (``after``, ``Last-Event-ID``)"
+    )
     recorded_at: datetime
     data: dict[str, Any]
 
@@ -674,10 +679,13 @@ def create_app(
         "/events/stream",
         response_class=EventSourceResponse,
         responses={200: {"description": "text/event-stream of journaled events"}},
-        description="A live tail over Server-Sent Events: each event's ``id`` is its stream sequence, "
-        "``event`` its CloudEvent type, ``data`` the JSON of a ``GET /events`` item. Starts after "
-        "``Last-Event-ID`` (a reconnect), else after ``after`` (0: from the beginning), else from now; the "
-        "first line is the comment ``: tail after <seq>``. Filters combine with AND. See docs/journal.md.",
+        description="A live tail over Server-Sent Events: each event's ``id`` is its cursor (``commit_seq``: "
+        "opaque, increasing; the journal's commit order, not the stream sequence), ``event`` its "
+        "CloudEvent type, ``data`` the JSON of a ``GET /events`` item. Every journaled event is sent exactly "
+        "once, in commit order, also across reconnects and with several journal replicas. Starts after "
+        "``Last-Event-ID`` (a reconnect), else after the cursor ``after`` (0: from the beginning), else from "
+        "now; the first line is the comment ``: tail after <cursor>``. Filters combine with AND. See "
+        "docs/journal.md.",
     )
     async def stream_events(
         who: AsViewer,
@@ -686,7 +694,8 @@ def create_app(
         run_id: Annotated[str | None, _text("Only this run's events")] = None,
         type_: Annotated[str | None, Query(alias="type", max_length=MAX_TEXT_PARAM, pattern=NO_NUL)] = None,
         after: Annotated[
-            NonNegativeInt64 | None, Query(description="Start after this stream sequence (0: from the start)")
+            NonNegativeInt64 | None,
+            Query(description="Start after this cursor (an SSE id, a ``commit_seq``; 0: from the start)"),
         ] = None,
     ) -> AsyncIterator[ServerSentEvent]:
         log.info("tail.opened", principal=who.name, run_id=run_id, type=type_)
@@ -879,13 +888,13 @@ async def _last_event_id(
         str | None, Header(alias="Last-Event-ID", description="Resume after this id (sent by EventSource)")
     ] = None,
 ) -> int | None:
-    """The stream sequence an SSE client resumes after; 422 for anything but a non-negative int64."""
+    """The cursor an SSE client resumes after; 422 for anything but a non-negative int64."""
     if last_event_id is None or not last_event_id.strip():
         return None
     value = last_event_id.strip()
     if not value.isascii() or not value.isdigit() or len(value) > 19 or int(value) > 2**63 - 1:
         raise Unprocessable(
-            "header.Last-Event-ID: must be an id this stream sent (a stream sequence)", code="invalid_last_event_id"
+            "header.Last-Event-ID: must be an id this stream sent (a cursor)", code="invalid_last_event_id"
         )
     return int(value)
 

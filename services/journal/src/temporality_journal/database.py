@@ -3,7 +3,8 @@
 The schema is versioned with Alembic (``temporality_journal/migrations``): :meth:`Database.open`
 upgrades to the newest revision under a PostgreSQL advisory lock (replicas starting together migrate
 once). A database made by an older journal with ``create_all`` (tables, no version table) is stamped
-with the initial revision first. :meth:`Database.drop` removes the tables and the version table: the
+with the revision its tables match first (``0001``; ``0002`` with ``asks``; ``0003`` with
+``commit_counter``). :meth:`Database.drop` removes the tables and the version table: the
 first half of a rebuild (``temporality-journal rebuild``, see :mod:`temporality_journal.rebuild`).
 """
 
@@ -38,6 +39,8 @@ VERSION_TABLE = "journal_schema_version"
 BASELINE_REVISION = "0001"
 #: The revision that added ``asks`` (an unversioned database that has it is stamped there).
 ASKS_REVISION = "0002"
+#: The revision that added ``events.commit_seq`` and ``commit_counter`` (the live tail's commit order).
+COMMIT_ORDER_REVISION = "0003"
 _ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
     "postgres": "postgresql+asyncpg",
@@ -94,7 +97,10 @@ def _upgrade(connection: Connection) -> None:
     config = _alembic(connection)
     if "events" in tables and VERSION_TABLE not in tables:
         # ``create_all`` made the models' tables of its day: with ``asks`` that is revision 0002's schema
-        revision = ASKS_REVISION if "asks" in tables else BASELINE_REVISION
+        if "commit_counter" in tables:
+            revision = COMMIT_ORDER_REVISION
+        else:
+            revision = ASKS_REVISION if "asks" in tables else BASELINE_REVISION
         log.info("database.stamped", revision=revision, reason="tables made before migrations existed")
         command.stamp(config, revision)
     command.upgrade(config, "head")

@@ -1,4 +1,5 @@
-"""The journal's SQL tables (SQLModel): ``events``, every CloudEvent once; ``runs`` and ``asks``, their projections.
+"""The journal's SQL tables (SQLModel): ``events``, every CloudEvent once; ``runs`` and ``asks``, their projections;
+``commit_counter``, the last commit position handed out (``events.commit_seq``, :mod:`temporality_journal.tail`).
 
 The tables live in their own SQLAlchemy registry, so the journal creates exactly its own tables
 even when other SQLModel models share the process (tests import every service).
@@ -20,10 +21,12 @@ from temporality_protocol.states import AgentAskState
 
 __all__ = [
     "ASKS_TABLE",
+    "COMMIT_COUNTER_TABLE",
     "EVENTS_TABLE",
     "RUNS_TABLE",
     "AskRecord",
     "AskSnapshot",
+    "CommitCounter",
     "EventRecord",
     "JournalModel",
     "RunRecord",
@@ -90,10 +93,29 @@ class EventRecord(JournalModel, table=True):
     tenant: str | None = None
     subject: str | None = None
     stream_seq: int = Field(sa_type=BigInteger, index=True)
+    #: The journal's commit order, unique and increasing in the order the rows became visible (the live
+    #: tail's cursor, its SSE ``id``): handed out by the recorder from :class:`CommitCounter`, see
+    #: :mod:`temporality_journal.tail`. ``stream_seq`` is JetStream's order, which a redelivery breaks.
+    commit_seq: int = Field(sa_type=BigInteger, unique=True, index=True)
     data: dict[str, Any] = Field(
         default_factory=dict, sa_column=Column(JSON().with_variant(JSONB(), "postgresql"), nullable=False)
     )
     recorded_at: datetime = Field(sa_type=UTCDateTime)
+
+
+class CommitCounter(JournalModel, table=True):
+    """The one row (``id = 1``) holding the last ``events.commit_seq`` handed out; never decreases.
+
+    Each write transaction of the recorder first locks it (``SELECT … FOR UPDATE`` on PostgreSQL, a no-op
+    ``UPDATE`` -- the database's write lock -- on SQLite), held until the commit, so the journal's writers
+    serialise per batch and positions are handed out in commit order
+    (:func:`temporality_journal.recorder.lock_positions`).
+    """
+
+    __tablename__ = "commit_counter"
+
+    id: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    last_seq: int = Field(sa_type=BigInteger)
 
 
 class RunSnapshot(JournalModel):
@@ -189,3 +211,4 @@ class AskRecord(AskSnapshot, table=True):
 EVENTS_TABLE: Table = EventRecord.metadata.tables["events"]
 RUNS_TABLE: Table = RunRecord.metadata.tables["runs"]
 ASKS_TABLE: Table = AskRecord.metadata.tables["asks"]
+COMMIT_COUNTER_TABLE: Table = CommitCounter.metadata.tables["commit_counter"]

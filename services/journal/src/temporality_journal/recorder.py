@@ -17,9 +17,13 @@ over ``unnest`` of one array per column, ``data`` as the JSON text the sanitizin
 SQLAlchemy core on SQLite; never the ORM), the affected runs read once, projected in memory in
 stream order with :func:`project` (which copies rows without validating them again), written back
 with one insert and one upsert; the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
--- committed once, then acked by the runner. Any error rolls the whole batch back and
-raises: the runner then records the events one by one through :meth:`Recorder.handle`, where an
-unstorable event is dead-lettered alone and a database outage is retried with backoff.
+-- committed once, then acked by the runner. Every write transaction (a batch, or one event) first
+locks ``commit_counter`` (:func:`lock_positions`), which serialises the journal's writers until the
+commit, and hands the events it stores the next commit positions (``events.commit_seq``, in stream
+order within a batch; an event already stored gets none): the live tail's order
+(:mod:`temporality_journal.tail`). Any error rolls the whole batch back and raises: the runner then
+records the events one by one through :meth:`Recorder.handle`, where an unstorable event is
+dead-lettered alone and a database outage is retried with backoff.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
@@ -44,6 +48,7 @@ from temporality_journal.asks import project_ask, request_id_of
 from temporality_journal.database import Database
 from temporality_journal.models import (
     ASKS_TABLE,
+    COMMIT_COUNTER_TABLE,
     EVENTS_TABLE,
     RUNS_TABLE,
     AskSnapshot,
@@ -56,7 +61,7 @@ from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
 from temporality_protocol import BusDeadLettered, Envelope, InvalidEnvelope
 from temporality_protocol.catalog import CONSUMERS
 
-__all__ = ["REPLACEMENT_CHARACTER", "Recorder", "sanitize", "unfixable"]
+__all__ = ["REPLACEMENT_CHARACTER", "Recorder", "advance_positions", "lock_positions", "sanitize", "unfixable"]
 
 log = structlog.get_logger(__name__)
 
@@ -83,8 +88,9 @@ _PG_ARRAY_COLUMNS = (
     "tenant",
     "subject",
     "stream_seq",
+    "commit_seq",
 )
-_PG_ARRAY_TYPES = ("text",) * 3 + ("timestamptz",) + ("text",) * 6 + ("bigint",)
+_PG_ARRAY_TYPES = ("text",) * 3 + ("timestamptz",) + ("text",) * 6 + ("bigint",) * 2
 _PG_INSERT_EVENTS = (
     f"INSERT INTO events ({', '.join(_PG_ARRAY_COLUMNS)}, data, recorded_at) "
     f"SELECT {', '.join(_PG_ARRAY_COLUMNS)}, data::jsonb, ${len(_PG_ARRAY_COLUMNS) + 2}::timestamptz "
@@ -92,6 +98,33 @@ _PG_INSERT_EVENTS = (
     f"${len(_PG_ARRAY_COLUMNS) + 1}::text[]) AS batch({', '.join(_PG_ARRAY_COLUMNS)}, data) "
     "ON CONFLICT (id) DO NOTHING RETURNING id"
 )
+_COUNTER = COMMIT_COUNTER_TABLE.c
+_ONE_COUNTER = _COUNTER.id == 1
+#: PostgreSQL: the counter's row lock. SQLite has no row locks: a no-op write takes the database's write lock.
+_LOCK_COUNTER_POSTGRESQL = select(_COUNTER.last_seq).where(_ONE_COUNTER).with_for_update()
+_LOCK_COUNTER_SQLITE = (
+    update(COMMIT_COUNTER_TABLE).where(_ONE_COUNTER).values(last_seq=_COUNTER.last_seq).returning(_COUNTER.last_seq)
+)
+
+
+async def lock_positions(conn: AsyncConnection) -> int:
+    """Lock the commit counter until this transaction ends; the last position handed out so far.
+
+    The first statement of every write transaction of the recorder: the lock (PostgreSQL's row lock,
+    SQLite's write lock) serialises the journal's writers, every replica, so a transaction sees the
+    counter only once every transaction that took positions before it has committed or rolled back:
+    positions are handed out in commit order (see :mod:`temporality_journal.tail`).
+    """
+    lock = _LOCK_COUNTER_POSTGRESQL if conn.dialect.name == "postgresql" else _LOCK_COUNTER_SQLITE
+    last = (await conn.execute(lock)).scalar()
+    if last is None:
+        raise RuntimeError("the journal's commit_counter row is missing (see docs/journal.md, Schema and rebuild)")
+    return int(last)
+
+
+async def advance_positions(conn: AsyncConnection, last: int) -> None:
+    """Record ``last`` as the last position handed out (under :func:`lock_positions`' lock; rolled back with it)."""
+    await conn.execute(update(COMMIT_COUNTER_TABLE).where(_ONE_COUNTER).values(last_seq=last))
 
 
 def _storable_text(value: str) -> str:
@@ -260,7 +293,8 @@ class Recorder:
         if not rows:
             return 0
         async with self._database.engine.begin() as conn:
-            new = await self._insert_events(conn, rows, dumps)
+            last = await lock_positions(conn)
+            new = await self._insert_events(conn, rows, dumps, last)
             fresh = [events[row["id"]] for row in rows if row["id"] in new]  # still in stream order
             moved = await self._project_batch(conn, fresh)
             asks = await self._project_asks(conn, fresh)
@@ -271,9 +305,13 @@ class Recorder:
         return len(new)
 
     async def _insert_events(
-        self, conn: AsyncConnection, rows: list[dict[str, Any]], dumps: list[str | None]
+        self, conn: AsyncConnection, rows: list[dict[str, Any]], dumps: list[str | None], last: int
     ) -> set[str]:
-        """Insert ``rows`` unless their id is stored already; the ids that were new.
+        """Insert ``rows`` unless their id is stored already, at commit positions after ``last``
+        (:func:`lock_positions`, in the order of ``rows``); the ids that were new.
+
+        The ids stored already are looked up first (under the lock no other journal writer adds any), so
+        positions go to new events only: a redelivered batch leaves no gap in the cursor.
 
         PostgreSQL: one ``INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING RETURNING id`` with one
         array per column, ``data`` passed as the JSON text :func:`_cleaned` made anyway (cast to
@@ -281,15 +319,25 @@ class Recorder:
         SQLAlchemy. SQLite (or a ``data`` that is not JSON-serializable): SQLAlchemy core's multi-row
         insert with the same semantics.
         """
+        ids = [row["id"] for row in rows]
+        known = {row[0] for row in await conn.execute(select(EVENTS_TABLE.c.id).where(EVENTS_TABLE.c.id.in_(ids)))}
+        kept = [(row, dump) for row, dump in zip(rows, dumps, strict=True) if row["id"] not in known]
+        if not kept:
+            return set()
+        rows = [{**row, "commit_seq": last + offset} for offset, (row, _) in enumerate(kept, 1)]
+        dumps = [dump for _, dump in kept]
         if self._database.dialect == "postgresql" and None not in dumps:
             columns = [[row[name] for row in rows] for name in _PG_ARRAY_COLUMNS]
             result = await conn.exec_driver_sql(_PG_INSERT_EVENTS, (*columns, dumps, rows[0]["recorded_at"]))
-            return {row[0] for row in result}
-        inserted = await conn.execute(
-            self._insert(EVENTS_TABLE).on_conflict_do_nothing(index_elements=["id"]).returning(EVENTS_TABLE.c.id),
-            rows,
-        )
-        return {row[0] for row in inserted}
+            new = {row[0] for row in result}
+        else:
+            inserted = await conn.execute(
+                self._insert(EVENTS_TABLE).on_conflict_do_nothing(index_elements=["id"]).returning(EVENTS_TABLE.c.id),
+                rows,
+            )
+            new = {row[0] for row in inserted}
+        await advance_positions(conn, last + len(rows))
+        return new
 
     async def _project_batch(self, conn: AsyncConnection, fresh: list[tuple[Envelope, int]]) -> int:
         """Project ``fresh`` (new events, stream order) onto their runs; how many state moves."""
@@ -405,14 +453,19 @@ class Recorder:
         return True
 
     async def _store(self, session: AsyncSession, event: Envelope, stream_seq: int) -> bool:
+        conn = await session.connection()
+        position = await lock_positions(conn) + 1
         statement = (
             self._insert(EventRecord)
-            .values(**_event_row(event, stream_seq, datetime.now(UTC)))
+            .values(**_event_row(event, stream_seq, datetime.now(UTC)), commit_seq=position)
             .on_conflict_do_nothing(index_elements=["id"])
             .returning(col(EventRecord.id))
         )
         result = await session.exec(statement)
-        return result.first() is not None
+        if result.first() is None:  # known already: no position used
+            return False
+        await advance_positions(conn, position)
+        return True
 
     async def _project(self, session: AsyncSession, event: Envelope, stream_seq: int) -> None:
         run_id = run_id_of(event)

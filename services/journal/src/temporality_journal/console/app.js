@@ -136,7 +136,7 @@ function failed(error) {
 
 // ------------------------------------------------------------------ live tail (SSE over fetch)
 // EventSource cannot send an Authorization header, so the stream is read with fetch() and parsed here;
-// on a drop it reconnects with Last-Event-ID (the last stream sequence seen).
+// on a drop it reconnects with Last-Event-ID (the last cursor seen: an event's commit_seq, opaque).
 function setLive(on) {
   const badge = $("live");
   badge.dataset.live = on ? "on" : "off";
@@ -621,7 +621,8 @@ function runView(signal, runId) {
     for (const e of events) seen.add(e.id);
     renderHeader();
     renderTimeline();
-    const after = events.length ? events[events.length - 1].stream_seq : 0;
+    // the tail's cursor is the commit order (commit_seq), not the stream order the trajectory is sorted by
+    const after = events.reduce((last, e) => Math.max(last, e.commit_seq), 0);
     tail({ run_id: runId, after }, (event) => {
       if (seen.has(event.id)) return;
       seen.add(event.id);

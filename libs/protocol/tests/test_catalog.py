@@ -113,7 +113,7 @@ def test_receives_is_what_the_consumers_filter() -> None:
         "agent.ask_undeliverable",
         "agent.reply_undeliverable",
     }
-    # its timer consumer is internal; run endings cancel the run's pending requests; notifications go out;
+    # its timer consumer is internal; run endings (and withdrawals) cancel pending requests; notifications go out;
     # run.requested feeds its own projection of each run's policy (SEC-1)
     assert set(SERVICES["human-interaction"].receives) == {
         "run.requested",
@@ -122,6 +122,7 @@ def test_receives_is_what_the_consumers_filter() -> None:
         "run.completed",
         "run.failed",
         "run.cancelled",
+        "human.cancel_requested",  # HUM-7: a run withdraws questions it no longer needs
     }
     assert SERVICES["journal"].receives_all
     assert set(SERVICES["journal"].receives) == set(EVENT_MODELS)

@@ -58,6 +58,7 @@ from temporality_protocol.events import (
     HandoffDocument,
     HumanAnswered,
     HumanAnswerRefused,
+    HumanCancelRequested,
     HumanDirectoryChanged,
     HumanEscalated,
     HumanExpired,
@@ -186,6 +187,7 @@ EXAMPLES: dict[str, EventData] = {
             notification_id="hn-1", run_id="run-1", agent="reviewer", title="Review PR 42", recipient="user:alice",
             message="Review finished: two comments.", policy=_POLICY, turn=3,
         ),
+        HumanCancelRequested(run_id="run-1", request_ids=["hr-2", "hr-3"], answered="hr-1"),
         HumanRejected(
             request_id="hr-1", run_id="run-1", recipient="user:mallory", reason="recipient_not_allowed",
             detail="user:mallory is not in allowed_recipients",

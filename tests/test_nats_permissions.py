@@ -21,7 +21,7 @@ from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import SecretStr
 
-from temporality_bus import Bus, NatsSettings, Timers, TransientError
+from temporality_bus import Bus, NatsSettings, Timers
 from temporality_embedded import NatsServer, Stack
 from temporality_embedded.cli import nats_authorization
 from temporality_embedded.natsserver import password_variable
@@ -527,14 +527,15 @@ async def test_a_service_cancels_its_own_timers_and_cannot_cancel_another_s(secu
     violations: list[str] = []
     gateway = await _service(secured, "trigger-gateway", violations)
     try:
-        async with as_service("trigger-gateway") as gateway_bus:
-            gateway_bus.js.no_stream_retry_s = 0  # a refusal is no "no stream yet"
-            with pytest.raises(TransientError):
-                await Timers(gateway_bus, TIMER_NS_HUMAN).cancel("kept")
+        cancel = {"Nats-Rollup": "sub", "Nats-TTL": "60s"}  # what Timers.cancel publishes, on another's subject
+        with pytest.raises(REFUSED):
+            await gateway.request("temporality.timers.schedule.human.kept", b"", timeout=2, headers=cancel)
         purge = json.dumps({"filter": "temporality.timers.schedule.human.kept"}).encode()
         with pytest.raises(REFUSED):
             await gateway.request(f"$JS.API.STREAM.PURGE.{TIMERS_STREAM.name}", purge, timeout=2)
-        await _violations_of(violations, f"$js.api.stream.purge.{TIMERS_STREAM.name}")
+        await _violations_of(
+            violations, "temporality.timers.schedule.human.kept", f"$js.api.stream.purge.{TIMERS_STREAM.name}"
+        )
     finally:
         await gateway.close()
     async with Bus.connect(admin, name="admin") as bus:

@@ -13,15 +13,16 @@ two human requests, each in its own person's web inbox.
 
 from __future__ import annotations
 
+import copy
+import json
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
-from e2e_support import ALICE, CONFIG, JOURNAL, eventually, example_pr, make_stack, post_hook
+from e2e_support import ALICE, CONFIG, HOOK_AUTH, JOURNAL, eventually, example_pr, make_stack
 
 from temporality_embedded import Stack
 from temporality_testing.waiting import stays
@@ -58,7 +59,7 @@ def _pollster(wait_for: str) -> dict[str, Any]:
         },
     ]
     return {
-        "id": "pollster",
+        "id": f"pollster-{wait_for}",
         "role": "Asks two people at once",
         "description": "The scripted agent of tests/test_parallel_questions.py",
         "system_prompt": "Ask alice and bob together, then report both answers.",
@@ -76,26 +77,28 @@ def _pollster(wait_for: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(params=["all", "first"])
-def polling_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Stack, str]]:
-    wait_for = str(request.param)
-    config = tmp_path / "config"
+@pytest.fixture(scope="module")
+def polling_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One stack for both policies: a pollster agent and a webhook trigger (``pollster-<wait_for>``) each."""
+    root = tmp_path_factory.mktemp("parallel-questions")
+    config = root / "config"
     shutil.copytree(CONFIG, config)
     agents = yaml.safe_load((config / "agents.yaml").read_text())
-    agents["agents"].append(_pollster(wait_for))
+    agents["agents"] += [_pollster("all"), _pollster("first")]
     (config / "agents.yaml").write_text(yaml.safe_dump(agents))
     triggers = yaml.safe_load((config / "triggers.yaml").read_text())
-    triggers["triggers"][0]["agent"] = "pollster"
+    shipped = triggers["triggers"][0]
     # nobody's answer is forced by a timeout default here (the shipped default names the reviewer's option)
-    triggers["triggers"][0]["human"] |= {
-        "allowed_recipients": ["user:alice", "user:bob"],
-        "on_timeout": {"action": "fail"},
-    }
+    shipped["human"] |= {"allowed_recipients": ["user:alice", "user:bob"], "on_timeout": {"action": "fail"}}
+    triggers["triggers"] = [
+        {**copy.deepcopy(shipped), "id": f"pollster-{wait_for}", "agent": f"pollster-{wait_for}"}
+        for wait_for in ("all", "first")
+    ]
     (config / "triggers.yaml").write_text(yaml.safe_dump(triggers))
-    stack = make_stack(tmp_path, config_dir=config)
+    stack = make_stack(root, config_dir=config)
     stack.start()
     try:
-        yield stack, wait_for
+        yield stack
     finally:
         stack.stop()
 
@@ -131,11 +134,16 @@ async def _answer(http: httpx.AsyncClient, stack: Stack, person: dict[str, str],
     assert response.status_code == 200, response.text
 
 
+@pytest.mark.parametrize("wait_for", ["all", "first"])
 async def test_two_questions_in_one_turn_answered_in_reverse_order(
-    polling_stack: tuple[Stack, str], http: httpx.AsyncClient
+    polling_stack: Stack, http: httpx.AsyncClient, wait_for: str
 ) -> None:
-    stack, wait_for = polling_stack
-    accepted = await post_hook(http, stack, example_pr())
+    stack = polling_stack
+    accepted = await http.post(
+        f"{stack.gateway_url}/hooks/pollster-{wait_for}",
+        content=json.dumps(example_pr()).encode(),
+        headers={"Authorization": HOOK_AUTH, "Content-Type": "application/json"},
+    )
     assert accepted.status_code == 202, accepted.text
     run_id = accepted.json()["run_id"]
     alice_request = await _inbox_request(http, stack, ALICE, run_id)

@@ -237,3 +237,34 @@ async def test_a_lost_race_calls_fn_again_on_the_new_value(bus: Bus) -> None:
     assert got is not None
     assert got.value.seen == ["winner"]
     assert got.revision == rev + 1
+
+
+# --------------------------------------------------------------------------- purge
+async def test_purge_removes_the_key_and_its_history_and_stale_writes_lose(bus: Bus) -> None:
+    """What a finished run's checkpoint removal rests on: gone for readers, every revision with it, and a
+    writer holding a revision from before cannot bring it back (only a create can)."""
+    spec = BucketSpec("t-purge", "test bucket with history", history=5)
+    store = await bus.store(spec, Counter)
+    first = await store.create("k", Counter(name="k"))
+    second = await store.update("k", Counter(name="k", count=1), first)
+    await store.create("other", Counter(name="other"))
+
+    await store.purge("k")
+    assert await store.get("k") is None
+    assert await store.keys() == ["other"]
+    kv = await bus.kv(spec)
+    assert [entry.value for entry in await kv.history("k")] == [b""]  # the purge marker alone: no revision left
+    with pytest.raises(Conflict):
+        await store.update("k", Counter(name="k", count=2), second)
+    with pytest.raises(NotFound):
+        await store.modify("k", _bump("late"))
+    assert await store.get("k") is None
+
+    await store.purge("k")  # again, and a key never written: nothing changes, nothing raises
+    await store.purge("never")
+    assert await store.keys() == ["other"]
+    assert (await store.get("other")) is not None
+    await store.create("k", Counter(name="k", count=7))  # a create may write it again
+    got = await store.get("k")
+    assert got is not None
+    assert got.value.count == 7

@@ -45,6 +45,7 @@ from temporality_run_executor.machine import (
     AdoptCancelMarker,
     Agent,
     ApplyResult,
+    ArmRetention,
     ArmWatchdog,
     Ask,
     Attempt,
@@ -224,7 +225,7 @@ def test_an_unknown_agent_fails_the_run() -> None:
         request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID, marker_checked=True
     )
     decision = _decide(_run(RunState.PENDING), None, incoming, agent=None)
-    assert _kinds(decision) == ["Publish", "Publish", "Transition", "DisarmWatchdog"]
+    assert _kinds(decision) == ["Publish", "Publish", "Transition", "DisarmWatchdog", "ArmRetention"]
     failed = _published(decision)[1]
     assert isinstance(failed, RunFailed)
     assert failed.reason == "unknown_agent"
@@ -466,7 +467,8 @@ def test_a_repeated_outcome_for_an_applied_request_is_a_no_op() -> None:
     for state in (RunState.COMPLETED, RunState.CANCELLED, RunState.FAILED):
         decision = _decide(_run(state), ckpt, outcome)
         assert decision.then is None
-        (after,) = decision.effects
+        after, retain = decision.effects  # its checkpoint still there: retention armed (again)
+        assert retain == ArmRetention()
         assert isinstance(after, Publish)
         assert (after.id_parts, after.causation) == (("evt-dup",), "evt-dup")
         assert after.data == RunInputAfterEnd(
@@ -479,7 +481,7 @@ def test_a_repeated_outcome_for_an_applied_request_is_a_no_op() -> None:
             detail=f"run {RUN_ID} is {state.value}: the answer to {REQUEST_ID} was not applied",
         )
     # ... also when its card is gone meanwhile (never a run.failed for a finished run)
-    assert _kinds(_decide(_run(RunState.COMPLETED), ckpt, outcome, agent=None)) == ["Publish"]
+    assert _kinds(_decide(_run(RunState.COMPLETED), ckpt, outcome, agent=None)) == ["Publish", "ArmRetention"]
     # running on the strength of it (its resumer died): this delivery drives the run on
     assert _decide(_run(RunState.RUNNING), ckpt, outcome).then == Boundary()
     # applying an outcome the run is not waiting for is refused for good
@@ -580,7 +582,7 @@ def test_cancel_while_waiting_cancels_at_once_and_a_driven_run_at_its_next_bound
     assert flagged_run is not None
     assert flagged(flagged_run, request.model_copy(update={"event_id": "evt-c2"}), T0) is None  # the first wins
     cancel = _decide(flagged_run, _ckpt(), CancelRecorded("on-call"))
-    assert _kinds(cancel) == ["Publish", "Transition", "DisarmWatchdog"]
+    assert _kinds(cancel) == ["Publish", "Transition", "DisarmWatchdog", "ArmRetention"]
     (cancelled,) = [e for e in cancel.effects if isinstance(e, Publish)]
     totals = RunUsage(turns=1)  # _ckpt(): one committed turn, no tool calls, no tokens
     assert cancelled.data == RunCancelled(run_id=RUN_ID, reason="wrong PR (requested by on-call)", usage=totals)
@@ -611,7 +613,7 @@ def test_a_cancel_before_its_run_leaves_a_marker_the_run_adopts_at_once() -> Non
     # at once, no checkpoint, no lease, no provider call
     requested = Requested(request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID)
     adopted = _decide(_run(RunState.PENDING, cancel=request), None, requested)
-    assert _kinds(adopted) == ["Publish", "Publish", "Transition", "DisarmWatchdog"]
+    assert _kinds(adopted) == ["Publish", "Publish", "Transition", "DisarmWatchdog", "ArmRetention"]
     assert [type(d) for d in _published(adopted)] == [RunCreated, RunCancelled]
     assert adopted.then is None
     cancelled = adopted.effects[1]
@@ -654,7 +656,8 @@ def test_the_watchdog_fails_a_run_without_progress_and_watches_on_after_progress
     assert failed.reason == "stalled"
     assert failed.error.startswith("no progress in running at turn 3 for 1500s")
     for state in (RunState.WAITING_FOR_HUMAN, RunState.COMPLETED):
-        assert _kinds(_decide(_run(state), _ckpt(turn=3), _fired(turn=3), now=later)) == []
+        retain = ["ArmRetention"] if state is RunState.COMPLETED else []  # a finished run's checkpoint: armed again
+        assert _kinds(_decide(_run(state), _ckpt(turn=3), _fired(turn=3), now=later)) == retain
 
 
 def test_a_dead_letter_fails_only_the_run_its_message_drives() -> None:

@@ -84,6 +84,13 @@ class Store(Generic[M]):
     async def put(self, key: str, value: M) -> int:
         return await self._kv.put(key, self._encode(value))
 
+    async def purge(self, key: str) -> None:
+        """Remove ``key`` and every revision of it (absent already: nothing changes). What stays is the
+        server's purge marker (no value, a few bytes); :meth:`get` then finds nothing, :meth:`create` may
+        create the key again, and an :meth:`update` or :meth:`modify` based on a revision read before the
+        purge loses its compare-and-set."""
+        await self._kv.purge(key)
+
     async def keys(self, match: str = ">") -> list[str]:
         """The keys holding a value (matching the subject filter ``match``), complete as of the call."""
         return await live_keys(self._kv, match)

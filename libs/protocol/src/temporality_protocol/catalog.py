@@ -77,6 +77,7 @@ __all__ = [
     "TIMER_NS_AGENT_CONFORMANCE",
     "TIMER_NS_AGENT_HEARTBEAT",
     "TIMER_NS_HUMAN",
+    "TIMER_NS_RUN_RETENTION",
     "TIMER_NS_RUN_WATCHDOG",
     "TIMER_NS_TRIGGER_DEBOUNCE",
     "TIMER_NS_TRIGGER_SCHEDULE",
@@ -118,6 +119,10 @@ TIMER_FIRED_HUMAN = f"{TIMER_FIRED_PREFIX}.{TIMER_NS_HUMAN}"
 TIMER_NS_RUN_WATCHDOG = "run-watchdog"
 TIMER_SCHEDULE_RUN_WATCHDOG = f"{TIMER_SCHEDULE_PREFIX}.{TIMER_NS_RUN_WATCHDOG}"
 TIMER_FIRED_RUN_WATCHDOG = f"{TIMER_FIRED_PREFIX}.{TIMER_NS_RUN_WATCHDOG}"
+#: Finished runs' checkpoints: one timer per finished run (key = run id), armed when the run ends (completed,
+#: failed, cancelled) at its end + the executor's checkpoint retention; firing on a run still finished removes
+#: its checkpoint from KV (the run record stays: it is small and makes a replayed ``run.requested`` a duplicate).
+TIMER_NS_RUN_RETENTION = "run-retention"
 #: Schedule triggers (TRG-2): one timer per enabled schedule trigger (key = trigger id) for its next cron tick,
 #: re-armed by the trigger-gateway at every tick; the tick time is in the payload (one run per tick).
 TIMER_NS_TRIGGER_SCHEDULE = "trigger-schedule"
@@ -335,6 +340,14 @@ CONSUMERS: dict[str, ConsumerSpec] = {
             "Run watchdogs firing: fail a run that made no progress past its compute limit plus grace",
             # a firing's only transient failure is the bus itself: never dead-letter one (that would
             # leave the run without a watchdog); an unreadable payload is still a permanent error
+            max_deliver=-1,
+        ),
+        ConsumerSpec(
+            "run-executor-retention",
+            TIMERS_STREAM.name,
+            (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_RUN_RETENTION}.>",),
+            "Finished runs' checkpoint retention ending: the checkpoint of a run still finished is removed",
+            # its only transient failure is the bus: never dead-letter one (the checkpoint would stay forever)
             max_deliver=-1,
         ),
         ConsumerSpec(
@@ -708,8 +721,14 @@ SERVICES: dict[str, ServiceSpec] = {
             package="temporality_run_executor",
             description="Durable agent runs: state machine, checkpoints, tools, ask_human parking",
             env_prefix="TEMPORALITY_EXECUTOR_",
-            consumers=("run-executor-requests", "run-executor-human", "run-executor-agents", "run-executor-watchdog"),
-            timers=(TIMER_NS_RUN_WATCHDOG,),
+            consumers=(
+                "run-executor-requests",
+                "run-executor-human",
+                "run-executor-agents",
+                "run-executor-watchdog",
+                "run-executor-retention",
+            ),
+            timers=(TIMER_NS_RUN_WATCHDOG, TIMER_NS_RUN_RETENTION),
             buckets=(BUCKET_RUNS.name, BUCKET_CHECKPOINTS.name, BUCKET_CANCEL_MARKERS.name),
             reads_buckets=(BUCKET_AGENT_TASKS.name,),  # an external agent's action for a run's turn (AP-5)
             requests=(RPC_GET_COLLABORATORS,),  # the get_collaborators tool (COL-1)

@@ -72,6 +72,7 @@ def configure(settings: Settings) -> Setup[Settings]:
             providers,
             max_deliver=max_deliver,
             watchdog_grace_s=rt.settings.watchdog_grace_s,
+            checkpoint_retention_s=rt.settings.checkpoint_retention_s,
             tools=tools,
             card_tools=card_tools,
         )
@@ -92,6 +93,8 @@ def configure(settings: Settings) -> Setup[Settings]:
                 on_dead_letter=engine.on_dead_letter,
             )
         rt.consumer("run-executor-watchdog", raw_handler=engine.on_watchdog, max_inflight=inflight)
+        # finished runs' checkpoints removed once their retention ends (the records stay)
+        rt.consumer("run-executor-retention", raw_handler=engine.on_retention, max_inflight=inflight)
 
     return setup
 

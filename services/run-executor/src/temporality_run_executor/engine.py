@@ -52,6 +52,9 @@ No run is ever left behind:
 * **stalled** (:meth:`Engine.on_watchdog`, :mod:`.watchdog`): a durable timer per active run, re-armed
   every turn, fails a run that sat in ``running``/``resuming`` without progress past its compute limit
   plus a grace period (reason ``stalled``). A run waiting for a person has no watchdog.
+
+No finished run's checkpoint stays forever (:meth:`Engine.on_retention`, :mod:`.retention`): a durable timer
+armed when the run ends removes it after ``checkpoint_retention_s``; the run record stays.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ from temporality_bus import (
     Versioned,
 )
 from temporality_protocol import (
+    RUN,
     AgentAnswerReceived,
     AgentAskExpired,
     AgentAskUndeliverable,
@@ -106,6 +110,7 @@ from temporality_run_executor.machine import (
     Agent,
     ApplyParked,
     ApplyResult,
+    ArmRetention,
     ArmWatchdog,
     Attempt,
     Boundary,
@@ -132,7 +137,9 @@ from temporality_run_executor.machine import (
     QueueMail,
     RecordOutcome,
     Reject,
+    RemoveCheckpoint,
     Requested,
+    RetentionFired,
     Retry,
     RunMovedOn,
     SaveCheckpoint,
@@ -160,6 +167,7 @@ from temporality_run_executor.machine import (
 )
 from temporality_run_executor.providers import PermanentProviderError, Provider, ProviderError
 from temporality_run_executor.records import CancelRequest, Checkpoint, RunRecord
+from temporality_run_executor.retention import DEFAULT_RETENTION_S, CheckpointRetention, RetentionPayload
 from temporality_run_executor.tools import BUILTIN_TOOLS, Tool, ToolContext, ToolError, ToolRegistry
 from temporality_run_executor.watchdog import DEFAULT_GRACE_S, RunWatchdog, WatchdogPayload
 
@@ -230,6 +238,7 @@ class Engine:
         card_tools: Mapping[str, list[Tool]] | None = None,
         clock: Clock = _now,
         lease_s: float | None = None,
+        checkpoint_retention_s: float = DEFAULT_RETENTION_S,
     ) -> None:
         self.bus = bus
         self.tools = tools if tools is not None else ToolRegistry(BUILTIN_TOOLS)
@@ -243,6 +252,8 @@ class Engine:
         self.provider_for = provider_for
         self.max_deliver = max_deliver
         self.watchdog = RunWatchdog(bus, grace_s=watchdog_grace_s)
+        #: Removes finished runs' checkpoints after ``checkpoint_retention_s`` (:mod:`.retention`).
+        self.retention = CheckpointRetention(bus, retention_s=checkpoint_retention_s)
         self.clock = clock
         #: How long a handler's lease on a run lasts past its last renewal: one ack wait, after which a
         #: dead driver's message comes back (a live one's never does: the runner extends it).
@@ -272,6 +283,7 @@ class Engine:
         card_tools: Mapping[str, list[Tool]] | None = None,
         clock: Clock = _now,
         lease_s: float | None = None,
+        checkpoint_retention_s: float = DEFAULT_RETENTION_S,
     ) -> Engine:
         return cls(
             bus,
@@ -286,6 +298,7 @@ class Engine:
             card_tools=card_tools,
             clock=clock,
             lease_s=lease_s,
+            checkpoint_retention_s=checkpoint_retention_s,
         )
 
     def registry(self, card: AgentCard) -> ToolRegistry:
@@ -374,6 +387,16 @@ class Engine:
         with structlog.contextvars.bound_contextvars(run_id=payload.run_id):
             incoming = WatchdogFired(payload=payload, grace_s=self.watchdog.grace_s)
             await self._handle(payload.run_id, incoming, _attempt(delivery, self.max_deliver))
+
+    async def on_retention(self, data: bytes, delivery: Delivery) -> None:
+        """A finished run's checkpoint retention ended (the raw handler of ``run-executor-retention``); see
+        :mod:`.retention`."""
+        try:
+            payload = RetentionPayload.model_validate_json(data)
+        except ValidationError as exc:
+            raise PermanentError(f"unreadable retention payload: {exc}") from exc
+        with structlog.contextvars.bound_contextvars(run_id=payload.run_id):
+            await self._handle(payload.run_id, RetentionFired(payload), _attempt(delivery, self.max_deliver))
 
     # ------------------------------------------------------------------ the loop
     async def _handle(self, run_id: str, incoming: Incoming, attempt: Attempt) -> None:
@@ -550,6 +573,14 @@ class Engine:
                 await self.watchdog.arm(run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause)
             case DisarmWatchdog():
                 await self.watchdog.disarm(run_id)
+            case ArmRetention():
+                ended = view.run
+                assert ended is not None
+                assert ended.state in RUN.terminal, "a retention is armed for a finished run only"
+                await self.retention.arm(run_id, ended.updated_at)
+            case RemoveCheckpoint():
+                await self.checkpoints.purge(run_id)
+                view.checkpoint, view.checkpoint_current = None, True
             case SaveCheckpoint():
                 view.checkpoint, view.checkpoint_current = await self._save_checkpoint(view, effect.checkpoint), True
             case QueueMail():

@@ -48,6 +48,14 @@ The rules the machine keeps:
   and every call gets its tool result in call order (:class:`ApplyParked`), a question not needed any
   more ``not_needed``. The calls must agree on ``wait_for`` (else none is asked); a waiting ``ask_agent``
   or a handoff never shares their turn.
+* **Finished runs keep their record, not their checkpoint (issue 11).** Every ending (:func:`_complete`,
+  :func:`_fail`, :func:`_cancel`) arms the run's checkpoint retention (:class:`ArmRetention`) once the end
+  is committed; its firing (:class:`RetentionFired`) removes the checkpoint of a run still finished
+  (:class:`RemoveCheckpoint`). The record stays: a replayed ``run.requested`` is still a duplicate, and a
+  late answer, agent message, cancel, watchdog firing or dead letter is decided on it alone (none of those
+  paths reads the checkpoint of a finished run). A decision on a finished run whose checkpoint is still
+  there arms the retention again (:func:`_retain`): the same deadline, so a driver that died between the
+  end and the arm leaves no checkpoint behind once its message comes back (see :mod:`.retention`).
 * **One driver at a time (issue 6).** A handler that drives the run holds its :class:`~.records.Lease`
   (:class:`TakeLease`, renewed at every turn boundary, dropped when the run parks or ends); a
   delivery that finds a live lease held by another handler gives the message back (a lost race)
@@ -126,6 +134,7 @@ from temporality_run_executor.results import (
     human_result,
     tool_content,
 )
+from temporality_run_executor.retention import RetentionPayload
 from temporality_run_executor.tools import (
     ANSWER_AGENT,
     ASK_AGENT,
@@ -153,6 +162,7 @@ __all__ = [
     "AgentNews",
     "ApplyParked",
     "ApplyResult",
+    "ArmRetention",
     "ArmWatchdog",
     "Ask",
     "Attempt",
@@ -185,7 +195,9 @@ __all__ = [
     "RecordOutcome",
     "Refuse",
     "Reject",
+    "RemoveCheckpoint",
     "Requested",
+    "RetentionFired",
     "Retry",
     "RunMovedOn",
     "SaveCheckpoint",
@@ -485,6 +497,13 @@ class WatchdogFired:
 
 
 @dataclass(frozen=True)
+class RetentionFired:
+    """The run's checkpoint retention ended (:mod:`.retention`): remove the checkpoint of a run still finished."""
+
+    payload: RetentionPayload
+
+
+@dataclass(frozen=True)
 class DeadLettered:
     """The consumer runner gives up on a message naming the run (deliveries used up, or a permanent error)."""
 
@@ -511,6 +530,7 @@ Incoming = (
     | ProviderFailed
     | ToolReturned
     | WatchdogFired
+    | RetentionFired
     | DeadLettered
 )
 
@@ -640,6 +660,17 @@ class DisarmWatchdog:
 
 
 @dataclass(frozen=True)
+class ArmRetention:
+    """The run has ended (its terminal state is committed): arm the removal of its checkpoint at its end (the
+    record's ``updated_at``) plus the executor's checkpoint retention, one timer per run (:mod:`.retention`)."""
+
+
+@dataclass(frozen=True)
+class RemoveCheckpoint:
+    """Purge the checkpoint of a finished run (its record stays)."""
+
+
+@dataclass(frozen=True)
 class Note:
     """A log line (the machine logs nothing itself)."""
 
@@ -681,6 +712,8 @@ Effect = (
     | AdoptCancelMarker
     | ArmWatchdog
     | DisarmWatchdog
+    | ArmRetention
+    | RemoveCheckpoint
     | Note
     | Retry
     | Reject
@@ -768,6 +801,8 @@ def decide(
             return _tool_returned(run, checkpoint, agent, incoming, now)
         case WatchdogFired():
             return _watchdog_fired(run, checkpoint, agent, incoming, now, attempt)
+        case RetentionFired():
+            return _retention_fired(run, checkpoint)
         case DeadLettered():
             return _dead_lettered(run, checkpoint, incoming)
 
@@ -784,7 +819,9 @@ def _requested(
         return _decision(CreateRun(new_record(incoming, now)), then=incoming)
     created = Publish(RunCreated(run_id=run.run_id, agent=run.agent, title=run.title, launch=run.launch))
     if run.state not in (RunState.PENDING, RunState.RUNNING):  # parked, resuming or finished
-        return _decision(created, Note("run.requested.duplicate", fields={"state": run.state.value}))
+        return _decision(
+            created, *_retain(run, ckpt), Note("run.requested.duplicate", fields={"state": run.state.value})
+        )
     if run.state is RunState.PENDING and run.cancel is not None:  # asked to stop before it started
         return _decision(created, *_cancel(run, run.cancel, _totals(ckpt)))
     if run.state is RunState.PENDING and not incoming.marker_checked:
@@ -849,7 +886,10 @@ def _human_outcome(
     if run.state in RUN.terminal:  # it ended meanwhile (cancelled, failed...): journaled, never applied
         what = {"answer": "the answer to", "expiry": "the expiry of", "rejection": "the rejection of"}[incoming.reason]
         return _decision(
-            _after_end(run, incoming.event_type, incoming.event_id, request_id, incoming.sender, f"{what} {request_id}")
+            _after_end(
+                run, incoming.event_type, incoming.event_id, request_id, incoming.sender, f"{what} {request_id}"
+            ),
+            *_retain(run, ckpt),
         )
     if agent is None:
         return _decision(*_unknown_agent(run, ckpt))
@@ -1043,6 +1083,7 @@ def _agent_news(
         return _decision(
             Note("agent.message.run_finished", "warning", {**fields, "state": run.state.value}),
             _after_end(run, incoming.event_type, incoming.event_id, mail.request_id, mail.sender, what),
+            *_retain(run, ckpt),
         )
     if ckpt is None:
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
@@ -1096,7 +1137,7 @@ def _cancel_recorded(run: RunRecord | None, ckpt: Checkpoint | None, incoming: C
         return _decision()
     if run.state in RUN.terminal or run.cancel is None:
         fields = {"state": run.state.value, "requested_by": incoming.requested_by}
-        return _decision(Note("run.cancel.ignored", fields=fields))
+        return _decision(*_retain(run, ckpt), Note("run.cancel.ignored", fields=fields))
     if run.state in (RunState.PENDING, RunState.WAITING_FOR_HUMAN, RunState.WAITING_FOR_AGENT):
         return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
     fields = {"state": run.state.value, "requested_by": incoming.requested_by}
@@ -1645,7 +1686,7 @@ def _watchdog_fired(
     if run is None:
         return _decision(Note("watchdog.unknown_run"))
     if run.state not in ACTIVE:  # waiting for a person, or finished
-        return _decision(Note("watchdog.ignored", fields={"state": run.state.value}))
+        return _decision(*_retain(run, ckpt), Note("watchdog.ignored", fields={"state": run.state.value}))
     payload = incoming.payload
     turn = ckpt.turn if ckpt is not None else 0
     limits = agent.card.limits if agent is not None else Limits()
@@ -1675,7 +1716,7 @@ def _dead_lettered(run: RunRecord | None, ckpt: Checkpoint | None, incoming: Dea
         return _decision(Note("run.dead_letter.unknown_run", fields={"ce_type": incoming.event_type}))
     if not drives(run, ckpt, incoming.event_type, incoming.request_id):
         fields = {"state": run.state.value, "ce_type": incoming.event_type}
-        return _decision(Note("run.dead_letter.not_its_driver", fields=fields))
+        return _decision(*_retain(run, ckpt), Note("run.dead_letter.not_its_driver", fields=fields))
     if run.cancel is not None:  # it was to stop anyway: what it was asked for, not a failure
         return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
     error = (
@@ -1683,6 +1724,24 @@ def _dead_lettered(run: RunRecord | None, ckpt: Checkpoint | None, incoming: Dea
         f"{incoming.error}"
     )
     return _decision(*_fail(run, "infrastructure_error", error, causation=incoming.event_id, totals=_totals(ckpt)))
+
+
+def _retention_fired(run: RunRecord | None, ckpt: Checkpoint | None) -> Decision:
+    """See :mod:`.retention`: the checkpoint goes only when the record says the run is finished."""
+    if run is None:
+        return _decision(Note("retention.unknown_run", "warning"))
+    if run.state not in RUN.terminal:  # never armed before the end is committed: a run id used twice?
+        return _decision(Note("retention.run_not_finished", "warning", {"state": run.state.value}))
+    if ckpt is None:  # a redelivered firing, or a second arm's: removed already
+        return _decision(Note("retention.already_removed", fields={"state": run.state.value}))
+    fields = {"state": run.state.value, "turn": ckpt.turn}
+    return _decision(RemoveCheckpoint(), Note("run.checkpoint.removed", fields=fields))
+
+
+def _retain(run: RunRecord, ckpt: Checkpoint | None) -> tuple[Effect, ...]:
+    """A decision on a finished run whose checkpoint is still there arms its retention again (the same
+    deadline, one timer per run): the handler that ended it may have died before it armed it."""
+    return (ArmRetention(),) if run.state in RUN.terminal and ckpt is not None else ()
 
 
 def drives(run: RunRecord, ckpt: Checkpoint | None, event_type: str, request_id: str | None) -> bool:
@@ -1731,6 +1790,7 @@ def _complete(run: RunRecord, result: str, totals: RunUsage) -> tuple[Effect, ..
         Publish(RunCompleted(run_id=run.run_id, result=result[:16384], turns=turns, usage=totals)),
         Transition(RunState.COMPLETED, {"result": result, "usage": totals}),
         DisarmWatchdog(),
+        ArmRetention(),
         Note("run.completed", fields={"turns": turns, "total_tokens": totals.total_tokens}),
     )
 
@@ -1743,6 +1803,7 @@ def _cancel(run: RunRecord, cancel: CancelRequest, totals: RunUsage) -> tuple[Ef
         Publish(RunCancelled(run_id=run.run_id, reason=reason[:4096], usage=totals), causation=cancel.event_id),
         Transition(RunState.CANCELLED, {"waiting_request_id": None, "usage": totals}),
         DisarmWatchdog(),
+        ArmRetention(),
         Note("run.cancelled", fields={"reason": cancel.reason, "requested_by": cancel.requested_by}),
     )
 
@@ -1757,6 +1818,7 @@ def _fail(
         Publish(failed, causation=causation),
         Transition(RunState.FAILED, changes),
         DisarmWatchdog(),
+        ArmRetention(),
         Note("run.failed", "warning", {"reason": reason, "error": error}),
     )
 

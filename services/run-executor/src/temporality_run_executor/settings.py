@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from temporality_run_executor.retention import DEFAULT_RETENTION_S, MAX_RETENTION_S
 from temporality_run_executor.watchdog import DEFAULT_GRACE_S
 from temporality_service import ServiceSettings
 
@@ -35,6 +36,11 @@ class Settings(ServiceSettings):
     #: progress before the watchdog fails it (``stalled``). Keep it above ``ack_wait`` plus the longest
     #: retry backoff (30 s), which re-arm the watchdog on every attempt.
     watchdog_grace_s: float = Field(default=DEFAULT_GRACE_S, gt=0)
+    #: Seconds a finished run's checkpoint (its conversation, tool results, mail) stays in KV after the run
+    #: ended (completed, failed, cancelled): 3 days, so a run that failed on a Friday evening can still be
+    #: looked into on Monday. 0: removed as soon as the run ends. The run record stays whatever this is (a
+    #: replayed ``run.requested`` stays a duplicate); see :mod:`.retention`.
+    checkpoint_retention_s: float = Field(default=DEFAULT_RETENTION_S, ge=0, le=MAX_RETENTION_S)
     #: Seconds an MCP server's live session may sit without a call before the server is stopped (the next
     #: call starts it again); see :mod:`.mcp_servers`.
     mcp_idle_s: float = Field(default=300.0, gt=0)

@@ -25,14 +25,17 @@ lint: sync
 typecheck: sync
 	.venv/bin/mypy
 
-schemas: sync  ## regenerate schemas/ and compose's NATS authorization from the protocol library
+schemas: sync  ## regenerate schemas/ and the NATS authorization of compose and the chart from the protocol library
 	.venv/bin/python -m temporality_protocol.schemagen schemas
 	.venv/bin/temporality nats-authorization > deploy/compose/nats-authorization.conf
+	.venv/bin/temporality nats-authorization > charts/temporality/files/nats-authorization.conf
 
-schemas-check: sync  ## fail when schemas/ or compose's NATS authorization is stale
+schemas-check: sync  ## fail when schemas/ or the NATS authorization of compose or the chart is stale
 	.venv/bin/python -m temporality_protocol.schemagen schemas --check
 	@.venv/bin/temporality nats-authorization | diff -q - deploy/compose/nats-authorization.conf >/dev/null \
 	  || { echo "deploy/compose/nats-authorization.conf is stale: run make schemas"; exit 1; }
+	@.venv/bin/temporality nats-authorization | diff -q - charts/temporality/files/nats-authorization.conf >/dev/null \
+	  || { echo "charts/temporality/files/nats-authorization.conf is stale: run make schemas"; exit 1; }
 
 bench: sync  ## print throughput and latency figures (no assertions)
 	.venv/bin/python bench/gateway.py

@@ -8,6 +8,7 @@ and ``docker compose config`` run only when those binaries exist, ``uv export`` 
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import json
 import os
@@ -22,14 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import nats
 import nats.errors
 import pytest
 import yaml
+from e2e_support import eventually
 from jsonschema import validators
 
+from temporality_embedded import free_port
 from temporality_embedded.cli import nats_authorization
-from temporality_embedded.natsserver import NatsServer, password_variable
+from temporality_embedded.natsserver import NatsServer, nats_server_binary, password_variable
 from temporality_protocol.catalog import SERVICES as CATALOGUE
 from temporality_protocol.permissions import service_inbox
 
@@ -935,8 +939,16 @@ def _deployments(values: dict[str, Any] | None = None) -> dict[str, dict[str, An
     return {d["metadata"]["name"].removeprefix("t-temporality-"): d for d in docs if d["kind"] == "Deployment"}
 
 
-def test_helm_lint() -> None:
-    report = _helm().lint(CHART, strict=True)
+#: Values that render every template: the embedded NATS as a cluster, and the NetworkPolicies.
+_EVERYTHING_ON = {
+    "nats": {"embedded": {"enabled": True, "replicas": 3}, "auth": {"existingSecret": "nats-users"}},
+    "networkPolicy": {"enabled": True, "egress": {"allowAll": False}},
+}
+
+
+@pytest.mark.parametrize("values", [None, _EVERYTHING_ON])
+def test_helm_lint(values: dict[str, Any] | None) -> None:
+    report = _helm().lint(CHART, values, strict=True)
     assert not report["errors"], report
     assert not [m for m in report["messages"] if m["severity"] >= 2], report["messages"]
 
@@ -1128,3 +1140,594 @@ def test_chart_default_config_files_load_in_the_services(values: dict[str, Any],
     external = tmp_path / "external-agents.yaml"
     external.write_text(config["external-agents.yaml"], encoding="utf-8")
     assert load_allow_list(external).agents == []  # nobody may register until the operator lists them
+
+
+# --------------------------------------------------------------------------- Helm chart: embedded NATS
+#: The chart's copy of the authorization block (``make schemas`` writes it); the embedded NATS's ConfigMap holds it.
+CHART_NATS_AUTH = CHART / "files" / "nats-authorization.conf"
+#: The per-service Secret of the tests' values (``nats.auth.existingSecret``).
+NATS_SECRET = "nats-users"
+#: The embedded NATS's resources of release ``t``.
+NATS_NAME = "t-temporality-nats"
+NATS_HEADLESS = "t-temporality-nats-headless"
+NATS_CONFIG = "t-temporality-nats-config"
+#: Where the pod has its JetStream volume and its pid file (the rendered config names both).
+NATS_STORE_LINE = "store_dir: /data"
+NATS_PID_LINE = "pid_file: /var/run/nats/nats.pid"
+NATS_PROBE_PATH = "/healthz?js-enabled-only=true"
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = deepcopy(base)
+    for key, value in extra.items():
+        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and key in merged else deepcopy(value)
+    return merged
+
+
+def _embedded(replicas: int = 1, **extra: Any) -> dict[str, Any]:
+    values = {"nats": {"embedded": {"enabled": True, "replicas": replicas}, "auth": {"existingSecret": NATS_SECRET}}}
+    return _merge(values, extra)
+
+
+def _kinds(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for doc in docs:
+        key = (doc["kind"], doc["metadata"]["name"])
+        assert key not in found, f"{key} rendered twice"
+        found[key] = doc
+    return found
+
+
+def _nats_conf(docs: list[dict[str, Any]]) -> str:
+    text: str = _kinds(docs)[("ConfigMap", NATS_CONFIG)]["data"]["nats.conf"]
+    return text
+
+
+def _routes(conf: str) -> list[str]:
+    block = re.search(r"^cluster \{\n(.*?)^\}", conf, re.M | re.S)
+    if block is None:
+        return []
+    (routes,) = re.findall(r"routes: \[\n(.*?)\]", block[1], re.S)
+    return str(routes).split()
+
+
+def test_chart_nats_authorization_is_the_catalogue_s() -> None:
+    """The block the embedded NATS runs is what the catalogue derives today (a new event, bucket or consumer
+    changes it): the same text as compose's."""
+    assert CHART_NATS_AUTH.read_text(encoding="utf-8") == nats_authorization([], []), (
+        "charts/temporality/files/nats-authorization.conf is stale: regenerate it with `make schemas`"
+    )
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "temporality nats-authorization > charts/temporality/files/nats-authorization.conf" in makefile
+    assert "diff -q - charts/temporality/files/nats-authorization.conf" in makefile, "make schemas-check sees it"
+
+
+def test_chart_embedded_nats_is_off_by_default_and_runs_compose_s_version(
+    values: dict[str, Any], compose: dict[str, Any]
+) -> None:
+    """Existing installs are unchanged: no NATS, no NetworkPolicy, the services on ``nats.url``. One nats-server
+    version for compose and the chart."""
+    embedded = values["nats"]["embedded"]
+    assert embedded["enabled"] is False
+    assert values["networkPolicy"]["enabled"] is False
+    assert embedded["image"] == compose["services"]["nats"]["image"]
+    docs = _render()
+    assert not {d["kind"] for d in docs} & {"StatefulSet", "NetworkPolicy", "PodDisruptionBudget"}
+    assert sorted(n for k, n in _kinds(docs) if k == "ConfigMap") == ["t-temporality-config"]
+    for name, deployment in _deployments().items():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["TEMPORALITY_NATS_URL"] == values["nats"]["url"], name
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_helm_embedded_nats_renders_statefulset_services_and_config(replicas: int) -> None:
+    docs = _render(
+        _embedded(
+            replicas,
+            nats={"streamReplicas": 5, "embedded": {"storage": {"size": "20Gi", "storageClass": "fast-ssd"}}},
+        )
+    )
+    kinds = _kinds(docs)
+    sts = kinds[("StatefulSet", NATS_NAME)]
+    spec = sts["spec"]
+    assert spec["replicas"] == replicas
+    assert spec["serviceName"] == NATS_HEADLESS
+    assert spec["podManagementPolicy"] == "Parallel", "a cluster's servers must start together"
+    pod = spec["template"]["spec"]
+    labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= labels.items()
+    (container,) = pod["containers"]
+    assert container["image"] == "nats:2.12-alpine"
+    assert container["command"] == ["nats-server", "--config", "/etc/nats/nats.conf"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "client": 4222,
+        "cluster": 6222,
+        "monitor": 8222,
+    }
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": NATS_PROBE_PATH, "port": "monitor"}, probe
+    # the passwords: every service's, from the per-service Secret the services read theirs from
+    env = {e["name"]: e["valueFrom"] for e in container["env"]}
+    assert env.pop("SERVER_NAME") == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env == {
+        password_variable(name): {"secretKeyRef": {"name": NATS_SECRET, "key": f"{name}-password"}} for name in SERVICES
+    }
+    for name, deployment in _deployments(_embedded(replicas)).items():
+        (service,) = deployment["spec"]["template"]["spec"]["containers"]
+        service_env = {e["name"]: e for e in service["env"]}
+        assert service_env["TEMPORALITY_NATS_PASSWORD"]["valueFrom"] == env[password_variable(name)], name
+    # volumes: the config, JetStream on a claim per pod, the pid file (the root filesystem is read-only)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {"config": "/etc/nats", "data": "/data", "pid": "/var/run/nats"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["config"]["configMap"] == {"name": NATS_CONFIG}
+    (claim,) = spec["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    assert claim["spec"]["storageClassName"] == "fast-ssd"
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["nats-server", "-sl=ldm=/var/run/nats/nats.pid"]
+    # the Services: headless (routes; names resolve before the pods are ready) and the clients'
+    headless = kinds[("Service", NATS_HEADLESS)]["spec"]
+    assert headless["clusterIP"] == "None"
+    assert headless["publishNotReadyAddresses"] is True
+    assert {p["port"] for p in headless["ports"]} == {4222, 6222, 8222}
+    client = kinds[("Service", NATS_NAME)]["spec"]
+    assert [(p["port"], p["targetPort"]) for p in client["ports"]] == [(4222, "client")]
+    for service in (headless, client):
+        assert service["selector"].items() <= labels.items()
+    # the config: the catalogue's authorization block, JetStream on the volume, a cluster only for 3
+    conf = _nats_conf(docs)
+    assert CHART_NATS_AUTH.read_text(encoding="utf-8").strip() in conf
+    assert conf.count(NATS_STORE_LINE) == 1
+    assert conf.count(NATS_PID_LINE) == 1
+    assert "server_name: $SERVER_NAME" in conf
+    assert "http_port: 8222" in conf
+    checksum = spec["template"]["metadata"]["annotations"]["checksum/config"]
+    assert re.fullmatch(r"[0-9a-f]{64}", checksum), "the servers restart when their users change"
+    if replicas == 1:
+        assert _routes(conf) == []
+        assert ("PodDisruptionBudget", NATS_NAME) not in kinds
+    else:
+        pods = [f"{NATS_NAME}-{i}" for i in range(replicas)]
+        assert _routes(conf) == [f"nats://{p}.{NATS_HEADLESS}:6222" for p in pods], "every pod of the StatefulSet"
+        assert "port: 6222" in conf
+        pdb = kinds[("PodDisruptionBudget", NATS_NAME)]["spec"]
+        assert pdb["maxUnavailable"] == 1
+        assert pdb["selector"]["matchLabels"].items() <= labels.items()
+    # the services: on the embedded NATS, as many copies as servers (nats.url and streamReplicas unused)
+    for name, deployment in _deployments(_embedded(replicas, nats={"streamReplicas": 5})).items():
+        (service,) = deployment["spec"]["template"]["spec"]["containers"]
+        service_env = {e["name"]: e.get("value") for e in service["env"]}
+        assert service_env["TEMPORALITY_NATS_URL"] == f"nats://{NATS_NAME}:4222", name
+        assert service_env["TEMPORALITY_NATS_STREAM_REPLICAS"] == str(replicas), name
+        assert service_env["TEMPORALITY_NATS_USER"] == name
+
+
+def _nats_pod_env(docs: list[dict[str, Any]], pod: str, secret: dict[str, str]) -> dict[str, str]:
+    """The environment the kubelet gives the rendered nats container of ``pod``, with ``secret`` as the Secret."""
+    (container,) = _kinds(docs)[("StatefulSet", NATS_NAME)]["spec"]["template"]["spec"]["containers"]
+    env: dict[str, str] = {}
+    for entry in container["env"]:
+        source = entry["valueFrom"]
+        if "secretKeyRef" in source:
+            assert source["secretKeyRef"]["name"] == NATS_SECRET
+            env[entry["name"]] = secret[source["secretKeyRef"]["key"]]
+        else:
+            assert source == {"fieldRef": {"fieldPath": "metadata.name"}}
+            env[entry["name"]] = pod
+    return env
+
+
+@dataclass
+class _RenderedNats:
+    """A real nats-server on the rendered config; only the pod's paths (store, pid file) and its ports differ."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    monitoring: str
+    log: Path
+
+
+def _start_rendered_nats(conf: str, run: Path, env: dict[str, str], *args: str) -> _RenderedNats:
+    run.mkdir(parents=True)
+    local = conf.replace(NATS_STORE_LINE, f'store_dir: "{run / "jetstream"}"').replace(
+        NATS_PID_LINE, f'pid_file: "{run / "nats.pid"}"'
+    )
+    config = run / "nats.conf"
+    config.write_text(local, encoding="utf-8")
+    log = run / "nats.log"
+    checked = subprocess.run(
+        [str(nats_server_binary()), "-t", "-c", str(config)], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stderr
+    cmd = [str(nats_server_binary()), "-c", str(config), "-a", "127.0.0.1", "-p", "-1", "-m", "-1"]
+    process = subprocess.Popen(
+        [*cmd, "--ports_file_dir", str(run), "-l", str(log), *args], env=env, stdin=subprocess.DEVNULL
+    )
+    return _RenderedNats(process, "", "", log)
+
+
+def _ports_file(run: Path) -> dict[str, list[str]] | None:
+    for found in run.glob("*.ports"):
+        try:
+            data: dict[str, list[str]] = json.loads(found.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:  # half-written
+            return None
+        return data
+    return None
+
+
+async def _ready(server: _RenderedNats, run: Path) -> None:
+    """Wait for the ports file (written once the server listens, JetStream up)."""
+
+    async def ports() -> dict[str, list[str]] | None:
+        assert server.process.poll() is None, f"nats-server exited: see {server.log}"
+        return _ports_file(run)
+
+    data = await eventually(ports, timeout_s=20, what="the rendered nats-server's ports file")
+    server.url, server.monitoring = data["nats"][0], data["monitoring"][0]
+
+
+def _stop(server: _RenderedNats) -> None:
+    if server.process.poll() is None:
+        server.process.terminate()
+        try:
+            server.process.wait(10)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait()
+
+
+async def test_helm_embedded_nats_config_runs_on_a_real_server(tmp_path: Path) -> None:
+    """The rendered ConfigMap and pod environment start a real nats-server (the wheel's, >= 2.12): JetStream up
+    on the probes' path, every service's user logs in with its Secret password and its inbox, and the
+    catalogue's permissions are enforced (the gateway may publish ``trigger.received``, not ``run.created``)."""
+    docs = _render(_embedded(1))
+    secret = {f"{name}-password": f"pw-{name}-{os.urandom(6).hex()}" for name in SERVICES}
+    pod_env = _nats_pod_env(docs, f"{NATS_NAME}-0", secret)
+    server = _start_rendered_nats(_nats_conf(docs), tmp_path / "nats", {**os.environ, **pod_env})
+    try:
+        await _ready(server, tmp_path / "nats")
+        async with httpx.AsyncClient(timeout=5) as client:
+            answer = await client.get(server.monitoring + NATS_PROBE_PATH)
+        assert answer.status_code == 200, answer.text
+        assert (await _varz(server.monitoring))["server_name"] == f"{NATS_NAME}-0"
+        for name in SERVICES:
+            nc = await nats.connect(
+                server.url,
+                user=name,
+                password=secret[f"{name}-password"],
+                inbox_prefix=service_inbox(name),
+                allow_reconnect=False,
+            )
+            await nc.flush()
+            await nc.close()
+        with pytest.raises(nats.errors.Error):  # another service's password: refused
+            await nats.connect(
+                server.url, user="journal", password=secret["trigger-gateway-password"], allow_reconnect=False
+            )
+        journal = await nats.connect(
+            server.url, user="journal", password=secret["journal-password"], inbox_prefix=service_inbox("journal")
+        )
+        violations: asyncio.Queue[Exception] = asyncio.Queue()
+
+        async def on_error(error: Exception) -> None:
+            await violations.put(error)
+
+        gateway = await nats.connect(
+            server.url,
+            user="trigger-gateway",
+            password=secret["trigger-gateway-password"],
+            inbox_prefix=service_inbox("trigger-gateway"),
+            error_cb=on_error,
+        )
+        try:
+            # the journal owns the events stream; the gateway publishes what the catalogue says it sends
+            await journal.jetstream().add_stream(name="TEMPORALITY_EVENTS", subjects=["temporality.events.>"])
+            ack = await gateway.jetstream().publish("temporality.events.trigger.received", b"{}", timeout=10)
+            assert ack.stream == "TEMPORALITY_EVENTS"
+            await gateway.publish("temporality.events.run.created", b"{}")  # the run-executor's event
+            await gateway.flush()
+            refused = await asyncio.wait_for(violations.get(), timeout=10)
+            assert "permissions violation" in str(refused).lower(), refused
+            assert "temporality.events.run.created" in str(refused)
+            info = await journal.jetstream().stream_info("TEMPORALITY_EVENTS")
+            assert info.state.messages == 1, "the refused event never reached the stream"
+        finally:
+            await gateway.close()
+            await journal.close()
+    finally:
+        _stop(server)
+
+
+async def _varz(monitoring: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=5) as client:
+        answer = await client.get(monitoring + "/varz")
+    answer.raise_for_status()
+    varz: dict[str, Any] = answer.json()
+    return varz
+
+
+async def test_helm_embedded_nats_cluster_config_forms_a_jetstream_cluster(tmp_path: Path) -> None:
+    """Three real nats-servers on the rendered 3-replica config (each with its pod's name and environment; the
+    pods' route names, checked above, become this machine's route ports) form one JetStream cluster: the
+    journal creates an R3 stream with its user, as the services do with ``TEMPORALITY_NATS_STREAM_REPLICAS=3``."""
+    docs = _render(_embedded(3))
+    conf = _nats_conf(docs)
+    pods = [f"{NATS_NAME}-{i}" for i in range(3)]
+    assert len(_routes(conf)) == len(pods)
+    secret = {f"{name}-password": f"pw-{name}-{os.urandom(6).hex()}" for name in SERVICES}
+    route_ports = [free_port() for _ in pods]
+    routes = ",".join(f"nats://127.0.0.1:{port}" for port in route_ports)
+    servers: list[_RenderedNats] = []
+    try:
+        for pod, port in zip(pods, route_ports, strict=True):
+            env = {**os.environ, **_nats_pod_env(docs, pod, secret)}
+            servers.append(
+                _start_rendered_nats(
+                    conf, tmp_path / pod, env, "--cluster", f"nats://127.0.0.1:{port}", "--routes", routes
+                )
+            )
+        for pod, server in zip(pods, servers, strict=True):
+            await _ready(server, tmp_path / pod)
+
+        async with httpx.AsyncClient(timeout=5) as client:
+
+            async def healthy() -> bool:  # full /healthz: JetStream has its meta leader on every node
+                answers = [await client.get(server.monitoring + "/healthz") for server in servers]
+                return all(a.status_code == 200 for a in answers)
+
+            await eventually(healthy, timeout_s=30, what="a JetStream meta leader on every node")
+        varz = await _varz(servers[0].monitoring)
+        assert varz["cluster"]["name"] == "t-temporality"
+        journal = await nats.connect(
+            [s.url for s in servers],
+            user="journal",
+            password=secret["journal-password"],
+            inbox_prefix=service_inbox("journal"),
+        )
+        try:
+            info = await journal.jetstream().add_stream(
+                name="TEMPORALITY_EVENTS", subjects=["temporality.events.>"], num_replicas=3
+            )
+            assert info.config.num_replicas == 3
+            assert info.cluster is not None
+            assert info.cluster.name == "t-temporality"
+
+            async def three_copies() -> bool:
+                found = await journal.jetstream().stream_info("TEMPORALITY_EVENTS")
+                cluster = found.cluster
+                return bool(cluster and cluster.leader and len(cluster.replicas or []) == 2)
+
+            await eventually(three_copies, timeout_s=30, what="a leader and two replicas of the R3 stream")
+        finally:
+            await journal.close()
+    finally:
+        for server in servers:
+            _stop(server)
+
+
+# --------------------------------------------------------------------------- Helm chart: NetworkPolicies
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels and matchExpressions) applied to a pod's labels."""
+    assert set(selector) <= {"matchLabels", "matchExpressions"}, selector
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
+        matched = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[operator]
+        if not matched:
+            return False
+    return True
+
+
+def _pods(docs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Every pod kind the chart renders (Deployments, the NATS StatefulSet, the `helm test` pod): its labels."""
+    pods: dict[str, dict[str, str]] = {}
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "StatefulSet"):
+            pods[doc["metadata"]["name"].removeprefix("t-temporality-")] = doc["spec"]["template"]["metadata"]["labels"]
+        elif doc["kind"] == "Pod":
+            pods[doc["metadata"]["name"].removeprefix("t-temporality-")] = doc["metadata"]["labels"]
+    return pods
+
+
+def _policies(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each NetworkPolicy by the one pod kind it selects (every policy selects exactly one)."""
+    pods = _pods(docs)
+    found: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        if doc["kind"] != "NetworkPolicy":
+            continue
+        spec = doc["spec"]
+        assert spec["policyTypes"] == ["Ingress", "Egress"], "both directions restricted"
+        (selected,) = [name for name, labels in pods.items() if _selects(spec["podSelector"], labels)]
+        found[selected] = spec
+    return found
+
+
+def _admitted(peers: list[dict[str, Any]] | None, pods: dict[str, dict[str, str]]) -> set[str] | None:
+    """The chart's pods a rule's peers let through (only ``podSelector`` peers of this namespace name pods);
+    ``None`` for a rule without peers: from or to anywhere."""
+    if peers is None:
+        return None
+    return {
+        name
+        for name, labels in pods.items()
+        for peer in peers
+        if set(peer) == {"podSelector"} and _selects(peer["podSelector"], labels)
+    }
+
+
+def _rules(
+    rules: list[dict[str, Any]], direction: str, pods: dict[str, dict[str, str]]
+) -> dict[tuple[int, str], set[str] | None]:
+    """(port, protocol) -> the pods admitted (``None``: anywhere), over every rule of one direction."""
+    found: dict[tuple[int, str], set[str] | None] = {}
+    for rule in rules:
+        assert set(rule) <= {direction, "ports"}, rule
+        for port in rule.get("ports", []):
+            key = (int(port["port"]), port["protocol"])
+            admitted = _admitted(rule.get(direction), pods)
+            before = found.get(key, set())
+            found[key] = None if admitted is None or before is None else before | admitted
+    return found
+
+
+def test_helm_renders_no_network_policy_unless_enabled() -> None:
+    assert not [d for d in _render(_embedded(3)) if d["kind"] == "NetworkPolicy"]
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_helm_network_policies_let_only_the_services_reach_nats(replicas: int) -> None:
+    docs = _render(_embedded(replicas, networkPolicy={"enabled": True}))
+    pods = _pods(docs)
+    policies = _policies(docs)
+    assert set(policies) == {*SERVICES, "nats"}, "every service and the NATS pods; not the `helm test` pod"
+    nats_policy = policies["nats"]
+    ingress = _rules(nats_policy["ingress"], "from", pods)
+    assert ingress == {(4222, "TCP"): set(SERVICES), (6222, "TCP"): {"nats"}}, "monitoring closed without metricsFrom"
+    assert _rules(nats_policy["egress"], "to", pods) == {(53, "UDP"): None, (53, "TCP"): None, (6222, "TCP"): {"nats"}}
+    # the services: their one port; from anywhere by default (webhooks, the inbox, the console come from outside)
+    for name in SERVICES:
+        port = CATALOGUE[name].http_port or WORKER_HEALTH_PORT
+        assert _rules(policies[name]["ingress"], "from", pods) == {(port, "TCP"): None}, name
+        assert policies[name]["egress"] == [{}], "egress.allowAll: PostgreSQL, the model provider, Matrix, ..."
+    scrapers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    docs = _render(_embedded(replicas, networkPolicy={"enabled": True, "metricsFrom": scrapers}))
+    nats_policy = _policies(docs)["nats"]
+    (monitoring,) = [r for r in nats_policy["ingress"] if r["ports"] == [{"port": 8222, "protocol": "TCP"}]]
+    assert monitoring["from"] == scrapers
+    for name in WORKERS:
+        (rule,) = _policies(docs)[name]["ingress"]
+        assert rule == {"ports": [{"port": WORKER_HEALTH_PORT, "protocol": "TCP"}], "from": scrapers}, name
+
+
+def test_helm_network_policies_limit_ingress_and_egress_when_asked() -> None:
+    """``ingressFrom`` limits an HTTP service to its peers (plus the scrapers, the journal's proxies and the `helm
+    test` pod); ``egress.allowAll: false`` leaves DNS, the embedded NATS, the journal's proxies and the extras."""
+    controller = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
+    scrapers = {"ipBlock": {"cidr": "10.9.0.0/16"}}
+    postgres = {"to": [{"ipBlock": {"cidr": "10.0.5.0/24"}}], "ports": [{"port": 5432, "protocol": "TCP"}]}
+    docs = _render(
+        _embedded(
+            1,
+            networkPolicy={
+                "enabled": True,
+                "ingressFrom": {"trigger-gateway": [controller], "human-interaction": [controller]},
+                "metricsFrom": [scrapers],
+                "egress": {"allowAll": False, "extra": {"journal": [postgres]}},
+            },
+        )
+    )
+    pods = _pods(docs)
+    policies = _policies(docs)
+    for name, proxied_from in (("trigger-gateway", {"journal", "test-connection"}), ("human-interaction", {"journal"})):
+        (rule,) = policies[name]["ingress"]
+        assert rule["ports"] == [{"port": CATALOGUE[name].http_port, "protocol": "TCP"}]
+        assert controller in rule["from"]
+        assert scrapers in rule["from"]
+        assert _admitted(rule["from"], pods) == proxied_from, name
+    assert _rules(policies["journal"]["ingress"], "from", pods) == {(CATALOGUE["journal"].http_port, "TCP"): None}
+    dns = {(53, "UDP"): None, (53, "TCP"): None}
+    for name in SERVICES:
+        egress = _rules(policies[name]["egress"], "to", pods)
+        expected: dict[tuple[int, str], set[str] | None] = {**dns, (4222, "TCP"): {"nats"}}
+        if name == "journal":
+            expected |= {(8080, "TCP"): {"trigger-gateway"}, (8081, "TCP"): {"human-interaction"}}
+            assert postgres in policies[name]["egress"]
+            expected[(5432, "TCP")] = set()  # an ipBlock: none of the chart's pods
+        assert egress == expected, name
+    # an external NATS: nothing towards it but what extra says
+    docs = _render({"networkPolicy": {"enabled": True, "egress": {"allowAll": False}}})
+    policies = _policies(docs)
+    assert "nats" not in policies
+    assert _rules(policies["run-executor"]["egress"], "to", _pods(docs)) == dns
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("nats", "embedded", "replica"), 3),
+        (("nats", "embedded", "storage", "sise"), "10Gi"),
+        (("networkPolicy", "ingressfrom"), {}),
+        (("networkPolicy", "ingressFrom", "run-executor"), []),  # a worker has no HTTP ingress
+        (("networkPolicy", "egress", "extra", "trigger-gatway"), []),
+        (("networkPolicy", "metricsFrom"), [{"podSelectr": {}}]),
+    ],
+)
+def test_values_with_a_typo_in_the_new_sections_fail(
+    values: dict[str, Any], values_schema: dict[str, Any], path: tuple[str, ...], value: Any
+) -> None:
+    broken = deepcopy(values)
+    node = broken
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    assert _validate(values_schema, broken), f"{'.'.join(path)} should be rejected"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"nats": {"embedded": {"enabled": True}}},  # no Secret for the users' passwords
+        _embedded(2),  # 1 or 3
+        _embedded(3, nats={"tls": {"existingSecret": "nats-ca"}}),  # TLS is for an external server
+        _embedded(1, nats={"embedded": {"storage": {"size": "lots"}}}),
+        _embedded(1, nats={"embedded": {"image": ""}}),
+        {"networkPolicy": {"enabled": "yes"}},
+        {"networkPolicy": {"metricsFrom": [{}]}},  # an empty peer would admit everything
+        {"networkPolicy": {"metricsFrom": [{"ipBlock": {"except": ["10.0.0.0/8"]}}]}},
+        {"networkPolicy": {"egress": {"extra": {"journal": [{"ports": [{"port": 5432, "protocol": "HTTP"}]}]}}}},
+        {
+            "networkPolicy": {
+                "egress": {"extra": {"journal": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "port": 1}]}}
+            }
+        },
+        {"networkPolicy": {"egress": {"allowAll": "false"}}},
+    ],
+)
+def test_values_with_a_bad_nats_or_network_policy_value_fail(
+    values: dict[str, Any], values_schema: dict[str, Any], extra: dict[str, Any]
+) -> None:
+    assert _validate(values_schema, _merge(values, extra))
+
+
+def _documented_network_policy_examples() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The examples in values.yaml's networkPolicy comments (YAML flow values in backquotes): the ingress peers
+    of ``ingressFrom`` and the ``egress.extra`` entry."""
+    section = (CHART / "values.yaml").read_text(encoding="utf-8").split("\nnetworkPolicy:\n", 1)[1].split("\n###", 1)[0]
+    comment = " ".join(line.strip().removeprefix("# ") for line in section.splitlines() if line.strip().startswith("#"))
+    (peers,) = re.findall(r"`(\[\{namespaceSelector[^`]*\])`", comment)
+    (extra,) = re.findall(r"`(journal: \[[^`]*\])`", comment)
+    found_peers: list[dict[str, Any]] = yaml.safe_load(peers)
+    found_extra: dict[str, Any] = yaml.safe_load(extra)
+    return found_peers, found_extra
+
+
+def test_values_documented_nats_and_network_policy_settings_validate(
+    values: dict[str, Any], values_schema: dict[str, Any]
+) -> None:
+    """The examples values.yaml's comments give are accepted, by the schema and by Helm, and rendered as written."""
+    peers, extra = _documented_network_policy_examples()
+    documented = _embedded(
+        3,
+        networkPolicy={
+            "enabled": True,
+            "ingressFrom": {"trigger-gateway": peers},
+            "metricsFrom": peers,
+            "egress": {"allowAll": False, "extra": extra},
+        },
+    )
+    assert _validate(values_schema, _merge(values, documented)) == []
+    policies = _policies(_render(documented))
+    (rule,) = policies["trigger-gateway"]["ingress"]
+    assert all(peer in rule["from"] for peer in peers)
+    assert all(rule in policies["journal"]["egress"] for rule in extra["journal"])

@@ -137,3 +137,36 @@ livenessProbe:
   timeoutSeconds: 3
   failureThreshold: 6
 {{- end }}
+
+{{/*
+The NATS URL every service connects to: the embedded NATS's client Service when nats.embedded.enabled,
+else nats.url.
+*/}}
+{{- define "temporality.natsUrl" -}}
+{{- if .Values.nats.embedded.enabled }}
+{{- printf "nats://%s:4222" (include "temporality.componentName" (dict "root" . "name" "nats")) }}
+{{- else }}
+{{- .Values.nats.url }}
+{{- end }}
+{{- end }}
+
+{{/*
+Copies of every stream and bucket (TEMPORALITY_NATS_STREAM_REPLICAS): the embedded NATS's server count when
+nats.embedded.enabled (1 or 3), else nats.streamReplicas.
+*/}}
+{{- define "temporality.natsStreamReplicas" -}}
+{{- if .Values.nats.embedded.enabled }}
+{{- .Values.nats.embedded.replicas }}
+{{- else }}
+{{- .Values.nats.streamReplicas }}
+{{- end }}
+{{- end }}
+
+{{/*
+The environment variable the embedded nats-server reads a service's password from, as in
+files/nats-authorization.conf (temporality_embedded.natsserver.password_variable): RUN_EXECUTOR_PASSWORD.
+Call with the service's name.
+*/}}
+{{- define "temporality.natsPasswordVariable" -}}
+{{- printf "%s_PASSWORD" (. | upper | replace "-" "_") }}
+{{- end }}

@@ -907,28 +907,9 @@ def _human_outcome(
             return _decision(*_fail(run, "human_request_expired", error, totals=_totals(ckpt)))
         if incoming.cancels_run:  # its run.cancel_requested (published first) cancels the waiting run
             return _decision(Note("human.outcome.cancels_run", fields={"request_id": request_id}))
-        resumed = RunResumed(
-            run_id=run.run_id,
-            reason=incoming.reason,
-            from_turn=ckpt.turn,
-            request_id=request_id,
-            waited_s=incoming.waited_s,
-        )
-        return _decision(
-            Publish(resumed, (request_id,), causation=incoming.event_id),
-            ArmWatchdog(ckpt.turn, agent.card.limits.max_compute_s, attempt.cause("resume")),
-            Transition(RunState.RESUMING),
-            then=incoming,  # decided again once resuming: the result is applied
-        )
+        return _resume(run, ckpt, agent, incoming, attempt, wait_id=request_id)
     if run.state is RunState.RESUMING:
-        if _held_by_other(run, attempt, now):
-            return _decision(_lease_held(run))
-        return _decision(
-            TakeLease(_lease(attempt, now)),
-            ApplyResult(request_id, tool_content(incoming.result)),
-            Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None}),
-            then=Boundary(),
-        )
+        return _apply(run, ApplyResult(request_id, tool_content(incoming.result)), attempt, now)
     if run.state is RunState.RUNNING:
         if ckpt.pending is not None and ckpt.pending.request_id == request_id:
             # the turn that asked is committed, the park is not: applied once the run is parked
@@ -952,6 +933,46 @@ def _wait_over(ckpt: Checkpoint) -> bool:
         return True
     have = {o.request_id for o in ckpt.outcomes}
     return all(p.request_id in have for p in ckpt.parked)
+
+
+def _resume(
+    run: RunRecord,
+    ckpt: Checkpoint,
+    agent: Agent,
+    incoming: HumanOutcome,
+    attempt: Attempt,
+    *,
+    wait_id: str,
+    before: tuple[Effect, ...] = (),
+) -> Decision:
+    """The wait is over: ``run.resumed`` (id from ``wait_id``), the watchdog armed, the move to ``resuming``;
+    then decided again, so the outcome is applied (:func:`_apply`)."""
+    resumed = RunResumed(
+        run_id=run.run_id,
+        reason=incoming.reason,
+        from_turn=ckpt.turn,
+        request_id=incoming.request_id,
+        waited_s=incoming.waited_s,
+    )
+    return _decision(
+        *before,
+        Publish(resumed, (wait_id,), causation=incoming.event_id),
+        ArmWatchdog(ckpt.turn, agent.card.limits.max_compute_s, attempt.cause("resume")),
+        Transition(RunState.RESUMING),
+        then=incoming,
+    )
+
+
+def _apply(run: RunRecord, applying: ApplyResult | ApplyParked, attempt: Attempt, now: datetime) -> Decision:
+    """A resuming run takes its lease, gets its tool result(s) (``applying``) and runs on."""
+    if _held_by_other(run, attempt, now):
+        return _decision(_lease_held(run))
+    return _decision(
+        TakeLease(_lease(attempt, now)),
+        applying,
+        Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None}),
+        then=Boundary(),
+    )
 
 
 def _several_outcome(
@@ -982,13 +1003,6 @@ def _several_outcome(
             have = {o.request_id for o in ckpt.outcomes}
             still = [p.request_id for p in ckpt.parked if p.request_id not in have]
             return _decision(Note("run.still_waiting", fields={"request_id": request_id, "open": still}))
-        resumed = RunResumed(
-            run_id=run.run_id,
-            reason=incoming.reason,
-            from_turn=ckpt.turn,
-            request_id=request_id,
-            waited_s=incoming.waited_s,
-        )
         # one run.resumed per wait, whichever outcome ended it (the id is the wait's first request)
         wait_id = ckpt.parked[0].request_id
         have = {o.request_id for o in ckpt.outcomes}
@@ -998,22 +1012,9 @@ def _several_outcome(
             answered = next((o.request_id for o in ckpt.outcomes if o.reason == "answer"), request_id)
             cancel = HumanCancelRequested(run_id=run.run_id, request_ids=unneeded, answered=answered)
             withdraw = (Publish(cancel, (wait_id, "not_needed"), causation=incoming.event_id),)
-        return _decision(
-            *withdraw,
-            Publish(resumed, (wait_id,), causation=incoming.event_id),
-            ArmWatchdog(ckpt.turn, agent.card.limits.max_compute_s, attempt.cause("resume")),
-            Transition(RunState.RESUMING),
-            then=incoming,  # decided again once resuming: the results are applied
-        )
+        return _resume(run, ckpt, agent, incoming, attempt, wait_id=wait_id, before=withdraw)
     if run.state is RunState.RESUMING:
-        if _held_by_other(run, attempt, now):
-            return _decision(_lease_held(run))
-        return _decision(
-            TakeLease(_lease(attempt, now)),
-            ApplyParked(request_id),
-            Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None}),
-            then=Boundary(),
-        )
+        return _apply(run, ApplyParked(request_id), attempt, now)
     return _decision(Note("human.outcome.ignored", fields={"state": run.state.value}))
 
 

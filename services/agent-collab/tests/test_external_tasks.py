@@ -23,7 +23,8 @@ from collab_replicas import StartCollab, collab_replicas
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from temporality_agent_collab.signing import public_key_text, sign
-from temporality_bus import Bus, NatsSettings
+from temporality_agent_collab.tasks import TaskBoard
+from temporality_bus import Bus, NatsSettings, TransientError
 from temporality_protocol import (
     AgentMessageRefused,
     AgentTask,
@@ -33,8 +34,10 @@ from temporality_protocol import (
     AgentTaskRefused,
     AgentTaskStreamed,
     AgentTaskTaken,
+    Envelope,
     RunCancelled,
     TaskInput,
+    TaskPoll,
     make_event,
 )
 from temporality_protocol.agent_tasks import TaskRecord, task_id_for, task_key
@@ -46,6 +49,7 @@ from temporality_protocol.catalog import (
     RPC_AGENTS_TASKS_POLL,
 )
 from temporality_testing.events import EventLog
+from temporality_testing.waiting import stays
 
 WAIT_S = 10.0
 KEY = Ed25519PrivateKey.generate()
@@ -312,4 +316,45 @@ async def test_a_new_session_resumes_from_the_checkpoint_and_a_run_end_ends_the_
     assert (await poll(bus, session="after-crash"))["tasks"] == []
     assert reason(await call(bus, RPC_AGENTS_TASKS_ACT, action(run_id, 1, "act", "tool_calls", calls=[ASK]))) == (
         "task_ended"
+    )
+
+
+async def test_a_take_whose_event_was_not_published_is_announced_at_the_next_poll(
+    bus: Bus, event_log: EventLog, collab: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The take is stored before ``agent.task.taken`` is published: when that publish fails, the next poll
+    (the record already taken, nothing to change) publishes it, once; later polls publish nothing."""
+    await register(bus)
+    run_id = "run-ext-announce"
+    await offer(bus, run_id, 1)
+    board = await TaskBoard.open(bus, gate=None)  # type: ignore[arg-type]  # poll() never uses the gate
+    real = bus.publish
+    failures = [TransientError("the bus is away")]
+
+    async def publish(event: Envelope) -> Any:
+        if event.type == AgentTaskTaken.EVENT_TYPE and failures:
+            raise failures.pop()
+        return await real(event)
+
+    monkeypatch.setattr(bus, "publish", publish)
+    body = TaskPoll(agent_id=AGENT, protocol_version="1.0", session_id="s1")
+    with pytest.raises(TransientError):
+        await board.poll(body)
+    tasks = await bus.store(BUCKET_AGENT_TASKS, TaskRecord)
+    stored = await tasks.get(task_key(AGENT, task_id_for(run_id)))
+    assert stored is not None
+    assert (stored.value.take, stored.value.taken_announced) == (1, None)  # taken, not announced
+    assert event_log.of_type(AgentTaskTaken.EVENT_TYPE, run_id) == []
+
+    (task,) = (await board.poll(body)).tasks
+    assert task.turn == 1
+    await event_log.wait_for(AgentTaskTaken.EVENT_TYPE, count=1, timeout_s=WAIT_S)
+    stored = await tasks.get(task_key(AGENT, task_id_for(run_id)))
+    assert stored is not None
+    assert stored.value.taken_announced == "1.1"
+    await board.poll(body)
+    await stays(
+        lambda: len(event_log.of_type(AgentTaskTaken.EVENT_TYPE, run_id)) == 1,
+        settle_s=1.0,
+        what="one agent.task.taken for the take",
     )

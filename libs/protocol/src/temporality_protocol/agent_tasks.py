@@ -56,6 +56,9 @@ class TaskRecord(_Model):
     #: The agent process that holds it, and how many times it was taken (> 1: resumed, AP-8).
     session_id: str | None = None
     take: int = 0
+    #: ``<take>.<turn>`` of the last ``agent.task.taken`` known to be published: a poll publishes it until
+    #: this says so (a publish that failed after the take was stored is sent again, never lost).
+    taken_announced: str | None = None
     checkpoint_id: str | None = None
     #: Why it ended, when it ended without the agent's result or failure (the run was cancelled, ...).
     ended: str | None = None

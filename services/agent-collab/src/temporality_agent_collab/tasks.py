@@ -37,7 +37,7 @@ import structlog
 from temporality_agent_collab.gate import MessageGate, SignedResponder
 from temporality_agent_collab.registry import SOURCE, AgentRecord, agent_key, utcnow
 from temporality_agent_collab.rpc import QUEUE_GROUP
-from temporality_bus import AlreadyExists, Bus, Delivery, Failure, NotFound, Request, Responder, Store
+from temporality_bus import AlreadyExists, Bus, Delivery, Failure, NotFound, Request, Responder, Store, evolve
 from temporality_protocol import (
     AgentRefusal,
     AgentTaskActed,
@@ -332,8 +332,7 @@ class TaskBoard:
             record = result.value
             if record.over:
                 continue
-            if record.take != found.value.take or result.changed:
-                await self._bus.publish(self._taken_event(record))
+            await self._announce_taken(key, record)
             saved = await self._checkpoints.get(checkpoint_key(record.task_id))
             assignments.append(
                 TaskAssignment(
@@ -469,6 +468,22 @@ class TaskBoard:
             actor=f"agent:{record.agent_id}",
             subject=record.agent_id,
         )
+
+    async def _announce_taken(self, key: str, record: TaskRecord) -> None:
+        """Publish ``agent.task.taken`` for the record's take and turn unless it is known published, then say
+        so in the record: a publish that failed after the take was stored is sent again at the next poll (the
+        event id is the same: the stream and the journal keep one)."""
+        mark = f"{record.take}.{record.turn}"
+        if record.taken_announced == mark:
+            return
+        await self._bus.publish(self._taken_event(record))
+
+        def announced(cur: TaskRecord) -> TaskRecord | None:
+            if (cur.take, cur.turn) != (record.take, record.turn) or cur.taken_announced == mark:
+                return None  # taken again or moved on meanwhile: that poll announces its own
+            return evolve(cur, taken_announced=mark)
+
+        await self._tasks.modify(key, announced, attempts=MODIFY_ATTEMPTS)
 
     def _taken_event(self, record: TaskRecord) -> Envelope:
         data = AgentTaskTaken(

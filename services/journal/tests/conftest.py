@@ -105,7 +105,12 @@ class RunStory:
         return self._event(RunStarted(run_id=self.run_id, agent=self.agent, role="reviewer", title=self.title), name)
 
     def human_requested(
-        self, *, recipient: str = "user:alice", question: str = "Merge it?", time: datetime | None = None
+        self,
+        *,
+        recipient: str = "user:alice",
+        question: str = "Merge it?",
+        time: datetime | None = None,
+        turn: int = 1,
     ) -> Envelope:
         expires = (time or self.at) + timedelta(hours=1)
         return self._event(
@@ -119,7 +124,7 @@ class RunStory:
                 timeout_s=3600,
                 expires_at=expires,
                 policy=HumanPolicy(allowed_recipients=[recipient]),
-                turn=1,
+                turn=turn,
             ),
             f"human.requested.{self.request_id}",
             time=time,
@@ -132,24 +137,24 @@ class RunStory:
             f"notified.{rid}.{channel}",
         )
 
-    def answered(self) -> Envelope:
+    def answered(self, responder: str = "user:alice", channel: str = "matrix") -> Envelope:
         return self._event(
             HumanAnswered(
                 request_id=self.request_id,
                 run_id=self.run_id,
-                recipient="user:alice",
-                responder="user:alice",
+                recipient=responder,
+                responder=responder,
                 answer=TextAnswer(value="yes"),
-                channel="matrix",
+                channel=channel,
                 waited_s=60,
             ),
-            "answered",
+            f"answered.{self.request_id}",
         )
 
     def resumed(self) -> Envelope:
         return self._event(
             RunResumed(run_id=self.run_id, reason="answer", from_turn=1, request_id=self.request_id, waited_s=60),
-            "resumed",
+            f"resumed.{self.request_id}",
         )
 
     def completed(self, result: str = "merged") -> Envelope:

@@ -189,6 +189,34 @@ async def test_waiting_page_says_whom_which_channel_what_and_since_when(
     await expect(page.locator("#waiting")).to_contain_text("Nobody is being waited for", timeout=WAIT_MS)
 
 
+async def test_a_run_waiting_on_several_questions_shows_each_with_its_channel_and_outcome(
+    served_journal: Served, browser_context: BrowserContext, story: MakeStory
+) -> None:
+    alice = story(title="Review PR 43: release", request_id="hreq-a")
+    bob = story(run_id=alice.run_id, request_id="hreq-b")
+    asked = [alice.requested(), alice.started(), alice.human_requested(recipient="user:alice", question="Ship v2?")]
+    bob.at = alice.at  # asked a second after alice: the questions are listed in the order they were asked
+    await _publish(
+        served_journal,
+        *asked,
+        bob.human_requested(recipient="user:bob", question="Keep v1?"),
+        alice.notified("web"),
+        bob.notified("matrix"),
+        bob.answered(responder="user:bob", channel="matrix"),
+    )
+    page = await _sign_in(browser_context, served_journal, VIEWER_TOKEN, "#/waiting")
+    row = page.locator(f'#waiting tr[data-run-id="{alice.run_id}"]')
+    await expect(row.locator("td").nth(1).locator(".question-line")).to_have_text(
+        ["alice (waiting)", "bob (answered by bob)"], timeout=WAIT_MS
+    )
+    await expect(row.locator("td").nth(2).locator(".question-line")).to_have_text(["web", "matrix"])
+    await expect(row.locator("td").nth(3).locator(".question-line")).to_have_text(["Ship v2?", "Keep v1?"])
+    await row.get_by_role("link").click()
+    await expect(page.locator("#run-questions li")).to_have_text(
+        ["alice (web): Ship v2? — waiting", "bob (matrix): Keep v1? — answered by bob"], timeout=WAIT_MS
+    )
+
+
 async def test_a_wrong_token_gets_a_clear_message_and_no_data(
     served_journal: Served, browser_context: BrowserContext
 ) -> None:

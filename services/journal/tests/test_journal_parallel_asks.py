@@ -107,3 +107,59 @@ def test_a_single_question_still_moves_through_resuming(story: MakeStory) -> Non
     run = _replay([s.requested(), s.started(), s.human_requested(), s.answered()])
     assert run.state == RunState.RESUMING
     assert _cleared(_replay([s.resumed()], run, first_seq=5))
+
+
+# --------------------------------------------------------------------------- the API: each question of the wait
+Journal = Any  # conftest.Journal
+
+
+async def test_the_api_lists_each_question_of_a_several_wait_with_its_channel_and_outcome(
+    journal: Journal, story: MakeStory
+) -> None:
+    first = story(request_id="hreq-t1")  # turn 1: one question, answered; the run went on
+    alice = story(run_id=first.run_id, request_id="hreq-a2")  # turn 2: two at once
+    bob = story(run_id=first.run_id, request_id="hreq-b2")
+    single = story(request_id="hreq-s")  # another run: one question
+    await journal.send(
+        first.requested(),
+        first.started(),
+        first.human_requested(recipient="user:alice", question="Old question?"),
+        first.answered(),
+        first.resumed(),
+        alice.human_requested(recipient="user:alice", question="Ship v2?", turn=2),
+        bob.human_requested(recipient="user:bob", question="Keep v1?", turn=2),
+        alice.notified("web"),
+        bob.notified("matrix"),
+        bob.answered(responder="user:bob", channel="matrix"),
+        single.requested(),
+        single.started(),
+        single.human_requested(recipient="user:carol", question="Deploy?"),
+        single.notified("telegram"),
+    )
+
+    def questions(run: dict[str, Any]) -> list[tuple[Any, ...]]:
+        assert run["state"] == "waiting_for_human", run
+        return [
+            (q["request_id"], q["recipient"], q["question"], q["channel"], q["status"], q["responder"])
+            for q in run["waiting"]["requests"]
+        ]
+
+    several = [
+        ("hreq-a2", "user:alice", "Ship v2?", "web", "pending", None),
+        ("hreq-b2", "user:bob", "Keep v1?", "matrix", "answered", "user:bob"),
+    ]
+    one = [("hreq-s", "user:carol", "Deploy?", "telegram", "pending", None)]
+    run = await journal.run(first.run_id)
+    assert run["waiting"]["request_id"] is None  # the row's summary says "several"; the list says which
+    assert questions(run) == several  # turn 1's question is not part of this wait
+    assert questions(await journal.run(single.run_id)) == one
+
+    waiting = (await journal.client.get("/runs/waiting")).json()["runs"]
+    assert {r["run_id"]: questions(r) for r in waiting} == {first.run_id: several, single.run_id: one}
+    listed = (await journal.client.get("/runs", params={"state": "waiting_for_human"})).json()["runs"]
+    assert {r["run_id"]: questions(r) for r in listed} == {first.run_id: several, single.run_id: one}
+
+    # the run resumes (wait_for: all, alice answered too): nothing waits any more
+    await journal.send(alice.answered(channel="web"), alice.resumed())
+    resumed = await journal.run(first.run_id)
+    assert (resumed["state"], resumed["waiting"]) == ("running", None)

@@ -48,10 +48,10 @@ Every error is ``{"error": "<code>", "detail": "<sentence>"}``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path as FilePath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import httpx
 import structlog
@@ -125,6 +125,7 @@ __all__ = [
     "TriggerList",
     "Waiting",
     "WaitingList",
+    "WaitingRequest",
     "WhoAmI",
     "create_app",
 ]
@@ -149,15 +150,35 @@ NO_NUL = r"^[^\x00]*$"
 
 
 # --------------------------------------------------------------------------- response bodies
+class WaitingRequest(BaseModel):
+    """One question of a wait (HUM-7: a turn may ask several at once), and what became of it so far."""
+
+    request_id: str
+    recipient: str
+    question: str
+    channel: str | None = Field(description="Where it was delivered (human.notified); null until then")
+    since: datetime = Field(description="When it was asked (its human.requested)")
+    status: Literal["pending", "answered", "expired"] = Field(
+        description="pending: nobody answered yet; answered / expired: this question has its outcome while the "
+        "run still waits on the others (wait_for: all)"
+    )
+    responder: str | None = Field(default=None, description="Who answered (answered only)")
+
+
 class Waiting(BaseModel):
     """UI-1: whom the run waits for, on which channel, for what, since when."""
 
-    request_id: str | None
-    recipient: str | None
+    request_id: str | None = Field(description="The request it waits on; null while it waits on several (HUM-7)")
+    recipient: str | None = Field(description="Whom it waits for (several: the recipients joined with ', ')")
     channel: str | None
-    question: str | None
+    question: str | None = Field(description="What it asked (several: the questions joined with ' | ')")
     since: datetime | None
     waiting_s: float | None
+    requests: list[WaitingRequest] = Field(
+        default_factory=list,
+        description="Each question of the wait with its own recipient, channel and status: one for a single "
+        "question, each of a turn's questions while it waits on several (HUM-7)",
+    )
 
 
 class RunView(BaseModel):
@@ -182,10 +203,23 @@ class RunView(BaseModel):
     )
 
     @classmethod
-    def of(cls, record: RunRecord, now: datetime) -> RunView:
+    def of(cls, record: RunRecord, now: datetime, several: list[WaitingRequest] | None = None) -> RunView:
+        """The view of ``record``; ``several``: the questions of a several-question wait (:func:`_several_waits`)."""
         waiting = None
         if record.state == RunState.WAITING_FOR_HUMAN:
             since = record.waiting_since
+            requests = several or []
+            if record.waiting_request_id is not None and since is not None:
+                requests = [
+                    WaitingRequest(
+                        request_id=record.waiting_request_id,
+                        recipient=record.waiting_recipient or "",
+                        question=record.waiting_question or "",
+                        channel=record.waiting_channel,
+                        since=since,
+                        status="pending",
+                    )
+                ]
             waiting = Waiting(
                 request_id=record.waiting_request_id,
                 recipient=record.waiting_recipient,
@@ -193,6 +227,7 @@ class RunView(BaseModel):
                 question=record.waiting_question,
                 since=since,
                 waiting_s=None if since is None else round(max((now - since).total_seconds(), 0.0), 3),
+                requests=requests,
             )
         return cls(
             run_id=record.run_id,
@@ -454,11 +489,12 @@ def create_app(
         )
         async with database.sessions() as session:
             records = list((await session.exec(query)).all())
-        more = len(records) > limit
-        records = records[:limit]
+            more = len(records) > limit
+            records = records[:limit]
+            several = await _several_waits(session, records)
         now = datetime.now(UTC)
         next_before = encode_cursor(records[-1].created_at, records[-1].run_id) if more else None
-        return RunList(runs=[RunView.of(r, now) for r in records], next_before=next_before)
+        return RunList(runs=[RunView.of(r, now, several.get(r.run_id)) for r in records], next_before=next_before)
 
     # Declared before /runs/{run_id}, which would otherwise take "waiting" for a run id.
     @app.get(
@@ -482,8 +518,9 @@ def create_app(
         )
         async with database.sessions() as session:
             records = (await session.exec(query)).all()
+            several = await _several_waits(session, records)
         now = datetime.now(UTC)
-        return WaitingList(runs=[RunView.of(r, now) for r in records])
+        return WaitingList(runs=[RunView.of(r, now, several.get(r.run_id)) for r in records])
 
     # Run ids may contain "/" (relay runs: "<target run>/ask/NN"), hence ``{run_id:path}``; the sub-routes
     # come first, so "/runs/a/ask/01/events" is the trajectory of "a/ask/01", and "/runs/{run_id:path}" last.
@@ -597,8 +634,9 @@ def create_app(
         async with database.sessions() as session:
             record = await session.get(RunRecord, run_id)
             known = await _run_from_events(session, run_id) if record is None else None
+            several = await _several_waits(session, [] if record is None else [record])
         if record is not None:
-            return RunView.of(record, datetime.now(UTC))
+            return RunView.of(record, datetime.now(UTC), several.get(run_id))
         if known is None:
             raise _run_not_found(run_id)
         return known
@@ -937,6 +975,72 @@ async def _run_known(session: AsyncSession, run_id: str) -> bool:
     if await session.get(RunRecord, run_id) is not None:
         return True
     return (await session.exec(select(EventRecord.id).where(EventRecord.run_id == run_id).limit(1))).first() is not None
+
+
+#: The events that say what became of a question (:func:`_several_waits`).
+_QUESTION_TYPES = ("human.requested", "human.notified", "human.answered", "human.expired")
+
+
+async def _several_waits(session: AsyncSession, records: Sequence[RunRecord]) -> dict[str, list[WaitingRequest]]:
+    """Per run of ``records`` that waits on several questions at once (HUM-7: ``waiting_request_id`` null), each
+    question of the turn it is parked on, from the run's ``human.*`` events: the questions of the latest turn that
+    asked (``human.requested``'s ``turn``), each with its channel and its outcome so far. One query for them all."""
+    ids = [r.run_id for r in records if r.state == RunState.WAITING_FOR_HUMAN and r.waiting_request_id is None]
+    if not ids:
+        return {}
+    t = EVENTS_TABLE.c
+    query = (
+        sa_select(t.run_id, t.type, t.time, t.data)
+        .where(t.run_id.in_(ids), t.type.in_(_QUESTION_TYPES))
+        .order_by(t.run_id, t.stream_seq)
+    )
+    rows = (await (await session.connection()).execute(query)).all()
+    asked: dict[str, dict[str, tuple[int, WaitingRequest]]] = {}
+    outcomes: dict[tuple[str, str], dict[str, Any]] = {}
+    for run_id, kind, time, data in rows:
+        request_id = data.get("request_id")
+        if not isinstance(request_id, str):
+            continue
+        if kind == "human.requested":
+            turn = data.get("turn")
+            asked.setdefault(run_id, {}).setdefault(
+                request_id,
+                (
+                    turn if isinstance(turn, int) else -1,
+                    WaitingRequest(
+                        request_id=request_id,
+                        recipient=str(data.get("recipient", "")),
+                        question=str(data.get("question", "")),
+                        channel=None,
+                        since=as_utc(time),
+                        status="pending",
+                    ),
+                ),
+            )
+        else:
+            outcomes.setdefault((run_id, request_id), {})[kind] = data
+    several: dict[str, list[WaitingRequest]] = {}
+    for run_id, questions in asked.items():
+        latest = max(turn for turn, _ in questions.values())
+        shown = []
+        for turn, request in questions.values():
+            if turn != latest:
+                continue
+            facts = outcomes.get((run_id, request.request_id), {})
+            notified, answered = facts.get("human.notified"), facts.get("human.answered")
+            update: dict[str, Any] = {}
+            if notified is not None and isinstance(notified.get("channel"), str):
+                update["channel"] = notified["channel"]
+            if answered is not None:
+                responder = answered.get("responder")
+                update |= {"status": "answered", "responder": responder if isinstance(responder, str) else None}
+                if isinstance(answered.get("channel"), str):
+                    update["channel"] = answered["channel"]
+            elif "human.expired" in facts:
+                update["status"] = "expired"
+            shown.append(request.model_copy(update=update))
+        several[run_id] = sorted(shown, key=lambda r: (r.since, r.request_id))
+    return several
 
 
 #: How many of an event-only run's events :func:`_run_from_events` reads (oldest first) for its facts.

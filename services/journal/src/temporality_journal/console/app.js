@@ -589,7 +589,13 @@ function runView(signal, runId) {
     const pairs = [["State", stateBadge(run.state)], ["Title", run.title], ["Agent", run.agent],
       ["Trigger", run.trigger_id], ["Created", when(run.created_at)], ["Finished", run.finished_at && when(run.finished_at)],
       ["Result", run.result], ["Error", run.error]];
-    if (run.waiting) {
+    if (run.waiting && (run.waiting.requests || []).length > 1) {
+      // HUM-7: several questions at once -- each with whom, where and what became of it
+      pairs.push(["Waiting for", h("ul", { id: "run-questions", class: "questions" },
+        ...run.waiting.requests.map((q) => h("li", { dataset: { requestId: q.request_id } },
+          `${person(q.recipient)} (${q.channel ?? "not notified yet"}): ${q.question} — ${questionStatus(q)}`)))],
+        ["Since", when(run.waiting.since)]);
+    } else if (run.waiting) {
       pairs.push(["Waiting for", person(run.waiting.recipient)], ["Channel", run.waiting.channel],
         ["Question", run.waiting.question], ["Since", when(run.waiting.since)]);
     }
@@ -660,6 +666,18 @@ function cancelForm(runId, signal, done) {
 }
 
 // ------------------------------------------------------------------ waiting runs (UI-1)
+function questionStatus(q) {
+  if (q.status === "answered") return `answered by ${person(q.responder)}`;
+  return q.status === "expired" ? "expired" : "waiting";
+}
+
+/** One line per question of the wait (a run may wait on several at once, HUM-7). */
+function perQuestion(w, cell) {
+  const questions = w.requests || [];
+  if (questions.length < 2) return null;
+  return questions.map((q) => h("div", { class: "question-line" }, cell(q)));
+}
+
 function waitingView(signal) {
   const body = h("tbody");
   show(
@@ -677,9 +695,9 @@ function waitingView(signal) {
       const since = w.since ? Date.parse(w.since) : null;
       return h("tr", { dataset: { runId: run.run_id } },
         h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(run.run_id)}` }, run.title || run.run_id)),
-        h("td", {}, person(w.recipient)),
-        h("td", {}, w.channel ?? "not notified yet"),
-        h("td", {}, w.question ?? ""),
+        h("td", {}, ...(perQuestion(w, (q) => `${person(q.recipient)} (${questionStatus(q)})`) ?? [person(w.recipient)])),
+        h("td", {}, ...(perQuestion(w, (q) => q.channel ?? "not notified yet") ?? [w.channel ?? "not notified yet"])),
+        h("td", {}, ...(perQuestion(w, (q) => q.question) ?? [w.question ?? ""])),
         h("td", {}, when(w.since)),
         h("td", { class: "num" }, since === null ? "—" : duration((now - since) / 1000)),
         h("td", {}, stateBadge(run.state)));

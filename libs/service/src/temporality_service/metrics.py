@@ -30,6 +30,7 @@ made with :meth:`ServiceMetrics.counter` / :meth:`~ServiceMetrics.histogram` / :
   (:meth:`ServiceMetrics.refresh_every`, run by the runtime every ``STATE_REFRESH_S`` seconds; a failed
   refresh is logged and keeps the last values): every replica reports the same number, so ``max()`` it,
   never ``sum()``.
+
 ``/metrics`` is served without authentication, like ``/healthz`` (issue 11: no anonymous endpoint but
 health and metrics); it reveals counts, never payloads or ids.
 """

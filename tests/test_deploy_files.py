@@ -1731,3 +1731,129 @@ def test_values_documented_nats_and_network_policy_settings_validate(
     (rule,) = policies["trigger-gateway"]["ingress"]
     assert all(peer in rule["from"] for peer in peers)
     assert all(rule in policies["journal"]["egress"] for rule in extra["journal"])
+
+
+# --------------------------------------------------------------------------- Helm chart: monitoring
+_MONITORING_ON = {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}}
+#: The alerts of docs/operations.md#alerts, each in the rendered PrometheusRule.
+_ALERTS = {
+    "TemporalityTargetDown",
+    "TemporalityNatsDisconnected",
+    "TemporalityDeadLetters",
+    "TemporalityConsumerLag",
+    "TemporalityHumanRequestOverdue",
+    "TemporalityChannelFailing",
+    "TemporalityChannelUnavailable",
+}
+#: Metrics Prometheus itself makes for every target.
+_PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
+_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",), "info": ("_info",)}
+
+
+def test_chart_renders_no_monitoring_by_default() -> None:
+    kinds = {d["kind"] for d in _render()}
+    assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def test_chart_monitors_scrape_every_service_with_its_own_service_label(values: dict[str, Any]) -> None:
+    docs = _kinds(_render(_MONITORING_ON))
+    service_monitor = docs[("ServiceMonitor", "t-temporality")]["spec"]
+    pod_monitor = docs[("PodMonitor", "t-temporality-workers")]["spec"]
+    [http_services] = [e["values"] for e in service_monitor["selector"]["matchExpressions"]]
+    [workers] = [e["values"] for e in pod_monitor["selector"]["matchExpressions"]]
+    assert sorted(http_services) == sorted(HTTP)  # the HTTP services have a Service: port `http`
+    assert sorted(workers) == sorted(WORKERS)  # the workers have none: their pods, port `health`
+    services = {name: d for (kind, name), d in docs.items() if kind == "Service"}
+    for name in http_services:
+        assert services[f"t-temporality-{name}"]["spec"]["ports"][0]["name"] == "http"
+    for endpoint in (*service_monitor["endpoints"], *pod_monitor["podMetricsEndpoints"]):
+        assert endpoint["path"] == "/metrics"
+        assert endpoint["honorLabels"] is True  # `service` stays the metric's own label, not the Service's name
+    assert [e["port"] for e in service_monitor["endpoints"]] == ["http"]
+    assert [e["port"] for e in pod_monitor["podMetricsEndpoints"]] == ["health"]
+    ports = {
+        name.removeprefix("t-temporality-"): [
+            p["name"] for c in d["spec"]["template"]["spec"]["containers"] for p in c["ports"]
+        ]
+        for (kind, name), d in docs.items()
+        if kind == "Deployment"
+    }
+    assert all(ports[w] == ["health"] for w in workers)
+    assert all(ports[s] == ["http"] for s in http_services)
+
+
+def _alert_rules(values: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    [rule] = [d for d in _render(values or _MONITORING_ON) if d["kind"] == "PrometheusRule"]
+    return {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+
+
+async def _exposed_metrics(bus: Any) -> set[str]:
+    """Every metric name the five services expose: each one's registry as its runtime builds it, with the
+    domain instruments human-interaction and the journal add (the names a scrape of them can return)."""
+    from temporality_human_interaction.metrics import HumanMetrics
+    from temporality_journal.metrics import JournalMetrics
+    from temporality_service import ServiceMetrics
+
+    names: set[str] = set()
+    for service in SERVICES:
+        metrics = ServiceMetrics(service, bus)
+        if service == "human-interaction":
+            HumanMetrics(metrics)
+        if service == "journal":
+            JournalMetrics(metrics)
+        for family in metrics.registry.collect():
+            names |= {family.name + suffix for suffix in _SUFFIXES[family.type]}
+    return names
+
+
+def _selected(expr: str) -> set[str]:
+    """The metric names an expression reads (its vector selectors), from the PromQL parser's syntax tree."""
+    import promql_parser
+
+    found: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            assert node.name, f"a selector without a metric name in {expr}"
+            found.add(node.name)
+
+    promql_parser.walk(promql_parser.parse(expr), pre_visit=visit)
+    return found
+
+
+async def test_chart_alerts_parse_and_read_only_metrics_the_services_expose(bus: Any) -> None:
+    rules = _alert_rules()
+    assert set(rules) == _ALERTS
+    exposed = await _exposed_metrics(bus)
+    assert {"temporality_human_deliveries_total", "temporality_runs", "temporality_consumer_pending"} <= exposed
+    read: set[str] = set()
+    for alert, rule in rules.items():
+        names = _selected(rule["expr"])  # raises on a syntax error
+        assert names, alert
+        unknown = names - exposed - _PROMETHEUS_OWN
+        assert not unknown, f"{alert} reads {sorted(unknown)}, which no service exposes"
+        read |= names
+        assert rule["labels"]["severity"] in {"critical", "warning"}, alert
+        assert rule["annotations"]["summary"], alert
+        assert rule["annotations"]["description"], alert
+    assert "up" in read  # the target-down alert
+
+
+def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
+    values = deepcopy(_MONITORING_ON)
+    values["metrics"]["prometheusRule"] |= {
+        "consumerLag": 50,
+        "consumerLagFor": "3m",
+        "overdueSeconds": 60,
+        "channelFailureRatio": 0.25,
+        "alertLabels": {"team": "platform"},
+        "targetSelector": 'job="temporality"',
+    }
+    rules = _alert_rules(values)
+    assert rules["TemporalityConsumerLag"]["expr"].endswith("> 50")
+    assert rules["TemporalityConsumerLag"]["for"] == "3m"
+    assert rules["TemporalityHumanRequestOverdue"]["expr"].endswith("> 60")
+    assert rules["TemporalityChannelFailing"]["expr"].endswith("> 0.25")
+    assert rules["TemporalityTargetDown"]["expr"] == 'up{job="temporality"} == 0'
+    assert all(r["labels"]["team"] == "platform" for r in rules.values())
+    assert _alert_rules()["TemporalityTargetDown"]["expr"] == 'up{namespace="default", pod=~"t-temporality-.*"} == 0'

@@ -1,11 +1,12 @@
 """``/metrics`` of a service run by the runtime against a real nats-server: HTTP by route template, consumer
-outcomes (acked, retried, dead-lettered), lag, the NATS connection."""
+outcomes (acked, retried, dead-lettered), lag, the NATS connection; a service's own instruments and refreshed
+gauges on the same registry."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
@@ -14,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from temporality_bus import Bus, Delivery, NatsSettings, PermanentError
 from temporality_protocol import Envelope, RunStarted, make_event
-from temporality_protocol.catalog import ServiceSpec
+from temporality_protocol.catalog import EVENTS_STREAM, ServiceSpec
 from temporality_service import HttpServiceSettings, Runtime, metrics, run_until
 
 SPEC = ServiceSpec(
@@ -45,7 +46,9 @@ def _value(text: str, name: str, **labels: str) -> float | None:
 
 
 @contextlib.asynccontextmanager
-async def _service(nats_settings: NatsSettings) -> AsyncIterator[str]:
+async def _service(
+    nats_settings: NatsSettings, own: Callable[[Runtime[HttpServiceSettings]], None] | None = None
+) -> AsyncIterator[str]:
     failed_once: set[str] = set()
 
     async def handle(event: Envelope, delivery: Delivery) -> None:
@@ -64,6 +67,8 @@ async def _service(nats_settings: NatsSettings) -> AsyncIterator[str]:
             return {"id": thing_id}
 
         rt.http(app)
+        if own is not None:
+            own(rt)
 
     settings = HttpServiceSettings(nats=nats_settings, port=0)
     stop, ready = asyncio.Event(), asyncio.Event()
@@ -141,3 +146,40 @@ async def test_metrics_count_requests_by_route_and_messages_by_outcome(
 
         await _scrape_until(client, drained)
         assert "run-poison" not in text  # counts, never ids or payloads
+
+
+@pytest.mark.timeout(90)
+async def test_a_service_s_own_instruments_and_refreshed_gauges_share_the_registry(
+    nats_settings: NatsSettings, bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metrics, "STATE_REFRESH_S", 0.2)
+    refreshes = {"broken": 0}
+
+    def own(rt: Runtime[HttpServiceSettings]) -> None:
+        held = rt.metrics.gauge("temporality_probe_events_held", "Events the stream holds (a whole-system gauge)")
+        handled = rt.metrics.counter("temporality_probe_things", "Things this replica did", ["kind"])
+        handled.labels(rt.metrics.service, "started").inc()
+
+        async def broken() -> None:
+            refreshes["broken"] += 1
+            raise RuntimeError("the read model is unreachable")
+
+        async def count() -> None:
+            info = await rt.bus.js.stream_info(EVENTS_STREAM.name)
+            held.labels(rt.metrics.service).set(info.state.messages)
+
+        rt.metrics.refresh_every("broken", broken)  # a failing refresher neither stops the others nor the service
+        rt.metrics.refresh_every("events held", count)
+
+    async with _service(nats_settings, own) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        held_before = (await bus.js.stream_info(EVENTS_STREAM.name)).state.messages
+        for run_id in ("run-a", "run-b"):
+            await bus.publish(_started(run_id))
+
+        def refreshed(text: str) -> bool:
+            return _value(text, "temporality_probe_events_held") == held_before + 2
+
+        text = await _scrape_until(client, refreshed)
+        assert _value(text, "temporality_probe_things_total", kind="started") == 1
+        assert _value(text, "temporality_http_requests_total", method="GET", route="/metrics", status="200") is not None
+        assert refreshes["broken"] >= 2  # tried again at every interval

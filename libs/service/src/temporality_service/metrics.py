@@ -1,4 +1,4 @@
-"""``/metrics``: what every service reports to Prometheus (the runtime wires it; services add nothing).
+"""``/metrics``: what every service reports to Prometheus (the runtime wires it), and where a service adds its own.
 
 ==============================================  =======================================================
 ``temporality_http_requests_total``             counter by ``method``, ``route`` (the route template,
@@ -18,6 +18,19 @@
 Every metric also carries the ``service`` label. The pending gauges are refreshed from the server's
 consumer info every ``LAG_REFRESH_S`` seconds (and are absent until the first refresh). Each
 :class:`ServiceMetrics` has its own registry, so several in-process replicas (tests) never collide.
+
+**A service's own metrics** (the domain: human-interaction's deliveries and waits, the journal's runs by
+state; listed in each service's ``metrics`` module and in docs/operations.md) go on the same registry,
+made with :meth:`ServiceMetrics.counter` / :meth:`~ServiceMetrics.histogram` / :meth:`~ServiceMetrics.gauge`
+(``service`` is their first label). Two kinds, because every replica serves its own ``/metrics``:
+
+* a **counter or histogram** is observed only by the replica that committed the fact (the one whose
+  compare-and-set moved the record, whose adapter made the attempt): across replicas, ``sum()`` it;
+* a **whole-system gauge** (runs by state, requests waiting) is read from the read model by a refresher
+  (:meth:`ServiceMetrics.refresh_every`, run by the runtime every ``STATE_REFRESH_S`` seconds; a failed
+  refresh is logged and keeps the last values): every replica reports the same number, so ``max()`` it,
+  never ``sum()``.
+
 ``/metrics`` is served without authentication, like ``/healthz`` (issue 11: no anonymous endpoint but
 health and metrics); it reveals counts, never payloads or ids.
 """
@@ -26,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 import structlog
@@ -37,12 +50,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from temporality_bus import Bus, Consumer, Outcome
 from temporality_protocol.version import PROTOCOL_VERSION
 
-__all__ = ["LAG_REFRESH_S", "ServiceMetrics"]
+__all__ = ["LAG_REFRESH_S", "REFRESH_TIMEOUT_S", "STATE_REFRESH_S", "Refresher", "ServiceMetrics"]
 
 log = structlog.get_logger(__name__)
 
 #: How often the consumer lag gauges are refreshed from the server.
 LAG_REFRESH_S = 10.0
+#: How often the services' whole-system gauges (:meth:`ServiceMetrics.refresh_every`) are read again.
+STATE_REFRESH_S = 30.0
+
+#: A refresher taking longer than this is given up (logged; its gauges keep their last values).
+REFRESH_TIMEOUT_S = 10.0
+
+#: Reads the read model and sets gauges; raising keeps their last values (logged).
+Refresher = Callable[[], Awaitable[None]]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -58,6 +79,7 @@ class ServiceMetrics:
         self.service = service
         self.bus = bus
         self.registry = CollectorRegistry(auto_describe=True)
+        self._refreshers: list[tuple[str, Refresher]] = []
         labels = {"service": service}
         Gauge(
             "temporality_service_info",
@@ -108,6 +130,53 @@ class ServiceMetrics:
             registry=self.registry,
         )
 
+    # ------------------------------------------------------------------ a service's own instruments
+    def counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+        """A counter on this process's registry; its labels are ``service`` then ``labels``."""
+        return Counter(name, documentation, ["service", *labels], registry=self.registry)
+
+    def histogram(
+        self, name: str, documentation: str, labels: Sequence[str] = (), *, buckets: Sequence[float]
+    ) -> Histogram:
+        """A histogram on this process's registry; its labels are ``service`` then ``labels``."""
+        return Histogram(name, documentation, ["service", *labels], registry=self.registry, buckets=buckets)
+
+    def gauge(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
+        """A gauge on this process's registry; its labels are ``service`` then ``labels``."""
+        return Gauge(name, documentation, ["service", *labels], registry=self.registry)
+
+    def refresh_every(self, name: str, refresher: Refresher) -> None:
+        """Run ``refresher`` (it reads the read model and sets whole-system gauges) at start and then every
+        :data:`STATE_REFRESH_S` while the service runs (the runtime's :meth:`watch`)."""
+        self._refreshers.append((name, refresher))
+
+    async def refresh_state(self) -> None:
+        """Run every refresher once (each failure, or one taking over :data:`REFRESH_TIMEOUT_S`, is logged, never
+        raised: the gauges keep their last values)."""
+        for name, refresher in self._refreshers:
+            try:
+                async with asyncio.timeout(REFRESH_TIMEOUT_S):
+                    await refresher()
+            except Exception as exc:  # TimeoutError included: a slow read model never holds up the stop
+                log.warning("metrics.refresh_failed", gauges=name, error=repr(exc))
+
+    async def watch(self, consumers: list[Consumer], stop: asyncio.Event) -> None:
+        """Refresh the lag gauges and the service's own gauges, each on its interval, until ``stop``."""
+        async with asyncio.TaskGroup() as tg:
+            if consumers:
+                tg.create_task(self.watch_lag(consumers, stop))
+            if self._refreshers:
+                tg.create_task(self._every(lambda: STATE_REFRESH_S, self.refresh_state, stop))
+
+    @staticmethod
+    async def _every(interval: Callable[[], float], step: Refresher, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await step()
+            try:
+                await asyncio.wait_for(stop.wait(), interval())
+            except TimeoutError:
+                pass
+
     # ------------------------------------------------------------------ consumers
     def settled(self, durable: str, outcome: Outcome, seconds: float, count: int = 1) -> None:
         self._messages.labels(self.service, durable, outcome).inc(count)
@@ -126,12 +195,7 @@ class ServiceMetrics:
 
     async def watch_lag(self, consumers: list[Consumer], stop: asyncio.Event) -> None:
         """Refresh the lag gauges every :data:`LAG_REFRESH_S` until ``stop``."""
-        while not stop.is_set():
-            await self.refresh_lag(consumers)
-            try:
-                await asyncio.wait_for(stop.wait(), LAG_REFRESH_S)
-            except TimeoutError:
-                pass
+        await self._every(lambda: LAG_REFRESH_S, lambda: self.refresh_lag(consumers), stop)
 
     # ------------------------------------------------------------------ HTTP
     def http(self, method: str, route: str, status: int, seconds: float) -> None:

@@ -310,8 +310,7 @@ async def _serve(runtime: Runtime[Any], stop: asyncio.Event, ready: asyncio.Even
     async with asyncio.TaskGroup() as tg:
         for consumer in runtime.consumers:
             tg.create_task(supervised(f"consumer {consumer.spec.durable}", consumer.run(consumers_stop)))
-        if runtime.consumers:
-            tg.create_task(runtime.metrics.watch_lag(runtime.consumers, consumers_stop))
+        tg.create_task(runtime.metrics.watch(runtime.consumers, consumers_stop))
         for responder in runtime.responders:
             await responder.start()
         server = runtime.server

@@ -26,6 +26,7 @@ from temporality_human_interaction.egress import EgressPolicy, PatternError
 from temporality_human_interaction.events import SOURCE
 from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.inbox import RetentionSweeper, rebuild_index
+from temporality_human_interaction.metrics import HumanMetrics
 from temporality_human_interaction.notifications import NotificationHandler
 from temporality_human_interaction.policies import RunPolicies, RunPolicyHandler
 from temporality_human_interaction.requests import RequestHandler
@@ -153,16 +154,25 @@ def configure(settings: Settings) -> Setup[Settings]:
         await rt.resources.enter_async_context(watch.watching())
         rt.ready_check("directory-store", watch.check)
         adapters: dict[str, ChannelAdapter] = {}
+        metrics = HumanMetrics(rt.metrics)  # deliveries, waits, requests waiting: see .metrics
         inbound = AnswerRouter(
-            rt.bus, directory, adapters, repair_after_s=rt.settings.answer_repair_after_s, egress=egress
+            rt.bus,
+            directory,
+            adapters,
+            repair_after_s=rt.settings.answer_repair_after_s,
+            egress=egress,
+            observer=metrics,
         )
         for adapter in build_adapters(rt.settings, rt.bus, egress):
             adapter.attach(inbound)  # every channel hands its answers to the one binding
+            adapter.observer = metrics
             adapters[adapter.name] = await rt.resources.enter_async_context(adapter)
+        metrics.watch_channels(adapters)
+        rt.metrics.refresh_every("human requests", lambda: metrics.refresh(rt.bus))
         log.info("channels.ready", channels=sorted(n for n, a in adapters.items() if a.available))
         policies = RunPolicies(rt.bus, wait_deliveries=rt.settings.policy_wait_deliveries)  # SEC-1
         rt.consumer("human-interaction-policies", handler=RunPolicyHandler(policies).handle)
-        requests = RequestHandler(rt.bus, directory, adapters, egress=egress, policies=policies)
+        requests = RequestHandler(rt.bus, directory, adapters, egress=egress, policies=policies, observer=metrics)
         rt.consumer("human-interaction-requests", handler=requests.handle, max_inflight=rt.settings.max_inflight)
         chain = ChainRunner(rt.bus, directory, adapters)  # reminders and escalation (HUM-8)
         await rebuild_index(rt.bus)  # the inbox index: requests stored before it existed are found (idempotent)
@@ -172,9 +182,12 @@ def configure(settings: Settings) -> Setup[Settings]:
             every_s=rt.settings.retention_sweep_every_s,
         )
         await sweeper.start()
-        deadlines = DeadlineHandler(rt.bus, on_outcome=inbound.show_outcome, chain=chain, sweeper=sweeper)
+        deadlines = DeadlineHandler(
+            rt.bus, on_outcome=inbound.show_outcome, chain=chain, sweeper=sweeper, observer=metrics
+        )
         rt.consumer("human-interaction-deadlines", raw_handler=deadlines.handle)
-        rt.consumer("human-interaction-runs", handler=RunEndHandler(rt.bus, inbound.show_outcome).handle)
+        run_ends = RunEndHandler(rt.bus, inbound.show_outcome, observer=metrics)
+        rt.consumer("human-interaction-runs", handler=run_ends.handle)
         notifications = NotificationHandler(rt.bus, directory, adapters, policies=policies)
         rt.consumer("human-interaction-notifications", handler=notifications.handle)
         rt.http(create_app(rt.settings, rt.bus, directory, inbound, store=store, auth=auth, egress=egress))

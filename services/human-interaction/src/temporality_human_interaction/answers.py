@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import structlog
 from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
@@ -55,6 +55,9 @@ from temporality_human_interaction.timers import arm_answer_repair
 from temporality_protocol import HumanAnswer, HumanRequestState, OptionAnswer, TextAnswer
 from temporality_protocol.events import MAX_TEXT
 from temporality_service import ApiError
+
+if TYPE_CHECKING:
+    from temporality_human_interaction.metrics import RequestObserver
 
 __all__ = [
     "AnswerRefused",
@@ -230,8 +233,11 @@ async def bind_answer_outcome(
     repair_after_s: float = DEFAULT_REPAIR_AFTER_S,
     responder_name: str | None = None,
     egress: EgressPolicy | None = None,
+    observer: RequestObserver | None = None,
 ) -> tuple[HumanRequestRecord, bool]:
     """:func:`bind_answer`, also saying whether the answer was already recorded (an identical repeat).
+
+    ``observer`` is told the answered request once, by the call whose compare-and-set bound it.
 
     A refusal for a request that exists (ended, or not this responder's to answer) is journaled as
     ``human.answer_refused`` before it is raised (HUM-7, HUM-9); a free-text answer in it is redacted by
@@ -259,6 +265,9 @@ async def bind_answer_outcome(
     with structlog.contextvars.bound_contextvars(request_id=request_id, run_id=record.run_id):
         if fresh:
             from temporality_human_interaction.inbox import unindex
+
+            if observer is not None:
+                observer.ended(record)
 
             await unindex(bus, record)
             await _arm_repair(bus, record, repair_after_s)

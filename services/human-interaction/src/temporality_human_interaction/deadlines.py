@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -37,6 +37,9 @@ from temporality_human_interaction.inbox import RetentionSweeper, is_sweep, unin
 from temporality_human_interaction.records import REQUEST_ID_PATTERN, HumanRequestRecord, RequestStore, open_store
 from temporality_human_interaction.timers import arm_chain_step, rearm_deadline
 from temporality_protocol import HumanRequestState
+
+if TYPE_CHECKING:
+    from temporality_human_interaction.metrics import RequestObserver
 
 __all__ = ["DeadlineHandler", "DeadlinePayload"]
 
@@ -70,8 +73,11 @@ class DeadlineHandler:
         on_outcome: Callable[[HumanRequestRecord], Awaitable[None]] | None = None,
         chain: ChainRunner | None = None,
         sweeper: RetentionSweeper | None = None,
+        observer: RequestObserver | None = None,
     ) -> None:
         self._bus = bus
+        #: Told each request this replica expired (the wait-time histogram).
+        self._observer = observer
         #: Purges ended requests past the retention when the sweep's timer fires (:mod:`.inbox`).
         self._sweeper = sweeper
         self._clock = clock or _utcnow
@@ -128,9 +134,12 @@ class DeadlineHandler:
             return record.moved_to(HumanRequestState.EXPIRED)  # an answer or another replica racing: re-read
 
         try:
-            return (await store.modify(key, expire)).value
+            result = await store.modify(key, expire)
         except NotFound:
             raise PermanentError(f"a deadline fired for {key}, which is not a known request") from None
+        if result.changed and self._observer is not None:  # this call's compare-and-set expired it
+            self._observer.ended(result.value)
+        return result.value
 
     async def _chain_step(
         self, store: RequestStore, record: HumanRequestRecord, index: int, delivery: Delivery | None

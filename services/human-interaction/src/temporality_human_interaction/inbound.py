@@ -20,6 +20,7 @@ responder; bus failures propagate (the web API answers 503, a chat adapter says 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -29,6 +30,9 @@ from temporality_human_interaction.channels.base import ChannelAdapter, ChannelE
 from temporality_human_interaction.directory import Directory, recipient_for, user_id_of
 from temporality_human_interaction.egress import EgressPolicy
 from temporality_human_interaction.records import HumanRequestRecord
+
+if TYPE_CHECKING:
+    from temporality_human_interaction.metrics import RequestObserver
 
 __all__ = ["AnswerRouter"]
 
@@ -46,8 +50,11 @@ class AnswerRouter:
         *,
         repair_after_s: float = DEFAULT_REPAIR_AFTER_S,
         egress: EgressPolicy | None = None,
+        observer: RequestObserver | None = None,
     ) -> None:
         self._egress = egress
+        #: Told each request this replica's binding answered (the wait-time histogram).
+        self._observer = observer
         self._bus = bus
         self._directory = directory
         self._adapters: Mapping[str, ChannelAdapter] = adapters if adapters is not None else {}
@@ -70,6 +77,7 @@ class AnswerRouter:
                     channel=answer.channel,
                     repair_after_s=self._repair_after_s,
                     egress=self._egress,
+                    observer=self._observer,
                 )
             except AnswerRefused as refused:
                 log.info("answer.refused", code=refused.code, responder=responder, detail=refused.detail)

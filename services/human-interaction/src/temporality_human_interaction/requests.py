@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -71,6 +72,9 @@ from temporality_human_interaction.runs import cancel_pending, index_request, ru
 from temporality_human_interaction.timers import arm_deadline
 from temporality_protocol import Envelope, HumanRequested
 from temporality_protocol.events import MAX_TEXT, DeliveryAttempt
+
+if TYPE_CHECKING:
+    from temporality_human_interaction.metrics import RequestObserver
 
 __all__ = [
     "ChannelChoice",
@@ -192,8 +196,11 @@ class RequestHandler:
         *,
         egress: EgressPolicy | None = None,
         policies: RunPolicies | None = None,
+        observer: RequestObserver | None = None,
     ) -> None:
         self._bus = bus
+        #: Told each request this handler cancelled at intake (its run had ended): the wait-time histogram.
+        self._observer = observer
         self._directory = directory
         self._adapters = dict(adapters)
         self._egress = egress or DEFAULT_POLICY
@@ -277,7 +284,7 @@ class RequestHandler:
             if ended is None and await withdrawn(self._bus, record.run_id, record.request_id):
                 ended = "not_needed"  # HUM-7: its run withdrew it before it was stored
             if ended is not None:
-                cancelled = await cancel_pending(self._bus, record.request_id, ended, None)
+                cancelled = await cancel_pending(self._bus, record.request_id, ended, None, self._observer)
                 record = cancelled or record
 
         if record.pending:  # before delivery: a request that can never be delivered still expires (HUM-8)

@@ -16,6 +16,7 @@ cancelled at intake, before anyone is notified.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -24,6 +25,9 @@ from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, C
 from temporality_human_interaction.inbox import unindex
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_protocol import Envelope, HumanCancelRequested, HumanRequestState
+
+if TYPE_CHECKING:
+    from temporality_human_interaction.metrics import RequestObserver
 
 __all__ = [
     "RUN_ENDINGS",
@@ -68,9 +72,15 @@ async def run_ended(bus: Bus, run_id: str) -> str | None:
 
 
 async def cancel_pending(
-    bus: Bus, request_id: str, because: str, on_outcome: Callable[[HumanRequestRecord], Awaitable[None]] | None
+    bus: Bus,
+    request_id: str,
+    because: str,
+    on_outcome: Callable[[HumanRequestRecord], Awaitable[None]] | None,
+    observer: RequestObserver | None = None,
 ) -> HumanRequestRecord | None:
-    """Cancel ``request_id`` if it is pending; show the outcome when it is (now or already) cancelled."""
+    """Cancel ``request_id`` if it is pending; show the outcome when it is (now or already) cancelled.
+
+    ``observer`` is told the cancelled request once, by the call whose compare-and-set cancelled it."""
     store = await open_store(bus)
     try:
         result = await store.modify(
@@ -82,6 +92,8 @@ async def cancel_pending(
     if record.status is not HumanRequestState.CANCELLED:
         return record
     log.info("request.cancelled", request_id=request_id, because=because, changed=result.changed)
+    if result.changed and observer is not None:
+        observer.ended(record)
     await unindex(bus, record)
     if on_outcome is not None:
         await on_outcome(record)
@@ -91,9 +103,17 @@ async def cancel_pending(
 class RunEndHandler:
     """The run-endings handler; :meth:`handle` is what the consumer calls."""
 
-    def __init__(self, bus: Bus, on_outcome: Callable[[HumanRequestRecord], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        on_outcome: Callable[[HumanRequestRecord], Awaitable[None]] | None = None,
+        *,
+        observer: RequestObserver | None = None,
+    ) -> None:
         self._bus = bus
         self._on_outcome = on_outcome
+        #: Told each request this replica cancelled (the wait-time histogram).
+        self._observer = observer
 
     async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
         if event.type == HumanCancelRequested.EVENT_TYPE:
@@ -110,7 +130,7 @@ class RunEndHandler:
             # already or sees the marker at intake (RequestHandler), so none is left pending.
             await ChannelRefs(self._bus).claim(ref_key("runend", run_id), event.type)
             for request_id in await requests_of_run(self._bus, run_id):
-                await cancel_pending(self._bus, request_id, event.type, self._on_outcome)
+                await cancel_pending(self._bus, request_id, event.type, self._on_outcome, self._observer)
 
     async def _withdraw(self, withdrawal: HumanCancelRequested) -> None:
         """HUM-7: the run no longer needs these requests: each is cancelled like at the run's end. The marker
@@ -128,4 +148,4 @@ class RunEndHandler:
                 if found.value.run_id != withdrawal.run_id:
                     log.warning("request.withdraw_refused", request_id=request_id, owner=found.value.run_id)
                     continue
-                await cancel_pending(self._bus, request_id, withdrawal.reason, self._on_outcome)
+                await cancel_pending(self._bus, request_id, withdrawal.reason, self._on_outcome, self._observer)

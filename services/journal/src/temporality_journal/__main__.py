@@ -23,6 +23,7 @@ from temporality_journal.api import create_app
 from temporality_journal.database import Database, async_url
 from temporality_journal.gateway import gateway_client
 from temporality_journal.human import human_client
+from temporality_journal.metrics import JournalMetrics
 from temporality_journal.rebuild import main as rebuild_main
 from temporality_journal.recorder import Recorder
 from temporality_journal.retention import Retention
@@ -67,6 +68,8 @@ def configure(settings: Settings) -> Setup[Settings]:
         await rt.resources.enter_async_context(access.running())
         rt.http(create_app(rt.settings, database, rt.bus, auth, tail, gateway, human, access))
         rt.ready_check("database", database.ping)
+        runs = JournalMetrics(rt.metrics)  # runs by state (max() across replicas): see .metrics
+        rt.metrics.refresh_every("runs by state", lambda: runs.refresh(database))
         days, audit_days = rt.settings.retention_days, rt.settings.audit_retention_days
         if days > 0 or audit_days > 0:  # 0 and 0: keep everything, no purge
             await rt.resources.enter_async_context(Retention(database, days, audit_days=audit_days).running())

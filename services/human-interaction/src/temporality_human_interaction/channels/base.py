@@ -34,6 +34,10 @@ Egress (HUM-5, SEC-1): :meth:`ChannelAdapter.deliver`, :meth:`ChannelAdapter.upd
 :attr:`ChannelAdapter.egress` policy lets it leave on this channel: secrets redacted, each text field
 truncated to the channel's limit with a visible marker.
 
+Metrics: :meth:`ChannelAdapter.deliver` reports each attempt (delivered, failed, unavailable) to the
+adapter's :attr:`ChannelAdapter.observer` (``temporality_human_deliveries_total``, :mod:`..metrics`); a person
+with no identity on the channel is not an attempt.
+
 Contract for implementations: ``do_deliver`` renders only the compact question (HUM-5) and never
 the run's technical context; it stores what it needs to bind replies (``channels.refs``) *before*
 the message leaves, so an instant answer is never lost. ``do_update`` may be called more than once
@@ -46,12 +50,15 @@ import abc
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar, Self
 
 from temporality_human_interaction.answers import AnswerRefused, AnswerSubmission
 from temporality_human_interaction.directory import UserProfile
 from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy
+
+if TYPE_CHECKING:
+    from temporality_human_interaction.metrics import DeliveryObserver, DeliveryOutcome
 
 __all__ = [
     "AnswerSink",
@@ -125,6 +132,8 @@ class ChannelAdapter(abc.ABC):
     #: What may leave on this channel (HUM-5, SEC-1): every question, outcome and notification passes through
     #: it in the public methods below, so no implementation can skip it. The service sets its configured one.
     egress: EgressPolicy = DEFAULT_POLICY
+    #: Told every delivery attempt and its outcome (the service sets its :class:`~..metrics.HumanMetrics`).
+    observer: DeliveryObserver | None = None
 
     def attach(self, inbound: AnswerSink) -> None:
         """Where this adapter hands the answers it receives; call before :meth:`initialize`."""
@@ -192,14 +201,27 @@ class ChannelAdapter(abc.ABC):
         self, request: HumanRequestRecord, profile: UserProfile, *, banner: str | None = None, tag: str = ""
     ) -> DeliveryReceipt:
         """Deliver ``request`` to the person behind ``profile``. Do not override: implement :meth:`do_deliver`."""
-        self._check(profile)
-        request, _ = self.egress.for_channel(request, self.name)
+        if self.available and not self.reaches(profile):  # not tried, so not an attempt
+            raise ChannelUnavailable(f"channel {self.name} has no identity for {profile.display_name}")
         try:
-            return await self.do_deliver(request, profile, banner=banner, tag=tag)
+            self._check(profile)
+            request, _ = self.egress.for_channel(request, self.name)
+            receipt = await self.do_deliver(request, profile, banner=banner, tag=tag)
+        except ChannelUnavailable:
+            self._observe(tag, "unavailable")
+            raise
         except ChannelError:
+            self._observe(tag, "failed")
             raise
         except Exception as exc:
+            self._observe(tag, "failed")
             raise DeliveryFailed(f"channel {self.name} failed to deliver {request.request_id}: {exc!r}") from exc
+        self._observe(tag, "delivered")
+        return receipt
+
+    def _observe(self, tag: str, outcome: DeliveryOutcome) -> None:
+        if self.observer is not None:
+            self.observer.delivery(self.name, tag, outcome)
 
     async def update(self, request: HumanRequestRecord, copy: SentCopy, *, responder_name: str | None = None) -> None:
         """Show ``request``'s outcome on the sent ``copy``. Do not override: implement :meth:`do_update`."""

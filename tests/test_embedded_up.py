@@ -24,6 +24,7 @@ from temporality_protocol.catalog import EVENTS_STREAM
 
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(sys.executable).parent / "temporality"
+AGENT = Path(__file__).resolve().parents[1] / "examples" / "external-agent" / "agent.py"
 
 
 class Up:
@@ -77,6 +78,15 @@ def _subscriber(out: str) -> tuple[str, str, str]:
             words = line.split()
             return words[3], words[words.index("durable") + 1], words[words.index("prefix") + 1].rstrip(")")
     raise AssertionError(f"no journal subscriber printed: {out}")
+
+
+def _external_agent(out: str) -> str:
+    """The external agent's NATS URL (with its user and password) ``temporality up`` printed."""
+    for line in out.splitlines():
+        if "NATS external agent" in line:
+            assert "inbox prefix _INBOX.example-agent" in line, line
+            return line.split()[3]
+    raise AssertionError(f"no external agent printed: {out}")
 
 
 async def _read_journal(url: str, durable: str, inbox: str, until: str) -> list[dict[str, object]]:
@@ -159,6 +169,17 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         assert url.split("@")[0].split(":")[-1] in passwords.read_text(encoding="utf-8")
         first = asyncio.run(_read_journal(url, durable, inbox, until=run_id))
         assert any(e["type"] == "trigger.received" for e in first), first
+        # the printed external agent user: the example agent registers, heartbeats and deregisters with it alone
+        # (its replies arrive below _INBOX.example-agent, the one inbox prefix that user may subscribe to)
+        agent_url = _external_agent(out)
+        agent = subprocess.run(
+            [sys.executable, str(AGENT), "--nats-url", agent_url, "--beats", "1", "--period-s", "0.2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert agent.returncode == 0, (agent.stdout, agent.stderr)
+        assert "heartbeat 1" in agent.stderr, agent.stderr
     finally:
         code = up.interrupt()
         keep_alive.close()

@@ -46,6 +46,7 @@ from temporality_protocol.catalog import (
 )
 from temporality_protocol.permissions import (
     SUBSCRIBER_PREFIX,
+    external_agent_inbox,
     external_agent_permissions,
     journal_subscriber_permissions,
     permissions_for,
@@ -129,7 +130,8 @@ def secured(tmp_path: Path) -> Any:
         tmp_path / "nats",
         users={
             **{name: (PASSWORDS[name], permissions_for(name)) for name in SERVICES},
-            "example-agent": ("agent-password", external_agent_permissions()),
+            "example-agent": ("agent-password", external_agent_permissions("example-agent")),
+            "other-agent": ("other-agent-password", external_agent_permissions("other-agent")),
             AUDIT: ("audit-password", journal_subscriber_permissions("audit")),
             subscriber_user("other"): ("other-password", journal_subscriber_permissions("other")),
             "admin": ("admin-password", None),
@@ -287,8 +289,10 @@ async def test_a_service_cannot_read_another_services_inbox_and_responders_still
         assert reply.data == b'{"collaborators": []}'
         assert requests, "the responder got no request"
         assert requests[0].startswith("_INBOX.run-executor."), requests
-        external = await nats.connect(secured.url, user="example-agent", password="agent-password")
-        try:  # an external agent (the default _INBOX) is answered too
+        external = await nats.connect(
+            secured.url, user="example-agent", password="agent-password", inbox_prefix="_INBOX.example-agent"
+        )
+        try:  # an external agent (on its own inbox) is answered too
             assert (await external.request(RPC_AGENTS_REGISTER, b"{}", timeout=5)).data
         finally:
             await external.close()
@@ -450,12 +454,68 @@ async def test_without_nats_users_a_service_creates_what_it_uses_but_never_chang
 
 
 def test_an_external_agent_may_only_call_the_agent_protocol() -> None:
-    permissions = external_agent_permissions()
+    permissions = external_agent_permissions("example-agent")
     external = {spec.subject for spec in RPCS.values() if spec.external}
     assert external, "the Agent Protocol's subjects are marked external in the catalogue"
     assert set(permissions.publish) == external
-    assert permissions.subscribe == ("_INBOX.>",)
+    assert permissions.subscribe == ("_INBOX.example-agent.>",)  # its own replies, never _INBOX.>
     assert not permissions.allow_responses
+    for bad in ("a.b", "*", ">", "", "x" * 64, "trigger-gateway"):  # not one token, or a service's user
+        with pytest.raises(ValueError, match="external agent user"):
+            external_agent_permissions(bad)
+    assert '"_INBOX.reviewer-bot.>"' in nats_authorization([], ["reviewer-bot"])
+
+
+async def test_an_external_agent_reads_only_its_own_replies(secured: NatsServer) -> None:
+    """An agent's replies (its task offers, policy, probes) arrive below ``_INBOX.<its user>``: another agent may
+    not subscribe there nor to ``_INBOX.>``, and an agent on nats-py's default ``_INBOX`` gets no reply at all."""
+    register = next(spec.subject for spec in RPCS.values() if spec.external and spec.name.endswith("register"))
+    admin = await nats.connect(secured.url, user="admin", password="admin-password")
+    violations: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        violations.append(str(exc).lower())
+
+    async def answer(msg: Any) -> None:  # stands in for agent-collab
+        await msg.respond(b'{"policy": "for example-agent only"}')
+
+    await admin.subscribe(register, cb=answer)
+    await admin.flush()
+    agent = await nats.connect(
+        secured.url,
+        user="example-agent",
+        password="agent-password",
+        inbox_prefix=external_agent_inbox("example-agent"),
+        error_cb=on_error,
+    )
+    other = await nats.connect(
+        secured.url,
+        user="other-agent",
+        password="other-agent-password",
+        inbox_prefix=external_agent_inbox("other-agent"),
+        error_cb=on_error,
+    )
+    default_inbox = await nats.connect(secured.url, user="other-agent", password="other-agent-password")
+    try:
+        snooped: list[bytes] = []
+
+        async def snoop(msg: Any) -> None:
+            snooped.append(msg.data)
+
+        await other.subscribe("_INBOX.example-agent.>", cb=snoop)
+        await other.subscribe("_INBOX.>", cb=snoop)
+        await other.flush()
+        await _violations_of(violations, 'subscription to "_inbox.example-agent.>"', 'subscription to "_inbox.>"')
+        reply = await agent.request(register, b"{}", timeout=5)
+        assert reply.data == b'{"policy": "for example-agent only"}'
+        assert (await other.request(register, b"{}", timeout=5)).data  # on its own inbox it is answered
+        with pytest.raises(nats.errors.TimeoutError):  # the default _INBOX: the server refuses the subscription
+            await default_inbox.request(register, b"{}", timeout=1)
+        await other.flush()
+        assert not snooped, snooped
+    finally:
+        for nc in (agent, other, default_inbox, admin):
+            await nc.close()
 
 
 async def test_the_server_lets_an_external_agent_register_and_nothing_else(secured: NatsServer) -> None:
@@ -471,7 +531,13 @@ async def test_the_server_lets_an_external_agent_register_and_nothing_else(secur
 
     await admin.subscribe(register, cb=answer)
     await admin.flush()
-    agent = await nats.connect(secured.url, user="example-agent", password="agent-password", error_cb=on_error)
+    agent = await nats.connect(
+        secured.url,
+        user="example-agent",
+        password="agent-password",
+        inbox_prefix="_INBOX.example-agent",
+        error_cb=on_error,
+    )
     try:
         reply = await agent.request(register, b"{}", timeout=5)
         assert reply.data == b'{"accepted": true}'

@@ -19,6 +19,10 @@ Ed25519 to sign every request (AP-11; docs/agent-collaboration.md, "Signed messa
     python examples/external-agent/agent.py keygen --out example-agent.key   # prints the public key
     python examples/external-agent/agent.py --nats-url nats://127.0.0.1:4222 --key-file example-agent.key
 
+Against a NATS with per-user permissions (``make up`` prints the URL of the ``example-agent`` user), put the user
+in the URL (``nats://example-agent:<password>@127.0.0.1:<port>``): the replies then arrive below
+``_INBOX.example-agent``, the one inbox prefix that user may subscribe to (``--inbox-prefix`` to override).
+
 The agent id must be on agent-collab's allow-list with that public key (``public_key:``); the
 repository's ``config/external-agents.yaml`` lists ``example-agent`` as ``allow_unsigned`` for
 development, so without ``--key-file`` (or ``TEMPORALITY_AGENT_KEY_FILE``) it sends unsigned
@@ -54,6 +58,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 import nats.errors
@@ -383,6 +388,14 @@ async def _work_step(
     return last_beat, beats
 
 
+def inbox_prefix_for(nats_url: str) -> str:
+    """Where this agent's replies arrive: ``_INBOX.<NATS user>`` when the URL names a user -- an external agent's
+    NATS user may subscribe below that prefix only (docs/agent-collaboration.md, "NATS permissions") -- else
+    nats-py's default ``_INBOX`` (a server without authentication)."""
+    user = urlsplit(nats_url.split(",")[0].strip()).username
+    return f"_INBOX.{user}" if user else "_INBOX"
+
+
 async def run(args: argparse.Namespace) -> int:
     key_file = args.key_file or os.environ.get("TEMPORALITY_AGENT_KEY_FILE")
     key: Ed25519PrivateKey | None = None
@@ -394,7 +407,12 @@ async def run(args: argparse.Namespace) -> int:
             return 2
     else:
         log.warning("no --key-file: sending unsigned requests (only an allow_unsigned agent may)")
-    nc = await nats.connect(args.nats_url, name=f"external-agent-{args.agent_id}", connect_timeout=5)
+    nc = await nats.connect(
+        args.nats_url,
+        name=f"external-agent-{args.agent_id}",
+        connect_timeout=5,
+        inbox_prefix=args.inbox_prefix or inbox_prefix_for(args.nats_url),
+    )
     client = Client(nc, args.schemas, args.timeout_s, key=key, key_id=args.agent_id)
     version: str | None = None
     try:
@@ -472,6 +490,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return keygen(gen.parse_args(argv[1:]).out)
     parser = argparse.ArgumentParser(description="An external agent speaking Temporality's Agent Protocol.")
     parser.add_argument("--nats-url", default="nats://127.0.0.1:4222")
+    parser.add_argument(
+        "--inbox-prefix",
+        default=None,
+        help="where replies arrive (default: _INBOX.<user> when --nats-url names a user, else _INBOX)",
+    )
     parser.add_argument("--agent-id", default="example-agent")
     parser.add_argument("--schemas", type=Path, default=_DEFAULT_SCHEMAS, help="the published schemas/ folder")
     parser.add_argument("--beats", type=int, default=3, help="heartbeats to send before deregistering")

@@ -25,10 +25,13 @@ from temporality_protocol.permissions import (
     subscriber_user,
 )
 
-__all__ = ["DEFAULT_SUBSCRIBERS", "build_parser", "main", "nats_authorization", "port_free"]
+__all__ = ["DEFAULT_EXTERNAL_AGENTS", "DEFAULT_SUBSCRIBERS", "build_parser", "main", "nats_authorization", "port_free"]
 
 #: The journal subscriber ``temporality up`` creates when ``--nats-subscriber`` names none (user ``sub-example``).
 DEFAULT_SUBSCRIBERS: tuple[str, ...] = ("example",)
+#: The external agents ``temporality up`` makes NATS users for when ``--nats-external-agent`` names none: the
+#: example agent of ``config/external-agents.yaml``.
+DEFAULT_EXTERNAL_AGENTS: tuple[str, ...] = ("example-agent",)
 
 
 def _out(line: str = "") -> None:
@@ -92,6 +95,7 @@ def up(args: argparse.Namespace) -> int:
                 api_tokens_file=Path(args.api_tokens_file) if args.api_tokens_file else None,
                 nats_auth=args.nats_auth,
                 nats_subscribers=tuple(args.nats_subscriber or DEFAULT_SUBSCRIBERS),
+                nats_external_agents=tuple(args.nats_external_agent or DEFAULT_EXTERNAL_AGENTS),
             )
         )
     except ValueError as exc:
@@ -133,6 +137,12 @@ def up(args: argparse.Namespace) -> int:
                 f"  NATS journal subscriber    {url}   (read-only: durable {user} on {EVENTS_STREAM.name}, "
                 f"inbox prefix {inbox})"
             )
+        for name in stack.config.nats_external_agents:
+            agent = stack.external_agent(name)
+            assert agent is not None
+            user, password, inbox = agent
+            url = stack.nats.url.replace("nats://", f"nats://{user}:{password}@", 1)
+            _out(f"  NATS external agent        {url}   (Agent Protocol requests only, inbox prefix {inbox})")
         _out(f"  NATS passwords             {stack.nats_passwords_file}   (kept across restarts)")
     _out(f"  Data and logs              {stack.data_dir}   (logs in {stack.data_dir / 'run'})")
     _out("Press Ctrl-C to stop.")
@@ -153,10 +163,10 @@ def up(args: argparse.Namespace) -> int:
 def nats_authorization(subscribers: list[str], external_agents: list[str]) -> str:
     """The nats-server ``authorization`` block for every service, the journal ``subscribers`` and the
     ``external_agents``, with each password read from the server's environment (``$TRIGGER_GATEWAY_PASSWORD``).
-    Raises ``ValueError`` for a bad subscriber name."""
+    Raises ``ValueError`` for a bad subscriber or external agent name."""
     users: dict[str, NatsUser] = {name: ("", permissions_for(name)) for name in SERVICES}
     users |= {subscriber_user(name): ("", journal_subscriber_permissions(name)) for name in subscribers}
-    users |= {name: ("", external_agent_permissions()) for name in external_agents}
+    users |= {name: ("", external_agent_permissions(name)) for name in external_agents}
     block = authorization_block(users)
     for entry in block["users"]:
         entry["password"] = f"@@{password_variable(str(entry['user']))}@@"
@@ -197,6 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
         + ")",
     )
     p_up.add_argument(
+        "--nats-external-agent",
+        action="append",
+        metavar="NAME",
+        help="an external agent's NATS user NAME: Agent Protocol requests only, replies below _INBOX.NAME "
+        "(repeatable; default: " + ", ".join(DEFAULT_EXTERNAL_AGENTS) + ")",
+    )
+    p_up.add_argument(
         "--api-tokens-file",
         default=None,
         help="role tokens for the APIs (default: <data-dir>/api-tokens.json, created with a fresh admin token)",
@@ -207,7 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_auth.add_argument("--subscriber", action="append", default=[], metavar="NAME", help="journal subscriber sub-NAME")
     p_auth.add_argument(
-        "--external-agent", action="append", default=[], metavar="USER", help="an external agent's user"
+        "--external-agent",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="an external agent's user: Agent Protocol requests only, replies below _INBOX.USER",
     )
     return parser
 

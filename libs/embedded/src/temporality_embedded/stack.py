@@ -19,6 +19,8 @@ from pydantic import SecretStr
 from temporality_embedded.natsserver import NatsServer, NatsUser
 from temporality_embedded.processes import SERVICES, ServiceProcess
 from temporality_protocol.permissions import (
+    external_agent_inbox,
+    external_agent_permissions,
     journal_subscriber_permissions,
     permissions_for,
     subscriber_inbox,
@@ -115,6 +117,10 @@ class StackConfig:
     #: With :attr:`nats_auth`: read-only journal subscribers (DC-6), each the NATS user ``sub-<name>`` that may
     #: run the durable pull consumer ``sub-<name>`` on the events stream and nothing else (:meth:`Stack.subscriber`).
     nats_subscribers: tuple[str, ...] = ("example",)
+    #: With :attr:`nats_auth`: external agents (AP-11), each the NATS user of that name that may only send the
+    #: Agent Protocol's requests and read the replies below its own inbox prefix ``_INBOX.<name>``
+    #: (:meth:`Stack.external_agent`). The default is the example agent of ``config/external-agents.yaml``.
+    nats_external_agents: tuple[str, ...] = ("example-agent",)
     #: Processes per service (default 1), sharing its durable consumers; extra replicas of an HTTP service
     #: listen on free ports (:meth:`Stack.urls`). The journal on SQLite must stay at one.
     replicas: Mapping[str, int] = field(default_factory=dict)
@@ -174,6 +180,8 @@ class Stack:
             raise ValueError("nats_auth configures the embedded nats-server; it cannot apply to nats_url")
         for name in config.nats_subscribers:
             journal_subscriber_permissions(name)  # a bad name fails here, before anything starts
+        for name in config.nats_external_agents:
+            external_agent_inbox(name)  # likewise
         self.nats = NatsServer(self.data_dir / "nats", port=config.nats_port)
         #: The first replica of each service; :attr:`replicas` has them all.
         self.services: dict[str, ServiceProcess] = {}
@@ -198,14 +206,17 @@ class Stack:
         if not self.config.nats_auth:
             return {}
         subscribers = {subscriber_user(name): name for name in self.config.nats_subscribers}
+        agents = self.config.nats_external_agents
         if not self._nats_passwords:
             self._nats_passwords = ensure_nats_passwords(
-                self.nats_passwords_file, [*SERVICES, NATS_ADMIN, *subscribers]
+                self.nats_passwords_file, [*SERVICES, NATS_ADMIN, *subscribers, *agents]
             )
         users: dict[str, NatsUser] = {name: (self._nats_passwords[name], permissions_for(name)) for name in SERVICES}
         users[NATS_ADMIN] = (self._nats_passwords[NATS_ADMIN], None)
         for user, name in subscribers.items():
             users[user] = (self._nats_passwords[user], journal_subscriber_permissions(name))
+        for name in agents:
+            users[name] = (self._nats_passwords[name], external_agent_permissions(name))
         return users
 
     @property
@@ -222,6 +233,13 @@ class Stack:
             return None
         user = subscriber_user(name)
         return user, self._nats_passwords[user], subscriber_inbox(name)
+
+    def external_agent(self, name: str) -> tuple[str, str, str] | None:
+        """The external agent ``name`` of :attr:`StackConfig.nats_external_agents`: (user, password, inbox prefix)
+        to connect with. ``None`` without NATS auth."""
+        if name not in self.config.nats_external_agents or not self._nats_users():
+            return None
+        return name, self._nats_passwords[name], external_agent_inbox(name)
 
     @property
     def admin_token(self) -> str | None:

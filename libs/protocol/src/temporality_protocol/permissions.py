@@ -48,8 +48,11 @@ a service that only reads another's bucket names it in ``reads_buckets``. A new 
 ``CONSUMERS`` and the service's ``consumers``. Nothing else has to be written twice.
 
 An **external agent** (the Agent Protocol, AP-11) gets far less: it may publish only the requests of the
-RPC subjects marked ``external`` (register, heartbeat, ...) and subscribe only to its reply inbox. It
-cannot publish any event, touch JetStream or KV, or answer a request (:func:`external_agent_permissions`).
+RPC subjects marked ``external`` (register, heartbeat, ...) and subscribe only below its own reply inbox,
+``_INBOX.<its user>`` (nats-py ``connect(inbox_prefix=...)``; :func:`external_agent_inbox`), so it cannot read
+another agent's replies (tasks, policies, conformance probes) or a service's. It cannot publish any event,
+touch JetStream or KV, or answer a request (:func:`external_agent_permissions`). Which agent *sent* a request
+is proven by its signature (agent-collab checks it against the allow-list), not by the NATS user.
 
 A **journal subscriber** (DC-6: a service outside Temporality reading every event) is read-only
 (:func:`journal_subscriber_permissions`). A subscriber named ``<name>`` is the NATS user ``sub-<name>``;
@@ -99,6 +102,7 @@ __all__ = [
     "INBOX_PREFIX",
     "SUBSCRIBER_PREFIX",
     "Permissions",
+    "external_agent_inbox",
     "external_agent_permissions",
     "journal_subscriber_permissions",
     "permissions_for",
@@ -208,11 +212,25 @@ def permissions_for(service: str | ServiceSpec) -> Permissions:
     )
 
 
-def external_agent_permissions() -> Permissions:
-    """An external agent's NATS user: the requests of every ``external`` RPC subject, replies on its inbox."""
+def external_agent_inbox(user: str) -> str:
+    """The inbox prefix the external agent with NATS user ``user`` connects with: ``_INBOX.<user>``.
+
+    Raises ``ValueError`` for a user that is not one subject token (letters, digits, ``_``, ``-``)."""
+    if not _SUBSCRIBER_NAME.fullmatch(user):
+        raise ValueError(
+            f"external agent user {user!r}: letters, digits, '_' and '-' only (at most 63), no '.', '*', '>'"
+        )
+    if user in SERVICES:
+        raise ValueError(f"external agent user {user!r} is a service's NATS user")
+    return f"{INBOX_PREFIX}.{user}"
+
+
+def external_agent_permissions(user: str) -> Permissions:
+    """The NATS user ``user`` of an external agent: the requests of every ``external`` RPC subject, and the
+    replies below its own inbox prefix only (:func:`external_agent_inbox`), never ``_INBOX.>``."""
     return Permissions(
         publish=tuple(spec.subject for spec in RPCS.values() if spec.external),
-        subscribe=("_INBOX.>",),
+        subscribe=(f"{external_agent_inbox(user)}.>",),
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from journal_support import BOB_INBOX, VIEWER, ServedJournal, serve_human, serve_journal, served_settings
+from playwright.async_api import BrowserContext, expect
 from pydantic import ValidationError
 
 from temporality_bus import Bus, NatsSettings
@@ -210,6 +211,52 @@ async def test_a_tampered_session_cookie_admits_nothing(stack: SignInStack, brow
         assert (await other.get("/whoami")).status_code == 401
     async with httpx.AsyncClient(base_url=stack.journal.url, cookies={SESSION_COOKIE: stolen}) as same:
         assert (await same.get("/whoami")).status_code == 200
+
+
+# --------------------------------------------------------------------------- the console, in a real Chromium
+WAIT_MS = 20_000
+
+
+async def test_console_sign_in_with_the_provider_through_to_the_signed_in_console_and_inbox(
+    stack: SignInStack, browser_context: BrowserContext
+) -> None:
+    page = await browser_context.new_page()
+    await page.goto(f"{stack.journal.url}/console/")
+    button = page.get_by_role("link", name="Sign in with Test IdP")
+    await expect(button).to_be_visible(timeout=WAIT_MS)
+    await expect(page.locator("#token")).to_be_visible()  # the API token sign-in stays
+    await button.click()
+    await page.get_by_role("button", name="Sign in as alice").click()  # the provider's own page
+    await expect(page.locator("#who")).to_have_text("Alice Example (operator)", timeout=WAIT_MS)
+    await expect(page.locator("#nav")).to_be_visible()
+    assert page.url.startswith(f"{stack.journal.url}/console/#/runs")
+    # The cookie is HttpOnly: the page's script cannot read it.
+    assert SESSION_COOKIE not in await page.evaluate("document.cookie")
+    assert not await page.evaluate("sessionStorage.length")  # no token kept in the tab
+
+    # Her own inbox, without an inbox token: the journal vouches for her.
+    await page.locator("a[data-nav=inbox]").click()
+    await expect(page.locator("#inbox-who")).to_have_text("Signed in to the inbox as alice", timeout=WAIT_MS)
+    await expect(page.locator("#inbox .empty")).to_have_text("No questions are waiting for you.")
+
+    await page.locator("#sign-out").click()
+    await expect(page.get_by_role("link", name="Sign in with Test IdP")).to_be_visible(timeout=WAIT_MS)
+    status = await page.evaluate("fetch('/whoami').then((r) => r.status)")
+    assert status == 401
+
+
+async def test_console_of_a_person_without_a_role_is_their_inbox_only(
+    stack: SignInStack, browser_context: BrowserContext
+) -> None:
+    page = await browser_context.new_page()
+    await page.goto(f"{stack.journal.url}/console/#/waiting")
+    await page.get_by_role("link", name="Sign in with Test IdP").click()
+    await page.get_by_role("button", name="Sign in as bob").click()
+    await expect(page.locator("#inbox-who")).to_have_text("Signed in to the inbox as bob", timeout=WAIT_MS)
+    await expect(page.locator("#who")).to_have_text("Bob Example (inbox only)")
+    await expect(page.locator("#nav")).to_be_hidden()
+    await page.evaluate("location.hash = '#/runs'")
+    await expect(page).to_have_url(re.compile(r"#/inbox$"), timeout=WAIT_MS)
 
 
 # --------------------------------------------------------------------------- refusals

@@ -9,8 +9,8 @@ Optional: with ``TEMPORALITY_JOURNAL_OIDC_ISSUER`` unset the journal admits API 
                             nonce); ``?next=#/runs`` is where the console returns to (a ``#/`` hash only)
 ``GET /auth/callback``      the provider's redirect: code exchanged, ID token checked, session set, 302 to
                             the console; any failure is a 400 ``sign_in_failed`` (nothing is set)
-``POST /auth/logout``       ends the session (cookie cleared); needs the console header, like every cookie
-                            call that changes something; 204
+``POST /auth/logout``       ends the session in this browser (cookie cleared); needs the console header,
+                            like every cookie call that changes something; 204
 ==========================  ========================================================================
 
 The protocol is **Authlib**'s (its Starlette client): discovery from the issuer's
@@ -32,7 +32,9 @@ The session is Starlette's signed cookie (``temporality_session``: HttpOnly, Sam
 redirect base URL is plain http or ``TEMPORALITY_JOURNAL_SESSION_COOKIE_SECURE=false``) signed with
 ``TEMPORALITY_JOURNAL_SESSION_SECRET_FILE`` (every replica the same key); it holds the person's id, display
 name, role and an absolute expiry ``TEMPORALITY_JOURNAL_SESSION_MAX_AGE_S`` after sign-in (8 h), after which
-it admits nothing. The journal's API admits it beside bearer tokens (a bearer, when sent, is what counts) --
+it admits nothing. The session is kept in the cookie, not on the server: signing out clears this browser's
+cookie, and a copy taken before (it is HttpOnly: no script can read it) stays valid until that expiry, which
+is why it is bounded. The journal's API admits it beside bearer tokens (a bearer, when sent, is what counts) --
 with one more condition for a request that could change something (any method but GET/HEAD/OPTIONS): it must
 carry ``X-Temporality-Console: 1`` (:data:`CSRF_HEADER`), which the console sends and which a page on another
 site cannot send without a CORS preflight the journal never grants. Such a request without it is a 403
@@ -240,8 +242,7 @@ class SignIn:
         async def login(
             request: Request, next: Annotated[str, Query(pattern=_NEXT_PATTERN, max_length=202)] = "#/runs"
         ) -> Response:
-            request.session.pop(_PERSON_KEY, None)
-            request.session["next"] = next
+            request.session["next"] = next  # a session already there stays until the callback replaces it
             try:
                 redirect: Response = await client.authorize_redirect(request, self.redirect_uri)
             except Exception as exc:  # discovery failed: the provider is down or the issuer is wrong

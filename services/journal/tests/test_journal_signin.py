@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +18,12 @@ import pytest
 from journal_support import BOB_INBOX, VIEWER, ServedJournal, serve_human, serve_journal, served_settings
 from playwright.async_api import BrowserContext, expect
 from pydantic import ValidationError
+from starlette.requests import Request
 
 from temporality_bus import Bus, NatsSettings
 from temporality_embedded.processes import free_port
 from temporality_journal import Settings
-from temporality_journal.signin import SESSION_COOKIE, role_of
+from temporality_journal.signin import SESSION_COOKIE, SignIn, role_of
 from temporality_service import VOUCH_HEADER, Role, Voucher
 from temporality_testing.oidc_emulator import OidcEmulator
 
@@ -345,6 +347,23 @@ def test_an_assertion_expires() -> None:
     assert voucher.vouched(assertion) == "alice"
     assert voucher.vouched(assertion, max_age_s=-1) is None
     assert voucher.vouched(assertion[:-1] + ("A" if assertion[-1] != "A" else "B")) is None
+
+
+def test_a_session_past_its_absolute_expiry_signs_nobody_in(tmp_path: Path, nats_settings: NatsSettings) -> None:
+    idp = OidcEmulator(people=PEOPLE, port=1)
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    signin = SignIn.from_settings(oidc_settings(tmp_path, nats_settings, idp, "http://127.0.0.1:1"))
+    assert signin is not None
+
+    def request(expires_at: float) -> Request:
+        person = {"id": "alice", "name": "Alice", "role": "operator", "exp": expires_at}
+        return Request({"type": "http", "method": "GET", "headers": [], "session": {"person": person}})
+
+    now = time.time()
+    live = signin.person(request(now + 60))
+    assert live is not None
+    assert live.role is Role.operator
+    assert signin.person(request(now - 1)) is None
 
 
 # --------------------------------------------------------------------------- configuration and the role rule

@@ -34,6 +34,7 @@ from jsonschema import validators
 from temporality_embedded import free_port
 from temporality_embedded.cli import nats_authorization
 from temporality_embedded.natsserver import NatsServer, nats_server_binary, password_variable
+from temporality_journal import Settings as JournalSettings
 from temporality_protocol.catalog import SERVICES as CATALOGUE
 from temporality_protocol.permissions import service_inbox
 
@@ -1001,6 +1002,62 @@ def test_helm_api_tokens_come_from_the_secret_into_every_pod() -> None:
         assert mount == {"name": "api-tokens", "mountPath": "/etc/temporality/api", "readOnly": True}
         volume = next(v for v in pod["volumes"] if v["name"] == "api-tokens")
         assert volume["secret"] == {"secretName": "temporality-api", "defaultMode": 0o400}
+
+
+_SIGN_IN = {
+    "signIn": {
+        "oidc": {
+            "issuer": "https://sso.example.org/realms/acme",
+            "clientId": "temporality-console",
+            "redirectBaseUrl": "https://temporality.example.org",
+            "providerName": "Keycloak",
+            "roleMap": {"sre": "operator"},
+        },
+        "existingSecret": {"name": "temporality-signin"},
+    }
+}
+
+
+def test_helm_oidc_sign_in_reaches_the_journal_and_the_vouch_secret_human_interaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert not any(
+        e["name"].startswith(("TEMPORALITY_JOURNAL_OIDC_", "TEMPORALITY_INBOX_VOUCH"))
+        for d in _deployments().values()
+        for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+    ), "no issuer: no sign-in settings"
+    deployments = _deployments(_SIGN_IN)
+    for name, deployment in deployments.items():
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        if name not in ("journal", "human-interaction"):
+            assert "signin" not in mounts, name
+            assert "TEMPORALITY_INBOX_VOUCH_SECRET_FILE" not in env, name
+            continue
+        assert mounts["signin"] == {"name": "signin", "mountPath": "/etc/temporality/signin", "readOnly": True}
+        volume = next(v for v in pod["volumes"] if v["name"] == "signin")
+        assert volume["secret"] == {"secretName": "temporality-signin", "defaultMode": 0o400}
+        assert env["TEMPORALITY_INBOX_VOUCH_SECRET_FILE"] == "/etc/temporality/signin/inbox-vouch"
+    journal = {
+        e["name"]: e.get("value") for e in deployments["journal"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert journal["TEMPORALITY_JOURNAL_OIDC_ISSUER"] == "https://sso.example.org/realms/acme"
+    assert journal["TEMPORALITY_JOURNAL_OIDC_CLIENT_SECRET_FILE"] == "/etc/temporality/signin/client-secret"
+    assert journal["TEMPORALITY_JOURNAL_SESSION_SECRET_FILE"] == "/etc/temporality/signin/session-secret"
+    assert json.loads(journal["TEMPORALITY_JOURNAL_OIDC_ROLE_MAP"]) == {"sre": "operator"}
+    assert journal["TEMPORALITY_JOURNAL_OIDC_PROVIDER_NAME"] == "Keycloak"
+    # The rendered settings are ones the journal accepts (the secret files aside).
+    for key, value in journal.items():
+        if key.startswith(("TEMPORALITY_JOURNAL_OIDC_", "TEMPORALITY_JOURNAL_SESSION_")):
+            monkeypatch.setenv(key, value)
+    settings = JournalSettings()
+    assert settings.oidc_role_map == {"sre": "operator"}
+    assert settings.session_max_age_s == 28800
+    incomplete = {"signIn": {"oidc": {"issuer": "https://sso.example.org"}}}
+    with pytest.raises(Exception, match=re.escape("signIn.oidc.clientId")):
+        _render(incomplete)
 
 
 def test_helm_nats_users_and_tls_come_from_secrets() -> None:

@@ -165,9 +165,11 @@ BOB_INBOX = {"Authorization": "Bearer bob-inbox-token"}
 
 
 @asynccontextmanager
-async def serve_human(tmp_path: Path, nats_settings: NatsSettings) -> AsyncIterator[str]:
+async def serve_human(
+    tmp_path: Path, nats_settings: NatsSettings, vouch_secret_file: Path | None = None
+) -> AsyncIterator[str]:
     """The real human-interaction service (its own ``configure``/``setup``) in-process on 127.0.0.1 and a free
-    port, with :data:`HUMAN_USERS` (web inbox only); yields its URL."""
+    port, with :data:`HUMAN_USERS` (web inbox only) and the journal's vouch secret when given; yields its URL."""
     directory = tmp_path / "human"
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "users.yaml").write_text(HUMAN_USERS, encoding="utf-8")
@@ -177,6 +179,7 @@ async def serve_human(tmp_path: Path, nats_settings: NatsSettings) -> AsyncItera
         port=0,
         users_file=directory / "users.yaml",
         api=ApiAuthSettings(tokens_file=write_tokens(directory / "tokens.json")),
+        inbox_vouch_secret_file=vouch_secret_file,
     )
     async with serve_service(HUMAN_SPEC, settings, human_configure(settings)) as running:
         server = running.runtime.server

@@ -3,7 +3,8 @@
 Read ``docs/anatomy-of-a-service.md`` first. What lives here: the settings groups every process shares,
 structlog configuration, signals and ready files, the lifecycle (:mod:`.runtime`), the HTTP server with
 TCP_NODELAY, uvloop and httptools (:mod:`.server`), the HTTP error contract and bounded body reader
-(:mod:`.http`), and ``/healthz`` + ``/readyz`` (:mod:`.health`).
+(:mod:`.http`), ``/healthz`` + ``/readyz`` (:mod:`.health`), role tokens (:mod:`.auth`) and the signed
+assertions one service vouches for a person with to another (:mod:`.vouch`).
 """
 
 from temporality_service.auth import (
@@ -44,9 +45,11 @@ from temporality_service.metrics import ServiceMetrics
 from temporality_service.runtime import ConfigError, Configure, Responder, Runtime, Setup, run_service, run_until, serve
 from temporality_service.server import HttpServer, bind_tcp
 from temporality_service.settings import HttpServiceSettings, LogSettings, ProcessSettings, ServiceSettings
+from temporality_service.vouch import VOUCH_HEADER, Voucher, VouchSecretError
 
 __all__ = [
     "MAX_INT64",
+    "VOUCH_HEADER",
     "ApiAuth",
     "ApiAuthSettings",
     "ApiError",
@@ -81,6 +84,8 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "Unprocessable",
+    "VouchSecretError",
+    "Voucher",
     "bind_tcp",
     "clear_ready",
     "configure_logging",

@@ -191,6 +191,11 @@ class ApiAuth:
             raise Forbidden(f"this needs the {role} role; token {principal.name!r} has {principal.role}")
         return principal
 
+    def authorize_request(self, request: Request, authorization: str | None, role: Role) -> Principal:
+        """The :func:`require` dependency's check: by default the ``Authorization`` header alone; a service
+        admitting more (the journal's sign-in session cookie) overrides it, with the request to read."""
+        return self.authorize(authorization, role)
+
     def install(self, app: FastAPI) -> None:
         """Make this the token set the :data:`AsViewer` / :data:`AsOperator` / :data:`AsAdmin` parameters check."""
         app.state.api_auth = self
@@ -207,7 +212,7 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
         auth = getattr(request.app.state, "api_auth", None)
         if not isinstance(auth, ApiAuth):
             raise RuntimeError("ApiAuth.install(app) was not called for this app")
-        return auth.authorize(authorization, role)
+        return auth.authorize_request(request, authorization, role)
 
     dependency.__name__ = f"require_{role.name}"
     return dependency

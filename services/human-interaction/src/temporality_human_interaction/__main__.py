@@ -36,7 +36,16 @@ from temporality_human_interaction.store import DirectoryStore, DirectoryWatch, 
 from temporality_protocol import derive_id, make_event
 from temporality_protocol.catalog import SERVICES
 from temporality_protocol.events import HumanDirectoryChanged
-from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
+from temporality_service import (
+    ApiAuth,
+    ConfigError,
+    Runtime,
+    Setup,
+    TokenFileError,
+    Voucher,
+    VouchSecretError,
+    serve,
+)
 
 __all__ = ["SPEC", "build_adapters", "check_channel_settings", "configure", "egress_policy", "run", "seed_directory"]
 
@@ -138,6 +147,12 @@ def configure(settings: Settings) -> Setup[Settings]:
         auth = ApiAuth.from_settings(settings.api)
     except TokenFileError as exc:
         raise ConfigError(str(exc)) from exc
+    try:  # a signed-in person's inbox calls, vouched for by the journal (temporality_service.vouch)
+        voucher = (
+            None if settings.inbox_vouch_secret_file is None else Voucher.from_file(settings.inbox_vouch_secret_file)
+        )
+    except VouchSecretError as exc:
+        raise ConfigError(f"TEMPORALITY_INBOX_VOUCH_SECRET_FILE: {exc}") from exc
     try:
         raw = read_directory_file(settings.users_file)
         seed = Directory.from_mapping(raw)  # validated whole: the same checks as every start
@@ -190,7 +205,9 @@ def configure(settings: Settings) -> Setup[Settings]:
         rt.consumer("human-interaction-runs", handler=run_ends.handle)
         notifications = NotificationHandler(rt.bus, directory, adapters, policies=policies)
         rt.consumer("human-interaction-notifications", handler=notifications.handle)
-        rt.http(create_app(rt.settings, rt.bus, directory, inbound, store=store, auth=auth, egress=egress))
+        rt.http(
+            create_app(rt.settings, rt.bus, directory, inbound, store=store, auth=auth, egress=egress, voucher=voucher)
+        )
 
     return setup
 

@@ -2,7 +2,10 @@
 
 Every error is JSON ``{"error": "<code>", "detail": "<sentence>"}``. A person is identified by
 ``Authorization: Bearer <inbox token>`` (their profile's ``inbox_token``), never by a user id in
-the request. Every NATS call runs under ``settings.bus_timeout_s``; a bus that does not answer in
+the request -- except one the journal vouches for: a person signed in to the console (OIDC) comes with
+``X-Temporality-Vouched-User``, an assertion of their user id signed with the secret the two services share
+(``TEMPORALITY_INBOX_VOUCH_SECRET_FILE``, :mod:`temporality_service.vouch`; valid 60 s, the user must be in
+the directory); without that secret here, every such header is a 401. Every NATS call runs under ``settings.bus_timeout_s``; a bus that does not answer in
 time (or refuses) is a 503, never a hung request.
 
 =========================================  ==================================================
@@ -48,11 +51,13 @@ from temporality_human_interaction.settings import Settings
 from temporality_human_interaction.store import DirectoryStore
 from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState, SourceLink
 from temporality_service import (
+    VOUCH_HEADER,
     ApiAuth,
     ErrorBody,
     Unauthorized,
     Unavailable,
     Unprocessable,
+    Voucher,
     install_error_handlers,
     parse_json,
     read_body,
@@ -136,9 +141,23 @@ def _common(record: HumanRequestRecord, now: datetime) -> dict[str, Any]:
     }
 
 
-async def _caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
-    """The caller's ``user:<id>`` from ``Authorization: Bearer <inbox token>``."""
+async def _caller(
+    request: Request,
+    authorization: Annotated[str | None, Header()] = None,
+    vouched: Annotated[str | None, Header(alias=VOUCH_HEADER)] = None,
+) -> str:
+    """The caller's ``user:<id>`` from ``Authorization: Bearer <inbox token>``, or from the journal's
+    assertion (``X-Temporality-Vouched-User``) when the journal and this service share the vouch secret."""
     directory: Directory = request.app.state.directory
+    if authorization is None and vouched is not None:
+        voucher: Voucher | None = request.app.state.voucher
+        user_id = None if voucher is None else voucher.vouched(vouched)
+        if user_id is None:
+            log.info("inbox.vouch_refused", configured=voucher is not None)
+            raise Unauthorized("the vouched-for sign-in is not valid (forged, expired, or vouching not configured)")
+        if directory.get(user_id) is None:
+            raise Unauthorized(f"you are signed in as {user_id[:200]!r}, who is not in the user directory")
+        return recipient_for(user_id)
     if authorization is None:
         raise Unauthorized("send Authorization: Bearer <your inbox token>")
     scheme, _, token = authorization.partition(" ")
@@ -163,6 +182,7 @@ def create_app(
     store: DirectoryStore | None = None,
     auth: ApiAuth | None = None,
     egress: EgressPolicy | None = None,
+    voucher: Voucher | None = None,
 ) -> FastAPI:
     """The API over an already-connected ``bus`` (the caller owns its lifetime).
 
@@ -190,6 +210,7 @@ def create_app(
         responses={code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 412, 413, 422, 428, 503)},
     )
     app.state.directory = directory
+    app.state.voucher = voucher
     install_error_handlers(app)
     (auth or ApiAuth()).install(app)
     if store is not None:

@@ -21,7 +21,7 @@ __all__ = ["Settings"]
 class Settings(HttpServiceSettings):
     """Answers are a handful of bytes: the runtime's default ``max_body_bytes`` (64 KiB) refuses more with 413."""
 
-    model_config = SettingsConfigDict(env_prefix="TEMPORALITY_HUMAN_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="TEMPORALITY_HUMAN_", extra="ignore", populate_by_name=True)
 
     port: int | None = Field(default=8081, ge=0, le=65535)
     users_file: Path = Field(default=Path("config/users.yaml"), description="The user directory (YAML)")
@@ -49,6 +49,10 @@ class Settings(HttpServiceSettings):
     egress_default_max_chars: int = Field(default=1000, ge=40, le=100_000)
     #: Extra secret patterns, JSON ``{"<kind>": "<regex>"}``; checked at start (a bad regex: exit 2).
     egress_redact_patterns: dict[str, str] = Field(default_factory=dict)
+
+    #: Shared with the journal: it vouches for the person signed in to the console (OIDC) with assertions signed
+    #: with this secret (``temporality_service.vouch``); unset: the web inbox takes inbox tokens only.
+    inbox_vouch_secret_file: Path | None = Field(default=None, validation_alias="TEMPORALITY_INBOX_VOUCH_SECRET_FILE")
 
     # ------------------------------------------------------------------ Telegram (HUM-3)
     #: The bot token from @BotFather; unset: no Telegram adapter.

@@ -1,7 +1,8 @@
 """``temporality-journal``: the recorder consumer and the run/trajectory API, started by the service runtime.
 
-``configure`` checks the database URL and reads the role tokens (``TEMPORALITY_API_TOKENS_FILE``): an
-unusable URL or tokens file is a configuration error (exit 2) before anything connects.
+``configure`` checks the database URL and reads the role tokens (``TEMPORALITY_API_TOKENS_FILE``) and, with
+OIDC sign-in configured, its secret files (:mod:`temporality_journal.signin`): an unusable URL or file is a
+configuration error (exit 2) before anything connects.
 
 ``setup`` opens one shared HTTP client to the trigger-gateway when ``TEMPORALITY_JOURNAL_GATEWAY_URL`` is set
 (closed with the other resources): the console's ``/gateway/`` proxy (:mod:`temporality_journal.gateway`);
@@ -28,6 +29,7 @@ from temporality_journal.rebuild import main as rebuild_main
 from temporality_journal.recorder import Recorder
 from temporality_journal.retention import Retention
 from temporality_journal.settings import Settings
+from temporality_journal.signin import SignIn, SignInConfigError
 from temporality_journal.tail import Changes, Tail
 from temporality_protocol.catalog import SERVICES
 from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
@@ -47,6 +49,10 @@ def configure(settings: Settings) -> Setup[Settings]:
         auth = ApiAuth.from_settings(settings.api)
     except TokenFileError as exc:
         raise ConfigError(f"TEMPORALITY_API_TOKENS_FILE: {exc}") from exc
+    try:
+        signin = SignIn.from_settings(settings)  # None without TEMPORALITY_JOURNAL_OIDC_ISSUER
+    except SignInConfigError as exc:
+        raise ConfigError(str(exc)) from exc
 
     async def setup(rt: Runtime[Settings]) -> None:
         database = await rt.resources.enter_async_context(Database.open(rt.settings.database_url))
@@ -66,7 +72,7 @@ def configure(settings: Settings) -> Setup[Settings]:
         human = await rt.resources.enter_async_context(inbox_client) if inbox_client is not None else None
         access = AccessAudit(rt.bus)  # refused API access into the audit trail, rate-limited
         await rt.resources.enter_async_context(access.running())
-        rt.http(create_app(rt.settings, database, rt.bus, auth, tail, gateway, human, access))
+        rt.http(create_app(rt.settings, database, rt.bus, auth, tail, gateway, human, access, signin))
         rt.ready_check("database", database.ping)
         runs = JournalMetrics(rt.metrics)  # runs by state (max() across replicas): see .metrics
         rt.metrics.refresh_every("runs by state", lambda: runs.refresh(database))

@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import structlog
+from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from temporality_bus import Bus
+from temporality_journal.signin import SignIn
 from temporality_protocol import ApiAccessRefused, Envelope, derive_id, make_event
 from temporality_service import ApiAuth, Principal, Role
 from temporality_service.http import Forbidden, Unauthorized
@@ -210,11 +212,35 @@ class AccessAudit:
 
 
 class AuditedAuth(ApiAuth):
-    """The journal's token check, telling :class:`AccessAudit` of each refusal (then refusing as before)."""
+    """The journal's token check, telling :class:`AccessAudit` of each refusal (then refusing as before);
+    with ``signin``, a request without ``Authorization`` may be admitted by its sign-in session instead
+    (:mod:`temporality_journal.signin`: the person's role, the console header on a call that changes something)."""
 
-    def __init__(self, inner: ApiAuth, audit: AccessAudit) -> None:  # no super().__init__: it delegates
-        self._inner = inner
+    def __init__(self, inner: ApiAuth, audit: AccessAudit, signin: SignIn | None = None) -> None:
+        self._inner = inner  # no super().__init__: it delegates
         self._audit = audit
+        self._signin = signin
+
+    def authorize_request(self, request: Request, authorization: str | None, role: Role) -> Principal:
+        person = self._signin.person(request) if self._signin is not None and authorization is None else None
+        if person is None:
+            return self.authorize(authorization, role)
+        principal = person.principal()
+        try:
+            SignIn.check_csrf(request)
+            if principal is None or not principal.may(role):
+                has = "no role (only your inbox)" if principal is None else f"the {principal.role} role"
+                raise Forbidden(f"this needs the {role} role; you ({person.user_id}) have {has}")
+        except Forbidden as exc:
+            self._audit.refused(
+                status=403,
+                reason=exc.code,
+                request=_REQUEST.get(),
+                principal=person.principal_name,
+                role_needed=str(role),
+            )
+            raise
+        return principal
 
     @property
     def configured(self) -> bool:

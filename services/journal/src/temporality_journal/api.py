@@ -1,14 +1,19 @@
 """The journal's HTTP API (JSON): runs by state, one run with whom/where/how long it waits, trajectories.
 
-Every route but ``/healthz`` and ``/readyz`` needs ``Authorization: Bearer <API token>``
-(:mod:`temporality_service.auth`, ``TEMPORALITY_API_TOKENS_FILE``): reading needs the ``viewer`` role,
-cancelling a run ``operator``. No token or an unknown one is a 401 (``WWW-Authenticate: Bearer``), a
-role too low a 403.
+Every route but ``/healthz``, ``/readyz``, ``/auth/...`` and the console's static files needs
+``Authorization: Bearer <API token>`` (:mod:`temporality_service.auth`, ``TEMPORALITY_API_TOKENS_FILE``) or,
+with OIDC configured, the session cookie of a signed-in person (:mod:`temporality_journal.signin`; a call that
+changes something also needs ``X-Temporality-Console: 1``): reading needs the ``viewer`` role, cancelling a
+run ``operator``. No token or an unknown one is a 401 (``WWW-Authenticate: Bearer``), a role too low (or a
+signed-in person with none) a 403.
 
 ==================================  ======================================================
 ``GET /healthz``, ``/readyz``       liveness / readiness (the runtime's; ``/readyz`` pings the
                                     database); no token
-``GET /whoami``                     the caller's token name and role (the console asks it)
+``GET /whoami``                     the caller's token name and role, or the signed-in person (the
+                                    console asks it)
+``GET /auth/config``, ``/auth/login``, ``/auth/callback``, ``POST /auth/logout``  OIDC sign-in (optional):
+                                    :mod:`temporality_journal.signin`
 ``GET /runs``                       runs, newest first; ``state``, ``trigger_id``, ``agent``,
                                     ``since``/``until`` (created_at), ``q`` (title), ``limit``;
                                     paged by ``before`` = the previous page's ``next_before``
@@ -91,6 +96,7 @@ from temporality_journal.insights import (
 )
 from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE, AskRecord, EventRecord, RunRecord, as_utc
 from temporality_journal.settings import Settings
+from temporality_journal.signin import AuthConfig, SignIn, auth_config
 from temporality_journal.tail import Tail
 from temporality_protocol import RUN, RunCancelRequested, RunState, derive_id, make_event
 from temporality_protocol.states import AgentAskState
@@ -101,6 +107,7 @@ from temporality_service import (
     ErrorBody,
     NonNegativeInt64,
     NotFound,
+    Role,
     Unavailable,
     Unprocessable,
     install_error_handlers,
@@ -391,8 +398,13 @@ class AuditList(BaseModel):
 
 
 class WhoAmI(BaseModel):
-    name: str = Field(description="The API token's name (never the token)")
-    role: str = Field(description="viewer, operator or admin")
+    name: str = Field(description="The API token's name (never the token), or the signed-in person's name")
+    role: str | None = Field(
+        description="viewer, operator or admin; null: a signed-in person with no role (inbox only)"
+    )
+    kind: str = Field(default="token", description="token (an API token) or person (signed in with the provider)")
+    user: str | None = Field(default=None, description="The signed-in person's directory user id (kind person)")
+    expires_at: datetime | None = Field(default=None, description="When the sign-in session ends (kind person)")
 
 
 class CancelRequest(BaseModel):
@@ -424,6 +436,7 @@ def create_app(
     gateway: httpx.AsyncClient | None = None,
     human: httpx.AsyncClient | None = None,
     access: AccessAudit | None = None,
+    signin: SignIn | None = None,
 ) -> FastAPI:
     """The journal API over ``database`` and ``bus`` (already open; the caller owns their lifecycles),
     admitting the role tokens of ``auth``; ``tail`` feeds ``/events/stream`` (default: one that only polls);
@@ -431,7 +444,8 @@ def create_app(
     ``/gateway/`` proxy to the trigger admin API (None: those routes answer 503); ``human`` likewise the
     ``/human/`` proxy to human-interaction's web inbox (:func:`temporality_journal.human.human_client`).
     Every 401/403 of the token check goes to ``access`` (default: one publishing on ``bus``), the audit trail's
-    ``api.access_refused`` (:mod:`temporality_journal.access`)."""
+    ``api.access_refused`` (:mod:`temporality_journal.access`). With ``signin`` (OIDC configured), people sign in
+    at ``/auth/login`` and their session cookie is admitted beside the tokens (:mod:`temporality_journal.signin`)."""
     tail = tail or Tail(database)
     app = FastAPI(
         title="Temporality journal",
@@ -443,19 +457,40 @@ def create_app(
     app.state.settings = settings
     app.state.database = database
     install_error_handlers(app)
-    AuditedAuth(auth, access or AccessAudit(bus)).install(app)  # refusals into the audit trail
+    audited_auth = AuditedAuth(auth, access or AccessAudit(bus), signin)  # refusals into the audit trail
+    audited_auth.install(app)
     app.add_middleware(RequestContext)
+    if signin is not None:
+        signin.install(app)
 
     app.mount("/console", _ConsoleFiles(directory=CONSOLE_DIR, html=True), name="console")
-    app.include_router(gateway_router(settings, gateway))
-    app.include_router(human_router(settings, human, database))
+    app.include_router(gateway_router(settings, gateway, signin))
+    app.include_router(human_router(settings, human, database, signin))
 
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:
         return RedirectResponse("/console/", status_code=307)
 
-    @app.get("/whoami", response_model=WhoAmI, description="Who the token is: its name and role.")
-    async def whoami(who: AsViewer) -> WhoAmI:
+    @app.get("/auth/config", response_model=AuthConfig, description="How to sign in (no sign-in needed).")
+    async def sign_in_config() -> AuthConfig:
+        return auth_config(signin)
+
+    @app.get(
+        "/whoami",
+        response_model=WhoAmI,
+        description="Who calls: the API token's name and role, or the person signed in (role null: inbox only).",
+    )
+    async def whoami(request: Request, authorization: Annotated[str | None, Header()] = None) -> WhoAmI:
+        person = signin.person(request) if signin is not None and authorization is None else None
+        if person is not None:
+            return WhoAmI(
+                name=person.name,
+                role=None if person.role is None else str(person.role),
+                kind="person",
+                user=person.user_id,
+                expires_at=datetime.fromtimestamp(person.expires_at, UTC),
+            )
+        who = audited_auth.authorize(authorization, Role.viewer)
         return WhoAmI(name=who.name, role=str(who.role))
 
     @app.get(

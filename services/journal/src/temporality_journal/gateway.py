@@ -37,12 +37,13 @@ import re
 from typing import Annotated, Any
 
 import httpx
-from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from starlette.responses import Response
 
 from temporality_journal.proxy import ALL_METHODS, MAX_ANSWER_BYTES, TIMEOUT_S, ShapeList, Upstream, upstream_client
 from temporality_journal.settings import Settings
-from temporality_service import AsViewer, ErrorBody
+from temporality_journal.signin import SignIn
+from temporality_service import AsViewer, ErrorBody, Forbidden
 
 __all__ = ["MAX_ANSWER_BYTES", "TIMEOUT_S", "gateway_client", "gateway_router"]
 
@@ -86,9 +87,21 @@ def gateway_client(settings: Settings) -> httpx.AsyncClient | None:
     return upstream_client(settings.gateway_url)
 
 
-def gateway_router(settings: Settings, client: httpx.AsyncClient | None) -> APIRouter:
-    """The ``/gateway/triggers...`` routes forwarding through ``client`` (None: every one is a 503)."""
-    router = APIRouter(tags=[TAG], responses=_ERRORS)
+def gateway_router(settings: Settings, client: httpx.AsyncClient | None, signin: SignIn | None = None) -> APIRouter:
+    """The ``/gateway/triggers...`` routes forwarding through ``client`` (None: every one is a 503).
+
+    A person signed in by session (``signin``) has no API token to pass on, and the gateway admits API tokens
+    only: such a request is a 403 ``api_token_needed`` here (not forwarded)."""
+
+    async def _token_to_pass_on(request: Request, authorization: Auth = None) -> None:
+        if authorization is None and signin is not None and signin.person(request) is not None:
+            raise Forbidden(
+                "the trigger admin API takes API tokens only: sign in to the console with an API token to manage "
+                "triggers",
+                code="api_token_needed",
+            )
+
+    router = APIRouter(tags=[TAG], responses=_ERRORS, dependencies=[Depends(_token_to_pass_on)])
     peer = Upstream(
         name="gateway",
         label="trigger-gateway",

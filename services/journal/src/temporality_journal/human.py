@@ -10,7 +10,12 @@
 A person authenticates to human-interaction with their own **inbox token** (their directory profile's
 ``inbox_token``), which the journal cannot check: it requires an ``Authorization: Bearer <something>``
 (401 ``unauthorized`` otherwise, so an anonymous request never leaves the journal) and lets
-human-interaction decide. Its 401 (``invalid token``), 403 ``not_recipient``, 404 ``unknown_request``,
+human-interaction decide. Or the person is signed in to the console (:mod:`temporality_journal.signin`,
+any role or none): without an ``Authorization`` the journal then sends ``X-Temporality-Vouched-User``, a
+short-lived assertion of their user id signed with ``TEMPORALITY_INBOX_VOUCH_SECRET_FILE``
+(:mod:`temporality_service.vouch`), which human-interaction checks (that header from a caller is never passed
+on); the answer (POST) also needs the console header ``X-Temporality-Console: 1`` (403
+``console_header_missing``); without the secret on the journal, 503 ``inbox_vouching_not_configured``. Its 401 (``invalid token``), 403 ``not_recipient``, 404 ``unknown_request``,
 409 (``already_answered``, ``expired``, ``cancelled``) and 422 ``invalid_answer`` come back as they are.
 Request ids follow human-interaction's own pattern (1-128 of ``A-Z a-z 0-9 _ -``); another id, another
 path or a percent-escape is a 404 ``human_route_not_found``, another method on an allow-listed path a
@@ -41,7 +46,8 @@ from temporality_journal.database import Database
 from temporality_journal.models import EVENTS_TABLE
 from temporality_journal.proxy import ALL_METHODS, ShapeList, Upstream, upstream_client
 from temporality_journal.settings import Settings
-from temporality_service import ErrorBody, Unauthorized
+from temporality_journal.signin import SignIn
+from temporality_service import VOUCH_HEADER, ErrorBody, Unauthorized, Unavailable
 
 __all__ = ["human_client", "human_router", "timeout_summary"]
 
@@ -137,8 +143,11 @@ async def _policies(database: Database, items: list[dict[str, Any]]) -> dict[str
     return found
 
 
-def human_router(settings: Settings, client: httpx.AsyncClient | None, database: Database) -> APIRouter:
-    """The ``/human/...`` routes forwarding through ``client`` (None: every one is a 503)."""
+def human_router(
+    settings: Settings, client: httpx.AsyncClient | None, database: Database, signin: SignIn | None = None
+) -> APIRouter:
+    """The ``/human/...`` routes forwarding through ``client`` (None: every one is a 503); with ``signin``, a
+    person signed in by session is vouched for instead of sending an inbox token."""
     router = APIRouter(tags=[TAG], responses=_ERRORS)
     peer = Upstream(
         name="human",
@@ -150,10 +159,24 @@ def human_router(settings: Settings, client: httpx.AsyncClient | None, database:
         response_headers=PASSED_RESPONSE_HEADERS,
     )
 
-    def _bearer(authorization: str | None) -> None:
+    def _caller(request: Request, authorization: str | None) -> dict[str, str]:
+        """The headers that say who calls: none beyond the caller's own ``Authorization: Bearer <inbox
+        token>``; for a person signed in by session, a fresh assertion vouching for them."""
+        if authorization is None and signin is not None:
+            person = signin.person(request)
+            if person is not None:
+                if signin.voucher is None:
+                    raise Unavailable(
+                        "the inbox of a signed-in person needs TEMPORALITY_INBOX_VOUCH_SECRET_FILE on the journal "
+                        "and human-interaction; until then, open it with your inbox token",
+                        code="inbox_vouching_not_configured",
+                    )
+                SignIn.check_csrf(request)
+                return {VOUCH_HEADER: signin.voucher.vouch(person.user_id)}
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("sign in with your inbox token: send Authorization: Bearer <inbox token>")
+        return {}
 
     def _request(request_id: str) -> str:
         if not REQUEST_ID.match(request_id):
@@ -181,14 +204,16 @@ def human_router(settings: Settings, client: httpx.AsyncClient | None, database:
 
     @router.get("/human/inbox", description=f"The caller's pending questions, newest first. {PROXIED}")
     async def inbox(request: Request, authorization: Auth = None) -> Response:
-        _bearer(authorization)
-        return await peer.forward(request, "GET", "/inbox", "/inbox", rewrite=with_timeouts)
+        vouched = _caller(request, authorization)
+        return await peer.forward(request, "GET", "/inbox", "/inbox", rewrite=with_timeouts, extra_headers=vouched)
 
     @router.get("/human/requests/{request_id}", description=f"One request (its recipient only). {PROXIED}")
     async def read_request(request: Request, request_id: RequestId, authorization: Auth = None) -> Response:
-        _bearer(authorization)
+        vouched = _caller(request, authorization)
         upstream = f"/requests/{_request(request_id)}"
-        return await peer.forward(request, "GET", "/requests/{id}", upstream, rewrite=with_timeouts)
+        return await peer.forward(
+            request, "GET", "/requests/{id}", upstream, rewrite=with_timeouts, extra_headers=vouched
+        )
 
     @router.post(
         "/human/requests/{request_id}/answer",
@@ -196,9 +221,9 @@ def human_router(settings: Settings, client: httpx.AsyncClient | None, database:
         openapi_extra=_BODY,
     )
     async def answer(request: Request, request_id: RequestId, authorization: Auth = None) -> Response:
-        _bearer(authorization)
+        vouched = _caller(request, authorization)
         upstream = f"/requests/{_request(request_id)}/answer"
-        return await peer.forward(request, "POST", "/requests/{id}/answer", upstream, body=True)
+        return await peer.forward(request, "POST", "/requests/{id}/answer", upstream, body=True, extra_headers=vouched)
 
     @router.api_route("/human/{rest:path}", methods=ALL_METHODS, include_in_schema=False)
     async def elsewhere(request: Request, rest: str) -> Response:

@@ -109,8 +109,10 @@ class Upstream:
         body: bool = False,
         params: Mapping[str, str] | None = None,
         rewrite: AnswerRewrite | None = None,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> Response:
-        """Send ``method upstream`` to the peer and return its answer (``route``: the template, for the log)."""
+        """Send ``method upstream`` to the peer and return its answer (``route``: the template, for the log);
+        ``extra_headers`` go out beside the allow-listed ones the request brought (never logged either)."""
         raw_path = request.scope.get("raw_path") or request.url.path.encode()
         if b"%" in raw_path.split(b"?", 1)[0]:  # no id needs escaping: %2F and %2E%2E tricks end here
             raise self.no_route()
@@ -123,6 +125,9 @@ class Upstream:
         # The raw bytes as received (a value need not be ASCII: the peer judges it, httpx must not choke).
         headers = [
             (key, value) for key, value in request.scope["headers"] if key.decode("latin-1") in self.request_headers
+        ]
+        headers += [
+            (key.lower().encode("latin-1"), value.encode("latin-1")) for key, value in (extra_headers or {}).items()
         ]
         started = time.monotonic()
         outgoing = self.client.build_request(method, upstream, params=params or None, headers=headers, content=content)

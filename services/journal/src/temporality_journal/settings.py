@@ -19,6 +19,14 @@
 ``TEMPORALITY_JOURNAL_HUMAN_URL``   human-interaction's URL (``http://127.0.0.1:8081``), for the
                                     console's web inbox (``/human/...``,
                                     :mod:`temporality_journal.human`); unset: those routes are 503
+``TEMPORALITY_JOURNAL_OIDC_*``      sign-in with an OIDC provider (optional; unset issuer: none):
+                                    ``ISSUER``, ``CLIENT_ID``, ``CLIENT_SECRET_FILE``, ``SCOPES``,
+                                    ``REDIRECT_BASE_URL``, ``PROVIDER_NAME``, ``USER_CLAIM``,
+                                    ``ROLES_CLAIM``, ``ROLE_MAP`` (:mod:`temporality_journal.signin`)
+``TEMPORALITY_JOURNAL_SESSION_*``   the sign-in session cookie: ``SECRET_FILE``, ``MAX_AGE_S``,
+                                    ``COOKIE_SECURE``
+``TEMPORALITY_INBOX_VOUCH_SECRET_FILE``  shared with human-interaction: the journal vouches for a
+                                    signed-in person's inbox calls (:mod:`temporality_service.vouch`)
 ``TEMPORALITY_API_TOKENS_FILE``     the role tokens the API and console admit
                                     (:class:`temporality_service.ApiAuthSettings`)
 ``TEMPORALITY_NATS_*``              :class:`temporality_bus.NatsSettings`
@@ -29,9 +37,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import AnyHttpUrl, Field, field_validator
+from pydantic import AnyHttpUrl, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from temporality_service import HttpServiceSettings
@@ -79,7 +88,64 @@ class Settings(HttpServiceSettings):
         "answer 503",
     )
 
-    @field_validator("gateway_url", "human_url", mode="before")
+    # ------------------------------------------------------------------ sign-in (OIDC), issue 9
+    oidc_issuer: AnyHttpUrl | None = Field(
+        default=None,
+        description="the OIDC provider's issuer URL (its /.well-known/openid-configuration is read); unset: no "
+        "OIDC sign-in, API tokens only",
+    )
+    oidc_client_id: str | None = Field(default=None, min_length=1, max_length=255)
+    oidc_client_secret_file: Path | None = Field(
+        default=None, description="a file holding the client secret (mount it from a secret); never logged"
+    )
+    oidc_scopes: str = Field(default="openid email profile", pattern=r"(^| )openid( |$)")
+    oidc_redirect_base_url: AnyHttpUrl | None = Field(
+        default=None,
+        description="the journal's URL as browsers reach it (https://journal.example.org); the provider redirects "
+        "to <this>/auth/callback, which must be registered with the client",
+    )
+    oidc_provider_name: str = Field(default="OIDC", min_length=1, max_length=60, description="shown on the button")
+    oidc_user_claim: str = Field(
+        default="email",
+        min_length=1,
+        max_length=100,
+        description="the ID token claim whose value is the directory user id of the person",
+    )
+    oidc_roles_claim: str = Field(
+        default="groups", min_length=1, max_length=100, description="the claim listing the person's groups/roles"
+    )
+    oidc_role_map: dict[str, Literal["viewer", "operator", "admin"]] = Field(
+        default_factory=dict,
+        description='JSON {"<value in the roles claim>": "viewer|operator|admin"}; the highest match wins; no '
+        "match: the person gets only their inbox",
+    )
+    session_secret_file: Path | None = Field(
+        default=None, description="the key signing the session cookie (at least 32 characters); needed with OIDC"
+    )
+    session_max_age_s: int = Field(default=8 * 3600, ge=60, le=7 * 24 * 3600)
+    session_cookie_secure: bool | None = Field(
+        default=None, description="the cookie's Secure flag; unset: set when the redirect base URL is https"
+    )
+    inbox_vouch_secret_file: Path | None = Field(
+        default=None,
+        validation_alias="TEMPORALITY_INBOX_VOUCH_SECRET_FILE",
+        description="shared with human-interaction: the journal vouches for a signed-in person's inbox calls",
+    )
+
+    @field_validator("gateway_url", "human_url", "oidc_issuer", "oidc_redirect_base_url", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _oidc_complete(self) -> Settings:
+        if self.oidc_issuer is None:
+            return self
+        missing = [
+            f"TEMPORALITY_JOURNAL_{name.upper()}"
+            for name in ("oidc_client_id", "oidc_client_secret_file", "oidc_redirect_base_url", "session_secret_file")
+            if getattr(self, name) is None
+        ]
+        if missing:
+            raise ValueError(f"TEMPORALITY_JOURNAL_OIDC_ISSUER is set: also set {', '.join(missing)}")
+        return self

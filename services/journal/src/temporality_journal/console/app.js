@@ -1,13 +1,19 @@
 // The Temporality web console: a single page over the journal API (same origin), no build step.
 // Safe rendering: every value from the API goes into the page through textContent / attributes,
-// never innerHTML. The API token lives in sessionStorage (this tab only) and goes out as a Bearer header.
+// never innerHTML. The API token lives in sessionStorage (this tab only) and goes out as a Bearer header;
+// a person signed in with the OIDC provider has no token here: the journal's HttpOnly session cookie goes
+// out instead, and every call carries X-Temporality-Console (the journal refuses a cookie call that changes
+// something without it: another site's page cannot send it).
 
 const TOKEN_KEY = "temporality.console.token";
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 const ROLES = { viewer: 1, operator: 2, admin: 3 };
 const STATES = ["pending", "running", "waiting_for_human", "resuming", "completed", "failed", "cancelled"];
 
-let me = null; // {name, role} of the signed-in token
+let me = null; // {name, role, kind, user} of the signed-in token or person (role null: inbox only)
+let authConfig = null; // GET /auth/config: {oidc: {provider, login} | null}
+const CONSOLE_HEADER = { "X-Temporality-Console": "1" };
+const signedInPerson = () => me?.kind === "person";
 let pendingMessage = null; // shown once the next view is rendered (a hash change clears the old one)
 let viewAbort = null; // aborts the current view's fetches and live tail
 const $ = (id) => document.getElementById(id);
@@ -95,9 +101,14 @@ function token() {
   return sessionStorage.getItem(TOKEN_KEY);
 }
 
+// The headers of a call: the token as a Bearer when there is one (else the session cookie speaks).
+function bearer(credential) {
+  return credential ? { ...CONSOLE_HEADER, Authorization: `Bearer ${credential}` } : { ...CONSOLE_HEADER };
+}
+
 // The parsed JSON body and the ETag (for a later If-Match) of one API call; throws ApiError for a non-2xx.
 async function apiWithEtag(path, { method = "GET", body, signal, tokenOverride, ifMatch } = {}) {
-  const headers = { Authorization: `Bearer ${tokenOverride ?? token() ?? ""}` };
+  const headers = bearer(tokenOverride ?? token());
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (ifMatch) headers["If-Match"] = ifMatch;
   const response = await fetch(path, {
@@ -147,7 +158,7 @@ async function tail(params, onEvent, signal) {
   let lastId = null;
   while (!signal.aborted) {
     try {
-      const headers = { Authorization: `Bearer ${token() ?? ""}` };
+      const headers = bearer(token());
       if (lastId !== null) headers["Last-Event-ID"] = lastId;
       const query = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== null && v !== undefined));
       const response = await fetch(`/events/stream?${query}`, { headers, signal });
@@ -221,10 +232,42 @@ function debounce(fn, ms) {
 
 // ------------------------------------------------------------------ sign-in
 function signOut(reason) {
+  if (signedInPerson()) fetch("/auth/logout", { method: "POST", headers: CONSOLE_HEADER }).catch(() => {});
   sessionStorage.removeItem(TOKEN_KEY);
   me = null;
   renderChrome();
   go("#/signin", reason);
+}
+
+// The person signed in with the provider (the session cookie), or null; asked when no token is kept here.
+async function sessionPerson(signal) {
+  try {
+    const who = await api("/whoami", { signal });
+    return who?.kind === "person" ? who : null;
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 401) return null;
+    throw error;
+  }
+}
+
+// "Sign in with <provider>" when the journal has OIDC configured (GET /auth/config), else nothing.
+async function providerButton() {
+  if (authConfig === null) {
+    try {
+      authConfig = await api("/auth/config");
+    } catch {
+      authConfig = { oidc: null };
+    }
+  }
+  const oidc = authConfig.oidc;
+  if (!oidc) return null;
+  const back = location.hash && !location.hash.startsWith("#/signin") ? location.hash : "#/runs";
+  return h(
+    "p",
+    { class: "provider" },
+    h("a", { class: "button primary", id: "provider-sign-in", href: `${oidc.login}?next=${encodeURIComponent(back)}` },
+      `Sign in with ${oidc.provider}`),
+  );
 }
 
 // Show ``hash`` (re-rendering when it is the current one) with ``text`` as its message.
@@ -263,6 +306,9 @@ function signInView() {
     h("p", { class: "muted" }, "Here to answer a question an agent asked you? ",
       h("a", { href: "#/inbox" }, "Open your inbox"), " (with your inbox token)."),
   );
+  providerButton().then((button) => {
+    if (button) form.querySelector("h1").after(button, h("p", { class: "muted" }, "Or with an API token:"));
+  }).catch(() => {});
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const candidate = input.value.trim();
@@ -284,9 +330,9 @@ function signInView() {
 }
 
 function renderChrome(active) {
-  $("nav").hidden = !me;
+  $("nav").hidden = !me?.role; // a person with no role has only their inbox
   $("sign-out").hidden = !me;
-  $("who").textContent = me ? `${me.name} (${me.role})` : "";
+  $("who").textContent = me ? `${me.name} (${me.role ?? "inbox only"})` : "";
   $("live").hidden = active === "inbox"; // a person's inbox has no live tail (it re-reads instead)
   for (const link of document.querySelectorAll("[data-nav]")) {
     if (link.dataset.nav === active) link.setAttribute("aria-current", "page");
@@ -1277,7 +1323,9 @@ async function inboxApi(path, { method = "GET", body, signal, tokenOverride } = 
 
 function inboxFailed(error) {
   if (error?.name === "AbortError") return;
-  if (error instanceof ApiError && error.status === 401) {
+  if (error instanceof ApiError && error.status === 401 && signedInPerson() && !inboxToken()) {
+    signOut(`Not signed in: ${error.message} (401). Sign in again.`);
+  } else if (error instanceof ApiError && error.status === 401) {
     sessionStorage.removeItem(INBOX_TOKEN_KEY);
     go("#/inbox", `Inbox: not signed in: ${error.message} (401). Sign in with your inbox token.`);
   } else if (error instanceof ApiError) {
@@ -1309,6 +1357,9 @@ function inboxSignInView() {
     ),
     h("button", { class: "primary", type: "submit" }, "Open my inbox"),
   );
+  providerButton().then((button) => {
+    if (button) form.querySelector("h1").after(button, h("p", { class: "muted" }, "Or with your inbox token:"));
+  }).catch(() => {});
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const candidate = input.value.trim();
@@ -1420,7 +1471,7 @@ function inboxCard(item, signal) {
 }
 
 function inboxView(signal) {
-  if (!inboxToken()) {
+  if (!inboxToken() && !signedInPerson()) {
     inboxSignInView();
     return;
   }
@@ -1429,6 +1480,7 @@ function inboxView(signal) {
   const refresh = h("button", { type: "button" }, "Refresh");
   const leave = h("button", { type: "button" }, "Sign out of the inbox");
   leave.addEventListener("click", () => {
+    if (!inboxToken()) return signOut(null); // signed in with the provider: sign out of the console
     sessionStorage.removeItem(INBOX_TOKEN_KEY);
     go("#/inbox", null);
   });
@@ -1469,16 +1521,28 @@ async function route() {
   setLive(false);
   const [path, query = ""] = location.hash.replace(/^#/, "").split("?");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  if (!token() && !me) { // no API token: perhaps a person signed in with the provider (the session cookie)
+    try {
+      me = await sessionPerson(signal);
+    } catch (error) {
+      failed(error);
+    }
+    if (signal.aborted) return;
+  }
   if (parts[0] === "inbox") { // a person's own sign-in, independent of the operator's API token
     renderChrome("inbox");
-    const signedIn = Boolean(inboxToken());
+    const signedIn = Boolean(inboxToken()) || signedInPerson();
     inboxView(signal);
     if (signedIn) $("view").focus({ preventScroll: true }); // the sign-in form focuses its token field
     return;
   }
-  if (!token()) {
+  if (!token() && !signedInPerson()) {
     renderChrome();
     signInView();
+    return;
+  }
+  if (signedInPerson() && !me.role) { // signed in with no role: their own inbox, nothing else
+    location.hash = "#/inbox";
     return;
   }
   if (!me) {

@@ -1,0 +1,304 @@
+"""People sign in to the console with an OIDC provider (Keycloak, Entra ID, Google ...): issue 9.
+
+Optional: with ``TEMPORALITY_JOURNAL_OIDC_ISSUER`` unset the journal admits API tokens only, as before.
+
+==========================  ========================================================================
+``GET /auth/config``        no sign-in needed: ``{"oidc": {"provider", "login"}}`` or ``{"oidc": null}``
+                            (the console shows "Sign in with <provider>" when it is set)
+``GET /auth/login``         302 to the provider's authorization endpoint (code flow, PKCE S256, state,
+                            nonce); ``?next=#/runs`` is where the console returns to (a ``#/`` hash only)
+``GET /auth/callback``      the provider's redirect: code exchanged, ID token checked, session set, 302 to
+                            the console; any failure is a 400 ``sign_in_failed`` (nothing is set)
+``POST /auth/logout``       ends the session in this browser (cookie cleared); needs the console header,
+                            like every cookie call that changes something; 204
+==========================  ========================================================================
+
+The protocol is **Authlib**'s (its Starlette client): discovery from the issuer's
+``/.well-known/openid-configuration``, the state and the PKCE verifier kept in the session until the callback,
+the ID token's signature checked against the provider's JWKS and its ``iss``, ``aud``, ``exp`` and ``nonce``
+validated by the library. Nothing here parses a JWT.
+
+Who the person is: the ID token's ``TEMPORALITY_JOURNAL_OIDC_USER_CLAIM`` (``email`` by default) *is* their
+directory user id (name directory users after it, e.g. ``alice@example.org``, or use ``preferred_username``
+when the provider's usernames are the directory's ids). A token without that claim signs nobody in (400).
+
+What the person may do -- one rule, least privilege: the values of ``TEMPORALITY_JOURNAL_OIDC_ROLES_CLAIM``
+(``groups`` by default; a list or a single string) are looked up in ``TEMPORALITY_JOURNAL_OIDC_ROLE_MAP``
+(JSON ``{"temporality-admins": "admin", "sre": "operator"}``) and the highest role found is theirs. No match
+(or no claim): **no role** -- the person sees their own inbox and nothing else (every other API route is a 403).
+The role is decided once, at sign-in; a change at the provider applies at the next sign-in.
+
+The session is Starlette's signed cookie (``temporality_session``: HttpOnly, SameSite=Lax, Secure unless the
+redirect base URL is plain http or ``TEMPORALITY_JOURNAL_SESSION_COOKIE_SECURE=false``) signed with
+``TEMPORALITY_JOURNAL_SESSION_SECRET_FILE`` (every replica the same key); it holds the person's id, display
+name, role and an absolute expiry ``TEMPORALITY_JOURNAL_SESSION_MAX_AGE_S`` after sign-in (8 h), after which
+it admits nothing. The session is kept in the cookie, not on the server: signing out clears this browser's
+cookie, and a copy taken before (it is HttpOnly: no script can read it) stays valid until that expiry, which
+is why it is bounded. The journal's API admits it beside bearer tokens (a bearer, when sent, is what counts) --
+with one more condition for a request that could change something (any method but GET/HEAD/OPTIONS): it must
+carry ``X-Temporality-Console: 1`` (:data:`CSRF_HEADER`), which the console sends and which a page on another
+site cannot send without a CORS preflight the journal never grants. Such a request without it is a 403
+``console_header_missing``.
+
+A signed-in person's inbox calls (``/human/...``) are forwarded with ``X-Temporality-Vouched-User``, a
+short-lived assertion signed with ``TEMPORALITY_INBOX_VOUCH_SECRET_FILE`` (:mod:`temporality_service.vouch`),
+which human-interaction checks: no inbox token needed.
+
+Logged: ``signin.succeeded`` (user id, role), ``signin.refused`` (the reason's class and text) and
+``signin.signed_out``; never a token, code, secret or cookie.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import structlog
+from authlib.common.errors import AuthlibBaseError
+from authlib.integrations.starlette_client import OAuth
+from fastapi import APIRouter, FastAPI, Query, Request
+from joserfc.errors import JoseError
+from pydantic import BaseModel, Field
+from starlette.middleware.sessions import SessionMiddleware
+from starlette.responses import RedirectResponse, Response
+
+from temporality_journal.settings import Settings
+from temporality_service import ApiError, Forbidden, Principal, Role, Voucher
+
+__all__ = [
+    "CSRF_HEADER",
+    "SESSION_COOKIE",
+    "AuthConfig",
+    "Person",
+    "SignIn",
+    "SignInConfigError",
+    "role_of",
+]
+
+log = structlog.get_logger(__name__)
+
+#: The header the console sends with every call; a cookie-authenticated call that can change something needs it.
+CSRF_HEADER = "X-Temporality-Console"
+SESSION_COOKIE = "temporality_session"
+MIN_SESSION_SECRET = 32
+_SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
+_PERSON_KEY = "person"
+_CLIENT = "oidc"
+#: Where the console may ask to return to after sign-in: one of its own hash routes, nothing else.
+_NEXT_PATTERN = r"^#/[A-Za-z0-9/_.~:@!$&'()*+,;=?%-]{0,200}$"
+
+
+class SignInConfigError(ValueError):
+    """A secret file of the sign-in is missing, unreadable or too short (a configuration error, exit 2)."""
+
+
+class SignInFailed(ApiError):
+    status = 400
+    code = "sign_in_failed"
+
+
+class AuthConfig(BaseModel):
+    """What the console needs to offer the sign-in (``GET /auth/config``)."""
+
+    class Oidc(BaseModel):
+        provider: str = Field(description="The provider's name, for the button")
+        login: str = Field(description="Where the button goes")
+
+    oidc: Oidc | None
+
+
+@dataclass(frozen=True)
+class Person:
+    """A person signed in with the provider: their directory user id, display name, role (None: inbox only)."""
+
+    user_id: str
+    name: str
+    role: Role | None
+    expires_at: float
+
+    @property
+    def principal_name(self) -> str:
+        """How the API's logs and audit events name them (``user:<id>``, as human-interaction does)."""
+        return f"user:{self.user_id}"
+
+    def principal(self) -> Principal | None:
+        return None if self.role is None else Principal(name=self.principal_name, role=self.role)
+
+
+def role_of(values: Any, role_map: dict[str, str]) -> Role | None:
+    """The highest role ``role_map`` gives any of ``values`` (the roles claim: a list or one string); None."""
+    if isinstance(values, str):
+        values = [values]
+    if not isinstance(values, Iterable):
+        return None
+    roles = [Role[role_map[v]] for v in values if isinstance(v, str) and v in role_map]
+    return max(roles) if roles else None
+
+
+def _read_secret(path: Path, what: str, min_length: int = 1) -> str:
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise SignInConfigError(f"{what}: {path}: cannot read: {exc.strerror or exc}") from exc
+    if len(secret) < min_length:
+        raise SignInConfigError(f"{what}: {path}: needs at least {min_length} characters")
+    return secret
+
+
+class SignIn:
+    """OIDC sign-in and the session it leaves (module docstring); :meth:`install` it on the journal's app."""
+
+    def __init__(self, settings: Settings, client_secret: str, session_secret: str, voucher: Voucher | None) -> None:
+        assert settings.oidc_issuer is not None
+        assert settings.oidc_redirect_base_url is not None
+        self.settings = settings
+        self.voucher = voucher
+        self._session_secret = session_secret
+        issuer = str(settings.oidc_issuer).rstrip("/")
+        self.redirect_uri = str(settings.oidc_redirect_base_url).rstrip("/") + "/auth/callback"
+        secure = settings.session_cookie_secure
+        self.secure = secure if secure is not None else str(settings.oidc_redirect_base_url).startswith("https:")
+        self.oauth = OAuth()
+        self.oauth.register(
+            _CLIENT,
+            client_id=settings.oidc_client_id,
+            client_secret=client_secret,
+            server_metadata_url=f"{issuer}/.well-known/openid-configuration",
+            client_kwargs={"scope": settings.oidc_scopes, "code_challenge_method": "S256", "timeout": 10.0},
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SignIn | None:
+        """None without ``TEMPORALITY_JOURNAL_OIDC_ISSUER``; raises :class:`SignInConfigError` on a bad file."""
+        if settings.oidc_issuer is None:
+            return None
+        assert settings.oidc_client_secret_file is not None  # Settings checks the set is complete
+        assert settings.session_secret_file is not None
+        client_secret = _read_secret(settings.oidc_client_secret_file, "TEMPORALITY_JOURNAL_OIDC_CLIENT_SECRET_FILE")
+        session_secret = _read_secret(
+            settings.session_secret_file, "TEMPORALITY_JOURNAL_SESSION_SECRET_FILE", MIN_SESSION_SECRET
+        )
+        voucher = None
+        if settings.inbox_vouch_secret_file is not None:
+            try:
+                voucher = Voucher.from_file(settings.inbox_vouch_secret_file)
+            except ValueError as exc:
+                raise SignInConfigError(f"TEMPORALITY_INBOX_VOUCH_SECRET_FILE: {exc}") from exc
+        return cls(settings, client_secret, session_secret, voucher)
+
+    # ------------------------------------------------------------------ the session
+    def person(self, request: Request) -> Person | None:
+        """The person the request's session cookie signs in, while it has not expired; else None."""
+        if "session" not in request.scope:
+            return None
+        data = request.session.get(_PERSON_KEY)
+        if not isinstance(data, dict):
+            return None
+        try:
+            expires_at = float(data["exp"])
+            role = data.get("role")
+            person = Person(
+                user_id=str(data["id"]),
+                name=str(data.get("name") or data["id"]),
+                role=Role[role] if isinstance(role, str) else None,
+                expires_at=expires_at,
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+        return person if time.time() < person.expires_at else None
+
+    @staticmethod
+    def check_csrf(request: Request) -> None:
+        """A cookie-authenticated request that can change something must carry :data:`CSRF_HEADER`."""
+        if request.method not in _SAFE_METHODS and request.headers.get(CSRF_HEADER) != "1":
+            raise Forbidden(
+                f"a signed-in call that changes something needs the header {CSRF_HEADER}: 1 (the console sends it)",
+                code="console_header_missing",
+            )
+
+    def install(self, app: FastAPI) -> None:
+        """The session middleware and the ``/auth/...`` routes."""
+        app.add_middleware(
+            SessionMiddleware,
+            secret_key=self._session_secret,
+            session_cookie=SESSION_COOKIE,
+            max_age=self.settings.session_max_age_s,
+            path="/",
+            same_site="lax",
+            https_only=self.secure,
+        )
+        app.include_router(self.router())
+
+    # ------------------------------------------------------------------ the routes
+    def router(self) -> APIRouter:
+        router = APIRouter(tags=["sign-in"])
+        client = self.oauth.create_client(_CLIENT)
+        settings = self.settings
+
+        @router.get("/auth/login", include_in_schema=True, description="Start the sign-in (302 to the provider).")
+        async def login(
+            request: Request, next: Annotated[str, Query(pattern=_NEXT_PATTERN, max_length=202)] = "#/runs"
+        ) -> Response:
+            request.session["next"] = next  # a session already there stays until the callback replaces it
+            try:
+                redirect: Response = await client.authorize_redirect(request, self.redirect_uri)
+            except Exception as exc:  # discovery failed: the provider is down or the issuer is wrong
+                log.warning("signin.provider_unreachable", error=type(exc).__name__)
+                raise ApiError(
+                    f"the sign-in provider did not answer ({type(exc).__name__}); retry later",
+                    status=502,
+                    code="provider_unreachable",
+                ) from None
+            return redirect
+
+        @router.get("/auth/callback", description="The provider's redirect back (code flow).")
+        async def callback(request: Request) -> Response:
+            try:
+                token = await client.authorize_access_token(request)
+            except (AuthlibBaseError, JoseError) as exc:
+                log.info("signin.refused", reason=type(exc).__name__, detail=str(exc)[:200])
+                raise SignInFailed(f"the sign-in was refused: {str(exc)[:200] or type(exc).__name__}") from None
+            claims = token.get("userinfo")
+            if not claims:
+                log.info("signin.refused", reason="no_id_token")
+                raise SignInFailed("the provider sent no ID token (is the openid scope requested?)")
+            user_id = claims.get(settings.oidc_user_claim)
+            if not isinstance(user_id, str) or not user_id.strip():
+                log.info("signin.refused", reason="no_user_claim", claim=settings.oidc_user_claim)
+                raise SignInFailed(
+                    f"the ID token has no {settings.oidc_user_claim!r} claim to identify you by "
+                    "(TEMPORALITY_JOURNAL_OIDC_USER_CLAIM)"
+                )
+            role = role_of(claims.get(settings.oidc_roles_claim), dict(settings.oidc_role_map))
+            next_hash = request.session.get("next") or "#/runs"
+            request.session.clear()  # nothing from before the sign-in survives it
+            request.session[_PERSON_KEY] = {
+                "id": user_id.strip(),
+                "name": str(claims.get("name") or user_id)[:200],
+                "role": None if role is None else role.name,
+                "exp": time.time() + settings.session_max_age_s,
+            }
+            log.info("signin.succeeded", user_id=user_id.strip(), role=None if role is None else role.name)
+            if role is None:
+                next_hash = "#/inbox"
+            return RedirectResponse(f"/console/{next_hash}", status_code=302)
+
+        @router.post("/auth/logout", status_code=204, description=f"End the session (needs {CSRF_HEADER}: 1).")
+        async def logout(request: Request) -> Response:
+            person = self.person(request)
+            if person is not None:
+                self.check_csrf(request)
+                log.info("signin.signed_out", user_id=person.user_id)
+            request.session.clear()  # the middleware then expires the cookie
+            return Response(status_code=204)
+
+        return router
+
+
+def auth_config(signin: SignIn | None) -> AuthConfig:
+    if signin is None:
+        return AuthConfig(oidc=None)
+    return AuthConfig(oidc=AuthConfig.Oidc(provider=signin.settings.oidc_provider_name, login="/auth/login"))

@@ -1,0 +1,382 @@
+"""OIDC sign-in (issue 9) over real HTTP: the journal service on a real port, a real OIDC provider emulator
+(``temporality_testing.oidc_emulator``: discovery, JWKS, authorize, token, keys made here), the real
+human-interaction service for the inbox, a real bus. The ID token checks themselves are Authlib's.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from journal_support import BOB_INBOX, VIEWER, ServedJournal, serve_human, serve_journal, served_settings
+from playwright.async_api import BrowserContext, expect
+from pydantic import ValidationError
+from starlette.requests import Request
+
+from temporality_bus import Bus, NatsSettings
+from temporality_embedded.processes import free_port
+from temporality_journal import Settings
+from temporality_journal.signin import SESSION_COOKIE, SignIn, role_of
+from temporality_service import VOUCH_HEADER, Role, Voucher
+from temporality_testing.oidc_emulator import OidcEmulator
+
+CONSOLE = {"X-Temporality-Console": "1"}
+ROLE_MAP = {"temporality-operators": "operator", "temporality-admins": "admin", "staff": "viewer"}
+PEOPLE = {
+    "alice": {"preferred_username": "alice", "name": "Alice Example", "groups": ["staff", "temporality-operators"]},
+    "bob": {"preferred_username": "bob", "name": "Bob Example", "groups": ["elsewhere"]},
+    "carol": {"name": "Carol Without Username", "groups": ["temporality-admins"]},
+}
+
+
+@dataclass
+class SignInStack:
+    journal: ServedJournal
+    idp: OidcEmulator
+    human_url: str
+    vouch_secret: str
+
+
+def oidc_settings(tmp_path: Path, nats_settings: NatsSettings, idp: OidcEmulator, human_url: str) -> Settings:
+    """The served journal's settings with OIDC sign-in against ``idp`` and the vouch secret of ``tmp_path``."""
+    port = free_port()
+    (tmp_path / "client-secret").write_text(idp.client_secret, encoding="utf-8")
+    (tmp_path / "session-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    base = served_settings(tmp_path, nats_settings, human_url=human_url)
+    return Settings(
+        nats=base.nats,
+        port=port,
+        database_url=base.database_url,
+        api=base.api,
+        human_url=human_url,
+        oidc_issuer=idp.issuer,
+        oidc_client_id=idp.client_id,
+        oidc_client_secret_file=tmp_path / "client-secret",
+        oidc_redirect_base_url=f"http://127.0.0.1:{port}",
+        oidc_provider_name="Test IdP",
+        oidc_user_claim="preferred_username",
+        oidc_role_map=ROLE_MAP,
+        session_secret_file=tmp_path / "session-secret",
+        inbox_vouch_secret_file=tmp_path / "vouch-secret",
+    )
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, nats_settings: NatsSettings, bus: Bus) -> AsyncIterator[SignInStack]:
+    vouch_secret = secrets.token_urlsafe(32)
+    (tmp_path / "vouch-secret").write_text(vouch_secret, encoding="utf-8")
+    async with (
+        OidcEmulator(people=PEOPLE).serve() as idp,
+        serve_human(tmp_path, nats_settings, vouch_secret_file=tmp_path / "vouch-secret") as human_url,
+    ):
+        settings = oidc_settings(tmp_path, nats_settings, idp, human_url)
+        idp.redirect_uris = [f"http://127.0.0.1:{settings.port}/auth/callback"]
+        async with serve_journal(settings, bus) as journal:
+            yield SignInStack(journal, idp, human_url, vouch_secret)
+
+
+@pytest.fixture
+async def browser_http(stack: SignInStack) -> AsyncIterator[httpx.AsyncClient]:
+    """A cookie-keeping client, as a browser is (redirects followed by hand)."""
+    async with httpx.AsyncClient(base_url=stack.journal.url, timeout=10) as client:
+        yield client
+
+
+async def start_login(client: httpx.AsyncClient, idp: OidcEmulator) -> str:
+    """``/auth/login`` -> the provider's login page; returns the page's pending authorization id."""
+    login = await client.get("/auth/login")
+    assert login.status_code == 302, login.text
+    assert login.headers["location"].startswith(f"{idp.issuer}/authorize?")
+    page = await client.get(login.headers["location"])
+    assert page.status_code == 200, page.text
+    found = re.search(r'name="pending" value="([^"]+)"', page.text)
+    assert found is not None
+    return found.group(1)
+
+
+async def approve(client: httpx.AsyncClient, idp: OidcEmulator, pending: str, login: str) -> str:
+    """The person presses "Sign in as <login>" at the provider; returns the callback URL it redirects to."""
+    answer = await client.post(f"{idp.issuer}/authorize", data={"pending": pending, "login": login})
+    assert answer.status_code == 302, answer.text
+    return answer.headers["location"]
+
+
+async def sign_in(client: httpx.AsyncClient, idp: OidcEmulator, login: str) -> httpx.Response:
+    callback = await approve(client, idp, await start_login(client, idp), login)
+    return await client.get(callback)
+
+
+def session_cookie(response: httpx.Response) -> str:
+    header = next(v for k, v in response.headers.multi_items() if k == "set-cookie" and SESSION_COOKIE in v)
+    return header.lower()
+
+
+# --------------------------------------------------------------------------- the flow
+async def test_operator_signs_in_with_pkce_state_and_nonce_and_uses_the_api(
+    stack: SignInStack, browser_http: httpx.AsyncClient
+) -> None:
+    answer = await sign_in(browser_http, stack.idp, "alice")
+    assert answer.status_code == 302, answer.text
+    assert answer.headers["location"] == "/console/#/runs"
+    cookie = session_cookie(answer)
+    assert "httponly" in cookie
+    assert "samesite=lax" in cookie
+    assert "secure" not in cookie  # the redirect base URL is plain http
+    asked = stack.idp.authorizations[-1]
+    assert asked["code_challenge_method"] == "S256"
+    assert asked["code_challenge"]
+    assert asked["nonce"]
+    assert asked["state"]
+    assert asked["redirect_uri"] == f"http://127.0.0.1:{stack.journal.runtime.settings.port}/auth/callback"
+
+    me = (await browser_http.get("/whoami")).json()
+    assert me["kind"] == "person"
+    assert me["user"] == "alice"
+    assert me["name"] == "Alice Example"
+    assert me["role"] == "operator"  # staff (viewer) and temporality-operators: the highest
+    assert (await browser_http.get("/runs")).status_code == 200
+    # A call that changes something: the console header is required with the cookie ...
+    refused = await browser_http.post("/runs/run-x/cancel", json={"reason": "test"})
+    assert refused.status_code == 403
+    assert refused.json()["error"] == "console_header_missing"
+    # ... and with it, the role admits the call (the run is unknown: a 404, past the check).
+    admitted = await browser_http.post("/runs/run-x/cancel", json={"reason": "test"}, headers=CONSOLE)
+    assert admitted.status_code == 404, admitted.text
+    assert admitted.json()["error"] == "run_not_found"
+    # The operator's audit trail too.
+    assert (await browser_http.get("/audit")).status_code == 200
+    # A bearer, when sent, is what counts (not the cookie).
+    assert (await browser_http.get("/whoami", headers=VIEWER)).json() == {
+        "name": "board",
+        "role": "viewer",
+        "kind": "token",
+        "user": None,
+        "expires_at": None,
+    }
+
+
+async def test_a_person_without_a_role_mapping_gets_only_their_own_inbox(
+    stack: SignInStack, browser_http: httpx.AsyncClient
+) -> None:
+    answer = await sign_in(browser_http, stack.idp, "bob")
+    assert answer.status_code == 302, answer.text
+    assert answer.headers["location"] == "/console/#/inbox"
+    me = (await browser_http.get("/whoami")).json()
+    assert (me["user"], me["role"]) == ("bob", None)
+    runs = await browser_http.get("/runs")
+    assert runs.status_code == 403
+    assert "no role" in runs.json()["detail"]
+    # The inbox: human-interaction believes the journal's signed assertion, and shows bob his own.
+    inbox = await browser_http.get("/human/inbox")
+    assert inbox.status_code == 200, inbox.text
+    assert inbox.json()["user"] == "user:bob"
+    # The trigger admin API takes API tokens only: a clear 403, not a 401 that would sign the console out.
+    triggers = await browser_http.get("/gateway/triggers")
+    assert triggers.status_code == 403
+    assert triggers.json()["error"] == "api_token_needed"
+    # An answer with the cookie needs the console header too (refused before it leaves the journal).
+    posted = await browser_http.post("/human/requests/req-1/answer", json={"option_id": "yes"})
+    assert posted.status_code == 403
+    assert posted.json()["error"] == "console_header_missing"
+    posted = await browser_http.post("/human/requests/req-1/answer", json={"option_id": "yes"}, headers=CONSOLE)
+    assert posted.status_code == 404  # human-interaction's own answer: no such request
+    assert posted.json()["error"] == "unknown_request"
+
+
+async def test_logout_needs_the_console_header_and_ends_the_session(
+    stack: SignInStack, browser_http: httpx.AsyncClient
+) -> None:
+    assert (await sign_in(browser_http, stack.idp, "alice")).status_code == 302
+    refused = await browser_http.post("/auth/logout")
+    assert refused.status_code == 403
+    assert (await browser_http.get("/whoami")).status_code == 200  # still signed in
+    out = await browser_http.post("/auth/logout", headers=CONSOLE)
+    assert out.status_code == 204
+    assert (await browser_http.get("/whoami")).status_code == 401
+    assert (await browser_http.get("/human/inbox")).status_code == 401
+
+
+async def test_a_tampered_session_cookie_admits_nothing(stack: SignInStack, browser_http: httpx.AsyncClient) -> None:
+    assert (await sign_in(browser_http, stack.idp, "alice")).status_code == 302
+    stolen = browser_http.cookies.get(SESSION_COOKIE)
+    assert stolen
+    # The session (person, role, absolute expiry) is signed: a changed cookie fails the signature.
+    tampered = stolen[:-2] + ("AA" if not stolen.endswith("AA") else "BB")
+    async with httpx.AsyncClient(base_url=stack.journal.url, cookies={SESSION_COOKIE: tampered}) as other:
+        assert (await other.get("/whoami")).status_code == 401
+    async with httpx.AsyncClient(base_url=stack.journal.url, cookies={SESSION_COOKIE: stolen}) as same:
+        assert (await same.get("/whoami")).status_code == 200
+
+
+# --------------------------------------------------------------------------- the console, in a real Chromium
+WAIT_MS = 20_000
+
+
+async def test_console_sign_in_with_the_provider_through_to_the_signed_in_console_and_inbox(
+    stack: SignInStack, browser_context: BrowserContext
+) -> None:
+    page = await browser_context.new_page()
+    await page.goto(f"{stack.journal.url}/console/")
+    button = page.get_by_role("link", name="Sign in with Test IdP")
+    await expect(button).to_be_visible(timeout=WAIT_MS)
+    await expect(page.locator("#token")).to_be_visible()  # the API token sign-in stays
+    await button.click()
+    await page.get_by_role("button", name="Sign in as alice").click()  # the provider's own page
+    await expect(page.locator("#who")).to_have_text("Alice Example (operator)", timeout=WAIT_MS)
+    await expect(page.locator("#nav")).to_be_visible()
+    assert page.url.startswith(f"{stack.journal.url}/console/#/runs")
+    # The cookie is HttpOnly: the page's script cannot read it.
+    assert SESSION_COOKIE not in await page.evaluate("document.cookie")
+    assert not await page.evaluate("sessionStorage.length")  # no token kept in the tab
+
+    # Her own inbox, without an inbox token: the journal vouches for her.
+    await page.locator("a[data-nav=inbox]").click()
+    await expect(page.locator("#inbox-who")).to_have_text("Signed in to the inbox as alice", timeout=WAIT_MS)
+    await expect(page.locator("#inbox .empty")).to_have_text("No questions are waiting for you.")
+
+    await page.locator("#sign-out").click()
+    await expect(page.get_by_role("link", name="Sign in with Test IdP")).to_be_visible(timeout=WAIT_MS)
+    status = await page.evaluate("fetch('/whoami').then((r) => r.status)")
+    assert status == 401
+
+
+async def test_console_of_a_person_without_a_role_is_their_inbox_only(
+    stack: SignInStack, browser_context: BrowserContext
+) -> None:
+    page = await browser_context.new_page()
+    await page.goto(f"{stack.journal.url}/console/#/waiting")
+    await page.get_by_role("link", name="Sign in with Test IdP").click()
+    await page.get_by_role("button", name="Sign in as bob").click()
+    await expect(page.locator("#inbox-who")).to_have_text("Signed in to the inbox as bob", timeout=WAIT_MS)
+    await expect(page.locator("#who")).to_have_text("Bob Example (inbox only)")
+    await expect(page.locator("#nav")).to_be_hidden()
+    await page.evaluate("location.hash = '#/runs'")
+    await expect(page).to_have_url(re.compile(r"#/inbox$"), timeout=WAIT_MS)
+
+
+# --------------------------------------------------------------------------- refusals
+async def test_anonymous_requests_are_refused_but_health_and_sign_in_config(stack: SignInStack) -> None:
+    async with httpx.AsyncClient(base_url=stack.journal.url) as client:
+        for path in ("/whoami", "/runs", "/events", "/human/inbox", "/gateway/triggers"):
+            answer = await client.get(path)
+            assert answer.status_code == 401, (path, answer.text)
+        assert (await client.post("/runs/x/cancel", json={"reason": "r"}, headers=CONSOLE)).status_code == 401
+        assert (await client.get("/healthz")).status_code == 200
+        config = await client.get("/auth/config")
+        assert config.json() == {"oidc": {"provider": "Test IdP", "login": "/auth/login"}}
+
+
+async def test_callback_with_a_wrong_state_is_refused_and_signs_nobody_in(
+    stack: SignInStack, browser_http: httpx.AsyncClient
+) -> None:
+    callback = await approve(browser_http, stack.idp, await start_login(browser_http, stack.idp), "alice")
+    forged = re.sub(r"state=[^&]+", "state=forged-state", callback)
+    answer = await browser_http.get(forged)
+    assert answer.status_code == 400
+    assert answer.json()["error"] == "sign_in_failed"
+    assert (await browser_http.get("/whoami")).status_code == 401
+    # A callback from another browser (no session holding the state) is refused as well.
+    async with httpx.AsyncClient(base_url=stack.journal.url) as stranger:
+        answer = await stranger.get(callback)
+        assert answer.status_code == 400
+        assert answer.json()["error"] == "sign_in_failed"
+
+
+@pytest.mark.parametrize(
+    ("tamper", "other_key"),
+    [
+        pytest.param({"nonce": "not-the-nonce-sent"}, False, id="nonce"),
+        pytest.param({"iss": "http://127.0.0.1:1/another-issuer"}, False, id="issuer"),
+        pytest.param({"aud": "another-client"}, False, id="audience"),
+        pytest.param({"exp": 1_000_000_000}, False, id="expired"),
+        pytest.param({}, True, id="signature"),
+    ],
+)
+async def test_id_tokens_the_library_finds_invalid_are_refused(
+    stack: SignInStack, browser_http: httpx.AsyncClient, tamper: dict[str, Any], other_key: bool
+) -> None:
+    stack.idp.tamper = tamper
+    stack.idp.sign_with_other_key = other_key
+    answer = await sign_in(browser_http, stack.idp, "alice")
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "sign_in_failed"
+    assert (await browser_http.get("/whoami")).status_code == 401
+
+
+async def test_a_token_without_the_user_claim_or_a_denied_login_signs_nobody_in(
+    stack: SignInStack, browser_http: httpx.AsyncClient
+) -> None:
+    answer = await sign_in(browser_http, stack.idp, "carol")  # no preferred_username
+    assert answer.status_code == 400
+    assert "preferred_username" in answer.json()["detail"]
+    denied = await approve(browser_http, stack.idp, await start_login(browser_http, stack.idp), "")
+    answer = await browser_http.get(denied)
+    assert answer.status_code == 400
+    assert "access_denied" in answer.json()["detail"]
+    assert (await browser_http.get("/whoami")).status_code == 401
+
+
+async def test_human_interaction_believes_no_user_id_it_cannot_verify(stack: SignInStack) -> None:
+    async with httpx.AsyncClient(base_url=stack.human_url) as human:
+        assert (await human.get("/inbox", headers={VOUCH_HEADER: "alice"})).status_code == 401
+        other = Voucher(secrets.token_urlsafe(32)).vouch("alice")  # signed, with another secret
+        assert (await human.get("/inbox", headers={VOUCH_HEADER: other})).status_code == 401
+        stale = Voucher(stack.vouch_secret)
+        assert (await human.get("/inbox", headers={VOUCH_HEADER: stale.vouch("mallory")})).status_code == 401
+        good = await human.get("/inbox", headers={VOUCH_HEADER: stale.vouch("alice")})
+        assert good.status_code == 200
+        assert good.json()["user"] == "user:alice"
+    # The journal never passes a caller's own vouch header on: with bob's inbox token it is bob's inbox.
+    async with httpx.AsyncClient(base_url=stack.journal.url) as client:
+        forged = {VOUCH_HEADER: Voucher(stack.vouch_secret).vouch("alice"), **BOB_INBOX}
+        assert (await client.get("/human/inbox", headers=forged)).json()["user"] == "user:bob"
+        alone = await client.get("/human/inbox", headers={VOUCH_HEADER: Voucher(stack.vouch_secret).vouch("alice")})
+        assert alone.status_code == 401  # no session, no bearer: refused by the journal
+
+
+def test_an_assertion_expires() -> None:
+    voucher = Voucher("x" * 32)
+    assertion = voucher.vouch("alice")
+    assert voucher.vouched(assertion) == "alice"
+    assert voucher.vouched(assertion, max_age_s=-1) is None
+    assert voucher.vouched(assertion[:-1] + ("A" if assertion[-1] != "A" else "B")) is None
+
+
+def test_a_session_past_its_absolute_expiry_signs_nobody_in(tmp_path: Path, nats_settings: NatsSettings) -> None:
+    idp = OidcEmulator(people=PEOPLE, port=1)
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    signin = SignIn.from_settings(oidc_settings(tmp_path, nats_settings, idp, "http://127.0.0.1:1"))
+    assert signin is not None
+
+    def request(expires_at: float) -> Request:
+        person = {"id": "alice", "name": "Alice", "role": "operator", "exp": expires_at}
+        return Request({"type": "http", "method": "GET", "headers": [], "session": {"person": person}})
+
+    now = time.time()
+    live = signin.person(request(now + 60))
+    assert live is not None
+    assert live.role is Role.operator
+    assert signin.person(request(now - 1)) is None
+
+
+# --------------------------------------------------------------------------- configuration and the role rule
+def test_role_rule_is_the_highest_mapped_value_and_none_without_a_match() -> None:
+    assert role_of(["staff", "temporality-admins"], ROLE_MAP) is Role.admin
+    assert role_of("staff", ROLE_MAP) is Role.viewer
+    assert role_of(["elsewhere"], ROLE_MAP) is None
+    assert role_of(None, ROLE_MAP) is None
+    assert role_of(42, ROLE_MAP) is None
+
+
+def test_an_issuer_without_the_rest_of_the_settings_is_a_configuration_error(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="TEMPORALITY_JOURNAL_OIDC_CLIENT_ID"):
+        Settings(oidc_issuer="https://idp.example.org", oidc_client_secret_file=tmp_path / "s")
+    with pytest.raises(ValidationError, match="viewer"):
+        Settings(oidc_role_map={"g": "superuser"})

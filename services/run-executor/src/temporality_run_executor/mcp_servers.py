@@ -185,7 +185,6 @@ class _Session:
         self.calls = asyncio.Semaphore(pool.max_calls)
         self.active = 0  # calls using it or waiting for a slot
         self.retired = False
-        self.elicitations = 0
         self._calls: list[_Call] = []  # in flight
         self._asking = 0  # elicitations waiting to be tied to a call
         self._changed = asyncio.Condition()
@@ -240,7 +239,6 @@ class _Session:
         self, context: ClientRequestContext, params: mcp_types.ElicitRequestParams
     ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
         """Tie the elicitation to the one call in flight (waiting for the others to end), then answer it."""
-        self.elicitations += 1
         async with self._changed:
             self._asking += 1
             self._changed.notify_all()

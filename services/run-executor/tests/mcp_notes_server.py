@@ -10,7 +10,9 @@ calls are in flight at once, ``die`` exits the process mid-call, ``ask`` asks th
 (``elicitation/create``), ``add_extra`` adds a tool (``notifications/tools/list_changed``).
 
 With ``--elicit-tools``, for the elicitation tests (``test_mcp_elicitation.py``), also: ``delete_note`` asks
-to confirm (a yes/no form) before it deletes, ``book`` asks for a small form (a day from a list, hours 1..8).
+to confirm (a yes/no form) before it deletes, ``book`` asks for a small form (a day from a list, hours 1..8),
+``purge`` asks to confirm through a resolver (``Resolve(Elicit)``: on an MCP 2026-07-28 session an
+``input_required`` result, on an older one ``elicitation/create``).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Annotated
 
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.elicitation import AcceptedElicitation
+from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
 from pydantic import BaseModel, Field
 
 server = MCPServer("notes")
@@ -136,6 +140,17 @@ async def book(room: str, ctx: Context) -> str:
     return f"booked {room} on {answer.data.day} for {answer.data.hours}h"
 
 
+def _ask_purge(name: str) -> Elicit[_Confirm]:
+    return Elicit(f"Purge the note {name}?", _Confirm)
+
+
+async def purge(name: str, answer: Annotated[ElicitationResult[_Confirm], Resolve(_ask_purge)]) -> str:
+    """Purge a note, after the user confirmed it (asked through a resolver)."""
+    if not isinstance(answer, AcceptedElicitation):
+        return f"not purged: {answer.action}"
+    return f"purged {name}" if answer.data.confirm else "kept"
+
+
 def _add_session_tools() -> None:
     for tool in (stats, rendezvous, die, add_extra, ask):
         server.add_tool(tool)
@@ -145,6 +160,6 @@ if __name__ == "__main__":
     if "--session-tools" in sys.argv[1:]:
         _add_session_tools()
     if "--elicit-tools" in sys.argv[1:]:
-        for tool in (delete_note, book):
+        for tool in (delete_note, book, purge):
             server.add_tool(tool)
     server.run()

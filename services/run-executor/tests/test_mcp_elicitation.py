@@ -60,19 +60,29 @@ async def pool() -> AsyncIterator[McpPool]:
         await pool.aclose()
 
 
-def _card(script: dict[str, Any], sandbox: Sandbox) -> AgentCard:
+PURGE = {
+    "steps": [
+        {"id": "purge", "call": {"tool": "notes__purge", "args": {"name": "note.txt"}}},
+        {"id": "done", "answer": "{{ results.purge.result }}"},
+    ]
+}
+
+
+def _card(script: dict[str, Any], sandbox: Sandbox, server: McpServer = SERVER) -> AgentCard:
     return REVIEWER.model_copy(
         update={
             "provider": ProviderConfig(kind="scripted", script=Script.model_validate(script)),
-            "tools": ToolPolicy(allow=["notes__delete_note", "notes__book"]),
-            "mcp_servers": [SERVER],
+            "tools": ToolPolicy(allow=["notes__delete_note", "notes__book", "notes__purge"]),
+            "mcp_servers": [server],
             "sandbox": sandbox,
         }
     )
 
 
-async def _start(executor: RunExecutor, pool: McpPool, script: dict[str, Any], work: Path) -> None:
-    card = _card(script, Sandbox(working_dir=work))
+async def _start(
+    executor: RunExecutor, pool: McpPool, script: dict[str, Any], work: Path, server: McpServer = SERVER
+) -> None:
+    card = _card(script, Sandbox(working_dir=work), server)
     await executor(cards=[card], card_tools={card.id: await list_card_tools(card, pool)})
 
 
@@ -118,6 +128,23 @@ async def test_a_confirmation_is_asked_as_options_and_the_answer_completes_the_c
     assert len(event_log.of_type("human.requested", event.runid)) == 1
     (called,) = event_log.of_type("run.tool_called", event.runid)
     assert called.data["tool"] == "notes__delete_note"
+
+
+async def test_an_input_required_question_of_an_mcp_2026_server_parks_the_run_the_same_way(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, pool: McpPool, tmp_path: Path
+) -> None:
+    modern = SERVER.model_copy(update={"protocol": "auto"})  # MCP 2026-07-28: input_required, no back-channel
+    await _start(executor, pool, PURGE, tmp_path, modern)
+    event = run_requested()
+    await bus.publish(event)
+    (requested,) = await _requests(event_log, event.runid, 1)
+    assert requested.question == "Purge the note note.txt?"
+    assert [o.id for o in requested.options] == ["yes", "no", "decline"]
+    await _answer(bus, requested, OptionAnswer(option_id="no"))
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=120)
+    assert completed.data["result"] == "kept"
+    await event_log.caught_up()
+    assert len(event_log.of_type("human.requested", event.runid)) == 1
 
 
 async def test_declining_tells_the_tool_decline(

@@ -182,6 +182,31 @@ async def test_an_elicitation_is_told_cancel_and_the_call_asks_for_the_answer(po
         await client.call("ask", {}, (other,))
 
 
+@pytest.mark.parametrize("protocol", ["handshake", "auto"])
+async def test_a_resolver_s_question_is_answered_from_the_record_on_either_protocol(protocol: str) -> None:
+    """``auto`` opens an MCP 2026-07-28 session: the server asks in an ``input_required`` result (no back-channel:
+    its ``ctx.elicit`` cannot even send ``elicitation/create``); ``handshake``: with ``elicitation/create``."""
+    pool = McpPool()
+    try:
+        server = SERVER.model_copy(update={"args": [*SERVER.args, "--elicit-tools"], "protocol": protocol})
+        client = McpClient(server, Sandbox(), pool)
+        with pytest.raises(ElicitationNeeded) as needed:
+            await client.call("purge", {"name": "a.txt"})
+        assert (needed.value.message, needed.value.position) == ("Purge the note a.txt?", 0)
+        schema = needed.value.requested_schema
+        yes = ElicitAnswer(
+            message="Purge the note a.txt?", requested_schema=schema, action="accept", content={"confirm": True}
+        )
+        assert json.loads(await client.call("purge", {"name": "a.txt"}, (yes,))) == {"result": "purged a.txt"}
+        no = yes.model_copy(update={"action": "decline", "content": None})
+        assert json.loads(await client.call("purge", {"name": "a.txt"}, (no,))) == {"result": "not purged: decline"}
+        if protocol == "auto":
+            with pytest.raises(McpToolFailed, match="no back-channel for server-initiated requests"):
+                await client.call("ask", {})
+    finally:
+        await pool.aclose()
+
+
 async def test_elicitations_of_calls_in_flight_together_cannot_be_told_apart_and_fail(pool: McpPool) -> None:
     client = McpClient(SERVER, Sandbox(), pool)
     results = await asyncio.gather(client.call("ask", {}), client.call("ask", {}), return_exceptions=True)

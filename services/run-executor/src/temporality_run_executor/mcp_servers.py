@@ -42,10 +42,17 @@ answered from the record. stdio carries no link from a server's request to the c
 elicitation is tied to the one call in flight on its session (it waits, bounded by the call's timeout, for
 the session's other calls to end); when several calls of the session elicit at once none can be told
 apart: each is told ``cancel`` and each call fails as a tool error (call it again). A URL-mode
-elicitation is declined (the call fails as a tool error). The ``input_required`` result of MCP 2026-07-28
-(a stateless retry with the input attached) is not used: sessions negotiate with ``initialize`` (at most
-2025-11-25), where servers elicit with ``elicitation/create``; a server that returns it anyway fails the
-call.
+elicitation is declined (the call fails as a tool error).
+
+A server declared with ``protocol: auto`` is probed with ``server/discover``; when it speaks MCP 2026-07-28
+its tools ask for input with an ``input_required`` result instead (the questions in the result, no
+server-to-client request): each elicitation in it is answered from the recorded answers that ask the same
+(message and schema) and the call is made again with the answers and the server's ``request_state``
+(at most :data:`MAX_INPUT_ROUNDS` rounds, all in this call); one with no recorded answer raises
+:class:`~.tools.ElicitationNeeded` as above. Nothing waits in the session either way: after the person's
+answer the call starts over, and the server asks again. Sampling and roots requests are not offered (the
+call fails as a tool error). The default (``handshake``) opens sessions with ``initialize`` (at most
+2025-11-25), where a server elicits with ``elicitation/create``.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ from typing import Any, Self
 import anyio
 import structlog
 from mcp import types as mcp_types
+from mcp.client._probe import negotiate_auto
 from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared._stream_protocols import ReadStream
@@ -76,6 +84,7 @@ from temporality_run_executor.tools import ElicitationNeeded, Tool, ToolContext
 __all__ = [
     "DEFAULT_IDLE_S",
     "DEFAULT_MAX_CALLS",
+    "MAX_INPUT_ROUNDS",
     "SEPARATOR",
     "McpClient",
     "McpPool",
@@ -91,6 +100,8 @@ SEPARATOR = "__"
 DEFAULT_IDLE_S = 300.0
 #: Calls in flight on one session at once.
 DEFAULT_MAX_CALLS = 4
+#: ``input_required`` results (MCP 2026-07-28) one call answers from the record before it fails.
+MAX_INPUT_ROUNDS = 10
 #: Seconds :meth:`McpPool.aclose` waits for the sessions to stop their servers (the SDK bounds each at ~6 s).
 _CLOSE_TIMEOUT_S = 15.0
 
@@ -139,6 +150,25 @@ class _Call:
         if self.needed is None:
             self.needed = ElicitationNeeded(params.message, schema, position)
         return mcp_types.ElicitResult(action="cancel")
+
+    def inputs(self, result: mcp_types.InputRequiredResult) -> mcp_types.InputResponses:
+        """The answers to an ``input_required`` result's requests, each from a recorded answer that asks the
+        same (message and schema); the first with none raises :class:`~.tools.ElicitationNeeded`."""
+        responses: mcp_types.InputResponses = {}
+        for key, request in sorted((result.input_requests or {}).items()):
+            if not isinstance(request, mcp_types.ElicitRequest):
+                raise McpToolFailed(f"it asked for {request.method}, which this client does not offer")
+            params = request.params
+            if not isinstance(params, mcp_types.ElicitRequestFormParams):
+                raise McpToolFailed(f"it asked the user to open a URL ({params.message}), which cannot be answered")
+            schema = dict(params.requested_schema)
+            recorded = next(
+                (a for a in self.answers if a.message == params.message and a.requested_schema == schema), None
+            )
+            if recorded is None:
+                raise ElicitationNeeded(params.message, schema, len(self.answers))
+            responses[key] = mcp_types.ElicitResult(action=recorded.action, content=recorded.content)
+        return responses
 
 
 class _WatchedStream:
@@ -225,7 +255,10 @@ class _Session:
                 elicitation_callback=self._on_elicitation,
             ) as session,
         ):
-            await session.initialize()
+            if self.server.protocol == "auto":
+                await negotiate_auto(session)  # MCP 2026-07-28 when the server speaks it, else initialize
+            else:
+                await session.initialize()
             self._ready.set_result(session)
             log.info("mcp.session_started", server=self.server.name)
             await self._stop.wait()
@@ -414,12 +447,14 @@ class McpClient:
             async with asyncio.timeout(timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):
                 await s.tools(client)  # current, for the SDK's validation of structured results
                 async with s.calling(elicited) as call:
-                    result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout_s)
+                    result = await _call(client, call, tool, arguments, timeout_s)
+        except ElicitationNeeded:  # asked in an input_required result: the run parks on a person
+            raise
         except TimeoutError:
             raise McpToolFailed(f"{name}: {tool} took longer than {timeout_s:g}s") from None
         except McpToolFailed as exc:
             raise McpToolFailed(f"{name}: could not run {tool}: {exc}") from exc
-        except Exception as exc:  # no server, a dead one, an error response, an input_required result
+        except Exception as exc:  # no server, a dead one, an error response
             raise McpToolFailed(f"{name}: could not run {tool}: {type(exc).__name__}: {_describe(exc)}") from exc
         if call.unanswerable is not None:
             raise McpToolFailed(f"{name}: {tool}: {call.unanswerable}, which cannot be answered; call it again")
@@ -429,6 +464,28 @@ class McpClient:
         if result.is_error:
             raise McpToolFailed(f"{name}: {tool}: {text}")
         return text
+
+
+async def _call(
+    client: ClientSession, call: _Call, tool: str, arguments: dict[str, Any], timeout_s: float
+) -> mcp_types.CallToolResult:
+    """``tools/call``; an ``input_required`` result (MCP 2026-07-28) answered from the record and the call made
+    again with the answers and the server's state, round after round."""
+    result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout_s, allow_input_required=True)
+    for _ in range(MAX_INPUT_ROUNDS):
+        if not isinstance(result, mcp_types.InputRequiredResult):
+            return result
+        result = await client.call_tool(
+            tool,
+            arguments,
+            read_timeout_seconds=timeout_s,
+            input_responses=call.inputs(result),
+            request_state=result.request_state,
+            allow_input_required=True,
+        )
+    if isinstance(result, mcp_types.InputRequiredResult):
+        raise McpToolFailed(f"it still asked for input after {MAX_INPUT_ROUNDS} rounds")
+    return result
 
 
 def _describe(exc: Exception) -> str:

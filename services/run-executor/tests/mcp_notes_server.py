@@ -18,6 +18,7 @@ to confirm (a yes/no form) before it deletes, ``book`` asks for a small form (a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sys
@@ -123,7 +124,8 @@ async def delete_note(name: str, ctx: Context) -> str:
         return f"not deleted: {answer.action}"
     if not answer.data.confirm:
         return "kept"
-    os.unlink(name)
+    with contextlib.suppress(FileNotFoundError):  # idempotent: a replayed call may delete it again
+        os.unlink(name)
     return f"deleted {name}"
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from executor_support import REVIEWER, RunExecutor, run_record, run_requested
+from executor_processes import Crash, Process, start_process
+from executor_support import REVIEWER, RunExecutor, run_record, run_requested, settled
 
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
@@ -195,6 +196,50 @@ async def test_a_form_answer_that_does_not_fit_is_refused_and_asked_again(
     await _answer(bus, second, TextAnswer(value="day: tuesday\nhours: 3"))
     (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=120)
     assert completed.data["result"] == "booked atrium on tuesday for 3h"
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "effect:Transition:waiting_for_human",  # the question published and the run parked: the ack lost
+        "tool_retried",  # the call made again with the answer (its side effect done), the turn not committed
+        "effect:SaveCheckpoint",  # (nth 2) the retried call's result committed, the next turn not begun
+    ],
+)
+async def test_a_crash_at_the_park_or_the_retry_asks_once_and_applies_the_answer_once(
+    bus: Bus,
+    event_log: EventLog,
+    nats_settings: NatsSettings,
+    processes: list[Process],
+    pool: McpPool,
+    tmp_path: Path,
+    point: str,
+) -> None:
+    """The driver dies (its connection closed at once, as kill -9 would) at a boundary of the elicitation's
+    path; the next process takes over: one human request, one resume, one result for the call."""
+    (tmp_path / "note.txt").write_text("old", encoding="utf-8")
+    card = _card(DELETE, Sandbox(working_dir=tmp_path))
+    tools = {card.id: await list_card_tools(card, pool)}
+    crash = Crash(point, nth=2 if point == "effect:SaveCheckpoint" else 1)
+    first = await start_process(nats_settings, "executor-1", [card], crash, tools)
+    processes.append(first)
+    event = run_requested()
+    await bus.publish(event)
+    (requested,) = await _requests(event_log, event.runid, 1)
+    await run_record(bus, event.runid, RunState.WAITING_FOR_HUMAN)
+    await _answer(bus, requested, OptionAnswer(option_id="yes"))
+    await asyncio.wait_for(crash.crashed.wait(), 60)
+    await first.end()
+    second = await start_process(nats_settings, "executor-2", [card], card_tools=tools)
+    processes.append(second)
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=120)
+    assert completed.data["result"] == "deleted note.txt"
+    await settled(bus)
+    await event_log.caught_up()
+    assert [e.data["request_id"] for e in event_log.of_type("human.requested", event.runid)] == [requested.request_id]
+    assert len(event_log.of_type("run.resumed", event.runid)) == 1
+    assert len(event_log.of_type("run.tool_called", event.runid)) == 1
+    assert len(event_log.of_type("run.completed", event.runid)) == 1
 
 
 # --------------------------------------------------------------------------- kill -9 while the question waits

@@ -18,6 +18,9 @@ A turn = one provider call + its tool calls, then a checkpoint (KV, AP-7) + ``ru
                       the answer, the timeout or the undeliverable reason becomes the tool result), or a
                       message queued in the checkpoint and framed into the conversation at the next
                       turn boundary (COL-4).
+an MCP tool asking for input mid-call (elicitation) -> the server told ``cancel``, the turn parked on a
+                      ``human.requested`` (the form as options or free text); the answer -> ``resuming``
+                      -> recorded -> ``running`` -> the call made again, answered from the record.
 anything for a run that has ended (an answer, an agent message) -> ``run.input_after_end``, acked.
 
 A handler that drives a run holds its lease (in the run record: holder and expiry, taken with

@@ -48,6 +48,13 @@ The rules the machine keeps:
   and every call gets its tool result in call order (:class:`ApplyParked`), a question not needed any
   more ``not_needed``. The calls must agree on ``wait_for`` (else none is asked); a waiting ``ask_agent``
   or a handoff never shares their turn.
+* **MCP elicitation (issue 6).** An MCP tool call that asks for the user's input mid-call
+  (:class:`ToolElicited`) parks the turn on a person like ``ask_human`` (the checkpoint's ``pending`` of
+  kind ``elicit``, ``elicit`` the call; at most one per turn, never with another waiting call). The
+  person's outcome is read against the form (:mod:`.elicitation`) and recorded (:class:`AnswerElicitation`)
+  -- or, not fitting, asked again -- and the next boundary makes the call again (:class:`RetryTool`), the
+  recorded answers given to the server; its result (:class:`ToolRetried`) completes the turn, or a further
+  question parks the run again.
 * **Finished runs keep their record, not their checkpoint (issue 11).** Every ending (:func:`_complete`,
   :func:`_fail`, :func:`_cancel`) arms the run's checkpoint retention (:class:`ArmRetention`) once the end
   is committed; its firing (:class:`RetentionFired`) removes the checkpoint of a run still finished

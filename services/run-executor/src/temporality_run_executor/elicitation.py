@@ -136,11 +136,11 @@ def render(message: str, schema: dict[str, Any], *, refused: str | None = None) 
             HumanOption(id=option_id, label=label[:200] or option_id)
             for option_id, (_, label) in zip(_option_ids(choices), choices, strict=True)
         ]
-        lines.append("A tool asks for this during a call; choose an option.")
+        lines.append("Choose an option.")
         return Form(message[:_MAX_TEXT] or "(no message)", "\n".join(lines)[:_MAX_TEXT], [*options, decline], False)
     fields = _fields(schema)
     required = set(schema.get("required") or [])
-    lines.append("A tool asks for this during a call. The form's fields:")
+    lines.append("The form's fields:")
     lines += [_describe(name, prop, name in required) for name, prop in fields.items()]
     if len(fields) == 1:
         lines.append("Answer with the value.")

@@ -256,7 +256,7 @@ class _Session:
             ) as session,
         ):
             if self.server.protocol == "auto":
-                await negotiate_auto(session)  # MCP 2026-07-28 when the server speaks it, else initialize
+                await negotiate_auto(session)  # the SDK's Client(mode="auto") policy: 2026-07-28, else initialize
             else:
                 await session.initialize()
             self._ready.set_result(session)

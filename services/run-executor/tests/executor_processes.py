@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -17,6 +17,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_run_executor.agents import AgentCard, AgentDirectory
 from temporality_run_executor.engine import Engine
 from temporality_run_executor.providers.factory import ProviderCache
+from temporality_run_executor.tools import Tool
 
 
 class ProcessKilled(Exception):
@@ -82,15 +83,19 @@ TAKEOVER_S = 1.0
 
 
 async def start_process(
-    settings: NatsSettings, name: str, cards: Sequence[AgentCard], crash: Crash | None = None
+    settings: NatsSettings,
+    name: str,
+    cards: Sequence[AgentCard],
+    crash: Crash | None = None,
+    card_tools: Mapping[str, list[Tool]] | None = None,
 ) -> Process:
-    """An executor serving ``cards`` with fast retries (backoff 0.05, 0.1 s) and an ack wait and lease of
-    :data:`TAKEOVER_S`, its consumers running."""
+    """An executor serving ``cards`` (their MCP tools: ``card_tools``) with fast retries (backoff 0.05, 0.1 s)
+    and an ack wait and lease of :data:`TAKEOVER_S`, its consumers running."""
     stack = contextlib.AsyncExitStack()
     settings = settings.model_copy(update={"ack_wait_s": TAKEOVER_S})
     bus = await stack.enter_async_context(Bus.connect(settings, name=name))
     cache = ProviderCache()
-    engine = await Engine.open(bus, AgentDirectory(list(cards)), cache, max_deliver=8)
+    engine = await Engine.open(bus, AgentDirectory(list(cards)), cache, max_deliver=8, card_tools=card_tools)
     process = Process(engine, bus, stack, cache, crash=crash)
     if crash is not None:
         crash.bus = bus

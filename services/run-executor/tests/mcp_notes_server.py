@@ -8,18 +8,26 @@ With ``--session-tools``, for the session tests (``test_mcp_sessions.py``), also
 and how many calls it has served (one process per session), ``rendezvous`` waits (bounded) until ``n``
 calls are in flight at once, ``die`` exits the process mid-call, ``ask`` asks the user for input
 (``elicitation/create``), ``add_extra`` adds a tool (``notifications/tools/list_changed``).
+
+With ``--elicit-tools``, for the elicitation tests (``test_mcp_elicitation.py``), also: ``delete_note`` asks
+to confirm (a yes/no form) before it deletes, ``book`` asks for a small form (a day from a list, hours 1..8),
+``purge`` asks to confirm through a resolver (``Resolve(Elicit)``: on an MCP 2026-07-28 session an
+``input_required`` result, on an older one ``elicitation/create``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sys
 from pathlib import Path
+from typing import Annotated
 
-from mcp.server.mcpserver import Context, MCPServer
-from pydantic import BaseModel
+from mcp.server.elicitation import AcceptedElicitation
+from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
+from pydantic import BaseModel, Field
 
 server = MCPServer("notes")
 _calls = 0
@@ -105,6 +113,46 @@ async def ask(ctx: Context) -> str:
     return f"answered: {answer.action}"
 
 
+class _Confirm(BaseModel):
+    confirm: bool = Field(description="Delete it for good?")
+
+
+async def delete_note(name: str, ctx: Context) -> str:
+    """Delete a note, after the user confirmed it."""
+    answer = await ctx.elicit(f"Delete the note {name}?", _Confirm)
+    if answer.action != "accept":
+        return f"not deleted: {answer.action}"
+    if not answer.data.confirm:
+        return "kept"
+    with contextlib.suppress(FileNotFoundError):  # idempotent: a replayed call may delete it again
+        os.unlink(name)
+    return f"deleted {name}"
+
+
+class _Booking(BaseModel):
+    day: str = Field(json_schema_extra={"enum": ["monday", "tuesday"]}, description="Which day")
+    hours: int = Field(ge=1, le=8, description="How long")
+
+
+async def book(room: str, ctx: Context) -> str:
+    """Book a room, asking the user for the day and hours."""
+    answer = await ctx.elicit(f"When should {room} be booked?", _Booking)
+    if answer.action != "accept":
+        return f"not booked: {answer.action}"
+    return f"booked {room} on {answer.data.day} for {answer.data.hours}h"
+
+
+def _ask_purge(name: str) -> Elicit[_Confirm]:
+    return Elicit(f"Purge the note {name}?", _Confirm)
+
+
+async def purge(name: str, answer: Annotated[ElicitationResult[_Confirm], Resolve(_ask_purge)]) -> str:
+    """Purge a note, after the user confirmed it (asked through a resolver)."""
+    if not isinstance(answer, AcceptedElicitation):
+        return f"not purged: {answer.action}"
+    return f"purged {name}" if answer.data.confirm else "kept"
+
+
 def _add_session_tools() -> None:
     for tool in (stats, rendezvous, die, add_extra, ask):
         server.add_tool(tool)
@@ -113,4 +161,7 @@ def _add_session_tools() -> None:
 if __name__ == "__main__":
     if "--session-tools" in sys.argv[1:]:
         _add_session_tools()
+    if "--elicit-tools" in sys.argv[1:]:
+        for tool in (delete_note, book, purge):
+            server.add_tool(tool)
     server.run()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,15 +21,15 @@ from temporality_bus import Bus, NatsSettings
 from temporality_protocol import ToolFailed
 from temporality_run_executor.agents import AgentCard, McpServer, ProviderConfig, Sandbox
 from temporality_run_executor.mcp_servers import (
-    ELICITATION_UNSUPPORTED,
     McpClient,
     McpPool,
     McpToolFailed,
     list_card_tools,
 )
 from temporality_run_executor.providers.script import Script
+from temporality_run_executor.records import ElicitAnswer
 from temporality_run_executor.settings import Settings
-from temporality_run_executor.tools import ToolPolicy
+from temporality_run_executor.tools import ElicitationNeeded, ToolPolicy
 from temporality_testing.events import EventLog
 from temporality_testing.inprocess import serving
 
@@ -166,13 +165,56 @@ async def _has(names: Awaitable[set[str]], name: str) -> bool:
     return name in await names
 
 
-async def test_elicitation_fails_the_call_with_a_clear_error(pool: McpPool) -> None:
+async def test_an_elicitation_is_told_cancel_and_the_call_asks_for_the_answer(pool: McpPool) -> None:
     client = McpClient(SERVER, Sandbox(), pool)
-    with pytest.raises(
-        McpToolFailed, match=re.escape(f"notes: could not run ask: MCPError: {ELICITATION_UNSUPPORTED}")
-    ):
+    with pytest.raises(ElicitationNeeded) as needed:
         await client.call("ask", {})
+    assert (needed.value.message, needed.value.position) == ("Keep the note?", 0)
+    schema = needed.value.requested_schema
+    assert schema["properties"]["keep"]["type"] == "boolean"
     assert (await stats(client))["calls"] == 0  # the session is still good
+    accepted = ElicitAnswer(message="Keep the note?", requested_schema=schema, action="accept", content={"keep": True})
+    assert json.loads(await client.call("ask", {}, (accepted,))) == {"result": "answered: accept"}
+    declined = accepted.model_copy(update={"action": "decline", "content": None})
+    assert json.loads(await client.call("ask", {}, (declined,))) == {"result": "answered: decline"}
+    other = accepted.model_copy(update={"message": "Keep another note?"})
+    with pytest.raises(ElicitationNeeded):  # a recorded answer to another question does not answer this one
+        await client.call("ask", {}, (other,))
+
+
+@pytest.mark.parametrize("protocol", ["handshake", "auto"])
+async def test_a_resolver_s_question_is_answered_from_the_record_on_either_protocol(protocol: str) -> None:
+    """``auto`` opens an MCP 2026-07-28 session: the server asks in an ``input_required`` result (no back-channel:
+    its ``ctx.elicit`` cannot even send ``elicitation/create``); ``handshake``: with ``elicitation/create``."""
+    pool = McpPool()
+    try:
+        server = SERVER.model_copy(update={"args": [*SERVER.args, "--elicit-tools"], "protocol": protocol})
+        client = McpClient(server, Sandbox(), pool)
+        with pytest.raises(ElicitationNeeded) as needed:
+            await client.call("purge", {"name": "a.txt"})
+        assert (needed.value.message, needed.value.position) == ("Purge the note a.txt?", 0)
+        schema = needed.value.requested_schema
+        yes = ElicitAnswer(
+            message="Purge the note a.txt?", requested_schema=schema, action="accept", content={"confirm": True}
+        )
+        assert json.loads(await client.call("purge", {"name": "a.txt"}, (yes,))) == {"result": "purged a.txt"}
+        no = yes.model_copy(update={"action": "decline", "content": None})
+        assert json.loads(await client.call("purge", {"name": "a.txt"}, (no,))) == {"result": "not purged: decline"}
+        if protocol == "auto":
+            with pytest.raises(McpToolFailed, match="no back-channel for server-initiated requests"):
+                await client.call("ask", {})
+    finally:
+        await pool.aclose()
+
+
+async def test_elicitations_of_calls_in_flight_together_cannot_be_told_apart_and_fail(pool: McpPool) -> None:
+    client = McpClient(SERVER, Sandbox(), pool)
+    results = await asyncio.gather(client.call("ask", {}), client.call("ask", {}), return_exceptions=True)
+    for result in results:
+        assert isinstance(result, McpToolFailed), result
+        assert "calls were in flight on its session, which cannot be answered; call it again" in str(result)
+    with pytest.raises(ElicitationNeeded):  # alone, it is tied to its call again
+        await client.call("ask", {})
 
 
 def _card(script: dict[str, Any], card_id: str = "reviewer") -> AgentCard:

@@ -111,6 +111,10 @@ class McpServer(_Strict):
     env: dict[Annotated[str, Field(pattern=_ENV_NAME)], str] = Field(default_factory=dict)
     #: Seconds one tool call may take.
     timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    #: How the session is opened: ``handshake`` (``initialize``, at most MCP 2025-11-25: a tool asks for input
+    #: with ``elicitation/create``) or ``auto`` (``server/discover`` first: MCP 2026-07-28 when the server speaks
+    #: it, where a tool asks with an ``input_required`` result; else ``initialize``).
+    protocol: Literal["handshake", "auto"] = "handshake"
 
     @model_validator(mode="after")
     def _command_exists(self) -> McpServer:

@@ -18,6 +18,9 @@ A turn = one provider call + its tool calls, then a checkpoint (KV, AP-7) + ``ru
                       the answer, the timeout or the undeliverable reason becomes the tool result), or a
                       message queued in the checkpoint and framed into the conversation at the next
                       turn boundary (COL-4).
+an MCP tool asking for input mid-call (elicitation) -> the server told ``cancel``, the turn parked on a
+                      ``human.requested`` (the form as options or free text); the answer -> ``resuming``
+                      -> recorded -> ``running`` -> the call made again, answered from the record.
 anything for a run that has ended (an answer, an agent message) -> ``run.input_after_end``, acked.
 
 A handler that drives a run holds its lease (in the run record: holder and expiry, taken with
@@ -108,6 +111,7 @@ from temporality_run_executor.machine import (
     ACTIVE,
     AdoptCancelMarker,
     Agent,
+    AnswerElicitation,
     ApplyParked,
     ApplyResult,
     ArmRetention,
@@ -141,11 +145,14 @@ from temporality_run_executor.machine import (
     Requested,
     RetentionFired,
     Retry,
+    RetryTool,
     RunMovedOn,
     SaveCheckpoint,
     TakeLease,
     ToolBroke,
+    ToolElicited,
     ToolOutput,
+    ToolRetried,
     ToolReturned,
     Transition,
     WatchdogFired,
@@ -154,6 +161,7 @@ from temporality_run_executor.machine import (
     apply_result,
     decide,
     delivered,
+    elicitation_answered,
     flagged,
     human_outcome,
     leased,
@@ -168,7 +176,14 @@ from temporality_run_executor.machine import (
 from temporality_run_executor.providers import PermanentProviderError, Provider, ProviderError
 from temporality_run_executor.records import CancelRequest, Checkpoint, RunRecord
 from temporality_run_executor.retention import DEFAULT_RETENTION_S, CheckpointRetention, RetentionPayload
-from temporality_run_executor.tools import BUILTIN_TOOLS, Tool, ToolContext, ToolError, ToolRegistry
+from temporality_run_executor.tools import (
+    BUILTIN_TOOLS,
+    ElicitationNeeded,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolRegistry,
+)
 from temporality_run_executor.watchdog import DEFAULT_GRACE_S, RunWatchdog, WatchdogPayload
 
 __all__ = ["ACTIVE", "SOURCE", "Clock", "Engine", "ProviderFactory", "RunMovedOn"]
@@ -512,6 +527,11 @@ class Engine:
             returned = await self._leased(view, self._call_tool(view, then))
             await self._seam("tool_returned")
             return returned
+        if isinstance(then, RetryTool):
+            view.run_current = False
+            retried = await self._leased(view, self._retry_tool(view, then))
+            await self._seam("tool_retried")
+            return retried
         return then
 
     async def _seam(self, *point: str) -> None:
@@ -606,6 +626,9 @@ class Engine:
                     view, lambda c: apply_result(c, effect.request_id, effect.content, self.clock(), effect.key)
                 )
                 view.checkpoint, view.checkpoint_current = Versioned(applied.value, applied.revision), True
+            case AnswerElicitation():
+                answered = await self._modify_checkpoint(view, lambda c: elicitation_answered(c, effect, self.clock()))
+                view.checkpoint, view.checkpoint_current = Versioned(answered.value, answered.revision), True
             case RecordOutcome():
                 kept = await self._modify_checkpoint(view, lambda c: recorded(c, effect.outcome))
                 view.checkpoint, view.checkpoint_current = Versioned(kept.value, kept.revision), True
@@ -690,18 +713,45 @@ class Engine:
         ctx = ToolContext(
             run=run, turn=turn, index=call.index, call_id=tool_call.id, publish=publish, request=self.bus.request
         )
-        outcome: ToolOutput | ToolBroke
-        try:
-            outcome = ToolOutput(await plan.tool.invoke(tool_call.arguments, ctx))
-        except ToolError as exc:
-            outcome = ToolOutput(tool_error(str(exc)))
-        except (TransientError, Conflict):
-            raise  # the bus, not the tool: redelivered
-        except Exception as exc:  # the tool broke: say so, and let the model carry on without it
-            outcome = ToolBroke(f"{type(exc).__name__}: {exc}")
+        outcome = await self._invoke(plan.tool, tool_call.arguments, ctx)
         return ToolReturned(
             turn=call.turn, index=call.index, outcome=outcome, elapsed_s=time.monotonic() - view.turn_started
         )
+
+    async def _retry_tool(self, view: _View, retry: RetryTool) -> ToolRetried:
+        """The call that parked the run on its elicitation, made again with the person's answers."""
+        assert view.run is not None
+        run = view.run
+        elicitation = retry.elicitation
+
+        async def publish(data: EventData, id_parts: tuple[str, ...]) -> None:
+            await self._emit(run, data, *id_parts)
+
+        ctx = ToolContext(
+            run=run,
+            turn=elicitation.turn,
+            index=elicitation.index,
+            call_id=elicitation.call.id,
+            publish=publish,
+            request=self.bus.request,
+            elicited=tuple(elicitation.answers),
+        )
+        started = time.monotonic()
+        outcome = await self._invoke(retry.tool, elicitation.call.arguments, ctx)
+        return ToolRetried(elicitation=elicitation, outcome=outcome, elapsed_s=time.monotonic() - started)
+
+    @staticmethod
+    async def _invoke(tool: Tool, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput | ToolBroke | ToolElicited:
+        try:
+            return ToolOutput(await tool.invoke(arguments, ctx))
+        except ToolError as exc:
+            return ToolOutput(tool_error(str(exc)))
+        except ElicitationNeeded as asked:  # the run parks on a person; the call is made again with the answer
+            return ToolElicited(asked.message, asked.requested_schema, asked.position)
+        except (TransientError, Conflict):
+            raise  # the bus, not the tool: redelivered
+        except Exception as exc:  # the tool broke: say so, and let the model carry on without it
+            return ToolBroke(f"{type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------------ plumbing
     async def _save_checkpoint(self, view: _View, saved: Checkpoint) -> Versioned[Checkpoint]:

@@ -48,6 +48,13 @@ The rules the machine keeps:
   and every call gets its tool result in call order (:class:`ApplyParked`), a question not needed any
   more ``not_needed``. The calls must agree on ``wait_for`` (else none is asked); a waiting ``ask_agent``
   or a handoff never shares their turn.
+* **MCP elicitation (issue 6).** An MCP tool call that asks for the user's input mid-call
+  (:class:`ToolElicited`) parks the turn on a person like ``ask_human`` (the checkpoint's ``pending`` of
+  kind ``elicit``, ``elicit`` the call; at most one per turn, never with another waiting call). The
+  person's outcome is read against the form (:mod:`.elicitation`) and recorded (:class:`AnswerElicitation`)
+  -- or, not fitting, asked again -- and the next boundary makes the call again (:class:`RetryTool`), the
+  recorded answers given to the server; its result (:class:`ToolRetried`) completes the turn, or a further
+  question parks the run again.
 * **Finished runs keep their record, not their checkpoint (issue 11).** Every ending (:func:`_complete`,
   :func:`_fail`, :func:`_cancel`) arms the run's checkpoint retention (:class:`ArmRetention`) once the end
   is committed; its firing (:class:`RetentionFired`) removes the checkpoint of a run still finished
@@ -111,11 +118,14 @@ from temporality_protocol import (
 )
 from temporality_protocol.redaction import process_redactor
 from temporality_run_executor.agents import AgentCard, Limits
+from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, render
 from temporality_run_executor.providers.base import AssistantTurn, ToolSpec, TurnContext
 from temporality_run_executor.records import (
     AgentMail,
     CancelRequest,
     Checkpoint,
+    ElicitAnswer,
+    Elicitation,
     Lease,
     Message,
     ParkedOutcome,
@@ -129,6 +139,7 @@ from temporality_run_executor.results import (
     AgentAnsweredResult,
     AgentTimedOutResult,
     AgentUndeliverableResult,
+    HumanAnsweredResult,
     HumanNotNeededResult,
     HumanResult,
     human_result,
@@ -155,11 +166,13 @@ from temporality_run_executor.watchdog import WatchdogPayload
 
 __all__ = [
     "ACTIVE",
+    "MAX_ELICITATIONS",
     "MAX_HANDOFF_DEPTH",
     "MAX_TEXT",
     "AdoptCancelMarker",
     "Agent",
     "AgentNews",
+    "AnswerElicitation",
     "ApplyParked",
     "ApplyResult",
     "ArmRetention",
@@ -199,13 +212,16 @@ __all__ = [
     "Requested",
     "RetentionFired",
     "Retry",
+    "RetryTool",
     "RunMovedOn",
     "SaveCheckpoint",
     "TakeLease",
     "Then",
     "ToolBroke",
+    "ToolElicited",
     "ToolOutput",
     "ToolPlan",
+    "ToolRetried",
     "ToolReturned",
     "Transition",
     "TurnInFlight",
@@ -216,6 +232,8 @@ __all__ = [
     "decide",
     "delivered",
     "drives",
+    "elicit_request_id",
+    "elicitation_answered",
     "flagged",
     "frame",
     "handed_off_to",
@@ -410,6 +428,20 @@ class ToolBroke:
 
 
 @dataclass(frozen=True)
+class ToolElicited:
+    """The tool asked for the user's input mid-call (an MCP elicitation) that no recorded answer fits
+    (:class:`~.tools.ElicitationNeeded`): the run parks on a person, then the call is made again."""
+
+    message: str
+    requested_schema: dict[str, Any]
+    #: Which of the call's elicitations it is (0: its first).
+    position: int
+
+
+ToolOutcome = ToolOutput | ToolBroke | ToolElicited
+
+
+@dataclass(frozen=True)
 class Invoke:
     """Run the tool (the driver does, with the call's arguments)."""
 
@@ -461,6 +493,9 @@ class TurnInFlight:
     plans: tuple[ToolPlan, ...]
     #: The tool messages of the calls handled so far, in call order (parked calls have none yet).
     results: tuple[Message, ...] = ()
+    #: An MCP tool call of the turn that asked for the user's input (at most one per turn), and its ask.
+    elicited: Elicitation | None = None
+    elicit_pending: PendingAsk | None = None
 
     @property
     def calls(self) -> list[ToolCall]:
@@ -468,7 +503,7 @@ class TurnInFlight:
 
     @property
     def pending(self) -> PendingAsk | None:
-        return next((plan.pending for plan in self.plans if isinstance(plan, Ask)), None)
+        return next((plan.pending for plan in self.plans if isinstance(plan, Ask)), self.elicit_pending)
 
     @property
     def parked(self) -> list[PendingAsk]:
@@ -484,8 +519,18 @@ class TurnInFlight:
 class ToolReturned:
     turn: TurnInFlight
     index: int
-    outcome: ToolOutput | ToolBroke
+    outcome: ToolOutcome
     #: Seconds since the turn's provider call began.
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class ToolRetried:
+    """What the call parked on its elicitation returned when made again with the person's answers."""
+
+    elicitation: Elicitation
+    outcome: ToolOutcome
+    #: Seconds the call took.
     elapsed_s: float
 
 
@@ -529,6 +574,7 @@ Incoming = (
     | ProviderReplied
     | ProviderFailed
     | ToolReturned
+    | ToolRetried
     | WatchdogFired
     | RetentionFired
     | DeadLettered
@@ -577,6 +623,16 @@ class ApplyResult:
     content: str
     #: The key of the agent event that ended the wait (``None``: a person's outcome).
     key: str | None = None
+
+
+@dataclass(frozen=True)
+class AnswerElicitation:
+    """The person's outcome for the run's elicitation ``request_id`` (:func:`elicitation_answered`, through
+    ``Store.modify``): ``answer`` recorded for the retried call, or (``repark``) the question asked again."""
+
+    request_id: str
+    answer: ElicitAnswer | None = None
+    repark: PendingAsk | None = None
 
 
 @dataclass(frozen=True)
@@ -701,6 +757,7 @@ Effect = (
     | CreateCheckpoint
     | SaveCheckpoint
     | ApplyResult
+    | AnswerElicitation
     | RecordOutcome
     | ApplyParked
     | QueueMail
@@ -739,7 +796,16 @@ class CallTool:
     index: int
 
 
-Then = Incoming | CallProvider | CallTool | None
+@dataclass(frozen=True)
+class RetryTool:
+    """Make the call parked on its elicitation again, with the person's answers (:attr:`Elicitation.answers`);
+    its outcome comes back as :class:`ToolRetried`."""
+
+    elicitation: Elicitation
+    tool: Tool
+
+
+Then = Incoming | CallProvider | CallTool | RetryTool | None
 
 
 @dataclass(frozen=True)
@@ -799,6 +865,8 @@ def decide(
             return _provider_failed(run, checkpoint, incoming, attempt)
         case ToolReturned():
             return _tool_returned(run, checkpoint, agent, incoming, now)
+        case ToolRetried():
+            return _tool_retried(run, checkpoint, agent, incoming, now)
         case WatchdogFired():
             return _watchdog_fired(run, checkpoint, agent, incoming, now, attempt)
         case RetentionFired():
@@ -909,6 +977,8 @@ def _human_outcome(
             return _decision(Note("human.outcome.cancels_run", fields={"request_id": request_id}))
         return _resume(run, ckpt, agent, incoming, attempt, wait_id=request_id)
     if run.state is RunState.RESUMING:
+        if ckpt.elicit is not None:
+            return _apply(run, _elicitation_outcome(run, ckpt, incoming, now), attempt, now)
         return _apply(run, ApplyResult(request_id, tool_content(incoming.result)), attempt, now)
     if run.state is RunState.RUNNING:
         if ckpt.pending is not None and ckpt.pending.request_id == request_id:
@@ -963,7 +1033,9 @@ def _resume(
     )
 
 
-def _apply(run: RunRecord, applying: ApplyResult | ApplyParked, attempt: Attempt, now: datetime) -> Decision:
+def _apply(
+    run: RunRecord, applying: ApplyResult | ApplyParked | AnswerElicitation, attempt: Attempt, now: datetime
+) -> Decision:
     """A resuming run takes its lease, gets its tool result(s) (``applying``) and runs on."""
     if _held_by_other(run, attempt, now):
         return _decision(_lease_held(run))
@@ -1166,6 +1238,8 @@ def _boundary(
         return _park(run, ckpt)
     if _held_by_other(run, attempt, now):  # our lease expired mid-turn and another handler took over
         return _decision(Note("run.lease.lost", "warning", {"holder": run.lease.holder if run.lease else None}))
+    if ckpt.elicit is not None:  # the person answered the call's elicitation: make the call again
+        return _retry(run, ckpt, agent, attempt, now)
     child = handed_off_to(ckpt)
     if child is not None:  # a crash after the handoff's turn was committed: the run still ends, handed off
         return _decision(*_complete(run, _handed_off_result(child), _totals(ckpt)))
@@ -1218,6 +1292,14 @@ def _park(run: RunRecord, ckpt: Checkpoint) -> Decision:
             DisarmWatchdog(),
             Transition(RunState.WAITING_FOR_AGENT, waiting),
             Note("run.parked", fields={"request_id": pending.request_id, "to": asked.to}),
+            then=Parked(),
+        )
+    if pending.kind == "elicit":
+        return _decision(
+            Publish(_elicit_requested(run, pending), (pending.request_id,)),
+            DisarmWatchdog(),
+            Transition(RunState.WAITING_FOR_HUMAN, waiting),
+            Note("run.parked", fields={"request_id": pending.request_id, "elicitation": pending.arguments["tool"]}),
             then=Parked(),
         )
     args = AskHumanArgs.model_validate(pending.arguments)
@@ -1309,7 +1391,7 @@ def _plan_calls(
         else:
             plan = _plan_call(run, ckpt, agent, turn, index, call, waiting, policy, answered, now)
         if isinstance(plan, Ask) and waiting is None:
-            waiting = plan.pending.kind
+            waiting = "agent" if plan.pending.kind == "agent" else "human"
         handed = handed or (isinstance(plan, Emit) and plan.handoff is not None)
         if isinstance(plan, Emit) and plan.answers is not None:
             answered.add(plan.answers)
@@ -1576,6 +1658,186 @@ def _plan_handoff(run: RunRecord, agent: Agent, turn: int, call: ToolCall) -> To
     )
 
 
+# --------------------------------------------------------------------------- MCP elicitation (issue 6)
+#: Elicitations one call may make (each a question to a person) before it fails as a tool error.
+MAX_ELICITATIONS = 10
+
+
+def elicit_request_id(run_id: str, elicitation: Elicitation, asked: ToolElicited, attempt: int) -> str:
+    """The human request of an elicitation: from the run, the call (turn, index), which of its elicitations it
+    is, what it asks (a different question at the same place is another request) and the attempt (an answer
+    that did not fit is asked again) -- the same on every replay."""
+    schema = json.dumps(asked.requested_schema, sort_keys=True)
+    parts = (str(elicitation.turn), str(elicitation.index), str(asked.position), str(attempt), asked.message, schema)
+    return derive_id("hr", run_id, "elicit", *parts)
+
+
+def _elicit_refusal(run: RunRecord, turn: TurnInFlight, asked: ToolElicited) -> str | None:
+    """Why a call's elicitation cannot park this turn (the call then fails as a tool error), or ``None``."""
+    what = "the tool asked for the user's input mid-call"
+    if turn.parked:
+        return f"{what}, but this reply already waits (ask_human, ask_agent mode=wait): call it again on its own"
+    if any(isinstance(plan, Emit) and plan.handoff is not None for plan in turn.plans):
+        return f"{what}, but this run hands its task off in this reply"
+    if turn.elicited is not None:
+        return f"{what}, but another tool of this reply already waits for the user's input: call it again after"
+    return _elicit_problem(run, asked)
+
+
+def _elicit_problem(run: RunRecord, asked: ToolElicited) -> str | None:
+    what = "the tool asked for the user's input mid-call"
+    if not run.human.allowed_recipients:
+        return f"{what}, and this run may ask nobody (its trigger allows no recipients)"
+    problem = form_problem(asked.requested_schema)
+    if problem is not None:
+        return f"{what} with a form that cannot be asked: {problem}"
+    if asked.position >= MAX_ELICITATIONS:
+        return f"{what} more than {MAX_ELICITATIONS} times in one call"
+    return None
+
+
+def _elicit_pending(
+    run: RunRecord, elicitation: Elicitation, asked: ToolElicited, attempt: int, refused: str | None, now: datetime
+) -> PendingAsk:
+    """The ask a call's elicitation parks the run on: the run's person (its first allowed recipient)."""
+    return PendingAsk(
+        kind="elicit",
+        request_id=elicit_request_id(run.run_id, elicitation, asked, attempt),
+        call_id=elicitation.call.id,
+        turn=elicitation.turn,
+        asked_at=now,
+        arguments={
+            "recipient": run.human.allowed_recipients[0],
+            "tool": elicitation.call.name,
+            "message": asked.message,
+            "requested_schema": asked.requested_schema,
+            "position": asked.position,
+            "attempt": attempt,
+            "refused": refused,
+        },
+    )
+
+
+def _elicit_requested(run: RunRecord, pending: PendingAsk) -> HumanRequested:
+    """``human.requested`` for an elicitation: the form rendered as options or free text (:mod:`.elicitation`)."""
+    args = pending.arguments
+    form = render(str(args["message"]), dict(args["requested_schema"]), refused=args.get("refused"))
+    policy = run.human
+    timeout = min(policy.default_timeout_s, policy.max_timeout_s)
+    requested = HumanRequested(
+        request_id=pending.request_id,
+        run_id=run.run_id,
+        agent=run.agent,
+        title=run.title,
+        recipient=str(args["recipient"]),
+        question=form.question,
+        context=f"The tool {args['tool']} asks during a call.\n{form.context}"[:MAX_TEXT],
+        options=form.options,
+        allow_free_text=form.allow_free_text,
+        timeout_s=timeout,
+        expires_at=pending.asked_at + timedelta(seconds=timeout),
+        policy=policy,
+        turn=pending.turn,
+        source_link=run.event.source_link if run.event else None,
+    )
+    return process_redactor().human_requested(requested)  # SEC-1: no secret on the bus or in the journal
+
+
+def _elicitation_outcome(run: RunRecord, ckpt: Checkpoint, incoming: HumanOutcome, now: datetime) -> AnswerElicitation:
+    """What the person's outcome tells the server: ``accept`` with the form's values, ``decline`` (the person
+    chose it), ``cancel`` (no answer in time, a rejected request, or too many answers that did not fit); an
+    answer that does not fit the form is asked again, saying why."""
+    request_id = incoming.request_id
+    pending = ckpt.pending
+    if pending is None or pending.kind != "elicit" or pending.request_id != request_id:
+        return AnswerElicitation(request_id)  # applied already (a redelivery): nothing to do
+    args = pending.arguments
+    message, schema = str(args["message"]), dict(args["requested_schema"])
+    result = incoming.result
+    if not isinstance(result, HumanAnsweredResult):
+        return AnswerElicitation(request_id, ElicitAnswer(message=message, requested_schema=schema, action="cancel"))
+    got = read(schema, result.answer)
+    if got.action is not None:
+        answer = ElicitAnswer(message=message, requested_schema=schema, action=got.action, content=got.content)
+        return AnswerElicitation(request_id, answer)
+    attempt = int(args.get("attempt") or 0) + 1
+    if attempt >= MAX_REFUSED:
+        return AnswerElicitation(request_id, ElicitAnswer(message=message, requested_schema=schema, action="cancel"))
+    assert ckpt.elicit is not None
+    asked = ToolElicited(message, schema, int(args.get("position") or 0))
+    return AnswerElicitation(request_id, repark=_elicit_pending(run, ckpt.elicit, asked, attempt, got.refused, now))
+
+
+def _retry(run: RunRecord, ckpt: Checkpoint, agent: Agent, attempt: Attempt, now: datetime) -> Decision:
+    """Make the call parked on its elicitation again, now that its answers are recorded."""
+    elicitation = ckpt.elicit
+    assert elicitation is not None
+    tool = agent.tools.get(elicitation.call.name)
+    if tool is None or tool.implementation is None:  # the card lost the tool meanwhile (a restart with a new card)
+        content = tool_error(f"the tool {elicitation.call.name!r} is not available any more")
+        return _retried(run, ckpt, elicitation, content, 0.0, (), now)
+    return _decision(
+        TakeLease(_lease(attempt, now), renew=True),
+        ArmWatchdog(ckpt.turn, agent.card.limits.max_compute_s, attempt.cause("elicit")),
+        then=RetryTool(elicitation, tool),
+    )
+
+
+def _tool_retried(
+    run: RunRecord | None, ckpt: Checkpoint | None, agent: Agent | None, incoming: ToolRetried, now: datetime
+) -> Decision:
+    """The retried call's outcome: its tool message (the turn is complete), or another elicitation to ask."""
+    if run is None or run.state is not RunState.RUNNING or ckpt is None or ckpt.elicit != incoming.elicitation:
+        return _decision(Note("run.moved_on", "warning", {"detail": "the retried call's run moved on; dropped"}))
+    elicitation, outcome = incoming.elicitation, incoming.outcome
+    call = elicitation.call
+    effects: list[Effect] = []
+    if isinstance(outcome, ToolElicited):
+        problem = _elicit_problem(run, outcome)
+        if problem is None:
+            kept = evolve(elicitation, answers=elicitation.answers[: outcome.position])
+            pending = _elicit_pending(run, kept, outcome, 0, None, now)
+            saved = evolve(
+                ckpt, pending=pending, elicit=kept, compute_s=ckpt.compute_s + incoming.elapsed_s, saved_at=now
+            )
+            fields = {"turn": elicitation.turn, "call_id": call.id, "tool": call.name, "request_id": pending.request_id}
+            return Decision((Note("run.tool_call.elicited", fields=fields), SaveCheckpoint(saved)), Boundary())
+        content = tool_error(problem)
+    elif isinstance(outcome, ToolBroke):
+        fields = {"turn": elicitation.turn, "call_id": call.id, "tool": call.name, "error": outcome.error}
+        failed = ToolFailed(
+            run_id=run.run_id, turn=elicitation.turn, call_id=call.id, tool=call.name, error=outcome.error[:4096]
+        )
+        effects += [
+            Note("tool.failed", "warning", fields),
+            Publish(failed, (str(elicitation.turn), str(elicitation.index))),
+        ]
+        content = tool_error(f"the tool {call.name!r} failed: {outcome.error}")
+    else:
+        content = outcome.content
+    return _retried(run, ckpt, elicitation, content, incoming.elapsed_s, tuple(effects), now)
+
+
+def _retried(
+    run: RunRecord,
+    ckpt: Checkpoint,
+    elicitation: Elicitation,
+    content: str,
+    elapsed_s: float,
+    effects: tuple[Effect, ...],
+    now: datetime,
+) -> Decision:
+    saved = evolve(
+        ckpt,
+        messages=[*ckpt.messages, _tool_message(elicitation.call, content)],
+        elicit=None,
+        compute_s=ckpt.compute_s + elapsed_s,
+        saved_at=now,
+    )
+    called = _tool_called(run, elicitation.turn, elicitation.index, elicitation.call, content)
+    return Decision((*effects, called, SaveCheckpoint(saved)), Boundary())
+
+
 def _tool_returned(
     run: RunRecord | None, ckpt: Checkpoint | None, agent: Agent | None, incoming: ToolReturned, now: datetime
 ) -> Decision:
@@ -1585,6 +1847,16 @@ def _tool_returned(
     call = turn.calls[index]
     effects: list[Effect] = []
     outcome = incoming.outcome
+    if isinstance(outcome, ToolElicited):
+        refused = _elicit_refusal(run, turn, outcome)
+        if refused is None:
+            elicitation = Elicitation(call=call, index=index, turn=turn.number)
+            pending = _elicit_pending(run, elicitation, outcome, 0, None, now)
+            turn = replace(turn, elicited=elicitation, elicit_pending=pending)
+            fields = {"turn": turn.number, "call_id": call.id, "tool": call.name, "request_id": pending.request_id}
+            note = Note("run.tool_call.elicited", fields=fields)
+            return _calls_from(run, ckpt, agent, turn, index + 1, (note,), incoming.elapsed_s, now)
+        outcome = ToolOutput(tool_error(refused))
     if isinstance(outcome, ToolBroke):
         fields = {"turn": turn.number, "call_id": call.id, "tool": call.name, "error": outcome.error}
         effects += [
@@ -1667,6 +1939,7 @@ def _commit(
         tool_calls=ckpt.tool_calls + len(turn.calls),
         malformed_tool_calls=malformed,
         received=received,
+        elicit=turn.elicited,
     )
     committed = (*effects, SaveCheckpoint(saved), _checkpointed(run, saved))
     handoff = next((p.handoff for p in turn.plans if isinstance(p, Emit) and p.handoff is not None), None)
@@ -1966,6 +2239,28 @@ def apply_result(
         pending=None,
         applied_requests=[*ckpt.applied_requests, request_id],
         resumed_by=key if key is not None else ckpt.resumed_by,
+        saved_at=now,
+    )
+
+
+def elicitation_answered(ckpt: Checkpoint, answering: AnswerElicitation, now: datetime) -> Checkpoint | None:
+    """The checkpoint with the person's outcome of its elicitation request: the answer recorded for the call's
+    retry (``pending`` cleared), or the question asked again (``pending`` the new ask); ``None`` when already
+    applied (a redelivered outcome is a no-op). Waiting on another request: ``PermanentError``."""
+    request_id = answering.request_id
+    if request_id in ckpt.applied_requests:
+        return None
+    pending, elicitation = ckpt.pending, ckpt.elicit
+    if pending is None or pending.request_id != request_id or elicitation is None:
+        raise PermanentError(f"run {ckpt.run_id} is not waiting on {request_id}")
+    if answering.answer is not None:
+        position = int(pending.arguments.get("position") or 0)
+        elicitation = evolve(elicitation, answers=[*elicitation.answers[:position], answering.answer])
+    return evolve(
+        ckpt,
+        pending=answering.repark,
+        elicit=elicitation,
+        applied_requests=[*ckpt.applied_requests, request_id],
         saved_at=now,
     )
 

@@ -32,10 +32,27 @@ result with ``isError``, a server that does not start, a dead server or a timeou
 start of a session included) raises :class:`McpToolFailed`: the engine publishes ``tool.failed`` and
 the model gets the error.
 
-Elicitation (``elicitation/create`` from the server during a call) is declined at once with the error
-"elicitation not supported yet", so the call fails as a tool error instead of hanging; the capability
-is advertised for the later step that turns it into a parked human request. An ``input_required``
-result (MCP 2026-07-28) likewise fails the call.
+Elicitation (``elicitation/create`` from the server during a call, MCP 2025-06-18) never blocks the
+process on a person. The session's callback answers it from the call's recorded answers
+(:attr:`~.tools.ToolContext.elicited`, the n-th elicitation of the call with the n-th answer, when its
+message and requested schema are the same); an elicitation with no such answer is told ``cancel`` at once,
+and the call raises :class:`~.tools.ElicitationNeeded` when the server has answered: the run parks on a
+person (see :mod:`.elicitation`), and once they answered the call is made again, the same elicitation now
+answered from the record. stdio carries no link from a server's request to the call it belongs to, so an
+elicitation is tied to the one call in flight on its session (it waits, bounded by the call's timeout, for
+the session's other calls to end); when several calls of the session elicit at once none can be told
+apart: each is told ``cancel`` and each call fails as a tool error (call it again). A URL-mode
+elicitation is declined (the call fails as a tool error).
+
+A server declared with ``protocol: auto`` is probed with ``server/discover``; when it speaks MCP 2026-07-28
+its tools ask for input with an ``input_required`` result instead (the questions in the result, no
+server-to-client request): each elicitation in it is answered from the recorded answers that ask the same
+(message and schema) and the call is made again with the answers and the server's ``request_state``
+(at most :data:`MAX_INPUT_ROUNDS` rounds, all in this call); one with no recorded answer raises
+:class:`~.tools.ElicitationNeeded` as above. Nothing waits in the session either way: after the person's
+answer the call starts over, and the server asks again. Sampling and roots requests are not offered (the
+call fails as a tool error). The default (``handshake``) opens sessions with ``initialize`` (at most
+2025-11-25), where a server elicits with ``elicitation/create``.
 """
 
 from __future__ import annotations
@@ -53,6 +70,7 @@ from typing import Any, Self
 import anyio
 import structlog
 from mcp import types as mcp_types
+from mcp.client._probe import negotiate_auto
 from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared._stream_protocols import ReadStream
@@ -60,12 +78,13 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from temporality_run_executor.agents import AgentCard, McpServer, Sandbox
-from temporality_run_executor.tools import Tool, ToolContext
+from temporality_run_executor.records import ElicitAnswer
+from temporality_run_executor.tools import ElicitationNeeded, Tool, ToolContext
 
 __all__ = [
     "DEFAULT_IDLE_S",
     "DEFAULT_MAX_CALLS",
-    "ELICITATION_UNSUPPORTED",
+    "MAX_INPUT_ROUNDS",
     "SEPARATOR",
     "McpClient",
     "McpPool",
@@ -81,11 +100,8 @@ SEPARATOR = "__"
 DEFAULT_IDLE_S = 300.0
 #: Calls in flight on one session at once.
 DEFAULT_MAX_CALLS = 4
-#: What a server asking for input mid-call (``elicitation/create``) is told, and what the model then sees.
-ELICITATION_UNSUPPORTED = (
-    "elicitation not supported yet: the tool asked for the user's input mid-call (elicitation/create), "
-    "which Temporality cannot collect yet"
-)
+#: ``input_required`` results (MCP 2026-07-28) one call answers from the record before it fails.
+MAX_INPUT_ROUNDS = 10
 #: Seconds :meth:`McpPool.aclose` waits for the sessions to stop their servers (the SDK bounds each at ~6 s).
 _CLOSE_TIMEOUT_S = 15.0
 
@@ -109,6 +125,50 @@ def parameters(server: McpServer, sandbox: Sandbox) -> StdioServerParameters:
         command, args = unshare, ["--user", "--map-root-user", "--net", "--", command, *args]
     cwd = str(sandbox.working_dir) if sandbox.working_dir is not None else None
     return StdioServerParameters(command=command, args=args, env=env, cwd=cwd)
+
+
+class _Call:
+    """One ``tools/call`` in flight on a session: its recorded elicitation answers and what it was asked."""
+
+    def __init__(self, answers: tuple[ElicitAnswer, ...]) -> None:
+        self.answers = answers
+        self.asked = 0  # elicitations so far
+        self.needed: ElicitationNeeded | None = None
+        self.unanswerable: str | None = None
+
+    def answer(self, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+        position = self.asked
+        self.asked += 1
+        if not isinstance(params, mcp_types.ElicitRequestFormParams):
+            self.unanswerable = self.unanswerable or f"it asked the user to open a URL ({params.message})"
+            return mcp_types.ElicitResult(action="decline")
+        schema = dict(params.requested_schema)
+        if position < len(self.answers):
+            recorded = self.answers[position]
+            if recorded.message == params.message and recorded.requested_schema == schema:
+                return mcp_types.ElicitResult(action=recorded.action, content=recorded.content)
+        if self.needed is None:
+            self.needed = ElicitationNeeded(params.message, schema, position)
+        return mcp_types.ElicitResult(action="cancel")
+
+    def inputs(self, result: mcp_types.InputRequiredResult) -> mcp_types.InputResponses:
+        """The answers to an ``input_required`` result's requests, each from a recorded answer that asks the
+        same (message and schema); the first with none raises :class:`~.tools.ElicitationNeeded`."""
+        responses: mcp_types.InputResponses = {}
+        for key, request in sorted((result.input_requests or {}).items()):
+            if not isinstance(request, mcp_types.ElicitRequest):
+                raise McpToolFailed(f"it asked for {request.method}, which this client does not offer")
+            params = request.params
+            if not isinstance(params, mcp_types.ElicitRequestFormParams):
+                raise McpToolFailed(f"it asked the user to open a URL ({params.message}), which cannot be answered")
+            schema = dict(params.requested_schema)
+            recorded = next(
+                (a for a in self.answers if a.message == params.message and a.requested_schema == schema), None
+            )
+            if recorded is None:
+                raise ElicitationNeeded(params.message, schema, len(self.answers))
+            responses[key] = mcp_types.ElicitResult(action=recorded.action, content=recorded.content)
+        return responses
 
 
 class _WatchedStream:
@@ -155,7 +215,9 @@ class _Session:
         self.calls = asyncio.Semaphore(pool.max_calls)
         self.active = 0  # calls using it or waiting for a slot
         self.retired = False
-        self.elicitations = 0
+        self._calls: list[_Call] = []  # in flight
+        self._asking = 0  # elicitations waiting to be tied to a call
+        self._changed = asyncio.Condition()
         self._stop = asyncio.Event()
         #: Entered and exited by the session's own task; cancelled only while the session is still starting.
         self._starting = anyio.CancelScope()
@@ -193,7 +255,10 @@ class _Session:
                 elicitation_callback=self._on_elicitation,
             ) as session,
         ):
-            await session.initialize()
+            if self.server.protocol == "auto":
+                await negotiate_auto(session)  # the SDK's Client(mode="auto") policy: 2026-07-28, else initialize
+            else:
+                await session.initialize()
             self._ready.set_result(session)
             log.info("mcp.session_started", server=self.server.name)
             await self._stop.wait()
@@ -206,9 +271,41 @@ class _Session:
     async def _on_elicitation(
         self, context: ClientRequestContext, params: mcp_types.ElicitRequestParams
     ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
-        self.elicitations += 1
-        log.warning("mcp.elicitation_declined", server=self.server.name, message=params.message)
-        return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=ELICITATION_UNSUPPORTED)
+        """Tie the elicitation to the one call in flight (waiting for the others to end), then answer it."""
+        async with self._changed:
+            self._asking += 1
+            self._changed.notify_all()
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: len(self._calls) <= self._asking), self.server.timeout_s
+                )
+            except TimeoutError:
+                pass
+            finally:
+                self._asking -= 1
+            calls = list(self._calls)
+        if len(calls) != 1:
+            why = f"it asked for the user's input while {len(calls)} calls were in flight on its session"
+            for call in calls:
+                call.unanswerable = call.unanswerable or why
+            log.warning("mcp.elicitation_untied", server=self.server.name, calls=len(calls))
+            return mcp_types.ElicitResult(action="cancel")
+        result = calls[0].answer(params)
+        log.info("mcp.elicitation", server=self.server.name, action=result.action, message=params.message[:200])
+        return result
+
+    @asynccontextmanager
+    async def calling(self, answers: tuple[ElicitAnswer, ...]) -> AsyncIterator[_Call]:
+        """One call in flight on the session (its elicitations are tied to it)."""
+        call = _Call(answers)
+        async with self._changed:
+            self._calls.append(call)
+        try:
+            yield call
+        finally:
+            async with self._changed:
+                self._calls.remove(call)
+                self._changed.notify_all()
 
     def retire(self, why: str) -> None:
         """No new call uses it; its task stops the server as soon as it can (it may still be starting)."""
@@ -342,27 +439,53 @@ class McpClient:
         async with asyncio.timeout(self.server.timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):
             return list(await s.tools(client))
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> str:
+    async def call(self, tool: str, arguments: dict[str, Any], elicited: tuple[ElicitAnswer, ...] = ()) -> str:
+        """The call's result as the model gets it. The server asking for input that ``elicited`` does not
+        answer: :class:`~.tools.ElicitationNeeded` (the server was told ``cancel``)."""
         name, timeout_s = self.server.name, self.server.timeout_s
-        elicited = 0
         try:
             async with asyncio.timeout(timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):
                 await s.tools(client)  # current, for the SDK's validation of structured results
-                elicited = s.elicitations
-                result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout_s)
-                elicited = s.elicitations - elicited
+                async with s.calling(elicited) as call:
+                    result = await _call(client, call, tool, arguments, timeout_s)
+        except ElicitationNeeded:  # asked in an input_required result: the run parks on a person
+            raise
         except TimeoutError:
             raise McpToolFailed(f"{name}: {tool} took longer than {timeout_s:g}s") from None
         except McpToolFailed as exc:
             raise McpToolFailed(f"{name}: could not run {tool}: {exc}") from exc
-        except Exception as exc:  # no server, a dead one, an error response, an input_required result
+        except Exception as exc:  # no server, a dead one, an error response
             raise McpToolFailed(f"{name}: could not run {tool}: {type(exc).__name__}: {_describe(exc)}") from exc
+        if call.unanswerable is not None:
+            raise McpToolFailed(f"{name}: {tool}: {call.unanswerable}, which cannot be answered; call it again")
+        if call.needed is not None:  # what the server made of the cancel is not the tool's result
+            raise call.needed
         text = _text(result)
         if result.is_error:
-            if elicited and ELICITATION_UNSUPPORTED not in text:
-                text = f"{text} (the server asked for input mid-call: {ELICITATION_UNSUPPORTED})"
             raise McpToolFailed(f"{name}: {tool}: {text}")
         return text
+
+
+async def _call(
+    client: ClientSession, call: _Call, tool: str, arguments: dict[str, Any], timeout_s: float
+) -> mcp_types.CallToolResult:
+    """``tools/call``; an ``input_required`` result (MCP 2026-07-28) answered from the record and the call made
+    again with the answers and the server's state, round after round."""
+    result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout_s, allow_input_required=True)
+    for _ in range(MAX_INPUT_ROUNDS):
+        if not isinstance(result, mcp_types.InputRequiredResult):
+            return result
+        result = await client.call_tool(
+            tool,
+            arguments,
+            read_timeout_seconds=timeout_s,
+            input_responses=call.inputs(result),
+            request_state=result.request_state,
+            allow_input_required=True,
+        )
+    if isinstance(result, mcp_types.InputRequiredResult):
+        raise McpToolFailed(f"it still asked for input after {MAX_INPUT_ROUNDS} rounds")
+    return result
 
 
 def _describe(exc: Exception) -> str:
@@ -388,7 +511,7 @@ def _text(result: mcp_types.CallToolResult) -> str:
 def _tool(client: McpClient, listed: mcp_types.Tool) -> Tool:
     async def run(arguments: dict[str, Any], ctx: ToolContext) -> str:
         log.info("mcp.call", server=client.server.name, tool=listed.name, turn=ctx.turn)
-        return await client.call(listed.name, arguments)
+        return await client.call(listed.name, arguments, ctx.elicited)
 
     return Tool(
         name=tool_name(client.server.name, listed.name),

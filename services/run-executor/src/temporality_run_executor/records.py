@@ -13,6 +13,8 @@ __all__ = [
     "AgentMail",
     "CancelRequest",
     "Checkpoint",
+    "ElicitAnswer",
+    "Elicitation",
     "Lease",
     "Message",
     "ParkedOutcome",
@@ -63,19 +65,44 @@ class Message(_Model):
 
 
 class PendingAsk(_Model):
-    """The call the run is parked on (checkpointed with the turn that made it): ``ask_human``, or
-    ``ask_agent`` in ``wait`` mode."""
+    """The call the run is parked on (checkpointed with the turn that made it): ``ask_human``, ``ask_agent``
+    in ``wait`` mode, or an MCP tool that asked for the user's input mid-call (``elicit``)."""
 
-    #: What the run waits for: a person (``waiting_for_human``) or an agent's reply (``waiting_for_agent``).
+    #: What the run waits for: a person (``waiting_for_human``) or an agent's reply (``waiting_for_agent``);
+    #: ``elicit``: a person, for an MCP tool's elicitation (the call is retried with the answer).
     #: Checkpoints written before this field existed read as ``human``.
-    kind: Literal["human", "agent"] = "human"
+    kind: Literal["human", "agent", "elicit"] = "human"
     request_id: str
     call_id: str
     turn: int
     asked_at: datetime
-    #: The validated ask_human arguments (for an agent: the ``agent.asked`` payload), so a crash between
-    #: checkpoint and publish can re-park.
+    #: The validated ask_human arguments (for an agent: the ``agent.asked`` payload; for an elicitation: whom,
+    #: the server's message and requested schema, see :mod:`.elicitation`), so a crash between checkpoint
+    #: and publish can re-park.
     arguments: dict[str, Any]
+
+
+class ElicitAnswer(_Model):
+    """What an MCP server's elicitation (``elicitation/create``) during a call is answered with: recorded
+    once the person answered, and given at once when the retried call asks the same again."""
+
+    message: str
+    requested_schema: dict[str, Any]
+    action: Literal["accept", "decline", "cancel"]
+    #: The form's values (``accept`` only), validated against ``requested_schema``.
+    content: dict[str, Any] | None = None
+
+
+class Elicitation(_Model):
+    """An MCP tool call that asked for the user's input mid-call: parked on a person (the checkpoint's
+    ``pending``, kind ``elicit``) while ``pending`` is set, retried with ``answers`` once it is not."""
+
+    call: ToolCall
+    #: The call's index in its turn (its events' ids).
+    index: int
+    turn: int
+    #: The answers to the call's elicitations so far, in the order the server asks them.
+    answers: list[ElicitAnswer] = Field(default_factory=list)
 
 
 class ParkedOutcome(_Model):
@@ -208,6 +235,9 @@ class Checkpoint(_Model):
     received: list[ReceivedAsk] = Field(default_factory=list)
     #: The key of the agent event whose result ended the run's last wait for an agent.
     resumed_by: str | None = None
+    #: An MCP tool call waiting for (``pending`` set) or retried with (``pending`` unset) a person's answers
+    #: to its elicitations; its tool message is added when the retried call returns.
+    elicit: Elicitation | None = None
 
     @property
     def parked(self) -> list[PendingAsk]:

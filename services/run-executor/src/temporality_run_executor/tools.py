@@ -58,7 +58,7 @@ from temporality_protocol import (
 from temporality_protocol.catalog import RPC_GET_COLLABORATORS
 from temporality_protocol.redaction import process_redactor
 from temporality_run_executor.providers.base import ToolSpec
-from temporality_run_executor.records import RunRecord
+from temporality_run_executor.records import ElicitAnswer, RunRecord
 
 __all__ = [
     "ANSWER_AGENT",
@@ -73,6 +73,7 @@ __all__ = [
     "AnswerAgentArgs",
     "AskAgentArgs",
     "AskHumanArgs",
+    "ElicitationNeeded",
     "HandoffArgs",
     "NotifyArgs",
     "Tool",
@@ -97,6 +98,19 @@ COLLABORATORS_TIMEOUT_S = 5.0
 #: A tool name as the OpenAI function-calling API accepts it.
 TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+class ElicitationNeeded(Exception):
+    """The tool asked for the user's input mid-call (an MCP server's ``elicitation/create``) and no recorded
+    answer fits: the run parks on a person and the call is retried with their answer. The server was told
+    ``cancel``; whatever the call returned after that is not the tool's result."""
+
+    def __init__(self, message: str, requested_schema: dict[str, Any], position: int) -> None:
+        super().__init__(f"the tool asks for the user's input: {message}")
+        self.message = message
+        self.requested_schema = requested_schema
+        #: Which of the call's elicitations it is (0: its first); the recorded answers from here on are stale.
+        self.position = position
 
 
 class ToolError(Exception):
@@ -217,6 +231,9 @@ class ToolContext:
     publish: Publish
     #: Request/reply on the bus (``get_collaborators``); ``None`` where the driver offers none.
     request: Request | None = None
+    #: The person's answers to this call's earlier elicitations, in the order the tool asked them (a call
+    #: retried after it parked the run on its elicitation; see :class:`ElicitationNeeded`).
+    elicited: tuple[ElicitAnswer, ...] = ()
 
 
 ToolFn = Callable[[dict[str, Any], ToolContext], Awaitable[str]]

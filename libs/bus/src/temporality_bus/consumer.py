@@ -10,6 +10,9 @@ any other exception                    ``nak(delay=backoff[n])``; on the last al
                                        delivery (``max_deliver``) it is dead-lettered too
 =====================================  =================================================
 
+With tracing on, each envelope is handled in a CONSUMER span, the child of the trace context it carries
+(:mod:`temporality_bus.tracing`); raw messages and batches are not.
+
 Acks are sent once the handler has returned (fire-and-forget ``ack``: a lost ack only means one
 more, idempotent, delivery). While handlers run, one heartbeat loop per consumer sends
 ``in_progress`` for every message in hand every ``ack_wait / 3``, so a long turn does not trigger
@@ -77,6 +80,7 @@ from pydantic import ValidationError
 
 from temporality_bus.connection import Bus
 from temporality_bus.errors import PermanentError
+from temporality_bus.tracing import consuming
 from temporality_protocol import BusDeadLettered, Envelope, ProtocolError, decode, derive_id, make_event
 from temporality_protocol.catalog import DLQ_PREFIX, ConsumerSpec
 from temporality_protocol.version import SUPPORTED_VERSIONS, negotiate
@@ -391,7 +395,10 @@ class Consumer:
         assert self._handler is not None
         event = decode(msg.data)
         negotiate(SUPPORTED_VERSIONS, [event.protocolversion])  # refuses explicitly (PRO-3)
-        with structlog.contextvars.bound_contextvars(ce_id=event.id, ce_type=event.type, run_id=event.runid):
+        with (
+            structlog.contextvars.bound_contextvars(ce_id=event.id, ce_type=event.type, run_id=event.runid),
+            consuming(event, delivery.subject, self.spec.durable),
+        ):
             await self._handler(event, delivery)
 
     def _backoff(self, num_delivered: int) -> float:

@@ -78,9 +78,9 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 from pydantic import ValidationError
 
+from temporality_bus import tracing
 from temporality_bus.connection import Bus
 from temporality_bus.errors import PermanentError
-from temporality_bus.tracing import consuming
 from temporality_protocol import BusDeadLettered, Envelope, ProtocolError, decode, derive_id, make_event
 from temporality_protocol.catalog import DLQ_PREFIX, ConsumerSpec
 from temporality_protocol.version import SUPPORTED_VERSIONS, negotiate
@@ -395,11 +395,12 @@ class Consumer:
         assert self._handler is not None
         event = decode(msg.data)
         negotiate(SUPPORTED_VERSIONS, [event.protocolversion])  # refuses explicitly (PRO-3)
-        with (
-            structlog.contextvars.bound_contextvars(ce_id=event.id, ce_type=event.type, run_id=event.runid),
-            consuming(event, delivery.subject, self.spec.durable),
-        ):
-            await self._handler(event, delivery)
+        with structlog.contextvars.bound_contextvars(ce_id=event.id, ce_type=event.type, run_id=event.runid):
+            if not tracing.enabled():  # the hot path with tracing off: not even a context manager
+                await self._handler(event, delivery)
+                return
+            with tracing.consuming(event, delivery.subject, self.spec.durable):
+                await self._handler(event, delivery)
 
     def _backoff(self, num_delivered: int) -> float:
         backoff = self.spec.backoff_s

@@ -44,8 +44,10 @@ from temporality_service.metrics import ServiceMetrics
 from temporality_service.runtime import ConfigError, Configure, Responder, Runtime, Setup, run_service, run_until, serve
 from temporality_service.server import HttpServer, bind_tcp
 from temporality_service.settings import HttpServiceSettings, LogSettings, ProcessSettings, ServiceSettings
+from temporality_service.tracing import HTTP_TELEMETRY, TracingConfigError, configure_tracing, shutdown_tracing
 
 __all__ = [
+    "HTTP_TELEMETRY",
     "MAX_INT64",
     "ApiAuth",
     "ApiAuthSettings",
@@ -78,12 +80,14 @@ __all__ = [
     "ServiceSettings",
     "Setup",
     "TokenFileError",
+    "TracingConfigError",
     "Unauthorized",
     "Unavailable",
     "Unprocessable",
     "bind_tcp",
     "clear_ready",
     "configure_logging",
+    "configure_tracing",
     "error_response",
     "install_error_handlers",
     "mark_ready",
@@ -92,5 +96,6 @@ __all__ = [
     "run_service",
     "run_until",
     "serve",
+    "shutdown_tracing",
     "stop_on_signals",
 ]

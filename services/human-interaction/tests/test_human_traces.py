@@ -1,0 +1,60 @@
+"""The human wait keeps the question's trace context: stored with the request, carried by what is built
+for it outside any span (an expiry after a timer), replaced by the current span's inside one."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from human_support import requested
+from opentelemetry.sdk.trace import TracerProvider
+
+from temporality_bus import tracing
+from temporality_bus.pipeline import event_write
+from temporality_human_interaction.events import answered_event, expired_event
+from temporality_human_interaction.records import HumanRequestRecord
+from temporality_protocol import HumanRequested, HumanRequestState, OptionAnswer, decode
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _record(traceparent: str | None, tracestate: str | None = None) -> HumanRequestRecord:
+    event = requested().model_copy(update={"traceparent": traceparent, "tracestate": tracestate})
+    return HumanRequestRecord.from_requested(event, event.payload(HumanRequested))
+
+
+def test_the_request_keeps_the_context_human_requested_was_published_in() -> None:
+    record = _record(TRACEPARENT, "vendor=abc")
+    assert record.traceparent == TRACEPARENT
+    assert record.tracestate == "vendor=abc"
+    assert HumanRequestRecord.model_validate_json(record.model_dump_json()).traceparent == TRACEPARENT
+
+
+def test_with_tracing_off_nothing_is_kept_and_nothing_is_carried() -> None:
+    record = _record(None)
+    assert record.traceparent is None
+    assert b"traceparent" not in event_write(expired_event(record, now=datetime.now(UTC))).payload
+
+
+def test_an_event_built_outside_any_span_continues_the_stored_context() -> None:
+    """A timer's expiry (or a repair's republished answer) carries the question's trace context."""
+    record = _record(TRACEPARENT, "vendor=abc")
+    sent = decode(event_write(expired_event(record, now=datetime.now(UTC))).payload)
+    assert sent.traceparent == TRACEPARENT
+    assert sent.tracestate == "vendor=abc"
+
+
+def test_inside_a_span_the_event_carries_that_span_a_child_of_the_stored_context() -> None:
+    record = _record(TRACEPARENT).moved_to(
+        HumanRequestState.ANSWERED,
+        answer=OptionAnswer(option_id="keep-v1", label="Keep"),
+        responder="user:alice",
+        answered_at=datetime.now(UTC),
+    )
+    provider = TracerProvider()
+    parent = tracing.context_of(record.traceparent)
+    with provider.get_tracer("test").start_as_current_span("answer web", context=parent) as span:
+        sent = decode(event_write(answered_event(record, channel="web")).payload)
+    context = span.get_span_context()
+    assert sent.traceparent == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    assert f"{context.trace_id:032x}" == TRACEPARENT[3:35]  # the same trace as the question
+    provider.shutdown()

@@ -1,0 +1,158 @@
+"""Issue 11: one OpenTelemetry trace follows webhook → run → question → answer → resume across the five
+service processes, through the CloudEvents ``traceparent`` extension and the human request's stored context.
+
+The services export with the real SDK and OTLP/HTTP exporter (``OTEL_*`` env) to a real HTTP receiver in the
+test (:class:`temporality_testing.otlp_receiver.OtlpReceiver`); spans arrive after the batch processor's
+delay, so every check waits on a condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2e_support import ALICE, JOURNAL, eventually, example_pr, make_stack, post_hook
+
+from temporality_embedded import Stack
+from temporality_testing.otlp_receiver import OtlpReceiver, ReceivedSpan
+
+pytestmark = pytest.mark.e2e
+
+#: A trace context the answering client sends: it must become a span link of the answer, not its parent.
+CLIENT_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.fixture
+async def traced_stack(tmp_path: Path) -> AsyncIterator[tuple[Stack, OtlpReceiver]]:
+    async with OtlpReceiver().serve() as otlp:
+        stack = make_stack(tmp_path, **otlp.env())
+        await asyncio.to_thread(stack.start)  # the receiver answers on this loop meanwhile
+        try:
+            yield stack, otlp
+        finally:
+            await asyncio.to_thread(stack.stop)
+
+
+def _one(spans: list[ReceivedSpan], service: str, name: str, **attributes: Any) -> ReceivedSpan | None:
+    found = [
+        s
+        for s in spans
+        if s.service == service and s.name == name and all(s.attributes.get(k) == v for k, v in attributes.items())
+    ]
+    assert len(found) <= 1, (
+        f"{len(found)} spans {service}: {name} {attributes}: {[(s.trace_id, s.span_id, s.attributes) for s in found]}"
+    )
+    return found[0] if found else None
+
+
+def _consumer(spans: list[ReceivedSpan], service: str, event_type: str, run_id: str) -> ReceivedSpan | None:
+    return _one(
+        spans,
+        service,
+        f"process temporality.events.{event_type}",
+        **{"cloudevents.event_type": event_type, "temporality.run_id": run_id},
+    )
+
+
+async def test_one_trace_follows_webhook_run_question_answer_and_resume(
+    traced_stack: tuple[Stack, OtlpReceiver], http: httpx.AsyncClient
+) -> None:
+    stack, otlp = traced_stack
+    accepted = await post_hook(http, stack, example_pr())
+    assert accepted.status_code == 202, accepted.text
+    run_id = accepted.json()["run_id"]
+
+    async def pending() -> list[dict[str, Any]] | None:
+        response = await http.get(f"{stack.human_url}/inbox", headers=ALICE)
+        return response.json()["requests"] if response.status_code == 200 else None
+
+    (request,) = await eventually(pending, what="alice's question in her inbox")
+    answered = await http.post(
+        f"{stack.human_url}/requests/{request['id']}/answer",
+        json={"option_id": "keep-v1"},
+        headers={**ALICE, "traceparent": CLIENT_TRACEPARENT},
+    )
+    assert answered.status_code == 200, answered.text
+
+    async def completed() -> bool:
+        response = await http.get(f"{stack.journal_url}/runs/{run_id}", headers=JOURNAL)
+        return response.status_code == 200 and response.json()["state"] == "completed"
+
+    await eventually(completed, what=f"run {run_id} completed")
+
+    def whole(spans: list[ReceivedSpan]) -> bool:
+        return all(
+            (
+                _one(spans, "trigger-gateway", "POST /hooks/{trigger_id}"),
+                _consumer(spans, "run-executor", "run.requested", run_id),
+                _consumer(spans, "human-interaction", "human.requested", run_id),
+                _one(spans, "human-interaction", "POST /requests/{request_id}/answer"),
+                _one(spans, "human-interaction", "answer web"),
+                _consumer(spans, "run-executor", "human.answered", run_id),
+                _consumer(spans, "agent-collab", "run.completed", run_id),
+                _consumer(spans, "human-interaction", "run.completed", run_id),
+            )
+        )
+
+    spans = await otlp.wait_for(whole, what="the spans of webhook, run, question, answer, resume and completion")
+    intake = _one(spans, "trigger-gateway", "POST /hooks/{trigger_id}")
+    started = _consumer(spans, "run-executor", "run.requested", run_id)
+    asked = _consumer(spans, "human-interaction", "human.requested", run_id)
+    http_answer = _one(spans, "human-interaction", "POST /requests/{request_id}/answer")
+    answer = _one(spans, "human-interaction", "answer web")
+    resumed = _consumer(spans, "run-executor", "human.answered", run_id)
+    completion = _consumer(spans, "agent-collab", "run.completed", run_id)
+    assert intake is not None
+    assert started is not None
+    assert asked is not None
+    assert answer is not None
+    assert http_answer is not None
+    assert resumed is not None
+    assert completion is not None
+
+    # one trace, from the webhook (a root: Azure DevOps sent no traceparent) to the run's completion
+    assert {s.trace_id for s in (intake, started, asked, answer, resumed, completion)} == {intake.trace_id}
+    assert intake.parent_span_id is None
+    assert intake.kind == "server"
+    assert intake.attributes["http.route"] == "/hooks/{trigger_id}"
+    assert intake.attributes["http.response.status_code"] == 202
+    # the run starts in the child of the intake (run.requested carried the intake's context)
+    assert started.kind == "consumer"
+    assert started.parent_span_id == intake.span_id
+    assert started.attributes["messaging.system"] == "nats"
+    assert started.attributes["messaging.destination.name"] == "temporality.events.run.requested"
+    assert started.attributes["messaging.consumer.group.name"] == "run-executor-requests"
+    # human.requested was published inside the run's handling (a span of the run-executor's) ...
+    by_id = {s.span_id: s for s in spans}
+    asker = by_id[asked.parent_span_id or ""]
+    assert asker.service == "run-executor"
+    # ... and the answer, a new HTTP request after the wait, continues exactly that context: the stored
+    # request's traceparent is the parent of the answer's span; the HTTP request's own SERVER span (in the
+    # trace its client sent) is its link
+    assert http_answer.kind == "server"
+    assert http_answer.trace_id == CLIENT_TRACEPARENT[3:35]
+    assert http_answer.parent_span_id == CLIENT_TRACEPARENT[36:52]
+    assert http_answer.attributes["http.route"] == "/requests/{request_id}/answer"
+    assert http_answer.attributes["http.response.status_code"] == 200
+    assert answer.parent_span_id == asker.span_id
+    assert answer.links == [(http_answer.trace_id, http_answer.span_id)]
+    assert answer.attributes["temporality.request_id"] == request["id"]
+    assert answer.attributes["temporality.channel"] == "web"
+    # the run resumes in the child of the answer (human.answered carried it), and completes in it
+    assert resumed.parent_span_id == answer.span_id
+    assert resumed.attributes["messaging.message.id"]
+    assert completion.parent_span_id == resumed.span_id
+    # probes are never traced
+    assert not [s for s in spans if s.attributes.get("url.path") in ("/healthz", "/readyz", "/metrics")]
+    # every service exported under its own name
+    assert {s.service for s in spans if s.trace_id == intake.trace_id} >= {
+        "trigger-gateway",
+        "run-executor",
+        "human-interaction",
+        "agent-collab",
+    }
+    assert not [s for s in spans if s.trace_id == intake.trace_id and s.error]

@@ -51,9 +51,13 @@ def test_inside_a_span_the_event_carries_that_span_a_child_of_the_stored_context
         answered_at=datetime.now(UTC),
     )
     provider = TracerProvider()
-    parent = tracing.context_of(record.traceparent)
-    with provider.get_tracer("test").start_as_current_span("answer web", context=parent) as span:
-        sent = decode(event_write(answered_event(record, channel="web")).payload)
+    tracing.enable(provider)
+    try:
+        parent = tracing.context_of(record.traceparent)
+        with tracing.tracer().start_as_current_span("answer web", context=parent) as span:
+            sent = decode(event_write(answered_event(record, channel="web")).payload)
+    finally:
+        tracing.disable()
     context = span.get_span_context()
     assert sent.traceparent == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
     assert f"{context.trace_id:032x}" == TRACEPARENT[3:35]  # the same trace as the question

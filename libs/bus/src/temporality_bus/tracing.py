@@ -2,8 +2,7 @@
 
 Only the OpenTelemetry *API* lives here; a process turns tracing on by handing its SDK tracer provider to
 :func:`enable` (``temporality_service.tracing`` does, from the ``OTEL_*`` environment). Until then
-nothing here builds a span or encodes a header: publishing costs one context-variable read (is a span
-current? never, with tracing off) and consuming one attribute check.
+nothing here builds a span or encodes a header: publishing and consuming cost one attribute check.
 
 =======================  ==============================================================================
 publishing               inside a span (an HTTP request's, a consumer's, a stored context's) the event is
@@ -93,8 +92,9 @@ def current_trace() -> tuple[str, str | None] | None:
 
 
 def traced(event: Envelope) -> Envelope:
-    """``event`` carrying the current span's trace context; ``event`` itself outside any span."""
-    if not trace.get_current_span().get_span_context().is_valid:  # tracing off: always this, and cheap
+    """``event`` carrying the current span's trace context; ``event`` itself outside any span, and always
+    with tracing off (one attribute read: the gateway's intake calls this for every event it writes)."""
+    if _State.tracer is None or not trace.get_current_span().get_span_context().is_valid:
         return event
     current = current_trace()
     if current is None or current == (event.traceparent, event.tracestate):

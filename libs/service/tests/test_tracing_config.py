@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 
 from temporality_bus import tracing as bus_tracing
 from temporality_service import HTTP_TELEMETRY, TracingConfigError, configure_tracing
+from temporality_service.logs import add_trace_ids
 from temporality_service.tracing import tracing_wanted
 
 _OTEL = (
@@ -77,3 +79,13 @@ def test_probes_are_never_traced() -> None:
     assert exclude({"type": "http", "path": "/readyz"})
     assert exclude({"type": "http", "path": "/metrics"})
     assert not exclude({"type": "http", "path": "/hooks/ado-pr-review"})
+
+
+def test_a_log_line_inside_a_span_names_its_trace() -> None:
+    assert add_trace_ids(None, "info", {"event": "outside"}) == {"event": "outside"}
+    provider = TracerProvider()
+    with provider.get_tracer("test").start_as_current_span("work") as span:
+        line = add_trace_ids(None, "info", {"event": "inside"})
+    context = span.get_span_context()
+    assert line == {"event": "inside", "trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+    provider.shutdown()

@@ -1,5 +1,5 @@
-"""Tracing for a service process: the OpenTelemetry SDK from the standard ``OTEL_*`` environment, and
-SERVER spans for the HTTP endpoints that start or continue work.
+"""Tracing for a service process: the OpenTelemetry SDK from the standard ``OTEL_*`` environment, and how
+the HTTP apps make their SERVER spans (:data:`HTTP_TELEMETRY`).
 
 :func:`configure_tracing` is called once per process by the runtime (after logging, before connecting).
 Tracing is **on** only when an OTLP endpoint is configured (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or

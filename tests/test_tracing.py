@@ -9,13 +9,16 @@ delay, so every check waits on a condition.
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from e2e_support import ALICE, JOURNAL, eventually, example_pr, make_stack, post_hook
+import yaml
+from e2e_support import ALICE, CONFIG, JOURNAL, eventually, example_pr, make_stack, post_hook
 
 from temporality_embedded import Stack
 from temporality_testing.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -26,15 +29,21 @@ pytestmark = pytest.mark.e2e
 CLIENT_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-@pytest.fixture
-async def traced_stack(tmp_path: Path) -> AsyncIterator[tuple[Stack, OtlpReceiver]]:
+@asynccontextmanager
+async def _traced(tmp_path: Path, config_dir: Path = CONFIG) -> AsyncIterator[tuple[Stack, OtlpReceiver]]:
     async with OtlpReceiver().serve() as otlp:
-        stack = make_stack(tmp_path, **otlp.env())
+        stack = make_stack(tmp_path, config_dir=config_dir, **otlp.env())
         await asyncio.to_thread(stack.start)  # the receiver answers on this loop meanwhile
         try:
             yield stack, otlp
         finally:
             await asyncio.to_thread(stack.stop)
+
+
+@pytest.fixture
+async def traced_stack(tmp_path: Path) -> AsyncIterator[tuple[Stack, OtlpReceiver]]:
+    async with _traced(tmp_path) as traced:
+        yield traced
 
 
 def _one(spans: list[ReceivedSpan], service: str, name: str, **attributes: Any) -> ReceivedSpan | None:
@@ -78,11 +87,7 @@ async def test_one_trace_follows_webhook_run_question_answer_and_resume(
     )
     assert answered.status_code == 200, answered.text
 
-    async def completed() -> bool:
-        response = await http.get(f"{stack.journal_url}/runs/{run_id}", headers=JOURNAL)
-        return response.status_code == 200 and response.json()["state"] == "completed"
-
-    await eventually(completed, what=f"run {run_id} completed")
+    await _completed(http, stack, run_id)
 
     def whole(spans: list[ReceivedSpan]) -> bool:
         return all(
@@ -156,3 +161,60 @@ async def test_one_trace_follows_webhook_run_question_answer_and_resume(
         "agent-collab",
     }
     assert not [s for s in spans if s.trace_id == intake.trace_id and s.error]
+
+
+async def _completed(http: httpx.AsyncClient, stack: Stack, run_id: str) -> None:
+    async def completed() -> bool:
+        response = await http.get(f"{stack.journal_url}/runs/{run_id}", headers=JOURNAL)
+        return response.status_code == 200 and response.json()["state"] == "completed"
+
+    await eventually(completed, what=f"run {run_id} completed")
+
+
+async def test_the_run_resumed_by_the_deadline_timer_continues_the_trace(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    """Nobody answers: the deadline (a JetStream message schedule, carrying no context) fires in a span that
+    continues the question's stored context, and the run resumes with the default in its child."""
+    config = tmp_path / "config"
+    shutil.copytree(CONFIG, config)
+    triggers = yaml.safe_load((config / "triggers.yaml").read_text())
+    triggers["triggers"][0]["human"] |= {
+        "default_timeout_s": 2,
+        "on_timeout": {"action": "default", "default_option": "keep-v1"},
+    }
+    (config / "triggers.yaml").write_text(yaml.safe_dump(triggers))
+    async with _traced(tmp_path, config) as (stack, otlp):
+        accepted = await post_hook(http, stack, example_pr())
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        await _completed(http, stack, run_id)
+
+        def whole(spans: list[ReceivedSpan]) -> bool:
+            return all(
+                (
+                    _one(spans, "trigger-gateway", "POST /hooks/{trigger_id}"),
+                    _consumer(spans, "human-interaction", "human.requested", run_id),
+                    _consumer(spans, "run-executor", "human.expired", run_id),
+                    _consumer(spans, "agent-collab", "run.completed", run_id),
+                )
+            )
+
+        spans = await otlp.wait_for(whole, what="the spans of webhook, question, expiry and completion")
+    by_id = {s.span_id: s for s in spans}
+    intake = _one(spans, "trigger-gateway", "POST /hooks/{trigger_id}")
+    asked = _consumer(spans, "human-interaction", "human.requested", run_id)
+    resumed = _consumer(spans, "run-executor", "human.expired", run_id)
+    completion = _consumer(spans, "agent-collab", "run.completed", run_id)
+    assert intake is not None
+    assert asked is not None
+    assert resumed is not None
+    assert completion is not None
+    deadline = by_id[resumed.parent_span_id or ""]
+    assert deadline.service == "human-interaction"
+    assert deadline.name == "human.deadline"
+    assert deadline.attributes["temporality.run_id"] == run_id
+    assert deadline.parent_span_id == asked.parent_span_id  # the stored context: human.requested's publisher
+    assert by_id[deadline.parent_span_id or ""].service == "run-executor"
+    assert completion.parent_span_id == resumed.span_id
+    assert {s.trace_id for s in (intake, asked, deadline, resumed, completion)} == {intake.trace_id}

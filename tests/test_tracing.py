@@ -9,18 +9,23 @@ delay, so every check waits on a condition.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
 import pytest
 import yaml
 from e2e_support import ALICE, CONFIG, JOURNAL, eventually, example_pr, make_stack, post_hook
 
 from temporality_embedded import Stack
+from temporality_testing.events import EventLog
 from temporality_testing.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 pytestmark = pytest.mark.e2e
@@ -67,6 +72,11 @@ def _consumer(spans: list[ReceivedSpan], service: str, event_type: str, run_id: 
     )
 
 
+async def _inbox(http: httpx.AsyncClient, stack: Stack) -> list[dict[str, Any]] | None:
+    response = await http.get(f"{stack.human_url}/inbox", headers=ALICE)
+    return response.json()["requests"] if response.status_code == 200 else None
+
+
 async def test_one_trace_follows_webhook_run_question_answer_and_resume(
     traced_stack: tuple[Stack, OtlpReceiver], http: httpx.AsyncClient
 ) -> None:
@@ -75,11 +85,7 @@ async def test_one_trace_follows_webhook_run_question_answer_and_resume(
     assert accepted.status_code == 202, accepted.text
     run_id = accepted.json()["run_id"]
 
-    async def pending() -> list[dict[str, Any]] | None:
-        response = await http.get(f"{stack.human_url}/inbox", headers=ALICE)
-        return response.json()["requests"] if response.status_code == 200 else None
-
-    (request,) = await eventually(pending, what="alice's question in her inbox")
+    (request,) = await eventually(lambda: _inbox(http, stack), what="alice's question in her inbox")
     answered = await http.post(
         f"{stack.human_url}/requests/{request['id']}/answer",
         json={"option_id": "keep-v1"},
@@ -218,3 +224,51 @@ async def test_the_run_resumed_by_the_deadline_timer_continues_the_trace(
     assert by_id[deadline.parent_span_id or ""].service == "run-executor"
     assert completion.parent_span_id == resumed.span_id
     assert {s.trace_id for s in (intake, asked, deadline, resumed, completion)} == {intake.trace_id}
+
+
+async def test_without_an_endpoint_no_event_carries_a_trace_context(tmp_path: Path, http: httpx.AsyncClient) -> None:
+    """Tracing off (no ``OTEL_*`` endpoint): the services add no ``traceparent``, even to an answer sent with one."""
+    assert not [k for k in os.environ if k.startswith("OTEL_EXPORTER_OTLP")]  # the processes inherit this env
+    stack = make_stack(tmp_path)
+    await asyncio.to_thread(stack.start)
+    nc = await nats.connect(stack.nats.url)
+    log = await EventLog(nc).start()
+    try:
+        accepted = await post_hook(http, stack, example_pr(), traceparent=CLIENT_TRACEPARENT)
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        (request,) = await eventually(lambda: _inbox(http, stack), what="alice's question in her inbox")
+        answered = await http.post(
+            f"{stack.human_url}/requests/{request['id']}/answer",
+            json={"option_id": "keep-v1"},
+            headers={**ALICE, "traceparent": CLIENT_TRACEPARENT},
+        )
+        assert answered.status_code == 200, answered.text
+        await log.wait_for("run.completed", run_id=run_id)
+        events = await log.caught_up()
+        assert {"trigger.received", "run.requested", "human.requested", "human.answered", "run.resumed"} <= {
+            e.type for e in events
+        }
+        assert [(e.type, e.traceparent) for e in events if e.traceparent or e.tracestate] == []
+    finally:
+        await log.stop()
+        await nc.drain()
+        await asyncio.to_thread(stack.stop)
+
+
+def test_an_otlp_protocol_the_service_cannot_speak_is_exit_2_before_connecting(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "TEMPORALITY_NATS_URL": "nats://127.0.0.1:1",  # never reached
+        "TEMPORALITY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'journal.db'}",
+        "TEMPORALITY_LOG_FORMAT": "json",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "temporality_journal"], env=env, cwd=tmp_path, capture_output=True, timeout=60
+    )
+    assert result.returncode == 2, result.stderr.decode(errors="replace")
+    assert b"config.invalid" in result.stderr
+    assert b"OTEL_EXPORTER_OTLP_PROTOCOL" in result.stderr
+    assert b"nats.connected" not in result.stderr

@@ -11,9 +11,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
-from temporality_bus import Bus, Consumer, Delivery, tracing
+from temporality_bus import Bus, Consumer, Delivery, PermanentError, tracing
 from temporality_bus.pipeline import event_write
 from temporality_protocol import Envelope, RunFailed, decode, make_event
 from temporality_protocol.catalog import EVENTS_STREAM, ConsumerSpec, subject_for
@@ -218,3 +218,41 @@ async def test_an_unparseable_traceparent_is_handled_in_a_root_span(
     assert context.is_valid
     (span,) = [s for s in exported.get_finished_spans() if s.kind is SpanKind.CONSUMER]
     assert span.parent is None
+
+
+async def test_dead_lettering_happens_in_an_error_span_continuing_the_message_s_trace(
+    bus: Bus, exported: InMemorySpanExporter
+) -> None:
+    hooked: asyncio.Queue[trace.SpanContext] = asyncio.Queue()
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        raise PermanentError("never")
+
+    async def on_dead_letter(message: Envelope | bytes, delivery: Delivery, error: BaseException) -> None:
+        await hooked.put(trace.get_current_span().get_span_context())
+
+    await bus.publish(_failed("dead-1", traceparent=TRACEPARENT))
+    stop = asyncio.Event()
+    consumer = Consumer(bus, _spec("t-trace-dead"), handler=handler, on_dead_letter=on_dead_letter)
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        inside = await asyncio.wait_for(hooked.get(), 15)
+        async with asyncio.timeout(15):
+            while not [s for s in exported.get_finished_spans() if s.name.startswith("dead-letter")]:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+    (dead,) = [s for s in exported.get_finished_spans() if s.name.startswith("dead-letter")]
+    (handled,) = [s for s in exported.get_finished_spans() if s.kind is SpanKind.CONSUMER]
+    assert dead.status.status_code is StatusCode.ERROR
+    assert "PermanentError: never" in (dead.status.description or "")
+    assert handled.status.status_code is StatusCode.ERROR  # the handler's own span says it failed
+    assert dead.context is not None
+    assert f"{dead.context.trace_id:032x}" == TRACEPARENT[3:35]
+    assert dead.parent is not None
+    assert f"{dead.parent.span_id:016x}" == TRACEPARENT[36:52]
+    assert inside.span_id == dead.context.span_id  # the service's hook ran inside it
+    journaled = await bus.js.get_last_msg(EVENTS_STREAM.name, subject_for("bus.dead_lettered"))
+    assert journaled.data is not None
+    assert decode(journaled.data).traceparent == _traceparent(dead.context)

@@ -76,6 +76,7 @@ import nats.errors
 import structlog
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
+from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
 
 from temporality_bus import tracing
@@ -440,13 +441,28 @@ class Consumer:
         terminate it. Never loses it: any step failing raises, and :meth:`_give_up` naks."""
         error = f"{type(exc).__name__}: {exc}"[:4096]
         dlq_subject = f"{DLQ_PREFIX}.{self.spec.durable}"
-        original_id = original_type = run_id = None
         env: Envelope | None = None
-        try:
+        with contextlib.suppress(ProtocolError):
             env = decode(msg.data)
-            original_id, original_type, run_id = env.id, env.type, env.runid
-        except ProtocolError:
-            pass
+        # With tracing on, in an error span continuing the message's trace: the hook's effects (a run failed)
+        # and bus.dead_lettered are in the trace of what gave up.
+        with tracing.continued(
+            f"dead-letter {delivery.subject}",
+            env.traceparent if env is not None else None,
+            env.tracestate if env is not None else None,
+            attributes={
+                "messaging.consumer.group.name": self.spec.durable,
+                "messaging.destination.name": delivery.subject,
+            },
+        ) as span:
+            if span is not None:
+                span.set_status(StatusCode.ERROR, error[:256])
+            await self._settle_dead(msg, delivery, env, exc, error, dlq_subject)
+
+    async def _settle_dead(
+        self, msg: Msg, delivery: Delivery, env: Envelope | None, exc: BaseException, error: str, dlq_subject: str
+    ) -> None:
+        original_id, original_type, run_id = (env.id, env.type, env.runid) if env is not None else (None, None, None)
         if self._on_dead_letter is not None:
             subject: Envelope | bytes = env if env is not None and self._handler is not None else msg.data
             try:

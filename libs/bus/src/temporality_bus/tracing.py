@@ -14,6 +14,8 @@ consuming                each envelope is handled in a CONSUMER span named ``pro
                          the messaging attributes: ``messaging.system`` nats, ``messaging.destination.name``
                          the subject, ``messaging.message.id`` the event id, ``messaging.consumer.group.name``
                          the durable (:func:`consuming`, applied by the consumer runner)
+dead-lettering           in an error span ``dead-letter <subject>`` continuing the message's context
+                         (the ``on_dead_letter`` hook and ``bus.dead_lettered`` inside it)
 raw messages (timers)    no span: a timer carries no context; the handler continues the one it stored
                          (:func:`continued`)
 batch consumers          no per-message span (the journal records batches)

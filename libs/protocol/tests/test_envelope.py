@@ -165,3 +165,30 @@ def test_make_event_defaults() -> None:
     assert event.id.startswith("evt-")
     assert event.time.tzinfo is not None
     assert event.time <= datetime.now(UTC)
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_the_distributed_tracing_extension_round_trips_and_the_sdk_reads_it() -> None:
+    event = make_event(
+        _answered(), source="/temporality/human-interaction", id="evt-1", run_id="run-1",
+        traceparent=TRACEPARENT, tracestate="vendor=abc",
+    )  # fmt: skip
+    ce = JSONFormat().read(None, encode(event))
+    assert ce.get_extension("traceparent") == TRACEPARENT
+    assert ce.get_extension("tracestate") == "vendor=abc"
+    assert decode(encode(event)) == event
+
+
+def test_without_a_trace_context_no_tracing_attribute_is_written() -> None:
+    event = make_event(_answered(), source="/t", id="evt-1", tracestate="vendor=abc")  # no traceparent: no tracestate
+    doc = json.loads(encode(event))
+    assert "traceparent" not in doc
+    assert "tracestate" not in doc
+
+
+def test_a_malformed_traceparent_does_not_make_the_event_unreadable() -> None:
+    doc = json.loads(encode(make_event(_answered(), source="/t", id="evt-1")))
+    doc["traceparent"] = "not-a-traceparent"
+    assert decode(json.dumps(doc).encode()).traceparent == "not-a-traceparent"  # the bus ignores it (no parent)

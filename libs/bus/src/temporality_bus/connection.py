@@ -30,6 +30,7 @@ from temporality_bus.errors import PermanentError, TransientError
 from temporality_bus.pipeline import JS_TIMEOUT_S, Pipeline, PublishResult, Write, event_write
 from temporality_bus.settings import NatsSettings
 from temporality_bus.store import Store
+from temporality_bus.tracing import traced
 from temporality_protocol import CONTENT_TYPE, Envelope, encode
 from temporality_protocol.catalog import EVENTS_STREAM, BucketSpec, ConsumerSpec, StreamSpec
 
@@ -294,7 +295,10 @@ class Bus:
 
     # ------------------------------------------------------------------ publish
     async def publish(self, event: Envelope) -> PublishResult:
-        """Publish durably with ``Nats-Msg-Id`` = the event id; returns once JetStream has stored it."""
+        """Publish durably with ``Nats-Msg-Id`` = the event id; returns once JetStream has stored it.
+
+        Inside a span the event carries its trace context (:func:`temporality_bus.tracing.traced`)."""
+        event = traced(event)
         return await self.publish_raw(
             event.nats_subject,
             encode(event),

@@ -10,6 +10,9 @@ any other exception                    ``nak(delay=backoff[n])``; on the last al
                                        delivery (``max_deliver``) it is dead-lettered too
 =====================================  =================================================
 
+With tracing on, each envelope is handled in a CONSUMER span, the child of the trace context it carries
+(:mod:`temporality_bus.tracing`); raw messages and batches are not.
+
 Acks are sent once the handler has returned (fire-and-forget ``ack``: a lost ack only means one
 more, idempotent, delivery). While handlers run, one heartbeat loop per consumer sends
 ``in_progress`` for every message in hand every ``ack_wait / 3``, so a long turn does not trigger
@@ -73,8 +76,10 @@ import nats.errors
 import structlog
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
+from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
 
+from temporality_bus import tracing
 from temporality_bus.connection import Bus
 from temporality_bus.errors import PermanentError
 from temporality_protocol import BusDeadLettered, Envelope, ProtocolError, decode, derive_id, make_event
@@ -392,7 +397,11 @@ class Consumer:
         event = decode(msg.data)
         negotiate(SUPPORTED_VERSIONS, [event.protocolversion])  # refuses explicitly (PRO-3)
         with structlog.contextvars.bound_contextvars(ce_id=event.id, ce_type=event.type, run_id=event.runid):
-            await self._handler(event, delivery)
+            if not tracing.enabled():  # the hot path with tracing off: not even a context manager
+                await self._handler(event, delivery)
+                return
+            with tracing.consuming(event, delivery.subject, self.spec.durable):
+                await self._handler(event, delivery)
 
     def _backoff(self, num_delivered: int) -> float:
         backoff = self.spec.backoff_s
@@ -432,13 +441,28 @@ class Consumer:
         terminate it. Never loses it: any step failing raises, and :meth:`_give_up` naks."""
         error = f"{type(exc).__name__}: {exc}"[:4096]
         dlq_subject = f"{DLQ_PREFIX}.{self.spec.durable}"
-        original_id = original_type = run_id = None
         env: Envelope | None = None
-        try:
+        with contextlib.suppress(ProtocolError):
             env = decode(msg.data)
-            original_id, original_type, run_id = env.id, env.type, env.runid
-        except ProtocolError:
-            pass
+        # With tracing on, in an error span continuing the message's trace: the hook's effects (a run failed)
+        # and bus.dead_lettered are in the trace of what gave up.
+        with tracing.continued(
+            f"dead-letter {delivery.subject}",
+            env.traceparent if env is not None else None,
+            env.tracestate if env is not None else None,
+            attributes={
+                "messaging.consumer.group.name": self.spec.durable,
+                "messaging.destination.name": delivery.subject,
+            },
+        ) as span:
+            if span is not None:
+                span.set_status(StatusCode.ERROR, error[:256])
+            await self._settle_dead(msg, delivery, env, exc, error, dlq_subject)
+
+    async def _settle_dead(
+        self, msg: Msg, delivery: Delivery, env: Envelope | None, exc: BaseException, error: str, dlq_subject: str
+    ) -> None:
+        original_id, original_type, run_id = (env.id, env.type, env.runid) if env is not None else (None, None, None)
         if self._on_dead_letter is not None:
             subject: Envelope | bytes = env if env is not None and self._handler is not None else msg.data
             try:

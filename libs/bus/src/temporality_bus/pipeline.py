@@ -43,6 +43,7 @@ from pydantic import BaseModel
 from pydantic_core import from_json
 
 from temporality_bus.errors import BusError, Conflict, PermanentError, TransientError
+from temporality_bus.tracing import traced
 from temporality_protocol import CONTENT_TYPE, Envelope, encode
 
 if TYPE_CHECKING:
@@ -79,7 +80,9 @@ class Write:
 
 
 def event_write(event: Envelope) -> Write:
-    """``event`` as :meth:`Bus.publish` sends it (encoded once here; ``Nats-Msg-Id`` = its id)."""
+    """``event`` as :meth:`Bus.publish` sends it (encoded once here; ``Nats-Msg-Id`` = its id; inside a
+    span with its trace context, :func:`temporality_bus.tracing.traced`)."""
+    event = traced(event)
     return Write(
         event.nats_subject,
         encode(event),

@@ -14,7 +14,15 @@ requires):
 ``actor``           who caused it (``user:alice``, ``service:trigger-gateway``, ``agent:reviewer``)
 ``tenant``          tenant / project scope
 ``protocolversion`` the Temporality protocol version the writer spoke (mandatory, AP-10)
+``traceparent``     W3C Trace Context of the span that published the event (CloudEvents Distributed
+                    Tracing extension); absent when tracing is off
+``tracestate``      the vendor-specific W3C ``tracestate`` that goes with it
 ==================  =====================================================================
+
+The two tracing attributes are written by the bus (``temporality_bus.tracing``), never by hand: an event
+published inside a span carries that span's context, one published outside any span keeps what its maker
+set (a human request's stored context, so an answer hours later continues the run's trace). A reader
+treats a value it cannot parse as absent (tracing never makes an event unreadable).
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from temporality_protocol.version import PROTOCOL_VERSION
 __all__ = ["CONTENT_TYPE", "Envelope", "decode", "encode", "make_event"]
 
 CONTENT_TYPE = "application/cloudevents+json"
+#: The longest ``traceparent`` / ``tracestate`` kept (W3C: tracestate ≤ 32 members of ≤ 256 characters).
+MAX_TRACE_HEADER = 8192
 D = TypeVar("D", bound=EventData)
 
 
@@ -58,6 +68,10 @@ class Envelope(BaseModel):
     actor: str | None = None
     tenant: str | None = None
     protocolversion: str = PROTOCOL_VERSION
+    #: W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``); kept as text, parsed by the propagator.
+    traceparent: str | None = Field(default=None, max_length=MAX_TRACE_HEADER)
+    #: W3C ``tracestate`` (vendor key=value list), only next to a ``traceparent``.
+    tracestate: str | None = Field(default=None, max_length=MAX_TRACE_HEADER)
 
     @property
     def nats_subject(self) -> str:
@@ -92,8 +106,13 @@ def make_event(
     tenant: str | None = None,
     subject: str | None = None,
     time: datetime | None = None,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> Envelope:
-    """Wrap ``data`` in an envelope. Pass a deterministic ``id`` whenever the fact is deterministic."""
+    """Wrap ``data`` in an envelope. Pass a deterministic ``id`` whenever the fact is deterministic.
+
+    ``traceparent`` / ``tracestate``: a stored trace context the event continues when it is published
+    outside any span (the bus replaces it with the current span's when there is one)."""
     return Envelope(
         id=id or new_id("evt"),
         source=source,
@@ -106,11 +125,13 @@ def make_event(
         causationid=causation_id,
         actor=actor,
         tenant=tenant,
+        traceparent=traceparent,
+        tracestate=tracestate if traceparent else None,
     )
 
 
 _CORE = ("id", "source", "type", "specversion", "time", "subject", "datacontenttype")
-_EXT = ("runid", "correlationid", "causationid", "actor", "tenant", "protocolversion")
+_EXT = ("runid", "correlationid", "causationid", "actor", "tenant", "protocolversion", "traceparent", "tracestate")
 
 
 def encode(event: Envelope) -> bytes:

@@ -45,9 +45,11 @@ from temporality_service.metrics import ServiceMetrics
 from temporality_service.runtime import ConfigError, Configure, Responder, Runtime, Setup, run_service, run_until, serve
 from temporality_service.server import HttpServer, bind_tcp
 from temporality_service.settings import HttpServiceSettings, LogSettings, ProcessSettings, ServiceSettings
+from temporality_service.tracing import HTTP_TELEMETRY, TracingConfigError, configure_tracing, shutdown_tracing
 from temporality_service.vouch import VOUCH_HEADER, Voucher, VouchSecretError
 
 __all__ = [
+    "HTTP_TELEMETRY",
     "MAX_INT64",
     "VOUCH_HEADER",
     "ApiAuth",
@@ -81,6 +83,7 @@ __all__ = [
     "ServiceSettings",
     "Setup",
     "TokenFileError",
+    "TracingConfigError",
     "Unauthorized",
     "Unavailable",
     "Unprocessable",
@@ -89,6 +92,7 @@ __all__ = [
     "bind_tcp",
     "clear_ready",
     "configure_logging",
+    "configure_tracing",
     "error_response",
     "install_error_handlers",
     "mark_ready",
@@ -97,5 +101,6 @@ __all__ = [
     "run_service",
     "run_until",
     "serve",
+    "shutdown_tracing",
     "stop_on_signals",
 ]

@@ -6,10 +6,20 @@ import logging
 import sys
 
 import structlog
+from opentelemetry import trace
 
 from temporality_service.settings import LogSettings
 
-__all__ = ["configure_logging"]
+__all__ = ["add_trace_ids", "configure_logging"]
+
+
+def add_trace_ids(_: object, __: str, event_dict: structlog.typing.EventDict) -> structlog.typing.EventDict:
+    """``trace_id`` / ``span_id`` of the current span (tracing on, inside one), so a log line finds its trace."""
+    context = trace.get_current_span().get_span_context()
+    if context.is_valid:
+        event_dict.setdefault("trace_id", f"{context.trace_id:032x}")
+        event_dict.setdefault("span_id", f"{context.span_id:016x}")
+    return event_dict
 
 
 def configure_logging(settings: LogSettings, *, service: str) -> None:
@@ -22,6 +32,7 @@ def configure_logging(settings: LogSettings, *, service: str) -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            add_trace_ids,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
@@ -39,6 +50,7 @@ def configure_logging(settings: LogSettings, *, service: str) -> None:
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[
                 structlog.contextvars.merge_contextvars,
+                add_trace_ids,
                 structlog.stdlib.add_log_level,
                 structlog.stdlib.add_logger_name,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -1,6 +1,6 @@
 """``run_service``: the one lifecycle of every Temporality service process.
 
-    settings -> logging -> connect (replies below its own inbox, ``_INBOX.<service>``) -> ensure the
+    settings -> logging -> tracing (``OTEL_*``, :mod:`.tracing`) -> connect (replies below its own inbox, ``_INBOX.<service>``) -> ensure the
     layout it owns (its streams and buckets, ``ServiceSpec.streams`` / ``buckets``) -> wait until the streams
     it uses and the buckets it reads exist (their owners create them; meanwhile ``/healthz`` 200 and
     ``/readyz`` 503) -> setup (the service registers its consumers,
@@ -42,6 +42,7 @@ from temporality_service.logs import configure_logging
 from temporality_service.metrics import ServiceMetrics
 from temporality_service.server import HttpServer
 from temporality_service.settings import LogSettings, ServiceSettings
+from temporality_service.tracing import HTTP_TELEMETRY, TracingConfigError, configure_tracing, shutdown_tracing
 
 __all__ = ["ConfigError", "Configure", "Responder", "Runtime", "Setup", "run_service", "run_until", "serve"]
 
@@ -180,7 +181,8 @@ async def run_service(spec: ServiceSpec, settings_type: type[S], configure: Conf
     configure_logging(settings.log, service=spec.name)
     try:
         setup = configure(settings)
-    except ConfigError as exc:
+        tracer_provider = configure_tracing(spec.name)  # OTEL_* (off without an endpoint): see .tracing
+    except (ConfigError, TracingConfigError) as exc:
         log.error("config.invalid", error=str(exc))
         return 2
     stop = stop_on_signals()
@@ -195,6 +197,7 @@ async def run_service(spec: ServiceSpec, settings_type: type[S], configure: Conf
         return 1
     finally:
         clear_ready(settings.process.ready_file)
+        shutdown_tracing(tracer_provider)  # exports the spans still queued
 
 
 async def run_until(
@@ -220,7 +223,7 @@ async def run_until(
         await setup(runtime)
         runtime._check_declared()
         if runtime.app is None and settings.port is not None:  # a worker with a probe port
-            runtime.http(FastAPI(title=f"Temporality {spec.name} (health)", openapi_url=None))
+            runtime.http(FastAPI(title=f"Temporality {spec.name} (health)", openapi_url=None, telemetry=HTTP_TELEMETRY))
         if runtime.app is not None:
             assert settings.port is not None
             runtime.server = HttpServer(runtime.app, host=settings.host, port=settings.port)
@@ -264,7 +267,9 @@ async def _wait_for_layout(spec: ServiceSpec, settings: ServiceSettings, bus: Bu
     if settings.port is not None:
         readiness = Readiness(spec.name, bus)
         readiness.add_check("layout", layout)
-        app = FastAPI(title=f"Temporality {spec.name} (waiting for the layout)", openapi_url=None)
+        app = FastAPI(
+            title=f"Temporality {spec.name} (waiting for the layout)", openapi_url=None, telemetry=HTTP_TELEMETRY
+        )
         add_health_routes(app, readiness)
         server = HttpServer(app, host=settings.host, port=settings.port)
         serving = asyncio.create_task(server.run_until_exit())

@@ -33,6 +33,7 @@ from temporality_bus import NotFound as NoRecord
 from temporality_protocol import AgentCard
 from temporality_protocol.states import AgentLifecycleState
 from temporality_service import (
+    HTTP_TELEMETRY,
     ApiAuth,
     AsOperator,
     AsViewer,
@@ -100,6 +101,7 @@ def create_app(registry: AgentRegistry, auth: ApiAuth) -> FastAPI:
         "/healthz and /readyz needs Authorization: Bearer <API token> (viewer reads, operator acts).",
         version="0.1.0",
         responses={code: {"model": ErrorBody} for code in (401, 403, 422)},
+        telemetry=HTTP_TELEMETRY,
     )
     install_error_handlers(app)
     auth.install(app)

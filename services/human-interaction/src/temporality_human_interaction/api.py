@@ -51,6 +51,7 @@ from temporality_human_interaction.settings import Settings
 from temporality_human_interaction.store import DirectoryStore
 from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState, SourceLink
 from temporality_service import (
+    HTTP_TELEMETRY,
     VOUCH_HEADER,
     ApiAuth,
     ErrorBody,
@@ -208,6 +209,7 @@ def create_app(
         title="Temporality human-interaction",
         version="0.1.0",
         responses={code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 412, 413, 422, 428, 503)},
+        telemetry=HTTP_TELEMETRY,
     )
     app.state.directory = directory
     app.state.voucher = voucher

@@ -30,6 +30,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_bus import Bus, Delivery, NotFound, PermanentError, evolve
+from temporality_bus.tracing import continued
 from temporality_human_interaction.answers import announce_answer, unannounced
 from temporality_human_interaction.chain import ChainRunner, plan
 from temporality_human_interaction.events import cancel_requested_event, expired_event
@@ -100,30 +101,42 @@ class DeadlineHandler:
         with structlog.contextvars.bound_contextvars(request_id=payload.request_id):
             store = await open_store(self._bus)
             record = await self._expire(store, payload.request_id)
-            if record.pending:
-                if payload.step is not None:
-                    await self._chain_step(store, record, payload.step, delivery)
-                else:
-                    await self._rearm(record, delivery)
-                return
-            if unannounced(record):
-                log.warning("answer.republishing", trigger="timer", run_id=record.run_id)
-                await announce_answer(self._bus, record, store=store)
-                return
-            if record.status is not HumanRequestState.EXPIRED:
-                log.info("deadline.ignored", status=record.status.value)
-                return
-            if record.expiry_published:
-                log.info("deadline.already_announced")
-                return
-            await unindex(self._bus, record)
-            if record.policy.on_timeout.action == "cancel":  # the run-executor cancels the parked run on it
-                await self._bus.publish(cancel_requested_event(record))
-            await self._bus.publish(expired_event(record, now=record.expires_at))
-            await self._mark_published(store, payload.request_id)
-            log.info("request.expired", action=record.policy.on_timeout.action, run_id=record.run_id)
-            if self._on_outcome is not None:
-                await self._on_outcome(record)
+            # A timer carries no trace context: its firing continues the one the request was asked in.
+            with continued(
+                "human.deadline",
+                record.traceparent,
+                record.tracestate,
+                attributes={"temporality.request_id": record.request_id, "temporality.run_id": record.run_id},
+            ):
+                await self._fired(store, record, payload, delivery)
+
+    async def _fired(
+        self, store: RequestStore, record: HumanRequestRecord, payload: DeadlinePayload, delivery: Delivery | None
+    ) -> None:
+        if record.pending:
+            if payload.step is not None:
+                await self._chain_step(store, record, payload.step, delivery)
+            else:
+                await self._rearm(record, delivery)
+            return
+        if unannounced(record):
+            log.warning("answer.republishing", trigger="timer", run_id=record.run_id)
+            await announce_answer(self._bus, record, store=store)
+            return
+        if record.status is not HumanRequestState.EXPIRED:
+            log.info("deadline.ignored", status=record.status.value)
+            return
+        if record.expiry_published:
+            log.info("deadline.already_announced")
+            return
+        await unindex(self._bus, record)
+        if record.policy.on_timeout.action == "cancel":  # the run-executor cancels the parked run on it
+            await self._bus.publish(cancel_requested_event(record))
+        await self._bus.publish(expired_event(record, now=record.expires_at))
+        await self._mark_published(store, payload.request_id)
+        log.info("request.expired", action=record.policy.on_timeout.action, run_id=record.run_id)
+        if self._on_outcome is not None:
+            await self._on_outcome(record)
 
     async def _expire(self, store: RequestStore, key: str) -> HumanRequestRecord:
         """Move a pending request past its ``expires_at`` to ``expired``; return the record as it now stands."""

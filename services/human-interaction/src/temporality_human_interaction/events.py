@@ -93,6 +93,8 @@ def notified_event(
         run_id=record.run_id,
         correlation_id=record.correlation_id,
         causation_id=record.requested_event_id,
+        traceparent=record.traceparent,
+        tracestate=record.tracestate,
         actor=ACTOR,
     )
 
@@ -116,6 +118,8 @@ def answered_event(record: HumanRequestRecord, *, channel: str) -> Envelope:
         run_id=record.run_id,
         correlation_id=record.correlation_id,
         causation_id=record.requested_event_id,
+        traceparent=record.traceparent,
+        tracestate=record.tracestate,
         actor=record.responder,
     )
 
@@ -155,6 +159,8 @@ def answer_refused_event(
         run_id=record.run_id,
         correlation_id=record.correlation_id,
         causation_id=record.requested_event_id,
+        traceparent=record.traceparent,
+        tracestate=record.tracestate,
         actor=ACTOR,
     )
 
@@ -182,6 +188,8 @@ def expired_event(record: HumanRequestRecord, *, now: datetime) -> Envelope:
         run_id=record.run_id,
         correlation_id=record.correlation_id,
         causation_id=record.requested_event_id,
+        traceparent=record.traceparent,
+        tracestate=record.tracestate,
         actor=ACTOR,
     )
 
@@ -205,6 +213,8 @@ def reasked_event(
         run_id=record.run_id,
         correlation_id=record.correlation_id,
         causation_id=record.requested_event_id,
+        traceparent=record.traceparent,
+        tracestate=record.tracestate,
         actor=ACTOR,
     )
 
@@ -228,6 +238,8 @@ def escalated_event(record: HumanRequestRecord, *, channels: list[str], failed: 
         run_id=record.run_id,
         correlation_id=record.correlation_id,
         causation_id=record.requested_event_id,
+        traceparent=record.traceparent,
+        tracestate=record.tracestate,
         actor=ACTOR,
     )
 
@@ -245,5 +257,7 @@ def cancel_requested_event(record: HumanRequestRecord) -> Envelope:
         run_id=record.run_id,
         correlation_id=record.correlation_id,
         causation_id=record.requested_event_id,
+        traceparent=record.traceparent,
+        tracestate=record.tracestate,
         actor=ACTOR,
     )

@@ -30,6 +30,7 @@ from temporality_human_interaction.channels.base import ChannelAdapter, ChannelE
 from temporality_human_interaction.directory import Directory, recipient_for, user_id_of
 from temporality_human_interaction.egress import EgressPolicy
 from temporality_human_interaction.records import HumanRequestRecord
+from temporality_human_interaction.traces import answering
 
 if TYPE_CHECKING:
     from temporality_human_interaction.metrics import RequestObserver
@@ -67,24 +68,28 @@ class AnswerRouter:
     async def __call__(self, answer: InboundAnswer) -> InboundResult:
         responder = self.responder_for(answer.channel, answer.identity)
         with structlog.contextvars.bound_contextvars(request_id=answer.request_id, channel=answer.channel):
-            try:
-                record, already = await bind_answer_outcome(
-                    self._bus,
-                    request_id=answer.request_id,
-                    responder=responder,
-                    responder_name=self.display_name(responder),
-                    submission=answer.submission,
-                    channel=answer.channel,
-                    repair_after_s=self._repair_after_s,
-                    egress=self._egress,
-                    observer=self._observer,
-                )
-            except AnswerRefused as refused:
-                log.info("answer.refused", code=refused.code, responder=responder, detail=refused.detail)
-                return InboundResult(refused=refused)
-            if not already:
-                await self.show_outcome(record)
-            return InboundResult(record=record, already_recorded=already)
+            async with answering(self._bus, answer.channel, answer.request_id):  # the question's trace
+                return await self._bind(answer, responder)
+
+    async def _bind(self, answer: InboundAnswer, responder: str) -> InboundResult:
+        try:
+            record, already = await bind_answer_outcome(
+                self._bus,
+                request_id=answer.request_id,
+                responder=responder,
+                responder_name=self.display_name(responder),
+                submission=answer.submission,
+                channel=answer.channel,
+                repair_after_s=self._repair_after_s,
+                egress=self._egress,
+                observer=self._observer,
+            )
+        except AnswerRefused as refused:
+            log.info("answer.refused", code=refused.code, responder=responder, detail=refused.detail)
+            return InboundResult(refused=refused)
+        if not already:
+            await self.show_outcome(record)
+        return InboundResult(record=record, already_recorded=already)
 
     def display_name(self, responder: str | None) -> str | None:
         user_id = user_id_of(responder) if responder else None

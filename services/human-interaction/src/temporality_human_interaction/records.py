@@ -119,6 +119,11 @@ class HumanRequestRecord(BaseModel):
     requested_event_id: str | None = None
     #: The saga the run belongs to (the incoming event's ``correlationid``).
     correlation_id: str | None = None
+    #: The trace context ``human.requested`` was published in (its ``traceparent`` / ``tracestate``), kept
+    #: across the wait: the answer (an HTTP request hours later), the expiry and every event about the
+    #: request continue that trace (docs/operations.md#tracing). ``None`` with tracing off.
+    traceparent: str | None = None
+    tracestate: str | None = None
     #: Every message that carries this question, one per channel it went out on (HUM-3): an answer on any
     #: of them binds, and once the request is settled each is edited to show the outcome.
     deliveries: list[SentCopy] = Field(default_factory=list)
@@ -190,6 +195,8 @@ class HumanRequestRecord(BaseModel):
             policy=payload.policy,
             requested_event_id=event.id,
             correlation_id=event.correlationid or payload.run_id,
+            traceparent=event.traceparent,
+            tracestate=event.tracestate if event.traceparent else None,
             source_link=payload.source_link,
         )
 

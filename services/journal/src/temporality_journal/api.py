@@ -101,6 +101,7 @@ from temporality_journal.tail import Tail
 from temporality_protocol import RUN, RunCancelRequested, RunState, derive_id, make_event
 from temporality_protocol.states import AgentAskState
 from temporality_service import (
+    HTTP_TELEMETRY,
     ApiAuth,
     AsOperator,
     AsViewer,
@@ -453,6 +454,7 @@ def create_app(
         "/healthz and /readyz needs Authorization: Bearer <API token> (viewer reads, operator cancels).",
         version="0.1.0",
         responses={code: {"model": ErrorBody} for code in (401, 403, 422)},
+        telemetry=HTTP_TELEMETRY,
     )
     app.state.settings = settings
     app.state.database = database

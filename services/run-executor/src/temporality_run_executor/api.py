@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from temporality_run_executor.agents import AgentCard, AgentDirectory, Limits
 from temporality_run_executor.tools import Tool
-from temporality_service import ApiAuth, AsViewer, ErrorBody, NotFound, install_error_handlers
+from temporality_service import HTTP_TELEMETRY, ApiAuth, AsViewer, ErrorBody, NotFound, install_error_handlers
 
 __all__ = ["AgentView", "AgentsView", "ProviderView", "SkillView", "ToolPolicyView", "agent_view", "create_app"]
 
@@ -117,6 +117,7 @@ def create_app(agents: AgentDirectory, offered: Callable[[AgentCard], list[Tool]
         title="Temporality run-executor",
         version="0.1.0",
         responses={code: {"model": ErrorBody} for code in (400, 401, 403, 404, 422)},
+        telemetry=HTTP_TELEMETRY,
     )
     install_error_handlers(app)
     auth.install(app)

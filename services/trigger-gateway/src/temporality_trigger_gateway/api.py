@@ -23,7 +23,7 @@ import structlog
 from fastapi import FastAPI, Request, Response
 
 from temporality_bus import Bus
-from temporality_service import ApiAuth, ErrorBody, install_error_handlers, parse_json, read_body
+from temporality_service import HTTP_TELEMETRY, ApiAuth, ErrorBody, install_error_handlers, parse_json, read_body
 from temporality_trigger_gateway.adapters import WebhookRequest
 from temporality_trigger_gateway.admin import admin_router
 from temporality_trigger_gateway.errors import (
@@ -62,6 +62,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         responses={code: {"model": ErrorBody} for code in (400, 401, 404, 413, 422, 503)},
+        telemetry=HTTP_TELEMETRY,
     )
     install_error_handlers(app)
     (auth or ApiAuth()).install(app)

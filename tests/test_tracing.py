@@ -1,0 +1,274 @@
+"""Issue 11: one OpenTelemetry trace follows webhook → run → question → answer → resume across the five
+service processes, through the CloudEvents ``traceparent`` extension and the human request's stored context.
+
+The services export with the real SDK and OTLP/HTTP exporter (``OTEL_*`` env) to a real HTTP receiver in the
+test (:class:`temporality_testing.otlp_receiver.OtlpReceiver`); spans arrive after the batch processor's
+delay, so every check waits on a condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import pytest
+import yaml
+from e2e_support import ALICE, CONFIG, JOURNAL, eventually, example_pr, make_stack, post_hook
+
+from temporality_embedded import Stack
+from temporality_testing.events import EventLog
+from temporality_testing.otlp_receiver import OtlpReceiver, ReceivedSpan
+
+pytestmark = pytest.mark.e2e
+
+#: A trace context the answering client sends: it must become a span link of the answer, not its parent.
+CLIENT_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@asynccontextmanager
+async def _traced(tmp_path: Path, config_dir: Path = CONFIG) -> AsyncIterator[tuple[Stack, OtlpReceiver]]:
+    async with OtlpReceiver().serve() as otlp:
+        stack = make_stack(tmp_path, config_dir=config_dir, **otlp.env())
+        await asyncio.to_thread(stack.start)  # the receiver answers on this loop meanwhile
+        try:
+            yield stack, otlp
+        finally:
+            await asyncio.to_thread(stack.stop)
+
+
+@pytest.fixture
+async def traced_stack(tmp_path: Path) -> AsyncIterator[tuple[Stack, OtlpReceiver]]:
+    async with _traced(tmp_path) as traced:
+        yield traced
+
+
+def _one(spans: list[ReceivedSpan], service: str, name: str, **attributes: Any) -> ReceivedSpan | None:
+    found = [
+        s
+        for s in spans
+        if s.service == service and s.name == name and all(s.attributes.get(k) == v for k, v in attributes.items())
+    ]
+    assert len(found) <= 1, (
+        f"{len(found)} spans {service}: {name} {attributes}: {[(s.trace_id, s.span_id, s.attributes) for s in found]}"
+    )
+    return found[0] if found else None
+
+
+def _consumer(spans: list[ReceivedSpan], service: str, event_type: str, run_id: str) -> ReceivedSpan | None:
+    return _one(
+        spans,
+        service,
+        f"process temporality.events.{event_type}",
+        **{"cloudevents.event_type": event_type, "temporality.run_id": run_id},
+    )
+
+
+async def _inbox(http: httpx.AsyncClient, stack: Stack) -> list[dict[str, Any]] | None:
+    response = await http.get(f"{stack.human_url}/inbox", headers=ALICE)
+    return response.json()["requests"] if response.status_code == 200 else None
+
+
+async def test_one_trace_follows_webhook_run_question_answer_and_resume(
+    traced_stack: tuple[Stack, OtlpReceiver], http: httpx.AsyncClient
+) -> None:
+    stack, otlp = traced_stack
+    accepted = await post_hook(http, stack, example_pr())
+    assert accepted.status_code == 202, accepted.text
+    run_id = accepted.json()["run_id"]
+
+    (request,) = await eventually(lambda: _inbox(http, stack), what="alice's question in her inbox")
+    answered = await http.post(
+        f"{stack.human_url}/requests/{request['id']}/answer",
+        json={"option_id": "keep-v1"},
+        headers={**ALICE, "traceparent": CLIENT_TRACEPARENT},
+    )
+    assert answered.status_code == 200, answered.text
+
+    await _completed(http, stack, run_id)
+
+    def whole(spans: list[ReceivedSpan]) -> bool:
+        return all(
+            (
+                _one(spans, "trigger-gateway", "POST /hooks/{trigger_id}"),
+                _consumer(spans, "run-executor", "run.requested", run_id),
+                _consumer(spans, "human-interaction", "human.requested", run_id),
+                _one(spans, "human-interaction", "POST /requests/{request_id}/answer"),
+                _one(spans, "human-interaction", "answer web"),
+                _consumer(spans, "run-executor", "human.answered", run_id),
+                _consumer(spans, "agent-collab", "run.completed", run_id),
+                _consumer(spans, "human-interaction", "run.completed", run_id),
+            )
+        )
+
+    spans = await otlp.wait_for(whole, what="the spans of webhook, run, question, answer, resume and completion")
+    intake = _one(spans, "trigger-gateway", "POST /hooks/{trigger_id}")
+    started = _consumer(spans, "run-executor", "run.requested", run_id)
+    asked = _consumer(spans, "human-interaction", "human.requested", run_id)
+    http_answer = _one(spans, "human-interaction", "POST /requests/{request_id}/answer")
+    answer = _one(spans, "human-interaction", "answer web")
+    resumed = _consumer(spans, "run-executor", "human.answered", run_id)
+    completion = _consumer(spans, "agent-collab", "run.completed", run_id)
+    assert intake is not None
+    assert started is not None
+    assert asked is not None
+    assert answer is not None
+    assert http_answer is not None
+    assert resumed is not None
+    assert completion is not None
+
+    # one trace, from the webhook (a root: Azure DevOps sent no traceparent) to the run's completion
+    assert {s.trace_id for s in (intake, started, asked, answer, resumed, completion)} == {intake.trace_id}
+    assert intake.parent_span_id is None
+    assert intake.kind == "server"
+    assert intake.attributes["http.route"] == "/hooks/{trigger_id}"
+    assert intake.attributes["http.response.status_code"] == 202
+    # the run starts in the child of the intake (run.requested carried the intake's context)
+    assert started.kind == "consumer"
+    assert started.parent_span_id == intake.span_id
+    assert started.attributes["messaging.system"] == "nats"
+    assert started.attributes["messaging.destination.name"] == "temporality.events.run.requested"
+    assert started.attributes["messaging.consumer.group.name"] == "run-executor-requests"
+    # human.requested was published inside the run's handling (a span of the run-executor's) ...
+    by_id = {s.span_id: s for s in spans}
+    asker = by_id[asked.parent_span_id or ""]
+    assert asker.service == "run-executor"
+    # ... and the answer, a new HTTP request after the wait, continues exactly that context: the stored
+    # request's traceparent is the parent of the answer's span; the HTTP request's own SERVER span (in the
+    # trace its client sent) is its link
+    assert http_answer.kind == "server"
+    assert http_answer.trace_id == CLIENT_TRACEPARENT[3:35]
+    assert http_answer.parent_span_id == CLIENT_TRACEPARENT[36:52]
+    assert http_answer.attributes["http.route"] == "/requests/{request_id}/answer"
+    assert http_answer.attributes["http.response.status_code"] == 200
+    assert answer.parent_span_id == asker.span_id
+    assert answer.links == [(http_answer.trace_id, http_answer.span_id)]
+    assert answer.attributes["temporality.request_id"] == request["id"]
+    assert answer.attributes["temporality.channel"] == "web"
+    # the run resumes in the child of the answer (human.answered carried it), and completes in it
+    assert resumed.parent_span_id == answer.span_id
+    assert resumed.attributes["messaging.message.id"]
+    assert completion.parent_span_id == resumed.span_id
+    # probes are never traced
+    assert not [s for s in spans if s.attributes.get("url.path") in ("/healthz", "/readyz", "/metrics")]
+    # every service exported under its own name
+    assert {s.service for s in spans if s.trace_id == intake.trace_id} >= {
+        "trigger-gateway",
+        "run-executor",
+        "human-interaction",
+        "agent-collab",
+    }
+    assert not [s for s in spans if s.trace_id == intake.trace_id and s.error]
+
+
+async def _completed(http: httpx.AsyncClient, stack: Stack, run_id: str) -> None:
+    async def completed() -> bool:
+        response = await http.get(f"{stack.journal_url}/runs/{run_id}", headers=JOURNAL)
+        return response.status_code == 200 and response.json()["state"] == "completed"
+
+    await eventually(completed, what=f"run {run_id} completed")
+
+
+async def test_the_run_resumed_by_the_deadline_timer_continues_the_trace(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    """Nobody answers: the deadline (a JetStream message schedule, carrying no context) fires in a span that
+    continues the question's stored context, and the run resumes with the default in its child."""
+    config = tmp_path / "config"
+    shutil.copytree(CONFIG, config)
+    triggers = yaml.safe_load((config / "triggers.yaml").read_text())
+    triggers["triggers"][0]["human"] |= {
+        "default_timeout_s": 2,
+        "on_timeout": {"action": "default", "default_option": "keep-v1"},
+    }
+    (config / "triggers.yaml").write_text(yaml.safe_dump(triggers))
+    async with _traced(tmp_path, config) as (stack, otlp):
+        accepted = await post_hook(http, stack, example_pr())
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        await _completed(http, stack, run_id)
+
+        def whole(spans: list[ReceivedSpan]) -> bool:
+            return all(
+                (
+                    _one(spans, "trigger-gateway", "POST /hooks/{trigger_id}"),
+                    _consumer(spans, "human-interaction", "human.requested", run_id),
+                    _consumer(spans, "run-executor", "human.expired", run_id),
+                    _consumer(spans, "agent-collab", "run.completed", run_id),
+                )
+            )
+
+        spans = await otlp.wait_for(whole, what="the spans of webhook, question, expiry and completion")
+    by_id = {s.span_id: s for s in spans}
+    intake = _one(spans, "trigger-gateway", "POST /hooks/{trigger_id}")
+    asked = _consumer(spans, "human-interaction", "human.requested", run_id)
+    resumed = _consumer(spans, "run-executor", "human.expired", run_id)
+    completion = _consumer(spans, "agent-collab", "run.completed", run_id)
+    assert intake is not None
+    assert asked is not None
+    assert resumed is not None
+    assert completion is not None
+    deadline = by_id[resumed.parent_span_id or ""]
+    assert deadline.service == "human-interaction"
+    assert deadline.name == "human.deadline"
+    assert deadline.attributes["temporality.run_id"] == run_id
+    assert deadline.parent_span_id == asked.parent_span_id  # the stored context: human.requested's publisher
+    assert by_id[deadline.parent_span_id or ""].service == "run-executor"
+    assert completion.parent_span_id == resumed.span_id
+    assert {s.trace_id for s in (intake, asked, deadline, resumed, completion)} == {intake.trace_id}
+
+
+async def test_without_an_endpoint_no_event_carries_a_trace_context(tmp_path: Path, http: httpx.AsyncClient) -> None:
+    """Tracing off (no ``OTEL_*`` endpoint): the services add no ``traceparent``, even to an answer sent with one."""
+    assert not [k for k in os.environ if k.startswith("OTEL_EXPORTER_OTLP")]  # the processes inherit this env
+    stack = make_stack(tmp_path)
+    await asyncio.to_thread(stack.start)
+    nc = await nats.connect(stack.nats.url)
+    log = await EventLog(nc).start()
+    try:
+        accepted = await post_hook(http, stack, example_pr(), traceparent=CLIENT_TRACEPARENT)
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        (request,) = await eventually(lambda: _inbox(http, stack), what="alice's question in her inbox")
+        answered = await http.post(
+            f"{stack.human_url}/requests/{request['id']}/answer",
+            json={"option_id": "keep-v1"},
+            headers={**ALICE, "traceparent": CLIENT_TRACEPARENT},
+        )
+        assert answered.status_code == 200, answered.text
+        await log.wait_for("run.completed", run_id=run_id)
+        events = await log.caught_up()
+        assert {"trigger.received", "run.requested", "human.requested", "human.answered", "run.resumed"} <= {
+            e.type for e in events
+        }
+        assert [(e.type, e.traceparent) for e in events if e.traceparent or e.tracestate] == []
+    finally:
+        await log.stop()
+        await nc.drain()
+        await asyncio.to_thread(stack.stop)
+
+
+def test_an_otlp_protocol_the_service_cannot_speak_is_exit_2_before_connecting(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "TEMPORALITY_NATS_URL": "nats://127.0.0.1:1",  # never reached
+        "TEMPORALITY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'journal.db'}",
+        "TEMPORALITY_LOG_FORMAT": "json",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "temporality_journal"], env=env, cwd=tmp_path, capture_output=True, timeout=60
+    )
+    assert result.returncode == 2, result.stderr.decode(errors="replace")
+    assert b"config.invalid" in result.stderr
+    assert b"OTEL_EXPORTER_OTLP_PROTOCOL" in result.stderr
+    assert b"nats.connected" not in result.stderr

@@ -1032,13 +1032,22 @@ def test_helm_oidc_sign_in_reaches_the_journal_and_the_vouch_secret_human_intera
         (container,) = pod["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
         mounts = {m["name"]: m for m in container["volumeMounts"]}
-        if name not in ("journal", "human-interaction"):
+        # the API vouch secret: the journal signs a signed-in person's role, the gateway checks it (the wizard)
+        if name in ("journal", "trigger-gateway"):
+            assert env["TEMPORALITY_API_VOUCH_SECRET_FILE"] == "/etc/temporality/signin/api-vouch", name
+        else:
+            assert "TEMPORALITY_API_VOUCH_SECRET_FILE" not in env, name
+        if name not in ("journal", "human-interaction", "trigger-gateway"):
             assert "signin" not in mounts, name
             assert "TEMPORALITY_INBOX_VOUCH_SECRET_FILE" not in env, name
             continue
         assert mounts["signin"] == {"name": "signin", "mountPath": "/etc/temporality/signin", "readOnly": True}
         volume = next(v for v in pod["volumes"] if v["name"] == "signin")
         assert volume["secret"] == {"secretName": "temporality-signin", "defaultMode": 0o400}
+        if name == "trigger-gateway":
+            assert "TEMPORALITY_INBOX_VOUCH_SECRET_FILE" not in env
+            assert not any(k.startswith("TEMPORALITY_JOURNAL_") for k in env)
+            continue
         assert env["TEMPORALITY_INBOX_VOUCH_SECRET_FILE"] == "/etc/temporality/signin/inbox-vouch"
     journal = {
         e["name"]: e.get("value") for e in deployments["journal"]["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -1055,6 +1064,12 @@ def test_helm_oidc_sign_in_reaches_the_journal_and_the_vouch_secret_human_intera
     settings = JournalSettings()
     assert settings.oidc_role_map == {"sre": "operator"}
     assert settings.session_max_age_s == 28800
+    # without apiVouchKey the gateway gets neither the secret nor the mount
+    no_api_vouch = json.loads(json.dumps(_SIGN_IN))
+    no_api_vouch["signIn"]["existingSecret"]["apiVouchKey"] = ""
+    gateway = _deployments(no_api_vouch)["trigger-gateway"]["spec"]["template"]["spec"]
+    assert "signin" not in {m["name"] for m in gateway["containers"][0]["volumeMounts"]}
+    assert "TEMPORALITY_API_VOUCH_SECRET_FILE" not in {e["name"] for e in gateway["containers"][0]["env"]}
     incomplete = {"signIn": {"oidc": {"issuer": "https://sso.example.org"}}}
     with pytest.raises(Exception, match=re.escape("signIn.oidc.clientId")):
         _render(incomplete)

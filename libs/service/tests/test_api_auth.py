@@ -8,7 +8,16 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from temporality_service import ApiAuth, ApiAuthSettings, Role, TokenFileError, install_error_handlers
+from temporality_service import (
+    PRINCIPAL_HEADER,
+    ApiAuth,
+    ApiAuthSettings,
+    PrincipalVoucher,
+    Role,
+    TokenFileError,
+    Voucher,
+    install_error_handlers,
+)
 from temporality_service.auth import AsAdmin, AsOperator, AsViewer, load_tokens
 
 ADMIN = "a" * 24 + "-admin"
@@ -115,3 +124,72 @@ def test_the_shipped_example_tokens_file_is_valid_and_covers_every_role() -> Non
     tokens = load_tokens(example)
     assert {t.role for t in tokens} == set(Role)
     assert all("demo" in t.token.get_secret_value() for t in tokens), "the shipped tokens must say they are demo ones"
+
+
+# --------------------------------------------------------------------------- vouched principals
+SECRET = "s" * 40
+
+
+def _vouching(tmp_path: Path) -> ApiAuth:
+    (tmp_path / "vouch").write_text(SECRET, encoding="utf-8")
+    return ApiAuth.from_settings(
+        ApiAuthSettings(tokens_file=_tokens_file(tmp_path), vouch_secret_file=tmp_path / "vouch")
+    )
+
+
+async def _vouched_call(app: FastAPI, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        return await client.request(method, path, headers=headers)
+
+
+async def test_a_vouched_principal_is_admitted_with_its_role(tmp_path: Path) -> None:
+    app = _app(_vouching(tmp_path))
+    operator = {PRINCIPAL_HEADER: PrincipalVoucher(SECRET).vouch_principal("user:alice", "operator")}
+    read = await _vouched_call(app, "GET", "/read", operator)
+    assert read.status_code == 200, read.text
+    assert read.json() == {"name": "user:alice", "role": "operator"}
+    assert (await _vouched_call(app, "POST", "/toggle", operator)).status_code == 200
+    below = await _vouched_call(app, "DELETE", "/thing", operator)
+    assert below.status_code == 403
+    assert "user:alice has operator" in below.json()["detail"]
+    # a bearer, when sent, is what counts
+    both = await _vouched_call(app, "GET", "/read", {**operator, "Authorization": f"Bearer {VIEWER}"})
+    assert both.json() == {"name": "board", "role": "viewer"}
+
+
+@pytest.mark.parametrize(
+    "assertion",
+    [
+        PrincipalVoucher("x" * 40).vouch_principal("user:alice", "admin"),  # another secret
+        Voucher(SECRET).vouch('{"name":"user:alice","role":"admin"}'),  # the inbox's salt: not a principal
+        PrincipalVoucher(SECRET).vouch_principal("user:alice", "admin") + "x",  # altered
+        PrincipalVoucher(SECRET).vouch_principal("user:alice", "root"),  # no such role
+        PrincipalVoucher(SECRET).vouch("alice"),  # not a principal
+    ],
+)
+async def test_a_forged_or_foreign_assertion_is_401(tmp_path: Path, assertion: str) -> None:
+    refused = await _vouched_call(_app(_vouching(tmp_path)), "GET", "/read", {PRINCIPAL_HEADER: assertion})
+    assert refused.status_code == 401, refused.text
+    assert refused.json()["error"] == "invalid_vouch"
+
+
+async def test_a_stale_assertion_is_401_and_without_the_setting_the_header_counts_for_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assertion = PrincipalVoucher(SECRET).vouch_principal("user:alice", "admin")
+    monkeypatch.setattr("itsdangerous.timed.time.time", lambda: 10**10)  # far past MAX_AGE_S
+    stale = await _vouched_call(_app(_vouching(tmp_path)), "GET", "/read", {PRINCIPAL_HEADER: assertion})
+    assert stale.status_code == 401
+    monkeypatch.undo()
+    tokens_only = ApiAuth.from_settings(ApiAuthSettings(tokens_file=_tokens_file(tmp_path)))
+    ignored = await _vouched_call(_app(tokens_only), "GET", "/read", {PRINCIPAL_HEADER: assertion})
+    assert ignored.status_code == 401
+    assert ignored.json()["error"] == "unauthorized"  # as without any header: tokens only
+
+
+def test_an_unusable_vouch_secret_file_is_a_configuration_error(tmp_path: Path) -> None:
+    (tmp_path / "short").write_text("too short", encoding="utf-8")
+    with pytest.raises(TokenFileError, match="TEMPORALITY_API_VOUCH_SECRET_FILE"):
+        ApiAuth.from_settings(ApiAuthSettings(vouch_secret_file=tmp_path / "short"))
+    with pytest.raises(TokenFileError, match="cannot read"):
+        ApiAuth.from_settings(ApiAuthSettings(vouch_secret_file=tmp_path / "missing"))

@@ -127,9 +127,12 @@ GATEWAY_TRIGGERS = """triggers:
 
 
 @asynccontextmanager
-async def serve_gateway(tmp_path: Path, nats_settings: NatsSettings) -> AsyncIterator[str]:
+async def serve_gateway(
+    tmp_path: Path, nats_settings: NatsSettings, vouch_secret_file: Path | None = None
+) -> AsyncIterator[str]:
     """The real trigger-gateway (its own ``configure``/``setup``) in-process on 127.0.0.1 and a free port,
-    admitting the journal's test tokens (:data:`TOKENS`), agents ``reviewer`` and ``triager``; yields its URL."""
+    admitting the journal's test tokens (:data:`TOKENS`) and, with ``vouch_secret_file``, the principals the
+    journal vouches for; agents ``reviewer`` and ``triager``; yields its URL."""
     directory = tmp_path / "gateway"
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "triggers.yaml").write_text(GATEWAY_TRIGGERS, encoding="utf-8")
@@ -139,7 +142,7 @@ async def serve_gateway(tmp_path: Path, nats_settings: NatsSettings) -> AsyncIte
         host="127.0.0.1",
         port=0,
         triggers_file=directory / "triggers.yaml",
-        api=ApiAuthSettings(tokens_file=write_tokens(directory / "tokens.json")),
+        api=ApiAuthSettings(tokens_file=write_tokens(directory / "tokens.json"), vouch_secret_file=vouch_secret_file),
     )
     async with serve_service(GATEWAY_SPEC, settings, gateway_configure(settings)) as running:
         server = running.runtime.server

@@ -15,7 +15,16 @@ from typing import Any
 
 import httpx
 import pytest
-from journal_support import BOB_INBOX, VIEWER, ServedJournal, serve_human, serve_journal, served_settings
+from journal_support import (
+    BOB_INBOX,
+    VIEWER,
+    ServedJournal,
+    eventually,
+    serve_gateway,
+    serve_human,
+    serve_journal,
+    served_settings,
+)
 from playwright.async_api import BrowserContext, expect
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -24,7 +33,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_embedded.processes import free_port
 from temporality_journal import Settings
 from temporality_journal.signin import SESSION_COOKIE, SignIn, role_of
-from temporality_service import VOUCH_HEADER, Role, Voucher
+from temporality_service import PRINCIPAL_HEADER, VOUCH_HEADER, ApiAuthSettings, PrincipalVoucher, Role, Voucher
 from temporality_testing.oidc_emulator import OidcEmulator
 
 CONSOLE = {"X-Temporality-Console": "1"}
@@ -44,18 +53,23 @@ class SignInStack:
     vouch_secret: str
 
 
-def oidc_settings(tmp_path: Path, nats_settings: NatsSettings, idp: OidcEmulator, human_url: str) -> Settings:
-    """The served journal's settings with OIDC sign-in against ``idp`` and the vouch secret of ``tmp_path``."""
+def oidc_settings(
+    tmp_path: Path, nats_settings: NatsSettings, idp: OidcEmulator, human_url: str, gateway_url: str | None = None
+) -> Settings:
+    """The served journal's settings with OIDC sign-in against ``idp`` and the vouch secrets of ``tmp_path``
+    (the inbox's, and the API's when ``gateway_url`` is given: the gateway admits who the journal vouches for)."""
     port = free_port()
     (tmp_path / "client-secret").write_text(idp.client_secret, encoding="utf-8")
     (tmp_path / "session-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
-    base = served_settings(tmp_path, nats_settings, human_url=human_url)
+    base = served_settings(tmp_path, nats_settings, human_url=human_url, gateway_url=gateway_url)
+    api_vouch = tmp_path / "api-vouch-secret" if gateway_url is not None else None
     return Settings(
         nats=base.nats,
         port=port,
         database_url=base.database_url,
-        api=base.api,
+        api=ApiAuthSettings(tokens_file=base.api.tokens_file, vouch_secret_file=api_vouch),
         human_url=human_url,
+        gateway_url=gateway_url,
         oidc_issuer=idp.issuer,
         oidc_client_id=idp.client_id,
         oidc_client_secret_file=tmp_path / "client-secret",
@@ -72,11 +86,13 @@ def oidc_settings(tmp_path: Path, nats_settings: NatsSettings, idp: OidcEmulator
 async def stack(tmp_path: Path, nats_settings: NatsSettings, bus: Bus) -> AsyncIterator[SignInStack]:
     vouch_secret = secrets.token_urlsafe(32)
     (tmp_path / "vouch-secret").write_text(vouch_secret, encoding="utf-8")
+    (tmp_path / "api-vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
     async with (
         OidcEmulator(people=PEOPLE).serve() as idp,
         serve_human(tmp_path, nats_settings, vouch_secret_file=tmp_path / "vouch-secret") as human_url,
+        serve_gateway(tmp_path, nats_settings, vouch_secret_file=tmp_path / "api-vouch-secret") as gateway_url,
     ):
-        settings = oidc_settings(tmp_path, nats_settings, idp, human_url)
+        settings = oidc_settings(tmp_path, nats_settings, idp, human_url, gateway_url)
         idp.redirect_uris = [f"http://127.0.0.1:{settings.port}/auth/callback"]
         async with serve_journal(settings, bus) as journal:
             yield SignInStack(journal, idp, human_url, vouch_secret)
@@ -177,10 +193,11 @@ async def test_a_person_without_a_role_mapping_gets_only_their_own_inbox(
     inbox = await browser_http.get("/human/inbox")
     assert inbox.status_code == 200, inbox.text
     assert inbox.json()["user"] == "user:bob"
-    # The trigger admin API takes API tokens only: a clear 403, not a 401 that would sign the console out.
+    # Nor the trigger admin API: a clear 403 from the journal (nothing forwarded), not a 401 that would sign the
+    # console out.
     triggers = await browser_http.get("/gateway/triggers")
     assert triggers.status_code == 403
-    assert triggers.json()["error"] == "api_token_needed"
+    assert "no role" in triggers.json()["detail"]
     # An answer with the cookie needs the console header too (refused before it leaves the journal).
     posted = await browser_http.post("/human/requests/req-1/answer", json={"option_id": "yes"})
     assert posted.status_code == 403
@@ -380,3 +397,47 @@ def test_an_issuer_without_the_rest_of_the_settings_is_a_configuration_error(tmp
         Settings(oidc_issuer="https://idp.example.org", oidc_client_secret_file=tmp_path / "s")
     with pytest.raises(ValidationError, match="viewer"):
         Settings(oidc_role_map={"g": "superuser"})
+
+
+async def test_a_signed_in_operator_manages_triggers_through_the_journal_vouching_for_them(
+    stack: SignInStack, browser_http: httpx.AsyncClient
+) -> None:
+    """The trigger wizard's calls (``/gateway/…``) of a person signed in with the provider: the journal sends the
+    gateway their principal and role, signed (``X-Temporality-Vouched-Principal``); the gateway checks the role."""
+    assert (await sign_in(browser_http, stack.idp, "alice")).status_code == 302  # an operator
+    listed = await browser_http.get("/gateway/triggers")
+    assert listed.status_code == 200, listed.text
+    assert "seeded-hook" in listed.text
+    one = await browser_http.get("/gateway/triggers/seeded-hook")
+    assert one.status_code == 200, one.text
+    switch = {**CONSOLE, "If-Match": one.headers["etag"]}
+    refused = await browser_http.post(
+        "/gateway/triggers/seeded-hook/disable", headers={"If-Match": one.headers["etag"]}
+    )
+    assert refused.status_code == 403  # a change with the cookie needs the console header, as everywhere
+    assert refused.json()["error"] == "console_header_missing"
+    disabled = await browser_http.post("/gateway/triggers/seeded-hook/disable", headers=switch)
+    assert disabled.status_code == 200, disabled.text
+    assert disabled.json()["trigger"]["enabled"] is False
+    # deleting needs admin: the gateway says so, naming the person and their role
+    gone = await browser_http.request("DELETE", "/gateway/triggers/seeded-hook", headers={**CONSOLE, "If-Match": "*"})
+    assert gone.status_code == 403, gone.text
+    assert "user:alice has operator" in gone.json()["detail"]
+
+    async with httpx.AsyncClient(base_url=stack.journal.url, timeout=10) as other:
+        # the change is journaled as the person's
+        async def disabled_by() -> str | None:
+            answer = await other.get("/events", params={"type": "trigger.disabled"}, headers=VIEWER)
+            events = answer.json()["events"]
+            return next((e["actor"] for e in events if e["data"].get("trigger_id") == "seeded-hook"), None)
+
+        assert await eventually(disabled_by, what="trigger.disabled journaled") == "user:alice"
+        # a principal header a caller sends itself is never passed on (the journal forwards allow-listed headers)
+        claim = PrincipalVoucher(secrets.token_urlsafe(32)).vouch_principal("user:mallory", "admin")
+        alone = await other.get("/gateway/triggers", headers={PRINCIPAL_HEADER: claim})
+        assert alone.status_code == 401  # no token, no session: refused by the journal, nothing forwarded
+        with_viewer = await other.request(
+            "DELETE", "/gateway/triggers/seeded-hook", headers={PRINCIPAL_HEADER: claim, "If-Match": "*", **VIEWER}
+        )
+        assert with_viewer.status_code == 403, with_viewer.text  # the gateway saw the viewer token only
+        assert "board" in with_viewer.json()["detail"]

@@ -46,11 +46,12 @@ from temporality_service.runtime import ConfigError, Configure, Responder, Runti
 from temporality_service.server import HttpServer, bind_tcp
 from temporality_service.settings import HttpServiceSettings, LogSettings, ProcessSettings, ServiceSettings
 from temporality_service.tracing import HTTP_TELEMETRY, TracingConfigError, configure_tracing, shutdown_tracing
-from temporality_service.vouch import VOUCH_HEADER, Voucher, VouchSecretError
+from temporality_service.vouch import PRINCIPAL_HEADER, VOUCH_HEADER, PrincipalVoucher, Voucher, VouchSecretError
 
 __all__ = [
     "HTTP_TELEMETRY",
     "MAX_INT64",
+    "PRINCIPAL_HEADER",
     "VOUCH_HEADER",
     "ApiAuth",
     "ApiAuthSettings",
@@ -74,6 +75,7 @@ __all__ = [
     "NonNegativeInt64",
     "NotFound",
     "Principal",
+    "PrincipalVoucher",
     "ProcessSettings",
     "Readiness",
     "Responder",

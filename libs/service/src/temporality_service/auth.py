@@ -14,6 +14,12 @@ are compared in constant time and never logged: the log and the journal name the
 With no file configured nothing is admitted (every protected endpoint answers 401): there is no anonymous
 access but health and metrics. ``temporality up`` writes a file with a fresh admin token and prints it.
 
+A **vouched principal** stands in for a token when ``TEMPORALITY_API_VOUCH_SECRET_FILE`` is set: a request
+without ``Authorization`` whose ``X-Temporality-Vouched-Principal`` carries a fresh assertion signed with that
+secret (by the journal, for a person signed in to the console with the provider:
+:mod:`temporality_service.vouch`) is that principal, name and role. Without the setting the header is ignored
+(and a request with nothing else is a 401 as before); a forged, altered or stale assertion is a 401.
+
 Usage in a FastAPI app::
 
     ApiAuth.from_settings(settings.api).install(app)   # in configure(): a bad file is a ConfigError
@@ -38,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, Valid
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from temporality_service.http import Forbidden, Unauthorized
+from temporality_service.vouch import PRINCIPAL_HEADER, PrincipalVoucher, VouchSecretError
 
 __all__ = [
     "ApiAuth",
@@ -147,21 +154,32 @@ class ApiAuthSettings(BaseSettings):
 
     #: A YAML/JSON list of ``{name, role, token}`` (mount it from a secret). Unset: nothing is admitted.
     tokens_file: Path | None = None
+    #: A secret (at least 32 characters) shared with the journal: a principal it vouches for (a person signed
+    #: in to the console with the provider, with their role) is admitted like a token. Unset: tokens only.
+    vouch_secret_file: Path | None = None
 
 
 class ApiAuth:
     """Checks ``Authorization: Bearer`` against the configured tokens; FastAPI dependencies per role."""
 
-    def __init__(self, tokens: Iterable[ApiToken] = ()) -> None:
+    def __init__(self, tokens: Iterable[ApiToken] = (), principals: PrincipalVoucher | None = None) -> None:
         self._tokens = list(tokens)
         _check_unique(self._tokens, "tokens")
+        #: Checks (and, on the journal, signs) vouched principals; None: tokens only.
+        self.principals = principals
 
     @classmethod
     def from_settings(cls, settings: ApiAuthSettings) -> ApiAuth:
-        """Raises :class:`TokenFileError` (a service turns it into ``ConfigError``, exit 2)."""
-        if settings.tokens_file is None:
-            return cls()
-        return cls(load_tokens(settings.tokens_file))
+        """Raises :class:`TokenFileError` (a service turns it into ``ConfigError``, exit 2), also for an unusable
+        vouch secret file."""
+        tokens = [] if settings.tokens_file is None else load_tokens(settings.tokens_file)
+        principals = None
+        if settings.vouch_secret_file is not None:
+            try:
+                principals = PrincipalVoucher.from_file(settings.vouch_secret_file)
+            except VouchSecretError as exc:
+                raise TokenFileError(f"TEMPORALITY_API_VOUCH_SECRET_FILE: {exc}") from None
+        return cls(tokens, principals)
 
     @property
     def configured(self) -> bool:
@@ -192,9 +210,25 @@ class ApiAuth:
         return principal
 
     def authorize_request(self, request: Request, authorization: str | None, role: Role) -> Principal:
-        """The :func:`require` dependency's check: by default the ``Authorization`` header alone; a service
-        admitting more (the journal's sign-in session cookie) overrides it, with the request to read."""
+        """The :func:`require` dependency's check: the ``Authorization`` header, else a vouched principal (with
+        :attr:`principals` configured); a service admitting more (the journal's sign-in session cookie)
+        overrides it, with the request to read."""
+        assertion = request.headers.get(PRINCIPAL_HEADER)
+        if authorization is None and assertion is not None and self.principals is not None:
+            return self._vouched(assertion, role)
         return self.authorize(authorization, role)
+
+    def _vouched(self, assertion: str, role: Role) -> Principal:
+        assert self.principals is not None
+        vouched = self.principals.vouched_principal(assertion)
+        if vouched is None or vouched[1] not in Role.__members__:
+            log.info("api.vouch_refused")
+            raise Unauthorized("the vouched principal is not valid (forged, altered or stale)", code="invalid_vouch")
+        principal = Principal(name=vouched[0], role=Role[vouched[1]])
+        if not principal.may(role):
+            log.info("api.forbidden", principal=principal.name, role=str(principal.role), needed=str(role))
+            raise Forbidden(f"this needs the {role} role; {principal.name} has {principal.role}")
+        return principal
 
     def install(self, app: FastAPI) -> None:
         """Make this the token set the :data:`AsViewer` / :data:`AsOperator` / :data:`AsAdmin` parameters check."""

@@ -466,7 +466,7 @@ def create_app(
         signin.install(app)
 
     app.mount("/console", _ConsoleFiles(directory=CONSOLE_DIR, html=True), name="console")
-    app.include_router(gateway_router(settings, gateway, signin))
+    app.include_router(gateway_router(settings, gateway, signin, auth.principals))
     app.include_router(human_router(settings, human, database, signin))
 
     @app.get("/", include_in_schema=False)

@@ -43,7 +43,7 @@ from starlette.responses import Response
 from temporality_journal.proxy import ALL_METHODS, MAX_ANSWER_BYTES, TIMEOUT_S, ShapeList, Upstream, upstream_client
 from temporality_journal.settings import Settings
 from temporality_journal.signin import SignIn
-from temporality_service import AsViewer, ErrorBody, Forbidden
+from temporality_service import PRINCIPAL_HEADER, AsViewer, ErrorBody, Forbidden, PrincipalVoucher
 
 __all__ = ["MAX_ANSWER_BYTES", "TIMEOUT_S", "gateway_client", "gateway_router"]
 
@@ -87,19 +87,36 @@ def gateway_client(settings: Settings) -> httpx.AsyncClient | None:
     return upstream_client(settings.gateway_url)
 
 
-def gateway_router(settings: Settings, client: httpx.AsyncClient | None, signin: SignIn | None = None) -> APIRouter:
+def gateway_router(
+    settings: Settings,
+    client: httpx.AsyncClient | None,
+    signin: SignIn | None = None,
+    principals: PrincipalVoucher | None = None,
+) -> APIRouter:
     """The ``/gateway/triggers...`` routes forwarding through ``client`` (None: every one is a 503).
 
-    A person signed in by session (``signin``) has no API token to pass on, and the gateway admits API tokens
-    only: such a request is a 403 ``api_token_needed`` here (not forwarded)."""
+    A person signed in by session (``signin``) has no API token to pass on: with ``principals``
+    (``TEMPORALITY_API_VOUCH_SECRET_FILE``, shared with the gateway) the journal vouches for them instead --
+    ``X-Temporality-Vouched-Principal``, their principal and role, signed -- and the gateway checks the role as
+    for a token. Without it such a request is a 403 ``api_token_needed`` here (not forwarded)."""
 
     async def _token_to_pass_on(request: Request, authorization: Auth = None) -> None:
-        if authorization is None and signin is not None and signin.person(request) is not None:
+        if authorization is None and principals is None and signin is not None and signin.person(request) is not None:
             raise Forbidden(
-                "the trigger admin API takes API tokens only: sign in to the console with an API token to manage "
-                "triggers",
+                "the trigger admin API takes API tokens here: sign in to the console with an API token to manage "
+                "triggers (or set TEMPORALITY_API_VOUCH_SECRET_FILE on the journal and the trigger-gateway)",
                 code="api_token_needed",
             )
+
+    def _vouched(request: Request) -> dict[str, str]:
+        """For a person signed in by session (no ``Authorization``), their principal vouched for; else nothing."""
+        if principals is None or signin is None or "authorization" in request.headers:
+            return {}
+        person = signin.person(request)
+        principal = None if person is None else person.principal()
+        if principal is None:  # nobody signed in, or no role: the route's own check has refused already
+            return {}
+        return {PRINCIPAL_HEADER: principals.vouch_principal(principal.name, principal.role.name)}
 
     router = APIRouter(tags=[TAG], responses=_ERRORS, dependencies=[Depends(_token_to_pass_on)])
     peer = Upstream(
@@ -112,7 +129,9 @@ def gateway_router(settings: Settings, client: httpx.AsyncClient | None, signin:
         response_headers=PASSED_RESPONSE_HEADERS,
         location=("/triggers", "/gateway/triggers"),
     )
-    forward = peer.forward
+
+    async def forward(request: Request, *args: Any, **kwargs: Any) -> Response:
+        return await peer.forward(request, *args, extra_headers=_vouched(request), **kwargs)
 
     def _trigger(trigger_id: str) -> str:
         if not TRIGGER_ID.match(trigger_id):

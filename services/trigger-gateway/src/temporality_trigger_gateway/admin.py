@@ -275,7 +275,8 @@ def admin_router(
             event,
             source=SOURCE,
             id=derive_id("evt", "trigger", event.trigger_id, str(revision), event.EVENT_TYPE),
-            actor=f"token:{principal}",
+            # a person the journal vouched for is already "user:<id>"; a token is named by its name
+            actor=principal if principal.startswith("user:") else f"token:{principal}",
             correlation_id=event.trigger_id,
         )
         try:

@@ -46,6 +46,10 @@ def _app() -> FastAPI:
             "extra": ApiError("bad shape", status=422, code="invalid_payload", extra={"errors": [{"loc": ["a"]}]}),
         }[kind]
 
+    @app.put("/seq")
+    async def put_seq() -> None:
+        return None
+
     @app.get("/bug")
     async def bug() -> None:
         raise RuntimeError("a bug with a secret in it: hunter2")
@@ -70,6 +74,11 @@ def _error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
     return body
 
 
+def _error_headers(response: httpx.Response, status: int, code: str) -> httpx.Headers:
+    _error(response, status, code)
+    return response.headers
+
+
 async def test_api_errors_carry_status_code_headers_and_extra_fields(client: httpx.AsyncClient) -> None:
     _error(await client.get("/refuse/missing"), 404, "thing_not_found")
     auth = await client.get("/refuse/auth")
@@ -83,7 +92,9 @@ async def test_api_errors_carry_status_code_headers_and_extra_fields(client: htt
 
 async def test_framework_errors_speak_the_same_contract(client: httpx.AsyncClient) -> None:
     _error(await client.get("/nowhere"), 404, "not_found")
-    _error(await client.delete("/seq"), 405, "method_not_allowed")
+    # Allow names every method routed on the path, not only the first route's (Starlette's own 405 says GET)
+    assert _error_headers(await client.delete("/seq"), 405, "method_not_allowed")["allow"] == "GET, PUT"
+    assert _error_headers(await client.options("/bug"), 405, "method_not_allowed")["allow"] == "GET"
     body = _error(await client.get("/seq", params={"after": "x"}), 422, "invalid_request")
     assert "after" in body["detail"]
 

@@ -13,7 +13,7 @@
     └── Unavailable          -- 503 unavailable (with ``Retry-After`` when known)
 
 :func:`install_error_handlers` maps everything else onto the same body: FastAPI's request validation
-(422 ``invalid_request`` with one sentence naming the fields), Starlette's HTTP errors (404, 405, ...)
+(422 ``invalid_request`` with one sentence naming the fields), Starlette's HTTP errors (404, 405 -- its ``Allow`` naming every method routed on the path --, ...)
 and, as the last resort, any unexpected exception (500 ``internal_error``, logged, never a traceback on
 the wire). The server's own 400 for a request that is not even HTTP (e.g. a raw non-ASCII byte in the
 path) speaks it too (:mod:`temporality_service.server`).
@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 __all__ = [
     "MAX_INT64",
@@ -218,6 +219,17 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _allowed_methods(request: Request, fallback: str) -> str:
+    """Every method the app routes for this path. Starlette's 405 names only the first route whose path
+    matched (``GET /triggers``), not the others on the same path (``POST /triggers``): RFC 9110 wants all."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods)) if methods else fallback
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error ``app`` can produce speak ``{"error", "detail"}`` with the right status."""
 
@@ -236,7 +248,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         code = _HTTP_CODES.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request, headers.get("Allow", ""))
+        return error_response(exc.status_code, code, str(exc.detail), headers or None)
 
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A bug, never the caller's fault: logged with its traceback, answered without one.

@@ -269,7 +269,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, or :class:`BodyTooLarge` as soon as it exceeds ``limit`` bytes (declared or streamed)."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.strip().isdigit():
+        if not (declared.isascii() and declared.strip().isdigit()):  # "²".isdigit(), but int("²") raises
             raise BadRequest("Content-Length is not a number")
         if int(declared) > limit:
             raise BodyTooLarge(f"the body ({int(declared)} bytes) exceeds the limit of {limit} bytes")

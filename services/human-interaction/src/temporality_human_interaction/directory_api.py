@@ -124,7 +124,7 @@ def _revision_of(if_match: str | None) -> int | None:
     if value == "*":
         return None
     value = value.removeprefix("W/").strip('"')
-    if not value.isdigit() or len(value) > 18:
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:  # "²".isdigit(), but int("²") raises
         raise PreconditionFailed(f"If-Match must be the ETag of the entry (a quoted revision), not {if_match[:40]!r}")
     return int(value)
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import httpx
 import pytest
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 
 from temporality_service import (
     MAX_INT64,
@@ -49,6 +49,18 @@ def _app() -> FastAPI:
     @app.put("/seq")
     async def put_seq() -> None:
         return None
+
+    things = APIRouter(prefix="/things")  # an included router is one route to Starlette's matching
+
+    @things.get("")
+    async def list_things() -> None:
+        return None
+
+    @things.post("")
+    async def add_thing() -> None:
+        return None
+
+    app.include_router(things)
 
     @app.get("/bug")
     async def bug() -> None:
@@ -95,6 +107,7 @@ async def test_framework_errors_speak_the_same_contract(client: httpx.AsyncClien
     # Allow names every method routed on the path, not only the first route's (Starlette's own 405 says GET)
     assert _error_headers(await client.delete("/seq"), 405, "method_not_allowed")["allow"] == "GET, PUT"
     assert _error_headers(await client.options("/bug"), 405, "method_not_allowed")["allow"] == "GET"
+    assert _error_headers(await client.options("/things"), 405, "method_not_allowed")["allow"] == "GET, POST"
     body = _error(await client.get("/seq", params={"after": "x"}), 422, "invalid_request")
     assert "after" in body["detail"]
 

@@ -219,15 +219,21 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+#: The methods a 405's ``Allow`` may name (each probed against the app's routes).
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 def _allowed_methods(request: Request, fallback: str) -> str:
     """Every method the app routes for this path. Starlette's 405 names only the first route whose path
-    matched (``GET /triggers``), not the others on the same path (``POST /triggers``): RFC 9110 wants all."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match is not Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
-    return ", ".join(sorted(methods)) if methods else fallback
+    matched (``GET /triggers``), not the others on the same path (``POST /triggers``): RFC 9110 wants all.
+    Each method is probed through the routes' own matching (included routers match as one route)."""
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    ]
+    return ", ".join(allowed) if allowed else fallback
 
 
 def install_error_handlers(app: FastAPI) -> None:

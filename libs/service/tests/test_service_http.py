@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import httpx
 import pytest
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 
 from temporality_service import (
     MAX_INT64,
@@ -46,6 +46,22 @@ def _app() -> FastAPI:
             "extra": ApiError("bad shape", status=422, code="invalid_payload", extra={"errors": [{"loc": ["a"]}]}),
         }[kind]
 
+    @app.put("/seq")
+    async def put_seq() -> None:
+        return None
+
+    things = APIRouter(prefix="/things")  # an included router is one route to Starlette's matching
+
+    @things.get("")
+    async def list_things() -> None:
+        return None
+
+    @things.post("")
+    async def add_thing() -> None:
+        return None
+
+    app.include_router(things)
+
     @app.get("/bug")
     async def bug() -> None:
         raise RuntimeError("a bug with a secret in it: hunter2")
@@ -70,6 +86,11 @@ def _error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
     return body
 
 
+def _error_headers(response: httpx.Response, status: int, code: str) -> httpx.Headers:
+    _error(response, status, code)
+    return response.headers
+
+
 async def test_api_errors_carry_status_code_headers_and_extra_fields(client: httpx.AsyncClient) -> None:
     _error(await client.get("/refuse/missing"), 404, "thing_not_found")
     auth = await client.get("/refuse/auth")
@@ -83,7 +104,10 @@ async def test_api_errors_carry_status_code_headers_and_extra_fields(client: htt
 
 async def test_framework_errors_speak_the_same_contract(client: httpx.AsyncClient) -> None:
     _error(await client.get("/nowhere"), 404, "not_found")
-    _error(await client.delete("/seq"), 405, "method_not_allowed")
+    # Allow names every method routed on the path, not only the first route's (Starlette's own 405 says GET)
+    assert _error_headers(await client.delete("/seq"), 405, "method_not_allowed")["allow"] == "GET, PUT"
+    assert _error_headers(await client.options("/bug"), 405, "method_not_allowed")["allow"] == "GET"
+    assert _error_headers(await client.options("/things"), 405, "method_not_allowed")["allow"] == "GET, POST"
     body = _error(await client.get("/seq", params={"after": "x"}), 422, "invalid_request")
     assert "after" in body["detail"]
 
@@ -130,8 +154,9 @@ async def test_bodies_over_the_limit_are_413_declared_or_streamed(client: httpx.
     _error(await client.post("/echo", content=b"[" * 50), 400, "malformed_json")
 
 
-async def test_a_content_length_that_is_not_a_number_is_400() -> None:
-    request = Request({"type": "http", "method": "POST", "headers": [(b"content-length", b"12x")], "path": "/"})
+@pytest.mark.parametrize("declared", [b"12x", "\u00b2".encode("latin-1")])  # "²".isdigit(), but int("²") raises
+async def test_a_content_length_that_is_not_a_number_is_400(declared: bytes) -> None:
+    request = Request({"type": "http", "method": "POST", "headers": [(b"content-length", declared)], "path": "/"})
     with pytest.raises(ApiError) as refused:
         await read_body(request, 100)
     assert (refused.value.status, refused.value.code) == (400, "bad_request")

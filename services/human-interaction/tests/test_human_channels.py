@@ -97,6 +97,10 @@ def test_options_are_named_by_number_id_label_or_keycap() -> None:
     assert option_named(record, "maybe later") is None
     assert option_for_reaction(OPTIONS, "2️⃣") == OPTIONS[1]
     assert option_for_reaction(OPTIONS, "👍") is None
+    # digits int() refuses are no number (they raised ValueError in the channel's handler)
+    for odd in ("\u00b2", "\u2460", "9" * 5000):
+        assert option_named(record, odd) is None, odd
+        assert option_for_reaction(OPTIONS, odd) is None, odd
 
 
 async def test_channel_refs_claim_once_and_hash_unsafe_key_parts(bus: Bus) -> None:

@@ -126,6 +126,11 @@ async def test_validation_names_the_field_and_preconditions_are_enforced(bus: Bu
         stale = await c.put("/directory/users/bob", json=body, headers={**ADMIN, "If-Match": '"1"'})
         assert stale.status_code == 412
         assert stale.json()["error"] == "precondition_failed"
+        # a digit that is not ASCII ("²".isdigit(), but int("²") raises) is a 412, not the 500 it was
+        superscript = {**ADMIN, b"If-Match": '"\u00b2"'.encode("latin-1")}
+        for method in ("PUT", "DELETE"):
+            odd = await c.request(method, "/directory/users/bob", json=body, headers=superscript)
+            assert (odd.status_code, odd.json()["error"]) == (412, "precondition_failed"), (method, odd.text)
         unknown = {"display_name": "X", "preferred": "web", "channels": {"web": {}}, "inbox_token": "x" * 12}
         assert (
             await c.put("/directory/users/zed", json=unknown, headers={**ADMIN, "If-Match": "*"})

@@ -158,6 +158,16 @@ async def test_replace_needs_the_current_etag(admin: httpx.AsyncClient) -> None:
     assert stale.json()["error"] == "precondition_failed"
     garbage = await admin.put("/triggers/api-pr", json=webhook_spec(), headers={**AS_ADMIN, "If-Match": "x"})
     assert garbage.status_code == 412
+    # a digit that is not ASCII ("²".isdigit(), but int("²") raises) is a 412 too, on every route that reads
+    # If-Match -- it was a 500 (found by schemathesis-style header fuzzing)
+    superscript = {**AS_ADMIN, b"If-Match": '"\u00b2"'.encode("latin-1")}
+    for method, path in [
+        ("PUT", "/triggers/api-pr"),
+        ("POST", "/triggers/api-pr/disable"),
+        ("DELETE", "/triggers/api-pr"),
+    ]:
+        odd = await admin.request(method, path, json=webhook_spec(), headers=superscript)
+        assert (odd.status_code, odd.json()["error"]) == (412, "precondition_failed"), (method, odd.text)
     other_id = await admin.put("/triggers/api-pr", json=webhook_spec("other"), headers={**AS_ADMIN, "If-Match": etag})
     assert other_id.status_code == 422
     assert other_id.json()["errors"][0]["field"] == "id"

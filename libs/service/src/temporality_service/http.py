@@ -13,7 +13,7 @@
     └── Unavailable          -- 503 unavailable (with ``Retry-After`` when known)
 
 :func:`install_error_handlers` maps everything else onto the same body: FastAPI's request validation
-(422 ``invalid_request`` with one sentence naming the fields), Starlette's HTTP errors (404, 405, ...)
+(422 ``invalid_request`` with one sentence naming the fields), Starlette's HTTP errors (404, 405 -- its ``Allow`` naming every method routed on the path --, ...)
 and, as the last resort, any unexpected exception (500 ``internal_error``, logged, never a traceback on
 the wire). The server's own 400 for a request that is not even HTTP (e.g. a raw non-ASCII byte in the
 path) speaks it too (:mod:`temporality_service.server`).
@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 __all__ = [
     "MAX_INT64",
@@ -218,6 +219,23 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+#: The methods a 405's ``Allow`` may name (each probed against the app's routes).
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _allowed_methods(request: Request, fallback: str) -> str:
+    """Every method the app routes for this path. Starlette's 405 names only the first route whose path
+    matched (``GET /triggers``), not the others on the same path (``POST /triggers``): RFC 9110 wants all.
+    Each method is probed through the routes' own matching (included routers match as one route)."""
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    ]
+    return ", ".join(allowed) if allowed else fallback
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error ``app`` can produce speak ``{"error", "detail"}`` with the right status."""
 
@@ -236,7 +254,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         code = _HTTP_CODES.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request, headers.get("Allow", ""))
+        return error_response(exc.status_code, code, str(exc.detail), headers or None)
 
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A bug, never the caller's fault: logged with its traceback, answered without one.
@@ -254,7 +275,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, or :class:`BodyTooLarge` as soon as it exceeds ``limit`` bytes (declared or streamed)."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.strip().isdigit():
+        if not (declared.isascii() and declared.strip().isdigit()):  # "²".isdigit(), but int("²") raises
             raise BadRequest("Content-Length is not a number")
         if int(declared) > limit:
             raise BodyTooLarge(f"the body ({int(declared)} bytes) exceeds the limit of {limit} bytes")

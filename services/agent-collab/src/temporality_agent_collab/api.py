@@ -22,7 +22,7 @@ to take out of service), 422 for a bad id or body, 401/403 for the token.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -45,6 +45,7 @@ from temporality_service import (
     read_body,
 )
 from temporality_service.http import Conflict, summarize_errors
+from temporality_service.openapi import add_schemas, component_schemas, json_body, operation
 
 __all__ = ["MAX_BODY_BYTES", "AgentAction", "AgentActionResult", "create_app"]
 
@@ -105,6 +106,10 @@ def create_app(registry: AgentRegistry, auth: ApiAuth) -> FastAPI:
     )
     install_error_handlers(app)
     auth.install(app)
+    add_schemas(app, component_schemas(AgentAction=AgentAction))
+    # read by _action (400 malformed_json for an empty or non-JSON body, 413 over the limit, 422 invalid_action)
+    action_body = operation(body=json_body("AgentAction", description='{"reason": "..."}, or {} for none'))
+    action_errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 404, 413)}
 
     @app.get("/agents", summary="The hosted and external agents' cards")
     async def list_agents(
@@ -119,7 +124,8 @@ def create_app(registry: AgentRegistry, auth: ApiAuth) -> FastAPI:
     @app.post(
         "/agents/{agent_id}/decommission",
         summary="Take an external agent out of service",
-        responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
+        responses={**action_errors, 409: {"model": ErrorBody}},
+        openapi_extra=action_body,
     )
     async def decommission(agent_id: Annotated[str, _AGENT_ID], who: AsOperator, request: Request) -> AgentActionResult:
         action = await _action(request)
@@ -138,7 +144,8 @@ def create_app(registry: AgentRegistry, auth: ApiAuth) -> FastAPI:
     @app.post(
         "/agents/{agent_id}/readmit",
         summary="Let an agent an operator decommissioned register again",
-        responses={404: {"model": ErrorBody}},
+        responses=action_errors,
+        openapi_extra=action_body,
     )
     async def readmit(agent_id: Annotated[str, _AGENT_ID], who: AsOperator, request: Request) -> AgentActionResult:
         action = await _action(request)

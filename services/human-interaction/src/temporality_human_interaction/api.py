@@ -42,6 +42,7 @@ from temporality_bus import Bus, TransientError
 from temporality_human_interaction.answers import AnswerSubmission, RequestNotFound, check_recipient
 from temporality_human_interaction.channels import AnswerSink, InboundAnswer
 from temporality_human_interaction.directory import Directory, recipient_for, user_id_of
+from temporality_human_interaction.directory_api import OPENAPI_SCHEMAS as DIRECTORY_SCHEMAS
 from temporality_human_interaction.directory_api import directory_router
 from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.inbound import AnswerRouter
@@ -64,6 +65,7 @@ from temporality_service import (
     read_body,
 )
 from temporality_service.http import summarize_errors
+from temporality_service.openapi import add_schemas, component_schemas, json_body, operation
 
 __all__ = ["InboxItem", "InboxView", "RequestView", "create_app"]
 
@@ -225,6 +227,8 @@ def create_app(
                 retry_after_s=max(1, int(settings.bus_timeout_s)),
             )
         )
+        add_schemas(app, DIRECTORY_SCHEMAS)
+    add_schemas(app, component_schemas(AnswerSubmission=AnswerSubmission))  # read by answer() itself
 
     @asynccontextmanager
     async def bus_call(what: str) -> AsyncIterator[None]:
@@ -257,7 +261,10 @@ def create_app(
         check_recipient(got.value, user)
         return RequestView.of(shown(got.value), datetime.now(UTC))
 
-    @app.post("/requests/{request_id}/answer")
+    @app.post(
+        "/requests/{request_id}/answer",
+        openapi_extra=operation(body=json_body("AnswerSubmission", description='{"option_id": ...} or {"text": ...}')),
+    )
     async def answer(request_id: str, user: Caller, request: Request) -> RequestView:
         _known_shape(request_id)
         parsed = parse_json(await read_body(request, settings.max_body_bytes))

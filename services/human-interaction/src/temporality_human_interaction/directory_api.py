@@ -35,11 +35,11 @@ import os
 import re
 from collections.abc import Awaitable, Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import nats.errors
 import structlog
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -69,8 +69,16 @@ from temporality_service import (
     read_body,
 )
 from temporality_service.http import Conflict as HttpConflict
+from temporality_service.openapi import component_schemas, if_match, json_body, operation
 
-__all__ = ["PreconditionFailed", "PreconditionRequired", "directory_router", "group_view", "user_view"]
+__all__ = [
+    "OPENAPI_SCHEMAS",
+    "PreconditionFailed",
+    "PreconditionRequired",
+    "directory_router",
+    "group_view",
+    "user_view",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -116,6 +124,26 @@ def _field_errors(exc: ValidationError) -> list[dict[str, str]]:
     return out
 
 
+def _openapi_schemas() -> dict[str, Any]:
+    """The bodies the routes read themselves: a profile plus its ``id`` (on PUT: the path's, or left out)."""
+    schemas = component_schemas(UserBody=UserProfile, GroupBody=GroupProfile)
+    for name in ("UserBody", "GroupBody"):
+        entry_id = {"type": "string", "maxLength": 64, "pattern": ID_PATTERN, "description": "The id (PUT: the path's)"}
+        schemas[name]["properties"] = {"id": entry_id, **schemas[name]["properties"]}
+        schemas[name]["description"] = (
+            "A directory entry as the users file has it (422 invalid_user / invalid_group names each wrong field); "
+            "the read-only fields of a view (revision, origin, ...) may be sent back and are ignored."
+        )
+    return schemas
+
+
+#: The components the directory API's bodies refer to (``add_schemas`` in :func:`~.api.create_app`).
+OPENAPI_SCHEMAS = _openapi_schemas()
+_USER_BODY, _GROUP_BODY = json_body("UserBody"), json_body("GroupBody")
+_IF_MATCH = if_match(required=False, what="the entry")
+_IF_MATCH_REQUIRED = if_match(required=True, what="the entry")
+
+
 def _revision_of(if_match: str | None) -> int | None:
     """``If-Match: "7"`` (or ``7``, or ``W/"7"``) -> 7; ``*`` -> None (any revision)."""
     if if_match is None:
@@ -124,7 +152,7 @@ def _revision_of(if_match: str | None) -> int | None:
     if value == "*":
         return None
     value = value.removeprefix("W/").strip('"')
-    if not value.isdigit() or len(value) > 18:
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:  # "²".isdigit(), but int("²") raises
         raise PreconditionFailed(f"If-Match must be the ETag of the entry (a quoted revision), not {if_match[:40]!r}")
     return int(value)
 
@@ -426,7 +454,7 @@ def directory_router(
     async def read_user(user_id: str, who: AsViewer) -> JSONResponse:
         return answer("user", user_id, await current("user", user_id))
 
-    @router.post("/users", status_code=201, summary="Create a user")
+    @router.post("/users", status_code=201, summary="Create a user", openapi_extra=operation(body=_USER_BODY))
     async def create_user(request: Request, who: AsAdmin) -> JSONResponse:
         body = body_object("user", await read_json(request))
         user_id = take_id("user", body, None)
@@ -434,10 +462,13 @@ def directory_router(
         entry = DirectoryEntry(user=profile, origin="api", updated_by=who.name, updated_at=_now())
         return await create("user", user_id, entry, who)
 
-    @router.put("/users/{user_id}", summary="Replace a user (If-Match: its ETag)")
-    async def replace_user(
-        user_id: str, request: Request, who: AsAdmin, if_match: Annotated[str | None, Header()] = None
-    ) -> JSONResponse:
+    @router.put(
+        "/users/{user_id}",
+        summary="Replace a user (If-Match: its ETag)",
+        openapi_extra=operation(body=_USER_BODY, headers=[_IF_MATCH_REQUIRED]),
+    )
+    async def replace_user(user_id: str, request: Request, who: AsAdmin) -> JSONResponse:
+        if_match = request.headers.get("if-match")  # read here, not by FastAPI: 428/412, not a 422
         if if_match is None:
             raise PreconditionRequired('replacing a user needs If-Match: "<revision>" (the ETag of a GET)')
         body = body_object("user", await read_json(request))
@@ -452,9 +483,11 @@ def directory_router(
         entry = DirectoryEntry(user=profile, origin="api", updated_by=who.name, updated_at=_now())
         return await replace("user", user_id, found, entry, who, if_match)
 
-    @router.delete("/users/{user_id}", status_code=204, summary="Delete a user")
-    async def delete_user(user_id: str, who: AsAdmin, if_match: Annotated[str | None, Header()] = None) -> Response:
-        return await delete("user", user_id, if_match, who)
+    @router.delete(
+        "/users/{user_id}", status_code=204, summary="Delete a user", openapi_extra=operation(headers=[_IF_MATCH])
+    )
+    async def delete_user(user_id: str, request: Request, who: AsAdmin) -> Response:
+        return await delete("user", user_id, request.headers.get("if-match"), who)
 
     # ------------------------------------------------------------------ groups
     @router.get("/groups", summary="List groups")
@@ -466,7 +499,7 @@ def directory_router(
     async def read_group(group_id: str, who: AsViewer) -> JSONResponse:
         return answer("group", group_id, await current("group", group_id))
 
-    @router.post("/groups", status_code=201, summary="Create a group")
+    @router.post("/groups", status_code=201, summary="Create a group", openapi_extra=operation(body=_GROUP_BODY))
     async def create_group(request: Request, who: AsAdmin) -> JSONResponse:
         body = body_object("group", await read_json(request))
         group_id = take_id("group", body, None)
@@ -474,10 +507,13 @@ def directory_router(
         entry = DirectoryEntry(group=group, origin="api", updated_by=who.name, updated_at=_now())
         return await create("group", group_id, entry, who)
 
-    @router.put("/groups/{group_id}", summary="Replace a group (If-Match: its ETag)")
-    async def replace_group(
-        group_id: str, request: Request, who: AsAdmin, if_match: Annotated[str | None, Header()] = None
-    ) -> JSONResponse:
+    @router.put(
+        "/groups/{group_id}",
+        summary="Replace a group (If-Match: its ETag)",
+        openapi_extra=operation(body=_GROUP_BODY, headers=[_IF_MATCH_REQUIRED]),
+    )
+    async def replace_group(group_id: str, request: Request, who: AsAdmin) -> JSONResponse:
+        if_match = request.headers.get("if-match")  # read here, not by FastAPI: 428/412, not a 422
         if if_match is None:
             raise PreconditionRequired('replacing a group needs If-Match: "<revision>" (the ETag of a GET)')
         body = body_object("group", await read_json(request))
@@ -488,9 +524,11 @@ def directory_router(
         entry = DirectoryEntry(group=group, origin="api", updated_by=who.name, updated_at=_now())
         return await replace("group", group_id, found, entry, who, if_match)
 
-    @router.delete("/groups/{group_id}", status_code=204, summary="Delete a group")
-    async def delete_group(group_id: str, who: AsAdmin, if_match: Annotated[str | None, Header()] = None) -> Response:
-        return await delete("group", group_id, if_match, who)
+    @router.delete(
+        "/groups/{group_id}", status_code=204, summary="Delete a group", openapi_extra=operation(headers=[_IF_MATCH])
+    )
+    async def delete_group(group_id: str, request: Request, who: AsAdmin) -> Response:
+        return await delete("group", group_id, request.headers.get("if-match"), who)
 
     return router
 

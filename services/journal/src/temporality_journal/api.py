@@ -116,6 +116,7 @@ from temporality_service import (
     read_body,
 )
 from temporality_service.http import Conflict, summarize_errors
+from temporality_service.openapi import add_schemas, component_schemas, json_body, operation
 
 __all__ = [
     "AskList",
@@ -408,6 +409,10 @@ class WhoAmI(BaseModel):
     expires_at: datetime | None = Field(default=None, description="When the sign-in session ends (kind person)")
 
 
+#: An error body in a response that is not JSON when it succeeds (the live tail).
+_ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
+
+
 class CancelRequest(BaseModel):
     """The body of ``POST /runs/{run_id}/cancel``."""
 
@@ -459,6 +464,7 @@ def create_app(
     app.state.settings = settings
     app.state.database = database
     install_error_handlers(app)
+    add_schemas(app, component_schemas(CancelRequest=CancelRequest))
     audited_auth = AuditedAuth(auth, access or AccessAudit(bus), signin)  # refusals into the audit trail
     audited_auth.install(app)
     app.add_middleware(RequestContext)
@@ -585,6 +591,8 @@ def create_app(
         status_code=202,
         response_model=CancelAccepted,
         responses={code: {"model": ErrorBody} for code in (400, 404, 409, 413, 503)},
+        # read by the handler itself: an empty or non-JSON body is a 400, a wrong one a 422 invalid_cancel
+        openapi_extra=operation(body=json_body("CancelRequest")),
         description="Operator: ask the run-executor to stop the run (publishes run.cancel_requested with "
         "requested_by = the token's name). 202 once the request is durably on the bus; the run becomes "
         "cancelled when the executor acts on it. 404 for a run the journal does not know, 409 for a finished run.",
@@ -753,7 +761,14 @@ def create_app(
     @app.get(
         "/events/stream",
         response_class=EventSourceResponse,
-        responses={200: {"description": "text/event-stream of journaled events"}},
+        responses={
+            200: {"description": "text/event-stream of journaled events"},
+            # refusals come before the stream starts: JSON, as everywhere
+            **{
+                code: {"description": "Refused", "content": {"application/json": {"schema": _ERROR_REF}}}
+                for code in (401, 403, 422)
+            },
+        },
         description="A live tail over Server-Sent Events: each event's ``id`` is its cursor (``commit_seq``: "
         "opaque, increasing; the journal's commit order, not the stream sequence), ``event`` its "
         "CloudEvent type, ``data`` the JSON of a ``GET /events`` item. Every journaled event is sent exactly "

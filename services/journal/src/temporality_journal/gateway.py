@@ -44,6 +44,7 @@ from temporality_journal.proxy import ALL_METHODS, MAX_ANSWER_BYTES, TIMEOUT_S, 
 from temporality_journal.settings import Settings
 from temporality_journal.signin import SignIn
 from temporality_service import PRINCIPAL_HEADER, AsViewer, ErrorBody, Forbidden, PrincipalVoucher
+from temporality_service.openapi import if_match, json_body, operation
 
 __all__ = ["MAX_ANSWER_BYTES", "TIMEOUT_S", "gateway_client", "gateway_router"]
 
@@ -69,17 +70,20 @@ PROXIED = (
     "valid API token (401 otherwise), the gateway checks its role and answers; its status, body and ETag come back unchanged. 502 gateway_unreachable, 503 "
     "gateway_not_configured. See docs/journal.md."
 )
-_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}}
+#: The gateway reads the body (a trigger: see its own OpenAPI; an empty or non-JSON body is its 400).
+_BODY = json_body({"type": "object"}, description="A trigger (the gateway's TriggerSpec), or a preview request")
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 403, 404, 409, 412, 413, 422, 428, 502, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 412, 413, 422, 428, 502, 503)
 }
+#: ``If-Match`` is passed on: the gateway's 428 without it on PUT, 412 for a stale or malformed one.
+_IF_MATCH = if_match(required=False, what="the trigger")
+_IF_MATCH_REQUIRED = if_match(required=True, what="the trigger")
 
 
 #: Module-level (``from __future__ import annotations``: FastAPI resolves them in the module's namespace).
 TriggerId = Annotated[str, Path(description="A trigger id (^[a-z0-9][a-z0-9-]{0,62}$; else 404)")]
 DeliveryId = Annotated[str, Path(description="A delivery id (^dlv-[0-9a-f]{24}$; else 404)")]
 Auth = Annotated[str | None, Header(description="Bearer <API token>, passed to the gateway")]
-IfMatch = Annotated[str | None, Header(alias="If-Match", description="The trigger's ETag, passed on")]
 
 
 def gateway_client(settings: Settings) -> httpx.AsyncClient | None:
@@ -142,14 +146,19 @@ def gateway_router(
     async def list_triggers(request: Request, who: AsViewer, authorization: Auth = None) -> Response:
         return await forward(request, "GET", "/triggers", "/triggers")
 
-    @router.post("/gateway/triggers", description=f"Create a trigger (admin). {PROXIED}", openapi_extra=_BODY)
+    @router.post(
+        "/gateway/triggers",
+        status_code=201,
+        description=f"Create a trigger (admin). {PROXIED}",
+        openapi_extra=operation(body=_BODY),
+    )
     async def create_trigger(request: Request, who: AsViewer, authorization: Auth = None) -> Response:
         return await forward(request, "POST", "/triggers", "/triggers", body=True)
 
     @router.post(
         "/gateway/triggers/preview",
         description=f"What a draft trigger makes of a sample delivery; nothing is started. {PROXIED}",
-        openapi_extra=_BODY,
+        openapi_extra=operation(body=_BODY),
     )
     async def preview(request: Request, who: AsViewer, authorization: Auth = None) -> Response:
         return await forward(request, "POST", "/triggers/preview", "/triggers/preview", body=True)
@@ -163,28 +172,41 @@ def gateway_router(
     @router.put(
         "/gateway/triggers/{trigger_id}",
         description=f"Replace a trigger (admin; If-Match required). {PROXIED}",
-        openapi_extra=_BODY,
+        openapi_extra=operation(body=_BODY, headers=[_IF_MATCH_REQUIRED]),
     )
     async def replace_trigger(
-        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None, if_match: IfMatch = None
+        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None
     ) -> Response:
         return await forward(request, "PUT", "/triggers/{id}", f"/triggers/{_trigger(trigger_id)}", body=True)
 
-    @router.delete("/gateway/triggers/{trigger_id}", description=f"Delete a trigger (admin). {PROXIED}")
+    @router.delete(
+        "/gateway/triggers/{trigger_id}",
+        status_code=204,
+        description=f"Delete a trigger (admin). {PROXIED}",
+        openapi_extra=operation(headers=[_IF_MATCH]),
+    )
     async def delete_trigger(
-        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None, if_match: IfMatch = None
+        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None
     ) -> Response:
         return await forward(request, "DELETE", "/triggers/{id}", f"/triggers/{_trigger(trigger_id)}")
 
-    @router.post("/gateway/triggers/{trigger_id}/enable", description=f"Enable a trigger (operator). {PROXIED}")
+    @router.post(
+        "/gateway/triggers/{trigger_id}/enable",
+        description=f"Enable a trigger (operator). {PROXIED}",
+        openapi_extra=operation(headers=[_IF_MATCH]),
+    )
     async def enable_trigger(
-        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None, if_match: IfMatch = None
+        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None
     ) -> Response:
         return await forward(request, "POST", "/triggers/{id}/enable", f"/triggers/{_trigger(trigger_id)}/enable")
 
-    @router.post("/gateway/triggers/{trigger_id}/disable", description=f"Disable a trigger (operator). {PROXIED}")
+    @router.post(
+        "/gateway/triggers/{trigger_id}/disable",
+        description=f"Disable a trigger (operator). {PROXIED}",
+        openapi_extra=operation(headers=[_IF_MATCH]),
+    )
     async def disable_trigger(
-        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None, if_match: IfMatch = None
+        request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None
     ) -> Response:
         return await forward(request, "POST", "/triggers/{id}/disable", f"/triggers/{_trigger(trigger_id)}/disable")
 
@@ -207,6 +229,7 @@ def gateway_router(
     @router.post(
         "/gateway/triggers/{trigger_id}/deliveries/{delivery_id}/redrive",
         description=f"Re-run a rejected or failed delivery (operator). {PROXIED}",
+        responses={202: {"description": "Accepted again: a run was started, queued or debounced"}},
     )
     async def redrive(
         request: Request,

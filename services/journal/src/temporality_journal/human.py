@@ -70,7 +70,7 @@ PROXIED = (
 )
 _BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}}
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 422, 502, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 502, 503)
 }
 
 #: Module-level (``from __future__ import annotations``: FastAPI resolves them in the module's namespace).

@@ -38,9 +38,9 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 import structlog
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_bus import AlreadyExists, Bus, Conflict, PermanentError, TransientError, Versioned
 from temporality_protocol import (
@@ -65,6 +65,7 @@ from temporality_service import (
     read_body,
 )
 from temporality_service.http import Conflict as HttpConflict
+from temporality_service.openapi import component_schemas, if_match, json_body, operation
 from temporality_trigger_gateway.errors import BusUnavailable
 from temporality_trigger_gateway.launch import Launcher
 from temporality_trigger_gateway.preview import run_preview
@@ -73,6 +74,7 @@ from temporality_trigger_gateway.store import TriggerRecord, TriggerRegistry, Tr
 from temporality_trigger_gateway.triggers import EventTrigger, TriggerConfig, field_errors
 
 __all__ = [
+    "OPENAPI_SCHEMAS",
     "SECRET_FIELDS",
     "PreconditionFailed",
     "PreconditionRequired",
@@ -155,7 +157,7 @@ def _revision_of(if_match: str | None) -> int | None:
     if value == "*":
         return None
     value = value.removeprefix("W/").strip('"')
-    if not value.isdigit() or len(value) > 18:
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:  # "²".isdigit(), but int("²") raises
         raise PreconditionFailed(f"If-Match must be the ETag of the trigger (a quoted revision), not {if_match[:40]!r}")
     return int(value)
 
@@ -186,6 +188,27 @@ class InvalidCursor(Unprocessable):
 
 class UnknownDelivery(NotFound):
     code = "delivery_not_found"
+
+
+class TriggerPreview(BaseModel):
+    """The body of ``POST /triggers/preview`` (:mod:`.preview` reads it itself; this documents it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trigger: dict[str, Any] | None = Field(None, description="A draft trigger, as for POST /triggers (or trigger_id)")
+    trigger_id: str | None = Field(None, pattern=_ID.pattern, description="A stored trigger (or trigger)")
+    payload: Any = Field(description="The sample delivery's JSON body (an event trigger's: a CloudEvent)")
+    headers: dict[str, str] | None = Field(None, description="The sample's headers, for sources that read them")
+
+
+#: The components the admin API's bodies refer to (``add_schemas`` in :func:`~.api.create_app`).
+OPENAPI_SCHEMAS = component_schemas(TriggerSpec=TriggerConfig, TriggerPreview=TriggerPreview)
+_SPEC_BODY = json_body(
+    "TriggerSpec",
+    description="A trigger, as in the triggers file (422 invalid_trigger names each wrong field); on PUT the id "
+    "may be left out (the path's). Literal secrets are write-only.",
+)
+_IF_MATCH = if_match(required=False, what="the trigger")
 
 
 def admin_router(
@@ -327,7 +350,11 @@ def admin_router(
         found = await io(store.all())
         return JSONResponse({"triggers": [view(trigger_id, record) for trigger_id, record in found]})
 
-    @router.post("/preview", summary="Preview a trigger on a sample delivery (nothing is started or published)")
+    @router.post(
+        "/preview",
+        summary="Preview a trigger on a sample delivery (nothing is started or published)",
+        openapi_extra=operation(body=json_body("TriggerPreview")),
+    )
     async def preview(request: Request, who: AsViewer) -> JSONResponse:
         return JSONResponse(await run_preview(await read_sample(request), registry, store, io))
 
@@ -369,7 +396,7 @@ def admin_router(
     async def read_trigger(trigger_id: str, who: AsViewer) -> JSONResponse:
         return answer(trigger_id, await current(trigger_id))
 
-    @router.post("", status_code=201, summary="Create a trigger")
+    @router.post("", status_code=201, summary="Create a trigger", openapi_extra=operation(body=_SPEC_BODY))
     async def create_trigger(request: Request, who: AsAdmin) -> JSONResponse:
         spec = await read_spec(request)
         trigger = validate(spec, new=True)
@@ -399,10 +426,13 @@ def admin_router(
         await settled(trigger.id, revision)
         return answer(trigger.id, Versioned(record, revision), status=201)
 
-    @router.put("/{trigger_id}", summary="Replace a trigger (If-Match: its ETag)")
-    async def replace_trigger(
-        trigger_id: str, request: Request, who: AsAdmin, if_match: Annotated[str | None, Header()] = None
-    ) -> JSONResponse:
+    @router.put(
+        "/{trigger_id}",
+        summary="Replace a trigger (If-Match: its ETag)",
+        openapi_extra=operation(body=_SPEC_BODY, headers=[if_match(required=True, what="the trigger")]),
+    )
+    async def replace_trigger(trigger_id: str, request: Request, who: AsAdmin) -> JSONResponse:
+        if_match = request.headers.get("if-match")  # read here, not by FastAPI: 428/412, not a 422
         if if_match is None:
             raise PreconditionRequired('replacing a trigger needs If-Match: "<revision>" (the ETag of a GET)')
         expected = _revision_of(if_match)
@@ -462,23 +492,19 @@ def admin_router(
         await settled(trigger_id, revision)
         return answer(trigger_id, Versioned(record, revision))
 
-    @router.post("/{trigger_id}/enable", summary="Enable a trigger")
-    async def enable_trigger(
-        trigger_id: str, who: AsOperator, if_match: Annotated[str | None, Header()] = None
-    ) -> JSONResponse:
-        return await switch(trigger_id, True, who.name, if_match)
+    @router.post("/{trigger_id}/enable", summary="Enable a trigger", openapi_extra=operation(headers=[_IF_MATCH]))
+    async def enable_trigger(trigger_id: str, request: Request, who: AsOperator) -> JSONResponse:
+        return await switch(trigger_id, True, who.name, request.headers.get("if-match"))
 
-    @router.post("/{trigger_id}/disable", summary="Disable a trigger")
-    async def disable_trigger(
-        trigger_id: str, who: AsOperator, if_match: Annotated[str | None, Header()] = None
-    ) -> JSONResponse:
-        return await switch(trigger_id, False, who.name, if_match)
+    @router.post("/{trigger_id}/disable", summary="Disable a trigger", openapi_extra=operation(headers=[_IF_MATCH]))
+    async def disable_trigger(trigger_id: str, request: Request, who: AsOperator) -> JSONResponse:
+        return await switch(trigger_id, False, who.name, request.headers.get("if-match"))
 
-    @router.delete("/{trigger_id}", status_code=204, summary="Delete a trigger")
-    async def delete_trigger(
-        trigger_id: str, who: AsAdmin, if_match: Annotated[str | None, Header()] = None
-    ) -> Response:
-        expected = _revision_of(if_match)
+    @router.delete(
+        "/{trigger_id}", status_code=204, summary="Delete a trigger", openapi_extra=operation(headers=[_IF_MATCH])
+    )
+    async def delete_trigger(trigger_id: str, request: Request, who: AsAdmin) -> Response:
+        expected = _revision_of(request.headers.get("if-match"))
         found = await current(trigger_id)
         if expected is not None and found.revision != expected:
             raise PreconditionFailed(

@@ -24,8 +24,9 @@ from fastapi import FastAPI, Request, Response
 
 from temporality_bus import Bus
 from temporality_service import HTTP_TELEMETRY, ApiAuth, ErrorBody, install_error_handlers, parse_json, read_body
+from temporality_service.openapi import add_schemas, json_body, operation
 from temporality_trigger_gateway.adapters import WebhookRequest
-from temporality_trigger_gateway.admin import admin_router
+from temporality_trigger_gateway.admin import OPENAPI_SCHEMAS, admin_router
 from temporality_trigger_gateway.errors import (
     BodyTooLarge,
     BusUnavailable,
@@ -78,8 +79,15 @@ def create_app(
             ),
             responses={code: {"model": ErrorBody} for code in (401, 403, 404, 409, 412, 422, 428, 503)},
         )
+        add_schemas(app, OPENAPI_SCHEMAS)
 
-    @app.post("/hooks/{trigger_id}", status_code=202)
+    @app.post(
+        "/hooks/{trigger_id}",
+        status_code=202,
+        summary="Deliver a webhook (202: a run is started, queued or debounced)",
+        responses={200: {"description": "Nothing started: a duplicate, an ignored event, or skipped by concurrency"}},
+        openapi_extra=operation(body=json_body({}, description="The source's JSON payload, as it sends it")),
+    )
     async def hook(trigger_id: str, request: Request) -> Response:
         # No per-request log binding here: Intake.handle binds the delivery's fields once it has them.
         trigger = registry.webhook(trigger_id)

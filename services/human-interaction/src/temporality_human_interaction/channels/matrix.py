@@ -67,6 +67,7 @@ from temporality_human_interaction.channels.base import (
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.channels.render import (
     option_named,
+    option_number,
     outcome_html,
     outcome_text,
     question_html,
@@ -96,8 +97,8 @@ def option_for_reaction(options: list[HumanOption], key: str) -> HumanOption | N
     key = key.strip()
     if key in KEYCAPS:
         number = KEYCAPS.index(key) + 1
-    elif key.isdigit():
-        number = int(key)
+    elif (digits := option_number(key)) is not None:
+        number = digits
     else:
         return None
     return options[number - 1] if 1 <= number <= len(options) else None

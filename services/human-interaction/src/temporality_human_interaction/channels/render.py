@@ -18,6 +18,7 @@ from temporality_protocol import HumanOption, HumanRequestState, OptionAnswer, T
 __all__ = [
     "if_nobody_answers",
     "option_named",
+    "option_number",
     "outcome_html",
     "outcome_text",
     "question_html",
@@ -29,11 +30,18 @@ __all__ = [
 MAX_QUOTED_ANSWER = 200
 
 
+def option_number(text: str) -> int | None:
+    """``text`` as an option's number (ASCII digits, a few of them), else None: ``"²".isdigit()`` and a 5,000-digit
+    string are digits too, but ``int()`` raises on both."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else None
+
+
 def option_named(record: HumanRequestRecord, text: str) -> HumanOption | None:
     """The option a chat message names: its number (``2``, ``2.``), its id or its label (any case); else None."""
     said = text.strip().rstrip(".").strip().casefold()
-    if said.isdigit() and 1 <= int(said) <= len(record.options):
-        return record.options[int(said) - 1]
+    number = option_number(said)
+    if number is not None and 1 <= number <= len(record.options):
+        return record.options[number - 1]
     return next((o for o in record.options if said in (o.id.casefold(), o.label.casefold())), None)
 
 

@@ -58,7 +58,7 @@ from temporality_human_interaction.channels.base import (
     InboundResult,
 )
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
-from temporality_human_interaction.channels.render import option_named, outcome_text, question_text
+from temporality_human_interaction.channels.render import option_named, option_number, outcome_text, question_text
 from temporality_human_interaction.directory import UserProfile
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy, open_store
 from temporality_protocol.events import MAX_TEXT
@@ -194,8 +194,9 @@ class TelegramAdapter(ChannelAdapter):
             return
         got = await (await open_store(self._bus)).get(request_id)
         option = None
-        if got is not None and number.isdigit() and 1 <= int(number) <= len(got.value.options):
-            option = got.value.options[int(number) - 1]
+        chosen = option_number(number)
+        if got is not None and chosen is not None and 1 <= chosen <= len(got.value.options):
+            option = got.value.options[chosen - 1]
         if option is None:
             await query.answer("This button is not one of the question's options.", show_alert=True)
             return

@@ -27,7 +27,6 @@ Usage::
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import html
@@ -39,13 +38,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from joserfc import jwt
 from joserfc.jwk import KeySet, RSAKey
 
 from temporality_embedded.processes import free_port
+from temporality_testing.asgi import served_asgi
 
 __all__ = ["OidcEmulator"]
 
@@ -214,16 +213,5 @@ class OidcEmulator:
     @asynccontextmanager
     async def serve(self) -> AsyncIterator[OidcEmulator]:
         self.port = free_port()
-        config = uvicorn.Config(self.app(), host="127.0.0.1", port=self.port, log_config=None, lifespan="off")
-        server = uvicorn.Server(config)
-        task = asyncio.create_task(server.serve())
-        try:
-            async with asyncio.timeout(10):
-                while not server.started:
-                    if task.done():
-                        task.result()
-                    await asyncio.sleep(0.01)
+        async with served_asgi(self.app(), self.port, lifespan="off"):
             yield self
-        finally:
-            server.should_exit = True
-            await task

@@ -19,11 +19,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from temporality_embedded.processes import free_port
+from temporality_testing.asgi import served_asgi
 
 __all__ = [
     "OpenAIEmulator",
@@ -143,14 +143,10 @@ class OpenAIEmulator:
     async def serve(self) -> AsyncIterator[OpenAIEmulator]:
         self.port = free_port()
         self._stopping = asyncio.Event()
-        server = uvicorn.Server(uvicorn.Config(self.app(), host="127.0.0.1", port=self.port, log_config=None))
-        task = asyncio.create_task(server.serve())
-        try:
-            async with asyncio.timeout(10):
-                while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
-                    await asyncio.sleep(0.01)
+        stopping = self._stopping
+
+        async def wake() -> None:
+            stopping.set()
+
+        async with served_asgi(self.app(), self.port, before_stop=wake):
             yield self
-        finally:
-            self._stopping.set()
-            server.should_exit = True
-            await task

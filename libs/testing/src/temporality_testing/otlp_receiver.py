@@ -17,7 +17,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -28,6 +27,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from temporality_embedded.processes import free_port
+from temporality_testing.asgi import served_asgi
 
 __all__ = ["OtlpReceiver", "ReceivedSpan", "decode_request"]
 
@@ -166,13 +166,5 @@ class OtlpReceiver:
     async def serve(self) -> AsyncIterator[OtlpReceiver]:
         self.port = free_port()
         self._arrived = asyncio.Condition()
-        server = uvicorn.Server(uvicorn.Config(self.app(), host="127.0.0.1", port=self.port, log_config=None))
-        task = asyncio.create_task(server.serve())
-        try:
-            async with asyncio.timeout(10):
-                while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
-                    await asyncio.sleep(0.01)
+        async with served_asgi(self.app(), self.port):
             yield self
-        finally:
-            server.should_exit = True
-            await task

@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from temporality_embedded.processes import free_port
+from temporality_testing.asgi import served_asgi
 
 __all__ = ["BOT_ID", "TelegramEmulator", "TelegramUser"]
 
@@ -332,21 +332,14 @@ class TelegramEmulator:
         self.port = free_port()
         self._stopping = asyncio.Event()
         self._changed = asyncio.Condition()
-        config = uvicorn.Config(self.app(), host="127.0.0.1", port=self.port, log_config=None, lifespan="off")
-        server = uvicorn.Server(config)
-        task = asyncio.create_task(server.serve())
-        try:
-            async with asyncio.timeout(10):
-                while not server.started:
-                    if task.done():
-                        task.result()
-                    await asyncio.sleep(0.01)
-            yield self
-        finally:
-            self._stopping.set()
+        stopping = self._stopping
+
+        async def wake() -> None:
+            stopping.set()
             await self._notify()
-            server.should_exit = True
-            await task
+
+        async with served_asgi(self.app(), self.port, lifespan="off", before_stop=wake):
+            yield self
 
 
 def _params(content_type: str, body: bytes) -> Json:

@@ -15,7 +15,11 @@ __all__ = ["served_asgi"]
 
 @asynccontextmanager
 async def served_asgi(
-    app: Any, port: int, *, lifespan: Literal["auto", "on", "off"] = "auto", before_stop: Callable[[], Awaitable[None]] | None = None
+    app: Any,
+    port: int,
+    *,
+    lifespan: Literal["auto", "on", "off"] = "auto",
+    before_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[uvicorn.Server]:
     """``app`` served on ``127.0.0.1:port`` until the block ends (started within 10 s: a server that fails to
     start raises its error here). ``before_stop`` runs first on the way out (wake long polls, say)."""

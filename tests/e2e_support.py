@@ -70,11 +70,17 @@ def example_pr(**changes: Any) -> dict[str, Any]:
 
 
 async def post_hook(
-    http: httpx.AsyncClient, stack: Stack, payload: dict[str, Any] | bytes, **headers: str
+    http: httpx.AsyncClient,
+    stack: Stack,
+    payload: dict[str, Any] | bytes,
+    *,
+    trigger: str = "ado-pr-review",
+    **headers: str,
 ) -> httpx.Response:
+    """POST ``payload`` to the webhook of ``trigger`` (the shipped one by default) with its Basic auth."""
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     return await http.post(
-        f"{stack.gateway_url}/hooks/ado-pr-review",
+        f"{stack.gateway_url}/hooks/{trigger}",
         content=body,
         headers={"Authorization": HOOK_AUTH, "Content-Type": "application/json", **headers},
     )

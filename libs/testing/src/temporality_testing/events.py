@@ -1,4 +1,8 @@
-"""EventLog: read the journal stream (temporality.events.>) from the start and wait on events, never sleep."""
+"""EventLog: read the journal stream (temporality.events.>) from the start and wait on events, never sleep.
+
+A message on the stream that is not a CloudEvent at all (a poison message a test published) is kept in
+:attr:`EventLog.undecodable` instead of the events, so that :meth:`EventLog.caught_up` still counts it.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from collections.abc import Callable
 from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 
-from temporality_protocol import Envelope, decode
+from temporality_protocol import Envelope, InvalidEnvelope, decode
 from temporality_protocol.catalog import EVENTS_PREFIX, EVENTS_STREAM
 
 __all__ = ["EventLog"]
@@ -19,6 +23,8 @@ class EventLog:
         self._nc = nc
         self._subject = subject
         self.events: list[Envelope] = []
+        #: The raw messages on the subject that are not CloudEvents (poison), in the order read.
+        self.undecodable: list[bytes] = []
         self._changed = asyncio.Condition()
         self._sub: object | None = None
 
@@ -26,7 +32,14 @@ class EventLog:
         js = self._nc.jetstream()
 
         async def on_msg(msg: object) -> None:
-            event = decode(msg.data)  # type: ignore[attr-defined]
+            data: bytes = msg.data  # type: ignore[attr-defined]
+            try:
+                event = decode(data)
+            except InvalidEnvelope:
+                async with self._changed:
+                    self.undecodable.append(data)
+                    self._changed.notify_all()
+                return
             async with self._changed:
                 self.events.append(event)
                 self._changed.notify_all()
@@ -71,14 +84,15 @@ class EventLog:
 
         The settle step before asserting "nothing more happened" (still one ``run.completed``...): once a
         consumer has acked a message, whatever it published is on the stream, but not yet necessarily here.
+        Poison messages on the subject count too (:attr:`undecodable`).
         """
         info = await self._nc.jetstream().stream_info(EVENTS_STREAM.name, subjects_filter=self._subject)
         target = sum((info.state.subjects or {}).values())
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._changed:
-                    await self._changed.wait_for(lambda: len(self.events) >= target)
+                    await self._changed.wait_for(lambda: len(self.events) + len(self.undecodable) >= target)
         except TimeoutError:
-            have = len(self.events)
+            have = len(self.events) + len(self.undecodable)
             raise TimeoutError(f"waited {timeout_s}s for {target} events on {self._subject}; have {have}") from None
         return self.events

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import structlog
 
 pytest_plugins = ["temporality_testing.fixtures"]
 
@@ -84,6 +85,18 @@ def shared_fixture_groups(items: list[pytest.Item], rootdir: Path) -> dict[str, 
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """structlog's default output for the services run inside the test process, with plain tracebacks: its
+    default renders an exception with rich, locals included, synchronously on the event loop -- seconds on
+    a loaded machine, longer than the tests' 2 s ack_wait, so a consumer logging a handled exception had its
+    messages redelivered (a journal test saw a dead-lettered event come back). The services' own processes
+    configure their logging themselves (``temporality_service.logs``: plain tracebacks too)."""
+    processors = list(structlog.get_config()["processors"])
+    if processors and isinstance(processors[-1], structlog.dev.ConsoleRenderer):
+        processors[-1] = structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback)
+        structlog.configure(processors=processors)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # tryfirst: an xdist worker turns the markers into its groups in its own pytest_collection_modifyitems,
     # registered after this conftest and so (without tryfirst) called before it, seeing no marker at all.

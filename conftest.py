@@ -84,7 +84,6 @@ def shared_fixture_groups(items: list[pytest.Item], rootdir: Path) -> dict[str, 
     return {nodeid: name[find(next(iter(keys)))] for nodeid, keys in per_item.items()}
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     """structlog's default output for the services run inside the test process, with plain tracebacks: its
     default renders an exception with rich, locals included, synchronously on the event loop -- seconds on
@@ -97,6 +96,7 @@ def pytest_configure(config: pytest.Config) -> None:
         structlog.configure(processors=processors)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # tryfirst: an xdist worker turns the markers into its groups in its own pytest_collection_modifyitems,
     # registered after this conftest and so (without tryfirst) called before it, seeing no marker at all.

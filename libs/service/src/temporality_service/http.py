@@ -53,6 +53,8 @@ __all__ = [
     "MalformedJson",
     "NonNegativeInt64",
     "NotFound",
+    "PreconditionFailed",
+    "PreconditionRequired",
     "Unauthorized",
     "Unavailable",
     "Unprocessable",
@@ -60,6 +62,7 @@ __all__ = [
     "install_error_handlers",
     "parse_json",
     "read_body",
+    "revision_of",
     "summarize_errors",
 ]
 
@@ -158,6 +161,31 @@ class NotFound(ApiError):
 class Conflict(ApiError):
     status = 409
     code = "conflict"
+
+
+class PreconditionFailed(ApiError):
+    status = 412
+    code = "precondition_failed"
+
+
+class PreconditionRequired(ApiError):
+    status = 428
+    code = "precondition_required"
+
+
+def revision_of(if_match: str | None, what: str) -> int | None:
+    """``If-Match: "7"`` (or ``7``, or ``W/"7"``) -> 7; ``*`` or no header -> None (any revision); anything else
+    is a 412 naming ``what`` ("the trigger"). The APIs' ETags are KV revisions (``temporality_service.openapi``'s
+    ``if_match`` documents the same pattern)."""
+    if if_match is None:
+        return None
+    value = if_match.strip()
+    if value == "*":
+        return None
+    value = value.removeprefix("W/").strip('"')
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:  # "²".isdigit(), but int("²") raises
+        raise PreconditionFailed(f"If-Match must be the ETag of {what} (a quoted revision), not {if_match[:40]!r}")
+    return int(value)
 
 
 class BodyTooLarge(ApiError):

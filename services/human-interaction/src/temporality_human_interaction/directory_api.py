@@ -58,7 +58,6 @@ from temporality_human_interaction.store import DirectoryEntry, DirectoryStore, 
 from temporality_protocol import derive_id, make_event
 from temporality_protocol.events import HumanDirectoryChanged
 from temporality_service import (
-    ApiError,
     AsAdmin,
     AsViewer,
     NotFound,
@@ -69,6 +68,7 @@ from temporality_service import (
     read_body,
 )
 from temporality_service.http import Conflict as HttpConflict
+from temporality_service.http import PreconditionFailed, PreconditionRequired, revision_of
 from temporality_service.openapi import component_schemas, if_match, json_body, operation
 
 __all__ = [
@@ -88,16 +88,6 @@ MAX_ENTRY_BYTES = 64 * 1024
 #: What a view shows besides the entry itself; a body may carry them back (they are ignored).
 _READ_ONLY = ("inbox_token_set", "groups", "revision", "origin", "updated_by", "updated_at", "problem")
 T = TypeVar("T")
-
-
-class PreconditionFailed(ApiError):
-    status = 412
-    code = "precondition_failed"
-
-
-class PreconditionRequired(ApiError):
-    status = 428
-    code = "precondition_required"
 
 
 class EntryInvalid(Unprocessable):
@@ -142,19 +132,6 @@ OPENAPI_SCHEMAS = _openapi_schemas()
 _USER_BODY, _GROUP_BODY = json_body("UserBody"), json_body("GroupBody")
 _IF_MATCH = if_match(required=False, what="the entry")
 _IF_MATCH_REQUIRED = if_match(required=True, what="the entry")
-
-
-def _revision_of(if_match: str | None) -> int | None:
-    """``If-Match: "7"`` (or ``7``, or ``W/"7"``) -> 7; ``*`` -> None (any revision)."""
-    if if_match is None:
-        return None
-    value = if_match.strip()
-    if value == "*":
-        return None
-    value = value.removeprefix("W/").strip('"')
-    if not (value.isascii() and value.isdigit()) or len(value) > 18:  # "²".isdigit(), but int("²") raises
-        raise PreconditionFailed(f"If-Match must be the ETag of the entry (a quoted revision), not {if_match[:40]!r}")
-    return int(value)
 
 
 def _meta(found: Versioned[DirectoryEntry]) -> dict[str, Any]:
@@ -229,7 +206,7 @@ def directory_router(
         return found
 
     def check_precondition(kind: Kind, entry_id: str, found: Versioned[DirectoryEntry], if_match: str | None) -> None:
-        expected = _revision_of(if_match)
+        expected = revision_of(if_match, "the entry")
         if expected is not None and found.revision != expected:
             raise PreconditionFailed(
                 f"{kind} {entry_id!r} is at revision {found.revision}, not {expected}: read it again"
@@ -390,7 +367,7 @@ def directory_router(
         ``*``): :meth:`~temporality_bus.Store.modify`, which re-reads on a lost race; an entry deleted
         meanwhile is a 404."""
         key = entry_key(kind, entry_id)
-        if _revision_of(if_match) is not None:
+        if revision_of(if_match, "the entry") is not None:
             try:
                 return found.value, await io(store.store.update(key, new, found.revision))
             except Conflict:

@@ -54,7 +54,6 @@ from temporality_protocol import (
     make_event,
 )
 from temporality_service import (
-    ApiError,
     AsAdmin,
     AsOperator,
     AsViewer,
@@ -65,6 +64,7 @@ from temporality_service import (
     read_body,
 )
 from temporality_service.http import Conflict as HttpConflict
+from temporality_service.http import PreconditionFailed, PreconditionRequired, revision_of
 from temporality_service.openapi import component_schemas, if_match, json_body, operation
 from temporality_trigger_gateway.errors import BusUnavailable
 from temporality_trigger_gateway.launch import Launcher
@@ -106,16 +106,6 @@ class TriggerInvalid(Unprocessable):
         super().__init__(detail[:2000], extra={"errors": errors[:50]})
 
 
-class PreconditionFailed(ApiError):
-    status = 412
-    code = "precondition_failed"
-
-
-class PreconditionRequired(ApiError):
-    status = 428
-    code = "precondition_required"
-
-
 class UnknownTriggerId(NotFound):
     code = "trigger_not_found"
 
@@ -147,19 +137,6 @@ def _keep_secrets(new: dict[str, Any], old: Mapping[str, Any]) -> dict[str, Any]
             merged.pop(name, None)
             merged[name] = old_auth[name]
     return {**new, "auth": merged}
-
-
-def _revision_of(if_match: str | None) -> int | None:
-    """``If-Match: "7"`` (or ``7``, or ``W/"7"``) -> 7; ``*`` -> None (any revision)."""
-    if if_match is None:
-        return None
-    value = if_match.strip()
-    if value == "*":
-        return None
-    value = value.removeprefix("W/").strip('"')
-    if not (value.isascii() and value.isdigit()) or len(value) > 18:  # "²".isdigit(), but int("²") raises
-        raise PreconditionFailed(f"If-Match must be the ETag of the trigger (a quoted revision), not {if_match[:40]!r}")
-    return int(value)
 
 
 def _cursor(text: str | None) -> tuple[datetime, str] | None:
@@ -435,7 +412,7 @@ def admin_router(
         if_match = request.headers.get("if-match")  # read here, not by FastAPI: 428/412, not a 422
         if if_match is None:
             raise PreconditionRequired('replacing a trigger needs If-Match: "<revision>" (the ETag of a GET)')
-        expected = _revision_of(if_match)
+        expected = revision_of(if_match, "the trigger")
         spec = await read_spec(request)
         if isinstance(spec, dict):
             if spec.setdefault("id", trigger_id) != trigger_id:
@@ -465,7 +442,7 @@ def admin_router(
         return answer(trigger_id, Versioned(record, revision))
 
     async def switch(trigger_id: str, enabled: bool, who_name: str, if_match: str | None) -> JSONResponse:
-        expected = _revision_of(if_match)
+        expected = revision_of(if_match, "the trigger")
         found = await current(trigger_id)
         if expected is not None and found.revision != expected:
             raise PreconditionFailed(
@@ -504,7 +481,7 @@ def admin_router(
         "/{trigger_id}", status_code=204, summary="Delete a trigger", openapi_extra=operation(headers=[_IF_MATCH])
     )
     async def delete_trigger(trigger_id: str, request: Request, who: AsAdmin) -> Response:
-        expected = _revision_of(request.headers.get("if-match"))
+        expected = revision_of(request.headers.get("if-match"), "the trigger")
         found = await current(trigger_id)
         if expected is not None and found.revision != expected:
             raise PreconditionFailed(

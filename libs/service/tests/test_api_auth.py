@@ -7,11 +7,13 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi import FastAPI
+from pydantic import ValidationError
 
 from temporality_service import (
     PRINCIPAL_HEADER,
     ApiAuth,
     ApiAuthSettings,
+    ApiToken,
     PrincipalVoucher,
     Role,
     TokenFileError,
@@ -112,6 +114,22 @@ def test_invalid_token_files_are_refused_naming_the_problem(tmp_path: Path, text
     with pytest.raises(TokenFileError, match=message) as caught:
         load_tokens(_file(tmp_path, text))
     assert ADMIN not in str(caught.value)  # a refused file never echoes a secret
+
+
+@pytest.mark.parametrize("name", ["user:alice", "USER:alice", "user:"])
+def test_a_token_named_like_a_signed_in_person_is_refused_at_load(tmp_path: Path, name: str) -> None:
+    # user:<id> is a person the journal vouches for; a token so named would be journaled as that person.
+    text = f"- {{name: ci, role: viewer, token: {VIEWER}}}\n- {{name: '{name}', role: admin, token: {ADMIN}}}\n"
+    with pytest.raises(TokenFileError, match=r"entry 1\.name: .*starts with 'user:'") as caught:
+        load_tokens(_file(tmp_path, text))
+    assert ADMIN not in str(caught.value)
+    with pytest.raises(ValidationError, match="starts with 'user:'"):
+        ApiToken(name=name, role=Role.admin, token=ADMIN)  # type: ignore[arg-type]
+
+
+def test_token_names_merely_containing_user_are_admitted(tmp_path: Path) -> None:
+    text = f"- {{name: 'bot-user:x', role: viewer, token: {VIEWER}}}\n- {{name: users, role: admin, token: {ADMIN}}}\n"
+    assert [t.name for t in load_tokens(_file(tmp_path, text))] == ["bot-user:x", "users"]
 
 
 def test_a_missing_file_is_refused(tmp_path: Path) -> None:

@@ -85,6 +85,18 @@ class ApiToken(BaseModel):
     role: Role
     token: SecretStr = Field(min_length=MIN_TOKEN_LENGTH)
 
+    @field_validator("name")
+    @classmethod
+    def _not_a_person(cls, value: str) -> str:
+        # ``user:<id>`` is how a person the journal vouches for is named (and journaled as actor): a token so
+        # named would be taken for that person in the journal.
+        if value.lower().startswith("user:"):
+            raise ValueError(
+                f"token name {value!r} starts with 'user:', which names people signed in to the console;"
+                " name the token something else (e.g. ci-bot)"
+            )
+        return value
+
     @field_validator("role", mode="before")
     @classmethod
     def _role_by_name(cls, value: Any) -> Any:

@@ -131,6 +131,9 @@ async def test_integers_no_database_column_holds_are_422(client: httpx.AsyncClie
         (b"[" * 10_000 + b"]" * 10_000, "nested too deeply"),
         (b'{"a": ' * 10_000 + b"1" + b"}" * 10_000, "nested too deeply"),
         (b'{"title": "\\ud800 broken"}', "surrogate"),
+        (b'{"title": "x\\uDFFF"}', "surrogate"),  # upper case, a low half alone
+        (b'{"deep": [{"k": ["\\uDbFf"]}]}', "surrogate"),  # mixed case, nested
+        (b'{"\\ud83d": 1}', "surrogate"),  # in a key
     ],
 )
 def test_parse_json_refuses_with_one_error_type(raw: bytes, fragment: str) -> None:
@@ -140,6 +143,8 @@ def test_parse_json_refuses_with_one_error_type(raw: bytes, fragment: str) -> No
 
 def test_parse_json_accepts_a_bom_and_surrogate_pairs() -> None:
     assert parse_json(b'\xef\xbb\xbf{"ok": "\\ud83d\\ude00"}') == {"ok": "\U0001f600"}
+    assert parse_json(b'{"ok": "\\\\ud800"}') == {"ok": "\\ud800"}  # an escaped backslash, then text
+    assert parse_json(b'{"ok": "\\u00e9\\ue000"}') == {"ok": "\u00e9\ue000"}  # escapes outside D800-DFFF
 
 
 async def test_bodies_over_the_limit_are_413_declared_or_streamed(client: httpx.AsyncClient) -> None:

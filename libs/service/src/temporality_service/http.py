@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, ClassVar
 
@@ -340,6 +341,8 @@ def parse_json(raw: bytes) -> Any:
         raise MalformedJson(f"the body is not JSON: {exc}") from None
     except RecursionError:
         raise too_deep from None
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return body  # no \uD800-\uDFFF escape in the text: no lone surrogate can be in the values
     try:
         json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
@@ -347,6 +350,12 @@ def parse_json(raw: bytes) -> Any:
     except RecursionError:
         raise too_deep from None
     return body
+
+
+#: A UTF-16 surrogate escape (``\ud800``-``\udfff``, any case). Valid UTF-8 holds no raw surrogate, so only such
+#: an escape can put one in the parsed values; without one the re-encoding check is skipped (one C scan). A
+#: match is not proof (``\\ud800`` is an escaped backslash, a pair is fine): the re-encoding then decides.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 
 
 class _NotJson(ValueError):

@@ -418,7 +418,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--duration", type=float, default=10, help="seconds of load per server (default 10)")
     parser.add_argument("--warmup", type=float, default=2, help="seconds of warm-up per server, 0 for none (default 2)")
-    parser.add_argument("--connections", type=int, default=50, help="wrk keep-alive connections (default 50, as the intake goal states)")
+    parser.add_argument(
+        "--connections", type=int, default=50, help="wrk keep-alive connections (default 50, as the intake goal states)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
     parser.add_argument("--rounds", type=int, default=1, help="measure each server this often, best shown (default 1)")
     parser.add_argument(

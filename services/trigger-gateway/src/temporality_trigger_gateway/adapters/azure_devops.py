@@ -13,6 +13,7 @@ Models read tolerantly (unknown fields ignored) and require only what the mappin
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Annotated, Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -125,11 +126,14 @@ def _branch(ref: str) -> str:
     return ref.removeprefix("refs/heads/")
 
 
+# The two URL helpers run on every event and see the same few repositories: cached (urlsplit is pure Python).
+@lru_cache(maxsize=1024)
 def _origin(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else url
 
 
+@lru_cache(maxsize=1024)
 def _without_user(url: str | None) -> str | None:
     """``https://org@dev.azure.com/…`` (a ``remoteUrl``) without the ``org@``."""
     if not url:

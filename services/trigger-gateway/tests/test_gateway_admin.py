@@ -26,11 +26,22 @@ from gateway_support import (
     tokens_file,
     webhook_spec,
 )
+from pydantic import BaseModel
 
 from temporality_bus import Bus
 from temporality_protocol import TriggerChange
 from temporality_service import ApiAuth, ApiAuthSettings
 from temporality_trigger_gateway import Settings, create_app
+from temporality_trigger_gateway.admin import (
+    DeliveryPage,
+    PreviewAnswer,
+    PreviewFieldError,
+    PreviewIgnored,
+    RedriveAnswer,
+    TriggerList,
+    TriggerView,
+)
+from temporality_trigger_gateway.deliveries import DeliveryRecord, DeliveryView
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
 
 
@@ -323,3 +334,87 @@ async def test_hostile_ids_are_404(admin: httpx.AsyncClient, path: str) -> None:
         answer = await admin.request(method, path, headers={**AS_ADMIN, "If-Match": '"1"'}, json=webhook_spec())
         assert answer.status_code in (404, 422), (method, answer.text)
     assert (await admin.post(path + "/enable", headers=AS_OPERATOR)).status_code == 404
+
+
+# --------------------------------------------------------------------------- documented answers
+def _documented(model: type[BaseModel], body: Any) -> None:
+    """``body`` is ``model`` (the OpenAPI response body) exactly: it validates, and holds no undocumented field."""
+    model.model_validate(body)
+    assert set(body) <= set(model.model_fields), f"undocumented fields: {set(body) - set(model.model_fields)}"
+
+
+def test_a_delivery_view_is_its_record_without_the_event() -> None:
+    # DeliveryView documents DeliveryRecord.view(): the same fields, but the event, plus has_event
+    record_fields = set(DeliveryRecord.model_fields) - {"event"}
+    assert set(DeliveryView.model_fields) == record_fields | {"has_event"}
+    for name in record_fields:
+        assert DeliveryView.model_fields[name].annotation == DeliveryRecord.model_fields[name].annotation, name
+
+
+async def test_every_admin_answer_is_the_body_its_openapi_document_names(admin: httpx.AsyncClient) -> None:
+    document = (await admin.get("/openapi.json")).json()
+
+    def named(path: str, method: str, status: str) -> str:
+        schema = document["paths"][path][method]["responses"][status]["content"]["application/json"]["schema"]
+        return str(schema["$ref"]).rsplit("/", 1)[1]
+
+    assert named("/triggers", "get", "200") == "TriggerList"
+    assert named("/triggers", "post", "201") == "TriggerView"
+    for method in ("get", "put"):
+        assert named("/triggers/{trigger_id}", method, "200") == "TriggerView"
+    for switch in ("enable", "disable"):
+        assert named(f"/triggers/{{trigger_id}}/{switch}", "post", "200") == "TriggerView"
+    assert named("/triggers/{trigger_id}/deliveries", "get", "200") == "DeliveryPage"
+    redrive_path = "/triggers/{trigger_id}/deliveries/{delivery_id}/redrive"
+    assert named(redrive_path, "post", "200") == named(redrive_path, "post", "202") == "RedriveAnswer"
+    assert named("/triggers/preview", "post", "200") == "PreviewAnswer"
+
+    created = await _create(admin, webhook_spec())
+    assert created.status_code == 201, created.text
+    _documented(TriggerView, created.json())
+    listed = await admin.get("/triggers", headers=AS_VIEWER)
+    _documented(TriggerList, listed.json())
+    for view in listed.json()["triggers"]:
+        _documented(TriggerView, view)
+    disabled = await admin.post("/triggers/api-pr/disable", headers=AS_OPERATOR)
+    _documented(TriggerView, disabled.json())
+    ignored = await admin.post("/hooks/api-pr", content=fixture_bytes("pr-created.json"), headers=basic())
+    assert ignored.status_code == 200, ignored.text
+    assert ignored.json()["status"] == "ignored"
+    enabled = await admin.post("/triggers/api-pr/enable", headers=AS_OPERATOR)
+    _documented(TriggerView, enabled.json())
+    replaced = await admin.put(
+        "/triggers/api-pr", json=webhook_spec(), headers={**AS_ADMIN, "If-Match": enabled.headers["etag"]}
+    )
+    _documented(TriggerView, replaced.json())
+    _documented(TriggerView, (await admin.get("/triggers/api-pr", headers=AS_VIEWER)).json())
+
+    page = (await admin.get("/triggers/api-pr/deliveries", headers=AS_VIEWER)).json()
+    _documented(DeliveryPage, page)
+    (delivery,) = page["deliveries"]
+    _documented(DeliveryView, delivery)
+    assert delivery["state"] == "rejected"
+    assert delivery["has_event"] is True
+    redriven = await admin.post(f"/triggers/api-pr/deliveries/{delivery['delivery_id']}/redrive", headers=AS_OPERATOR)
+    assert redriven.status_code == 202, redriven.text
+    _documented(RedriveAnswer, redriven.json())
+    again = await admin.post(f"/triggers/api-pr/deliveries/{delivery['delivery_id']}/redrive", headers=AS_OPERATOR)
+    assert again.status_code == 200, again.text
+    assert again.json()["status"] == "duplicate"
+    _documented(RedriveAnswer, again.json())
+
+    sample = json.loads(fixture_bytes("pr-created.json").decode("utf-8-sig"))
+    for body in (
+        {"trigger_id": "api-pr", "payload": sample},
+        {"trigger": webhook_spec(enabled=False), "payload": sample},
+        {"trigger_id": "api-pr", "payload": {"not": "an azure devops event"}},
+        {"trigger": {"id": "x", "type": "webhook"}, "payload": sample},
+    ):
+        preview = await admin.post("/triggers/preview", json=body, headers=AS_VIEWER)
+        assert preview.status_code == 200, preview.text
+        _documented(PreviewAnswer, preview.json())
+        if preview.json()["ok"] is False:
+            for error in preview.json()["errors"]:
+                _documented(PreviewFieldError, error)
+        elif preview.json()["would_start_run"] is False:
+            _documented(PreviewIgnored, preview.json()["ignored"])

@@ -35,7 +35,7 @@ import base64
 import re
 from collections.abc import Awaitable, Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import structlog
 from fastapi import APIRouter, Query, Request, Response
@@ -66,6 +66,7 @@ from temporality_service import (
 from temporality_service.http import Conflict as HttpConflict
 from temporality_service.http import PreconditionFailed, PreconditionRequired, revision_of
 from temporality_service.openapi import component_schemas, if_match, json_body, operation
+from temporality_trigger_gateway.deliveries import DeliveryView
 from temporality_trigger_gateway.errors import BusUnavailable
 from temporality_trigger_gateway.launch import Launcher
 from temporality_trigger_gateway.preview import run_preview
@@ -176,6 +177,77 @@ class TriggerPreview(BaseModel):
     trigger_id: str | None = Field(None, pattern=_ID.pattern, description="A stored trigger (or trigger)")
     payload: Any = Field(description="The sample delivery's JSON body (an event trigger's: a CloudEvent)")
     headers: dict[str, str] | None = Field(None, description="The sample's headers, for sources that read them")
+
+
+# ---------------------------------------------------------------- answers (documented: the OpenAPI response bodies)
+class TriggerView(BaseModel):
+    """One stored trigger as the API shows it (the answer of a read, create, replace, enable and disable)."""
+
+    trigger: dict[str, Any] = Field(
+        description="Every field of the trigger, defaults included, as validated (a stored trigger that no longer "
+        "validates: its fields as stored, and problem says why). Literal secrets never appear (write_only_set)."
+    )
+    revision: int = Field(description="The store revision (the ETag); If-Match takes it")
+    origin: Literal["file", "api"]
+    updated_by: str = Field(description="The token name, or user:<id>, of the last change (file: the triggers file)")
+    updated_at: datetime
+    served: bool = Field(description="Whether this replica serves this revision")
+    problem: str | None = Field(description="Why the stored trigger is not served, if it is not")
+    write_only_set: list[str] = Field(description="The literal secrets set (auth.password ...), never returned")
+
+
+class TriggerList(BaseModel):
+    triggers: list[TriggerView]
+
+
+class DeliveryPage(BaseModel):
+    """A page of a trigger's deliveries, newest first."""
+
+    deliveries: list[DeliveryView]
+    next_cursor: str | None = Field(description="Pass as cursor for the next page; null: this is the last")
+
+
+class PreviewIgnored(BaseModel):
+    reason: Literal["disabled", "unsupported_event", "filtered"]
+    detail: str
+
+
+class RedriveAnswer(BaseModel):
+    """The re-drive's delivery and its outcome, as the webhook answers a delivery (202 when a run starts,
+    is queued or debounced; 200 otherwise)."""
+
+    redrive_of: str = Field(description="The delivery re-driven")
+    delivery_id: str = Field(description="The re-drive's own delivery")
+    status: Literal["accepted", "duplicate", "queued", "debounced", "skipped", "ignored"]
+    run_id: str | None = None
+    superseded_run_id: str | None = None
+    position: int | None = None
+    active_run_id: str | None = None
+    until: datetime | None = None
+    reason: str | None = None
+    detail: str | None = None
+
+
+class PreviewFieldError(BaseModel):
+    field: str
+    message: str
+
+
+class PreviewAnswer(BaseModel):
+    """What the gateway would make of the sample: the normalized event, the agent input, whether a run starts
+    (``ok``), or the stage that failed and why (``ok: false``)."""
+
+    ok: bool
+    stage: Literal["trigger", "payload", "mapping"] | None = Field(None, description="ok false: what failed")
+    errors: list[PreviewFieldError] | None = Field(None, description="ok false: each wrong field")
+    matches: bool | None = Field(None, description="Whether the trigger's when filter lets the event through")
+    source_event: dict[str, Any] | None = Field(None, description="The source's event id and type")
+    event: dict[str, Any] | None = Field(None, description="The normalized event")
+    input: Any = Field(None, description="The agent input the trigger's mapping makes of the event")
+    run_id: str | None = None
+    title: str | None = None
+    would_start_run: bool | None = None
+    ignored: PreviewIgnored | None = Field(None, description="would_start_run false: why")
 
 
 #: The components the admin API's bodies refer to (``add_schemas`` in :func:`~.api.create_app`).
@@ -322,7 +394,7 @@ def admin_router(
             log.warning("trigger.change_not_applied_yet", trigger_id=trigger_id, revision=revision)
 
     # ------------------------------------------------------------------ routes
-    @router.get("", summary="List triggers")
+    @router.get("", summary="List triggers", response_model=TriggerList)
     async def list_triggers(who: AsViewer) -> JSONResponse:
         found = await io(store.all())
         return JSONResponse({"triggers": [view(trigger_id, record) for trigger_id, record in found]})
@@ -330,12 +402,17 @@ def admin_router(
     @router.post(
         "/preview",
         summary="Preview a trigger on a sample delivery (nothing is started or published)",
+        response_model=PreviewAnswer,
         openapi_extra=operation(body=json_body("TriggerPreview")),
     )
     async def preview(request: Request, who: AsViewer) -> JSONResponse:
         return JSONResponse(await run_preview(await read_sample(request), registry, store, io))
 
-    @router.get("/{trigger_id}/deliveries", summary="A trigger's deliveries and their processing state, newest first")
+    @router.get(
+        "/{trigger_id}/deliveries",
+        summary="A trigger's deliveries and their processing state, newest first",
+        response_model=DeliveryPage,
+    )
     async def list_deliveries(
         trigger_id: str,
         who: AsViewer,
@@ -350,6 +427,8 @@ def admin_router(
     @router.post(
         "/{trigger_id}/deliveries/{delivery_id}/redrive",
         summary="Re-run a rejected or failed delivery through the launch path (its original event id)",
+        response_model=RedriveAnswer,
+        responses={202: {"model": RedriveAnswer, "description": "A run is started, queued or debounced"}},
     )
     async def redrive_delivery(trigger_id: str, delivery_id: str, who: AsOperator) -> JSONResponse:
         await current(trigger_id)
@@ -369,11 +448,17 @@ def admin_router(
         status = 202 if answer.get("status") in ("accepted", "queued", "debounced") else 200
         return JSONResponse(answer, status_code=status)
 
-    @router.get("/{trigger_id}", summary="Read a trigger")
+    @router.get("/{trigger_id}", summary="Read a trigger", response_model=TriggerView)
     async def read_trigger(trigger_id: str, who: AsViewer) -> JSONResponse:
         return answer(trigger_id, await current(trigger_id))
 
-    @router.post("", status_code=201, summary="Create a trigger", openapi_extra=operation(body=_SPEC_BODY))
+    @router.post(
+        "",
+        status_code=201,
+        summary="Create a trigger",
+        response_model=TriggerView,
+        openapi_extra=operation(body=_SPEC_BODY),
+    )
     async def create_trigger(request: Request, who: AsAdmin) -> JSONResponse:
         spec = await read_spec(request)
         trigger = validate(spec, new=True)
@@ -406,6 +491,7 @@ def admin_router(
     @router.put(
         "/{trigger_id}",
         summary="Replace a trigger (If-Match: its ETag)",
+        response_model=TriggerView,
         openapi_extra=operation(body=_SPEC_BODY, headers=[if_match(required=True, what="the trigger")]),
     )
     async def replace_trigger(trigger_id: str, request: Request, who: AsAdmin) -> JSONResponse:
@@ -469,11 +555,21 @@ def admin_router(
         await settled(trigger_id, revision)
         return answer(trigger_id, Versioned(record, revision))
 
-    @router.post("/{trigger_id}/enable", summary="Enable a trigger", openapi_extra=operation(headers=[_IF_MATCH]))
+    @router.post(
+        "/{trigger_id}/enable",
+        summary="Enable a trigger",
+        response_model=TriggerView,
+        openapi_extra=operation(headers=[_IF_MATCH]),
+    )
     async def enable_trigger(trigger_id: str, request: Request, who: AsOperator) -> JSONResponse:
         return await switch(trigger_id, True, who.name, request.headers.get("if-match"))
 
-    @router.post("/{trigger_id}/disable", summary="Disable a trigger", openapi_extra=operation(headers=[_IF_MATCH]))
+    @router.post(
+        "/{trigger_id}/disable",
+        summary="Disable a trigger",
+        response_model=TriggerView,
+        openapi_extra=operation(headers=[_IF_MATCH]),
+    )
     async def disable_trigger(trigger_id: str, request: Request, who: AsOperator) -> JSONResponse:
         return await switch(trigger_id, False, who.name, request.headers.get("if-match"))
 

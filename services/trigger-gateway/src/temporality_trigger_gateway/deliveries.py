@@ -42,6 +42,7 @@ __all__ = [
     "Deliveries",
     "DeliveryRecord",
     "DeliveryState",
+    "DeliveryView",
     "Draft",
     "delivery_key",
     "index_key",
@@ -84,10 +85,38 @@ class DeliveryRecord(BaseModel):
     redriven_as: list[str] = Field(default_factory=list)
 
     def view(self) -> dict[str, object]:
-        """As the deliveries API shows it: every field but the event itself (``has_event`` says if kept)."""
+        """As the deliveries API shows it (:class:`DeliveryView`): every field but the event itself
+        (``has_event`` says if kept)."""
         shown = self.model_dump(mode="json", exclude={"event"})
         shown["has_event"] = self.event is not None
         return shown
+
+
+class DeliveryView(BaseModel):
+    """A delivery as the deliveries API shows it (documents :meth:`DeliveryRecord.view`: the record's fields
+    but ``event``, plus ``has_event``; a test keeps the two in step)."""
+
+    trigger_id: str
+    delivery_id: str
+    kind: Literal["webhook", "event", "schedule"]
+    adapter: str = Field(description="The source adapter, or schedule / event")
+    source_event_id: str | None
+    source_event_type: str | None
+    body_bytes: int
+    depth: int
+    causation_id: str | None
+    correlation_id: str | None
+    state: DeliveryState
+    reason: str | None = Field(description="rejected / failed: why (duplicate, disabled, filtered ...)")
+    detail: str | None
+    run_id: str | None
+    title: str | None
+    received_at: datetime
+    updated_at: datetime
+    event_omitted: bool = Field(description="The normalized event was too large to keep")
+    redrive_of: str | None = Field(description="A re-drive: the delivery it re-runs")
+    redriven_as: list[str] = Field(description="The re-drives made of this delivery")
+    has_event: bool = Field(description="The normalized event is kept: the delivery can be re-driven")
 
 
 def delivery_key(trigger_id: str, delivery_id: str) -> str:

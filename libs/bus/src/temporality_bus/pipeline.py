@@ -173,9 +173,12 @@ class Pipeline:
                     future.cancel()
             waiting = [f for f in futures if not f.done()]
             if waiting:
+                # one after the other under one deadline: the same as asyncio.wait(waiting) here (only the
+                # finally below cancels these futures), without its per-call set, waiter and callbacks
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(timeout_s):
-                        await asyncio.wait(waiting)
+                        for future in waiting:
+                            await future
             return [
                 unsent[i] if i in unsent else (f.result() if f.done() and not f.cancelled() else None)
                 for i, f in enumerate(futures)

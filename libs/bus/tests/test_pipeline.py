@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from temporality_bus import Bus, Conflict, PermanentError, Pipeline, PublishResult, TransientError
-from temporality_bus.pipeline import event_write, kv_write
+from temporality_bus.pipeline import Write, event_write, kv_write
 from temporality_protocol import TriggerReceived, decode, make_event
 from temporality_protocol.catalog import EVENTS_STREAM, BucketSpec
 
@@ -133,3 +133,29 @@ async def test_a_write_over_max_payload_sends_nothing(bus: Bus) -> None:
         await pipeline.send([kv_write(BUCKET.name, "small", _item("small")), kv_write(BUCKET.name, "big", too_big)])
     assert await store.get("small") is None
     assert await pipeline.send([]) == []
+
+
+async def test_a_write_nobody_acknowledges_in_time_fails_alone_and_leaves_nothing_pending(bus: Bus) -> None:
+    """A responder that never answers (a plain subscriber, no stream): that write is a TransientError after
+    the batch's deadline; the writes acknowledged meanwhile keep their results."""
+    await bus.store(BUCKET, Item)
+    silent = await bus.nc.subscribe("t.pipeline.silent")  # takes the message, never replies
+    try:
+        pipeline = Pipeline(bus)
+        started = time.monotonic()
+        before, unanswered, after = await pipeline.send(
+            [
+                kv_write(BUCKET.name, "before", _item("before")),
+                Write("t.pipeline.silent", b"{}", {}),
+                kv_write(BUCKET.name, "after", _item("after")),
+            ],
+            timeout_s=0.5,
+        )
+        assert time.monotonic() - started >= 0.45
+        assert isinstance(before, PublishResult)
+        assert isinstance(after, PublishResult)
+        assert isinstance(unanswered, TransientError)
+        assert "no ack within 0.5 s" in str(unanswered)
+        assert pipeline.pending == 0
+    finally:
+        await silent.unsubscribe()

@@ -3,9 +3,10 @@
     .venv/bin/python bench/gateway.py [--duration 10] [--connections 50] [--threads 2] [--warmup 2]
                                       [--rounds 1] [--servers old runtime bare] [--show-wrk] [--profile DIR]
 
-Needs ``wrk`` on the PATH (Debian/Ubuntu: ``apt-get install wrk``); without it the bench says so and
-exits 2. It starts its own nats-server (temporality_testing.NatsServer, temp dir, random port) and three
-servers, each in its own subprocess on a free 127.0.0.1 port, connected to that one nats-server:
+Needs ``wrk`` on the PATH (Debian/Ubuntu: ``apt-get install wrk``; ``make bench`` installs it when missing and
+apt-get exists); without it the bench says so and exits 2. It starts its own nats-server
+(temporality_testing.NatsServer, temp dir, random port) and three servers, each in its own subprocess on a
+free 127.0.0.1 port, connected to that one nats-server:
 
   old      the real gateway app served the way services did before temporality_service: a plain asyncio
            loop, uvicorn's default Config with the h11 parser (what ``http="auto"`` resolved to before

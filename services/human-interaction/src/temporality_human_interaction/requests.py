@@ -10,8 +10,9 @@ the I/O in an order where every step is idempotent under redelivery:
    configuration), never the copy in ``human.requested``; it replaces that copy (timeout chain included).
    Not projected yet: retried with backoff, then refused.
 2. Persist the record first (create-if-absent; on redelivery continue with the stored one), so an
-   answer arriving before the notification is never lost.
-   Index it under its run (``runs.index_request``); if the run already ended, cancel it here.
+   answer arriving before the notification is never lost. Just before, index it under its run
+   (``runs.index_request``) and its answerers (``inbox.index_open``), each entry with the deadline; if the
+   run already ended, cancel it here.
 3. Arm the deadline as a JetStream message schedule (deterministic ``Nats-Msg-Id``: a repeat is
    deduplicated, and the deadline handler ignores a request that is no longer pending) *before*
    delivering: a request whose delivery keeps failing (and is finally dead-lettered) still expires
@@ -258,7 +259,9 @@ class RequestHandler:
             if record.redactions:
                 log.info("request.redacted", redacted=record.redactions)
             try:
-                await index_open(self._bus, record)  # the inbox index first: a stored request is always listed
+                # the indexes first: a stored request is always listed (inbox) and found by the sweep (run)
+                await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
+                await index_open(self._bus, record)
                 await store.create(payload.request_id, record)
                 log.info("request.stored", recipient=payload.recipient, expires_at=record.expires_at.isoformat())
                 dropped = configured_steps(record.policy.on_timeout) - len(plan(record))
@@ -278,7 +281,7 @@ class RequestHandler:
                 f"request id {payload.request_id} is already used by run {record.run_id} for {record.recipient}"
             )
         if record.pending:  # index it under its run, then check the run has not ended meanwhile (runs.py)
-            await index_request(self._bus, record.run_id, record.request_id)
+            await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
             await index_open(self._bus, record)
             ended = await run_ended(self._bus, record.run_id)
             if ended is None and await withdrawn(self._bus, record.run_id, record.request_id):

@@ -199,7 +199,12 @@ def configure(settings: Settings) -> Setup[Settings]:
         )
         await sweeper.start()
         deadlines = DeadlineHandler(
-            rt.bus, on_outcome=inbound.show_outcome, chain=chain, sweeper=sweeper, observer=metrics
+            rt.bus,
+            on_outcome=inbound.show_outcome,
+            chain=chain,
+            sweeper=sweeper,
+            observer=metrics,
+            resume=requests.resume_parked,
         )
         rt.consumer("human-interaction-deadlines", raw_handler=deadlines.handle)
         run_ends = RunEndHandler(rt.bus, inbound.show_outcome, observer=metrics)

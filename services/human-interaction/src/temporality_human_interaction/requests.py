@@ -61,7 +61,8 @@ from temporality_human_interaction.directory import (
 from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.events import RejectReason, notified_event, rejected_event
 from temporality_human_interaction.inbox import index_open
-from temporality_human_interaction.policies import PolicyUnknown, RunPolicies
+from temporality_human_interaction.parking import park, parked_event, unpark
+from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies
 from temporality_human_interaction.records import (
     HumanRequestRecord,
     RequestStore,
@@ -218,6 +219,11 @@ class RequestHandler:
                 except PolicyUnknown as unknown:
                     await self._reject(event, payload, Refusal("recipient_not_allowed", str(unknown)))
                     return
+                except PolicyPending:  # the projection is catching up: wait on durable timers (.parking)
+                    await park(self._bus, event, payload.run_id, payload.request_id, payload.expires_at)
+                    if await self._policies.lookup(payload.run_id) is not None:  # came meanwhile: take it now
+                        await self.resume_parked(payload.run_id, payload.request_id, final=False)
+                    return
                 if projected != payload.policy:
                     log.warning(
                         "request.policy_differs",
@@ -329,6 +335,21 @@ class RequestHandler:
                 notified_event(record, channel=record.channel, fallback_from=None, truncated=truncated)
             )
         return True
+
+    async def resume_parked(self, run_id: str, request_id: str, *, final: bool) -> None:
+        """A parked request's timer fired (:mod:`.parking`): take it in once its run's policy is known; at its
+        deadline (``final``) without one, refuse it. Either way the parked entry goes, after the intake
+        (idempotent: a crash in between takes it in again on the timer's redelivery)."""
+        event = await parked_event(self._bus, run_id, request_id)
+        if event is None:
+            log.info("request.parked_gone", request_id=request_id)  # taken in already (another firing)
+            return
+        if self._policies is not None and not final and await self._policies.lookup(run_id) is None:
+            log.info("request.still_parked", request_id=request_id)
+            return
+        with structlog.contextvars.bound_contextvars(resumed_from="parked"):
+            await self.handle(event, None)  # no delivery: a policy still unknown is refused, never parked again
+        await unpark(self._bus, run_id, request_id)
 
     async def _reject(self, event: Envelope, payload: HumanRequested, refusal: Refusal) -> None:
         await self._bus.publish(rejected_event(event, payload, refusal.reason, refusal.detail))

@@ -21,6 +21,7 @@ key                                    value
 ``open.<user id>.<request id>``        the request id and its ``expires_at``: an open request that person may
                                        answer (:mod:`..inbox`)
 ``policy.<run id>``                    the run's human policy from its ``run.requested`` (:mod:`..policies`)
+``parked.<run id>.<request id>``       a ``human.requested`` waiting for its run's policy (:mod:`..parking`)
 =====================================  ==========================================================
 
 An entry's ``expires_at`` (the request's deadline, which never changes) lets the request gauges

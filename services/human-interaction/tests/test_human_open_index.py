@@ -6,13 +6,17 @@ a restart (what every replica does at start: :func:`rebuild_index`)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
 from human_support import ALICE, requested, stored, wait_for_record
+from pydantic import SecretStr
+from replica_support import replica, samples_of, value_of
 
-from temporality_bus import Bus, live_entries
+from temporality_bus import Bus, NatsSettings, live_entries
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.inbox import RetentionSweeper, index_open, rebuild_index
@@ -20,7 +24,19 @@ from temporality_human_interaction.metrics import OpenCounts, count_open
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
-from temporality_protocol import HumanRequested, HumanRequestState, RunCancelled, make_event
+from temporality_human_interaction.settings import Settings
+from temporality_protocol import (
+    HumanPolicy,
+    HumanRequested,
+    HumanRequestState,
+    LaunchSource,
+    RunCancelled,
+    RunRequested,
+    make_event,
+    new_id,
+)
+from temporality_service import ApiAuthSettings, ApiToken, Role, metrics
+from temporality_service.auth import dump_tokens
 
 GROUP = "group:api-owners"  # config/users.yaml: alice and bob
 
@@ -204,3 +220,76 @@ async def test_the_sweep_reads_only_requests_that_may_be_due_and_never_misses_on
     assert await stored(bus, legacy_kept) is None
     assert await stored(bus, pending_id) is not None  # pending requests are never purged
     assert (await _matches(bus, reads=0)).waiting == 1
+
+
+USERS = """users:
+  alice:
+    display_name: Alice Example
+    inbox_token: alice-demo-token
+    preferred: web
+    channels: {web: {}}
+"""
+
+
+async def _gauges(client: httpx.AsyncClient, waiting: int, overdue: int, *, within_s: float = 30) -> None:
+    """Until the replica's /metrics says ``waiting`` and ``overdue`` (bounded)."""
+    seen: tuple[float, float] = (-1, -1)
+    try:
+        async with asyncio.timeout(within_s):
+            while True:
+                samples = samples_of((await client.get("/metrics")).text)
+                seen = (
+                    value_of(samples, "temporality_human_requests_waiting"),
+                    value_of(samples, "temporality_human_requests_overdue"),
+                )
+                if seen == (waiting, overdue):
+                    return
+                await asyncio.sleep(0.2)
+    except TimeoutError:
+        raise AssertionError(f"gauges (waiting, overdue) stayed {seen}, not {(waiting, overdue)}") from None
+
+
+@pytest.mark.timeout(150)
+async def test_a_restarted_replica_completes_the_index_and_its_gauges_match_the_store(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real service: its gauges count the index; after a restart on an index an older version left
+    (undated entries) and that lost an entry, the start completes it and the gauges still match a full scan."""
+    monkeypatch.setattr(metrics, "STATE_REFRESH_S", 0.2)
+    (tmp_path / "users.yaml").write_text(USERS, encoding="utf-8")
+    token = ApiToken(name="ops", role=Role.admin, token=SecretStr("open-index-test-admin-token-0123456789"))
+    (tmp_path / "tokens.json").write_text(dump_tokens([token]), encoding="utf-8")
+    settings = Settings(
+        nats=nats_settings,
+        host="127.0.0.1",
+        port=0,
+        users_file=tmp_path / "users.yaml",
+        api=ApiAuthSettings(tokens_file=tmp_path / "tokens.json"),
+    )
+    run_id = new_id("run")
+    policy = HumanPolicy(allowed_recipients=["user:alice"])
+    launch = LaunchSource(kind="webhook", trigger_id="ado-pr-review")
+    run = RunRequested(run_id=run_id, agent="reviewer", title="Review PR 42", launch=launch, human=policy)
+    await bus.publish(make_event(run, source="/temporality/trigger-gateway", run_id=run_id))
+    asked = [requested(allowed=("user:alice",), run_id=run_id) for _ in range(4)]
+    ids = [str(e.data["request_id"]) for e in asked]
+    async with replica(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        for event in asked:
+            await bus.publish(event)
+        await _gauges(client, 4, 0)
+        answered = await client.post(f"/requests/{ids[0]}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
+        assert answered.status_code == 200, answered.text
+        await _gauges(client, 3, 0)
+    assert (await count_open(bus, datetime.now(UTC))).read == 0
+
+    # while it is down: an older version's entries (no deadline) and a lost inbox entry
+    await _age_entries(bus, ids[1])
+    await ChannelRefs(bus).delete(ref_key("open", "user:alice", ids[2]))
+    async with replica(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        await _gauges(client, 3, 0)
+        assert await _dated(bus, ids[1])  # the start dated them (run entry and inbox entry)
+        assert await ChannelRefs(bus).get(ref_key("open", "user:alice", ids[2])) == ids[2]
+        counts = await _matches(bus, reads=0)
+        assert counts.waiting == 3
+        listed = await client.get("/inbox", headers=ALICE)
+        assert sorted(r["id"] for r in listed.json()["requests"]) == sorted(ids[1:])

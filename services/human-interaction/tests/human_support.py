@@ -51,6 +51,8 @@ def requested(
     allow_free_text: bool = True,
     request_id: str | None = None,
     run_id: str | None = None,
+    answer_schema: dict[str, Any] | None = None,
+    options: list[HumanOption] | None = None,
 ) -> Envelope:
     """A ``human.requested`` as run-executor would publish it."""
     request_id = request_id or new_id("hreq")
@@ -64,8 +66,9 @@ def requested(
         recipient=recipient,
         question="Should the v1 API stay for one more release?",
         context="The PR removes /v1; two internal clients still call it.",
-        options=OPTIONS,
+        options=OPTIONS if options is None else options,
         allow_free_text=allow_free_text,
+        answer_schema=answer_schema,
         timeout_s=max(1, int(expires_in_s)),
         expires_at=datetime.now(UTC) + timedelta(seconds=expires_in_s),
         policy=policy,

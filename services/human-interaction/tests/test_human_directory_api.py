@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 import httpx
 from directory_support import (
@@ -19,11 +20,13 @@ from directory_support import (
     replica,
 )
 from human_support import exactly
+from jsonschema import Draft202012Validator
 
 from temporality_bus import Bus
 from temporality_human_interaction.__main__ import seed_directory
 from temporality_human_interaction.api import create_app
 from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.directory_api import GroupView, UserView
 from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.settings import Settings
 from temporality_human_interaction.store import DirectoryStore
@@ -284,3 +287,55 @@ async def test_a_token_the_replica_has_not_seen_yet_is_still_refused(bus: Bus) -
         assert "alice-demo-token" not in taken.text
         own = await c.post("/directory/users", json=carol(), headers=ADMIN)
         assert own.status_code == 201, own.text
+
+
+def _documented(document: dict[str, Any], path: str, method: str, status: int) -> dict[str, Any]:
+    """The JSON Schema the OpenAPI document gives for that answer (its refs resolvable: the components beside)."""
+    content = document["paths"][path][method]["responses"][str(status)]["content"]["application/json"]
+    schema = content["schema"]
+    assert schema.get("$ref", "").startswith("#/components/schemas/"), schema  # a model, not "anything"
+    return {**schema, "components": document["components"]}
+
+
+async def test_every_directory_answer_matches_its_documented_response_model(bus: Bus) -> None:
+    """The routes build their bodies by hand: the response models in the OpenAPI document must describe them
+    (what schemathesis's response-schema check compares), with no field left out or left over."""
+    async with replica(bus) as r:
+        c = r.client
+        document = (await c.get("/openapi.json")).json()
+        created = await c.post("/directory/users", json=carol(), headers=ADMIN)
+        replaced = await c.put(
+            "/directory/users/carol",
+            json={**carol(), "display_name": "Carol C."},
+            headers={**ADMIN, "If-Match": _etag(created)},
+        )
+        group = {"id": "reviewers", "display_name": "Reviewers", "members": ["alice", "carol"]}
+        group_created = await c.post("/directory/groups", json=group, headers=ADMIN)
+        group_replaced = await c.put(
+            "/directory/groups/reviewers",
+            json={**group, "members": ["carol"]},
+            headers={**ADMIN, "If-Match": _etag(group_created)},
+        )
+        answers = [
+            (created, "/directory/users", "post", 201),
+            (replaced, "/directory/users/{user_id}", "put", 200),
+            (await c.get("/directory/users", headers=VIEWER), "/directory/users", "get", 200),
+            (await c.get("/directory/users/carol", headers=VIEWER), "/directory/users/{user_id}", "get", 200),
+            (group_created, "/directory/groups", "post", 201),
+            (group_replaced, "/directory/groups/{group_id}", "put", 200),
+            (await c.get("/directory/groups", headers=VIEWER), "/directory/groups", "get", 200),
+            (await c.get("/directory/groups/reviewers", headers=VIEWER), "/directory/groups/{group_id}", "get", 200),
+        ]
+        for response, path, method, status in answers:
+            assert response.status_code == status, (path, method, response.text)
+            schema = _documented(document, path, method, status)
+            errors = list(Draft202012Validator(schema).iter_errors(response.json()))
+            assert errors == [], (path, method, [e.message for e in errors])
+            body = response.json()
+            kind = "users" if path.startswith("/directory/users") else "groups"
+            listing = method == "get" and path == f"/directory/{kind}"
+            model = UserView if kind == "users" else GroupView
+            for view in body[kind] if listing else [body]:  # no field the models do not name
+                model.model_validate(view)
+        users = (await c.get("/directory/users", headers=VIEWER)).json()["users"]
+        assert {u["id"] for u in users} == {"alice", "bob", "carol"}

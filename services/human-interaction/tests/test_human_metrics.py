@@ -11,23 +11,22 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import httpx
 import pytest
 from human_support import ALICE, requested
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
+from replica_support import Samples, replica, samples_of, value_of
 
 from temporality_bus import Bus, NatsSettings
 from temporality_human_interaction import Settings
-from temporality_human_interaction.__main__ import SPEC, configure
 from temporality_human_interaction.inbox import index_open
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_protocol import HumanPolicy, HumanRequested, LaunchSource, RunRequested, make_event, new_id
-from temporality_service import ApiAuthSettings, ApiToken, Role, Runtime, metrics, run_until
+from temporality_service import ApiAuthSettings, ApiToken, Role, metrics
 from temporality_service.auth import dump_tokens
 from temporality_testing.telegram_emulator import TelegramEmulator
 from temporality_testing.waiting import stays
@@ -47,47 +46,6 @@ USERS = f"""users:
     channels: {{telegram: {{chat_id: {DAVE_CHAT}}}, web: {{}}}}
 """
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def _samples(text: str) -> Samples:
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def _value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset({"service": SPEC.name, **labels}.items())), 0.0)
-
-
-@asynccontextmanager
-async def _replica(settings: Settings) -> AsyncIterator[str]:
-    """One human-interaction replica, served in-process until the block ends; yields its URL."""
-    runtimes: list[Runtime[Settings]] = []
-    setup = configure(settings)
-
-    async def _setup(rt: Runtime[Settings]) -> None:
-        await setup(rt)
-        runtimes.append(rt)
-
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run_until(SPEC, settings, _setup, stop, ready=ready))
-    try:
-        waiter = asyncio.ensure_future(ready.wait())
-        await asyncio.wait({waiter, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            waiter.cancel()
-            task.result()
-        assert ready.is_set(), "human-interaction was not ready within 60 s"
-        server = runtimes[0].server
-        assert server is not None
-        yield server.url
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-
 
 async def _until(
     clients: list[httpx.AsyncClient], condition: Callable[[list[Samples]], bool], what: str, within_s: float = 30
@@ -101,7 +59,7 @@ async def _until(
                 for client in clients:
                     response = await client.get("/metrics")
                     assert response.status_code == 200
-                    scraped.append(_samples(response.text))
+                    scraped.append(samples_of(response.text))
                 if condition(scraped):
                     return scraped
                 await asyncio.sleep(0.2)
@@ -111,7 +69,7 @@ async def _until(
 
 def _total(scraped: list[Samples], name: str, **labels: str) -> float:
     """The sum over the replicas (counters and histograms)."""
-    return sum(_value(s, name, **labels) for s in scraped)
+    return sum(value_of(s, name, **labels) for s in scraped)
 
 
 @pytest.mark.timeout(150)
@@ -134,7 +92,7 @@ async def test_deliveries_waits_and_waiting_requests_are_reported_once_across_re
             telegram_base_url=emulator.base_url,
             telegram_poll_timeout_s=1,
         )
-        urls = [await stack.enter_async_context(_replica(settings)) for _ in range(2)]
+        urls = [await stack.enter_async_context(replica(settings)) for _ in range(2)]
         clients = [await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=10)) for url in urls]
 
         run_id = new_id("run")
@@ -165,8 +123,8 @@ async def test_deliveries_waits_and_waiting_requests_are_reported_once_across_re
         scraped = await _until(clients, delivered(3), "the third question delivered on the web")
         assert _total(scraped, "temporality_human_deliveries_total", channel="telegram", outcome="delivered") == 0
         for samples in scraped:  # each replica's adapters run
-            assert _value(samples, "temporality_human_channel_available", channel="telegram") == 1
-            assert _value(samples, "temporality_human_channel_available", channel="web") == 1
+            assert value_of(samples, "temporality_human_channel_available", channel="telegram") == 1
+            assert value_of(samples, "temporality_human_channel_available", channel="web") == 1
 
         # the short request expires: observed once, by the replica whose compare-and-set expired it
         def expired(scraped: list[Samples]) -> bool:
@@ -202,8 +160,8 @@ async def test_deliveries_waits_and_waiting_requests_are_reported_once_across_re
         def waiting(n: int, overdue: int) -> Callable[[list[Samples]], bool]:
             def check(scraped: list[Samples]) -> bool:
                 return all(
-                    _value(s, "temporality_human_requests_waiting") == n
-                    and _value(s, "temporality_human_requests_overdue") == overdue
+                    value_of(s, "temporality_human_requests_waiting") == n
+                    and value_of(s, "temporality_human_requests_overdue") == overdue
                     for s in scraped
                 )
 
@@ -218,4 +176,4 @@ async def test_deliveries_waits_and_waiting_requests_are_reported_once_across_re
         await (await open_store(bus)).create(record.request_id, record)
         scraped = await _until(clients, waiting(2, 1), "the overdue request on each replica")
         for samples in scraped:
-            assert _value(samples, "temporality_human_requests_overdue_seconds") >= 120
+            assert value_of(samples, "temporality_human_requests_overdue_seconds") >= 120

@@ -13,8 +13,10 @@ from nats.js.errors import NotFoundError
 
 from temporality_bus import Bus, Consumer, PermanentError
 from temporality_human_interaction.channels import ChannelAdapter
+from temporality_human_interaction.deadlines import DeadlineHandler
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.notifications import NotificationHandler
+from temporality_human_interaction.parking import parked_of_run
 from temporality_human_interaction.policies import RunPolicies, RunPolicyHandler
 from temporality_human_interaction.requests import RequestHandler
 from temporality_protocol import (
@@ -30,7 +32,6 @@ from temporality_protocol import (
     new_id,
 )
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
-from temporality_testing.waiting import stays
 
 
 def _run_requested(run_id: str, allowed: list[str], max_timeout_s: int = 7 * 24 * 3600) -> RunRequested:
@@ -50,14 +51,18 @@ async def _publish_run(bus: Bus, run_id: str, allowed: list[str], max_timeout_s:
 
 def _consumers(
     bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter], wait_deliveries: int
-) -> tuple[Consumer, Consumer]:
+) -> tuple[Consumer, Consumer, Consumer]:
+    """The policies, requests and timers consumers, as the service wires them (a parked request's timers
+    reach the request intake through the timers' handler)."""
     policies = RunPolicies(bus, wait_deliveries=wait_deliveries)
     handler = RequestHandler(bus, directory, adapters, policies=policies)
+    timers = DeadlineHandler(bus, resume=handler.resume_parked)
     return (
         Consumer(
             bus, CONSUMERS["human-interaction-policies"], handler=RunPolicyHandler(policies).handle, fetch_timeout_s=0.2
         ),
         Consumer(bus, CONSUMERS["human-interaction-requests"], handler=handler.handle, fetch_timeout_s=0.2),
+        Consumer(bus, CONSUMERS["human-interaction-deadlines"], raw_handler=timers.handle, fetch_timeout_s=0.2),
     )
 
 
@@ -121,7 +126,7 @@ async def _redelivered(bus: Bus, consumer: str, *, within_s: float = 20) -> None
 async def test_a_request_before_its_run_policy_waits_for_it(
     bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]
 ) -> None:
-    policy_consumer, request_consumer = _consumers(bus, directory, adapters, wait_deliveries=7)
+    policy_consumer, request_consumer, _ = _consumers(bus, directory, adapters, wait_deliveries=7)
     run_id = new_id("run")
     event = requested(recipient="user:alice", run_id=run_id)
     await bus.publish(event)
@@ -139,7 +144,7 @@ async def test_a_request_before_its_run_policy_waits_for_it(
 async def test_a_request_whose_run_never_came_is_refused_after_the_bound(
     bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]
 ) -> None:
-    _, request_consumer = _consumers(bus, directory, adapters, wait_deliveries=2)
+    _, request_consumer, _ = _consumers(bus, directory, adapters, wait_deliveries=2)
     event = requested(recipient="user:alice")
     await bus.publish(event)
     async with running(request_consumer):
@@ -150,30 +155,91 @@ async def test_a_request_whose_run_never_came_is_refused_after_the_bound(
     assert await stored(bus, payload.request_id) is None
 
 
-async def test_past_the_bound_a_request_waits_while_the_projection_catches_up(
+async def _settled(bus: Bus, consumer: str, *, within_s: float = 20) -> None:
+    """Until ``consumer`` holds no message: every one it was given is acked (none waits for a redelivery)."""
+    async with asyncio.timeout(within_s):
+        while True:
+            info = await bus.js.consumer_info(EVENTS_STREAM.name, consumer)
+            if info.num_pending == 0 and info.num_ack_pending == 0 and info.delivered.stream_seq > 0:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def _parked(bus: Bus, run_id: str, *, within_s: float = 20) -> None:
+    """Until a request is parked under ``run_id``."""
+    async with asyncio.timeout(within_s):
+        while True:
+            if await parked_of_run(bus, run_id):
+                return
+            await asyncio.sleep(0.05)
+
+
+async def _unparked(bus: Bus, run_id: str, *, within_s: float = 20) -> None:
+    """Until nothing is parked under ``run_id`` any more."""
+    async with asyncio.timeout(within_s):
+        while True:
+            if not await parked_of_run(bus, run_id):
+                return
+            await asyncio.sleep(0.05)
+
+
+async def _stop_policies_with_a_backlog(bus: Bus, policy_consumer: Consumer, *runs: str) -> None:
+    """The policies consumer ran once (its durable exists), then stops: ``runs``' run.requested wait in its
+    backlog, as after an outage."""
+    async with running(policy_consumer):
+        pass
+    for run_id in runs:
+        await _publish_run(bus, run_id, ["user:alice"])
+
+
+async def test_past_the_bound_a_request_is_parked_until_the_projection_catches_up_across_a_restart(
     bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]
 ) -> None:
     """After an outage with a backlog of run.requested, the bound alone would refuse requests whose policy is
-    still in the backlog: while the policies consumer has messages pending, the request keeps waiting."""
-    policy_consumer, request_consumer = _consumers(bus, directory, adapters, wait_deliveries=2)
-    async with running(policy_consumer):  # its durable exists (it ran before the outage), then it stops
-        pass
+    still in the backlog: while the policies consumer has messages pending, the request is parked (acked on
+    the bus, kept in KV with a durable timer), however long the projection takes -- no delivery count bounds
+    it -- and taken in when its policy comes, by whichever replica runs then."""
+    policy_consumer, request_consumer, timers_consumer = _consumers(bus, directory, adapters, wait_deliveries=2)
     run_id = new_id("run")
-    await _publish_run(bus, run_id, ["user:alice"])  # in the policies consumer's backlog
+    await _stop_policies_with_a_backlog(bus, policy_consumer, run_id)
     event = requested(recipient="user:alice", run_id=run_id)
+    request_id = str(event.data["request_id"])
     await bus.publish(event)
-    async with running(request_consumer):
-        await _redelivered(bus, "human-interaction-requests")
-
-        async def not_refused() -> bool:
-            return await events_of(bus, "human.rejected") == []
-
-        # the bound (2 deliveries, ~0.5 s) is long past, and the request is still waiting, not refused
-        await stays(not_refused, settle_s=4.0, what="no refusal while the projection is behind")
-        async with running(policy_consumer):
-            [notified] = await exactly(bus, "human.notified", within_s=60)
-    assert notified.payload(HumanNotified).request_id == event.data["request_id"]
+    async with running(request_consumer, timers_consumer):
+        await _parked(bus, run_id)  # after its short retries (nak with backoff)
+        await _settled(bus, "human-interaction-requests")  # acked: off the consumer's delivery budget
+        assert await parked_of_run(bus, run_id) == [request_id]
+        assert await stored(bus, request_id) is None  # nobody is asked before the policy says who may be
+        assert await events_of(bus, "human.rejected") == []
+    # every replica restarts; then the projection catches up: the parked request is taken in
+    policy_consumer, request_consumer, timers_consumer = _consumers(bus, directory, adapters, wait_deliveries=2)
+    async with running(policy_consumer, request_consumer, timers_consumer):
+        [notified] = await exactly(bus, "human.notified", within_s=60)
+        await _unparked(bus, run_id)
+    assert notified.payload(HumanNotified).request_id == request_id
     assert await events_of(bus, "human.rejected") == []
+    assert await stored(bus, request_id) is not None
+
+
+async def test_a_parked_request_whose_policy_never_comes_is_refused_at_its_deadline(
+    bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]
+) -> None:
+    """The wait's only bound is the request's own deadline (a short one here): its durable timer refuses it."""
+    policy_consumer, request_consumer, timers_consumer = _consumers(bus, directory, adapters, wait_deliveries=2)
+    await _stop_policies_with_a_backlog(bus, policy_consumer, new_id("run"))  # another run: the projection lags
+    run_id = new_id("run")
+    event = requested(recipient="user:alice", run_id=run_id, expires_in_s=4)
+    request_id = str(event.data["request_id"])
+    await bus.publish(event)
+    async with running(request_consumer, timers_consumer):
+        [rejected] = await exactly(bus, "human.rejected", within_s=30)
+        await _unparked(bus, run_id)
+    payload = rejected.payload(HumanRejected)
+    assert payload.request_id == request_id
+    assert payload.reason == "recipient_not_allowed"
+    assert "no policy for run" in payload.detail
+    assert rejected.time >= event.time + timedelta(seconds=3)  # at the deadline, not at a delivery bound
+    assert await stored(bus, request_id) is None
 
 
 async def test_a_forged_notification_widening_the_recipients_is_refused(

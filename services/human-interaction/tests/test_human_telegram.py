@@ -26,6 +26,7 @@ from temporality_protocol import (
     HumanAnswered,
     HumanNotified,
     HumanNotifyRequested,
+    HumanOption,
     HumanPolicy,
     HumanRequested,
     HumanRequestState,
@@ -166,6 +167,35 @@ async def test_free_text_reply_binds_text_and_an_option_number_binds_the_option(
     record2 = await wait_for_record(bus, second, lambda r: r.status is HumanRequestState.ANSWERED)
     assert record2.answer == OptionAnswer(option_id=OPTIONS[0].id, label=OPTIONS[0].label)
     await exactly(bus, "human.answered", 2)
+
+
+async def test_a_reply_that_does_not_fit_the_form_is_answered_with_why_and_binds_nothing(
+    bus: Bus, intake: RequestHandler, emulator: TelegramEmulator
+) -> None:
+    """A request with a form (an MCP elicitation's schema): a misfit reply is told what is wrong, in the chat,
+    and nothing is bound; a fitting reply binds."""
+    form = {
+        "type": "object",
+        "properties": {"replicas": {"type": "integer", "minimum": 1}, "region": {"type": "string", "enum": ["eu"]}},
+        "required": ["replicas", "region"],
+    }
+    decline = HumanOption(id="decline", label="Decline")
+    request_id, question = await _ask(bus, intake, emulator, answer_schema=form, options=[decline])
+    said = await emulator.reply(ALICE, question, "replicas: a few\nregion: eu")
+    told = await emulator.wait_for_message(
+        ALICE.id, lambda m: m.get("reply_to_message", {}).get("message_id") == said["message_id"]
+    )
+    assert told["text"].startswith("Not recorded: the answer does not fit the form: field 'replicas'"), told
+    assert "is not of type 'integer'" in told["text"]
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.PENDING
+    assert await events_of(bus, "human.answered") == []
+
+    await emulator.reply(ALICE, question, "replicas: 2\nregion: eu")
+    record = await wait_for_record(bus, request_id, lambda r: r.status is HumanRequestState.ANSWERED)
+    assert record.answer == TextAnswer(value="replicas: 2\nregion: eu")
+    await exactly(bus, "human.answered", 1)
 
 
 async def test_stale_button_is_refused_with_the_reason_and_binds_nothing(

@@ -582,6 +582,14 @@ class HumanRequested(EventData):
     source_link: SourceLink | None = Field(
         default=None, description="The run's source (its launch event's link), set by the platform, never the agent"
     )
+    answer_schema: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "A form the answer must fit (an MCP elicitation's requested schema: a flat object of primitive "
+            "fields, JSON Schema 2020-12), read as temporality_protocol.forms.read reads it; human-interaction "
+            "refuses an answer that does not fit before it is recorded. None: any option or text is taken"
+        ),
+    )
 
 
 class DeliveryAttempt(_Model):

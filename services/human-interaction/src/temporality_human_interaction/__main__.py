@@ -190,7 +190,8 @@ def configure(settings: Settings) -> Setup[Settings]:
         requests = RequestHandler(rt.bus, directory, adapters, egress=egress, policies=policies, observer=metrics)
         rt.consumer("human-interaction-requests", handler=requests.handle, max_inflight=rt.settings.max_inflight)
         chain = ChainRunner(rt.bus, directory, adapters)  # reminders and escalation (HUM-8)
-        await rebuild_index(rt.bus)  # the inbox index: requests stored before it existed are found (idempotent)
+        # the indexes: requests an older version stored (or whose entries were lost) are indexed (idempotent)
+        await rebuild_index(rt.bus)
         sweeper = RetentionSweeper(
             rt.bus,
             retention=timedelta(days=rt.settings.request_retention_days),
@@ -198,7 +199,12 @@ def configure(settings: Settings) -> Setup[Settings]:
         )
         await sweeper.start()
         deadlines = DeadlineHandler(
-            rt.bus, on_outcome=inbound.show_outcome, chain=chain, sweeper=sweeper, observer=metrics
+            rt.bus,
+            on_outcome=inbound.show_outcome,
+            chain=chain,
+            sweeper=sweeper,
+            observer=metrics,
+            resume=requests.resume_parked,
         )
         rt.consumer("human-interaction-deadlines", raw_handler=deadlines.handle)
         run_ends = RunEndHandler(rt.bus, inbound.show_outcome, observer=metrics)

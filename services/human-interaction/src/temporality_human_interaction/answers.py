@@ -52,7 +52,7 @@ from temporality_human_interaction.records import (
     open_store,
 )
 from temporality_human_interaction.timers import arm_answer_repair
-from temporality_protocol import HumanAnswer, HumanRequestState, OptionAnswer, TextAnswer
+from temporality_protocol import HumanAnswer, HumanRequestState, OptionAnswer, TextAnswer, forms
 from temporality_protocol.events import MAX_TEXT
 from temporality_service import ApiError
 
@@ -141,17 +141,29 @@ class InvalidAnswer(AnswerRefused):
 
 
 def interpret(record: HumanRequestRecord, submission: AnswerSubmission) -> HumanAnswer:
-    """The submission as the machine-readable answer this request accepts (HUM-6), or InvalidAnswer."""
+    """The submission as the machine-readable answer this request accepts (HUM-6), or InvalidAnswer.
+
+    A request with a form (``answer_schema``, an MCP elicitation) takes only an answer that fits it, read
+    exactly as the run-executor will read it (:func:`temporality_protocol.forms.read`): a number field given
+    "soon", a required field left out, a value outside an enum are refused here, before anything is bound,
+    with the reason (the field and what is wrong) for the person."""
+    answer: HumanAnswer
     if submission.option_id is not None:
         option = record.option(submission.option_id)
         if option is None:
             known = ", ".join(o.id for o in record.options) or "none"
             raise InvalidAnswer(f"{submission.option_id!r} is not an option of this request (options: {known})")
-        return OptionAnswer(option_id=option.id, label=option.label)
-    assert submission.text is not None  # the model guarantees exactly one
-    if not record.allow_free_text:
-        raise InvalidAnswer("this request takes one of its options, not free text")
-    return TextAnswer(value=submission.text)
+        answer = OptionAnswer(option_id=option.id, label=option.label)
+    else:
+        assert submission.text is not None  # the model guarantees exactly one
+        if not record.allow_free_text:
+            raise InvalidAnswer("this request takes one of its options, not free text")
+        answer = TextAnswer(value=submission.text)
+    if record.answer_schema is not None:
+        read = forms.read(record.answer_schema, answer)
+        if read.refused is not None:
+            raise InvalidAnswer(f"the answer does not fit the form: {read.refused}"[:MAX_TEXT])
+    return answer
 
 
 def check_recipient(record: HumanRequestRecord, responder: str) -> None:

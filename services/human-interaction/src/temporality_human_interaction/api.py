@@ -22,7 +22,8 @@ applies as soon as this replica's watch has it); the directory routes take API r
 Answering: 200 with the request; the identical answer again from the same person is also 200, with
 ``"already_recorded": true`` (whenever it arrives); anything else on an answered request is 409
 ``already_answered``; 403 ``not_recipient``, 404 ``unknown_request``, 409 ``expired`` / ``cancelled``,
-422 ``invalid_answer``.
+422 ``invalid_answer`` (an option it does not have, text where it takes options, or an answer that does not
+fit its form, ``answer_schema``: the detail names the field).
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ class ChainRunner:
         escalate = record.policy.on_timeout.escalate
         assert escalate is not None  # plan() has an escalation step only then
         members = self._targets(escalate.to)
-        await index_people(self._bus, record.request_id, [escalate.to, *members])  # listed before it binds
+        await index_people(self._bus, record, [escalate.to, *members])  # listed before it binds
 
         def mark(current: HumanRequestRecord) -> HumanRequestRecord | None:
             if not current.pending or current.escalated_to is not None:

@@ -18,18 +18,22 @@ the record alone, never on which timer fired:
 * **answered, ``answer_published`` false** (the publish after the answer's CAS was lost): the stored
   answer's ``human.answered`` is published (same deterministic id) and marked published.
 * anything else (answered and announced, cancelled) is left alone.
+
+A parked request's timers (payload ``parked``, :mod:`.parking`: not stored yet, waiting for its run's policy)
+go to ``RequestHandler.resume_parked``: the policy's arrival takes it in, its deadline refuses it if the
+policy is still unknown.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Protocol
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from temporality_bus import Bus, Delivery, NotFound, PermanentError, evolve
+from temporality_bus import Bus, Delivery, NotFound, PermanentError, TransientError, evolve
 from temporality_bus.tracing import continued
 from temporality_human_interaction.answers import announce_answer, unannounced
 from temporality_human_interaction.chain import ChainRunner, plan
@@ -55,12 +59,23 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class Resume(Protocol):
+    """``RequestHandler.resume_parked``."""
+
+    def __call__(self, run_id: str, request_id: str, *, final: bool) -> Awaitable[None]: ...
+
+
 class DeadlinePayload(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     request_id: Annotated[str, Field(pattern=REQUEST_ID_PATTERN)]
     #: A chain step's timer (:mod:`.chain`): the step's index; absent for the deadline and repair timers.
     step: Annotated[int, Field(ge=0, le=1000)] | None = None
+    #: A parked request's timer (:mod:`.parking`): not stored yet, waiting for its run's policy.
+    parked: bool = False
+    #: With ``parked``: the run, and whether this is the policy's arrival (else the request's deadline).
+    run_id: str | None = None
+    wake: bool = False
 
 
 class DeadlineHandler:
@@ -75,8 +90,11 @@ class DeadlineHandler:
         chain: ChainRunner | None = None,
         sweeper: RetentionSweeper | None = None,
         observer: RequestObserver | None = None,
+        resume: Resume | None = None,
     ) -> None:
         self._bus = bus
+        #: Takes a parked request in (``RequestHandler.resume_parked``) when its timer fires (:mod:`.parking`).
+        self._resume = resume
         #: Told each request this replica expired (the wait-time histogram).
         self._observer = observer
         #: Purges ended requests past the retention when the sweep's timer fires (:mod:`.inbox`).
@@ -98,6 +116,9 @@ class DeadlineHandler:
             payload = DeadlinePayload.model_validate_json(data)
         except ValidationError as exc:
             raise PermanentError(f"unreadable deadline payload: {exc}") from exc
+        if payload.parked:
+            await self._parked(payload)
+            return
         with structlog.contextvars.bound_contextvars(request_id=payload.request_id):
             store = await open_store(self._bus)
             record = await self._expire(store, payload.request_id)
@@ -109,6 +130,15 @@ class DeadlineHandler:
                 attributes={"temporality.request_id": record.request_id, "temporality.run_id": record.run_id},
             ):
                 await self._fired(store, record, payload, delivery)
+
+    async def _parked(self, payload: DeadlinePayload) -> None:
+        if payload.run_id is None:
+            raise PermanentError(f"a parked request's timer without a run id ({payload.request_id})")
+        if self._resume is None:
+            log.warning("request.parked_not_running", request_id=payload.request_id)
+            raise TransientError("no request intake on this replica to take a parked request in")
+        with structlog.contextvars.bound_contextvars(request_id=payload.request_id, run_id=payload.run_id):
+            await self._resume(payload.run_id, payload.request_id, final=not payload.wake)
 
     async def _fired(
         self, store: RequestStore, record: HumanRequestRecord, payload: DeadlinePayload, delivery: Delivery | None

@@ -41,7 +41,7 @@ import nats.errors
 import structlog
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_bus import AlreadyExists, Bus, Conflict, PermanentError, TransientError, Versioned
 from temporality_bus import NotFound as StoreNotFound
@@ -50,6 +50,7 @@ from temporality_human_interaction.directory import (
     Directory,
     DirectoryError,
     GroupProfile,
+    UserChannels,
     UserProfile,
     resolve_token,
 )
@@ -73,8 +74,12 @@ from temporality_service.openapi import component_schemas, if_match, json_body, 
 
 __all__ = [
     "OPENAPI_SCHEMAS",
+    "GroupList",
+    "GroupView",
     "PreconditionFailed",
     "PreconditionRequired",
+    "UserList",
+    "UserView",
     "directory_router",
     "group_view",
     "user_view",
@@ -132,6 +137,51 @@ OPENAPI_SCHEMAS = _openapi_schemas()
 _USER_BODY, _GROUP_BODY = json_body("UserBody"), json_body("GroupBody")
 _IF_MATCH = if_match(required=False, what="the entry")
 _IF_MATCH_REQUIRED = if_match(required=True, what="the entry")
+
+
+class _EntryMeta(BaseModel):
+    """What a view shows of the stored entry besides the profile (read-only; ignored in a body)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    revision: int = Field(ge=0, description="The store revision; the ETag is this number, quoted")
+    origin: Literal["file", "api"] = Field(description="Seeded from the users file, or written through this API")
+    updated_by: str = Field(description="The API token's name, or file:<path>")
+    updated_at: datetime
+    problem: str | None = Field(description="Why this replica cannot use the entry as stored (None: it can)")
+
+
+class UserView(_EntryMeta):
+    """A user as the API shows it: every field but the inbox token (``inbox_token_set`` says whether one is)."""
+
+    id: str = Field(pattern=ID_PATTERN)
+    display_name: str
+    preferred: str
+    fallback: list[str]
+    channels: UserChannels
+    inbox_token_env: str | None
+    inbox_token_set: bool
+    groups: list[str] = Field(description="The groups the user is a member of")
+
+
+class GroupView(_EntryMeta):
+    """A group as the API shows it."""
+
+    id: str = Field(pattern=ID_PATTERN)
+    display_name: str
+    members: list[str] = Field(description="Member user ids")
+
+
+class UserList(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    users: list[UserView]
+
+
+class GroupList(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    groups: list[GroupView]
 
 
 def _meta(found: Versioned[DirectoryEntry]) -> dict[str, Any]:
@@ -422,16 +472,22 @@ def directory_router(
         return Response(status_code=204)
 
     # ------------------------------------------------------------------ users
-    @router.get("/users", summary="List users")
+    @router.get("/users", summary="List users", response_model=UserList)
     async def list_users(who: AsViewer) -> JSONResponse:
         found = await io(store.all("user"))
         return JSONResponse({"users": [view("user", uid, record) for uid, record in found]})
 
-    @router.get("/users/{user_id}", summary="Read a user")
+    @router.get("/users/{user_id}", summary="Read a user", response_model=UserView)
     async def read_user(user_id: str, who: AsViewer) -> JSONResponse:
         return answer("user", user_id, await current("user", user_id))
 
-    @router.post("/users", status_code=201, summary="Create a user", openapi_extra=operation(body=_USER_BODY))
+    @router.post(
+        "/users",
+        status_code=201,
+        summary="Create a user",
+        response_model=UserView,
+        openapi_extra=operation(body=_USER_BODY),
+    )
     async def create_user(request: Request, who: AsAdmin) -> JSONResponse:
         body = body_object("user", await read_json(request))
         user_id = take_id("user", body, None)
@@ -442,6 +498,7 @@ def directory_router(
     @router.put(
         "/users/{user_id}",
         summary="Replace a user (If-Match: its ETag)",
+        response_model=UserView,
         openapi_extra=operation(body=_USER_BODY, headers=[_IF_MATCH_REQUIRED]),
     )
     async def replace_user(user_id: str, request: Request, who: AsAdmin) -> JSONResponse:
@@ -467,16 +524,22 @@ def directory_router(
         return await delete("user", user_id, request.headers.get("if-match"), who)
 
     # ------------------------------------------------------------------ groups
-    @router.get("/groups", summary="List groups")
+    @router.get("/groups", summary="List groups", response_model=GroupList)
     async def list_groups(who: AsViewer) -> JSONResponse:
         found = await io(store.all("group"))
         return JSONResponse({"groups": [view("group", gid, record) for gid, record in found]})
 
-    @router.get("/groups/{group_id}", summary="Read a group")
+    @router.get("/groups/{group_id}", summary="Read a group", response_model=GroupView)
     async def read_group(group_id: str, who: AsViewer) -> JSONResponse:
         return answer("group", group_id, await current("group", group_id))
 
-    @router.post("/groups", status_code=201, summary="Create a group", openapi_extra=operation(body=_GROUP_BODY))
+    @router.post(
+        "/groups",
+        status_code=201,
+        summary="Create a group",
+        response_model=GroupView,
+        openapi_extra=operation(body=_GROUP_BODY),
+    )
     async def create_group(request: Request, who: AsAdmin) -> JSONResponse:
         body = body_object("group", await read_json(request))
         group_id = take_id("group", body, None)
@@ -487,6 +550,7 @@ def directory_router(
     @router.put(
         "/groups/{group_id}",
         summary="Replace a group (If-Match: its ETag)",
+        response_model=GroupView,
         openapi_extra=operation(body=_GROUP_BODY, headers=[_IF_MATCH_REQUIRED]),
     )
     async def replace_group(group_id: str, request: Request, who: AsAdmin) -> JSONResponse:

@@ -1,8 +1,10 @@
 """The per-recipient index of open requests, and the retention purge of ended ones (HUM-3).
 
-**Index.** ``open.<user id>.<request id>`` in ``human-channels`` (value: the request id) for every person
-who may answer a pending request: the recipient, a group's members, the escalation target and its members.
-``GET /inbox`` reads only the caller's keys (a server-side filtered watch), never every request.
+**Index.** ``open.<user id>.<request id>`` in ``human-channels`` (value: the request id and its deadline,
+``expires_at``) for every person who may answer a pending request: the recipient, a group's members, the
+escalation target and its members. ``GET /inbox`` reads only the caller's keys (a server-side filtered
+watch), never every request; the request gauges count the index (:func:`.metrics.count_open`) and read a
+record only for a request past its deadline.
 
 * Written *before* the record (:func:`index_open` at intake, before the create; at escalation, before the
   target is recorded), create-if-absent: a crash in between leaves an entry without a record, which the
@@ -10,14 +12,18 @@ who may answer a pending request: the recipient, a group's members, the escalati
 * Removed when the request ends (answered, expired, cancelled: :func:`unindex`, best effort). An entry left
   behind (a crash, a failed delete) is harmless: the inbox shows a request only when the record says it is
   pending and the caller may answer it, and drops the stale entry as it goes.
-* Rebuilt at every start (:func:`rebuild_index`: each pending record's entries claimed again, idempotent):
-  requests stored before the index existed are found, and two replicas rebuilding at once agree.
+* Completed at every start (:func:`rebuild_index`, idempotent): from one listing of the index and one of the
+  request keys, the records an older version stored (no dated run entry, inbox entries without a deadline)
+  and those whose inbox entries are all gone before their deadline are read, and indexed again while
+  pending; two replicas doing it at once agree.
 
 **Retention.** An ended request (answered / expired / cancelled) is kept ``retention`` after it ended — and
 at least until its deadline passed, so no timer of it is still to fire — then purged: its channel
 references (Telegram token and message keys, Matrix event keys, the run and inbox index entries) first, the
 record last, with a compare-and-set on the revision read (a record that changed meanwhile is left for the
-next sweep). Then every other reference nothing needs any more (:func:`stale_references`): whatever is
+next sweep). The sweep reads only the records that may be due: each request's run entry
+(``run.<run>.<id>``) carries its ``expires_at``, and nothing is purged before ``expires_at`` + retention;
+a stored request without a dated run entry is read (and its entry dated). Then every other reference nothing needs any more (:func:`stale_references`): whatever is
 left of a request no longer stored (a send claimed but never recorded, an index entry whose record never
 came), notification markers, and an ended run's policy and end marker once none of its requests is kept —
 never a person's DM room or the sync token. One sweep per ``every_s`` runs on the durable timer ``…schedule.human._sweep.retention``: the
@@ -85,16 +91,17 @@ def answerers(record: HumanRequestRecord) -> list[str]:
     return out
 
 
-async def index_people(bus: Bus, request_id: str, people: list[str]) -> None:
+async def index_people(bus: Bus, record: HumanRequestRecord, people: list[str]) -> None:
+    """Index ``record`` under each of ``people`` (``user:<id>``), with its deadline (create-if-absent)."""
     refs = ChannelRefs(bus)
     for person in people:
         if user_id_of(person) is not None:
-            await refs.claim(inbox_key(person, request_id), request_id)
+            await refs.claim(inbox_key(person, record.request_id), record.request_id, expires_at=record.expires_at)
 
 
 async def index_open(bus: Bus, record: HumanRequestRecord) -> None:
     """Index ``record`` under everyone who may answer it (create-if-absent: a repeat is a no-op)."""
-    await index_people(bus, record.request_id, answerers(record))
+    await index_people(bus, record, answerers(record))
 
 
 async def unindex(bus: Bus, record: HumanRequestRecord) -> None:
@@ -132,17 +139,62 @@ async def list_inbox(bus: Bus, store: RequestStore, user: str) -> list[HumanRequ
     return found
 
 
-async def rebuild_index(bus: Bus) -> int:
-    """Index every pending request again (idempotent); how many were pending."""
+async def rebuild_index(bus: Bus, *, now: datetime | None = None) -> int:
+    """Fill in what the indexes miss; how many pending requests that found (and indexed again).
+
+    One listing of ``human-channels`` and one of the request keys; a record is read only when
+
+    * its run entry (``run.<run>.<id>``, written before every record since it carries the deadline) is
+      missing or has no ``expires_at``, or one of its inbox entries has none: stored by an older version;
+    * or its deadline is ahead and it has no inbox entry at all: it ended (its entries were removed), or
+      its entries were lost (a wipe of the index).
+
+    Each is indexed again (idempotent; an entry without a deadline gets it, compare-and-set): its run
+    entry, and while it is pending its inbox entries. Every replica does this at start; two doing it at
+    once agree. From then on the gauges and the sweep work from the index."""
     store = await open_store(bus)
-    pending = 0
-    for key in await store.keys():
-        got = await store.get(key)
-        if got is not None and got.value.pending:
-            await index_open(bus, got.value)
+    refs = ChannelRefs(bus)
+    now = now or _utcnow()
+    entries = await channel_entries(bus)
+    dated = {e.value: e.expires_at for e in entries if _is_run_entry(e.key) and e.expires_at is not None}
+    listed = {e.value for e in entries if e.key.startswith("open.")}
+    undated_open: dict[str, list[ChannelEntry]] = {}
+    for e in entries:
+        if e.key.startswith("open.") and e.expires_at is None:
+            undated_open.setdefault(e.value, []).append(e)
+    wanted: set[str] = set(undated_open)
+    for request_id in await store.keys():
+        expires_at = dated.get(request_id)
+        if expires_at is None or (expires_at > now and request_id not in listed):
+            wanted.add(request_id)
+    read = pending = 0
+    for request_id in sorted(wanted):
+        got = await store.get(request_id)
+        if got is None:
+            continue
+        read += 1
+        record = got.value
+        await index_request_entry(bus, record)
+        for e in undated_open.get(request_id, []):  # whoever it is under (the pending ones' answerers: below)
+            await refs.fill_expiry(
+                e.key, ChannelRef(value=e.value, created_at=e.created_at), e.revision, record.expires_at
+            )
+        if record.pending:
+            await index_open(bus, record)
             pending += 1
-    log.info("inbox.index_rebuilt", pending=pending)
+    log.info("inbox.index_rebuilt", read=read, pending=pending)
     return pending
+
+
+async def index_request_entry(bus: Bus, record: HumanRequestRecord) -> None:
+    """``run.<run id>.<request id>`` with the deadline (as :func:`.runs.index_request` writes it)."""
+    await ChannelRefs(bus).claim(
+        ref_key("run", record.run_id, record.request_id), record.request_id, expires_at=record.expires_at
+    )
+
+
+def _is_run_entry(key: str) -> bool:
+    return key.startswith("run.") and key.count(".") == 2
 
 
 def is_sweep(data: bytes) -> bool:
@@ -174,6 +226,8 @@ class ChannelEntry:
     value: str
     created_at: datetime
     revision: int
+    #: The request's deadline on an index entry (``open.*``, ``run.*``); None elsewhere and on old entries.
+    expires_at: datetime | None = None
 
 
 async def channel_entries(bus: Bus, *, timeout_s: float = _SWEEP_LIST_TIMEOUT_S) -> list[ChannelEntry]:
@@ -186,7 +240,7 @@ async def channel_entries(bus: Bus, *, timeout_s: float = _SWEEP_LIST_TIMEOUT_S)
             ref = ChannelRef.model_validate_json(entry.value or b"")
         except ValidationError:
             continue  # not ours to judge
-        out.append(ChannelEntry(str(entry.key), ref.value, ref.created_at, int(entry.revision or 0)))
+        out.append(ChannelEntry(str(entry.key), ref.value, ref.created_at, int(entry.revision or 0), ref.expires_at))
     return out
 
 
@@ -268,6 +322,8 @@ class RetentionSweeper:
         self.retention = retention
         self.every_s = every_s
         self._clock = clock or _utcnow
+        #: How many request records the last :meth:`sweep` read (those that may have been due).
+        self.last_read = 0
 
     def due(self, record: HumanRequestRecord) -> datetime | None:
         """When ``record`` may be purged (None: it is still pending)."""
@@ -288,13 +344,28 @@ class RetentionSweeper:
 
     async def sweep(self) -> int:
         """Purge every ended request past its retention, then the references nothing needs any more (see
-        :func:`stale_references`); how many requests were purged."""
+        :func:`stale_references`); how many requests were purged.
+
+        Only requests that may be due are read: a request can be purged no earlier than its ``expires_at``
+        + retention, and its run entry (``run.<run>.<id>``) carries ``expires_at``, so one listing of
+        ``human-channels`` and one of the request keys tell which ones to read. A stored request without
+        a dated run entry (an older version's) is read, and its entry dated so the next sweep need not."""
         store = await open_store(self._bus)
         now = self._clock()
-        purged = 0
-        kept: dict[str, str] = {}  # request id -> run id of every record still there
+        entries = await channel_entries(self._bus)
+        dated: dict[str, tuple[str, datetime]] = {}  # request id -> (run id as a key part, expires_at)
+        for entry in entries:
+            if _is_run_entry(entry.key) and entry.expires_at is not None:
+                dated[entry.value] = (entry.key.split(".")[1], entry.expires_at)
+        purged = read = 0
+        kept: dict[str, str] = {}  # request id -> run id (or its key part) of every record still there
         for key in await store.keys():
+            known = dated.get(key)
+            if known is not None and now < known[1] + self.retention:
+                kept[key] = known[0]  # not due before its deadline + the retention: not read
+                continue
             got = await store.get(key)
+            read += 1
             if got is None:
                 continue
             due = self.due(got.value)
@@ -302,12 +373,17 @@ class RetentionSweeper:
                 purged += 1
                 continue
             kept[got.value.request_id] = got.value.run_id
-        await self._sweep_references(kept, now)
+            if known is None:
+                await index_request_entry(self._bus, got.value)
+        if purged or read:  # keys were purged or written since the listing: list again for the references
+            entries = await channel_entries(self._bus)
+        await self._sweep_references(kept, now, entries)
+        self.last_read = read
+        log.info("retention.sweep_read", read=read, kept=len(kept))
         return purged
 
-    async def _sweep_references(self, kept: dict[str, str], now: datetime) -> None:
+    async def _sweep_references(self, kept: dict[str, str], now: datetime, entries: list[ChannelEntry]) -> None:
         kv = await self._bus.kv(BUCKET_HUMAN_CHANNELS)
-        entries = await channel_entries(self._bus)
         stale = stale_references(entries, kept, now, self.retention)
         for key, revision in stale:
             try:  # a compare-and-set: a key written again meanwhile (the newest question in a room) stays

@@ -26,8 +26,9 @@
                                                    pending request is (0: none)
 =================================================  ==================================================
 
-The three request gauges are whole-system numbers read from the store (the inbox index of open requests,
-``open.*`` in ``human-channels``, then each record) every ``STATE_REFRESH_S`` seconds by every replica:
+The three request gauges are whole-system numbers counted from the inbox index of open requests (``open.*``
+in ``human-channels``, one listing; each entry carries its request's deadline, so a record is read only for
+a request past its deadline, :func:`count_open`) every ``STATE_REFRESH_S`` seconds by every replica:
 aggregate them with ``max()``, never ``sum()``. The counters and the histogram are per replica: ``sum()``.
 The channel gauge is per replica: a channel down on one replica fails that replica's deliveries.
 
@@ -38,18 +39,28 @@ finds the request already ended. The wait histogram may miss such a request, nev
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 from pydantic import ValidationError
 
 from temporality_bus import Bus, live_entries
-from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef
-from temporality_human_interaction.records import HumanRequestRecord, open_store
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs
+from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
 from temporality_protocol import HumanRequestState
 from temporality_service import ServiceMetrics
 
-__all__ = ["WAIT_BUCKETS", "DeliveryObserver", "DeliveryOutcome", "HumanMetrics", "RequestObserver", "send_of"]
+__all__ = [
+    "WAIT_BUCKETS",
+    "DeliveryObserver",
+    "DeliveryOutcome",
+    "HumanMetrics",
+    "OpenCounts",
+    "RequestObserver",
+    "count_open",
+    "send_of",
+]
 
 DeliveryOutcome = Literal["delivered", "failed", "unavailable"]
 
@@ -127,29 +138,70 @@ class HumanMetrics:
     # ------------------------------------------------------------------ whole system (max() across replicas)
     async def refresh(self, bus: Bus) -> None:
         """Count the pending requests (and those past their deadline) from the index of open requests."""
-        kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-        request_ids: set[str] = set()
-        for entry in await live_entries(kv, "open.>"):
-            try:
-                request_ids.add(ChannelRef.model_validate_json(entry.value or b"").value)
-            except ValidationError:
-                continue
-        store = await open_store(bus)
-        now = datetime.now(UTC)
-        waiting = overdue = 0
-        worst = 0.0
-        for request_id in request_ids:
-            got = await store.get(request_id)
-            if got is None or not got.value.pending:  # a stale index entry: the inbox drops it
-                continue
-            waiting += 1
-            late = (now - got.value.expires_at).total_seconds()
-            if late > 0:
-                overdue += 1
-                worst = max(worst, late)
-        self._waiting.labels(self._service).set(waiting)
-        self._overdue.labels(self._service).set(overdue)
-        self._overdue_s.labels(self._service).set(round(worst, 3))
+        counts = await count_open(bus, datetime.now(UTC))
+        self._waiting.labels(self._service).set(counts.waiting)
+        self._overdue.labels(self._service).set(counts.overdue)
+        self._overdue_s.labels(self._service).set(round(counts.worst_s, 3))
+
+
+@dataclass(frozen=True)
+class OpenCounts:
+    waiting: int
+    overdue: int
+    #: How long past its deadline the most overdue pending request is (0: none).
+    worst_s: float
+    #: How many request records the count had to read (the overdue ones, and old entries without a deadline).
+    read: int
+
+
+async def count_open(bus: Bus, now: datetime) -> OpenCounts:
+    """One listing of ``open.*``: each request indexed there (once, whoever it is indexed under) counts as
+    waiting, by the deadline its entries carry. Only a request past its deadline is read (it should have
+    expired: is it still pending?), and one whose entries have no deadline (an older version wrote them:
+    the deadline is filled in, so the next count need not). A stale entry (its request ended, the removal
+    was lost) is dropped when read; it counts as waiting until then, at most until its deadline."""
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    deadlines: dict[str, datetime | None] = {}
+    undated: dict[str, list[tuple[str, ChannelRef, int]]] = {}
+    stale_keys: dict[str, list[str]] = {}
+    for entry in await live_entries(kv, "open.>"):
+        try:
+            ref = ChannelRef.model_validate_json(entry.value or b"")
+        except ValidationError:
+            continue
+        key = str(entry.key)
+        stale_keys.setdefault(ref.value, []).append(key)
+        if ref.expires_at is None:
+            undated.setdefault(ref.value, []).append((key, ref, int(entry.revision or 0)))
+            deadlines.setdefault(ref.value, None)
+        else:
+            deadlines[ref.value] = ref.expires_at
+    refs = ChannelRefs(bus)
+    store: RequestStore | None = None
+    waiting = overdue = read = 0
+    worst = 0.0
+    for request_id, expires_at in deadlines.items():
+        if expires_at is not None and expires_at > now and request_id not in undated:
+            waiting += 1  # before its deadline: counted from the index alone
+            continue
+        store = store or await open_store(bus)
+        got = await store.get(request_id)
+        read += 1
+        if got is None:  # indexed, never stored (a crash in between): the retention sweep drops it
+            continue
+        record = got.value
+        for key, ref, revision in undated.get(request_id, []):
+            await refs.fill_expiry(key, ref, revision, record.expires_at)
+        if not record.pending:  # a lost removal: done now
+            for key in stale_keys[request_id]:
+                await refs.delete(key)
+            continue
+        waiting += 1
+        late = (now - record.expires_at).total_seconds()
+        if late > 0:
+            overdue += 1
+            worst = max(worst, late)
+    return OpenCounts(waiting, overdue, worst, read)
 
 
 class _Available(Protocol):

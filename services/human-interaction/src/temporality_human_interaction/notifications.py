@@ -29,13 +29,17 @@ from temporality_bus import Bus, Delivery, PermanentError, TransientError
 from temporality_human_interaction.channels import ChannelAdapter, ChannelError
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.directory import Directory, UserProfile, group_id_of, user_id_of
-from temporality_human_interaction.policies import PolicyUnknown, RunPolicies
+from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies
 from temporality_protocol import Envelope
+from temporality_protocol.catalog import CONSUMERS
 from temporality_protocol.events import MAX_TEXT, HumanNotifyRequested
 
 __all__ = ["NotificationHandler", "notification_text"]
 
 log = structlog.get_logger(__name__)
+
+#: The notification consumer's last delivery: a policy still being projected then is a refusal (dead letter).
+_LAST_DELIVERY = CONSUMERS["human-interaction-notifications"].max_deliver
 
 
 def notification_text(payload: HumanNotifyRequested) -> str:
@@ -68,6 +72,12 @@ class NotificationHandler:
                     policy = await self._policies.get(payload.run_id, delivery)
                 except PolicyUnknown as unknown:
                     raise PermanentError(str(unknown)) from None
+                except PolicyPending as pending:  # a notification is not parked: retried up to the last delivery
+                    if delivery is not None and delivery.num_delivered < _LAST_DELIVERY:
+                        raise TransientError(str(pending)) from None
+                    raise PermanentError(
+                        f"{pending}; nobody may be notified yet, and this was the last delivery"
+                    ) from None
             allowed = payload.recipient in policy.allowed_recipients
             if (user_id is None and group_id is None) or not allowed:
                 raise PermanentError(f"{payload.recipient} may not be notified by run {payload.run_id} (SEC-1)")

@@ -13,9 +13,10 @@ up (:meth:`RunPolicies.get`) and use it *instead of* the event's copy. The two s
 against each other, so a ``human.requested`` may arrive before its run's policy is stored: the handler
 then raises :class:`~temporality_bus.TransientError` (nak with the consumer's backoff) until
 :attr:`RunPolicies.wait_deliveries` deliveries have seen no policy, and then refuses the request
-(``human.rejected``, ``recipient_not_allowed``, the detail says no policy is known for the run).
-Past that bound it still waits while the policies consumer has messages pending (it is catching up, e.g.
-after an outage with a backlog of ``run.requested``), up to the request consumer's last delivery.
+(``human.rejected``, ``recipient_not_allowed``, the detail says no policy is known for the run) -- unless
+the policies consumer has messages pending then (it is catching up, e.g. after an outage with a backlog of
+``run.requested``): :class:`PolicyPending`, and the request is parked on durable timers until the policy
+comes or the request's deadline passes, however long that is (:mod:`.parking`).
 """
 
 from __future__ import annotations
@@ -26,19 +27,25 @@ import structlog
 
 from temporality_bus import Bus, Delivery, TransientError
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.parking import arm_wake, parked_of_run
 from temporality_protocol import Envelope, HumanPolicy, RunRequested
 from temporality_protocol.catalog import CONSUMERS
 
-__all__ = ["DEFAULT_WAIT_DELIVERIES", "PolicyUnknown", "RunPolicies", "RunPolicyHandler", "policy_key"]
+__all__ = [
+    "DEFAULT_WAIT_DELIVERIES",
+    "PolicyPending",
+    "PolicyUnknown",
+    "RunPolicies",
+    "RunPolicyHandler",
+    "policy_key",
+]
 
 log = structlog.get_logger(__name__)
 
 #: How many deliveries of a ``human.requested`` wait for its run's policy (backoff 0.5, 1, 2, 5 s: ~8.5 s).
 DEFAULT_WAIT_DELIVERIES = 5
-#: The consumer projecting ``run.requested``; while it lags, a request keeps waiting past the bound.
+#: The consumer projecting ``run.requested``; while it lags, a request is parked instead of refused.
 POLICIES_CONSUMER = "human-interaction-policies"
-#: The request consumer's last delivery: the wait ends there with a refusal, never a dead letter.
-_LAST_DELIVERY = CONSUMERS["human-interaction-requests"].max_deliver
 
 
 def policy_key(run_id: str) -> str:
@@ -49,10 +56,19 @@ class PolicyUnknown(Exception):
     """No ``run.requested`` was seen for the run, and the wait for it is over: refuse."""
 
 
+class PolicyPending(Exception):
+    """No policy yet, and the projection is behind (it may still come): park the request (:mod:`.parking`)."""
+
+    def __init__(self, run_id: str, behind: int) -> None:
+        super().__init__(f"no policy for run {run_id} yet; the projection is {behind} events behind")
+        self.behind = behind
+
+
 class RunPolicies:
     """Read and write the projection (``policy.<run id>`` in ``human-channels``)."""
 
     def __init__(self, bus: Bus, *, wait_deliveries: int = DEFAULT_WAIT_DELIVERIES) -> None:
+        self.bus = bus
         self._bus = bus
         self._refs = ChannelRefs(bus)
         self.wait_deliveries = wait_deliveries
@@ -67,8 +83,9 @@ class RunPolicies:
         return HumanPolicy.model_validate_json(raw) if raw is not None else None
 
     async def get(self, run_id: str, delivery: Delivery | None) -> HumanPolicy:
-        """The run's projected policy. Not there yet: TransientError (retry later) while deliveries remain,
-        then :class:`PolicyUnknown`. Without a ``delivery`` (a direct call) there is no retry: PolicyUnknown."""
+        """The run's projected policy. Not there yet: TransientError (retry later) for ``wait_deliveries``
+        deliveries, then :class:`PolicyPending` while the projection is behind, else :class:`PolicyUnknown`.
+        Without a ``delivery`` (a direct call, a parked request taken in) there is no retry: PolicyUnknown."""
         policy = await self.lookup(run_id)
         if policy is not None:
             return policy
@@ -76,9 +93,9 @@ class RunPolicies:
         if seen < self.wait_deliveries:
             log.info("policy.not_yet_known", run_id=run_id, delivery=seen, of=self.wait_deliveries)
             raise TransientError(f"no run.requested seen yet for run {run_id} (delivery {seen})")
-        if delivery is not None and seen < _LAST_DELIVERY and (behind := await self._policies_behind()):
+        if delivery is not None and (behind := await self._policies_behind()):
             log.info("policy.projection_catching_up", run_id=run_id, delivery=seen, pending=behind)
-            raise TransientError(f"no policy for run {run_id} yet; the projection is {behind} events behind")
+            raise PolicyPending(run_id, behind)
         raise PolicyUnknown(
             f"human-interaction has no policy for run {run_id}: its run.requested was not seen "
             f"(waited {seen} deliveries), so nobody may be asked"
@@ -95,7 +112,8 @@ class RunPolicies:
 
 
 class RunPolicyHandler:
-    """The ``human-interaction-policies`` consumer's handler: ``run.requested`` -> the projection."""
+    """The ``human-interaction-policies`` consumer's handler: ``run.requested`` -> the projection, then the
+    requests parked for it are woken (:mod:`.parking`)."""
 
     def __init__(self, policies: RunPolicies) -> None:
         self._policies = policies
@@ -107,3 +125,7 @@ class RunPolicyHandler:
             log.warning("policy.kept_first", run_id=payload.run_id, event_id=event.id)
         else:
             log.info("policy.recorded", run_id=payload.run_id, allowed=payload.human.allowed_recipients)
+        # after the policy is stored: a request parking now sees it, one parked before is listed here
+        for request_id in await parked_of_run(self._policies.bus, payload.run_id):
+            await arm_wake(self._policies.bus, payload.run_id, request_id, cause=event.id)
+            log.info("policy.parked_request_woken", run_id=payload.run_id, request_id=request_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -100,6 +101,8 @@ class HumanRequestRecord(BaseModel):
     context: str = ""
     options: list[HumanOption] = Field(default_factory=list)
     allow_free_text: bool = True
+    #: A form the answer must fit (``HumanRequested.answer_schema``): a misfit is refused (422) before binding.
+    answer_schema: dict[str, Any] | None = None
     status: HumanRequestState = HumanRequestState.PENDING
     channel: str | None = None
     created_at: datetime
@@ -189,6 +192,7 @@ class HumanRequestRecord(BaseModel):
             context=payload.context,
             options=list(payload.options),
             allow_free_text=payload.allow_free_text,
+            answer_schema=payload.answer_schema,
             status=HUMAN_REQUEST.initial,
             created_at=event.time.astimezone(UTC),
             expires_at=payload.expires_at.astimezone(UTC),

@@ -10,8 +10,9 @@ the I/O in an order where every step is idempotent under redelivery:
    configuration), never the copy in ``human.requested``; it replaces that copy (timeout chain included).
    Not projected yet: retried with backoff, then refused.
 2. Persist the record first (create-if-absent; on redelivery continue with the stored one), so an
-   answer arriving before the notification is never lost.
-   Index it under its run (``runs.index_request``); if the run already ended, cancel it here.
+   answer arriving before the notification is never lost. Just before, index it under its run
+   (``runs.index_request``) and its answerers (``inbox.index_open``), each entry with the deadline; if the
+   run already ended, cancel it here.
 3. Arm the deadline as a JetStream message schedule (deterministic ``Nats-Msg-Id``: a repeat is
    deduplicated, and the deadline handler ignores a request that is no longer pending) *before*
    delivering: a request whose delivery keeps failing (and is finally dead-lettered) still expires
@@ -60,7 +61,8 @@ from temporality_human_interaction.directory import (
 from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.events import RejectReason, notified_event, rejected_event
 from temporality_human_interaction.inbox import index_open
-from temporality_human_interaction.policies import PolicyUnknown, RunPolicies
+from temporality_human_interaction.parking import park, parked_event, unpark
+from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies
 from temporality_human_interaction.records import (
     HumanRequestRecord,
     RequestStore,
@@ -217,6 +219,11 @@ class RequestHandler:
                 except PolicyUnknown as unknown:
                     await self._reject(event, payload, Refusal("recipient_not_allowed", str(unknown)))
                     return
+                except PolicyPending:  # the projection is catching up: wait on durable timers (.parking)
+                    await park(self._bus, event, payload.run_id, payload.request_id, payload.expires_at)
+                    if await self._policies.lookup(payload.run_id) is not None:  # came meanwhile: take it now
+                        await self.resume_parked(payload.run_id, payload.request_id, final=False)
+                    return
                 if projected != payload.policy:
                     log.warning(
                         "request.policy_differs",
@@ -258,7 +265,9 @@ class RequestHandler:
             if record.redactions:
                 log.info("request.redacted", redacted=record.redactions)
             try:
-                await index_open(self._bus, record)  # the inbox index first: a stored request is always listed
+                # the indexes first: a stored request is always listed (inbox) and found by the sweep (run)
+                await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
+                await index_open(self._bus, record)
                 await store.create(payload.request_id, record)
                 log.info("request.stored", recipient=payload.recipient, expires_at=record.expires_at.isoformat())
                 dropped = configured_steps(record.policy.on_timeout) - len(plan(record))
@@ -278,7 +287,7 @@ class RequestHandler:
                 f"request id {payload.request_id} is already used by run {record.run_id} for {record.recipient}"
             )
         if record.pending:  # index it under its run, then check the run has not ended meanwhile (runs.py)
-            await index_request(self._bus, record.run_id, record.request_id)
+            await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
             await index_open(self._bus, record)
             ended = await run_ended(self._bus, record.run_id)
             if ended is None and await withdrawn(self._bus, record.run_id, record.request_id):
@@ -326,6 +335,21 @@ class RequestHandler:
                 notified_event(record, channel=record.channel, fallback_from=None, truncated=truncated)
             )
         return True
+
+    async def resume_parked(self, run_id: str, request_id: str, *, final: bool) -> None:
+        """A parked request's timer fired (:mod:`.parking`): take it in once its run's policy is known; at its
+        deadline (``final``) without one, refuse it. Either way the parked entry goes, after the intake
+        (idempotent: a crash in between takes it in again on the timer's redelivery)."""
+        event = await parked_event(self._bus, run_id, request_id)
+        if event is None:
+            log.info("request.parked_gone", request_id=request_id)  # taken in already (another firing)
+            return
+        if self._policies is not None and not final and await self._policies.lookup(run_id) is None:
+            log.info("request.still_parked", request_id=request_id)
+            return
+        with structlog.contextvars.bound_contextvars(resumed_from="parked"):
+            await self.handle(event, None)  # no delivery: a policy still unknown is refused, never parked again
+        await unpark(self._bus, run_id, request_id)
 
     async def _reject(self, event: Envelope, payload: HumanRequested, refusal: Refusal) -> None:
         await self._bus.publish(rejected_event(event, payload, refusal.reason, refusal.detail))

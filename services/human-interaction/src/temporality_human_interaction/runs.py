@@ -8,7 +8,7 @@ redelivery: a request already cancelled is only shown again (the adapters tolera
 answered or expired requests are left alone.
 
 The run's requests are found through the index ``run.<run id>.<request id>`` in the ``human-channels``
-bucket, written when the request is stored (see :func:`index_request`), never by scanning every request.
+bucket, written before the request is stored (see :func:`index_request`), never by scanning every request.
 A request that arrives after its run ended (``runend.<run id>``, written before the index is read) is
 cancelled at intake, before anyone is notified.
 """
@@ -16,6 +16,7 @@ cancelled at intake, before anyone is notified.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import structlog
@@ -47,9 +48,11 @@ _LIST_TIMEOUT_S = 10.0
 RUN_ENDINGS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 
 
-async def index_request(bus: Bus, run_id: str, request_id: str) -> None:
-    """Record that ``request_id`` belongs to ``run_id`` (create-if-absent; a repeat is a no-op)."""
-    await ChannelRefs(bus).claim(ref_key("run", run_id, request_id), request_id)
+async def index_request(bus: Bus, run_id: str, request_id: str, expires_at: datetime | None = None) -> None:
+    """Record that ``request_id`` belongs to ``run_id``, with its deadline (create-if-absent; a repeat is a
+    no-op, apart from filling in a deadline an older version did not store). The retention sweep reads it:
+    a request whose ``expires_at`` + retention is still ahead is not read (:mod:`.inbox`)."""
+    await ChannelRefs(bus).claim(ref_key("run", run_id, request_id), request_id, expires_at=expires_at)
 
 
 async def requests_of_run(bus: Bus, run_id: str) -> list[str]:

@@ -1739,6 +1739,7 @@ def _elicit_requested(run: RunRecord, pending: PendingAsk) -> HumanRequested:
         policy=policy,
         turn=pending.turn,
         source_link=run.event.source_link if run.event else None,
+        answer_schema=dict(args["requested_schema"]),  # human-interaction refuses a misfit at the channel
     )
     return process_redactor().human_requested(requested)  # SEC-1: no secret on the bus or in the journal
 

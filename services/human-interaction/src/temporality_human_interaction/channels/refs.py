@@ -15,12 +15,20 @@ key                                    value
 ``matrix.room.<matrix user id>``       the DM room with that person, created once and reused
 ``matrix.latest.<room id>``            request id of the newest question in that room (overwritten)
 ``matrix.since.<bot user id>``         the sync ``next_batch`` the adapter resumes from (overwritten)
-``run.<run id>.<request id>``          the request id: the run's requests (see :mod:`..runs`)
+``run.<run id>.<request id>``          the request id and its ``expires_at``: the run's requests (see :mod:`..runs`)
 ``runend.<run id>``                    the event type that ended the run
 ``notify.<notification id>``           the channel that sent that notification (see :mod:`..notifications`)
-``open.<user id>.<request id>``        the request id: an open request that person may answer (:mod:`..inbox`)
+``open.<user id>.<request id>``        the request id and its ``expires_at``: an open request that person may
+                                       answer (:mod:`..inbox`)
 ``policy.<run id>``                    the run's human policy from its ``run.requested`` (:mod:`..policies`)
+``parked.<run id>.<request id>``       a ``human.requested`` waiting for its run's policy (:mod:`..parking`)
 =====================================  ==========================================================
+
+An entry's ``expires_at`` (the request's deadline, which never changes) lets the request gauges
+(:mod:`..metrics`) count from the index and the retention sweep skip requests that cannot be due yet,
+without reading their records. Entries written before it existed have none: whoever finds one reads the
+record instead and fills it in (compare-and-set), and every start fills in those still missing
+(:func:`..inbox.rebuild_index`).
 
 The retention sweep (:mod:`..inbox`) purges every key here that belongs to a purged request, a
 notification or an ended run (past the retention); ``matrix.room.*`` and ``matrix.since.*`` stay.
@@ -36,7 +44,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temporality_bus import AlreadyExists, Bus, Store
+from temporality_bus import AlreadyExists, Bus, Conflict, Store
 from temporality_protocol.catalog import BUCKET_HUMAN_CHANNELS
 
 __all__ = ["BUCKET_HUMAN_CHANNELS", "ChannelRef", "ChannelRefs", "ref_key"]
@@ -58,6 +66,8 @@ class ChannelRef(BaseModel):
 
     value: str
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    #: The request's deadline, on the index entries (``open.*``, ``run.*``); None on others and on old entries.
+    expires_at: datetime | None = None
 
 
 class ChannelRefs:
@@ -84,14 +94,31 @@ class ChannelRefs:
         """Remove ``key`` (a no-op when it is not there)."""
         await (await self._bus.kv(BUCKET_HUMAN_CHANNELS)).purge(key)
 
-    async def claim(self, key: str, value: str) -> str:
-        """Store ``value`` under ``key`` unless the key exists; returns the value that is stored."""
+    async def claim(self, key: str, value: str, *, expires_at: datetime | None = None) -> str:
+        """Store ``value`` under ``key`` unless the key exists; returns the value that is stored.
+
+        ``expires_at`` (an index entry's deadline) is stored with it, and filled in on an existing entry
+        that has none (written by an older version): compare-and-set, so an entry deleted or changed
+        meanwhile is left as it is."""
         store = await self._open()
         try:
-            await store.create(key, ChannelRef(value=value))
+            await store.create(key, ChannelRef(value=value, expires_at=expires_at))
         except AlreadyExists:
             existing = await store.get(key)
             if existing is not None:
+                if expires_at is not None and existing.value.expires_at is None:
+                    await self.fill_expiry(key, existing.value, existing.revision, expires_at)
                 return existing.value.value
-            await store.put(key, ChannelRef(value=value))  # deleted in between: ours is the value now
+            await store.put(key, ChannelRef(value=value, expires_at=expires_at))  # deleted in between: ours now
         return value
+
+    async def fill_expiry(self, key: str, ref: ChannelRef, revision: int, expires_at: datetime) -> bool:
+        """Give an index entry without a deadline its ``expires_at`` unless it changed since ``revision``."""
+        store = await self._open()
+        try:
+            await store.update(
+                key, ChannelRef(value=ref.value, created_at=ref.created_at, expires_at=expires_at), revision
+            )
+        except Conflict:
+            return False
+        return True

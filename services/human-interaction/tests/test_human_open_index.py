@@ -1,0 +1,295 @@
+"""The index of open requests carries each request's deadline, so the waiting/overdue gauges are a count over
+the index and the retention sweep reads only the requests that may be due -- on a real nats-server with the
+real handlers, consumers and the inbox API. Every count is compared with a full scan of the requests bucket
+(the truth), after answers, expiries, cancellations, a lost index, entries written by an older version and
+a restart (what every replica does at start: :func:`rebuild_index`)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from human_support import ALICE, requested, stored, wait_for_record
+from pydantic import SecretStr
+from replica_support import replica, samples_of, value_of
+
+from temporality_bus import Bus, NatsSettings, live_entries
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
+from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.inbox import RetentionSweeper, index_open, rebuild_index
+from temporality_human_interaction.metrics import OpenCounts, count_open
+from temporality_human_interaction.records import HumanRequestRecord, open_store
+from temporality_human_interaction.requests import RequestHandler
+from temporality_human_interaction.runs import RunEndHandler
+from temporality_human_interaction.settings import Settings
+from temporality_protocol import (
+    HumanPolicy,
+    HumanRequested,
+    HumanRequestState,
+    LaunchSource,
+    RunCancelled,
+    RunRequested,
+    make_event,
+    new_id,
+)
+from temporality_service import ApiAuthSettings, ApiToken, Role, metrics
+from temporality_service.auth import dump_tokens
+
+GROUP = "group:api-owners"  # config/users.yaml: alice and bob
+
+
+async def _truth(bus: Bus, now: datetime) -> tuple[int, int]:
+    """(pending, pending past the deadline) from every record of the bucket: what the gauges must say."""
+    store = await open_store(bus)
+    pending: list[HumanRequestRecord] = []
+    for key in await store.keys():
+        got = await store.get(key)
+        if got is not None and got.value.pending:
+            pending.append(got.value)
+    return len(pending), sum(1 for r in pending if r.expires_at < now)
+
+
+async def _matches(bus: Bus, *, reads: int | None = None) -> OpenCounts:
+    now = datetime.now(UTC)
+    counts = await count_open(bus, now)
+    assert (counts.waiting, counts.overdue) == await _truth(bus, now)
+    if reads is not None:
+        assert counts.read == reads
+    return counts
+
+
+async def _age_entries(bus: Bus, request_id: str) -> None:
+    """Rewrite ``request_id``'s index entries as an older version wrote them: no deadline."""
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    for entry in await live_entries(kv, "open.>") + await live_entries(kv, "run.>"):
+        ref = ChannelRef.model_validate_json(entry.value or b"")
+        if ref.value == request_id:
+            await kv.put(
+                str(entry.key), ChannelRef(value=ref.value, created_at=ref.created_at).model_dump_json().encode()
+            )
+
+
+async def _dated(bus: Bus, request_id: str, keys: str = ">") -> bool:
+    """Whether every index entry (under ``keys``) of ``request_id`` carries its deadline."""
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    refs = [ChannelRef.model_validate_json(e.value or b"") for e in await live_entries(kv, keys)]
+    mine = [r for r in refs if r.value == request_id]
+    return bool(mine) and all(r.expires_at is not None for r in mine)
+
+
+@pytest.mark.usefixtures("consumers")
+async def test_the_gauges_count_the_index_and_match_a_full_scan_through_every_change(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    to_alice = [requested() for _ in range(3)]
+    to_bob = requested(recipient="user:bob")
+    to_group = requested(recipient=GROUP, allowed=(GROUP,))
+    expiring = requested(expires_in_s=2)
+    for event in [*to_alice, to_bob, to_group, expiring]:
+        await handler.handle(event)
+    counts = await _matches(bus, reads=0)  # every deadline ahead: not one record read
+    assert counts.waiting == 6  # the group's request once, though indexed under alice and bob
+
+    ids = [str(e.data["request_id"]) for e in to_alice]
+    answered = await client.post(f"/requests/{ids[0]}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
+    assert answered.status_code == 200, answered.text
+    group_answer = await client.post(
+        f"/requests/{to_group.data['request_id']}/answer", json={"option_id": "drop-v1"}, headers=ALICE
+    )
+    assert group_answer.status_code == 200, group_answer.text
+    run_id = to_alice[1].runid
+    assert run_id is not None
+    await RunEndHandler(bus).handle(make_event(RunCancelled(run_id=run_id, reason="ops"), source="/t", run_id=run_id))
+    await wait_for_record(
+        bus, str(expiring.data["request_id"]), lambda r: r.status is HumanRequestState.EXPIRED and r.expiry_published
+    )
+    counts = await _matches(bus, reads=0)  # answered, cancelled and expired requests left the index
+    assert counts.waiting == 2
+
+    # a deadline timer that was lost: the request stays pending past its deadline; only it is read
+    lost = requested(expires_in_s=-120)
+    record = HumanRequestRecord.from_requested(lost, lost.payload(HumanRequested))
+    await index_open(bus, record)
+    await (await open_store(bus)).create(record.request_id, record)
+    counts = await _matches(bus, reads=1)
+    assert (counts.waiting, counts.overdue) == (3, 1)
+    assert counts.worst_s >= 120
+
+    # a removal that was lost (the request ended, its entry stayed): counted until its deadline, then read,
+    # found ended and dropped
+    ended_early = requested(expires_in_s=1)
+    await handler.handle(ended_early)
+    ended_id = str(ended_early.data["request_id"])
+    await wait_for_record(bus, ended_id, lambda r: r.status is HumanRequestState.EXPIRED and r.expiry_published)
+    gone = await ChannelRefs(bus).get(ref_key("open", "user:alice", ended_id))
+    assert gone is None
+    await ChannelRefs(bus).claim(
+        ref_key("open", "user:alice", ended_id), ended_id, expires_at=datetime.now(UTC) - timedelta(seconds=1)
+    )
+    counts = await _matches(bus, reads=2)  # the overdue one and the stale one: both read
+    assert await ChannelRefs(bus).get(ref_key("open", "user:alice", ended_id)) is None  # dropped
+    await _matches(bus, reads=1)
+
+
+async def test_entries_of_an_older_version_are_dated_and_a_lost_index_is_found_at_start(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    waiting = [requested() for _ in range(3)]
+    for event in waiting:
+        await handler.handle(event)
+    ids = [str(e.data["request_id"]) for e in waiting]
+    old, wiped, fresh = ids
+
+    # an older version wrote one request's entries without a deadline: the count reads it, and dates them
+    await _age_entries(bus, old)
+    assert not await _dated(bus, old)
+    await _matches(bus, reads=1)
+    assert await _dated(bus, old, "open.>")  # the count dates the inbox entries (the run entry: at start)
+    await _matches(bus, reads=0)
+
+    # a restart after an upgrade and a wipe: one request's entries undated, another's inbox entry gone
+    await _age_entries(bus, old)
+    await ChannelRefs(bus).delete(ref_key("open", "user:alice", wiped))
+    assert await rebuild_index(bus) == 2  # what every replica does at start: only these two are read
+    assert await _dated(bus, old)
+    assert await ChannelRefs(bus).get(ref_key("open", "user:alice", wiped)) == wiped
+    assert await rebuild_index(bus) == 0  # nothing missing any more
+    counts = await _matches(bus, reads=0)
+    assert counts.waiting == 3
+    listed = await client.get("/inbox", headers=ALICE)
+    assert sorted(r["id"] for r in listed.json()["requests"]) == sorted([old, wiped, fresh])
+
+
+@pytest.mark.usefixtures("consumers")
+async def test_the_sweep_reads_only_requests_that_may_be_due_and_never_misses_one(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, directory: Directory
+) -> None:
+    soon, later, pending = requested(expires_in_s=2), requested(expires_in_s=600), requested(expires_in_s=3600)
+    for event in (soon, later, pending):
+        await handler.handle(event)
+    soon_id, later_id, pending_id = (str(e.data["request_id"]) for e in (soon, later, pending))
+    answered = await client.post(f"/requests/{later_id}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
+    assert answered.status_code == 200, answered.text
+    await wait_for_record(bus, soon_id, lambda r: r.status is HumanRequestState.EXPIRED and r.expiry_published)
+
+    # ended requests an older version stored, without a run entry: the sweep must read them
+    store = await open_store(bus)
+    legacy: list[str] = []
+    for expires_in_s, ended in ((-30, HumanRequestState.EXPIRED), (600, HumanRequestState.CANCELLED)):
+        event = requested(expires_in_s=expires_in_s)
+        record = HumanRequestRecord.from_requested(event, event.payload(HumanRequested))
+        await store.create(
+            record.request_id, record.moved_to(ended, ended_at=min(record.expires_at, datetime.now(UTC)))
+        )
+        legacy.append(record.request_id)
+    legacy_due, legacy_kept = legacy
+
+    now = datetime.now(UTC)
+    retention = timedelta(seconds=30)
+
+    def at(offset_s: float) -> RetentionSweeper:
+        return RetentionSweeper(bus, retention=retention, every_s=60, clock=lambda: now + timedelta(seconds=offset_s))
+
+    first = at(0)
+    assert await first.sweep() == 1  # the legacy request past its retention
+    assert first.last_read == 2  # only the two legacy requests
+    assert await stored(bus, legacy_due) is None
+    kept = await stored(bus, legacy_kept)
+    assert kept is not None
+    assert await ChannelRefs(bus).get(ref_key("run", kept.run_id, legacy_kept)) == legacy_kept  # dated now
+
+    quiet = at(10)
+    assert await quiet.sweep() == 0
+    assert quiet.last_read == 0  # every deadline + retention ahead: not one record read
+
+    soon_due = at(40)  # past the expired request's deadline + retention
+    assert await soon_due.sweep() == 1
+    assert soon_due.last_read == 1
+    assert await stored(bus, soon_id) is None
+    assert await stored(bus, later_id) is not None  # answered, but its deadline is 10 min away
+
+    # a crash between purging the references and the record: no run entry left, the next sweep reads it
+    await ChannelRefs(bus).delete(ref_key("run", str(later.runid), later_id))
+    late = at(700)
+    assert await late.sweep() == 2  # that one, and the kept legacy one (deadline + 600 s, + retention)
+    assert late.last_read == 2
+    assert await stored(bus, later_id) is None
+    assert await stored(bus, legacy_kept) is None
+    assert await stored(bus, pending_id) is not None  # pending requests are never purged
+    assert (await _matches(bus, reads=0)).waiting == 1
+
+
+USERS = """users:
+  alice:
+    display_name: Alice Example
+    inbox_token: alice-demo-token
+    preferred: web
+    channels: {web: {}}
+"""
+
+
+async def _gauges(client: httpx.AsyncClient, waiting: int, overdue: int, *, within_s: float = 30) -> None:
+    """Until the replica's /metrics says ``waiting`` and ``overdue`` (bounded)."""
+    seen: tuple[float, float] = (-1, -1)
+    try:
+        async with asyncio.timeout(within_s):
+            while True:
+                samples = samples_of((await client.get("/metrics")).text)
+                seen = (
+                    value_of(samples, "temporality_human_requests_waiting"),
+                    value_of(samples, "temporality_human_requests_overdue"),
+                )
+                if seen == (waiting, overdue):
+                    return
+                await asyncio.sleep(0.2)
+    except TimeoutError:
+        raise AssertionError(f"gauges (waiting, overdue) stayed {seen}, not {(waiting, overdue)}") from None
+
+
+@pytest.mark.timeout(150)
+async def test_a_restarted_replica_completes_the_index_and_its_gauges_match_the_store(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real service: its gauges count the index; after a restart on an index an older version left
+    (undated entries) and that lost an entry, the start completes it and the gauges still match a full scan."""
+    monkeypatch.setattr(metrics, "STATE_REFRESH_S", 0.2)
+    (tmp_path / "users.yaml").write_text(USERS, encoding="utf-8")
+    token = ApiToken(name="ops", role=Role.admin, token=SecretStr("open-index-test-admin-token-0123456789"))
+    (tmp_path / "tokens.json").write_text(dump_tokens([token]), encoding="utf-8")
+    settings = Settings(
+        nats=nats_settings,
+        host="127.0.0.1",
+        port=0,
+        users_file=tmp_path / "users.yaml",
+        api=ApiAuthSettings(tokens_file=tmp_path / "tokens.json"),
+    )
+    run_id = new_id("run")
+    policy = HumanPolicy(allowed_recipients=["user:alice"])
+    launch = LaunchSource(kind="webhook", trigger_id="ado-pr-review")
+    run = RunRequested(run_id=run_id, agent="reviewer", title="Review PR 42", launch=launch, human=policy)
+    await bus.publish(make_event(run, source="/temporality/trigger-gateway", run_id=run_id))
+    asked = [requested(allowed=("user:alice",), run_id=run_id) for _ in range(4)]
+    ids = [str(e.data["request_id"]) for e in asked]
+    async with replica(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        for event in asked:
+            await bus.publish(event)
+        await _gauges(client, 4, 0)
+        answered = await client.post(f"/requests/{ids[0]}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
+        assert answered.status_code == 200, answered.text
+        await _gauges(client, 3, 0)
+    assert (await count_open(bus, datetime.now(UTC))).read == 0
+
+    # while it is down: an older version's entries (no deadline) and a lost inbox entry
+    await _age_entries(bus, ids[1])
+    await ChannelRefs(bus).delete(ref_key("open", "user:alice", ids[2]))
+    async with replica(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        await _gauges(client, 3, 0)
+        assert await _dated(bus, ids[1])  # the start dated them (run entry and inbox entry)
+        assert await ChannelRefs(bus).get(ref_key("open", "user:alice", ids[2])) == ids[2]
+        counts = await _matches(bus, reads=0)
+        assert counts.waiting == 3
+        listed = await client.get("/inbox", headers=ALICE)
+        assert sorted(r["id"] for r in listed.json()["requests"]) == sorted(ids[1:])

@@ -499,7 +499,7 @@ class Engine:
         if run is None or run.lease is None or run.lease.holder != holder:
             return
         try:
-            await self.runs.modify(view.run_id, lambda r: released(r, holder), known=view.known_run())
+            await self.runs.modify(view.run_id, lambda r: released(r, holder), known=view.known_run(), validated=True)
         except Exception as exc:  # the bus is failing: the lease expires on its own
             log.warning("run.lease.release_failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -601,7 +601,9 @@ class Engine:
         while True:
             await asyncio.sleep(self.lease_s / 3)  # an interval, not a deadline (like the runner's in_progress)
             try:
-                await self.runs.modify(run_id, functools.partial(renewed, holder=holder, expires_at=self._expiry()))
+                await self.runs.modify(
+                    run_id, functools.partial(renewed, holder=holder, expires_at=self._expiry()), validated=True
+                )
             except Exception as exc:  # the bus is failing: the next boundary (or the expiry) settles it
                 log.warning("run.lease.renew_failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -640,7 +642,7 @@ class Engine:
             return None if current is run else current
 
         try:
-            result = await self.runs.modify(view.run_id, change, known=view.known_run())
+            result = await self.runs.modify(view.run_id, change, known=view.known_run(), validated=True)
         except NotFound:
             raise TransientError(f"run {view.run_id} vanished") from None
         if result.changed and moves:
@@ -685,7 +687,7 @@ class Engine:
             case TakeLease():
                 try:
                     taken = await self.runs.modify(
-                        run_id, lambda r: leased(r, effect.lease, self.clock()), known=view.known_run()
+                        run_id, lambda r: leased(r, effect.lease, self.clock()), known=view.known_run(), validated=True
                     )
                 except NotFound:
                     raise TransientError(f"run {run_id} vanished") from None
@@ -710,13 +712,13 @@ class Engine:
                 view.checkpoint, view.checkpoint_current = Versioned(parked.value, parked.revision), True
             case CreateCheckpoint():
                 try:
-                    revision = await self.checkpoints.create(run_id, effect.checkpoint)
+                    revision = await self.checkpoints.create(run_id, effect.checkpoint, validated=True)
                     view.checkpoint, view.checkpoint_current = Versioned(effect.checkpoint, revision), True
                 except AlreadyExists:
                     await self._read_checkpoint(view)
             case CreateRun():
                 try:
-                    revision = await self.runs.create(run_id, effect.record)
+                    revision = await self.runs.create(run_id, effect.record, validated=True)
                     log.info("run.created", agent=effect.record.agent)
                     view.hold_run(Versioned(effect.record, revision))  # what was just written: no read
                 except AlreadyExists:
@@ -728,7 +730,10 @@ class Engine:
             case FlagCancel():
                 try:
                     flag = await self.runs.modify(
-                        run_id, lambda r: flagged(r, effect.request, self.clock()), known=view.known_run()
+                        run_id,
+                        lambda r: flagged(r, effect.request, self.clock()),
+                        known=view.known_run(),
+                        validated=True,
                     )
                 except NotFound:
                     raise TransientError(f"run {run_id} vanished") from None
@@ -746,7 +751,7 @@ class Engine:
                     request = marker.value
                     try:
                         flag = await self.runs.modify(
-                            run_id, lambda r: flagged(r, request, self.clock()), known=view.known_run()
+                            run_id, lambda r: flagged(r, request, self.clock()), known=view.known_run(), validated=True
                         )
                     except NotFound:
                         raise TransientError(f"run {run_id} vanished") from None
@@ -844,7 +849,7 @@ class Engine:
         revision = base.revision
         while True:
             try:
-                return Versioned(saved, await self.checkpoints.update(view.run_id, saved, revision))
+                return Versioned(saved, await self.checkpoints.update(view.run_id, saved, revision, validated=True))
             except Conflict:
                 fresh = await self.checkpoints.get(view.run_id)
                 merged = merge_mail(saved, base.value, fresh.value) if fresh is not None else None
@@ -862,7 +867,7 @@ class Engine:
         self, view: _View, fn: Callable[[Checkpoint], Checkpoint | None]
     ) -> Versioned[Checkpoint]:
         try:
-            return await self.checkpoints.modify(view.run_id, fn, known=view.checkpoint)
+            return await self.checkpoints.modify(view.run_id, fn, known=view.checkpoint, validated=True)
         except NotFound:
             raise TransientError(f"checkpoint of {view.run_id} not found") from None
 
@@ -880,7 +885,9 @@ class Engine:
     ) -> Versioned[RunRecord]:
         """:meth:`_transition` from what the handler holds (``known``: no read when it is current)."""
         try:
-            result = await self.runs.modify(run_id, lambda run: moved(run, target, changes, self.clock()), known=known)
+            result = await self.runs.modify(
+                run_id, lambda run: moved(run, target, changes, self.clock()), known=known, validated=True
+            )
         except NotFound:
             raise TransientError(f"run {run_id} vanished") from None
         if result.changed:

@@ -921,8 +921,9 @@ def _requested(
     if run.state is RunState.PENDING:
         return _decision(
             created,
-            CreateCheckpoint(initial_checkpoint(run, agent, now)),
+            # with run.created (one round trip): a firing before the checkpoint exists reads turn 0 too
             ArmWatchdog(0, limit_s, attempt.cause("start")),
+            CreateCheckpoint(initial_checkpoint(run, agent, now)),
             TakeLease(_lease(attempt, now)),
             Transition(RunState.RUNNING),
             started,

@@ -50,6 +50,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_embedded import Stack, StackConfig, free_port
 from temporality_human_interaction.events import ACTOR, SOURCE
 from temporality_protocol import derive_id, encode, make_event
+from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS, EVENTS_STREAM, TIMERS_STREAM
 from temporality_protocol.events import HumanAnswered, OptionAnswer
 from temporality_service import LogSettings, configure_logging
 
@@ -186,9 +187,30 @@ async def _baseline(bus: Bus, nc: NATS, count: int, size: int, chunk: int) -> fl
     return count / elapsed
 
 
+#: The streams the parked runs live in (records, checkpoints, events, timers): their size on the server.
+STORE_STREAMS = (f"KV_{BUCKET_RUNS.name}", f"KV_{BUCKET_CHECKPOINTS.name}", EVENTS_STREAM.name, TIMERS_STREAM.name)
+
+
+def _dir_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / (1024 * 1024)
+
+
+async def _store(nc: NATS) -> dict[str, tuple[int, float]]:
+    """Messages and MB of each of :data:`STORE_STREAMS` (what JetStream holds for the runs)."""
+    js = nc.jetstream()
+    sizes: dict[str, tuple[int, float]] = {}
+    for name in STORE_STREAMS:
+        info = await js.stream_info(name)
+        sizes[name] = (info.state.messages, info.state.bytes / (1024 * 1024))
+    return sizes
+
+
 async def _measure(stack: Stack, runs: int, sample: int, chunk: int) -> dict[str, Any]:
     executor = stack.services["run-executor"].pid
     assert executor is not None
+    assert stack.nats.proc is not None
+    nats_pid = stack.nats.proc.pid
+    store_dir = stack.nats.store_dir
     nc = await nats.connect(stack.nats_url)
     seen = Seen()
     for kind in ("human.requested", "run.resumed", "run.completed", "run.failed"):
@@ -206,6 +228,8 @@ async def _measure(stack: Stack, runs: int, sample: int, chunk: int) -> dict[str
 
         # 1. park
         rss_before = _rss_mb(executor)
+        figures |= {"nats_rss_before_mb": _rss_mb(nats_pid), "store_before_mb": _dir_mb(store_dir)}
+        figures["streams_before"] = await _store(nc)
         ids = [f"run-bench-{uuid.uuid4().hex[:20]}" for _ in range(runs)]
         messages = [
             (
@@ -224,6 +248,8 @@ async def _measure(stack: Stack, runs: int, sample: int, chunk: int) -> dict[str
         await asyncio.sleep(1.0)  # let the executor settle (acks, timers) before reading its memory
         rss_parked = _rss_mb(executor)
         figures |= {"rss_before_mb": rss_before, "rss_parked_mb": rss_parked}
+        figures |= {"nats_rss_parked_mb": _rss_mb(nats_pid), "store_parked_mb": _dir_mb(store_dir)}
+        figures["streams_parked"] = await _store(nc)
 
         # 2. resume in bulk
         bulk, latency_runs = ids[: max(runs - sample, 0)], ids[max(runs - sample, 0) :]
@@ -267,7 +293,16 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=2000, help="runs to park (the issue's figure: 100000)")
     parser.add_argument("--latency-sample", type=int, default=200, help="runs answered one at a time")
     parser.add_argument("--chunk", type=int, default=500, help="messages per pipelined publish")
+    parser.add_argument(
+        "--executor-inflight",
+        type=int,
+        default=None,
+        help="the run-executor's TEMPORALITY_EXECUTOR_MAX_INFLIGHT (unset: the service's default)",
+    )
     args = parser.parse_args()
+    extra_env = {"TEMPORALITY_LOG_LEVEL": "warning"}
+    if args.executor_inflight is not None:
+        extra_env["TEMPORALITY_EXECUTOR_MAX_INFLIGHT"] = str(args.executor_inflight)
     sample = min(args.latency_sample, args.runs)
     configure_logging(LogSettings(level="warning", format="console"), service="bench")
     with tempfile.TemporaryDirectory(prefix="temporality-bench-") as tmp:
@@ -279,7 +314,7 @@ def main() -> int:
                 human_port=free_port(),
                 journal_port=free_port(),
                 log_format="json",
-                extra_env={"TEMPORALITY_LOG_LEVEL": "warning"},
+                extra_env=extra_env,
             )
         )
         stack.start()
@@ -288,13 +323,26 @@ def main() -> int:
         finally:
             stack.stop()
     out = sys.stdout.write
-    out(f"parked runs: {f['runs']} through the five processes (one nats-server, SQLite, loopback)\n")
+    inflight = args.executor_inflight if args.executor_inflight is not None else "default"
+    out(
+        f"parked runs: {f['runs']} through the five processes (one nats-server, SQLite, loopback), "
+        f"executor max_inflight {inflight}\n"
+    )
     out(f"  park       {f['park_per_s']:9.1f} runs/s   (run.requested published -> human.requested)\n")
     growth = f["rss_parked_mb"] - f["rss_before_mb"]
     out(
         f"  executor   RSS {f['rss_before_mb']:.1f} MB -> {f['rss_parked_mb']:.1f} MB parked (+{growth:.1f} MB, "
         f"{growth * 1024 * 1024 / max(f['runs'], 1):.0f} B/run) -> {f['rss_after_mb']:.1f} MB after resuming\n"
     )
+    nats_growth = f["nats_rss_parked_mb"] - f["nats_rss_before_mb"]
+    out(
+        f"  nats       RSS {f['nats_rss_before_mb']:.1f} MB -> {f['nats_rss_parked_mb']:.1f} MB parked "
+        f"(+{nats_growth:.1f} MB); store on disk {f['store_before_mb']:.1f} MB -> {f['store_parked_mb']:.1f} MB\n"
+    )
+    for name in STORE_STREAMS:
+        (m0, b0), (m1, b1) = f["streams_before"][name], f["streams_parked"][name]
+        per_run = (b1 - b0) * 1024 * 1024 / max(f["runs"], 1)
+        out(f"    {name:20s} {m0:8d} -> {m1:8d} msgs, {b0:8.1f} -> {b1:8.1f} MB ({per_run:.0f} B/run)\n")
     if "resume_per_s" in f:
         out(
             f"  resume     {f['resume_per_s']:9.1f} runs/s   (human.answered published -> run.resumed), "

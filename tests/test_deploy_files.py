@@ -350,11 +350,12 @@ def _service_redactors(value: str, monkeypatch: pytest.MonkeyPatch) -> dict[str,
     (an unusable value raises there, as the service would exit 2): its text -> redacted text."""
     from temporality_human_interaction.__main__ import egress_policy
     from temporality_human_interaction.settings import Settings as HumanSettings
-    from temporality_protocol.redaction import REDACT_PATTERNS_ENV, process_redactor
+    from temporality_protocol.redaction import REDACT_PATTERNS_ENV, redactor_from_json
+    from temporality_run_executor.settings import Settings as ExecutorSettings
 
     monkeypatch.setenv(REDACT_PATTERNS_ENV, value)
-    process_redactor.cache_clear()
-    executor = process_redactor()  # the run-executor checks it at configure, then redacts every question with it
+    # the run-executor builds it at configure from its settings, then redacts every question with it
+    executor = redactor_from_json(ExecutorSettings().redact_patterns)
     human = egress_policy(HumanSettings())  # human-interaction's egress policy
     readers: dict[str, Callable[[str], str]] = {
         "run-executor": lambda text: executor.redact(text).text,

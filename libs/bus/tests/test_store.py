@@ -158,6 +158,33 @@ async def test_an_invalid_result_is_refused_and_nothing_is_written(bus: Bus) -> 
         await store.create("k2", Counter(name="k2").model_copy(update={"name": 3}))
 
 
+async def test_validated_writes_are_written_as_they_are_built(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``validated=True``: values built with ``evolve`` (validated once) are not validated again; the default
+    validates every write (counted on the model's validator), and another model is refused either way."""
+    store = await _store(bus)
+    await store.create("v", Counter(name="v"), validated=True)
+    validations = 0
+    original = Counter.model_validate
+
+    def counting(obj: object, **kwargs: object) -> Counter:
+        nonlocal validations
+        validations += 1
+        return original(obj, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Counter, "model_validate", counting)
+    bumped = await store.modify("v", lambda c: evolve(c, count=c.count + 1), validated=True)
+    assert (bumped.value.count, validations) == (1, 1)  # evolve's own validation only
+    again = await store.modify("v", lambda c: evolve(c, count=c.count + 1))
+    assert (again.value.count, validations) == (2, 3)  # evolve's, then the store's
+    updated = await store.update("v", evolve(again.value, count=3), again.revision, validated=True)
+    assert validations == 4
+    with pytest.raises(TypeError, match="expected a Counter"):
+        await store.modify("v", lambda c: Other(name="x"), validated=True)  # type: ignore[arg-type,return-value]
+    got = await store.get("v")
+    assert got is not None
+    assert (got.value.count, got.revision) == (3, updated)
+
+
 async def test_fn_raising_aborts_without_writing(bus: Bus) -> None:
     store = await _store(bus)
     rev = await store.create("k", Counter(name="k"))

@@ -188,8 +188,8 @@ def test_a_new_run_is_created_once_then_started_and_driven() -> None:
     assert look == Decision((AdoptCancelMarker(),), dataclasses.replace(incoming, marker_checked=True))
     incoming = dataclasses.replace(incoming, marker_checked=True)
     started = _decide(create.record, None, incoming, attempt=Attempt(stream_seq=7, delivered=1))
-    assert _kinds(started) == ["Publish", "CreateCheckpoint", "ArmWatchdog", "TakeLease", "Transition", "Publish"]
-    created, _, arm, lease, move, begun = started.effects
+    assert _kinds(started) == ["Publish", "ArmWatchdog", "CreateCheckpoint", "TakeLease", "Transition", "Publish"]
+    created, arm, _, lease, move, begun = started.effects
     assert lease == TakeLease(Lease(holder="driver", expires_at=T0 + timedelta(seconds=30)))
     assert isinstance(created, Publish)
     assert isinstance(created.data, RunCreated)

@@ -1,7 +1,8 @@
 """Typed JetStream KV with compare-and-set: the long-lived state of every service.
 
 Every write validates the value with the bucket's model first (:func:`~temporality_bus.models.revalidated`),
-so a record that a reader could not load is never stored. :meth:`Store.modify` is *the*
+so a record that a reader could not load is never stored (a caller whose values are validated as they are
+built, with :func:`~temporality_bus.models.evolve`, says so: ``validated=True``). :meth:`Store.modify` is *the*
 compare-and-set retry loop: read, compute the next value, write it only if nobody wrote in between,
 else read again.
 """
@@ -65,17 +66,18 @@ class Store(Generic[M]):
             return None
         return Versioned(self._model.model_validate_json(entry.value), entry.revision or 0)
 
-    async def create(self, key: str, value: M) -> int:
-        """Create-if-absent; :class:`AlreadyExists` when the key is there."""
-        payload = self._encode(value)
+    async def create(self, key: str, value: M, *, validated: bool = False) -> int:
+        """Create-if-absent; :class:`AlreadyExists` when the key is there. ``validated``: see :meth:`modify`."""
+        payload = self._encode(value, validated)
         try:
             return await self._kv.create(key, payload)
         except KeyWrongLastSequenceError as exc:
             raise AlreadyExists(self.bucket, key) from exc
 
-    async def update(self, key: str, value: M, revision: int) -> int:
-        """Write only if the key is still at ``revision``; :class:`Conflict` otherwise."""
-        payload = self._encode(value)
+    async def update(self, key: str, value: M, revision: int, *, validated: bool = False) -> int:
+        """Write only if the key is still at ``revision``; :class:`Conflict` otherwise. ``validated``: see
+        :meth:`modify`."""
+        payload = self._encode(value, validated)
         try:
             return await self._kv.update(key, payload, last=revision)
         except KeyWrongLastSequenceError as exc:
@@ -103,6 +105,7 @@ class Store(Generic[M]):
         create: Callable[[], M] | None = None,
         attempts: int = DEFAULT_ATTEMPTS,
         known: Versioned[M] | None = None,
+        validated: bool = False,
     ) -> Modified[M]:
         """Compare-and-set ``key`` to ``fn(current)``, re-reading and calling ``fn`` again on every lost race.
 
@@ -125,11 +128,16 @@ class Store(Generic[M]):
         *write* is ever based on it -- the compare-and-set proves it current; a stale one loses the race and
         the next attempt reads. Any other outcome (``fn`` changes nothing, or raises) is decided again on a
         fresh read, so ``known`` never changes what ``modify`` returns or raises, only how many reads it takes.
+
+        ``validated``: ``fn`` only ever returns values the bucket's model has just validated -- built with
+        its constructor or :func:`~temporality_bus.models.evolve`, never ``model_copy`` -- so they are written
+        without validating them again (a dump and a validation less per write, on a hot path). Only a value
+        of another model is still refused (``TypeError``).
         """
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
         if known is not None:
-            written = await self._modify_known(key, fn, known)
+            written = await self._modify_known(key, fn, known, validated)
             if written is not None:
                 return written
         for attempt in range(1, attempts + 1):
@@ -141,7 +149,7 @@ class Store(Generic[M]):
                 new = fn(base)
                 if new is None or new is base:
                     return Modified(base, 0, changed=False)
-                value = revalidated(self._model, new)
+                value = self._checked(new, validated)
                 try:
                     revision = await self._kv.create(key, value.model_dump_json().encode())
                 except KeyWrongLastSequenceError:
@@ -151,7 +159,7 @@ class Store(Generic[M]):
             new = fn(current.value)
             if new is None or new is current.value:
                 return Modified(current.value, current.revision, changed=False)
-            value = revalidated(self._model, new)
+            value = self._checked(new, validated)
             try:
                 revision = await self._kv.update(key, value.model_dump_json().encode(), last=current.revision)
             except KeyWrongLastSequenceError:
@@ -160,7 +168,9 @@ class Store(Generic[M]):
             return Modified(value, revision)
         raise Contended(self.bucket, key, attempts)
 
-    async def _modify_known(self, key: str, fn: Callable[[M], M | None], known: Versioned[M]) -> Modified[M] | None:
+    async def _modify_known(
+        self, key: str, fn: Callable[[M], M | None], known: Versioned[M], validated: bool
+    ) -> Modified[M] | None:
         """:meth:`modify`'s write from ``known`` without a read; ``None``: decide on a fresh read instead."""
         try:
             new = fn(known.value)
@@ -169,7 +179,7 @@ class Store(Generic[M]):
         if new is None or new is known.value:  # "no change" must be true of what is stored, not of ``known``
             return None
         try:
-            value = revalidated(self._model, new)
+            value = self._checked(new, validated)
         except (ValidationError, TypeError):
             return None
         try:
@@ -179,5 +189,13 @@ class Store(Generic[M]):
             return None
         return Modified(value, revision)
 
-    def _encode(self, value: M) -> bytes:
-        return revalidated(self._model, value).model_dump_json().encode()
+    def _checked(self, value: M, validated: bool) -> M:
+        """``value`` as the bucket's model validates it (as it is, when the caller ``validated`` it already)."""
+        if not validated:
+            return revalidated(self._model, value)
+        if not isinstance(value, self._model):
+            raise TypeError(f"expected a {self._model.__name__}, got a {type(value).__name__}")
+        return value
+
+    def _encode(self, value: M, validated: bool = False) -> bytes:
+        return self._checked(value, validated).model_dump_json().encode()

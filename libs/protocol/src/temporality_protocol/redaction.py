@@ -36,6 +36,7 @@ __all__ = [
     "SecretPattern",
     "compile_extra_patterns",
     "process_redactor",
+    "redactor_from_json",
 ]
 
 #: The variable that adds a deployment's own patterns, in every process that reads it (JSON object).
@@ -206,7 +207,13 @@ def process_redactor() -> Redactor:
 
     A value that is not a JSON object of valid patterns raises :class:`PatternError` (every time): a
     publisher then fails rather than publish what it could not redact."""
-    raw = os.environ.get(REDACT_PATTERNS_ENV, "").strip()
+    return redactor_from_json(os.environ.get(REDACT_PATTERNS_ENV, ""))
+
+
+def redactor_from_json(raw: str) -> Redactor:
+    """The built-in patterns plus ``raw``, a value of :data:`REDACT_PATTERNS_ENV` (JSON ``{"<kind>": "<regex>"}``;
+    empty: none). :class:`PatternError`, naming the variable, for anything else."""
+    raw = raw.strip()
     if not raw:
         return Redactor()
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import structlog
 
 from temporality_protocol.catalog import CONSUMERS, SERVICES
-from temporality_protocol.redaction import PatternError, process_redactor
+from temporality_protocol.redaction import PatternError, redactor_from_json
 from temporality_run_executor.agents import AgentsFileError, load_agents
 from temporality_run_executor.api import create_app
 from temporality_run_executor.engine import Engine
@@ -46,7 +46,7 @@ def configure(settings: Settings) -> Setup[Settings]:
     if settings.scripted_crash_on is not None:
         log.warning("scripted.crash_on_configured", text=settings.scripted_crash_on)
     try:  # the redaction patterns every human.requested passes through (SEC-1): unusable ones stop the start
-        process_redactor()
+        redactor = redactor_from_json(settings.redact_patterns)
     except PatternError as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -75,6 +75,7 @@ def configure(settings: Settings) -> Setup[Settings]:
             checkpoint_retention_s=rt.settings.checkpoint_retention_s,
             tools=tools,
             card_tools=card_tools,
+            redactor=redactor,
         )
         if auth is not None:
             rt.http(create_app(agents, lambda card: engine.registry(card).offered(card.tools), auth))

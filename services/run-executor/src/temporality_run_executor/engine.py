@@ -66,7 +66,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -105,6 +105,7 @@ from temporality_protocol import (
     new_id,
 )
 from temporality_protocol.catalog import BUCKET_CANCEL_MARKERS, BUCKET_CHECKPOINTS, BUCKET_RUNS
+from temporality_protocol.redaction import Redactor
 from temporality_run_executor.agents import AgentCard, AgentDirectory
 from temporality_run_executor.external import ExternalAgents
 from temporality_run_executor.machine import (
@@ -199,6 +200,12 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+#: Effects that write to the bus without committing any state: neighbours are performed at once.
+_FIRED = (Publish, ArmWatchdog, DisarmWatchdog, ArmRetention, Note)
+#: Effects that change the run record: neighbours are one compare-and-set.
+_RUN_CHANGES = (TakeLease, Transition)
+
+
 def _attempt(delivery: Delivery, max_deliver: int) -> Attempt:
     return Attempt(stream_seq=delivery.stream_seq, delivered=delivery.num_delivered, max_deliver=max_deliver)
 
@@ -223,6 +230,9 @@ class _View:
     #: The store revision ``run`` was read or written at (0: unknown): the base of the next compare-and-set,
     #: which then needs no read (``Store.modify(known=...)``; a stale one only loses the race and reads).
     run_revision: int = 0
+    #: The turn this handler last armed the run's watchdog for, and when (monotonic): an arm for the same
+    #: turn a moment later (a resume, then its turn) only moves the deadline by that moment, and is skipped.
+    armed: tuple[int, float] | None = None
 
     def known_run(self) -> Versioned[RunRecord] | None:
         return Versioned(self.run, self.run_revision) if self.run is not None and self.run_revision else None
@@ -254,6 +264,7 @@ class Engine:
         clock: Clock = _now,
         lease_s: float | None = None,
         checkpoint_retention_s: float = DEFAULT_RETENTION_S,
+        redactor: Redactor | None = None,
     ) -> None:
         self.bus = bus
         self.tools = tools if tools is not None else ToolRegistry(BUILTIN_TOOLS)
@@ -270,6 +281,9 @@ class Engine:
         #: Removes finished runs' checkpoints after ``checkpoint_retention_s`` (:mod:`.retention`).
         self.retention = CheckpointRetention(bus, retention_s=checkpoint_retention_s)
         self.clock = clock
+        #: The deployment's redaction patterns (SEC-1, from the settings): every question and notification a
+        #: person will read passes through them before it is published.
+        self.redactor = redactor if redactor is not None else Redactor()
         #: How long a handler's lease on a run lasts past its last renewal: one ack wait, after which a
         #: dead driver's message comes back (a live one's never does: the runner extends it).
         self.lease_s = lease_s if lease_s is not None else bus.settings.ack_wait_s
@@ -299,6 +313,7 @@ class Engine:
         clock: Clock = _now,
         lease_s: float | None = None,
         checkpoint_retention_s: float = DEFAULT_RETENTION_S,
+        redactor: Redactor | None = None,
     ) -> Engine:
         return cls(
             bus,
@@ -314,6 +329,7 @@ class Engine:
             clock=clock,
             lease_s=lease_s,
             checkpoint_retention_s=checkpoint_retention_s,
+            redactor=redactor,
         )
 
     def registry(self, card: AgentCard) -> ToolRegistry:
@@ -441,15 +457,19 @@ class Engine:
             await self._release(view, attempt.driver)
 
     async def _drive(self, view: _View, incoming: Incoming, attempt: Attempt) -> None:
-        view.hold_run(await self.runs.get(view.run_id))
+        # both read at once (one round trip): the checkpoint is wanted whenever the run is past pending
+        record, checkpoint = await asyncio.gather(self.runs.get(view.run_id), self.checkpoints.get(view.run_id))
+        view.hold_run(record)
         view.checkpoint, view.checkpoint_current = None, False
         if view.run is not None and view.run.state is not RunState.PENDING:  # a pending run has none yet
-            await self._read_checkpoint(view)
+            view.checkpoint, view.checkpoint_current = checkpoint, True
         step: Incoming | None = incoming
         while step is not None:
             await self._refresh(view, step)
             agent = self.agent(view.run.agent) if view.run is not None else None
-            decision = decide(view.run, view.ckpt, agent, step, now=self.clock(), attempt=attempt)
+            decision = decide(
+                view.run, view.ckpt, agent, step, now=self.clock(), attempt=attempt, redactor=self.redactor
+            )
             step = await self._perform(view, agent, decision)
 
     async def _lease_lapses(self, run_id: str) -> bool:
@@ -479,7 +499,7 @@ class Engine:
         if run is None or run.lease is None or run.lease.holder != holder:
             return
         try:
-            await self.runs.modify(view.run_id, lambda r: released(r, holder), known=view.known_run())
+            await self.runs.modify(view.run_id, lambda r: released(r, holder), known=view.known_run(), validated=True)
         except Exception as exc:  # the bus is failing: the lease expires on its own
             log.warning("run.lease.release_failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -501,20 +521,39 @@ class Engine:
         view.checkpoint, view.checkpoint_current = await self.checkpoints.get(view.run_id), True
 
     async def _perform(self, view: _View, agent: Agent | None, decision: Decision) -> Incoming | None:
-        """The decision's effects in order -- a run of consecutive publishes concurrently (facts of one
-        moment, all stored before the next effect) -- then its call, whose result is the next incoming."""
-        publishes: list[Publish] = []
-        for effect in decision.effects:
-            if isinstance(effect, Publish):
-                publishes.append(effect)
-                continue
-            await self._publish_all(view, publishes)
-            publishes = []
-            await self._effect(view, effect)
+        """The decision's effects in order, then its call, whose result is the next incoming.
+
+        Two kinds of neighbours are performed together, each group in one round trip and all of it done
+        before the next effect begins (so the order that crash-exactness rests on -- a fact stored before
+        the state that records it, the state committed before the message is acked -- is kept):
+
+        * consecutive bus writes that commit no state -- events (:class:`Publish`) and the run's timers
+          (:class:`ArmWatchdog`, :class:`DisarmWatchdog`, :class:`ArmRetention`) -- concurrently;
+        * consecutive changes of the run record (:class:`TakeLease`, :class:`Transition`) as one
+          compare-and-set (:meth:`_change_run`): both or neither are written.
+        """
+        effects = decision.effects
+        i = 0
+        while i < len(effects):
+            j = i + 1
+            if isinstance(effects[i], _FIRED):
+                while j < len(effects) and isinstance(effects[j], _FIRED):
+                    j += 1
+                await self._fire(view, effects[i:j])
+            elif isinstance(effects[i], _RUN_CHANGES):
+                while j < len(effects) and isinstance(effects[j], _RUN_CHANGES):
+                    j += 1
+                await self._change_run(view, effects[i:j])
+            else:
+                await self._effect(view, effects[i])
             if self.crash_point is not None:
-                target = (effect.target.value,) if isinstance(effect, Transition) else ()
-                await self._seam("effect", type(effect).__name__, *target)
-        await self._publish_all(view, publishes)
+                for effect in effects[i:j]:
+                    if isinstance(effect, Publish):
+                        await self._seam("published", effect.data.EVENT_TYPE)
+                    else:
+                        target = (effect.target.value,) if isinstance(effect, Transition) else ()
+                        await self._seam("effect", type(effect).__name__, *target)
+            i = j
         then = decision.then
         if isinstance(then, CallProvider):
             assert agent is not None
@@ -562,37 +601,73 @@ class Engine:
         while True:
             await asyncio.sleep(self.lease_s / 3)  # an interval, not a deadline (like the runner's in_progress)
             try:
-                await self.runs.modify(run_id, functools.partial(renewed, holder=holder, expires_at=self._expiry()))
+                await self.runs.modify(
+                    run_id, functools.partial(renewed, holder=holder, expires_at=self._expiry()), validated=True
+                )
             except Exception as exc:  # the bus is failing: the next boundary (or the expiry) settles it
                 log.warning("run.lease.renew_failed", error=f"{type(exc).__name__}: {exc}")
 
-    async def _publish_all(self, view: _View, publishes: list[Publish]) -> None:
-        if not publishes:
-            return
-        run = view.run
-        assert run is not None
-        if len(publishes) == 1:
-            (only,) = publishes
-            await self._emit(run, only.data, *only.id_parts, causation=only.causation, run_id=only.run_id)
+    async def _fire(self, view: _View, effects: Sequence[Effect]) -> None:
+        """Bus writes that commit no state (events, timers), all at once (see :meth:`_perform`)."""
+        if len(effects) == 1:
+            await self._effect(view, effects[0])
         else:
-            await asyncio.gather(
-                *(self._emit(run, p.data, *p.id_parts, causation=p.causation, run_id=p.run_id) for p in publishes)
-            )
-        if self.crash_point is not None:
-            for published in publishes:
-                await self._seam("published", published.data.EVENT_TYPE)
+            await asyncio.gather(*(self._effect(view, effect) for effect in effects))
+
+    async def _change_run(self, view: _View, effects: Sequence[Effect]) -> None:
+        """Consecutive changes of the run record (lease, state) as one compare-and-set: each applied in turn
+        to the value the previous one left (``None``: that one changes nothing), so what is written is
+        what writing them one by one would leave, and a change that refuses (:class:`LeaseHeld`,
+        :class:`RunMovedOn`) aborts the lot, nothing written."""
+        if len(effects) == 1:
+            await self._effect(view, effects[0])
+            return
+        now = self.clock()
+        moves = [e.target for e in effects if isinstance(e, Transition)]
+
+        def change(run: RunRecord) -> RunRecord | None:
+            current = run
+            for effect in effects:
+                if isinstance(effect, TakeLease):
+                    try:
+                        nxt = leased(current, effect.lease, now)
+                    except LeaseHeld as held:
+                        if effect.renew:
+                            raise LeaseLost(str(held)) from None
+                        raise
+                else:
+                    assert isinstance(effect, Transition)
+                    nxt = moved(current, effect.target, effect.changes, now)
+                current = nxt if nxt is not None else current
+            return None if current is run else current
+
+        try:
+            result = await self.runs.modify(view.run_id, change, known=view.known_run(), validated=True)
+        except NotFound:
+            raise TransientError(f"run {view.run_id} vanished") from None
+        if result.changed and moves:
+            log.info("run.state", state=moves[-1].value)
+        view.hold_run(result)
 
     async def _effect(self, view: _View, effect: Effect) -> None:
         run_id = view.run_id
         match effect:
             case Publish():
-                await self._publish_all(view, [effect])
+                run = view.run
+                assert run is not None
+                await self._emit(run, effect.data, *effect.id_parts, causation=effect.causation, run_id=effect.run_id)
             case Transition():
                 view.hold_run(await self._move(run_id, effect.target, view.known_run(), effect.changes))
             case ArmWatchdog():
+                armed = view.armed
+                horizon_s = effect.limit_s + self.watchdog.grace_s
+                if armed is not None and armed[0] == effect.turn and time.monotonic() - armed[1] < horizon_s / 100:
+                    return  # armed for this very turn by this handler a moment ago (<1% of its horizon)
                 await self.watchdog.arm(run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause)
+                view.armed = (effect.turn, time.monotonic())
             case DisarmWatchdog():
                 await self.watchdog.disarm(run_id)
+                view.armed = None
             case ArmRetention():
                 ended = view.run
                 assert ended is not None
@@ -612,7 +687,7 @@ class Engine:
             case TakeLease():
                 try:
                     taken = await self.runs.modify(
-                        run_id, lambda r: leased(r, effect.lease, self.clock()), known=view.known_run()
+                        run_id, lambda r: leased(r, effect.lease, self.clock()), known=view.known_run(), validated=True
                     )
                 except NotFound:
                     raise TransientError(f"run {run_id} vanished") from None
@@ -637,24 +712,28 @@ class Engine:
                 view.checkpoint, view.checkpoint_current = Versioned(parked.value, parked.revision), True
             case CreateCheckpoint():
                 try:
-                    revision = await self.checkpoints.create(run_id, effect.checkpoint)
+                    revision = await self.checkpoints.create(run_id, effect.checkpoint, validated=True)
                     view.checkpoint, view.checkpoint_current = Versioned(effect.checkpoint, revision), True
                 except AlreadyExists:
                     await self._read_checkpoint(view)
             case CreateRun():
                 try:
-                    await self.runs.create(run_id, effect.record)
+                    revision = await self.runs.create(run_id, effect.record, validated=True)
                     log.info("run.created", agent=effect.record.agent)
+                    view.hold_run(Versioned(effect.record, revision))  # what was just written: no read
                 except AlreadyExists:
                     log.info("run.exists")
-                await self._read_run(view)
+                    await self._read_run(view)
                 assert view.run is not None
                 if view.run.state is not RunState.PENDING:  # another driver got further with it
                     await self._read_checkpoint(view)
             case FlagCancel():
                 try:
                     flag = await self.runs.modify(
-                        run_id, lambda r: flagged(r, effect.request, self.clock()), known=view.known_run()
+                        run_id,
+                        lambda r: flagged(r, effect.request, self.clock()),
+                        known=view.known_run(),
+                        validated=True,
                     )
                 except NotFound:
                     raise TransientError(f"run {run_id} vanished") from None
@@ -672,7 +751,7 @@ class Engine:
                     request = marker.value
                     try:
                         flag = await self.runs.modify(
-                            run_id, lambda r: flagged(r, request, self.clock()), known=view.known_run()
+                            run_id, lambda r: flagged(r, request, self.clock()), known=view.known_run(), validated=True
                         )
                     except NotFound:
                         raise TransientError(f"run {run_id} vanished") from None
@@ -711,7 +790,13 @@ class Engine:
             await self._emit(run, data, *id_parts)
 
         ctx = ToolContext(
-            run=run, turn=turn, index=call.index, call_id=tool_call.id, publish=publish, request=self.bus.request
+            run=run,
+            turn=turn,
+            index=call.index,
+            call_id=tool_call.id,
+            publish=publish,
+            request=self.bus.request,
+            redactor=self.redactor,
         )
         outcome = await self._invoke(plan.tool, tool_call.arguments, ctx)
         return ToolReturned(
@@ -734,6 +819,7 @@ class Engine:
             call_id=elicitation.call.id,
             publish=publish,
             request=self.bus.request,
+            redactor=self.redactor,
             elicited=tuple(elicitation.answers),
         )
         started = time.monotonic()
@@ -763,7 +849,7 @@ class Engine:
         revision = base.revision
         while True:
             try:
-                return Versioned(saved, await self.checkpoints.update(view.run_id, saved, revision))
+                return Versioned(saved, await self.checkpoints.update(view.run_id, saved, revision, validated=True))
             except Conflict:
                 fresh = await self.checkpoints.get(view.run_id)
                 merged = merge_mail(saved, base.value, fresh.value) if fresh is not None else None
@@ -781,7 +867,7 @@ class Engine:
         self, view: _View, fn: Callable[[Checkpoint], Checkpoint | None]
     ) -> Versioned[Checkpoint]:
         try:
-            return await self.checkpoints.modify(view.run_id, fn, known=view.checkpoint)
+            return await self.checkpoints.modify(view.run_id, fn, known=view.checkpoint, validated=True)
         except NotFound:
             raise TransientError(f"checkpoint of {view.run_id} not found") from None
 
@@ -799,7 +885,9 @@ class Engine:
     ) -> Versioned[RunRecord]:
         """:meth:`_transition` from what the handler holds (``known``: no read when it is current)."""
         try:
-            result = await self.runs.modify(run_id, lambda run: moved(run, target, changes, self.clock()), known=known)
+            result = await self.runs.modify(
+                run_id, lambda run: moved(run, target, changes, self.clock()), known=known, validated=True
+            )
         except NotFound:
             raise TransientError(f"run {run_id} vanished") from None
         if result.changed:

@@ -116,7 +116,7 @@ from temporality_protocol import (
     ToolFailed,
     derive_id,
 )
-from temporality_protocol.redaction import process_redactor
+from temporality_protocol.redaction import Redactor
 from temporality_run_executor.agents import AgentCard, Limits
 from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, render
 from temporality_run_executor.providers.base import AssistantTurn, ToolSpec, TurnContext
@@ -819,6 +819,10 @@ def _decision(*effects: Effect, then: Then = None) -> Decision:
 
 
 # --------------------------------------------------------------------------- decide
+#: The built-in redaction patterns alone (the default of :func:`decide`; the executor passes its settings').
+BUILTIN_REDACTOR = Redactor()
+
+
 def decide(
     run: RunRecord | None,
     checkpoint: Checkpoint | None,
@@ -827,8 +831,10 @@ def decide(
     *,
     now: datetime,
     attempt: Attempt | None = None,
+    redactor: Redactor = BUILTIN_REDACTOR,
 ) -> Decision:
-    """What ``incoming`` makes the run do next (see the module docstring)."""
+    """What ``incoming`` makes the run do next (see the module docstring). ``redactor``: the executor's
+    redaction patterns, which every question a person will read passes through (SEC-1)."""
     attempt = attempt or Attempt()
     match incoming:
         case Requested():
@@ -854,7 +860,7 @@ def decide(
         case CancelRecorded():
             return _cancel_recorded(run, checkpoint, incoming)
         case Boundary():
-            return _boundary(run, checkpoint, agent, attempt, now)
+            return _boundary(run, checkpoint, agent, attempt, now, redactor)
         case Parked():
             if run is not None and run.cancel is not None:  # asked to stop while parking: nobody else will
                 return _decision(*_cancel(run, run.cancel, _totals(checkpoint)))
@@ -915,8 +921,9 @@ def _requested(
     if run.state is RunState.PENDING:
         return _decision(
             created,
-            CreateCheckpoint(initial_checkpoint(run, agent, now)),
+            # with run.created (one round trip): a firing before the checkpoint exists reads turn 0 too
             ArmWatchdog(0, limit_s, attempt.cause("start")),
+            CreateCheckpoint(initial_checkpoint(run, agent, now)),
             TakeLease(_lease(attempt, now)),
             Transition(RunState.RUNNING),
             started,
@@ -1218,7 +1225,12 @@ def _cancel_recorded(run: RunRecord | None, ckpt: Checkpoint | None, incoming: C
 
 
 def _boundary(
-    run: RunRecord | None, ckpt: Checkpoint | None, agent: Agent | None, attempt: Attempt, now: datetime
+    run: RunRecord | None,
+    ckpt: Checkpoint | None,
+    agent: Agent | None,
+    attempt: Attempt,
+    now: datetime,
+    redactor: Redactor,
 ) -> Decision:
     """A turn boundary: whatever was asked for meanwhile applies now, then park, fail a limit, or start a turn.
 
@@ -1235,7 +1247,7 @@ def _boundary(
     if ckpt is None:
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
     if ckpt.pending is not None:
-        return _park(run, ckpt)
+        return _park(run, ckpt, redactor)
     if _held_by_other(run, attempt, now):  # our lease expired mid-turn and another handler took over
         return _decision(Note("run.lease.lost", "warning", {"holder": run.lease.holder if run.lease else None}))
     if ckpt.elicit is not None:  # the person answered the call's elicitation: make the call again
@@ -1271,14 +1283,13 @@ def _boundary(
             relay=run.relay is not None,
         ),
     )
-    return _decision(
-        TakeLease(_lease(attempt, now), renew=True),
-        ArmWatchdog(ckpt.turn, limits.max_compute_s, attempt.cause("turn")),
-        then=call,
-    )
+    # the lease is renewed unless this handler took or renewed it a moment ago (most of it left): a turn
+    # right after the resume or the start does not write the record again
+    renew = () if _lease_fresh(run, attempt, now) else (TakeLease(_lease(attempt, now), renew=True),)
+    return _decision(*renew, ArmWatchdog(ckpt.turn, limits.max_compute_s, attempt.cause("turn")), then=call)
 
 
-def _park(run: RunRecord, ckpt: Checkpoint) -> Decision:
+def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor) -> Decision:
     """Ask, then wait at zero cost: ``human.requested`` (or ``agent.asked``), the watchdog off,
     ``waiting_for_human`` (or ``waiting_for_agent``) (RUN-3, COL-2). Several ``ask_human`` calls of one turn
     (HUM-7): one ``human.requested`` each, one park; the record names the first request."""
@@ -1296,7 +1307,7 @@ def _park(run: RunRecord, ckpt: Checkpoint) -> Decision:
         )
     if pending.kind == "elicit":
         return _decision(
-            Publish(_elicit_requested(run, pending), (pending.request_id,)),
+            Publish(_elicit_requested(run, pending, redactor), (pending.request_id,)),
             DisarmWatchdog(),
             Transition(RunState.WAITING_FOR_HUMAN, waiting),
             Note("run.parked", fields={"request_id": pending.request_id, "elicitation": pending.arguments["tool"]}),
@@ -1307,7 +1318,7 @@ def _park(run: RunRecord, ckpt: Checkpoint) -> Decision:
     if ckpt.more_pending:
         fields |= {"more": [p.request_id for p in ckpt.more_pending], "wait_for": wait_for(ckpt)}
     return _decision(
-        *(Publish(_human_requested(run, p), (p.request_id,)) for p in ckpt.parked),
+        *(Publish(_human_requested(run, p, redactor), (p.request_id,)) for p in ckpt.parked),
         # before the move: once it waits, an answer may resume (and re-arm) it at any moment
         DisarmWatchdog(),
         Transition(RunState.WAITING_FOR_HUMAN, waiting),
@@ -1316,7 +1327,7 @@ def _park(run: RunRecord, ckpt: Checkpoint) -> Decision:
     )
 
 
-def _human_requested(run: RunRecord, pending: PendingAsk) -> HumanRequested:
+def _human_requested(run: RunRecord, pending: PendingAsk, redactor: Redactor) -> HumanRequested:
     args = AskHumanArgs.model_validate(pending.arguments)
     policy = run.human
     timeout = min(args.timeout or policy.default_timeout_s, policy.max_timeout_s)
@@ -1335,7 +1346,7 @@ def _human_requested(run: RunRecord, pending: PendingAsk) -> HumanRequested:
         turn=pending.turn,
         source_link=run.event.source_link if run.event else None,  # the platform's, never the model's (HUM-5)
     )
-    return process_redactor().human_requested(requested)  # SEC-1: no secret on the bus or in the journal
+    return redactor.human_requested(requested)  # SEC-1: no secret on the bus or in the journal
 
 
 def _provider_failed(
@@ -1718,7 +1729,7 @@ def _elicit_pending(
     )
 
 
-def _elicit_requested(run: RunRecord, pending: PendingAsk) -> HumanRequested:
+def _elicit_requested(run: RunRecord, pending: PendingAsk, redactor: Redactor) -> HumanRequested:
     """``human.requested`` for an elicitation: the form rendered as options or free text (:mod:`.elicitation`)."""
     args = pending.arguments
     form = render(str(args["message"]), dict(args["requested_schema"]), refused=args.get("refused"))
@@ -1741,7 +1752,7 @@ def _elicit_requested(run: RunRecord, pending: PendingAsk) -> HumanRequested:
         source_link=run.event.source_link if run.event else None,
         answer_schema=dict(args["requested_schema"]),  # human-interaction refuses a misfit at the channel
     )
-    return process_redactor().human_requested(requested)  # SEC-1: no secret on the bus or in the journal
+    return redactor.human_requested(requested)  # SEC-1: no secret on the bus or in the journal
 
 
 def _elicitation_outcome(run: RunRecord, ckpt: Checkpoint, incoming: HumanOutcome, now: datetime) -> AnswerElicitation:
@@ -2541,6 +2552,14 @@ def _max_turns(run: RunRecord, agent: Agent) -> int:
 
 def _lease(attempt: Attempt, now: datetime) -> Lease:
     return Lease(holder=attempt.driver, expires_at=now + timedelta(seconds=attempt.lease_s))
+
+
+def _lease_fresh(run: RunRecord, attempt: Attempt, now: datetime) -> bool:
+    """This handler holds the run's lease with more than two thirds of it left (renewing it would change
+    next to nothing: the driver's keeper renews it every third during a call)."""
+    lease = run.lease
+    left = timedelta(seconds=attempt.lease_s * 2 / 3)
+    return lease is not None and lease.holder == attempt.driver and lease.expires_at - now > left
 
 
 def _held_by_other(run: RunRecord, attempt: Attempt, now: datetime) -> bool:

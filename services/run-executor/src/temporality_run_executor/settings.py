@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from temporality_protocol.redaction import REDACT_PATTERNS_ENV
 from temporality_run_executor.retention import DEFAULT_RETENTION_S, MAX_RETENTION_S
 from temporality_run_executor.watchdog import DEFAULT_GRACE_S
 from temporality_service import ServiceSettings
@@ -46,3 +47,7 @@ class Settings(ServiceSettings):
     mcp_idle_s: float = Field(default=300.0, gt=0)
     #: Calls in flight at once on one MCP server's session (more wait for a free slot).
     mcp_max_calls: int = Field(default=4, ge=1)
+    #: The deployment's own redaction patterns (SEC-1), JSON ``{"<kind>": "<regex>"}``: every ``human.requested``
+    #: and ``human.notify_requested`` the executor publishes passes through them and the built-in ones. The
+    #: variable human-interaction reads too (``TEMPORALITY_HUMAN_EGRESS_REDACT_PATTERNS``); unusable: exit 2.
+    redact_patterns: str = Field(default="", validation_alias=REDACT_PATTERNS_ENV)

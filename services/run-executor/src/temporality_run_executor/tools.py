@@ -56,7 +56,7 @@ from temporality_protocol import (
     derive_id,
 )
 from temporality_protocol.catalog import RPC_GET_COLLABORATORS
-from temporality_protocol.redaction import process_redactor
+from temporality_protocol.redaction import Redactor
 from temporality_run_executor.providers.base import ToolSpec
 from temporality_run_executor.records import ElicitAnswer, RunRecord
 
@@ -234,6 +234,8 @@ class ToolContext:
     #: The person's answers to this call's earlier elicitations, in the order the tool asked them (a call
     #: retried after it parked the run on its elicitation; see :class:`ElicitationNeeded`).
     elicited: tuple[ElicitAnswer, ...] = ()
+    #: The executor's redaction patterns (SEC-1): what a person will read is redacted with them first.
+    redactor: Redactor = field(default_factory=Redactor)
 
 
 ToolFn = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
@@ -355,7 +357,7 @@ async def _notify(arguments: dict[str, Any], ctx: ToolContext) -> str:
         allowed = ", ".join(policy.allowed_recipients) or "nobody"
         raise ToolError(f"{args.recipient} may not be notified by this run; people you may address: {allowed}")
     notification_id = derive_id("hn", ctx.run.run_id, str(ctx.turn), str(ctx.index))
-    redactor = process_redactor()  # SEC-1: like human.requested, no secret on the bus or in the journal
+    redactor = ctx.redactor  # SEC-1: like human.requested, no secret on the bus or in the journal
     await ctx.publish(
         HumanNotifyRequested(
             notification_id=notification_id,

@@ -1,0 +1,104 @@
+"""What one run costs the executor in bus requests (issue 6: resuming >= 1,000 runs/s wants few round trips).
+
+Every JetStream request the engine makes (KV reads and writes, event publishes, timer arms) is counted on the
+client, for one run parked on ``ask_human`` and then resumed by its answer to the end. A change that adds a
+read back, splits a compare-and-set in two or awaits a timer alone shows here as a higher count. These are
+requests, the concurrent ones included; docs/agents.md gives the sequential round trips (18 and 10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import nats.aio.client
+import pytest
+from executor_support import RunExecutor, run_requested
+
+from temporality_bus import Bus
+from temporality_protocol import HumanAnswered, HumanRequested, OptionAnswer, make_event
+from temporality_protocol.catalog import BUCKET_RUNS
+from temporality_testing.events import EventLog
+
+#: Starting the run (record, marker, checkpoint, lease), its two turns (get_input, ask_human) and the park.
+PARK_REQUESTS = 22
+#: The resume (the outcome applied), the last turn and the end (retention armed).
+RESUME_REQUESTS = 14
+
+
+class Requests:
+    """The subjects of the client's requests while ``counting``."""
+
+    def __init__(self) -> None:
+        self.subjects: list[str] = []
+        self.counting = False
+
+    async def until(self, *subjects: str, timeout_s: float = 30) -> list[str]:
+        """Wait (bounded) until ``subjects`` were requested in this order; what was counted, then reset."""
+
+        def seen() -> bool:
+            rest = iter(self.subjects)
+            return all(any(s == wanted for s in rest) for wanted in subjects)
+
+        async with asyncio.timeout(timeout_s):
+            while not seen():  # noqa: ASYNC110 - polling a list this process fills
+                await asyncio.sleep(0.01)
+        counted, self.subjects, self.counting = self.subjects, [], False
+        return counted
+
+
+@pytest.fixture
+def requests(monkeypatch: pytest.MonkeyPatch) -> Requests:
+    seen = Requests()
+    original = nats.aio.client.Client.request
+
+    async def request(self: nats.aio.client.Client, subject: str, *args: Any, **kwargs: Any) -> Any:
+        if seen.counting:
+            seen.subjects.append(subject)
+        return await original(self, subject, *args, **kwargs)
+
+    monkeypatch.setattr(nats.aio.client.Client, "request", request)
+    return seen
+
+
+async def test_a_parked_and_resumed_run_costs_a_bounded_number_of_requests(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, requests: Requests
+) -> None:
+    await executor()
+    event = run_requested()
+    run_id = event.runid
+    assert run_id
+    record = f"$KV.{BUCKET_RUNS.name}.{run_id}"
+    requests.counting = True
+    await bus.publish(event)  # the test's own request: left out below
+    # the park ends with the move to waiting_for_human, after the question
+    park = _executor(await requests.until("temporality.events.human.requested", record))
+    (asked,) = await event_log.wait_for("human.requested", run_id=run_id)
+    request = asked.payload(HumanRequested)
+    answer = HumanAnswered(
+        request_id=request.request_id,
+        run_id=run_id,
+        recipient=request.recipient,
+        responder=request.recipient,
+        answer=OptionAnswer(option_id=request.options[0].id),
+        channel="web",
+        waited_s=1.0,
+    )
+    requests.counting = True
+    await bus.publish(make_event(answer, source="/test", id=f"evt-ans-{run_id}", run_id=run_id))
+    # the end: run.completed, the move to completed, the watchdog off and the retention armed
+    resume = _executor(
+        await requests.until(
+            "temporality.events.run.completed", record, f"temporality.timers.schedule.run-retention.{run_id}"
+        )
+    )
+    await event_log.wait_for("run.completed", run_id=run_id)
+    assert len(park) <= PARK_REQUESTS, park
+    assert len(resume) <= RESUME_REQUESTS, resume
+    assert park.count("temporality.events.human.requested") == 1
+
+
+def _executor(subjects: list[str]) -> list[str]:
+    """The engine's requests: without the test's own publishes (the run's request and the answer)."""
+    own = ("temporality.events.run.requested", "temporality.events.human.answered")
+    return [s for s in subjects if s not in own]

@@ -4,7 +4,7 @@ The schema is versioned with Alembic (``temporality_journal/migrations``): :meth
 upgrades to the newest revision under a PostgreSQL advisory lock (replicas starting together migrate
 once). A database made by an older journal with ``create_all`` (tables, no version table) is stamped
 with the revision its tables match first (``0001``; ``0002`` with ``asks``; ``0003`` with
-``commit_counter``). :meth:`Database.drop` removes the tables and the version table: the
+``commit_counter``; ``0004_trace`` with ``events.traceparent``). :meth:`Database.drop` removes the tables and the version table: the
 first half of a rebuild (``temporality-journal rebuild``, see :mod:`temporality_journal.rebuild`).
 """
 
@@ -41,6 +41,8 @@ BASELINE_REVISION = "0001"
 ASKS_REVISION = "0002"
 #: The revision that added ``events.commit_seq`` and ``commit_counter`` (the live tail's commit order).
 COMMIT_ORDER_REVISION = "0003"
+#: The revision that added ``events.traceparent`` and ``events.tracestate``.
+TRACE_CONTEXT_REVISION = "0004_trace"
 _ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
     "postgres": "postgresql+asyncpg",
@@ -97,7 +99,9 @@ def _upgrade(connection: Connection) -> None:
     config = _alembic(connection)
     if "events" in tables and VERSION_TABLE not in tables:
         # ``create_all`` made the models' tables of its day: with ``asks`` that is revision 0002's schema
-        if "commit_counter" in tables:
+        if "traceparent" in {column["name"] for column in inspect(connection).get_columns("events")}:
+            revision = TRACE_CONTEXT_REVISION
+        elif "commit_counter" in tables:
             revision = COMMIT_ORDER_REVISION
         else:
             revision = ASKS_REVISION if "asks" in tables else BASELINE_REVISION

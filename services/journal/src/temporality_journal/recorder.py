@@ -87,10 +87,12 @@ _PG_ARRAY_COLUMNS = (
     "actor",
     "tenant",
     "subject",
+    "traceparent",
+    "tracestate",
     "stream_seq",
     "commit_seq",
 )
-_PG_ARRAY_TYPES = ("text",) * 3 + ("timestamptz",) + ("text",) * 6 + ("bigint",) * 2
+_PG_ARRAY_TYPES = ("text",) * 3 + ("timestamptz",) + ("text",) * 8 + ("bigint",) * 2
 _PG_INSERT_EVENTS = (
     f"INSERT INTO events ({', '.join(_PG_ARRAY_COLUMNS)}, data, recorded_at) "
     f"SELECT {', '.join(_PG_ARRAY_COLUMNS)}, data::jsonb, ${len(_PG_ARRAY_COLUMNS) + 2}::timestamptz "
@@ -500,6 +502,8 @@ def _event_row(event: Envelope, stream_seq: int, recorded_at: datetime) -> dict[
         "actor": event.actor,
         "tenant": event.tenant,
         "subject": event.subject,
+        "traceparent": event.traceparent,
+        "tracestate": event.tracestate,
         "stream_seq": stream_seq,
         "data": event.data,
         "recorded_at": recorded_at,

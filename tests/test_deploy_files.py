@@ -1816,6 +1816,7 @@ _ALERTS = {
     "TemporalityHumanRequestOverdue",
     "TemporalityChannelFailing",
     "TemporalityChannelUnavailable",
+    "TemporalityRunsFailing",
 }
 #: Metrics Prometheus itself makes for every target.
 _PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
@@ -1897,7 +1898,12 @@ async def test_chart_alerts_parse_and_read_only_metrics_the_services_expose(bus:
     rules = _alert_rules()
     assert set(rules) == _ALERTS
     exposed = await _exposed_metrics(bus)
-    assert {"temporality_human_deliveries_total", "temporality_runs", "temporality_consumer_pending"} <= exposed
+    assert {
+        "temporality_human_deliveries_total",
+        "temporality_runs",
+        "temporality_runs_finished_total",
+        "temporality_consumer_pending",
+    } <= exposed
     read: set[str] = set()
     for alert, rule in rules.items():
         names = _selected(rule["expr"])  # raises on a syntax error
@@ -1918,6 +1924,8 @@ def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
         "consumerLagFor": "3m",
         "overdueSeconds": 60,
         "channelFailureRatio": 0.25,
+        "runFailureRatio": 0.4,
+        "runFailureMinRuns": 20,
         "alertLabels": {"team": "platform"},
         "targetSelector": 'job="temporality"',
     }
@@ -1926,6 +1934,8 @@ def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
     assert rules["TemporalityConsumerLag"]["for"] == "3m"
     assert rules["TemporalityHumanRequestOverdue"]["expr"].endswith("> 60")
     assert rules["TemporalityChannelFailing"]["expr"].endswith("> 0.25")
+    assert "> 0.4 and" in rules["TemporalityRunsFailing"]["expr"]
+    assert rules["TemporalityRunsFailing"]["expr"].endswith(">= 20")
     assert rules["TemporalityTargetDown"]["expr"] == 'up{job="temporality"} == 0'
     assert all(r["labels"]["team"] == "platform" for r in rules.values())
     assert _alert_rules()["TemporalityTargetDown"]["expr"] == 'up{namespace="default", pod=~"t-temporality-.*"} == 0'

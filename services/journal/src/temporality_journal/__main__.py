@@ -57,7 +57,8 @@ def configure(settings: Settings) -> Setup[Settings]:
     async def setup(rt: Runtime[Settings]) -> None:
         database = await rt.resources.enter_async_context(Database.open(rt.settings.database_url))
         changes = Changes()  # the recorder wakes the live tail once per committed batch
-        recorder = Recorder(database, on_commit=changes.notify)
+        runs = JournalMetrics(rt.metrics)  # runs by state (max() across replicas), runs finished: see .metrics
+        recorder = Recorder(database, on_commit=changes.notify, on_finished=runs.finished)
         rt.consumer(
             "journal",
             handler=recorder.handle,
@@ -74,7 +75,6 @@ def configure(settings: Settings) -> Setup[Settings]:
         await rt.resources.enter_async_context(access.running())
         rt.http(create_app(rt.settings, database, rt.bus, auth, tail, gateway, human, access, signin))
         rt.ready_check("database", database.ping)
-        runs = JournalMetrics(rt.metrics)  # runs by state (max() across replicas): see .metrics
         rt.metrics.refresh_every("runs by state", lambda: runs.refresh(database))
         days, audit_days = rt.settings.retention_days, rt.settings.audit_retention_days
         if days > 0 or audit_days > 0:  # 0 and 0: keep everything, no purge

@@ -1095,6 +1095,43 @@ def test_helm_nats_users_and_tls_come_from_secrets() -> None:
     assert not {e["name"] for e in plain["env"]} & {"TEMPORALITY_NATS_USER", "TEMPORALITY_NATS_TLS_CA_FILE"}
 
 
+def test_helm_postgres_tls_reaches_the_journal_only() -> None:
+    values = {
+        "postgres": {
+            "url": "postgresql+asyncpg://journal@db.example/temporality",
+            "tls": {"sslmode": "verify-full", "existingSecret": "pg-ca", "certKey": "tls.crt", "keyKey": "tls.key"},
+        }
+    }
+    deployments = _deployments(values)
+    pod = deployments["journal"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TEMPORALITY_DATABASE_SSLMODE"] == "verify-full"
+    assert env["TEMPORALITY_DATABASE_SSLROOTCERT"] == "/etc/temporality/postgres-tls/ca.crt"
+    assert env["TEMPORALITY_DATABASE_SSLCERT"] == "/etc/temporality/postgres-tls/tls.crt"
+    assert env["TEMPORALITY_DATABASE_SSLKEY"] == "/etc/temporality/postgres-tls/tls.key"
+    assert {"name": "postgres-tls", "mountPath": "/etc/temporality/postgres-tls", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    volume = next(v for v in pod["volumes"] if v["name"] == "postgres-tls")
+    assert volume["secret"] == {"secretName": "pg-ca", "defaultMode": 0o400}
+    for name, deployment in deployments.items():  # nobody else talks to PostgreSQL
+        if name != "journal":
+            other = deployment["spec"]["template"]["spec"]
+            assert "postgres-tls" not in {v["name"] for v in other["volumes"]}, name
+            assert not any(e["name"].startswith("TEMPORALITY_DATABASE_") for e in other["containers"][0]["env"]), name
+    # the mode alone (a CA the URL names, or require): no Secret mounted
+    only_mode = _deployments({"postgres": {"tls": {"sslmode": "require"}}})["journal"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in only_mode["containers"][0]["env"]}
+    assert env["TEMPORALITY_DATABASE_SSLMODE"] == "require"
+    assert "TEMPORALITY_DATABASE_SSLROOTCERT" not in env
+    assert "postgres-tls" not in {v["name"] for v in only_mode["volumes"]}
+    plain = _deployments()["journal"]["spec"]["template"]["spec"]["containers"][0]
+    assert not any(e["name"].startswith("TEMPORALITY_DATABASE_SSL") for e in plain["env"])
+    with pytest.raises(Exception, match="sslmode"):  # the values schema refuses a mode libpq does not know
+        _render({"postgres": {"tls": {"sslmode": "verify_full"}}})
+
+
 def test_helm_stream_replicas_and_retention_reach_every_service() -> None:
     """A clustered NATS: every service creates its streams and buckets with the same replicas and retention."""
     cases: tuple[tuple[dict[str, Any], tuple[str, str]], ...] = (

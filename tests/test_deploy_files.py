@@ -1096,6 +1096,43 @@ def test_helm_nats_users_and_tls_come_from_secrets() -> None:
     assert not {e["name"] for e in plain["env"]} & {"TEMPORALITY_NATS_USER", "TEMPORALITY_NATS_TLS_CA_FILE"}
 
 
+def test_helm_postgres_tls_reaches_the_journal_only() -> None:
+    values = {
+        "postgres": {
+            "url": "postgresql+asyncpg://journal@db.example/temporality",
+            "tls": {"sslmode": "verify-full", "existingSecret": "pg-ca", "certKey": "tls.crt", "keyKey": "tls.key"},
+        }
+    }
+    deployments = _deployments(values)
+    pod = deployments["journal"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TEMPORALITY_DATABASE_SSLMODE"] == "verify-full"
+    assert env["TEMPORALITY_DATABASE_SSLROOTCERT"] == "/etc/temporality/postgres-tls/ca.crt"
+    assert env["TEMPORALITY_DATABASE_SSLCERT"] == "/etc/temporality/postgres-tls/tls.crt"
+    assert env["TEMPORALITY_DATABASE_SSLKEY"] == "/etc/temporality/postgres-tls/tls.key"
+    assert {"name": "postgres-tls", "mountPath": "/etc/temporality/postgres-tls", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    volume = next(v for v in pod["volumes"] if v["name"] == "postgres-tls")
+    assert volume["secret"] == {"secretName": "pg-ca", "defaultMode": 0o400}
+    for name, deployment in deployments.items():  # nobody else talks to PostgreSQL
+        if name != "journal":
+            other = deployment["spec"]["template"]["spec"]
+            assert "postgres-tls" not in {v["name"] for v in other["volumes"]}, name
+            assert not any(e["name"].startswith("TEMPORALITY_DATABASE_") for e in other["containers"][0]["env"]), name
+    # the mode alone (a CA the URL names, or require): no Secret mounted
+    only_mode = _deployments({"postgres": {"tls": {"sslmode": "require"}}})["journal"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in only_mode["containers"][0]["env"]}
+    assert env["TEMPORALITY_DATABASE_SSLMODE"] == "require"
+    assert "TEMPORALITY_DATABASE_SSLROOTCERT" not in env
+    assert "postgres-tls" not in {v["name"] for v in only_mode["volumes"]}
+    plain = _deployments()["journal"]["spec"]["template"]["spec"]["containers"][0]
+    assert not any(e["name"].startswith("TEMPORALITY_DATABASE_SSL") for e in plain["env"])
+    with pytest.raises(Exception, match="sslmode"):  # the values schema refuses a mode libpq does not know
+        _render({"postgres": {"tls": {"sslmode": "verify_full"}}})
+
+
 def test_helm_stream_replicas_and_retention_reach_every_service() -> None:
     """A clustered NATS: every service creates its streams and buckets with the same replicas and retention."""
     cases: tuple[tuple[dict[str, Any], tuple[str, str]], ...] = (
@@ -1817,6 +1854,7 @@ _ALERTS = {
     "TemporalityHumanRequestOverdue",
     "TemporalityChannelFailing",
     "TemporalityChannelUnavailable",
+    "TemporalityRunsFailing",
 }
 #: Metrics Prometheus itself makes for every target.
 _PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
@@ -1898,7 +1936,12 @@ async def test_chart_alerts_parse_and_read_only_metrics_the_services_expose(bus:
     rules = _alert_rules()
     assert set(rules) == _ALERTS
     exposed = await _exposed_metrics(bus)
-    assert {"temporality_human_deliveries_total", "temporality_runs", "temporality_consumer_pending"} <= exposed
+    assert {
+        "temporality_human_deliveries_total",
+        "temporality_runs",
+        "temporality_runs_finished_total",
+        "temporality_consumer_pending",
+    } <= exposed
     read: set[str] = set()
     for alert, rule in rules.items():
         names = _selected(rule["expr"])  # raises on a syntax error
@@ -1919,6 +1962,8 @@ def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
         "consumerLagFor": "3m",
         "overdueSeconds": 60,
         "channelFailureRatio": 0.25,
+        "runFailureRatio": 0.4,
+        "runFailureMinRuns": 20,
         "alertLabels": {"team": "platform"},
         "targetSelector": 'job="temporality"',
     }
@@ -1927,6 +1972,8 @@ def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
     assert rules["TemporalityConsumerLag"]["for"] == "3m"
     assert rules["TemporalityHumanRequestOverdue"]["expr"].endswith("> 60")
     assert rules["TemporalityChannelFailing"]["expr"].endswith("> 0.25")
+    assert "> 0.4 and" in rules["TemporalityRunsFailing"]["expr"]
+    assert rules["TemporalityRunsFailing"]["expr"].endswith(">= 20")
     assert rules["TemporalityTargetDown"]["expr"] == 'up{job="temporality"} == 0'
     assert all(r["labels"]["team"] == "platform" for r in rules.values())
     assert _alert_rules()["TemporalityTargetDown"]["expr"] == 'up{namespace="default", pod=~"t-temporality-.*"} == 0'

@@ -159,3 +159,40 @@ async def test_a_run_known_only_from_events_is_answered_from_them(journal: Journ
     await journal.send(s.requested(), s.started())
     run = await journal.run(s.run_id)
     assert (run["projected"], run["state"]) == (True, "running")
+
+
+_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+async def test_events_carry_the_trace_context_they_were_published_with(journal: Journal, story: MakeStory) -> None:
+    """From an event to its trace: ``traceparent``/``tracestate`` as the envelope carried them, and the trace id,
+    on both reads (``/events``, a run's trajectory) and both write paths (the consumer's batch, one by one)."""
+    s = story()
+    traced = s.requested().model_copy(update={"traceparent": _TRACEPARENT, "tracestate": "vendor=opaque,x=1"})
+    untraced = s.started()
+    garbled = s.human_requested().model_copy(update={"traceparent": "not-a-traceparent"})
+    await journal.send(traced, untraced, garbled)
+    alone = s.notified().model_copy(
+        update={"traceparent": _TRACEPARENT.replace("00f067aa0ba902b7", "b7ad6b7169203331")}
+    )
+    assert await journal.recorder.record(alone, 10_000)
+
+    expected = {
+        traced.id: (_TRACEPARENT, "vendor=opaque,x=1", "4bf92f3577b34da6a3ce929d0e0e4736"),
+        untraced.id: (None, None, None),
+        garbled.id: ("not-a-traceparent", None, None),  # kept as it came; no trace to look up
+        alone.id: (alone.traceparent, None, "4bf92f3577b34da6a3ce929d0e0e4736"),
+    }
+    recent = (await journal.client.get("/events", params={"run_id": s.run_id})).json()["events"]
+    trajectory = (await journal.client.get(f"/runs/{s.run_id}/events")).json()["events"]
+    for events in (recent, trajectory):
+        assert {e["id"]: (e["traceparent"], e["tracestate"], e["trace_id"]) for e in events} == expected
+
+
+async def test_the_event_schema_documents_the_trace_fields(journal: Journal) -> None:
+    schema = (await journal.client.get("/openapi.json")).json()["components"]["schemas"]["EventView"]
+    for name in ("traceparent", "tracestate", "trace_id"):
+        field = schema["properties"][name]
+        assert {"type": "string"} in field["anyOf"], field
+        assert {"type": "null"} in field["anyOf"], field
+        assert "trace" in field["description"], field

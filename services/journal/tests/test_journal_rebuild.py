@@ -17,7 +17,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from journal_support import VIEWER, serve_journal, served_settings
 from nats.js.errors import NotFoundError
-from sqlalchemy import Connection, func, select, text
+from sqlalchemy import Connection, func, inspect, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from temporality_bus import Bus, NatsSettings
@@ -125,6 +125,57 @@ async def test_a_database_of_revision_0002_gets_commit_positions_in_stream_order
             await stream.aclose()
         expected = [e.id for e, _ in by_stream[3:]] + [newer.id]
         assert [(item.data["id"], item.id) for item in got] == list(zip(expected, ["7", "8", "9"], strict=True))
+
+
+async def test_a_database_of_revision_0003_gets_the_trace_columns_and_keeps_its_events(
+    database_url: str, story: MakeStory
+) -> None:
+    """Upgraded in place from the previous head: the stored events stay (no trace context: ``null``), new ones
+    keep theirs, and the schema is exactly the models'."""
+    s = story()
+    old = [s.requested(), s.started()]
+    url = async_url(database_url)
+    if url.get_backend_name() == "sqlite" and url.database:
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_async_engine(url)  # not Database.open: that would migrate to the newest revision
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(_migrate_to("0003"))
+            columns = await conn.run_sync(lambda c: {col["name"] for col in inspect(c).get_columns("events")})
+            assert "traceparent" not in columns
+            for seq, event in enumerate(old, 1):  # revision 0003's rows: no trace columns
+                row = {
+                    "id": event.id,
+                    "type": event.type,
+                    "source": event.source,
+                    "time": event.time,
+                    "run_id": s.run_id,
+                    "stream_seq": seq,
+                    "commit_seq": seq,
+                    "data": event.data,
+                    "recorded_at": event.time,
+                }
+                await conn.execute(EVENTS_TABLE.insert().values(row))
+            await conn.execute(COMMIT_COUNTER_TABLE.update().values(last_seq=len(old)))
+        assert await Database(engine).revision() == "0003"
+    finally:
+        await engine.dispose()
+    async with Database.open(database_url) as database:
+        assert await database.revision() == head_revision()
+        newer = s.human_requested().model_copy(
+            update={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "k=v"}
+        )
+        assert await Recorder(database).record_batch([(newer, 3)]) == 1
+        async with database.engine.connect() as conn:
+            assert await conn.run_sync(_drift) == []
+            query = select(EVENTS_TABLE.c.id, EVENTS_TABLE.c.traceparent, EVENTS_TABLE.c.tracestate)
+            rows = {row[0]: (row[1], row[2]) for row in await conn.execute(query)}
+        assert rows == {
+            old[0].id: (None, None),
+            old[1].id: (None, None),
+            newer.id: ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "k=v"),
+        }
+        assert await _counts(database) == (3, 1)
 
 
 async def _present() -> bool:

@@ -30,7 +30,7 @@ from temporality_bus.errors import PermanentError, TransientError
 from temporality_bus.pipeline import JS_TIMEOUT_S, Pipeline, PublishResult, Write, event_write
 from temporality_bus.settings import NatsSettings
 from temporality_bus.store import Store
-from temporality_bus.tracing import traced
+from temporality_bus.tracing import calling, traced
 from temporality_protocol import CONTENT_TYPE, Envelope, encode
 from temporality_protocol.catalog import EVENTS_STREAM, BucketSpec, ConsumerSpec, StreamSpec
 
@@ -354,6 +354,9 @@ class Bus:
         return results
 
     async def request(self, subject: str, payload: bytes, timeout_s: float = 5.0) -> bytes:
-        msg = await self.nc.request(subject, payload, timeout=timeout_s)
+        """Send a NATS request and return the reply; with tracing on, in a CLIENT span whose context travels in
+        the request's headers (the :class:`~temporality_bus.Responder` continues it)."""
+        with calling(subject) as headers:
+            msg = await self.nc.request(subject, payload, timeout=timeout_s, headers=headers or None)
         data: bytes = msg.data
         return data

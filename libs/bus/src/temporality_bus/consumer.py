@@ -391,7 +391,11 @@ class Consumer:
 
     async def _dispatch(self, msg: Msg, delivery: Delivery) -> None:
         if self._raw_handler is not None:
-            await self._raw_handler(msg.data, delivery)
+            if not tracing.enabled() or not msg.headers:
+                await self._raw_handler(msg.data, delivery)
+                return
+            with tracing.consuming_raw(msg.headers, delivery.subject, self.spec.durable):
+                await self._raw_handler(msg.data, delivery)
             return
         assert self._handler is not None
         event = decode(msg.data)

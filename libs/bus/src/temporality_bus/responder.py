@@ -37,6 +37,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import BaseModel, ValidationError
 
+from temporality_bus import tracing
 from temporality_bus.connection import Bus
 from temporality_protocol import IncompatibleProtocolVersion
 from temporality_protocol.version import PROTOCOL_VERSION, SUPPORTED_VERSIONS, negotiate, parse_version
@@ -194,7 +195,8 @@ class Responder(Generic[Q, R]):
             self._log.warning("responder.request_without_reply_subject")
             return
         try:
-            reply = await self.answer(msg)
+            with tracing.serving(msg.headers, self.subject):
+                reply = await self.answer(msg)
         except asyncio.CancelledError:  # stop() gave up on this one: say so rather than leave it unanswered
             stopped = Failure("stopped", "the responder stopped before it could answer", msg.data)
             try:

@@ -20,6 +20,9 @@ against the real server):
   id: give every distinct arm its own id (or none).
 * **Whole seconds.** ``@at`` takes whole seconds; :func:`fire_time` rounds *up*, so a timer never
   fires before the time asked for. A time in the past fires at once.
+* **Headers travel**: the server copies the schedule's other headers onto the fired message. A timer
+  armed inside a span carries its trace context that way and the consumer continues it when it fires
+  (:mod:`temporality_bus.tracing`, ``TimerTrace``).
 * The fired message lands in the same stream (consume it with a JetStream consumer filtered on
   :attr:`Timers.fired_filter`); it carries ``Nats-Scheduler`` (the schedule subject).
 """
@@ -31,6 +34,7 @@ from datetime import UTC, datetime, timedelta
 
 from temporality_bus.connection import Bus, PublishResult
 from temporality_bus.errors import TransientError
+from temporality_bus.tracing import TimerTrace, timer_headers
 from temporality_protocol.catalog import TIMER_FIRED_PREFIX, TIMER_SCHEDULE_PREFIX, TIMERS_STREAM, StreamSpec
 
 __all__ = ["CANCEL_TTL_S", "Timers", "fire_time", "parse_fired_subject", "schedule_at"]
@@ -67,13 +71,22 @@ def parse_fired_subject(subject: str) -> tuple[str, str]:
 
 
 async def schedule_at(
-    bus: Bus, *, schedule_subject: str, target_subject: str, at: datetime, payload: bytes, msg_id: str | None
+    bus: Bus,
+    *,
+    schedule_subject: str,
+    target_subject: str,
+    at: datetime,
+    payload: bytes,
+    msg_id: str | None,
+    trace: TimerTrace = "continue",
 ) -> PublishResult:
     """Publish one ``@at`` schedule (rounded up to the second, see :func:`fire_time`).
 
     The low-level form of :meth:`Timers.arm` for arbitrary subjects of a stream that allows schedules.
+    ``trace``: what the firing does with the current span's context (:data:`~temporality_bus.tracing.TimerTrace`).
     """
-    headers = {"Nats-Schedule": f"@at {_rfc3339(at)}", "Nats-Schedule-Target": target_subject}
+    headers = timer_headers(trace)
+    headers |= {"Nats-Schedule": f"@at {_rfc3339(at)}", "Nats-Schedule-Target": target_subject}
     if msg_id is not None:
         headers["Nats-Msg-Id"] = msg_id
     return await bus.publish_raw(schedule_subject, payload, headers)
@@ -85,14 +98,21 @@ class Timers:
     A ``key`` names one timer: ``arm``/``rearm`` of a key replace its schedule, ``cancel`` removes
     it. By default a key fires onto its own fired subject; ``target_key`` lets several schedules
     fire onto one subject (e.g. a re-armed deadline under ``<id>.rearm`` firing as ``<id>``).
+
+    ``trace``: a timer armed inside a span continues that trace when it fires (``continue``, the default);
+    ``link`` for timers that re-arm themselves for ever (each firing a new trace linked to the arming
+    span); ``none`` for a namespace whose handler continues a context it stored itself.
     """
 
-    def __init__(self, bus: Bus, namespace: str, *, stream: StreamSpec = TIMERS_STREAM) -> None:
+    def __init__(
+        self, bus: Bus, namespace: str, *, stream: StreamSpec = TIMERS_STREAM, trace: TimerTrace = "continue"
+    ) -> None:
         if not _NAMESPACE.fullmatch(namespace):
             raise ValueError(f"timer namespace {namespace!r} must be one subject token ([A-Za-z0-9_=-]+)")
         self._bus = bus
         self.namespace = namespace
         self.stream = stream.name
+        self.trace: TimerTrace = trace
 
     # ------------------------------------------------------------------ subjects
     @staticmethod
@@ -141,6 +161,7 @@ class Timers:
             at=at,
             payload=payload,
             msg_id=msg_id,
+            trace=self.trace,
         )
 
     async def rearm(

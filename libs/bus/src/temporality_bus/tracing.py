@@ -16,8 +16,18 @@ consuming                each envelope is handled in a CONSUMER span named ``pro
                          the durable (:func:`consuming`, applied by the consumer runner)
 dead-lettering           in an error span ``dead-letter <subject>`` continuing the message's context
                          (the ``on_dead_letter`` hook and ``bus.dead_lettered`` inside it)
-raw messages (timers)    no span: a timer carries no context; the handler continues the one it stored
-                         (:func:`continued`)
+timers                   armed inside a span, a timer's schedule message carries that span's context in
+                         its headers (``traceparent``/``tracestate``, which the server copies onto the
+                         fired message; :func:`timer_headers`); the fired message is handled in a CONSUMER
+                         span ``process <fired subject>`` continuing it (:func:`consuming_raw`). A timer
+                         that re-arms itself for ever (a schedule's ticks) sends
+                         ``Temporality-Trace-Link`` instead: each firing is a new trace *linked* to the
+                         arming span, not one endless trace. Armed outside any span, or by a namespace
+                         that keeps its own context (human-interaction's ``human`` timers: the
+                         request's stored context, :func:`continued`): no header, no span
+request/reply (RPC)      the request carries the caller's context in its NATS headers (:func:`rpc_headers`,
+                         a CLIENT span ``send <subject>`` around the call); the responder handles it in
+                         a SERVER span ``process <subject>`` continuing it (:func:`serving`)
 batch consumers          no per-message span (the journal records batches)
 =======================  ==============================================================================
 
@@ -28,8 +38,9 @@ for HTTP. A value it cannot parse is ignored (the event is handled in a root spa
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Literal
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -40,7 +51,12 @@ from temporality_protocol import Envelope
 
 __all__ = [
     "MESSAGING_SYSTEM",
+    "TRACE_LINK_HEADER",
+    "TRACE_LINK_STATE_HEADER",
+    "TimerTrace",
+    "calling",
     "consuming",
+    "consuming_raw",
     "context_of",
     "continued",
     "current_trace",
@@ -48,6 +64,9 @@ __all__ = [
     "enable",
     "enabled",
     "event_context",
+    "serving",
+    "timer_headers",
+    "trace_id_of",
     "traced",
     "tracer",
 ]
@@ -56,6 +75,13 @@ __all__ = [
 MESSAGING_SYSTEM = "nats"
 _INSTRUMENTATION = "temporality"
 _PROPAGATOR = TraceContextTextMapPropagator()
+#: A self-re-arming timer's arming context: the firing is a new trace linked to it (see the module docstring).
+TRACE_LINK_HEADER = "Temporality-Trace-Link"
+TRACE_LINK_STATE_HEADER = "Temporality-Trace-Link-State"
+#: What a timer does with the context it was armed in: ``continue`` it when it fires (the default), start a
+#: new trace with a ``link`` to it (a timer that re-arms itself for ever), or carry ``none`` (the handler
+#: continues a context of its own).
+TimerTrace = Literal["continue", "link", "none"]
 
 
 class _State:
@@ -116,6 +142,14 @@ def context_of(traceparent: str | None, tracestate: str | None = None) -> Contex
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id (32 lowercase hex digits) of a ``traceparent``, or ``None`` (absent or unparseable)."""
+    context = context_of(traceparent)
+    if context is None:
+        return None
+    return trace.format_trace_id(trace.get_current_span(context).get_span_context().trace_id)
+
+
 def event_context(event: Envelope) -> Context | None:
     """The context ``event`` was published in (its ``traceparent``), or ``None``."""
     return context_of(event.traceparent, event.tracestate)
@@ -163,5 +197,88 @@ def continued(
         return
     with _State.tracer.start_as_current_span(
         name, context=context_of(traceparent, tracestate), kind=kind, attributes=attributes, links=links
+    ) as span:
+        yield span
+
+
+def timer_headers(mode: TimerTrace) -> dict[str, str]:
+    """The headers a timer armed now carries for ``mode``: the current span's context (nothing outside a
+    span, with tracing off, or for ``none``)."""
+    if _State.tracer is None or mode == "none":
+        return {}
+    current = current_trace()
+    if current is None:
+        return {}
+    traceparent, tracestate = current
+    if mode == "continue":
+        return {"traceparent": traceparent} | ({"tracestate": tracestate} if tracestate else {})
+    return {TRACE_LINK_HEADER: traceparent} | ({TRACE_LINK_STATE_HEADER: tracestate} if tracestate else {})
+
+
+@contextmanager
+def consuming_raw(headers: Mapping[str, str] | None, subject: str, durable: str) -> Iterator[Span | None]:
+    """Handle a raw message (a fired timer) in a CONSUMER span continuing the context of its headers, or a
+    root span linked to a :data:`TRACE_LINK_HEADER` context; nothing with tracing off or no context carried
+    (the handler may continue one it stored)."""
+    if _State.tracer is None or not headers:
+        yield None
+        return
+    parent = context_of(headers.get("traceparent"), headers.get("tracestate"))
+    linked = context_of(headers.get(TRACE_LINK_HEADER), headers.get(TRACE_LINK_STATE_HEADER))
+    if parent is None and linked is None:
+        yield None
+        return
+    links = [] if linked is None else [Link(trace.get_current_span(linked).get_span_context())]
+    attributes = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": subject,
+        "messaging.consumer.group.name": durable,
+    }
+    with _State.tracer.start_as_current_span(
+        f"process {subject}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes, links=links
+    ) as span:
+        yield span
+
+
+@contextmanager
+def calling(subject: str) -> Iterator[dict[str, str]]:
+    """A CLIENT span ``send <subject>`` around a NATS request; yields the headers carrying its context
+    (empty with tracing off: add them to the request)."""
+    if _State.tracer is None:
+        yield {}
+        return
+    attributes = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": subject,
+    }
+    with _State.tracer.start_as_current_span(f"send {subject}", kind=SpanKind.CLIENT, attributes=attributes):
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier)
+        yield carrier
+
+
+@contextmanager
+def serving(headers: Mapping[str, str] | None, subject: str) -> Iterator[Span | None]:
+    """Answer a NATS request in a SERVER span ``process <subject>``, the child of the caller's context in its
+    headers (a root span without one); nothing with tracing off."""
+    if _State.tracer is None:
+        yield None
+        return
+    headers = headers or {}
+    attributes = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": subject,
+    }
+    with _State.tracer.start_as_current_span(
+        f"process {subject}",
+        context=context_of(headers.get("traceparent"), headers.get("tracestate")),
+        kind=SpanKind.SERVER,
+        attributes=attributes,
     ) as span:
         yield span

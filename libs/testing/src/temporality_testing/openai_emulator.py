@@ -112,6 +112,8 @@ class OpenAIEmulator:
     requests: list[dict[str, Any]] = field(default_factory=list)
     #: The ``Authorization`` header of each request, in order.
     authorizations: list[str | None] = field(default_factory=list)
+    #: The ``traceparent`` header of each request (W3C Trace Context), in order.
+    traceparents: list[str | None] = field(default_factory=list)
     port: int = 0
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -126,6 +128,7 @@ class OpenAIEmulator:
         async def completions(request: Request) -> JSONResponse:
             self.requests.append(json.loads(await request.body()))
             self.authorizations.append(request.headers.get("authorization"))
+            self.traceparents.append(request.headers.get("traceparent"))
             if not self.replies:
                 return JSONResponse({"error": {"message": "emulator has no scripted reply left"}}, status_code=500)
             reply = self.replies.pop(0)

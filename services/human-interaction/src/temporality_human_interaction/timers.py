@@ -52,8 +52,9 @@ def timer_payload(request_id: str, step: int | None = None) -> bytes:
 
 
 def human_timers(bus: Bus) -> Timers:
-    """This service's timer namespace (``human``): keys are request ids, plus the suffixes below."""
-    return Timers(bus, TIMER_NS_HUMAN)
+    """This service's timer namespace (``human``): keys are request ids, plus the suffixes below. The timers
+    carry no trace context: the handlers continue the request's stored one (``trace="none"``)."""
+    return Timers(bus, TIMER_NS_HUMAN, trace="none")
 
 
 def repair_key(request_id: str) -> str:

@@ -21,7 +21,7 @@ from sqlalchemy.exc import ArgumentError
 
 from temporality_journal.access import AccessAudit
 from temporality_journal.api import create_app
-from temporality_journal.database import Database, async_url
+from temporality_journal.database import Database, connect_args
 from temporality_journal.gateway import gateway_client
 from temporality_journal.human import human_client
 from temporality_journal.metrics import JournalMetrics
@@ -42,9 +42,9 @@ SPEC = SERVICES["journal"]
 
 def configure(settings: Settings) -> Setup[Settings]:
     try:
-        async_url(settings.database_url)
+        connect_args(settings.database_url, settings.database_tls())
     except (ValueError, ArgumentError) as exc:
-        raise ConfigError(f"TEMPORALITY_DATABASE_URL: {exc}") from exc
+        raise ConfigError(f"TEMPORALITY_DATABASE_URL / TEMPORALITY_DATABASE_SSL*: {exc}") from exc
     try:
         auth = ApiAuth.from_settings(settings.api)
     except TokenFileError as exc:
@@ -55,9 +55,12 @@ def configure(settings: Settings) -> Setup[Settings]:
         raise ConfigError(str(exc)) from exc
 
     async def setup(rt: Runtime[Settings]) -> None:
-        database = await rt.resources.enter_async_context(Database.open(rt.settings.database_url))
+        database = await rt.resources.enter_async_context(
+            Database.open(rt.settings.database_url, rt.settings.database_tls())
+        )
         changes = Changes()  # the recorder wakes the live tail once per committed batch
-        recorder = Recorder(database, on_commit=changes.notify)
+        runs = JournalMetrics(rt.metrics)  # runs by state (max() across replicas), runs finished: see .metrics
+        recorder = Recorder(database, on_commit=changes.notify, on_finished=runs.finished)
         rt.consumer(
             "journal",
             handler=recorder.handle,
@@ -74,7 +77,6 @@ def configure(settings: Settings) -> Setup[Settings]:
         await rt.resources.enter_async_context(access.running())
         rt.http(create_app(rt.settings, database, rt.bus, auth, tail, gateway, human, access, signin))
         rt.ready_check("database", database.ping)
-        runs = JournalMetrics(rt.metrics)  # runs by state (max() across replicas): see .metrics
         rt.metrics.refresh_every("runs by state", lambda: runs.refresh(database))
         days, audit_days = rt.settings.retention_days, rt.settings.audit_retention_days
         if days > 0 or audit_days > 0:  # 0 and 0: keep everything, no purge

@@ -73,6 +73,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from temporality_bus import Bus, TransientError
+from temporality_bus.tracing import trace_id_of
 from temporality_journal.access import AccessAudit, AuditedAuth, RequestContext
 from temporality_journal.audit import AUDIT_KINDS, AuditEntry, audit_entry, audited
 from temporality_journal.database import Database
@@ -293,11 +294,23 @@ class EventView(BaseModel):
         description="Its cursor in the journal's commit order: the live tail's SSE id (``after``, ``Last-Event-ID``)"
     )
     recorded_at: datetime
+    traceparent: str | None = Field(
+        default=None,
+        description="The W3C Trace Context ``traceparent`` the event was published with (CloudEvents Distributed "
+        "Tracing extension); null when it carried none",
+    )
+    tracestate: str | None = Field(default=None, description="The W3C ``tracestate`` that came with ``traceparent``")
+    trace_id: str | None = Field(
+        default=None,
+        description="The trace id of ``traceparent`` (32 hex digits): look the trace up by it in the tracing "
+        "backend (Jaeger, Tempo, ...); null without a valid ``traceparent``",
+    )
     data: dict[str, Any]
 
     @classmethod
     def of(cls, record: EventRecord) -> EventView:
-        return cls.model_validate(record, from_attributes=True)
+        view = cls.model_validate(record, from_attributes=True)
+        return view.model_copy(update={"trace_id": trace_id_of(record.traceparent)})
 
 
 class Trajectory(BaseModel):

@@ -4,16 +4,27 @@ The schema is versioned with Alembic (``temporality_journal/migrations``): :meth
 upgrades to the newest revision under a PostgreSQL advisory lock (replicas starting together migrate
 once). A database made by an older journal with ``create_all`` (tables, no version table) is stamped
 with the revision its tables match first (``0001``; ``0002`` with ``asks``; ``0003`` with
-``commit_counter``). :meth:`Database.drop` removes the tables and the version table: the
+``commit_counter``; ``0004_trace`` with ``events.traceparent``). :meth:`Database.drop` removes the tables and the version table: the
 first half of a rebuild (``temporality-journal rebuild``, see :mod:`temporality_journal.rebuild`).
+
+**TLS to PostgreSQL** (:class:`DatabaseTls`): libpq's ``sslmode``, ``sslrootcert``, ``sslcert`` and ``sslkey``,
+given in the URL's query (``postgresql://…?sslmode=verify-full&sslrootcert=/ca.pem``) or as the journal's
+settings (``TEMPORALITY_DATABASE_SSLMODE`` …, which win over the URL), become asyncpg's ``ssl`` argument:
+``disable``/``allow``/``prefer``/``require`` as asyncpg's own modes (``require`` encrypts without checking the
+server), ``verify-ca`` (the server's certificate chains to ``sslrootcert``, or the system's CAs) and
+``verify-full`` (and names the host) as an :class:`ssl.SSLContext`; ``sslcert``/``sslkey`` are a client
+certificate. ``require`` with an ``sslrootcert`` verifies the chain, as libpq does. A file that cannot be
+read is a configuration error at start.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import structlog
 from alembic import command
@@ -26,7 +37,17 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from temporality_journal.models import JournalModel
 
-__all__ = ["BASELINE_REVISION", "MIGRATIONS_DIR", "VERSION_TABLE", "Database", "async_url", "head_revision"]
+__all__ = [
+    "BASELINE_REVISION",
+    "MIGRATIONS_DIR",
+    "VERSION_TABLE",
+    "Database",
+    "DatabaseTls",
+    "SslMode",
+    "async_url",
+    "connect_args",
+    "head_revision",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -41,11 +62,93 @@ BASELINE_REVISION = "0001"
 ASKS_REVISION = "0002"
 #: The revision that added ``events.commit_seq`` and ``commit_counter`` (the live tail's commit order).
 COMMIT_ORDER_REVISION = "0003"
+#: The revision that added ``events.traceparent`` and ``events.tracestate``.
+TRACE_CONTEXT_REVISION = "0004_trace"
 _ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
     "postgres": "postgresql+asyncpg",
     "postgresql": "postgresql+asyncpg",
 }
+
+
+#: libpq's ``sslmode`` values.
+SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
+_SSL_MODES: tuple[str, ...] = get_args(SslMode)
+#: The libpq TLS parameters a URL's query may carry (taken out of it: asyncpg knows none of them).
+_TLS_PARAMETERS = ("sslmode", "sslrootcert", "sslcert", "sslkey")
+
+
+@dataclass(frozen=True)
+class DatabaseTls:
+    """TLS to PostgreSQL, libpq's way (see the module docstring); all ``None``: the URL decides, else asyncpg's
+    default (``prefer``)."""
+
+    sslmode: SslMode | None = None
+    sslrootcert: Path | None = None
+    sslcert: Path | None = None
+    sslkey: Path | None = None
+
+    def over(self, base: DatabaseTls) -> DatabaseTls:
+        """These settings, each one unset taken from ``base`` (the URL's)."""
+        return replace(
+            base,
+            **{name: getattr(self, name) for name in _TLS_PARAMETERS if getattr(self, name) is not None},
+        )
+
+    def ssl_argument(self) -> str | ssl.SSLContext | None:
+        """asyncpg's ``ssl``: ``None`` (its default), a mode name, or a context that verifies. Raises
+        :class:`ValueError` for an unreadable file or a key without a certificate."""
+        if (self.sslcert is None) != (self.sslkey is None):
+            raise ValueError("sslcert and sslkey go together (a client certificate and its key)")
+        mode = self.sslmode
+        if mode == "require" and self.sslrootcert is not None:
+            mode = "verify-ca"  # libpq: a root certificate given with require verifies the chain
+        if mode is None and self.sslrootcert is None and self.sslcert is None:
+            return None
+        if mode in ("disable", "allow", "prefer") or (mode in ("require", None) and self.sslcert is None):
+            return mode or "prefer"
+        verify = mode in ("verify-ca", "verify-full") or (mode is None and self.sslrootcert is not None)
+        try:
+            if verify:
+                context = ssl.create_default_context(
+                    cafile=str(self.sslrootcert) if self.sslrootcert is not None else None
+                )
+                context.check_hostname = mode == "verify-full"
+            else:  # require with a client certificate: encrypted, the server not checked
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            if self.sslcert is not None and self.sslkey is not None:
+                context.load_cert_chain(str(self.sslcert), str(self.sslkey))
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot use the database TLS files: {exc}") from exc
+        return context
+
+
+def connect_args(url: str, tls: DatabaseTls | None = None) -> tuple[URL, dict[str, Any]]:
+    """The driver URL without libpq's TLS parameters, and the engine's ``connect_args`` (``ssl`` for asyncpg)
+    from those parameters and ``tls`` (which wins). SQLite: the URL as it is, no arguments (TLS given for
+    SQLite is refused: :class:`ValueError`)."""
+    parsed = async_url(url)
+    query = parsed.query
+    from_url: dict[str, Any] = {}
+    for name in _TLS_PARAMETERS:
+        value = query.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise ValueError(f"the database URL gives {name} more than once")
+        from_url[name] = value if name == "sslmode" else Path(value)
+    if "sslmode" in from_url and from_url["sslmode"] not in _SSL_MODES:
+        raise ValueError(f"sslmode {from_url['sslmode']!r} is not one of {', '.join(_SSL_MODES)}")
+    effective = (tls or DatabaseTls()).over(DatabaseTls(**from_url))
+    if parsed.get_backend_name() != "postgresql":
+        if effective != DatabaseTls():
+            raise ValueError("TLS settings (sslmode, sslrootcert, sslcert, sslkey) apply to PostgreSQL only")
+        return parsed, {}
+    parsed = parsed.difference_update_query(_TLS_PARAMETERS)
+    argument = effective.ssl_argument()
+    return parsed, ({} if argument is None else {"ssl": argument})
 
 
 def async_url(url: str) -> URL:
@@ -67,9 +170,9 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def _engine(url: URL) -> AsyncEngine:
+def _engine(url: URL, args: dict[str, Any]) -> AsyncEngine:
     if url.get_backend_name() != "sqlite":
-        return create_async_engine(url, pool_pre_ping=True)
+        return create_async_engine(url, pool_pre_ping=True, connect_args=args)
     if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_async_engine(url)
@@ -97,7 +200,9 @@ def _upgrade(connection: Connection) -> None:
     config = _alembic(connection)
     if "events" in tables and VERSION_TABLE not in tables:
         # ``create_all`` made the models' tables of its day: with ``asks`` that is revision 0002's schema
-        if "commit_counter" in tables:
+        if "traceparent" in {column["name"] for column in inspect(connection).get_columns("events")}:
+            revision = TRACE_CONTEXT_REVISION
+        elif "commit_counter" in tables:
             revision = COMMIT_ORDER_REVISION
         else:
             revision = ASKS_REVISION if "asks" in tables else BASELINE_REVISION
@@ -124,10 +229,11 @@ class Database:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, url: str) -> AsyncIterator[Database]:
-        """Connect, create the tables if absent, and dispose of the engine on exit."""
-        parsed = async_url(url)
-        engine = _engine(parsed)
+    async def open(cls, url: str, tls: DatabaseTls | None = None) -> AsyncIterator[Database]:
+        """Connect (``tls``: over the URL's TLS parameters, see :func:`connect_args`), create the tables if
+        absent, and dispose of the engine on exit."""
+        parsed, args = connect_args(url, tls)
+        engine = _engine(parsed, args)
         try:
             database = cls(engine)
             await database.create_tables()

@@ -97,6 +97,11 @@ class EventRecord(JournalModel, table=True):
     #: tail's cursor, its SSE ``id``): handed out by the recorder from :class:`CommitCounter`, see
     #: :mod:`temporality_journal.tail`. ``stream_seq`` is JetStream's order, which a redelivery breaks.
     commit_seq: int = Field(sa_type=BigInteger, unique=True, index=True)
+    #: The CloudEvents Distributed Tracing extension of the event as it came (W3C ``traceparent`` and
+    #: ``tracestate`` of the span that published it): from an event to its trace. ``None``: published
+    #: with no trace context (or before revision 0004).
+    traceparent: str | None = None
+    tracestate: str | None = None
     data: dict[str, Any] = Field(
         default_factory=dict, sa_column=Column(JSON().with_variant(JSONB(), "postgresql"), nullable=False)
     )

@@ -46,6 +46,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from temporality_bus import Delivery, PermanentError, evolve
 from temporality_journal.asks import project_ask, request_id_of
 from temporality_journal.database import Database
+from temporality_journal.metrics import finished_as
 from temporality_journal.models import (
     ASKS_TABLE,
     COMMIT_COUNTER_TABLE,
@@ -58,7 +59,7 @@ from temporality_journal.models import (
     as_utc,
 )
 from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
-from temporality_protocol import BusDeadLettered, Envelope, InvalidEnvelope
+from temporality_protocol import RUN, BusDeadLettered, Envelope, InvalidEnvelope
 from temporality_protocol.catalog import CONSUMERS
 
 __all__ = ["REPLACEMENT_CHARACTER", "Recorder", "advance_positions", "lock_positions", "sanitize", "unfixable"]
@@ -73,6 +74,7 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _PG_UNIQUE_VIOLATION = "23505"
 _SQLITE_UNIQUE_VIOLATIONS = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"})
 _JOURNAL_CONSUMER = CONSUMERS["journal"].durable
+_FINAL = RUN.terminal
 _RUN_COLUMNS = tuple(RunSnapshot.model_fields)
 _ASK_COLUMNS = tuple(AskSnapshot.model_fields)
 #: ``events`` columns passed as one array each to :data:`_PG_INSERT_EVENTS` (then ``data``, ``recorded_at``).
@@ -87,10 +89,12 @@ _PG_ARRAY_COLUMNS = (
     "actor",
     "tenant",
     "subject",
+    "traceparent",
+    "tracestate",
     "stream_seq",
     "commit_seq",
 )
-_PG_ARRAY_TYPES = ("text",) * 3 + ("timestamptz",) + ("text",) * 6 + ("bigint",) * 2
+_PG_ARRAY_TYPES = ("text",) * 3 + ("timestamptz",) + ("text",) * 8 + ("bigint",) * 2
 _PG_INSERT_EVENTS = (
     f"INSERT INTO events ({', '.join(_PG_ARRAY_COLUMNS)}, data, recorded_at) "
     f"SELECT {', '.join(_PG_ARRAY_COLUMNS)}, data::jsonb, ${len(_PG_ARRAY_COLUMNS) + 2}::timestamptz "
@@ -254,12 +258,20 @@ def _describe(exc: DBAPIError) -> str:
 class Recorder:
     """Writes events into ``events`` and their projections into ``runs`` and ``asks``. Idempotent by event id."""
 
-    def __init__(self, database: Database, on_commit: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        database: Database,
+        on_commit: Callable[[], None] | None = None,
+        on_finished: Callable[[list[tuple[str, str]]], None] | None = None,
+    ) -> None:
         """``on_commit`` is called after each commit that stored new events (once per batch, never per
-        event): the live tail's wake-up (:class:`temporality_journal.tail.Changes`)."""
+        event): the live tail's wake-up (:class:`temporality_journal.tail.Changes`). ``on_finished`` gets the
+        ``(outcome, reason)`` of each run a commit moved into a final state
+        (:func:`temporality_journal.metrics.finished_as`; the finished-runs counter), once per commit."""
         self._database = database
         self._insert = postgresql_insert if database.dialect == "postgresql" else sqlite_insert
         self._on_commit = on_commit
+        self._on_finished = on_finished
 
     async def handle(self, event: Envelope, delivery: Delivery) -> None:
         """The :class:`temporality_bus.Consumer` handler."""
@@ -292,14 +304,17 @@ class Recorder:
             dumps.append(dumped)
         if not rows:
             return 0
+        finished: list[tuple[str, str]] = []
         async with self._database.engine.begin() as conn:
             last = await lock_positions(conn)
             new = await self._insert_events(conn, rows, dumps, last)
             fresh = [events[row["id"]] for row in rows if row["id"] in new]  # still in stream order
-            moved = await self._project_batch(conn, fresh)
+            moved = await self._project_batch(conn, fresh, finished)
             asks = await self._project_asks(conn, fresh)
         if new and self._on_commit is not None:
             self._on_commit()
+        if finished and self._on_finished is not None:
+            self._on_finished(finished)
         # one line per batch (each run's move is logged at debug): per-event info lines cost more than the SQL
         log.info("batch.recorded", events=len(rows), new=len(new), runs_moved=moved, asks_changed=asks)
         return len(new)
@@ -339,8 +354,11 @@ class Recorder:
         await advance_positions(conn, last + len(rows))
         return new
 
-    async def _project_batch(self, conn: AsyncConnection, fresh: list[tuple[Envelope, int]]) -> int:
-        """Project ``fresh`` (new events, stream order) onto their runs; how many state moves."""
+    async def _project_batch(
+        self, conn: AsyncConnection, fresh: list[tuple[Envelope, int]], finished: list[tuple[str, str]]
+    ) -> int:
+        """Project ``fresh`` (new events, stream order) onto their runs; how many state moves. Appends the
+        ``(outcome, reason)`` of each run that moved into a final state to ``finished``."""
         projected = [
             (event, seq, run_id)
             for event, seq in fresh
@@ -369,6 +387,8 @@ class Recorder:
             if current is None or current.state != after.state:
                 moved += 1
                 log.debug("run.moved", run_id=run_id, state=after.state.value, ce_type=event.type)
+                if after.state in _FINAL:
+                    finished.append(finished_as(after.state, event))
             runs[run_id] = after
         created = [_run_row(run) for run_id, run in runs.items() if run_id not in before]
         changed = [_run_row(run) for run_id, run in runs.items() if run_id in before and run != before[run_id]]
@@ -433,12 +453,13 @@ class Recorder:
         event, sanitized = sanitize(event)
         if sanitized:
             log.warning("event.sanitized", ce_id=event.id, ce_type=event.type, fields=sanitized, replacement="U+FFFD")
+        finished: list[tuple[str, str]] = []
         try:
             async with self._database.sessions() as session, session.begin():
                 if not await self._store(session, event, stream_seq):
                     log.debug("event.duplicate", ce_id=event.id)
                     return False
-                await self._project(session, event, stream_seq)
+                await self._project(session, event, stream_seq, finished)
                 await self._project_asks(await session.connection(), [(event, stream_seq)])
         except DBAPIError as exc:
             if not unfixable(exc):
@@ -449,6 +470,8 @@ class Recorder:
             raise PermanentError(f"the journal cannot store event {event.id}: {_describe(exc)}") from exc
         if self._on_commit is not None:
             self._on_commit()
+        if finished and self._on_finished is not None:
+            self._on_finished(finished)
         log.debug("event.recorded", ce_id=event.id, ce_type=event.type, stream_seq=stream_seq)
         return True
 
@@ -467,7 +490,9 @@ class Recorder:
         await advance_positions(conn, position)
         return True
 
-    async def _project(self, session: AsyncSession, event: Envelope, stream_seq: int) -> None:
+    async def _project(
+        self, session: AsyncSession, event: Envelope, stream_seq: int, finished: list[tuple[str, str]]
+    ) -> None:
         run_id = run_id_of(event)
         if run_id is None or event.type not in PROJECTED_TYPES:
             return
@@ -486,6 +511,8 @@ class Recorder:
             row.sqlmodel_update(after.model_dump(exclude={"run_id"}))
         if moved:
             log.info("run.moved", run_id=run_id, state=after.state.value, ce_type=event.type)
+            if after.state in _FINAL:
+                finished.append(finished_as(after.state, event))
 
 
 def _event_row(event: Envelope, stream_seq: int, recorded_at: datetime) -> dict[str, Any]:
@@ -500,6 +527,8 @@ def _event_row(event: Envelope, stream_seq: int, recorded_at: datetime) -> dict[
         "actor": event.actor,
         "tenant": event.tenant,
         "subject": event.subject,
+        "traceparent": event.traceparent,
+        "tracestate": event.tracestate,
         "stream_seq": stream_seq,
         "data": event.data,
         "recorded_at": recorded_at,

@@ -6,6 +6,11 @@
 ``TEMPORALITY_DATABASE_URL``        SQLAlchemy URL of the read model; SQLite by default,
                                     ``postgresql+asyncpg://user@host/db`` in deployment
                                     (``postgresql://`` and ``sqlite://`` are accepted too)
+``TEMPORALITY_DATABASE_SSLMODE``    TLS to PostgreSQL, libpq's ``sslmode`` (``disable`` … ``verify-full``);
+                                    unset: the URL's ``?sslmode=``, else asyncpg's ``prefer``
+``TEMPORALITY_DATABASE_SSLROOTCERT``  the CA file the server's certificate must chain to
+``TEMPORALITY_DATABASE_SSLCERT``    a client certificate (PEM), with ``…_SSLKEY`` its key
+``TEMPORALITY_DATABASE_SSLKEY``     (all four win over the URL's query; :class:`~temporality_journal.database.DatabaseTls`)
 ``TEMPORALITY_JOURNAL_BATCH_SIZE``  events recorded per transaction, at most (``256``)
 ``TEMPORALITY_JOURNAL_RETENTION_DAYS``  purge finished runs (rows and events) older than this
                                     many days; ``0`` keeps everything (the default;
@@ -43,6 +48,7 @@ from typing import Any, Literal
 from pydantic import AnyHttpUrl, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from temporality_journal.database import DatabaseTls, SslMode
 from temporality_service import HttpServiceSettings
 
 __all__ = ["DEFAULT_DATABASE_URL", "Settings"]
@@ -61,6 +67,22 @@ class Settings(HttpServiceSettings):
         min_length=1,
         validation_alias="TEMPORALITY_DATABASE_URL",
         description="SQLAlchemy async URL (sqlite+aiosqlite:///path or postgresql+asyncpg://...)",
+    )
+    database_sslmode: SslMode | None = Field(
+        default=None,
+        validation_alias="TEMPORALITY_DATABASE_SSLMODE",
+        description="TLS to PostgreSQL (libpq's sslmode); unset: the URL's, else prefer",
+    )
+    database_sslrootcert: Path | None = Field(
+        default=None,
+        validation_alias="TEMPORALITY_DATABASE_SSLROOTCERT",
+        description="CA certificate file (PEM) the database server's certificate must chain to",
+    )
+    database_sslcert: Path | None = Field(
+        default=None, validation_alias="TEMPORALITY_DATABASE_SSLCERT", description="client certificate (PEM)"
+    )
+    database_sslkey: Path | None = Field(
+        default=None, validation_alias="TEMPORALITY_DATABASE_SSLKEY", description="the client certificate's key"
     )
     # at most the consumer's max_ack_pending (1,000): a larger fetch is never filled and waits out its timeout
     batch_size: int = Field(default=256, ge=1, le=1_000, description="events recorded per transaction, at most")
@@ -132,7 +154,26 @@ class Settings(HttpServiceSettings):
         description="shared with human-interaction: the journal vouches for a signed-in person's inbox calls",
     )
 
-    @field_validator("gateway_url", "human_url", "oidc_issuer", "oidc_redirect_base_url", mode="before")
+    def database_tls(self) -> DatabaseTls:
+        """The TLS settings for :meth:`temporality_journal.database.Database.open` (over the URL's)."""
+        return DatabaseTls(
+            sslmode=self.database_sslmode,
+            sslrootcert=self.database_sslrootcert,
+            sslcert=self.database_sslcert,
+            sslkey=self.database_sslkey,
+        )
+
+    @field_validator(
+        "gateway_url",
+        "human_url",
+        "oidc_issuer",
+        "oidc_redirect_base_url",
+        "database_sslmode",
+        "database_sslrootcert",
+        "database_sslcert",
+        "database_sslkey",
+        mode="before",
+    )
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value

@@ -76,7 +76,9 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared._stream_protocols import ReadStream
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
+from opentelemetry.trace import SpanKind, StatusCode
 
+from temporality_bus import tracing
 from temporality_run_executor.agents import AgentCard, McpServer, Sandbox
 from temporality_run_executor.records import ElicitAnswer
 from temporality_run_executor.tools import ElicitationNeeded, Tool, ToolContext
@@ -441,7 +443,33 @@ class McpClient:
 
     async def call(self, tool: str, arguments: dict[str, Any], elicited: tuple[ElicitAnswer, ...] = ()) -> str:
         """The call's result as the model gets it. The server asking for input that ``elicited`` does not
-        answer: :class:`~.tools.ElicitationNeeded` (the server was told ``cancel``)."""
+        answer: :class:`~.tools.ElicitationNeeded` (the server was told ``cancel``). With tracing on, in a
+        CLIENT span ``tools/call <tool>`` (an error status when the call failed; asking for input is not one)."""
+        if not tracing.enabled():
+            return await self._call_tool(tool, arguments, elicited)
+        attributes = {
+            "mcp.method.name": "tools/call",
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool,
+            "temporality.mcp.server": self.server.name,
+        }
+        with tracing.tracer().start_as_current_span(
+            f"tools/call {tool}",
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                return await self._call_tool(tool, arguments, elicited)
+            except ElicitationNeeded:
+                span.set_attribute("temporality.mcp.input_required", True)
+                raise
+            except Exception as exc:
+                span.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:256])
+                raise
+
+    async def _call_tool(self, tool: str, arguments: dict[str, Any], elicited: tuple[ElicitAnswer, ...]) -> str:
         name, timeout_s = self.server.name, self.server.timeout_s
         try:
             async with asyncio.timeout(timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):

@@ -129,7 +129,8 @@ class Scheduler:
         self._registry = registry
         #: Launches every tick: the claim, the delivery's record, then its concurrency key's policy.
         self._launcher = launcher or Launcher(bus, retry_after_s=10)
-        self.timers = Timers(bus, TIMER_NS_TRIGGER_SCHEDULE)
+        # each tick arms the next: a new trace per tick, linked to the arming span (not one endless trace)
+        self.timers = Timers(bus, TIMER_NS_TRIGGER_SCHEDULE, trace="link")
         #: Ids this replica has seen as enabled schedule triggers (a webhook trigger's change cancels nothing).
         self._scheduled: set[str] = set()
 

@@ -22,8 +22,11 @@ from typing import Any
 
 import httpx
 import structlog
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
+from temporality_bus import tracing
 from temporality_run_executor.providers.base import (
     AssistantTurn,
     PermanentProviderError,
@@ -166,9 +169,31 @@ class OpenAICompatible(Provider):
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
     async def _attempt(self, body: dict[str, Any], remaining_s: float | None) -> AssistantTurn:
+        """One request; with tracing on, in a CLIENT span ``chat <model>`` (GenAI conventions) whose context the
+        request carries (``traceparent``), one per attempt: a retried call shows each try."""
+        if not tracing.enabled():
+            return await self._exchange(body, remaining_s)
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": self._model,
+            "server.address": self._client.base_url.host,
+        }
+        with tracing.tracer().start_as_current_span(f"chat {self._model}", kind=SpanKind.CLIENT, attributes=attributes):
+            turn = await self._exchange(body, remaining_s)
+            if turn.usage is not None:
+                span = trace.get_current_span()
+                span.set_attribute("gen_ai.usage.input_tokens", turn.usage.prompt_tokens)
+                span.set_attribute("gen_ai.usage.output_tokens", turn.usage.completion_tokens)
+            return turn
+
+    async def _exchange(self, body: dict[str, Any], remaining_s: float | None) -> AssistantTurn:
         timeout = self._timeout_s if remaining_s is None else max(0.001, min(self._timeout_s, remaining_s))
+        headers = dict(zip(("traceparent", "tracestate"), tracing.current_trace() or (), strict=False))
         try:
-            response = await self._client.post("/chat/completions", json=body, timeout=timeout)
+            response = await self._client.post(
+                "/chat/completions", json=body, timeout=timeout, headers={k: v for k, v in headers.items() if v}
+            )
         except httpx.TimeoutException as exc:
             raise RetryableProviderError(
                 f"chat completion timed out after {timeout:.1f}s ({type(exc).__name__})"
@@ -176,6 +201,7 @@ class OpenAICompatible(Provider):
         except httpx.HTTPError as exc:
             raise RetryableProviderError(f"chat completion request failed: {type(exc).__name__}: {exc}") from exc
         status = response.status_code
+        trace.get_current_span().set_attribute("http.response.status_code", status)  # no-op outside a span
         if status in (408, 429) or status >= 500:
             raise RetryableProviderError(
                 f"chat completion endpoint answered {status}: {self._server_message(response)}",

@@ -58,11 +58,11 @@ from datetime import UTC, datetime
 from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal
 
+import anyio
 import httpx
 import structlog
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import RedirectResponse
-from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import ColumnElement, func, or_
@@ -97,7 +97,7 @@ from temporality_journal.insights import (
 from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE, AskRecord, EventRecord, RunRecord, as_utc
 from temporality_journal.settings import Settings
 from temporality_journal.signin import AuthConfig, SignIn, auth_config
-from temporality_journal.tail import Tail
+from temporality_journal.tail import SSE_ITEM_SCHEMA, EventStreamResponse, Tail
 from temporality_protocol import RUN, RunCancelRequested, RunState, derive_id, make_event
 from temporality_protocol.states import AgentAskState
 from temporality_service import (
@@ -760,9 +760,12 @@ def create_app(
 
     @app.get(
         "/events/stream",
-        response_class=EventSourceResponse,
+        response_class=EventStreamResponse,
         responses={
-            200: {"description": "text/event-stream of journaled events"},
+            200: {
+                "description": "text/event-stream of journaled events",
+                "content": {"text/event-stream": {"itemSchema": SSE_ITEM_SCHEMA}},
+            },
             # refusals come before the stream starts: JSON, as everywhere
             **{
                 code: {"description": "Refused", "content": {"application/json": {"schema": _ERROR_REF}}}
@@ -779,7 +782,6 @@ def create_app(
     )
     async def stream_events(
         who: AsViewer,
-        request: Request,
         resume: Annotated[int | None, Depends(_last_event_id)],
         run_id: Annotated[str | None, _text("Only this run's events")] = None,
         type_: Annotated[str | None, Query(alias="type", max_length=MAX_TEXT_PARAM, pattern=NO_NUL)] = None,
@@ -787,16 +789,24 @@ def create_app(
             NonNegativeInt64 | None,
             Query(description="Start after this cursor (an SSE id, a ``commit_seq``; 0: from the start)"),
         ] = None,
-    ) -> AsyncIterator[ServerSentEvent]:
-        log.info("tail.opened", principal=who.name, run_id=run_id, type=type_)
-        async for item in tail.stream(
-            after=resume if resume is not None else after,
-            run_id=run_id,
-            type_=type_,
-            render=lambda row: EventView.of(row).model_dump(mode="json"),
-            gone=request.is_disconnected,
-        ):
-            yield item
+    ) -> EventStreamResponse:
+        gone = anyio.Event()
+
+        async def events() -> AsyncIterator[bytes]:
+            log.info("tail.opened", principal=who.name, run_id=run_id, type=type_)
+            try:
+                async for message in tail.stream(
+                    after=resume if resume is not None else after,
+                    run_id=run_id,
+                    type_=type_,
+                    render=lambda row: EventView.of(row).model_dump(mode="json"),
+                    gone=gone,
+                ):
+                    yield message
+            finally:
+                log.info("tail.closed", principal=who.name, client_gone=gone.is_set())
+
+        return EventStreamResponse(events(), gone)
 
     @app.get(
         "/audit",

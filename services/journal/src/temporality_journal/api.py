@@ -23,7 +23,8 @@ signed-in person with none) a 403.
 ``GET /runs/{run_id}/asks``         COL-9: the agent asks the run sent and received
 ``POST /runs/{run_id}/cancel``      operator: publish ``run.cancel_requested`` (body ``{reason}``);
                                     202, 404 unknown run, 409 already finished
-``GET /events?type=&run_id=``       recent events, newest first (``type=bus.dead_lettered``: the
+``GET /events?type=&run_id=``       recent events, newest first in commit order (``commit_seq``, the
+                                    tail's cursor), paged by ``before`` (``type=bus.dead_lettered``: the
                                     dead-letter view); each with its ``stream_seq`` and ``commit_seq``
 ``GET /events/stream``              the live tail (SSE), resumable by cursor (``commit_seq``):
                                     :mod:`temporality_journal.tail`
@@ -307,6 +308,11 @@ class Trajectory(BaseModel):
 
 class EventList(BaseModel):
     events: list[EventView]
+    next_before: int | None = Field(
+        default=None,
+        description="Pass as ``before`` for the next (older) page; null: this was the last one. A cursor "
+        "(``commit_seq``), stable while events are journaled: a page never repeats or skips an event",
+    )
 
 
 class AskView(BaseModel):
@@ -741,11 +747,25 @@ def create_app(
         next_before = encode_cursor(records[-1].asked_at, records[-1].request_id) if more else None
         return AskList(asks=[AskView.of(a) for a in records], next_before=next_before)
 
-    @app.get("/events", response_model=EventList)
+    @app.get(
+        "/events",
+        response_model=EventList,
+        description="The journaled events, newest first in the journal's commit order (``commit_seq``, the "
+        "live tail's cursor), not by stream sequence: an event JetStream redelivered late is where it was "
+        "committed. Page with ``before`` = ``next_before``; to follow live from a page, open "
+        "``/events/stream`` with ``after`` = the first item's ``commit_seq``. Filters combine with AND.",
+    )
     async def list_events(
         who: AsViewer,
         type_: Annotated[str | None, Query(alias="type", description="Only this event type")] = None,
         run_id: Annotated[str | None, Query(description="Only this run's events")] = None,
+        before: Annotated[
+            NonNegativeInt64 | None,
+            Query(
+                description="Only events committed before this cursor (``commit_seq``: the next_before of the "
+                "previous page)"
+            ),
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     ) -> EventList:
         query = select(EventRecord)
@@ -753,10 +773,16 @@ def create_app(
             query = query.where(col(EventRecord.type) == type_)
         if run_id is not None:
             query = query.where(col(EventRecord.run_id) == run_id)
-        query = query.order_by(col(EventRecord.stream_seq).desc(), col(EventRecord.time).desc()).limit(limit)
+        if before is not None:
+            query = query.where(col(EventRecord.commit_seq) < before)
+        query = query.order_by(col(EventRecord.commit_seq).desc()).limit(limit + 1)
         async with database.sessions() as session:
-            records = (await session.exec(query)).all()
-        return EventList(events=[EventView.of(r) for r in records])
+            records = list((await session.exec(query)).all())
+        more = len(records) > limit
+        records = records[:limit]
+        return EventList(
+            events=[EventView.of(r) for r in records], next_before=records[-1].commit_seq if more else None
+        )
 
     @app.get(
         "/events/stream",

@@ -28,7 +28,8 @@ insert, not at commit, so concurrent transactions become visible out of order. C
 lock and the value in one, works the same on SQLite, and never hands out a number twice (retention
 may delete the newest rows; the counter stays). The price: concurrent journal replicas do not write
 in parallel (the projection's row locks serialised them on shared runs already). A ``rebuild`` drops
-the counter with the tables and numbers the replayed events anew: subscribers start over after one.
+the tables but keeps numbering after the last position handed out: a subscriber resuming with an older
+cursor gets the replayed events again (the same CloudEvent ids: at-least-once across a rebuild) and skips none.
 
 Where it starts: after ``Last-Event-ID`` when the client sends one (a reconnect), else after the
 ``after`` query parameter (a cursor; ``0``: the whole journal, then live), else after the newest event

@@ -84,6 +84,46 @@ async def test_events_filters_newest_first(journal: Journal, story: MakeStory) -
     assert [e["run_id"] for e in started] == [b.run_id]
 
 
+async def test_events_are_listed_and_paged_in_commit_order_not_stream_order(journal: Journal, story: MakeStory) -> None:
+    """A redelivered event keeps its (low) stream sequence but is committed last: the list shows it where it
+    was committed, as the live tail does, and the ``before`` cursor pages without repeating or skipping, also
+    while new events are journaled between pages."""
+    s = story()
+    first, second, late = s.requested(), s.started(), s.human_requested()
+    replica = Recorder(journal.database)  # a second writer on the same database, as in the tail tests
+    assert await replica.record(first, 101)
+    assert await replica.record(second, 102)
+    assert await replica.record(late, 50)  # committed after 101 and 102, with a lower stream sequence
+
+    listed = (await journal.client.get("/events", params={"run_id": s.run_id})).json()
+    assert [e["id"] for e in listed["events"]] == [late.id, second.id, first.id]
+    assert [e["stream_seq"] for e in listed["events"]] == [50, 102, 101]
+    cursors = [e["commit_seq"] for e in listed["events"]]
+    assert cursors == sorted(cursors, reverse=True)
+    assert listed["next_before"] is None  # everything on one page
+
+    page1 = (await journal.client.get("/events", params={"run_id": s.run_id, "limit": 2})).json()
+    assert [e["id"] for e in page1["events"]] == [late.id, second.id]
+    assert page1["next_before"] == page1["events"][-1]["commit_seq"]
+    newer = s.answered()
+    assert await replica.record(newer, 103)  # journaled between the pages: not in the older pages
+    page2 = (
+        await journal.client.get("/events", params={"run_id": s.run_id, "limit": 2, "before": page1["next_before"]})
+    ).json()
+    assert [e["id"] for e in page2["events"]] == [first.id]
+    assert page2["next_before"] is None
+    # the newest is on a fresh first page, and the other filters combine with the cursor
+    assert (await journal.client.get("/events", params={"run_id": s.run_id, "limit": 1})).json()["events"][0][
+        "id"
+    ] == newer.id
+    typed = (
+        await journal.client.get("/events", params={"type": "run.requested", "before": page1["next_before"]})
+    ).json()
+    assert [e["id"] for e in typed["events"] if e["run_id"] == s.run_id] == [first.id]
+    for bad in ("-1", "abc", "1.5"):
+        _assert_error(await journal.client.get("/events", params={"before": bad}), 422, "invalid_request")
+
+
 async def test_trajectory_pages_by_stream_sequence(journal: Journal, story: MakeStory) -> None:
     s = story()
     await journal.send(s.requested(), s.started(), s.human_requested())

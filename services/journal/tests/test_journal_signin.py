@@ -9,6 +9,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ PEOPLE = {
     "alice": {"preferred_username": "alice", "name": "Alice Example", "groups": ["staff", "temporality-operators"]},
     "bob": {"preferred_username": "bob", "name": "Bob Example", "groups": ["elsewhere"]},
     "carol": {"name": "Carol Without Username", "groups": ["temporality-admins"]},
+    "dana": {"preferred_username": "dana", "name": "Dana Admin", "groups": ["temporality-admins"]},
 }
 
 
@@ -51,10 +53,15 @@ class SignInStack:
     idp: OidcEmulator
     human_url: str
     vouch_secret: str
+    gateway_url: str
 
 
 def oidc_settings(
-    tmp_path: Path, nats_settings: NatsSettings, idp: OidcEmulator, human_url: str, gateway_url: str | None = None
+    tmp_path: Path,
+    nats_settings: NatsSettings,
+    idp: OidcEmulator,
+    human_url: str | None,
+    gateway_url: str | None = None,
 ) -> Settings:
     """The served journal's settings with OIDC sign-in against ``idp`` and the vouch secrets of ``tmp_path``
     (the inbox's, and the API's when ``gateway_url`` is given: the gateway admits who the journal vouches for)."""
@@ -94,8 +101,9 @@ async def stack(tmp_path: Path, nats_settings: NatsSettings, bus: Bus) -> AsyncI
     ):
         settings = oidc_settings(tmp_path, nats_settings, idp, human_url, gateway_url)
         idp.redirect_uris = [f"http://127.0.0.1:{settings.port}/auth/callback"]
+        idp.post_logout_redirect_uris = [f"http://127.0.0.1:{settings.port}/console/"]
         async with serve_journal(settings, bus) as journal:
-            yield SignInStack(journal, idp, human_url, vouch_secret)
+            yield SignInStack(journal, idp, human_url, vouch_secret, gateway_url)
 
 
 @pytest.fixture
@@ -215,9 +223,78 @@ async def test_logout_needs_the_console_header_and_ends_the_session(
     assert refused.status_code == 403
     assert (await browser_http.get("/whoami")).status_code == 200  # still signed in
     out = await browser_http.post("/auth/logout", headers=CONSOLE)
-    assert out.status_code == 204
+    assert out.status_code == 200, out.text
     assert (await browser_http.get("/whoami")).status_code == 401
     assert (await browser_http.get("/human/inbox")).status_code == 401
+    # where the browser goes next: the provider's end_session_endpoint (RP-initiated logout)
+    provider_logout = httpx.URL(out.json()["provider_logout"])
+    assert str(provider_logout.copy_with(query=None)) == f"{stack.idp.issuer}/end_session"
+    params = dict(provider_logout.params)
+    assert params["post_logout_redirect_uri"] == f"{stack.journal.url}/console/"
+    assert params["client_id"] == stack.idp.client_id
+    assert params["id_token_hint"].count(".") == 2  # the sign-in's ID token (the provider checks it)
+    # signed out already: a second logout ends nothing and sends nobody to the provider
+    again = await browser_http.post("/auth/logout", headers=CONSOLE)
+    assert again.json() == {"provider_logout": None}
+
+
+async def test_provider_logout_ends_the_providers_session_too_and_returns_to_the_console(
+    stack: SignInStack, browser_http: httpx.AsyncClient
+) -> None:
+    """A provider that remembers who signed in (SSO) signs them in again without asking, until the journal's
+    logout sends the browser to its end_session_endpoint with the ID token as hint."""
+    stack.idp.sso = True
+    assert (await sign_in(browser_http, stack.idp, "alice")).status_code == 302
+    assert stack.idp.signed_in_here() == ["alice"]
+    # signed in at the provider: the next login goes straight back with a code, no login page
+    again = await browser_http.get("/auth/login")
+    straight = await browser_http.get(again.headers["location"])
+    assert straight.status_code == 302, straight.text
+    assert straight.headers["location"].startswith(f"{stack.journal.url}/auth/callback?")
+    assert (await browser_http.get(straight.headers["location"])).status_code == 302
+
+    out = await browser_http.post("/auth/logout", headers=CONSOLE)
+    assert out.status_code == 200, out.text
+    at_provider = await browser_http.get(out.json()["provider_logout"])
+    assert at_provider.status_code == 302, at_provider.text  # the provider accepted the ID token as hint
+    assert at_provider.headers["location"] == f"{stack.journal.url}/console/"
+    assert [entry["login"] for entry in stack.idp.logouts] == ["alice"]
+    assert stack.idp.signed_in_here() == []
+    assert (await browser_http.get("/whoami")).status_code == 401
+    # the provider asks again: its login page, not a code
+    await start_login(browser_http, stack.idp)
+    # a forged hint is refused by the provider
+    forged = await browser_http.get(f"{stack.idp.issuer}/end_session", params={"id_token_hint": "a.b.c"})
+    assert forged.status_code == 400
+
+
+async def test_an_unreachable_provider_is_a_502_naming_it_at_login_and_at_the_callback(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus
+) -> None:
+    idp = OidcEmulator(people=PEOPLE, port=free_port())  # its port is known, nothing listens there yet
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    settings = oidc_settings(tmp_path, nats_settings, idp, human_url=None)
+    async with (
+        serve_journal(settings, bus) as journal,
+        httpx.AsyncClient(base_url=journal.url, timeout=20) as client,
+    ):
+        down = await client.get("/auth/login")
+        assert down.status_code == 502, down.text
+        body = down.json()
+        assert body["error"] == "provider_unreachable"
+        assert idp.issuer in body["detail"]
+        assert "discovery document" in body["detail"]
+        assert "set-cookie" not in down.headers  # nothing is set
+        async with AsyncExitStack() as provider:
+            await provider.enter_async_context(idp.serve())  # the provider comes up: the sign-in works
+            callback = await approve(client, idp, await start_login(client, idp), "alice")
+            await provider.aclose()  # ... and goes away between its login page and the callback
+            gone = await client.get(callback)
+        assert gone.status_code == 502, gone.text
+        assert gone.json()["error"] == "provider_unreachable"
+        assert "token endpoint" in gone.json()["detail"]
+        assert (await client.get("/whoami")).status_code == 401  # nobody signed in
+        assert (await client.get("/healthz")).status_code == 200
 
 
 async def test_a_tampered_session_cookie_admits_nothing(stack: SignInStack, browser_http: httpx.AsyncClient) -> None:
@@ -258,10 +335,80 @@ async def test_console_sign_in_with_the_provider_through_to_the_signed_in_consol
     await expect(page.locator("#inbox-who")).to_have_text("Signed in to the inbox as alice", timeout=WAIT_MS)
     await expect(page.locator("#inbox .empty")).to_have_text("No questions are waiting for you.")
 
+    # Sign out: the journal's session ends, then the provider's (RP-initiated logout), back to the console.
     await page.locator("#sign-out").click()
+    await eventually(lambda: _logged_out_at_provider(stack.idp, "alice"), what="the provider's logout")
+    await expect(page).to_have_url(f"{stack.journal.url}/console/", timeout=WAIT_MS)  # post_logout_redirect_uri
     await expect(page.get_by_role("link", name="Sign in with Test IdP")).to_be_visible(timeout=WAIT_MS)
     status = await page.evaluate("fetch('/whoami').then((r) => r.status)")
     assert status == 401
+
+
+async def _logged_out_at_provider(idp: OidcEmulator, login: str) -> bool | None:
+    return True if any(entry["login"] == login for entry in idp.logouts) else None
+
+
+async def test_trigger_wizard_of_an_admin_signed_in_with_the_provider_creates_a_trigger_that_fires(
+    stack: SignInStack, browser_context: BrowserContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The six-step wizard in Chromium for a person signed in through the provider's page (no API token
+    anywhere in the browser): the journal vouches for them to the gateway, which records them as the author;
+    the new webhook trigger then accepts a delivery."""
+    monkeypatch.setenv("SIGNIN_HOOK_TOKEN", "a-bearer-token-the-gateway-reads")  # the gateway resolves *_env
+    page = await browser_context.new_page()
+    await page.goto(f"{stack.journal.url}/console/#/triggers")
+    await page.get_by_role("link", name="Sign in with Test IdP").click()
+    await page.get_by_role("button", name="Sign in as dana").click()  # the provider's own page
+    await expect(page.locator("#who")).to_have_text("Dana Admin (admin)", timeout=WAIT_MS)
+    assert page.url.endswith("#/triggers")
+    assert not await page.evaluate("sessionStorage.length")  # no token in the tab: the session cookie only
+
+    defs = page.locator("#trigger-defs")
+    await expect(defs.locator('tr[data-trigger-id="seeded-hook"]')).to_contain_text("webhook", timeout=WAIT_MS)
+    await page.get_by_role("link", name="New trigger").click()
+    form = page.locator("#trigger-form")
+    await form.get_by_label("Id", exact=True).fill("signed-in-orders")
+    await form.get_by_label("Name", exact=True).fill("Orders, set up by Dana")
+    await form.get_by_label("Agent", exact=True).fill("reviewer")
+    await form.get_by_label("Adapter").fill("generic")
+    await form.get_by_label("Event types").fill("order.created")
+    await form.get_by_label("Auth type").select_option("bearer")
+    await form.get_by_label("Secret environment variable").fill("SIGNIN_HOOK_TOKEN")
+    await form.get_by_label("Input mapping").fill("order = payload.order_id")
+    await form.get_by_label("Allowed recipients").fill("user:alice")
+    await form.get_by_label("Sample payload (JSON)").fill(
+        '{"type": "order.created", "id": "o-1", "data": {"order_id": 7}}'
+    )
+    await page.get_by_role("button", name="Preview").click()
+    await expect(page.locator("#preview-input")).to_contain_text('"order": 7', timeout=WAIT_MS)
+    await page.get_by_role("button", name="Create trigger").click()
+    await expect(page.locator("#message")).to_contain_text("Trigger signed-in-orders saved", timeout=WAIT_MS)
+    row = defs.locator('tr[data-trigger-id="signed-in-orders"]')
+    await expect(row.locator("td.enabled")).to_have_text("yes", timeout=WAIT_MS)
+    await expect(row).to_contain_text("user:dana")  # changed by the person, not a token
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        # journaled as hers
+        async def created_by() -> str | None:
+            answer = await client.get(f"{stack.journal.url}/events", params={"type": "trigger.created"}, headers=VIEWER)
+            events = answer.json()["events"]
+            return next((e["actor"] for e in events if e["data"].get("trigger_id") == "signed-in-orders"), None)
+
+        assert await eventually(created_by, what="trigger.created journaled") == "user:dana"
+        # it fires: the gateway accepts a delivery on the new webhook, and the journal records it
+        hook = await client.post(
+            f"{stack.gateway_url}/hooks/signed-in-orders",
+            json={"type": "order.created", "id": "order-7", "data": {"order_id": 7}},
+            headers={"Authorization": "Bearer a-bearer-token-the-gateway-reads"},
+        )
+        assert hook.status_code in (200, 202), hook.text
+
+        async def accepted() -> list[Any] | None:
+            answer = await client.get(f"{stack.journal.url}/triggers/signed-in-orders/deliveries", headers=VIEWER)
+            found = [d for d in answer.json()["deliveries"] if d["outcome"] == "accepted"]
+            return found or None
+
+        assert await eventually(accepted, what="the delivery journaled as accepted")
 
 
 async def test_console_of_a_person_without_a_role_is_their_inbox_only(

@@ -18,13 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
+import structlog
 from journal_support import VIEWER, serve_journal, served_settings
 from sqlalchemy import text
 
 from temporality_bus import Bus, NatsSettings
 from temporality_journal import Database, Recorder
+from temporality_journal.tail import Tail
 from temporality_protocol import Envelope
 from temporality_testing.postgres import fresh_postgres_database
 
@@ -320,3 +323,102 @@ async def test_concurrent_writers_reach_the_tail_each_event_once_in_commit_order
         async with tail(served, after=0) as replay:
             again = [await replay.next_event() for _ in expected]
         assert [(g.id, g.data["id"]) for g in again] == [(g.id, g.data["id"]) for g in got]
+
+
+# --------------------------------------------------------------------------- a client that goes away
+def _server_errors(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        entry
+        for entry in logs
+        if entry.get("event") == "http.internal_error"
+        or entry.get("log_level") in ("error", "critical")
+        or "Exception in ASGI" in str(entry.get("event"))
+    ]
+
+
+async def test_a_client_that_disconnects_mid_stream_ends_its_stream_without_an_error(
+    served_journal: Served, story: MakeStory
+) -> None:
+    """A tail whose client goes away (mid-stream, while events are flowing and while idle) ends quietly:
+    no error logged, and the service goes on serving tails and requests."""
+    s = story()
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            # mid-stream: events flowing when the client hangs up
+            async with tail(served_journal, after=0) as reader:
+                burst = [s.requested(), s.started(), s.human_requested()]
+                for event in burst:
+                    await served_journal.bus.publish(event)
+                await reader.next_event()
+            # idle: nothing to send when the client hangs up
+            async with tail(served_journal) as reader:
+                pass
+            # at once: the client hangs up right after sending the request
+            await _hang_up_after_request(served_journal.url)
+        # the events published after the hang-ups still reach a new tail, and plain requests are served
+        later = s.answered()
+        async with tail(served_journal) as reader:
+            await served_journal.bus.publish(later)
+            assert (await reader.next_event()).data["id"] == later.id
+        async with httpx.AsyncClient(base_url=served_journal.url, headers=VIEWER, timeout=10) as client:
+            assert (await client.get("/events", params={"run_id": s.run_id})).status_code == 200
+        # every abandoned stream has ended (its tail.closed is logged) before the logs are judged
+        await _eventually(_closed_streams(logs, 9), "the nine abandoned streams ended", within_s=20)
+    assert _server_errors(logs) == []
+
+
+def _closed_streams(logs: list[dict[str, Any]], count: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return sum(1 for entry in logs if entry.get("event") == "tail.closed") >= count
+
+    return check
+
+
+async def _hang_up_after_request(url: str) -> None:
+    """A raw HTTP/1.1 client that sends a tail request and closes the connection without reading."""
+    host, port = httpx.URL(url).host, httpx.URL(url).port
+    _reader, writer = await asyncio.open_connection(host, port)
+    token = VIEWER["Authorization"]
+    writer.write(f"GET /events/stream?after=0 HTTP/1.1\r\nHost: {host}\r\nAuthorization: {token}\r\n\r\n".encode())
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+
+
+async def test_a_client_that_hangs_up_on_a_long_backlog_ends_its_stream_without_an_error(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, story: MakeStory
+) -> None:
+    """A replay from the start of a backlog far larger than the socket buffers, abandoned after one event:
+    the server is blocked writing when the client goes; the stream ends, nothing is logged as an error."""
+    settings = served_settings(tmp_path, nats_settings)
+    async with serve_journal(settings, bus) as served, Database.open(settings.database_url) as database:
+        replica = Recorder(database)
+        batch = []
+        for seq in range(1, 6001):
+            s = story(title=f"run {seq} " + "x" * 180)
+            batch.append((s.requested(), seq))
+        assert await replica.record_batch(batch) == len(batch)
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(3):
+                async with tail(served, after=0) as reader:
+                    await reader.next_event()
+            await _eventually(_closed_streams(logs, 3), "the three abandoned replays ended", within_s=30)
+            async with tail(served, after=len(batch) - 1) as reader:
+                assert (await reader.next_event()).data["id"] == batch[-1][0].id
+        assert _server_errors(logs) == []
+
+
+async def test_an_idle_stream_sends_keep_alives_and_ends_when_its_client_is_gone(database: Database) -> None:
+    """Between events an idle stream sends ``: ping`` comments; once ``gone`` is set it ends by itself
+    (while waiting, not only after an event)."""
+    gone = anyio.Event()
+    stream = Tail(database, poll_s=0.05).stream(
+        after=None, run_id=None, type_=None, render=lambda row: {}, gone=gone, keepalive_s=0.2
+    )
+    async with asyncio.timeout(10):
+        assert await anext(stream) == b": tail after 0\nretry: 2000\n\n"
+        assert await anext(stream) == b": ping\n\n"
+        assert await anext(stream) == b": ping\n\n"
+        gone.set()
+        with pytest.raises(StopAsyncIteration):
+            await anext(stream)

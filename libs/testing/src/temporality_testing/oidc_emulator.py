@@ -12,7 +12,15 @@ Core, PKCE RFC 7636) and keys made by the test (an RSA key per provider, ``joser
   ``redirect_uri?code=...&state=...`` (``?error=access_denied`` for the "Deny" button);
 * ``POST /token``: client secret (HTTP Basic or form), one-time code, the same ``redirect_uri``, the PKCE
   ``code_verifier``; answers ``access_token``, ``id_token`` (RS256: ``iss``, ``sub``, ``aud``, ``exp``,
-  ``iat``, ``nonce`` and the person's claims), ``token_type``.
+  ``iat``, ``nonce`` and the person's claims), ``token_type``;
+* ``GET /end_session`` (``end_session_endpoint``, OpenID Connect RP-Initiated Logout 1.0): checks the
+  ``id_token_hint`` (one of this provider's ID tokens for this client: signature, ``iss``, ``aud``), the
+  ``client_id`` when sent and ``post_logout_redirect_uri`` (registered); ends that person's provider session
+  and redirects to ``post_logout_redirect_uri`` (with ``state`` when sent), or answers a "Signed out" page.
+
+With ``sso=True`` the provider remembers who signed in (a ``idp_session`` cookie, as real providers do): an
+authorization request from that browser is answered at once, without the login page, until the person's
+provider session is ended at ``/end_session``. :attr:`OidcEmulator.logouts` keeps every accepted logout.
 
 Fault injection: :attr:`OidcEmulator.tamper` is merged into the next ID tokens' claims (a wrong ``iss``,
 ``aud`` or ``nonce``), :attr:`OidcEmulator.sign_with_other_key` signs them with a key not in the JWKS.
@@ -41,6 +49,7 @@ from urllib.parse import urlencode
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from joserfc import jwt
+from joserfc.errors import JoseError
 from joserfc.jwk import KeySet, RSAKey
 
 from temporality_embedded.processes import free_port
@@ -49,6 +58,7 @@ from temporality_testing.asgi import served_asgi
 __all__ = ["OidcEmulator"]
 
 Json = dict[str, Any]
+_SESSION_COOKIE = "idp_session"
 
 
 def _error(status: int, error: str, description: str) -> JSONResponse:
@@ -77,11 +87,17 @@ class OidcEmulator:
     tamper: Json = field(default_factory=dict)
     sign_with_other_key: bool = False
     authorizations: list[Json] = field(default_factory=list)
+    #: Post-logout redirect URIs the client registered; empty: any.
+    post_logout_redirect_uris: list[str] = field(default_factory=list)
+    #: Remember who signed in (a provider session cookie) and skip the login page for them.
+    sso: bool = False
+    logouts: list[Json] = field(default_factory=list)
     port: int = 0
     _key: RSAKey = field(default_factory=lambda: RSAKey.generate_key(2048, parameters={"kid": "test-1"}))
     _other_key: RSAKey = field(default_factory=lambda: RSAKey.generate_key(2048, parameters={"kid": "test-1"}))
     _pending: dict[str, Json] = field(default_factory=dict)
     _codes: dict[str, _Grant] = field(default_factory=dict)
+    _sessions: dict[str, str] = field(default_factory=dict)  # provider session id -> login
 
     @property
     def issuer(self) -> str:
@@ -98,6 +114,7 @@ class OidcEmulator:
                 "authorization_endpoint": f"{self.issuer}/authorize",
                 "token_endpoint": f"{self.issuer}/token",
                 "jwks_uri": f"{self.issuer}/jwks",
+                "end_session_endpoint": f"{self.issuer}/end_session",
                 "response_types_supported": ["code"],
                 "subject_types_supported": ["public"],
                 "id_token_signing_alg_values_supported": ["RS256"],
@@ -125,6 +142,9 @@ class OidcEmulator:
                 return _error(400, "invalid_request", "PKCE with S256 is required")
             if "openid" not in params.get("scope", "").split():
                 return _error(400, "invalid_scope", "openid is required")
+            remembered = self._sessions.get(request.cookies.get(_SESSION_COOKIE, "")) if self.sso else None
+            if remembered is not None:  # signed in here before: no login page
+                return RedirectResponse(self._grant(params, remembered), status_code=302)
             pending = secrets.token_urlsafe(12)
             self._pending[pending] = params
             buttons = "".join(
@@ -146,21 +166,45 @@ class OidcEmulator:
             if params is None:
                 return _error(400, "invalid_request", "no such authorization request")
             login = str(form.get("login") or "")
-            answer: Json = {"state": params.get("state", "")}
             if login not in self.people:
-                answer["error"] = "access_denied"
+                denied = {"state": params.get("state", ""), "error": "access_denied"}
+                return RedirectResponse(f"{params['redirect_uri']}?{urlencode(denied)}", status_code=302)
+            response = RedirectResponse(self._grant(params, login), status_code=302)
+            if self.sso:
+                session = secrets.token_urlsafe(16)
+                self._sessions[session] = login
+                response.set_cookie(_SESSION_COOKIE, session, httponly=True, samesite="lax")
+            return response
+
+        @app.get("/end_session")
+        async def end_session(request: Request) -> Response:
+            params = dict(request.query_params)
+            try:
+                claims = jwt.decode(params.get("id_token_hint", ""), self._key).claims
+            except (JoseError, ValueError):
+                return _error(400, "invalid_request", "id_token_hint is not an ID token of this provider")
+            if claims.get("iss") != self.issuer or claims.get("aud") != self.client_id:
+                return _error(400, "invalid_request", "id_token_hint was not issued here for this client")
+            if params.get("client_id", self.client_id) != self.client_id:
+                return _error(400, "invalid_request", "client_id differs from the id_token_hint's audience")
+            redirect = params.get("post_logout_redirect_uri")
+            if (
+                redirect is not None
+                and self.post_logout_redirect_uris
+                and redirect not in self.post_logout_redirect_uris
+            ):
+                return _error(400, "invalid_request", "post_logout_redirect_uri is not registered")
+            login = str(claims.get("sub", "")).removeprefix("sub-")
+            for session in [sid for sid, who in self._sessions.items() if who == login]:
+                del self._sessions[session]
+            self.logouts.append({**params, "login": login})
+            if redirect is None:
+                response: Response = HTMLResponse("<!doctype html><title>Signed out</title><h1>Signed out</h1>")
             else:
-                code = secrets.token_urlsafe(24)
-                self._codes[code] = _Grant(
-                    login=login,
-                    client_id=params["client_id"],
-                    redirect_uri=params["redirect_uri"],
-                    challenge=params["code_challenge"],
-                    nonce=params.get("nonce"),
-                    issued=time.time(),
-                )
-                answer["code"] = code
-            return RedirectResponse(f"{params['redirect_uri']}?{urlencode(answer)}", status_code=302)
+                back = {"state": params["state"]} if "state" in params else {}
+                response = RedirectResponse(redirect + (f"?{urlencode(back)}" if back else ""), status_code=302)
+            response.delete_cookie(_SESSION_COOKIE)
+            return response
 
         @app.post("/token")
         async def token(request: Request) -> Response:
@@ -209,9 +253,26 @@ class OidcEmulator:
 
         return app
 
+    def _grant(self, params: Json, login: str) -> str:
+        """A one-time code for ``login`` on the authorization request ``params``: the redirect back."""
+        code = secrets.token_urlsafe(24)
+        self._codes[code] = _Grant(
+            login=login,
+            client_id=params["client_id"],
+            redirect_uri=params["redirect_uri"],
+            challenge=params["code_challenge"],
+            nonce=params.get("nonce"),
+            issued=time.time(),
+        )
+        return f"{params['redirect_uri']}?{urlencode({'state': params.get('state', ''), 'code': code})}"
+
+    def signed_in_here(self) -> list[str]:
+        """Who holds a provider session (``sso``)."""
+        return sorted(set(self._sessions.values()))
+
     # ------------------------------------------------------------------ lifecycle
     @asynccontextmanager
     async def serve(self) -> AsyncIterator[OidcEmulator]:
-        self.port = free_port()
+        self.port = self.port or free_port()  # a port set before: the provider comes up where it was expected
         async with served_asgi(self.app(), self.port, lifespan="off"):
             yield self

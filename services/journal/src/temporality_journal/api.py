@@ -23,7 +23,8 @@ signed-in person with none) a 403.
 ``GET /runs/{run_id}/asks``         COL-9: the agent asks the run sent and received
 ``POST /runs/{run_id}/cancel``      operator: publish ``run.cancel_requested`` (body ``{reason}``);
                                     202, 404 unknown run, 409 already finished
-``GET /events?type=&run_id=``       recent events, newest first (``type=bus.dead_lettered``: the
+``GET /events?type=&run_id=``       recent events, newest first in commit order (``commit_seq``, the
+                                    tail's cursor), paged by ``before`` (``type=bus.dead_lettered``: the
                                     dead-letter view); each with its ``stream_seq`` and ``commit_seq``
 ``GET /events/stream``              the live tail (SSE), resumable by cursor (``commit_seq``):
                                     :mod:`temporality_journal.tail`
@@ -58,11 +59,11 @@ from datetime import UTC, datetime
 from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal
 
+import anyio
 import httpx
 import structlog
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import RedirectResponse
-from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import ColumnElement, func, or_
@@ -98,7 +99,7 @@ from temporality_journal.insights import (
 from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE, AskRecord, EventRecord, RunRecord, as_utc
 from temporality_journal.settings import Settings
 from temporality_journal.signin import AuthConfig, SignIn, auth_config
-from temporality_journal.tail import Tail
+from temporality_journal.tail import SSE_ITEM_SCHEMA, EventStreamResponse, Tail
 from temporality_protocol import RUN, RunCancelRequested, RunState, derive_id, make_event
 from temporality_protocol.states import AgentAskState
 from temporality_service import (
@@ -320,6 +321,11 @@ class Trajectory(BaseModel):
 
 class EventList(BaseModel):
     events: list[EventView]
+    next_before: int | None = Field(
+        default=None,
+        description="Pass as ``before`` for the next (older) page; null: this was the last one. A cursor "
+        "(``commit_seq``), stable while events are journaled: a page never repeats or skips an event",
+    )
 
 
 class AskView(BaseModel):
@@ -754,11 +760,25 @@ def create_app(
         next_before = encode_cursor(records[-1].asked_at, records[-1].request_id) if more else None
         return AskList(asks=[AskView.of(a) for a in records], next_before=next_before)
 
-    @app.get("/events", response_model=EventList)
+    @app.get(
+        "/events",
+        response_model=EventList,
+        description="The journaled events, newest first in the journal's commit order (``commit_seq``, the "
+        "live tail's cursor), not by stream sequence: an event JetStream redelivered late is where it was "
+        "committed. Page with ``before`` = ``next_before``; to follow live from a page, open "
+        "``/events/stream`` with ``after`` = the first item's ``commit_seq``. Filters combine with AND.",
+    )
     async def list_events(
         who: AsViewer,
         type_: Annotated[str | None, Query(alias="type", description="Only this event type")] = None,
         run_id: Annotated[str | None, Query(description="Only this run's events")] = None,
+        before: Annotated[
+            NonNegativeInt64 | None,
+            Query(
+                description="Only events committed before this cursor (``commit_seq``: the next_before of the "
+                "previous page)"
+            ),
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     ) -> EventList:
         query = select(EventRecord)
@@ -766,16 +786,25 @@ def create_app(
             query = query.where(col(EventRecord.type) == type_)
         if run_id is not None:
             query = query.where(col(EventRecord.run_id) == run_id)
-        query = query.order_by(col(EventRecord.stream_seq).desc(), col(EventRecord.time).desc()).limit(limit)
+        if before is not None:
+            query = query.where(col(EventRecord.commit_seq) < before)
+        query = query.order_by(col(EventRecord.commit_seq).desc()).limit(limit + 1)
         async with database.sessions() as session:
-            records = (await session.exec(query)).all()
-        return EventList(events=[EventView.of(r) for r in records])
+            records = list((await session.exec(query)).all())
+        more = len(records) > limit
+        records = records[:limit]
+        return EventList(
+            events=[EventView.of(r) for r in records], next_before=records[-1].commit_seq if more else None
+        )
 
     @app.get(
         "/events/stream",
-        response_class=EventSourceResponse,
+        response_class=EventStreamResponse,
         responses={
-            200: {"description": "text/event-stream of journaled events"},
+            200: {
+                "description": "text/event-stream of journaled events",
+                "content": {"text/event-stream": {"itemSchema": SSE_ITEM_SCHEMA}},
+            },
             # refusals come before the stream starts: JSON, as everywhere
             **{
                 code: {"description": "Refused", "content": {"application/json": {"schema": _ERROR_REF}}}
@@ -792,7 +821,6 @@ def create_app(
     )
     async def stream_events(
         who: AsViewer,
-        request: Request,
         resume: Annotated[int | None, Depends(_last_event_id)],
         run_id: Annotated[str | None, _text("Only this run's events")] = None,
         type_: Annotated[str | None, Query(alias="type", max_length=MAX_TEXT_PARAM, pattern=NO_NUL)] = None,
@@ -800,16 +828,24 @@ def create_app(
             NonNegativeInt64 | None,
             Query(description="Start after this cursor (an SSE id, a ``commit_seq``; 0: from the start)"),
         ] = None,
-    ) -> AsyncIterator[ServerSentEvent]:
-        log.info("tail.opened", principal=who.name, run_id=run_id, type=type_)
-        async for item in tail.stream(
-            after=resume if resume is not None else after,
-            run_id=run_id,
-            type_=type_,
-            render=lambda row: EventView.of(row).model_dump(mode="json"),
-            gone=request.is_disconnected,
-        ):
-            yield item
+    ) -> EventStreamResponse:
+        gone = anyio.Event()
+
+        async def events() -> AsyncIterator[bytes]:
+            log.info("tail.opened", principal=who.name, run_id=run_id, type=type_)
+            try:
+                async for message in tail.stream(
+                    after=resume if resume is not None else after,
+                    run_id=run_id,
+                    type_=type_,
+                    render=lambda row: EventView.of(row).model_dump(mode="json"),
+                    gone=gone,
+                ):
+                    yield message
+            finally:
+                log.info("tail.closed", principal=who.name, client_gone=gone.is_set())
+
+        return EventStreamResponse(events(), gone)
 
     @app.get(
         "/audit",

@@ -268,6 +268,21 @@ class Database:
                 await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
             await conn.run_sync(_drop)
 
+    async def last_position(self) -> int:
+        """The last commit position handed out (``commit_counter``, or the highest ``events.commit_seq`` if
+        higher); 0 for an empty journal."""
+        async with self.engine.connect() as conn:
+            counter = (await conn.execute(text("SELECT MAX(last_seq) FROM commit_counter"))).scalar()
+            newest = (await conn.execute(text("SELECT MAX(commit_seq) FROM events"))).scalar()
+        return max(int(counter or 0), int(newest or 0))
+
+    async def continue_positions_after(self, position: int) -> None:
+        """Number the next journaled events after ``position`` (a rebuild: cursors never go back)."""
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                text("UPDATE commit_counter SET last_seq = :p WHERE id = 1 AND last_seq < :p"), {"p": position}
+            )
+
     async def ping(self) -> None:
         """Raise unless the database answers."""
         async with self.engine.connect() as conn:

@@ -3,7 +3,9 @@
 Run it with every journal replica **stopped** (``make up`` stopped, or the Deployment scaled to 0):
 
 1. :meth:`Database.drop` removes the ``events`` and ``runs`` tables and the schema version, and the
-   migrations create them again, empty, at the newest revision;
+   migrations create them again, empty, at the newest revision; the commit counter goes on from the last
+   position handed out before (the live tail's cursors never go back: a subscriber resuming with a cursor
+   from before the rebuild gets the replayed events again, with their CloudEvent ids, and skips none);
 2. the journal's durable consumer is deleted from ``TEMPORALITY_EVENTS``.
 
 The next journal to start creates the consumer again (deliver policy *all*), so it records the whole
@@ -34,8 +36,10 @@ log = structlog.get_logger(__name__)
 async def rebuild(settings: Settings) -> None:
     """Drop and re-create the read model, then delete the journal's durable consumer (see the module docstring)."""
     async with Database.open(settings.database_url, settings.database_tls()) as database:
+        last = await database.last_position()
         await database.drop()
         await database.create_tables()
+        await database.continue_positions_after(last)
     durable = CONSUMERS["journal"].durable
     async with Bus.connect(settings.nats, name="journal-rebuild") as bus:
         try:
@@ -43,7 +47,13 @@ async def rebuild(settings: Settings) -> None:
             deleted = True
         except NotFoundError:
             deleted = False
-    log.info("journal.rebuild_ready", consumer=durable, consumer_deleted=deleted, next_step="start the journal")
+    log.info(
+        "journal.rebuild_ready",
+        consumer=durable,
+        consumer_deleted=deleted,
+        positions_after=last,
+        next_step="start the journal",
+    )
 
 
 async def main() -> int:

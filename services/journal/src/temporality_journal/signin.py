@@ -10,8 +10,20 @@ Optional: with ``TEMPORALITY_JOURNAL_OIDC_ISSUER`` unset the journal admits API 
 ``GET /auth/callback``      the provider's redirect: code exchanged, ID token checked, session set, 302 to
                             the console; any failure is a 400 ``sign_in_failed`` (nothing is set)
 ``POST /auth/logout``       ends the session in this browser (cookie cleared); needs the console header,
-                            like every cookie call that changes something; 204
+                            like every cookie call that changes something; 200 ``{"provider_logout": URL
+                            or null}``: where the browser goes to end the provider's session too
 ==========================  ========================================================================
+
+Signing out at the provider (RP-initiated logout, OpenID Connect RP-Initiated Logout 1.0): when the provider's
+discovery document has an ``end_session_endpoint``, ``provider_logout`` is that endpoint with ``id_token_hint``
+(the ID token of the sign-in, kept in the session for this), ``post_logout_redirect_uri`` = ``<redirect base
+URL>/console/`` (register it at the provider) and ``client_id``; the console navigates there, and the
+provider sends the person back to the console signed out. Without the endpoint (or when discovery fails at
+that moment: logged ``signin.provider_logout_unavailable``) it is null and only the journal's session ends.
+
+The provider unreachable: at ``/auth/login`` (discovery) and at ``/auth/callback`` (the token exchange, the
+keys) the answer is a 502 ``provider_unreachable`` naming the issuer and the failure, logged
+``signin.provider_unreachable``; nothing is set.
 
 The protocol is **Authlib**'s (its Starlette client): discovery from the issuer's
 ``/.well-known/openid-configuration``, the state and the PKCE verifier kept in the session until the callback,
@@ -45,7 +57,8 @@ short-lived assertion signed with ``TEMPORALITY_INBOX_VOUCH_SECRET_FILE`` (:mod:
 which human-interaction checks: no inbox token needed.
 
 Logged: ``signin.succeeded`` (user id, role), ``signin.refused`` (the reason's class and text) and
-``signin.signed_out``; never a token, code, secret or cookie.
+``signin.signed_out`` (with ``provider_logout``: whether the provider's end-session endpoint was offered);
+never a token, code, secret or cookie.
 """
 
 from __future__ import annotations
@@ -55,7 +68,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import httpx
+import httpx2
 import structlog
 from authlib.common.errors import AuthlibBaseError
 from authlib.integrations.starlette_client import OAuth
@@ -75,6 +91,7 @@ __all__ = [
     "Person",
     "SignIn",
     "SignInConfigError",
+    "SignedOut",
     "role_of",
 ]
 
@@ -86,6 +103,8 @@ SESSION_COOKIE = "temporality_session"
 MIN_SESSION_SECRET = 32
 _SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
 _PERSON_KEY = "person"
+#: The session key of the sign-in's ID token: the ``id_token_hint`` of the provider logout.
+_ID_TOKEN_KEY = "idt"
 _CLIENT = "oidc"
 #: Where the console may ask to return to after sign-in: one of its own hash routes, nothing else.
 _NEXT_PATTERN = r"^#/[A-Za-z0-9/_.~:@!$&'()*+,;=?%-]{0,200}$"
@@ -108,6 +127,20 @@ class AuthConfig(BaseModel):
         login: str = Field(description="Where the button goes")
 
     oidc: Oidc | None
+
+
+class SignedOut(BaseModel):
+    """``POST /auth/logout``: the journal's session has ended."""
+
+    provider_logout: str | None = Field(
+        description="Where the browser goes to sign out at the provider too (its end_session_endpoint with "
+        "id_token_hint and post_logout_redirect_uri); null: the provider offers none, or nobody was signed in"
+    )
+
+
+class ProviderUnreachable(ApiError):
+    status = 502
+    code = "provider_unreachable"
 
 
 @dataclass(frozen=True)
@@ -159,6 +192,8 @@ class SignIn:
         self._session_secret = session_secret
         issuer = str(settings.oidc_issuer).rstrip("/")
         self.redirect_uri = str(settings.oidc_redirect_base_url).rstrip("/") + "/auth/callback"
+        #: Where the provider sends the person after signing them out (register it at the provider).
+        self.post_logout_redirect_uri = str(settings.oidc_redirect_base_url).rstrip("/") + "/console/"
         secure = settings.session_cookie_secure
         self.secure = secure if secure is not None else str(settings.oidc_redirect_base_url).startswith("https:")
         self.oauth = OAuth()
@@ -232,6 +267,35 @@ class SignIn:
         )
         app.include_router(self.router())
 
+    def _unreachable(self, step: str, exc: Exception) -> ProviderUnreachable:
+        issuer = str(self.settings.oidc_issuer)
+        log.warning("signin.provider_unreachable", step=step, issuer=issuer, error=type(exc).__name__)
+        what = "its discovery document" if step == "login" else "its token endpoint or keys"
+        return ProviderUnreachable(
+            f"the sign-in provider {issuer} did not answer ({what}: {type(exc).__name__}: {str(exc)[:200]}); "
+            "retry later, or tell the operators if it persists"
+        )
+
+    async def provider_logout(self, id_token: str) -> str | None:
+        """The provider's end-session URL for this sign-in (RP-initiated logout), or None when it has none."""
+        client = self.oauth.create_client(_CLIENT)
+        try:
+            metadata = await client.load_server_metadata()
+        except Exception as exc:  # the journal's session is over either way
+            log.warning("signin.provider_logout_unavailable", error=type(exc).__name__)
+            return None
+        endpoint = metadata.get("end_session_endpoint")
+        if not isinstance(endpoint, str) or not endpoint.startswith(("https://", "http://")):
+            return None
+        return _with_query(
+            endpoint,
+            {
+                "id_token_hint": id_token,
+                "post_logout_redirect_uri": self.post_logout_redirect_uri,
+                "client_id": str(self.settings.oidc_client_id),
+            },
+        )
+
     # ------------------------------------------------------------------ the routes
     def router(self) -> APIRouter:
         router = APIRouter(tags=["sign-in"])
@@ -242,22 +306,19 @@ class SignIn:
         async def login(
             request: Request, next: Annotated[str, Query(pattern=_NEXT_PATTERN, max_length=202)] = "#/runs"
         ) -> Response:
-            request.session["next"] = next  # a session already there stays until the callback replaces it
             try:
                 redirect: Response = await client.authorize_redirect(request, self.redirect_uri)
             except Exception as exc:  # discovery failed: the provider is down or the issuer is wrong
-                log.warning("signin.provider_unreachable", error=type(exc).__name__)
-                raise ApiError(
-                    f"the sign-in provider did not answer ({type(exc).__name__}); retry later",
-                    status=502,
-                    code="provider_unreachable",
-                ) from None
+                raise self._unreachable("login", exc) from None
+            request.session["next"] = next  # a session already there stays until the callback replaces it
             return redirect
 
         @router.get("/auth/callback", description="The provider's redirect back (code flow).")
         async def callback(request: Request) -> Response:
             try:
                 token = await client.authorize_access_token(request)
+            except (httpx.HTTPError, httpx2.HTTPError) as exc:  # the token endpoint or keys: the provider went away
+                raise self._unreachable("callback", exc) from None
             except (AuthlibBaseError, JoseError) as exc:
                 log.info("signin.refused", reason=type(exc).__name__, detail=str(exc)[:200])
                 raise SignInFailed(f"the sign-in was refused: {str(exc)[:200] or type(exc).__name__}") from None
@@ -281,21 +342,39 @@ class SignIn:
                 "role": None if role is None else role.name,
                 "exp": time.time() + settings.session_max_age_s,
             }
+            id_token = token.get("id_token")
+            if isinstance(id_token, str) and len(id_token) <= 3000:  # the cookie stays under the 4 KB browsers keep
+                request.session[_ID_TOKEN_KEY] = id_token
             log.info("signin.succeeded", user_id=user_id.strip(), role=None if role is None else role.name)
             if role is None:
                 next_hash = "#/inbox"
             return RedirectResponse(f"/console/{next_hash}", status_code=302)
 
-        @router.post("/auth/logout", status_code=204, description=f"End the session (needs {CSRF_HEADER}: 1).")
-        async def logout(request: Request) -> Response:
+        @router.post(
+            "/auth/logout",
+            response_model=SignedOut,
+            description=f"End the session (needs {CSRF_HEADER}: 1); ``provider_logout``: where the browser goes "
+            "to end the provider's session too.",
+        )
+        async def logout(request: Request) -> SignedOut:
             person = self.person(request)
+            id_token = request.session.get(_ID_TOKEN_KEY) if person is not None else None
             if person is not None:
                 self.check_csrf(request)
-                log.info("signin.signed_out", user_id=person.user_id)
             request.session.clear()  # the middleware then expires the cookie
-            return Response(status_code=204)
+            provider_logout = await self.provider_logout(id_token) if isinstance(id_token, str) else None
+            if person is not None:
+                log.info("signin.signed_out", user_id=person.user_id, provider_logout=provider_logout is not None)
+            return SignedOut(provider_logout=provider_logout)
 
         return router
+
+
+def _with_query(url: str, params: dict[str, str]) -> str:
+    """``url`` with ``params`` added to the query it may already have."""
+    parts = urlsplit(url)
+    query = urlencode([*parse_qsl(parts.query, keep_blank_values=True), *params.items()])
+    return urlunsplit(parts._replace(query=query))
 
 
 def auth_config(signin: SignIn | None) -> AuthConfig:

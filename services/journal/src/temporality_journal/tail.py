@@ -28,7 +28,8 @@ insert, not at commit, so concurrent transactions become visible out of order. C
 lock and the value in one, works the same on SQLite, and never hands out a number twice (retention
 may delete the newest rows; the counter stays). The price: concurrent journal replicas do not write
 in parallel (the projection's row locks serialised them on shared runs already). A ``rebuild`` drops
-the counter with the tables and numbers the replayed events anew: subscribers start over after one.
+the tables but keeps numbering after the last position handed out: a subscriber resuming with an older
+cursor gets the replayed events again (the same CloudEvent ids: at-least-once across a rebuild) and skips none.
 
 Where it starts: after ``Last-Event-ID`` when the client sends one (a reconnect), else after the
 ``after`` query parameter (a cursor; ``0``: the whole journal, then live), else after the newest event
@@ -39,26 +40,47 @@ journal sent (a stream sequence) resumes where it was.
 How it is fed: the :class:`Recorder` calls :meth:`Changes.notify` once per committed batch (never per
 event); every open stream then reads the rows after its position (``commit_seq`` unique index, at most
 :data:`PAGE` at a time). It also reads every :data:`POLL_S` without a wake-up, so events recorded by
-another journal replica on the same database arrive as well, just later. A stream ends when the client
-goes away or the service stops (SIGTERM: the server does not wait for open streams).
+another journal replica on the same database arrive as well, just later. After :data:`KEEPALIVE_S`
+without an event the stream sends the comment ``: ping`` (proxies keep the connection open).
+
+How it is sent: :class:`EventStreamResponse`, our own ASGI response, not FastAPI's ``EventSourceResponse``
+(0.165's raised ``BrokenResourceError`` from its keep-alive task when a client went away while its events
+were being written: a logged server error for an ordinary hang-up). One task reads the request's
+``http.disconnect`` and sets ``gone``; the stream looks at it between events and while it waits, and ends
+by itself: it is never cancelled in the middle of a database query. A stream ends when the client goes
+away or the service stops (SIGTERM: the server does not wait for open streams).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-from fastapi.sse import ServerSentEvent
+import anyio
 from sqlalchemy import func
 from sqlalchemy import select as sa_select
 from sqlmodel import col, select
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
 
 from temporality_journal.database import Database
 from temporality_journal.models import EVENTS_TABLE, EventRecord
 
-__all__ = ["PAGE", "POLL_S", "RETRY_MS", "Changes", "Tail"]
+__all__ = [
+    "KEEPALIVE_S",
+    "PAGE",
+    "POLL_S",
+    "RETRY_MS",
+    "SSE_ITEM_SCHEMA",
+    "Changes",
+    "EventStreamResponse",
+    "Tail",
+    "sse_event",
+]
 
 #: Rows read per query of one stream.
 PAGE = 500
@@ -66,6 +88,111 @@ PAGE = 500
 POLL_S = 1.0
 #: The reconnection delay suggested to EventSource clients (``retry:``), in milliseconds.
 RETRY_MS = 2000
+#: An idle stream sends the comment ``: ping`` after this long without anything else.
+KEEPALIVE_S = 15.0
+#: One SSE message as OpenAPI 3.2 describes it (an ``itemSchema`` of ``text/event-stream``).
+SSE_ITEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "string"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
+#: What an idle stream sends (a comment: EventSource clients ignore it).
+KEEPALIVE = b": ping\n\n"
+
+
+def _lines(value: str) -> list[str]:
+    return value.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def sse_event(
+    *,
+    data: str | None = None,
+    event: str | None = None,
+    id: str | None = None,
+    retry: int | None = None,
+    comment: str | None = None,
+) -> bytes:
+    """One SSE message in the ``text/event-stream`` wire format (comment, event, data, id, retry; a blank
+    line ends it). ``data`` may hold line breaks (one ``data:`` line each); ``event`` and ``id`` must not."""
+    for name, value in (("event", event), ("id", id)):
+        if value is not None and ("\n" in value or "\r" in value or "\0" in value):
+            raise ValueError(f"an SSE {name} must be one line without NUL")
+    lines = [f": {line}" for line in _lines(comment)] if comment is not None else []
+    if event is not None:
+        lines.append(f"event: {event}")
+    if data is not None:
+        lines += [f"data: {line}" for line in _lines(data)]
+    if id is not None:
+        lines.append(f"id: {id}")
+    if retry is not None:
+        lines.append(f"retry: {retry}")
+    return ("\n".join(lines) + "\n\n").encode("utf-8")
+
+
+class EventStreamResponse(Response):
+    """A ``text/event-stream`` response of a stream of SSE messages that ends cleanly when the client goes.
+
+    ``content`` is made by the caller around ``gone`` (this response's :attr:`gone`, passed in): the task
+    reading the request sets it on ``http.disconnect``, and the stream is expected to look at it and end.
+    The stream is never cancelled by a hang-up; it is closed (``aclose``) when the response ends for any
+    reason. Writes after a hang-up are not attempted; a write the server refuses (``OSError``) is a hang-up
+    too."""
+
+    #: None, so that FastAPI's OpenAPI adds no ``schema`` beside the route's own ``itemSchema``; the
+    #: ``Content-Type`` header is set in ``__init__``.
+    media_type = None
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        gone: anyio.Event,
+        status_code: int = 200,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.content = content
+        self.gone = gone
+        self.status_code = status_code
+        self.background = None
+        self.init_headers(
+            {
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+                **(headers or {}),
+            }
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watch() -> None:
+            while True:
+                message: Message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.gone.set()
+                    return
+
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(watch)
+                try:
+                    await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                    async for chunk in self.content:
+                        if self.gone.is_set():
+                            break
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if not self.gone.is_set():
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                except OSError:
+                    self.gone.set()  # the server says the client is gone (ASGI spec 2.4)
+                tasks.cancel_scope.cancel()
+        finally:
+            aclose = getattr(self.content, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
 
 
 class Changes:
@@ -122,21 +249,39 @@ class Tail:
         run_id: str | None,
         type_: str | None,
         render: Callable[[EventRecord], dict[str, Any]],
-        gone: Callable[[], Any],
-    ) -> AsyncGenerator[ServerSentEvent, None]:
-        """The SSE events after the cursor ``after`` (``None``: from now), rendered by ``render``, until
-        ``gone()`` (an awaitable: the client disconnected) or the service stops."""
+        gone: anyio.Event,
+        keepalive_s: float = KEEPALIVE_S,
+    ) -> AsyncGenerator[bytes, None]:
+        """The SSE messages of the events after the cursor ``after`` (``None``: from now), each rendered by
+        ``render``, until ``gone`` is set (the client went away) or the service stops; ``: ping`` after
+        ``keepalive_s`` without anything sent."""
         position = await self.newest_position() if after is None else after
-        yield ServerSentEvent(comment=f"tail after {position}", retry=RETRY_MS)
-        while not self._stopping():
+        yield sse_event(comment=f"tail after {position}", retry=RETRY_MS)
+        sent_at = time.monotonic()
+        while not self._stopping() and not gone.is_set():
             woken = self.changes.current()
             rows = await self._page(position, run_id, type_)
             for row in rows:
                 position = row.commit_seq  # rows come in commit_seq order, each above the last
-                yield ServerSentEvent(data=render(row), event=row.type, id=str(row.commit_seq))
+                yield sse_event(data=json.dumps(render(row)), event=row.type, id=str(row.commit_seq))
+                sent_at = time.monotonic()
             if len(rows) == PAGE:
                 continue
-            if await gone():
-                return
+            if time.monotonic() - sent_at >= keepalive_s:
+                yield KEEPALIVE
+                sent_at = time.monotonic()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), self._poll_s)
+                async with asyncio.timeout(self._poll_s):
+                    await _first(woken.wait(), gone.wait())
+
+
+async def _first(*waits: Any) -> None:
+    """Until the first of the awaitables ``waits`` is done (the others are cancelled)."""
+    async with anyio.create_task_group() as tasks:
+
+        async def one(wait: Any) -> None:
+            await wait
+            tasks.cancel_scope.cancel()
+
+        for wait in waits:
+            tasks.start_soon(one, wait)

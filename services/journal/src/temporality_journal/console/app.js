@@ -231,8 +231,17 @@ function debounce(fn, ms) {
 }
 
 // ------------------------------------------------------------------ sign-in
+// Signed in with the provider: the journal ends its session and, when the provider offers it (RP-initiated
+// logout), the browser goes on to the provider, which signs the person out there too and sends them back here.
 function signOut(reason) {
-  if (signedInPerson()) fetch("/auth/logout", { method: "POST", headers: CONSOLE_HEADER }).catch(() => {});
+  if (signedInPerson()) {
+    fetch("/auth/logout", { method: "POST", headers: CONSOLE_HEADER })
+      .then((response) => (response.ok ? response.json() : null))
+      .then((body) => {
+        if (body?.provider_logout) location.assign(body.provider_logout);
+      })
+      .catch(() => {});
+  }
   sessionStorage.removeItem(TOKEN_KEY);
   me = null;
   renderChrome();

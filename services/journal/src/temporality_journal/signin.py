@@ -57,10 +57,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import structlog
-from authlib.common.errors import AuthlibBaseError
-from authlib.integrations.starlette_client import OAuth
 from fastapi import APIRouter, FastAPI, Query, Request
-from joserfc.errors import JoseError
 from pydantic import BaseModel, Field
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.responses import RedirectResponse, Response
@@ -161,6 +158,9 @@ class SignIn:
         self.redirect_uri = str(settings.oidc_redirect_base_url).rstrip("/") + "/auth/callback"
         secure = settings.session_cookie_secure
         self.secure = secure if secure is not None else str(settings.oidc_redirect_base_url).startswith("https:")
+        # authlib (and joserfc, cryptography) only when sign-in is configured: a tenth of the journal's start-up
+        from authlib.integrations.starlette_client import OAuth
+
         self.oauth = OAuth()
         self.oauth.register(
             _CLIENT,
@@ -253,6 +253,9 @@ class SignIn:
                     code="provider_unreachable",
                 ) from None
             return redirect
+
+        from authlib.common.errors import AuthlibBaseError
+        from joserfc.errors import JoseError
 
         @router.get("/auth/callback", description="The provider's redirect back (code flow).")
         async def callback(request: Request) -> Response:

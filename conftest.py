@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import structlog
 
+from temporality_testing.modules import describe, same_basenames
+
 pytest_plugins = ["temporality_testing.fixtures"]
 
 _SHARED_SCOPES = {"module", "package", "session"}
@@ -94,6 +96,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if processors and isinstance(processors[-1], structlog.dev.ConsoleRenderer):
         processors[-1] = structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback)
         structlog.configure(processors=processors)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Before collection: two test modules (or helper modules beside tests) with one basename stop the run
+    with a message naming both paths (pytest would refuse the second at collection, less clearly);
+    tests/test_module_basenames.py is the check's specification."""
+    duplicates = same_basenames(Path(session.config.rootpath), session.config.getini("testpaths") or ["."])
+    if duplicates:
+        raise pytest.UsageError(describe(duplicates))
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -6,6 +6,10 @@ human (the run parks ``waiting_for_human``), is killed -9 while the run waits (i
 again (it resumes from its checkpoint: ``agent.task.taken`` resumed, ``run.resumed`` reason ``recovery``), the
 person answers through the web inbox, and the restarted agent finishes the run. One question, one completion;
 its streaming events and checkpoints are in the journal.
+
+The tests share one stack (a stack start is most of their cost): each posts its PR with an event id of its
+own, reads only its own run's questions and waits only on events stored since it began (``EventLog(since=)``),
+so an earlier test's agent registering, deregistering or going offline is never taken for its own.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +59,20 @@ def _config(tmp_path: Path) -> Path:
     return config
 
 
-@pytest.fixture
-def external_stack(tmp_path: Path) -> Any:
-    stack = make_stack(tmp_path, config_dir=_config(tmp_path), TEMPORALITY_COLLAB_HEARTBEAT_GRACE_S="1")
+@pytest.fixture(scope="module")
+def external_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("external-stack")
+    stack = make_stack(root, config_dir=_config(root), TEMPORALITY_COLLAB_HEARTBEAT_GRACE_S="1")
     stack.start()
     try:
         yield stack
     finally:
         stack.stop()
+
+
+def _new_pr() -> dict[str, Any]:
+    """The example PR as a delivery of its own (a fresh event id: never a duplicate of the other test's)."""
+    return example_pr(id=str(uuid.uuid4()))
 
 
 async def _start_agent(stack: Stack, log: Path) -> asyncio.subprocess.Process:
@@ -84,11 +97,12 @@ async def _start_agent(stack: Stack, log: Path) -> asyncio.subprocess.Process:
         out.close()
 
 
-async def _pending(http: httpx.AsyncClient, stack: Stack) -> list[dict[str, Any]]:
+async def _pending(http: httpx.AsyncClient, stack: Stack, run_id: str) -> list[dict[str, Any]]:
+    """The questions pending in alice's inbox for ``run_id`` (the shared stack's other runs left out)."""
     response = await http.get(f"{stack.human_url}/inbox", headers=ALICE)
     assert response.status_code == 200, response.text
     requests: list[dict[str, Any]] = response.json()["requests"]
-    return requests
+    return [r for r in requests if r["run_id"] == run_id]
 
 
 async def _run(http: httpx.AsyncClient, stack: Stack, run_id: str, state: str) -> dict[str, Any] | None:
@@ -110,14 +124,14 @@ async def test_the_example_agent_takes_a_task_asks_is_killed_resumes_and_finishe
 ) -> None:
     stack = external_stack
     nc = await nats.connect(stack.nats.url)
-    events = await EventLog(nc).start()
+    events = await EventLog(nc, since=datetime.now(UTC)).start()
     agent_log = tmp_path / "agent.log"
     agent = await _start_agent(stack, agent_log)
     second: asyncio.subprocess.Process | None = None
     try:
         async with httpx.AsyncClient(timeout=10) as http:
             await events.wait_for("agent.registered", timeout_s=WAIT_S)
-            accepted = await post_hook(http, stack, example_pr())
+            accepted = await post_hook(http, stack, _new_pr())
             assert accepted.status_code == 202, accepted.text
             run_id = accepted.json()["run_id"]
 
@@ -126,16 +140,21 @@ async def test_the_example_agent_takes_a_task_asks_is_killed_resumes_and_finishe
             assert offered.data["task"]["objective"]
             assert offered.data["task"]["context"]["people"] == ["user:alice"]
             await eventually(lambda: _run(http, stack, run_id, "waiting_for_human"), WAIT_S, "the run parked")
-            (request,) = await eventually(lambda: _pending(http, stack), WAIT_S, "alice's inbox to show the question")
+            (request,) = await eventually(
+                lambda: _pending(http, stack, run_id), WAIT_S, "alice's inbox to show the question"
+            )
             assert request["run_id"] == run_id
             assert [o["id"] for o in request["options"]] == ["yes", "no"]
             await events.wait_for("agent.task.checkpointed", run_id=run_id, timeout_s=WAIT_S)
 
             # killed -9 while the run waits for alice: the agent goes offline (its heartbeat timer)
+            killed_at = datetime.now(UTC)
             agent.kill()
             await agent.wait()
             await events.wait_for(
-                "agent.lifecycle_changed", where=lambda e: e.data["to_state"] == "offline", timeout_s=WAIT_S
+                "agent.lifecycle_changed",
+                where=lambda e: e.data["to_state"] == "offline" and e.time >= killed_at,
+                timeout_s=WAIT_S,
             )
 
             # started again: it takes its task back with its checkpoint, and the run says it resumed
@@ -195,12 +214,12 @@ async def test_a_task_waits_for_its_agent_and_survives_kill9_of_the_executor_and
     lost -- one task offer per turn, one question, one completion."""
     stack = external_stack
     nc = await nats.connect(stack.nats.url)
-    events = await EventLog(nc).start()
+    events = await EventLog(nc, since=datetime.now(UTC)).start()
     agent_log = tmp_path / "agent.log"
     agent: asyncio.subprocess.Process | None = None
     try:
         async with httpx.AsyncClient(timeout=10) as http:
-            accepted = await post_hook(http, stack, example_pr())
+            accepted = await post_hook(http, stack, _new_pr())
             assert accepted.status_code == 202, accepted.text
             run_id = accepted.json()["run_id"]
             await events.wait_for("agent.task.offered", run_id=run_id, timeout_s=WAIT_S)
@@ -209,7 +228,9 @@ async def test_a_task_waits_for_its_agent_and_survives_kill9_of_the_executor_and
             stack.services["run-executor"].kill9()  # mid-task: the executor was waiting for the agent's action
             stack.restart("run-executor")
             agent = await _start_agent(stack, agent_log)
-            (request,) = await eventually(lambda: _pending(http, stack), WAIT_S, "alice's inbox to show the question")
+            (request,) = await eventually(
+                lambda: _pending(http, stack, run_id), WAIT_S, "alice's inbox to show the question"
+            )
             await eventually(lambda: _run(http, stack, run_id, "waiting_for_human"), WAIT_S, "the run parked")
 
             stack.services["agent-collab"].kill9()  # mid-task: the run is parked, the agent polls a dead service

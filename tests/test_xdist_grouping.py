@@ -8,6 +8,7 @@ every shared fixture (a Synapse, a module's stack) was set up on every worker. T
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -15,15 +16,31 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = Path(__file__).resolve().parent / "xdist_probe" / "probe_grouped.py"
+#: The plugins the probe needs, named instead of every installed one (schemathesis and hypothesis are most of
+#: a pytest process's start-up, three times over: the controller and its two workers).
+PLUGINS = ("-p", "xdist.plugin", "-p", "pytest_asyncio.plugin", "-p", "pytest_timeout")
 
 
 def test_tests_sharing_a_module_fixture_run_on_one_worker(tmp_path: Path) -> None:
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider"),
+            *(
+                sys.executable,
+                "-m",
+                "pytest",
+                *PLUGINS,
+                "-n",
+                "2",
+                "--dist",
+                "loadgroup",
+                "-v",
+                "-p",
+                "no:cacheprovider",
+            ),
             *("-o", "python_files=probe_*.py", "--basetemp", str(tmp_path / "inner"), str(PROBE)),
         ],
         cwd=ROOT,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         capture_output=True,
         text=True,
         timeout=110,

@@ -156,11 +156,22 @@ class Bus:
 
         On a JetStream cluster the API can time out or answer 503 for a while (a stream being created
         by another service still electing its leader, the meta leader changing): each step is retried
-        with backoff for up to :data:`LAYOUT_RETRY_S` before the start fails."""
-        for spec in streams:
-            await self._layout_step(f"stream {spec.name}", functools.partial(self.ensure_stream, spec))
-        for bucket in buckets:
-            await self._layout_step(f"bucket {bucket.name}", functools.partial(self.ensure_bucket, bucket))
+        with backoff for up to :data:`LAYOUT_RETRY_S` before the start fails.
+
+        The steps run concurrently (each stream and bucket is independent; one after another it was ~17 JetStream
+        round trips, ~0.1 s on a quiet machine and ~1 s on a loaded one, at every service start and every test's
+        layout); every step is seen through, then the first failure in argument order is raised as it was."""
+        steps = [
+            self._layout_step(f"stream {spec.name}", functools.partial(self.ensure_stream, spec)) for spec in streams
+        ]
+        steps += [
+            self._layout_step(f"bucket {bucket.name}", functools.partial(self.ensure_bucket, bucket))
+            for bucket in buckets
+        ]
+        outcomes = await asyncio.gather(*steps, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _layout_step(self, what: str, step: Callable[[], Awaitable[object]]) -> None:
         def _log(state: RetryCallState) -> None:

@@ -1,5 +1,8 @@
 """EventLog: read the journal stream (temporality.events.>) from the start and wait on events, never sleep.
 
+``EventLog(nc, since=moment)`` reads only what the server stored from ``moment`` on (JetStream's
+``by_start_time``): a test sharing a stack with others waits on what happened since it began.
+
 A message on the stream that is not a CloudEvent at all (a poison message a test published) is kept in
 :attr:`EventLog.undecodable` instead of the events, so that :meth:`EventLog.caught_up` still counts it.
 """
@@ -8,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import datetime
 
 from nats.aio.client import Client as NATS
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from temporality_protocol import Envelope, InvalidEnvelope, decode
 from temporality_protocol.catalog import EVENTS_PREFIX, EVENTS_STREAM
@@ -19,9 +23,11 @@ __all__ = ["EventLog"]
 
 
 class EventLog:
-    def __init__(self, nc: NATS, subject: str = f"{EVENTS_PREFIX}.>") -> None:
+    def __init__(self, nc: NATS, subject: str = f"{EVENTS_PREFIX}.>", *, since: datetime | None = None) -> None:
         self._nc = nc
         self._subject = subject
+        #: Only the messages stored from this moment on (timezone-aware); None: the whole stream.
+        self.since = since
         self.events: list[Envelope] = []
         #: The raw messages on the subject that are not CloudEvents (poison), in the order read.
         self.undecodable: list[bytes] = []
@@ -44,9 +50,17 @@ class EventLog:
                 self.events.append(event)
                 self._changed.notify_all()
 
-        self._sub = await js.subscribe(
-            self._subject, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
-        )
+        if self.since is None:
+            self._sub = await js.subscribe(
+                self._subject, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+            )
+        else:
+            self._sub = await js.subscribe(
+                self._subject,
+                cb=on_msg,
+                ordered_consumer=True,
+                config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=self.since),
+            )
         return self
 
     async def stop(self) -> None:
@@ -84,8 +98,11 @@ class EventLog:
 
         The settle step before asserting "nothing more happened" (still one ``run.completed``...): once a
         consumer has acked a message, whatever it published is on the stream, but not yet necessarily here.
-        Poison messages on the subject count too (:attr:`undecodable`).
+        Poison messages on the subject count too (:attr:`undecodable`). Only for a log of the whole stream
+        (without ``since``): it compares with the stream's count.
         """
+        if self.since is not None:
+            raise ValueError("caught_up compares with the whole stream's count: not for an EventLog with since")
         info = await self._nc.jetstream().stream_info(EVENTS_STREAM.name, subjects_filter=self._subject)
         target = sum((info.state.subjects or {}).values())
         try:

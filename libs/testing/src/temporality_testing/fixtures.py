@@ -10,18 +10,21 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from temporality_bus import Bus, NatsSettings
-from temporality_embedded.natsserver import NatsServer
-from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS
-from temporality_testing.events import EventLog
-from temporality_testing.synapse import MatrixAccount, Synapse, synapse_available
+if TYPE_CHECKING:  # imported where used: a pytest process that needs none of them does not pay for them
+    from temporality_bus import Bus, NatsSettings
+    from temporality_embedded.natsserver import NatsServer
+    from temporality_testing.events import EventLog
+    from temporality_testing.synapse import MatrixAccount, Synapse
 
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    from temporality_embedded.natsserver import NatsServer
+
     server = NatsServer(tmp_path / "nats")
     server.start()
     try:
@@ -32,11 +35,16 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
 
 @pytest.fixture
 def nats_settings(nats_server: NatsServer) -> NatsSettings:
+    from temporality_bus import NatsSettings
+
     return NatsSettings(url=nats_server.url, ack_wait_s=2.0, drain_timeout_s=2.0)
 
 
 @pytest.fixture
 async def bus(nats_settings: NatsSettings) -> AsyncIterator[Bus]:
+    from temporality_bus import Bus
+    from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS
+
     async with Bus.connect(nats_settings, name="test") as b:
         await b.ensure(ALL_STREAMS, ALL_BUCKETS)
         yield b
@@ -61,6 +69,8 @@ def require_shared() -> Path:
 
 @pytest.fixture
 async def event_log(bus: Bus) -> AsyncIterator[EventLog]:
+    from temporality_testing.events import EventLog
+
     log = await EventLog(bus.nc).start()
     try:
         yield log
@@ -72,6 +82,8 @@ async def event_log(bus: Bus) -> AsyncIterator[EventLog]:
 def synapse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synapse]:
     """A real Synapse homeserver for the whole test session, shared by every Matrix test (skipped, visibly,
     if it is not installed). A test that needs accounts of its own registers them with fresh localparts."""
+    from temporality_testing.synapse import Synapse, synapse_available
+
     if not synapse_available():
         pytest.skip("matrix-synapse is not installed: the Matrix tests need a real homeserver")
     with Synapse(tmp_path_factory.mktemp("synapse")) as server:

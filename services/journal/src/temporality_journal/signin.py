@@ -73,10 +73,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx
 import httpx2
 import structlog
-from authlib.common.errors import AuthlibBaseError
-from authlib.integrations.starlette_client import OAuth
 from fastapi import APIRouter, FastAPI, Query, Request
-from joserfc.errors import JoseError
 from pydantic import BaseModel, Field
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.responses import RedirectResponse, Response
@@ -196,6 +193,9 @@ class SignIn:
         self.post_logout_redirect_uri = str(settings.oidc_redirect_base_url).rstrip("/") + "/console/"
         secure = settings.session_cookie_secure
         self.secure = secure if secure is not None else str(settings.oidc_redirect_base_url).startswith("https:")
+        # authlib (and joserfc, cryptography) only when sign-in is configured: a tenth of the journal's start-up
+        from authlib.integrations.starlette_client import OAuth
+
         self.oauth = OAuth()
         self.oauth.register(
             _CLIENT,
@@ -312,6 +312,9 @@ class SignIn:
                 raise self._unreachable("login", exc) from None
             request.session["next"] = next  # a session already there stays until the callback replaces it
             return redirect
+
+        from authlib.common.errors import AuthlibBaseError
+        from joserfc.errors import JoseError
 
         @router.get("/auth/callback", description="The provider's redirect back (code flow).")
         async def callback(request: Request) -> Response:

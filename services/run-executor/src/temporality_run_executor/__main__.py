@@ -1,4 +1,8 @@
-"""``temporality-run-executor``: agent cards and providers, then the run consumers, started by the service runtime."""
+"""``temporality-run-executor``: agent cards and providers, then the run consumers, started by the service runtime.
+
+The MCP client (:mod:`temporality_run_executor.mcp_servers`, the ``mcp`` SDK: about a third of the process's
+import time) is imported only when a card names MCP servers.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,9 @@ import structlog
 
 from temporality_protocol.catalog import CONSUMERS, SERVICES
 from temporality_protocol.redaction import PatternError, redactor_from_json
-from temporality_run_executor.agents import AgentsFileError, load_agents
+from temporality_run_executor.agents import AgentCard, AgentsFileError, load_agents
 from temporality_run_executor.api import create_app
 from temporality_run_executor.engine import Engine
-from temporality_run_executor.mcp_servers import McpPool, McpToolFailed, list_card_tools, tool_name
 from temporality_run_executor.providers.factory import ProviderCache, ProviderConfigError
 from temporality_run_executor.settings import Settings
 from temporality_run_executor.tools import BUILTIN_TOOLS, Tool, ToolRegistry
@@ -31,7 +34,7 @@ def configure(settings: Settings) -> Setup[Settings]:
         raise ConfigError(str(exc)) from exc
     tools = ToolRegistry(BUILTIN_TOOLS)
     for card in agents.cards():
-        servers = tuple(tool_name(server.name, "") for server in card.mcp_servers)  # listed in setup
+        servers = _mcp_tool_prefixes(card)  # the servers' tools are listed in setup
         unknown = [name for name in tools.unknown(card.tools) if not name.startswith(servers)]
         if unknown:
             raise ConfigError(
@@ -52,19 +55,8 @@ def configure(settings: Settings) -> Setup[Settings]:
 
     async def setup(rt: Runtime[Settings]) -> None:
         rt.resources.push_async_callback(providers.aclose)
-        mcp = McpPool(idle_s=rt.settings.mcp_idle_s, max_calls=rt.settings.mcp_max_calls)
-        rt.resources.push_async_callback(mcp.aclose)  # stops every MCP server at shutdown
-        card_tools: dict[str, list[Tool]] = {}
-        for card in agents.cards():
-            if not card.mcp_servers:
-                continue
-            try:
-                card_tools[card.id] = await list_card_tools(card, mcp)
-            except McpToolFailed as exc:
-                raise ConfigError(str(exc)) from exc
-            unknown = tools.with_tools(card_tools[card.id]).unknown(card.tools)
-            if unknown:
-                raise ConfigError(f"agent {card.id}: tools names tools no server listed: {unknown}")
+        with_mcp = [card for card in agents.cards() if card.mcp_servers]
+        card_tools = await _mcp_card_tools(rt, with_mcp, tools) if with_mcp else {}
         max_deliver = rt.settings.max_deliver or CONSUMERS["run-executor-requests"].max_deliver
         engine = await Engine.open(
             rt.bus,
@@ -98,6 +90,33 @@ def configure(settings: Settings) -> Setup[Settings]:
         rt.consumer("run-executor-retention", raw_handler=engine.on_retention, max_inflight=inflight)
 
     return setup
+
+
+def _mcp_tool_prefixes(card: AgentCard) -> tuple[str, ...]:
+    """The name prefix of each MCP server's tools on ``card`` (none: the mcp SDK is not imported)."""
+    if not card.mcp_servers:
+        return ()
+    from temporality_run_executor.mcp_servers import tool_name  # the mcp SDK, only when a card uses it
+
+    return tuple(tool_name(server.name, "") for server in card.mcp_servers)
+
+
+async def _mcp_card_tools(rt: Runtime[Settings], cards: list[AgentCard], tools: ToolRegistry) -> dict[str, list[Tool]]:
+    """Start the MCP pool (stopped with the runtime's resources) and list each card's servers' tools."""
+    from temporality_run_executor.mcp_servers import McpPool, McpToolFailed, list_card_tools
+
+    mcp = McpPool(idle_s=rt.settings.mcp_idle_s, max_calls=rt.settings.mcp_max_calls)
+    rt.resources.push_async_callback(mcp.aclose)  # stops every MCP server at shutdown
+    card_tools: dict[str, list[Tool]] = {}
+    for card in cards:
+        try:
+            card_tools[card.id] = await list_card_tools(card, mcp)
+        except McpToolFailed as exc:
+            raise ConfigError(str(exc)) from exc
+        unknown = tools.with_tools(card_tools[card.id]).unknown(card.tools)
+        if unknown:
+            raise ConfigError(f"agent {card.id}: tools names tools no server listed: {unknown}")
+    return card_tools
 
 
 def run() -> None:

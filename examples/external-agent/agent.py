@@ -3,18 +3,19 @@
 It uses nothing of Temporality's code: only the subjects and JSON Schemas in ``schemas/`` (see
 ``schemas/asyncapi.yaml``, channels ``agentsRegister``, ``agentsHeartbeat``, ``agentsDeregister``),
 nats-py for the transport, jsonschema to check every body it sends and receives, and cryptography's
-Ed25519 to sign every request (AP-11; docs/agent-collaboration.md, "Signed messages"). It
+Ed25519 to sign every request (AP-11; docs/agent-collaboration.md, "Signed messages"). Every request goes on
+the agent's own subject, ``temporality.rpc.agents.<agent id>.<operation>``. It
 
-1. registers on ``temporality.rpc.agents.register`` (AP-3) and reads its policy and the negotiated
+1. registers on ``temporality.rpc.agents.<agent id>.register`` (AP-3) and reads its policy and the negotiated
    protocol version from the reply -- or stops, saying why it was refused;
 2. answers the conformance round the reply (or a later heartbeat ack) carries, on
-   ``temporality.rpc.agents.conformance`` (PRO-2): ``echo`` and ``reverse`` are capabilities the
+   ``temporality.rpc.agents.<agent id>.conformance`` (PRO-2): ``echo`` and ``reverse`` are capabilities the
    protocol can probe, so they become verified; ``triage`` has no probe and stays unverified.
    ``--conformance wrong`` answers every probe wrongly and ``--conformance ignore`` not at all, to
    see the platform refuse to verify them;
-3. heartbeats on ``temporality.rpc.agents.heartbeat`` (AP-4) ``--beats`` times, every ``--period-s``
+3. heartbeats on ``temporality.rpc.agents.<agent id>.heartbeat`` (AP-4) ``--beats`` times, every ``--period-s``
    seconds (default: half the interval the reply asks for), alternating ``idle`` and ``busy``;
-4. deregisters on ``temporality.rpc.agents.deregister`` (``decommissioned``), also when interrupted.
+4. deregisters on ``temporality.rpc.agents.<agent id>.deregister`` (``decommissioned``), also when interrupted.
 
     python examples/external-agent/agent.py keygen --out example-agent.key   # prints the public key
     python examples/external-agent/agent.py --nats-url nats://127.0.0.1:4222 --key-file example-agent.key
@@ -31,7 +32,7 @@ refused, 4 a heartbeat refused, 5 a reply that does not match its schema, 6 no r
 message refused.
 
 **Tasks** (``--work``; AP-5, AP-7..AP-9, channels ``agentsTasks`` and ``agentsAct``): instead of ``--beats`` it
-heartbeats every period and polls ``temporality.rpc.agents.tasks`` every ``--poll-s`` seconds. A run whose agent
+heartbeats every period and polls ``temporality.rpc.agents.<agent id>.tasks`` every ``--poll-s`` seconds. A run whose agent
 card says ``provider: {kind: external, agent_id: example-agent}`` (``examples/external-agent/agents.yaml``) is
 offered to it turn by turn. For each task it streams a ``progress`` event, checkpoints, and asks the first
 person the task may ask (``ask_human`` as a ``tool_calls`` action: the run parks until the person answers);
@@ -76,12 +77,14 @@ log = logging.getLogger("external-agent")
 
 #: The protocol versions this agent speaks, newest first (PRO-3: agent-collab picks the highest common one).
 VERSIONS = ["1.0"]
-REGISTER = "temporality.rpc.agents.register"
-HEARTBEAT = "temporality.rpc.agents.heartbeat"
-DEREGISTER = "temporality.rpc.agents.deregister"
-CONFORMANCE = "temporality.rpc.agents.conformance"
-TASKS = "temporality.rpc.agents.tasks"
-ACT = "temporality.rpc.agents.act"
+#: The channels' addresses (``x-nats-subject``): every agent sends on its own, its id in place of ``{agent_id}``
+#: (its NATS user may publish there only; agent-collab refuses a request signed by another agent).
+REGISTER = "temporality.rpc.agents.{agent_id}.register"
+HEARTBEAT = "temporality.rpc.agents.{agent_id}.heartbeat"
+DEREGISTER = "temporality.rpc.agents.{agent_id}.deregister"
+CONFORMANCE = "temporality.rpc.agents.{agent_id}.conformance"
+TASKS = "temporality.rpc.agents.{agent_id}.tasks"
+ACT = "temporality.rpc.agents.{agent_id}.act"
 #: What it declares it can do; the platform probes those the protocol has a check for (PRO-2).
 CAPABILITIES = ["echo", "reverse", "triage"]
 _DEFAULT_SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
@@ -160,7 +163,7 @@ class Client:
         self._key_id = key_id
         self._validators: dict[str, Draft202012Validator] = {}
         for subject in (REGISTER, HEARTBEAT, DEREGISTER, CONFORMANCE, TASKS, ACT):
-            name = subject.removeprefix("temporality.rpc.")
+            name = subject.removeprefix("temporality.rpc.").replace(".{agent_id}", "")  # agents.register
             for kind in ("request", "reply"):
                 schema = json.loads((schemas / "rpc" / f"{name}.{kind}.schema.json").read_text(encoding="utf-8"))
                 Draft202012Validator.check_schema(schema)
@@ -168,9 +171,10 @@ class Client:
                     raise ValueError(f"{name}.{kind}.schema.json is not the schema of {subject}")
                 self._validators[f"{subject} {kind}"] = Draft202012Validator(schema)
 
-    async def call(self, subject: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._validators[f"{subject} request"].validate(body)  # our own bug if this fails
+    async def call(self, channel: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._validators[f"{channel} request"].validate(body)  # our own bug if this fails
         payload = json.dumps(body).encode()
+        subject = channel.format(agent_id=self._key_id)  # its own subject (the key id is its agent id)
         headers = signature_headers(self._key, subject, self._key_id, payload) if self._key is not None else None
         try:
             msg = await self._nc.request(subject, payload, timeout=self._timeout_s, headers=headers)
@@ -180,7 +184,7 @@ class Client:
             raise ProtocolFailure(6, f"nobody answers on {subject} (is agent-collab running?)") from None
         reply: dict[str, Any] = json.loads(msg.data)
         try:
-            self._validators[f"{subject} reply"].validate(reply)
+            self._validators[f"{channel} reply"].validate(reply)
         except ValidationError as exc:
             raise ProtocolFailure(5, f"the reply on {subject} does not match its schema: {exc.message}") from None
         return reply

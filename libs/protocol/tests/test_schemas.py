@@ -18,6 +18,7 @@ from temporality_protocol.catalog import (
     EVENTS_PREFIX,
     EVENTS_STREAM,
     RPC_GET_COLLABORATORS,
+    RPCS,
     SERVICES,
     TRIGGERABLE_EVENTS,
     subject_for,
@@ -479,7 +480,7 @@ def test_asyncapi_operations_match_consumer_catalogue(asyncapi: dict[str, Any]) 
             if CONSUMERS[durable].stream == EVENTS_STREAM.name  # timers are internal
             for subject in CONSUMERS[durable].filter_subjects
         }
-        expected = set(spec.responders) | (
+        expected = {RPCS[s].address for s in spec.responders} | (
             {f"{EVENTS_PREFIX}.>"}
             if f"{EVENTS_PREFIX}.>" in filters
             else {subject_for(t) for t in EVENT_MODELS if any(subject_matches(f, subject_for(t)) for f in filters)}
@@ -494,7 +495,8 @@ def test_asyncapi_operations_are_the_catalogue_s_and_no_more(asyncapi: dict[str,
     assert [t["name"] for t in asyncapi["info"]["tags"]] == list(SERVICES)
     for spec in SERVICES.values():
         ops = by_service.get(spec.name, {})
-        assert ops.get("send", set()) == {subject_for(t) for t in spec.sends} | set(spec.requests), spec.name
+        requests = {RPCS[s].address for s in spec.requests}
+        assert ops.get("send", set()) == {subject_for(t) for t in spec.sends} | requests, spec.name
         if not spec.consumers and not spec.responders:
             assert "receive" not in ops, f"{spec.name} subscribes to nothing, so it receives nothing"
     gateway = by_service["trigger-gateway"]

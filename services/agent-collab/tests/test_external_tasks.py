@@ -47,6 +47,7 @@ from temporality_protocol.catalog import (
     RPC_AGENTS_REGISTER,
     RPC_AGENTS_TASKS_ACT,
     RPC_AGENTS_TASKS_POLL,
+    agent_subject,
 )
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
@@ -88,11 +89,14 @@ async def wait_until(check: Callable[[], Awaitable[bool]], *, timeout_s: float, 
 
 def _signed(subject: str, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
     raw = json.dumps(body).encode()
-    return raw, sign(KEY, subject, AGENT, raw, timestamp=int(time.time()), nonce=secrets.token_urlsafe(16))
+    return raw, sign(
+        KEY, agent_subject(subject, AGENT), AGENT, raw, timestamp=int(time.time()), nonce=secrets.token_urlsafe(16)
+    )
 
 
 async def _send(bus: Bus, subject: str, raw: bytes, headers: dict[str, str] | None) -> dict[str, Any]:
-    reply: dict[str, Any] = json.loads((await bus.nc.request(subject, raw, timeout=10, headers=headers)).data)
+    mine = agent_subject(subject, AGENT)  # the agent's own subject
+    reply: dict[str, Any] = json.loads((await bus.nc.request(mine, raw, timeout=10, headers=headers)).data)
     return reply
 
 
@@ -277,8 +281,8 @@ async def test_unsigned_and_replayed_task_messages_are_refused_and_audited(
     assert reason(await _send(bus, RPC_AGENTS_TASKS_ACT, raw, headers)) == "replayed_nonce"
     gate = await event_log.wait_for(AgentMessageRefused.EVENT_TYPE, count=2, timeout_s=WAIT_S)
     assert sorted((e.data["reason"], e.data["subject"]) for e in gate) == [
-        ("replayed_nonce", RPC_AGENTS_TASKS_ACT),
-        ("unsigned", RPC_AGENTS_TASKS_ACT),
+        ("replayed_nonce", agent_subject(RPC_AGENTS_TASKS_ACT, AGENT)),
+        ("unsigned", agent_subject(RPC_AGENTS_TASKS_ACT, AGENT)),
     ]
     # the refused copies changed nothing: one action
     record = await (await bus.store(BUCKET_AGENT_TASKS, TaskRecord)).get(task_key(AGENT, task_id_for(run_id)))

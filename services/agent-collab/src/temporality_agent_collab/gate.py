@@ -180,8 +180,8 @@ class SignedResponder(Responder[Q, R]):
         self._pass_unknown = pass_unknown
 
     async def answer(self, msg: Msg) -> bytes:
-        try:
-            await self._gate.admit(self.subject, msg, pass_unknown=self._pass_unknown)
+        try:  # the subject it came on (an agent's own: the subscription is a pattern), as signed
+            await self._gate.admit(str(msg.subject), msg, pass_unknown=self._pass_unknown)
         except MessageRefused as refused:
             refusal = AgentRefusal(reason=refused.reason, detail=refused.detail[:4096])
             return self._refused((refused.agent_id or "")[:64], refusal).model_dump_json().encode()

@@ -1,7 +1,7 @@
 """Signed messages of the Agent Protocol (AP-11, PRO-4), pure: the signing input, the headers, the checks.
 
-Every request an external agent sends on a ``temporality.rpc.agents.*`` subject carries four NATS
-headers, and agent-collab verifies them against the Ed25519 public key its allow-list lists for the
+Every request an external agent sends on one of its own subjects, ``temporality.rpc.agents.<agent id>.<operation>``,
+carries four NATS headers, and agent-collab verifies them against the Ed25519 public key its allow-list lists for the
 agent (:mod:`temporality_agent_collab.external`) before it reads the body:
 
 =========================  ==========================================================================
@@ -27,10 +27,12 @@ Checks, in order (the first failing one is the refusal's reason): a signature wh
 allow-listed agent with a key (``unknown_key``); a body whose ``agent_id`` is not the key id
 (``key_mismatch``); a signature that does not verify (``bad_signature``: wrong key, a changed body,
 subject or header); a timestamp further than the window from agent-collab's clock (``stale_timestamp``);
-then, in :mod:`temporality_agent_collab.gate`, a nonce the agent already used (``replayed_nonce``). A
-message without ``Temporality-Signature`` is ``unsigned`` unless the allow-list marks the agent
-``allow_unsigned: true`` (development only); an unsigned message from an agent not listed at all is
-``unknown_agent``.
+a message on another agent's subject than the signer's (``subject_mismatch``: the agent id in the subject
+is who the sender's NATS user is allowed to speak for, the key id who signed); then, in
+:mod:`temporality_agent_collab.gate`, a nonce the agent already used (``replayed_nonce``). A message without
+``Temporality-Signature`` is ``unsigned`` unless the allow-list marks the agent ``allow_unsigned: true``
+(development only; its id is its ``Temporality-Key-Id``, else its body's ``agent_id``, else the subject's, and
+must be the subject's too); an unsigned message from an agent not listed at all is ``unknown_agent``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_public_key
 
+from temporality_protocol.catalog import subject_agent
 from temporality_protocol.events import AgentMessageRefusalReason
 
 __all__ = [
@@ -250,8 +253,9 @@ def verify(
     """Who sent this message, proven -- or :class:`MessageRefused` (the reason per the module docstring).
     The nonce is not checked here (it needs the shared store): the caller claims it after this passes."""
     claimed = _claimed_agent(body)
+    on_behalf_of = subject_agent(subject)  # None: a subject that names no agent (checked by nobody else)
     if _header(headers, SIGNATURE_HEADER) is None:
-        agent = _header(headers, KEY_ID_HEADER) or claimed
+        agent = _header(headers, KEY_ID_HEADER) or claimed or on_behalf_of
         if agent is not None and agent not in keyring.listed:
             raise MessageRefused("unknown_agent", f"agent {agent!r} is not allowed here", agent_id=agent)
         if agent is not None and agent in keyring.unsigned_ok:
@@ -259,6 +263,7 @@ def verify(
                 raise MessageRefused(
                     "key_mismatch", f"{KEY_ID_HEADER} is {agent!r}, the body speaks for {claimed!r}", agent_id=agent
                 )
+            _same_agent(subject, on_behalf_of, agent, None)
             return Verified(agent_id=agent, signed=None)
         raise MessageRefused(
             "unsigned",
@@ -295,4 +300,17 @@ def verify(
             agent_id=signed.key_id,
             signed=signed,
         )
+    _same_agent(subject, on_behalf_of, signed.key_id, signed)
     return Verified(agent_id=signed.key_id, signed=signed)
+
+
+def _same_agent(subject: str, on_behalf_of: str | None, agent_id: str, signed: Signed | None) -> None:
+    """The agent the subject names is the one that signed (or, unsigned, the one the message says it is)."""
+    if on_behalf_of is not None and on_behalf_of != agent_id:
+        raise MessageRefused(
+            "subject_mismatch",
+            f"sent on {subject!r}, agent {on_behalf_of!r}'s subject, but it is from {agent_id!r}: "
+            f"an agent sends on its own subjects only",
+            agent_id=agent_id,
+            signed=signed,
+        )

@@ -7,11 +7,11 @@ tool calls after) and waits for the agent's action in KV ``agent-tasks``. This m
 
 ==========================================  ==================================================================
 consumer ``agent-collab-tasks``             ``agent.task.offered`` -> the task's record (``offered``, turn N)
-``temporality.rpc.agents.tasks``            a registered, online agent takes its tasks (``working``): each
+``temporality.rpc.agents.*.tasks``          a registered, online agent takes its tasks (``working``): each
                                             with the open turn, its inputs, the last checkpoint; a task held
                                             under another ``session_id`` is resumed (``agent.task.taken``
                                             ``resumed: true``; the run-executor publishes ``run.resumed``)
-``temporality.rpc.agents.act``              the agent acts on the open turn -- ``tool_calls`` (``acted``; the
+``temporality.rpc.agents.*.act``            the agent acts on the open turn -- ``tool_calls`` (``acted``; the
                                             run runs them, ``ask_human`` parks it), ``result`` (``completed``),
                                             ``failure`` (``failed``) -- or stores a ``checkpoint`` or a
                                             streaming ``event``, each journaled; out of order: refused,

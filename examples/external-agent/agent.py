@@ -42,6 +42,9 @@ deadline; started again it registers, finds its task held by its old session -- 
 with the last checkpoint (``resumed``) and publishes ``run.resumed`` -- and carries on where it was:
 
     python examples/external-agent/agent.py --nats-url nats://127.0.0.1:4222 --work --tasks 1
+
+``--think-s`` makes it work on a new task that long before its first action. A run cancelled meanwhile comes back
+once in the next poll with ``state: cancelled``: it drops the task (counted as done for ``--tasks``).
 """
 
 from __future__ import annotations
@@ -230,8 +233,11 @@ class Worker:
     a restarted worker resumes from the checkpoint its task comes back with (AP-8). Every action carries a
     stable ``action_id`` (task, turn, what), so a retry after a lost reply or a crash changes nothing."""
 
-    def __init__(self, client: Client, agent_id: str, version: str) -> None:
+    def __init__(self, client: Client, agent_id: str, version: str, *, think_s: float = 0.0) -> None:
         self.client = client
+        self.think_s = think_s
+        #: When each task was first seen (its first action waits ``think_s`` from then).
+        self._seen: dict[str, float] = {}
         self.agent_id = agent_id
         self.version = version
         #: A fresh id per process: a task this worker finds held by another session is being resumed.
@@ -290,6 +296,11 @@ class Worker:
     async def handle(self, assignment: dict[str, Any]) -> None:
         task, turn = assignment["task"], assignment["turn"]
         task_id = task["task_id"]
+        if assignment["state"] == "cancelled":  # its run was cancelled: told once, stop working on it
+            log.info("task %s cancelled (its run %s was cancelled): dropping it", task_id, task["run_id"])
+            self._seen.pop(task_id, None)
+            self.completed += 1
+            return
         saved = assignment["checkpoint"]
         if assignment["resumed"] and task_id not in self._resumed:
             self._resumed.add(task_id)
@@ -305,6 +316,8 @@ class Worker:
         if assignment["acted"]:
             return  # this turn has our action (sent before a restart): the platform is carrying it out
         answers = [i["content"] for i in assignment["inputs"] if i["tool"] == "ask_human"]
+        if time.monotonic() - self._seen.setdefault(task_id, time.monotonic()) < self.think_s:
+            return  # still working on it (--think-s): the next poll comes back to it
         if not answers:
             people = task["context"].get("people") or []
             if not people:
@@ -342,7 +355,7 @@ class Worker:
 
 async def work(client: Client, args: argparse.Namespace, version: str, period: float, answered: set[int]) -> None:
     """``--work``: heartbeat every ``period``, poll for tasks every ``--poll-s``, until ``--tasks`` are done."""
-    worker = Worker(client, args.agent_id, version)
+    worker = Worker(client, args.agent_id, version, think_s=args.think_s)
     last_beat = 0.0
     beats = 0
     while args.tasks == 0 or worker.completed < args.tasks:
@@ -507,6 +520,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work", action="store_true", help="take tasks and do them (instead of --beats heartbeats)")
     parser.add_argument("--tasks", type=int, default=0, help="with --work: stop after this many tasks (0: never)")
     parser.add_argument("--poll-s", type=float, default=1.0, help="with --work: seconds between task polls")
+    parser.add_argument(
+        "--think-s",
+        type=float,
+        default=0.0,
+        help="with --work: seconds it works on a new task before its first action (heartbeating and polling meanwhile)",
+    )
     parser.add_argument(
         "--conformance",
         choices=["answer", "wrong", "ignore"],

@@ -44,6 +44,7 @@ from temporality_protocol.events import (
     AgentTask,
     AgentTaskActed,
     AgentTaskCheckpointed,
+    AgentTaskEnded,
     AgentTaskOffered,
     AgentTaskRefused,
     AgentTaskStreamed,
@@ -308,6 +309,10 @@ EXAMPLES: dict[str, EventData] = {
         AgentTaskStreamed(
             run_id="run-1", task_id="task-1", agent_id="example-agent", turn=1, kind="progress",
             correlation_id="saga-1", request_id="task-1", message="reading", data={"pct": 10},
+        ),
+        AgentTaskEnded(
+            run_id="run-1", task_id="task-1", agent_id="example-agent", turn=1, state="cancelled",
+            cause="run.cancelled", taken=True,
         ),
         AgentTaskRefused(
             agent_id="example-agent", task_id="task-1", turn=2, action_id="task-1:2:act", kind="result",

@@ -865,6 +865,7 @@ SERVICES: dict[str, ServiceSpec] = {
                 "agent.task.checkpointed",
                 "agent.task.streamed",
                 "agent.task.refused",
+                "agent.task.ended",
                 DEAD_LETTERED,
             ),
         ),

@@ -46,6 +46,7 @@ __all__ = [
     "AgentTask",
     "AgentTaskActed",
     "AgentTaskCheckpointed",
+    "AgentTaskEnded",
     "AgentTaskOffered",
     "AgentTaskRefused",
     "AgentTaskStreamed",
@@ -1475,6 +1476,8 @@ class TaskAssignment(_AgentReply):
     """One task the agent holds, as it stands."""
 
     task: AgentTask
+    #: Where the task's dialogue is (``offered``, ``working``, ``acted``); ``cancelled``: its run was cancelled --
+    #: stop working on it (handed over once, in the next poll after the cancel; actions on it are refused).
     state: str
     #: The turn open now; act on it with ``turn`` = this.
     turn: int
@@ -1609,6 +1612,24 @@ class AgentTaskStreamed(EventData):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+class AgentTaskEnded(EventData):
+    """The task ended with its run (AP-5): completed, failed or cancelled. A cancelled task is handed to the agent
+    once more (``state: cancelled`` in its next task poll) so it stops working on it; an action after the end is
+    refused ``task_ended``."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.task.ended"
+    run_id: str
+    task_id: str
+    agent_id: str
+    #: The turn it was at.
+    turn: int
+    state: Literal["completed", "failed", "cancelled"]
+    #: The run's event that ended it (``run.completed``, ``run.failed``, ``run.cancelled``).
+    cause: str
+    #: Whether the agent had taken it (a task never taken has nobody to tell).
+    taken: bool
+
+
 class AgentTaskRefused(EventData):
     """agent-collab refused an agent's task message that was out of order for the task's dialogue (AP-5, PRO-5)."""
 
@@ -1676,6 +1697,7 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         AgentTaskActed,
         AgentTaskCheckpointed,
         AgentTaskStreamed,
+        AgentTaskEnded,
         AgentTaskRefused,
         ApiAccessRefused,
         BusDeadLettered,

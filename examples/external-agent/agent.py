@@ -29,7 +29,12 @@ repository's ``config/external-agents.yaml`` lists ``example-agent`` as ``allow_
 development, so without ``--key-file`` (or ``TEMPORALITY_AGENT_KEY_FILE``) it sends unsigned
 requests, which only such an agent may. Exit codes: 0 done, 2 unusable key file, 3 registration
 refused, 4 a heartbeat refused, 5 a reply that does not match its schema, 6 no reply in time, 7 a task
-message refused.
+message refused, 8 a reply not signed by agent-collab.
+
+With ``--collab-public-key`` (agent-collab's public key, the one its ``TEMPORALITY_COLLAB_REPLY_KEY_FILE`` signs
+with) it checks every reply's signature before it reads it: ``temporality-agent-reply-v1`` LF request subject
+LF reply subject LF key id LF timestamp LF body, headers ``Temporality-Key-Id`` (``--collab-key-id``, default
+``agent-collab``), ``Temporality-Timestamp`` and ``Temporality-Signature``.
 
 **Tasks** (``--work``; AP-5, AP-7..AP-9, channels ``agentsTasks`` and ``agentsAct``): instead of ``--beats`` it
 heartbeats every period and polls ``temporality.rpc.agents.<agent id>.tasks`` every ``--poll-s`` seconds. A run whose agent
@@ -66,7 +71,8 @@ from urllib.parse import urlsplit
 
 import nats
 import nats.errors
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
     NoEncryption,
@@ -104,6 +110,10 @@ class ProtocolFailure(Exception):
 # --------------------------------------------------------------------------- signing (AP-11)
 #: The first line of the signing input (docs/agent-collaboration.md, "Signed messages").
 SIGNATURE_SCHEME = "temporality-agent-signature-v1"
+#: The first line of a reply's signing input.
+REPLY_SCHEME = "temporality-agent-reply-v1"
+#: How far a signed reply's timestamp may be from this agent's clock.
+REPLY_WINDOW_S = 120
 
 
 def signing_input(subject: str, key_id: str, timestamp: str, nonce: str, body: bytes) -> bytes:
@@ -121,6 +131,21 @@ def signature_headers(key: Ed25519PrivateKey, subject: str, key_id: str, body: b
         "Temporality-Nonce": nonce,
         "Temporality-Signature": base64.b64encode(signature).decode("ascii"),
     }
+
+
+def check_reply(collab_key: Ed25519PublicKey, key_id: str, request_subject: str, reply_subject: str, msg: Any) -> None:
+    """agent-collab signed this reply to this request (its inbox is this request's alone), or ProtocolFailure 8."""
+    headers = msg.headers or {}
+    stamp, signature = headers.get("Temporality-Timestamp", ""), headers.get("Temporality-Signature")
+    if signature is None or headers.get("Temporality-Key-Id") != key_id or not stamp.isascii() or not stamp.isdigit():
+        raise ProtocolFailure(8, f"the reply on {request_subject} is not signed by {key_id}")
+    signed = "\n".join([REPLY_SCHEME, request_subject, reply_subject, key_id, stamp, ""]).encode() + msg.data
+    try:
+        collab_key.verify(base64.b64decode(signature, validate=True), signed)
+    except (InvalidSignature, ValueError):
+        raise ProtocolFailure(8, f"the reply on {request_subject} has a signature that does not verify") from None
+    if abs(time.time() - int(stamp)) > REPLY_WINDOW_S:
+        raise ProtocolFailure(8, f"the reply on {request_subject} was signed {time.time() - int(stamp):.0f} s ago")
 
 
 def load_key(path: Path) -> Ed25519PrivateKey:
@@ -159,8 +184,20 @@ class Client:
     """Request/reply on the Agent Protocol's subjects, every body checked against its published schema and
     signed with ``key`` (unsigned when it is ``None``: only an ``allow_unsigned`` agent may)."""
 
-    def __init__(self, nc: Any, schemas: Path, timeout_s: float, *, key: Ed25519PrivateKey | None, key_id: str) -> None:
+    def __init__(
+        self,
+        nc: Any,
+        schemas: Path,
+        timeout_s: float,
+        *,
+        key: Ed25519PrivateKey | None,
+        key_id: str,
+        collab_key: Ed25519PublicKey | None = None,
+        collab_key_id: str = "agent-collab",
+    ) -> None:
         self._nc = nc
+        self._collab_key = collab_key
+        self._collab_key_id = collab_key_id
         self._timeout_s = timeout_s
         self._key = key
         self._key_id = key_id
@@ -185,6 +222,8 @@ class Client:
             raise ProtocolFailure(6, f"no reply on {subject} within {self._timeout_s}s") from None
         except nats.errors.NoRespondersError:
             raise ProtocolFailure(6, f"nobody answers on {subject} (is agent-collab running?)") from None
+        if self._collab_key is not None:  # agent-collab's signature first: an unproven reply is never read
+            check_reply(self._collab_key, self._collab_key_id, subject, msg.subject, msg)
         reply: dict[str, Any] = json.loads(msg.data)
         try:
             self._validators[f"{channel} reply"].validate(reply)
@@ -424,13 +463,31 @@ async def run(args: argparse.Namespace) -> int:
             return 2
     else:
         log.warning("no --key-file: sending unsigned requests (only an allow_unsigned agent may)")
+    collab_key: Ed25519PublicKey | None = None
+    if args.collab_public_key:
+        try:
+            raw = base64.b64decode(args.collab_public_key, validate=True)
+            collab_key = Ed25519PublicKey.from_public_bytes(raw)
+        except ValueError as exc:
+            log.error("cannot use --collab-public-key: %s", exc)
+            return 2
+    else:
+        log.warning("no --collab-public-key: replies are not checked for agent-collab's signature")
     nc = await nats.connect(
         args.nats_url,
         name=f"external-agent-{args.agent_id}",
         connect_timeout=5,
         inbox_prefix=args.inbox_prefix or inbox_prefix_for(args.nats_url),
     )
-    client = Client(nc, args.schemas, args.timeout_s, key=key, key_id=args.agent_id)
+    client = Client(
+        nc,
+        args.schemas,
+        args.timeout_s,
+        key=key,
+        key_id=args.agent_id,
+        collab_key=collab_key,
+        collab_key_id=args.collab_key_id,
+    )
     version: str | None = None
     try:
         reply = await client.call(
@@ -534,6 +591,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--key-file", type=Path, default=None, help="its Ed25519 private key (default: $TEMPORALITY_AGENT_KEY_FILE)"
+    )
+    parser.add_argument(
+        "--collab-public-key",
+        default=os.environ.get("TEMPORALITY_AGENT_COLLAB_PUBLIC_KEY"),
+        help="agent-collab's Ed25519 public key (raw 32 bytes, base64): every reply must be signed with it "
+        "(default: $TEMPORALITY_AGENT_COLLAB_PUBLIC_KEY; unset: replies are not checked)",
+    )
+    parser.add_argument(
+        "--collab-key-id", default="agent-collab", help="the key id agent-collab signs its replies with"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -7,21 +7,25 @@ from __future__ import annotations
 import base64
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from temporality_agent_collab.external import load_allow_list
 from temporality_agent_collab.signing import (
     Keyring,
     MessageRefused,
+    ReplyKey,
+    load_private_key,
     load_public_key,
     public_key_text,
     sign,
     signing_input,
     verify,
+    verify_reply,
 )
 from temporality_service import ConfigError
 
@@ -256,3 +260,47 @@ def test_a_message_on_another_agents_subject_is_a_subject_mismatch() -> None:
     # an unsigned message naming nobody is the subject's agent's
     ok = verify(keyring(unsigned_ok=frozenset({"dev-bot"})), theirs, None, listing, now=NOW, window_s=120)
     assert ok.agent_id == "dev-bot"
+
+
+def test_a_signed_reply_verifies_for_its_own_request_only() -> None:
+    """agent-collab's reply signature binds the request's subject and the requester's inbox for it."""
+    collab = ReplyKey(key_id="agent-collab", key=VECTOR_KEY)
+    reply, inbox = b'{"accepted":true}', "_INBOX.triage-bot.abc.1"
+    headers = collab.headers(SUBJECT, inbox, reply, timestamp=VECTOR_AT)
+    assert set(headers) == {"Temporality-Key-Id", "Temporality-Timestamp", "Temporality-Signature"}
+    public = VECTOR_KEY.public_key()
+
+    def check(**changes: Any) -> None:
+        args: dict[str, Any] = {
+            "request_subject": SUBJECT,
+            "reply_subject": inbox,
+            "headers": headers,
+            "body": reply,
+            "now": NOW,
+        } | changes
+        verify_reply(public, "agent-collab", window_s=120, **args)
+
+    check()
+    for changed in (
+        {"reply_subject": "_INBOX.triage-bot.abc.2"},  # the reply to another request
+        {"request_subject": SUBJECT.replace("deregister", "heartbeat")},
+        {"body": b'{"accepted":false}'},
+        {"headers": None},
+        {"headers": {**headers, "Temporality-Key-Id": "mallory"}},
+        {"now": NOW + timedelta(seconds=600)},
+    ):
+        with pytest.raises(ValueError, match="reply"):
+            check(**changed)
+    # a request's signature is never a reply's (another scheme line)
+    request = sign(VECTOR_KEY, SUBJECT, "agent-collab", reply, timestamp=VECTOR_AT, nonce=NONCE)
+    with pytest.raises(ValueError, match="does not verify"):
+        check(headers=request)
+
+
+def test_the_reply_key_is_a_pem_ed25519_private_key() -> None:
+    pem = VECTOR_KEY.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    assert load_private_key(pem).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) == (
+        VECTOR_KEY.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    )
+    with pytest.raises(ValueError, match="not a readable"):
+        load_private_key(b"not a key")

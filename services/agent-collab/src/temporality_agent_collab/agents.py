@@ -64,6 +64,7 @@ from temporality_agent_collab.registry import (
     utcnow,
 )
 from temporality_agent_collab.rpc import QUEUE_GROUP
+from temporality_agent_collab.signing import ReplyKey
 from temporality_bus import (
     AlreadyExists,
     Bus,
@@ -163,8 +164,9 @@ class AgentRegistry:
         grace_s: float,
         signature_window_s: float = 120.0,
         conformance_timeout_s: float = DEFAULT_TIMEOUT_S,
+        reply_key: ReplyKey | None = None,
     ) -> AgentRegistry:
-        gate = await MessageGate.open(bus, allow_list, window_s=signature_window_s)
+        gate = await MessageGate.open(bus, allow_list, window_s=signature_window_s, reply_key=reply_key)
         return cls(
             bus,
             await bus.store(BUCKET_AGENTS, AgentRecord),

@@ -196,6 +196,8 @@ class ExternalAgents:
             if outcome is not None:
                 return outcome
 
+            over = asyncio.Event()  # set when the wait ends either way (see _unless_cancelled)
+
             async def acted() -> Outcome | None:
                 changes = _Changes(
                     self._bus,
@@ -208,6 +210,8 @@ class ExternalAgents:
                 )
                 try:
                     while time.monotonic() < deadline:
+                        if over.is_set():
+                            return None
                         outcome = await decided(await changes.next(until=deadline))
                         if outcome is not None:
                             return outcome
@@ -217,7 +221,7 @@ class ExternalAgents:
                 finally:
                     await changes.close()
 
-            ended = await self._unless_cancelled(run, acted(), deadline)
+            ended = await self._unless_cancelled(run, acted(), deadline, over)
             if ended == "cancelled":
                 log.info("external.wait_cancelled")
                 detail = f"the run was cancelled while external agent {external_id} worked on turn {call.turn}"
@@ -229,16 +233,20 @@ class ExternalAgents:
             return ProviderFailed(turn=call.turn, error=detail, permanent=True)
 
     async def _unless_cancelled(
-        self, run: RunRecord, waiting: Coroutine[Any, Any, Outcome | None], deadline: float
+        self, run: RunRecord, waiting: Coroutine[Any, Any, Outcome | None], deadline: float, over: asyncio.Event
     ) -> Outcome | str | None:
         """``waiting``'s outcome, or ``"cancelled"`` as soon as the run's record holds a cancel (watched like the
-        task's record: pushed, re-read now and then, watched again after a reconnect)."""
+        task's record: pushed, re-read now and then, watched again after a reconnect).
+
+        ``over`` is set when either ends, and both loops check it at every step: a task cancellation alone can be
+        lost (Python 3.11's ``asyncio.wait_for``, under nats-py's watch, swallows a cancel that comes as an
+        update arrives -- and the run's record changes at every lease renewal)."""
         runs = await self._run_records()
         record = _Changes(self._bus, runs, BUCKET_RUNS, RunRecord, run.run_id, reread_s=self._reread_s, watchers={})
 
         async def cancelled() -> bool:
             try:
-                while time.monotonic() < deadline:
+                while time.monotonic() < deadline and not over.is_set():
                     current = await record.next(until=deadline)
                     if current is not None and current.cancel is not None:
                         return True
@@ -256,6 +264,7 @@ class ExternalAgents:
                 return "cancelled"
             return await acting  # the budget ran out before a cancel: the wait's own last read decides
         finally:
+            over.set()
             for task in (acting, stopping):
                 task.cancel()
             await asyncio.gather(acting, stopping, return_exceptions=True)

@@ -27,7 +27,7 @@ import httpx
 import nats
 import pytest
 import yaml
-from e2e_support import ALICE, CONFIG, JOURNAL, ROOT, eventually, example_pr, make_stack, post_hook
+from e2e_support import ALICE, API_TOKENS, CONFIG, JOURNAL, ROOT, eventually, example_pr, make_stack, post_hook
 
 from temporality_embedded import Stack
 from temporality_testing.events import EventLog
@@ -35,6 +35,7 @@ from temporality_testing.events import EventLog
 pytestmark = pytest.mark.e2e
 
 AGENT = ROOT / "examples" / "external-agent" / "agent.py"
+OPERATOR = {"Authorization": f"Bearer {API_TOKENS[1].token.get_secret_value()}"}
 CARD = ROOT / "examples" / "external-agent" / "agents.yaml"
 WAIT_S = 45.0
 
@@ -75,7 +76,7 @@ def _new_pr() -> dict[str, Any]:
     return example_pr(id=str(uuid.uuid4()))
 
 
-async def _start_agent(stack: Stack, log: Path) -> asyncio.subprocess.Process:
+async def _start_agent(stack: Stack, log: Path, *extra: str) -> asyncio.subprocess.Process:
     out = log.open("ab")
     try:
         return await asyncio.create_subprocess_exec(
@@ -90,6 +91,7 @@ async def _start_agent(stack: Stack, log: Path) -> asyncio.subprocess.Process:
             "0.2",
             "--period-s",
             "0.4",
+            *extra,
             stdout=out,
             stderr=out,
         )
@@ -252,6 +254,63 @@ async def test_a_task_waits_for_its_agent_and_survives_kill9_of_the_executor_and
             assert [e["data"]["kind"] for e in journal if e["type"] == "agent.task.acted"] == ["tool_calls", "result"]
     finally:
         if agent is not None and agent.returncode is None:
+            agent.kill()
+            await agent.wait()
+        await events.stop()
+        await nc.drain()
+
+
+async def test_a_run_cancelled_while_its_agent_works_ends_the_wait_at_once_and_the_agent_is_told(
+    external_stack: Stack, tmp_path: Path
+) -> None:
+    """The agent takes the task and works on it (``--think-s``: no action yet) while the executor waits for it.
+    An operator cancels the run: the wait ends at once (not at the agent's 600 s budget), the run is cancelled --
+    not failed --, the task's end is journaled, and the agent, told in its next poll, drops the task."""
+    stack = external_stack
+    nc = await nats.connect(stack.nats.url)
+    events = await EventLog(nc, since=datetime.now(UTC)).start()
+    agent_log = tmp_path / "agent.log"
+    agent = await _start_agent(stack, agent_log, "--think-s", "300")
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            await events.wait_for("agent.registered", timeout_s=WAIT_S)
+            accepted = await post_hook(http, stack, _new_pr())
+            assert accepted.status_code == 202, accepted.text
+            run_id = accepted.json()["run_id"]
+            await events.wait_for("agent.task.taken", run_id=run_id, timeout_s=WAIT_S)
+            await eventually(lambda: _run(http, stack, run_id, "running"), WAIT_S, "the run waiting for its agent")
+
+            loop = asyncio.get_running_loop()
+            asked_at = loop.time()
+            cancel = await http.post(
+                f"{stack.journal_url}/runs/{run_id}/cancel", json={"reason": "not needed"}, headers=OPERATOR
+            )
+            assert cancel.status_code == 202, cancel.text
+            # the agent thinks for 300 s before it acts (its budget is 600 s): a run that ends well before that was
+            # ended by the cancel, not by the agent (a generous bound: the shared machine can be very loaded)
+            (cancelled,) = await events.wait_for("run.cancelled", run_id=run_id, timeout_s=150)
+            took = loop.time() - asked_at
+            assert took < 150, f"the cancel took {took:.1f} s to end the wait"
+            assert "not needed" in cancelled.data["reason"]
+            (ended,) = await events.wait_for("agent.task.ended", run_id=run_id, timeout_s=WAIT_S)
+            assert (ended.data["state"], ended.data["cause"], ended.data["taken"]) == (
+                "cancelled",
+                "run.cancelled",
+                True,
+            )
+            # told at its next poll, the agent drops the task: its one task is over, it exits cleanly
+            assert await asyncio.wait_for(agent.wait(), WAIT_S) == 0, agent_log.read_text()
+            assert "cancelled (its run" in agent_log.read_text(), agent_log.read_text()
+            journal = await eventually(
+                lambda: _journaled(http, stack, run_id, "run.cancelled", "agent.task.ended"), WAIT_S, "the journal"
+            )
+            types = [e["type"] for e in journal]
+            assert "run.failed" not in types, types
+            assert "human.requested" not in types, types  # it never acted
+            assert types.count("agent.task.offered") == 1, types
+            assert await _run(http, stack, run_id, "cancelled")
+    finally:
+        if agent.returncode is None:
             agent.kill()
             await agent.wait()
         await events.stop()

@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import secrets
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,18 +17,23 @@ import httpx
 import nats
 import nats.errors
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from e2e_support import ALICE, API_TOKENS, JOURNAL, eventually, example_pr, make_stack, post_hook
 from nats.js.api import KeyValueConfig, StreamConfig
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import SecretStr
 
+from temporality_agent_collab.__main__ import SPEC as COLLAB
+from temporality_agent_collab.__main__ import configure as configure_collab
+from temporality_agent_collab.settings import Settings as CollabSettings
+from temporality_agent_collab.signing import public_key_text, sign
 from temporality_bus import Bus, NatsSettings, Timers
 from temporality_embedded import NatsServer, Stack
 from temporality_embedded.cli import nats_authorization
 from temporality_embedded.natsserver import password_variable
 from temporality_embedded.processes import free_port
-from temporality_protocol import TriggerReceived, encode, make_event
+from temporality_protocol import AgentMessageRefused, TriggerReceived, encode, make_event
 from temporality_protocol.catalog import (
     ALL_BUCKETS,
     ALL_STREAMS,
@@ -34,6 +41,7 @@ from temporality_protocol.catalog import (
     CONSUMERS,
     DLQ_STREAM,
     EVENTS_STREAM,
+    RPC_AGENTS_HEARTBEAT,
     RPC_AGENTS_REGISTER,
     RPC_GET_COLLABORATORS,
     RPCS,
@@ -41,6 +49,7 @@ from temporality_protocol.catalog import (
     TIMER_NS_HUMAN,
     TIMERS_STREAM,
     ServiceSpec,
+    agent_subject,
     service_problems,
     subject_for,
 )
@@ -292,8 +301,8 @@ async def test_a_service_cannot_read_another_services_inbox_and_responders_still
         external = await nats.connect(
             secured.url, user="example-agent", password="agent-password", inbox_prefix="_INBOX.example-agent"
         )
-        try:  # an external agent (on its own inbox) is answered too
-            assert (await external.request(RPC_AGENTS_REGISTER, b"{}", timeout=5)).data
+        try:  # an external agent (on its own inbox, its own subject) is answered too
+            assert (await external.request(agent_subject(RPC_AGENTS_REGISTER, "example-agent"), b"{}", timeout=5)).data
         finally:
             await external.close()
         # the responder may not publish into the requester's inbox outside a reply (nor replay an old one)
@@ -455,9 +464,11 @@ async def test_without_nats_users_a_service_creates_what_it_uses_but_never_chang
 
 def test_an_external_agent_may_only_call_the_agent_protocol() -> None:
     permissions = external_agent_permissions("example-agent")
-    external = {spec.subject for spec in RPCS.values() if spec.external}
+    external = {agent_subject(spec.subject, "example-agent") for spec in RPCS.values() if spec.external}
     assert external, "the Agent Protocol's subjects are marked external in the catalogue"
-    assert set(permissions.publish) == external
+    assert set(permissions.publish) == external  # its own subjects only: temporality.rpc.agents.example-agent.*
+    assert all(s.startswith("temporality.rpc.agents.example-agent.") for s in permissions.publish)
+    assert not set(permissions.publish) & set(external_agent_permissions("other-agent").publish)
     assert permissions.subscribe == ("_INBOX.example-agent.>",)  # its own replies, never _INBOX.>
     assert not permissions.allow_responses
     for bad in ("a.b", "*", ">", "", "x" * 64, "trigger-gateway"):  # not one token, or a service's user
@@ -481,6 +492,7 @@ async def test_an_external_agent_reads_only_its_own_replies(secured: NatsServer)
 
     await admin.subscribe(register, cb=answer)
     await admin.flush()
+    mine, theirs = agent_subject(register, "example-agent"), agent_subject(register, "other-agent")
     agent = await nats.connect(
         secured.url,
         user="example-agent",
@@ -506,11 +518,11 @@ async def test_an_external_agent_reads_only_its_own_replies(secured: NatsServer)
         await other.subscribe("_INBOX.>", cb=snoop)
         await other.flush()
         await _violations_of(violations, 'subscription to "_inbox.example-agent.>"', 'subscription to "_inbox.>"')
-        reply = await agent.request(register, b"{}", timeout=5)
+        reply = await agent.request(mine, b"{}", timeout=5)
         assert reply.data == b'{"policy": "for example-agent only"}'
-        assert (await other.request(register, b"{}", timeout=5)).data  # on its own inbox it is answered
+        assert (await other.request(theirs, b"{}", timeout=5)).data  # on its own inbox it is answered
         with pytest.raises(nats.errors.TimeoutError):  # the default _INBOX: the server refuses the subscription
-            await default_inbox.request(register, b"{}", timeout=1)
+            await default_inbox.request(theirs, b"{}", timeout=1)
         await other.flush()
         assert not snooped, snooped
     finally:
@@ -539,23 +551,132 @@ async def test_the_server_lets_an_external_agent_register_and_nothing_else(secur
         error_cb=on_error,
     )
     try:
-        reply = await agent.request(register, b"{}", timeout=5)
+        reply = await agent.request(agent_subject(register, "example-agent"), b"{}", timeout=5)
         assert reply.data == b'{"accepted": true}'
         await agent.publish(subject_for("agent.registered"), b"{}")  # forging an event: refused
         await agent.publish("$JS.API.STREAM.NAMES", b"")  # the JetStream API: refused
+        await agent.publish(agent_subject(register, "other-agent"), b"{}")  # another agent's subject: refused
         await agent.flush()
         await eventually(
             lambda: asyncio.sleep(
-                0, violations if len([v for v in violations if "permissions violation" in v]) >= 2 else None
+                0, violations if len([v for v in violations if "permissions violation" in v]) >= 3 else None
             ),
             timeout_s=10,
-            what="the server refusing both publishes",
+            what="the server refusing the three publishes",
         )
         assert any("agent.registered" in v for v in violations), violations
         assert any("$js.api" in v.lower() for v in violations), violations
+        assert any("temporality.rpc.agents.other-agent.register" in v.lower() for v in violations), violations
     finally:
         await agent.close()
         await admin.close()
+
+
+async def test_two_external_agents_each_speak_only_for_themselves(secured: NatsServer, tmp_path: Path) -> None:
+    """AP-11 on a real server with agent-collab on its own NATS user: example-agent may not publish on
+    other-agent's subjects nor read its requests or replies; with other-agent's key in hand it still cannot
+    speak for it on its own subject -- agent-collab refuses the forged id (``subject_mismatch``) and journals it."""
+    keys = {name: Ed25519PrivateKey.generate() for name in ("example-agent", "other-agent")}
+    allow = tmp_path / "external-agents.yaml"
+    allow.write_text(
+        "agents:\n"
+        + "".join(f"  - id: {name}\n    public_key: {public_key_text(k.public_key())}\n" for name, k in keys.items()),
+        encoding="utf-8",
+    )
+    owner = NatsSettings(url=secured.url, user="journal", password=SecretStr(PASSWORDS["journal"]))
+    async with Bus.connect(owner, name="journal") as journal:
+        await journal.ensure(ALL_STREAMS)  # the journal's layout; agent-collab creates its own buckets
+    settings = CollabSettings(
+        nats=NatsSettings(url=secured.url, user="agent-collab", password=SecretStr(PASSWORDS["agent-collab"])),
+        external_agents_file=allow,
+    )
+    stop, ready = asyncio.Event(), asyncio.Event()
+    collab = asyncio.create_task(run_until(COLLAB, settings, configure_collab(settings), stop, ready=ready))
+    admin = await nats.connect(secured.url, user="admin", password="admin-password")
+    violations: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        violations.append(str(exc).lower())
+
+    journaled: list[dict[str, Any]] = []
+
+    async def refused(msg: Any) -> None:
+        journaled.append(json.loads(msg.data)["data"])
+
+    await admin.subscribe(subject_for(AgentMessageRefused.EVENT_TYPE), cb=refused)
+    await admin.flush()
+    agents = {
+        name: await nats.connect(
+            secured.url,
+            user=name,
+            password="agent-password" if name == "example-agent" else "other-agent-password",
+            inbox_prefix=external_agent_inbox(name),
+            error_cb=on_error,
+        )
+        for name in keys
+    }
+    mallory, other = agents["example-agent"], agents["other-agent"]
+
+    async def request(nc: Any, pattern: str, agent: str, body: dict[str, Any], signer: str) -> dict[str, Any]:
+        subject, raw = agent_subject(pattern, agent), json.dumps(body).encode()
+        headers = sign(keys[signer], subject, signer, raw, timestamp=int(time.time()), nonce=secrets.token_urlsafe(16))
+        reply: dict[str, Any] = json.loads((await nc.request(subject, raw, timeout=10, headers=headers)).data)
+        return reply
+
+    def registration(agent: str) -> dict[str, Any]:
+        return {"agent_id": agent, "protocol_version": "1.0", "provider": "p", "model": "m", "max_context_size": 1}
+
+    def beat(agent: str) -> dict[str, Any]:
+        return {
+            "agent_id": agent,
+            "timestamp": "2026-12-01T00:00:00Z",
+            "current_state": "busy",
+            "protocol_version": "1.0",
+        }
+
+    try:
+        await asyncio.wait_for(ready.wait(), 60)
+        for name, nc in agents.items():  # each registers on its own subject
+            assert (await request(nc, RPC_AGENTS_REGISTER, name, registration(name), name))["outcome"] == "registered"
+        snooped: list[bytes] = []
+
+        async def snoop(msg: Any) -> None:
+            snooped.append(msg.data)
+
+        # example-agent may neither read other-agent's requests nor its replies ...
+        await mallory.subscribe("temporality.rpc.agents.other-agent.>", cb=snoop)
+        await mallory.subscribe(f"{external_agent_inbox('other-agent')}.>", cb=snoop)
+        # ... nor publish on its subjects: the server drops the request, agent-collab never sees it
+        with pytest.raises(nats.errors.TimeoutError):
+            await request(mallory, RPC_AGENTS_HEARTBEAT, "other-agent", beat("other-agent"), "other-agent")
+        await _violations_of(
+            violations,
+            'subscription to "temporality.rpc.agents.other-agent.>"',
+            f'subscription to "{external_agent_inbox("other-agent").lower()}.>"',
+            'publish to "temporality.rpc.agents.other-agent.heartbeat"',
+        )
+        # with other-agent's key, on its own subject: the id in the subject is not the signer's -> refused, journaled
+        forged = await request(mallory, RPC_AGENTS_HEARTBEAT, "example-agent", beat("other-agent"), "other-agent")
+        assert (forged["accepted"], forged["refusal"]["reason"]) == (False, "subject_mismatch"), forged
+        entry = await eventually(
+            lambda: asyncio.sleep(0, next((e for e in journaled if e["reason"] == "subject_mismatch"), None)),
+            timeout_s=10,
+            what="agent.message_refused (subject_mismatch) in the journal's stream",
+        )
+        assert (entry["agent_id"], entry["subject"]) == (
+            "other-agent",
+            "temporality.rpc.agents.example-agent.heartbeat",
+        )
+        # other-agent itself is unaffected, and nothing of its traffic reached example-agent
+        ack = await request(other, RPC_AGENTS_HEARTBEAT, "other-agent", beat("other-agent"), "other-agent")
+        assert (ack["accepted"], ack["state"]) == (True, "busy"), ack
+        await mallory.flush()
+        assert not snooped, snooped
+    finally:
+        for nc in (*agents.values(), admin):
+            await nc.close()
+        stop.set()
+        await asyncio.wait_for(collab, 30)
 
 
 def test_a_journal_subscriber_gets_exactly_its_own_durables() -> None:

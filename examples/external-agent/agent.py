@@ -3,18 +3,19 @@
 It uses nothing of Temporality's code: only the subjects and JSON Schemas in ``schemas/`` (see
 ``schemas/asyncapi.yaml``, channels ``agentsRegister``, ``agentsHeartbeat``, ``agentsDeregister``),
 nats-py for the transport, jsonschema to check every body it sends and receives, and cryptography's
-Ed25519 to sign every request (AP-11; docs/agent-collaboration.md, "Signed messages"). It
+Ed25519 to sign every request (AP-11; docs/agent-collaboration.md, "Signed messages"). Every request goes on
+the agent's own subject, ``temporality.rpc.agents.<agent id>.<operation>``. It
 
-1. registers on ``temporality.rpc.agents.register`` (AP-3) and reads its policy and the negotiated
+1. registers on ``temporality.rpc.agents.<agent id>.register`` (AP-3) and reads its policy and the negotiated
    protocol version from the reply -- or stops, saying why it was refused;
 2. answers the conformance round the reply (or a later heartbeat ack) carries, on
-   ``temporality.rpc.agents.conformance`` (PRO-2): ``echo`` and ``reverse`` are capabilities the
+   ``temporality.rpc.agents.<agent id>.conformance`` (PRO-2): ``echo`` and ``reverse`` are capabilities the
    protocol can probe, so they become verified; ``triage`` has no probe and stays unverified.
    ``--conformance wrong`` answers every probe wrongly and ``--conformance ignore`` not at all, to
    see the platform refuse to verify them;
-3. heartbeats on ``temporality.rpc.agents.heartbeat`` (AP-4) ``--beats`` times, every ``--period-s``
+3. heartbeats on ``temporality.rpc.agents.<agent id>.heartbeat`` (AP-4) ``--beats`` times, every ``--period-s``
    seconds (default: half the interval the reply asks for), alternating ``idle`` and ``busy``;
-4. deregisters on ``temporality.rpc.agents.deregister`` (``decommissioned``), also when interrupted.
+4. deregisters on ``temporality.rpc.agents.<agent id>.deregister`` (``decommissioned``), also when interrupted.
 
     python examples/external-agent/agent.py keygen --out example-agent.key   # prints the public key
     python examples/external-agent/agent.py --nats-url nats://127.0.0.1:4222 --key-file example-agent.key
@@ -28,10 +29,15 @@ repository's ``config/external-agents.yaml`` lists ``example-agent`` as ``allow_
 development, so without ``--key-file`` (or ``TEMPORALITY_AGENT_KEY_FILE``) it sends unsigned
 requests, which only such an agent may. Exit codes: 0 done, 2 unusable key file, 3 registration
 refused, 4 a heartbeat refused, 5 a reply that does not match its schema, 6 no reply in time, 7 a task
-message refused.
+message refused, 8 a reply not signed by agent-collab.
+
+With ``--collab-public-key`` (agent-collab's public key, the one its ``TEMPORALITY_COLLAB_REPLY_KEY_FILE`` signs
+with) it checks every reply's signature before it reads it: ``temporality-agent-reply-v1`` LF request subject
+LF reply subject LF key id LF timestamp LF body, headers ``Temporality-Key-Id`` (``--collab-key-id``, default
+``agent-collab``), ``Temporality-Timestamp`` and ``Temporality-Signature``.
 
 **Tasks** (``--work``; AP-5, AP-7..AP-9, channels ``agentsTasks`` and ``agentsAct``): instead of ``--beats`` it
-heartbeats every period and polls ``temporality.rpc.agents.tasks`` every ``--poll-s`` seconds. A run whose agent
+heartbeats every period and polls ``temporality.rpc.agents.<agent id>.tasks`` every ``--poll-s`` seconds. A run whose agent
 card says ``provider: {kind: external, agent_id: example-agent}`` (``examples/external-agent/agents.yaml``) is
 offered to it turn by turn. For each task it streams a ``progress`` event, checkpoints, and asks the first
 person the task may ask (``ask_human`` as a ``tool_calls`` action: the run parks until the person answers);
@@ -41,6 +47,9 @@ deadline; started again it registers, finds its task held by its old session -- 
 with the last checkpoint (``resumed``) and publishes ``run.resumed`` -- and carries on where it was:
 
     python examples/external-agent/agent.py --nats-url nats://127.0.0.1:4222 --work --tasks 1
+
+``--think-s`` makes it work on a new task that long before its first action. A run cancelled meanwhile comes back
+once in the next poll with ``state: cancelled``: it drops the task (counted as done for ``--tasks``).
 """
 
 from __future__ import annotations
@@ -62,7 +71,8 @@ from urllib.parse import urlsplit
 
 import nats
 import nats.errors
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
     NoEncryption,
@@ -76,12 +86,14 @@ log = logging.getLogger("external-agent")
 
 #: The protocol versions this agent speaks, newest first (PRO-3: agent-collab picks the highest common one).
 VERSIONS = ["1.0"]
-REGISTER = "temporality.rpc.agents.register"
-HEARTBEAT = "temporality.rpc.agents.heartbeat"
-DEREGISTER = "temporality.rpc.agents.deregister"
-CONFORMANCE = "temporality.rpc.agents.conformance"
-TASKS = "temporality.rpc.agents.tasks"
-ACT = "temporality.rpc.agents.act"
+#: The channels' addresses (``x-nats-subject``): every agent sends on its own, its id in place of ``{agent_id}``
+#: (its NATS user may publish there only; agent-collab refuses a request signed by another agent).
+REGISTER = "temporality.rpc.agents.{agent_id}.register"
+HEARTBEAT = "temporality.rpc.agents.{agent_id}.heartbeat"
+DEREGISTER = "temporality.rpc.agents.{agent_id}.deregister"
+CONFORMANCE = "temporality.rpc.agents.{agent_id}.conformance"
+TASKS = "temporality.rpc.agents.{agent_id}.tasks"
+ACT = "temporality.rpc.agents.{agent_id}.act"
 #: What it declares it can do; the platform probes those the protocol has a check for (PRO-2).
 CAPABILITIES = ["echo", "reverse", "triage"]
 _DEFAULT_SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
@@ -98,6 +110,10 @@ class ProtocolFailure(Exception):
 # --------------------------------------------------------------------------- signing (AP-11)
 #: The first line of the signing input (docs/agent-collaboration.md, "Signed messages").
 SIGNATURE_SCHEME = "temporality-agent-signature-v1"
+#: The first line of a reply's signing input.
+REPLY_SCHEME = "temporality-agent-reply-v1"
+#: How far a signed reply's timestamp may be from this agent's clock.
+REPLY_WINDOW_S = 120
 
 
 def signing_input(subject: str, key_id: str, timestamp: str, nonce: str, body: bytes) -> bytes:
@@ -115,6 +131,21 @@ def signature_headers(key: Ed25519PrivateKey, subject: str, key_id: str, body: b
         "Temporality-Nonce": nonce,
         "Temporality-Signature": base64.b64encode(signature).decode("ascii"),
     }
+
+
+def check_reply(collab_key: Ed25519PublicKey, key_id: str, request_subject: str, reply_subject: str, msg: Any) -> None:
+    """agent-collab signed this reply to this request (its inbox is this request's alone), or ProtocolFailure 8."""
+    headers = msg.headers or {}
+    stamp, signature = headers.get("Temporality-Timestamp", ""), headers.get("Temporality-Signature")
+    if signature is None or headers.get("Temporality-Key-Id") != key_id or not stamp.isascii() or not stamp.isdigit():
+        raise ProtocolFailure(8, f"the reply on {request_subject} is not signed by {key_id}")
+    signed = "\n".join([REPLY_SCHEME, request_subject, reply_subject, key_id, stamp, ""]).encode() + msg.data
+    try:
+        collab_key.verify(base64.b64decode(signature, validate=True), signed)
+    except (InvalidSignature, ValueError):
+        raise ProtocolFailure(8, f"the reply on {request_subject} has a signature that does not verify") from None
+    if abs(time.time() - int(stamp)) > REPLY_WINDOW_S:
+        raise ProtocolFailure(8, f"the reply on {request_subject} was signed {time.time() - int(stamp):.0f} s ago")
 
 
 def load_key(path: Path) -> Ed25519PrivateKey:
@@ -153,14 +184,26 @@ class Client:
     """Request/reply on the Agent Protocol's subjects, every body checked against its published schema and
     signed with ``key`` (unsigned when it is ``None``: only an ``allow_unsigned`` agent may)."""
 
-    def __init__(self, nc: Any, schemas: Path, timeout_s: float, *, key: Ed25519PrivateKey | None, key_id: str) -> None:
+    def __init__(
+        self,
+        nc: Any,
+        schemas: Path,
+        timeout_s: float,
+        *,
+        key: Ed25519PrivateKey | None,
+        key_id: str,
+        collab_key: Ed25519PublicKey | None = None,
+        collab_key_id: str = "agent-collab",
+    ) -> None:
         self._nc = nc
+        self._collab_key = collab_key
+        self._collab_key_id = collab_key_id
         self._timeout_s = timeout_s
         self._key = key
         self._key_id = key_id
         self._validators: dict[str, Draft202012Validator] = {}
         for subject in (REGISTER, HEARTBEAT, DEREGISTER, CONFORMANCE, TASKS, ACT):
-            name = subject.removeprefix("temporality.rpc.")
+            name = subject.removeprefix("temporality.rpc.").replace(".{agent_id}", "")  # agents.register
             for kind in ("request", "reply"):
                 schema = json.loads((schemas / "rpc" / f"{name}.{kind}.schema.json").read_text(encoding="utf-8"))
                 Draft202012Validator.check_schema(schema)
@@ -168,9 +211,10 @@ class Client:
                     raise ValueError(f"{name}.{kind}.schema.json is not the schema of {subject}")
                 self._validators[f"{subject} {kind}"] = Draft202012Validator(schema)
 
-    async def call(self, subject: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._validators[f"{subject} request"].validate(body)  # our own bug if this fails
+    async def call(self, channel: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._validators[f"{channel} request"].validate(body)  # our own bug if this fails
         payload = json.dumps(body).encode()
+        subject = channel.format(agent_id=self._key_id)  # its own subject (the key id is its agent id)
         headers = signature_headers(self._key, subject, self._key_id, payload) if self._key is not None else None
         try:
             msg = await self._nc.request(subject, payload, timeout=self._timeout_s, headers=headers)
@@ -178,9 +222,11 @@ class Client:
             raise ProtocolFailure(6, f"no reply on {subject} within {self._timeout_s}s") from None
         except nats.errors.NoRespondersError:
             raise ProtocolFailure(6, f"nobody answers on {subject} (is agent-collab running?)") from None
+        if self._collab_key is not None:  # agent-collab's signature first: an unproven reply is never read
+            check_reply(self._collab_key, self._collab_key_id, subject, msg.subject, msg)
         reply: dict[str, Any] = json.loads(msg.data)
         try:
-            self._validators[f"{subject} reply"].validate(reply)
+            self._validators[f"{channel} reply"].validate(reply)
         except ValidationError as exc:
             raise ProtocolFailure(5, f"the reply on {subject} does not match its schema: {exc.message}") from None
         return reply
@@ -226,8 +272,11 @@ class Worker:
     a restarted worker resumes from the checkpoint its task comes back with (AP-8). Every action carries a
     stable ``action_id`` (task, turn, what), so a retry after a lost reply or a crash changes nothing."""
 
-    def __init__(self, client: Client, agent_id: str, version: str) -> None:
+    def __init__(self, client: Client, agent_id: str, version: str, *, think_s: float = 0.0) -> None:
         self.client = client
+        self.think_s = think_s
+        #: When each task was first seen (its first action waits ``think_s`` from then).
+        self._seen: dict[str, float] = {}
         self.agent_id = agent_id
         self.version = version
         #: A fresh id per process: a task this worker finds held by another session is being resumed.
@@ -286,6 +335,11 @@ class Worker:
     async def handle(self, assignment: dict[str, Any]) -> None:
         task, turn = assignment["task"], assignment["turn"]
         task_id = task["task_id"]
+        if assignment["state"] == "cancelled":  # its run was cancelled: told once, stop working on it
+            log.info("task %s cancelled (its run %s was cancelled): dropping it", task_id, task["run_id"])
+            self._seen.pop(task_id, None)
+            self.completed += 1
+            return
         saved = assignment["checkpoint"]
         if assignment["resumed"] and task_id not in self._resumed:
             self._resumed.add(task_id)
@@ -301,6 +355,8 @@ class Worker:
         if assignment["acted"]:
             return  # this turn has our action (sent before a restart): the platform is carrying it out
         answers = [i["content"] for i in assignment["inputs"] if i["tool"] == "ask_human"]
+        if time.monotonic() - self._seen.setdefault(task_id, time.monotonic()) < self.think_s:
+            return  # still working on it (--think-s): the next poll comes back to it
         if not answers:
             people = task["context"].get("people") or []
             if not people:
@@ -338,7 +394,7 @@ class Worker:
 
 async def work(client: Client, args: argparse.Namespace, version: str, period: float, answered: set[int]) -> None:
     """``--work``: heartbeat every ``period``, poll for tasks every ``--poll-s``, until ``--tasks`` are done."""
-    worker = Worker(client, args.agent_id, version)
+    worker = Worker(client, args.agent_id, version, think_s=args.think_s)
     last_beat = 0.0
     beats = 0
     while args.tasks == 0 or worker.completed < args.tasks:
@@ -407,13 +463,31 @@ async def run(args: argparse.Namespace) -> int:
             return 2
     else:
         log.warning("no --key-file: sending unsigned requests (only an allow_unsigned agent may)")
+    collab_key: Ed25519PublicKey | None = None
+    if args.collab_public_key:
+        try:
+            raw = base64.b64decode(args.collab_public_key, validate=True)
+            collab_key = Ed25519PublicKey.from_public_bytes(raw)
+        except ValueError as exc:
+            log.error("cannot use --collab-public-key: %s", exc)
+            return 2
+    else:
+        log.warning("no --collab-public-key: replies are not checked for agent-collab's signature")
     nc = await nats.connect(
         args.nats_url,
         name=f"external-agent-{args.agent_id}",
         connect_timeout=5,
         inbox_prefix=args.inbox_prefix or inbox_prefix_for(args.nats_url),
     )
-    client = Client(nc, args.schemas, args.timeout_s, key=key, key_id=args.agent_id)
+    client = Client(
+        nc,
+        args.schemas,
+        args.timeout_s,
+        key=key,
+        key_id=args.agent_id,
+        collab_key=collab_key,
+        collab_key_id=args.collab_key_id,
+    )
     version: str | None = None
     try:
         reply = await client.call(
@@ -504,6 +578,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=0, help="with --work: stop after this many tasks (0: never)")
     parser.add_argument("--poll-s", type=float, default=1.0, help="with --work: seconds between task polls")
     parser.add_argument(
+        "--think-s",
+        type=float,
+        default=0.0,
+        help="with --work: seconds it works on a new task before its first action (heartbeating and polling meanwhile)",
+    )
+    parser.add_argument(
         "--conformance",
         choices=["answer", "wrong", "ignore"],
         default="answer",
@@ -511,6 +591,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--key-file", type=Path, default=None, help="its Ed25519 private key (default: $TEMPORALITY_AGENT_KEY_FILE)"
+    )
+    parser.add_argument(
+        "--collab-public-key",
+        default=os.environ.get("TEMPORALITY_AGENT_COLLAB_PUBLIC_KEY"),
+        help="agent-collab's Ed25519 public key (raw 32 bytes, base64): every reply must be signed with it "
+        "(default: $TEMPORALITY_AGENT_COLLAB_PUBLIC_KEY; unset: replies are not checked)",
+    )
+    parser.add_argument(
+        "--collab-key-id", default="agent-collab", help="the key id agent-collab signs its replies with"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -200,13 +200,13 @@ def test_every_rpc_subject_has_one_row_and_its_responder_answers_it() -> None:
         assert subject.startswith("temporality.rpc.")
         assert subject in SERVICES[spec.responder].responders
     assert {s for s, spec in RPCS.items() if spec.external} == {
-        "temporality.rpc.agents.register",
-        "temporality.rpc.agents.heartbeat",
-        "temporality.rpc.agents.deregister",
-        "temporality.rpc.agents.list",
-        "temporality.rpc.agents.conformance",
-        "temporality.rpc.agents.tasks",
-        "temporality.rpc.agents.act",
+        "temporality.rpc.agents.*.register",
+        "temporality.rpc.agents.*.heartbeat",
+        "temporality.rpc.agents.*.deregister",
+        "temporality.rpc.agents.*.list",
+        "temporality.rpc.agents.*.conformance",
+        "temporality.rpc.agents.*.tasks",
+        "temporality.rpc.agents.*.act",
     }
 
 
@@ -241,7 +241,10 @@ def _message(doc: dict[str, Any], ref: str) -> dict[str, Any]:
 @pytest.mark.parametrize("subject", RPC_SUBJECTS)
 def test_every_rpc_subject_is_in_the_asyncapi_document_with_its_schemas(asyncapi: dict[str, Any], subject: str) -> None:
     spec = RPCS[subject]
-    (channel_id,) = [k for k, ch in asyncapi["channels"].items() if ch["address"] == subject]
+    (channel_id,) = [k for k, ch in asyncapi["channels"].items() if ch["address"] == spec.address]
+    if spec.per_agent:  # each agent's own subject: the agent id is the channel's parameter
+        assert spec.address == subject.replace(".*.", ".{agent_id}.")
+        assert set(asyncapi["channels"][channel_id]["parameters"]) == {"agent_id"}
     channel = asyncapi["channels"][channel_id]
     (request_ref,) = channel["messages"].values()
     request = _message(asyncapi, request_ref["$ref"])
@@ -264,7 +267,7 @@ def test_every_rpc_subject_is_in_the_asyncapi_document_with_its_schemas(asyncapi
         assert schema == rpc_schema(spec, kind), f"{path} is stale: make schemas"
         Draft202012Validator.check_schema(schema)
         assert schema["title"] == model.__name__
-        assert schema["x-nats-subject"] == subject
+        assert schema["x-nats-subject"] == spec.address
         assert schema["x-rpc-responder"] == spec.responder
     # PRO-3: requests ignore unknown fields (open schema); our replies are exactly the negotiated shape
     request_schema = json.loads((SCHEMAS / rpc_file(spec, "request")).read_text(encoding="utf-8"))

@@ -18,6 +18,7 @@ from temporality_protocol.catalog import (
     EVENTS_PREFIX,
     EVENTS_STREAM,
     RPC_GET_COLLABORATORS,
+    RPCS,
     SERVICES,
     TRIGGERABLE_EVENTS,
     subject_for,
@@ -43,6 +44,7 @@ from temporality_protocol.events import (
     AgentTask,
     AgentTaskActed,
     AgentTaskCheckpointed,
+    AgentTaskEnded,
     AgentTaskOffered,
     AgentTaskRefused,
     AgentTaskStreamed,
@@ -308,6 +310,10 @@ EXAMPLES: dict[str, EventData] = {
             run_id="run-1", task_id="task-1", agent_id="example-agent", turn=1, kind="progress",
             correlation_id="saga-1", request_id="task-1", message="reading", data={"pct": 10},
         ),
+        AgentTaskEnded(
+            run_id="run-1", task_id="task-1", agent_id="example-agent", turn=1, state="cancelled",
+            cause="run.cancelled", taken=True,
+        ),
         AgentTaskRefused(
             agent_id="example-agent", task_id="task-1", turn=2, action_id="task-1:2:act", kind="result",
             reason="wrong_turn", detail="task task-1 is at turn 1, not 2",
@@ -479,7 +485,7 @@ def test_asyncapi_operations_match_consumer_catalogue(asyncapi: dict[str, Any]) 
             if CONSUMERS[durable].stream == EVENTS_STREAM.name  # timers are internal
             for subject in CONSUMERS[durable].filter_subjects
         }
-        expected = set(spec.responders) | (
+        expected = {RPCS[s].address for s in spec.responders} | (
             {f"{EVENTS_PREFIX}.>"}
             if f"{EVENTS_PREFIX}.>" in filters
             else {subject_for(t) for t in EVENT_MODELS if any(subject_matches(f, subject_for(t)) for f in filters)}
@@ -494,7 +500,8 @@ def test_asyncapi_operations_are_the_catalogue_s_and_no_more(asyncapi: dict[str,
     assert [t["name"] for t in asyncapi["info"]["tags"]] == list(SERVICES)
     for spec in SERVICES.values():
         ops = by_service.get(spec.name, {})
-        assert ops.get("send", set()) == {subject_for(t) for t in spec.sends} | set(spec.requests), spec.name
+        requests = {RPCS[s].address for s in spec.requests}
+        assert ops.get("send", set()) == {subject_for(t) for t in spec.sends} | requests, spec.name
         if not spec.consumers and not spec.responders:
             assert "receive" not in ops, f"{spec.name} subscribes to nothing, so it receives nothing"
     gateway = by_service["trigger-gateway"]

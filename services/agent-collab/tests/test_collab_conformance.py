@@ -34,6 +34,8 @@ from temporality_protocol.catalog import (
     RPC_AGENTS_HEARTBEAT,
     RPC_AGENTS_LIST,
     RPC_AGENTS_REGISTER,
+    RPCS,
+    agent_subject,
 )
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
@@ -87,8 +89,10 @@ async def call(
 ) -> dict[str, Any]:
     """One request as an external agent makes it; the reply is checked against the published schema."""
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    reply: dict[str, Any] = json.loads((await bus.nc.request(subject, raw, timeout=10, headers=headers)).data)
-    name = subject.removeprefix("temporality.rpc.")
+    name = RPCS[subject].name
+    sender = (headers or {}).get("Temporality-Key-Id") or json.loads(raw).get("agent_id") or "good-bot"
+    mine = agent_subject(subject, sender)  # each agent sends on its own subjects
+    reply: dict[str, Any] = json.loads((await bus.nc.request(mine, raw, timeout=10, headers=headers)).data)
     schema = json.loads((SCHEMAS / f"rpc/{name}.reply.schema.json").read_text(encoding="utf-8"))
     Draft202012Validator(schema).validate(reply)
     return reply
@@ -299,7 +303,14 @@ async def test_the_answers_are_signed_like_every_other_request(bus: Bus, event_l
 
     def signed(subject: str, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
         raw = json.dumps(body).encode()
-        return raw, sign(KEY, subject, "signed-bot", raw, timestamp=int(time.time()), nonce=secrets.token_urlsafe(16))
+        return raw, sign(
+            KEY,
+            agent_subject(subject, "signed-bot"),
+            "signed-bot",
+            raw,
+            timestamp=int(time.time()),
+            nonce=secrets.token_urlsafe(16),
+        )
 
     reply = await call(bus, RPC_AGENTS_REGISTER, *signed(RPC_AGENTS_REGISTER, registration("signed-bot", ["echo"])))
     round_ = reply["conformance"]
@@ -313,7 +324,7 @@ async def test_the_answers_are_signed_like_every_other_request(bus: Bus, event_l
     assert (replayed["accepted"], replayed["refusal"]["reason"]) == (False, "replayed_nonce")
     refused = await event_log.wait_for(
         AgentMessageRefused.EVENT_TYPE,
-        where=lambda e: e.data["subject"] == RPC_AGENTS_CONFORMANCE,
+        where=lambda e: e.data["subject"] == agent_subject(RPC_AGENTS_CONFORMANCE, "signed-bot"),
         count=2,
         timeout_s=WAIT_S,
     )

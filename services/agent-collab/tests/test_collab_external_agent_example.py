@@ -176,3 +176,24 @@ async def test_an_unusable_key_file_is_exit_2(tmp_path: Path) -> None:
     code, _out, err = await run_agent("--nats-url", "nats://127.0.0.1:1", "--key-file", str(tmp_path / "garbage.key"))
     assert code == 2, err.decode()
     assert b"cannot use the key file" in err
+
+
+async def test_the_example_agent_checks_agent_collabs_signed_replies(
+    nats_settings: NatsSettings, event_log: EventLog, start_agent_collab: StartCollab, tmp_path: Path
+) -> None:
+    """agent-collab signs every reply with its own key (AP-11); the example checks each one with agent-collab's
+    public key in its own code before reading it -- and stops (exit 8) at the first reply the key did not sign."""
+    collab_public = await keygen(tmp_path / "collab.key")  # the same Ed25519 PEM agent-collab reads
+    agent_public = await keygen(tmp_path / "agent.key")
+    await start_agent_collab(signed_allow_list(tmp_path, agent_public), reply_key_file=tmp_path / "collab.key")
+    signed = ("--nats-url", nats_settings.url, "--key-file", str(tmp_path / "agent.key"), "--beats", "1")
+    code, _out, err = await run_agent(*signed, "--period-s", "0.2", "--collab-public-key", collab_public)
+    assert code == 0, err.decode()
+    assert b"not checked" not in err
+    await event_log.wait_for(
+        AgentLifecycleChanged.EVENT_TYPE, where=lambda e: e.data["to_state"] == "decommissioned", timeout_s=10
+    )
+    # another key's replies: the very first (registration) is refused unread
+    code, _out, err = await run_agent(*signed, "--collab-public-key", await keygen(tmp_path / "other.key"))
+    assert code == 8, err.decode()
+    assert b"signature that does not verify" in err

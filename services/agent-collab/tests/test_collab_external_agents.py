@@ -31,8 +31,10 @@ from temporality_protocol.catalog import (
     RPC_AGENTS_HEARTBEAT,
     RPC_AGENTS_LIST,
     RPC_AGENTS_REGISTER,
+    RPCS,
     TIMER_FIRED_PREFIX,
     TIMER_NS_AGENT_HEARTBEAT,
+    agent_subject,
 )
 from temporality_protocol.states import AgentLifecycleState
 from temporality_testing.events import EventLog
@@ -95,6 +97,15 @@ def heartbeat(agent_id: str = "triage-bot", state: str = "idle", **changes: Any)
     return body
 
 
+def _body_agent(raw: bytes) -> str | None:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    agent = body.get("agent_id") if isinstance(body, dict) else None
+    return agent if isinstance(agent, str) and agent else None
+
+
 def reply_schema(name: str) -> Draft202012Validator:
     return Draft202012Validator(json.loads((SCHEMAS / f"rpc/{name}.reply.schema.json").read_text(encoding="utf-8")))
 
@@ -104,8 +115,10 @@ async def call(
 ) -> dict[str, Any]:
     """One request as an external agent makes it; the reply is checked against the published schema."""
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    reply: dict[str, Any] = json.loads((await bus.nc.request(subject, raw, timeout=10, headers=headers)).data)
-    reply_schema(subject.removeprefix("temporality.rpc.")).validate(reply)
+    sender = (headers or {}).get("Temporality-Key-Id") or _body_agent(raw) or "triage-bot"
+    mine = agent_subject(subject, sender)  # each agent sends on its own subjects
+    reply: dict[str, Any] = json.loads((await bus.nc.request(mine, raw, timeout=10, headers=headers)).data)
+    reply_schema(RPCS[subject].name).validate(reply)
     return reply
 
 

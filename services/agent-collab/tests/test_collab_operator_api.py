@@ -22,7 +22,12 @@ from temporality_agent_collab.settings import Settings
 from temporality_agent_collab.signing import public_key_text, sign
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import AgentLifecycleChanged, AgentReadmitted, AgentRegistrationRefused
-from temporality_protocol.catalog import RPC_AGENTS_DEREGISTER, RPC_AGENTS_HEARTBEAT, RPC_AGENTS_REGISTER
+from temporality_protocol.catalog import (
+    RPC_AGENTS_DEREGISTER,
+    RPC_AGENTS_HEARTBEAT,
+    RPC_AGENTS_REGISTER,
+    agent_subject,
+)
 from temporality_service import ApiAuthSettings, ApiToken, Role, Runtime, run_until
 from temporality_service.auth import dump_tokens
 from temporality_testing.events import EventLog
@@ -81,6 +86,7 @@ async def collab(nats_settings: NatsSettings, tmp_path: Path) -> AsyncIterator[S
 async def call(bus: Bus, subject: str, body: dict[str, Any]) -> dict[str, Any]:
     """A request of triage-bot, signed afresh."""
     raw = json.dumps(body).encode()
+    subject = agent_subject(subject, "triage-bot")  # its own subjects
     headers = sign(KEY, subject, "triage-bot", raw, timestamp=int(time.time()), nonce=secrets.token_urlsafe(16))
     reply: dict[str, Any] = json.loads((await bus.nc.request(subject, raw, timeout=10, headers=headers)).data)
     return reply

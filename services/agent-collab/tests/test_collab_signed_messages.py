@@ -33,6 +33,7 @@ from temporality_protocol.catalog import (
     RPC_AGENTS_HEARTBEAT,
     RPC_AGENTS_LIST,
     RPC_AGENTS_REGISTER,
+    agent_subject,
 )
 from temporality_testing.events import EventLog
 
@@ -104,15 +105,36 @@ def signed(
     key_id: str = "triage-bot",
     timestamp: int | None = None,
 ) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of a signed request, a fresh nonce and the current time (unless given)."""
+    """The body and headers of a signed request on the key id's own subject, a fresh nonce and the current time
+    (unless given)."""
     raw = json.dumps(body).encode()
     stamp = int(time.time()) if timestamp is None else timestamp
-    return raw, sign(key, subject, key_id, raw, timestamp=stamp, nonce=secrets.token_urlsafe(16))
+    return raw, sign(key, own(subject, key_id), key_id, raw, timestamp=stamp, nonce=secrets.token_urlsafe(16))
 
 
-async def send(bus: Bus, subject: str, raw: bytes, headers: dict[str, str] | None) -> dict[str, Any]:
-    reply: dict[str, Any] = json.loads((await bus.nc.request(subject, raw, timeout=10, headers=headers)).data)
+def own(subject: str, agent_id: str) -> str:
+    """``agent_id``'s own subject of a per-agent pattern (a concrete subject is left as it is)."""
+    return agent_subject(subject, agent_id) if ".*." in subject else subject
+
+
+async def send(
+    bus: Bus, subject: str, raw: bytes, headers: dict[str, str] | None, *, as_agent: str | None = None
+) -> dict[str, Any]:
+    """A request on the subject of ``as_agent`` (default: the key id, else the body's agent id, else triage-bot)."""
+    sender = as_agent or (headers or {}).get("Temporality-Key-Id") or _body_agent(raw) or "triage-bot"
+    reply: dict[str, Any] = json.loads(
+        (await bus.nc.request(own(subject, sender), raw, timeout=10, headers=headers)).data
+    )
     return reply
+
+
+def _body_agent(raw: bytes) -> str | None:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    agent = body.get("agent_id") if isinstance(body, dict) else None
+    return agent if isinstance(agent, str) and agent else None
 
 
 async def call(bus: Bus, subject: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
@@ -173,7 +195,12 @@ async def test_an_unsigned_message_is_refused_and_journaled(bus: Bus, event_log:
     assert "Temporality-Signature" in reply["refusal"]["detail"]
     (event,) = await refused_event(event_log, "unsigned")
     data = event.payload(AgentMessageRefused)
-    assert (data.agent_id, data.subject, data.key_id, data.nonce) == ("triage-bot", RPC_AGENTS_REGISTER, None, None)
+    assert (data.agent_id, data.subject, data.key_id, data.nonce) == (
+        "triage-bot",
+        own(RPC_AGENTS_REGISTER, "triage-bot"),
+        None,
+        None,
+    )
     assert event.actor == "agent:triage-bot"
     assert await stored(bus) is None
     # an agent listed without a key and not allow_unsigned: refused just the same
@@ -217,6 +244,48 @@ async def test_a_message_signed_with_the_wrong_key_is_refused_and_journaled(
     assert await stored(bus) is None
 
 
+async def test_a_message_on_another_agents_subject_is_refused_and_journaled(
+    bus: Bus, event_log: EventLog, collab: None
+) -> None:
+    """AP-11: the agent id in the subject (whose NATS user may publish there) must be the signer's. scout-bot
+    signing its own, valid heartbeat for triage-bot's subject is refused; so is triage-bot's signed message
+    moved onto scout-bot's subject (the signature covers the subject)."""
+    await call(bus, RPC_AGENTS_REGISTER, registration())
+    await call(bus, RPC_AGENTS_REGISTER, registration("scout-bot"), key=OTHER_KEY, key_id="scout-bot")
+    theirs = own(RPC_AGENTS_HEARTBEAT, "triage-bot")
+    raw = json.dumps(heartbeat("scout-bot", state="busy")).encode()
+    headers = sign(OTHER_KEY, theirs, "scout-bot", raw, timestamp=int(time.time()), nonce=secrets.token_urlsafe(16))
+    reply = await send(bus, RPC_AGENTS_HEARTBEAT, raw, headers, as_agent="triage-bot")
+    assert (reply["accepted"], refusal_reason(reply)) == (False, "subject_mismatch")
+    (event,) = await refused_event(event_log, "subject_mismatch")
+    data = event.payload(AgentMessageRefused)
+    assert (data.agent_id, data.key_id, data.subject) == ("scout-bot", "scout-bot", theirs)
+    record = await stored(bus)
+    assert record is not None
+    assert (record.state.value, record.beat) == ("registered", 1)  # triage-bot's record untouched
+    # a body without agent_id (discovery) is named by its subject too
+    listing = json.dumps({"protocol_versions": ["1.0"]}).encode()
+    headers = sign(
+        OTHER_KEY,
+        theirs.replace("heartbeat", "list"),
+        "scout-bot",
+        listing,
+        timestamp=int(time.time()),
+        nonce=secrets.token_urlsafe(16),
+    )
+    assert (
+        refusal_reason(await send(bus, RPC_AGENTS_LIST, listing, headers, as_agent="triage-bot")) == "subject_mismatch"
+    )
+    # triage-bot's own signed heartbeat, moved onto scout-bot's subject: the signature no longer verifies
+    raw, headers = signed(RPC_AGENTS_HEARTBEAT, heartbeat(state="busy"))
+    moved = await send(bus, RPC_AGENTS_HEARTBEAT, raw, headers, as_agent="scout-bot")
+    assert refusal_reason(moved) == "bad_signature"
+    await refused_event(event_log, "subject_mismatch", count=2)
+    # and on its own subject the same message is taken
+    ok = await send(bus, RPC_AGENTS_HEARTBEAT, raw, headers)
+    assert (ok["accepted"], ok["state"]) == (True, "busy")
+
+
 async def test_a_tampered_body_is_refused_and_journaled(bus: Bus, event_log: EventLog, collab: None) -> None:
     await call(bus, RPC_AGENTS_REGISTER, registration())
     raw, headers = signed(RPC_AGENTS_HEARTBEAT, heartbeat(state="idle"))
@@ -256,7 +325,7 @@ async def test_a_replayed_message_is_refused_and_journaled(
     nonces = await bus.store(BUCKET_AGENT_NONCES, NonceSeen)
     seen = await nonces.get(nonce_key("triage-bot", headers["Temporality-Nonce"]))
     assert seen is not None
-    assert seen.value.subject == RPC_AGENTS_HEARTBEAT
+    assert seen.value.subject == own(RPC_AGENTS_HEARTBEAT, "triage-bot")
 
 
 async def test_a_stale_timestamp_is_refused_and_journaled(bus: Bus, event_log: EventLog, collab: None) -> None:

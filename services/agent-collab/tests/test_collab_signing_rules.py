@@ -7,30 +7,34 @@ from __future__ import annotations
 import base64
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from temporality_agent_collab.external import load_allow_list
 from temporality_agent_collab.signing import (
     Keyring,
     MessageRefused,
+    ReplyKey,
+    load_private_key,
     load_public_key,
     public_key_text,
     sign,
     signing_input,
     verify,
+    verify_reply,
 )
 from temporality_service import ConfigError
 
-SUBJECT = "temporality.rpc.agents.deregister"
+SUBJECT = "temporality.rpc.agents.triage-bot.deregister"
 BODY = b'{"agent_id":"triage-bot","protocol_version":"1.0"}'
 #: The published test vector (docs/agent-collaboration.md): private key bytes 0x00..0x1f.
 VECTOR_KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 VECTOR_PUBLIC = "A6EHv/POEL4dcN0Y50vAmWfk1jCbpQ1fHdyGZBJVMbg="
-VECTOR_SIGNATURE = "ixKsTApzSVN3OmaKTmFYU9LkFMZCeuBOOgaazet5Guo6ffh8SsodM4MA2yMMjcFaIAW/zhv80OCvlUDLOmL3Cw=="
+VECTOR_SIGNATURE = "kFPaGzEKfKl5RIVqnpDRm/b7AGs3iYjI71BDKfCKKKJhqzxUoGYJx2MecZL7+ERK2onkFZ+cuMB7xrAn1gn/Bw=="
 VECTOR_AT = 1764614400
 NONCE = "n0nce-0000000001"
 NOW = datetime.fromtimestamp(VECTOR_AT, UTC)
@@ -64,7 +68,7 @@ def signed(body: bytes = BODY, *, key: Ed25519PrivateKey = VECTOR_KEY, key_id: s
 def test_the_signing_input_is_the_documented_bytes() -> None:
     assert signing_input(SUBJECT, "triage-bot", "1764614400", NONCE, BODY) == (
         b"temporality-agent-signature-v1\n"
-        b"temporality.rpc.agents.deregister\n"
+        b"temporality.rpc.agents.triage-bot.deregister\n"
         b"triage-bot\n"
         b"1764614400\n"
         b"n0nce-0000000001\n"
@@ -99,12 +103,13 @@ def test_unsigned_is_refused_unless_the_agent_is_marked_allow_unsigned() -> None
     assert refusal({}).reason == "unsigned"
     dev = BODY.replace(b"triage-bot", b"dev-bot")
     assert refusal(None, dev).reason == "unsigned"
-    accepted = verify(keyring(unsigned_ok=frozenset({"dev-bot"})), SUBJECT, None, dev, now=NOW, window_s=120)
+    dev_subject = SUBJECT.replace("triage-bot", "dev-bot")  # its own
+    accepted = verify(keyring(unsigned_ok=frozenset({"dev-bot"})), dev_subject, None, dev, now=NOW, window_s=120)
     assert (accepted.agent_id, accepted.signed) == ("dev-bot", None)
     # without agent_id in the body the sender is named by the key-id header; another one than the body's: no
     listing = b'{"protocol_versions":["1.0"]}'
     as_dev = {"Temporality-Key-Id": "dev-bot"}
-    ok = verify(keyring(unsigned_ok=frozenset({"dev-bot"})), SUBJECT, as_dev, listing, now=NOW, window_s=120)
+    ok = verify(keyring(unsigned_ok=frozenset({"dev-bot"})), dev_subject, as_dev, listing, now=NOW, window_s=120)
     assert ok.agent_id == "dev-bot"
     assert refusal(as_dev, BODY, unsigned_ok=frozenset({"dev-bot"})).reason == "key_mismatch"
     assert refusal(None, listing).reason == "unsigned"  # nobody named at all
@@ -128,7 +133,7 @@ def test_a_wrong_key_or_any_changed_byte_is_a_bad_signature() -> None:
     assert refusal(headers, BODY.replace(b"1.0", b"1.1")).reason == "bad_signature"  # the body
     assert refusal(headers, BODY + b" ").reason == "bad_signature"  # even insignificant whitespace
     with pytest.raises(MessageRefused, match="does not verify") as other_subject:
-        verify(keyring(), "temporality.rpc.agents.heartbeat", headers, BODY, now=NOW, window_s=120)
+        verify(keyring(), "temporality.rpc.agents.triage-bot.heartbeat", headers, BODY, now=NOW, window_s=120)
     assert other_subject.value.reason == "bad_signature"
     assert refusal({**headers, "Temporality-Nonce": "n0nce-0000000002"}).reason == "bad_signature"
     assert refusal({**headers, "Temporality-Timestamp": str(VECTOR_AT + 1)}).reason == "bad_signature"
@@ -228,3 +233,74 @@ def test_the_keyring_of_an_allow_list(tmp_path: Path) -> None:
     ring = load_allow_list(path).keyring()
     assert dict(ring.keys) == {"a-bot": public}
     assert (ring.unsigned_ok, ring.listed) == (frozenset({"b-bot"}), frozenset({"a-bot", "b-bot", "c-bot"}))
+
+
+def test_a_message_on_another_agents_subject_is_a_subject_mismatch() -> None:
+    """The agent id in the subject (whose NATS user may publish there) must be the one that signed."""
+    theirs = "temporality.rpc.agents.dev-bot.list"
+    listing = b'{"protocol_versions":["1.0"]}'  # no agent_id in the body: only the subject says for whom
+    headers = sign(VECTOR_KEY, theirs, "triage-bot", listing, timestamp=VECTOR_AT, nonce=NONCE)
+    with pytest.raises(MessageRefused, match="agent 'dev-bot''s subject") as caught:
+        verify(keyring(), theirs, headers, listing, now=NOW, window_s=120)
+    assert (caught.value.reason, caught.value.agent_id, caught.value.key_id) == (
+        "subject_mismatch",
+        "triage-bot",
+        "triage-bot",
+    )
+    assert caught.value.signed is not None  # journaled with its nonce and timestamp
+    # on its own subject the same listing is triage-bot's
+    mine = "temporality.rpc.agents.triage-bot.list"
+    own = sign(VECTOR_KEY, mine, "triage-bot", listing, timestamp=VECTOR_AT, nonce=NONCE)
+    assert verify(keyring(), mine, own, listing, now=NOW, window_s=120).agent_id == "triage-bot"
+    # an agent allowed unsigned messages is held to its own subjects too
+    dev = b'{"agent_id":"dev-bot","protocol_version":"1.0"}'
+    with pytest.raises(MessageRefused) as unsigned:
+        verify(keyring(unsigned_ok=frozenset({"dev-bot"})), SUBJECT, None, dev, now=NOW, window_s=120)
+    assert (unsigned.value.reason, unsigned.value.agent_id) == ("subject_mismatch", "dev-bot")
+    # an unsigned message naming nobody is the subject's agent's
+    ok = verify(keyring(unsigned_ok=frozenset({"dev-bot"})), theirs, None, listing, now=NOW, window_s=120)
+    assert ok.agent_id == "dev-bot"
+
+
+def test_a_signed_reply_verifies_for_its_own_request_only() -> None:
+    """agent-collab's reply signature binds the request's subject and the requester's inbox for it."""
+    collab = ReplyKey(key_id="agent-collab", key=VECTOR_KEY)
+    reply, inbox = b'{"accepted":true}', "_INBOX.triage-bot.abc.1"
+    headers = collab.headers(SUBJECT, inbox, reply, timestamp=VECTOR_AT)
+    assert set(headers) == {"Temporality-Key-Id", "Temporality-Timestamp", "Temporality-Signature"}
+    public = VECTOR_KEY.public_key()
+
+    def check(**changes: Any) -> None:
+        args: dict[str, Any] = {
+            "request_subject": SUBJECT,
+            "reply_subject": inbox,
+            "headers": headers,
+            "body": reply,
+            "now": NOW,
+        } | changes
+        verify_reply(public, "agent-collab", window_s=120, **args)
+
+    check()
+    for changed in (
+        {"reply_subject": "_INBOX.triage-bot.abc.2"},  # the reply to another request
+        {"request_subject": SUBJECT.replace("deregister", "heartbeat")},
+        {"body": b'{"accepted":false}'},
+        {"headers": None},
+        {"headers": {**headers, "Temporality-Key-Id": "mallory"}},
+        {"now": NOW + timedelta(seconds=600)},
+    ):
+        with pytest.raises(ValueError, match="reply"):
+            check(**changed)
+    # a request's signature is never a reply's (another scheme line)
+    request = sign(VECTOR_KEY, SUBJECT, "agent-collab", reply, timestamp=VECTOR_AT, nonce=NONCE)
+    with pytest.raises(ValueError, match="does not verify"):
+        check(headers=request)
+
+
+def test_the_reply_key_is_a_pem_ed25519_private_key() -> None:
+    pem = VECTOR_KEY.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    assert load_private_key(pem).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) == (
+        VECTOR_KEY.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    )
+    with pytest.raises(ValueError, match="not a readable"):
+        load_private_key(b"not a key")

@@ -30,6 +30,7 @@ from temporality_protocol import (
     AgentTask,
     AgentTaskActed,
     AgentTaskCheckpointed,
+    AgentTaskEnded,
     AgentTaskOffered,
     AgentTaskRefused,
     AgentTaskStreamed,
@@ -47,6 +48,7 @@ from temporality_protocol.catalog import (
     RPC_AGENTS_REGISTER,
     RPC_AGENTS_TASKS_ACT,
     RPC_AGENTS_TASKS_POLL,
+    agent_subject,
 )
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
@@ -88,11 +90,14 @@ async def wait_until(check: Callable[[], Awaitable[bool]], *, timeout_s: float, 
 
 def _signed(subject: str, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
     raw = json.dumps(body).encode()
-    return raw, sign(KEY, subject, AGENT, raw, timestamp=int(time.time()), nonce=secrets.token_urlsafe(16))
+    return raw, sign(
+        KEY, agent_subject(subject, AGENT), AGENT, raw, timestamp=int(time.time()), nonce=secrets.token_urlsafe(16)
+    )
 
 
 async def _send(bus: Bus, subject: str, raw: bytes, headers: dict[str, str] | None) -> dict[str, Any]:
-    reply: dict[str, Any] = json.loads((await bus.nc.request(subject, raw, timeout=10, headers=headers)).data)
+    mine = agent_subject(subject, AGENT)  # the agent's own subject
+    reply: dict[str, Any] = json.loads((await bus.nc.request(mine, raw, timeout=10, headers=headers)).data)
     return reply
 
 
@@ -277,8 +282,8 @@ async def test_unsigned_and_replayed_task_messages_are_refused_and_audited(
     assert reason(await _send(bus, RPC_AGENTS_TASKS_ACT, raw, headers)) == "replayed_nonce"
     gate = await event_log.wait_for(AgentMessageRefused.EVENT_TYPE, count=2, timeout_s=WAIT_S)
     assert sorted((e.data["reason"], e.data["subject"]) for e in gate) == [
-        ("replayed_nonce", RPC_AGENTS_TASKS_ACT),
-        ("unsigned", RPC_AGENTS_TASKS_ACT),
+        ("replayed_nonce", agent_subject(RPC_AGENTS_TASKS_ACT, AGENT)),
+        ("unsigned", agent_subject(RPC_AGENTS_TASKS_ACT, AGENT)),
     ]
     # the refused copies changed nothing: one action
     record = await (await bus.store(BUCKET_AGENT_TASKS, TaskRecord)).get(task_key(AGENT, task_id_for(run_id)))
@@ -313,10 +318,39 @@ async def test_a_new_session_resumes_from_the_checkpoint_and_a_run_end_ends_the_
         return found is not None and found.value.state.value == "cancelled"
 
     await wait_until(ended, timeout_s=WAIT_S, what="the task cancelled with its run")
+    (journaled,) = await event_log.wait_for(AgentTaskEnded.EVENT_TYPE, run_id=run_id, timeout_s=WAIT_S)
+    assert (journaled.data["state"], journaled.data["cause"], journaled.data["taken"]) == (
+        "cancelled",
+        "run.cancelled",
+        True,
+    )
+    # the agent is told once, at its next poll, so it stops working on it; then the task is gone
+    (told,) = (await poll(bus, session="after-crash"))["tasks"]
+    assert (told["task"]["task_id"], told["state"], told["turn"]) == (task_id_for(run_id), "cancelled", 1)
     assert (await poll(bus, session="after-crash"))["tasks"] == []
     assert reason(await call(bus, RPC_AGENTS_TASKS_ACT, action(run_id, 1, "act", "tool_calls", calls=[ASK]))) == (
         "task_ended"
     )
+    # the same run.cancelled again (a redelivery, a replay): one journaled end, nothing told twice
+    await bus.publish(cancelled)
+    await stays(
+        lambda: len(event_log.of_type(AgentTaskEnded.EVENT_TYPE, run_id)) == 1,
+        settle_s=1.0,
+        what="one agent.task.ended for the run",
+    )
+    assert (await poll(bus, session="after-crash"))["tasks"] == []
+
+
+async def test_a_cancelled_task_never_taken_is_journaled_but_nobody_is_told(
+    bus: Bus, event_log: EventLog, collab: None
+) -> None:
+    await register(bus)
+    run_id = "run-ext-untaken"
+    await offer(bus, run_id, 1)
+    await bus.publish(make_event(RunCancelled(run_id=run_id, reason="x"), source="/test/run-executor", run_id=run_id))
+    (journaled,) = await event_log.wait_for(AgentTaskEnded.EVENT_TYPE, run_id=run_id, timeout_s=WAIT_S)
+    assert (journaled.data["state"], journaled.data["taken"]) == ("cancelled", False)
+    assert (await poll(bus))["tasks"] == []
 
 
 async def test_a_take_whose_event_was_not_published_is_announced_at_the_next_poll(

@@ -22,13 +22,13 @@ from temporality_bus import Bus, Store
 from temporality_embedded.natsserver import NatsServer
 from temporality_protocol import AgentTask, AgentTaskOffered, HumanPolicy, LaunchSource, RunState
 from temporality_protocol.agent_tasks import StoredAction, TaskRecord, task_id_for, task_key
-from temporality_protocol.catalog import BUCKET_AGENT_TASKS
+from temporality_protocol.catalog import BUCKET_AGENT_TASKS, BUCKET_RUNS
 from temporality_protocol.states import AgentTaskState
 from temporality_run_executor.agents import AgentCard, ProviderConfig
 from temporality_run_executor.external import ExternalAgents
 from temporality_run_executor.machine import Agent, CallProvider, ProviderFailed, ProviderReplied
 from temporality_run_executor.providers.base import ToolSpec, TurnContext
-from temporality_run_executor.records import RunRecord
+from temporality_run_executor.records import CancelRequest, RunRecord
 from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
 from temporality_testing.waiting import stays
 
@@ -278,5 +278,27 @@ async def test_an_action_already_stored_needs_no_watch(bus: Bus) -> None:
         assert _decided(await turn.outcome("the stored action")) == "Decided"
         assert not turn.offered()
         assert turn.agents.watchers == {}
+    finally:
+        await turn.stop()
+
+
+async def test_a_cancel_recorded_on_the_run_ends_the_wait_at_once(bus: Bus) -> None:
+    """The run's own record is watched beside the task's: the cancel the executor records on it (as its cancel
+    handler does for a driven run) ends the turn through the watch alone -- no re-read in the test's time,
+    nothing from the agent -- and both watches are gone with the turn."""
+    runs = await bus.store(BUCKET_RUNS, RunRecord)
+    await runs.create("run-wait-cancel", _run("run-wait-cancel"))
+    turn = _Turn(bus, "run-wait-cancel", reread_s=NEVER_S)
+    try:
+        await _until(lambda: turn.watched() is not None, "the turn watching its task")
+        await stays(lambda: not turn.task.done(), settle_s=0.5, what="the turn waiting for its agent")
+        asked = CancelRequest(reason="not needed", requested_by="user:alice", requested_at=T0, event_id="evt-c")
+        await runs.modify("run-wait-cancel", lambda r: r.model_copy(update={"cancel": asked}))
+        outcome = await turn.outcome("the cancel recorded on the run")
+        assert isinstance(outcome, ProviderFailed)
+        assert outcome.error == f"the run was cancelled while external agent {AGENT_ID} worked on turn 1"
+        assert outcome.permanent
+        assert turn.agents.watchers == {}
+        assert [type(e).__name__ for e in turn.emitted] == ["AgentTaskOffered"]  # offered once, nothing else
     finally:
         await turn.stop()

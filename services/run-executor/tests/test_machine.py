@@ -415,6 +415,19 @@ def test_a_provider_failure_is_retried_until_it_is_permanent_or_the_last_deliver
         assert decision.effects == (Retry("503: overloaded"),)
 
 
+def test_a_provider_call_that_ends_on_a_cancel_cancels_the_run_instead_of_failing_it() -> None:
+    """An external agent's wait ends as soon as the run is asked to stop (ProviderFailed): the record, read
+    afresh, holds the cancel, and the run is cancelled as asked -- not failed with provider_error."""
+    request = CancelRequest(reason="not needed", requested_by="on-call", requested_at=T0, event_id="evt-c")
+    failure = ProviderFailed(
+        turn=2, error="the run was cancelled while external agent x worked on turn 2", permanent=True
+    )
+    decision = _decide(_run(RunState.RUNNING, cancel=request), _ckpt(), failure)
+    (cancelled,) = [d for d in _published(decision) if isinstance(d, RunCancelled)]
+    assert cancelled.reason == "not needed (requested by on-call)"
+    assert not [d for d in _published(decision) if isinstance(d, RunFailed)]
+
+
 # --------------------------------------------------------------------------- parking and outcomes
 def test_a_pending_ask_parks_the_run_without_a_watchdog() -> None:
     decision = _decide(_run(RunState.RUNNING), _ckpt(turn=2, pending=_pending()), Boundary())

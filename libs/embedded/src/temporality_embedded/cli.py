@@ -210,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--nats-external-agent",
         action="append",
         metavar="NAME",
-        help="an external agent's NATS user NAME: Agent Protocol requests only, replies below _INBOX.NAME "
+        help="an external agent's NATS user NAME (its agent id): Agent Protocol requests on its own subjects "
+        "temporality.rpc.agents.NAME.* only, replies below _INBOX.NAME "
         "(repeatable; default: " + ", ".join(DEFAULT_EXTERNAL_AGENTS) + ")",
     )
     p_up.add_argument(
@@ -228,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="USER",
-        help="an external agent's user: Agent Protocol requests only, replies below _INBOX.USER",
+        help="an external agent's user (its agent id): Agent Protocol requests on temporality.rpc.agents.USER.* "
+        "only, replies below _INBOX.USER",
     )
     return parser
 

@@ -117,8 +117,9 @@ class StackConfig:
     #: With :attr:`nats_auth`: read-only journal subscribers (DC-6), each the NATS user ``sub-<name>`` that may
     #: run the durable pull consumer ``sub-<name>`` on the events stream and nothing else (:meth:`Stack.subscriber`).
     nats_subscribers: tuple[str, ...] = ("example",)
-    #: With :attr:`nats_auth`: external agents (AP-11), each the NATS user of that name that may only send the
-    #: Agent Protocol's requests and read the replies below its own inbox prefix ``_INBOX.<name>``
+    #: With :attr:`nats_auth`: external agents (AP-11), each the NATS user of that name (its agent id) that may only
+    #: send the Agent Protocol's requests on its own subjects (``temporality.rpc.agents.<name>.*``) and read the
+    #: replies below its own inbox prefix ``_INBOX.<name>``
     #: (:meth:`Stack.external_agent`). The default is the example agent of ``config/external-agents.yaml``.
     nats_external_agents: tuple[str, ...] = ("example-agent",)
     #: Processes per service (default 1), sharing its durable consumers; extra replicas of an HTTP service

@@ -62,6 +62,8 @@ class TaskRecord(_Model):
     checkpoint_id: str | None = None
     #: Why it ended, when it ended without the agent's result or failure (the run was cancelled, ...).
     ended: str | None = None
+    #: A task cancelled with its run: handed to the agent once (``state: cancelled`` in a task poll) so it stops.
+    cancel_told: bool = False
     created_at: datetime
     updated_at: datetime
 

@@ -61,6 +61,7 @@ __all__ = [
     "RPC_AGENTS_DEREGISTER",
     "RPC_AGENTS_HEARTBEAT",
     "RPC_AGENTS_LIST",
+    "RPC_AGENTS_PREFIX",
     "RPC_AGENTS_REGISTER",
     "RPC_AGENTS_TASKS_ACT",
     "RPC_AGENTS_TASKS_POLL",
@@ -90,8 +91,10 @@ __all__ = [
     "RpcSpec",
     "ServiceSpec",
     "StreamSpec",
+    "agent_subject",
     "check_services",
     "service_problems",
+    "subject_agent",
     "subject_for",
     "subject_matches",
 ]
@@ -155,15 +158,40 @@ TRIGGERABLE_EVENTS: tuple[str, ...] = (
 RPC_PREFIX = "temporality.rpc"
 #: Request/reply (COL-1).
 RPC_GET_COLLABORATORS = f"{RPC_PREFIX}.collab.get_collaborators"
-#: The Agent Protocol for agents outside the run-executor (AP-2..AP-4, PRO-2): answered by agent-collab.
-RPC_AGENTS_REGISTER = f"{RPC_PREFIX}.agents.register"
-RPC_AGENTS_HEARTBEAT = f"{RPC_PREFIX}.agents.heartbeat"
-RPC_AGENTS_DEREGISTER = f"{RPC_PREFIX}.agents.deregister"
-RPC_AGENTS_LIST = f"{RPC_PREFIX}.agents.list"
-RPC_AGENTS_CONFORMANCE = f"{RPC_PREFIX}.agents.conformance"
+#: The Agent Protocol for agents outside the run-executor (AP-2..AP-4, PRO-2): answered by agent-collab. Each
+#: agent sends on subjects of its own, ``temporality.rpc.agents.<agent id>.<operation>`` (these constants are the
+#: patterns agent-collab answers, ``*`` standing for the agent id; :func:`agent_subject` makes an agent's own), so
+#: an external agent's NATS user can be allowed exactly its own subjects and nobody else's (AP-11).
+RPC_AGENTS_PREFIX = f"{RPC_PREFIX}.agents"
+RPC_AGENTS_REGISTER = f"{RPC_AGENTS_PREFIX}.*.register"
+RPC_AGENTS_HEARTBEAT = f"{RPC_AGENTS_PREFIX}.*.heartbeat"
+RPC_AGENTS_DEREGISTER = f"{RPC_AGENTS_PREFIX}.*.deregister"
+RPC_AGENTS_LIST = f"{RPC_AGENTS_PREFIX}.*.list"
+RPC_AGENTS_CONFORMANCE = f"{RPC_AGENTS_PREFIX}.*.conformance"
 #: External agents take runs' tasks (AP-5) and act on them: tool calls, checkpoints, streaming events, results.
-RPC_AGENTS_TASKS_POLL = f"{RPC_PREFIX}.agents.tasks"
-RPC_AGENTS_TASKS_ACT = f"{RPC_PREFIX}.agents.act"
+RPC_AGENTS_TASKS_POLL = f"{RPC_AGENTS_PREFIX}.*.tasks"
+RPC_AGENTS_TASKS_ACT = f"{RPC_AGENTS_PREFIX}.*.act"
+#: An external agent's id as a subject token (the same rule as ``ExternalAgentId``).
+_AGENT_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def agent_subject(pattern: str, agent_id: str) -> str:
+    """The subject the agent ``agent_id`` sends one of its requests on: ``RPC_AGENTS_HEARTBEAT`` ->
+    ``temporality.rpc.agents.<agent_id>.heartbeat``. ``ValueError`` for an id that is not one subject token."""
+    if not _AGENT_TOKEN.fullmatch(agent_id):
+        raise ValueError(f"agent id {agent_id!r}: letters, digits, '_' and '-' only (at most 64), no '.', '*', '>'")
+    head, star, tail = pattern.partition(".*.")
+    if not star or head != RPC_AGENTS_PREFIX:
+        raise ValueError(f"{pattern!r} is not a per-agent subject pattern")
+    return f"{head}.{agent_id}.{tail}"
+
+
+def subject_agent(subject: str) -> str | None:
+    """The agent id a per-agent subject names (``temporality.rpc.agents.<agent id>.<operation>``), else ``None``."""
+    tokens = subject.split(".")
+    if len(tokens) != 5 or ".".join(tokens[:3]) != RPC_AGENTS_PREFIX or not _AGENT_TOKEN.fullmatch(tokens[3]):
+        return None
+    return tokens[3]
 
 
 def subject_for(event_type: str) -> str:
@@ -492,13 +520,25 @@ class RpcSpec:
 
     @property
     def name(self) -> str:
-        """``temporality.rpc.agents.register`` -> ``agents.register`` (the schema files' stem)."""
-        return self.subject.removeprefix(f"{RPC_PREFIX}.")
+        """``temporality.rpc.agents.*.register`` -> ``agents.register`` (the schema files' stem)."""
+        return ".".join(t for t in self.subject.removeprefix(f"{RPC_PREFIX}.").split(".") if t != "*")
+
+    @property
+    def address(self) -> str:
+        """The subject as documented: a per-agent subject's ``*`` is the parameter ``{agent_id}``."""
+        return ".".join("{agent_id}" if t == "*" else t for t in self.subject.split("."))
+
+    @property
+    def per_agent(self) -> bool:
+        """Sent by each agent on its own subject (``temporality.rpc.agents.<agent id>.<operation>``)."""
+        return "*" in self.subject.split(".")
 
 
 #: What every external (Agent Protocol) request must carry (AP-11); the exact signing input is documented in
 #: docs/agent-collaboration.md ("Signed messages") and by ``temporality_agent_collab.signing``.
 _SIGNED = (
+    " Each agent sends on its own subject, the agent id in place of {agent_id}: its NATS user may publish on its"
+    " own subjects only, and a request signed by another agent than the subject names is refused."
     " Every request is signed with the agent's Ed25519 key: NATS headers Temporality-Key-Id, Temporality-Timestamp "
     "(Unix seconds), Temporality-Nonce and Temporality-Signature (base64) over 'temporality-agent-signature-v1' LF "
     "subject LF key id LF timestamp LF nonce LF body; unsigned, badly signed, stale or replayed requests are refused."
@@ -825,6 +865,7 @@ SERVICES: dict[str, ServiceSpec] = {
                 "agent.task.checkpointed",
                 "agent.task.streamed",
                 "agent.task.refused",
+                "agent.task.ended",
                 DEAD_LETTERED,
             ),
         ),

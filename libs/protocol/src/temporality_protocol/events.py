@@ -46,6 +46,7 @@ __all__ = [
     "AgentTask",
     "AgentTaskActed",
     "AgentTaskCheckpointed",
+    "AgentTaskEnded",
     "AgentTaskOffered",
     "AgentTaskRefused",
     "AgentTaskStreamed",
@@ -994,12 +995,20 @@ AgentRefusalReason = Literal[
     "key_mismatch",  # signed with one agent's key, the body speaks for another agent
     "stale_timestamp",  # Temporality-Timestamp outside the accepted window around agent-collab's clock
     "replayed_nonce",  # a Temporality-Nonce this agent already used within the window
+    "subject_mismatch",  # sent on another agent's subject (temporality.rpc.agents.<agent id>.*) than the signer's
     "decommissioned",  # a registration of an agent an operator decommissioned (until an operator readmits it)
     "no_round_open",  # conformance answers for a round that is not open (never started, or already closed)
 ]
 #: The refusals of :class:`AgentMessageRefused`: a message that did not prove who sent it (AP-11).
 AgentMessageRefusalReason = Literal[
-    "unsigned", "bad_signature", "unknown_key", "unknown_agent", "key_mismatch", "stale_timestamp", "replayed_nonce"
+    "unsigned",
+    "bad_signature",
+    "unknown_key",
+    "unknown_agent",
+    "key_mismatch",
+    "stale_timestamp",
+    "replayed_nonce",
+    "subject_mismatch",
 ]
 
 
@@ -1017,7 +1026,7 @@ class _AgentReply(BaseModel):
 
 
 class AgentRegistration(_AgentRequest):
-    """AP-3: an external agent asks to join, on ``temporality.rpc.agents.register``.
+    """AP-3: an external agent asks to join, on ``temporality.rpc.agents.<agent id>.register``.
 
     ``protocol_version`` is the version it prefers (mandatory, AP-10) and ``protocol_versions`` every
     other one it speaks: the highest version common to these and to those agent-collab allows it is
@@ -1081,12 +1090,12 @@ class RegistrationReply(_AgentReply):
     offline_after_s: float | None = None
     policy: AgentPolicy | None = None
     refusal: AgentRefusal | None = None
-    #: An open conformance round (PRO-2): answer its probes on ``temporality.rpc.agents.conformance``.
+    #: An open conformance round (PRO-2): answer its probes on ``temporality.rpc.agents.<agent id>.conformance``.
     conformance: ConformanceChallenge | None = None
 
 
 class Heartbeat(_AgentRequest):
-    """AP-4: a registered agent is alive, on ``temporality.rpc.agents.heartbeat``, at least every
+    """AP-4: a registered agent is alive, on ``temporality.rpc.agents.<agent id>.heartbeat``, at least every
     ``heartbeat_interval_s``; ``current_state`` moves its lifecycle (checked against the state machine)."""
 
     agent_id: ExternalAgentId
@@ -1115,7 +1124,7 @@ class HeartbeatAck(_AgentReply):
 
 
 class Deregistration(_AgentRequest):
-    """An agent leaves for good (``decommissioned``), on ``temporality.rpc.agents.deregister``."""
+    """An agent leaves for good (``decommissioned``), on ``temporality.rpc.agents.<agent id>.deregister``."""
 
     agent_id: ExternalAgentId
     protocol_version: _VersionText
@@ -1130,7 +1139,7 @@ class DeregistrationReply(_AgentReply):
 
 
 class AgentsQuery(_AgentRequest):
-    """PRO-2 discovery, on ``temporality.rpc.agents.list``: the hosted and the registered agents' cards."""
+    """PRO-2 discovery, on ``temporality.rpc.agents.<agent id>.list``: the hosted and the registered agents' cards."""
 
     protocol_versions: list[str] = Field(default_factory=lambda: ["1.0"])
     #: Include decommissioned agents (default: only agents with a live registration).
@@ -1159,7 +1168,7 @@ class ConformanceProbe(_AgentReply):
 
 
 class ConformanceChallenge(_AgentReply):
-    """An open conformance round: answer every probe before ``deadline`` on ``temporality.rpc.agents.conformance``."""
+    """An open conformance round: answer every probe before ``deadline`` on ``temporality.rpc.agents.<agent id>.conformance``."""
 
     round: int
     deadline: datetime
@@ -1288,12 +1297,13 @@ class AgentRegistrationRefused(EventData):
 
 class AgentMessageRefused(EventData):
     """agent-collab refused a message of the Agent Protocol that did not prove who sent it (AP-11, PRO-4):
-    unsigned, badly signed, an unknown key, a stale timestamp or a replayed nonce. ``agent_id`` is who the
+    unsigned, badly signed, an unknown key, a stale timestamp, a replayed nonce, or sent on another agent's
+    subject than the signer's (``subject_mismatch``). ``agent_id`` is who the
     message *claimed* to be (its ``Temporality-Key-Id``, else its body's ``agent_id``): unverified."""
 
     EVENT_TYPE: ClassVar[str] = "agent.message_refused"
     agent_id: Annotated[str, Field(max_length=128)] | None = None
-    #: The RPC subject it came on (``temporality.rpc.agents.heartbeat``, ...).
+    #: The RPC subject it came on (``temporality.rpc.agents.<agent id>.heartbeat``, ...).
     subject: Annotated[str, Field(max_length=256)]
     reason: AgentMessageRefusalReason
     detail: Annotated[str, Field(max_length=MAX_TEXT)]
@@ -1381,6 +1391,7 @@ TaskRefusalReason = Literal[
     "key_mismatch",
     "stale_timestamp",
     "replayed_nonce",
+    "subject_mismatch",
 ]
 
 
@@ -1459,7 +1470,7 @@ class TaskStreamEvent(_AgentRequest):
 
 
 class TaskPoll(_AgentRequest):
-    """An agent asks for its tasks, on ``temporality.rpc.agents.tasks`` (after each heartbeat, say).
+    """An agent asks for its tasks, on ``temporality.rpc.agents.<agent id>.tasks`` (after each heartbeat, say).
 
     ``session_id`` names the agent *process* (a fresh one at every start): a task held under another session
     is being *resumed* (AP-8) -- journaled, and the run publishes ``run.resumed``."""
@@ -1473,6 +1484,8 @@ class TaskAssignment(_AgentReply):
     """One task the agent holds, as it stands."""
 
     task: AgentTask
+    #: Where the task's dialogue is (``offered``, ``working``, ``acted``); ``cancelled``: its run was cancelled --
+    #: stop working on it (handed over once, in the next poll after the cancel; actions on it are refused).
     state: str
     #: The turn open now; act on it with ``turn`` = this.
     turn: int
@@ -1494,7 +1507,7 @@ class TaskPollReply(_AgentReply):
 
 
 class TaskAction(_AgentRequest):
-    """An agent's message for a task, on ``temporality.rpc.agents.act``.
+    """An agent's message for a task, on ``temporality.rpc.agents.<agent id>.act``.
 
     ``action_id`` is the agent's own, stable id of this action (e.g. ``<task>:<turn>:act``): the same action
     sent again (a retry after a lost reply, after a crash) is answered ``duplicate: true`` and changes nothing.
@@ -1607,6 +1620,24 @@ class AgentTaskStreamed(EventData):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+class AgentTaskEnded(EventData):
+    """The task ended with its run (AP-5): completed, failed or cancelled. A cancelled task is handed to the agent
+    once more (``state: cancelled`` in its next task poll) so it stops working on it; an action after the end is
+    refused ``task_ended``."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.task.ended"
+    run_id: str
+    task_id: str
+    agent_id: str
+    #: The turn it was at.
+    turn: int
+    state: Literal["completed", "failed", "cancelled"]
+    #: The run's event that ended it (``run.completed``, ``run.failed``, ``run.cancelled``).
+    cause: str
+    #: Whether the agent had taken it (a task never taken has nobody to tell).
+    taken: bool
+
+
 class AgentTaskRefused(EventData):
     """agent-collab refused an agent's task message that was out of order for the task's dialogue (AP-5, PRO-5)."""
 
@@ -1674,6 +1705,7 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         AgentTaskActed,
         AgentTaskCheckpointed,
         AgentTaskStreamed,
+        AgentTaskEnded,
         AgentTaskRefused,
         ApiAccessRefused,
         BusDeadLettered,

@@ -47,12 +47,16 @@ writes it (:func:`~temporality_protocol.catalog.check_services` refuses a bucket
 a service that only reads another's bucket names it in ``reads_buckets``. A new durable consumer is in
 ``CONSUMERS`` and the service's ``consumers``. Nothing else has to be written twice.
 
-An **external agent** (the Agent Protocol, AP-11) gets far less: it may publish only the requests of the
-RPC subjects marked ``external`` (register, heartbeat, ...) and subscribe only below its own reply inbox,
-``_INBOX.<its user>`` (nats-py ``connect(inbox_prefix=...)``; :func:`external_agent_inbox`), so it cannot read
-another agent's replies (tasks, policies, conformance probes) or a service's. It cannot publish any event,
-touch JetStream or KV, or answer a request (:func:`external_agent_permissions`). Which agent *sent* a request
-is proven by its signature (agent-collab checks it against the allow-list), not by the NATS user.
+An **external agent** (the Agent Protocol, AP-11) gets far less. Its NATS user is its agent id, and it may
+publish only the requests of the RPC subjects marked ``external`` on its *own* subjects,
+``temporality.rpc.agents.<agent id>.<operation>`` (register, heartbeat, ..., tasks, act:
+:func:`~temporality_protocol.catalog.agent_subject`), never another agent's, and subscribe only below its own
+reply inbox, ``_INBOX.<its user>`` (nats-py ``connect(inbox_prefix=...)``; :func:`external_agent_inbox`), so it
+cannot read another agent's replies (tasks, policies, conformance probes) or a service's. It cannot publish any
+event, touch JetStream or KV, or answer a request (:func:`external_agent_permissions`). Which agent *sent* a
+request is proven twice: NATS lets only that agent's user publish on its subjects, and its signature is checked
+against the allow-list; agent-collab refuses (and journals, ``subject_mismatch``) a request signed by another
+agent than the subject names.
 
 A **journal subscriber** (DC-6: a service outside Temporality reading every event) is read-only
 (:func:`journal_subscriber_permissions`). A subscriber named ``<name>`` is the NATS user ``sub-<name>``;
@@ -95,6 +99,7 @@ from temporality_protocol.catalog import (
     SUBSCRIBER_PREFIX,
     TIMER_SCHEDULE_PREFIX,
     ServiceSpec,
+    agent_subject,
     subject_for,
 )
 
@@ -226,11 +231,13 @@ def external_agent_inbox(user: str) -> str:
 
 
 def external_agent_permissions(user: str) -> Permissions:
-    """The NATS user ``user`` of an external agent: the requests of every ``external`` RPC subject, and the
-    replies below its own inbox prefix only (:func:`external_agent_inbox`), never ``_INBOX.>``."""
+    """The NATS user ``user`` of the external agent whose agent id is ``user``: the requests of every ``external``
+    RPC subject on its own subjects only (``temporality.rpc.agents.<user>.<operation>``), and the replies below
+    its own inbox prefix only (:func:`external_agent_inbox`), never ``_INBOX.>``."""
+    inbox = external_agent_inbox(user)
     return Permissions(
-        publish=tuple(spec.subject for spec in RPCS.values() if spec.external),
-        subscribe=(f"{external_agent_inbox(user)}.>",),
+        publish=tuple(agent_subject(spec.subject, user) for spec in RPCS.values() if spec.external),
+        subscribe=(f"{inbox}.>",),
     )
 
 

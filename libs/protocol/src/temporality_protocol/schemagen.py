@@ -174,14 +174,14 @@ def rpc_schema(spec: RpcSpec, kind: str) -> dict[str, Any]:
     """The JSON Schema of the ``request`` or ``reply`` body of one RPC subject."""
     model = spec.request if kind == "request" else spec.reply
     schema = model.model_json_schema()
-    lead = f"The {kind} body (JSON) on NATS subject `{spec.subject}` (answered by {spec.responder}). {spec.description}"
+    lead = f"The {kind} body (JSON) on NATS subject `{spec.address}` (answered by {spec.responder}). {spec.description}"
     schema.update(
         {
             "$schema": JSON_SCHEMA_DIALECT,
             "$id": f"{ID_PREFIX}:rpc:{spec.name}.{kind}",
             "title": model.__name__,
             "description": _describe(model, lead),
-            "x-nats-subject": spec.subject,
+            "x-nats-subject": spec.address,
             "x-rpc-responder": spec.responder,
             "x-rpc-external": spec.external,
         }
@@ -209,7 +209,7 @@ _ALL_EVENTS_CHANNEL = "allEvents"
 
 
 def _rpc_ident(spec: RpcSpec) -> str:
-    """``temporality.rpc.agents.register`` -> ``agentsRegister`` (its channel; ``...Reply``: the reply's)."""
+    """``temporality.rpc.agents.*.register`` -> ``agentsRegister`` (its channel; ``...Reply``: the reply's)."""
     return _ident(spec.name)
 
 
@@ -272,7 +272,7 @@ def build_asyncapi() -> dict[str, Any]:
                 "payload": {"$ref": f"./{rpc_file(rpc, kind)}"},
             }
         channels[ident] = {
-            "address": rpc.subject,
+            "address": rpc.address,
             "title": rpc.name,
             "description": (
                 f"Request/reply (core NATS): {rpc.description} Answered by {rpc.responder} (queue group "
@@ -280,6 +280,10 @@ def build_asyncapi() -> dict[str, Any]:
             ),
             "messages": {f"{ident}Request": {"$ref": f"#/components/messages/{ident}Request"}},
         }
+        if rpc.per_agent:
+            channels[ident]["parameters"] = {
+                "agent_id": {"description": "The sending agent's id (its NATS user may publish on its own only)."}
+            }
         channels[f"{ident}Reply"] = {
             "address": None,
             "title": f"{rpc.name} reply",

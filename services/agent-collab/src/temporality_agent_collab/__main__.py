@@ -10,6 +10,8 @@ requests already received finish, then stops the consumer and drains the connect
 
 from __future__ import annotations
 
+import structlog
+
 from temporality_agent_collab.agents import AgentRegistry
 from temporality_agent_collab.api import create_app
 from temporality_agent_collab.external import load_allow_list
@@ -17,6 +19,7 @@ from temporality_agent_collab.projector import Projector
 from temporality_agent_collab.router import AskRouter
 from temporality_agent_collab.rpc import open_responder
 from temporality_agent_collab.settings import Settings
+from temporality_agent_collab.signing import ReplyKey, load_private_key, public_key_text
 from temporality_agent_collab.tasks import TaskBoard
 from temporality_bus import Delivery
 from temporality_protocol import Envelope
@@ -26,12 +29,14 @@ from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileE
 __all__ = ["SPEC", "configure", "run"]
 
 SPEC = SERVICES["agent-collab"]
+log = structlog.get_logger(__name__)
 
 
 def configure(settings: Settings) -> Setup[Settings]:
     """Reads the allow-list of external agents and, when the operator API is served, the API tokens (a
     ConfigError -- exit 2 -- when either is unusable)."""
     allow_list = load_allow_list(settings.external_agents_file)
+    reply_key = _reply_key(settings)
     auth: ApiAuth | None = None
     if settings.port is not None:
         try:
@@ -48,6 +53,7 @@ def configure(settings: Settings) -> Setup[Settings]:
             grace_s=rt.settings.heartbeat_grace_s,
             signature_window_s=rt.settings.signature_window_s,
             conformance_timeout_s=rt.settings.conformance_timeout_s,
+            reply_key=reply_key,
         )
 
         tasks = await TaskBoard.open(rt.bus, registry.gate)  # external agents' tasks (AP-5, AP-7..AP-9)
@@ -74,6 +80,25 @@ def configure(settings: Settings) -> Setup[Settings]:
             rt.http(create_app(registry, auth))
 
     return setup
+
+
+def _reply_key(settings: Settings) -> ReplyKey | None:
+    """The key that signs replies to external agents (``TEMPORALITY_COLLAB_REPLY_KEY_FILE``); ConfigError when
+    the file cannot be read or holds no Ed25519 private key."""
+    path = settings.reply_key_file
+    if path is None:
+        log.warning("external_agents.replies_unsigned", setting="TEMPORALITY_COLLAB_REPLY_KEY_FILE")
+        return None
+    try:
+        key = load_private_key(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"cannot read TEMPORALITY_COLLAB_REPLY_KEY_FILE {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"TEMPORALITY_COLLAB_REPLY_KEY_FILE {path}: {exc}") from exc
+    log.info(
+        "external_agents.replies_signed", key_id=settings.reply_key_id, public_key=public_key_text(key.public_key())
+    )
+    return ReplyKey(key_id=settings.reply_key_id, key=key)
 
 
 def run() -> None:

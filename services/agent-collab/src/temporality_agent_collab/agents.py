@@ -4,13 +4,13 @@ Four :class:`temporality_bus.Responder` s in the queue group ``agent-collab`` (N
 on the catalogue's subjects, and the handler of the ``agent-heartbeat`` timer firings:
 
 ==========================================  ==================================================================
-``temporality.rpc.agents.register``         allow-list, highest common version, record -> ``agent.registered`` +
+``temporality.rpc.agents.*.register``       allow-list, highest common version, record -> ``agent.registered`` +
                                             ``agent.lifecycle_changed``; else ``agent.registration_refused``
-``temporality.rpc.agents.heartbeat``        liveness re-armed, the reported state taken (journaled)
-``temporality.rpc.agents.deregister``       ``decommissioned`` (journaled), liveness timer cancelled
-``temporality.rpc.agents.list``             the hosted and registered agents' cards; a capability is
+``temporality.rpc.agents.*.heartbeat``      liveness re-armed, the reported state taken (journaled)
+``temporality.rpc.agents.*.deregister``     ``decommissioned`` (journaled), liveness timer cancelled
+``temporality.rpc.agents.*.list``           the hosted and registered agents' cards; a capability is
                                             ``verified`` only by a passed conformance round (PRO-2)
-``temporality.rpc.agents.conformance``      the answers to the open conformance round: each probed
+``temporality.rpc.agents.*.conformance``    the answers to the open conformance round: each probed
                                             capability verified or failed (``agent.conformance_checked``)
 timer ``agent-heartbeat.<agent_id>``        no newer heartbeat: ``offline`` (journaled)
 timer ``agent-conformance.<agent_id>``      the open round's deadline passed unanswered: ``timeout``
@@ -64,6 +64,7 @@ from temporality_agent_collab.registry import (
     utcnow,
 )
 from temporality_agent_collab.rpc import QUEUE_GROUP
+from temporality_agent_collab.signing import ReplyKey
 from temporality_bus import (
     AlreadyExists,
     Bus,
@@ -163,8 +164,9 @@ class AgentRegistry:
         grace_s: float,
         signature_window_s: float = 120.0,
         conformance_timeout_s: float = DEFAULT_TIMEOUT_S,
+        reply_key: ReplyKey | None = None,
     ) -> AgentRegistry:
-        gate = await MessageGate.open(bus, allow_list, window_s=signature_window_s)
+        gate = await MessageGate.open(bus, allow_list, window_s=signature_window_s, reply_key=reply_key)
         return cls(
             bus,
             await bus.store(BUCKET_AGENTS, AgentRecord),

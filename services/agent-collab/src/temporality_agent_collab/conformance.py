@@ -9,7 +9,7 @@ decided once and survives restarts:
 
 - the probes travel platform -> agent in the registration reply and in every heartbeat ack while the
   round is open (``conformance``), so a lost reply or a restarted agent gets them again;
-- the agent answers, signed like every request, on ``temporality.rpc.agents.conformance``
+- the agent answers, signed like every request, on ``temporality.rpc.agents.<agent id>.conformance``
   (:func:`answered`): each probe answered correctly before the deadline verifies its capability, a
   wrong answer (``wrong_answer``), a missing one (``unanswered``) or any answer after the deadline
   (``late``) fails it;

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -38,6 +39,7 @@ from temporality_agent_collab.signing import (
     TIMESTAMP_HEADER,
     Keyring,
     MessageRefused,
+    ReplyKey,
     Signed,
     Verified,
     body_digest,
@@ -111,6 +113,7 @@ class MessageGate:
         *,
         window_s: float,
         clock: Callable[[], datetime] = utcnow,
+        reply_key: ReplyKey | None = None,
     ) -> None:
         if not 0 < window_s <= MAX_WINDOW_S:
             raise ValueError(f"the timestamp window must be in (0, {MAX_WINDOW_S:g}] s, not {window_s}")
@@ -119,10 +122,15 @@ class MessageGate:
         self.keyring = keyring
         self.window_s = window_s
         self._clock = clock
+        #: Signs every reply to an external agent (unset: replies go unsigned).
+        self.reply_key = reply_key
 
     @classmethod
-    async def open(cls, bus: Bus, allow_list: AllowList, *, window_s: float) -> MessageGate:
-        return cls(bus, await bus.store(BUCKET_AGENT_NONCES, NonceSeen), allow_list.keyring(), window_s=window_s)
+    async def open(
+        cls, bus: Bus, allow_list: AllowList, *, window_s: float, reply_key: ReplyKey | None = None
+    ) -> MessageGate:
+        nonces = await bus.store(BUCKET_AGENT_NONCES, NonceSeen)
+        return cls(bus, nonces, allow_list.keyring(), window_s=window_s, reply_key=reply_key)
 
     async def admit(self, subject: str, msg: Msg, *, pass_unknown: bool = False) -> Verified:
         """Who sent ``msg``, proven and not a replay; else the refusal is journaled and :class:`MessageRefused`
@@ -180,8 +188,8 @@ class SignedResponder(Responder[Q, R]):
         self._pass_unknown = pass_unknown
 
     async def answer(self, msg: Msg) -> bytes:
-        try:
-            await self._gate.admit(self.subject, msg, pass_unknown=self._pass_unknown)
+        try:  # the subject it came on (an agent's own: the subscription is a pattern), as signed
+            await self._gate.admit(str(msg.subject), msg, pass_unknown=self._pass_unknown)
         except MessageRefused as refused:
             refusal = AgentRefusal(reason=refused.reason, detail=refused.detail[:4096])
             return self._refused((refused.agent_id or "")[:64], refusal).model_dump_json().encode()
@@ -193,3 +201,13 @@ class SignedResponder(Responder[Q, R]):
                 self._error_reply(Failure("internal", type(exc).__name__, bytes(msg.data))).model_dump_json().encode()
             )
         return await super().answer(msg)
+
+    async def _respond(self, msg: Msg, reply: bytes) -> None:
+        """The reply with agent-collab's signature headers (when it has a reply key), never the request's own
+        headers echoed back (what nats-py's ``Msg.respond`` does)."""
+        key = self._gate.reply_key
+        headers = key.headers(str(msg.subject), msg.reply, reply, timestamp=int(time.time())) if key else None
+        try:
+            await self.bus.nc.publish(msg.reply, reply, headers=headers)
+        except Exception as exc:  # the requester went away or the connection dropped
+            log.warning("responder.reply_failed", subject=self.subject, error=repr(exc))

@@ -30,3 +30,8 @@ class Settings(ServiceSettings):
     #: How long a registered agent has to answer the probes of a conformance round (PRO-2); the deadline is a
     #: durable timer (whole seconds), a later answer is ``late``.
     conformance_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    #: agent-collab's own Ed25519 private key (PEM, PKCS#8, unencrypted): every reply to an external agent is
+    #: signed with it (AP-11); unset: replies go unsigned. Agents check them with its public key.
+    reply_key_file: Path | None = None
+    #: The key id agent-collab's signed replies carry (``Temporality-Key-Id``).
+    reply_key_id: str = Field(default="agent-collab", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")

@@ -1,7 +1,7 @@
 """Signed messages of the Agent Protocol (AP-11, PRO-4), pure: the signing input, the headers, the checks.
 
-Every request an external agent sends on a ``temporality.rpc.agents.*`` subject carries four NATS
-headers, and agent-collab verifies them against the Ed25519 public key its allow-list lists for the
+Every request an external agent sends on one of its own subjects, ``temporality.rpc.agents.<agent id>.<operation>``,
+carries four NATS headers, and agent-collab verifies them against the Ed25519 public key its allow-list lists for the
 agent (:mod:`temporality_agent_collab.external`) before it reads the body:
 
 =========================  ==========================================================================
@@ -27,10 +27,21 @@ Checks, in order (the first failing one is the refusal's reason): a signature wh
 allow-listed agent with a key (``unknown_key``); a body whose ``agent_id`` is not the key id
 (``key_mismatch``); a signature that does not verify (``bad_signature``: wrong key, a changed body,
 subject or header); a timestamp further than the window from agent-collab's clock (``stale_timestamp``);
-then, in :mod:`temporality_agent_collab.gate`, a nonce the agent already used (``replayed_nonce``). A
-message without ``Temporality-Signature`` is ``unsigned`` unless the allow-list marks the agent
-``allow_unsigned: true`` (development only); an unsigned message from an agent not listed at all is
-``unknown_agent``.
+a message on another agent's subject than the signer's (``subject_mismatch``: the agent id in the subject
+is who the sender's NATS user is allowed to speak for, the key id who signed); then, in
+:mod:`temporality_agent_collab.gate`, a nonce the agent already used (``replayed_nonce``). A message without
+``Temporality-Signature`` is ``unsigned`` unless the allow-list marks the agent ``allow_unsigned: true``
+(development only; its id is its ``Temporality-Key-Id``, else its body's ``agent_id``, else the subject's, and
+must be the subject's too); an unsigned message from an agent not listed at all is ``unknown_agent``.
+
+**Replies** are signed too, when agent-collab has a reply key (``TEMPORALITY_COLLAB_REPLY_KEY_FILE``): three
+headers, ``Temporality-Key-Id`` (agent-collab's key id), ``Temporality-Timestamp`` and ``Temporality-Signature``,
+over (:func:`reply_signing_input`)::
+
+    temporality-agent-reply-v1 LF <request subject> LF <reply subject> LF <key id> LF <timestamp> LF <body bytes>
+
+The reply subject is the requester's inbox for that one request, so a reply is good for the request it answers
+only; an agent checks it with agent-collab's public key (:func:`verify_reply`).
 """
 
 from __future__ import annotations
@@ -47,26 +58,37 @@ from typing import Any
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_public_key
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    PublicFormat,
+    load_pem_private_key,
+    load_pem_public_key,
+)
 
+from temporality_protocol.catalog import subject_agent
 from temporality_protocol.events import AgentMessageRefusalReason
 
 __all__ = [
     "KEY_ID_HEADER",
     "NONCE_HEADER",
+    "REPLY_SCHEME",
     "SCHEME",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
     "Keyring",
     "MessageRefused",
+    "ReplyKey",
     "Signed",
     "Verified",
     "body_digest",
+    "load_private_key",
     "load_public_key",
     "public_key_text",
+    "reply_signing_input",
     "sign",
     "signing_input",
     "verify",
+    "verify_reply",
 ]
 
 SIGNATURE_HEADER = "Temporality-Signature"
@@ -75,6 +97,8 @@ TIMESTAMP_HEADER = "Temporality-Timestamp"
 NONCE_HEADER = "Temporality-Nonce"
 #: The first line of the signing input: names the scheme, so a signature for anything else never verifies.
 SCHEME = "temporality-agent-signature-v1"
+#: The first line of a reply's signing input (a request's signature never verifies as a reply's, nor back).
+REPLY_SCHEME = "temporality-agent-reply-v1"
 _NONCE = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
 _TIMESTAMP = re.compile(r"^[0-9]{1,10}$")
 #: DER SubjectPublicKeyInfo of an Ed25519 key, up to the 32 key bytes (RFC 8410).
@@ -100,6 +124,69 @@ def sign(
         NONCE_HEADER: nonce,
         SIGNATURE_HEADER: base64.b64encode(signature).decode("ascii"),
     }
+
+
+def reply_signing_input(request_subject: str, reply_subject: str, key_id: str, timestamp: str, body: bytes) -> bytes:
+    """The bytes agent-collab signs for a reply (see the module docstring)."""
+    head = "\n".join((REPLY_SCHEME, request_subject, reply_subject, key_id, timestamp, ""))
+    return head.encode("utf-8") + body
+
+
+@dataclass(frozen=True)
+class ReplyKey:
+    """agent-collab's own Ed25519 key, which signs its replies to external agents."""
+
+    key_id: str
+    key: Ed25519PrivateKey
+
+    def headers(self, request_subject: str, reply_subject: str, body: bytes, *, timestamp: int) -> dict[str, str]:
+        stamp = str(timestamp)
+        signature = self.key.sign(reply_signing_input(request_subject, reply_subject, self.key_id, stamp, body))
+        return {
+            KEY_ID_HEADER: self.key_id,
+            TIMESTAMP_HEADER: stamp,
+            SIGNATURE_HEADER: base64.b64encode(signature).decode("ascii"),
+        }
+
+
+def verify_reply(
+    key: Ed25519PublicKey,
+    key_id: str,
+    request_subject: str,
+    reply_subject: str,
+    headers: Mapping[str, str] | None,
+    body: bytes,
+    *,
+    now: datetime,
+    window_s: float,
+) -> None:
+    """An agent's check of a reply (what the example agent does in its own code): ``ValueError`` saying why
+    it is not agent-collab's reply to this request."""
+    if _header(headers, SIGNATURE_HEADER) is None:
+        raise ValueError("the reply is unsigned")
+    if _header(headers, KEY_ID_HEADER) != key_id:
+        raise ValueError(f"the reply is signed by {_header(headers, KEY_ID_HEADER)!r}, not {key_id!r}")
+    stamp = _header(headers, TIMESTAMP_HEADER) or ""
+    if not _TIMESTAMP.match(stamp):
+        raise ValueError(f"the reply's {TIMESTAMP_HEADER} is not Unix seconds")
+    try:
+        signature = base64.b64decode(_header(headers, SIGNATURE_HEADER) or "", validate=True)
+        key.verify(signature, reply_signing_input(request_subject, reply_subject, key_id, stamp, body))
+    except (binascii.Error, ValueError, InvalidSignature):
+        raise ValueError("the reply's signature does not verify") from None
+    if abs((now - datetime.fromtimestamp(int(stamp), UTC)).total_seconds()) > window_s:
+        raise ValueError("the reply's timestamp is outside the window")
+
+
+def load_private_key(pem: bytes) -> Ed25519PrivateKey:
+    """An Ed25519 private key from PEM (PKCS#8, unencrypted); :class:`ValueError` otherwise."""
+    try:
+        key = load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise ValueError(f"not a readable unencrypted PEM private key ({exc})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"a {type(key).__name__.removesuffix('PrivateKey').lstrip('_')} key, not Ed25519")
+    return key
 
 
 def body_digest(body: bytes) -> str:
@@ -250,8 +337,9 @@ def verify(
     """Who sent this message, proven -- or :class:`MessageRefused` (the reason per the module docstring).
     The nonce is not checked here (it needs the shared store): the caller claims it after this passes."""
     claimed = _claimed_agent(body)
+    on_behalf_of = subject_agent(subject)  # None: a subject that names no agent (checked by nobody else)
     if _header(headers, SIGNATURE_HEADER) is None:
-        agent = _header(headers, KEY_ID_HEADER) or claimed
+        agent = _header(headers, KEY_ID_HEADER) or claimed or on_behalf_of
         if agent is not None and agent not in keyring.listed:
             raise MessageRefused("unknown_agent", f"agent {agent!r} is not allowed here", agent_id=agent)
         if agent is not None and agent in keyring.unsigned_ok:
@@ -259,6 +347,7 @@ def verify(
                 raise MessageRefused(
                     "key_mismatch", f"{KEY_ID_HEADER} is {agent!r}, the body speaks for {claimed!r}", agent_id=agent
                 )
+            _same_agent(subject, on_behalf_of, agent, None)
             return Verified(agent_id=agent, signed=None)
         raise MessageRefused(
             "unsigned",
@@ -295,4 +384,17 @@ def verify(
             agent_id=signed.key_id,
             signed=signed,
         )
+    _same_agent(subject, on_behalf_of, signed.key_id, signed)
     return Verified(agent_id=signed.key_id, signed=signed)
+
+
+def _same_agent(subject: str, on_behalf_of: str | None, agent_id: str, signed: Signed | None) -> None:
+    """The agent the subject names is the one that signed (or, unsigned, the one the message says it is)."""
+    if on_behalf_of is not None and on_behalf_of != agent_id:
+        raise MessageRefused(
+            "subject_mismatch",
+            f"sent on {subject!r}, agent {on_behalf_of!r}'s subject, but it is from {agent_id!r}: "
+            f"an agent sends on its own subjects only",
+            agent_id=agent_id,
+            signed=signed,
+        )

@@ -7,16 +7,18 @@ tool calls after) and waits for the agent's action in KV ``agent-tasks``. This m
 
 ==========================================  ==================================================================
 consumer ``agent-collab-tasks``             ``agent.task.offered`` -> the task's record (``offered``, turn N)
-``temporality.rpc.agents.tasks``            a registered, online agent takes its tasks (``working``): each
+``temporality.rpc.agents.*.tasks``          a registered, online agent takes its tasks (``working``): each
                                             with the open turn, its inputs, the last checkpoint; a task held
                                             under another ``session_id`` is resumed (``agent.task.taken``
                                             ``resumed: true``; the run-executor publishes ``run.resumed``)
-``temporality.rpc.agents.act``              the agent acts on the open turn -- ``tool_calls`` (``acted``; the
+``temporality.rpc.agents.*.act``            the agent acts on the open turn -- ``tool_calls`` (``acted``; the
                                             run runs them, ``ask_human`` parks it), ``result`` (``completed``),
                                             ``failure`` (``failed``) -- or stores a ``checkpoint`` or a
                                             streaming ``event``, each journaled; out of order: refused,
                                             journaled as ``agent.task.refused``
-``run.completed|failed|cancelled``          the task ends with its run (later actions: ``task_ended``)
+``run.completed|failed|cancelled``          the task ends with its run (``agent.task.ended``; later actions:
+                                            ``task_ended``); a cancelled task the agent had taken is in its
+                                            next poll once more, ``state: cancelled``: stop working on it
 ==========================================  ==================================================================
 
 Every message passes the signature gate first (AP-11). Record first, then effects: the decision is committed
@@ -42,6 +44,7 @@ from temporality_protocol import (
     AgentRefusal,
     AgentTaskActed,
     AgentTaskCheckpointed,
+    AgentTaskEnded,
     AgentTaskOffered,
     AgentTaskRefused,
     AgentTaskStreamed,
@@ -288,8 +291,22 @@ class TaskBoard:
             result = await self._tasks.modify(key, lambda cur: _ended_by_run(cur, event.type), attempts=MODIFY_ATTEMPTS)
         except NotFound:
             return
+        record = result.value
+        if record.ended != event.type:
+            return  # it had ended on its own (the agent's result or failure): the run merely follows
+        # record first, then the fact (again on a redelivery: the id is the task's, the stream keeps one)
+        ended = AgentTaskEnded(
+            run_id=record.run_id,
+            task_id=record.task_id,
+            agent_id=record.agent_id,
+            turn=record.turn,
+            state=record.state.value,  # a terminal state: completed|failed|cancelled
+            cause=event.type,
+            taken=record.take > 0,
+        )
+        await self._bus.publish(self._event(record, ended, "ended"))
         if result.changed:
-            log.info("agent_task.ended_with_run", run_id=data.run_id, state=result.value.state.value)
+            log.info("agent_task.ended_with_run", run_id=data.run_id, state=record.state.value)
 
     # ------------------------------------------------------------------ the agent's side
     async def _agent(self, agent_id: str, version: str) -> AgentRecord:
@@ -324,7 +341,12 @@ class TaskBoard:
         now = utcnow()
         for key in sorted(k for k in await self._tasks.keys() if k.startswith(prefix)):
             found = await self._tasks.get(key)
-            if found is None or found.value.over:
+            if found is None:
+                continue
+            if found.value.over:
+                cancelled = await self._tell_cancelled(key, found.value)
+                if cancelled is not None:
+                    assignments.append(cancelled)
                 continue
             result = await self._tasks.modify(
                 key, lambda cur: taken(cur, body.session_id, now), attempts=MODIFY_ATTEMPTS
@@ -346,6 +368,28 @@ class TaskBoard:
                 )
             )
         return TaskPollReply(agent_id=body.agent_id, accepted=True, tasks=assignments)
+
+    async def _tell_cancelled(self, key: str, record: TaskRecord) -> TaskAssignment | None:
+        """A task cancelled with its run that the agent had taken: handed over once more, ``state: cancelled``,
+        so the agent stops working on it (marked told first: a lost reply leaves it to ``task_ended``)."""
+        if record.state is not _T.CANCELLED or record.take == 0 or record.cancel_told:
+            return None
+
+        def told(cur: TaskRecord) -> TaskRecord | None:
+            return None if cur.cancel_told else evolve(cur, cancel_told=True)
+
+        result = await self._tasks.modify(key, told, attempts=MODIFY_ATTEMPTS)
+        if not result.changed:
+            return None  # another poll (a replica) told it
+        log.info("agent_task.cancel_told", task_id=record.task_id, run_id=record.run_id)
+        return TaskAssignment(
+            task=record.task,
+            state=record.state.value,
+            turn=record.turn,
+            inputs=[],
+            acted=record.action_for(record.turn) is not None,
+            resumed=False,
+        )
 
     async def _on_act(self, request: Request[TaskAction]) -> TaskActionReply:
         body = request.body

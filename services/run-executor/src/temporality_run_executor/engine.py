@@ -506,9 +506,9 @@ class Engine:
     async def _refresh(self, view: _View, step: Incoming) -> None:
         """Read afresh what the decision on ``step`` must see and this handler does not hold current: at a
         turn boundary the record (a cancel recorded meanwhile) and the checkpoint; after the provider the
-        record (the watchdog may have failed the run while the turn ran)."""
+        record (the watchdog may have failed the run while the turn ran; a cancel ended an external agent's turn)."""
         reads: list[Awaitable[None]] = []
-        if isinstance(step, Boundary | ProviderReplied) and not view.run_current:
+        if isinstance(step, Boundary | ProviderReplied | ProviderFailed) and not view.run_current:
             reads.append(self._read_run(view))
         if isinstance(step, Boundary) and not view.checkpoint_current:
             reads.append(self._read_checkpoint(view))

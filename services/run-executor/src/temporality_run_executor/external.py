@@ -23,6 +23,11 @@ cost and the answer handed back as the tool result all stay the executor's. Only
    its agent comes back stays ``waiting_for_human``; its ``run.resumed`` (recovery) follows the answer's, when
    the run next waits for the agent.
 
+A cancel ends the wait at once: the run's own record is watched alongside the task's (the same push, re-read
+and reconnect discipline), and the moment it holds a cancel the turn ends (``ProviderFailed``; the machine,
+reading the record afresh, cancels the run: ``run.cancelled``). agent-collab ends the task with the run
+(``agent.task.ended``) and tells the agent at its next poll (``state: cancelled``).
+
 The wait is bounded by the run's remaining compute budget (the card's ``limits.max_compute_s``): an agent that
 is offline (or never comes) does not hold the run forever; past it (and a last read of the record) the run
 fails ``provider_error``. A kill of the executor mid-wait loses nothing: the message comes back, the turn is
@@ -36,16 +41,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, TypeVar
 
 import nats.errors
 import structlog
 from nats.js.kv import KeyValue
+from pydantic import BaseModel
 
 from temporality_bus import Bus, Store, entry_value
 from temporality_protocol import AgentTask, AgentTaskOffered, RunResumed, TaskInput
 from temporality_protocol.agent_tasks import StoredAction, TaskRecord, task_id_for, task_key
-from temporality_protocol.catalog import BUCKET_AGENT_TASKS
+from temporality_protocol.catalog import BUCKET_AGENT_TASKS, BUCKET_RUNS, BucketSpec
 from temporality_run_executor.machine import Agent, CallProvider, ProviderFailed, ProviderReplied
 from temporality_run_executor.providers.base import AssistantTurn
 from temporality_run_executor.records import Message, RunRecord, ToolCall
@@ -66,6 +73,8 @@ Emit = Callable[..., Awaitable[None]]
 _PRIORITIES = ("low", "normal", "high")
 #: What a read or a watch raises while the bus is away (nats-py raises its own and the builtin TimeoutError).
 _BUS_DOWN = (nats.errors.Error, TimeoutError)
+M = TypeVar("M", bound=BaseModel)
+Outcome = ProviderReplied | ProviderFailed
 
 
 def task_of(run: RunRecord, agent: Agent, call: CallProvider) -> AgentTask:
@@ -130,6 +139,7 @@ class ExternalAgents:
         self._emit = emit
         self._reread_s = reread_s
         self._store: Store[TaskRecord] | None = None
+        self._runs: Store[RunRecord] | None = None
         #: The live watch of each turn waiting here, by task key (one driver waits per run).
         self.watchers: dict[str, KeyValue.KeyWatcher] = {}
 
@@ -137,6 +147,11 @@ class ExternalAgents:
         if self._store is None:
             self._store = await self._bus.store(BUCKET_AGENT_TASKS, TaskRecord)
         return self._store
+
+    async def _run_records(self) -> Store[RunRecord]:
+        if self._runs is None:
+            self._runs = await self._bus.store(BUCKET_RUNS, RunRecord)
+        return self._runs
 
     async def complete(self, run: RunRecord, agent: Agent, call: CallProvider) -> ProviderReplied | ProviderFailed:
         external_id = agent.card.provider.agent_id
@@ -180,22 +195,79 @@ class ExternalAgents:
             outcome = await decided(found.value if found is not None else None)
             if outcome is not None:
                 return outcome
-            changes = _Changes(self._bus, tasks, key, reread_s=self._reread_s, watchers=self.watchers)
-            try:
-                while time.monotonic() < deadline:
-                    outcome = await decided(await changes.next(until=deadline))
-                    if outcome is not None:
-                        return outcome
-                # a last read (which must succeed: a bus that is away fails the delivery, not the run)
-                last = await tasks.get(key)
-                outcome = await decided(last.value if last is not None else None)
-                if outcome is not None:
-                    return outcome
-            finally:
-                await changes.close()
+
+            over = asyncio.Event()  # set when the wait ends either way (see _unless_cancelled)
+
+            async def acted() -> Outcome | None:
+                changes = _Changes(
+                    self._bus,
+                    tasks,
+                    BUCKET_AGENT_TASKS,
+                    TaskRecord,
+                    key,
+                    reread_s=self._reread_s,
+                    watchers=self.watchers,
+                )
+                try:
+                    while time.monotonic() < deadline:
+                        if over.is_set():
+                            return None
+                        outcome = await decided(await changes.next(until=deadline))
+                        if outcome is not None:
+                            return outcome
+                    # a last read (which must succeed: a bus that is away fails the delivery, not the run)
+                    last = await tasks.get(key)
+                    return await decided(last.value if last is not None else None)
+                finally:
+                    await changes.close()
+
+            ended = await self._unless_cancelled(run, acted(), deadline, over)
+            if ended == "cancelled":
+                log.info("external.wait_cancelled")
+                detail = f"the run was cancelled while external agent {external_id} worked on turn {call.turn}"
+                return ProviderFailed(turn=call.turn, error=detail, permanent=True)
+            if isinstance(ended, ProviderReplied | ProviderFailed):
+                return ended
             detail = f"external agent {external_id} did not act on turn {call.turn} within {call.budget_s:.0f} s"
             log.warning("external.no_action", budget_s=call.budget_s)
             return ProviderFailed(turn=call.turn, error=detail, permanent=True)
+
+    async def _unless_cancelled(
+        self, run: RunRecord, waiting: Coroutine[Any, Any, Outcome | None], deadline: float, over: asyncio.Event
+    ) -> Outcome | str | None:
+        """``waiting``'s outcome, or ``"cancelled"`` as soon as the run's record holds a cancel (watched like the
+        task's record: pushed, re-read now and then, watched again after a reconnect).
+
+        ``over`` is set when either ends, and both loops check it at every step: a task cancellation alone can be
+        lost (Python 3.11's ``asyncio.wait_for``, under nats-py's watch, swallows a cancel that comes as an
+        update arrives -- and the run's record changes at every lease renewal)."""
+        runs = await self._run_records()
+        record = _Changes(self._bus, runs, BUCKET_RUNS, RunRecord, run.run_id, reread_s=self._reread_s, watchers={})
+
+        async def cancelled() -> bool:
+            try:
+                while time.monotonic() < deadline and not over.is_set():
+                    current = await record.next(until=deadline)
+                    if current is not None and current.cancel is not None:
+                        return True
+                return False
+            finally:
+                await record.close()
+
+        acting = asyncio.create_task(waiting)
+        stopping = asyncio.create_task(cancelled())
+        try:
+            await asyncio.wait((acting, stopping), return_when=asyncio.FIRST_COMPLETED)
+            if acting.done():
+                return acting.result()
+            if stopping.result():
+                return "cancelled"
+            return await acting  # the budget ran out before a cancel: the wait's own last read decides
+        finally:
+            over.set()
+            for task in (acting, stopping):
+                task.cancel()
+            await asyncio.gather(acting, stopping, return_exceptions=True)
 
     async def _announce_takes(self, run: RunRecord, record: TaskRecord, turn: int, announced: int) -> int:
         """AP-8: every take after the first is the agent resuming from its checkpoint: ``run.resumed``."""
@@ -213,8 +285,8 @@ class ExternalAgents:
         return ProviderReplied(turn=call.turn, reply=reply, elapsed_s=elapsed_s)
 
 
-class _Changes:
-    """The successive states of one task record while a turn waits: pushed by a KV watch of its key, read
+class _Changes(Generic[M]):
+    """The successive states of one record (the task's; the run's, for a cancel) while a turn waits: pushed by a KV watch of its key, read
     again every ``reread_s`` all the same, and read and watched again at once when the watch ended or the
     connection was re-established. nats-py's "caught up" marker is never relied on (see
     :mod:`temporality_bus.listing`): a watch delivers the key's current value, whenever it comes, and every
@@ -223,14 +295,18 @@ class _Changes:
     def __init__(
         self,
         bus: Bus,
-        tasks: Store[TaskRecord],
+        store: Store[M],
+        bucket: BucketSpec,
+        model: type[M],
         key: str,
         *,
         reread_s: float,
         watchers: dict[str, KeyValue.KeyWatcher],
     ) -> None:
         self._bus = bus
-        self._tasks = tasks
+        self._store = store
+        self._bucket = bucket
+        self._model = model
         self._key = key
         self._reread_s = reread_s
         self._watchers = watchers
@@ -244,7 +320,7 @@ class _Changes:
     def _reconnected(self) -> bool:
         return int(self._bus.nc.stats.get("reconnects", 0)) != self._reconnects
 
-    async def next(self, *, until: float) -> TaskRecord | None:
+    async def next(self, *, until: float) -> M | None:
         """The record's next known state: a change the watch pushes, or a read (when one is due, or after a
         new watch). ``None``: nothing new (no record, a read that failed, or ``until`` came)."""
         while True:
@@ -275,11 +351,11 @@ class _Changes:
                 continue
             value = entry_value(entry)
             log.debug("external.record_changed", revision=entry.revision)
-            return TaskRecord.model_validate_json(value) if value is not None else None
+            return self._model.model_validate_json(value) if value is not None else None
 
-    async def _read(self) -> TaskRecord | None:
+    async def _read(self) -> M | None:
         try:
-            found = await self._tasks.get(self._key)
+            found = await self._store.get(self._key)
         except _BUS_DOWN as exc:
             log.warning("external.read_failed", error=f"{type(exc).__name__}: {exc}")
             self._read_at = time.monotonic() + min(RETRY_S, self._reread_s)
@@ -295,7 +371,7 @@ class _Changes:
         await self._unwatch()
         self._reconnects = int(self._bus.nc.stats.get("reconnects", 0))
         try:
-            kv = await self._bus.kv(BUCKET_AGENT_TASKS)
+            kv = await self._bus.kv(self._bucket)
             self._watcher = await kv.watch(self._key)
         except _BUS_DOWN as exc:
             log.warning("external.watch_failed", error=f"{type(exc).__name__}: {exc}")

@@ -1354,6 +1354,8 @@ def _provider_failed(
 ) -> Decision:
     if run is None or ckpt is None:
         return _decision(Retry(incoming.error))
+    if run.state is RunState.RUNNING and run.cancel is not None:  # asked to stop (it ended an external wait)
+        return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
     if incoming.permanent or attempt.last:
         return _decision(*_fail(run, "provider_error", incoming.error, totals=_totals(ckpt)))
     return _decision(Retry(incoming.error))

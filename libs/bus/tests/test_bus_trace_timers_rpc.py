@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from temporality_bus import Bus, Consumer, Delivery, Failure, NatsSettings, Request, Responder, Timers, tracing
 from temporality_protocol import RunFailed, decode, make_event
 from temporality_protocol.catalog import EVENTS_STREAM, TIMERS_STREAM, ConsumerSpec
+from temporality_testing.spans import spans_in_memory
 
 SUBJECT = "temporality.rpc.test.traced"
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -28,16 +29,9 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 @pytest.fixture
 def exported() -> Iterator[InMemorySpanExporter]:
-    """Tracing on in this process (an SDK provider, not the global one), spans kept in memory."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.enable(provider)
-    try:
+    """Tracing on in this process, spans kept in memory."""
+    with spans_in_memory() as exporter:
         yield exporter
-    finally:
-        tracing.disable()
-        provider.shutdown()
 
 
 @pytest.fixture

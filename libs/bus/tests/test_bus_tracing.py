@@ -17,6 +17,7 @@ from temporality_bus import Bus, Consumer, Delivery, PermanentError, tracing
 from temporality_bus.pipeline import event_write
 from temporality_protocol import Envelope, RunFailed, decode, make_event
 from temporality_protocol.catalog import EVENTS_STREAM, ConsumerSpec, subject_for
+from temporality_testing.spans import spans_in_memory
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -37,16 +38,9 @@ def _spec(durable: str) -> ConsumerSpec:
 
 @pytest.fixture
 def exported() -> Iterator[InMemorySpanExporter]:
-    """Tracing on in this process (an SDK provider, not the global one), spans kept in memory."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.enable(provider)
-    try:
+    """Tracing on in this process, spans kept in memory."""
+    with spans_in_memory() as exporter:
         yield exporter
-    finally:
-        tracing.disable()
-        provider.shutdown()
 
 
 @pytest.fixture

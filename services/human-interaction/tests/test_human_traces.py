@@ -10,7 +10,6 @@ import pytest
 from human_support import requested
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from temporality_bus import Bus, tracing
@@ -19,6 +18,7 @@ from temporality_human_interaction.events import answered_event, expired_event
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.traces import answering
 from temporality_protocol import HumanRequested, HumanRequestState, OptionAnswer, decode
+from temporality_testing.spans import spans_in_memory
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -72,15 +72,9 @@ def test_inside_a_span_the_event_carries_that_span_a_child_of_the_stored_context
 
 @pytest.fixture
 def exported() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.enable(provider)
-    try:
+    """Tracing on in this process, spans kept in memory."""
+    with spans_in_memory() as exporter:
         yield exporter
-    finally:
-        tracing.disable()
-        provider.shutdown()
 
 
 async def test_a_chat_answer_continues_the_stored_context_as_its_parent(

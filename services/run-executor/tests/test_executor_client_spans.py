@@ -8,8 +8,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -19,21 +17,16 @@ from temporality_run_executor.mcp_servers import McpClient, McpPool, McpToolFail
 from temporality_run_executor.providers import OpenAICompatible
 from temporality_run_executor.records import Message
 from temporality_testing.openai_emulator import OpenAIEmulator, assistant_text, rate_limited, usage
+from temporality_testing.spans import spans_in_memory
 
 SERVER = McpServer(name="notes", command=sys.executable, args=[str(Path(__file__).with_name("mcp_notes_server.py"))])
 
 
 @pytest.fixture
 def exported() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.enable(provider)
-    try:
+    """Tracing on in this process, spans kept in memory."""
+    with spans_in_memory() as exporter:
         yield exporter
-    finally:
-        tracing.disable()
-        provider.shutdown()
 
 
 @pytest.fixture

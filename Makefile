@@ -15,9 +15,10 @@ up: sync  ## run Temporality: embedded NATS + SQLite + the five services (option
 	.venv/bin/temporality up $(ARGS)
 
 # Test processes (pytest-xdist): one per CPU by default; TEST_WORKERS=0 runs everything in this process.
+# --durations=25: every run (CI's too) ends with its 25 slowest steps, the first place to look when the suite grows.
 TEST_WORKERS ?= auto
 test: sync  ## run the whole test suite (options: make test ARGS="-m e2e", make test TEST_WORKERS=0)
-	.venv/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
+	.venv/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(ARGS)
 
 lint: sync
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

@@ -4,9 +4,11 @@ and what it stored survives the next start."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from e2e_support import CONFIG, EXAMPLE_PR, HOOK_AUTH
 
 from temporality_embedded import SERVICES, free_port
@@ -87,6 +90,27 @@ def _external_agent(out: str) -> str:
             assert "inbox prefix _INBOX.example-agent" in line, line
             return line.split()[3]
     raise AssertionError(f"no external agent printed: {out}")
+
+
+def _example_agent(out: str) -> list[str]:
+    """The example agent's command line ``temporality up`` printed (the line after "Example external agent"),
+    its ``python examples/external-agent/agent.py`` made this interpreter and this checkout's agent."""
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if "Example external agent" in line:
+            command = next(c for c in lines[i + 1 :] if "examples/external-agent/agent.py" in c)
+            words = shlex.split(command)
+            assert words[:2] == ["python", "examples/external-agent/agent.py"], command
+            return [sys.executable, str(AGENT), *words[2:]]
+    raise AssertionError(f"no example agent command printed: {out}")
+
+
+def _reply_public_key(out: str) -> str:
+    """agent-collab's reply public key ``temporality up`` printed."""
+    for line in out.splitlines():
+        if "agent-collab reply key" in line:
+            return line.split()[3]
+    raise AssertionError(f"no reply key printed: {out}")
 
 
 async def _read_journal(url: str, durable: str, inbox: str, until: str) -> list[dict[str, object]]:
@@ -172,14 +196,27 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         # the printed external agent user: the example agent registers, heartbeats and deregisters with it alone
         # (its replies arrive below _INBOX.example-agent, the one inbox prefix that user may subscribe to)
         agent_url = _external_agent(out)
+        # agent-collab signs its replies with the key up made (0600 in the data dir, public key next to it): the
+        # printed example agent command carries that public key and checks every reply against it
+        public_key = _reply_public_key(out)
+        key_file = data_dir / "collab-reply-key.pem"
+        key_pem = key_file.read_bytes()
+        assert key_file.stat().st_mode & 0o077 == 0, "the reply key is readable by others"
+        assert (data_dir / "collab-reply-key.pub").read_text(encoding="utf-8").strip() == public_key
+        command = _example_agent(out)
+        assert command[command.index("--nats-url") + 1] == agent_url
+        assert command[command.index("--collab-public-key") + 1] == public_key
         agent = subprocess.run(
-            [sys.executable, str(AGENT), "--nats-url", agent_url, "--beats", "1", "--period-s", "0.2"],
-            capture_output=True,
-            text=True,
-            timeout=60,
+            [*command, "--beats", "1", "--period-s", "0.2"], capture_output=True, text=True, timeout=60
         )
         assert agent.returncode == 0, (agent.stdout, agent.stderr)
         assert "heartbeat 1" in agent.stderr, agent.stderr
+        assert "replies are not checked" not in agent.stderr, agent.stderr
+        # the replies really are signed: checked against another key, the first reply stops the agent (exit 8)
+        other = base64.b64encode(Ed25519PrivateKey.generate().public_key().public_bytes_raw()).decode()
+        forged = [*command[: command.index("--collab-public-key") + 1], other]
+        refused = subprocess.run([*forged, "--beats", "1"], capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 8, (refused.stdout, refused.stderr)
     finally:
         code = up.interrupt()
         keep_alive.close()
@@ -195,6 +232,17 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         url_again, *rest_again = _subscriber(out_again)
         assert url_again.split("@")[0] == url.split("@")[0], "the NATS passwords must survive a restart"
         assert rest_again == [durable, inbox]
+        assert _reply_public_key(out_again) == public_key, "the reply key must survive a restart"
+        assert key_file.read_bytes() == key_pem
+        # the restarted agent-collab signs with that same key: the agent checking against the first start's key
+        # (the NATS port is new) registers and heartbeats
+        command_again = _example_agent(out_again)
+        assert command_again[command_again.index("--collab-public-key") + 1] == public_key
+        agent_again = subprocess.run(
+            [*command_again, "--beats", "1", "--period-s", "0.2"], capture_output=True, text=True, timeout=60
+        )
+        assert agent_again.returncode == 0, (agent_again.stdout, agent_again.stderr)
+        assert "heartbeat 1" in agent_again.stderr, agent_again.stderr
         hook = f"http://127.0.0.1:{again.ports['gateway']}/hooks/ado-pr-review"
         duplicate = httpx.post(hook, content=body, headers=headers, timeout=10)
         assert duplicate.status_code == 200, duplicate.text

@@ -20,8 +20,8 @@ the agent's own subject, ``temporality.rpc.agents.<agent id>.<operation>``. It
     python examples/external-agent/agent.py keygen --out example-agent.key   # prints the public key
     python examples/external-agent/agent.py --nats-url nats://127.0.0.1:4222 --key-file example-agent.key
 
-Against a NATS with per-user permissions (``make up`` prints the URL of the ``example-agent`` user), put the user
-in the URL (``nats://example-agent:<password>@127.0.0.1:<port>``): the replies then arrive below
+Against a NATS with per-user permissions (``make up`` prints the URL of the ``example-agent`` user, and this
+agent's whole command line with it, ``--collab-public-key`` included), put the user in the URL (``nats://example-agent:<password>@127.0.0.1:<port>``): the replies then arrive below
 ``_INBOX.example-agent``, the one inbox prefix that user may subscribe to (``--inbox-prefix`` to override).
 
 The agent id must be on agent-collab's allow-list with that public key (``public_key:``); the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import signal
 import socket
 import sys
@@ -96,6 +97,7 @@ def up(args: argparse.Namespace) -> int:
                 nats_auth=args.nats_auth,
                 nats_subscribers=tuple(args.nats_subscriber or DEFAULT_SUBSCRIBERS),
                 nats_external_agents=tuple(args.nats_external_agent or DEFAULT_EXTERNAL_AGENTS),
+                collab_reply_key=args.collab_reply_key,
             )
         )
     except ValueError as exc:
@@ -107,7 +109,7 @@ def up(args: argparse.Namespace) -> int:
     _out(f"Starting Temporality: nats-server (JetStream) + SQLite + {len(SERVICES)} services ...")
     try:
         stack.start()
-    except (TokenFileError, ValueError) as exc:  # the API tokens file, the NATS passwords file
+    except (TokenFileError, ValueError) as exc:  # the API tokens file, the NATS passwords file, the reply key
         _out(f"error: {exc}")
         return 2
     except (RuntimeError, TimeoutError) as exc:
@@ -144,6 +146,16 @@ def up(args: argparse.Namespace) -> int:
             url = stack.nats.url.replace("nats://", f"nats://{user}:{password}@", 1)
             _out(f"  NATS external agent        {url}   (Agent Protocol requests only, inbox prefix {inbox})")
         _out(f"  NATS passwords             {stack.nats_passwords_file}   (kept across restarts)")
+    if stack.collab_public_key is not None:
+        _out(
+            f"  agent-collab reply key     {stack.collab_public_key}   (public key: agent-collab signs its replies "
+            f"to external agents; {stack.collab_reply_key_file.with_suffix('.pub')}, kept across restarts)"
+        )
+    example = _example_agent_command(stack)
+    if example is not None:
+        _out("  Example external agent     (from the repository's root; it checks agent-collab's reply signatures")
+        _out("                             with --collab-public-key when the stack signs them)")
+        _out(f"    {example}")
     _out(f"  Data and logs              {stack.data_dir}   (logs in {stack.data_dir / 'run'})")
     _out("Press Ctrl-C to stop.")
     code = 0
@@ -158,6 +170,24 @@ def up(args: argparse.Namespace) -> int:
     stack.stop()
     _out("Stopped.")
     return code
+
+
+def _example_agent_command(stack: Stack) -> str | None:
+    """How to run ``examples/external-agent/agent.py`` against this stack as the ``example-agent`` of
+    ``config/external-agents.yaml``: its NATS URL (its own user with NATS auth) and, when agent-collab signs
+    its replies, ``--collab-public-key``. ``None`` when NATS auth is on and there is no ``example-agent`` user."""
+    agent_id = DEFAULT_EXTERNAL_AGENTS[0]
+    url = stack.nats.url
+    if stack.nats_admin is not None:
+        agent = stack.external_agent(agent_id)
+        if agent is None:
+            return None
+        user, password, _inbox = agent
+        url = url.replace("nats://", f"nats://{user}:{password}@", 1)
+    words = ["python", "examples/external-agent/agent.py", "--nats-url", url]
+    if stack.collab_public_key is not None:
+        words += ["--collab-public-key", stack.collab_public_key]
+    return shlex.join(words)
 
 
 def nats_authorization(subscribers: list[str], external_agents: list[str]) -> str:
@@ -213,6 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="an external agent's NATS user NAME (its agent id): Agent Protocol requests on its own subjects "
         "temporality.rpc.agents.NAME.* only, replies below _INBOX.NAME "
         "(repeatable; default: " + ", ".join(DEFAULT_EXTERNAL_AGENTS) + ")",
+    )
+    p_up.add_argument(
+        "--collab-reply-key",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="agent-collab signs its replies to external agents with an Ed25519 key kept in "
+        "<data-dir>/collab-reply-key.pem (made on first start; public key in collab-reply-key.pub) "
+        "(default: on; --no-collab-reply-key: unsigned replies)",
     )
     p_up.add_argument(
         "--api-tokens-file",

@@ -7,6 +7,7 @@ each reads, which ``StackConfig`` field holds a port) is checked against it.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -14,6 +15,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+    load_pem_private_key,
+)
 from pydantic import SecretStr
 
 from temporality_embedded.natsserver import NatsServer, NatsUser
@@ -30,6 +40,7 @@ from temporality_service.auth import ApiToken, Role, TokenFileError, dump_tokens
 
 __all__ = [
     "ADMIN_TOKEN_NAME",
+    "COLLAB_REPLY_KEY_ID",
     "NATS_ADMIN",
     "STOP_ORDER",
     "Stack",
@@ -37,6 +48,7 @@ __all__ = [
     "TokenFileError",
     "check_stop_order",
     "ensure_nats_passwords",
+    "ensure_reply_key",
     "ensure_tokens_file",
     "stop_tiers",
 ]
@@ -125,10 +137,19 @@ class StackConfig:
     #: Processes per service (default 1), sharing its durable consumers; extra replicas of an HTTP service
     #: listen on free ports (:meth:`Stack.urls`). The journal on SQLite must stay at one.
     replicas: Mapping[str, int] = field(default_factory=dict)
+    #: agent-collab signs its replies to external agents (``TEMPORALITY_COLLAB_REPLY_KEY_FILE``) with an Ed25519
+    #: key in ``<data_dir>/collab-reply-key.pem`` (mode 0600), generated on first start and reused afterwards;
+    #: its public key (raw, base64: the example agent's ``--collab-public-key``) is in
+    #: ``collab-reply-key.pub`` next to it (:attr:`Stack.collab_public_key`). Off here; ``temporality up``
+    #: turns it on unless ``--no-collab-reply-key``.
+    collab_reply_key: bool = False
 
 
 #: The NATS user with full access (an operator's tools, the tests) when the stack runs with NATS auth.
 NATS_ADMIN = "temporality-admin"
+#: The key id of agent-collab's signed replies (``TEMPORALITY_COLLAB_REPLY_KEY_ID``; the example agent's default
+#: ``--collab-key-id``).
+COLLAB_REPLY_KEY_ID = "agent-collab"
 #: The name of the admin token ``temporality up`` creates.
 ADMIN_TOKEN_NAME = "local-admin"
 
@@ -149,14 +170,40 @@ def ensure_nats_passwords(path: Path, users: Iterable[str]) -> dict[str, str]:
     missing = [user for user in wanted if user not in stored]
     if missing:
         stored |= {user: secrets.token_urlsafe(24) for user in missing}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fresh = path.with_name(path.name + ".new")
-        fresh.unlink(missing_ok=True)
-        fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(json.dumps(stored, indent=2, sort_keys=True) + "\n")
-        fresh.replace(path)  # whole or not at all
+        _write_private(path, (json.dumps(stored, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     return {user: stored[user] for user in wanted}
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (mode 0600), whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fresh = path.with_name(path.name + ".new")
+    fresh.unlink(missing_ok=True)
+    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+    fresh.replace(path)
+
+
+def ensure_reply_key(path: Path) -> str:
+    """The Ed25519 key in ``path`` (PEM, PKCS#8, unencrypted, mode 0600), generated when the file is missing;
+    its public key (raw 32 bytes, standard base64) is (re)written to ``path`` with the suffix ``.pub`` and
+    returned. Raises ``ValueError`` for a file that holds no such key."""
+    if path.exists():
+        try:
+            key = load_pem_private_key(path.read_bytes(), password=None)
+        except (OSError, ValueError, TypeError, UnsupportedAlgorithm) as exc:
+            raise ValueError(f"{path}: not a readable unencrypted PEM private key ({exc})") from exc
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError(f"{path}: not an Ed25519 private key")
+    else:
+        key = Ed25519PrivateKey.generate()
+        _write_private(path, key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    public = base64.b64encode(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode("ascii")
+    public_file = path.with_suffix(".pub")
+    if not public_file.exists() or public_file.read_text(encoding="utf-8").strip() != public:
+        public_file.write_text(public + "\n", encoding="utf-8")
+    return public
 
 
 def ensure_tokens_file(path: Path) -> list[ApiToken]:
@@ -192,6 +239,9 @@ class Stack:
             raise ValueError(f"replicas: unknown services {unknown} or a count below 1 in {dict(config.replicas)}")
         self.api_tokens_file = (config.api_tokens_file or self.data_dir / "api-tokens.json").resolve()
         self.api_tokens: list[ApiToken] = []
+        #: agent-collab's reply public key (raw, base64), once :meth:`start` made or read the key; ``None``
+        #: without :attr:`StackConfig.collab_reply_key`.
+        self.collab_public_key: str | None = None
 
     @property
     def nats_url(self) -> str:
@@ -201,6 +251,11 @@ class Stack:
     @property
     def nats_passwords_file(self) -> Path:
         return self.data_dir / "nats-users.json"
+
+    @property
+    def collab_reply_key_file(self) -> Path:
+        """agent-collab's reply key (with :attr:`StackConfig.collab_reply_key`); the public key has suffix ``.pub``."""
+        return self.data_dir / "collab-reply-key.pem"
 
     def _nats_users(self) -> dict[str, NatsUser]:
         """Every NATS user with its password (from :attr:`nats_passwords_file`) and permissions; ``{}`` without auth."""
@@ -320,6 +375,9 @@ class Stack:
             env[f"{spec.env_prefix}{setting}"] = str(self.config.config_dir.resolve() / file)
         if name == "agent-collab":  # a worker, but it serves the operator API on its probe port
             env["TEMPORALITY_COLLAB_PORT"] = str(self.config.collab_port if replica == 0 else 0)
+            if self.config.collab_reply_key:
+                env["TEMPORALITY_COLLAB_REPLY_KEY_FILE"] = str(self.collab_reply_key_file)
+                env["TEMPORALITY_COLLAB_REPLY_KEY_ID"] = COLLAB_REPLY_KEY_ID
         if name == "run-executor":  # a worker, but it serves the agent cards on its probe port
             env["TEMPORALITY_EXECUTOR_PORT"] = str(self.config.executor_port if replica == 0 else 0)
         if name == "journal":
@@ -331,6 +389,8 @@ class Stack:
     def start(self, timeout: float = 60.0) -> None:
         """Raises ``TokenFileError`` for an invalid tokens file, ``RuntimeError``/``TimeoutError`` otherwise."""
         self.api_tokens = ensure_tokens_file(self.api_tokens_file)
+        if self.config.collab_reply_key:
+            self.collab_public_key = ensure_reply_key(self.collab_reply_key_file)
         if self.config.nats_url is None:
             self.nats.users = self._nats_users()
             self.nats.start()

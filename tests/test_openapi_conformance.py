@@ -128,6 +128,8 @@ TARGETS = {
         processes=("trigger-gateway", "human-interaction", "journal"),
         auth=(("/human/", ALICE["Authorization"]),),
         parameters=(
+            # a shipped trigger, so that the proxied /gateway/ reads answer 200 and their bodies are checked
+            # against the gateway's answer models the journal's document declares (GatewayTriggerView ...)
             {
                 "include-path-regex": "^/gateway/triggers/\\{trigger_id\\}",
                 "exclude-method": "DELETE",

@@ -219,3 +219,67 @@ async def test_an_answer_over_the_cap_is_502_and_not_passed_on(tmp_path: Path, b
         response = await client.get("/gateway/triggers", headers=VIEWER)
     assert response.status_code == 502
     assert response.json()["error"] == "gateway_answer_too_large"
+
+
+def _without_defaults(schema: Any) -> Any:
+    """``schema`` without its ``default`` annotations (FastAPI leaves a null default out of a response
+    model's schema; it validates nothing either way), the ``Gateway`` prefix of its references dropped."""
+    if isinstance(schema, dict):
+        return {
+            key: (value.replace("/Gateway", "/") if key == "$ref" else _without_defaults(value))
+            for key, value in schema.items()
+            if key != "default"
+        }
+    if isinstance(schema, list):
+        return [_without_defaults(item) for item in schema]
+    return schema
+
+
+async def test_the_document_declares_the_gateways_answers(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus
+) -> None:
+    """Every proxied operation declares, for each success status, the body the gateway's own document
+    declares for its route (the same model, ``Gateway``-prefixed), and the components match the gateway's."""
+    async with serve_gateway(tmp_path, nats_settings) as url, _journal(tmp_path, bus, url) as journal:
+        async with httpx.AsyncClient(base_url=url, timeout=20) as direct:
+            theirs = (await direct.get("/openapi.json")).json()
+        ours = (await journal.get("/openapi.json")).json()
+    proxied = {path: ops for path, ops in ours["paths"].items() if path.startswith("/gateway/")}
+    assert len(proxied) == 7, sorted(proxied)
+    declared = 0
+    for path, operations in proxied.items():
+        upstream = theirs["paths"][path.removeprefix("/gateway")]
+        assert set(operations) == set(upstream), path
+        for method, operation in operations.items():
+            their_answers = {s: a for s, a in upstream[method]["responses"].items() if s.startswith("2")}
+            our_answers = {s: a for s, a in operation["responses"].items() if s.startswith("2")}
+            assert set(our_answers) == set(their_answers), (method, path)
+            for status, answer in their_answers.items():
+                if "content" not in answer:  # 204
+                    assert "content" not in our_answers[status], (method, path, status)
+                    continue
+                theirs_ref = answer["content"]["application/json"]["schema"]["$ref"]
+                ours_ref = our_answers[status]["content"]["application/json"]["schema"]["$ref"]
+                assert ours_ref == theirs_ref.replace("/schemas/", "/schemas/Gateway"), (method, path, status)
+                declared += 1
+    assert declared == 10  # list, create, preview, read, replace, enable, disable, deliveries, redrive 200 + 202
+    components = ours["components"]["schemas"]
+    gateway_components = sorted(name for name in components if name.startswith("Gateway"))
+    assert gateway_components == sorted(
+        f"Gateway{name}"
+        for name in (
+            "DeliveryPage",
+            "DeliveryView",
+            "PreviewAnswer",
+            "PreviewFieldError",
+            "PreviewIgnored",
+            "RedriveAnswer",
+            "TriggerList",
+            "TriggerView",
+        )
+    )
+    for name in gateway_components:
+        their_schema = theirs["components"]["schemas"][name.removeprefix("Gateway")]
+        assert _without_defaults(components[name]) == _without_defaults(their_schema), name
+    # the journal's own /triggers view keeps its own TriggerView
+    assert components["TriggerView"] != components["GatewayTriggerView"]

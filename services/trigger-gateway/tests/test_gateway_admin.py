@@ -30,10 +30,9 @@ from pydantic import BaseModel
 
 from temporality_bus import Bus
 from temporality_protocol import TriggerChange
-from temporality_service import ApiAuth, ApiAuthSettings
-from temporality_trigger_gateway import Settings, create_app
-from temporality_trigger_gateway.admin import (
+from temporality_protocol.trigger_admin import (
     DeliveryPage,
+    DeliveryView,
     PreviewAnswer,
     PreviewFieldError,
     PreviewIgnored,
@@ -41,7 +40,9 @@ from temporality_trigger_gateway.admin import (
     TriggerList,
     TriggerView,
 )
-from temporality_trigger_gateway.deliveries import DeliveryRecord, DeliveryView
+from temporality_service import ApiAuth, ApiAuthSettings
+from temporality_trigger_gateway import Settings, create_app
+from temporality_trigger_gateway.deliveries import DeliveryRecord
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
 
 

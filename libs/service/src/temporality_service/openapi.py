@@ -18,8 +18,9 @@ from typing import Any
 
 from fastapi import FastAPI
 from pydantic import TypeAdapter
+from pydantic.json_schema import JsonSchemaMode
 
-__all__ = ["IF_MATCH_PATTERN", "add_schemas", "component_schemas", "if_match", "json_body", "operation"]
+__all__ = ["IF_MATCH_PATTERN", "add_schemas", "component_schemas", "if_match", "json_answer", "json_body", "operation"]
 
 #: An ``If-Match`` the APIs understand: ``*`` (any revision) or a revision, as its ETag (``"7"``); ``7`` and
 #: ``W/"7"`` are read alike. Anything else is a 412 ``precondition_failed`` (a value, not its absence).
@@ -59,14 +60,23 @@ def operation(*, body: Mapping[str, Any] | None = None, headers: Sequence[Mappin
     return extra
 
 
-def component_schemas(**types: Any) -> dict[str, Any]:
-    """JSON Schemas (validation mode) of pydantic types by name, with every model they use beside them."""
+def component_schemas(*, prefix: str = "", mode: JsonSchemaMode = "validation", **types: Any) -> dict[str, Any]:
+    """JSON Schemas of pydantic types by name, with every model they use beside them; ``mode``
+    ``serialization`` for answers (as FastAPI documents a ``response_model``). ``prefix`` goes before every
+    name, the nested models' and their references included: another service's models, documented beside
+    the app's own models of the same name (the journal's ``GatewayTriggerView``)."""
     found: dict[str, Any] = {}
     for name, kind in types.items():
-        schema = TypeAdapter(kind).json_schema(ref_template=_REF + "{model}")
-        found.update(schema.pop("$defs", {}))
-        found[name] = schema
+        schema = TypeAdapter(kind).json_schema(ref_template=_REF + prefix + "{model}", mode=mode)
+        found.update({prefix + nested: value for nested, value in schema.pop("$defs", {}).items()})
+        found[prefix + name] = schema
     return found
+
+
+def json_answer(schema: str, *, description: str) -> dict[str, Any]:
+    """A ``responses`` entry whose JSON body is the component ``schema`` (for a handler that returns a
+    :class:`~starlette.responses.Response` it built or forwarded, so FastAPI has no model to document)."""
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": _REF + schema}}}}
 
 
 def add_schemas(app: FastAPI, schemas: Mapping[str, Any]) -> None:

@@ -78,6 +78,7 @@ from temporality_bus.tracing import trace_id_of
 from temporality_journal.access import AccessAudit, AuditedAuth, RequestContext
 from temporality_journal.audit import AUDIT_KINDS, AuditEntry, audit_entry, audited
 from temporality_journal.database import Database
+from temporality_journal.gateway import OPENAPI_SCHEMAS as GATEWAY_SCHEMAS
 from temporality_journal.gateway import gateway_router
 from temporality_journal.human import human_router
 from temporality_journal.insights import (
@@ -483,7 +484,7 @@ def create_app(
     app.state.settings = settings
     app.state.database = database
     install_error_handlers(app)
-    add_schemas(app, component_schemas(CancelRequest=CancelRequest))
+    add_schemas(app, component_schemas(CancelRequest=CancelRequest) | GATEWAY_SCHEMAS)
     audited_auth = AuditedAuth(auth, access or AccessAudit(bus), signin)  # refusals into the audit trail
     audited_auth.install(app)
     app.add_middleware(RequestContext)

@@ -26,7 +26,11 @@ and 428 included). Request headers passed on: ``Authorization``, ``If-Match``, `
 Limits and errors (``{"error", "detail"}``): a body over ``TEMPORALITY_JOURNAL_MAX_BODY_BYTES`` is a 413;
 ``TEMPORALITY_JOURNAL_GATEWAY_URL`` unset is a 503 ``gateway_not_configured``; the gateway unreachable or
 silent for :data:`TIMEOUT_S` is a 502 ``gateway_unreachable``, an answer over :data:`MAX_ANSWER_BYTES` a
-502 ``gateway_answer_too_large``. Each forwarded request is logged with its method, route template,
+502 ``gateway_answer_too_large``.
+
+The OpenAPI document declares the gateway's answers (:mod:`temporality_protocol.trigger_admin`, the models
+the gateway documents its own with) under ``Gateway``-prefixed names (:data:`OPENAPI_SCHEMAS`: the journal
+has a ``TriggerView`` of its own); the bytes are forwarded as they are, not validated here. Each forwarded request is logged with its method, route template,
 status and duration -- never a header or a body. The forwarding itself is :class:`temporality_journal.proxy.Upstream`'s
 (shared with the inbox proxy, :mod:`temporality_journal.human`); this module is the allow-list.
 """
@@ -43,10 +47,11 @@ from starlette.responses import Response
 from temporality_journal.proxy import ALL_METHODS, MAX_ANSWER_BYTES, TIMEOUT_S, ShapeList, Upstream, upstream_client
 from temporality_journal.settings import Settings
 from temporality_journal.signin import SignIn
+from temporality_protocol.trigger_admin import DeliveryPage, PreviewAnswer, RedriveAnswer, TriggerList, TriggerView
 from temporality_service import PRINCIPAL_HEADER, AsViewer, ErrorBody, Forbidden, PrincipalVoucher
-from temporality_service.openapi import if_match, json_body, operation
+from temporality_service.openapi import component_schemas, if_match, json_answer, json_body, operation
 
-__all__ = ["MAX_ANSWER_BYTES", "TIMEOUT_S", "gateway_client", "gateway_router"]
+__all__ = ["MAX_ANSWER_BYTES", "OPENAPI_SCHEMAS", "TIMEOUT_S", "gateway_client", "gateway_router"]
 
 #: The gateway's own id patterns (``temporality_trigger_gateway.admin``).
 TRIGGER_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -78,6 +83,25 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 #: ``If-Match`` is passed on: the gateway's 428 without it on PUT, 412 for a stale or malformed one.
 _IF_MATCH = if_match(required=False, what="the trigger")
 _IF_MATCH_REQUIRED = if_match(required=True, what="the trigger")
+#: The gateway's answers, as its own document declares them, named ``Gateway<model>`` here (the journal's
+#: ``/triggers`` view has its own ``TriggerView``); :func:`temporality_journal.api.create_app` adds them.
+PREFIX = "Gateway"
+OPENAPI_SCHEMAS = component_schemas(
+    prefix=PREFIX,
+    mode="serialization",
+    TriggerView=TriggerView,
+    TriggerList=TriggerList,
+    DeliveryPage=DeliveryPage,
+    RedriveAnswer=RedriveAnswer,
+    PreviewAnswer=PreviewAnswer,
+)
+
+
+def _answer(status: int, model: type[object], description: str) -> dict[int | str, dict[str, Any]]:
+    return {status: json_answer(PREFIX + model.__name__, description=description)}
+
+
+_TRIGGER = "The trigger, as the gateway shows it (its ETag in ETag)"
 
 
 #: Module-level (``from __future__ import annotations``: FastAPI resolves them in the module's namespace).
@@ -142,7 +166,11 @@ def gateway_router(
             raise peer.no_route()
         return trigger_id
 
-    @router.get("/gateway/triggers", description=f"The stored triggers. {PROXIED}")
+    @router.get(
+        "/gateway/triggers",
+        description=f"The stored triggers. {PROXIED}",
+        responses=_answer(200, TriggerList, "Every stored trigger"),
+    )
     async def list_triggers(request: Request, who: AsViewer, authorization: Auth = None) -> Response:
         return await forward(request, "GET", "/triggers", "/triggers")
 
@@ -151,6 +179,7 @@ def gateway_router(
         status_code=201,
         description=f"Create a trigger (admin). {PROXIED}",
         openapi_extra=operation(body=_BODY),
+        responses=_answer(201, TriggerView, _TRIGGER),
     )
     async def create_trigger(request: Request, who: AsViewer, authorization: Auth = None) -> Response:
         return await forward(request, "POST", "/triggers", "/triggers", body=True)
@@ -159,11 +188,16 @@ def gateway_router(
         "/gateway/triggers/preview",
         description=f"What a draft trigger makes of a sample delivery; nothing is started. {PROXIED}",
         openapi_extra=operation(body=_BODY),
+        responses=_answer(200, PreviewAnswer, "What the gateway would make of the sample"),
     )
     async def preview(request: Request, who: AsViewer, authorization: Auth = None) -> Response:
         return await forward(request, "POST", "/triggers/preview", "/triggers/preview", body=True)
 
-    @router.get("/gateway/triggers/{trigger_id}", description=f"One trigger, with its ETag. {PROXIED}")
+    @router.get(
+        "/gateway/triggers/{trigger_id}",
+        description=f"One trigger, with its ETag. {PROXIED}",
+        responses=_answer(200, TriggerView, _TRIGGER),
+    )
     async def read_trigger(
         request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None
     ) -> Response:
@@ -173,6 +207,7 @@ def gateway_router(
         "/gateway/triggers/{trigger_id}",
         description=f"Replace a trigger (admin; If-Match required). {PROXIED}",
         openapi_extra=operation(body=_BODY, headers=[_IF_MATCH_REQUIRED]),
+        responses=_answer(200, TriggerView, _TRIGGER),
     )
     async def replace_trigger(
         request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None
@@ -194,6 +229,7 @@ def gateway_router(
         "/gateway/triggers/{trigger_id}/enable",
         description=f"Enable a trigger (operator). {PROXIED}",
         openapi_extra=operation(headers=[_IF_MATCH]),
+        responses=_answer(200, TriggerView, _TRIGGER),
     )
     async def enable_trigger(
         request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None
@@ -204,6 +240,7 @@ def gateway_router(
         "/gateway/triggers/{trigger_id}/disable",
         description=f"Disable a trigger (operator). {PROXIED}",
         openapi_extra=operation(headers=[_IF_MATCH]),
+        responses=_answer(200, TriggerView, _TRIGGER),
     )
     async def disable_trigger(
         request: Request, trigger_id: TriggerId, who: AsViewer, authorization: Auth = None
@@ -213,6 +250,7 @@ def gateway_router(
     @router.get(
         "/gateway/triggers/{trigger_id}/deliveries",
         description=f"A trigger's deliveries and their processing state, newest first. {PROXIED}",
+        responses=_answer(200, DeliveryPage, "A page of the trigger's deliveries"),
     )
     async def list_deliveries(
         request: Request,
@@ -229,7 +267,8 @@ def gateway_router(
     @router.post(
         "/gateway/triggers/{trigger_id}/deliveries/{delivery_id}/redrive",
         description=f"Re-run a rejected or failed delivery (operator). {PROXIED}",
-        responses={202: {"description": "Accepted again: a run was started, queued or debounced"}},
+        responses=_answer(200, RedriveAnswer, "Re-driven: the outcome (duplicate, skipped, ignored)")
+        | _answer(202, RedriveAnswer, "Accepted again: a run was started, queued or debounced"),
     )
     async def redrive(
         request: Request,

@@ -35,7 +35,7 @@ import base64
 import re
 from collections.abc import Awaitable, Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import structlog
 from fastapi import APIRouter, Query, Request, Response
@@ -53,6 +53,13 @@ from temporality_protocol import (
     derive_id,
     make_event,
 )
+from temporality_protocol.trigger_admin import (
+    DeliveryPage,
+    PreviewAnswer,
+    RedriveAnswer,
+    TriggerList,
+    TriggerView,
+)
 from temporality_service import (
     AsAdmin,
     AsOperator,
@@ -66,7 +73,6 @@ from temporality_service import (
 from temporality_service.http import Conflict as HttpConflict
 from temporality_service.http import PreconditionFailed, PreconditionRequired, revision_of
 from temporality_service.openapi import component_schemas, if_match, json_body, operation
-from temporality_trigger_gateway.deliveries import DeliveryView
 from temporality_trigger_gateway.errors import BusUnavailable
 from temporality_trigger_gateway.launch import Launcher
 from temporality_trigger_gateway.preview import run_preview
@@ -177,77 +183,6 @@ class TriggerPreview(BaseModel):
     trigger_id: str | None = Field(None, pattern=_ID.pattern, description="A stored trigger (or trigger)")
     payload: Any = Field(description="The sample delivery's JSON body (an event trigger's: a CloudEvent)")
     headers: dict[str, str] | None = Field(None, description="The sample's headers, for sources that read them")
-
-
-# ---------------------------------------------------------------- answers (documented: the OpenAPI response bodies)
-class TriggerView(BaseModel):
-    """One stored trigger as the API shows it (the answer of a read, create, replace, enable and disable)."""
-
-    trigger: dict[str, Any] = Field(
-        description="Every field of the trigger, defaults included, as validated (a stored trigger that no longer "
-        "validates: its fields as stored, and problem says why). Literal secrets never appear (write_only_set)."
-    )
-    revision: int = Field(description="The store revision (the ETag); If-Match takes it")
-    origin: Literal["file", "api"]
-    updated_by: str = Field(description="The token name, or user:<id>, of the last change (file: the triggers file)")
-    updated_at: datetime
-    served: bool = Field(description="Whether this replica serves this revision")
-    problem: str | None = Field(description="Why the stored trigger is not served, if it is not")
-    write_only_set: list[str] = Field(description="The literal secrets set (auth.password ...), never returned")
-
-
-class TriggerList(BaseModel):
-    triggers: list[TriggerView]
-
-
-class DeliveryPage(BaseModel):
-    """A page of a trigger's deliveries, newest first."""
-
-    deliveries: list[DeliveryView]
-    next_cursor: str | None = Field(description="Pass as cursor for the next page; null: this is the last")
-
-
-class PreviewIgnored(BaseModel):
-    reason: Literal["disabled", "unsupported_event", "filtered"]
-    detail: str
-
-
-class RedriveAnswer(BaseModel):
-    """The re-drive's delivery and its outcome, as the webhook answers a delivery (202 when a run starts,
-    is queued or debounced; 200 otherwise)."""
-
-    redrive_of: str = Field(description="The delivery re-driven")
-    delivery_id: str = Field(description="The re-drive's own delivery")
-    status: Literal["accepted", "duplicate", "queued", "debounced", "skipped", "ignored"]
-    run_id: str | None = None
-    superseded_run_id: str | None = None
-    position: int | None = None
-    active_run_id: str | None = None
-    until: datetime | None = None
-    reason: str | None = None
-    detail: str | None = None
-
-
-class PreviewFieldError(BaseModel):
-    field: str
-    message: str
-
-
-class PreviewAnswer(BaseModel):
-    """What the gateway would make of the sample: the normalized event, the agent input, whether a run starts
-    (``ok``), or the stage that failed and why (``ok: false``)."""
-
-    ok: bool
-    stage: Literal["trigger", "payload", "mapping"] | None = Field(None, description="ok false: what failed")
-    errors: list[PreviewFieldError] | None = Field(None, description="ok false: each wrong field")
-    matches: bool | None = Field(None, description="Whether the trigger's when filter lets the event through")
-    source_event: dict[str, Any] | None = Field(None, description="The source's event id and type")
-    event: dict[str, Any] | None = Field(None, description="The normalized event")
-    input: Any = Field(None, description="The agent input the trigger's mapping makes of the event")
-    run_id: str | None = None
-    title: str | None = None
-    would_start_run: bool | None = None
-    ignored: PreviewIgnored | None = Field(None, description="would_start_run false: why")
 
 
 #: The components the admin API's bodies refer to (``add_schemas`` in :func:`~.api.create_app`).

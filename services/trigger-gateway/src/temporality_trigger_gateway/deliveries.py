@@ -32,6 +32,7 @@ from temporality_bus import BusError, Conflict, PublishResult, Store, evolve, li
 from temporality_bus.pipeline import Write, kv_write
 from temporality_protocol import NormalizedEvent
 from temporality_protocol.catalog import BUCKET_DELIVERIES
+from temporality_protocol.trigger_admin import DeliveryState, DeliveryView
 
 if TYPE_CHECKING:
     from temporality_bus import Bus
@@ -52,7 +53,6 @@ log = structlog.get_logger(__name__)
 
 #: A normalized event larger than this (as JSON) is not kept with its delivery, which then cannot be re-driven.
 MAX_EVENT_BYTES = 64 * 1024
-DeliveryState = Literal["received", "accepted", "rejected", "failed", "queued", "debounced"]
 
 
 class DeliveryRecord(BaseModel):
@@ -90,33 +90,6 @@ class DeliveryRecord(BaseModel):
         shown = self.model_dump(mode="json", exclude={"event"})
         shown["has_event"] = self.event is not None
         return shown
-
-
-class DeliveryView(BaseModel):
-    """A delivery as the deliveries API shows it (documents :meth:`DeliveryRecord.view`: the record's fields
-    but ``event``, plus ``has_event``; a test keeps the two in step)."""
-
-    trigger_id: str
-    delivery_id: str
-    kind: Literal["webhook", "event", "schedule"]
-    adapter: str = Field(description="The source adapter, or schedule / event")
-    source_event_id: str | None
-    source_event_type: str | None
-    body_bytes: int
-    depth: int
-    causation_id: str | None
-    correlation_id: str | None
-    state: DeliveryState
-    reason: str | None = Field(description="rejected / failed: why (duplicate, disabled, filtered ...)")
-    detail: str | None
-    run_id: str | None
-    title: str | None
-    received_at: datetime
-    updated_at: datetime
-    event_omitted: bool = Field(description="The normalized event was too large to keep")
-    redrive_of: str | None = Field(description="A re-drive: the delivery it re-runs")
-    redriven_as: list[str] = Field(description="The re-drives made of this delivery")
-    has_event: bool = Field(description="The normalized event is kept: the delivery can be re-driven")
 
 
 def delivery_key(trigger_id: str, delivery_id: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -21,6 +21,7 @@ __all__ = [
     "ASK_TIMEOUT_MAX_S",
     "CONFORMANCE_PROBES",
     "EVENT_MODELS",
+    "RUN_FAILURE_REASONS",
     "Actor",
     "AgentAnswerReceived",
     "AgentAskExpired",
@@ -98,6 +99,7 @@ __all__ = [
     "RunCompleted",
     "RunCreated",
     "RunFailed",
+    "RunFailureReason",
     "RunInputAfterEnd",
     "RunRequested",
     "RunResumed",
@@ -512,6 +514,22 @@ class RunCompleted(EventData):
     turns: int
     #: Absent on events from executors before it.
     usage: RunUsage | None = None
+
+
+#: Why the run-executor fails a run (``run.failed``'s ``reason``): its machine may give no other (typed), and the
+#: journal's finished-runs counter labels by them. The event's field stays a string: a reader meets older ones too.
+RunFailureReason = Literal[
+    "compute_timeout",
+    "human_request_expired",
+    "infrastructure_error",
+    "malformed_tool_calls",
+    "max_turns",
+    "provider_error",
+    "stalled",
+    "token_limit",
+    "unknown_agent",
+]
+RUN_FAILURE_REASONS: tuple[str, ...] = get_args(RunFailureReason)
 
 
 class RunFailed(EventData):

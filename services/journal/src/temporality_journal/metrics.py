@@ -29,7 +29,7 @@ from sqlalchemy import func, select
 
 from temporality_journal.database import Database
 from temporality_journal.models import RUNS_TABLE
-from temporality_protocol import RUN, Envelope, RunState
+from temporality_protocol import RUN, RUN_FAILURE_REASONS, Envelope, RunState
 from temporality_service import ServiceMetrics
 
 __all__ = ["FAILURE_REASONS", "OPEN_STATES", "OUTCOMES", "TIMEOUT_REASONS", "JournalMetrics", "finished_as"]
@@ -41,17 +41,7 @@ OPEN_STATES: tuple[RunState, ...] = tuple(state for state in RunState if state n
 #: The ``outcome`` label of :data:`temporality_runs_finished_total`.
 OUTCOMES = ("completed", "failed", "timed_out", "cancelled")
 #: The ``run.failed`` reasons the run-executor gives (the counter's ``reason``; any other is ``other``).
-FAILURE_REASONS = (
-    "compute_timeout",
-    "human_request_expired",
-    "infrastructure_error",
-    "malformed_tool_calls",
-    "max_turns",
-    "provider_error",
-    "stalled",
-    "token_limit",
-    "unknown_agent",
-)
+FAILURE_REASONS = RUN_FAILURE_REASONS
 #: Failures that are a time limit reached: counted as ``timed_out``.
 TIMEOUT_REASONS = frozenset({"compute_timeout", "stalled", "human_request_expired"})
 

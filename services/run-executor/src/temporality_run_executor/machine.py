@@ -106,6 +106,7 @@ from temporality_protocol import (
     RunCompleted,
     RunCreated,
     RunFailed,
+    RunFailureReason,
     RunInputAfterEnd,
     RunRequested,
     RunResumed,
@@ -2097,7 +2098,7 @@ def _cancel(run: RunRecord, cancel: CancelRequest, totals: RunUsage) -> tuple[Ef
 
 
 def _fail(
-    run: RunRecord, reason: str, error: str, *, totals: RunUsage, causation: str | None = None
+    run: RunRecord, reason: RunFailureReason, error: str, *, totals: RunUsage, causation: str | None = None
 ) -> tuple[Effect, ...]:
     # one id per run, whatever the reason: a run fails once, and a repeat is deduplicated
     changes: dict[str, Any] = {"error": f"{reason}: {error}", "usage": totals}

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from temporality_testing.modules import describe, same_basenames
+from temporality_testing.modules import conftest_imports, describe, same_basenames
 
 pytest_plugins = ["temporality_testing.fixtures"]
 
@@ -100,11 +100,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Before collection: two test modules (or helper modules beside tests) with one basename stop the run
-    with a message naming both paths (pytest would refuse the second at collection, less clearly);
+    with a message naming both paths (pytest would refuse the second at collection, less clearly), and so
+    does a module that imports a conftest by name;
     tests/test_module_basenames.py is the check's specification."""
-    duplicates = same_basenames(Path(session.config.rootpath), session.config.getini("testpaths") or ["."])
-    if duplicates:
-        raise pytest.UsageError(describe(duplicates))
+    root, testpaths = Path(session.config.rootpath), session.config.getini("testpaths") or ["."]
+    duplicates, importers = same_basenames(root, testpaths), conftest_imports(root, testpaths)
+    if duplicates or importers:
+        raise pytest.UsageError(describe(duplicates, importers))
 
 
 @pytest.hookimpl(tryfirst=True)

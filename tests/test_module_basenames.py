@@ -14,7 +14,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from temporality_testing.modules import describe, same_basenames
+from temporality_testing.modules import conftest_imports, describe, same_basenames
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,6 +28,26 @@ def _testpaths() -> list[str]:
 def test_no_two_test_modules_in_the_repository_share_a_basename() -> None:
     duplicates = same_basenames(ROOT, _testpaths())
     assert duplicates == {}, describe(duplicates)
+
+
+def test_no_module_imports_a_conftest_by_name() -> None:
+    importers = conftest_imports(ROOT, _testpaths())
+    assert importers == [], describe({}, importers)
+
+
+def test_every_form_of_importing_a_conftest_is_found_and_relative_imports_are_not(tmp_path: Path) -> None:
+    _tree(tmp_path, "a/test_a.py", "a/conftest.py", "b/test_b.py", "c/test_c.py", "d/support.py", "e/test_e.py")
+    (tmp_path / "a/test_a.py").write_text("from conftest import Story\n", encoding="utf-8")
+    (tmp_path / "b/test_b.py").write_text("def f() -> None:\n    import conftest as c\n", encoding="utf-8")
+    (tmp_path / "d/support.py").write_text("from conftest.x import y\n", encoding="utf-8")
+    (tmp_path / "c/test_c.py").write_text("from .conftest import Story\nimport conftests\n", encoding="utf-8")
+    (tmp_path / "e/test_e.py").write_text("this is not python (\n", encoding="utf-8")
+    importers = conftest_imports(tmp_path)
+    assert importers == [Path("a/test_a.py"), Path("b/test_b.py"), Path("d/support.py")]
+    message = describe({}, importers)
+    assert "a/test_a.py" in message
+    assert "_support.py" in message
+    assert "unique basenames" not in message
 
 
 def test_the_check_sees_this_module_and_the_other_test_trees() -> None:
@@ -97,3 +117,22 @@ def test_a_duplicate_stops_the_run_before_collection_naming_both(tmp_path: Path)
     assert done.returncode == 4, output
     assert "one/test_same.py, two/test_same.py" in output, output
     assert "import file mismatch" not in output, output
+
+
+def test_a_conftest_import_stops_the_run_before_collection(tmp_path: Path) -> None:
+    _tree(tmp_path, "one/test_one.py")
+    (tmp_path / "one/test_one.py").write_text("from conftest import X\n", encoding="utf-8")
+    (tmp_path / "conftest.py").write_text((ROOT / "conftest.py").read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = one\n", encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "pytest_asyncio.plugin", "-q"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 4, output
+    assert "one/test_one.py" in output, output
+    assert "import a conftest by name" in output, output

@@ -23,14 +23,13 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 from journal_support import (
     VIEWER,
+    RunStory,
     ServedJournal,
     api_auth,
     serve_gateway,
@@ -44,127 +43,9 @@ from temporality_bus import Bus, Consumer, Delivery, NatsSettings
 from temporality_journal import Database, Recorder, Settings, create_app
 from temporality_protocol import (
     Envelope,
-    EventData,
-    HumanAnswered,
-    HumanNotified,
-    HumanPolicy,
-    HumanRequested,
-    LaunchSource,
-    RunCancelled,
-    RunCompleted,
-    RunCreated,
-    RunFailed,
-    RunRequested,
-    RunResumed,
-    RunStarted,
-    TextAnswer,
-    derive_id,
-    make_event,
 )
 from temporality_protocol.catalog import CONSUMERS
 from temporality_testing.postgres import fresh_postgres_database
-
-
-# --------------------------------------------------------------------------- events of one run
-@dataclass
-class RunStory:
-    """Builds the events of one run with deterministic ids; ``at`` moves the event clock."""
-
-    run_id: str
-    agent: str = "reviewer"
-    title: str = "Review PR 42"
-    trigger_id: str = "ado-pr"
-    request_id: str = ""
-    at: datetime = field(default_factory=lambda: datetime.now(UTC) - timedelta(minutes=30))
-
-    def __post_init__(self) -> None:
-        self.request_id = self.request_id or f"hreq-{self.run_id}"
-
-    def _event(self, data: EventData, name: str, *, time: datetime | None = None) -> Envelope:
-        self.at += timedelta(seconds=1)
-        return make_event(
-            data,
-            source="/temporality/test",
-            id=derive_id("evt", self.run_id, name),
-            run_id=self.run_id,
-            actor="service:test",
-            time=time or self.at,
-        )
-
-    def requested(self) -> Envelope:
-        launch = LaunchSource(kind="webhook", trigger_id=self.trigger_id, delivery_id="dlv-1")
-        return self._event(
-            RunRequested(run_id=self.run_id, agent=self.agent, title=self.title, launch=launch), "requested"
-        )
-
-    def created(self) -> Envelope:
-        launch = LaunchSource(kind="webhook", trigger_id=self.trigger_id, delivery_id="dlv-1")
-        return self._event(RunCreated(run_id=self.run_id, agent=self.agent, title=self.title, launch=launch), "created")
-
-    def started(self, name: str = "started") -> Envelope:
-        return self._event(RunStarted(run_id=self.run_id, agent=self.agent, role="reviewer", title=self.title), name)
-
-    def human_requested(
-        self,
-        *,
-        recipient: str = "user:alice",
-        question: str = "Merge it?",
-        time: datetime | None = None,
-        turn: int = 1,
-    ) -> Envelope:
-        expires = (time or self.at) + timedelta(hours=1)
-        return self._event(
-            HumanRequested(
-                request_id=self.request_id,
-                run_id=self.run_id,
-                agent=self.agent,
-                title=self.title,
-                recipient=recipient,
-                question=question,
-                timeout_s=3600,
-                expires_at=expires,
-                policy=HumanPolicy(allowed_recipients=[recipient]),
-                turn=turn,
-            ),
-            f"human.requested.{self.request_id}",
-            time=time,
-        )
-
-    def notified(self, channel: str = "matrix", *, request_id: str | None = None) -> Envelope:
-        rid = request_id or self.request_id
-        return self._event(
-            HumanNotified(request_id=rid, run_id=self.run_id, recipient="user:alice", channel=channel),
-            f"notified.{rid}.{channel}",
-        )
-
-    def answered(self, responder: str = "user:alice", channel: str = "matrix") -> Envelope:
-        return self._event(
-            HumanAnswered(
-                request_id=self.request_id,
-                run_id=self.run_id,
-                recipient=responder,
-                responder=responder,
-                answer=TextAnswer(value="yes"),
-                channel=channel,
-                waited_s=60,
-            ),
-            f"answered.{self.request_id}",
-        )
-
-    def resumed(self) -> Envelope:
-        return self._event(
-            RunResumed(run_id=self.run_id, reason="answer", from_turn=1, request_id=self.request_id, waited_s=60),
-            f"resumed.{self.request_id}",
-        )
-
-    def completed(self, result: str = "merged") -> Envelope:
-        return self._event(RunCompleted(run_id=self.run_id, result=result, turns=2), "completed")
-
-    def failed(self) -> Envelope:
-        return self._event(RunFailed(run_id=self.run_id, reason="tool_error", error="boom"), "failed")
-
-    def cancelled(self) -> Envelope:
-        return self._event(RunCancelled(run_id=self.run_id, reason="by user:bob"), "cancelled")
 
 
 @pytest.fixture

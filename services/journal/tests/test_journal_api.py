@@ -16,7 +16,7 @@ from temporality_journal import Database, Recorder, Settings, create_app
 from temporality_protocol import TriggerAccepted, derive_id, make_event
 from temporality_protocol.events import AgentMessageReceived
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 Journal = Any  # conftest.Journal
 
 

@@ -22,7 +22,7 @@ from temporality_protocol.events import (
 )
 from temporality_protocol.states import AGENT_ASK, AgentAskState
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 Journal = Any  # conftest.Journal
 T0 = datetime(2026, 5, 4, 12, 0, tzinfo=UTC)
 SAGA = "saga-1"

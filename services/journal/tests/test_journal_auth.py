@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from journal_support import ADMIN, OPERATOR
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 Journal = Any  # conftest.Journal
 
 NOBODY = {"Authorization": ""}

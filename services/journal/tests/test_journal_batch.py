@@ -16,7 +16,7 @@ from temporality_journal import Database, Recorder
 from temporality_protocol import Envelope
 from temporality_testing.waiting import stays
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 Journal = Any  # conftest.Journal
 
 Rows = tuple[list[dict[str, Any]], list[dict[str, Any]]]

@@ -22,7 +22,7 @@ from temporality_journal import Database, Recorder
 from temporality_protocol import Envelope, RunStarted, RunToolCalled, TriggerAccepted, derive_id, make_event
 from temporality_protocol.events import AgentAsked, AgentAskUndeliverable, AgentMessageReceived
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 Served = Any  # conftest.ServedJournal
 
 WAIT_MS = 20_000

@@ -19,7 +19,7 @@ from temporality_journal import Database, Recorder
 from temporality_protocol import Envelope
 from temporality_protocol.catalog import EVENTS_STREAM
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 Rows = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 
 RUNS = 250  # x 8 events: long enough an ingest that the kill lands in the middle of it

@@ -16,7 +16,7 @@ from journal_support import VIEWER, write_tokens
 
 from temporality_bus import Bus, NatsSettings
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 
 
 def _free_port() -> int:

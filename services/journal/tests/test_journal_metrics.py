@@ -8,10 +8,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from journal_support import VIEWER, eventually, serve_journal, served_settings
+from journal_support import VIEWER, RunStory, eventually, serve_journal, served_settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import RunStory
 from temporality_bus import Bus, NatsSettings
 from temporality_journal.metrics import FAILURE_REASONS, OPEN_STATES, finished_as
 from temporality_protocol import Envelope, RunFailed, RunState, make_event

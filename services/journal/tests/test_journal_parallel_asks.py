@@ -14,7 +14,7 @@ from typing import Any
 from temporality_journal import RunSnapshot, project
 from temporality_protocol import Envelope, RunState
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 
 
 def _replay(events: list[Envelope], start: RunSnapshot | None = None, first_seq: int = 1) -> RunSnapshot:

@@ -20,7 +20,7 @@ from temporality_protocol import (
     make_event,
 )
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 
 
 def _replay(events: list[Envelope], start: RunSnapshot | None = None, first_seq: int = 1) -> RunSnapshot | None:

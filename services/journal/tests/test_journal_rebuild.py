@@ -31,7 +31,7 @@ from temporality_protocol import derive_id, make_event
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
 from temporality_protocol.events import AgentAsked
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 
 
 def _drift(connection: Connection) -> list[Any]:

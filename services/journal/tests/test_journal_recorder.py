@@ -9,7 +9,7 @@ from typing import Any
 from temporality_protocol import CONTENT_TYPE, Envelope, encode
 from temporality_protocol.catalog import EVENTS_PREFIX
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 Journal = Any  # conftest.Journal
 
 

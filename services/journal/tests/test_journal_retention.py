@@ -20,7 +20,7 @@ from temporality_journal.retention import Purged, Retention
 from temporality_protocol import HumanRejected, RunCancelRequested, TriggerCreated, make_event
 from temporality_protocol.events import AgentAsked
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
 

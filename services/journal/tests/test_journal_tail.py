@@ -31,7 +31,7 @@ from temporality_journal.tail import Tail
 from temporality_protocol import Envelope
 from temporality_testing.postgres import fresh_postgres_database
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 Served = Any  # conftest.ServedJournal
 
 

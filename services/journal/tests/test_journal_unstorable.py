@@ -21,7 +21,7 @@ from temporality_journal.recorder import unfixable
 from temporality_protocol import Envelope, RunState
 from temporality_testing.waiting import stays
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 Journal = Any  # conftest.Journal
 
 FFFD = "\ufffd"

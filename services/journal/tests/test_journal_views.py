@@ -23,7 +23,7 @@ from temporality_protocol import (
     make_event,
 )
 
-MakeStory = Callable[..., Any]  # conftest.RunStory
+MakeStory = Callable[..., Any]  # journal_support.RunStory
 Journal = Any  # conftest.Journal
 
 T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)

@@ -5,15 +5,21 @@ and each helper module beside one (``e2e_support.py``, ``human_support.py``), is
 file name, so a second ``test_x.py`` elsewhere is refused at collection ("import file mismatch") and a
 second ``x_support.py`` silently gets the first one's module. :func:`same_basenames` finds them before
 collection, for the root conftest's clear early error naming every path.
+
+For the same reason a module must never ``import conftest``: with several conftests on ``sys.path``, the
+name resolves to whichever was imported first, so a helper that works alone fails to import when another
+service's tests run in the same process. :func:`conftest_imports` finds such imports; shared helpers live
+in uniquely named ``*_support.py`` modules instead.
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable
 from fnmatch import fnmatch
 from pathlib import Path
 
-__all__ = ["TEST_FILE_PATTERNS", "describe", "same_basenames"]
+__all__ = ["TEST_FILE_PATTERNS", "conftest_imports", "describe", "same_basenames"]
 
 #: pytest's default ``python_files``.
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py")
@@ -36,11 +42,7 @@ def _walk(directory: Path) -> Iterable[Path]:
             yield entry
 
 
-def same_basenames(root: Path, testpaths: Iterable[str] = (".",)) -> dict[str, list[Path]]:
-    """Basename -> every path (relative to ``root``) of the modules that share it: test modules
-    (:data:`TEST_FILE_PATTERNS`) under ``testpaths``, and the helper modules in the same directories
-    (imported by bare name too). Directories with an ``__init__.py`` are packages: their modules are
-    imported by dotted name and are left out. Empty when every basename is unique."""
+def _python_files(root: Path, testpaths: Iterable[str]) -> set[Path]:
     files: set[Path] = set()
     for testpath in testpaths:
         start = (root / testpath).resolve()
@@ -48,6 +50,33 @@ def same_basenames(root: Path, testpaths: Iterable[str] = (".",)) -> dict[str, l
             files.add(start)
         elif start.is_dir():
             files.update(_walk(start))
+    return files
+
+
+def _imports_conftest(file: Path) -> bool:
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False  # pytest reports what it cannot import itself
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "conftest" for alias in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "conftest":
+            return True
+    return False
+
+
+def conftest_imports(root: Path, testpaths: Iterable[str] = (".",)) -> list[Path]:
+    """The modules under ``testpaths`` (relative to ``root``) that import a ``conftest`` by name."""
+    return sorted(f.relative_to(root.resolve()) for f in _python_files(root, testpaths) if _imports_conftest(f))
+
+
+def same_basenames(root: Path, testpaths: Iterable[str] = (".",)) -> dict[str, list[Path]]:
+    """Basename -> every path (relative to ``root``) of the modules that share it: test modules
+    (:data:`TEST_FILE_PATTERNS`) under ``testpaths``, and the helper modules in the same directories
+    (imported by bare name too). Directories with an ``__init__.py`` are packages: their modules are
+    imported by dotted name and are left out. Empty when every basename is unique."""
+    files = _python_files(root, testpaths)
     test_dirs = {f.parent for f in files if any(fnmatch(f.name, p) for p in TEST_FILE_PATTERNS)}
     by_name: dict[str, list[Path]] = {}
     for file in sorted(files):
@@ -57,11 +86,21 @@ def same_basenames(root: Path, testpaths: Iterable[str] = (".",)) -> dict[str, l
     return {name: paths for name, paths in by_name.items() if len(paths) > 1}
 
 
-def describe(duplicates: dict[str, list[Path]]) -> str:
-    """The error message: one line per shared basename, naming every path."""
-    lines = [
-        "test modules must have unique basenames across the repository (pytest imports each by its bare file "
-        "name and refuses the second at collection); rename one of:"
-    ]
-    lines += [f"  {name}: {', '.join(p.as_posix() for p in paths)}" for name, paths in sorted(duplicates.items())]
+def describe(duplicates: dict[str, list[Path]], importers: Iterable[Path] = ()) -> str:
+    """The error message: one line per shared basename, naming every path, then every conftest importer."""
+    lines: list[str] = []
+    if duplicates:
+        lines.append(
+            "test modules must have unique basenames across the repository (pytest imports each by its bare file "
+            "name and refuses the second at collection); rename one of:"
+        )
+        lines += [f"  {name}: {', '.join(p.as_posix() for p in paths)}" for name, paths in sorted(duplicates.items())]
+    importers = list(importers)
+    if importers:
+        lines.append(
+            "these modules import a conftest by name, which resolves to whichever conftest was imported first "
+            "(another service's, when several run together); move what they need into a uniquely named "
+            "*_support.py module:"
+        )
+        lines += [f"  {p.as_posix()}" for p in importers]
     return "\n".join(lines)

@@ -88,9 +88,9 @@ async def test_a_stale_entry_is_skipped_and_dropped_and_a_lost_index_is_rebuilt(
 
     await refs.delete(inbox_key("user:alice", waiting_id))  # the index lost an entry (an old version, a wipe)
     assert await _ids(client, ALICE) == []
-    assert await rebuild_index(bus) == 1
+    assert (await rebuild_index(bus)).pending == 1
     assert await _ids(client, ALICE) == [waiting_id]
-    assert await rebuild_index(bus) == 0  # idempotent: nothing is missing any more
+    assert (await rebuild_index(bus)).pending == 0  # idempotent: nothing is missing any more
     assert await open_requests_of(bus, "user:alice") == sorted([waiting_id, "hreq-never-stored"])
 
 

@@ -19,7 +19,7 @@ from replica_support import replica, samples_of, value_of
 from temporality_bus import Bus, NatsSettings, live_entries
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.directory import Directory
-from temporality_human_interaction.inbox import RetentionSweeper, index_open, rebuild_index
+from temporality_human_interaction.inbox import Rebuilt, RetentionSweeper, index_open, rebuild_index
 from temporality_human_interaction.metrics import OpenCounts, count_open
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.requests import RequestHandler
@@ -35,6 +35,7 @@ from temporality_protocol import (
     make_event,
     new_id,
 )
+from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
 from temporality_service import ApiAuthSettings, ApiToken, Role, metrics
 from temporality_service.auth import dump_tokens
 
@@ -129,7 +130,12 @@ async def test_the_gauges_count_the_index_and_match_a_full_scan_through_every_ch
     await ChannelRefs(bus).claim(
         ref_key("open", "user:alice", ended_id), ended_id, expires_at=datetime.now(UTC) - timedelta(seconds=1)
     )
-    counts = await _matches(bus, reads=2)  # the overdue one and the stale one: both read
+    counts = await _matches(bus, reads=2)  # the overdue one and the stale one: both read, neither changed
+    assert await ChannelRefs(bus).get(ref_key("open", "user:alice", ended_id)) == ended_id  # a gauge writes nothing
+    await _matches(bus, reads=2)
+    # the sweep repairs the index: the run entry says the request ended, so its inbox entry goes unread
+    sweeper = RetentionSweeper(bus, retention=timedelta(days=1), every_s=60)
+    await sweeper.sweep()
     assert await ChannelRefs(bus).get(ref_key("open", "user:alice", ended_id)) is None  # dropped
     await _matches(bus, reads=1)
 
@@ -143,20 +149,21 @@ async def test_entries_of_an_older_version_are_dated_and_a_lost_index_is_found_a
     ids = [str(e.data["request_id"]) for e in waiting]
     old, wiped, fresh = ids
 
-    # an older version wrote one request's entries without a deadline: the count reads it, and dates them
+    # an older version wrote one request's entries without a deadline: the count reads it, and leaves it
+    # as it is (a metrics read writes nothing; every replica does it)
     await _age_entries(bus, old)
     assert not await _dated(bus, old)
     await _matches(bus, reads=1)
-    assert await _dated(bus, old, "open.>")  # the count dates the inbox entries (the run entry: at start)
-    await _matches(bus, reads=0)
+    assert not await _dated(bus, old, "open.>")
+    await _matches(bus, reads=1)
 
     # a restart after an upgrade and a wipe: one request's entries undated, another's inbox entry gone
     await _age_entries(bus, old)
     await ChannelRefs(bus).delete(ref_key("open", "user:alice", wiped))
-    assert await rebuild_index(bus) == 2  # what every replica does at start: only these two are read
+    assert (await rebuild_index(bus)).read == 2  # what every replica does at start: only these two are read
     assert await _dated(bus, old)
     assert await ChannelRefs(bus).get(ref_key("open", "user:alice", wiped)) == wiped
-    assert await rebuild_index(bus) == 0  # nothing missing any more
+    assert (await rebuild_index(bus)).read == 0  # nothing missing any more
     counts = await _matches(bus, reads=0)
     assert counts.waiting == 3
     listed = await client.get("/inbox", headers=ALICE)
@@ -186,6 +193,9 @@ async def test_the_sweep_reads_only_requests_that_may_be_due_and_never_misses_on
         )
         legacy.append(record.request_id)
     legacy_due, legacy_kept = legacy
+    # the sweep does not list the requests bucket: a record an older version stored without a run entry is
+    # found by the next start (every replica rebuilds the index before it sweeps), which dates it
+    assert (await rebuild_index(bus)).read == 2
 
     now = datetime.now(UTC)
     retention = timedelta(seconds=30)
@@ -195,7 +205,7 @@ async def test_the_sweep_reads_only_requests_that_may_be_due_and_never_misses_on
 
     first = at(0)
     assert await first.sweep() == 1  # the legacy request past its retention
-    assert first.last_read == 2  # only the two legacy requests
+    assert first.last_read == 1  # only the one that may be due (ended 30 s before its deadline passed)
     assert await stored(bus, legacy_due) is None
     kept = await stored(bus, legacy_kept)
     assert kept is not None
@@ -211,15 +221,17 @@ async def test_the_sweep_reads_only_requests_that_may_be_due_and_never_misses_on
     assert await stored(bus, soon_id) is None
     assert await stored(bus, later_id) is not None  # answered, but its deadline is 10 min away
 
-    # a crash between purging the references and the record: no run entry left, the next sweep reads it
-    await ChannelRefs(bus).delete(ref_key("run", str(later.runid), later_id))
+    # a crash between purging the record and its run entry (deleted last): the next sweep reads it, drops it
+    later_run_key = ref_key("run", str(later.runid), later_id)
+    await (await bus.kv(BUCKET_HUMAN_REQUESTS)).delete(later_id)
     late = at(700)
-    assert await late.sweep() == 2  # that one, and the kept legacy one (deadline + 600 s, + retention)
-    assert late.last_read == 2
-    assert await stored(bus, later_id) is None
+    assert await late.sweep() == 1  # the kept legacy one (deadline + 600 s, + retention)
+    assert late.last_read == 2  # it, and the run entry whose record is gone
+    assert await ChannelRefs(bus).get(later_run_key) is None
     assert await stored(bus, legacy_kept) is None
     assert await stored(bus, pending_id) is not None  # pending requests are never purged
     assert (await _matches(bus, reads=0)).waiting == 1
+    assert (await at(700).sweep(), await rebuild_index(bus)) == (0, Rebuilt(read=0, pending=0, dropped=0))
 
 
 USERS = """users:

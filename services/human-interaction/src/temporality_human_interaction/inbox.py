@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from temporality_bus import Bus, PublishResult, live_entries, live_keys
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.directory import user_id_of
-from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
+from temporality_human_interaction.records import HumanRequestRecord, RequestStore, is_request_id, open_store
 from temporality_human_interaction.timers import human_timers
 from temporality_protocol import derive_id
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
@@ -54,6 +54,7 @@ from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
 __all__ = [
     "SWEEP_KEY",
     "ChannelEntry",
+    "Rebuilt",
     "RetentionSweeper",
     "answerers",
     "arm_sweep",
@@ -92,11 +93,15 @@ def answerers(record: HumanRequestRecord) -> list[str]:
 
 
 async def index_people(bus: Bus, record: HumanRequestRecord, people: list[str]) -> None:
-    """Index ``record`` under each of ``people`` (``user:<id>``), with its deadline (create-if-absent)."""
+    """Index ``record`` under each of ``people`` (``user:<id>``), with its deadline and how many people it is
+    indexed under in all (its answerers and ``people``): create-if-absent."""
     refs = ChannelRefs(bus)
-    for person in people:
-        if user_id_of(person) is not None:
-            await refs.claim(inbox_key(person, record.request_id), record.request_id, expires_at=record.expires_at)
+    users = [p for p in people if user_id_of(p) is not None]
+    total = len({*answerers(record), *users})
+    for person in users:
+        await refs.claim(
+            inbox_key(person, record.request_id), record.request_id, expires_at=record.expires_at, people=total
+        )
 
 
 async def index_open(bus: Bus, record: HumanRequestRecord) -> None:
@@ -105,8 +110,14 @@ async def index_open(bus: Bus, record: HumanRequestRecord) -> None:
 
 
 async def unindex(bus: Bus, record: HumanRequestRecord) -> None:
-    """Drop ``record``'s inbox entries (best effort: a stale entry is skipped by the inbox and dropped there)."""
+    """The request ended: mark its run entry ended (``ended_at``), then drop its inbox entries. Best effort:
+    a lost mark is found by the next start (:func:`rebuild_index`) or sweep, a stale inbox entry is skipped
+    by the inbox and dropped there, at the next start or by the sweep."""
     refs = ChannelRefs(bus)
+    try:
+        await refs.mark_ended(ref_key("run", record.run_id, record.request_id), record.ended_at or datetime.now(UTC))
+    except Exception as exc:
+        log.warning("inbox.mark_ended_failed", request_id=record.request_id, error=repr(exc))
     for person in answerers(record):
         try:
             await refs.delete(inbox_key(person, record.request_id))
@@ -139,33 +150,58 @@ async def list_inbox(bus: Bus, store: RequestStore, user: str) -> list[HumanRequ
     return found
 
 
-async def rebuild_index(bus: Bus, *, now: datetime | None = None) -> int:
-    """Fill in what the indexes miss; how many pending requests that found (and indexed again).
+@dataclass(frozen=True)
+class Rebuilt:
+    """What a start-up :func:`rebuild_index` did."""
 
-    One listing of ``human-channels`` and one of the request keys; a record is read only when
+    #: Request records read (those the index could not vouch for).
+    read: int
+    #: Pending requests among them, indexed again.
+    pending: int
+    #: Inbox entries of ended requests dropped (their removal was lost).
+    dropped: int
 
-    * its run entry (``run.<run>.<id>``, written before every record since it carries the deadline) is
-      missing or has no ``expires_at``, or one of its inbox entries has none: stored by an older version;
-    * or its deadline is ahead and it has no inbox entry at all: it ended (its entries were removed), or
-      its entries were lost (a wipe of the index).
 
-    Each is indexed again (idempotent; an entry without a deadline gets it, compare-and-set): its run
-    entry, and while it is pending its inbox entries. Every replica does this at start; two doing it at
-    once agree. From then on the gauges and the sweep work from the index."""
+async def rebuild_index(bus: Bus, *, now: datetime | None = None) -> Rebuilt:
+    """Complete and repair the indexes from one listing of ``human-channels`` and one of the request keys.
+
+    A record is read only when the index cannot vouch for it:
+
+    * its run entry (``run.<run>.<id>``) is missing or has no ``expires_at``, or one of its inbox entries
+      lacks the deadline or the count of people (``people``): stored by an older version;
+    * it has fewer inbox entries than its entries say it is indexed under (a member's entry was lost);
+    * its deadline is ahead, its run entry does not say it ended, and it has no inbox entry at all (its
+      entries were lost, or it ended and the mark was lost).
+
+    A run entry that says the request ended (``ended_at``, written when it ended) is never read: its inbox
+    entries, if any are left, are dropped. A record read is indexed again (idempotent, compare-and-set): its
+    run entry dated, its inbox entries dated and counted; while it is pending, every answerer's entry
+    created; once it ended, its run entry marked ended and its inbox entries dropped, so the next start
+    need not read it. Every replica does this at start; two doing it at once agree."""
     store = await open_store(bus)
     refs = ChannelRefs(bus)
     now = now or _utcnow()
     entries = await channel_entries(bus)
-    dated = {e.value: e.expires_at for e in entries if _is_run_entry(e.key) and e.expires_at is not None}
-    listed = {e.value for e in entries if e.key.startswith("open.")}
-    undated_open: dict[str, list[ChannelEntry]] = {}
+    runs = {e.value: e for e in entries if _is_run_entry(e.key)}
+    opens: dict[str, list[ChannelEntry]] = {}
     for e in entries:
-        if e.key.startswith("open.") and e.expires_at is None:
-            undated_open.setdefault(e.value, []).append(e)
-    wanted: set[str] = set(undated_open)
+        if e.key.startswith("open."):
+            opens.setdefault(e.value, []).append(e)
+    wanted: set[str] = set()
+    dropped = 0
+    for request_id, mine in opens.items():
+        run = runs.get(request_id)
+        if run is not None and run.ended_at is not None:  # ended: the removal of these was lost
+            dropped += await _drop(bus, mine)
+        elif any(e.expires_at is None or e.people is None for e in mine):
+            wanted.add(request_id)
+        elif len(mine) < max(e.people or 0 for e in mine):
+            wanted.add(request_id)  # one of its people's entries was lost
     for request_id in await store.keys():
-        expires_at = dated.get(request_id)
-        if expires_at is None or (expires_at > now and request_id not in listed):
+        run = runs.get(request_id)
+        if run is None or run.expires_at is None:
+            wanted.add(request_id)
+        elif run.ended_at is None and run.expires_at > now and request_id not in opens:
             wanted.add(request_id)
     read = pending = 0
     for request_id in sorted(wanted):
@@ -175,15 +211,33 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None) -> int:
         read += 1
         record = got.value
         await index_request_entry(bus, record)
-        for e in undated_open.get(request_id, []):  # whoever it is under (the pending ones' answerers: below)
-            await refs.fill_expiry(
-                e.key, ChannelRef(value=e.value, created_at=e.created_at), e.revision, record.expires_at
-            )
+        count = len(answerers(record))
+        for e in opens.get(request_id, []):  # whoever it is under (the pending ones' answerers: below)
+            ref = ChannelRef(value=e.value, created_at=e.created_at, expires_at=e.expires_at, people=e.people)
+            await refs.fill(e.key, ref, e.revision, expires_at=record.expires_at, people=count)
         if record.pending:
             await index_open(bus, record)
             pending += 1
-    log.info("inbox.index_rebuilt", read=read, pending=pending)
-    return pending
+        else:
+            await refs.mark_ended(
+                ref_key("run", record.run_id, record.request_id), record.ended_at or record.expires_at
+            )
+            dropped += await _drop(bus, opens.get(request_id, []))
+    log.info("inbox.index_rebuilt", read=read, pending=pending, dropped=dropped)
+    return Rebuilt(read, pending, dropped)
+
+
+async def _drop(bus: Bus, entries: list[ChannelEntry]) -> int:
+    """Delete ``entries`` unless they changed since listed (compare-and-set); how many went."""
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    gone = 0
+    for e in entries:
+        try:
+            await kv.delete(e.key, last=e.revision)
+        except KeyWrongLastSequenceError:
+            continue
+        gone += 1
+    return gone
 
 
 async def index_request_entry(bus: Bus, record: HumanRequestRecord) -> None:
@@ -228,6 +282,10 @@ class ChannelEntry:
     revision: int
     #: The request's deadline on an index entry (``open.*``, ``run.*``); None elsewhere and on old entries.
     expires_at: datetime | None = None
+    #: On an inbox entry: how many people its request is indexed under (None: an older version's entry).
+    people: int | None = None
+    #: On a run entry: when its request ended (None: pending, or the mark was lost).
+    ended_at: datetime | None = None
 
 
 async def channel_entries(bus: Bus, *, timeout_s: float = _SWEEP_LIST_TIMEOUT_S) -> list[ChannelEntry]:
@@ -240,7 +298,17 @@ async def channel_entries(bus: Bus, *, timeout_s: float = _SWEEP_LIST_TIMEOUT_S)
             ref = ChannelRef.model_validate_json(entry.value or b"")
         except ValidationError:
             continue  # not ours to judge
-        out.append(ChannelEntry(str(entry.key), ref.value, ref.created_at, int(entry.revision or 0), ref.expires_at))
+        out.append(
+            ChannelEntry(
+                str(entry.key),
+                ref.value,
+                ref.created_at,
+                int(entry.revision or 0),
+                ref.expires_at,
+                ref.people,
+                ref.ended_at,
+            )
+        )
     return out
 
 
@@ -324,6 +392,8 @@ class RetentionSweeper:
         self._clock = clock or _utcnow
         #: How many request records the last :meth:`sweep` read (those that may have been due).
         self.last_read = 0
+        #: How many keys of ``human-channels`` its first listing held (the requests bucket is not listed).
+        self.last_listed = 0
 
     def due(self, record: HumanRequestRecord) -> datetime | None:
         """When ``record`` may be purged (None: it is still pending)."""
@@ -346,41 +416,103 @@ class RetentionSweeper:
         """Purge every ended request past its retention, then the references nothing needs any more (see
         :func:`stale_references`); how many requests were purged.
 
-        Only requests that may be due are read: a request can be purged no earlier than its ``expires_at``
-        + retention, and its run entry (``run.<run>.<id>``) carries ``expires_at``, so one listing of
-        ``human-channels`` and one of the request keys tell which ones to read. A stored request without
-        a dated run entry (an older version's) is read, and its entry dated so the next sweep need not."""
+        The requests bucket is not listed: every stored request has a run entry (``run.<run>.<id>``,
+        written before its record, and by the start-up :func:`rebuild_index` for a record an older version
+        stored without one), and it carries ``expires_at`` (and ``ended_at`` once the request ended). A
+        request can be purged no earlier than its deadline + the retention (and its end + the retention),
+        so one listing of ``human-channels`` tells which records to read: only those that may be due, and
+        those whose run entry has no deadline (an older version's: dated here). The purge deletes the run
+        entry last, so a crash part-way leaves it for the next sweep.
+
+        Along the way it repairs the inbox index (no longer the gauges' job): the inbox entries of a request
+        that ended are dropped, and an entry an older version wrote (no deadline, no count) is read and
+        completed. A reference whose request has no run entry is dropped only once a read confirms that
+        request is not stored."""
         store = await open_store(self._bus)
+        refs = ChannelRefs(self._bus)
         now = self._clock()
         entries = await channel_entries(self._bus)
-        dated: dict[str, tuple[str, datetime]] = {}  # request id -> (run id as a key part, expires_at)
-        for entry in entries:
-            if _is_run_entry(entry.key) and entry.expires_at is not None:
-                dated[entry.value] = (entry.key.split(".")[1], entry.expires_at)
+        self.last_listed = len(entries)
+        runs = {e.value: e for e in entries if _is_run_entry(e.key)}
+        opens: dict[str, list[ChannelEntry]] = {}
+        for e in entries:
+            if e.key.startswith("open."):
+                opens.setdefault(e.value, []).append(e)
         purged = read = 0
         kept: dict[str, str] = {}  # request id -> run id (or its key part) of every record still there
-        for key in await store.keys():
-            known = dated.get(key)
-            if known is not None and now < known[1] + self.retention:
-                kept[key] = known[0]  # not due before its deadline + the retention: not read
-                continue
-            got = await store.get(key)
+        gone: set[str] = set()  # read and not stored
+        for request_id, run in runs.items():
+            run_part = run.key.split(".")[1]
+            if run.expires_at is not None:
+                earliest = max(run.expires_at, run.ended_at or run.expires_at) + self.retention
+                if now < earliest:
+                    kept[request_id] = run_part  # not due yet: not read
+                    continue
+            got = await store.get(request_id)
             read += 1
             if got is None:
+                gone.add(request_id)  # purged, its run entry left by a crash: dropped with the references
                 continue
-            due = self.due(got.value)
-            if due is not None and now >= due and await self._purge(got.value, got.revision):
+            record = got.value
+            due = self.due(record)
+            if due is not None and now >= due and await self._purge(record, got.revision):
                 purged += 1
                 continue
-            kept[got.value.request_id] = got.value.run_id
-            if known is None:
-                await index_request_entry(self._bus, got.value)
-        if purged or read:  # keys were purged or written since the listing: list again for the references
+            kept[request_id] = record.run_id
+            if run.expires_at is None or (run.ended_at is None and not record.pending):
+                await index_request_entry(self._bus, record)
+                if not record.pending:
+                    await refs.mark_ended(run.key, record.ended_at or record.expires_at)
+        dropped = 0
+        for request_id, mine in opens.items():
+            run = runs.get(request_id)
+            if run is not None and run.ended_at is not None:
+                dropped += await _drop(self._bus, mine)  # the request ended, the removal was lost
+            elif any(e.expires_at is None or e.people is None for e in mine) and request_id not in gone:
+                got = await store.get(request_id)
+                read += 1
+                if got is None:
+                    continue  # an entry whose record never came: a reference of a request not stored (below)
+                if not got.value.pending:
+                    dropped += await _drop(self._bus, mine)
+                    continue
+                count = len(answerers(got.value))
+                for e in mine:
+                    ref = ChannelRef(value=e.value, created_at=e.created_at, expires_at=e.expires_at, people=e.people)
+                    await refs.fill(e.key, ref, e.revision, expires_at=got.value.expires_at, people=count)
+        if purged or read or dropped:  # keys were purged or written since the listing: list again
             entries = await channel_entries(self._bus)
+        checked = await self._confirm_gone(store, entries, kept, gone, now)
         await self._sweep_references(kept, now, entries)
-        self.last_read = read
-        log.info("retention.sweep_read", read=read, kept=len(kept))
+        self.last_read = read + checked
+        log.info("retention.sweep_read", read=read, checked=checked, kept=len(kept), listed=self.last_listed)
         return purged
+
+    async def _confirm_gone(
+        self, store: RequestStore, entries: list[ChannelEntry], kept: dict[str, str], gone: set[str], now: datetime
+    ) -> int:
+        """Read each request the references would be purged for that has no run entry: one still stored
+        (an older version's, before any start dated it) is kept. How many were read."""
+        suspects: set[str] = set()
+        by_key = {e.key: e for e in entries}
+        for key, _ in stale_references(entries, kept, now, self.retention):
+            found = by_key.get(key)
+            if found is None:
+                continue
+            parts = tuple(key.split("."))
+            if any(parts[: len(p)] == p for p in _VALUE_IS_REQUEST) or parts[:2] == ("matrix", "latest"):
+                suspects.add(found.value)
+            elif any(parts[: len(p)] == p for p in _KEY_NAMES_REQUEST) and len(parts) >= 3:
+                suspects.add(parts[2])
+        checked = 0
+        for request_id in sorted(suspects - gone - set(kept)):
+            if not is_request_id(request_id):
+                continue
+            got = await store.get(request_id)
+            checked += 1
+            if got is not None:
+                kept[request_id] = got.value.run_id
+        return checked
 
     async def _sweep_references(self, kept: dict[str, str], now: datetime, entries: list[ChannelEntry]) -> None:
         kv = await self._bus.kv(BUCKET_HUMAN_CHANNELS)
@@ -396,7 +528,6 @@ class RetentionSweeper:
     async def _purge(self, record: HumanRequestRecord, revision: int) -> bool:
         refs = ChannelRefs(self._bus)
         keys = [inbox_key(p, record.request_id) for p in answerers(record)]
-        keys.append(ref_key("run", record.run_id, record.request_id))
         token = await refs.get(ref_key("telegram", "req", record.request_id))
         if token is not None:
             keys += [ref_key("telegram", "token", token), ref_key("telegram", "req", record.request_id)]
@@ -417,5 +548,6 @@ class RetentionSweeper:
         except KeyWrongLastSequenceError:
             log.info("retention.changed_meanwhile", request_id=record.request_id)
             return False
+        await refs.delete(ref_key("run", record.run_id, record.request_id))  # last: it is how sweeps find it
         log.info("retention.purged", request_id=record.request_id, status=record.status.value)
         return True

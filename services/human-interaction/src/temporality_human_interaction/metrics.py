@@ -46,7 +46,7 @@ from typing import Literal, Protocol
 from pydantic import ValidationError
 
 from temporality_bus import Bus, live_entries
-from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef
 from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
 from temporality_protocol import HumanRequestState
 from temporality_service import ServiceMetrics
@@ -157,26 +157,25 @@ class OpenCounts:
 async def count_open(bus: Bus, now: datetime) -> OpenCounts:
     """One listing of ``open.*``: each request indexed there (once, whoever it is indexed under) counts as
     waiting, by the deadline its entries carry. Only a request past its deadline is read (it should have
-    expired: is it still pending?), and one whose entries have no deadline (an older version wrote them:
-    the deadline is filled in, so the next count need not). A stale entry (its request ended, the removal
-    was lost) is dropped when read; it counts as waiting until then, at most until its deadline."""
+    expired: is it still pending?), and one whose entries have no deadline (an older version wrote them).
+
+    Read-only: every replica refreshes the gauges, so nothing here writes. A stale entry (its request
+    ended, the removal was lost) counts as waiting until its deadline, then is read and not counted; the
+    retention sweep and the next start drop it, and date an older version's entries
+    (:func:`.inbox.rebuild_index`, :meth:`.inbox.RetentionSweeper.sweep`)."""
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
     deadlines: dict[str, datetime | None] = {}
-    undated: dict[str, list[tuple[str, ChannelRef, int]]] = {}
-    stale_keys: dict[str, list[str]] = {}
+    undated: set[str] = set()
     for entry in await live_entries(kv, "open.>"):
         try:
             ref = ChannelRef.model_validate_json(entry.value or b"")
         except ValidationError:
             continue
-        key = str(entry.key)
-        stale_keys.setdefault(ref.value, []).append(key)
         if ref.expires_at is None:
-            undated.setdefault(ref.value, []).append((key, ref, int(entry.revision or 0)))
+            undated.add(ref.value)
             deadlines.setdefault(ref.value, None)
         else:
             deadlines[ref.value] = ref.expires_at
-    refs = ChannelRefs(bus)
     store: RequestStore | None = None
     waiting = overdue = read = 0
     worst = 0.0
@@ -187,15 +186,9 @@ async def count_open(bus: Bus, now: datetime) -> OpenCounts:
         store = store or await open_store(bus)
         got = await store.get(request_id)
         read += 1
-        if got is None:  # indexed, never stored (a crash in between): the retention sweep drops it
+        if got is None or not got.value.pending:  # never stored, or a lost removal: not waiting
             continue
         record = got.value
-        for key, ref, revision in undated.get(request_id, []):
-            await refs.fill_expiry(key, ref, revision, record.expires_at)
-        if not record.pending:  # a lost removal: done now
-            for key in stale_keys[request_id]:
-                await refs.delete(key)
-            continue
         waiting += 1
         late = (now - record.expires_at).total_seconds()
         if late > 0:

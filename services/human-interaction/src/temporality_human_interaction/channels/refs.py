@@ -68,6 +68,12 @@ class ChannelRef(BaseModel):
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     #: The request's deadline, on the index entries (``open.*``, ``run.*``); None on others and on old entries.
     expires_at: datetime | None = None
+    #: On an inbox entry (``open.*``): how many people the request was indexed under when this entry was
+    #: written (its answerers, :func:`..inbox.answerers`), so the start-up rebuild sees a lost member's entry.
+    people: int | None = None
+    #: On a run entry (``run.<run>.<id>``): when the request ended (answered, expired, cancelled), so the
+    #: start-up rebuild and the sweep know it without reading the record.
+    ended_at: datetime | None = None
 
 
 class ChannelRefs:
@@ -94,31 +100,58 @@ class ChannelRefs:
         """Remove ``key`` (a no-op when it is not there)."""
         await (await self._bus.kv(BUCKET_HUMAN_CHANNELS)).purge(key)
 
-    async def claim(self, key: str, value: str, *, expires_at: datetime | None = None) -> str:
+    async def claim(
+        self, key: str, value: str, *, expires_at: datetime | None = None, people: int | None = None
+    ) -> str:
         """Store ``value`` under ``key`` unless the key exists; returns the value that is stored.
 
-        ``expires_at`` (an index entry's deadline) is stored with it, and filled in on an existing entry
-        that has none (written by an older version): compare-and-set, so an entry deleted or changed
-        meanwhile is left as it is."""
+        ``expires_at`` (an index entry's deadline) and ``people`` (an inbox entry's count of answerers) are
+        stored with it, and filled in on an existing entry that lacks them (written by an older version):
+        compare-and-set, so an entry deleted or changed meanwhile is left as it is."""
         store = await self._open()
         try:
-            await store.create(key, ChannelRef(value=value, expires_at=expires_at))
+            await store.create(key, ChannelRef(value=value, expires_at=expires_at, people=people))
         except AlreadyExists:
             existing = await store.get(key)
             if existing is not None:
-                if expires_at is not None and existing.value.expires_at is None:
-                    await self.fill_expiry(key, existing.value, existing.revision, expires_at)
+                await self.fill(key, existing.value, existing.revision, expires_at=expires_at, people=people)
                 return existing.value.value
-            await store.put(key, ChannelRef(value=value, expires_at=expires_at))  # deleted in between: ours now
+            # deleted in between: ours now
+            await store.put(key, ChannelRef(value=value, expires_at=expires_at, people=people))
         return value
 
-    async def fill_expiry(self, key: str, ref: ChannelRef, revision: int, expires_at: datetime) -> bool:
-        """Give an index entry without a deadline its ``expires_at`` unless it changed since ``revision``."""
+    async def fill(
+        self,
+        key: str,
+        ref: ChannelRef,
+        revision: int,
+        *,
+        expires_at: datetime | None = None,
+        people: int | None = None,
+        ended_at: datetime | None = None,
+    ) -> bool:
+        """Fill in what an index entry lacks (its deadline, its count of answerers, when its request ended)
+        unless it changed since ``revision``; a value it already has is kept. True when it was written."""
+        changes: dict[str, object] = {}
+        if expires_at is not None and ref.expires_at is None:
+            changes["expires_at"] = expires_at
+        if people is not None and (ref.people is None or people > ref.people):
+            changes["people"] = people
+        if ended_at is not None and ref.ended_at is None:
+            changes["ended_at"] = ended_at
+        if not changes:
+            return False
         store = await self._open()
         try:
-            await store.update(
-                key, ChannelRef(value=ref.value, created_at=ref.created_at, expires_at=expires_at), revision
-            )
+            await store.update(key, ref.model_copy(update=changes), revision)
         except Conflict:
             return False
         return True
+
+    async def mark_ended(self, key: str, ended_at: datetime) -> bool:
+        """Record on the run entry ``key`` that its request ended (nothing when the entry is not there)."""
+        store = await self._open()
+        got = await store.get(key)
+        if got is None:
+            return False
+        return await self.fill(key, got.value, got.revision, ended_at=ended_at)

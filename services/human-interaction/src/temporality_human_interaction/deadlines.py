@@ -22,10 +22,20 @@ the record alone, never on which timer fired:
 A parked request's timers (payload ``parked``, :mod:`.parking`: not stored yet, waiting for its run's policy)
 go to ``RequestHandler.resume_parked``: the policy's arrival takes it in, its deadline refuses it if the
 policy is still unknown.
+
+**A kind of timer this version does not know** (a rolling upgrade: a newer replica armed it, this older one
+was handed its firing). Each kind fires on its own subject, ``…fired.human.<request id>[.<kind>]``
+(:data:`KNOWN_KINDS`: the deadline, ``repair``, ``chain``, ``policy``, ``policywake``). A firing whose subject
+is well formed but names a kind this replica does not know is not guessed at and not dead-lettered: it is
+armed again, unchanged, onto the same subject ``defer_unknown_s`` later (schedule key
+``<key>.deferred``, msg id keyed by the firing's stream sequence, so a redelivery defers it once) and
+acked. Each deferral is a fresh message on the shared durable consumer, so no delivery budget runs out: it
+comes back until a replica that knows the kind takes it, which is any replica once the upgrade is done.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Protocol
@@ -39,14 +49,20 @@ from temporality_human_interaction.answers import announce_answer, unannounced
 from temporality_human_interaction.chain import ChainRunner, plan
 from temporality_human_interaction.events import cancel_requested_event, expired_event
 from temporality_human_interaction.inbox import RetentionSweeper, is_sweep, unindex
-from temporality_human_interaction.records import REQUEST_ID_PATTERN, HumanRequestRecord, RequestStore, open_store
-from temporality_human_interaction.timers import arm_chain_step, rearm_deadline
-from temporality_protocol import HumanRequestState
+from temporality_human_interaction.records import (
+    REQUEST_ID_PATTERN,
+    HumanRequestRecord,
+    RequestStore,
+    is_request_id,
+    open_store,
+)
+from temporality_human_interaction.timers import arm_chain_step, human_timers, rearm_deadline
+from temporality_protocol import HumanRequestState, derive_id
 
 if TYPE_CHECKING:
     from temporality_human_interaction.metrics import RequestObserver
 
-__all__ = ["DeadlineHandler", "DeadlinePayload"]
+__all__ = ["DEFER_UNKNOWN_S", "KNOWN_KINDS", "DeadlineHandler", "DeadlinePayload", "timer_kind"]
 
 log = structlog.get_logger(__name__)
 
@@ -55,8 +71,25 @@ log = structlog.get_logger(__name__)
 _REARM_MIN_DELAY = timedelta(seconds=1)
 
 
+#: The kinds of timer this version handles: the fired key's suffix after the request id ("" is the deadline
+#: and its re-arm; see :mod:`.timers` and :mod:`.parking`).
+KNOWN_KINDS = frozenset({"", "repair", "chain", "policy", "policywake"})
+#: A firing of a kind this version does not know comes back this much later (seconds), for another replica.
+DEFER_UNKNOWN_S = 30.0
+_KIND = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def timer_kind(key: str) -> str | None:
+    """The kind of the fired timer ``key`` (``<request id>[.<kind>]``): ``""`` for the deadline, the suffix
+    otherwise; None for a key of another shape (not a request's timer at all)."""
+    request_id, _, kind = key.partition(".")
+    if not is_request_id(request_id) or (kind and not _KIND.fullmatch(kind)):
+        return None
+    return kind
 
 
 class Resume(Protocol):
@@ -91,8 +124,13 @@ class DeadlineHandler:
         sweeper: RetentionSweeper | None = None,
         observer: RequestObserver | None = None,
         resume: Resume | None = None,
+        known_kinds: frozenset[str] = KNOWN_KINDS,
+        defer_unknown_s: float = DEFER_UNKNOWN_S,
     ) -> None:
         self._bus = bus
+        #: The timer kinds this handler takes; a firing of another (well-formed) kind is deferred.
+        self._known_kinds = known_kinds
+        self._defer_unknown_s = defer_unknown_s
         #: Takes a parked request in (``RequestHandler.resume_parked``) when its timer fires (:mod:`.parking`).
         self._resume = resume
         #: Told each request this replica expired (the wait-time histogram).
@@ -112,6 +150,8 @@ class DeadlineHandler:
                 return
             await self._sweeper.fired()
             return
+        if delivery is not None and await self._deferred(data, delivery):
+            return
         try:
             payload = DeadlinePayload.model_validate_json(data)
         except ValidationError as exc:
@@ -130,6 +170,30 @@ class DeadlineHandler:
                 attributes={"temporality.request_id": record.request_id, "temporality.run_id": record.run_id},
             ):
                 await self._fired(store, record, payload, delivery)
+
+    async def _deferred(self, data: bytes, delivery: Delivery) -> bool:
+        """Whether this firing is of a kind this replica does not know, and was armed again for another."""
+        timers = human_timers(self._bus)
+        try:
+            key = timers.key_of(delivery.subject)
+        except ValueError:
+            return False  # not a fired human timer's subject: the payload decides (and refuses)
+        kind = timer_kind(key)
+        if kind is None or kind in self._known_kinds:
+            return False
+        at = self._clock() + timedelta(seconds=self._defer_unknown_s)
+        cause = f"seq:{delivery.stream_seq}" if delivery.stream_seq else at.isoformat()
+        result = await timers.arm(
+            f"{key}.deferred", at, data, msg_id=derive_id("tmr", key, "deferred", cause), target_key=key
+        )
+        log.warning(
+            "timer.unknown_kind_deferred",
+            kind=kind,
+            key=key,
+            again_at=at.isoformat(),
+            duplicate=result.duplicate,
+        )
+        return True
 
     async def _parked(self, payload: DeadlinePayload) -> None:
         if payload.run_id is None:

@@ -465,8 +465,8 @@ class RetentionSweeper:
                     await refs.mark_ended(run.key, record.ended_at or record.expires_at)
         dropped = 0
         for request_id, mine in opens.items():
-            run = runs.get(request_id)
-            if run is not None and run.ended_at is not None:
+            its_run = runs.get(request_id)
+            if its_run is not None and its_run.ended_at is not None:
                 dropped += await _drop(self._bus, mine)  # the request ended, the removal was lost
             elif any(e.expires_at is None or e.people is None for e in mine) and request_id not in gone:
                 got = await store.get(request_id)

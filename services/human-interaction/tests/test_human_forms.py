@@ -91,3 +91,49 @@ async def test_declining_and_options_of_a_closed_form_fit_and_a_form_less_reques
         OptionAnswer(option_id="no", label="No"),
         TextAnswer(value="replicas: many"),
     ]
+
+
+async def test_the_inbox_shows_the_form_a_request_asks_for_and_the_openapi_document_declares_it(
+    client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    form, plain = requested(answer_schema=FORM, options=[DECLINE]), requested()
+    for event in (form, plain):
+        await handler.handle(event)
+    form_id, plain_id = str(form.data["request_id"]), str(plain.data["request_id"])
+    listed = await client.get("/inbox", headers=ALICE)
+    assert listed.status_code == 200, listed.text
+    items = {item["id"]: item for item in listed.json()["requests"]}
+    assert items[form_id]["answer_schema"] == FORM
+    assert items[form_id]["form"] == [
+        {
+            "name": "replicas",
+            "type": "integer",
+            "required": True,
+            "title": None,
+            "description": "How many replicas",
+            "choices": None,
+        },
+        {
+            "name": "region",
+            "type": "string",
+            "required": True,
+            "title": None,
+            "description": None,
+            "choices": [{"value": "eu", "label": "eu"}, {"value": "us", "label": "us"}],
+        },
+    ]
+    assert (items[plain_id]["answer_schema"], items[plain_id]["form"]) == (None, [])
+    one = await client.get(f"/requests/{form_id}", headers=ALICE)
+    assert one.status_code == 200, one.text
+    assert one.json()["form"] == items[form_id]["form"]
+
+    approval = requested(answer_schema=APPROVAL)
+    await handler.handle(approval)
+    shown = (await client.get(f"/requests/{approval.data['request_id']}", headers=ALICE)).json()
+    assert shown["form"][0]["choices"] == [{"value": True, "label": "Yes"}, {"value": False, "label": "No"}]
+
+    document = (await client.get("/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    assert {"answer_schema", "form"} <= set(schemas["InboxItem"]["properties"])
+    assert {"answer_schema", "form"} <= set(schemas["RequestView"]["properties"])
+    assert {"name", "type", "required", "title", "description", "choices"} == set(schemas["FormField"]["properties"])

@@ -10,7 +10,8 @@ time (or refuses) is a 503, never a hung request.
 
 =========================================  ==================================================
 ``GET /healthz``, ``GET /readyz``          liveness / readiness (the service runtime's)
-``GET /inbox``                             the caller's pending requests, newest first
+``GET /inbox``                             the caller's pending requests, newest first (each with its
+                                           form, ``answer_schema`` and ``form``, when it asks for one)
 ``GET /requests/{request_id}``             one request (only its recipient may read it)
 ``POST /requests/{request_id}/answer``     ``{"option_id": ...}`` or ``{"text": ...}``
 ``/directory/users``, ``/directory/groups``  the directory API (role tokens, see :mod:`.directory_api`)
@@ -37,7 +38,7 @@ from typing import Annotated, Any
 import nats.errors
 import structlog
 from fastapi import Depends, FastAPI, Header, Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from temporality_bus import Bus, TransientError
 from temporality_human_interaction.answers import AnswerSubmission, RequestNotFound, check_recipient
@@ -52,6 +53,7 @@ from temporality_human_interaction.records import HumanRequestRecord, is_request
 from temporality_human_interaction.settings import Settings
 from temporality_human_interaction.store import DirectoryStore
 from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState, SourceLink
+from temporality_protocol.forms import field_choices, form_fields
 from temporality_service import (
     HTTP_TELEMETRY,
     VOUCH_HEADER,
@@ -68,12 +70,52 @@ from temporality_service import (
 from temporality_service.http import summarize_errors
 from temporality_service.openapi import add_schemas, component_schemas, json_body, operation
 
-__all__ = ["InboxItem", "InboxView", "RequestView", "create_app"]
+__all__ = ["FormChoice", "FormField", "InboxItem", "InboxView", "RequestView", "create_app"]
 
 log = structlog.get_logger(__name__)
 
 #: Answers bound through this API arrive on the web channel.
 WEB_CHANNEL = "web"
+
+
+class FormChoice(BaseModel):
+    """One value of a closed form field, with its label."""
+
+    value: Any
+    label: str
+
+
+class FormField(BaseModel):
+    """One field of a request's form (``answer_schema``), as a front end renders it: name, JSON type, whether
+    it is required, its title and description, and its closed set of values when it has one."""
+
+    name: str
+    type: str | None = None
+    required: bool = False
+    title: str | None = None
+    description: str | None = None
+    #: The values the field takes (an enum, a boolean's yes/no, ``oneOf`` consts); None: free input.
+    choices: list[FormChoice] | None = None
+
+    @classmethod
+    def all_of(cls, schema: dict[str, Any]) -> list[FormField]:
+        required = schema.get("required")
+        needed = {str(n) for n in required} if isinstance(required, list) else set()
+        fields: list[FormField] = []
+        for name, prop in form_fields(schema).items():
+            kind, title, description = prop.get("type"), prop.get("title"), prop.get("description")
+            choices = field_choices(prop)
+            fields.append(
+                cls(
+                    name=name,
+                    type=kind if isinstance(kind, str) else None,
+                    required=name in needed,
+                    title=title if isinstance(title, str) else None,
+                    description=description if isinstance(description, str) else None,
+                    choices=None if choices is None else [FormChoice(value=v, label=label) for v, label in choices],
+                )
+            )
+        return fields
 
 
 class InboxItem(BaseModel):
@@ -90,6 +132,13 @@ class InboxItem(BaseModel):
     waiting_s: float
     #: The run's source to open (the PR's web page ...), when its launch event had one (HUM-5).
     source_link: SourceLink | None = None
+    #: The form a text answer must fit (``human.requested``'s ``answer_schema``, an MCP elicitation's requested
+    #: schema, JSON Schema 2020-12), as stored; None: any answer the options / free text allow.
+    answer_schema: dict[str, Any] | None = None
+    #: The same form's fields, ready to render (empty without a form). The answer is still one text: one
+    #: field takes the whole text, several are ``name: value`` lines or a JSON object
+    #: (``temporality_protocol.forms``); a misfit is a 422 ``invalid_answer`` naming the field.
+    form: list[FormField] = Field(default_factory=list)
 
     @classmethod
     def of(cls, record: HumanRequestRecord, now: datetime) -> InboxItem:
@@ -142,6 +191,8 @@ def _common(record: HumanRequestRecord, now: datetime) -> dict[str, Any]:
         "expires_at": record.expires_at,
         "waiting_s": record.waited_s(until),
         "source_link": record.source_link,
+        "answer_schema": record.answer_schema,
+        "form": FormField.all_of(record.answer_schema) if record.answer_schema is not None else [],
     }
 
 

@@ -9,21 +9,22 @@ record only for a request past its deadline.
 * Written *before* the record (:func:`index_open` at intake, before the create; at escalation, before the
   target is recorded), create-if-absent: a crash in between leaves an entry without a record, which the
   inbox skips, never a pending record that is missing from its inbox.
-* Removed when the request ends (answered, expired, cancelled: :func:`unindex`, best effort). An entry left
-  behind (a crash, a failed delete) is harmless: the inbox shows a request only when the record says it is
-  pending and the caller may answer it, and drops the stale entry as it goes.
+* Each entry says how many people the request is indexed under (``people``), so a lost one is seen.
+* Removed when the request ends (answered, expired, cancelled: :func:`unindex`, best effort), after its run
+  entry is marked ended (``ended_at``). An entry left behind (a crash, a failed delete) is harmless: the
+  inbox shows a request only when the record says it is pending and the caller may answer it, and drops
+  the stale entry as it goes; the sweep and the next start drop it too.
 * Completed at every start (:func:`rebuild_index`, idempotent): from one listing of the index and one of the
-  request keys, the records an older version stored (no dated run entry, inbox entries without a deadline)
-  and those whose inbox entries are all gone before their deadline are read, and indexed again while
-  pending; two replicas doing it at once agree.
+  request keys, only what the index cannot vouch for is read (see there): never a request whose run entry
+  says it ended; two replicas doing it at once agree.
 
 **Retention.** An ended request (answered / expired / cancelled) is kept ``retention`` after it ended — and
 at least until its deadline passed, so no timer of it is still to fire — then purged: its channel
 references (Telegram token and message keys, Matrix event keys, the run and inbox index entries) first, the
 record last, with a compare-and-set on the revision read (a record that changed meanwhile is left for the
-next sweep). The sweep reads only the records that may be due: each request's run entry
-(``run.<run>.<id>``) carries its ``expires_at``, and nothing is purged before ``expires_at`` + retention;
-a stored request without a dated run entry is read (and its entry dated). Then every other reference nothing needs any more (:func:`stale_references`): whatever is
+next sweep). The sweep lists no request key and reads only the records that may be due: each request's run
+entry (``run.<run>.<id>``) carries its ``expires_at`` (and ``ended_at``), and nothing is purged before
+``expires_at`` + retention; a run entry without a deadline is read (and dated). Then every other reference nothing needs any more (:func:`stale_references`): whatever is
 left of a request no longer stored (a send claimed but never recorded, an index entry whose record never
 came), notification markers, and an ended run's policy and end marker once none of its requests is kept —
 never a person's DM room or the sync token. One sweep per ``every_s`` runs on the durable timer ``…schedule.human._sweep.retention``: the

@@ -28,7 +28,8 @@
 
 The three request gauges are whole-system numbers counted from the inbox index of open requests (``open.*``
 in ``human-channels``, one listing; each entry carries its request's deadline, so a record is read only for
-a request past its deadline, :func:`count_open`) every ``STATE_REFRESH_S`` seconds by every replica:
+a request past its deadline, :func:`count_open`; read-only: the index repair is the start's and the sweep's)
+every ``STATE_REFRESH_S`` seconds by every replica:
 aggregate them with ``max()``, never ``sum()``. The counters and the histogram are per replica: ``sum()``.
 The channel gauge is per replica: a channel down on one replica fails that replica's deliveries.
 

@@ -15,20 +15,22 @@ key                                    value
 ``matrix.room.<matrix user id>``       the DM room with that person, created once and reused
 ``matrix.latest.<room id>``            request id of the newest question in that room (overwritten)
 ``matrix.since.<bot user id>``         the sync ``next_batch`` the adapter resumes from (overwritten)
-``run.<run id>.<request id>``          the request id and its ``expires_at``: the run's requests (see :mod:`..runs`)
+``run.<run id>.<request id>``          the request id, its ``expires_at`` and, once it ended, ``ended_at``: the
+                                       run's requests (see :mod:`..runs`), what the sweep reads instead of the
+                                       request keys
 ``runend.<run id>``                    the event type that ended the run
 ``notify.<notification id>``           the channel that sent that notification (see :mod:`..notifications`)
-``open.<user id>.<request id>``        the request id and its ``expires_at``: an open request that person may
-                                       answer (:mod:`..inbox`)
+``open.<user id>.<request id>``        the request id, its ``expires_at`` and ``people`` (how many it is indexed
+                                       under): an open request that person may answer (:mod:`..inbox`)
 ``policy.<run id>``                    the run's human policy from its ``run.requested`` (:mod:`..policies`)
 ``parked.<run id>.<request id>``       a ``human.requested`` waiting for its run's policy (:mod:`..parking`)
 =====================================  ==========================================================
 
 An entry's ``expires_at`` (the request's deadline, which never changes) lets the request gauges
 (:mod:`..metrics`) count from the index and the retention sweep skip requests that cannot be due yet,
-without reading their records. Entries written before it existed have none: whoever finds one reads the
-record instead and fills it in (compare-and-set), and every start fills in those still missing
-(:func:`..inbox.rebuild_index`).
+without reading their records. Entries written before it existed have none: the gauges read the record
+instead (and write nothing); the start-up rebuild and the retention sweep fill it in (compare-and-set,
+:func:`..inbox.rebuild_index`), with ``people`` and ``ended_at`` likewise.
 
 The retention sweep (:mod:`..inbox`) purges every key here that belongs to a purged request, a
 notification or an ended run (past the retention); ``matrix.room.*`` and ``matrix.since.*`` stay.

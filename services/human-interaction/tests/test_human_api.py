@@ -53,7 +53,7 @@ async def test_inbox_lists_only_the_token_owners_pending_requests_newest_first(
     item = alice["requests"][0]
     assert set(item) == {
         "id", "run_id", "title", "question", "context", "options", "allow_free_text",
-        "channel", "created_at", "expires_at", "waiting_s", "source_link",
+        "channel", "created_at", "expires_at", "waiting_s", "source_link", "answer_schema", "form",
     }  # fmt: skip
     assert item["waiting_s"] >= 0
     bob = (await client.get("/inbox", headers=BOB)).json()

@@ -346,9 +346,11 @@ async def test_an_answer_between_steps_stops_the_chain(bus: Bus, emulator: Teleg
 
 async def test_a_restart_mid_chain_loses_nothing(bus: Bus, emulator: TelegramEmulator) -> None:
     event = requested(
+        # reminders due at 1 s and 2 s, the deadline at 8 s: the restart (a stop and a start, slow on a loaded
+        # machine) must come before the deadline, not before the second reminder (3 s let the deadline win)
         recipient="user:bob",
         allowed=("user:bob",),
-        expires_in_s=3,
+        expires_in_s=8,
         on_timeout=_chain("default", every_s=1, reminders=2),
     )
     request_id = str(event.data["request_id"])

@@ -1330,7 +1330,9 @@ def _agent_acted(
     if run is None:
         return _decision(Note("agent.task.unknown_run", "warning", fields))
     if run.state in RUN.terminal:
-        return _decision(*_retain(run, ckpt), Note("agent.task.run_finished", fields={**fields, "state": run.state}))
+        return _decision(
+            *_retain(run, ckpt), Note("agent.task.run_finished", fields={**fields, "state": run.state.value})
+        )
     wait_id = turn_wait_id(incoming.task_id, incoming.turn)
     if run.state is RunState.WAITING_FOR_AGENT and run.waiting_request_id == wait_id:
         if run.cancel is not None:

@@ -7,14 +7,27 @@ parked on. On a real nats-server; the test plays agent-collab (it writes the tas
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from executor_support import RunExecutor, run_record, run_requested, settled
+
 from temporality_bus import Bus, Store
-from temporality_protocol import AgentTask, AgentTaskOffered, HumanPolicy, LaunchSource, RunResumed, RunState
+from temporality_protocol import (
+    AgentTask,
+    AgentTaskActed,
+    AgentTaskOffered,
+    HumanPolicy,
+    LaunchSource,
+    RunResumed,
+    RunState,
+    make_event,
+)
 from temporality_protocol.agent_tasks import StoredAction, TaskRecord, task_id_for, task_key
-from temporality_protocol.catalog import BUCKET_AGENT_TASKS
+from temporality_protocol.catalog import BUCKET_AGENT_TASKS, EVENTS_STREAM
 from temporality_protocol.states import AgentTaskState
 from temporality_run_executor.agents import AgentCard, ProviderConfig
 from temporality_run_executor.external import ExternalAgents, agent_elapsed_s
@@ -29,6 +42,7 @@ from temporality_run_executor.machine import (
 from temporality_run_executor.providers.base import ToolSpec, TurnContext
 from temporality_run_executor.records import RunRecord
 from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
+from temporality_testing.events import EventLog
 
 AGENT_ID = "turn-bot"
 CARD = AgentCard(
@@ -42,6 +56,7 @@ AGENT = Agent(CARD, ToolRegistry(BUILTIN_TOOLS), hosted=frozenset())
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 #: A call returns without waiting for the agent: far below any agent's thinking, far above a few KV round trips.
 PROMPT_S = 10.0
+WAIT_S = 30.0
 
 
 def _run(run_id: str, **changes: Any) -> RunRecord:
@@ -109,6 +124,15 @@ class _Emitted:
 
     def of(self, kind: type) -> list[Any]:
         return [data for data, _ in self.events if isinstance(data, kind)]
+
+
+async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while not await check():  # noqa: ASYNC110 - polling the server's view
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}") from None
 
 
 async def _tasks(bus: Bus) -> Store[TaskRecord]:
@@ -192,3 +216,44 @@ async def test_an_agent_that_came_back_is_announced_as_the_run_resuming(bus: Bus
     assert {parts for data, parts in emitted.events if isinstance(data, RunResumed)} == {
         ("external", task_id_for(run_id), "2")
     }
+
+
+async def test_an_action_that_comes_before_the_park_is_committed_still_wakes_the_run(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    """A fast agent: its action (and ``agent.task.acted``) arrives while the parking driver is between arming the
+    run's timer and committing the park. The wake-up finds the run running under that driver's live lease and waits
+    for it; once the park is committed it wakes the run. Nothing is lost, nothing happens twice."""
+    run_id = "run-turn-fast"
+    reached, release = asyncio.Event(), asyncio.Event()
+
+    async def between_arm_and_park(point: str) -> None:
+        if point == "effect:ArmAgentDeadline" and not reached.is_set():
+            reached.set()
+            await asyncio.wait_for(release.wait(), WAIT_S)
+
+    engine = await executor([CARD])
+    engine.crash_point = between_arm_and_park  # the test seam: here it only holds the driver, it kills nothing
+    await bus.publish(run_requested(run_id, agent=CARD.id))
+    await asyncio.wait_for(reached.wait(), WAIT_S)
+
+    # agent-collab: the action committed, then the fact
+    await (await _tasks(bus)).create(task_key(AGENT_ID, task_id_for(run_id)), _record(run_id, actions=[_result()]))
+    acted = AgentTaskActed(
+        run_id=run_id, task_id=task_id_for(run_id), agent_id=AGENT_ID, turn=1, action_id="a1", kind="result"
+    )
+    await bus.publish(make_event(acted, source="/test", id=f"evt-acted-{run_id}", run_id=run_id))
+
+    async def in_flight() -> bool:  # the wake-up is being handled while the park is held back
+        info = await bus.js.consumer_info(EVENTS_STREAM.name, "run-executor-agents")
+        return info.num_ack_pending >= 1 or info.ack_floor.stream_seq >= 1
+
+    await _until(in_flight, "the action's event delivered")
+    assert (await run_record(bus, run_id)).state is not RunState.WAITING_FOR_AGENT  # the park is held back
+    release.set()
+    (done,) = await event_log.wait_for("run.completed", run_id=run_id, timeout_s=WAIT_S)
+    assert done.data["result"] == "Decided"
+    await settled(bus, timeout_s=WAIT_S)
+    assert len(event_log.of_type("run.completed", run_id=run_id)) == 1
+    assert [e.data["turn"] for e in event_log.of_type("agent.task.offered", run_id=run_id)] == [1]
+    assert not event_log.of_type("run.failed", run_id=run_id)

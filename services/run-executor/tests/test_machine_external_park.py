@@ -34,6 +34,7 @@ from temporality_run_executor.machine import (
     Publish,
     Retry,
     RunMovedOn,
+    TakeLease,
     Transition,
     WatchdogFired,
     decide,
@@ -105,8 +106,9 @@ def _failed(decision: Decision) -> list[RunFailed]:
 
 def test_an_agent_working_on_the_turn_parks_the_run_with_its_budget_left_as_the_deadline() -> None:
     decision = _decide(_run(RunState.RUNNING), AgentWorking(turn=2, agent_id="park-bot"))
-    assert _kinds(decision) == ["ArmAgentDeadline", "Transition"]  # the timer first, then the park
-    arm, move = decision.effects[0], decision.effects[1]
+    assert _kinds(decision) == ["ArmAgentDeadline", "TakeLease", "Transition"]  # the timer first, then the park
+    arm, move = decision.effects[0], decision.effects[2]
+    assert decision.effects[1] == TakeLease(Lease(holder="drv/h1", expires_at=T0 + timedelta(seconds=30)), renew=True)
     assert arm == ArmAgentDeadline(
         turn=1, agent_turn=2, deadline=T0 + timedelta(seconds=60), cause=ATTEMPT.cause("park")
     )
@@ -238,3 +240,11 @@ def test_a_dead_lettered_action_drives_only_the_run_parked_on_it() -> None:
     assert drives(_parked(), _ckpt(), "agent.task.acted", WAIT_ID)
     assert not drives(_parked(), _ckpt(), "agent.task.acted", turn_wait_id(TASK_ID, 1))
     assert not drives(_run(RunState.RUNNING), _ckpt(), "agent.task.acted", WAIT_ID)
+
+
+def test_a_run_asked_to_stop_while_its_action_was_read_is_cancelled_not_woken_nor_failed() -> None:
+    asked = CancelRequest(reason="not needed", requested_by="user:op", requested_at=T0, event_id="evt-c")
+    for looked in (AgentLooked(turn=2, outcome=REPLY), AgentLooked(turn=2, outcome=None, deadline=True)):
+        decision = _decide(_parked(cancel=asked), looked)
+        assert [type(e.data) for e in decision.effects if isinstance(e, Publish)] == [RunCancelled]
+        assert decision.then is None

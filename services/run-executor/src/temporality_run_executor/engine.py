@@ -119,6 +119,7 @@ from temporality_run_executor.machine import (
     AdoptCancelMarker,
     Agent,
     AgentActed,
+    AgentLooked,
     AgentWorking,
     AnswerElicitation,
     ApplyParked,
@@ -526,7 +527,10 @@ class Engine:
         turn boundary the record (a cancel recorded meanwhile) and the checkpoint; after the provider the
         record (the watchdog may have failed the run while the turn ran; a cancel ended an external agent's turn)."""
         reads: list[Awaitable[None]] = []
-        if isinstance(step, Boundary | ProviderReplied | ProviderFailed | AgentWorking) and not view.run_current:
+        if (
+            isinstance(step, Boundary | ProviderReplied | ProviderFailed | AgentWorking | AgentLooked)
+            and not view.run_current
+        ):
             reads.append(self._read_run(view))
         if isinstance(step, Boundary) and not view.checkpoint_current:
             reads.append(self._read_checkpoint(view))
@@ -593,6 +597,9 @@ class Engine:
             assert agent is not None
             assert view.run is not None
             looked = await self.external.look(view.run, agent, then)
+            # at the budget's end the run may fail: decided on its record read afresh (a cancel recorded meanwhile);
+            # a wake-up needs no read (its compare-and-set is guarded by the wait)
+            view.run_current = not then.deadline
             if isinstance(looked.outcome, ProviderReplied):  # the turn's compute so far: the agent's time
                 view.turn_started = time.monotonic() - looked.outcome.elapsed_s
             await self._seam("agent_looked")

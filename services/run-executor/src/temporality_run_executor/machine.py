@@ -1313,6 +1313,8 @@ def _agent_working(
     fields = {"agent_id": incoming.agent_id, "turn": incoming.turn, "wait_id": wait_id, "budget_left_s": left_s}
     return _decision(
         ArmAgentDeadline(ckpt.turn, incoming.turn, now + timedelta(seconds=left_s), attempt.cause("park")),
+        # with the park, one compare-and-set: a driver whose lease was taken over meanwhile parks nothing
+        TakeLease(_lease(attempt, now), renew=True),
         Transition(RunState.WAITING_FOR_AGENT, {"waiting_request_id": wait_id, "waiting_since": now}),
         Note("run.parked", fields=fields),
         then=Parked(),
@@ -1362,6 +1364,8 @@ def _agent_looked(
     wait_id = turn_wait_id(task_id_for(run.run_id), incoming.turn)
     if run.state is not RunState.WAITING_FOR_AGENT or run.waiting_request_id != wait_id:
         return _decision(Note("agent.task.stale", fields={"turn": incoming.turn, "state": run.state.value}))
+    if run.cancel is not None:  # asked to stop while parked: cancelled, as asked
+        return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
     if agent is None:
         return _decision(*_unknown_agent(run, ckpt))
     limits = agent.card.limits

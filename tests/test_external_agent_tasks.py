@@ -211,8 +211,9 @@ async def test_the_example_agent_takes_a_task_asks_is_killed_resumes_and_finishe
 async def test_a_task_waits_for_its_agent_and_survives_kill9_of_the_executor_and_agent_collab(
     external_stack: Stack, tmp_path: Path
 ) -> None:
-    """The run is requested before its agent is up: the executor offers turn 1 and waits (compute budget).
-    kill -9 of the run-executor while it waits, then of agent-collab while the run is parked on alice: nothing is
+    """The run is requested before its agent is up: the executor offers turn 1 and parks the run on its agent
+    (compute budget). kill -9 of the run-executor while the run is parked on the agent (the agent, started then,
+    acts and the new executor wakes the run), then of agent-collab while the run is parked on alice: nothing is
     lost -- one task offer per turn, one question, one completion."""
     stack = external_stack
     nc = await nats.connect(stack.nats.url)
@@ -227,7 +228,7 @@ async def test_a_task_waits_for_its_agent_and_survives_kill9_of_the_executor_and
             await events.wait_for("agent.task.offered", run_id=run_id, timeout_s=WAIT_S)
             await eventually(lambda: _run(http, stack, run_id, "running"), WAIT_S, "the run waiting for its agent")
 
-            stack.services["run-executor"].kill9()  # mid-task: the executor was waiting for the agent's action
+            stack.services["run-executor"].kill9()  # mid-task: the run is parked on the agent's action
             stack.restart("run-executor")
             agent = await _start_agent(stack, agent_log)
             (request,) = await eventually(
@@ -263,7 +264,7 @@ async def test_a_task_waits_for_its_agent_and_survives_kill9_of_the_executor_and
 async def test_a_run_cancelled_while_its_agent_works_ends_the_wait_at_once_and_the_agent_is_told(
     external_stack: Stack, tmp_path: Path
 ) -> None:
-    """The agent takes the task and works on it (``--think-s``: no action yet) while the executor waits for it.
+    """The agent takes the task and works on it (``--think-s``: no action yet) while the run is parked on it.
     An operator cancels the run: the wait ends at once (not at the agent's 600 s budget), the run is cancelled --
     not failed --, the task's end is journaled, and the agent, told in its next poll, drops the task."""
     stack = external_stack

@@ -3,8 +3,8 @@ for a turn is read from agent-collab's task record, and a replayed turn reads th
 one completion (exactly once on the executor's side).
 
 The test plays agent-collab and the agent: it writes the task's record in KV ``agent-tasks`` (the action for
-turn 1 is there before the run starts; the result for turn 2 once the executor has offered turn 2) and plays
-the person (``human.answered``). Each case kills an executor "process" at one point of the driver (the
+turn 1 is there before the run starts; the result for turn 2 once the executor has offered turn 2 and parked
+the run on it, then ``agent.task.acted``, which wakes the run) and plays the person (``human.answered``). Each case kills an executor "process" at one point of the driver (the
 engine's test seam); a fresh one takes over through redelivery.
 """
 
@@ -20,6 +20,7 @@ from executor_support import run_record, run_requested, settled
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
     AgentTask,
+    AgentTaskActed,
     HumanAnswered,
     HumanRequested,
     OptionAnswer,
@@ -117,6 +118,11 @@ async def test_a_replayed_external_turn_asks_once_and_completes_once(
     assert [i["tool"] for i in offered.data["inputs"]] == ["ask_human"]
     result = StoredAction(turn=2, action_id="a2", kind="result", result="Decided", at=T0)
     await tasks.modify(key, lambda cur: cur.model_copy(update={"turn": 2, "actions": [*cur.actions, result]}))
+    # record first, then the fact (as agent-collab does): it wakes the run parked on turn 2
+    acted = AgentTaskActed(
+        run_id=run_id, task_id=task_id_for(run_id), agent_id=AGENT, turn=2, action_id="a2", kind="result"
+    )
+    await bus.publish(make_event(acted, source="/test", id=f"evt-acted-{run_id}", run_id=run_id))
     if point == "published:run.completed":
         await asyncio.wait_for(crash.crashed.wait(), 30)
         processes.append(await start_process(nats_settings, "executor-2", [CARD]))

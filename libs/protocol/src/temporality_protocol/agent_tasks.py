@@ -16,7 +16,16 @@ from temporality_protocol.events import AgentTask, TaskInput, TaskToolCall
 from temporality_protocol.ids import derive_id
 from temporality_protocol.states import AGENT_TASK, AgentTaskState
 
-__all__ = ["StoredAction", "TaskRecord", "TaskRef", "checkpoint_key", "run_key", "task_id_for", "task_key"]
+__all__ = [
+    "StoredAction",
+    "TaskRecord",
+    "TaskRef",
+    "checkpoint_key",
+    "run_key",
+    "task_id_for",
+    "task_key",
+    "turn_wait_id",
+]
 
 
 class _Model(BaseModel):
@@ -97,3 +106,9 @@ def run_key(run_id: str) -> str:
 
 def checkpoint_key(task_id: str) -> str:
     return f"ckpt.{task_id}"
+
+
+def turn_wait_id(task_id: str, turn: int) -> str:
+    """What a run parked on its external agent's action for ``turn`` waits on (the run record's
+    ``waiting_request_id``): one id per task and turn, so a wake-up for another turn is told apart."""
+    return f"{task_id}.turn-{turn}"

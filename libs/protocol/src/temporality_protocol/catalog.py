@@ -357,9 +357,10 @@ CONSUMERS: dict[str, ConsumerSpec] = {
                 subject_for("agent.ask_expired"),
                 subject_for("agent.ask_undeliverable"),
                 subject_for("agent.reply_undeliverable"),
+                subject_for("agent.task.acted"),  # AP-5: wakes a run parked on its external agent's action
             ),
             "Agent messages for runs: resume runs waiting for an agent, queue the rest for the next turn boundary "
-            "(COL-2..COL-4)",
+            "(COL-2..COL-4); an external agent's action wakes its run parked on it (AP-5)",
         ),
         ConsumerSpec(
             "run-executor-watchdog",

@@ -3,7 +3,9 @@
 A run whose agent card says ``provider: {kind: external, agent_id: ...}`` is still the run-executor's: it
 keeps the run record and publishes every ``run.*`` event. Where a hosted run calls its model, it offers the
 external agent the turn (``agent.task.offered``: the AP-5 task on turn 1, the outcomes of the agent's last
-tool calls after) and waits for the agent's action in KV ``agent-tasks``. This module is agent-collab's half:
+tool calls after) and parks the run until the agent's action is in KV ``agent-tasks``: the
+``agent.task.acted`` published here after the action is committed wakes it (the run-executor's consumer
+``run-executor-agents``). This module is agent-collab's half:
 
 ==========================================  ==================================================================
 consumer ``agent-collab-tasks``             ``agent.task.offered`` -> the task's record (``offered``, turn N)

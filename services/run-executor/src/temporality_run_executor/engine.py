@@ -14,6 +14,10 @@ A turn = one provider call + its tool calls, then a checkpoint (KV, AP-7) + ``ru
                       once, a driven one by its driver at the next turn boundary (``run.cancelled``).
                       A cancel for a run not created yet leaves a marker (bucket ``run-cancel-markers``,
                       TTL 7 days) that its ``run.requested`` adopts: the run is cancelled as it is created.
+an external agent's turn (AP-5) -> ``agent.task.offered`` -> ``waiting_for_agent`` on the turn (lease dropped,
+                      message acked: no slot held while the agent works), the run's timer at its compute
+                      budget left; ``agent.task.acted`` (or the timer) -> the action read from the task's
+                      record -> ``resuming`` -> ``running`` -> the action is the turn's provider reply.
 ``agent.*``        -> the end of a ``waiting_for_agent`` (``ask_agent`` in wait mode: ``resuming`` ->
                       the answer, the timeout or the undeliverable reason becomes the tool result), or a
                       message queued in the checkpoint and framed into the conversation at the next
@@ -92,6 +96,7 @@ from temporality_protocol import (
     AgentAskUndeliverable,
     AgentMessageReceived,
     AgentReplyUndeliverable,
+    AgentTaskActed,
     Envelope,
     EventData,
     HumanAnswered,
@@ -104,6 +109,7 @@ from temporality_protocol import (
     make_event,
     new_id,
 )
+from temporality_protocol.agent_tasks import turn_wait_id
 from temporality_protocol.catalog import BUCKET_CANCEL_MARKERS, BUCKET_CHECKPOINTS, BUCKET_RUNS
 from temporality_protocol.redaction import Redactor
 from temporality_run_executor.agents import AgentCard, AgentDirectory
@@ -112,9 +118,13 @@ from temporality_run_executor.machine import (
     ACTIVE,
     AdoptCancelMarker,
     Agent,
+    AgentActed,
+    AgentLooked,
+    AgentWorking,
     AnswerElicitation,
     ApplyParked,
     ApplyResult,
+    ArmAgentDeadline,
     ArmRetention,
     ArmWatchdog,
     Attempt,
@@ -134,6 +144,7 @@ from temporality_run_executor.machine import (
     Invoke,
     LeaseHeld,
     LeaseLost,
+    LookForAction,
     MarkCancel,
     Note,
     ProviderFailed,
@@ -201,7 +212,7 @@ def _now() -> datetime:
 
 
 #: Effects that write to the bus without committing any state: neighbours are performed at once.
-_FIRED = (Publish, ArmWatchdog, DisarmWatchdog, ArmRetention, Note)
+_FIRED = (Publish, ArmWatchdog, ArmAgentDeadline, DisarmWatchdog, ArmRetention, Note)
 #: Effects that change the run record: neighbours are one compare-and-set.
 _RUN_CHANGES = (TakeLease, Transition)
 
@@ -368,6 +379,11 @@ class Engine:
     async def on_agent_event(self, event: Envelope, delivery: Delivery) -> None:
         """The ``run-executor-agents`` consumer: agent-collab's ``agent.*`` events for the runs (COL-2..COL-4)."""
         data = event.payload()
+        if isinstance(data, AgentTaskActed):  # an external agent acted: wake its run parked on the turn (AP-5)
+            acted = AgentActed(run_id=data.run_id, task_id=data.task_id, turn=data.turn, event_id=event.id)
+            with structlog.contextvars.bound_contextvars(run_id=data.run_id, task_id=data.task_id, turn=data.turn):
+                await self._handle(data.run_id, acted, _attempt(delivery, self.max_deliver))
+            return
         if not isinstance(
             data,
             AgentMessageReceived
@@ -398,6 +414,9 @@ class Engine:
         if not isinstance(run_id, str):
             return
         request_id = message.data.get("request_id")
+        task_id, turn = message.data.get("task_id"), message.data.get("turn")
+        if message.type == AgentTaskActed.EVENT_TYPE and isinstance(task_id, str) and isinstance(turn, int):
+            request_id = turn_wait_id(task_id, turn)  # what a run parked on that action waits on
         incoming = DeadLettered(
             event_type=message.type,
             event_id=message.id,
@@ -508,7 +527,10 @@ class Engine:
         turn boundary the record (a cancel recorded meanwhile) and the checkpoint; after the provider the
         record (the watchdog may have failed the run while the turn ran; a cancel ended an external agent's turn)."""
         reads: list[Awaitable[None]] = []
-        if isinstance(step, Boundary | ProviderReplied | ProviderFailed) and not view.run_current:
+        if (
+            isinstance(step, Boundary | ProviderReplied | ProviderFailed | AgentWorking | AgentLooked)
+            and not view.run_current
+        ):
             reads.append(self._read_run(view))
         if isinstance(step, Boundary) and not view.checkpoint_current:
             reads.append(self._read_checkpoint(view))
@@ -571,6 +593,17 @@ class Engine:
             retried = await self._leased(view, self._retry_tool(view, then))
             await self._seam("tool_retried")
             return retried
+        if isinstance(then, LookForAction):  # a parked run: nobody else drives it, its record stays current
+            assert agent is not None
+            assert view.run is not None
+            looked = await self.external.look(view.run, agent, then)
+            # at the budget's end the run may fail: decided on its record read afresh (a cancel recorded meanwhile);
+            # a wake-up needs no read (its compare-and-set is guarded by the wait)
+            view.run_current = not then.deadline
+            if isinstance(looked.outcome, ProviderReplied):  # the turn's compute so far: the agent's time
+                view.turn_started = time.monotonic() - looked.outcome.elapsed_s
+            await self._seam("agent_looked")
+            return looked
         return then
 
     async def _seam(self, *point: str) -> None:
@@ -637,7 +670,7 @@ class Engine:
                         raise
                 else:
                     assert isinstance(effect, Transition)
-                    nxt = moved(current, effect.target, effect.changes, now)
+                    nxt = moved(current, effect.target, effect.changes, now, waiting_on=effect.waiting_on)
                 current = nxt if nxt is not None else current
             return None if current is run else current
 
@@ -657,7 +690,9 @@ class Engine:
                 assert run is not None
                 await self._emit(run, effect.data, *effect.id_parts, causation=effect.causation, run_id=effect.run_id)
             case Transition():
-                view.hold_run(await self._move(run_id, effect.target, view.known_run(), effect.changes))
+                view.hold_run(
+                    await self._move(run_id, effect.target, view.known_run(), effect.changes, effect.waiting_on)
+                )
             case ArmWatchdog():
                 armed = view.armed
                 horizon_s = effect.limit_s + self.watchdog.grace_s
@@ -665,6 +700,11 @@ class Engine:
                     return  # armed for this very turn by this handler a moment ago (<1% of its horizon)
                 await self.watchdog.arm(run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause)
                 view.armed = (effect.turn, time.monotonic())
+            case ArmAgentDeadline():
+                await self.watchdog.arm_until(
+                    run_id, turn=effect.turn, agent_turn=effect.agent_turn, deadline=effect.deadline, cause=effect.cause
+                )
+                view.armed = None  # the watchdog is replaced: the next arm is never skipped
             case DisarmWatchdog():
                 await self.watchdog.disarm(run_id)
                 view.armed = None
@@ -764,7 +804,9 @@ class Engine:
             case Reject():
                 raise PermanentError(effect.reason)
 
-    async def _call_provider(self, view: _View, agent: Agent, call: CallProvider) -> ProviderReplied | ProviderFailed:
+    async def _call_provider(
+        self, view: _View, agent: Agent, call: CallProvider
+    ) -> ProviderReplied | ProviderFailed | AgentWorking:
         if agent.card.provider.kind == "external" and view.run is not None:  # an external agent's turn (AP-5)
             view.turn_started = time.monotonic()
             return await self.external.complete(view.run, agent, call)
@@ -881,12 +923,20 @@ class Engine:
         return (await self._move(run_id, target, None, changes)).value
 
     async def _move(
-        self, run_id: str, target: RunState, known: Versioned[RunRecord] | None, changes: Mapping[str, Any]
+        self,
+        run_id: str,
+        target: RunState,
+        known: Versioned[RunRecord] | None,
+        changes: Mapping[str, Any],
+        waiting_on: str | None = None,
     ) -> Versioned[RunRecord]:
         """:meth:`_transition` from what the handler holds (``known``: no read when it is current)."""
         try:
             result = await self.runs.modify(
-                run_id, lambda run: moved(run, target, changes, self.clock()), known=known, validated=True
+                run_id,
+                lambda run: moved(run, target, changes, self.clock(), waiting_on=waiting_on),
+                known=known,
+                validated=True,
             )
         except NotFound:
             raise TransientError(f"run {run_id} vanished") from None

@@ -63,6 +63,14 @@ The rules the machine keeps:
   paths reads the checkpoint of a finished run). A decision on a finished run whose checkpoint is still
   there arms the retention again (:func:`_retain`): the same deadline, so a driver that died between the
   end and the arm leaves no checkpoint behind once its message comes back (see :mod:`.retention`).
+* **External agents park the run (AP-5).** A card whose provider is an external agent has its turns computed
+  outside: the driver offers the turn and, the agent not having acted yet (:class:`AgentWorking`), the run
+  parks ``waiting_for_agent`` on the turn's wait id (:func:`~temporality_protocol.agent_tasks.turn_wait_id`)
+  with its timer at the compute budget left (:class:`ArmAgentDeadline`) -- no driver, no slot, no compute
+  counted but the agent's own time. The agent's action (:class:`AgentActed`, from ``agent.task.acted``) or
+  the timer makes the driver read the action (:class:`LookForAction` -> :class:`AgentLooked`); the run wakes
+  in one compare-and-set guarded by the wait id (a second wake-up finds it moved on) and the action is the
+  turn's provider reply; no action by the deadline (or one after it): ``compute_timeout``.
 * **One driver at a time (issue 6).** A handler that drives the run holds its :class:`~.records.Lease`
   (:class:`TakeLease`, renewed at every turn boundary, dropped when the run parks or ends); a
   delivery that finds a live lease held by another handler gives the message back (a lost race)
@@ -117,6 +125,7 @@ from temporality_protocol import (
     ToolFailed,
     derive_id,
 )
+from temporality_protocol.agent_tasks import task_id_for, turn_wait_id
 from temporality_protocol.redaction import Redactor
 from temporality_run_executor.agents import AgentCard, Limits
 from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, render
@@ -172,10 +181,14 @@ __all__ = [
     "MAX_TEXT",
     "AdoptCancelMarker",
     "Agent",
+    "AgentActed",
+    "AgentLooked",
     "AgentNews",
+    "AgentWorking",
     "AnswerElicitation",
     "ApplyParked",
     "ApplyResult",
+    "ArmAgentDeadline",
     "ArmRetention",
     "ArmWatchdog",
     "Ask",
@@ -199,6 +212,7 @@ __all__ = [
     "Invoke",
     "LeaseHeld",
     "LeaseLost",
+    "LookForAction",
     "MarkCancel",
     "Note",
     "Parked",
@@ -415,6 +429,36 @@ class ProviderFailed:
 
 
 @dataclass(frozen=True)
+class AgentWorking:
+    """The external agent has the turn and has not acted on it yet (the driver offered it): park the run."""
+
+    turn: int
+    agent_id: str
+
+
+@dataclass(frozen=True)
+class AgentActed:
+    """A wake-up for a run parked on its external agent: ``agent.task.acted`` for ``turn`` of task ``task_id``,
+    or (``deadline``) the run's timer at its compute budget's end (:mod:`.watchdog`)."""
+
+    run_id: str
+    task_id: str
+    turn: int
+    event_id: str
+    deadline: bool = False
+
+
+@dataclass(frozen=True)
+class AgentLooked:
+    """What the task's record held for the parked turn (:class:`LookForAction`): the action as the turn's provider
+    reply (the agent's failure, or the task over: :class:`ProviderFailed`), or ``None``: no action yet."""
+
+    turn: int
+    outcome: ProviderReplied | ProviderFailed | None
+    deadline: bool = False
+
+
+@dataclass(frozen=True)
 class ToolOutput:
     """What a tool returned (or the tool error it raised, as the model gets it)."""
 
@@ -574,6 +618,9 @@ Incoming = (
     | Parked
     | ProviderReplied
     | ProviderFailed
+    | AgentWorking
+    | AgentActed
+    | AgentLooked
     | ToolReturned
     | ToolRetried
     | WatchdogFired
@@ -679,6 +726,8 @@ class Transition:
 
     target: RunState
     changes: Mapping[str, Any] = field(default_factory=dict)
+    #: Only while the run waits on this id (else :class:`RunMovedOn`): a wake-up applied once.
+    waiting_on: str | None = None
 
 
 @dataclass(frozen=True)
@@ -714,6 +763,17 @@ class ArmWatchdog:
 @dataclass(frozen=True)
 class DisarmWatchdog:
     pass
+
+
+@dataclass(frozen=True)
+class ArmAgentDeadline:
+    """Arm the run's timer (in place of its watchdog) at ``deadline``: the compute budget left to a run parking on
+    its external agent's action for ``agent_turn`` (``turn``: the checkpoint's); ``cause`` keys the arm."""
+
+    turn: int
+    agent_turn: int
+    deadline: datetime
+    cause: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -769,6 +829,7 @@ Effect = (
     | MarkCancel
     | AdoptCancelMarker
     | ArmWatchdog
+    | ArmAgentDeadline
     | DisarmWatchdog
     | ArmRetention
     | RemoveCheckpoint
@@ -806,7 +867,16 @@ class RetryTool:
     tool: Tool
 
 
-Then = Incoming | CallProvider | CallTool | RetryTool | None
+@dataclass(frozen=True)
+class LookForAction:
+    """Read the external agent's action for ``turn`` of the parked run from its task's record; the answer comes
+    back as :class:`AgentLooked`. ``deadline``: the timer at the compute budget's end asks."""
+
+    turn: int
+    deadline: bool = False
+
+
+Then = Incoming | CallProvider | CallTool | RetryTool | LookForAction | None
 
 
 @dataclass(frozen=True)
@@ -870,6 +940,12 @@ def decide(
             return _provider_replied(run, checkpoint, agent, incoming, now)
         case ProviderFailed():
             return _provider_failed(run, checkpoint, incoming, attempt)
+        case AgentWorking():
+            return _agent_working(run, checkpoint, agent, incoming, now, attempt)
+        case AgentActed():
+            return _agent_acted(run, checkpoint, incoming, now, attempt)
+        case AgentLooked():
+            return _agent_looked(run, checkpoint, agent, incoming, now, attempt)
         case ToolReturned():
             return _tool_returned(run, checkpoint, agent, incoming, now)
         case ToolRetried():
@@ -1209,6 +1285,114 @@ def _agent_news(
         return _decision(Retry("the run has not finished parking on this request yet"))
     # a message: for the next turn boundary (a late answer, an async one, a question to this run...)
     return _decision(QueueMail(mail), Note("agent.message.queued", fields={**fields, "state": run.state.value}))
+
+
+def _agent_working(
+    run: RunRecord | None,
+    ckpt: Checkpoint | None,
+    agent: Agent | None,
+    incoming: AgentWorking,
+    now: datetime,
+    attempt: Attempt,
+) -> Decision:
+    """AP-5: the turn is offered and the external agent works on it: the run parks ``waiting_for_agent`` on the
+    turn, its timer at the compute budget left (armed first: once parked, the action may wake it at any moment,
+    and the wake-up's watchdog must replace this timer, never the other way round)."""
+    if run is None or run.state is not RunState.RUNNING:
+        run_id = run.run_id if run is not None else "?"
+        detail = f"run {run_id} is no longer running; turn {incoming.turn} not parked"
+        return _decision(Note("run.moved_on", "warning", {"detail": detail}))
+    if run.cancel is not None:
+        return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
+    if agent is None:
+        return _decision(*_unknown_agent(run, ckpt))
+    if ckpt is None:
+        return _decision(Retry(f"checkpoint of {run.run_id} not found"))
+    left_s = max(agent.card.limits.max_compute_s - ckpt.compute_s, 0.0)
+    wait_id = turn_wait_id(task_id_for(run.run_id), incoming.turn)
+    fields = {"agent_id": incoming.agent_id, "turn": incoming.turn, "wait_id": wait_id, "budget_left_s": left_s}
+    return _decision(
+        ArmAgentDeadline(ckpt.turn, incoming.turn, now + timedelta(seconds=left_s), attempt.cause("park")),
+        # with the park, one compare-and-set: a driver whose lease was taken over meanwhile parks nothing
+        TakeLease(_lease(attempt, now), renew=True),
+        Transition(RunState.WAITING_FOR_AGENT, {"waiting_request_id": wait_id, "waiting_since": now}),
+        Note("run.parked", fields=fields),
+        then=Parked(),
+    )
+
+
+def _agent_acted(
+    run: RunRecord | None, ckpt: Checkpoint | None, incoming: AgentActed, now: datetime, attempt: Attempt
+) -> Decision:
+    """A wake-up for the run parked on its external agent (the action, or the deadline): read the action. The
+    action of a turn not committed yet, on a running run, is that turn's own driver's (parking on it, or woken
+    by it): given back while the driver lives, and if it died, this delivery drives the run on from its last
+    checkpoint (the action is read from the record at the turn's provider call)."""
+    fields = {"turn": incoming.turn, "deadline": incoming.deadline}
+    if run is None:
+        return _decision(Note("agent.task.unknown_run", "warning", fields))
+    if run.state in RUN.terminal:
+        return _decision(
+            *_retain(run, ckpt), Note("agent.task.run_finished", fields={**fields, "state": run.state.value})
+        )
+    wait_id = turn_wait_id(incoming.task_id, incoming.turn)
+    if run.state is RunState.WAITING_FOR_AGENT and run.waiting_request_id == wait_id:
+        if run.cancel is not None:
+            return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
+        return _decision(then=LookForAction(incoming.turn, deadline=incoming.deadline))
+    ours = incoming.task_id == task_id_for(run.run_id)
+    if ours and not incoming.deadline and run.state is RunState.RUNNING and ckpt is not None:
+        if ckpt.turn == incoming.turn - 1:  # the turn is not committed: whoever drives it has the action
+            if _held_by_other(run, attempt, now):
+                return _decision(_lease_held(run))
+            return _recover_after_resume(run, ckpt, attempt, now)
+    return _decision(Note("agent.task.stale", fields={**fields, "state": run.state.value}))
+
+
+def _agent_looked(
+    run: RunRecord | None,
+    ckpt: Checkpoint | None,
+    agent: Agent | None,
+    incoming: AgentLooked,
+    now: datetime,
+    attempt: Attempt,
+) -> Decision:
+    """The parked turn's action (or none): wake the run with it as the turn's provider reply, or fail the run
+    ``compute_timeout`` when the budget's end came without one (or the action came after it)."""
+    if run is None or ckpt is None:
+        return _decision(Retry("the run or its checkpoint vanished while parked"))
+    wait_id = turn_wait_id(task_id_for(run.run_id), incoming.turn)
+    if run.state is not RunState.WAITING_FOR_AGENT or run.waiting_request_id != wait_id:
+        return _decision(Note("agent.task.stale", fields={"turn": incoming.turn, "state": run.state.value}))
+    if run.cancel is not None:  # asked to stop while parked: cancelled, as asked
+        return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
+    if agent is None:
+        return _decision(*_unknown_agent(run, ckpt))
+    limits = agent.card.limits
+    left_s = max(limits.max_compute_s - ckpt.compute_s, 0.0)
+    outcome = incoming.outcome
+    late = isinstance(outcome, ProviderReplied) and outcome.elapsed_s > left_s
+    if outcome is None or late:
+        if outcome is None and not incoming.deadline:  # woken early (a stale firing): still parked
+            return _decision(Note("agent.task.no_action_yet", fields={"turn": incoming.turn}))
+        agent_id = agent.card.provider.agent_id
+        error = (
+            f"external agent {agent_id} did not act on turn {incoming.turn} within the run's compute budget "
+            f"({left_s:g}s of {limits.max_compute_s:g}s left when the turn was offered)"
+        )
+        return _decision(*_fail(run, "compute_timeout", error, totals=_totals(ckpt)))
+    assert outcome is not None
+    fields = {"turn": incoming.turn, "deadline": incoming.deadline, "failed": isinstance(outcome, ProviderFailed)}
+    return _decision(
+        # one compare-and-set: the wait ended once (a second wake-up finds it moved on), driven by this handler
+        Transition(RunState.RESUMING, waiting_on=wait_id),
+        TakeLease(_lease(attempt, now)),
+        Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None}),
+        # after the move: a wake-up that lost it must not replace the winner's timer
+        ArmWatchdog(ckpt.turn, limits.max_compute_s, attempt.cause("agent-acted")),
+        Note("run.agent_acted", fields=fields),
+        then=outcome,
+    )
 
 
 def _cancel_recorded(run: RunRecord | None, ckpt: Checkpoint | None, incoming: CancelRecorded) -> Decision:
@@ -1974,11 +2158,20 @@ def _watchdog_fired(
     """See :mod:`.watchdog`: decided from the record, never from the firing alone."""
     if run is None:
         return _decision(Note("watchdog.unknown_run"))
-    if run.state not in ACTIVE:  # waiting for a person, or finished
-        return _decision(*_retain(run, ckpt), Note("watchdog.ignored", fields={"state": run.state.value}))
     payload = incoming.payload
     turn = ckpt.turn if ckpt is not None else 0
     limits = agent.card.limits if agent is not None else Limits()
+    if payload.agent_turn is not None:  # the compute deadline of a run parked on its external agent
+        if run.state in ACTIVE:  # woken (or never parked: its driver died first): a watchdog from now on
+            fields = {"agent_turn": payload.agent_turn, "state": run.state.value}
+            return _decision(
+                ArmWatchdog(turn, limits.max_compute_s, attempt.cause("agent-deadline")),
+                Note("watchdog.agent_deadline_on_driven_run", fields=fields),
+            )
+        deadline = AgentActed(run.run_id, task_id_for(run.run_id), payload.agent_turn, "", deadline=True)
+        return _agent_acted(run, ckpt, deadline, now, attempt)
+    if run.state not in ACTIVE:  # waiting for a person, or finished
+        return _decision(*_retain(run, ckpt), Note("watchdog.ignored", fields={"state": run.state.value}))
     if turn != payload.turn:
         # progress since the arm, and nobody armed it again (the driver died right after): watch on
         fields = {"armed_turn": payload.turn, "turn": turn, "state": run.state.value}
@@ -2213,13 +2406,18 @@ def summary(agent: Agent, run: RunRecord | None = None) -> AgentSummary:
     )
 
 
-def moved(run: RunRecord, target: RunState, changes: Mapping[str, Any], now: datetime) -> RunRecord | None:
+def moved(
+    run: RunRecord, target: RunState, changes: Mapping[str, Any], now: datetime, *, waiting_on: str | None = None
+) -> RunRecord | None:
     """``run`` in ``target`` with ``changes`` (``None``: nothing to write), through the state machine.
 
     Already in ``target``: only ``changes`` are applied, and a finished run is never rewritten. A move
-    the state machine refuses means another driver got there first: :class:`RunMovedOn`.
+    the state machine refuses means another driver got there first: :class:`RunMovedOn`; so does a run that
+    does not wait on ``waiting_on`` (when given: the wait another wake-up ended already).
     """
     state = run.state
+    if waiting_on is not None and run.waiting_request_id != waiting_on:
+        raise RunMovedOn(run.run_id, state, target)
     if target not in ACTIVE and run.lease is not None:  # parked or finished: nobody drives it any more
         changes = {"lease": None, **changes}
     if state is target and (not changes or state in RUN.terminal):

@@ -19,6 +19,14 @@ When it fires (:meth:`temporality_run_executor.engine.Engine.on_watchdog`), the 
   with ``run.failed`` reason ``stalled`` (the same deterministic event id as any failure of the run,
   so a repeat is deduplicated).
 
+**A run parked on its external agent** (AP-5: ``waiting_for_agent`` until the agent acts on the turn) has no
+watchdog but the same timer under another payload (:meth:`RunWatchdog.arm_until`, ``agent_turn`` set): its
+compute budget left, from the park. Firing, it ends the wait -- the task's record is read once more, and a run
+whose agent has not acted on that turn fails ``compute_timeout`` -- when the run still waits on that turn;
+on a run that is being driven again (it woke, or its parking driver died before it parked) it is an ordinary
+watchdog armed anew; anything else ignores it. Waking re-arms the ordinary watchdog (the same key: the
+deadline is replaced).
+
 Failing rather than re-driving is deliberate: the run's message may still be in flight somewhere (a
 stopped process, a long retry), and re-driving next to it would repeat provider and tool calls; a
 stalled run failed visibly can be requested again.
@@ -69,6 +77,9 @@ class WatchdogPayload(BaseModel):
     turn: Annotated[int, Field(ge=0)]
     armed_at: datetime
     deadline: datetime
+    #: Set when the timer is the compute deadline of a run parked on its external agent's action for this turn
+    #: (not a watchdog; payloads from before read ``None``).
+    agent_turn: Annotated[int, Field(ge=1)] | None = None
 
 
 class RunWatchdog:
@@ -98,6 +109,29 @@ class RunWatchdog:
             msg_id=derive_id("wdg", run_id, str(turn), *cause),
         )
         log.debug("watchdog.armed", turn=turn, deadline=payload.deadline.isoformat(), duplicate=result.duplicate)
+        return payload
+
+    async def arm_until(
+        self, run_id: str, *, turn: int, agent_turn: int, deadline: datetime, cause: tuple[str, ...]
+    ) -> WatchdogPayload:
+        """Arm the run's timer (replacing its watchdog) at ``deadline``: the compute budget left to a run parked
+        on its external agent's action for ``agent_turn`` (see the module docstring)."""
+        now = _now()
+        payload = WatchdogPayload(
+            run_id=run_id, turn=turn, armed_at=now, deadline=min(deadline, now + MAX_HORIZON), agent_turn=agent_turn
+        )
+        result = await self.timers.arm(
+            watchdog_key(run_id),
+            payload.deadline,
+            payload.model_dump_json().encode(),
+            msg_id=derive_id("wdg", run_id, "agent", str(agent_turn), *cause),
+        )
+        log.debug(
+            "watchdog.armed_for_agent",
+            agent_turn=agent_turn,
+            deadline=payload.deadline.isoformat(),
+            duplicate=result.duplicate,
+        )
         return payload
 
     async def disarm(self, run_id: str) -> None:

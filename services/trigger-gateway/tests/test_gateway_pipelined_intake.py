@@ -10,12 +10,13 @@ back as a valid record.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 from unittest.mock import patch
 
 import httpx
-from gateway_support import MAX_BODY, fixture_bytes, journal, post, types
+from gateway_support import MAX_BODY, fixture_bytes, fixture_json, journal, post, types
 
 from temporality_bus import Bus, BusError, Pipeline, PublishResult, TransientError
 from temporality_bus.pipeline import Write
@@ -161,3 +162,39 @@ async def test_a_lost_mark_still_answers_accepted_and_a_copy_after_the_lease_mak
     assert types(events).count("run.requested") == 1
     assert types(events).count("trigger.accepted") == 1
     assert (await _dedupe(bus)).state == "published"
+
+
+async def test_launches_at_once_share_the_rounds_behind_their_answers_and_each_is_marked_and_recorded(
+    client: httpx.AsyncClient, bus: Bus
+) -> None:
+    """Twelve new events at once, and a copy of each after its answer: every claim ends ``published``, every
+    delivery recorded once in its outcome's state (listed at once: read-your-writes), one run per event; the
+    marks and records went out behind the answers, never more rounds than launches."""
+    body = fixture_json("pr-created.json")
+    ids = [f"{PR_EVENT_ID[:-2]}{i:02d}" for i in range(12)]
+    behind: list[list[str]] = []
+    real_send = Pipeline.send
+
+    async def sending(self: Pipeline, writes: Sequence[Write], **kw: Any) -> list[PublishResult | BusError]:
+        if any(_what(w) == "dedupe:published" for w in writes):
+            behind.append([_what(w) for w in writes])
+        return await real_send(self, writes, **kw)
+
+    with patch.object(Pipeline, "send", sending):
+        answers = await asyncio.gather(*(post(client, {**body, "id": event_id}) for event_id in ids))
+        copies = await asyncio.gather(*(post(client, {**body, "id": event_id}) for event_id in ids))
+    assert [a.status_code for a in answers] == [202] * 12
+    assert [(c.status_code, c.json()["status"]) for c in copies] == [(200, "duplicate")] * 12
+    marks = [w for round_ in behind for w in round_ if w == "dedupe:published"]
+    assert len(marks) == 12  # one mark per launch, each after its events (the copies found them published)
+    assert 1 <= len(behind) <= 12
+    store = await bus.store(BUCKET_DEDUPE, DedupeRecord)
+    for event_id in ids:
+        found = await store.get(derive_id("dd", TRIGGER, event_id))
+        assert found is not None
+        assert found.value.state == "published"
+    records, _ = await Deliveries(bus).newest(TRIGGER, before=None, limit=50)
+    assert sorted(r.state for r in records) == ["accepted"] * 12 + ["rejected"] * 12
+    accepted = {r.delivery_id for r in records if r.state == "accepted"}
+    assert accepted == {a.json()["delivery_id"] for a in answers}
+    assert types(await journal(bus)).count("run.requested") == 12

@@ -15,10 +15,10 @@ free 127.0.0.1 port, connected to that one nats-server:
   runtime  the same app served by ``temporality_service.HttpServer`` (IPPROTO_TCP socket -> TCP_NODELAY,
            httptools) on uvloop (``temporality_service.runtime.run``): what the service runs now.
   bare     a bare FastAPI endpoint awaiting one JetStream publish of the body, served like ``runtime``:
-           the ceiling (per new event the gateway awaits 3 JetStream round trips of pipelined writes --
-           the dedupe claim with the delivery's received record and index entry; trigger.received +
-           trigger.accepted + run.requested; the claim marked published with the delivery's accepted
-           record -- 8 messages; the bare endpoint 1 and 1).
+           the ceiling (per new event the gateway awaits 2 JetStream round trips -- the dedupe claim;
+           trigger.received + trigger.accepted + run.requested -- and writes 3 more messages behind its
+           answer, batched with other launches': the claim marked published, the delivery's accepted
+           record and its index entry -- 7 messages, 4 awaited; the bare endpoint 1 and 1).
 
 All three are started up front (an idle one costs nothing). Each is warmed up once with a short wrk run,
 then measured for ``--duration`` seconds of keep-alive POSTs with ``bench/wrk_webhook.lua``, servers

@@ -27,7 +27,7 @@ from weakref import WeakKeyDictionary
 
 import structlog
 
-from temporality_bus import BusError, PublishResult, TransientError
+from temporality_bus import BusError, PermanentError, PublishResult, TransientError
 from temporality_bus.pipeline import Write
 
 if TYPE_CHECKING:
@@ -83,6 +83,8 @@ class WriteBehind:
         called from a follow-up of this queue, which runs inside a round)."""
         if self._task is not None and asyncio.current_task() is self._task:
             return
+        if self._queued and (self._task is None or self._task.done()):  # its task was cancelled mid-way
+            self._task = asyncio.get_running_loop().create_task(self._drain(), name="trigger-gateway.write-behind")
         waiting = [f for f in (self._current, self._next) if f is not None and not f.done()]
         for future in waiting:
             await asyncio.shield(future)
@@ -101,14 +103,21 @@ class WriteBehind:
 
     async def _round(self, jobs: list[tuple[Sequence[Write], Settle | None]]) -> None:
         writes = [write for batch, _ in jobs for write in batch]
-        results: list[PublishResult | BusError]
+        results: list[PublishResult | BusError] = [TransientError("not sent")] * len(writes)
+        # One write too large for the server must not keep the others (other launches' writes) from going out.
+        limit = self._bus.nc.max_payload
+        sendable = [i for i, write in enumerate(writes) if len(write.payload) <= limit]
+        for i in set(range(len(writes))) - set(sendable):
+            results[i] = PermanentError(f"{len(writes[i].payload)} bytes exceed the server's max_payload")
         try:
             if not self._bus.nc.is_connected:
                 raise TransientError("the event bus is not connected")
-            results = await self._bus.pipeline.send(writes)
-        except Exception as exc:  # not connected, a PermanentError: each write failed alike
+            sent = await self._bus.pipeline.send([writes[i] for i in sendable])
+        except Exception as exc:  # not connected, max_payload shrank meanwhile: each write failed alike
             error = exc if isinstance(exc, BusError) else TransientError(repr(exc))
-            results = [error] * len(writes)
+            sent = [error] * len(sendable)
+        for i, outcome in zip(sendable, sent, strict=True):
+            results[i] = outcome
         at = 0
         for batch, settle in jobs:
             outcomes, at = results[at : at + len(batch)], at + len(batch)

@@ -30,12 +30,15 @@ the same batch), waits in its key's queue (``Queued``: ``trigger.received`` only
 ``trigger.rejected(concurrency_skip)``; the claim is released, so a redelivery decides again). A claimant whose publish fails releases its claim (best effort) so a
 retry takes over at once. Every outcome is returned only after JetStream acked what it reports.
 
-Round trips of a new event (the hot path, :class:`temporality_bus.Pipeline`): (1) the claim's create with
-the delivery's ``received`` record (and a webhook's index entry), (2) the three events, (3) the claim's
-``published`` mark with the delivery's ``accepted`` record. The mark never rides with the events: were
-``run.requested`` refused while the mark was stored, a retry would be answered ``duplicate`` of a run that
-does not exist. Values are encoded once and written without re-validation: each was built by its model's
-validating constructor (the delivery's event is encoded once and spliced into each write of its record).
+Round trips of a new event (the hot path, :class:`temporality_bus.Pipeline`): (1) the claim's create, (2) the
+three events; then the answer. The claim's ``published`` mark and the delivery's record (:mod:`.deliveries`,
+written once in the outcome's state) follow behind the answer (:mod:`.behind`), batched with other launches'
+writes. The mark never rides with the events: were ``run.requested`` refused while the mark was stored, a
+retry would be answered ``duplicate`` of a run that does not exist. A mark lost to a crash leaves the claim
+``claimed``: a copy of the event after the lease takes it over and republishes the same ids (deduplicated),
+as after a crash between the events and an awaited mark. Values are encoded once and written without
+re-validation: each was built by its model's validating constructor (the delivery's event is encoded once
+and spliced into the write of its record).
 """
 
 from __future__ import annotations

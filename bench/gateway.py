@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/gateway.py [--duration 10] [--connections 50] [--threads 2] [--warmup 2]
                                       [--rounds 1] [--servers old runtime bare] [--show-wrk] [--profile DIR]
+                                      [--before SRC ...]
 
 Needs ``wrk`` on the PATH (Debian/Ubuntu: ``apt-get install wrk``; ``make bench`` installs it when missing and
 apt-get exists); without it the bench says so and exits 2. It starts its own nats-server
@@ -15,10 +16,10 @@ free 127.0.0.1 port, connected to that one nats-server:
   runtime  the same app served by ``temporality_service.HttpServer`` (IPPROTO_TCP socket -> TCP_NODELAY,
            httptools) on uvloop (``temporality_service.runtime.run``): what the service runs now.
   bare     a bare FastAPI endpoint awaiting one JetStream publish of the body, served like ``runtime``:
-           the ceiling (per new event the gateway awaits 3 JetStream round trips of pipelined writes --
-           the dedupe claim with the delivery's received record and index entry; trigger.received +
-           trigger.accepted + run.requested; the claim marked published with the delivery's accepted
-           record -- 8 messages; the bare endpoint 1 and 1).
+           the ceiling (per new event the gateway awaits 2 JetStream round trips -- the dedupe claim;
+           trigger.received + trigger.accepted + run.requested -- and writes 3 more messages behind its
+           answer, batched with other launches': the claim marked published, the delivery's accepted
+           record and its index entry -- 7 messages, 4 awaited; the bare endpoint 1 and 1).
 
 All three are started up front (an idle one costs nothing). Each is warmed up once with a short wrk run,
 then measured for ``--duration`` seconds of keep-alive POSTs with ``bench/wrk_webhook.lua``, servers
@@ -33,6 +34,11 @@ ratios within one run, not absolute capacity; CPU per request is the figure leas
 load, and a high "other cores" says to rerun. Loopback only; every wrk run is bounded by ``--duration``,
 the whole bench by ``--timeout``. Nothing asserts on speed; the exit code is 1 when a server answered
 anything but 202 or wrk saw socket errors (the load was not what it claims to be).
+
+``--before SRC ...``: a fourth server, ``before``, served like ``runtime`` with these source folders first on
+its PYTHONPATH (e.g. ``git archive <commit> services/trigger-gateway/src | tar -x -C /tmp/old`` then
+``--before /tmp/old/services/trigger-gateway/src``): the code before a change, measured interleaved with
+the code after it in the same run, and the ratio ``runtime/before``.
 
 ``--profile DIR``: each server runs under cProfile for the whole run and writes ``DIR/<kind>.prof``; the
 bench prints the top functions of each by own time (profiled figures are not comparable with unprofiled ones).
@@ -87,7 +93,7 @@ triggers:
     auth: {{type: basic, username: {USER}, password_env: {PASSWORD_ENV}}}
     human: {{allowed_recipients: ["user:alice"]}}
 """
-KINDS = ("old", "runtime", "bare")
+KINDS = ("old", "runtime", "bare", "before")
 
 
 # --------------------------------------------------------------------------- child: one server
@@ -163,13 +169,20 @@ async def _serve(kind: str, nats_url: str, triggers_file: Path, port_file: Path,
 
 # --------------------------------------------------------------------------- parent: servers
 def _start(
-    kind: str, nats_url: str, triggers_file: Path, workdir: Path, profile: Path | None = None
+    kind: str,
+    nats_url: str,
+    triggers_file: Path,
+    workdir: Path,
+    profile: Path | None = None,
+    before: list[Path] | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
     port_file = workdir / f"{kind}.port"
     cmd = [sys.executable, __file__, "--serve", kind, "--nats", nats_url, "--triggers", str(triggers_file)]
     if profile is not None:
         cmd += ["--profile", str(profile)]
     env = {**os.environ, PASSWORD_ENV: PASSWORD}
+    if kind == "before" and before is not None:  # another version of the code, found first on the path
+        env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in before), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.Popen([*cmd, "--port-file", str(port_file)], stdin=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 30
     while not port_file.exists():
@@ -339,13 +352,13 @@ def _report(best: dict[str, Result], runs: dict[str, list[Result]]) -> None:
         each = "; ".join(f"{name} " + " / ".join(f"{r.rate:.0f}" for r in rs) for name, rs in runs.items())
         lines.append(f"(best of {max(len(rs) for rs in runs.values())} rounds shown; req/s of each round: {each})")
     runtime = best.get("runtime")
-    for other in ("old", "bare"):
+    for other in ("old", "before", "bare"):
         base = best.get(other)
         if runtime and base and base.rate:
             cpu = ""
             if runtime.server_cpu_ms and base.server_cpu_ms:
                 cpu = f", server CPU per request {runtime.server_cpu_ms / base.server_cpu_ms:.2f}x"
-            lines.append(f"ratio runtime/{other:<4} throughput {runtime.rate / base.rate:.2f}x{cpu}")
+            lines.append(f"ratio runtime/{other:<6} throughput {runtime.rate / base.rate:.2f}x{cpu}")
     lines.append(
         "(202 = a new run accepted; 2xx!202 would be duplicates; sockerr = wrk connect/read/write/timeout errors;"
         " srv/nats ms/req = CPU of the server process / nats-server per completed request; wrk cores = the load"
@@ -390,7 +403,7 @@ def _bench(args: argparse.Namespace) -> int:
         try:
             for kind in args.servers:  # idle while another is measured: an idle server costs nothing
                 profile = args.profile / f"{kind}.prof" if args.profile is not None else None
-                servers[kind] = _start(kind, nats.url, triggers_file, workdir, profile)
+                servers[kind] = _start(kind, nats.url, triggers_file, workdir, profile, args.before)
             for round_ in range(args.rounds):
                 for kind, (proc, port) in servers.items():
                     if round_ == 0 and args.warmup > 0:
@@ -425,7 +438,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
     parser.add_argument("--rounds", type=int, default=1, help="measure each server this often, best shown (default 1)")
     parser.add_argument(
-        "--servers", nargs="+", choices=KINDS, default=list(KINDS), help="which servers, in order (default: all)"
+        "--servers",
+        nargs="+",
+        choices=KINDS,
+        default=["old", "runtime", "bare"],
+        help="which servers, in order (default: old runtime bare; 'before' with --before)",
     )
     parser.add_argument("--show-wrk", action="store_true", help="print wrk's own output too")
     parser.add_argument(
@@ -433,6 +450,14 @@ def main() -> None:
         type=Path,
         help="run each server under cProfile, write <kind>.prof to this folder and print the top functions"
         " (the figures are then not comparable with unprofiled runs)",
+    )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        nargs="+",
+        help="serve a 'before' server too (as runtime is served) with these source folders first on its"
+        " PYTHONPATH, e.g. an older services/trigger-gateway/src exported with git archive: old and new code"
+        " measured interleaved in one run",
     )
     parser.add_argument("--timeout", type=float, default=600, help="give up after this many seconds (default 600)")
     parser.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
@@ -450,6 +475,12 @@ def main() -> None:
     if args.duration < 1 or args.warmup < 0 or args.rounds < 1 or not 1 <= args.threads <= args.connections:
         parser.error("--duration >= 1, --warmup >= 0, --rounds >= 1 and 1 <= --threads <= --connections")
     args.servers = list(dict.fromkeys(args.servers))
+    if args.before is not None:
+        args.before = [p.resolve() for p in args.before]
+        if "before" not in args.servers:
+            args.servers.insert(args.servers.index("runtime") if "runtime" in args.servers else 0, "before")
+    elif "before" in args.servers:
+        parser.error("the 'before' server needs --before SRC")
     args.wrk = shutil.which("wrk")
     if args.wrk is None:
         sys.stderr.write("bench/gateway.py needs wrk, an HTTP load generator: apt-get install wrk (Debian/Ubuntu)\n")

@@ -6,14 +6,13 @@ import asyncio
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from unittest.mock import patch
 
 import httpx
 import pytest
 from gateway_support import MAX_BODY, REPO, basic, fixture_bytes, fixture_json, journal, post, run_requested, types
 
-from temporality_bus import Bus, BusError, Pipeline, PublishResult, TransientError
+from temporality_bus import Bus, PublishResult, TransientError
 from temporality_bus.pipeline import Write
 from temporality_protocol import (
     Envelope,
@@ -30,6 +29,7 @@ from temporality_protocol import (
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_testing import NatsServer
 from temporality_trigger_gateway import Settings, TriggerConfig, create_app
+from temporality_trigger_gateway.behind import Settle, WriteBehind
 from temporality_trigger_gateway.intake import DedupeRecord
 
 PR_EVENT_ID = "5f0b8f6e-3c2d-4e71-a0d9-7b1e2c4d9a10"
@@ -136,6 +136,8 @@ async def test_accepted_delivery_publishes_received_accepted_requested(client: h
         on_timeout=TimeoutPolicy(action="default", default_option="keep-v1"),
     )
 
+    await WriteBehind.of(bus).settled()  # the claim's mark is written behind the answer
+
     stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))
     assert stored is not None
     assert stored.value.run_id == run_id
@@ -194,6 +196,8 @@ async def test_concurrent_deliveries_one_accepted_every_other_a_journaled_duplic
     outcomes = {r.delivery_id for r in rejected} | {a.delivery_id for a in accepted}
     assert outcomes == deliveries  # one outcome per delivery, none left with only trigger.received
 
+    await WriteBehind.of(bus).settled()  # the claim's mark is written behind the answer
+
     stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))
     assert stored is not None
     assert stored.value.state == "published"
@@ -242,6 +246,7 @@ async def _claim_left_by_a_crash(bus: Bus, settings: Settings, triggers: list[Tr
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
         with patch.object(bus, "publish_many", crashing), pytest.raises(_Crash):
             await post(c, fixture_bytes("pr-created.json"))
+    await WriteBehind.of(bus).settled()  # the claim's mark is written behind the answer
     stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))
     assert stored is not None
     assert stored.value.state == "claimed"
@@ -270,32 +275,38 @@ async def test_crash_between_claim_and_publish_redelivery_after_the_lease_starts
     assert requested.id == derive_id("evt", response.json()["run_id"], "run.requested")
     assert requested.payload(RunRequested).launch.delivery_id == response.json()["delivery_id"]
     assert response.json()["delivery_id"] != crashed_delivery
+    await WriteBehind.of(bus).settled()  # the claim's mark is written behind the answer
     stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))
     assert stored is not None
     assert stored.value.state == "published"
 
 
 async def test_crash_after_publish_redelivery_republishes_the_same_ids(bus: Bus, triggers: list[TriggerConfig]) -> None:
-    """Died after run.requested was acked but before the claim said so: the takeover's publish is deduped."""
+    """Died after run.requested was acked but before the claim said so (the mark is written behind the
+    answer: the process died with it queued): the 202 stood, since run.requested is stored; a copy of the
+    event after the lease takes the claim over and its publish is deduplicated."""
     settings = Settings(max_body_bytes=MAX_BODY, retry_after_s=7, claim_lease_s=0.2)
-    real_send = Pipeline.send
+    real_add = WriteBehind.add
 
-    async def crashing(self: Pipeline, writes: Sequence[Write], **kw: Any) -> list[PublishResult | BusError]:
-        marks = [
-            w
-            for w in writes
-            if w.bucket == BUCKET_DEDUPE.name and DedupeRecord.model_validate_json(w.payload).state == "published"
-        ]
-        if marks:  # the claim's mark goes out pipelined after the events: die before it is sent
-            raise _Crash
-        return await real_send(self, writes, **kw)
+    def dying(self: WriteBehind, writes: Sequence[Write], settle: Settle | None = None) -> None:
+        if any(w.bucket == BUCKET_DEDUPE.name for w in writes):
+            return  # the process is gone before the queued mark goes out
+        real_add(self, writes, settle)
 
     app = create_app(settings, bus, triggers)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
-        with patch.object(Pipeline, "send", crashing), pytest.raises(_Crash):
-            await post(c, fixture_bytes("pr-created.json"))
+        with patch.object(WriteBehind, "add", dying):
+            first = await post(c, fixture_bytes("pr-created.json"))
+        assert first.status_code == 202
+        await WriteBehind.of(bus).settled()  # the claim's mark is written behind the answer
+        stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))
+        assert stored is not None
+        assert stored.value.state == "claimed"
+    app = create_app(settings, bus, triggers)  # the replica that took over
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
         response = await asyncio.wait_for(post(c, fixture_bytes("pr-created.json")), 10)
     assert response.status_code == 202
+    assert response.json()["run_id"] == first.json()["run_id"]
     events = await journal(bus)
     assert types(events).count("run.requested") == 1  # Nats-Msg-Id = the derived id
     assert types(events).count("trigger.accepted") == 1
@@ -314,6 +325,7 @@ async def test_failed_publish_releases_the_claim_so_the_retry_need_not_wait(
     with patch.object(bus, "publish_many", failing):
         refused = await post(client, fixture_bytes("pr-created.json"))
     assert refused.status_code == 503
+    await WriteBehind.of(bus).settled()  # the claim's mark is written behind the answer
     stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))
     assert stored is not None
     assert stored.value.state == "released"
@@ -450,6 +462,7 @@ async def test_an_expired_dedupe_record_is_claimed_again(client: httpx.AsyncClie
     response = await post(client, fixture_bytes("pr-created.json"))
     assert response.status_code == 202
     assert response.json()["run_id"] == run_id
+    await WriteBehind.of(bus).settled()  # the claim's mark is written behind the answer
     stored = await store.get(key)
     assert stored is not None
     assert stored.value.state == "published"

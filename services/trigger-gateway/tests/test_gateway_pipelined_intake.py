@@ -1,26 +1,29 @@
 """The webhook hot path's pipelined writes against a real nats-server (issue 7, intake speed).
 
-Per new event the gateway makes three round trips: the dedupe claim with the delivery's ``received``
-record (and its index entry), the three events, then the claim's ``published`` mark with the delivery's
-``accepted`` record. These tests pin the order that keeps exactly-once intake (nothing marked published
-before every event is acknowledged), what a batch that JetStream only partly stored leaves behind, and
-that the record written without re-validation reads back as a valid record.
+Per new event the gateway answers after two round trips: the dedupe claim, then the three events; the
+claim's ``published`` mark and the delivery's ``accepted`` record (with its index entry) are written
+behind the answer (:mod:`temporality_trigger_gateway.behind`). These tests pin the order that keeps
+exactly-once intake (nothing marked published before every event is acknowledged), what a batch that
+JetStream only partly stored leaves behind, and that the record written without re-validation reads
+back as a valid record.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 from unittest.mock import patch
 
 import httpx
-from gateway_support import MAX_BODY, fixture_bytes, journal, post, types
+from gateway_support import MAX_BODY, fixture_bytes, fixture_json, journal, post, types
 
 from temporality_bus import Bus, BusError, Pipeline, PublishResult, TransientError
 from temporality_bus.pipeline import Write
 from temporality_protocol import CONTENT_TYPE, Envelope, NormalizedEvent, derive_id, encode, run_id_for_delivery
 from temporality_protocol.catalog import BUCKET_DEDUPE, BUCKET_DELIVERIES
 from temporality_trigger_gateway import Settings, TriggerConfig, create_app
+from temporality_trigger_gateway.behind import WriteBehind
 from temporality_trigger_gateway.deliveries import Deliveries, DeliveryRecord
 from temporality_trigger_gateway.intake import DedupeRecord
 
@@ -42,6 +45,7 @@ def _what(write: Write) -> str:
 
 
 async def _dedupe(bus: Bus) -> DedupeRecord:
+    await WriteBehind.of(bus).settled()  # the mark this process queued behind its answer, if any
     stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(KEY)
     assert stored is not None
     return stored.value
@@ -51,7 +55,7 @@ async def _records(bus: Bus) -> list[DeliveryRecord]:
     return (await Deliveries(bus).newest(TRIGGER, before=None, limit=10))[0]
 
 
-async def test_a_new_event_takes_three_round_trips_and_is_marked_published_only_after_its_events(
+async def test_a_new_event_answers_after_two_round_trips_and_is_marked_published_behind_its_events(
     client: httpx.AsyncClient, bus: Bus
 ) -> None:
     trips: list[list[str]] = []
@@ -65,12 +69,15 @@ async def test_a_new_event_takes_three_round_trips_and_is_marked_published_only_
     # every pipelined batch goes through Pipeline.send, the events' too (Bus.publish_many)
     with patch.object(Pipeline, "send", sending):
         response = await post(client, fixture_bytes("pr-created.json"))
+        answered = len(trips)
+        await WriteBehind.of(bus).settled()
     assert response.status_code == 202
     assert response.json() == {"delivery_id": response.json()["delivery_id"], "status": "accepted", "run_id": RUN_ID}
+    assert answered >= 2
     assert trips == [
-        ["dedupe:claimed", "record:received", "index"],
+        ["dedupe:claimed"],
         ["trigger.received", "trigger.accepted", "run.requested"],
-        ["dedupe:published", "record:accepted"],
+        ["dedupe:published", "record:accepted", "index"],  # behind the answer, one round for both
     ]
     assert (await _dedupe(bus)).state == "published"
     # The record, written as the model's JSON with the event spliced in once, reads back as a valid record.
@@ -143,6 +150,7 @@ async def test_a_lost_mark_still_answers_accepted_and_a_copy_after_the_lease_mak
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
         with patch.object(Pipeline, "send", losing_marks):
             first = await post(c, fixture_bytes("pr-created.json"))
+            await WriteBehind.of(bus).settled()  # the mark (lost) and the record go out behind the answer
         assert first.status_code == 202
         assert (await _dedupe(bus)).state == "claimed"
         (record,) = await _records(bus)
@@ -154,3 +162,39 @@ async def test_a_lost_mark_still_answers_accepted_and_a_copy_after_the_lease_mak
     assert types(events).count("run.requested") == 1
     assert types(events).count("trigger.accepted") == 1
     assert (await _dedupe(bus)).state == "published"
+
+
+async def test_launches_at_once_share_the_rounds_behind_their_answers_and_each_is_marked_and_recorded(
+    client: httpx.AsyncClient, bus: Bus
+) -> None:
+    """Twelve new events at once, and a copy of each after its answer: every claim ends ``published``, every
+    delivery recorded once in its outcome's state (listed at once: read-your-writes), one run per event; the
+    marks and records went out behind the answers, never more rounds than launches."""
+    body = fixture_json("pr-created.json")
+    ids = [f"{PR_EVENT_ID[:-2]}{i:02d}" for i in range(12)]
+    behind: list[list[str]] = []
+    real_send = Pipeline.send
+
+    async def sending(self: Pipeline, writes: Sequence[Write], **kw: Any) -> list[PublishResult | BusError]:
+        if any(_what(w) == "dedupe:published" for w in writes):
+            behind.append([_what(w) for w in writes])
+        return await real_send(self, writes, **kw)
+
+    with patch.object(Pipeline, "send", sending):
+        answers = await asyncio.gather(*(post(client, {**body, "id": event_id}) for event_id in ids))
+        copies = await asyncio.gather(*(post(client, {**body, "id": event_id}) for event_id in ids))
+    assert [a.status_code for a in answers] == [202] * 12
+    assert [(c.status_code, c.json()["status"]) for c in copies] == [(200, "duplicate")] * 12
+    marks = [w for round_ in behind for w in round_ if w == "dedupe:published"]
+    assert len(marks) == 12  # one mark per launch, each after its events (the copies found them published)
+    assert 1 <= len(behind) <= 12
+    store = await bus.store(BUCKET_DEDUPE, DedupeRecord)
+    for event_id in ids:
+        found = await store.get(derive_id("dd", TRIGGER, event_id))
+        assert found is not None
+        assert found.value.state == "published"
+    records, _ = await Deliveries(bus).newest(TRIGGER, before=None, limit=50)
+    assert sorted(r.state for r in records) == ["accepted"] * 12 + ["rejected"] * 12
+    accepted = {r.delivery_id for r in records if r.state == "accepted"}
+    assert accepted == {a.json()["delivery_id"] for a in answers}
+    assert types(await journal(bus)).count("run.requested") == 12

@@ -23,6 +23,7 @@ from temporality_protocol.catalog import CONSUMERS, SERVICES
 from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
 from temporality_trigger_gateway.agents import load_agent_ids
 from temporality_trigger_gateway.api import create_app
+from temporality_trigger_gateway.behind import WriteBehind
 from temporality_trigger_gateway.errors import TriggerConfigError
 from temporality_trigger_gateway.events import EventTriggers, journal_needed
 from temporality_trigger_gateway.launch import Launcher
@@ -78,6 +79,8 @@ def configure(settings: Settings) -> Setup[Settings]:
             await rt.bus.publish(make_event(change, source=SOURCE, id=event_id, correlation_id=trigger_id))
             log.info("trigger.seeded", trigger_id=trigger_id, revision=revision)
         registry = TriggerRegistry(environ=os.environ, agents=agents)
+        # The writes queued behind the last answers (claims' marks, delivery records) go out before the bus drains.
+        rt.resources.push_async_callback(WriteBehind.of(rt.bus).settled)
         launcher = Launcher(rt.bus, retry_after_s=rt.settings.retry_after_s, claim_lease_s=rt.settings.claim_lease_s)
         scheduler = Scheduler(rt.bus, registry, launcher=launcher)
         event_triggers = EventTriggers(registry, launcher, store=store, max_depth=rt.settings.event_max_depth)

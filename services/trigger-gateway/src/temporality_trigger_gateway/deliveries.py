@@ -1,15 +1,20 @@
 """Per-delivery processing state (IDEM-1, issue 7): what became of each delivery, queryable per trigger.
 
 Every delivery that takes the launch path (a webhook, an event trigger's event, a flow-controlled schedule
-tick) is recorded in the ``trigger-deliveries`` bucket under ``<trigger id>.<delivery id>``::
+tick) is recorded in the ``trigger-deliveries`` bucket under ``<trigger id>.<delivery id>``, once its
+outcome is known (the record holds the normalized event, when it is at most MAX_EVENT_BYTES as JSON, so the
+delivery can be re-driven)::
 
-    received   the launch started (the record holds the normalized event, when it is at most
-               MAX_EVENT_BYTES as JSON, so the delivery can be re-driven)
+    received   (records of earlier versions only: a launch in progress; a launch now writes its outcome)
     accepted   run.requested was published (``run_id``)
     rejected   trigger.rejected was published (``reason``, ``detail``: duplicate, disabled, concurrency_skip ...)
     queued / debounced   waiting for its concurrency key (a later accepted or rejected follows)
     failed     the bus did not acknowledge (``detail``); the webhook sender was told 503 and retries, a bus
                message is redelivered with backoff: nothing is lost meanwhile
+
+The launch path writes a record behind its answer (:mod:`.behind`): one create-if-absent, with a webhook
+delivery's index entry, in the round trip the write-behind queue makes for many launches; this replica's
+reads (the deliveries API, :meth:`Deliveries.record`) wait for its queued writes first.
 
 Recording is best effort: the journal (``trigger.*`` events) is the truth, and a delivery is never refused
 because its record could not be written (logged ``delivery.not_recorded``). A re-drive
@@ -20,7 +25,7 @@ event that was accepted meanwhile, never a second run.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
@@ -29,10 +34,11 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_bus import BusError, Conflict, PublishResult, Store, evolve, live_keys
-from temporality_bus.pipeline import Write, kv_write
+from temporality_bus.pipeline import kv_write
 from temporality_protocol import NormalizedEvent
 from temporality_protocol.catalog import BUCKET_DELIVERIES
 from temporality_protocol.trigger_admin import DeliveryState, DeliveryView
+from temporality_trigger_gateway.behind import WriteBehind
 
 if TYPE_CHECKING:
     from temporality_bus import Bus
@@ -127,25 +133,19 @@ def _kept(event: NormalizedEvent | None) -> tuple[NormalizedEvent | None, bool]:
 
 @dataclass
 class Draft:
-    """One delivery's record on the launch path, built once and written next to the launch's own bus
-    writes (:meth:`Deliveries.draft`, :meth:`Deliveries.writes`, :meth:`Deliveries.settle`).
+    """One delivery's record on the launch path, built once and written once, in its outcome's state
+    (:meth:`Deliveries.draft`, :meth:`Deliveries.finish`), behind the answer (:mod:`.behind`).
 
     ``head`` is the record without its event; the event is encoded once (``event_json``) and spliced into
-    every write of the record, so it is neither re-validated nor re-encoded per state. ``revision`` is
-    the record's as last written here (``None``: not written by the draft; a later state then goes
-    through :meth:`Deliveries.record`'s read-modify-write)."""
+    the write, so it is neither re-validated nor re-encoded."""
 
     delivery: TriggerDelivery
     event: NormalizedEvent
     key: str
     head: DeliveryRecord
     event_json: bytes | None
-    #: The delivery id is new (a webhook's): the index entry can go out with the record's creation.
+    #: The delivery id is new (a webhook's): the record cannot exist yet, its index entry goes out with it.
     fresh: bool
-    revision: int | None = None
-    #: The state last written (``None``: nothing yet).
-    written: DeliveryState | None = None
-    indexed: bool = False
 
     def encoded(self, head: DeliveryRecord) -> bytes:
         """``head`` with the draft's event, as stored (the model's JSON: a reader validates it as usual)."""
@@ -161,6 +161,7 @@ class Deliveries:
     def __init__(self, bus: Bus) -> None:
         self._bus = bus
         self._store: Store[DeliveryRecord] | None = None
+        self._behind = WriteBehind.of(bus)
 
     async def store(self) -> Store[DeliveryRecord]:
         if self._store is None:
@@ -183,6 +184,7 @@ class Deliveries:
         """Write the delivery's record as it is now (best effort). A later state keeps the event, title,
         receipt time and re-drive links the record already has. ``index``: a record this call creates
         gets its index entry (``False``: it has one already)."""
+        await self._behind.settled()  # this replica's writes behind first (read-your-writes)
         now = datetime.now(UTC)
         kept, omitted = _kept(event)
 
@@ -220,7 +222,7 @@ class Deliveries:
         title: str | None,
         redrive_of: str | None = None,
     ) -> Draft:
-        """The ``received`` record of ``delivery``, not written yet (:meth:`writes` gives its writes)."""
+        """The record of ``delivery``, not written yet (:meth:`finish` writes it in its outcome's state)."""
         await self._safe_store()  # the bucket opened (ensured) once, so the pipelined writes find its stream
         now = datetime.now(UTC)
         encoded = event.model_dump_json().encode()  # once: spliced into every write of the record
@@ -230,17 +232,7 @@ class Deliveries:
         fresh = delivery.kind == "webhook" and redrive_of is None  # its id is new_id(): never written before
         return Draft(delivery, event, delivery_key(delivery.trigger.id, delivery.delivery_id), head, event_json, fresh)
 
-    def writes(self, draft: Draft) -> list[Write]:
-        """The draft's creation (create-if-absent), and for a fresh delivery id its index entry too."""
-        bucket = BUCKET_DELIVERIES.name
-        created = [kv_write(bucket, draft.key, draft.encoded(draft.head), revision=0)]
-        if draft.fresh:
-            head = draft.head
-            index = index_key(head.trigger_id, head.received_at, head.delivery_id)
-            created.append(kv_write(bucket, index, head.delivery_id.encode()))
-        return created
-
-    def state_write(
+    def finish(
         self,
         draft: Draft,
         state: DeliveryState,
@@ -248,99 +240,50 @@ class Deliveries:
         run_id: str | None = None,
         reason: str | None = None,
         detail: str | None = None,
-    ) -> tuple[Write, DeliveryRecord] | None:
-        """The write moving the draft's record to ``state`` (compare-and-set on its revision) and the head
-        it writes; ``None`` when the draft was not written (use :meth:`record`)."""
-        if draft.revision is None:
-            return None
+    ) -> None:
+        """Record the draft's delivery in ``state``, behind the answer (:class:`.behind.WriteBehind`): one
+        create-if-absent of the record (with the event) and, for a fresh delivery id, its index entry. A
+        record that exists already (a redelivered bus message, whose delivery id is derived) is updated the
+        read-modify-write way, keeping what it has. Best effort: a failure is logged."""
         # Every value is typed and comes from this module or the launch path: no re-validation of the record.
         head = draft.head.model_copy(
             update={
                 "state": state,
-                "run_id": run_id or draft.head.run_id,
+                "run_id": run_id,
                 "reason": reason,
                 "detail": None if detail is None else detail[:1000],
                 "updated_at": datetime.now(UTC),
             }
         )
-        write = kv_write(BUCKET_DELIVERIES.name, draft.key, draft.encoded(head), revision=draft.revision)
-        return write, head
+        bucket = BUCKET_DELIVERIES.name
+        writes = [kv_write(bucket, draft.key, draft.encoded(head), revision=0)]
+        if draft.fresh:
+            writes.append(
+                kv_write(
+                    bucket, index_key(head.trigger_id, head.received_at, head.delivery_id), head.delivery_id.encode()
+                )
+            )
 
-    async def settle(
-        self,
-        draft: Draft,
-        results: list[PublishResult | BusError],
-        *,
-        head: DeliveryRecord | None = None,
-    ) -> None:
-        """Take the outcome of the draft's writes: :meth:`writes`' (``head`` ``None``) or one
-        :meth:`state_write`'s (its ``head``). A creation that found the record (a redelivered message)
-        updates it the read-modify-write way; anything else that failed is logged (best effort)."""
-        first = results[0]
-        if isinstance(first, PublishResult):
-            draft.revision, draft.written = first.seq, (head or draft.head).state
-            if head is not None:
-                draft.head = head
-        else:
-            draft.revision = None
-            if head is None and isinstance(first, Conflict):  # this delivery was recorded before: keep its record
-                await self._update(draft, "received")
-            else:
-                log.warning("delivery.not_recorded", key=draft.key, error=repr(first))
-        for result in results[1:]:
-            if isinstance(result, PublishResult):
-                draft.indexed = True
-            else:
-                log.warning("delivery.not_indexed", key=draft.key, error=repr(result))
+        async def settle(results: list[PublishResult | BusError]) -> None:
+            first = results[0]
+            if isinstance(first, Conflict):  # recorded before (a redelivery): keep its record, move its state
+                await self.record(
+                    draft.delivery,
+                    state,
+                    event=draft.event,
+                    title=draft.head.title,
+                    run_id=run_id,
+                    reason=reason,
+                    detail=detail,
+                    redrive_of=draft.head.redrive_of,
+                )
+            elif not isinstance(first, PublishResult):
+                log.warning("delivery.not_recorded", key=draft.key, state=state, error=repr(first))
+            for result in results[1:]:
+                if not isinstance(result, PublishResult):
+                    log.warning("delivery.not_indexed", key=draft.key, error=repr(result))
 
-    async def update(
-        self,
-        draft: Draft,
-        state: DeliveryState,
-        *,
-        run_id: str | None = None,
-        reason: str | None = None,
-        detail: str | None = None,
-        send: Callable[[list[Write]], Awaitable[list[PublishResult | BusError]]],
-    ) -> None:
-        """Move the draft's record to ``state`` now: one compare-and-set write, or (not written by the
-        draft, or changed meanwhile) :meth:`record`'s read-modify-write. Best effort."""
-        planned = self.state_write(draft, state, run_id=run_id, reason=reason, detail=detail)
-        if planned is not None:
-            write, head = planned
-            try:
-                results = await send([write])
-            except Exception as exc:  # not connected: the read-modify-write below says so (best effort)
-                log.debug("delivery.write_failed", key=draft.key, error=repr(exc))
-            else:
-                if isinstance(results[0], PublishResult):
-                    await self.settle(draft, results, head=head)
-                    return
-            draft.revision = None  # lost its compare-and-set (changed meanwhile) or failed: read it again
-        await self._update(draft, state, run_id=run_id, reason=reason, detail=detail)
-
-    async def _update(
-        self,
-        draft: Draft,
-        state: DeliveryState,
-        *,
-        run_id: str | None = None,
-        reason: str | None = None,
-        detail: str | None = None,
-    ) -> None:
-        """:meth:`record` for a draft (the read-modify-write path, which keeps what the record has)."""
-        await self.record(
-            draft.delivery,
-            state,
-            event=draft.event,
-            title=draft.head.title,
-            run_id=run_id,
-            reason=reason,
-            detail=detail,
-            redrive_of=draft.head.redrive_of,
-            index=not draft.indexed,
-        )
-        draft.written = state
+        self._behind.add(writes, settle)
 
     async def redriven(self, trigger_id: str, delivery_id: str, as_delivery: str) -> None:
         """Note on the original delivery that it was re-driven as ``as_delivery`` (best effort)."""
@@ -356,6 +299,7 @@ class Deliveries:
             log.warning("delivery.not_recorded", delivery_id=delivery_id, error=repr(exc))
 
     async def get(self, trigger_id: str, delivery_id: str) -> DeliveryRecord | None:
+        await self._behind.settled()
         found = await (await self.store()).get(delivery_key(trigger_id, delivery_id))
         return None if found is None else found.value
 
@@ -368,6 +312,7 @@ class Deliveries:
         Reads the trigger's *keys* (one filtered, headers-only KV watch: no values) and orders them by the
         index keys' receipt times, then fetches only the page's records. A record without an index entry
         (written before the index existed) is read to learn its receipt time."""
+        await self._behind.settled()  # what this replica answered is listed
         keys = await self._keys(f"{trigger_id}.>")
         indexed: dict[str, datetime] = {}
         plain: set[str] = set()

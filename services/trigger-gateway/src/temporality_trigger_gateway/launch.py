@@ -30,12 +30,15 @@ the same batch), waits in its key's queue (``Queued``: ``trigger.received`` only
 ``trigger.rejected(concurrency_skip)``; the claim is released, so a redelivery decides again). A claimant whose publish fails releases its claim (best effort) so a
 retry takes over at once. Every outcome is returned only after JetStream acked what it reports.
 
-Round trips of a new event (the hot path, :class:`temporality_bus.Pipeline`): (1) the claim's create with
-the delivery's ``received`` record (and a webhook's index entry), (2) the three events, (3) the claim's
-``published`` mark with the delivery's ``accepted`` record. The mark never rides with the events: were
-``run.requested`` refused while the mark was stored, a retry would be answered ``duplicate`` of a run that
-does not exist. Values are encoded once and written without re-validation: each was built by its model's
-validating constructor (the delivery's event is encoded once and spliced into each write of its record).
+Round trips of a new event (the hot path, :class:`temporality_bus.Pipeline`): (1) the claim's create, (2) the
+three events; then the answer. The claim's ``published`` mark and the delivery's record (:mod:`.deliveries`,
+written once in the outcome's state) follow behind the answer (:mod:`.behind`), batched with other launches'
+writes. The mark never rides with the events: were ``run.requested`` refused while the mark was stored, a
+retry would be answered ``duplicate`` of a run that does not exist. A mark lost to a crash leaves the claim
+``claimed``: a copy of the event after the lease takes it over and republishes the same ids (deduplicated),
+as after a crash between the events and an awaited mark. Values are encoded once and written without
+re-validation: each was built by its model's validating constructor (the delivery's event is encoded once
+and spliced into the write of its record).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ from temporality_protocol import (
     make_event,
 )
 from temporality_protocol.catalog import BUCKET_DEDUPE
+from temporality_trigger_gateway.behind import Settle, WriteBehind
 from temporality_trigger_gateway.concurrency import Debounce, FlowControl, QueuedLaunch, Skip, Start, Wait
 from temporality_trigger_gateway.deliveries import Deliveries, Draft
 from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable
@@ -380,6 +384,21 @@ def _without_payload(event: NormalizedEvent) -> NormalizedEvent:
     return NormalizedEvent.model_construct(event.model_fields_set | {"payload"}, **fields)
 
 
+def _marked(run_id: str) -> Settle:
+    """What the outcome of a claim's ``published`` mark says (logged only: the run is accepted either way)."""
+
+    async def settle(results: list[PublishResult | BusError]) -> None:
+        (marked,) = results
+        if isinstance(marked, Conflict):
+            log.info("launch.claim_taken_over")  # a redelivery took a stale claim over; it published the same ids
+        elif not isinstance(marked, PublishResult):
+            # run.requested is durable: it is accepted. A copy after the lease republishes the same ids
+            # (deduplicated) instead of answering duplicate: harmless.
+            log.warning("launch.claim_not_marked_published", run_id=run_id, error=repr(marked))
+
+    return settle
+
+
 # --------------------------------------------------------------------------- effects
 class Launcher:
     """Carries deliveries out on the bus: the dedupe claim, the pipelined publish, the claim's release.
@@ -395,6 +414,8 @@ class Launcher:
         self._policies: dict[str, tuple[TriggerConfig, HumanPolicy]] = {}
         self.flow = FlowControl(self)
         self.deliveries = Deliveries(bus)
+        #: The writes that follow a launch's answer (the claim's mark, the delivery's record): :mod:`.behind`.
+        self.behind = WriteBehind.of(bus)
         self.pipeline = bus.pipeline  # the connection's one reply subscription
 
     async def publish(self, events: tuple[Envelope, ...] | list[Envelope]) -> None:
@@ -448,27 +469,20 @@ class Launcher:
                 run_id=run_id,
                 error=detail,
             )
-            await self.deliveries.update(draft, "failed", detail=detail, send=self.send)
+            self.deliveries.finish(draft, "failed", detail=detail)
             raise
         if isinstance(outcome, _Decided):
             return outcome.outcome  # recorded when it was decided
-        update = self.deliveries.update
+        # The delivery's record, in its outcome's state, is written behind the answer (.behind).
+        finish = self.deliveries.finish
         if isinstance(outcome, Accepted):
-            if draft.written != "accepted":  # (written with the claim's mark unless that write failed)
-                await update(draft, "accepted", run_id=outcome.run_id, send=self.send)
+            finish(draft, "accepted", run_id=outcome.run_id)
         elif isinstance(outcome, Duplicate):
-            await update(
-                draft,
-                "rejected",
-                run_id=outcome.run_id,
-                reason="duplicate",
-                detail="already accepted as this run",
-                send=self.send,
-            )
+            finish(draft, "rejected", run_id=outcome.run_id, reason="duplicate", detail="already accepted as this run")
         elif isinstance(outcome, Skipped):
-            await update(draft, "rejected", reason=outcome.reason, detail=outcome.detail, send=self.send)
+            finish(draft, "rejected", reason=outcome.reason, detail=outcome.detail)
         else:
-            await update(draft, outcome.status, run_id=outcome.run_id, send=self.send)
+            finish(draft, outcome.status, run_id=outcome.run_id)
         return outcome
 
     async def refuse(
@@ -500,7 +514,7 @@ class Launcher:
         key = dedupe_key(delivery.trigger.id, event.id)
         store = await self.dedupe()
         received = received_event(delivery, run_id=run_id, tenant=event.tenant)
-        won = await self._claim(store, key, delivery, event, run_id, draft=draft)
+        won = await self._claim(store, key, delivery, event, run_id)
         if isinstance(won, DedupeRecord):
             detail = f"source event {event.id} was already accepted as run {won.run_id} (delivery {won.delivery_id})"
             rejected = rejected_event(
@@ -585,31 +599,12 @@ class Launcher:
             if revision is not None:
                 await self._release(store, key, claim, revision)
             raise
-        # Every event is stored: the run is accepted. The claim's mark and the delivery's record go out
-        # together, after (never with) the events: "published" must not be stored for an unstored run.requested.
-        writes: list[Write] = []
+        # Every event is stored: the run is accepted. The claim's mark goes out after (never with) the events --
+        # "published" must not be stored for an unstored run.requested -- and behind the answer (.behind).
         if revision is not None:  # (None: ours, already marked published)
             published = claim.model_copy(update={"state": "published"})  # a Literal state: nothing to re-validate
-            writes.append(kv_write(BUCKET_DEDUPE.name, key, published.model_dump_json().encode(), revision=revision))
-        recorded = self.deliveries.state_write(draft, "accepted", run_id=run_id)
-        if recorded is not None:
-            writes.append(recorded[0])
-        results: list[PublishResult | BusError] = []
-        if writes:
-            try:
-                results = await self.send(writes)
-            except BusUnavailable as exc:  # disconnected just now: the same as two unacknowledged writes
-                results = [TransientError(exc.detail)] * len(writes)
-        if revision is not None:
-            marked = results.pop(0)
-            if isinstance(marked, Conflict):
-                log.info("launch.claim_taken_over")  # a redelivery took a stale claim over; it published the same ids
-            elif not isinstance(marked, PublishResult):
-                # run.requested is durable: it is accepted. A redelivery after the lease republishes the same
-                # ids (deduped) instead of answering duplicate: harmless.
-                log.warning("launch.claim_not_marked_published", run_id=run_id, error=repr(marked))
-        if recorded is not None and results and isinstance(results[0], PublishResult):
-            await self.deliveries.settle(draft, results, head=recorded[1])
+            mark = kv_write(BUCKET_DEDUPE.name, key, published.model_dump_json().encode(), revision=revision)
+            self.behind.add((mark,), _marked(run_id))
         return Accepted(delivery_id=delivery.delivery_id, run_id=run_id, superseded_run_id=superseded)
 
     def _debounced_away(self, older: QueuedLaunch, newer: TriggerDelivery) -> Envelope:
@@ -688,16 +683,14 @@ class Launcher:
         delivery: TriggerDelivery,
         event: NormalizedEvent,
         run_id: str,
-        *,
-        draft: Draft | None = None,
     ) -> tuple[DedupeRecord, int | None] | DedupeRecord:
         """Own the launch of ``event`` (the claim and its revision; ``None``: this delivery's own claim,
-        already published), or the record of the delivery that did. The first create-if-absent goes out
-        pipelined with ``draft``'s writes (the delivery's ``received`` record)."""
+        already published), or the record of the delivery that did. The first create-if-absent is a
+        pipelined write (no re-validation of the claim, built by its validating constructor here)."""
         trigger = delivery.trigger
         lease = timedelta(seconds=self._claim_lease_s)
         deadline = asyncio.get_running_loop().time() + self._claim_lease_s + 5 * _POLL_S
-        first = draft
+        first = True
         while True:
             now = datetime.now(UTC)
             claim = DedupeRecord(
@@ -710,11 +703,10 @@ class Launcher:
                 state="claimed",
                 claimed_at=now,
             )
-            if first is not None:  # one round trip: the claim and the delivery's record
+            if first:  # the claim alone: the delivery's record is written with its outcome, behind the answer
                 created = kv_write(BUCKET_DEDUPE.name, key, claim.model_dump_json().encode(), revision=0)
-                results = await self.send([created, *self.deliveries.writes(first)])
-                await self.deliveries.settle(first, results[1:])
-                first = None
+                results = await self.send([created])
+                first = False
                 if isinstance(results[0], PublishResult):
                     return claim, results[0].seq
                 if not isinstance(results[0], Conflict):  # (a Conflict: the key exists, read it below)
@@ -727,6 +719,7 @@ class Launcher:
                     return claim, await self.io(store.create(key, claim))
                 except AlreadyExists:
                     pass
+            await self.behind.settled()  # a mark of this replica still queued: read it, not the claim before it
             existing = await self.io(store.get(key))
             if existing is None:
                 continue  # gone between the two calls (bucket TTL): claim again

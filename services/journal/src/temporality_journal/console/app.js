@@ -1392,12 +1392,119 @@ function optionLabel(item, optionId) {
   return item.options.find((o) => o.id === optionId)?.label ?? optionId;
 }
 
+// A request with a form (``form``: the fields of its ``answer_schema``, an MCP elicitation's requested schema):
+// one labelled input per field, the required ones marked. The answer goes out as one text, a JSON object of
+// the typed values ({"replicas": 3, "approve": true}), which human-interaction reads exactly as the
+// run-executor will (temporality_protocol.forms) and refuses with 422 invalid_answer naming the field when
+// it does not fit: the console checks nothing but required fields (the browser's own check), the server says
+// what is wrong, and the field it names is marked and focused.
+const FORM_MISFIT = /^the answer does not fit the form: /;
+const NUMBER_KINDS = { integer: "numeric", number: "decimal" };
+
+function formValue(field, control) {
+  const raw = control.value;
+  if (field.choices) return raw === "" ? undefined : field.choices[Number(raw)].value;
+  const text = raw.trim();
+  if (!text) return undefined;
+  if (field.type === "integer") return /^[+-]?\d+$/.test(text) ? Number(text) : text; // else the server says why
+  if (field.type === "number") return Number.isFinite(Number(text)) ? Number(text) : text;
+  if (field.type === "array") return text.split(",").map((part) => part.trim()).filter(Boolean);
+  return text;
+}
+
+function formShown(field, value) {
+  const choice = field.choices?.find((c) => c.value === value);
+  const label = field.title || field.name;
+  return `${label}: ${choice ? choice.label : Array.isArray(value) ? value.join(", ") : value}`;
+}
+
+function answerForm(item, fields, status, controls, send) {
+  const key = (field) => `field-${item.id}-${fields.indexOf(field)}`;
+  const inputs = new Map(); // field name -> [field, control, error line]
+  const rows = fields.map((field) => {
+    const id = key(field);
+    const describedBy = [field.description ? `${id}-help` : null, `${id}-error`].filter(Boolean).join(" ");
+    const common = { id, name: field.name, required: field.required, "aria-describedby": describedBy };
+    let control;
+    if (field.choices) {
+      control = h("select", common,
+        h("option", { value: "" }, field.required ? "— choose —" : "— not said —"),
+        field.choices.map((choice, index) => h("option", { value: String(index) }, choice.label)));
+    } else {
+      control = h("input", {
+        ...common,
+        type: "text",
+        autocomplete: "off",
+        inputmode: NUMBER_KINDS[field.type] ?? null,
+        dataset: { kind: field.type ?? "text" },
+      });
+    }
+    const error = h("p", { id: `${id}-error`, class: "field-error", hidden: true });
+    inputs.set(field.name, [field, control, error]);
+    controls.push(control);
+    const label = field.title || field.name;
+    return h("div", { class: "form-field", dataset: { field: field.name } },
+      h("label", { for: id }, label, field.required ? h("span", { class: "required" }, " (required)") : null),
+      field.description ? h("span", { id: `${id}-help`, class: "muted help" }, field.description) : null,
+      control,
+      error);
+  });
+  const submit = h("button", { type: "submit", class: "primary" }, "Send answer");
+  controls.push(submit);
+  const form = h("form", { class: "answer-form", "aria-label": "Your answer" },
+    h("p", { class: "muted" }, "Your answer (fields marked required must be filled):"),
+    rows,
+    submit);
+
+  function clearMarks() {
+    for (const [, control, error] of inputs.values()) {
+      control.removeAttribute("aria-invalid");
+      error.hidden = true;
+      error.textContent = "";
+    }
+  }
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clearMarks();
+    const content = {};
+    const shown = [];
+    for (const [field, control] of inputs.values()) {
+      const value = formValue(field, control);
+      if (value === undefined) continue;
+      content[field.name] = value;
+      shown.push(formShown(field, value));
+    }
+    if (!shown.length) {
+      status.className = "answer-status bad";
+      status.textContent = "Fill in the form first.";
+      inputs.values().next().value?.[1].focus();
+      return;
+    }
+    const refused = await send({ text: JSON.stringify(content) }, shown.join(", "));
+    if (!(refused instanceof ApiError) || refused.code !== "invalid_answer") return;
+    const detail = refused.message.replace(FORM_MISFIT, "");
+    // "field 'replicas': ..." or "'region' is a required property": the field it names
+    const named = /^field '([^']+)'/.exec(detail)?.[1] ?? /^'([^']+)' is a required property/.exec(detail)?.[1];
+    const marked = named === undefined ? null : inputs.get(named.split("/")[0]);
+    if (marked) {
+      const [, control, error] = marked;
+      control.setAttribute("aria-invalid", "true");
+      error.textContent = detail;
+      error.hidden = false;
+      control.focus();
+    }
+  });
+  return form;
+}
+
 function inboxCard(item, signal) {
   const status = h("p", { class: "answer-status", role: "status", "aria-live": "polite" });
   const controls = [];
   const expires = Date.parse(item.expires_at);
   const card = h("article", { class: "card inbox-item", dataset: { requestId: item.id }, "aria-labelledby": `q-${item.id}` });
 
+  // Sends one answer; resolves to null once recorded, else to the error (the card already says why).
   async function send(body, shown) {
     for (const c of controls) c.disabled = true;
     status.className = "answer-status";
@@ -1413,22 +1520,24 @@ function inboxCard(item, signal) {
       status.textContent = answered?.already_recorded
         ? `Answer recorded (you had already sent it): ${shown}.`
         : `Answer recorded: ${shown}. The run continues.`;
+      return null;
     } catch (error) {
-      if (error?.name === "AbortError") return;
+      if (error?.name === "AbortError") return error;
       if (error instanceof ApiError && error.status === 401) {
         inboxFailed(error);
-        return;
+        return error;
       }
       const known = error instanceof ApiError ? REFUSALS[error.code] : null;
       card.dataset.outcome = "refused";
       status.className = "answer-status bad";
       status.textContent = error instanceof ApiError
-        ? `${known ?? "Not recorded"}: ${error.message} (${error.status}).`
+        ? `${known ?? "Not recorded"}: ${error.message.replace(FORM_MISFIT, "")} (${error.status}).`
         : `Not recorded: the inbox did not answer (${error?.message || error}). Try again.`;
       // A wrong answer (422) or an unreachable inbox may be corrected; a refusal is final.
       if (!(error instanceof ApiError) || error.status === 422 || error.status >= 500) {
         for (const c of controls) c.disabled = false;
       }
+      return error;
     }
   }
 
@@ -1439,7 +1548,10 @@ function inboxCard(item, signal) {
     return h("li", {}, button, o.consequence ? h("span", { class: "muted" }, ` ${o.consequence}`) : null);
   });
   let textForm = null;
-  if (item.allow_free_text) {
+  const form = item.allow_free_text && Array.isArray(item.form) && item.form.length ? item.form : null;
+  if (form) {
+    textForm = answerForm(item, form, status, controls, send);
+  } else if (item.allow_free_text) {
     const text = h("input", { id: `text-${item.id}`, name: "text", maxlength: 4000, autocomplete: "off" });
     const submit = h("button", { type: "submit" }, "Send answer");
     controls.push(text, submit);
@@ -1460,7 +1572,7 @@ function inboxCard(item, signal) {
   }
   const timeout = item.on_timeout?.summary ?? "What happens without an answer is not known yet.";
   const link = item.source_link; // the run's source (HUM-5); human-interaction sends only http(s) links
-  card.append(
+  card.append(...[ // DOM append writes a null as the text "null": the absent parts are left out
     h("p", { class: "muted task" }, item.title),
     link && /^https?:\/\//i.test(link.href)
       ? h("p", { class: "source" },
@@ -1475,7 +1587,7 @@ function inboxCard(item, signal) {
       Number.isNaN(expires) ? "" : ` (${expires > Date.now() ? `in ${duration((expires - Date.now()) / 1000)}` : "overdue"}). `,
       h("span", { class: "on-timeout" }, timeout)),
     status,
-  );
+  ].filter(Boolean));
   return card;
 }
 

@@ -293,13 +293,13 @@ async def test_runs_list_filters(served_journal: Served, browser_context: Browse
     rows = page.locator("#runs tbody tr[data-run-id]")
     await expect(rows).to_have_count(2, timeout=WAIT_MS)
 
-    await page.get_by_label("Agent").fill("triager")
+    await page.get_by_label("Agent", exact=True).fill("triager")
     await page.get_by_role("button", name="Filter").click()
     await expect(page).to_have_url(re.compile(r"#/runs\?agent=triager$"), timeout=WAIT_MS)
     await expect(rows).to_have_count(1, timeout=WAIT_MS)
     await expect(rows.first).to_have_attribute("data-run-id", triage.run_id)
 
-    await page.get_by_label("Agent").fill("")
+    await page.get_by_label("Agent", exact=True).fill("")
     await page.get_by_label("State").select_option("pending")
     await page.get_by_role("button", name="Filter").click()
     await expect(rows).to_have_count(1, timeout=WAIT_MS)

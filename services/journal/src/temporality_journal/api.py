@@ -169,7 +169,7 @@ class WaitingRequest(BaseModel):
     recipient: str
     question: str
     channel: str | None = Field(description="Where it was delivered (human.notified); null until then")
-    since: datetime = Field(description="When it was asked (its human.requested)")
+    since: datetime = Field(description="When it was asked (its human.requested, or agent.asked)")
     status: Literal["pending", "answered", "expired"] = Field(
         description="pending: nobody answered yet; answered / expired: this question has its outcome while the "
         "run still waits on the others (wait_for: all)"
@@ -178,7 +178,9 @@ class WaitingRequest(BaseModel):
 
 
 class Waiting(BaseModel):
-    """UI-1: whom the run waits for, on which channel, for what, since when."""
+    """UI-1: whom the run waits for, on which channel, for what, since when: a person (``waiting_for_human``)
+    or another agent (``waiting_for_agent``: ``ask_agent`` in wait mode; the recipient is the address the
+    model wrote, the question its message, no channel)."""
 
     request_id: str | None = Field(description="The request it waits on; null while it waits on several (HUM-7)")
     recipient: str | None = Field(description="Whom it waits for (several: the recipients joined with ', ')")
@@ -218,7 +220,7 @@ class RunView(BaseModel):
     def of(cls, record: RunRecord, now: datetime, several: list[WaitingRequest] | None = None) -> RunView:
         """The view of ``record``; ``several``: the questions of a several-question wait (:func:`_several_waits`)."""
         waiting = None
-        if record.state == RunState.WAITING_FOR_HUMAN:
+        if record.state in (RunState.WAITING_FOR_HUMAN, RunState.WAITING_FOR_AGENT):
             since = record.waiting_since
             requests = several or []
             if record.waiting_request_id is not None and since is not None:
@@ -267,7 +269,7 @@ class RunList(BaseModel):
 
 
 class WaitingList(BaseModel):
-    runs: list[RunView] = Field(description="Runs in waiting_for_human, the longest waiting first")
+    runs: list[RunView] = Field(description="Runs in waiting_for_human or waiting_for_agent, the longest waiting first")
 
 
 class TriggerList(BaseModel):
@@ -563,8 +565,9 @@ def create_app(
     @app.get(
         "/runs/waiting",
         response_model=WaitingList,
-        description="UI-1: the runs waiting for a human, the oldest wait first; each with ``waiting`` (whom, "
-        "which channel, what question, since when, waiting seconds).",
+        description="UI-1: the runs waiting for a human or for another agent (``ask_agent`` in wait mode), the "
+        "oldest wait first; each with ``waiting`` (whom, which channel, what question, since when, waiting "
+        "seconds).",
     )
     async def waiting_runs(
         who: AsViewer,
@@ -575,7 +578,10 @@ def create_app(
         conditions = _run_filters(agent=agent, trigger_id=trigger_id, since=None, until=None)
         query = (
             select(RunRecord)
-            .where(col(RunRecord.state) == RunState.WAITING_FOR_HUMAN.value, *conditions)
+            .where(
+                col(RunRecord.state).in_([RunState.WAITING_FOR_HUMAN.value, RunState.WAITING_FOR_AGENT.value]),
+                *conditions,
+            )
             .order_by(col(RunRecord.waiting_since).asc(), col(RunRecord.run_id).asc())
             .limit(limit)
         )

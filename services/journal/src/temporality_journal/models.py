@@ -126,7 +126,8 @@ class CommitCounter(JournalModel, table=True):
 class RunSnapshot(JournalModel):
     """A run as the journal sees it: what :func:`temporality_journal.projection.project` reads and returns.
 
-    Invariant: the ``waiting_*`` fields are set exactly while ``state`` is ``waiting_for_human``.
+    Invariant: the ``waiting_*`` fields are set exactly while ``state`` is ``waiting_for_human`` or
+    ``waiting_for_agent`` (``waiting_channel`` only for a person).
     """
 
     run_id: str = Field(primary_key=True)

@@ -16,6 +16,13 @@ human.notified           ``waiting_channel``, for the request the run waits on
 human.answered/expired   ``resuming`` (RUN-3: waiting -> resuming -> running), for the
                          request the run waits on; on a several-wait nothing (the run
                          resumes when the executor says so: ``run.resumed``)
+agent.asked (mode wait)  ``waiting_for_agent`` (``ask_agent`` with ``mode=wait``, COL-2): request id,
+                         recipient = the address as the model wrote it (``agent:<id>``,
+                         ``run:<id>``), question = the message, since = the event's time,
+                         no channel; an ``async`` ask moves nothing
+agent.answer.received,   ``resuming``, for the request the run waits on (an answer that comes
+agent.ask_expired,       after the wait expired, ``late``, ends nothing: the expiry did)
+agent.ask_undeliverable
 run.resumed              ``running``
 run.completed            ``completed``, ``finished_at``, ``result``
 run.failed               ``failed``, ``finished_at``, ``error`` = "<reason>: <error>"
@@ -30,8 +37,9 @@ What keeps the projection right under redelivery and out-of-order delivery:
 - an event not newer (by stream sequence) than the run's ``last_event_seq`` never changes the
   state; it may still fill blank descriptive fields (``agent``, ``title``, ``started_at`` …);
 - a terminal event applies whatever its sequence: a run that ended has ended;
-- ``waiting_*`` is set exactly while the state is ``waiting_for_human`` (``waiting_request_id`` is
-  ``None`` while the run waits on several requests at once, HUM-7);
+- ``waiting_*`` is set exactly while the state is ``waiting_for_human`` or ``waiting_for_agent``
+  (``waiting_request_id`` is ``None`` while the run waits on several human requests at once, HUM-7;
+  ``waiting_channel`` is set only for a person, once notified);
 - projecting the same event twice gives the same row.
 """
 
@@ -44,6 +52,10 @@ from typing import Any
 from temporality_journal.models import RunSnapshot, as_utc, updated
 from temporality_protocol import (
     RUN,
+    AgentAnswerReceived,
+    AgentAsked,
+    AgentAskExpired,
+    AgentAskUndeliverable,
     Envelope,
     EventData,
     HumanAnswered,
@@ -73,12 +85,18 @@ PROJECTED_TYPES: frozenset[str] = frozenset(
         HumanNotified,
         HumanAnswered,
         HumanExpired,
+        AgentAsked,
+        AgentAnswerReceived,
+        AgentAskExpired,
+        AgentAskUndeliverable,
         RunResumed,
         RunCompleted,
         RunFailed,
         RunCancelled,
     )
 )
+#: The states in which a run waits on a request (and the ``waiting_*`` fields say which).
+_WAITING_STATES = frozenset({RunState.WAITING_FOR_HUMAN, RunState.WAITING_FOR_AGENT})
 
 _TERMINAL = RUN.terminal  # a property that builds the set on every call
 _WAITING_CLEARED: dict[str, Any] = {
@@ -174,6 +192,25 @@ def _apply(run: RunSnapshot, data: EventData, fact: _Fact) -> RunSnapshot | None
             if not _waits_on(run, data.request_id):
                 return None
             return _move(run, fact, RunState.RESUMING, {})
+        case AgentAsked():
+            if data.mode != "wait":
+                return None
+            return _move(
+                run,
+                fact,
+                RunState.WAITING_FOR_AGENT,
+                _blanks(run, agent=data.asker_agent),
+                waiting_request_id=data.request_id,
+                waiting_recipient=data.to,
+                waiting_question=data.message,
+                waiting_since=fact.time,
+                waiting_channel=None,
+            )
+        case AgentAnswerReceived() | AgentAskExpired() | AgentAskUndeliverable():
+            late = isinstance(data, AgentAnswerReceived) and (data.late or data.mode != "wait")
+            if late or not _waits_on(run, data.request_id, RunState.WAITING_FOR_AGENT):
+                return None
+            return _move(run, fact, RunState.RESUMING, {})
         case RunResumed():
             return _move(run, fact, RunState.RUNNING, {})
         case RunCompleted():
@@ -215,8 +252,8 @@ def _joined(shown: str | None, more: str, sep: str) -> str:
     return sep.join([*parts, more] if more not in parts else parts)[:_JOINED_MAX]
 
 
-def _waits_on(run: RunSnapshot, request_id: str) -> bool:
-    return run.state == RunState.WAITING_FOR_HUMAN and run.waiting_request_id == request_id
+def _waits_on(run: RunSnapshot, request_id: str, state: RunState = RunState.WAITING_FOR_HUMAN) -> bool:
+    return run.state == state and run.waiting_request_id == request_id
 
 
 def _blanks(run: RunSnapshot, **values: Any) -> dict[str, Any]:
@@ -238,7 +275,7 @@ def _move(run: RunSnapshot, fact: _Fact, state: RunState, fill: dict[str, Any], 
     if run.state in _TERMINAL or _stale(run, fact):
         return _touch(run, fact, fill)
     update: dict[str, Any] = {**fill, "state": state}
-    if state != RunState.WAITING_FOR_HUMAN:
+    if state not in _WAITING_STATES:
         update.update(_WAITING_CLEARED)
     update.update(fields)
     return _touch(run, fact, update)

@@ -8,7 +8,8 @@
 const TOKEN_KEY = "temporality.console.token";
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 const ROLES = { viewer: 1, operator: 2, admin: 3 };
-const STATES = ["pending", "running", "waiting_for_human", "resuming", "completed", "failed", "cancelled"];
+const STATES = ["pending", "running", "waiting_for_human", "waiting_for_agent", "resuming", "completed", "failed",
+  "cancelled"];
 
 let me = null; // {name, role, kind, user} of the signed-in token or person (role null: inbox only)
 let authConfig = null; // GET /auth/config: {oidc: {provider, login} | null}
@@ -736,7 +737,7 @@ function perQuestion(w, cell) {
 function waitingView(signal) {
   const body = h("tbody");
   show(
-    h("h1", {}, "Waiting for a human"),
+    h("h1", {}, "Waiting for a human or an agent"),
     h("table", { id: "waiting" },
       h("thead", {}, h("tr", {}, h("th", {}, "Run"), h("th", {}, "Whom"), h("th", {}, "Channel"),
         h("th", {}, "Question"), h("th", {}, "Since"), h("th", { class: "num" }, "Waiting"), h("th", {}, "Status"))),
@@ -748,10 +749,11 @@ function waitingView(signal) {
     body.replaceChildren(...data.runs.map((run) => {
       const w = run.waiting || {};
       const since = w.since ? Date.parse(w.since) : null;
+      const channel = run.state === "waiting_for_agent" ? "agent (ask_agent)" : w.channel ?? "not notified yet";
       return h("tr", { dataset: { runId: run.run_id } },
         h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(run.run_id)}` }, run.title || run.run_id)),
         h("td", {}, ...(perQuestion(w, (q) => `${person(q.recipient)} (${questionStatus(q)})`) ?? [person(w.recipient)])),
-        h("td", {}, ...(perQuestion(w, (q) => q.channel ?? "not notified yet") ?? [w.channel ?? "not notified yet"])),
+        h("td", {}, ...(perQuestion(w, (q) => q.channel ?? "not notified yet") ?? [channel])),
         h("td", {}, ...(perQuestion(w, (q) => q.question) ?? [w.question ?? ""])),
         h("td", {}, when(w.since)),
         h("td", { class: "num" }, since === null ? "—" : duration((now - since) / 1000)),
@@ -761,7 +763,8 @@ function waitingView(signal) {
   }
   load().catch(failed);
   const refresh = debounce(() => load().catch(failed), 1000);
-  tail({}, (e) => (e.type.startsWith("human.") || e.type.startsWith("run.") ? refresh() : null), signal);
+  const moves = (type) => type.startsWith("human.") || type.startsWith("run.") || type.startsWith("agent.");
+  tail({}, (e) => (moves(e.type) ? refresh() : null), signal);
 }
 
 // ------------------------------------------------------------------ triggers (UI-2)

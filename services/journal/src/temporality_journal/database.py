@@ -5,7 +5,8 @@ upgrades to the newest revision under a PostgreSQL advisory lock (replicas start
 once). A database made by an older journal with ``create_all`` (tables, no version table) is stamped
 with the revision its tables match first (``0001``; ``0002`` with ``asks``; ``0003`` with
 ``commit_counter``; ``0004_trace`` with ``events.traceparent``). :meth:`Database.drop` removes the tables and the version table: the
-first half of a rebuild (``temporality-journal rebuild``, see :mod:`temporality_journal.rebuild`).
+first half of a rebuild (``temporality-journal rebuild``, see :mod:`temporality_journal.rebuild`); it keeps
+``revoked_sessions`` (sign-outs, :mod:`temporality_journal.revocation`: not in the streams, so not rebuilt).
 
 **TLS to PostgreSQL** (:class:`DatabaseTls`): libpq's ``sslmode``, ``sslrootcert``, ``sslcert`` and ``sslkey``,
 given in the URL's query (``postgresql://…?sslmode=verify-full&sslrootcert=/ca.pem``) or as the journal's
@@ -39,6 +40,7 @@ from temporality_journal.models import JournalModel
 
 __all__ = [
     "BASELINE_REVISION",
+    "KEPT_BY_REBUILD",
     "MIGRATIONS_DIR",
     "VERSION_TABLE",
     "Database",
@@ -211,8 +213,13 @@ def _upgrade(connection: Connection) -> None:
     command.upgrade(config, "head")
 
 
+#: Tables :meth:`Database.drop` keeps: not rebuilt from the streams (the sign-outs are in no stream).
+KEPT_BY_REBUILD = frozenset({"revoked_sessions"})
+
+
 def _drop(connection: Connection) -> None:
-    JournalModel.metadata.drop_all(connection)
+    tables = [table for table in JournalModel.metadata.sorted_tables if table.name not in KEPT_BY_REBUILD]
+    JournalModel.metadata.drop_all(connection, tables=tables)
     connection.execute(text(f"DROP TABLE IF EXISTS {VERSION_TABLE}"))
 
 
@@ -262,7 +269,8 @@ class Database:
             return await conn.run_sync(current)
 
     async def drop(self) -> None:
-        """Drop the read model (every journal table and the schema version): a rebuild starts here."""
+        """Drop the read model (every journal table but :data:`KEPT_BY_REBUILD`, and the schema version): a
+        rebuild starts here."""
         async with self.engine.begin() as conn:
             if self.dialect == "postgresql":
                 await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})

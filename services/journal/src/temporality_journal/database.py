@@ -20,6 +20,7 @@ read is a configuration error at start.
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -172,12 +173,18 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _engine(url: URL, args: dict[str, Any]) -> AsyncEngine:
     if url.get_backend_name() != "sqlite":
         return create_async_engine(url, pool_pre_ping=True, connect_args=args)
     if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = create_async_engine(url)
+    # JSON as UTF-8 text (not \u-escaped): what the recorder's one-statement batch insert binds, so every
+    # path stores the same text for the same data (PostgreSQL's jsonb normalises it either way)
+    engine = create_async_engine(url, json_serializer=_json_text)
     event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
     return engine
 

@@ -283,6 +283,11 @@ async def test_a_copy_of_a_signed_out_cookie_is_refused_by_every_replica(
             fresh = {"Cookie": f"{SESSION_COOKIE}={browser.cookies[SESSION_COOKIE]}"}
             assert (await thief.get(f"{two.url}/whoami", headers=fresh)).json()["user"] == "alice"
             assert (await thief.get(f"{two.url}/whoami", headers=copy)).status_code == 401
+            # signing in again while signed in replaces the session: the one before is revoked too
+            assert (await sign_in(browser, idp, "alice")).status_code == 302
+            assert (await thief.get(f"{two.url}/whoami", headers=fresh)).status_code == 401
+            latest = {"Cookie": f"{SESSION_COOKIE}={browser.cookies[SESSION_COOKIE]}"}
+            assert (await thief.get(f"{two.url}/whoami", headers=latest)).json()["user"] == "alice"
 
 
 async def test_sign_outs_survive_a_rebuild_and_expired_ones_are_deleted(database: Database) -> None:

@@ -3,8 +3,8 @@
 The sign-in session is a signed cookie (:mod:`temporality_journal.signin`); on its own, clearing it at sign-out
 ends it only in the browser that signed out, and a copy taken before would stay valid until its absolute
 expiry. So each sign-in gets a random session id (``sid``, 192 bits, in the signed cookie), and
-``POST /auth/logout`` records that id in the journal's database (table ``revoked_sessions``, migration
-``0005_revoked``) *before* it answers. :class:`RevocationCheck`, an ASGI middleware just inside Starlette's
+``POST /auth/logout`` (and a new sign-in in a browser that was signed in already) records that id in the
+journal's database (table ``revoked_sessions``, migration ``0005_revoked``) *before* it answers. :class:`RevocationCheck`, an ASGI middleware just inside Starlette's
 session middleware, looks the id of every request that carries a signed-in session up in that table -- one
 primary-key read, no cache, so a sign-out counts on every replica sharing the database from the moment
 the logout is answered -- and, when it was revoked, empties the session: the request goes on as an anonymous

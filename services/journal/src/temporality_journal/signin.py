@@ -356,6 +356,10 @@ class SignIn:
                 )
             role = role_of(claims.get(settings.oidc_roles_claim), dict(settings.oidc_role_map))
             next_hash = request.session.get("next") or "#/runs"
+            before = self.person(request)  # signed in already, in this browser: that session ends here
+            if before is not None:
+                assert self.revocations is not None  # install() set it
+                await self.revocations.revoke(before.session_id, before.expires_at)
             request.session.clear()  # nothing from before the sign-in survives it
             request.session[_PERSON_KEY] = {
                 "id": user_id.strip(),

@@ -19,12 +19,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 from journal_support import ALICE_INBOX, HUMAN_USERS, serve_journal, served_settings, write_tokens
 
 from temporality_bus import Bus, NatsSettings
 from temporality_embedded.processes import free_port
 from temporality_testing.otlp_receiver import OtlpReceiver, ReceivedSpan
 from temporality_testing.spans import spans_in_memory
+
+pytestmark = pytest.mark.e2e  # two service processes (started together) and a real OTLP receiver
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"

@@ -311,7 +311,7 @@ async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float, wha
 
 @contextlib.asynccontextmanager
 async def journal_process(
-    nats_url: str, db: Db, batch_size: int, workdir: Path, log_level: str
+    nats_url: str, db: Db, batch_size: int, workdir: Path, log_level: str, profile: Path | None = None
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     ready = workdir / f"journal-{db.name}-{batch_size}.ready"
     env = os.environ | {
@@ -324,8 +324,19 @@ async def journal_process(
         "TEMPORALITY_LOG_FORMAT": "json",
     }
     with (workdir / f"journal-{db.name}-{batch_size}.log").open("wb") as log:
+        # --profile: the journal under cProfile (its asyncio thread; the profile is written when it stops)
+        profiled = (
+            [] if profile is None else ["-m", "cProfile", "-o", str(profile / f"journal-{db.name}-{batch_size}.prof")]
+        )
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "temporality_journal", env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL
+            sys.executable,
+            *profiled,
+            "-m",
+            "temporality_journal",
+            env=env,
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
         )
         try:
 
@@ -346,12 +357,20 @@ async def journal_process(
 
 
 async def measure(
-    bus: Bus, nats_url: str, db: Db, batch_size: int, backlog: list[Envelope], live: int, workdir: Path, log_level: str
+    bus: Bus,
+    nats_url: str,
+    db: Db,
+    batch_size: int,
+    backlog: list[Envelope],
+    live: int,
+    workdir: Path,
+    log_level: str,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     with contextlib.suppress(NotFoundError):  # a fresh durable: the journal reads the backlog from the start
         await bus.js.delete_consumer(EVENTS_STREAM.name, "journal")
     total = len(backlog)
-    async with journal_process(nats_url, db, batch_size, workdir, log_level) as proc:
+    async with journal_process(nats_url, db, batch_size, workdir, log_level, profile) as proc:
         t0, cpu0, n0 = time.perf_counter(), _cpu_s(proc.pid), await db.count()
 
         async def drained(target: int = total) -> bool:
@@ -421,7 +440,15 @@ async def main() -> None:
         metavar="COMMIT_MS",
         help="measure only the consumer (no journal, no database), its batch handler sleeping COMMIT_MS per batch",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="run the journal under cProfile, one .prof per database in DIR (its figures are then not comparable)",
+    )
     args = parser.parse_args()
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
     # the bench's own bus client: no log line per publish (that cost the live publisher half its rate)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
@@ -455,7 +482,15 @@ async def main() -> None:
                     for batch_size in args.batch_sizes:
                         async with _database(target, workdir, f"{batch_size}") as db:
                             result = await measure(
-                                bus, server.url, db, batch_size, backlog, args.live, workdir, args.log_level
+                                bus,
+                                server.url,
+                                db,
+                                batch_size,
+                                backlog,
+                                args.live,
+                                workdir,
+                                args.log_level,
+                                args.profile,
                             )
                             baselines[target] = await db.baseline(backlog)
                             results.append(result)

@@ -33,6 +33,8 @@ from starlette.requests import Request
 from temporality_bus import Bus, NatsSettings
 from temporality_embedded.processes import free_port
 from temporality_journal import Settings
+from temporality_journal.database import Database
+from temporality_journal.revocation import Revocations
 from temporality_journal.signin import SESSION_COOKIE, SignIn, role_of
 from temporality_service import PRINCIPAL_HEADER, VOUCH_HEADER, ApiAuthSettings, PrincipalVoucher, Role, Voucher
 from temporality_testing.oidc_emulator import OidcEmulator
@@ -62,13 +64,15 @@ def oidc_settings(
     idp: OidcEmulator,
     human_url: str | None,
     gateway_url: str | None = None,
+    database_url: str | None = None,
 ) -> Settings:
     """The served journal's settings with OIDC sign-in against ``idp`` and the vouch secrets of ``tmp_path``
-    (the inbox's, and the API's when ``gateway_url`` is given: the gateway admits who the journal vouches for)."""
+    (the inbox's, and the API's when ``gateway_url`` is given: the gateway admits who the journal vouches for);
+    SQLite unless ``database_url``."""
     port = free_port()
     (tmp_path / "client-secret").write_text(idp.client_secret, encoding="utf-8")
     (tmp_path / "session-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
-    base = served_settings(tmp_path, nats_settings, human_url=human_url, gateway_url=gateway_url)
+    base = served_settings(tmp_path, nats_settings, database_url, human_url=human_url, gateway_url=gateway_url)
     api_vouch = tmp_path / "api-vouch-secret" if gateway_url is not None else None
     return Settings(
         nats=base.nats,
@@ -236,6 +240,72 @@ async def test_logout_needs_the_console_header_and_ends_the_session(
     # signed out already: a second logout ends nothing and sends nobody to the provider
     again = await browser_http.post("/auth/logout", headers=CONSOLE)
     assert again.json() == {"provider_logout": None}
+
+
+async def test_a_copy_of_a_signed_out_cookie_is_refused_by_every_replica(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, database_url: str
+) -> None:
+    """Two journal replicas on one database (SQLite file / PostgreSQL) and one bus: alice signs in at the first,
+    a copy of her cookie works at both; she signs out at the first; from then on the copy is a 401 at both,
+    and the answer clears it."""
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    async with OidcEmulator(people=PEOPLE).serve() as idp:
+        settings = oidc_settings(tmp_path, nats_settings, idp, None, database_url=database_url)
+        idp.redirect_uris = [f"http://127.0.0.1:{settings.port}/auth/callback"]
+        other = settings.model_copy(update={"port": free_port()})
+        async with (
+            serve_journal(settings, bus) as one,
+            serve_journal(other, bus) as two,
+            httpx.AsyncClient(base_url=one.url, timeout=10) as browser,
+            httpx.AsyncClient(timeout=10) as thief,
+        ):
+            assert (await sign_in(browser, idp, "alice")).status_code == 302
+            copy = {"Cookie": f"{SESSION_COOKIE}={browser.cookies[SESSION_COOKIE]}"}
+            for replica in (one, two):
+                me = await thief.get(f"{replica.url}/whoami", headers=copy)
+                assert me.status_code == 200, me.text
+                assert me.json()["user"] == "alice"
+
+            out = await browser.post("/auth/logout", headers=CONSOLE)
+            assert out.status_code == 200, out.text
+
+            for replica in (one, two):  # recorded before the logout answered: no waiting, on either replica
+                refused = await thief.get(f"{replica.url}/whoami", headers=copy)
+                assert refused.status_code == 401, refused.text
+                assert "expires=thu, 01 jan 1970" in session_cookie(refused)  # and told to drop it
+                assert (await thief.get(f"{replica.url}/runs", headers=copy)).status_code == 401
+                # a revoked session ends nothing more and is not "signed out" twice
+                again = await thief.post(f"{replica.url}/auth/logout", headers={**copy, **CONSOLE})
+                assert again.status_code == 200
+                assert again.json() == {"provider_logout": None}
+            # signing in again is a new session, admitted at both replicas
+            assert (await sign_in(browser, idp, "alice")).status_code == 302
+            fresh = {"Cookie": f"{SESSION_COOKIE}={browser.cookies[SESSION_COOKIE]}"}
+            assert (await thief.get(f"{two.url}/whoami", headers=fresh)).json()["user"] == "alice"
+            assert (await thief.get(f"{two.url}/whoami", headers=copy)).status_code == 401
+            # signing in again while signed in replaces the session: the one before is revoked too
+            assert (await sign_in(browser, idp, "alice")).status_code == 302
+            assert (await thief.get(f"{two.url}/whoami", headers=fresh)).status_code == 401
+            latest = {"Cookie": f"{SESSION_COOKIE}={browser.cookies[SESSION_COOKIE]}"}
+            assert (await thief.get(f"{two.url}/whoami", headers=latest)).json()["user"] == "alice"
+
+
+async def test_sign_outs_survive_a_rebuild_and_expired_ones_are_deleted(database: Database) -> None:
+    revocations = Revocations(database)
+    now = time.time()
+    await revocations.revoke("live-session", now + 3600)
+    await revocations.revoke("live-session", now + 3600)  # idempotent
+    await revocations.revoke("old-session", now - 1)  # past its expiry: deleted by the next sign-out
+    await revocations.revoke("other-session", now + 60)
+    assert await revocations.revoked("live-session")
+    assert await revocations.revoked("other-session")
+    assert not await revocations.revoked("old-session")
+    assert not await revocations.revoked("never-signed-out")
+    # the rebuild's first half drops the read model; the sign-outs are in no stream, so they stay
+    await database.drop()
+    await database.create_tables()
+    assert await revocations.revoked("live-session")
+    assert not await revocations.revoked("never-signed-out")
 
 
 async def test_provider_logout_ends_the_providers_session_too_and_returns_to_the_console(
@@ -524,7 +594,7 @@ def test_a_session_past_its_absolute_expiry_signs_nobody_in(tmp_path: Path, nats
     assert signin is not None
 
     def request(expires_at: float) -> Request:
-        person = {"id": "alice", "name": "Alice", "role": "operator", "exp": expires_at}
+        person = {"id": "alice", "name": "Alice", "role": "operator", "exp": expires_at, "sid": "s-1"}
         return Request({"type": "http", "method": "GET", "headers": [], "session": {"person": person}})
 
     now = time.time()

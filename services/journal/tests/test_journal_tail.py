@@ -422,3 +422,13 @@ async def test_an_idle_stream_sends_keep_alives_and_ends_when_its_client_is_gone
         gone.set()
         with pytest.raises(StopAsyncIteration):
             await anext(stream)
+
+
+async def test_a_head_request_never_opens_a_stream(served_journal: Served) -> None:
+    """HEAD is not routed (405, ``Allow: GET``): a stream opened for HEAD would never end for the client (the
+    server waits for the last body part, which a tail only sends when it ends) -- sse-starlette had to special-case
+    it (its issue 218); the journal's own response never sees one (docs/journal.md, the SSE choice)."""
+    async with httpx.AsyncClient(base_url=served_journal.url, headers=VIEWER, timeout=10) as client:
+        head = await client.head("/events/stream")
+        assert head.status_code == 405, head.text
+        assert head.headers["allow"] == "GET"

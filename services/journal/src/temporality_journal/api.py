@@ -491,7 +491,7 @@ def create_app(
     audited_auth.install(app)
     app.add_middleware(RequestContext)
     if signin is not None:
-        signin.install(app)
+        signin.install(app, database)
 
     app.mount("/console", _ConsoleFiles(directory=CONSOLE_DIR, html=True), name="console")
     app.include_router(gateway_router(settings, gateway, signin, auth.principals))

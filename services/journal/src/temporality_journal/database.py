@@ -5,7 +5,8 @@ upgrades to the newest revision under a PostgreSQL advisory lock (replicas start
 once). A database made by an older journal with ``create_all`` (tables, no version table) is stamped
 with the revision its tables match first (``0001``; ``0002`` with ``asks``; ``0003`` with
 ``commit_counter``; ``0004_trace`` with ``events.traceparent``). :meth:`Database.drop` removes the tables and the version table: the
-first half of a rebuild (``temporality-journal rebuild``, see :mod:`temporality_journal.rebuild`).
+first half of a rebuild (``temporality-journal rebuild``, see :mod:`temporality_journal.rebuild`); it keeps
+``revoked_sessions`` (sign-outs, :mod:`temporality_journal.revocation`: not in the streams, so not rebuilt).
 
 **TLS to PostgreSQL** (:class:`DatabaseTls`): libpq's ``sslmode``, ``sslrootcert``, ``sslcert`` and ``sslkey``,
 given in the URL's query (``postgresql://…?sslmode=verify-full&sslrootcert=/ca.pem``) or as the journal's
@@ -19,6 +20,7 @@ read is a configuration error at start.
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -39,6 +41,7 @@ from temporality_journal.models import JournalModel
 
 __all__ = [
     "BASELINE_REVISION",
+    "KEPT_BY_REBUILD",
     "MIGRATIONS_DIR",
     "VERSION_TABLE",
     "Database",
@@ -170,12 +173,18 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _engine(url: URL, args: dict[str, Any]) -> AsyncEngine:
     if url.get_backend_name() != "sqlite":
         return create_async_engine(url, pool_pre_ping=True, connect_args=args)
     if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = create_async_engine(url)
+    # JSON as UTF-8 text (not \u-escaped): what the recorder's one-statement batch insert binds, so every
+    # path stores the same text for the same data (PostgreSQL's jsonb normalises it either way)
+    engine = create_async_engine(url, json_serializer=_json_text)
     event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
     return engine
 
@@ -211,8 +220,13 @@ def _upgrade(connection: Connection) -> None:
     command.upgrade(config, "head")
 
 
+#: Tables :meth:`Database.drop` keeps: not rebuilt from the streams (the sign-outs are in no stream).
+KEPT_BY_REBUILD = frozenset({"revoked_sessions"})
+
+
 def _drop(connection: Connection) -> None:
-    JournalModel.metadata.drop_all(connection)
+    tables = [table for table in JournalModel.metadata.sorted_tables if table.name not in KEPT_BY_REBUILD]
+    JournalModel.metadata.drop_all(connection, tables=tables)
     connection.execute(text(f"DROP TABLE IF EXISTS {VERSION_TABLE}"))
 
 
@@ -262,7 +276,8 @@ class Database:
             return await conn.run_sync(current)
 
     async def drop(self) -> None:
-        """Drop the read model (every journal table and the schema version): a rebuild starts here."""
+        """Drop the read model (every journal table but :data:`KEPT_BY_REBUILD`, and the schema version): a
+        rebuild starts here."""
         async with self.engine.begin() as conn:
             if self.dialect == "postgresql":
                 await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})

@@ -23,12 +23,14 @@ __all__ = [
     "ASKS_TABLE",
     "COMMIT_COUNTER_TABLE",
     "EVENTS_TABLE",
+    "REVOKED_SESSIONS_TABLE",
     "RUNS_TABLE",
     "AskRecord",
     "AskSnapshot",
     "CommitCounter",
     "EventRecord",
     "JournalModel",
+    "RevokedSession",
     "RunRecord",
     "RunSnapshot",
     "UTCDateTime",
@@ -213,8 +215,23 @@ class AskRecord(AskSnapshot, table=True):
         return AskSnapshot.model_validate(self, from_attributes=True)
 
 
+class RevokedSession(JournalModel, table=True):
+    """A signed-out sign-in session (:mod:`temporality_journal.revocation`): its cookie admits nothing any more,
+    on every replica. Kept until the session would have expired anyway (``expires_at``), then deleted.
+
+    Not part of the read model: the streams do not hold sign-outs, so a rebuild keeps this table
+    (:meth:`temporality_journal.database.Database.drop`)."""
+
+    __tablename__ = "revoked_sessions"
+
+    session_id: str = Field(primary_key=True, max_length=64)
+    expires_at: datetime = Field(sa_type=UTCDateTime, index=True)
+    revoked_at: datetime = Field(sa_type=UTCDateTime)
+
+
 #: The tables as SQLAlchemy core objects (batch inserts, upserts and aggregate queries).
 EVENTS_TABLE: Table = EventRecord.metadata.tables["events"]
 RUNS_TABLE: Table = RunRecord.metadata.tables["runs"]
 ASKS_TABLE: Table = AskRecord.metadata.tables["asks"]
 COMMIT_COUNTER_TABLE: Table = CommitCounter.metadata.tables["commit_counter"]
+REVOKED_SESSIONS_TABLE: Table = RevokedSession.metadata.tables["revoked_sessions"]

@@ -22,20 +22,31 @@ the caller must authenticate):
   ``<peer>_unreachable``, an answer over :data:`MAX_ANSWER_BYTES` a 502 ``<peer>_answer_too_large``.
 - Each forwarded request is logged (``<peer>.proxied``) with its method, route template, status and
   duration -- never a header or a body.
+- **Trace context** (W3C ``traceparent``/``tracestate``, issue 11): with tracing on, each forwarded request is
+  a CLIENT span ``<METHOD> <peer route>`` (``http.request.method``, ``server.address``/``server.port``,
+  ``url.template``, ``http.response.status_code``; an error status for a 5xx or no answer), the child of the
+  journal's SERVER span of the incoming request -- or, where there is none, of the caller's own
+  ``traceparent`` -- and the peer gets that span's context in its headers: the peer's SERVER span continues
+  the caller's trace through the journal. With tracing off the caller's ``traceparent``/``tracestate`` go to
+  the peer unchanged, as any intermediary that takes no part passes them on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import httpx
 import structlog
 from fastapi import Request
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, StatusCode
 from starlette.responses import Response
 
+from temporality_bus import tracing
 from temporality_service import ApiError, NotFound, Unavailable, read_body
 
 __all__ = [
@@ -60,6 +71,47 @@ ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 #: Rewrites a successful answer's body before it is returned (status, body) -> body; e.g. the inbox
 #: items get what the journal knows of their timeout policy.
 AnswerRewrite = Callable[[int, bytes], Awaitable[bytes]]
+
+
+#: The W3C Trace Context headers (lower case, as in the ASGI scope).
+TRACE_HEADERS = frozenset(("traceparent", "tracestate"))
+
+
+@contextlib.contextmanager
+def client_span(request: Request, method: str, route: str, client: httpx.AsyncClient) -> Iterator[Span | None]:
+    """With tracing on, a CLIENT span ``<method> <route>`` around a forwarded request, the child of the current
+    span, or of the request's own ``traceparent`` when no span is current (the journal's SERVER span exists only
+    with a global tracer provider); set as current, so :func:`trace_headers` carries it. Off: nothing."""
+    if not tracing.enabled():
+        yield None
+        return
+    parent = None
+    if not trace.get_current_span().get_span_context().is_valid:
+        parent = tracing.context_of(request.headers.get("traceparent"), request.headers.get("tracestate"))
+    url = client.base_url
+    attributes: dict[str, str | int] = {
+        "http.request.method": method,
+        "server.address": url.host,
+        "url.template": route,
+    }
+    if url.port is not None:
+        attributes["server.port"] = url.port
+    with tracing.tracer().start_as_current_span(
+        f"{method} {route}", context=parent, kind=SpanKind.CLIENT, attributes=attributes
+    ) as span:
+        yield span
+
+
+def trace_headers(request: Request) -> list[tuple[bytes, bytes]]:
+    """The trace context the forwarded request carries: the current (CLIENT) span's with tracing on, else the
+    caller's ``traceparent``/``tracestate`` as they came."""
+    if tracing.enabled():
+        current = tracing.current_trace()
+        if current is None:
+            return []
+        traceparent, tracestate = current
+        return [(b"traceparent", traceparent.encode())] + ([(b"tracestate", tracestate.encode())] if tracestate else [])
+    return [(key, value) for key, value in request.scope["headers"] if key.decode("latin-1") in TRACE_HEADERS]
 
 
 #: An allow-list's path shapes (under its prefix) with their methods: another method on one is a 405.
@@ -129,13 +181,37 @@ class Upstream:
         headers += [
             (key.lower().encode("latin-1"), value.encode("latin-1")) for key, value in (extra_headers or {}).items()
         ]
+        with client_span(request, method, route, self.client) as span:
+            headers += trace_headers(request)
+            return await self._exchange(method, route, upstream, params, headers, content, rewrite, span)
+
+    async def _exchange(
+        self,
+        method: str,
+        route: str,
+        upstream: str,
+        params: Mapping[str, str] | None,
+        headers: list[tuple[bytes, bytes]],
+        content: bytes | None,
+        rewrite: AnswerRewrite | None,
+        span: Span | None,
+    ) -> Response:
+        assert self.client is not None
         started = time.monotonic()
         outgoing = self.client.build_request(method, upstream, params=params or None, headers=headers, content=content)
         try:
             answer = await self.client.send(outgoing, stream=True)
         except httpx.HTTPError as exc:
             log.warning(f"{self.name}.unreachable", method=method, route=route, error=type(exc).__name__)
+            if span is not None:
+                span.set_attribute("error.type", type(exc).__name__)
+                span.set_status(StatusCode.ERROR)
             raise self._unreachable(f"the {self.label} did not answer ({type(exc).__name__}); retry later") from None
+        if span is not None:
+            span.set_attribute("http.response.status_code", answer.status_code)
+            if answer.status_code >= 500:
+                span.set_attribute("error.type", str(answer.status_code))
+                span.set_status(StatusCode.ERROR)
         try:
             received = bytearray()
             async for chunk in answer.aiter_bytes():

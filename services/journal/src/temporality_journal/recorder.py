@@ -28,6 +28,7 @@ dead-lettered alone and a database outage is retried with backoff.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -102,6 +103,29 @@ _PG_INSERT_EVENTS = (
     f"${len(_PG_ARRAY_COLUMNS) + 1}::text[]) AS batch({', '.join(_PG_ARRAY_COLUMNS)}, data) "
     "ON CONFLICT (id) DO NOTHING RETURNING id"
 )
+#: SQLite: one multi-row ``INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING RETURNING id`` per batch, the
+#: values bound positionally (the same columns as PostgreSQL's arrays, then ``data`` as JSON text and
+#: ``recorded_at``), text made per row count once.
+_TIME_INDEX = _PG_ARRAY_COLUMNS.index("time")
+_SQLITE_ROW = f"({', '.join('?' * (len(_PG_ARRAY_COLUMNS) + 2))})"
+_SQLITE_INSERT_EVENTS = (
+    f"INSERT INTO events ({', '.join(_PG_ARRAY_COLUMNS)}, data, recorded_at) VALUES {{rows}} "
+    "ON CONFLICT (id) DO NOTHING RETURNING id"
+)
+
+
+@functools.lru_cache(maxsize=8)
+def _sqlite_insert_events(count: int) -> str:
+    return _SQLITE_INSERT_EVENTS.format(rows=", ".join([_SQLITE_ROW] * count))
+
+
+def _sqlite_datetime(value: datetime) -> str:
+    """How :class:`~temporality_journal.models.UTCDateTime` stores a datetime on SQLite (naive UTC in
+    SQLAlchemy's SQLite ``DATETIME`` text format), so rows inserted here read back as any other."""
+    v = as_utc(value)
+    return f"{v.year:04d}-{v.month:02d}-{v.day:02d} {v.hour:02d}:{v.minute:02d}:{v.second:02d}.{v.microsecond:06d}"
+
+
 _COUNTER = COMMIT_COUNTER_TABLE.c
 _ONE_COUNTER = _COUNTER.id == 1
 #: PostgreSQL: the counter's row lock. SQLite has no row locks: a no-op write takes the database's write lock.
@@ -331,8 +355,11 @@ class Recorder:
         PostgreSQL: one ``INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING RETURNING id`` with one
         array per column, ``data`` passed as the JSON text :func:`_cleaned` made anyway (cast to
         ``jsonb`` by the server): one statement and one round trip, nothing built per row by
-        SQLAlchemy. SQLite (or a ``data`` that is not JSON-serializable): SQLAlchemy core's multi-row
-        insert with the same semantics.
+        SQLAlchemy. SQLite: one multi-row ``INSERT … VALUES … ON CONFLICT DO NOTHING RETURNING id`` with
+        positional values (``data`` the same JSON text, datetimes in the text SQLAlchemy would store;
+        SQLAlchemy's per-value bind processing and its second ``json.dumps`` of ``data`` were ~20 % of the
+        recorder's CPU there). A ``data`` that is not JSON-serializable: SQLAlchemy core's multi-row insert
+        with the same semantics.
         """
         ids = [row["id"] for row in rows]
         known = {row[0] for row in await conn.execute(select(EVENTS_TABLE.c.id).where(EVENTS_TABLE.c.id.in_(ids)))}
@@ -344,6 +371,16 @@ class Recorder:
         if self._database.dialect == "postgresql" and None not in dumps:
             columns = [[row[name] for row in rows] for name in _PG_ARRAY_COLUMNS]
             result = await conn.exec_driver_sql(_PG_INSERT_EVENTS, (*columns, dumps, rows[0]["recorded_at"]))
+            new = {row[0] for row in result}
+        elif None not in dumps:  # SQLite: the same in one statement, nothing built per value by SQLAlchemy
+            recorded_at = _sqlite_datetime(rows[0]["recorded_at"])
+            values: list[Any] = []
+            for row, dump in zip(rows, dumps, strict=True):
+                row_values = [row[name] for name in _PG_ARRAY_COLUMNS]
+                row_values[_TIME_INDEX] = _sqlite_datetime(row["time"])
+                values += row_values
+                values += (dump, recorded_at)
+            result = await conn.exec_driver_sql(_sqlite_insert_events(len(rows)), tuple(values))
             new = {row[0] for row in result}
         else:
             inserted = await conn.execute(

@@ -9,9 +9,10 @@ Optional: with ``TEMPORALITY_JOURNAL_OIDC_ISSUER`` unset the journal admits API 
                             nonce); ``?next=#/runs`` is where the console returns to (a ``#/`` hash only)
 ``GET /auth/callback``      the provider's redirect: code exchanged, ID token checked, session set, 302 to
                             the console; any failure is a 400 ``sign_in_failed`` (nothing is set)
-``POST /auth/logout``       ends the session in this browser (cookie cleared); needs the console header,
-                            like every cookie call that changes something; 200 ``{"provider_logout": URL
-                            or null}``: where the browser goes to end the provider's session too
+``POST /auth/logout``       ends the session, on every replica (its id recorded as signed out) and in this
+                            browser (cookie cleared); needs the console header, like every cookie call that
+                            changes something; 200 ``{"provider_logout": URL or null}``: where the browser
+                            goes to end the provider's session too
 ==========================  ========================================================================
 
 Signing out at the provider (RP-initiated logout, OpenID Connect RP-Initiated Logout 1.0): when the provider's
@@ -43,10 +44,10 @@ The role is decided once, at sign-in; a change at the provider applies at the ne
 The session is Starlette's signed cookie (``temporality_session``: HttpOnly, SameSite=Lax, Secure unless the
 redirect base URL is plain http or ``TEMPORALITY_JOURNAL_SESSION_COOKIE_SECURE=false``) signed with
 ``TEMPORALITY_JOURNAL_SESSION_SECRET_FILE`` (every replica the same key); it holds the person's id, display
-name, role and an absolute expiry ``TEMPORALITY_JOURNAL_SESSION_MAX_AGE_S`` after sign-in (8 h), after which
-it admits nothing. The session is kept in the cookie, not on the server: signing out clears this browser's
-cookie, and a copy taken before (it is HttpOnly: no script can read it) stays valid until that expiry, which
-is why it is bounded. The journal's API admits it beside bearer tokens (a bearer, when sent, is what counts) --
+name, role, a random session id and an absolute expiry ``TEMPORALITY_JOURNAL_SESSION_MAX_AGE_S`` after sign-in
+(8 h), after which it admits nothing. Signing out records the session id as revoked in the journal's database
+and clears this browser's cookie: a copy of the cookie taken before is refused from then on, by every replica
+(:mod:`temporality_journal.revocation`: one primary-key read per request that carries a session). The journal's API admits it beside bearer tokens (a bearer, when sent, is what counts) --
 with one more condition for a request that could change something (any method but GET/HEAD/OPTIONS): it must
 carry ``X-Temporality-Console: 1`` (:data:`CSRF_HEADER`), which the console sends and which a page on another
 site cannot send without a CORS preflight the journal never grants. Such a request without it is a 403
@@ -63,6 +64,7 @@ never a token, code, secret or cookie.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -78,6 +80,8 @@ from pydantic import BaseModel, Field
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.responses import RedirectResponse, Response
 
+from temporality_journal.database import Database
+from temporality_journal.revocation import PERSON_KEY, RevocationCheck, Revocations
 from temporality_journal.settings import Settings
 from temporality_service import ApiError, Forbidden, Principal, Role, Voucher
 
@@ -99,7 +103,7 @@ CSRF_HEADER = "X-Temporality-Console"
 SESSION_COOKIE = "temporality_session"
 MIN_SESSION_SECRET = 32
 _SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
-_PERSON_KEY = "person"
+_PERSON_KEY = PERSON_KEY
 #: The session key of the sign-in's ID token: the ``id_token_hint`` of the provider logout.
 _ID_TOKEN_KEY = "idt"
 _CLIENT = "oidc"
@@ -140,14 +144,21 @@ class ProviderUnreachable(ApiError):
     code = "provider_unreachable"
 
 
+class SignOutUnrecorded(ApiError):
+    status = 503
+    code = "sign_out_unrecorded"
+
+
 @dataclass(frozen=True)
 class Person:
-    """A person signed in with the provider: their directory user id, display name, role (None: inbox only)."""
+    """A person signed in with the provider: their directory user id, display name, role (None: inbox only),
+    the session's expiry and id (what a sign-out revokes)."""
 
     user_id: str
     name: str
     role: Role | None
     expires_at: float
+    session_id: str
 
     @property
     def principal_name(self) -> str:
@@ -187,6 +198,8 @@ class SignIn:
         self.settings = settings
         self.voucher = voucher
         self._session_secret = session_secret
+        #: The sign-outs, set by :meth:`install` (the database is opened after the settings are read).
+        self.revocations: Revocations | None = None
         issuer = str(settings.oidc_issuer).rstrip("/")
         self.redirect_uri = str(settings.oidc_redirect_base_url).rstrip("/") + "/auth/callback"
         #: Where the provider sends the person after signing them out (register it at the provider).
@@ -226,7 +239,8 @@ class SignIn:
 
     # ------------------------------------------------------------------ the session
     def person(self, request: Request) -> Person | None:
-        """The person the request's session cookie signs in, while it has not expired; else None."""
+        """The person the request's session cookie signs in, while it has not expired; else None. (A signed-out
+        session never gets here: :class:`~temporality_journal.revocation.RevocationCheck` empties it first.)"""
         if "session" not in request.scope:
             return None
         data = request.session.get(_PERSON_KEY)
@@ -240,6 +254,7 @@ class SignIn:
                 name=str(data.get("name") or data["id"]),
                 role=Role[role] if isinstance(role, str) else None,
                 expires_at=expires_at,
+                session_id=str(data["sid"]),  # a cookie from before session ids admits nothing: sign in again
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -254,8 +269,11 @@ class SignIn:
                 code="console_header_missing",
             )
 
-    def install(self, app: FastAPI) -> None:
-        """The session middleware and the ``/auth/...`` routes."""
+    def install(self, app: FastAPI, database: Database) -> None:
+        """The session middleware, the revocation check inside it (sign-outs recorded in ``database``) and the
+        ``/auth/...`` routes."""
+        self.revocations = Revocations(database)
+        app.add_middleware(RevocationCheck, revocations=self.revocations)  # added first: runs inside the session's
         app.add_middleware(
             SessionMiddleware,
             secret_key=self._session_secret,
@@ -338,12 +356,17 @@ class SignIn:
                 )
             role = role_of(claims.get(settings.oidc_roles_claim), dict(settings.oidc_role_map))
             next_hash = request.session.get("next") or "#/runs"
+            before = self.person(request)  # signed in already, in this browser: that session ends here
+            if before is not None:
+                assert self.revocations is not None  # install() set it
+                await self.revocations.revoke(before.session_id, before.expires_at)
             request.session.clear()  # nothing from before the sign-in survives it
             request.session[_PERSON_KEY] = {
                 "id": user_id.strip(),
                 "name": str(claims.get("name") or user_id)[:200],
                 "role": None if role is None else role.name,
                 "exp": time.time() + settings.session_max_age_s,
+                "sid": secrets.token_urlsafe(24),  # what a sign-out revokes (temporality_journal.revocation)
             }
             id_token = token.get("id_token")
             if isinstance(id_token, str) and len(id_token) <= 3000:  # the cookie stays under the 4 KB browsers keep
@@ -364,6 +387,15 @@ class SignIn:
             id_token = request.session.get(_ID_TOKEN_KEY) if person is not None else None
             if person is not None:
                 self.check_csrf(request)
+                assert self.revocations is not None  # install() set it
+                try:  # recorded before the answer: from here every replica refuses a copy of the cookie
+                    await self.revocations.revoke(person.session_id, person.expires_at)
+                except Exception as exc:
+                    log.warning("signin.sign_out_unrecorded", user_id=person.user_id, error=type(exc).__name__)
+                    raise SignOutUnrecorded(
+                        "the sign-out could not be recorded (the journal's database did not answer); you are "
+                        "still signed in: retry in a moment"
+                    ) from None
             request.session.clear()  # the middleware then expires the cookie
             provider_logout = await self.provider_logout(id_token) if isinstance(id_token, str) else None
             if person is not None:

@@ -48,7 +48,9 @@ How it is sent: :class:`EventStreamResponse`, our own ASGI response, not FastAPI
 were being written: a logged server error for an ordinary hang-up). One task reads the request's
 ``http.disconnect`` and sets ``gone``; the stream looks at it between events and while it waits, and ends
 by itself: it is never cancelled in the middle of a database query. A stream ends when the client goes
-away or the service stops (SIGTERM: the server does not wait for open streams).
+away or the service stops (SIGTERM: the server does not wait for open streams). sse-starlette (in the lock
+through ``mcp``) is not used for the same reason: it cancels the generator's task group on disconnect
+(docs/journal.md, "Why the journal's own SSE response").
 """
 
 from __future__ import annotations

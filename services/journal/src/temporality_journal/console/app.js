@@ -237,7 +237,13 @@ function debounce(fn, ms) {
 function signOut(reason) {
   if (signedInPerson()) {
     fetch("/auth/logout", { method: "POST", headers: CONSOLE_HEADER })
-      .then((response) => (response.ok ? response.json() : null))
+      .then(async (response) => {
+        if (response.ok) return response.json();
+        // e.g. 503 sign_out_unrecorded: the session was not ended, say so rather than look signed out
+        const refused = await response.json().catch(() => null);
+        go("#/signin", `Not signed out: ${refused?.detail ?? `HTTP ${response.status}`}`);
+        return null;
+      })
       .then((body) => {
         if (body?.provider_logout) location.assign(body.provider_logout);
       })

@@ -147,9 +147,9 @@ def _free_port() -> int:
 async def tls_postgres(tmp_path: Path, ca: TestCA) -> AsyncIterator[str]:
     """A PostgreSQL of its own on a random port, accepting TLS connections only (``hostssl``), with a server
     certificate for 127.0.0.1 from ``ca``; yields its URL (no TLS parameters). Runs as ``postgres`` under root."""
-    initdb, postgres = shutil.which("initdb"), shutil.which("postgres")
-    if initdb is None or postgres is None:
-        pytest.skip("no initdb/postgres binaries here")
+    initdb, postgres, isready = shutil.which("initdb"), shutil.which("postgres"), shutil.which("pg_isready")
+    if initdb is None or postgres is None or isready is None:
+        pytest.skip("no initdb/postgres/pg_isready binaries here")
     as_user: list[str] = []
     if os.geteuid() == 0:
         if shutil.which("runuser") is None:
@@ -200,18 +200,17 @@ async def tls_postgres(tmp_path: Path, ca: TestCA) -> AsyncIterator[str]:
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
+    # Ready when pg_isready says it accepts connections: the port opens while the server still answers
+    # "the database system is starting up" (a TCP connect alone let the test in too early under load).
+    ready_cmd = [isready, "-q", "-h", "127.0.0.1", "-p", str(port)]
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(60):
             while True:
-                try:
-                    _, writer = await asyncio.open_connection("127.0.0.1", port)
-                except OSError:
-                    assert server.returncode is None, "postgres exited at start"
-                    await asyncio.sleep(0.1)
-                    continue
-                writer.close()
-                await writer.wait_closed()
-                break
+                assert server.returncode is None, "postgres exited at start"
+                probe = await asyncio.create_subprocess_exec(*ready_cmd)
+                if await probe.wait() == 0:
+                    break
+                await asyncio.sleep(0.1)
         yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres"
     finally:
         server.terminate()

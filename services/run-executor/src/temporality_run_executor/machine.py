@@ -523,6 +523,8 @@ class ToolReturned:
     outcome: ToolOutcome
     #: Seconds since the turn's provider call began.
     elapsed_s: float
+    #: Tokens the call's MCP sampling requests cost (the run's model, :mod:`.sampling`).
+    usage: Usage = field(default_factory=Usage)
 
 
 @dataclass(frozen=True)
@@ -533,6 +535,8 @@ class ToolRetried:
     outcome: ToolOutcome
     #: Seconds the call took.
     elapsed_s: float
+    #: Tokens the call's MCP sampling requests cost (the run's model, :mod:`.sampling`).
+    usage: Usage = field(default_factory=Usage)
 
 
 @dataclass(frozen=True)
@@ -1813,7 +1817,12 @@ def _tool_retried(
             kept = evolve(elicitation, answers=elicitation.answers[: outcome.position])
             pending = _elicit_pending(run, kept, outcome, 0, None, now)
             saved = evolve(
-                ckpt, pending=pending, elicit=kept, compute_s=ckpt.compute_s + incoming.elapsed_s, saved_at=now
+                ckpt,
+                pending=pending,
+                elicit=kept,
+                compute_s=ckpt.compute_s + incoming.elapsed_s,
+                usage=ckpt.usage + incoming.usage,
+                saved_at=now,
             )
             fields = {"turn": elicitation.turn, "call_id": call.id, "tool": call.name, "request_id": pending.request_id}
             return Decision((Note("run.tool_call.elicited", fields=fields), SaveCheckpoint(saved)), Boundary())
@@ -1830,7 +1839,7 @@ def _tool_retried(
         content = tool_error(f"the tool {call.name!r} failed: {outcome.error}")
     else:
         content = outcome.content
-    return _retried(run, ckpt, elicitation, content, incoming.elapsed_s, tuple(effects), now)
+    return _retried(run, ckpt, elicitation, content, incoming.elapsed_s, tuple(effects), now, incoming.usage)
 
 
 def _retried(
@@ -1841,12 +1850,14 @@ def _retried(
     elapsed_s: float,
     effects: tuple[Effect, ...],
     now: datetime,
+    usage: Usage | None = None,
 ) -> Decision:
     saved = evolve(
         ckpt,
         messages=[*ckpt.messages, _tool_message(elicitation.call, content)],
         elicit=None,
         compute_s=ckpt.compute_s + elapsed_s,
+        usage=ckpt.usage + usage if usage is not None else ckpt.usage,
         saved_at=now,
     )
     called = _tool_called(run, elicitation.turn, elicitation.index, elicitation.call, content)
@@ -1862,6 +1873,7 @@ def _tool_returned(
     call = turn.calls[index]
     effects: list[Effect] = []
     outcome = incoming.outcome
+    turn = replace(turn, usage=turn.usage + incoming.usage)  # what its sampling requests cost
     if isinstance(outcome, ToolElicited):
         refused = _elicit_refusal(run, turn, outcome)
         if refused is None:

@@ -11,7 +11,7 @@ calls are in flight at once, ``die`` exits the process mid-call, ``ask`` asks th
 
 With ``--elicit-tools``, for the elicitation tests (``test_mcp_elicitation.py``), also: ``delete_note`` asks
 to confirm (a yes/no form) before it deletes, ``book`` asks for a small form (a day from a list, hours 1..8),
-``purge`` asks to confirm through a resolver (``Resolve(Elicit)``: on an MCP 2026-07-28 session an
+``connect`` asks the user to sign in at a link (URL mode), ``purge`` asks to confirm through a resolver (``Resolve(Elicit)``: on an MCP 2026-07-28 session an
 ``input_required`` result, on an older one ``elicitation/create``).
 
 With ``--client-tools``, for the tests of what the client offers a server (``test_mcp_client_requests.py``),
@@ -152,6 +152,14 @@ async def book(room: str, ctx: Context) -> str:
     return f"booked {room} on {answer.data.day} for {answer.data.hours}h"
 
 
+async def connect(service: str, ctx: Context) -> str:
+    """Connect a service, after the user signed in there (a URL-mode elicitation: the link, not a form)."""
+    answer = await ctx.elicit_url(
+        f"Sign in to {service} to connect it.", f"https://auth.example.test/{service}/login?state=s1", "el-1"
+    )
+    return f"connected {service}" if answer.action == "accept" else f"not connected: {answer.action}"
+
+
 def _ask_purge(name: str) -> Elicit[_Confirm]:
     return Elicit(f"Purge the note {name}?", _Confirm)
 
@@ -212,7 +220,7 @@ if __name__ == "__main__":
     if "--session-tools" in sys.argv[1:]:
         _add_session_tools()
     if "--elicit-tools" in sys.argv[1:]:
-        for tool in (delete_note, book, purge):
+        for tool in (delete_note, book, purge, connect):
             server.add_tool(tool)
     if "--client-tools" in sys.argv[1:]:
         for tool in (traced, roots, summarize, summarize_many):

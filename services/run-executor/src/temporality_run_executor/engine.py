@@ -876,7 +876,7 @@ class Engine:
         except ToolError as exc:
             return ToolOutput(tool_error(str(exc)))
         except ElicitationNeeded as asked:  # the run parks on a person; the call is made again with the answer
-            return ToolElicited(asked.message, asked.requested_schema, asked.position)
+            return ToolElicited(asked.message, asked.requested_schema, asked.position, asked.url)
         except (TransientError, Conflict):
             raise  # the bus, not the tool: redelivered
         except Exception as exc:  # the tool broke: say so, and let the model carry on without it

@@ -145,16 +145,13 @@ class _Call:
     def answer(self, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
         position = self.asked
         self.asked += 1
-        if not isinstance(params, mcp_types.ElicitRequestFormParams):
-            self.unanswerable = self.unanswerable or f"it asked the user to open a URL ({params.message})"
-            return mcp_types.ElicitResult(action="decline")
-        schema = dict(params.requested_schema)
+        schema, url = _asked(params)
         if position < len(self.answers):
             recorded = self.answers[position]
-            if recorded.message == params.message and recorded.requested_schema == schema:
+            if (recorded.message, recorded.requested_schema, recorded.url) == (params.message, schema, url):
                 return mcp_types.ElicitResult(action=recorded.action, content=recorded.content)
         if self.needed is None:
-            self.needed = ElicitationNeeded(params.message, schema, position)
+            self.needed = ElicitationNeeded(params.message, schema, position, url)
         return mcp_types.ElicitResult(action="cancel")
 
     async def sampled(
@@ -192,16 +189,20 @@ class _Call:
                 responses[key] = sampled
                 continue
             params = request.params
-            if not isinstance(params, mcp_types.ElicitRequestFormParams):
-                raise McpToolFailed(f"it asked the user to open a URL ({params.message}), which cannot be answered")
-            schema = dict(params.requested_schema)
-            recorded = next(
-                (a for a in self.answers if a.message == params.message and a.requested_schema == schema), None
-            )
+            schema, url = _asked(params)
+            asks = (params.message, schema, url)
+            recorded = next((a for a in self.answers if (a.message, a.requested_schema, a.url) == asks), None)
             if recorded is None:
-                raise ElicitationNeeded(params.message, schema, len(self.answers))
+                raise ElicitationNeeded(params.message, schema, len(self.answers), url)
             responses[key] = mcp_types.ElicitResult(action=recorded.action, content=recorded.content)
         return responses
+
+
+def _asked(params: mcp_types.ElicitRequestParams) -> tuple[dict[str, Any], str | None]:
+    """What an elicitation asks: a form's requested schema, or (URL mode) no schema and the link."""
+    if isinstance(params, mcp_types.ElicitRequestURLParams):
+        return {}, params.url
+    return dict(params.requested_schema), None
 
 
 def _sampling_messages(params: mcp_types.CreateMessageRequestParams) -> list[Message]:

@@ -108,12 +108,14 @@ class ElicitationNeeded(Exception):
     answer fits: the run parks on a person and the call is retried with their answer. The server was told
     ``cancel``; whatever the call returned after that is not the tool's result."""
 
-    def __init__(self, message: str, requested_schema: dict[str, Any], position: int) -> None:
+    def __init__(self, message: str, requested_schema: dict[str, Any], position: int, url: str | None = None) -> None:
         super().__init__(f"the tool asks for the user's input: {message}")
         self.message = message
         self.requested_schema = requested_schema
         #: Which of the call's elicitations it is (0: its first); the recorded answers from here on are stale.
         self.position = position
+        #: URL mode (MCP 2025-11-25): the person is asked to open this link (``requested_schema`` is empty).
+        self.url = url
 
 
 class ToolError(Exception):

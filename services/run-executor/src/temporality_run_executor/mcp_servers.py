@@ -14,9 +14,11 @@ sandbox (``StdioServerParameters``: ``sandbox.working_dir`` as its working direc
 the SDK's safe defaults -- ``HOME``, ``LOGNAME``, ``PATH``, ``SHELL``, ``TERM``, ``USER`` -- plus the
 variables ``sandbox.env`` passes through and the server's own ``env``; with ``sandbox.network: false``
 under ``unshare -rn``: a user and network namespace of its own, with no usable interface). Each session
-is owned by a task of its own, which enters the SDK's ``stdio_client`` and ``ClientSession`` (anyio
-cancel scopes must be exited by the task that entered them) and waits until the session is retired;
-callers talk to it through the session object. A session is retired when
+is owned by a task of its own, which enters the SDK's ``mcp.Client`` (anyio cancel scopes must be exited
+by the task that entered them) and waits until the session is retired; callers talk to it through its
+``ClientSession``. Only the SDK's public API is used: ``mcp.Client`` (``mode="legacy"`` or ``"auto"``) over
+an ``mcp.client.Transport`` (:class:`_StdioTransport`: the SDK's ``stdio_client`` whose read stream tells
+the session when the server's stdout ends). A session is retired when
 
 - the server's stdout ends (it died, was killed, or exited): the call in flight fails
   (:class:`McpToolFailed`, a tool error the model sees, ``tool.failed``), the next call starts a fresh one;
@@ -42,7 +44,14 @@ answered from the record. stdio carries no link from a server's request to the c
 elicitation is tied to the one call in flight on its session (it waits, bounded by the call's timeout, for
 the session's other calls to end); when several calls of the session elicit at once none can be told
 apart: each is told ``cancel`` and each call fails as a tool error (call it again). A URL-mode
-elicitation is declined (the call fails as a tool error).
+elicitation (MCP 2025-11-25: a link the person opens) is asked the same way, its link recorded with the
+answer.
+
+Every ``tools/call`` carries the caller's trace context in ``params._meta`` (``traceparent``/``tracestate``,
+:func:`trace_meta`): stdio has no headers. ``roots/list`` is answered with the sandbox's working directory.
+``sampling/createMessage`` is answered by the run's own model through the call's
+:data:`~.tools.Sample` (:mod:`.sampling`: counted in the run's limits, journaled), tied to its call as an
+elicitation is; a call with no sampler (a run of an external agent, a bare client) refuses it.
 
 A server declared with ``protocol: auto`` is probed with ``server/discover``; when it speaks MCP 2026-07-28
 its tools ask for input with an ``input_required`` result instead (the questions in the result, no
@@ -50,8 +59,8 @@ server-to-client request): each elicitation in it is answered from the recorded 
 (message and schema) and the call is made again with the answers and the server's ``request_state``
 (at most :data:`MAX_INPUT_ROUNDS` rounds, all in this call); one with no recorded answer raises
 :class:`~.tools.ElicitationNeeded` as above. Nothing waits in the session either way: after the person's
-answer the call starts over, and the server asks again. Sampling and roots requests are not offered (the
-call fails as a tool error). The default (``handshake``) opens sessions with ``initialize`` (at most
+answer the call starts over, and the server asks again. Sampling and roots requests in it are answered as
+in a request from the server. The default (``handshake``) opens sessions with ``initialize`` (at most
 2025-11-25), where a server elicits with ``elicitation/create``.
 """
 

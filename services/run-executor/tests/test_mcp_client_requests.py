@@ -17,14 +17,16 @@ from pathlib import Path
 
 import pytest
 from executor_support import REVIEWER, RunExecutor, run_requested
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanContext, SpanKind
 
 from temporality_bus import Bus, tracing
 from temporality_protocol import RunCompleted, RunSampled, RunUsage
 from temporality_run_executor.agents import AgentCard, Limits, McpServer, ProviderConfig, Sandbox
 from temporality_run_executor.mcp_servers import McpClient, McpPool, McpToolFailed, list_card_tools
-from temporality_run_executor.tools import ToolPolicy
+from temporality_run_executor.records import Message
+from temporality_run_executor.tools import Sampled, ToolPolicy
 from temporality_testing.events import EventLog
 from temporality_testing.openai_emulator import OpenAIEmulator, assistant_text, assistant_tool_call, usage
 from temporality_testing.spans import spans_in_memory
@@ -90,6 +92,24 @@ async def test_roots_are_the_sandbox_working_directory(pool: McpPool, tmp_path: 
 async def test_sampling_with_no_model_for_it_is_refused(pool: McpPool, protocol: str) -> None:
     with pytest.raises(McpToolFailed, match="no model answers sampling here"):
         await McpClient(_server(protocol), Sandbox(), pool).call("summarize", {"text": "x"})
+
+
+@PROTOCOLS
+async def test_a_sampling_request_continues_the_trace_of_its_call(
+    pool: McpPool, exported: InMemorySpanExporter, protocol: str
+) -> None:
+    seen: list[SpanContext] = []
+
+    async def sample(messages: list[Message], max_tokens: int) -> Sampled:
+        seen.append(trace.get_current_span().get_span_context())
+        return Sampled(content="short", model="m")
+
+    client = McpClient(_server(protocol), Sandbox(), pool)
+    with tracing.tracer().start_as_current_span("turn"):
+        assert "short" in await client.call("summarize", {"text": "x"}, sample=sample)
+    (span,) = [s for s in exported.get_finished_spans() if s.name == "tools/call summarize"]
+    assert span.context is not None
+    assert [(c.trace_id, c.span_id) for c in seen] == [(span.context.trace_id, span.context.span_id)]
 
 
 def _card(emulator: OpenAIEmulator, limits: Limits, protocol: str = "handshake") -> AgentCard:

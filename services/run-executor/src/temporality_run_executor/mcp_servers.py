@@ -84,6 +84,7 @@ from mcp import types as mcp_types
 from mcp.client import ClientRequestContext, IncomingMessage
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.message import SessionMessage
+from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, StatusCode
 
 from temporality_bus import tracing
@@ -150,6 +151,9 @@ class _Call:
         self.unanswerable: str | None = None
         #: What broke while answering a sampling request (the bus, not the server): raised after the call.
         self.failure: Exception | None = None
+        #: The caller's context (its ``tools/call`` span): a sampling request continues it (the provider's ``chat``
+        #: span is the call's child), attached explicitly whatever context the SDK runs its callback in.
+        self.trace_context = otel_context.get_current()
 
     def answer(self, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
         position = self.asked
@@ -170,6 +174,7 @@ class _Call:
         run's limits and journaled), or the error the server is told (no model for it, a refusal)."""
         if self.sample is None:
             return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message="no model answers sampling here")
+        token = otel_context.attach(self.trace_context)
         try:
             messages = _sampling_messages(params)
             got = await self.sample(messages, params.max_tokens)
@@ -179,6 +184,8 @@ class _Call:
         except Exception as exc:  # the bus failing while journaling it: the call fails, the turn is redelivered
             self.failure = self.failure or exc
             return mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR, message="the client could not answer")
+        finally:
+            otel_context.detach(token)
         text = mcp_types.TextContent(type="text", text=got.content)
         return mcp_types.CreateMessageResult(role="assistant", content=text, model=got.model, stop_reason="endTurn")
 

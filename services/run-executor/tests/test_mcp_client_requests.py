@@ -10,18 +10,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from executor_processes import Crash, Process, start_process
 from executor_support import REVIEWER, RunExecutor, run_requested
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, SpanKind
 
-from temporality_bus import Bus, tracing
+from temporality_bus import Bus, NatsSettings, tracing
 from temporality_protocol import RunCompleted, RunSampled, RunUsage
 from temporality_run_executor.agents import AgentCard, Limits, McpServer, ProviderConfig, Sandbox
 from temporality_run_executor.mcp_servers import McpClient, McpPool, McpToolFailed, list_card_tools
@@ -207,3 +209,35 @@ async def test_sampling_counts_as_model_calls_against_max_turns(
     (called,) = event_log.of_type("run.tool_called", event.runid)
     answers = json.loads(called.data["result_preview"])["answers"]
     assert answers == ["one", "two", "error: the run has no model calls left (max_turns 3)"]
+
+
+async def test_a_crash_after_a_sampled_call_journals_the_sampling_once_and_counts_the_committed_call(
+    bus: Bus,
+    event_log: EventLog,
+    nats_settings: NatsSettings,
+    processes: list[Process],
+    pool: McpPool,
+    emulator: OpenAIEmulator,
+) -> None:
+    """The driver dies after the call came back (its result not committed): the next process replays the turn,
+    the server samples again (that model call is spent twice), one ``run.sampled`` is journaled (the same id)
+    and the run counts the committed call's tokens once."""
+    turn = assistant_tool_call("call_sum", "notes__summarize", {"text": "the PR"}, usage=usage(100, 10))
+    sampled = assistant_text("It fixes a typo.", usage=usage(30, 5))
+    emulator.replies += [turn, sampled, turn, sampled, assistant_text("Done.", usage=usage(150, 20))]
+    card = _card(emulator, Limits())
+    tools = {card.id: await list_card_tools(card, pool)}
+    crash = Crash("tool_returned")
+    first = await start_process(nats_settings, "executor-1", [card], crash, tools)
+    processes.append(first)
+    event = run_requested()
+    await bus.publish(event)
+    await asyncio.wait_for(crash.crashed.wait(), 60)
+    await first.end()
+    processes.append(await start_process(nats_settings, "executor-2", [card], card_tools=tools))
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=60)
+    assert len(emulator.requests) == 5  # the replayed turn asked the model and sampled again
+    await event_log.caught_up()
+    assert len(event_log.of_type("run.sampled", event.runid)) == 1
+    totals = RunUsage(turns=2, tool_calls=1, prompt_tokens=280, completion_tokens=35, total_tokens=315)
+    assert completed.payload(RunCompleted).usage == totals

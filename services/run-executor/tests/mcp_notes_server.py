@@ -11,8 +11,14 @@ calls are in flight at once, ``die`` exits the process mid-call, ``ask`` asks th
 
 With ``--elicit-tools``, for the elicitation tests (``test_mcp_elicitation.py``), also: ``delete_note`` asks
 to confirm (a yes/no form) before it deletes, ``book`` asks for a small form (a day from a list, hours 1..8),
-``purge`` asks to confirm through a resolver (``Resolve(Elicit)``: on an MCP 2026-07-28 session an
+``connect`` asks the user to sign in at a link (URL mode), ``purge`` asks to confirm through a resolver (``Resolve(Elicit)``: on an MCP 2026-07-28 session an
 ``input_required`` result, on an older one ``elicitation/create``).
+
+With ``--client-tools``, for the tests of what the client offers a server (``test_mcp_client_requests.py``),
+also: ``traced`` reports the ``traceparent``/``tracestate`` its request's ``_meta`` carried, ``roots`` asks the
+client for its roots, ``summarize`` asks the client's model for a completion (sampling), ``summarize_many``
+asks ``n`` times and reports each answer or error -- the last three through resolvers, so on an MCP 2026-07-28
+session as ``input_required`` results, on an older one as requests to the client.
 """
 
 from __future__ import annotations
@@ -22,13 +28,17 @@ import contextlib
 import os
 import socket
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated
 
+from mcp import MCPDeprecationWarning, MCPError
 from mcp.server.elicitation import AcceptedElicitation
-from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
+from mcp.server.mcpserver import Context, Elicit, ElicitationResult, ListRoots, MCPServer, Resolve, Sample
+from mcp.types import CreateMessageResult, ListRootsResult, SamplingMessage, TextContent
 from pydantic import BaseModel, Field
 
+warnings.simplefilter("ignore", MCPDeprecationWarning)  # sampling and roots: deprecated at 2026-07-28, still served
 server = MCPServer("notes")
 _calls = 0
 _in_flight = 0
@@ -142,6 +152,14 @@ async def book(room: str, ctx: Context) -> str:
     return f"booked {room} on {answer.data.day} for {answer.data.hours}h"
 
 
+async def connect(service: str, ctx: Context) -> str:
+    """Connect a service, after the user signed in there (a URL-mode elicitation: the link, not a form)."""
+    answer = await ctx.elicit_url(
+        f"Sign in to {service} to connect it.", f"https://auth.example.test/{service}/login?state=s1", "el-1"
+    )
+    return f"connected {service}" if answer.action == "accept" else f"not connected: {answer.action}"
+
+
 def _ask_purge(name: str) -> Elicit[_Confirm]:
     return Elicit(f"Purge the note {name}?", _Confirm)
 
@@ -153,6 +171,46 @@ async def purge(name: str, answer: Annotated[ElicitationResult[_Confirm], Resolv
     return f"purged {name}" if answer.data.confirm else "kept"
 
 
+def traced(ctx: Context) -> dict[str, object]:
+    """The trace context this request's ``_meta`` carried."""
+    meta = ctx.request_context.meta or {}
+    return {"traceparent": meta.get("traceparent"), "tracestate": meta.get("tracestate")}
+
+
+def _ask_roots() -> ListRoots:
+    return ListRoots()
+
+
+async def roots(listed: Annotated[ListRootsResult, Resolve(_ask_roots)]) -> dict[str, object]:
+    """The client's roots."""
+    return {"roots": [{"uri": str(root.uri), "name": root.name} for root in listed.roots]}
+
+
+def _ask_summary(text: str) -> Sample:
+    message = SamplingMessage(role="user", content=TextContent(type="text", text=f"Summarize: {text}"))
+    return Sample([message], max_tokens=64, system_prompt="You write one-line summaries.")
+
+
+async def summarize(text: str, summary: Annotated[CreateMessageResult, Resolve(_ask_summary)]) -> str:
+    """A one-line summary of ``text``, written by the client's model."""
+    content = summary.content
+    return f"summary ({summary.model}): {content.text if isinstance(content, TextContent) else content.type}"
+
+
+async def summarize_many(text: str, n: int, ctx: Context) -> dict[str, list[str]]:
+    """Ask the client's model ``n`` times (each answer, or the error the client sent)."""
+    answers: list[str] = []
+    for i in range(n):
+        message = SamplingMessage(role="user", content=TextContent(type="text", text=f"Summarize #{i}: {text}"))
+        try:
+            got = await ctx.session.create_message([message], max_tokens=64)
+        except MCPError as exc:
+            answers.append(f"error: {exc.error.message}")
+            continue
+        answers.append(got.content.text if isinstance(got.content, TextContent) else got.content.type)
+    return {"answers": answers}
+
+
 def _add_session_tools() -> None:
     for tool in (stats, rendezvous, die, add_extra, ask):
         server.add_tool(tool)
@@ -162,6 +220,9 @@ if __name__ == "__main__":
     if "--session-tools" in sys.argv[1:]:
         _add_session_tools()
     if "--elicit-tools" in sys.argv[1:]:
-        for tool in (delete_note, book, purge):
+        for tool in (delete_note, book, purge, connect):
+            server.add_tool(tool)
+    if "--client-tools" in sys.argv[1:]:
+        for tool in (traced, roots, summarize, summarize_many):
             server.add_tool(tool)
     server.run()

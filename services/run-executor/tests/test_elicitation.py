@@ -24,7 +24,7 @@ from temporality_protocol import (
     RunToolCalled,
     TextAnswer,
 )
-from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, render
+from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, read_url, render, render_url
 from temporality_run_executor.machine import (
     Agent,
     AnswerElicitation,
@@ -246,6 +246,31 @@ def test_an_elicitation_that_cannot_park_fails_the_call_as_a_tool_error(
     saved = _saved(done)
     assert saved.elicit is None
     assert saved.pending is None or saved.pending.kind == "human"
+
+
+def test_a_url_mode_elicitation_is_the_link_in_the_question_done_or_decline() -> None:
+    form = render_url("Sign in to the calendar.", "https://auth.example.test/login")
+    assert form.question == "Sign in to the calendar.\nOpen this link: https://auth.example.test/login"
+    assert [o.id for o in form.options] == ["done", "decline"]
+    assert not form.allow_free_text
+    assert read_url(OptionAnswer(option_id="done")) == "accept"
+    assert read_url(OptionAnswer(option_id="decline")) == "decline"
+    assert read_url(TextAnswer(value=" Done ")) == "accept"
+    assert read_url(TextAnswer(value="later")) == "cancel"
+
+
+def test_a_url_mode_elicitation_to_a_link_that_is_not_http_fails_the_call() -> None:
+    run = _run(RunState.RUNNING)
+    first = _decide(
+        run, _ckpt(), ProviderReplied(turn=2, reply=AssistantTurn(tool_calls=[_delete_call()]), elapsed_s=0.1)
+    )
+    call = first.then
+    assert isinstance(call, CallTool)
+    asked = ToolElicited("Open it.", {}, 0, url="file:///etc/passwd")
+    done = _decide(run, _ckpt(), ToolReturned(call.turn, call.index, asked, elapsed_s=0.4))
+    called = [e.data for e in done.effects if isinstance(e, Publish) and isinstance(e.data, RunToolCalled)]
+    assert "to open a link that is not http(s): file:///etc/passwd" in json.loads(called[0].result_preview)["error"]
+    assert _saved(done).elicit is None
 
 
 def _waiting() -> tuple[RunRecord, Checkpoint, str]:

@@ -73,7 +73,7 @@ def _card(script: dict[str, Any], sandbox: Sandbox, server: McpServer = SERVER) 
     return REVIEWER.model_copy(
         update={
             "provider": ProviderConfig(kind="scripted", script=Script.model_validate(script)),
-            "tools": ToolPolicy(allow=["notes__delete_note", "notes__book", "notes__purge"]),
+            "tools": ToolPolicy(allow=["notes__delete_note", "notes__book", "notes__purge", "notes__connect"]),
             "mcp_servers": [server],
             "sandbox": sandbox,
         }
@@ -144,6 +144,35 @@ async def test_an_input_required_question_of_an_mcp_2026_server_parks_the_run_th
     await _answer(bus, requested, OptionAnswer(option_id="no"))
     (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=120)
     assert completed.data["result"] == "kept"
+    await event_log.caught_up()
+    assert len(event_log.of_type("human.requested", event.runid)) == 1
+
+
+CONNECT = {
+    "steps": [
+        {"id": "con", "call": {"tool": "notes__connect", "args": {"service": "calendar"}}},
+        {"id": "done", "answer": "{{ results.con.result }}"},
+    ]
+}
+
+
+@pytest.mark.parametrize(("option", "result"), [("done", "connected calendar"), ("decline", "not connected: decline")])
+async def test_a_url_mode_elicitation_asks_the_person_to_open_the_link(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, pool: McpPool, tmp_path: Path, option: str, result: str
+) -> None:
+    await _start(executor, pool, CONNECT, tmp_path)
+    event = run_requested()
+    await bus.publish(event)
+    (requested,) = await _requests(event_log, event.runid, 1)
+    assert requested.question.startswith("Sign in to calendar to connect it.")
+    assert "Open this link: https://auth.example.test/calendar/login?state=s1" in requested.question
+    assert [o.id for o in requested.options] == ["done", "decline"]
+    assert not requested.allow_free_text
+    assert requested.answer_schema is None
+    await run_record(bus, event.runid, RunState.WAITING_FOR_HUMAN)
+    await _answer(bus, requested, OptionAnswer(option_id=option))
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=120)
+    assert completed.data["result"] == result
     await event_log.caught_up()
     assert len(event_log.of_type("human.requested", event.runid)) == 1
 

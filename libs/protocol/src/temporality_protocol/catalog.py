@@ -778,6 +778,7 @@ SERVICES: dict[str, ServiceSpec] = {
                 "run.started",
                 "run.tool_called",
                 "tool.failed",
+                "run.sampled",  # an MCP tool's sampling request, answered by the run's model
                 "run.checkpointed",
                 "run.resumed",
                 "run.completed",

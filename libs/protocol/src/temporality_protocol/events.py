@@ -103,6 +103,7 @@ __all__ = [
     "RunInputAfterEnd",
     "RunRequested",
     "RunResumed",
+    "RunSampled",
     "RunStarted",
     "RunToolCalled",
     "RunUsage",
@@ -471,6 +472,26 @@ class ToolFailed(EventData):
     call_id: str
     tool: str
     error: Annotated[str, Field(max_length=MAX_TEXT)]
+
+
+class RunSampled(EventData):
+    """A tool asked the run's own model for a completion mid-call (MCP ``sampling/createMessage``), answered
+    through the run's provider; its tokens count in the run's usage and token limit. Deterministic id per
+    (run, turn, call, which of the call's samplings): a redelivered turn republishes the same fact."""
+
+    EVENT_TYPE: ClassVar[str] = "run.sampled"
+    run_id: str
+    turn: int
+    call_id: str
+    tool: str
+    #: Which of the call's sampling requests (0: its first).
+    sample: int
+    model: str
+    prompt_preview: Annotated[str, Field(max_length=MAX_TEXT)] = ""
+    result_preview: Annotated[str, Field(max_length=MAX_TEXT)] = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
 
 
 class RunCheckpointed(EventData):
@@ -1686,6 +1707,7 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         RunStarted,
         RunToolCalled,
         ToolFailed,
+        RunSampled,
         RunCheckpointed,
         RunResumed,
         RunCompleted,

@@ -10,6 +10,11 @@ object of primitive fields (string, number, integer, boolean, enums). :func:`ren
 * anything else (free text fields, several fields): free text, the fields listed in the context -- one
   line per field (``name: value``) or a JSON object; a single field takes the whole text.
 
+A URL-mode elicitation (MCP 2025-11-25: the server asks the person to open a link -- a sign-in, a payment --
+whose interaction must not pass through the client) carries a message and a URL instead: :func:`render_url`
+asks the message with the link in the question and the options ``done`` (the person finished there: the
+server is told ``accept``) and ``decline``; :func:`read_url` reads the answer.
+
 Every form also has the option ``decline`` (the person refuses to give the information). :func:`read`
 turns the answer into the elicitation's result: ``decline``; ``accept`` with content validated against
 the requested schema (JSON Schema 2020-12, values coerced from text by their field's type); or, when the
@@ -25,13 +30,15 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from temporality_protocol import HumanAnswer, HumanOption, forms
+from temporality_protocol import HumanAnswer, HumanOption, OptionAnswer, TextAnswer, forms
 from temporality_protocol.forms import DECLINE
 
-__all__ = ["DECLINE", "MAX_REFUSED", "Form", "Read", "form_problem", "read", "render"]
+__all__ = ["DECLINE", "DONE", "MAX_REFUSED", "Form", "Read", "form_problem", "read", "read_url", "render", "render_url"]
 
 #: Answers that do not fit the form, each answered by asking again; after that the server is told ``cancel``.
 MAX_REFUSED = 3
+#: The option of a URL-mode elicitation saying the person finished what the link asked.
+DONE = "done"
 _MAX_TEXT = 4096
 
 
@@ -105,3 +112,22 @@ def read(schema: dict[str, Any], answer: HumanAnswer) -> Read:
     human-interaction, which refuses a misfit answer before it is recorded)."""
     result = forms.read(schema, answer)
     return Read(action=result.action, content=result.content, refused=result.refused)
+
+
+def render_url(message: str, url: str) -> Form:
+    """The question a person is asked for a URL-mode elicitation: the link in the question, ``done`` or ``decline``."""
+    done = HumanOption(id=DONE, label="Done", consequence="the tool is told you finished at the link")
+    decline = HumanOption(id=DECLINE, label="Decline", consequence="the tool is told you declined")
+    question = f"{message[: _MAX_TEXT - len(url) - 16] or '(no message)'}\nOpen this link: {url}"
+    context = "What you do at the link does not pass through the agent. Answer Done once you have finished there."
+    return Form(question[:_MAX_TEXT], context, [done, decline], False)
+
+
+def read_url(answer: HumanAnswer) -> Literal["accept", "decline", "cancel"]:
+    """A URL-mode elicitation's result for ``answer``: ``accept`` (done), ``decline``, anything else ``cancel``."""
+    if isinstance(answer, OptionAnswer):
+        return "accept" if answer.option_id == DONE else "decline" if answer.option_id == DECLINE else "cancel"
+    if isinstance(answer, TextAnswer):
+        text = answer.value.strip().lower()
+        return "accept" if text == DONE else "decline" if text == DECLINE else "cancel"
+    return "cancel"

@@ -186,8 +186,9 @@ from temporality_run_executor.machine import (
     tool_error,
 )
 from temporality_run_executor.providers import PermanentProviderError, Provider, ProviderError
-from temporality_run_executor.records import CancelRequest, Checkpoint, RunRecord
+from temporality_run_executor.records import CancelRequest, Checkpoint, RunRecord, Usage
 from temporality_run_executor.retention import DEFAULT_RETENTION_S, CheckpointRetention, RetentionPayload
+from temporality_run_executor.sampling import RunSampler
 from temporality_run_executor.tools import (
     BUILTIN_TOOLS,
     ElicitationNeeded,
@@ -196,6 +197,7 @@ from temporality_run_executor.tools import (
     ToolError,
     ToolRegistry,
 )
+from temporality_run_executor.tools import Publish as Publish_
 from temporality_run_executor.watchdog import DEFAULT_GRACE_S, RunWatchdog, WatchdogPayload
 
 __all__ = ["ACTIVE", "SOURCE", "Clock", "Engine", "ProviderFactory", "RunMovedOn"]
@@ -831,6 +833,7 @@ class Engine:
         async def publish(data: EventData, id_parts: tuple[str, ...]) -> None:
             await self._emit(run, data, *id_parts)
 
+        sampler = self._sampler(view, turn, call.index, tool_call.id, tool_call.name, call.turn.usage, publish)
         ctx = ToolContext(
             run=run,
             turn=turn,
@@ -839,10 +842,40 @@ class Engine:
             publish=publish,
             request=self.bus.request,
             redactor=self.redactor,
+            sample=sampler,
         )
         outcome = await self._invoke(plan.tool, tool_call.arguments, ctx)
         return ToolReturned(
-            turn=call.turn, index=call.index, outcome=outcome, elapsed_s=time.monotonic() - view.turn_started
+            turn=call.turn,
+            index=call.index,
+            outcome=outcome,
+            elapsed_s=time.monotonic() - view.turn_started,
+            usage=sampler.usage if sampler is not None else Usage(),
+        )
+
+    def _sampler(
+        self, view: _View, turn: int, index: int, call_id: str, tool: str, used: Usage, publish: Publish_
+    ) -> RunSampler | None:
+        """The run's own model for the call's MCP sampling requests (:mod:`.sampling`); none for an external
+        agent's run."""
+        agent = self.agent(view.run.agent) if view.run is not None else None
+        if view.run is None or agent is None or agent.card.provider.kind == "external":
+            return None
+        card = agent.card
+        compute_s = view.ckpt.compute_s if view.ckpt is not None else 0.0
+        return RunSampler(
+            provider=self.provider_for(card),
+            card=card,
+            run=view.run,
+            turn=turn,
+            index=index,
+            call_id=call_id,
+            tool=tool,
+            used=used,
+            turns_left=card.limits.max_turns - turn,
+            budget_s=max(card.limits.max_compute_s - compute_s, 0.0),
+            publish=publish,
+            redactor=self.redactor,
         )
 
     async def _retry_tool(self, view: _View, retry: RetryTool) -> ToolRetried:
@@ -854,6 +887,10 @@ class Engine:
         async def publish(data: EventData, id_parts: tuple[str, ...]) -> None:
             await self._emit(run, data, *id_parts)
 
+        used = view.ckpt.usage if view.ckpt is not None else Usage()
+        sampler = self._sampler(
+            view, elicitation.turn, elicitation.index, elicitation.call.id, elicitation.call.name, used, publish
+        )
         ctx = ToolContext(
             run=run,
             turn=elicitation.turn,
@@ -863,10 +900,16 @@ class Engine:
             request=self.bus.request,
             redactor=self.redactor,
             elicited=tuple(elicitation.answers),
+            sample=sampler,
         )
         started = time.monotonic()
         outcome = await self._invoke(retry.tool, elicitation.call.arguments, ctx)
-        return ToolRetried(elicitation=elicitation, outcome=outcome, elapsed_s=time.monotonic() - started)
+        return ToolRetried(
+            elicitation=elicitation,
+            outcome=outcome,
+            elapsed_s=time.monotonic() - started,
+            usage=sampler.usage if sampler is not None else Usage(),
+        )
 
     @staticmethod
     async def _invoke(tool: Tool, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput | ToolBroke | ToolElicited:
@@ -875,7 +918,7 @@ class Engine:
         except ToolError as exc:
             return ToolOutput(tool_error(str(exc)))
         except ElicitationNeeded as asked:  # the run parks on a person; the call is made again with the answer
-            return ToolElicited(asked.message, asked.requested_schema, asked.position)
+            return ToolElicited(asked.message, asked.requested_schema, asked.position, asked.url)
         except (TransientError, Conflict):
             raise  # the bus, not the tool: redelivered
         except Exception as exc:  # the tool broke: say so, and let the model carry on without it

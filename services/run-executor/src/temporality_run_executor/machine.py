@@ -128,7 +128,7 @@ from temporality_protocol import (
 from temporality_protocol.agent_tasks import task_id_for, turn_wait_id
 from temporality_protocol.redaction import Redactor
 from temporality_run_executor.agents import AgentCard, Limits
-from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, render
+from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, read_url, render, render_url
 from temporality_run_executor.providers.base import AssistantTurn, ToolSpec, TurnContext
 from temporality_run_executor.records import (
     AgentMail,
@@ -481,6 +481,8 @@ class ToolElicited:
     requested_schema: dict[str, Any]
     #: Which of the call's elicitations it is (0: its first).
     position: int
+    #: URL mode (MCP 2025-11-25): the link the person is asked to open (``requested_schema`` empty).
+    url: str | None = None
 
 
 ToolOutcome = ToolOutput | ToolBroke | ToolElicited
@@ -567,6 +569,8 @@ class ToolReturned:
     outcome: ToolOutcome
     #: Seconds since the turn's provider call began.
     elapsed_s: float
+    #: Tokens the call's MCP sampling requests cost (the run's model, :mod:`.sampling`).
+    usage: Usage = field(default_factory=Usage)
 
 
 @dataclass(frozen=True)
@@ -577,6 +581,8 @@ class ToolRetried:
     outcome: ToolOutcome
     #: Seconds the call took.
     elapsed_s: float
+    #: Tokens the call's MCP sampling requests cost (the run's model, :mod:`.sampling`).
+    usage: Usage = field(default_factory=Usage)
 
 
 @dataclass(frozen=True)
@@ -1867,7 +1873,8 @@ def elicit_request_id(run_id: str, elicitation: Elicitation, asked: ToolElicited
     that did not fit is asked again) -- the same on every replay."""
     schema = json.dumps(asked.requested_schema, sort_keys=True)
     parts = (str(elicitation.turn), str(elicitation.index), str(asked.position), str(attempt), asked.message, schema)
-    return derive_id("hr", run_id, "elicit", *parts)
+    link = () if asked.url is None else (asked.url,)  # forms keep the ids they had before URL mode
+    return derive_id("hr", run_id, "elicit", *parts, *link)
 
 
 def _elicit_refusal(run: RunRecord, turn: TurnInFlight, asked: ToolElicited) -> str | None:
@@ -1886,9 +1893,13 @@ def _elicit_problem(run: RunRecord, asked: ToolElicited) -> str | None:
     what = "the tool asked for the user's input mid-call"
     if not run.human.allowed_recipients:
         return f"{what}, and this run may ask nobody (its trigger allows no recipients)"
-    problem = form_problem(asked.requested_schema)
-    if problem is not None:
-        return f"{what} with a form that cannot be asked: {problem}"
+    if asked.url is not None:
+        if not asked.url.startswith(("https://", "http://")):
+            return f"{what} to open a link that is not http(s): {asked.url[:200]}"
+    else:
+        problem = form_problem(asked.requested_schema)
+        if problem is not None:
+            return f"{what} with a form that cannot be asked: {problem}"
     if asked.position >= MAX_ELICITATIONS:
         return f"{what} more than {MAX_ELICITATIONS} times in one call"
     return None
@@ -1909,6 +1920,7 @@ def _elicit_pending(
             "tool": elicitation.call.name,
             "message": asked.message,
             "requested_schema": asked.requested_schema,
+            "url": asked.url,
             "position": asked.position,
             "attempt": attempt,
             "refused": refused,
@@ -1919,7 +1931,11 @@ def _elicit_pending(
 def _elicit_requested(run: RunRecord, pending: PendingAsk, redactor: Redactor) -> HumanRequested:
     """``human.requested`` for an elicitation: the form rendered as options or free text (:mod:`.elicitation`)."""
     args = pending.arguments
-    form = render(str(args["message"]), dict(args["requested_schema"]), refused=args.get("refused"))
+    url = args.get("url")
+    if url:  # URL mode: the link in the question, done or decline
+        form = render_url(str(args["message"]), str(url))
+    else:
+        form = render(str(args["message"]), dict(args["requested_schema"]), refused=args.get("refused"))
     policy = run.human
     timeout = min(policy.default_timeout_s, policy.max_timeout_s)
     requested = HumanRequested(
@@ -1937,7 +1953,8 @@ def _elicit_requested(run: RunRecord, pending: PendingAsk, redactor: Redactor) -
         policy=policy,
         turn=pending.turn,
         source_link=run.event.source_link if run.event else None,
-        answer_schema=dict(args["requested_schema"]),  # human-interaction refuses a misfit at the channel
+        # a form's schema: human-interaction refuses a misfit at the channel (a link has no form)
+        answer_schema=None if url else dict(args["requested_schema"]),
     )
     return redactor.human_requested(requested)  # SEC-1: no secret on the bus or in the journal
 
@@ -1952,9 +1969,15 @@ def _elicitation_outcome(run: RunRecord, ckpt: Checkpoint, incoming: HumanOutcom
         return AnswerElicitation(request_id)  # applied already (a redelivery): nothing to do
     args = pending.arguments
     message, schema = str(args["message"]), dict(args["requested_schema"])
+    url = str(args["url"]) if args.get("url") else None
     result = incoming.result
     if not isinstance(result, HumanAnsweredResult):
-        return AnswerElicitation(request_id, ElicitAnswer(message=message, requested_schema=schema, action="cancel"))
+        return AnswerElicitation(
+            request_id, ElicitAnswer(message=message, requested_schema=schema, action="cancel", url=url)
+        )
+    if url is not None:  # URL mode: the person opened the link and is done there, or declined
+        action = read_url(result.answer)
+        return AnswerElicitation(request_id, ElicitAnswer(message=message, requested_schema={}, action=action, url=url))
     got = read(schema, result.answer)
     if got.action is not None:
         answer = ElicitAnswer(message=message, requested_schema=schema, action=got.action, content=got.content)
@@ -1997,7 +2020,12 @@ def _tool_retried(
             kept = evolve(elicitation, answers=elicitation.answers[: outcome.position])
             pending = _elicit_pending(run, kept, outcome, 0, None, now)
             saved = evolve(
-                ckpt, pending=pending, elicit=kept, compute_s=ckpt.compute_s + incoming.elapsed_s, saved_at=now
+                ckpt,
+                pending=pending,
+                elicit=kept,
+                compute_s=ckpt.compute_s + incoming.elapsed_s,
+                usage=ckpt.usage + incoming.usage,
+                saved_at=now,
             )
             fields = {"turn": elicitation.turn, "call_id": call.id, "tool": call.name, "request_id": pending.request_id}
             return Decision((Note("run.tool_call.elicited", fields=fields), SaveCheckpoint(saved)), Boundary())
@@ -2014,7 +2042,7 @@ def _tool_retried(
         content = tool_error(f"the tool {call.name!r} failed: {outcome.error}")
     else:
         content = outcome.content
-    return _retried(run, ckpt, elicitation, content, incoming.elapsed_s, tuple(effects), now)
+    return _retried(run, ckpt, elicitation, content, incoming.elapsed_s, tuple(effects), now, incoming.usage)
 
 
 def _retried(
@@ -2025,12 +2053,14 @@ def _retried(
     elapsed_s: float,
     effects: tuple[Effect, ...],
     now: datetime,
+    usage: Usage | None = None,
 ) -> Decision:
     saved = evolve(
         ckpt,
         messages=[*ckpt.messages, _tool_message(elicitation.call, content)],
         elicit=None,
         compute_s=ckpt.compute_s + elapsed_s,
+        usage=ckpt.usage + usage if usage is not None else ckpt.usage,
         saved_at=now,
     )
     called = _tool_called(run, elicitation.turn, elicitation.index, elicitation.call, content)
@@ -2046,6 +2076,7 @@ def _tool_returned(
     call = turn.calls[index]
     effects: list[Effect] = []
     outcome = incoming.outcome
+    turn = replace(turn, usage=turn.usage + incoming.usage)  # what its sampling requests cost
     if isinstance(outcome, ToolElicited):
         refused = _elicit_refusal(run, turn, outcome)
         if refused is None:

@@ -14,9 +14,11 @@ sandbox (``StdioServerParameters``: ``sandbox.working_dir`` as its working direc
 the SDK's safe defaults -- ``HOME``, ``LOGNAME``, ``PATH``, ``SHELL``, ``TERM``, ``USER`` -- plus the
 variables ``sandbox.env`` passes through and the server's own ``env``; with ``sandbox.network: false``
 under ``unshare -rn``: a user and network namespace of its own, with no usable interface). Each session
-is owned by a task of its own, which enters the SDK's ``stdio_client`` and ``ClientSession`` (anyio
-cancel scopes must be exited by the task that entered them) and waits until the session is retired;
-callers talk to it through the session object. A session is retired when
+is owned by a task of its own, which enters the SDK's ``mcp.Client`` (anyio cancel scopes must be exited
+by the task that entered them) and waits until the session is retired; callers talk to it through its
+``ClientSession``. Only the SDK's public API is used: ``mcp.Client`` (``mode="legacy"`` or ``"auto"``) over
+an ``mcp.client.Transport`` (:class:`_StdioTransport`: the SDK's ``stdio_client`` whose read stream tells
+the session when the server's stdout ends). A session is retired when
 
 - the server's stdout ends (it died, was killed, or exited): the call in flight fails
   (:class:`McpToolFailed`, a tool error the model sees, ``tool.failed``), the next call starts a fresh one;
@@ -42,7 +44,14 @@ answered from the record. stdio carries no link from a server's request to the c
 elicitation is tied to the one call in flight on its session (it waits, bounded by the call's timeout, for
 the session's other calls to end); when several calls of the session elicit at once none can be told
 apart: each is told ``cancel`` and each call fails as a tool error (call it again). A URL-mode
-elicitation is declined (the call fails as a tool error).
+elicitation (MCP 2025-11-25: a link the person opens) is asked the same way, its link recorded with the
+answer.
+
+Every ``tools/call`` carries the caller's trace context in ``params._meta`` (``traceparent``/``tracestate``,
+:func:`trace_meta`): stdio has no headers. ``roots/list`` is answered with the sandbox's working directory.
+``sampling/createMessage`` is answered by the run's own model through the call's
+:data:`~.tools.Sample` (:mod:`.sampling`: counted in the run's limits, journaled), tied to its call as an
+elicitation is; a call with no sampler (a run of an external agent, a bare client) refuses it.
 
 A server declared with ``protocol: auto`` is probed with ``server/discover``; when it speaks MCP 2026-07-28
 its tools ask for input with an ``input_required`` result instead (the questions in the result, no
@@ -50,8 +59,8 @@ server-to-client request): each elicitation in it is answered from the recorded 
 (message and schema) and the call is made again with the answers and the server's ``request_state``
 (at most :data:`MAX_INPUT_ROUNDS` rounds, all in this call); one with no recorded answer raises
 :class:`~.tools.ElicitationNeeded` as above. Nothing waits in the session either way: after the person's
-answer the call starts over, and the server asks again. Sampling and roots requests are not offered (the
-call fails as a tool error). The default (``handshake``) opens sessions with ``initialize`` (at most
+answer the call starts over, and the server asks again. Sampling and roots requests in it are answered as
+in a request from the server. The default (``handshake``) opens sessions with ``initialize`` (at most
 2025-11-25), where a server elicits with ``elicitation/create``.
 """
 
@@ -64,24 +73,24 @@ import shutil
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self, cast
 
 import anyio
 import structlog
+from mcp import Client, ClientSession, MCPError
 from mcp import types as mcp_types
-from mcp.client._probe import negotiate_auto
-from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
+from mcp.client import ClientRequestContext, IncomingMessage
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.shared._stream_protocols import ReadStream
-from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
+from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, StatusCode
 
 from temporality_bus import tracing
 from temporality_run_executor.agents import AgentCard, McpServer, Sandbox
-from temporality_run_executor.records import ElicitAnswer
-from temporality_run_executor.tools import ElicitationNeeded, Tool, ToolContext
+from temporality_run_executor.records import ElicitAnswer, Message
+from temporality_run_executor.tools import ElicitationNeeded, Sample, SamplingRefused, Tool, ToolContext
 
 __all__ = [
     "DEFAULT_IDLE_S",
@@ -130,53 +139,123 @@ def parameters(server: McpServer, sandbox: Sandbox) -> StdioServerParameters:
 
 
 class _Call:
-    """One ``tools/call`` in flight on a session: its recorded elicitation answers and what it was asked."""
+    """One ``tools/call`` in flight on a session: its recorded elicitation answers, the run's model for its
+    sampling requests, and what it was asked."""
 
-    def __init__(self, answers: tuple[ElicitAnswer, ...]) -> None:
+    def __init__(self, answers: tuple[ElicitAnswer, ...], sample: Sample | None, roots: list[mcp_types.Root]) -> None:
         self.answers = answers
+        self.sample = sample
+        self.roots = roots
         self.asked = 0  # elicitations so far
         self.needed: ElicitationNeeded | None = None
         self.unanswerable: str | None = None
+        #: What broke while answering a sampling request (the bus, not the server): raised after the call.
+        self.failure: Exception | None = None
+        #: The caller's context (its ``tools/call`` span): a sampling request continues it (the provider's ``chat``
+        #: span is the call's child), attached explicitly whatever context the SDK runs its callback in.
+        self.trace_context = otel_context.get_current()
 
     def answer(self, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
         position = self.asked
         self.asked += 1
-        if not isinstance(params, mcp_types.ElicitRequestFormParams):
-            self.unanswerable = self.unanswerable or f"it asked the user to open a URL ({params.message})"
-            return mcp_types.ElicitResult(action="decline")
-        schema = dict(params.requested_schema)
+        schema, url = _asked(params)
         if position < len(self.answers):
             recorded = self.answers[position]
-            if recorded.message == params.message and recorded.requested_schema == schema:
+            if (recorded.message, recorded.requested_schema, recorded.url) == (params.message, schema, url):
                 return mcp_types.ElicitResult(action=recorded.action, content=recorded.content)
         if self.needed is None:
-            self.needed = ElicitationNeeded(params.message, schema, position)
+            self.needed = ElicitationNeeded(params.message, schema, position, url)
         return mcp_types.ElicitResult(action="cancel")
 
-    def inputs(self, result: mcp_types.InputRequiredResult) -> mcp_types.InputResponses:
-        """The answers to an ``input_required`` result's requests, each from a recorded answer that asks the
-        same (message and schema); the first with none raises :class:`~.tools.ElicitationNeeded`."""
+    async def sampled(
+        self, params: mcp_types.CreateMessageRequestParams
+    ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
+        """A ``sampling/createMessage`` answered by the run's own model (:data:`~.tools.Sample`: counted in the
+        run's limits and journaled), or the error the server is told (no model for it, a refusal)."""
+        if self.sample is None:
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message="no model answers sampling here")
+        token = otel_context.attach(self.trace_context)
+        try:
+            messages = _sampling_messages(params)
+            got = await self.sample(messages, params.max_tokens)
+        except SamplingRefused as refused:
+            log.info("mcp.sampling_refused", reason=str(refused))
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=str(refused))
+        except Exception as exc:  # the bus failing while journaling it: the call fails, the turn is redelivered
+            self.failure = self.failure or exc
+            return mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR, message="the client could not answer")
+        finally:
+            otel_context.detach(token)
+        text = mcp_types.TextContent(type="text", text=got.content)
+        return mcp_types.CreateMessageResult(role="assistant", content=text, model=got.model, stop_reason="endTurn")
+
+    async def inputs(self, result: mcp_types.InputRequiredResult) -> mcp_types.InputResponses:
+        """The answers to an ``input_required`` result's requests: an elicitation from a recorded answer that asks
+        the same (message and schema; the first with none raises :class:`~.tools.ElicitationNeeded`), a sampling
+        request by the run's model, ``roots/list`` with the sandbox's working directory."""
         responses: mcp_types.InputResponses = {}
         for key, request in sorted((result.input_requests or {}).items()):
-            if not isinstance(request, mcp_types.ElicitRequest):
-                raise McpToolFailed(f"it asked for {request.method}, which this client does not offer")
+            if isinstance(request, mcp_types.ListRootsRequest):
+                responses[key] = mcp_types.ListRootsResult(roots=self.roots)
+                continue
+            if isinstance(request, mcp_types.CreateMessageRequest):
+                sampled = await self.sampled(request.params)
+                if isinstance(sampled, mcp_types.ErrorData):
+                    raise McpToolFailed(f"it asked for a completion of the run's model: {sampled.message}")
+                responses[key] = sampled
+                continue
             params = request.params
-            if not isinstance(params, mcp_types.ElicitRequestFormParams):
-                raise McpToolFailed(f"it asked the user to open a URL ({params.message}), which cannot be answered")
-            schema = dict(params.requested_schema)
-            recorded = next(
-                (a for a in self.answers if a.message == params.message and a.requested_schema == schema), None
-            )
+            schema, url = _asked(params)
+            asks = (params.message, schema, url)
+            recorded = next((a for a in self.answers if (a.message, a.requested_schema, a.url) == asks), None)
             if recorded is None:
-                raise ElicitationNeeded(params.message, schema, len(self.answers))
+                raise ElicitationNeeded(params.message, schema, len(self.answers), url)
             responses[key] = mcp_types.ElicitResult(action=recorded.action, content=recorded.content)
         return responses
+
+
+def _asked(params: mcp_types.ElicitRequestParams) -> tuple[dict[str, Any], str | None]:
+    """What an elicitation asks: a form's requested schema, or (URL mode) no schema and the link."""
+    if isinstance(params, mcp_types.ElicitRequestURLParams):
+        return {}, params.url
+    return dict(params.requested_schema), None
+
+
+def _sampling_messages(params: mcp_types.CreateMessageRequestParams) -> list[Message]:
+    """A sampling request as the conversation the run's provider is given (its system prompt first); text only."""
+    if params.tools or params.tool_choice:
+        raise SamplingRefused("tool use in sampling is not offered")
+    messages = [Message(role="system", content=params.system_prompt)] if params.system_prompt else []
+    for message in params.messages:
+        texts: list[str] = []
+        for block in message.content_as_list:
+            if not isinstance(block, mcp_types.TextContent):
+                raise SamplingRefused(f"only text can be sampled, not {block.type}")
+            texts.append(block.text)
+        messages.append(Message(role=message.role, content="\n".join(texts)))
+    if not any(m.role == "user" for m in messages):
+        raise SamplingRefused("a sampling request needs a user message")
+    return messages
+
+
+def _roots(sandbox: Sandbox) -> list[mcp_types.Root]:
+    """``roots/list``'s answer for a session in ``sandbox``: its working directory (none declared: no roots)."""
+    if sandbox.working_dir is None:
+        return []
+    path = Path(sandbox.working_dir).resolve()
+    return [mcp_types.Root(uri=path.as_uri(), name="working directory")]
+
+
+class _Receiving(Protocol):
+    async def receive(self) -> SessionMessage | Exception: ...
+
+    async def aclose(self) -> None: ...
 
 
 class _WatchedStream:
     """The transport's read stream, telling its session when it ends (the server's stdout closed)."""
 
-    def __init__(self, inner: ReadStream[SessionMessage | Exception], on_end: Callable[[], None]) -> None:
+    def __init__(self, inner: _Receiving, on_end: Callable[[], None]) -> None:
         self._inner = inner
         self._on_end = on_end
 
@@ -209,11 +288,33 @@ class _WatchedStream:
         return None
 
 
+class _StdioTransport:
+    """The SDK's ``stdio_client`` with a read stream that tells the session when the server's stdout ends: an
+    ``mcp.client.Transport`` (an async context manager of the two streams) handed to ``mcp.Client``."""
+
+    def __init__(self, params: StdioServerParameters, on_end: Callable[[], None]) -> None:
+        self._stdio = stdio_client(params, errlog=sys.stderr)  # the server's stderr: the executor's
+        self._on_end = on_end
+
+    async def __aenter__(self) -> tuple[_WatchedStream, Any]:
+        read, write = await self._stdio.__aenter__()
+        return _WatchedStream(read, self._on_end), write
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc_val: BaseException | None, exc_tb: TracebackType | None
+    ) -> bool | None:
+        return await self._stdio.__aexit__(exc_type, exc_val, exc_tb)
+
+
 class _Session:
     """One live stdio session, owned by its own task from start to stop."""
 
-    def __init__(self, pool: McpPool, key: str, server: McpServer, params: StdioServerParameters) -> None:
+    def __init__(
+        self, pool: McpPool, key: str, server: McpServer, sandbox: Sandbox, params: StdioServerParameters
+    ) -> None:
         self.pool, self.key, self.server = pool, key, server
+        #: What ``roots/list`` answers: the sandbox's working directory.
+        self.roots = _roots(sandbox)
         self.calls = asyncio.Semaphore(pool.max_calls)
         self.active = 0  # calls using it or waiting for a slot
         self.retired = False
@@ -247,21 +348,19 @@ class _Session:
             log.info("mcp.session_stopped", server=self.server.name, reason=why)
 
     async def _run(self, params: StdioServerParameters) -> None:
-        async with (
-            stdio_client(params, errlog=sys.stderr) as (read, write),  # its stderr: the executor's
-            ClientSession(
-                _WatchedStream(read, lambda: self.retire("the server's stdout closed (it exited)")),
-                write,
-                read_timeout_seconds=self.server.timeout_s,
-                message_handler=self._on_message,
-                elicitation_callback=self._on_elicitation,
-            ) as session,
-        ):
-            if self.server.protocol == "auto":
-                await negotiate_auto(session)  # the SDK's Client(mode="auto") policy: 2026-07-28, else initialize
-            else:
-                await session.initialize()
-            self._ready.set_result(session)
+        client = Client(
+            _StdioTransport(params, lambda: self.retire("the server's stdout closed (it exited)")),
+            # auto: server/discover, 2026-07-28 when the server speaks it, else initialize; legacy: initialize
+            mode="auto" if self.server.protocol == "auto" else "legacy",
+            read_timeout_seconds=self.server.timeout_s,
+            message_handler=self._on_message,
+            elicitation_callback=self._on_elicitation,
+            sampling_callback=self._on_sampling,
+            list_roots_callback=self._on_roots,
+            cache=None,  # the listing is cached here, per session, and listed again on tools/list_changed
+        )
+        async with client:
+            self._ready.set_result(client.session)
             log.info("mcp.session_started", server=self.server.name)
             await self._stop.wait()
 
@@ -270,10 +369,10 @@ class _Session:
             self._tools = None
             self._listings += 1
 
-    async def _on_elicitation(
-        self, context: ClientRequestContext, params: mcp_types.ElicitRequestParams
-    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
-        """Tie the elicitation to the one call in flight (waiting for the others to end), then answer it."""
+    async def _tied(self, what: str) -> _Call | None:
+        """The call a server's request (``what`` it asks for) belongs to: the one call in flight on the session,
+        once the session's other calls have ended (waited for, bounded by the call's timeout). stdio carries no
+        link from the request to its call; with several calls still in flight, ``None`` (each of them fails)."""
         async with self._changed:
             self._asking += 1
             self._changed.notify_all()
@@ -286,20 +385,43 @@ class _Session:
             finally:
                 self._asking -= 1
             calls = list(self._calls)
-        if len(calls) != 1:
-            why = f"it asked for the user's input while {len(calls)} calls were in flight on its session"
-            for call in calls:
-                call.unanswerable = call.unanswerable or why
-            log.warning("mcp.elicitation_untied", server=self.server.name, calls=len(calls))
+        if len(calls) == 1:
+            return calls[0]
+        why = f"it asked {what} while {len(calls)} calls were in flight on its session"
+        for call in calls:
+            call.unanswerable = call.unanswerable or why
+        log.warning("mcp.request_untied", server=self.server.name, asked=what, calls=len(calls))
+        return None
+
+    async def _on_elicitation(
+        self, context: ClientRequestContext, params: mcp_types.ElicitRequestParams
+    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        """Tie the elicitation to the one call in flight, then answer it from the call's record."""
+        call = await self._tied("for the user's input")
+        if call is None:
             return mcp_types.ElicitResult(action="cancel")
-        result = calls[0].answer(params)
+        result = call.answer(params)
         log.info("mcp.elicitation", server=self.server.name, action=result.action, message=params.message[:200])
         return result
 
+    async def _on_sampling(
+        self, context: ClientRequestContext, params: mcp_types.CreateMessageRequestParams
+    ) -> mcp_types.CreateMessageResult | mcp_types.CreateMessageResultWithTools | mcp_types.ErrorData:
+        """``sampling/createMessage``: answered by the run's own model, through the call's sampler."""
+        call = await self._tied("for a completion of the run's model")
+        if call is None:
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message="sampling request not tied to a call")
+        return await call.sampled(params)
+
+    async def _on_roots(self, context: ClientRequestContext) -> mcp_types.ListRootsResult | mcp_types.ErrorData:
+        """``roots/list``: the sandbox's working directory (the session's, whichever call asks); none declared:
+        no roots."""
+        return mcp_types.ListRootsResult(roots=self.roots)
+
     @asynccontextmanager
-    async def calling(self, answers: tuple[ElicitAnswer, ...]) -> AsyncIterator[_Call]:
-        """One call in flight on the session (its elicitations are tied to it)."""
-        call = _Call(answers)
+    async def calling(self, answers: tuple[ElicitAnswer, ...], sample: Sample | None) -> AsyncIterator[_Call]:
+        """One call in flight on the session (its elicitations and sampling requests are tied to it)."""
+        call = _Call(answers, sample, self.roots)
         async with self._changed:
             self._calls.append(call)
         try:
@@ -397,7 +519,7 @@ class McpPool:
         key = self._key(server, sandbox)
         session = self._live.get(key)
         if session is None:
-            session = _Session(self, key, server, parameters(server, sandbox))
+            session = _Session(self, key, server, sandbox, parameters(server, sandbox))
             self._live[key] = session
             self._tasks.add(session.task)
             session.task.add_done_callback(self._tasks.discard)
@@ -441,12 +563,20 @@ class McpClient:
         async with asyncio.timeout(self.server.timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):
             return list(await s.tools(client))
 
-    async def call(self, tool: str, arguments: dict[str, Any], elicited: tuple[ElicitAnswer, ...] = ()) -> str:
+    async def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        elicited: tuple[ElicitAnswer, ...] = (),
+        sample: Sample | None = None,
+    ) -> str:
         """The call's result as the model gets it. The server asking for input that ``elicited`` does not
-        answer: :class:`~.tools.ElicitationNeeded` (the server was told ``cancel``). With tracing on, in a
-        CLIENT span ``tools/call <tool>`` (an error status when the call failed; asking for input is not one)."""
+        answer: :class:`~.tools.ElicitationNeeded` (the server was told ``cancel``); asking for a completion:
+        answered by ``sample`` (none: refused). With tracing on, in a CLIENT span ``tools/call <tool>`` (an
+        error status when the call failed; asking for input is not one). The request carries the current trace
+        context in its ``params._meta`` (``traceparent``, ``tracestate``): stdio has no headers."""
         if not tracing.enabled():
-            return await self._call_tool(tool, arguments, elicited)
+            return await self._call_tool(tool, arguments, elicited, sample)
         attributes = {
             "mcp.method.name": "tools/call",
             "gen_ai.operation.name": "execute_tool",
@@ -461,7 +591,7 @@ class McpClient:
             set_status_on_exception=False,
         ) as span:
             try:
-                return await self._call_tool(tool, arguments, elicited)
+                return await self._call_tool(tool, arguments, elicited, sample)
             except ElicitationNeeded:
                 span.set_attribute("temporality.mcp.input_required", True)
                 raise
@@ -469,12 +599,14 @@ class McpClient:
                 span.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:256])
                 raise
 
-    async def _call_tool(self, tool: str, arguments: dict[str, Any], elicited: tuple[ElicitAnswer, ...]) -> str:
+    async def _call_tool(
+        self, tool: str, arguments: dict[str, Any], elicited: tuple[ElicitAnswer, ...], sample: Sample | None
+    ) -> str:
         name, timeout_s = self.server.name, self.server.timeout_s
         try:
             async with asyncio.timeout(timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):
                 await s.tools(client)  # current, for the SDK's validation of structured results
-                async with s.calling(elicited) as call:
+                async with s.calling(elicited, sample) as call:
                     result = await _call(client, call, tool, arguments, timeout_s)
         except ElicitationNeeded:  # asked in an input_required result: the run parks on a person
             raise
@@ -484,6 +616,8 @@ class McpClient:
             raise McpToolFailed(f"{name}: could not run {tool}: {exc}") from exc
         except Exception as exc:  # no server, a dead one, an error response
             raise McpToolFailed(f"{name}: could not run {tool}: {type(exc).__name__}: {_describe(exc)}") from exc
+        if call.failure is not None:  # the bus broke while a sampling request was answered: not the tool's fault
+            raise call.failure
         if call.unanswerable is not None:
             raise McpToolFailed(f"{name}: {tool}: {call.unanswerable}, which cannot be answered; call it again")
         if call.needed is not None:  # what the server made of the cancel is not the tool's result
@@ -494,12 +628,26 @@ class McpClient:
         return text
 
 
+def trace_meta() -> mcp_types.RequestParamsMeta | None:
+    """The current trace context as request ``_meta`` (W3C ``traceparent``/``tracestate``: the MCP convention for
+    stdio, which has no headers), or ``None`` outside any span."""
+    current = tracing.current_trace()
+    if current is None:
+        return None
+    traceparent, tracestate = current
+    meta = {"traceparent": traceparent} | ({"tracestate": tracestate} if tracestate else {})
+    return cast(mcp_types.RequestParamsMeta, meta)  # an open map (extra keys), which mypy does not read
+
+
 async def _call(
     client: ClientSession, call: _Call, tool: str, arguments: dict[str, Any], timeout_s: float
 ) -> mcp_types.CallToolResult:
-    """``tools/call``; an ``input_required`` result (MCP 2026-07-28) answered from the record and the call made
-    again with the answers and the server's state, round after round."""
-    result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout_s, allow_input_required=True)
+    """``tools/call``; an ``input_required`` result (MCP 2026-07-28) answered (from the record, by the run's
+    model) and the call made again with the answers and the server's state, round after round."""
+    meta = trace_meta()
+    result = await client.call_tool(
+        tool, arguments, read_timeout_seconds=timeout_s, meta=meta, allow_input_required=True
+    )
     for _ in range(MAX_INPUT_ROUNDS):
         if not isinstance(result, mcp_types.InputRequiredResult):
             return result
@@ -507,8 +655,9 @@ async def _call(
             tool,
             arguments,
             read_timeout_seconds=timeout_s,
-            input_responses=call.inputs(result),
+            input_responses=await call.inputs(result),
             request_state=result.request_state,
+            meta=meta,
             allow_input_required=True,
         )
     if isinstance(result, mcp_types.InputRequiredResult):
@@ -539,7 +688,7 @@ def _text(result: mcp_types.CallToolResult) -> str:
 def _tool(client: McpClient, listed: mcp_types.Tool) -> Tool:
     async def run(arguments: dict[str, Any], ctx: ToolContext) -> str:
         log.info("mcp.call", server=client.server.name, tool=listed.name, turn=ctx.turn)
-        return await client.call(listed.name, arguments, ctx.elicited)
+        return await client.call(listed.name, arguments, ctx.elicited, ctx.sample)
 
     return Tool(
         name=tool_name(client.server.name, listed.name),

@@ -91,6 +91,9 @@ class ElicitAnswer(_Model):
     action: Literal["accept", "decline", "cancel"]
     #: The form's values (``accept`` only), validated against ``requested_schema``.
     content: dict[str, Any] | None = None
+    #: A URL-mode elicitation (MCP 2025-11-25): the link the person was asked to open (``requested_schema``
+    #: empty, never ``content``).
+    url: str | None = None
 
 
 class Elicitation(_Model):

@@ -58,7 +58,7 @@ from temporality_protocol import (
 from temporality_protocol.catalog import RPC_GET_COLLABORATORS
 from temporality_protocol.redaction import Redactor
 from temporality_run_executor.providers.base import ToolSpec
-from temporality_run_executor.records import ElicitAnswer, RunRecord
+from temporality_run_executor.records import ElicitAnswer, Message, RunRecord
 
 __all__ = [
     "ANSWER_AGENT",
@@ -76,6 +76,9 @@ __all__ = [
     "ElicitationNeeded",
     "HandoffArgs",
     "NotifyArgs",
+    "Sample",
+    "Sampled",
+    "SamplingRefused",
     "Tool",
     "ToolContext",
     "ToolError",
@@ -105,16 +108,38 @@ class ElicitationNeeded(Exception):
     answer fits: the run parks on a person and the call is retried with their answer. The server was told
     ``cancel``; whatever the call returned after that is not the tool's result."""
 
-    def __init__(self, message: str, requested_schema: dict[str, Any], position: int) -> None:
+    def __init__(self, message: str, requested_schema: dict[str, Any], position: int, url: str | None = None) -> None:
         super().__init__(f"the tool asks for the user's input: {message}")
         self.message = message
         self.requested_schema = requested_schema
         #: Which of the call's elicitations it is (0: its first); the recorded answers from here on are stale.
         self.position = position
+        #: URL mode (MCP 2025-11-25): the person is asked to open this link (``requested_schema`` is empty).
+        self.url = url
 
 
 class ToolError(Exception):
     """The call cannot be executed as made; its message goes back to the agent as the tool result."""
+
+
+class SamplingRefused(Exception):
+    """A tool's request for a completion of the run's model (MCP ``sampling/createMessage``) is not answered: the
+    run has no turns or tokens left for it, the request cannot be served, or the provider failed. The tool is
+    told why (an error response); the call goes on."""
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """The run's model's answer to a tool's sampling request."""
+
+    content: str
+    model: str
+
+
+#: Ask the run's own model for a completion mid-call: ``sample(messages, max_tokens)`` (MCP sampling). The
+#: driver's implementation counts it in the run's limits and journals it (``run.sampled``); raises
+#: :class:`SamplingRefused`.
+Sample = Callable[[list[Message], int], Awaitable[Sampled]]
 
 
 #: HUM-7: the continuation policy of a turn with several ``ask_human`` calls.
@@ -236,6 +261,8 @@ class ToolContext:
     elicited: tuple[ElicitAnswer, ...] = ()
     #: The executor's redaction patterns (SEC-1): what a person will read is redacted with them first.
     redactor: Redactor = field(default_factory=Redactor)
+    #: The run's own model, for a tool that asks for a completion mid-call (MCP sampling); ``None``: refused.
+    sample: Sample | None = None
 
 
 ToolFn = Callable[[dict[str, Any], ToolContext], Awaitable[str]]

@@ -14,6 +14,7 @@ in two groups.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +24,10 @@ import structlog
 from temporality_testing.modules import conftest_imports, describe, same_basenames
 
 pytest_plugins = ["temporality_testing.fixtures"]
+
+# The tests publish events as no service (source `/test`, ...): the consumers check only a claimed service
+# (temporality_bus.provenance). Services the tests start inherit it; the tests of the check set `strict`.
+os.environ.setdefault("TEMPORALITY_NATS_SOURCE_CHECK", "claimed")
 
 _SHARED_SCOPES = {"module", "package", "session"}
 _FOREIGN_PREFIXES = ("_pytest", "pytest", "xdist")

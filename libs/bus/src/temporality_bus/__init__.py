@@ -17,6 +17,7 @@ from temporality_bus.errors import (
 from temporality_bus.listing import live_entries, live_keys
 from temporality_bus.models import evolve, revalidated
 from temporality_bus.pipeline import Pipeline
+from temporality_bus.provenance import ForgedEvent, SourceCheck
 from temporality_bus.responder import Failure, Request, Responder
 from temporality_bus.settings import NatsSettings
 from temporality_bus.store import Modified, Store, Versioned
@@ -34,6 +35,7 @@ __all__ = [
     "DeadLetterHook",
     "Delivery",
     "Failure",
+    "ForgedEvent",
     "KvWatch",
     "Modified",
     "NatsSettings",
@@ -44,6 +46,7 @@ __all__ = [
     "PublishResult",
     "Request",
     "Responder",
+    "SourceCheck",
     "Store",
     "StoreError",
     "Timers",

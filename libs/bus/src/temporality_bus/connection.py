@@ -32,7 +32,7 @@ from temporality_bus.settings import NatsSettings
 from temporality_bus.store import Store
 from temporality_bus.tracing import calling, traced
 from temporality_protocol import CONTENT_TYPE, Envelope, encode
-from temporality_protocol.catalog import EVENTS_STREAM, BucketSpec, ConsumerSpec, StreamSpec
+from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM, BucketSpec, ConsumerSpec, StreamSpec
 
 __all__ = ["Bus", "PublishResult"]
 
@@ -229,6 +229,8 @@ class Bus:
         max_age_s = spec.max_age_s
         if spec.name == EVENTS_STREAM.name and self.settings.events_max_age_days > 0:
             max_age_s = self.settings.events_max_age_days * 24 * 3600
+        elif spec.name == DLQ_STREAM.name:
+            max_age_s = self.settings.dlq_max_age_days * 24 * 3600  # 0: forever
         return jsapi.StreamConfig(
             name=spec.name,
             description=spec.description,

@@ -6,9 +6,16 @@ handler outcome                        what the runner does
 returns                                ``ack`` (the handler committed its side effects)
 PermanentError / ProtocolError /       ``term`` + copy to ``temporality.dlq.<consumer>``
 pydantic ValidationError               + journal ``bus.dead_lettered``
+not called: the event is forged        the same, without ``on_dead_letter`` (see below)
 any other exception                    ``nak(delay=backoff[n])``; on the last allowed
                                        delivery (``max_deliver``) it is dead-lettered too
 =====================================  =================================================
+
+*Forged events* (SEC-1, AP-11): before the handler, each envelope's claimed sender (its ``source``, a
+``service:`` actor) is checked against the catalogue's senders of its type, as the Bus's settings say
+(``source_check``, :mod:`temporality_bus.provenance`). A forged one is dead-lettered and journaled like a
+poison message, but neither the handler nor ``on_dead_letter`` ever sees it: a forger must not be able to
+make a service act (the run-executor's hook would fail the run a forged answer names).
 
 With tracing on, each envelope is handled in a CONSUMER span, the child of the trace context it carries
 (:mod:`temporality_bus.tracing`); raw messages and batches are not.
@@ -82,6 +89,7 @@ from pydantic import ValidationError
 from temporality_bus import tracing
 from temporality_bus.connection import Bus
 from temporality_bus.errors import PermanentError
+from temporality_bus.provenance import ForgedEvent, forgery
 from temporality_protocol import BusDeadLettered, Envelope, ProtocolError, decode, derive_id, make_event
 from temporality_protocol.catalog import DLQ_PREFIX, ConsumerSpec
 from temporality_protocol.version import SUPPORTED_VERSIONS, negotiate
@@ -192,6 +200,7 @@ class Consumer:
         self._in_hand: dict[str, Msg] = {}
         #: Protocol versions the batch path has negotiated successfully (the result never changes).
         self._readable: set[str] = set()
+        self._source_check = bus.settings.source_check
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -304,6 +313,9 @@ class Consumer:
             except (ProtocolError, ValidationError):
                 alone.append(msg)  # fails the same way there, and is dead-lettered alone
                 continue
+            if forgery(event, self._source_check) is not None:
+                alone.append(msg)  # refused the same way there, and dead-lettered alone
+                continue
             batch.append((event, delivery))
         return _Fetched(msgs, alone, batch)
 
@@ -400,6 +412,9 @@ class Consumer:
         assert self._handler is not None
         event = decode(msg.data)
         negotiate(SUPPORTED_VERSIONS, [event.protocolversion])  # refuses explicitly (PRO-3)
+        forged = forgery(event, self._source_check)
+        if forged is not None:  # SEC-1, AP-11: never handled; dead-lettered and journaled
+            raise ForgedEvent(forged)
         with structlog.contextvars.bound_contextvars(ce_id=event.id, ce_type=event.type, run_id=event.runid):
             if not tracing.enabled():  # the hot path with tracing off: not even a context manager
                 await self._handler(event, delivery)
@@ -467,7 +482,9 @@ class Consumer:
         self, msg: Msg, delivery: Delivery, env: Envelope | None, exc: BaseException, error: str, dlq_subject: str
     ) -> None:
         original_id, original_type, run_id = (env.id, env.type, env.runid) if env is not None else (None, None, None)
-        if self._on_dead_letter is not None:
+        if isinstance(exc, ForgedEvent):  # the service is never told of a forgery: it must not act on it
+            self._log.warning("event.forged", error=error, original_id=original_id, original_type=original_type)
+        elif self._on_dead_letter is not None:
             subject: Envelope | bytes = env if env is not None and self._handler is not None else msg.data
             try:
                 await self._on_dead_letter(subject, delivery, exc)

@@ -8,6 +8,9 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from temporality_bus.provenance import SourceCheck
+from temporality_protocol.catalog import DLQ_STREAM
+
 __all__ = ["NatsSettings"]
 
 
@@ -44,6 +47,14 @@ class NatsSettings(BaseSettings):
     #: able to do. Only the stream's owner, the journal, applies it (it creates and updates the shared
     #: streams at start; the other services may only read their info).
     events_max_age_days: float = Field(default=0, ge=0)
+    #: How long the dead-letter stream keeps a dead letter (days; 0: forever), for an operator to look into and
+    #: re-drive; ``bus.dead_lettered`` in the journal keeps the record. Applied by the stream's owner, the journal.
+    dlq_max_age_days: float = Field(default=DLQ_STREAM.max_age_s / (24 * 3600), ge=0)
+    #: How every consumer checks an event's claimed sender against the catalogue's senders of its type
+    #: (SEC-1, AP-11): ``strict`` (the source must be a sending service's), ``claimed`` (only a source or
+    #: ``service:`` actor naming a catalogue service is checked: for tests that publish as no service) or
+    #: ``off``; a forged event is dead-lettered, never handled (:mod:`temporality_bus.provenance`).
+    source_check: SourceCheck = "strict"
 
     @model_validator(mode="after")
     def _tls_pairs(self) -> NatsSettings:

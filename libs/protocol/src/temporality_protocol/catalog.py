@@ -69,6 +69,7 @@ __all__ = [
     "RPC_PREFIX",
     "RPC_SUBJECTS",
     "SERVICES",
+    "SOURCE_PREFIX",
     "SUBSCRIBER_PREFIX",
     "TIMERS_STREAM",
     "TIMER_FIRED_HUMAN",
@@ -93,7 +94,9 @@ __all__ = [
     "StreamSpec",
     "agent_subject",
     "check_services",
+    "senders_of",
     "service_problems",
+    "service_source",
     "subject_agent",
     "subject_for",
     "subject_matches",
@@ -886,6 +889,22 @@ SERVICES: dict[str, ServiceSpec] = {
 }
 
 
+#: The source every service writes on the events it publishes: ``/temporality/<service>``.
+SOURCE_PREFIX = "/temporality/"
+
+
+def service_source(service: str) -> str:
+    """The CloudEvents ``source`` of the events ``service`` publishes: ``/temporality/<service>``."""
+    return f"{SOURCE_PREFIX}{service}"
+
+
+def senders_of(event_type: str) -> tuple[str, ...]:
+    """The services that publish ``event_type`` (its owners, :attr:`ServiceSpec.sends`), in catalogue order;
+    empty for a type no service sends (not a modelled type). Several services share a few types:
+    ``run.requested``, ``run.cancel_requested`` and ``bus.dead_lettered``."""
+    return _SENDERS.get(event_type, ())
+
+
 def service_problems(
     services: Mapping[str, ServiceSpec] | None = None, consumers: Mapping[str, ConsumerSpec] | None = None
 ) -> list[str]:
@@ -992,6 +1011,13 @@ def service_problems(
                 f"RPC subject {subject} is answered by {names[0]}, but RPCS names {RPCS[subject].responder}"
             )
     return problems
+
+
+_SENDERS: dict[str, tuple[str, ...]] = {
+    t: tuple(spec.name for spec in SERVICES.values() if t in spec.sends)
+    for spec in SERVICES.values()
+    for t in spec.sends
+}
 
 
 def check_services(

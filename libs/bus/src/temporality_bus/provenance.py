@@ -1,0 +1,75 @@
+"""Who may have sent an event: its envelope's ``source`` (and a ``service:`` actor) against the catalogue.
+
+NATS permissions (``temporality_protocol.permissions``) already stop a service publishing an event type it
+does not send. The consumers check again (SEC-1, AP-11: defence in depth, e.g. an account configured too
+permissively, an external agent's user given more than its own subjects): an event whose envelope claims
+another sender than the services that publish its type (:func:`temporality_protocol.catalog.senders_of`)
+is *forged*. The consumer runner (:class:`temporality_bus.Consumer`) never hands a forged event to its
+handler nor to the service's dead-letter hook: it copies it to the dead-letter stream and journals
+``bus.dead_lettered`` (the error names the claim and the owners), as a poison message.
+
+Every service writes ``source = /temporality/<service>`` on what it publishes
+(:func:`~temporality_protocol.catalog.service_source`), and an actor ``service:<name>`` names the service
+that acted. ``TEMPORALITY_NATS_SOURCE_CHECK`` (:attr:`temporality_bus.NatsSettings.source_check`) decides how
+strictly the claim is read:
+
+==========  ===========================================================================================
+``strict``  (the default) the source must be ``/temporality/<service>`` of a service that sends the type
+            (of any service, for a type this version does not know: a newer sender during a rolling
+            upgrade); an actor ``service:<name>`` must name that same service
+``claimed`` only a claim is checked: a source ``/temporality/<service>`` or an actor ``service:<name>``
+            naming a service of the catalogue that does not send the type is refused; a source naming
+            no service (a test's ``/test``, a tool's) passes. For test suites that publish as no service
+``off``     nothing is checked
+==========  ===========================================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from temporality_bus.errors import PermanentError
+from temporality_protocol import Envelope
+from temporality_protocol.catalog import SERVICES, SOURCE_PREFIX, senders_of
+
+__all__ = ["ForgedEvent", "SourceCheck", "claimed_service", "forgery"]
+
+SourceCheck = Literal["strict", "claimed", "off"]
+_ACTOR_PREFIX = "service:"
+
+
+class ForgedEvent(PermanentError):
+    """The envelope claims a sender that does not publish its type (see the module docstring)."""
+
+
+def claimed_service(source: str) -> str | None:
+    """The service a ``source`` names (``/temporality/<service>``, a catalogue service), else ``None``."""
+    if not source.startswith(SOURCE_PREFIX):
+        return None
+    name = source[len(SOURCE_PREFIX) :]
+    return name if name in SERVICES else None
+
+
+def forgery(event: Envelope, mode: SourceCheck) -> str | None:
+    """Why ``event`` cannot come from whom it claims under ``mode``, or ``None`` when it may."""
+    if mode == "off":
+        return None
+    owners = senders_of(event.type)
+    source = claimed_service(event.source)
+    actor = event.actor[len(_ACTOR_PREFIX) :] if event.actor and event.actor.startswith(_ACTOR_PREFIX) else None
+    sent_by = f"{event.type} is sent by {', '.join(owners)}" if owners else f"{event.type} is sent by no known service"
+    if mode == "strict":
+        if source is None:
+            return f"source {event.source!r} is no service's (/temporality/<service>); {sent_by}"
+        if owners and source not in owners:
+            return f"source {event.source!r} claims {source}, but {sent_by}"
+        if actor is not None and actor != source:
+            return f"actor {event.actor!r} is not the source's service {source}; {sent_by}"
+        return None
+    if not owners:
+        return None  # a type this version does not know: nothing to hold a claim against
+    if source is not None and source not in owners:
+        return f"source {event.source!r} claims {source}, but {sent_by}"
+    if actor is not None and actor in SERVICES and actor not in owners:
+        return f"actor {event.actor!r} claims {actor}, but {sent_by}"
+    return None

@@ -7,6 +7,8 @@ real nats-server; the test is the external agent, speaking the signed Agent Prot
   same action sent again is a duplicate and changes nothing.
 - A hosted agent hands off to an external agent's card: the child is an external run, offered to that agent with
   the handoff document in its task.
+- The example external agent (``examples/external-agent/agent.py --handoff-to``, the protocol's reference
+  implementation) asks a person, then hands its task to a hosted card with the document it wrote.
 - Without the grant or without a document, a handoff action is refused (pure checks, no stack).
 
 The module shares one stack (its start is most of the cost); each test waits only on its own runs' events.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -28,6 +31,7 @@ from typing import Any
 import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from e2e_support import eventually
 from pydantic import ValidationError
 
@@ -38,8 +42,10 @@ from temporality_embedded.natsserver import NatsServer
 from temporality_embedded.processes import ServiceProcess
 from temporality_protocol import (
     AgentTask,
+    HumanAnswered,
     HumanPolicy,
     LaunchSource,
+    OptionAnswer,
     RunRequested,
     RunState,
     TaskAction,
@@ -64,6 +70,10 @@ from temporality_testing.events import EventLog
 
 AGENT = "handoff-bot"
 KEY = Ed25519PrivateKey.generate()
+#: The example agent (its own key, written to a file for it).
+EXAMPLE = "example-agent"
+EXAMPLE_KEY = Ed25519PrivateKey.generate()
+EXAMPLE_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "external-agent" / "agent.py"
 SESSION = "handoff-session-1"
 GRANTED = ["get_input", "handoff_to_agent"]
 #: A process start or a redelivery, on the shared and loaded machine.
@@ -87,7 +97,14 @@ def _files(root: Path) -> dict[str, str]:
         yaml.safe_dump(
             {
                 "heartbeat_interval_s": 600,  # never offline while the module runs
-                "agents": [{"id": AGENT, "allowed_tools": GRANTED, "public_key": public_key_text(KEY.public_key())}],
+                "agents": [
+                    {"id": AGENT, "allowed_tools": GRANTED, "public_key": public_key_text(KEY.public_key())},
+                    {
+                        "id": EXAMPLE,
+                        "allowed_tools": ["ask_human", "handoff_to_agent"],
+                        "public_key": public_key_text(EXAMPLE_KEY.public_key()),
+                    },
+                ],
             }
         ),
         encoding="utf-8",
@@ -113,6 +130,12 @@ def _files(root: Path) -> dict[str, str]:
                     {"id": "ext-hander", **external, "tools": {"allow": GRANTED}},
                     {"id": "ext-taker", **external, "tools": {"allow": ["get_input"]}},
                     {
+                        "id": "ext-example",
+                        **external,
+                        "provider": {"kind": "external", "agent_id": EXAMPLE},
+                        "tools": {"allow": ["ask_human", "handoff_to_agent"]},
+                    },
+                    {
                         "id": "hosted-finisher",
                         **scripted,
                         "provider": {"kind": "scripted", "script": {"steps": finisher}},
@@ -123,6 +146,9 @@ def _files(root: Path) -> dict[str, str]:
         ),
         encoding="utf-8",
     )
+    (root / "example-agent.key").write_bytes(
+        EXAMPLE_KEY.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    )
     return {"TEMPORALITY_COLLAB_EXTERNAL_AGENTS_FILE": str(allow), "TEMPORALITY_EXECUTOR_AGENTS_FILE": str(cards)}
 
 
@@ -132,8 +158,14 @@ async def _prepare(url: str) -> None:
         await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
 
 
+@dataclass
+class HandoffStack:
+    nats: NatsServer
+    root: Path
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HandoffStack]:
     root = tmp_path_factory.mktemp("external-handoff")
     nats = NatsServer(root / "nats")
     nats.start()
@@ -151,7 +183,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
             services.append(process)
             process.start()
             process.wait_ready(WAIT_S)
-        yield nats
+        yield HandoffStack(nats, root)
     finally:
         for process in services:
             process.terminate()
@@ -252,8 +284,8 @@ class Client:
 
 
 @pytest.fixture
-async def client(stack: NatsServer) -> AsyncIterator[Client]:
-    async with Bus.connect(NatsSettings(url=stack.url), name="test") as bus:
+async def client(stack: HandoffStack) -> AsyncIterator[Client]:
+    async with Bus.connect(NatsSettings(url=stack.nats.url), name="test") as bus:
         events = await EventLog(bus.nc, since=_now()).start()
         agent = Agent(bus)
         await agent.register()
@@ -361,6 +393,56 @@ async def test_a_hosted_agent_hands_off_to_an_external_agent(client: Client) -> 
     assert offered.correlationid == saga
     assert len(client.events.of_type("agent.handed_off", run_id=lead)) == 1
     assert not client.events.of_type("run.failed", run_id=child)
+
+
+async def test_the_example_agent_asks_a_person_then_hands_its_task_off(
+    stack: HandoffStack, client: Client, tmp_path: Path
+) -> None:
+    """The reference agent, from the published schemas alone (every body it sends and gets is checked against
+    them): the person's answer, then a ``handoff`` action to a hosted card; the child finishes with the document."""
+    saga = f"saga-{uuid.uuid4().hex[:8]}"
+    run_id = await client.request("ext-example", saga)
+    log = (tmp_path / "agent.log").open("ab")
+    command = [
+        *(sys.executable, str(EXAMPLE_SCRIPT), "--nats-url", stack.nats.url, "--key-file"),
+        *(str(stack.root / "example-agent.key"), "--work", "--tasks", "1", "--poll-s", "0.2", "--period-s", "0.4"),
+        *("--handoff-to", "hosted-finisher"),
+    ]
+    agent = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=log)
+    log.close()
+    try:
+        (asked,) = await client.events.wait_for("human.requested", run_id=run_id, timeout_s=WAIT_S)
+        answered = HumanAnswered(
+            request_id=asked.data["request_id"],
+            run_id=run_id,
+            recipient="user:alice",
+            responder="user:alice",
+            answer=OptionAnswer(option_id="yes"),
+            channel="web",
+            waited_s=0.1,
+        )
+        event = make_event(answered, source="/test", id=f"evt-ha-{run_id}", run_id=run_id, correlation_id=saga)
+        await client.bus.publish(event)
+        (handed,) = await client.events.wait_for("agent.handed_off", run_id=run_id, timeout_s=WAIT_S)
+        child = handed.data["child_run_id"]
+        (ended,) = await client.events.wait_for("run.completed", run_id=run_id, timeout_s=WAIT_S)
+        assert json.loads(ended.data["result"]) == {"status": "handed_off", "child_run_id": child}
+        (finished,) = await client.events.wait_for("run.completed", run_id=child, timeout_s=WAIT_S)
+        assert finished.data["result"] == f"finished Review PR 42 for {run_id}"
+        assert finished.correlationid == saga
+        assert await asyncio.wait_for(agent.wait(), WAIT_S) == 0, (tmp_path / "agent.log").read_text()
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+            await agent.wait()
+    document = handed.data["document"]
+    assert handed.data["agent"] == "hosted-finisher"
+    assert document["objective"] == "Review PR 42"
+    assert document["current_status"].startswith("a person decided: ")
+    assert document["memory_links"] == [f"run:{run_id}"]
+    assert document["completed_steps"] == ["asked user:alice whether to go ahead"]
+    assert len(client.events.of_type("human.requested", run_id=run_id)) == 1
+    assert not client.events.of_type("run.failed", run_id=run_id)
 
 
 # --------------------------------------------------------------------------- the protocol's rules, pure

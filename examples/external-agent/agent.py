@@ -48,6 +48,12 @@ with the last checkpoint (``resumed``) and publishes ``run.resumed`` -- and carr
 
     python examples/external-agent/agent.py --nats-url nats://127.0.0.1:4222 --work --tasks 1
 
+With ``--handoff-to CARD`` it does not finish the task itself: once the person has answered it **hands the task
+off** (AP-6) to the agent card ``CARD`` -- a ``handoff`` action with the handoff document (objective, where the
+task stands, the steps done and left, the decision as an artifact, the task's acceptance criteria). The run
+completes, handed off, and a run of ``CARD`` carries on in the same saga; the card must offer
+``handoff_to_agent`` and the agent must be granted it (``allowed_tools``).
+
 ``--think-s`` makes it work on a new task that long before its first action. A run cancelled meanwhile comes back
 once in the next poll with ``state: cancelled``: it drops the task (counted as done for ``--tasks``).
 """
@@ -272,9 +278,13 @@ class Worker:
     a restarted worker resumes from the checkpoint its task comes back with (AP-8). Every action carries a
     stable ``action_id`` (task, turn, what), so a retry after a lost reply or a crash changes nothing."""
 
-    def __init__(self, client: Client, agent_id: str, version: str, *, think_s: float = 0.0) -> None:
+    def __init__(
+        self, client: Client, agent_id: str, version: str, *, think_s: float = 0.0, handoff_to: str | None = None
+    ) -> None:
         self.client = client
         self.think_s = think_s
+        #: Hand every task off to this agent card once the person has answered, instead of finishing it (AP-6).
+        self.handoff_to = handoff_to
         #: When each task was first seen (its first action waits ``think_s`` from then).
         self._seen: dict[str, float] = {}
         self.agent_id = agent_id
@@ -387,14 +397,35 @@ class Worker:
         await self._stream(task_id, turn, "partial", "partial_result", "the person answered", answer=answer)
         await self._checkpoint(task, turn, "answered", answer=answer)
         await self._stream(task_id, turn, "metrics", "metrics", "done", turns=turn)
+        if self.handoff_to is not None:
+            await self._act(task_id, turn, "handoff", "handoff", handoff=self._handoff(task, answer))
+            self.completed += 1
+            log.info("task %s handed off to %s", task_id, self.handoff_to)
+            return
         await self._act(task_id, turn, "result", "result", result=f"Done: {task['objective']} -- decision: {answer}")
         self.completed += 1
         log.info("task %s completed", task_id)
 
+    def _handoff(self, task: dict[str, Any], answer: str) -> dict[str, Any]:
+        """The AP-6 handoff document: everything the next agent needs, nothing it must look up first."""
+        people = task["context"].get("people") or []
+        return {
+            "agent": self.handoff_to,
+            "objective": task["objective"],
+            "current_status": f"a person decided: {answer}"[:4096],
+            "completed_steps": [f"asked {people[0] if people else 'a person'} whether to go ahead"],
+            "remaining_steps": ["carry out the decision", "report the outcome"],
+            "artifacts": [f"decision: {answer}"[:4096]],
+            "memory_links": [f"run:{task['run_id']}"],
+            "open_questions": [],
+            "constraints": [],
+            "acceptance_criteria": list(task["acceptance_criteria"]),
+        }
+
 
 async def work(client: Client, args: argparse.Namespace, version: str, period: float, answered: set[int]) -> None:
     """``--work``: heartbeat every ``period``, poll for tasks every ``--poll-s``, until ``--tasks`` are done."""
-    worker = Worker(client, args.agent_id, version, think_s=args.think_s)
+    worker = Worker(client, args.agent_id, version, think_s=args.think_s, handoff_to=args.handoff_to)
     last_beat = 0.0
     beats = 0
     while args.tasks == 0 or worker.completed < args.tasks:
@@ -499,7 +530,12 @@ async def run(args: argparse.Namespace) -> int:
                 "provider": "example",
                 "model": "rule-based-0",
                 "capabilities": CAPABILITIES,
-                "supported_tools": ["get_input", "shell", *(["ask_human", "notify"] if args.work else [])],
+                "supported_tools": [
+                    "get_input",
+                    "shell",
+                    *(["ask_human", "notify"] if args.work else []),
+                    *(["handoff_to_agent"] if args.work and args.handoff_to else []),
+                ],
                 "max_context_size": 16000,
             },
         )
@@ -582,6 +618,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=0.0,
         help="with --work: seconds it works on a new task before its first action (heartbeating and polling meanwhile)",
+    )
+    parser.add_argument(
+        "--handoff-to",
+        default=None,
+        metavar="CARD",
+        help="with --work: once the person has answered, hand each task off to this agent card (AP-6) "
+        "instead of finishing it",
     )
     parser.add_argument(
         "--conformance",

@@ -112,6 +112,7 @@ def test_receives_is_what_the_consumers_filter() -> None:
         "agent.ask_expired",
         "agent.ask_undeliverable",
         "agent.reply_undeliverable",
+        "agent.task.acted",  # AP-5: an external agent's action wakes the run parked on it
     }
     # its timer consumer is internal; run endings (and withdrawals) cancel pending requests; notifications go out;
     # run.requested feeds its own projection of each run's policy (SEC-1)

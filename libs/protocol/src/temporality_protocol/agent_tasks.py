@@ -12,7 +12,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temporality_protocol.events import AgentTask, TaskInput, TaskToolCall
+from temporality_protocol.events import AgentTask, TaskHandoff, TaskInput, TaskToolCall
 from temporality_protocol.ids import derive_id
 from temporality_protocol.states import AGENT_TASK, AgentTaskState
 
@@ -33,7 +33,7 @@ class _Model(BaseModel):
 
 
 class StoredAction(_Model):
-    """One turn-closing action the agent sent (tool calls, a result or a failure)."""
+    """One turn-closing action the agent sent (tool calls, a result, a failure or a handoff)."""
 
     turn: int
     action_id: str
@@ -41,6 +41,8 @@ class StoredAction(_Model):
     calls: list[TaskToolCall] = Field(default_factory=list)
     result: str | None = None
     error: str | None = None
+    #: ``handoff`` (AP-6): the target and the document; the run carries it out as ``handoff_to_agent``.
+    handoff: TaskHandoff | None = None
     #: The task's take (:attr:`TaskRecord.take`) it was sent under: a later take resumed after it.
     take: int = 1
     at: datetime

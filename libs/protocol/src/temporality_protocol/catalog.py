@@ -614,9 +614,9 @@ RPCS: dict[str, RpcSpec] = {
             TaskAction,
             TaskActionReply,
             "agent-collab",
-            "AP-5, AP-7, AP-9: an agent acts on its task's open turn (tool calls such as ask_human, a result, a "
-            "failure) or stores a checkpoint or a streaming event; out-of-order messages are refused and journaled."
-            + _SIGNED,
+            "AP-5..AP-7, AP-9: an agent acts on its task's open turn (tool calls such as ask_human, a result, a "
+            "failure, or a handoff of the task to another agent card with the AP-6 handoff document) or stores a "
+            "checkpoint or a streaming event; out-of-order messages are refused and journaled." + _SIGNED,
             external=True,
         ),
     )

@@ -115,6 +115,7 @@ __all__ = [
     "TaskAssignment",
     "TaskCheckpoint",
     "TaskEventKind",
+    "TaskHandoff",
     "TaskInput",
     "TaskPoll",
     "TaskPollReply",
@@ -1408,7 +1409,7 @@ _ActionId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-
 _SessionId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 #: What an external agent may send for a task: one action closes a turn (``tool_calls``, ``result``,
 #: ``failure``); ``checkpoint`` (AP-7) and ``event`` (AP-9) may come any time while it holds the task.
-TaskActionKind = Literal["tool_calls", "result", "failure", "checkpoint", "event"]
+TaskActionKind = Literal["tool_calls", "result", "failure", "handoff", "checkpoint", "event"]
 #: The streaming events of AP-9.
 TaskEventKind = Literal["progress", "log", "warning", "partial_result", "metrics"]
 #: Why agent-collab refused a task message (journaled as ``agent.task.refused``).
@@ -1471,6 +1472,26 @@ class TaskToolCall(_AgentRequest):
 
     name: _Token
     arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskHandoff(_AgentRequest):
+    """AP-6: a ``handoff`` action -- the agent hands its whole task to another agent card (hosted or external) with
+    the handoff document. The run carries it out as the ``handoff_to_agent`` tool (so the card must offer that
+    tool and the agent must be granted it): one ``agent.handed_off``, the child's ``run.requested`` in the same
+    saga, and the run completes, handed off. A target the run cannot hand off to comes back as the next turn's
+    input (a tool error), like any refused tool call."""
+
+    #: The agent card to hand the task to.
+    agent: Annotated[str, Field(min_length=1, max_length=128)]
+    objective: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+    current_status: HandoffItem = ""
+    completed_steps: HandoffList = Field(default_factory=list)
+    remaining_steps: HandoffList = Field(default_factory=list)
+    artifacts: HandoffList = Field(default_factory=list)
+    memory_links: HandoffList = Field(default_factory=list)
+    open_questions: HandoffList = Field(default_factory=list)
+    constraints: HandoffList = Field(default_factory=list)
+    acceptance_criteria: HandoffList = Field(default_factory=list)
 
 
 class TaskCheckpoint(_AgentRequest):
@@ -1565,12 +1586,15 @@ class TaskAction(_AgentRequest):
     result: Annotated[str, Field(max_length=MAX_TEXT * 4)] | None = None
     #: ``failure``: why it gives up.
     error: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+    #: ``handoff`` (AP-6): the target agent card and the handoff document; the run ends, handed off.
+    handoff: TaskHandoff | None = None
     checkpoint: TaskCheckpoint | None = None
     event: TaskStreamEvent | None = None
 
     @model_validator(mode="after")
     def _fits_kind(self) -> TaskAction:
         needs = {"tool_calls": bool(self.calls), "result": self.result is not None, "failure": self.error is not None}
+        needs |= {"handoff": self.handoff is not None}
         needs |= {"checkpoint": self.checkpoint is not None, "event": self.event is not None}
         if not needs[self.kind]:
             field = {"tool_calls": "calls", "result": "result", "failure": "error"}.get(self.kind, self.kind)
@@ -1626,7 +1650,8 @@ class AgentTaskActed(EventData):
     agent_id: str
     turn: int
     action_id: str
-    kind: Literal["tool_calls", "result", "failure"]
+    kind: Literal["tool_calls", "result", "failure", "handoff"]
+    #: The tools it calls (``handoff``: ``handoff_to_agent``).
     tools: list[str] = Field(default_factory=list)
     detail: Annotated[str, Field(max_length=MAX_TEXT)] = ""
 

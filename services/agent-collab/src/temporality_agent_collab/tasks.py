@@ -14,7 +14,8 @@ consumer ``agent-collab-tasks``             ``agent.task.offered`` -> the task's
                                             under another ``session_id`` is resumed (``agent.task.taken``
                                             ``resumed: true``; the run-executor publishes ``run.resumed``)
 ``temporality.rpc.agents.*.act``            the agent acts on the open turn -- ``tool_calls`` (``acted``; the
-                                            run runs them, ``ask_human`` parks it), ``result`` (``completed``),
+                                            run runs them, ``ask_human`` parks it), ``handoff`` (``acted``; the
+                                            run hands its task on, AP-6), ``result`` (``completed``),
                                             ``failure`` (``failed``) -- or stores a ``checkpoint`` or a
                                             streaming ``event``, each journaled; out of order: refused,
                                             journaled as ``agent.task.refused``
@@ -86,7 +87,9 @@ _T = AgentTaskState
 #: A checkpoint larger than this (its JSON) is refused (``malformed_request``): KV is not a blob store.
 MAX_CHECKPOINT_BYTES = 256 * 1024
 MODIFY_ATTEMPTS = 32
-_CLOSING = frozenset({"tool_calls", "result", "failure"})
+_CLOSING = frozenset({"tool_calls", "result", "failure", "handoff"})
+#: The tool a ``handoff`` action is carried out as (AP-6): the agent must be granted it.
+HANDOFF_TOOL = "handoff_to_agent"
 
 
 class TaskRefused(Exception):
@@ -141,9 +144,13 @@ def acted(current: TaskRecord, body: TaskAction, allowed_tools: list[str], now: 
     if current.state is not _T.WORKING:
         raise TaskRefused("turn_closed", f"turn {current.turn} of task {current.task_id} already has an action")
     refused = [call.name for call in body.calls if call.name not in allowed_tools]
+    if body.kind == "handoff" and HANDOFF_TOOL not in allowed_tools:
+        refused.append(HANDOFF_TOOL)
     if refused:
         raise TaskRefused("tool_not_allowed", f"tools {refused} are not granted (granted: {allowed_tools})")
-    target = {"tool_calls": _T.ACTED, "result": _T.COMPLETED, "failure": _T.FAILED}[body.kind]
+    # a handoff closes the turn like tool calls: the run carries it out (and ends, handed off, or offers the
+    # next turn with the refusal as its input); the task ends with the run
+    target = {"tool_calls": _T.ACTED, "handoff": _T.ACTED, "result": _T.COMPLETED, "failure": _T.FAILED}[body.kind]
     AGENT_TASK.transition(current.state, target)
     action = StoredAction(
         turn=body.turn,
@@ -152,6 +159,7 @@ def acted(current: TaskRecord, body: TaskAction, allowed_tools: list[str], now: 
         calls=body.calls,
         result=body.result,
         error=body.error,
+        handoff=body.handoff if body.kind == "handoff" else None,
         take=current.take,
         at=now,
     )
@@ -546,6 +554,9 @@ class TaskBoard:
 
     def _acted_event(self, record: TaskRecord, action: StoredAction) -> Envelope:
         detail = action.result if action.kind == "result" else action.error if action.kind == "failure" else ""
+        tools = [call.name for call in action.calls]
+        if action.handoff is not None:
+            detail, tools = f"to {action.handoff.agent}: {action.handoff.objective}", [HANDOFF_TOOL]
         data = AgentTaskActed(
             run_id=record.run_id,
             task_id=record.task_id,
@@ -553,7 +564,7 @@ class TaskBoard:
             turn=action.turn,
             action_id=action.action_id,
             kind=action.kind,
-            tools=[call.name for call in action.calls],
+            tools=tools,
             detail=(detail or "")[:4096],
         )
         return self._event(record, data, "acted", str(action.turn))

@@ -19,7 +19,8 @@ and it never waits for the agent:
    budget left.
 3. agent-collab commits the agent's action, then publishes ``agent.task.acted``; the executor's consumer
    ``run-executor-agents`` gets it and the machine asks for :meth:`ExternalAgents.look`: the action read from
-   the record becomes the turn's provider reply -- ``tool_calls`` the turn's tool calls, ``result`` the final
+   the record becomes the turn's provider reply -- ``tool_calls`` the turn's tool calls, ``handoff`` one
+   ``handoff_to_agent`` call (AP-6: decided by the machine as a hosted model's), ``result`` the final
    answer, ``failure`` a failed run (``provider_error``) -- and the run wakes (``resuming`` -> ``running``,
    one compare-and-set guarded by the wait id, so a duplicate or redelivered wake-up resumes it once). The
    turn's compute is the agent's working time: from the park to the action's time. The timer firing reads the
@@ -52,6 +53,7 @@ from temporality_run_executor.machine import (
 )
 from temporality_run_executor.providers.base import AssistantTurn
 from temporality_run_executor.records import Message, RunRecord, ToolCall
+from temporality_run_executor.tools import HANDOFF_TO_AGENT
 
 __all__ = ["ExternalAgents", "agent_elapsed_s", "inputs_of", "task_of", "turn_of"]
 
@@ -65,6 +67,9 @@ Outcome = ProviderReplied | ProviderFailed
 def task_of(run: RunRecord, agent: Agent, call: CallProvider) -> AgentTask:
     """AP-5: the task the run gives its external agent."""
     raw = run.input.get("acceptance_criteria")
+    handoff = run.input.get("handoff")
+    if raw is None and isinstance(handoff, dict):  # a handoff's child (AP-6): the document's criteria
+        raw = handoff.get("acceptance_criteria")
     criteria = [str(c) for c in raw] if isinstance(raw, list) else []
     priority = run.input.get("priority")
     return AgentTask(
@@ -109,6 +114,13 @@ def turn_of(action: StoredAction) -> AssistantTurn | str:
             for i, call in enumerate(action.calls)
         ]
         return AssistantTurn(content=None, tool_calls=calls)
+    if action.kind == "handoff" and action.handoff is not None:
+        # AP-6: exactly a hosted model's handoff_to_agent call -- the same rules, the same derived ids (from the
+        # run and this call id: a replay of the turn is the same handoff and the same child)
+        arguments = action.handoff.model_dump(mode="json")
+        return AssistantTurn(
+            content=None, tool_calls=[ToolCall(id=f"ext-{action.turn}-0", name=HANDOFF_TO_AGENT, arguments=arguments)]
+        )
     if action.kind == "result":
         return AssistantTurn(content=action.result or "")
     return f"the external agent failed the task: {action.error or '(no reason given)'}"

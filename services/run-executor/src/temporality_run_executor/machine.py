@@ -303,7 +303,8 @@ class Agent:
 
     card: AgentCard
     tools: ToolRegistry
-    #: The ids of the hosted agent cards this executor knows: the targets ``handoff_to_agent`` accepts (AP-6).
+    #: The ids of the agent cards this executor knows (hosted and external): the targets ``handoff_to_agent``
+    #: accepts (AP-6).
     hosted: frozenset[str] = frozenset()
 
     def offered(self) -> list[Tool]:
@@ -1807,7 +1808,8 @@ MAX_HANDOFF_DEPTH = 8
 
 
 def _plan_handoff(run: RunRecord, agent: Agent, turn: int, call: ToolCall) -> ToolPlan:
-    """AP-6: hand the run's task to a hosted agent. ``agent.handed_off`` decides it; the child's ``run.requested``
+    """AP-6: hand the run's task to another agent card (hosted, or external: the child is then offered to its
+    agent). ``agent.handed_off`` decides it; the child's ``run.requested``
     (same saga, parent this run, the document as its input, this run's human policy -- never wider) follows;
     the run completes when the turn commits."""
     try:

@@ -14,7 +14,7 @@ offered) plus an implementation. The built-ins (:data:`BUILTIN_TOOLS`):
                     ``agent.asked`` and returns at once, ``wait`` parks the run in ``waiting_for_agent``.
 ``answer_agent``    answer (or refuse, PRO-1) a request this run received: handled by the run machine,
                     which publishes ``agent.replied`` (COL-3).
-``handoff_to_agent``  hand the run's task to another (hosted) agent (AP-6): handled by the run machine, which
+``handoff_to_agent``  hand the run's task to another agent card, hosted or external (AP-6): handled by the run machine, which
                     publishes ``agent.handed_off`` and the child's ``run.requested``; the run then completes.
 ``get_pr_context``  DEPRECATED alias of ``get_input``, kept for cards written before it; offered only
                     when a card names it exactly (a pattern such as ``*`` never selects it).
@@ -223,7 +223,11 @@ class HandoffArgs(BaseModel):
 
     agent: Annotated[
         str,
-        Field(min_length=1, max_length=128, description="The agent id to hand the task to (a hosted agent card)"),
+        Field(
+            min_length=1,
+            max_length=128,
+            description="The agent id to hand the task to (an agent card: hosted or external)",
+        ),
     ]
     objective: Annotated[str, Field(min_length=1, max_length=4096, description="What the other agent must achieve")]
     current_status: Annotated[str, Field(max_length=4096, description="Where the task stands now")] = ""

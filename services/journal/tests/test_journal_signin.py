@@ -662,3 +662,59 @@ async def test_a_signed_in_operator_manages_triggers_through_the_journal_vouchin
         )
         assert with_viewer.status_code == 403, with_viewer.text  # the gateway saw the viewer token only
         assert "board" in with_viewer.json()["detail"]
+
+
+async def test_a_database_that_cannot_record_or_check_a_sign_out_is_a_503_never_a_silent_pass(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus
+) -> None:
+    """The journal's real SQLite refusing the revocation write (a trigger), then the read (the table renamed): a
+    sign-out, and a sign-in that replaces a session, answer 503 ``sign_out_unrecorded`` and leave the person
+    signed in; a request whose session cannot be checked is a 503 ``session_check_failed``, not admitted."""
+    import sqlite3
+
+    db_file = tmp_path / "journal" / "journal.db"
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    async with OidcEmulator(people=PEOPLE).serve() as idp:
+        settings = oidc_settings(tmp_path, nats_settings, idp, None, database_url=f"sqlite+aiosqlite:///{db_file}")
+        idp.redirect_uris = [f"http://127.0.0.1:{settings.port}/auth/callback"]
+        async with (
+            serve_journal(settings, bus) as journal,
+            httpx.AsyncClient(base_url=journal.url, timeout=10) as browser,
+        ):
+            assert (await sign_in(browser, idp, "alice")).status_code == 302
+            cookie = browser.cookies[SESSION_COOKIE]
+
+            def sql(statement: str) -> None:
+                with sqlite3.connect(db_file) as conn:
+                    conn.execute(statement)
+
+            sql(
+                "CREATE TRIGGER refuse BEFORE INSERT ON revoked_sessions "
+                "BEGIN SELECT RAISE(ABORT, 'the disk is full'); END"
+            )
+            out = await browser.post("/auth/logout", headers=CONSOLE)
+            assert out.status_code == 503, out.text
+            assert out.json()["error"] == "sign_out_unrecorded"
+            assert (await browser.get("/whoami")).json()["user"] == "alice"  # still signed in: may retry
+            again = await sign_in(browser, idp, "alice")  # a sign-in that would replace the session
+            assert again.status_code == 503, again.text
+            assert again.json()["error"] == "sign_out_unrecorded"
+            # the session before stands, unreplaced (the login's own state was added to it, nothing else)
+            assert (await browser.get("/whoami")).json()["user"] == "alice"
+            async with httpx.AsyncClient(base_url=journal.url, cookies={SESSION_COOKIE: cookie}) as copy:
+                assert (await copy.get("/whoami")).json()["user"] == "alice"
+
+            sql("ALTER TABLE revoked_sessions RENAME TO revoked_sessions_gone")
+            unchecked = await browser.get("/whoami")
+            assert unchecked.status_code == 503, unchecked.text
+            assert unchecked.json()["error"] == "session_check_failed"
+            assert (await browser.get("/runs")).status_code == 503
+            # a request without a session is not checked at all
+            async with httpx.AsyncClient(base_url=journal.url) as anonymous:
+                assert (await anonymous.get("/healthz")).status_code == 200
+
+            sql("ALTER TABLE revoked_sessions_gone RENAME TO revoked_sessions")
+            sql("DROP TRIGGER refuse")
+            done = await browser.post("/auth/logout", headers=CONSOLE)
+            assert done.status_code == 200, done.text
+            assert (await browser.get("/whoami")).status_code == 401

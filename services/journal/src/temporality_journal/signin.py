@@ -359,7 +359,14 @@ class SignIn:
             before = self.person(request)  # signed in already, in this browser: that session ends here
             if before is not None:
                 assert self.revocations is not None  # install() set it
-                await self.revocations.revoke(before.session_id, before.expires_at)
+                try:  # the session it replaces ends on every replica, or the sign-in does not happen
+                    await self.revocations.revoke(before.session_id, before.expires_at)
+                except Exception as exc:
+                    log.warning("signin.sign_out_unrecorded", user_id=before.user_id, error=type(exc).__name__)
+                    raise SignOutUnrecorded(
+                        "the session this sign-in replaces could not be ended (the journal's database did not "
+                        "answer); you are still signed in as before: retry in a moment"
+                    ) from None
             request.session.clear()  # nothing from before the sign-in survives it
             request.session[_PERSON_KEY] = {
                 "id": user_id.strip(),

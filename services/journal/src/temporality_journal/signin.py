@@ -238,6 +238,17 @@ class SignIn:
         return cls(settings, client_secret, session_secret, voucher)
 
     # ------------------------------------------------------------------ the session
+    async def _end(self, person: Person, what: str) -> None:
+        """Record ``person``'s session as ended (every replica refuses it from now); 503 when it cannot be."""
+        assert self.revocations is not None  # install() set it
+        try:
+            await self.revocations.revoke(person.session_id, person.expires_at)
+        except Exception as exc:
+            log.warning("signin.sign_out_unrecorded", user_id=person.user_id, error=type(exc).__name__)
+            raise SignOutUnrecorded(
+                f"{what} (the journal's database did not answer); you are still signed in as before: retry in a moment"
+            ) from None
+
     def person(self, request: Request) -> Person | None:
         """The person the request's session cookie signs in, while it has not expired; else None. (A signed-out
         session never gets here: :class:`~temporality_journal.revocation.RevocationCheck` empties it first.)"""
@@ -357,16 +368,8 @@ class SignIn:
             role = role_of(claims.get(settings.oidc_roles_claim), dict(settings.oidc_role_map))
             next_hash = request.session.get("next") or "#/runs"
             before = self.person(request)  # signed in already, in this browser: that session ends here
-            if before is not None:
-                assert self.revocations is not None  # install() set it
-                try:  # the session it replaces ends on every replica, or the sign-in does not happen
-                    await self.revocations.revoke(before.session_id, before.expires_at)
-                except Exception as exc:
-                    log.warning("signin.sign_out_unrecorded", user_id=before.user_id, error=type(exc).__name__)
-                    raise SignOutUnrecorded(
-                        "the session this sign-in replaces could not be ended (the journal's database did not "
-                        "answer); you are still signed in as before: retry in a moment"
-                    ) from None
+            if before is not None:  # the session it replaces ends on every replica, or the sign-in does not happen
+                await self._end(before, "the session this sign-in replaces could not be ended")
             request.session.clear()  # nothing from before the sign-in survives it
             request.session[_PERSON_KEY] = {
                 "id": user_id.strip(),
@@ -394,15 +397,8 @@ class SignIn:
             id_token = request.session.get(_ID_TOKEN_KEY) if person is not None else None
             if person is not None:
                 self.check_csrf(request)
-                assert self.revocations is not None  # install() set it
-                try:  # recorded before the answer: from here every replica refuses a copy of the cookie
-                    await self.revocations.revoke(person.session_id, person.expires_at)
-                except Exception as exc:
-                    log.warning("signin.sign_out_unrecorded", user_id=person.user_id, error=type(exc).__name__)
-                    raise SignOutUnrecorded(
-                        "the sign-out could not be recorded (the journal's database did not answer); you are "
-                        "still signed in: retry in a moment"
-                    ) from None
+                # recorded before the answer: from here every replica refuses a copy of the cookie
+                await self._end(person, "the sign-out could not be recorded")
             request.session.clear()  # the middleware then expires the cookie
             provider_logout = await self.provider_logout(id_token) if isinstance(id_token, str) else None
             if person is not None:

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -34,8 +32,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from e2e_support import eventually
 from pydantic import ValidationError
+from signed_agent_support import SignedAgent
 
-from temporality_agent_collab.signing import public_key_text, sign
+from temporality_agent_collab.signing import public_key_text
 from temporality_agent_collab.tasks import TaskRefused, acted
 from temporality_bus import Bus, NatsSettings, Store
 from temporality_embedded.natsserver import NatsServer
@@ -51,16 +50,11 @@ from temporality_protocol import (
     TaskAction,
     make_event,
 )
-from temporality_protocol.agent_tasks import StoredAction, TaskRecord, task_id_for
+from temporality_protocol.agent_tasks import StoredAction, TaskRecord
 from temporality_protocol.catalog import (
     ALL_BUCKETS,
     ALL_STREAMS,
     BUCKET_RUNS,
-    RPC_AGENTS_HEARTBEAT,
-    RPC_AGENTS_REGISTER,
-    RPC_AGENTS_TASKS_ACT,
-    RPC_AGENTS_TASKS_POLL,
-    agent_subject,
 )
 from temporality_protocol.states import AgentTaskState
 from temporality_run_executor.external import turn_of
@@ -195,65 +189,10 @@ def _now() -> datetime:
 
 
 @dataclass
-class Agent:
-    """The test as the external agent: signed requests on its own subjects."""
-
-    bus: Bus
-
-    async def call(self, subject: str, body: dict[str, Any]) -> dict[str, Any]:
-        raw = json.dumps(body).encode()
-        mine = agent_subject(subject, AGENT)
-        headers = sign(KEY, mine, AGENT, raw, timestamp=int(time.time()), nonce=secrets.token_urlsafe(16))
-        reply: dict[str, Any] = json.loads((await self.bus.nc.request(mine, raw, timeout=10, headers=headers)).data)
-        return reply
-
-    async def register(self) -> None:
-        body = {
-            "agent_id": AGENT,
-            "protocol_version": "1.0",
-            "provider": "test",
-            "model": "m",
-            "supported_tools": GRANTED,
-            "max_context_size": 1000,
-        }
-        registered = await self.call(RPC_AGENTS_REGISTER, body)
-        assert registered["outcome"] == "registered", registered
-        beat = {"agent_id": AGENT, "timestamp": _now().isoformat(), "current_state": "idle", "protocol_version": "1.0"}
-        assert (await self.call(RPC_AGENTS_HEARTBEAT, beat))["accepted"]
-
-    async def take(self, run_id: str, turn: int) -> dict[str, Any]:
-        """Poll (bounded) until the run's task is offered at ``turn``, and so taken."""
-
-        async def offered() -> dict[str, Any] | None:
-            reply = await self.call(
-                RPC_AGENTS_TASKS_POLL, {"agent_id": AGENT, "protocol_version": "1.0", "session_id": SESSION}
-            )
-            assert reply["accepted"], reply
-            task = next((t for t in reply["tasks"] if t["task"]["run_id"] == run_id), None)
-            return task if task is not None and task["turn"] == turn and task["state"] == "working" else None
-
-        found: dict[str, Any] = await eventually(offered, WAIT_S, f"turn {turn} of {run_id} offered")
-        return found
-
-    async def act(self, run_id: str, turn: int, kind: str, **fields: Any) -> dict[str, Any]:
-        task_id = task_id_for(run_id)
-        body = {
-            "agent_id": AGENT,
-            "protocol_version": "1.0",
-            "task_id": task_id,
-            "turn": turn,
-            "action_id": f"{task_id}:{turn}:{kind}",
-            "kind": kind,
-            **fields,
-        }
-        return await self.call(RPC_AGENTS_TASKS_ACT, body)
-
-
-@dataclass
 class Client:
     bus: Bus
     events: EventLog
-    agent: Agent
+    agent: SignedAgent
     runs: Store[RunRecord]
 
     async def request(self, card: str, saga: str) -> str:
@@ -287,7 +226,7 @@ class Client:
 async def client(stack: HandoffStack) -> AsyncIterator[Client]:
     async with Bus.connect(NatsSettings(url=stack.nats.url), name="test") as bus:
         events = await EventLog(bus.nc, since=_now()).start()
-        agent = Agent(bus)
+        agent = SignedAgent(bus, AGENT, KEY, GRANTED, SESSION, WAIT_S)
         await agent.register()
         try:
             yield Client(bus, events, agent, await bus.store(BUCKET_RUNS, RunRecord))

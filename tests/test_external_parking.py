@@ -11,9 +11,6 @@ each waits only on its own runs' events, stored since it began (``EventLog(since
 from __future__ import annotations
 
 import asyncio
-import json
-import secrets
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -25,8 +22,9 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from e2e_support import eventually
+from signed_agent_support import SignedAgent
 
-from temporality_agent_collab.signing import public_key_text, sign
+from temporality_agent_collab.signing import public_key_text
 from temporality_bus import Bus, NatsSettings, Store
 from temporality_embedded.natsserver import NatsServer
 from temporality_embedded.processes import ServiceProcess
@@ -44,12 +42,7 @@ from temporality_protocol.catalog import (
     ALL_STREAMS,
     BUCKET_RUNS,
     CONSUMERS,
-    RPC_AGENTS_HEARTBEAT,
-    RPC_AGENTS_REGISTER,
-    RPC_AGENTS_TASKS_ACT,
-    RPC_AGENTS_TASKS_POLL,
     TIMER_SCHEDULE_RUN_WATCHDOG,
-    agent_subject,
 )
 from temporality_run_executor.records import RunRecord
 from temporality_testing.events import EventLog
@@ -151,70 +144,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ParkingStack]:
         nats.stop()
 
 
-class ExternalAgent:
-    """The test as the external agent: signed requests on its own subjects."""
-
-    def __init__(self, bus: Bus) -> None:
-        self.bus = bus
-
-    async def call(self, subject: str, body: dict[str, Any]) -> dict[str, Any]:
-        raw = json.dumps(body).encode()
-        mine = agent_subject(subject, AGENT)
-        headers = sign(KEY, mine, AGENT, raw, timestamp=int(time.time()), nonce=secrets.token_urlsafe(16))
-        reply: dict[str, Any] = json.loads((await self.bus.nc.request(mine, raw, timeout=10, headers=headers)).data)
-        return reply
-
-    async def register(self) -> None:
-        body = {
-            "agent_id": AGENT,
-            "protocol_version": "1.0",
-            "provider": "test",
-            "model": "m",
-            "supported_tools": ["get_input", "ask_human"],
-            "max_context_size": 1000,
-        }
-        registered = await self.call(RPC_AGENTS_REGISTER, body)
-        assert registered["outcome"] == "registered", registered
-        beat = {"agent_id": AGENT, "timestamp": _now().isoformat(), "current_state": "idle", "protocol_version": "1.0"}
-        assert (await self.call(RPC_AGENTS_HEARTBEAT, beat))["accepted"]
-
-    async def tasks(self) -> dict[str, dict[str, Any]]:
-        """Poll (takes every offered task): the assignments by run id."""
-        reply = await self.call(
-            RPC_AGENTS_TASKS_POLL, {"agent_id": AGENT, "protocol_version": "1.0", "session_id": SESSION}
-        )
-        assert reply["accepted"], reply
-        return {t["task"]["run_id"]: t for t in reply["tasks"]}
-
-    async def act(self, run_id: str, turn: int, kind: str, **fields: Any) -> dict[str, Any]:
-        task_id = task_id_for(run_id)
-        body = {
-            "agent_id": AGENT,
-            "protocol_version": "1.0",
-            "task_id": task_id,
-            "turn": turn,
-            "action_id": f"{task_id}:{turn}:{kind}",
-            "kind": kind,
-            **fields,
-        }
-        return await self.call(RPC_AGENTS_TASKS_ACT, body)
-
-    async def take(self, run_id: str, turn: int) -> dict[str, Any]:
-        """Poll until the run's task is offered at ``turn`` (and so taken)."""
-
-        async def offered() -> dict[str, Any] | None:
-            task = (await self.tasks()).get(run_id)
-            return task if task is not None and task["turn"] == turn and task["state"] == "working" else None
-
-        found: dict[str, Any] = await eventually(offered, WAIT_S, f"turn {turn} of {run_id} offered")
-        return found
-
-
 @dataclass
 class Client:
     bus: Bus
     events: EventLog
-    agent: ExternalAgent
+    agent: SignedAgent
     runs: Store[RunRecord]
 
     async def request(self, card: str) -> str:
@@ -259,7 +193,7 @@ def _now() -> datetime:
 async def client(stack: ParkingStack) -> AsyncIterator[Client]:
     async with Bus.connect(NatsSettings(url=stack.nats.url), name="test") as bus:
         events = await EventLog(bus.nc, since=_now()).start()
-        agent = ExternalAgent(bus)
+        agent = SignedAgent(bus, AGENT, KEY, ["get_input", "ask_human"], SESSION, WAIT_S)
         await agent.register()
         try:
             yield Client(bus, events, agent, await bus.store(BUCKET_RUNS, RunRecord))

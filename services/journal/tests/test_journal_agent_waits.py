@@ -4,9 +4,13 @@ address ends the wait, and ``run.resumed`` moves it on. Pure projection first, t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
+
+from journal_support import VIEWER_TOKEN
+from playwright.async_api import BrowserContext, expect
 
 from temporality_journal import RunSnapshot, project
 from temporality_protocol import (
@@ -24,6 +28,8 @@ from temporality_protocol import (
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
 Journal = Any  # conftest.Journal
+Served = Any  # journal_support.ServedJournal
+WAIT_MS = 20_000
 
 REQUEST = "req-" + "a" * 16
 
@@ -175,3 +181,48 @@ async def test_the_waiting_view_lists_runs_waiting_on_agents_beside_runs_waiting
     assert (await journal.run("run-answered"))["state"] == "resuming"
     filtered = (await journal.client.get("/runs", params={"state": "waiting_for_agent"})).json()["runs"]
     assert [r["run_id"] for r in filtered] == ["run-on-agent"]
+
+
+async def test_the_console_shows_whom_a_run_waits_on_and_drops_it_when_the_answer_arrives(
+    served_journal: Served, browser_context: BrowserContext, story: MakeStory
+) -> None:
+    """In Chromium: the waiting list names the agent asked, what and since when; the run's timeline has a live
+    "Waiting" step after the ask; the answer and the resume, arriving over the live tail, take it off the list."""
+    s = story(title="Review PR 7", at=datetime.now(UTC) - timedelta(minutes=12))
+    events = [s.requested(), s.started(), _asked(s)]
+    for event in events:
+        await served_journal.bus.publish(event)
+    await served_journal.wait_recorded(events[-1].id)
+
+    page = await browser_context.new_page()
+    await page.goto(f"{served_journal.url}/console/#/waiting")
+    await page.get_by_label("API token").fill(VIEWER_TOKEN)
+    await page.get_by_role("button", name="Sign in").click()
+    row = page.locator(f'#waiting tr[data-run-id="{s.run_id}"]')
+    await expect(row).to_be_visible(timeout=WAIT_MS)
+    cells = row.locator("td")
+    await expect(cells.nth(1)).to_have_text("agent:security")
+    await expect(cells.nth(2)).to_have_text("agent (ask_agent)")
+    await expect(cells.nth(3)).to_have_text("Is this dependency bump safe?")
+    await expect(cells.nth(6)).to_have_text("waiting for agent")
+
+    await row.get_by_role("link").click()
+    steps = page.locator("#timeline > li .step-title")
+    await expect(steps).to_have_text(
+        [
+            "Trigger ado-pr",
+            "Run started",
+            "Asked agent security: Is this dependency bump safe?",
+            re.compile(r"^Waiting 1[123] min$"),  # asked ~12 minutes ago
+        ],
+        timeout=WAIT_MS,
+    )
+    await expect(page.locator("#run-header")).to_contain_text("agent:security")
+
+    await page.goto(f"{served_journal.url}/console/#/waiting")
+    await expect(row).to_be_visible(timeout=WAIT_MS)
+    await expect(page.locator("#live")).to_have_attribute("data-live", "on", timeout=WAIT_MS)
+    answered = [_answered(s), _resumed(s)]
+    for event in answered:
+        await served_journal.bus.publish(event)
+    await expect(row).to_have_count(0, timeout=WAIT_MS)

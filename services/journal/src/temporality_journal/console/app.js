@@ -550,12 +550,23 @@ export function timeline(events, run, now = Date.now()) {
         step.lines = [["Reason", d.reason], ["Error", d.error]];
         break;
       // Agent collaboration (COL-9): who asked whom, the answer, and why a message went nowhere.
-      case "agent.asked":
+      case "agent.asked": {
         step.title = `Asked ${address(d.to)}: ${clip(d.message)}`;
         step.kind = "human";
         step.lines = [["Request", d.request_id], ["Mode", d.mode === "wait" ? `wait (${duration(d.timeout_s)})` : d.mode],
           ["Message", d.message], ["Truncated", d.truncated ? "yes" : null]];
-        break;
+        steps.push(step);
+        if (run?.state === "waiting_for_agent" && run.waiting?.request_id === d.request_id) {
+          steps.push({
+            kind: "wait",
+            title: `Waiting ${duration((now - Date.parse(e.time)) / 1000)}`,
+            lines: [["For", address(d.to)]],
+            event: null,
+            live: true,
+          });
+        }
+        continue;
+      }
       case "agent.message.received":
         step.title = `Message from agent ${d.asker_agent}: ${clip(d.message)}`;
         step.kind = "human";
@@ -700,7 +711,8 @@ function runView(signal, runId) {
       refreshRun();
     }, signal);
     // the "Waiting N min" step counts up while the page is open
-    const ticker = setInterval(() => run?.state === "waiting_for_human" && renderTimeline(), 30_000);
+    const waits = () => run?.state === "waiting_for_human" || run?.state === "waiting_for_agent";
+    const ticker = setInterval(() => waits() && renderTimeline(), 30_000);
     signal.addEventListener("abort", () => clearInterval(ticker));
   })().catch(failed);
 }

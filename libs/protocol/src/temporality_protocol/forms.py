@@ -17,9 +17,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
-
 from temporality_protocol.events import HumanAnswer, OptionAnswer
 
 __all__ = ["DECLINE", "FormRead", "choice_option_ids", "field_choices", "form_fields", "read", "single_choice"]
@@ -160,6 +157,9 @@ def read(schema: dict[str, Any], answer: HumanAnswer) -> FormRead:
     flat = next((k for k, v in content.items() if isinstance(v, dict) or _nested_list(v)), None)
     if flat is not None:
         return FormRead(refused=f"field {flat!r}: a form value is text, a number, a boolean or a list of texts")
+    from jsonschema import Draft202012Validator  # lazily: only a form's answer needs it (docs/operations.md)
+    from jsonschema.exceptions import best_match
+
     error = best_match(Draft202012Validator(schema).iter_errors(content))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path)

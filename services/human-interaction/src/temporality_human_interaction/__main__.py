@@ -17,8 +17,6 @@ from temporality_bus import Bus
 from temporality_human_interaction.api import create_app
 from temporality_human_interaction.chain import ChainRunner
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
-from temporality_human_interaction.channels.matrix import MatrixAdapter
-from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.deadlines import DeadlineHandler
 from temporality_human_interaction.directory import Directory, DirectoryError, parse_directory, read_directory_file
 from temporality_human_interaction.directory_api import group_view, user_view
@@ -85,6 +83,8 @@ def build_adapters(settings: Settings, bus: Bus, egress: EgressPolicy | None = N
     policy = egress or egress_policy(settings)
     adapters: list[ChannelAdapter] = [WebInboxAdapter()]
     if settings.telegram_token is not None and settings.telegram_enabled:
+        from temporality_human_interaction.channels.telegram import TelegramAdapter  # lazily: python-telegram-bot
+
         adapters.append(
             TelegramAdapter(
                 bus,
@@ -96,6 +96,8 @@ def build_adapters(settings: Settings, bus: Bus, egress: EgressPolicy | None = N
     if settings.matrix_homeserver is not None:
         check_channel_settings(settings)
         assert settings.matrix_user_id is not None
+        from temporality_human_interaction.channels.matrix import MatrixAdapter  # lazily: matrix-nio
+
         adapters.append(
             MatrixAdapter(
                 bus,

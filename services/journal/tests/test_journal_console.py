@@ -20,7 +20,7 @@ from playwright.async_api import BrowserContext, Page, expect
 
 from temporality_journal import Database, Recorder
 from temporality_protocol import Envelope, RunStarted, RunToolCalled, TriggerAccepted, derive_id, make_event
-from temporality_protocol.events import AgentAsked, AgentAskUndeliverable, AgentMessageReceived
+from temporality_protocol.events import AgentAsked, AgentAskUndeliverable, AgentMessageReceived, RunSampled
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
 Served = Any  # conftest.ServedJournal
@@ -558,3 +558,37 @@ async def test_an_operator_re_drives_a_rejected_delivery(
     viewer = await _sign_in(browser_context, served, VIEWER_TOKEN, "#/triggers/seeded-hook")
     await expect(viewer.locator("#processing tr[data-state]")).to_have_count(2, timeout=WAIT_MS)
     assert await viewer.locator("#processing button").count() == 0  # viewers read, operators re-drive
+
+
+async def test_a_tool_s_sampling_reads_in_the_timeline(
+    served_journal: Served, browser_context: BrowserContext, story: MakeStory
+) -> None:
+    """An MCP tool that asked the run's model mid-call (``run.sampled``) is a step of its own, with the prompt,
+    the answer and the tokens."""
+    s = story(title="Sampled")
+    sampled = make_event(
+        RunSampled(
+            run_id=s.run_id,
+            turn=1,
+            call_id="c1",
+            tool="docs.summarize",
+            sample=0,
+            model="gpt-test",
+            prompt_preview="Summarize the diff",
+            result_preview="Two files renamed",
+            total_tokens=42,
+        ),
+        source="/temporality/test",
+        id=derive_id("evt", s.run_id, "sampled"),
+        run_id=s.run_id,
+    )
+    await _publish(served_journal, s.requested(), s.started(), sampled)
+    page = await _sign_in(browser_context, served_journal, VIEWER_TOKEN, f"#/runs/{s.run_id}")
+    steps = page.locator("#timeline > li .step-title")
+    await expect(steps).to_contain_text(
+        ["Run started", "Tool docs.summarize asked the model (gpt-test)"], timeout=WAIT_MS
+    )
+    step = page.locator('#timeline > li[data-type="run.sampled"]')
+    await expect(step).to_contain_text("Summarize the diff")
+    await expect(step).to_contain_text("Two files renamed")
+    await expect(step).to_contain_text("42")

@@ -480,6 +480,12 @@ export function timeline(events, run, now = Date.now()) {
         step.title = `Tool call: ${d.tool}`;
         step.lines = [["Turn", d.turn], ["Result", d.result_preview]];
         break;
+      case "run.sampled":
+        step.title = `Tool ${d.tool} asked the model (${d.model})`;
+        step.kind = "minor";
+        step.lines = [["Turn", d.turn], ["Prompt", d.prompt_preview], ["Answer", d.result_preview],
+          ["Tokens", d.total_tokens || null]];
+        break;
       case "tool.failed":
         step.title = `Tool failed: ${d.tool}`;
         step.kind = "bad";

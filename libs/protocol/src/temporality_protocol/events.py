@@ -1474,24 +1474,16 @@ class TaskToolCall(_AgentRequest):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
-class TaskHandoff(_AgentRequest):
+class TaskHandoff(HandoffDocument):
     """AP-6: a ``handoff`` action -- the agent hands its whole task to another agent card (hosted or external) with
     the handoff document. The run carries it out as the ``handoff_to_agent`` tool (so the card must offer that
     tool and the agent must be granted it): one ``agent.handed_off``, the child's ``run.requested`` in the same
     saga, and the run completes, handed off. A target the run cannot hand off to comes back as the next turn's
-    input (a tool error), like any refused tool call."""
+    input (a tool error), like any refused tool call. The document's fields are :class:`HandoffDocument`'s (what
+    an external agent sends is read like any of its requests: unknown fields ignored, PRO-3)."""
 
     #: The agent card to hand the task to.
     agent: Annotated[str, Field(min_length=1, max_length=128)]
-    objective: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
-    current_status: HandoffItem = ""
-    completed_steps: HandoffList = Field(default_factory=list)
-    remaining_steps: HandoffList = Field(default_factory=list)
-    artifacts: HandoffList = Field(default_factory=list)
-    memory_links: HandoffList = Field(default_factory=list)
-    open_questions: HandoffList = Field(default_factory=list)
-    constraints: HandoffList = Field(default_factory=list)
-    acceptance_criteria: HandoffList = Field(default_factory=list)
 
 
 class TaskCheckpoint(_AgentRequest):

@@ -20,9 +20,10 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 from temporality_protocol.events import HumanOption, HumanRequested, SourceLink
 
@@ -36,6 +37,7 @@ __all__ = [
     "SecretPattern",
     "compile_extra_patterns",
     "process_redactor",
+    "redact_form",
     "redactor_from_json",
 ]
 
@@ -177,7 +179,8 @@ class Redactor:
 
     def human_requested(self, data: HumanRequested) -> HumanRequested:
         """``data`` with every text a person will read redacted: the title, question, context, each option's
-        label and consequence, the source link. Ids, the policy and the recipient are never touched."""
+        label and consequence, the source link, the texts of its form (:func:`redact_form`). Ids, the policy,
+        the recipient and the form's machine values are never touched."""
 
         def clean(text: str) -> str:
             return self.redact(text).text
@@ -197,8 +200,59 @@ class Redactor:
                 "context": clean(data.context)[:4096],
                 "options": options,
                 "source_link": self.link(data.source_link),
+                "answer_schema": None if data.answer_schema is None else redact_form(data.answer_schema, clean),
             }
         )
+
+
+#: Keywords of a form (``answer_schema``) whose strings a person reads and no answer is checked against.
+_FORM_TEXTS = frozenset({"title", "description", "default", "examples", "enumNames"})
+#: Keywords holding a map of name -> subschema (the names are the machine's: field names, never touched).
+_FORM_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+#: Keywords holding one subschema, or a list of them.
+_FORM_SCHEMAS = frozenset(
+    {"items", "additionalProperties", "contains", "not", "if", "then", "else", "propertyNames", "unevaluatedItems"}
+)
+_FORM_SCHEMA_LISTS = frozenset({"oneOf", "anyOf", "allOf", "prefixItems"})
+
+
+def redact_form(schema: dict[str, Any], clean: Callable[[str], str]) -> dict[str, Any]:
+    """A form (a request's ``answer_schema``, JSON Schema) with ``clean`` applied to every string a person is
+    shown and no answer is validated against: ``title``, ``description``, ``default``, ``examples`` and
+    ``enumNames`` (an enum's labels, and a ``oneOf`` const's ``title``), at every level of the schema.
+
+    Machine values stay as they are, like option ids: field names, ``enum`` / ``const`` values (an answer is
+    checked against them, and a front end sends them back), ``pattern``, ``format``, bounds. A ``default`` is
+    an annotation in JSON Schema 2020-12 (never checked), so a redacted one changes no answer's validity."""
+
+    def texts(value: Any) -> Any:
+        if isinstance(value, str):
+            return clean(value)
+        if isinstance(value, list):
+            return [texts(item) for item in value]
+        if isinstance(value, dict):
+            return {key: texts(item) for key, item in value.items()}
+        return value
+
+    def walk(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in _FORM_TEXTS:
+                out[key] = texts(value)
+            elif key in _FORM_SCHEMA_MAPS and isinstance(value, dict):
+                out[key] = {name: walk(sub) for name, sub in value.items()}
+            elif key in _FORM_SCHEMAS:
+                out[key] = [walk(sub) for sub in value] if isinstance(value, list) else walk(value)
+            elif key in _FORM_SCHEMA_LISTS and isinstance(value, list):
+                out[key] = [walk(sub) for sub in value]
+            else:
+                out[key] = value
+        return out
+
+    redacted: dict[str, Any] = walk(schema)
+    return redacted
 
 
 @cache

@@ -1,7 +1,8 @@
 """The egress policy: what may leave the system on a channel (HUM-5, SEC-1).
 
 Everything a person is shown — the question, its context, the title, the options' labels and
-consequences, a notification's text, a free-text answer quoted in an outcome — passes through
+consequences, the texts of a form (``answer_schema``: titles, descriptions, defaults, examples, enum
+labels), a notification's text, a free-text answer quoted in an outcome — passes through
 :class:`EgressPolicy` before a channel carries it:
 
 * **secrets are redacted** at intake (the stored request never holds them, so every channel, the web
@@ -44,6 +45,7 @@ from temporality_protocol.redaction import (
     Redactor,
     SecretPattern,
     compile_extra_patterns,
+    redact_form,
 )
 
 __all__ = [
@@ -133,20 +135,24 @@ class EgressPolicy:
             counts.update(href.counts)
             # a link with a secret in it (``?token=…``) is dropped: a redacted URL opens nothing
             link = None if href.counts else SourceLink(href=link.href, label=clean(link.label) if link.label else None)
+        form = None if record.answer_schema is None else redact_form(record.answer_schema, clean)
         return evolve(
             record,
             title=clean(record.title),
             question=clean(record.question) or "(redacted)",
             context=clean(record.context),
             options=options,
+            answer_schema=form,
             redactions=dict(sorted(counts.items())),
             source_link=link,
         )
 
     # ------------------------------------------------------------------ truncation
     def for_channel(self, record: HumanRequestRecord, channel: str) -> tuple[HumanRequestRecord, list[str]]:
-        """``record`` as ``channel`` may show it: redacted (again: a no-op on a stored record) and each
-        text field truncated to the channel's limit; also the names of the fields that were truncated."""
+        """``record`` as ``channel`` may show it: redacted (again: a no-op on a stored record, and what hides a
+        secret in the form of a record an older version stored) and each text field truncated to the
+        channel's limit; also the names of the fields that were truncated. The form's texts are redacted,
+        not truncated (the web inbox shows the form; a chat shows the question the run-executor wrote)."""
         limit = self.limit_for(channel)
         short = min(limit, _SHORT_FIELD)
         cut: list[str] = []
@@ -183,6 +189,7 @@ class EgressPolicy:
             context=fit("context", record.context, limit),
             options=options,
             source_link=link,
+            answer_schema=None if record.answer_schema is None else redact_form(record.answer_schema, self.redact_text),
         )
         return shown, cut
 

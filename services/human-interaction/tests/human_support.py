@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
+from nats.aio.subscription import Subscription
 
 from temporality_bus import Bus, Consumer
 from temporality_human_interaction.records import HumanRequestRecord, open_store
@@ -190,6 +194,72 @@ async def running(*consumers: Consumer) -> AsyncIterator[None]:
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+
+@dataclass
+class KvCalls:
+    """The JetStream API requests made on one KV bucket's stream, as the server routed them (:func:`kv_calls`)."""
+
+    #: The subject filter of each listing (a watch: a consumer created on the stream), e.g. ``$KV.b.>``.
+    listings: list[str] = field(default_factory=list)
+    #: The key each read asked for (a direct get of the last message on ``$KV.<bucket>.<key>``).
+    reads: list[str] = field(default_factory=list)
+
+
+class KvSpy:
+    """A plain NATS subscriber on the JetStream API subjects of a KV bucket's stream: every client's listing
+    (consumer create) and read (direct / message get) of it passes through the server's subject routing, so
+    this sees what the service asked of the real bucket -- no patching. :meth:`calls` is complete for every
+    request made before it is called (the server queues the copies before it answers the request)."""
+
+    def __init__(self, nc: nats.NATS, bucket: str, subs: list[Subscription]) -> None:
+        self._nc, self._bucket, self._subs = nc, bucket, subs
+        self._seen = KvCalls()
+
+    async def calls(self) -> KvCalls:
+        """What was asked since the spy started (or the last :meth:`reset`)."""
+        await self._nc.flush()  # the PONG comes after every copy the server queued for us before it
+        for sub in self._subs:
+            while sub.pending_msgs:
+                msg = await sub.next_msg(timeout=5)
+                self._record(msg.subject, msg.data)
+        return KvCalls(list(self._seen.listings), list(self._seen.reads))
+
+    async def reset(self) -> None:
+        await self.calls()
+        self._seen = KvCalls()
+
+    def _record(self, subject: str, data: bytes) -> None:
+        stream = f"KV_{self._bucket}"
+        prefix = f"$KV.{self._bucket}."
+        if ".CONSUMER.CREATE." in subject:
+            body = json.loads(data or b"{}")
+            config = body.get("config") or {}
+            filters = config.get("filter_subjects") or [config.get("filter_subject") or f"{prefix}>"]
+            self._seen.listings.extend(str(f) for f in filters)
+            return
+        tail = subject.split(f".{stream}", 1)[1].lstrip(".")
+        if not tail and data:
+            body = json.loads(data)
+            tail = str(body.get("last_by_subj") or body.get("next_by_subj") or f"seq:{body.get('seq')}")
+        self._seen.reads.append(tail.removeprefix(prefix))
+
+
+@asynccontextmanager
+async def kv_calls(url: str, bucket: str) -> AsyncIterator[KvSpy]:
+    """Watch the JetStream API requests on ``bucket``'s stream (see :class:`KvSpy`) until the block ends."""
+    nc = await nats.connect(url, name="kv-spy")
+    stream = f"KV_{bucket}"
+    try:
+        subs = [
+            await nc.subscribe(subject)
+            for api in ("CONSUMER.CREATE", "DIRECT.GET", "STREAM.MSG.GET")
+            for subject in (f"$JS.API.{api}.{stream}", f"$JS.API.{api}.{stream}.>")
+        ]
+        await nc.flush()
+        yield KvSpy(nc, bucket, subs)
+    finally:
+        await nc.close()
 
 
 #: People on Telegram in the group and timeout-chain tests (alice answers in the web inbox).

@@ -231,7 +231,11 @@ async def test_the_sweep_reads_only_requests_that_may_be_due_and_never_misses_on
     assert await stored(bus, legacy_kept) is None
     assert await stored(bus, pending_id) is not None  # pending requests are never purged
     assert (await _matches(bus, reads=0)).waiting == 1
-    assert (await at(700).sweep(), await rebuild_index(bus)) == (0, Rebuilt(read=0, pending=0, dropped=0))
+    # the first start found records without a run entry, so this one lists the request keys once more: it finds
+    # none without one and marks that (inbox.RUN_ENTRIES_KEY); the starts after it list nothing
+    idle = Rebuilt(read=0, pending=0, dropped=0, listed_requests=True)
+    assert (await at(700).sweep(), await rebuild_index(bus)) == (0, idle)
+    assert await rebuild_index(bus) == Rebuilt(read=0, pending=0, dropped=0, listed_requests=False)
 
 
 USERS = """users:

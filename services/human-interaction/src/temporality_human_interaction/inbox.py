@@ -14,9 +14,10 @@ record only for a request past its deadline.
   entry is marked ended (``ended_at``). An entry left behind (a crash, a failed delete) is harmless: the
   inbox shows a request only when the record says it is pending and the caller may answer it, and drops
   the stale entry as it goes; the sweep and the next start drop it too.
-* Completed at every start (:func:`rebuild_index`, idempotent): from one listing of the index and one of the
-  request keys, only what the index cannot vouch for is read (see there): never a request whose run entry
-  says it ended; two replicas doing it at once agree.
+* Completed at every start (:func:`rebuild_index`, idempotent): from one listing of the index (and of the
+  request keys only until a start found every stored request with a run entry, :data:`RUN_ENTRIES_KEY`), only
+  what the index cannot vouch for is read (see there): never a request whose run entry says it ended, nor
+  twice one that was never stored; two replicas doing it at once agree.
 
 **Retention.** An ended request (answered / expired / cancelled) is kept ``retention`` after it ended — and
 at least until its deadline passed, so no timer of it is still to fire — then purged: its channel
@@ -53,6 +54,8 @@ from temporality_protocol import derive_id
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
 
 __all__ = [
+    "NEVER_STORED_AFTER",
+    "RUN_ENTRIES_KEY",
     "SWEEP_KEY",
     "ChannelEntry",
     "Rebuilt",
@@ -161,15 +164,32 @@ class Rebuilt:
     pending: int
     #: Inbox entries of ended requests dropped (their removal was lost).
     dropped: int
+    #: Whether it listed the keys of the requests bucket (only until :data:`RUN_ENTRIES_KEY` is written).
+    listed_requests: bool = False
+    #: Requests never stored whose index entries (older than :data:`NEVER_STORED_AFTER`) were dropped.
+    forgotten: int = 0
+
+
+#: Written (in ``human-channels``) by the first start whose listing of the request keys found every stored
+#: request with a dated run entry: from then on every request has one (written before its record), so the
+#: starts after it do not list the requests bucket. Delete it to have the next start list it once more
+#: (an upgrade from a version before run entries that ran side by side with this one: docs/human-interaction.md).
+RUN_ENTRIES_KEY = "migrated.run_entries"
+#: A request indexed this long ago and still not stored never will be (its intake crashed between the index
+#: and the record, or was refused for good): its index entries are dropped, so no start reads it again. An
+#: intake that comes after all (a redelivery) writes them again first.
+NEVER_STORED_AFTER = timedelta(hours=1)
 
 
 async def rebuild_index(bus: Bus, *, now: datetime | None = None) -> Rebuilt:
-    """Complete and repair the indexes from one listing of ``human-channels`` and one of the request keys.
+    """Complete and repair the indexes from one listing of ``human-channels`` (and, until every stored request
+    is known to have a run entry, one of the request keys: :data:`RUN_ENTRIES_KEY`).
 
     A record is read only when the index cannot vouch for it:
 
-    * its run entry (``run.<run>.<id>``) is missing or has no ``expires_at``, or one of its inbox entries
-      lacks the deadline or the count of people (``people``): stored by an older version;
+    * its run entry (``run.<run>.<id>``) is missing (only the listing of the request keys finds such a
+      record) or has no ``expires_at``, or one of its inbox entries lacks the deadline or the count of
+      people (``people``): stored by an older version;
     * it has fewer inbox entries than its entries say it is indexed under (a member's entry was lost);
     * its deadline is ahead, its run entry does not say it ended, and it has no inbox entry at all (its
       entries were lost, or it ended and the mark was lost).
@@ -178,7 +198,9 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None) -> Rebuilt:
     entries, if any are left, are dropped. A record read is indexed again (idempotent, compare-and-set): its
     run entry dated, its inbox entries dated and counted; while it is pending, every answerer's entry
     created; once it ended, its run entry marked ended and its inbox entries dropped, so the next start
-    need not read it. Every replica does this at start; two doing it at once agree."""
+    need not read it. A request read and not stored whose entries are all older than
+    :data:`NEVER_STORED_AFTER` has its run and inbox entries dropped (it was never stored: the next start
+    need not read it). Every replica does this at start; two doing it at once agree."""
     store = await open_store(bus)
     refs = ChannelRefs(bus)
     now = now or _utcnow()
@@ -198,16 +220,23 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None) -> Rebuilt:
             wanted.add(request_id)
         elif len(mine) < max(e.people or 0 for e in mine):
             wanted.add(request_id)  # one of its people's entries was lost
-    for request_id in await store.keys():
-        run = runs.get(request_id)
-        if run is None or run.expires_at is None:
-            wanted.add(request_id)
+    for request_id, run in runs.items():
+        if run.expires_at is None:
+            wanted.add(request_id)  # an older version's run entry: dated below
         elif run.ended_at is None and run.expires_at > now and request_id not in opens:
             wanted.add(request_id)
-    read = pending = 0
+    listed = not any(e.key == RUN_ENTRIES_KEY for e in entries)
+    unlisted = 0  # stored requests the run index does not know
+    if listed:
+        for request_id in await store.keys():
+            if request_id not in runs:
+                wanted.add(request_id)
+                unlisted += 1
+    read = pending = forgotten = 0
     for request_id in sorted(wanted):
         got = await store.get(request_id)
         if got is None:
+            forgotten += await _forget_never_stored(bus, runs.get(request_id), opens.get(request_id, []), now)
             continue
         read += 1
         record = got.value
@@ -224,8 +253,30 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None) -> Rebuilt:
                 ref_key("run", record.run_id, record.request_id), record.ended_at or record.expires_at
             )
             dropped += await _drop(bus, opens.get(request_id, []))
-    log.info("inbox.index_rebuilt", read=read, pending=pending, dropped=dropped)
-    return Rebuilt(read, pending, dropped)
+    if listed and not unlisted:
+        # every stored request has a run entry, and every later one gets it before its record: never list again
+        await refs.claim(RUN_ENTRIES_KEY, now.isoformat())
+    log.info(
+        "inbox.index_rebuilt",
+        read=read,
+        pending=pending,
+        dropped=dropped,
+        listed_requests=listed,
+        unlisted=unlisted,
+        forgotten=forgotten,
+    )
+    return Rebuilt(read, pending, dropped, listed, forgotten)
+
+
+async def _forget_never_stored(bus: Bus, run: ChannelEntry | None, opens: list[ChannelEntry], now: datetime) -> int:
+    """Drop the index entries of a request that is not stored, once all of them are older than
+    :data:`NEVER_STORED_AFTER` (compare-and-set); 1 when they went."""
+    mine = [*opens, *([run] if run is not None else [])]
+    if not mine or any(e.created_at + NEVER_STORED_AFTER > now for e in mine):
+        return 0  # maybe an intake between its index and its record right now: left alone
+    await _drop(bus, mine)
+    log.info("inbox.never_stored_forgotten", request_id=mine[0].value, entries=len(mine))
+    return 1
 
 
 async def _drop(bus: Bus, entries: list[ChannelEntry]) -> int:

@@ -198,6 +198,7 @@ def configure(settings: Settings) -> Setup[Settings]:
             rt.bus,
             retention=timedelta(days=rt.settings.request_retention_days),
             every_s=rt.settings.retention_sweep_every_s,
+            resume=requests.resume_parked,  # a parked request whose timer's firing was lost (rolling upgrade)
         )
         await sweeper.start()
         deadlines = DeadlineHandler(

@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import structlog
 from nats.js.errors import KeyWrongLastSequenceError
@@ -50,15 +51,17 @@ from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, C
 from temporality_human_interaction.directory import user_id_of
 from temporality_human_interaction.records import HumanRequestRecord, RequestStore, is_request_id, open_store
 from temporality_human_interaction.timers import human_timers
-from temporality_protocol import derive_id
+from temporality_protocol import Envelope, derive_id
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
 
 __all__ = [
     "NEVER_STORED_AFTER",
+    "PARKED_GRACE",
     "RUN_ENTRIES_KEY",
     "SWEEP_KEY",
     "ChannelEntry",
     "Rebuilt",
+    "ResumeParked",
     "RetentionSweeper",
     "answerers",
     "arm_sweep",
@@ -427,8 +430,22 @@ def stale_references(
     return first + out
 
 
+class ResumeParked(Protocol):
+    """``RequestHandler.resume_parked``: take a parked request in (or, ``final``, refuse it)."""
+
+    def __call__(self, run_id: str, request_id: str, *, final: bool) -> Awaitable[None]: ...
+
+
+#: A parked request whose run's policy has been known this long (or whose deadline passed this long ago) and
+#: that is still parked lost its timer's firing: the sweep takes it in (or refuses it) itself.
+PARKED_GRACE = timedelta(minutes=5)
+
+
 class RetentionSweeper:
-    """Purges ended requests past the retention; :meth:`fired` is what the timers handler calls."""
+    """Purges ended requests past the retention; :meth:`fired` is what the timers handler calls.
+
+    With ``resume``, each sweep also takes in the parked requests whose timer firing was lost
+    (:meth:`resume_lost_parked`)."""
 
     def __init__(
         self,
@@ -437,11 +454,15 @@ class RetentionSweeper:
         retention: timedelta,
         every_s: float,
         clock: Callable[[], datetime] | None = None,
+        resume: ResumeParked | None = None,
     ) -> None:
         self._bus = bus
         self.retention = retention
         self.every_s = every_s
         self._clock = clock or _utcnow
+        self._resume = resume
+        #: How many parked requests the last :meth:`sweep` took in or refused (their timer's firing was lost).
+        self.last_resumed = 0
         #: How many request records the last :meth:`sweep` read (those that may have been due).
         self.last_read = 0
         #: How many keys of ``human-channels`` its first listing held (the requests bucket is not listed).
@@ -485,6 +506,7 @@ class RetentionSweeper:
         now = self._clock()
         entries = await channel_entries(self._bus)
         self.last_listed = len(entries)
+        self.last_resumed = await self.resume_lost_parked(entries, now)
         runs = {e.value: e for e in entries if _is_run_entry(e.key)}
         opens: dict[str, list[ChannelEntry]] = {}
         for e in entries:
@@ -532,13 +554,46 @@ class RetentionSweeper:
                 for e in mine:
                     ref = ChannelRef(value=e.value, created_at=e.created_at, expires_at=e.expires_at, people=e.people)
                     await refs.fill(e.key, ref, e.revision, expires_at=got.value.expires_at, people=count)
-        if purged or read or dropped:  # keys were purged or written since the listing: list again
+        if purged or read or dropped or self.last_resumed:  # keys were purged or written since: list again
             entries = await channel_entries(self._bus)
         checked = await self._confirm_gone(store, entries, kept, gone, now)
         await self._sweep_references(kept, now, entries)
         self.last_read = read + checked
         log.info("retention.sweep_read", read=read, checked=checked, kept=len(kept), listed=self.last_listed)
         return purged
+
+    async def resume_lost_parked(self, entries: list[ChannelEntry], now: datetime) -> int:
+        """The parked requests (``parked.<run>.<id>``, :mod:`.parking`) whose timer's firing was lost: the run's
+        policy has been projected for :data:`PARKED_GRACE` (its wake-up would have taken the request in), or its
+        deadline passed that long ago (its deadline timer would have refused it). Each goes to ``resume`` as
+        its timer would have sent it (idempotent: a firing that comes after all finds it gone). A firing is
+        lost when a replica of a version before parking is handed it and dead-letters it (a rolling upgrade,
+        docs/human-interaction.md). How many were resumed."""
+        if self._resume is None:
+            return 0
+        policies = {e.key: e for e in entries if e.key.startswith("policy.") and e.key.count(".") == 1}
+        resumed = 0
+        for entry in entries:
+            if not entry.key.startswith("parked.") or entry.key.count(".") != 2:
+                continue
+            try:
+                event = Envelope.model_validate_json(entry.value)
+                run_id, request_id = str(event.data["run_id"]), str(event.data["request_id"])
+                expires_at = datetime.fromisoformat(str(event.data["expires_at"]))
+            except (ValidationError, KeyError, ValueError):
+                log.warning("retention.parked_unreadable", key=entry.key)
+                continue
+            policy = policies.get(ref_key("policy", run_id))
+            if policy is not None and policy.created_at + PARKED_GRACE <= now:
+                final = False
+            elif expires_at + PARKED_GRACE <= now:
+                final = True
+            else:
+                continue  # its timers are still to fire
+            log.warning("retention.parked_timer_lost", request_id=request_id, run_id=run_id, final=final)
+            await self._resume(run_id, request_id, final=final)
+            resumed += 1
+        return resumed
 
     async def _confirm_gone(
         self, store: RequestStore, entries: list[ChannelEntry], kept: dict[str, str], gone: set[str], now: datetime

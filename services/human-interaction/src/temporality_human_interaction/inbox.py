@@ -568,7 +568,8 @@ class RetentionSweeper:
         deadline passed that long ago (its deadline timer would have refused it). Each goes to ``resume`` as
         its timer would have sent it (idempotent: a firing that comes after all finds it gone). A firing is
         lost when a replica of a version before parking is handed it and dead-letters it (a rolling upgrade,
-        docs/human-interaction.md). How many were resumed."""
+        docs/human-interaction.md). One whose intake fails now (no channel can take it yet) is left parked for
+        the next sweep; the others go on. How many were resumed."""
         if self._resume is None:
             return 0
         policies = {e.key: e for e in entries if e.key.startswith("policy.") and e.key.count(".") == 1}
@@ -591,7 +592,11 @@ class RetentionSweeper:
             else:
                 continue  # its timers are still to fire
             log.warning("retention.parked_timer_lost", request_id=request_id, run_id=run_id, final=final)
-            await self._resume(run_id, request_id, final=final)
+            try:
+                await self._resume(run_id, request_id, final=final)
+            except Exception as exc:  # one request's intake failing (no channel yet) must not stop the sweep
+                log.warning("retention.parked_resume_failed", request_id=request_id, error=repr(exc))
+                continue
             resumed += 1
         return resumed
 

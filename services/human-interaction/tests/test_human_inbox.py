@@ -175,3 +175,17 @@ async def _until_gone(bus: Bus, request_id: str, *, within_s: float = 30) -> Non
             if await store.get(request_id) is None:
                 return
             await asyncio.sleep(0.1)
+
+
+class _FailingSweeper(RetentionSweeper):
+    async def sweep(self) -> int:
+        raise RuntimeError("the sweep failed")
+
+
+async def test_a_failing_sweep_still_leaves_the_next_one_armed(bus: Bus) -> None:
+    now = datetime(2026, 12, 2, 21, 30, 5, tzinfo=UTC)
+    sweeper = _FailingSweeper(bus, retention=timedelta(days=1), every_s=3600, clock=lambda: now)
+    with pytest.raises(RuntimeError, match="the sweep failed"):
+        await sweeper.fired()
+    # the slot after ``now`` is already armed: another replica (or the next start) arming it is a duplicate
+    assert (await arm_sweep(bus, 3600, now)).duplicate

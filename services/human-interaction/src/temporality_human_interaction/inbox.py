@@ -481,8 +481,11 @@ class RetentionSweeper:
         log.info("retention.sweep_armed", every_s=self.every_s, duplicate=result.duplicate)
 
     async def fired(self) -> None:
-        purged = await self.sweep()
+        """One sweep, the next one armed first: a sweep that keeps failing (its firing redelivered until the
+        consumer gives up) must not end the chain of sweeps until the next start. Arming is idempotent (the
+        same slot and id on every replica and every redelivery)."""
         await arm_sweep(self._bus, self.every_s, self._clock())
+        purged = await self.sweep()
         log.info("retention.swept", purged=purged)
 
     async def sweep(self) -> int:

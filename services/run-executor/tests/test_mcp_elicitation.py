@@ -201,10 +201,14 @@ async def _attempted(work: Path, n: int, timeout_s: float = 60.0) -> None:
         await asyncio.sleep(0.05)
 
 
+#: The wait for the completion notification far beyond what the test needs (a loaded machine stalls).
+PATIENT = SERVER.model_copy(update={"timeout_s": 240.0, "completion_wait_s": 120.0})
+
+
 async def _url_required_question(
     bus: Bus, event_log: EventLog, executor: RunExecutor, pool: McpPool, work: Path
 ) -> tuple[str, HumanRequested]:
-    await _start(executor, pool, SYNC, work)
+    await _start(executor, pool, SYNC, work, PATIENT)
     event = run_requested()
     await bus.publish(event)
     (requested,) = await _requests(event_log, event.runid, 1)

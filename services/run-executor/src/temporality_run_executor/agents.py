@@ -121,6 +121,10 @@ class McpServer(_Strict):
     #: with ``elicitation/create``) or ``auto`` (``server/discover`` first: MCP 2026-07-28 when the server speaks
     #: it, where a tool asks with an ``input_required`` result; else ``initialize``).
     protocol: Literal["handshake", "auto"] = "handshake"
+    #: Seconds a call refused with ``URLElicitationRequiredError`` (-32042) after the person said they finished at
+    #: the link waits for the server's ``notifications/elicitation/complete`` before it is made once more (at most
+    #: half of ``timeout_s``; the wait is compute time of the run).
+    completion_wait_s: Annotated[float, Field(gt=0, le=600)] = 10.0
 
     @model_validator(mode="after")
     def _command_exists(self) -> McpServer:

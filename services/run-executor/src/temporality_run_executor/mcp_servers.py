@@ -112,7 +112,6 @@ __all__ = [
     "DEFAULT_MAX_CALLS",
     "MAX_INPUT_ROUNDS",
     "SEPARATOR",
-    "URL_COMPLETION_WAIT_S",
     "McpClient",
     "McpPool",
     "McpToolFailed",
@@ -129,10 +128,6 @@ DEFAULT_IDLE_S = 300.0
 DEFAULT_MAX_CALLS = 4
 #: ``input_required`` results (MCP 2026-07-28) one call answers from the record before it fails.
 MAX_INPUT_ROUNDS = 10
-#: Seconds a call refused with ``URLElicitationRequiredError`` (-32042) after the person said they finished at the
-#: link waits for the server's ``notifications/elicitation/complete`` before it is tried once more (at most half the
-#: server's ``timeout_s``): the notification is optional, so the wait is bounded.
-URL_COMPLETION_WAIT_S = 10.0
 #: URL-mode elicitation ids a session remembers (the ones it was asked, and whether the server reported them done).
 _MAX_ELICITATION_IDS = 1024
 #: Seconds :meth:`McpPool.aclose` waits for the sessions to stop their servers (the SDK bounds each at ~6 s).
@@ -743,8 +738,9 @@ async def _call_completing(
 ) -> mcp_types.CallToolResult:
     """:func:`_call`, a ``URLElicitationRequiredError`` (-32042) handled per MCP 2025-11-25: the links the person
     must open become a parked URL-mode question (:meth:`_Call.url_required`); once they said ``done`` to every
-    one and the server still refuses, the call waits (bounded: :data:`URL_COMPLETION_WAIT_S`) for the server's
-    ``notifications/elicitation/complete`` of each and is tried once more; still refused, the agent is told."""
+    one and the server still refuses, the call waits for the server's ``notifications/elicitation/complete`` of
+    each (bounded: the server's ``completion_wait_s``, the notification being optional) and is made once more;
+    still refused, the agent is told."""
     try:
         return await _call(client, call, tool, arguments, timeout_s)
     except MCPError as exc:
@@ -753,7 +749,7 @@ async def _call_completing(
         required = UrlElicitationRequiredError.from_error(exc.error).elicitations
     ids = session.known(required)
     call.url_required(tool, required)
-    wait_s = min(URL_COMPLETION_WAIT_S, timeout_s / 2)
+    wait_s = min(session.server.completion_wait_s, timeout_s / 2)
     if ids and await session.completed(ids, wait_s):
         try:
             return await _call(client, call, tool, arguments, timeout_s)

@@ -11,13 +11,16 @@ calls are in flight at once, ``die`` exits the process mid-call, ``ask`` asks th
 
 With ``--elicit-tools``, for the elicitation tests (``test_mcp_elicitation.py``), also: ``delete_note`` asks
 to confirm (a yes/no form) before it deletes, ``book`` asks for a small form (a day from a list, hours 1..8),
-``connect`` asks the user to sign in at a link (URL mode), ``purge`` asks to confirm through a resolver (``Resolve(Elicit)``: on an MCP 2026-07-28 session an
+``connect`` asks the user to sign in at a link (URL mode), ``sync`` refuses the call with
+``URLElicitationRequiredError`` until the user signed in (a file in its working directory) and then sends
+``notifications/elicitation/complete``, ``purge`` asks to confirm through a resolver (``Resolve(Elicit)``: on an MCP 2026-07-28 session an
 ``input_required`` result, on an older one ``elicitation/create``).
 
 With ``--client-tools``, for the tests of what the client offers a server (``test_mcp_client_requests.py``),
 also: ``traced`` reports the ``traceparent``/``tracestate`` its request's ``_meta`` carried, ``roots`` asks the
 client for its roots, ``summarize`` asks the client's model for a completion (sampling), ``summarize_many``
-asks ``n`` times and reports each answer or error -- the last three through resolvers, so on an MCP 2026-07-28
+asks ``n`` times and reports each answer or error, ``draft`` asks with a ``maxTokens``, a temperature, stop
+sequences and model hints -- ``roots``, ``summarize`` and ``draft`` through resolvers, so on an MCP 2026-07-28
 session as ``input_required`` results, on an older one as requests to the client.
 """
 
@@ -35,7 +38,16 @@ from typing import Annotated
 from mcp import MCPDeprecationWarning, MCPError
 from mcp.server.elicitation import AcceptedElicitation
 from mcp.server.mcpserver import Context, Elicit, ElicitationResult, ListRoots, MCPServer, Resolve, Sample
-from mcp.types import CreateMessageResult, ListRootsResult, SamplingMessage, TextContent
+from mcp.shared.exceptions import UrlElicitationRequiredError
+from mcp.types import (
+    CreateMessageResult,
+    ElicitRequestURLParams,
+    ListRootsResult,
+    ModelHint,
+    ModelPreferences,
+    SamplingMessage,
+    TextContent,
+)
 from pydantic import BaseModel, Field
 
 warnings.simplefilter("ignore", MCPDeprecationWarning)  # sampling and roots: deprecated at 2026-07-28, still served
@@ -160,6 +172,43 @@ async def connect(service: str, ctx: Context) -> str:
     return f"connected {service}" if answer.action == "accept" else f"not connected: {answer.action}"
 
 
+_watchers: dict[str, asyncio.Task[None]] = {}
+
+
+def _signed_in(service: str, *, count: bool = False) -> bool:
+    """Whether the user signed in to ``service`` (the file ``signed-in-<service>`` in the working directory);
+    ``count``: one more call in ``sync-attempts-<service>``."""
+    if count:
+        attempts = Path(f"sync-attempts-{service}")
+        attempts.write_text(str(int(attempts.read_text()) + 1 if attempts.exists() else 1), encoding="utf-8")
+    return Path(f"signed-in-{service}").exists()
+
+
+async def _notify_when_signed_in(service: str, elicitation_id: str, ctx: Context) -> None:
+    """The out-of-band sign-in's end, as a real server learns it from its own backend (here the file appearing,
+    polled, bounded); then ``notifications/elicitation/complete`` on the session."""
+    session = ctx.session
+    for _ in range(2400):  # 120 s
+        if _signed_in(service):
+            await session.send_elicit_complete(elicitation_id)
+            return
+        await asyncio.sleep(0.05)
+
+
+async def sync(service: str, ctx: Context) -> str:
+    """Sync a service's files; the user must sign in there first: until they did (the file ``signed-in-<service>``
+    in the working directory), the call is refused with ``URLElicitationRequiredError`` (-32042). Each call is
+    counted in ``sync-attempts-<service>``."""
+    if _signed_in(service, count=True):
+        return f"synced {service}"
+    elicitation_id = f"sign-in-{service}"
+    if elicitation_id not in _watchers:
+        _watchers[elicitation_id] = asyncio.create_task(_notify_when_signed_in(service, elicitation_id, ctx))
+    url = f"https://auth.example.test/{service}/login?state=s2"
+    message = f"Sign in to {service} to sync it."
+    raise UrlElicitationRequiredError([ElicitRequestURLParams(message=message, url=url, elicitation_id=elicitation_id)])
+
+
 def _ask_purge(name: str) -> Elicit[_Confirm]:
     return Elicit(f"Purge the note {name}?", _Confirm)
 
@@ -197,6 +246,27 @@ async def summarize(text: str, summary: Annotated[CreateMessageResult, Resolve(_
     return f"summary ({summary.model}): {content.text if isinstance(content, TextContent) else content.type}"
 
 
+def _ask_draft(text: str, max_tokens: int, temperature: float, stop: list[str], hints: list[str]) -> Sample:
+    message = SamplingMessage(role="user", content=TextContent(type="text", text=f"Draft: {text}"))
+    preferences = ModelPreferences(hints=[ModelHint(name=h) for h in hints], intelligence_priority=0.9)
+    return Sample(
+        [message], max_tokens=max_tokens, temperature=temperature, stop_sequences=stop, model_preferences=preferences
+    )
+
+
+async def draft(
+    text: str,
+    max_tokens: int,
+    temperature: float,
+    stop: list[str],
+    hints: list[str],
+    answer: Annotated[CreateMessageResult, Resolve(_ask_draft)],
+) -> str:
+    """A draft of ``text`` by the client's model, asked with these bounds and model hints."""
+    content = answer.content
+    return f"draft ({answer.model}): {content.text if isinstance(content, TextContent) else content.type}"
+
+
 async def summarize_many(text: str, n: int, ctx: Context) -> dict[str, list[str]]:
     """Ask the client's model ``n`` times (each answer, or the error the client sent)."""
     answers: list[str] = []
@@ -220,9 +290,9 @@ if __name__ == "__main__":
     if "--session-tools" in sys.argv[1:]:
         _add_session_tools()
     if "--elicit-tools" in sys.argv[1:]:
-        for tool in (delete_note, book, purge, connect):
+        for tool in (delete_note, book, purge, connect, sync):
             server.add_tool(tool)
     if "--client-tools" in sys.argv[1:]:
-        for tool in (traced, roots, summarize, summarize_many):
+        for tool in (traced, roots, summarize, summarize_many, draft):
             server.add_tool(tool)
     server.run()

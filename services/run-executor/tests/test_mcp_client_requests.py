@@ -27,8 +27,9 @@ from temporality_bus import Bus, NatsSettings, tracing
 from temporality_protocol import RunCompleted, RunSampled, RunUsage
 from temporality_run_executor.agents import AgentCard, Limits, McpServer, ProviderConfig, Sandbox
 from temporality_run_executor.mcp_servers import McpClient, McpPool, McpToolFailed, list_card_tools
+from temporality_run_executor.providers.script import Script
 from temporality_run_executor.records import Message
-from temporality_run_executor.tools import Sampled, ToolPolicy
+from temporality_run_executor.tools import Sampled, SamplingParams, ToolPolicy
 from temporality_testing.events import EventLog
 from temporality_testing.openai_emulator import OpenAIEmulator, assistant_text, assistant_tool_call, usage
 from temporality_testing.spans import spans_in_memory
@@ -102,7 +103,7 @@ async def test_a_sampling_request_continues_the_trace_of_its_call(
 ) -> None:
     seen: list[SpanContext] = []
 
-    async def sample(messages: list[Message], max_tokens: int) -> Sampled:
+    async def sample(messages: list[Message], params: SamplingParams) -> Sampled:
         seen.append(trace.get_current_span().get_span_context())
         return Sampled(content="short", model="m")
 
@@ -114,16 +115,101 @@ async def test_a_sampling_request_continues_the_trace_of_its_call(
     assert [(c.trace_id, c.span_id) for c in seen] == [(span.context.trace_id, span.context.span_id)]
 
 
-def _card(emulator: OpenAIEmulator, limits: Limits, protocol: str = "handshake") -> AgentCard:
-    provider = ProviderConfig(kind="openai", base_url=emulator.base_url, model="test-model", retry_backoff_s=0.01)
+def _card(
+    emulator: OpenAIEmulator, limits: Limits, protocol: str = "handshake", sampling_models: tuple[str, ...] = ()
+) -> AgentCard:
+    provider = ProviderConfig(
+        kind="openai",
+        base_url=emulator.base_url,
+        model="test-model",
+        retry_backoff_s=0.01,
+        sampling_models=list(sampling_models),
+    )
     return REVIEWER.model_copy(
         update={
             "provider": provider,
             "limits": limits,
-            "tools": ToolPolicy(allow=["notes__summarize", "notes__summarize_many"]),
+            "tools": ToolPolicy(allow=["notes__summarize", "notes__summarize_many", "notes__draft"]),
             "mcp_servers": [_server(protocol)],
         }
     )
+
+
+DRAFT = {"text": "the PR", "max_tokens": 500, "temperature": 0.2, "stop": ["END", "\n\n"], "hints": ["big", "mini"]}
+
+
+@PROTOCOLS
+async def test_a_sampling_request_bounds_and_model_hint_reach_the_model(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, pool: McpPool, emulator: OpenAIEmulator, protocol: str
+) -> None:
+    """``maxTokens``, ``temperature`` and ``stopSequences`` go to the endpoint; the first hint that matches one of
+    the card's ``sampling_models`` picks the model (``big``: ``test-model-big``, before ``mini``)."""
+    emulator.replies += [
+        assistant_tool_call("call_draft", "notes__draft", DRAFT, usage=usage(100, 10)),
+        assistant_text("A draft.", usage=usage(30, 5)),
+        assistant_text("Done.", usage=usage(150, 20)),
+    ]
+    card = _card(emulator, Limits(), protocol, sampling_models=("test-model-mini", "test-model-big"))
+    await executor(cards=[card], card_tools={card.id: await list_card_tools(card, pool)})
+    event = run_requested()
+    await bus.publish(event)
+    await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=60)
+    turn, sampling, last = emulator.requests
+    assert (sampling["model"], sampling["max_tokens"], sampling["temperature"]) == ("test-model-big", 500, 0.2)
+    assert sampling["stop"] == ["END", "\n\n"]
+    for request in (turn, last):  # the agent's own turns: the card's model, no bounds of the server's
+        assert request["model"] == "test-model"
+        assert not {"max_tokens", "temperature", "stop"} & request.keys()
+    (called,) = event_log.of_type("run.tool_called", event.runid)
+    assert json.loads(called.data["result_preview"]) == {"result": "draft (test-model-big): A draft."}
+    (sampled,) = event_log.of_type("run.sampled", event.runid)
+    assert sampled.data["model"] == "test-model-big"
+
+
+async def test_without_sampling_models_hints_are_ignored_and_max_tokens_is_capped_by_the_tokens_left(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, pool: McpPool, emulator: OpenAIEmulator
+) -> None:
+    emulator.replies += [
+        assistant_tool_call("call_draft", "notes__draft", DRAFT, usage=usage(100, 10)),
+        assistant_text("A draft.", usage=usage(30, 5)),
+        assistant_text("Done.", usage=usage(20, 5)),
+    ]
+    card = _card(emulator, Limits(max_tokens=300))
+    await executor(cards=[card], card_tools={card.id: await list_card_tools(card, pool)})
+    event = run_requested()
+    await bus.publish(event)
+    await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=60)
+    sampling = emulator.requests[1]
+    assert sampling["model"] == "test-model"  # the card allows no other: the server's hints choose nothing
+    assert sampling["max_tokens"] == 190  # 300 - the 110 the turn took: the server asked 500
+    assert (sampling["temperature"], sampling["stop"]) == (0.2, ["END", "\n\n"])
+
+
+async def test_the_scripted_provider_sees_the_sampling_requests_bounds(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, pool: McpPool
+) -> None:
+    script = {
+        "steps": [
+            {
+                "id": "sampled",
+                "when": "run.sampling",
+                "answer": "{{ run.sampling.max_tokens }} {{ run.sampling.temperature }} {{ run.sampling.stop }} "
+                "{{ run.sampling.model }} {{ run.sampling.hints }}",
+            },
+            {"id": "draft", "call": {"tool": "notes__draft", "args": DRAFT}},
+            {"id": "done", "answer": "{{ results.draft.result }}"},
+        ]
+    }
+    provider = ProviderConfig(kind="scripted", script=Script.model_validate(script), sampling_models=["x-mini"])
+    card = REVIEWER.model_copy(
+        update={"provider": provider, "tools": ToolPolicy(allow=["notes__draft"]), "mcp_servers": [SERVER]}
+    )
+    await executor(cards=[card], card_tools={card.id: await list_card_tools(card, pool)})
+    event = run_requested()
+    await bus.publish(event)
+    (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=60)
+    expected = '500 0.2 ["END", "\\n\\n"] x-mini ["big", "mini"]'  # the hint "mini" matched the card's x-mini
+    assert completed.data["result"] == f"draft (x-mini): {expected}"
 
 
 @PROTOCOLS
@@ -197,8 +283,7 @@ async def test_sampling_counts_as_model_calls_against_max_turns(
 ) -> None:
     emulator.replies += [
         assistant_tool_call("call_many", "notes__summarize_many", {"text": "t", "n": 3}),
-        assistant_text("one"),  # turn 1 of 3: two model calls are left for samplings
-        assistant_text("two"),
+        assistant_text("one"),  # turn 1 of 3: one model call left for samplings, one kept for turn 2
         assistant_text("finished"),
     ]
     card = _card(emulator, Limits(max_turns=3))
@@ -208,7 +293,36 @@ async def test_sampling_counts_as_model_calls_against_max_turns(
     await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=60)
     (called,) = event_log.of_type("run.tool_called", event.runid)
     answers = json.loads(called.data["result_preview"])["answers"]
-    assert answers == ["one", "two", "error: the run has no model calls left (max_turns 3)"]
+    refused = (
+        "error: the run has no model calls left (max_turns 3: 1 turn(s) and 1 sampling(s) so far, one kept for "
+        "the agent's next turn)"
+    )
+    assert answers == ["one", refused, refused]
+    assert len(emulator.requests) == 3
+
+
+async def test_samplings_of_earlier_turns_count_and_the_run_fails_max_turns(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, pool: McpPool, emulator: OpenAIEmulator
+) -> None:
+    """The samplings are checkpointed with the run's usage: a later turn's call sees them, and the run fails
+    ``max_turns`` at the boundary where its turns and samplings reach the limit."""
+    emulator.replies += [
+        assistant_tool_call("call_1", "notes__summarize_many", {"text": "t", "n": 1}),
+        assistant_text("one"),  # turn 1 + this sampling: 2 of 3 model calls
+        assistant_tool_call("call_2", "notes__summarize_many", {"text": "t", "n": 1}),  # the 3rd: none left
+    ]
+    card = _card(emulator, Limits(max_turns=3))
+    await executor(cards=[card], card_tools={card.id: await list_card_tools(card, pool)})
+    event = run_requested()
+    await bus.publish(event)
+    (failed,) = await event_log.wait_for("run.failed", run_id=event.runid, timeout_s=60)
+    assert failed.data["reason"] == "max_turns"
+    assert failed.data["error"] == "the agent used all 3 turns (2 turns, 1 MCP samplings)"
+    assert len(emulator.requests) == 3
+    first, second = event_log.of_type("run.tool_called", event.runid)
+    assert json.loads(first.data["result_preview"])["answers"] == ["one"]
+    (refused,) = json.loads(second.data["result_preview"])["answers"]
+    assert refused.startswith("error: the run has no model calls left (max_turns 3: 2 turn(s) and 1 sampling(s)")
 
 
 async def test_a_crash_after_a_sampled_call_journals_the_sampling_once_and_counts_the_committed_call(

@@ -73,7 +73,9 @@ def _card(script: dict[str, Any], sandbox: Sandbox, server: McpServer = SERVER) 
     return REVIEWER.model_copy(
         update={
             "provider": ProviderConfig(kind="scripted", script=Script.model_validate(script)),
-            "tools": ToolPolicy(allow=["notes__delete_note", "notes__book", "notes__purge", "notes__connect"]),
+            "tools": ToolPolicy(
+                allow=["notes__delete_note", "notes__book", "notes__purge", "notes__connect", "notes__sync"]
+            ),
             "mcp_servers": [server],
             "sandbox": sandbox,
         }
@@ -175,6 +177,94 @@ async def test_a_url_mode_elicitation_asks_the_person_to_open_the_link(
     assert completed.data["result"] == result
     await event_log.caught_up()
     assert len(event_log.of_type("human.requested", event.runid)) == 1
+
+
+SYNC = {
+    "steps": [
+        {"id": "sync", "call": {"tool": "notes__sync", "args": {"service": "calendar"}}},
+        {"id": "done", "answer": "{{ results.sync.result || results.sync.error }}"},
+    ]
+}
+
+
+def _attempts(work: Path) -> int:
+    marker = work / "sync-attempts-calendar"
+    return int(marker.read_text(encoding="utf-8")) if marker.exists() else 0
+
+
+async def _attempted(work: Path, n: int, timeout_s: float = 60.0) -> None:
+    """Wait until the server has had ``n`` calls of ``sync`` (it counts them in its working directory)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout_s
+    while _attempts(work) < n:
+        assert loop.time() < until, f"sync was called {_attempts(work)} times, not {n}, within {timeout_s}s"
+        await asyncio.sleep(0.05)
+
+
+#: The wait for the completion notification far beyond what the test needs (a loaded machine stalls).
+PATIENT = SERVER.model_copy(update={"timeout_s": 240.0, "completion_wait_s": 120.0})
+
+
+async def _url_required_question(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, pool: McpPool, work: Path
+) -> tuple[str, HumanRequested]:
+    await _start(executor, pool, SYNC, work, PATIENT)
+    event = run_requested()
+    await bus.publish(event)
+    (requested,) = await _requests(event_log, event.runid, 1)
+    assert requested.question.startswith("Sign in to calendar to sync it.")
+    assert "Open this link: https://auth.example.test/calendar/login?state=s2" in requested.question
+    assert [o.id for o in requested.options] == ["done", "decline"]
+    await run_record(bus, event.runid, RunState.WAITING_FOR_HUMAN)
+    assert _attempts(work) == 1
+    return event.runid, requested
+
+
+async def test_a_call_refused_with_url_elicitation_required_asks_the_person_then_is_made_again(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, pool: McpPool, tmp_path: Path
+) -> None:
+    """A ``tools/call`` refused with ``URLElicitationRequiredError`` (-32042) parks the run on the link, like a
+    URL-mode ``elicitation/create``; after the person signed in and answered ``done``, the call is made again."""
+    run_id, requested = await _url_required_question(bus, event_log, executor, pool, tmp_path)
+    (tmp_path / "signed-in-calendar").touch()  # the person signs in at the link
+    await _answer(bus, requested, OptionAnswer(option_id="done"))
+    (completed,) = await event_log.wait_for("run.completed", run_id=run_id, timeout_s=120)
+    assert completed.data["result"] == "synced calendar"
+    assert _attempts(tmp_path) == 2
+    await event_log.caught_up()
+    assert len(event_log.of_type("human.requested", run_id)) == 1
+    assert not event_log.of_type("tool.failed", run_id)
+
+
+async def test_done_before_the_server_knows_waits_for_its_completion_notification(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, pool: McpPool, tmp_path: Path
+) -> None:
+    """The person answers ``done`` before the server learned of the sign-in: the retried call is refused again,
+    waits for the server's ``notifications/elicitation/complete`` of that elicitation, and is made once more."""
+    run_id, requested = await _url_required_question(bus, event_log, executor, pool, tmp_path)
+    await _answer(bus, requested, OptionAnswer(option_id="done"))
+    await _attempted(tmp_path, 2)  # refused again: the call now waits for the notification
+    (tmp_path / "signed-in-calendar").touch()  # the server's backend learns of the sign-in and notifies
+    (completed,) = await event_log.wait_for("run.completed", run_id=run_id, timeout_s=120)
+    assert completed.data["result"] == "synced calendar"
+    assert _attempts(tmp_path) == 3
+    await event_log.caught_up()
+    assert len(event_log.of_type("human.requested", run_id)) == 1
+
+
+async def test_declining_a_url_elicitation_required_tells_the_agent_what_the_person_must_do(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, pool: McpPool, tmp_path: Path
+) -> None:
+    run_id, requested = await _url_required_question(bus, event_log, executor, pool, tmp_path)
+    await _answer(bus, requested, OptionAnswer(option_id="decline"))
+    (completed,) = await event_log.wait_for("run.completed", run_id=run_id, timeout_s=120)
+    assert completed.data["result"] == (
+        "sync cannot run until the person completes an interaction at a link the server gave ('Sign in to calendar "
+        "to sync it.'); they were asked and declined. Do not call it again unless they agree."
+    )
+    assert _attempts(tmp_path) == 2  # made again once (the server decides), refused again: the decline is read
+    await event_log.caught_up()
+    assert not event_log.of_type("tool.failed", run_id)  # the person's choice, not the tool breaking
 
 
 async def test_declining_tells_the_tool_decline(

@@ -47,6 +47,10 @@ class ProviderConfig(_Strict):
     #: For ``scripted``: a YAML file holding the script (relative: to the agents file's folder).
     script_file: Path | None = None
     model: str | None = None
+    #: Other models of the same endpoint an MCP tool's sampling request may pick with its model hints
+    #: (``modelPreferences.hints``, each matched as a substring, the first hint that matches wins); empty: hints
+    #: are ignored and ``model`` answers every sampling request.
+    sampling_models: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list)
     base_url: str | None = None
     api_key_env: str | None = None
     #: Seconds one request may take (connect, send, wait for the answer) before it counts as failed.
@@ -66,6 +70,8 @@ class ProviderConfig(_Strict):
             raise ValueError("a scripted provider takes exactly one of script or script_file")
         if self.kind != "scripted" and (self.script is not None or self.script_file is not None):
             raise ValueError(f"script and script_file are for the scripted provider, not {self.kind}")
+        if self.kind == "external" and self.sampling_models:
+            raise ValueError("sampling_models are for the executor's own providers (an external agent samples nothing)")
         if (self.kind == "external") != (self.agent_id is not None):
             raise ValueError("an external provider takes agent_id (and only it does)")
         return self
@@ -115,6 +121,10 @@ class McpServer(_Strict):
     #: with ``elicitation/create``) or ``auto`` (``server/discover`` first: MCP 2026-07-28 when the server speaks
     #: it, where a tool asks with an ``input_required`` result; else ``initialize``).
     protocol: Literal["handshake", "auto"] = "handshake"
+    #: Seconds a call refused with ``URLElicitationRequiredError`` (-32042) after the person said they finished at
+    #: the link waits for the server's ``notifications/elicitation/complete`` before it is made once more (at most
+    #: half of ``timeout_s``; the wait is compute time of the run).
+    completion_wait_s: Annotated[float, Field(gt=0, le=600)] = 10.0
 
     @model_validator(mode="after")
     def _command_exists(self) -> McpServer:

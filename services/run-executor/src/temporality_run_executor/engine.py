@@ -872,7 +872,7 @@ class Engine:
             call_id=call_id,
             tool=tool,
             used=used,
-            turns_left=card.limits.max_turns - turn,
+            max_turns=card.limits.max_turns,
             budget_s=max(card.limits.max_compute_s - compute_s, 0.0),
             publish=publish,
             redactor=self.redactor,

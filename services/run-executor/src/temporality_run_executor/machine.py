@@ -1451,8 +1451,10 @@ def _boundary(
         return _decision(DeliverMail(), then=Boundary())
     limits = agent.card.limits
     max_turns = _max_turns(run, agent)
-    if ckpt.turn >= max_turns:
-        return _decision(*_fail(run, "max_turns", f"the agent used all {max_turns} turns", totals=_totals(ckpt)))
+    if ckpt.turn + ckpt.usage.samplings >= max_turns:  # MCP samplings are model calls of the run (.sampling)
+        used = f" ({ckpt.turn} turns, {ckpt.usage.samplings} MCP samplings)" if ckpt.usage.samplings else ""
+        error = f"the agent used all {max_turns} turns{used}"
+        return _decision(*_fail(run, "max_turns", error, totals=_totals(ckpt)))
     if ckpt.compute_s >= limits.max_compute_s:
         error = f"{ckpt.compute_s:.1f}s of compute used; the budget is {limits.max_compute_s:.1f}s"
         return _decision(*_fail(run, "compute_timeout", error, totals=_totals(ckpt)))

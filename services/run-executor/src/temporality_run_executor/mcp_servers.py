@@ -45,7 +45,12 @@ elicitation is tied to the one call in flight on its session (it waits, bounded 
 the session's other calls to end); when several calls of the session elicit at once none can be told
 apart: each is told ``cancel`` and each call fails as a tool error (call it again). A URL-mode
 elicitation (MCP 2025-11-25: a link the person opens) is asked the same way, its link recorded with the
-answer.
+answer. A call refused with ``URLElicitationRequiredError`` (-32042) is too (:func:`_call_completing`): the links
+in the error park the run on the person, and after ``done`` the call is made again; refused again, it waits
+(bounded) for the server's ``notifications/elicitation/complete`` of each link's elicitation and is made once
+more; a declined link, or one still refused, is a :class:`~.tools.ToolError` telling the agent what the person
+must do. The session remembers the URL-mode elicitation ids it was asked; a completion notification for any
+other (or one already reported) is ignored, as the specification requires.
 
 Every ``tools/call`` carries the caller's trace context in ``params._meta`` (``traceparent``/``tracestate``,
 :func:`trace_meta`): stdio has no headers. ``roots/list`` is answered with the sandbox's working directory.
@@ -71,11 +76,12 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self, cast
+from typing import Any, NoReturn, Protocol, Self, cast
 
 import anyio
 import structlog
@@ -83,6 +89,7 @@ from mcp import Client, ClientSession, MCPError
 from mcp import types as mcp_types
 from mcp.client import ClientRequestContext, IncomingMessage
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import UrlElicitationRequiredError
 from mcp.shared.message import SessionMessage
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, StatusCode
@@ -90,7 +97,15 @@ from opentelemetry.trace import SpanKind, StatusCode
 from temporality_bus import tracing
 from temporality_run_executor.agents import AgentCard, McpServer, Sandbox
 from temporality_run_executor.records import ElicitAnswer, Message
-from temporality_run_executor.tools import ElicitationNeeded, Sample, SamplingRefused, Tool, ToolContext
+from temporality_run_executor.tools import (
+    ElicitationNeeded,
+    Sample,
+    SamplingParams,
+    SamplingRefused,
+    Tool,
+    ToolContext,
+    ToolError,
+)
 
 __all__ = [
     "DEFAULT_IDLE_S",
@@ -113,6 +128,8 @@ DEFAULT_IDLE_S = 300.0
 DEFAULT_MAX_CALLS = 4
 #: ``input_required`` results (MCP 2026-07-28) one call answers from the record before it fails.
 MAX_INPUT_ROUNDS = 10
+#: URL-mode elicitation ids a session remembers (the ones it was asked, and whether the server reported them done).
+_MAX_ELICITATION_IDS = 1024
 #: Seconds :meth:`McpPool.aclose` waits for the sessions to stop their servers (the SDK bounds each at ~6 s).
 _CLOSE_TIMEOUT_S = 15.0
 
@@ -167,6 +184,28 @@ class _Call:
             self.needed = ElicitationNeeded(params.message, schema, position, url)
         return mcp_types.ElicitResult(action="cancel")
 
+    def url_required(self, tool: str, required: list[mcp_types.ElicitRequestURLParams]) -> None:
+        """A ``tools/call`` refused with ``URLElicitationRequiredError`` (-32042): the links the person must open
+        first. The first one the call's record does not answer raises :class:`~.tools.ElicitationNeeded` (the run
+        parks on the person, as for a URL-mode ``elicitation/create``; at the position after the call's other
+        elicitations); one they declined (or left unanswered) raises :class:`~.tools.ToolError` telling the agent
+        so; returns when the person said ``done`` to every one (the server still refuses: the caller waits for its
+        completion notification)."""
+        if not required:
+            raise McpToolFailed(f"{tool} was refused with URLElicitationRequiredError naming no elicitation")
+        for offset, params in enumerate(required):
+            position = self.asked + offset
+            asks: tuple[str, dict[str, Any], str | None] = (params.message, {}, params.url)
+            recorded = self.answers[position] if position < len(self.answers) else None
+            if recorded is None or (recorded.message, recorded.requested_schema, recorded.url) != asks:
+                raise ElicitationNeeded(params.message, {}, position, params.url)
+            if recorded.action != "accept":
+                told = "declined" if recorded.action == "decline" else "gave no answer (cancel)"
+                raise ToolError(
+                    f"{tool} cannot run until the person completes an interaction at a link the server gave "
+                    f"({params.message!r}); they were asked and {told}. Do not call it again unless they agree."
+                )
+
     async def sampled(
         self, params: mcp_types.CreateMessageRequestParams
     ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
@@ -177,7 +216,7 @@ class _Call:
         token = otel_context.attach(self.trace_context)
         try:
             messages = _sampling_messages(params)
-            got = await self.sample(messages, params.max_tokens)
+            got = await self.sample(messages, _sampling_params(params))
         except SamplingRefused as refused:
             log.info("mcp.sampling_refused", reason=str(refused))
             return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=str(refused))
@@ -236,6 +275,19 @@ def _sampling_messages(params: mcp_types.CreateMessageRequestParams) -> list[Mes
     if not any(m.role == "user" for m in messages):
         raise SamplingRefused("a sampling request needs a user message")
     return messages
+
+
+def _sampling_params(params: mcp_types.CreateMessageRequestParams) -> SamplingParams:
+    """A sampling request's bounds: ``maxTokens``, ``temperature``, ``stopSequences`` and the model hints (the
+    priorities are not used: the card's ``sampling_models`` are the choice, see :mod:`.sampling`)."""
+    preferences = params.model_preferences
+    hints = [hint.name for hint in (preferences.hints or [])] if preferences is not None else []
+    return SamplingParams(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        stop=tuple(params.stop_sequences or ()),
+        model_hints=tuple(name for name in hints if name),
+    )
 
 
 def _roots(sandbox: Sandbox) -> list[mcp_types.Root]:
@@ -327,6 +379,10 @@ class _Session:
         self._idle: asyncio.TimerHandle | None = None
         self._tools: list[mcp_types.Tool] | None = None
         self._listings = 0  # tools/list_changed notifications so far
+        #: URL-mode elicitation ids this session was asked (a -32042 error, an ``elicitation/create``), oldest first,
+        #: each with whether the server reported it complete (``notifications/elicitation/complete``).
+        self._elicitations: OrderedDict[str, bool] = OrderedDict()
+        self._completions = asyncio.Condition()
         self._listing = asyncio.Lock()
         self._ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         self._ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no GC warning
@@ -368,6 +424,42 @@ class _Session:
         if isinstance(message, mcp_types.ToolListChangedNotification):
             self._tools = None
             self._listings += 1
+        elif isinstance(message, mcp_types.ElicitCompleteNotification):
+            await self._elicitation_completed(message.params.elicitation_id)
+
+    def known(self, elicitations: Iterable[mcp_types.ElicitRequestURLParams]) -> list[str]:
+        """Remember the URL-mode elicitations' ids (their completion notifications are then not ignored); their
+        ids (an elicitation without one cannot be told complete)."""
+        ids = [e.elicitation_id for e in elicitations if e.elicitation_id]
+        for elicitation_id in ids:
+            self._elicitations.setdefault(elicitation_id, False)
+            self._elicitations.move_to_end(elicitation_id)
+        while len(self._elicitations) > _MAX_ELICITATION_IDS:
+            self._elicitations.popitem(last=False)
+        return ids
+
+    async def _elicitation_completed(self, elicitation_id: str) -> None:
+        """``notifications/elicitation/complete`` (MCP 2025-11-25): the out-of-band interaction of a URL-mode
+        elicitation finished. One this session was never asked, or already reported, is ignored (as the
+        specification requires); else it is logged and wakes a call waiting to try again."""
+        if self._elicitations.get(elicitation_id) is not False:
+            log.info("mcp.elicitation_complete_ignored", server=self.server.name, elicitation_id=elicitation_id[:200])
+            return
+        self._elicitations[elicitation_id] = True
+        log.info("mcp.elicitation_completed", server=self.server.name, elicitation_id=elicitation_id[:200])
+        async with self._completions:
+            self._completions.notify_all()
+
+    async def completed(self, ids: list[str], wait_s: float) -> bool:
+        """Whether the server reported every one of ``ids`` complete, waiting at most ``wait_s`` for it."""
+        async with self._completions:
+            try:
+                await asyncio.wait_for(
+                    self._completions.wait_for(lambda: all(self._elicitations.get(i) for i in ids)), wait_s
+                )
+            except TimeoutError:
+                return False
+        return True
 
     async def _tied(self, what: str) -> _Call | None:
         """The call a server's request (``what`` it asks for) belongs to: the one call in flight on the session,
@@ -397,6 +489,8 @@ class _Session:
         self, context: ClientRequestContext, params: mcp_types.ElicitRequestParams
     ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
         """Tie the elicitation to the one call in flight, then answer it from the call's record."""
+        if isinstance(params, mcp_types.ElicitRequestURLParams):
+            self.known([params])
         call = await self._tied("for the user's input")
         if call is None:
             return mcp_types.ElicitResult(action="cancel")
@@ -607,8 +701,8 @@ class McpClient:
             async with asyncio.timeout(timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):
                 await s.tools(client)  # current, for the SDK's validation of structured results
                 async with s.calling(elicited, sample) as call:
-                    result = await _call(client, call, tool, arguments, timeout_s)
-        except ElicitationNeeded:  # asked in an input_required result: the run parks on a person
+                    result = await _call_completing(client, s, call, tool, arguments, timeout_s)
+        except (ElicitationNeeded, ToolError):  # asked in a result or a -32042 error: the run parks on a person
             raise
         except TimeoutError:
             raise McpToolFailed(f"{name}: {tool} took longer than {timeout_s:g}s") from None
@@ -637,6 +731,41 @@ def trace_meta() -> mcp_types.RequestParamsMeta | None:
     traceparent, tracestate = current
     meta = {"traceparent": traceparent} | ({"tracestate": tracestate} if tracestate else {})
     return cast(mcp_types.RequestParamsMeta, meta)  # an open map (extra keys), which mypy does not read
+
+
+async def _call_completing(
+    client: ClientSession, session: _Session, call: _Call, tool: str, arguments: dict[str, Any], timeout_s: float
+) -> mcp_types.CallToolResult:
+    """:func:`_call`, a ``URLElicitationRequiredError`` (-32042) handled per MCP 2025-11-25: the links the person
+    must open become a parked URL-mode question (:meth:`_Call.url_required`); once they said ``done`` to every
+    one and the server still refuses, the call waits for the server's ``notifications/elicitation/complete`` of
+    each (bounded: the server's ``completion_wait_s``, the notification being optional) and is made once more;
+    still refused, the agent is told."""
+    try:
+        return await _call(client, call, tool, arguments, timeout_s)
+    except MCPError as exc:
+        if exc.code != mcp_types.URL_ELICITATION_REQUIRED:
+            raise
+        required = UrlElicitationRequiredError.from_error(exc.error).elicitations
+    ids = session.known(required)
+    call.url_required(tool, required)
+    wait_s = min(session.server.completion_wait_s, timeout_s / 2)
+    if ids and await session.completed(ids, wait_s):
+        try:
+            return await _call(client, call, tool, arguments, timeout_s)
+        except MCPError as exc:
+            if exc.code != mcp_types.URL_ELICITATION_REQUIRED:
+                raise
+    _still_required(tool, required, bool(ids), wait_s)
+
+
+def _still_required(tool: str, required: list[mcp_types.ElicitRequestURLParams], ids: bool, wait_s: float) -> NoReturn:
+    reported = f"and did not report it complete within {wait_s:g}s" if ids else "(it names no elicitation id)"
+    messages = "; ".join(repr(e.message) for e in required)
+    raise ToolError(
+        f"{tool} still needs the person to complete an interaction at a link the server gave ({messages}): they "
+        f"said they had finished there, but the server refuses the call {reported}. Call it again to ask them again."
+    )
 
 
 async def _call(

@@ -31,17 +31,20 @@ class _Model(BaseModel):
 
 
 class Usage(_Model):
-    """Tokens, as OpenAI-compatible endpoints report them in a completion's ``usage`` block."""
+    """Tokens, as OpenAI-compatible endpoints report them in a completion's ``usage`` block, and the MCP
+    sampling requests the run's model answered (each one of the run's model calls, :mod:`.sampling`)."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    samplings: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             total_tokens=self.total_tokens + other.total_tokens,
+            samplings=self.samplings + other.samplings,
         )
 
 

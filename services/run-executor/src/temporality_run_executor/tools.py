@@ -78,6 +78,7 @@ __all__ = [
     "NotifyArgs",
     "Sample",
     "Sampled",
+    "SamplingParams",
     "SamplingRefused",
     "Tool",
     "ToolContext",
@@ -136,10 +137,23 @@ class Sampled:
     model: str
 
 
-#: Ask the run's own model for a completion mid-call: ``sample(messages, max_tokens)`` (MCP sampling). The
+@dataclass(frozen=True)
+class SamplingParams:
+    """What a tool's sampling request asks besides its messages (MCP ``sampling/createMessage``)."""
+
+    #: The server's ``maxTokens``: the most the answer may take (capped by the run's remaining tokens).
+    max_tokens: int
+    temperature: float | None = None
+    #: ``stopSequences``.
+    stop: tuple[str, ...] = ()
+    #: ``modelPreferences.hints[].name``, in the server's order of preference.
+    model_hints: tuple[str, ...] = ()
+
+
+#: Ask the run's own model for a completion mid-call: ``sample(messages, params)`` (MCP sampling). The
 #: driver's implementation counts it in the run's limits and journals it (``run.sampled``); raises
 #: :class:`SamplingRefused`.
-Sample = Callable[[list[Message], int], Awaitable[Sampled]]
+Sample = Callable[[list[Message], SamplingParams], Awaitable[Sampled]]
 
 
 #: HUM-7: the continuation policy of a turn with several ``ask_human`` calls.

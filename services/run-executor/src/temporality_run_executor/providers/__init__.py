@@ -5,6 +5,7 @@ from temporality_run_executor.providers.base import (
     PermanentProviderError,
     Provider,
     ProviderError,
+    SamplingOptions,
     ToolSpec,
     TurnContext,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "PermanentProviderError",
     "Provider",
     "ProviderError",
+    "SamplingOptions",
     "ScriptedProvider",
     "ToolSpec",
     "TurnContext",

@@ -9,7 +9,15 @@ from pydantic import BaseModel, Field
 
 from temporality_run_executor.records import Message, ToolCall, Usage
 
-__all__ = ["AssistantTurn", "PermanentProviderError", "Provider", "ProviderError", "ToolSpec", "TurnContext"]
+__all__ = [
+    "AssistantTurn",
+    "PermanentProviderError",
+    "Provider",
+    "ProviderError",
+    "SamplingOptions",
+    "ToolSpec",
+    "TurnContext",
+]
 
 
 class ToolSpec(BaseModel):
@@ -18,9 +26,22 @@ class ToolSpec(BaseModel):
     parameters: dict[str, Any]
 
 
+class SamplingOptions(BaseModel):
+    """How a completion that answers an MCP tool's ``sampling/createMessage`` is asked (:mod:`..sampling`): the
+    server's ``maxTokens`` (capped by the run's remaining tokens), ``temperature`` and ``stopSequences``, and the
+    model its hints picked among the card's ``provider.sampling_models`` (``None``: the card's model)."""
+
+    max_tokens: int
+    temperature: float | None = None
+    stop: list[str] = Field(default_factory=list)
+    model: str | None = None
+    #: The server's model hints as it sent them (``modelPreferences.hints[].name``), whether or not one matched.
+    hints: list[str] = Field(default_factory=list)
+
+
 class TurnContext(BaseModel):
     """What a provider may know of the run besides the conversation: the scripted provider templates from
-    it (``run.people``...); model providers ignore it (a model reads the prompt)."""
+    it (``run.people``...); model providers read only :attr:`sampling` from it (a model reads the prompt)."""
 
     run_id: str
     agent: str
@@ -36,6 +57,9 @@ class TurnContext(BaseModel):
     asks: list[str] = Field(default_factory=list)
     #: This is a relay run (it answers one ask for a finished run of its agent, COL-6).
     relay: bool = False
+    #: Set when the call answers an MCP tool's sampling request rather than computing a turn: how it is asked
+    #: (the OpenAI-compatible provider sends ``max_tokens``, ``temperature``, ``stop`` and the model).
+    sampling: SamplingOptions | None = None
 
 
 class AssistantTurn(BaseModel):

@@ -107,6 +107,14 @@ class OpenAICompatible(Provider):
         context: TurnContext | None = None,
     ) -> AssistantTurn:
         body: dict[str, Any] = {"model": self._model, "messages": [_wire(m) for m in messages]}
+        sampling = context.sampling if context is not None else None
+        if sampling is not None:  # an MCP tool's sampling request: the server's own bounds
+            body["model"] = sampling.model or self._model
+            body["max_tokens"] = sampling.max_tokens
+            if sampling.temperature is not None:
+                body["temperature"] = sampling.temperature
+            if sampling.stop:
+                body["stop"] = sampling.stop
         if tools:
             body["tools"] = [
                 {
@@ -173,13 +181,17 @@ class OpenAICompatible(Provider):
         request carries (``traceparent``), one per attempt: a retried call shows each try."""
         if not tracing.enabled():
             return await self._exchange(body, remaining_s)
-        attributes = {
+        model = str(body["model"])
+        attributes: dict[str, str | int | float] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": "openai",
-            "gen_ai.request.model": self._model,
+            "gen_ai.request.model": model,
             "server.address": self._client.base_url.host,
         }
-        with tracing.tracer().start_as_current_span(f"chat {self._model}", kind=SpanKind.CLIENT, attributes=attributes):
+        for key, name in (("max_tokens", "max_tokens"), ("temperature", "temperature")):
+            if key in body:
+                attributes[f"gen_ai.request.{name}"] = body[key]
+        with tracing.tracer().start_as_current_span(f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes):
             turn = await self._exchange(body, remaining_s)
             if turn.usage is not None:
                 span = trace.get_current_span()

@@ -29,7 +29,10 @@ Expressions are JMESPath (``when``, ``switch``, and inside ``{{ }}`` in any stri
                        (``{type: option, option_id, label}`` or ``{type: text, value}``), ``responder``,
                        ``error``.
 ``vars.<name>``        the script's ``vars``, in order (a var sees the ones above it).
-``run``                ``run_id``, ``agent``, ``title``, ``people`` (whom the run may ask), ``turn``.
+``run``                ``run_id``, ``agent``, ``title``, ``people`` (whom the run may ask), ``turn``;
+                       ``run.sampling`` when the call answers an MCP tool's sampling request (``null``
+                       for a turn): ``max_tokens``, ``temperature``, ``stop``, ``model``, ``hints`` as the
+                       request asked them (the script's steps run on the request's own conversation).
 ``tools``              the names of the tools the card offers.
 
 A string that is exactly one ``{{ expr }}`` takes the expression's value (a list, an object, a

@@ -4,7 +4,9 @@ It plays an agent from a declarative script (:mod:`.script`: YAML steps in the c
 names, or a named script shipped with the executor such as ``reviewer``) instead of asking an LLM. It
 never reads the prompt: what it does depends only on the script, the tool results in the conversation,
 the offered tools and the run's facts (:class:`~.base.TurnContext`). It reads the conversation afresh on
-every turn, so it resumes from any checkpoint.
+every turn, so it resumes from any checkpoint. An MCP tool's sampling request is played like a turn on the
+request's conversation, its options (``max_tokens``, ``temperature``, ``stop``, the model) logged
+(``scripted.sampling``) and in the script's scope as ``run.sampling``.
 
 The shipped ``reviewer`` script (``scripts/reviewer.yaml``) is the *Reviewer* of E2E-1: it reads the
 run's input, asks a person through ``ask_human`` with two options when the pull request mentions an API
@@ -82,6 +84,8 @@ class ScriptedProvider(Provider):
             sys.stderr.flush()
             sys.stdout.flush()
             os._exit(CRASH_EXIT_STATUS)  # no cleanup, no acks: the process is simply gone
+        if context is not None and context.sampling is not None:  # recorded: the script reads run.sampling
+            log.info("scripted.sampling", **context.sampling.model_dump())
         try:
             return self._next(messages, tools, context)
         except ScriptError as exc:  # the same conversation fails the same way every time: never retried

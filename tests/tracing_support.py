@@ -30,15 +30,14 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest_asyncio
-import yaml
-from e2e_support import ALICE, CONFIG, JOURNAL, example_pr, make_stack
 
-from temporality_embedded import Stack
-from temporality_testing.otlp_receiver import OtlpReceiver
+if TYPE_CHECKING:  # imported where used: tests/conftest.py imports this module in every pytest process of tests/
+    from temporality_embedded import Stack
+    from temporality_testing.otlp_receiver import OtlpReceiver
 
 __all__ = [
     "DEADLINE_TRIGGER",
@@ -58,6 +57,9 @@ DEADLINE_TRIGGER = "ado-pr-review-deadline"
 
 def traced_config(root: Path) -> Path:
     """The shipped config in ``root``, with :data:`DEADLINE_TRIGGER` and a 1 s heartbeat interval."""
+    import yaml
+    from e2e_support import CONFIG
+
     config = root / "config"
     shutil.copytree(CONFIG, config)
     triggers = yaml.safe_load((config / "triggers.yaml").read_text(encoding="utf-8"))
@@ -83,6 +85,10 @@ class Traced:
 @pytest_asyncio.fixture(scope="session", loop_scope="session", name="traced_stack")
 async def traced_stack_fixture(tmp_path_factory: Any) -> AsyncIterator[Traced]:
     """The traced stack of the module docstring, for the whole test run."""
+    from e2e_support import make_stack
+
+    from temporality_testing.otlp_receiver import OtlpReceiver
+
     root: Path = tmp_path_factory.mktemp("traced")
     async with OtlpReceiver().serve() as otlp:
         stack = make_stack(
@@ -109,6 +115,8 @@ async def session_http_fixture() -> AsyncIterator[httpx.AsyncClient]:
 
 def fresh_pr() -> dict[str, Any]:
     """The example pull request as a delivery of its own (the gateway dedupes a repeated one)."""
+    from e2e_support import example_pr
+
     return example_pr(id=str(uuid.uuid4()))
 
 
@@ -120,6 +128,8 @@ def traceparent() -> tuple[str, str, str]:
 
 async def question(http: httpx.AsyncClient, stack: Stack, run_id: str) -> dict[str, Any] | None:
     """Alice's question of ``run_id`` in her inbox; None while it is not there."""
+    from e2e_support import ALICE
+
     response = await http.get(f"{stack.human_url}/inbox", headers=ALICE)
     if response.status_code != 200:
         return None
@@ -129,5 +139,7 @@ async def question(http: httpx.AsyncClient, stack: Stack, run_id: str) -> dict[s
 
 async def completed(http: httpx.AsyncClient, stack: Stack, run_id: str) -> bool:
     """Whether the journal shows ``run_id`` completed."""
+    from e2e_support import JOURNAL
+
     response = await http.get(f"{stack.journal_url}/runs/{run_id}", headers=JOURNAL)
     return response.status_code == 200 and response.json()["state"] == "completed"

@@ -240,6 +240,9 @@ def test_compose_probes_no_service_on_a_ready_file(compose: dict[str, Any]) -> N
 
 #: The NATS authorization block compose mounts into its nats-server: ``temporality nats-authorization``'s output.
 COMPOSE_NATS_AUTH = ROOT / "deploy" / "compose" / "nats-authorization.conf"
+#: The config compose's nats-server runs (``-c``): it includes :data:`COMPOSE_NATS_AUTH`, mounted beside it, and
+#: sets JetStream's fsync from ``NATS_SYNC_INTERVAL``.
+COMPOSE_NATS_CONF = ROOT / "deploy" / "compose" / "nats.conf"
 _DEFAULTED = re.compile(r"\$\{([A-Z0-9_]+):-([^}]*)\}")
 
 
@@ -261,8 +264,11 @@ def test_compose_runs_nats_with_a_user_per_service(compose: dict[str, Any]) -> N
     nats = compose["services"]["nats"]
     command = nats["command"]
     config = command[command.index("-c") + 1]
-    assert f"./{COMPOSE_NATS_AUTH.relative_to(ROOT)}:{config}:ro" in nats["volumes"]
-    server_env = _env(nats)
+    assert f"./{COMPOSE_NATS_CONF.relative_to(ROOT)}:{config}:ro" in nats["volumes"]
+    assert "include ./nats-authorization.conf" in COMPOSE_NATS_CONF.read_text(encoding="utf-8")
+    beside = f"{config.rsplit('/', 1)[0]}/nats-authorization.conf"
+    assert f"./{COMPOSE_NATS_AUTH.relative_to(ROOT)}:{beside}:ro" in nats["volumes"]
+    server_env = {k: v for k, v in _env(nats).items() if k != "NATS_SYNC_INTERVAL"}  # tests/test_deploy_durability.py
     assert set(server_env) == {password_variable(name) for name in SERVICES}
     passwords = {name: server_env[password_variable(name)] for name in SERVICES}
     assert len(set(passwords.values())) == len(SERVICES), "one password per service"
@@ -282,7 +288,7 @@ async def test_compose_nats_config_and_passwords_work_on_a_real_server(
     environment, and each service's compose user and password connect, with the service's inbox."""
     for variable, value in _env(compose["services"]["nats"]).items():
         monkeypatch.setenv(variable, _compose_value(value))
-    server = NatsServer(tmp_path / "nats", config_file=COMPOSE_NATS_AUTH)
+    server = NatsServer(tmp_path / "nats", config_file=COMPOSE_NATS_CONF)
     server.start()
     try:
         for name in SERVICES:

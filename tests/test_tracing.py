@@ -3,52 +3,42 @@ service processes, through the CloudEvents ``traceparent`` extension and the hum
 
 The services export with the real SDK and OTLP/HTTP exporter (``OTEL_*`` env) to a real HTTP receiver in the
 test (:class:`temporality_testing.otlp_receiver.OtlpReceiver`); spans arrive after the batch processor's
-delay, so every check waits on a condition.
+delay, so every check waits on a condition. The traced scenarios share one stack with the other tracing
+modules (``tracing_support.traced_stack``): each reads only the spans of its own run's trace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import nats
 import pytest
-import yaml
-from e2e_support import ALICE, CONFIG, JOURNAL, eventually, example_pr, make_stack, post_hook
+from e2e_support import ALICE, eventually, example_pr, make_stack, post_hook
+from tracing_support import (
+    DEADLINE_TRIGGER,
+    Traced,
+    completed,
+    fresh_pr,
+    question,
+    traceparent,
+)
 
 from temporality_embedded import Stack
 from temporality_testing.events import EventLog
-from temporality_testing.otlp_receiver import OtlpReceiver, ReceivedSpan
+from temporality_testing.otlp_receiver import ReceivedSpan
 
 pytestmark = pytest.mark.e2e
+#: The scenarios on the shared traced stack run on the session's event loop, where its receiver serves.
+on_the_traced_stack = pytest.mark.asyncio(loop_scope="session")
 
-#: A trace context the answering client sends: it must become a span link of the answer, not its parent.
+#: A trace context the client of the untraced stack sends: no service may pass it on.
 CLIENT_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-@asynccontextmanager
-async def _traced(tmp_path: Path, config_dir: Path = CONFIG) -> AsyncIterator[tuple[Stack, OtlpReceiver]]:
-    async with OtlpReceiver().serve() as otlp:
-        stack = make_stack(tmp_path, config_dir=config_dir, **otlp.env())
-        await asyncio.to_thread(stack.start)  # the receiver answers on this loop meanwhile
-        try:
-            yield stack, otlp
-        finally:
-            await asyncio.to_thread(stack.stop)
-
-
-@pytest.fixture
-async def traced_stack(tmp_path: Path) -> AsyncIterator[tuple[Stack, OtlpReceiver]]:
-    async with _traced(tmp_path) as traced:
-        yield traced
 
 
 def _one(spans: list[ReceivedSpan], service: str, name: str, **attributes: Any) -> ReceivedSpan | None:
@@ -88,32 +78,39 @@ async def _inbox(http: httpx.AsyncClient, stack: Stack) -> list[dict[str, Any]] 
     return response.json()["requests"] if response.status_code == 200 else None
 
 
+@on_the_traced_stack
 async def test_one_trace_follows_webhook_run_question_answer_and_resume(
-    traced_stack: tuple[Stack, OtlpReceiver], http: httpx.AsyncClient
+    traced_stack: Traced, session_http: httpx.AsyncClient
 ) -> None:
-    stack, otlp = traced_stack
-    accepted = await post_hook(http, stack, example_pr())
+    stack, otlp, http = traced_stack.stack, traced_stack.otlp, session_http
+    # a trace context the answering client sends: it must become a span link of the answer, not its parent
+    client_traceparent, client_trace, client_span = traceparent()
+    accepted = await post_hook(http, stack, fresh_pr())
     assert accepted.status_code == 202, accepted.text
     run_id = accepted.json()["run_id"]
 
-    (request,) = await eventually(lambda: _inbox(http, stack), what="alice's question in her inbox")
+    request = await eventually(lambda: question(http, stack, run_id), what="alice's question in her inbox")
     answered = await http.post(
         f"{stack.human_url}/requests/{request['id']}/answer",
         json={"option_id": "keep-v1"},
-        headers={**ALICE, "traceparent": CLIENT_TRACEPARENT},
+        headers={**ALICE, "traceparent": client_traceparent},
     )
     assert answered.status_code == 200, answered.text
 
-    await _completed(http, stack, run_id)
+    await eventually(lambda: completed(http, stack, run_id), what=f"run {run_id} completed")
+
+    def http_answer_of(spans: list[ReceivedSpan]) -> ReceivedSpan | None:
+        found = [s for s in spans if s.name == "POST /requests/{request_id}/answer" and s.trace_id == client_trace]
+        assert len(found) <= 1, found
+        return found[0] if found else None
 
     def whole(spans: list[ReceivedSpan]) -> bool:
         return all(
             (
-                _one(spans, "trigger-gateway", "POST /hooks/{trigger_id}"),
-                _consumer(spans, "run-executor", "run.requested", run_id),
+                _parent(spans, _consumer(spans, "run-executor", "run.requested", run_id)),
                 _parent(spans, _consumer(spans, "human-interaction", "human.requested", run_id)),
-                _one(spans, "human-interaction", "POST /requests/{request_id}/answer"),
-                _one(spans, "human-interaction", "answer web"),
+                http_answer_of(spans),
+                _one(spans, "human-interaction", "answer web", **{"temporality.request_id": request["id"]}),
                 _consumer(spans, "run-executor", "human.answered", run_id),
                 _consumer(spans, "agent-collab", "run.completed", run_id),
                 _consumer(spans, "human-interaction", "run.completed", run_id),
@@ -121,11 +118,11 @@ async def test_one_trace_follows_webhook_run_question_answer_and_resume(
         )
 
     spans = await otlp.wait_for(whole, what="the spans of webhook, run, question, answer, resume and completion")
-    intake = _one(spans, "trigger-gateway", "POST /hooks/{trigger_id}")
     started = _consumer(spans, "run-executor", "run.requested", run_id)
+    intake = _parent(spans, started)
     asked = _consumer(spans, "human-interaction", "human.requested", run_id)
-    http_answer = _one(spans, "human-interaction", "POST /requests/{request_id}/answer")
-    answer = _one(spans, "human-interaction", "answer web")
+    http_answer = http_answer_of(spans)
+    answer = _one(spans, "human-interaction", "answer web", **{"temporality.request_id": request["id"]})
     resumed = _consumer(spans, "run-executor", "human.answered", run_id)
     completion = _consumer(spans, "agent-collab", "run.completed", run_id)
     assert intake is not None
@@ -138,6 +135,7 @@ async def test_one_trace_follows_webhook_run_question_answer_and_resume(
 
     # one trace, from the webhook (a root: Azure DevOps sent no traceparent) to the run's completion
     assert {s.trace_id for s in (intake, started, asked, answer, resumed, completion)} == {intake.trace_id}
+    assert (intake.service, intake.name) == ("trigger-gateway", "POST /hooks/{trigger_id}")
     assert intake.parent_span_id is None
     assert intake.kind == "server"
     assert intake.attributes["http.route"] == "/hooks/{trigger_id}"
@@ -155,9 +153,9 @@ async def test_one_trace_follows_webhook_run_question_answer_and_resume(
     # ... and the answer, a new HTTP request after the wait, continues exactly that context: the stored
     # request's traceparent is the parent of the answer's span; the HTTP request's own SERVER span (in the
     # trace its client sent) is its link
+    assert http_answer.service == "human-interaction"
     assert http_answer.kind == "server"
-    assert http_answer.trace_id == CLIENT_TRACEPARENT[3:35]
-    assert http_answer.parent_span_id == CLIENT_TRACEPARENT[36:52]
+    assert http_answer.parent_span_id == client_span
     assert http_answer.attributes["http.route"] == "/requests/{request_id}/answer"
     assert http_answer.attributes["http.response.status_code"] == 200
     assert answer.parent_span_id == asker.span_id
@@ -180,47 +178,33 @@ async def test_one_trace_follows_webhook_run_question_answer_and_resume(
     assert not [s for s in spans if s.trace_id == intake.trace_id and s.error]
 
 
-async def _completed(http: httpx.AsyncClient, stack: Stack, run_id: str) -> None:
-    async def completed() -> bool:
-        response = await http.get(f"{stack.journal_url}/runs/{run_id}", headers=JOURNAL)
-        return response.status_code == 200 and response.json()["state"] == "completed"
-
-    await eventually(completed, what=f"run {run_id} completed")
-
-
+@on_the_traced_stack
 async def test_the_run_resumed_by_the_deadline_timer_continues_the_trace(
-    tmp_path: Path, http: httpx.AsyncClient
+    traced_stack: Traced, session_http: httpx.AsyncClient
 ) -> None:
-    """Nobody answers: the deadline (a JetStream message schedule, carrying no context) fires in a span that
-    continues the question's stored context, and the run resumes with the default in its child."""
-    config = tmp_path / "config"
-    shutil.copytree(CONFIG, config)
-    triggers = yaml.safe_load((config / "triggers.yaml").read_text())
-    triggers["triggers"][0]["human"] |= {
-        "default_timeout_s": 2,
-        "on_timeout": {"action": "default", "default_option": "keep-v1"},
-    }
-    (config / "triggers.yaml").write_text(yaml.safe_dump(triggers))
-    async with _traced(tmp_path, config) as (stack, otlp):
-        accepted = await post_hook(http, stack, example_pr())
-        assert accepted.status_code == 202, accepted.text
-        run_id = accepted.json()["run_id"]
-        await _completed(http, stack, run_id)
+    """Nobody answers (:data:`tracing_support.DEADLINE_TRIGGER`: 2 s): the deadline (a JetStream message
+    schedule, carrying no context) fires in a span that continues the question's stored context, and the run
+    resumes with the default in its child."""
+    stack, otlp, http = traced_stack.stack, traced_stack.otlp, session_http
+    accepted = await post_hook(http, stack, fresh_pr(), trigger=DEADLINE_TRIGGER)
+    assert accepted.status_code == 202, accepted.text
+    run_id = accepted.json()["run_id"]
+    await eventually(lambda: completed(http, stack, run_id), what=f"run {run_id} completed")
 
-        def whole(spans: list[ReceivedSpan]) -> bool:
-            return all(
-                (
-                    _one(spans, "trigger-gateway", "POST /hooks/{trigger_id}"),
-                    _consumer(spans, "human-interaction", "human.requested", run_id),
-                    # the deadline's span and the publisher of human.requested it continues
-                    _parent(spans, _parent(spans, _consumer(spans, "run-executor", "human.expired", run_id))),
-                    _consumer(spans, "agent-collab", "run.completed", run_id),
-                )
+    def whole(spans: list[ReceivedSpan]) -> bool:
+        return all(
+            (
+                _parent(spans, _consumer(spans, "run-executor", "run.requested", run_id)),
+                _consumer(spans, "human-interaction", "human.requested", run_id),
+                # the deadline's span and the publisher of human.requested it continues
+                _parent(spans, _parent(spans, _consumer(spans, "run-executor", "human.expired", run_id))),
+                _consumer(spans, "agent-collab", "run.completed", run_id),
             )
+        )
 
-        spans = await otlp.wait_for(whole, what="the spans of webhook, question, expiry and completion")
+    spans = await otlp.wait_for(whole, what="the spans of webhook, question, expiry and completion")
     by_id = {s.span_id: s for s in spans}
-    intake = _one(spans, "trigger-gateway", "POST /hooks/{trigger_id}")
+    intake = _parent(spans, _consumer(spans, "run-executor", "run.requested", run_id))
     asked = _consumer(spans, "human-interaction", "human.requested", run_id)
     resumed = _consumer(spans, "run-executor", "human.expired", run_id)
     completion = _consumer(spans, "agent-collab", "run.completed", run_id)
@@ -228,6 +212,7 @@ async def test_the_run_resumed_by_the_deadline_timer_continues_the_trace(
     assert asked is not None
     assert resumed is not None
     assert completion is not None
+    assert (intake.service, intake.name, intake.parent_span_id) == ("trigger-gateway", "POST /hooks/{trigger_id}", None)
     deadline = by_id[resumed.parent_span_id or ""]
     assert deadline.service == "human-interaction"
     assert deadline.name == "human.deadline"

@@ -10,8 +10,10 @@ receiver, and two timers of two services fire for real:
   the example agent is killed -9, the last arm fires and the agent goes ``offline``), whose firing is a child
   of the span of the last heartbeat it answered, and publishes ``agent.lifecycle_changed`` in that trace.
 
-The stack runs with ``TEMPORALITY_NATS_SOURCE_CHECK=strict`` (the production default; the test suite runs
-``claimed``): every event the real services exchange passes the consumers' sender check.
+The stack is the one the tracing scenarios share (``tracing_support.traced_stack``: 1 s heartbeat interval,
+0.5 s grace, checkpoint retention 1 s after a run ends) and runs with ``TEMPORALITY_NATS_SOURCE_CHECK=strict``
+(the production default; the test suite runs ``claimed``): every event the real services exchange passes the
+consumers' sender check.
 
 Each service exports in its own batches, so a child can arrive before its parent: every span read, parents
 and ancestors included, is waited for.
@@ -20,7 +22,6 @@ and ancestors included, is waited for.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -30,30 +31,26 @@ from typing import Any
 import httpx
 import nats
 import pytest
-import yaml
-from e2e_support import ALICE, CONFIG, JOURNAL, ROOT, eventually, example_pr, make_stack, post_hook
+from e2e_support import ALICE, ROOT, eventually, post_hook
+from tracing_support import (
+    Traced,
+    completed,
+    fresh_pr,
+    question,
+)
 
 from temporality_embedded import Stack
 from temporality_testing.events import EventLog
-from temporality_testing.otlp_receiver import OtlpReceiver, ReceivedSpan
+from temporality_testing.otlp_receiver import ReceivedSpan
 
-pytestmark = pytest.mark.e2e
+#: On the shared traced stack: the session's event loop, where its receiver serves.
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
 AGENT = ROOT / "examples" / "external-agent" / "agent.py"
 AGENT_ID = "example-agent"
 WAIT_S = 45.0
 #: agent-collab answers every agent's heartbeats in one queue subscription: the span names its pattern.
 HEARTBEAT_SPAN = "process temporality.rpc.agents.*.heartbeat"
-
-
-def _config(tmp_path: Path) -> Path:
-    """The shipped config with a 1 s heartbeat interval (a killed agent goes offline within seconds)."""
-    config = tmp_path / "config"
-    shutil.copytree(CONFIG, config)
-    allow = yaml.safe_load((config / "external-agents.yaml").read_text(encoding="utf-8"))
-    allow["heartbeat_interval_s"] = 1
-    (config / "external-agents.yaml").write_text(yaml.safe_dump(allow), encoding="utf-8")
-    return config
 
 
 def _firing(spans: list[ReceivedSpan], service: str, subject: str) -> list[ReceivedSpan]:
@@ -85,19 +82,6 @@ def _chain(spans: list[ReceivedSpan], span: ReceivedSpan) -> list[ReceivedSpan]:
     return chain
 
 
-async def _completed(http: httpx.AsyncClient, stack: Stack, run_id: str) -> bool:
-    response = await http.get(f"{stack.journal_url}/runs/{run_id}", headers=JOURNAL)
-    return response.status_code == 200 and response.json()["state"] == "completed"
-
-
-async def _question(http: httpx.AsyncClient, stack: Stack, run_id: str) -> dict[str, Any] | None:
-    response = await http.get(f"{stack.human_url}/inbox", headers=ALICE)
-    if response.status_code != 200:
-        return None
-    mine = [r for r in response.json()["requests"] if r["run_id"] == run_id]
-    return mine[0] if mine else None
-
-
 def _agent(stack: Stack, log: Path) -> Callable[[], Any]:
     async def start() -> asyncio.subprocess.Process:
         with log.open("ab") as out:
@@ -112,72 +96,62 @@ def _agent(stack: Stack, log: Path) -> Callable[[], Any]:
 
 
 async def test_the_retention_and_heartbeat_timers_fire_in_the_traces_that_armed_them(
-    tmp_path: Path, http: httpx.AsyncClient
+    traced_stack: Traced, session_http: httpx.AsyncClient
 ) -> None:
-    async with OtlpReceiver().serve() as otlp:
-        stack = make_stack(
-            tmp_path,
-            config_dir=_config(tmp_path),
-            TEMPORALITY_EXECUTOR_CHECKPOINT_RETENTION_S="1",
-            TEMPORALITY_COLLAB_HEARTBEAT_GRACE_S="0.5",
-            TEMPORALITY_NATS_SOURCE_CHECK="strict",
-            **otlp.env(),
+    stack, otlp, http = traced_stack.stack, traced_stack.otlp, session_http
+    nc = await nats.connect(stack.nats.url)
+    events = await EventLog(nc, since=datetime.now(UTC)).start()
+    agent = await _agent(stack, traced_stack.root / "agent.log")()
+    try:
+        # a run completes (alice answers): its checkpoint retention is armed in the completing span
+        accepted = await post_hook(http, stack, fresh_pr())
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        request = await eventually(lambda: question(http, stack, run_id), WAIT_S, "alice's question")
+        answered = await http.post(
+            f"{stack.human_url}/requests/{request['id']}/answer", json={"option_id": "keep-v1"}, headers=ALICE
         )
-        await asyncio.to_thread(stack.start)  # the receiver answers on this loop meanwhile
-        nc = await nats.connect(stack.nats.url)
-        events = await EventLog(nc, since=datetime.now(UTC)).start()
-        agent = await _agent(stack, tmp_path / "agent.log")()
-        try:
-            # a run completes (alice answers): its checkpoint retention is armed in the completing span
-            accepted = await post_hook(http, stack, example_pr())
-            assert accepted.status_code == 202, accepted.text
-            run_id = accepted.json()["run_id"]
-            request = await eventually(lambda: _question(http, stack, run_id), WAIT_S, "alice's question")
-            answered = await http.post(
-                f"{stack.human_url}/requests/{request['id']}/answer", json={"option_id": "keep-v1"}, headers=ALICE
-            )
-            assert answered.status_code == 200, answered.text
-            await eventually(lambda: _completed(http, stack, run_id), WAIT_S, f"run {run_id} completed")
+        assert answered.status_code == 200, answered.text
+        await eventually(lambda: completed(http, stack, run_id), WAIT_S, f"run {run_id} completed")
 
-            # the external agent, registered and heartbeating, is killed -9: its last heartbeat's timer fires
-            await events.wait_for("agent.registered", timeout_s=WAIT_S)
-            await otlp.wait_for(
-                lambda spans: any(s.service == "agent-collab" and s.name == HEARTBEAT_SPAN for s in spans),
-                timeout_s=WAIT_S,
-                what="a heartbeat agent-collab answered",
+        # the external agent, registered and heartbeating, is killed -9: its last heartbeat's timer fires
+        await events.wait_for("agent.registered", timeout_s=WAIT_S)
+        await otlp.wait_for(
+            lambda spans: any(s.service == "agent-collab" and s.name == HEARTBEAT_SPAN for s in spans),
+            timeout_s=WAIT_S,
+            what="a heartbeat agent-collab answered",
+        )
+        killed_at = datetime.now(UTC)
+        agent.kill()
+        await agent.wait()
+        (offline,) = await events.wait_for(
+            "agent.lifecycle_changed",
+            where=lambda e: e.data["to_state"] == "offline" and e.time >= killed_at,
+            timeout_s=WAIT_S,
+        )
+        assert offline.traceparent is not None
+        offline_trace, offline_span = offline.traceparent.split("-")[1:3]
+
+        retention_subject = f"temporality.timers.fired.run-retention.{run_id}"
+        heartbeat_subject = f"temporality.timers.fired.agent-heartbeat.{AGENT_ID}"
+
+        def arrived(spans: list[ReceivedSpan]) -> bool:
+            resumed = _resumed(spans, run_id)
+            return (
+                resumed is not None
+                and _ancestors_arrived(spans, resumed)
+                and bool(_firing(spans, "run-executor", retention_subject))
+                and all(_ancestors_arrived(spans, s) for s in _firing(spans, "run-executor", retention_subject))
+                and _ancestors_arrived(spans, _by_id(spans, offline_span))
             )
-            killed_at = datetime.now(UTC)
+
+        spans = await otlp.wait_for(arrived, timeout_s=WAIT_S, what="the timers' spans and their ancestors")
+    finally:
+        if agent.returncode is None:
             agent.kill()
             await agent.wait()
-            (offline,) = await events.wait_for(
-                "agent.lifecycle_changed",
-                where=lambda e: e.data["to_state"] == "offline" and e.time >= killed_at,
-                timeout_s=WAIT_S,
-            )
-            assert offline.traceparent is not None
-            offline_trace, offline_span = offline.traceparent.split("-")[1:3]
-
-            retention_subject = f"temporality.timers.fired.run-retention.{run_id}"
-            heartbeat_subject = f"temporality.timers.fired.agent-heartbeat.{AGENT_ID}"
-
-            def arrived(spans: list[ReceivedSpan]) -> bool:
-                resumed = _resumed(spans, run_id)
-                return (
-                    resumed is not None
-                    and _ancestors_arrived(spans, resumed)
-                    and bool(_firing(spans, "run-executor", retention_subject))
-                    and all(_ancestors_arrived(spans, s) for s in _firing(spans, "run-executor", retention_subject))
-                    and _ancestors_arrived(spans, _by_id(spans, offline_span))
-                )
-
-            spans = await otlp.wait_for(arrived, timeout_s=WAIT_S, what="the timers' spans and their ancestors")
-        finally:
-            if agent.returncode is None:
-                agent.kill()
-                await agent.wait()
-            await events.stop()
-            await nc.drain()
-            await asyncio.to_thread(stack.stop)
+        await events.stop()
+        await nc.drain()
 
     # the retention timer fired in a child of the span that completed the run (the answer's handling),
     # in the webhook's trace

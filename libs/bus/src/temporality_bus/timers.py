@@ -24,7 +24,13 @@ against the real server):
   armed inside a span carries its trace context that way and the consumer continues it when it fires
   (:mod:`temporality_bus.tracing`, ``TimerTrace``).
 * The fired message lands in the same stream (consume it with a JetStream consumer filtered on
-  :attr:`Timers.fired_filter`); it carries ``Nats-Scheduler`` (the schedule subject).
+  :attr:`Timers.fired_filter`); it carries ``Nats-Scheduler`` (the schedule subject), which only the server
+  sets (it refuses a schedule carrying one).
+* **A schedule may target any subject of the stream**: the server does not hold the target against the
+  publisher's permissions, so a service could fire onto another service's timers from its own namespace.
+  :func:`checking_firings` wraps a firing's handler to refuse such a firing (``Nats-Scheduler`` of another
+  service's namespace: :func:`temporality_bus.provenance.forged_firing`); the service runtime wraps every
+  raw handler with it.
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ import re
 from datetime import UTC, datetime, timedelta
 
 from temporality_bus.connection import Bus, PublishResult
+from temporality_bus.consumer import Delivery, RawHandler
 from temporality_bus.errors import TransientError
+from temporality_bus.provenance import ForgedEvent, SourceCheck, forged_firing
 from temporality_bus.tracing import TimerTrace, timer_headers
 from temporality_protocol.catalog import TIMER_FIRED_PREFIX, TIMER_SCHEDULE_PREFIX, TIMERS_STREAM, StreamSpec
 
-__all__ = ["CANCEL_TTL_S", "Timers", "fire_time", "parse_fired_subject", "schedule_at"]
+__all__ = ["CANCEL_TTL_S", "Timers", "checking_firings", "fire_time", "parse_fired_subject", "schedule_at"]
 
 #: How long a cancel's rollup stays on the schedule subject before the server removes it (seconds).
 CANCEL_TTL_S = 60
@@ -68,6 +76,22 @@ def parse_fired_subject(subject: str) -> tuple[str, str]:
     if match is None:
         raise ValueError(f"{subject!r} is not a fired-timer subject ({TIMER_FIRED_PREFIX}.<namespace>.<key>)")
     return match["ns"], match["key"]
+
+
+def checking_firings(handler: RawHandler, mode: SourceCheck) -> RawHandler:
+    """``handler``, which never sees a forged timer firing (:func:`~temporality_bus.provenance.forged_firing`
+    under ``mode``): :class:`~temporality_bus.provenance.ForgedEvent` instead, which the consumer runner
+    dead-letters and journals (``bus.dead_lettered``) without telling the service. Other messages pass."""
+    if mode == "off":
+        return handler
+
+    async def checked(data: bytes, delivery: Delivery) -> None:
+        forged = forged_firing(delivery.subject, delivery.msg.headers, mode)
+        if forged is not None:
+            raise ForgedEvent(forged)
+        await handler(data, delivery)
+
+    return checked
 
 
 async def schedule_at(

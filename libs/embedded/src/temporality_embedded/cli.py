@@ -26,7 +26,15 @@ from temporality_protocol.permissions import (
     subscriber_user,
 )
 
-__all__ = ["DEFAULT_EXTERNAL_AGENTS", "DEFAULT_SUBSCRIBERS", "build_parser", "main", "nats_authorization", "port_free"]
+__all__ = [
+    "DEFAULT_EXTERNAL_AGENTS",
+    "DEFAULT_SUBSCRIBERS",
+    "build_parser",
+    "main",
+    "nats_authorization",
+    "port_free",
+    "stack_config",
+]
 
 #: The journal subscriber ``temporality up`` creates when ``--nats-subscriber`` names none (user ``sub-example``).
 DEFAULT_SUBSCRIBERS: tuple[str, ...] = ("example",)
@@ -84,22 +92,7 @@ def up(args: argparse.Namespace) -> int:
             _out(f"error: 127.0.0.1:{port} is already in use; pick another with {flag}")
             return 2
     try:
-        stack = Stack(
-            StackConfig(
-                data_dir=Path(args.data_dir),
-                config_dir=config_dir,
-                gateway_port=args.gateway_port,
-                human_port=args.human_port,
-                journal_port=args.journal_port,
-                nats_port=args.nats_port,
-                log_format="console",
-                api_tokens_file=Path(args.api_tokens_file) if args.api_tokens_file else None,
-                nats_auth=args.nats_auth,
-                nats_subscribers=tuple(args.nats_subscriber or DEFAULT_SUBSCRIBERS),
-                nats_external_agents=tuple(args.nats_external_agent or DEFAULT_EXTERNAL_AGENTS),
-                collab_reply_key=args.collab_reply_key,
-            )
-        )
+        stack = Stack(stack_config(args))
     except ValueError as exc:
         _out(f"error: {exc}")
         return 2
@@ -127,6 +120,10 @@ def up(args: argparse.Namespace) -> int:
     if stack.admin_token is not None:
         _out(f"  Admin API token            {stack.admin_token}   (from {stack.api_tokens_file})")
     _out(f"  NATS (JetStream)           {stack.nats.url}   (every event on temporality.events.>)")
+    if stack.nats.sync_interval == "always":
+        _out("  JetStream fsync            before every acknowledgement (--sync-always)")
+    else:
+        _out("  JetStream fsync            every 2 minutes (the server's default; --sync-always: every write)")
     if stack.nats_admin is not None:
         user, password = stack.nats_admin
         _out(f"  NATS user (full access)    {user} / {password}   (each service has its own, narrower user)")
@@ -170,6 +167,25 @@ def up(args: argparse.Namespace) -> int:
     stack.stop()
     _out("Stopped.")
     return code
+
+
+def stack_config(args: argparse.Namespace) -> StackConfig:
+    """The stack ``temporality up`` runs for its parsed ``args``."""
+    return StackConfig(
+        data_dir=Path(args.data_dir),
+        config_dir=Path(args.config_dir),
+        gateway_port=args.gateway_port,
+        human_port=args.human_port,
+        journal_port=args.journal_port,
+        nats_port=args.nats_port,
+        log_format="console",
+        api_tokens_file=Path(args.api_tokens_file) if args.api_tokens_file else None,
+        nats_auth=args.nats_auth,
+        nats_subscribers=tuple(args.nats_subscriber or DEFAULT_SUBSCRIBERS),
+        nats_external_agents=tuple(args.nats_external_agent or DEFAULT_EXTERNAL_AGENTS),
+        collab_reply_key=args.collab_reply_key,
+        nats_sync_interval="always" if args.sync_always else None,
+    )
 
 
 def _example_agent_command(stack: Stack) -> str | None:
@@ -251,6 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="agent-collab signs its replies to external agents with an Ed25519 key kept in "
         "<data-dir>/collab-reply-key.pem (made on first start; public key in collab-reply-key.pub) "
         "(default: on; --no-collab-reply-key: unsigned replies)",
+    )
+    p_up.add_argument(
+        "--sync-always",
+        action="store_true",
+        help="the nats-server fsyncs before acknowledging every write (JetStream's sync_interval: always): an "
+        "acknowledged event survives a power loss, at several times the cost of each publish "
+        "(default: the server's fsync every 2 minutes; a killed process loses nothing either way)",
     )
     p_up.add_argument(
         "--api-tokens-file",

@@ -5,6 +5,10 @@ never a sleep. With ``users`` the server requires authentication: it is started 
 (``nats.conf``, mode 0600, in the store dir) listing each user, its password and its permissions
 (``None``: everything, for an operator's or a test's own connection).
 
+With ``sync_interval`` (``"always"``, or a duration such as ``"10s"``) JetStream fsyncs that often instead of
+the server's default (every two minutes): the setting goes into the same config file, as
+``jetstream: {sync_interval: ...}``. See docs/operations.md, "Durability and retention".
+
 With ``cluster`` the server is one node of a JetStream cluster (its route port and every node's route);
 :class:`LocalCluster` starts such a cluster of three on this machine, for tests and for trying a
 clustered deployment locally.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,7 +41,17 @@ __all__ = [
     "authorization_block",
     "nats_server_binary",
     "password_variable",
+    "sync_interval_ok",
 ]
+
+#: What nats-server's ``sync_interval`` takes: ``always`` or a Go duration (``500ms``, ``10s``, ``2m``, ``1h30m``).
+_SYNC_INTERVAL = re.compile(r"always|(?:\d+(?:\.\d+)?(?:ns|us|ms|s|m|h))+")
+
+
+def sync_interval_ok(value: str) -> bool:
+    """Whether ``value`` is a ``sync_interval`` nats-server accepts: ``always`` or a positive duration."""
+    return bool(_SYNC_INTERVAL.fullmatch(value)) and (value == "always" or any(c in "123456789" for c in value))
+
 
 #: A user of the server: (password, permissions or ``None`` for full access).
 NatsUser = tuple[str, Permissions | None]
@@ -90,8 +105,18 @@ class NatsServer:
         tls_verify_ca: Path | None = None,
         cluster: ClusterNode | None = None,
         config_file: Path | None = None,
+        sync_interval: str | None = None,
+        monitoring: bool = False,
     ) -> None:
+        if sync_interval is not None and not sync_interval_ok(sync_interval):
+            raise ValueError(f"sync_interval {sync_interval!r}: use 'always' or a duration such as '10s' or '2m'")
+        if sync_interval is not None and config_file is not None:
+            raise ValueError("sync_interval goes into the config file the server is started with: put it in yours")
         self.store_dir = store_dir
+        #: JetStream's fsync interval (``always``: before every acknowledgement); ``None``: the server's default.
+        self.sync_interval = sync_interval
+        #: Serve the monitoring endpoints (``/varz``, ``/jsz``) on a free port: :attr:`monitoring_url`.
+        self.monitoring = monitoring
         #: A config file of the caller's (e.g. ``temporality nats-authorization``'s output) instead of ``users``.
         self.config_file = config_file
         self.cluster = cluster
@@ -130,9 +155,11 @@ class NatsServer:
                 "--routes", ",".join(self.cluster.routes),
                 "-m", "-1",  # the monitoring port: /healthz says when JetStream has its meta leader
             ]  # fmt: skip
+        elif self.monitoring:
+            cmd += ["-m", "-1"]
         if self.config_file is not None:
             cmd += ["-c", str(self.config_file)]
-        elif self.users:
+        elif self.users or self.sync_interval is not None:
             cmd += ["-c", str(self._write_config())]
         if self.tls is not None:
             cmd += ["--tls", "--tlscert", str(self.tls[0]), "--tlskey", str(self.tls[1])]
@@ -158,13 +185,24 @@ class NatsServer:
         self.stop()
         raise TimeoutError(f"nats-server did not write its ports file within {timeout}s")
 
+    def config_text(self) -> str:
+        """The config file's content: the authorization block of :attr:`users` and JetStream's
+        :attr:`sync_interval` (nats-server's config syntax accepts JSON); other settings stay flags (``-js``
+        and ``-sd`` complete the ``jetstream`` block)."""
+        text = ""
+        if self.users:
+            text += "authorization: " + json.dumps(authorization_block(self.users), indent=2) + "\n"
+        if self.sync_interval is not None:
+            text += "jetstream: " + json.dumps({"sync_interval": self.sync_interval}) + "\n"
+        return text
+
     def _write_config(self) -> Path:
-        """The authorization block (nats-server's config syntax accepts JSON); other settings stay flags."""
+        """:meth:`config_text` in ``nats.conf`` in the store dir, mode 0600 (it holds the passwords)."""
         path = self.store_dir / "nats.conf"
         path.unlink(missing_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write("authorization: " + json.dumps(authorization_block(self.users), indent=2) + "\n")
+            file.write(self.config_text())
         return path
 
     @property

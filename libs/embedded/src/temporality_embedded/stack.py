@@ -143,6 +143,11 @@ class StackConfig:
     #: ``collab-reply-key.pub`` next to it (:attr:`Stack.collab_public_key`). Off here; ``temporality up``
     #: turns it on unless ``--no-collab-reply-key``.
     collab_reply_key: bool = False
+    #: The embedded nats-server's JetStream fsync interval (``sync_interval``): ``"always"`` fsyncs before every
+    #: acknowledgement (nothing acknowledged is lost to a power cut; several times slower publishes), a duration
+    #: (``"10s"``) bounds that window; ``None``: the server's default (two minutes). ``temporality up
+    #: --sync-always``. Not for :attr:`nats_url` (the caller's server has its own config).
+    nats_sync_interval: str | None = None
 
 
 #: The NATS user with full access (an operator's tools, the tests) when the stack runs with NATS auth.
@@ -226,11 +231,13 @@ class Stack:
         self._nats_passwords: dict[str, str] = {}
         if config.nats_url is not None and config.nats_auth:
             raise ValueError("nats_auth configures the embedded nats-server; it cannot apply to nats_url")
+        if config.nats_url is not None and config.nats_sync_interval is not None:
+            raise ValueError("nats_sync_interval configures the embedded nats-server; it cannot apply to nats_url")
         for name in config.nats_subscribers:
             journal_subscriber_permissions(name)  # a bad name fails here, before anything starts
         for name in config.nats_external_agents:
             external_agent_inbox(name)  # likewise
-        self.nats = NatsServer(self.data_dir / "nats", port=config.nats_port)
+        self.nats = NatsServer(self.data_dir / "nats", port=config.nats_port, sync_interval=config.nats_sync_interval)
         #: The first replica of each service; :attr:`replicas` has them all.
         self.services: dict[str, ServiceProcess] = {}
         self.replicas: dict[str, list[ServiceProcess]] = {}

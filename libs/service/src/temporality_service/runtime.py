@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from temporality_bus import Bus, Consumer
 from temporality_bus.consumer import BatchHandler, DeadLetterHook, EnvelopeHandler, RawHandler
+from temporality_bus.timers import checking_firings
 from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS, SERVICES, ServiceSpec
 from temporality_protocol.permissions import service_inbox
 from temporality_service.health import Readiness, add_health_routes
@@ -105,7 +106,8 @@ class Runtime(Generic[S]):
         :class:`temporality_bus.Consumer`: idempotent, its failure retries the dead-lettering).
         ``max_deliver`` overrides the catalogue's delivery limit (a setting of the service, e.g. for tests).
         ``batch_handler`` takes up to ``batch_size`` messages at a time, ``handler`` being its per-message
-        fallback (see :class:`temporality_bus.Consumer`).
+        fallback (see :class:`temporality_bus.Consumer`). A ``raw_handler`` (timer firings) never sees a firing
+        another service scheduled onto this service's timers (:func:`temporality_bus.timers.checking_firings`).
         """
         if durable not in self.spec.consumers:
             raise ValueError(f"{self.spec.name} does not declare the consumer {durable!r} (catalog.SERVICES)")
@@ -120,7 +122,7 @@ class Runtime(Generic[S]):
             self.bus,
             spec,
             handler=handler,
-            raw_handler=raw_handler,
+            raw_handler=None if raw_handler is None else checking_firings(raw_handler, self.bus.settings.source_check),
             max_inflight=max_inflight,
             ack_wait_s=ack_wait_s,
             on_dead_letter=on_dead_letter,

@@ -111,7 +111,7 @@ def test_the_statefulset_mounts_the_secret_and_the_config_serves_tls_only_with_i
     assert conf.count("cert_file: /etc/nats-tls/tls.crt") == 2
     assert conf.count("ca_file: /etc/nats-tls/ca.crt") == 2
     assert "verify" not in conf, "the services log in with their passwords: no client certificate asked"
-    assert "sync_interval: always" in conf
+    assert 'sync_interval: "always"' in conf
     # every service: the CA only (never the server's key), and the variable its NatsSettings read
     for name, deployment in _deployments(_tls(3)).items():
         pod = deployment["spec"]["template"]["spec"]
@@ -154,10 +154,13 @@ def test_a_sync_interval_nats_cannot_read_fails_the_render(value: str) -> None:
         _render(_tls(1, syncInterval=value))
 
 
-async def test_the_rendered_tls_config_admits_a_service_with_the_ca_and_refuses_the_rest(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("interval", "expected"), [("always", "always"), ("2m", 120 * 10**9)])
+async def test_the_rendered_tls_config_admits_a_service_with_the_ca_and_refuses_the_rest(
+    tmp_path: Path, interval: str, expected: object
+) -> None:
     ca = TestCA.create(tmp_path / "pki")
     cert = _server_cert(ca, "nats")
-    docs = _render(_tls(1, syncInterval="always"))
+    docs = _render(_tls(1, syncInterval=interval))
     secret = {f"{name}-password": f"pw-{name}-{os.urandom(6).hex()}" for name in SERVICES}
     env = {**os.environ, **_nats_pod_env(docs, f"{NATS_NAME}-0", secret)}
     server = _start_rendered_nats(_local(_nats_conf(docs), ca, cert), tmp_path / "nats", env)
@@ -167,7 +170,13 @@ async def test_the_rendered_tls_config_admits_a_service_with_the_ca_and_refuses_
             assert (await client.get(server.monitoring + NATS_PROBE_PATH)).status_code == 200
         varz = await _varz(server.monitoring)
         assert varz["tls_required"] is True
-        assert varz["jetstream"]["config"]["sync_always"] is True
+        # the value reaches the server as written: a bare 2m in a nats config is read as 2,000,000 s
+        config = varz["jetstream"]["config"]
+        if expected == "always":
+            assert config["sync_always"] is True
+        else:
+            assert not config.get("sync_always")
+            assert config["sync_interval"] == expected
 
         # the journal, with what the chart gives it: its user, its password, the CA
         journal = NatsSettings(

@@ -40,7 +40,9 @@ owner waits, not ready, until the stream exists (``temporality_service.runtime``
 nothing is enforced, it creates a missing one instead, never changing an existing one). A timer is cancelled
 by a publish to its own schedule subject (``temporality_bus.Timers.cancel``), never by a purge: a purge's
 filter is in its payload, which NATS permissions cannot restrict, so a purge right would let a service cancel
-any service's timers.
+any service's timers. Not closed by these permissions: a schedule's "atomic stop" (a publish on one's own
+schedule subject naming another schedule in ``Nats-Scheduler`` with ``Nats-Schedule-Next: purge``) stops a
+timer of another namespace (docs/operations.md, "Known gap").
 
 A new bucket is declared in the catalogue (``ALL_BUCKETS``) *and* in the ``buckets`` of the service that
 writes it (:func:`~temporality_protocol.catalog.check_services` refuses a bucket without exactly one owner);

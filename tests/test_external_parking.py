@@ -239,6 +239,12 @@ async def test_two_external_runs_at_concurrency_one_both_progress(client: Client
         assert offers == turns, (run_id, offers)
         assert len(client.events.of_type("run.completed", run_id=run_id)) == 1
         assert not client.events.of_type("run.failed", run_id=run_id)
+        # every wake-up by the agent's action is in the run's timeline, once: run.resumed (agent_action)
+        resumed = client.events.of_type("run.resumed", run_id=run_id)
+        assert [(e.data["reason"], e.data["request_id"]) for e in resumed] == [
+            ("agent_action", f"{task_id_for(run_id)}.turn-{turn}") for turn in turns
+        ], run_id
+        assert all(e.data["waited_s"] >= 0 for e in resumed)
 
 
 async def test_kill9_of_the_executor_while_parked_and_a_new_one_resumes_the_run_when_its_agent_acts(
@@ -260,6 +266,8 @@ async def test_kill9_of_the_executor_while_parked_and_a_new_one_resumes_the_run_
     assert [e.data["turn"] for e in client.events.of_type("agent.task.offered", run_id=run_id)] == [1]
     assert len(client.events.of_type("run.completed", run_id=run_id)) == 1
     assert not client.events.of_type("run.failed", run_id=run_id)
+    (resumed,) = client.events.of_type("run.resumed", run_id=run_id)  # woken by the new executor, once
+    assert resumed.data["reason"] == "agent_action"
 
 
 async def test_the_compute_budget_ends_a_parked_run_whose_agent_never_acts(client: Client) -> None:

@@ -17,15 +17,35 @@ from temporality_protocol.ids import derive_id
 from temporality_protocol.states import AGENT_TASK, AgentTaskState
 
 __all__ = [
+    "HANDOFF_TO_AGENT",
     "StoredAction",
     "TaskRecord",
     "TaskRef",
     "checkpoint_key",
+    "external_call_id",
+    "handoff_ids",
     "run_key",
     "task_id_for",
     "task_key",
     "turn_wait_id",
 ]
+
+
+#: The tool a handoff is (AP-6), a hosted model's call or an external agent's ``handoff`` action.
+HANDOFF_TO_AGENT = "handoff_to_agent"
+
+
+def external_call_id(turn: int, index: int) -> str:
+    """The tool call id the run-executor gives call ``index`` of an external agent's action on ``turn`` (a
+    ``handoff`` action is call 0)."""
+    return f"ext-{turn}-{index}"
+
+
+def handoff_ids(run_id: str, call_id: str) -> tuple[str, str]:
+    """AP-6: ``(handoff id, child run id)`` of the ``handoff_to_agent`` call ``call_id`` of the run -- the same
+    on every retry or replay of the call, so it never makes two children. agent-collab tells an external agent
+    its handoff's child from it (``TaskActionReply.child_run_id``) before the run-executor has carried it out."""
+    return derive_id("ho", run_id, HANDOFF_TO_AGENT, call_id), derive_id("run", run_id, HANDOFF_TO_AGENT, call_id)
 
 
 class _Model(BaseModel):

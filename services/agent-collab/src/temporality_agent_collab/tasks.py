@@ -68,10 +68,13 @@ from temporality_protocol import (
     make_event,
 )
 from temporality_protocol.agent_tasks import (
+    HANDOFF_TO_AGENT,
     StoredAction,
     TaskRecord,
     TaskRef,
     checkpoint_key,
+    external_call_id,
+    handoff_ids,
     run_key,
     task_key,
 )
@@ -79,7 +82,7 @@ from temporality_protocol.catalog import BUCKET_AGENT_TASKS, BUCKET_AGENTS, RPC_
 from temporality_protocol.events import TaskRefusalReason
 from temporality_protocol.states import AGENT_TASK, AgentLifecycleState, AgentTaskState
 
-__all__ = ["MAX_CHECKPOINT_BYTES", "TaskBoard", "TaskRefused", "acted", "offered", "taken"]
+__all__ = ["MAX_CHECKPOINT_BYTES", "TaskBoard", "TaskRefused", "acted", "child_run_id", "offered", "taken"]
 
 log = structlog.get_logger(__name__)
 
@@ -89,7 +92,7 @@ MAX_CHECKPOINT_BYTES = 256 * 1024
 MODIFY_ATTEMPTS = 32
 _CLOSING = frozenset({"tool_calls", "result", "failure", "handoff"})
 #: The tool a ``handoff`` action is carried out as (AP-6): the agent must be granted it.
-HANDOFF_TOOL = "handoff_to_agent"
+HANDOFF_TOOL = HANDOFF_TO_AGENT
 
 
 class TaskRefused(Exception):
@@ -164,6 +167,14 @@ def acted(current: TaskRecord, body: TaskAction, allowed_tools: list[str], now: 
         at=now,
     )
     return current.model_copy(update={"state": target, "actions": [*current.actions, action], "updated_at": now})
+
+
+def child_run_id(record: TaskRecord, action: StoredAction) -> str | None:
+    """A handoff action's child run id (AP-6), derived as the run-executor derives it when it carries the action
+    out as its turn's ``handoff_to_agent`` call: the run and the call id. ``None`` for any other action."""
+    if action.kind != "handoff":
+        return None
+    return handoff_ids(record.run_id, external_call_id(action.turn, 0))[1]
 
 
 def _ended_by_run(current: TaskRecord, event_type: str) -> TaskRecord | None:
@@ -437,6 +448,7 @@ class TaskBoard:
                 accepted=True,
                 duplicate=not result.changed,
                 state=record.state.value,
+                child_run_id=child_run_id(record, stored),
             )
         record = found.value
         _holds(record)

@@ -598,7 +598,7 @@ class Engine:
         if isinstance(then, LookForAction):  # a parked run: nobody else drives it, its record stays current
             assert agent is not None
             assert view.run is not None
-            looked = await self.external.look(view.run, agent, then)
+            looked = replace(await self.external.look(view.run, agent, then), cause=then.cause)
             # at the budget's end the run may fail: decided on its record read afresh (a cancel recorded meanwhile);
             # a wake-up needs no read (its compare-and-set is guarded by the wait)
             view.run_current = not then.deadline

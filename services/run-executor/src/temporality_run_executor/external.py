@@ -40,7 +40,7 @@ import structlog
 
 from temporality_bus import Bus, Store
 from temporality_protocol import AgentTask, AgentTaskOffered, RunResumed, TaskInput
-from temporality_protocol.agent_tasks import StoredAction, TaskRecord, task_id_for, task_key
+from temporality_protocol.agent_tasks import StoredAction, TaskRecord, external_call_id, task_id_for, task_key
 from temporality_protocol.catalog import BUCKET_AGENT_TASKS
 from temporality_run_executor.machine import (
     Agent,
@@ -110,7 +110,7 @@ def turn_of(action: StoredAction) -> AssistantTurn | str:
     """The action as the machine's provider reply; a failure is its error text."""
     if action.kind == "tool_calls":
         calls = [
-            ToolCall(id=f"ext-{action.turn}-{i}", name=call.name, arguments=call.arguments)
+            ToolCall(id=external_call_id(action.turn, i), name=call.name, arguments=call.arguments)
             for i, call in enumerate(action.calls)
         ]
         return AssistantTurn(content=None, tool_calls=calls)
@@ -119,7 +119,8 @@ def turn_of(action: StoredAction) -> AssistantTurn | str:
         # run and this call id: a replay of the turn is the same handoff and the same child)
         arguments = action.handoff.model_dump(mode="json")
         return AssistantTurn(
-            content=None, tool_calls=[ToolCall(id=f"ext-{action.turn}-0", name=HANDOFF_TO_AGENT, arguments=arguments)]
+            content=None,
+            tool_calls=[ToolCall(id=external_call_id(action.turn, 0), name=HANDOFF_TO_AGENT, arguments=arguments)],
         )
     if action.kind == "result":
         return AssistantTurn(content=action.result or "")

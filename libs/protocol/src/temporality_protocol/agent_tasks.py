@@ -90,6 +90,10 @@ class TaskRecord(_Model):
     #: ``<take>.<turn>`` of the last ``agent.task.taken`` known to be published: a poll publishes it until
     #: this says so (a publish that failed after the take was stored is sent again, never lost).
     taken_announced: str | None = None
+    #: The turn of the last action whose ``agent.task.acted`` is known published (``None``: none yet, or a record
+    #: from before this field): an action stored but not announced -- agent-collab died between the two -- is
+    #: announced at agent-collab's next start, so the run parked on it wakes then, not at its timer.
+    acted_announced: int | None = None
     checkpoint_id: str | None = None
     #: Why it ended, when it ended without the agent's result or failure (the run was cancelled, ...).
     ended: str | None = None

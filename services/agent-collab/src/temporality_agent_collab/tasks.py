@@ -439,7 +439,9 @@ class TaskBoard:
             result = await self._tasks.modify(key, lambda cur: acted(cur, body, allowed, now), attempts=MODIFY_ATTEMPTS)
             record = result.value
             stored = next(a for a in record.actions if a.action_id == body.action_id)
+            # again for a duplicate (its event may be the one lost): the id is the turn's, the stream keeps one
             await self._bus.publish(self._acted_event(record, stored))
+            await self._acted_announced(key, record, stored.turn)
             if result.changed:
                 log.info("agent_task.acted", kind=body.kind, state=record.state.value)
             return TaskActionReply(
@@ -534,6 +536,44 @@ class TaskBoard:
             actor=f"agent:{record.agent_id}",
             subject=record.agent_id,
         )
+
+    async def _acted_announced(self, key: str, record: TaskRecord, turn: int) -> None:
+        """Note in the record that turn ``turn``'s ``agent.task.acted`` is published (after the publish)."""
+        if record.acted_announced is not None and record.acted_announced >= turn:
+            return
+
+        def announced(cur: TaskRecord) -> TaskRecord | None:
+            return (
+                None
+                if cur.acted_announced is not None and cur.acted_announced >= turn
+                else evolve(cur, acted_announced=turn)
+            )
+
+        await self._tasks.modify(key, announced, attempts=MODIFY_ATTEMPTS)
+
+    async def announce_actions(self) -> int:
+        """At start: publish ``agent.task.acted`` for every task's last action not known published -- stored by an
+        agent-collab that died before its publish, the agent never sending it again -- so the run parked on it
+        wakes now rather than at its compute budget's timer. The event id is the turn's (a replica doing the same,
+        or a publish that did happen, is one event); a task whose run has ended needs none. Returns how many."""
+        count = 0
+        for key in sorted(k for k in await self._tasks.keys() if k.startswith("task.")):
+            try:
+                found = await self._tasks.get(key)
+            except Exception as exc:  # one unreadable record must not keep agent-collab from starting
+                log.warning("agent_task.unreadable", key=key, error=f"{type(exc).__name__}: {exc}")
+                continue
+            record = found.value if found is not None else None
+            if record is None or not record.actions or record.ended is not None:
+                continue
+            last = record.actions[-1]
+            if record.acted_announced is not None and record.acted_announced >= last.turn:
+                continue
+            await self._bus.publish(self._acted_event(record, last))
+            await self._acted_announced(key, record, last.turn)
+            log.info("agent_task.acted_announced", task_id=record.task_id, run_id=record.run_id, turn=last.turn)
+            count += 1
+        return count
 
     async def _announce_taken(self, key: str, record: TaskRecord) -> None:
         """Publish ``agent.task.taken`` for the record's take and turn unless it is known published, then say

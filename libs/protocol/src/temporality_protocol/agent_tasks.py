@@ -80,6 +80,9 @@ class TaskRecord(_Model):
     state: AgentTaskState = AgentTaskState.OFFERED
     #: The turn open now (offered, taken, or acted on and waiting for its tools).
     turn: int = 1
+    #: When agent-collab recorded the offer of :attr:`turn` (``None``: a record from before this field): the
+    #: start of the agent's working time when the run-executor finds the turn's action already stored at the offer.
+    offered_at: datetime | None = None
     #: The outcomes of the last action's tool calls, handed to the agent with the open turn.
     inputs: list[TaskInput] = Field(default_factory=list)
     #: Every turn-closing action, oldest first (one per turn).

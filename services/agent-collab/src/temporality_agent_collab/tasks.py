@@ -113,7 +113,7 @@ def offered(current: TaskRecord, offer: AgentTaskOffered, now: datetime) -> Task
         return None
     AGENT_TASK.transition(current.state, _T.OFFERED)
     return current.model_copy(
-        update={"state": _T.OFFERED, "turn": offer.turn, "inputs": offer.inputs, "updated_at": now}
+        update={"state": _T.OFFERED, "turn": offer.turn, "inputs": offer.inputs, "offered_at": now, "updated_at": now}
     )
 
 
@@ -280,6 +280,7 @@ class TaskBoard:
                     task=offer.task,
                     turn=offer.turn,
                     inputs=offer.inputs,
+                    offered_at=now,
                     created_at=now,
                     updated_at=now,
                 )

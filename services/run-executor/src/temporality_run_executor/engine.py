@@ -811,7 +811,10 @@ class Engine:
     ) -> ProviderReplied | ProviderFailed | AgentWorking:
         if agent.card.provider.kind == "external" and view.run is not None:  # an external agent's turn (AP-5)
             view.turn_started = time.monotonic()
-            return await self.external.complete(view.run, agent, call)
+            outcome = await self.external.complete(view.run, agent, call)
+            if isinstance(outcome, ProviderReplied):  # an action already stored: the turn's compute is the agent's
+                view.turn_started = time.monotonic() - outcome.elapsed_s
+            return outcome
         provider = self.provider_for(agent.card)
         view.turn_started = time.monotonic()
         try:

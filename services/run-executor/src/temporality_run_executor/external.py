@@ -171,7 +171,10 @@ class ExternalAgents:
                 log.info("external.turn_offered")
             if record is None:
                 return AgentWorking(turn=call.turn, agent_id=external_id)
-            outcome = await self._decided(run, record, call.turn, since=None)
+            # an action already stored (a replay, a driver that died before its park): the agent's time counts
+            # from the turn's offer as agent-collab recorded it
+            since = record.offered_at if record.turn == call.turn else None
+            outcome = await self._decided(run, record, call.turn, since=since)
             return outcome if outcome is not None else AgentWorking(turn=call.turn, agent_id=external_id)
 
     async def look(self, run: RunRecord, agent: Agent, looking: LookForAction) -> AgentLooked:

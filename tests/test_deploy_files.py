@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import textwrap
 import tomllib
 from collections.abc import Callable, Iterator
@@ -28,9 +29,14 @@ import nats
 import nats.errors
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from e2e_support import eventually
 from jsonschema import validators
 
+from temporality_agent_collab.__main__ import _reply_key
+from temporality_agent_collab.settings import Settings as CollabSettings
+from temporality_agent_collab.signing import public_key_text
 from temporality_embedded import free_port
 from temporality_embedded.cli import nats_authorization
 from temporality_embedded.natsserver import NatsServer, nats_server_binary, password_variable
@@ -141,7 +147,8 @@ def _healthcheck_text(service: dict[str, Any]) -> str:
 
 
 def test_compose_has_nats_postgres_and_the_five_services(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"nats", "postgres", *SERVICES}
+    """And the one-shot that makes agent-collab's reply key (:func:`test_compose_signs_agent_collab_s_replies`)."""
+    assert set(compose["services"]) == {"nats", "postgres", *SERVICES, COLLAB_REPLY_KEY_SERVICE}
 
 
 def test_compose_nats_is_jetstream_2_12_or_newer(compose: dict[str, Any]) -> None:
@@ -306,6 +313,55 @@ async def test_compose_nats_config_and_passwords_work_on_a_real_server(
             await nats.connect(server.url, allow_reconnect=False)
     finally:
         server.stop()
+
+
+#: The compose one-shot that makes (first ``up``) or reuses agent-collab's reply signing key.
+COLLAB_REPLY_KEY_SERVICE = "collab-reply-key"
+
+
+def test_compose_signs_agent_collab_s_replies(
+    compose: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """agent-collab gets ``TEMPORALITY_COLLAB_REPLY_KEY_FILE`` on the volume the one-shot ``collab-reply-key``
+    writes the key to, and starts after it; the one-shot's command, run here on a directory standing for the
+    volume, makes the key once (0600) with its public key next to it and prints it, reuses it afterwards, and
+    agent-collab's start-up reads that very key."""
+    keygen, collab = compose["services"][COLLAB_REPLY_KEY_SERVICE], compose["services"]["agent-collab"]
+    assert keygen["image"] == collab["image"], "the agent-collab image"
+    assert keygen["build"] == collab["build"]
+    assert keygen["restart"] == "no"
+    assert collab["depends_on"][COLLAB_REPLY_KEY_SERVICE] == {"condition": "service_completed_successfully"}
+    assert collab["depends_on"]["nats"] == {"condition": "service_healthy"}
+    (volume,) = keygen["volumes"]
+    source, target = _compose_value(volume).split(":")
+    assert source in compose["volumes"], "a named volume by default (COLLAB_REPLY_KEY_DIR: your own directory)"
+    assert target == "/app/.temporality", "the image's user owns it: a new volume there is that user's"
+    assert f"{source}:{target}:ro" in [_compose_value(v) for v in collab["volumes"]], "agent-collab only reads it"
+    key_file = _env(collab)["TEMPORALITY_COLLAB_REPLY_KEY_FILE"]
+    assert key_file.startswith(f"{target}/")
+    python, *module, path = keygen["command"]
+    assert (python, path) == ("python", key_file)
+    local = tmp_path / "volume" / Path(key_file).relative_to(target)
+
+    def keygen_run() -> str:
+        done = subprocess.run([sys.executable, *module, str(local)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    public = keygen_run()
+    assert local.stat().st_mode & 0o777 == 0o600
+    assert local.with_suffix(".pub").read_text(encoding="utf-8").strip() == public
+    assert keygen_run() == public, "the key is kept across starts"
+    monkeypatch.setenv("TEMPORALITY_COLLAB_REPLY_KEY_FILE", str(local))
+    reply_key = _reply_key(CollabSettings())
+    assert reply_key is not None
+    assert reply_key.key_id == "agent-collab"
+    assert public_key_text(reply_key.key.public_key()) == public
+    local.write_text("not a key\n", encoding="utf-8")
+    broken = subprocess.run([sys.executable, *module, str(local)], capture_output=True, text=True, timeout=60)
+    assert broken.returncode == 2, "a bad file is never replaced"
+    assert "not a readable" in broken.stderr
+    assert local.read_text(encoding="utf-8") == "not a key\n"
 
 
 def test_compose_env_names_are_ones_the_services_read() -> None:
@@ -1009,6 +1065,74 @@ def test_helm_api_tokens_come_from_the_secret_into_every_pod() -> None:
         assert mount == {"name": "api-tokens", "mountPath": "/etc/temporality/api", "readOnly": True}
         volume = next(v for v in pod["volumes"] if v["name"] == "api-tokens")
         assert volume["secret"] == {"secretName": "temporality-api", "defaultMode": 0o400}
+
+
+def test_helm_agent_collab_s_reply_key_comes_from_its_secret_into_agent_collab_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``agentCollab.replyKey.existingSecret``: the key file mounted read-only into agent-collab alone, the
+    settings pointing at it; agent-collab's start-up reads a key the way the kubelet lays out the Secret."""
+
+    def collab_pod(deployments: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        pod: dict[str, Any] = deployments["agent-collab"]["spec"]["template"]["spec"]
+        return pod
+
+    unsigned = _deployments()
+    for name, deployment in unsigned.items():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert not {e["name"] for e in container["env"]} & {
+            "TEMPORALITY_COLLAB_REPLY_KEY_FILE",
+            "TEMPORALITY_COLLAB_REPLY_KEY_ID",
+        }, name
+        assert "collab-reply-key" not in {m["name"] for m in container["volumeMounts"]}, name
+    values = {"agentCollab": {"replyKey": {"existingSecret": "collab-key", "key": "reply.pem", "keyId": "collab-1"}}}
+    deployments = _deployments(values)
+    for name, deployment in deployments.items():
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        if name != "agent-collab":
+            assert "TEMPORALITY_COLLAB_REPLY_KEY_FILE" not in env, name
+            assert "collab-reply-key" not in mounts, name
+            assert "collab-reply-key" not in {v["name"] for v in pod["volumes"]}, name
+            continue
+        assert env["TEMPORALITY_COLLAB_REPLY_KEY_FILE"] == "/etc/temporality/collab-reply-key/reply.pem"
+        assert env["TEMPORALITY_COLLAB_REPLY_KEY_ID"] == "collab-1"
+        mount = mounts["collab-reply-key"]
+        assert mount == {"name": "collab-reply-key", "mountPath": "/etc/temporality/collab-reply-key", "readOnly": True}
+        volume = next(v for v in pod["volumes"] if v["name"] == "collab-reply-key")
+        assert volume["secret"] == {
+            "secretName": "collab-key",
+            "defaultMode": 0o400,
+            "items": [{"key": "reply.pem", "path": "reply.pem"}],
+        }
+    # the kubelet's layout: the Secret's key as a file under the mount path; agent-collab signs with that key
+    (collab,) = collab_pod(deployments)["containers"]
+    env = {e["name"]: e.get("value") for e in collab["env"]}
+    pem = Ed25519PrivateKey.generate()
+    mounted = tmp_path / Path(env["TEMPORALITY_COLLAB_REPLY_KEY_FILE"] or "").name
+    mounted.write_bytes(pem.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    monkeypatch.setenv("TEMPORALITY_COLLAB_REPLY_KEY_FILE", str(mounted))
+    monkeypatch.setenv("TEMPORALITY_COLLAB_REPLY_KEY_ID", env["TEMPORALITY_COLLAB_REPLY_KEY_ID"] or "")
+    reply_key = _reply_key(CollabSettings())
+    assert reply_key is not None
+    assert reply_key.key_id == "collab-1"
+    assert public_key_text(reply_key.key.public_key()) == public_key_text(pem.public_key())
+    # the install notes say where the public key is, or that replies go unsigned
+    assert "replies_signed" in _notes(values)
+    assert "collab-key" in _notes(values)
+    assert "UNSIGNED" in _notes(None)
+
+
+def _notes(values: dict[str, Any] | None) -> str:
+    helm = _helm()
+    chart = helm.Chart.load(CHART)
+    try:
+        manifests: dict[str, str] = chart.render(values, name="t", namespace="default", is_install=True)
+    finally:
+        chart.close()
+    return next(text for path, text in manifests.items() if path.endswith("NOTES.txt"))
 
 
 _SIGN_IN = {

@@ -180,8 +180,9 @@ async def test_the_example_agent_takes_a_task_asks_is_killed_resumes_and_finishe
                 "run.resumed", run_id=run_id, where=lambda e: e.data["reason"] == "recovery", timeout_s=WAIT_S
             )
             assert recovered.source == "/temporality/run-executor"
+            # and every wake-up by the agent's action (its question, its result) is in the timeline: agent_action
             reasons = [e.data["reason"] for e in events.of_type("run.resumed", run_id=run_id)]
-            assert reasons == ["answer", "recovery"], reasons
+            assert reasons == ["agent_action", "answer", "recovery", "agent_action"], reasons
             assert await asyncio.wait_for(second.wait(), WAIT_S) == 0, agent_log.read_text()
 
             # one question, one completion; streaming events and checkpoints in the journal (AP-9, AP-7)

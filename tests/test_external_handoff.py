@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from signed_agent_support import SignedAgent
 
 from temporality_agent_collab.signing import public_key_text
-from temporality_agent_collab.tasks import TaskRefused, acted
+from temporality_agent_collab.tasks import TaskRefused, acted, child_run_id
 from temporality_bus import Bus, NatsSettings, Store
 from temporality_embedded.natsserver import NatsServer
 from temporality_embedded.processes import ServiceProcess
@@ -259,6 +259,10 @@ async def test_an_external_agent_hands_its_task_to_a_hosted_agent_once(client: C
     assert (first["accepted"], first["duplicate"]) == (True, False), first
     assert (again["accepted"], again["duplicate"]) == (True, True), again
     handoff_id, child = handoff_ids(run_id, "ext-2-0")
+    # the agent is told its child in the reply (the same on the duplicate); the refused one's was never started
+    assert first["child_run_id"] == again["child_run_id"] == child
+    assert ghost["child_run_id"] == handoff_ids(run_id, "ext-1-0")[1] != child
+    assert "child_run_id" not in bare, "no property in a reply that is not an accepted handoff's"
 
     (ended,) = await client.events.wait_for("run.completed", run_id=run_id, timeout_s=WAIT_S)
     assert json.loads(ended.data["result"]) == {"status": "handed_off", "child_run_id": child}
@@ -297,6 +301,7 @@ async def test_an_external_agent_hands_its_task_to_a_hosted_agent_once(client: C
     assert not client.events.of_type("run.failed", run_id=run_id)
     late = await client.agent.act(run_id, 3, "result", result="too late")
     assert (late["accepted"], late["refusal"]["reason"]) == (False, "task_ended"), late
+    assert "child_run_id" not in late
 
 
 async def test_a_hosted_agent_hands_off_to_an_external_agent(client: Client) -> None:
@@ -374,6 +379,8 @@ async def test_the_example_agent_asks_a_person_then_hands_its_task_off(
         if agent.returncode is None:
             agent.kill()
             await agent.wait()
+    # the agent was told its child in the action's reply, before the run carried the handoff out
+    assert f"handed off to hosted-finisher: child run {child}" in (tmp_path / "agent.log").read_text()
     document = handed.data["document"]
     assert handed.data["agent"] == "hosted-finisher"
     assert document["objective"] == "Review PR 42"
@@ -464,3 +471,5 @@ def test_a_stored_handoff_is_one_handoff_to_agent_call_with_a_stable_id() -> Non
         (call,) = reply.tool_calls
         assert (call.id, call.name) == ("ext-1-0", "handoff_to_agent")
         assert call.arguments == {"agent": "finisher", **DOCUMENT}
+        # what agent-collab tells the agent is the child the executor derives from that call
+        assert child_run_id(record, stored) == handoff_ids("r", call.id)[1]

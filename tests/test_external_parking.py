@@ -25,6 +25,7 @@ from e2e_support import eventually
 from signed_agent_support import SignedAgent
 
 from temporality_agent_collab.signing import public_key_text
+from temporality_agent_collab.tasks import acted
 from temporality_bus import Bus, NatsSettings, Store
 from temporality_embedded.natsserver import NatsServer
 from temporality_embedded.processes import ServiceProcess
@@ -34,12 +35,14 @@ from temporality_protocol import (
     RunCancelRequested,
     RunRequested,
     RunState,
+    TaskAction,
     make_event,
 )
-from temporality_protocol.agent_tasks import task_id_for
+from temporality_protocol.agent_tasks import TaskRecord, task_id_for, task_key
 from temporality_protocol.catalog import (
     ALL_BUCKETS,
     ALL_STREAMS,
+    BUCKET_AGENT_TASKS,
     BUCKET_RUNS,
     CONSUMERS,
     TIMER_SCHEDULE_RUN_WATCHDOG,
@@ -239,6 +242,12 @@ async def test_two_external_runs_at_concurrency_one_both_progress(client: Client
         assert offers == turns, (run_id, offers)
         assert len(client.events.of_type("run.completed", run_id=run_id)) == 1
         assert not client.events.of_type("run.failed", run_id=run_id)
+        # every wake-up by the agent's action is in the run's timeline, once: run.resumed (agent_action)
+        resumed = client.events.of_type("run.resumed", run_id=run_id)
+        assert [(e.data["reason"], e.data["request_id"]) for e in resumed] == [
+            ("agent_action", f"{task_id_for(run_id)}.turn-{turn}") for turn in turns
+        ], run_id
+        assert all(e.data["waited_s"] >= 0 for e in resumed)
 
 
 async def test_kill9_of_the_executor_while_parked_and_a_new_one_resumes_the_run_when_its_agent_acts(
@@ -260,6 +269,8 @@ async def test_kill9_of_the_executor_while_parked_and_a_new_one_resumes_the_run_
     assert [e.data["turn"] for e in client.events.of_type("agent.task.offered", run_id=run_id)] == [1]
     assert len(client.events.of_type("run.completed", run_id=run_id)) == 1
     assert not client.events.of_type("run.failed", run_id=run_id)
+    (resumed,) = client.events.of_type("run.resumed", run_id=run_id)  # woken by the new executor, once
+    assert resumed.data["reason"] == "agent_action"
 
 
 async def test_the_compute_budget_ends_a_parked_run_whose_agent_never_acts(client: Client) -> None:
@@ -311,3 +322,41 @@ async def test_a_cancel_while_parked_ends_the_run_at_once_and_the_agent_is_told(
     assert await eventually(disarmed, WAIT_S, "the run's timer disarmed")
     assert not client.events.of_type("run.failed", run_id=run_id)
     assert not client.events.of_type("run.completed", run_id=run_id)
+
+
+async def test_an_action_a_killed_agent_collab_stored_but_never_announced_wakes_the_run_at_its_restart(
+    stack: ParkingStack, client: Client
+) -> None:
+    """agent-collab is killed after committing the agent's action and before publishing ``agent.task.acted``: the
+    test is that dead agent-collab's commit (the action stored in the task's record, as ``act`` stores it, with no
+    event). The budget is 600 s: the run completes within seconds of agent-collab's restart, woken by the
+    announcement (one ``agent.task.acted``, one ``run.resumed``), not by its timer."""
+    run_id = await client.request("ext-long")
+    await client.parked(run_id, 1)
+    await client.agent.take(run_id, 1)
+
+    stack.services["agent-collab"].kill9()
+    task_id = task_id_for(run_id)
+    body = TaskAction(
+        agent_id=AGENT,
+        protocol_version="1.0",
+        task_id=task_id,
+        turn=1,
+        action_id=f"{task_id}:1:result",
+        kind="result",
+        result="decided before agent-collab died",
+    )
+    tasks = await client.bus.store(BUCKET_AGENT_TASKS, TaskRecord)
+    stored = await tasks.modify(
+        task_key(AGENT, task_id), lambda cur: acted(cur, body, ["get_input", "ask_human"], _now())
+    )
+    assert stored.changed
+    assert not client.events.of_type("agent.task.acted", run_id=run_id)
+    assert (await client.state(run_id, RunState.WAITING_FOR_AGENT)).state is RunState.WAITING_FOR_AGENT
+
+    await asyncio.to_thread(stack.start, "agent-collab")
+    (completed,) = await client.events.wait_for("run.completed", run_id=run_id, timeout_s=WAIT_S)
+    assert completed.data["result"] == "decided before agent-collab died"
+    assert len(client.events.of_type("agent.task.acted", run_id=run_id)) == 1
+    assert [e.data["reason"] for e in client.events.of_type("run.resumed", run_id=run_id)] == ["agent_action"]
+    assert not client.events.of_type("run.failed", run_id=run_id)

@@ -398,9 +398,11 @@ class Worker:
         await self._checkpoint(task, turn, "answered", answer=answer)
         await self._stream(task_id, turn, "metrics", "metrics", "done", turns=turn)
         if self.handoff_to is not None:
-            await self._act(task_id, turn, "handoff", "handoff", handoff=self._handoff(task, answer))
+            reply = await self._act(task_id, turn, "handoff", "handoff", handoff=self._handoff(task, answer))
             self.completed += 1
-            log.info("task %s handed off to %s", task_id, self.handoff_to)
+            # the child run that takes the task on (optional in the reply: absent from a platform before it)
+            child = reply.get("child_run_id")
+            log.info("task %s handed off to %s: child run %s", task_id, self.handoff_to, child or "(not told)")
             return
         await self._act(task_id, turn, "result", "result", result=f"Done: {task['objective']} -- decision: {answer}")
         self.completed += 1

@@ -37,6 +37,7 @@ from temporality_protocol import (
     AgentTaskTaken,
     Envelope,
     RunCancelled,
+    TaskAction,
     TaskInput,
     TaskPoll,
     make_event,
@@ -391,4 +392,61 @@ async def test_a_take_whose_event_was_not_published_is_announced_at_the_next_pol
         lambda: len(event_log.of_type(AgentTaskTaken.EVENT_TYPE, run_id)) == 1,
         settle_s=1.0,
         what="one agent.task.taken for the take",
+    )
+
+
+async def test_an_action_stored_but_never_announced_is_announced_when_agent_collab_starts_again(
+    bus: Bus,
+    event_log: EventLog,
+    collab: None,
+    start_agent_collab: StartCollab,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """agent-collab dies between committing an action and publishing ``agent.task.acted`` (here its publish fails:
+    the action is stored, neither the event nor the reply goes out) and the agent never sends the action again:
+    the run parked on it would wait for its timer. The next agent-collab to start announces it, under the turn's
+    event id, and notes it in the record; a later start announces nothing."""
+    await register(bus)
+    run_id = "run-ext-unannounced"
+    await offer(bus, run_id, 1)
+    await poll(bus)  # taken
+    board = await TaskBoard.open(bus, gate=None)  # type: ignore[arg-type]  # act() never uses the gate
+    real = bus.publish
+
+    async def dies_before_the_publish(event: Envelope) -> Any:
+        if event.type == AgentTaskActed.EVENT_TYPE:
+            raise TransientError("agent-collab died here")
+        return await real(event)
+
+    monkeypatch.setattr(bus, "publish", dies_before_the_publish)
+    body = TaskAction.model_validate(action(run_id, 1, "result", "result", result="decided"))
+    with pytest.raises(TransientError):
+        await board.act(body)
+    monkeypatch.setattr(bus, "publish", real)
+    tasks = await bus.store(BUCKET_AGENT_TASKS, TaskRecord)
+    key = task_key(AGENT, task_id_for(run_id))
+    stored = await tasks.get(key)
+    assert stored is not None
+    assert ([a.action_id for a in stored.value.actions], stored.value.acted_announced) == ([body.action_id], None)
+    assert event_log.of_type(AgentTaskActed.EVENT_TYPE, run_id) == []
+
+    await start_agent_collab(tmp_path / "external-agents.yaml")  # agent-collab starts again
+    (acted,) = await event_log.wait_for(AgentTaskActed.EVENT_TYPE, run_id=run_id, timeout_s=WAIT_S)
+    assert (acted.data["turn"], acted.data["kind"], acted.data["action_id"]) == (1, "result", body.action_id)
+    assert acted.id == board._acted_event(stored.value, stored.value.actions[0]).id  # what the dead one would have sent
+
+    async def noted() -> bool:
+        found = await tasks.get(key)
+        return found is not None and found.value.acted_announced == 1
+
+    await wait_until(noted, timeout_s=WAIT_S, what="the announcement noted in the record")
+    assert await board.announce_actions() == 0, "announced once: a later start has nothing to announce"
+    # the agent's retry of the same action (signed afresh) is a duplicate and republishes the same event id
+    again = await call(bus, RPC_AGENTS_TASKS_ACT, action(run_id, 1, "result", "result", result="decided"))
+    assert (again["accepted"], again["duplicate"]) == (True, True), again
+    await stays(
+        lambda: len(event_log.of_type(AgentTaskActed.EVENT_TYPE, run_id)) == 1,
+        settle_s=1.0,
+        what="one agent.task.acted for the action",
     )

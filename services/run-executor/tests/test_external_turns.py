@@ -155,15 +155,25 @@ async def test_a_turn_nobody_acted_on_is_offered_and_the_call_returns_at_once(bu
 
 
 async def test_an_action_already_stored_is_the_reply_and_the_turn_is_not_offered(bus: Bus) -> None:
-    """A replay (a crash after the agent acted): the stored action at once, no second offer."""
+    """A replay (a crash after the agent acted): the stored action at once, no second offer; the turn's compute
+    is the agent's working time from the turn's offer (as agent-collab recorded it) to its action."""
     emitted = _Emitted()
-    await (await _tasks(bus)).create(
-        task_key(AGENT_ID, task_id_for("run-turn-stored")), _record("run-turn-stored", actions=[_result()])
-    )
+    offered_at = T0 - timedelta(seconds=30)
+    stored = _record("run-turn-stored", offered_at=offered_at, actions=[_result(at=offered_at + timedelta(seconds=7))])
+    await (await _tasks(bus)).create(task_key(AGENT_ID, task_id_for("run-turn-stored")), stored)
     outcome = await ExternalAgents(bus, emitted).complete(_run("run-turn-stored"), AGENT, _call("run-turn-stored"))
     assert isinstance(outcome, ProviderReplied)
     assert outcome.reply.content == "Decided"
+    assert outcome.elapsed_s == 7.0
     assert emitted.events == []
+    # a record from before offered_at: no start known, nothing counted (as before)
+    old = _record("run-turn-stored-old", actions=[_result()])
+    await (await _tasks(bus)).create(task_key(AGENT_ID, task_id_for("run-turn-stored-old")), old)
+    replay = await ExternalAgents(bus, emitted).complete(
+        _run("run-turn-stored-old"), AGENT, _call("run-turn-stored-old")
+    )
+    assert isinstance(replay, ProviderReplied)
+    assert replay.elapsed_s == 0.0
 
 
 async def test_a_task_that_ended_without_an_action_fails_the_turn(bus: Bus) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from temporality_protocol import HumanPolicy, LaunchSource, RunCancelled, RunFailed, RunState
+from temporality_protocol import HumanPolicy, LaunchSource, RunCancelled, RunFailed, RunResumed, RunState
 from temporality_protocol.agent_tasks import task_id_for, turn_wait_id
 from temporality_run_executor.agents import AgentCard, Limits, ProviderConfig
 from temporality_run_executor.machine import (
@@ -129,7 +129,7 @@ def test_a_run_asked_to_stop_while_its_turn_was_offered_is_cancelled_instead_of_
 def test_the_action_for_the_parked_turn_reads_the_action() -> None:
     decision = _decide(_parked(), AgentActed(RUN_ID, TASK_ID, 2, "evt-a"))
     assert decision.effects == ()
-    assert decision.then == LookForAction(2)
+    assert decision.then == LookForAction(2, cause="evt-a")
 
 
 @pytest.mark.parametrize(
@@ -163,12 +163,20 @@ def test_an_action_before_the_park_is_committed_waits_for_the_live_driver_else_d
 
 
 def test_the_action_wakes_the_run_once_guarded_by_the_wait_and_is_the_turn_s_reply() -> None:
-    decision = _decide(_parked(), AgentLooked(turn=2, outcome=REPLY))
-    assert _kinds(decision) == ["Transition", "TakeLease", "Transition", "ArmWatchdog"]
-    resuming, _, running, watchdog = decision.effects[:4]
+    parked = _parked(waiting_since=T0 - timedelta(seconds=12))
+    decision = _decide(parked, AgentLooked(turn=2, outcome=REPLY, cause="evt-acted"))
+    assert _kinds(decision) == ["Transition", "TakeLease", "Transition", "ArmWatchdog", "Publish"]
+    resuming, _, running, watchdog, resumed = decision.effects[:5]
     assert resuming == Transition(RunState.RESUMING, waiting_on=WAIT_ID)
     assert running == Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None})
     assert watchdog == ArmWatchdog(1, 100, ATTEMPT.cause("agent-acted"))  # after the move: only the winner arms
+    # ... and says the run resumed, after the move too: one run.resumed per wait, with the wait's id
+    assert isinstance(resumed, Publish)
+    assert resumed.id_parts == ("agent_action", WAIT_ID)
+    assert resumed.causation == "evt-acted"
+    assert resumed.data == RunResumed(
+        run_id=RUN_ID, reason="agent_action", from_turn=1, request_id=WAIT_ID, waited_s=12.0
+    )
     assert decision.then == REPLY
     # a second wake-up's compare-and-set finds the wait over (woken, and even parked again on a later turn)
     for later in (_run(RunState.RUNNING), _parked(waiting_request_id=turn_wait_id(TASK_ID, 3))):

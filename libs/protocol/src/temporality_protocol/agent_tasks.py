@@ -17,15 +17,35 @@ from temporality_protocol.ids import derive_id
 from temporality_protocol.states import AGENT_TASK, AgentTaskState
 
 __all__ = [
+    "HANDOFF_TO_AGENT",
     "StoredAction",
     "TaskRecord",
     "TaskRef",
     "checkpoint_key",
+    "external_call_id",
+    "handoff_ids",
     "run_key",
     "task_id_for",
     "task_key",
     "turn_wait_id",
 ]
+
+
+#: The tool a handoff is (AP-6), a hosted model's call or an external agent's ``handoff`` action.
+HANDOFF_TO_AGENT = "handoff_to_agent"
+
+
+def external_call_id(turn: int, index: int) -> str:
+    """The tool call id the run-executor gives call ``index`` of an external agent's action on ``turn`` (a
+    ``handoff`` action is call 0)."""
+    return f"ext-{turn}-{index}"
+
+
+def handoff_ids(run_id: str, call_id: str) -> tuple[str, str]:
+    """AP-6: ``(handoff id, child run id)`` of the ``handoff_to_agent`` call ``call_id`` of the run -- the same
+    on every retry or replay of the call, so it never makes two children. agent-collab tells an external agent
+    its handoff's child from it (``TaskActionReply.child_run_id``) before the run-executor has carried it out."""
+    return derive_id("ho", run_id, HANDOFF_TO_AGENT, call_id), derive_id("run", run_id, HANDOFF_TO_AGENT, call_id)
 
 
 class _Model(BaseModel):
@@ -60,6 +80,9 @@ class TaskRecord(_Model):
     state: AgentTaskState = AgentTaskState.OFFERED
     #: The turn open now (offered, taken, or acted on and waiting for its tools).
     turn: int = 1
+    #: When agent-collab recorded the offer of :attr:`turn` (``None``: a record from before this field): the
+    #: start of the agent's working time when the run-executor finds the turn's action already stored at the offer.
+    offered_at: datetime | None = None
     #: The outcomes of the last action's tool calls, handed to the agent with the open turn.
     inputs: list[TaskInput] = Field(default_factory=list)
     #: Every turn-closing action, oldest first (one per turn).
@@ -70,6 +93,10 @@ class TaskRecord(_Model):
     #: ``<take>.<turn>`` of the last ``agent.task.taken`` known to be published: a poll publishes it until
     #: this says so (a publish that failed after the take was stored is sent again, never lost).
     taken_announced: str | None = None
+    #: The turn of the last action whose ``agent.task.acted`` is known published (``None``: none yet, or a record
+    #: from before this field): an action stored but not announced -- agent-collab died between the two -- is
+    #: announced at agent-collab's next start, so the run parked on it wakes then, not at its timer.
+    acted_announced: int | None = None
     checkpoint_id: str | None = None
     #: Why it ended, when it ended without the agent's result or failure (the run was cancelled, ...).
     ended: str | None = None

@@ -12,7 +12,15 @@ from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from temporality_protocol.states import AgentLifecycleState
 
@@ -505,11 +513,13 @@ class RunCheckpointed(EventData):
 
 
 class RunResumed(EventData):
-    """AP-8 / RUN-3: the run continues, after an answer, an expiry, or a crash (recovery)."""
+    """AP-8 / RUN-3: the run continues, after an answer, an expiry, a crash (recovery), or -- a run whose turn was
+    with its external agent (AP-5) -- the agent's action (``agent_action``: ``request_id`` the turn's wait id,
+    ``waited_s`` the park's length)."""
 
     EVENT_TYPE: ClassVar[str] = "run.resumed"
     run_id: str
-    reason: Literal["answer", "expiry", "rejection", "recovery"]
+    reason: Literal["answer", "expiry", "rejection", "recovery", "agent_action"]
     from_turn: int
     request_id: str | None = None
     waited_s: float | None = None
@@ -1603,6 +1613,22 @@ class TaskActionReply(_AgentReply):
     state: str | None = None
     checkpoint_id: str | None = None
     refusal: TaskRefusal | None = None
+    child_run_id: str | None = Field(
+        default=None,
+        description=(
+            "An accepted handoff action (AP-6): the run id of the child its run hands the task to, derived as the "
+            "run-executor derives it (the same on a duplicate). Sent only in the reply to a handoff: every other "
+            "reply is without the property (an additive change of protocol 1.0)"
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_unset_child(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``child_run_id`` only when there is one: the replies to every other action keep their 1.0 shape."""
+        data: dict[str, Any] = handler(self)
+        if data.get("child_run_id") is None:
+            data.pop("child_run_id", None)
+        return data
 
 
 class AgentTaskOffered(EventData):

@@ -68,10 +68,13 @@ from temporality_protocol import (
     make_event,
 )
 from temporality_protocol.agent_tasks import (
+    HANDOFF_TO_AGENT,
     StoredAction,
     TaskRecord,
     TaskRef,
     checkpoint_key,
+    external_call_id,
+    handoff_ids,
     run_key,
     task_key,
 )
@@ -79,7 +82,7 @@ from temporality_protocol.catalog import BUCKET_AGENT_TASKS, BUCKET_AGENTS, RPC_
 from temporality_protocol.events import TaskRefusalReason
 from temporality_protocol.states import AGENT_TASK, AgentLifecycleState, AgentTaskState
 
-__all__ = ["MAX_CHECKPOINT_BYTES", "TaskBoard", "TaskRefused", "acted", "offered", "taken"]
+__all__ = ["MAX_CHECKPOINT_BYTES", "TaskBoard", "TaskRefused", "acted", "child_run_id", "offered", "taken"]
 
 log = structlog.get_logger(__name__)
 
@@ -89,7 +92,7 @@ MAX_CHECKPOINT_BYTES = 256 * 1024
 MODIFY_ATTEMPTS = 32
 _CLOSING = frozenset({"tool_calls", "result", "failure", "handoff"})
 #: The tool a ``handoff`` action is carried out as (AP-6): the agent must be granted it.
-HANDOFF_TOOL = "handoff_to_agent"
+HANDOFF_TOOL = HANDOFF_TO_AGENT
 
 
 class TaskRefused(Exception):
@@ -110,7 +113,7 @@ def offered(current: TaskRecord, offer: AgentTaskOffered, now: datetime) -> Task
         return None
     AGENT_TASK.transition(current.state, _T.OFFERED)
     return current.model_copy(
-        update={"state": _T.OFFERED, "turn": offer.turn, "inputs": offer.inputs, "updated_at": now}
+        update={"state": _T.OFFERED, "turn": offer.turn, "inputs": offer.inputs, "offered_at": now, "updated_at": now}
     )
 
 
@@ -164,6 +167,14 @@ def acted(current: TaskRecord, body: TaskAction, allowed_tools: list[str], now: 
         at=now,
     )
     return current.model_copy(update={"state": target, "actions": [*current.actions, action], "updated_at": now})
+
+
+def child_run_id(record: TaskRecord, action: StoredAction) -> str | None:
+    """A handoff action's child run id (AP-6), derived as the run-executor derives it when it carries the action
+    out as its turn's ``handoff_to_agent`` call: the run and the call id. ``None`` for any other action."""
+    if action.kind != "handoff":
+        return None
+    return handoff_ids(record.run_id, external_call_id(action.turn, 0))[1]
 
 
 def _ended_by_run(current: TaskRecord, event_type: str) -> TaskRecord | None:
@@ -269,6 +280,7 @@ class TaskBoard:
                     task=offer.task,
                     turn=offer.turn,
                     inputs=offer.inputs,
+                    offered_at=now,
                     created_at=now,
                     updated_at=now,
                 )
@@ -428,7 +440,9 @@ class TaskBoard:
             result = await self._tasks.modify(key, lambda cur: acted(cur, body, allowed, now), attempts=MODIFY_ATTEMPTS)
             record = result.value
             stored = next(a for a in record.actions if a.action_id == body.action_id)
+            # again for a duplicate (its event may be the one lost): the id is the turn's, the stream keeps one
             await self._bus.publish(self._acted_event(record, stored))
+            await self._acted_announced(key, record, stored.turn)
             if result.changed:
                 log.info("agent_task.acted", kind=body.kind, state=record.state.value)
             return TaskActionReply(
@@ -437,6 +451,7 @@ class TaskBoard:
                 accepted=True,
                 duplicate=not result.changed,
                 state=record.state.value,
+                child_run_id=child_run_id(record, stored),
             )
         record = found.value
         _holds(record)
@@ -522,6 +537,44 @@ class TaskBoard:
             actor=f"agent:{record.agent_id}",
             subject=record.agent_id,
         )
+
+    async def _acted_announced(self, key: str, record: TaskRecord, turn: int) -> None:
+        """Note in the record that turn ``turn``'s ``agent.task.acted`` is published (after the publish)."""
+        if record.acted_announced is not None and record.acted_announced >= turn:
+            return
+
+        def announced(cur: TaskRecord) -> TaskRecord | None:
+            return (
+                None
+                if cur.acted_announced is not None and cur.acted_announced >= turn
+                else evolve(cur, acted_announced=turn)
+            )
+
+        await self._tasks.modify(key, announced, attempts=MODIFY_ATTEMPTS)
+
+    async def announce_actions(self) -> int:
+        """At start: publish ``agent.task.acted`` for every task's last action not known published -- stored by an
+        agent-collab that died before its publish, the agent never sending it again -- so the run parked on it
+        wakes now rather than at its compute budget's timer. The event id is the turn's (a replica doing the same,
+        or a publish that did happen, is one event); a task whose run has ended needs none. Returns how many."""
+        count = 0
+        for key in sorted(k for k in await self._tasks.keys() if k.startswith("task.")):
+            try:
+                found = await self._tasks.get(key)
+            except Exception as exc:  # one unreadable record must not keep agent-collab from starting
+                log.warning("agent_task.unreadable", key=key, error=f"{type(exc).__name__}: {exc}")
+                continue
+            record = found.value if found is not None else None
+            if record is None or not record.actions or record.ended is not None:
+                continue
+            last = record.actions[-1]
+            if record.acted_announced is not None and record.acted_announced >= last.turn:
+                continue
+            await self._bus.publish(self._acted_event(record, last))
+            await self._acted_announced(key, record, last.turn)
+            log.info("agent_task.acted_announced", task_id=record.task_id, run_id=record.run_id, turn=last.turn)
+            count += 1
+        return count
 
     async def _announce_taken(self, key: str, record: TaskRecord) -> None:
         """Publish ``agent.task.taken`` for the record's take and turn unless it is known published, then say

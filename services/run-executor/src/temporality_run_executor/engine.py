@@ -598,7 +598,7 @@ class Engine:
         if isinstance(then, LookForAction):  # a parked run: nobody else drives it, its record stays current
             assert agent is not None
             assert view.run is not None
-            looked = await self.external.look(view.run, agent, then)
+            looked = replace(await self.external.look(view.run, agent, then), cause=then.cause)
             # at the budget's end the run may fail: decided on its record read afresh (a cancel recorded meanwhile);
             # a wake-up needs no read (its compare-and-set is guarded by the wait)
             view.run_current = not then.deadline
@@ -811,7 +811,10 @@ class Engine:
     ) -> ProviderReplied | ProviderFailed | AgentWorking:
         if agent.card.provider.kind == "external" and view.run is not None:  # an external agent's turn (AP-5)
             view.turn_started = time.monotonic()
-            return await self.external.complete(view.run, agent, call)
+            outcome = await self.external.complete(view.run, agent, call)
+            if isinstance(outcome, ProviderReplied):  # an action already stored: the turn's compute is the agent's
+                view.turn_started = time.monotonic() - outcome.elapsed_s
+            return outcome
         provider = self.provider_for(agent.card)
         view.turn_started = time.monotonic()
         try:

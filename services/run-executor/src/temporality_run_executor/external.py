@@ -40,7 +40,7 @@ import structlog
 
 from temporality_bus import Bus, Store
 from temporality_protocol import AgentTask, AgentTaskOffered, RunResumed, TaskInput
-from temporality_protocol.agent_tasks import StoredAction, TaskRecord, task_id_for, task_key
+from temporality_protocol.agent_tasks import StoredAction, TaskRecord, external_call_id, task_id_for, task_key
 from temporality_protocol.catalog import BUCKET_AGENT_TASKS
 from temporality_run_executor.machine import (
     Agent,
@@ -110,7 +110,7 @@ def turn_of(action: StoredAction) -> AssistantTurn | str:
     """The action as the machine's provider reply; a failure is its error text."""
     if action.kind == "tool_calls":
         calls = [
-            ToolCall(id=f"ext-{action.turn}-{i}", name=call.name, arguments=call.arguments)
+            ToolCall(id=external_call_id(action.turn, i), name=call.name, arguments=call.arguments)
             for i, call in enumerate(action.calls)
         ]
         return AssistantTurn(content=None, tool_calls=calls)
@@ -119,7 +119,8 @@ def turn_of(action: StoredAction) -> AssistantTurn | str:
         # run and this call id: a replay of the turn is the same handoff and the same child)
         arguments = action.handoff.model_dump(mode="json")
         return AssistantTurn(
-            content=None, tool_calls=[ToolCall(id=f"ext-{action.turn}-0", name=HANDOFF_TO_AGENT, arguments=arguments)]
+            content=None,
+            tool_calls=[ToolCall(id=external_call_id(action.turn, 0), name=HANDOFF_TO_AGENT, arguments=arguments)],
         )
     if action.kind == "result":
         return AssistantTurn(content=action.result or "")
@@ -170,7 +171,10 @@ class ExternalAgents:
                 log.info("external.turn_offered")
             if record is None:
                 return AgentWorking(turn=call.turn, agent_id=external_id)
-            outcome = await self._decided(run, record, call.turn, since=None)
+            # an action already stored (a replay, a driver that died before its park): the agent's time counts
+            # from the turn's offer as agent-collab recorded it
+            since = record.offered_at if record.turn == call.turn else None
+            outcome = await self._decided(run, record, call.turn, since=since)
             return outcome if outcome is not None else AgentWorking(turn=call.turn, agent_id=external_id)
 
     async def look(self, run: RunRecord, agent: Agent, looking: LookForAction) -> AgentLooked:

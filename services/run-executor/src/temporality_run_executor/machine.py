@@ -69,8 +69,8 @@ The rules the machine keeps:
   with its timer at the compute budget left (:class:`ArmAgentDeadline`) -- no driver, no slot, no compute
   counted but the agent's own time. The agent's action (:class:`AgentActed`, from ``agent.task.acted``) or
   the timer makes the driver read the action (:class:`LookForAction` -> :class:`AgentLooked`); the run wakes
-  in one compare-and-set guarded by the wait id (a second wake-up finds it moved on) and the action is the
-  turn's provider reply; no action by the deadline (or one after it): ``compute_timeout``.
+  in one compare-and-set guarded by the wait id (a second wake-up finds it moved on), publishes ``run.resumed``
+  (``agent_action``) and the action is the turn's provider reply; no action by the deadline (or one after it): ``compute_timeout``.
 * **One driver at a time (issue 6).** A handler that drives the run holds its :class:`~.records.Lease`
   (:class:`TakeLease`, renewed at every turn boundary, dropped when the run parks or ends); a
   delivery that finds a live lease held by another handler gives the message back (a lost race)
@@ -125,7 +125,7 @@ from temporality_protocol import (
     ToolFailed,
     derive_id,
 )
-from temporality_protocol.agent_tasks import task_id_for, turn_wait_id
+from temporality_protocol.agent_tasks import handoff_ids, task_id_for, turn_wait_id
 from temporality_protocol.redaction import Redactor
 from temporality_run_executor.agents import AgentCard, Limits
 from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, read_url, render, render_url
@@ -457,6 +457,8 @@ class AgentLooked:
     turn: int
     outcome: ProviderReplied | ProviderFailed | None
     deadline: bool = False
+    #: :attr:`LookForAction.cause`: the causation of the ``run.resumed`` a wake-up publishes.
+    cause: str | None = None
 
 
 @dataclass(frozen=True)
@@ -877,10 +879,12 @@ class RetryTool:
 @dataclass(frozen=True)
 class LookForAction:
     """Read the external agent's action for ``turn`` of the parked run from its task's record; the answer comes
-    back as :class:`AgentLooked`. ``deadline``: the timer at the compute budget's end asks."""
+    back as :class:`AgentLooked`. ``deadline``: the timer at the compute budget's end asks; ``cause``: the id of
+    the event that woke the run (``agent.task.acted``, or the timer's)."""
 
     turn: int
     deadline: bool = False
+    cause: str | None = None
 
 
 Then = Incoming | CallProvider | CallTool | RetryTool | LookForAction | None
@@ -1346,7 +1350,7 @@ def _agent_acted(
     if run.state is RunState.WAITING_FOR_AGENT and run.waiting_request_id == wait_id:
         if run.cancel is not None:
             return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
-        return _decision(then=LookForAction(incoming.turn, deadline=incoming.deadline))
+        return _decision(then=LookForAction(incoming.turn, deadline=incoming.deadline, cause=incoming.event_id or None))
     ours = incoming.task_id == task_id_for(run.run_id)
     if ours and not incoming.deadline and run.state is RunState.RUNNING and ckpt is not None:
         if ckpt.turn == incoming.turn - 1:  # the turn is not committed: whoever drives it has the action
@@ -1390,13 +1394,23 @@ def _agent_looked(
         return _decision(*_fail(run, "compute_timeout", error, totals=_totals(ckpt)))
     assert outcome is not None
     fields = {"turn": incoming.turn, "deadline": incoming.deadline, "failed": isinstance(outcome, ProviderFailed)}
+    waited_s = (now - run.waiting_since).total_seconds() if run.waiting_since is not None else None
+    resumed = RunResumed(
+        run_id=run.run_id,
+        reason="agent_action",
+        from_turn=ckpt.turn,
+        request_id=wait_id,
+        waited_s=max(waited_s, 0.0) if waited_s is not None else None,
+    )
     return _decision(
         # one compare-and-set: the wait ended once (a second wake-up finds it moved on), driven by this handler
         Transition(RunState.RESUMING, waiting_on=wait_id),
         TakeLease(_lease(attempt, now)),
         Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None}),
-        # after the move: a wake-up that lost it must not replace the winner's timer
+        # after the move: a wake-up that lost it must not replace the winner's timer, nor say the run resumed (one
+        # run.resumed per wait, its id the wait's; lost with a crash right here, the recovery's run.resumed follows)
         ArmWatchdog(ckpt.turn, limits.max_compute_s, attempt.cause("agent-acted")),
+        Publish(resumed, ("agent_action", wait_id), causation=incoming.cause),
         Note("run.agent_acted", fields=fields),
         then=outcome,
     )
@@ -1775,12 +1789,6 @@ def _plan_answer_agent(
         "note": "a message tells you if it could not be delivered (e.g. the asker has finished)",
     }
     return Emit(json.dumps(content, sort_keys=True), Publish(replied, (str(turn), str(index))), args.request_id)
-
-
-def handoff_ids(run_id: str, call_id: str) -> tuple[str, str]:
-    """AP-6: ``(handoff id, child run id)`` of the ``handoff_to_agent`` call ``call_id`` of the run -- the same
-    on every retry or replay of the call, so it never makes two children."""
-    return derive_id("ho", run_id, HANDOFF_TO_AGENT, call_id), derive_id("run", run_id, HANDOFF_TO_AGENT, call_id)
 
 
 def _handed_off_result(child_run_id: str) -> str:

@@ -59,6 +59,8 @@ __all__ = [
     "Collaborator",
     "CollaboratorsQuery",
     "CollaboratorsReply",
+    "PasswordCheck",
+    "PasswordCheckReply",
     "ConformanceAnswer",
     "ConformanceAnswers",
     "ConformanceChallenge",
@@ -859,6 +861,38 @@ class CollaboratorsReply(_Model):
     saga_id: str | None = None
     protocol_version: str | None = None
     collaborators: list[Collaborator] = Field(default_factory=list)
+    error: str | None = None
+
+
+class PasswordCheck(_Model):
+    """Issue 9: the journal asks human-interaction, the only holder of the directory's password hashes, whether
+    ``password`` signs ``user_id`` in to the console. The password is never logged (``repr`` hides it)."""
+
+    user_id: Annotated[str, Field(min_length=1, max_length=200, description="The directory user id typed")]
+    password: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=1024,
+            repr=False,
+            description="The password typed (never logged, never stored)",
+            json_schema_extra={"format": "password", "writeOnly": True},
+        ),
+    ]
+    protocol_versions: list[str] = Field(default_factory=lambda: ["1.0"])
+
+
+class PasswordCheckReply(_Model):
+    """``ok``: the password is the user's, who is then named with their display name and console role (null: no
+    role, inbox only). Not ``ok`` without ``error``: refused -- unknown user, no password, wrong password alike
+    (the reply never says which). ``error``: the check could not be made (malformed request, no common
+    protocol version, an internal failure)."""
+
+    ok: bool
+    user_id: str | None = None
+    display_name: str | None = None
+    role: Literal["viewer", "operator", "admin"] | None = None
+    protocol_version: str | None = None
     error: str | None = None
 
 

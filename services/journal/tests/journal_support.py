@@ -189,13 +189,14 @@ BOB_INBOX = {"Authorization": "Bearer bob-inbox-token"}
 
 @asynccontextmanager
 async def serve_human(
-    tmp_path: Path, nats_settings: NatsSettings, vouch_secret_file: Path | None = None
+    tmp_path: Path, nats_settings: NatsSettings, vouch_secret_file: Path | None = None, users: str = HUMAN_USERS
 ) -> AsyncIterator[str]:
     """The real human-interaction service (its own ``configure``/``setup``) in-process on 127.0.0.1 and a free
-    port, with :data:`HUMAN_USERS` (web inbox only) and the journal's vouch secret when given; yields its URL."""
+    port, with ``users`` (the users file: :data:`HUMAN_USERS`, web inbox only) and the journal's vouch secret
+    when given; yields its URL."""
     directory = tmp_path / "human"
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "users.yaml").write_text(HUMAN_USERS, encoding="utf-8")
+    (directory / "users.yaml").write_text(users, encoding="utf-8")
     settings = HumanSettings(
         nats=nats_settings,
         host="127.0.0.1",

@@ -504,7 +504,7 @@ async def test_anonymous_requests_are_refused_but_health_and_sign_in_config(stac
         assert (await client.post("/runs/x/cancel", json={"reason": "r"}, headers=CONSOLE)).status_code == 401
         assert (await client.get("/healthz")).status_code == 200
         config = await client.get("/auth/config")
-        assert config.json() == {"oidc": {"provider": "Test IdP", "login": "/auth/login"}}
+        assert config.json() == {"oidc": {"provider": "Test IdP", "login": "/auth/login"}, "password": None}
 
 
 async def test_callback_with_a_wrong_state_is_refused_and_signs_nobody_in(

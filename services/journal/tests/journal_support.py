@@ -4,6 +4,7 @@ called conftest)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from temporality_protocol import (
 from temporality_protocol.catalog import ServiceSpec
 from temporality_service import ApiAuth, ApiAuthSettings, ApiToken, HttpServiceSettings, Role, Runtime, Setup, run_until
 from temporality_service.auth import dump_tokens
+from temporality_testing.oidc_emulator import OidcEmulator
 from temporality_trigger_gateway import Settings as GatewaySettings
 from temporality_trigger_gateway.__main__ import SPEC as GATEWAY_SPEC
 from temporality_trigger_gateway.__main__ import configure as gateway_configure
@@ -358,3 +360,29 @@ class RunStory:
 
     def cancelled(self) -> Envelope:
         return self._event(RunCancelled(run_id=self.run_id, reason="by user:bob"), "cancelled")
+
+
+# --------------------------------------------------------------------------- an OIDC sign-in, by HTTP
+async def start_login(client: httpx.AsyncClient, idp: OidcEmulator) -> str:
+    """``/auth/login`` -> the provider's login page; returns the page's pending authorization id."""
+    login = await client.get("/auth/login")
+    assert login.status_code == 302, login.text
+    assert login.headers["location"].startswith(f"{idp.issuer}/authorize?")
+    page = await client.get(login.headers["location"])
+    assert page.status_code == 200, page.text
+    found = re.search(r'name="pending" value="([^"]+)"', page.text)
+    assert found is not None
+    return found.group(1)
+
+
+async def approve(client: httpx.AsyncClient, idp: OidcEmulator, pending: str, login: str) -> str:
+    """The person presses "Sign in as <login>" at the provider; returns the callback URL it redirects to."""
+    answer = await client.post(f"{idp.issuer}/authorize", data={"pending": pending, "login": login})
+    assert answer.status_code == 302, answer.text
+    return answer.headers["location"]
+
+
+async def oidc_sign_in(client: httpx.AsyncClient, idp: OidcEmulator, login: str) -> httpx.Response:
+    """``login`` signs in with the provider, from ``/auth/login`` to the journal's callback (its answer)."""
+    callback = await approve(client, idp, await start_login(client, idp), login)
+    return await client.get(callback)

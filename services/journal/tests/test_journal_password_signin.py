@@ -14,13 +14,23 @@ from typing import Any
 
 import httpx
 import pytest
-from journal_support import OPERATOR, ServedJournal, eventually, serve_human, serve_journal, served_settings
+from journal_support import (
+    OPERATOR,
+    ServedJournal,
+    eventually,
+    oidc_sign_in,
+    serve_human,
+    serve_journal,
+    served_settings,
+)
 from playwright.async_api import BrowserContext, expect
 
 from temporality_bus import Bus, NatsSettings
+from temporality_embedded.processes import free_port
 from temporality_human_interaction.passwords import hash_password
 from temporality_journal import Settings
 from temporality_journal.signin import SESSION_COOKIE
+from temporality_testing.oidc_emulator import OidcEmulator
 
 CONSOLE = {"X-Temporality-Console": "1"}
 ALICE_PASSWORD = "alice-operator-password"
@@ -177,7 +187,8 @@ async def test_malformed_sign_ins_and_those_without_the_console_header_are_refus
             "/auth/password", data={"user": "alice", "password": ALICE_PASSWORD}
         )
         assert form.status_code == 403
-        for body in ({"user": "alice"}, {"user": "", "password": "x"}, {"user": "alice", "password": 5}, []):
+        bodies: list[object] = [{"user": "alice"}, {"user": "", "password": "x"}, {"user": "alice", "password": 5}, []]
+        for body in bodies:
             bad = await client.post("/auth/password", json=body, headers=CONSOLE)
             assert bad.status_code == 422, (body, bad.text)
             assert bad.json()["error"] in ("invalid_body", "invalid_json")
@@ -247,3 +258,70 @@ async def test_console_of_a_directory_account_without_a_role_is_its_inbox(
     await expect(page.locator("#inbox-who")).to_have_text("Signed in to the inbox as bob", timeout=WAIT_MS)
     await expect(page.locator("#who")).to_have_text("Bob Example (inbox only)")
     await expect(page.locator("#nav")).to_be_hidden()
+
+
+# --------------------------------------------------------------------------- OIDC: the directory's role as fallback
+#: At the provider: alice is in a mapped group (viewer), dana and bob in none.
+PEOPLE = {
+    "alice": {"preferred_username": "alice", "name": "Alice Example", "groups": ["staff"]},
+    "dana": {"preferred_username": "dana", "name": "Dana Admin", "groups": ["elsewhere"]},
+    "bob": {"preferred_username": "bob", "name": "Bob Example", "groups": []},
+}
+
+
+def with_oidc(settings: Settings, tmp_path: Path, idp: OidcEmulator, directory_roles: bool) -> Settings:
+    port = free_port()
+    (tmp_path / "client-secret").write_text(idp.client_secret, encoding="utf-8")
+    idp.redirect_uris = [f"http://127.0.0.1:{port}/auth/callback"]
+    return settings.model_copy(
+        update={
+            "port": port,
+            "password_signin": False,
+            "oidc_issuer": idp.issuer,
+            "oidc_client_id": idp.client_id,
+            "oidc_client_secret_file": tmp_path / "client-secret",
+            "oidc_redirect_base_url": f"http://127.0.0.1:{port}",
+            "oidc_user_claim": "preferred_username",
+            "oidc_role_map": {"staff": "viewer"},
+            "oidc_directory_roles": directory_roles,
+        }
+    )
+
+
+async def _role_after_oidc_sign_in(journal: ServedJournal, idp: OidcEmulator, login: str) -> str | None:
+    async with httpx.AsyncClient(base_url=journal.url, timeout=20) as browser:
+        answer = await oidc_sign_in(browser, idp, login)
+        assert answer.status_code == 302, answer.text
+        role: str | None = (await browser.get("/whoami")).json()["role"]
+        return role
+
+
+@pytest.mark.parametrize("directory_roles", [True, False])
+async def test_an_oidc_sign_in_without_a_mapped_role_takes_the_directory_role_when_configured(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, directory_roles: bool
+) -> None:
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    async with (
+        OidcEmulator(people=PEOPLE).serve() as idp,
+        serve_human(tmp_path, nats_settings, tmp_path / "vouch-secret", users=users_file()) as human_url,
+    ):
+        settings = with_oidc(password_settings(tmp_path, nats_settings, human_url), tmp_path, idp, directory_roles)
+        async with serve_journal(settings, bus) as journal:
+            roles = {login: await _role_after_oidc_sign_in(journal, idp, login) for login in PEOPLE}
+    if directory_roles:
+        # the map's role wins even when the directory's is higher (alice: operator there); dana: none mapped,
+        # admin in the directory; bob: neither
+        assert roles == {"alice": "viewer", "dana": "admin", "bob": None}
+    else:
+        assert roles == {"alice": "viewer", "dana": None, "bob": None}
+
+
+async def test_directory_roles_without_human_interaction_give_no_role(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus
+) -> None:
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    async with OidcEmulator(people=PEOPLE).serve() as idp:
+        settings = with_oidc(password_settings(tmp_path, nats_settings, None), tmp_path, idp, True)
+        async with serve_journal(settings, bus) as journal:
+            assert await _role_after_oidc_sign_in(journal, idp, "dana") is None  # least privilege: the inbox
+            assert await _role_after_oidc_sign_in(journal, idp, "alice") == "viewer"  # the map needs nobody

@@ -65,6 +65,8 @@ __all__ = [
     "ConformanceProbe",
     "ConformanceReply",
     "ConformanceResult",
+    "ConsoleRoleQuery",
+    "ConsoleRoleReply",
     "DeliveryAttempt",
     "Deregistration",
     "DeregistrationReply",
@@ -891,6 +893,23 @@ class PasswordCheckReply(_Model):
     ok: bool
     user_id: str | None = None
     display_name: str | None = None
+    role: Literal["viewer", "operator", "admin"] | None = None
+    protocol_version: str | None = None
+    error: str | None = None
+
+
+class ConsoleRoleQuery(_Model):
+    """Issue 9: the journal asks human-interaction for the console role of a person who signed in with the OIDC
+    provider when the provider's groups give them none (``TEMPORALITY_JOURNAL_OIDC_DIRECTORY_ROLES``)."""
+
+    user_id: Annotated[str, Field(min_length=1, max_length=200, description="The directory user id")]
+    protocol_versions: list[str] = Field(default_factory=lambda: ["1.0"])
+
+
+class ConsoleRoleReply(_Model):
+    """The directory profile's ``console_role`` (null: no such user, or no role); ``error``: not checked."""
+
+    user_id: str
     role: Literal["viewer", "operator", "admin"] | None = None
     protocol_version: str | None = None
     error: str | None = None

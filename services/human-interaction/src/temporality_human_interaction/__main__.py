@@ -5,7 +5,8 @@ configure: read the API tokens file and validate the users file (either unusable
 the ``human-directory`` bucket, seed it with the file's users and groups (create-if-absent, each one
 created journaled as ``human.directory.changed``), then watch it: the :class:`Directory` every part
 reads is the store's, kept current without a restart (ready only once the first snapshot is applied).
-It answers the journal's password checks (:mod:`.passwords`, ``temporality.rpc.human.verify_password``).
+It answers the journal's password checks and console-role lookups (:mod:`.passwords`,
+``temporality.rpc.human.verify_password`` / ``.console_role``).
 
 ``temporality-human-interaction hash-password`` prints the Argon2id hash of a password read from standard
 input, for ``password_hash`` in the users file (:func:`.passwords.hash_password_main`).
@@ -31,7 +32,7 @@ from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.inbox import RetentionSweeper, rebuild_index
 from temporality_human_interaction.metrics import HumanMetrics
 from temporality_human_interaction.notifications import NotificationHandler
-from temporality_human_interaction.passwords import PasswordResponder, hash_password_main
+from temporality_human_interaction.passwords import ConsoleRoleResponder, PasswordResponder, hash_password_main
 from temporality_human_interaction.policies import RunPolicies, RunPolicyHandler
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
@@ -177,6 +178,7 @@ def configure(settings: Settings) -> Setup[Settings]:
         await rt.resources.enter_async_context(watch.watching())
         rt.ready_check("directory-store", watch.check)
         rt.responder(PasswordResponder(rt.bus, directory))  # the console's password sign-in (issue 9)
+        rt.responder(ConsoleRoleResponder(rt.bus, directory))  # ... and directory roles for OIDC sign-ins
         adapters: dict[str, ChannelAdapter] = {}
         metrics = HumanMetrics(rt.metrics)  # deliveries, waits, requests waiting: see .metrics
         inbound = AnswerRouter(

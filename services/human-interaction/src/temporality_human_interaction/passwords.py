@@ -27,6 +27,10 @@ The check runs in a worker thread (Argon2 is CPU- and memory-bound; the event lo
 id typed, cut to 64 characters, and whether such a user with a password exists); never a password or a hash.
 Attempt limits are the journal's (it sees the caller's address).
 
+:class:`ConsoleRoleResponder` answers ``temporality.rpc.human.console_role``: a user's ``console_role`` (null for
+an unknown user or none), which the journal asks for a person signed in with the OIDC provider whose groups
+give no role, when ``TEMPORALITY_JOURNAL_OIDC_DIRECTORY_ROLES`` is on.
+
 ``temporality-human-interaction hash-password`` reads a password (twice from a terminal, else the first line of
 standard input) and prints its hash, for ``password_hash`` in the users file.
 """
@@ -44,8 +48,8 @@ import structlog
 
 from temporality_bus import Bus, Failure, Request, Responder
 from temporality_human_interaction.directory import Directory
-from temporality_protocol import PasswordCheck, PasswordCheckReply
-from temporality_protocol.catalog import RPC_HUMAN_VERIFY_PASSWORD
+from temporality_protocol import ConsoleRoleQuery, ConsoleRoleReply, PasswordCheck, PasswordCheckReply
+from temporality_protocol.catalog import RPC_HUMAN_CONSOLE_ROLE, RPC_HUMAN_VERIFY_PASSWORD
 
 if TYPE_CHECKING:
     from argon2 import PasswordHasher
@@ -54,6 +58,7 @@ __all__ = [
     "MAX_PASSWORD",
     "MIN_PASSWORD",
     "QUEUE_GROUP",
+    "ConsoleRoleResponder",
     "PasswordResponder",
     "PasswordTooShort",
     "hash_password",
@@ -150,6 +155,31 @@ class PasswordResponder(Responder[PasswordCheck, PasswordCheckReply]):
             display_name=profile.display_name,
             role=profile.console_role,
             protocol_version=version,
+        )
+
+
+def _role_error(failure: Failure) -> ConsoleRoleReply:
+    query = failure.request if isinstance(failure.request, ConsoleRoleQuery) else None
+    return ConsoleRoleReply(user_id=query.user_id if query is not None else "", error=refused_reply(failure).error)
+
+
+class ConsoleRoleResponder(Responder[ConsoleRoleQuery, ConsoleRoleReply]):
+    """Answers ``temporality.rpc.human.console_role`` from ``directory``."""
+
+    def __init__(self, bus: Bus, directory: Directory, *, queue: str = QUEUE_GROUP, max_inflight: int = 8) -> None:
+        async def handle(request: Request[ConsoleRoleQuery]) -> ConsoleRoleReply:
+            profile = directory.get(request.body.user_id)
+            role = profile.console_role if profile is not None else None
+            return ConsoleRoleReply(user_id=request.body.user_id, role=role, protocol_version=request.version)
+
+        super().__init__(
+            bus,
+            RPC_HUMAN_CONSOLE_ROLE,
+            request_model=ConsoleRoleQuery,
+            handler=handle,
+            on_error=_role_error,
+            queue=queue,
+            max_inflight=max_inflight,
         )
 
 

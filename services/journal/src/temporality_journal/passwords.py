@@ -54,8 +54,8 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from temporality_bus import Bus
-from temporality_protocol import PasswordCheck, PasswordCheckReply
-from temporality_protocol.catalog import RPC_HUMAN_VERIFY_PASSWORD
+from temporality_protocol import ConsoleRoleQuery, ConsoleRoleReply, PasswordCheck, PasswordCheckReply
+from temporality_protocol.catalog import RPC_HUMAN_CONSOLE_ROLE, RPC_HUMAN_VERIFY_PASSWORD
 from temporality_service import ApiError, Unavailable
 
 __all__ = [
@@ -165,7 +165,8 @@ class AttemptLimits:
 
 
 class PasswordChecker:
-    """Asks human-interaction whether a password signs a user in (``temporality.rpc.human.verify_password``)."""
+    """Asks human-interaction whether a password signs a user in (``temporality.rpc.human.verify_password``), and
+    a user's console role (``temporality.rpc.human.console_role``, for an OIDC sign-in: :mod:`.signin`)."""
 
     def __init__(self, bus: Bus, timeout_s: float = CHECK_TIMEOUT_S) -> None:
         self.bus = bus
@@ -184,6 +185,18 @@ class PasswordChecker:
             log.warning("signin.directory_check_failed", error=reply.error[:200])
             raise self._unavailable(reply.error[:200])
         return reply
+
+    async def console_role(self, user: str) -> str | None:
+        """The directory profile's ``console_role`` (None: no such user, or none); raises on no answer."""
+        request = ConsoleRoleQuery(user_id=user).model_dump_json().encode()
+        try:
+            raw = await self.bus.request(RPC_HUMAN_CONSOLE_ROLE, request, self.timeout_s)
+            reply = ConsoleRoleReply.model_validate_json(raw)
+        except (nats.errors.Error, TimeoutError, OSError, ValueError) as exc:
+            raise self._unavailable(f"it did not answer: {type(exc).__name__}") from None
+        if reply.error is not None:
+            raise self._unavailable(reply.error[:200])
+        return reply.role
 
     @staticmethod
     def _unavailable(why: str) -> Unavailable:

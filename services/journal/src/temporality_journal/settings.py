@@ -27,7 +27,8 @@
 ``TEMPORALITY_JOURNAL_OIDC_*``      sign-in with an OIDC provider (optional; unset issuer: none):
                                     ``ISSUER``, ``CLIENT_ID``, ``CLIENT_SECRET_FILE``, ``SCOPES``,
                                     ``REDIRECT_BASE_URL``, ``PROVIDER_NAME``, ``USER_CLAIM``,
-                                    ``ROLES_CLAIM``, ``ROLE_MAP`` (:mod:`temporality_journal.signin`)
+                                    ``ROLES_CLAIM``, ``ROLE_MAP``, ``DIRECTORY_ROLES``
+                                    (:mod:`temporality_journal.signin`)
 ``TEMPORALITY_JOURNAL_PASSWORD_*``  sign-in with a directory account's password (optional; human-interaction
                                     checks it): ``SIGNIN``, ``MAX_FAILURES``,
                                     ``MAX_FAILURES_PER_ADDRESS``, ``WINDOW_S``
@@ -158,6 +159,11 @@ class Settings(HttpServiceSettings):
     )
     password_window_s: int = Field(
         default=900, ge=1, le=86_400, description="the window of the failure limits, in seconds (per replica)"
+    )
+    oidc_directory_roles: bool = Field(
+        default=False,
+        description="an OIDC sign-in whose groups the role map gives no role takes the directory profile's "
+        "console_role (asked of human-interaction); the role map, when it gives one, always wins",
     )
     session_secret_file: Path | None = Field(
         default=None,

@@ -47,6 +47,10 @@ What the person may do -- one rule, least privilege: the values of ``TEMPORALITY
 (``groups`` by default; a list or a single string) are looked up in ``TEMPORALITY_JOURNAL_OIDC_ROLE_MAP``
 (JSON ``{"temporality-admins": "admin", "sre": "operator"}``) and the highest role found is theirs. No match
 (or no claim): **no role** -- the person sees their own inbox and nothing else (every other API route is a 403).
+With ``TEMPORALITY_JOURNAL_OIDC_DIRECTORY_ROLES=true``, a person the role map gives no role gets their directory
+profile's ``console_role`` instead (asked of human-interaction, ``temporality.rpc.human.console_role``; it not
+answering: no role, logged ``signin.directory_role_unavailable``). The role map, when it gives a role, always
+wins -- even a lower one: the directory never raises what the provider's groups grant.
 The role is decided once, at sign-in; a change at the provider applies at the next sign-in.
 
 The session is Starlette's signed cookie (``temporality_session``: HttpOnly, SameSite=Lax, Secure unless the
@@ -107,6 +111,7 @@ from temporality_service import (
     Forbidden,
     Principal,
     Role,
+    Unavailable,
     Unprocessable,
     Voucher,
     parse_json,
@@ -341,8 +346,8 @@ class SignIn:
         """The session middleware, the revocation check inside it (sign-outs recorded in ``database``) and the
         ``/auth/...`` routes; passwords are checked over ``bus``, refused ones go to ``audit``."""
         self.revocations = Revocations(database)
-        if self.settings.password_signin:
-            assert bus is not None, "password sign-in asks human-interaction over the bus"
+        if self.settings.password_signin or self.settings.oidc_directory_roles:
+            assert bus is not None, "password sign-in and directory roles ask human-interaction over the bus"
             self.passwords = PasswordChecker(bus)
         self.audit = audit
         app.add_middleware(RevocationCheck, revocations=self.revocations)  # added first: runs inside the session's
@@ -385,6 +390,17 @@ class SignIn:
                 "client_id": str(self.settings.oidc_client_id),
             },
         )
+
+    async def _directory_role(self, user_id: str) -> Role | None:
+        """The directory profile's console role of ``user_id`` (an OIDC sign-in the role map gives none); None when
+        there is none or human-interaction does not answer (least privilege: the inbox only; logged)."""
+        assert self.passwords is not None  # install() set it
+        try:
+            found = await self.passwords.console_role(user_id)
+        except Unavailable:
+            log.warning("signin.directory_role_unavailable", user_id=user_id)
+            return None
+        return None if found is None else Role[found]
 
     async def _start_session(self, request: Request, user_id: str, name: str, role: Role | None) -> None:
         """Sign ``user_id`` in, in this browser: the session cookie of the module docstring. A session this
@@ -499,6 +515,8 @@ class SignIn:
                     "(TEMPORALITY_JOURNAL_OIDC_USER_CLAIM)"
                 )
             role = role_of(claims.get(settings.oidc_roles_claim), dict(settings.oidc_role_map))
+            if role is None and settings.oidc_directory_roles:
+                role = await self._directory_role(user_id.strip())
             next_hash = request.session.get("next") or "#/runs"
             await self._start_session(request, user_id.strip(), str(claims.get("name") or user_id), role)
             id_token = token.get("id_token")

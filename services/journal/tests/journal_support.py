@@ -4,6 +4,7 @@ called conftest)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 import httpx
+from playwright.async_api import Page
 from pydantic import SecretStr
 
 from temporality_bus import Bus, NatsSettings
@@ -386,3 +388,13 @@ async def oidc_sign_in(client: httpx.AsyncClient, idp: OidcEmulator, login: str)
     """``login`` signs in with the provider, from ``/auth/login`` to the journal's callback (its answer)."""
     callback = await approve(client, idp, await start_login(client, idp), login)
     return await client.get(callback)
+
+
+#: Where the browser tests save the docs' screenshots (``docs/img``) when set; unset: none are taken.
+SCREENSHOTS = os.environ.get("TEMPORALITY_CONSOLE_SCREENSHOTS")
+
+
+async def console_screenshot(page: Page, name: str) -> None:
+    """Save the page as ``console-<name>.png`` under :data:`SCREENSHOTS`, when set."""
+    if SCREENSHOTS:
+        await page.screenshot(path=Path(SCREENSHOTS) / f"console-{name}.png", full_page=True)

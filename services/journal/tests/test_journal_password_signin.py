@@ -17,6 +17,7 @@ import pytest
 from journal_support import (
     OPERATOR,
     ServedJournal,
+    console_screenshot,
     eventually,
     oidc_sign_in,
     serve_human,
@@ -29,6 +30,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_embedded.processes import free_port
 from temporality_human_interaction.passwords import hash_password
 from temporality_journal import Settings
+from temporality_journal.passwords import AttemptLimits
 from temporality_journal.signin import SESSION_COOKIE
 from temporality_testing.oidc_emulator import OidcEmulator
 
@@ -233,6 +235,7 @@ async def test_console_sign_in_with_the_directory_account_by_keyboard(
     await expect(page.locator("#message")).to_have_text("Not signed in: unknown user or wrong password.")
     await expect(page.get_by_label("Password", exact=True)).to_be_focused()
     await expect(page.get_by_label("Password", exact=True)).to_have_value("")
+    await console_screenshot(page, "signin-directory")
 
     await page.keyboard.type(ALICE_PASSWORD)
     await page.keyboard.press("Enter")
@@ -325,3 +328,21 @@ async def test_directory_roles_without_human_interaction_give_no_role(
         async with serve_journal(settings, bus) as journal:
             assert await _role_after_oidc_sign_in(journal, idp, "dana") is None  # least privilege: the inbox
             assert await _role_after_oidc_sign_in(journal, idp, "alice") == "viewer"  # the map needs nobody
+
+
+def test_attempt_limits_slide_with_the_window_and_a_success_clears_the_user() -> None:
+    now = [1000.0]
+    limits = AttemptLimits(max_per_user=2, max_per_address=3, window_s=60, clock=lambda: now[0])
+    limits.failed("alice", "10.0.0.1")
+    now[0] += 10
+    assert limits.retry_after("alice", "10.0.0.1") is None
+    limits.failed("Alice", "10.0.0.1")  # the same user id, however it is capitalised
+    assert limits.retry_after("alice", "10.0.0.2") == 50  # until the first failure is 60 s old
+    now[0] += 50
+    assert limits.retry_after("alice", "10.0.0.2") is None  # it left the window
+    limits.failed("bob", "10.0.0.1")  # the address's failures within the window: at 1010, 1060 and 1060
+    limits.failed("dana", "10.0.0.1")
+    assert limits.retry_after("carol", "10.0.0.1") == 10
+    assert limits.retry_after("carol", "10.0.0.9") is None
+    limits.succeeded("bob")
+    assert limits.retry_after("bob", None) is None

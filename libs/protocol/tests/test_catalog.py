@@ -26,6 +26,8 @@ from temporality_protocol.catalog import (
     RPC_AGENTS_TASKS_ACT,
     RPC_AGENTS_TASKS_POLL,
     RPC_GET_COLLABORATORS,
+    RPC_HUMAN_CONSOLE_ROLE,
+    RPC_HUMAN_VERIFY_PASSWORD,
     RPC_SUBJECTS,
     RPCS,
     SERVICES,
@@ -46,8 +48,10 @@ from temporality_protocol.events import (
     CollaboratorsReply,
     ConformanceReply,
     ConformanceResult,
+    ConsoleRoleReply,
     DeregistrationReply,
     HeartbeatAck,
+    PasswordCheckReply,
     RegistrationReply,
     TaskActionReply,
     TaskAssignment,
@@ -314,6 +318,11 @@ _BODIES: dict[str, tuple[dict[str, Any], BaseModel]] = {
         ),
     ),
     RPC_GET_COLLABORATORS: ({"run_id": "run-1"}, CollaboratorsReply(run_id="run-1", error="unknown run 'run-1'")),
+    RPC_HUMAN_VERIFY_PASSWORD: (
+        {"user_id": "alice", "password": "correct horse battery staple", "protocol_versions": ["1.0"]},
+        PasswordCheckReply(ok=True, user_id="alice", display_name="Alice Example", role="operator", protocol_version="1.0"),
+    ),
+    RPC_HUMAN_CONSOLE_ROLE: ({"user_id": "dana"}, ConsoleRoleReply(user_id="dana", role="admin", protocol_version="1.0")),
     RPC_AGENTS_TASKS_POLL: (
         {"agent_id": "example-agent", "protocol_version": "1.0", "session_id": "s-1"},
         TaskPollReply(

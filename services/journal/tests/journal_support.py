@@ -4,6 +4,8 @@ called conftest)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 import httpx
+from playwright.async_api import Page
 from pydantic import SecretStr
 
 from temporality_bus import Bus, NatsSettings
@@ -42,6 +45,7 @@ from temporality_protocol import (
 from temporality_protocol.catalog import ServiceSpec
 from temporality_service import ApiAuth, ApiAuthSettings, ApiToken, HttpServiceSettings, Role, Runtime, Setup, run_until
 from temporality_service.auth import dump_tokens
+from temporality_testing.oidc_emulator import OidcEmulator
 from temporality_trigger_gateway import Settings as GatewaySettings
 from temporality_trigger_gateway.__main__ import SPEC as GATEWAY_SPEC
 from temporality_trigger_gateway.__main__ import configure as gateway_configure
@@ -189,13 +193,14 @@ BOB_INBOX = {"Authorization": "Bearer bob-inbox-token"}
 
 @asynccontextmanager
 async def serve_human(
-    tmp_path: Path, nats_settings: NatsSettings, vouch_secret_file: Path | None = None
+    tmp_path: Path, nats_settings: NatsSettings, vouch_secret_file: Path | None = None, users: str = HUMAN_USERS
 ) -> AsyncIterator[str]:
     """The real human-interaction service (its own ``configure``/``setup``) in-process on 127.0.0.1 and a free
-    port, with :data:`HUMAN_USERS` (web inbox only) and the journal's vouch secret when given; yields its URL."""
+    port, with ``users`` (the users file: :data:`HUMAN_USERS`, web inbox only) and the journal's vouch secret
+    when given; yields its URL."""
     directory = tmp_path / "human"
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "users.yaml").write_text(HUMAN_USERS, encoding="utf-8")
+    (directory / "users.yaml").write_text(users, encoding="utf-8")
     settings = HumanSettings(
         nats=nats_settings,
         host="127.0.0.1",
@@ -357,3 +362,39 @@ class RunStory:
 
     def cancelled(self) -> Envelope:
         return self._event(RunCancelled(run_id=self.run_id, reason="by user:bob"), "cancelled")
+
+
+# --------------------------------------------------------------------------- an OIDC sign-in, by HTTP
+async def start_login(client: httpx.AsyncClient, idp: OidcEmulator) -> str:
+    """``/auth/login`` -> the provider's login page; returns the page's pending authorization id."""
+    login = await client.get("/auth/login")
+    assert login.status_code == 302, login.text
+    assert login.headers["location"].startswith(f"{idp.issuer}/authorize?")
+    page = await client.get(login.headers["location"])
+    assert page.status_code == 200, page.text
+    found = re.search(r'name="pending" value="([^"]+)"', page.text)
+    assert found is not None
+    return found.group(1)
+
+
+async def approve(client: httpx.AsyncClient, idp: OidcEmulator, pending: str, login: str) -> str:
+    """The person presses "Sign in as <login>" at the provider; returns the callback URL it redirects to."""
+    answer = await client.post(f"{idp.issuer}/authorize", data={"pending": pending, "login": login})
+    assert answer.status_code == 302, answer.text
+    return answer.headers["location"]
+
+
+async def oidc_sign_in(client: httpx.AsyncClient, idp: OidcEmulator, login: str) -> httpx.Response:
+    """``login`` signs in with the provider, from ``/auth/login`` to the journal's callback (its answer)."""
+    callback = await approve(client, idp, await start_login(client, idp), login)
+    return await client.get(callback)
+
+
+#: Where the browser tests save the docs' screenshots (``docs/img``) when set; unset: none are taken.
+SCREENSHOTS = os.environ.get("TEMPORALITY_CONSOLE_SCREENSHOTS")
+
+
+async def console_screenshot(page: Page, name: str) -> None:
+    """Save the page as ``console-<name>.png`` under :data:`SCREENSHOTS`, when set."""
+    if SCREENSHOTS:
+        await page.screenshot(path=Path(SCREENSHOTS) / f"console-{name}.png", full_page=True)

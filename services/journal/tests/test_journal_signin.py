@@ -20,12 +20,15 @@ from journal_support import (
     BOB_INBOX,
     VIEWER,
     ServedJournal,
+    approve,
     eventually,
     serve_gateway,
     serve_human,
     serve_journal,
     served_settings,
+    start_login,
 )
+from journal_support import oidc_sign_in as sign_in
 from playwright.async_api import BrowserContext, expect
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -115,30 +118,6 @@ async def browser_http(stack: SignInStack) -> AsyncIterator[httpx.AsyncClient]:
     """A cookie-keeping client, as a browser is (redirects followed by hand)."""
     async with httpx.AsyncClient(base_url=stack.journal.url, timeout=10) as client:
         yield client
-
-
-async def start_login(client: httpx.AsyncClient, idp: OidcEmulator) -> str:
-    """``/auth/login`` -> the provider's login page; returns the page's pending authorization id."""
-    login = await client.get("/auth/login")
-    assert login.status_code == 302, login.text
-    assert login.headers["location"].startswith(f"{idp.issuer}/authorize?")
-    page = await client.get(login.headers["location"])
-    assert page.status_code == 200, page.text
-    found = re.search(r'name="pending" value="([^"]+)"', page.text)
-    assert found is not None
-    return found.group(1)
-
-
-async def approve(client: httpx.AsyncClient, idp: OidcEmulator, pending: str, login: str) -> str:
-    """The person presses "Sign in as <login>" at the provider; returns the callback URL it redirects to."""
-    answer = await client.post(f"{idp.issuer}/authorize", data={"pending": pending, "login": login})
-    assert answer.status_code == 302, answer.text
-    return answer.headers["location"]
-
-
-async def sign_in(client: httpx.AsyncClient, idp: OidcEmulator, login: str) -> httpx.Response:
-    callback = await approve(client, idp, await start_login(client, idp), login)
-    return await client.get(callback)
 
 
 def session_cookie(response: httpx.Response) -> str:
@@ -504,7 +483,7 @@ async def test_anonymous_requests_are_refused_but_health_and_sign_in_config(stac
         assert (await client.post("/runs/x/cancel", json={"reason": "r"}, headers=CONSOLE)).status_code == 401
         assert (await client.get("/healthz")).status_code == 200
         config = await client.get("/auth/config")
-        assert config.json() == {"oidc": {"provider": "Test IdP", "login": "/auth/login"}}
+        assert config.json() == {"oidc": {"provider": "Test IdP", "login": "/auth/login"}, "password": None}
 
 
 async def test_callback_with_a_wrong_state_is_refused_and_signs_nobody_in(

@@ -21,10 +21,14 @@ from temporality_protocol.events import (
     CollaboratorsReply,
     ConformanceAnswers,
     ConformanceReply,
+    ConsoleRoleQuery,
+    ConsoleRoleReply,
     Deregistration,
     DeregistrationReply,
     Heartbeat,
     HeartbeatAck,
+    PasswordCheck,
+    PasswordCheckReply,
     RegistrationReply,
     TaskAction,
     TaskActionReply,
@@ -66,6 +70,8 @@ __all__ = [
     "RPC_AGENTS_TASKS_ACT",
     "RPC_AGENTS_TASKS_POLL",
     "RPC_GET_COLLABORATORS",
+    "RPC_HUMAN_CONSOLE_ROLE",
+    "RPC_HUMAN_VERIFY_PASSWORD",
     "RPC_PREFIX",
     "RPC_SUBJECTS",
     "SERVICES",
@@ -161,6 +167,10 @@ TRIGGERABLE_EVENTS: tuple[str, ...] = (
 RPC_PREFIX = "temporality.rpc"
 #: Request/reply (COL-1).
 RPC_GET_COLLABORATORS = f"{RPC_PREFIX}.collab.get_collaborators"
+#: Request/reply (issue 9): does this password sign this directory user in to the console?
+RPC_HUMAN_VERIFY_PASSWORD = f"{RPC_PREFIX}.human.verify_password"
+#: Request/reply (issue 9): a directory user's console role (an OIDC sign-in whose groups give none).
+RPC_HUMAN_CONSOLE_ROLE = f"{RPC_PREFIX}.human.console_role"
 #: The Agent Protocol for agents outside the run-executor (AP-2..AP-4, PRO-2): answered by agent-collab. Each
 #: agent sends on subjects of its own, ``temporality.rpc.agents.<agent id>.<operation>`` (these constants are the
 #: patterns agent-collab answers, ``*`` standing for the agent id; :func:`agent_subject` makes an agent's own), so
@@ -558,6 +568,24 @@ RPCS: dict[str, RpcSpec] = {
             "COL-1: the participants of a run's saga.",
         ),
         RpcSpec(
+            RPC_HUMAN_VERIFY_PASSWORD,
+            PasswordCheck,
+            PasswordCheckReply,
+            "human-interaction",
+            "Issue 9: the journal's password sign-in asks whether a password signs a directory user in to the "
+            "console; the reply names the user's console role (human-interaction alone holds the Argon2id hashes). "
+            "Only the journal may send it.",
+        ),
+        RpcSpec(
+            RPC_HUMAN_CONSOLE_ROLE,
+            ConsoleRoleQuery,
+            ConsoleRoleReply,
+            "human-interaction",
+            "Issue 9: the journal asks a directory user's console role for a person signed in with the OIDC provider "
+            "whose groups give no role (when TEMPORALITY_JOURNAL_OIDC_DIRECTORY_ROLES is on). Only the journal may "
+            "send it.",
+        ),
+        RpcSpec(
             RPC_AGENTS_REGISTER,
             AgentRegistration,
             RegistrationReply,
@@ -812,6 +840,7 @@ SERVICES: dict[str, ServiceSpec] = {
                 "human-interaction-policies",
             ),
             timers=(TIMER_NS_HUMAN,),
+            responders=(RPC_HUMAN_VERIFY_PASSWORD, RPC_HUMAN_CONSOLE_ROLE),  # the console's sign-in (issue 9)
             buckets=(BUCKET_HUMAN_REQUESTS.name, BUCKET_HUMAN_CHANNELS.name, BUCKET_HUMAN_DIRECTORY.name),
             http_port=8081,
             sends=(
@@ -884,6 +913,7 @@ SERVICES: dict[str, ServiceSpec] = {
             streams=(EVENTS_STREAM.name, DLQ_STREAM.name, TIMERS_STREAM.name),
             http_port=8082,
             sends=("run.cancel_requested", "api.access_refused", DEAD_LETTERED),
+            requests=(RPC_HUMAN_VERIFY_PASSWORD, RPC_HUMAN_CONSOLE_ROLE),  # the console's sign-in (issue 9)
         ),
     )
 }

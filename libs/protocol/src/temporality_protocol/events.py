@@ -73,6 +73,8 @@ __all__ = [
     "ConformanceProbe",
     "ConformanceReply",
     "ConformanceResult",
+    "ConsoleRoleQuery",
+    "ConsoleRoleReply",
     "DeliveryAttempt",
     "Deregistration",
     "DeregistrationReply",
@@ -98,6 +100,8 @@ __all__ = [
     "LaunchSource",
     "NormalizedEvent",
     "OptionAnswer",
+    "PasswordCheck",
+    "PasswordCheckReply",
     "RegistrationReply",
     "RelayRequest",
     "Renotify",
@@ -869,6 +873,55 @@ class CollaboratorsReply(_Model):
     saga_id: str | None = None
     protocol_version: str | None = None
     collaborators: list[Collaborator] = Field(default_factory=list)
+    error: str | None = None
+
+
+class PasswordCheck(_Model):
+    """Issue 9: the journal asks human-interaction, the only holder of the directory's password hashes, whether
+    ``password`` signs ``user_id`` in to the console. The password is never logged (``repr`` hides it)."""
+
+    user_id: Annotated[str, Field(min_length=1, max_length=200, description="The directory user id typed")]
+    password: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=1024,
+            repr=False,
+            description="The password typed (never logged, never stored)",
+            json_schema_extra={"format": "password", "writeOnly": True},
+        ),
+    ]
+    protocol_versions: list[str] = Field(default_factory=lambda: ["1.0"])
+
+
+class PasswordCheckReply(_Model):
+    """``ok``: the password is the user's, who is then named with their display name and console role (null: no
+    role, inbox only). Not ``ok`` without ``error``: refused -- unknown user, no password, wrong password alike
+    (the reply never says which). ``error``: the check could not be made (malformed request, no common
+    protocol version, an internal failure)."""
+
+    ok: bool
+    user_id: str | None = None
+    display_name: str | None = None
+    role: Literal["viewer", "operator", "admin"] | None = None
+    protocol_version: str | None = None
+    error: str | None = None
+
+
+class ConsoleRoleQuery(_Model):
+    """Issue 9: the journal asks human-interaction for the console role of a person who signed in with the OIDC
+    provider when the provider's groups give them none (``TEMPORALITY_JOURNAL_OIDC_DIRECTORY_ROLES``)."""
+
+    user_id: Annotated[str, Field(min_length=1, max_length=200, description="The directory user id")]
+    protocol_versions: list[str] = Field(default_factory=lambda: ["1.0"])
+
+
+class ConsoleRoleReply(_Model):
+    """The directory profile's ``console_role`` (null: no such user, or no role); ``error``: not checked."""
+
+    user_id: str
+    role: Literal["viewer", "operator", "admin"] | None = None
+    protocol_version: str | None = None
     error: str | None = None
 
 

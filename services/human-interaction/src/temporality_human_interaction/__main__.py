@@ -5,10 +5,16 @@ configure: read the API tokens file and validate the users file (either unusable
 the ``human-directory`` bucket, seed it with the file's users and groups (create-if-absent, each one
 created journaled as ``human.directory.changed``), then watch it: the :class:`Directory` every part
 reads is the store's, kept current without a restart (ready only once the first snapshot is applied).
+It answers the journal's password checks and console-role lookups (:mod:`.passwords`,
+``temporality.rpc.human.verify_password`` / ``.console_role``).
+
+``temporality-human-interaction hash-password`` prints the Argon2id hash of a password read from standard
+input, for ``password_hash`` in the users file (:func:`.passwords.hash_password_main`).
 """
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 
 import structlog
@@ -26,6 +32,7 @@ from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.inbox import RetentionSweeper, rebuild_index
 from temporality_human_interaction.metrics import HumanMetrics
 from temporality_human_interaction.notifications import NotificationHandler
+from temporality_human_interaction.passwords import ConsoleRoleResponder, PasswordResponder, hash_password_main
 from temporality_human_interaction.policies import RunPolicies, RunPolicyHandler
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
@@ -129,7 +136,7 @@ async def seed_directory(bus: Bus, store: DirectoryStore, raw: object, *, by: st
             action="created",
             revision=revision,
             changed_by=by,
-            changed_fields=sorted(set(after) - {"id", "inbox_token_set"}),
+            changed_fields=sorted(set(after) - {"id", "inbox_token_set", "password_set"}),
             after=after,
         )
         event_id = derive_id("evt", "directory", kind, entry_id, str(revision), "created")
@@ -170,6 +177,8 @@ def configure(settings: Settings) -> Setup[Settings]:
         watch = DirectoryWatch(directory, store)
         await rt.resources.enter_async_context(watch.watching())
         rt.ready_check("directory-store", watch.check)
+        rt.responder(PasswordResponder(rt.bus, directory))  # the console's password sign-in (issue 9)
+        rt.responder(ConsoleRoleResponder(rt.bus, directory))  # ... and directory roles for OIDC sign-ins
         adapters: dict[str, ChannelAdapter] = {}
         metrics = HumanMetrics(rt.metrics)  # deliveries, waits, requests waiting: see .metrics
         inbound = AnswerRouter(
@@ -221,7 +230,16 @@ def configure(settings: Settings) -> Setup[Settings]:
     return setup
 
 
+USAGE = "usage: temporality-human-interaction [hash-password]  (no argument: run the service)"
+
+
 def run() -> None:
+    args = sys.argv[1:]
+    if args == ["hash-password"]:
+        sys.exit(hash_password_main())
+    if args:
+        sys.stderr.write(USAGE + "\n")
+        sys.exit(2)
     serve(SPEC, Settings, configure)
 
 

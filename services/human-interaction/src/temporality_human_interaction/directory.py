@@ -7,6 +7,12 @@ store (:mod:`.store`, the ``human-directory`` KV bucket); the store is the truth
 through the directory API and applied live by every replica's watch onto its :class:`Directory`.
 Unknown keys are refused so a typo fails loudly instead of silently dropping a channel.
 
+Console sign-in (issue 9): a profile may carry a ``console_role`` (``viewer``, ``operator``, ``admin``: what the
+person may do in the journal's console once signed in; none: only their inbox) and a ``password_hash``, an
+Argon2id hash (PHC string) of the password they sign in to the console with -- never the password itself
+(:mod:`.passwords` makes and checks the hashes; ``temporality-human-interaction hash-password`` prints one).
+The hash is never shown: no API view, event or log carries it (``password_set`` says whether there is one).
+
 Inbox tokens are never kept in clear past validation: a literal ``inbox_token`` (file or API) becomes
 ``inbox_token_sha256`` before anything is stored; ``inbox_token_env`` names a variable each replica
 reads from its own environment. The web inbox compares the SHA-256 of the presented token with every
@@ -22,7 +28,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import structlog
 import yaml
@@ -31,7 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 __all__ = [
     "GROUP_PREFIX",
     "ID_PATTERN",
+    "PASSWORD_HASH_PATTERN",
     "RECIPIENT_PREFIX",
+    "ConsoleRole",
     "Directory",
     "DirectoryError",
     "GroupProfile",
@@ -63,6 +71,12 @@ _MAX_ID = 64
 EntityId = Annotated[str, Field(pattern=ID_PATTERN, min_length=1, max_length=_MAX_ID)]
 #: A literal inbox token shorter than this is refused.
 MIN_INBOX_TOKEN = 8
+#: An Argon2id hash as ``argon2-cffi`` writes it (PHC string format); nothing else is a console password hash.
+PASSWORD_HASH_PATTERN = (
+    r"^\$argon2id\$v=19\$m=[0-9]{1,7},t=[0-9]{1,3},p=[0-9]{1,3}\$[A-Za-z0-9+/]{11,128}\$[A-Za-z0-9+/]{16,256}$"
+)
+#: The console roles a profile may name (the journal's API roles).
+ConsoleRole = Literal["viewer", "operator", "admin"]
 
 
 def is_entity_id(value: str) -> bool:
@@ -111,6 +125,9 @@ class UserProfile(_Strict):
     One of ``inbox_token`` (a literal, for demos; write-only: turned into ``inbox_token_sha256`` before
     it is stored), ``inbox_token_env`` (a variable of each replica's environment) or ``inbox_token_sha256``
     identifies the person to the web inbox; the ``web`` channel needs one.
+
+    ``console_role`` and ``password_hash`` (an Argon2id hash; write-only, never shown) let the person sign in to
+    the journal's console with their user id and password (issue 9).
     """
 
     display_name: Annotated[str, Field(min_length=1, max_length=200)]
@@ -120,6 +137,8 @@ class UserProfile(_Strict):
     preferred: str
     fallback: list[str] = Field(default_factory=list, max_length=16)
     channels: UserChannels
+    console_role: ConsoleRole | None = None
+    password_hash: str | None = Field(default=None, pattern=PASSWORD_HASH_PATTERN, max_length=512, repr=False)
 
     @model_validator(mode="after")
     def _consistent(self) -> UserProfile:

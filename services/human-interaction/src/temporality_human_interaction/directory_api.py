@@ -2,7 +2,7 @@
 tokens (authorized exactly like the trigger-gateway's trigger admin API).
 
 ============================================  ========  ===============================================
-``GET /directory/users``                      viewer    every user (no secret: ``inbox_token_set``)
+``GET /directory/users``                      viewer    every user (no secret: ``*_set`` flags)
 ``GET /directory/users/{id}``                 viewer    one user; ``ETag: "<store revision>"``
 ``POST /directory/users``                     admin     create (201, ``ETag``, ``Location``); 409 if it exists
 ``PUT /directory/users/{id}``                 admin     replace; ``If-Match`` required: 428 without, 412 stale
@@ -23,13 +23,21 @@ Inbox tokens are write-only: a literal ``inbox_token`` is stored as its SHA-256 
 says ``inbox_token_set``; ``inbox_token_env`` names stay visible). A replace whose body has no
 ``inbox_token`` / ``inbox_token_sha256`` key and no ``inbox_token_env`` value keeps the stored one, so a client can send
 back what it read (the view's read-only fields, ``revision``, ``origin``, ``inbox_token_set``... are
-ignored in a body); give ``"inbox_token": null`` (and no other) to remove it. Every change is journaled
+ignored in a body); give ``"inbox_token": null`` (and no other) to remove it.
+
+Console passwords (issue 9) likewise: a body's ``password`` (12 to 1024 characters) is hashed with Argon2id
+(:mod:`.passwords`) and only the hash is stored (``password_hash``, which a body may also give, made by
+``temporality-human-interaction hash-password``); no view, event or log shows either (``password_set`` says
+whether there is one); a replace without ``password`` / ``password_hash`` keeps the stored hash; ``"password":
+null`` removes it. ``console_role`` (``viewer``, ``operator``, ``admin`` or null) is what the person may do in the
+console once signed in. Both are written by admins only, like every change. Every change is journaled
 (``human.directory.changed``: the token's name and role, the changed fields, the new view; never a
 secret) after the store took it; the answer waits until this replica serves the new revision.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 import re
@@ -55,6 +63,7 @@ from temporality_human_interaction.directory import (
     resolve_token,
 )
 from temporality_human_interaction.events import SOURCE
+from temporality_human_interaction.passwords import PasswordTooShort, hash_password
 from temporality_human_interaction.store import DirectoryEntry, DirectoryStore, Kind, entry_key
 from temporality_protocol import derive_id, make_event
 from temporality_protocol.events import HumanDirectoryChanged
@@ -91,7 +100,7 @@ _ID = re.compile(ID_PATTERN)
 #: A profile is a few hundred bytes; a KV value is bounded by NATS's max_payload.
 MAX_ENTRY_BYTES = 64 * 1024
 #: What a view shows besides the entry itself; a body may carry them back (they are ignored).
-_READ_ONLY = ("inbox_token_set", "groups", "revision", "origin", "updated_by", "updated_at", "problem")
+_READ_ONLY = ("inbox_token_set", "password_set", "groups", "revision", "origin", "updated_by", "updated_at", "problem")
 T = TypeVar("T")
 
 
@@ -122,6 +131,12 @@ def _field_errors(exc: ValidationError) -> list[dict[str, str]]:
 def _openapi_schemas() -> dict[str, Any]:
     """The bodies the routes read themselves: a profile plus its ``id`` (on PUT: the path's, or left out)."""
     schemas = component_schemas(UserBody=UserProfile, GroupBody=GroupProfile)
+    schemas["UserBody"]["properties"]["password"] = {
+        "anyOf": [{"type": "string", "minLength": 12, "maxLength": 1024}, {"type": "null"}],
+        "format": "password",
+        "writeOnly": True,
+        "description": "The console password (write-only): stored as its Argon2id hash, never shown; null removes it",
+    }
     for name in ("UserBody", "GroupBody"):
         entry_id = {"type": "string", "maxLength": 64, "pattern": ID_PATTERN, "description": "The id (PUT: the path's)"}
         schemas[name]["properties"] = {"id": entry_id, **schemas[name]["properties"]}
@@ -161,6 +176,10 @@ class UserView(_EntryMeta):
     channels: UserChannels
     inbox_token_env: str | None
     inbox_token_set: bool
+    console_role: Literal["viewer", "operator", "admin"] | None = Field(
+        description="What the person may do in the journal's console once signed in; null: only their inbox"
+    )
+    password_set: bool = Field(description="Whether the person has a console password (the hash is never shown)")
     groups: list[str] = Field(description="The groups the user is a member of")
 
 
@@ -203,6 +222,8 @@ def user_view(user_id: str, profile: UserProfile) -> dict[str, Any]:
         "channels": profile.channels.model_dump(mode="json", exclude_none=True),
         "inbox_token_env": profile.inbox_token_env,
         "inbox_token_set": profile.has_inbox_token,
+        "console_role": profile.console_role,
+        "password_set": profile.password_hash is not None,
     }
 
 
@@ -210,16 +231,26 @@ def group_view(group_id: str, group: GroupProfile) -> dict[str, Any]:
     return {"id": group_id, "display_name": group.display_name, "members": list(group.members)}
 
 
-def _changed_fields(before: dict[str, Any] | None, after: dict[str, Any] | None, token_changed: bool) -> list[str]:
+def _changed_fields(
+    before: dict[str, Any] | None, after: dict[str, Any] | None, token_changed: bool, password_changed: bool = False
+) -> list[str]:
+    """The fields a change touched; a secret by its name (``inbox_token``, ``password``), never its value."""
     keys = sorted(set(before or {}) | set(after or {}))
-    changed = [k for k in keys if (before or {}).get(k) != (after or {}).get(k) and k != "inbox_token_set"]
+    flags = ("inbox_token_set", "password_set")
+    changed = [k for k in keys if (before or {}).get(k) != (after or {}).get(k) and k not in flags]
     if token_changed or (before or {}).get("inbox_token_set") != (after or {}).get("inbox_token_set"):
         changed.append("inbox_token")
+    if password_changed or (before or {}).get("password_set") != (after or {}).get("password_set"):
+        changed.append("password")
     return sorted(changed)
 
 
 def _token_of(profile: UserProfile | None) -> tuple[str | None, str | None]:
     return (profile.inbox_token_sha256, profile.inbox_token_env) if profile is not None else (None, None)
+
+
+def _password_of(profile: UserProfile | None) -> str | None:
+    return profile.password_hash if profile is not None else None
 
 
 def directory_router(
@@ -293,7 +324,24 @@ def directory_router(
             raise EntryInvalid(kind, [{"field": "id", "message": message}])
         return entry_id
 
+    async def with_password_hashed(body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with a literal ``password`` replaced by its hash (``password_hash``); null removes it."""
+        if "password" not in body:
+            return body
+        password = body.pop("password")
+        if password is None:
+            return {**body, "password_hash": None}
+        if not isinstance(password, str):
+            raise EntryInvalid("user", [{"field": "password", "message": "a string, or null to remove it"}])
+        if "password_hash" in body:
+            raise EntryInvalid("user", [{"field": "password", "message": "give password or password_hash, not both"}])
+        try:
+            return {**body, "password_hash": await asyncio.to_thread(hash_password, password)}
+        except PasswordTooShort as exc:
+            raise EntryInvalid("user", [{"field": "password", "message": str(exc)}]) from None
+
     async def validate_user(user_id: str, body: dict[str, Any]) -> UserProfile:
+        body = await with_password_hashed(body)
         try:
             profile = UserProfile.model_validate(body).hashed()
         except ValidationError as exc:
@@ -349,6 +397,7 @@ def directory_router(
         before: dict[str, Any] | None,
         after: dict[str, Any] | None,
         token_changed: bool = False,
+        password_changed: bool = False,
     ) -> None:
         """Publish the audit event (id derived from the entry and revision: a retry republishes the same one)."""
         change = HumanDirectoryChanged(
@@ -358,7 +407,7 @@ def directory_router(
             revision=revision,
             changed_by=who.name,
             role=str(who.role),
-            changed_fields=_changed_fields(before, after, token_changed),
+            changed_fields=_changed_fields(before, after, token_changed, password_changed),
             after=after,
         )
         envelope = make_event(
@@ -448,8 +497,9 @@ def directory_router(
     ) -> JSONResponse:
         previous, revision = await write(kind, entry_id, found, entry, if_match)
         token_changed = kind == "user" and _token_of(previous.user) != _token_of(entry.user)
+        password_changed = kind == "user" and _password_of(previous.user) != _password_of(entry.user)
         before, after = public(kind, entry_id, previous), public(kind, entry_id, entry)
-        await journal(kind, entry_id, "updated", revision, who, before, after, token_changed)
+        await journal(kind, entry_id, "updated", revision, who, before, after, token_changed, password_changed)
         await settled(kind, entry_id, revision)
         return answer(kind, entry_id, Versioned(entry, revision))
 
@@ -513,6 +563,8 @@ def directory_router(
         token_given = "inbox_token" in body or "inbox_token_sha256" in body or body.get("inbox_token_env")
         if stored is not None and not token_given:
             body.update(inbox_token_sha256=stored.inbox_token_sha256, inbox_token_env=stored.inbox_token_env)
+        if stored is not None and "password" not in body and "password_hash" not in body:
+            body["password_hash"] = stored.password_hash  # kept: a client sends back what it read
         profile = await validate_user(user_id, body)
         entry = DirectoryEntry(user=profile, origin="api", updated_by=who.name, updated_at=_now())
         return await replace("user", user_id, found, entry, who, if_match)

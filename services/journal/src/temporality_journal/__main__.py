@@ -50,7 +50,7 @@ def configure(settings: Settings) -> Setup[Settings]:
     except TokenFileError as exc:
         raise ConfigError(f"TEMPORALITY_API_TOKENS_FILE: {exc}") from exc
     try:
-        signin = SignIn.from_settings(settings)  # None without TEMPORALITY_JOURNAL_OIDC_ISSUER
+        signin = SignIn.from_settings(settings)  # None without OIDC and password sign-in
     except SignInConfigError as exc:
         raise ConfigError(str(exc)) from exc
 

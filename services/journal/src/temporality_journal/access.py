@@ -142,6 +142,10 @@ class AccessAudit:
         self._tallies[key] = tally
         self._publish(key, tally, tally.count, "first")
 
+    def refused_here(self, *, status: int, reason: str, principal: str | None = None) -> None:
+        """:meth:`refused` for the request being served (its method, path and client address)."""
+        self.refused(status=status, reason=reason, request=_REQUEST.get(), principal=principal)
+
     def _close_window(self) -> None:
         """Publish the totals of the window that ended (callers with refusals not yet in an event)."""
         for key, tally in self._tallies.items():
@@ -241,6 +245,11 @@ class AuditedAuth(ApiAuth):
             )
             raise
         return principal
+
+    @property
+    def audit(self) -> AccessAudit:
+        """Where refusals go (the password sign-in's too)."""
+        return self._audit
 
     @property
     def configured(self) -> bool:

@@ -2,7 +2,7 @@
 
 Every route but ``/healthz``, ``/readyz``, ``/auth/...`` and the console's static files needs
 ``Authorization: Bearer <API token>`` (:mod:`temporality_service.auth`, ``TEMPORALITY_API_TOKENS_FILE``) or,
-with OIDC configured, the session cookie of a signed-in person (:mod:`temporality_journal.signin`; a call that
+with OIDC or password sign-in configured, the session cookie of a signed-in person (:mod:`temporality_journal.signin`; a call that
 changes something also needs ``X-Temporality-Console: 1``): reading needs the ``viewer`` role, cancelling a
 run ``operator``. No token or an unknown one is a 401 (``WWW-Authenticate: Bearer``), a role too low (or a
 signed-in person with none) a 403.
@@ -14,6 +14,7 @@ signed-in person with none) a 403.
                                     console asks it)
 ``GET /auth/config``, ``/auth/login``, ``/auth/callback``, ``POST /auth/logout``  OIDC sign-in (optional):
                                     :mod:`temporality_journal.signin`
+``POST /auth/password``             a directory account's sign-in (optional): :mod:`temporality_journal.passwords`
 ``GET /runs``                       runs, newest first; ``state``, ``trigger_id``, ``agent``,
                                     ``since``/``until`` (created_at), ``q`` (title), ``limit``;
                                     paged by ``before`` = the previous page's ``next_before``
@@ -98,6 +99,7 @@ from temporality_journal.insights import (
     triggers_of,
 )
 from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE, AskRecord, EventRecord, RunRecord, as_utc
+from temporality_journal.passwords import PasswordSignInBody
 from temporality_journal.settings import Settings
 from temporality_journal.signin import AuthConfig, SignIn, auth_config
 from temporality_journal.tail import SSE_ITEM_SCHEMA, EventStreamResponse, Tail
@@ -472,8 +474,9 @@ def create_app(
     ``/gateway/`` proxy to the trigger admin API (None: those routes answer 503); ``human`` likewise the
     ``/human/`` proxy to human-interaction's web inbox (:func:`temporality_journal.human.human_client`).
     Every 401/403 of the token check goes to ``access`` (default: one publishing on ``bus``), the audit trail's
-    ``api.access_refused`` (:mod:`temporality_journal.access`). With ``signin`` (OIDC configured), people sign in
-    at ``/auth/login`` and their session cookie is admitted beside the tokens (:mod:`temporality_journal.signin`)."""
+    ``api.access_refused`` (:mod:`temporality_journal.access`). With ``signin`` (OIDC or passwords configured),
+    people sign in at ``/auth/login`` or ``/auth/password`` and their session cookie is admitted beside the tokens
+    (:mod:`temporality_journal.signin`)."""
     tail = tail or Tail(database)
     app = FastAPI(
         title="Temporality journal",
@@ -486,12 +489,15 @@ def create_app(
     app.state.settings = settings
     app.state.database = database
     install_error_handlers(app)
-    add_schemas(app, component_schemas(CancelRequest=CancelRequest) | GATEWAY_SCHEMAS)
+    add_schemas(
+        app,
+        component_schemas(CancelRequest=CancelRequest, PasswordSignInBody=PasswordSignInBody) | GATEWAY_SCHEMAS,
+    )
     audited_auth = AuditedAuth(auth, access or AccessAudit(bus), signin)  # refusals into the audit trail
     audited_auth.install(app)
     app.add_middleware(RequestContext)
     if signin is not None:
-        signin.install(app, database)
+        signin.install(app, database, bus, audited_auth.audit)
 
     app.mount("/console", _ConsoleFiles(directory=CONSOLE_DIR, html=True), name="console")
     app.include_router(gateway_router(settings, gateway, signin, auth.principals))

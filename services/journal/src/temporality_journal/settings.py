@@ -27,7 +27,12 @@
 ``TEMPORALITY_JOURNAL_OIDC_*``      sign-in with an OIDC provider (optional; unset issuer: none):
                                     ``ISSUER``, ``CLIENT_ID``, ``CLIENT_SECRET_FILE``, ``SCOPES``,
                                     ``REDIRECT_BASE_URL``, ``PROVIDER_NAME``, ``USER_CLAIM``,
-                                    ``ROLES_CLAIM``, ``ROLE_MAP`` (:mod:`temporality_journal.signin`)
+                                    ``ROLES_CLAIM``, ``ROLE_MAP``, ``DIRECTORY_ROLES``
+                                    (:mod:`temporality_journal.signin`)
+``TEMPORALITY_JOURNAL_PASSWORD_*``  sign-in with a directory account's password (optional; human-interaction
+                                    checks it): ``SIGNIN``, ``MAX_FAILURES``,
+                                    ``MAX_FAILURES_PER_ADDRESS``, ``WINDOW_S``
+                                    (:mod:`temporality_journal.passwords`)
 ``TEMPORALITY_JOURNAL_SESSION_*``   the sign-in session cookie: ``SECRET_FILE``, ``MAX_AGE_S``,
                                     ``COOKIE_SECURE``
 ``TEMPORALITY_INBOX_VOUCH_SECRET_FILE``  shared with human-interaction: the journal vouches for a
@@ -141,12 +146,34 @@ class Settings(HttpServiceSettings):
         description='JSON {"<value in the roles claim>": "viewer|operator|admin"}; the highest match wins; no '
         "match: the person gets only their inbox",
     )
+    password_signin: bool = Field(
+        default=False,
+        description="people sign in with their directory user id and password (human-interaction checks it over "
+        "the bus; roles from the directory's console_role); needs TEMPORALITY_JOURNAL_SESSION_SECRET_FILE",
+    )
+    password_max_failures: int = Field(
+        default=5, ge=1, le=1000, description="failed password sign-ins per user id within the window, then 429"
+    )
+    password_max_failures_per_address: int = Field(
+        default=20, ge=1, le=100_000, description="failed password sign-ins per client address within the window"
+    )
+    password_window_s: int = Field(
+        default=900, ge=1, le=86_400, description="the window of the failure limits, in seconds (per replica)"
+    )
+    oidc_directory_roles: bool = Field(
+        default=False,
+        description="an OIDC sign-in whose groups the role map gives no role takes the directory profile's "
+        "console_role (asked of human-interaction); the role map, when it gives one, always wins",
+    )
     session_secret_file: Path | None = Field(
-        default=None, description="the key signing the session cookie (at least 32 characters); needed with OIDC"
+        default=None,
+        description="the key signing the session cookie (at least 32 characters); needed with OIDC or passwords",
     )
     session_max_age_s: int = Field(default=8 * 3600, ge=60, le=7 * 24 * 3600)
     session_cookie_secure: bool | None = Field(
-        default=None, description="the cookie's Secure flag; unset: set when the redirect base URL is https"
+        default=None,
+        description="the cookie's Secure flag; unset: set when the OIDC redirect base URL is https, and always "
+        "with password sign-in alone (set false to sign in over plain http, e.g. on loopback)",
     )
     inbox_vouch_secret_file: Path | None = Field(
         default=None,
@@ -180,6 +207,10 @@ class Settings(HttpServiceSettings):
 
     @model_validator(mode="after")
     def _oidc_complete(self) -> Settings:
+        if self.password_signin and self.session_secret_file is None:
+            raise ValueError(
+                "TEMPORALITY_JOURNAL_PASSWORD_SIGNIN is set: also set TEMPORALITY_JOURNAL_SESSION_SECRET_FILE"
+            )
         if self.oidc_issuer is None:
             return self
         missing = [

@@ -1,10 +1,18 @@
-"""People sign in to the console with an OIDC provider (Keycloak, Entra ID, Google ...): issue 9.
+"""People sign in to the console with an OIDC provider (Keycloak, Entra ID, Google ...) or with their directory
+account's password: issue 9.
 
-Optional: with ``TEMPORALITY_JOURNAL_OIDC_ISSUER`` unset the journal admits API tokens only, as before.
+Both optional: with ``TEMPORALITY_JOURNAL_OIDC_ISSUER`` unset and ``TEMPORALITY_JOURNAL_PASSWORD_SIGNIN`` off the
+journal admits API tokens only, as before. The password sign-in (``POST /auth/password``) is
+:mod:`temporality_journal.passwords`: human-interaction checks the password and names the directory profile's
+``console_role``; the session it leaves is the one described here, the same as the provider's (without
+``provider_logout``).
 
 ==========================  ========================================================================
-``GET /auth/config``        no sign-in needed: ``{"oidc": {"provider", "login"}}`` or ``{"oidc": null}``
-                            (the console shows "Sign in with <provider>" when it is set)
+``GET /auth/config``        no sign-in needed: ``{"oidc": {"provider", "login"} | null, "password":
+                            {"login": "/auth/password"} | null}`` (the console shows "Sign in with
+                            <provider>" and the directory account form for what is set)
+``POST /auth/password``     ``{"user", "password"}``: a directory account's sign-in
+                            (:mod:`temporality_journal.passwords`)
 ``GET /auth/login``         302 to the provider's authorization endpoint (code flow, PKCE S256, state,
                             nonce); ``?next=#/runs`` is where the console returns to (a ``#/`` hash only)
 ``GET /auth/callback``      the provider's redirect: code exchanged, ID token checked, session set, 302 to
@@ -39,6 +47,10 @@ What the person may do -- one rule, least privilege: the values of ``TEMPORALITY
 (``groups`` by default; a list or a single string) are looked up in ``TEMPORALITY_JOURNAL_OIDC_ROLE_MAP``
 (JSON ``{"temporality-admins": "admin", "sre": "operator"}``) and the highest role found is theirs. No match
 (or no claim): **no role** -- the person sees their own inbox and nothing else (every other API route is a 403).
+With ``TEMPORALITY_JOURNAL_OIDC_DIRECTORY_ROLES=true``, a person the role map gives no role gets their directory
+profile's ``console_role`` instead (asked of human-interaction, ``temporality.rpc.human.console_role``; it not
+answering: no role, logged ``signin.directory_role_unavailable``). The role map, when it gives a role, always
+wins -- even a lower one: the directory never raises what the provider's groups grant.
 The role is decided once, at sign-in; a change at the provider applies at the next sign-in.
 
 The session is Starlette's signed cookie (``temporality_session``: HttpOnly, SameSite=Lax, Secure unless the
@@ -69,21 +81,46 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 import httpx2
 import structlog
 from fastapi import APIRouter, FastAPI, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.responses import RedirectResponse, Response
 
+from temporality_bus import Bus
 from temporality_journal.database import Database
+from temporality_journal.passwords import (
+    REFUSED,
+    AttemptLimits,
+    PasswordChecker,
+    PasswordSignedIn,
+    PasswordSignInBody,
+    SignInRefused,
+    TooManyAttempts,
+)
 from temporality_journal.revocation import PERSON_KEY, RevocationCheck, Revocations
 from temporality_journal.settings import Settings
-from temporality_service import ApiError, Forbidden, Principal, Role, Voucher
+from temporality_service import (
+    ApiError,
+    ErrorBody,
+    Forbidden,
+    Principal,
+    Role,
+    Unavailable,
+    Unprocessable,
+    Voucher,
+    parse_json,
+    read_body,
+)
+from temporality_service.http import summarize_errors
+
+if TYPE_CHECKING:
+    from temporality_journal.access import AccessAudit
 
 __all__ = [
     "CSRF_HEADER",
@@ -127,7 +164,11 @@ class AuthConfig(BaseModel):
         provider: str = Field(description="The provider's name, for the button")
         login: str = Field(description="Where the button goes")
 
+    class Password(BaseModel):
+        login: str = Field(description="Where the directory account's form posts {user, password} (JSON)")
+
     oidc: Oidc | None
+    password: Password | None = Field(default=None, description="Set: people may sign in with a directory account")
 
 
 class SignedOut(BaseModel):
@@ -192,14 +233,28 @@ def _read_secret(path: Path, what: str, min_length: int = 1) -> str:
 class SignIn:
     """OIDC sign-in and the session it leaves (module docstring); :meth:`install` it on the journal's app."""
 
-    def __init__(self, settings: Settings, client_secret: str, session_secret: str, voucher: Voucher | None) -> None:
-        assert settings.oidc_issuer is not None
-        assert settings.oidc_redirect_base_url is not None
+    def __init__(
+        self, settings: Settings, client_secret: str | None, session_secret: str, voucher: Voucher | None
+    ) -> None:
         self.settings = settings
         self.voucher = voucher
         self._session_secret = session_secret
         #: The sign-outs, set by :meth:`install` (the database is opened after the settings are read).
         self.revocations: Revocations | None = None
+        #: The password check (human-interaction over the bus) and where refusals are audited: :meth:`install`.
+        self.passwords: PasswordChecker | None = None
+        self.audit: AccessAudit | None = None
+        self.limits = AttemptLimits(
+            settings.password_max_failures, settings.password_max_failures_per_address, settings.password_window_s
+        )
+        self.oauth: Any = None
+        self.secure = settings.session_cookie_secure if settings.session_cookie_secure is not None else True
+        if settings.oidc_issuer is not None:
+            assert client_secret is not None
+            self._oidc(settings, client_secret)
+
+    def _oidc(self, settings: Settings, client_secret: str) -> None:
+        assert settings.oidc_redirect_base_url is not None
         issuer = str(settings.oidc_issuer).rstrip("/")
         self.redirect_uri = str(settings.oidc_redirect_base_url).rstrip("/") + "/auth/callback"
         #: Where the provider sends the person after signing them out (register it at the provider).
@@ -220,12 +275,17 @@ class SignIn:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SignIn | None:
-        """None without ``TEMPORALITY_JOURNAL_OIDC_ISSUER``; raises :class:`SignInConfigError` on a bad file."""
-        if settings.oidc_issuer is None:
+        """None without ``TEMPORALITY_JOURNAL_OIDC_ISSUER`` and ``TEMPORALITY_JOURNAL_PASSWORD_SIGNIN``; raises
+        :class:`SignInConfigError` on a bad file."""
+        if settings.oidc_issuer is None and not settings.password_signin:
             return None
-        assert settings.oidc_client_secret_file is not None  # Settings checks the set is complete
-        assert settings.session_secret_file is not None
-        client_secret = _read_secret(settings.oidc_client_secret_file, "TEMPORALITY_JOURNAL_OIDC_CLIENT_SECRET_FILE")
+        assert settings.session_secret_file is not None  # Settings checks the set is complete
+        client_secret = None
+        if settings.oidc_issuer is not None:
+            assert settings.oidc_client_secret_file is not None
+            client_secret = _read_secret(
+                settings.oidc_client_secret_file, "TEMPORALITY_JOURNAL_OIDC_CLIENT_SECRET_FILE"
+            )
         session_secret = _read_secret(
             settings.session_secret_file, "TEMPORALITY_JOURNAL_SESSION_SECRET_FILE", MIN_SESSION_SECRET
         )
@@ -280,10 +340,16 @@ class SignIn:
                 code="console_header_missing",
             )
 
-    def install(self, app: FastAPI, database: Database) -> None:
+    def install(
+        self, app: FastAPI, database: Database, bus: Bus | None = None, audit: AccessAudit | None = None
+    ) -> None:
         """The session middleware, the revocation check inside it (sign-outs recorded in ``database``) and the
-        ``/auth/...`` routes."""
+        ``/auth/...`` routes; passwords are checked over ``bus``, refused ones go to ``audit``."""
         self.revocations = Revocations(database)
+        if self.settings.password_signin or self.settings.oidc_directory_roles:
+            assert bus is not None, "password sign-in and directory roles ask human-interaction over the bus"
+            self.passwords = PasswordChecker(bus)
+        self.audit = audit
         app.add_middleware(RevocationCheck, revocations=self.revocations)  # added first: runs inside the session's
         app.add_middleware(
             SessionMiddleware,
@@ -325,9 +391,92 @@ class SignIn:
             },
         )
 
+    async def _directory_role(self, user_id: str) -> Role | None:
+        """The directory profile's console role of ``user_id`` (an OIDC sign-in the role map gives none); None when
+        there is none or human-interaction does not answer (least privilege: the inbox only; logged)."""
+        assert self.passwords is not None  # install() set it
+        try:
+            found = await self.passwords.console_role(user_id)
+        except Unavailable:
+            log.warning("signin.directory_role_unavailable", user_id=user_id)
+            return None
+        return None if found is None else Role[found]
+
+    async def _start_session(self, request: Request, user_id: str, name: str, role: Role | None) -> None:
+        """Sign ``user_id`` in, in this browser: the session cookie of the module docstring. A session this
+        browser had ends first, on every replica (or the sign-in does not happen: 503)."""
+        before = self.person(request)
+        if before is not None:
+            await self._end(before, "the session this sign-in replaces could not be ended")
+        request.session.clear()  # nothing from before the sign-in survives it
+        request.session[_PERSON_KEY] = {
+            "id": user_id,
+            "name": name[:200],
+            "role": None if role is None else role.name,
+            "exp": time.time() + self.settings.session_max_age_s,
+            "sid": secrets.token_urlsafe(24),  # what a sign-out revokes (temporality_journal.revocation)
+        }
+
     # ------------------------------------------------------------------ the routes
     def router(self) -> APIRouter:
         router = APIRouter(tags=["sign-in"])
+        if self.oauth is not None:
+            self._oidc_routes(router)
+        if self.settings.password_signin:
+            self._password_route(router)
+        self._logout_route(router)
+        return router
+
+    def _password_route(self, router: APIRouter) -> None:
+        @router.post(
+            "/auth/password",
+            response_model=PasswordSignedIn,
+            responses={code: {"model": ErrorBody} for code in (401, 403, 422, 429, 503)},
+            openapi_extra={
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PasswordSignInBody"}}},
+                }
+            },
+            description=f"Sign in with a directory account (needs {CSRF_HEADER}: 1): human-interaction checks the "
+            "password; the session cookie is set with the profile's console role (none: the inbox only). "
+            "401 sign_in_refused for any unknown user or wrong password alike; 429 too_many_attempts with "
+            "Retry-After; 503 directory_unreachable.",
+        )
+        async def password_sign_in(request: Request) -> PasswordSignedIn:
+            self.check_csrf(request)
+            try:
+                body = PasswordSignInBody.model_validate(parse_json(await read_body(request, 8192)))
+            except ValidationError as exc:
+                raise Unprocessable(summarize_errors(exc.errors()), code="invalid_body") from None
+            address = request.client.host if request.client is not None else None
+            wait = self.limits.retry_after(body.user, address)
+            if wait is not None:
+                log.info("signin.password_rate_limited", user_id=body.user[:64], address=address, retry_after_s=wait)
+                raise TooManyAttempts(
+                    f"too many failed sign-ins; retry in {wait} s", headers={"Retry-After": str(wait)}
+                )
+            assert self.passwords is not None  # install() set it
+            reply = await self.passwords.check(body.user, body.password)
+            if not reply.ok:
+                self.limits.failed(body.user, address)
+                log.info("signin.password_refused", user_id=body.user[:64], address=address)
+                if self.audit is not None:
+                    self.audit.refused_here(status=401, reason="password_refused", principal=f"user:{body.user[:64]}")
+                raise SignInRefused(REFUSED)
+            self.limits.succeeded(body.user)
+            user_id = reply.user_id or body.user
+            role = None if reply.role is None else Role[reply.role]
+            await self._start_session(request, user_id, reply.display_name or user_id, role)
+            log.info("signin.succeeded", user_id=user_id, role=reply.role, method="password")
+            return PasswordSignedIn(
+                user=user_id,
+                name=(reply.display_name or user_id)[:200],
+                role=reply.role,
+                next="#/runs" if role is not None else "#/inbox",
+            )
+
+    def _oidc_routes(self, router: APIRouter) -> None:
         client = self.oauth.create_client(_CLIENT)
         settings = self.settings
 
@@ -366,18 +515,10 @@ class SignIn:
                     "(TEMPORALITY_JOURNAL_OIDC_USER_CLAIM)"
                 )
             role = role_of(claims.get(settings.oidc_roles_claim), dict(settings.oidc_role_map))
+            if role is None and settings.oidc_directory_roles:
+                role = await self._directory_role(user_id.strip())
             next_hash = request.session.get("next") or "#/runs"
-            before = self.person(request)  # signed in already, in this browser: that session ends here
-            if before is not None:  # the session it replaces ends on every replica, or the sign-in does not happen
-                await self._end(before, "the session this sign-in replaces could not be ended")
-            request.session.clear()  # nothing from before the sign-in survives it
-            request.session[_PERSON_KEY] = {
-                "id": user_id.strip(),
-                "name": str(claims.get("name") or user_id)[:200],
-                "role": None if role is None else role.name,
-                "exp": time.time() + settings.session_max_age_s,
-                "sid": secrets.token_urlsafe(24),  # what a sign-out revokes (temporality_journal.revocation)
-            }
+            await self._start_session(request, user_id.strip(), str(claims.get("name") or user_id), role)
             id_token = token.get("id_token")
             if isinstance(id_token, str) and len(id_token) <= 3000:  # the cookie stays under the 4 KB browsers keep
                 request.session[_ID_TOKEN_KEY] = id_token
@@ -385,6 +526,8 @@ class SignIn:
             if role is None:
                 next_hash = "#/inbox"
             return RedirectResponse(f"/console/{next_hash}", status_code=302)
+
+    def _logout_route(self, router: APIRouter) -> None:
 
         @router.post(
             "/auth/logout",
@@ -400,12 +543,12 @@ class SignIn:
                 # recorded before the answer: from here every replica refuses a copy of the cookie
                 await self._end(person, "the sign-out could not be recorded")
             request.session.clear()  # the middleware then expires the cookie
-            provider_logout = await self.provider_logout(id_token) if isinstance(id_token, str) else None
+            provider_logout = None
+            if isinstance(id_token, str) and self.oauth is not None:
+                provider_logout = await self.provider_logout(id_token)
             if person is not None:
                 log.info("signin.signed_out", user_id=person.user_id, provider_logout=provider_logout is not None)
             return SignedOut(provider_logout=provider_logout)
-
-        return router
 
 
 def _with_query(url: str, params: dict[str, str]) -> str:
@@ -417,5 +560,9 @@ def _with_query(url: str, params: dict[str, str]) -> str:
 
 def auth_config(signin: SignIn | None) -> AuthConfig:
     if signin is None:
-        return AuthConfig(oidc=None)
-    return AuthConfig(oidc=AuthConfig.Oidc(provider=signin.settings.oidc_provider_name, login="/auth/login"))
+        return AuthConfig(oidc=None, password=None)
+    oidc = None
+    if signin.oauth is not None:
+        oidc = AuthConfig.Oidc(provider=signin.settings.oidc_provider_name, login="/auth/login")
+    password = AuthConfig.Password(login="/auth/password") if signin.settings.password_signin else None
+    return AuthConfig(oidc=oidc, password=password)

@@ -12,7 +12,7 @@ const STATES = ["pending", "running", "waiting_for_human", "waiting_for_agent", 
   "cancelled"];
 
 let me = null; // {name, role, kind, user} of the signed-in token or person (role null: inbox only)
-let authConfig = null; // GET /auth/config: {oidc: {provider, login} | null}
+let authConfig = null; // GET /auth/config: {oidc: {provider, login} | null, password: {login} | null}
 const CONSOLE_HEADER = { "X-Temporality-Console": "1" };
 const signedInPerson = () => me?.kind === "person";
 let pendingMessage = null; // shown once the next view is rendered (a hash change clears the old one)
@@ -266,16 +266,20 @@ async function sessionPerson(signal) {
   }
 }
 
-// "Sign in with <provider>" when the journal has OIDC configured (GET /auth/config), else nothing.
-async function providerButton() {
+async function loadAuthConfig() {
   if (authConfig === null) {
     try {
       authConfig = await api("/auth/config");
     } catch {
-      authConfig = { oidc: null };
+      authConfig = { oidc: null, password: null };
     }
   }
-  const oidc = authConfig.oidc;
+  return authConfig;
+}
+
+// "Sign in with <provider>" when the journal has OIDC configured (GET /auth/config), else nothing.
+async function providerButton() {
+  const oidc = (await loadAuthConfig()).oidc;
   if (!oidc) return null;
   const back = location.hash && !location.hash.startsWith("#/signin") ? location.hash : "#/runs";
   return h(
@@ -295,6 +299,63 @@ function go(hash, text = null) {
     pendingMessage = null;
     route();
   }
+}
+
+// "Sign in with your directory account" when the journal has password sign-in on (GET /auth/config), else
+// null: the person's directory user id and console password, checked by human-interaction; the journal sets its
+// session cookie (HttpOnly: nothing is kept in this tab) with the role the directory gives them.
+async function directoryForm() {
+  const config = (await loadAuthConfig()).password;
+  if (!config) return null;
+  const user = h("input", { id: "directory-user", name: "username", autocomplete: "username", required: true,
+    maxlength: 200, spellcheck: "false", autocapitalize: "none" });
+  const password = h("input", { id: "directory-password", name: "password", type: "password",
+    autocomplete: "current-password", required: true, maxlength: 1024, "aria-describedby": "directory-help" });
+  const submit = h("button", { class: "primary", type: "submit" }, "Sign in with your directory account");
+  const form = h(
+    "form",
+    { class: "signin card", id: "directory-signin" },
+    h("h2", {}, "Sign in with your directory account"),
+    h("label", { for: "directory-user" }, "User id", user),
+    h("label", { for: "directory-password" }, "Password", password),
+    h("p", { id: "directory-help", class: "muted" },
+      "Your user id in the Temporality directory and the console password an admin set for you."),
+    submit,
+  );
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    submit.disabled = true;
+    try {
+      const response = await fetch(config.login, {
+        method: "POST",
+        headers: { ...CONSOLE_HEADER, "Content-Type": "application/json" },
+        body: JSON.stringify({ user: user.value.trim(), password: password.value }),
+      });
+      const body = await response.json().catch(() => null);
+      if (!response.ok) {
+        const wait = response.headers.get("Retry-After");
+        const detail = body?.detail ?? `HTTP ${response.status}`;
+        message(response.status === 401
+          ? "Not signed in: unknown user or wrong password."
+          : `Not signed in: ${detail}${wait && !detail.includes(" s") ? ` (retry in ${wait} s)` : ""}.`);
+        password.value = "";
+        password.focus();
+        return;
+      }
+      password.value = "";
+      sessionStorage.removeItem(TOKEN_KEY); // the session cookie speaks from now on
+      me = await sessionPerson();
+      renderChrome();
+      const back = location.hash && !location.hash.startsWith("#/signin") && location.hash !== "#/inbox"
+        ? location.hash : null;
+      go(me?.role ? back ?? body.next : "#/inbox");
+    } catch (error) {
+      failed(error);
+    } finally {
+      submit.disabled = false;
+    }
+  });
+  return form;
 }
 
 function signInView() {
@@ -322,8 +383,14 @@ function signInView() {
     h("p", { class: "muted" }, "Here to answer a question an agent asked you? ",
       h("a", { href: "#/inbox" }, "Open your inbox"), " (with your inbox token)."),
   );
-  providerButton().then((button) => {
-    if (button) form.querySelector("h1").after(button, h("p", { class: "muted" }, "Or with an API token:"));
+  const page = h("div", { class: "signin-page" }, form);
+  Promise.all([providerButton(), directoryForm()]).then(([button, directory]) => {
+    if (directory) {
+      form.querySelector("h1").remove();
+      page.prepend(h("h1", {}, "Sign in"), directory, h("p", { class: "muted" }, "Or with an API token:"));
+      if (document.activeElement === input && !input.value) $("directory-user").focus();
+    }
+    if (button) page.querySelector("h1").after(button, h("p", { class: "muted" }, directory ? "Or:" : "Or with an API token:"));
   }).catch(() => {});
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -341,7 +408,7 @@ function signInView() {
     renderChrome();
     go(location.hash && location.hash !== "#/signin" ? location.hash : "#/runs");
   });
-  show(form);
+  show(page);
   input.focus();
 }
 
@@ -1393,8 +1460,15 @@ function inboxSignInView() {
     ),
     h("button", { class: "primary", type: "submit" }, "Open my inbox"),
   );
-  providerButton().then((button) => {
-    if (button) form.querySelector("h1").after(button, h("p", { class: "muted" }, "Or with your inbox token:"));
+  const page = h("div", { class: "signin-page" }, form);
+  Promise.all([providerButton(), directoryForm()]).then(([button, directory]) => {
+    if (directory) {
+      const heading = form.querySelector("h1");
+      page.prepend(heading, directory, h("p", { class: "muted" }, "Or with your inbox token:"));
+    }
+    if (button) {
+      page.querySelector("h1").after(button, h("p", { class: "muted" }, directory ? "Or:" : "Or with your inbox token:"));
+    }
   }).catch(() => {});
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -1411,7 +1485,7 @@ function inboxSignInView() {
     sessionStorage.setItem(INBOX_TOKEN_KEY, candidate);
     go("#/inbox");
   });
-  show(form);
+  show(page);
   input.focus();
 }
 

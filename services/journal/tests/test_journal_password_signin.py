@@ -1,0 +1,348 @@
+"""Sign-in with a directory account's password (issue 9) over real HTTP: the journal service on a real port, the
+real human-interaction service (its users file holding Argon2id hashes and console roles) answering the password
+check over a real bus, headless Chromium for the console's form."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from journal_support import (
+    OPERATOR,
+    ServedJournal,
+    console_screenshot,
+    eventually,
+    oidc_sign_in,
+    serve_human,
+    serve_journal,
+    served_settings,
+)
+from playwright.async_api import BrowserContext, expect
+
+from temporality_bus import Bus, NatsSettings
+from temporality_embedded.processes import free_port
+from temporality_human_interaction.passwords import hash_password
+from temporality_journal import Settings
+from temporality_journal.passwords import AttemptLimits
+from temporality_journal.signin import SESSION_COOKIE
+from temporality_testing.oidc_emulator import OidcEmulator
+
+CONSOLE = {"X-Temporality-Console": "1"}
+ALICE_PASSWORD = "alice-operator-password"
+BOB_PASSWORD = "bob-inbox-only-password"
+WAIT_MS = 20_000
+REFUSED = {"error": "sign_in_refused", "detail": "unknown user or wrong password"}
+
+
+@cache
+def users_file() -> str:
+    """alice: an operator; bob: a password but no console role; dana: a role but no password."""
+    return f"""users:
+  alice:
+    display_name: Alice Example
+    inbox_token: alice-inbox-token
+    preferred: web
+    channels: {{web: {{}}}}
+    console_role: operator
+    password_hash: "{hash_password(ALICE_PASSWORD)}"
+  bob:
+    display_name: Bob Example
+    inbox_token: bob-inbox-token
+    preferred: web
+    channels: {{web: {{}}}}
+    password_hash: "{hash_password(BOB_PASSWORD)}"
+  dana:
+    display_name: Dana Admin
+    inbox_token: dana-inbox-token
+    preferred: web
+    channels: {{web: {{}}}}
+    console_role: admin
+"""
+
+
+def password_settings(tmp_path: Path, nats_settings: NatsSettings, human_url: str | None, **limits: Any) -> Settings:
+    (tmp_path / "session-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    base = served_settings(tmp_path, nats_settings, human_url=human_url)
+    return base.model_copy(
+        update={
+            "password_signin": True,
+            "session_secret_file": tmp_path / "session-secret",
+            "session_cookie_secure": False,  # plain http on loopback
+            "inbox_vouch_secret_file": tmp_path / "vouch-secret",
+            **limits,
+        }
+    )
+
+
+@dataclass
+class Stack:
+    journal: ServedJournal
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, nats_settings: NatsSettings, bus: Bus) -> AsyncIterator[Stack]:
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    async with serve_human(tmp_path, nats_settings, tmp_path / "vouch-secret", users=users_file()) as human_url:
+        settings = password_settings(
+            tmp_path, nats_settings, human_url, password_max_failures=3, password_max_failures_per_address=5
+        )
+        async with serve_journal(settings, bus) as journal:
+            yield Stack(journal)
+
+
+async def sign_in(client: httpx.AsyncClient, user: str, password: str) -> httpx.Response:
+    return await client.post("/auth/password", json={"user": user, "password": password}, headers=CONSOLE)
+
+
+async def test_an_operator_signs_in_with_the_directory_password_and_signs_out(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as browser:
+        config = await browser.get("/auth/config")
+        assert config.json() == {"oidc": None, "password": {"login": "/auth/password"}}
+        signed_in = await sign_in(browser, "alice", ALICE_PASSWORD)
+        assert signed_in.status_code == 200, signed_in.text
+        assert signed_in.json() == {"user": "alice", "name": "Alice Example", "role": "operator", "next": "#/runs"}
+        cookie = next(v for k, v in signed_in.headers.multi_items() if k == "set-cookie" and SESSION_COOKIE in v)
+        assert "httponly" in cookie.lower()
+        assert ALICE_PASSWORD not in cookie
+        who = (await browser.get("/whoami")).json()
+        assert (who["kind"], who["user"], who["role"], who["name"]) == ("person", "alice", "operator", "Alice Example")
+        assert (await browser.get("/runs")).status_code == 200
+        assert (await browser.get("/audit")).status_code == 200  # operator
+        inbox = await browser.get("/human/inbox")  # the journal vouches for her to human-interaction
+        assert inbox.status_code == 200, inbox.text
+        copied = browser.cookies.get(SESSION_COOKIE)
+        assert copied is not None
+
+        out = await browser.post("/auth/logout", headers=CONSOLE)
+        assert out.json() == {"provider_logout": None}
+        assert (await browser.get("/whoami")).status_code == 401
+    async with httpx.AsyncClient(base_url=stack.journal.url, cookies={SESSION_COOKIE: copied}) as thief:
+        assert (await thief.get("/runs")).status_code == 401  # the same revocation as an OIDC session
+
+
+async def test_a_password_without_a_console_role_opens_only_the_inbox(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as browser:
+        signed_in = await sign_in(browser, "bob", BOB_PASSWORD)
+        assert signed_in.status_code == 200, signed_in.text
+        assert (signed_in.json()["role"], signed_in.json()["next"]) == (None, "#/inbox")
+        assert (await browser.get("/runs")).status_code == 403
+        assert (await browser.get("/human/inbox")).status_code == 200
+
+
+async def test_every_refusal_is_the_same_401_and_is_audited_without_the_password(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as client:
+        refusals = [
+            await sign_in(client, "alice", "not-alices-password"),  # a wrong password
+            await sign_in(client, "nobody", ALICE_PASSWORD),  # no such user
+            await sign_in(client, "dana", "dana-has-no-password"),  # a user without a password
+        ]
+        assert [(r.status_code, r.json()) for r in refusals] == [(401, REFUSED)] * 3
+        assert client.cookies.get(SESSION_COOKIE) is None  # nobody was signed in
+
+        async def audited() -> list[dict[str, Any]] | None:
+            answer = await client.get("/audit", params={"kind": "access_refusal"}, headers=OPERATOR)
+            entries = [e for e in answer.json()["entries"] if e["details"]["reason"] == "password_refused"]
+            return entries if len(entries) >= 3 else None
+
+        entries = await eventually(audited, what="the three refused sign-ins in /audit")
+        assert sorted(e["details"]["principal"] for e in entries) == ["user:alice", "user:dana", "user:nobody"]
+        assert {(e["details"]["status"], e["details"]["path"], e["details"]["address"]) for e in entries} == {
+            (401, "/auth/password", "127.0.0.1")
+        }
+        trail = (await client.get("/audit", headers=OPERATOR)).text
+        for secret in ("not-alices-password", ALICE_PASSWORD, "dana-has-no-password", "$argon2id$"):
+            assert secret not in trail
+
+
+async def test_repeated_failures_are_a_429_with_retry_after_per_user_and_per_address(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as client:
+        for _ in range(3):  # TEMPORALITY_JOURNAL_PASSWORD_MAX_FAILURES=3 here
+            assert (await sign_in(client, "alice", "guess-guess-guess")).status_code == 401
+        limited = await sign_in(client, "alice", ALICE_PASSWORD)  # even the right one: not checked now
+        assert limited.status_code == 429, limited.text
+        assert limited.json()["error"] == "too_many_attempts"
+        assert 1 <= int(limited.headers["Retry-After"]) <= 900
+        assert client.cookies.get(SESSION_COOKIE) is None
+        # another user from the same address may still sign in ...
+        assert (await sign_in(client, "bob", BOB_PASSWORD)).status_code == 200
+        # ... until the address has its five failures (MAX_FAILURES_PER_ADDRESS=5 here)
+        assert (await sign_in(client, "bob", "guess-guess-guess")).status_code == 401
+        assert (await sign_in(client, "dana", "guess-guess-guess")).status_code == 401
+        blocked = await sign_in(client, "dana", "guess-guess-guess")
+        assert blocked.status_code == 429
+        assert "Retry-After" in blocked.headers
+
+
+async def test_malformed_sign_ins_and_those_without_the_console_header_are_refused(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as client:
+        no_header = await client.post("/auth/password", json={"user": "alice", "password": ALICE_PASSWORD})
+        assert no_header.status_code == 403
+        assert no_header.json()["error"] == "console_header_missing"
+        form = await client.post(  # a form another site could post: no console header, refused the same
+            "/auth/password", data={"user": "alice", "password": ALICE_PASSWORD}
+        )
+        assert form.status_code == 403
+        bodies: list[object] = [{"user": "alice"}, {"user": "", "password": "x"}, {"user": "alice", "password": 5}, []]
+        for body in bodies:
+            bad = await client.post("/auth/password", json=body, headers=CONSOLE)
+            assert bad.status_code == 422, (body, bad.text)
+            assert bad.json()["error"] in ("invalid_body", "invalid_json")
+        assert client.cookies.get(SESSION_COOKIE) is None
+
+
+async def test_human_interaction_unreachable_is_a_503_and_signs_nobody_in(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus
+) -> None:
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    async with (
+        serve_journal(password_settings(tmp_path, nats_settings, None), bus) as journal,
+        httpx.AsyncClient(base_url=journal.url, timeout=30) as client,
+    ):
+        answer = await sign_in(client, "alice", ALICE_PASSWORD)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"] == "directory_unreachable"
+        assert "human-interaction" in answer.json()["detail"]
+        assert answer.headers["Retry-After"] == "5"
+        assert client.cookies.get(SESSION_COOKIE) is None
+
+
+def test_password_sign_in_needs_a_session_secret(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="TEMPORALITY_JOURNAL_SESSION_SECRET_FILE"):
+        Settings(password_signin=True)
+
+
+async def test_console_sign_in_with_the_directory_account_by_keyboard(
+    stack: Stack, browser_context: BrowserContext
+) -> None:
+    page = await browser_context.new_page()
+    await page.goto(f"{stack.journal.url}/console/")
+    user = page.get_by_label("User id")
+    await expect(user).to_be_visible(timeout=WAIT_MS)
+    await expect(user).to_be_focused()
+    await expect(page.locator("#token")).to_be_visible()  # the API token sign-in stays
+
+    await user.fill("alice")
+    await page.keyboard.press("Tab")
+    await page.keyboard.type("a-wrong-password")
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#message")).to_have_text("Not signed in: unknown user or wrong password.")
+    await expect(page.get_by_label("Password", exact=True)).to_be_focused()
+    await expect(page.get_by_label("Password", exact=True)).to_have_value("")
+    await console_screenshot(page, "signin-directory")
+
+    await page.keyboard.type(ALICE_PASSWORD)
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#who")).to_have_text("Alice Example (operator)", timeout=WAIT_MS)
+    await expect(page.locator("#nav")).to_be_visible()
+    await expect(page).to_have_url(re.compile(r"#/runs$"))
+    assert SESSION_COOKIE not in await page.evaluate("document.cookie")  # HttpOnly
+    assert not await page.evaluate("sessionStorage.length")  # nothing kept in the tab
+
+    await page.locator("#sign-out").click()
+    await expect(page.get_by_label("User id")).to_be_visible(timeout=WAIT_MS)
+    assert await page.evaluate("fetch('/whoami').then((r) => r.status)") == 401
+
+
+async def test_console_of_a_directory_account_without_a_role_is_its_inbox(
+    stack: Stack, browser_context: BrowserContext
+) -> None:
+    page = await browser_context.new_page()
+    await page.goto(f"{stack.journal.url}/console/#/inbox")
+    await page.get_by_label("User id").fill("bob")
+    await page.get_by_label("Password", exact=True).fill(BOB_PASSWORD)
+    await page.get_by_role("button", name="Sign in with your directory account").click()
+    await expect(page.locator("#inbox-who")).to_have_text("Signed in to the inbox as bob", timeout=WAIT_MS)
+    await expect(page.locator("#who")).to_have_text("Bob Example (inbox only)")
+    await expect(page.locator("#nav")).to_be_hidden()
+
+
+# --------------------------------------------------------------------------- OIDC: the directory's role as fallback
+#: At the provider: alice is in a mapped group (viewer), dana and bob in none.
+PEOPLE = {
+    "alice": {"preferred_username": "alice", "name": "Alice Example", "groups": ["staff"]},
+    "dana": {"preferred_username": "dana", "name": "Dana Admin", "groups": ["elsewhere"]},
+    "bob": {"preferred_username": "bob", "name": "Bob Example", "groups": []},
+}
+
+
+def with_oidc(settings: Settings, tmp_path: Path, idp: OidcEmulator, directory_roles: bool) -> Settings:
+    port = free_port()
+    (tmp_path / "client-secret").write_text(idp.client_secret, encoding="utf-8")
+    idp.redirect_uris = [f"http://127.0.0.1:{port}/auth/callback"]
+    return settings.model_copy(
+        update={
+            "port": port,
+            "password_signin": False,
+            "oidc_issuer": idp.issuer,
+            "oidc_client_id": idp.client_id,
+            "oidc_client_secret_file": tmp_path / "client-secret",
+            "oidc_redirect_base_url": f"http://127.0.0.1:{port}",
+            "oidc_user_claim": "preferred_username",
+            "oidc_role_map": {"staff": "viewer"},
+            "oidc_directory_roles": directory_roles,
+        }
+    )
+
+
+async def _role_after_oidc_sign_in(journal: ServedJournal, idp: OidcEmulator, login: str) -> str | None:
+    async with httpx.AsyncClient(base_url=journal.url, timeout=20) as browser:
+        answer = await oidc_sign_in(browser, idp, login)
+        assert answer.status_code == 302, answer.text
+        role: str | None = (await browser.get("/whoami")).json()["role"]
+        return role
+
+
+@pytest.mark.parametrize("directory_roles", [True, False])
+async def test_an_oidc_sign_in_without_a_mapped_role_takes_the_directory_role_when_configured(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, directory_roles: bool
+) -> None:
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    async with (
+        OidcEmulator(people=PEOPLE).serve() as idp,
+        serve_human(tmp_path, nats_settings, tmp_path / "vouch-secret", users=users_file()) as human_url,
+    ):
+        settings = with_oidc(password_settings(tmp_path, nats_settings, human_url), tmp_path, idp, directory_roles)
+        async with serve_journal(settings, bus) as journal:
+            roles = {login: await _role_after_oidc_sign_in(journal, idp, login) for login in PEOPLE}
+    if directory_roles:
+        # the map's role wins even when the directory's is higher (alice: operator there); dana: none mapped,
+        # admin in the directory; bob: neither
+        assert roles == {"alice": "viewer", "dana": "admin", "bob": None}
+    else:
+        assert roles == {"alice": "viewer", "dana": None, "bob": None}
+
+
+async def test_directory_roles_without_human_interaction_give_no_role(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus
+) -> None:
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    async with OidcEmulator(people=PEOPLE).serve() as idp:
+        settings = with_oidc(password_settings(tmp_path, nats_settings, None), tmp_path, idp, True)
+        async with serve_journal(settings, bus) as journal:
+            assert await _role_after_oidc_sign_in(journal, idp, "dana") is None  # least privilege: the inbox
+            assert await _role_after_oidc_sign_in(journal, idp, "alice") == "viewer"  # the map needs nobody
+
+
+def test_attempt_limits_slide_with_the_window_and_a_success_clears_the_user() -> None:
+    now = [1000.0]
+    limits = AttemptLimits(max_per_user=2, max_per_address=3, window_s=60, clock=lambda: now[0])
+    limits.failed("alice", "10.0.0.1")
+    now[0] += 10
+    assert limits.retry_after("alice", "10.0.0.1") is None
+    limits.failed("Alice", "10.0.0.1")  # the same user id, however it is capitalised
+    assert limits.retry_after("alice", "10.0.0.2") == 50  # until the first failure is 60 s old
+    now[0] += 50
+    assert limits.retry_after("alice", "10.0.0.2") is None  # it left the window
+    limits.failed("bob", "10.0.0.1")  # the address's failures within the window: at 1010, 1060 and 1060
+    limits.failed("dana", "10.0.0.1")
+    assert limits.retry_after("carol", "10.0.0.1") == 10
+    assert limits.retry_after("carol", "10.0.0.9") is None
+    limits.succeeded("bob")
+    assert limits.retry_after("bob", None) is None

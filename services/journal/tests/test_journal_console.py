@@ -6,16 +6,14 @@ live tail. Every browser assertion waits (Playwright's ``expect`` with a timeout
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import pytest
-from journal_support import ADMIN_TOKEN, OPERATOR_TOKEN, VIEWER, VIEWER_TOKEN
+from journal_support import ADMIN_TOKEN, OPERATOR_TOKEN, VIEWER, VIEWER_TOKEN, console_screenshot
 from playwright.async_api import BrowserContext, Page, expect
 
 from temporality_journal import Database, Recorder
@@ -26,8 +24,6 @@ MakeStory = Callable[..., Any]  # journal_support.RunStory
 Served = Any  # conftest.ServedJournal
 
 WAIT_MS = 20_000
-#: Set to a folder to save the screenshots docs/console.md shows (``docs/img``); unset in normal runs.
-SCREENSHOTS = os.environ.get("TEMPORALITY_CONSOLE_SCREENSHOTS")
 #: Shown as text, never parsed as HTML (the console renders with textContent).
 HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1"> Merge it?'
 
@@ -42,11 +38,6 @@ def _trigger_accepted(s: Any) -> Envelope:
 def _tool_called(s: Any) -> Envelope:
     data = RunToolCalled(run_id=s.run_id, turn=1, call_id="c1", tool="get_pr_context", result_preview="3 files changed")
     return make_event(data, source="/temporality/test", id=derive_id("evt", s.run_id, "tool"), run_id=s.run_id)
-
-
-async def _screenshot(page: Page, name: str) -> None:
-    if SCREENSHOTS:
-        await page.screenshot(path=Path(SCREENSHOTS) / f"console-{name}.png", full_page=True)
 
 
 async def _publish(served: Served, *events: Envelope) -> None:
@@ -109,7 +100,7 @@ async def test_sign_in_timeline_reads_like_ui_1_and_updates_live(
     await expect(request).to_contain_text(HOSTILE)  # the literal text, not markup
     await expect(page.locator("#run-header")).to_contain_text("Waiting for")
     await expect(page.locator("#run-header")).to_contain_text("alice")
-    await _screenshot(page, "run-waiting")
+    await console_screenshot(page, "run-waiting")
     assert await page.locator("#view img").count() == 0
     assert await page.evaluate("document.body.dataset.pwned === undefined")
     # each step's event is one click away
@@ -142,7 +133,7 @@ async def test_sign_in_timeline_reads_like_ui_1_and_updates_live(
     await expect(response).to_contain_text("matrix")
     await expect(page.locator('#run-header [data-state="completed"]')).to_be_visible(timeout=WAIT_MS)
     await expect(page.locator("#run-header")).to_contain_text("Kept v1")
-    await _screenshot(page, "run-completed")
+    await console_screenshot(page, "run-completed")
 
 
 async def test_an_event_committed_late_with_a_lower_stream_seq_reaches_the_open_timeline(
@@ -181,7 +172,7 @@ async def test_waiting_page_says_whom_which_channel_what_and_since_when(
     await expect(cells.nth(2)).to_have_text("matrix")
     await expect(cells.nth(3)).to_have_text(HOSTILE)
     await expect(cells.nth(5)).to_have_text(re.compile(r"^(29|30|31) min$"))
-    await _screenshot(page, "waiting")
+    await console_screenshot(page, "waiting")
     # the answer arrives live: the run leaves the list without a reload
     await expect(page.locator("#live")).to_have_attribute("data-live", "on", timeout=WAIT_MS)
     await _publish(served_journal, s.answered(), s.resumed())
@@ -283,7 +274,7 @@ async def test_triggers_and_analytics_pages(
     await expect(page.get_by_role("img", name="< 1 min: 0")).to_be_visible()
     await expect(page.get_by_role("img", name="< 5 min: 1")).to_be_visible()  # waited 60 s
     assert "[object" not in await page.locator("#analytics").inner_text()
-    await _screenshot(page, "analytics")
+    await console_screenshot(page, "analytics")
 
 
 async def test_runs_list_filters(served_journal: Served, browser_context: BrowserContext, story: MakeStory) -> None:
@@ -411,7 +402,7 @@ async def test_trigger_wizard_creates_previews_and_disables_and_a_viewer_only_re
     await page.get_by_role("button", name="Preview").click()
     await expect(page.locator("#preview")).to_contain_text("agent: unknown agent", timeout=WAIT_MS)
     await form.get_by_label("Agent", exact=True).fill("reviewer")
-    await _screenshot(page, "trigger-wizard")
+    await console_screenshot(page, "trigger-wizard")
 
     await page.get_by_role("button", name="Create trigger").click()
     await expect(page.locator("#message")).to_contain_text("Trigger wizard-orders saved", timeout=WAIT_MS)

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from journal_support import ADMIN_TOKEN, eventually
+from journal_support import ADMIN_TOKEN, console_screenshot, eventually
 from playwright.async_api import BrowserContext, Page, expect
 
 from temporality_embedded import Stack
@@ -64,11 +64,6 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 async def http() -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(timeout=10) as client:
         yield client
-
-
-async def _screenshot(page: Page, name: str) -> None:
-    if SCREENSHOTS:
-        await page.screenshot(path=Path(SCREENSHOTS) / f"console-{name}.png", full_page=True)
 
 
 async def _open_inbox(context: BrowserContext, stack: Stack, *, paused_clock: bool = False) -> Page:
@@ -115,7 +110,7 @@ async def test_answer_in_the_inbox_and_watch_the_run_complete(
     await expect(card.get_by_role("button", name="Keep the v1 contract")).to_be_visible()
     await expect(card.get_by_role("button", name="Ship it as a breaking v2")).to_be_visible()
     await expect(card.get_by_label("Or answer in your own words")).to_be_visible()
-    await _screenshot(page, "inbox")
+    await console_screenshot(page, "inbox")
 
     stale = await _open_inbox(browser_context, stack, paused_clock=True)  # a second tab, loaded before the answer
 
@@ -126,7 +121,7 @@ async def test_answer_in_the_inbox_and_watch_the_run_complete(
         "Answer recorded: Keep the v1 contract. The run continues.", timeout=WAIT_MS
     )
     await expect(card.get_by_role("button", name="Ship it as a breaking v2")).to_be_disabled()
-    await _screenshot(page, "inbox-answered")
+    await console_screenshot(page, "inbox-answered")
 
     # the other tab still offers the question: human-interaction refuses the second answer and says why
     stale_card = stale.locator("#inbox .inbox-item")

@@ -36,9 +36,10 @@ the whole bench by ``--timeout``. Nothing asserts on speed; the exit code is 1 w
 anything but 202 or wrk saw socket errors (the load was not what it claims to be).
 
 ``--before SRC ...``: a fourth server, ``before``, served like ``runtime`` with these source folders first on
-its PYTHONPATH (e.g. ``git archive <commit> services/trigger-gateway/src | tar -x -C /tmp/old`` then
-``--before /tmp/old/services/trigger-gateway/src``): the code before a change, measured interleaved with
-the code after it in the same run, and the ratio ``runtime/before``.
+its PYTHONPATH (e.g. ``git archive <commit> services/trigger-gateway/src libs/protocol/src | tar -x -C /tmp/old``
+then ``--before /tmp/old/services/trigger-gateway/src /tmp/old/libs/protocol/src``: every package the change
+touched): the code before a change, measured interleaved with the code after it in the same run, and the
+ratio ``runtime/before``.
 
 ``--profile DIR``: each server runs under cProfile for the whole run and writes ``DIR/<kind>.prof``; the
 bench prints the top functions of each by own time (profiled figures are not comparable with unprofiled ones).

@@ -132,12 +132,14 @@ def make_event(
 
 _CORE = ("id", "source", "type", "specversion", "time", "subject", "datacontenttype")
 _EXT = ("runid", "correlationid", "causationid", "actor", "tenant", "protocolversion", "traceparent", "tracestate")
+_ATTRIBUTES = _CORE + _EXT
 
 
 def encode(event: Envelope) -> bytes:
     """Structured-mode JSON (compact, UTF-8): the attributes that are set, then ``data``."""
-    doc: dict[str, Any] = {k: v for k in _CORE + _EXT if (v := getattr(event, k)) is not None}
-    doc["data"] = event.data
+    fields = event.__dict__  # the validated field values (getattr would go through the model's attribute lookup)
+    doc: dict[str, Any] = {k: v for k in _ATTRIBUTES if (v := fields[k]) is not None}
+    doc["data"] = fields["data"]
     return to_json(doc)
 
 

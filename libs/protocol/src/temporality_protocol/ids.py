@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import uuid
+import os
 
 __all__ = ["derive_id", "new_id", "run_id_for_delivery"]
 
@@ -20,8 +20,9 @@ def derive_id(prefix: str, *parts: str) -> str:
 
 
 def new_id(prefix: str) -> str:
-    """A fresh random id, for facts that happen once per occurrence (e.g. one HTTP delivery)."""
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+    """A fresh random id, for facts that happen once per occurrence (e.g. one HTTP delivery):
+    ``prefix-<24 hex>``, 96 bits from the OS's CSPRNG (as uuid4's, without building a UUID: a third of its cost)."""
+    return f"{prefix}-{os.urandom(12).hex()}"
 
 
 def run_id_for_delivery(trigger_id: str, source_event_id: str) -> str:

@@ -17,11 +17,13 @@ parsed. A refusal is journaled only once the sender is authenticated.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from temporality_bus import Bus
 from temporality_service import HTTP_TELEMETRY, ApiAuth, ErrorBody, install_error_handlers, parse_json, read_body
@@ -59,7 +61,7 @@ def create_app(
     checking ``auth``'s role tokens), or a fixed list (tests, benchmarks: no admin API)."""
     registry = triggers if isinstance(triggers, TriggerRegistry) else TriggerRegistry.static(triggers)
     intake = Intake(bus, retry_after_s=settings.retry_after_s, claim_lease_s=settings.claim_lease_s)
-    app = FastAPI(
+    app = _GatewayApp(
         title="Temporality trigger-gateway",
         docs_url=None,
         redoc_url=None,
@@ -84,11 +86,14 @@ def create_app(
 
     # The webhook is the hot path: it is served by a plain Starlette route put first (no FastAPI dependency
     # solving per request), and documented by the FastAPI route below, which no POST reaches (the first route
-    # matches it in full). Other methods match both only in part: 405 with Allow: POST, as before.
+    # matches it in full). Other methods match both only in part: 405 with Allow: POST, as before. With no
+    # telemetry to record, the app hands a POST to it straight to this route (_GatewayApp.__call__).
     async def serve_hook(request: Request) -> Response:
         return await hook(request.path_params["trigger_id"], request)
 
-    app.router.routes.insert(0, Route("/hooks/{trigger_id}", serve_hook, methods=["POST"], include_in_schema=False))
+    webhook_route = Route("/hooks/{trigger_id}", serve_hook, methods=["POST"], include_in_schema=False)
+    app.router.routes.insert(0, webhook_route)
+    app.webhook_route = webhook_route
 
     @app.post(
         "/hooks/{trigger_id}",
@@ -131,3 +136,90 @@ def create_app(
         )
 
     return app
+
+
+class _GatewayApp(FastAPI):
+    """The gateway's FastAPI app, with a lean path for its hot request, ``POST /hooks/{trigger_id}``.
+
+    While FastAPI's own telemetry has nothing to record (no tracer, meter or logger provider installed, as
+    the service runs without ``OTEL_*`` settings), such a request goes through the middleware the app was
+    given (``add_middleware``: the service runtime's request metrics) straight to the webhook's route, not
+    through the framework's layers (server errors, telemetry, body limit, exception handlers, exit stack,
+    router), each only a pass-through for it then. It is answered the same: the route's scope keys are set
+    as the router sets them, an exception is answered by the handler the app has for it
+    (:func:`install_error_handlers`: the same ``{"error", "detail"}`` bodies and log lines), and one only the
+    catch-all ``Exception`` handler takes is re-raised after its 500 is sent, as Starlette's server-error
+    middleware does. Every other request, and every request while telemetry is on (its SERVER span), takes
+    the whole stack."""
+
+    webhook_route: Route | None = None
+    _lean_stack: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            self.webhook_route is None
+            or scope["type"] != "http"
+            or scope["method"] != "POST"
+            or scope.get("root_path")
+            or self.root_path
+            or (trigger_id := _hook_trigger(scope["path"])) is None
+            or _telemetry_on(self)
+        ):
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self
+        scope["path_params"] = {"trigger_id": trigger_id}
+        lean = self._lean_stack
+        if lean is None:
+            lean = self._serve_webhook
+            for cls, args, kwargs in reversed(self.user_middleware):
+                lean = cls(lean, *args, **kwargs)
+            self._lean_stack = lean
+        await lean(scope, receive, send)
+
+    async def _serve_webhook(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.webhook_route
+        assert route is not None
+        scope["route"] = route
+        scope["endpoint"] = route.endpoint
+        request = Request(scope, receive, send)
+        try:
+            response = await route.endpoint(request)
+        except Exception as exc:
+            handler, catch_all = _handler_for(self.exception_handlers, exc)
+            response = await handler(request, exc)
+            await response(scope, receive, send)
+            if catch_all:
+                raise  # as ServerErrorMiddleware: the server logs it too
+            return
+        await response(scope, receive, send)
+
+
+_HOOKS = "/hooks/"
+
+
+def _hook_trigger(path: str) -> str | None:
+    """The ``{trigger_id}`` of a ``/hooks/{trigger_id}`` path (what the route's pattern, ``[^/]+``, matches)."""
+    if not path.startswith(_HOOKS):
+        return None
+    trigger_id = path[len(_HOOKS) :]
+    return trigger_id if trigger_id and "/" not in trigger_id else None
+
+
+def _telemetry_on(app: FastAPI) -> bool:
+    """Whether FastAPI's telemetry would record this request (unknown: assume it would)."""
+    telemetry = getattr(app, "_native_telemetry", None)
+    enabled = getattr(telemetry, "enabled", None)
+    return enabled is None or bool(enabled())
+
+
+def _handler_for(
+    handlers: Mapping[Any, Callable[[Request, Exception], Any]], exc: Exception
+) -> tuple[Callable[[Request, Exception], Awaitable[Response]], bool]:
+    """The app's handler of ``exc`` (the closest class in its MRO, as Starlette looks it up), and whether it
+    is the catch-all ``Exception`` one."""
+    for cls in type(exc).__mro__:
+        handler = handlers.get(cls)
+        if handler is not None:
+            return handler, cls is Exception
+    raise exc  # no handler at all (install_error_handlers registers one for Exception)

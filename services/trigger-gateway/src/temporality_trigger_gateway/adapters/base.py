@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from temporality_protocol import NormalizedEvent, SourceLink, is_web_url
+from temporality_protocol import NormalizedEvent, SourceLink
 from temporality_trigger_gateway.errors import InvalidPayload
 
 __all__ = [
@@ -112,6 +112,9 @@ def web_link(*hrefs: str | None, label: str | None = None) -> SourceLink | None:
     """The first of ``hrefs`` that is an absolute http(s) URL as the event's source link (HUM-5), else
     ``None``: a source whose link is missing or not a web URL still starts its run, without a link."""
     for href in hrefs:
-        if href and is_web_url(href):
-            return SourceLink(href=href, label=label[:200] if label else None)
+        if href:
+            try:  # SourceLink's validator is the check (is_web_url): made once, not before and again in it
+                return SourceLink(href=href, label=label[:200] if label else None)
+            except ValidationError:
+                continue
     return None

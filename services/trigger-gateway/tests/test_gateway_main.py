@@ -83,7 +83,7 @@ def test_process_refuses_an_invalid_triggers_file(tmp_path: Path) -> None:
     bad.write_text("triggers:\n  - {id: x, name: x, type: webhook, agent: a, adapter: nope, events: [e]}\n")
     env = {**os.environ, "TEMPORALITY_GATEWAY_TRIGGERS_FILE": str(bad), "TEMPORALITY_NATS_URL": "nats://127.0.0.1:1"}
     result = subprocess.run(
-        [sys.executable, "-m", "temporality_trigger_gateway"], env=env, capture_output=True, timeout=30, check=False
+        [sys.executable, "-m", "temporality_trigger_gateway"], env=env, capture_output=True, timeout=90, check=False
     )
     assert result.returncode == 2
     assert b"unknown adapter 'nope'" in result.stderr
@@ -97,7 +97,7 @@ def test_process_refuses_a_trigger_naming_an_unknown_agent(tmp_path: Path) -> No
     )
     env = {**os.environ, "TEMPORALITY_GATEWAY_TRIGGERS_FILE": str(bad), "TEMPORALITY_NATS_URL": "nats://127.0.0.1:1"}
     result = subprocess.run(
-        [sys.executable, "-m", "temporality_trigger_gateway"], env=env, capture_output=True, timeout=30, check=False
+        [sys.executable, "-m", "temporality_trigger_gateway"], env=env, capture_output=True, timeout=90, check=False
     )
     assert result.returncode == 2
     assert b"unknown agent 'ghost'" in result.stderr

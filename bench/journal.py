@@ -64,7 +64,14 @@ from temporality_protocol import (
     derive_id,
     make_event,
 )
-from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS, EVENTS_STREAM
+from temporality_protocol.catalog import (
+    ALL_BUCKETS,
+    ALL_STREAMS,
+    CONSUMERS,
+    EVENTS_STREAM,
+    senders_of,
+    service_source,
+)
 from temporality_testing.postgres import fresh_postgres_database, postgres_admin_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,13 +90,15 @@ def _trajectory(run_id: str, start: datetime) -> list[Envelope]:
     at = [start]
 
     def ev(data: Any, name: str) -> Envelope:
+        # sent as the service that sends the type does (the consumers refuse a forged sender, SEC-1)
+        sender = senders_of(data.EVENT_TYPE)[0]
         at[0] += timedelta(milliseconds=250)
         return make_event(
             data,
-            source="/temporality/bench",
+            source=service_source(sender),
             id=derive_id("evt", run_id, name),
             run_id=run_id,
-            actor="service:bench",
+            actor=f"service:{sender}",
             time=at[0],
         )
 

@@ -190,6 +190,10 @@ class Db:
     async def count(self) -> int:
         raise NotImplementedError
 
+    async def dead_letters(self) -> int:
+        """How many ``bus.dead_lettered`` rows the journal recorded (a measure with any is not one of ingest)."""
+        raise NotImplementedError
+
     async def baseline(self, events: list[Envelope]) -> tuple[float, float]:
         """Seconds and bench CPU seconds to executemany ``events``' rows into a copy of ``events``."""
         raise NotImplementedError
@@ -223,6 +227,9 @@ _COLUMNS = (
 )
 
 
+_DEAD_LETTERS = "SELECT count(*) FROM events WHERE type = 'bus.dead_lettered'"
+
+
 class SqliteDb(Db):
     def __init__(self, path: Path) -> None:
         super().__init__("sqlite", f"sqlite+aiosqlite:///{path}")
@@ -236,6 +243,10 @@ class SqliteDb(Db):
                 return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
             except sqlite3.OperationalError:  # not created yet
                 return 0
+
+    async def dead_letters(self) -> int:
+        with contextlib.closing(sqlite3.connect(self.path, timeout=5)) as conn:
+            return int(conn.execute(_DEAD_LETTERS).fetchone()[0])
 
     async def baseline(self, events: list[Envelope]) -> tuple[float, float]:
         now = datetime.now(UTC).replace(tzinfo=None)
@@ -274,6 +285,9 @@ class PostgresDb(Db):
             return int(await conn.fetchval("SELECT count(*) FROM events"))
         except asyncpg.UndefinedTableError:
             return 0
+
+    async def dead_letters(self) -> int:
+        return int(await (await self._connection()).fetchval(_DEAD_LETTERS))
 
     async def baseline(self, events: list[Envelope]) -> tuple[float, float]:
         conn = await self._connection()
@@ -387,6 +401,8 @@ async def measure(
 
         await _until(drained, 1800, "backlog ingested")
         t1, cpu1 = time.perf_counter(), _cpu_s(proc.pid)
+        if dead := await db.dead_letters():  # e.g. refused as forged: the rows counted are dead letters
+            raise RuntimeError(f"the journal dead-lettered {dead} events; see the journal's log in {workdir}")
         result: dict[str, Any] = {
             "db": db.name,
             "batch": batch_size,

@@ -36,7 +36,7 @@ from typing import Any
 
 import structlog
 from pydantic_core import to_json
-from sqlalchemy import String, any_, bindparam, select, update
+from sqlalchemy import BigInteger, Column, String, any_, bindparam, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -59,6 +59,7 @@ from temporality_journal.models import (
     EventRecord,
     RunRecord,
     RunSnapshot,
+    UTCDateTime,
     as_utc,
 )
 from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
@@ -128,6 +129,23 @@ _PG_KNOWN_IDS = "SELECT id FROM events WHERE id = ANY($1::text[])"
 def _sqlite_known_ids(count: int) -> str:
     return f"SELECT id FROM events WHERE id IN ({', '.join('?' * count)})"
 
+
+def _pg_type(column: Column[Any]) -> str:
+    if isinstance(column.type, UTCDateTime):
+        return "timestamptz"
+    return "bigint" if isinstance(column.type, BigInteger) else "text"
+
+
+#: PostgreSQL: a batch's new runs in one ``INSERT … SELECT FROM unnest(…)``, one array per column; the runs
+#: it changed in one upsert of the same shape.
+_PG_INSERT_RUNS = (
+    f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) SELECT * FROM unnest("
+    + ", ".join(f"${i}::{_pg_type(RUNS_TABLE.c[name])}[]" for i, name in enumerate(_RUN_COLUMNS, 1))
+    + ")"
+)
+_PG_UPSERT_RUNS = f"{_PG_INSERT_RUNS} ON CONFLICT (run_id) DO UPDATE SET " + ", ".join(
+    f"{name} = EXCLUDED.{name}" for name in _RUN_COLUMNS if name != "run_id"
+)
 
 #: A batch's runs, locked in one order (``run_id``) between replicas; PostgreSQL binds one array (nothing
 #: rendered per id), SQLite an expanding ``IN``. Compiled once, cached by SQLAlchemy.
@@ -451,18 +469,24 @@ class Recorder:
                 if after.state in _FINAL:
                     finished.append(finished_as(after.state, event))
             runs[run_id] = after
-        created = [_run_row(run) for run_id, run in runs.items() if run_id not in before]
-        changed = [_run_row(run) for run_id, run in runs.items() if run_id in before and run != before[run_id]]
-        if created:  # a plain insert: a replica creating the same run meanwhile fails the batch (retried)
-            await conn.execute(RUNS_TABLE.insert(), created)
-        if changed:  # rows locked above: nobody else moved them meanwhile
+        created = [run for run_id, run in runs.items() if run_id not in before]
+        changed = [run for run_id, run in runs.items() if run_id in before and run != before[run_id]]
+        if self._database.dialect == "postgresql":  # one array per column, as the events' insert
+            if created:  # a plain insert: a replica creating the same run meanwhile fails the batch (retried)
+                await conn.exec_driver_sql(_PG_INSERT_RUNS, _pg_run_columns(created))
+            if changed:  # rows locked above: nobody else moved them meanwhile
+                await conn.exec_driver_sql(_PG_UPSERT_RUNS, _pg_run_columns(changed))
+            return moved
+        if created:
+            await conn.execute(RUNS_TABLE.insert(), [_run_row(run) for run in created])
+        if changed:
             upsert = self._insert(RUNS_TABLE)
             await conn.execute(
                 upsert.on_conflict_do_update(
                     index_elements=["run_id"],
                     set_={name: upsert.excluded[name] for name in _RUN_COLUMNS if name != "run_id"},
                 ),
-                changed,
+                [_run_row(run) for run in changed],
             )
         return moved
 
@@ -667,6 +691,12 @@ def _run_snapshot(row: RowMapping) -> RunSnapshot:
     values = dict(row)
     values["state"] = RunState(values["state"])
     return RunSnapshot.model_construct(**values)
+
+
+def _pg_run_columns(runs: list[RunSnapshot]) -> tuple[list[Any], ...]:
+    """The arrays of :data:`_PG_INSERT_RUNS` / :data:`_PG_UPSERT_RUNS`, one per column of ``runs``."""
+    rows = [_run_row(run) for run in runs]
+    return tuple([row[name] for row in rows] for name in _RUN_COLUMNS)
 
 
 def _run_row(run: RunSnapshot) -> dict[str, Any]:

@@ -64,7 +64,14 @@ from temporality_protocol import (
     derive_id,
     make_event,
 )
-from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS, EVENTS_STREAM
+from temporality_protocol.catalog import (
+    ALL_BUCKETS,
+    ALL_STREAMS,
+    CONSUMERS,
+    EVENTS_STREAM,
+    senders_of,
+    service_source,
+)
 from temporality_testing.postgres import fresh_postgres_database, postgres_admin_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,13 +90,15 @@ def _trajectory(run_id: str, start: datetime) -> list[Envelope]:
     at = [start]
 
     def ev(data: Any, name: str) -> Envelope:
+        # sent as the service that sends the type does (the consumers refuse a forged sender, SEC-1)
+        sender = senders_of(data.EVENT_TYPE)[0]
         at[0] += timedelta(milliseconds=250)
         return make_event(
             data,
-            source="/temporality/bench",
+            source=service_source(sender),
             id=derive_id("evt", run_id, name),
             run_id=run_id,
-            actor="service:bench",
+            actor=f"service:{sender}",
             time=at[0],
         )
 
@@ -181,6 +190,10 @@ class Db:
     async def count(self) -> int:
         raise NotImplementedError
 
+    async def dead_letters(self) -> int:
+        """How many ``bus.dead_lettered`` rows the journal recorded (a measure with any is not one of ingest)."""
+        raise NotImplementedError
+
     async def baseline(self, events: list[Envelope]) -> tuple[float, float]:
         """Seconds and bench CPU seconds to executemany ``events``' rows into a copy of ``events``."""
         raise NotImplementedError
@@ -214,6 +227,9 @@ _COLUMNS = (
 )
 
 
+_DEAD_LETTERS = "SELECT count(*) FROM events WHERE type = 'bus.dead_lettered'"
+
+
 class SqliteDb(Db):
     def __init__(self, path: Path) -> None:
         super().__init__("sqlite", f"sqlite+aiosqlite:///{path}")
@@ -227,6 +243,10 @@ class SqliteDb(Db):
                 return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
             except sqlite3.OperationalError:  # not created yet
                 return 0
+
+    async def dead_letters(self) -> int:
+        with contextlib.closing(sqlite3.connect(self.path, timeout=5)) as conn:
+            return int(conn.execute(_DEAD_LETTERS).fetchone()[0])
 
     async def baseline(self, events: list[Envelope]) -> tuple[float, float]:
         now = datetime.now(UTC).replace(tzinfo=None)
@@ -265,6 +285,9 @@ class PostgresDb(Db):
             return int(await conn.fetchval("SELECT count(*) FROM events"))
         except asyncpg.UndefinedTableError:
             return 0
+
+    async def dead_letters(self) -> int:
+        return int(await (await self._connection()).fetchval(_DEAD_LETTERS))
 
     async def baseline(self, events: list[Envelope]) -> tuple[float, float]:
         conn = await self._connection()
@@ -378,6 +401,8 @@ async def measure(
 
         await _until(drained, 1800, "backlog ingested")
         t1, cpu1 = time.perf_counter(), _cpu_s(proc.pid)
+        if dead := await db.dead_letters():  # e.g. refused as forged: the rows counted are dead letters
+            raise RuntimeError(f"the journal dead-lettered {dead} events; see the journal's log in {workdir}")
         result: dict[str, Any] = {
             "db": db.name,
             "batch": batch_size,

@@ -20,7 +20,6 @@ read is a configuration error at start.
 
 from __future__ import annotations
 
-import json
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -32,6 +31,7 @@ import structlog
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from pydantic_core import to_json
 from sqlalchemy import Connection, event, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
@@ -174,7 +174,9 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _json_text(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    """Compact UTF-8 JSON (pydantic-core's writer, several times cheaper than ``json.dumps``): the text the
+    recorder's batch insert binds too, so every path stores the same text for the same data."""
+    return to_json(value).decode()
 
 
 def _engine(url: URL, args: dict[str, Any]) -> AsyncEngine:

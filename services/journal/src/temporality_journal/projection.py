@@ -45,6 +45,7 @@ What keeps the projection right under redelivery and out-of-order delivery:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -145,82 +146,126 @@ def project(current: RunSnapshot | None, event: Envelope, stream_seq: int) -> Ru
 
 def _apply(run: RunSnapshot, data: EventData, fact: _Fact) -> RunSnapshot | None:
     # Each case builds one update and copies the run once (:func:`_touch`): the values come from
-    # validated event data, so nothing is validated again.
-    match data:
-        case RunRequested() | RunCreated():
-            fill = _blanks(
-                run,
-                agent=data.agent,
-                title=data.title,
-                trigger_id=data.launch.trigger_id,
-                launch_kind=data.launch.kind,
-            )
-            if fact.time < run.created_at:
-                fill["created_at"] = fact.time
-            return _touch(run, fact, fill)
-        case RunStarted():
-            fill = _blanks(run, agent=data.agent, title=data.title, started_at=fact.time)
-            return _move(run, fact, RunState.RUNNING, fill)
-        case HumanRequested():
-            if _also_asked(run, data.request_id, fact):
-                return _touch(
-                    run,
-                    fact,
-                    {
-                        "waiting_request_id": None,
-                        "waiting_recipient": _joined(run.waiting_recipient, data.recipient, ", "),
-                        "waiting_question": _joined(run.waiting_question, data.question, " | "),
-                        "waiting_channel": None,
-                    },
-                )
-            return _move(
-                run,
-                fact,
-                RunState.WAITING_FOR_HUMAN,
-                _blanks(run, agent=data.agent, title=data.title),
-                waiting_request_id=data.request_id,
-                waiting_recipient=data.recipient,
-                waiting_question=data.question,
-                waiting_since=fact.time,
-                waiting_channel=None,
-            )
-        case HumanNotified():
-            if not _waits_on(run, data.request_id) or (run.waiting_channel is not None and _stale(run, fact)):
-                return None
-            return _touch(run, fact, {"waiting_channel": data.channel})
-        case HumanAnswered() | HumanExpired():
-            if not _waits_on(run, data.request_id):
-                return None
-            return _move(run, fact, RunState.RESUMING, {})
-        case AgentAsked():
-            if data.mode != "wait":
-                return None
-            return _move(
-                run,
-                fact,
-                RunState.WAITING_FOR_AGENT,
-                _blanks(run, agent=data.asker_agent),
-                waiting_request_id=data.request_id,
-                waiting_recipient=data.to,
-                waiting_question=data.message,
-                waiting_since=fact.time,
-                waiting_channel=None,
-            )
-        case AgentAnswerReceived() | AgentAskExpired() | AgentAskUndeliverable():
-            late = isinstance(data, AgentAnswerReceived) and (data.late or data.mode != "wait")
-            if late or not _waits_on(run, data.request_id, RunState.WAITING_FOR_AGENT):
-                return None
-            return _move(run, fact, RunState.RESUMING, {})
-        case RunResumed():
-            return _move(run, fact, RunState.RUNNING, {})
-        case RunCompleted():
-            return _finish(run, fact, RunState.COMPLETED, result=data.result)
-        case RunFailed():
-            return _finish(run, fact, RunState.FAILED, error=f"{data.reason}: {data.error}")
-        case RunCancelled():
-            return _finish(run, fact, RunState.CANCELLED, error=data.reason)
-        case _:  # pragma: no cover - PROJECTED_TYPES lists exactly the cases above
-            return None
+    # validated event data, so nothing is validated again. Dispatched on the exact data model (what
+    # ``Envelope.payload`` returns): a ``match`` of class patterns paid an ABC ``isinstance`` per case.
+    case = _CASES.get(type(data))
+    return None if case is None else case(run, data, fact)
+
+
+def _requested(run: RunSnapshot, data: RunRequested | RunCreated, fact: _Fact) -> RunSnapshot | None:
+    fill = _blanks(
+        run,
+        agent=data.agent,
+        title=data.title,
+        trigger_id=data.launch.trigger_id,
+        launch_kind=data.launch.kind,
+    )
+    if fact.time < run.created_at:
+        fill["created_at"] = fact.time
+    return _touch(run, fact, fill)
+
+
+def _started(run: RunSnapshot, data: RunStarted, fact: _Fact) -> RunSnapshot | None:
+    fill = _blanks(run, agent=data.agent, title=data.title, started_at=fact.time)
+    return _move(run, fact, RunState.RUNNING, fill)
+
+
+def _human_requested(run: RunSnapshot, data: HumanRequested, fact: _Fact) -> RunSnapshot | None:
+    if _also_asked(run, data.request_id, fact):
+        return _touch(
+            run,
+            fact,
+            {
+                "waiting_request_id": None,
+                "waiting_recipient": _joined(run.waiting_recipient, data.recipient, ", "),
+                "waiting_question": _joined(run.waiting_question, data.question, " | "),
+                "waiting_channel": None,
+            },
+        )
+    return _move(
+        run,
+        fact,
+        RunState.WAITING_FOR_HUMAN,
+        _blanks(run, agent=data.agent, title=data.title),
+        waiting_request_id=data.request_id,
+        waiting_recipient=data.recipient,
+        waiting_question=data.question,
+        waiting_since=fact.time,
+        waiting_channel=None,
+    )
+
+
+def _human_notified(run: RunSnapshot, data: HumanNotified, fact: _Fact) -> RunSnapshot | None:
+    if not _waits_on(run, data.request_id) or (run.waiting_channel is not None and _stale(run, fact)):
+        return None
+    return _touch(run, fact, {"waiting_channel": data.channel})
+
+
+def _human_done(run: RunSnapshot, data: HumanAnswered | HumanExpired, fact: _Fact) -> RunSnapshot | None:
+    if not _waits_on(run, data.request_id):
+        return None
+    return _move(run, fact, RunState.RESUMING, {})
+
+
+def _agent_asked(run: RunSnapshot, data: AgentAsked, fact: _Fact) -> RunSnapshot | None:
+    if data.mode != "wait":
+        return None
+    return _move(
+        run,
+        fact,
+        RunState.WAITING_FOR_AGENT,
+        _blanks(run, agent=data.asker_agent),
+        waiting_request_id=data.request_id,
+        waiting_recipient=data.to,
+        waiting_question=data.message,
+        waiting_since=fact.time,
+        waiting_channel=None,
+    )
+
+
+def _agent_done(
+    run: RunSnapshot, data: AgentAnswerReceived | AgentAskExpired | AgentAskUndeliverable, fact: _Fact
+) -> RunSnapshot | None:
+    late = isinstance(data, AgentAnswerReceived) and (data.late or data.mode != "wait")
+    if late or not _waits_on(run, data.request_id, RunState.WAITING_FOR_AGENT):
+        return None
+    return _move(run, fact, RunState.RESUMING, {})
+
+
+def _resumed(run: RunSnapshot, data: RunResumed, fact: _Fact) -> RunSnapshot | None:
+    return _move(run, fact, RunState.RUNNING, {})
+
+
+def _completed(run: RunSnapshot, data: RunCompleted, fact: _Fact) -> RunSnapshot | None:
+    return _finish(run, fact, RunState.COMPLETED, result=data.result)
+
+
+def _failed(run: RunSnapshot, data: RunFailed, fact: _Fact) -> RunSnapshot | None:
+    return _finish(run, fact, RunState.FAILED, error=f"{data.reason}: {data.error}")
+
+
+def _cancelled(run: RunSnapshot, data: RunCancelled, fact: _Fact) -> RunSnapshot | None:
+    return _finish(run, fact, RunState.CANCELLED, error=data.reason)
+
+
+#: What each projected data model does to a run (exactly the models of :data:`PROJECTED_TYPES`).
+_CASES: dict[type[EventData], Callable[[RunSnapshot, Any, _Fact], RunSnapshot | None]] = {
+    RunRequested: _requested,
+    RunCreated: _requested,
+    RunStarted: _started,
+    HumanRequested: _human_requested,
+    HumanNotified: _human_notified,
+    HumanAnswered: _human_done,
+    HumanExpired: _human_done,
+    AgentAsked: _agent_asked,
+    AgentAnswerReceived: _agent_done,
+    AgentAskExpired: _agent_done,
+    AgentAskUndeliverable: _agent_done,
+    RunResumed: _resumed,
+    RunCompleted: _completed,
+    RunFailed: _failed,
+    RunCancelled: _cancelled,
+}
 
 
 def _blank(fact: _Fact) -> RunSnapshot:

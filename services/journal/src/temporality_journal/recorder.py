@@ -29,16 +29,18 @@ dead-lettered alone and a database outage is retried with backoff.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from sqlalchemy import select, update
+from pydantic_core import to_json
+from sqlalchemy import BigInteger, Column, String, any_, bindparam, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlmodel import col
@@ -57,10 +59,11 @@ from temporality_journal.models import (
     EventRecord,
     RunRecord,
     RunSnapshot,
+    UTCDateTime,
     as_utc,
 )
 from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
-from temporality_protocol import RUN, BusDeadLettered, Envelope, InvalidEnvelope
+from temporality_protocol import RUN, BusDeadLettered, Envelope, InvalidEnvelope, RunState
 from temporality_protocol.catalog import CONSUMERS
 
 __all__ = ["REPLACEMENT_CHARACTER", "Recorder", "advance_positions", "lock_positions", "sanitize", "unfixable"]
@@ -106,7 +109,6 @@ _PG_INSERT_EVENTS = (
 #: SQLite: one multi-row ``INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING RETURNING id`` per batch, the
 #: values bound positionally (the same columns as PostgreSQL's arrays, then ``data`` as JSON text and
 #: ``recorded_at``), text made per row count once.
-_TIME_INDEX = _PG_ARRAY_COLUMNS.index("time")
 _SQLITE_ROW = f"({', '.join('?' * (len(_PG_ARRAY_COLUMNS) + 2))})"
 _SQLITE_INSERT_EVENTS = (
     f"INSERT INTO events ({', '.join(_PG_ARRAY_COLUMNS)}, data, recorded_at) VALUES {{rows}} "
@@ -117,6 +119,47 @@ _SQLITE_INSERT_EVENTS = (
 @functools.lru_cache(maxsize=8)
 def _sqlite_insert_events(count: int) -> str:
     return _SQLITE_INSERT_EVENTS.format(rows=", ".join([_SQLITE_ROW] * count))
+
+
+#: The ids of a batch already stored: one array on PostgreSQL, ``IN (?, …)`` on SQLite.
+_PG_KNOWN_IDS = "SELECT id FROM events WHERE id = ANY($1::text[])"
+
+
+@functools.lru_cache(maxsize=8)
+def _sqlite_known_ids(count: int) -> str:
+    return f"SELECT id FROM events WHERE id IN ({', '.join('?' * count)})"
+
+
+def _pg_type(column: Column[Any]) -> str:
+    if isinstance(column.type, UTCDateTime):
+        return "timestamptz"
+    return "bigint" if isinstance(column.type, BigInteger) else "text"
+
+
+#: PostgreSQL: a batch's new runs in one ``INSERT … SELECT FROM unnest(…)``, one array per column; the runs
+#: it changed in one upsert of the same shape.
+_PG_INSERT_RUNS = (
+    f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) SELECT * FROM unnest("
+    + ", ".join(f"${i}::{_pg_type(RUNS_TABLE.c[name])}[]" for i, name in enumerate(_RUN_COLUMNS, 1))
+    + ")"
+)
+_PG_UPSERT_RUNS = f"{_PG_INSERT_RUNS} ON CONFLICT (run_id) DO UPDATE SET " + ", ".join(
+    f"{name} = EXCLUDED.{name}" for name in _RUN_COLUMNS if name != "run_id"
+)
+
+#: A batch's runs, locked in one order (``run_id``) between replicas; PostgreSQL binds one array (nothing
+#: rendered per id), SQLite an expanding ``IN``. Compiled once, cached by SQLAlchemy.
+_PG_LOCK_RUNS = (
+    select(RUNS_TABLE)
+    .where(RUNS_TABLE.c.run_id == any_(bindparam("run_ids", type_=ARRAY(String))))
+    .order_by(RUNS_TABLE.c.run_id)
+    .with_for_update()
+)
+_SQLITE_LOCK_RUNS = (
+    select(RUNS_TABLE)
+    .where(RUNS_TABLE.c.run_id.in_(bindparam("run_ids", expanding=True)))
+    .order_by(RUNS_TABLE.c.run_id)
+)
 
 
 def _sqlite_datetime(value: datetime) -> str:
@@ -220,8 +263,8 @@ def _cleaned(event: Envelope) -> tuple[Envelope, list[str], str | None]:
     if update:
         event = evolve(event, **update)
     try:
-        dumped = json.dumps(event.data, ensure_ascii=False)
-    except (TypeError, ValueError):
+        dumped = to_json(event.data).decode()
+    except ValueError:  # not JSON-serializable
         dumped = None
     return event, sorted(update), dumped
 
@@ -229,20 +272,21 @@ def _cleaned(event: Envelope) -> tuple[Envelope, list[str], str | None]:
 def _storable_dump(event: Envelope) -> str | None:
     """``event.data`` as JSON text when nothing in ``event`` needs replacing, else ``None``.
 
-    One scan of the serialized ``data`` (C speed), not a walk. ``json.dumps`` escapes U+0000 as
-    ``\\u0000`` and keeps lone surrogates as they are (``ensure_ascii=False``); a false alarm (a string
-    holding a literal backslash-u0000) only takes the slow, exact path.
+    One serialization of ``data`` by pydantic-core (Rust; the text the engine's ``json_serializer`` makes
+    too), then one scan of it, not a walk: it escapes U+0000 as ``\\u0000`` and refuses a lone surrogate
+    (it cannot be UTF-8); a false alarm (a string holding a literal backslash-u0000) only takes the slow,
+    exact path.
     """
     # one search over the text attributes joined (joining never pairs two lone surrogates)
     if _UNSTORABLE.search("".join([v for v in event.__dict__.values() if isinstance(v, str)])) is not None:
         return None
     try:
-        dumped = json.dumps(event.data, ensure_ascii=False)
-    except (TypeError, ValueError):
+        dumped = to_json(event.data)
+    except ValueError:  # a lone surrogate, or not JSON-serializable
         return None
-    if "\\u0000" in dumped or _UNSTORABLE.search(dumped) is not None:
+    if b"\\u0000" in dumped:
         return None
-    return dumped
+    return dumped.decode()
 
 
 def unfixable(exc: DBAPIError) -> bool:
@@ -311,85 +355,83 @@ class Recorder:
         The same result as :meth:`record` one by one in stream order. Raises on any database error,
         with nothing written (the caller falls back to :meth:`record` per event).
         """
-        rows: list[dict[str, Any]] = []
-        dumps: list[str | None] = []
-        events: dict[str, tuple[Envelope, int]] = {}
-        now = datetime.now(UTC)
-        for event, stream_seq in sorted(batch, key=lambda item: item[1]):
-            event, sanitized, dumped = _cleaned(event)
-            if sanitized:
-                log.warning(
-                    "event.sanitized", ce_id=event.id, ce_type=event.type, fields=sanitized, replacement="U+FFFD"
-                )
-            if event.id in events:  # the same id twice in one batch: the first one counts, as one by one
+        rows: list[_Row] = []
+        seen: set[str] = set()
+        for event, stream_seq in sorted(batch, key=_by_seq):
+            dumped = _storable_dump(event)
+            if dumped is None:  # something to replace (or not serializable): the exact, slower path
+                event, sanitized, dumped = _cleaned(event)
+                if sanitized:
+                    log.warning(
+                        "event.sanitized", ce_id=event.id, ce_type=event.type, fields=sanitized, replacement="U+FFFD"
+                    )
+            if event.id in seen:  # the same id twice in one batch: the first one counts, as one by one
                 continue
-            events[event.id] = (event, stream_seq)
-            rows.append(_event_row(event, stream_seq, now))
-            dumps.append(dumped)
+            seen.add(event.id)
+            rows.append(_Row(event, stream_seq, dumped))
         if not rows:
             return 0
         finished: list[tuple[str, str]] = []
+        now = datetime.now(UTC)
         async with self._database.engine.begin() as conn:
             last = await lock_positions(conn)
-            new = await self._insert_events(conn, rows, dumps, last)
-            fresh = [events[row["id"]] for row in rows if row["id"] in new]  # still in stream order
+            fresh = await self._insert_events(conn, rows, last, now)  # still in stream order
             moved = await self._project_batch(conn, fresh, finished)
             asks = await self._project_asks(conn, fresh)
-        if new and self._on_commit is not None:
+        if fresh and self._on_commit is not None:
             self._on_commit()
         if finished and self._on_finished is not None:
             self._on_finished(finished)
         # one line per batch (each run's move is logged at debug): per-event info lines cost more than the SQL
-        log.info("batch.recorded", events=len(rows), new=len(new), runs_moved=moved, asks_changed=asks)
-        return len(new)
+        log.info("batch.recorded", events=len(rows), new=len(fresh), runs_moved=moved, asks_changed=asks)
+        return len(fresh)
 
     async def _insert_events(
-        self, conn: AsyncConnection, rows: list[dict[str, Any]], dumps: list[str | None], last: int
-    ) -> set[str]:
+        self, conn: AsyncConnection, rows: list[_Row], last: int, now: datetime
+    ) -> list[tuple[Envelope, int]]:
         """Insert ``rows`` unless their id is stored already, at commit positions after ``last``
-        (:func:`lock_positions`, in the order of ``rows``); the ids that were new.
+        (:func:`lock_positions`, in the order of ``rows``); the new ones, as ``(event, stream_seq)``.
 
         The ids stored already are looked up first (under the lock no other journal writer adds any), so
-        positions go to new events only: a redelivered batch leaves no gap in the cursor.
+        positions go to new events only: a redelivered batch leaves no gap in the cursor. Every statement is
+        the driver's own SQL (``exec_driver_sql``: nothing compiled or bound per value by SQLAlchemy).
 
-        PostgreSQL: one ``INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING RETURNING id`` with one
-        array per column, ``data`` passed as the JSON text :func:`_cleaned` made anyway (cast to
-        ``jsonb`` by the server): one statement and one round trip, nothing built per row by
-        SQLAlchemy. SQLite: one multi-row ``INSERT … VALUES … ON CONFLICT DO NOTHING RETURNING id`` with
-        positional values (``data`` the same JSON text, datetimes in the text SQLAlchemy would store;
-        SQLAlchemy's per-value bind processing and its second ``json.dumps`` of ``data`` were ~20 % of the
-        recorder's CPU there). A ``data`` that is not JSON-serializable: SQLAlchemy core's multi-row insert
-        with the same semantics.
+        PostgreSQL: the lookup is ``id = ANY($1)`` over one array; the insert one ``INSERT … SELECT FROM
+        unnest(…) ON CONFLICT DO NOTHING RETURNING id`` with one array per column, ``data`` passed as the
+        JSON text :func:`_storable_dump` made anyway (cast to ``jsonb`` by the server): one statement and one
+        round trip. SQLite: ``id IN (?, …)``, then one multi-row ``INSERT … VALUES … ON CONFLICT DO NOTHING
+        RETURNING id`` with positional values (``data`` the same JSON text, datetimes in the text SQLAlchemy
+        would store). A ``data`` that is not JSON-serializable: SQLAlchemy core's multi-row insert with the
+        same semantics.
         """
-        ids = [row["id"] for row in rows]
-        known = {row[0] for row in await conn.execute(select(EVENTS_TABLE.c.id).where(EVENTS_TABLE.c.id.in_(ids)))}
-        kept = [(row, dump) for row, dump in zip(rows, dumps, strict=True) if row["id"] not in known]
-        if not kept:
-            return set()
-        rows = [{**row, "commit_seq": last + offset} for offset, (row, _) in enumerate(kept, 1)]
-        dumps = [dump for _, dump in kept]
-        if self._database.dialect == "postgresql" and None not in dumps:
-            columns = [[row[name] for row in rows] for name in _PG_ARRAY_COLUMNS]
-            result = await conn.exec_driver_sql(_PG_INSERT_EVENTS, (*columns, dumps, rows[0]["recorded_at"]))
-            new = {row[0] for row in result}
-        elif None not in dumps:  # SQLite: the same in one statement, nothing built per value by SQLAlchemy
-            recorded_at = _sqlite_datetime(rows[0]["recorded_at"])
-            values: list[Any] = []
-            for row, dump in zip(rows, dumps, strict=True):
-                row_values = [row[name] for name in _PG_ARRAY_COLUMNS]
-                row_values[_TIME_INDEX] = _sqlite_datetime(row["time"])
-                values += row_values
-                values += (dump, recorded_at)
-            result = await conn.exec_driver_sql(_sqlite_insert_events(len(rows)), tuple(values))
-            new = {row[0] for row in result}
+        ids = [row.event.id for row in rows]
+        postgresql = self._database.dialect == "postgresql"
+        if postgresql:
+            found = await conn.exec_driver_sql(_PG_KNOWN_IDS, (ids,))
         else:
-            inserted = await conn.execute(
+            found = await conn.exec_driver_sql(_sqlite_known_ids(len(ids)), tuple(ids))
+        known = {row[0] for row in found}
+        if known:
+            rows = [row for row in rows if row.event.id not in known]
+        if not rows:
+            return []
+        if any(row.dumped is None for row in rows):
+            dicts = [
+                {**_event_row(row.event, row.stream_seq, now), "commit_seq": last + offset}
+                for offset, row in enumerate(rows, 1)
+            ]
+            result = await conn.execute(
                 self._insert(EVENTS_TABLE).on_conflict_do_nothing(index_elements=["id"]).returning(EVENTS_TABLE.c.id),
-                rows,
+                dicts,
             )
-            new = {row[0] for row in inserted}
+        elif postgresql:
+            columns = _pg_columns(rows, last)
+            result = await conn.exec_driver_sql(_PG_INSERT_EVENTS, (*columns, now))
+        else:  # SQLite: the same in one statement, nothing built per value by SQLAlchemy
+            result = await conn.exec_driver_sql(_sqlite_insert_events(len(rows)), _sqlite_values(rows, last, now))
+        new = {row[0] for row in result}
         await advance_positions(conn, last + len(rows))
-        return new
+        return [(row.event, row.stream_seq) for row in rows if row.event.id in new]
 
     async def _project_batch(
         self, conn: AsyncConnection, fresh: list[tuple[Envelope, int]], finished: list[tuple[str, str]]
@@ -404,14 +446,14 @@ class Recorder:
         if not projected:
             return 0
         run_ids = sorted({run_id for _, _, run_id in projected})  # one lock order between replicas
-        query = (
-            select(RUNS_TABLE).where(RUNS_TABLE.c.run_id.in_(run_ids)).order_by(RUNS_TABLE.c.run_id).with_for_update()
-        )
+        query = _PG_LOCK_RUNS if self._database.dialect == "postgresql" else _SQLITE_LOCK_RUNS
+        # the rows as stored (the table's types read them), copied into snapshots without validating them again
         before: dict[str, RunSnapshot] = {
-            row.run_id: RunSnapshot.model_validate(dict(row._mapping)) for row in await conn.execute(query)
+            row.run_id: _run_snapshot(row._mapping) for row in await conn.execute(query, {"run_ids": run_ids})
         }
         runs: dict[str, RunSnapshot] = dict(before)
         moved = 0
+        debug = log.bind()  # resolved once: a lazy logger resolves itself at every call
         for event, seq, run_id in projected:
             current = runs.get(run_id)
             try:
@@ -423,22 +465,28 @@ class Recorder:
                 continue
             if current is None or current.state != after.state:
                 moved += 1
-                log.debug("run.moved", run_id=run_id, state=after.state.value, ce_type=event.type)
+                debug.debug("run.moved", run_id=run_id, state=after.state.value, ce_type=event.type)
                 if after.state in _FINAL:
                     finished.append(finished_as(after.state, event))
             runs[run_id] = after
-        created = [_run_row(run) for run_id, run in runs.items() if run_id not in before]
-        changed = [_run_row(run) for run_id, run in runs.items() if run_id in before and run != before[run_id]]
-        if created:  # a plain insert: a replica creating the same run meanwhile fails the batch (retried)
-            await conn.execute(RUNS_TABLE.insert(), created)
-        if changed:  # rows locked above: nobody else moved them meanwhile
+        created = [run for run_id, run in runs.items() if run_id not in before]
+        changed = [run for run_id, run in runs.items() if run_id in before and run != before[run_id]]
+        if self._database.dialect == "postgresql":  # one array per column, as the events' insert
+            if created:  # a plain insert: a replica creating the same run meanwhile fails the batch (retried)
+                await conn.exec_driver_sql(_PG_INSERT_RUNS, _pg_run_columns(created))
+            if changed:  # rows locked above: nobody else moved them meanwhile
+                await conn.exec_driver_sql(_PG_UPSERT_RUNS, _pg_run_columns(changed))
+            return moved
+        if created:
+            await conn.execute(RUNS_TABLE.insert(), [_run_row(run) for run in created])
+        if changed:
             upsert = self._insert(RUNS_TABLE)
             await conn.execute(
                 upsert.on_conflict_do_update(
                     index_elements=["run_id"],
                     set_={name: upsert.excluded[name] for name in _RUN_COLUMNS if name != "run_id"},
                 ),
-                changed,
+                [_run_row(run) for run in changed],
             )
         return moved
 
@@ -570,6 +618,85 @@ def _event_row(event: Envelope, stream_seq: int, recorded_at: datetime) -> dict[
         "data": event.data,
         "recorded_at": recorded_at,
     }
+
+
+class _Row:
+    """An event of a batch on its way into ``events``: ``dumped`` is its ``data`` as JSON text (``None``:
+    not JSON-serializable)."""
+
+    __slots__ = ("dumped", "event", "stream_seq")
+
+    def __init__(self, event: Envelope, stream_seq: int, dumped: str | None) -> None:
+        self.event = event
+        self.stream_seq = stream_seq
+        self.dumped = dumped
+
+
+def _by_seq(item: tuple[Envelope, int]) -> int:
+    return item[1]
+
+
+def _pg_columns(rows: list[_Row], last: int) -> list[list[Any]]:
+    """The arrays of :data:`_PG_INSERT_EVENTS`: one per column of :data:`_PG_ARRAY_COLUMNS`, then ``data``."""
+    events = [row.event for row in rows]
+    return [
+        [e.id for e in events],
+        [e.type for e in events],
+        [e.source for e in events],
+        [e.time for e in events],  # aware (the envelope refuses a naive time): the server stores it as UTC
+        [run_id_of(e) for e in events],
+        [e.correlationid for e in events],
+        [e.causationid for e in events],
+        [e.actor for e in events],
+        [e.tenant for e in events],
+        [e.subject for e in events],
+        [e.traceparent for e in events],
+        [e.tracestate for e in events],
+        [row.stream_seq for row in rows],
+        list(range(last + 1, last + 1 + len(rows))),
+        [row.dumped for row in rows],
+    ]
+
+
+def _sqlite_values(rows: list[_Row], last: int, now: datetime) -> tuple[Any, ...]:
+    """The positional values of :func:`_sqlite_insert_events`, row after row."""
+    recorded_at = _sqlite_datetime(now)
+    values: list[Any] = []
+    for position, row in enumerate(rows, last + 1):
+        e = row.event
+        values += (
+            e.id,
+            e.type,
+            e.source,
+            _sqlite_datetime(e.time),
+            run_id_of(e),
+            e.correlationid,
+            e.causationid,
+            e.actor,
+            e.tenant,
+            e.subject,
+            e.traceparent,
+            e.tracestate,
+            row.stream_seq,
+            position,
+            row.dumped,
+            recorded_at,
+        )
+    return tuple(values)
+
+
+def _run_snapshot(row: RowMapping) -> RunSnapshot:
+    """A ``runs`` row (read through the table's column types: aware UTC datetimes) as a snapshot, not
+    validated again (the journal wrote it from a validated snapshot)."""
+    values = dict(row)
+    values["state"] = RunState(values["state"])
+    return RunSnapshot.model_construct(**values)
+
+
+def _pg_run_columns(runs: list[RunSnapshot]) -> tuple[list[Any], ...]:
+    """The arrays of :data:`_PG_INSERT_RUNS` / :data:`_PG_UPSERT_RUNS`, one per column of ``runs``."""
+    rows = [_run_row(run) for run in runs]
+    return tuple([row[name] for row in rows] for name in _RUN_COLUMNS)
 
 
 def _run_row(run: RunSnapshot) -> dict[str, Any]:

@@ -178,6 +178,23 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         console = keep_alive.get(f"http://127.0.0.1:{up.ports['journal']}/console/")
         assert console.status_code == 200, "the printed console URL serves the console"
         assert "text/html" in console.headers["content-type"]
+        # the console's directory sign-in is on: the demo operator of config/users.yaml signs in (the session
+        # cookie is not Secure on this plain-http loopback) and reads the runs with that cookie alone
+        with httpx.Client(base_url=f"http://127.0.0.1:{up.ports['journal']}", timeout=30) as person:
+            signed = person.post(
+                "/auth/password",
+                json={"user": "alice", "password": "alice-demo-password"},
+                headers={"X-Temporality-Console": "1"},
+            )
+            assert signed.status_code == 200, signed.text
+            assert person.get("/runs").status_code == 200, "the operator's session reads the runs"
+            wrong = person.post(
+                "/auth/password",
+                json={"user": "alice", "password": "not-her-password"},
+                headers={"X-Temporality-Console": "1"},
+            )
+            assert wrong.status_code == 401, wrong.text
+        assert (data_dir / "signin" / "session-secret").stat().st_mode & 0o077 == 0
         pids = _pids(data_dir / "run")
         assert len(pids) == len(SERVICES)
         # the workers' APIs it prints answer: agent-collab's agents, the run-executor's agent cards

@@ -112,7 +112,13 @@ def up(args: argparse.Namespace) -> int:
     for line in _webhook_lines(stack, config_dir):
         _out(line)
     _out(f"  Web inbox API              {stack.human_url}/inbox   (Authorization: Bearer <user's inbox token>)")
-    _out(f"  Web console                {stack.journal_url}/console/   (sign in with the admin API token)")
+    if stack.config.console_sign_in:
+        _out(
+            f"  Web console                {stack.journal_url}/console/   (sign in with the admin API token, or as a "
+            "directory user: the demo alice / alice-demo-password)"
+        )
+    else:
+        _out(f"  Web console                {stack.journal_url}/console/   (sign in with the admin API token)")
     _out(f"  Journal API                {stack.journal_url}/runs   (Authorization: Bearer <API token>)")
     _out(f"  Trigger admin API          {stack.gateway_url}/triggers   (Authorization: Bearer <API token>)")
     _out(f"  Agents API (agent-collab)  {stack.collab_url}/agents   (Authorization: Bearer <API token>)")
@@ -185,6 +191,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         nats_external_agents=tuple(args.nats_external_agent or DEFAULT_EXTERNAL_AGENTS),
         collab_reply_key=args.collab_reply_key,
         nats_sync_interval="always" if args.sync_always else None,
+        console_sign_in=args.console_sign_in,
     )
 
 
@@ -267,6 +274,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="agent-collab signs its replies to external agents with an Ed25519 key kept in "
         "<data-dir>/collab-reply-key.pem (made on first start; public key in collab-reply-key.pub) "
         "(default: on; --no-collab-reply-key: unsigned replies)",
+    )
+    p_up.add_argument(
+        "--console-sign-in",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="people sign in to the console with their directory user id and password (users.yaml: console_role, "
+        "password_hash), their inbox and the trigger wizard vouched for by the journal; secrets kept in "
+        "<data-dir>/signin (default: on; --no-console-sign-in: API tokens and inbox tokens only)",
     )
     p_up.add_argument(
         "--sync-always",

@@ -49,6 +49,7 @@ __all__ = [
     "check_stop_order",
     "ensure_nats_passwords",
     "ensure_reply_key",
+    "ensure_secret_file",
     "ensure_tokens_file",
     "stop_tiers",
 ]
@@ -148,6 +149,13 @@ class StackConfig:
     #: (``"10s"``) bounds that window; ``None``: the server's default (two minutes). ``temporality up
     #: --sync-always``. Not for :attr:`nats_url` (the caller's server has its own config).
     nats_sync_interval: str | None = None
+    #: People sign in to the console with their directory user id and password (``config/users.yaml``:
+    #: ``console_role``, ``password_hash``; ``TEMPORALITY_JOURNAL_PASSWORD_SIGNIN``), and a signed-in person's
+    #: inbox and trigger wizard work without a token (the journal vouches for them). The session key and both
+    #: vouch secrets are random files in ``<data_dir>/signin`` (mode 0600), made on first start and reused; the
+    #: cookie is not ``Secure`` (the stack serves plain http on loopback). Off here; ``temporality up`` turns it
+    #: on unless ``--no-console-sign-in``.
+    console_sign_in: bool = False
 
 
 #: The NATS user with full access (an operator's tools, the tests) when the stack runs with NATS auth.
@@ -209,6 +217,19 @@ def ensure_reply_key(path: Path) -> str:
     if not public_file.exists() or public_file.read_text(encoding="utf-8").strip() != public:
         public_file.write_text(public + "\n", encoding="utf-8")
     return public
+
+
+#: The console sign-in's secret files in ``<data_dir>/signin`` (:attr:`StackConfig.console_sign_in`).
+SIGN_IN_SECRETS = ("session-secret", "inbox-vouch", "api-vouch")
+
+
+def ensure_secret_file(path: Path) -> None:
+    """A random secret (64 URL-safe characters) in ``path``, mode 0600, made when the file is missing; raises
+    ``ValueError`` for one shorter than the 32 characters the services require."""
+    if not path.exists():
+        _write_private(path, (secrets.token_urlsafe(48) + "\n").encode("ascii"))
+    elif len(path.read_text(encoding="utf-8").strip()) < 32:
+        raise ValueError(f"{path}: a secret of at least 32 characters is needed")
 
 
 def ensure_tokens_file(path: Path) -> list[ApiToken]:
@@ -391,13 +412,41 @@ class Stack:
             env["TEMPORALITY_DATABASE_URL"] = self.database_url
             env["TEMPORALITY_JOURNAL_GATEWAY_URL"] = self.gateway_url  # the console's trigger wizard
             env["TEMPORALITY_JOURNAL_HUMAN_URL"] = self.human_url  # the console's web inbox
+        if self.config.console_sign_in:
+            env |= self._sign_in_env(name)
         return env | dict(self.config.extra_env)
+
+    @property
+    def sign_in_dir(self) -> Path:
+        """Where the console sign-in's secrets are kept (:attr:`StackConfig.console_sign_in`)."""
+        return self.data_dir / "signin"
+
+    def _sign_in_env(self, name: str) -> dict[str, str]:
+        """The console sign-in's settings of service ``name``: the journal signs people in and vouches for them,
+        human-interaction (the inbox) and the trigger-gateway (the wizard) check its assertions."""
+        secret = {key: str(self.sign_in_dir.resolve() / key) for key in SIGN_IN_SECRETS}
+        if name == "journal":
+            return {
+                "TEMPORALITY_JOURNAL_PASSWORD_SIGNIN": "true",
+                "TEMPORALITY_JOURNAL_SESSION_SECRET_FILE": secret["session-secret"],
+                "TEMPORALITY_JOURNAL_SESSION_COOKIE_SECURE": "false",  # plain http on loopback
+                "TEMPORALITY_INBOX_VOUCH_SECRET_FILE": secret["inbox-vouch"],
+                "TEMPORALITY_API_VOUCH_SECRET_FILE": secret["api-vouch"],
+            }
+        if name == "human-interaction":
+            return {"TEMPORALITY_INBOX_VOUCH_SECRET_FILE": secret["inbox-vouch"]}
+        if name == "trigger-gateway":
+            return {"TEMPORALITY_API_VOUCH_SECRET_FILE": secret["api-vouch"]}
+        return {}
 
     def start(self, timeout: float = 60.0) -> None:
         """Raises ``TokenFileError`` for an invalid tokens file, ``RuntimeError``/``TimeoutError`` otherwise."""
         self.api_tokens = ensure_tokens_file(self.api_tokens_file)
         if self.config.collab_reply_key:
             self.collab_public_key = ensure_reply_key(self.collab_reply_key_file)
+        if self.config.console_sign_in:
+            for key in SIGN_IN_SECRETS:
+                ensure_secret_file(self.sign_in_dir / key)
         if self.config.nats_url is None:
             self.nats.users = self._nats_users()
             self.nats.start()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 
 from temporality_bus import Bus, NatsSettings
@@ -58,6 +59,9 @@ async def _until(probe: Callable[[], Any], proc: asyncio.subprocess.Process, wit
         raise AssertionError(f"{what}: not within {within_s} s") from None
 
 
+# two process starts, 2,000 events ingested twice over (the processes', then one by one for the reference), each
+# wait bounded below (60 s + 90 s): the suite's 120 s default is too short at a load of ~18 on two cores
+@pytest.mark.timeout(300)
 async def test_a_journal_killed_mid_ingest_loses_nothing_and_doubles_nothing(
     tmp_path: Path, bus: Bus, nats_settings: NatsSettings, database: Database, story: MakeStory
 ) -> None:

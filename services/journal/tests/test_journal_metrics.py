@@ -47,7 +47,7 @@ async def test_runs_by_state_match_the_journals_runs(
     settings = served_settings(tmp_path, nats_settings, database_url)
     async with (
         serve_journal(settings, bus) as journal,
-        httpx.AsyncClient(base_url=journal.url, headers=VIEWER, timeout=10) as client,
+        httpx.AsyncClient(base_url=journal.url, headers=VIEWER, timeout=30) as client,
     ):
         for event in events:
             await bus.publish(event)
@@ -124,7 +124,7 @@ async def test_finished_runs_are_counted_once_by_outcome(
     settings = served_settings(tmp_path, nats_settings, database_url)
     async with (
         serve_journal(settings, bus) as journal,
-        httpx.AsyncClient(base_url=journal.url, headers=VIEWER, timeout=10) as client,
+        httpx.AsyncClient(base_url=journal.url, headers=VIEWER, timeout=30) as client,
     ):
         before = _finished_counter((await client.get("/metrics")).text)
         assert set(before) >= {("completed", "none"), ("cancelled", "none"), ("failed", "other")}

@@ -26,7 +26,8 @@ then measured for ``--duration`` seconds of keep-alive POSTs with ``bench/wrk_we
 interleaved over ``--rounds`` rounds (the best round per server is shown). Every request is a new Azure
 DevOps event (the example payload with a unique top-level ``id``, Basic auth), so every gateway request
 starts a new run. The table gives requests/s, p50/p99 latency, the count of 202 / other 2xx / non-2xx
-responses and wrk socket errors, CPU per request of the server and of nats-server, wrk's own CPU and what
+responses and wrk socket errors, CPU per request of the server and of nats-server, the messages nats-server
+received per request (its monitoring ``/varz`` ``in_msgs``: publishes and KV writes), wrk's own CPU and what
 the rest of the machine used meanwhile (/proc/stat); then the ratios runtime/old and runtime/bare.
 
 wrk, the servers and nats-server share this machine's cores (and so does anything else running): read
@@ -41,7 +42,7 @@ then ``--before /tmp/old/services/trigger-gateway/src /tmp/old/libs/protocol/src
 touched): the code before a change, measured interleaved with the code after it in the same run, and the
 ratio ``runtime/before``.
 
-``--profile DIR``: each server runs under cProfile for the whole run and writes ``DIR/<kind>.prof``; the
+``--profile DIR``: each server runs under cProfile (on its CPU clock) for the whole run and writes ``DIR/<kind>.prof``; the
 bench prints the top functions of each by own time (profiled figures are not comparable with unprofiled ones).
 """
 

@@ -155,7 +155,7 @@ class Pipeline:
         """Send ``writes``, await their replies (``timeout_s`` for all): the reply of each, ``None`` for
         none in time, or the error that kept it from being sent.
 
-        The writes go out as one buffer of protocol frames (:func:`_frames`) handed to the client once,
+        The writes go out as one buffer of protocol frames (:func:`_send`) handed to the client once,
         not one ``nc.publish`` each; the deadline is one timer that answers ``None`` to every reply still
         missing, not a timeout scope around the awaits."""
         nc = self._bus.nc

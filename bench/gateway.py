@@ -26,7 +26,8 @@ then measured for ``--duration`` seconds of keep-alive POSTs with ``bench/wrk_we
 interleaved over ``--rounds`` rounds (the best round per server is shown). Every request is a new Azure
 DevOps event (the example payload with a unique top-level ``id``, Basic auth), so every gateway request
 starts a new run. The table gives requests/s, p50/p99 latency, the count of 202 / other 2xx / non-2xx
-responses and wrk socket errors, CPU per request of the server and of nats-server, wrk's own CPU and what
+responses and wrk socket errors, CPU per request of the server and of nats-server, the messages nats-server
+received per request (its monitoring ``/varz`` ``in_msgs``: publishes and KV writes), wrk's own CPU and what
 the rest of the machine used meanwhile (/proc/stat); then the ratios runtime/old and runtime/bare.
 
 wrk, the servers and nats-server share this machine's cores (and so does anything else running): read
@@ -41,7 +42,7 @@ then ``--before /tmp/old/services/trigger-gateway/src /tmp/old/libs/protocol/src
 touched): the code before a change, measured interleaved with the code after it in the same run, and the
 ratio ``runtime/before``.
 
-``--profile DIR``: each server runs under cProfile for the whole run and writes ``DIR/<kind>.prof``; the
+``--profile DIR``: each server runs under cProfile (on its CPU clock) for the whole run and writes ``DIR/<kind>.prof``; the
 bench prints the top functions of each by own time (profiled figures are not comparable with unprofiled ones).
 """
 
@@ -62,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,7 +157,8 @@ async def _serve(kind: str, nats_url: str, triggers_file: Path, port_file: Path,
             app = _bare_app(bus)
         else:
             app = create_app(Settings(nats=nats), bus, load_triggers(triggers_file))
-        profiler = cProfile.Profile() if profile is not None else None
+        # CPU time, not wall time: on a loaded machine a function preempted by another process is not billed
+        profiler = cProfile.Profile(time.process_time) if profile is not None else None
         if profiler is not None:
             profiler.enable()  # the whole serving time: warm-up and every round (deterministic: ~2x slower)
         try:
@@ -252,6 +255,7 @@ class Result:
     nats_cpu_ms: float | None  # per completed request
     wrk_cores: float  # wrk's CPU seconds per second of load
     other_cores: float | None  # everything else busy on the machine meanwhile, in cores
+    publishes: float | None = None  # messages nats-server received per completed request (its /varz in_msgs)
 
     @property
     def rate(self) -> float:
@@ -298,7 +302,22 @@ def _wrk(port: int, seconds: float, args: argparse.Namespace) -> dict[str, Any]:
     raise RuntimeError(f"wrk exited with {done.returncode} without a result line:\n{done.stdout}{done.stderr}")
 
 
-def _measure(name: str, server_pid: int, port: int, nats_pid: int, args: argparse.Namespace) -> Result:
+def _in_msgs(monitoring_url: str) -> int | None:
+    """How many messages nats-server has received from clients (``/varz`` ``in_msgs``): every publish, KV
+    write and JetStream API request; the acknowledgements it sends are not counted."""
+    if not monitoring_url:
+        return None
+    try:
+        with urllib.request.urlopen(f"{monitoring_url}/varz", timeout=5) as response:
+            return int(json.loads(response.read())["in_msgs"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _measure(
+    name: str, server_pid: int, port: int, nats_pid: int, args: argparse.Namespace, monitoring_url: str = ""
+) -> Result:
+    msgs_0 = _in_msgs(monitoring_url)
     server_0, nats_0, wrk_0, busy_0, wall_0 = (
         _cpu_s(server_pid),
         _cpu_s(nats_pid),
@@ -315,6 +334,9 @@ def _measure(name: str, server_pid: int, port: int, nats_pid: int, args: argpars
         time.monotonic(),
     )
     requests, wall, wrk_s = int(out["requests"]), wall_1 - wall_0, wrk_1 - wrk_0
+    time.sleep(0.5)  # the writes a server makes behind its answers (the gateway's write-behind round) land
+    msgs_1 = _in_msgs(monitoring_url)
+    published = _delta(msgs_0, msgs_1)
     server_s, nats_s, busy_s = _delta(server_0, server_1), _delta(nats_0, nats_1), _delta(busy_0, busy_1)
     other_cores = None
     if server_s is not None and nats_s is not None and busy_s is not None:
@@ -332,6 +354,7 @@ def _measure(name: str, server_pid: int, port: int, nats_pid: int, args: argpars
         nats_cpu_ms=None if nats_s is None or not requests else nats_s * 1000 / requests,
         wrk_cores=wrk_s / wall,
         other_cores=other_cores,
+        publishes=None if published is None or not requests else published / requests,
     )
 
 
@@ -342,14 +365,14 @@ def _fmt(value: float | None, width: int) -> str:
 def _report(best: dict[str, Result], runs: dict[str, list[Result]]) -> None:
     head = (
         f"{'server':<8} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'202':>7} {'2xx!202':>7} {'non-2xx':>7}"
-        f" {'sockerr':>7} {'srv ms/req':>10} {'nats ms/req':>11} {'wrk cores':>9} {'other cores':>11}"
+        f" {'sockerr':>7} {'srv ms/req':>10} {'nats ms/req':>11} {'msgs/req':>8} {'wrk cores':>9} {'other cores':>11}"
     )
     lines = [head, "-" * len(head)]
     for r in best.values():
         lines.append(
             f"{r.name:<8} {r.rate:8.1f} {r.p50_ms:7.2f} {r.p99_ms:7.2f} {r.accepted:7d} {r.other_2xx:7d}"
             f" {r.non_2xx:7d} {r.socket_errors:7d} {_fmt(r.server_cpu_ms, 10)} {_fmt(r.nats_cpu_ms, 11)}"
-            f" {_fmt(r.wrk_cores, 9)} {_fmt(r.other_cores, 11)}"
+            f" {_fmt(r.publishes, 8)} {_fmt(r.wrk_cores, 9)} {_fmt(r.other_cores, 11)}"
         )
     if any(len(rs) > 1 for rs in runs.values()):
         each = "; ".join(f"{name} " + " / ".join(f"{r.rate:.0f}" for r in rs) for name, rs in runs.items())
@@ -369,7 +392,8 @@ def _report(best: dict[str, Result], runs: dict[str, list[Result]]) -> None:
             lines.append(f"ratio runtime/{other:<6} throughput {runtime.rate / base.rate:.2f}x{cpu}")
     lines.append(
         "(202 = a new run accepted; 2xx!202 would be duplicates; sockerr = wrk connect/read/write/timeout errors;"
-        " srv/nats ms/req = CPU of the server process / nats-server per completed request; wrk cores = the load"
+        " srv/nats ms/req = CPU of the server process / nats-server per completed request; msgs/req = messages"
+        " nats-server received per request (publishes, KV writes; acks not counted); wrk cores = the load"
         " generator's own CPU; other cores = the rest of the machine meanwhile: when it is high, rerun)"
     )
     sys.stdout.write("\n".join(lines) + "\n")
@@ -402,7 +426,7 @@ def _bench(args: argparse.Namespace) -> int:
         workdir = Path(tmp)
         triggers_file = workdir / "triggers.yaml"
         triggers_file.write_text(TRIGGERS)
-        nats = NatsServer(workdir / "nats")
+        nats = NatsServer(workdir / "nats", monitoring=True)  # /varz: the messages per request
         nats.start()
         assert nats.proc is not None
         nats_pid = nats.proc.pid
@@ -416,7 +440,7 @@ def _bench(args: argparse.Namespace) -> int:
                 for kind, (proc, port) in servers.items():
                     if round_ == 0 and args.warmup > 0:
                         _wrk(port, args.warmup, args)  # connections, caches, the first run of every code path
-                    runs[kind].append(_measure(kind, proc.pid, port, nats_pid, args))
+                    runs[kind].append(_measure(kind, proc.pid, port, nats_pid, args, nats.monitoring_url))
         finally:
             for proc, _ in servers.values():
                 _stop(proc)

@@ -30,16 +30,17 @@ built its values through the validating constructors once).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import nats.errors
 import structlog
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
 from temporality_bus.errors import BusError, Conflict, PermanentError, TransientError
@@ -61,9 +62,13 @@ _NO_RESPONDERS = "503"  # the status header of a publish no stream took
 
 
 class PublishResult(BaseModel):
+    """JetStream's acknowledgement of a stored write: the stream, the sequence (a KV write's revision), and
+    whether it was a duplicate of a ``Nats-Msg-Id`` inside the stream's duplicate window (the ack leaves
+    ``duplicate`` out when it is not one)."""
+
     stream: str
     seq: int
-    duplicate: bool
+    duplicate: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ class Pipeline:
         self._bus = bus
         self._prefix: str | None = None
         self._lock = asyncio.Lock()
-        self._pending: dict[str, asyncio.Future[Msg]] = {}
+        self._pending: dict[str, asyncio.Future[Msg | None]] = {}
         self._tokens = itertools.count()
 
     @property
@@ -148,44 +153,37 @@ class Pipeline:
 
     async def _round(self, writes: Sequence[Write], prefix: str, timeout_s: float) -> list[Msg | BusError | None]:
         """Send ``writes``, await their replies (``timeout_s`` for all): the reply of each, ``None`` for
-        none in time, or the error that kept it from being sent."""
+        none in time, or the error that kept it from being sent.
+
+        The writes go out as one buffer of protocol frames (:func:`_send`) handed to the client once,
+        not one ``nc.publish`` each; the deadline is one timer that answers ``None`` to every reply still
+        missing, not a timeout scope around the awaits."""
         nc = self._bus.nc
         loop = asyncio.get_running_loop()
+        pending = self._pending
         tokens: list[str] = []
-        futures: list[asyncio.Future[Msg]] = []
-        unsent: dict[int, BusError] = {}
+        futures: list[asyncio.Future[Msg | None]] = []
+        for _ in writes:
+            token = str(next(self._tokens))
+            future: asyncio.Future[Msg | None] = loop.create_future()
+            pending[token] = future
+            tokens.append(token)
+            futures.append(future)
+        expiry = loop.call_later(timeout_s, _expire, futures)
         try:
-            for i, write in enumerate(writes):
-                token = str(next(self._tokens))
-                future: asyncio.Future[Msg] = loop.create_future()
-                self._pending[token] = future
-                tokens.append(token)
-                futures.append(future)
-                try:
-                    await nc.publish(write.subject, write.payload, reply=prefix + token, headers=write.headers)
-                except nats.errors.MaxPayloadError as exc:  # a server with a smaller limit since the check
-                    unsent[i] = _caused(
-                        PermanentError(f"{len(write.payload)} bytes exceed the server's max_payload"), exc
-                    )
-                    future.cancel()
-                except (nats.errors.Error, OSError) as exc:  # closed/reset connection, draining
-                    unsent[i] = _caused(TransientError(f"publish to {write.subject} failed: {exc!r}"), exc)
-                    future.cancel()
-            waiting = [f for f in futures if not f.done()]
-            if waiting:
-                # one after the other under one deadline: the same as asyncio.wait(waiting) here (only the
-                # finally below cancels these futures), without its per-call set, waiter and callbacks
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(timeout_s):
-                        for future in waiting:
-                            await future
+            unsent = await _send(nc, writes, prefix, tokens)
+            for i in unsent:
+                futures[i].cancel()
+            for i, future in enumerate(futures):
+                if i not in unsent and not future.done():
+                    await future  # (answered None by the timer at the deadline)
             return [
-                unsent[i] if i in unsent else (f.result() if f.done() and not f.cancelled() else None)
-                for i, f in enumerate(futures)
+                unsent[i] if i in unsent else (f.result() if not f.cancelled() else None) for i, f in enumerate(futures)
             ]
         finally:
+            expiry.cancel()
             for token, future in zip(tokens, futures, strict=True):
-                self._pending.pop(token, None)
+                pending.pop(token, None)
                 if not future.done():
                     future.cancel()
 
@@ -203,6 +201,112 @@ class Pipeline:
         future = self._pending.pop(msg.subject[len(self._prefix) :], None)
         if future is not None and not future.done():
             future.set_result(msg)
+
+
+def _expire(futures: list[asyncio.Future[Msg | None]]) -> None:
+    """The deadline of a round: every reply still missing is ``None`` (no acknowledgement in time)."""
+    for future in futures:
+        if not future.done():
+            future.set_result(None)
+
+
+#: Whether this nats-py has the outbound buffer the frames are handed to (``_send_command``, pinned
+#: ``nats-py>=2.16,<2.17``); without it every write goes out through ``nc.publish``, as before.
+_BUFFERED = all(hasattr(NATS, name) for name in ("_send_command", "_flush_pending"))
+_SUBJECT_INVALID = re.compile(r"[ \t\r\n]")  # nats-py's publish check: whitespace/CRLF would inject protocol
+_HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # nats-py's header-name check
+_KEYS_SEEN: set[str] = set()  # header names already checked (a handful: Nats-Msg-Id, Content-Type, ...)
+
+
+def _header_block(headers: dict[str, str]) -> bytes:
+    """The ``NATS/1.0`` header block of ``headers``, as nats-py's publish writes it (names checked,
+    surrounding blanks stripped, CR/LF in a value turned into blanks, empty names skipped)."""
+    lines = ["NATS/1.0\r\n"]
+    for name, value in headers.items():
+        key = name.strip()
+        if not key:
+            continue
+        if key not in _KEYS_SEEN:
+            if not _HEADER_KEY.fullmatch(key):
+                raise nats.errors.BadHeaderError(key)
+            if len(_KEYS_SEEN) < 1024:
+                _KEYS_SEEN.add(key)
+        text = value.strip()
+        if "\r" in text or "\n" in text:
+            text = text.replace("\r", " ").replace("\n", " ")
+        lines.append(f"{key}: {text}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode()
+
+
+def _frame(write: Write, reply: str) -> bytes:
+    """The protocol frame of ``write`` (``HPUB``, or ``PUB`` without headers) with ``reply`` as its reply
+    subject: the bytes ``nc.publish`` would put in its buffer."""
+    subject = write.subject
+    if not subject or _SUBJECT_INVALID.search(subject):
+        raise nats.errors.BadSubjectError
+    payload = write.payload
+    if write.headers:
+        head = _header_block(write.headers)
+        size = len(head)
+        return b"".join((f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n".encode(), head, payload, b"\r\n"))
+    return b"".join((f"PUB {subject} {reply} {len(payload)}\r\n".encode(), payload, b"\r\n"))
+
+
+async def _send(nc: NATS, writes: Sequence[Write], prefix: str, tokens: list[str]) -> dict[int, BusError]:
+    """Put every write into the client's outbound buffer at once (one flush); the writes that could not be
+    sent, each with the error that kept it (the others are on their way)."""
+    unsent: dict[int, BusError] = {}
+    if not _BUFFERED:
+        for i, write in enumerate(writes):
+            try:
+                await nc.publish(write.subject, write.payload, reply=prefix + tokens[i], headers=write.headers)
+            except (nats.errors.Error, OSError) as exc:
+                unsent[i] = _unsent(write, exc)
+        return unsent
+    refused: nats.errors.Error | None = None
+    if nc.is_closed:
+        refused = nats.errors.ConnectionClosedError()
+    elif nc.is_draining_pubs:
+        refused = nats.errors.ConnectionDrainingError()
+    if refused is not None:
+        return {i: _unsent(write, refused) for i, write in enumerate(writes)}
+    frames: list[bytes] = []
+    sent_bytes = 0
+    max_payload = nc.max_payload
+    for i, write in enumerate(writes):
+        if len(write.payload) > max_payload:  # a server with a smaller limit since the check
+            unsent[i] = _unsent(write, nats.errors.MaxPayloadError())
+            continue
+        try:
+            frames.append(_frame(write, prefix + tokens[i]))
+        except nats.errors.Error as exc:  # a subject or a header name nats-py would refuse
+            unsent[i] = _unsent(write, exc)
+            continue
+        sent_bytes += len(write.payload)
+    if not frames:
+        return unsent
+    data = frames[0] if len(frames) == 1 else b"".join(frames)
+    if not nc.is_connected and (nc._max_pending_size <= 0 or len(data) + nc._pending_data_size > nc._max_pending_size):
+        # reconnecting, and the client's reconnect buffer is off or full (as nc.publish refuses then)
+        full = nats.errors.OutboundBufferLimitError()
+        return {i: unsent.get(i) or _unsent(write, full) for i, write in enumerate(writes)}
+    try:
+        await nc._send_command(data)
+        if nc._flush_queue is not None and nc._flush_queue.empty():
+            await nc._flush_pending()
+    except (nats.errors.Error, OSError) as exc:  # closed/reset connection meanwhile
+        return {i: unsent.get(i) or _unsent(write, exc) for i, write in enumerate(writes)}
+    nc.stats["out_msgs"] += len(frames)
+    nc.stats["out_bytes"] += sent_bytes
+    return unsent
+
+
+def _unsent(write: Write, exc: BaseException) -> BusError:
+    """The error of a write that was not sent because of ``exc``."""
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return _caused(PermanentError(f"{len(write.payload)} bytes exceed the server's max_payload"), exc)
+    return _caused(TransientError(f"publish to {write.subject} failed: {exc!r}"), exc)
 
 
 def _caused(error: BusError, cause: BaseException) -> BusError:
@@ -224,8 +328,14 @@ def _outcome(write: Write, reply: Msg | BusError | None, timeout_s: float) -> Pu
         return TransientError(f"publish to {write.subject} failed: no ack within {timeout_s:g} s")
     if _no_stream(reply):
         return TransientError(f"publish to {write.subject} failed: no stream took it (no responders)")
+    data = reply.data
+    if b'"error"' not in data:  # the hot path: a plain ack, read straight into its result by pydantic-core
+        try:
+            return PublishResult.model_validate_json(data)
+        except ValidationError:
+            pass  # not an ack at all: said so below
     try:
-        response = from_json(reply.data)
+        response = from_json(data)
         error = response.get("error")
         if error is not None:
             if error.get("err_code") == _WRONG_LAST_SEQUENCE and write.bucket is not None and write.key is not None:

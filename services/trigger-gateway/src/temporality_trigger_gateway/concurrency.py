@@ -396,7 +396,10 @@ class FlowControl:
         pending = current.debounced is not None and current.debounced.run_id == timer.run_id
         started = current.active is not None and current.active.run_id == timer.run_id  # a redelivered firing
         if not (pending or started):
-            log.info("concurrency.debounce_dropped", run_id=timer.run_id, reason="a newer event, or decided")
+            if current.debounced is not None:
+                await self._rearm_for_latest(timer, current, triggers)
+            else:
+                log.info("concurrency.debounce_dropped", run_id=timer.run_id, reason="decided")
             return
         found = await io(launches.get(launch_key(timer.run_id)))
         trigger = triggers(timer.trigger_id)
@@ -404,6 +407,39 @@ class FlowControl:
             log.error("concurrency.debounce_dropped", run_id=timer.run_id, reason="its launch or trigger is gone")
             return
         await self._launcher.launch_debounced(found.value, trigger, current.key)
+
+    async def _rearm_for_latest(
+        self, timer: DebounceTimer, current: KeyState, triggers: Callable[[str], TriggerConfig | None]
+    ) -> None:
+        """A firing for an event that is no longer its key's latest (``current.debounced`` is newer).
+
+        Each delivery compare-and-sets itself as the key's latest, then arms the key's one schedule (the last
+        arm replaces the others): the two steps are not atomic, so two concurrent events can arm in the
+        other order than they were compare-and-set, leaving the key's schedule to the older one. Dropping
+        this firing would then lose the latest event for good (its own arm was replaced). So the window is
+        armed again for the latest, at its end as the stored record says (the record's ``updated_at`` is when
+        the latest was set; a later change of the record only moves it later): if the latest's own arm is
+        still in place, this replaces it with the same firing, at worst a little later; either way it fires
+        once, and the launch itself stays a compare-and-set (:meth:`admit` with ``fired``)."""
+        latest = current.debounced
+        assert latest is not None
+        trigger = triggers(timer.trigger_id)
+        flow = trigger.concurrency if trigger is not None else None
+        if flow is None or flow.debounce_s is None:
+            log.info("concurrency.debounce_dropped", run_id=timer.run_id, reason="the trigger is no longer debounced")
+            return
+        until = max(datetime.now(UTC), current.updated_at + timedelta(seconds=flow.debounce_s))
+        payload = DebounceTimer(trigger_id=timer.trigger_id, state_key=timer.state_key, run_id=latest.run_id)
+        # a msg id of its own (the latest's arm used derive_id("deb", run)); a redelivery of this firing repeats it
+        await self._launcher.io(
+            self.timers.arm(
+                timer.state_key,
+                until,
+                payload.model_dump_json().encode(),
+                msg_id=derive_id("deb", latest.run_id, "after", timer.run_id),
+            )
+        )
+        log.info("concurrency.debounce_rearmed", stale=timer.run_id, latest=latest.run_id, until=until.isoformat())
 
     async def release(self, ended: str, triggers: Callable[[str], TriggerConfig | None]) -> None:
         """Run ``ended`` ended: if it held a key, the next queued run of that key starts (exactly once).

@@ -34,16 +34,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
 import structlog
 
 from temporality_agent_collab.gate import MessageGate, SignedResponder
+from temporality_agent_collab.participants import InvalidKey, RunIndex, SagaParticipants, saga_key
+from temporality_agent_collab.participants import run_key as saga_run_key
 from temporality_agent_collab.registry import SOURCE, AgentRecord, agent_key, utcnow
 from temporality_agent_collab.rpc import QUEUE_GROUP
 from temporality_bus import AlreadyExists, Bus, Delivery, Failure, NotFound, Request, Responder, Store, evolve
 from temporality_protocol import (
+    RUN,
     AgentRefusal,
     AgentTaskActed,
     AgentTaskCheckpointed,
@@ -78,7 +82,13 @@ from temporality_protocol.agent_tasks import (
     run_key,
     task_key,
 )
-from temporality_protocol.catalog import BUCKET_AGENT_TASKS, BUCKET_AGENTS, RPC_AGENTS_TASKS_ACT, RPC_AGENTS_TASKS_POLL
+from temporality_protocol.catalog import (
+    BUCKET_AGENT_TASKS,
+    BUCKET_AGENTS,
+    BUCKET_COLLAB,
+    RPC_AGENTS_TASKS_ACT,
+    RPC_AGENTS_TASKS_POLL,
+)
 from temporality_protocol.events import TaskRefusalReason
 from temporality_protocol.states import AGENT_TASK, AgentLifecycleState, AgentTaskState
 
@@ -204,6 +214,8 @@ class TaskBoard:
         checkpoints: Store[StoredCheckpoint],
         agents: Store[AgentRecord],
         gate: MessageGate,
+        sagas: Store[SagaParticipants],
+        run_index: Store[RunIndex],
     ) -> None:
         self._bus = bus
         self._tasks = tasks
@@ -211,6 +223,13 @@ class TaskBoard:
         self._checkpoints = checkpoints
         self._agents = agents
         self.gate = gate
+        #: agent-collab's saga projection (``agent-collab-runs``): whether a task's run has finished.
+        self._sagas = sagas
+        self._run_index = run_index
+        #: The test seam: awaited with the name of a point of :meth:`act` (``act:committed``: the action is stored,
+        #: its ``agent.task.acted`` not yet published). ``None`` -- always, in the service -- does nothing; a
+        #: crash test's process sets it to exit there the way kill -9 would.
+        self.crash_point: Callable[[str], Awaitable[None]] | None = None
 
     @classmethod
     async def open(cls, bus: Bus, gate: MessageGate) -> TaskBoard:
@@ -221,6 +240,8 @@ class TaskBoard:
             await bus.store(BUCKET_AGENT_TASKS, StoredCheckpoint),
             await bus.store(BUCKET_AGENTS, AgentRecord),
             gate,
+            await bus.store(BUCKET_COLLAB, SagaParticipants),
+            await bus.store(BUCKET_COLLAB, RunIndex),
         )
 
     def responders(self, *, queue: str = QUEUE_GROUP, max_inflight: int = 8) -> list[Responder[Any, Any]]:
@@ -440,6 +461,8 @@ class TaskBoard:
             result = await self._tasks.modify(key, lambda cur: acted(cur, body, allowed, now), attempts=MODIFY_ATTEMPTS)
             record = result.value
             stored = next(a for a in record.actions if a.action_id == body.action_id)
+            if result.changed and self.crash_point is not None:
+                await self.crash_point("act:committed")
             # again for a duplicate (its event may be the one lost): the id is the turn's, the stream keeps one
             await self._bus.publish(self._acted_event(record, stored))
             await self._acted_announced(key, record, stored.turn)
@@ -553,10 +576,17 @@ class TaskBoard:
         await self._tasks.modify(key, announced, attempts=MODIFY_ATTEMPTS)
 
     async def announce_actions(self) -> int:
-        """At start: publish ``agent.task.acted`` for every task's last action not known published -- stored by an
-        agent-collab that died before its publish, the agent never sending it again -- so the run parked on it
-        wakes now rather than at its compute budget's timer. The event id is the turn's (a replica doing the same,
-        or a publish that did happen, is one event); a task whose run has ended needs none. Returns how many."""
+        """At start: publish ``agent.task.acted`` for every task's last action that is truly un-announced -- stored
+        by an agent-collab that died before its publish, the agent never sending it again -- so the run parked on it
+        wakes now rather than at its compute budget's timer's last read. The event id is the turn's (a replica doing
+        the same, or a publish that did happen, is one event). Returns how many were announced.
+
+        An action not marked announced (``acted_announced``: written after each publish; ``None`` in records from
+        before the field) is announced only when nothing shows its run has taken it up: a task whose run ended it
+        (``ended``), a task whose run has since offered a later turn (the run read the action and went on), and a
+        task whose run has finished in agent-collab's saga projection (the agent's result or failure already
+        carried out, or the run ended otherwise) are only marked, so no later start looks at them again and none
+        is re-announced -- the old records are not all republished at the first start after an upgrade."""
         count = 0
         for key in sorted(k for k in await self._tasks.keys() if k.startswith("task.")):
             try:
@@ -570,11 +600,37 @@ class TaskBoard:
             last = record.actions[-1]
             if record.acted_announced is not None and record.acted_announced >= last.turn:
                 continue
+            taken_up = await self._taken_up(record, last)
+            if taken_up is not None:
+                await self._acted_announced(key, record, last.turn)
+                log.info("agent_task.acted_settled", task_id=record.task_id, run_id=record.run_id, why=taken_up)
+                continue
             await self._bus.publish(self._acted_event(record, last))
             await self._acted_announced(key, record, last.turn)
             log.info("agent_task.acted_announced", task_id=record.task_id, run_id=record.run_id, turn=last.turn)
             count += 1
         return count
+
+    async def _taken_up(self, record: TaskRecord, last: StoredAction) -> str | None:
+        """Why the run needs no announcement of ``last`` (it took the action up, or it has finished), if it does
+        not; ``None``: nothing says so (the run may still be parked on it)."""
+        if record.turn > last.turn:
+            return "later_turn_offered"
+        if await self._run_finished(record.run_id):
+            return "run_finished"
+        return None
+
+    async def _run_finished(self, run_id: str) -> bool:
+        """The run has finished as far as agent-collab's saga projection knows (unknown: not finished)."""
+        try:
+            indexed = await self._run_index.get(saga_run_key(run_id))
+            if indexed is None:
+                return False
+            saga = await self._sagas.get(saga_key(indexed.value.saga_id))
+        except InvalidKey:
+            return False
+        entry = saga.value.runs.get(run_id) if saga is not None else None
+        return entry is not None and entry.status in RUN.terminal
 
     async def _announce_taken(self, key: str, record: TaskRecord) -> None:
         """Publish ``agent.task.taken`` for the record's take and turn unless it is known published, then say

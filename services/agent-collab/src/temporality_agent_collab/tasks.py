@@ -34,18 +34,32 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
 import structlog
+from pydantic import ValidationError
 
 from temporality_agent_collab.gate import MessageGate, SignedResponder
 from temporality_agent_collab.participants import InvalidKey, RunIndex, SagaParticipants, saga_key
 from temporality_agent_collab.participants import run_key as saga_run_key
 from temporality_agent_collab.registry import SOURCE, AgentRecord, agent_key, utcnow
 from temporality_agent_collab.rpc import QUEUE_GROUP
-from temporality_bus import AlreadyExists, Bus, Delivery, Failure, NotFound, Request, Responder, Store, evolve
+from temporality_bus import (
+    AlreadyExists,
+    Bus,
+    Delivery,
+    Failure,
+    NotFound,
+    PermanentError,
+    Request,
+    Responder,
+    Store,
+    evolve,
+)
+from temporality_bus.responder import validation_detail
 from temporality_protocol import (
     RUN,
     AgentRefusal,
@@ -289,6 +303,7 @@ class TaskBoard:
     async def on_offered(self, event: Envelope, delivery: Delivery | None = None) -> None:
         """``agent.task.offered`` (consumer ``agent-collab-tasks``): the task's record at the offered turn."""
         offer = event.payload(AgentTaskOffered)
+        _check_keys(offer)
         key = task_key(offer.agent_id, offer.task_id)
         now = utcnow()
         with structlog.contextvars.bound_contextvars(run_id=offer.run_id, task_id=offer.task_id):
@@ -383,7 +398,11 @@ class TaskBoard:
         assignments: list[TaskAssignment] = []
         now = utcnow()
         for key in sorted(k for k in await self._tasks.keys() if k.startswith(prefix)):
-            found = await self._tasks.get(key)
+            try:
+                found = await self._tasks.get(key)
+            except ValidationError as exc:  # one unreadable record must not cost the agent all its other tasks
+                log.error("agent_task.unreadable", key=key, error=validation_detail(exc)[:512])
+                continue
             if found is None:
                 continue
             if found.value.over:
@@ -530,7 +549,8 @@ class TaskBoard:
         )
 
     async def _stream(self, record: TaskRecord, body: TaskAction) -> TaskActionReply:
-        """AP-9: journaled with the saga's correlation id and its request id (the same ``action_id``: one event)."""
+        """AP-9: journaled with the saga's correlation id and its request id (the same ``action_id``: one event, and
+        the reply to the repeat says ``duplicate: true`` while JetStream's duplicate window remembers the first)."""
         sent = body.event
         assert sent is not None
         data = AgentTaskStreamed(
@@ -544,9 +564,14 @@ class TaskBoard:
             message=sent.message,
             data=sent.data,
         )
-        await self._bus.publish(self._event(record, data, "streamed", body.action_id))
+        published = await self._bus.publish(self._event(record, data, "streamed", body.action_id))
+        # the same action again within the journal's duplicate window is the same event: say so, as for the others
         return TaskActionReply(
-            agent_id=record.agent_id, task_id=record.task_id, accepted=True, state=record.state.value
+            agent_id=record.agent_id,
+            task_id=record.task_id,
+            accepted=True,
+            duplicate=published.duplicate,
+            state=record.state.value,
         )
 
     # ------------------------------------------------------------------ events
@@ -698,6 +723,24 @@ class TaskBoard:
             subject=body.agent_id,
             actor=f"agent:{body.agent_id}",
         )
+
+
+#: One subject token (an agent id, a task id): what a ``task.<agent id>.<task id>`` key is made of.
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+#: A run id as a KV key token (``run.<run id>``; relay run ids contain ``/``).
+_RUN_TOKEN = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
+
+
+def _check_keys(offer: AgentTaskOffered) -> None:
+    """An offer whose ids cannot make its record's keys can never be stored: a :class:`PermanentError` (dead-lettered
+    at once, naming the id), not a KV error retried until the deliveries run out."""
+    for name, value, pattern in (
+        ("agent_id", offer.agent_id, _TOKEN),
+        ("task_id", offer.task_id, _TOKEN),
+        ("run_id", offer.run_id, _RUN_TOKEN),
+    ):
+        if not pattern.fullmatch(value) or value.startswith(".") or value.endswith("."):
+            raise PermanentError(f"agent.task.offered: {name} {value[:128]!r} cannot be part of a KV key")
 
 
 def _hint(raw: bytes, field: str) -> str:

@@ -469,7 +469,7 @@ async def _work_step(
         if not ack["accepted"]:
             refusal = ack["refusal"]
             raise ProtocolFailure(4, f"heartbeat refused ({refusal['reason']}): {refusal['detail']}")
-        if ack["conformance"] is not None:
+        if ack.get("conformance") is not None:
             await answer_round(client, args.agent_id, version, ack["conformance"], answered, args.conformance)
         last_beat = time.monotonic()
     await worker.poll()
@@ -553,7 +553,7 @@ async def run(args: argparse.Namespace) -> int:
             period,
         )
         answered: set[int] = set()
-        if reply["conformance"] is not None:
+        if reply.get("conformance") is not None:
             await answer_round(client, args.agent_id, version, reply["conformance"], answered, args.conformance)
         if args.work:
             await work(client, args, version, period, answered)
@@ -575,7 +575,7 @@ async def run(args: argparse.Namespace) -> int:
             if not ack["accepted"]:
                 refusal = ack["refusal"]
                 raise ProtocolFailure(4, f"heartbeat refused ({refusal['reason']}): {refusal['detail']}")
-            if ack["conformance"] is not None:  # still open: the answers were lost, or it is a new round
+            if ack.get("conformance") is not None:  # still open: the answers were lost, or it is a new round
                 await answer_round(client, args.agent_id, version, ack["conformance"], answered, args.conformance)
             log.info("heartbeat %d: %s, offline at %s unless another comes", beat + 1, ack["state"], ack["offline_at"])
     except ProtocolFailure as failure:

@@ -105,12 +105,18 @@ CAPABILITIES = ["echo", "reverse", "triage"]
 _DEFAULT_SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
+#: Refusals that sending the same action again can never turn into an acceptance (the rest depend on the moment).
+FINAL_REFUSALS = frozenset({"tool_not_allowed", "malformed_request"})
+
+
 class ProtocolFailure(Exception):
     """The exchange cannot go on; ``code`` is the process's exit code."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        #: The refusal's reason, when the platform refused a request (``refusal.reason``).
+        self.reason = reason
 
 
 # --------------------------------------------------------------------------- signing (AP-11)
@@ -308,7 +314,7 @@ class Worker:
         reply = await self.client.call(ACT, body)
         if not reply["accepted"]:
             refusal = reply["refusal"]
-            raise ProtocolFailure(7, f"{kind} refused ({refusal['reason']}): {refusal['detail']}")
+            raise ProtocolFailure(7, f"{kind} refused ({refusal['reason']}): {refusal['detail']}", refusal["reason"])
         return reply
 
     async def _stream(self, task_id: str, turn: int, what: str, kind: str, message: str, **data: Any) -> None:
@@ -339,8 +345,24 @@ class Worker:
             except ProtocolFailure as refused:
                 if refused.code != 7:
                     raise
-                # e.g. task_ended: its run was cancelled meanwhile; the next poll no longer lists it
                 log.warning("task %s: %s", assignment["task"]["task_id"], refused)
+                if refused.reason in FINAL_REFUSALS:
+                    await self.give_up(assignment, str(refused))
+                # otherwise (e.g. task_ended: its run was cancelled meanwhile) the next poll says what is left
+
+    async def give_up(self, assignment: dict[str, Any], why: str) -> None:
+        """An action the platform will never accept as it is (a tool it is not granted, a body it cannot read):
+        sending it again at every poll would only wait out the run's budget -- fail the task, saying why."""
+        task_id, turn = assignment["task"]["task_id"], assignment["turn"]
+        try:
+            await self._act(task_id, turn, "fail-refused", "failure", error=f"cannot go on: {why}"[:4096])
+        except ProtocolFailure as refused:
+            if refused.code != 7:
+                raise
+            log.warning("task %s: %s", task_id, refused)  # ended meanwhile: nothing left to fail
+        self._seen.pop(task_id, None)
+        self.completed += 1
+        log.warning("task %s failed: %s", task_id, why)
 
     async def handle(self, assignment: dict[str, Any]) -> None:
         task, turn = assignment["task"], assignment["turn"]

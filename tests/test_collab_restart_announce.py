@@ -340,7 +340,8 @@ async def test_a_refused_handoff_gets_the_same_typed_refusal_when_sent_again(cli
     """The agent is not granted ``handoff_to_agent``: its handoff is refused ``tool_not_allowed``; one without its
     document ``malformed_request``; one for a turn that is not open ``wrong_turn``. Each reply says why in a typed
     reason and a sentence, carries no ``child_run_id``, and the very same handoff sent again (signed afresh) gets
-    the very same reply; the journaled refusal is one event (one id however often it is published). The refusals
+    the very same reply; each refusal is journaled (``agent.task.refused``, the malformed one too) as one event (one
+    id however often it is published). The refusals
     store nothing: the turn is still open and the agent's result completes the run."""
     run_id = await client.request()
     await client.parked(run_id, 1)
@@ -361,16 +362,17 @@ async def test_a_refused_handoff_gets_the_same_typed_refusal_when_sent_again(cli
         assert "child_run_id" not in first
         assert first["task_id"] == task_id_for(run_id)
 
-    journaled = await client.events.wait_for("agent.task.refused", count=2, timeout_s=WAIT_S, where=_of_task(run_id))
-    assert sorted(e.data["reason"] for e in journaled) == ["tool_not_allowed", "wrong_turn"]
+    journaled = await client.events.wait_for("agent.task.refused", count=3, timeout_s=WAIT_S, where=_of_task(run_id))
+    assert sorted(e.data["reason"] for e in journaled) == ["malformed_request", "tool_not_allowed", "wrong_turn"]
+    assert all(e.data["kind"] == "handoff" and e.data["agent_id"] == AGENT for e in journaled)
 
     async def published_twice_each() -> bool:
         ids = [m[1] for m in client.published.messages if m[0] == "agent.task.refused" and m[1] in _ids(journaled)]
-        return sorted(ids.count(i) for i in set(ids)) == [2, 2]
+        return sorted(ids.count(i) for i in set(ids)) == [2, 2, 2]
 
     assert await eventually(published_twice_each, WAIT_S, "each refusal published twice, under one id")
     await stays(
-        lambda: len([e for e in client.events.of_type("agent.task.refused") if _of_task(run_id)(e)]) == 2,
+        lambda: len([e for e in client.events.of_type("agent.task.refused") if _of_task(run_id)(e)]) == 3,
         settle_s=1.0,
         what="one journaled refusal per refused handoff",
     )

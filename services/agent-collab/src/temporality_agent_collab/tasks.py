@@ -295,6 +295,7 @@ class TaskBoard:
                     refusal=failed(f),
                 ),
                 negotiate_versions=False,
+                on_malformed=self._malformed,
                 **common,
             ),
         ]
@@ -703,6 +704,32 @@ class TaskBoard:
         )
         return self._event(record, data, "acted", str(action.turn))
 
+    async def _malformed(self, agent_id: str, raw: bytes, detail: str) -> None:
+        """A task action whose body its schema refuses (a ``result`` without ``result``, a ``handoff`` without its
+        document): journaled ``agent.task.refused`` ``malformed_request`` like every other refused action, before
+        the reply. The same body again is the same event (its id is the body's digest)."""
+        turn: Any = _json_field(raw, "turn")
+        data = AgentTaskRefused(
+            agent_id=agent_id,
+            task_id=_hint(raw, "task_id") or None,
+            turn=turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
+            action_id=_hint(raw, "action_id") or None,
+            kind=_hint(raw, "kind") or None,
+            reason="malformed_request",
+            detail=f"malformed request: {detail}"[:4096],
+        )
+        seen = json.dumps([agent_id, hashlib.sha256(raw).hexdigest(), "malformed_request"])
+        await self._bus.publish(
+            make_event(
+                data,
+                source=SOURCE,
+                id=derive_id("evt", "agent.task.refused", hashlib.sha256(seen.encode()).hexdigest()),
+                subject=agent_id,
+                actor=f"agent:{agent_id}",
+            )
+        )
+        log.info("agent_task.refused", reason="malformed_request", kind=data.kind)
+
     @staticmethod
     def _refused_event(body: TaskAction, refused: TaskRefused) -> Envelope:
         """``agent.task.refused``: the same message refused for the same reason is one event."""
@@ -743,10 +770,14 @@ def _check_keys(offer: AgentTaskOffered) -> None:
             raise PermanentError(f"agent.task.offered: {name} {value[:128]!r} cannot be part of a KV key")
 
 
-def _hint(raw: bytes, field: str) -> str:
+def _json_field(raw: bytes, field: str) -> Any:
     try:
         body: Any = json.loads(raw)
     except ValueError:
-        return ""
-    value = body.get(field) if isinstance(body, dict) else None
+        return None
+    return body.get(field) if isinstance(body, dict) else None
+
+
+def _hint(raw: bytes, field: str) -> str:
+    value = _json_field(raw, field)
     return value[:64] if isinstance(value, str) else ""

@@ -55,7 +55,10 @@ completes, handed off, and a run of ``CARD`` carries on in the same saga; the ca
 ``handoff_to_agent`` and the agent must be granted it (``allowed_tools``).
 
 ``--think-s`` makes it work on a new task that long before its first action. A run cancelled meanwhile comes back
-once in the next poll with ``state: cancelled``: it drops the task (counted as done for ``--tasks``).
+once in the next poll with ``state: cancelled``: it drops the task (counted as done for ``--tasks``). An action
+refused for good (``tool_not_allowed``: a tool it is not granted; ``malformed_request``) is not sent again at
+every poll: it fails the task with the refusal as the error (counted as done too); other refusals (the run ended,
+the turn moved on) are logged and the next poll says what is left.
 """
 
 from __future__ import annotations

@@ -55,7 +55,10 @@ completes, handed off, and a run of ``CARD`` carries on in the same saga; the ca
 ``handoff_to_agent`` and the agent must be granted it (``allowed_tools``).
 
 ``--think-s`` makes it work on a new task that long before its first action. A run cancelled meanwhile comes back
-once in the next poll with ``state: cancelled``: it drops the task (counted as done for ``--tasks``).
+once in the next poll with ``state: cancelled``: it drops the task (counted as done for ``--tasks``). An action
+refused for good (``tool_not_allowed``: a tool it is not granted; ``malformed_request``) is not sent again at
+every poll: it fails the task with the refusal as the error (counted as done too); other refusals (the run ended,
+the turn moved on) are logged and the next poll says what is left.
 """
 
 from __future__ import annotations
@@ -105,12 +108,18 @@ CAPABILITIES = ["echo", "reverse", "triage"]
 _DEFAULT_SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
+#: Refusals that sending the same action again can never turn into an acceptance (the rest depend on the moment).
+FINAL_REFUSALS = frozenset({"tool_not_allowed", "malformed_request"})
+
+
 class ProtocolFailure(Exception):
     """The exchange cannot go on; ``code`` is the process's exit code."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        #: The refusal's reason, when the platform refused a request (``refusal.reason``).
+        self.reason = reason
 
 
 # --------------------------------------------------------------------------- signing (AP-11)
@@ -308,7 +317,7 @@ class Worker:
         reply = await self.client.call(ACT, body)
         if not reply["accepted"]:
             refusal = reply["refusal"]
-            raise ProtocolFailure(7, f"{kind} refused ({refusal['reason']}): {refusal['detail']}")
+            raise ProtocolFailure(7, f"{kind} refused ({refusal['reason']}): {refusal['detail']}", refusal["reason"])
         return reply
 
     async def _stream(self, task_id: str, turn: int, what: str, kind: str, message: str, **data: Any) -> None:
@@ -339,8 +348,24 @@ class Worker:
             except ProtocolFailure as refused:
                 if refused.code != 7:
                     raise
-                # e.g. task_ended: its run was cancelled meanwhile; the next poll no longer lists it
                 log.warning("task %s: %s", assignment["task"]["task_id"], refused)
+                if refused.reason in FINAL_REFUSALS:
+                    await self.give_up(assignment, str(refused))
+                # otherwise (e.g. task_ended: its run was cancelled meanwhile) the next poll says what is left
+
+    async def give_up(self, assignment: dict[str, Any], why: str) -> None:
+        """An action the platform will never accept as it is (a tool it is not granted, a body it cannot read):
+        sending it again at every poll would only wait out the run's budget -- fail the task, saying why."""
+        task_id, turn = assignment["task"]["task_id"], assignment["turn"]
+        try:
+            await self._act(task_id, turn, "fail-refused", "failure", error=f"cannot go on: {why}"[:4096])
+        except ProtocolFailure as refused:
+            if refused.code != 7:
+                raise
+            log.warning("task %s: %s", task_id, refused)  # ended meanwhile: nothing left to fail
+        self._seen.pop(task_id, None)
+        self.completed += 1
+        log.warning("task %s failed: %s", task_id, why)
 
     async def handle(self, assignment: dict[str, Any]) -> None:
         task, turn = assignment["task"], assignment["turn"]
@@ -469,7 +494,7 @@ async def _work_step(
         if not ack["accepted"]:
             refusal = ack["refusal"]
             raise ProtocolFailure(4, f"heartbeat refused ({refusal['reason']}): {refusal['detail']}")
-        if ack["conformance"] is not None:
+        if ack.get("conformance") is not None:
             await answer_round(client, args.agent_id, version, ack["conformance"], answered, args.conformance)
         last_beat = time.monotonic()
     await worker.poll()
@@ -553,7 +578,7 @@ async def run(args: argparse.Namespace) -> int:
             period,
         )
         answered: set[int] = set()
-        if reply["conformance"] is not None:
+        if reply.get("conformance") is not None:
             await answer_round(client, args.agent_id, version, reply["conformance"], answered, args.conformance)
         if args.work:
             await work(client, args, version, period, answered)
@@ -575,7 +600,7 @@ async def run(args: argparse.Namespace) -> int:
             if not ack["accepted"]:
                 refusal = ack["refusal"]
                 raise ProtocolFailure(4, f"heartbeat refused ({refusal['reason']}): {refusal['detail']}")
-            if ack["conformance"] is not None:  # still open: the answers were lost, or it is a new round
+            if ack.get("conformance") is not None:  # still open: the answers were lost, or it is a new round
                 await answer_round(client, args.agent_id, version, ack["conformance"], answered, args.conformance)
             log.info("heartbeat %d: %s, offline at %s unless another comes", beat + 1, ack["state"], ack["offline_at"])
     except ProtocolFailure as failure:

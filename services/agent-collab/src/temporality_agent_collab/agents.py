@@ -105,9 +105,18 @@ from temporality_protocol.catalog import (
 from temporality_protocol.events import AgentRefusalReason
 from temporality_protocol.states import AgentLifecycleState
 
-__all__ = ["AgentRegistry"]
+__all__ = ["ADDED_IN_1_0", "AgentRegistry"]
 
 log = structlog.get_logger(__name__)
+
+#: The reply properties added to protocol 1.0 after its first published schema (additive, AP-10), per operation:
+#: left out of a reply when they have nothing to say (:func:`~temporality_agent_collab.gate.omit_null`), as the act
+#: reply's ``child_run_id`` is, so an agent checking replies against the earlier 1.0 schema still reads them.
+ADDED_IN_1_0: dict[str, frozenset[str]] = {
+    "register": frozenset({"conformance"}),  # PRO-2: an open conformance round
+    "heartbeat": frozenset({"conformance"}),
+    "list": frozenset({"refusal"}),  # a signature refusal, typed (``error`` says it in words, as before)
+}
 
 #: Compare-and-set attempts on one agent's record: an agent heartbeating fast through several replicas races
 #: itself, and a lost race only costs a re-read.
@@ -195,6 +204,7 @@ class AgentRegistry:
                 ),
                 negotiate_versions=False,  # negotiated per agent against the allow-list, refusals journaled
                 pass_unknown=True,  # an agent not listed: refused by register, which journals its declaration
+                omit_when_null=ADDED_IN_1_0["register"],
                 **common,
             ),
             SignedResponder(
@@ -207,6 +217,7 @@ class AgentRegistry:
                     agent_id=_agent_id_hint(f.raw), accepted=False, refusal=_failure_refusal(f)
                 ),
                 negotiate_versions=False,  # speaks the version its registration negotiated
+                omit_when_null=ADDED_IN_1_0["heartbeat"],
                 **common,
             ),
             SignedResponder(
@@ -230,6 +241,7 @@ class AgentRegistry:
                 handler=self._on_list,
                 refused=lambda _agent_id, refusal: AgentsReply(error=refusal.detail, refusal=refusal),
                 on_error=lambda f: AgentsReply(error=_failure_refusal(f).detail),
+                omit_when_null=ADDED_IN_1_0["list"],
                 **common,
             ),
             SignedResponder(

@@ -23,13 +23,13 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
 
 import structlog
 from nats.aio.msg import Msg
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from temporality_agent_collab.external import AllowList
 from temporality_agent_collab.registry import SOURCE, utcnow
@@ -46,10 +46,19 @@ from temporality_agent_collab.signing import (
     verify,
 )
 from temporality_bus import AlreadyExists, Bus, Failure, Responder, Store
+from temporality_bus.responder import validation_detail
 from temporality_protocol import AgentMessageRefused, AgentRefusal, Envelope, derive_id, make_event
 from temporality_protocol.catalog import BUCKET_AGENT_NONCES
 
-__all__ = ["MAX_WINDOW_S", "MessageGate", "NonceSeen", "SignedResponder", "nonce_key", "refused_event"]
+__all__ = [
+    "MAX_WINDOW_S",
+    "MessageGate",
+    "NonceSeen",
+    "SignedResponder",
+    "nonce_key",
+    "omit_null",
+    "refused_event",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -166,6 +175,26 @@ class MessageGate:
             ) from None
 
 
+def omit_null(reply: bytes, fields: frozenset[str]) -> bytes:
+    """``reply`` (a JSON object) without the top-level ``fields`` that are ``null``.
+
+    The rule of every reply to an external agent (AP-10, PRO-3): a reply is a closed object (``additionalProperties:
+    false``), and a property added to a protocol version *after* its first published schema (an additive change,
+    the version stays) is left out when it has nothing to say -- never ``null`` -- so an agent validating against
+    the version's earlier schema reads every reply that does not concern the new property exactly as before.
+    Properties of the version's first schema are always present (``null`` when unset)."""
+    if not fields:
+        return reply
+    try:
+        body = json.loads(reply)
+    except ValueError:
+        return reply
+    if not isinstance(body, dict) or not any(body.get(f, 0) is None for f in fields):
+        return reply
+    kept = {k: v for k, v in body.items() if not (k in fields and v is None)}
+    return json.dumps(kept, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 class SignedResponder(Responder[Q, R]):
     """A responder whose requests pass the :class:`MessageGate` before they are decoded; ``refused`` builds
     the reply to a refused one from the claimed agent id and the refusal."""
@@ -179,17 +208,31 @@ class SignedResponder(Responder[Q, R]):
         refused: Callable[[str, AgentRefusal], R],
         on_error: Callable[[Failure], R],
         pass_unknown: bool = False,
+        omit_when_null: Iterable[str] = (),
+        on_malformed: Callable[[str, bytes, str], Awaitable[None]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(bus, subject, on_error=on_error, **kwargs)
+        self._request_model: type[BaseModel] = kwargs["request_model"]
+        #: Awaited (the sender's proven agent id, the body, why) before the ``malformed_request`` reply to a
+        #: message that passed the gate but not its schema: the audit trail's record of the refusal.
+        self._on_malformed = on_malformed
         self._gate = gate
         self._refused = refused
         self._error_reply = on_error
         self._pass_unknown = pass_unknown
+        self._omit_when_null = frozenset(omit_when_null)
 
     async def answer(self, msg: Msg) -> bytes:
+        """The reply, without the reply model's properties added to the protocol version after its first schema
+        (``omit_when_null``) when they have nothing to say: see :func:`omit_null`."""
+        return omit_null(await self._answer(msg), self._omit_when_null)
+
+    async def _answer(self, msg: Msg) -> bytes:
         try:  # the subject it came on (an agent's own: the subscription is a pattern), as signed
-            await self._gate.admit(str(msg.subject), msg, pass_unknown=self._pass_unknown)
+            verified = await self._gate.admit(str(msg.subject), msg, pass_unknown=self._pass_unknown)
+            if self._on_malformed is not None and verified.agent_id:
+                await self._journal_malformed(verified.agent_id, bytes(msg.data))
         except MessageRefused as refused:
             refusal = AgentRefusal(reason=refused.reason, detail=refused.detail[:4096])
             return self._refused((refused.agent_id or "")[:64], refusal).model_dump_json().encode()
@@ -201,6 +244,15 @@ class SignedResponder(Responder[Q, R]):
                 self._error_reply(Failure("internal", type(exc).__name__, bytes(msg.data))).model_dump_json().encode()
             )
         return await super().answer(msg)
+
+    async def _journal_malformed(self, agent_id: str, raw: bytes) -> None:
+        """A body its schema refuses is journaled before the reply says so (the responder's own check, next,
+        refuses it ``malformed_request`` with the same words)."""
+        assert self._on_malformed is not None
+        try:
+            self._request_model.model_validate_json(raw)
+        except ValidationError as exc:
+            await self._on_malformed(agent_id, raw, validation_detail(exc))
 
     async def _respond(self, msg: Msg, reply: bytes) -> None:
         """The reply with agent-collab's signature headers (when it has a reply key), never the request's own

@@ -34,16 +34,34 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
 import structlog
+from pydantic import ValidationError
 
 from temporality_agent_collab.gate import MessageGate, SignedResponder
+from temporality_agent_collab.participants import InvalidKey, RunIndex, SagaParticipants, saga_key
+from temporality_agent_collab.participants import run_key as saga_run_key
 from temporality_agent_collab.registry import SOURCE, AgentRecord, agent_key, utcnow
 from temporality_agent_collab.rpc import QUEUE_GROUP
-from temporality_bus import AlreadyExists, Bus, Delivery, Failure, NotFound, Request, Responder, Store, evolve
+from temporality_bus import (
+    AlreadyExists,
+    Bus,
+    Delivery,
+    Failure,
+    NotFound,
+    PermanentError,
+    Request,
+    Responder,
+    Store,
+    evolve,
+)
+from temporality_bus.responder import validation_detail
 from temporality_protocol import (
+    RUN,
     AgentRefusal,
     AgentTaskActed,
     AgentTaskCheckpointed,
@@ -78,7 +96,13 @@ from temporality_protocol.agent_tasks import (
     run_key,
     task_key,
 )
-from temporality_protocol.catalog import BUCKET_AGENT_TASKS, BUCKET_AGENTS, RPC_AGENTS_TASKS_ACT, RPC_AGENTS_TASKS_POLL
+from temporality_protocol.catalog import (
+    BUCKET_AGENT_TASKS,
+    BUCKET_AGENTS,
+    BUCKET_COLLAB,
+    RPC_AGENTS_TASKS_ACT,
+    RPC_AGENTS_TASKS_POLL,
+)
 from temporality_protocol.events import TaskRefusalReason
 from temporality_protocol.states import AGENT_TASK, AgentLifecycleState, AgentTaskState
 
@@ -204,6 +228,8 @@ class TaskBoard:
         checkpoints: Store[StoredCheckpoint],
         agents: Store[AgentRecord],
         gate: MessageGate,
+        sagas: Store[SagaParticipants],
+        run_index: Store[RunIndex],
     ) -> None:
         self._bus = bus
         self._tasks = tasks
@@ -211,6 +237,13 @@ class TaskBoard:
         self._checkpoints = checkpoints
         self._agents = agents
         self.gate = gate
+        #: agent-collab's saga projection (``agent-collab-runs``): whether a task's run has finished.
+        self._sagas = sagas
+        self._run_index = run_index
+        #: The test seam: awaited with the name of a point of :meth:`act` (``act:committed``: the action is stored,
+        #: its ``agent.task.acted`` not yet published). ``None`` -- always, in the service -- does nothing; a
+        #: crash test's process sets it to exit there the way kill -9 would.
+        self.crash_point: Callable[[str], Awaitable[None]] | None = None
 
     @classmethod
     async def open(cls, bus: Bus, gate: MessageGate) -> TaskBoard:
@@ -221,6 +254,8 @@ class TaskBoard:
             await bus.store(BUCKET_AGENT_TASKS, StoredCheckpoint),
             await bus.store(BUCKET_AGENTS, AgentRecord),
             gate,
+            await bus.store(BUCKET_COLLAB, SagaParticipants),
+            await bus.store(BUCKET_COLLAB, RunIndex),
         )
 
     def responders(self, *, queue: str = QUEUE_GROUP, max_inflight: int = 8) -> list[Responder[Any, Any]]:
@@ -260,6 +295,7 @@ class TaskBoard:
                     refusal=failed(f),
                 ),
                 negotiate_versions=False,
+                on_malformed=self._malformed,
                 **common,
             ),
         ]
@@ -268,6 +304,7 @@ class TaskBoard:
     async def on_offered(self, event: Envelope, delivery: Delivery | None = None) -> None:
         """``agent.task.offered`` (consumer ``agent-collab-tasks``): the task's record at the offered turn."""
         offer = event.payload(AgentTaskOffered)
+        _check_keys(offer)
         key = task_key(offer.agent_id, offer.task_id)
         now = utcnow()
         with structlog.contextvars.bound_contextvars(run_id=offer.run_id, task_id=offer.task_id):
@@ -362,7 +399,11 @@ class TaskBoard:
         assignments: list[TaskAssignment] = []
         now = utcnow()
         for key in sorted(k for k in await self._tasks.keys() if k.startswith(prefix)):
-            found = await self._tasks.get(key)
+            try:
+                found = await self._tasks.get(key)
+            except ValidationError as exc:  # one unreadable record must not cost the agent all its other tasks
+                log.error("agent_task.unreadable", key=key, error=validation_detail(exc)[:512])
+                continue
             if found is None:
                 continue
             if found.value.over:
@@ -440,6 +481,8 @@ class TaskBoard:
             result = await self._tasks.modify(key, lambda cur: acted(cur, body, allowed, now), attempts=MODIFY_ATTEMPTS)
             record = result.value
             stored = next(a for a in record.actions if a.action_id == body.action_id)
+            if result.changed and self.crash_point is not None:
+                await self.crash_point("act:committed")
             # again for a duplicate (its event may be the one lost): the id is the turn's, the stream keeps one
             await self._bus.publish(self._acted_event(record, stored))
             await self._acted_announced(key, record, stored.turn)
@@ -507,7 +550,8 @@ class TaskBoard:
         )
 
     async def _stream(self, record: TaskRecord, body: TaskAction) -> TaskActionReply:
-        """AP-9: journaled with the saga's correlation id and its request id (the same ``action_id``: one event)."""
+        """AP-9: journaled with the saga's correlation id and its request id (the same ``action_id``: one event, and
+        the reply to the repeat says ``duplicate: true`` while JetStream's duplicate window remembers the first)."""
         sent = body.event
         assert sent is not None
         data = AgentTaskStreamed(
@@ -521,9 +565,14 @@ class TaskBoard:
             message=sent.message,
             data=sent.data,
         )
-        await self._bus.publish(self._event(record, data, "streamed", body.action_id))
+        published = await self._bus.publish(self._event(record, data, "streamed", body.action_id))
+        # the same action again within the journal's duplicate window is the same event: say so, as for the others
         return TaskActionReply(
-            agent_id=record.agent_id, task_id=record.task_id, accepted=True, state=record.state.value
+            agent_id=record.agent_id,
+            task_id=record.task_id,
+            accepted=True,
+            duplicate=published.duplicate,
+            state=record.state.value,
         )
 
     # ------------------------------------------------------------------ events
@@ -553,10 +602,17 @@ class TaskBoard:
         await self._tasks.modify(key, announced, attempts=MODIFY_ATTEMPTS)
 
     async def announce_actions(self) -> int:
-        """At start: publish ``agent.task.acted`` for every task's last action not known published -- stored by an
-        agent-collab that died before its publish, the agent never sending it again -- so the run parked on it
-        wakes now rather than at its compute budget's timer. The event id is the turn's (a replica doing the same,
-        or a publish that did happen, is one event); a task whose run has ended needs none. Returns how many."""
+        """At start: publish ``agent.task.acted`` for every task's last action that is truly un-announced -- stored
+        by an agent-collab that died before its publish, the agent never sending it again -- so the run parked on it
+        wakes now rather than at its compute budget's timer's last read. The event id is the turn's (a replica doing
+        the same, or a publish that did happen, is one event). Returns how many were announced.
+
+        An action not marked announced (``acted_announced``: written after each publish; ``None`` in records from
+        before the field) is announced only when nothing shows its run has taken it up: a task whose run ended it
+        (``ended``), a task whose run has since offered a later turn (the run read the action and went on), and a
+        task whose run has finished in agent-collab's saga projection (the agent's result or failure already
+        carried out, or the run ended otherwise) are only marked, so no later start looks at them again and none
+        is re-announced -- the old records are not all republished at the first start after an upgrade."""
         count = 0
         for key in sorted(k for k in await self._tasks.keys() if k.startswith("task.")):
             try:
@@ -570,11 +626,37 @@ class TaskBoard:
             last = record.actions[-1]
             if record.acted_announced is not None and record.acted_announced >= last.turn:
                 continue
+            taken_up = await self._taken_up(record, last)
+            if taken_up is not None:
+                await self._acted_announced(key, record, last.turn)
+                log.info("agent_task.acted_settled", task_id=record.task_id, run_id=record.run_id, why=taken_up)
+                continue
             await self._bus.publish(self._acted_event(record, last))
             await self._acted_announced(key, record, last.turn)
             log.info("agent_task.acted_announced", task_id=record.task_id, run_id=record.run_id, turn=last.turn)
             count += 1
         return count
+
+    async def _taken_up(self, record: TaskRecord, last: StoredAction) -> str | None:
+        """Why the run needs no announcement of ``last`` (it took the action up, or it has finished), if it does
+        not; ``None``: nothing says so (the run may still be parked on it)."""
+        if record.turn > last.turn:
+            return "later_turn_offered"
+        if await self._run_finished(record.run_id):
+            return "run_finished"
+        return None
+
+    async def _run_finished(self, run_id: str) -> bool:
+        """The run has finished as far as agent-collab's saga projection knows (unknown: not finished)."""
+        try:
+            indexed = await self._run_index.get(saga_run_key(run_id))
+            if indexed is None:
+                return False
+            saga = await self._sagas.get(saga_key(indexed.value.saga_id))
+        except InvalidKey:
+            return False
+        entry = saga.value.runs.get(run_id) if saga is not None else None
+        return entry is not None and entry.status in RUN.terminal
 
     async def _announce_taken(self, key: str, record: TaskRecord) -> None:
         """Publish ``agent.task.taken`` for the record's take and turn unless it is known published, then say
@@ -622,6 +704,32 @@ class TaskBoard:
         )
         return self._event(record, data, "acted", str(action.turn))
 
+    async def _malformed(self, agent_id: str, raw: bytes, detail: str) -> None:
+        """A task action whose body its schema refuses (a ``result`` without ``result``, a ``handoff`` without its
+        document): journaled ``agent.task.refused`` ``malformed_request`` like every other refused action, before
+        the reply. The same body again is the same event (its id is the body's digest)."""
+        turn: Any = _json_field(raw, "turn")
+        data = AgentTaskRefused(
+            agent_id=agent_id,
+            task_id=_hint(raw, "task_id") or None,
+            turn=turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
+            action_id=_hint(raw, "action_id") or None,
+            kind=_hint(raw, "kind") or None,
+            reason="malformed_request",
+            detail=f"malformed request: {detail}"[:4096],
+        )
+        seen = json.dumps([agent_id, hashlib.sha256(raw).hexdigest(), "malformed_request"])
+        await self._bus.publish(
+            make_event(
+                data,
+                source=SOURCE,
+                id=derive_id("evt", "agent.task.refused", hashlib.sha256(seen.encode()).hexdigest()),
+                subject=agent_id,
+                actor=f"agent:{agent_id}",
+            )
+        )
+        log.info("agent_task.refused", reason="malformed_request", kind=data.kind)
+
     @staticmethod
     def _refused_event(body: TaskAction, refused: TaskRefused) -> Envelope:
         """``agent.task.refused``: the same message refused for the same reason is one event."""
@@ -644,10 +752,32 @@ class TaskBoard:
         )
 
 
-def _hint(raw: bytes, field: str) -> str:
+#: One subject token (an agent id, a task id): what a ``task.<agent id>.<task id>`` key is made of.
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+#: A run id as a KV key token (``run.<run id>``; relay run ids contain ``/``).
+_RUN_TOKEN = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
+
+
+def _check_keys(offer: AgentTaskOffered) -> None:
+    """An offer whose ids cannot make its record's keys can never be stored: a :class:`PermanentError` (dead-lettered
+    at once, naming the id), not a KV error retried until the deliveries run out."""
+    for name, value, pattern in (
+        ("agent_id", offer.agent_id, _TOKEN),
+        ("task_id", offer.task_id, _TOKEN),
+        ("run_id", offer.run_id, _RUN_TOKEN),
+    ):
+        if not pattern.fullmatch(value) or value.startswith(".") or value.endswith("."):
+            raise PermanentError(f"agent.task.offered: {name} {value[:128]!r} cannot be part of a KV key")
+
+
+def _json_field(raw: bytes, field: str) -> Any:
     try:
         body: Any = json.loads(raw)
     except ValueError:
-        return ""
-    value = body.get(field) if isinstance(body, dict) else None
+        return None
+    return body.get(field) if isinstance(body, dict) else None
+
+
+def _hint(raw: bytes, field: str) -> str:
+    value = _json_field(raw, field)
     return value[:64] if isinstance(value, str) else ""

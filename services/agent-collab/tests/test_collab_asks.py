@@ -17,8 +17,9 @@ from pydantic import SecretStr
 
 from temporality_agent_collab.__main__ import SPEC, configure
 from temporality_agent_collab.asks import RELAY_MAX_TURNS, AskRecord, ask_key
+from temporality_agent_collab.router import AskRouter
 from temporality_agent_collab.settings import Settings
-from temporality_bus import Bus, NatsSettings
+from temporality_bus import Bus, Delivery, NatsSettings, TransientError
 from temporality_embedded.natsserver import NatsServer
 from temporality_protocol import (
     AgentAnswerReceived,
@@ -45,6 +46,7 @@ from temporality_protocol.catalog import (
     BUCKET_COLLAB,
     CONSUMERS,
     DLQ_STREAM,
+    EVENTS_STREAM,
     TIMER_NS_AGENT_ASK,
     TIMER_SCHEDULE_PREFIX,
 )
@@ -53,6 +55,7 @@ from temporality_protocol.states import AgentAskState
 from temporality_service import run_until
 from temporality_testing.events import EventLog
 from temporality_testing.timers import armed_schedules
+from temporality_testing.waiting import stays
 
 SAGA = derive_id("run", "ask-lead")
 LEAD = SAGA
@@ -504,9 +507,39 @@ async def test_an_ask_with_invalid_data_is_dead_lettered(bus: Bus, event_log: Ev
     (msg,) = await dlq.fetch(1, timeout=WAIT_S)
     assert decode(msg.data).id == "evt-poison"
     await dlq.unsubscribe()
+    # the asker is told (a `wait` asker would otherwise stay parked), under the request's one terminal id
+    told = (await one(event_log, UNDELIVERABLE, "req-poison")).payload(AgentAskUndeliverable)
+    assert (told.reason, told.asker_run_id, told.to) == ("routing_failed", LEAD, "agent:reviewer")
+    assert "could not read the ask" in told.detail
     # and the router goes on
     await publish(bus, good)
     await one(event_log, MESSAGE_RECEIVED, "req-poison")
+
+
+async def test_an_ask_given_up_after_its_deliveries_is_undeliverable_once(bus: Bus, event_log: EventLog) -> None:
+    """The runner's dead-letter hook for a readable ask (every delivery spent, e.g. the saga projection stayed
+    behind): the decision ``routing_failed`` is stored, so the asker is told once and a late reply is refused."""
+    router = await AskRouter.open(bus)
+    event = asked("req-given-up", "agent:reviewer", mode="wait", timeout_s=60)
+    await bus.publish(event)
+    sub = await bus.js.pull_subscribe(event.subject, durable="t-given-up", stream=EVENTS_STREAM.name)
+    (msg,) = await sub.fetch(1, timeout=WAIT_S)
+    delivery = Delivery(msg)
+    for _ in range(2):  # the runner gives a message up again if the hook's publish failed: the same answer
+        await router.on_dead_letter(event, delivery, TransientError("the saga projection stayed behind"))
+    await sub.unsubscribe()
+    told = (await one(event_log, UNDELIVERABLE, "req-given-up")).payload(AgentAskUndeliverable)
+    assert (told.reason, told.asker_run_id) == ("routing_failed", LEAD)
+    assert "the saga projection stayed behind" in told.detail
+    record = await (await bus.store(BUCKET_COLLAB, AskRecord)).get(ask_key("req-given-up"))
+    assert record is not None
+    assert record.value.state is AgentAskState.UNDELIVERABLE
+    await stays(lambda: len(of(event_log, UNDELIVERABLE, "req-given-up")) == 1, what="one undeliverable")
+    # an event that is not an ask, or names no request, has nobody to tell: nothing published
+    await router.on_dead_letter(replied("req-given-up"), delivery, TransientError("x"))
+    unaddressed = event.model_copy(update={"id": "evt-unaddressed", "data": {"to": "agent:reviewer"}})
+    await router.on_dead_letter(unaddressed, delivery, TransientError("x"))
+    await stays(lambda: len(event_log.of_type(UNDELIVERABLE)) == 1, what="nothing more told")
 
 
 async def test_routing_works_under_agent_collabs_own_nats_user(tmp_path: Path) -> None:

@@ -1059,7 +1059,10 @@ class AgentAskUndeliverable(EventData):
     asker_run_id: str
     to: str
     #: ``unknown_addressee``: no such agent or run in the asker's saga (a foreign one is never told apart).
-    reason: Literal["invalid_address", "unknown_addressee", "self_addressed", "asker_unknown", "relay_failed"]
+    #: ``routing_failed``: agent-collab gave the ask up (unreadable, or every delivery spent): dead-lettered.
+    reason: Literal[
+        "invalid_address", "unknown_addressee", "self_addressed", "asker_unknown", "relay_failed", "routing_failed"
+    ]
     detail: Annotated[str, Field(max_length=MAX_TEXT)]
 
 

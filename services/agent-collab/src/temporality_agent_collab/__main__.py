@@ -66,7 +66,12 @@ def configure(settings: Settings) -> Setup[Settings]:
             await router.on_run_event(event, delivery)  # a relay run that ended: did it answer?
 
         rt.consumer("agent-collab-runs", handler=runs, max_inflight=rt.settings.max_inflight)
-        rt.consumer("agent-collab-asks", handler=router.handle, max_inflight=rt.settings.max_inflight)
+        rt.consumer(
+            "agent-collab-asks",
+            handler=router.handle,
+            max_inflight=rt.settings.max_inflight,
+            on_dead_letter=router.on_dead_letter,
+        )
         rt.consumer("agent-collab-ask-timers", raw_handler=router.handle_timer)
         rt.responder(await open_responder(rt.bus, max_inflight=rt.settings.max_inflight))
         rt.consumer("agent-collab-heartbeats", raw_handler=registry.handle_timer)

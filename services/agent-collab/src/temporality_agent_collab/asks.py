@@ -75,7 +75,9 @@ _RELAY_RUN = re.compile(r"^(?P<target>.+)/ask/(?P<number>\d+)$")
 _KEY_TOKEN = re.compile(r"^[A-Za-z0-9_=-]+$")
 _NEVER = datetime.min.replace(tzinfo=UTC)
 
-UndeliverableReason = Literal["invalid_address", "unknown_addressee", "self_addressed", "asker_unknown", "relay_failed"]
+UndeliverableReason = Literal[
+    "invalid_address", "unknown_addressee", "self_addressed", "asker_unknown", "relay_failed", "routing_failed"
+]
 
 
 class _Model(BaseModel):
@@ -303,6 +305,23 @@ def undeliverable_event(record: AskRecord) -> Envelope:
         detail=record.detail or record.reason,
     )
     return _event(data, record, run_id=record.asker_run_id, id=derive_id("evt", data.EVENT_TYPE, record.request_id))
+
+
+def routing_failed_event(asked: Envelope, request_id: str, asker_run_id: str, to: str, detail: str) -> Envelope:
+    """``agent.ask_undeliverable`` (``routing_failed``) for an ask agent-collab gave up on without a record (its
+    data unreadable): built from the ``agent.asked`` envelope; the same id as any other terminal of the request."""
+    data = AgentAskUndeliverable(
+        request_id=request_id, asker_run_id=asker_run_id, to=to, reason="routing_failed", detail=detail
+    )
+    return make_event(
+        data,
+        source=SOURCE,
+        id=derive_id("evt", data.EVENT_TYPE, request_id),
+        run_id=asker_run_id,
+        correlation_id=asked.correlationid or asker_run_id,
+        causation_id=asked.id,
+        actor="service:agent-collab",
+    )
 
 
 def message_received_event(record: AskRecord) -> Envelope:

@@ -47,6 +47,7 @@ from temporality_agent_collab.asks import (
     relay_requested_event,
     reply_undeliverable_event,
     resolve,
+    routing_failed_event,
     undeliverable_event,
 )
 from temporality_agent_collab.participants import (
@@ -63,6 +64,7 @@ from temporality_protocol import (
     AgentAsked,
     AgentReplied,
     Envelope,
+    InvalidEnvelope,
     RunCancelled,
     RunCompleted,
     RunFailed,
@@ -107,6 +109,20 @@ def timer_payload(request_id: str, *, relay_ended_seq: int | None = None) -> byt
     if relay_ended_seq is not None:
         body["relay_ended_seq"] = relay_ended_seq
     return json.dumps(body).encode()
+
+
+class _AskAddress(BaseModel):
+    """What an unreadable ``agent.asked`` must still carry for its asker to be told: who asked, which request."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    request_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_=-]+$", max_length=200)]
+    asker_run_id: Annotated[str, Field(min_length=1, max_length=200)]
+    to: Annotated[str, Field(max_length=500)] = ""
+
+
+#: ``detail`` of ``routing_failed``: what the asker's tool result shows (the error itself goes to the journal).
+_DETAIL_MAX = 500
 
 
 def relay_end_key(request_id: str) -> str:
@@ -157,6 +173,52 @@ class AskRouter:
                 raise PermanentError(f"agent-collab-asks does not handle {event.type}")
         except InvalidKey as exc:
             raise PermanentError(str(exc)) from exc
+
+    async def on_dead_letter(self, message: Envelope | bytes, delivery: Delivery, error: BaseException) -> None:
+        """The asks consumer gives an ``agent.asked`` up (its data unreadable, or every delivery spent): the
+        asker is told, ``agent.ask_undeliverable`` (``routing_failed``), so a ``wait`` asker does not stay
+        parked (its watchdog is disarmed and the ask's timeout timer is armed only once the ask is routed).
+
+        An ask already decided (a record stored) has its routing republished instead: the decision stands.
+        Anything else (``agent.replied``, bytes with no envelope, an ask naming no request) has nobody to tell
+        and is only dead-lettered and journaled. A failure to publish raises: the runner hands the message
+        back and gives it up again later, so the asker is told at least once.
+        """
+        if not isinstance(message, Envelope) or message.type != AgentAsked.EVENT_TYPE:
+            return
+        try:
+            address = _AskAddress.model_validate(message.data)
+            key = ask_key(address.request_id)
+        except (ValidationError, InvalidKey) as exc:
+            log.error("ask.dead_lettered_unaddressable", event_id=message.id, error=repr(exc)[:300])
+            return
+        with structlog.contextvars.bound_contextvars(request_id=address.request_id):
+            found = await self._asks.get(key)
+            if found is not None:
+                await self._publish_routing(found.value)
+                return
+            try:
+                asked = message.payload(AgentAsked)
+            except InvalidEnvelope:
+                detail = "agent-collab could not read the ask (its data fails the agent.asked schema)"
+            else:
+                detail = f"agent-collab gave the ask up after {delivery.num_delivered} deliveries: {error}"
+                saga_id = message.correlationid or asked.asker_run_id
+                record = new_record(asked, message, saga_id, Undeliverable("routing_failed", detail[:_DETAIL_MAX]), 0)
+                try:
+                    await self._asks.create(key, record)
+                except AlreadyExists:
+                    found = await self._asks.get(key)
+                    if found is not None:
+                        await self._publish_routing(found.value)
+                        return
+                await self._publish_routing(record)
+                log.warning("ask.undeliverable", reason="routing_failed", error=repr(error)[:300])
+                return
+            await self._bus.publish(
+                routing_failed_event(message, address.request_id, address.asker_run_id, address.to[:500], detail)
+            )
+            log.warning("ask.undeliverable", reason="routing_failed", error=repr(error)[:300])
 
     async def handle_timer(self, data: bytes, delivery: Delivery | None = None) -> None:
         """An ``agent-ask`` timer fired: a wait-mode timeout (``agent.ask_expired`` if still unanswered), or

@@ -156,3 +156,75 @@ def test_the_run_executor_publishes_the_form_redacted() -> None:
         "properties": {"title": {"type": "integer", "default": 3, "title": "[REDACTED:github_token]"}},
     }
     assert Redactor().human_requested(requested().payload(HumanRequested)).answer_schema is None
+
+
+#: A form asking to pick among secrets: by a field's name (as ``DB_PASSWORD=…`` in a text), by its schema
+#: (``format: password``, ``writeOnly``), and a value a pattern finds on its own in an ordinary field.
+SECRET_VALUES = ("hunter2-prod", "correct-horse-staging", "4711-pin", "vault-root-s3cr3t")
+SECRET_FIELDS_FORM: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "db_password": {"type": "string", "enum": ["hunter2-prod", "correct-horse-staging"], "default": "hunter2-prod"},
+        "pin": {"type": "string", "format": "password", "oneOf": [{"const": "4711-pin", "title": "the usual one"}]},
+        "unlock": {"type": "string", "writeOnly": True, "examples": ["vault-root-s3cr3t"]},
+        "deploy_with": {"type": "string", "enum": ["eu", GITHUB]},
+        "replicas": {"type": "integer", "enum": [1, 3]},
+    },
+}
+
+
+def _secret_leaks(value: Any) -> list[str]:
+    text = json.dumps(value)
+    return [secret for secret in (*SECRET_VALUES, GITHUB) if secret in text]
+
+
+def test_the_values_of_a_secret_field_are_redacted_and_other_machine_values_stay() -> None:
+    published = Redactor().human_requested(requested(answer_schema=SECRET_FIELDS_FORM).payload(HumanRequested))
+    schema = published.answer_schema
+    assert schema is not None
+    assert _secret_leaks(schema) == []
+    props = schema["properties"]
+    marker = "[REDACTED:secret_assignment]"
+    assert props["db_password"]["enum"] == [marker, marker]
+    assert props["db_password"]["default"] == marker
+    assert props["pin"]["oneOf"] == [{"const": marker, "title": "the usual one"}]
+    assert props["unlock"]["examples"] == [marker]
+    assert props["deploy_with"]["enum"] == ["eu", "[REDACTED:github_token]"]  # found by its pattern
+    assert props["replicas"]["enum"] == [1, 3]  # not text, not a secret field: kept
+    assert list(props) == list(SECRET_FIELDS_FORM["properties"])  # field names stay
+    # redacting again (human-interaction, after the run-executor) changes nothing
+    again = Redactor().human_requested(published)
+    assert again.answer_schema == schema
+
+
+async def test_a_redacted_value_cannot_be_chosen_and_the_inbox_never_shows_a_secret_field_s_values(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    event = requested(answer_schema=SECRET_FIELDS_FORM, options=[DECLINE])
+    await handler.handle(event)
+    request_id = str(event.data["request_id"])
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.answer_schema is not None
+    assert _secret_leaks(record.answer_schema) == []  # never stored
+    assert record.redactions.get("secret_assignment", 0) >= 4
+    one = await client.get(f"/requests/{request_id}", headers=ALICE)
+    assert one.status_code == 200, one.text
+    assert _secret_leaks(one.json()) == []
+    fields = {f["name"]: f for f in one.json()["form"]}
+    assert [c["value"] for c in fields["db_password"]["choices"]] == ["[REDACTED:secret_assignment]"] * 2
+
+    # choosing what the person was shown in place of a secret is refused, saying why; nothing is bound
+    pick = json.dumps({"db_password": "[REDACTED:secret_assignment]"})
+    refused = await client.post(f"/requests/{request_id}/answer", json={"text": pick}, headers=ALICE)
+    assert refused.status_code == 422, refused.text
+    assert "'db_password'" in refused.json()["detail"]
+    assert "redacted" in refused.json()["detail"]
+    pending = await stored(bus, request_id)
+    assert pending is not None
+    assert pending.status is HumanRequestState.PENDING
+    # the rest of the form still takes an answer
+    fine = await client.post(
+        f"/requests/{request_id}/answer", json={"text": json.dumps({"deploy_with": "eu"})}, headers=ALICE
+    )
+    assert fine.status_code == 200, fine.text

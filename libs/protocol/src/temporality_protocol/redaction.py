@@ -31,11 +31,13 @@ __all__ = [
     "BUILTIN_PATTERNS",
     "MARKER",
     "REDACT_PATTERNS_ENV",
+    "SECRET_FIELD_MARKER",
     "PatternError",
     "Redacted",
     "Redactor",
     "SecretPattern",
     "compile_extra_patterns",
+    "is_secret_field",
     "process_redactor",
     "redact_form",
     "redactor_from_json",
@@ -216,14 +218,36 @@ _FORM_SCHEMAS = frozenset(
 _FORM_SCHEMA_LISTS = frozenset({"oneOf", "anyOf", "allOf", "prefixItems"})
 
 
+#: A field whose name names a secret (``db_password``, ``api_token``: the words of ``secret_assignment``).
+_SECRET_FIELD_NAME = re.compile(r"(?i)(" + _SECRET_KEY_WORDS + r")")
+#: What a secret field's values become (the kind of ``key=value`` whose key names a secret).
+SECRET_FIELD_MARKER = "[REDACTED:secret_assignment]"
+#: Keywords holding a field's values: what an answer is checked against, and what a front end offers.
+_FORM_VALUES = frozenset({"enum", "const"})
+
+
+def is_secret_field(name: str | None, schema: dict[str, Any]) -> bool:
+    """Whether a form field holds a secret: its name names one (as in ``DB_PASSWORD=…``, the
+    ``secret_assignment`` kind), or its schema says so (``"format": "password"``, ``"writeOnly": true``)."""
+    if schema.get("format") == "password" or schema.get("writeOnly") is True:
+        return True
+    return name is not None and _SECRET_FIELD_NAME.search(name) is not None
+
+
 def redact_form(schema: dict[str, Any], clean: Callable[[str], str]) -> dict[str, Any]:
     """A form (a request's ``answer_schema``, JSON Schema) with ``clean`` applied to every string a person is
     shown and no answer is validated against: ``title``, ``description``, ``default``, ``examples`` and
     ``enumNames`` (an enum's labels, and a ``oneOf`` const's ``title``), at every level of the schema.
 
-    Machine values stay as they are, like option ids: field names, ``enum`` / ``const`` values (an answer is
-    checked against them, and a front end sends them back), ``pattern``, ``format``, bounds. A ``default`` is
-    an annotation in JSON Schema 2020-12 (never checked), so a redacted one changes no answer's validity."""
+    The values of a field (``enum``, ``const``, also a ``oneOf`` const's) are machine values, like option ids:
+    an answer is checked against them and a front end sends them back, so they stay -- except a secret. A
+    value a pattern finds on its own (an enum of tokens) is redacted like any text; and every string value,
+    ``default`` and ``examples`` of a **secret field** (:func:`is_secret_field`: ``db_password``,
+    ``"format": "password"``) becomes :data:`SECRET_FIELD_MARKER`, since no pattern can tell a password from a
+    word: the same rule as ``DB_PASSWORD=…`` in a text. Such a value cannot be chosen by a person (who never
+    saw it); human-interaction refuses an answer that names a redacted value. Field names, ``pattern``,
+    ``format`` and bounds stay. A ``default`` is an annotation in JSON Schema 2020-12 (never checked), so a
+    redacted one changes no answer's validity."""
 
     def texts(value: Any) -> Any:
         if isinstance(value, str):
@@ -234,24 +258,41 @@ def redact_form(schema: dict[str, Any], clean: Callable[[str], str]) -> dict[str
             return {key: texts(item) for key, item in value.items()}
         return value
 
-    def walk(node: Any) -> Any:
+    def hidden(value: Any) -> Any:
+        """A secret field's value: every string in it replaced (through ``clean``, which may count the marker)."""
+        if isinstance(value, str):
+            return clean(SECRET_FIELD_MARKER)
+        if isinstance(value, list):
+            return [hidden(item) for item in value]
+        if isinstance(value, dict):
+            return {key: hidden(item) for key, item in value.items()}
+        return value
+
+    def walk(node: Any, secret: bool = False) -> Any:
         if not isinstance(node, dict):
             return node
         out: dict[str, Any] = {}
         for key, value in node.items():
-            if key in _FORM_TEXTS:
+            if secret and (key in _FORM_VALUES or key in {"default", "examples"}):
+                out[key] = hidden(value)
+            elif key in _FORM_TEXTS:
                 out[key] = texts(value)
+            elif key in _FORM_VALUES:
+                out[key] = texts(value)  # a value a pattern finds (the rest are unchanged)
             elif key in _FORM_SCHEMA_MAPS and isinstance(value, dict):
-                out[key] = {name: walk(sub) for name, sub in value.items()}
+                out[key] = {
+                    name: walk(sub, secret or (isinstance(sub, dict) and is_secret_field(name, sub)))
+                    for name, sub in value.items()
+                }
             elif key in _FORM_SCHEMAS:
-                out[key] = [walk(sub) for sub in value] if isinstance(value, list) else walk(value)
+                out[key] = [walk(sub, secret) for sub in value] if isinstance(value, list) else walk(value, secret)
             elif key in _FORM_SCHEMA_LISTS and isinstance(value, list):
-                out[key] = [walk(sub) for sub in value]
+                out[key] = [walk(sub, secret) for sub in value]
             else:
                 out[key] = value
         return out
 
-    redacted: dict[str, Any] = walk(schema)
+    redacted: dict[str, Any] = walk(schema, is_secret_field(None, schema))
     return redacted
 
 

@@ -14,7 +14,10 @@ input, for ``password_hash`` in the users file (:func:`.passwords.hash_password_
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
+from collections.abc import AsyncIterator, Awaitable
 from datetime import timedelta
 
 import structlog
@@ -31,6 +34,7 @@ from temporality_human_interaction.events import SOURCE
 from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.inbox import RetentionSweeper, rebuild_index
 from temporality_human_interaction.metrics import HumanMetrics
+from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.notifications import NotificationHandler
 from temporality_human_interaction.passwords import ConsoleRoleResponder, PasswordResponder, hash_password_main
 from temporality_human_interaction.policies import RunPolicies, RunPolicyHandler
@@ -203,13 +207,18 @@ def configure(settings: Settings) -> Setup[Settings]:
         chain = ChainRunner(rt.bus, directory, adapters)  # reminders and escalation (HUM-8)
         # the indexes: requests an older version stored (or whose entries were lost) are indexed (idempotent)
         await rebuild_index(rt.bus)
+        mirror = await ChannelMirror.open(rt.bus)  # the sweep reads human-channels from a watch, not a listing
+        await rt.resources.enter_async_context(mirror.watching())
         sweeper = RetentionSweeper(
             rt.bus,
             retention=timedelta(days=rt.settings.request_retention_days),
             every_s=rt.settings.retention_sweep_every_s,
             resume=requests.resume_parked,  # a parked request whose timer's firing was lost (rolling upgrade)
+            mirror=mirror,
         )
         await sweeper.start()
+        # one sweep now, beside the start: a lost parked request waits no sweep interval (nor delays readiness)
+        await rt.resources.enter_async_context(_in_background(sweeper.sweep_at_start(), "retention sweep at start"))
         deadlines = DeadlineHandler(
             rt.bus,
             on_outcome=inbound.show_outcome,
@@ -228,6 +237,22 @@ def configure(settings: Settings) -> Setup[Settings]:
         )
 
     return setup
+
+
+@contextlib.asynccontextmanager
+async def _in_background(work: Awaitable[None], name: str) -> AsyncIterator[None]:
+    """Run ``work`` as a task while the context is open; cancelled if still running when it closes."""
+
+    async def run() -> None:
+        await work
+
+    task = asyncio.create_task(run(), name=name)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 USAGE = "usage: temporality-human-interaction [hash-password]  (no argument: run the service)"

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
@@ -54,6 +54,7 @@ from temporality_human_interaction.records import (
 from temporality_human_interaction.timers import arm_answer_repair
 from temporality_protocol import HumanAnswer, HumanRequestState, OptionAnswer, TextAnswer, forms
 from temporality_protocol.events import MAX_TEXT
+from temporality_protocol.redaction import MARKER
 from temporality_service import ApiError
 
 if TYPE_CHECKING:
@@ -163,7 +164,27 @@ def interpret(record: HumanRequestRecord, submission: AnswerSubmission) -> Human
         read = forms.read(record.answer_schema, answer)
         if read.refused is not None:
             raise InvalidAnswer(f"the answer does not fit the form: {read.refused}"[:MAX_TEXT])
+        if (hidden := _redacted_choice(record.answer_schema, read.content)) is not None:
+            raise InvalidAnswer(
+                f"the answer does not fit the form: field {hidden!r}: its values are secrets and were redacted, "
+                "so none can be chosen here (decline, or answer the other fields)"
+            )
     return answer
+
+
+def _redacted_choice(schema: dict[str, Any], content: dict[str, Any] | None) -> str | None:
+    """The field whose value in ``content`` is one of its choices that the egress policy redacted (a secret
+    field's enum, :func:`temporality_protocol.redaction.redact_form`): the agent never offered that value, so
+    it is no answer. None when there is none."""
+    fields = forms.form_fields(schema)
+    for name, value in (content or {}).items():
+        prop = fields.get(name)
+        if not isinstance(value, str) or prop is None or MARKER.search(value) is None:
+            continue
+        choices = forms.field_choices(prop) or []
+        if any(value == choice for choice, _ in choices):
+            return name
+    return None
 
 
 def check_recipient(record: HumanRequestRecord, responder: str) -> None:

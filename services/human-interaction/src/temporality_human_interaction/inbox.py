@@ -49,6 +49,7 @@ from pydantic import ValidationError
 from temporality_bus import Bus, PublishResult, live_entries, live_keys
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.directory import user_id_of
+from temporality_human_interaction.mirror import ChannelEntry, ChannelMirror, to_channel_entry
 from temporality_human_interaction.records import HumanRequestRecord, RequestStore, is_request_id, open_store
 from temporality_human_interaction.timers import human_timers
 from temporality_protocol import Envelope, derive_id
@@ -327,44 +328,11 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-@dataclass(frozen=True)
-class ChannelEntry:
-    """One key of ``human-channels`` as the sweep reads it."""
-
-    key: str
-    value: str
-    created_at: datetime
-    revision: int
-    #: The request's deadline on an index entry (``open.*``, ``run.*``); None elsewhere and on old entries.
-    expires_at: datetime | None = None
-    #: On an inbox entry: how many people its request is indexed under (None: an older version's entry).
-    people: int | None = None
-    #: On a run entry: when its request ended (None: pending, or the mark was lost).
-    ended_at: datetime | None = None
-
-
 async def channel_entries(bus: Bus, *, timeout_s: float = _SWEEP_LIST_TIMEOUT_S) -> list[ChannelEntry]:
     """Every key of ``human-channels`` with its value: one listing of the bucket (each key's last entry,
     :func:`temporality_bus.live_entries`), not one read per key."""
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    out: list[ChannelEntry] = []
-    for entry in await live_entries(kv, timeout_s=timeout_s):
-        try:
-            ref = ChannelRef.model_validate_json(entry.value or b"")
-        except ValidationError:
-            continue  # not ours to judge
-        out.append(
-            ChannelEntry(
-                str(entry.key),
-                ref.value,
-                ref.created_at,
-                int(entry.revision or 0),
-                ref.expires_at,
-                ref.people,
-                ref.ended_at,
-            )
-        )
-    return out
+    return [found for entry in await live_entries(kv, timeout_s=timeout_s) if (found := to_channel_entry(entry))]
 
 
 #: ``<prefix>`` -> the key's value is the request id (``open.<user>.<id>``, ``telegram.token.<token>``, ...).
@@ -455,8 +423,12 @@ class RetentionSweeper:
         every_s: float,
         clock: Callable[[], datetime] | None = None,
         resume: ResumeParked | None = None,
+        mirror: ChannelMirror | None = None,
     ) -> None:
         self._bus = bus
+        #: ``human-channels`` kept by a watch (:mod:`.mirror`): a sweep reads it instead of listing the bucket.
+        self._mirror = mirror
+        self._delivered_mark = 0 if mirror is None else mirror.delivered
         self.retention = retention
         self.every_s = every_s
         self._clock = clock or _utcnow
@@ -465,8 +437,12 @@ class RetentionSweeper:
         self.last_resumed = 0
         #: How many request records the last :meth:`sweep` read (those that may have been due).
         self.last_read = 0
-        #: How many keys of ``human-channels`` its first listing held (the requests bucket is not listed).
+        #: How many keys of ``human-channels`` the last :meth:`sweep` read from the server: every key of the bucket
+        #: per listing, or with a mirror only the changes its watch delivered since the sweep before (the requests
+        #: bucket is not listed).
         self.last_listed = 0
+        #: Whether the last :meth:`sweep` read the mirror (False: it listed the bucket).
+        self.last_mirrored = False
 
     def due(self, record: HumanRequestRecord) -> datetime | None:
         """When ``record`` may be purged (None: it is still pending)."""
@@ -479,6 +455,31 @@ class RetentionSweeper:
         """Arm the next sweep (each start; every replica arms the same slot)."""
         result = await arm_sweep(self._bus, self.every_s, self._clock())
         log.info("retention.sweep_armed", every_s=self.every_s, duplicate=result.duplicate)
+
+    async def sweep_at_start(self) -> None:
+        """One sweep as the service starts, so a parked request whose timer's firing was lost is taken in now,
+        not a whole ``every_s`` later (and what is due is purged). A failure is logged: the armed sweeps retry."""
+        try:
+            purged = await self.sweep()
+        except Exception as exc:
+            log.warning("retention.start_sweep_failed", error=repr(exc))
+            return
+        log.info("retention.swept_at_start", purged=purged, resumed=self.last_resumed, listed=self.last_listed)
+
+    async def _entries(self) -> list[ChannelEntry]:
+        """Every key of ``human-channels``: from the mirror when it has caught up with the bucket, else one
+        listing; what was read from the server is added to :attr:`last_listed`."""
+        if self._mirror is not None and await self._mirror.caught_up():
+            entries = self._mirror.entries()
+            read = self._mirror.delivered - self._delivered_mark
+            self._delivered_mark = self._mirror.delivered
+            self.last_mirrored = True
+        else:
+            entries = await channel_entries(self._bus)
+            read = len(entries)
+            self.last_mirrored = False
+        self.last_listed += read
+        return entries
 
     async def fired(self) -> None:
         """One sweep, the next one armed first: a sweep that keeps failing (its firing redelivered until the
@@ -507,8 +508,8 @@ class RetentionSweeper:
         store = await open_store(self._bus)
         refs = ChannelRefs(self._bus)
         now = self._clock()
-        entries = await channel_entries(self._bus)
-        self.last_listed = len(entries)
+        self.last_listed = 0
+        entries = await self._entries()
         self.last_resumed = await self.resume_lost_parked(entries, now)
         runs = {e.value: e for e in entries if _is_run_entry(e.key)}
         opens: dict[str, list[ChannelEntry]] = {}
@@ -558,7 +559,7 @@ class RetentionSweeper:
                     ref = ChannelRef(value=e.value, created_at=e.created_at, expires_at=e.expires_at, people=e.people)
                     await refs.fill(e.key, ref, e.revision, expires_at=got.value.expires_at, people=count)
         if purged or read or dropped or self.last_resumed:  # keys were purged or written since: list again
-            entries = await channel_entries(self._bus)
+            entries = await self._entries()
         checked = await self._confirm_gone(store, entries, kept, gone, now)
         await self._sweep_references(kept, now, entries)
         self.last_read = read + checked

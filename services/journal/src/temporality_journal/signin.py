@@ -452,7 +452,7 @@ class SignIn:
         @router.post(
             "/auth/password",
             response_model=PasswordSignedIn,
-            responses={code: {"model": ErrorBody} for code in (401, 403, 422, 429, 503)},
+            responses={code: {"model": ErrorBody} for code in (400, 401, 403, 413, 415, 422, 429, 503)},
             openapi_extra={
                 "requestBody": {
                     "required": True,
@@ -466,8 +466,16 @@ class SignIn:
         )
         async def password_sign_in(request: Request) -> PasswordSignedIn:
             self.check_csrf(request)
+            check_json_content_type(request)
+            raw = parse_json(await read_body(request, 8192))
+            if not isinstance(raw, dict):
+                raise Unprocessable(
+                    'the body must be a JSON object {"user": "<directory user id>", "password": "..."}, not '
+                    + _JSON_KINDS.get(type(raw), "that"),
+                    code="invalid_body",
+                )
             try:
-                body = PasswordSignInBody.model_validate(parse_json(await read_body(request, 8192)))
+                body = PasswordSignInBody.model_validate(raw)
             except ValidationError as exc:
                 raise Unprocessable(summarize_errors(exc.errors()), code="invalid_body") from None
             address = request.client.host if request.client is not None else None
@@ -577,6 +585,34 @@ class SignIn:
             if person is not None:
                 log.info("signin.signed_out", user_id=person.user_id, provider_logout=provider_logout is not None)
             return SignedOut(provider_logout=provider_logout)
+
+
+#: What a JSON body that is not an object is, in JSON's words.
+_JSON_KINDS: dict[type, str] = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+}
+
+
+class UnsupportedMediaType(ApiError):
+    status = 415
+    code = "unsupported_media_type"
+
+
+def check_json_content_type(request: Request) -> None:
+    """The sign-in takes JSON only (``application/json`` or ``application/<x>+json``, UTF-8): a form another site
+    posts, or a body without a content type, is a 415 naming what to send."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        shown = media[:60].encode("ascii", "replace").decode() if media.isprintable() else "unreadable"
+        raise UnsupportedMediaType(
+            f"send the sign-in as JSON {{user, password}} with Content-Type: application/json (got "
+            f"{shown or 'no content type'})"
+        )
 
 
 def _with_query(url: str, params: dict[str, str]) -> str:

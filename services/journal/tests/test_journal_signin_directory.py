@@ -13,18 +13,24 @@ from typing import Any
 
 import httpx
 import pytest
-from journal_support import ADMIN, ServedJournal, eventually, serve_human, serve_journal
+from journal_support import ADMIN, ServedJournal, eventually, oidc_sign_in, serve_human, serve_journal
 from test_journal_password_signin import (
     ALICE_PASSWORD,
     BOB_PASSWORD,
+    PEOPLE,
     REFUSED,
     password_settings,
     sign_in,
     users_file,
+    with_oidc,
 )
 
 from temporality_bus import Bus, NatsSettings
+from temporality_journal.directory_sessions import DirectorySessions
+from temporality_journal.passwords import PasswordChecker
 from temporality_journal.signin import SESSION_COOKIE
+from temporality_service import Unavailable
+from temporality_testing.oidc_emulator import OidcEmulator
 
 #: How long a journal here reuses the directory's answer (the default is 2 s).
 CHECK_S = 0.5
@@ -170,3 +176,48 @@ async def test_two_journal_replicas_share_the_attempt_limits(
                 for _ in range(3):
                     assert (await sign_in(to_b, "bob", "guess-guess-guess")).status_code == 401
                 assert (await sign_in(to_b, "bob", BOB_PASSWORD)).status_code == 200
+
+
+async def test_an_oidc_session_with_the_directory_s_role_ends_when_that_role_changes(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus
+) -> None:
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    async with (
+        OidcEmulator(people=PEOPLE).serve() as idp,
+        serve_human(tmp_path, nats_settings, tmp_path / "vouch-secret", users=users_file()) as human_url,
+    ):
+        base = password_settings(tmp_path, nats_settings, human_url, session_directory_check_s=CHECK_S)
+        async with (
+            serve_journal(with_oidc(base, tmp_path, idp, True), bus) as journal,
+            httpx.AsyncClient(base_url=journal.url, timeout=30) as dana,
+            httpx.AsyncClient(base_url=journal.url, timeout=30) as alice,
+        ):
+            assert (await oidc_sign_in(dana, idp, "dana")).status_code == 302  # admin: the directory's role
+            assert (await dana.get("/whoami")).json()["role"] == "admin"
+            assert (await oidc_sign_in(alice, idp, "alice")).status_code == 302  # viewer: the provider's groups
+            assert (await alice.get("/whoami")).json()["role"] == "viewer"
+            directory = Directory(human_url)
+            await directory.change("dana", console_role="viewer")
+            await until_signed_out(dana, "dana's admin session ending after her directory role changed")
+            await directory.change("alice", console_role="admin")  # not where her role came from: no effect
+            for _ in range(3):
+                assert (await alice.get("/whoami")).json()["role"] == "viewer"
+
+
+async def test_the_last_answer_stands_in_briefly_when_human_interaction_does_not_answer(bus: Bus) -> None:
+    """No responder on the bus: a known answer younger than stale_s stands in; past that, Unavailable (the
+    middleware's 503 directory_unreachable); never an answer made up."""
+    now = [100.0]
+    sessions = DirectorySessions(PasswordChecker(bus, timeout_s=0.5), ttl_s=2, stale_s=60, clock=lambda: now[0])
+    sessions.remember("alice", "operator", "fp-1")
+    now[0] += 1
+    assert (await sessions.entry("alice")).fingerprint == "fp-1"  # fresh: not asked
+    now[0] += 30
+    stale = await sessions.entry("alice")  # asked, no answer: the last one, 31 s old
+    assert (stale.role, stale.fingerprint) == ("operator", "fp-1")
+    now[0] += 40
+    with pytest.raises(Unavailable) as refused:  # 71 s old: refused
+        await sessions.entry("alice")
+    assert refused.value.code == "directory_unreachable"
+    with pytest.raises(Unavailable):  # never asked before: refused at once
+        await sessions.entry("bob")

@@ -26,7 +26,7 @@ from test_journal_password_signin import (
 )
 
 from temporality_bus import Bus, NatsSettings
-from temporality_journal.directory_sessions import DirectorySessions
+from temporality_journal.directory_sessions import DirectoryEntry, DirectorySessions, changed, directory_mark
 from temporality_journal.passwords import PasswordChecker
 from temporality_journal.signin import SESSION_COOKIE
 from temporality_service import Unavailable
@@ -221,3 +221,20 @@ async def test_the_last_answer_stands_in_briefly_when_human_interaction_does_not
     assert refused.value.code == "directory_unreachable"
     with pytest.raises(Unavailable):  # never asked before: refused at once
         await sessions.entry("bob")
+
+
+def test_what_ends_a_session_and_what_does_not() -> None:
+    password = directory_mark("password", "operator", "fp-1")
+    assert changed(password, DirectoryEntry("operator", "fp-1", 0)) is None
+    assert changed(password, DirectoryEntry("operator", "fp-2", 0)) == "account"  # a new password
+    assert changed(password, DirectoryEntry("viewer", "fp-3", 0)) == "role"
+    assert changed(password, DirectoryEntry(None, None, 0)) == "role"  # removed
+    # a human-interaction from before fingerprints (an upgrade under way): the role is all it tells
+    assert changed(password, DirectoryEntry("operator", None, 0)) is None
+    assert changed(password, DirectoryEntry("admin", None, 0)) == "role"
+    no_role = directory_mark("password", None, "fp-1")
+    assert changed(no_role, DirectoryEntry(None, None, 0)) == "account"  # removed: no fingerprint any more
+    assert changed(no_role, DirectoryEntry(None, "fp-1", 0)) is None
+    oidc = directory_mark("role", "admin", None)
+    assert changed(oidc, DirectoryEntry("admin", "fp-9", 0)) is None  # a password change is not the provider's
+    assert changed(oidc, DirectoryEntry(None, None, 0)) == "role"

@@ -120,8 +120,12 @@ class DirectorySessions:
 
 def changed(mark: dict[str, Any], entry: DirectoryEntry) -> str | None:
     """What changed since the session was signed in (``role``, ``account``), or None."""
-    if mark.get("by") == "password" and mark.get("fp") is not None and mark.get("fp") != entry.fingerprint:
-        return "account" if entry.role == mark.get("role") else "role"
+    # (a role without a fingerprint: a human-interaction from before fingerprints, during an upgrade -- the role
+    # is all it can tell)
+    unfingerprinted = entry.fingerprint is None and entry.role is not None
+    if mark.get("by") == "password" and mark.get("fp") is not None and not unfingerprinted:
+        if mark.get("fp") != entry.fingerprint:
+            return "account" if entry.role == mark.get("role") else "role"
     if mark.get("role") != entry.role:
         return "role"
     return None

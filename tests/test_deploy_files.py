@@ -147,8 +147,9 @@ def _healthcheck_text(service: dict[str, Any]) -> str:
 
 
 def test_compose_has_nats_postgres_and_the_five_services(compose: dict[str, Any]) -> None:
-    """And the one-shot that makes agent-collab's reply key (:func:`test_compose_signs_agent_collab_s_replies`)."""
-    assert set(compose["services"]) == {"nats", "postgres", *SERVICES, COLLAB_REPLY_KEY_SERVICE}
+    """And the one-shots that make agent-collab's reply key (:func:`test_compose_signs_agent_collab_s_replies`) and
+    the console sign-in's secrets (``tests/test_deploy_compose_signin.py``)."""
+    assert set(compose["services"]) == {"nats", "postgres", *SERVICES, COLLAB_REPLY_KEY_SERVICE, "signin-secrets"}
 
 
 def test_compose_nats_is_jetstream_2_12_or_newer(compose: dict[str, Any]) -> None:

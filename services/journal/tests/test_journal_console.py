@@ -362,7 +362,7 @@ async def test_agent_asks_read_in_the_timeline_and_relay_run_ids_open(
     page = await _sign_in(browser_context, served_journal, VIEWER_TOKEN, f"#/runs/{asker.run_id}")
     steps = page.locator("#timeline > li .step-title")
     await expect(steps).to_contain_text(
-        ["Asked agent ghost: Is it safe?", "Ask undeliverable: unknown_addressee"], timeout=WAIT_MS
+        ["Asked agent ghost: Is it safe?", "Ask undeliverable: no such agent or run"], timeout=WAIT_MS
     )
     await page.goto(f"{served_journal.url}/console/#/runs/{quote(relay, safe='')}")
     await expect(steps).to_have_text(

@@ -330,19 +330,19 @@ async def test_directory_roles_without_human_interaction_give_no_role(
             assert await _role_after_oidc_sign_in(journal, idp, "alice") == "viewer"  # the map needs nobody
 
 
-def test_attempt_limits_slide_with_the_window_and_a_success_clears_the_user() -> None:
+async def test_attempt_limits_slide_with_the_window_and_a_success_clears_the_user(bus: Bus) -> None:
     now = [1000.0]
-    limits = AttemptLimits(max_per_user=2, max_per_address=3, window_s=60, clock=lambda: now[0])
-    limits.failed("alice", "10.0.0.1")
+    limits = AttemptLimits(bus, max_per_user=2, max_per_address=3, window_s=60, clock=lambda: now[0])
+    await limits.failed("alice", "10.0.0.1")
     now[0] += 10
-    assert limits.retry_after("alice", "10.0.0.1") is None
-    limits.failed("Alice", "10.0.0.1")  # the same user id, however it is capitalised
-    assert limits.retry_after("alice", "10.0.0.2") == 50  # until the first failure is 60 s old
+    assert await limits.retry_after("alice", "10.0.0.1") is None
+    await limits.failed("Alice", "10.0.0.1")  # the same user id, however it is capitalised
+    assert await limits.retry_after("alice", "10.0.0.2") == 50  # until the first failure is 60 s old
     now[0] += 50
-    assert limits.retry_after("alice", "10.0.0.2") is None  # it left the window
-    limits.failed("bob", "10.0.0.1")  # the address's failures within the window: at 1010, 1060 and 1060
-    limits.failed("dana", "10.0.0.1")
-    assert limits.retry_after("carol", "10.0.0.1") == 10
-    assert limits.retry_after("carol", "10.0.0.9") is None
-    limits.succeeded("bob")
-    assert limits.retry_after("bob", None) is None
+    assert await limits.retry_after("alice", "10.0.0.2") is None  # it left the window
+    await limits.failed("bob", "10.0.0.1")  # the address's failures within the window: at 1010, 1060 and 1060
+    await limits.failed("dana", "10.0.0.1")
+    assert await limits.retry_after("carol", "10.0.0.1") == 10
+    assert await limits.retry_after("carol", "10.0.0.9") is None
+    await limits.succeeded("bob")
+    assert await limits.retry_after("bob", None) is None

@@ -53,6 +53,7 @@ __all__ = [
     "BUCKET_HUMAN_DIRECTORY",
     "BUCKET_HUMAN_REQUESTS",
     "BUCKET_RUNS",
+    "BUCKET_SIGNIN_FAILURES",
     "BUCKET_TRIGGERS",
     "CONSUMERS",
     "DEAD_LETTERED",
@@ -328,6 +329,13 @@ BUCKET_DELIVERIES = BucketSpec(
     "Trigger deliveries: processing state per delivery (received/accepted/rejected/failed), for re-drive",
     ttl_s=7 * DAY,
 )
+#: The journal's failed console sign-ins (issue 9): ``user.<digest>`` / ``address.<digest>`` -> the failures'
+#: times within the window, shared by every replica (Store.modify); TTL 1 day, the longest window allowed.
+BUCKET_SIGNIN_FAILURES = BucketSpec(
+    "journal-signin-failures",
+    "Failed console password sign-ins per user id and client address (the journal's attempt limits)",
+    ttl_s=DAY,
+)
 ALL_BUCKETS: tuple[BucketSpec, ...] = (
     BUCKET_RUNS,
     BUCKET_CHECKPOINTS,
@@ -343,6 +351,7 @@ ALL_BUCKETS: tuple[BucketSpec, ...] = (
     BUCKET_AGENT_TASKS,
     BUCKET_CONCURRENCY,
     BUCKET_DELIVERIES,
+    BUCKET_SIGNIN_FAILURES,
 )
 
 _E = EVENTS_STREAM.name
@@ -912,6 +921,7 @@ SERVICES: dict[str, ServiceSpec] = {
             # the record of every event: it owns the shared streams (every other service waits for them)
             streams=(EVENTS_STREAM.name, DLQ_STREAM.name, TIMERS_STREAM.name),
             http_port=8082,
+            buckets=(BUCKET_SIGNIN_FAILURES.name,),  # the sign-in's attempt limits, shared by the replicas
             sends=("run.cancel_requested", "api.access_refused", DEAD_LETTERED),
             requests=(RPC_HUMAN_VERIFY_PASSWORD, RPC_HUMAN_CONSOLE_ROLE),  # the console's sign-in (issue 9)
         ),

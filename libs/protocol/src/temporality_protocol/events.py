@@ -894,6 +894,15 @@ class PasswordCheck(_Model):
     protocol_versions: list[str] = Field(default_factory=lambda: ["1.0"])
 
 
+#: What a directory account's console sign-in depends on, as one opaque value (issue 9): a digest of the user id,
+#: the ``console_role`` and the password hash (never the hash itself), which changes when any of them changes.
+#: The journal keeps it in the session of a password sign-in and ends the session when the directory's differs
+#: (null in a reply: no such user).
+DirectoryFingerprint = Annotated[
+    str, Field(min_length=1, max_length=128, description="Digest of the user's console role and password hash")
+]
+
+
 class PasswordCheckReply(_Model):
     """``ok``: the password is the user's, who is then named with their display name and console role (null: no
     role, inbox only). Not ``ok`` without ``error``: refused -- unknown user, no password, wrong password alike
@@ -904,6 +913,7 @@ class PasswordCheckReply(_Model):
     user_id: str | None = None
     display_name: str | None = None
     role: Literal["viewer", "operator", "admin"] | None = None
+    fingerprint: DirectoryFingerprint | None = None
     protocol_version: str | None = None
     error: str | None = None
 
@@ -921,6 +931,7 @@ class ConsoleRoleReply(_Model):
 
     user_id: str
     role: Literal["viewer", "operator", "admin"] | None = None
+    fingerprint: DirectoryFingerprint | None = None
     protocol_version: str | None = None
     error: str | None = None
 

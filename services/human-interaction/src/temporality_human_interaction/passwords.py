@@ -29,7 +29,12 @@ Attempt limits are the journal's (it sees the caller's address).
 
 :class:`ConsoleRoleResponder` answers ``temporality.rpc.human.console_role``: a user's ``console_role`` (null for
 an unknown user or none), which the journal asks for a person signed in with the OIDC provider whose groups
-give no role, when ``TEMPORALITY_JOURNAL_OIDC_DIRECTORY_ROLES`` is on.
+give no role, when ``TEMPORALITY_JOURNAL_OIDC_DIRECTORY_ROLES`` is on -- and, every few seconds, for each person
+signed in with a password or with a directory role, to end their sessions once the directory changed.
+
+Both replies carry the user's :func:`fingerprint` (a digest of the user id, console role and password hash; null
+for an unknown user): a role change, a new or removed password, or the user's removal changes it, and the journal
+then ends the sessions signed in with the old one.
 
 ``temporality-human-interaction hash-password`` reads a password (twice from a terminal, else the first line of
 standard input) and prints its hash, for ``password_hash`` in the users file.
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import hashlib
 import secrets
 import sys
 from functools import cache
@@ -47,7 +53,7 @@ from typing import TYPE_CHECKING, TextIO
 import structlog
 
 from temporality_bus import Bus, Failure, Request, Responder
-from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.directory import Directory, UserProfile
 from temporality_protocol import ConsoleRoleQuery, ConsoleRoleReply, PasswordCheck, PasswordCheckReply
 from temporality_protocol.catalog import RPC_HUMAN_CONSOLE_ROLE, RPC_HUMAN_VERIFY_PASSWORD
 
@@ -154,8 +160,17 @@ class PasswordResponder(Responder[PasswordCheck, PasswordCheckReply]):
             user_id=query.user_id,
             display_name=profile.display_name,
             role=profile.console_role,
+            fingerprint=fingerprint(query.user_id, profile),
             protocol_version=version,
         )
+
+
+def fingerprint(user_id: str, profile: UserProfile) -> str:
+    """What the user's console sign-in depends on, as one opaque value: a SHA-256 of the user id, the console
+    role and the password hash (the hash is salted, so a new password -- even the same one again -- changes it;
+    the digest does not give the hash back). The journal ends a password sign-in's session when it changes."""
+    parts = (user_id, profile.console_role or "", profile.password_hash or "")
+    return hashlib.sha256("\0".join(("temporality-directory-v1", *parts)).encode()).hexdigest()[:32]
 
 
 def _role_error(failure: Failure) -> ConsoleRoleReply:
@@ -168,9 +183,16 @@ class ConsoleRoleResponder(Responder[ConsoleRoleQuery, ConsoleRoleReply]):
 
     def __init__(self, bus: Bus, directory: Directory, *, queue: str = QUEUE_GROUP, max_inflight: int = 8) -> None:
         async def handle(request: Request[ConsoleRoleQuery]) -> ConsoleRoleReply:
-            profile = directory.get(request.body.user_id)
-            role = profile.console_role if profile is not None else None
-            return ConsoleRoleReply(user_id=request.body.user_id, role=role, protocol_version=request.version)
+            user_id = request.body.user_id
+            profile = directory.get(user_id)
+            if profile is None:
+                return ConsoleRoleReply(user_id=user_id, protocol_version=request.version)
+            return ConsoleRoleReply(
+                user_id=user_id,
+                role=profile.console_role,
+                fingerprint=fingerprint(user_id, profile),
+                protocol_version=request.version,
+            )
 
         super().__init__(
             bus,

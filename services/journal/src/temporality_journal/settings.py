@@ -34,7 +34,8 @@
                                     ``MAX_FAILURES_PER_ADDRESS``, ``WINDOW_S``
                                     (:mod:`temporality_journal.passwords`)
 ``TEMPORALITY_JOURNAL_SESSION_*``   the sign-in session cookie: ``SECRET_FILE``, ``MAX_AGE_S``,
-                                    ``COOKIE_SECURE``
+                                    ``COOKIE_SECURE``, ``DIRECTORY_CHECK_S``
+                                    (:mod:`temporality_journal.directory_sessions`)
 ``TEMPORALITY_INBOX_VOUCH_SECRET_FILE``  shared with human-interaction: the journal vouches for a
                                     signed-in person's inbox calls (:mod:`temporality_service.vouch`)
 ``TEMPORALITY_API_TOKENS_FILE``     the role tokens the API and console admit
@@ -158,7 +159,10 @@ class Settings(HttpServiceSettings):
         default=20, ge=1, le=100_000, description="failed password sign-ins per client address within the window"
     )
     password_window_s: int = Field(
-        default=900, ge=1, le=86_400, description="the window of the failure limits, in seconds (per replica)"
+        default=900,
+        ge=1,
+        le=86_400,
+        description="the window of the failure limits, in seconds (shared by the replicas)",
     )
     oidc_directory_roles: bool = Field(
         default=False,
@@ -170,6 +174,14 @@ class Settings(HttpServiceSettings):
         description="the key signing the session cookie (at least 32 characters); needed with OIDC or passwords",
     )
     session_max_age_s: int = Field(default=8 * 3600, ge=60, le=7 * 24 * 3600)
+    session_directory_check_s: float = Field(
+        default=2.0,
+        ge=0,
+        le=300,
+        description="how long the directory's answer about a person signed in with a password (or a directory "
+        "role) is reused before it is asked again; a role or password change, or the account's removal, ends "
+        "their sessions at their first request after that (0: ask at every request)",
+    )
     session_cookie_secure: bool | None = Field(
         default=None,
         description="the cookie's Secure flag; unset: set when the OIDC redirect base URL is https, and always "

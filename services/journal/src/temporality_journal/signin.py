@@ -51,7 +51,9 @@ With ``TEMPORALITY_JOURNAL_OIDC_DIRECTORY_ROLES=true``, a person the role map gi
 profile's ``console_role`` instead (asked of human-interaction, ``temporality.rpc.human.console_role``; it not
 answering: no role, logged ``signin.directory_role_unavailable``). The role map, when it gives a role, always
 wins -- even a lower one: the directory never raises what the provider's groups grant.
-The role is decided once, at sign-in; a change at the provider applies at the next sign-in.
+The role is decided at sign-in; a change at the provider applies at the next sign-in. A role that came from the
+directory (here, or with a password) is checked again at the person's requests: a change of it in the directory
+ends the session (:mod:`temporality_journal.directory_sessions`).
 
 The session is Starlette's signed cookie (``temporality_session``: HttpOnly, SameSite=Lax, Secure unless the
 redirect base URL is plain http or ``TEMPORALITY_JOURNAL_SESSION_COOKIE_SECURE=false``) signed with
@@ -94,6 +96,7 @@ from starlette.responses import RedirectResponse, Response
 
 from temporality_bus import Bus
 from temporality_journal.database import Database
+from temporality_journal.directory_sessions import DIRECTORY_KEY, DirectoryCheck, DirectorySessions, directory_mark
 from temporality_journal.passwords import (
     REFUSED,
     AttemptLimits,
@@ -244,9 +247,10 @@ class SignIn:
         #: The password check (human-interaction over the bus) and where refusals are audited: :meth:`install`.
         self.passwords: PasswordChecker | None = None
         self.audit: AccessAudit | None = None
-        self.limits = AttemptLimits(
-            settings.password_max_failures, settings.password_max_failures_per_address, settings.password_window_s
-        )
+        #: The directory's answers about the people it signed in (password, directory roles): :meth:`install`.
+        self.directory: DirectorySessions | None = None
+        #: The attempt limits of the password sign-in, shared by the replicas over the bus: :meth:`install`.
+        self.limits: AttemptLimits | None = None
         self.oauth: Any = None
         self.secure = settings.session_cookie_secure if settings.session_cookie_secure is not None else True
         if settings.oidc_issuer is not None:
@@ -349,7 +353,16 @@ class SignIn:
         if self.settings.password_signin or self.settings.oidc_directory_roles:
             assert bus is not None, "password sign-in and directory roles ask human-interaction over the bus"
             self.passwords = PasswordChecker(bus)
+            self.limits = AttemptLimits(
+                bus,
+                self.settings.password_max_failures,
+                self.settings.password_max_failures_per_address,
+                self.settings.password_window_s,
+            )
         self.audit = audit
+        if self.passwords is not None:  # a change in the directory ends the sessions it signed in
+            self.directory = DirectorySessions(self.passwords, self.settings.session_directory_check_s)
+            app.add_middleware(DirectoryCheck, sessions=self.directory, revocations=self.revocations)  # innermost
         app.add_middleware(RevocationCheck, revocations=self.revocations)  # added first: runs inside the session's
         app.add_middleware(
             SessionMiddleware,
@@ -396,15 +409,21 @@ class SignIn:
         there is none or human-interaction does not answer (least privilege: the inbox only; logged)."""
         assert self.passwords is not None  # install() set it
         try:
-            found = await self.passwords.console_role(user_id)
+            found = await self.passwords.directory_entry(user_id)
         except Unavailable:
             log.warning("signin.directory_role_unavailable", user_id=user_id)
             return None
-        return None if found is None else Role[found]
+        if self.directory is not None:
+            self.directory.remember(user_id, found.role, found.fingerprint)
+        return None if found.role is None else Role[found.role]
 
-    async def _start_session(self, request: Request, user_id: str, name: str, role: Role | None) -> None:
+    async def _start_session(
+        self, request: Request, user_id: str, name: str, role: Role | None, directory: dict[str, Any] | None = None
+    ) -> None:
         """Sign ``user_id`` in, in this browser: the session cookie of the module docstring. A session this
-        browser had ends first, on every replica (or the sign-in does not happen: 503)."""
+        browser had ends first, on every replica (or the sign-in does not happen: 503). ``directory``: what the
+        directory said, when it signed the person in or gave the role
+        (:func:`~temporality_journal.directory_sessions.directory_mark`): a change there ends the session."""
         before = self.person(request)
         if before is not None:
             await self._end(before, "the session this sign-in replaces could not be ended")
@@ -416,6 +435,8 @@ class SignIn:
             "exp": time.time() + self.settings.session_max_age_s,
             "sid": secrets.token_urlsafe(24),  # what a sign-out revokes (temporality_journal.revocation)
         }
+        if directory is not None:  # checked at every request (temporality_journal.directory_sessions)
+            request.session[_PERSON_KEY][DIRECTORY_KEY] = directory
 
     # ------------------------------------------------------------------ the routes
     def router(self) -> APIRouter:
@@ -431,7 +452,7 @@ class SignIn:
         @router.post(
             "/auth/password",
             response_model=PasswordSignedIn,
-            responses={code: {"model": ErrorBody} for code in (401, 403, 422, 429, 503)},
+            responses={code: {"model": ErrorBody} for code in (400, 401, 403, 413, 415, 422, 429, 503)},
             openapi_extra={
                 "requestBody": {
                     "required": True,
@@ -445,29 +466,41 @@ class SignIn:
         )
         async def password_sign_in(request: Request) -> PasswordSignedIn:
             self.check_csrf(request)
+            check_json_content_type(request)
+            raw = parse_json(await read_body(request, 8192))
+            if not isinstance(raw, dict):
+                raise Unprocessable(
+                    'the body must be a JSON object {"user": "<directory user id>", "password": "..."}, not '
+                    + _JSON_KINDS.get(type(raw), "that"),
+                    code="invalid_body",
+                )
             try:
-                body = PasswordSignInBody.model_validate(parse_json(await read_body(request, 8192)))
+                body = PasswordSignInBody.model_validate(raw)
             except ValidationError as exc:
                 raise Unprocessable(summarize_errors(exc.errors()), code="invalid_body") from None
             address = request.client.host if request.client is not None else None
-            wait = self.limits.retry_after(body.user, address)
+            assert self.passwords is not None  # install() set it
+            assert self.limits is not None
+            wait = await self.limits.retry_after(body.user, address)
             if wait is not None:
                 log.info("signin.password_rate_limited", user_id=body.user[:64], address=address, retry_after_s=wait)
                 raise TooManyAttempts(
                     f"too many failed sign-ins; retry in {wait} s", headers={"Retry-After": str(wait)}
                 )
-            assert self.passwords is not None  # install() set it
             reply = await self.passwords.check(body.user, body.password)
             if not reply.ok:
-                self.limits.failed(body.user, address)
+                await self.limits.failed(body.user, address)
                 log.info("signin.password_refused", user_id=body.user[:64], address=address)
                 if self.audit is not None:
                     self.audit.refused_here(status=401, reason="password_refused", principal=f"user:{body.user[:64]}")
                 raise SignInRefused(REFUSED)
-            self.limits.succeeded(body.user)
+            await self.limits.succeeded(body.user)
             user_id = reply.user_id or body.user
             role = None if reply.role is None else Role[reply.role]
-            await self._start_session(request, user_id, reply.display_name or user_id, role)
+            if self.directory is not None:
+                self.directory.remember(user_id, reply.role, reply.fingerprint)
+            mark = directory_mark("password", reply.role, reply.fingerprint)
+            await self._start_session(request, user_id, reply.display_name or user_id, role, mark)
             log.info("signin.succeeded", user_id=user_id, role=reply.role, method="password")
             return PasswordSignedIn(
                 user=user_id,
@@ -515,10 +548,13 @@ class SignIn:
                     "(TEMPORALITY_JOURNAL_OIDC_USER_CLAIM)"
                 )
             role = role_of(claims.get(settings.oidc_roles_claim), dict(settings.oidc_role_map))
+            mark = None
             if role is None and settings.oidc_directory_roles:
                 role = await self._directory_role(user_id.strip())
+                if role is not None:  # the directory's: a change there ends the session
+                    mark = directory_mark("role", role.name, None)
             next_hash = request.session.get("next") or "#/runs"
-            await self._start_session(request, user_id.strip(), str(claims.get("name") or user_id), role)
+            await self._start_session(request, user_id.strip(), str(claims.get("name") or user_id), role, mark)
             id_token = token.get("id_token")
             if isinstance(id_token, str) and len(id_token) <= 3000:  # the cookie stays under the 4 KB browsers keep
                 request.session[_ID_TOKEN_KEY] = id_token
@@ -549,6 +585,34 @@ class SignIn:
             if person is not None:
                 log.info("signin.signed_out", user_id=person.user_id, provider_logout=provider_logout is not None)
             return SignedOut(provider_logout=provider_logout)
+
+
+#: What a JSON body that is not an object is, in JSON's words.
+_JSON_KINDS: dict[type, str] = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+}
+
+
+class UnsupportedMediaType(ApiError):
+    status = 415
+    code = "unsupported_media_type"
+
+
+def check_json_content_type(request: Request) -> None:
+    """The sign-in takes JSON only (``application/json`` or ``application/<x>+json``, UTF-8): a form another site
+    posts, or a body without a content type, is a 415 naming what to send."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        shown = media[:60].encode("ascii", "replace").decode() if media.isprintable() else "unreadable"
+        raise UnsupportedMediaType(
+            f"send the sign-in as JSON {{user, password}} with Content-Type: application/json (got "
+            f"{shown or 'no content type'})"
+        )
 
 
 def _with_query(url: str, params: dict[str, str]) -> str:

@@ -71,6 +71,82 @@ export function duration(seconds) {
   return `${Math.floor(hours / 24)} d ${hours % 24} h`;
 }
 
+// ------------------------------------------------------------------ reasons, as people say them
+// The machine reasons events and deliveries carry ("agent_action", "unknown_addressee", ...), in words; the raw
+// value stays in the tooltip (title) and in data-reason. One not listed here (a newer service's) is shown as it
+// is, its underscores as spaces.
+export const REASON_LABELS = {
+  "run.resumed": {
+    answer: "a person answered",
+    expiry: "nobody answered in time",
+    rejection: "the question could not be asked",
+    recovery: "recovered after a restart",
+    agent_action: "the agent acted on its turn",
+  },
+  "run.failed": {
+    compute_timeout: "the run took too long",
+    human_request_expired: "nobody answered in time",
+    infrastructure_error: "an infrastructure error",
+    malformed_tool_calls: "the model's tool calls were malformed",
+    max_turns: "it reached its turn limit",
+    provider_error: "the model provider failed",
+    stalled: "the run stalled",
+    token_limit: "it reached its token limit",
+    unknown_agent: "no such agent",
+  },
+  "human.rejected": {
+    recipient_not_allowed: "the agent may not ask this person",
+    unknown_recipient: "no such person or group",
+    no_channel: "no channel reaches them",
+    invalid_request: "the request was invalid",
+  },
+  "human.answer_refused": {
+    already_answered: "already answered",
+    expired: "the question had expired",
+    cancelled: "the question was cancelled",
+    not_recipient: "not asked of this person",
+  },
+  "agent.ask_undeliverable": {
+    invalid_address: "not a valid address",
+    unknown_addressee: "no such agent or run",
+    self_addressed: "an agent cannot ask itself",
+    asker_unknown: "the asking run is unknown",
+    relay_failed: "the relay run could not start",
+  },
+  "agent.reply_undeliverable": {
+    unknown_request: "no such request",
+    not_received: "the request never arrived",
+    already_answered: "already answered",
+    asker_finished: "the asking run has finished",
+    request_closed: "the request is closed",
+  },
+  delivery: {
+    duplicate: "a duplicate delivery",
+    unsupported_event: "an event the trigger does not take",
+    disabled: "the trigger is disabled",
+    invalid_payload: "the payload was invalid",
+    missed_tick: "a missed schedule tick",
+    loop_limit: "the trigger's own run caused it (loop limit)",
+    concurrency_skip: "a run of the same key was active",
+    debounced: "a newer event replaced it (debounce)",
+    filtered: "the trigger's condition did not match",
+  },
+};
+
+export function reasonLabel(kind, value) {
+  if (value === null || value === undefined || value === "") return "";
+  const raw = String(value);
+  const known = REASON_LABELS[kind];
+  return known && Object.hasOwn(known, raw) ? known[raw] : raw.replaceAll("_", " ");
+}
+
+// A reason as a node: its label, the raw value in the tooltip and data-reason; null without one.
+function reason(kind, value) {
+  if (value === null || value === undefined || value === "") return null;
+  const raw = String(value);
+  return h("span", { class: "reason", title: raw, dataset: { reason: raw } }, reasonLabel(kind, raw));
+}
+
 function stateBadge(state) {
   return h("span", { class: `state state-${state}`, dataset: { state } }, state.replaceAll("_", " "));
 }
@@ -606,11 +682,16 @@ export function timeline(events, run, now = Date.now()) {
       case "human.rejected":
         step.title = "Human request refused";
         step.kind = "bad";
-        step.lines = [["Reason", d.reason], ["Detail", d.detail]];
+        step.lines = [["Reason", reason("human.rejected", d.reason)], ["Detail", d.detail]];
+        break;
+      case "human.answer_refused":
+        step.title = `Answer from ${person(d.responder)} refused`;
+        step.kind = "bad";
+        step.lines = [["Reason", reason("human.answer_refused", d.reason)], ["Channel", d.channel]];
         break;
       case "run.resumed":
         step.title = "Run resumed";
-        step.lines = [["Because of", d.reason]];
+        step.lines = [["Because", reason("run.resumed", d.reason)]];
         break;
       case "run.completed":
         step.title = "Completed";
@@ -620,7 +701,7 @@ export function timeline(events, run, now = Date.now()) {
       case "run.failed":
         step.title = "Failed";
         step.kind = "bad";
-        step.lines = [["Reason", d.reason], ["Error", d.error]];
+        step.lines = [["Reason", reason("run.failed", d.reason)], ["Error", d.error]];
         break;
       // Agent collaboration (COL-9): who asked whom, the answer, and why a message went nowhere.
       case "agent.asked": {
@@ -664,12 +745,12 @@ export function timeline(events, run, now = Date.now()) {
         step.lines = [["Request", d.request_id], ["Still open at", d.recipient_run_id]];
         break;
       case "agent.ask_undeliverable":
-        step.title = `Ask undeliverable: ${d.reason}`;
+        step.title = ["Ask undeliverable: ", reason("agent.ask_undeliverable", d.reason)];
         step.kind = "bad";
         step.lines = [["To", d.to], ["Detail", d.detail], ["Request", d.request_id]];
         break;
       case "agent.reply_undeliverable":
-        step.title = `Reply undeliverable: ${d.reason}`;
+        step.title = ["Reply undeliverable: ", reason("agent.reply_undeliverable", d.reason)];
         step.kind = "bad";
         step.lines = [["Detail", d.detail], ["Request", d.request_id]];
         break;
@@ -898,7 +979,7 @@ function deliveriesView(signal, triggerId) {
   );
   api(`/triggers/${encodeURIComponent(triggerId)}/deliveries`, { signal }).then((data) => {
     body.replaceChildren(...data.deliveries.map((d) => h("tr", {},
-      h("td", {}, d.delivery_id), h("td", {}, d.event_type ?? "—"), h("td", {}, d.outcome), h("td", {}, d.reason ?? ""),
+      h("td", {}, d.delivery_id), h("td", {}, d.event_type ?? "—"), h("td", {}, d.outcome), h("td", {}, reason("delivery", d.reason)),
       h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
       h("td", {}, when(d.time)))));
     if (!data.deliveries.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No deliveries.")));
@@ -944,7 +1025,7 @@ function processingSection(signal, triggerId) {
       return h("tr", { dataset: { deliveryId: d.delivery_id, state: d.state } },
         h("td", {}, d.delivery_id, d.redrive_of ? h("div", { class: "muted" }, `re-drive of ${d.redrive_of}`) : null),
         h("td", { class: "state-cell" }, d.state),
-        h("td", {}, [d.reason, d.detail].filter(Boolean).join(": ")),
+        h("td", {}, reason("delivery", d.reason), d.reason && d.detail ? ": " : null, d.detail ?? null),
         h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
         h("td", {}, when(d.received_at)),
         actions);

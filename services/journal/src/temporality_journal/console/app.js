@@ -111,7 +111,8 @@ export const REASON_LABELS = {
     unknown_addressee: "no such agent or run",
     self_addressed: "an agent cannot ask itself",
     asker_unknown: "the asking run is unknown",
-    relay_failed: "the relay run could not start",
+    relay_failed: "the relay run could not start or ended without answering",
+    routing_failed: "agent-collab could not route the ask",
   },
   "agent.reply_undeliverable": {
     unknown_request: "no such request",

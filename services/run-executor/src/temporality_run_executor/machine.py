@@ -1070,7 +1070,7 @@ def _human_outcome(
             return _decision(*_fail(run, "human_request_expired", error, totals=_totals(ckpt)))
         if incoming.cancels_run:  # its run.cancel_requested (published first) cancels the waiting run
             return _decision(Note("human.outcome.cancels_run", fields={"request_id": request_id}))
-        return _resume(run, ckpt, agent, incoming, attempt, wait_id=request_id)
+        return _resume(run, ckpt, agent, incoming, attempt, now, wait_id=request_id)
     if run.state is RunState.RESUMING:
         if ckpt.elicit is not None:
             return _apply(run, _elicitation_outcome(run, ckpt, incoming, now), attempt, now)
@@ -1106,12 +1106,14 @@ def _resume(
     agent: Agent,
     incoming: HumanOutcome,
     attempt: Attempt,
+    now: datetime,
     *,
     wait_id: str,
     before: tuple[Effect, ...] = (),
 ) -> Decision:
-    """The wait is over: ``run.resumed`` (id from ``wait_id``), the watchdog armed, the move to ``resuming``;
-    then decided again, so the outcome is applied (:func:`_apply`)."""
+    """The wait is over: ``run.resumed`` (id from ``wait_id``), the watchdog armed, the move to ``resuming``
+    with this handler's lease (one compare-and-set: :func:`_apply` then finds it fresh and takes it no
+    second time); then decided again, so the outcome is applied (:func:`_apply`)."""
     resumed = RunResumed(
         run_id=run.run_id,
         reason=incoming.reason,
@@ -1124,6 +1126,7 @@ def _resume(
         Publish(resumed, (wait_id,), causation=incoming.event_id),
         ArmWatchdog(ckpt.turn, agent.card.limits.max_compute_s, attempt.cause("resume")),
         Transition(RunState.RESUMING),
+        TakeLease(_lease(attempt, now)),  # after the move: a parked run is never leased
         then=incoming,
     )
 
@@ -1134,8 +1137,10 @@ def _apply(
     """A resuming run takes its lease, gets its tool result(s) (``applying``) and runs on."""
     if _held_by_other(run, attempt, now):
         return _decision(_lease_held(run))
+    # taken with the move to resuming a moment ago (:func:`_resume`): not written again
+    lease = () if _lease_fresh(run, attempt, now) else (TakeLease(_lease(attempt, now)),)
     return _decision(
-        TakeLease(_lease(attempt, now)),
+        *lease,
         applying,
         Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None}),
         then=Boundary(),
@@ -1179,7 +1184,7 @@ def _several_outcome(
             answered = next((o.request_id for o in ckpt.outcomes if o.reason == "answer"), request_id)
             cancel = HumanCancelRequested(run_id=run.run_id, request_ids=unneeded, answered=answered)
             withdraw = (Publish(cancel, (wait_id, "not_needed"), causation=incoming.event_id),)
-        return _resume(run, ckpt, agent, incoming, attempt, wait_id=wait_id, before=withdraw)
+        return _resume(run, ckpt, agent, incoming, attempt, now, wait_id=wait_id, before=withdraw)
     if run.state is RunState.RESUMING:
         return _apply(run, ApplyParked(request_id), attempt, now)
     return _decision(Note("human.outcome.ignored", fields={"state": run.state.value}))

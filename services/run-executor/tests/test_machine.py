@@ -431,7 +431,10 @@ def test_a_provider_call_that_ends_on_a_cancel_cancels_the_run_instead_of_failin
 # --------------------------------------------------------------------------- parking and outcomes
 def test_a_pending_ask_parks_the_run_without_a_watchdog() -> None:
     decision = _decide(_run(RunState.RUNNING), _ckpt(turn=2, pending=_pending()), Boundary())
-    assert _kinds(decision) == ["Publish", "DisarmWatchdog", "Transition"]
+    # the move renews the parking handler's lease in the same compare-and-set: a driver that lost it parks nothing
+    assert _kinds(decision) == ["Publish", "DisarmWatchdog", "TakeLease", "Transition"]
+    (guard,) = [e for e in decision.effects if isinstance(e, TakeLease)]
+    assert guard.renew
     (requested,) = _published(decision)
     assert isinstance(requested, HumanRequested)
     assert (requested.request_id, requested.timeout_s) == (REQUEST_ID, 600)

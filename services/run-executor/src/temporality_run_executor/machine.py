@@ -1458,7 +1458,7 @@ def _boundary(
     if ckpt is None:
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
     if ckpt.pending is not None:
-        return _park(run, ckpt, redactor)
+        return _park(run, ckpt, redactor, attempt, now)
     if _held_by_other(run, attempt, now):  # our lease expired mid-turn and another handler took over
         return _decision(Note("run.lease.lost", "warning", {"holder": run.lease.holder if run.lease else None}))
     if ckpt.elicit is not None:  # the person answered the call's elicitation: make the call again
@@ -1502,18 +1502,24 @@ def _boundary(
     return _decision(*renew, ArmWatchdog(ckpt.turn, limits.max_compute_s, attempt.cause("turn")), then=call)
 
 
-def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor) -> Decision:
+def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor, attempt: Attempt, now: datetime) -> Decision:
     """Ask, then wait at zero cost: ``human.requested`` (or ``agent.asked``), the watchdog off,
     ``waiting_for_human`` (or ``waiting_for_agent``) (RUN-3, COL-2). Several ``ask_human`` calls of one turn
-    (HUM-7): one ``human.requested`` each, one park; the record names the first request."""
+    (HUM-7): one ``human.requested`` each, one park; the record names the first request.
+
+    The move renews the parking handler's lease in the same compare-and-set, as an external agent's park does
+    (:func:`_agent_working`): a driver whose lease another handler took over meanwhile (it hung past the lease
+    mid-turn) parks nothing (:class:`LeaseLost`); the new holder drives the run."""
     pending = ckpt.pending
     assert pending is not None
     waiting = {"waiting_request_id": pending.request_id, "waiting_since": pending.asked_at}
+    guard = TakeLease(_lease(attempt, now), renew=True)
     if pending.kind == "agent":
         asked = AgentAsked.model_validate(pending.arguments)
         return _decision(
             Publish(asked, (pending.request_id,)),
             DisarmWatchdog(),
+            guard,
             Transition(RunState.WAITING_FOR_AGENT, waiting),
             Note("run.parked", fields={"request_id": pending.request_id, "to": asked.to}),
             then=Parked(),
@@ -1522,6 +1528,7 @@ def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor) -> Decision:
         return _decision(
             Publish(_elicit_requested(run, pending, redactor), (pending.request_id,)),
             DisarmWatchdog(),
+            guard,
             Transition(RunState.WAITING_FOR_HUMAN, waiting),
             Note("run.parked", fields={"request_id": pending.request_id, "elicitation": pending.arguments["tool"]}),
             then=Parked(),
@@ -1534,6 +1541,7 @@ def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor) -> Decision:
         *(Publish(_human_requested(run, p, redactor), (p.request_id,)) for p in ckpt.parked),
         # before the move: once it waits, an answer may resume (and re-arm) it at any moment
         DisarmWatchdog(),
+        guard,
         Transition(RunState.WAITING_FOR_HUMAN, waiting),
         Note("run.parked", fields=fields),
         then=Parked(),

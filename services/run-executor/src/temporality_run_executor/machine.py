@@ -2319,6 +2319,7 @@ def _totals(
         prompt_tokens=tokens.prompt_tokens,
         completion_tokens=tokens.completion_tokens,
         total_tokens=tokens.total_tokens,
+        samplings=tokens.samplings,
     )
 
 

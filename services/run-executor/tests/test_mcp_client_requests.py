@@ -161,7 +161,7 @@ async def test_a_sampling_request_bounds_and_model_hint_reach_the_model(
         assert request["model"] == "test-model"
         assert not {"max_tokens", "temperature", "stop"} & request.keys()
     (called,) = event_log.of_type("run.tool_called", event.runid)
-    assert json.loads(called.data["result_preview"]) == {"result": "draft (test-model-big): A draft."}
+    assert json.loads(called.data["result_preview"]) == {"result": "draft (test-model-big, endTurn): A draft."}
     (sampled,) = event_log.of_type("run.sampled", event.runid)
     assert sampled.data["model"] == "test-model-big"
 
@@ -209,7 +209,7 @@ async def test_the_scripted_provider_sees_the_sampling_requests_bounds(
     await bus.publish(event)
     (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=60)
     expected = '500 0.2 ["END", "\\n\\n"] x-mini ["big", "mini"]'  # the hint "mini" matched the card's x-mini
-    assert completed.data["result"] == f"draft (x-mini): {expected}"
+    assert completed.data["result"] == f"draft (x-mini, endTurn): {expected}"
 
 
 @PROTOCOLS

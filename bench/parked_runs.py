@@ -1,7 +1,9 @@
 """Parked runs: how many the run-executor parks, what they cost it in memory, how fast it resumes them.
 
-Run: ``.venv/bin/python bench/parked_runs.py [--runs 2000] [--latency-sample 200] [--chunk 500]``
-(issue 6's figures are for ``--runs 100000``; that takes a quarter of an hour here).
+Run: ``.venv/bin/python bench/parked_runs.py [--runs 2000] [--latency-sample 200] [--chunk 500] [--before SRC ...]``
+(issue 6's figures are for ``--runs 100000``; at this machine's park rates that is an hour or more per phase).
+``--before SRC ...``: a ``before`` phase whose run-executor runs the code in SRC (first on its ``PYTHONPATH``), then
+the process restarted on the current code, on the same stack: ratios ``current / before`` in the same run.
 
 Starts its own embedded stack (nats-server from the wheel, SQLite, the five service processes) in a temp
 dir on free loopback ports. One real webhook goes through the gateway to the scripted reviewer (which
@@ -18,6 +20,9 @@ parks on ``ask_human``); its ``run.requested`` is the template. Then:
    its own tests. The executor's CPU per resume is its user+system time over that span.
 3. **Latency**: the remaining ``--latency-sample`` runs are answered one at a time; p50/p99 from the answer's
    publish to ``run.resumed`` seen on the bus.
+Each phase also reads the messages the run-executor's connection sent and received (nats-server ``/connz``)
+per run parked and per run resumed to its end.
+
 4. **Baseline** in the same run: the same number of messages of the same size published pipelined to a
    bench stream and consumed by one pull consumer (fetch batches, ack each) — the bus's own ceiling here.
 
@@ -36,6 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -205,47 +211,65 @@ async def _store(nc: NATS) -> dict[str, tuple[int, float]]:
     return sizes
 
 
-async def _measure(stack: Stack, runs: int, sample: int, chunk: int) -> dict[str, Any]:
-    executor = stack.services["run-executor"].pid
-    assert executor is not None
-    assert stack.nats.proc is not None
-    nats_pid = stack.nats.proc.pid
-    store_dir = stack.nats.store_dir
-    nc = await nats.connect(stack.nats_url)
-    seen = Seen()
-    for kind in ("human.requested", "run.resumed", "run.completed", "run.failed"):
-        await nc.subscribe(f"temporality.events.{kind}", cb=seen.on)
-    figures: dict[str, Any] = {"runs": runs, "sample": sample}
-    async with Bus.connect(NatsSettings(url=stack.nats_url), name="bench-parked-runs") as bus:
-        # warm-up: one real run, parked and answered, so every code path is loaded before memory is read
-        template_run, subject, body = await _template(stack, nc)
-        await seen.wait(lambda: seen.count("human.requested", {template_run}) == 1, 60, "the template's question")
-        warm = seen.data["human.requested"][template_run]
-        await bus.publish_raw_many([_answer(warm, template_run, None)])
-        await seen.wait(lambda: seen.count("run.completed", {template_run}) == 1, 60, "the template run to finish")
-        text = body.decode()
-        template_event = json.loads(text)["id"]
+def _connz(monitoring_url: str, name: str) -> tuple[int, int]:
+    """Messages the connections named ``name`` sent to the server and received from it (``/connz``): every
+    request, publish, acknowledgement and pull of the process, and every reply and delivery to it."""
+    with urllib.request.urlopen(f"{monitoring_url}/connz?limit=4096", timeout=10) as response:
+        conns = json.loads(response.read())["connections"]
+    mine = [c for c in conns if c.get("name") == name]
+    return sum(c["in_msgs"] for c in mine), sum(c["out_msgs"] for c in mine)
+
+
+class Phase:
+    """One measured series on the running stack: a fresh set of runs parked, resumed in bulk, then a latency
+    sample answered one at a time, by the run-executor process running at the time (``label``)."""
+
+    def __init__(self, stack: Stack, nc: NATS, bus: Bus, seen: Seen, template: tuple[str, str, bytes]) -> None:
+        self.stack, self.nc, self.bus, self.seen = stack, nc, bus, seen
+        self.template_run, self.subject, body = template
+        self.text = body.decode()
+        self.template_event = json.loads(self.text)["id"]
+
+    def _requested(self, run_id: str) -> tuple[str, bytes, dict[str, str]]:
+        body = self.text.replace(self.template_run, run_id).replace(self.template_event, f"evt-{run_id}")
+        return self.subject, body.encode(), {"Nats-Msg-Id": f"evt-{run_id}", "Ce-Type": "run.requested"}
+
+    async def warm_up(self) -> None:
+        """One run parked and answered, so every code path of the executor process is loaded before measuring."""
+        seen, run_id = self.seen, f"run-bench-warm-{uuid.uuid4().hex[:16]}"
+        await self.bus.publish_raw_many([self._requested(run_id)])
+        await seen.wait(lambda: seen.count("human.requested", {run_id}) == 1, 120, "the warm-up run's question")
+        await self.bus.publish_raw_many([_answer(seen.data["human.requested"][run_id], run_id, None)])
+        await seen.wait(lambda: seen.count("run.completed", {run_id}) == 1, 120, "the warm-up run to finish")
+
+    async def run(self, runs: int, sample: int, chunk: int) -> dict[str, Any]:
+        stack, nc, bus, seen = self.stack, self.nc, self.bus, self.seen
+        executor = stack.services["run-executor"].pid
+        assert executor is not None
+        assert stack.nats.proc is not None
+        nats_pid = stack.nats.proc.pid
+        store_dir = stack.nats.store_dir
+        monitoring = stack.nats.monitoring_url
+        figures: dict[str, Any] = {"runs": runs, "sample": sample}
+        await self.warm_up()
+        await asyncio.sleep(1.0)  # the warm-up's acks and timers out of the way
 
         # 1. park
         rss_before = _rss_mb(executor)
         figures |= {"nats_rss_before_mb": _rss_mb(nats_pid), "store_before_mb": _dir_mb(store_dir)}
         figures["streams_before"] = await _store(nc)
         ids = [f"run-bench-{uuid.uuid4().hex[:20]}" for _ in range(runs)]
-        messages = [
-            (
-                subject,
-                text.replace(template_run, run_id).replace(template_event, f"evt-{run_id}").encode(),
-                {"Nats-Msg-Id": f"evt-{run_id}", "Ce-Type": "run.requested"},
-            )
-            for run_id in ids
-        ]
+        messages = [self._requested(run_id) for run_id in ids]
         wanted = set(ids)
+        msgs0 = _connz(monitoring, "run-executor")
         t0 = time.perf_counter()
         await _publish_chunked(bus, messages, chunk)
         await seen.wait(lambda: seen.count("human.requested", wanted) == runs, 60 + runs, "every run to park")
         parked_at = max(seen.at["human.requested"][r] for r in ids)
         figures["park_per_s"] = runs / (parked_at - t0)
         await asyncio.sleep(1.0)  # let the executor settle (acks, timers) before reading its memory
+        msgs1 = _connz(monitoring, "run-executor")
+        figures["park_msgs_per_run"] = ((msgs1[0] - msgs0[0]) / runs, (msgs1[1] - msgs0[1]) / runs)
         rss_parked = _rss_mb(executor)
         figures |= {"rss_before_mb": rss_before, "rss_parked_mb": rss_parked}
         figures |= {"nats_rss_parked_mb": _rss_mb(nats_pid), "store_parked_mb": _dir_mb(store_dir)}
@@ -269,6 +293,12 @@ async def _measure(stack: Stack, runs: int, sample: int, chunk: int) -> dict[str
             60 + runs,
             "every bulk run to finish",
         )
+        if bulk:
+            figures["lifecycle_end_per_s"] = len(bulk) / (max(seen.at["run.completed"].get(r, t0) for r in bulk) - t0)
+            figures["executor_cpu_ms_per_end"] = (_cpu_s(executor) - cpu0) * 1000 / len(bulk)
+            await asyncio.sleep(1.0)  # the last acks and timers
+            msgs2 = _connz(monitoring, "run-executor")
+            figures["resume_msgs_per_run"] = ((msgs2[0] - msgs1[0]) / len(bulk), (msgs2[1] - msgs1[1]) / len(bulk))
         figures["failed"] = seen.count("run.failed", wanted)
 
         # 3. latency, one answer at a time
@@ -281,16 +311,82 @@ async def _measure(stack: Stack, runs: int, sample: int, chunk: int) -> dict[str
         if latencies:
             figures |= {"latency_p50_ms": statistics.median(latencies), "latency_p99_ms": _pct(latencies, 0.99)}
         figures["rss_after_mb"] = _rss_mb(executor)
+        figures["load"] = os.getloadavg()
+        return figures
 
-        # 4. baseline
-        figures["bare_per_s"] = await _baseline(bus, nc, max(runs, 1000), len(messages[0][1]), chunk)
+
+async def _measure(
+    stack: Stack, runs: int, sample: int, chunk: int, before: list[str], rounds: int
+) -> tuple[list[tuple[str, dict[str, Any]]], float]:
+    """Each phase's figures, in the order measured (with ``before``: that code's executor, then this one's,
+    ``rounds`` times), and the bare baseline's messages/s."""
+    nc = await nats.connect(stack.nats_url)
+    seen = Seen()
+    for kind in ("human.requested", "run.resumed", "run.completed", "run.failed"):
+        await nc.subscribe(f"temporality.events.{kind}", cb=seen.on)
+    results: list[tuple[str, dict[str, Any]]] = []
+    async with Bus.connect(NatsSettings(url=stack.nats_url), name="bench-parked-runs") as bus:
+        template = await _template(stack, nc)
+        phase = Phase(stack, nc, bus, seen, template)
+        labels = ["before", "current"] * rounds if before else ["current"] * rounds
+        running = "current"
+        for label in labels:
+            if label != running:  # the run-executor process swapped for the other code (same stack, same store)
+                inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+                env = {"PYTHONPATH": os.pathsep.join([*before, *inherited] if label == "before" else inherited)}
+                await asyncio.to_thread(stack.restart, "run-executor", 120.0, **env)
+                running = label
+            results.append((label, await phase.run(runs, sample, chunk)))
+        bare = await _baseline(bus, nc, max(runs, 1000), len(template[2]), chunk)
     await nc.drain()
-    return figures
+    return results, bare
+
+
+def _report(label: str, f: dict[str, Any]) -> None:
+    out = sys.stdout.write
+    load = " ".join(f"{x:.1f}" for x in f["load"])
+    out(f"[{label}] {f['runs']} runs, load average at the end {load}\n")
+    out(f"  park       {f['park_per_s']:9.1f} runs/s   (run.requested published -> human.requested)\n")
+    growth = f["rss_parked_mb"] - f["rss_before_mb"]
+    out(
+        f"  executor   RSS {f['rss_before_mb']:.1f} MB -> {f['rss_parked_mb']:.1f} MB parked (+{growth:.1f} MB, "
+        f"{growth * 1024 * 1024 / max(f['runs'], 1):.0f} B per parked run) -> {f['rss_after_mb']:.1f} MB after resuming\n"
+    )
+    nats_growth = f["nats_rss_parked_mb"] - f["nats_rss_before_mb"]
+    out(
+        f"  nats       RSS {f['nats_rss_before_mb']:.1f} MB -> {f['nats_rss_parked_mb']:.1f} MB parked "
+        f"(+{nats_growth:.1f} MB); store on disk {f['store_before_mb']:.1f} MB -> {f['store_parked_mb']:.1f} MB\n"
+    )
+    for name in STORE_STREAMS:
+        (m0, b0), (m1, b1) = f["streams_before"][name], f["streams_parked"][name]
+        per_run = (b1 - b0) * 1024 * 1024 / max(f["runs"], 1)
+        out(f"    {name:20s} {m0:8d} -> {m1:8d} msgs, {b0:8.1f} -> {b1:8.1f} MB ({per_run:.0f} B/run)\n")
+    sent, got = f["park_msgs_per_run"]
+    out(f"  bus msgs   park: executor sent {sent:.1f}, received {got:.1f} per run")
+    if "resume_msgs_per_run" in f:
+        sent, got = f["resume_msgs_per_run"]
+        out(f"; resume to the end: sent {sent:.1f}, received {got:.1f} per run")
+    out("  (nats-server /connz)\n")
+    if "resume_per_s" in f:
+        out(
+            f"  resume     {f['resume_per_s']:9.1f} runs/s   (human.answered published -> run.resumed), "
+            f"executor CPU {f['executor_cpu_ms_per_resume']:.2f} ms/resume\n"
+        )
+        out(
+            f"  to the end {f['lifecycle_end_per_s']:9.1f} runs/s   (human.answered published -> run.completed), "
+            f"executor CPU {f['executor_cpu_ms_per_end']:.2f} ms/run\n"
+        )
+    if "latency_p50_ms" in f:
+        out(
+            f"  latency    answer -> run.resumed over {f['sample']} one at a time: p50 {f['latency_p50_ms']:.1f} ms, "
+            f"p99 {f['latency_p99_ms']:.1f} ms\n"
+        )
+    out(f"  failed     {f['failed']} runs\n")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=2000, help="runs to park (the issue's figure: 100000)")
+    parser.add_argument("--runs", type=int, default=2000, help="runs to park per phase (the issue's figure: 100000)")
     parser.add_argument("--latency-sample", type=int, default=200, help="runs answered one at a time")
     parser.add_argument("--chunk", type=int, default=500, help="messages per pipelined publish")
     parser.add_argument(
@@ -299,6 +395,15 @@ def main() -> int:
         default=None,
         help="the run-executor's TEMPORALITY_EXECUTOR_MAX_INFLIGHT (unset: the service's default)",
     )
+    parser.add_argument(
+        "--before",
+        nargs="+",
+        default=[],
+        metavar="SRC",
+        help="source folders put first on the run-executor's PYTHONPATH for a 'before' phase, measured in the "
+        "same run (same stack) before the current code's: ratios current/before",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="phases of each code, alternated")
     args = parser.parse_args()
     extra_env = {"TEMPORALITY_LOG_LEVEL": "warning"}
     if args.executor_inflight is not None:
@@ -317,46 +422,52 @@ def main() -> int:
                 extra_env=extra_env,
             )
         )
+        stack.nats.monitoring = True  # /connz: the messages the run-executor sends and receives
         stack.start()
         try:
-            f = asyncio.run(_measure(stack, args.runs, sample, args.chunk))
+            results, bare = asyncio.run(
+                _measure(
+                    stack, args.runs, sample, args.chunk, [str(Path(p).resolve()) for p in args.before], args.rounds
+                )
+            )
         finally:
             stack.stop()
     out = sys.stdout.write
     inflight = args.executor_inflight if args.executor_inflight is not None else "default"
     out(
-        f"parked runs: {f['runs']} through the five processes (one nats-server, SQLite, loopback), "
+        f"parked runs: {args.runs} per phase through the five processes (one nats-server, SQLite, loopback), "
         f"executor max_inflight {inflight}\n"
     )
-    out(f"  park       {f['park_per_s']:9.1f} runs/s   (run.requested published -> human.requested)\n")
-    growth = f["rss_parked_mb"] - f["rss_before_mb"]
-    out(
-        f"  executor   RSS {f['rss_before_mb']:.1f} MB -> {f['rss_parked_mb']:.1f} MB parked (+{growth:.1f} MB, "
-        f"{growth * 1024 * 1024 / max(f['runs'], 1):.0f} B/run) -> {f['rss_after_mb']:.1f} MB after resuming\n"
-    )
-    nats_growth = f["nats_rss_parked_mb"] - f["nats_rss_before_mb"]
-    out(
-        f"  nats       RSS {f['nats_rss_before_mb']:.1f} MB -> {f['nats_rss_parked_mb']:.1f} MB parked "
-        f"(+{nats_growth:.1f} MB); store on disk {f['store_before_mb']:.1f} MB -> {f['store_parked_mb']:.1f} MB\n"
-    )
-    for name in STORE_STREAMS:
-        (m0, b0), (m1, b1) = f["streams_before"][name], f["streams_parked"][name]
-        per_run = (b1 - b0) * 1024 * 1024 / max(f["runs"], 1)
-        out(f"    {name:20s} {m0:8d} -> {m1:8d} msgs, {b0:8.1f} -> {b1:8.1f} MB ({per_run:.0f} B/run)\n")
-    if "resume_per_s" in f:
-        out(
-            f"  resume     {f['resume_per_s']:9.1f} runs/s   (human.answered published -> run.resumed), "
-            f"executor CPU {f['executor_cpu_ms_per_resume']:.2f} ms/resume\n"
-        )
-    if "latency_p50_ms" in f:
-        out(
-            f"  latency    answer -> run.resumed over {f['sample']} one at a time: p50 {f['latency_p50_ms']:.1f} ms, "
-            f"p99 {f['latency_p99_ms']:.1f} ms\n"
-        )
-    out(f"  failed     {f['failed']} runs\n")
-    out(f"baseline: bare JetStream publish -> pull consume + ack, same sizes: {f['bare_per_s']:.0f} msgs/s\n")
-    if "resume_per_s" in f:
-        out(f"ratio resume / bare: {f['resume_per_s'] / f['bare_per_s']:.3f}   (goal: resume >= 1000 runs/s)\n")
+    for label, figures in results:
+        _report(label, figures)
+    out(f"baseline: bare JetStream publish -> pull consume + ack, same sizes: {bare:.0f} msgs/s\n")
+    for label, f in results:
+        if "resume_per_s" in f:
+            out(f"ratio resume / bare [{label}]: {f['resume_per_s'] / bare:.3f}   (goal: resume >= 1000 runs/s)\n")
+    befores = [f for label, f in results if label == "before"]
+    currents = [f for label, f in results if label == "current"]
+    if befores and currents:
+
+        def median(key: str, of: list[dict[str, Any]]) -> float:
+            return float(statistics.median(f[key] for f in of))
+
+        out("current / before (medians of the phases):\n")
+        for key, what in (
+            ("park_per_s", "park runs/s"),
+            ("resume_per_s", "resume runs/s"),
+            ("lifecycle_end_per_s", "answer -> completed runs/s"),
+            ("executor_cpu_ms_per_end", "executor CPU per resumed run to its end"),
+            ("latency_p50_ms", "latency p50"),
+            ("latency_p99_ms", "latency p99"),
+        ):
+            if all(key in f for f in befores + currents):
+                b, c = median(key, befores), median(key, currents)
+                out(f"  {what:42s} {b:9.2f} -> {c:9.2f}   x{c / b:.2f}\n")
+        for key, what in (("park_msgs_per_run", "executor msgs sent per park"), ("resume_msgs_per_run", "per resume")):
+            if all(key in f for f in befores + currents):
+                b = statistics.median(f[key][0] for f in befores)
+                c = statistics.median(f[key][0] for f in currents)
+                out(f"  {what:42s} {b:9.1f} -> {c:9.1f}   x{c / b:.2f}\n")
     return 0
 
 

@@ -264,7 +264,8 @@ async def draft(
 ) -> str:
     """A draft of ``text`` by the client's model, asked with these bounds and model hints."""
     content = answer.content
-    return f"draft ({answer.model}): {content.text if isinstance(content, TextContent) else content.type}"
+    drafted = content.text if isinstance(content, TextContent) else content.type
+    return f"draft ({answer.model}, {answer.stop_reason}): {drafted}"
 
 
 async def summarize_many(text: str, n: int, ctx: Context) -> dict[str, list[str]]:

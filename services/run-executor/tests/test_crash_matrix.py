@@ -107,7 +107,7 @@ BOUNDARIES = [
     pytest.param("handled:Requested", 1, "start", False, id="run-requested-done-not-acked"),
     # human.answered's handler: the resume, turn 3 (the review), the end
     pytest.param("published:run.resumed", 1, "answer", False, id="resumed-published-not-recorded"),
-    pytest.param("effect:Transition:resuming", 1, "answer", False, id="resuming-recorded-not-applied"),
+    pytest.param("effect:Transition:resuming", 1, "answer", True, id="resuming-recorded-not-applied"),
     pytest.param("effect:ApplyResult", 1, "answer", True, id="answer-applied-not-running"),
     pytest.param("effect:Transition:running", 1, "answer", True, id="running-again-before-turn3"),
     pytest.param("provider_replied", 1, "answer", True, id="turn3-final-answer-not-stored"),

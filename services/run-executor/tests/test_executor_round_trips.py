@@ -3,7 +3,10 @@
 Every JetStream request the engine makes (KV reads and writes, event publishes, timer arms) is counted on the
 client, for one run parked on ``ask_human`` and then resumed by its answer to the end. A change that adds a
 read back, splits a compare-and-set in two or awaits a timer alone shows here as a higher count. These are
-requests, the concurrent ones included; docs/agents.md gives the sequential round trips (18 and 10).
+requests, the concurrent ones included. The sequential round trips (the waits one after the other: a request
+sent while none of the engine's is in flight starts one) are counted too: 14 to park, 9 to resume (18 and 10
+before the events and timers were sent without waiting for each acknowledgement, and before the resume took
+its lease in the move to ``resuming``).
 """
 
 from __future__ import annotations
@@ -23,21 +26,26 @@ from temporality_testing.events import EventLog
 #: Starting the run (record, marker, checkpoint, lease), its two turns (get_input, ask_human) and the park.
 PARK_REQUESTS = 22
 #: The resume (the outcome applied), the last turn and the end (retention armed).
-RESUME_REQUESTS = 14
+RESUME_REQUESTS = 13
+#: The same, as waits one after the other (requests in flight together count once).
+PARK_SEQUENTIAL = 14
+RESUME_SEQUENTIAL = 9
 
 
 class Requests:
-    """The subjects of the client's requests while ``counting``."""
+    """The subjects of the client's requests while ``counting``, each with whether it began a wait of its own
+    (no other request of this client was in flight when it was sent)."""
 
     def __init__(self) -> None:
-        self.subjects: list[str] = []
+        self.subjects: list[tuple[str, bool]] = []
+        self.inflight = 0
         self.counting = False
 
-    async def until(self, *subjects: str, timeout_s: float = 30) -> list[str]:
+    async def until(self, *subjects: str, timeout_s: float = 30) -> list[tuple[str, bool]]:
         """Wait (bounded) until ``subjects`` were requested in this order; what was counted, then reset."""
 
         def seen() -> bool:
-            rest = iter(self.subjects)
+            rest = iter(s for s, _ in self.subjects)
             return all(any(s == wanted for s in rest) for wanted in subjects)
 
         async with asyncio.timeout(timeout_s):
@@ -54,8 +62,12 @@ def requests(monkeypatch: pytest.MonkeyPatch) -> Requests:
 
     async def request(self: nats.aio.client.Client, subject: str, *args: Any, **kwargs: Any) -> Any:
         if seen.counting:
-            seen.subjects.append(subject)
-        return await original(self, subject, *args, **kwargs)
+            seen.subjects.append((subject, seen.inflight == 0))
+        seen.inflight += 1
+        try:
+            return await original(self, subject, *args, **kwargs)
+        finally:
+            seen.inflight -= 1
 
     monkeypatch.setattr(nats.aio.client.Client, "request", request)
     return seen
@@ -95,10 +107,17 @@ async def test_a_parked_and_resumed_run_costs_a_bounded_number_of_requests(
     await event_log.wait_for("run.completed", run_id=run_id)
     assert len(park) <= PARK_REQUESTS, park
     assert len(resume) <= RESUME_REQUESTS, resume
-    assert park.count("temporality.events.human.requested") == 1
+    assert [s for s, _ in park].count("temporality.events.human.requested") == 1
+    assert _waits(park) <= PARK_SEQUENTIAL, park
+    assert _waits(resume) <= RESUME_SEQUENTIAL, resume
 
 
-def _executor(subjects: list[str]) -> list[str]:
+def _executor(subjects: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
     """The engine's requests: without the test's own publishes (the run's request and the answer)."""
     own = ("temporality.events.run.requested", "temporality.events.human.answered")
-    return [s for s in subjects if s not in own]
+    return [(s, began) for s, began in subjects if s not in own]
+
+
+def _waits(requests: list[tuple[str, bool]]) -> int:
+    """The sequential round trips among ``requests``: those that began a wait of their own."""
+    return sum(began for _, began in requests)

@@ -431,7 +431,10 @@ def test_a_provider_call_that_ends_on_a_cancel_cancels_the_run_instead_of_failin
 # --------------------------------------------------------------------------- parking and outcomes
 def test_a_pending_ask_parks_the_run_without_a_watchdog() -> None:
     decision = _decide(_run(RunState.RUNNING), _ckpt(turn=2, pending=_pending()), Boundary())
-    assert _kinds(decision) == ["Publish", "DisarmWatchdog", "Transition"]
+    # the move renews the parking handler's lease in the same compare-and-set: a driver that lost it parks nothing
+    assert _kinds(decision) == ["Publish", "DisarmWatchdog", "TakeLease", "Transition"]
+    (guard,) = [e for e in decision.effects if isinstance(e, TakeLease)]
+    assert guard.renew
     (requested,) = _published(decision)
     assert isinstance(requested, HumanRequested)
     assert (requested.request_id, requested.timeout_s) == (REQUEST_ID, 600)
@@ -448,10 +451,11 @@ def test_an_outcome_arriving_before_its_run_has_parked_is_applied_once_parked() 
     # the turn that asked is committed, the move to waiting_for_human is not: never mid-turn, retried
     early = _decide(_run(RunState.RUNNING), ckpt, outcome)
     assert early.effects == (Retry("the run has not finished parking on this request yet"),)
-    # parked: it resumes (run.resumed, the watchdog back, resuming), then applies it, then drives
+    # parked: it resumes (run.resumed, the watchdog back, resuming with the handler's lease in one
+    # compare-and-set), then applies it, then drives
     waiting = _run(RunState.WAITING_FOR_HUMAN, waiting_request_id=REQUEST_ID, waiting_since=T0)
     resume = _decide(waiting, ckpt, outcome)
-    assert _kinds(resume) == ["Publish", "ArmWatchdog", "Transition"]
+    assert _kinds(resume) == ["Publish", "ArmWatchdog", "Transition", "TakeLease"]
     (resumed,) = _published(resume)
     assert resumed == RunResumed(run_id=RUN_ID, reason="answer", from_turn=2, request_id=REQUEST_ID, waited_s=86400.0)
     assert resume.then == outcome
@@ -460,6 +464,10 @@ def test_an_outcome_arriving_before_its_run_has_parked_is_applied_once_parked() 
     assert apply.effects[1] == ApplyResult(REQUEST_ID, tool_content(outcome.result))
     assert apply.effects[2] == Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None})
     assert apply.then == Boundary()
+    # the handler that moved it to resuming a moment ago holds a fresh lease: it is not written again
+    (lease,) = (e for e in resume.effects if isinstance(e, TakeLease))
+    held = _run(RunState.RESUMING, waiting_request_id=REQUEST_ID, lease=lease.lease)
+    assert _kinds(_decide(held, ckpt, outcome)) == ["ApplyResult", "Transition"]
     applied = apply_result(ckpt, REQUEST_ID, tool_content(outcome.result), T0)
     assert applied is not None
     assert applied.pending is None

@@ -205,8 +205,10 @@ def test_a_wait_ask_parks_the_run_in_waiting_for_agent_at_zero_cost() -> None:
     assert ckpt.pending is not None
     assert (ckpt.pending.kind, ckpt.pending.request_id) == ("agent", ASK_ID)
     park = _decide(_run(RunState.RUNNING), ckpt, Boundary())
-    assert _kinds(park) == ["Publish", "DisarmWatchdog", "Transition"]
-    asked, _, move = park.effects[0], park.effects[1], park.effects[2]
+    # the park renews the handler's lease in its compare-and-set, as an external agent's park does
+    assert _kinds(park) == ["Publish", "DisarmWatchdog", "TakeLease", "Transition"]
+    asked, guard, move = park.effects[0], park.effects[2], park.effects[3]
+    assert guard == TakeLease(Lease(holder=ME.driver, expires_at=T0 + timedelta(seconds=ME.lease_s)), renew=True)
     assert isinstance(asked, Publish)
     assert isinstance(asked.data, AgentAsked)
     assert asked.data.mode == "wait"

@@ -161,7 +161,7 @@ async def test_a_sampling_request_bounds_and_model_hint_reach_the_model(
         assert request["model"] == "test-model"
         assert not {"max_tokens", "temperature", "stop"} & request.keys()
     (called,) = event_log.of_type("run.tool_called", event.runid)
-    assert json.loads(called.data["result_preview"]) == {"result": "draft (test-model-big): A draft."}
+    assert json.loads(called.data["result_preview"]) == {"result": "draft (test-model-big, endTurn): A draft."}
     (sampled,) = event_log.of_type("run.sampled", event.runid)
     assert sampled.data["model"] == "test-model-big"
 
@@ -209,7 +209,7 @@ async def test_the_scripted_provider_sees_the_sampling_requests_bounds(
     await bus.publish(event)
     (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=60)
     expected = '500 0.2 ["END", "\\n\\n"] x-mini ["big", "mini"]'  # the hint "mini" matched the card's x-mini
-    assert completed.data["result"] == f"draft (x-mini): {expected}"
+    assert completed.data["result"] == f"draft (x-mini, endTurn): {expected}"
 
 
 @PROTOCOLS
@@ -251,7 +251,7 @@ async def test_a_sampling_request_is_answered_by_the_runs_model_counted_and_jour
     assert fact.result_preview == "It fixes a typo."
     assert "user: Summarize: the PR" in fact.prompt_preview
     # its tokens are the run's: 110 + 35 + 170
-    totals = RunUsage(turns=2, tool_calls=1, prompt_tokens=280, completion_tokens=35, total_tokens=315)
+    totals = RunUsage(turns=2, tool_calls=1, prompt_tokens=280, completion_tokens=35, total_tokens=315, samplings=1)
     assert completed.payload(RunCompleted).usage == totals
 
 
@@ -270,6 +270,7 @@ async def test_sampling_stops_at_the_runs_token_limit_and_the_run_fails_it(
     (failed,) = await event_log.wait_for("run.failed", run_id=event.runid, timeout_s=60)
     assert failed.data["reason"] == "token_limit"  # at the next boundary: the samplings' tokens are the run's
     assert failed.data["usage"]["total_tokens"] == 130
+    assert failed.data["usage"]["samplings"] == 2  # the refused third is no model call
     assert len(emulator.requests) == 3  # the turn and two samplings; no third sampling, no second turn
     (called,) = event_log.of_type("run.tool_called", event.runid)
     answers = json.loads(called.data["result_preview"])["answers"]
@@ -318,6 +319,7 @@ async def test_samplings_of_earlier_turns_count_and_the_run_fails_max_turns(
     (failed,) = await event_log.wait_for("run.failed", run_id=event.runid, timeout_s=60)
     assert failed.data["reason"] == "max_turns"
     assert failed.data["error"] == "the agent used all 3 turns (2 turns, 1 MCP samplings)"
+    assert (failed.data["usage"]["turns"], failed.data["usage"]["samplings"]) == (2, 1)
     assert len(emulator.requests) == 3
     first, second = event_log.of_type("run.tool_called", event.runid)
     assert json.loads(first.data["result_preview"])["answers"] == ["one"]
@@ -353,5 +355,5 @@ async def test_a_crash_after_a_sampled_call_journals_the_sampling_once_and_count
     assert len(emulator.requests) == 5  # the replayed turn asked the model and sampled again
     await event_log.caught_up()
     assert len(event_log.of_type("run.sampled", event.runid)) == 1
-    totals = RunUsage(turns=2, tool_calls=1, prompt_tokens=280, completion_tokens=35, total_tokens=315)
+    totals = RunUsage(turns=2, tool_calls=1, prompt_tokens=280, completion_tokens=35, total_tokens=315, samplings=1)
     assert completed.payload(RunCompleted).usage == totals

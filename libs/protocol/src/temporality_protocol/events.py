@@ -541,6 +541,11 @@ class RunUsage(_Model):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    samplings: int = Field(
+        default=0,
+        description="Model calls made for MCP servers' sampling requests (their tokens are in the totals above); "
+        "0 on events from executors before it",
+    )
 
 
 class RunCompleted(EventData):

@@ -70,8 +70,8 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -246,6 +246,10 @@ class _View:
     #: The turn this handler last armed the run's watchdog for, and when (monotonic): an arm for the same
     #: turn a moment later (a resume, then its turn) only moves the deadline by that moment, and is skipped.
     armed: tuple[int, float] | None = None
+    #: Bus writes that commit no state (events, timers) sent and not yet acknowledged, in the order they were
+    #: sent, each with the crash seam it passes once stored: awaited together before the next state is
+    #: committed and before the handler returns (:meth:`Engine._settle`), not one by one as they are sent.
+    unacked: list[tuple[asyncio.Task[object], str | None]] = field(default_factory=list)
 
     def known_run(self) -> Versioned[RunRecord] | None:
         return Versioned(self.run, self.run_revision) if self.run is not None and self.run_revision else None
@@ -475,6 +479,7 @@ class Engine:
         except LeaseLost as lost:
             log.warning("run.lease.lost", detail=str(lost))
         finally:
+            await self._abandon(view)  # a handler that failed: what it sent is left to the redelivery
             await self._release(view, attempt.driver)
 
     async def _drive(self, view: _View, incoming: Incoming, attempt: Attempt) -> None:
@@ -492,6 +497,7 @@ class Engine:
                 view.run, view.ckpt, agent, step, now=self.clock(), attempt=attempt, redactor=self.redactor
             )
             step = await self._perform(view, agent, decision)
+        await self._settle(view)  # everything sent is stored before the message is acked
 
     async def _lease_lapses(self, run_id: str) -> bool:
         """Watch another handler's lease on the run until it expires (``True``: decide again) or is renewed,
@@ -563,8 +569,11 @@ class Engine:
             if isinstance(effects[i], _FIRED):
                 while j < len(effects) and isinstance(effects[j], _FIRED):
                     j += 1
-                await self._fire(view, effects[i:j])
-            elif isinstance(effects[i], _RUN_CHANGES):
+                self._fire(view, effects[i:j])
+                i = j
+                continue  # acknowledged later, together (their seams pass then: :meth:`_settle`)
+            await self._settle(view)  # a fact is stored before the state that records it is committed
+            if isinstance(effects[i], _RUN_CHANGES):
                 while j < len(effects) and isinstance(effects[j], _RUN_CHANGES):
                     j += 1
                 await self._change_run(view, effects[i:j])
@@ -572,13 +581,12 @@ class Engine:
                 await self._effect(view, effects[i])
             if self.crash_point is not None:
                 for effect in effects[i:j]:
-                    if isinstance(effect, Publish):
-                        await self._seam("published", effect.data.EVENT_TYPE)
-                    else:
-                        target = (effect.target.value,) if isinstance(effect, Transition) else ()
-                        await self._seam("effect", type(effect).__name__, *target)
+                    target = (effect.target.value,) if isinstance(effect, Transition) else ()
+                    await self._seam("effect", type(effect).__name__, *target)
             i = j
         then = decision.then
+        if isinstance(then, CallProvider | CallTool | RetryTool):
+            await self._on_the_wire(view)
         if isinstance(then, CallProvider):
             assert agent is not None
             view.run_current = False
@@ -642,12 +650,82 @@ class Engine:
             except Exception as exc:  # the bus is failing: the next boundary (or the expiry) settles it
                 log.warning("run.lease.renew_failed", error=f"{type(exc).__name__}: {exc}")
 
-    async def _fire(self, view: _View, effects: Sequence[Effect]) -> None:
-        """Bus writes that commit no state (events, timers), all at once (see :meth:`_perform`)."""
-        if len(effects) == 1:
-            await self._effect(view, effects[0])
-        else:
-            await asyncio.gather(*(self._effect(view, effect) for effect in effects))
+    def _fire(self, view: _View, effects: Sequence[Effect]) -> None:
+        """Bus writes that commit no state (events, timers): sent at once, in order, their acknowledgements
+        awaited later and together (:meth:`_settle`), so a provider or tool call, a read, or the next writes
+        go on meanwhile (see :meth:`_perform`)."""
+        for effect in effects:
+            if isinstance(effect, Note):
+                getattr(log, effect.level)(effect.event, **effect.fields)
+                continue
+            if isinstance(effect, ArmWatchdog):
+                armed = view.armed
+                horizon_s = effect.limit_s + self.watchdog.grace_s
+                if armed is not None and armed[0] == effect.turn and time.monotonic() - armed[1] < horizon_s / 100:
+                    continue  # armed for this very turn by this handler a moment ago (<1% of its horizon)
+                view.armed = (effect.turn, time.monotonic())
+            elif isinstance(effect, ArmAgentDeadline | DisarmWatchdog):
+                view.armed = None  # the watchdog is replaced or off: the next arm is never skipped
+            seam = f"published:{effect.data.EVENT_TYPE}" if isinstance(effect, Publish) else None
+            if seam is None and self.crash_point is not None:
+                seam = f"effect:{type(effect).__name__}"
+            # a task starts in creation order and sends before its first wait: the writes leave in this order
+            view.unacked.append((asyncio.create_task(self._write(view, effect)), seam))
+
+    def _write(self, view: _View, effect: Effect) -> Coroutine[Any, Any, object]:
+        """The bus write of a fired effect, its arguments taken now (the run as the handler holds it now)."""
+        run_id, run = view.run_id, view.run
+        match effect:
+            case Publish():
+                assert run is not None
+                return self._emit(run, effect.data, *effect.id_parts, causation=effect.causation, run_id=effect.run_id)
+            case ArmWatchdog():
+                return self.watchdog.arm(run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause)
+            case ArmAgentDeadline():
+                return self.watchdog.arm_until(
+                    run_id, turn=effect.turn, agent_turn=effect.agent_turn, deadline=effect.deadline, cause=effect.cause
+                )
+            case DisarmWatchdog():
+                return self.watchdog.disarm(run_id)
+            case ArmRetention():
+                assert run is not None
+                assert run.state in RUN.terminal, "a retention is armed for a finished run only"
+                return self.retention.arm(run_id, run.updated_at)
+        raise AssertionError(f"{type(effect).__name__} is not a bus write that commits no state")
+
+    async def _settle(self, view: _View) -> None:
+        """Wait for every write :meth:`_fire` sent (one wait for all of them); the first failure is raised
+        (the others are waited for all the same). The crash seams of the writes pass here, once stored."""
+        if not view.unacked:
+            return
+        sent, view.unacked = view.unacked, []
+        outcomes = await asyncio.gather(*(task for task, _ in sent), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        if self.crash_point is not None:
+            for _, seam in sent:
+                if seam is not None:
+                    await self._seam(seam)
+
+    @staticmethod
+    async def _on_the_wire(view: _View) -> None:
+        """Before a provider or tool call: let the writes :meth:`_fire` sent reach the socket (their tasks, then
+        the client's flusher, run at the next turns of the loop), without waiting for their acknowledgements.
+        A call that takes the process down (an input that kills the executor every time it is handled) then
+        still leaves the facts published before it (``run.started``, a recovery's ``run.resumed``) on the
+        server, as when each was awaited; their acknowledgements are still awaited before the next commit."""
+        if view.unacked:
+            for _ in range(3):  # the writes' tasks, the flusher woken by them, and one turn to spare
+                await asyncio.sleep(0)
+
+    @staticmethod
+    async def _abandon(view: _View) -> None:
+        """A handler that stops with writes unacknowledged (it failed): let them finish, outcomes ignored (the
+        redelivery sends them again, deduplicated), so no task outlives its handler."""
+        if view.unacked:
+            sent, view.unacked = view.unacked, []
+            await asyncio.gather(*(task for task, _ in sent), return_exceptions=True)
 
     async def _change_run(self, view: _View, effects: Sequence[Effect]) -> None:
         """Consecutive changes of the run record (lease, state) as one compare-and-set: each applied in turn
@@ -688,33 +766,13 @@ class Engine:
         run_id = view.run_id
         match effect:
             case Publish():
-                run = view.run
-                assert run is not None
-                await self._emit(run, effect.data, *effect.id_parts, causation=effect.causation, run_id=effect.run_id)
+                await self._write(view, effect)
             case Transition():
                 view.hold_run(
                     await self._move(run_id, effect.target, view.known_run(), effect.changes, effect.waiting_on)
                 )
-            case ArmWatchdog():
-                armed = view.armed
-                horizon_s = effect.limit_s + self.watchdog.grace_s
-                if armed is not None and armed[0] == effect.turn and time.monotonic() - armed[1] < horizon_s / 100:
-                    return  # armed for this very turn by this handler a moment ago (<1% of its horizon)
-                await self.watchdog.arm(run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause)
-                view.armed = (effect.turn, time.monotonic())
-            case ArmAgentDeadline():
-                await self.watchdog.arm_until(
-                    run_id, turn=effect.turn, agent_turn=effect.agent_turn, deadline=effect.deadline, cause=effect.cause
-                )
-                view.armed = None  # the watchdog is replaced: the next arm is never skipped
-            case DisarmWatchdog():
-                await self.watchdog.disarm(run_id)
-                view.armed = None
-            case ArmRetention():
-                ended = view.run
-                assert ended is not None
-                assert ended.state in RUN.terminal, "a retention is armed for a finished run only"
-                await self.retention.arm(run_id, ended.updated_at)
+            case ArmWatchdog() | ArmAgentDeadline() | DisarmWatchdog() | ArmRetention():
+                await self._write(view, effect)  # (:meth:`_fire` sends these; here for completeness)
             case RemoveCheckpoint():
                 await self.checkpoints.purge(run_id)
                 view.checkpoint, view.checkpoint_current = None, True

@@ -1070,7 +1070,7 @@ def _human_outcome(
             return _decision(*_fail(run, "human_request_expired", error, totals=_totals(ckpt)))
         if incoming.cancels_run:  # its run.cancel_requested (published first) cancels the waiting run
             return _decision(Note("human.outcome.cancels_run", fields={"request_id": request_id}))
-        return _resume(run, ckpt, agent, incoming, attempt, wait_id=request_id)
+        return _resume(run, ckpt, agent, incoming, attempt, now, wait_id=request_id)
     if run.state is RunState.RESUMING:
         if ckpt.elicit is not None:
             return _apply(run, _elicitation_outcome(run, ckpt, incoming, now), attempt, now)
@@ -1106,12 +1106,14 @@ def _resume(
     agent: Agent,
     incoming: HumanOutcome,
     attempt: Attempt,
+    now: datetime,
     *,
     wait_id: str,
     before: tuple[Effect, ...] = (),
 ) -> Decision:
-    """The wait is over: ``run.resumed`` (id from ``wait_id``), the watchdog armed, the move to ``resuming``;
-    then decided again, so the outcome is applied (:func:`_apply`)."""
+    """The wait is over: ``run.resumed`` (id from ``wait_id``), the watchdog armed, the move to ``resuming``
+    with this handler's lease (one compare-and-set: :func:`_apply` then finds it fresh and takes it no
+    second time); then decided again, so the outcome is applied (:func:`_apply`)."""
     resumed = RunResumed(
         run_id=run.run_id,
         reason=incoming.reason,
@@ -1124,6 +1126,7 @@ def _resume(
         Publish(resumed, (wait_id,), causation=incoming.event_id),
         ArmWatchdog(ckpt.turn, agent.card.limits.max_compute_s, attempt.cause("resume")),
         Transition(RunState.RESUMING),
+        TakeLease(_lease(attempt, now)),  # after the move: a parked run is never leased
         then=incoming,
     )
 
@@ -1134,8 +1137,10 @@ def _apply(
     """A resuming run takes its lease, gets its tool result(s) (``applying``) and runs on."""
     if _held_by_other(run, attempt, now):
         return _decision(_lease_held(run))
+    # taken with the move to resuming a moment ago (:func:`_resume`): not written again
+    lease = () if _lease_fresh(run, attempt, now) else (TakeLease(_lease(attempt, now)),)
     return _decision(
-        TakeLease(_lease(attempt, now)),
+        *lease,
         applying,
         Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None}),
         then=Boundary(),
@@ -1179,7 +1184,7 @@ def _several_outcome(
             answered = next((o.request_id for o in ckpt.outcomes if o.reason == "answer"), request_id)
             cancel = HumanCancelRequested(run_id=run.run_id, request_ids=unneeded, answered=answered)
             withdraw = (Publish(cancel, (wait_id, "not_needed"), causation=incoming.event_id),)
-        return _resume(run, ckpt, agent, incoming, attempt, wait_id=wait_id, before=withdraw)
+        return _resume(run, ckpt, agent, incoming, attempt, now, wait_id=wait_id, before=withdraw)
     if run.state is RunState.RESUMING:
         return _apply(run, ApplyParked(request_id), attempt, now)
     return _decision(Note("human.outcome.ignored", fields={"state": run.state.value}))
@@ -1453,7 +1458,7 @@ def _boundary(
     if ckpt is None:
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
     if ckpt.pending is not None:
-        return _park(run, ckpt, redactor)
+        return _park(run, ckpt, redactor, attempt, now)
     if _held_by_other(run, attempt, now):  # our lease expired mid-turn and another handler took over
         return _decision(Note("run.lease.lost", "warning", {"holder": run.lease.holder if run.lease else None}))
     if ckpt.elicit is not None:  # the person answered the call's elicitation: make the call again
@@ -1497,18 +1502,24 @@ def _boundary(
     return _decision(*renew, ArmWatchdog(ckpt.turn, limits.max_compute_s, attempt.cause("turn")), then=call)
 
 
-def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor) -> Decision:
+def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor, attempt: Attempt, now: datetime) -> Decision:
     """Ask, then wait at zero cost: ``human.requested`` (or ``agent.asked``), the watchdog off,
     ``waiting_for_human`` (or ``waiting_for_agent``) (RUN-3, COL-2). Several ``ask_human`` calls of one turn
-    (HUM-7): one ``human.requested`` each, one park; the record names the first request."""
+    (HUM-7): one ``human.requested`` each, one park; the record names the first request.
+
+    The move renews the parking handler's lease in the same compare-and-set, as an external agent's park does
+    (:func:`_agent_working`): a driver whose lease another handler took over meanwhile (it hung past the lease
+    mid-turn) parks nothing (:class:`LeaseLost`); the new holder drives the run."""
     pending = ckpt.pending
     assert pending is not None
     waiting = {"waiting_request_id": pending.request_id, "waiting_since": pending.asked_at}
+    guard = TakeLease(_lease(attempt, now), renew=True)
     if pending.kind == "agent":
         asked = AgentAsked.model_validate(pending.arguments)
         return _decision(
             Publish(asked, (pending.request_id,)),
             DisarmWatchdog(),
+            guard,
             Transition(RunState.WAITING_FOR_AGENT, waiting),
             Note("run.parked", fields={"request_id": pending.request_id, "to": asked.to}),
             then=Parked(),
@@ -1517,6 +1528,7 @@ def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor) -> Decision:
         return _decision(
             Publish(_elicit_requested(run, pending, redactor), (pending.request_id,)),
             DisarmWatchdog(),
+            guard,
             Transition(RunState.WAITING_FOR_HUMAN, waiting),
             Note("run.parked", fields={"request_id": pending.request_id, "elicitation": pending.arguments["tool"]}),
             then=Parked(),
@@ -1529,6 +1541,7 @@ def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor) -> Decision:
         *(Publish(_human_requested(run, p, redactor), (p.request_id,)) for p in ckpt.parked),
         # before the move: once it waits, an answer may resume (and re-arm) it at any moment
         DisarmWatchdog(),
+        guard,
         Transition(RunState.WAITING_FOR_HUMAN, waiting),
         Note("run.parked", fields=fields),
         then=Parked(),
@@ -2306,6 +2319,7 @@ def _totals(
         prompt_tokens=tokens.prompt_tokens,
         completion_tokens=tokens.completion_tokens,
         total_tokens=tokens.total_tokens,
+        samplings=tokens.samplings,
     )
 
 

@@ -226,7 +226,9 @@ class _Call:
         finally:
             otel_context.detach(token)
         text = mcp_types.TextContent(type="text", text=got.content)
-        return mcp_types.CreateMessageResult(role="assistant", content=text, model=got.model, stop_reason="endTurn")
+        return mcp_types.CreateMessageResult(
+            role="assistant", content=text, model=got.model, stop_reason=got.stop_reason
+        )
 
     async def inputs(self, result: mcp_types.InputRequiredResult) -> mcp_types.InputResponses:
         """The answers to an ``input_required`` result's requests: an elicitation from a recorded answer that asks

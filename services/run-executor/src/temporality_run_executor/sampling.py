@@ -23,6 +23,11 @@ sampling is never a way around the run's limits:
 The server's ``maxTokens`` (capped as above), ``temperature`` and ``stopSequences`` go to the provider
 (:class:`~.providers.base.SamplingOptions`: the OpenAI-compatible provider sends ``max_tokens``,
 ``temperature`` and ``stop``; the scripted one logs them and shows them to its script as ``run.sampling``).
+At most :data:`MAX_STOP_SEQUENCES` stop sequences are passed on, the first ones (OpenAI's API refuses a request
+with more); the rest are dropped, and that is logged. The answer's ``stopReason`` says why the model stopped
+(:func:`stop_reason`): ``maxTokens`` when the provider stopped on the length limit, ``stopSequence`` when it
+names a stop sequence of the request as the end (vLLM does; OpenAI's own ``finish_reason`` is ``stop`` for a
+stop sequence and a natural end alike, so there it reads ``endTurn``), else ``endTurn``.
 Its ``modelPreferences``: the hints pick a model only among the card's ``provider.sampling_models`` (each hint
 a substring of a model's name, the first hint that matches one wins; none matches, or no list: the card's
 ``model``) -- a server never chooses a model the card does not allow; the cost/speed/intelligence priorities
@@ -39,19 +44,35 @@ sample again: that model call is spent twice, and only the committed call's toke
 
 from __future__ import annotations
 
+import structlog
+
 from temporality_protocol import RunSampled
 from temporality_protocol.redaction import Redactor
 from temporality_run_executor.agents import AgentCard
 from temporality_run_executor.providers import Provider, ProviderError
-from temporality_run_executor.providers.base import SamplingOptions, TurnContext
+from temporality_run_executor.providers.base import AssistantTurn, SamplingOptions, TurnContext
 from temporality_run_executor.records import Message, RunRecord, Usage
 from temporality_run_executor.tools import Publish, Sampled, SamplingParams, SamplingRefused
 
-__all__ = ["MAX_SAMPLES_PER_CALL", "RunSampler", "pick_model"]
+__all__ = ["MAX_SAMPLES_PER_CALL", "MAX_STOP_SEQUENCES", "RunSampler", "pick_model", "stop_reason"]
+
+log = structlog.get_logger(__name__)
 
 #: Sampling requests one tool call may make.
 MAX_SAMPLES_PER_CALL = 10
+#: Stop sequences passed on to the provider (OpenAI's chat completions accept at most 4).
+MAX_STOP_SEQUENCES = 4
 _PREVIEW = 4096
+
+
+def stop_reason(reply: AssistantTurn, stop: list[str]) -> str:
+    """MCP's ``stopReason`` for the provider's ``reply`` to a sampling request asked with the stop sequences
+    ``stop``: ``maxTokens``, ``stopSequence`` or ``endTurn`` (see the module docstring)."""
+    if reply.finish_reason == "length":
+        return "maxTokens"
+    if reply.stop_sequence is not None and reply.stop_sequence in stop:
+        return "stopSequence"
+    return "endTurn"
 
 
 def pick_model(hints: tuple[str, ...], allowed: list[str]) -> str | None:
@@ -111,10 +132,13 @@ class RunSampler:
         limit = self._card.limits.max_tokens
         if limit is not None:
             max_tokens = min(max_tokens, limit - spent.total_tokens)
+        stop = list(params.stop)
+        if len(stop) > MAX_STOP_SEQUENCES:
+            log.info("mcp.sampling.stop_sequences_capped", asked=len(stop), kept=MAX_STOP_SEQUENCES)
         return SamplingOptions(
             max_tokens=max_tokens,
             temperature=params.temperature,
-            stop=list(params.stop),
+            stop=stop[:MAX_STOP_SEQUENCES],
             model=pick_model(params.model_hints, self._card.provider.sampling_models),
             hints=list(params.model_hints),
         )
@@ -166,4 +190,4 @@ class RunSampler:
             total_tokens=tokens.total_tokens,
         )
         await self._publish(sampled, (str(self._turn), str(self._index), str(n)))
-        return Sampled(content=content, model=model)
+        return Sampled(content=content, model=model, stop_reason=stop_reason(reply, options.stop))

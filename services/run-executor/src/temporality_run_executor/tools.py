@@ -135,6 +135,9 @@ class Sampled:
 
     content: str
     model: str
+    #: Why the model stopped, in MCP's words: ``endTurn``, ``maxTokens`` (the provider stopped on the length
+    #: limit) or ``stopSequence`` (one of the request's stop sequences ended it, when the provider says so).
+    stop_reason: str = "endTurn"
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,12 @@ class AssistantTurn(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     #: Tokens this turn cost, as the endpoint reported them (``None``: it reported nothing).
     usage: Usage | None = None
+    #: Why the model stopped, as the endpoint said (OpenAI's ``finish_reason``: ``stop``, ``length``,
+    #: ``tool_calls``...; ``None``: it did not say).
+    finish_reason: str | None = None
+    #: The stop sequence that ended the answer, when the endpoint names it (vLLM's ``stop_reason``; OpenAI's
+    #: ``finish_reason`` is ``stop`` for a stop sequence and a natural end alike).
+    stop_sequence: str | None = None
 
 
 class ProviderError(Exception):

@@ -223,13 +223,21 @@ class OpenAICompatible(Provider):
             raise PermanentProviderError(f"chat completion refused ({status}): {self._server_message(response)}")
         try:
             reply = response.json()
-            message = reply["choices"][0]["message"]
+            choice = reply["choices"][0]
+            message = choice["message"]
             if not isinstance(message, dict):
                 raise TypeError("message is not an object")
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise RetryableProviderError(f"malformed chat completion: {self._redact(response.text[:500])}") from exc
         calls = [_tool_call(raw) for raw in message.get("tool_calls") or []]
-        return AssistantTurn(content=message.get("content"), tool_calls=calls, usage=_usage(reply))
+        finish, matched = choice.get("finish_reason"), choice.get("stop_reason")
+        return AssistantTurn(
+            content=message.get("content"),
+            tool_calls=calls,
+            usage=_usage(reply),
+            finish_reason=finish if isinstance(finish, str) else None,
+            stop_sequence=matched if isinstance(matched, str) else None,  # vLLM: the stop string that matched
+        )
 
     def _server_message(self, response: httpx.Response) -> str:
         """The endpoint's own explanation (OpenAI's ``{"error": {"message": ...}}``, else the body)."""

@@ -101,6 +101,29 @@ def test_an_enum_field_becomes_options_with_safe_ids() -> None:
     assert [(o.id, o.label) for o in render("?", titled).options] == [("r", "Red"), ("decline", "Decline")]
 
 
+def test_a_secret_field_s_values_never_reach_the_question_its_options_or_a_refusal() -> None:
+    """A secret field (its name names one, or ``"format": "password"``): the egress redaction cannot tell its
+    values from words, so the executor never writes them into the question, its options or a refusal."""
+    vault = {"type": "object", "properties": {"db_password": {"type": "string", "enum": ["hunter2", "s3cr3t-xyz"]}}}
+    form = render("Which database password should the migration use?", vault)
+    shown = " ".join([form.question, form.context, *(o.id + " " + o.label for o in form.options)])
+    assert "hunter2" not in shown
+    assert "s3cr3t" not in shown
+    assert [o.id for o in form.options] == ["decline"]  # no option per value: the person types it
+    assert form.allow_free_text
+    assert "- db_password (secret, one of 2 values not shown)" in form.context
+    assert read(vault, TextAnswer(value="hunter2")).content == {"db_password": "hunter2"}
+    wrong = read(vault, TextAnswer(value="guess"))
+    assert wrong.refused == "field 'db_password': not a value this secret field accepts"
+    several = {
+        "type": "object",
+        "properties": {"user": {"type": "string", "enum": ["ops"]}, "pin": {"type": "string", "format": "password"}},
+    }
+    context = render("Sign in", several).context
+    assert '- user (one of "ops")' in context  # an ordinary field's values are still listed
+    assert "- pin (secret)" in context
+
+
 def test_a_form_of_several_fields_is_free_text_read_line_by_line_or_as_json() -> None:
     form = render("When?", BOOKING, refused="field 'hours': 12 is greater than the maximum of 8")
     assert form.allow_free_text

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from temporality_protocol.events import HumanAnswer, OptionAnswer
+from temporality_protocol.redaction import is_secret_field
 
 __all__ = ["DECLINE", "FormRead", "choice_option_ids", "field_choices", "form_fields", "read", "single_choice"]
 
@@ -163,6 +164,10 @@ def read(schema: dict[str, Any], answer: HumanAnswer) -> FormRead:
     error = best_match(Draft202012Validator(schema).iter_errors(content))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path)
+        field = form_fields(schema).get(str(error.absolute_path[0])) if error.absolute_path else None
+        if field is not None and is_secret_field(str(error.absolute_path[0]), field):
+            # the validator's message quotes the field's values (its enum): a secret's never go back in a refusal
+            return FormRead(refused=f"field {where!r}: not a value this secret field accepts")
         return FormRead(refused=f"field {where!r}: {error.message}" if where else error.message)
     return FormRead(action="accept", content=content)
 

@@ -32,6 +32,7 @@ from jsonschema.exceptions import SchemaError
 
 from temporality_protocol import HumanAnswer, HumanOption, OptionAnswer, TextAnswer, forms
 from temporality_protocol.forms import DECLINE
+from temporality_protocol.redaction import is_secret_field
 
 __all__ = ["DECLINE", "DONE", "MAX_REFUSED", "Form", "Read", "form_problem", "read", "read_url", "render", "render_url"]
 
@@ -76,7 +77,9 @@ def form_problem(schema: dict[str, Any]) -> str | None:
 def _describe(name: str, prop: dict[str, Any], required: bool) -> str:
     kind = str(prop.get("type", "text"))
     choices = forms.field_choices(prop)
-    if choices is not None and kind != "boolean":
+    if is_secret_field(name, prop):  # its values are never written into the question (redact_form's rule)
+        kind = f"secret, one of {len(choices)} values not shown" if choices is not None else "secret"
+    elif choices is not None and kind != "boolean":
         kind = "one of " + ", ".join(json.dumps(value) for value, _ in choices)
     line = f"- {name} ({kind}{', required' if required else ''})"
     title = prop.get("description") or prop.get("title")
@@ -88,7 +91,9 @@ def render(message: str, schema: dict[str, Any], *, refused: str | None = None) 
     decline = HumanOption(id=DECLINE, label="Decline", consequence="the tool is told you declined")
     lines = [f"Your last answer was refused: {refused}. Please answer again."] if refused else []
     single = forms.single_choice(schema)
-    if single is not None:
+    # a secret field's values (db_password, "format": "password") never become options: their ids and labels
+    # would carry them to the person's channel past the egress redaction; the person types the value instead
+    if single is not None and not is_secret_field(single[0], forms.form_fields(schema).get(single[0], {})):
         _, choices = single
         options = [
             HumanOption(id=option_id, label=label[:200] or option_id)

@@ -44,6 +44,7 @@ from sqlalchemy.engine import make_url
 
 from temporality_bus import Bus, Consumer, Delivery, NatsSettings
 from temporality_embedded.natsserver import NatsServer
+from temporality_journal.database import Database
 from temporality_journal.projection import run_id_of
 from temporality_protocol import (
     Envelope,
@@ -194,8 +195,8 @@ class Db:
         """How many ``bus.dead_lettered`` rows the journal recorded (a measure with any is not one of ingest)."""
         raise NotImplementedError
 
-    async def baseline(self, events: list[Envelope]) -> tuple[float, float]:
-        """Seconds and bench CPU seconds to executemany ``events``' rows into a copy of ``events``."""
+    async def baseline(self, events: list[Envelope], table: str) -> tuple[float, float]:
+        """Seconds and bench CPU seconds to executemany ``events``' rows into ``table``, a copy of ``events``."""
         raise NotImplementedError
 
     async def close(self) -> None:
@@ -248,7 +249,7 @@ class SqliteDb(Db):
         with contextlib.closing(sqlite3.connect(self.path, timeout=5)) as conn:
             return int(conn.execute(_DEAD_LETTERS).fetchone()[0])
 
-    async def baseline(self, events: list[Envelope]) -> tuple[float, float]:
+    async def baseline(self, events: list[Envelope], table: str) -> tuple[float, float]:
         now = datetime.now(UTC).replace(tzinfo=None)
 
         def naive(value: Any) -> Any:
@@ -260,11 +261,12 @@ class SqliteDb(Db):
             ddl = conn.execute(
                 "SELECT type, name, sql FROM sqlite_master WHERE tbl_name = 'events' AND sql IS NOT NULL"
             )
+            suffix = table.removeprefix("events")
             for _kind, name, sql in ddl.fetchall():
-                conn.execute(sql.replace(name, f"{name}_baseline", 1).replace("ON events ", "ON events_baseline "))
+                conn.execute(sql.replace(name, f"{name}{suffix}", 1).replace("ON events ", f"ON {table} "))
             t0, c0 = time.perf_counter(), time.process_time()
             conn.execute("BEGIN")
-            conn.executemany(f"INSERT INTO events_baseline ({_COLUMNS}) VALUES ({', '.join('?' * 14)})", rows)
+            conn.executemany(f"INSERT INTO {table} ({_COLUMNS}) VALUES ({', '.join('?' * 14)})", rows)
             conn.execute("COMMIT")
             return time.perf_counter() - t0, time.process_time() - c0
 
@@ -289,15 +291,15 @@ class PostgresDb(Db):
     async def dead_letters(self) -> int:
         return int(await (await self._connection()).fetchval(_DEAD_LETTERS))
 
-    async def baseline(self, events: list[Envelope]) -> tuple[float, float]:
+    async def baseline(self, events: list[Envelope], table: str) -> tuple[float, float]:
         conn = await self._connection()
         now = datetime.now(UTC)
         rows = [_row(e, i, now) for i, e in enumerate(events, 1)]
-        await conn.execute("CREATE TABLE events_baseline (LIKE events INCLUDING ALL)")
+        await conn.execute(f"CREATE TABLE {table} (LIKE events INCLUDING ALL)")
         placeholders = ", ".join(f"${i}" for i in range(1, 15))
         t0, c0 = time.perf_counter(), time.process_time()
         async with conn.transaction():
-            await conn.executemany(f"INSERT INTO events_baseline ({_COLUMNS}) VALUES ({placeholders})", rows)
+            await conn.executemany(f"INSERT INTO {table} ({_COLUMNS}) VALUES ({placeholders})", rows)
         return time.perf_counter() - t0, time.process_time() - c0
 
     async def close(self) -> None:
@@ -405,6 +407,7 @@ async def measure(
             raise RuntimeError(f"the journal dead-lettered {dead} events; see the journal's log in {workdir}")
         result: dict[str, Any] = {
             "db": db.name,
+            "load": os.getloadavg()[0],
             "batch": batch_size,
             "events": total - n0,
             "events_s": (total - n0) / (t1 - t0),
@@ -497,7 +500,7 @@ async def main() -> None:
                         )
                     return
                 results: list[dict[str, Any]] = []
-                baselines: dict[str, tuple[float, float]] = {}
+                baselines: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {}
                 targets: list[str] = ["sqlite"]
                 if not args.no_postgres and await postgres_answers():
                     targets.append("postgresql")
@@ -506,6 +509,12 @@ async def main() -> None:
                 for target in targets:
                     for batch_size in args.batch_sizes:
                         async with _database(target, workdir, f"{batch_size}") as db:
+                            # the baseline right before and right after the journal, in the same database:
+                            # on a shared machine it swings with the other load, so both are shown. The schema
+                            # is made first (as the journal's start would), for the baseline's copy of `events`.
+                            async with Database.open(db.url):
+                                pass
+                            before = await db.baseline(backlog, "events_baseline_before")
                             result = await measure(
                                 bus,
                                 server.url,
@@ -517,7 +526,8 @@ async def main() -> None:
                                 args.log_level,
                                 args.profile,
                             )
-                            baselines[target] = await db.baseline(backlog)
+                            after = await db.baseline(backlog, "events_baseline_after")
+                            baselines[target] = (before, after)
                             results.append(result)
                             say(f"  measured {target} batch {batch_size}: {result['events_s']:,.0f} events/s")
         finally:
@@ -539,22 +549,31 @@ async def _database(target: str, workdir: Path, tag: str) -> AsyncIterator[Db]:
             await db.close()
 
 
-def _say(results: list[dict[str, Any]], baselines: dict[str, tuple[float, float]], events: int) -> None:
+def _say(
+    results: list[dict[str, Any]],
+    baselines: dict[str, tuple[tuple[float, float], tuple[float, float]]],
+    events: int,
+) -> None:
     say()
     say(
-        f"{'database':<11} {'batch':>5} {'events/s':>10} {'CPU ms/event':>13} {'cores':>6} "
-        f"{'baseline/s':>11} {'ratio':>6} {'live publish/s':>15} {'lag s':>6}"
+        f"{'database':<11} {'batch':>5} {'load':>5} {'events/s':>10} {'CPU ms/event':>13} {'cores':>6} "
+        f"{'baseline/s before-after':>24} {'ratio':>10} {'live publish/s':>15} {'lag s':>6}"
     )
     for r in results:
-        seconds, _cpu = baselines[r["db"]]
-        base = events / seconds
+        (before, _), (after, _) = baselines[r["db"]]
+        low, high = sorted((events / before, events / after))
         live = f"{r['live_publish_s']:>15,.0f} {r['lag_s']:>6.2f}" if "lag_s" in r else f"{'-':>15} {'-':>6}"
+        ratios = f"{r['events_s'] / high:.0%}-{r['events_s'] / low:.0%}"
         say(
-            f"{r['db']:<11} {r['batch']:>5} {r['events_s']:>10,.0f} {r['cpu_ms_per_event']:>13.3f} "
-            f"{r['cpu_cores']:>6.2f} {base:>11,.0f} {r['events_s'] / base:>6.0%} {live}"
+            f"{r['db']:<11} {r['batch']:>5} {r['load']:>5.1f} {r['events_s']:>10,.0f} {r['cpu_ms_per_event']:>13.3f} "
+            f"{r['cpu_cores']:>6.2f} {events / before:>11,.0f} {events / after:>12,.0f} {ratios:>10} {live}"
         )
     say()
-    say("ratio = journal events/s / baseline rows/s (plain executemany of the same rows, same database, this run)")
+    say(
+        "ratio = journal events/s / baseline rows/s (a plain executemany of the same rows into a copy of `events`, "
+        "same database, right before and right after the journal; against the faster one first)"
+    )
+    say("load = the 1-minute load average when the journal had drained the backlog (os.getloadavg)")
 
 
 if __name__ == "__main__":

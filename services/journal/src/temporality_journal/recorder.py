@@ -13,10 +13,11 @@ of such an event: refusing that too would dead-letter it again, and again, so it
 
 :meth:`Recorder.handle_batch` is the consumer's batch handler: a batch of events in one
 transaction -- one ``INSERT … ON CONFLICT DO NOTHING`` of the events (on PostgreSQL one statement
-over ``unnest`` of one array per column, ``data`` as the JSON text the sanitizing check made anyway;
-SQLAlchemy core on SQLite; never the ORM), the affected runs read once, projected in memory in
+that also leaves out the ids stored already and moves the commit counter, the rows passed as one JSON
+text made by pydantic-core, ``data`` as the JSON text the sanitizing check made anyway; one positional
+multi-row statement on SQLite; never the ORM), the affected runs read once, projected in memory in
 stream order with :func:`project` (which copies rows without validating them again), written back
-with one insert and one upsert; the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
+(PostgreSQL: one upsert; SQLite: one insert and one upsert); the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
 -- committed once, then acked by the runner. Every write transaction (a batch, or one event) first
 locks ``commit_counter`` (:func:`lock_positions`), which serialises the journal's writers until the
 commit, and hands the events it stores the next commit positions (``events.commit_seq``, in stream
@@ -36,11 +37,9 @@ from typing import Any
 
 import structlog
 from pydantic_core import to_json
-from sqlalchemy import BigInteger, Column, String, any_, bindparam, select, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import BigInteger, Column, bindparam, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlmodel import col
@@ -61,6 +60,7 @@ from temporality_journal.models import (
     RunSnapshot,
     UTCDateTime,
     as_utc,
+    constructed,
 )
 from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
 from temporality_protocol import RUN, BusDeadLettered, Envelope, InvalidEnvelope, RunState
@@ -99,12 +99,31 @@ _PG_ARRAY_COLUMNS = (
     "commit_seq",
 )
 _PG_ARRAY_TYPES = ("text",) * 3 + ("timestamptz",) + ("text",) * 8 + ("bigint",) * 2
+#: PostgreSQL: a batch's events in one statement and one round trip, under :func:`lock_positions`' lock
+#: (``$2``: the last position handed out, ``$3``: ``recorded_at``): the rows whose id is not stored yet
+#: (no other journal writer adds any under the lock) get the next positions in the batch's order (stream
+#: order, ``ord``), are inserted (``ON CONFLICT DO NOTHING`` all the same), and the counter moves to the
+#: last position used; the new ids come back. The rows travel as one JSON text (``$1``, an array of one
+#: object per event, ``data`` as its JSON text), made by pydantic-core in one call: the driver encodes one
+#: string, where one array per column made it walk every value of every row in Python (two ABC
+#: ``isinstance`` checks per text value) and the recorder build fifteen lists.
+_PG_EVENT_COLUMNS = tuple(c for c in _PG_ARRAY_COLUMNS if c != "commit_seq")
+_PG_EVENT_TYPES = tuple(t for c, t in zip(_PG_ARRAY_COLUMNS, _PG_ARRAY_TYPES, strict=True) if c != "commit_seq")
 _PG_INSERT_EVENTS = (
-    f"INSERT INTO events ({', '.join(_PG_ARRAY_COLUMNS)}, data, recorded_at) "
-    f"SELECT {', '.join(_PG_ARRAY_COLUMNS)}, data::jsonb, ${len(_PG_ARRAY_COLUMNS) + 2}::timestamptz "
-    f"FROM unnest({', '.join(f'${i}::{t}[]' for i, t in enumerate(_PG_ARRAY_TYPES, 1))}, "
-    f"${len(_PG_ARRAY_COLUMNS) + 1}::text[]) AS batch({', '.join(_PG_ARRAY_COLUMNS)}, data) "
-    "ON CONFLICT (id) DO NOTHING RETURNING id"
+    "WITH batch AS ("
+    f"SELECT {', '.join(f'b.{c}' for c in _PG_EVENT_COLUMNS)}, b.data, "
+    "row_number() OVER (ORDER BY b.ord) AS position "
+    "FROM json_to_recordset($1::json) AS b("
+    f"{', '.join(f'{c} {t}' for c, t in zip(_PG_EVENT_COLUMNS, _PG_EVENT_TYPES, strict=True))}, data text, ord bigint) "
+    "WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = b.id)"
+    "), inserted AS ("
+    f"INSERT INTO events ({', '.join(_PG_EVENT_COLUMNS)}, commit_seq, data, recorded_at) "
+    f"SELECT {', '.join(_PG_EVENT_COLUMNS)}, $2::bigint + position, data::jsonb, $3::timestamptz "
+    "FROM batch ON CONFLICT (id) DO NOTHING RETURNING id, commit_seq"
+    "), counter AS ("
+    "UPDATE commit_counter SET last_seq = (SELECT max(commit_seq) FROM inserted) "
+    "WHERE id = 1 AND EXISTS (SELECT 1 FROM inserted)"
+    ") SELECT id FROM inserted"
 )
 #: SQLite: one multi-row ``INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING RETURNING id`` per batch, the
 #: values bound positionally (the same columns as PostgreSQL's arrays, then ``data`` as JSON text and
@@ -136,25 +155,21 @@ def _pg_type(column: Column[Any]) -> str:
     return "bigint" if isinstance(column.type, BigInteger) else "text"
 
 
-#: PostgreSQL: a batch's new runs in one ``INSERT … SELECT FROM unnest(…)``, one array per column; the runs
-#: it changed in one upsert of the same shape.
-_PG_INSERT_RUNS = (
-    f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) SELECT * FROM unnest("
-    + ", ".join(f"${i}::{_pg_type(RUNS_TABLE.c[name])}[]" for i, name in enumerate(_RUN_COLUMNS, 1))
-    + ")"
+#: PostgreSQL: a batch's new and changed runs in one upsert, the rows as one JSON text (see
+#: :data:`_PG_INSERT_EVENTS`).
+_PG_UPSERT_RUNS = (
+    f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) SELECT * FROM json_to_recordset($1::json) AS b("
+    + ", ".join(f"{name} {_pg_type(RUNS_TABLE.c[name])}" for name in _RUN_COLUMNS)
+    + ") ON CONFLICT (run_id) DO UPDATE SET "
+    + ", ".join(f"{name} = EXCLUDED.{name}" for name in _RUN_COLUMNS if name != "run_id")
 )
-_PG_UPSERT_RUNS = f"{_PG_INSERT_RUNS} ON CONFLICT (run_id) DO UPDATE SET " + ", ".join(
-    f"{name} = EXCLUDED.{name}" for name in _RUN_COLUMNS if name != "run_id"
+#: PostgreSQL: a batch's runs, locked in one order (``run_id``) between writers, as the driver reads them
+#: (``timestamptz`` comes back as aware UTC datetimes, the other columns as stored).
+_PG_SELECT_RUNS = (
+    f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE run_id = ANY($1::text[]) ORDER BY run_id FOR UPDATE"
 )
 
-#: A batch's runs, locked in one order (``run_id``) between replicas; PostgreSQL binds one array (nothing
-#: rendered per id), SQLite an expanding ``IN``. Compiled once, cached by SQLAlchemy.
-_PG_LOCK_RUNS = (
-    select(RUNS_TABLE)
-    .where(RUNS_TABLE.c.run_id == any_(bindparam("run_ids", type_=ARRAY(String))))
-    .order_by(RUNS_TABLE.c.run_id)
-    .with_for_update()
-)
+#: SQLite: a batch's runs, in one order (``run_id``), an expanding ``IN``. Compiled once, cached by SQLAlchemy.
 _SQLITE_LOCK_RUNS = (
     select(RUNS_TABLE)
     .where(RUNS_TABLE.c.run_id.in_(bindparam("run_ids", expanding=True)))
@@ -172,10 +187,9 @@ def _sqlite_datetime(value: datetime) -> str:
 _COUNTER = COMMIT_COUNTER_TABLE.c
 _ONE_COUNTER = _COUNTER.id == 1
 #: PostgreSQL: the counter's row lock. SQLite has no row locks: a no-op write takes the database's write lock.
-_LOCK_COUNTER_POSTGRESQL = select(_COUNTER.last_seq).where(_ONE_COUNTER).with_for_update()
-_LOCK_COUNTER_SQLITE = (
-    update(COMMIT_COUNTER_TABLE).where(_ONE_COUNTER).values(last_seq=_COUNTER.last_seq).returning(_COUNTER.last_seq)
-)
+#: Driver SQL (no statement compiled, cached or wrapped by SQLAlchemy per transaction).
+_LOCK_COUNTER_POSTGRESQL = "SELECT last_seq FROM commit_counter WHERE id = 1 FOR UPDATE"
+_LOCK_COUNTER_SQLITE = "UPDATE commit_counter SET last_seq = last_seq WHERE id = 1 RETURNING last_seq"
 
 
 async def lock_positions(conn: AsyncConnection) -> int:
@@ -187,7 +201,7 @@ async def lock_positions(conn: AsyncConnection) -> int:
     positions are handed out in commit order (see :mod:`temporality_journal.tail`).
     """
     lock = _LOCK_COUNTER_POSTGRESQL if conn.dialect.name == "postgresql" else _LOCK_COUNTER_SQLITE
-    last = (await conn.execute(lock)).scalar()
+    last = (await conn.exec_driver_sql(lock)).scalar()
     if last is None:
         raise RuntimeError("the journal's commit_counter row is missing (see docs/journal.md, Schema and rebuild)")
     return int(last)
@@ -392,20 +406,24 @@ class Recorder:
         """Insert ``rows`` unless their id is stored already, at commit positions after ``last``
         (:func:`lock_positions`, in the order of ``rows``); the new ones, as ``(event, stream_seq)``.
 
-        The ids stored already are looked up first (under the lock no other journal writer adds any), so
+        The ids stored already are left out first (under the lock no other journal writer adds any), so
         positions go to new events only: a redelivered batch leaves no gap in the cursor. Every statement is
         the driver's own SQL (``exec_driver_sql``: nothing compiled or bound per value by SQLAlchemy).
 
-        PostgreSQL: the lookup is ``id = ANY($1)`` over one array; the insert one ``INSERT … SELECT FROM
-        unnest(…) ON CONFLICT DO NOTHING RETURNING id`` with one array per column, ``data`` passed as the
-        JSON text :func:`_storable_dump` made anyway (cast to ``jsonb`` by the server): one statement and one
-        round trip. SQLite: ``id IN (?, …)``, then one multi-row ``INSERT … VALUES … ON CONFLICT DO NOTHING
-        RETURNING id`` with positional values (``data`` the same JSON text, datetimes in the text SQLAlchemy
-        would store). A ``data`` that is not JSON-serializable: SQLAlchemy core's multi-row insert with the
-        same semantics.
+        PostgreSQL: :data:`_PG_INSERT_EVENTS`, the lookup, the insert and the counter's move in one
+        statement and one round trip, one array per column, ``data`` passed as the JSON text
+        :func:`_storable_dump` made anyway (cast to ``jsonb`` by the server). SQLite: ``id IN (?, …)``, then
+        one multi-row ``INSERT … VALUES … ON CONFLICT DO NOTHING RETURNING id`` with positional values
+        (``data`` the same JSON text, datetimes in the text SQLAlchemy would store), then the counter. A
+        ``data`` that is not JSON-serializable: the lookup, SQLAlchemy core's multi-row insert with the same
+        semantics, the counter.
         """
-        ids = [row.event.id for row in rows]
         postgresql = self._database.dialect == "postgresql"
+        if postgresql and all(row.dumped is not None for row in rows):
+            result = await conn.exec_driver_sql(_PG_INSERT_EVENTS, (_pg_batch_json(rows), last, now))
+            new = {row[0] for row in result}
+            return [(row.event, row.stream_seq) for row in rows if row.event.id in new]
+        ids = [row.event.id for row in rows]
         if postgresql:
             found = await conn.exec_driver_sql(_PG_KNOWN_IDS, (ids,))
         else:
@@ -424,9 +442,6 @@ class Recorder:
                 self._insert(EVENTS_TABLE).on_conflict_do_nothing(index_elements=["id"]).returning(EVENTS_TABLE.c.id),
                 dicts,
             )
-        elif postgresql:
-            columns = _pg_columns(rows, last)
-            result = await conn.exec_driver_sql(_PG_INSERT_EVENTS, (*columns, now))
         else:  # SQLite: the same in one statement, nothing built per value by SQLAlchemy
             result = await conn.exec_driver_sql(_sqlite_insert_events(len(rows)), _sqlite_values(rows, last, now))
         new = {row[0] for row in result}
@@ -446,11 +461,15 @@ class Recorder:
         if not projected:
             return 0
         run_ids = sorted({run_id for _, _, run_id in projected})  # one lock order between replicas
-        query = _PG_LOCK_RUNS if self._database.dialect == "postgresql" else _SQLITE_LOCK_RUNS
-        # the rows as stored (the table's types read them), copied into snapshots without validating them again
-        before: dict[str, RunSnapshot] = {
-            row.run_id: _run_snapshot(row._mapping) for row in await conn.execute(query, {"run_ids": run_ids})
-        }
+        postgresql = self._database.dialect == "postgresql"
+        # the rows as stored, copied into snapshots without validating them again
+        before: dict[str, RunSnapshot]
+        if postgresql:  # the driver's values: nothing converted per value by SQLAlchemy
+            found = await conn.exec_driver_sql(_PG_SELECT_RUNS, (run_ids,))
+            before = {row[0]: _run_snapshot(dict(zip(_RUN_COLUMNS, row, strict=True))) for row in found}
+        else:  # the table's types read them (SQLite stores datetimes as text)
+            found = await conn.execute(_SQLITE_LOCK_RUNS, {"run_ids": run_ids})
+            before = {row.run_id: _run_snapshot(dict(row._mapping)) for row in found}
         runs: dict[str, RunSnapshot] = dict(before)
         moved = 0
         debug = log.bind()  # resolved once: a lazy logger resolves itself at every call
@@ -471,11 +490,11 @@ class Recorder:
             runs[run_id] = after
         created = [run for run_id, run in runs.items() if run_id not in before]
         changed = [run for run_id, run in runs.items() if run_id in before and run != before[run_id]]
-        if self._database.dialect == "postgresql":  # one array per column, as the events' insert
-            if created:  # a plain insert: a replica creating the same run meanwhile fails the batch (retried)
-                await conn.exec_driver_sql(_PG_INSERT_RUNS, _pg_run_columns(created))
-            if changed:  # rows locked above: nobody else moved them meanwhile
-                await conn.exec_driver_sql(_PG_UPSERT_RUNS, _pg_run_columns(changed))
+        if postgresql:  # one array per column, as the events' insert; the new and the changed runs at once
+            # (no other writer creates or moves runs meanwhile: every writer holds the commit counter's lock
+            # until its commit, and the changed rows are locked above besides)
+            if created or changed:
+                await conn.exec_driver_sql(_PG_UPSERT_RUNS, (_pg_runs_json(created + changed),))
             return moved
         if created:
             await conn.execute(RUNS_TABLE.insert(), [_run_row(run) for run in created])
@@ -636,26 +655,32 @@ def _by_seq(item: tuple[Envelope, int]) -> int:
     return item[1]
 
 
-def _pg_columns(rows: list[_Row], last: int) -> list[list[Any]]:
-    """The arrays of :data:`_PG_INSERT_EVENTS`: one per column of :data:`_PG_ARRAY_COLUMNS`, then ``data``."""
-    events = [row.event for row in rows]
-    return [
-        [e.id for e in events],
-        [e.type for e in events],
-        [e.source for e in events],
-        [e.time for e in events],  # aware (the envelope refuses a naive time): the server stores it as UTC
-        [run_id_of(e) for e in events],
-        [e.correlationid for e in events],
-        [e.causationid for e in events],
-        [e.actor for e in events],
-        [e.tenant for e in events],
-        [e.subject for e in events],
-        [e.traceparent for e in events],
-        [e.tracestate for e in events],
-        [row.stream_seq for row in rows],
-        list(range(last + 1, last + 1 + len(rows))),
-        [row.dumped for row in rows],
-    ]
+def _pg_batch_json(rows: list[_Row]) -> str:
+    """``$1`` of :data:`_PG_INSERT_EVENTS`: the rows as one JSON array of objects, keyed by the columns of
+    :data:`_PG_EVENT_COLUMNS`, then ``data`` (its JSON text, as a string) and ``ord`` (the batch's order).
+    ``time`` is aware (the envelope refuses a naive one): RFC 3339 with its offset, stored as UTC."""
+    return to_json(
+        [
+            {
+                "id": (e := row.event).id,
+                "type": e.type,
+                "source": e.source,
+                "time": e.time,
+                "run_id": run_id_of(e),
+                "correlation_id": e.correlationid,
+                "causation_id": e.causationid,
+                "actor": e.actor,
+                "tenant": e.tenant,
+                "subject": e.subject,
+                "traceparent": e.traceparent,
+                "tracestate": e.tracestate,
+                "stream_seq": row.stream_seq,
+                "data": row.dumped,
+                "ord": ord_,
+            }
+            for ord_, row in enumerate(rows)
+        ]
+    ).decode()
 
 
 def _sqlite_values(rows: list[_Row], last: int, now: datetime) -> tuple[Any, ...]:
@@ -685,18 +710,17 @@ def _sqlite_values(rows: list[_Row], last: int, now: datetime) -> tuple[Any, ...
     return tuple(values)
 
 
-def _run_snapshot(row: RowMapping) -> RunSnapshot:
-    """A ``runs`` row (read through the table's column types: aware UTC datetimes) as a snapshot, not
-    validated again (the journal wrote it from a validated snapshot)."""
-    values = dict(row)
+def _run_snapshot(values: dict[str, Any]) -> RunSnapshot:
+    """A ``runs`` row (every column; datetimes aware UTC) as a snapshot, not validated again (the journal
+    wrote it from a validated snapshot)."""
     values["state"] = RunState(values["state"])
-    return RunSnapshot.model_construct(**values)
+    return constructed(RunSnapshot, values)
 
 
-def _pg_run_columns(runs: list[RunSnapshot]) -> tuple[list[Any], ...]:
-    """The arrays of :data:`_PG_INSERT_RUNS` / :data:`_PG_UPSERT_RUNS`, one per column of ``runs``."""
-    rows = [_run_row(run) for run in runs]
-    return tuple([row[name] for row in rows] for name in _RUN_COLUMNS)
+def _pg_runs_json(runs: list[RunSnapshot]) -> str:
+    """``$1`` of :data:`_PG_UPSERT_RUNS`: the runs as one JSON array of objects keyed by the columns of
+    ``runs`` (one string for the driver to encode, as the events' insert)."""
+    return to_json([_run_row(run) for run in runs]).decode()
 
 
 def _run_row(run: RunSnapshot) -> dict[str, Any]:

@@ -176,4 +176,6 @@ async def test_deliveries_waits_and_waiting_requests_are_reported_once_across_re
         await (await open_store(bus)).create(record.request_id, record)
         scraped = await _until(clients, waiting(2, 1), "the overdue request on each replica")
         for samples in scraped:
-            assert value_of(samples, "temporality_human_requests_overdue_seconds") >= 120
+            # 120 s past its deadline, as of the refresh's clock, read as the refresh began: one that began
+            # just before the record was stored reads a few ms less (119.943 in a CI run)
+            assert value_of(samples, "temporality_human_requests_overdue_seconds") >= 119

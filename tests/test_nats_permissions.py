@@ -47,7 +47,7 @@ from temporality_protocol.catalog import (
     RPCS,
     SERVICES,
     TIMER_NS_HUMAN,
-    TIMERS_STREAM,
+    TIMERS_STREAMS,
     ServiceSpec,
     agent_subject,
     service_problems,
@@ -696,10 +696,12 @@ def test_a_journal_subscriber_gets_exactly_its_own_durables() -> None:
 
 async def test_a_service_cancels_its_own_timers_and_cannot_cancel_another_s(secured: NatsServer) -> None:
     """A cancel is a publish to the timer's own subject: human-interaction arms and cancels its own; the
-    gateway can neither cancel human-interaction's timer that way nor purge the timers stream."""
+    gateway can neither cancel human-interaction's timer that way nor purge its timers stream (stopping,
+    arming and purging another's timer in every other way: tests/test_timer_isolation.py)."""
+    timers_stream = TIMERS_STREAMS["human-interaction"]
     admin = NatsSettings(url=secured.url, user="admin", password=SecretStr("admin-password"))
     async with Bus.connect(admin, name="admin") as bus:
-        await bus.ensure([TIMERS_STREAM])
+        await bus.ensure(TIMERS_STREAMS.values())
 
     def as_service(name: str) -> contextlib.AbstractAsyncContextManager[Bus]:
         settings = NatsSettings(url=secured.url, user=name, password=SecretStr(PASSWORDS[name]))
@@ -719,17 +721,17 @@ async def test_a_service_cancels_its_own_timers_and_cannot_cancel_another_s(secu
             await gateway.request("temporality.timers.schedule.human.kept", b"", timeout=2, headers=cancel)
         purge = json.dumps({"filter": "temporality.timers.schedule.human.kept"}).encode()
         with pytest.raises(REFUSED):
-            await gateway.request(f"$JS.API.STREAM.PURGE.{TIMERS_STREAM.name}", purge, timeout=2)
+            await gateway.request(f"$JS.API.STREAM.PURGE.{timers_stream.name}", purge, timeout=2)
         await _violations_of(
-            violations, "temporality.timers.schedule.human.kept", f"$js.api.stream.purge.{TIMERS_STREAM.name}"
+            violations, "temporality.timers.schedule.human.kept", f"$js.api.stream.purge.{timers_stream.name}"
         )
     finally:
         await gateway.close()
     async with Bus.connect(admin, name="admin") as bus:
-        kept = await bus.js.get_last_msg(TIMERS_STREAM.name, "temporality.timers.schedule.human.kept")
+        kept = await bus.js.get_last_msg(timers_stream.name, "temporality.timers.schedule.human.kept")
         assert kept.headers is not None
         assert "Nats-Schedule" in kept.headers, "the other service's cancel reached the stream"
-        mine = await bus.js.get_last_msg(TIMERS_STREAM.name, "temporality.timers.schedule.human.mine")
+        mine = await bus.js.get_last_msg(timers_stream.name, "temporality.timers.schedule.human.mine")
         assert mine.headers is not None
         assert "Nats-Schedule" not in mine.headers, "the owner's cancel replaced its schedule"
 

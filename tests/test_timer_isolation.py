@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -28,6 +29,7 @@ from pydantic import SecretStr
 from temporality_bus import Bus, NatsSettings, Timers
 from temporality_bus.provenance import SCHEDULER_HEADER, forged_firing
 from temporality_bus.timers import LEGACY_FIRING_KEY, migrate_legacy_timers
+from temporality_embedded.cli import main
 from temporality_embedded.natsserver import NatsServer, NatsUser
 from temporality_protocol.catalog import (
     ALL_BUCKETS,
@@ -43,6 +45,7 @@ from temporality_protocol.catalog import (
     TIMER_SCHEDULE_HUMAN,
     TIMER_SCHEDULE_PREFIX,
     TIMERS_STREAMS,
+    service_problems,
 )
 from temporality_protocol.permissions import permissions_for, service_inbox
 
@@ -221,6 +224,13 @@ async def test_upgrading_moves_the_legacy_timers_into_the_service_streams_and_no
     async with _bus(server, ADMIN[0]) as admin:
         # an older release's layout: one timers stream, the deadlines durable on it
         await admin.ensure([EVENTS_STREAM, DLQ_STREAM, legacy])
+    # a new service started on its own user before the migration cannot create its stream (the runtime says
+    # to run the migration when the server answers this)
+    async with _bus(server, "human-interaction") as human_bus:
+        with pytest.raises(BadRequestError) as overlap:
+            await human_bus.ensure([TIMERS_STREAMS["human-interaction"]])
+        assert "overlap" in str(overlap.value.description)
+    async with _bus(server, ADMIN[0]) as admin:
         human = Timers(admin, TIMER_NS_HUMAN, stream=legacy)
         watchdog = Timers(admin, TIMER_NS_RUN_WATCHDOG, stream=legacy)
         old_reader = await admin.js.pull_subscribe(
@@ -277,3 +287,42 @@ async def test_upgrading_moves_the_legacy_timers_into_the_service_streams_and_no
         assert info.state.subjects == {f"{TIMER_FIRED_HUMAN}.hr-fired": 1, f"{TIMER_FIRED_HUMAN}.hr-later": 1}
         schedules = await admin.js.stream_info(HUMAN_STREAM, subjects_filter=f"{TIMER_SCHEDULE_HUMAN}.>")
         assert not any(LEGACY_FIRING_KEY in s for s in (schedules.state.subjects or {})), "the re-fire was kept"
+
+
+def test_the_migration_command_says_when_there_is_nothing_to_migrate(
+    server: NatsServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TEMPORALITY_NATS_USER", ADMIN[0])
+    monkeypatch.setenv("TEMPORALITY_NATS_PASSWORD", ADMIN[1])
+    assert main(["timers-migrate", "--nats-url", server.url]) == 0
+    assert "nothing to migrate" in capsys.readouterr().out
+    monkeypatch.setenv("TEMPORALITY_NATS_USER", "trigger-gateway")  # not allowed to: it fails, and says so
+    monkeypatch.setenv("TEMPORALITY_NATS_PASSWORD", PASSWORDS["trigger-gateway"])
+    assert main(["timers-migrate", "--nats-url", server.url]) == 1
+    assert "error: migrating the legacy timers stream failed" in capsys.readouterr().out
+
+
+def test_each_service_owns_one_timers_stream_of_its_namespaces_and_gets_rights_on_no_other() -> None:
+    for name, spec in SERVICES.items():
+        stream = TIMERS_STREAMS.get(name)
+        assert (stream is not None) == bool(spec.timers), name
+        granted = " ".join(permissions_for(name).publish)
+        for other, other_stream in TIMERS_STREAMS.items():
+            if other != name:
+                assert other_stream.name + "." not in granted + " ", f"{name} has a right on {other_stream.name}"
+                assert not any(f"timers.schedule.{ns}." in granted for ns in SERVICES[other].timers), (
+                    f"{name} may arm {other}'s"
+                )
+        assert LEGACY_TIMERS_STREAM.name + "." not in granted, f"{name} has a right on the legacy stream"
+        if stream is None:
+            continue
+        assert stream.name in spec.streams  # it creates and updates its own
+        assert sorted(stream.subjects) == sorted(
+            f"temporality.timers.{kind}.{ns}.>" for ns in spec.timers for kind in ("schedule", "fired")
+        )
+        for durable in spec.consumers:
+            if CONSUMERS[durable].filter_subjects[0].startswith("temporality.timers."):
+                assert CONSUMERS[durable].stream == stream.name, durable
+    bad = dict(SERVICES)
+    bad["journal"] = dataclasses.replace(bad["journal"], timers=(TIMER_NS_HUMAN,))
+    assert any("which is human-interaction's" in p for p in service_problems(bad))

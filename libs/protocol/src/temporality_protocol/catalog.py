@@ -1011,8 +1011,13 @@ def service_problems(
         for d in consumers
         if d.startswith(SUBSCRIBER_PREFIX)
     ]
+    timer_owners: dict[str, str] = {}
     for key, spec in services.items():
         where = f"service {key}"
+        for namespace in spec.timers:  # one stream per service: a namespace in two would overlap
+            if namespace in timer_owners:
+                problems.append(f"{where} declares timer namespace {namespace!r}, which is {timer_owners[namespace]}'s")
+            timer_owners.setdefault(namespace, spec.name)
         for bucket in (*spec.buckets, *spec.reads_buckets):
             if bucket not in bucket_owners:
                 problems.append(f"{where} names bucket {bucket!r}, which is not in ALL_BUCKETS")

@@ -48,6 +48,8 @@ from temporality_protocol.catalog import (
     service_problems,
 )
 from temporality_protocol.permissions import permissions_for, service_inbox
+from temporality_service.runtime import Runtime, run_until
+from temporality_service.settings import ServiceSettings
 
 PASSWORDS = {name: f"{name}-password-0123456789" for name in SERVICES}
 ADMIN = ("admin", "admin-password-0123456789")
@@ -206,14 +208,17 @@ async def test_in_the_one_shared_stream_of_older_releases_the_same_stop_worked(s
 async def _fetch_all(sub: JetStreamContext.PullSubscription, want: set[str], timeout_s: float = 60) -> list[str]:
     """Fetch (and ack) firings until every subject of ``want`` came; the subjects in the order they came."""
     got: list[str] = []
-    async with asyncio.timeout(timeout_s):
-        while not want <= set(got):
-            with contextlib.suppress(nats.errors.TimeoutError):
-                for msg in await sub.fetch(10, timeout=2):
-                    assert msg.headers is not None
-                    assert forged_firing(msg.subject, msg.headers, "strict") is None, msg.headers
-                    got.append(msg.subject)
-                    await msg.ack()
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not want <= set(got):
+                with contextlib.suppress(nats.errors.TimeoutError):
+                    for msg in await sub.fetch(10, timeout=2):
+                        assert msg.headers is not None
+                        assert forged_firing(msg.subject, msg.headers, "strict") is None, msg.headers
+                        got.append(msg.subject)
+                        await msg.ack()
+    except TimeoutError:
+        raise AssertionError(f"within {timeout_s}s only {got} of {sorted(want)} fired") from None
     return got
 
 
@@ -224,12 +229,16 @@ async def test_upgrading_moves_the_legacy_timers_into_the_service_streams_and_no
     async with _bus(server, ADMIN[0]) as admin:
         # an older release's layout: one timers stream, the deadlines durable on it
         await admin.ensure([EVENTS_STREAM, DLQ_STREAM, legacy])
-    # a new service started on its own user before the migration cannot create its stream (the runtime says
-    # to run the migration when the server answers this)
-    async with _bus(server, "human-interaction") as human_bus:
-        with pytest.raises(BadRequestError) as overlap:
-            await human_bus.ensure([TIMERS_STREAMS["human-interaction"]])
-        assert "overlap" in str(overlap.value.description)
+    # a new service started on its own user before the migration cannot create its stream, and says what to do
+    settings = ServiceSettings(
+        nats=NatsSettings(url=server.url, user="human-interaction", password=PASSWORDS["human-interaction"])
+    )
+
+    async def setup(runtime: Runtime[ServiceSettings]) -> None:
+        raise AssertionError("set up without its timers stream")
+
+    with pytest.raises(RuntimeError, match="timers-migrate"):
+        await run_until(SERVICES["human-interaction"], settings, setup, asyncio.Event())
     async with _bus(server, ADMIN[0]) as admin:
         human = Timers(admin, TIMER_NS_HUMAN, stream=legacy)
         watchdog = Timers(admin, TIMER_NS_RUN_WATCHDOG, stream=legacy)
@@ -274,7 +283,12 @@ async def test_upgrading_moves_the_legacy_timers_into_the_service_streams_and_no
         executor_reader = await executor_bus.js.pull_subscribe(
             watchdogs.filter_subjects[0], durable=watchdogs.durable, stream=watchdogs.stream
         )
-        fired = await _fetch_all(human_reader, {f"{TIMER_FIRED_HUMAN}.hr-fired", f"{TIMER_FIRED_HUMAN}.hr-later"})
+        try:
+            fired = await _fetch_all(human_reader, {f"{TIMER_FIRED_HUMAN}.hr-fired", f"{TIMER_FIRED_HUMAN}.hr-later"})
+        except AssertionError as exc:
+            info = await human_bus.js.stream_info(HUMAN_STREAM, subjects_filter=">")
+            cinfo = await human_bus.js.consumer_info(HUMAN_STREAM, deadlines.durable)
+            raise AssertionError(f"{exc}; {info.state.subjects} {info.state} {cinfo}") from None
         assert sorted(fired) == [f"{TIMER_FIRED_HUMAN}.hr-fired", f"{TIMER_FIRED_HUMAN}.hr-later"], fired
         assert await _fetch_all(executor_reader, {"temporality.timers.fired.run-watchdog.run-1"}) == [
             "temporality.timers.fired.run-watchdog.run-1"

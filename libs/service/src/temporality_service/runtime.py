@@ -30,7 +30,7 @@ from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import structlog
 from fastapi import FastAPI
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 from pydantic import ValidationError
 
 from temporality_bus import Bus, Consumer
@@ -229,12 +229,13 @@ async def run_until(
             await bus.ensure(
                 [s for s in ALL_STREAMS if s.name in spec.streams], [b for b in ALL_BUCKETS if b.name in spec.buckets]
             )
-        except BadRequestError as exc:
-            if spec.timers and "overlap" in str(exc.description):
+        except (BadRequestError, NotFoundError) as exc:  # refused create (subjects overlap), then update: not found
+            if spec.timers and not await _exists(bus, timers_stream_name(spec.name)):
                 raise RuntimeError(
-                    f"cannot create {timers_stream_name(spec.name)}: the timers stream of an older release "
-                    f"({LEGACY_TIMERS_STREAM.name}) still holds its subjects; move its timers first with "
-                    "`temporality timers-migrate` as a NATS user with full access (docs/operations.md, Upgrading)"
+                    f"cannot create {timers_stream_name(spec.name)} ({exc}): after an upgrade, the timers stream of "
+                    f"an older release ({LEGACY_TIMERS_STREAM.name}) still holds its subjects; move its timers "
+                    "first with `temporality timers-migrate` as a NATS user with full access (docs/operations.md, "
+                    "Upgrading)"
                 ) from exc
             raise
         if not await _wait_for_layout(spec, settings, bus, stop):
@@ -253,6 +254,14 @@ async def run_until(
         for callback in reversed(runtime._on_stop):
             await callback()
     log.info("service.stopped")
+
+
+async def _exists(bus: Bus, stream: str) -> bool:
+    try:
+        await bus.js.stream_info(stream)
+    except NotFoundError:
+        return False
+    return True
 
 
 #: How often a service waiting for another's streams or buckets says so in its log.

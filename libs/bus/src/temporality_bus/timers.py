@@ -305,7 +305,8 @@ async def migrate_legacy_timers(bus: Bus, streams: Iterable[StreamSpec] | None =
     1. the pending schedules (the last message of each schedule subject, when it is a schedule) are read;
     2. the legacy stream's subjects move to :data:`LEGACY_PARKED_SUBJECT`, freeing ``temporality.timers.>``
        (its stored messages keep their subjects, and its schedules keep firing into it meanwhile);
-    3. the per-service streams are created (or updated to ``bus``'s settings);
+    3. the per-service streams are created where missing (with ``bus``'s settings; their services apply their
+       own at their next start);
     4. each schedule is armed again on its subject in its new stream, same time, target, payload and headers,
        unless that subject already has a message there (``Nats-Expected-Last-Subject-Sequence: 0``);
     5. each firing stored in the legacy stream after the acknowledged floor of a consumer that reads it fires
@@ -346,8 +347,11 @@ async def _migrate(bus: Bus, targets: list[StreamSpec]) -> LegacyMigration | Non
         except NotFoundError:  # a concurrent migration finished first
             return None
         log.info("timers.legacy_parked", stream=legacy, subjects=LEGACY_PARKED_SUBJECT)
-    # 3. the new streams
-    await bus.ensure(targets)
+    # 3. the new streams, created when missing; one that exists (a concurrent migration's, or its service's) is
+    # left as it is: its owner applies its settings at its start, and no update runs while copies are stored
+    missing = await bus.find_layout(targets, create_missing=True)
+    if missing:
+        raise TransientError(f"could not create {missing} (the server did not answer in time): run it again")
     held = {s for spec in targets for s in spec.subjects}
     copies: list[tuple[str, bytes, dict[str, str]]] = []
     skipped = 0

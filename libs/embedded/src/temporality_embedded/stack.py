@@ -470,8 +470,8 @@ class Stack:
             self.nats.users = self._nats_users()
             self.nats.start()
         try:
-            if self.nats_admin is not None:  # an older data dir: its timers move into the per-service streams now
-                migrate_timers(self.nats_url, *self.nats_admin)
+            # an older data dir: its timers move into the per-service streams now, once, before any service starts
+            migrate_timers(self.nats_url, *(self.nats_admin or (None, None)))
             for name in SERVICES:
                 self.replicas[name] = []
                 for replica in range(self.config.replicas.get(name, 1)):

@@ -56,7 +56,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_embedded import Stack, StackConfig, free_port
 from temporality_human_interaction.events import ACTOR, SOURCE
 from temporality_protocol import derive_id, encode, make_event
-from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS, EVENTS_STREAM, TIMERS_STREAM
+from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS, EVENTS_STREAM, TIMERS_STREAMS
 from temporality_protocol.events import HumanAnswered, OptionAnswer
 from temporality_service import LogSettings, configure_logging
 
@@ -194,7 +194,12 @@ async def _baseline(bus: Bus, nc: NATS, count: int, size: int, chunk: int) -> fl
 
 
 #: The streams the parked runs live in (records, checkpoints, events, timers): their size on the server.
-STORE_STREAMS = (f"KV_{BUCKET_RUNS.name}", f"KV_{BUCKET_CHECKPOINTS.name}", EVENTS_STREAM.name, TIMERS_STREAM.name)
+STORE_STREAMS = (
+    f"KV_{BUCKET_RUNS.name}",
+    f"KV_{BUCKET_CHECKPOINTS.name}",
+    EVENTS_STREAM.name,
+    *(s.name for s in TIMERS_STREAMS.values()),
+)
 
 
 def _dir_mb(path: Path) -> float:

@@ -47,7 +47,7 @@ from temporality_protocol.catalog import (
     RPCS,
     SERVICES,
     TIMER_NS_HUMAN,
-    TIMERS_STREAM,
+    TIMERS_STREAMS,
     ServiceSpec,
     agent_subject,
     service_problems,
@@ -67,7 +67,11 @@ from temporality_service.runtime import Runtime, run_until
 from temporality_service.settings import ServiceSettings
 
 PASSWORDS = {name: f"{name}-password" for name in SERVICES}
-AUDIT = subscriber_user("audit")  # the journal subscriber of these tests: user and durable sub-audit
+AUDIT = subscriber_user("audit")
+#: The streams the journal owns and creates (each service with timers creates its own timers stream).
+JOURNAL_STREAMS = [
+    s for s in ALL_STREAMS if s.name in SERVICES["journal"].streams
+]  # the journal subscriber of these tests: user and durable sub-audit
 
 
 def test_permissions_follow_the_catalogue() -> None:
@@ -106,7 +110,12 @@ def test_permissions_follow_the_catalogue() -> None:
             assert (f"$JS.API.STREAM.INFO.KV_{bucket.name}" in permissions.publish) == info, (name, bucket.name)
     assert subject_for("human.answered") not in permissions_for("trigger-gateway").publish
     assert sorted(s for spec in SERVICES.values() for s in spec.streams) == sorted(s.name for s in ALL_STREAMS)
-    assert SERVICES["trigger-gateway"].uses_streams == tuple(s.name for s in ALL_STREAMS)  # events, DLQ, timers
+    # events, dead letters, its own timers stream (and no other service's)
+    assert SERVICES["trigger-gateway"].uses_streams == (
+        EVENTS_STREAM.name,
+        DLQ_STREAM.name,
+        TIMERS_STREAMS["trigger-gateway"].name,
+    )
     assert SERVICES["journal"].uses_streams == (EVENTS_STREAM.name, DLQ_STREAM.name)  # no timers
     for bad in ("a.b", "*", ">", ""):
         with pytest.raises(ValueError, match="service name"):
@@ -237,7 +246,7 @@ async def test_the_printed_server_authorization_works_on_a_real_server(
     try:
         journal = NatsSettings(url=server.url, user="journal", password=SecretStr("journal-secret"))
         async with Bus.connect(journal, name="journal") as bus:  # the owner of the shared streams
-            await bus.ensure(ALL_STREAMS)
+            await bus.ensure(JOURNAL_STREAMS)
         gateway = NatsSettings(url=server.url, user="trigger-gateway", password=SecretStr("trigger-gateway-secret"))
         async with Bus.connect(gateway, name="trigger-gateway") as bus:  # its inbox: _INBOX.trigger-gateway
             assert await bus.find_layout([EVENTS_STREAM]) == []  # the stream's info: allowed
@@ -410,7 +419,7 @@ async def test_a_service_started_before_the_owner_waits_not_ready_then_runs(tmp_
             assert not buses, "set up before the layout existed"
             owner = NatsSettings(url=server.url, user="journal", password=SecretStr(PASSWORDS["journal"]))
             async with Bus.connect(owner, name="journal") as journal:
-                await journal.ensure(ALL_STREAMS)
+                await journal.ensure(JOURNAL_STREAMS)
             await asyncio.wait_for(ready.wait(), 30)
             assert (await http.get("/readyz")).status_code == 200
         event = make_event(
@@ -454,7 +463,8 @@ async def test_without_nats_users_a_service_creates_what_it_uses_but_never_chang
         async with Bus.connect(settings, name="admin") as bus:
             info = await bus.js.stream_info(EVENTS_STREAM.name)
             assert info.config.max_age == 3 * 24 * 3600, "the owner's retention was changed"
-            assert await bus.find_layout(ALL_STREAMS) == [DLQ_STREAM.name, "TEMPORALITY_TIMERS"]  # not used
+            not_used = [DLQ_STREAM.name, *(s.name for s in TIMERS_STREAMS.values())]
+            assert await bus.find_layout(ALL_STREAMS) == not_used
         async with Bus.connect(settings, name="probe") as bus:  # what the runtime does for a missing one
             assert await bus.find_layout([DLQ_STREAM], create_missing=True) == []
             assert (await bus.js.stream_info(DLQ_STREAM.name)).config.max_age == DLQ_STREAM.max_age_s
@@ -585,7 +595,7 @@ async def test_two_external_agents_each_speak_only_for_themselves(secured: NatsS
     )
     owner = NatsSettings(url=secured.url, user="journal", password=SecretStr(PASSWORDS["journal"]))
     async with Bus.connect(owner, name="journal") as journal:
-        await journal.ensure(ALL_STREAMS)  # the journal's layout; agent-collab creates its own buckets
+        await journal.ensure(JOURNAL_STREAMS)  # the journal's layout; agent-collab its own buckets and timers
     settings = CollabSettings(
         nats=NatsSettings(url=secured.url, user="agent-collab", password=SecretStr(PASSWORDS["agent-collab"])),
         external_agents_file=allow,
@@ -696,10 +706,12 @@ def test_a_journal_subscriber_gets_exactly_its_own_durables() -> None:
 
 async def test_a_service_cancels_its_own_timers_and_cannot_cancel_another_s(secured: NatsServer) -> None:
     """A cancel is a publish to the timer's own subject: human-interaction arms and cancels its own; the
-    gateway can neither cancel human-interaction's timer that way nor purge the timers stream."""
+    gateway can neither cancel human-interaction's timer that way nor purge its timers stream (stopping,
+    arming and purging another's timer in every other way: tests/test_timer_isolation.py)."""
+    timers_stream = TIMERS_STREAMS["human-interaction"]
     admin = NatsSettings(url=secured.url, user="admin", password=SecretStr("admin-password"))
     async with Bus.connect(admin, name="admin") as bus:
-        await bus.ensure([TIMERS_STREAM])
+        await bus.ensure(TIMERS_STREAMS.values())
 
     def as_service(name: str) -> contextlib.AbstractAsyncContextManager[Bus]:
         settings = NatsSettings(url=secured.url, user=name, password=SecretStr(PASSWORDS[name]))
@@ -719,17 +731,17 @@ async def test_a_service_cancels_its_own_timers_and_cannot_cancel_another_s(secu
             await gateway.request("temporality.timers.schedule.human.kept", b"", timeout=2, headers=cancel)
         purge = json.dumps({"filter": "temporality.timers.schedule.human.kept"}).encode()
         with pytest.raises(REFUSED):
-            await gateway.request(f"$JS.API.STREAM.PURGE.{TIMERS_STREAM.name}", purge, timeout=2)
+            await gateway.request(f"$JS.API.STREAM.PURGE.{timers_stream.name}", purge, timeout=2)
         await _violations_of(
-            violations, "temporality.timers.schedule.human.kept", f"$js.api.stream.purge.{TIMERS_STREAM.name}"
+            violations, "temporality.timers.schedule.human.kept", f"$js.api.stream.purge.{timers_stream.name}"
         )
     finally:
         await gateway.close()
     async with Bus.connect(admin, name="admin") as bus:
-        kept = await bus.js.get_last_msg(TIMERS_STREAM.name, "temporality.timers.schedule.human.kept")
+        kept = await bus.js.get_last_msg(timers_stream.name, "temporality.timers.schedule.human.kept")
         assert kept.headers is not None
         assert "Nats-Schedule" in kept.headers, "the other service's cancel reached the stream"
-        mine = await bus.js.get_last_msg(TIMERS_STREAM.name, "temporality.timers.schedule.human.mine")
+        mine = await bus.js.get_last_msg(timers_stream.name, "temporality.timers.schedule.human.mine")
         assert mine.headers is not None
         assert "Nats-Schedule" not in mine.headers, "the owner's cancel replaced its schedule"
 

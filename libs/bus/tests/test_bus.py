@@ -20,10 +20,11 @@ from temporality_protocol.catalog import (
     BUCKET_RUNS,
     DLQ_STREAM,
     EVENTS_STREAM,
-    TIMERS_STREAM,
+    TIMERS_STREAMS,
     ConsumerSpec,
     subject_for,
 )
+from temporality_testing.timers import TEST_TIMERS_STREAM
 
 
 def _failed(run_id: str) -> Envelope:
@@ -42,8 +43,10 @@ async def test_ensure_is_idempotent(bus: Bus) -> None:
     from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS
 
     await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
-    info = await bus.js.stream_info(TIMERS_STREAM.name)
-    assert info.config.allow_msg_schedules is True
+    for stream in TIMERS_STREAMS.values():
+        info = await bus.js.stream_info(stream.name)
+        assert info.config.allow_msg_schedules is True
+        assert info.config.subjects == list(stream.subjects)
 
 
 async def test_events_retention_is_applied_to_the_events_stream_only(nats_settings: NatsSettings) -> None:
@@ -165,7 +168,7 @@ async def test_store_create_if_absent_and_compare_and_set(bus: Bus) -> None:
 
 async def test_message_schedule_fires_once_at_its_time(bus: Bus) -> None:
     sub = await bus.js.pull_subscribe(
-        "temporality.timers.fired.test.>", durable="timer-reader", stream=TIMERS_STREAM.name
+        "temporality.timers.fired.test.>", durable="timer-reader", stream=TEST_TIMERS_STREAM.name
     )
     at = datetime.now(UTC) + timedelta(seconds=2)
     await schedule_at(

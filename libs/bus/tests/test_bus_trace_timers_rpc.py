@@ -20,8 +20,9 @@ from pydantic import BaseModel, Field
 
 from temporality_bus import Bus, Consumer, Delivery, Failure, NatsSettings, Request, Responder, Timers, tracing
 from temporality_protocol import RunFailed, decode, make_event
-from temporality_protocol.catalog import EVENTS_STREAM, TIMERS_STREAM, ConsumerSpec
+from temporality_protocol.catalog import EVENTS_STREAM, ConsumerSpec
 from temporality_testing.spans import spans_in_memory
+from temporality_testing.timers import TEST_TIMERS_STREAM
 
 SUBJECT = "temporality.rpc.test.traced"
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -72,7 +73,7 @@ async def _fired(bus: Bus, timers: Timers, *, publish_as: str | None = None) -> 
         await seen.put((data, dict(delivery.msg.headers or {}), trace.get_current_span().get_span_context(), seq))
 
     spec = ConsumerSpec(
-        f"t-fire-{timers.namespace}", TIMERS_STREAM.name, (timers.fired_filter,), "test", backoff_s=(0.1,)
+        f"t-fire-{timers.namespace}", TEST_TIMERS_STREAM.name, (timers.fired_filter,), "test", backoff_s=(0.1,)
     )
     stop = asyncio.Event()
     task = asyncio.create_task(Consumer(bus, spec, raw_handler=handler).run(stop))
@@ -88,7 +89,7 @@ def _consumer_spans(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
 
 
 async def test_a_timer_armed_in_a_span_fires_in_that_trace(bus: Bus, exported: InMemorySpanExporter) -> None:
-    timers = Timers(bus, "trcont")
+    timers = Timers(bus, "trcont", stream=TEST_TIMERS_STREAM)
     with tracing.tracer().start_as_current_span("arming") as arming:
         armed = arming.get_span_context()
         await _arm(timers, "k1")
@@ -114,7 +115,7 @@ async def test_a_timer_armed_in_a_span_fires_in_that_trace(bus: Bus, exported: I
 async def test_a_self_rearming_timer_fires_in_a_new_trace_linked_to_the_arming_span(
     bus: Bus, exported: InMemorySpanExporter
 ) -> None:
-    timers = Timers(bus, "trlink", trace="link")
+    timers = Timers(bus, "trlink", stream=TEST_TIMERS_STREAM, trace="link")
     with tracing.tracer().start_as_current_span("arming") as arming:
         armed = arming.get_span_context()
         await _arm(timers, "k1")
@@ -134,11 +135,11 @@ async def test_a_timer_without_a_context_carries_none_and_fires_without_a_span(
     bus: Bus, exported: InMemorySpanExporter, case: str
 ) -> None:
     if case == "none-mode":
-        timers = Timers(bus, "trnone", trace="none")
+        timers = Timers(bus, "trnone", stream=TEST_TIMERS_STREAM, trace="none")
         with tracing.tracer().start_as_current_span("arming"):
             await _arm(timers, "k1")
     else:
-        timers = Timers(bus, "trout")
+        timers = Timers(bus, "trout", stream=TEST_TIMERS_STREAM)
         await _arm(timers, "k1")
     _, headers, inside, _ = await _fired(bus, timers)
     assert not {"traceparent", "tracestate", tracing.TRACE_LINK_HEADER} & headers.keys()
@@ -147,7 +148,7 @@ async def test_a_timer_without_a_context_carries_none_and_fires_without_a_span(
 
 
 async def test_with_tracing_off_a_timer_carries_no_context(bus: Bus, untraced: InMemorySpanExporter) -> None:
-    timers = Timers(bus, "troff")
+    timers = Timers(bus, "troff", stream=TEST_TIMERS_STREAM)
     with trace.NoOpTracer().start_as_current_span("ignored"):
         await _arm(timers, "k1")
     _, headers, inside, _ = await _fired(bus, timers)

@@ -11,7 +11,8 @@ from nats.js.errors import NotFoundError
 
 from temporality_bus import Bus, Consumer, DeadLetterHook, Delivery, PermanentError
 from temporality_protocol import Envelope, RunFailed, make_event
-from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM, TIMERS_STREAM, ConsumerSpec, subject_for
+from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM, ConsumerSpec, subject_for
+from temporality_testing.timers import TEST_TIMERS_STREAM
 
 Seen = list[tuple[str, int, str, int]]
 
@@ -139,7 +140,7 @@ async def test_a_delivery_past_the_limit_calls_the_hook_without_running_the_hand
 async def test_raw_consumers_and_undecodable_envelopes_give_the_hook_bytes(bus: Bus) -> None:
     seen: Seen = []
     events = _spec("t-hook-garbage")
-    raw = _spec("t-hook-raw", stream=TIMERS_STREAM.name)
+    raw = _spec("t-hook-raw", stream=TEST_TIMERS_STREAM.name)
 
     async def handler(event: Envelope, delivery: Delivery) -> None:
         raise AssertionError("an undecodable message never reaches the handler")

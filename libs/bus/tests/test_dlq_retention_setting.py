@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from temporality_bus import Bus, NatsSettings
-from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, DLQ_STREAM, EVENTS_STREAM, TIMERS_STREAM
+from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, DLQ_STREAM, EVENTS_STREAM, TIMERS_STREAMS
 
 DAY = 24 * 3600
 
@@ -26,10 +26,10 @@ async def test_the_dead_letters_retention_is_applied_and_changed_in_place(nats_s
         await b.ensure(ALL_STREAMS, ALL_BUCKETS)
         dlq = await b.js.stream_info(DLQ_STREAM.name)
         events = await b.js.stream_info(EVENTS_STREAM.name)
-        timers = await b.js.stream_info(TIMERS_STREAM.name)
+        timers = [await b.js.stream_info(stream.name) for stream in TIMERS_STREAMS.values()]
     assert dlq.config.max_age == 7 * DAY
     assert not events.config.max_age  # the events keep theirs (TEMPORALITY_NATS_EVENTS_MAX_AGE_DAYS, 0: forever)
-    assert timers.config.max_age == TIMERS_STREAM.max_age_s
+    assert all(t.config.max_age == TIMERS_STREAMS["human-interaction"].max_age_s for t in timers)
     async with Bus.connect(nats_settings.model_copy(update={"dlq_max_age_days": 0}), name="dlq-forever") as b:
         await b.ensure(ALL_STREAMS, ALL_BUCKETS)
         assert not (await b.js.stream_info(DLQ_STREAM.name)).config.max_age

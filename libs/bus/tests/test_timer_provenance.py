@@ -1,16 +1,20 @@
 """SEC-1/AP-11 for timer firings, which carry no envelope: the sender of a firing is its ``Nats-Scheduler``
 header (set by nats-server, never by a publisher), held against the owner of the fired namespace.
 
-On a real nats-server with every service's catalogue permissions: the trigger-gateway, which may arm only its
-own namespaces, still makes the server fire onto human-interaction's deadline subject (a schedule's target is
-not checked against the publisher's permissions); human-interaction's deadline consumer, its raw handler
-wrapped by :func:`temporality_bus.timers.checking_firings` (as the service runtime wraps every raw handler),
-dead-letters and journals that firing and never hands it over, while its own deadline fires as always."""
+On a real nats-server with every service's catalogue permissions: each service's timers live in a stream of
+their own, and a schedule fires only onto a subject of its own stream, so the server refuses the
+trigger-gateway's schedule aimed at human-interaction's deadline subject. Where one stream holds several
+services' namespaces (the one ``TEMPORALITY_TIMERS`` stream of older releases, until it is migrated) the
+server takes it (a schedule's target is not checked against the publisher's permissions); human-interaction's
+deadline consumer, its raw handler wrapped by :func:`temporality_bus.timers.checking_firings` (as the service
+runtime wraps every raw handler), dead-letters and journals that firing and never hands it over, while its own
+deadline fires as always."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -19,7 +23,7 @@ from pathlib import Path
 import pytest
 from nats.js.errors import BadRequestError
 
-from temporality_bus import Bus, Consumer, Delivery, NatsSettings, SourceCheck, Timers, schedule_at
+from temporality_bus import Bus, Consumer, Delivery, NatsSettings, SourceCheck, Timers, TransientError, schedule_at
 from temporality_bus.provenance import SCHEDULER_HEADER, forged_firing
 from temporality_bus.timers import checking_firings
 from temporality_embedded.natsserver import NatsServer, NatsUser
@@ -29,6 +33,8 @@ from temporality_protocol.catalog import (
     ALL_STREAMS,
     CONSUMERS,
     DLQ_STREAM,
+    EVENTS_STREAM,
+    LEGACY_TIMERS_STREAM,
     TIMER_FIRED_HUMAN,
     TIMER_NS_HUMAN,
     TIMER_NS_TRIGGER_DEBOUNCE,
@@ -122,14 +128,40 @@ async def _dead_letters(bus: Bus, durable: str) -> int:
     return int((info.state.subjects or {}).get(f"temporality.dlq.{durable}", 0))
 
 
+async def test_the_server_refuses_a_schedule_aimed_at_another_service_s_timers(server: NatsServer) -> None:
+    """Per-service timers streams: a schedule may target only a subject of its own stream (ADR-51)."""
+    async with _as(server, *ADMIN) as admin:
+        await admin.ensure(ALL_STREAMS, ALL_BUCKETS)
+    async with _as(server, "trigger-gateway", PASSWORDS["trigger-gateway"]) as gateway:
+        at = datetime.now(UTC) + timedelta(seconds=1)
+        schedule = {"Nats-Schedule": f"@at {at:%Y-%m-%dT%H:%M:%SZ}", "Nats-Schedule-Target": f"{TIMER_FIRED_HUMAN}.x"}
+        with pytest.raises(BadRequestError) as refused:
+            await gateway.js.publish(f"{GATEWAY_DEBOUNCE}.forge", b"forged", headers=schedule)
+        assert "target" in str(refused.value.description), refused.value
+        with pytest.raises(TransientError):  # what Timers / schedule_at make of it
+            await schedule_at(
+                gateway,
+                schedule_subject=f"{GATEWAY_DEBOUNCE}.forge",
+                target_subject=f"{TIMER_FIRED_HUMAN}.hr-forged",
+                at=at,
+                payload=b"forged",
+                msg_id=None,
+            )
+    async with _as(server, *ADMIN) as admin:
+        human = await admin.js.stream_info(Timers(admin, TIMER_NS_HUMAN).stream, subjects_filter=">")
+        assert not human.state.subjects, "nothing reached human-interaction's timers stream"
+
+
 @pytest.mark.parametrize("mode", ["strict", "claimed"])
 async def test_another_service_s_schedule_fired_onto_human_deadlines_is_dead_lettered_never_handled(
     server: NatsServer, mode: SourceCheck
 ) -> None:
     spec = CONSUMERS["human-interaction-deadlines"]
     async with contextlib.AsyncExitStack() as stack:
-        admin = await stack.enter_async_context(_as(server, *ADMIN))
-        await admin.ensure(ALL_STREAMS, ALL_BUCKETS)
+        # the layout of older releases: one timers stream for every service's namespaces (until it is migrated)
+        admin = await stack.enter_async_context(_as(server, *ADMIN, mode))
+        await admin.ensure([EVENTS_STREAM, DLQ_STREAM, LEGACY_TIMERS_STREAM], ALL_BUCKETS)
+        spec = dataclasses.replace(spec, stream=LEGACY_TIMERS_STREAM.name)
         journal = await EventLog(admin.nc).start()
         stack.push_async_callback(journal.stop)
         human = await stack.enter_async_context(_as(server, "human-interaction", PASSWORDS["human-interaction"], mode))
@@ -141,7 +173,8 @@ async def test_another_service_s_schedule_fired_onto_human_deadlines_is_dead_let
             handled.append(data)
 
         stop = asyncio.Event()
-        consumer = Consumer(human, spec, raw_handler=checking_firings(deadline, mode))
+        # (as the admin: human-interaction's user may consume only from its own timers stream)
+        consumer = Consumer(admin, spec, raw_handler=checking_firings(deadline, mode))
         task = asyncio.create_task(consumer.run(stop))
         stack.push_async_callback(asyncio.wait_for, task, 10)
         stack.callback(stop.set)
@@ -158,7 +191,7 @@ async def test_another_service_s_schedule_fired_onto_human_deadlines_is_dead_let
                     SCHEDULER_HEADER: f"{TIMER_SCHEDULE_HUMAN}.hr-claimed",
                 },
             )
-        # but it can aim a schedule of its own namespace at another service's timers: the server takes it
+        # but in one stream it can aim a schedule of its own namespace at another service's timers: the server takes it
         await schedule_at(
             gateway,
             schedule_subject=f"{GATEWAY_DEBOUNCE}.forge",
@@ -167,7 +200,9 @@ async def test_another_service_s_schedule_fired_onto_human_deadlines_is_dead_let
             payload=b"forged",
             msg_id=None,
         )
-        await Timers(human, TIMER_NS_HUMAN).arm("hr-real", at, b"real")  # human-interaction's own deadline
+        await Timers(human, TIMER_NS_HUMAN, stream=LEGACY_TIMERS_STREAM).arm(
+            "hr-real", at, b"real"
+        )  # human-interaction's own deadline
 
         [record] = await journal.wait_for(
             "bus.dead_lettered", where=lambda e: e.data.get("consumer") == spec.durable, timeout_s=20

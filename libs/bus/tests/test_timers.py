@@ -14,7 +14,7 @@ from nats.js import JetStreamContext
 
 from temporality_bus import Bus, Timers, fire_time, parse_fired_subject
 from temporality_bus.timers import CANCEL_TTL_S
-from temporality_protocol.catalog import TIMERS_STREAM
+from temporality_testing.timers import TEST_TIMERS_STREAM
 
 NS = "test"
 
@@ -32,7 +32,7 @@ async def bus(bus: Bus) -> AsyncIterator[Bus]:
 
 
 async def _reader(bus: Bus, timers: Timers, durable: str) -> JetStreamContext.PullSubscription:
-    sub = await bus.js.pull_subscribe(timers.fired_filter, durable=durable, stream=TIMERS_STREAM.name)
+    sub = await bus.js.pull_subscribe(timers.fired_filter, durable=durable, stream=TEST_TIMERS_STREAM.name)
     _OPEN.append(sub)
     return sub
 
@@ -55,7 +55,7 @@ async def _schedule_gone(bus: Bus, subject: str, within_s: float = 5.0) -> None:
     deadline = time.monotonic() + within_s
     while True:
         try:
-            await bus.js.get_last_msg(TIMERS_STREAM.name, subject)
+            await bus.js.get_last_msg(TEST_TIMERS_STREAM.name, subject)
         except nats.js.errors.NotFoundError:
             return
         assert time.monotonic() < deadline, f"a schedule is still stored on {subject}"
@@ -96,7 +96,7 @@ def test_subjects_and_parsing(bus: Bus) -> None:
 
 # --------------------------------------------------------------------------- against the server
 async def test_an_armed_timer_fires_once_not_before_its_time(bus: Bus) -> None:
-    timers = Timers(bus, NS)
+    timers = Timers(bus, NS, stream=TEST_TIMERS_STREAM)
     sub = await _reader(bus, timers, "t-fire")
     at = datetime.now(UTC) + timedelta(seconds=1, milliseconds=300)  # not a whole second: rounded up
     result = await timers.arm("k1", at, b"wake up", msg_id="tmr-k1")
@@ -115,7 +115,7 @@ async def test_an_armed_timer_fires_once_not_before_its_time(bus: Bus) -> None:
 
 
 async def test_a_cancelled_timer_never_fires(bus: Bus) -> None:
-    timers = Timers(bus, NS)
+    timers = Timers(bus, NS, stream=TEST_TIMERS_STREAM)
     sub = await _reader(bus, timers, "t-cancel")
     at = datetime.now(UTC) + timedelta(seconds=2)
     await timers.arm("k2", at, b"never", msg_id="tmr-k2")
@@ -131,7 +131,7 @@ async def test_a_cancelled_timer_never_fires(bus: Bus) -> None:
 async def test_a_cancelled_key_armed_again_fires_and_the_cancel_expires(bus: Bus) -> None:
     """The cancel is a rollup on the key's subject that schedules nothing: arming the key again replaces it,
     and it leaves nothing behind (``Nats-TTL``)."""
-    timers = Timers(bus, NS)
+    timers = Timers(bus, NS, stream=TEST_TIMERS_STREAM)
     sub = await _reader(bus, timers, "t-cancel-rearm")
     await timers.arm("k8", datetime.now(UTC) + timedelta(seconds=2), b"cancelled", msg_id="tmr-k8")
     await timers.cancel("k8")
@@ -140,13 +140,13 @@ async def test_a_cancelled_key_armed_again_fires_and_the_cancel_expires(bus: Bus
     assert msg.data == b"armed again"
     await _nothing_fires(sub, 2.0)
     await timers.cancel("k9")  # never armed
-    stored = await bus.js.get_last_msg(TIMERS_STREAM.name, timers.schedule_subject("k9"))
+    stored = await bus.js.get_last_msg(TEST_TIMERS_STREAM.name, timers.schedule_subject("k9"))
     assert stored.headers is not None
     assert stored.headers.get("Nats-TTL") == f"{CANCEL_TTL_S}s"  # it expires itself
 
 
 async def test_rearming_later_replaces_the_schedule_and_fires_once_at_the_later_time(bus: Bus) -> None:
-    timers = Timers(bus, NS)
+    timers = Timers(bus, NS, stream=TEST_TIMERS_STREAM)
     sub = await _reader(bus, timers, "t-later")
     now = datetime.now(UTC)
     first, later = now + timedelta(seconds=1), now + timedelta(seconds=4)
@@ -159,7 +159,7 @@ async def test_rearming_later_replaces_the_schedule_and_fires_once_at_the_later_
 
 
 async def test_rearming_earlier_replaces_the_later_schedule(bus: Bus) -> None:
-    timers = Timers(bus, NS)
+    timers = Timers(bus, NS, stream=TEST_TIMERS_STREAM)
     sub = await _reader(bus, timers, "t-earlier")
     now = datetime.now(UTC)
     await timers.arm("k4", now + timedelta(hours=1), b"in an hour", msg_id="tmr-k4")
@@ -171,7 +171,7 @@ async def test_rearming_earlier_replaces_the_later_schedule(bus: Bus) -> None:
 
 
 async def test_the_same_msg_id_is_deduplicated_a_new_one_arms_again_after_firing(bus: Bus) -> None:
-    timers = Timers(bus, NS)
+    timers = Timers(bus, NS, stream=TEST_TIMERS_STREAM)
     sub = await _reader(bus, timers, "t-dedupe")
     at = datetime.now(UTC) + timedelta(seconds=1)
     assert not (await timers.arm("k5", at, b"one", msg_id="tmr-k5")).duplicate
@@ -187,7 +187,7 @@ async def test_the_same_msg_id_is_deduplicated_a_new_one_arms_again_after_firing
 
 
 async def test_a_target_key_fires_another_keys_subject(bus: Bus) -> None:
-    timers = Timers(bus, NS)
+    timers = Timers(bus, NS, stream=TEST_TIMERS_STREAM)
     sub = await _reader(bus, timers, "t-target")
     await timers.arm("k6.rearm", datetime.now(UTC), b"as k6", target_key="k6")
     msg, _ = await _next(sub, 15)
@@ -197,7 +197,7 @@ async def test_a_target_key_fires_another_keys_subject(bus: Bus) -> None:
 
 
 async def test_namespaces_do_not_see_each_others_timers(bus: Bus) -> None:
-    mine, theirs = Timers(bus, "ns-a"), Timers(bus, "ns-b")
+    mine, theirs = Timers(bus, "ns-a", stream=TEST_TIMERS_STREAM), Timers(bus, "ns-b", stream=TEST_TIMERS_STREAM)
     sub = await _reader(bus, mine, "t-ns")
     await theirs.arm("k7", datetime.now(UTC), b"theirs")
     await mine.arm("k7", datetime.now(UTC) + timedelta(seconds=1), b"mine")

@@ -31,7 +31,7 @@ from temporality_protocol.catalog import (
     BUCKET_HUMAN_REQUESTS,
     EVENTS_STREAM,
     TIMER_SCHEDULE_PREFIX,
-    TIMERS_STREAM,
+    TIMERS_STREAMS,
     subject_for,
 )
 from temporality_testing.telegram_emulator import TelegramUser
@@ -163,7 +163,7 @@ async def timer_messages(bus: Bus, subject: str) -> int:
     subject, the schedules armed (a cancel's rollup, kept until it expires, is none)."""
     if subject.startswith(f"{TIMER_SCHEDULE_PREFIX}."):
         return await armed_schedules(bus, subject)
-    info = await bus.js.stream_info(TIMERS_STREAM.name, subjects_filter=subject)
+    info = await bus.js.stream_info(TIMERS_STREAMS["human-interaction"].name, subjects_filter=subject)
     return int((info.state.subjects or {}).get(subject, 0))
 
 

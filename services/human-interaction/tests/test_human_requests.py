@@ -14,7 +14,7 @@ from temporality_human_interaction.directory import Directory, UserProfile
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_protocol import HumanExpired, HumanNotified, HumanRejected, HumanRequestState, derive_id, make_event
-from temporality_protocol.catalog import TIMER_SCHEDULE_HUMAN
+from temporality_protocol.catalog import TIMER_SCHEDULE_HUMAN, TIMERS_STREAMS
 from temporality_protocol.events import HumanRequested
 
 
@@ -118,7 +118,9 @@ async def test_redelivered_request_makes_one_record_and_one_notification(bus: Bu
     assert await stored(bus, event.data["request_id"]) == first
     assert await (await open_store(bus)).keys() == [event.data["request_id"]]
     assert len(await events_of(bus, "human.notified")) == 1
-    info = await bus.js.stream_info("TEMPORALITY_TIMERS", subjects_filter="temporality.timers.schedule.human.>")
+    info = await bus.js.stream_info(
+        TIMERS_STREAMS["human-interaction"].name, subjects_filter=f"{TIMER_SCHEDULE_HUMAN}.>"
+    )
     assert info.state.messages == 1
 
 

@@ -48,7 +48,7 @@ from temporality_protocol.catalog import (
     TIMER_FIRED_PREFIX,
     TIMER_NS_RUN_RETENTION,
     TIMER_SCHEDULE_PREFIX,
-    TIMERS_STREAM,
+    TIMERS_STREAMS,
 )
 from temporality_run_executor.machine import (
     Agent,
@@ -356,7 +356,7 @@ def test_the_executor_declares_the_retention_timers_and_their_consumer() -> None
     assert TIMER_NS_RUN_RETENTION in spec.timers
     assert RETENTION.durable in spec.consumers
     assert RETENTION.filter_subjects == (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_RUN_RETENTION}.>",)
-    assert RETENTION.stream == TIMERS_STREAM.name
+    assert RETENTION.stream == TIMERS_STREAMS["run-executor"].name
     assert RETENTION.max_deliver == -1  # a firing is never dead-lettered for a bus failure
     assert Settings().checkpoint_retention_s == DEFAULT_RETENTION_S == 3 * 24 * 3600
 
@@ -407,7 +407,7 @@ async def test_a_finished_runs_checkpoint_is_removed_after_its_retention_and_its
         fired = await bus.publish_raw(
             f"{TIMER_FIRED_PREFIX}.{TIMER_NS_RUN_RETENTION}.{run_id}", payload.model_dump_json().encode(), {}
         )
-        await handled(bus, RETENTION.durable, fired.seq, stream=TIMERS_STREAM.name)
+        await handled(bus, RETENTION.durable, fired.seq, stream=TIMERS_STREAMS["run-executor"].name)
         await settled(bus)
         await event_log.caught_up()
         assert len(event_log.of_type("run.started", run_id)) == 1
@@ -435,7 +435,7 @@ async def test_the_retention_is_armed_at_the_end_plus_the_setting_and_the_checkp
             return await armed_schedules(bus, _schedule_subject(run_id)) == 1
 
         await _until(armed, f"the retention of {run_id} armed")  # right after the end's move
-        schedule = await bus.js.get_last_msg(TIMERS_STREAM.name, _schedule_subject(run_id))
+        schedule = await bus.js.get_last_msg(TIMERS_STREAMS["run-executor"].name, _schedule_subject(run_id))
         payload = RetentionPayload.model_validate_json(schedule.data or b"")
         assert (payload.run_id, payload.ended_at) == (run_id, done.updated_at)
         assert payload.deadline - payload.ended_at == timedelta(seconds=DEFAULT_RETENTION_S)
@@ -472,6 +472,6 @@ async def test_a_finished_run_left_with_its_checkpoint_and_no_timer_loses_it_whe
         fired = await bus.publish_raw(
             f"{TIMER_FIRED_PREFIX}.{TIMER_NS_RUN_RETENTION}.{running}", payload.model_dump_json().encode(), {}
         )
-        await handled(bus, RETENTION.durable, fired.seq, stream=TIMERS_STREAM.name)
+        await handled(bus, RETENTION.durable, fired.seq, stream=TIMERS_STREAMS["run-executor"].name)
         assert await kept(running)
         await run_record(bus, running, RunState.RUNNING)

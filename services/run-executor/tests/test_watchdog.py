@@ -27,7 +27,7 @@ from temporality_protocol.catalog import (
     DLQ_STREAM,
     TIMER_FIRED_RUN_WATCHDOG,
     TIMER_SCHEDULE_RUN_WATCHDOG,
-    TIMERS_STREAM,
+    TIMERS_STREAMS,
 )
 from temporality_run_executor.agents import AgentCard, Limits
 from temporality_run_executor.providers import AssistantTurn, Provider, ToolSpec, TurnContext
@@ -60,7 +60,7 @@ async def _fire(bus: Bus, run_id: str, turn: int) -> int:
 
 
 async def _handled_firing(bus: Bus, run_id: str, turn: int) -> None:
-    await handled(bus, WATCHDOG.durable, await _fire(bus, run_id, turn), stream=TIMERS_STREAM.name)
+    await handled(bus, WATCHDOG.durable, await _fire(bus, run_id, turn), stream=TIMERS_STREAMS["run-executor"].name)
 
 
 async def test_a_run_hung_past_its_compute_limit_is_failed_by_the_watchdog(
@@ -146,7 +146,7 @@ async def test_a_firing_after_progress_watches_on_and_one_without_progress_fails
     await _handled_firing(bus, run_id, turn=1)  # armed at turn 1; the run has made progress since
     assert (await run_record(bus, run_id, RunState.RUNNING)).error is None
     assert await watchdog_schedules(bus, run_id) == 1  # watched on from the turn it is at
-    schedule = await bus.js.get_last_msg(TIMERS_STREAM.name, f"{TIMER_SCHEDULE_RUN_WATCHDOG}.{run_id}")
+    schedule = await bus.js.get_last_msg(TIMERS_STREAMS["run-executor"].name, f"{TIMER_SCHEDULE_RUN_WATCHDOG}.{run_id}")
     rearmed = WatchdogPayload.model_validate_json(schedule.data or b"")
     assert rearmed.turn == 2
     limit = REVIEWER.limits.max_compute_s + 300
@@ -181,7 +181,7 @@ async def test_a_firing_on_a_waiting_or_finished_run_changes_nothing(
 async def test_an_unreadable_firing_is_dead_lettered(bus: Bus, executor: RunExecutor) -> None:
     await executor()
     fired = await bus.publish_raw(f"{TIMER_FIRED_RUN_WATCHDOG}.run-x", b"{not a payload", {})
-    await handled(bus, WATCHDOG.durable, fired.seq, stream=TIMERS_STREAM.name)
+    await handled(bus, WATCHDOG.durable, fired.seq, stream=TIMERS_STREAMS["run-executor"].name)
     subject = f"temporality.dlq.{WATCHDOG.durable}"
     info = await bus.js.stream_info(DLQ_STREAM.name, subjects_filter=subject)
     assert (info.state.subjects or {}).get(subject) == 1

@@ -150,7 +150,7 @@ async def test_a_tick_armed_for_an_old_revision_or_a_deleted_trigger_starts_noth
         await timers.arm("stale", now, stale, target_key="nightly")
 
         async def both_fired() -> bool:
-            info = await bus.js.consumer_info("TEMPORALITY_TIMERS", "trigger-gateway-schedules")
+            info = await bus.js.consumer_info(timers.stream, "trigger-gateway-schedules")
             return info.num_pending == 0 and info.num_ack_pending == 0 and (info.delivered.stream_seq or 0) > 0
 
         await eventually(both_fired, what="the stray ticks handled")

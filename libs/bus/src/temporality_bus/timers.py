@@ -35,17 +35,46 @@ against the real server):
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+import nats.errors
+import structlog
+from nats.js import api as jsapi
+from nats.js.errors import BadRequestError, NotFoundError
 
 from temporality_bus.connection import Bus, PublishResult
 from temporality_bus.consumer import Delivery, RawHandler
 from temporality_bus.errors import TransientError
 from temporality_bus.provenance import ForgedEvent, SourceCheck, forged_firing
 from temporality_bus.tracing import TimerTrace, timer_headers
-from temporality_protocol.catalog import TIMER_FIRED_PREFIX, TIMER_SCHEDULE_PREFIX, TIMERS_STREAM, StreamSpec
+from temporality_protocol.catalog import (
+    LEGACY_TIMERS_STREAM,
+    TIMER_FIRED_PREFIX,
+    TIMER_SCHEDULE_PREFIX,
+    TIMERS_STREAMS,
+    StreamSpec,
+    subject_matches,
+    timers_stream_of,
+)
 
-__all__ = ["CANCEL_TTL_S", "Timers", "checking_firings", "fire_time", "parse_fired_subject", "schedule_at"]
+__all__ = [
+    "CANCEL_TTL_S",
+    "LEGACY_PARKED_SUBJECT",
+    "LegacyMigration",
+    "Timers",
+    "checking_firings",
+    "fire_time",
+    "migrate_legacy_timers",
+    "parse_fired_subject",
+    "schedule_at",
+]
+
+log = structlog.get_logger(__name__)
 
 #: How long a cancel's rollup stays on the schedule subject before the server removes it (seconds).
 CANCEL_TTL_S = 60
@@ -129,13 +158,25 @@ class Timers:
     """
 
     def __init__(
-        self, bus: Bus, namespace: str, *, stream: StreamSpec = TIMERS_STREAM, trace: TimerTrace = "continue"
+        self, bus: Bus, namespace: str, *, stream: StreamSpec | None = None, trace: TimerTrace = "continue"
     ) -> None:
         if not _NAMESPACE.fullmatch(namespace):
             raise ValueError(f"timer namespace {namespace!r} must be one subject token ([A-Za-z0-9_=-]+)")
+        if stream is None:
+            try:
+                name = timers_stream_of(namespace)
+            except KeyError:
+                raise ValueError(
+                    f"timer namespace {namespace!r} is no service's (ServiceSpec.timers): pass the stream holding it"
+                ) from None
+        else:
+            if not any(subject_matches(s, f"{TIMER_SCHEDULE_PREFIX}.{namespace}.key") for s in stream.subjects):
+                raise ValueError(f"stream {stream.name} does not hold the timer namespace {namespace!r}")
+            name = stream.name
         self._bus = bus
         self.namespace = namespace
-        self.stream = stream.name
+        #: The name of the stream holding this namespace's schedules and firings (its owner's timers stream).
+        self.stream = name
         self.trace: TimerTrace = trace
 
     # ------------------------------------------------------------------ subjects
@@ -217,3 +258,159 @@ class Timers:
             await self._bus.publish_raw(subject, b"", headers)
         except TransientError as exc:
             raise TransientError(f"cancelling timer {subject} failed: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------- upgrading
+#: Where the legacy stream's subjects are moved first, so the per-service streams can take ``temporality.timers.>``
+#: (nothing publishes there: the stored schedules and firings keep their subjects).
+LEGACY_PARKED_SUBJECT = "temporality.timers-legacy.>"
+#: The key under which a legacy firing no consumer had taken yet is armed again (at once) in its new stream:
+#: ``<namespace>.legacy-firing.<its sequence in the legacy stream>``.
+LEGACY_FIRING_KEY = "legacy-firing"
+#: Headers of a legacy message that are not copied: the server's and the dedupe id (a copy gets its own).
+_NOT_COPIED = ("Nats-Msg-Id", "Nats-Scheduler", "Nats-Schedule-Next", "Nats-TTL", "Nats-Rollup", "Nats-Expected-")
+
+
+@dataclass(frozen=True)
+class LegacyMigration:
+    """What :func:`migrate_legacy_timers` moved out of the legacy ``TEMPORALITY_TIMERS`` stream."""
+
+    #: Schedules armed in the legacy stream, armed again (same subject, time and payload) in their new stream.
+    schedules: int
+    #: Firings stored in the legacy stream that a consumer had not acknowledged yet, fired again in the new stream.
+    firings: int
+    #: Copies not made: the subject already had a message in the new stream (a concurrent migration, or a
+    #: service armed or cancelled that key since), or a firing no consumer reads (nobody would take it).
+    skipped: int
+
+
+def _copied_headers(headers: dict[str, str] | None) -> dict[str, str]:
+    return {k: v for k, v in (headers or {}).items() if not k.startswith(_NOT_COPIED)}
+
+
+def _fired_by(consumer: jsapi.ConsumerInfo, subject: str) -> bool:
+    filters = [*(consumer.config.filter_subjects or ()), consumer.config.filter_subject or ""]
+    return any(f and subject_matches(f, subject) for f in filters) or not any(filters)
+
+
+async def migrate_legacy_timers(bus: Bus, streams: Iterable[StreamSpec] | None = None) -> LegacyMigration | None:
+    """Move the timers of the one ``TEMPORALITY_TIMERS`` stream of older releases into the per-service timers
+    streams (``streams``, default every service's: :data:`~temporality_protocol.catalog.TIMERS_STREAMS`), then
+    delete it; ``None`` when there is no legacy stream (nothing to do, the usual case).
+
+    Needs a NATS user that may do everything (the operator's, ``temporality timers-migrate``), or none
+    (``temporality up --no-nats-auth``, where each service runs it at start): it publishes on every
+    service's schedule subjects and deletes a stream. Safe to run again, and concurrently:
+
+    1. the pending schedules (the last message of each schedule subject, when it is a schedule) are read;
+    2. the legacy stream's subjects move to :data:`LEGACY_PARKED_SUBJECT`, freeing ``temporality.timers.>``
+       (its stored messages keep their subjects, and its schedules keep firing into it meanwhile);
+    3. the per-service streams are created where missing (with ``bus``'s settings; their services apply their
+       own at their next start);
+    4. each schedule is armed again on its subject in its new stream, same time, target, payload and headers,
+       unless that subject already has a message there (``Nats-Expected-Last-Subject-Sequence: 0``);
+    5. each firing stored in the legacy stream after the acknowledged floor of a consumer that reads it fires
+       again in the new stream, at once, from ``<namespace>.legacy-firing.<seq>``;
+    6. the legacy stream is deleted, with its consumers (their durables live on in the new streams).
+
+    A timer never goes missing; one that fires during the migration may fire twice (at-least-once, like
+    every delivery: the timer handlers are idempotent). Raises :class:`TransientError` when a step fails
+    (nothing is deleted then: run it again)."""
+    try:
+        return await _migrate(bus, list(TIMERS_STREAMS.values() if streams is None else streams))
+    except TransientError:
+        raise
+    except (nats.errors.Error, OSError) as exc:
+        raise TransientError(f"migrating the legacy timers stream failed (run it again): {exc!r}") from exc
+
+
+async def _migrate(bus: Bus, targets: list[StreamSpec]) -> LegacyMigration | None:
+    legacy = LEGACY_TIMERS_STREAM.name
+    try:
+        info = await bus.js.stream_info(legacy, subjects_filter=f"{TIMER_SCHEDULE_PREFIX}.>")
+    except NotFoundError:
+        return None
+    # 1. the pending schedules, read before the subjects move (afterwards they still fire, into the legacy stream)
+    schedules: list[tuple[str, bytes, dict[str, str], int]] = []
+    for subject in info.state.subjects or {}:
+        try:
+            last = await bus.js.get_last_msg(legacy, subject)
+        except NotFoundError:  # fired or expired meanwhile: its firing is taken in step 5
+            continue
+        if last.headers and "Nats-Schedule" in last.headers and last.seq is not None:
+            schedules.append((subject, last.data or b"", _copied_headers(last.headers), last.seq))
+    # 2. free temporality.timers.> for the per-service streams
+    if info.config.subjects != [LEGACY_PARKED_SUBJECT]:
+        info.config.subjects = [LEGACY_PARKED_SUBJECT]
+        try:
+            await bus.js.update_stream(info.config)
+        except NotFoundError:  # a concurrent migration finished first
+            return None
+        log.info("timers.legacy_parked", stream=legacy, subjects=LEGACY_PARKED_SUBJECT)
+    # 3. the new streams, created when missing; one that exists (a concurrent migration's, or its service's) is
+    # left as it is: its owner applies its settings at its start, and no update runs while copies are stored
+    missing = await bus.find_layout(targets, create_missing=True)
+    if missing:
+        raise TransientError(f"could not create {missing} (the server did not answer in time): run it again")
+    held = {s for spec in targets for s in spec.subjects}
+    copies: list[tuple[str, bytes, dict[str, str]]] = []
+    skipped = 0
+    for subject, payload, headers, seq in schedules:
+        namespace = subject.removeprefix(f"{TIMER_SCHEDULE_PREFIX}.").split(".", 1)[0]
+        if f"{TIMER_SCHEDULE_PREFIX}.{namespace}.>" not in held:
+            log.warning("timers.legacy_skipped", subject=subject, why="no timers stream holds its namespace")
+            skipped += 1
+            continue
+        copies.append((subject, payload, headers | {"Nats-Msg-Id": f"legacy-timers-{seq}"}))
+    # 5. the firings no consumer has taken yet
+    try:
+        consumers = await bus.js.consumers_info(legacy)
+        state = (await bus.js.stream_info(legacy)).state
+    except NotFoundError:  # a concurrent migration finished first (it copied the same, guarded the same way)
+        consumers, state = [], None
+    if state is None:
+        return None
+    floor = min((c.ack_floor.stream_seq if c.ack_floor else 0 for c in consumers), default=state.last_seq)
+    firings = 0
+    for seq in range(max(floor + 1, state.first_seq), state.last_seq + 1):
+        try:
+            msg = await bus.js.get_msg(legacy, seq)
+        except NotFoundError:  # deleted (a purge, a rollup) or the whole stream (a concurrent migration)
+            continue
+        subject = msg.subject or ""
+        if not subject.startswith(f"{TIMER_FIRED_PREFIX}."):
+            continue
+        readers = [c for c in consumers if _fired_by(c, subject)]
+        if not any((c.ack_floor.stream_seq if c.ack_floor else 0) < seq for c in readers):
+            skipped += not readers
+            continue
+        namespace, _ = parse_fired_subject(subject)
+        if f"{TIMER_FIRED_PREFIX}.{namespace}.>" not in held:
+            skipped += 1
+            continue
+        headers = _copied_headers(msg.headers)
+        headers |= {
+            "Nats-Schedule": f"@at {_rfc3339(datetime.now(UTC))}",
+            "Nats-Schedule-Target": subject,
+            "Nats-Msg-Id": f"legacy-timers-{seq}",
+        }
+        copies.append((f"{TIMER_SCHEDULE_PREFIX}.{namespace}.{LEGACY_FIRING_KEY}.{seq}", msg.data or b"", headers))
+        firings += 1
+    # 4 (and 5): every copy only onto a subject still empty in its new stream
+    copied = 0
+    for subject, payload, headers in copies:
+        try:
+            result = await bus.js.publish(
+                subject, payload, headers=headers | {"Nats-Expected-Last-Subject-Sequence": "0"}
+            )
+        except BadRequestError as exc:  # the subject has a message: a newer arm or cancel, or a concurrent copy
+            log.info("timers.legacy_kept_newer", subject=subject, error=str(exc))
+            skipped += 1
+            continue
+        copied += not result.duplicate
+    # 6. done: the legacy stream goes
+    with contextlib.suppress(NotFoundError):  # a concurrent migration deleted it first
+        await bus.js.delete_stream(legacy)
+    report = LegacyMigration(schedules=len(copies) - firings, firings=firings, skipped=skipped)
+    log.info("timers.legacy_migrated", stream=legacy, copied=copied, **dataclasses.asdict(report))
+    return report

@@ -15,9 +15,10 @@ from typing import Any
 
 import yaml
 
+from temporality_bus import NatsSettings, TransientError
 from temporality_embedded.natsserver import NatsUser, authorization_block, password_variable
 from temporality_embedded.processes import SERVICES
-from temporality_embedded.stack import Stack, StackConfig, TokenFileError
+from temporality_embedded.stack import Stack, StackConfig, TokenFileError, migrate_timers
 from temporality_protocol.catalog import EVENTS_STREAM
 from temporality_protocol.permissions import (
     external_agent_permissions,
@@ -308,13 +309,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="an external agent's user (its agent id): Agent Protocol requests on temporality.rpc.agents.USER.* "
         "only, replies below _INBOX.USER",
     )
+    p_migrate = commands.add_parser(
+        "timers-migrate",
+        help="upgrading: move the timers of an older release's one TEMPORALITY_TIMERS stream into the per-service "
+        "timers streams, then delete it (as a NATS user with full access: TEMPORALITY_NATS_URL, _USER, _PASSWORD)",
+    )
+    p_migrate.add_argument("--nats-url", default=None, help="default: TEMPORALITY_NATS_URL or nats://127.0.0.1:4222")
     return parser
+
+
+def timers_migrate(url: str | None) -> int:
+    """``temporality timers-migrate``: 0 when moved or nothing to move, 1 when it failed (run it again)."""
+    settings = NatsSettings()  # TEMPORALITY_NATS_URL, _USER, _PASSWORD from the environment
+    password = settings.password.get_secret_value() if settings.password is not None else None
+    try:
+        report = migrate_timers(url or settings.url, settings.user, password)
+    except TransientError as exc:
+        _out(f"error: {exc}")
+        return 1
+    if report is None:
+        _out("nothing to migrate: no TEMPORALITY_TIMERS stream of an older release")
+    else:
+        _out(
+            f"migrated TEMPORALITY_TIMERS: {report.schedules} schedules armed again, {report.firings} unconsumed "
+            f"firings fired again, {report.skipped} skipped (a newer message on their subject); the stream is deleted"
+        )
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "up":
         return up(args)
+    if args.command == "timers-migrate":
+        return timers_migrate(args.nats_url)
     if args.command == "nats-authorization":
         try:
             sys.stdout.write(nats_authorization(args.subscriber, args.external_agent))

@@ -7,7 +7,9 @@ each reads, which ``StackConfig`` field holds a port) is checked against it.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import concurrent.futures
 import json
 import os
 import secrets
@@ -26,6 +28,8 @@ from cryptography.hazmat.primitives.serialization import (
 )
 from pydantic import SecretStr
 
+from temporality_bus import Bus, NatsSettings
+from temporality_bus.timers import LegacyMigration, migrate_legacy_timers
 from temporality_embedded.natsserver import NatsServer, NatsUser
 from temporality_embedded.processes import SERVICES, ServiceProcess
 from temporality_protocol.permissions import (
@@ -51,6 +55,7 @@ __all__ = [
     "ensure_reply_key",
     "ensure_secret_file",
     "ensure_tokens_file",
+    "migrate_timers",
     "stop_tiers",
 ]
 
@@ -165,6 +170,20 @@ NATS_ADMIN = "temporality-admin"
 COLLAB_REPLY_KEY_ID = "agent-collab"
 #: The name of the admin token ``temporality up`` creates.
 ADMIN_TOKEN_NAME = "local-admin"
+
+
+def migrate_timers(url: str, user: str | None = None, password: str | None = None) -> LegacyMigration | None:
+    """Move an older release's ``TEMPORALITY_TIMERS`` into the per-service timers streams
+    (:func:`temporality_bus.timers.migrate_legacy_timers`) as ``user``, who needs full access; ``None`` when there
+    was nothing to move. Blocking: it runs its own event loop in a thread (callable from a running loop)."""
+    settings = NatsSettings(url=url, user=user, password=SecretStr(password) if password is not None else None)
+
+    async def migrate() -> LegacyMigration | None:
+        async with Bus.connect(settings, name="timers-migrate") as bus:
+            return await migrate_legacy_timers(bus)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, migrate()).result()
 
 
 def ensure_nats_passwords(path: Path, users: Iterable[str]) -> dict[str, str]:
@@ -451,6 +470,8 @@ class Stack:
             self.nats.users = self._nats_users()
             self.nats.start()
         try:
+            # an older data dir: its timers move into the per-service streams now, once, before any service starts
+            migrate_timers(self.nats_url, *(self.nats_admin or (None, None)))
             for name in SERVICES:
                 self.replicas[name] = []
                 for replica in range(self.config.replicas.get(name, 1)):

@@ -6,8 +6,8 @@ The README's "Bus catalogue" section documents this module; a test checks they a
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel
@@ -61,6 +61,7 @@ __all__ = [
     "DLQ_STREAM",
     "EVENTS_PREFIX",
     "EVENTS_STREAM",
+    "LEGACY_TIMERS_STREAM",
     "RPCS",
     "RPC_AGENTS_CONFORMANCE",
     "RPC_AGENTS_DEREGISTER",
@@ -78,7 +79,7 @@ __all__ = [
     "SERVICES",
     "SOURCE_PREFIX",
     "SUBSCRIBER_PREFIX",
-    "TIMERS_STREAM",
+    "TIMERS_STREAMS",
     "TIMER_FIRED_HUMAN",
     "TIMER_FIRED_PREFIX",
     "TIMER_FIRED_RUN_WATCHDOG",
@@ -107,6 +108,9 @@ __all__ = [
     "subject_agent",
     "subject_for",
     "subject_matches",
+    "timers_stream",
+    "timers_stream_name",
+    "timers_stream_of",
 ]
 
 DAY = 24 * 3600
@@ -260,7 +264,11 @@ DLQ_STREAM = StreamSpec(
     description="Dead letters: poison messages copied with their headers and the error",
     max_age_s=30 * DAY,
 )
-TIMERS_STREAM = StreamSpec(
+#: The one timers stream of releases before SEC-1's per-service timers streams: every namespace in one stream,
+#: so a publish on one's own schedule subject could stop another service's timer (ADR-51's "atomic stop",
+#: ``Nats-Schedule-Next: purge``, purges any schedule *of the same stream*). Not created any more: an existing
+#: one is migrated into :data:`TIMERS_STREAMS` (``temporality_bus.timers.migrate_legacy_timers``) and deleted.
+LEGACY_TIMERS_STREAM = StreamSpec(
     name="TEMPORALITY_TIMERS",
     subjects=("temporality.timers.>",),
     description="Durable timers as JetStream message schedules (Nats-Schedule @at ...)",
@@ -268,7 +276,32 @@ TIMERS_STREAM = StreamSpec(
     allow_msg_schedules=True,
     allow_rollup_and_ttl=True,
 )
-ALL_STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, DLQ_STREAM, TIMERS_STREAM)
+
+
+def timers_stream_name(service: str) -> str:
+    """The timers stream of ``service``: ``TEMPORALITY_TIMERS_<SERVICE>`` (``-`` as ``_``)."""
+    return f"TEMPORALITY_TIMERS_{service.upper().replace('-', '_')}"
+
+
+def timers_stream(name: str, namespaces: Iterable[str], description: str = "") -> StreamSpec:
+    """A timers stream ``name`` holding the schedules and firings of ``namespaces`` and nothing else.
+
+    A schedule can only fire onto a subject of its own stream and an atomic stop only purges a schedule of its
+    own stream (ADR-51), so a namespace in a stream of its own is out of reach of every other stream's users."""
+    namespaces = tuple(namespaces)
+    if not namespaces:
+        raise ValueError(f"timers stream {name!r} needs at least one namespace")
+    return StreamSpec(
+        name=name,
+        subjects=tuple(
+            f"{prefix}.{ns}.>" for ns in namespaces for prefix in (TIMER_SCHEDULE_PREFIX, TIMER_FIRED_PREFIX)
+        ),
+        description=description or f"Durable timers ({', '.join(namespaces)}) as JetStream message schedules",
+        max_age_s=400 * DAY,
+        allow_msg_schedules=True,
+        allow_rollup_and_ttl=True,
+    )
+
 
 BUCKET_RUNS = BucketSpec("runs", "Run records: state machine position, agent, policy (CAS on revision)")
 BUCKET_CHECKPOINTS = BucketSpec("run-checkpoints", "The last checkpoint of each run (AP-7)")
@@ -386,7 +419,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         ),
         ConsumerSpec(
             "run-executor-watchdog",
-            TIMERS_STREAM.name,
+            timers_stream_name("run-executor"),
             (f"{TIMER_FIRED_RUN_WATCHDOG}.>",),
             "Run watchdogs firing: fail a run that made no progress past its compute limit plus grace",
             # a firing's only transient failure is the bus itself: never dead-letter one (that would
@@ -395,7 +428,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         ),
         ConsumerSpec(
             "run-executor-retention",
-            TIMERS_STREAM.name,
+            timers_stream_name("run-executor"),
             (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_RUN_RETENTION}.>",),
             "Finished runs' checkpoint retention ending: the checkpoint of a run still finished is removed",
             # its only transient failure is the bus: never dead-letter one (the checkpoint would stay forever)
@@ -409,7 +442,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         ),
         ConsumerSpec(
             "human-interaction-deadlines",
-            TIMERS_STREAM.name,
+            timers_stream_name("human-interaction"),
             (f"{TIMER_FIRED_HUMAN}.>",),
             "Human-request deadlines and timeout-policy steps firing (reminders, escalation, expiry)",
         ),
@@ -465,13 +498,13 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         ),
         ConsumerSpec(
             "agent-collab-ask-timers",
-            TIMERS_STREAM.name,
+            timers_stream_name("agent-collab"),
             (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_AGENT_ASK}.>",),
             "Wait-mode ask timeouts firing: agent.ask_expired for a request still unanswered (COL-2)",
         ),
         ConsumerSpec(
             "agent-collab-heartbeats",
-            TIMERS_STREAM.name,
+            timers_stream_name("agent-collab"),
             (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_AGENT_HEARTBEAT}.>",),
             "External agents' heartbeat deadlines firing: offline when no newer heartbeat came (AP-4)",
             # a firing's only transient failure is the bus: never dead-letter one (the agent would stay
@@ -486,14 +519,14 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         ),
         ConsumerSpec(
             "agent-collab-conformance",
-            TIMERS_STREAM.name,
+            timers_stream_name("agent-collab"),
             (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_AGENT_CONFORMANCE}.>",),
             "External agents' conformance deadlines firing: a round still unanswered fails (PRO-2)",
             max_deliver=-1,  # never dead-letter one: the round would stay open forever
         ),
         ConsumerSpec(
             "trigger-gateway-schedules",
-            TIMERS_STREAM.name,
+            timers_stream_name("trigger-gateway"),
             (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_TRIGGER_SCHEDULE}.>",),
             "Schedule trigger ticks firing: one run per tick, then the next tick armed",
             # a tick's only transient failure is the bus: never dead-letter one (the trigger would stop
@@ -502,7 +535,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         ),
         ConsumerSpec(
             "trigger-gateway-debounce",
-            TIMERS_STREAM.name,
+            timers_stream_name("trigger-gateway"),
             (f"{TIMER_FIRED_PREFIX}.{TIMER_NS_TRIGGER_DEBOUNCE}.>",),
             "Trigger debounce windows ending: the latest event of a concurrency key is launched",
             # its only transient failure is the bus: never dead-letter one (the latest event would be lost)
@@ -729,7 +762,7 @@ class ServiceSpec:
         if self.consumers:
             used.add(DLQ_STREAM.name)
         if self.timers:
-            used.add(TIMERS_STREAM.name)
+            used.add(timers_stream_name(self.name))
         return tuple(stream.name for stream in ALL_STREAMS if stream.name in used)
 
     @property
@@ -919,7 +952,7 @@ SERVICES: dict[str, ServiceSpec] = {
             env_prefix="TEMPORALITY_JOURNAL_",
             consumers=("journal",),
             # the record of every event: it owns the shared streams (every other service waits for them)
-            streams=(EVENTS_STREAM.name, DLQ_STREAM.name, TIMERS_STREAM.name),
+            streams=(EVENTS_STREAM.name, DLQ_STREAM.name),
             http_port=8082,
             buckets=(BUCKET_SIGNIN_FAILURES.name,),  # the sign-in's attempt limits, shared by the replicas
             sends=("run.cancel_requested", "api.access_refused", DEAD_LETTERED),
@@ -927,6 +960,32 @@ SERVICES: dict[str, ServiceSpec] = {
         ),
     )
 }
+
+
+# Each service with timers owns its own timers stream (SEC-1): it creates and updates it, and no other service's
+# user may touch it (temporality_protocol.permissions). Derived here, not written into each entry twice.
+SERVICES = {
+    name: replace(spec, streams=(*spec.streams, timers_stream_name(name))) if spec.timers else spec
+    for name, spec in SERVICES.items()
+}
+#: The timers stream of each service with timers (key: the service), holding only its own namespaces.
+TIMERS_STREAMS: dict[str, StreamSpec] = {
+    name: timers_stream(
+        timers_stream_name(name), spec.timers, f"{name}'s durable timers as JetStream message schedules"
+    )
+    for name, spec in SERVICES.items()
+    if spec.timers
+}
+ALL_STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, DLQ_STREAM, *TIMERS_STREAMS.values())
+_TIMER_NAMESPACE_STREAMS = {ns: timers_stream_name(spec.name) for spec in SERVICES.values() for ns in spec.timers}
+
+
+def timers_stream_of(namespace: str) -> str:
+    """The name of the timers stream holding ``namespace`` (its owner's); ``KeyError`` for no service's namespace."""
+    try:
+        return _TIMER_NAMESPACE_STREAMS[namespace]
+    except KeyError:
+        raise KeyError(f"timer namespace {namespace!r} is no service's (ServiceSpec.timers)") from None
 
 
 #: The source every service writes on the events it publishes: ``/temporality/<service>``.
@@ -962,8 +1021,13 @@ def service_problems(
         for d in consumers
         if d.startswith(SUBSCRIBER_PREFIX)
     ]
+    timer_owners: dict[str, str] = {}
     for key, spec in services.items():
         where = f"service {key}"
+        for namespace in spec.timers:  # one stream per service: a namespace in two would overlap
+            if namespace in timer_owners:
+                problems.append(f"{where} declares timer namespace {namespace!r}, which is {timer_owners[namespace]}'s")
+            timer_owners.setdefault(namespace, spec.name)
         for bucket in (*spec.buckets, *spec.reads_buckets):
             if bucket not in bucket_owners:
                 problems.append(f"{where} names bucket {bucket!r}, which is not in ALL_BUCKETS")

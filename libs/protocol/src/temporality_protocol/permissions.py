@@ -9,13 +9,15 @@ Each service connects as its own NATS user. What that user may **publish** follo
 ``$JS.API.CONSUMER.{INFO,CREATE,DURABLE.CREATE,DELETE,MSG.NEXT}``   its own durables (``consumers``):
 ``.<stream>.<durable>``, ``$JS.ACK.<stream>.<durable>.>``           create, read position, fetch, ack
 ``temporality.timers.schedule.<namespace>.>``                       its own timer namespaces (``timers``):
-                                                                    arming and cancelling them
+                                                                    arming and cancelling them, in its own
+                                                                    timers stream
 ``$KV.<bucket>.>``                                                  writing the buckets it owns (``buckets``)
 ``$JS.API.STREAM.MSG.GET.KV_<bucket>``, ``$JS.API.DIRECT.GET...``,  reading and watching (an ephemeral
 ``$JS.API.CONSUMER.{CREATE,INFO,DELETE}.KV_<bucket>...``,           ordered consumer) the buckets it owns
 ``$JS.FC.KV_<bucket>.>``                                            or ``reads_buckets``
 ``$JS.API.STREAM.{INFO,CREATE,UPDATE}.<stream>``                    the layout: the streams it owns
-``$JS.API.STREAM.{INFO,CREATE}.KV_<bucket>``                        (``streams``) and its buckets; only
+``$JS.API.STREAM.{INFO,CREATE}.KV_<bucket>``                        (``streams``, its timers stream among
+                                                                    them) and its buckets; only
 ``$JS.API.STREAM.INFO.<stream>`` / ``.KV_<bucket>``                 *info* of the streams it merely uses
                                                                     (``uses_streams``) and ``reads_buckets``
 RPC subjects it ``requests``                                        asking another service
@@ -34,15 +36,19 @@ or purge a stream or delete a bucket, create or reconfigure a stream or
 bucket it does not own, or read another client's replies.
 
 Who owns the layout: each bucket's owner (``ServiceSpec.buckets``) creates it; the shared streams (events,
-dead letters, timers) are the journal's (``ServiceSpec.streams``): it creates and updates them, so its
-``TEMPORALITY_NATS_EVENTS_MAX_AGE_DAYS`` and ``_STREAM_REPLICAS`` decide them. A service started before the
+dead letters) are the journal's (``ServiceSpec.streams``): it creates and updates them, so its
+``TEMPORALITY_NATS_EVENTS_MAX_AGE_DAYS`` and ``_STREAM_REPLICAS`` decide them. Each service with timers owns
+its own timers stream, ``TEMPORALITY_TIMERS_<SERVICE>`` (:data:`~temporality_protocol.catalog.TIMERS_STREAMS`,
+holding only its namespaces' schedule and fired subjects). A service started before the
 owner waits, not ready, until the stream exists (``temporality_service.runtime``; without a NATS user, where
 nothing is enforced, it creates a missing one instead, never changing an existing one). A timer is cancelled
 by a publish to its own schedule subject (``temporality_bus.Timers.cancel``), never by a purge: a purge's
-filter is in its payload, which NATS permissions cannot restrict, so a purge right would let a service cancel
-any service's timers. Not closed by these permissions: a schedule's "atomic stop" (a publish on one's own
-schedule subject naming another schedule in ``Nats-Scheduler`` with ``Nats-Schedule-Next: purge``) stops a
-timer of another namespace (docs/operations.md, "Known gap").
+filter is in its payload, which NATS permissions cannot restrict, so no service has a purge right. Message
+schedules act inside one stream (ADR-51): a schedule fires only onto a subject of its own stream, and the
+"atomic stop" (a publish naming another schedule in ``Nats-Scheduler`` with ``Nats-Schedule-Next: purge``)
+purges only a schedule of the stream it lands in. With every service's timers in a stream of its own, and only
+its own stream's API granted, no service can stop, replace, fire or purge another's timer
+(``tests/test_timer_isolation.py``; docs/operations.md, "Timers: one stream per service").
 
 A new bucket is declared in the catalogue (``ALL_BUCKETS``) *and* in the ``buckets`` of the service that
 writes it (:func:`~temporality_protocol.catalog.check_services` refuses a bucket without exactly one owner);

@@ -30,12 +30,21 @@ from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import structlog
 from fastapi import FastAPI
+from nats.js.errors import BadRequestError, NotFoundError
 from pydantic import ValidationError
 
 from temporality_bus import Bus, Consumer
 from temporality_bus.consumer import BatchHandler, DeadLetterHook, EnvelopeHandler, RawHandler
-from temporality_bus.timers import checking_firings
-from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS, SERVICES, ServiceSpec
+from temporality_bus.timers import checking_firings, migrate_legacy_timers
+from temporality_protocol.catalog import (
+    ALL_BUCKETS,
+    ALL_STREAMS,
+    CONSUMERS,
+    LEGACY_TIMERS_STREAM,
+    SERVICES,
+    ServiceSpec,
+    timers_stream_name,
+)
 from temporality_protocol.permissions import service_inbox
 from temporality_service.health import Readiness, add_health_routes
 from temporality_service.lifecycle import clear_ready, mark_ready, stop_on_signals
@@ -214,9 +223,21 @@ async def run_until(
         bus = await resources.enter_async_context(
             Bus.connect(settings.nats, name=spec.name, inbox_prefix=service_inbox(spec.name))
         )
-        await bus.ensure(
-            [s for s in ALL_STREAMS if s.name in spec.streams], [b for b in ALL_BUCKETS if b.name in spec.buckets]
-        )
+        if settings.nats.user is None and spec.timers:  # no NATS users: it may move the older releases' timers
+            await migrate_legacy_timers(bus)  # nothing to do (one look-up) unless upgrading: docs/operations.md
+        try:
+            await bus.ensure(
+                [s for s in ALL_STREAMS if s.name in spec.streams], [b for b in ALL_BUCKETS if b.name in spec.buckets]
+            )
+        except (BadRequestError, NotFoundError) as exc:  # refused create (subjects overlap), then update: not found
+            if spec.timers and not await _exists(bus, timers_stream_name(spec.name)):
+                raise RuntimeError(
+                    f"cannot create {timers_stream_name(spec.name)} ({exc}): after an upgrade, the timers stream of "
+                    f"an older release ({LEGACY_TIMERS_STREAM.name}) still holds its subjects; move its timers "
+                    "first with `temporality timers-migrate` as a NATS user with full access (docs/operations.md, "
+                    "Upgrading)"
+                ) from exc
+            raise
         if not await _wait_for_layout(spec, settings, bus, stop):
             log.info("service.stopped", while_waiting_for="the layout")
             return
@@ -233,6 +254,14 @@ async def run_until(
         for callback in reversed(runtime._on_stop):
             await callback()
     log.info("service.stopped")
+
+
+async def _exists(bus: Bus, stream: str) -> bool:
+    try:
+        await bus.js.stream_info(stream)
+    except NotFoundError:
+        return False
+    return True
 
 
 #: How often a service waiting for another's streams or buckets says so in its log.

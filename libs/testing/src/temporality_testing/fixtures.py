@@ -44,9 +44,10 @@ def nats_settings(nats_server: NatsServer) -> NatsSettings:
 async def bus(nats_settings: NatsSettings) -> AsyncIterator[Bus]:
     from temporality_bus import Bus
     from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS
+    from temporality_testing.timers import TEST_TIMERS_STREAM
 
     async with Bus.connect(nats_settings, name="test") as b:
-        await b.ensure(ALL_STREAMS, ALL_BUCKETS)
+        await b.ensure([*ALL_STREAMS, TEST_TIMERS_STREAM], ALL_BUCKETS)
         yield b
 
 

@@ -234,6 +234,27 @@ async def test_attempts_exhausted_is_a_transient_contended_error(bus: Bus) -> No
         await store.modify("k", fn, attempts=0)
 
 
+async def test_as_many_attempts_as_concurrent_writers_never_run_out(bus: Bus) -> None:
+    """Each lost race is another writer's write landing, so N writers of one key with N attempts each all
+    land, whatever the interleaving (the backoff between races only spreads them out)."""
+    store = await _store(bus)
+    writers = 16
+
+    async def one(i: int) -> None:
+        await store.modify(
+            "hot",
+            lambda c: evolve(c, count=c.count + 1, seen=[*c.seen, str(i)]),
+            create=lambda: Counter(name="hot"),
+            attempts=writers,
+        )
+
+    await asyncio.gather(*(one(i) for i in range(writers)))
+    got = await store.get("hot")
+    assert got is not None
+    assert got.value.count == writers
+    assert sorted(got.value.seen, key=int) == [str(i) for i in range(writers)]
+
+
 async def test_a_lost_race_calls_fn_again_on_the_new_value(bus: Bus) -> None:
     """What the racing-answers rule rests on: fn sees what the winner wrote and can refuse."""
     store = await _store(bus)

@@ -9,6 +9,8 @@ else read again.
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -30,6 +32,14 @@ M = TypeVar("M", bound=BaseModel)
 
 #: Compare-and-set attempts of :meth:`Store.modify` before it gives up with :class:`Contended`.
 DEFAULT_ATTEMPTS = 8
+#: After its n-th lost race :meth:`Store.modify` waits a random 0..min(n x this, cap) seconds before reading
+#: again ("full jitter"): writers that collided do not collide again in lockstep on a hot key.
+_RACE_BACKOFF_S = 0.002
+_RACE_BACKOFF_CAP_S = 0.05
+
+
+async def _after_lost_race(attempt: int) -> None:
+    await asyncio.sleep(random.uniform(0, min(_RACE_BACKOFF_S * (1 << min(attempt, 8)), _RACE_BACKOFF_CAP_S)))
 
 
 @dataclass(frozen=True)
@@ -121,7 +131,9 @@ class Store(Generic[M]):
         The result is validated with the bucket's model before it is written (pydantic's
         ``ValidationError`` for a value the model refuses, ``TypeError`` for another model), and the
         :class:`Modified` returned holds exactly what was stored. After ``attempts`` lost races:
-        :class:`Contended` (a :class:`TransientError`).
+        :class:`Contended` (a :class:`TransientError`). Between races it waits a short random while (a few ms,
+        growing): colliding writers spread out. Each lost race means another writer's write succeeded, so
+        ``attempts`` at least the number of concurrent writers of the key can never run out.
 
         ``known``: what the caller last read or wrote of the key (value and revision). The first attempt
         starts from it instead of reading, which saves a round trip whenever it is still current. Only a
@@ -154,6 +166,8 @@ class Store(Generic[M]):
                     revision = await self._kv.create(key, value.model_dump_json().encode())
                 except KeyWrongLastSequenceError:
                     log.debug("store.cas_retry", bucket=self.bucket, key=key, attempt=attempt, race="create")
+                    if attempt < attempts:
+                        await _after_lost_race(attempt)
                     continue
                 return Modified(value, revision)
             new = fn(current.value)
@@ -164,6 +178,8 @@ class Store(Generic[M]):
                 revision = await self._kv.update(key, value.model_dump_json().encode(), last=current.revision)
             except KeyWrongLastSequenceError:
                 log.debug("store.cas_retry", bucket=self.bucket, key=key, attempt=attempt, race="update")
+                if attempt < attempts:
+                    await _after_lost_race(attempt)
                 continue
             return Modified(value, revision)
         raise Contended(self.bucket, key, attempts)

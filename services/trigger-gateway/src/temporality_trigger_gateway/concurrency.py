@@ -71,6 +71,10 @@ log = structlog.get_logger(__name__)
 RUN_ENDS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 #: How many superseded or ended runs a key's record remembers.
 MAX_RETIRED = 50
+#: Compare-and-set attempts on one key's state: every delivery of a key writes it, so a burst of N concurrent
+#: deliveries of one key needs N attempts at worst (each lost race is another delivery's write landing); past
+#: this many the sender is told 503 "contended" and retries.
+KEY_ATTEMPTS = 32
 #: Who asks for a superseded run's cancellation (``RunCancelRequested.requested_by``).
 REQUESTED_BY = "service:trigger-gateway"
 
@@ -313,6 +317,7 @@ class FlowControl:
                     now=now,
                     fired=fired,
                 ),
+                attempts=KEY_ATTEMPTS,
                 create=lambda: KeyState(trigger_id=trigger.id, key=key, updated_at=now),
             )
         )
@@ -361,7 +366,12 @@ class FlowControl:
             return _debounce(state, run_id=launch.run_id, delivery_id=launch.delivery_id, now=now)
 
         stored = await io(
-            states.modify(where, step, create=lambda: KeyState(trigger_id=trigger_id, key=key, updated_at=now))
+            states.modify(
+                where,
+                step,
+                create=lambda: KeyState(trigger_id=trigger_id, key=key, updated_at=now),
+                attempts=KEY_ATTEMPTS,
+            )
         )
         until = now + timedelta(seconds=window_s)
         if stored.value.debounced is None or stored.value.debounced.run_id != launch.run_id:
@@ -455,7 +465,9 @@ class FlowControl:
             where = held.value.state_key
             now = datetime.now(UTC)
             try:
-                stored = await io(states.modify(where, functools.partial(_release, ended=ended, now=now)))
+                stored = await io(
+                    states.modify(where, functools.partial(_release, ended=ended, now=now), attempts=KEY_ATTEMPTS)
+                )
             except NotFound:
                 return  # the key's record expired
             active = stored.value.active

@@ -58,6 +58,7 @@ from temporality_bus import (
     Bus,
     BusError,
     Conflict,
+    Contended,
     PermanentError,
     PublishResult,
     Store,
@@ -774,6 +775,12 @@ class Launcher:
         except PermanentError as exc:  # e.g. larger than the server's max_payload: retrying cannot help
             log.warning("launch.unpublishable", error=repr(exc))
             raise BodyTooLarge(f"the normalized event cannot be published: {exc}") from exc
+        except Contended as exc:  # the bus answered: too many deliveries writing the same key at once
+            log.warning("launch.contended", bucket=exc.bucket, key=exc.key, attempts=exc.attempts)
+            raise BusUnavailable(
+                f"too many deliveries are changing the same state ({exc.bucket}) at once; retry later",
+                self._retry_after_s,
+            ) from exc
         except (TransientError, nats.errors.Error, TimeoutError) as exc:
             log.warning("launch.bus_unavailable", error=repr(exc))
             raise BusUnavailable("the event bus did not acknowledge in time; retry later", self._retry_after_s) from exc

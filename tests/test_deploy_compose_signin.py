@@ -24,8 +24,9 @@ from temporality_human_interaction.passwords import verify_password
 from temporality_human_interaction.settings import Settings as HumanSettings
 from temporality_journal import Settings as JournalSettings
 from temporality_journal.signin import SignIn
-from temporality_journal.signin_secrets import SECRETS, main
+from temporality_journal.signin_secrets import main
 from temporality_service import ApiAuthSettings, Voucher
+from temporality_service.secret_files import SIGN_IN_SECRETS as SECRETS
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_SHOT = "signin-secrets"

@@ -41,6 +41,7 @@ from temporality_protocol.permissions import (
     subscriber_user,
 )
 from temporality_service.auth import ApiToken, Role, TokenFileError, dump_tokens, load_tokens
+from temporality_service.secret_files import SIGN_IN_SECRETS, ensure_secret_file
 
 __all__ = [
     "ADMIN_TOKEN_NAME",
@@ -236,19 +237,6 @@ def ensure_reply_key(path: Path) -> str:
     if not public_file.exists() or public_file.read_text(encoding="utf-8").strip() != public:
         public_file.write_text(public + "\n", encoding="utf-8")
     return public
-
-
-#: The console sign-in's secret files in ``<data_dir>/signin`` (:attr:`StackConfig.console_sign_in`).
-SIGN_IN_SECRETS = ("session-secret", "inbox-vouch", "api-vouch")
-
-
-def ensure_secret_file(path: Path) -> None:
-    """A random secret (64 URL-safe characters) in ``path``, mode 0600, made when the file is missing; raises
-    ``ValueError`` for one shorter than the 32 characters the services require."""
-    if not path.exists():
-        _write_private(path, (secrets.token_urlsafe(48) + "\n").encode("ascii"))
-    elif len(path.read_text(encoding="utf-8").strip()) < 32:
-        raise ValueError(f"{path}: a secret of at least 32 characters is needed")
 
 
 def ensure_tokens_file(path: Path) -> list[ApiToken]:

@@ -278,13 +278,19 @@ async def test_unsigned_and_replayed_task_messages_are_refused_and_audited(
     body = action(run_id, 1, "act", "tool_calls", calls=[ASK])
     unsigned = await _send(bus, RPC_AGENTS_TASKS_ACT, json.dumps(body).encode(), None)
     assert reason(unsigned) == "unsigned"
+    # the refusal names the action's task (as the body claimed it), so the agent can tell which one was refused
+    assert unsigned["task_id"] == body["task_id"] != ""
+    # a body nested past the JSON parser's depth is refused all the same, with no task id to echo
+    nested = await _send(bus, RPC_AGENTS_TASKS_ACT, b"[" * 50_000 + b"]" * 50_000, None)
+    assert (reason(nested), nested["task_id"]) == ("unsigned", "")
     raw, headers = _signed(RPC_AGENTS_TASKS_ACT, body)
     assert (await _send(bus, RPC_AGENTS_TASKS_ACT, raw, headers))["accepted"]
     assert reason(await _send(bus, RPC_AGENTS_TASKS_ACT, raw, headers)) == "replayed_nonce"
-    gate = await event_log.wait_for(AgentMessageRefused.EVENT_TYPE, count=2, timeout_s=WAIT_S)
+    gate = await event_log.wait_for(AgentMessageRefused.EVENT_TYPE, count=3, timeout_s=WAIT_S)
     assert sorted((e.data["reason"], e.data["subject"]) for e in gate) == [
         ("replayed_nonce", agent_subject(RPC_AGENTS_TASKS_ACT, AGENT)),
         ("unsigned", agent_subject(RPC_AGENTS_TASKS_ACT, AGENT)),
+        ("unsigned", agent_subject(RPC_AGENTS_TASKS_ACT, AGENT)),  # the over-nested body
     ]
     # the refused copies changed nothing: one action
     record = await (await bus.store(BUCKET_AGENT_TASKS, TaskRecord)).get(task_key(AGENT, task_id_for(run_id)))

@@ -196,7 +196,7 @@ class AgentRegistry:
                 RPC_AGENTS_REGISTER,
                 request_model=AgentRegistration,
                 handler=self._on_register,
-                refused=lambda agent_id, refusal: RegistrationReply(
+                refused=lambda agent_id, refusal, _raw: RegistrationReply(
                     agent_id=agent_id, outcome="refused", refusal=refusal
                 ),
                 on_error=lambda f: RegistrationReply(
@@ -212,7 +212,9 @@ class AgentRegistry:
                 RPC_AGENTS_HEARTBEAT,
                 request_model=Heartbeat,
                 handler=self._on_heartbeat,
-                refused=lambda agent_id, refusal: HeartbeatAck(agent_id=agent_id, accepted=False, refusal=refusal),
+                refused=lambda agent_id, refusal, _raw: HeartbeatAck(
+                    agent_id=agent_id, accepted=False, refusal=refusal
+                ),
                 on_error=lambda f: HeartbeatAck(
                     agent_id=_agent_id_hint(f.raw), accepted=False, refusal=_failure_refusal(f)
                 ),
@@ -225,7 +227,7 @@ class AgentRegistry:
                 RPC_AGENTS_DEREGISTER,
                 request_model=Deregistration,
                 handler=self._on_deregister,
-                refused=lambda agent_id, refusal: DeregistrationReply(
+                refused=lambda agent_id, refusal, _raw: DeregistrationReply(
                     agent_id=agent_id, outcome="refused", refusal=refusal
                 ),
                 on_error=lambda f: DeregistrationReply(
@@ -239,7 +241,7 @@ class AgentRegistry:
                 RPC_AGENTS_LIST,
                 request_model=AgentsQuery,
                 handler=self._on_list,
-                refused=lambda _agent_id, refusal: AgentsReply(error=refusal.detail, refusal=refusal),
+                refused=lambda _agent_id, refusal, _raw: AgentsReply(error=refusal.detail, refusal=refusal),
                 on_error=lambda f: AgentsReply(error=_failure_refusal(f).detail),
                 omit_when_null=ADDED_IN_1_0["list"],
                 **common,
@@ -249,7 +251,9 @@ class AgentRegistry:
                 RPC_AGENTS_CONFORMANCE,
                 request_model=ConformanceAnswers,
                 handler=self._on_conformance,
-                refused=lambda agent_id, refusal: ConformanceReply(agent_id=agent_id, accepted=False, refusal=refusal),
+                refused=lambda agent_id, refusal, _raw: ConformanceReply(
+                    agent_id=agent_id, accepted=False, refusal=refusal
+                ),
                 on_error=lambda f: ConformanceReply(
                     agent_id=_agent_id_hint(f.raw), accepted=False, refusal=_failure_refusal(f)
                 ),

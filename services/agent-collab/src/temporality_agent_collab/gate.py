@@ -197,7 +197,8 @@ def omit_null(reply: bytes, fields: frozenset[str]) -> bytes:
 
 class SignedResponder(Responder[Q, R]):
     """A responder whose requests pass the :class:`MessageGate` before they are decoded; ``refused`` builds
-    the reply to a refused one from the claimed agent id and the refusal."""
+    the reply to a refused one from the claimed agent id, the refusal and the body as it came (its ids, unverified,
+    echoed only so the agent can tell which of its messages was refused)."""
 
     def __init__(
         self,
@@ -205,7 +206,7 @@ class SignedResponder(Responder[Q, R]):
         subject: str,
         *,
         gate: MessageGate,
-        refused: Callable[[str, AgentRefusal], R],
+        refused: Callable[[str, AgentRefusal, bytes], R],
         on_error: Callable[[Failure], R],
         pass_unknown: bool = False,
         omit_when_null: Iterable[str] = (),
@@ -235,7 +236,7 @@ class SignedResponder(Responder[Q, R]):
                 await self._journal_malformed(verified.agent_id, bytes(msg.data))
         except MessageRefused as refused:
             refusal = AgentRefusal(reason=refused.reason, detail=refused.detail[:4096])
-            return self._refused((refused.agent_id or "")[:64], refusal).model_dump_json().encode()
+            return self._refused((refused.agent_id or "")[:64], refusal, bytes(msg.data)).model_dump_json().encode()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the nonce store or the journal failed: nothing was decided, retry

@@ -292,7 +292,7 @@ def _claimed_agent(body: bytes) -> str | None:
     """The body's ``agent_id``, if it has one (a request that is not JSON is refused later, as malformed)."""
     try:
         parsed: Any = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
         return None
     agent_id = parsed.get("agent_id") if isinstance(parsed, dict) else None
     return agent_id[:128] if isinstance(agent_id, str) else None

@@ -275,7 +275,7 @@ class TaskBoard:
                 RPC_AGENTS_TASKS_POLL,
                 request_model=TaskPoll,
                 handler=self._on_poll,
-                refused=lambda agent_id, r: TaskPollReply(agent_id=agent_id, accepted=False, refusal=refusal(r)),
+                refused=lambda agent_id, r, _raw: TaskPollReply(agent_id=agent_id, accepted=False, refusal=refusal(r)),
                 on_error=lambda f: TaskPollReply(agent_id=_hint(f.raw, "agent_id"), accepted=False, refusal=failed(f)),
                 negotiate_versions=False,
                 **common,
@@ -285,8 +285,8 @@ class TaskBoard:
                 RPC_AGENTS_TASKS_ACT,
                 request_model=TaskAction,
                 handler=self._on_act,
-                refused=lambda agent_id, r: TaskActionReply(
-                    agent_id=agent_id, task_id="", accepted=False, refusal=refusal(r)
+                refused=lambda agent_id, r, raw: TaskActionReply(
+                    agent_id=agent_id, task_id=_hint(raw, "task_id"), accepted=False, refusal=refusal(r)
                 ),
                 on_error=lambda f: TaskActionReply(
                     agent_id=_hint(f.raw, "agent_id"),
@@ -773,7 +773,7 @@ def _check_keys(offer: AgentTaskOffered) -> None:
 def _json_field(raw: bytes, field: str) -> Any:
     try:
         body: Any = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
         return None
     return body.get(field) if isinstance(body, dict) else None
 

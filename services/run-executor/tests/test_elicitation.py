@@ -147,6 +147,9 @@ def test_a_form_of_several_fields_is_free_text_read_line_by_line_or_as_json() ->
         ("day: monday", "'hours' is a required property"),
         ("when: monday", "'when: monday' is not a line 'name: value' for a field of the form (day, hours, note)"),
         ("{not json", "it looks like JSON but is not (Expecting property name enclosed in double quotes)"),
+        pytest.param(
+            '{"day":' + "[" * 2_044 + "]" * 2_044 + "}", "it looks like JSON but is nested too deeply", id="too-deep"
+        ),
         ('{"day": "monday", "hours": 2, "note": {"a": 1}}', "field 'note': a form value is text, a number"),
     ],
 )

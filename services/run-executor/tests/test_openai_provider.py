@@ -90,6 +90,18 @@ async def test_malformed_completion_is_a_provider_error(emulator: OpenAIEmulator
         await provider.aclose()
 
 
+async def test_tool_arguments_nested_past_the_parsers_depth_go_back_to_the_model(emulator: OpenAIEmulator) -> None:
+    nested = "[" * 50_000 + "]" * 50_000
+    call = {"id": "call_1", "type": "function", "function": {"name": "notify", "arguments": nested}}
+    emulator.replies.append(Reply(200, {"choices": [{"message": {"role": "assistant", "tool_calls": [call]}}]}))
+    provider = OpenAICompatible(base_url=emulator.base_url, model="m", api_key=None, max_retries=0)
+    try:
+        turn = await provider.complete([Message(role="user", content="hi")], [])
+    finally:
+        await provider.aclose()
+    assert [(c.name, c.arguments, c.invalid_arguments) for c in turn.tool_calls] == [("notify", {}, nested)]
+
+
 async def test_a_model_driven_run_parks_on_ask_human_and_gets_the_answer_as_tool_result(
     bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
 ) -> None:

@@ -118,6 +118,8 @@ def _from_text(schema: dict[str, Any], text: str) -> dict[str, Any] | str:
             value = json.loads(stripped)
         except json.JSONDecodeError as exc:
             return f"it looks like JSON but is not ({exc.msg})"
+        except RecursionError:
+            return "it looks like JSON but is nested too deeply"
         return value if isinstance(value, dict) else "a JSON answer must be an object"
     if len(fields) == 1:
         ((name, prop),) = fields.items()

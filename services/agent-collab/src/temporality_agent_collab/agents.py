@@ -26,7 +26,6 @@ refusal naming the field, never silence.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -38,6 +37,7 @@ from temporality_agent_collab.conformance import TimerPayload as ConformanceTime
 from temporality_agent_collab.conformance import timer_payload as conformance_timer_payload
 from temporality_agent_collab.external import AllowList
 from temporality_agent_collab.gate import MessageGate, SignedResponder
+from temporality_agent_collab.hints import claimed
 from temporality_agent_collab.hosted import HostedAgents
 from temporality_agent_collab.registry import (
     AgentRecord,
@@ -123,16 +123,6 @@ ADDED_IN_1_0: dict[str, frozenset[str]] = {
 MODIFY_ATTEMPTS = 32
 
 
-def _agent_id_hint(raw: bytes) -> str:
-    """The ``agent_id`` of a request that failed validation, if one can be read, for the refusal reply."""
-    try:
-        body: Any = json.loads(raw)
-    except ValueError:
-        return ""
-    agent_id = body.get("agent_id") if isinstance(body, dict) else None
-    return agent_id[:64] if isinstance(agent_id, str) else ""
-
-
 def _failure_refusal(failure: Failure) -> AgentRefusal:
     if failure.kind == "malformed":
         return AgentRefusal(reason="malformed_request", detail=f"malformed request: {failure.detail}"[:4096])
@@ -200,7 +190,7 @@ class AgentRegistry:
                     agent_id=agent_id, outcome="refused", refusal=refusal
                 ),
                 on_error=lambda f: RegistrationReply(
-                    agent_id=_agent_id_hint(f.raw), outcome="refused", refusal=_failure_refusal(f)
+                    agent_id=claimed(f.raw, "agent_id"), outcome="refused", refusal=_failure_refusal(f)
                 ),
                 negotiate_versions=False,  # negotiated per agent against the allow-list, refusals journaled
                 pass_unknown=True,  # an agent not listed: refused by register, which journals its declaration
@@ -216,7 +206,7 @@ class AgentRegistry:
                     agent_id=agent_id, accepted=False, refusal=refusal
                 ),
                 on_error=lambda f: HeartbeatAck(
-                    agent_id=_agent_id_hint(f.raw), accepted=False, refusal=_failure_refusal(f)
+                    agent_id=claimed(f.raw, "agent_id"), accepted=False, refusal=_failure_refusal(f)
                 ),
                 negotiate_versions=False,  # speaks the version its registration negotiated
                 omit_when_null=ADDED_IN_1_0["heartbeat"],
@@ -231,7 +221,7 @@ class AgentRegistry:
                     agent_id=agent_id, outcome="refused", refusal=refusal
                 ),
                 on_error=lambda f: DeregistrationReply(
-                    agent_id=_agent_id_hint(f.raw), outcome="refused", refusal=_failure_refusal(f)
+                    agent_id=claimed(f.raw, "agent_id"), outcome="refused", refusal=_failure_refusal(f)
                 ),
                 negotiate_versions=False,
                 **common,
@@ -255,7 +245,7 @@ class AgentRegistry:
                     agent_id=agent_id, accepted=False, refusal=refusal
                 ),
                 on_error=lambda f: ConformanceReply(
-                    agent_id=_agent_id_hint(f.raw), accepted=False, refusal=_failure_refusal(f)
+                    agent_id=claimed(f.raw, "agent_id"), accepted=False, refusal=_failure_refusal(f)
                 ),
                 negotiate_versions=False,  # speaks the version its registration negotiated
                 **common,

@@ -18,11 +18,9 @@ otherwise                       ``saga_id``, negotiated ``protocol_version``, ``
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import structlog
 
+from temporality_agent_collab.hints import claimed
 from temporality_agent_collab.participants import (
     InvalidKey,
     RunIndex,
@@ -43,20 +41,10 @@ log = structlog.get_logger(__name__)
 QUEUE_GROUP = "agent-collab"
 
 
-def _run_id_hint(raw: bytes) -> str:
-    """The ``run_id`` of a request that failed validation, if one can be read, for the error reply."""
-    try:
-        body: Any = json.loads(raw)
-    except ValueError:
-        return ""
-    run_id = body.get("run_id") if isinstance(body, dict) else None
-    return run_id if isinstance(run_id, str) else ""
-
-
 def error_reply(failure: Failure) -> CollaboratorsReply:
     """The reply to a request the responder could not hand to :func:`lookup`, or that :func:`lookup` failed."""
     query = failure.request if isinstance(failure.request, CollaboratorsQuery) else None
-    run_id = query.run_id if query is not None else _run_id_hint(failure.raw)
+    run_id = query.run_id if query is not None else claimed(failure.raw, "run_id", limit=256)
     if failure.kind == "malformed":
         return CollaboratorsReply(run_id=run_id, error=f"malformed request: {failure.detail}")
     if failure.kind == "unsupported_version":

@@ -49,12 +49,10 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -65,6 +63,7 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_public_key,
 )
 
+from temporality_agent_collab.hints import claimed
 from temporality_protocol.catalog import subject_agent
 from temporality_protocol.events import AgentMessageRefusalReason
 
@@ -290,12 +289,7 @@ def _header(headers: Mapping[str, str] | None, name: str) -> str | None:
 
 def _claimed_agent(body: bytes) -> str | None:
     """The body's ``agent_id``, if it has one (a request that is not JSON is refused later, as malformed)."""
-    try:
-        parsed: Any = json.loads(body)
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
-        return None
-    agent_id = parsed.get("agent_id") if isinstance(parsed, dict) else None
-    return agent_id[:128] if isinstance(agent_id, str) else None
+    return claimed(body, "agent_id", limit=128) or None
 
 
 def _read(headers: Mapping[str, str] | None, claimed: str | None) -> Signed:

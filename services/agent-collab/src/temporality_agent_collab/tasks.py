@@ -43,6 +43,7 @@ import structlog
 from pydantic import ValidationError
 
 from temporality_agent_collab.gate import MessageGate, SignedResponder
+from temporality_agent_collab.hints import claimed, json_field
 from temporality_agent_collab.participants import InvalidKey, RunIndex, SagaParticipants, saga_key
 from temporality_agent_collab.participants import run_key as saga_run_key
 from temporality_agent_collab.registry import SOURCE, AgentRecord, agent_key, utcnow
@@ -276,7 +277,9 @@ class TaskBoard:
                 request_model=TaskPoll,
                 handler=self._on_poll,
                 refused=lambda agent_id, r, _raw: TaskPollReply(agent_id=agent_id, accepted=False, refusal=refusal(r)),
-                on_error=lambda f: TaskPollReply(agent_id=_hint(f.raw, "agent_id"), accepted=False, refusal=failed(f)),
+                on_error=lambda f: TaskPollReply(
+                    agent_id=claimed(f.raw, "agent_id"), accepted=False, refusal=failed(f)
+                ),
                 negotiate_versions=False,
                 **common,
             ),
@@ -286,11 +289,11 @@ class TaskBoard:
                 request_model=TaskAction,
                 handler=self._on_act,
                 refused=lambda agent_id, r, raw: TaskActionReply(
-                    agent_id=agent_id, task_id=_hint(raw, "task_id"), accepted=False, refusal=refusal(r)
+                    agent_id=agent_id, task_id=claimed(raw, "task_id"), accepted=False, refusal=refusal(r)
                 ),
                 on_error=lambda f: TaskActionReply(
-                    agent_id=_hint(f.raw, "agent_id"),
-                    task_id=_hint(f.raw, "task_id"),
+                    agent_id=claimed(f.raw, "agent_id"),
+                    task_id=claimed(f.raw, "task_id"),
                     accepted=False,
                     refusal=failed(f),
                 ),
@@ -708,13 +711,13 @@ class TaskBoard:
         """A task action whose body its schema refuses (a ``result`` without ``result``, a ``handoff`` without its
         document): journaled ``agent.task.refused`` ``malformed_request`` like every other refused action, before
         the reply. The same body again is the same event (its id is the body's digest)."""
-        turn: Any = _json_field(raw, "turn")
+        turn: Any = json_field(raw, "turn")
         data = AgentTaskRefused(
             agent_id=agent_id,
-            task_id=_hint(raw, "task_id") or None,
+            task_id=claimed(raw, "task_id") or None,
             turn=turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
-            action_id=_hint(raw, "action_id") or None,
-            kind=_hint(raw, "kind") or None,
+            action_id=claimed(raw, "action_id") or None,
+            kind=claimed(raw, "kind") or None,
             reason="malformed_request",
             detail=f"malformed request: {detail}"[:4096],
         )
@@ -768,16 +771,3 @@ def _check_keys(offer: AgentTaskOffered) -> None:
     ):
         if not pattern.fullmatch(value) or value.startswith(".") or value.endswith("."):
             raise PermanentError(f"agent.task.offered: {name} {value[:128]!r} cannot be part of a KV key")
-
-
-def _json_field(raw: bytes, field: str) -> Any:
-    try:
-        body: Any = json.loads(raw)
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
-        return None
-    return body.get(field) if isinstance(body, dict) else None
-
-
-def _hint(raw: bytes, field: str) -> str:
-    value = _json_field(raw, field)
-    return value[:64] if isinstance(value, str) else ""

@@ -227,7 +227,7 @@ class OpenAICompatible(Provider):
             message = choice["message"]
             if not isinstance(message, dict):
                 raise TypeError("message is not an object")
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
             raise RetryableProviderError(f"malformed chat completion: {self._redact(response.text[:500])}") from exc
         calls = [_tool_call(raw) for raw in message.get("tool_calls") or []]
         finish, matched = choice.get("finish_reason"), choice.get("stop_reason")
@@ -244,7 +244,7 @@ class OpenAICompatible(Provider):
         text = response.text
         try:
             error = response.json().get("error")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             error = None
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             text = error["message"]
@@ -268,7 +268,7 @@ def _tool_call(raw: Any) -> ToolCall:
     text = text if isinstance(text, str) else json.dumps(text)
     try:
         arguments = json.loads(text or "{}")
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # not JSON, or nested past the parser's depth
         arguments = None
     if not isinstance(arguments, dict):
         return ToolCall(id=str(raw.get("id")), name=str(function.get("name")), invalid_arguments=text)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from pydantic import SecretStr
@@ -15,6 +14,7 @@ from pydantic import SecretStr
 from temporality_embedded import Stack, StackConfig, free_port
 from temporality_service import ApiToken, Role
 from temporality_service.auth import dump_tokens
+from temporality_testing.waiting import eventually as eventually  # re-exported: the e2e tests import it from here
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config"
@@ -28,7 +28,6 @@ API_TOKENS = [
     ApiToken(name="e2e-admin", role=Role.admin, token=SecretStr("e2e-admin-token-0123456789abcdef")),
 ]
 JOURNAL = {"Authorization": f"Bearer {API_TOKENS[0].token.get_secret_value()}"}
-T = TypeVar("T")
 
 
 def make_stack(
@@ -84,17 +83,3 @@ async def post_hook(
         content=body,
         headers={"Authorization": HOOK_AUTH, "Content-Type": "application/json", **headers},
     )
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float = 30, what: str = "condition") -> T:
-    """Poll ``probe`` until it returns something truthy; bounded, and says what it waited for."""
-    last: T | None = None
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                last = await probe()
-                if last:
-                    return last
-                await asyncio.sleep(0.1)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last value: {last!r}") from None

@@ -14,7 +14,7 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ from temporality_protocol.catalog import (
     agent_subject,
 )
 from temporality_testing.events import EventLog
-from temporality_testing.waiting import stays
+from temporality_testing.waiting import eventually, stays
 
 WAIT_S = 10.0
 KEY = Ed25519PrivateKey.generate()
@@ -75,18 +75,6 @@ async def collab(start_agent_collab: StartCollab, tmp_path: Path) -> None:
         encoding="utf-8",
     )
     await start_agent_collab(path)
-
-
-async def wait_until(check: Callable[[], Awaitable[bool]], *, timeout_s: float, what: str) -> None:
-    """Poll ``check`` until it holds; AssertionError naming ``what`` after ``timeout_s``."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                if await check():
-                    return
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}") from None
 
 
 def _signed(subject: str, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
@@ -149,7 +137,7 @@ async def offer(bus: Bus, run_id: str, turn: int, inputs: list[TaskInput] | None
         found = await (await bus.store(BUCKET_AGENT_TASKS, TaskRecord)).get(task_key(AGENT, task_id_for(run_id)))
         return found is not None and found.value.turn == turn
 
-    await wait_until(at_turn, timeout_s=WAIT_S, what=f"turn {turn} of {run_id} recorded")
+    await eventually(at_turn, timeout_s=WAIT_S, what=f"turn {turn} of {run_id} recorded")
 
 
 async def poll(bus: Bus, session: str = "s1") -> dict[str, Any]:
@@ -324,7 +312,7 @@ async def test_a_new_session_resumes_from_the_checkpoint_and_a_run_end_ends_the_
         found = await (await bus.store(BUCKET_AGENT_TASKS, TaskRecord)).get(task_key(AGENT, task_id_for(run_id)))
         return found is not None and found.value.state.value == "cancelled"
 
-    await wait_until(ended, timeout_s=WAIT_S, what="the task cancelled with its run")
+    await eventually(ended, timeout_s=WAIT_S, what="the task cancelled with its run")
     (journaled,) = await event_log.wait_for(AgentTaskEnded.EVENT_TYPE, run_id=run_id, timeout_s=WAIT_S)
     assert (journaled.data["state"], journaled.data["cause"], journaled.data["taken"]) == (
         "cancelled",
@@ -446,7 +434,7 @@ async def test_an_action_stored_but_never_announced_is_announced_when_agent_coll
         found = await tasks.get(key)
         return found is not None and found.value.acted_announced == 1
 
-    await wait_until(noted, timeout_s=WAIT_S, what="the announcement noted in the record")
+    await eventually(noted, timeout_s=WAIT_S, what="the announcement noted in the record")
     assert await board.announce_actions() == 0, "announced once: a later start has nothing to announce"
     # the agent's retry of the same action (signed afresh) is a duplicate and republishes the same event id
     again = await call(bus, RPC_AGENTS_TASKS_ACT, action(run_id, 1, "result", "result", result="decided"))

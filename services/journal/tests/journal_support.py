@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -46,6 +46,7 @@ from temporality_protocol.catalog import ServiceSpec
 from temporality_service import ApiAuth, ApiAuthSettings, ApiToken, HttpServiceSettings, Role, Runtime, Setup, run_until
 from temporality_service.auth import dump_tokens
 from temporality_testing.oidc_emulator import OidcEmulator
+from temporality_testing.waiting import eventually as eventually  # re-exported for the journal tests
 from temporality_trigger_gateway import Settings as GatewaySettings
 from temporality_trigger_gateway.__main__ import SPEC as GATEWAY_SPEC
 from temporality_trigger_gateway.__main__ import configure as gateway_configure
@@ -61,26 +62,6 @@ TOKENS = [
 VIEWER = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
 OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-
-
-T = TypeVar("T")
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float = 30, what: str = "condition") -> T:
-    """Poll ``probe`` (another process's view) until it returns something truthy; bounded, says what it waited for."""
-    last: T | None = None
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                try:
-                    last = await probe()
-                except httpx.TimeoutException:  # one slow answer on a loaded machine: not yet, ask again in the bound
-                    last = None
-                if last:
-                    return last
-                await asyncio.sleep(0.1)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last value: {last!r}") from None
 
 
 def api_auth() -> ApiAuth:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -26,13 +26,13 @@ from temporality_run_executor.tools import ToolPolicy
 from temporality_service import ApiAuthSettings, Runtime, run_until
 from temporality_service.auth import dump_tokens
 from temporality_testing.events import EventLog
+from temporality_testing.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[3]
 ALICE = {"Authorization": "Bearer alice-demo-token"}  # her inbox token in config/users.yaml
 SERVER = McpServer(
     name="notes", command=sys.executable, args=[str(Path(__file__).with_name("mcp_notes_server.py")), "--elicit-tools"]
 )
-T = TypeVar("T")
 
 
 @asynccontextmanager
@@ -60,16 +60,6 @@ async def human_interaction(settings: HumanSettings) -> AsyncIterator[str]:
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = 30) -> T:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while (found := await probe()) is None:
-        if loop.time() >= deadline:
-            raise AssertionError(f"{what}: not within {timeout_s}s")
-        await asyncio.sleep(0.1)
-    return found
 
 
 @pytest.fixture
@@ -124,7 +114,7 @@ async def _in_inbox(inbox: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
         mine = [r for r in response.json()["requests"] if r["run_id"] == run_id]
         return mine[0] if mine else None
 
-    return await eventually(pending, f"alice's inbox to show a request of {run_id}")
+    return await eventually(pending, what=f"alice's inbox to show a request of {run_id}")
 
 
 async def test_a_form_answer_that_does_not_fit_is_refused_by_the_inbox_then_a_fitting_one_completes_the_call(

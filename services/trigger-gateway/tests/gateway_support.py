@@ -22,6 +22,7 @@ from temporality_bus import Bus
 from temporality_protocol import Envelope, RunRequested, decode
 from temporality_protocol.catalog import EVENTS_PREFIX, EVENTS_STREAM
 from temporality_service import Runtime, run_until
+from temporality_testing.waiting import eventually as eventually  # re-exported for the gateway tests
 from temporality_trigger_gateway import Settings, TriggerConfig, parse_triggers
 from temporality_trigger_gateway.__main__ import SPEC, configure
 from temporality_trigger_gateway.adapters import WebhookRequest
@@ -267,14 +268,6 @@ async def journal_of(bus: Bus, event_type: str) -> list[Envelope]:
 
 
 # --------------------------------------------------------------------------- in-process replicas
-async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what} did not hold within {timeout_s}s")
-        await asyncio.sleep(0.05)
-
-
 @contextlib.asynccontextmanager
 async def replicas(settings: Settings, count: int = 2) -> AsyncIterator[list[httpx.AsyncClient]]:
     """``count`` gateway replicas in-process, all started at once; yields an HTTP client on each one's socket."""

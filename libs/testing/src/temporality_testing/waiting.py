@@ -1,8 +1,10 @@
-"""Settle windows: a condition that already holds must go on holding for a bounded while.
+"""Waiting on another process's view, both ways, always bounded.
 
-The other half of waiting on a condition (``tests/e2e_support.eventually``, ``EventLog.wait_for``): an
-assertion that "nothing more happens" (still one delivery, still one event) is checked first, so it
-cannot pass vacuously, and then polled over a bounded window instead of being read once.
+* :func:`eventually`: poll until a condition holds (a run is in the journal, a record changed): a cross-process
+  assertion never reads an eventually-consistent view once.
+* :func:`stays`: a settle window, the other half: an assertion that "nothing more happens" (still one delivery,
+  still one event) is checked first, so it cannot pass vacuously, and then polled over a bounded window instead
+  of being read once.
 """
 
 from __future__ import annotations
@@ -10,8 +12,38 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-__all__ = ["stays"]
+import httpx
+
+__all__ = ["eventually", "stays"]
+
+T = TypeVar("T")
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]],
+    timeout_s: float = 30,
+    what: str = "condition",
+    *,
+    interval_s: float = 0.1,
+) -> T:
+    """Poll ``probe`` until it returns something truthy and return that; AssertionError naming ``what`` (and the
+    last value seen) after ``timeout_s``. A probe's HTTP call that times out counts as "not yet" within the bound:
+    on a loaded machine one slow answer is not a failure."""
+    last: T | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                try:
+                    last = await probe()
+                except httpx.TimeoutException:
+                    last = None
+                if last:
+                    return last
+                await asyncio.sleep(interval_s)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last value: {last!r}") from None
 
 
 async def stays(

@@ -25,6 +25,8 @@ def test_the_key_is_made_once_kept_private_and_its_public_key_written_next_to_it
     assert ensure_reply_key(path) == public
     assert path.read_bytes() == pem, "the key must be reused, not replaced"
     assert path.with_suffix(".pub").read_text(encoding="utf-8") == public + "\n"
+    # made through a private temporary file linked into place: nothing else is left beside the key
+    assert sorted(p.name for p in path.parent.iterdir()) == ["collab-reply-key.pem", "collab-reply-key.pub"]
 
 
 @pytest.mark.parametrize("content", [b"not a key", b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"])

@@ -8,7 +8,6 @@ each reads, which ``StackConfig`` field holds a port) is checked against it.
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
 import json
 import os
@@ -17,15 +16,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    PublicFormat,
-    load_pem_private_key,
-)
 from pydantic import SecretStr
 
 from temporality_bus import Bus, NatsSettings
@@ -42,6 +32,7 @@ from temporality_protocol.permissions import (
 )
 from temporality_service.auth import ApiToken, Role, TokenFileError, dump_tokens, load_tokens
 from temporality_service.secret_files import SIGN_IN_SECRETS, ensure_secret_file
+from temporality_service.secret_files import ensure_ed25519_key as ensure_reply_key
 
 __all__ = [
     "ADMIN_TOKEN_NAME",
@@ -216,27 +207,6 @@ def _write_private(path: Path, data: bytes) -> None:
     with os.fdopen(fd, "wb") as file:
         file.write(data)
     fresh.replace(path)
-
-
-def ensure_reply_key(path: Path) -> str:
-    """The Ed25519 key in ``path`` (PEM, PKCS#8, unencrypted, mode 0600), generated when the file is missing;
-    its public key (raw 32 bytes, standard base64) is (re)written to ``path`` with the suffix ``.pub`` and
-    returned. Raises ``ValueError`` for a file that holds no such key."""
-    if path.exists():
-        try:
-            key = load_pem_private_key(path.read_bytes(), password=None)
-        except (OSError, ValueError, TypeError, UnsupportedAlgorithm) as exc:
-            raise ValueError(f"{path}: not a readable unencrypted PEM private key ({exc})") from exc
-        if not isinstance(key, Ed25519PrivateKey):
-            raise ValueError(f"{path}: not an Ed25519 private key")
-    else:
-        key = Ed25519PrivateKey.generate()
-        _write_private(path, key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
-    public = base64.b64encode(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode("ascii")
-    public_file = path.with_suffix(".pub")
-    if not public_file.exists() or public_file.read_text(encoding="utf-8").strip() != public:
-        public_file.write_text(public + "\n", encoding="utf-8")
-    return public
 
 
 def ensure_tokens_file(path: Path) -> list[ApiToken]:

@@ -12,38 +12,12 @@ private key (it is never replaced) or a place it cannot be written.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
-
-from temporality_agent_collab.signing import load_private_key, public_key_text
+from temporality_service.secret_files import ensure_ed25519_key as ensure_reply_key
 
 __all__ = ["ensure_reply_key", "main"]
-
-
-def ensure_reply_key(path: Path) -> str:
-    """The key in ``path``, made (mode 0600, create-only) when missing; its public key is written next to it
-    (``.pub``) and returned. :class:`ValueError` for a file that holds no Ed25519 private key."""
-    if path.exists():
-        key = load_private_key(path.read_bytes())
-    else:
-        key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # made meanwhile by another run: use that one
-            return ensure_reply_key(path)
-        with os.fdopen(fd, "wb") as file:
-            file.write(pem)
-    public = public_key_text(key.public_key())
-    public_file = path.with_suffix(".pub")
-    if not public_file.exists() or public_file.read_text(encoding="utf-8").strip() != public:
-        public_file.write_text(public + "\n", encoding="utf-8")
-    return public
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         public = ensure_reply_key(args.path)
     except ValueError as exc:
-        sys.stderr.write(f"{args.path}: {exc}\n")
+        sys.stderr.write(f"{exc}\n")  # it names the file
         return 2
     except OSError as exc:
         sys.stderr.write(f"{args.path}: {exc.strerror or exc}\n")

@@ -59,13 +59,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
     PublicFormat,
-    load_pem_private_key,
     load_pem_public_key,
 )
 
 from temporality_agent_collab.hints import claimed
 from temporality_protocol.catalog import subject_agent
 from temporality_protocol.events import AgentMessageRefusalReason
+from temporality_service.secret_files import load_ed25519_key as load_private_key
 
 __all__ = [
     "KEY_ID_HEADER",
@@ -175,17 +175,6 @@ def verify_reply(
         raise ValueError("the reply's signature does not verify") from None
     if abs((now - datetime.fromtimestamp(int(stamp), UTC)).total_seconds()) > window_s:
         raise ValueError("the reply's timestamp is outside the window")
-
-
-def load_private_key(pem: bytes) -> Ed25519PrivateKey:
-    """An Ed25519 private key from PEM (PKCS#8, unencrypted); :class:`ValueError` otherwise."""
-    try:
-        key = load_pem_private_key(pem, password=None)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        raise ValueError(f"not a readable unencrypted PEM private key ({exc})") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise ValueError(f"a {type(key).__name__.removesuffix('PrivateKey').lstrip('_')} key, not Ed25519")
-    return key
 
 
 def body_digest(body: bytes) -> str:

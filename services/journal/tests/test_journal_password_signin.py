@@ -30,7 +30,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_embedded.processes import free_port
 from temporality_human_interaction.passwords import hash_password
 from temporality_journal import Settings
-from temporality_journal.passwords import AttemptLimits
+from temporality_journal.passwords import AttemptLimits, Exhausted
 from temporality_journal.signin import SESSION_COOKIE
 from temporality_testing.oidc_emulator import OidcEmulator
 
@@ -333,16 +333,38 @@ async def test_directory_roles_without_human_interaction_give_no_role(
 async def test_attempt_limits_slide_with_the_window_and_a_success_clears_the_user(bus: Bus) -> None:
     now = [1000.0]
     limits = AttemptLimits(bus, max_per_user=2, max_per_address=3, window_s=60, clock=lambda: now[0])
-    await limits.failed("alice", "10.0.0.1")
+
+    async def wait(user: str, address: str | None) -> int | None:
+        """Seconds to wait, or None: the attempt was counted (and then taken back, to keep the counts)."""
+        try:
+            attempt = await limits.reserve(user, address)
+        except Exhausted as full:
+            return full.retry_after_s
+        await limits.release(attempt)
+        return None
+
+    await limits.reserve("alice", "10.0.0.1")  # an attempt never taken back is a failure
     now[0] += 10
-    assert await limits.retry_after("alice", "10.0.0.1") is None
-    await limits.failed("Alice", "10.0.0.1")  # the same user id, however it is capitalised
-    assert await limits.retry_after("alice", "10.0.0.2") == 50  # until the first failure is 60 s old
+    assert await wait("alice", "10.0.0.1") is None
+    await limits.reserve("Alice", "10.0.0.1")  # the same user id, however it is capitalised
+    assert await wait("alice", "10.0.0.2") == 50  # until the first failure is 60 s old
     now[0] += 50
-    assert await limits.retry_after("alice", "10.0.0.2") is None  # it left the window
-    await limits.failed("bob", "10.0.0.1")  # the address's failures within the window: at 1010, 1060 and 1060
-    await limits.failed("dana", "10.0.0.1")
-    assert await limits.retry_after("carol", "10.0.0.1") == 10
-    assert await limits.retry_after("carol", "10.0.0.9") is None
-    await limits.succeeded("bob")
-    assert await limits.retry_after("bob", None) is None
+    assert await wait("alice", "10.0.0.2") is None  # it left the window
+    await limits.reserve("bob", "10.0.0.1")  # the address's failures within the window: at 1010, 1060 and 1060
+    await limits.reserve("ivan", "10.0.0.1")
+    assert await wait("carol", "10.0.0.1") == 10
+    assert await wait("carol", "10.0.0.9") is None
+    # a user's limit reached refuses the attempt without counting it against the address, and the reverse
+    assert await wait("alice", "10.0.0.7") is None
+    await limits.reserve("dana", "10.0.0.7")
+    await limits.reserve("dana", "10.0.0.7")
+    assert await wait("dana", "10.0.0.8") == 60
+    assert await wait("erin", "10.0.0.7") is None  # the address holds only dana's two
+    # a success clears the user and takes its own attempt back from the address
+    success = await limits.reserve("bob", "10.0.0.9")
+    await limits.succeeded(success)
+    assert await wait("bob", None) is None
+    assert await wait("frank", "10.0.0.9") is None
+    await limits.reserve("frank", "10.0.0.9")
+    await limits.reserve("gina", "10.0.0.9")
+    assert await wait("hal", "10.0.0.9") is None  # two counted at 10.0.0.9, bob's success not among them

@@ -4,6 +4,7 @@ person's next request; the password attempt limits are shared by two journal rep
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -176,6 +177,12 @@ async def test_two_journal_replicas_share_the_attempt_limits(
                 for _ in range(3):
                     assert (await sign_in(to_b, "bob", "guess-guess-guess")).status_code == 401
                 assert (await sign_in(to_b, "bob", BOB_PASSWORD)).status_code == 200
+                # twelve attempts at once, six on each replica: each is counted before its password is checked,
+                # so exactly the limit's four are checked (and refused) and the other eight never are
+                tries = await asyncio.gather(
+                    *(sign_in(client, "mallory", "guess-guess-guess") for client in (to_a, to_b) * 6)
+                )
+                assert sorted(t.status_code for t in tries) == [401] * 4 + [429] * 8, [t.text for t in tries]
 
 
 async def test_an_oidc_session_with_the_directory_s_role_ends_when_that_role_changes(

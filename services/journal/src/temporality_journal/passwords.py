@@ -40,9 +40,10 @@ principal ``user:<id typed>``, the client address), rate-limited like every refu
 The limits are shared by every replica: the failures are kept in the NATS KV bucket ``journal-signin-failures``
 (the journal owns it; TTL one day, the longest window), one key per user id (case-folded) and one per address,
 each named by a SHA-256 digest (no user id or address in clear), each holding the times of its failures within
-the window; a failure is added with compare-and-set, so two replicas counting at once lose neither. Two
-attempts checked at the same moment on two replicas may both pass the check before either failure is counted:
-the limit may be overshot by the number of attempts in flight, never more. The bucket unreadable: 503
+the window. Every attempt is counted *before* its password is checked, with a compare-and-set that refuses a
+full key, so attempts at the same moment on any number of replicas never pass the limit: exactly the limit's
+number are checked, the rest are 429. A success takes its count back (and clears the user's); an attempt nothing
+decided (human-interaction did not answer) is taken back too; a wrong password's stays: that is the failure. The bucket unreadable: 503
 ``attempt_limits_unavailable`` (nobody is checked without the limits); a failure that cannot be recorded is
 logged ``signin.attempt_unrecorded``. The times are wall-clock (every replica's clock in the same NTP time).
 The client address is the TCP peer's: behind a proxy every person shares the proxy's address, so set
@@ -51,24 +52,27 @@ The client address is the TCP peer's: behind a proxy every person shares the pro
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import hashlib
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import nats.errors
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from temporality_bus import Bus, Store, TransientError
+from temporality_bus import Bus, NotFound, Store, TransientError
 from temporality_protocol import ConsoleRoleQuery, ConsoleRoleReply, PasswordCheck, PasswordCheckReply
 from temporality_protocol.catalog import BUCKET_SIGNIN_FAILURES, RPC_HUMAN_CONSOLE_ROLE, RPC_HUMAN_VERIFY_PASSWORD
 from temporality_service import ApiError, Unavailable
 
 __all__ = [
     "CHECK_TIMEOUT_S",
+    "Attempt",
     "AttemptLimits",
+    "Exhausted",
     "Failures",
     "PasswordChecker",
     "PasswordSignInBody",
@@ -138,6 +142,23 @@ def _recent(times: list[float], now: float, window_s: float) -> list[float]:
     return [t for t in times if now - window_s < t <= now + window_s]  # a clock far ahead counts as now
 
 
+class Exhausted(Exception):
+    """A limit is reached: no attempt before ``retry_after_s`` seconds."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A sign-in attempt counted by :meth:`AttemptLimits.reserve`: ``at`` is the time it was counted under."""
+
+    user: str
+    address: str | None
+    at: float
+
+
 class AttemptLimits:
     """Failed sign-ins per user id and per client address within a sliding window, in the NATS KV bucket
     ``journal-signin-failures`` that every replica shares (module docstring)."""
@@ -168,12 +189,29 @@ class AttemptLimits:
             keys.append((limit_key("address", address), self.max_per_address))
         return keys
 
-    async def retry_after(self, user: str, address: str | None) -> int | None:
-        """Seconds until ``user`` from ``address`` may try again; None: now. :class:`Unavailable` when the
-        bucket cannot be read (nobody is checked then: the limits are never skipped)."""
+    async def reserve(self, user: str, address: str | None) -> Attempt:
+        """Count this attempt against ``user``'s and ``address``'s limits *before* the password is checked:
+        :class:`Exhausted` (with the seconds to wait) when either limit is reached, :class:`Unavailable` when the
+        bucket cannot be read or written (nobody is checked then: the limits are never skipped).
+
+        Each count is a compare-and-set that refuses a full key, so attempts on any number of replicas at once
+        never pass the limit. The reservation *is* the failure: :meth:`succeeded` takes it back (and clears the
+        user's failures), :meth:`release` takes it back when nothing was decided; one never taken back (a wrong
+        password, or the journal stopping meanwhile) stays counted."""
+        now = self.clock()
+        attempt = Attempt(user=user, address=address, at=now)
         try:
             store = await self._failures()
-            found = await asyncio.gather(*(store.get(key) for key, _ in self._keys(user, address)))
+            taken: list[str] = []
+            try:
+                for key, limit in self._keys(user, address):
+                    await store.modify(key, self._taking(now, limit), create=Failures, validated=True)
+                    taken.append(key)
+            except Exhausted:
+                for key in taken:  # the other limit's count, taken back: this attempt was never made
+                    with contextlib.suppress(NotFound):
+                        await store.modify(key, self._giving_back(now))
+                raise
         except _BUS_ERRORS as exc:
             log.warning("signin.attempt_limits_unavailable", error=type(exc).__name__)
             raise Unavailable(
@@ -182,36 +220,49 @@ class AttemptLimits:
                 code="attempt_limits_unavailable",
                 retry_after_s=5,
             ) from None
-        now = self.clock()
-        waits = []
-        for (_, limit), versioned in zip(self._keys(user, address), found, strict=True):
-            times = sorted(_recent(versioned.value.times, now, self.window_s)) if versioned is not None else []
-            if len(times) >= limit:
-                waits.append(times[len(times) - limit] + self.window_s - now)
-        return max(1, math.ceil(max(waits))) if waits else None
+        return attempt
 
-    async def failed(self, user: str, address: str | None) -> None:
-        """Count a failure for ``user`` and ``address`` (compare-and-set: no replica's failure is lost); logged
-        and dropped when the bucket cannot be written."""
-        now = self.clock()
+    def _taking(self, now: float, limit: int) -> Callable[[Failures], Failures]:
+        def take(current: Failures) -> Failures:
+            times = sorted(_recent(current.times, now, self.window_s))
+            if len(times) >= limit:
+                raise Exhausted(max(1, math.ceil(times[len(times) - limit] + self.window_s - now)))
+            return Failures(times=[*times, now])
+
+        return take
+
+    @staticmethod
+    def _giving_back(at: float) -> Callable[[Failures], Failures | None]:
+        def give_back(current: Failures) -> Failures | None:
+            if at not in current.times:
+                return None  # already gone (out of the window, or cleared by a success)
+            times = list(current.times)
+            times.remove(at)
+            return Failures(times=times)
+
+        return give_back
+
+    async def succeeded(self, attempt: Attempt) -> None:
+        """A success clears the user's failures and takes the attempt back from the address's count."""
         try:
             store = await self._failures()
-            for key, limit in self._keys(user, address):
-
-                def add(current: Failures, limit: int = limit) -> Failures:
-                    times = sorted([*_recent(current.times, now, self.window_s), now])
-                    return Failures(times=times[-limit:])
-
-                await store.modify(key, add, create=Failures, validated=True)
-        except _BUS_ERRORS as exc:
-            log.warning("signin.attempt_unrecorded", error=type(exc).__name__)
-
-    async def succeeded(self, user: str) -> None:
-        """A success clears the user's failures (not the address's)."""
-        try:
-            await (await self._failures()).purge(limit_key("user", user.casefold()))
+            await store.purge(limit_key("user", attempt.user.casefold()))
+            if attempt.address is not None:
+                await store.modify(limit_key("address", attempt.address), self._giving_back(attempt.at))
         except _BUS_ERRORS as exc:
             log.warning("signin.attempts_not_cleared", error=type(exc).__name__)
+        except NotFound:
+            pass  # the address's key expired meanwhile: nothing to take back
+
+    async def release(self, attempt: Attempt) -> None:
+        """Take the attempt back from both counts: nothing was decided (human-interaction did not answer)."""
+        try:
+            store = await self._failures()
+            for key, _ in self._keys(attempt.user, attempt.address):
+                with contextlib.suppress(NotFound):
+                    await store.modify(key, self._giving_back(attempt.at))
+        except _BUS_ERRORS as exc:
+            log.warning("signin.attempt_not_released", error=type(exc).__name__)
 
 
 class PasswordChecker:

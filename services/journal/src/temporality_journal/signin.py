@@ -78,6 +78,7 @@ never a token, code, secret or cookie.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Iterable
@@ -100,6 +101,7 @@ from temporality_journal.directory_sessions import DIRECTORY_KEY, DirectoryCheck
 from temporality_journal.passwords import (
     REFUSED,
     AttemptLimits,
+    Exhausted,
     PasswordChecker,
     PasswordSignedIn,
     PasswordSignInBody,
@@ -481,20 +483,25 @@ class SignIn:
             address = request.client.host if request.client is not None else None
             assert self.passwords is not None  # install() set it
             assert self.limits is not None
-            wait = await self.limits.retry_after(body.user, address)
-            if wait is not None:
+            try:
+                attempt = await self.limits.reserve(body.user, address)
+            except Exhausted as full:
+                wait = full.retry_after_s
                 log.info("signin.password_rate_limited", user_id=body.user[:64], address=address, retry_after_s=wait)
                 raise TooManyAttempts(
                     f"too many failed sign-ins; retry in {wait} s", headers={"Retry-After": str(wait)}
-                )
-            reply = await self.passwords.check(body.user, body.password)
-            if not reply.ok:
-                await self.limits.failed(body.user, address)
+                ) from None
+            try:
+                reply = await self.passwords.check(body.user, body.password)
+            except BaseException:  # nothing was decided (human-interaction did not answer): not a failure
+                await asyncio.shield(self.limits.release(attempt))
+                raise
+            if not reply.ok:  # the attempt stays counted: that is the failure
                 log.info("signin.password_refused", user_id=body.user[:64], address=address)
                 if self.audit is not None:
                     self.audit.refused_here(status=401, reason="password_refused", principal=f"user:{body.user[:64]}")
                 raise SignInRefused(REFUSED)
-            await self.limits.succeeded(body.user)
+            await self.limits.succeeded(attempt)
             user_id = reply.user_id or body.user
             role = None if reply.role is None else Role[reply.role]
             if self.directory is not None:

@@ -198,12 +198,9 @@ def _short(name: str) -> str:
 
 
 def _goal(ax: Axes, y: float, label: str) -> None:
-    """A dashed goal line, labelled at the right end above it."""
-    ax.axhline(y, color=GOAL, linestyle="--", linewidth=1)
-    ax.text(
-        0.99, y, label, transform=ax.get_yaxis_transform(), ha="right", va="bottom", color=GOAL, fontsize=8,
-        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},
-    )  # fmt: skip
+    """A dashed goal line, named in the plot's legend (a label on the line would cover a bar's figure)."""
+    ax.axhline(y, color=GOAL, linestyle="--", linewidth=1, label=label)
+    ax.legend(fontsize=8)
 
 
 def _cpu_ratio(ours: GatewayServer, bare: GatewayServer) -> float | None:
@@ -347,8 +344,9 @@ def plot_vs_temporal(record: VsTemporalRecord, out: Path) -> Path:
         lat, names, {"p50": [s.p50_ms for s in f.systems], "p99": [s.p99_ms for s in f.systems]}, [OURS, ALT], "{:,.0f}"
     )
     lat.tick_params(axis="x", labelsize=7)
+    lat.set_yscale("log")  # seconds under load against a 100 ms goal
     _goal(lat, 100, "goal p50 <= 100 ms")
-    lat.set_ylabel("loop latency, ms")
+    lat.set_ylabel("loop latency, ms (log scale)")
     return _save(fig, out)
 
 

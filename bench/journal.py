@@ -486,6 +486,8 @@ async def main() -> None:
         "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
     )
     args = parser.parse_args()
+    if args.json_out is not None and args.consumer_only is not None:
+        parser.error("--consumer-only measures no journal: it writes no record (--json-out)")
     recorder = Recorder("journal", {k: v for k, v in vars(args).items() if k != "json_out"})
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := python3
 UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 
-.PHONY: up test lint typecheck schemas schemas-check bench sync
+.PHONY: up test lint typecheck schemas schemas-check bench bench-wrk bench-report bench-plot sync
 .tools/bin/uv:
 	python3 -m venv .tools && .tools/bin/pip install --quiet uv==0.13.9
 
@@ -44,7 +44,7 @@ schemas-check: sync  ## fail when schemas/ or the NATS authorization of compose 
 
 # The gateway bench drives load with wrk (Debian's package); installed here when missing and apt-get exists,
 # as .ci/run installs Chromium. Without it bench/gateway.py says how to get it and exits 2 (make stops there).
-bench: sync  ## print throughput and latency figures (no assertions; installs Debian's wrk when missing)
+bench-wrk:
 	@if ! command -v wrk >/dev/null 2>&1; then \
 	  if command -v apt-get >/dev/null 2>&1; then \
 	    echo "bench: installing wrk (Debian package) for bench/gateway.py"; \
@@ -55,9 +55,18 @@ bench: sync  ## print throughput and latency figures (no assertions; installs De
 	    echo "warning: wrk is not installed and apt-get is not available: install wrk (https://github.com/wg/wrk) to run bench/gateway.py"; \
 	  fi; \
 	fi
+
+bench: sync bench-wrk  ## print throughput and latency figures (no assertions; installs Debian's wrk when missing)
 	.venv/bin/python bench/gateway.py
 	.venv/bin/python bench/latency.py
 	.venv/bin/python bench/journal.py
 	.venv/bin/python bench/agent_collab.py
 	.venv/bin/python bench/parked_runs.py
 	.venv/bin/python bench/vs_temporal.py
+
+# The benches with short settings (~10 min on a quiet 2-core box), their JSON records in docs/bench/data/, their
+# plots (PNG) and docs/bench/README.md written from them; bench-plot only re-plots the records already there.
+bench-report: sync bench-wrk  ## run the benches briefly and regenerate docs/bench/ (plots, records, README)
+	.venv/bin/python bench/report.py
+bench-plot: sync  ## re-plot docs/bench/ from the JSON records already in docs/bench/data/ (runs no bench)
+	.venv/bin/python bench/report.py --plot-only

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from benchrecord import AgentCollabFigures, Durability, JetStreamDurability, Recorder, jetstream_durability, percentiles
 from nats.aio.msg import Msg
 
 from temporality_agent_collab.__main__ import SPEC as COLLAB_SPEC
@@ -41,6 +42,7 @@ from temporality_agent_collab.settings import Settings as CollabSettings
 from temporality_bus import Bus, NatsSettings
 from temporality_embedded.natsserver import NatsServer
 from temporality_protocol import HumanPolicy, LaunchSource, RunRequested, make_event
+from temporality_protocol.catalog import service_source
 from temporality_run_executor.__main__ import SPEC as EXECUTOR_SPEC
 from temporality_run_executor.__main__ import configure as configure_executor
 from temporality_run_executor.settings import Settings as ExecutorSettings
@@ -107,7 +109,16 @@ async def _start(bus: Bus, agent: str, saga: str) -> str:
         launch=LaunchSource(kind="webhook", trigger_id="bench"),
         human=HumanPolicy(allowed_recipients=[]),
     )
-    await bus.publish(make_event(data, source="/bench", id=f"evt-rr-{run_id}", run_id=run_id, correlation_id=saga))
+    # sent as the gateway sends a run.requested: the consumers refuse an event from no service's source (SEC-1)
+    event = make_event(
+        data,
+        source=service_source("trigger-gateway"),
+        id=f"evt-rr-{run_id}",
+        run_id=run_id,
+        correlation_id=saga,
+        actor="service:trigger-gateway",
+    )
+    await bus.publish(event)
     return run_id
 
 
@@ -196,10 +207,13 @@ async def _baseline(bus: Bus, count: int) -> list[float]:
     return out
 
 
-async def _measure(asks: int, per_saga: int, tmp: Path) -> tuple[list[dict[str, float]], int, list[float]]:
-    server = NatsServer(tmp / "nats")
+async def _measure(
+    asks: int, per_saga: int, tmp: Path
+) -> tuple[list[dict[str, float]], int, list[float], JetStreamDurability]:
+    server = NatsServer(tmp / "nats", monitoring=True)  # /varz: the JetStream sync settings it runs with
     server.start()
     try:
+        durability = jetstream_durability(server.monitoring_url)
         agents_file = tmp / "agents.yaml"
         agents_file.write_text(yaml.safe_dump({"agents": _scripts(per_saga)}), encoding="utf-8")
         settings = NatsSettings(url=server.url)
@@ -214,7 +228,7 @@ async def _measure(asks: int, per_saga: int, tmp: Path) -> tuple[list[dict[str, 
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
     finally:
         server.stop()
-    return trips, strays, baseline
+    return trips, strays, baseline, durability
 
 
 def _line(name: str, values_s: list[float]) -> str:
@@ -226,11 +240,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--asks", type=int, default=100, help="round trips to measure")
     parser.add_argument("--per-saga", type=int, default=20, help="asks per (lead, expert) pair, at most 20")
+    parser.add_argument(
+        "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
+    )
     args = parser.parse_args()
+    recorder = Recorder("agent_collab", {"asks": args.asks, "per_saga": args.per_saga})
     per_saga = max(1, min(args.per_saga, 20, args.asks))  # expert's turns: 20 x (20 busy + 1) < MAX_TURNS
     configure_logging(LogSettings(level="warning", format="console"), service="bench")
     with tempfile.TemporaryDirectory(prefix="temporality-bench-") as tmp:
-        trips, strays, baseline = asyncio.run(_measure(args.asks, per_saga, Path(tmp)))
+        trips, strays, baseline, jetstream = asyncio.run(_measure(args.asks, per_saga, Path(tmp)))
     out = sys.stdout.write
     if not trips:
         out("no complete round trip was seen\n")
@@ -257,6 +275,19 @@ def main() -> int:
     out(_line("request -> reply", baseline))
     ratio = statistics.median(total) / statistics.median(baseline)
     out(f"ratio p50 (ask_agent round trip / bare request-reply): {ratio:.1f}x\n")
+    legs = {
+        "routing": ("agent.asked", "agent.message.received"),
+        "boundary": ("agent.message.received", "agent.replied"),
+        "routing back": ("agent.replied", "agent.answer.received"),
+    }
+    figures = AgentCollabFigures(
+        round_trip=percentiles([v * 1000 for v in total]),
+        legs={name: percentiles([(t[b] - t[a]) * 1000 for t in trips]) for name, (a, b) in legs.items()},
+        bare_request_reply=percentiles([v * 1000 for v in baseline]),
+        strays=strays,
+    )
+    # no database here: the run-executor and agent-collab keep their state in JetStream KV
+    recorder.finish(figures, Durability(jetstream=jetstream), args.json_out)
     return 0
 
 

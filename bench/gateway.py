@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from benchrecord import Durability, GatewayFigures, GatewayServer, Recorder, jetstream_durability
 from fastapi import FastAPI, Request, Response
 
 from temporality_bus import Bus, NatsSettings
@@ -413,6 +414,7 @@ def _profile_report(folder: Path, kinds: list[str], top: int = 25) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    recorder = Recorder("gateway", _settings(args))
     cores = os.cpu_count() or 1
     load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
     sys.stdout.write(
@@ -432,6 +434,7 @@ def _bench(args: argparse.Namespace) -> int:
         nats_pid = nats.proc.pid
         servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         runs: dict[str, list[Result]] = {kind: [] for kind in args.servers}
+        durability = Durability(jetstream=jetstream_durability(nats.monitoring_url))
         try:
             for kind in args.servers:  # idle while another is measured: an idle server costs nothing
                 profile = args.profile / f"{kind}.prof" if args.profile is not None else None
@@ -445,7 +448,31 @@ def _bench(args: argparse.Namespace) -> int:
             for proc, _ in servers.values():
                 _stop(proc)
             nats.stop()
-    _report({kind: max(rs, key=lambda r: r.rate) for kind, rs in runs.items()}, runs)
+    best = {kind: max(rs, key=lambda r: r.rate) for kind, rs in runs.items()}
+    _report(best, runs)
+    figures = GatewayFigures(
+        connections=args.connections,
+        duration_s=args.duration,
+        rounds=args.rounds,
+        servers=[
+            GatewayServer(
+                name=r.name,
+                req_s=r.rate,
+                p50_ms=r.p50_ms,
+                p99_ms=r.p99_ms,
+                requests=r.requests,
+                accepted=r.accepted,
+                non_2xx=r.non_2xx,
+                socket_errors=r.socket_errors,
+                server_cpu_ms=r.server_cpu_ms,
+                nats_cpu_ms=r.nats_cpu_ms,
+                msgs_per_req=r.publishes,
+                other_cores=r.other_cores,
+            )
+            for r in best.values()
+        ],
+    )
+    recorder.finish(figures, durability, args.json_out)
     if args.profile is not None:
         _profile_report(args.profile, args.servers)
     refused = {
@@ -458,6 +485,11 @@ def _bench(args: argparse.Namespace) -> int:
         sys.stderr.write(f"not every request was accepted with 202: {refused}\n")
         return 1
     return 0
+
+
+def _settings(args: argparse.Namespace) -> dict[str, object]:
+    keys = ("duration", "warmup", "connections", "threads", "rounds", "servers", "before", "profile")
+    return {key: getattr(args, key) for key in keys}
 
 
 def main() -> None:
@@ -490,6 +522,9 @@ def main() -> None:
         help="serve a 'before' server too (as runtime is served) with these source folders first on its"
         " PYTHONPATH, e.g. an older services/trigger-gateway/src exported with git archive: old and new code"
         " measured interleaved in one run",
+    )
+    parser.add_argument(
+        "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
     )
     parser.add_argument("--timeout", type=float, default=600, help="give up after this many seconds (default 600)")
     parser.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)

@@ -39,12 +39,20 @@ from typing import Any
 
 import asyncpg
 import structlog
+from benchrecord import (
+    Durability,
+    JournalFigures,
+    JournalResult,
+    Recorder,
+    database_durability,
+    jetstream_durability,
+    merge,
+)
 from nats.js.errors import NotFoundError
 from sqlalchemy.engine import make_url
 
 from temporality_bus import Bus, Consumer, Delivery, NatsSettings
 from temporality_embedded.natsserver import NatsServer
-from temporality_journal.database import Database
 from temporality_journal.projection import run_id_of
 from temporality_protocol import (
     Envelope,
@@ -474,7 +482,13 @@ async def main() -> None:
         metavar="DIR",
         help="run the journal under cProfile, one .prof per database in DIR (its figures are then not comparable)",
     )
+    parser.add_argument(
+        "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
+    )
     args = parser.parse_args()
+    if args.json_out is not None and args.consumer_only is not None:
+        parser.error("--consumer-only measures no journal: it writes no record (--json-out)")
+    recorder = Recorder("journal", {k: v for k, v in vars(args).items() if k != "json_out"})
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     # the bench's own bus client: no log line per publish (that cost the live publisher half its rate)
@@ -482,8 +496,9 @@ async def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="journal-bench-") as tmp:
         workdir = Path(tmp)
-        server = NatsServer(workdir / "nats")
+        server = NatsServer(workdir / "nats", monitoring=True)  # /varz: the JetStream sync settings
         server.start()
+        durability = Durability(jetstream=jetstream_durability(server.monitoring_url))
         try:
             async with Bus.connect(NatsSettings(url=server.url), name="bench") as bus:
                 await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
@@ -500,7 +515,6 @@ async def main() -> None:
                         )
                     return
                 results: list[dict[str, Any]] = []
-                baselines: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {}
                 targets: list[str] = ["sqlite"]
                 if not args.no_postgres and await postgres_answers():
                     targets.append("postgresql")
@@ -511,9 +525,9 @@ async def main() -> None:
                         async with _database(target, workdir, f"{batch_size}") as db:
                             # the baseline right before and right after the journal, in the same database:
                             # on a shared machine it swings with the other load, so both are shown. The schema
-                            # is made first (as the journal's start would), for the baseline's copy of `events`.
-                            async with Database.open(db.url):
-                                pass
+                            # is made first (as the journal's start would), for the baseline's copy of `events`;
+                            # the durability the journal's connections run with is read on the way.
+                            durability = merge(durability, await database_durability(db.url))
                             before = await db.baseline(backlog, "events_baseline_before")
                             result = await measure(
                                 bus,
@@ -527,12 +541,15 @@ async def main() -> None:
                                 args.profile,
                             )
                             after = await db.baseline(backlog, "events_baseline_after")
-                            baselines[target] = (before, after)
+                            result["baseline_before_s"] = len(backlog) / before[0]
+                            result["baseline_after_s"] = len(backlog) / after[0]
                             results.append(result)
                             say(f"  measured {target} batch {batch_size}: {result['events_s']:,.0f} events/s")
         finally:
             server.stop()
-    _say(results, baselines, len(backlog))
+    _say(results)
+    figures = JournalFigures(results=[JournalResult.model_validate(r) for r in results])
+    recorder.finish(figures, durability, args.json_out)
 
 
 @contextlib.asynccontextmanager
@@ -549,24 +566,20 @@ async def _database(target: str, workdir: Path, tag: str) -> AsyncIterator[Db]:
             await db.close()
 
 
-def _say(
-    results: list[dict[str, Any]],
-    baselines: dict[str, tuple[tuple[float, float], tuple[float, float]]],
-    events: int,
-) -> None:
+def _say(results: list[dict[str, Any]]) -> None:
     say()
     say(
         f"{'database':<11} {'batch':>5} {'load':>5} {'events/s':>10} {'CPU ms/event':>13} {'cores':>6} "
         f"{'baseline/s before-after':>24} {'ratio':>10} {'live publish/s':>15} {'lag s':>6}"
     )
     for r in results:
-        (before, _), (after, _) = baselines[r["db"]]
-        low, high = sorted((events / before, events / after))
+        before, after = r["baseline_before_s"], r["baseline_after_s"]
+        low, high = sorted((before, after))
         live = f"{r['live_publish_s']:>15,.0f} {r['lag_s']:>6.2f}" if "lag_s" in r else f"{'-':>15} {'-':>6}"
         ratios = f"{r['events_s'] / high:.0%}-{r['events_s'] / low:.0%}"
         say(
             f"{r['db']:<11} {r['batch']:>5} {r['load']:>5.1f} {r['events_s']:>10,.0f} {r['cpu_ms_per_event']:>13.3f} "
-            f"{r['cpu_cores']:>6.2f} {events / before:>11,.0f} {events / after:>12,.0f} {ratios:>10} {live}"
+            f"{r['cpu_cores']:>6.2f} {before:>11,.0f} {after:>12,.0f} {ratios:>10} {live}"
         )
     say()
     say(

@@ -22,6 +22,16 @@ from pathlib import Path
 
 import httpx
 import nats
+from benchrecord import (
+    Durability,
+    LatencyFigures,
+    Recorder,
+    database_durability,
+    jetstream_durability,
+    merge,
+    percentiles,
+)
+from nats.aio.msg import Msg
 
 from temporality_embedded import Stack, StackConfig, free_port
 
@@ -41,7 +51,7 @@ async def _measure(stack: Stack, runs: int) -> tuple[list[float], list[float]]:
 
     loop = asyncio.get_running_loop()
 
-    async def on_started(msg: nats.aio.msg.Msg) -> None:
+    async def on_started(msg: Msg) -> None:
         # run.started may arrive before the HTTP response: whoever comes first creates the future
         fut = started.setdefault(json.loads(msg.data).get("runid"), loop.create_future())
         if not fut.done():
@@ -68,7 +78,7 @@ async def _measure(stack: Stack, runs: int) -> tuple[list[float], list[float]]:
     await js.add_stream(name="BENCH", subjects=["bench.>"])
     got: asyncio.Queue[float] = asyncio.Queue()
 
-    async def on_bench(msg: nats.aio.msg.Msg) -> None:
+    async def on_bench(msg: Msg) -> None:
         await got.put(time.perf_counter())
         await msg.ack()
 
@@ -85,7 +95,11 @@ async def _measure(stack: Stack, runs: int) -> tuple[list[float], list[float]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument(
+        "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
+    )
     args = parser.parse_args()
+    recorder = Recorder("latency", {"runs": args.runs})
     with tempfile.TemporaryDirectory(prefix="temporality-bench-") as tmp:
         stack = Stack(
             StackConfig(
@@ -98,9 +112,14 @@ def main() -> int:
                 extra_env={"TEMPORALITY_LOG_LEVEL": "warning"},
             )
         )
+        stack.nats.monitoring = True  # /varz: the JetStream sync settings it runs with
         stack.start()
         try:
             latencies, baseline = asyncio.run(_measure(stack, args.runs))
+            durability = merge(
+                Durability(jetstream=jetstream_durability(stack.nats.monitoring_url)),
+                asyncio.run(database_durability(stack.database_url)),
+            )
         finally:
             stack.stop()
     ms = [x * 1000 for x in latencies]
@@ -111,6 +130,8 @@ def main() -> int:
     out("baseline: bare JetStream publish -> consume, same server\n")
     out(f"  p50 {statistics.median(base):8.2f} ms   p99 {_pct(base, 0.99):8.2f} ms\n")
     out(f"ratio p50 (webhook->run.started / bare hop): {statistics.median(ms) / statistics.median(base):.1f}x\n")
+    figures = LatencyFigures(webhook_to_run_started=percentiles(ms), bare_jetstream=percentiles(base))
+    recorder.finish(figures, durability, args.json_out)
     return 0
 
 

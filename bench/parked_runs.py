@@ -49,6 +49,17 @@ from typing import Any
 
 import httpx
 import nats
+from benchrecord import (
+    Durability,
+    ParkedPhase,
+    ParkedRunsFigures,
+    Percentiles,
+    Recorder,
+    database_durability,
+    jetstream_durability,
+    merge,
+    percentiles,
+)
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -193,6 +204,28 @@ async def _baseline(bus: Bus, nc: NATS, count: int, size: int, chunk: int) -> fl
     return count / elapsed
 
 
+async def _bare_hop(nc: NATS, count: int, size: int) -> list[float]:
+    """Milliseconds of one JetStream publish -> push-consumer delivery, one at a time, ``count`` times: the
+    bus's floor under the answer -> ``run.resumed`` latency."""
+    js = nc.jetstream()
+    await js.add_stream(name="BENCH_HOP", subjects=["bench.hop"])
+    got: asyncio.Queue[float] = asyncio.Queue()
+
+    async def on(msg: Msg) -> None:
+        await got.put(time.perf_counter())
+        await msg.ack()
+
+    sub = await js.subscribe("bench.hop", cb=on, durable="bench-hop", manual_ack=True)
+    body, out = b"x" * size, []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        await js.publish("bench.hop", body)
+        out.append((await asyncio.wait_for(got.get(), 10) - t0) * 1000)
+    await sub.unsubscribe()
+    await js.delete_stream("BENCH_HOP")
+    return out
+
+
 #: The streams the parked runs live in (records, checkpoints, events, timers): their size on the server.
 STORE_STREAMS = (
     f"KV_{BUCKET_RUNS.name}",
@@ -322,9 +355,9 @@ class Phase:
 
 async def _measure(
     stack: Stack, runs: int, sample: int, chunk: int, before: list[str], rounds: int
-) -> tuple[list[tuple[str, dict[str, Any]]], float]:
+) -> tuple[list[tuple[str, dict[str, Any]]], float, list[float]]:
     """Each phase's figures, in the order measured (with ``before``: that code's executor, then this one's,
-    ``rounds`` times), and the bare baseline's messages/s."""
+    ``rounds`` times), the bare baseline's messages/s and its one-at-a-time hop latencies (ms)."""
     nc = await nats.connect(stack.nats_url)
     seen = Seen()
     for kind in ("human.requested", "run.resumed", "run.completed", "run.failed"):
@@ -343,8 +376,9 @@ async def _measure(
                 running = label
             results.append((label, await phase.run(runs, sample, chunk)))
         bare = await _baseline(bus, nc, max(runs, 1000), len(template[2]), chunk)
+        hop = await _bare_hop(nc, max(sample, 20), len(template[2]))
     await nc.drain()
-    return results, bare
+    return results, bare, hop
 
 
 def _report(label: str, f: dict[str, Any]) -> None:
@@ -409,7 +443,11 @@ def main() -> int:
         "same run (same stack) before the current code's: ratios current/before",
     )
     parser.add_argument("--rounds", type=int, default=1, help="phases of each code, alternated")
+    parser.add_argument(
+        "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
+    )
     args = parser.parse_args()
+    recorder = Recorder("parked_runs", {k: v for k, v in vars(args).items() if k != "json_out"})
     extra_env = {"TEMPORALITY_LOG_LEVEL": "warning"}
     if args.executor_inflight is not None:
         extra_env["TEMPORALITY_EXECUTOR_MAX_INFLIGHT"] = str(args.executor_inflight)
@@ -430,10 +468,14 @@ def main() -> int:
         stack.nats.monitoring = True  # /connz: the messages the run-executor sends and receives
         stack.start()
         try:
-            results, bare = asyncio.run(
+            results, bare, hop = asyncio.run(
                 _measure(
                     stack, args.runs, sample, args.chunk, [str(Path(p).resolve()) for p in args.before], args.rounds
                 )
+            )
+            durability = merge(
+                Durability(jetstream=jetstream_durability(stack.nats.monitoring_url)),
+                asyncio.run(database_durability(stack.database_url)),
             )
         finally:
             stack.stop()
@@ -446,6 +488,11 @@ def main() -> int:
     for label, figures in results:
         _report(label, figures)
     out(f"baseline: bare JetStream publish -> pull consume + ack, same sizes: {bare:.0f} msgs/s\n")
+    bare_hop = percentiles(hop)
+    out(
+        f"baseline latency: bare JetStream publish -> consume, one at a time, {bare_hop.n}: "
+        f"p50 {bare_hop.p50_ms:.2f} ms, p99 {bare_hop.p99_ms:.2f} ms\n"
+    )
     for label, f in results:
         if "resume_per_s" in f:
             out(f"ratio resume / bare [{label}]: {f['resume_per_s'] / bare:.3f}   (goal: resume >= 1000 runs/s)\n")
@@ -473,6 +520,27 @@ def main() -> int:
                 b = statistics.median(f[key][0] for f in befores)
                 c = statistics.median(f[key][0] for f in currents)
                 out(f"  {what:42s} {b:9.1f} -> {c:9.1f}   x{c / b:.2f}\n")
+    phases = [
+        ParkedPhase(
+            label=label,
+            runs=f["runs"],
+            park_per_s=f["park_per_s"],
+            resume_per_s=f.get("resume_per_s"),
+            lifecycle_end_per_s=f.get("lifecycle_end_per_s"),
+            latency=(
+                Percentiles(n=f["sample"], p50_ms=f["latency_p50_ms"], p99_ms=f["latency_p99_ms"])
+                if "latency_p50_ms" in f
+                else None
+            ),
+            executor_cpu_ms_per_resume=f.get("executor_cpu_ms_per_resume"),
+            rss_before_mb=f["rss_before_mb"],
+            rss_parked_mb=f["rss_parked_mb"],
+            rss_after_mb=f["rss_after_mb"],
+            failed=f["failed"],
+        )
+        for label, f in results
+    ]
+    recorder.finish(ParkedRunsFigures(phases=phases, bare_msgs_s=bare, bare_hop=bare_hop), durability, args.json_out)
     return 0
 
 

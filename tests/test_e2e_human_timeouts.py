@@ -301,6 +301,11 @@ async def test_notify_reaches_the_preferred_channel_without_parking_the_run_and_
     assert done["result"] == "Told user:alice."
     [notify] = await _journaled(http, stack, run_id, "human.notify_requested")
     assert (notify["data"]["recipient"], notify["data"]["message"]) == ("user:alice", NOTE)
+    # which channel carried it, journaled in the run by human-interaction (nothing failed before it)
+    [delivered] = await _journaled(http, stack, run_id, "human.notification_delivered")
+    assert delivered["data"]["notification_id"] == notify["data"]["notification_id"]
+    assert (delivered["data"]["person"], delivered["data"]["channel"]) == ("user:alice", "telegram")
+    assert (delivered["data"]["fallback_from"], delivered["data"]["failed_attempts"]) == (None, [])
     types = [e["type"] for e in await _events(http, stack, run_id)]
     assert "human.requested" not in types  # a notification is no question: the run never waited
     assert "run.resumed" not in types

@@ -64,6 +64,8 @@ from temporality_protocol.events import (
     HumanDirectoryChanged,
     HumanEscalated,
     HumanExpired,
+    HumanNotificationDelivered,
+    HumanNotificationFailed,
     HumanNotified,
     HumanNotifyRequested,
     HumanOption,
@@ -234,6 +236,17 @@ EXAMPLES: dict[str, EventData] = {
             kind="user", entry_id="carol", action="updated", revision=7, changed_by="ci-bot", role="admin",
             changed_fields=["inbox_token", "preferred"],
             after={"id": "carol", "display_name": "Carol", "preferred": "telegram", "inbox_token_set": True},
+        ),
+        HumanNotificationDelivered(
+            notification_id="hn-1", run_id="run-1", recipient="group:api-owners", person="user:bob",
+            channel="web", fallback_from="telegram",
+            failed_attempts=[DeliveryAttempt(channel="telegram", error="bot blocked by the user")],
+            delivery=2, redacted={"token": 1},
+        ),
+        HumanNotificationFailed(
+            notification_id="hn-2", run_id="run-1", recipient="user:alice", reason="no_channel",
+            detail="every channel failed on 8 deliveries", unreached=["user:alice"],
+            failed_attempts=[DeliveryAttempt(channel="telegram", error="bot blocked by the user")], deliveries=8,
         ),
         AgentAsked(
             request_id="req-1", asker_run_id="run-1", asker_agent="planner", to="agent:reviewer", mode="wait",

@@ -1,6 +1,7 @@
 """A start lists the requests bucket only until it knows every stored request has a run entry, and looks a
 request that was never stored up once, not at every start -- while the repair of older versions' records
-still works.
+still works. A replica lists ``human-channels`` once as it starts: the retention mirror's snapshot, which the
+index repair reads too.
 
 What the service asks of the real buckets is seen on the wire: a plain NATS subscriber on the JetStream API
 subjects of the ``human-requests`` stream (``human_support.kv_calls``) records every listing (a consumer
@@ -11,7 +12,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import httpx
-from human_support import ALICE, KvSpy, kv_calls, requested
+from human_support import ALICE, USERS_FILE, KvSpy, kv_calls, requested
+from replica_support import replica
 
 from temporality_bus import Bus, NatsSettings, live_entries
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
@@ -25,6 +27,7 @@ from temporality_human_interaction.inbox import (
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import index_request
+from temporality_human_interaction.settings import Settings
 from temporality_protocol import HumanRequested
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
 
@@ -150,3 +153,21 @@ async def test_a_request_never_stored_is_looked_up_until_its_entries_are_old_the
     await handler.handle(lonely)
     assert await ChannelRefs(bus).get(inbox_key("user:alice", lonely_id)) == lonely_id
     assert await ChannelRefs(bus).get(ref_key("run", lonely.payload(HumanRequested).run_id, lonely_id)) == lonely_id
+
+
+async def test_a_replica_lists_human_channels_once_as_it_starts_and_still_repairs_the_index(
+    bus: Bus, nats_settings: NatsSettings, handler: RequestHandler
+) -> None:
+    """The index repair reads the snapshot the retention mirror has just taken (``__main__``), not a listing of
+    its own: one listing of the whole bucket per start, however many keys it holds."""
+    for event in (requested(), requested(recipient="group:api-owners", allowed=("group:api-owners",))):
+        await handler.handle(event)
+    old = await _store_as_the_first_version(bus)  # only a start's repair puts it in alice's inbox
+    whole = f"$KV.{BUCKET_HUMAN_CHANNELS.name}.>"
+    settings = Settings(nats=nats_settings, host="127.0.0.1", port=0, users_file=USERS_FILE, bus_timeout_s=5.0)
+    async with kv_calls(nats_settings.url, BUCKET_HUMAN_CHANNELS.name) as spy, replica(settings) as url:
+        listings = (await spy.calls()).listings  # the service is ready: its start is done
+        assert listings.count(whole) == 1, listings
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            assert old.request_id in await _inbox(client)  # repaired from the mirror's snapshot
+        assert (await spy.calls()).listings.count(whole) == 1  # the inbox reads alice's keys, not the bucket

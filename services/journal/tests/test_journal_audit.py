@@ -29,6 +29,7 @@ from temporality_protocol.events import (
     HandoffDocument,
     HumanAnswerRefused,
     HumanDirectoryChanged,
+    HumanNotificationFailed,
 )
 
 Journal = Any  # conftest.Journal
@@ -245,3 +246,24 @@ async def test_an_external_agent_s_refused_task_message_is_audited(journal: Jour
     (entry,) = body["entries"]
     assert (entry["type"], entry["target"]) == ("agent.task.refused", "task-1")
     assert "tool_calls of agent ext-1 for task task-1 refused: tool_not_allowed" == entry["summary"]
+
+
+async def test_a_notification_to_someone_the_run_may_not_tell_is_audited_and_an_undelivered_one_is_not(
+    journal: Journal,
+) -> None:
+    """SEC-1/HUM-9: an agent's ``notify`` to a person outside its run's allowed recipients is a permission refusal
+    on record, like a refused question; a notification no channel carried is not a refusal."""
+    refused, undelivered = (
+        HumanNotificationFailed(
+            notification_id=f"hn-{n}", run_id="run-9", recipient="user:mallory", reason=reason,
+            detail="user:mallory may not be notified by run run-9 (SEC-1)", unreached=["user:mallory"],
+        )
+        for n, reason in ((1, "recipient_not_allowed"), (2, "no_channel"))
+    )  # fmt: skip
+    await journal.recorder.record_batch(
+        [(_ev(refused, 1, run_id="run-9"), 1), (_ev(undelivered, 2, run_id="run-9"), 2)]
+    )
+    body = (await journal.client.get("/audit", params={"kind": "permission_refusal"}, headers=OPERATOR)).json()
+    (entry,) = body["entries"]
+    assert (entry["type"], entry["target"], entry["run_id"]) == ("human.notification_failed", "user:mallory", "run-9")
+    assert entry["summary"] == "notification to user:mallory refused: recipient_not_allowed"

@@ -13,7 +13,15 @@ from journal_support import VIEWER_TOKEN, console_screenshot
 from playwright.async_api import BrowserContext, Page, expect
 
 from temporality_protocol import RunFailed, RunResumed, TriggerRejected, derive_id, make_event
-from temporality_protocol.events import AgentReplyUndeliverable, HumanRejected
+from temporality_protocol.events import (
+    AgentReplyUndeliverable,
+    DeliveryAttempt,
+    HumanNotificationDelivered,
+    HumanNotificationFailed,
+    HumanNotifyRequested,
+    HumanPolicy,
+    HumanRejected,
+)
 
 MakeStory = Callable[..., Any]
 Served = Any
@@ -104,3 +112,68 @@ async def test_an_unknown_reason_shows_as_it_is_and_delivery_reasons_read_as_wor
     reason = row.locator(".reason")
     await expect(reason).to_have_text("the trigger's condition did not match", timeout=WAIT_MS)
     await expect(reason).to_have_attribute("title", "filtered")
+
+
+async def test_an_agents_notification_shows_who_was_told_on_which_channel_and_who_was_not(
+    served_journal: Served, browser_context: BrowserContext, story: MakeStory
+) -> None:
+    """HUM-9: ``human.notify_requested``, then a ``human.notification_delivered`` per person told (the channel, the
+    fallback and what failed first) or ``human.notification_failed`` (why, in words; who was not told)."""
+    s = story(title="Notifications")
+    policy = HumanPolicy(allowed_recipients=["group:pair"])
+    asked = s._event(
+        HumanNotifyRequested(
+            notification_id="hn-1",
+            run_id=s.run_id,
+            agent="reviewer",
+            title="Review PR 42",
+            recipient="group:pair",
+            message="Review finished: two comments.",
+            policy=policy,
+            turn=2,
+        ),
+        "notify",
+    )
+    blocked = DeliveryAttempt(channel="telegram", error="user:frank: Forbidden: bot was blocked by the user")
+    told = s._event(
+        HumanNotificationDelivered(
+            notification_id="hn-1",
+            run_id=s.run_id,
+            recipient="group:pair",
+            person="user:alice",
+            channel="telegram",
+            fallback_from="matrix",
+            failed_attempts=[DeliveryAttempt(channel="matrix", error="no matrix adapter runs in this deployment")],
+        ),
+        "notified.alice",
+    )
+    failed = s._event(
+        HumanNotificationFailed(
+            notification_id="hn-1",
+            run_id=s.run_id,
+            recipient="group:pair",
+            reason="no_channel",
+            detail="did not reach user:frank",
+            unreached=["user:frank"],
+            failed_attempts=[blocked],
+            deliveries=8,
+        ),
+        "notify.failed",
+    )
+    for event in (s.requested(), s.started(), asked, told, failed):
+        await served_journal.bus.publish(event)
+    await served_journal.wait_recorded(failed.id)
+
+    page = await _sign_in(browser_context, served_journal, f"#/runs/{s.run_id}")
+    timeline = page.locator("#timeline")
+    await expect(timeline.locator('li[data-type="human.notify_requested"] .step-title')).to_have_text(
+        "Notify group:pair: Review finished: two comments.", timeout=WAIT_MS
+    )
+    delivered = timeline.locator('li[data-type="human.notification_delivered"]')
+    await expect(delivered.locator(".step-title")).to_have_text("Notification delivered to alice on telegram")
+    await expect(delivered.locator("dl.facts")).to_contain_text("matrix: no matrix adapter runs in this deployment")
+    not_told = timeline.locator('li[data-type="human.notification_failed"]')
+    await expect(not_told.locator(".step-title")).to_have_text("Notification to group:pair not delivered")
+    await expect(not_told.locator(".reason")).to_have_text("no channel reached them")
+    await expect(not_told.locator(".reason")).to_have_attribute("data-reason", "no_channel")
+    await expect(not_told.locator("dl.facts")).to_contain_text("frank")

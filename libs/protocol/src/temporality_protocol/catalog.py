@@ -895,6 +895,8 @@ SERVICES: dict[str, ServiceSpec] = {
                 "human.rejected",
                 "human.directory.changed",
                 "run.cancel_requested",  # ... the terminal step `cancel`
+                "human.notification_delivered",  # an agent's notify (HUM-9): the channel that carried it
+                "human.notification_failed",  # ... or why nobody could be told
                 DEAD_LETTERED,
             ),
         ),

@@ -90,6 +90,8 @@ __all__ = [
     "HumanDirectoryChanged",
     "HumanEscalated",
     "HumanExpired",
+    "HumanNotificationDelivered",
+    "HumanNotificationFailed",
     "HumanNotified",
     "HumanNotifyRequested",
     "HumanOption",
@@ -809,6 +811,55 @@ class HumanDirectoryChanged(EventData):
     #: The top-level fields that differ from the previous version (``inbox_token`` when the token changed).
     changed_fields: list[str] = Field(default_factory=list)
     after: dict[str, Any] | None = None
+
+
+# --------------------------------------------------------------------------- human.notification_* (HUM-9)
+class HumanNotificationDelivered(EventData):
+    """HUM-2/HUM-9: an agent's notification (``human.notify_requested``) reached one person, on ``channel``.
+
+    One per person told: the recipient, or each member of a ``group:<id>`` recipient (``person``). Published
+    before the once-only marker (``notify.<id>`` in ``human-channels``) is claimed, with one id per
+    (notification, person): a redelivered notification is one event."""
+
+    EVENT_TYPE: ClassVar[str] = "human.notification_delivered"
+    notification_id: str
+    run_id: str
+    recipient: str = Field(description="`user:<id>` or `group:<id>`, as the agent named it")
+    person: str = Field(description="`user:<id>` told: the recipient, or the group's member")
+    channel: str
+    fallback_from: str | None = Field(default=None, description="The preferred channel, when another carried it")
+    failed_attempts: list[DeliveryAttempt] = Field(
+        default_factory=list, description="Channels tried before `channel` on this delivery, in order, and why"
+    )
+    delivery: Annotated[int, Field(ge=1)] = Field(
+        default=1, description="Which delivery of the notification got through (>1: every channel failed before)"
+    )
+    redacted: dict[str, int] = Field(
+        default_factory=dict,
+        description="What the egress policy redacted from the message, per kind (counts, never a secret)",
+    )
+    truncated: bool = Field(default=False, description="Whether `channel` showed the message truncated")
+
+
+class HumanNotificationFailed(EventData):
+    """HUM-9: an agent's notification that human-interaction gave up (its message is dead-lettered too, with
+    ``bus.dead_lettered``): the recipient may not be told by this run (``recipient_not_allowed``, SEC-1), is not
+    in the directory (``unknown_recipient``), no channel carried it on any delivery (``no_channel``), or the
+    service failed otherwise (``failed``). ``unreached``: the people not told (a group's members told before
+    are in ``human.notification_delivered``). One per notification."""
+
+    EVENT_TYPE: ClassVar[str] = "human.notification_failed"
+    notification_id: str
+    run_id: str
+    recipient: str
+    reason: Literal["recipient_not_allowed", "unknown_recipient", "no_channel", "failed"]
+    detail: Annotated[str, Field(max_length=MAX_TEXT)] = ""
+    unreached: list[str] = Field(default_factory=list)
+    failed_attempts: list[DeliveryAttempt] = Field(
+        default_factory=list,
+        description="The last delivery's attempts, in order (a group's: `error` starts with `user:<id>:`)",
+    )
+    deliveries: Annotated[int, Field(ge=1)] = 1
 
 
 # --------------------------------------------------------------------------- api.*
@@ -1841,6 +1892,8 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         HumanReasked,
         HumanEscalated,
         HumanDirectoryChanged,
+        HumanNotificationDelivered,
+        HumanNotificationFailed,
         AgentAsked,
         AgentMessageReceived,
         AgentReplied,

@@ -275,6 +275,10 @@ class TelegramEmulator:
         """From now on ``sendMessage`` to ``chat_id`` fails with 403 (the user blocked the bot)."""
         self._blocked.add(chat_id)
 
+    def unblock(self, chat_id: int) -> None:
+        """``sendMessage`` to ``chat_id`` works again (the user restarted the bot)."""
+        self._blocked.discard(chat_id)
+
     def buttons(self, message: Json) -> list[Json]:
         """The inline buttons of ``message`` as it stands now, row by row flattened."""
         current = self.messages.get((message["chat"]["id"], message["message_id"]), message)

@@ -205,10 +205,11 @@ def configure(settings: Settings) -> Setup[Settings]:
         requests = RequestHandler(rt.bus, directory, adapters, egress=egress, policies=policies, observer=metrics)
         rt.consumer("human-interaction-requests", handler=requests.handle, max_inflight=rt.settings.max_inflight)
         chain = ChainRunner(rt.bus, directory, adapters)  # reminders and escalation (HUM-8)
-        # the indexes: requests an older version stored (or whose entries were lost) are indexed (idempotent)
-        await rebuild_index(rt.bus)
         mirror = await ChannelMirror.open(rt.bus)  # the sweep reads human-channels from a watch, not a listing
-        await rt.resources.enter_async_context(mirror.watching())
+        await rt.resources.enter_async_context(mirror.watching())  # its snapshot: the start's one listing
+        # the indexes: requests an older version stored (or whose entries were lost) are indexed (idempotent),
+        # from the snapshot the mirror has just read (not a second listing of the bucket)
+        await rebuild_index(rt.bus, entries=mirror.entries())
         sweeper = RetentionSweeper(
             rt.bus,
             retention=timedelta(days=rt.settings.request_retention_days),
@@ -231,7 +232,11 @@ def configure(settings: Settings) -> Setup[Settings]:
         run_ends = RunEndHandler(rt.bus, inbound.show_outcome, observer=metrics)
         rt.consumer("human-interaction-runs", handler=run_ends.handle)
         notifications = NotificationHandler(rt.bus, directory, adapters, policies=policies)
-        rt.consumer("human-interaction-notifications", handler=notifications.handle)
+        rt.consumer(
+            "human-interaction-notifications",
+            handler=notifications.handle,
+            on_dead_letter=notifications.on_dead_letter,  # human.notification_failed
+        )
         rt.http(
             create_app(rt.settings, rt.bus, directory, inbound, store=store, auth=auth, egress=egress, voucher=voucher)
         )

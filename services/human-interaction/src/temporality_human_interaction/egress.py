@@ -195,7 +195,16 @@ class EgressPolicy:
 
     def message_for(self, channel: str, text: str) -> str:
         """A plain message (a notification) as ``channel`` may carry it: redacted, then truncated."""
-        return truncate(self.redact_text(text), self.limit_for(channel))[0]
+        return self.message_shown(channel, text)[0]
+
+    def message_shown(self, channel: str, text: str) -> tuple[str, dict[str, int], bool]:
+        """:meth:`message_for`, with what was redacted per kind (the publisher's markers counted too, as
+        :meth:`redact_record` counts them) and whether the text was truncated."""
+        counts: Counter[str] = Counter(m.group("kind") for m in MARKER.finditer(text))
+        done = self.redact(text)
+        counts.update(done.counts)
+        shown, truncated = truncate(done.text, self.limit_for(channel))
+        return shown, dict(sorted(counts.items())), truncated
 
 
 #: The policy with the built-in patterns and default limits (what an adapter uses unless told otherwise).

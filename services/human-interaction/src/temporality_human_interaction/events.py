@@ -15,12 +15,16 @@ from temporality_human_interaction.records import HumanRequestRecord
 from temporality_protocol import (
     DeliveryAttempt,
     Envelope,
+    EventData,
     HumanAnswer,
     HumanAnswered,
     HumanAnswerRefused,
     HumanEscalated,
     HumanExpired,
+    HumanNotificationDelivered,
+    HumanNotificationFailed,
     HumanNotified,
+    HumanNotifyRequested,
     HumanReasked,
     HumanRejected,
     HumanRequested,
@@ -29,6 +33,7 @@ from temporality_protocol import (
     derive_id,
     make_event,
 )
+from temporality_protocol.events import MAX_TEXT
 
 __all__ = [
     "ACTOR",
@@ -41,6 +46,8 @@ __all__ = [
     "cancel_requested_event",
     "escalated_event",
     "expired_event",
+    "notification_delivered_event",
+    "notification_failed_event",
     "notified_event",
     "reasked_event",
     "rejected_event",
@@ -261,3 +268,71 @@ def cancel_requested_event(record: HumanRequestRecord) -> Envelope:
         tracestate=record.tracestate,
         actor=ACTOR,
     )
+
+
+# --------------------------------------------------------------------------- an agent's notify (HUM-9)
+def _about_notification(incoming: Envelope, payload: HumanNotifyRequested, data: EventData, *parts: str) -> Envelope:
+    """An event about the notification ``incoming`` asked for: in its run, caused by it, one id per ``parts``."""
+    return make_event(
+        data,
+        source=SOURCE,
+        id=derive_id("evt", payload.notification_id, *parts),
+        run_id=payload.run_id,
+        correlation_id=incoming.correlationid,
+        causation_id=incoming.id,
+        traceparent=incoming.traceparent,
+        tracestate=incoming.tracestate,
+        actor=ACTOR,
+    )
+
+
+def notification_delivered_event(
+    incoming: Envelope,
+    payload: HumanNotifyRequested,
+    *,
+    person: str,
+    channel: str,
+    preferred: str | None,
+    failed: list[DeliveryAttempt],
+    delivery: int,
+    redacted: dict[str, int],
+    truncated: bool,
+) -> Envelope:
+    """``human.notification_delivered``: one id per (notification, person told)."""
+    data = HumanNotificationDelivered(
+        notification_id=payload.notification_id,
+        run_id=payload.run_id,
+        recipient=payload.recipient,
+        person=person,
+        channel=channel,
+        fallback_from=preferred if preferred != channel else None,
+        failed_attempts=failed,
+        delivery=delivery,
+        redacted=redacted,
+        truncated=truncated,
+    )
+    return _about_notification(incoming, payload, data, "notification_delivered", person)
+
+
+def notification_failed_event(
+    incoming: Envelope,
+    payload: HumanNotifyRequested,
+    *,
+    reason: Literal["recipient_not_allowed", "unknown_recipient", "no_channel", "failed"],
+    detail: str,
+    unreached: list[str],
+    failed: list[DeliveryAttempt],
+    deliveries: int,
+) -> Envelope:
+    """``human.notification_failed``: once per notification, whichever delivery gave it up."""
+    data = HumanNotificationFailed(
+        notification_id=payload.notification_id,
+        run_id=payload.run_id,
+        recipient=payload.recipient,
+        reason=reason,
+        detail=detail[:MAX_TEXT],
+        unreached=unreached,
+        failed_attempts=failed,
+        deliveries=max(1, deliveries),
+    )
+    return _about_notification(incoming, payload, data, "notification_failed")

@@ -14,10 +14,11 @@ record only for a request past its deadline.
   entry is marked ended (``ended_at``). An entry left behind (a crash, a failed delete) is harmless: the
   inbox shows a request only when the record says it is pending and the caller may answer it, and drops
   the stale entry as it goes; the sweep and the next start drop it too.
-* Completed at every start (:func:`rebuild_index`, idempotent): from one listing of the index (and of the
-  request keys only until a start found every stored request with a run entry, :data:`RUN_ENTRIES_KEY`), only
-  what the index cannot vouch for is read (see there): never a request whose run entry says it ended, nor
-  twice one that was never stored; two replicas doing it at once agree.
+* Completed at every start (:func:`rebuild_index`, idempotent): from one listing of the index (the snapshot of
+  the retention sweep's :mod:`.mirror`: a start lists ``human-channels`` once) and of the request keys only
+  until a start found every stored request with a run entry (:data:`RUN_ENTRIES_KEY`); only what the index
+  cannot vouch for is read (see there): never a request whose run entry says it ended, nor twice one that
+  was never stored; two replicas doing it at once agree.
 
 **Retention.** An ended request (answered / expired / cancelled) is kept ``retention`` after it ended — and
 at least until its deadline passed, so no timer of it is still to fire — then purged: its channel
@@ -185,9 +186,11 @@ RUN_ENTRIES_KEY = "migrated.run_entries"
 NEVER_STORED_AFTER = timedelta(hours=1)
 
 
-async def rebuild_index(bus: Bus, *, now: datetime | None = None) -> Rebuilt:
+async def rebuild_index(bus: Bus, *, now: datetime | None = None, entries: list[ChannelEntry] | None = None) -> Rebuilt:
     """Complete and repair the indexes from one listing of ``human-channels`` (and, until every stored request
-    is known to have a run entry, one of the request keys: :data:`RUN_ENTRIES_KEY`).
+    is known to have a run entry, one of the request keys: :data:`RUN_ENTRIES_KEY`). ``entries``: the bucket as
+    the start's :class:`~.mirror.ChannelMirror` has just read it (its watch's snapshot), instead of a second
+    listing of it; None lists it.
 
     A record is read only when the index cannot vouch for it:
 
@@ -208,7 +211,8 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None) -> Rebuilt:
     store = await open_store(bus)
     refs = ChannelRefs(bus)
     now = now or _utcnow()
-    entries = await channel_entries(bus)
+    if entries is None:
+        entries = await channel_entries(bus)
     runs = {e.value: e for e in entries if _is_run_entry(e.key)}
     opens: dict[str, list[ChannelEntry]] = {}
     for e in entries:

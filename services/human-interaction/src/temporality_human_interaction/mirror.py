@@ -13,8 +13,9 @@ revision as of that moment (one ``stream_info`` call), so a sweep sees at least 
 began -- what a listing taken then would have shown. When the watch is down (the bus went away; it restarts
 from a new snapshot on its own) or does not catch up in time, the sweep lists the bucket as before.
 
-What the mirror costs instead: the keys of ``human-channels`` in memory on each replica (a few hundred bytes
-each), and every write delivered to every replica.
+What the mirror costs instead: the keys of ``human-channels`` in memory on each replica (about 360 bytes of
+Python heap each: 10k open requests delivered on Telegram, six keys each, hold 20.5 MiB, 35.4 MiB resident --
+``bench/human_mirror_memory.py``), and every write delivered to every replica.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ human.directory.changed                        ``directory_change``  ``changed_b
 run.cancel_requested                           ``cancellation``      ``requested_by``
 human.rejected (``recipient_not_allowed``)     ``permission_refusal`` the CloudEvent actor (SEC-1)
 human.answer_refused (``not_recipient``)      ``permission_refusal`` the CloudEvent actor (HUM-7)
+human.notification_failed                      ``permission_refusal`` the CloudEvent actor (SEC-1:
+(``recipient_not_allowed``)                                          an agent's notify to someone)
 agent.registered, agent.registration_refused,  ``agent_registration`` ``requested_by`` (an operator's
 agent.lifecycle_changed (``deregistered``,                          decommission, readmission) or
 ``decommissioned``), agent.readmitted                               the CloudEvent actor
@@ -55,6 +57,7 @@ AUDIT_KINDS: dict[str, str] = {
     "run.cancel_requested": "cancellation",
     "human.rejected": "permission_refusal",
     "human.answer_refused": "permission_refusal",
+    "human.notification_failed": "permission_refusal",
     "agent.registered": "agent_registration",
     "agent.registration_refused": "agent_registration",
     "agent.lifecycle_changed": "agent_registration",
@@ -71,6 +74,7 @@ AUDIT_KINDS: dict[str, str] = {
 AUDIT_REASONS: dict[str, frozenset[str]] = {
     "human.rejected": frozenset({"recipient_not_allowed"}),
     "human.answer_refused": frozenset({"not_recipient"}),
+    "human.notification_failed": frozenset({"recipient_not_allowed"}),
     "agent.lifecycle_changed": frozenset({"deregistered", "decommissioned"}),
 }
 REDACTED = "[redacted]"
@@ -170,6 +174,8 @@ def _describe(type_: str, data: dict[str, Any], run_id: str | None) -> tuple[str
             f"answer by {data.get('responder')} on {data.get('channel')} to a question for "
             f"{data.get('recipient')} refused: {reason}"
         )
+    if type_ == "human.notification_failed":
+        return _str(data, "recipient"), f"notification to {data.get('recipient')} refused: {reason}"
     if type_ == "agent.message_refused":
         agent = _str(data, "agent_id")
         return agent, f"message from agent {agent or '(unknown)'} on {data.get('subject')} refused: {reason}"

@@ -100,6 +100,12 @@ export const REASON_LABELS = {
     no_channel: "no channel reaches them",
     invalid_request: "the request was invalid",
   },
+  "human.notification_failed": {
+    recipient_not_allowed: "the agent may not notify this person",
+    unknown_recipient: "no such person or group",
+    no_channel: "no channel reached them",
+    failed: "human-interaction failed",
+  },
   "human.answer_refused": {
     already_answered: "already answered",
     expired: "the question had expired",
@@ -690,6 +696,25 @@ export function timeline(events, run, now = Date.now()) {
         step.kind = "bad";
         step.lines = [["Reason", reason("human.answer_refused", d.reason)], ["Channel", d.channel]];
         break;
+      // An agent's notify (HUM-9): what it said, the channel that carried it to each person, or why nobody was told.
+      case "human.notify_requested":
+        step.title = `Notify ${person(d.recipient)}: ${clip(d.message)}`;
+        step.kind = "human";
+        step.lines = [["Title", d.title], ["Message", d.message]];
+        break;
+      case "human.notification_delivered":
+        step.title = `Notification delivered to ${person(d.person)} on ${d.channel}`;
+        step.kind = "minor";
+        step.lines = [["For", d.recipient !== d.person ? person(d.recipient) : null], ["Fallback from", d.fallback_from],
+          ["Failed first", attempts(d.failed_attempts)], ["Delivery", d.delivery > 1 ? `${d.delivery} (the earlier ones failed)` : null]];
+        break;
+      case "human.notification_failed":
+        step.title = `Notification to ${person(d.recipient)} not delivered`;
+        step.kind = "bad";
+        step.lines = [["Reason", reason("human.notification_failed", d.reason)],
+          ["Not told", (d.unreached || []).map(person).join(", ")], ["Tried", attempts(d.failed_attempts)],
+          ["Deliveries", d.deliveries], ["Detail", d.detail]];
+        break;
       case "run.resumed":
         step.title = "Run resumed";
         step.lines = [["Because", reason("run.resumed", d.reason)]];
@@ -777,6 +802,11 @@ export function timeline(events, run, now = Date.now()) {
 function address(to) {
   const match = /^(agent|run):(.+)$/.exec(String(to ?? ""));
   return match ? `${match[1]} ${match[2]}` : String(to ?? "");
+}
+
+// Channels tried and failed ([{channel, error}]), one per line part: "telegram: Forbidden … · web: …".
+function attempts(list) {
+  return (list || []).map((a) => `${a.channel}: ${clip(a.error, 120)}`).join(" · ");
 }
 
 // A one-line preview of a free text (messages are up to 4096 characters; the details hold all of it).

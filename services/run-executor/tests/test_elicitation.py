@@ -24,7 +24,15 @@ from temporality_protocol import (
     RunToolCalled,
     TextAnswer,
 )
-from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, read_url, render, render_url
+from temporality_run_executor.elicitation import (
+    MAX_REFUSED,
+    form_problem,
+    read,
+    read_url,
+    render,
+    render_url,
+    secret_fields,
+)
 from temporality_run_executor.machine import (
     Agent,
     AnswerElicitation,
@@ -101,27 +109,38 @@ def test_an_enum_field_becomes_options_with_safe_ids() -> None:
     assert [(o.id, o.label) for o in render("?", titled).options] == [("r", "Red"), ("decline", "Decline")]
 
 
-def test_a_secret_field_s_values_never_reach_the_question_its_options_or_a_refusal() -> None:
-    """A secret field (its name names one, or ``"format": "password"``): the egress redaction cannot tell its
-    values from words, so the executor never writes them into the question, its options or a refusal."""
+def test_a_form_that_asks_for_a_secret_is_declined_only_and_says_why() -> None:
+    """A secret field (its name names one, ``"format": "password"``, ``"writeOnly": true``): an answer would be
+    kept in clear in the request, ``human.answered`` and the journal, and MCP says a server must send the person
+    to a URL for secrets. The question names the fields and why, offers only decline, and shows no value."""
     vault = {"type": "object", "properties": {"db_password": {"type": "string", "enum": ["hunter2", "s3cr3t-xyz"]}}}
     form = render("Which database password should the migration use?", vault)
     shown = " ".join([form.question, form.context, *(o.id + " " + o.label for o in form.options)])
     assert "hunter2" not in shown
     assert "s3cr3t" not in shown
-    assert [o.id for o in form.options] == ["decline"]  # no option per value: the person types it
-    assert form.allow_free_text
+    assert ([o.id for o in form.options], form.allow_free_text, form.declines_only) == (["decline"], False, True)
+    assert form.context.startswith("The form asks for a secret (db_password). Secrets are not taken through")
     assert "- db_password (secret, one of 2 values not shown)" in form.context
-    assert read(vault, TextAnswer(value="hunter2")).content == {"db_password": "hunter2"}
-    wrong = read(vault, TextAnswer(value="guess"))
-    assert wrong.refused == "field 'db_password': not a value this secret field accepts"
+    assert secret_fields(vault) == ["db_password"]
+    # whatever arrives other than decline is refused, even a value the form would accept
+    refused = read(vault, TextAnswer(value="hunter2"))
+    assert (refused.action, refused.content) == (None, None)
+    assert refused.refused == "the form asks for a secret, which is not taken through Temporality: decline"
+    assert read(vault, OptionAnswer(option_id="decline")).action == "decline"
     several = {
         "type": "object",
-        "properties": {"user": {"type": "string", "enum": ["ops"]}, "pin": {"type": "string", "format": "password"}},
+        "properties": {
+            "user": {"type": "string", "enum": ["ops"]},
+            "pin": {"type": "string", "format": "password"},
+            "token": {"type": "string", "writeOnly": True},
+        },
     }
-    context = render("Sign in", several).context
-    assert '- user (one of "ops")' in context  # an ordinary field's values are still listed
-    assert "- pin (secret)" in context
+    form = render("Sign in", several)
+    assert form.declines_only
+    assert form.context.startswith("The form asks for a secret (pin, token).")
+    assert '- user (one of "ops")' in form.context  # an ordinary field's values are still listed
+    assert "- pin (secret)" in form.context
+    assert not render("When?", BOOKING).declines_only
 
 
 def test_a_form_of_several_fields_is_free_text_read_line_by_line_or_as_json() -> None:

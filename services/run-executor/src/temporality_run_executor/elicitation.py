@@ -15,6 +15,12 @@ whose interaction must not pass through the client) carries a message and a URL 
 asks the message with the link in the question and the options ``done`` (the person finished there: the
 server is told ``accept``) and ``decline``; :func:`read_url` reads the answer.
 
+A form with a secret field (a name like ``db_password``, ``"format": "password"``, ``"writeOnly": true``:
+:func:`~temporality_protocol.redaction.is_secret_field`) is not answerable here, and the question says so:
+an answer would be stored in clear in the request, in ``human.answered`` and in the journal, and MCP (2025-11-25,
+*Elicitation*) says a server must not ask for passwords, keys or tokens in a form but send the person to a URL.
+The person gets a decline-only question naming the secret fields and why; the server is told ``decline``.
+
 Every form also has the option ``decline`` (the person refuses to give the information). :func:`read`
 turns the answer into the elicitation's result: ``decline``; ``accept`` with content validated against
 the requested schema (JSON Schema 2020-12, values coerced from text by their field's type); or, when the
@@ -34,7 +40,19 @@ from temporality_protocol import HumanAnswer, HumanOption, OptionAnswer, TextAns
 from temporality_protocol.forms import DECLINE
 from temporality_protocol.redaction import is_secret_field
 
-__all__ = ["DECLINE", "DONE", "MAX_REFUSED", "Form", "Read", "form_problem", "read", "read_url", "render", "render_url"]
+__all__ = [
+    "DECLINE",
+    "DONE",
+    "MAX_REFUSED",
+    "Form",
+    "Read",
+    "form_problem",
+    "read",
+    "read_url",
+    "render",
+    "render_url",
+    "secret_fields",
+]
 
 #: Answers that do not fit the form, each answered by asking again; after that the server is told ``cancel``.
 MAX_REFUSED = 3
@@ -51,6 +69,8 @@ class Form:
     context: str
     options: list[HumanOption]
     allow_free_text: bool
+    #: The form asks for a secret: only ``decline`` is offered, and its schema is not sent for a form to fill.
+    declines_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,11 @@ def form_problem(schema: dict[str, Any]) -> str | None:
     return None
 
 
+def secret_fields(schema: dict[str, Any]) -> list[str]:
+    """The form's fields that hold a secret (:func:`~temporality_protocol.redaction.is_secret_field`)."""
+    return [name for name, prop in forms.form_fields(schema).items() if is_secret_field(name, prop)]
+
+
 def _describe(name: str, prop: dict[str, Any], required: bool) -> str:
     kind = str(prop.get("type", "text"))
     choices = forms.field_choices(prop)
@@ -89,11 +114,20 @@ def _describe(name: str, prop: dict[str, Any], required: bool) -> str:
 def render(message: str, schema: dict[str, Any], *, refused: str | None = None) -> Form:
     """The question a person is asked for an elicitation (``refused``: why their last answer was refused)."""
     decline = HumanOption(id=DECLINE, label="Decline", consequence="the tool is told you declined")
+    secrets = secret_fields(schema)
+    if secrets:
+        named = ", ".join(secrets)
+        lines = [
+            f"The form asks for a secret ({named}). Secrets are not taken through Temporality: an answer would be "
+            "kept in the run's history and the journal. Decline, and give it to the tool another way (its own "
+            "sign-in or settings).",
+            "The form's fields:",
+            *(_describe(name, prop, False) for name, prop in forms.form_fields(schema).items()),
+        ]
+        return Form(message[:_MAX_TEXT] or "(no message)", "\n".join(lines)[:_MAX_TEXT], [decline], False, True)
     lines = [f"Your last answer was refused: {refused}. Please answer again."] if refused else []
     single = forms.single_choice(schema)
-    # a secret field's values (db_password, "format": "password") never become options: their ids and labels
-    # would carry them to the person's channel past the egress redaction; the person types the value instead
-    if single is not None and not is_secret_field(single[0], forms.form_fields(schema).get(single[0], {})):
+    if single is not None:
         _, choices = single
         options = [
             HumanOption(id=option_id, label=label[:200] or option_id)
@@ -114,7 +148,10 @@ def render(message: str, schema: dict[str, Any], *, refused: str | None = None) 
 
 def read(schema: dict[str, Any], answer: HumanAnswer) -> Read:
     """The elicitation's result for ``answer`` (:func:`temporality_protocol.forms.read`, shared with
-    human-interaction, which refuses a misfit answer before it is recorded)."""
+    human-interaction, which refuses a misfit answer before it is recorded). A form with a secret field takes
+    nothing but ``decline``."""
+    if secret_fields(schema) and not (isinstance(answer, OptionAnswer) and answer.option_id == DECLINE):
+        return Read(refused="the form asks for a secret, which is not taken through Temporality: decline")
     result = forms.read(schema, answer)
     return Read(action=result.action, content=result.content, refused=result.refused)
 

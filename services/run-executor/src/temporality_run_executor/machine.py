@@ -1979,7 +1979,8 @@ def _elicit_requested(run: RunRecord, pending: PendingAsk, redactor: Redactor) -
         turn=pending.turn,
         source_link=run.event.source_link if run.event else None,
         # a form's schema: human-interaction refuses a misfit at the channel (a link has no form)
-        answer_schema=None if url else dict(args["requested_schema"]),
+        # (nor a form that asks for a secret: it is declined only)
+        answer_schema=None if url or form.declines_only else dict(args["requested_schema"]),
     )
     return redactor.human_requested(requested)  # SEC-1: no secret on the bus or in the journal
 

@@ -42,7 +42,12 @@ from temporality_protocol.catalog import (
     TIMERS_STREAMS,
     subject_for,
 )
-from temporality_protocol.permissions import TIMERS_MIGRATION_USER, service_inbox, timers_migration_permissions
+from temporality_protocol.permissions import (
+    TIMERS_MIGRATION_USER,
+    external_agent_inbox,
+    service_inbox,
+    timers_migration_permissions,
+)
 from temporality_service.timers_migrate import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +131,9 @@ async def _lay_out(server: NatsServer, name: str) -> None:
     """What a service's runtime does first at start, as its own user: create or update what it owns."""
     spec = SERVICES[name]
     async with _bus(server, name) as bus:
-        await bus.ensure([s for s in ALL_STREAMS if s.name in spec.streams], [b for b in ALL_BUCKETS if b.name in spec.buckets])
+        await bus.ensure(
+            [s for s in ALL_STREAMS if s.name in spec.streams], [b for b in ALL_BUCKETS if b.name in spec.buckets]
+        )
 
 
 async def test_the_upgrade_runs_as_the_migration_s_own_user_and_the_services_start_after_it(
@@ -243,7 +250,9 @@ async def test_the_migration_s_user_is_refused_what_the_migration_does_not_need(
         finally:
             await nc.close()
         async with _bus(server, "journal") as journal:
-            assert (await journal.js.stream_info(EVENTS_STREAM.name)).state.messages == 0, "the refused event stayed out"
+            assert (await journal.js.stream_info(EVENTS_STREAM.name)).state.messages == 0, (
+                "the refused event stayed out"
+            )
     finally:
         server.stop()
 
@@ -266,8 +275,6 @@ def test_the_role_is_derived_from_the_catalogue_and_grants_only_the_move() -> No
     assert not permissions.allow_responses
     assert TIMERS_MIGRATION_USER not in SERVICES
     with pytest.raises(ValueError, match="service's NATS user"):
-        from temporality_protocol.permissions import external_agent_inbox
-
         external_agent_inbox(TIMERS_MIGRATION_USER)
 
 

@@ -170,3 +170,11 @@ Call with the service's name.
 {{- define "temporality.natsPasswordVariable" -}}
 {{- printf "%s_PASSWORD" (. | upper | replace "-" "_") }}
 {{- end }}
+
+{{/*
+The Secret holding the timers migration's NATS password (timersMigrate.existingSecret.key): timersMigrate.existingSecret.name,
+else nats.auth.existingSecret (the services' Secret); empty when neither is set (no NATS users: no Job).
+*/}}
+{{- define "temporality.timersMigrateSecret" -}}
+{{- .Values.timersMigrate.existingSecret.name | default .Values.nats.auth.existingSecret }}
+{{- end }}

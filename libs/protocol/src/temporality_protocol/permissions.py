@@ -328,6 +328,4 @@ def timers_migration_permissions() -> Permissions:
     for stream in TIMERS_STREAMS.values():
         publish += [f"$JS.API.STREAM.{op}.{stream.name}" for op in ("INFO", "CREATE")]
     publish += [f"{TIMER_SCHEDULE_PREFIX}.{namespace}.>" for spec in SERVICES.values() for namespace in spec.timers]
-    return Permissions(
-        publish=tuple(dict.fromkeys(publish)), subscribe=(f"{service_inbox(TIMERS_MIGRATION_USER)}.>",)
-    )
+    return Permissions(publish=tuple(dict.fromkeys(publish)), subscribe=(f"{service_inbox(TIMERS_MIGRATION_USER)}.>",))

@@ -25,6 +25,8 @@ from temporality_bus import Bus, NatsSettings
 from temporality_bus.errors import TransientError
 from temporality_bus.timers import LegacyMigration, migrate_legacy_timers
 from temporality_protocol.permissions import TIMERS_MIGRATION_USER
+from temporality_service.logs import configure_logging
+from temporality_service.settings import LogSettings
 
 __all__ = ["CONNECT_ATTEMPTS", "main", "migrate", "run"]
 
@@ -77,8 +79,11 @@ def run(settings: NatsSettings, stdout: TextIO | None = None) -> int:
 def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args:
-        (stderr or sys.stderr).write("usage: python -m temporality_service.timers_migrate  (settings: TEMPORALITY_NATS_*)\n")
+        (stderr or sys.stderr).write(
+            "usage: python -m temporality_service.timers_migrate  (settings: TEMPORALITY_NATS_*)\n"
+        )
         return 2
+    configure_logging(LogSettings(), service=TIMERS_MIGRATION_USER)  # TEMPORALITY_LOG_LEVEL, _FORMAT; on stderr
     return run(NatsSettings(), stdout)
 
 

@@ -30,7 +30,6 @@ from e2e_support import eventually
 from test_deploy_files import (
     NATS_NAME,
     NATS_PROBE_PATH,
-    SERVICES,
     _deployments,
     _embedded,
     _kinds,

@@ -1531,7 +1531,8 @@ def test_helm_embedded_nats_renders_statefulset_services_and_config(replicas: in
     env = {e["name"]: e["valueFrom"] for e in container["env"]}
     assert env.pop("SERVER_NAME") == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env == {
-        password_variable(user): {"secretKeyRef": {"name": NATS_SECRET, "key": f"{user}-password"}} for user in NATS_USERS
+        password_variable(user): {"secretKeyRef": {"name": NATS_SECRET, "key": f"{user}-password"}}
+        for user in NATS_USERS
     }
     for name, deployment in _deployments(_embedded(replicas)).items():
         (service,) = deployment["spec"]["template"]["spec"]["containers"]

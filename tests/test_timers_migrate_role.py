@@ -57,18 +57,24 @@ PASSWORDS = {user: f"{user}-password-{os.urandom(6).hex()}" for user in USERS}
 REFUSED = (nats.errors.TimeoutError, nats.errors.NoRespondersError)
 HUMAN_STREAM = TIMERS_STREAMS["human-interaction"].name
 WATCHDOG_FIRED = f"temporality.timers.fired.{TIMER_NS_RUN_WATCHDOG}.run-1"
-
-
-def _settings(server: NatsServer, user: str | None) -> NatsSettings:
-    password = SecretStr(PASSWORDS[user]) if user is not None else None
-    return NatsSettings(url=server.url, user=user, password=password, drain_timeout_s=2.0)
+#: What the chart's Job and compose's one-shot run (in a service image).
+MIGRATE_COMMAND = ["python", "-m", "temporality_service.timers_migrate"]
 
 
 @contextlib.asynccontextmanager
-async def _bus(server: NatsServer, user: str | None) -> AsyncIterator[Bus]:
-    """A Bus as ``user`` (a service: its inbox prefix, as the runtime connects; ``None``: no authentication)."""
+async def _bus(server: NatsServer | str, user: str | None, password: str | None = None) -> AsyncIterator[Bus]:
+    """A Bus on ``server`` (or its URL) as ``user`` (a service: its inbox prefix, as the runtime connects; ``None``: no authentication), with
+    ``password`` (default: this module's for ``user``)."""
+    if user is not None and password is None:
+        password = PASSWORDS[user]
+    settings = NatsSettings(
+        url=server if isinstance(server, str) else server.url,
+        user=user,
+        password=SecretStr(password) if password else None,
+        drain_timeout_s=2.0,
+    )
     inbox = service_inbox(user) if user in SERVICES else None
-    async with Bus.connect(_settings(server, user), name=user or "older-release", inbox_prefix=inbox) as bus:
+    async with Bus.connect(settings, name=user or "older-release", inbox_prefix=inbox) as bus:
         yield bus
 
 
@@ -87,25 +93,29 @@ def _new_release_server(root: Path, monkeypatch: pytest.MonkeyPatch) -> NatsServ
     return NatsServer(root, config_file=config)
 
 
-async def _migrate_process(server: NatsServer) -> tuple[int, str]:
-    """``python -m temporality_service.timers_migrate`` as the migration's user, the environment the Job gets."""
-    env = {
-        **os.environ,
-        "TEMPORALITY_NATS_URL": server.url,
-        "TEMPORALITY_NATS_USER": TIMERS_MIGRATION_USER,
-        "TEMPORALITY_NATS_PASSWORD": PASSWORDS[TIMERS_MIGRATION_USER],
-    }
+async def migrate_process(command: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run the migration's ``command`` (``python`` as this interpreter) with ``env`` over this process's; its exit
+    code and output."""
+    executable = [sys.executable if command[0] == "python" else command[0], *command[1:]]
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "temporality_service.timers_migrate",
-        env=env,
+        *executable,
+        env={**os.environ, **env},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
     out, _ = await asyncio.wait_for(process.communicate(), timeout=120)
     assert process.returncode is not None
     return process.returncode, out.decode()
+
+
+async def _migrate_process(server: NatsServer) -> tuple[int, str]:
+    """``python -m temporality_service.timers_migrate`` as the migration's user, the environment the Job gets."""
+    env = {
+        "TEMPORALITY_NATS_URL": server.url,
+        "TEMPORALITY_NATS_USER": TIMERS_MIGRATION_USER,
+        "TEMPORALITY_NATS_PASSWORD": PASSWORDS[TIMERS_MIGRATION_USER],
+    }
+    return await migrate_process(MIGRATE_COMMAND, env)
 
 
 async def _fetch_subjects(bus: Bus, durable: str, want: set[str], timeout_s: float = 90) -> list[str]:
@@ -127,20 +137,17 @@ async def _fetch_subjects(bus: Bus, durable: str, want: set[str], timeout_s: flo
     return got
 
 
-async def _lay_out(server: NatsServer, name: str) -> None:
+async def lay_out(server: NatsServer | str, name: str, password: str | None = None) -> None:
     """What a service's runtime does first at start, as its own user: create or update what it owns."""
     spec = SERVICES[name]
-    async with _bus(server, name) as bus:
-        await bus.ensure(
-            [s for s in ALL_STREAMS if s.name in spec.streams], [b for b in ALL_BUCKETS if b.name in spec.buckets]
-        )
+    async with _bus(server, name, password) as bus:
+        streams = [s for s in ALL_STREAMS if s.name in spec.streams]
+        await bus.ensure(streams, [b for b in ALL_BUCKETS if b.name in spec.buckets])
 
 
-async def test_the_upgrade_runs_as_the_migration_s_own_user_and_the_services_start_after_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    root = tmp_path / "nats"
-    # 1. the older release: one timers stream, the old durable on it, a firing it has not taken, pending timers
+async def older_release(root: Path) -> None:
+    """An older release's server on ``root``'s store: one timers stream with the old durable on it, a firing that
+    durable has not taken, a pending deadline and a pending watchdog (due in 30 s); stopped again."""
     older = NatsServer(root)
     older.start()
     try:
@@ -157,20 +164,42 @@ async def test_the_upgrade_runs_as_the_migration_s_own_user_and_the_services_sta
                 return (info.state.subjects or {}).get(f"{TIMER_FIRED_HUMAN}.hr-fired", 0)
 
             await eventually(stored, timeout_s=20, what="the older release's firing stored")
-            later = datetime.now(UTC) + timedelta(seconds=20)
+            later = datetime.now(UTC) + timedelta(seconds=30)  # after the migration, mostly (either way it comes)
             await human.arm("hr-later", later, b"pending deadline")
             await Timers(bus, TIMER_NS_RUN_WATCHDOG, stream=LEGACY_TIMERS_STREAM).arm("run-1", later, b"watchdog")
     finally:
         older.stop()
 
-    # 2. the new release's server: same store, the generated users
+
+async def services_start_and_get_their_timers(server: NatsServer | str, passwords: dict[str, str]) -> None:
+    """After the migration: every service lays out what it owns as its own user (``passwords``), and human-
+    interaction and the run-executor read the older release's timers through their durables, in their streams."""
+    for name in SERVICES:
+        await lay_out(server, name, passwords[name])
+    async with (
+        _bus(server, "human-interaction", passwords["human-interaction"]) as human_bus,
+        _bus(server, "run-executor", passwords["run-executor"]) as executor_bus,
+    ):
+        want = {f"{TIMER_FIRED_HUMAN}.hr-fired", f"{TIMER_FIRED_HUMAN}.hr-later"}
+        fired = await _fetch_subjects(human_bus, "human-interaction-deadlines", want)
+        assert sorted(fired) == sorted(want), fired
+        assert await _fetch_subjects(executor_bus, "run-executor-watchdog", {WATCHDOG_FIRED}) == [WATCHDOG_FIRED]
+
+
+@pytest.mark.timeout(300)
+async def test_the_upgrade_runs_as_the_migration_s_own_user_and_the_services_start_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "nats"
+    await older_release(root)
+    # the new release's server: same store, the generated users
     server = _new_release_server(root, monkeypatch)
     server.start()
     try:
         # a service with timers cannot lay out its stream before the migration (the old stream holds its subjects)
         with pytest.raises((BadRequestError, NotFoundError)):  # create refused (subjects overlap), update: none
-            await _lay_out(server, "human-interaction")
-        # 3. the migration, as its own user, in two processes at once (the Job retried while one still runs)
+            await lay_out(server, "human-interaction")
+        # the migration, as its own user, in two processes at once (the Job retried while one still runs)
         (first, out_first), (second, out_second) = await asyncio.gather(
             _migrate_process(server), _migrate_process(server)
         )
@@ -179,15 +208,7 @@ async def test_the_upgrade_runs_as_the_migration_s_own_user_and_the_services_sta
         again, out_again = await _migrate_process(server)  # the next upgrade's Job: nothing left
         assert again == 0, out_again
         assert "nothing to migrate" in out_again
-
-        # 4. the services start: each lays out what it owns as its own user, and reads its timers in its stream
-        for name in SERVICES:
-            await _lay_out(server, name)
-        async with _bus(server, "human-interaction") as human_bus, _bus(server, "run-executor") as executor_bus:
-            want = {f"{TIMER_FIRED_HUMAN}.hr-fired", f"{TIMER_FIRED_HUMAN}.hr-later"}
-            fired = await _fetch_subjects(human_bus, "human-interaction-deadlines", want)
-            assert sorted(fired) == sorted(want), fired
-            assert await _fetch_subjects(executor_bus, "run-executor-watchdog", {WATCHDOG_FIRED}) == [WATCHDOG_FIRED]
+        await services_start_and_get_their_timers(server, PASSWORDS)
     finally:
         server.stop()
 
@@ -199,7 +220,7 @@ async def test_the_migration_s_user_is_refused_what_the_migration_does_not_need(
     server.start()
     try:
         for name in ("journal", "human-interaction"):  # the events stream, a timers stream and buckets exist
-            await _lay_out(server, name)
+            await lay_out(server, name)
         bucket = SERVICES["human-interaction"].buckets[0]
         violations: list[str] = []
 

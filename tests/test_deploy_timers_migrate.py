@@ -29,6 +29,7 @@ from test_deploy_files import (
     _nats_conf,
     _nats_pod_env,
     _nats_secret,
+    _notes,
     _ready,
     _render,
     _start_rendered_nats,
@@ -201,6 +202,13 @@ def test_helm_lint_with_the_job(values: dict[str, Any]) -> None:
     report = _helm().lint(CHART, values, strict=True)
     assert not report["errors"], report
     assert not [m for m in report["messages"] if m["severity"] >= 2], report["messages"]
+
+
+def test_the_notes_say_where_the_job_s_log_is() -> None:
+    notes = _notes(_embedded(1))
+    assert f"kubectl logs -n default job/{JOB}-1" in notes
+    assert "pre-install/pre-upgrade hook" in _notes({"nats": {"auth": {"existingSecret": "nats-users"}}})
+    assert "Timers migration" not in _notes(None)
 
 
 def test_the_values_document_the_job() -> None:

@@ -178,3 +178,17 @@ else nats.auth.existingSecret (the services' Secret); empty when neither is set 
 {{- define "temporality.timersMigrateSecret" -}}
 {{- .Values.timersMigrate.existingSecret.name | default .Values.nats.auth.existingSecret }}
 {{- end }}
+
+{{/*
+The timers migration's Job name: with the embedded NATS an ordinary Job, one per revision
+(<fullname>-timers-migrate-<revision>: a Job's pod template is immutable); with an external NATS a hook,
+<fullname>-timers-migrate (deleted before it is created again).
+*/}}
+{{- define "temporality.timersMigrateJobName" -}}
+{{- $name := include "temporality.componentName" (dict "root" . "name" "timers-migrate") }}
+{{- if .Values.nats.embedded.enabled }}
+{{- printf "%s-%d" ($name | trunc 52 | trimSuffix "-") (int .Release.Revision) }}
+{{- else }}
+{{- $name }}
+{{- end }}
+{{- end }}

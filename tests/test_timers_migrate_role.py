@@ -146,17 +146,20 @@ async def lay_out(server: NatsServer | str, name: str, password: str | None = No
 
 
 async def older_release(root: Path) -> None:
-    """An older release's server on ``root``'s store: one timers stream with the old durable on it, a firing that
-    durable has not taken, a pending deadline and a pending watchdog (due in 30 s); stopped again."""
+    """An older release's server on ``root``'s store: one timers stream with the old durables on it, a firing that
+    human-interaction's has not taken, a pending deadline and a pending watchdog (due in 30 s); stopped again."""
     older = NatsServer(root)
     older.start()
     try:
         async with _bus(older, None) as bus:
             await bus.ensure([EVENTS_STREAM, DLQ_STREAM, LEGACY_TIMERS_STREAM])
             human = Timers(bus, TIMER_NS_HUMAN, stream=LEGACY_TIMERS_STREAM)
-            await bus.js.pull_subscribe(
-                f"{TIMER_FIRED_HUMAN}.>", durable="human-interaction-deadlines", stream=LEGACY_TIMERS_STREAM.name
-            )
+            # the old release's durables of both services: a firing stored before the migration (the watchdog's, when
+            # the machine is slow) is fired again only for a consumer that reads it, as in production
+            for durable in ("human-interaction-deadlines", "run-executor-watchdog"):
+                await bus.js.pull_subscribe(
+                    CONSUMERS[durable].filter_subjects[0], durable=durable, stream=LEGACY_TIMERS_STREAM.name
+                )
             await human.arm("hr-fired", datetime.now(UTC), b"fired, never taken")
 
             async def stored() -> int:

@@ -30,12 +30,12 @@ from e2e_support import eventually
 from test_deploy_files import (
     NATS_NAME,
     NATS_PROBE_PATH,
-    SERVICES,
     _deployments,
     _embedded,
     _kinds,
     _nats_conf,
     _nats_pod_env,
+    _nats_secret,
     _ready,
     _render,
     _RenderedNats,
@@ -165,7 +165,7 @@ async def test_the_rendered_tls_config_admits_a_service_with_the_ca_and_refuses_
     ca = TestCA.create(tmp_path / "pki")
     cert = _server_cert(ca, "nats")
     docs = _render(_tls(1, syncInterval=interval))
-    secret = {f"{name}-password": f"pw-{name}-{os.urandom(6).hex()}" for name in SERVICES}
+    secret = _nats_secret()
     env = {**os.environ, **_nats_pod_env(docs, f"{NATS_NAME}-0", secret)}
     server = _start_rendered_nats(_local(_nats_conf(docs), ca, cert), tmp_path / "nats", env)
     try:
@@ -211,7 +211,7 @@ async def test_three_rendered_servers_form_their_cluster_over_tls_routes(tmp_pat
     docs = _render(_tls(3))
     conf = _local(_nats_conf(docs), ca, cert)
     pods = [f"{NATS_NAME}-{i}" for i in range(3)]
-    secret = {f"{name}-password": f"pw-{name}-{os.urandom(6).hex()}" for name in SERVICES}
+    secret = _nats_secret()
     route_ports = [free_port() for _ in pods]
     routes = ",".join(f"nats://127.0.0.1:{port}" for port in route_ports)
     servers: list[_RenderedNats] = []

@@ -42,7 +42,7 @@ from temporality_embedded.cli import nats_authorization
 from temporality_embedded.natsserver import NatsServer, nats_server_binary, password_variable
 from temporality_journal import Settings as JournalSettings
 from temporality_protocol.catalog import SERVICES as CATALOGUE
-from temporality_protocol.permissions import service_inbox
+from temporality_protocol.permissions import TIMERS_MIGRATION_USER, service_inbox
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "temporality"
@@ -147,9 +147,11 @@ def _healthcheck_text(service: dict[str, Any]) -> str:
 
 
 def test_compose_has_nats_postgres_and_the_five_services(compose: dict[str, Any]) -> None:
-    """And the one-shots that make agent-collab's reply key (:func:`test_compose_signs_agent_collab_s_replies`) and
-    the console sign-in's secrets (``tests/test_deploy_compose_signin.py``)."""
-    assert set(compose["services"]) == {"nats", "postgres", *SERVICES, COLLAB_REPLY_KEY_SERVICE, "signin-secrets"}
+    """And the one-shots that make agent-collab's reply key (:func:`test_compose_signs_agent_collab_s_replies`),
+    the console sign-in's secrets (``tests/test_deploy_compose_signin.py``) and move an older release's timers
+    (``tests/test_deploy_timers_migrate.py``)."""
+    one_shots = {COLLAB_REPLY_KEY_SERVICE, "signin-secrets", TIMERS_MIGRATION_USER}
+    assert set(compose["services"]) == {"nats", "postgres", *SERVICES, *one_shots}
 
 
 def test_compose_nats_is_jetstream_2_12_or_newer(compose: dict[str, Any]) -> None:
@@ -277,7 +279,7 @@ def test_compose_runs_nats_with_a_user_per_service(compose: dict[str, Any]) -> N
     beside = f"{config.rsplit('/', 1)[0]}/nats-authorization.conf"
     assert f"./{COMPOSE_NATS_AUTH.relative_to(ROOT)}:{beside}:ro" in nats["volumes"]
     server_env = {k: v for k, v in _env(nats).items() if k != "NATS_SYNC_INTERVAL"}  # tests/test_deploy_durability.py
-    assert set(server_env) == {password_variable(name) for name in SERVICES}
+    assert set(server_env) == {password_variable(user) for user in (*SERVICES, TIMERS_MIGRATION_USER)}
     passwords = {name: server_env[password_variable(name)] for name in SERVICES}
     assert len(set(passwords.values())) == len(SERVICES), "one password per service"
     for name in SERVICES:
@@ -1422,6 +1424,9 @@ def test_chart_default_config_files_load_in_the_services(values: dict[str, Any],
 CHART_NATS_AUTH = CHART / "files" / "nats-authorization.conf"
 #: The per-service Secret of the tests' values (``nats.auth.existingSecret``).
 NATS_SECRET = "nats-users"
+#: Every user of the embedded NATS (files/nats-authorization.conf): the services and the timers migration's Job,
+#: each with its ``<user>-password`` key in :data:`NATS_SECRET`.
+NATS_USERS = (*SERVICES, TIMERS_MIGRATION_USER)
 #: The embedded NATS's resources of release ``t``.
 NATS_NAME = "t-temporality-nats"
 NATS_HEADLESS = "t-temporality-nats-headless"
@@ -1526,7 +1531,8 @@ def test_helm_embedded_nats_renders_statefulset_services_and_config(replicas: in
     env = {e["name"]: e["valueFrom"] for e in container["env"]}
     assert env.pop("SERVER_NAME") == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env == {
-        password_variable(name): {"secretKeyRef": {"name": NATS_SECRET, "key": f"{name}-password"}} for name in SERVICES
+        password_variable(user): {"secretKeyRef": {"name": NATS_SECRET, "key": f"{user}-password"}}
+        for user in NATS_USERS
     }
     for name, deployment in _deployments(_embedded(replicas)).items():
         (service,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -1578,6 +1584,11 @@ def test_helm_embedded_nats_renders_statefulset_services_and_config(replicas: in
         assert service_env["TEMPORALITY_NATS_URL"] == f"nats://{NATS_NAME}:4222", name
         assert service_env["TEMPORALITY_NATS_STREAM_REPLICAS"] == str(replicas), name
         assert service_env["TEMPORALITY_NATS_USER"] == name
+
+
+def _nats_secret() -> dict[str, str]:
+    """A :data:`NATS_SECRET` of random passwords: ``<user>-password`` for each of :data:`NATS_USERS`."""
+    return {f"{user}-password": f"pw-{user}-{os.urandom(6).hex()}" for user in NATS_USERS}
 
 
 def _nats_pod_env(docs: list[dict[str, Any]], pod: str, secret: dict[str, str]) -> dict[str, str]:
@@ -1660,7 +1671,7 @@ async def test_helm_embedded_nats_config_runs_on_a_real_server(tmp_path: Path) -
     on the probes' path, every service's user logs in with its Secret password and its inbox, and the
     catalogue's permissions are enforced (the gateway may publish ``trigger.received``, not ``run.created``)."""
     docs = _render(_embedded(1))
-    secret = {f"{name}-password": f"pw-{name}-{os.urandom(6).hex()}" for name in SERVICES}
+    secret = _nats_secret()
     pod_env = _nats_pod_env(docs, f"{NATS_NAME}-0", secret)
     server = _start_rendered_nats(_nats_conf(docs), tmp_path / "nats", {**os.environ, **pod_env})
     try:
@@ -1733,7 +1744,7 @@ async def test_helm_embedded_nats_cluster_config_forms_a_jetstream_cluster(tmp_p
     conf = _nats_conf(docs)
     pods = [f"{NATS_NAME}-{i}" for i in range(3)]
     assert len(_routes(conf)) == len(pods)
-    secret = {f"{name}-password": f"pw-{name}-{os.urandom(6).hex()}" for name in SERVICES}
+    secret = _nats_secret()
     route_ports = [free_port() for _ in pods]
     routes = ",".join(f"nats://127.0.0.1:{port}" for port in route_ports)
     servers: list[_RenderedNats] = []
@@ -1804,13 +1815,17 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 def _pods(docs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
-    """Every pod kind the chart renders (Deployments, the NATS StatefulSet, the `helm test` pod): its labels."""
+    """Every pod kind the chart renders (Deployments, the NATS StatefulSet, the timers migration's Job, the `helm
+    test` pod): its labels."""
     pods: dict[str, dict[str, str]] = {}
     for doc in docs:
         if doc["kind"] in ("Deployment", "StatefulSet"):
             pods[doc["metadata"]["name"].removeprefix("t-temporality-")] = doc["spec"]["template"]["metadata"]["labels"]
         elif doc["kind"] == "Pod":
             pods[doc["metadata"]["name"].removeprefix("t-temporality-")] = doc["metadata"]["labels"]
+        elif doc["kind"] == "Job":  # the timers migration's, named after the release revision with the embedded NATS
+            name = re.sub(r"-[0-9]+$", "", doc["metadata"]["name"].removeprefix("t-temporality-"))
+            pods[name] = doc["spec"]["template"]["metadata"]["labels"]
     return pods
 
 
@@ -1865,10 +1880,13 @@ def test_helm_network_policies_let_only_the_services_reach_nats(replicas: int) -
     docs = _render(_embedded(replicas, networkPolicy={"enabled": True}))
     pods = _pods(docs)
     policies = _policies(docs)
-    assert set(policies) == {*SERVICES, "nats"}, "every service and the NATS pods; not the `helm test` pod"
+    assert set(policies) == {*SERVICES, "nats", TIMERS_MIGRATION_USER}, "every pod kind but the `helm test` pod"
     nats_policy = policies["nats"]
     ingress = _rules(nats_policy["ingress"], "from", pods)
-    assert ingress == {(4222, "TCP"): set(SERVICES), (6222, "TCP"): {"nats"}}, "monitoring closed without metricsFrom"
+    clients = {*SERVICES, TIMERS_MIGRATION_USER}
+    assert ingress == {(4222, "TCP"): clients, (6222, "TCP"): {"nats"}}, "monitoring closed without metricsFrom"
+    assert policies[TIMERS_MIGRATION_USER]["ingress"] == [], "nothing connects to the migration's Job"
+    assert policies[TIMERS_MIGRATION_USER]["egress"] == [{}], "egress.allowAll"
     assert _rules(nats_policy["egress"], "to", pods) == {(53, "UDP"): None, (53, "TCP"): None, (6222, "TCP"): {"nats"}}
     # the services: their one port; from anywhere by default (webhooks, the inbox, the console come from outside)
     for name in SERVICES:
@@ -1920,6 +1938,7 @@ def test_helm_network_policies_limit_ingress_and_egress_when_asked() -> None:
             assert postgres in policies[name]["egress"]
             expected[(5432, "TCP")] = set()  # an ipBlock: none of the chart's pods
         assert egress == expected, name
+    assert _rules(policies[TIMERS_MIGRATION_USER]["egress"], "to", pods) == {**dns, (4222, "TCP"): {"nats"}}
     # an external NATS: nothing towards it but what extra says
     docs = _render({"networkPolicy": {"enabled": True, "egress": {"allowAll": False}}})
     policies = _policies(docs)

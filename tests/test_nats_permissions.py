@@ -55,6 +55,7 @@ from temporality_protocol.catalog import (
 )
 from temporality_protocol.permissions import (
     SUBSCRIBER_PREFIX,
+    TIMERS_MIGRATION_USER,
     external_agent_inbox,
     external_agent_permissions,
     journal_subscriber_permissions,
@@ -239,7 +240,7 @@ async def test_the_printed_server_authorization_works_on_a_real_server(
     another's; the subscriber reads."""
     config = tmp_path / "auth.conf"
     config.write_text(nats_authorization(["audit"], ["example-agent"]), encoding="utf-8")
-    for user in [*SERVICES, AUDIT, "example-agent"]:
+    for user in [*SERVICES, AUDIT, "example-agent", TIMERS_MIGRATION_USER]:
         monkeypatch.setenv(password_variable(user), f"{user}-secret")  # the server reads them from its env
     server = NatsServer(tmp_path / "nats", config_file=config)
     server.start()

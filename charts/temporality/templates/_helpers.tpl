@@ -170,3 +170,25 @@ Call with the service's name.
 {{- define "temporality.natsPasswordVariable" -}}
 {{- printf "%s_PASSWORD" (. | upper | replace "-" "_") }}
 {{- end }}
+
+{{/*
+The Secret holding the timers migration's NATS password (timersMigrate.existingSecret.key): timersMigrate.existingSecret.name,
+else nats.auth.existingSecret (the services' Secret); empty when neither is set (no NATS users: no Job).
+*/}}
+{{- define "temporality.timersMigrateSecret" -}}
+{{- .Values.timersMigrate.existingSecret.name | default .Values.nats.auth.existingSecret }}
+{{- end }}
+
+{{/*
+The timers migration's Job name: with the embedded NATS an ordinary Job, one per revision
+(<fullname>-timers-migrate-<revision>: a Job's pod template is immutable); with an external NATS a hook,
+<fullname>-timers-migrate (deleted before it is created again).
+*/}}
+{{- define "temporality.timersMigrateJobName" -}}
+{{- $name := include "temporality.componentName" (dict "root" . "name" "timers-migrate") }}
+{{- if .Values.nats.embedded.enabled }}
+{{- printf "%s-%d" ($name | trunc 52 | trimSuffix "-") (int .Release.Revision) }}
+{{- else }}
+{{- $name }}
+{{- end }}
+{{- end }}

@@ -298,9 +298,10 @@ async def migrate_legacy_timers(bus: Bus, streams: Iterable[StreamSpec] | None =
     streams (``streams``, default every service's: :data:`~temporality_protocol.catalog.TIMERS_STREAMS`), then
     delete it; ``None`` when there is no legacy stream (nothing to do, the usual case).
 
-    Needs a NATS user that may do everything (the operator's, ``temporality timers-migrate``), or none
-    (``temporality up --no-nats-auth``, where each service runs it at start): it publishes on every
-    service's schedule subjects and deletes a stream. Safe to run again, and concurrently:
+    Needs the NATS user ``timers-migrate`` (``temporality_protocol.permissions.timers_migration_permissions``:
+    ``temporality timers-migrate``, the chart's Job, compose's one-shot), one that may do everything (``temporality
+    up``'s admin), or none (``temporality up --no-nats-auth``, where each service runs it at start): it publishes on
+    every service's schedule subjects and deletes a stream. Safe to run again, and concurrently:
 
     1. the pending schedules (the last message of each schedule subject, when it is a schedule) are read;
     2. the legacy stream's subjects move to :data:`LEGACY_PARKED_SUBJECT`, freeing ``temporality.timers.>``

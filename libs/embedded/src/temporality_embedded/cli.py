@@ -15,17 +15,20 @@ from typing import Any
 
 import yaml
 
-from temporality_bus import NatsSettings, TransientError
+from temporality_bus import NatsSettings
 from temporality_embedded.natsserver import NatsUser, authorization_block, password_variable
 from temporality_embedded.processes import SERVICES
-from temporality_embedded.stack import Stack, StackConfig, TokenFileError, migrate_timers
+from temporality_embedded.stack import Stack, StackConfig, TokenFileError
 from temporality_protocol.catalog import EVENTS_STREAM
 from temporality_protocol.permissions import (
+    TIMERS_MIGRATION_USER,
     external_agent_permissions,
     journal_subscriber_permissions,
     permissions_for,
     subscriber_user,
+    timers_migration_permissions,
 )
+from temporality_service.timers_migrate import run as run_timers_migration
 
 __all__ = [
     "DEFAULT_EXTERNAL_AGENTS",
@@ -215,12 +218,13 @@ def _example_agent_command(stack: Stack) -> str | None:
 
 
 def nats_authorization(subscribers: list[str], external_agents: list[str]) -> str:
-    """The nats-server ``authorization`` block for every service, the journal ``subscribers`` and the
-    ``external_agents``, with each password read from the server's environment (``$TRIGGER_GATEWAY_PASSWORD``).
-    Raises ``ValueError`` for a bad subscriber or external agent name."""
+    """The nats-server ``authorization`` block for every service, the journal ``subscribers``, the
+    ``external_agents`` and the timers migration (``timers-migrate``), with each password read from the server's
+    environment (``$TRIGGER_GATEWAY_PASSWORD``). Raises ``ValueError`` for a bad subscriber or external agent name."""
     users: dict[str, NatsUser] = {name: ("", permissions_for(name)) for name in SERVICES}
     users |= {subscriber_user(name): ("", journal_subscriber_permissions(name)) for name in subscribers}
     users |= {name: ("", external_agent_permissions(name)) for name in external_agents}
+    users[TIMERS_MIGRATION_USER] = ("", timers_migration_permissions())  # upgrading: temporality timers-migrate
     block = authorization_block(users)
     for entry in block["users"]:
         entry["password"] = f"@@{password_variable(str(entry['user']))}@@"
@@ -312,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_migrate = commands.add_parser(
         "timers-migrate",
         help="upgrading: move the timers of an older release's one TEMPORALITY_TIMERS stream into the per-service "
-        "timers streams, then delete it (as a NATS user with full access: TEMPORALITY_NATS_URL, _USER, _PASSWORD)",
+        "timers streams, then delete it (as the NATS user timers-migrate, or one with full access: "
+        "TEMPORALITY_NATS_URL, _USER, _PASSWORD)",
     )
     p_migrate.add_argument("--nats-url", default=None, help="default: TEMPORALITY_NATS_URL or nats://127.0.0.1:4222")
     return parser
@@ -320,21 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def timers_migrate(url: str | None) -> int:
     """``temporality timers-migrate``: 0 when moved or nothing to move, 1 when it failed (run it again)."""
-    settings = NatsSettings()  # TEMPORALITY_NATS_URL, _USER, _PASSWORD from the environment
-    password = settings.password.get_secret_value() if settings.password is not None else None
-    try:
-        report = migrate_timers(url or settings.url, settings.user, password)
-    except TransientError as exc:
-        _out(f"error: {exc}")
-        return 1
-    if report is None:
-        _out("nothing to migrate: no TEMPORALITY_TIMERS stream of an older release")
-    else:
-        _out(
-            f"migrated TEMPORALITY_TIMERS: {report.schedules} schedules armed again, {report.firings} unconsumed "
-            f"firings fired again, {report.skipped} skipped (a newer message on their subject); the stream is deleted"
-        )
-    return 0
+    settings = NatsSettings()  # TEMPORALITY_NATS_URL, _USER, _PASSWORD, TLS from the environment
+    return run_timers_migration(settings.model_copy(update={"url": url}) if url else settings, sys.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,6 @@ each reads, which ``StackConfig`` field holds a port) is checked against it.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import json
 import os
 import secrets
@@ -18,8 +16,8 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from temporality_bus import Bus, NatsSettings
-from temporality_bus.timers import LegacyMigration, migrate_legacy_timers
+from temporality_bus import NatsSettings
+from temporality_bus.timers import LegacyMigration
 from temporality_embedded.natsserver import NatsServer, NatsUser
 from temporality_embedded.processes import SERVICES, ServiceProcess
 from temporality_protocol.permissions import (
@@ -33,6 +31,7 @@ from temporality_protocol.permissions import (
 from temporality_service.auth import ApiToken, Role, TokenFileError, dump_tokens, load_tokens
 from temporality_service.secret_files import SIGN_IN_SECRETS, ensure_secret_file
 from temporality_service.secret_files import ensure_ed25519_key as ensure_reply_key
+from temporality_service.timers_migrate import migrate
 
 __all__ = [
     "ADMIN_TOKEN_NAME",
@@ -166,16 +165,9 @@ ADMIN_TOKEN_NAME = "local-admin"
 
 def migrate_timers(url: str, user: str | None = None, password: str | None = None) -> LegacyMigration | None:
     """Move an older release's ``TEMPORALITY_TIMERS`` into the per-service timers streams
-    (:func:`temporality_bus.timers.migrate_legacy_timers`) as ``user``, who needs full access; ``None`` when there
-    was nothing to move. Blocking: it runs its own event loop in a thread (callable from a running loop)."""
-    settings = NatsSettings(url=url, user=user, password=SecretStr(password) if password is not None else None)
-
-    async def migrate() -> LegacyMigration | None:
-        async with Bus.connect(settings, name="timers-migrate") as bus:
-            return await migrate_legacy_timers(bus)
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, migrate()).result()
+    (:func:`temporality_service.timers_migrate.migrate`) as ``user`` (full access, or ``timers-migrate``); ``None``
+    when there was nothing to move. Blocking (callable from a running loop)."""
+    return migrate(NatsSettings(url=url, user=user, password=SecretStr(password) if password is not None else None))
 
 
 def ensure_nats_passwords(path: Path, users: Iterable[str]) -> dict[str, str]:

@@ -90,6 +90,25 @@ and it subscribes only below its own inbox prefix ``_INBOX.sub-<name>`` (nats-py
 other client's replies (KV reads, fetched messages). The stream name is ``TEMPORALITY_EVENTS``, so it
 never needs ``$JS.API.STREAM.NAMES`` (pass ``stream=``). It cannot publish an event, look up or touch a
 service's durable, another subscriber's, any other stream or any KV bucket.
+
+The **timers migration** (upgrading from the one ``TEMPORALITY_TIMERS`` stream of older releases:
+``temporality timers-migrate``, ``temporality_bus.timers.migrate_legacy_timers``) runs as a user of its own,
+``timers-migrate`` (:data:`TIMERS_MIGRATION_USER`, :func:`timers_migration_permissions`): the chart's migration Job
+and compose's one-shot log in as it, so no operator needs a user with full access. What it may do follows from the
+catalogue's legacy stream and timers streams, and is what the migration sends (checked on a real server by
+``tests/test_timers_migrate_role.py``):
+
+=======================================================================  ====================================
+``$JS.API.STREAM.{INFO,UPDATE,DELETE}.TEMPORALITY_TIMERS``               look at the legacy stream, park its
+``$JS.API.STREAM.MSG.GET.TEMPORALITY_TIMERS``,                           subjects, read its schedules and
+``$JS.API.CONSUMER.LIST.TEMPORALITY_TIMERS``                             firings and who read them, delete it
+``$JS.API.STREAM.{INFO,CREATE}.TEMPORALITY_TIMERS_<SERVICE>``            create a missing timers stream (never
+                                                                         update one: its owner's settings stay)
+``temporality.timers.schedule.<namespace>.>``, every service's           arm the copies in their new streams
+=======================================================================  ====================================
+
+and it subscribes only below ``_INBOX.timers-migrate``. It cannot publish an event, read or write a bucket, touch a
+consumer, or update, purge or delete any stream but the legacy one.
 """
 
 from __future__ import annotations
@@ -102,10 +121,12 @@ from temporality_protocol.catalog import (
     CONSUMERS,
     DLQ_PREFIX,
     EVENTS_STREAM,
+    LEGACY_TIMERS_STREAM,
     RPCS,
     SERVICES,
     SUBSCRIBER_PREFIX,
     TIMER_SCHEDULE_PREFIX,
+    TIMERS_STREAMS,
     ServiceSpec,
     agent_subject,
     subject_for,
@@ -114,6 +135,7 @@ from temporality_protocol.catalog import (
 __all__ = [
     "INBOX_PREFIX",
     "SUBSCRIBER_PREFIX",
+    "TIMERS_MIGRATION_USER",
     "Permissions",
     "external_agent_inbox",
     "external_agent_permissions",
@@ -122,12 +144,15 @@ __all__ = [
     "service_inbox",
     "subscriber_inbox",
     "subscriber_user",
+    "timers_migration_permissions",
 ]
 
 #: A subscriber's name: one subject token that is also a valid consumer name.
 _SUBSCRIBER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,62}")
 #: nats-py's default inbox prefix; every user here gets one token below it (its own).
 INBOX_PREFIX = "_INBOX"
+#: The NATS user of the timers migration (``temporality timers-migrate``; the chart's Job, compose's one-shot).
+TIMERS_MIGRATION_USER = "timers-migrate"
 
 
 @dataclass(frozen=True)
@@ -233,7 +258,7 @@ def external_agent_inbox(user: str) -> str:
         raise ValueError(
             f"external agent user {user!r}: letters, digits, '_' and '-' only (at most 63), no '.', '*', '>'"
         )
-    if user in SERVICES:
+    if user in SERVICES or user == TIMERS_MIGRATION_USER:
         raise ValueError(f"external agent user {user!r} is a service's NATS user")
     return f"{INBOX_PREFIX}.{user}"
 
@@ -291,3 +316,16 @@ def journal_subscriber_permissions(name: str, durables: Iterable[str] = ()) -> P
             f"$JS.ACK.{stream}.{durable}.>",
         ]
     return Permissions(publish=tuple(publish), subscribe=(f"{subscriber_inbox(name)}.>",))
+
+
+def timers_migration_permissions() -> Permissions:
+    """The NATS user :data:`TIMERS_MIGRATION_USER`: what moving the legacy ``TEMPORALITY_TIMERS`` stream into the
+    per-service timers streams needs (``temporality_bus.timers.migrate_legacy_timers``), derived from the
+    catalogue's streams and timer namespaces, and nothing else; replies below ``_INBOX.timers-migrate`` only."""
+    legacy = LEGACY_TIMERS_STREAM.name
+    publish = [f"$JS.API.STREAM.{op}.{legacy}" for op in ("INFO", "UPDATE", "DELETE")]
+    publish += [f"$JS.API.STREAM.MSG.GET.{legacy}", f"$JS.API.CONSUMER.LIST.{legacy}"]
+    for stream in TIMERS_STREAMS.values():
+        publish += [f"$JS.API.STREAM.{op}.{stream.name}" for op in ("INFO", "CREATE")]
+    publish += [f"{TIMER_SCHEDULE_PREFIX}.{namespace}.>" for spec in SERVICES.values() for namespace in spec.timers]
+    return Permissions(publish=tuple(dict.fromkeys(publish)), subscribe=(f"{service_inbox(TIMERS_MIGRATION_USER)}.>",))

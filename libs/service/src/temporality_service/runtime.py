@@ -234,8 +234,8 @@ async def run_until(
                 raise RuntimeError(
                     f"cannot create {timers_stream_name(spec.name)} ({exc}): after an upgrade, the timers stream of "
                     f"an older release ({LEGACY_TIMERS_STREAM.name}) still holds its subjects; move its timers "
-                    "first with `temporality timers-migrate` as a NATS user with full access (docs/operations.md, "
-                    "Upgrading)"
+                    "first with `temporality timers-migrate` as the NATS user timers-migrate or one with full access "
+                    "(the chart's Job and compose's one-shot do; docs/operations.md, Upgrading)"
                 ) from exc
             raise
         if not await _wait_for_layout(spec, settings, bus, stop):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import nats.js.errors
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -316,3 +317,37 @@ async def test_purge_removes_the_key_and_its_history_and_stale_writes_lose(bus: 
     got = await store.get("k")
     assert got is not None
     assert got.value.count == 7
+
+
+# --------------------------------------------------------------------------- reads
+async def test_a_read_gives_what_the_kv_client_reads(bus: Bus) -> None:
+    """``get`` reads the key's last message itself (not through nats-py's KV client): the same value and revision
+    for a value written by compare-and-set (it carries a header) or by a plain put, and nothing for a key never
+    written, deleted or purged; a key the KV client would refuse still goes through the client and is refused."""
+    spec = BucketSpec("t-read", "test bucket for reads", history=3)
+    store = await bus.store(spec, Counter)
+    kv = await bus.kv(spec)
+    created = await store.create("a.b", Counter(name="a"))
+    updated = await store.update("a.b", Counter(name="a", count=3), created)
+    entry = await kv.get("a.b")
+    got = await store.get("a.b")
+    assert got is not None
+    assert (
+        (got.value, got.revision)
+        == (Counter.model_validate_json(entry.value or b""), entry.revision)
+        == (
+            Counter(name="a", count=3),
+            updated,
+        )
+    )
+    await kv.put("plain", Counter(name="plain", count=1).model_dump_json().encode())
+    plain = await store.get("plain")
+    assert plain is not None
+    assert plain.value == Counter(name="plain", count=1)
+    assert await store.get("never") is None
+    await kv.delete("plain")
+    assert await store.get("plain") is None
+    await store.purge("a.b")
+    assert await store.get("a.b") is None
+    with pytest.raises(nats.js.errors.InvalidKeyError):
+        await store.get("not a key")

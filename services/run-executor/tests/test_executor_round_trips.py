@@ -12,13 +12,15 @@ its lease in the move to ``resuming``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import nats.aio.client
 import pytest
 from executor_support import RunExecutor, run_requested
 
-from temporality_bus import Bus
+from temporality_bus import Bus, Pipeline
+from temporality_bus.pipeline import Write
 from temporality_protocol import HumanAnswered, HumanRequested, OptionAnswer, make_event
 from temporality_protocol.catalog import BUCKET_RUNS
 from temporality_testing.events import EventLog
@@ -33,8 +35,9 @@ RESUME_SEQUENTIAL = 9
 
 
 class Requests:
-    """The subjects of the client's requests while ``counting``, each with whether it began a wait of its own
-    (no other request of this client was in flight when it was sent)."""
+    """The subjects of the client's requests and pipelined writes (:class:`Pipeline`) while ``counting``, each
+    with whether it began a wait of its own (no other request or batch of this client was in flight when it was
+    sent; the writes of one batch after its first never do)."""
 
     def __init__(self) -> None:
         self.subjects: list[tuple[str, bool]] = []
@@ -69,7 +72,18 @@ def requests(monkeypatch: pytest.MonkeyPatch) -> Requests:
         finally:
             seen.inflight -= 1
 
+    async def round_(self: Pipeline, writes: Sequence[Write], *args: Any, **kwargs: Any) -> Any:
+        if seen.counting:  # one batch of writes: one round trip, which begins a wait when none is in flight
+            seen.subjects.extend((w.subject, seen.inflight == 0 and i == 0) for i, w in enumerate(writes))
+        seen.inflight += 1
+        try:
+            return await original_round(self, writes, *args, **kwargs)
+        finally:
+            seen.inflight -= 1
+
+    original_round = Pipeline._round
     monkeypatch.setattr(nats.aio.client.Client, "request", request)
+    monkeypatch.setattr(Pipeline, "_round", round_)
     return seen
 
 

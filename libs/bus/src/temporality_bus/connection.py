@@ -304,7 +304,7 @@ class Bus:
         return self._kv[bucket.name]
 
     async def store(self, bucket: BucketSpec, model: type[M]) -> Store[M]:
-        return Store(await self.kv(bucket), bucket.name, model)
+        return Store(await self.kv(bucket), bucket.name, model, pipeline=self.pipeline, nc=self.nc)
 
     # ------------------------------------------------------------------ publish
     async def publish(self, event: Envelope) -> PublishResult:

@@ -187,6 +187,12 @@ class Pipeline:
                 if not future.done():
                     future.cancel()
 
+    async def open(self) -> None:
+        """Open the reply subscription now rather than at the first :meth:`send`: a caller whose batches must
+        be on the socket within a few turns of the loop after it sends them (without awaiting them) calls
+        this first."""
+        await self._inbox()
+
     async def _inbox(self) -> str:
         if self._prefix is None:
             async with self._lock:

@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+import nats.errors
 import structlog
+from nats.aio.client import Client as NATS
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
-from pydantic import BaseModel, ValidationError
+from pydantic import Base64Bytes, BaseModel, ValidationError
 
-from temporality_bus.errors import AlreadyExists, Conflict, Contended, NotFound
+from temporality_bus.errors import AlreadyExists, BusError, Conflict, Contended, NotFound, TransientError
 from temporality_bus.listing import live_keys
 from temporality_bus.models import revalidated
+from temporality_bus.pipeline import Pipeline, kv_write
 
 __all__ = ["DEFAULT_ATTEMPTS", "Modified", "Store", "Versioned"]
 
@@ -40,6 +44,35 @@ _RACE_BACKOFF_CAP_S = 0.05
 
 async def _after_lost_race(attempt: int) -> None:
     await asyncio.sleep(random.uniform(0, min(_RACE_BACKOFF_S * (1 << min(attempt, 8)), _RACE_BACKOFF_CAP_S)))
+
+
+#: How long :meth:`Store.get` waits for JetStream's answer (the KV client's JetStream timeout).
+_GET_S = 10.0
+#: The header of a KV delete or purge marker (``KV-Operation: DEL`` / ``PURGE``), in a message's header block.
+_DELETED = re.compile(rb"(?m)^KV-Operation:\s*(DEL|PURGE)\s*$")
+
+
+class _ApiError(BaseModel):
+    code: int
+    description: str = ""
+
+
+class _StoredMessage(BaseModel):
+    subject: str
+    seq: int
+    data: Base64Bytes | None = None
+    hdrs: Base64Bytes | None = None
+
+
+class _MsgGet(BaseModel):
+    """JetStream's answer to ``STREAM.MSG.GET``: the message, or the error."""
+
+    message: _StoredMessage | None = None
+    error: _ApiError | None = None
+
+
+#: A key the KV client accepts (dot-separated tokens of these characters): written through the pipeline.
+_KEY = re.compile(r"[-/_=a-zA-Z0-9]+(\.[-/_=a-zA-Z0-9]+)*")
 
 
 @dataclass(frozen=True)
@@ -62,12 +95,24 @@ class Modified(Versioned[M]):
 class Store(Generic[M]):
     """A KV bucket holding one pydantic model per key."""
 
-    def __init__(self, kv: KeyValue, bucket: str, model: type[M]) -> None:
+    def __init__(
+        self, kv: KeyValue, bucket: str, model: type[M], *, pipeline: Pipeline | None = None, nc: NATS | None = None
+    ) -> None:
         self._kv = kv
         self.bucket = bucket
         self._model = model
+        #: The connection's pipelined writes (:meth:`Bus.store` passes the Bus's): a compare-and-set goes out as
+        #: one frame with one acknowledgement wait, not as a request with its own timeout scope (a hot path's
+        #: CPU). ``None``: through the KV client.
+        self._pipeline = pipeline
+        #: The connection (:meth:`Bus.store` passes it): :meth:`get` asks JetStream for the key's last message
+        #: itself and reads the answer in one pydantic-core pass, where the KV client decodes it with ``json``,
+        #: a dataclass and the ``email`` package's header parser (the hot path's CPU). ``None``: the KV client.
+        self._nc = nc
 
     async def get(self, key: str) -> Versioned[M] | None:
+        if self._nc is not None and _KEY.fullmatch(key):
+            return await self._get_last(key)
         try:
             entry = await self._kv.get(key)
         except (KeyNotFoundError, KeyDeletedError):
@@ -75,6 +120,29 @@ class Store(Generic[M]):
         if entry.value is None:
             return None
         return Versioned(self._model.model_validate_json(entry.value), entry.revision or 0)
+
+    async def _get_last(self, key: str) -> Versioned[M] | None:
+        """:meth:`get` as the KV client does it (``STREAM.MSG.GET`` of the key's last message; none, a deleted
+        or a purged one: ``None``), the reply read by :class:`_MsgGet`."""
+        assert self._nc is not None
+        subject = f"$KV.{self.bucket}.{key}"
+        try:
+            reply = await self._nc.request(
+                f"$JS.API.STREAM.MSG.GET.KV_{self.bucket}", b'{"last_by_subj":"%s"}' % subject.encode(), timeout=_GET_S
+            )
+        except (nats.errors.Error, OSError) as exc:
+            raise TransientError(f"reading {self.bucket}/{key} failed: {exc!r}") from exc
+        got = _MsgGet.model_validate_json(reply.data)
+        if got.error is not None:
+            if got.error.code == 404:  # no such message (or bucket): as the KV client, nothing there
+                return None
+            raise TransientError(f"reading {self.bucket}/{key} failed: {got.error.description} ({got.error.code})")
+        message = got.message
+        if message is None or message.subject != subject or not message.data:
+            return None
+        if message.hdrs and _DELETED.search(message.hdrs):  # a delete or purge marker
+            return None
+        return Versioned(self._model.model_validate_json(message.data), message.seq)
 
     async def create(self, key: str, value: M, *, validated: bool = False) -> int:
         """Create-if-absent; :class:`AlreadyExists` when the key is there. ``validated``: see :meth:`modify`."""
@@ -87,11 +155,19 @@ class Store(Generic[M]):
     async def update(self, key: str, value: M, revision: int, *, validated: bool = False) -> int:
         """Write only if the key is still at ``revision``; :class:`Conflict` otherwise. ``validated``: see
         :meth:`modify`."""
-        payload = self._encode(value, validated)
-        try:
-            return await self._kv.update(key, payload, last=revision)
-        except KeyWrongLastSequenceError as exc:
-            raise Conflict(self.bucket, key, revision) from exc
+        return await self._update(key, self._encode(value, validated), revision)
+
+    async def _update(self, key: str, payload: bytes, revision: int) -> int:
+        """Write ``payload`` only if ``key`` is at ``revision``: the new revision; :class:`Conflict` otherwise."""
+        if self._pipeline is None or not _KEY.fullmatch(key):  # (the KV client refuses a key that is no subject)
+            try:
+                return await self._kv.update(key, payload, last=revision)
+            except KeyWrongLastSequenceError as exc:
+                raise Conflict(self.bucket, key, revision) from exc
+        (outcome,) = await self._pipeline.send([kv_write(self.bucket, key, payload, revision=revision)])
+        if isinstance(outcome, BusError):
+            raise outcome
+        return outcome.seq
 
     async def put(self, key: str, value: M) -> int:
         return await self._kv.put(key, self._encode(value))
@@ -175,8 +251,8 @@ class Store(Generic[M]):
                 return Modified(current.value, current.revision, changed=False)
             value = self._checked(new, validated)
             try:
-                revision = await self._kv.update(key, value.model_dump_json().encode(), last=current.revision)
-            except KeyWrongLastSequenceError:
+                revision = await self._update(key, value.model_dump_json().encode(), current.revision)
+            except Conflict:
                 log.debug("store.cas_retry", bucket=self.bucket, key=key, attempt=attempt, race="update")
                 if attempt < attempts:
                     await _after_lost_race(attempt)
@@ -199,8 +275,8 @@ class Store(Generic[M]):
         except (ValidationError, TypeError):
             return None
         try:
-            revision = await self._kv.update(key, value.model_dump_json().encode(), last=known.revision)
-        except KeyWrongLastSequenceError:
+            revision = await self._update(key, value.model_dump_json().encode(), known.revision)
+        except Conflict:
             log.debug("store.cas_retry", bucket=self.bucket, key=key, attempt=0, race="known")
             return None
         return Modified(value, revision)

@@ -50,6 +50,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 from temporality_bus.connection import Bus, PublishResult
 from temporality_bus.consumer import Delivery, RawHandler
 from temporality_bus.errors import TransientError
+from temporality_bus.pipeline import Write
 from temporality_bus.provenance import ForgedEvent, SourceCheck, forged_firing
 from temporality_bus.tracing import TimerTrace, timer_headers
 from temporality_protocol.catalog import (
@@ -72,6 +73,7 @@ __all__ = [
     "migrate_legacy_timers",
     "parse_fired_subject",
     "schedule_at",
+    "schedule_write",
 ]
 
 log = structlog.get_logger(__name__)
@@ -138,11 +140,33 @@ async def schedule_at(
     The low-level form of :meth:`Timers.arm` for arbitrary subjects of a stream that allows schedules.
     ``trace``: what the firing does with the current span's context (:data:`~temporality_bus.tracing.TimerTrace`).
     """
+    write = schedule_write(
+        schedule_subject=schedule_subject,
+        target_subject=target_subject,
+        at=at,
+        payload=payload,
+        msg_id=msg_id,
+        trace=trace,
+    )
+    return await bus.publish_raw(write.subject, write.payload, write.headers)
+
+
+def schedule_write(
+    *,
+    schedule_subject: str,
+    target_subject: str,
+    at: datetime,
+    payload: bytes,
+    msg_id: str | None,
+    trace: TimerTrace = "continue",
+) -> Write:
+    """The write :func:`schedule_at` publishes, for a caller that sends it in a batch with others
+    (:meth:`~temporality_bus.Pipeline.send`: one buffer, one round trip)."""
     headers = timer_headers(trace)
     headers |= {"Nats-Schedule": f"@at {_rfc3339(at)}", "Nats-Schedule-Target": target_subject}
     if msg_id is not None:
         headers["Nats-Msg-Id"] = msg_id
-    return await bus.publish_raw(schedule_subject, payload, headers)
+    return Write(schedule_subject, payload, headers)
 
 
 class Timers:
@@ -219,8 +243,15 @@ class Timers:
         Replaces any schedule the key already has. ``msg_id`` makes a repeat of this very arm a no-op
         within the stream's duplicate window (``duplicate=True``); never reuse it for a different arm.
         """
-        return await schedule_at(
-            self._bus,
+        write = self.arm_write(key, at, payload, msg_id=msg_id, target_key=target_key)
+        return await self._bus.publish_raw(write.subject, write.payload, write.headers)
+
+    def arm_write(
+        self, key: str, at: datetime, payload: bytes, *, msg_id: str | None = None, target_key: str | None = None
+    ) -> Write:
+        """The write :meth:`arm` publishes, for a caller that sends it in a batch with others
+        (:meth:`~temporality_bus.Pipeline.send`)."""
+        return schedule_write(
             schedule_subject=self.schedule_subject(key),
             target_subject=self.fired_subject(target_key if target_key is not None else key),
             at=at,
@@ -252,12 +283,15 @@ class Timers:
         :data:`CANCEL_TTL_S` (``Nats-TTL``). Arming the key again replaces it in turn. Its NATS user needs
         nothing beyond publishing to its own namespace (a purge's filter is in the payload: a purge right
         would let it cancel every service's timers)."""
-        subject = self.schedule_subject(key)
-        headers = {"Nats-Rollup": "sub", "Nats-TTL": f"{CANCEL_TTL_S}s"}
+        write = self.cancel_write(key)
         try:
-            await self._bus.publish_raw(subject, b"", headers)
+            await self._bus.publish_raw(write.subject, write.payload, write.headers)
         except TransientError as exc:
-            raise TransientError(f"cancelling timer {subject} failed: {exc}") from exc
+            raise TransientError(f"cancelling timer {write.subject} failed: {exc}") from exc
+
+    def cancel_write(self, key: str) -> Write:
+        """The write :meth:`cancel` publishes, for a caller that sends it in a batch with others."""
+        return Write(self.schedule_subject(key), b"", {"Nats-Rollup": "sub", "Nats-TTL": f"{CANCEL_TTL_S}s"})
 
 
 # ---------------------------------------------------------------------------------------------- upgrading

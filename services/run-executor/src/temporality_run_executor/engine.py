@@ -70,7 +70,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -85,10 +85,12 @@ from temporality_bus import (
     Delivery,
     NotFound,
     PermanentError,
+    PublishResult,
     Store,
     TransientError,
     Versioned,
 )
+from temporality_bus.pipeline import Write, event_write
 from temporality_protocol import (
     RUN,
     AgentAnswerReceived,
@@ -332,6 +334,7 @@ class Engine:
         checkpoint_retention_s: float = DEFAULT_RETENTION_S,
         redactor: Redactor | None = None,
     ) -> Engine:
+        await bus.pipeline.open()  # the fired writes' batches (:meth:`_fire`) leave at once from the first one
         return cls(
             bus,
             await bus.store(BUCKET_RUNS, RunRecord),
@@ -654,6 +657,8 @@ class Engine:
         """Bus writes that commit no state (events, timers): sent at once, in order, their acknowledgements
         awaited later and together (:meth:`_settle`), so a provider or tool call, a read, or the next writes
         go on meanwhile (see :meth:`_perform`)."""
+        writes: list[tuple[Write, bool]] = []
+        seams: list[str | None] = []
         for effect in effects:
             if isinstance(effect, Note):
                 getattr(log, effect.level)(effect.event, **effect.fields)
@@ -669,28 +674,48 @@ class Engine:
             seam = f"published:{effect.data.EVENT_TYPE}" if isinstance(effect, Publish) else None
             if seam is None and self.crash_point is not None:
                 seam = f"effect:{type(effect).__name__}"
-            # a task starts in creation order and sends before its first wait: the writes leave in this order
-            view.unacked.append((asyncio.create_task(self._write(view, effect)), seam))
+            writes.append((self._write(view, effect), isinstance(effect, DisarmWatchdog)))
+            seams.append(seam)
+        if writes:
+            # one batch (:meth:`Pipeline.send`: one buffer, one acknowledgement wait); a task starts in creation
+            # order and sends before its first wait: the writes leave in this order, after earlier batches
+            sent = asyncio.create_task(self._send(writes))
+            view.unacked.extend((sent, seam) for seam in seams)
 
-    def _write(self, view: _View, effect: Effect) -> Coroutine[Any, Any, object]:
+    async def _send(self, writes: Sequence[tuple[Write, bool]]) -> None:
+        """Bus writes that commit no state, pipelined; the first failure raised, except for the best-effort
+        ones (``True``: a watchdog's disarm, whose leftover timer fires on a run that is no longer driven and
+        is ignored)."""
+        outcomes = await self.bus.pipeline.send([write for write, _ in writes])
+        for (write, best_effort), outcome in zip(writes, outcomes, strict=True):
+            if isinstance(outcome, PublishResult):
+                continue
+            if not best_effort:
+                raise outcome
+            log.warning("watchdog.disarm_failed", subject=write.subject, error=str(outcome))
+
+    def _write(self, view: _View, effect: Effect) -> Write:
         """The bus write of a fired effect, its arguments taken now (the run as the handler holds it now)."""
         run_id, run = view.run_id, view.run
         match effect:
             case Publish():
                 assert run is not None
-                return self._emit(run, effect.data, *effect.id_parts, causation=effect.causation, run_id=effect.run_id)
-            case ArmWatchdog():
-                return self.watchdog.arm(run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause)
-            case ArmAgentDeadline():
-                return self.watchdog.arm_until(
-                    run_id, turn=effect.turn, agent_turn=effect.agent_turn, deadline=effect.deadline, cause=effect.cause
+                event = self._event(
+                    run, effect.data, *effect.id_parts, causation=effect.causation, run_id=effect.run_id
                 )
+                return event_write(event)
+            case ArmWatchdog():
+                return self.watchdog.arm_write(run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause)[1]
+            case ArmAgentDeadline():
+                return self.watchdog.arm_until_write(
+                    run_id, turn=effect.turn, agent_turn=effect.agent_turn, deadline=effect.deadline, cause=effect.cause
+                )[1]
             case DisarmWatchdog():
-                return self.watchdog.disarm(run_id)
+                return self.watchdog.disarm_write(run_id)
             case ArmRetention():
                 assert run is not None
                 assert run.state in RUN.terminal, "a retention is armed for a finished run only"
-                return self.retention.arm(run_id, run.updated_at)
+                return self.retention.arm_write(run_id, run.updated_at)[1]
         raise AssertionError(f"{type(effect).__name__} is not a bus write that commits no state")
 
     async def _settle(self, view: _View) -> None:
@@ -766,13 +791,14 @@ class Engine:
         run_id = view.run_id
         match effect:
             case Publish():
-                await self._write(view, effect)
+                await self._send([(self._write(view, effect), False)])
             case Transition():
                 view.hold_run(
                     await self._move(run_id, effect.target, view.known_run(), effect.changes, effect.waiting_on)
                 )
             case ArmWatchdog() | ArmAgentDeadline() | DisarmWatchdog() | ArmRetention():
-                await self._write(view, effect)  # (:meth:`_fire` sends these; here for completeness)
+                # (:meth:`_fire` sends these; here for completeness)
+                await self._send([(self._write(view, effect), isinstance(effect, DisarmWatchdog))])
             case RemoveCheckpoint():
                 await self.checkpoints.purge(run_id)
                 view.checkpoint, view.checkpoint_current = None, True
@@ -1051,15 +1077,20 @@ class Engine:
     async def _emit(
         self, run: RunRecord, data: EventData, *id_parts: str, causation: str | None = None, run_id: str | None = None
     ) -> None:
-        await self.bus.publish(
-            make_event(
-                data,
-                source=SOURCE,
-                id=derive_id("evt", run.run_id, data.EVENT_TYPE, *id_parts),
-                run_id=run_id or run.run_id,
-                correlation_id=run.correlation_id,
-                causation_id=causation,
-                actor=f"agent:{run.agent}",
-                tenant=run.tenant,
-            )
+        await self.bus.publish(self._event(run, data, *id_parts, causation=causation, run_id=run_id))
+
+    @staticmethod
+    def _event(
+        run: RunRecord, data: EventData, *id_parts: str, causation: str | None = None, run_id: str | None = None
+    ) -> Envelope:
+        """The run's event ``data``, its id derived from the run, the type and ``id_parts``."""
+        return make_event(
+            data,
+            source=SOURCE,
+            id=derive_id("evt", run.run_id, data.EVENT_TYPE, *id_parts),
+            run_id=run_id or run.run_id,
+            correlation_id=run.correlation_id,
+            causation_id=causation,
+            actor=f"agent:{run.agent}",
+            tenant=run.tenant,
         )

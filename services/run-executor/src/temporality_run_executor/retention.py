@@ -38,6 +38,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from temporality_bus import Bus, Timers
+from temporality_bus.pipeline import Write
 from temporality_protocol import derive_id
 from temporality_protocol.catalog import TIMER_NS_RUN_RETENTION
 from temporality_run_executor.watchdog import MAX_HORIZON, watchdog_key
@@ -69,19 +70,27 @@ class CheckpointRetention:
     def __init__(self, bus: Bus, *, retention_s: float = DEFAULT_RETENTION_S) -> None:
         if not 0 <= retention_s <= MAX_RETENTION_S:
             raise ValueError(f"checkpoint retention must be within 0..{MAX_RETENTION_S:g} s, not {retention_s:g}")
+        self._bus = bus
         self.timers = Timers(bus, TIMER_NS_RUN_RETENTION)
         self.retention_s = retention_s
 
     async def arm(self, run_id: str, ended_at: datetime) -> RetentionPayload:
         """Fire at ``ended_at`` + the retention (at once when that is past); one ``Nats-Msg-Id`` per run."""
+        payload, write = self.arm_write(run_id, ended_at)
+        result = await self._bus.publish_raw(write.subject, write.payload, write.headers)
+        log.debug("retention.armed", deadline=payload.deadline.isoformat(), duplicate=result.duplicate)
+        return payload
+
+    def arm_write(self, run_id: str, ended_at: datetime) -> tuple[RetentionPayload, Write]:
+        """:meth:`arm`'s payload and the write that arms it, for a caller that sends the write in a batch with
+        others (:meth:`~temporality_bus.Pipeline.send`)."""
         payload = RetentionPayload(
             run_id=run_id, ended_at=ended_at, deadline=ended_at + timedelta(seconds=self.retention_s)
         )
-        result = await self.timers.arm(
+        write = self.timers.arm_write(
             watchdog_key(run_id),  # the run's timer key (its id, or a hash of one that is not a subject token)
             payload.deadline,
             payload.model_dump_json().encode(),
             msg_id=derive_id("ret", run_id),
         )
-        log.debug("retention.armed", deadline=payload.deadline.isoformat(), duplicate=result.duplicate)
-        return payload
+        return payload, write

@@ -42,6 +42,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from temporality_bus import Bus, Timers, TransientError
+from temporality_bus.pipeline import Write
 from temporality_protocol import derive_id
 from temporality_protocol.catalog import TIMER_NS_RUN_WATCHDOG
 
@@ -86,6 +87,7 @@ class RunWatchdog:
     """Arms and cancels the watchdog timers of runs (namespace ``run-watchdog``)."""
 
     def __init__(self, bus: Bus, *, grace_s: float = DEFAULT_GRACE_S) -> None:
+        self._bus = bus
         self.timers = Timers(bus, TIMER_NS_RUN_WATCHDOG)
         self.grace_s = grace_s
 
@@ -100,32 +102,33 @@ class RunWatchdog:
         schedule's ``Nats-Msg-Id`` with the run and turn: a repeat of this very arm is deduplicated,
         every other arm is new (and so moves the deadline).
         """
+        payload, write = self.arm_write(run_id, turn=turn, limit_s=limit_s, cause=cause)
+        result = await self._bus.publish_raw(write.subject, write.payload, write.headers)
+        log.debug("watchdog.armed", turn=turn, deadline=payload.deadline.isoformat(), duplicate=result.duplicate)
+        return payload
+
+    def arm_write(
+        self, run_id: str, *, turn: int, limit_s: float, cause: tuple[str, ...]
+    ) -> tuple[WatchdogPayload, Write]:
+        """:meth:`arm`'s payload and the write that arms it, for a caller that sends the write in a batch with
+        others (:meth:`~temporality_bus.Pipeline.send`)."""
         now = _now()
         payload = WatchdogPayload(run_id=run_id, turn=turn, armed_at=now, deadline=self.deadline(limit_s, now))
-        result = await self.timers.arm(
+        write = self.timers.arm_write(
             watchdog_key(run_id),
             payload.deadline,
             payload.model_dump_json().encode(),
             msg_id=derive_id("wdg", run_id, str(turn), *cause),
         )
-        log.debug("watchdog.armed", turn=turn, deadline=payload.deadline.isoformat(), duplicate=result.duplicate)
-        return payload
+        return payload, write
 
     async def arm_until(
         self, run_id: str, *, turn: int, agent_turn: int, deadline: datetime, cause: tuple[str, ...]
     ) -> WatchdogPayload:
         """Arm the run's timer (replacing its watchdog) at ``deadline``: the compute budget left to a run parked
         on its external agent's action for ``agent_turn`` (see the module docstring)."""
-        now = _now()
-        payload = WatchdogPayload(
-            run_id=run_id, turn=turn, armed_at=now, deadline=min(deadline, now + MAX_HORIZON), agent_turn=agent_turn
-        )
-        result = await self.timers.arm(
-            watchdog_key(run_id),
-            payload.deadline,
-            payload.model_dump_json().encode(),
-            msg_id=derive_id("wdg", run_id, "agent", str(agent_turn), *cause),
-        )
+        payload, write = self.arm_until_write(run_id, turn=turn, agent_turn=agent_turn, deadline=deadline, cause=cause)
+        result = await self._bus.publish_raw(write.subject, write.payload, write.headers)
         log.debug(
             "watchdog.armed_for_agent",
             agent_turn=agent_turn,
@@ -133,6 +136,26 @@ class RunWatchdog:
             duplicate=result.duplicate,
         )
         return payload
+
+    def arm_until_write(
+        self, run_id: str, *, turn: int, agent_turn: int, deadline: datetime, cause: tuple[str, ...]
+    ) -> tuple[WatchdogPayload, Write]:
+        """:meth:`arm_until`'s payload and the write that arms it (see :meth:`arm_write`)."""
+        now = _now()
+        payload = WatchdogPayload(
+            run_id=run_id, turn=turn, armed_at=now, deadline=min(deadline, now + MAX_HORIZON), agent_turn=agent_turn
+        )
+        write = self.timers.arm_write(
+            watchdog_key(run_id),
+            payload.deadline,
+            payload.model_dump_json().encode(),
+            msg_id=derive_id("wdg", run_id, "agent", str(agent_turn), *cause),
+        )
+        return payload, write
+
+    def disarm_write(self, run_id: str) -> Write:
+        """The write :meth:`disarm` publishes (see :meth:`arm_write`); its failure is for the caller to ignore."""
+        return self.timers.cancel_write(watchdog_key(run_id))
 
     async def disarm(self, run_id: str) -> None:
         """Cancel the run's watchdog, best effort: a timer left armed fires on a run that is waiting or

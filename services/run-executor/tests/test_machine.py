@@ -284,7 +284,9 @@ def test_a_final_answer_completes_the_run_with_its_usage() -> None:
     ckpt = _ckpt(turn=1, usage=Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10), tool_calls=2)
     decision = _decide(_run(RunState.RUNNING), ckpt, ProviderReplied(turn=2, reply=reply, elapsed_s=0.1))
     totals = RunUsage(turns=2, tool_calls=2, prompt_tokens=10, completion_tokens=5, total_tokens=15)
-    assert _published(decision) == [RunCompleted(run_id=RUN_ID, result="LGTM", turns=2, usage=totals)]
+    metrics, *ended = _published(decision)  # AP-9: the turn's metrics first (test_machine_streaming.py)
+    assert (metrics.kind, metrics.data["total_tokens"]) == ("metrics", 5)
+    assert ended == [RunCompleted(run_id=RUN_ID, result="LGTM", turns=2, usage=totals)]
     (move,) = [e for e in decision.effects if isinstance(e, Transition)]
     assert move.target is RunState.COMPLETED
     assert move.changes["usage"] == totals
@@ -334,7 +336,7 @@ def test_tool_calls_run_in_order_refusals_answered_at_once_asks_park_together() 
     reply = AssistantTurn(content="Reading.", tool_calls=calls)
     run, ckpt = _run(RunState.RUNNING), _ckpt(turn=1)
     first = _decide(run, ckpt, ProviderReplied(turn=2, reply=reply, elapsed_s=0.2))
-    assert first.effects == ()  # nothing before the first call
+    assert _kinds(first) == ["Publish"]  # nothing before the first call but the turn's metrics (AP-9)
     call = first.then
     assert isinstance(call, CallTool)
     assert call.index == 0

@@ -156,6 +156,7 @@ from temporality_run_executor.results import (
     tool_content,
 )
 from temporality_run_executor.retention import RetentionPayload
+from temporality_run_executor.streaming import report, turn_metrics, turn_request
 from temporality_run_executor.tools import (
     ANSWER_AGENT,
     ASK_AGENT,
@@ -163,6 +164,7 @@ from temporality_run_executor.tools import (
     COLLAB_TOOLS,
     GET_INPUT,
     HANDOFF_TO_AGENT,
+    REPORT_PROGRESS,
     AnswerAgentArgs,
     AskAgentArgs,
     AskHumanArgs,
@@ -528,6 +530,8 @@ class Emit:
     also: tuple[Publish, ...] = ()
     #: ``handoff_to_agent``: the child run; the run completes (handed off) when the turn commits (AP-6).
     handoff: str | None = None
+    #: What the call's ``run.tool_called`` shows instead of its arguments (``report_progress``: redacted).
+    shown: dict[str, Any] | None = None
 
 
 ToolPlan = Invoke | Refuse | Ask | Emit
@@ -948,7 +952,7 @@ def decide(
                 return _decision(*_cancel(run, run.cancel, _totals(checkpoint)))
             return _decision()
         case ProviderReplied():
-            return _provider_replied(run, checkpoint, agent, incoming, now)
+            return _provider_replied(run, checkpoint, agent, incoming, now, redactor)
         case ProviderFailed():
             return _provider_failed(run, checkpoint, incoming, attempt)
         case AgentWorking():
@@ -1583,7 +1587,12 @@ def _provider_failed(
 
 
 def _provider_replied(
-    run: RunRecord | None, ckpt: Checkpoint | None, agent: Agent | None, incoming: ProviderReplied, now: datetime
+    run: RunRecord | None,
+    ckpt: Checkpoint | None,
+    agent: Agent | None,
+    incoming: ProviderReplied,
+    now: datetime,
+    redactor: Redactor = BUILTIN_REDACTOR,
 ) -> Decision:
     if run is None or run.state is not RunState.RUNNING:
         # the turn took so long that the run moved on meanwhile (the watchdog failed it): drop it
@@ -1596,21 +1605,34 @@ def _provider_replied(
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
     reply = incoming.reply
     usage = ckpt.usage + (reply.usage or Usage())
+    request_id = turn_request(run, reply.tool_calls)
+    # AP-9: a hosted run's turn reports its metrics itself (an external agent streams its own)
+    metrics: tuple[Effect, ...] = ()
+    if agent.card.provider.kind != "external":
+        streamed = turn_metrics(run, incoming.turn, reply.usage, incoming.elapsed_s, reply.tool_calls, request_id)
+        metrics = (Publish(streamed, (str(incoming.turn), "metrics")),)
     max_tokens = agent.card.limits.max_tokens
     if max_tokens is not None and usage.total_tokens > max_tokens:
         totals = _totals(ckpt, turns=incoming.turn, calls=len(reply.tool_calls), usage=usage)
-        return _decision(*_fail(run, "token_limit", _token_text(usage, max_tokens), totals=totals))
+        return _decision(*metrics, *_fail(run, "token_limit", _token_text(usage, max_tokens), totals=totals))
     if not reply.tool_calls:
-        return _decision(*_complete(run, reply.content or "", _totals(ckpt, turns=incoming.turn, usage=usage)))
-    turn = TurnInFlight(
-        number=incoming.turn, reply=reply, usage=usage, plans=_plan_calls(run, ckpt, agent, incoming.turn, now, reply)
-    )
-    return _calls_from(run, ckpt, agent, turn, 0, (), incoming.elapsed_s, now)
+        ended = _complete(run, reply.content or "", _totals(ckpt, turns=incoming.turn, usage=usage))
+        return _decision(*metrics, *ended)
+    plans = _plan_calls(run, ckpt, agent, incoming.turn, now, reply, (request_id, redactor))
+    turn = TurnInFlight(number=incoming.turn, reply=reply, usage=usage, plans=plans)
+    return _calls_from(run, ckpt, agent, turn, 0, metrics, incoming.elapsed_s, now)
 
 
 def _plan_calls(
-    run: RunRecord, ckpt: Checkpoint, agent: Agent, turn: int, now: datetime, reply: AssistantTurn
+    run: RunRecord,
+    ckpt: Checkpoint,
+    agent: Agent,
+    turn: int,
+    now: datetime,
+    reply: AssistantTurn,
+    streaming: tuple[str, Redactor] = ("", BUILTIN_REDACTOR),
 ) -> tuple[ToolPlan, ...]:
+    """Each call's plan. ``streaming``: the turn's request id and the redaction patterns (``report_progress``)."""
     plans: list[ToolPlan] = []
     waiting: Literal["human", "agent"] | None = None
     handed = False
@@ -1623,7 +1645,7 @@ def _plan_calls(
         elif handed and call.name in (ASK_HUMAN, ASK_AGENT) and call.arguments.get("mode") != "async":
             plan = Refuse(tool_error("this run has handed its task off in this turn: it cannot wait for anything"))
         else:
-            plan = _plan_call(run, ckpt, agent, turn, index, call, waiting, policy, answered, now)
+            plan = _plan_call(run, ckpt, agent, turn, index, call, waiting, policy, answered, now, streaming)
         if isinstance(plan, Ask) and waiting is None:
             waiting = "agent" if plan.pending.kind == "agent" else "human"
         handed = handed or (isinstance(plan, Emit) and plan.handoff is not None)
@@ -1664,6 +1686,7 @@ def _plan_call(
     policy: WaitFor | str,
     answered: set[str],
     now: datetime,
+    streaming: tuple[str, Redactor] = ("", BUILTIN_REDACTOR),
 ) -> ToolPlan:
     """One tool call, checked before anything runs: the card's policy, JSON arguments, the tool's schema.
     ``ask_human`` calls park the run together (HUM-7: each its own request, ``policy`` the turn's
@@ -1696,6 +1719,11 @@ def _plan_call(
         return _plan_answer_agent(run, ckpt, turn, index, call, answered)
     if tool.name == HANDOFF_TO_AGENT:
         return _plan_handoff(run, agent, turn, call)
+    if tool.name == REPORT_PROGRESS:  # AP-9: decided here, published before the turn's checkpoint
+        reported = report(run, turn, call, streaming[0] or run.run_id, streaming[1])
+        if isinstance(reported, str):
+            return Refuse(tool_error(reported))
+        return Emit(reported.content, Publish(reported.event, (str(turn), str(index))), shown=reported.arguments)
     if tool.name != ASK_HUMAN:
         return Invoke(tool)
     if waiting == "agent":
@@ -2154,7 +2182,12 @@ def _calls_from(
             done += [plan.publish, *plan.also]
         elif plan.note is not None:
             done.append(plan.note)
-        done.append(_tool_called(run, turn.number, index, call, plan.content))
+        shown = (
+            call
+            if not isinstance(plan, Emit) or plan.shown is None
+            else call.model_copy(update={"arguments": plan.shown})
+        )
+        done.append(_tool_called(run, turn.number, index, shown, plan.content))
         turn = replace(turn, results=(*turn.results, _tool_message(call, plan.content)))
     return _commit(run, ckpt, agent, turn, tuple(done), elapsed_s, now)
 

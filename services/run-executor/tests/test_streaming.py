@@ -1,0 +1,172 @@
+"""AP-9 for hosted runs over a real nats-server: a scripted agent reports progress, a log line and a warning
+with ``report_progress`` and every turn reports its metrics -- each a ``run.streamed`` on the bus with the
+saga's correlation id, the run's request id and the deterministic id of (run, turn, call index) / (run, turn,
+``metrics``). A driver killed right after publishing them and replaced by another publishes nothing twice;
+a card that denies the tool gets a tool error and streams nothing but its metrics. The decisions alone:
+``test_machine_streaming.py``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from executor_processes import Crash, Process, start_process
+from executor_support import REVIEWER, RunExecutor, run_record, run_requested, settled
+
+from temporality_bus import Bus, NatsSettings
+from temporality_protocol import Envelope, RunState, RunStreamed, derive_id
+from temporality_protocol.catalog import service_source
+from temporality_run_executor.agents import AgentCard, ProviderConfig
+from temporality_run_executor.providers.script import Script
+from temporality_run_executor.tools import ToolPolicy
+from temporality_testing.events import EventLog
+from temporality_testing.waiting import stays
+
+TOKEN = "ghp_" + "x9Y8" * 9  # a GitHub token, as the built-in redaction patterns know it
+SCRIPT = Script.model_validate(
+    {
+        "steps": [
+            {
+                "id": "start",
+                "calls": [
+                    {
+                        "tool": "report_progress",
+                        "args": {"kind": "progress", "message": "Reading", "data": {"percent": 10}},
+                    },
+                    {"tool": "get_input"},
+                ],
+            },
+            {
+                "id": "work",
+                "calls": [
+                    {"tool": "report_progress", "args": {"kind": "log", "message": f"cloned with {TOKEN}"}},
+                    {"tool": "report_progress", "args": {"kind": "warning", "message": "no tests for the change"}},
+                ],
+            },
+            {"id": "done", "answer": "Reviewed: {{ results.work[1].status }}"},
+        ]
+    }
+)
+REPORTER = AgentCard(
+    id="reporter",
+    role="Reporter",
+    system_prompt="You report how it goes.",
+    tools=ToolPolicy(allow=["get_input", "report_progress"]),
+    provider=ProviderConfig(kind="scripted", script=SCRIPT),
+)
+SILENCED = REPORTER.model_copy(update={"id": "silenced", "tools": ToolPolicy(allow=["*"], deny=["report_progress"])})
+SAGA = "saga-ap9"
+#: (turn, call index or "metrics", kind) of every run.streamed of a REPORTER run, in the order published.
+EXPECTED = [
+    ("1", "metrics", "metrics"),
+    ("1", "0", "progress"),
+    ("2", "metrics", "metrics"),
+    ("2", "0", "log"),
+    ("2", "1", "warning"),
+    ("3", "metrics", "metrics"),
+]
+
+
+def _requested(agent: str) -> Envelope:
+    event = run_requested(agent=agent)
+    return event.model_copy(update={"correlationid": SAGA})
+
+
+def _streamed(log: EventLog, run_id: str) -> list[Envelope]:
+    return log.of_type("run.streamed", run_id)
+
+
+def _check(streamed: list[Envelope], run_id: str) -> None:
+    """Each expected event once, with its deterministic id, the saga and the run's request id, redacted."""
+    ids = [e.id for e in streamed]
+    assert sorted(ids) == sorted(derive_id("evt", run_id, "run.streamed", turn, part) for turn, part, _ in EXPECTED)
+    assert len(set(ids)) == len(ids)
+    by_id = {e.id: e.payload(RunStreamed) for e in streamed}
+    for turn, part, kind in EXPECTED:
+        data = by_id[derive_id("evt", run_id, "run.streamed", turn, part)]
+        assert isinstance(data, RunStreamed)
+        assert (data.run_id, data.agent, data.turn, data.kind) == (run_id, "reporter", int(turn), kind)
+        assert (data.correlation_id, data.request_id) == (SAGA, run_id)
+    for event in streamed:
+        assert (event.correlationid, event.runid, event.source) == (SAGA, run_id, service_source("run-executor"))
+        assert event.actor == "agent:reporter"
+    log_line = by_id[derive_id("evt", run_id, "run.streamed", "2", "0")]
+    assert isinstance(log_line, RunStreamed)
+    assert log_line.message == "cloned with [REDACTED:github_token]"
+    metrics = by_id[derive_id("evt", run_id, "run.streamed", "1", "metrics")]
+    assert isinstance(metrics, RunStreamed)
+    assert (metrics.data["tool_calls"], metrics.data["tools"]) == (2, ["report_progress", "get_input"])
+    assert metrics.data["provider_latency_s"] >= 0
+
+
+async def test_a_hosted_run_streams_progress_logs_and_metrics_on_the_bus(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    await executor(cards=[REVIEWER, REPORTER])
+    event = _requested("reporter")
+    run_id = event.runid
+    assert run_id
+    await bus.publish(event)
+    (completed,) = await event_log.wait_for("run.completed", run_id=run_id)
+    assert completed.data["result"] == "Reviewed: reported"
+    await event_log.wait_for("run.streamed", run_id=run_id, count=len(EXPECTED))
+    await event_log.caught_up()
+    streamed = _streamed(event_log, run_id)
+    _check(streamed, run_id)
+    assert [e.payload(RunStreamed).kind for e in streamed][:2] == ["metrics", "progress"]
+    called = [e.data for e in event_log.of_type("run.tool_called", run_id) if e.data["tool"] == "report_progress"]
+    assert TOKEN not in str(called)
+    assert not event_log.of_type("bus.dead_lettered")
+
+
+# the seam, its nth passing: right after the first turn's events are stored (its checkpoint not), after turn 2's
+REPLAYS = [
+    pytest.param("published:run.streamed", 2, id="turn1-report-published-not-checkpointed"),
+    pytest.param("published:run.streamed", 5, id="turn2-reports-published-not-checkpointed"),
+    pytest.param("effect:SaveCheckpoint", 2, id="turn2-checkpoint-written-not-published"),
+]
+
+
+@pytest.mark.parametrize(("point", "nth"), REPLAYS)
+async def test_a_replayed_turn_publishes_no_streamed_event_twice(
+    bus: Bus, event_log: EventLog, nats_settings: NatsSettings, processes: list[Process], point: str, nth: int
+) -> None:
+    crash = Crash(point, nth)
+    first = await start_process(nats_settings, "executor-1", [REPORTER], crash)
+    processes.append(first)
+    event = _requested("reporter")
+    run_id = event.runid
+    assert run_id
+    await bus.publish(event)
+    await asyncio.wait_for(crash.crashed.wait(), 30)
+    await first.end()
+    processes.append(await start_process(nats_settings, "executor-2", [REPORTER]))
+    await event_log.wait_for("run.completed", run_id=run_id, timeout_s=60)
+    await run_record(bus, run_id, lambda r: r.state is RunState.COMPLETED)
+    await settled(bus)
+    await event_log.caught_up()
+
+    def six() -> bool:
+        return len(_streamed(event_log, run_id)) == len(EXPECTED)
+
+    await stays(six, settle_s=1.0, what=f"each streamed event of {run_id} once")
+    _check(_streamed(event_log, run_id), run_id)
+    assert not event_log.of_type("bus.dead_lettered")
+
+
+async def test_a_card_that_denies_report_progress_gets_a_tool_error_and_streams_only_metrics(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    await executor(cards=[REVIEWER, SILENCED])
+    event = _requested("silenced")
+    run_id = event.runid
+    assert run_id
+    await bus.publish(event)
+    await event_log.wait_for("run.completed", run_id=run_id)
+    await event_log.caught_up()
+    assert [e.payload(RunStreamed).kind for e in _streamed(event_log, run_id)] == ["metrics"] * 3
+    refused = [e.data for e in event_log.of_type("run.tool_called", run_id) if e.data["tool"] == "report_progress"]
+    assert len(refused) == 3
+    assert all("'report_progress' is not allowed for agent silenced" in r["result_preview"] for r in refused)
+    started = event_log.of_type("run.started", run_id)[0]
+    assert "report_progress" not in started.data["agent_card"]["tools"]

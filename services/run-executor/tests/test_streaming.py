@@ -170,3 +170,24 @@ async def test_a_card_that_denies_report_progress_gets_a_tool_error_and_streams_
     assert all("'report_progress' is not allowed for agent silenced" in r["result_preview"] for r in refused)
     started = event_log.of_type("run.started", run_id)[0]
     assert "report_progress" not in started.data["agent_card"]["tools"]
+
+
+async def test_the_shipped_reviewer_reports_its_progress_where_its_card_offers_the_tool(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    """The demo: the scripted reviewer (``scripts/reviewer.yaml``) says how far it is before it asks."""
+    reporting = REVIEWER.model_copy(update={"tools": ToolPolicy(allow=["get_input", "ask_human", "report_progress"])})
+    await executor(cards=[reporting])
+    event = run_requested()
+    run_id = event.runid
+    assert run_id
+    await bus.publish(event)
+    await event_log.wait_for("human.requested", run_id=run_id)
+    await event_log.caught_up()
+    reports = [e.payload(RunStreamed) for e in _streamed(event_log, run_id) if e.data["kind"] != "metrics"]
+    assert [(r.kind, r.turn, r.request_id) for r in reports] == [("progress", 2, run_id)]
+    keywords = reports[0].data["keywords"]
+    assert (reports[0].data["pr"], "api" in keywords) == (42, True)
+    assert reports[0].message == f"Read PR #42; API-contract keywords found: {len(keywords)}"
+    turns = sorted(e.data["turn"] for e in _streamed(event_log, run_id) if e.data["kind"] == "metrics")
+    assert turns == [1, 2, 3]  # get_input, report_progress, ask_human

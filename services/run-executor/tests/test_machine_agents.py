@@ -283,8 +283,8 @@ def test_a_late_answer_after_the_timeout_arrives_as_a_message() -> None:
     assert _kinds(decision) == ["QueueMail"]
     # the expiry redelivered is a duplicate, but it drives a run whose resumer died (recovery)
     again = AgentNews("agent.ask_expired", "evt-exp", RUN_ID, late.mail.model_copy(update={"key": "evt-exp"}), "{}")
-    # ... and the last committed turn's run.checkpointed again (a deduplicated repeat, or the one it lost)
-    assert _kinds(_decide(_run(RunState.RUNNING), resumed, again)) == ["TakeLease", "Publish"]
+    # ... and the last committed turn's run.checkpointed and metrics again (deduplicated repeats, or lost ones)
+    assert _kinds(_decide(_run(RunState.RUNNING), resumed, again)) == ["TakeLease", "Publish", "Publish"]
     assert _kinds(_decide(_run(RunState.WAITING_FOR_HUMAN), resumed, again)) == []
     # applied, but its resumer died before the run was running again: the redelivery finishes the resume
     resuming = _run(RunState.RESUMING, waiting_request_id=ASK_ID)

@@ -10,13 +10,14 @@ import typing
 from datetime import UTC, datetime
 from typing import Any
 
-from executor_support import REVIEWER
+from executor_support import REVIEWER, run_requested
 
 from temporality_protocol import (
     AgentTaskStreamed,
     HumanPolicy,
     LaunchSource,
     RelayRequest,
+    RunRequested,
     RunState,
     RunStreamed,
     RunToolCalled,
@@ -33,6 +34,10 @@ from temporality_run_executor.machine import (
     ProviderReplied,
     Publish,
     Refuse,
+    Requested,
+    SaveCheckpoint,
+    ToolOutput,
+    ToolReturned,
     decide,
     offered_tools,
 )
@@ -102,7 +107,7 @@ def _report(**arguments: Any) -> ToolCall:
 def test_report_progress_publishes_run_streamed_with_the_saga_and_a_deterministic_id() -> None:
     calls = (_report(kind="progress", message="Read the PR; 2 of 3 files checked", data={"percent": 66}),)
     decision = _decide(_reply(*calls))
-    metrics, reported = _streamed(decision)
+    reported, metrics = _streamed(decision)
     data = reported.data
     assert isinstance(data, RunStreamed)
     assert (data.kind, data.message, data.data, data.call_id) == (
@@ -128,9 +133,9 @@ def test_report_progress_publishes_run_streamed_with_the_saga_and_a_deterministi
         "request_id": RUN_ID,
         "truncated": False,
     }
-    # facts before state: the event is published before the turn's checkpoint
+    # facts before state: the report is published before the turn's checkpoint (which holds its tool result)
     kinds = [type(e).__name__ for e in decision.effects]
-    assert kinds.index("SaveCheckpoint") > max(i for i, e in enumerate(decision.effects) if e is reported)
+    assert kinds.index("SaveCheckpoint") > decision.effects.index(reported)
     assert _decide(_reply(*calls)) == decision  # the same reply decided twice: the same events, the same ids
 
 
@@ -146,7 +151,7 @@ def test_each_call_of_a_turn_is_its_own_event_and_the_agent_may_name_the_request
             ToolCall(id="call-3", name=REPORT_PROGRESS, arguments={"kind": "partial_result", "message": "three"}),
         )
     )
-    _, *reported = _streamed(decision)
+    *reported, _ = _streamed(decision)
     assert [(p.id_parts, p.data.kind, p.data.request_id) for p in reported] == [  # type: ignore[attr-defined]
         (("2", "0"), "log", RUN_ID),
         (("2", "1"), "warning", "req-x"),
@@ -161,7 +166,7 @@ def test_report_progress_is_redacted_on_the_bus_and_in_run_tool_called() -> None
         data={"db_password": "hunter2", "steps": [f"clone {TOKEN}", 3], "ok": True},
     )
     decision = _decide(_reply(call))
-    _, reported = _streamed(decision)
+    reported, _ = _streamed(decision)
     data = reported.data
     assert isinstance(data, RunStreamed)
     assert data.message == "pushed with [REDACTED:github_token]"
@@ -177,7 +182,7 @@ def test_report_progress_is_redacted_on_the_bus_and_in_run_tool_called() -> None
 
 def test_a_long_message_is_cut_and_too_much_data_is_refused_to_the_model() -> None:
     decision = _decide(_reply(_report(kind="partial_result", message="x" * (MAX_TEXT + 10))))
-    _, reported = _streamed(decision)
+    reported, _ = _streamed(decision)
     assert isinstance(reported.data, RunStreamed)
     assert (len(reported.data.message), reported.data.truncated) == (MAX_TEXT, True)
 
@@ -229,8 +234,15 @@ def test_the_plan_of_a_report_is_an_emit_never_an_invocation() -> None:
 # --------------------------------------------------------------------------- metrics
 def test_every_provider_reply_of_a_hosted_run_reports_its_metrics_once() -> None:
     usage = Usage(prompt_tokens=120, completion_tokens=30, total_tokens=150)
-    decision = _decide(_reply(ToolCall(id="c1", name="get_input"), usage=usage, elapsed_s=1.23456))
+    first = _decide(_reply(ToolCall(id="c1", name="get_input"), usage=usage, elapsed_s=1.23456))
+    assert isinstance(first.then, CallTool)
+    assert first.effects == ()  # no wait of its own before the turn's tool calls
+    decision = decide(_run(), _ckpt(), ALL, ToolReturned(first.then.turn, 0, ToolOutput("{}"), elapsed_s=1.5), now=T0)
     (metrics,) = _streamed(decision)
+    # right after the commit, with run.checkpointed (no wait of its own); the checkpoint keeps them for a recovery
+    (save,) = [e for e in decision.effects if isinstance(e, SaveCheckpoint)]
+    assert decision.effects.index(metrics) > decision.effects.index(save)
+    assert save.checkpoint.metrics == metrics.data
     data = metrics.data
     assert isinstance(data, RunStreamed)
     assert (data.kind, data.turn, data.correlation_id, data.request_id, data.call_id) == (
@@ -266,8 +278,8 @@ def test_the_metrics_name_the_request_the_turn_answers() -> None:
     relay = RelayRequest(
         request_id="req-relay-1", asker_run_id="run-a", asker_agent="architect", target_run_id="run-old"
     )
-    decision = _decide(_reply(ToolCall(id="c1", name="get_input")), run=_run(relay=relay))
-    assert [p.data.request_id for p in _streamed(decision)] == ["req-relay-1"]  # type: ignore[attr-defined]
+    decision = _decide(_reply(_report(kind="log", message="relaying")), run=_run(relay=relay))
+    assert [p.data.request_id for p in _streamed(decision)] == ["req-relay-1", "req-relay-1"]  # type: ignore[attr-defined]
 
 
 def test_an_external_agents_turn_reports_no_metrics_of_the_executor() -> None:
@@ -285,3 +297,16 @@ def test_run_streamed_speaks_agent_task_streamed_s_vocabulary() -> None:
         assert RunStreamed.model_fields[name].annotation == AgentTaskStreamed.model_fields[name].annotation, name
         assert RunStreamed.model_fields[name].metadata == AgentTaskStreamed.model_fields[name].metadata, name
     assert RunStreamed.model_fields["request_id"].annotation is str
+
+
+def test_a_recovery_republishes_the_last_turns_metrics_with_the_same_id() -> None:
+    """A driver killed between a turn's commit and its metrics' publish: the recovery sends them again (the
+    bus drops the repeat when they went out)."""
+    reply = _reply(_report(kind="log", message="x"), usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2))
+    (save,) = [e for e in _decide(reply).effects if isinstance(e, SaveCheckpoint)]
+    committed = save.checkpoint
+    assert committed.metrics is not None
+    assert committed.metrics.turn == committed.turn == 2
+    incoming = Requested(request=run_requested(RUN_ID).payload(RunRequested), correlation_id="saga-9")
+    recovered = decide(_run(), committed, ALL, incoming, now=T0)
+    assert [(p.id_parts, p.data) for p in _streamed(recovered)] == [(("2", "metrics"), committed.metrics)]

@@ -8,6 +8,8 @@ a card that denies the tool gets a tool error and streams nothing but its metric
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator
 
 import pytest
 from executor_processes import Crash, Process, start_process
@@ -20,6 +22,7 @@ from temporality_run_executor.agents import AgentCard, ProviderConfig
 from temporality_run_executor.providers.script import Script
 from temporality_run_executor.tools import ToolPolicy
 from temporality_testing.events import EventLog
+from temporality_testing.openai_emulator import OpenAIEmulator, assistant_text, assistant_tool_call
 from temporality_testing.waiting import stays
 
 TOKEN = "ghp_" + "x9Y8" * 9  # a GitHub token, as the built-in redaction patterns know it
@@ -67,9 +70,12 @@ EXPECTED = [
 ]
 
 
-def _requested(agent: str) -> Envelope:
-    event = run_requested(agent=agent)
-    return event.model_copy(update={"correlationid": SAGA})
+async def _launch(bus: Bus, agent: str) -> str:
+    """A run of ``agent`` requested in the saga :data:`SAGA`; its id."""
+    event = run_requested(agent=agent).model_copy(update={"correlationid": SAGA})
+    assert event.runid
+    await bus.publish(event)
+    return event.runid
 
 
 def _streamed(log: EventLog, run_id: str) -> list[Envelope]:
@@ -103,17 +109,15 @@ async def test_a_hosted_run_streams_progress_logs_and_metrics_on_the_bus(
     bus: Bus, event_log: EventLog, executor: RunExecutor
 ) -> None:
     await executor(cards=[REVIEWER, REPORTER])
-    event = _requested("reporter")
-    run_id = event.runid
-    assert run_id
-    await bus.publish(event)
+    run_id = await _launch(bus, "reporter")
     (completed,) = await event_log.wait_for("run.completed", run_id=run_id)
     assert completed.data["result"] == "Reviewed: reported"
     await event_log.wait_for("run.streamed", run_id=run_id, count=len(EXPECTED))
     await event_log.caught_up()
     streamed = _streamed(event_log, run_id)
     _check(streamed, run_id)
-    assert [e.payload(RunStreamed).kind for e in streamed][:2] == ["metrics", "progress"]
+    # a report goes out with its turn's events, the turn's metrics with its commit
+    assert [e.payload(RunStreamed).kind for e in streamed][:2] == ["progress", "metrics"]
     called = [e.data for e in event_log.of_type("run.tool_called", run_id) if e.data["tool"] == "report_progress"]
     assert TOKEN not in str(called)
     assert not event_log.of_type("bus.dead_lettered")
@@ -134,10 +138,7 @@ async def test_a_replayed_turn_publishes_no_streamed_event_twice(
     crash = Crash(point, nth)
     first = await start_process(nats_settings, "executor-1", [REPORTER], crash)
     processes.append(first)
-    event = _requested("reporter")
-    run_id = event.runid
-    assert run_id
-    await bus.publish(event)
+    run_id = await _launch(bus, "reporter")
     await asyncio.wait_for(crash.crashed.wait(), 30)
     await first.end()
     processes.append(await start_process(nats_settings, "executor-2", [REPORTER]))
@@ -158,10 +159,7 @@ async def test_a_card_that_denies_report_progress_gets_a_tool_error_and_streams_
     bus: Bus, event_log: EventLog, executor: RunExecutor
 ) -> None:
     await executor(cards=[REVIEWER, SILENCED])
-    event = _requested("silenced")
-    run_id = event.runid
-    assert run_id
-    await bus.publish(event)
+    run_id = await _launch(bus, "silenced")
     await event_log.wait_for("run.completed", run_id=run_id)
     await event_log.caught_up()
     assert [e.payload(RunStreamed).kind for e in _streamed(event_log, run_id)] == ["metrics"] * 3
@@ -191,3 +189,38 @@ async def test_the_shipped_reviewer_reports_its_progress_where_its_card_offers_t
     assert reports[0].message == f"Read PR #42; API-contract keywords found: {len(keywords)}"
     turns = sorted(e.data["turn"] for e in _streamed(event_log, run_id) if e.data["kind"] == "metrics")
     assert turns == [1, 2, 3]  # get_input, report_progress, ask_human
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[OpenAIEmulator]:
+    async with OpenAIEmulator().serve() as emu:
+        yield emu
+
+
+async def test_an_openai_compatible_model_calls_report_progress_like_any_tool(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    """The OpenAI-compatible path unchanged: the tool is offered with its schema, the model's call streams, and
+    the metrics carry the endpoint's token usage."""
+    usage = {"prompt_tokens": 50, "completion_tokens": 7, "total_tokens": 57}
+    emulator.replies += [
+        assistant_tool_call("call_p", "report_progress", {"kind": "partial_result", "message": "1 issue"}, usage=usage),
+        assistant_text("done", usage=usage),
+    ]
+    provider = ProviderConfig(kind="openai", base_url=emulator.base_url, model="m", max_retries=0)
+    card = REPORTER.model_copy(update={"id": "modelled", "provider": provider})
+    await executor(cards=[REVIEWER, card])
+    run_id = await _launch(bus, "modelled")
+    await event_log.wait_for("run.completed", run_id=run_id)
+    await event_log.caught_up()
+    offered = {t["function"]["name"]: t["function"] for t in emulator.requests[0]["tools"]}
+    assert offered["report_progress"]["parameters"]["required"] == ["kind", "message"]
+    reported = {
+        m["tool_call_id"]: json.loads(m["content"]) for m in emulator.requests[1]["messages"] if m["role"] == "tool"
+    }
+    assert reported["call_p"]["status"] == "reported"
+    streamed = [e.payload(RunStreamed) for e in _streamed(event_log, run_id)]
+    assert sorted((s.turn, s.kind) for s in streamed) == [(1, "metrics"), (1, "partial_result"), (2, "metrics")]
+    assert all((s.correlation_id, s.request_id, s.agent) == (SAGA, run_id, "modelled") for s in streamed)
+    first = next(s for s in streamed if s.kind == "metrics" and s.turn == 1)
+    assert (first.data["prompt_tokens"], first.data["completion_tokens"]) == (50, 7)

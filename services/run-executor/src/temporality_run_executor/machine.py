@@ -120,6 +120,7 @@ from temporality_protocol import (
     RunResumed,
     RunStarted,
     RunState,
+    RunStreamed,
     RunToolCalled,
     RunUsage,
     ToolFailed,
@@ -550,6 +551,9 @@ class TurnInFlight:
     #: An MCP tool call of the turn that asked for the user's input (at most one per turn), and its ask.
     elicited: Elicitation | None = None
     elicit_pending: PendingAsk | None = None
+    #: AP-9: the provider reply's ``metrics`` (a hosted run's), published right after the turn's commit with its
+    #: ``run.checkpointed`` (no wait of its own) and kept in the checkpoint, so a recovery republishes them.
+    metrics: RunStreamed | None = None
 
     @property
     def calls(self) -> list[ToolCall]:
@@ -1230,7 +1234,14 @@ def _checkpointed_again(run: RunRecord, ckpt: Checkpoint) -> tuple[Publish, ...]
     publish would otherwise leave the journal without it (found by ``tests/test_crash_matrix.py``)."""
     if ckpt.turn == 0:
         return ()
-    return (_checkpointed(run, ckpt),)
+    # AP-9: the turn's metrics went out after its commit: the same (same id) again
+    metrics = () if ckpt.metrics is None or ckpt.metrics.turn != ckpt.turn else (_metrics(ckpt.metrics),)
+    return (_checkpointed(run, ckpt), *metrics)
+
+
+def _metrics(streamed: RunStreamed) -> Publish:
+    """AP-9: a turn's ``metrics``, its id from (run, turn, ``metrics``)."""
+    return Publish(streamed, (str(streamed.turn), "metrics"))
 
 
 def _checkpointed(run: RunRecord, ckpt: Checkpoint) -> Publish:
@@ -1607,10 +1618,11 @@ def _provider_replied(
     usage = ckpt.usage + (reply.usage or Usage())
     request_id = turn_request(run, reply.tool_calls)
     # AP-9: a hosted run's turn reports its metrics itself (an external agent streams its own)
-    metrics: tuple[Effect, ...] = ()
+    streamed: RunStreamed | None = None
+    metrics: tuple[Publish, ...] = ()
     if agent.card.provider.kind != "external":
         streamed = turn_metrics(run, incoming.turn, reply.usage, incoming.elapsed_s, reply.tool_calls, request_id)
-        metrics = (Publish(streamed, (str(incoming.turn), "metrics")),)
+        metrics = (_metrics(streamed),)
     max_tokens = agent.card.limits.max_tokens
     if max_tokens is not None and usage.total_tokens > max_tokens:
         totals = _totals(ckpt, turns=incoming.turn, calls=len(reply.tool_calls), usage=usage)
@@ -1619,8 +1631,8 @@ def _provider_replied(
         ended = _complete(run, reply.content or "", _totals(ckpt, turns=incoming.turn, usage=usage))
         return _decision(*metrics, *ended)
     plans = _plan_calls(run, ckpt, agent, incoming.turn, now, reply, (request_id, redactor))
-    turn = TurnInFlight(number=incoming.turn, reply=reply, usage=usage, plans=plans)
-    return _calls_from(run, ckpt, agent, turn, 0, metrics, incoming.elapsed_s, now)
+    turn = TurnInFlight(number=incoming.turn, reply=reply, usage=usage, plans=plans, metrics=streamed)
+    return _calls_from(run, ckpt, agent, turn, 0, (), incoming.elapsed_s, now)
 
 
 def _plan_calls(
@@ -2202,6 +2214,7 @@ def _commit(
     now: datetime,
 ) -> Decision:
     limits = agent.card.limits
+    metrics = () if turn.metrics is None else (_metrics(turn.metrics),)  # AP-9 (see TurnInFlight.metrics)
     malformed = ckpt.malformed_tool_calls + turn.malformed
     if malformed > limits.max_malformed_tool_calls:
         error = (
@@ -2209,7 +2222,7 @@ def _commit(
             f"{limits.max_malformed_tool_calls}"
         )
         totals = _totals(ckpt, turns=turn.number, calls=len(turn.calls), usage=turn.usage)
-        return Decision((*effects, *_fail(run, "malformed_tool_calls", error, totals=totals)))
+        return Decision((*effects, *metrics, *_fail(run, "malformed_tool_calls", error, totals=totals)))
     assistant = Message(role="assistant", content=turn.reply.content, tool_calls=turn.reply.tool_calls)
     answered = {plan.answers for plan in turn.plans if isinstance(plan, Emit) and plan.answers is not None}
     received = [evolve(r, answered=True) if r.request_id in answered else r for r in ckpt.received]
@@ -2228,8 +2241,9 @@ def _commit(
         malformed_tool_calls=malformed,
         received=received,
         elicit=turn.elicited,
+        metrics=turn.metrics,
     )
-    committed = (*effects, SaveCheckpoint(saved), _checkpointed(run, saved))
+    committed = (*effects, SaveCheckpoint(saved), _checkpointed(run, saved), *metrics)
     handoff = next((p.handoff for p in turn.plans if isinstance(p, Emit) and p.handoff is not None), None)
     if handoff is not None:  # AP-6: the task is the child's now; this run ends with this turn
         return Decision((*committed, *_complete(run, _handed_off_result(handoff), _totals(saved))))

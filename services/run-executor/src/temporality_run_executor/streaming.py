@@ -9,7 +9,8 @@ Two sources, one event type (:class:`~temporality_protocol.RunStreamed`, the pay
   :data:`~.tools.REPORT_DATA_MAX_BYTES` bytes of JSON, both through the executor's redaction patterns (SEC-1) --
   also in the call's ``run.tool_called``;
 * the executor itself, once per provider reply of a hosted run (``metrics``): the turn's tokens, the provider's
-  latency and the number of tool calls the model made.
+  latency and the number of tool calls the model made -- published right after the turn's commit (kept in the
+  checkpoint, republished by a recovery), or with the run's end when the reply ends it.
 
 Ids are deterministic: ``report_progress`` per (run, turn, call index), ``metrics`` per (run, turn), so a turn
 replayed after a crash republishes the same ids (the bus's duplicate window and the journal drop them).

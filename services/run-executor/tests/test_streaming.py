@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import SupportsIndex
 
 import pytest
 from executor_processes import Crash, Process, start_process
@@ -22,7 +23,7 @@ from temporality_run_executor.agents import AgentCard, ProviderConfig
 from temporality_run_executor.providers.script import Script
 from temporality_run_executor.tools import ToolPolicy
 from temporality_testing.events import EventLog
-from temporality_testing.openai_emulator import OpenAIEmulator, assistant_text, assistant_tool_call
+from temporality_testing.openai_emulator import OpenAIEmulator, Reply, assistant_text, assistant_tool_call
 from temporality_testing.waiting import stays
 
 TOKEN = "ghp_" + "x9Y8" * 9  # a GitHub token, as the built-in redaction patterns know it
@@ -191,6 +192,20 @@ async def test_the_shipped_reviewer_reports_its_progress_where_its_card_offers_t
     assert turns == [1, 2, 3]  # get_input, report_progress, ask_human
 
 
+class _ByConversation(list[Reply]):
+    """The emulator's replies chosen by the conversation it was sent (it records the request before it takes a
+    reply): ``first`` until the model has a tool result, then ``then`` -- so a turn replayed under load (its
+    message redelivered while the first delivery still waits) gets the same reply again."""
+
+    def __init__(self, emulator: OpenAIEmulator, first: Reply, then: Reply) -> None:
+        super().__init__([first, then])
+        self.emulator, self.first, self.then = emulator, first, then
+
+    def pop(self, index: SupportsIndex = -1) -> Reply:
+        answered = any(m["role"] == "tool" for m in self.emulator.requests[-1]["messages"])
+        return self.then if answered else self.first
+
+
 @pytest.fixture
 async def emulator() -> AsyncIterator[OpenAIEmulator]:
     async with OpenAIEmulator().serve() as emu:
@@ -203,10 +218,11 @@ async def test_an_openai_compatible_model_calls_report_progress_like_any_tool(
     """The OpenAI-compatible path unchanged: the tool is offered with its schema, the model's call streams, and
     the metrics carry the endpoint's token usage."""
     usage = {"prompt_tokens": 50, "completion_tokens": 7, "total_tokens": 57}
-    emulator.replies += [
+    emulator.replies = _ByConversation(
+        emulator,
         assistant_tool_call("call_p", "report_progress", {"kind": "partial_result", "message": "1 issue"}, usage=usage),
         assistant_text("done", usage=usage),
-    ]
+    )
     provider = ProviderConfig(kind="openai", base_url=emulator.base_url, model="m", max_retries=0)
     card = REPORTER.model_copy(update={"id": "modelled", "provider": provider})
     await executor(cards=[REVIEWER, card])
@@ -215,10 +231,9 @@ async def test_an_openai_compatible_model_calls_report_progress_like_any_tool(
     await event_log.caught_up()
     offered = {t["function"]["name"]: t["function"] for t in emulator.requests[0]["tools"]}
     assert offered["report_progress"]["parameters"]["required"] == ["kind", "message"]
-    reported = {
-        m["tool_call_id"]: json.loads(m["content"]) for m in emulator.requests[1]["messages"] if m["role"] == "tool"
-    }
-    assert reported["call_p"]["status"] == "reported"
+    # what the model got back for its call (in the last request: a turn replayed under load asks again first)
+    tool_messages = [m for m in emulator.requests[-1]["messages"] if m["role"] == "tool"]
+    assert [(m["tool_call_id"], json.loads(m["content"])["status"]) for m in tool_messages] == [("call_p", "reported")]
     streamed = [e.payload(RunStreamed) for e in _streamed(event_log, run_id)]
     assert sorted((s.turn, s.kind) for s in streamed) == [(1, "metrics"), (1, "partial_result"), (2, "metrics")]
     assert all((s.correlation_id, s.request_id, s.agent) == (SAGA, run_id, "modelled") for s in streamed)

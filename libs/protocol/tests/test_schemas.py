@@ -89,6 +89,7 @@ from temporality_protocol.events import (
     RunResumed,
     RunSampled,
     RunStarted,
+    RunStreamed,
     RunToolCalled,
     RunUsage,
     SourceLink,
@@ -176,6 +177,10 @@ EXAMPLES: dict[str, EventData] = {
             prompt_tokens=30,
             completion_tokens=5,
             total_tokens=35,
+        ),
+        RunStreamed(
+            run_id="run-1", agent="reviewer", turn=1, kind="progress", correlation_id="saga-1", request_id="run-1",
+            message="reading", data={"pct": 10}, call_id="call-2",
         ),
         RunCheckpointed(run_id="run-1", checkpoint_id="ckp-1", turn=1),
         RunResumed(run_id="run-1", reason="answer", from_turn=2, request_id="hr-1", waited_s=840.0),

@@ -18,7 +18,14 @@ from playwright.async_api import BrowserContext, Page, expect
 
 from temporality_journal import Database, Recorder
 from temporality_protocol import Envelope, RunStarted, RunToolCalled, TriggerAccepted, derive_id, make_event
-from temporality_protocol.events import AgentAsked, AgentAskUndeliverable, AgentMessageReceived, RunSampled
+from temporality_protocol.events import (
+    AgentAsked,
+    AgentAskUndeliverable,
+    AgentMessageReceived,
+    AgentTaskStreamed,
+    RunSampled,
+    RunStreamed,
+)
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
 Served = Any  # conftest.ServedJournal
@@ -583,3 +590,47 @@ async def test_a_tool_s_sampling_reads_in_the_timeline(
     await expect(step).to_contain_text("Summarize the diff")
     await expect(step).to_contain_text("Two files renamed")
     await expect(step).to_contain_text("42")
+
+
+async def test_what_a_run_streams_reads_in_the_timeline(
+    served_journal: Served, browser_context: BrowserContext, story: MakeStory
+) -> None:
+    """AP-9: a hosted run's ``run.streamed`` (a ``report_progress`` call, a turn's metrics) and an external agent's
+    ``agent.task.streamed`` (the same payload) are steps of the timeline, the request id with them."""
+    s = story(title="Streamed")
+
+    def streamed(data: RunStreamed | AgentTaskStreamed, part: str) -> Envelope:
+        return make_event(data, source="/temporality/test", id=derive_id("evt", s.run_id, part), run_id=s.run_id)
+
+    common = {"run_id": s.run_id, "turn": 1, "correlation_id": "saga-1", "request_id": "req-7"}
+    progress = RunStreamed(**common, agent=s.agent, kind="progress", message="Read 2 of 3 files", data={"percent": 66})
+    metrics = RunStreamed(
+        **common,
+        agent=s.agent,
+        kind="metrics",
+        message="turn 1",
+        data={"prompt_tokens": 120, "completion_tokens": 30, "provider_latency_s": 1.5, "tool_calls": 2},
+    )
+    warning = AgentTaskStreamed(
+        **common, task_id="task-1", agent_id="example-agent", kind="warning", message="No tests"
+    )
+    await _publish(
+        served_journal,
+        s.requested(),
+        s.started(),
+        streamed(metrics, "metrics"),
+        streamed(progress, "progress"),
+        streamed(warning, "warning"),
+    )
+    page = await _sign_in(browser_context, served_journal, VIEWER_TOKEN, f"#/runs/{s.run_id}")
+    steps = page.locator("#timeline > li .step-title")
+    await expect(steps).to_contain_text(
+        ["Run started", "Turn 1 metrics", "Progress: Read 2 of 3 files", "Warning: No tests"], timeout=WAIT_MS
+    )
+    turn = page.locator('#timeline > li[data-type="run.streamed"]').first
+    await expect(turn).to_contain_text("120 in · 30 out")
+    await expect(turn).to_contain_text("1.50 s")
+    step = page.locator('#timeline > li[data-type="run.streamed"]').nth(1)
+    await expect(step).to_contain_text('{"percent":66}')
+    await expect(step).to_contain_text("req-7")
+    await expect(page.locator('#timeline > li[data-type="agent.task.streamed"]')).to_contain_text("example-agent")

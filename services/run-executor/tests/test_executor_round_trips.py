@@ -26,9 +26,11 @@ from temporality_protocol.catalog import BUCKET_RUNS
 from temporality_testing.events import EventLog
 
 #: Starting the run (record, marker, checkpoint, lease), its two turns (get_input, ask_human) and the park.
-PARK_REQUESTS = 22
+#: (+1 per turn since AP-9: each provider reply's ``run.streamed`` metrics, sent with the turn's other events,
+#: never a wait of its own: the sequential counts below did not change.)
+PARK_REQUESTS = 24
 #: The resume (the outcome applied), the last turn and the end (retention armed).
-RESUME_REQUESTS = 13
+RESUME_REQUESTS = 14
 #: The same, as waits one after the other (requests in flight together count once).
 PARK_SEQUENTIAL = 14
 RESUME_SEQUENTIAL = 9

@@ -284,7 +284,9 @@ def test_a_final_answer_completes_the_run_with_its_usage() -> None:
     ckpt = _ckpt(turn=1, usage=Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10), tool_calls=2)
     decision = _decide(_run(RunState.RUNNING), ckpt, ProviderReplied(turn=2, reply=reply, elapsed_s=0.1))
     totals = RunUsage(turns=2, tool_calls=2, prompt_tokens=10, completion_tokens=5, total_tokens=15)
-    assert _published(decision) == [RunCompleted(run_id=RUN_ID, result="LGTM", turns=2, usage=totals)]
+    metrics, *ended = _published(decision)  # AP-9: the turn's metrics first (test_machine_streaming.py)
+    assert (metrics.kind, metrics.data["total_tokens"]) == ("metrics", 5)
+    assert ended == [RunCompleted(run_id=RUN_ID, result="LGTM", turns=2, usage=totals)]
     (move,) = [e for e in decision.effects if isinstance(e, Transition)]
     assert move.target is RunState.COMPLETED
     assert move.changes["usage"] == totals
@@ -334,7 +336,7 @@ def test_tool_calls_run_in_order_refusals_answered_at_once_asks_park_together() 
     reply = AssistantTurn(content="Reading.", tool_calls=calls)
     run, ckpt = _run(RunState.RUNNING), _ckpt(turn=1)
     first = _decide(run, ckpt, ProviderReplied(turn=2, reply=reply, elapsed_s=0.2))
-    assert first.effects == ()  # nothing before the first call
+    assert first.effects == ()  # nothing before the first call (the turn's metrics come after its commit)
     call = first.then
     assert isinstance(call, CallTool)
     assert call.index == 0
@@ -362,7 +364,9 @@ def test_tool_calls_run_in_order_refusals_answered_at_once_asks_park_together() 
         ("tool", "call-read"),
         ("tool", "call-rm"),
     ]
-    assert _published(done)[-1] == RunCheckpointed(run_id=RUN_ID, checkpoint_id=saved.checkpoint_id, turn=2)
+    checkpointed, metrics = _published(done)[-2:]  # the turn's metrics right after its commit (AP-9)
+    assert checkpointed == RunCheckpointed(run_id=RUN_ID, checkpoint_id=saved.checkpoint_id, turn=2)
+    assert (metrics.kind, metrics.turn) == ("metrics", 2)
     assert done.then == Boundary()  # where it parks
 
 
@@ -385,7 +389,7 @@ def test_a_tool_that_broke_is_a_tool_failed_and_an_error_for_the_model() -> None
     call = _decide(run, ckpt, ProviderReplied(turn=2, reply=reply, elapsed_s=0.1)).then
     assert isinstance(call, CallTool)
     done = _decide(run, ckpt, ToolReturned(call.turn, 0, ToolBroke("RuntimeError: disk gone"), elapsed_s=0.2))
-    failed, called, _ = _published(done)
+    failed, called, _, _ = _published(done)  # ..., run.checkpointed, the turn's metrics (AP-9)
     assert failed == ToolFailed(
         run_id=RUN_ID, turn=2, call_id="call-read", tool="get_input", error="RuntimeError: disk gone"
     )

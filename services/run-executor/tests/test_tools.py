@@ -48,8 +48,9 @@ def test_deny_wins_over_allow_and_patterns_never_select_a_deprecated_alias() -> 
         "ask_agent",
         "answer_agent",
         "handoff_to_agent",
+        "report_progress",
     ]
-    assert _names(ToolPolicy(allow=["*"], deny=["notify", "ask_*"])) == [
+    assert _names(ToolPolicy(allow=["*"], deny=["notify", "ask_*", "report_*"])) == [
         "get_input",
         "get_collaborators",
         "answer_agent",
@@ -118,9 +119,11 @@ async def test_a_denied_tool_is_never_offered_and_a_call_to_it_is_refused(
     await bus.publish(event)
     await event_log.wait_for("run.completed", run_id=event.runid)
     offered = [t["function"]["name"] for t in emulator.requests[0]["tools"]]
-    assert offered == ["get_input", "ask_human"]
+    assert offered == ["get_input", "ask_human", "report_progress"]
     refusal = _tool_results(emulator.requests[1])["call_n"]["error"]
-    assert refusal == "tool 'notify' is not allowed for agent reviewer; its tools: get_input, ask_human"
+    assert (
+        refusal == "tool 'notify' is not allowed for agent reviewer; its tools: get_input, ask_human, report_progress"
+    )
     await event_log.caught_up()
     assert not event_log.of_type("human.notify_requested", event.runid)
 

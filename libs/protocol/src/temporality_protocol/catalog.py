@@ -852,6 +852,7 @@ SERVICES: dict[str, ServiceSpec] = {
                 "run.tool_called",
                 "tool.failed",
                 "run.sampled",  # an MCP tool's sampling request, answered by the run's model
+                "run.streamed",  # AP-9: report_progress and each turn's metrics (hosted runs)
                 "run.checkpointed",
                 "run.resumed",
                 "run.completed",

@@ -119,6 +119,7 @@ __all__ = [
     "RunResumed",
     "RunSampled",
     "RunStarted",
+    "RunStreamed",
     "RunToolCalled",
     "RunUsage",
     "SourceLink",
@@ -1825,6 +1826,37 @@ class AgentTaskStreamed(EventData):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+# --------------------------------------------------------------------------- hosted runs' streaming events (AP-9)
+class RunStreamed(EventData):
+    """AP-9 for a run the run-executor computes itself (a hosted run): a progress report, log line, warning or
+    partial result the agent sent with its ``report_progress`` tool, or the turn's ``metrics`` (tokens, the
+    provider's latency, tool calls) the executor reports after each provider reply.
+
+    The payload is :class:`AgentTaskStreamed`'s -- the same ``kind`` vocabulary (:data:`TaskEventKind`) and the
+    same ``run_id, turn, correlation_id, request_id, message, data`` -- without the task and agent fields only an
+    external agent's task has. Its own type, not ``agent.task.streamed``: each event type has one sender
+    (the run-executor here, agent-collab there), so a consumer can tell who vouches for it (SEC-1). Deterministic
+    id per (run, turn, call index), ``metrics`` per (run, turn): a replayed turn republishes the same ids."""
+
+    EVENT_TYPE: ClassVar[str] = "run.streamed"
+    run_id: str
+    #: The agent card the run executes.
+    agent: str
+    turn: int
+    kind: TaskEventKind
+    #: The run's saga.
+    correlation_id: str
+    #: The request the turn works on: the one it answers (``answer_agent``, a relay run's), the one the agent
+    #: named, else the run's own id (as an external agent's task id stands for its run).
+    request_id: Annotated[str, Field(max_length=128)]
+    message: Annotated[str, Field(max_length=MAX_TEXT)] = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+    #: The ``report_progress`` call that sent it (``None``: the executor's own ``metrics``).
+    call_id: str | None = None
+    #: ``message`` was cut at :data:`MAX_TEXT` characters.
+    truncated: bool = False
+
+
 class AgentTaskEnded(EventData):
     """The task ended with its run (AP-5): completed, failed or cancelled. A cancelled task is handed to the agent
     once more (``state: cancelled`` in its next task poll) so it stops working on it; an action after the end is
@@ -1874,6 +1906,7 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         RunToolCalled,
         ToolFailed,
         RunSampled,
+        RunStreamed,
         RunCheckpointed,
         RunResumed,
         RunCompleted,

@@ -120,6 +120,7 @@ from temporality_protocol import (
     RunResumed,
     RunStarted,
     RunState,
+    RunStreamed,
     RunToolCalled,
     RunUsage,
     ToolFailed,
@@ -156,6 +157,7 @@ from temporality_run_executor.results import (
     tool_content,
 )
 from temporality_run_executor.retention import RetentionPayload
+from temporality_run_executor.streaming import report, turn_metrics, turn_request
 from temporality_run_executor.tools import (
     ANSWER_AGENT,
     ASK_AGENT,
@@ -163,6 +165,7 @@ from temporality_run_executor.tools import (
     COLLAB_TOOLS,
     GET_INPUT,
     HANDOFF_TO_AGENT,
+    REPORT_PROGRESS,
     AnswerAgentArgs,
     AskAgentArgs,
     AskHumanArgs,
@@ -528,6 +531,8 @@ class Emit:
     also: tuple[Publish, ...] = ()
     #: ``handoff_to_agent``: the child run; the run completes (handed off) when the turn commits (AP-6).
     handoff: str | None = None
+    #: What the call's ``run.tool_called`` shows instead of its arguments (``report_progress``: redacted).
+    shown: dict[str, Any] | None = None
 
 
 ToolPlan = Invoke | Refuse | Ask | Emit
@@ -546,6 +551,9 @@ class TurnInFlight:
     #: An MCP tool call of the turn that asked for the user's input (at most one per turn), and its ask.
     elicited: Elicitation | None = None
     elicit_pending: PendingAsk | None = None
+    #: AP-9: the provider reply's ``metrics`` (a hosted run's), published right after the turn's commit with its
+    #: ``run.checkpointed`` (no wait of its own) and kept in the checkpoint, so a recovery republishes them.
+    metrics: RunStreamed | None = None
 
     @property
     def calls(self) -> list[ToolCall]:
@@ -948,7 +956,7 @@ def decide(
                 return _decision(*_cancel(run, run.cancel, _totals(checkpoint)))
             return _decision()
         case ProviderReplied():
-            return _provider_replied(run, checkpoint, agent, incoming, now)
+            return _provider_replied(run, checkpoint, agent, incoming, now, redactor)
         case ProviderFailed():
             return _provider_failed(run, checkpoint, incoming, attempt)
         case AgentWorking():
@@ -1226,7 +1234,14 @@ def _checkpointed_again(run: RunRecord, ckpt: Checkpoint) -> tuple[Publish, ...]
     publish would otherwise leave the journal without it (found by ``tests/test_crash_matrix.py``)."""
     if ckpt.turn == 0:
         return ()
-    return (_checkpointed(run, ckpt),)
+    # AP-9: the turn's metrics went out after its commit: the same (same id) again
+    metrics = () if ckpt.metrics is None or ckpt.metrics.turn != ckpt.turn else (_metrics(ckpt.metrics),)
+    return (_checkpointed(run, ckpt), *metrics)
+
+
+def _metrics(streamed: RunStreamed) -> Publish:
+    """AP-9: a turn's ``metrics``, its id from (run, turn, ``metrics``)."""
+    return Publish(streamed, (str(streamed.turn), "metrics"))
 
 
 def _checkpointed(run: RunRecord, ckpt: Checkpoint) -> Publish:
@@ -1583,7 +1598,12 @@ def _provider_failed(
 
 
 def _provider_replied(
-    run: RunRecord | None, ckpt: Checkpoint | None, agent: Agent | None, incoming: ProviderReplied, now: datetime
+    run: RunRecord | None,
+    ckpt: Checkpoint | None,
+    agent: Agent | None,
+    incoming: ProviderReplied,
+    now: datetime,
+    redactor: Redactor = BUILTIN_REDACTOR,
 ) -> Decision:
     if run is None or run.state is not RunState.RUNNING:
         # the turn took so long that the run moved on meanwhile (the watchdog failed it): drop it
@@ -1596,21 +1616,35 @@ def _provider_replied(
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
     reply = incoming.reply
     usage = ckpt.usage + (reply.usage or Usage())
+    request_id = turn_request(run, reply.tool_calls)
+    # AP-9: a hosted run's turn reports its metrics itself (an external agent streams its own)
+    streamed: RunStreamed | None = None
+    metrics: tuple[Publish, ...] = ()
+    if agent.card.provider.kind != "external":
+        streamed = turn_metrics(run, incoming.turn, reply.usage, incoming.elapsed_s, reply.tool_calls, request_id)
+        metrics = (_metrics(streamed),)
     max_tokens = agent.card.limits.max_tokens
     if max_tokens is not None and usage.total_tokens > max_tokens:
         totals = _totals(ckpt, turns=incoming.turn, calls=len(reply.tool_calls), usage=usage)
-        return _decision(*_fail(run, "token_limit", _token_text(usage, max_tokens), totals=totals))
+        return _decision(*metrics, *_fail(run, "token_limit", _token_text(usage, max_tokens), totals=totals))
     if not reply.tool_calls:
-        return _decision(*_complete(run, reply.content or "", _totals(ckpt, turns=incoming.turn, usage=usage)))
-    turn = TurnInFlight(
-        number=incoming.turn, reply=reply, usage=usage, plans=_plan_calls(run, ckpt, agent, incoming.turn, now, reply)
-    )
+        ended = _complete(run, reply.content or "", _totals(ckpt, turns=incoming.turn, usage=usage))
+        return _decision(*metrics, *ended)
+    plans = _plan_calls(run, ckpt, agent, incoming.turn, now, reply, (request_id, redactor))
+    turn = TurnInFlight(number=incoming.turn, reply=reply, usage=usage, plans=plans, metrics=streamed)
     return _calls_from(run, ckpt, agent, turn, 0, (), incoming.elapsed_s, now)
 
 
 def _plan_calls(
-    run: RunRecord, ckpt: Checkpoint, agent: Agent, turn: int, now: datetime, reply: AssistantTurn
+    run: RunRecord,
+    ckpt: Checkpoint,
+    agent: Agent,
+    turn: int,
+    now: datetime,
+    reply: AssistantTurn,
+    streaming: tuple[str, Redactor] = ("", BUILTIN_REDACTOR),
 ) -> tuple[ToolPlan, ...]:
+    """Each call's plan. ``streaming``: the turn's request id and the redaction patterns (``report_progress``)."""
     plans: list[ToolPlan] = []
     waiting: Literal["human", "agent"] | None = None
     handed = False
@@ -1623,7 +1657,7 @@ def _plan_calls(
         elif handed and call.name in (ASK_HUMAN, ASK_AGENT) and call.arguments.get("mode") != "async":
             plan = Refuse(tool_error("this run has handed its task off in this turn: it cannot wait for anything"))
         else:
-            plan = _plan_call(run, ckpt, agent, turn, index, call, waiting, policy, answered, now)
+            plan = _plan_call(run, ckpt, agent, turn, index, call, waiting, policy, answered, now, streaming)
         if isinstance(plan, Ask) and waiting is None:
             waiting = "agent" if plan.pending.kind == "agent" else "human"
         handed = handed or (isinstance(plan, Emit) and plan.handoff is not None)
@@ -1664,6 +1698,7 @@ def _plan_call(
     policy: WaitFor | str,
     answered: set[str],
     now: datetime,
+    streaming: tuple[str, Redactor] = ("", BUILTIN_REDACTOR),
 ) -> ToolPlan:
     """One tool call, checked before anything runs: the card's policy, JSON arguments, the tool's schema.
     ``ask_human`` calls park the run together (HUM-7: each its own request, ``policy`` the turn's
@@ -1696,6 +1731,11 @@ def _plan_call(
         return _plan_answer_agent(run, ckpt, turn, index, call, answered)
     if tool.name == HANDOFF_TO_AGENT:
         return _plan_handoff(run, agent, turn, call)
+    if tool.name == REPORT_PROGRESS:  # AP-9: decided here, published before the turn's checkpoint
+        reported = report(run, turn, call, streaming[0] or run.run_id, streaming[1])
+        if isinstance(reported, str):
+            return Refuse(tool_error(reported))
+        return Emit(reported.content, Publish(reported.event, (str(turn), str(index))), shown=reported.arguments)
     if tool.name != ASK_HUMAN:
         return Invoke(tool)
     if waiting == "agent":
@@ -2155,7 +2195,12 @@ def _calls_from(
             done += [plan.publish, *plan.also]
         elif plan.note is not None:
             done.append(plan.note)
-        done.append(_tool_called(run, turn.number, index, call, plan.content))
+        shown = (
+            call
+            if not isinstance(plan, Emit) or plan.shown is None
+            else call.model_copy(update={"arguments": plan.shown})
+        )
+        done.append(_tool_called(run, turn.number, index, shown, plan.content))
         turn = replace(turn, results=(*turn.results, _tool_message(call, plan.content)))
     return _commit(run, ckpt, agent, turn, tuple(done), elapsed_s, now)
 
@@ -2170,6 +2215,7 @@ def _commit(
     now: datetime,
 ) -> Decision:
     limits = agent.card.limits
+    metrics = () if turn.metrics is None else (_metrics(turn.metrics),)  # AP-9 (see TurnInFlight.metrics)
     malformed = ckpt.malformed_tool_calls + turn.malformed
     if malformed > limits.max_malformed_tool_calls:
         error = (
@@ -2177,7 +2223,7 @@ def _commit(
             f"{limits.max_malformed_tool_calls}"
         )
         totals = _totals(ckpt, turns=turn.number, calls=len(turn.calls), usage=turn.usage)
-        return Decision((*effects, *_fail(run, "malformed_tool_calls", error, totals=totals)))
+        return Decision((*effects, *metrics, *_fail(run, "malformed_tool_calls", error, totals=totals)))
     assistant = Message(role="assistant", content=turn.reply.content, tool_calls=turn.reply.tool_calls)
     answered = {plan.answers for plan in turn.plans if isinstance(plan, Emit) and plan.answers is not None}
     received = [evolve(r, answered=True) if r.request_id in answered else r for r in ckpt.received]
@@ -2196,8 +2242,9 @@ def _commit(
         malformed_tool_calls=malformed,
         received=received,
         elicit=turn.elicited,
+        metrics=turn.metrics,
     )
-    committed = (*effects, SaveCheckpoint(saved), _checkpointed(run, saved))
+    committed = (*effects, SaveCheckpoint(saved), _checkpointed(run, saved), *metrics)
     handoff = next((p.handoff for p in turn.plans if isinstance(p, Emit) and p.handoff is not None), None)
     if handoff is not None:  # AP-6: the task is the child's now; this run ends with this turn
         return Decision((*committed, *_complete(run, _handed_off_result(handoff), _totals(saved))))

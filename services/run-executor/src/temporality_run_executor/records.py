@@ -7,7 +7,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temporality_protocol import HumanPolicy, LaunchSource, NormalizedEvent, RelayRequest, RunState, RunUsage
+from temporality_protocol import (
+    HumanPolicy,
+    LaunchSource,
+    NormalizedEvent,
+    RelayRequest,
+    RunState,
+    RunStreamed,
+    RunUsage,
+)
 
 __all__ = [
     "AgentMail",
@@ -244,6 +252,9 @@ class Checkpoint(_Model):
     #: An MCP tool call waiting for (``pending`` set) or retried with (``pending`` unset) a person's answers
     #: to its elicitations; its tool message is added when the retried call returns.
     elicit: Elicitation | None = None
+    #: AP-9: the last committed turn's ``metrics`` (a hosted run's), published right after the commit: a
+    #: recovery republishes them (the same id), so a driver killed in between loses none.
+    metrics: RunStreamed | None = None
 
     @property
     def parked(self) -> list[PendingAsk]:

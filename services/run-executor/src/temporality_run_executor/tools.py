@@ -16,6 +16,9 @@ offered) plus an implementation. The built-ins (:data:`BUILTIN_TOOLS`):
                     which publishes ``agent.replied`` (COL-3).
 ``handoff_to_agent``  hand the run's task to another agent card, hosted or external (AP-6): handled by the run machine, which
                     publishes ``agent.handed_off`` and the child's ``run.requested``; the run then completes.
+``report_progress``  AP-9: a progress report, log line, warning or partial result, journaled as ``run.streamed``
+                    with the saga's correlation id and the request the turn works on: handled by the run machine
+                    (redacted, size-capped, its id from run, turn and call index); the run does not wait.
 ``get_pr_context``  DEPRECATED alias of ``get_input``, kept for cards written before it; offered only
                     when a card names it exactly (a pattern such as ``*`` never selects it).
 
@@ -70,12 +73,14 @@ __all__ = [
     "GET_INPUT",
     "HANDOFF_TO_AGENT",
     "NOTIFY",
+    "REPORT_PROGRESS",
     "AnswerAgentArgs",
     "AskAgentArgs",
     "AskHumanArgs",
     "ElicitationNeeded",
     "HandoffArgs",
     "NotifyArgs",
+    "ReportProgressArgs",
     "Sample",
     "Sampled",
     "SamplingParams",
@@ -255,6 +260,42 @@ class HandoffArgs(BaseModel):
     open_questions: _Items = Field(default_factory=list, description="What is still unclear")
     constraints: _Items = Field(default_factory=list, description="What the other agent must respect")
     acceptance_criteria: _Items = Field(default_factory=list, description="When the task counts as done")
+
+
+# --------------------------------------------------------------------------- report_progress (AP-9)
+REPORT_PROGRESS = "report_progress"
+#: What ``report_progress`` may send: the streaming kinds of AP-9 (:data:`~temporality_protocol.TaskEventKind`) but
+#: ``metrics``, which the executor reports itself after each provider reply.
+ReportKind = Literal["progress", "log", "warning", "partial_result"]
+#: ``report_progress``'s ``data``, as compact JSON, is at most this many bytes (a larger one is refused).
+REPORT_DATA_MAX_BYTES = 8192
+
+
+class ReportProgressArgs(BaseModel):
+    """AP-9: ``report_progress(kind, message, data, request_id)``; the run machine cuts ``message`` at 4096
+    characters and refuses ``data`` over :data:`REPORT_DATA_MAX_BYTES`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Annotated[
+        ReportKind,
+        Field(description="progress (how far along), log, warning, or partial_result (a result so far)"),
+    ]
+    message: Annotated[str, Field(min_length=1, description="What to report (cut at 4096 characters)")]
+    data: Annotated[
+        dict[str, Any], Field(description="Structured details, a JSON object (at most 8 KiB), e.g. {percent: 40}")
+    ] = Field(default_factory=dict)
+    request_id: (
+        Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=128,
+                description="The request this is about (e.g. one you received); default: the one this turn answers",
+            ),
+        ]
+        | None
+    ) = None
 
 
 Publish = Callable[[EventData, tuple[str, ...]], Awaitable[None]]
@@ -487,6 +528,12 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
         "agent starts in this saga with your handoff document as its input, and this run ends (completed, handed "
         "off) after this turn. Use it when another agent should finish the work, not to ask a question.",
         parameters=HandoffArgs.model_json_schema(),
+    ),
+    Tool(
+        name=REPORT_PROGRESS,
+        description="Report how the task goes without waiting for anything: progress, a log line, a warning, or a "
+        "partial result, shown in the run's timeline. Keep it short; never put secrets in it.",
+        parameters=ReportProgressArgs.model_json_schema(),
     ),
     Tool(
         name="get_pr_context",

@@ -780,6 +780,12 @@ export function timeline(events, run, now = Date.now()) {
         step.kind = "bad";
         step.lines = [["Detail", d.detail], ["Request", d.request_id]];
         break;
+      // AP-9: what a run streams while it works -- a hosted run's run.streamed (report_progress, each turn's
+      // metrics) and an external agent's agent.task.streamed carry the same payload and read the same.
+      case "run.streamed":
+      case "agent.task.streamed":
+        streamedStep(step, d);
+        break;
       case "run.cancel_requested":
         step.title = `Cancel requested by ${d.requested_by}`;
         step.kind = "bad";
@@ -796,6 +802,26 @@ export function timeline(events, run, now = Date.now()) {
     steps.push(step);
   }
   return steps;
+}
+
+const STREAMED = { progress: "Progress", log: "Log", warning: "Warning", partial_result: "Partial result" };
+
+function streamedStep(step, d) {
+  const data = d.data || {};
+  if (d.kind === "metrics") {
+    step.title = `Turn ${d.turn} metrics`;
+    step.kind = "minor";
+    const tokens = data.prompt_tokens !== undefined ? `${data.prompt_tokens} in · ${data.completion_tokens} out` : null;
+    const latency = typeof data.provider_latency_s === "number" ? `${data.provider_latency_s.toFixed(2)} s` : null;
+    step.lines = [["Tokens", tokens], ["Provider latency", latency], ["Tool calls", data.tool_calls],
+      ["Request", d.request_id], ["Reported", tokens === null ? d.message : null]];
+    return;
+  }
+  step.title = `${STREAMED[d.kind] ?? d.kind}: ${clip(d.message)}`;
+  step.kind = d.kind === "warning" ? "bad" : d.kind === "partial_result" ? "" : "minor";
+  step.lines = [["Turn", d.turn], ["Message", d.message], ["Request", d.request_id],
+    ["Data", Object.keys(data).length ? JSON.stringify(data) : null], ["Agent", d.agent_id],
+    ["Truncated", d.truncated ? "yes" : null]];
 }
 
 // "agent:reviewer-2" -> "agent reviewer-2", "run:run-1" -> "run run-1"; anything else as the model wrote it.

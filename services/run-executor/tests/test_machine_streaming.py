@@ -22,6 +22,7 @@ from temporality_protocol import (
     RunStreamed,
     RunToolCalled,
     TaskEventKind,
+    ToolFailed,
 )
 from temporality_protocol.events import MAX_TEXT
 from temporality_run_executor.agents import ProviderConfig
@@ -36,6 +37,7 @@ from temporality_run_executor.machine import (
     Refuse,
     Requested,
     SaveCheckpoint,
+    ToolBroke,
     ToolOutput,
     ToolReturned,
     decide,
@@ -310,3 +312,33 @@ def test_a_recovery_republishes_the_last_turns_metrics_with_the_same_id() -> Non
     incoming = Requested(request=run_requested(RUN_ID).payload(RunRequested), correlation_id="saga-9")
     recovered = decide(_run(), committed, ALL, incoming, now=T0)
     assert [(p.id_parts, p.data) for p in _streamed(recovered)] == [(("2", "metrics"), committed.metrics)]
+
+
+# --------------------------------------------------------------------------- what the journal shows of a tool call
+def test_a_tool_call_s_arguments_result_and_error_are_journaled_redacted_and_the_model_gets_them_whole() -> None:
+    """``run.tool_called`` and ``tool.failed`` leave the process: the executor's redaction patterns apply to the
+    arguments (a value under a key naming a secret replaced whole), the result preview and the error, as to a
+    question; the model's own conversation keeps the tool's result as it was."""
+    told = ToolCall(id="call-1", name="notify", arguments={"recipient": "user:alice", "message": f"use {TOKEN}"})
+    again = ToolCall(
+        id="call-2", name="notify", arguments={"recipient": "user:alice", "message": "db_password=hunter2"}
+    )
+    first = _decide(_reply(told, again))
+    assert isinstance(first.then, CallTool)
+    returned = ToolReturned(first.then.turn, 0, ToolOutput(f"sent: {TOKEN}"), elapsed_s=0.5)
+    second = decide(_run(), _ckpt(), ALL, returned, now=T0)
+    (called,) = [e.data for e in second.effects if isinstance(e, Publish) and isinstance(e.data, RunToolCalled)]
+    assert called.arguments == {"recipient": "user:alice", "message": "use [REDACTED:github_token]"}
+    assert called.result_preview == "sent: [REDACTED:github_token]"
+    assert isinstance(second.then, CallTool)
+    broke = ToolReturned(second.then.turn, 1, ToolBroke(f"the server refused {TOKEN}"), elapsed_s=0.7)
+    third = decide(_run(), _ckpt(), ALL, broke, now=T0)
+    journaled = [e.data for e in third.effects if isinstance(e, Publish)]
+    (failed,) = [d for d in journaled if isinstance(d, ToolFailed)]
+    assert failed.error == "the server refused [REDACTED:github_token]"
+    (called,) = [d for d in journaled if isinstance(d, RunToolCalled)]
+    assert "hunter2" not in called.arguments["message"]
+    assert TOKEN not in called.result_preview
+    # the model gets the tool's result whole: its conversation is never journaled
+    saved = next(e for e in third.effects if isinstance(e, SaveCheckpoint))
+    assert any(m.role == "tool" and m.content == f"sent: {TOKEN}" for m in saved.checkpoint.messages)

@@ -157,7 +157,7 @@ from temporality_run_executor.results import (
     tool_content,
 )
 from temporality_run_executor.retention import RetentionPayload
-from temporality_run_executor.streaming import report, turn_metrics, turn_request
+from temporality_run_executor.streaming import redact_json, report, turn_metrics, turn_request
 from temporality_run_executor.tools import (
     ANSWER_AGENT,
     ASK_AGENT,
@@ -924,7 +924,39 @@ def decide(
     redactor: Redactor = BUILTIN_REDACTOR,
 ) -> Decision:
     """What ``incoming`` makes the run do next (see the module docstring). ``redactor``: the executor's
-    redaction patterns, which every question a person will read passes through (SEC-1)."""
+    redaction patterns, which every question a person will read passes through (SEC-1), and every tool call's
+    arguments, result and error as the journal shows them (``run.tool_called``, ``tool.failed``)."""
+    decision = _decide(run, checkpoint, agent, incoming, now=now, attempt=attempt, redactor=redactor)
+    if not any(isinstance(e, Publish) and isinstance(e.data, RunToolCalled | ToolFailed) for e in decision.effects):
+        return decision
+    return replace(decision, effects=tuple(_journaled(e, redactor) for e in decision.effects))
+
+
+def _journaled(effect: Effect, redactor: Redactor) -> Effect:
+    """A tool call's event as it may leave the process: no secret in its arguments, result or error. The model
+    still gets the tool's result as it was (it is the run's own conversation, never journaled)."""
+    if not isinstance(effect, Publish):
+        return effect
+    data = effect.data
+    if isinstance(data, RunToolCalled):
+        arguments = redact_json(data.arguments, redactor)
+        preview = redactor.redact(data.result_preview).text[:4096]
+        return replace(effect, data=evolve(data, arguments=arguments, result_preview=preview))
+    if isinstance(data, ToolFailed):
+        return replace(effect, data=evolve(data, error=redactor.redact(data.error).text[:4096]))
+    return effect
+
+
+def _decide(
+    run: RunRecord | None,
+    checkpoint: Checkpoint | None,
+    agent: Agent | None,
+    incoming: Incoming,
+    *,
+    now: datetime,
+    attempt: Attempt | None,
+    redactor: Redactor,
+) -> Decision:
     attempt = attempt or Attempt()
     match incoming:
         case Requested():

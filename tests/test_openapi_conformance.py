@@ -46,7 +46,9 @@ from temporality_embedded.processes import ServiceProcess
 from temporality_service.auth import dump_tokens
 from temporality_testing import NatsServer
 
-pytestmark = pytest.mark.e2e
+#: One test per service runs every operation's cases and starts the service (setup and teardown count too):
+#: ~30 s on a quiet machine, 4x that at a load of 10 on 2 cores; the suite's 120 s guard is for one scenario.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(480)]
 # hypothesis keeps caches (``.hypothesis/``) in the working directory: not in the checkout
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "temporality-openapi-hypothesis")
 

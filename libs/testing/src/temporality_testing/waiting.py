@@ -29,21 +29,27 @@ async def eventually(
     interval_s: float = 0.1,
 ) -> T:
     """Poll ``probe`` until it returns something truthy and return that; AssertionError naming ``what`` (and the
-    last value seen) after ``timeout_s``. A probe's HTTP call that times out counts as "not yet" within the bound:
-    on a loaded machine one slow answer is not a failure."""
+    last value or error seen) after ``timeout_s``.
+
+    A probe's HTTP call that fails in transport counts as "not yet" within the bound: on a loaded machine one slow
+    answer is not a failure, and neither is a keep-alive connection the server closed just as the probe reused it
+    (``RemoteProtocolError``: "Server disconnected without sending a response"); a server that stays away still
+    fails the wait, with its last error."""
     last: T | None = None
+    error: httpx.TransportError | None = None
     try:
         async with asyncio.timeout(timeout_s):
             while True:
                 try:
-                    last = await probe()
-                except httpx.TimeoutException:
-                    last = None
+                    last, error = await probe(), None
+                except httpx.TransportError as exc:
+                    last, error = None, exc
                 if last:
                     return last
                 await asyncio.sleep(interval_s)
     except TimeoutError:
-        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last value: {last!r}") from None
+        seen = f"last error: {error!r}" if error is not None else f"last value: {last!r}"
+        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; {seen}") from None
 
 
 async def stays(

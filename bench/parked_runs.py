@@ -10,7 +10,8 @@ dir on free loopback ports. One real webhook goes through the gateway to the scr
 parks on ``ask_human``); its ``run.requested`` is the template. Then:
 
 1. **Park**: ``--runs`` copies of that ``run.requested`` (new run and event ids) are published on the bus,
-   pipelined, as the gateway would; every run starts, calls ``get_input`` and ``ask_human`` and parks.
+   pipelined, as the gateway would; every run starts, calls ``get_input``,
+   ``report_progress`` (the shipped card offers it, AP-9) and ``ask_human`` -- three turns -- and parks.
    Counted from the first publish to the last ``human.requested``. The run-executor's resident memory
    (``VmRSS``) is read before and after.
 2. **Resume in bulk**: for all parked runs but the latency sample, a ``human.answered`` is published on the

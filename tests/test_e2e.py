@@ -56,6 +56,7 @@ E2E_TRAJECTORY = [
     "run.started",
     "run.tool_called",
     "run.checkpointed",
+    "run.streamed",
     "human.requested",
     "human.notified",
     "human.answered",
@@ -344,6 +345,17 @@ async def test_e2e_1_webhook_to_completed_review_with_a_human_answer(stack: Stac
     assert answered_event["data"]["responder"] == "user:alice"
     assert resumed["data"]["reason"] == "answer"
     assert resumed["data"]["waited_s"] >= 0
+    # AP-9: the shipped card offers report_progress; the reviewer reports after reading the input, before it asks
+    calls = [e["data"]["tool"] for e in events if e["type"] == "run.tool_called"]
+    assert calls == ["get_input", "report_progress"]
+    (progress,) = [e for e in events if e["type"] == "run.streamed" and e["data"]["kind"] == "progress"]
+    assert progress["data"]["message"] == "Read PR #42; API-contract keywords found: 3"
+    assert progress["data"]["data"]["pr"] == 42
+    assert progress["data"]["turn"] == 2
+    assert progress["data"]["request_id"] == run_id  # the run's own request: it answers none
+    saga = next(e for e in events if e["type"] == "run.requested")["correlation_id"]
+    assert progress["data"]["correlation_id"] == progress["correlation_id"] == saga
+    assert events.index(progress) < types.index("human.requested")
 
     # a second answer is refused and never resumes the run twice
     again = await http.post(
@@ -453,8 +465,11 @@ async def test_run_executor_killed_mid_run_resumes_from_the_last_checkpoint(
     await events.caught_up()
     # no duplicated effects: one question, one tool call per turn, one completion
     assert len(events.of_type("human.requested", run_id)) == 1
-    assert len(events.of_type("run.tool_called", run_id)) == 1
-    assert [e.data["turn"] for e in events.of_type("run.checkpointed", run_id)] == [1, 2]
+    assert [e.data["tool"] for e in events.of_type("run.tool_called", run_id)] == ["get_input", "report_progress"]
+    assert [e.data["turn"] for e in events.of_type("run.checkpointed", run_id)] == [1, 2, 3]
+    streamed = events.of_type("run.streamed", run_id)
+    assert [e.data["turn"] for e in streamed if e.data["kind"] == "progress"] == [2]  # one report, not replayed twice
+    assert sorted(e.data["turn"] for e in streamed if e.data["kind"] == "metrics") == [1, 2, 3, 4]
     assert len(events.of_type("run.completed", run_id)) == 1
     assert len(events.of_type("bus.dead_lettered")) == dead_letters  # none since the test began
 

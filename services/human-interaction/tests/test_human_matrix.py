@@ -244,6 +244,15 @@ async def test_a_notification_arrives_as_a_notice_in_the_dm(
     assert notice["content"]["body"] == "📣 Review PR 42\n\nReview finished: two comments."
     assert "m.relates_to" not in notice["content"]  # a plain notice, not a reply to anything
 
+    # sent again under the same key (a redelivery after a crash before the once-only marker): Synapse answers the
+    # repeated transaction id with the first event, so nothing new reaches the room; another key is a new event
+    profile = directory.get("alice")
+    assert profile is not None
+    again = await bot[0].notify(profile, "📣 Review PR 42\n\nReview finished: two comments.", key="notify.hn-matrix-1")
+    assert again.reference == notice["event_id"]
+    other = await bot[0].notify(profile, "📣 Another one", key="notify.hn-matrix-2")
+    assert other.reference != notice["event_id"]
+
 
 async def test_the_question_on_matrix_is_redacted_and_truncated(
     bus: Bus, bot: tuple[MatrixAdapter, RequestHandler], alice: MatrixPerson, matrix_accounts: dict[str, MatrixAccount]

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import cast
 
 import pytest
 from human_support import events_of, exactly, running
 
 from temporality_bus import Bus, Consumer, Delivery
-from temporality_human_interaction.channels import WebInboxAdapter
+from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.directory import Directory
@@ -70,6 +71,8 @@ class Notifier:
     bus: Bus
     emulator: TelegramEmulator
     handler: NotificationHandler
+    #: The channels the handler sends on (Telegram on the emulator, the web inbox).
+    adapters: dict[str, ChannelAdapter]
     #: (delivery number, the error or None) of every handling the consumer ran, in order.
     handled: list[tuple[int, BaseException | None]]
     #: Set once the consumer has handled a delivery.
@@ -116,7 +119,8 @@ async def notifier(bus: Bus) -> AsyncIterator[Notifier]:
     async with TelegramEmulator().serve() as emulator:
         telegram = TelegramAdapter(bus, token=emulator.token, base_url=emulator.base_url, poll_timeout_s=1)
         async with telegram, WebInboxAdapter() as web:
-            handler = NotificationHandler(bus, directory, {telegram.name: telegram, web.name: web})
+            adapters: dict[str, ChannelAdapter] = {telegram.name: telegram, web.name: web}
+            handler = NotificationHandler(bus, directory, adapters)
             handled: list[tuple[int, BaseException | None]] = []
             settled = asyncio.Event()
             spec = dataclasses.replace(
@@ -130,7 +134,28 @@ async def notifier(bus: Bus) -> AsyncIterator[Notifier]:
                 fetch_timeout_s=0.2,
             )
             async with running(consumer):
-                yield Notifier(bus, emulator, handler, handled, settled)
+                yield Notifier(bus, emulator, handler, adapters, handled, settled)
+
+
+class _PublishCrash(Exception):
+    """Stands for the process dying as it publishes the journal event (after the send and the claim)."""
+
+
+class _CrashingBus:
+    """The real bus, except that the first ``human.notification_delivered`` publish dies."""
+
+    def __init__(self, bus: Bus) -> None:
+        self._bus = bus
+        self.crashed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._bus, name)
+
+    async def publish(self, event: Envelope) -> object:
+        if event.type == HumanNotificationDelivered.EVENT_TYPE and not self.crashed:
+            self.crashed = True
+            raise _PublishCrash(event.id)
+        return await self._bus.publish(event)
 
 
 def _of(events: list[Envelope], notification: Envelope) -> list[Envelope]:
@@ -156,12 +181,40 @@ async def test_the_preferred_channel_carries_it_once_and_a_redelivery_journals_n
     assert _sent(notifier.emulator, ALICE) == ["📣 Review PR 42\n\nReview finished: two comments."]
 
     await notifier.handler.handle(event)  # redelivered after it was claimed: neither sent nor journaled again
-    # a crash after the event, before the claim: the redelivery sends again (at least once) and journals once
+    # a crash after the send, before the claim: the redelivery sends again (Telegram has no idempotency key: at
+    # least once) and journals once (the event keeps its id)
     await ChannelRefs(notifier.bus).delete(ref_key("notify", str(event.data["notification_id"])))
     await notifier.handler.handle(event)
     assert len(_sent(notifier.emulator, ALICE)) == 2
     await exactly(notifier.bus, "human.notification_delivered", settle_s=0.5)
     await exactly(notifier.bus, "human.notification_failed", 0, settle_s=0.2)
+
+
+async def test_a_crash_between_the_claim_and_the_event_sends_once_and_the_redelivery_journals_it(
+    bus: Bus, notifier: Notifier
+) -> None:
+    crashing = _CrashingBus(bus)
+    handler = NotificationHandler(cast(Bus, crashing), Directory.from_mapping(USERS), notifier.adapters)
+    data = HumanNotifyRequested(
+        notification_id=new_id("hn"),
+        run_id=new_id("run"),
+        agent="reviewer",
+        title="Review PR 42",
+        recipient="user:alice",
+        message="Review finished: two comments.",
+        policy=HumanPolicy(allowed_recipients=["user:alice"]),
+        turn=3,
+    )
+    event = make_event(data, source="/temporality/run-executor", run_id=data.run_id)
+    with pytest.raises(_PublishCrash):
+        await handler.handle(event)
+    assert len(_sent(notifier.emulator, ALICE)) == 1  # sent and claimed; its event never reached the bus
+    await exactly(bus, "human.notification_delivered", 0, settle_s=0.2)
+    await handler.handle(event)  # the redelivery: the marker's event is published, nothing is sent again
+    [told] = await exactly(bus, "human.notification_delivered")
+    assert told.payload(HumanNotificationDelivered).channel == "telegram"
+    assert (told.runid, told.causationid) == (data.run_id, event.id)
+    assert len(_sent(notifier.emulator, ALICE)) == 1
 
 
 async def test_a_channel_that_fails_is_journaled_and_the_next_one_carries_it(notifier: Notifier) -> None:

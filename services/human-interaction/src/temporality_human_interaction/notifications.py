@@ -11,10 +11,14 @@ checks and routing as a question:
    :meth:`~.channels.ChannelAdapter.notify`; a channel that is not running, has no identity for the
    person or refuses (the web inbox carries no notifications) is skipped for the next. All failing is
    transient: redelivered with backoff, finally dead-lettered.
-3. Once sent, ``human.notification_delivered`` is published (the channel, the channels that failed before it
-   on this delivery, which delivery it was; one id per notification and person), then ``notify.<notification
-   id>`` is claimed in the ``human-channels`` bucket, so a redelivered event is not sent again (a crash between
-   the send and the claim can send it twice; the event keeps its id, so it is journaled once).
+3. The moment a channel has sent it, ``notify.<notification id>`` is claimed in the ``human-channels`` bucket
+   with the channel and the encoded ``human.notification_delivered`` (the channel, the channels that failed
+   before it on this delivery, which delivery it was; one id per notification and person); then that event is
+   published. A redelivery that finds the marker sends nothing and publishes the marker's event again (same
+   id: journaled once), so a crash between the claim and the publish loses no event. The bound: a crash in
+   the one KV write between the send and the claim sends it again -- on Telegram as a second message (the Bot
+   API has no idempotency key); on Matrix the transaction id derived from the marker's key lets the homeserver
+   answer the resend with the first event (same access token). The event is journaled once either way.
 4. When the notification is given up (refused, every delivery spent, whichever way it is dead-lettered),
    :meth:`NotificationHandler.on_dead_letter` publishes ``human.notification_failed``: why, who was not
    told and the last delivery's failed attempts.
@@ -37,7 +41,7 @@ from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.directory import Directory, UserProfile, group_id_of, user_id_of
 from temporality_human_interaction.events import notification_delivered_event, notification_failed_event
 from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies
-from temporality_protocol import DeliveryAttempt, Envelope, ProtocolError
+from temporality_protocol import DeliveryAttempt, Envelope, ProtocolError, decode, encode
 from temporality_protocol.catalog import CONSUMERS
 from temporality_protocol.events import MAX_TEXT, HumanNotifyRequested
 
@@ -155,11 +159,13 @@ class NotificationHandler:
         person: str,
         number: int,
     ) -> list[DeliveryAttempt] | None:
-        """Tell one person (once: ``sent_key`` is claimed after the send and its event); None when told (now or
-        before), else every channel that failed, in order (``error`` starting ``user:<id>:`` for a group's
-        member)."""
-        if (done := await self._refs.get(sent_key)) is not None:
-            log.info("notification.already_sent", channel=done, key=sent_key)
+        """Tell one person (once: ``sent_key`` is claimed right after the send, with its event); None when told
+        (now or before), else every channel that failed, in order (``error`` starting ``user:<id>:`` for a
+        group's member)."""
+        if (done := await self._refs.get_ref(sent_key)) is not None:
+            if done.event is not None:  # a crash after the claim may have kept it from the journal: again, same id
+                await self._bus.publish(decode(done.event.encode()))
+            log.info("notification.already_sent", channel=done.value, key=sent_key)
             return None
         member = payload.recipient != person
         text = notification_text(payload)
@@ -173,7 +179,7 @@ class NotificationHandler:
                 )
                 continue
             try:
-                await adapter.notify(profile, text)
+                await adapter.notify(profile, text, key=sent_key)
             except ChannelError as exc:
                 failures.append(_attempt(name, str(exc), person if member else None))
                 continue
@@ -189,8 +195,9 @@ class NotificationHandler:
                 redacted=redacted,
                 truncated=truncated,
             )
-            await self._bus.publish(told)  # before the claim: a crash in between sends again, journals once
-            await self._refs.claim(sent_key, name)
+            # claimed first: a crash before the publish loses no event (the redelivery publishes the marker's)
+            await self._refs.claim(sent_key, name, event=encode(told).decode())
+            await self._bus.publish(told)
             log.info("notification.sent", channel=name, person=person, failed=len(failures), delivery=number)
             return None
         return failures  # every channel of the profile (it names one at least) failed

@@ -10,7 +10,7 @@ Lifecycle::
     async with adapter:                     # initialize(): log in, start polling/syncing
         await adapter.deliver(record, profile)    # the question; returns a DeliveryReceipt
         await adapter.update(record, copy)          # edit a sent copy to show the outcome
-        await adapter.notify(profile, "text")     # a plain notification
+        await adapter.notify(profile, "text", key=k)  # a plain notification (k: its idempotency key)
                                             # shutdown(): stop polling, close sessions
 
 Outbound: :meth:`ChannelAdapter.deliver` (the question), :meth:`ChannelAdapter.update` (the sent
@@ -194,8 +194,12 @@ class ChannelAdapter(abc.ABC):
         cancelled)."""
 
     @abc.abstractmethod
-    async def do_notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
-        """Transport-specific plain notification. Raise :class:`DeliveryFailed` on a refusal."""
+    async def do_notify(self, profile: UserProfile, text: str, key: str) -> DeliveryReceipt:
+        """Transport-specific plain notification. Raise :class:`DeliveryFailed` on a refusal.
+
+        ``key`` names this notification to this person and is the same when it is sent again (a redelivery
+        after a crash between the send and its once-only marker), so a transport with idempotency keys
+        (Matrix's transaction id) sends it once."""
 
     async def deliver(
         self, request: HumanRequestRecord, profile: UserProfile, *, banner: str | None = None, tag: str = ""
@@ -235,12 +239,13 @@ class ChannelAdapter(abc.ABC):
         except Exception as exc:
             raise DeliveryFailed(f"channel {self.name} failed to update {request.request_id}: {exc!r}") from exc
 
-    async def notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
-        """Send ``text`` to the person behind ``profile``. Do not override: implement :meth:`do_notify`."""
+    async def notify(self, profile: UserProfile, text: str, *, key: str) -> DeliveryReceipt:
+        """Send ``text`` to the person behind ``profile``; ``key`` is the notification's idempotency key (one per
+        notification and person). Do not override: implement :meth:`do_notify`."""
         self._check(profile)
         text = self.egress.message_for(self.name, text)
         try:
-            return await self.do_notify(profile, text)
+            return await self.do_notify(profile, text, key)
         except ChannelError:
             raise
         except Exception as exc:

@@ -328,10 +328,12 @@ class MatrixAdapter(ChannelAdapter):
             end = {"m.relates_to": {"rel_type": "m.reference", "event_id": poll_id}, "m.text": [{"body": outcome}]}
             await self._send(copy.address, POLL_END, end, tx_id=f"e-{request.request_id}-{copy_ref}")
 
-    async def do_notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
+    async def do_notify(self, profile: UserProfile, text: str, key: str) -> DeliveryReceipt:
         assert profile.channels.matrix is not None
         room_id = await self.dm_room(profile.channels.matrix.user_id)
-        event_id = await self._send(room_id, "m.room.message", {"msgtype": "m.notice", "body": text}, tx_id=None)
+        # the homeserver answers a repeated transaction id (same access token) with the first event: sent once
+        content = {"msgtype": "m.notice", "body": text}
+        event_id = await self._send(room_id, "m.room.message", content, tx_id=f"n-{key}")
         return DeliveryReceipt(channel=self.name, reference=event_id, address=room_id)
 
     # ------------------------------------------------------------------ inbound

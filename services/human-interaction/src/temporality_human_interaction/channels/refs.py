@@ -19,7 +19,8 @@ key                                    value
                                        run's requests (see :mod:`..runs`), what the sweep reads instead of the
                                        request keys
 ``runend.<run id>``                    the event type that ended the run
-``notify.<notification id>``           the channel that sent that notification (see :mod:`..notifications`)
+``notify.<notification id>``           the channel that sent that notification, and its ``event``: the
+                                       ``human.notification_delivered`` that journals it (see :mod:`..notifications`)
 ``open.<user id>.<request id>``        the request id, its ``expires_at`` and ``people`` (how many it is indexed
                                        under): an open request that person may answer (:mod:`..inbox`)
 ``policy.<run id>``                    the run's human policy from its ``run.requested`` (:mod:`..policies`)
@@ -76,6 +77,9 @@ class ChannelRef(BaseModel):
     #: On a run entry (``run.<run>.<id>``): when the request ended (answered, expired, cancelled), so the
     #: start-up rebuild and the sweep know it without reading the record.
     ended_at: datetime | None = None
+    #: On a notification's once-only marker (``notify.*``): the encoded ``human.notification_delivered`` that
+    #: journals the send, published (again, same id) by whoever finds the marker (:mod:`..notifications`).
+    event: str | None = None
 
 
 class ChannelRefs:
@@ -91,8 +95,13 @@ class ChannelRefs:
         return self._store
 
     async def get(self, key: str) -> str | None:
+        got = await self.get_ref(key)
+        return got.value if got is not None else None
+
+    async def get_ref(self, key: str) -> ChannelRef | None:
+        """The whole entry under ``key`` (its value and what is stored with it), or None."""
         got = await (await self._open()).get(key)
-        return got.value.value if got is not None else None
+        return got.value if got is not None else None
 
     async def put(self, key: str, value: str) -> None:
         """Overwrite ``key`` (for values that move on: a sync token, the newest question in a room)."""
@@ -103,23 +112,31 @@ class ChannelRefs:
         await (await self._bus.kv(BUCKET_HUMAN_CHANNELS)).purge(key)
 
     async def claim(
-        self, key: str, value: str, *, expires_at: datetime | None = None, people: int | None = None
+        self,
+        key: str,
+        value: str,
+        *,
+        expires_at: datetime | None = None,
+        people: int | None = None,
+        event: str | None = None,
     ) -> str:
         """Store ``value`` under ``key`` unless the key exists; returns the value that is stored.
 
         ``expires_at`` (an index entry's deadline) and ``people`` (an inbox entry's count of answerers) are
         stored with it, and filled in on an existing entry that lacks them (written by an older version):
-        compare-and-set, so an entry deleted or changed meanwhile is left as it is."""
+        compare-and-set, so an entry deleted or changed meanwhile is left as it is. ``event`` (a notification
+        marker's journal event) is stored with a new entry only."""
         store = await self._open()
+        ref = ChannelRef(value=value, expires_at=expires_at, people=people, event=event)
         try:
-            await store.create(key, ChannelRef(value=value, expires_at=expires_at, people=people))
+            await store.create(key, ref)
         except AlreadyExists:
             existing = await store.get(key)
             if existing is not None:
                 await self.fill(key, existing.value, existing.revision, expires_at=expires_at, people=people)
                 return existing.value.value
             # deleted in between: ours now
-            await store.put(key, ChannelRef(value=value, expires_at=expires_at, people=people))
+            await store.put(key, ref)
         return value
 
     async def fill(

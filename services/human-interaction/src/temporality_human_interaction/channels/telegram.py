@@ -173,7 +173,8 @@ class TelegramAdapter(ChannelAdapter):
                 return  # already shows this outcome (a repeated update)
             raise
 
-    async def do_notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
+    async def do_notify(self, profile: UserProfile, text: str, key: str) -> DeliveryReceipt:
+        # the Bot API has no idempotency key: a resend after a crash before the marker is a second message
         assert profile.channels.telegram is not None
         chat_id = profile.channels.telegram.chat_id
         try:

@@ -47,5 +47,5 @@ class WebInboxAdapter(ChannelAdapter):
     async def do_update(self, request: HumanRequestRecord, copy: SentCopy, responder_name: str | None) -> None:
         return None  # the inbox reads the record: its outcome is already what GET /requests/{id} shows
 
-    async def do_notify(self, profile: UserProfile, text: str) -> DeliveryReceipt:
+    async def do_notify(self, profile: UserProfile, text: str, key: str) -> DeliveryReceipt:
         raise DeliveryFailed("the web inbox carries questions only, no notifications")

@@ -4,21 +4,25 @@ Per new event the gateway answers after two round trips: the dedupe claim, then 
 claim's ``published`` mark and the delivery's ``accepted`` record (with its index entry) are written
 behind the answer (:mod:`temporality_trigger_gateway.behind`). These tests pin the order that keeps
 exactly-once intake (nothing marked published before every event is acknowledged), what a batch that
-JetStream only partly stored leaves behind, and that the record written without re-validation reads
-back as a valid record.
+JetStream only partly stored leaves behind, that the record written without re-validation reads
+back as a valid record, and the whole message budget of a new event as the server sees it (7 writes, 7
+acknowledgements, nothing else).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 from unittest.mock import patch
 
 import httpx
-from gateway_support import MAX_BODY, fixture_bytes, fixture_json, journal, post, types
+import nats
+from gateway_support import MAX_BODY, eventually, fixture_bytes, fixture_json, journal, post, types
+from nats.aio.msg import Msg
 
-from temporality_bus import Bus, BusError, Pipeline, PublishResult, TransientError
+from temporality_bus import Bus, BusError, NatsSettings, Pipeline, PublishResult, TransientError
 from temporality_bus.pipeline import Write
 from temporality_protocol import CONTENT_TYPE, Envelope, NormalizedEvent, derive_id, encode, run_id_for_delivery
 from temporality_protocol.catalog import BUCKET_DEDUPE, BUCKET_DELIVERIES
@@ -198,3 +202,58 @@ async def test_launches_at_once_share_the_rounds_behind_their_answers_and_each_i
     accepted = {r.delivery_id for r in records if r.state == "accepted"}
     assert accepted == {a.json()["delivery_id"] for a in answers}
     assert types(await journal(bus)).count("run.requested") == 12
+
+
+def _on_the_bus(subject: str) -> str:
+    """A message seen on the bus as the message budget names it."""
+    if subject.startswith("$KV."):
+        return f"kv:{subject.split('.')[1]}"
+    if subject.startswith("_INBOX."):
+        return "reply"  # a JetStream acknowledgement (or an API answer) to a client's inbox
+    if subject.startswith("temporality.events."):
+        return subject.removeprefix("temporality.events.")
+    return subject  # anything else is named in full in the failure
+
+
+async def test_an_accepted_webhook_puts_seven_writes_and_their_seven_acks_on_the_bus_and_nothing_else(
+    client: httpx.AsyncClient, bus: Bus, nats_settings: NatsSettings
+) -> None:
+    """The intake's message budget per new event, counted on the server by a second client subscribed to every
+    subject (``>``): the claim and its mark, three events, the delivery's record and its index entry, each
+    acknowledged once -- no read, no API call, no other write (the bench's ``msgs/req`` is this, under load)."""
+    first = await post(client, fixture_bytes("pr-created.json"))  # opens the buckets (stream info calls) first
+    assert first.status_code == 202
+    await WriteBehind.of(bus).settled()
+    spy = await nats.connect(nats_settings.url)
+    try:
+        seen: Counter[str] = Counter()
+
+        async def count(msg: Msg) -> None:
+            seen[_on_the_bus(msg.subject)] += 1
+
+        await spy.subscribe(">", cb=count)
+        await spy.flush()
+        response = await post(client, {**fixture_json("pr-created.json"), "id": f"{PR_EVENT_ID[:-2]}99"})
+        assert response.status_code == 202
+        await WriteBehind.of(bus).settled()  # the writes behind the answer acknowledged too
+
+        totals: list[int] = []
+
+        async def settled() -> dict[str, int] | None:
+            # After the flush every message routed to the spy before it has been read; the count is final once
+            # the spy's callbacks stop adding to it.
+            await spy.flush()
+            totals.append(sum(seen.values()))
+            return dict(seen) if len(totals) > 1 and totals[-1] == totals[-2] > 0 else None
+
+        tally = await eventually(settled, 10, "the spy's count of the webhook's messages to settle")
+    finally:
+        await spy.close()
+    assert tally == {
+        "kv:trigger-dedupe": 2,  # the claim (create-if-absent), its published mark (compare-and-set)
+        "trigger.received": 1,
+        "trigger.accepted": 1,
+        "run.requested": 1,
+        "kv:trigger-deliveries": 2,  # the record, created in its final state, and its index entry
+        "reply": 7,  # one acknowledgement per write
+    }

@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from temporality_bus import PermanentError
 from temporality_journal import Database, Recorder
-from temporality_protocol import Envelope
+from temporality_protocol import Envelope, encode
 from temporality_testing.waiting import stays
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
@@ -102,6 +102,12 @@ async def test_a_batch_of_mixed_events_gives_the_rows_of_one_by_one(database: Da
         await recorder.record_batch(events[start : start + 5])
     assert await _rows(database) == expected
 
+    await _clear(database)  # as the consumer hands them over: with the JSON each was decoded from
+    raw = [encode(event) for event, _ in events]
+    assert 0 < sum(b"\\u" in text for text in raw) < len(raw)  # the NUL's escapes take the exact check
+    assert await recorder.record_batch(events, raw=raw) == len(events) - 2
+    assert await _rows(database) == expected
+
 
 async def test_full_batches_of_interleaved_runs_give_the_rows_of_one_by_one(
     database: Database, story: MakeStory
@@ -131,12 +137,14 @@ async def test_full_batches_of_interleaved_runs_give_the_rows_of_one_by_one(
     assert len(expected[0]) == len(flat)
     assert {run["state"] for run in expected[1]} == {"completed"}
 
-    await _clear(database)
-    new = 0
-    for start in range(0, len(events), 128):
-        new += await recorder.record_batch(events[start : start + 128])
-    assert new == len(flat)
-    assert await _rows(database) == expected
+    for raw in (False, True):  # True: with the JSON each was decoded from, as the consumer hands them over
+        await _clear(database)
+        new = 0
+        for start in range(0, len(events), 128):
+            batch = events[start : start + 128]
+            new += await recorder.record_batch(batch, raw=[encode(e) for e, _ in batch] if raw else None)
+        assert new == len(flat)
+        assert await _rows(database) == expected
 
 
 async def test_a_redelivered_batch_changes_nothing(database: Database, story: MakeStory) -> None:

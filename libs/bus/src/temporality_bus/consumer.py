@@ -61,8 +61,9 @@ Batches are handed over one at a time, in the order they were fetched (stream or
 runner finish the batch being handled and the one prefetched (it fetches no more); a cancellation
 abandons both un-acked, and JetStream redelivers them after ``ack_wait``.
 
-*Acks*: each message of a committed batch gets its own ``ack``, all of them written to the connection
-at once after the handler returned, none awaited for a reply (no round trip per message). Not one
+*Acks*: each message of a committed batch gets its own ``ack``, all of them written to the connection in
+one write after the handler returned (the frames ``Msg.ack`` would buffer one publish at a time, joined),
+none awaited for a reply (no round trip per message). Not one
 cumulative ack (``AckPolicy.ALL``): that acks *everything* up to a sequence on the durable, so it would
 also ack a message of an earlier batch nak'ed for a retry by the fallback, and messages another
 replica sharing the durable holds and has not committed; and NATS refuses to change the ack policy of
@@ -83,6 +84,7 @@ from typing import Literal, Protocol
 
 import nats.errors
 import structlog
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.client import JetStreamContext
@@ -92,6 +94,7 @@ from pydantic import ValidationError
 from temporality_bus import tracing
 from temporality_bus.connection import Bus
 from temporality_bus.errors import PermanentError
+from temporality_bus.pipeline import _BUFFERED
 from temporality_bus.provenance import ForgedEvent, forgery
 from temporality_protocol import BusDeadLettered, Envelope, ProtocolError, decode, derive_id, make_event
 from temporality_protocol.catalog import DLQ_PREFIX, ConsumerSpec
@@ -250,6 +253,27 @@ class _Puller:
                 self._token, self._wanted, self._woken = "", 0, None
         msgs, self._buffer = self._buffer[:batch], self._buffer[batch:]
         return msgs, (None if status is None or status in _PULL_ENDED else status)
+
+
+async def _ack_all(nc: NATS, msgs: list[Msg]) -> None:
+    """Ack each of ``msgs`` (fire-and-forget, as ``Msg.ack``) in one write to the connection.
+
+    The frames are those ``Msg.ack`` puts in nats-py's buffer one publish at a time (``PUB <ack subject> 0``:
+    an empty message to the message's reply subject), joined and handed over at once, as
+    :class:`temporality_bus.Pipeline` writes its publishes (~0.3 µs per ack instead of ~5 µs through
+    ``nc.publish``). Through ``Msg.ack`` one by one when nats-py lacks the buffered write or the connection
+    is not up (its publish then buffers for the reconnect or refuses, as for any publish).
+    """
+    if not _BUFFERED or not nc.is_connected:
+        for msg in msgs:
+            await msg.ack()
+        return
+    await nc._send_command(b"".join([b"PUB %s 0\r\n\r\n" % msg.reply.encode() for msg in msgs]))
+    if nc._flush_queue is not None and nc._flush_queue.empty():
+        await nc._flush_pending()
+    for msg in msgs:
+        msg._ackd = True  # as Msg.ack leaves it: a second settle of the same delivery is refused
+    nc.stats["out_msgs"] += len(msgs)
 
 
 def _decode(raw: bytes) -> Envelope:
@@ -506,13 +530,13 @@ class Consumer:
                 await self._process(msg)
             return
         # only now: the batch handler returned, its side effects are committed. One ack per message,
-        # written back to back (nats-py buffers them into one write), no reply awaited.
+        # all written at once, no reply awaited.
         for msg in held:
             self._in_hand.pop(msg.reply, None)
-            try:
-                await msg.ack()
-            except Exception as exc:  # the message comes back after ack_wait; handlers are idempotent
-                self._log.warning("consumer.settle_failed", error=repr(exc))
+        try:
+            await _ack_all(self.bus.nc, held)
+        except Exception as exc:  # the messages come back after ack_wait; handlers are idempotent
+            self._log.warning("consumer.settle_failed", error=repr(exc), messages=len(held))
         self._observe("acked", time.monotonic() - started, len(held))
 
     def _observe(self, outcome: Outcome, seconds: float, count: int = 1) -> None:

@@ -13,9 +13,10 @@ of such an event: refusing that too would dead-letter it again, and again, so it
 
 :meth:`Recorder.handle_batch` is the consumer's batch handler: a batch of events in one
 transaction -- one ``INSERT … ON CONFLICT DO NOTHING`` of the events (on PostgreSQL one statement
-that also leaves out the ids stored already and moves the commit counter, the rows passed as one JSON
-text made by pydantic-core, ``data`` as the JSON text the sanitizing check made anyway; one positional
-multi-row statement on SQLite; never the ORM), the affected runs read once, projected in memory in
+that also leaves out the ids stored already and moves the commit counter, the envelopes passed as one JSON
+text made by pydantic-core, ``data`` nested in it; one positional multi-row statement on SQLite; never the
+ORM; an envelope whose JSON, as the consumer received it, has no ``\\u`` escape holds nothing to replace
+and skips the sanitizing check), the affected runs read once, projected in memory in
 stream order with :func:`project` (which copies rows without validating them again), written back
 (PostgreSQL: one upsert; SQLite: one insert and one upsert); the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
 -- committed once, then acked by the runner. Every write transaction (a batch, or one event) first
@@ -81,8 +82,8 @@ _JOURNAL_CONSUMER = CONSUMERS["journal"].durable
 _FINAL = RUN.terminal
 _RUN_COLUMNS = tuple(RunSnapshot.model_fields)
 _ASK_COLUMNS = tuple(AskSnapshot.model_fields)
-#: ``events`` columns passed as one array each to :data:`_PG_INSERT_EVENTS` (then ``data``, ``recorded_at``).
-_PG_ARRAY_COLUMNS = (
+#: ``events`` columns in the order of SQLite's positional insert (then ``data``, ``recorded_at``).
+_EVENT_COLUMNS = (
     "id",
     "type",
     "source",
@@ -98,27 +99,43 @@ _PG_ARRAY_COLUMNS = (
     "stream_seq",
     "commit_seq",
 )
-_PG_ARRAY_TYPES = ("text",) * 3 + ("timestamptz",) + ("text",) * 8 + ("bigint",) * 2
+#: The envelope attributes :data:`_PG_INSERT_EVENTS` reads from each serialized envelope, with their
+#: ``events`` column and type (``run_id`` and ``stream_seq`` come beside the envelope).
+_PG_ENVELOPE_FIELDS = (
+    ("id", "id", "text"),
+    ("type", "type", "text"),
+    ("source", "source", "text"),
+    ("time", "time", "timestamptz"),
+    ("correlationid", "correlation_id", "text"),
+    ("causationid", "causation_id", "text"),
+    ("actor", "actor", "text"),
+    ("tenant", "tenant", "text"),
+    ("subject", "subject", "text"),
+    ("traceparent", "traceparent", "text"),
+    ("tracestate", "tracestate", "text"),
+    ("data", "data", "jsonb"),
+)
+_PG_INSERTED = (*(column for _, column, _ in _PG_ENVELOPE_FIELDS), "run_id", "stream_seq")
 #: PostgreSQL: a batch's events in one statement and one round trip, under :func:`lock_positions`' lock
 #: (``$2``: the last position handed out, ``$3``: ``recorded_at``): the rows whose id is not stored yet
 #: (no other journal writer adds any under the lock) get the next positions in the batch's order (stream
 #: order, ``ord``), are inserted (``ON CONFLICT DO NOTHING`` all the same), and the counter moves to the
-#: last position used; the new ids come back. The rows travel as one JSON text (``$1``, an array of one
-#: object per event, ``data`` as its JSON text), made by pydantic-core in one call: the driver encodes one
-#: string, where one array per column made it walk every value of every row in Python (two ABC
-#: ``isinstance`` checks per text value) and the recorder build fifteen lists.
-_PG_EVENT_COLUMNS = tuple(c for c in _PG_ARRAY_COLUMNS if c != "commit_seq")
-_PG_EVENT_TYPES = tuple(t for c, t in zip(_PG_ARRAY_COLUMNS, _PG_ARRAY_TYPES, strict=True) if c != "commit_seq")
+#: last position used; the new ids come back. ``$1`` is one JSON text made by pydantic-core in one call: an
+#: array of ``[envelope, stream_seq, run_id]``, each envelope serialized by its model (``data`` nested, read
+#: as ``jsonb`` by the server: serialized once, parsed once). Before, ``data`` was serialized on its own for
+#: the storability check, then again as a string inside the batch's JSON (escaped, unescaped, parsed again),
+#: and each row's dict was built in Python.
 _PG_INSERT_EVENTS = (
     "WITH batch AS ("
-    f"SELECT {', '.join(f'b.{c}' for c in _PG_EVENT_COLUMNS)}, b.data, "
-    "row_number() OVER (ORDER BY b.ord) AS position "
-    "FROM json_to_recordset($1::json) AS b("
-    f"{', '.join(f'{c} {t}' for c, t in zip(_PG_EVENT_COLUMNS, _PG_EVENT_TYPES, strict=True))}, data text, ord bigint) "
+    f"SELECT {', '.join(f'b.{field} AS {column}' for field, column, _ in _PG_ENVELOPE_FIELDS)}, "
+    "a.r->>2 AS run_id, (a.r->>1)::bigint AS stream_seq, row_number() OVER (ORDER BY a.ord) AS position "
+    "FROM json_array_elements($1::json) WITH ORDINALITY AS a(r, ord) "
+    "CROSS JOIN LATERAL json_to_record(a.r->0) AS b("
+    f"{', '.join(f'{field} {kind}' for field, _, kind in _PG_ENVELOPE_FIELDS)}) "
     "WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = b.id)"
     "), inserted AS ("
-    f"INSERT INTO events ({', '.join(_PG_EVENT_COLUMNS)}, commit_seq, data, recorded_at) "
-    f"SELECT {', '.join(_PG_EVENT_COLUMNS)}, $2::bigint + position, data::jsonb, $3::timestamptz "
+    f"INSERT INTO events ({', '.join(_PG_INSERTED)}, commit_seq, recorded_at) "
+    f"SELECT {', '.join(_PG_INSERTED)}, $2::bigint + position, $3::timestamptz "
     "FROM batch ON CONFLICT (id) DO NOTHING RETURNING id, commit_seq"
     "), counter AS ("
     "UPDATE commit_counter SET last_seq = (SELECT max(commit_seq) FROM inserted) "
@@ -128,9 +145,9 @@ _PG_INSERT_EVENTS = (
 #: SQLite: one multi-row ``INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING RETURNING id`` per batch, the
 #: values bound positionally (the same columns as PostgreSQL's arrays, then ``data`` as JSON text and
 #: ``recorded_at``), text made per row count once.
-_SQLITE_ROW = f"({', '.join('?' * (len(_PG_ARRAY_COLUMNS) + 2))})"
+_SQLITE_ROW = f"({', '.join('?' * (len(_EVENT_COLUMNS) + 2))})"
 _SQLITE_INSERT_EVENTS = (
-    f"INSERT INTO events ({', '.join(_PG_ARRAY_COLUMNS)}, data, recorded_at) VALUES {{rows}} "
+    f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}, data, recorded_at) VALUES {{rows}} "
     "ON CONFLICT (id) DO NOTHING RETURNING id"
 )
 
@@ -360,29 +377,48 @@ class Recorder:
         await self.record(event, delivery.stream_seq)
 
     async def handle_batch(self, batch: list[tuple[Envelope, Delivery]]) -> None:
-        """The :class:`temporality_bus.Consumer` batch handler (all-or-nothing; see the module docstring)."""
-        await self.record_batch([(event, delivery.stream_seq) for event, delivery in batch])
+        """The :class:`temporality_bus.Consumer` batch handler (all-or-nothing; see the module docstring).
 
-    async def record_batch(self, batch: list[tuple[Envelope, int]]) -> int:
+        Each envelope comes with the bytes it was decoded from (``delivery.msg.data``): :func:`_plain` reads
+        off them that it has nothing to replace."""
+        await self.record_batch(
+            [(event, delivery.stream_seq) for event, delivery in batch],
+            raw=[delivery.msg.data for _, delivery in batch],
+        )
+
+    async def record_batch(self, batch: list[tuple[Envelope, int]], *, raw: list[bytes] | None = None) -> int:
         """Store the events (``(event, stream_seq)``) and project them in one transaction; how many were new.
 
+        ``raw``, when given, is the JSON each envelope was decoded from (same order as ``batch``): an envelope
+        whose text has no ``\\u`` escape (:func:`_plain`) is stored without checking its strings one by one.
         The same result as :meth:`record` one by one in stream order. Raises on any database error,
         with nothing written (the caller falls back to :meth:`record` per event).
         """
+        if raw is not None and len(raw) != len(batch):
+            raise ValueError(f"{len(raw)} raw envelopes for a batch of {len(batch)}")
+        plain = [False] * len(batch) if raw is None else [_plain(text) for text in raw]
         rows: list[_Row] = []
         seen: set[str] = set()
-        for event, stream_seq in sorted(batch, key=_by_seq):
-            dumped = _storable_dump(event)
-            if dumped is None:  # something to replace (or not serializable): the exact, slower path
-                event, sanitized, dumped = _cleaned(event)
-                if sanitized:
-                    log.warning(
-                        "event.sanitized", ce_id=event.id, ce_type=event.type, fields=sanitized, replacement="U+FFFD"
-                    )
+        for (event, stream_seq), is_plain in sorted(zip(batch, plain, strict=True), key=_by_seq):
+            if is_plain:  # nothing to replace; data serialized once, where it is stored
+                dumped, serializable = None, True
+            else:
+                dumped = _storable_dump(event)
+                if dumped is None:  # something to replace (or not serializable): the exact, slower path
+                    event, sanitized, dumped = _cleaned(event)
+                    if sanitized:
+                        log.warning(
+                            "event.sanitized",
+                            ce_id=event.id,
+                            ce_type=event.type,
+                            fields=sanitized,
+                            replacement="U+FFFD",
+                        )
+                serializable = dumped is not None
             if event.id in seen:  # the same id twice in one batch: the first one counts, as one by one
                 continue
             seen.add(event.id)
-            rows.append(_Row(event, stream_seq, dumped))
+            rows.append(_Row(event, stream_seq, dumped, serializable))
         if not rows:
             return 0
         finished: list[tuple[str, str]] = []
@@ -419,7 +455,7 @@ class Recorder:
         semantics, the counter.
         """
         postgresql = self._database.dialect == "postgresql"
-        if postgresql and all(row.dumped is not None for row in rows):
+        if postgresql and all(row.serializable for row in rows):
             result = await conn.exec_driver_sql(_PG_INSERT_EVENTS, (_pg_batch_json(rows), last, now))
             new = {row[0] for row in result}
             return [(row.event, row.stream_seq) for row in rows if row.event.id in new]
@@ -433,7 +469,7 @@ class Recorder:
             rows = [row for row in rows if row.event.id not in known]
         if not rows:
             return []
-        if any(row.dumped is None for row in rows):
+        if not all(row.serializable for row in rows):
             dicts = [
                 {**_event_row(row.event, row.stream_seq, now), "commit_seq": last + offset}
                 for offset, row in enumerate(rows, 1)
@@ -640,47 +676,45 @@ def _event_row(event: Envelope, stream_seq: int, recorded_at: datetime) -> dict[
 
 
 class _Row:
-    """An event of a batch on its way into ``events``: ``dumped`` is its ``data`` as JSON text (``None``:
-    not JSON-serializable)."""
+    """An event of a batch on its way into ``events``: ``dumped`` is its ``data`` as JSON text when the
+    storability check made it (``None``: not made, or not made because ``data`` is not JSON-serializable,
+    which ``serializable`` tells apart)."""
 
-    __slots__ = ("dumped", "event", "stream_seq")
+    __slots__ = ("dumped", "event", "serializable", "stream_seq")
 
-    def __init__(self, event: Envelope, stream_seq: int, dumped: str | None) -> None:
+    def __init__(self, event: Envelope, stream_seq: int, dumped: str | None, serializable: bool) -> None:
         self.event = event
         self.stream_seq = stream_seq
         self.dumped = dumped
+        self.serializable = serializable
+
+    def data_text(self) -> str:
+        """``data`` as JSON text (pydantic-core's, as the engine's ``json_serializer`` writes it); only for a
+        serializable row."""
+        return self.dumped if self.dumped is not None else to_json(self.event.data).decode()
 
 
-def _by_seq(item: tuple[Envelope, int]) -> int:
-    return item[1]
+def _by_seq(item: tuple[tuple[Envelope, int], bool]) -> int:
+    return item[0][1]
+
+
+def _plain(raw: bytes) -> bool:
+    """Whether the envelope decoded from the JSON ``raw`` certainly holds nothing to replace (:func:`sanitize`).
+
+    In JSON text U+0000 and a lone surrogate can only be written as ``\\u`` escapes: a raw control character
+    in a string, or a surrogate encoded as UTF-8, is invalid JSON that the decoder refuses (and ``data_base64``,
+    whose bytes would not show here, is refused too). So text without any ``\\u`` decodes to storable strings
+    only, keys and attributes included, and ``data`` is JSON-serializable since it came from JSON. An escape
+    (pydantic-core writes one only for a control character) sends the envelope through the exact check.
+    """
+    return b"\\u" not in raw
 
 
 def _pg_batch_json(rows: list[_Row]) -> str:
-    """``$1`` of :data:`_PG_INSERT_EVENTS`: the rows as one JSON array of objects, keyed by the columns of
-    :data:`_PG_EVENT_COLUMNS`, then ``data`` (its JSON text, as a string) and ``ord`` (the batch's order).
-    ``time`` is aware (the envelope refuses a naive one): RFC 3339 with its offset, stored as UTC."""
-    return to_json(
-        [
-            {
-                "id": (e := row.event).id,
-                "type": e.type,
-                "source": e.source,
-                "time": e.time,
-                "run_id": run_id_of(e),
-                "correlation_id": e.correlationid,
-                "causation_id": e.causationid,
-                "actor": e.actor,
-                "tenant": e.tenant,
-                "subject": e.subject,
-                "traceparent": e.traceparent,
-                "tracestate": e.tracestate,
-                "stream_seq": row.stream_seq,
-                "data": row.dumped,
-                "ord": ord_,
-            }
-            for ord_, row in enumerate(rows)
-        ]
-    ).decode()
+    """``$1`` of :data:`_PG_INSERT_EVENTS`: ``[envelope, stream_seq, run_id]`` per row, one JSON text made by
+    pydantic-core in one call (the envelope by its model: ``time`` aware, RFC 3339 with its offset, stored as
+    UTC; ``data`` nested)."""
+    return to_json([(row.event, row.stream_seq, run_id_of(row.event)) for row in rows]).decode()
 
 
 def _sqlite_values(rows: list[_Row], last: int, now: datetime) -> tuple[Any, ...]:
@@ -704,7 +738,7 @@ def _sqlite_values(rows: list[_Row], last: int, now: datetime) -> tuple[Any, ...
             e.tracestate,
             row.stream_seq,
             position,
-            row.dumped,
+            row.data_text(),
             recorded_at,
         )
     return tuple(values)

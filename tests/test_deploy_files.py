@@ -2050,6 +2050,22 @@ def test_chart_renders_no_monitoring_by_default() -> None:
     assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
+def _metrics_setting(deployment: dict[str, Any]) -> tuple[str, bool]:
+    pod = deployment["spec"]["template"]
+    [value] = [e["value"] for e in pod["spec"]["containers"][0]["env"] if e["name"] == "TEMPORALITY_METRICS_ENABLED"]
+    return value, "prometheus.io/scrape" in pod["metadata"]["annotations"]
+
+
+def test_chart_metrics_enabled_sets_every_service_and_off_drops_the_scrape() -> None:
+    on, off = _deployments(), _deployments({"metrics": {"enabled": False}})
+    assert set(on) == set(off) == set(SERVICES)
+    assert {name: _metrics_setting(d) for name, d in on.items()} == dict.fromkeys(SERVICES, ("true", True))
+    assert {name: _metrics_setting(d) for name, d in off.items()} == dict.fromkeys(SERVICES, ("false", False))
+    for monitor in ("serviceMonitor", "prometheusRule"):  # nothing to scrape: a monitor or alert would only fire
+        with pytest.raises(Exception, match=re.escape("metrics.enabled is false")):
+            _render({"metrics": {"enabled": False, monitor: {"enabled": True}}})
+
+
 def test_chart_monitors_scrape_every_service_with_its_own_service_label(values: dict[str, Any]) -> None:
     docs = _kinds(_render(_MONITORING_ON))
     service_monitor = docs[("ServiceMonitor", "t-temporality")]["spec"]

@@ -196,6 +196,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         collab_reply_key=args.collab_reply_key,
         nats_sync_interval="always" if args.sync_always else None,
         console_sign_in=args.console_sign_in,
+        metrics=args.metrics,
     )
 
 
@@ -294,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the nats-server fsyncs before acknowledging every write (JetStream's sync_interval: always): an "
         "acknowledged event survives a power loss, at several times the cost of each publish "
         "(default: the server's fsync every 2 minutes; a killed process loses nothing either way)",
+    )
+    p_up.add_argument(
+        "--metrics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every service serves Prometheus metrics on GET /metrics (default: on; --no-metrics: none is made "
+        "or updated and /metrics answers 404)",
     )
     p_up.add_argument(
         "--api-tokens-file",

@@ -2177,3 +2177,24 @@ def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
     assert rules["TemporalityTargetDown"]["expr"] == 'up{job="temporality"} == 0'
     assert all(r["labels"]["team"] == "platform" for r in rules.values())
     assert _alert_rules()["TemporalityTargetDown"]["expr"] == 'up{namespace="default", pod=~"t-temporality-.*"} == 0'
+
+
+def test_chart_jetstream_domain_reaches_every_service_and_the_timers_migration() -> None:
+    def domains(values: dict[str, Any] | None) -> dict[str, str | None]:
+        found: dict[str, str | None] = {}
+        for doc in _render(values):
+            if doc["kind"] not in ("Deployment", "Job"):
+                continue
+            env = {e["name"]: e.get("value") for c in doc["spec"]["template"]["spec"]["containers"] for e in c["env"]}
+            found[doc["metadata"]["name"]] = env.get("TEMPORALITY_NATS_JETSTREAM_DOMAIN")
+        return found
+
+    users = {"nats": {"auth": {"existingSecret": "nats-users"}}}  # the timers migration's Job needs NATS users
+    unset = domains(users)
+    hub = domains({"nats": {"auth": {"existingSecret": "nats-users"}, "jetstreamDomain": "hub"}})
+    assert set(unset) == set(hub)
+    assert len([name for name in hub if name.endswith("timers-migrate")]) == 1
+    assert set(unset.values()) == {None}
+    assert set(hub.values()) == {"hub"}
+    with pytest.raises(Exception, match=re.escape("nats.jetstreamDomain is for an external NATS")):
+        _render({"nats": {**_EVERYTHING_ON["nats"], "jetstreamDomain": "hub"}})

@@ -145,12 +145,12 @@ def traced(event: Envelope) -> Envelope:
     }
     if event.runid is not None:
         attributes["temporality.run_id"] = event.runid
-    with tracer.start_as_current_span(f"create {subject}", kind=SpanKind.PRODUCER, attributes=attributes):
-        current = current_trace()
-    if current is None:  # never: a child of a valid span is valid (sampled out, too: it has its own ids)
-        return event
-    traceparent, tracestate = current
-    return event.model_copy(update={"traceparent": traceparent, "tracestate": tracestate})
+    # started and ended without becoming the current span (no context attach and detach): only its ids are needed
+    span = tracer.start_span(f"create {subject}", kind=SpanKind.PRODUCER, attributes=attributes)
+    span.end()
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    return event.model_copy(update={"traceparent": carrier["traceparent"], "tracestate": carrier.get("tracestate")})
 
 
 def context_of(traceparent: str | None, tracestate: str | None = None) -> Context | None:

@@ -37,11 +37,12 @@ def make_stack(
     nats_auth: bool = False,
     replicas: Mapping[str, int] | None = None,
     nats_url: str | None = None,
+    metrics: bool = True,
     **extra_env: str,
 ) -> Stack:
     """The five services as processes on free ports, with the test role tokens (:data:`API_TOKENS`);
     ``nats_auth``: each service its own NATS user; ``replicas``: processes per service; ``nats_url``: a NATS
-    the test runs (a cluster) instead of the embedded one."""
+    the test runs (a cluster) instead of the embedded one; ``metrics``: ``/metrics`` served (else 404)."""
     tokens_file = tmp_path / "api-tokens.json"
     tokens_file.parent.mkdir(parents=True, exist_ok=True)
     tokens_file.write_text(dump_tokens(API_TOKENS), encoding="utf-8")
@@ -57,6 +58,7 @@ def make_stack(
             nats_auth=nats_auth,
             replicas=replicas or {},
             nats_url=nats_url,
+            metrics=metrics,
             extra_env={"TEMPORALITY_NATS_ACK_WAIT_S": "3", "TEMPORALITY_LOG_LEVEL": "debug", **extra_env},
         )
     )

@@ -2050,6 +2050,22 @@ def test_chart_renders_no_monitoring_by_default() -> None:
     assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
+def _metrics_setting(deployment: dict[str, Any]) -> tuple[str, bool]:
+    pod = deployment["spec"]["template"]
+    [value] = [e["value"] for e in pod["spec"]["containers"][0]["env"] if e["name"] == "TEMPORALITY_METRICS_ENABLED"]
+    return value, "prometheus.io/scrape" in pod["metadata"]["annotations"]
+
+
+def test_chart_metrics_enabled_sets_every_service_and_off_drops_the_scrape() -> None:
+    on, off = _deployments(), _deployments({"metrics": {"enabled": False}})
+    assert set(on) == set(off) == set(SERVICES)
+    assert {name: _metrics_setting(d) for name, d in on.items()} == dict.fromkeys(SERVICES, ("true", True))
+    assert {name: _metrics_setting(d) for name, d in off.items()} == dict.fromkeys(SERVICES, ("false", False))
+    for monitor in ("serviceMonitor", "prometheusRule"):  # nothing to scrape: a monitor or alert would only fire
+        with pytest.raises(Exception, match=re.escape("metrics.enabled is false")):
+            _render({"metrics": {"enabled": False, monitor: {"enabled": True}}})
+
+
 def test_chart_monitors_scrape_every_service_with_its_own_service_label(values: dict[str, Any]) -> None:
     docs = _kinds(_render(_MONITORING_ON))
     service_monitor = docs[("ServiceMonitor", "t-temporality")]["spec"]
@@ -2161,3 +2177,24 @@ def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
     assert rules["TemporalityTargetDown"]["expr"] == 'up{job="temporality"} == 0'
     assert all(r["labels"]["team"] == "platform" for r in rules.values())
     assert _alert_rules()["TemporalityTargetDown"]["expr"] == 'up{namespace="default", pod=~"t-temporality-.*"} == 0'
+
+
+def test_chart_jetstream_domain_reaches_every_service_and_the_timers_migration() -> None:
+    def domains(values: dict[str, Any] | None) -> dict[str, str | None]:
+        found: dict[str, str | None] = {}
+        for doc in _render(values):
+            if doc["kind"] not in ("Deployment", "Job"):
+                continue
+            env = {e["name"]: e.get("value") for c in doc["spec"]["template"]["spec"]["containers"] for e in c["env"]}
+            found[doc["metadata"]["name"]] = env.get("TEMPORALITY_NATS_JETSTREAM_DOMAIN")
+        return found
+
+    users = {"nats": {"auth": {"existingSecret": "nats-users"}}}  # the timers migration's Job needs NATS users
+    unset = domains(users)
+    hub = domains({"nats": {"auth": {"existingSecret": "nats-users"}, "jetstreamDomain": "hub"}})
+    assert set(unset) == set(hub)
+    assert len([name for name in hub if name.endswith("timers-migrate")]) == 1
+    assert set(unset.values()) == {None}
+    assert set(hub.values()) == {"hub"}
+    with pytest.raises(Exception, match=re.escape("nats.jetstreamDomain is for an external NATS")):
+        _render({"nats": {**_EVERYTHING_ON["nats"], "jetstreamDomain": "hub"}})

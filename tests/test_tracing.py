@@ -73,6 +73,19 @@ def _parent(spans: list[ReceivedSpan], span: ReceivedSpan | None) -> ReceivedSpa
     return next((s for s in spans if s.span_id == span.parent_span_id), None)
 
 
+def _publisher(spans: list[ReceivedSpan], consumer: ReceivedSpan | None) -> ReceivedSpan | None:
+    """The span a consumed event was published in, once it and the event's PRODUCER span (``create <subject>``,
+    the consumer span's parent, made by the publishing service) have arrived."""
+    producer = _parent(spans, consumer)
+    if producer is None:
+        return None
+    assert consumer is not None
+    assert producer.kind == "producer", producer
+    assert producer.name == "create " + consumer.attributes["messaging.destination.name"]
+    assert producer.attributes["messaging.message.id"] == consumer.attributes["messaging.message.id"]
+    return _parent(spans, producer)
+
+
 async def _inbox(http: httpx.AsyncClient, stack: Stack) -> list[dict[str, Any]] | None:
     response = await http.get(f"{stack.human_url}/inbox", headers=ALICE)
     return response.json()["requests"] if response.status_code == 200 else None
@@ -107,19 +120,19 @@ async def test_one_trace_follows_webhook_run_question_answer_and_resume(
     def whole(spans: list[ReceivedSpan]) -> bool:
         return all(
             (
-                _parent(spans, _consumer(spans, "run-executor", "run.requested", run_id)),
+                _publisher(spans, _consumer(spans, "run-executor", "run.requested", run_id)),
                 _parent(spans, _consumer(spans, "human-interaction", "human.requested", run_id)),
                 http_answer_of(spans),
                 _one(spans, "human-interaction", "answer web", **{"temporality.request_id": request["id"]}),
-                _consumer(spans, "run-executor", "human.answered", run_id),
-                _consumer(spans, "agent-collab", "run.completed", run_id),
+                _publisher(spans, _consumer(spans, "run-executor", "human.answered", run_id)),
+                _publisher(spans, _consumer(spans, "agent-collab", "run.completed", run_id)),
                 _consumer(spans, "human-interaction", "run.completed", run_id),
             )
         )
 
     spans = await otlp.wait_for(whole, what="the spans of webhook, run, question, answer, resume and completion")
     started = _consumer(spans, "run-executor", "run.requested", run_id)
-    intake = _parent(spans, started)
+    intake = _publisher(spans, started)
     asked = _consumer(spans, "human-interaction", "human.requested", run_id)
     http_answer = http_answer_of(spans)
     answer = _one(spans, "human-interaction", "answer web", **{"temporality.request_id": request["id"]})
@@ -140,16 +153,20 @@ async def test_one_trace_follows_webhook_run_question_answer_and_resume(
     assert intake.kind == "server"
     assert intake.attributes["http.route"] == "/hooks/{trigger_id}"
     assert intake.attributes["http.response.status_code"] == 202
-    # the run starts in the child of the intake (run.requested carried the intake's context)
+    # the run starts in the child of run.requested's PRODUCER span, the intake's child (the event carried it)
     assert started.kind == "consumer"
-    assert started.parent_span_id == intake.span_id
+    produced = _parent(spans, started)
+    assert produced is not None
+    assert (produced.service, produced.kind, produced.parent_span_id) == ("trigger-gateway", "producer", intake.span_id)
+    assert produced.attributes["messaging.destination.name"] == "temporality.events.run.requested"
+    assert produced.attributes["cloudevents.event_type"] == "run.requested"
     assert started.attributes["messaging.system"] == "nats"
     assert started.attributes["messaging.destination.name"] == "temporality.events.run.requested"
     assert started.attributes["messaging.consumer.group.name"] == "run-executor-requests"
-    # human.requested was published inside the run's handling (a span of the run-executor's) ...
+    # human.requested was published inside the run's handling (its PRODUCER span, a span of the run-executor's)
     by_id = {s.span_id: s for s in spans}
     asker = by_id[asked.parent_span_id or ""]
-    assert asker.service == "run-executor"
+    assert (asker.service, asker.kind) == ("run-executor", "producer")
     # ... and the answer, a new HTTP request after the wait, continues exactly that context: the stored
     # request's traceparent is the parent of the answer's span; the HTTP request's own SERVER span (in the
     # trace its client sent) is its link
@@ -162,10 +179,10 @@ async def test_one_trace_follows_webhook_run_question_answer_and_resume(
     assert answer.links == [(http_answer.trace_id, http_answer.span_id)]
     assert answer.attributes["temporality.request_id"] == request["id"]
     assert answer.attributes["temporality.channel"] == "web"
-    # the run resumes in the child of the answer (human.answered carried it), and completes in it
-    assert resumed.parent_span_id == answer.span_id
+    # the run resumes below the answer (human.answered, produced in it, carried it), and completes in it
+    assert _publisher(spans, resumed) == answer
     assert resumed.attributes["messaging.message.id"]
-    assert completion.parent_span_id == resumed.span_id
+    assert _publisher(spans, completion) == resumed
     # probes are never traced
     assert not [s for s in spans if s.attributes.get("url.path") in ("/healthz", "/readyz", "/metrics")]
     # every service exported under its own name
@@ -194,17 +211,17 @@ async def test_the_run_resumed_by_the_deadline_timer_continues_the_trace(
     def whole(spans: list[ReceivedSpan]) -> bool:
         return all(
             (
-                _parent(spans, _consumer(spans, "run-executor", "run.requested", run_id)),
+                _publisher(spans, _consumer(spans, "run-executor", "run.requested", run_id)),
                 _consumer(spans, "human-interaction", "human.requested", run_id),
-                # the deadline's span and the publisher of human.requested it continues
-                _parent(spans, _parent(spans, _consumer(spans, "run-executor", "human.expired", run_id))),
-                _consumer(spans, "agent-collab", "run.completed", run_id),
+                # the deadline's span and the producer of human.requested it continues
+                _parent(spans, _publisher(spans, _consumer(spans, "run-executor", "human.expired", run_id))),
+                _publisher(spans, _consumer(spans, "agent-collab", "run.completed", run_id)),
             )
         )
 
     spans = await otlp.wait_for(whole, what="the spans of webhook, question, expiry and completion")
     by_id = {s.span_id: s for s in spans}
-    intake = _parent(spans, _consumer(spans, "run-executor", "run.requested", run_id))
+    intake = _publisher(spans, _consumer(spans, "run-executor", "run.requested", run_id))
     asked = _consumer(spans, "human-interaction", "human.requested", run_id)
     resumed = _consumer(spans, "run-executor", "human.expired", run_id)
     completion = _consumer(spans, "agent-collab", "run.completed", run_id)
@@ -213,13 +230,14 @@ async def test_the_run_resumed_by_the_deadline_timer_continues_the_trace(
     assert resumed is not None
     assert completion is not None
     assert (intake.service, intake.name, intake.parent_span_id) == ("trigger-gateway", "POST /hooks/{trigger_id}", None)
-    deadline = by_id[resumed.parent_span_id or ""]
+    deadline = _publisher(spans, resumed)
+    assert deadline is not None
     assert deadline.service == "human-interaction"
     assert deadline.name == "human.deadline"
     assert deadline.attributes["temporality.run_id"] == run_id
-    assert deadline.parent_span_id == asked.parent_span_id  # the stored context: human.requested's publisher
+    assert deadline.parent_span_id == asked.parent_span_id  # the stored context: human.requested's producer
     assert by_id[deadline.parent_span_id or ""].service == "run-executor"
-    assert completion.parent_span_id == resumed.span_id
+    assert _publisher(spans, completion) == resumed
     assert {s.trace_id for s in (intake, asked, deadline, resumed, completion)} == {intake.trace_id}
 
 

@@ -13,7 +13,8 @@ on being alone: it posts webhooks with a fresh delivery (:func:`fresh_pr`), find
 The stack's set-up is the union of what the scenarios need:
 
 * the shipped config, plus :data:`DEADLINE_TRIGGER` (the shipped trigger whose question expires after 2 s to
-  the default answer) and a 1 s heartbeat interval for external agents (a killed agent goes offline within
+  the default answer), :data:`EXTERNAL_TIGHT_TRIGGER` (its runs the example external agent's tasks, with a 2 s
+  compute budget) and a 1 s heartbeat interval for external agents (a killed agent goes offline within
   seconds);
 * the run-executor's checkpoint retention 1 s after a run ends, agent-collab's heartbeat grace 0.5 s;
 * ``TEMPORALITY_NATS_SOURCE_CHECK=strict`` (the production default; the test suite runs ``claimed``): every event
@@ -41,6 +42,9 @@ if TYPE_CHECKING:  # imported where used: tests/conftest.py imports this module 
 
 __all__ = [
     "DEADLINE_TRIGGER",
+    "EXTERNAL_TIGHT_AGENT",
+    "EXTERNAL_TIGHT_BUDGET_S",
+    "EXTERNAL_TIGHT_TRIGGER",
     "Traced",
     "completed",
     "fresh_pr",
@@ -53,10 +57,17 @@ __all__ = [
 
 #: A copy of the shipped trigger whose question expires after 2 s; the run resumes with ``keep-v1``.
 DEADLINE_TRIGGER = "ado-pr-review-deadline"
+#: A copy of the shipped trigger launching :data:`EXTERNAL_TIGHT_AGENT`.
+EXTERNAL_TIGHT_TRIGGER = "ado-pr-review-external-tight"
+#: An agent card whose runs are the example external agent's tasks, with a 2 s compute budget: an agent slower
+#: than that to act has its run failed by the run-executor's watchdog timer (``compute_timeout``).
+EXTERNAL_TIGHT_AGENT = "reviewer-external-tight"
+EXTERNAL_TIGHT_BUDGET_S = 2
 
 
 def traced_config(root: Path) -> Path:
-    """The shipped config in ``root``, with :data:`DEADLINE_TRIGGER` and a 1 s heartbeat interval."""
+    """The shipped config in ``root``, with :data:`DEADLINE_TRIGGER`, :data:`EXTERNAL_TIGHT_TRIGGER` (and its card)
+    and a 1 s heartbeat interval."""
     import yaml
     from e2e_support import CONFIG
 
@@ -67,7 +78,18 @@ def traced_config(root: Path) -> Path:
     deadline = copy.deepcopy(shipped) | {"id": DEADLINE_TRIGGER}
     deadline["human"] |= {"default_timeout_s": 2, "on_timeout": {"action": "default", "default_option": "keep-v1"}}
     triggers["triggers"].append(deadline)
+    triggers["triggers"].append(copy.deepcopy(shipped) | {"id": EXTERNAL_TIGHT_TRIGGER, "agent": EXTERNAL_TIGHT_AGENT})
     (config / "triggers.yaml").write_text(yaml.safe_dump(triggers), encoding="utf-8")
+    cards = yaml.safe_load((config / "agents.yaml").read_text(encoding="utf-8"))
+    reviewer = next(a for a in cards["agents"] if a["id"] == "reviewer")
+    tight = copy.deepcopy(reviewer) | {
+        "id": EXTERNAL_TIGHT_AGENT,
+        "provider": {"kind": "external", "agent_id": "example-agent"},
+        "tools": {"allow": ["get_input", "ask_human"]},
+        "limits": {"max_turns": 5, "max_compute_s": EXTERNAL_TIGHT_BUDGET_S},
+    }
+    cards["agents"].append(tight)
+    (config / "agents.yaml").write_text(yaml.safe_dump(cards), encoding="utf-8")
     agents = yaml.safe_load((config / "external-agents.yaml").read_text(encoding="utf-8"))
     agents["heartbeat_interval_s"] = 1
     (config / "external-agents.yaml").write_text(yaml.safe_dump(agents), encoding="utf-8")

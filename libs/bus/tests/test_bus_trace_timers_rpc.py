@@ -107,9 +107,14 @@ async def test_a_timer_armed_in_a_span_fires_in_that_trace(bus: Bus, exported: I
     assert inside.span_id == span.context.span_id  # the handler ran inside it
     stored = await bus.js.get_msg(EVENTS_STREAM.name, seq)  # what it published continues the trace
     assert stored.data is not None
-    traceparent = decode(stored.data).traceparent
-    assert traceparent is not None
-    assert traceparent.startswith(f"00-{armed.trace_id:032x}-{span.context.span_id:016x}-")
+    published = decode(stored.data)
+    (producer,) = [s for s in exported.get_finished_spans() if s.kind is SpanKind.PRODUCER]  # written in the firing
+    assert producer.parent is not None
+    assert producer.parent.span_id == span.context.span_id
+    assert producer.context is not None
+    assert (producer.attributes or {}).get("messaging.message.id") == published.id
+    assert published.traceparent is not None
+    assert published.traceparent.startswith(f"00-{armed.trace_id:032x}-{producer.context.span_id:016x}-")
 
 
 async def test_a_self_rearming_timer_fires_in_a_new_trace_linked_to_the_arming_span(

@@ -32,6 +32,20 @@ def _traceparent(context: trace.SpanContext) -> str:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
 
+def _producer(exported: InMemorySpanExporter, event_id: str) -> ReadableSpan:
+    """The PRODUCER span the event ``event_id`` was written in (exactly one)."""
+    (span,) = [
+        s
+        for s in exported.get_finished_spans()
+        if s.kind is SpanKind.PRODUCER and (s.attributes or {}).get("messaging.message.id") == event_id
+    ]
+    return span
+
+
+def _child_of(span: ReadableSpan, parent: trace.SpanContext | None) -> bool:
+    return parent is not None and span.parent is not None and span.parent.span_id == parent.span_id
+
+
 def _spec(durable: str) -> ConsumerSpec:
     return ConsumerSpec(durable, EVENTS_STREAM.name, (subject_for("run.failed"),), "test", backoff_s=(0.1,))
 
@@ -112,11 +126,24 @@ async def test_publishing_inside_a_span_injects_its_context(bus: Bus, exported: 
     with tracing.tracer().start_as_current_span("publisher") as span:
         seq = (await bus.publish(_failed("on-1"))).seq
         piped = decode(event_write(_failed("on-1b")).payload)
-    context = span.get_span_context()
     stored = await _stored(bus, seq)
-    expected = _traceparent(context)
-    assert stored.traceparent == expected
-    assert piped.traceparent == expected  # the pipelined path (the gateway's) too
+    # each event in a PRODUCER span of its own, the publisher's child, whose context it carries
+    for event_id, carried in (("evt-on-1", stored), ("evt-on-1b", piped)):  # the pipelined path (the gateway's) too
+        producer = _producer(exported, event_id)
+        assert producer.context is not None
+        assert _child_of(producer, span.get_span_context())
+        assert producer.name == f"create {subject_for('run.failed')}"
+        assert carried.traceparent == _traceparent(producer.context)
+        assert (
+            dict(producer.attributes or {}).items()
+            >= {
+                "messaging.system": "nats",
+                "messaging.operation.type": "create",
+                "messaging.destination.name": subject_for("run.failed"),
+                "messaging.message.id": event_id,
+                "cloudevents.event_type": "run.failed",
+            }.items()
+        )
 
 
 async def test_tracestate_travels_with_the_traceparent(bus: Bus, exported: InMemorySpanExporter) -> None:
@@ -141,8 +168,9 @@ async def test_consuming_opens_a_consumer_child_span_with_messaging_attributes(
     spans = {s.name: s for s in exported.get_finished_spans()}
     consumer: ReadableSpan = spans[f"process {subject_for('run.failed')}"]
     assert consumer.kind is SpanKind.CONSUMER
-    assert consumer.parent is not None
-    assert consumer.parent.span_id == publisher.get_span_context().span_id
+    producer = _producer(exported, event.id)  # consumer <- producer <- publisher
+    assert _child_of(consumer, producer.context)
+    assert _child_of(producer, publisher.get_span_context())
     assert consumer.context is not None
     assert consumer.context.span_id == context.span_id
     assert (
@@ -159,7 +187,8 @@ async def test_consuming_opens_a_consumer_child_span_with_messaging_attributes(
 
 
 async def test_an_event_published_while_handling_continues_the_trace(bus: Bus, exported: InMemorySpanExporter) -> None:
-    """What a handler publishes carries the CONSUMER span's context, so the next consumer is its child."""
+    """What a handler publishes is produced in a child of the CONSUMER span, so the next consumer descends
+    from it."""
     with tracing.tracer().start_as_current_span("root") as root:
         await bus.publish(_failed("chain-1"))
     forwarded: list[int] = []
@@ -183,11 +212,13 @@ async def test_an_event_published_while_handling_continues_the_trace(bus: Bus, e
     )
     assert first.context is not None
     assert second.context is not None
-    assert second.parent is not None
     assert {first.context.trace_id, second.context.trace_id} == {root.get_span_context().trace_id}
-    assert second.parent.span_id == first.context.span_id
+    produced = _producer(exported, "evt-chain-2")
+    assert produced.context is not None
+    assert _child_of(second, produced.context)
+    assert _child_of(produced, first.context)
     stored = await _stored(bus, forwarded[0])
-    assert stored.traceparent == _traceparent(first.context)
+    assert stored.traceparent == _traceparent(produced.context)
 
 
 async def test_a_stored_context_is_kept_outside_a_span_and_replaced_inside_one(
@@ -197,7 +228,11 @@ async def test_a_stored_context_is_kept_outside_a_span_and_replaced_inside_one(
     assert (await _stored(bus, seq)).traceparent == TRACEPARENT
     with tracing.tracer().start_as_current_span("now") as span:
         seq = (await bus.publish(_failed("kept-2", traceparent=TRACEPARENT))).seq
-    assert (await _stored(bus, seq)).traceparent == _traceparent(span.get_span_context())
+    producer = _producer(exported, "evt-kept-2")
+    assert producer.context is not None
+    assert _child_of(producer, span.get_span_context())
+    assert (await _stored(bus, seq)).traceparent == _traceparent(producer.context)
+    assert [s for s in exported.get_finished_spans() if s.kind is SpanKind.PRODUCER] == [producer]  # none outside
 
 
 @pytest.mark.parametrize("bad", ["garbage", "00-00000000000000000000000000000000-b7ad6b7169203331-01", "x" * 100])
@@ -249,4 +284,8 @@ async def test_dead_lettering_happens_in_an_error_span_continuing_the_message_s_
     assert inside.span_id == dead.context.span_id  # the service's hook ran inside it
     journaled = await bus.js.get_last_msg(EVENTS_STREAM.name, subject_for("bus.dead_lettered"))
     assert journaled.data is not None
-    assert decode(journaled.data).traceparent == _traceparent(dead.context)
+    dead_lettered = decode(journaled.data)
+    producer = _producer(exported, dead_lettered.id)  # bus.dead_lettered, written inside the error span
+    assert producer.context is not None
+    assert _child_of(producer, dead.context)
+    assert dead_lettered.traceparent == _traceparent(producer.context)

@@ -17,6 +17,7 @@ from temporality_bus import Bus, Delivery, NatsSettings, PermanentError
 from temporality_protocol import Envelope, RunStarted, make_event
 from temporality_protocol.catalog import EVENTS_STREAM, ServiceSpec
 from temporality_service import HttpServiceSettings, Runtime, metrics, run_until
+from temporality_testing.waiting import eventually
 
 SPEC = ServiceSpec(
     "metrics-probe",
@@ -47,8 +48,12 @@ def _value(text: str, name: str, **labels: str) -> float | None:
 
 @contextlib.asynccontextmanager
 async def _service(
-    nats_settings: NatsSettings, own: Callable[[Runtime[HttpServiceSettings]], None] | None = None
+    nats_settings: NatsSettings,
+    own: Callable[[Runtime[HttpServiceSettings]], None] | None = None,
+    handled: set[str] | None = None,
 ) -> AsyncIterator[str]:
+    """The probe service, its process settings (``TEMPORALITY_METRICS_ENABLED`` ...) from the environment;
+    ``handled`` collects the run ids its consumer handled."""
     failed_once: set[str] = set()
 
     async def handle(event: Envelope, delivery: Delivery) -> None:
@@ -57,6 +62,8 @@ async def _service(
         if event.runid == "run-flaky" and "run-flaky" not in failed_once:
             failed_once.add("run-flaky")
             raise RuntimeError("transient: try again")
+        if handled is not None and event.runid is not None:
+            handled.add(event.runid)
 
     async def setup(rt: Runtime[HttpServiceSettings]) -> None:
         rt.consumer("agent-collab-runs", handler=handle)
@@ -156,9 +163,11 @@ async def test_a_service_s_own_instruments_and_refreshed_gauges_share_the_regist
     refreshes = {"broken": 0}
 
     def own(rt: Runtime[HttpServiceSettings]) -> None:
-        held = rt.metrics.gauge("temporality_probe_events_held", "Events the stream holds (a whole-system gauge)")
-        handled = rt.metrics.counter("temporality_probe_things", "Things this replica did", ["kind"])
-        handled.labels(rt.metrics.service, "started").inc()
+        on = rt.metrics
+        assert on is not None  # metrics are on by default
+        held = on.gauge("temporality_probe_events_held", "Events the stream holds (a whole-system gauge)")
+        handled = on.counter("temporality_probe_things", "Things this replica did", ["kind"])
+        handled.labels(on.service, "started").inc()
 
         async def broken() -> None:
             refreshes["broken"] += 1
@@ -166,10 +175,10 @@ async def test_a_service_s_own_instruments_and_refreshed_gauges_share_the_regist
 
         async def count() -> None:
             info = await rt.bus.js.stream_info(EVENTS_STREAM.name)
-            held.labels(rt.metrics.service).set(info.state.messages)
+            held.labels(on.service).set(info.state.messages)
 
-        rt.metrics.refresh_every("broken", broken)  # a failing refresher neither stops the others nor the service
-        rt.metrics.refresh_every("events held", count)
+        on.refresh_every("broken", broken)  # a failing refresher neither stops the others nor the service
+        on.refresh_every("events held", count)
 
     async with _service(nats_settings, own) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
         held_before = (await bus.js.stream_info(EVENTS_STREAM.name)).state.messages
@@ -183,3 +192,38 @@ async def test_a_service_s_own_instruments_and_refreshed_gauges_share_the_regist
         assert _value(text, "temporality_probe_things_total", kind="started") == 1
         assert _value(text, "temporality_http_requests_total", method="GET", route="/metrics", status="200") is not None
         assert refreshes["broken"] >= 2  # tried again at every interval
+
+
+@pytest.mark.timeout(90)
+async def test_metrics_switched_off_serve_404_and_make_no_instrument(
+    nats_settings: NatsSettings, bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEMPORALITY_METRICS_ENABLED", "false")
+    monkeypatch.setattr(metrics, "STATE_REFRESH_S", 0.1)
+    seen: list[Runtime[HttpServiceSettings]] = []
+    handled: set[str] = set()
+    made: list[str] = []
+    monkeypatch.setattr(metrics.ServiceMetrics, "__init__", lambda *_: made.append("ServiceMetrics"))
+
+    async with (
+        _service(nats_settings, seen.append, handled) as url,
+        httpx.AsyncClient(base_url=url, timeout=10) as client,
+    ):
+        [rt] = seen
+        assert rt.settings.process.metrics_enabled is False
+        assert rt.metrics is None  # no registry, no instrument: nothing updated per request or message
+        assert made == []
+        assert [c._observer for c in rt.consumers] == [None]
+        response = await client.get("/metrics")
+        assert response.status_code == 404
+        assert "temporality_" not in response.text
+        assert (await client.get("/things/7")).json() == {"id": "7"}  # the service itself works as before
+        assert (await client.get("/readyz")).status_code == 200
+        for run_id in ("run-off-1", "run-off-2"):
+            await bus.publish(_started(run_id))
+
+        async def both() -> bool:
+            return {"run-off-1", "run-off-2"} <= handled
+
+        await eventually(both, 20, "the consumer to handle both events with metrics off")
+        assert (await client.get("/metrics")).status_code == 404

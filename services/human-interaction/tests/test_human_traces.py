@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import pytest
 from human_support import requested
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from temporality_bus import Bus, tracing
 from temporality_bus.pipeline import event_write
@@ -41,6 +41,13 @@ def test_with_tracing_off_nothing_is_kept_and_nothing_is_carried() -> None:
     assert b"traceparent" not in event_write(expired_event(record, now=datetime.now(UTC))).payload
 
 
+@pytest.fixture
+def exported() -> Iterator[InMemorySpanExporter]:
+    """Tracing on in this process, spans kept in memory."""
+    with spans_in_memory() as exporter:
+        yield exporter
+
+
 def test_an_event_built_outside_any_span_continues_the_stored_context() -> None:
     """A timer's expiry (or a repair's republished answer) carries the question's trace context."""
     record = _record(TRACEPARENT, "vendor=abc")
@@ -49,32 +56,24 @@ def test_an_event_built_outside_any_span_continues_the_stored_context() -> None:
     assert sent.tracestate == "vendor=abc"
 
 
-def test_inside_a_span_the_event_carries_that_span_a_child_of_the_stored_context() -> None:
+def test_inside_a_span_the_event_carries_its_producer_span_below_that_span_a_child_of_the_stored_context(
+    exported: InMemorySpanExporter,
+) -> None:
     record = _record(TRACEPARENT).moved_to(
         HumanRequestState.ANSWERED,
         answer=OptionAnswer(option_id="keep-v1", label="Keep"),
         responder="user:alice",
         answered_at=datetime.now(UTC),
     )
-    provider = TracerProvider()
-    tracing.enable(provider)
-    try:
-        parent = tracing.context_of(record.traceparent)
-        with tracing.tracer().start_as_current_span("answer web", context=parent) as span:
-            sent = decode(event_write(answered_event(record, channel="web")).payload)
-    finally:
-        tracing.disable()
-    context = span.get_span_context()
+    parent = tracing.context_of(record.traceparent)
+    with tracing.tracer().start_as_current_span("answer web", context=parent) as span:
+        sent = decode(event_write(answered_event(record, channel="web")).payload)
+    (producer,) = [s for s in exported.get_finished_spans() if s.kind is SpanKind.PRODUCER]
+    assert producer.parent is not None
+    assert producer.parent.span_id == span.get_span_context().span_id
+    context = producer.get_span_context()
     assert sent.traceparent == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
     assert f"{context.trace_id:032x}" == TRACEPARENT[3:35]  # the same trace as the question
-    provider.shutdown()
-
-
-@pytest.fixture
-def exported() -> Iterator[InMemorySpanExporter]:
-    """Tracing on in this process, spans kept in memory."""
-    with spans_in_memory() as exporter:
-        yield exporter
 
 
 async def test_a_chat_answer_continues_the_stored_context_as_its_parent(

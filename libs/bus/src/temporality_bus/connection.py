@@ -33,6 +33,7 @@ from temporality_bus.store import Store
 from temporality_bus.tracing import calling, traced
 from temporality_protocol import CONTENT_TYPE, Envelope, encode
 from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM, BucketSpec, ConsumerSpec, StreamSpec
+from temporality_protocol.jetstream import kv_write_subject
 
 __all__ = ["Bus", "PublishResult"]
 
@@ -50,9 +51,15 @@ NO_STREAM_RETRY_S = 3.0
 
 class _JetStream(JetStreamContext):
     """nats-py's JetStream context, whose :meth:`publish` (and so every KV write) sends a publish that no
-    stream answered again, with backoff, for up to ``no_stream_retry_s``."""
+    stream answered again, with backoff, for up to ``no_stream_retry_s``. In a JetStream domain (``domain=``)
+    a KV write (``$KV...``, which nats-py's KV client sends whatever the domain) goes to the domain's
+    ``$JS.<domain>.API.$KV...`` (:func:`temporality_protocol.jetstream.kv_write_subject`)."""
 
     no_stream_retry_s = NO_STREAM_RETRY_S
+
+    def __init__(self, nc: NATS, *, timeout: float, domain: str | None = None) -> None:
+        super().__init__(nc, domain=domain, timeout=timeout)
+        self.domain = domain
 
     async def publish(
         self,
@@ -63,6 +70,8 @@ class _JetStream(JetStreamContext):
         headers: dict[str, Any] | None = None,
         msg_ttl: float | None = None,
     ) -> jsapi.PubAck:
+        if subject.startswith("$KV."):
+            subject = kv_write_subject(subject, self.domain)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.no_stream_retry_s
         delay = 0.02
@@ -91,7 +100,7 @@ class Bus:
 
     def __init__(self, nc: NATS, settings: NatsSettings, name: str) -> None:
         self.nc = nc
-        self.js: _JetStream = _JetStream(nc, timeout=JS_TIMEOUT_S)
+        self.js: _JetStream = _JetStream(nc, timeout=JS_TIMEOUT_S, domain=settings.jetstream_domain)
         self.settings = settings
         self.name = name
         self._kv: dict[str, KeyValue] = {}
@@ -304,7 +313,14 @@ class Bus:
         return self._kv[bucket.name]
 
     async def store(self, bucket: BucketSpec, model: type[M]) -> Store[M]:
-        return Store(await self.kv(bucket), bucket.name, model, pipeline=self.pipeline, nc=self.nc)
+        return Store(
+            await self.kv(bucket),
+            bucket.name,
+            model,
+            pipeline=self.pipeline,
+            nc=self.nc,
+            api_prefix=self.settings.js_api_prefix,
+        )
 
     # ------------------------------------------------------------------ publish
     async def publish(self, event: Envelope) -> PublishResult:

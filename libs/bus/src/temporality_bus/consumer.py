@@ -194,7 +194,7 @@ class _Puller:
     nats-py's ``PullSubscription.fetch`` takes each message off its queue with an ``asyncio.wait_for`` in a
     new task (plus a uuid4), which cost more than the rest of the bus side per message. Here each fetch is one
     request ``{"batch": n, "expires": t, "no_wait": true}`` to ``$JS.API.CONSUMER.MSG.NEXT.<stream>.<durable>``
-    with its own reply token: the server sends what is available at once (up to ``n``), or, when nothing
+    (``$JS.<domain>.API...`` in a JetStream domain) with its own reply token: the server sends what is available at once (up to ``n``), or, when nothing
     is, waits for the first message(s), then ends the request with a ``404``/``408`` status on that token.
     The callback appends each message to a list and wakes the fetch once (batch full, or its request
     ended): one wait per fetch, not per message. A message that comes after its fetch gave up (the
@@ -203,7 +203,7 @@ class _Puller:
 
     def __init__(self, bus: Bus, spec: ConsumerSpec) -> None:
         self._nc = bus.nc
-        self._subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
+        self._subject = f"{bus.settings.js_api_prefix}.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
         self._prefix = ""
         self._sub: Subscription | None = None
         self._buffer: list[Msg] = []

@@ -33,7 +33,7 @@ import asyncio
 import itertools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import nats.errors
@@ -46,6 +46,7 @@ from pydantic_core import from_json
 from temporality_bus.errors import BusError, Conflict, PermanentError, TransientError
 from temporality_bus.tracing import traced
 from temporality_protocol import CONTENT_TYPE, Envelope, encode
+from temporality_protocol.jetstream import kv_write_subject
 
 if TYPE_CHECKING:
     from temporality_bus.connection import Bus
@@ -126,6 +127,11 @@ class Pipeline:
         until one does or the Bus's ``js.no_stream_retry_s`` is over."""
         if not writes:
             return []
+        domain = self._bus.settings.jetstream_domain
+        if domain is not None:  # a KV write in a JetStream domain: $JS.<domain>.API.$KV... (.jetstream)
+            writes = [
+                w if w.bucket is None else replace(w, subject=kv_write_subject(w.subject, domain)) for w in writes
+            ]
         max_payload = self._bus.nc.max_payload
         for write in writes:
             if len(write.payload) > max_payload:

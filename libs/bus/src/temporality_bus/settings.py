@@ -5,11 +5,12 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from temporality_bus.provenance import SourceCheck
 from temporality_protocol.catalog import DLQ_STREAM
+from temporality_protocol.jetstream import DOMAIN_PATTERN, api_prefix
 
 __all__ = ["NatsSettings"]
 
@@ -55,6 +56,17 @@ class NatsSettings(BaseSettings):
     #: ``service:`` actor naming a catalogue service is checked: for tests that publish as no service) or
     #: ``off``; a forged event is dead-lettered, never handled (:mod:`temporality_bus.provenance`).
     source_check: SourceCheck = "strict"
+    #: The JetStream domain the streams and buckets live in (``jetstream { domain: hub }`` of the server that
+    #: holds them; a service on a leaf node reaches the hub's JetStream through it). Unset: the JetStream of the
+    #: server the service is connected to (``$JS.API``). Set: every API request goes to ``$JS.<domain>.API``
+    #: and every KV write to ``$JS.<domain>.API.$KV...`` (:mod:`temporality_protocol.jetstream`); the NATS
+    #: permissions must be generated for it (``temporality nats-authorization --jetstream-domain``).
+    jetstream_domain: str | None = Field(default=None, pattern=f"^{DOMAIN_PATTERN.pattern}$")
+
+    @field_validator("jetstream_domain", mode="before")
+    @classmethod
+    def _no_domain_when_empty(cls, value: object) -> object:
+        return None if value == "" else value  # compose's ${TEMPORALITY_NATS_JETSTREAM_DOMAIN:-}: unset
 
     @model_validator(mode="after")
     def _tls_pairs(self) -> NatsSettings:
@@ -73,6 +85,11 @@ class NatsSettings(BaseSettings):
         if self.tls_cert_file is not None and self.tls_key_file is not None:
             context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
         return context
+
+    @property
+    def js_api_prefix(self) -> str:
+        """Where this deployment's JetStream API is: ``$JS.API``, or ``$JS.<domain>.API`` with a domain."""
+        return api_prefix(self.jetstream_domain)
 
     @property
     def servers(self) -> list[str]:

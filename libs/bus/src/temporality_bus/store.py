@@ -27,6 +27,7 @@ from temporality_bus.errors import AlreadyExists, BusError, Conflict, Contended,
 from temporality_bus.listing import live_keys
 from temporality_bus.models import revalidated
 from temporality_bus.pipeline import Pipeline, kv_write
+from temporality_protocol.jetstream import DEFAULT_API_PREFIX
 
 __all__ = ["DEFAULT_ATTEMPTS", "Modified", "Store", "Versioned"]
 
@@ -96,7 +97,14 @@ class Store(Generic[M]):
     """A KV bucket holding one pydantic model per key."""
 
     def __init__(
-        self, kv: KeyValue, bucket: str, model: type[M], *, pipeline: Pipeline | None = None, nc: NATS | None = None
+        self,
+        kv: KeyValue,
+        bucket: str,
+        model: type[M],
+        *,
+        pipeline: Pipeline | None = None,
+        nc: NATS | None = None,
+        api_prefix: str = DEFAULT_API_PREFIX,
     ) -> None:
         self._kv = kv
         self.bucket = bucket
@@ -109,6 +117,8 @@ class Store(Generic[M]):
         #: itself and reads the answer in one pydantic-core pass, where the KV client decodes it with ``json``,
         #: a dataclass and the ``email`` package's header parser (the hot path's CPU). ``None``: the KV client.
         self._nc = nc
+        #: The JetStream API :meth:`get` asks (``$JS.<domain>.API`` in a JetStream domain: ``NatsSettings``).
+        self._api_prefix = api_prefix
 
     async def get(self, key: str) -> Versioned[M] | None:
         if self._nc is not None and _KEY.fullmatch(key):
@@ -128,7 +138,9 @@ class Store(Generic[M]):
         subject = f"$KV.{self.bucket}.{key}"
         try:
             reply = await self._nc.request(
-                f"$JS.API.STREAM.MSG.GET.KV_{self.bucket}", b'{"last_by_subj":"%s"}' % subject.encode(), timeout=_GET_S
+                f"{self._api_prefix}.STREAM.MSG.GET.KV_{self.bucket}",
+                b'{"last_by_subj":"%s"}' % subject.encode(),
+                timeout=_GET_S,
             )
         except (nats.errors.Error, OSError) as exc:
             raise TransientError(f"reading {self.bucket}/{key} failed: {exc!r}") from exc

@@ -5,12 +5,14 @@ Only the OpenTelemetry *API* lives here; a process turns tracing on by handing i
 nothing here builds a span or encodes a header: publishing and consuming cost one attribute check.
 
 =======================  ==============================================================================
-publishing               inside a span (an HTTP request's, a consumer's, a stored context's) the event is
-                         sent with that span's ``traceparent`` / ``tracestate`` as envelope extension
+publishing               inside a span (an HTTP request's, a consumer's, a stored context's) each event is
+                         written in a PRODUCER span ``create <subject>``, that span's child, and sent with
+                         the producer span's ``traceparent`` / ``tracestate`` as envelope extension
                          attributes (:func:`traced`, applied by ``Bus.publish`` and every ``event_write``);
                          outside any span it keeps what its maker set (a human request's stored context)
 consuming                each envelope is handled in a CONSUMER span named ``process <subject>``, the
-                         child of the context the event carries (a root span when it carries none), with
+                         child of the context the event carries (its producer span; a root span when it
+                         carries none), with
                          the messaging attributes: ``messaging.system`` nats, ``messaging.destination.name``
                          the subject, ``messaging.message.id`` the event id, ``messaging.consumer.group.name``
                          the durable (:func:`consuming`, applied by the consumer runner)
@@ -120,15 +122,35 @@ def current_trace() -> tuple[str, str | None] | None:
 
 
 def traced(event: Envelope) -> Envelope:
-    """``event`` carrying the current span's trace context; ``event`` itself outside any span, and always
-    with tracing off (one attribute read: the gateway's intake calls this for every event it writes)."""
-    if _State.tracer is None or not trace.get_current_span().get_span_context().is_valid:
+    """``event`` carrying the context of its PRODUCER span ``create <subject>``, a child of the current span
+    made (and ended) here, as the event is written; ``event`` itself outside any span, and always with tracing
+    off (one attribute read: the gateway's intake calls this for every event it writes).
+
+    One producer span per event written (the messaging conventions' ``create`` operation: the event's own
+    creation context, also when a batch of events goes out in one pipelined send), the parent of every
+    consumer span that handles the event."""
+    tracer = _State.tracer
+    if tracer is None or not trace.get_current_span().get_span_context().is_valid:
         return event
-    current = current_trace()
-    if current is None or current == (event.traceparent, event.tracestate):
-        return event
-    traceparent, tracestate = current
-    return event.model_copy(update={"traceparent": traceparent, "tracestate": tracestate})
+    subject = event.nats_subject
+    attributes: dict[str, str] = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.type": "create",
+        "messaging.operation.name": "create",
+        "messaging.destination.name": subject,
+        "messaging.message.id": event.id,
+        "cloudevents.event_id": event.id,
+        "cloudevents.event_type": event.type,
+        "cloudevents.event_source": event.source,
+    }
+    if event.runid is not None:
+        attributes["temporality.run_id"] = event.runid
+    # started and ended without becoming the current span (no context attach and detach): only its ids are needed
+    span = tracer.start_span(f"create {subject}", kind=SpanKind.PRODUCER, attributes=attributes)
+    span.end()
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    return event.model_copy(update={"traceparent": carrier["traceparent"], "tracestate": carrier.get("tracestate")})
 
 
 def context_of(traceparent: str | None, tracestate: str | None = None) -> Context | None:

@@ -196,6 +196,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         collab_reply_key=args.collab_reply_key,
         nats_sync_interval="always" if args.sync_always else None,
         console_sign_in=args.console_sign_in,
+        metrics=args.metrics,
     )
 
 
@@ -217,14 +218,17 @@ def _example_agent_command(stack: Stack) -> str | None:
     return shlex.join(words)
 
 
-def nats_authorization(subscribers: list[str], external_agents: list[str]) -> str:
+def nats_authorization(subscribers: list[str], external_agents: list[str], domain: str | None = None) -> str:
     """The nats-server ``authorization`` block for every service, the journal ``subscribers``, the
     ``external_agents`` and the timers migration (``timers-migrate``), with each password read from the server's
-    environment (``$TRIGGER_GATEWAY_PASSWORD``). Raises ``ValueError`` for a bad subscriber or external agent name."""
-    users: dict[str, NatsUser] = {name: ("", permissions_for(name)) for name in SERVICES}
-    users |= {subscriber_user(name): ("", journal_subscriber_permissions(name)) for name in subscribers}
-    users |= {name: ("", external_agent_permissions(name)) for name in external_agents}
-    users[TIMERS_MIGRATION_USER] = ("", timers_migration_permissions())  # upgrading: temporality timers-migrate
+    environment (``$TRIGGER_GATEWAY_PASSWORD``); with ``domain``, for clients reaching JetStream in that domain
+    (:meth:`~temporality_protocol.permissions.Permissions.in_domain`). Raises ``ValueError`` for a bad subscriber
+    or external agent name, or domain."""
+    users: dict[str, NatsUser] = {name: ("", permissions_for(name).in_domain(domain)) for name in SERVICES}
+    users |= {subscriber_user(n): ("", journal_subscriber_permissions(n).in_domain(domain)) for n in subscribers}
+    users |= {name: ("", external_agent_permissions(name).in_domain(domain)) for name in external_agents}
+    # upgrading: temporality timers-migrate
+    users[TIMERS_MIGRATION_USER] = ("", timers_migration_permissions().in_domain(domain))
     block = authorization_block(users)
     for entry in block["users"]:
         entry["password"] = f"@@{password_variable(str(entry['user']))}@@"
@@ -296,6 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the server's fsync every 2 minutes; a killed process loses nothing either way)",
     )
     p_up.add_argument(
+        "--metrics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every service serves Prometheus metrics on GET /metrics (default: on; --no-metrics: none is made "
+        "or updated and /metrics answers 404)",
+    )
+    p_up.add_argument(
         "--api-tokens-file",
         default=None,
         help="role tokens for the APIs (default: <data-dir>/api-tokens.json, created with a fresh admin token)",
@@ -312,6 +323,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="USER",
         help="an external agent's user (its agent id): Agent Protocol requests on temporality.rpc.agents.USER.* "
         "only, replies below _INBOX.USER",
+    )
+    p_auth.add_argument(
+        "--jetstream-domain",
+        default=None,
+        metavar="DOMAIN",
+        help="the services reach JetStream in this domain (TEMPORALITY_NATS_JETSTREAM_DOMAIN): their API requests "
+        "and KV writes are allowed at $JS.DOMAIN.API... instead of $JS.API... and $KV...",
     )
     p_migrate = commands.add_parser(
         "timers-migrate",
@@ -337,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         return timers_migrate(args.nats_url)
     if args.command == "nats-authorization":
         try:
-            sys.stdout.write(nats_authorization(args.subscriber, args.external_agent))
+            sys.stdout.write(nats_authorization(args.subscriber, args.external_agent, args.jetstream_domain))
         except ValueError as exc:
             _out(f"error: {exc}")
             return 2

@@ -152,6 +152,9 @@ class StackConfig:
     #: cookie is not ``Secure`` (the stack serves plain http on loopback). Off here; ``temporality up`` turns it
     #: on unless ``--no-console-sign-in``.
     console_sign_in: bool = False
+    #: Every service serves Prometheus ``/metrics``; ``False`` (``temporality up --no-metrics``,
+    #: ``TEMPORALITY_METRICS_ENABLED=false``): none is made or updated and ``/metrics`` answers 404.
+    metrics: bool = True
 
 
 #: The NATS user with full access (an operator's tools, the tests) when the stack runs with NATS auth.
@@ -383,6 +386,8 @@ class Stack:
             env["TEMPORALITY_JOURNAL_HUMAN_URL"] = self.human_url  # the console's web inbox
         if self.config.console_sign_in:
             env |= self._sign_in_env(name)
+        if not self.config.metrics:
+            env["TEMPORALITY_METRICS_ENABLED"] = "false"
         return env | dict(self.config.extra_env)
 
     @property

@@ -131,6 +131,7 @@ from temporality_protocol.catalog import (
     agent_subject,
     subject_for,
 )
+from temporality_protocol.jetstream import DEFAULT_API_PREFIX, api_prefix, kv_write_subject
 
 __all__ = [
     "INBOX_PREFIX",
@@ -163,6 +164,22 @@ class Permissions:
     subscribe: tuple[str, ...]
     #: May reply to the requests it receives (responders): a one-off publish to each request's inbox.
     allow_responses: bool = False
+
+    def in_domain(self, domain: str | None) -> Permissions:
+        """These permissions for a deployment whose JetStream is in ``domain`` (``None``: unchanged): the services
+        then publish their JetStream API requests to ``$JS.<domain>.API...`` and their KV writes to
+        ``$JS.<domain>.API.$KV...`` (:mod:`temporality_protocol.jetstream`); the server's reply subjects
+        (``$JS.ACK``, ``$JS.FC``), events, timers and RPC subjects stay as they are."""
+        if domain is None:
+            return self
+        prefix = api_prefix(domain)
+
+        def moved(subject: str) -> str:
+            if subject.startswith(DEFAULT_API_PREFIX + "."):
+                return prefix + subject.removeprefix(DEFAULT_API_PREFIX)
+            return kv_write_subject(subject, domain) if subject.startswith("$KV.") else subject
+
+        return Permissions(tuple(moved(s) for s in self.publish), self.subscribe, self.allow_responses)
 
     def as_config(self) -> dict[str, object]:
         """The ``permissions`` block of the server's config (JSON is valid nats-server config syntax)."""

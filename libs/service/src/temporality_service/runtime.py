@@ -88,8 +88,9 @@ class Runtime(Generic[S]):
         #: Enter the service's own resources here (database, channel adapters): closed before the bus drains.
         self.resources = resources
         self.readiness = Readiness(spec.name, bus)
-        #: ``/metrics`` (served on the service's HTTP port next to ``/healthz``): see :mod:`.metrics`.
-        self.metrics = ServiceMetrics(spec.name, bus)
+        #: ``/metrics`` (served on the service's HTTP port next to ``/healthz``): see :mod:`.metrics`. ``None`` when
+        #: ``TEMPORALITY_METRICS_ENABLED=false``: a service then makes none of its own instruments either.
+        self.metrics = ServiceMetrics(spec.name, bus) if settings.process.metrics_enabled else None
         self.consumers: list[Consumer] = []
         self.responders: list[Responder] = []
         self.app: FastAPI | None = None
@@ -151,11 +152,13 @@ class Runtime(Generic[S]):
         return responder
 
     def http(self, app: FastAPI) -> FastAPI:
-        """Serve ``app`` (with ``/healthz``, ``/readyz`` and ``/metrics`` added) on the settings' host and port."""
+        """Serve ``app`` (with ``/healthz``, ``/readyz`` and, unless metrics are off, ``/metrics`` added) on the
+        settings' host and port."""
         if self.settings.port is None:
             raise ValueError(f"{self.spec.name} has an HTTP app but no port setting")
         add_health_routes(app, self.readiness)
-        self.metrics.install(app)
+        if self.metrics is not None:
+            self.metrics.install(app)
         self.app = app
         return app
 
@@ -346,7 +349,8 @@ async def _serve(runtime: Runtime[Any], stop: asyncio.Event, ready: asyncio.Even
     async with asyncio.TaskGroup() as tg:
         for consumer in runtime.consumers:
             tg.create_task(supervised(f"consumer {consumer.spec.durable}", consumer.run(consumers_stop)))
-        tg.create_task(runtime.metrics.watch(runtime.consumers, consumers_stop))
+        if runtime.metrics is not None:
+            tg.create_task(runtime.metrics.watch(runtime.consumers, consumers_stop))
         for responder in runtime.responders:
             await responder.start()
         server = runtime.server

@@ -44,6 +44,9 @@ class ProcessSettings(BaseSettings):
     #: How long a SIGTERM waits for in-flight messages and requests before the process gives up on them
     #: (they are redelivered: handlers are idempotent). Well below Kubernetes' 30 s grace period.
     drain_s: float = Field(default=10.0, gt=0)
+    #: ``False`` (``TEMPORALITY_METRICS_ENABLED=false``): no Prometheus metrics at all, ``/metrics`` answers 404
+    #: and no instrument is made or updated (requests, consumers, the services' own; no lag or state refresh).
+    metrics_enabled: bool = True
 
 
 class ServiceSettings(BaseSettings):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import sys
 from collections.abc import AsyncIterator, Awaitable
 from datetime import timedelta
@@ -184,7 +185,8 @@ def configure(settings: Settings) -> Setup[Settings]:
         rt.responder(PasswordResponder(rt.bus, directory))  # the console's password sign-in (issue 9)
         rt.responder(ConsoleRoleResponder(rt.bus, directory))  # ... and directory roles for OIDC sign-ins
         adapters: dict[str, ChannelAdapter] = {}
-        metrics = HumanMetrics(rt.metrics)  # deliveries, waits, requests waiting: see .metrics
+        # deliveries, waits, requests waiting: see .metrics; none with metrics off
+        metrics = HumanMetrics(rt.metrics) if rt.metrics is not None else None
         inbound = AnswerRouter(
             rt.bus,
             directory,
@@ -197,8 +199,9 @@ def configure(settings: Settings) -> Setup[Settings]:
             adapter.attach(inbound)  # every channel hands its answers to the one binding
             adapter.observer = metrics
             adapters[adapter.name] = await rt.resources.enter_async_context(adapter)
-        metrics.watch_channels(adapters)
-        rt.metrics.refresh_every("human requests", lambda: metrics.refresh(rt.bus))
+        if rt.metrics is not None and metrics is not None:
+            metrics.watch_channels(adapters)
+            rt.metrics.refresh_every("human requests", functools.partial(metrics.refresh, rt.bus))
         log.info("channels.ready", channels=sorted(n for n, a in adapters.items() if a.available))
         policies = RunPolicies(rt.bus, wait_deliveries=rt.settings.policy_wait_deliveries)  # SEC-1
         rt.consumer("human-interaction-policies", handler=RunPolicyHandler(policies).handle)

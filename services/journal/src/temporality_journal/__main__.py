@@ -15,6 +15,7 @@ makes the next start replay the stream from the beginning: :mod:`temporality_jou
 
 from __future__ import annotations
 
+import functools
 import sys
 
 from sqlalchemy.exc import ArgumentError
@@ -59,8 +60,9 @@ def configure(settings: Settings) -> Setup[Settings]:
             Database.open(rt.settings.database_url, rt.settings.database_tls())
         )
         changes = Changes()  # the recorder wakes the live tail once per committed batch
-        runs = JournalMetrics(rt.metrics)  # runs by state (max() across replicas), runs finished: see .metrics
-        recorder = Recorder(database, on_commit=changes.notify, on_finished=runs.finished)
+        # runs by state (max() across replicas), runs finished: see .metrics; none with metrics off
+        runs = JournalMetrics(rt.metrics) if rt.metrics is not None else None
+        recorder = Recorder(database, on_commit=changes.notify, on_finished=runs.finished if runs else None)
         rt.consumer(
             "journal",
             handler=recorder.handle,
@@ -77,7 +79,8 @@ def configure(settings: Settings) -> Setup[Settings]:
         await rt.resources.enter_async_context(access.running())
         rt.http(create_app(rt.settings, database, rt.bus, auth, tail, gateway, human, access, signin))
         rt.ready_check("database", database.ping)
-        rt.metrics.refresh_every("runs by state", lambda: runs.refresh(database))
+        if rt.metrics is not None and runs is not None:
+            rt.metrics.refresh_every("runs by state", functools.partial(runs.refresh, database))
         days, audit_days = rt.settings.retention_days, rt.settings.audit_retention_days
         if days > 0 or audit_days > 0:  # 0 and 0: keep everything, no purge
             await rt.resources.enter_async_context(Retention(database, days, audit_days=audit_days).running())

@@ -455,14 +455,23 @@ def test_an_outcome_arriving_before_its_run_has_parked_is_applied_once_parked() 
     # the turn that asked is committed, the move to waiting_for_human is not: never mid-turn, retried
     early = _decide(_run(RunState.RUNNING), ckpt, outcome)
     assert early.effects == (Retry("the run has not finished parking on this request yet"),)
-    # parked: it resumes (run.resumed, the watchdog back, resuming with the handler's lease in one
-    # compare-and-set), then applies it, then drives
+    # parked: it resumes (run.resumed, the watchdog back), applies the answer to the checkpoint, then moves
+    # through resuming to running with the handler's lease in one compare-and-set, then drives
     waiting = _run(RunState.WAITING_FOR_HUMAN, waiting_request_id=REQUEST_ID, waiting_since=T0)
     resume = _decide(waiting, ckpt, outcome)
-    assert _kinds(resume) == ["Publish", "ArmWatchdog", "Transition", "TakeLease"]
+    assert _kinds(resume) == ["Publish", "ArmWatchdog", "ApplyResult", "Transition", "TakeLease", "Transition"]
     (resumed,) = _published(resume)
     assert resumed == RunResumed(run_id=RUN_ID, reason="answer", from_turn=2, request_id=REQUEST_ID, waited_s=86400.0)
-    assert resume.then == outcome
+    assert resume.effects[2] == ApplyResult(REQUEST_ID, tool_content(outcome.result))
+    assert [e.target for e in resume.effects if isinstance(e, Transition)] == [RunState.RESUMING, RunState.RUNNING]
+    assert resume.effects[-1] == Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None})
+    assert resume.then == Boundary()
+    # a driver that died between the checkpoint and the record: the redelivery resumes the same way (the
+    # apply then a no-op, :func:`apply_result`)
+    again = _decide(waiting, _ckpt(turn=2, applied_requests=[REQUEST_ID]), outcome)
+    assert _kinds(again) == _kinds(resume)
+    # a record left in resuming (by a driver from before, or an elicitation's or an agent's resume): the
+    # handler takes the lease, applies the outcome and drives
     apply = _decide(_run(RunState.RESUMING, waiting_request_id=REQUEST_ID), ckpt, outcome)
     assert isinstance(apply.effects[0], TakeLease)  # the handler that resumes it drives it
     assert apply.effects[1] == ApplyResult(REQUEST_ID, tool_content(outcome.result))

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
 from executor_support import REVIEWER, run_requested
+from machine_support import T0, make_checkpoint, make_run
 
 from temporality_bus import PermanentError
 from temporality_protocol import (
@@ -22,7 +24,6 @@ from temporality_protocol import (
     HumanPolicy,
     HumanRejected,
     HumanRequested,
-    LaunchSource,
     OptionAnswer,
     RunCancelled,
     RunCheckpointed,
@@ -90,7 +91,6 @@ from temporality_run_executor.records import (
     CancelRequest,
     Checkpoint,
     Lease,
-    Message,
     PendingAsk,
     RunRecord,
     ToolCall,
@@ -100,7 +100,6 @@ from temporality_run_executor.results import parse_result, tool_content
 from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
 from temporality_run_executor.watchdog import WatchdogPayload
 
-T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 RUN_ID = "run-m-1"
 AGENT = Agent(
     REVIEWER.model_copy(update={"tools": ToolPolicy(allow=["get_input", "ask_human"])}), ToolRegistry(BUILTIN_TOOLS)
@@ -109,34 +108,14 @@ ASK_ARGS: dict[str, Any] = {"recipient": "user:alice", "question": "Keep v1?"}
 REQUEST_ID = derive_id("hr", RUN_ID, "2", "0")
 
 
-def _run(state: RunState, **changes: Any) -> RunRecord:
-    fields: dict[str, Any] = {
-        "run_id": RUN_ID,
-        "state": state,
-        "agent": "reviewer",
-        "title": "Review PR #42",
-        "launch": LaunchSource(kind="webhook", trigger_id="ado-pr-review"),
-        "human": HumanPolicy(allowed_recipients=["user:alice"], default_timeout_s=600),
-        "correlation_id": RUN_ID,
-        "created_at": T0,
-        "updated_at": T0,
-    }
-    return RunRecord(**(fields | changes))
+_run = partial(make_run, RUN_ID, human=HumanPolicy(allowed_recipients=["user:alice"], default_timeout_s=600))
 
 
 def _pending(turn: int = 2, request_id: str = REQUEST_ID, asked_at: datetime = T0) -> PendingAsk:
     return PendingAsk(request_id=request_id, call_id="call-ask", turn=turn, asked_at=asked_at, arguments=ASK_ARGS)
 
 
-def _ckpt(turn: int = 1, **changes: Any) -> Checkpoint:
-    fields: dict[str, Any] = {
-        "checkpoint_id": f"ckpt-{turn}",
-        "run_id": RUN_ID,
-        "turn": turn,
-        "saved_at": T0,
-        "messages": [Message(role="system", content="s"), Message(role="user", content="task")],
-    }
-    return Checkpoint(**(fields | changes))
+_ckpt = partial(make_checkpoint, RUN_ID)
 
 
 def _decide(

@@ -577,6 +577,8 @@ class Engine:
                 continue  # acknowledged later, together (their seams pass then: :meth:`_settle`)
             if not self._overlaps(view, effects[i]):
                 await self._settle(view)  # a fact is stored before the state that records it is committed
+            elif view.unacked:
+                await asyncio.sleep(0)  # the fired writes' task sends first: run.resumed leaves before the checkpoint
             if isinstance(effects[i], _RUN_CHANGES):
                 while j < len(effects) and isinstance(effects[j], _RUN_CHANGES):
                     j += 1

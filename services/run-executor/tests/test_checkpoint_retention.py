@@ -15,11 +15,13 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from executor_support import REVIEWER, executor_main, handled, run_record, run_requested, settled, write_run
+from machine_support import T0, make_checkpoint, make_run
 
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
@@ -29,7 +31,6 @@ from temporality_protocol import (
     HumanAnswered,
     HumanPolicy,
     HumanRequested,
-    LaunchSource,
     OptionAnswer,
     RunCancelRequested,
     RunCreated,
@@ -75,7 +76,7 @@ from temporality_run_executor.machine import (
     human_outcome,
 )
 from temporality_run_executor.providers import AssistantTurn
-from temporality_run_executor.records import CancelRequest, Checkpoint, Message, RunRecord
+from temporality_run_executor.records import CancelRequest, Checkpoint, RunRecord
 from temporality_run_executor.retention import DEFAULT_RETENTION_S, RetentionPayload
 from temporality_run_executor.settings import Settings
 from temporality_run_executor.tools import BUILTIN_TOOLS, ToolRegistry
@@ -85,7 +86,6 @@ from temporality_testing.inprocess import serving
 from temporality_testing.timers import armed_schedules
 from temporality_testing.waiting import stays
 
-T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 RUN_ID = "run-ret-1"
 AGENT = Agent(REVIEWER, ToolRegistry(BUILTIN_TOOLS))
 REQUEST_ID = derive_id("hr", RUN_ID, "1", "0")
@@ -93,24 +93,10 @@ FINISHED = (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
 RETENTION = CONSUMERS["run-executor-retention"]
 
 
-def _run(state: RunState, **changes: Any) -> RunRecord:
-    fields: dict[str, Any] = {
-        "run_id": RUN_ID,
-        "state": state,
-        "agent": "reviewer",
-        "title": "Review PR #42",
-        "launch": LaunchSource(kind="webhook", trigger_id="ado-pr-review"),
-        "human": HumanPolicy(allowed_recipients=["user:alice"], default_timeout_s=600),
-        "correlation_id": RUN_ID,
-        "created_at": T0,
-        "updated_at": T0,
-    }
-    return RunRecord(**(fields | changes))
+_run = partial(make_run, RUN_ID, human=HumanPolicy(allowed_recipients=["user:alice"], default_timeout_s=600))
 
 
-def _ckpt(turn: int = 1) -> Checkpoint:
-    messages = [Message(role="system", content="s"), Message(role="user", content="task")]
-    return Checkpoint(checkpoint_id=f"ckpt-{turn}", run_id=RUN_ID, turn=turn, saved_at=T0, messages=messages)
+_ckpt = partial(make_checkpoint, RUN_ID)
 
 
 def _decide(run: RunRecord | None, ckpt: Checkpoint | None, incoming: Incoming) -> Decision:

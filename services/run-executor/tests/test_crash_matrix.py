@@ -107,9 +107,10 @@ BOUNDARIES = [
     pytest.param("handled:Requested", 1, "start", False, id="run-requested-done-not-acked"),
     # human.answered's handler: the resume, turn 3 (the review), the end
     pytest.param("published:run.resumed", 1, "answer", False, id="resumed-published-not-recorded"),
-    pytest.param("effect:Transition:resuming", 1, "answer", True, id="resuming-recorded-not-applied"),
-    pytest.param("effect:ApplyResult", 1, "answer", True, id="answer-applied-not-running"),
-    pytest.param("effect:Transition:running", 1, "answer", True, id="running-again-before-turn3"),
+    # the answer goes into the checkpoint first, then resuming + lease + running in one compare-and-set (whose
+    # seams all pass after it): a kill after the checkpoint leaves the run waiting, unleased
+    pytest.param("effect:ApplyResult", 1, "answer", False, id="answer-applied-run-still-waiting"),
+    pytest.param("effect:Transition:resuming", 1, "answer", True, id="resumed-and-running-before-turn3"),
     pytest.param("provider_replied", 1, "answer", True, id="turn3-final-answer-not-stored"),
     pytest.param("published:run.completed", 1, "answer", True, id="completed-published-not-recorded"),
     pytest.param("handled:HumanOutcome", 1, "answer", False, id="answer-done-not-acked"),

@@ -6,11 +6,12 @@ The end-to-end path over a real MCP server and nats-server is ``test_mcp_elicita
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import pytest
 from executor_support import REVIEWER
+from machine_support import T0, make_checkpoint, make_run
 
 from temporality_bus import PermanentError
 from temporality_protocol import (
@@ -57,7 +58,6 @@ from temporality_run_executor.providers import AssistantTurn
 from temporality_run_executor.records import Checkpoint, ElicitAnswer, Message, RunRecord, ToolCall
 from temporality_run_executor.tools import BUILTIN_TOOLS, Tool, ToolContext, ToolPolicy, ToolRegistry
 
-T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 RUN_ID = "run-e-1"
 CONFIRM: dict[str, Any] = {
     "type": "object",
@@ -187,29 +187,18 @@ def test_a_schema_that_is_no_form_is_named() -> None:
 
 # --------------------------------------------------------------------------- the machine
 def _run(state: RunState, recipients: tuple[str, ...] = ("user:alice",), **changes: Any) -> RunRecord:
-    fields: dict[str, Any] = {
-        "run_id": RUN_ID,
-        "state": state,
-        "agent": "reviewer",
-        "title": "Tidy the notes",
-        "launch": LaunchSource(kind="webhook", trigger_id="t"),
-        "human": HumanPolicy(allowed_recipients=list(recipients), default_timeout_s=600),
-        "correlation_id": RUN_ID,
-        "created_at": T0,
-        "updated_at": T0,
-    }
-    return RunRecord(**(fields | changes))
+    human = HumanPolicy(allowed_recipients=list(recipients), default_timeout_s=600)
+    return make_run(
+        RUN_ID,
+        state,
+        **(
+            {"title": "Tidy the notes", "launch": LaunchSource(kind="webhook", trigger_id="t"), "human": human}
+            | changes
+        ),
+    )
 
 
-def _ckpt(**changes: Any) -> Checkpoint:
-    fields: dict[str, Any] = {
-        "checkpoint_id": "ckpt-1",
-        "run_id": RUN_ID,
-        "turn": 1,
-        "saved_at": T0,
-        "messages": [Message(role="system", content="s"), Message(role="user", content="task")],
-    }
-    return Checkpoint(**(fields | changes))
+_ckpt = partial(make_checkpoint, RUN_ID)
 
 
 def _decide(run: RunRecord, ckpt: Checkpoint, incoming: Incoming) -> Decision:

@@ -4,10 +4,11 @@ to, which tools a run is offered, one handoff per turn, the deterministic ids, a
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from executor_support import REVIEWER
+from machine_support import T0, make_checkpoint, make_run
 
 from temporality_protocol import AgentHandedOff, HumanPolicy, LaunchSource, RelayRequest, RunRequested, RunState
 from temporality_run_executor.machine import (
@@ -26,10 +27,9 @@ from temporality_run_executor.machine import (
     offered_tools,
 )
 from temporality_run_executor.providers import AssistantTurn
-from temporality_run_executor.records import Checkpoint, Message, RunRecord, ToolCall
+from temporality_run_executor.records import RunRecord, ToolCall
 from temporality_run_executor.tools import BUILTIN_TOOLS, HANDOFF_TO_AGENT, ToolPolicy, ToolRegistry
 
-T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 RUN_ID = "run-ho-1"
 HOSTED = frozenset({"reviewer", "finisher"})
 AGENT = Agent(REVIEWER.model_copy(update={"tools": ToolPolicy(allow=["*"])}), ToolRegistry(BUILTIN_TOOLS), HOSTED)
@@ -37,25 +37,17 @@ ME = Attempt(driver="me", lease_s=30)
 POLICY = HumanPolicy(allowed_recipients=["user:alice"])
 
 
-def _run(**changes: Any) -> RunRecord:
-    fields: dict[str, Any] = {
-        "run_id": RUN_ID,
-        "state": RunState.RUNNING,
-        "agent": "reviewer",
-        "title": "Review PR #42",
-        "launch": LaunchSource(kind="webhook", trigger_id="t"),
-        "human": POLICY,
-        "correlation_id": "saga-1",
-        "created_at": T0,
-        "updated_at": T0,
-        "collab": True,
-    }
-    return RunRecord(**(fields | changes))
+_run = partial(
+    make_run,
+    RUN_ID,
+    launch=LaunchSource(kind="webhook", trigger_id="t"),
+    human=POLICY,
+    correlation_id="saga-1",
+    collab=True,
+)
 
 
-def _ckpt() -> Checkpoint:
-    messages = [Message(role="system", content="s"), Message(role="user", content="task")]
-    return Checkpoint(checkpoint_id="ckpt-1", run_id=RUN_ID, turn=1, saved_at=T0, messages=messages)
+_ckpt = partial(make_checkpoint, RUN_ID)
 
 
 def _handoff(call_id: str = "c1", **args: Any) -> ToolCall:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
 from executor_support import REVIEWER, run_requested
+from machine_support import T0, make_checkpoint, make_run
 
 from temporality_bus import PermanentError
 from temporality_protocol import (
@@ -22,7 +24,6 @@ from temporality_protocol import (
     HumanPolicy,
     HumanRejected,
     HumanRequested,
-    LaunchSource,
     OptionAnswer,
     RunCancelled,
     RunCheckpointed,
@@ -90,7 +91,6 @@ from temporality_run_executor.records import (
     CancelRequest,
     Checkpoint,
     Lease,
-    Message,
     PendingAsk,
     RunRecord,
     ToolCall,
@@ -100,7 +100,6 @@ from temporality_run_executor.results import parse_result, tool_content
 from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
 from temporality_run_executor.watchdog import WatchdogPayload
 
-T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 RUN_ID = "run-m-1"
 AGENT = Agent(
     REVIEWER.model_copy(update={"tools": ToolPolicy(allow=["get_input", "ask_human"])}), ToolRegistry(BUILTIN_TOOLS)
@@ -109,34 +108,14 @@ ASK_ARGS: dict[str, Any] = {"recipient": "user:alice", "question": "Keep v1?"}
 REQUEST_ID = derive_id("hr", RUN_ID, "2", "0")
 
 
-def _run(state: RunState, **changes: Any) -> RunRecord:
-    fields: dict[str, Any] = {
-        "run_id": RUN_ID,
-        "state": state,
-        "agent": "reviewer",
-        "title": "Review PR #42",
-        "launch": LaunchSource(kind="webhook", trigger_id="ado-pr-review"),
-        "human": HumanPolicy(allowed_recipients=["user:alice"], default_timeout_s=600),
-        "correlation_id": RUN_ID,
-        "created_at": T0,
-        "updated_at": T0,
-    }
-    return RunRecord(**(fields | changes))
+_run = partial(make_run, RUN_ID, human=HumanPolicy(allowed_recipients=["user:alice"], default_timeout_s=600))
 
 
 def _pending(turn: int = 2, request_id: str = REQUEST_ID, asked_at: datetime = T0) -> PendingAsk:
     return PendingAsk(request_id=request_id, call_id="call-ask", turn=turn, asked_at=asked_at, arguments=ASK_ARGS)
 
 
-def _ckpt(turn: int = 1, **changes: Any) -> Checkpoint:
-    fields: dict[str, Any] = {
-        "checkpoint_id": f"ckpt-{turn}",
-        "run_id": RUN_ID,
-        "turn": turn,
-        "saved_at": T0,
-        "messages": [Message(role="system", content="s"), Message(role="user", content="task")],
-    }
-    return Checkpoint(**(fields | changes))
+_ckpt = partial(make_checkpoint, RUN_ID)
 
 
 def _decide(
@@ -455,14 +434,23 @@ def test_an_outcome_arriving_before_its_run_has_parked_is_applied_once_parked() 
     # the turn that asked is committed, the move to waiting_for_human is not: never mid-turn, retried
     early = _decide(_run(RunState.RUNNING), ckpt, outcome)
     assert early.effects == (Retry("the run has not finished parking on this request yet"),)
-    # parked: it resumes (run.resumed, the watchdog back, resuming with the handler's lease in one
-    # compare-and-set), then applies it, then drives
+    # parked: it resumes (run.resumed, the watchdog back), applies the answer to the checkpoint, then moves
+    # through resuming to running with the handler's lease in one compare-and-set, then drives
     waiting = _run(RunState.WAITING_FOR_HUMAN, waiting_request_id=REQUEST_ID, waiting_since=T0)
     resume = _decide(waiting, ckpt, outcome)
-    assert _kinds(resume) == ["Publish", "ArmWatchdog", "Transition", "TakeLease"]
+    assert _kinds(resume) == ["Publish", "ArmWatchdog", "ApplyResult", "Transition", "TakeLease", "Transition"]
     (resumed,) = _published(resume)
     assert resumed == RunResumed(run_id=RUN_ID, reason="answer", from_turn=2, request_id=REQUEST_ID, waited_s=86400.0)
-    assert resume.then == outcome
+    assert resume.effects[2] == ApplyResult(REQUEST_ID, tool_content(outcome.result))
+    assert [e.target for e in resume.effects if isinstance(e, Transition)] == [RunState.RESUMING, RunState.RUNNING]
+    assert resume.effects[-1] == Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None})
+    assert resume.then == Boundary()
+    # a driver that died between the checkpoint and the record: the redelivery resumes the same way (the
+    # apply then a no-op, :func:`apply_result`)
+    again = _decide(waiting, _ckpt(turn=2, applied_requests=[REQUEST_ID]), outcome)
+    assert _kinds(again) == _kinds(resume)
+    # a record left in resuming (by a driver from before, or an elicitation's or an agent's resume): the
+    # handler takes the lease, applies the outcome and drives
     apply = _decide(_run(RunState.RESUMING, waiting_request_id=REQUEST_ID), ckpt, outcome)
     assert isinstance(apply.effects[0], TakeLease)  # the handler that resumes it drives it
     assert apply.effects[1] == ApplyResult(REQUEST_ID, tool_content(outcome.result))

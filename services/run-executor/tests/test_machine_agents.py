@@ -8,11 +8,13 @@ protocol (COL-9), and the per-run lease (issue 6).
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pytest
 from executor_support import REVIEWER, run_requested
+from machine_support import T0, make_checkpoint, make_run
 
 from temporality_protocol import (
     AgentAnswerReceived,
@@ -21,7 +23,6 @@ from temporality_protocol import (
     AgentMessageReceived,
     AgentReplied,
     AgentReplyUndeliverable,
-    HumanPolicy,
     LaunchSource,
     RelayRequest,
     RunInputAfterEnd,
@@ -72,41 +73,21 @@ from temporality_run_executor.machine import (
 )
 from temporality_run_executor.machine import __all__ as machine_all
 from temporality_run_executor.providers import AssistantTurn
-from temporality_run_executor.records import Checkpoint, Lease, Message, RunRecord, ToolCall
+from temporality_run_executor.records import Checkpoint, Lease, RunRecord, ToolCall
 from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
 
-T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 RUN_ID = "run-col-1"
 AGENT = Agent(REVIEWER.model_copy(update={"tools": ToolPolicy(allow=["*"])}), ToolRegistry(BUILTIN_TOOLS))
 ME = Attempt(driver="me", lease_s=30)
 ASK_ID = derive_id("req", RUN_ID, "ask_agent", "2", "0")
 
 
-def _run(state: RunState, **changes: Any) -> RunRecord:
-    fields: dict[str, Any] = {
-        "run_id": RUN_ID,
-        "state": state,
-        "agent": "reviewer",
-        "title": "Review PR #42",
-        "launch": LaunchSource(kind="webhook", trigger_id="t"),
-        "human": HumanPolicy(allowed_recipients=["user:alice"]),
-        "correlation_id": "saga-1",
-        "created_at": T0,
-        "updated_at": T0,
-        "collab": True,
-    }
-    return RunRecord(**(fields | changes))
+_run = partial(
+    make_run, RUN_ID, launch=LaunchSource(kind="webhook", trigger_id="t"), correlation_id="saga-1", collab=True
+)
 
 
-def _ckpt(turn: int = 1, **changes: Any) -> Checkpoint:
-    fields: dict[str, Any] = {
-        "checkpoint_id": f"ckpt-{turn}",
-        "run_id": RUN_ID,
-        "turn": turn,
-        "saved_at": T0,
-        "messages": [Message(role="system", content="s"), Message(role="user", content="task")],
-    }
-    return Checkpoint(**(fields | changes))
+_ckpt = partial(make_checkpoint, RUN_ID)
 
 
 def _decide(run: RunRecord | None, ckpt: Checkpoint | None, incoming: Incoming, **kw: Any) -> Decision:

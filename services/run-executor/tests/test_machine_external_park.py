@@ -6,12 +6,14 @@ turn's wait id, the stale and early wake-ups, the deadline, a cancel.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
+from machine_support import T0, make_checkpoint, make_run
 
-from temporality_protocol import HumanPolicy, LaunchSource, RunCancelled, RunFailed, RunResumed, RunState
+from temporality_protocol import LaunchSource, RunCancelled, RunFailed, RunResumed, RunState
 from temporality_protocol.agent_tasks import task_id_for, turn_wait_id
 from temporality_run_executor.agents import AgentCard, Limits, ProviderConfig
 from temporality_run_executor.machine import (
@@ -42,11 +44,10 @@ from temporality_run_executor.machine import (
     moved,
 )
 from temporality_run_executor.providers import AssistantTurn
-from temporality_run_executor.records import CancelRequest, Checkpoint, Lease, Message, RunRecord
+from temporality_run_executor.records import CancelRequest, Checkpoint, Lease, RunRecord
 from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
 from temporality_run_executor.watchdog import WatchdogPayload
 
-T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 RUN_ID = "run-park-1"
 TASK_ID = task_id_for(RUN_ID)
 CARD = AgentCard(
@@ -63,19 +64,7 @@ ATTEMPT = Attempt(stream_seq=7, delivered=1, driver="drv/h1")
 REPLY = ProviderReplied(turn=2, reply=AssistantTurn(content="Done"), elapsed_s=30.0)
 
 
-def _run(state: RunState, **changes: Any) -> RunRecord:
-    fields: dict[str, Any] = {
-        "run_id": RUN_ID,
-        "state": state,
-        "agent": "ext",
-        "title": "Decide",
-        "launch": LaunchSource(kind="webhook", trigger_id="t"),
-        "human": HumanPolicy(allowed_recipients=["user:alice"]),
-        "correlation_id": RUN_ID,
-        "created_at": T0,
-        "updated_at": T0,
-    }
-    return RunRecord(**(fields | changes))
+_run = partial(make_run, RUN_ID, agent="ext", title="Decide", launch=LaunchSource(kind="webhook", trigger_id="t"))
 
 
 def _parked(**changes: Any) -> RunRecord:
@@ -83,11 +72,7 @@ def _parked(**changes: Any) -> RunRecord:
     return _run(RunState.WAITING_FOR_AGENT, **({"waiting_request_id": WAIT_ID, "waiting_since": T0} | changes))
 
 
-def _ckpt(turn: int = 1, compute_s: float = 40.0) -> Checkpoint:
-    messages = [Message(role="system", content="s"), Message(role="user", content="task")]
-    return Checkpoint(
-        checkpoint_id=f"ckpt-{turn}", run_id=RUN_ID, turn=turn, saved_at=T0, messages=messages, compute_s=compute_s
-    )
+_ckpt = partial(make_checkpoint, RUN_ID, compute_s=40.0)
 
 
 def _decide(

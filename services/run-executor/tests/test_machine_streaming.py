@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import json
 import typing
-from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from executor_support import REVIEWER, run_requested
+from machine_support import T0, make_checkpoint, make_run
 
 from temporality_protocol import (
     AgentTaskStreamed,
-    HumanPolicy,
     LaunchSource,
     RelayRequest,
     RunRequested,
-    RunState,
     RunStreamed,
     RunToolCalled,
     TaskEventKind,
@@ -44,7 +43,7 @@ from temporality_run_executor.machine import (
     offered_tools,
 )
 from temporality_run_executor.providers import AssistantTurn
-from temporality_run_executor.records import Checkpoint, Message, ReceivedAsk, RunRecord, ToolCall, Usage
+from temporality_run_executor.records import ReceivedAsk, RunRecord, ToolCall, Usage
 from temporality_run_executor.tools import (
     BUILTIN_TOOLS,
     REPORT_DATA_MAX_BYTES,
@@ -54,37 +53,17 @@ from temporality_run_executor.tools import (
     ToolRegistry,
 )
 
-T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 RUN_ID = "run-ap9-1"
 ALL = Agent(REVIEWER.model_copy(update={"tools": ToolPolicy(allow=["*"])}), ToolRegistry(BUILTIN_TOOLS))
 TOKEN = "ghp_" + "a1B2" * 9  # a GitHub token, as the built-in patterns know it
 
 
-def _run(**changes: Any) -> RunRecord:
-    fields: dict[str, Any] = {
-        "run_id": RUN_ID,
-        "state": RunState.RUNNING,
-        "agent": "reviewer",
-        "title": "Review PR #42",
-        "launch": LaunchSource(kind="webhook", trigger_id="t"),
-        "human": HumanPolicy(allowed_recipients=["user:alice"]),
-        "correlation_id": "saga-9",
-        "created_at": T0,
-        "updated_at": T0,
-        "collab": True,
-    }
-    return RunRecord(**(fields | changes))
+_run = partial(
+    make_run, RUN_ID, launch=LaunchSource(kind="webhook", trigger_id="t"), correlation_id="saga-9", collab=True
+)
 
 
-def _ckpt(**changes: Any) -> Checkpoint:
-    fields: dict[str, Any] = {
-        "checkpoint_id": "ckpt-1",
-        "run_id": RUN_ID,
-        "turn": 1,
-        "saved_at": T0,
-        "messages": [Message(role="system", content="s"), Message(role="user", content="task")],
-    }
-    return Checkpoint(**(fields | changes))
+_ckpt = partial(make_checkpoint, RUN_ID)
 
 
 def _reply(*calls: ToolCall, usage: Usage | None = None, elapsed_s: float = 0.25) -> ProviderReplied:

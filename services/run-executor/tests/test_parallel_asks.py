@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pytest
 from executor_support import REVIEWER, RunExecutor, handled, run_record, run_requested
+from machine_support import T0, make_checkpoint, make_run
 from pydantic import ValidationError
 
 from temporality_bus import Bus, PermanentError, evolve
@@ -26,7 +28,6 @@ from temporality_protocol import (
     HumanPolicy,
     HumanRejected,
     HumanRequested,
-    LaunchSource,
     OptionAnswer,
     RunFailed,
     RunResumed,
@@ -80,7 +81,6 @@ from temporality_run_executor.results import parse_result
 from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
 from temporality_testing.events import EventLog
 
-T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 RUN_ID = "run-par-1"
 AGENT = Agent(
     REVIEWER.model_copy(update={"tools": ToolPolicy(allow=["get_input", "ask_human", "ask_agent"])}),
@@ -93,30 +93,11 @@ REQ_B = derive_id("hr", RUN_ID, "2", "1")
 
 def _run(state: RunState = RunState.RUNNING, action: str = "default", **changes: Any) -> RunRecord:
     timeout = TimeoutPolicy(action=action, default_option="keep" if action == "default" else None)
-    fields: dict[str, Any] = {
-        "run_id": RUN_ID,
-        "state": state,
-        "agent": "reviewer",
-        "title": "Review PR #42",
-        "launch": LaunchSource(kind="webhook", trigger_id="ado-pr-review"),
-        "human": HumanPolicy(allowed_recipients=["user:alice", "user:bob"], default_timeout_s=600, on_timeout=timeout),
-        "correlation_id": RUN_ID,
-        "collab": True,
-        "created_at": T0,
-        "updated_at": T0,
-    }
-    return RunRecord(**(fields | changes))
+    human = HumanPolicy(allowed_recipients=["user:alice", "user:bob"], default_timeout_s=600, on_timeout=timeout)
+    return make_run(RUN_ID, state, **({"human": human, "collab": True} | changes))
 
 
-def _ckpt(turn: int = 1, **changes: Any) -> Checkpoint:
-    fields: dict[str, Any] = {
-        "checkpoint_id": f"ckpt-{turn}",
-        "run_id": RUN_ID,
-        "turn": turn,
-        "saved_at": T0,
-        "messages": [Message(role="system", content="s"), Message(role="user", content="task")],
-    }
-    return Checkpoint(**(fields | changes))
+_ckpt = partial(make_checkpoint, RUN_ID)
 
 
 def _ask(call_id: str, recipient: str, question: str, **more: Any) -> ToolCall:

@@ -345,6 +345,11 @@ class Bus:
         log.debug("published", subject=subject, msg_id=headers.get("Nats-Msg-Id"), duplicate=result.duplicate)
         return result
 
+    async def publish_write(self, write: Write) -> PublishResult:
+        """:meth:`publish_raw` of one prepared :class:`~temporality_bus.pipeline.Write` (a timer's arm or cancel,
+        built for a :meth:`Pipeline.send` batch), sent alone."""
+        return await self.publish_raw(write.subject, write.payload, write.headers)
+
     async def publish_many(self, events: Sequence[Envelope]) -> list[PublishResult]:
         """Publish several events durably, pipelined; returns once JetStream has stored *every* one.
 

@@ -148,7 +148,7 @@ async def schedule_at(
         msg_id=msg_id,
         trace=trace,
     )
-    return await bus.publish_raw(write.subject, write.payload, write.headers)
+    return await bus.publish_write(write)
 
 
 def schedule_write(
@@ -244,7 +244,7 @@ class Timers:
         within the stream's duplicate window (``duplicate=True``); never reuse it for a different arm.
         """
         write = self.arm_write(key, at, payload, msg_id=msg_id, target_key=target_key)
-        return await self._bus.publish_raw(write.subject, write.payload, write.headers)
+        return await self._bus.publish_write(write)
 
     def arm_write(
         self, key: str, at: datetime, payload: bytes, *, msg_id: str | None = None, target_key: str | None = None
@@ -285,7 +285,7 @@ class Timers:
         would let it cancel every service's timers)."""
         write = self.cancel_write(key)
         try:
-            await self._bus.publish_raw(write.subject, write.payload, write.headers)
+            await self._bus.publish_write(write)
         except TransientError as exc:
             raise TransientError(f"cancelling timer {write.subject} failed: {exc}") from exc
 

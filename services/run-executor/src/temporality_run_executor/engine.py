@@ -575,7 +575,10 @@ class Engine:
                 self._fire(view, effects[i:j])
                 i = j
                 continue  # acknowledged later, together (their seams pass then: :meth:`_settle`)
-            await self._settle(view)  # a fact is stored before the state that records it is committed
+            if not self._overlaps(view, effects[i]):
+                await self._settle(view)  # a fact is stored before the state that records it is committed
+            elif view.unacked:
+                await asyncio.sleep(0)  # the fired writes' task sends first: run.resumed leaves before the checkpoint
             if isinstance(effects[i], _RUN_CHANGES):
                 while j < len(effects) and isinstance(effects[j], _RUN_CHANGES):
                     j += 1
@@ -618,6 +621,20 @@ class Engine:
             await self._seam("agent_looked")
             return looked
         return then
+
+    @staticmethod
+    def _overlaps(view: _View, effect: Effect) -> bool:
+        """Whether ``effect`` may be written while the writes sent before it are still unacknowledged: a person's
+        answer applied to the checkpoint of a run whose record still says it waits for it. Those writes
+        (``run.resumed``, the watchdog) are not recorded by that checkpoint: until the record moves on (which
+        waits for them), any redelivery of the answer resumes the run again and sends them again (the same
+        ids), its apply then a no-op. One round trip for both instead of one after the other."""
+        return (
+            isinstance(effect, ApplyResult)
+            and view.run is not None
+            and view.run.state is RunState.WAITING_FOR_HUMAN
+            and view.run.waiting_request_id == effect.request_id
+        )
 
     async def _seam(self, *point: str) -> None:
         """The test seam (:attr:`crash_point`) at ``point``; nothing at all in the service."""

@@ -1110,7 +1110,9 @@ def _human_outcome(
             return _decision(*_fail(run, "human_request_expired", error, totals=_totals(ckpt)))
         if incoming.cancels_run:  # its run.cancel_requested (published first) cancels the waiting run
             return _decision(Note("human.outcome.cancels_run", fields={"request_id": request_id}))
-        return _resume(run, ckpt, agent, incoming, attempt, now, wait_id=request_id)
+        # a plain answer (not an elicitation's) is applied in the same pass: checkpoint, then the record
+        applying = None if ckpt.elicit is not None else ApplyResult(request_id, tool_content(incoming.result))
+        return _resume(run, ckpt, agent, incoming, attempt, now, wait_id=request_id, applying=applying)
     if run.state is RunState.RESUMING:
         if ckpt.elicit is not None:
             return _apply(run, _elicitation_outcome(run, ckpt, incoming, now), attempt, now)
@@ -1150,10 +1152,19 @@ def _resume(
     *,
     wait_id: str,
     before: tuple[Effect, ...] = (),
+    applying: ApplyResult | None = None,
 ) -> Decision:
     """The wait is over: ``run.resumed`` (id from ``wait_id``), the watchdog armed, the move to ``resuming``
     with this handler's lease (one compare-and-set: :func:`_apply` then finds it fresh and takes it no
-    second time); then decided again, so the outcome is applied (:func:`_apply`)."""
+    second time); then decided again, so the outcome is applied (:func:`_apply`).
+
+    ``applying`` (a single ``ask_human``'s outcome): applied to the checkpoint first, then ``resuming``, the
+    lease and ``running`` in one compare-and-set of the record, and on to the turn boundary -- one write
+    less than the move to ``resuming`` before the checkpoint. A driver that dies between the two writes
+    leaves the run waiting on the request with the outcome already in its checkpoint: the redelivery
+    resumes it the same way, the outcome's apply a no-op (:func:`apply_result`). Until the record's write,
+    the run is not leased and whoever moves the record first wins (another delivery of the answer, an
+    expiry, a cancel), exactly as when the move to ``resuming`` came first."""
     resumed = RunResumed(
         run_id=run.run_id,
         reason=incoming.reason,
@@ -1161,6 +1172,17 @@ def _resume(
         request_id=incoming.request_id,
         waited_s=incoming.waited_s,
     )
+    if applying is not None:
+        return _decision(
+            *before,
+            Publish(resumed, (wait_id,), causation=incoming.event_id),
+            ArmWatchdog(ckpt.turn, agent.card.limits.max_compute_s, attempt.cause("resume")),
+            applying,
+            Transition(RunState.RESUMING),
+            TakeLease(_lease(attempt, now)),
+            Transition(RunState.RUNNING, {"waiting_request_id": None, "waiting_since": None}),
+            then=Boundary(),
+        )
     return _decision(
         *before,
         Publish(resumed, (wait_id,), causation=incoming.event_id),

@@ -77,7 +77,7 @@ class CheckpointRetention:
     async def arm(self, run_id: str, ended_at: datetime) -> RetentionPayload:
         """Fire at ``ended_at`` + the retention (at once when that is past); one ``Nats-Msg-Id`` per run."""
         payload, write = self.arm_write(run_id, ended_at)
-        result = await self._bus.publish_raw(write.subject, write.payload, write.headers)
+        result = await self._bus.publish_write(write)
         log.debug("retention.armed", deadline=payload.deadline.isoformat(), duplicate=result.duplicate)
         return payload
 

@@ -103,7 +103,7 @@ class RunWatchdog:
         every other arm is new (and so moves the deadline).
         """
         payload, write = self.arm_write(run_id, turn=turn, limit_s=limit_s, cause=cause)
-        result = await self._bus.publish_raw(write.subject, write.payload, write.headers)
+        result = await self._bus.publish_write(write)
         log.debug("watchdog.armed", turn=turn, deadline=payload.deadline.isoformat(), duplicate=result.duplicate)
         return payload
 
@@ -128,7 +128,7 @@ class RunWatchdog:
         """Arm the run's timer (replacing its watchdog) at ``deadline``: the compute budget left to a run parked
         on its external agent's action for ``agent_turn`` (see the module docstring)."""
         payload, write = self.arm_until_write(run_id, turn=turn, agent_turn=agent_turn, deadline=deadline, cause=cause)
-        result = await self._bus.publish_raw(write.subject, write.payload, write.headers)
+        result = await self._bus.publish_write(write)
         log.debug(
             "watchdog.armed_for_agent",
             agent_turn=agent_turn,

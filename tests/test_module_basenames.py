@@ -36,14 +36,22 @@ def test_no_module_imports_a_conftest_by_name() -> None:
 
 
 def test_every_form_of_importing_a_conftest_is_found_and_relative_imports_are_not(tmp_path: Path) -> None:
-    _tree(tmp_path, "a/test_a.py", "a/conftest.py", "b/test_b.py", "c/test_c.py", "d/support.py", "e/test_e.py")
+    _tree(
+        tmp_path,
+        *("a/test_a.py", "a/conftest.py", "b/test_b.py", "c/test_c.py", "d/support.py", "e/test_e.py"),
+        *("f/test_f.py", "g/test_g.py"),
+    )
     (tmp_path / "a/test_a.py").write_text("from conftest import Story\n", encoding="utf-8")
     (tmp_path / "b/test_b.py").write_text("def f() -> None:\n    import conftest as c\n", encoding="utf-8")
     (tmp_path / "d/support.py").write_text("from conftest.x import y\n", encoding="utf-8")
     (tmp_path / "c/test_c.py").write_text("from .conftest import Story\nimport conftests\n", encoding="utf-8")
     (tmp_path / "e/test_e.py").write_text("this is not python (\n", encoding="utf-8")
+    # Python reads identifiers in their NFKC form: a fullwidth c (U+FF43) still imports conftest (the check skips only
+    # the modules that do not name it in that form); naming it in a docstring imports nothing
+    (tmp_path / "f/test_f.py").write_text("import \uff43onftest\n", encoding="utf-8")
+    (tmp_path / "g/test_g.py").write_text('"""Not conftest: a docstring."""\n', encoding="utf-8")
     importers = conftest_imports(tmp_path)
-    assert importers == [Path("a/test_a.py"), Path("b/test_b.py"), Path("d/support.py")]
+    assert importers == [Path("a/test_a.py"), Path("b/test_b.py"), Path("d/support.py"), Path("f/test_f.py")]
     message = describe({}, importers)
     assert "a/test_a.py" in message
     assert "_support.py" in message

@@ -15,6 +15,7 @@ from temporality_protocol import Envelope
 from temporality_protocol.catalog import CONSUMERS, SERVICES, ServiceSpec
 from temporality_service import Readiness, Runtime, ServiceSettings, bind_tcp
 from temporality_service.health import add_health_routes
+from temporality_service.server import KEEP_ALIVE_S, HttpServer
 
 JOURNAL = CONSUMERS["journal"]
 
@@ -119,3 +120,30 @@ def test_the_listening_socket_gets_tcp_nodelay_and_reuseaddr() -> None:
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     finally:
         sock.close()
+
+
+async def test_an_idle_keep_alive_connection_is_kept_longer_than_clients_and_proxies_keep_theirs() -> None:
+    """The server closing an idle connection first would race the client's next request on it (a lost POST)."""
+    app = FastAPI()
+
+    @app.get("/ping")
+    async def ping() -> dict[str, str]:
+        return {"pong": "yes"}
+
+    server = HttpServer(app, host="127.0.0.1", port=0)
+    serving = asyncio.create_task(server.run_until_exit())
+    try:
+        await asyncio.wait_for(server.listening.wait(), 30)
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+            assert (await client.get("/ping")).json() == {"pong": "yes"}
+            [connection] = server.server_state.connections  # idle now, kept alive
+            timer = connection.timeout_keep_alive_task  # type: ignore[attr-defined]
+            assert timer is not None
+            left = timer.when() - asyncio.get_running_loop().time()
+            assert KEEP_ALIVE_S - 10 < left <= KEEP_ALIVE_S, left  # not uvicorn's 5 s
+            assert KEEP_ALIVE_S > 60  # above AWS ALB's and nginx's 60 s idle timeouts
+            assert (await client.get("/ping")).status_code == 200  # the same connection serves the next one
+            assert len(server.server_state.connections) == 1
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 30)

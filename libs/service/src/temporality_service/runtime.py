@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
@@ -399,7 +401,23 @@ async def _until_started(runtime: Runtime[Any], stop: asyncio.Event) -> None:
 
 def serve(spec: ServiceSpec, settings_type: type[S], configure: Configure[S]) -> NoReturn:
     """The console script's body: run the service on uvloop (when installed) and exit with its code."""
-    sys.exit(run(run_service(spec, settings_type, configure)))
+    exit_now(run(run_service(spec, settings_type, configure)))
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process with ``code`` once the service has stopped, skipping the interpreter's teardown.
+
+    By then everything that holds state is closed in order (consumers drained, the bus drained and closed, the
+    database engine disposed, queued spans exported, the loop's default executor shut down): what is left is
+    the interpreter freeing every object and module one by one, which takes 0.6 s for the imports alone and
+    several seconds for a service that ran under load (a rolling restart, a scale-down and every test that
+    stops a service wait for it), and does nothing another process could observe. The log handlers and the
+    standard streams are flushed first; the exit code is the service's."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken pipe: nothing more can be written anyway
+            stream.flush()
+    os._exit(code)
 
 
 def run(coro: Coroutine[Any, Any, int]) -> int:

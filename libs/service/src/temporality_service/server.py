@@ -8,6 +8,12 @@
   (a raw non-ASCII byte in the path, a broken request line) is replaced by the JSON error contract.
 * Signals belong to the service runtime: uvicorn's ``capture_signals`` is a no-op; the runtime sets
   ``should_exit``. ``started`` is an event, not a flag to poll.
+* An idle keep-alive connection is kept :data:`KEEP_ALIVE_S` (75 s), not uvicorn's 5 s. A server that closes
+  an idle connection first races the client's next request on it: the request is lost with a reset
+  (``httpx.ReadError``, a load balancer's 502), and a POST is not retried. The server must therefore keep
+  connections longer than any client or proxy in front keeps them idle (AWS ALB 60 s, nginx 60 s upstream
+  keep-alive, httpx 5 s): the usual advice for a backend behind a load balancer. A shutdown still closes idle
+  connections at once.
 """
 
 from __future__ import annotations
@@ -22,7 +28,11 @@ from typing import Any
 from uvicorn import Config, Server
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["HttpServer", "JsonErrorHttpToolsProtocol", "bind_tcp"]
+__all__ = ["KEEP_ALIVE_S", "HttpServer", "JsonErrorHttpToolsProtocol", "bind_tcp"]
+
+#: How long an idle keep-alive connection stays open: longer than the idle timeout of the clients and proxies
+#: in front (see the module docstring), so they, never this server, close it.
+KEEP_ALIVE_S = 75
 
 _BAD_REQUEST = json.dumps(
     {
@@ -83,7 +93,7 @@ class HttpServer(Server):
                 access_log=False,
                 lifespan="off",
                 server_header=False,
-                **config,
+                **{"timeout_keep_alive": KEEP_ALIVE_S, **config},
             )
         )
         self.listening = asyncio.Event()

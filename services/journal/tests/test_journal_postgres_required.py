@@ -12,6 +12,7 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
 from sqlalchemy import inspect
 
 from temporality_journal import Database
@@ -52,7 +53,7 @@ async def _run_postgres_variant(require: str | None, basetemp: Path) -> tuple[in
         stderr=asyncio.subprocess.STDOUT,
     )
     try:
-        async with asyncio.timeout(90):
+        async with asyncio.timeout(240):  # a whole pytest start: over 90 s at load 12 (4 December)
             output, _ = await proc.communicate()
     finally:
         if proc.returncode is None:
@@ -61,6 +62,7 @@ async def _run_postgres_variant(require: str | None, basetemp: Path) -> tuple[in
     return proc.returncode, output.decode()
 
 
+@pytest.mark.timeout(300)  # two pytest processes started side by side (each bounded above)
 async def test_unreachable_postgres_skips_by_default_and_fails_when_required(tmp_path: Path) -> None:
     (skip_rc, skipped), (fail_rc, failed) = await asyncio.gather(
         _run_postgres_variant(None, tmp_path / "skip"), _run_postgres_variant("1", tmp_path / "fail")

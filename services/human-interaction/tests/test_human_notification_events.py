@@ -79,19 +79,24 @@ class Notifier:
     settled: asyncio.Event
 
     async def notify(self, recipient: str, *, allowed: tuple[str, ...] | None = None) -> Envelope:
-        data = HumanNotifyRequested(
-            notification_id=new_id("hn"),
-            run_id=new_id("run"),
-            agent="reviewer",
-            title="Review PR 42",
-            recipient=recipient,
-            message="Review finished: two comments.",
-            policy=HumanPolicy(allowed_recipients=list(allowed or (recipient,))),
-            turn=3,
-        )
-        event = make_event(data, source="/temporality/run-executor", run_id=data.run_id)
+        event = _notify_requested(recipient, allowed=allowed)
         await self.bus.publish(event)
         return event
+
+
+def _notify_requested(recipient: str, *, allowed: tuple[str, ...] | None = None) -> Envelope:
+    """A run's ``human.notify_requested`` to ``recipient`` (allowed to notify ``allowed``, default: them)."""
+    data = HumanNotifyRequested(
+        notification_id=new_id("hn"),
+        run_id=new_id("run"),
+        agent="reviewer",
+        title="Review PR 42",
+        recipient=recipient,
+        message="Review finished: two comments.",
+        policy=HumanPolicy(allowed_recipients=list(allowed or (recipient,))),
+        turn=3,
+    )
+    return make_event(data, source="/temporality/run-executor", run_id=data.run_id)
 
 
 def _counting(
@@ -195,17 +200,7 @@ async def test_a_crash_between_the_claim_and_the_event_sends_once_and_the_redeli
 ) -> None:
     crashing = _CrashingBus(bus)
     handler = NotificationHandler(cast(Bus, crashing), Directory.from_mapping(USERS), notifier.adapters)
-    data = HumanNotifyRequested(
-        notification_id=new_id("hn"),
-        run_id=new_id("run"),
-        agent="reviewer",
-        title="Review PR 42",
-        recipient="user:alice",
-        message="Review finished: two comments.",
-        policy=HumanPolicy(allowed_recipients=["user:alice"]),
-        turn=3,
-    )
-    event = make_event(data, source="/temporality/run-executor", run_id=data.run_id)
+    event = _notify_requested("user:alice")
     with pytest.raises(_PublishCrash):
         await handler.handle(event)
     assert len(_sent(notifier.emulator, ALICE)) == 1  # sent and claimed; its event never reached the bus
@@ -213,7 +208,7 @@ async def test_a_crash_between_the_claim_and_the_event_sends_once_and_the_redeli
     await handler.handle(event)  # the redelivery: the marker's event is published, nothing is sent again
     [told] = await exactly(bus, "human.notification_delivered")
     assert told.payload(HumanNotificationDelivered).channel == "telegram"
-    assert (told.runid, told.causationid) == (data.run_id, event.id)
+    assert (told.runid, told.causationid) == (event.data["run_id"], event.id)
     assert len(_sent(notifier.emulator, ALICE)) == 1
 
 

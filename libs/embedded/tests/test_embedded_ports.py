@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
+
+import pytest
 
 from temporality_embedded.cli import port_free
+from temporality_embedded.processes import free_port
 
 
 def _listener() -> socket.socket:
@@ -47,3 +51,21 @@ def test_a_listening_port_is_still_taken() -> None:
         plain.bind(("127.0.0.1", 0))
         plain.listen()
         assert not port_free(plain.getsockname()[1])
+
+
+def test_free_port_is_outside_the_range_outgoing_connections_take_their_ports_from() -> None:
+    """A port from the ephemeral range could be taken by any client connecting before the server binds it."""
+    try:
+        ephemeral_from = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pytest.skip("this kernel does not say where its ephemeral ports start")
+    if ephemeral_from < 21000:
+        pytest.skip(f"the ephemeral range starts at {ephemeral_from}: no room below it, bind(0) is used")
+    ports = {free_port() for _ in range(20)}
+    assert all(20000 <= port < ephemeral_from for port in ports), sorted(ports)
+    assert len(ports) > 1  # picked at random, not one fixed port
+    for port in ports:  # and free indeed: a server listens there
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", port))
+            server.listen()

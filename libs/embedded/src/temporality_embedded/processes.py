@@ -9,6 +9,7 @@ The services are those of :data:`temporality_protocol.catalog.SERVICES`; each ru
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,12 +24,37 @@ from temporality_protocol.catalog import SERVICES
 __all__ = ["SERVICES", "ServiceProcess", "free_port"]
 
 
+#: Where :func:`free_port` looks first: below the kernel's ephemeral range (Linux's default starts at 32768).
+_FREE_PORTS_FROM = 20000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port() -> int:
-    """A port the OS just handed out on 127.0.0.1 (closed again, so a tiny race remains)."""
+    """A port free on 127.0.0.1 now, for a server that binds it a moment later (so a small race remains).
+
+    Taken at random *below* the kernel's ephemeral range where that range leaves room (Linux: 20000 up to
+    its start, 32768 by default), not the port ``bind(0)`` hands out: that one comes from the ephemeral
+    range, where every outgoing connection also takes its local port, so a client connecting anywhere in
+    the meantime (a test's HTTP client, another test's services) could be given it and the server's bind
+    then fails with "Address already in use" (seen in CI). Only another caller picking the same random port
+    in that moment can still take it. Where the range cannot be read or leaves no room: ``bind(0)``."""
+    try:
+        ephemeral_from = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_from = 0
+    if ephemeral_from - _FREE_PORTS_FROM >= 1000:
+        for _ in range(100):
+            port = random.randrange(_FREE_PORTS_FROM, ephemeral_from)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))  # no SO_REUSEADDR: a listener or a TIME_WAIT also says taken
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        bound: int = sock.getsockname()[1]
+        return bound
 
 
 class ServiceProcess:

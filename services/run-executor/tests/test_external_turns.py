@@ -14,13 +14,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from executor_support import RunExecutor, run_record, run_requested, settled
+from machine_support import make_run
 
 from temporality_bus import Bus, Store
 from temporality_protocol import (
     AgentTask,
     AgentTaskActed,
     AgentTaskOffered,
-    HumanPolicy,
     LaunchSource,
     RunResumed,
     RunState,
@@ -60,18 +60,15 @@ WAIT_S = 30.0
 
 
 def _run(run_id: str, **changes: Any) -> RunRecord:
+    """A running run of the external agent's card, made at this module's :data:`T0`."""
     fields: dict[str, Any] = {
-        "run_id": run_id,
-        "state": RunState.RUNNING,
         "agent": CARD.id,
         "title": "Decide",
         "launch": LaunchSource(kind="webhook", trigger_id="t"),
-        "human": HumanPolicy(allowed_recipients=["user:alice"]),
-        "correlation_id": run_id,
         "created_at": T0,
         "updated_at": T0,
     }
-    return RunRecord(**(fields | changes))
+    return make_run(run_id, **(fields | changes))
 
 
 def _call(run_id: str, turn: int = 1) -> CallProvider:

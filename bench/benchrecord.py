@@ -209,6 +209,9 @@ class LoopSystem(_Model):
     p50_ms: float = Field(ge=0)
     p99_ms: float = Field(ge=0)
     durability: str
+    #: Temporality's agent: "same loop" (Temporal's loop: ask, then finish) or "demo reviewer" (the E2E-1
+    #: reviewer's four turns); None for Temporal, and in records from before 2026-12-04 (the demo reviewer)
+    loop: Literal["same loop", "demo reviewer"] | None = None
 
 
 class VsTemporalFigures(_Model):

@@ -37,6 +37,7 @@ from benchrecord import (
     GatewayServer,
     JournalRecord,
     LatencyRecord,
+    LoopSystem,
     ParkedRunsRecord,
     RecordError,
     VsTemporalRecord,
@@ -326,6 +327,13 @@ def plot_agent_collab(record: AgentCollabRecord, out: Path) -> Path:
     return _save(fig, out)
 
 
+def _honest(systems: list[LoopSystem]) -> LoopSystem | None:
+    """The count the goal is judged on: Temporality's same loop as Temporal's, to the journal's read model (a
+    record from before the same loop was measured: its one journal-read count, the demo reviewer's)."""
+    reads = [s for s in systems if s.system == "temporality" and "journal" in s.name]
+    return next((s for s in reads if s.loop == "same loop"), reads[0] if reads else None)
+
+
 def plot_vs_temporal(record: VsTemporalRecord, out: Path) -> Path:
     f = record.figures
     fig, (rate, lat) = _figure(f"start -> ask -> answer -> complete, {f.concurrency} loops at once", record, 2)
@@ -334,7 +342,7 @@ def plot_vs_temporal(record: VsTemporalRecord, out: Path) -> Path:
     _bars(rate, names, [s.loops_s for s in f.systems], colors, "{:,.1f}")
     rate.set_ylabel("loops/s")
     rate.tick_params(axis="x", labelsize=7)
-    honest = next((s for s in f.systems if "journal" in s.name), None)
+    honest = _honest(f.systems)
     matched = next((s for s in f.systems if s.system == "temporal" and "NORMAL" in s.name), None)
     if honest and matched and matched.loops_s:
         rate.set_title(
@@ -423,7 +431,7 @@ def goals(record: BenchRecord) -> list[str]:
         return out
     if isinstance(record, VsTemporalRecord):
         f = record.figures
-        honest = next((s for s in f.systems if "journal" in s.name), None)
+        honest = _honest(f.systems)
         matched = next((s for s in f.systems if s.system == "temporal" and "NORMAL" in s.name), None)
         out = []
         if honest and matched and matched.loops_s:

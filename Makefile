@@ -18,9 +18,12 @@ sync: $(if $(findstring .tools,$(UV)),.tools/bin/uv)
 up: sync  ## run Temporality: embedded NATS + SQLite + the five services (options: make up ARGS="--gateway-port 9080")
 	.venv/bin/temporality up $(ARGS)
 
-# Test processes (pytest-xdist): one per CPU by default; TEST_WORKERS=0 runs everything in this process.
+# Test processes (pytest-xdist): two per CPU up to 8 (never fewer than one per CPU) by default -- most tests
+# wait on real processes (nats-server, the services, Synapse, Chromium) more than they compute, so a second
+# process per CPU fills that time (2 cores: 4 workers); TEST_WORKERS=0 runs
+# everything in this process, TEST_WORKERS=auto one per CPU.
 # --durations=25: every run (CI's too) ends with its 25 slowest steps, the first place to look when the suite grows.
-TEST_WORKERS ?= auto
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); w=$$((2 * n)); [ $$w -gt 8 ] && w=8; [ $$w -lt $$n ] && w=$$n; echo $$w)
 test: sync  ## run the whole test suite (options: make test ARGS="-m e2e", make test TEST_WORKERS=0)
 	.venv/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(ARGS)
 

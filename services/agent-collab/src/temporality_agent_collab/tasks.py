@@ -150,7 +150,14 @@ def offered(current: TaskRecord, offer: AgentTaskOffered, now: datetime) -> Task
         return None
     AGENT_TASK.transition(current.state, _T.OFFERED)
     return current.model_copy(
-        update={"state": _T.OFFERED, "turn": offer.turn, "inputs": offer.inputs, "offered_at": now, "updated_at": now}
+        update={
+            "state": _T.OFFERED,
+            "turn": offer.turn,
+            "inputs": offer.inputs,
+            "messages": offer.messages,
+            "offered_at": now,
+            "updated_at": now,
+        }
     )
 
 
@@ -336,6 +343,7 @@ class TaskBoard:
                     task=offer.task,
                     turn=offer.turn,
                     inputs=offer.inputs,
+                    messages=offer.messages,
                     offered_at=now,
                     created_at=now,
                     updated_at=now,
@@ -447,6 +455,7 @@ class TaskBoard:
                     acted=record.action_for(record.turn) is not None,
                     checkpoint=saved.value if saved is not None else None,
                     resumed=record.take > 1,
+                    messages=record.messages or None,
                 )
             )
         return TaskPollReply(agent_id=body.agent_id, accepted=True, tasks=assignments)

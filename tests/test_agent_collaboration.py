@@ -1,5 +1,5 @@
-"""Agent collaboration end to end: the run-executor and agent-collab in-process on one nats-server, three
-scripted agents in one saga (COL-2..COL-6, PRO-1).
+"""Agent collaboration end to end: the run-executor and agent-collab in-process on one nats-server, scripted
+agents in one saga (COL-2..COL-7, PRO-1).
 
 ``lead`` asks ``expert`` asynchronously (the answer arrives as a message), then in ``wait`` mode (answered
 in time), then in ``wait`` mode with a 1 s timeout (it times out, and the late answer still arrives as a
@@ -7,6 +7,10 @@ message), then asks ``archivist``, whose run has finished (a relay run answers).
 request once it is back at a turn boundary, and its second answer to the same request is refused
 locally. Nobody else is running: the test plays the person the agents park on (``human.answered``)
 to let each run reach its next turn boundary at a chosen moment.
+
+The second test: ``asker`` asks ``outsider``, which is live but in another saga (refused as
+``unknown_addressee``, COL-7), then asks ``replier`` asynchronously and finishes; ``replier`` answers
+after that (COL-3: ``agent.replied`` journaled, the run told there was nowhere to deliver it).
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ EXPERT = [
     {"id": "done", "answer": "again={{ results.again.error }}"},
 ]
 #: Finishes at once; as a relay run (asked after it finished) it answers first.
-ARCHIVIST = [
+ARCHIVIST: list[dict[str, Any]] = [
     {
         "id": "relay_reply",
         "when": "run.relay",
@@ -93,6 +97,27 @@ ARCHIVIST = [
     },
     {"id": "done", "answer": "archived"},
 ]
+
+
+#: Asks an agent of another saga (refused), then asks ``replier`` asynchronously and finishes at once.
+ASKER: list[dict[str, Any]] = [
+    _ask("ask_foreign", "agent:outsider", "Q6: who are you?", mode="wait", timeout=30),
+    _ask("ask_late", "agent:replier", "Q7: tell me when you can"),
+    {"id": "done", "answer": "foreign={{ results.ask_foreign.status }}/{{ results.ask_foreign.reason }}"},
+]
+#: Answers once let go -- the asker has finished by then -- and reports what it was told at its next boundary.
+REPLIER: list[dict[str, Any]] = [
+    _hold("r_hold_1"),
+    _reply("r_reply", "Too late"),
+    _hold("r_hold_2"),
+    {
+        "id": "done",
+        "answer": "sent={{ results.r_reply.status }} | "
+        "undelivered={{ join(' / ', run.mail[?kind=='reply_undeliverable'].outcome) }}",
+    },
+]
+#: Live in another saga until let go.
+OUTSIDER: list[dict[str, Any]] = [_hold("o_hold"), {"id": "done", "answer": "outside"}]
 
 
 def _card(agent: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -112,7 +137,14 @@ Start = Callable[[], Awaitable[None]]
 async def services(nats_settings: NatsSettings, tmp_path: Path) -> AsyncIterator[None]:
     """The run-executor and agent-collab, in-process, ready."""
     agents = tmp_path / "agents.yaml"
-    cards = [_card("lead", LEAD), _card("expert", EXPERT), _card("archivist", ARCHIVIST)]
+    cards = [
+        _card("lead", LEAD),
+        _card("expert", EXPERT),
+        _card("archivist", ARCHIVIST),
+        _card("asker", ASKER),
+        _card("replier", REPLIER),
+        _card("outsider", OUTSIDER),
+    ]
     agents.write_text(yaml.safe_dump({"agents": cards}), encoding="utf-8")
     executor = ExecutorSettings(nats=nats_settings, agents_file=agents)
     collab = CollabSettings(nats=nats_settings)
@@ -125,7 +157,7 @@ async def services(nats_settings: NatsSettings, tmp_path: Path) -> AsyncIterator
         yield
 
 
-async def _start(bus: Bus, agent: str) -> str:
+async def _start(bus: Bus, agent: str, saga: str = SAGA) -> str:
     run_id = f"run-{agent}-1"
     data = RunRequested(
         run_id=run_id,
@@ -134,7 +166,7 @@ async def _start(bus: Bus, agent: str) -> str:
         launch=LaunchSource(kind="webhook", trigger_id="t"),
         human=HumanPolicy(allowed_recipients=["user:alice"]),
     )
-    await bus.publish(make_event(data, source="/test", id=f"evt-rr-{run_id}", run_id=run_id, correlation_id=SAGA))
+    await bus.publish(make_event(data, source="/test", id=f"evt-rr-{run_id}", run_id=run_id, correlation_id=saga))
     return run_id
 
 
@@ -210,4 +242,44 @@ async def test_two_agents_ask_answer_wait_time_out_and_relay_in_one_saga(bus: Bu
     assert len(event_log.of_type("agent.replied", relay)) == 1
     assert len(event_log.of_type("agent.asked", lead)) == 4
     assert not event_log.of_type("agent.reply_undeliverable")
+    assert not event_log.of_type("bus.dead_lettered")
+
+
+@pytest.mark.usefixtures("services")
+async def test_a_foreign_addressee_is_refused_and_a_reply_to_a_finished_asker_is_journaled_and_reported(
+    bus: Bus, event_log: EventLog
+) -> None:
+    outsider = await _start(bus, "outsider", saga="saga-collab-other")
+    await event_log.wait_for("human.requested", run_id=outsider)
+    replier = await _start(bus, "replier")
+    await event_log.wait_for("human.requested", run_id=replier)
+    asker = await _start(bus, "asker")
+
+    # COL-7: outsider is live, but in another saga: the wait ends at once, refused like an unknown agent
+    (done,) = await event_log.wait_for("run.completed", run_id=asker, timeout_s=20)
+    assert done.data["result"] == "foreign=undeliverable/unknown_addressee"
+    (refused,) = event_log.of_type("agent.ask_undeliverable", asker)
+    assert refused.data["to"] == "agent:outsider"
+    assert refused.data["reason"] == "unknown_addressee"
+
+    # COL-3: replier answers after the asker has finished: journaled, and replier is told at its next boundary
+    await _inbox(bus, replier, "ask")
+    await _let_go(bus, event_log, replier, "r_hold_1")
+    (replied,) = await event_log.wait_for("agent.replied", run_id=replier)
+    (undelivered,) = await event_log.wait_for("agent.reply_undeliverable", run_id=replier)
+    assert undelivered.data["request_id"] == replied.data["request_id"]
+    assert undelivered.data["reason"] == "asker_finished"
+    assert undelivered.data["asker_run_id"] == asker
+    await _inbox(bus, replier, "reply_undeliverable")
+    await _let_go(bus, event_log, replier, "r_hold_2")
+    (replier_done,) = await event_log.wait_for("run.completed", run_id=replier, timeout_s=20)
+    assert replier_done.data["result"] == "sent=sent | undelivered=asker_finished"
+
+    await _let_go(bus, event_log, outsider, "o_hold")
+    await event_log.wait_for("run.completed", run_id=outsider)
+    await event_log.caught_up()
+    assert not event_log.of_type("agent.message.received", outsider)  # nothing ever reached the other saga
+    assert not event_log.of_type("agent.answer.received", asker)
+    assert len(event_log.of_type("agent.asked", asker)) == 2
+    assert len(event_log.of_type("agent.replied", replier)) == 1
     assert not event_log.of_type("bus.dead_lettered")

@@ -23,12 +23,14 @@ the agent's own subject, ``temporality.rpc.agents.<agent id>.<operation>``. It
 Against a NATS with per-user permissions (``make up`` prints the URL of the ``example-agent`` user, and this
 agent's whole command line with it, ``--collab-public-key`` included), put the user in the URL (``nats://example-agent:<password>@127.0.0.1:<port>``): the replies then arrive below
 ``_INBOX.example-agent``, the one inbox prefix that user may subscribe to (``--inbox-prefix`` to override).
+A NATS server with TLS: ``--nats-url tls://...``, and ``--tls-ca ca.pem`` when its certificate comes from a
+private CA (nats-py checks it against the system's trust store otherwise).
 
 The agent id must be on agent-collab's allow-list with that public key (``public_key:``); the
 repository's ``config/external-agents.yaml`` lists ``example-agent`` as ``allow_unsigned`` for
 development, so without ``--key-file`` (or ``TEMPORALITY_AGENT_KEY_FILE``) it sends unsigned
 requests, which only such an agent may. Exit codes: 0 done, 2 unusable key file, 3 registration
-refused, 4 a heartbeat refused, 5 a reply that does not match its schema, 6 no reply in time, 7 a task
+refused, 4 a heartbeat refused, 5 a reply that does not match its schema, 6 no reply in time (or no connection), 7 a task
 message refused, 8 a reply not signed by agent-collab.
 
 With ``--collab-public-key`` (agent-collab's public key, the one its ``TEMPORALITY_COLLAB_REPLY_KEY_FILE`` signs
@@ -70,6 +72,7 @@ import json
 import logging
 import os
 import secrets
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -531,12 +534,24 @@ async def run(args: argparse.Namespace) -> int:
             return 2
     else:
         log.warning("no --collab-public-key: replies are not checked for agent-collab's signature")
-    nc = await nats.connect(
-        args.nats_url,
-        name=f"external-agent-{args.agent_id}",
-        connect_timeout=5,
-        inbox_prefix=args.inbox_prefix or inbox_prefix_for(args.nats_url),
-    )
+    tls: ssl.SSLContext | None = None
+    if args.tls_ca:
+        try:
+            tls = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(args.tls_ca))
+        except (OSError, ssl.SSLError) as exc:
+            log.error("cannot use the CA file %s: %s", args.tls_ca, exc)
+            return 2
+    try:
+        nc = await nats.connect(
+            args.nats_url,
+            name=f"external-agent-{args.agent_id}",
+            connect_timeout=5,
+            tls=tls,
+            inbox_prefix=args.inbox_prefix or inbox_prefix_for(args.nats_url),
+        )
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        log.error("cannot connect to %s: %r", args.nats_url, exc)
+        return 6
     client = Client(
         nc,
         args.schemas,
@@ -631,6 +646,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--inbox-prefix",
         default=None,
         help="where replies arrive (default: _INBOX.<user> when --nats-url names a user, else _INBOX)",
+    )
+    parser.add_argument(
+        "--tls-ca",
+        type=Path,
+        default=os.environ.get("TEMPORALITY_AGENT_NATS_TLS_CA_FILE"),
+        help="the CA (PEM) that signed the NATS server's certificate, for a tls:// server with a private CA "
+        "(default: $TEMPORALITY_AGENT_NATS_TLS_CA_FILE; unset: the system's trust store)",
     )
     parser.add_argument("--agent-id", default="example-agent")
     parser.add_argument("--schemas", type=Path, default=_DEFAULT_SCHEMAS, help="the published schemas/ folder")

@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 from collab_replicas import StartCollab, collab_replicas
 
-from temporality_bus import NatsSettings
+from temporality_bus import Bus, NatsSettings
+from temporality_embedded import NatsServer
 from temporality_protocol import AgentConformanceChecked, AgentLifecycleChanged, AgentMessageRefused, AgentRegistered
+from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS
 from temporality_testing.events import EventLog
+from temporality_testing.tls import TestCA
 
 
 @pytest.fixture
@@ -197,3 +200,36 @@ async def test_the_example_agent_checks_agent_collabs_signed_replies(
     code, _out, err = await run_agent(*signed, "--collab-public-key", await keygen(tmp_path / "other.key"))
     assert code == 8, err.decode()
     assert b"signature that does not verify" in err
+
+
+async def test_the_example_agent_speaks_the_protocol_over_tls(tmp_path: Path) -> None:
+    """AP-11: a NATS server that speaks TLS only, its certificate from a CA the test makes. agent-collab and the
+    example agent (``--tls-ca``, its own ssl context) both connect over verified TLS, and the agent registers,
+    heartbeats and deregisters. (That a client without the CA is refused, never falling back to an unverified or
+    plain connection, is ``libs/bus/tests/test_tls.py``'s.)"""
+    ca = TestCA.create(tmp_path / "pki")
+    server = NatsServer(tmp_path / "nats", tls=ca.issue("nats-server"))
+    server.start()
+    try:
+        settings = NatsSettings(url=server.url, tls_ca_file=ca.ca_file, connect_timeout_s=5)
+        async with Bus.connect(settings, name="test-setup") as bus:
+            await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
+            assert bus.nc._server_info.get("tls_required") is True  # the server really asks for TLS
+            log = await EventLog(bus.nc).start()
+            async with collab_replicas(settings) as start:
+                await start(ROOT / "config" / "external-agents.yaml")
+                code, _out, err = await run_agent(
+                    "--nats-url", server.url, "--tls-ca", str(ca.ca_file), "--beats", "1", "--period-s", "0.2"
+                )
+                assert code == 0, err.decode()
+                assert b"registered: version 1.0" in err
+                await log.wait_for(
+                    AgentLifecycleChanged.EVENT_TYPE,
+                    where=lambda e: e.data["to_state"] == "decommissioned",
+                    timeout_s=10,
+                )
+                await log.caught_up()
+                assert len(log.of_type(AgentRegistered.EVENT_TYPE)) == 1
+            await log.stop()
+    finally:
+        server.stop()

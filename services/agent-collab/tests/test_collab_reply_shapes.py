@@ -2,7 +2,8 @@
 nats-server with agent-collab in-process.
 
 Every reply is a closed object (``additionalProperties: false``). A property added to 1.0 later -- the register
-and heartbeat replies' ``conformance``, the list reply's ``refusal``, the act reply's ``child_run_id`` -- is left
+and heartbeat replies' ``conformance``, the list reply's ``refusal``, the act reply's ``child_run_id``, a polled
+task's ``messages`` -- is left
 out when it has nothing to say, never ``null``: a reply that does not concern it validates against the schema the
 version had before the property (the published schema without it), and against the current one.
 """
@@ -26,6 +27,7 @@ from temporality_agent_collab.agents import ADDED_IN_1_0
 from temporality_agent_collab.gate import omit_null
 from temporality_agent_collab.signing import public_key_text, sign
 from temporality_bus import Bus, NatsSettings
+from temporality_protocol import AgentTask, TaskAssignment, TaskPollReply
 from temporality_protocol.catalog import (
     RPC_AGENTS_HEARTBEAT,
     RPC_AGENTS_LIST,
@@ -120,3 +122,42 @@ def test_only_null_later_properties_are_left_out() -> None:
     kept = json.dumps({"conformance": {"round": 1}}).encode()
     assert omit_null(kept, frozenset({"conformance"})) == kept, "a value is never dropped"
     assert omit_null(b"not json", frozenset({"conformance"})) == b"not json"
+
+
+def test_a_polled_task_without_agent_messages_keeps_its_earlier_1_0_shape() -> None:
+    """``TaskAssignment.messages`` (agent messages for an external run, added to 1.0 later) is nested in the poll
+    reply: left out of an assignment without messages, so the reply validates against the schema before it."""
+    current: dict[str, Any] = json.loads((SCHEMAS / "agents.tasks.reply.schema.json").read_text("utf-8"))
+    assignment_schema = current["$defs"]["TaskAssignment"]
+    assert assignment_schema["additionalProperties"] is False
+    earlier_assignment = {
+        **assignment_schema,
+        "properties": {k: v for k, v in assignment_schema["properties"].items() if k != "messages"},
+    }
+    earlier = {**current, "$defs": {**current["$defs"], "TaskAssignment": earlier_assignment}}
+    task = AgentTask(
+        run_id="run-1",
+        task_id="task-1",
+        objective="o",
+        context={},
+        constraints={},
+        acceptance_criteria=[],
+        timeout_s=60,
+        priority="normal",
+    )
+
+    def poll_reply(messages: list[str] | None) -> dict[str, Any]:
+        assignment = TaskAssignment(task=task, state="working", turn=2, inputs=[], acted=False, messages=messages)
+        reply = TaskPollReply(agent_id=AGENT, accepted=True, tasks=[assignment])
+        decoded: dict[str, Any] = json.loads(reply.model_dump_json())
+        return decoded
+
+    without = poll_reply(None)
+    assert "messages" not in without["tasks"][0]
+    for schema in (current, earlier):
+        jsonschema.validate(without, schema)
+    with_messages = poll_reply(["[agent message] type: answer | request_id: req-1 | from: agent:x\n---\nyes"])
+    assert with_messages["tasks"][0]["messages"]
+    jsonschema.validate(with_messages, current)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(with_messages, earlier)

@@ -22,6 +22,7 @@ import pytest
 from collab_replicas import StartCollab, collab_replicas
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from temporality_agent_collab.external import AllowList
 from temporality_agent_collab.signing import public_key_text, sign
 from temporality_agent_collab.tasks import TaskBoard
 from temporality_bus import Bus, NatsSettings, TransientError
@@ -58,6 +59,16 @@ WAIT_S = 10.0
 KEY = Ed25519PrivateKey.generate()
 AGENT = "task-bot"
 SAGA = "saga-ext-1"
+
+
+#: The allow-list of the ``collab`` fixture, for a task board the test opens itself.
+ALLOW = AllowList.model_validate(
+    {
+        "agents": [
+            {"id": AGENT, "allowed_tools": ["ask_human", "notify"], "public_key": public_key_text(KEY.public_key())}
+        ]
+    }
+)
 
 
 @pytest.fixture
@@ -356,7 +367,7 @@ async def test_a_take_whose_event_was_not_published_is_announced_at_the_next_pol
     await register(bus)
     run_id = "run-ext-announce"
     await offer(bus, run_id, 1)
-    board = await TaskBoard.open(bus, gate=None)  # type: ignore[arg-type]  # poll() never uses the gate
+    board = await TaskBoard.open(bus, None, ALLOW)  # type: ignore[arg-type]  # poll() never uses the gate
     real = bus.publish
     failures = [TransientError("the bus is away")]
 
@@ -405,7 +416,7 @@ async def test_an_action_stored_but_never_announced_is_announced_when_agent_coll
     run_id = "run-ext-unannounced"
     await offer(bus, run_id, 1)
     await poll(bus)  # taken
-    board = await TaskBoard.open(bus, gate=None)  # type: ignore[arg-type]  # act() never uses the gate
+    board = await TaskBoard.open(bus, None, ALLOW)  # type: ignore[arg-type]  # act() never uses the gate
     real = bus.publish
 
     async def dies_before_the_publish(event: Envelope) -> Any:
@@ -444,3 +455,36 @@ async def test_an_action_stored_but_never_announced_is_announced_when_agent_coll
         settle_s=1.0,
         what="one agent.task.acted for the action",
     )
+
+
+async def test_a_tool_the_allow_list_no_longer_grants_is_refused_before_the_agent_registers_again(
+    bus: Bus, event_log: EventLog, start_agent_collab: StartCollab, tmp_path: Path
+) -> None:
+    """AP-11: the operator revokes ``ask_human`` in the allow-list and restarts agent-collab. The agent registered
+    before keeps its stored policy until it registers again, but its grant is the stored one *within* the
+    allow-list as it is now: the revoked tool is refused at once (``tool_not_allowed``, journaled), ``notify``
+    still accepted."""
+    path = tmp_path / "external-agents.yaml"
+    entry = "heartbeat_interval_s: 30\nagents:\n  - id: {agent}\n    allowed_tools: {tools}\n    public_key: {key}\n"
+    key = public_key_text(KEY.public_key())
+    path.write_text(entry.format(agent=AGENT, tools="[ask_human, notify]", key=key), encoding="utf-8")
+    stop = await start_agent_collab(path)
+    await register(bus)
+    await stop()
+    path.write_text(entry.format(agent=AGENT, tools="[notify]", key=key), encoding="utf-8")  # ask_human revoked
+    await start_agent_collab(path)
+
+    run_id = "run-ext-revoked"
+    await offer(bus, run_id, 1)
+    await eventually(lambda: _has_task(bus, run_id), timeout_s=WAIT_S, what=f"{run_id} polled")
+    reply = await call(bus, RPC_AGENTS_TASKS_ACT, action(run_id, 1, "ask", "tool_calls", calls=[ASK]))
+    assert reason(reply) == "tool_not_allowed"
+    assert "ask_human" in reply["refusal"]["detail"]
+    (event,) = await refused(event_log, "tool_not_allowed")
+    assert event.data["task_id"] == task_id_for(run_id)
+    tell = {"name": "notify", "arguments": {"recipient": "user:alice", "message": "FYI"}}
+    assert (await call(bus, RPC_AGENTS_TASKS_ACT, action(run_id, 1, "tell", "tool_calls", calls=[tell])))["accepted"]
+
+
+async def _has_task(bus: Bus, run_id: str) -> bool:
+    return any(t["task"]["run_id"] == run_id for t in (await poll(bus))["tasks"])

@@ -85,6 +85,8 @@ class TaskRecord(_Model):
     offered_at: datetime | None = None
     #: The outcomes of the last action's tool calls, handed to the agent with the open turn.
     inputs: list[TaskInput] = Field(default_factory=list)
+    #: Agent messages delivered to the run at the open turn's boundary (COL-4), handed to the agent with it.
+    messages: list[str] = Field(default_factory=list)
     #: Every turn-closing action, oldest first (one per turn).
     actions: list[StoredAction] = Field(default_factory=list)
     #: The agent process that holds it, and how many times it was taken (> 1: resumed, AP-8).

@@ -598,6 +598,10 @@ _SIGNED = (
     " Every request is signed with the agent's Ed25519 key: NATS headers Temporality-Key-Id, Temporality-Timestamp "
     "(Unix seconds), Temporality-Nonce and Temporality-Signature (base64) over 'temporality-agent-signature-v1' LF "
     "subject LF key id LF timestamp LF nonce LF body; unsigned, badly signed, stale or replayed requests are refused."
+    " Replies arrive below the inbox prefix _INBOX.<the agent's NATS user>, the only one that user may subscribe to."
+    " When agent-collab signs its replies, each carries Temporality-Key-Id, Temporality-Timestamp and"
+    " Temporality-Signature over 'temporality-agent-reply-v1' LF request subject LF reply subject LF key id LF"
+    " timestamp LF body (docs/agent-collaboration.md, 'Signed messages' and 'Signed replies')."
 )
 RPCS: dict[str, RpcSpec] = {
     r.subject: r

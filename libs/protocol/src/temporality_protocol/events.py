@@ -1683,6 +1683,23 @@ class TaskAssignment(_AgentReply):
     checkpoint: StoredCheckpoint | None = None
     #: Taken under another session before: the agent resumes it (check the context is still current).
     resumed: bool = False
+    messages: list[str] | None = Field(
+        default=None,
+        description=(
+            "Agent messages (COL-4) delivered to the run at this turn's boundary, each as the run's conversation has "
+            "it: the fixed framing (type, request id, sender; what to do) then the other agent's text; an ask among "
+            "them is answered with an answer_agent tool call. Sent only when there are some: an additive change of "
+            "protocol 1.0"
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_unset_messages(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``messages`` only when there are some: every other assignment keeps its 1.0 shape."""
+        data: dict[str, Any] = handler(self)
+        if data.get("messages") is None:
+            data.pop("messages", None)
+        return data
 
 
 class TaskPollReply(_AgentReply):
@@ -1766,6 +1783,9 @@ class AgentTaskOffered(EventData):
     turn: int
     task: AgentTask
     inputs: list[TaskInput] = Field(default_factory=list)
+    #: Agent messages delivered to the run at this turn's boundary (COL-4), framed as the run's conversation has
+    #: them: the agent gets them with the turn (``TaskAssignment.messages``).
+    messages: list[str] = Field(default_factory=list)
 
 
 class AgentTaskTaken(EventData):

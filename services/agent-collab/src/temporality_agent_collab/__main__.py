@@ -56,7 +56,7 @@ def configure(settings: Settings) -> Setup[Settings]:
             reply_key=reply_key,
         )
 
-        tasks = await TaskBoard.open(rt.bus, registry.gate)  # external agents' tasks (AP-5, AP-7..AP-9)
+        tasks = await TaskBoard.open(rt.bus, registry.gate, allow_list)  # external agents' tasks (AP-5, AP-7..AP-9)
         await tasks.announce_actions()  # actions a dead agent-collab stored but never announced: wake their runs
 
         async def runs(event: Envelope, delivery: Delivery) -> None:

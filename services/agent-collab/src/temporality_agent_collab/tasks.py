@@ -42,6 +42,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
+from temporality_agent_collab.external import AllowList
 from temporality_agent_collab.gate import MessageGate, SignedResponder
 from temporality_agent_collab.hints import claimed, json_field
 from temporality_agent_collab.participants import InvalidKey, RunIndex, SagaParticipants, saga_key
@@ -128,6 +129,17 @@ class TaskRefused(Exception):
 
 
 # --------------------------------------------------------------------------- pure dialogue steps
+def granted(agent: AgentRecord, allow_list: AllowList) -> list[str]:
+    """The tools ``agent`` may call now (AP-11): those its registration was granted (``policy.allowed_tools``) that
+    the allow-list agent-collab runs with still grants. A tool the operator revoked -- the allow-list changed, then
+    agent-collab restarted -- is refused from that start on, not only once the agent registers again (its
+    registration then gets the narrower policy); an agent no longer listed is granted nothing."""
+    listed = allow_list.get(agent.agent_id)
+    if listed is None:
+        return []
+    return [tool for tool in agent.policy.allowed_tools if tool in listed.allowed_tools]
+
+
 def offered(current: TaskRecord, offer: AgentTaskOffered, now: datetime) -> TaskRecord | None:
     """The run-executor offers turn ``offer.turn``: the next turn after an action, else nothing changes
     (a redelivered or stale offer, or one for a task that has ended)."""
@@ -138,7 +150,14 @@ def offered(current: TaskRecord, offer: AgentTaskOffered, now: datetime) -> Task
         return None
     AGENT_TASK.transition(current.state, _T.OFFERED)
     return current.model_copy(
-        update={"state": _T.OFFERED, "turn": offer.turn, "inputs": offer.inputs, "offered_at": now, "updated_at": now}
+        update={
+            "state": _T.OFFERED,
+            "turn": offer.turn,
+            "inputs": offer.inputs,
+            "messages": offer.messages,
+            "offered_at": now,
+            "updated_at": now,
+        }
     )
 
 
@@ -231,6 +250,7 @@ class TaskBoard:
         gate: MessageGate,
         sagas: Store[SagaParticipants],
         run_index: Store[RunIndex],
+        allow_list: AllowList,
     ) -> None:
         self._bus = bus
         self._tasks = tasks
@@ -241,13 +261,15 @@ class TaskBoard:
         #: agent-collab's saga projection (``agent-collab-runs``): whether a task's run has finished.
         self._sagas = sagas
         self._run_index = run_index
+        #: The allow-list agent-collab started with: an agent's grant is its registration's within it (AP-11).
+        self._allow_list = allow_list
         #: The test seam: awaited with the name of a point of :meth:`act` (``act:committed``: the action is stored,
         #: its ``agent.task.acted`` not yet published). ``None`` -- always, in the service -- does nothing; a
         #: crash test's process sets it to exit there the way kill -9 would.
         self.crash_point: Callable[[str], Awaitable[None]] | None = None
 
     @classmethod
-    async def open(cls, bus: Bus, gate: MessageGate) -> TaskBoard:
+    async def open(cls, bus: Bus, gate: MessageGate, allow_list: AllowList) -> TaskBoard:
         return cls(
             bus,
             await bus.store(BUCKET_AGENT_TASKS, TaskRecord),
@@ -257,6 +279,7 @@ class TaskBoard:
             gate,
             await bus.store(BUCKET_COLLAB, SagaParticipants),
             await bus.store(BUCKET_COLLAB, RunIndex),
+            allow_list,
         )
 
     def responders(self, *, queue: str = QUEUE_GROUP, max_inflight: int = 8) -> list[Responder[Any, Any]]:
@@ -320,6 +343,7 @@ class TaskBoard:
                     task=offer.task,
                     turn=offer.turn,
                     inputs=offer.inputs,
+                    messages=offer.messages,
                     offered_at=now,
                     created_at=now,
                     updated_at=now,
@@ -431,6 +455,7 @@ class TaskBoard:
                     acted=record.action_for(record.turn) is not None,
                     checkpoint=saved.value if saved is not None else None,
                     resumed=record.take > 1,
+                    messages=record.messages or None,
                 )
             )
         return TaskPollReply(agent_id=body.agent_id, accepted=True, tasks=assignments)
@@ -480,7 +505,7 @@ class TaskBoard:
             raise TaskRefused("unknown_task", f"no task {body.task_id!r} was assigned to {body.agent_id!r}")
         if body.kind in _CLOSING:
             now = utcnow()
-            allowed = agent.policy.allowed_tools
+            allowed = granted(agent, self._allow_list)
             result = await self._tasks.modify(key, lambda cur: acted(cur, body, allowed, now), attempts=MODIFY_ATTEMPTS)
             record = result.value
             stored = next(a for a in record.actions if a.action_id == body.action_id)

@@ -8,7 +8,8 @@ and it never waits for the agent:
 1. :meth:`ExternalAgents.complete` (called by the engine where it would call a model) publishes
    ``agent.task.offered`` for the turn (id from the run and the turn: a replay republishes the same event) --
    on turn 1 the AP-5 task (objective, context, constraints, acceptance criteria, timeout, priority), after
-   that the outcomes of the agent's last tool calls (``inputs``: the person's answer...) -- unless the task's
+   that the outcomes of the agent's last tool calls (``inputs``: the person's answer...), and on any turn the agent
+   messages framed at its boundary (``messages``, COL-4: an answer to an async ask, an ask to answer) -- unless the task's
    record in KV ``agent-tasks`` already holds the agent's action for the turn (a replay after a crash: used at
    once, no second question, no second result). agent-collab records the offer; the agent takes it over the
    signed Agent Protocol.
@@ -55,7 +56,7 @@ from temporality_run_executor.providers.base import AssistantTurn
 from temporality_run_executor.records import Message, RunRecord, ToolCall
 from temporality_run_executor.tools import HANDOFF_TO_AGENT
 
-__all__ = ["ExternalAgents", "agent_elapsed_s", "inputs_of", "task_of", "turn_of"]
+__all__ = ["ExternalAgents", "agent_elapsed_s", "inputs_of", "messages_of", "task_of", "turn_of"]
 
 log = structlog.get_logger(__name__)
 
@@ -104,6 +105,15 @@ def inputs_of(messages: list[Message]) -> list[TaskInput]:
         for m in messages[last + 1 :]
         if m.role == "tool"
     ]
+
+
+def messages_of(messages: list[Message]) -> list[str]:
+    """The agent messages (COL-4) delivered at this turn's boundary: the user messages framed into the
+    conversation after the last assistant message (on turn 1, after the run's first input)."""
+    last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
+    if last is None:
+        last = next((i for i, m in enumerate(messages) if m.role == "user"), len(messages))
+    return [m.content for m in messages[last + 1 :] if m.role == "user" and m.content]
 
 
 def turn_of(action: StoredAction) -> AssistantTurn | str:
@@ -166,6 +176,7 @@ class ExternalAgents:
                     turn=call.turn,
                     task=task_of(run, agent, call),
                     inputs=inputs_of(call.messages) if call.turn > 1 else [],
+                    messages=messages_of(call.messages),
                 )
                 await self._emit(run, offer, str(call.turn))
                 log.info("external.turn_offered")

@@ -35,6 +35,7 @@ from temporality_protocol.events import (
     AgentLifecycleChanged,
     AgentMessageReceived,
     AgentMessageRefused,
+    AgentPolicyChanged,
     AgentReadmitted,
     AgentRegistered,
     AgentRegistrationRefused,
@@ -57,6 +58,7 @@ from temporality_protocol.events import (
     ConformanceResult,
     DeliveryAttempt,
     Escalate,
+    ExternalAgentGrant,
     HandoffDocument,
     HumanAnswered,
     HumanAnswerRefused,
@@ -308,6 +310,14 @@ EXAMPLES: dict[str, EventData] = {
             nonce="n0nce-0000000001", signed_at=datetime(2026, 12, 1, tzinfo=UTC), body_sha256="0" * 64,
         ),
         AgentReadmitted(agent_id="triage-bot", incarnation=2, requested_by="on-call", reason="key rotated"),
+        AgentPolicyChanged(
+            agent_id="triage-bot", change="changed",
+            before=ExternalAgentGrant(allowed_tools=["get_input", "notify"], max_concurrent_tasks=1,
+                                      heartbeat_interval_s=10, public_key_sha256="a" * 64),
+            after=ExternalAgentGrant(allowed_tools=["get_input"], max_concurrent_tasks=1, heartbeat_interval_s=10,
+                                     public_key_sha256="a" * 64),
+            tools_revoked=["notify"], requested_by="file:config/external-agents.yaml",
+        ),
         AgentConformanceChecked(
             agent_id="triage-bot", incarnation=1, round=1, passed=False,
             results=[

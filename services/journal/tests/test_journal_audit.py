@@ -24,8 +24,10 @@ from temporality_protocol.events import (
     AgentAskUndeliverable,
     AgentHandedOff,
     AgentMessageRefused,
+    AgentPolicyChanged,
     AgentReadmitted,
     AgentTaskRefused,
+    ExternalAgentGrant,
     HandoffDocument,
     HumanAnswerRefused,
     HumanDirectoryChanged,
@@ -267,3 +269,28 @@ async def test_a_notification_to_someone_the_run_may_not_tell_is_audited_and_an_
     (entry,) = body["entries"]
     assert (entry["type"], entry["target"], entry["run_id"]) == ("human.notification_failed", "user:mallory", "run-9")
     assert entry["summary"] == "notification to user:mallory refused: recipient_not_allowed"
+
+
+async def test_an_allow_list_change_is_a_policy_change_on_record(journal: Journal) -> None:
+    """AP-11: agent-collab started with an allow-list that revokes a tool: ``agent.policy_changed`` is in the
+    audit trail as a ``policy_change`` by the file, naming what was granted and revoked."""
+    before = ExternalAgentGrant(allowed_tools=["get_input", "notify"], max_concurrent_tasks=1, heartbeat_interval_s=10)
+    changed = AgentPolicyChanged(
+        agent_id="ext-1", change="changed", before=before,
+        after=before.model_copy(update={"allowed_tools": ["ask_agent", "get_input"]}),
+        tools_granted=["ask_agent"], tools_revoked=["notify"], requested_by="file:/etc/temporality/external-agents.yaml",
+    )  # fmt: skip
+    unlisted = AgentPolicyChanged(
+        agent_id="ext-2", change="unlisted", before=before, tools_revoked=before.allowed_tools, requested_by="file:x"
+    )
+    events = [_ev(changed, 1, actor="service:agent-collab"), _ev(unlisted, 2, actor="service:agent-collab")]
+    await journal.recorder.record_batch([(e, i + 1) for i, e in enumerate(events)])
+    body = (await journal.client.get("/audit", params={"kind": "policy_change"}, headers=OPERATOR)).json()
+    assert [(e["type"], e["target"], e["actor"]) for e in body["entries"]] == [
+        ("agent.policy_changed", "ext-2", "file:x"),
+        ("agent.policy_changed", "ext-1", "file:/etc/temporality/external-agents.yaml"),
+    ]
+    assert body["entries"][0]["summary"] == "agent ext-2 no longer allowed"
+    assert (
+        body["entries"][1]["summary"] == "agent ext-1 policy changed: tools granted ['ask_agent'], revoked ['notify']"
+    )

@@ -942,6 +942,7 @@ SERVICES: dict[str, ServiceSpec] = {
                 "agent.message_refused",  # unsigned, badly signed, stale or replayed (AP-11)
                 "agent.lifecycle_changed",
                 "agent.readmitted",  # an operator lifted a decommissioning's hold (its HTTP API)
+                "agent.policy_changed",  # the allow-list grants an agent something else (AP-11, audited)
                 "agent.conformance_checked",  # a conformance round ended (PRO-2)
                 "agent.task.taken",  # external agents' tasks (AP-5, AP-7..AP-9)
                 "agent.task.acted",

@@ -44,6 +44,7 @@ __all__ = [
     "AgentMessageReceived",
     "AgentMessageRefused",
     "AgentPolicy",
+    "AgentPolicyChanged",
     "AgentReadmitted",
     "AgentRefusal",
     "AgentRegistered",
@@ -80,6 +81,7 @@ __all__ = [
     "DeregistrationReply",
     "Escalate",
     "EventData",
+    "ExternalAgentGrant",
     "HandoffDocument",
     "Heartbeat",
     "HeartbeatAck",
@@ -1509,6 +1511,42 @@ class AgentLifecycleChanged(EventData):
     requested_by: str | None = None
 
 
+class ExternalAgentGrant(BaseModel):
+    """What the operator's allow-list grants one external agent (``TEMPORALITY_COLLAB_EXTERNAL_AGENTS_FILE``), as
+    ``agent.policy_changed`` reports it: never the key itself, its SHA-256."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    allowed_tools: list[str] = Field(default_factory=list)
+    protocol_versions: list[str] = Field(default_factory=list)
+    #: ``None``: what the agent declares.
+    max_context_size: int | None = None
+    max_concurrent_tasks: int
+    #: The interval it must heartbeat at (its own, else the list's).
+    heartbeat_interval_s: float
+    #: SHA-256 (hex) of its public key as configured; ``None``: no key.
+    public_key_sha256: Annotated[str, Field(min_length=64, max_length=64)] | None = None
+    allow_unsigned: bool = False
+
+
+class AgentPolicyChanged(EventData):
+    """The allow-list agent-collab started with grants an external agent something else than the one it last
+    started with (AP-11's "policy change", audited): the agent was ``listed`` (or first seen), ``changed`` or
+    ``unlisted``. Published once per change by the first replica to start with it (the id comes from the agent and
+    both grants), before the new grant is recorded; it takes effect for the agent's tool calls from that start on."""
+
+    EVENT_TYPE: ClassVar[str] = "agent.policy_changed"
+    agent_id: str
+    change: Literal["listed", "changed", "unlisted"]
+    #: The grant before (``None``: not listed, or agent-collab had recorded none).
+    before: ExternalAgentGrant | None = None
+    #: The grant now (``None``: no longer listed: every registration and tool call is refused).
+    after: ExternalAgentGrant | None = None
+    tools_granted: list[str] = Field(default_factory=list)
+    tools_revoked: list[str] = Field(default_factory=list)
+    #: Where the change came from: ``file:<path>`` of the allow-list.
+    requested_by: str
+
+
 class AgentConformanceChecked(EventData):
     """A conformance round of an external agent ended (PRO-2): each probed capability verified or not."""
 
@@ -1960,6 +1998,7 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         AgentMessageRefused,
         AgentLifecycleChanged,
         AgentReadmitted,
+        AgentPolicyChanged,
         AgentConformanceChecked,
         AgentTaskOffered,
         AgentTaskTaken,

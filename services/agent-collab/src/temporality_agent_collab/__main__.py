@@ -15,6 +15,7 @@ import structlog
 from temporality_agent_collab.agents import AgentRegistry
 from temporality_agent_collab.api import create_app
 from temporality_agent_collab.external import load_allow_list
+from temporality_agent_collab.policy import record_policy_changes
 from temporality_agent_collab.projector import Projector
 from temporality_agent_collab.router import AskRouter
 from temporality_agent_collab.rpc import open_responder
@@ -56,6 +57,8 @@ def configure(settings: Settings) -> Setup[Settings]:
             reply_key=reply_key,
         )
 
+        # the allow-list's changes since the last start, on record (AP-11) before any tool call is checked by it
+        await record_policy_changes(rt.bus, allow_list, settings.external_agents_file)
         tasks = await TaskBoard.open(rt.bus, registry.gate, allow_list)  # external agents' tasks (AP-5, AP-7..AP-9)
         await tasks.announce_actions()  # actions a dead agent-collab stored but never announced: wake their runs
 

@@ -18,6 +18,8 @@ human.notification_failed                      ``permission_refusal`` the CloudE
 agent.registered, agent.registration_refused,  ``agent_registration`` ``requested_by`` (an operator's
 agent.lifecycle_changed (``deregistered``,                          decommission, readmission) or
 ``decommissioned``), agent.readmitted                               the CloudEvent actor
+agent.policy_changed (the allow-list grants   ``policy_change``     ``requested_by`` (``file:<path>``
+an agent other tools or limits: AP-11)                               of the allow-list)
 agent.ask_undeliverable,                       ``agent_refusal``     the CloudEvent actor
 agent.reply_undeliverable, agent.message_refused
 (unsigned, badly signed, replayed: AP-11),
@@ -62,6 +64,7 @@ AUDIT_KINDS: dict[str, str] = {
     "agent.registration_refused": "agent_registration",
     "agent.lifecycle_changed": "agent_registration",
     "agent.readmitted": "agent_registration",
+    "agent.policy_changed": "policy_change",
     "agent.ask_undeliverable": "agent_refusal",
     "agent.reply_undeliverable": "agent_refusal",
     "agent.message_refused": "agent_refusal",
@@ -157,6 +160,17 @@ def _str(data: dict[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _policy_summary(agent: str | None, data: dict[str, Any]) -> str:
+    change = data.get("change")
+    if change == "listed":
+        return f"agent {agent} allowed, tools {data.get('tools_granted') or []}"
+    if change == "unlisted":
+        return f"agent {agent} no longer allowed"
+    granted, revoked = data.get("tools_granted") or [], data.get("tools_revoked") or []
+    tools = f"tools granted {granted}, revoked {revoked}" if granted or revoked else "same tools"
+    return f"agent {agent} policy changed: {tools}"
+
+
 def _describe(type_: str, data: dict[str, Any], run_id: str | None) -> tuple[str | None, str]:
     reason = _str(data, "reason")
     if type_.startswith("trigger."):
@@ -192,6 +206,9 @@ def _describe(type_: str, data: dict[str, Any], run_id: str | None) -> tuple[str
     if type_ == "agent.readmitted":
         agent = _str(data, "agent_id")
         return agent, f"agent {agent} readmitted after decommissioning (incarnation {data.get('incarnation')})"
+    if type_ == "agent.policy_changed":
+        agent = _str(data, "agent_id")
+        return agent, _policy_summary(agent, data)
     if type_ == "agent.ask_undeliverable":
         return _str(data, "request_id"), f"ask to {data.get('to')} undeliverable: {reason}"
     if type_ == "agent.reply_undeliverable":

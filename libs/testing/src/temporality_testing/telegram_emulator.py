@@ -333,7 +333,7 @@ class TelegramEmulator:
     # ------------------------------------------------------------------ lifecycle
     @asynccontextmanager
     async def serve(self) -> AsyncIterator[TelegramEmulator]:
-        self.port = free_port()
+        self.port = self.port or free_port()  # a port given in advance: a client told it before the server is up
         self._stopping = asyncio.Event()
         self._changed = asyncio.Condition()
         stopping = self._stopping

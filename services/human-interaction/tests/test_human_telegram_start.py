@@ -111,3 +111,21 @@ async def test_a_refused_token_leaves_telegram_unavailable_keeps_trying_and_is_n
         assert "<token>" in failed[0]["error"]
         assert wrong not in repr(logs)
         assert [m for m, _ in emulator.calls if m != "getMe"] == [], "nothing but getMe with a refused token"
+
+
+async def test_pressing_start_tells_the_person_what_the_chat_is_for_and_the_id_their_profile_needs(bus: Bus) -> None:
+    """Step 3 of connecting a real bot: each person presses Start once; the bot answers with their Telegram id
+    (the ``chat_id`` of their profile), so nobody needs another bot to find it. Other text gets the usual hint."""
+    newcomer = TelegramUser(7007, "Erin")
+    async with TelegramEmulator().serve() as emulator:
+        telegram = TelegramAdapter(bus, token=emulator.token, base_url=emulator.base_url, poll_timeout_s=1)
+        async with telegram:
+            await emulator.say(newcomer, "/start")
+            hello = await emulator.wait_for_message(newcomer.id, lambda m: "Your Telegram id" in m["text"])
+            assert hello["text"].startswith("Hello Erin. I am Temporality's bot")
+            assert "Your Telegram id is 7007." in hello["text"]
+            assert "chat_id: 7007" in hello["text"]
+
+            await emulator.say(newcomer, "hello?")
+            hint = await emulator.wait_for_message(newcomer.id, lambda m: m["text"].startswith("To answer a question"))
+            assert "reply to the question's message" in hint["text"]

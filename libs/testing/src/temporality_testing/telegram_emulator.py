@@ -261,6 +261,8 @@ class TelegramEmulator:
             "from": user.wire(),
             "text": text,
         }
+        if text.startswith("/"):  # a command: Telegram marks it as one (how a bot tells "/start" from text)
+            message["entities"] = [{"type": "bot_command", "offset": 0, "length": len(text.split()[0])}]
         self._next_message += 1
         if reply_to is not None:
             message["reply_to_message"] = self.messages.get((reply_to["chat"]["id"], reply_to["message_id"]), reply_to)

@@ -27,6 +27,8 @@ Inbound (handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding):
   already answered / expired / cancelled, or the presser is not the recipient;
 * a **reply** to the question message binds free text; a reply that is just an option's number or
   label binds that option. Plain messages that reply to nothing get a hint. Each gets a text reply.
+* ``/start`` (the Start button a person presses once) is answered with what the chat is for and their
+  Telegram id, the ``chat_id`` their profile needs.
 
 The responder's identity is the Telegram user id (``from.id``), which the directory maps to a person
 (``channels.telegram.chat_id``, the private chat id, equals it). The bot token is a secret: it is
@@ -52,7 +54,7 @@ from typing import ClassVar
 import structlog
 from telegram import InlineKeyboardButton, InlineKeyboardMarkup, Update
 from telegram.error import BadRequest, TelegramError
-from telegram.ext import Application, CallbackQueryHandler, ContextTypes, MessageHandler, filters
+from telegram.ext import Application, CallbackQueryHandler, CommandHandler, ContextTypes, MessageHandler, filters
 
 from temporality_bus import Bus
 from temporality_human_interaction.answers import AnswerSubmission
@@ -119,6 +121,7 @@ class TelegramAdapter(ChannelAdapter):
         logging.getLogger("httpx").setLevel(logging.WARNING)  # its INFO line prints the URL with the token
         app = Application.builder().token(self._token).base_url(self._base_url).build()
         app.add_handler(CallbackQueryHandler(self._on_button))
+        app.add_handler(CommandHandler("start", self._on_start))
         app.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, self._on_text))
         app.add_error_handler(self._on_error)
         self._app = app
@@ -259,6 +262,19 @@ class TelegramAdapter(ChannelAdapter):
         else:
             prefix = "Already recorded" if result.already_recorded else "Recorded"
             await query.answer(f"{prefix}: {option.label}")
+
+    async def _on_start(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """``/start`` (the Start button, which a person must press once before the bot may write to them): say
+        what this chat is for and the person's Telegram id, the ``chat_id`` their directory profile needs."""
+        message = update.effective_message
+        if message is None or message.from_user is None:
+            return
+        await message.reply_text(
+            f"Hello {message.from_user.first_name}. I am Temporality's bot: questions and notifications for you "
+            f"arrive in this chat, and you answer them here.\nYour Telegram id is {message.from_user.id}. "
+            "Whoever manages Temporality's user directory puts it into your profile "
+            f"(channels: {{telegram: {{chat_id: {message.from_user.id}}}}})."
+        )
 
     async def _on_text(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.effective_message

@@ -86,7 +86,7 @@ log = structlog.get_logger(__name__)
 
 #: The reaction offered for option n (1-based) is ``KEYCAPS[n - 1]``.
 KEYCAPS = ("1️⃣", "2️⃣", "3️⃣", "4️⃣", "5️⃣", "6️⃣", "7️⃣", "8️⃣", "9️⃣", "🔟")
-_HINT = "react with an option's number, or reply to this message"
+_HINT = "react with an option's number, vote in the poll, or reply to this message with the number"
 _TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a moment."
 _RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 POLL_START = "m.poll.start"

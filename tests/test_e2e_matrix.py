@@ -165,7 +165,9 @@ def _assert_compact_question(question: dict[str, Any], number: int) -> None:
     assert f"<ol><li><b>{OPTIONS[0]}</b> — " in html
     assert "No answer by" in body
     assert f"→ I go with “{OPTIONS[0]}”" in body  # the trigger's timeout default, said up front
-    assert "react with an option's number, or reply to this message" in body
+    assert (
+        "To answer: react with an option's number, vote in the poll, or reply to this message with the number" in body
+    )
     for raw in ("{", "run-", "evt-", "_apis/"):  # no payload JSON, ids or API URLs leak into the message
         assert raw not in body
     assert len(body) < 2000

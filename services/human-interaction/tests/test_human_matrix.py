@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 from human_support import exactly, requested, stored, wait_for_record
 from matrix_support import MatrixPerson
+from nio import RoomLeaveError  # type: ignore[import-untyped]
 
 from temporality_bus import Bus
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
@@ -163,6 +164,29 @@ async def test_rich_reply_binds_free_text_and_a_bare_number_binds_an_option(
     bound2 = await wait_for_record(bus, second.request_id, lambda r: r.status is HumanRequestState.ANSWERED)
     assert bound2.answer == OptionAnswer(option_id="keep-v1", label="Keep the v1 API")
     await exactly(bus, "human.answered", 2)
+
+
+async def test_a_person_who_left_the_dm_is_invited_to_a_new_one_and_gets_the_next_question(
+    bus: Bus, bot: tuple[MatrixAdapter, RequestHandler], alice: MatrixPerson, matrix_accounts: dict[str, MatrixAccount]
+) -> None:
+    """A question sent into a room the person left would never be seen, yet the send succeeds: the kept DM
+    is used only while they are in it, so after leaving it they are invited to a new one."""
+    bot_id = matrix_accounts["bot"].user_id
+    first, room_id, _ = await _ask(bus, bot[1], alice, bot_id)
+    left = await alice.client.room_leave(room_id)
+    assert not isinstance(left, RoomLeaveError), left
+
+    second, room2, question2 = await _ask(bus, bot[1], alice, bot_id)  # alice accepts the new invite
+    assert room2 != room_id
+    assert await ChannelRefs(bus).get(ref_key("matrix", "room", matrix_accounts["alice"].user_id)) == room2
+    await alice.react(room2, question2, KEYCAPS[1])
+    bound = await wait_for_record(bus, second.request_id, lambda r: r.status is HumanRequestState.ANSWERED)
+    assert bound.answer == OptionAnswer(option_id="drop-v1", label="Drop v1")
+
+    third, room3, _ = await _ask(bus, bot[1], alice, bot_id)
+    assert room3 == room2  # in it again: reused
+    assert (await stored(bus, first.request_id)) is not None
+    assert (await stored(bus, third.request_id)) is not None
 
 
 async def test_a_foreign_users_answer_is_refused_and_they_are_told(

@@ -261,6 +261,8 @@ class TelegramEmulator:
             "from": user.wire(),
             "text": text,
         }
+        if text.startswith("/"):  # a command: Telegram marks it as one (how a bot tells "/start" from text)
+            message["entities"] = [{"type": "bot_command", "offset": 0, "length": len(text.split()[0])}]
         self._next_message += 1
         if reply_to is not None:
             message["reply_to_message"] = self.messages.get((reply_to["chat"]["id"], reply_to["message_id"]), reply_to)
@@ -333,7 +335,7 @@ class TelegramEmulator:
     # ------------------------------------------------------------------ lifecycle
     @asynccontextmanager
     async def serve(self) -> AsyncIterator[TelegramEmulator]:
-        self.port = free_port()
+        self.port = self.port or free_port()  # a port given in advance: a client told it before the server is up
         self._stopping = asyncio.Event()
         self._changed = asyncio.Condition()
         stopping = self._stopping

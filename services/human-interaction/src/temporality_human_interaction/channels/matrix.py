@@ -11,8 +11,9 @@ the next channel) and keeps retrying in the background. :meth:`shutdown` stops t
 Outbound:
 
 * **one DM room per person**, created once (``room_create(is_direct=True,
-  preset=trusted_private_chat, invite=[person])``) and reused: its id is kept in KV
-  (``matrix.room.<matrix user id>``). Rooms stay unencrypted.
+  preset=trusted_private_chat, invite=[person])``) and reused while the person is in it (joined, or the
+  invite pending): its id is kept in KV (``matrix.room.<matrix user id>``). If they left it or rejected the
+  invite, the next question opens a new DM. Rooms stay unencrypted.
 * **question**: HTML (``formatted_body``: title, why, the question, options numbered with their
   consequences, the deadline and what happens if nobody answers) with a plain-text ``body``; the
   transaction id is derived from the request id, so a redelivered ``human.requested`` is
@@ -48,6 +49,7 @@ from nio import (  # type: ignore[import-untyped]
     AsyncClientConfig,
     LoginResponse,
     RoomCreateResponse,
+    RoomGetStateEventResponse,
     RoomPreset,
     RoomSendResponse,
     SyncResponse,
@@ -84,7 +86,7 @@ log = structlog.get_logger(__name__)
 
 #: The reaction offered for option n (1-based) is ``KEYCAPS[n - 1]``.
 KEYCAPS = ("1️⃣", "2️⃣", "3️⃣", "4️⃣", "5️⃣", "6️⃣", "7️⃣", "8️⃣", "9️⃣", "🔟")
-_HINT = "react with an option's number, or reply to this message"
+_HINT = "react with an option's number, vote in the poll, or reply to this message with the number"
 _TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a moment."
 _RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 POLL_START = "m.poll.start"
@@ -260,19 +262,42 @@ class MatrixAdapter(ChannelAdapter):
         return str(response.event_id)
 
     async def dm_room(self, matrix_user: str) -> str:
-        """The DM room with ``matrix_user``: the one kept in KV, or a new one (then kept)."""
+        """The DM room with ``matrix_user``: the one kept in KV while they are in it (joined or invited), else a
+        new one (then kept).
+
+        A person who left the room, or rejected its invite, would never see a question sent there, and the
+        send would succeed: so the kept room is used only while the homeserver says their membership is
+        ``join`` or ``invite``; otherwise a new DM invites them again (``matrix.dm_replaced`` in the log)."""
         key = ref_key("matrix", "room", matrix_user)
         existing = await self._refs.get(key)
         if existing is not None:
-            return existing
+            membership = await self._membership(existing, matrix_user)
+            if membership in ("join", "invite"):
+                return existing
+            log.info("matrix.dm_replaced", room_id=existing, membership=membership)
         created = await self._client.room_create(
             is_direct=True, preset=RoomPreset.trusted_private_chat, invite=[matrix_user], name="Temporality"
         )
         if not isinstance(created, RoomCreateResponse):
             raise DeliveryFailed(f"cannot open a DM with {matrix_user}: {getattr(created, 'message', created)}")
+        if existing is not None:
+            await self._refs.put(key, created.room_id)
+            log.info("matrix.dm_created", room_id=created.room_id, replaces=existing)
+            return str(created.room_id)
         room_id = await self._refs.claim(key, created.room_id)
         log.info("matrix.dm_created", room_id=room_id, reused=room_id != created.room_id)
         return room_id
+
+    async def _membership(self, room_id: str, matrix_user: str) -> str:
+        """``matrix_user``'s membership of ``room_id`` as the homeserver has it now (``join``, ``invite``, ``leave``,
+        ``ban``, ...); ``none`` when they never were a member, or the bot may no longer read the room."""
+        got = await self._client.room_get_state_event(room_id, "m.room.member", matrix_user)
+        if isinstance(got, RoomGetStateEventResponse):
+            return str(got.content.get("membership", "none"))
+        status = getattr(got, "status_code", "")
+        if status in ("M_NOT_FOUND", "M_FORBIDDEN"):
+            return "none"
+        raise DeliveryFailed(f"cannot read {matrix_user}'s membership of {room_id}: {getattr(got, 'message', got)}")
 
     async def do_deliver(
         self, request: HumanRequestRecord, profile: UserProfile, *, banner: str | None = None, tag: str = ""

@@ -3,7 +3,11 @@
 Lifecycle: :meth:`initialize` builds the ``Application`` (``base_url`` configurable, so tests point it
 at :mod:`temporality_testing.telegram_emulator`), then ``initialize()`` (getMe), the updater's
 ``start_polling`` (long-poll ``getUpdates``) and ``start()`` — never ``run_polling``, which would take
-over the loop and the signals. :meth:`shutdown` stops them in reverse order.
+over the loop and the signals. :meth:`shutdown` stops them in reverse order. If that start fails (the Bot API
+cannot be reached, or refuses the token), the service still starts, like the Matrix adapter: Telegram is
+unavailable (delivery goes to each profile's next channel), ``telegram.start_failed`` is logged (the token
+scrubbed: python-telegram-bot puts it into its ``InvalidToken`` message) and a background task tries again
+(1, 2, 5, 10, then every 30 s) until it is up.
 
 Outbound:
 
@@ -23,6 +27,8 @@ Inbound (handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding):
   already answered / expired / cancelled, or the presser is not the recipient;
 * a **reply** to the question message binds free text; a reply that is just an option's number or
   label binds that option. Plain messages that reply to nothing get a hint. Each gets a text reply.
+* ``/start`` (the Start button a person presses once) is answered with what the chat is for and their
+  Telegram id, the ``chat_id`` their profile needs.
 
 The responder's identity is the Telegram user id (``from.id``), which the directory maps to a person
 (``channels.telegram.chat_id``, the private chat id, equals it). The bot token is a secret: it is
@@ -39,14 +45,16 @@ edited to show the outcome.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+from collections.abc import Sequence
 from typing import ClassVar
 
 import structlog
 from telegram import InlineKeyboardButton, InlineKeyboardMarkup, Update
 from telegram.error import BadRequest, TelegramError
-from telegram.ext import Application, CallbackQueryHandler, ContextTypes, MessageHandler, filters
+from telegram.ext import Application, CallbackQueryHandler, CommandHandler, ContextTypes, MessageHandler, filters
 
 from temporality_bus import Bus
 from temporality_human_interaction.answers import AnswerSubmission
@@ -74,6 +82,9 @@ def sent_message_key(request_id: str, tag: str, chat_id: int | str) -> str:
     return ref_key("telegram", "sent", request_id, tag or "q", chat_id)
 
 
+#: Seconds between attempts to start when Telegram could not be reached (or refused the token) at start.
+_RETRY_S: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
+
 #: What a person is told when the bus did not answer while their answer was being bound.
 _TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a moment."
 
@@ -81,14 +92,24 @@ _TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a
 class TelegramAdapter(ChannelAdapter):
     name: ClassVar[str] = "telegram"
 
-    def __init__(self, bus: Bus, *, token: str, base_url: str, poll_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        token: str,
+        base_url: str,
+        poll_timeout_s: float = 10.0,
+        retry_s: Sequence[float] = _RETRY_S,
+    ) -> None:
         self._bus = bus
         self._token = token
         self._base_url = base_url
         self._poll_timeout_s = poll_timeout_s
+        self._retry_s = tuple(retry_s) or _RETRY_S
         self._refs = ChannelRefs(bus)
         self._app: Application | None = None  # type: ignore[type-arg]
         self._running = False
+        self._retrying: asyncio.Task[None] | None = None
 
     @property
     def available(self) -> bool:
@@ -100,19 +121,50 @@ class TelegramAdapter(ChannelAdapter):
         logging.getLogger("httpx").setLevel(logging.WARNING)  # its INFO line prints the URL with the token
         app = Application.builder().token(self._token).base_url(self._base_url).build()
         app.add_handler(CallbackQueryHandler(self._on_button))
+        app.add_handler(CommandHandler("start", self._on_start))
         app.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, self._on_text))
         app.add_error_handler(self._on_error)
         self._app = app
-        await app.initialize()
+        try:
+            await self._start(app)
+        except Exception as exc:  # Telegram down, or the token refused: run without Telegram, keep trying
+            log.warning("telegram.start_failed", error=self._scrubbed(exc), base_url=self._base_url)
+            self._retrying = asyncio.create_task(self._keep_starting(app), name="telegram-start")
+
+    async def _start(self, app: Application) -> None:  # type: ignore[type-arg]
+        """getMe, deleteWebhook + polling, the dispatcher: each step only if not done yet (a retry goes on)."""
+        await app.initialize()  # returns at once when it already succeeded
         assert app.updater is not None
-        await app.updater.start_polling(timeout=int(self._poll_timeout_s), poll_interval=0.0)
-        await app.start()
+        if not app.updater.running:
+            await app.updater.start_polling(timeout=int(self._poll_timeout_s), poll_interval=0.0)
+        if not app.running:
+            await app.start()
         self._running = True
         log.info("telegram.started", bot=app.bot.username, base_url=self._base_url)
+
+    async def _keep_starting(self, app: Application) -> None:  # type: ignore[type-arg]
+        failures = 0
+        while self._app is app and not self._running:
+            await asyncio.sleep(self._retry_s[min(failures, len(self._retry_s) - 1)])  # backoff, not a test wait
+            try:
+                await self._start(app)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                log.warning("telegram.start_failed", error=self._scrubbed(exc), attempt=failures + 1)
+
+    def _scrubbed(self, exc: BaseException) -> str:
+        """The error as text without the bot token (PTB's ``InvalidToken`` quotes it)."""
+        return (str(exc) or type(exc).__name__).replace(self._token, "<token>")
 
     async def shutdown(self) -> None:
         app, self._app = self._app, None
         self._running = False
+        retrying, self._retrying = self._retrying, None
+        if retrying is not None:
+            retrying.cancel()
+            await asyncio.gather(retrying, return_exceptions=True)
         if app is None:
             return
         if app.updater is not None and app.updater.running:
@@ -120,6 +172,7 @@ class TelegramAdapter(ChannelAdapter):
         if app.running:
             await app.stop()
         await app.shutdown()
+        await app.bot.shutdown()  # a start that failed in getMe left the bot's HTTP clients open (else a no-op)
         log.info("telegram.stopped")
 
     def _bot_app(self) -> Application:  # type: ignore[type-arg]
@@ -209,6 +262,19 @@ class TelegramAdapter(ChannelAdapter):
         else:
             prefix = "Already recorded" if result.already_recorded else "Recorded"
             await query.answer(f"{prefix}: {option.label}")
+
+    async def _on_start(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """``/start`` (the Start button, which a person must press once before the bot may write to them): say
+        what this chat is for and the person's Telegram id, the ``chat_id`` their directory profile needs."""
+        message = update.effective_message
+        if message is None or message.from_user is None:
+            return
+        await message.reply_text(
+            f"Hello {message.from_user.first_name}. I am Temporality's bot: questions and notifications for you "
+            f"arrive in this chat, and you answer them here.\nYour Telegram id is {message.from_user.id}. "
+            "Whoever manages Temporality's user directory puts it into your profile "
+            f"(channels: {{telegram: {{chat_id: {message.from_user.id}}}}})."
+        )
 
     async def _on_text(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.effective_message

@@ -105,9 +105,9 @@ async def test_the_example_agent_registers_heartbeats_and_deregisters(
         ("idle", "busy"),
         ("busy", "decommissioned"),
     ]
-    # registered first, then its lifecycle
+    # agent-collab's first start put the allow-list's grant on record (AP-11), then it registered, then its lifecycle
     types = [e.type for e in event_log.events if e.type.startswith("agent.")]
-    assert types[0] == AgentRegistered.EVENT_TYPE
+    assert types[:2] == ["agent.policy_changed", AgentRegistered.EVENT_TYPE]
     # it answered the conformance round its registration reply carried (PRO-2): echo and reverse verified
     (checked,) = await event_log.wait_for(AgentConformanceChecked.EVENT_TYPE, timeout_s=10)
     data = checked.payload(AgentConformanceChecked)

@@ -18,7 +18,8 @@ text made by pydantic-core, ``data`` nested in it; one positional multi-row stat
 ORM; an envelope whose JSON, as the consumer received it, has no ``\\u`` escape holds nothing to replace
 and skips the sanitizing check), the affected runs read once, projected in memory in
 stream order with :func:`project` (which copies rows without validating them again), written back
-(PostgreSQL: one upsert; SQLite: one insert and one upsert); the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
+(PostgreSQL: one upsert, its rows one JSON text; SQLite: one upsert ``executemany``'d, positional values;
+both driver SQL); the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
 -- committed once, then acked by the runner. Every write transaction (a batch, or one event) first
 locks ``commit_counter`` (:func:`lock_positions`), which serialises the journal's writers until the
 commit, and hands the events it stores the next commit positions (``events.commit_seq``, in stream

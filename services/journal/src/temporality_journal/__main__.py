@@ -11,6 +11,9 @@ likewise one to human-interaction when ``TEMPORALITY_JOURNAL_HUMAN_URL`` is set:
 
 ``temporality-journal rebuild`` (``python -m temporality_journal rebuild``) drops the read model and
 makes the next start replay the stream from the beginning: :mod:`temporality_journal.rebuild`.
+
+At the end of ``setup`` the objects the start made are frozen out of the cyclic garbage collector
+(``gc.freeze``): full collections under ingest no longer walk them (docs/journal.md, *Ingest rate*).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ text made by pydantic-core, ``data`` nested in it; one positional multi-row stat
 ORM; an envelope whose JSON, as the consumer received it, has no ``\\u`` escape holds nothing to replace
 and skips the sanitizing check), the affected runs read once, projected in memory in
 stream order with :func:`project` (which copies rows without validating them again), written back
-(PostgreSQL: one upsert; SQLite: one insert and one upsert); the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
+(PostgreSQL: one upsert, its rows one JSON text; SQLite: one upsert ``executemany``'d, positional values;
+both driver SQL); the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
 -- committed once, then acked by the runner. Every write transaction (a batch, or one event) first
 locks ``commit_counter`` (:func:`lock_positions`), which serialises the journal's writers until the
 commit, and hands the events it stores the next commit positions (``events.commit_seq``, in stream
@@ -32,13 +33,13 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 from pydantic_core import to_json
-from sqlalchemy import BigInteger, Column, bindparam, select, update
+from sqlalchemy import BigInteger, Column, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
@@ -52,7 +53,6 @@ from temporality_journal.database import Database
 from temporality_journal.metrics import finished_as
 from temporality_journal.models import (
     ASKS_TABLE,
-    COMMIT_COUNTER_TABLE,
     EVENTS_TABLE,
     RUNS_TABLE,
     AskSnapshot,
@@ -186,12 +186,22 @@ _PG_SELECT_RUNS = (
     f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE run_id = ANY($1::text[]) ORDER BY run_id FOR UPDATE"
 )
 
-#: SQLite: a batch's runs, in one order (``run_id``), an expanding ``IN``. Compiled once, cached by SQLAlchemy.
-_SQLITE_LOCK_RUNS = (
-    select(RUNS_TABLE)
-    .where(RUNS_TABLE.c.run_id.in_(bindparam("run_ids", expanding=True)))
-    .order_by(RUNS_TABLE.c.run_id)
+#: SQLite: a batch's new and changed runs in one upsert, one parameter row per run (the driver's
+#: ``executemany``, positional values made by :func:`_sqlite_run_values`).
+_SQLITE_UPSERT_RUNS = (
+    f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))}) "
+    "ON CONFLICT (run_id) DO UPDATE SET "
+    + ", ".join(f"{name} = excluded.{name}" for name in _RUN_COLUMNS if name != "run_id")
 )
+#: The positions in :data:`_RUN_COLUMNS` of ``state`` and of the datetimes (SQLite stores those as text).
+_RUN_STATE = _RUN_COLUMNS.index("state")
+_RUN_DATETIMES = tuple(i for i, name in enumerate(_RUN_COLUMNS) if isinstance(RUNS_TABLE.c[name].type, UTCDateTime))
+
+
+@functools.lru_cache(maxsize=64)
+def _sqlite_select_runs(count: int) -> str:
+    """SQLite: a batch's ``count`` runs, in one order (``run_id``), as the driver reads them (datetimes as text)."""
+    return f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE run_id IN ({', '.join('?' * count)}) ORDER BY run_id"
 
 
 def _sqlite_datetime(value: datetime) -> str:
@@ -201,12 +211,12 @@ def _sqlite_datetime(value: datetime) -> str:
     return f"{v.year:04d}-{v.month:02d}-{v.day:02d} {v.hour:02d}:{v.minute:02d}:{v.second:02d}.{v.microsecond:06d}"
 
 
-_COUNTER = COMMIT_COUNTER_TABLE.c
-_ONE_COUNTER = _COUNTER.id == 1
 #: PostgreSQL: the counter's row lock. SQLite has no row locks: a no-op write takes the database's write lock.
 #: Driver SQL (no statement compiled, cached or wrapped by SQLAlchemy per transaction).
 _LOCK_COUNTER_POSTGRESQL = "SELECT last_seq FROM commit_counter WHERE id = 1 FOR UPDATE"
 _LOCK_COUNTER_SQLITE = "UPDATE commit_counter SET last_seq = last_seq WHERE id = 1 RETURNING last_seq"
+_ADVANCE_COUNTER_POSTGRESQL = "UPDATE commit_counter SET last_seq = $1 WHERE id = 1"
+_ADVANCE_COUNTER_SQLITE = "UPDATE commit_counter SET last_seq = ? WHERE id = 1"
 
 
 async def lock_positions(conn: AsyncConnection) -> int:
@@ -226,7 +236,8 @@ async def lock_positions(conn: AsyncConnection) -> int:
 
 async def advance_positions(conn: AsyncConnection, last: int) -> None:
     """Record ``last`` as the last position handed out (under :func:`lock_positions`' lock; rolled back with it)."""
-    await conn.execute(update(COMMIT_COUNTER_TABLE).where(_ONE_COUNTER).values(last_seq=last))
+    advance = _ADVANCE_COUNTER_POSTGRESQL if conn.dialect.name == "postgresql" else _ADVANCE_COUNTER_SQLITE
+    await conn.exec_driver_sql(advance, (last,))
 
 
 def _storable_text(value: str) -> str:
@@ -503,9 +514,9 @@ class Recorder:
         if postgresql:  # the driver's values: nothing converted per value by SQLAlchemy
             found = await conn.exec_driver_sql(_PG_SELECT_RUNS, (run_ids,))
             before = {row[0]: _run_snapshot(dict(zip(_RUN_COLUMNS, row, strict=True))) for row in found}
-        else:  # the table's types read them (SQLite stores datetimes as text)
-            found = await conn.execute(_SQLITE_LOCK_RUNS, {"run_ids": run_ids})
-            before = {row.run_id: _run_snapshot(dict(row._mapping)) for row in found}
+        else:  # the driver's values too, the datetimes parsed from SQLite's text here
+            found = await conn.exec_driver_sql(_sqlite_select_runs(len(run_ids)), tuple(run_ids))
+            before = {row[0]: _run_snapshot(_sqlite_run_read(row)) for row in found}
         runs: dict[str, RunSnapshot] = dict(before)
         moved = 0
         debug = log.bind()  # resolved once: a lazy logger resolves itself at every call
@@ -532,17 +543,8 @@ class Recorder:
             if created or changed:
                 await conn.exec_driver_sql(_PG_UPSERT_RUNS, (_pg_runs_json(created + changed),))
             return moved
-        if created:
-            await conn.execute(RUNS_TABLE.insert(), [_run_row(run) for run in created])
-        if changed:
-            upsert = self._insert(RUNS_TABLE)
-            await conn.execute(
-                upsert.on_conflict_do_update(
-                    index_elements=["run_id"],
-                    set_={name: upsert.excluded[name] for name in _RUN_COLUMNS if name != "run_id"},
-                ),
-                [_run_row(run) for run in changed],
-            )
+        if created or changed:  # SQLite: the same upsert, one parameter row per run (no other writer: the write lock)
+            await conn.exec_driver_sql(_SQLITE_UPSERT_RUNS, [_sqlite_run_values(run) for run in created + changed])
         return moved
 
     async def _project_asks(self, conn: AsyncConnection, fresh: list[tuple[Envelope, int]]) -> int:
@@ -755,6 +757,28 @@ def _pg_runs_json(runs: list[RunSnapshot]) -> str:
     """``$1`` of :data:`_PG_UPSERT_RUNS`: the runs as one JSON array of objects keyed by the columns of
     ``runs`` (one string for the driver to encode, as the events' insert)."""
     return to_json([_run_row(run) for run in runs]).decode()
+
+
+def _sqlite_run_values(run: RunSnapshot) -> tuple[Any, ...]:
+    """A run as :data:`_SQLITE_UPSERT_RUNS`' positional values: ``state`` its value, datetimes the text
+    :class:`~temporality_journal.models.UTCDateTime` stores on SQLite (:func:`_sqlite_datetime`)."""
+    values = run.__dict__
+    row = [values[name] for name in _RUN_COLUMNS]
+    row[_RUN_STATE] = run.state.value
+    for i in _RUN_DATETIMES:
+        if row[i] is not None:
+            row[i] = _sqlite_datetime(row[i])
+    return tuple(row)
+
+
+def _sqlite_run_read(row: Sequence[Any]) -> dict[str, Any]:
+    """A ``runs`` row as SQLite's driver returns it (:func:`_sqlite_select_runs`), keyed by column, its
+    datetimes aware UTC (the naive UTC text :class:`~temporality_journal.models.UTCDateTime` stores)."""
+    values = list(row)
+    for i in _RUN_DATETIMES:
+        if values[i] is not None:
+            values[i] = datetime.fromisoformat(values[i]).replace(tzinfo=UTC)
+    return dict(zip(_RUN_COLUMNS, values, strict=True))
 
 
 def _run_row(run: RunSnapshot) -> dict[str, Any]:

@@ -33,7 +33,8 @@ driver is mid-turn (a NATS failover that lost an ack) finds the live lease and i
 of calling the provider too; a lease that expired (its driver died) is taken over as recovery. The lease
 lasts one consumer ack wait past its last renewal: a dead driver's message is redelivered about then.
 
-Every handler is the same loop (:meth:`Engine._handle`): read the run record and its checkpoint, ask
+Every handler is the same loop (:meth:`Engine._handle`): read the run record and its checkpoint (not for a
+``run.requested``: its record almost never exists, and creating it tells), ask
 :func:`~temporality_run_executor.machine.decide` what to do with the incoming thing, perform the
 effects in order (publish, ``Store.modify`` the record or checkpoint, arm or cancel the watchdog),
 then perform the call it asks for (the provider, one tool) and decide on its result, until the machine

@@ -150,8 +150,9 @@ class GatewayFigures(_Model):
 
 
 class LatencyFigures(_Model):
-    webhook_to_run_started: Percentiles
+    webhook_to_run_started: Percentiles  # back-to-back: the next webhook as soon as run.started is seen
     bare_jetstream: Percentiles
+    settled: Percentiles | None = None  # the next webhook once the previous run parked (records since 2026-12-04)
 
 
 class JournalResult(_Model):

@@ -95,7 +95,12 @@ def _answer(run_id: str, request_id: str) -> HumanAnswered:
 
 # (the seam, its nth passing, the phase whose handler dies, whether the dead driver holds the lease)
 BOUNDARIES = [
-    # run.requested's handler: turn 1 (get_input), turn 2 (ask_human), the park
+    # run.requested's handler: the start (its record created without a read first; the first checkpoint sent
+    # with run.created and the watchdog, their acks awaited together before the record moves to running)
+    pytest.param("effect:CreateRun", 1, "start", False, id="record-created-pending"),
+    pytest.param("effect:CreateCheckpoint", 1, "start", False, id="first-checkpoint-written-record-pending"),
+    pytest.param("effect:Transition:running", 1, "start", True, id="running-and-leased-before-turn1"),
+    # turn 1 (get_input), turn 2 (ask_human), the park
     pytest.param("provider_replied", 1, "start", True, id="turn1-provider-answered-not-stored"),
     pytest.param("tool_returned", 1, "start", True, id="turn1-tool-ran-not-checkpointed"),
     pytest.param("effect:SaveCheckpoint", 1, "start", True, id="turn1-checkpoint-written-not-published"),

@@ -4,10 +4,12 @@ Every JetStream request the engine makes (KV reads and writes, event publishes, 
 client, for one run parked on ``ask_human`` and then resumed by its answer to the end. A change that adds a
 read back, splits a compare-and-set in two or awaits a timer alone shows here as a higher count. These are
 requests, the concurrent ones included. The sequential round trips (the waits one after the other: a request
-sent while none of the engine's is in flight starts one) are counted too: 14 to park, 7 to resume (18 and 10
+sent while none of the engine's is in flight starts one) are counted too: 12 to park, 7 to resume (18 and 10
 before the events and timers were sent without waiting for each acknowledgement, and before the resume took
 its lease in the move to ``resuming``; 9 before the answer went into the checkpoint alongside ``run.resumed``
-and the record's moves to ``resuming`` and ``running`` became one compare-and-set).
+and the record's moves to ``resuming`` and ``running`` became one compare-and-set; 14 to park before a pending
+run's first checkpoint went out with ``run.created`` and the watchdog, 13 before a run's first message stopped
+reading the record and checkpoint it almost never has: each one wait fewer before ``run.started``).
 """
 
 from __future__ import annotations
@@ -26,16 +28,16 @@ from temporality_protocol import HumanAnswered, HumanRequested, OptionAnswer, ma
 from temporality_protocol.catalog import BUCKET_RUNS
 from temporality_testing.events import EventLog
 
-#: Starting the run (record, marker, checkpoint, lease), its two turns (get_input, ask_human) and the park.
+#: Starting the run (record created without a read first, marker, checkpoint, lease), its two turns (get_input, ask_human) and the park.
 #: (+1 per turn since AP-9: each provider reply's ``run.streamed`` metrics, sent with the turn's other events,
 #: never a wait of its own: the sequential counts below did not change.)
-PARK_REQUESTS = 24
+PARK_REQUESTS = 22
 #: The resume (the outcome applied), the last turn and the end (retention armed): the record and checkpoint
 #: read; the checkpoint written with run.resumed and the watchdog; the record (running); the record read after
 #: the provider; run.streamed and run.completed; the record (completed); the watchdog off and the retention.
 RESUME_REQUESTS = 12
 #: The same, as waits one after the other (requests in flight together count once).
-PARK_SEQUENTIAL = 14
+PARK_SEQUENTIAL = 12
 RESUME_SEQUENTIAL = 7
 
 

@@ -33,7 +33,8 @@ driver is mid-turn (a NATS failover that lost an ack) finds the live lease and i
 of calling the provider too; a lease that expired (its driver died) is taken over as recovery. The lease
 lasts one consumer ack wait past its last renewal: a dead driver's message is redelivered about then.
 
-Every handler is the same loop (:meth:`Engine._handle`): read the run record and its checkpoint, ask
+Every handler is the same loop (:meth:`Engine._handle`): read the run record and its checkpoint (not for a
+``run.requested``: its record almost never exists, and creating it tells), ask
 :func:`~temporality_run_executor.machine.decide` what to do with the incoming thing, perform the
 effects in order (publish, ``Store.modify`` the record or checkpoint, arm or cancel the watchdog),
 then perform the call it asks for (the provider, one tool) and decide on its result, until the machine
@@ -486,12 +487,19 @@ class Engine:
             await self._release(view, attempt.driver)
 
     async def _drive(self, view: _View, incoming: Incoming, attempt: Attempt) -> None:
-        # both read at once (one round trip): the checkpoint is wanted whenever the run is past pending
-        record, checkpoint = await asyncio.gather(self.runs.get(view.run_id), self.checkpoints.get(view.run_id))
-        view.hold_run(record)
         view.checkpoint, view.checkpoint_current = None, False
-        if view.run is not None and view.run.state is not RunState.PENDING:  # a pending run has none yet
-            view.checkpoint, view.checkpoint_current = checkpoint, True
+        if isinstance(incoming, Requested) and not incoming.marker_checked:
+            # A run's first message: its record almost never exists yet, so nothing is read first. The machine
+            # decides on "no record" -- to create it -- and the create itself tells: written (a new run: one
+            # round trip fewer before run.started), or the record exists and is read then, with the checkpoint
+            # when the run is past pending (CreateRun's effect), before anything else is decided.
+            view.run, view.run_revision, view.run_current = None, 0, False
+        else:
+            # both read at once (one round trip): the checkpoint is wanted whenever the run is past pending
+            record, checkpoint = await asyncio.gather(self.runs.get(view.run_id), self.checkpoints.get(view.run_id))
+            view.hold_run(record)
+            if view.run is not None and view.run.state is not RunState.PENDING:  # a pending run has none yet
+                view.checkpoint, view.checkpoint_current = checkpoint, True
         step: Incoming | None = incoming
         while step is not None:
             await self._refresh(view, step)
@@ -624,11 +632,21 @@ class Engine:
 
     @staticmethod
     def _overlaps(view: _View, effect: Effect) -> bool:
-        """Whether ``effect`` may be written while the writes sent before it are still unacknowledged: a person's
-        answer applied to the checkpoint of a run whose record still says it waits for it. Those writes
-        (``run.resumed``, the watchdog) are not recorded by that checkpoint: until the record moves on (which
-        waits for them), any redelivery of the answer resumes the run again and sends them again (the same
-        ids), its apply then a no-op. One round trip for both instead of one after the other."""
+        """Whether ``effect`` may be written while the writes sent before it are still unacknowledged. Two
+        checkpoint writes that record none of those writes, whose run record (which does record them) moves
+        on only after they are acknowledged -- so until then any redelivery decides the same again and sends
+        them again (the same ids), the checkpoint write then a no-op. One round trip for both instead of one
+        after the other:
+
+        * a person's answer applied to the checkpoint of a run whose record still says it waits for it
+          (``run.resumed`` and the watchdog sent before it);
+        * the first checkpoint of a run still ``pending`` (``run.created`` and the watchdog at turn 0 sent
+          before it; a watchdog firing before the checkpoint exists reads turn 0 too). Its record's move to
+          ``running`` waits for all three; a redelivery finds the checkpoint and keeps it (issue 11: one
+          sequential round trip fewer between a webhook and ``run.started``).
+        """
+        if isinstance(effect, CreateCheckpoint):
+            return view.run is not None and view.run.state is RunState.PENDING
         return (
             isinstance(effect, ApplyResult)
             and view.run is not None

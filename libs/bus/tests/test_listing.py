@@ -5,6 +5,7 @@ out, a filter applied by the server, an empty listing returned at once."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
@@ -81,3 +82,26 @@ async def test_store_keys_lists_the_live_keys(bus: Bus) -> None:
     _marker_first(kv)
     assert await store.keys() == ["x.1", "y.2"]
     assert await store.keys("x.*") == ["x.1"]
+
+
+async def test_a_usually_empty_listing_makes_no_watcher_when_nothing_is_stored(bus: Bus) -> None:
+    """``usually_empty``: nothing under the filter -> one STREAM.INFO and no consumer on the server; something
+    under it (a live key, or only a delete) -> the same listing as without it."""
+    kv = await _bucket(bus, "listing-probe")
+    seen: list[str] = []
+
+    async def on_api(msg: Any) -> None:
+        seen.append(msg.subject)
+
+    sub = await bus.nc.subscribe("$JS.API.>", cb=on_api)
+    try:
+        assert await live_keys(kv, "parked.run-1.*", usually_empty=True) == []
+        assert await live_keys(kv, "open.alice.*", usually_empty=True) == ["open.alice.r1", "open.alice.r5"]
+        assert await live_keys(kv, "open.alice.r2", usually_empty=True) == []  # only its delete is stored
+        await bus.nc.flush()
+    finally:
+        await sub.unsubscribe()
+    creates = [s for s in seen if ".CONSUMER.CREATE." in s]
+    infos = [s for s in seen if s.startswith("$JS.API.STREAM.INFO.")]
+    assert len(infos) >= 3
+    assert len(creates) == 2, seen  # the two filters with messages stored under them; none for parked.run-1.*

@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
-from human_support import events_of, exactly, requested, running, stored
+from human_support import events_of, exactly, kv_calls, requested, running, stored
 from nats.js.errors import NotFoundError
 
-from temporality_bus import Bus, Consumer, PermanentError
+from temporality_bus import Bus, Consumer, NatsSettings, PermanentError
 from temporality_human_interaction.channels import ChannelAdapter
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS
 from temporality_human_interaction.deadlines import DeadlineHandler
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.notifications import NotificationHandler
@@ -281,3 +282,19 @@ async def test_the_first_run_requested_of_a_run_is_the_one_kept(bus: Bus) -> Non
     found = await policies.lookup(relay)
     assert found is not None
     assert found.allowed_recipients == []
+
+
+async def test_projecting_a_run_s_policy_lists_nothing_when_nothing_is_parked(
+    bus: Bus, nats_settings: NatsSettings
+) -> None:
+    """Every ``run.requested`` looks for requests parked under its run, which almost never exist: no watcher is
+    made on ``human-channels`` for that (it was a consumer created, read and deleted per run on the pipeline's
+    hot path); a parked request still shows (``test_past_the_bound_...`` wakes one)."""
+    policies = RunPolicies(bus)
+    run_id = new_id("run")
+    async with kv_calls(nats_settings.url, BUCKET_HUMAN_CHANNELS.name) as spy:
+        await RunPolicyHandler(policies).handle(
+            make_event(_run_requested(run_id, ["user:alice"]), source="/temporality/trigger-gateway", run_id=run_id)
+        )
+        assert (await spy.calls()).listings == []
+    assert await parked_of_run(bus, run_id) == []

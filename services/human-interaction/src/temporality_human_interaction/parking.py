@@ -90,7 +90,10 @@ async def parked_of_run(bus: Bus, run_id: str) -> list[str]:
     """The request ids parked under ``run_id`` (a server-side filtered listing of ``parked.<run>.*``)."""
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
     found: list[str] = []
-    for entry in await live_entries(kv, f"{ref_key('parked', run_id)}.*", timeout_s=_LIST_TIMEOUT_S):
+    # called for every run.requested, and a request is parked only while the policies consumer lags: almost
+    # always nothing to list, so no watcher is made for nothing (usually_empty)
+    listed = await live_entries(kv, f"{ref_key('parked', run_id)}.*", timeout_s=_LIST_TIMEOUT_S, usually_empty=True)
+    for entry in listed:
         try:
             event = Envelope.model_validate_json(ChannelRef.model_validate_json(entry.value or b"").value)
         except ValidationError:

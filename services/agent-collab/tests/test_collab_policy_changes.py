@@ -56,32 +56,37 @@ def _grant(**changes: object) -> ExternalAgentGrant:
 
 # --------------------------------------------------------------------------- the decision, pure
 def test_the_same_grant_is_no_change() -> None:
-    assert policy_changed("bot", _grant(), _grant(), "file:x.yaml") is None
-    assert policy_changed("bot", None, None, "file:x.yaml") is None
+    assert policy_changed("bot", _grant(), _grant(), "file:x.yaml", revision=3) is None
+    assert policy_changed("bot", None, None, "file:x.yaml", revision=3) is None
 
 
 def test_a_change_names_the_tools_granted_and_revoked_and_its_id_is_the_change_s() -> None:
     before, after = _grant(allowed_tools=["get_input", "notify"]), _grant(allowed_tools=["ask_agent", "get_input"])
-    event = policy_changed("bot", before, after, "file:x.yaml")
+    event = policy_changed("bot", before, after, "file:x.yaml", revision=3)
     assert event is not None
     data = event.payload(AgentPolicyChanged)
     assert (data.change, data.tools_granted, data.tools_revoked) == ("changed", ["ask_agent"], ["notify"])
     assert (data.before, data.after, data.requested_by) == (before, after, "file:x.yaml")
     assert event.subject == "bot"
-    again = policy_changed("bot", before, after, "file:x.yaml")
+    again = policy_changed("bot", before, after, "file:x.yaml", revision=3)
     assert again is not None
     assert again.id == event.id  # a second replica, or a start after a crash: the same fact
-    back = policy_changed("bot", after, before, "file:x.yaml")
+    back = policy_changed("bot", after, before, "file:x.yaml", revision=4)
     assert back is not None
     assert back.id != event.id  # changed back: another fact
-    limits = policy_changed("bot", before, before.model_copy(update={"max_concurrent_tasks": 3}), "file:x.yaml")
+    repeated = policy_changed("bot", before, after, "file:x.yaml", revision=5)
+    assert repeated is not None
+    assert repeated.id != event.id  # the same change made again later (revoke, restore, revoke): a third fact
+    limits = policy_changed(
+        "bot", before, before.model_copy(update={"max_concurrent_tasks": 3}), "file:x.yaml", revision=3
+    )
     assert limits is not None
     assert limits.payload(AgentPolicyChanged).tools_granted == limits.payload(AgentPolicyChanged).tools_revoked == []
 
 
 def test_listed_and_unlisted() -> None:
-    listed = policy_changed("bot", None, _grant(), "file:x.yaml")
-    unlisted = policy_changed("bot", _grant(), None, "file:x.yaml")
+    listed = policy_changed("bot", None, _grant(), "file:x.yaml", revision=0)
+    unlisted = policy_changed("bot", _grant(), None, "file:x.yaml", revision=7)
     assert listed is not None
     assert unlisted is not None
     assert (listed.payload(AgentPolicyChanged).change, listed.payload(AgentPolicyChanged).tools_granted) == (
@@ -141,6 +146,7 @@ async def test_each_start_journals_what_its_allow_list_changed_once(
     store = await bus.store(BUCKET_AGENTS, GrantRecord)
     triage = await store.get(policy_key("triage-bot"))
     assert triage is not None
+    assert triage.value.grant is not None
     assert triage.value.grant.allowed_tools == ["ask_human", "get_input", "notify"]
 
     stop = await start_agent_collab(first)  # restarted with the same list: no change to report
@@ -156,7 +162,27 @@ async def test_each_start_journals_what_its_allow_list_changed_once(
         ("old-bot", "unlisted", [], []),
         ("triage-bot", "changed", ["ask_agent"], ["notify"]),
     ]
-    assert await store.get(policy_key("old-bot")) is None
+    gone = await store.get(policy_key("old-bot"))
+    assert gone is not None
+    assert gone.value.grant is None  # kept as "not listed": its revision only grows
+
+
+async def test_the_same_change_made_again_is_journaled_again(
+    bus: Bus, start_agent_collab: StartCollab, tmp_path: Path
+) -> None:
+    """Revoke, restore, revoke: three facts on record, the third not taken for a duplicate of the first; an
+    agent unlisted and listed again is ``listed`` again."""
+    first, second = _allow(tmp_path, "first.yaml", FIRST), _allow(tmp_path, "second.yaml", SECOND)
+    for allow in (first, second, first, second, first):
+        stop = await start_agent_collab(allow)
+        await stop()
+    triage = [
+        (c.change, c.tools_granted, c.tools_revoked) for c in await _stored_changes(bus) if c.agent_id == "triage-bot"
+    ]
+    revoke, restore = ("changed", ["ask_agent"], ["notify"]), ("changed", ["notify"], ["ask_agent"])
+    assert triage == [("listed", ["ask_human", "get_input", "notify"], []), revoke, restore, revoke, restore]
+    old = [c.change for c in await _stored_changes(bus) if c.agent_id == "old-bot"]
+    assert old == ["listed", "unlisted", "listed", "unlisted", "listed"]
 
 
 async def test_replicas_starting_together_journal_a_change_once(

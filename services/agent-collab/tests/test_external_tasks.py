@@ -47,6 +47,7 @@ from temporality_protocol.agent_tasks import TaskRecord, task_id_for, task_key
 from temporality_protocol.catalog import (
     BUCKET_AGENT_TASKS,
     RPC_AGENTS_HEARTBEAT,
+    RPC_AGENTS_LIST,
     RPC_AGENTS_REGISTER,
     RPC_AGENTS_TASKS_ACT,
     RPC_AGENTS_TASKS_POLL,
@@ -484,6 +485,10 @@ async def test_a_tool_the_allow_list_no_longer_grants_is_refused_before_the_agen
     assert event.data["task_id"] == task_id_for(run_id)
     tell = {"name": "notify", "arguments": {"recipient": "user:alice", "message": "FYI"}}
     assert (await call(bus, RPC_AGENTS_TASKS_ACT, action(run_id, 1, "tell", "tool_calls", calls=[tell])))["accepted"]
+    # and its card no longer advertises the revoked tool (get_collaborators, agents.list)
+    listing = await call(bus, RPC_AGENTS_LIST, {"agent_id": AGENT, "protocol_versions": ["1.0"]})
+    (card,) = [c for c in listing["agents"] if c["agent_id"] == AGENT]
+    assert card["allowed_tools"] == ["notify"]
 
 
 async def _has_task(bus: Bus, run_id: str) -> bool:

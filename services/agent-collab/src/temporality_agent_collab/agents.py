@@ -437,7 +437,7 @@ class AgentRegistry:
                 continue
             if found.value.state is AgentLifecycleState.DECOMMISSIONED and not include_decommissioned:
                 continue
-            cards.append(card(found.value))
+            cards.append(card(found.value, self.allow_list))
         return cards
 
     # ------------------------------------------------------------------ discovery (PRO-2)
@@ -475,7 +475,7 @@ class AgentRegistry:
             accepted=True,
             round=rnd.round,
             results=rnd.results,
-            capabilities=card(record).capabilities,
+            capabilities=card(record, self.allow_list).capabilities,
         )
 
     async def handle_conformance_timer(self, data: bytes, delivery: Delivery | None = None) -> None:

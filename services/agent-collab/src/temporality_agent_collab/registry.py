@@ -567,8 +567,21 @@ def readmitted_event(record: AgentRecord, by: str, reason: str) -> Envelope:
 
 
 # --------------------------------------------------------------------------- discovery and timers
-def card(record: AgentRecord) -> AgentCard:
-    """The agent's card (PRO-2): a declared capability is verified only by its conformance round."""
+def granted(agent: AgentRecord, allow_list: AllowList) -> list[str]:
+    """The tools ``agent`` may call now (AP-11): those its registration was granted (``policy.allowed_tools``) that
+    the allow-list agent-collab runs with still grants. A tool the operator revoked -- the allow-list changed, then
+    agent-collab restarted -- is refused from that start on, not only once the agent registers again (its
+    registration then gets the narrower policy); an agent no longer listed is granted nothing."""
+    listed = allow_list.get(agent.agent_id)
+    if listed is None:
+        return []
+    return [tool for tool in agent.policy.allowed_tools if tool in listed.allowed_tools]
+
+
+def card(record: AgentRecord, allow_list: AllowList) -> AgentCard:
+    """The agent's card (PRO-2): a declared capability is verified only by its conformance round; the tools it
+    may use are those it is granted now (:func:`granted`: a revoked tool is not advertised until it registers
+    again)."""
     declared = record.declaration
     return AgentCard(
         agent_id=record.agent_id,
@@ -579,7 +592,7 @@ def card(record: AgentRecord) -> AgentCard:
         protocol_version=record.protocol_version,
         capabilities=capability_views(declared.capabilities, record.conformance),
         supported_tools=declared.supported_tools,
-        allowed_tools=record.policy.allowed_tools,
+        allowed_tools=granted(record, allow_list),
         max_context_size=record.policy.limits.max_context_size,
         registered_at=record.registered_at,
         last_heartbeat_at=record.last_heartbeat_at,

@@ -47,7 +47,7 @@ from temporality_agent_collab.gate import MessageGate, SignedResponder
 from temporality_agent_collab.hints import claimed, json_field
 from temporality_agent_collab.participants import InvalidKey, RunIndex, SagaParticipants, saga_key
 from temporality_agent_collab.participants import run_key as saga_run_key
-from temporality_agent_collab.registry import SOURCE, AgentRecord, agent_key, utcnow
+from temporality_agent_collab.registry import SOURCE, AgentRecord, agent_key, granted, utcnow
 from temporality_agent_collab.rpc import QUEUE_GROUP
 from temporality_bus import (
     AlreadyExists,
@@ -129,17 +129,6 @@ class TaskRefused(Exception):
 
 
 # --------------------------------------------------------------------------- pure dialogue steps
-def granted(agent: AgentRecord, allow_list: AllowList) -> list[str]:
-    """The tools ``agent`` may call now (AP-11): those its registration was granted (``policy.allowed_tools``) that
-    the allow-list agent-collab runs with still grants. A tool the operator revoked -- the allow-list changed, then
-    agent-collab restarted -- is refused from that start on, not only once the agent registers again (its
-    registration then gets the narrower policy); an agent no longer listed is granted nothing."""
-    listed = allow_list.get(agent.agent_id)
-    if listed is None:
-        return []
-    return [tool for tool in agent.policy.allowed_tools if tool in listed.allowed_tools]
-
-
 def offered(current: TaskRecord, offer: AgentTaskOffered, now: datetime) -> TaskRecord | None:
     """The run-executor offers turn ``offer.turn``: the next turn after an action, else nothing changes
     (a redelivered or stale offer, or one for a task that has ended)."""

@@ -260,7 +260,8 @@ async def _temporality(tmp: Path, loops: int, concurrency: int, warmup: int) -> 
                 return time.perf_counter() - start
 
             figures: list[Figures] = []
-            agents: tuple[tuple[str, Loop], ...] = ((LOOP_TRIGGER, "same loop"), (DEMO_TRIGGER, "demo reviewer"))
+            # the judged loop second: it runs on the journal the demo's loops filled, never on a fresh stack
+            agents: tuple[tuple[str, Loop], ...] = ((DEMO_TRIGGER, "demo reviewer"), (LOOP_TRIGGER, "same loop"))
             for trigger, what in agents:
                 bus = functools.partial(loop, trigger=trigger, read_model=False)
                 read = functools.partial(loop, trigger=trigger, read_model=True)

@@ -541,13 +541,23 @@ async def run(args: argparse.Namespace) -> int:
         except (OSError, ssl.SSLError) as exc:
             log.error("cannot use the CA file %s: %s", args.tls_ca, exc)
             return 2
+
+    async def on_nats_error(exc: Exception) -> None:  # one line, not nats-py's traceback per attempt
+        log.warning("nats: %r", exc)
+
     try:
-        nc = await nats.connect(
-            args.nats_url,
-            name=f"external-agent-{args.agent_id}",
-            connect_timeout=5,
-            tls=tls,
-            inbox_prefix=args.inbox_prefix or inbox_prefix_for(args.nats_url),
+        # nats-py retries a first connection like a reconnect (every 2 s, 60 times): bounded here, so that an
+        # unreachable server or a certificate the CA does not vouch for ends the agent with exit 6 soon
+        nc = await asyncio.wait_for(
+            nats.connect(
+                args.nats_url,
+                name=f"external-agent-{args.agent_id}",
+                connect_timeout=5,
+                tls=tls,
+                inbox_prefix=args.inbox_prefix or inbox_prefix_for(args.nats_url),
+                error_cb=on_nats_error,
+            ),
+            timeout=args.connect_within_s,
         )
     except (OSError, TimeoutError, nats.errors.Error) as exc:
         log.error("cannot connect to %s: %r", args.nats_url, exc)
@@ -659,6 +669,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--beats", type=int, default=3, help="heartbeats to send before deregistering")
     parser.add_argument("--period-s", type=float, default=None, help="seconds between heartbeats")
     parser.add_argument("--timeout-s", type=float, default=5.0, help="how long to wait for each reply")
+    parser.add_argument(
+        "--connect-within-s", type=float, default=15.0, help="give up (exit 6) when NATS is not reached within this"
+    )
     parser.add_argument("--work", action="store_true", help="take tasks and do them (instead of --beats heartbeats)")
     parser.add_argument("--tasks", type=int, default=0, help="with --work: stop after this many tasks (0: never)")
     parser.add_argument("--poll-s", type=float, default=1.0, help="with --work: seconds between task polls")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -233,3 +234,15 @@ async def test_the_example_agent_speaks_the_protocol_over_tls(tmp_path: Path) ->
             await log.stop()
     finally:
         server.stop()
+
+
+async def test_the_example_agent_gives_up_on_an_unreachable_nats_with_exit_6() -> None:
+    """No server there: a few one-line warnings, then exit 6 within ``--connect-within-s`` (nats-py alone retries
+    a first connection for two minutes, a traceback per attempt)."""
+    with socket.socket() as probe:  # a port nothing listens on: bound, never listening
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        code, _out, err = await run_agent("--nats-url", f"nats://127.0.0.1:{port}", "--connect-within-s", "2")
+    assert code == 6, err.decode()
+    assert b"cannot connect to" in err
+    assert b"Traceback" not in err

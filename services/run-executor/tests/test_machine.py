@@ -191,7 +191,7 @@ def test_a_run_requested_again_while_running_recovers_from_its_checkpoint() -> N
     # the last committed turn's run.checkpointed again: its driver may have died between commit and publish
     again = next(e for e in decision.effects if isinstance(e, Publish) and isinstance(e.data, RunCheckpointed))
     assert (again.data, again.id_parts) == (RunCheckpointed(run_id=RUN_ID, checkpoint_id="ckpt-3", turn=3), ("3",))
-    assert decision.then == Boundary()
+    assert decision.then == Boundary(recovery=True)
     # parked, resuming or finished: a duplicate request changes nothing but its run.created
     for state in (RunState.WAITING_FOR_HUMAN, RunState.RESUMING, RunState.COMPLETED):
         duplicate = _decide(_run(state), _ckpt(), incoming)
@@ -496,7 +496,7 @@ def test_a_repeated_outcome_for_an_applied_request_is_a_no_op() -> None:
     # ... also when its card is gone meanwhile (never a run.failed for a finished run)
     assert _kinds(_decide(_run(RunState.COMPLETED), ckpt, outcome, agent=None)) == ["Publish", "ArmRetention"]
     # running on the strength of it (its resumer died): this delivery drives the run on
-    assert _decide(_run(RunState.RUNNING), ckpt, outcome).then == Boundary()
+    assert _decide(_run(RunState.RUNNING), ckpt, outcome).then == Boundary(recovery=True)
     # applying an outcome the run is not waiting for is refused for good
     with pytest.raises(PermanentError, match="is not waiting on hr-other"):
         apply_result(_ckpt(pending=_pending()), "hr-other", "{}", T0)

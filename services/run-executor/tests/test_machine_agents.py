@@ -480,7 +480,7 @@ def test_a_redelivery_finding_a_live_lease_retries_and_an_expired_one_is_taken_o
     later = _decide(held, _ckpt(turn=3), incoming, now=T0 + timedelta(seconds=11))
     assert isinstance(later.effects[1], TakeLease)
     assert any(isinstance(e, Publish) and isinstance(e.data, RunResumed) for e in later.effects)
-    assert later.then == Boundary()
+    assert later.then == Boundary(recovery=True)
     # its own lease does not stop a handler
     mine = _run(RunState.RUNNING, lease=Lease(holder="me", expires_at=T0 + timedelta(seconds=10)))
     assert isinstance(_decide(mine, _ckpt(), Boundary()).then, CallProvider)

@@ -25,6 +25,7 @@ from temporality_run_executor.machine import (
     ArmWatchdog,
     Attempt,
     Boundary,
+    CallProvider,
     CancelRecorded,
     Decision,
     Incoming,
@@ -44,7 +45,7 @@ from temporality_run_executor.machine import (
     moved,
 )
 from temporality_run_executor.providers import AssistantTurn
-from temporality_run_executor.records import CancelRequest, Checkpoint, Lease, RunRecord
+from temporality_run_executor.records import AgentMail, CancelRequest, Checkpoint, Lease, RunRecord
 from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
 from temporality_run_executor.watchdog import WatchdogPayload
 
@@ -144,7 +145,7 @@ def test_an_action_before_the_park_is_committed_waits_for_the_live_driver_else_d
     dead = Lease(holder="drv/other", expires_at=T0 - timedelta(seconds=1))
     recovered = _decide(_run(RunState.RUNNING, lease=dead), AgentActed(RUN_ID, TASK_ID, 2, "evt-a"))
     assert _kinds(recovered) == ["TakeLease", "Publish"]  # and the last turn's run.checkpointed again
-    assert recovered.then == Boundary()
+    assert recovered.then == Boundary(recovery=True)
 
 
 def test_the_action_wakes_the_run_once_guarded_by_the_wait_and_is_the_turn_s_reply() -> None:
@@ -241,3 +242,25 @@ def test_a_run_asked_to_stop_while_its_action_was_read_is_cancelled_not_woken_no
         decision = _decide(_parked(cancel=asked), looked)
         assert [type(e.data) for e in decision.effects if isinstance(e, Publish)] == [RunCancelled]
         assert decision.then is None
+
+
+def test_a_recovery_of_an_external_agent_s_run_keeps_its_agent_messages_for_the_next_boundary() -> None:
+    """An agent message queued while the dead driver's turn was with the agent: the turn called again may have
+    been offered (same id: an offer with the message would be dropped) or acted on (the message would land before
+    the action, outside every offer). So the recovering boundary calls the turn without it; the boundary after
+    that turn's commit frames it (the next offer carries it). A hosted agent's recovery frames it at once."""
+    mail = AgentMail(key="evt-ask", kind="ask", request_id="req-1", sender="agent:lead", mode="async", text="Q?")
+    queued = _ckpt(turn=1, inbox=[mail])
+    running = _run(RunState.RUNNING, lease=Lease(holder="drv/h1", expires_at=T0 + timedelta(seconds=30)))
+    recovering = _decide(running, Boundary(recovery=True), ckpt=queued)
+    assert _kinds(recovering) == ["ArmWatchdog"]
+    assert isinstance(recovering.then, CallProvider)
+    assert recovering.then.turn == 2
+    assert recovering.then.messages == queued.messages  # the message stays queued, not in the turn's conversation
+    after_commit = _decide(running, Boundary(), ckpt=queued)
+    assert _kinds(after_commit) == ["DeliverMail"]
+    hosted = Agent(
+        CARD.model_copy(update={"provider": ProviderConfig(kind="scripted", script="reviewer")}), AGENT.tools
+    )
+    framed = decide(running, queued, hosted, Boundary(recovery=True), now=T0, attempt=ATTEMPT)
+    assert _kinds(framed) == ["DeliverMail"]

@@ -408,7 +408,15 @@ class CancelRecorded:
 
 @dataclass(frozen=True)
 class Boundary:
-    """A turn boundary of the driving handler (run and checkpoint read afresh): start a turn, park or end."""
+    """A turn boundary of the driving handler (run and checkpoint read afresh): start a turn, park or end.
+
+    ``recovery``: the first boundary of a handler that took over a run whose driver died mid-turn. A run of an
+    external agent then keeps its queued agent messages for the next boundary: the turn it calls again may
+    already have been offered to the agent (the offer's id is the turn's, so a second one with these messages
+    would be dropped as a duplicate) or acted on, and a message framed before the turn's action would never be
+    in an offer (:func:`temporality_run_executor.external.messages_of` offers those after the last action)."""
+
+    recovery: bool = False
 
 
 @dataclass(frozen=True)
@@ -981,8 +989,8 @@ def _decide(
             return _decision(FlagCancel(request), then=CancelRecorded(incoming.requested_by))
         case CancelRecorded():
             return _cancel_recorded(run, checkpoint, incoming)
-        case Boundary():
-            return _boundary(run, checkpoint, agent, attempt, now, redactor)
+        case Boundary(recovery=recovery):
+            return _boundary(run, checkpoint, agent, attempt, now, redactor, recovery=recovery)
         case Parked():
             if run is not None and run.cancel is not None:  # asked to stop while parking: nobody else will
                 return _decision(*_cancel(run, run.cancel, _totals(checkpoint)))
@@ -1071,7 +1079,7 @@ def _requested(
         Note("run.recovering", "warning", {"from_turn": ckpt.turn}),
         *_checkpointed_again(run, ckpt),
         started,
-        then=Boundary(),
+        then=Boundary(recovery=True),
     )
 
 
@@ -1278,7 +1286,7 @@ def _recover_after_resume(run: RunRecord, ckpt: Checkpoint, attempt: Attempt, no
         Note("run.recovering.after_resume", "warning"),
         TakeLease(_lease(attempt, now)),
         *_checkpointed_again(run, ckpt),
-        then=Boundary(),
+        then=Boundary(recovery=True),
     )
 
 
@@ -1511,12 +1519,15 @@ def _boundary(
     attempt: Attempt,
     now: datetime,
     redactor: Redactor,
+    *,
+    recovery: bool = False,
 ) -> Decision:
     """A turn boundary: whatever was asked for meanwhile applies now, then park, fail a limit, or start a turn.
 
     Agent messages queued meanwhile (COL-4) are framed into the conversation here, as user messages,
     before the limits are checked and the next provider call is made; a run about to park keeps them
-    queued until it resumes. Starting a turn renews the handler's lease.
+    queued until it resumes, and a run of an external agent recovering from its driver's death keeps them
+    for the boundary after the turn it calls again (:class:`Boundary`). Starting a turn renews the handler's lease.
     """
     if run is None or run.state is not RunState.RUNNING:
         return _decision()
@@ -1535,7 +1546,7 @@ def _boundary(
     child = handed_off_to(ckpt)
     if child is not None:  # a crash after the handoff's turn was committed: the run still ends, handed off
         return _decision(*_complete(run, _handed_off_result(child), _totals(ckpt)))
-    if ckpt.inbox:
+    if ckpt.inbox and not (recovery and agent.card.provider.kind == "external"):
         return _decision(DeliverMail(), then=Boundary())
     limits = agent.card.limits
     max_turns = _max_turns(run, agent)

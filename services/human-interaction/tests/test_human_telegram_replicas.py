@@ -16,7 +16,7 @@ from test_human_telegram import ALICE, USERS
 from temporality_bus import Bus
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
 from temporality_human_interaction.channels.lease import InboundLease, lease_key
-from temporality_human_interaction.channels.refs import ChannelRefs
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs
 from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.inbound import AnswerRouter
@@ -149,3 +149,21 @@ async def test_a_lease_whose_holder_died_is_taken_over_after_its_ttl(bus: Bus) -
     finally:
         await second.stop()
     assert await ChannelRefs(bus).get(lease_key("test", "died")) is None, "released on stop"
+
+
+async def test_a_replica_that_lost_its_lease_stops_polling_and_polls_again_once_it_holds_it_again(
+    bus: Bus, emulator: TelegramEmulator
+) -> None:
+    only = await _replica(bus, emulator, "only")
+    try:
+        await _the_poller(only)
+        # another holder's write: the holder's next renewal loses its compare-and-set and it stops polling; that
+        # other holder never renews, so after the ttl it takes the lease over and polls again (a restarted updater)
+        await (await bus.store(BUCKET_HUMAN_CHANNELS, ChannelRef)).put(KEY, ChannelRef(value="someone-else"))
+        await eventually(lambda: _true_if(not only.telegram.polling), timeout_s=TTL_S, what="polling stopped")
+        assert await ChannelRefs(bus).get(KEY) == "someone-else"
+        await _the_poller(only)
+        assert await ChannelRefs(bus).get(KEY) == only.lease.holder
+        await _ask_and_press(bus, only, emulator, answered=1)
+    finally:
+        await only.stack.aclose()

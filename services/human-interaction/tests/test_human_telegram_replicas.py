@@ -8,12 +8,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-from human_support import exactly, requested, stored
+from human_support import exactly, requested, stored, wait_for_record
+from pydantic import SecretStr
+from replica_support import replica
 from test_human_telegram import ALICE, USERS
 
-from temporality_bus import Bus
+from temporality_bus import Bus, NatsSettings
+from temporality_human_interaction import Settings
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
 from temporality_human_interaction.channels.lease import InboundLease, lease_key
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs
@@ -21,6 +25,9 @@ from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.requests import RequestHandler
+from temporality_protocol import HumanPolicy, LaunchSource, RunRequested, make_event, new_id
+from temporality_service import ApiAuthSettings, ApiToken, Role
+from temporality_service.auth import dump_tokens
 from temporality_testing.telegram_emulator import TelegramEmulator
 from temporality_testing.waiting import eventually, stays
 
@@ -167,3 +174,80 @@ async def test_a_replica_that_lost_its_lease_stops_polling_and_polls_again_once_
         await _ask_and_press(bus, only, emulator, answered=1)
     finally:
         await only.stack.aclose()
+
+
+SERVICE_USERS = f"""users:
+  alice:
+    display_name: Alice Example
+    inbox_token: alice-demo-token
+    preferred: telegram
+    fallback: [web]
+    channels: {{telegram: {{chat_id: {ALICE.id}}}, web: {{}}}}
+"""
+
+
+@pytest.mark.timeout(150)
+async def test_two_service_replicas_with_one_bot_bind_each_press_once_and_hand_over_when_the_poller_stops(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, emulator: TelegramEmulator
+) -> None:
+    """The service as it starts (``configure``/``setup`` under the runtime, ``build_adapters`` giving Telegram its
+    lease from the settings), twice on one nats-server and one bot."""
+    (tmp_path / "users.yaml").write_text(SERVICE_USERS, encoding="utf-8")
+    token = ApiToken(name="ops", role=Role.admin, token=SecretStr("lease-test-admin-token-0123456789"))
+    (tmp_path / "tokens.json").write_text(dump_tokens([token]), encoding="utf-8")
+    settings = Settings(
+        nats=nats_settings,
+        host="127.0.0.1",
+        port=0,
+        users_file=tmp_path / "users.yaml",
+        api=ApiAuthSettings(tokens_file=tmp_path / "tokens.json"),
+        telegram_token=SecretStr(emulator.token),
+        telegram_base_url=emulator.base_url,
+        telegram_poll_timeout_s=1,
+        channel_lease_ttl_s=TTL_S,
+        channel_lease_renew_s=RENEW_S,
+    )
+    run_id = new_id("run")
+    run = RunRequested(
+        run_id=run_id,
+        agent="reviewer",
+        title="Review PR 42",
+        launch=LaunchSource(kind="webhook", trigger_id="ado-pr-review"),
+        human=HumanPolicy(allowed_recipients=["user:alice"]),
+    )
+    await bus.publish(make_event(run, source="/temporality/trigger-gateway", run_id=run_id))
+
+    async def ask_and_press(answered: int) -> None:
+        event = requested(recipient="user:alice", allowed=("user:alice",), run_id=run_id)
+        await bus.publish(event)
+        record = await wait_for_record(bus, str(event.data["request_id"]), lambda r: bool(r.deliveries))
+        copy = record.copy_on("telegram")
+        assert copy is not None, "the question went out on Telegram"
+        message = await emulator.wait_for_message(ALICE.id, lambda m: m["message_id"] == int(copy.reference))
+        query = await emulator.press(ALICE, message, emulator.buttons(message)[1]["callback_data"])
+        assert (await emulator.wait_for_callback_answer(query))["text"] == "Recorded: Drop v1"
+        await exactly(bus, "human.answered", answered)
+        await stays(
+            lambda: len([a for a in emulator.callback_answers if a.get("callback_query_id") == query]) == 1,
+            settle_s=1.0,
+            what="the press answered once",
+        )
+
+    first = AsyncExitStack()  # closed by hand below (aclose again at the end is a no-op)
+    async with first:
+        await first.enter_async_context(replica(settings))
+        async with replica(settings):
+            holder = await ChannelRefs(bus).get(KEY)
+            assert holder is not None, "the first replica took the polling lease as it started"
+            overlaps = emulator.poll_overlaps
+            await stays(lambda: emulator.poll_overlaps == overlaps, settle_s=2.0, what="one poller at a time")
+            await ask_and_press(answered=1)
+
+            await first.aclose()  # the poller stops: the other replica takes over
+
+            async def taken_over() -> str | None:
+                now = await ChannelRefs(bus).get(KEY)
+                return now if now is not None and now != holder else None
+
+            await eventually(taken_over, timeout_s=TTL_S, what="the second replica holds the polling lease")
+            await ask_and_press(answered=2)

@@ -146,6 +146,10 @@ class InboundLease:
             try:
                 self._revision = await store.update(self.key, self._value(), self._revision)
             except Conflict:
+                got = await store.get(self.key)
+                if got is not None and got.value.value == self.holder:  # our renewal landed, its answer was lost
+                    self._revision = got.revision
+                    return
                 log.warning("lease.lost", key=self.key, holder=self.holder)
                 self._revision = None
                 await self._set(held=False)

@@ -7,9 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 from human_support import OPTIONS
+from pydantic import ValidationError
 
 from temporality_bus import Bus
 from temporality_human_interaction.__main__ import build_adapters, check_channel_settings
+from temporality_human_interaction.channels.lease import lease_key
 from temporality_human_interaction.channels.matrix import MatrixAdapter, option_for_reaction
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.channels.render import option_named, outcome_text, question_html, question_text
@@ -53,6 +55,18 @@ def test_only_configured_chat_adapters_start(bus: Bus) -> None:
     assert isinstance(adapters[1], TelegramAdapter)
     assert isinstance(adapters[2], MatrixAdapter)
     assert "123:abc" not in repr(both)  # secrets are SecretStr: never in a log line
+    # issue 11: each chat adapter's inbound side is leased per account (one replica polls / syncs it)
+    assert adapters[1]._lease is not None
+    assert adapters[1]._lease.key == "lease.telegram.123"
+    assert adapters[2]._lease is not None
+    assert adapters[2]._lease.key == lease_key("matrix", "@bot:localhost")
+    assert adapters[2]._lease.key.startswith("lease.matrix.")
+    assert (adapters[1]._lease.ttl_s, adapters[1]._lease.renew_s) == (15.0, 3.0)
+
+
+def test_a_lease_renewed_too_rarely_is_refused_at_start() -> None:
+    with pytest.raises(ValidationError, match="under half of channel_lease_ttl_s"):
+        Settings(channel_lease_ttl_s=4, channel_lease_renew_s=2)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,8 @@ Test-side helpers act as people: :meth:`TelegramEmulator.press` (a button press,
 update), :meth:`TelegramEmulator.reply` (a text reply to a message), :meth:`TelegramEmulator.say`
 (plain text); and read what the bot did, waiting on a condition with a timeout:
 :meth:`wait_for_message`, :meth:`wait_for_callback_answer`, :meth:`wait_for_edit`. Fault injection:
-:meth:`block` makes ``sendMessage`` to a chat fail with 403 like a user who blocked the bot.
+:meth:`block` makes ``sendMessage`` to a chat fail with 403 like a user who blocked the bot. Two pollers:
+:attr:`TelegramEmulator.poll_overlaps` counts the ``getUpdates`` calls that began while another was open.
 
 Usage::
 
@@ -79,6 +80,10 @@ class TelegramEmulator:
     messages: dict[tuple[int, int], Json] = field(default_factory=dict)
     #: Every ``answerCallbackQuery`` call's params, in order.
     callback_answers: list[Json] = field(default_factory=list)
+    #: ``getUpdates`` calls being answered now, and how many began while another one was (two pollers of one
+    #: bot: Telegram answers one of them ``409 Conflict``; a poll the client gave up on still counts until it ends).
+    polls_in_flight: int = 0
+    poll_overlaps: int = 0
     _updates: list[Json] = field(default_factory=list)
     _next_update: int = 1
     _next_message: int = 1
@@ -141,15 +146,21 @@ class TelegramEmulator:
             self._updates = [u for u in self._updates if u["update_id"] >= offset]  # confirmed: dropped
         loop = asyncio.get_running_loop()
         until = loop.time() + timeout
-        async with self._changed:
-            while not self._updates and not self._stopping.is_set():
-                left = until - loop.time()
-                if left <= 0:
-                    break
-                try:
-                    await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
-                except TimeoutError:
-                    continue
+        if self.polls_in_flight:
+            self.poll_overlaps += 1
+        self.polls_in_flight += 1
+        try:
+            async with self._changed:
+                while not self._updates and not self._stopping.is_set():
+                    left = until - loop.time()
+                    if left <= 0:
+                        break
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
+                    except TimeoutError:
+                        continue
+        finally:
+            self.polls_in_flight -= 1
         return self._updates[:limit]
 
     async def _send_message(self, params: Json) -> Json:

@@ -27,6 +27,7 @@ from temporality_bus import Bus
 from temporality_human_interaction.api import create_app
 from temporality_human_interaction.chain import ChainRunner
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
+from temporality_human_interaction.channels.lease import InboundLease, lease_key
 from temporality_human_interaction.deadlines import DeadlineHandler
 from temporality_human_interaction.directory import Directory, DirectoryError, parse_directory, read_directory_file
 from temporality_human_interaction.directory_api import group_view, user_view
@@ -97,12 +98,20 @@ def build_adapters(settings: Settings, bus: Bus, egress: EgressPolicy | None = N
     if settings.telegram_token is not None and settings.telegram_enabled:
         from temporality_human_interaction.channels.telegram import TelegramAdapter  # lazily: python-telegram-bot
 
+        token = settings.telegram_token.get_secret_value()
         adapters.append(
             TelegramAdapter(
                 bus,
-                token=settings.telegram_token.get_secret_value(),
+                token=token,
                 base_url=settings.telegram_base_url,
                 poll_timeout_s=settings.telegram_poll_timeout_s,
+                # one replica at a time polls (issue 11); the lease is per bot (the token's numeric id)
+                lease=InboundLease(
+                    bus,
+                    lease_key("telegram", token.partition(":")[0]),
+                    ttl_s=settings.channel_lease_ttl_s,
+                    renew_s=settings.channel_lease_renew_s,
+                ),
             )
         )
     if settings.matrix_homeserver is not None:
@@ -118,6 +127,13 @@ def build_adapters(settings: Settings, bus: Bus, egress: EgressPolicy | None = N
                 password=settings.matrix_password.get_secret_value() if settings.matrix_password else None,
                 access_token=settings.matrix_access_token.get_secret_value() if settings.matrix_access_token else None,
                 sync_timeout_s=settings.matrix_sync_timeout_s,
+                # one replica at a time syncs (issue 11); the lease is per bot account
+                lease=InboundLease(
+                    bus,
+                    lease_key("matrix", settings.matrix_user_id),
+                    ttl_s=settings.channel_lease_ttl_s,
+                    renew_s=settings.channel_lease_renew_s,
+                ),
             )
         )
     for adapter in adapters:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from temporality_service import HttpServiceSettings
@@ -62,6 +62,11 @@ class Settings(HttpServiceSettings):
     #: The long-poll ``timeout`` of ``getUpdates``, seconds.
     telegram_poll_timeout_s: float = Field(default=10.0, ge=0, le=50)
 
+    #: Issue 11: one replica at a time polls (the others only send); its lease in ``human-channels`` lasts
+    #: this long past its holder's last renewal, renewed every ``channel_lease_renew_s`` (:mod:`.channels.lease`).
+    channel_lease_ttl_s: float = Field(default=15.0, ge=1, le=300)
+    channel_lease_renew_s: float = Field(default=3.0, gt=0, le=100)
+
     # ------------------------------------------------------------------ Matrix (HUM-3)
     #: The homeserver's client URL (``https://matrix.example.org``); unset: no Matrix adapter.
     matrix_homeserver: str | None = None
@@ -80,6 +85,14 @@ class Settings(HttpServiceSettings):
         for channel, limit in value.items():
             if not 40 <= limit <= 100_000:
                 raise ValueError(f"egress_max_chars[{channel}]: {limit} is not between 40 and 100000")
+        return value
+
+    @field_validator("channel_lease_renew_s")
+    @classmethod
+    def _renewed_in_time(cls, value: float, info: ValidationInfo) -> float:
+        ttl = info.data.get("channel_lease_ttl_s")
+        if ttl is not None and value >= ttl / 2:
+            raise ValueError(f"must be under half of channel_lease_ttl_s ({ttl})")
         return value
 
     @property

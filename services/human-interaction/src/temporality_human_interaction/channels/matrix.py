@@ -1,7 +1,8 @@
 """The Matrix adapter (matrix-nio), a client of any homeserver; tested against a real Synapse (HUM-3).
 
 Lifecycle: :meth:`initialize` logs in as the bot (password, or an access token checked with
-``whoami``), then syncs once. Where the last run stopped (``next_batch``, kept in KV under
+``whoami``): from here the adapter sends. The inbound side below (the syncs) runs only while this replica holds
+the Matrix sync lease (:mod:`.lease`, issue 11; without a lease it always does): it syncs once. Where the last run stopped (``next_batch``, kept in KV under
 ``matrix.since.<bot>``) it resumes from there and processes what arrived meanwhile; on the very
 first start it keeps the initial sync's ``next_batch`` without processing, so history is never
 re-processed. A background task then long-polls ``/sync`` and stores ``next_batch`` after each batch.
@@ -66,6 +67,7 @@ from temporality_human_interaction.channels.base import (
     InboundAnswer,
     InboundResult,
 )
+from temporality_human_interaction.channels.lease import InboundLease
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.channels.render import (
     option_named,
@@ -152,6 +154,7 @@ class MatrixAdapter(ChannelAdapter):
         access_token: str | None = None,
         sync_timeout_s: float = 10.0,
         device_name: str = "temporality-human-interaction",
+        lease: InboundLease | None = None,
     ) -> None:
         if password is None and access_token is None:
             raise ValueError("the Matrix adapter needs a password or an access token")
@@ -164,14 +167,31 @@ class MatrixAdapter(ChannelAdapter):
         self._device_name = device_name
         self._refs = ChannelRefs(bus)
         self._client: Any = None
-        self._synced = False
+        self._logged_in = False  # sends work from here
+        self._synced = False  # the inbound side: the first sync done, /sync long-polled
+        #: Who may sync (issue 11): None syncs whenever the adapter runs (one replica); else only the holder.
+        self._lease = lease
+        self._lease_changed = asyncio.Event()
+        if lease is not None:
+            lease.on_change = self._on_lease_change
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._since_key = ref_key("matrix", "since", user_id)
 
     @property
     def available(self) -> bool:
-        return self._client is not None and self._synced
+        return self._client is not None and self._logged_in
+
+    @property
+    def syncing(self) -> bool:
+        """Whether this adapter runs the inbound side (syncs and processes what people send)."""
+        return self._synced
+
+    def _inbound_wanted(self) -> bool:
+        return self._lease is None or self._lease.held
+
+    async def _on_lease_change(self) -> None:
+        self._lease_changed.set()  # the sync loop starts (or stops after its current long poll) syncing
 
     # ------------------------------------------------------------------ lifecycle
     async def initialize(self) -> None:
@@ -183,6 +203,8 @@ class MatrixAdapter(ChannelAdapter):
             self._user_id,
             config=AsyncClientConfig(store_sync_tokens=False, encryption_enabled=False),
         )
+        if self._lease is not None:
+            await self._lease.start()  # syncs once it holds the lease
         try:
             await self._connect()
         except Exception as exc:  # the homeserver is down or refuses: run degraded, keep trying
@@ -193,6 +215,7 @@ class MatrixAdapter(ChannelAdapter):
         task, self._task = self._task, None
         self._stopping = True  # the loop stops even if a library swallows the cancellation below
         self._synced = False
+        self._logged_in = False
         if task is not None:
             task.cancel()
             done, _ = await asyncio.wait({task}, timeout=10)
@@ -200,13 +223,24 @@ class MatrixAdapter(ChannelAdapter):
                 log.warning("matrix.sync_task_did_not_stop")
             elif not task.cancelled() and task.exception() is not None:
                 log.warning("matrix.sync_task_failed", error=repr(task.exception()))
+        if self._lease is not None:
+            await self._lease.stop()  # after the sync loop stopped: another replica syncs on at once
         client, self._client = self._client, None
         if client is not None:
             await client.close()
             log.info("matrix.stopped")
 
     async def _connect(self) -> None:
-        """Log in (or check the token) and do the first sync; ``available`` once this returned."""
+        """Log in (or check the token): ``available`` (sends work) from here; then the first sync when this replica
+        runs the inbound side."""
+        if not self._logged_in:
+            await self._log_in()
+            self._logged_in = True
+            log.info("matrix.logged_in", user_id=self._client.user_id)
+        if not self._synced and self._inbound_wanted():
+            await self._first_sync()
+
+    async def _log_in(self) -> None:
         client = self._client
         if self._access_token is not None:
             client.access_token = self._access_token
@@ -220,11 +254,15 @@ class MatrixAdapter(ChannelAdapter):
             login = await client.login(password=self._password, device_name=self._device_name)
             if not isinstance(login, LoginResponse):
                 raise ChannelUnavailable(f"the Matrix login was refused: {getattr(login, 'message', login)}")
+
+    async def _first_sync(self) -> None:
+        """Sync once from where the last sync (of any replica) stopped and process what arrived meanwhile."""
+        client = self._client
         since = await self._refs.get(self._since_key)
         response = await client.sync(timeout=0, since=since, full_state=since is None)
         if not isinstance(response, SyncResponse):
             raise ChannelUnavailable(f"the first Matrix sync failed: {getattr(response, 'message', response)}")
-        self._synced = True  # available from here: answers processed below may edit messages
+        self._synced = True
         log.info("matrix.started", user_id=client.user_id, resumed=since is not None)
         if since is not None:
             await self._process(response)  # what arrived while we were away
@@ -234,11 +272,23 @@ class MatrixAdapter(ChannelAdapter):
         failures = 0
         while not self._stopping:
             try:
+                if not self._inbound_wanted():  # another replica syncs: only send (log in if not yet)
+                    if self._synced:
+                        self._synced = False
+                        log.info("matrix.sync_stopped", lease=self._lease.holder if self._lease else None)
+                    if not self._logged_in:
+                        await self._connect()
+                    self._lease_changed.clear()
+                    if not self._inbound_wanted():
+                        await self._lease_changed.wait()
+                    continue
                 if not self._synced:
                     await self._connect()
                 response = await self._client.sync(timeout=self._sync_timeout_ms)
                 if self._stopping:
                     return
+                if not self._inbound_wanted():
+                    continue  # lost the lease during the long poll: the new holder syncs from the stored token
                 if not isinstance(response, SyncResponse):
                     raise ChannelUnavailable(f"sync failed: {getattr(response, 'message', response)}")
                 await self._process(response)

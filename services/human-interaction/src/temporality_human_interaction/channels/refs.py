@@ -25,6 +25,8 @@ key                                    value
                                        under): an open request that person may answer (:mod:`..inbox`)
 ``policy.<run id>``                    the run's human policy from its ``run.requested`` (:mod:`..policies`)
 ``parked.<run id>.<request id>``       a ``human.requested`` waiting for its run's policy (:mod:`..parking`)
+``lease.<channel>.<account>``          the replica polling / syncing that chat account now, and when its lease
+                                       runs out (:mod:`.lease`; issue 11)
 =====================================  ==========================================================
 
 An entry's ``expires_at`` (the request's deadline, which never changes) lets the request gauges
@@ -34,7 +36,7 @@ instead (and write nothing); the start-up rebuild and the retention sweep fill i
 :func:`..inbox.rebuild_index`), with ``people`` and ``ended_at`` likewise.
 
 The retention sweep (:mod:`..inbox`) purges every key here that belongs to a purged request, a
-notification or an ended run (past the retention); ``matrix.room.*`` and ``matrix.since.*`` stay.
+notification or an ended run (past the retention); ``matrix.room.*``, ``matrix.since.*`` and ``lease.*`` stay.
 
 The bucket is ensured by this service on first use (it is not in the shared catalogue yet).
 """

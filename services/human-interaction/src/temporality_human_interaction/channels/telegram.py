@@ -1,9 +1,11 @@
 """The Telegram adapter (python-telegram-bot 22), embedded in the service's event loop (HUM-3).
 
 Lifecycle: :meth:`initialize` builds the ``Application`` (``base_url`` configurable, so tests point it
-at :mod:`temporality_testing.telegram_emulator`), then ``initialize()`` (getMe), the updater's
-``start_polling`` (long-poll ``getUpdates``) and ``start()`` — never ``run_polling``, which would take
-over the loop and the signals. :meth:`shutdown` stops them in reverse order. If that start fails (the Bot API
+at :mod:`temporality_testing.telegram_emulator`), then ``initialize()`` (getMe) and ``start()`` (the
+dispatcher): from here the adapter sends. The updater's ``start_polling`` (long-poll ``getUpdates``) runs only
+while this replica holds the Telegram polling lease (:mod:`.lease`, issue 11: Telegram gives one poller a bot's
+updates; without a lease it always polls) — never ``run_polling``, which would take over the loop and the
+signals. :meth:`shutdown` stops polling, releases the lease, then stops the rest. If that start fails (the Bot API
 cannot be reached, or refuses the token), the service still starts, like the Matrix adapter: Telegram is
 unavailable (delivery goes to each profile's next channel), ``telegram.start_failed`` is logged (the token
 scrubbed: python-telegram-bot puts it into its ``InvalidToken`` message) and a background task tries again
@@ -65,6 +67,7 @@ from temporality_human_interaction.channels.base import (
     InboundAnswer,
     InboundResult,
 )
+from temporality_human_interaction.channels.lease import InboundLease
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.channels.render import option_named, option_number, outcome_text, question_text
 from temporality_human_interaction.directory import UserProfile
@@ -100,6 +103,7 @@ class TelegramAdapter(ChannelAdapter):
         base_url: str,
         poll_timeout_s: float = 10.0,
         retry_s: Sequence[float] = _RETRY_S,
+        lease: InboundLease | None = None,
     ) -> None:
         self._bus = bus
         self._token = token
@@ -110,10 +114,20 @@ class TelegramAdapter(ChannelAdapter):
         self._app: Application | None = None  # type: ignore[type-arg]
         self._running = False
         self._retrying: asyncio.Task[None] | None = None
+        #: Who may poll (issue 11): None polls whenever the adapter runs (one replica); else only the holder.
+        self._lease = lease
+        self._polling_lock = asyncio.Lock()
+        if lease is not None:
+            lease.on_change = self._sync_polling
 
     @property
     def available(self) -> bool:
         return self._running
+
+    @property
+    def polling(self) -> bool:
+        """Whether this adapter long-polls ``getUpdates`` now (runs the inbound side)."""
+        return self._app is not None and self._app.updater is not None and self._app.updater.running
 
     async def initialize(self) -> None:
         if self._app is not None:
@@ -130,17 +144,32 @@ class TelegramAdapter(ChannelAdapter):
         except Exception as exc:  # Telegram down, or the token refused: run without Telegram, keep trying
             log.warning("telegram.start_failed", error=self._scrubbed(exc), base_url=self._base_url)
             self._retrying = asyncio.create_task(self._keep_starting(app), name="telegram-start")
+        if self._lease is not None:
+            await self._lease.start()  # polls once it holds the lease (and the bot is up)
 
     async def _start(self, app: Application) -> None:  # type: ignore[type-arg]
-        """getMe, deleteWebhook + polling, the dispatcher: each step only if not done yet (a retry goes on)."""
+        """getMe, the dispatcher, then polling (deleteWebhook + getUpdates) if this replica is to poll: each
+        step only if not done yet (a retry goes on)."""
         await app.initialize()  # returns at once when it already succeeded
-        assert app.updater is not None
-        if not app.updater.running:
-            await app.updater.start_polling(timeout=int(self._poll_timeout_s), poll_interval=0.0)
         if not app.running:
             await app.start()
         self._running = True
         log.info("telegram.started", bot=app.bot.username, base_url=self._base_url)
+        await self._sync_polling()
+
+    async def _sync_polling(self) -> None:
+        """Poll exactly while the bot is up and this replica holds the inbound lease (or there is no lease)."""
+        async with self._polling_lock:
+            app = self._app
+            if app is None or app.updater is None:
+                return
+            want = self._running and (self._lease is None or self._lease.held)
+            if want and not app.updater.running:
+                await app.updater.start_polling(timeout=int(self._poll_timeout_s), poll_interval=0.0)
+                log.info("telegram.polling", lease=self._lease.holder if self._lease else None)
+            elif not want and app.updater.running:
+                await app.updater.stop()  # confirms the updates handled so far: the next poller goes on from there
+                log.info("telegram.polling_stopped", lease=self._lease.holder if self._lease else None)
 
     async def _keep_starting(self, app: Application) -> None:  # type: ignore[type-arg]
         failures = 0
@@ -159,12 +188,15 @@ class TelegramAdapter(ChannelAdapter):
         return (str(exc) or type(exc).__name__).replace(self._token, "<token>")
 
     async def shutdown(self) -> None:
-        app, self._app = self._app, None
-        self._running = False
         retrying, self._retrying = self._retrying, None
         if retrying is not None:
             retrying.cancel()
             await asyncio.gather(retrying, return_exceptions=True)
+        if self._lease is not None:
+            await self._lease.stop()  # stops polling (on_change), then lets another replica take over at once
+        async with self._polling_lock:
+            app, self._app = self._app, None
+            self._running = False
         if app is None:
             return
         if app.updater is not None and app.updater.running:

@@ -3,6 +3,7 @@ test (matrix-nio, in the test's loop); people are nio clients on the same homese
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -187,6 +188,21 @@ async def test_a_person_who_left_the_dm_is_invited_to_a_new_one_and_gets_the_nex
     assert room3 == room2  # in it again: reused
     assert (await stored(bus, first.request_id)) is not None
     assert (await stored(bus, third.request_id)) is not None
+
+
+async def test_two_questions_replacing_a_left_dm_at_once_open_one_new_dm(
+    bus: Bus, bot: tuple[MatrixAdapter, RequestHandler], alice: MatrixPerson, matrix_accounts: dict[str, MatrixAccount]
+) -> None:
+    """Two questions (or replicas) find at once that alice left her DM: each opens a room, one wins the kept
+    key by compare-and-set, both ask in that one; the other room is given up, its invite withdrawn."""
+    bot_id = matrix_accounts["bot"].user_id
+    _, room_id, _ = await _ask(bus, bot[1], alice, bot_id)
+    left = await alice.client.room_leave(room_id)
+    assert not isinstance(left, RoomLeaveError), left
+    user_id = matrix_accounts["alice"].user_id
+    first, second = await asyncio.gather(bot[0].dm_room(user_id), bot[0].dm_room(user_id))
+    assert first == second != room_id
+    assert await ChannelRefs(bus).get(ref_key("matrix", "room", user_id)) == first
 
 
 async def test_a_foreign_users_answer_is_refused_and_they_are_told(

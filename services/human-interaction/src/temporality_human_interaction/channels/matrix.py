@@ -330,13 +330,21 @@ class MatrixAdapter(ChannelAdapter):
         )
         if not isinstance(created, RoomCreateResponse):
             raise DeliveryFailed(f"cannot open a DM with {matrix_user}: {getattr(created, 'message', created)}")
-        if existing is not None:
-            await self._refs.put(key, created.room_id)
-            log.info("matrix.dm_created", room_id=created.room_id, replaces=existing)
-            return str(created.room_id)
-        room_id = await self._refs.claim(key, created.room_id)
-        log.info("matrix.dm_created", room_id=room_id, reused=room_id != created.room_id)
+        if existing is not None:  # compare-and-set: two questions (or replicas) replacing it at once open one DM
+            room_id = await self._refs.replace(key, existing, created.room_id)
+        else:
+            room_id = await self._refs.claim(key, created.room_id)
+        if room_id != created.room_id:  # another one won: its room is the DM; ours is given up, its invite withdrawn
+            await self._abandon(created.room_id, matrix_user)
+        log.info("matrix.dm_created", room_id=room_id, replaces=existing, reused=room_id != created.room_id)
         return room_id
+
+    async def _abandon(self, room_id: str, matrix_user: str) -> None:
+        """Withdraw the invite to a DM that lost the race (a kick rescinds an invite), and leave it; best effort:
+        the person is asked in the room that won either way."""
+        kicked = await self._client.room_kick(room_id, matrix_user, reason="Another DM with Temporality is used.")
+        left = await self._client.room_leave(room_id)
+        log.info("matrix.dm_abandoned", room_id=room_id, kicked=type(kicked).__name__, left=type(left).__name__)
 
     async def _membership(self, room_id: str, matrix_user: str) -> str:
         """``matrix_user``'s membership of ``room_id`` as the homeserver has it now (``join``, ``invite``, ``leave``,

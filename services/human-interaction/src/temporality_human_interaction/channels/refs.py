@@ -49,7 +49,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temporality_bus import AlreadyExists, Bus, Conflict, Store
+from temporality_bus import AlreadyExists, Bus, Conflict, Contended, Store
 from temporality_protocol.catalog import BUCKET_HUMAN_CHANNELS
 
 __all__ = ["BUCKET_HUMAN_CHANNELS", "ChannelRef", "ChannelRefs", "ref_key"]
@@ -108,6 +108,23 @@ class ChannelRefs:
     async def put(self, key: str, value: str) -> None:
         """Overwrite ``key`` (for values that move on: a sync token, the newest question in a room)."""
         await (await self._open()).put(key, ChannelRef(value=value))
+
+    async def replace(self, key: str, old: str, new: str) -> str:
+        """Store ``new`` under ``key`` if it still holds ``old`` (compare-and-set); returns the value that is stored
+        -- ``new``, or what another writer put there first (a replaced DM room: one winner, the others use it)."""
+        store = await self._open()
+        for _ in range(8):
+            got = await store.get(key)
+            if got is None:  # deleted meanwhile: the first to claim it wins
+                return await self.claim(key, new)
+            if got.value.value != old:
+                return got.value.value
+            try:
+                await store.update(key, ChannelRef(value=new), got.revision)
+            except Conflict:
+                continue
+            return new
+        raise Contended(BUCKET_HUMAN_CHANNELS.name, key, 8)
 
     async def delete(self, key: str) -> None:
         """Remove ``key`` (a no-op when it is not there)."""

@@ -5,8 +5,9 @@ hosted agents in one saga. ``expert`` parks on a person (so an ask to it waits i
 answers: COL-4, the message is kept, never dropped); ``lead`` asks it in ``wait`` mode and parks
 ``waiting_for_agent``. The run-executor is killed with SIGKILL twice:
 
-1. right after ``agent.asked`` -- agent-collab routes the ask while no executor runs, so ``agent.message.received``
-   waits in the stream for the next executor (between the ask and its delivery);
+1. right after ``agent.asked``, sent while agent-collab was down (killed too, so nothing routed it yet): agent-collab
+   comes back and routes the ask while no executor runs, so ``agent.message.received`` waits in the stream for the
+   next executor (between the ask and its delivery, for certain);
 2. once the restarted executor has queued the ask in ``expert``'s checkpoint, with ``lead`` still waiting.
 
 After the second restart the person lets ``expert`` go: it gets the ask at its turn boundary, answers, and
@@ -178,13 +179,16 @@ async def _run(stack: Stack, bus: Bus, log: EventLog) -> None:
     expert = await _request(bus, "expert")
     (held,) = await log.wait_for("human.requested", run_id=expert, timeout_s=WAIT_S)
     await _state(bus, expert, RunState.WAITING_FOR_HUMAN)
+    # 1. the ask goes out while agent-collab is down (so nothing routes it yet), the asker parks, kill -9 of the
+    #    executor; then agent-collab comes back and delivers while no executor runs
+    stack.services["agent-collab"].kill9()
     lead = await _request(bus, "lead")
     request_id = ask_request_id(lead, 1, 0)
-
-    # 1. kill -9 once the ask is out and the asker parked: agent-collab delivers while no executor runs
     await log.wait_for("agent.asked", run_id=lead, timeout_s=WAIT_S)
     await _state(bus, lead, RunState.WAITING_FOR_AGENT)
     stack.services["run-executor"].kill9()
+    assert not log.of_type("agent.message.received")  # nothing routed it before the executor died
+    await asyncio.to_thread(stack.start, "agent-collab")
     (received,) = await log.wait_for("agent.message.received", run_id=expert, timeout_s=WAIT_S)
     assert received.data["request_id"] == request_id
     await asyncio.to_thread(stack.start, "run-executor")

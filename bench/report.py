@@ -238,13 +238,16 @@ def plot_gateway(record: GatewayRecord, out: Path) -> Path:
 def plot_latency(record: LatencyRecord, out: Path) -> Path:
     f = record.figures
     fig, (ax,) = _figure("Webhook -> run.started, one request at a time (5 processes)", record, 1)
+    # back-to-back (judged): the next webhook as soon as run.started is seen; settled (shown when recorded): the
+    # next one once the previous run parked, the stack otherwise idle
+    shown = [(f"back-to-back\n({f.webhook_to_run_started.n} runs)", f.webhook_to_run_started)]
+    if f.settled is not None:
+        shown.append((f"settled\n({f.settled.n} runs)", f.settled))
+    shown.append((f"bare JetStream hop\n({f.bare_jetstream.n})", f.bare_jetstream))
     _grouped(
         ax,
-        [f"webhook -> run.started\n({f.webhook_to_run_started.n} runs)", f"bare JetStream hop\n({f.bare_jetstream.n})"],
-        {
-            "p50": [f.webhook_to_run_started.p50_ms, f.bare_jetstream.p50_ms],
-            "p99": [f.webhook_to_run_started.p99_ms, f.bare_jetstream.p99_ms],
-        },
+        [label for label, _ in shown],
+        {"p50": [p.p50_ms for _, p in shown], "p99": [p.p99_ms for _, p in shown]},
         [OURS, ALT],
         "{:,.1f}",
     )
@@ -398,9 +401,11 @@ def goals(record: BenchRecord) -> list[str]:
         return out
     if isinstance(record, LatencyRecord):
         p50 = record.figures.webhook_to_run_started.p50_ms
+        settled = record.figures.settled
+        aside = f" (settled, the stack idle between webhooks: {settled.p50_ms:.1f} ms)" if settled is not None else ""
         return [
             f"`run.started` p50 <= 10 ms (the issue asks it at 100 webhooks/s; this bench sends one at a time, "
-            f"so it is the floor): {p50:.1f} ms, {_verdict(p50 <= 10)}"
+            f"back-to-back, so it is the floor): {p50:.1f} ms, {_verdict(p50 <= 10)}{aside}"
         ]
     if isinstance(record, JournalRecord):
         out = []

@@ -90,7 +90,9 @@ FIGURES: dict[str, Any] = {
     "gateway": GatewayFigures(
         connections=50, duration_s=5, rounds=1, servers=[_server("runtime", 400), _server("bare", 1500)]
     ),
-    "latency": LatencyFigures(webhook_to_run_started=_p(40, 90, 100), bare_jetstream=_p(1, 5, 100)),
+    "latency": LatencyFigures(
+        webhook_to_run_started=_p(40, 90, 100), bare_jetstream=_p(1, 5, 100), settled=_p(12, 30, 100)
+    ),
     "journal": JournalFigures(
         results=[
             JournalResult(
@@ -204,6 +206,10 @@ def test_plot_only_writes_pngs_and_readme_from_synthetic_records(
         "**Goals of issue 11 met in this report: 1 of 8.**" in text
     )  # the loop p50; parked runs' memory: not judged at 300
     assert "**not judged** at 300 runs" in text
+    assert (
+        "back-to-back, so it is the floor): 40.0 ms, **not met** (settled, the stack idle between webhooks: 12.0 ms)"
+        in text
+    )
     assert "matched durability: 1.50x, **not met**" in text
     assert "loop p50 <= 100 ms: 90 ms, **met**" in text
     assert "JetStream sync_interval 120 s" in text

@@ -90,6 +90,7 @@ ALICE = {"Authorization": "Bearer alice-demo-token"}
 VIEWER = ApiToken(name="bench-viewer", role=Role.viewer, token=SecretStr("bench-viewer-token-0123456789abcdef"))
 JOURNAL = {"Authorization": f"Bearer {VIEWER.token.get_secret_value()}"}
 TASK_QUEUE = "bench-hitl"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: The waiters' kind for "the journal's live tail delivered the run's run.completed".
 JOURNALED = "journal:run.completed"
 #: The trigger and scripted agent of the loop Temporal runs too: ask a person, then finish with the answer.
@@ -273,7 +274,11 @@ async def _temporality(tmp: Path, loops: int, concurrency: int, warmup: int) -> 
                 read = functools.partial(loop, trigger=trigger, read_model=True)
                 await _batch(warmup, concurrency, read)
                 bus_s, bus_ms = await _batch(loops, concurrency, bus)
+                pids: dict[str, int | None] = {name: proc.pid for name, proc in stack.services.items()}
+                pids |= {"nats-server": stack.nats.proc.pid if stack.nats.proc else None, "bench client": os.getpid()}
+                before = _cpu(pids)
                 read_s, read_ms = await _batch(loops, concurrency, read)
+                _print_cpu(f"Temporality, {what}", before, _cpu(pids), loops)
                 figures += [
                     Figures(f"Temporality, {what}, to run.completed on the bus", loops, bus_s, bus_ms, what),
                     Figures(f"Temporality, {what}, to the journal's GET /runs/{{id}}", loops, read_s, read_ms, what),
@@ -397,8 +402,30 @@ async def _temporal(
             return time.perf_counter() - start
 
         await _batch(warmup, concurrency, loop)
+        pids: dict[str, int | None] = {"temporal server": server[0].pid, "bench client + worker": os.getpid()}
+        before = _cpu(pids)
         seconds, latencies = await _batch(loops, concurrency, loop)
+        _print_cpu(name, before, _cpu(pids), loops)
     return Figures(name, loops, seconds, latencies)
+
+
+def _cpu(pids: dict[str, int | None]) -> dict[str, float]:
+    """CPU seconds (user + system) each process has used so far (Linux ``/proc``; a gone process is left out)."""
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, TypeError):
+            continue
+        out[name] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
+def _print_cpu(what: str, before: dict[str, float], after: dict[str, float], loops: int) -> None:
+    """CPU per loop of each process over a batch: where a loop's cost goes (printed, not recorded)."""
+    spent = {name: (after[name] - before[name]) * 1000 / loops for name in after if name in before}
+    parts = ", ".join(f"{name} {ms:.1f}" for name, ms in sorted(spent.items(), key=lambda kv: -kv[1]))
+    sys.stdout.write(f"  CPU per loop, {what}: {sum(spent.values()):.1f} ms ({parts})\n")
 
 
 def _temporal_binary() -> Path:

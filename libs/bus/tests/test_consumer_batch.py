@@ -199,3 +199,33 @@ async def test_a_failing_batch_retries_each_message_with_backoff_and_never_dead_
         await _settled(bus, spec, last)
     assert sorted(set(recovered)) == ["evt-o1", "evt-o2"]
     assert await _dlq_count(bus, spec.durable) == 0
+
+
+async def test_a_linger_gathers_a_trickle_into_one_batch(bus: Bus) -> None:
+    """``batch_linger_s``: a fetch that got one message (delivered: the server holds it un-acked) waits, and the
+    four published meanwhile join its batch -- one transaction for five at a trickle, not five."""
+    spec = _spec("t-batch-linger")
+    batches: list[list[str]] = []
+
+    async def batch_handler(batch: Batch) -> None:
+        batches.append([event.id for event, _ in batch])
+
+    consumer = Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=10, batch_linger_s=3.0)
+    with pytest.raises(ValueError, match="batch_linger_s"):
+        Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_linger_s=-1)
+    async with _running(consumer):
+        await _publish(bus, "l0")
+        deadline = time.monotonic() + 2.5  # well inside the linger: the batch cannot have been handled yet
+        while True:  # the first message is delivered and in hand (lingering), not acked
+            try:
+                info = await bus.js.consumer_info(spec.stream, spec.durable)
+            except NotFoundError:
+                info = None
+            if info is not None and info.num_ack_pending == 1:
+                break
+            assert time.monotonic() < deadline, f"the first message was not delivered in time: {info}"
+            await asyncio.sleep(0.02)
+        assert batches == []
+        last = await _publish(bus, *(f"l{i}" for i in range(1, 5)))
+        await _settled(bus, spec, last)
+    assert batches == [[f"evt-l{i}" for i in range(5)]]

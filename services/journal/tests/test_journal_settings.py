@@ -45,6 +45,16 @@ def test_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
         Settings()
 
 
+def test_batch_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TEMPORALITY_JOURNAL_BATCH_LINGER_MS", raising=False)
+    assert Settings().batch_linger_ms == 20
+    monkeypatch.setenv("TEMPORALITY_JOURNAL_BATCH_LINGER_MS", "0")
+    assert Settings().batch_linger_ms == 0
+    monkeypatch.setenv("TEMPORALITY_JOURNAL_BATCH_LINGER_MS", "-1")
+    with pytest.raises(ValidationError):
+        Settings()
+
+
 def test_bad_environment_fails_early(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEMPORALITY_JOURNAL_PORT", "70000")
     with pytest.raises(ValidationError):

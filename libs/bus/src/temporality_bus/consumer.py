@@ -233,14 +233,15 @@ class _Puller:
         if len(self._buffer) >= self._wanted and self._woken is not None and not self._woken.done():
             self._woken.set_result(None)
 
-    async def fetch(self, batch: int, timeout_s: float) -> tuple[list[Msg], str | None]:
+    async def fetch(self, batch: int, timeout_s: float, *, wait: bool = True) -> tuple[list[Msg], str | None]:
         """Up to ``batch`` messages (none when nothing came within ``timeout_s``), and the status that ended
-        the request when it is not a plain end (``404``/``408``): e.g. ``409`` or ``503`` (no such consumer)."""
+        the request when it is not a plain end (``404``/``408``): e.g. ``409`` or ``503`` (no such consumer).
+        ``wait=False``: only what the server has now (the request ends at once when it has nothing)."""
         status: str | None = None
         if len(self._buffer) < batch:
             token = f"{self._prefix}{next(self._tokens)}"
             request: dict[str, object] = {"batch": batch - len(self._buffer), "no_wait": True}
-            if not self._buffer:  # nothing in hand: wait on the server for the first message(s)
+            if wait and not self._buffer:  # nothing in hand: wait on the server for the first message(s)
                 request["expires"] = max(int((timeout_s - _PULL_MARGIN_S) * 1e9), 1_000_000)
             woken: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
             self._token, self._wanted, self._woken = token, batch, woken
@@ -302,7 +303,8 @@ class Consumer:
     ``max_inflight`` messages are handled concurrently. ``on_dead_letter`` runs before each message
     is dead-lettered (idempotent; its failure retries the dead-lettering). ``batch_handler`` (with
     ``handler`` as its per-message fallback) takes up to ``batch_size`` messages at a time, fetching
-    the next batch while it handles one (``max_inflight`` does not apply).
+    the next batch while it handles one (``max_inflight`` does not apply); ``batch_linger_s``: a fetch short of
+    ``batch_size`` waits that long once for more (see :meth:`_pull`).
     """
 
     def __init__(
@@ -318,6 +320,7 @@ class Consumer:
         on_dead_letter: DeadLetterHook | None = None,
         batch_handler: BatchHandler | None = None,
         batch_size: int = 100,
+        batch_linger_s: float = 0.0,
         observer: ConsumerObserver | None = None,
     ) -> None:
         if (handler is None) == (raw_handler is None):
@@ -326,6 +329,9 @@ class Consumer:
             raise ValueError("batch_handler needs handler: the per-message path it falls back to")
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, not {batch_size}")
+        if batch_linger_s < 0:
+            raise ValueError(f"batch_linger_s must not be negative, not {batch_linger_s}")
+        self._linger_s = batch_linger_s
         self._batch_handler = batch_handler
         self._batch_size = batch_size
         self.bus = bus
@@ -408,13 +414,26 @@ class Consumer:
 
     async def _pull(self, puller: _Puller, batch: int) -> list[Msg]:
         """:meth:`_fetch` for the batch path: the puller's messages; a failed request is logged and, as a
-        failed fetch, followed by half a second's pause."""
+        failed fetch, followed by half a second's pause.
+
+        With a linger (``batch_linger_s``), a fetch that got fewer than ``batch`` waits that long once and takes
+        what came meanwhile: at a steady trickle the batch handler's per-batch cost (a transaction, a commit)
+        is then shared by the events of the linger instead of paid by each one."""
         try:
             msgs, status = await puller.fetch(batch, self._fetch_timeout)
         except nats.errors.Error as exc:  # disconnected: nats-py reconnects, we try again
             self._log.warning("consumer.fetch_failed", error=repr(exc))
             await asyncio.sleep(0.5)
             return []
+        if msgs and len(msgs) < batch and self._linger_s > 0 and status is None:
+            for msg in msgs:  # in hand while lingering: the heartbeat keeps them from being redelivered
+                self._in_hand[msg.reply] = msg
+            await asyncio.sleep(self._linger_s)  # the linger itself, not a wait for a condition
+            try:
+                more, status = await puller.fetch(batch - len(msgs), self._fetch_timeout, wait=False)
+                msgs += more
+            except nats.errors.Error as exc:  # what came first is handled; the rest comes with the next fetch
+                self._log.warning("consumer.fetch_failed", error=repr(exc))
         if status is not None:  # e.g. 503: no such consumer (deleted); 409: the server refused the request
             self._log.warning("consumer.fetch_failed", status=status)
             if not msgs:

@@ -111,6 +111,7 @@ class Runtime(Generic[S]):
         max_deliver: int | None = None,
         batch_handler: BatchHandler | None = None,
         batch_size: int = 100,
+        batch_linger_s: float = 0.0,
     ) -> Consumer:
         """Run the durable consumer ``durable`` (declared in the service's spec) with one of the handlers.
 
@@ -140,6 +141,7 @@ class Runtime(Generic[S]):
             on_dead_letter=on_dead_letter,
             batch_handler=batch_handler,
             batch_size=batch_size,
+            batch_linger_s=batch_linger_s,
             observer=self.metrics,
         )
         self.consumers.append(consumer)

@@ -73,6 +73,7 @@ def configure(settings: Settings, *, freeze_after_setup: bool = False) -> Setup[
             handler=recorder.handle,
             batch_handler=recorder.handle_batch,
             batch_size=rt.settings.batch_size,
+            batch_linger_s=rt.settings.batch_linger_ms / 1000,
         )
         # Open SSE streams end once the server stops accepting (SIGTERM), instead of holding up the drain.
         tail = Tail(database, changes, stopping=lambda: rt.server is not None and rt.server.should_exit)

@@ -12,6 +12,9 @@
 ``TEMPORALITY_DATABASE_SSLCERT``    a client certificate (PEM), with ``…_SSLKEY`` its key
 ``TEMPORALITY_DATABASE_SSLKEY``     (all four win over the URL's query; :class:`~temporality_journal.database.DatabaseTls`)
 ``TEMPORALITY_JOURNAL_BATCH_SIZE``  events recorded per transaction, at most (``256``)
+``TEMPORALITY_JOURNAL_BATCH_LINGER_MS``  a fetch short of the batch size waits this long once for more
+                                    events (``20``; ``0``: none): fewer, larger transactions at a
+                                    steady trickle, each event journaled up to this much later
 ``TEMPORALITY_JOURNAL_RETENTION_DAYS``  purge finished runs (rows and events) older than this
                                     many days; ``0`` keeps everything (the default;
                                     :mod:`temporality_journal.retention`)
@@ -92,6 +95,13 @@ class Settings(HttpServiceSettings):
     )
     # at most the consumer's max_ack_pending (1,000): a larger fetch is never filled and waits out its timeout
     batch_size: int = Field(default=256, ge=1, le=1_000, description="events recorded per transaction, at most")
+    batch_linger_ms: int = Field(
+        default=20,
+        ge=0,
+        le=1_000,
+        description="a fetch short of batch_size waits this long once for more events: fewer, larger transactions "
+        "at a steady trickle, each event journaled up to this much later; 0: none",
+    )
     retention_days: int = Field(
         default=0,
         ge=0,

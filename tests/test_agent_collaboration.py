@@ -22,19 +22,14 @@ from typing import Any
 
 import pytest
 import yaml
+from collab_support import let_go, request_run
 
 from temporality_agent_collab.__main__ import SPEC as COLLAB_SPEC
 from temporality_agent_collab.__main__ import configure as configure_collab
 from temporality_agent_collab.settings import Settings as CollabSettings
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
-    HumanAnswered,
-    HumanPolicy,
     HumanRequested,
-    LaunchSource,
-    OptionAnswer,
-    RunRequested,
-    make_event,
 )
 from temporality_protocol.catalog import BUCKET_CHECKPOINTS
 from temporality_run_executor.__main__ import SPEC as EXECUTOR_SPEC
@@ -158,16 +153,7 @@ async def services(nats_settings: NatsSettings, tmp_path: Path) -> AsyncIterator
 
 
 async def _start(bus: Bus, agent: str, saga: str = SAGA) -> str:
-    run_id = f"run-{agent}-1"
-    data = RunRequested(
-        run_id=run_id,
-        agent=agent,
-        title=f"{agent} in the saga",
-        launch=LaunchSource(kind="webhook", trigger_id="t"),
-        human=HumanPolicy(allowed_recipients=["user:alice"]),
-    )
-    await bus.publish(make_event(data, source="/test", id=f"evt-rr-{run_id}", run_id=run_id, correlation_id=saga))
-    return run_id
+    return await request_run(bus, f"run-{agent}-1", agent, saga)
 
 
 async def _let_go(bus: Bus, log: EventLog, run_id: str, step: str) -> None:
@@ -175,17 +161,7 @@ async def _let_go(bus: Bus, log: EventLog, run_id: str, step: str) -> None:
     (found,) = await log.wait_for(
         "human.requested", run_id=run_id, where=lambda e: e.payload(HumanRequested).question == step
     )
-    request = found.payload(HumanRequested)
-    answered = HumanAnswered(
-        request_id=request.request_id,
-        run_id=run_id,
-        recipient=request.recipient,
-        responder=request.recipient,
-        answer=OptionAnswer(option_id="go"),
-        channel="web",
-        waited_s=0.1,
-    )
-    await bus.publish(make_event(answered, source="/test", id=f"evt-ans-{request.request_id}", run_id=run_id))
+    await let_go(bus, found.payload(HumanRequested), run_id, waited_s=0.1)
 
 
 async def _inbox(bus: Bus, run_id: str, kind: str, timeout_s: float = 10) -> None:

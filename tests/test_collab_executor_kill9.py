@@ -25,20 +25,15 @@ from typing import Any
 
 import pytest
 import yaml
+from collab_support import let_go, request_run
 from e2e_support import eventually
 
 from temporality_bus import Bus, NatsSettings
 from temporality_embedded.natsserver import NatsServer
 from temporality_embedded.processes import ServiceProcess
 from temporality_protocol import (
-    HumanAnswered,
-    HumanPolicy,
     HumanRequested,
-    LaunchSource,
-    OptionAnswer,
-    RunRequested,
     RunState,
-    make_event,
 )
 from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, BUCKET_CHECKPOINTS, BUCKET_RUNS
 from temporality_run_executor.machine import ask_request_id
@@ -130,16 +125,7 @@ async def _prepare(url: str) -> None:
 
 
 async def _request(bus: Bus, agent: str) -> str:
-    run_id = f"run-{agent}-kill9"
-    data = RunRequested(
-        run_id=run_id,
-        agent=agent,
-        title=f"{agent} in the saga",
-        launch=LaunchSource(kind="webhook", trigger_id="t"),
-        human=HumanPolicy(allowed_recipients=["user:alice"]),
-    )
-    await bus.publish(make_event(data, source="/test", id=f"evt-rr-{run_id}", run_id=run_id, correlation_id=SAGA))
-    return run_id
+    return await request_run(bus, f"run-{agent}-kill9", agent, SAGA)
 
 
 async def _state(bus: Bus, run_id: str, state: RunState) -> RunRecord:
@@ -204,17 +190,7 @@ async def _run(stack: Stack, bus: Bus, log: EventLog) -> None:
     await asyncio.to_thread(stack.start, "run-executor")
 
     # the person lets expert go: the ask is framed at its boundary, answered, and lead resumes with the answer
-    request = held.payload(HumanRequested)
-    answered = HumanAnswered(
-        request_id=request.request_id,
-        run_id=expert,
-        recipient=request.recipient,
-        responder=request.recipient,
-        answer=OptionAnswer(option_id="go"),
-        channel="web",
-        waited_s=1.0,
-    )
-    await bus.publish(make_event(answered, source="/test", id=f"evt-ans-{request.request_id}", run_id=expert))
+    await let_go(bus, held.payload(HumanRequested), expert)
     (lead_done,) = await log.wait_for("run.completed", run_id=lead, timeout_s=WAIT_S)
     assert lead_done.data["result"] == "got=Keep v1"
     (expert_done,) = await log.wait_for("run.completed", run_id=expert, timeout_s=WAIT_S)

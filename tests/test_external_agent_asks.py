@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from collab_support import let_go, request_run
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from e2e_support import eventually
 from signed_agent_support import SignedAgent
@@ -27,14 +28,8 @@ from temporality_agent_collab.settings import Settings as CollabSettings
 from temporality_agent_collab.signing import public_key_text
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
-    HumanAnswered,
-    HumanPolicy,
     HumanRequested,
-    LaunchSource,
-    OptionAnswer,
-    RunRequested,
     RunState,
-    make_event,
 )
 from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS
 from temporality_run_executor.__main__ import SPEC as EXECUTOR_SPEC
@@ -116,33 +111,11 @@ async def services(nats_settings: NatsSettings, tmp_path: Path) -> AsyncIterator
 
 
 async def _request(bus: Bus, agent: str) -> str:
-    run_id = f"run-{agent}-1"
-    data = RunRequested(
-        run_id=run_id,
-        agent=agent,
-        title=f"{agent} in the saga",
-        launch=LaunchSource(kind="webhook", trigger_id="t"),
-        human=HumanPolicy(allowed_recipients=["user:alice"]),
-    )
-    await bus.publish(make_event(data, source="/test", id=f"evt-rr-{run_id}", run_id=run_id, correlation_id=SAGA))
-    return run_id
+    return await request_run(bus, f"run-{agent}-1", agent, SAGA)
 
 
 def _call(name: str, **arguments: Any) -> dict[str, Any]:
     return {"name": name, "arguments": arguments}
-
-
-async def _let_go(bus: Bus, held: HumanRequested, run_id: str) -> None:
-    answered = HumanAnswered(
-        request_id=held.request_id,
-        run_id=run_id,
-        recipient=held.recipient,
-        responder=held.recipient,
-        answer=OptionAnswer(option_id="go"),
-        channel="web",
-        waited_s=1.0,
-    )
-    await bus.publish(make_event(answered, source="/test", id=f"evt-ans-{held.request_id}", run_id=run_id))
 
 
 async def _queued(bus: Bus, run_id: str, kind: str) -> None:
@@ -199,17 +172,7 @@ async def test_an_external_agent_lists_collaborators_notifies_and_waits_on_an_as
     await event_log.wait_for("agent.message.received", run_id=expert)
 
     # the person lets expert go: it answers at its boundary; the answer is turn 3's input
-    request = held.payload(HumanRequested)
-    answered = HumanAnswered(
-        request_id=request.request_id,
-        run_id=expert,
-        recipient=request.recipient,
-        responder=request.recipient,
-        answer=OptionAnswer(option_id="go"),
-        channel="web",
-        waited_s=1.0,
-    )
-    await bus.publish(make_event(answered, source="/test", id=f"evt-ans-{request.request_id}", run_id=expert))
+    await let_go(bus, held.payload(HumanRequested), expert)
     turn3 = await agent.take(lead, 3)
     answer = _content(turn3, "ask_agent")
     assert (answer["request_id"], answer["answer"], answer["replier"]) == (request_id, "Keep v1", "agent:expert")
@@ -241,7 +204,7 @@ async def test_agent_messages_reach_the_external_agent_with_its_next_turn_and_it
     turn2 = await agent.take(lead, 2)
     assert _content(turn2, "ask_agent")["status"] == "sent"
     assert "messages" not in turn2  # none yet: the property is left out
-    await _let_go(bus, held.payload(HumanRequested), expert)
+    await let_go(bus, held.payload(HumanRequested), expert)
     await _queued(bus, lead, "answer")  # the run is parked on its agent: the answer waits for its next boundary
 
     # a hosted agent asks the external agent's run (wait mode)

@@ -1196,9 +1196,21 @@ class _AgentRequest(BaseModel):
 
 class _AgentReply(BaseModel):
     """What agent-collab answers: closed (``additionalProperties: false``) -- exactly the shape of the
-    negotiated version, so a field a newer version adds arrives only to an agent that negotiated it."""
+    negotiated version, so a field a newer version adds arrives only to an agent that negotiated it.
+
+    :attr:`_ADDED_TO_1_0`: optional fields added to protocol 1.0 after its first schema (additive changes), left
+    out of a reply while unset, so an agent validating against that first, closed schema never sees them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _ADDED_TO_1_0: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _without_unset_additions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in self._ADDED_TO_1_0:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class AgentRegistration(_AgentRequest):
@@ -1730,14 +1742,8 @@ class TaskAssignment(_AgentReply):
             "protocol 1.0"
         ),
     )
-
-    @model_serializer(mode="wrap")
-    def _without_unset_messages(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``messages`` only when there are some: every other assignment keeps its 1.0 shape."""
-        data: dict[str, Any] = handler(self)
-        if data.get("messages") is None:
-            data.pop("messages", None)
-        return data
+    #: ``messages`` only when there are some: every other assignment keeps its 1.0 shape.
+    _ADDED_TO_1_0 = ("messages",)
 
 
 class TaskPollReply(_AgentReply):
@@ -1800,14 +1806,8 @@ class TaskActionReply(_AgentReply):
             "reply is without the property (an additive change of protocol 1.0)"
         ),
     )
-
-    @model_serializer(mode="wrap")
-    def _without_unset_child(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``child_run_id`` only when there is one: the replies to every other action keep their 1.0 shape."""
-        data: dict[str, Any] = handler(self)
-        if data.get("child_run_id") is None:
-            data.pop("child_run_id", None)
-        return data
+    #: ``child_run_id`` only when there is one: the replies to every other action keep their 1.0 shape.
+    _ADDED_TO_1_0 = ("child_run_id",)
 
 
 class AgentTaskOffered(EventData):

@@ -2198,3 +2198,17 @@ def test_chart_jetstream_domain_reaches_every_service_and_the_timers_migration()
     assert set(hub.values()) == {"hub"}
     with pytest.raises(Exception, match=re.escape("nats.jetstreamDomain is for an external NATS")):
         _render({"nats": {**_EVERYTHING_ON["nats"], "jetstreamDomain": "hub"}})
+
+
+def test_the_chart_names_each_human_interaction_replica_as_its_chat_lease_holder() -> None:
+    """The pod's name -- unique among the replicas, the same across its container's restarts -- is the holder of
+    the chat channels' inbound lease, so a crashed replica takes its lease back at once (docs/human-interaction.md);
+    no other service gets the setting."""
+    deployments = _deployments()
+    for name, deployment in deployments.items():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        sources = {e["name"]: e.get("valueFrom") for e in container["env"]}
+        if name == "human-interaction":
+            assert sources["TEMPORALITY_HUMAN_CHANNEL_LEASE_HOLDER"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        else:
+            assert "TEMPORALITY_HUMAN_CHANNEL_LEASE_HOLDER" not in sources

@@ -158,6 +158,29 @@ async def test_a_lease_whose_holder_died_is_taken_over_after_its_ttl(bus: Bus) -
     assert await ChannelRefs(bus).get(lease_key("test", "died")) is None, "released on stop"
 
 
+async def test_a_replica_restarted_under_its_own_name_takes_its_lease_back_at_once(bus: Bus) -> None:
+    """TEMPORALITY_HUMAN_CHANNEL_LEASE_HOLDER (the chart: the pod's name): the replica's process dies holding the
+    lease, its restart under the same name holds it from its first step -- not after the ttl -- while a replica
+    under another name still waits the ttl out."""
+    key = lease_key("test", "restarted")
+    crashed = InboundLease(bus, key, holder="pod-a", ttl_s=60, renew_s=RENEW_S)
+    await crashed.start()
+    assert crashed.held
+    assert crashed._task is not None
+    crashed._task.cancel()  # killed: no renewal, no release
+    other = InboundLease(bus, key, holder="pod-b", ttl_s=60, renew_s=RENEW_S)
+    restarted = InboundLease(bus, key, holder="pod-a", ttl_s=60, renew_s=RENEW_S)
+    await other.start()
+    await restarted.start()
+    try:
+        assert restarted.held  # at once: a ttl of 60 s has not passed
+        assert not other.held
+        await stays(lambda: restarted.held and not other.held, settle_s=RENEW_S * 4, what="pod-a keeps it")
+    finally:
+        await other.stop()
+        await restarted.stop()
+
+
 async def test_a_replica_that_lost_its_lease_stops_polling_and_polls_again_once_it_holds_it_again(
     bus: Bus, emulator: TelegramEmulator
 ) -> None:

@@ -109,6 +109,7 @@ def build_adapters(settings: Settings, bus: Bus, egress: EgressPolicy | None = N
                 lease=InboundLease(
                     bus,
                     lease_key("telegram", token.partition(":")[0]),
+                    holder=settings.channel_lease_holder,
                     ttl_s=settings.channel_lease_ttl_s,
                     renew_s=settings.channel_lease_renew_s,
                 ),
@@ -131,6 +132,7 @@ def build_adapters(settings: Settings, bus: Bus, egress: EgressPolicy | None = N
                 lease=InboundLease(
                     bus,
                     lease_key("matrix", settings.matrix_user_id),
+                    holder=settings.channel_lease_holder,
                     ttl_s=settings.channel_lease_ttl_s,
                     renew_s=settings.channel_lease_renew_s,
                 ),

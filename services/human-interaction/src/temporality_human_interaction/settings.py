@@ -66,6 +66,11 @@ class Settings(HttpServiceSettings):
     #: this long past its holder's last renewal, renewed every ``channel_lease_renew_s`` (:mod:`.channels.lease`).
     channel_lease_ttl_s: float = Field(default=15.0, ge=1, le=300)
     channel_lease_renew_s: float = Field(default=3.0, gt=0, le=100)
+    #: Who this replica is as a lease holder: something stable across its restarts and unique among the replicas
+    #: (the chart sets the pod's name), so a replica restarted after a crash takes its own lease back at once
+    #: instead of after the ttl. Unset: a new id per process (``<host>/<pid>/<random>``). Never the same for two
+    #: running replicas: both would poll.
+    channel_lease_holder: str | None = Field(default=None, min_length=1, max_length=200)
 
     # ------------------------------------------------------------------ Matrix (HUM-3)
     #: The homeserver's client URL (``https://matrix.example.org``); unset: no Matrix adapter.

@@ -14,14 +14,18 @@ from typing import Any
 import httpx
 import nats
 from nats.aio.subscription import Subscription
+from pydantic import SecretStr
 
-from temporality_bus import Bus, Consumer
+from temporality_bus import Bus, Consumer, NatsSettings
 from temporality_human_interaction.records import HumanRequestRecord, open_store
+from temporality_human_interaction.settings import Settings
 from temporality_protocol import (
     Envelope,
     HumanOption,
     HumanPolicy,
     HumanRequested,
+    LaunchSource,
+    RunRequested,
     TimeoutPolicy,
     decode,
     make_event,
@@ -34,6 +38,8 @@ from temporality_protocol.catalog import (
     TIMERS_STREAMS,
     subject_for,
 )
+from temporality_service import ApiAuthSettings, ApiToken, Role
+from temporality_service.auth import dump_tokens
 from temporality_testing.telegram_emulator import TelegramUser
 from temporality_testing.timers import armed_schedules
 
@@ -292,3 +298,27 @@ def people(groups: dict[str, Any]) -> dict[str, Any]:
         },
         "groups": groups,
     }
+
+
+def service_settings(tmp_path: Path, nats_settings: NatsSettings, users: str, **overrides: Any) -> Settings:
+    """The service's settings for a test that starts it as it starts (``configure``/``setup``): ``users`` as its
+    users file, an admin API token (``ops``), port 0 on loopback, ``overrides`` on top (Telegram, the lease...)."""
+    (tmp_path / "users.yaml").write_text(users, encoding="utf-8")
+    token = ApiToken(name="ops", role=Role.admin, token=SecretStr("human-test-admin-token-0123456789"))
+    (tmp_path / "tokens.json").write_text(dump_tokens([token]), encoding="utf-8")
+    return Settings(
+        nats=nats_settings,
+        host="127.0.0.1",
+        port=0,
+        users_file=tmp_path / "users.yaml",
+        api=ApiAuthSettings(tokens_file=tmp_path / "tokens.json"),
+        **overrides,
+    )
+
+
+async def request_run(bus: Bus, run_id: str, allowed: list[str]) -> None:
+    """The gateway's ``run.requested`` for ``run_id``: its policy (SEC-1) lets it ask ``allowed``."""
+    policy = HumanPolicy(allowed_recipients=allowed)
+    launch = LaunchSource(kind="webhook", trigger_id="ado-pr-review")
+    run = RunRequested(run_id=run_id, agent="reviewer", title="Review PR 42", launch=launch, human=policy)
+    await bus.publish(make_event(run, source="/temporality/trigger-gateway", run_id=run_id))

@@ -18,8 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from human_support import ALICE, BOB, requested, stored, wait_for_record
-from pydantic import SecretStr
+from human_support import ALICE, BOB, request_run, requested, service_settings, stored, wait_for_record
 from replica_support import replica
 
 from temporality_bus import Bus, NatsSettings, Store, live_entries
@@ -29,19 +28,13 @@ from temporality_human_interaction.metrics import count_open
 from temporality_human_interaction.records import open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
-from temporality_human_interaction.settings import Settings
 from temporality_protocol import (
-    HumanPolicy,
     HumanRequestState,
-    LaunchSource,
     RunCancelled,
-    RunRequested,
     make_event,
     new_id,
 )
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
-from temporality_service import ApiAuthSettings, ApiToken, Role
-from temporality_service.auth import dump_tokens
 
 GROUP = "group:api-owners"  # config/users.yaml: alice and bob
 
@@ -203,21 +196,9 @@ async def _until_inbox(client: httpx.AsyncClient, headers: dict[str, str], want:
 async def test_a_restart_restores_a_group_member_s_lost_inbox_entry(
     tmp_path: Path, nats_settings: NatsSettings, bus: Bus
 ) -> None:
-    (tmp_path / "users.yaml").write_text(USERS, encoding="utf-8")
-    token = ApiToken(name="ops", role=Role.admin, token=SecretStr("index-repair-test-admin-token-0123456789"))
-    (tmp_path / "tokens.json").write_text(dump_tokens([token]), encoding="utf-8")
-    settings = Settings(
-        nats=nats_settings,
-        host="127.0.0.1",
-        port=0,
-        users_file=tmp_path / "users.yaml",
-        api=ApiAuthSettings(tokens_file=tmp_path / "tokens.json"),
-    )
+    settings = service_settings(tmp_path, nats_settings, USERS)
     run_id = new_id("run")
-    policy = HumanPolicy(allowed_recipients=[GROUP, "user:alice"])
-    launch = LaunchSource(kind="webhook", trigger_id="ado-pr-review")
-    run = RunRequested(run_id=run_id, agent="reviewer", title="Review PR 42", launch=launch, human=policy)
-    await bus.publish(make_event(run, source="/temporality/trigger-gateway", run_id=run_id))
+    await request_run(bus, run_id, [GROUP, "user:alice"])
     group = requested(recipient=GROUP, allowed=(GROUP, "user:alice"), run_id=run_id)
     ended = requested(allowed=(GROUP, "user:alice"), run_id=run_id)
     group_id, ended_id = str(group.data["request_id"]), str(ended.data["request_id"])

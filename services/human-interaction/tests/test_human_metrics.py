@@ -17,17 +17,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from human_support import ALICE, requested
+from human_support import ALICE, requested, service_settings
 from pydantic import SecretStr
 from replica_support import Samples, replica, samples_of, value_of
 
 from temporality_bus import Bus, NatsSettings
-from temporality_human_interaction import Settings
 from temporality_human_interaction.inbox import index_open
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_protocol import HumanPolicy, HumanRequested, LaunchSource, RunRequested, make_event, new_id
-from temporality_service import ApiAuthSettings, ApiToken, Role, metrics
-from temporality_service.auth import dump_tokens
+from temporality_service import metrics
 from temporality_testing.telegram_emulator import TelegramEmulator
 from temporality_testing.waiting import stays
 
@@ -77,17 +75,12 @@ async def test_deliveries_waits_and_waiting_requests_are_reported_once_across_re
     tmp_path: Path, nats_settings: NatsSettings, bus: Bus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(metrics, "STATE_REFRESH_S", 0.2)
-    (tmp_path / "users.yaml").write_text(USERS, encoding="utf-8")
-    token = ApiToken(name="ops", role=Role.admin, token=SecretStr("metrics-test-admin-token-0123456789"))
-    (tmp_path / "tokens.json").write_text(dump_tokens([token]), encoding="utf-8")
     async with TelegramEmulator().serve() as emulator, AsyncExitStack() as stack:
         emulator.block(DAVE_CHAT)  # dave blocked the bot: Telegram refuses every message to him
-        settings = Settings(
-            nats=nats_settings,
-            host="127.0.0.1",
-            port=0,
-            users_file=tmp_path / "users.yaml",
-            api=ApiAuthSettings(tokens_file=tmp_path / "tokens.json"),
+        settings = service_settings(
+            tmp_path,
+            nats_settings,
+            USERS,
             telegram_token=SecretStr(emulator.token),
             telegram_base_url=emulator.base_url,
             telegram_poll_timeout_s=1,

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from human_support import ALICE, requested, stored, wait_for_record
-from pydantic import SecretStr
+from human_support import ALICE, request_run, requested, service_settings, stored, wait_for_record
 from replica_support import replica, samples_of, value_of
 
 from temporality_bus import Bus, NatsSettings, live_entries
@@ -24,20 +23,15 @@ from temporality_human_interaction.metrics import OpenCounts, count_open
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
-from temporality_human_interaction.settings import Settings
 from temporality_protocol import (
-    HumanPolicy,
     HumanRequested,
     HumanRequestState,
-    LaunchSource,
     RunCancelled,
-    RunRequested,
     make_event,
     new_id,
 )
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
-from temporality_service import ApiAuthSettings, ApiToken, Role, metrics
-from temporality_service.auth import dump_tokens
+from temporality_service import metrics
 
 GROUP = "group:api-owners"  # config/users.yaml: alice and bob
 
@@ -272,21 +266,9 @@ async def test_a_restarted_replica_completes_the_index_and_its_gauges_match_the_
     """The real service: its gauges count the index; after a restart on an index an older version left
     (undated entries) and that lost an entry, the start completes it and the gauges still match a full scan."""
     monkeypatch.setattr(metrics, "STATE_REFRESH_S", 0.2)
-    (tmp_path / "users.yaml").write_text(USERS, encoding="utf-8")
-    token = ApiToken(name="ops", role=Role.admin, token=SecretStr("open-index-test-admin-token-0123456789"))
-    (tmp_path / "tokens.json").write_text(dump_tokens([token]), encoding="utf-8")
-    settings = Settings(
-        nats=nats_settings,
-        host="127.0.0.1",
-        port=0,
-        users_file=tmp_path / "users.yaml",
-        api=ApiAuthSettings(tokens_file=tmp_path / "tokens.json"),
-    )
+    settings = service_settings(tmp_path, nats_settings, USERS)
     run_id = new_id("run")
-    policy = HumanPolicy(allowed_recipients=["user:alice"])
-    launch = LaunchSource(kind="webhook", trigger_id="ado-pr-review")
-    run = RunRequested(run_id=run_id, agent="reviewer", title="Review PR 42", launch=launch, human=policy)
-    await bus.publish(make_event(run, source="/temporality/trigger-gateway", run_id=run_id))
+    await request_run(bus, run_id, ["user:alice"])
     asked = [requested(allowed=("user:alice",), run_id=run_id) for _ in range(4)]
     ids = [str(e.data["request_id"]) for e in asked]
     async with replica(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:

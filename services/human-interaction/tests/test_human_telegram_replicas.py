@@ -11,13 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from human_support import exactly, requested, stored, wait_for_record
+from human_support import exactly, request_run, requested, service_settings, stored, wait_for_record
 from pydantic import SecretStr
 from replica_support import replica
 from test_human_telegram import ALICE, USERS
 
 from temporality_bus import Bus, NatsSettings
-from temporality_human_interaction import Settings
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
 from temporality_human_interaction.channels.lease import InboundLease, lease_key
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs
@@ -25,9 +24,7 @@ from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.requests import RequestHandler
-from temporality_protocol import HumanPolicy, LaunchSource, RunRequested, make_event, new_id
-from temporality_service import ApiAuthSettings, ApiToken, Role
-from temporality_service.auth import dump_tokens
+from temporality_protocol import new_id
 from temporality_testing.telegram_emulator import TelegramEmulator
 from temporality_testing.waiting import eventually, stays
 
@@ -215,15 +212,10 @@ async def test_two_service_replicas_with_one_bot_bind_each_press_once_and_hand_o
 ) -> None:
     """The service as it starts (``configure``/``setup`` under the runtime, ``build_adapters`` giving Telegram its
     lease from the settings), twice on one nats-server and one bot."""
-    (tmp_path / "users.yaml").write_text(SERVICE_USERS, encoding="utf-8")
-    token = ApiToken(name="ops", role=Role.admin, token=SecretStr("lease-test-admin-token-0123456789"))
-    (tmp_path / "tokens.json").write_text(dump_tokens([token]), encoding="utf-8")
-    settings = Settings(
-        nats=nats_settings,
-        host="127.0.0.1",
-        port=0,
-        users_file=tmp_path / "users.yaml",
-        api=ApiAuthSettings(tokens_file=tmp_path / "tokens.json"),
+    settings = service_settings(
+        tmp_path,
+        nats_settings,
+        SERVICE_USERS,
         telegram_token=SecretStr(emulator.token),
         telegram_base_url=emulator.base_url,
         telegram_poll_timeout_s=1,
@@ -231,14 +223,7 @@ async def test_two_service_replicas_with_one_bot_bind_each_press_once_and_hand_o
         channel_lease_renew_s=RENEW_S,
     )
     run_id = new_id("run")
-    run = RunRequested(
-        run_id=run_id,
-        agent="reviewer",
-        title="Review PR 42",
-        launch=LaunchSource(kind="webhook", trigger_id="ado-pr-review"),
-        human=HumanPolicy(allowed_recipients=["user:alice"]),
-    )
-    await bus.publish(make_event(run, source="/temporality/trigger-gateway", run_id=run_id))
+    await request_run(bus, run_id, ["user:alice"])
 
     async def ask_and_press(answered: int) -> None:
         event = requested(recipient="user:alice", allowed=("user:alice",), run_id=run_id)

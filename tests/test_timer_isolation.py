@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError, NotFoundError
 from pydantic import SecretStr
 
-from temporality_bus import Bus, NatsSettings, Timers
+from temporality_bus import Bus, NatsSettings, Timers, TransientError
 from temporality_bus.provenance import SCHEDULER_HEADER, forged_firing
 from temporality_bus.timers import LEGACY_FIRING_KEY, migrate_legacy_timers
 from temporality_embedded.cli import main
@@ -300,6 +300,57 @@ async def test_upgrading_moves_the_legacy_timers_into_the_service_streams_and_no
         assert info.state.subjects == {f"{TIMER_FIRED_HUMAN}.hr-fired": 1, f"{TIMER_FIRED_HUMAN}.hr-later": 1}
         schedules = await admin.js.stream_info(HUMAN_STREAM, subjects_filter=f"{TIMER_SCHEDULE_HUMAN}.>")
         assert not any(LEGACY_FIRING_KEY in s for s in (schedules.state.subjects or {})), "the re-fire was kept"
+
+
+async def test_an_older_pod_arming_while_the_migration_runs_loses_no_timer(server: NatsServer) -> None:
+    """A rolling update keeps the old release's pods until the new ones are ready: they arm timers while the
+    migration runs. Every arm the server stored -- in the legacy stream before its subjects moved aside, or in
+    the new stream after -- is a schedule of the new stream once the migration is done. (The migration used to
+    read the legacy schedules before moving the subjects aside: an arm stored in between was deleted with the
+    legacy stream.)"""
+    legacy = LEGACY_TIMERS_STREAM
+    later = datetime.now(UTC) + timedelta(hours=1)
+    async with _bus(server, ADMIN[0]) as admin, _bus(server, ADMIN[0]) as old_pod_bus:
+        await admin.ensure([EVENTS_STREAM, DLQ_STREAM, legacy])
+        old_pod = Timers(old_pod_bus, TIMER_NS_HUMAN, stream=legacy)
+        # many pending schedules: the migration reads them one by one, a wide window for the race
+        before = [f"hr-before-{i}" for i in range(300)]
+        await old_pod_bus.publish_raw_many(
+            [(w.subject, w.payload, w.headers) for w in (old_pod.arm_write(k, later, b"before") for k in before)]
+        )
+        stored: dict[str, str] = {}  # key -> the stream that stored its arm
+        migrated = asyncio.Event()
+
+        async def keep_arming() -> None:
+            n = 0
+            while not migrated.is_set():
+                key, n = f"hr-during-{n}", n + 1
+                with contextlib.suppress(TransientError):  # refused while no stream holds the subject: retried
+                    stored[key] = (await old_pod.arm(key, later, b"during")).stream
+
+        async def armed_in(stream: str, count: int) -> bool:
+            return sum(s == stream for s in stored.values()) >= count
+
+        arming = asyncio.create_task(keep_arming())
+        try:
+            await eventually(lambda: armed_in(legacy.name, 20), timeout_s=30, what="the old pod arming, legacy")
+            report = await migrate_legacy_timers(admin)
+            await eventually(lambda: armed_in(HUMAN_STREAM, 1), timeout_s=30, what="the old pod arming, new stream")
+        finally:
+            migrated.set()
+            await arming
+        assert report is not None
+        in_legacy = sorted(k for k, stream in stored.items() if stream == legacy.name)
+        assert len(in_legacy) >= 20
+        assert report.schedules == len(before) + len(in_legacy), report
+        info = await admin.js.stream_info(HUMAN_STREAM, subjects_filter=f"{TIMER_SCHEDULE_HUMAN}.>")
+        subjects = info.state.subjects or {}
+        missing = [k for k in [*before, *stored] if f"{TIMER_SCHEDULE_HUMAN}.{k}" not in subjects]
+        assert not missing, f"{len(missing)} stored arms are gone: {missing[:5]}"
+        for key in (before[0], in_legacy[-1], max(stored, key=lambda k: int(k.rsplit("-", 1)[1]))):
+            assert await _is_schedule(admin, HUMAN_STREAM, f"{TIMER_SCHEDULE_HUMAN}.{key}"), key
+        with pytest.raises(NotFoundError):
+            await admin.js.stream_info(legacy.name)
 
 
 def test_the_migration_command_says_when_there_is_nothing_to_migrate(

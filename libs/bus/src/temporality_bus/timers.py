@@ -337,9 +337,12 @@ async def migrate_legacy_timers(bus: Bus, streams: Iterable[StreamSpec] | None =
     up``'s admin), or none (``temporality up --no-nats-auth``, where each service runs it at start): it publishes on
     every service's schedule subjects and deletes a stream. Safe to run again, and concurrently:
 
-    1. the pending schedules (the last message of each schedule subject, when it is a schedule) are read;
-    2. the legacy stream's subjects move to :data:`LEGACY_PARKED_SUBJECT`, freeing ``temporality.timers.>``
-       (its stored messages keep their subjects, and its schedules keep firing into it meanwhile);
+    1. the legacy stream's subjects move to :data:`LEGACY_PARKED_SUBJECT`, freeing ``temporality.timers.>``
+       (its stored messages keep their subjects, and its schedules keep firing into it meanwhile): from here
+       on, an older release's pod still running stores no arm there (until step 3 its arm is refused, and its
+       handler retries it; afterwards the arm lands in the new stream);
+    2. the pending schedules (the last message of each schedule subject, when it is a schedule) are read --
+       after the move, so an arm stored just before it is among them;
     3. the per-service streams are created where missing (with ``bus``'s settings; their services apply their
        own at their next start);
     4. each schedule is armed again on its subject in its new stream, same time, target, payload and headers,
@@ -362,10 +365,22 @@ async def migrate_legacy_timers(bus: Bus, streams: Iterable[StreamSpec] | None =
 async def _migrate(bus: Bus, targets: list[StreamSpec]) -> LegacyMigration | None:
     legacy = LEGACY_TIMERS_STREAM.name
     try:
-        info = await bus.js.stream_info(legacy, subjects_filter=f"{TIMER_SCHEDULE_PREFIX}.>")
+        info = await bus.js.stream_info(legacy)
     except NotFoundError:
         return None
-    # 1. the pending schedules, read before the subjects move (afterwards they still fire, into the legacy stream)
+    # 1. free temporality.timers.> for the per-service streams: the legacy stream takes no new arm from here on
+    if info.config.subjects != [LEGACY_PARKED_SUBJECT]:
+        info.config.subjects = [LEGACY_PARKED_SUBJECT]
+        try:
+            await bus.js.update_stream(info.config)
+        except NotFoundError:  # a concurrent migration finished first
+            return None
+        log.info("timers.legacy_parked", stream=legacy, subjects=LEGACY_PARKED_SUBJECT)
+    # 2. the pending schedules, read once nothing can add one (they still fire, into the legacy stream: step 5)
+    try:
+        info = await bus.js.stream_info(legacy, subjects_filter=f"{TIMER_SCHEDULE_PREFIX}.>")
+    except NotFoundError:  # a concurrent migration finished first
+        return None
     schedules: list[tuple[str, bytes, dict[str, str], int]] = []
     for subject in info.state.subjects or {}:
         try:
@@ -374,14 +389,6 @@ async def _migrate(bus: Bus, targets: list[StreamSpec]) -> LegacyMigration | Non
             continue
         if last.headers and "Nats-Schedule" in last.headers and last.seq is not None:
             schedules.append((subject, last.data or b"", _copied_headers(last.headers), last.seq))
-    # 2. free temporality.timers.> for the per-service streams
-    if info.config.subjects != [LEGACY_PARKED_SUBJECT]:
-        info.config.subjects = [LEGACY_PARKED_SUBJECT]
-        try:
-            await bus.js.update_stream(info.config)
-        except NotFoundError:  # a concurrent migration finished first
-            return None
-        log.info("timers.legacy_parked", stream=legacy, subjects=LEGACY_PARKED_SUBJECT)
     # 3. the new streams, created when missing; one that exists (a concurrent migration's, or its service's) is
     # left as it is: its owner applies its settings at its start, and no update runs while copies are stored
     missing = await bus.find_layout(targets, create_missing=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Mapping
@@ -85,3 +86,11 @@ async def post_hook(
         content=body,
         headers={"Authorization": HOOK_AUTH, "Content-Type": "application/json", **headers},
     )
+
+
+async def stop_processes(*processes: asyncio.subprocess.Process | None) -> None:
+    """Kill each process a test started that still runs, and reap it (the teardown of agents and helpers)."""
+    for process in processes:
+        if process is not None and process.returncode is None:
+            process.kill()
+            await process.wait()

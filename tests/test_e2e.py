@@ -138,13 +138,11 @@ def executor(stack: Stack) -> Iterator[Executor]:
 @pytest.fixture
 async def stack_events(stack: Stack) -> AsyncIterator[EventLog]:
     """Everything on the shared stack's events stream, from its start (earlier tests' events included)."""
-    nc = await nats.connect(stack.nats.url)
-    log = await EventLog(nc).start()
+    log = await EventLog.connect(stack.nats.url)
     try:
         yield log
     finally:
-        await log.stop()
-        await nc.drain()
+        await log.close()
 
 
 def _new_pr(title_suffix: str = "") -> dict[str, Any]:

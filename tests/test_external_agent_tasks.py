@@ -24,10 +24,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import pytest
 import yaml
-from e2e_support import ALICE, API_TOKENS, CONFIG, JOURNAL, ROOT, eventually, example_pr, make_stack, post_hook
+from e2e_support import (
+    ALICE,
+    API_TOKENS,
+    CONFIG,
+    JOURNAL,
+    ROOT,
+    eventually,
+    example_pr,
+    make_stack,
+    post_hook,
+    stop_processes,
+)
 
 from temporality_embedded import Stack
 from temporality_testing.events import EventLog
@@ -125,8 +135,7 @@ async def test_the_example_agent_takes_a_task_asks_is_killed_resumes_and_finishe
     external_stack: Stack, tmp_path: Path
 ) -> None:
     stack = external_stack
-    nc = await nats.connect(stack.nats.url)
-    events = await EventLog(nc, since=datetime.now(UTC)).start()
+    events = await EventLog.connect(stack.nats.url, since=datetime.now(UTC))
     agent_log = tmp_path / "agent.log"
     agent = await _start_agent(stack, agent_log)
     second: asyncio.subprocess.Process | None = None
@@ -201,12 +210,8 @@ async def test_the_example_agent_takes_a_task_asks_is_killed_resumes_and_finishe
             log_text = agent_log.read_text()
             assert "resuming task" in log_text, log_text
     finally:
-        for process in (agent, second):
-            if process is not None and process.returncode is None:
-                process.kill()
-                await process.wait()
-        await events.stop()
-        await nc.drain()
+        await stop_processes(agent, second)
+        await events.close()
 
 
 async def test_a_task_waits_for_its_agent_and_survives_kill9_of_the_executor_and_agent_collab(
@@ -217,8 +222,7 @@ async def test_a_task_waits_for_its_agent_and_survives_kill9_of_the_executor_and
     acts and the new executor wakes the run), then of agent-collab while the run is parked on alice: nothing is
     lost -- one task offer per turn, one question, one completion."""
     stack = external_stack
-    nc = await nats.connect(stack.nats.url)
-    events = await EventLog(nc, since=datetime.now(UTC)).start()
+    events = await EventLog.connect(stack.nats.url, since=datetime.now(UTC))
     agent_log = tmp_path / "agent.log"
     agent: asyncio.subprocess.Process | None = None
     try:
@@ -255,11 +259,8 @@ async def test_a_task_waits_for_its_agent_and_survives_kill9_of_the_executor_and
             assert sorted(e["data"]["turn"] for e in journal if e["type"] == "agent.task.offered") == [1, 2], types
             assert [e["data"]["kind"] for e in journal if e["type"] == "agent.task.acted"] == ["tool_calls", "result"]
     finally:
-        if agent is not None and agent.returncode is None:
-            agent.kill()
-            await agent.wait()
-        await events.stop()
-        await nc.drain()
+        await stop_processes(agent)
+        await events.close()
 
 
 async def test_a_run_cancelled_while_its_agent_works_ends_the_wait_at_once_and_the_agent_is_told(
@@ -269,8 +270,7 @@ async def test_a_run_cancelled_while_its_agent_works_ends_the_wait_at_once_and_t
     An operator cancels the run: the wait ends at once (not at the agent's 600 s budget), the run is cancelled --
     not failed --, the task's end is journaled, and the agent, told in its next poll, drops the task."""
     stack = external_stack
-    nc = await nats.connect(stack.nats.url)
-    events = await EventLog(nc, since=datetime.now(UTC)).start()
+    events = await EventLog.connect(stack.nats.url, since=datetime.now(UTC))
     agent_log = tmp_path / "agent.log"
     agent = await _start_agent(stack, agent_log, "--think-s", "300")
     try:
@@ -312,8 +312,5 @@ async def test_a_run_cancelled_while_its_agent_works_ends_the_wait_at_once_and_t
             assert types.count("agent.task.offered") == 1, types
             assert await _run(http, stack, run_id, "cancelled")
     finally:
-        if agent.returncode is None:
-            agent.kill()
-            await agent.wait()
-        await events.stop()
-        await nc.drain()
+        await stop_processes(agent)
+        await events.close()

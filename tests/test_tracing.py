@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import pytest
 from e2e_support import ALICE, eventually, example_pr, make_stack, post_hook
 from tracing_support import (
@@ -246,8 +245,7 @@ async def test_without_an_endpoint_no_event_carries_a_trace_context(tmp_path: Pa
     assert not [k for k in os.environ if k.startswith("OTEL_EXPORTER_OTLP")]  # the processes inherit this env
     stack = make_stack(tmp_path)
     await asyncio.to_thread(stack.start)
-    nc = await nats.connect(stack.nats.url)
-    log = await EventLog(nc).start()
+    log = await EventLog.connect(stack.nats.url)
     try:
         accepted = await post_hook(http, stack, example_pr(), traceparent=CLIENT_TRACEPARENT)
         assert accepted.status_code == 202, accepted.text
@@ -266,8 +264,7 @@ async def test_without_an_endpoint_no_event_carries_a_trace_context(tmp_path: Pa
         }
         assert [(e.type, e.traceparent) for e in events if e.traceparent or e.tracestate] == []
     finally:
-        await log.stop()
-        await nc.drain()
+        await log.close()
         await asyncio.to_thread(stack.stop)
 
 

@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import pytest
-from e2e_support import ALICE, ROOT, eventually, post_hook
+from e2e_support import ALICE, ROOT, eventually, post_hook, stop_processes
 from tracing_support import (
     Traced,
     completed,
@@ -99,8 +98,7 @@ async def test_the_retention_and_heartbeat_timers_fire_in_the_traces_that_armed_
     traced_stack: Traced, session_http: httpx.AsyncClient
 ) -> None:
     stack, otlp, http = traced_stack.stack, traced_stack.otlp, session_http
-    nc = await nats.connect(stack.nats.url)
-    events = await EventLog(nc, since=datetime.now(UTC)).start()
+    events = await EventLog.connect(stack.nats.url, since=datetime.now(UTC))
     agent = await _agent(stack, traced_stack.root / "agent.log")()
     try:
         # a run completes (alice answers): its checkpoint retention is armed in the completing span
@@ -115,11 +113,14 @@ async def test_the_retention_and_heartbeat_timers_fire_in_the_traces_that_armed_
         await eventually(lambda: completed(http, stack, run_id), WAIT_S, f"run {run_id} completed")
 
         # the external agent, registered and heartbeating, is killed -9: its last heartbeat's timer fires
-        await events.wait_for("agent.registered", timeout_s=WAIT_S)
+        (registered,) = await events.wait_for("agent.registered", timeout_s=WAIT_S)
+        # this agent's heartbeat (an earlier test's example agent, under the same id, heartbeated before it)
         await otlp.wait_for(
-            lambda spans: any(s.service == "agent-collab" and s.name == HEARTBEAT_SPAN for s in spans),
+            lambda spans: any(
+                s.service == "agent-collab" and s.name == HEARTBEAT_SPAN and s.start >= registered.time for s in spans
+            ),
             timeout_s=WAIT_S,
-            what="a heartbeat agent-collab answered",
+            what="a heartbeat of this agent that agent-collab answered",
         )
         killed_at = datetime.now(UTC)
         agent.kill()
@@ -147,11 +148,8 @@ async def test_the_retention_and_heartbeat_timers_fire_in_the_traces_that_armed_
 
         spans = await otlp.wait_for(arrived, timeout_s=WAIT_S, what="the timers' spans and their ancestors")
     finally:
-        if agent.returncode is None:
-            agent.kill()
-            await agent.wait()
-        await events.stop()
-        await nc.drain()
+        await stop_processes(agent)
+        await events.close()
 
     # the retention timer fired in a child of the span that completed the run (the answer's handling),
     # in the webhook's trace

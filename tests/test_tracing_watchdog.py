@@ -16,9 +16,8 @@ import sys
 from datetime import UTC, datetime
 
 import httpx
-import nats
 import pytest
-from e2e_support import ROOT, post_hook
+from e2e_support import ROOT, post_hook, stop_processes
 from tracing_support import EXTERNAL_TIGHT_BUDGET_S, EXTERNAL_TIGHT_TRIGGER, Traced, fresh_pr
 
 from temporality_testing.events import EventLog
@@ -55,8 +54,7 @@ async def test_a_run_failed_by_the_watchdog_is_in_the_webhook_s_trace(
     traced_stack: Traced, session_http: httpx.AsyncClient
 ) -> None:
     stack, otlp, http = traced_stack.stack, traced_stack.otlp, session_http
-    nc = await nats.connect(stack.nats.url)
-    events = await EventLog(nc, since=datetime.now(UTC)).start()
+    events = await EventLog.connect(stack.nats.url, since=datetime.now(UTC))
     with (traced_stack.root / "slow-agent.log").open("ab") as out:
         agent = await asyncio.create_subprocess_exec(
             *(sys.executable, str(AGENT), "--nats-url", stack.nats.url, "--work", "--poll-s", "0.3"),
@@ -79,11 +77,8 @@ async def test_a_run_failed_by_the_watchdog_is_in_the_webhook_s_trace(
 
         spans = await otlp.wait_for(arrived, timeout_s=WAIT_S, what="run.failed's producer span and its ancestors")
     finally:
-        if agent.returncode is None:
-            agent.kill()
-            await agent.wait()
-        await events.stop()
-        await nc.drain()
+        await stop_processes(agent)
+        await events.close()
 
     chain = _chain(spans, _produced(spans, failed.id))
     assert chain is not None

@@ -2,6 +2,8 @@
 
 ``EventLog(nc, since=moment)`` reads only what the server stored from ``moment`` on (JetStream's
 ``by_start_time``): a test sharing a stack with others waits on what happened since it began.
+``await EventLog.connect(url, since=moment)`` is the same on a connection of its own, which
+:meth:`EventLog.close` drains (a test's whole teardown of it: one call in its ``finally``).
 
 A message on the stream that is not a CloudEvent at all (a poison message a test published) is kept in
 :attr:`EventLog.undecodable` instead of the events, so that :meth:`EventLog.caught_up` still counts it.
@@ -13,6 +15,7 @@ import asyncio
 from collections.abc import Callable
 from datetime import datetime
 
+import nats
 from nats.aio.client import Client as NATS
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -33,6 +36,21 @@ class EventLog:
         self.undecodable: list[bytes] = []
         self._changed = asyncio.Condition()
         self._sub: object | None = None
+        self._owns_connection = False
+
+    @classmethod
+    async def connect(
+        cls, nats_url: str, subject: str = f"{EVENTS_PREFIX}.>", *, since: datetime | None = None
+    ) -> EventLog:
+        """A started EventLog on a connection of its own to ``nats_url``; :meth:`close` ends both."""
+        nc = await nats.connect(nats_url)
+        try:
+            log = await cls(nc, subject, since=since).start()
+        except BaseException:
+            await nc.close()
+            raise
+        log._owns_connection = True
+        return log
 
     async def start(self) -> EventLog:
         js = self._nc.jetstream()
@@ -66,6 +84,12 @@ class EventLog:
     async def stop(self) -> None:
         if self._sub is not None:
             await self._sub.unsubscribe()  # type: ignore[attr-defined]
+
+    async def close(self) -> None:
+        """:meth:`stop`, and drain the connection when :meth:`connect` opened it."""
+        await self.stop()
+        if self._owns_connection:
+            await self._nc.drain()
 
     def of_type(self, event_type: str, run_id: str | None = None) -> list[Envelope]:
         return [e for e in self.events if e.type == event_type and (run_id is None or e.runid == run_id)]

@@ -15,6 +15,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -55,6 +56,8 @@ class ReceivedSpan:
     #: ``(trace_id, span_id)`` of each link.
     links: list[tuple[str, str]]
     error: bool
+    #: When the span started (the exporting process's clock, UTC).
+    start: datetime
 
 
 def _value(value: AnyValue) -> Any:
@@ -96,6 +99,7 @@ def decode_request(body: bytes) -> list[ReceivedSpan]:
                         attributes=_attributes(span.attributes),
                         links=[(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
                         error=span.status.code == Status.STATUS_CODE_ERROR,
+                        start=datetime.fromtimestamp(span.start_time_unix_nano / 1e9, UTC),
                     )
                 )
     return spans

@@ -1,4 +1,6 @@
-"""Issue 11: a run failed by the run-executor's watchdog is in the trace of the webhook that started it.
+"""Issue 11: a run failed by the run-executor's watchdog is in the trace of the webhook that started it -- both
+ways the watchdog fails a run: a run parked on its too slow external agent (``compute_timeout``), and a hosted
+run whose turn makes no progress (``stalled``).
 
 On the shared traced stack (``tracing_support.traced_stack``), a webhook launches a run of
 :data:`~tracing_support.EXTERNAL_TIGHT_AGENT`: its turns are the example external agent's tasks, with a 2 s
@@ -7,6 +9,11 @@ slow: the run parks on it, and the durable watchdog timer armed at the park (a J
 run-executor's ``run-watchdog`` namespace) fires when the budget is spent and fails the run ``compute_timeout``.
 Nothing but the timer's own headers carries the trace over that wait: the firing's CONSUMER span continues the
 span that parked the run, and ``run.failed`` is produced inside it.
+
+The stalled run: :data:`~tracing_support.HOSTED_TIGHT_TRIGGER`'s scripted reviewer has a 1 s compute budget,
+and the run-executor is restarted for the test with a provider that thinks 6 s per turn and a 2 s watchdog
+grace. The watchdog armed before the first turn fires while that turn still thinks: no progress past budget
+plus grace, so the run fails ``stalled``, in the firing's span, a child of the span that armed it.
 """
 
 from __future__ import annotations
@@ -18,7 +25,14 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 from e2e_support import ROOT, post_hook, stop_processes
-from tracing_support import EXTERNAL_TIGHT_BUDGET_S, EXTERNAL_TIGHT_TRIGGER, Traced, fresh_pr
+from tracing_support import (
+    EXTERNAL_TIGHT_BUDGET_S,
+    EXTERNAL_TIGHT_TRIGGER,
+    HOSTED_TIGHT_BUDGET_S,
+    HOSTED_TIGHT_TRIGGER,
+    Traced,
+    fresh_pr,
+)
 
 from temporality_testing.events import EventLog
 from temporality_testing.otlp_receiver import ReceivedSpan
@@ -101,3 +115,55 @@ async def test_a_run_failed_by_the_watchdog_is_in_the_webhook_s_trace(
     ]
     assert chain[2].attributes["temporality.run_id"] == run_id
     assert not [s for s in chain if s.error]
+
+
+async def test_a_run_stalled_in_its_turn_is_failed_by_the_watchdog_in_the_webhook_s_trace(
+    traced_stack: Traced, session_http: httpx.AsyncClient
+) -> None:
+    stack, otlp, http = traced_stack.stack, traced_stack.otlp, session_http
+    grace_s, think_s = 2, 6
+    events = await EventLog.connect(stack.nats.url, since=datetime.now(UTC))
+    try:
+        await asyncio.to_thread(  # off the loop: the receiver serves on it meanwhile
+            stack.restart,
+            "run-executor",
+            TEMPORALITY_EXECUTOR_WATCHDOG_GRACE_S=str(grace_s),
+            TEMPORALITY_EXECUTOR_SCRIPTED_THINK_S=str(think_s),  # every turn far over the 1 s budget
+        )
+        accepted = await post_hook(http, stack, fresh_pr(), trigger=HOSTED_TIGHT_TRIGGER)
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        (failed,) = await events.wait_for("run.failed", run_id=run_id, timeout_s=WAIT_S)
+        assert failed.data["reason"] == "stalled", failed.data
+        assert "no progress in running at turn 0" in failed.data["error"]
+        (started,) = events.of_type("run.started", run_id)
+        assert (failed.time - started.time).total_seconds() >= HOSTED_TIGHT_BUDGET_S + grace_s - 0.5
+
+        def arrived(spans: list[ReceivedSpan]) -> bool:
+            return _chain(spans, _produced(spans, failed.id)) is not None
+
+        # the turn ends after its think (the run is failed by then: nothing more of it), and its span is exported
+        spans = await otlp.wait_for(arrived, timeout_s=WAIT_S, what="run.failed's producer span and its ancestors")
+    finally:
+        await asyncio.to_thread(stack.restart, "run-executor")  # the stack's own settings for the next scenario
+        await events.close()
+
+    chain = _chain(spans, _produced(spans, failed.id))
+    assert chain is not None
+    produced, intake = chain[0], chain[-1]
+    assert {s.trace_id for s in chain} == {intake.trace_id}
+    assert failed.traceparent is not None
+    assert failed.traceparent.split("-")[1:3] == [intake.trace_id, produced.span_id]
+    assert (produced.service, produced.name) == ("run-executor", "create temporality.events.run.failed")
+    fired = chain[1]
+    assert (fired.service, fired.kind) == ("run-executor", "consumer")
+    assert fired.attributes["messaging.destination.name"] == f"{WATCHDOG_FIRED}{run_id}"
+    # armed before the first turn, in the handling of run.requested (the turn that then stalled)
+    assert [(s.service, s.kind, s.name) for s in chain[2:]] == [
+        ("run-executor", "consumer", "process temporality.events.run.requested"),
+        ("trigger-gateway", "producer", "create temporality.events.run.requested"),
+        ("trigger-gateway", "server", "POST /hooks/{trigger_id}"),
+    ]
+    assert chain[2].attributes["temporality.run_id"] == run_id
+    assert not [s for s in chain if s.error]
+    assert events.of_type("run.completed", run_id) == []

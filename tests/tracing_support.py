@@ -14,8 +14,8 @@ The stack's set-up is the union of what the scenarios need:
 
 * the shipped config, plus :data:`DEADLINE_TRIGGER` (the shipped trigger whose question expires after 2 s to
   the default answer), :data:`EXTERNAL_TIGHT_TRIGGER` (its runs the example external agent's tasks, with a 2 s
-  compute budget) and a 1 s heartbeat interval for external agents (a killed agent goes offline within
-  seconds);
+  compute budget), :data:`HOSTED_TIGHT_TRIGGER` (the scripted reviewer with a 1 s compute budget) and a 1 s
+  heartbeat interval for external agents (a killed agent goes offline within seconds);
 * the run-executor's checkpoint retention 1 s after a run ends, agent-collab's heartbeat grace 0.5 s;
 * ``TEMPORALITY_NATS_SOURCE_CHECK=strict`` (the production default; the test suite runs ``claimed``): every event
   the real services exchange passes the consumers' sender check.
@@ -45,6 +45,9 @@ __all__ = [
     "EXTERNAL_TIGHT_AGENT",
     "EXTERNAL_TIGHT_BUDGET_S",
     "EXTERNAL_TIGHT_TRIGGER",
+    "HOSTED_TIGHT_AGENT",
+    "HOSTED_TIGHT_BUDGET_S",
+    "HOSTED_TIGHT_TRIGGER",
     "Traced",
     "completed",
     "fresh_pr",
@@ -63,11 +66,17 @@ EXTERNAL_TIGHT_TRIGGER = "ado-pr-review-external-tight"
 #: than that to act has its run failed by the run-executor's watchdog timer (``compute_timeout``).
 EXTERNAL_TIGHT_AGENT = "reviewer-external-tight"
 EXTERNAL_TIGHT_BUDGET_S = 2
+#: A copy of the shipped trigger launching :data:`HOSTED_TIGHT_AGENT`.
+HOSTED_TIGHT_TRIGGER = "ado-pr-review-hosted-tight"
+#: The shipped scripted reviewer with a 1 s compute budget: a turn that takes longer (a hung provider, a hung
+#: executor) is the watchdog's, once the budget and the run-executor's grace have passed.
+HOSTED_TIGHT_AGENT = "reviewer-hosted-tight"
+HOSTED_TIGHT_BUDGET_S = 1
 
 
 def traced_config(root: Path) -> Path:
-    """The shipped config in ``root``, with :data:`DEADLINE_TRIGGER`, :data:`EXTERNAL_TIGHT_TRIGGER` (and its card)
-    and a 1 s heartbeat interval."""
+    """The shipped config in ``root``, with :data:`DEADLINE_TRIGGER`, :data:`EXTERNAL_TIGHT_TRIGGER` and
+    :data:`HOSTED_TIGHT_TRIGGER` (and their cards) and a 1 s heartbeat interval."""
     import yaml
     from e2e_support import CONFIG
 
@@ -79,6 +88,7 @@ def traced_config(root: Path) -> Path:
     deadline["human"] |= {"default_timeout_s": 2, "on_timeout": {"action": "default", "default_option": "keep-v1"}}
     triggers["triggers"].append(deadline)
     triggers["triggers"].append(copy.deepcopy(shipped) | {"id": EXTERNAL_TIGHT_TRIGGER, "agent": EXTERNAL_TIGHT_AGENT})
+    triggers["triggers"].append(copy.deepcopy(shipped) | {"id": HOSTED_TIGHT_TRIGGER, "agent": HOSTED_TIGHT_AGENT})
     (config / "triggers.yaml").write_text(yaml.safe_dump(triggers), encoding="utf-8")
     cards = yaml.safe_load((config / "agents.yaml").read_text(encoding="utf-8"))
     reviewer = next(a for a in cards["agents"] if a["id"] == "reviewer")
@@ -89,6 +99,9 @@ def traced_config(root: Path) -> Path:
         "limits": {"max_turns": 5, "max_compute_s": EXTERNAL_TIGHT_BUDGET_S},
     }
     cards["agents"].append(tight)
+    hosted = copy.deepcopy(reviewer) | {"id": HOSTED_TIGHT_AGENT}
+    hosted["limits"] = dict(reviewer.get("limits", {}), max_compute_s=HOSTED_TIGHT_BUDGET_S)
+    cards["agents"].append(hosted)
     (config / "agents.yaml").write_text(yaml.safe_dump(cards), encoding="utf-8")
     agents = yaml.safe_load((config / "external-agents.yaml").read_text(encoding="utf-8"))
     agents["heartbeat_interval_s"] = 1

@@ -20,6 +20,7 @@ from temporality_bus import (
     Versioned,
     evolve,
 )
+from temporality_bus.models import evolve_shallow
 from temporality_protocol.catalog import BucketSpec
 
 BUCKET = BucketSpec("t-modify", "test bucket")
@@ -60,17 +61,39 @@ async def _store(bus: Bus) -> Store[Counter]:
 
 
 # --------------------------------------------------------------------------- evolve
-def test_evolve_validates_the_result_and_refuses_unknown_names() -> None:
+@pytest.mark.parametrize("change", [evolve, evolve_shallow])
+def test_evolve_validates_the_result_and_refuses_unknown_names(change: Callable[..., Counter]) -> None:
     c = Counter(name="a", limit=2)
-    assert evolve(c, count=2) == Counter(name="a", count=2, limit=2)
+    assert change(c, count=2) == Counter(name="a", count=2, limit=2)
     assert c.count == 0  # a copy
     with pytest.raises(ValidationError, match="extra_forbidden") as unknown:
-        evolve(c, cuont=1)  # model_copy(update=...) would drop this silently
+        change(c, cuont=1)  # model_copy(update=...) would drop this silently
     assert unknown.value.errors()[0]["loc"] == ("cuont",)
     with pytest.raises(ValidationError, match="int_parsing"):
-        evolve(c, count="many")  # model_copy(update=...) would store this
+        change(c, count="many")  # model_copy(update=...) would store this
     with pytest.raises(ValidationError, match="over the limit"):
-        evolve(c, count=3)  # model validators run too
+        change(c, count=3)  # model validators run too
+
+
+class Holder(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    counter: Counter
+    data: dict[str, object] = Field(default_factory=dict)
+    note: str = ""
+
+
+def test_evolve_shallow_keeps_the_nested_models_it_was_given() -> None:
+    """The same result as :func:`evolve`, without dumping and validating again what ``model`` already holds: a
+    nested model goes in as it is (validated when it was made), extra fields stay."""
+    h = Holder(counter=Counter(name="a"), data={"pr": {"id": 1}}, more=1)  # type: ignore[call-arg]
+    deep, shallow = evolve(h, note="x"), evolve_shallow(h, note="x")
+    assert shallow == deep == Holder(counter=Counter(name="a"), data={"pr": {"id": 1}}, note="x", more=1)  # type: ignore[call-arg]
+    assert shallow.counter is h.counter  # taken as it is
+    assert deep.counter is not h.counter  # dumped and built again
+    assert shallow.model_extra == {"more": 1}
+    with pytest.raises(ValidationError, match="string_type"):
+        evolve_shallow(h, note=3)  # the changes are validated all the same
 
 
 # --------------------------------------------------------------------------- modify

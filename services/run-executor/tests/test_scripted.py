@@ -20,7 +20,7 @@ from temporality_protocol import HumanRequested
 from temporality_run_executor.agents import AgentCard, ProviderConfig, load_agents
 from temporality_run_executor.providers import PermanentProviderError, ToolSpec, TurnContext
 from temporality_run_executor.providers.factory import ProviderCache, ProviderConfigError
-from temporality_run_executor.providers.script import Script
+from temporality_run_executor.providers.script import Script, render
 from temporality_run_executor.providers.scripted import ScriptedProvider
 from temporality_run_executor.records import Message, ToolCall
 from temporality_run_executor.tools import ToolPolicy
@@ -92,6 +92,22 @@ async def test_steps_run_in_order_with_templates_from_results_and_run_facts() ->
     rejected = {"status": "rejected", "error": "no_channel: none"}
     final = await provider.complete([*read, *_called("ask", "ask_human", rejected)], TOOLS, context=CONTEXT)
     assert final.content == "Not shipping (rejected)."
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("{{ results.read.tags }}", ["a", "b"]),  # exactly one expression: its value
+        ("  {{ results.read.item }} ", "PR-7"),
+        ("no template", "no template"),
+        ("{{ results.read.item }}/{{ results.read.tags }} and {{ results.none }}.", 'PR-7/["a", "b"] and .'),
+        ("{{ results.read.item }}{{ length(results.read.tags) }}", "PR-72"),
+    ],
+)
+def test_templates_render_the_same_every_time(template: str, expected: Any) -> None:
+    """A template is split once and kept (the scripted provider renders the same strings every turn)."""
+    scope = {"results": {"read": {"item": "PR-7", "tags": ["a", "b"]}}}
+    assert [render(template, scope, "t") for _ in range(2)] == [expected, expected]
 
 
 async def test_a_step_whose_when_fails_is_skipped_and_the_prompt_is_never_read() -> None:

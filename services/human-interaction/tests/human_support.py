@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import nats
+import pytest
 from nats.aio.subscription import Subscription
 from pydantic import SecretStr
 
@@ -322,3 +323,16 @@ async def request_run(bus: Bus, run_id: str, allowed: list[str]) -> None:
     launch = LaunchSource(kind="webhook", trigger_id="ado-pr-review")
     run = RunRequested(run_id=run_id, agent="reviewer", title="Review PR 42", launch=launch, human=policy)
     await bus.publish(make_event(run, source="/temporality/trigger-gateway", run_id=run_id))
+
+
+def count_requests(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bytes]]:
+    """Every request (subject, payload) the bus connection sends from now on: KV creates and reads included."""
+    sent: list[tuple[str, bytes]] = []
+    request = bus.nc.request
+
+    async def counted(subject: str, payload: bytes = b"", *args: object, **kwargs: object) -> object:
+        sent.append((subject, payload))
+        return await request(subject, payload, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bus.nc, "request", counted)
+    return sent

@@ -9,6 +9,7 @@ import pytest
 from human_support import (
     ALICE,
     BOB,
+    count_requests,
     events_of,
     exactly,
     lose_answer_publish,
@@ -119,6 +120,31 @@ async def test_answer_by_option(bus: Bus, client: httpx.AsyncClient, handler: Re
     assert record is not None
     assert record.answer_published
     assert (await client.get("/inbox", headers=ALICE)).json()["requests"] == []
+
+
+async def test_an_answer_reads_its_request_once(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Binding reads the record (its compare-and-set), and marking the answer published starts from the record
+    as bound instead of reading it back; the identical answer again reads it once and writes nothing."""
+    request_id = await _ask(handler)
+    sent = count_requests(bus, monkeypatch)
+    response = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
+    assert response.status_code == 200
+    reads = [p for s, p in sent if s.endswith("STREAM.MSG.GET.KV_human-requests")]
+    assert reads == [b'{"last_by_subj":"$KV.human-requests.%s"}' % request_id.encode()]
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status == "answered"
+    assert record.answer_published
+    await exactly(bus, "human.answered", 1)
+
+    sent.clear()
+    again = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)
+    assert again.status_code == 200
+    assert again.json()["already_recorded"] is True
+    assert len([s for s, _ in sent if s.endswith("STREAM.MSG.GET.KV_human-requests")]) == 1
+    assert await stored(bus, request_id) == record
 
 
 async def test_answer_by_free_text(bus: Bus, client: httpx.AsyncClient, handler: RequestHandler) -> None:

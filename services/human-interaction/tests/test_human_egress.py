@@ -8,6 +8,8 @@ from human_support import requested
 
 from temporality_human_interaction.__main__ import egress_policy
 from temporality_human_interaction.egress import (
+    _MEMO_SIZE,
+    _MEMO_TEXT,
     BUILTIN_PATTERNS,
     DEFAULT_POLICY,
     EgressPolicy,
@@ -17,6 +19,7 @@ from temporality_human_interaction.egress import (
 from temporality_human_interaction.records import HumanRequestRecord
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import HumanOption, HumanRequested, TextAnswer
+from temporality_protocol.redaction import Redactor
 from temporality_service import ConfigError
 
 # Built from pieces so no scanner mistakes this file for a leak.
@@ -200,3 +203,30 @@ def test_the_settings_read_the_policy_from_the_environment(monkeypatch: pytest.M
 
 def test_a_policy_error_is_a_value_error() -> None:
     assert issubclass(PatternError, ValueError)
+
+
+def test_a_remembered_redaction_is_the_redaction() -> None:
+    """The policy remembers the texts it redacted (a stored request is shown again and again): the second time
+    gives what the patterns give, a caller's change to the counts it got never reaches the next caller, a
+    deployment's extra pattern is remembered per policy, and the memory is bounded."""
+    text = "deploy with DB_PASSWORD=hunter2hunter2 and token ghp_" + "a" * 36
+    policy = EgressPolicy()
+    fresh = Redactor(policy.patterns).redact(text)
+    assert fresh.counts["secret_assignment"] == 1
+    first = policy.redact(text)
+    first.counts["secret_assignment"] += 10  # what redact_record's counting could do to it
+    again = policy.redact(text)
+    assert again == fresh
+    assert again.counts == fresh.counts
+    assert policy.redact_text("nothing secret") == "nothing secret"
+
+    extra = EgressPolicy.build(extra_patterns={"ticket": r"TICKET-\d+"})
+    assert extra.redact_text("see TICKET-42") == "see [REDACTED:ticket]"
+    assert policy.redact_text("see TICKET-42") == "see TICKET-42"  # another policy, its own memory
+
+    for n in range(_MEMO_SIZE + 10):
+        policy.redact_text(f"question {n}")
+    assert len(policy._memo) <= _MEMO_SIZE
+    long = "x" * (_MEMO_TEXT + 1) + " DB_PASSWORD=hunter2hunter2"
+    assert policy.redact_text(long).endswith("[REDACTED:secret_assignment]")
+    assert long not in policy._memo  # a text longer than any request's is redacted, not kept

@@ -69,6 +69,36 @@ async def test_the_index_follows_every_state_change_and_matches_a_full_scan(
     assert record.ended_at is not None
 
 
+async def test_a_run_end_cancels_each_request_of_the_run_and_passes_over_a_dropped_entry(
+    bus: Bus, handler: RequestHandler
+) -> None:
+    """The run's end finds its request ids from the subjects the bucket's stream holds under ``run.<run id>.*``
+    (one ``STREAM.INFO``): every pending request of the run is cancelled, another run's is not, and an entry
+    dropped meanwhile (its last message a purge: the retention sweep's, or one of a request never stored) is
+    listed too and changes nothing."""
+    first = requested()
+    run_id = str(first.runid)
+    second, other = requested(run_id=run_id), requested()
+    for event in (first, second, other):
+        await handler.handle(event)
+    refs = ChannelRefs(bus)
+    await refs.claim(ref_key("run", run_id, "hreq-never-stored"), "hreq-never-stored")
+    await refs.delete(ref_key("run", run_id, "hreq-never-stored"))
+
+    await RunEndHandler(bus).handle(
+        make_event(RunCancelled(run_id=run_id, reason="operator"), source="/t", run_id=run_id)
+    )
+
+    for event in (first, second):
+        record = await stored(bus, str(event.data["request_id"]))
+        assert record is not None
+        assert record.status is HumanRequestState.CANCELLED
+    untouched = await stored(bus, str(other.data["request_id"]))
+    assert untouched is not None
+    assert untouched.status is HumanRequestState.PENDING
+    assert await stored(bus, "hreq-never-stored") is None
+
+
 async def test_a_stale_entry_is_skipped_and_dropped_and_a_lost_index_is_rebuilt(
     bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
 ) -> None:

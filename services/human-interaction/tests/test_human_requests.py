@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 import pytest
-from human_support import ALICE, BOB, events_of, requested, stored, timer_messages
+from human_support import ALICE, BOB, count_requests, events_of, requested, stored, timer_messages
 
 from temporality_bus import Bus, PermanentError, TransientError
 from temporality_human_interaction.channels import DeliveryFailed, DeliveryReceipt, WebInboxAdapter
@@ -122,6 +122,30 @@ async def test_redelivered_request_makes_one_record_and_one_notification(bus: Bu
         TIMERS_STREAMS["human-interaction"].name, subjects_filter=f"{TIMER_SCHEDULE_HUMAN}.>"
     )
     assert info.state.messages == 1
+
+
+async def test_a_new_request_is_indexed_once_and_read_once(
+    bus: Bus, handler: RequestHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The intake of a new request writes each index entry once (just before the record) and records its
+    delivery from the record it stored, not from a read back: one read of the record, the one that finds none."""
+    event = requested(recipient="user:alice")
+    request_id, run_id = event.data["request_id"], event.data["run_id"]
+    sent = count_requests(bus, monkeypatch)
+    await handler.handle(event)
+    sent = list(sent)  # what the intake sent (the checks below read too)
+
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.channel == "web"
+    assert [d.channel for d in record.deliveries] == ["web"]
+    index_writes = sorted(s.rsplit(".", 3)[-3] for s, _ in sent if s.startswith("$KV.human-channels."))
+    assert index_writes == ["open", "run"]  # create-if-absent of each entry, once
+    assert [s for s, _ in sent if s.startswith("$KV.human-channels.run.")] == [
+        f"$KV.human-channels.run.{run_id}.{request_id}"
+    ]
+    record_reads = [p for s, p in sent if s.endswith("STREAM.MSG.GET.KV_human-requests")]
+    assert record_reads == [b'{"last_by_subj":"$KV.human-requests.%s"}' % request_id.encode()]
 
 
 async def test_request_id_reused_by_another_run_is_permanent(bus: Bus, handler: RequestHandler) -> None:

@@ -222,7 +222,13 @@ def configure(settings: Settings) -> Setup[Settings]:
             rt.metrics.refresh_every("human requests", functools.partial(metrics.refresh, rt.bus))
         log.info("channels.ready", channels=sorted(n for n, a in adapters.items() if a.available))
         policies = RunPolicies(rt.bus, wait_deliveries=rt.settings.policy_wait_deliveries)  # SEC-1
-        rt.consumer("human-interaction-policies", handler=RunPolicyHandler(policies).handle)
+        # several runs' policies at once (each a create-if-absent of its own key): one at a time, a burst of
+        # run.requested left human.requested arriving first and waiting the 0.5 s retry (a quarter of the loops)
+        rt.consumer(
+            "human-interaction-policies",
+            handler=RunPolicyHandler(policies).handle,
+            max_inflight=rt.settings.max_inflight,
+        )
         requests = RequestHandler(rt.bus, directory, adapters, egress=egress, policies=policies, observer=metrics)
         rt.consumer("human-interaction-requests", handler=requests.handle, max_inflight=rt.settings.max_inflight)
         chain = ChainRunner(rt.bus, directory, adapters)  # reminders and escalation (HUM-8)

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import structlog
 from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 
-from temporality_bus import Bus, NotFound, TransientError, evolve
+from temporality_bus import Bus, NotFound, TransientError, Versioned, evolve
 from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.events import RefusedReason, answer_refused_event, answered_event
 from temporality_human_interaction.records import (
@@ -279,7 +279,7 @@ async def bind_answer_outcome(
     store = await open_store(bus)
     now = clock or _utcnow
     try:
-        record, fresh = await _bind(store, request_id, responder, submission, channel, now, responder_name)
+        bound, fresh = await _bind(store, request_id, responder, submission, channel, now, responder_name)
     except NotRecipient as refused:
         if refused.record is not None:
             await _journal_refusal(bus, refused.record, responder, submission, channel, refused, now(), egress)
@@ -295,6 +295,7 @@ async def bind_answer_outcome(
                 log.info("answer.republishing", trigger="refused_answer")
                 await announce_answer(bus, refused.record, store=store)
         raise
+    record = bound.value
     with structlog.contextvars.bound_contextvars(request_id=request_id, run_id=record.run_id):
         if fresh:
             from temporality_human_interaction.inbox import unindex
@@ -309,7 +310,8 @@ async def bind_answer_outcome(
             return record, True
         else:
             log.info("answer.republishing", trigger="same_answer")
-        return await announce_answer(bus, record, store=store), not fresh
+        # the mark's compare-and-set starts from the record as bound (no read back; a stale one reads again)
+        return await announce_answer(bus, record, store=store, known=bound), not fresh
 
 
 _JOURNALED: frozenset[str] = frozenset({"already_answered", "expired", "cancelled", "not_recipient"})
@@ -391,17 +393,23 @@ async def _record_late(
 
 
 async def announce_answer(
-    bus: Bus, record: HumanRequestRecord, *, store: RequestStore | None = None
+    bus: Bus,
+    record: HumanRequestRecord,
+    *,
+    store: RequestStore | None = None,
+    known: Versioned[HumanRequestRecord] | None = None,
 ) -> HumanRequestRecord:
     """Publish the bound answer's ``human.answered`` and mark it published; returns the record as marked.
 
     Idempotent: the event id is derived from the request, so a repeat is deduplicated by JetStream.
+    ``known``: the stored record and its revision as the caller just read or wrote it; the mark starts from it
+    (``Store.modify(known=...)``: the compare-and-set proves it current, a stale one is read again).
     """
     store = store or await open_store(bus)
     channel = record.answer_channel or _DEFAULT_ANSWER_CHANNEL
     result = await bus.publish(answered_event(record, channel=channel))
     log.info("request.answered", responder=record.responder, channel=channel, duplicate=result.duplicate)
-    return await _mark_published(store, record.request_id)
+    return await _mark_published(store, record.request_id, known)
 
 
 async def _arm_repair(bus: Bus, record: HumanRequestRecord, repair_after_s: float) -> None:
@@ -427,8 +435,9 @@ async def _bind(
     channel: str,
     clock: Callable[[], datetime],
     responder_name: str | None = None,
-) -> tuple[HumanRequestRecord, bool]:
-    """The answered record, and whether this call bound it (False: the identical answer was already bound).
+) -> tuple[Versioned[HumanRequestRecord], bool]:
+    """The answered record (with its revision), and whether this call bound it (False: the identical answer was
+    already bound).
 
     One :meth:`~temporality_bus.Store.modify`: of two racing answers one compare-and-set wins; the
     other's ``bind`` runs again on the winner's record: an identical answer from the same responder is
@@ -458,13 +467,15 @@ async def _bind(
         result = await store.modify(request_id, bind)
     except NotFound:
         raise RequestNotFound(f"there is no request {request_id}") from None
-    return result.value, result.changed and not repost
+    return result, result.changed and not repost
 
 
-async def _mark_published(store: RequestStore, request_id: str) -> HumanRequestRecord:
+async def _mark_published(
+    store: RequestStore, request_id: str, known: Versioned[HumanRequestRecord] | None = None
+) -> HumanRequestRecord:
     try:
         marked = await store.modify(
-            request_id, lambda r: None if r.answer_published else evolve(r, answer_published=True)
+            request_id, lambda r: None if r.answer_published else evolve(r, answer_published=True), known=known
         )
     except NotFound:  # pragma: no cover - requests are never deleted
         raise TransientError(f"request {request_id} vanished") from None

@@ -78,11 +78,21 @@ def truncate(text: str, limit: int) -> tuple[str, bool]:
     return f"{kept}… (truncated, {len(text) - len(kept):,} more characters)", True
 
 
+#: Texts up to this long have their redaction remembered (:meth:`EgressPolicy.redact`); the run-executor cuts a
+#: question and its context to 4,096 characters, so every text of a request fits.
+_MEMO_TEXT = 4096
+#: Redactions remembered per policy (first in, first out): a request's texts are redacted at intake and again
+#: each time a channel, the inbox API or an outcome shows the record, all within about a second.
+_MEMO_SIZE = 1024
+
+
 @dataclass(frozen=True)
 class EgressPolicy:
     patterns: tuple[SecretPattern, ...] = BUILTIN_PATTERNS
     limits: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     default_limit: int = DEFAULT_LIMIT
+    #: text -> its redaction with :attr:`patterns` (pure, so the same text always redacts the same way).
+    _memo: dict[str, Redacted] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     @classmethod
     def build(
@@ -105,7 +115,18 @@ class EgressPolicy:
 
     # ------------------------------------------------------------------ redaction
     def redact(self, text: str) -> Redacted:
-        return Redactor(self.patterns).redact(text)
+        """``text`` with every secret replaced (:class:`Redactor`), remembered for the texts seen last: a stored
+        request's texts are redacted again every time it is shown (:meth:`for_channel`), each pass running
+        every pattern over every field -- the service's largest CPU cost per question in the bench's loop."""
+        done = self._memo.get(text)
+        if done is None:
+            done = Redactor(self.patterns).redact(text)
+            if len(text) <= _MEMO_TEXT:
+                if len(self._memo) >= _MEMO_SIZE:
+                    self._memo.pop(next(iter(self._memo), ""), None)
+                self._memo[text] = done
+        # a caller may update the counts it gets: never the remembered ones
+        return Redacted(done.text, Counter(done.counts)) if done.counts else Redacted(done.text)
 
     def redact_text(self, text: str) -> str:
         return self.redact(text).text

@@ -47,7 +47,16 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from temporality_bus import AlreadyExists, Bus, Delivery, NotFound, PermanentError, TransientError, evolve
+from temporality_bus import (
+    AlreadyExists,
+    Bus,
+    Delivery,
+    NotFound,
+    PermanentError,
+    TransientError,
+    Versioned,
+    evolve,
+)
 from temporality_human_interaction.chain import arm_next_step, configured_steps, plan
 from temporality_human_interaction.channels import ChannelAdapter, DeliveryReceipt
 from temporality_human_interaction.delivery import deliver_along
@@ -250,6 +259,11 @@ class RequestHandler:
             return
         store = await open_store(self._bus)
         stored = await store.get(payload.request_id)
+        #: The record as this call stored it (value and revision): the delivery's compare-and-set starts from it
+        #: instead of reading it back (``Store.modify(known=...)``: a stale one only costs that read again).
+        known: Versioned[HumanRequestRecord] | None = None
+        #: Indexed by this call just before it created the record: not indexed a second time below.
+        indexed = False
         if stored is None:
             reachable = [m for m in decision.members if channel_candidates(m.profile, self._adapters)]
             if not reachable:
@@ -268,7 +282,8 @@ class RequestHandler:
                 # the indexes first: a stored request is always listed (inbox) and found by the sweep (run)
                 await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
                 await index_open(self._bus, record)
-                await store.create(payload.request_id, record)
+                known = Versioned(record, await store.create(payload.request_id, record))
+                indexed = True  # this record's entries (not those of one another delivery stored first)
                 log.info("request.stored", recipient=payload.recipient, expires_at=record.expires_at.isoformat())
                 dropped = configured_steps(record.policy.on_timeout) - len(plan(record))
                 if dropped:  # the deadline wins: say so, the trigger's chain does not fit this timeout
@@ -287,20 +302,22 @@ class RequestHandler:
                 f"request id {payload.request_id} is already used by run {record.run_id} for {record.recipient}"
             )
         if record.pending:  # index it under its run, then check the run has not ended meanwhile (runs.py)
-            await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
-            await index_open(self._bus, record)
+            if not indexed:  # a redelivery, or another delivery stored it first: index the stored record
+                await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
+                await index_open(self._bus, record)
             ended = await run_ended(self._bus, record.run_id)
             if ended is None and await withdrawn(self._bus, record.run_id, record.request_id):
                 ended = "not_needed"  # HUM-7: its run withdrew it before it was stored
             if ended is not None:
                 cancelled = await cancel_pending(self._bus, record.request_id, ended, None, self._observer)
                 record = cancelled or record
+                known = None
 
         if record.pending:  # before delivery: a request that can never be delivered still expires (HUM-8)
             await self._schedule_deadline(record)
         if record.pending and not decision.group and record.channel is None:
             receipt, failures = await self._deliver(record, decision.profile)
-            record = await self._record_delivery(store, record.request_id, receipt, failures)
+            record = await self._record_delivery(store, record.request_id, receipt, failures, known=known)
         elif record.pending and decision.group:
             record = await self._deliver_to_members(store, record, decision)
         if record.pending and record.channel is not None:  # delivered: the timeout policy's chain starts (HUM-8)
@@ -409,10 +426,12 @@ class RequestHandler:
         failures: list[DeliveryAttempt],
         *,
         recipient: str | None = None,
+        known: Versioned[HumanRequestRecord] | None = None,
     ) -> HumanRequestRecord:
         """Record the channel that carried the question and the sent copy (to bind replies and edit it later).
 
-        ``recipient``: the group member this copy went to (a group request has one copy per member)."""
+        ``recipient``: the group member this copy went to (a group request has one copy per member).
+        ``known``: the record as this intake stored it (the compare-and-set proves it still current)."""
         copy = SentCopy(
             channel=receipt.channel,
             reference=receipt.reference or key,
@@ -434,7 +453,7 @@ class RequestHandler:
             )
 
         try:
-            return (await store.modify(key, record)).value
+            return (await store.modify(key, record, known=known)).value
         except NotFound:  # pragma: no cover - requests are never deleted
             raise TransientError(f"request {key} vanished") from None
 

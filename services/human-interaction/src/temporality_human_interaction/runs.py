@@ -15,13 +15,14 @@ cancelled at intake, before anyone is notified.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 import structlog
 
-from temporality_bus import Bus, Delivery, NotFound, live_keys
+from temporality_bus import Bus, Delivery, NotFound
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
 from temporality_human_interaction.inbox import unindex
 from temporality_human_interaction.records import HumanRequestRecord, open_store
@@ -56,12 +57,16 @@ async def index_request(bus: Bus, run_id: str, request_id: str, expires_at: date
 
 
 async def requests_of_run(bus: Bus, run_id: str) -> list[str]:
-    """The request ids indexed under ``run_id``: a server-side filtered listing of ``run.<run id>.*``
-    (nats-py's ``keys(filters=...)`` would read every key of the bucket and filter by substring)."""
+    """The request ids indexed under ``run_id``: the subjects under ``run.<run id>.*`` the bucket's stream holds a
+    message on, in one ``STREAM.INFO`` with that filter -- read on every run's end, where a listing of the live
+    keys (:func:`~temporality_bus.listing.live_keys`) makes, reads and deletes a consumer (nats-py's
+    ``keys(filters=...)`` would even read every key of the bucket). A key whose last message is a delete (an
+    entry the retention sweep dropped long after its request ended, or one of a request never stored) is listed
+    too: cancelling it finds nothing to do (:func:`cancel_pending`)."""
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    return sorted(
-        key.rsplit(".", 1)[1] for key in await live_keys(kv, f"{ref_key('run', run_id)}.*", timeout_s=_LIST_TIMEOUT_S)
-    )
+    prefix = f"{kv._pre}{ref_key('run', run_id)}."
+    info = await asyncio.wait_for(kv._js.stream_info(kv._stream, subjects_filter=f"{prefix}*"), _LIST_TIMEOUT_S)
+    return sorted(subject.removeprefix(prefix) for subject in info.state.subjects or {})
 
 
 async def withdrawn(bus: Bus, run_id: str, request_id: str) -> bool:

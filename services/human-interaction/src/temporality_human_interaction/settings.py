@@ -27,7 +27,7 @@ class Settings(HttpServiceSettings):
     users_file: Path = Field(default=Path("config/users.yaml"), description="The user directory (YAML)")
     #: An HTTP call never waits longer than this on NATS; past it the API answers 503.
     bus_timeout_s: float = Field(default=5.0, gt=0)
-    #: How many ``human.requested`` messages are handled concurrently.
+    #: How many ``human.requested`` messages (and, apart, ``run.requested`` policies) are handled concurrently.
     max_inflight: int = Field(default=8, gt=0)
     #: An answer's repair timer fires this long after the answer is bound and announces it if the
     #: ``human.answered`` publish was lost (a crash or a bus timeout right after the answer was stored).

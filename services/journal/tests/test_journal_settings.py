@@ -33,7 +33,7 @@ def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TEMPORALITY_JOURNAL_BATCH_SIZE", raising=False)
-    assert Settings().batch_size == 256
+    assert Settings().batch_size == 500
     monkeypatch.setenv("TEMPORALITY_JOURNAL_BATCH_SIZE", "32")
     assert Settings().batch_size == 32
     monkeypatch.setenv("TEMPORALITY_JOURNAL_BATCH_SIZE", "0")

@@ -14,7 +14,8 @@ of such an event: refusing that too would dead-letter it again, and again, so it
 :meth:`Recorder.handle_batch` is the consumer's batch handler: a batch of events in one
 transaction -- one ``INSERT … ON CONFLICT DO NOTHING`` of the events (on PostgreSQL one statement
 that also leaves out the ids stored already and moves the commit counter, the envelopes passed as one JSON
-text made by pydantic-core, ``data`` nested in it; one positional multi-row statement on SQLite; never the
+text, ``data`` nested in it, each envelope the bytes it was received as when they hold nothing to replace,
+else serialized by pydantic-core; one positional multi-row statement on SQLite; never the
 ORM; an envelope whose JSON, as the consumer received it, has no ``\\u`` escape holds nothing to replace
 and skips the sanitizing check), the affected runs read once, projected in memory in
 stream order with :func:`project` (which copies rows without validating them again), written back
@@ -120,9 +121,9 @@ _PG_INSERTED = (*(column for _, column, _ in _PG_ENVELOPE_FIELDS), "run_id", "st
 #: (``$2``: the last position handed out, ``$3``: ``recorded_at``): the rows whose id is not stored yet
 #: (no other journal writer adds any under the lock) get the next positions in the batch's order (stream
 #: order, ``ord``), are inserted (``ON CONFLICT DO NOTHING`` all the same), and the counter moves to the
-#: last position used; the new ids come back. ``$1`` is one JSON text made by pydantic-core in one call: an
-#: array of ``[envelope, stream_seq, run_id]``, each envelope serialized by its model (``data`` nested, read
-#: as ``jsonb`` by the server: serialized once, parsed once). Before, ``data`` was serialized on its own for
+#: last position used; the new ids come back. ``$1`` is one JSON text (:func:`_pg_batch_json`): an array of
+#: ``[envelope, stream_seq, run_id]``, each envelope the JSON it was received as, or serialized by its model
+#: when it had to be sanitized (``data`` nested, read as ``jsonb`` by the server: parsed once). Before, ``data`` was serialized on its own for
 #: the storability check, then again as a string inside the batch's JSON (escaped, unescaped, parsed again),
 #: and each row's dict was built in Python.
 _PG_INSERT_EVENTS = (
@@ -407,11 +408,11 @@ class Recorder:
         """
         if raw is not None and len(raw) != len(batch):
             raise ValueError(f"{len(raw)} raw envelopes for a batch of {len(batch)}")
-        plain = [False] * len(batch) if raw is None else [_plain(text) for text in raw]
+        texts: list[bytes | None] = [None] * len(batch) if raw is None else [t if _plain(t) else None for t in raw]
         rows: list[_Row] = []
         seen: set[str] = set()
-        for (event, stream_seq), is_plain in sorted(zip(batch, plain, strict=True), key=_by_seq):
-            if is_plain:  # nothing to replace; data serialized once, where it is stored
+        for (event, stream_seq), text in sorted(zip(batch, texts, strict=True), key=_by_seq):
+            if text is not None:  # nothing to replace; data serialized once, where it is stored
                 dumped, serializable = None, True
             else:
                 dumped = _storable_dump(event)
@@ -429,7 +430,7 @@ class Recorder:
             if event.id in seen:  # the same id twice in one batch: the first one counts, as one by one
                 continue
             seen.add(event.id)
-            rows.append(_Row(event, stream_seq, dumped, serializable))
+            rows.append(_Row(event, stream_seq, dumped, serializable, _verbatim(text)))
         if not rows:
             return 0
         finished: list[tuple[str, str]] = []
@@ -680,15 +681,19 @@ def _event_row(event: Envelope, stream_seq: int, recorded_at: datetime) -> dict[
 class _Row:
     """An event of a batch on its way into ``events``: ``dumped`` is its ``data`` as JSON text when the
     storability check made it (``None``: not made, or not made because ``data`` is not JSON-serializable,
-    which ``serializable`` tells apart)."""
+    which ``serializable`` tells apart); ``raw`` the JSON the envelope was decoded from when it holds nothing
+    to replace (:func:`_plain`), else ``None``."""
 
-    __slots__ = ("dumped", "event", "serializable", "stream_seq")
+    __slots__ = ("dumped", "event", "raw", "serializable", "stream_seq")
 
-    def __init__(self, event: Envelope, stream_seq: int, dumped: str | None, serializable: bool) -> None:
+    def __init__(
+        self, event: Envelope, stream_seq: int, dumped: str | None, serializable: bool, raw: bytes | None = None
+    ) -> None:
         self.event = event
         self.stream_seq = stream_seq
         self.dumped = dumped
         self.serializable = serializable
+        self.raw = raw
 
     def data_text(self) -> str:
         """``data`` as JSON text (pydantic-core's, as the engine's ``json_serializer`` writes it); only for a
@@ -696,7 +701,7 @@ class _Row:
         return self.dumped if self.dumped is not None else to_json(self.event.data).decode()
 
 
-def _by_seq(item: tuple[tuple[Envelope, int], bool]) -> int:
+def _by_seq(item: tuple[tuple[Envelope, int], object]) -> int:
     return item[0][1]
 
 
@@ -712,11 +717,24 @@ def _plain(raw: bytes) -> bool:
     return b"\\u" not in raw
 
 
+def _verbatim(raw: bytes | None) -> bytes | None:
+    """``raw`` (a :func:`_plain` envelope's JSON) when PostgreSQL reads it as the envelope's model does, else
+    ``None``: not when it mentions ``NaN`` or ``Infinity`` (which the envelope's decoder may take and JSON
+    has not; its model writes them as ``null``)."""
+    return raw if raw is not None and b"NaN" not in raw and b"Infinity" not in raw else None
+
+
 def _pg_batch_json(rows: list[_Row]) -> str:
-    """``$1`` of :data:`_PG_INSERT_EVENTS`: ``[envelope, stream_seq, run_id]`` per row, one JSON text made by
-    pydantic-core in one call (the envelope by its model: ``time`` aware, RFC 3339 with its offset, stored as
-    UTC; ``data`` nested)."""
-    return to_json([(row.event, row.stream_seq, run_id_of(row.event)) for row in rows]).decode()
+    """``$1`` of :data:`_PG_INSERT_EVENTS`: ``[envelope, stream_seq, run_id]`` per row, one JSON text. The
+    envelope is the JSON it was decoded from when it holds nothing to replace (``raw``: the consumer's bytes,
+    validated by the envelope's model on the way in -- ``time`` RFC 3339 with an offset, stored as UTC --,
+    not serialized again), else its model's serialization by pydantic-core (the sanitized copy)."""
+    parts = [
+        b"[%b,%d,%b]"
+        % (row.raw if row.raw is not None else to_json(row.event), row.stream_seq, to_json(run_id_of(row.event)))
+        for row in rows
+    ]
+    return (b"[" + b",".join(parts) + b"]").decode()
 
 
 def _sqlite_values(rows: list[_Row], last: int, now: datetime) -> tuple[Any, ...]:

@@ -11,7 +11,7 @@
 ``TEMPORALITY_DATABASE_SSLROOTCERT``  the CA file the server's certificate must chain to
 ``TEMPORALITY_DATABASE_SSLCERT``    a client certificate (PEM), with ``…_SSLKEY`` its key
 ``TEMPORALITY_DATABASE_SSLKEY``     (all four win over the URL's query; :class:`~temporality_journal.database.DatabaseTls`)
-``TEMPORALITY_JOURNAL_BATCH_SIZE``  events recorded per transaction, at most (``256``)
+``TEMPORALITY_JOURNAL_BATCH_SIZE``  events recorded per transaction, at most (``500``)
 ``TEMPORALITY_JOURNAL_BATCH_LINGER_MS``  a fetch short of the batch size waits this long once for more
                                     events (``20``; ``0``: none): fewer, larger transactions at a
                                     steady trickle, each event journaled up to this much later
@@ -94,7 +94,7 @@ class Settings(HttpServiceSettings):
         default=None, validation_alias="TEMPORALITY_DATABASE_SSLKEY", description="the client certificate's key"
     )
     # at most the consumer's max_ack_pending (1,000): a larger fetch is never filled and waits out its timeout
-    batch_size: int = Field(default=256, ge=1, le=1_000, description="events recorded per transaction, at most")
+    batch_size: int = Field(default=500, ge=1, le=1_000, description="events recorded per transaction, at most")
     batch_linger_ms: int = Field(
         default=20,
         ge=0,

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
-from temporality_bus import Bus, Consumer, Delivery
+from temporality_bus import Bus, Consumer, Delivery, NatsSettings
 from temporality_protocol import Envelope
 from temporality_protocol.catalog import CONSUMERS, SERVICES, ServiceSpec
-from temporality_service import Readiness, Runtime, ServiceSettings, bind_tcp
+from temporality_service import Readiness, Runtime, ServiceSettings, bind_tcp, run_until
 from temporality_service.health import add_health_routes
 from temporality_service.server import KEEP_ALIVE_S, HttpServer
 
@@ -147,3 +148,37 @@ async def test_an_idle_keep_alive_connection_is_kept_longer_than_clients_and_pro
     finally:
         server.should_exit = True
         await asyncio.wait_for(serving, 30)
+
+
+@pytest.mark.parametrize("freeze_heap", [False, True])
+async def test_the_service_s_own_process_freezes_what_its_start_made_out_of_the_collector(
+    nats_settings: NatsSettings, freeze_heap: bool
+) -> None:
+    """``run_service`` (the service's own process) passes ``freeze_heap``: once the setup is done, what it made is
+    in the collector's permanent generation, which full collections never walk; in-process (tests) it stays put."""
+    spec = ServiceSpec("freeze-probe", package="tests", description="a service made for this test", env_prefix="P_")
+    made: list[list[object]] = []
+
+    async def setup(rt: Runtime[ServiceSettings]) -> None:
+        made.append([object()])  # a container the start made (the cyclic collector tracks lists)
+
+    before = gc.get_freeze_count()
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        run_until(spec, ServiceSettings(nats=nats_settings), setup, stop, ready=ready, freeze_heap=freeze_heap)
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 30)
+        frozen = gc.get_freeze_count()
+        walked = any(o is made[0] for o in gc.get_objects())  # the generations a collection walks
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        if freeze_heap:
+            gc.unfreeze()  # this test process goes on starting services
+    if freeze_heap:
+        assert frozen > before
+        assert not walked
+    else:
+        assert frozen == before
+        assert walked

@@ -12,15 +12,14 @@ likewise one to human-interaction when ``TEMPORALITY_JOURNAL_HUMAN_URL`` is set:
 ``temporality-journal rebuild`` (``python -m temporality_journal rebuild``) drops the read model and
 makes the next start replay the stream from the beginning: :mod:`temporality_journal.rebuild`.
 
-At the end of ``setup`` in the service's process (:func:`run`) the objects the start made are frozen out of the
-cyclic garbage collector (``gc.freeze``): full collections under ingest no longer walk them (docs/journal.md,
-*Ingest rate*).
+In the service's own process the runtime freezes what the start made out of the cyclic garbage collector once
+``setup`` is done (``temporality_service.runtime.run_until``'s ``freeze_heap``): full collections under ingest
+no longer walk it (docs/journal.md, *Ingest rate*).
 """
 
 from __future__ import annotations
 
 import functools
-import gc
 import sys
 
 from sqlalchemy.exc import ArgumentError
@@ -46,7 +45,7 @@ __all__ = ["SPEC", "configure", "run"]
 SPEC = SERVICES["journal"]
 
 
-def configure(settings: Settings, *, freeze_after_setup: bool = False) -> Setup[Settings]:
+def configure(settings: Settings) -> Setup[Settings]:
     try:
         connect_args(settings.database_url, settings.database_tls())
     except (ValueError, ArgumentError) as exc:
@@ -90,14 +89,6 @@ def configure(settings: Settings, *, freeze_after_setup: bool = False) -> Setup[
         days, audit_days = rt.settings.retention_days, rt.settings.audit_retention_days
         if days > 0 or audit_days > 0:  # 0 and 0: keep everything, no purge
             await rt.resources.enter_async_context(Retention(database, days, audit_days=audit_days).running())
-        if freeze_after_setup:
-            # What the start made (modules, pydantic schemas, SQLAlchemy's metadata and caches, the app) lives as
-            # long as the process: frozen out of the cyclic collector's way. Otherwise every full collection walked
-            # all of it again -- about a sixth of the journal's CPU per event under ingest (13 of ~75 µs,
-            # docs/journal.md). Only in the service's own process (:func:`run`): a process that runs the setup
-            # several times (tests) would keep every start's objects forever.
-            gc.collect()
-            gc.freeze()
 
     return setup
 
@@ -112,7 +103,7 @@ def run() -> None:
     if args:
         sys.stderr.write(USAGE + "\n")
         sys.exit(2)
-    serve(SPEC, Settings, functools.partial(configure, freeze_after_setup=True))
+    serve(SPEC, Settings, configure)
 
 
 if __name__ == "__main__":

@@ -3,15 +3,12 @@
 The MCP client (:mod:`temporality_run_executor.mcp_servers`, the ``mcp`` SDK: about a third of the process's
 import time) is imported only when a card names MCP servers.
 
-At the end of ``setup`` in the service's own process (:func:`run`) the objects the start made are frozen out of
-the cyclic garbage collector (``gc.freeze``), as the journal does: full collections while runs are driven no
-longer walk them (bench/README.md, ``parked_runs.py``).
+In the service's own process the runtime freezes what the start made out of the cyclic garbage collector once
+``setup`` is done (``temporality_service.runtime.run_until``'s ``freeze_heap``): full collections while runs
+are driven no longer walk it (bench/README.md, ``parked_runs.py``).
 """
 
 from __future__ import annotations
-
-import functools
-import gc
 
 import structlog
 
@@ -31,9 +28,8 @@ SPEC = SERVICES["run-executor"]
 log = structlog.get_logger(__name__)
 
 
-def configure(settings: Settings, *, freeze_after_setup: bool = False) -> Setup[Settings]:
-    """Load and check the agent cards and their providers before anything connects (invalid: exit 2).
-    ``freeze_after_setup``: ``gc.freeze()`` once the setup is done (the service's own process only)."""
+def configure(settings: Settings) -> Setup[Settings]:
+    """Load and check the agent cards and their providers before anything connects (invalid: exit 2)."""
     providers = ProviderCache(scripted_think_s=settings.scripted_think_s, scripted_crash_on=settings.scripted_crash_on)
     try:
         agents = load_agents(settings.agents_file)
@@ -96,13 +92,6 @@ def configure(settings: Settings, *, freeze_after_setup: bool = False) -> Setup[
         rt.consumer("run-executor-watchdog", raw_handler=engine.on_watchdog, max_inflight=inflight)
         # finished runs' checkpoints removed once their retention ends (the records stay)
         rt.consumer("run-executor-retention", raw_handler=engine.on_retention, max_inflight=inflight)
-        if freeze_after_setup:
-            # What the start made (modules, pydantic schemas, the cards, the providers, the tools) lives as long as
-            # the process: frozen out of the cyclic collector's way, so a full collection walks only what the runs
-            # being driven made. Only in the service's own process (:func:`run`): a process that runs the setup
-            # several times (tests) would keep every start's objects forever.
-            gc.collect()
-            gc.freeze()
 
     return setup
 
@@ -135,7 +124,7 @@ async def _mcp_card_tools(rt: Runtime[Settings], cards: list[AgentCard], tools: 
 
 
 def run() -> None:
-    serve(SPEC, Settings, functools.partial(configure, freeze_after_setup=True))
+    serve(SPEC, Settings, configure)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+import structlog
+import structlog.testing
 from nats.js.api import ConsumerInfo, DeliverPolicy
 
-from temporality_bus import Bus, Consumer, Delivery
+from temporality_bus import Bus, Consumer, Delivery, TransientError
 from temporality_protocol import Envelope, RunFailed, make_event
 from temporality_protocol.catalog import EVENTS_STREAM, ConsumerSpec, subject_for
 
@@ -177,3 +179,37 @@ async def test_a_new_durable_with_deliver_policy_new_starts_at_the_tail_and_late
     info = await bus.js.consumer_info(EVENTS_STREAM.name, "t-tail")
     assert info.config.deliver_policy == DeliverPolicy.NEW
     assert seen == ["after", "between", "while-away"]  # never "before": the new durable started at the tail
+
+
+@pytest.mark.parametrize(
+    ("error", "traceback"), [(TransientError("a race was lost"), False), (RuntimeError("a bug"), True)]
+)
+async def test_a_retry_logs_a_traceback_only_for_an_unexpected_error(
+    bus: Bus, error: Exception, traceback: bool
+) -> None:
+    """A handler's TransientError (a lost race, a peer away) is retried with its message in the log, no
+    traceback; any other exception is retried with its traceback (a bug to find)."""
+    durable = f"t-retry-log-{type(error).__name__.lower()}"
+    calls: list[int] = []
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        calls.append(delivery.num_delivered)
+        if delivery.num_delivered == 1:
+            raise error
+
+    seq = (await bus.publish(_failed(durable))).seq
+    stop = asyncio.Event()
+    consumer = Consumer(bus, _spec(durable), handler=handler)
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(consumer.run(stop))
+        try:
+            await _wait(consumer.running.wait())
+            await _until(bus, durable, lambda i: i.num_ack_pending == 0 and i.ack_floor.stream_seq >= seq)
+        finally:
+            stop.set()
+            await _wait(task)
+    assert calls == [1, 2]
+    (retry,) = [e for e in logs if e["event"] == "handler.retry"]
+    assert retry["error"] == repr(error)
+    assert retry["log_level"] == "warning"
+    assert retry["exc_info"] is traceback

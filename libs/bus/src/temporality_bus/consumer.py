@@ -98,7 +98,7 @@ from pydantic import ValidationError
 
 from temporality_bus import tracing
 from temporality_bus.connection import Bus
-from temporality_bus.errors import PermanentError
+from temporality_bus.errors import PermanentError, TransientError
 from temporality_bus.pipeline import _BUFFERED
 from temporality_bus.provenance import ForgedEvent, forgery
 from temporality_protocol import BusDeadLettered, Envelope, ProtocolError, decode, derive_id, make_event
@@ -721,7 +721,10 @@ class Consumer:
                         await self._give_up(msg, delivery, exc, started)
                         return
                     delay = self._backoff(delivery.num_delivered)
-                    self._log.warning("handler.retry", error=repr(exc), delay_s=delay, exc_info=True)
+                    # a TransientError says what it is (a lost race, a peer away, a policy not stored yet): its
+                    # traceback tells nothing more and costs a rendering per retry; anything else gets one
+                    expected = isinstance(exc, TransientError)
+                    self._log.warning("handler.retry", error=repr(exc), delay_s=delay, exc_info=not expected)
                     self._in_hand.pop(msg.reply, None)
                     await msg.nak(delay=delay)
                     self._observe("retried", time.monotonic() - started)

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/gateway.py [--duration 10] [--connections 50] [--threads 2] [--warmup 2]
                                       [--rounds 1] [--servers old runtime bare] [--show-wrk] [--profile DIR]
-                                      [--before SRC ...]
+                                      [--before SRC ...] [--requests N] [--no-freeze [KIND ...]]
 
 Needs ``wrk`` on the PATH (Debian/Ubuntu: ``apt-get install wrk``; ``make bench`` installs it when missing and
 apt-get exists); without it the bench says so and exits 2. It starts its own nats-server
@@ -42,6 +42,14 @@ then ``--before /tmp/old/services/trigger-gateway/src /tmp/old/libs/protocol/src
 touched): the code before a change, measured interleaved with the code after it in the same run, and the
 ratio ``runtime/before``.
 
+``--requests N``: a fixed amount of work instead of ``--duration``: each wrk thread stops after its share of N
+answers (wrk is interrupted as soon as all have) and the server's CPU, read after the writes behind the last
+answers, is divided by the requests wrk sent -- the CPU-per-request figure to compare code before and after a
+change (with ``--rounds``: each round's, their medians, and the ratio of the medians).
+
+Every server ends its start-up with ``gc.collect(); gc.freeze()``, as the gateway service's setup does
+(``freeze_startup_heap``); ``--no-freeze KIND ...`` serves those without it (no name: all).
+
 ``--profile DIR``: each server runs under cProfile (on its CPU clock) for the whole run and writes ``DIR/<kind>.prof``; the
 bench prints the top functions of each by own time (profiled figures are not comparable with unprofiled ones).
 """
@@ -51,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import io
 import json
 import os
@@ -59,6 +68,7 @@ import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -149,7 +159,9 @@ async def _serve_old(app: FastAPI, port_file: Path) -> None:
     await server.serve(sockets=[sock])
 
 
-async def _serve(kind: str, nats_url: str, triggers_file: Path, port_file: Path, profile: Path | None) -> int:
+async def _serve(
+    kind: str, nats_url: str, triggers_file: Path, port_file: Path, profile: Path | None, freeze: bool = True
+) -> int:
     configure_logging(LogSettings(level="warning", format="console"), service=f"bench-{kind}")
     nats = NatsSettings(url=nats_url)
     async with Bus.connect(nats, name=f"bench-{kind}") as bus:
@@ -158,6 +170,9 @@ async def _serve(kind: str, nats_url: str, triggers_file: Path, port_file: Path,
             app = _bare_app(bus)
         else:
             app = create_app(Settings(nats=nats), bus, load_triggers(triggers_file))
+        if freeze:  # what a service's setup ends with (the gateway's, the journal's): its start out of the GC's way
+            gc.collect()
+            gc.freeze()
         # CPU time, not wall time: on a loaded machine a function preempted by another process is not billed
         profiler = cProfile.Profile(time.process_time) if profile is not None else None
         if profiler is not None:
@@ -182,9 +197,12 @@ def _start(
     workdir: Path,
     profile: Path | None = None,
     before: list[Path] | None = None,
+    freeze: bool = True,
 ) -> tuple[subprocess.Popen[bytes], int]:
     port_file = workdir / f"{kind}.port"
     cmd = [sys.executable, __file__, "--serve", kind, "--nats", nats_url, "--triggers", str(triggers_file)]
+    if not freeze:
+        cmd.append("--no-freeze")
     if profile is not None:
         cmd += ["--profile", str(profile)]
     env = {**os.environ, PASSWORD_ENV: PASSWORD}
@@ -275,8 +293,11 @@ class Result:
         return sum(n for s, n in self.statuses.items() if not 200 <= s < 300)
 
 
-def _wrk(port: int, seconds: float, args: argparse.Namespace) -> dict[str, Any]:
-    """One bounded wrk run; the parsed ``webhook-bench`` line printed by the Lua script's done()."""
+def _wrk(port: int, seconds: float, args: argparse.Namespace, requests: int | None = None) -> dict[str, Any]:
+    """One bounded wrk run; the parsed ``webhook-bench`` line printed by the Lua script's done().
+
+    ``requests``: each wrk thread stops after its share of them (answered), and wrk is interrupted once every
+    thread has (``seconds`` is then only the bound)."""
     duration = max(1, round(seconds))
     cmd = [
         args.wrk,
@@ -294,13 +315,42 @@ def _wrk(port: int, seconds: float, args: argparse.Namespace) -> dict[str, Any]:
         f"{USER}:{PASSWORD}",
         uuid.uuid4().hex[:12],  # a prefix per run: ids stay unique across runs and servers
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 30, cwd=REPO, check=False)
+    if requests is None:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 30, cwd=REPO, check=False)
+    else:
+        done = _wrk_counted(cmd, -(-requests // args.threads), args.threads, duration + 30)
     if args.show_wrk:
         sys.stdout.write(done.stdout)
     for line in done.stdout.splitlines():
         if line.startswith("webhook-bench "):
             return dict(json.loads(line.removeprefix("webhook-bench ")))
     raise RuntimeError(f"wrk exited with {done.returncode} without a result line:\n{done.stdout}{done.stderr}")
+
+
+def _wrk_counted(cmd: list[str], per_thread: int, threads: int, timeout: float) -> subprocess.CompletedProcess[str]:
+    """wrk with each thread stopping after ``per_thread`` responses, interrupted (SIGINT: it still reports)
+    as soon as every thread has stopped."""
+    with tempfile.TemporaryDirectory(prefix="temporality-wrk-") as tmp:
+        marks = Path(tmp) / "done-"
+        proc = subprocess.Popen(
+            [*cmd, str(per_thread), str(marks)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            if all(Path(f"{marks}{n}").exists() for n in range(1, threads + 1)):
+                proc.send_signal(signal.SIGINT)
+                break
+            time.sleep(0.005)
+        try:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _in_msgs(monitoring_url: str) -> int | None:
@@ -326,7 +376,8 @@ def _measure(
         _machine_busy_s(),
         time.monotonic(),
     )
-    out = _wrk(port, args.duration, args)
+    counted = args.requests is not None
+    out = _wrk(port, args.duration if not counted else max(args.duration, 300), args, args.requests)
     server_1, nats_1, wrk_1, busy_1, wall_1 = (
         _cpu_s(server_pid),
         _cpu_s(nats_pid),
@@ -337,6 +388,10 @@ def _measure(
     requests, wall, wrk_s = int(out["requests"]), wall_1 - wall_0, wrk_1 - wrk_0
     time.sleep(0.5)  # the writes a server makes behind its answers (the gateway's write-behind round) land
     msgs_1 = _in_msgs(monitoring_url)
+    if counted:  # the CPU of a fixed amount of work: every request sent (the abandoned ones served too) and
+        # what follows their answers, so the count divided by does not depend on the server's speed
+        server_1, nats_1 = _cpu_s(server_pid), _cpu_s(nats_pid)
+    work = int(out.get("sent", requests)) if counted else requests  # what the CPU figures are divided by
     published = _delta(msgs_0, msgs_1)
     server_s, nats_s, busy_s = _delta(server_0, server_1), _delta(nats_0, nats_1), _delta(busy_0, busy_1)
     other_cores = None
@@ -351,11 +406,11 @@ def _measure(
         p99_ms=out["latency_us"]["p99"] / 1000,
         statuses={int(s): int(n) for s, n in out["statuses"].items()},
         socket_errors=sum(int(errors[k]) for k in ("connect", "read", "write", "timeout")),
-        server_cpu_ms=None if server_s is None or not requests else server_s * 1000 / requests,
-        nats_cpu_ms=None if nats_s is None or not requests else nats_s * 1000 / requests,
+        server_cpu_ms=None if server_s is None or not work else server_s * 1000 / work,
+        nats_cpu_ms=None if nats_s is None or not work else nats_s * 1000 / work,
         wrk_cores=wrk_s / wall,
         other_cores=other_cores,
-        publishes=None if published is None or not requests else published / requests,
+        publishes=None if published is None or not work else published / work,
     )
 
 
@@ -383,6 +438,20 @@ def _report(best: dict[str, Result], runs: dict[str, list[Result]]) -> None:
             for name, rs in runs.items()
         )
         lines.append(f"(server CPU ms per request of each round: {cpu})")
+        medians = {
+            name: statistics.median(c for r in rs if (c := r.server_cpu_ms) is not None)
+            for name, rs in runs.items()
+            if any(r.server_cpu_ms is not None for r in rs)
+        }
+        lines.append(
+            "(median server CPU ms per request: " + "; ".join(f"{n} {m:.3f}" for n, m in medians.items()) + ")"
+        )
+        if "runtime" in medians:
+            for other in ("old", "before", "bare"):
+                if medians.get(other):
+                    lines.append(
+                        f"ratio runtime/{other:<6} median server CPU per request {medians['runtime'] / medians[other]:.3f}x"
+                    )
     runtime = best.get("runtime")
     for other in ("old", "before", "bare"):
         base = best.get(other)
@@ -438,7 +507,8 @@ def _bench(args: argparse.Namespace) -> int:
         try:
             for kind in args.servers:  # idle while another is measured: an idle server costs nothing
                 profile = args.profile / f"{kind}.prof" if args.profile is not None else None
-                servers[kind] = _start(kind, nats.url, triggers_file, workdir, profile, args.before)
+                freeze = args.no_freeze is None or (bool(args.no_freeze) and kind not in args.no_freeze)
+                servers[kind] = _start(kind, nats.url, triggers_file, workdir, profile, args.before, freeze)
             for round_ in range(args.rounds):
                 for kind, (proc, port) in servers.items():
                     if round_ == 0 and args.warmup > 0:
@@ -488,7 +558,18 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, object]:
-    keys = ("duration", "warmup", "connections", "threads", "rounds", "servers", "before", "profile")
+    keys = (
+        "duration",
+        "requests",
+        "no_freeze",
+        "warmup",
+        "connections",
+        "threads",
+        "rounds",
+        "servers",
+        "before",
+        "profile",
+    )
     return {key: getattr(args, key) for key in keys}
 
 
@@ -500,6 +581,13 @@ def main() -> None:
         "--connections", type=int, default=50, help="wrk keep-alive connections (default 50, as the intake goal states)"
     )
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        help="instead of --duration, send this many requests per server and round (split over the wrk threads)"
+        " and divide the server's CPU over the run and the settling after it by them: a fixed amount of work,"
+        " the CPU-per-request figure to compare code before and after a change (with --rounds, medians)",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="measure each server this often, best shown (default 1)")
     parser.add_argument(
         "--servers",
@@ -527,20 +615,29 @@ def main() -> None:
         "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
     )
     parser.add_argument("--timeout", type=float, default=600, help="give up after this many seconds (default 600)")
+    parser.add_argument(
+        "--no-freeze",
+        nargs="*",
+        choices=KINDS,
+        help="serve these (no name: all) without gc.freeze() after their setup (every server is frozen by default,"
+        " as the gateway service's setup ends; e.g. --before <this code> --no-freeze before measures the freeze)",
+    )
     parser.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--nats", help=argparse.SUPPRESS)
     parser.add_argument("--triggers", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve == "old":
-        sys.exit(asyncio.run(_serve(args.serve, args.nats, args.triggers, args.port_file, args.profile)))
     if args.serve:
-        sys.exit(run_on_uvloop(_serve(args.serve, args.nats, args.triggers, args.port_file, args.profile)))
+        freeze = args.no_freeze is None
+        serving = _serve(args.serve, args.nats, args.triggers, args.port_file, args.profile, freeze)
+        sys.exit(asyncio.run(serving) if args.serve == "old" else run_on_uvloop(serving))
     if args.profile is not None:
         args.profile = args.profile.resolve()
         args.profile.mkdir(parents=True, exist_ok=True)
     if args.duration < 1 or args.warmup < 0 or args.rounds < 1 or not 1 <= args.threads <= args.connections:
         parser.error("--duration >= 1, --warmup >= 0, --rounds >= 1 and 1 <= --threads <= --connections")
+    if args.requests is not None and args.requests < args.connections:
+        parser.error("--requests must be at least --connections")
     args.servers = list(dict.fromkeys(args.servers))
     if args.before is not None:
         args.before = [p.resolve() for p in args.before]

@@ -1,15 +1,20 @@
 -- wrk script: every request is a NEW Azure DevOps service-hook event for the trigger-gateway.
 --
 --   wrk -t2 -c32 -d10s --latency -s bench/wrk_webhook.lua http://127.0.0.1:PORT/hooks/ado-pr-review \
---       -- [payload.json] [user:password] [id-prefix]
+--       -- [payload.json] [user:password] [id-prefix] [responses-per-thread done-file-prefix]
 --
 -- Defaults: examples/azure-devops/git.pullrequest.created.json (relative to the working directory),
 -- azure:change-me (the dev triggers file), a random prefix. The body is the payload file as it is
 -- (a UTF-8 BOM removed) with its top-level "id" replaced by "<prefix>-<thread>-<counter>", unique per
 -- request, so the gateway never answers "200 duplicate". Requests carry Basic auth.
+-- With responses-per-thread, each thread stops once it has that many responses (before -d ends): a fixed
+-- amount of work, so a server's CPU time over the run can be divided by a count that does not depend on
+-- its speed. Requests still in flight then are abandoned by wrk but still served: "sent" counts them.
+-- A stopped thread creates <done-file-prefix><thread number>: wrk itself waits for -d to end (or SIGINT),
+-- so whoever runs it interrupts it once every thread's file exists.
 --
 -- response() counts the HTTP statuses per thread; done() prints one line that bench/gateway.py parses:
---   webhook-bench {"requests":..., "duration_us":..., "latency_us":{...}, "errors":{...}, "statuses":{...}}
+--   webhook-bench {"requests":..., "sent":..., "duration_us":..., "latency_us":{...}, "errors":{...}, "statuses":{...}}
 -- (defining response() makes wrk parse every response; the cost is the same for every server measured.)
 
 local DEFAULT_PAYLOAD = "examples/azure-devops/git.pullrequest.created.json"
@@ -97,7 +102,9 @@ end
 -- ---------------------------------------------------------------------------------------- thread state
 local before, after, prefix
 local headers = {}
-local counter = 0
+local limit, done_file = nil, nil
+counter = 0 -- requests sent by this thread (global: done() reads it through thread:get)
+local answered = 0
 statuses = {}
 
 function init(args)
@@ -110,6 +117,8 @@ function init(args)
   prefix = (args[3] or random_hex(6)) .. "-" .. thread_number
   headers["Content-Type"] = "application/json"
   headers["Authorization"] = "Basic " .. base64(args[2] or DEFAULT_CREDENTIALS)
+  if args[4] then limit = tonumber(args[4]) end
+  if args[5] then done_file = args[5] .. thread_number end
 end
 
 function request()
@@ -120,12 +129,19 @@ end
 function response(status, _, _)
   local key = tostring(status)
   statuses[key] = (statuses[key] or 0) + 1
+  answered = answered + 1
+  if limit and answered == limit then
+    wrk.thread:stop()
+    if done_file then assert(io.open(done_file, "w")):close() end
+  end
 end
 
 -- ---------------------------------------------------------------------------------------- summary
 function done(summary, latency, _)
   local total = {}
+  local sent = 0
   for _, thread in ipairs(threads) do
+    sent = sent + (thread:get("counter") or 0)
     for status, count in pairs(thread:get("statuses") or {}) do
       total[status] = (total[status] or 0) + count
     end
@@ -135,10 +151,10 @@ function done(summary, latency, _)
   table.sort(parts)
   local e = summary.errors
   io.write(string.format(
-    'webhook-bench {"requests":%d,"duration_us":%d,"bytes":%d,'
+    'webhook-bench {"requests":%d,"sent":%d,"duration_us":%d,"bytes":%d,'
       .. '"latency_us":{"p50":%d,"p90":%d,"p99":%d,"max":%d,"mean":%.1f},'
       .. '"errors":{"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d},"statuses":{%s}}\n',
-    summary.requests, summary.duration, summary.bytes,
+    summary.requests, sent, summary.duration, summary.bytes,
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max, latency.mean,
     e.connect, e.read, e.write, e.status, e.timeout, table.concat(parts, ",")
   ))

@@ -47,8 +47,8 @@ answers (wrk is interrupted as soon as all have) and the server's CPU, read afte
 answers, is divided by the requests wrk sent -- the CPU-per-request figure to compare code before and after a
 change (with ``--rounds``: each round's, their medians, and the ratio of the medians).
 
-Every server ends its start-up with ``gc.collect(); gc.freeze()``, as the gateway service's setup does
-(``freeze_startup_heap``); ``--no-freeze KIND ...`` serves those without it (no name: all).
+Every server ends its start-up with ``gc.collect(); gc.freeze()``, as every service's process does after its
+setup (the runtime's ``freeze_heap``); ``--no-freeze KIND ...`` serves those without it (no name: all).
 
 ``--profile DIR``: each server runs under cProfile (on its CPU clock) for the whole run and writes ``DIR/<kind>.prof``; the
 bench prints the top functions of each by own time (profiled figures are not comparable with unprofiled ones).

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import gc
-import inspect
 import json
 import os
 import signal
@@ -14,7 +11,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 from gateway_support import AS_VIEWER, REPO, tokens_file
 
 from temporality_testing import NatsServer
@@ -105,30 +101,3 @@ def test_process_refuses_a_trigger_naming_an_unknown_agent(tmp_path: Path) -> No
     )
     assert result.returncode == 2
     assert b"unknown agent 'ghost'" in result.stderr
-
-
-def test_the_service_freezes_its_start_out_of_the_collectors_way(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``run`` (the service's own process) sets up with ``freeze_after_setup``; tests' setups do not freeze."""
-    import temporality_trigger_gateway.__main__ as entry
-
-    served: list[object] = []
-    monkeypatch.setattr(entry, "serve", lambda spec, settings, configure: served.append(configure))
-    entry.run()
-    (configure,) = served
-    assert isinstance(configure, functools.partial)
-    assert configure.func is entry.configure
-    assert configure.keywords == {"freeze_after_setup": True}
-    assert inspect.signature(entry.configure).parameters["freeze_after_setup"].default is False
-
-
-def test_freezing_the_start_moves_what_is_alive_out_of_the_collectors_generations() -> None:
-    import temporality_trigger_gateway.__main__ as entry
-
-    kept = [[] for _ in range(100)]  # containers alive now, as the start's are
-    try:
-        entry.freeze_startup_heap()
-        assert gc.get_freeze_count() >= len(kept)
-        assert gc.is_tracked(kept[0])
-        assert not any(o is kept[0] for o in gc.get_objects())  # frozen: in no generation a collection walks
-    finally:
-        gc.unfreeze()  # this test process goes on making apps

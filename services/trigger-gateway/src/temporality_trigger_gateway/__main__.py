@@ -10,15 +10,13 @@ system's own events for the event triggers and the concurrency keys (``trigger-g
 only while an enabled event trigger or a concurrency key needs it: :mod:`.ondemand`) and the ends of
 debounce windows (``trigger-gateway-debounce``), serve.
 
-At the end of ``setup`` in the service's process (:func:`run`) what the start made is frozen out of the
-cyclic garbage collector (:func:`freeze_startup_heap`): full collections under load no longer walk it
-(docs/triggers.md, *Intake speed*).
+In the service's own process the runtime freezes what the start made out of the cyclic garbage collector once
+``setup`` is done (``temporality_service.runtime.run_until``'s ``freeze_heap``): full collections under load
+no longer walk it (docs/triggers.md, *Intake speed*).
 """
 
 from __future__ import annotations
 
-import functools
-import gc
 import os
 
 import structlog
@@ -39,7 +37,7 @@ from temporality_trigger_gateway.settings import Settings
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
 from temporality_trigger_gateway.triggers import TriggerConfig, parse_triggers, read_triggers_file
 
-__all__ = ["SPEC", "configure", "freeze_startup_heap", "run"]
+__all__ = ["SPEC", "configure", "run"]
 
 SPEC = SERVICES["trigger-gateway"]
 SOURCE = "/temporality/trigger-gateway"
@@ -49,22 +47,8 @@ EVENTS_CONSUMER = "trigger-gateway-events"
 log = structlog.get_logger(__name__)
 
 
-def freeze_startup_heap() -> None:
-    """Move every object alive now out of the cyclic garbage collector's way (``gc.freeze``).
-
-    What the start made (modules, pydantic schemas, the app, the triggers) lives as long as the process; without
-    this every full collection walked all of it again: ~15 % of the gateway's CPU under webhook load (9 full
-    collections of ~55 ms each over ~7,000 requests), and each one a pause of every request in flight. Only in
-    the service's own process (and the bench's servers): a process that starts the setup several times (tests)
-    would keep every start's objects forever."""
-    gc.collect()
-    gc.freeze()
-
-
-def configure(settings: Settings, *, freeze_after_setup: bool = False) -> Setup[Settings]:
-    """Read the tokens, agents and triggers files before anything connects (an unusable one exits 2).
-
-    ``freeze_after_setup``: :func:`freeze_startup_heap` at the end of the setup (the service's own process)."""
+def configure(settings: Settings) -> Setup[Settings]:
+    """Read the tokens, agents and triggers files before anything connects (an unusable one exits 2)."""
     try:
         auth = ApiAuth.from_settings(settings.api)
     except TokenFileError as exc:
@@ -130,14 +114,12 @@ def configure(settings: Settings, *, freeze_after_setup: bool = False) -> Setup[
         rt.consumer("trigger-gateway-debounce", raw_handler=debounce_ended)
         rt.ready_check("trigger-store", registry.check)
         rt.http(create_app(rt.settings, rt.bus, registry, store=store, auth=auth))
-        if freeze_after_setup:
-            freeze_startup_heap()
 
     return setup
 
 
 def run() -> None:
-    serve(SPEC, Settings, functools.partial(configure, freeze_after_setup=True))
+    serve(SPEC, Settings, configure)
 
 
 if __name__ == "__main__":

@@ -196,8 +196,8 @@ def _ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     round trips (asyncpg's ping is ``BEGIN``, ``;``, ``ROLLBACK``) and ~4 % of the journal's CPU per batch for
     it. A connection that went idle (the API's, a quiet journal's) is pinged as before, and one that fails the
     ping is replaced (``DisconnectionError``: the pool's documented pessimistic check); a connection lost in
-    between fails its statement as it could after any ping (the recorder's batch then falls back to recording
-    event by event, with retries)."""
+    between fails its statement as it could after any ping, and is replaced (the recorder's batch runs once more
+    on a new one; an API request fails once)."""
     checked_in = record.info.get("temporality_checked_in")
     if checked_in is not None and time.monotonic() - checked_in < PING_AFTER_IDLE_S:
         return

@@ -117,22 +117,27 @@ _PG_ENVELOPE_FIELDS = (
     ("data", "data", "jsonb"),
 )
 _PG_INSERTED = (*(column for _, column, _ in _PG_ENVELOPE_FIELDS), "run_id", "stream_seq")
+#: Fields not read from the envelope's JSON: ``time`` is the model's (``[3]``, RFC 3339 in UTC as pydantic writes
+#: it), never the text the publisher sent -- the model's parser is lax (a Unix time as a number or a numeric
+#: string; fractions past microseconds truncated) and PostgreSQL's is another (``20261204`` a date, fractions
+#: rounded): the row must hold the time the projection and a rebuild (the typed path) use.
+_PG_SELECTED = {"time": "(a.r->>3)::timestamptz"}
 #: PostgreSQL: a batch's events in one statement and one round trip, under :func:`lock_positions`' lock
 #: (``$2``: the last position handed out, ``$3``: ``recorded_at``): the rows whose id is not stored yet
 #: (no other journal writer adds any under the lock) get the next positions in the batch's order (stream
 #: order, ``ord``), are inserted (``ON CONFLICT DO NOTHING`` all the same), and the counter moves to the
 #: last position used; the new ids come back. ``$1`` is one JSON text (:func:`_pg_batch_json`): an array of
-#: ``[envelope, stream_seq, run_id]``, each envelope the JSON it was received as, or serialized by its model
+#: ``[envelope, stream_seq, run_id, time]``, each envelope the JSON it was received as, or serialized by its model
 #: when it had to be sanitized (``data`` nested, read as ``jsonb`` by the server: parsed once). Before, ``data`` was serialized on its own for
 #: the storability check, then again as a string inside the batch's JSON (escaped, unescaped, parsed again),
 #: and each row's dict was built in Python.
 _PG_INSERT_EVENTS = (
     "WITH batch AS ("
-    f"SELECT {', '.join(f'b.{field} AS {column}' for field, column, _ in _PG_ENVELOPE_FIELDS)}, "
+    f"SELECT {', '.join(_PG_SELECTED.get(field, f'b.{field}') + f' AS {column}' for field, column, _ in _PG_ENVELOPE_FIELDS)}, "
     "a.r->>2 AS run_id, (a.r->>1)::bigint AS stream_seq, row_number() OVER (ORDER BY a.ord) AS position "
     "FROM json_array_elements($1::json) WITH ORDINALITY AS a(r, ord) "
     "CROSS JOIN LATERAL json_to_record(a.r->0) AS b("
-    f"{', '.join(f'{field} {kind}' for field, _, kind in _PG_ENVELOPE_FIELDS)}) "
+    f"{', '.join(f'{field} {kind}' for field, _, kind in _PG_ENVELOPE_FIELDS if field not in _PG_SELECTED)}) "
     "WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = b.id)"
     "), inserted AS ("
     f"INSERT INTO events ({', '.join(_PG_INSERTED)}, commit_seq, recorded_at) "
@@ -430,16 +435,27 @@ class Recorder:
             if event.id in seen:  # the same id twice in one batch: the first one counts, as one by one
                 continue
             seen.add(event.id)
-            rows.append(_Row(event, stream_seq, dumped, serializable, _verbatim(text)))
+            rows.append(_Row(event, stream_seq, dumped, serializable, text))
         if not rows:
             return 0
         finished: list[tuple[str, str]] = []
         now = datetime.now(UTC)
-        async with self._database.engine.begin() as conn:
-            last = await lock_positions(conn)
-            fresh = await self._insert_events(conn, rows, last, now)  # still in stream order
-            moved = await self._project_batch(conn, fresh, finished)
-            asks = await self._project_asks(conn, fresh)
+        for attempt in (1, 2):
+            try:
+                async with self._database.engine.begin() as conn:
+                    last = await lock_positions(conn)
+                    fresh = await self._insert_events(conn, rows, last, now)  # still in stream order
+                    moved = await self._project_batch(conn, fresh, finished)
+                    asks = await self._project_asks(conn, fresh)
+                break
+            except DBAPIError as exc:
+                # a pooled connection lost since its last use (a database restart or failover: the pool pings
+                # only connections idle a second or more, :func:`~temporality_journal.database._ping_if_idle`)
+                # is invalidated by the failed statement, nothing written: the batch once more on a fresh one
+                if attempt == 2 or not exc.connection_invalidated:
+                    raise
+                log.warning("batch.connection_lost", error=str(exc.orig), events=len(rows))
+                finished.clear()
         if fresh and self._on_commit is not None:
             self._on_commit()
         if finished and self._on_finished is not None:
@@ -717,21 +733,19 @@ def _plain(raw: bytes) -> bool:
     return b"\\u" not in raw
 
 
-def _verbatim(raw: bytes | None) -> bytes | None:
-    """``raw`` (a :func:`_plain` envelope's JSON) when PostgreSQL reads it as the envelope's model does, else
-    ``None``: not when it mentions ``NaN`` or ``Infinity`` (which the envelope's decoder may take and JSON
-    has not; its model writes them as ``null``)."""
-    return raw if raw is not None and b"NaN" not in raw and b"Infinity" not in raw else None
-
-
 def _pg_batch_json(rows: list[_Row]) -> str:
-    """``$1`` of :data:`_PG_INSERT_EVENTS`: ``[envelope, stream_seq, run_id]`` per row, one JSON text. The
+    """``$1`` of :data:`_PG_INSERT_EVENTS`: ``[envelope, stream_seq, run_id, time]`` per row, one JSON text. The
     envelope is the JSON it was decoded from when it holds nothing to replace (``raw``: the consumer's bytes,
-    validated by the envelope's model on the way in -- ``time`` RFC 3339 with an offset, stored as UTC --,
-    not serialized again), else its model's serialization by pydantic-core (the sanitized copy)."""
+    validated by the envelope's model on the way in, not serialized again), else its model's serialization by
+    pydantic-core (the sanitized copy); ``time`` is always the model's (:data:`_PG_SELECTED`)."""
     parts = [
-        b"[%b,%d,%b]"
-        % (row.raw if row.raw is not None else to_json(row.event), row.stream_seq, to_json(run_id_of(row.event)))
+        b"[%b,%d,%b,%b]"
+        % (
+            row.raw if row.raw is not None else to_json(row.event),
+            row.stream_seq,
+            to_json(run_id_of(row.event)),
+            to_json(row.event.time),
+        )
         for row in rows
     ]
     return (b"[" + b",".join(parts) + b"]").decode()

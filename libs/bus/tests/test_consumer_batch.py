@@ -13,6 +13,7 @@ import pytest
 from nats.js.errors import NotFoundError
 
 from temporality_bus import Bus, Consumer, Delivery, PermanentError
+from temporality_bus import consumer as consumer_module
 from temporality_protocol import Envelope, RunFailed, make_event
 from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM, ConsumerSpec, subject_for
 
@@ -145,8 +146,10 @@ async def test_batched_messages_keep_their_headers_and_a_dead_letter_copies_them
     message's headers are those it was published with, and a dead letter still copies them to the DLQ."""
     spec = _spec("t-batch-headers")
     headers: dict[str, dict[str, str] | None] = {}
+    kinds: set[type] = set()
 
     async def batch_handler(batch: Batch) -> None:
+        kinds.update(type(delivery.msg) for _, delivery in batch)
         headers.update({event.id: delivery.msg.headers for event, delivery in batch})
 
     await _publish(bus, "h1")
@@ -156,6 +159,8 @@ async def test_batched_messages_keep_their_headers_and_a_dead_letter_copies_them
     last = await _publish(bus, "h2")
     async with _running(Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=10)):
         await _settled(bus, spec, last)
+    assert consumer_module._ROUTABLE  # the pinned nats-py is the one _route was written for
+    assert kinds == {consumer_module._LazyHeadersMsg}  # read off the parser, not through nats-py's Msg path
     assert sorted(headers) == ["evt-h1", "evt-h2"]
     for event_id, got in headers.items():
         assert got is not None

@@ -182,3 +182,26 @@ async def test_the_service_s_own_process_freezes_what_its_start_made_out_of_the_
     else:
         assert frozen == before
         assert walked
+
+
+async def test_run_service_runs_the_service_with_its_heap_frozen(
+    monkeypatch: pytest.MonkeyPatch, nats_settings: NatsSettings
+) -> None:
+    """The console script's body (``run_service``: the service's own process) is the one that asks for it."""
+    from temporality_service import runtime
+
+    asked: list[bool] = []
+
+    async def run_until(*args: object, freeze_heap: bool = False, **kwargs: object) -> None:
+        asked.append(freeze_heap)
+
+    async def setup(rt: Runtime[ServiceSettings]) -> None:
+        pass
+
+    monkeypatch.setattr(runtime, "run_until", run_until)
+    monkeypatch.setattr(runtime, "configure_logging", lambda *args, **kwargs: None)  # this process's logging stays
+    monkeypatch.setattr(runtime, "stop_on_signals", asyncio.Event)  # and its signal handlers
+    monkeypatch.setenv("P_NATS_URL", nats_settings.url)
+    spec = ServiceSpec("freeze-probe", package="tests", description="a service made for this test", env_prefix="P_")
+    assert await runtime.run_service(spec, ServiceSettings, lambda settings: setup) == 0
+    assert asked == [True]

@@ -25,7 +25,7 @@ from temporality_human_interaction.inbox import (
 )
 from temporality_human_interaction.records import list_pending, open_store
 from temporality_human_interaction.requests import RequestHandler
-from temporality_human_interaction.runs import RunEndHandler
+from temporality_human_interaction.runs import RunEndHandler, requests_of_run
 from temporality_protocol import HumanRequestState, RunCancelled, make_event
 from temporality_protocol.catalog import CONSUMERS
 
@@ -84,6 +84,8 @@ async def test_a_run_end_cancels_each_request_of_the_run_and_passes_over_a_dropp
     refs = ChannelRefs(bus)
     await refs.claim(ref_key("run", run_id, "hreq-never-stored"), "hreq-never-stored")
     await refs.delete(ref_key("run", run_id, "hreq-never-stored"))
+    ids = [str(first.data["request_id"]), str(second.data["request_id"]), "hreq-never-stored"]
+    assert await requests_of_run(bus, run_id) == sorted(ids)  # the dropped entry is listed too
 
     await RunEndHandler(bus).handle(
         make_event(RunCancelled(run_id=run_id, reason="operator"), source="/t", run_id=run_id)
@@ -96,7 +98,7 @@ async def test_a_run_end_cancels_each_request_of_the_run_and_passes_over_a_dropp
     untouched = await stored(bus, str(other.data["request_id"]))
     assert untouched is not None
     assert untouched.status is HumanRequestState.PENDING
-    assert await stored(bus, "hreq-never-stored") is None
+    assert await stored(bus, "hreq-never-stored") is None  # passed over: nothing made for it
 
 
 async def test_a_stale_entry_is_skipped_and_dropped_and_a_lost_index_is_rebuilt(

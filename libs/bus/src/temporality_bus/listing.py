@@ -16,7 +16,7 @@ import nats.errors
 import structlog
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-__all__ = ["LIST_TIMEOUT_S", "live_entries", "live_keys"]
+__all__ = ["LIST_TIMEOUT_S", "live_entries", "live_keys", "stored_keys"]
 
 log = structlog.get_logger(__name__)
 
@@ -77,7 +77,15 @@ async def live_keys(
     return [str(entry.key) for entry in entries]
 
 
+async def stored_keys(kv: KeyValue, keys: str) -> list[str]:
+    """The keys matching ``keys`` (a key filter: ``run.r1.*``) that the bucket's stream holds a message on, a
+    value or a delete, sorted: one ``STREAM.INFO`` with a subject filter (the server lists up to 100,000
+    subjects in one answer), no consumer made, nothing read. A key whose last message is a delete or a purge
+    is among them: read it to know whether it holds a value."""
+    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{kv._pre}{keys}")
+    return sorted(subject.removeprefix(kv._pre) for subject in info.state.subjects or {})
+
+
 async def _any_message(kv: KeyValue, keys: str) -> bool:
     """Whether the bucket's stream holds any message (a value or a delete) under ``keys``."""
-    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{kv._pre}{keys}")
-    return bool(info.state.subjects)
+    return bool(await stored_keys(kv, keys))

@@ -8,7 +8,9 @@ executor must not be able to widen whom a run may ask.
 
 The ``human-interaction-policies`` consumer (:class:`RunPolicyHandler`) stores each ``run.requested``'s
 ``human`` policy under ``policy.<run id>`` in the ``human-channels`` bucket, create-if-absent (the first
-``run.requested`` of a run wins; a redelivery is a no-op). The request and notification handlers look it
+``run.requested`` of a run to be stored wins -- the consumer handles several at once, so of two different ones
+for the same run, which only a trigger edited between two deliveries of its event makes, that need not be the
+first in stream order; a redelivery is a no-op). The request and notification handlers look it
 up (:meth:`RunPolicies.get`) and use it *instead of* the event's copy. The two streams are not ordered
 against each other, so a ``human.requested`` may arrive before its run's policy is stored: the handler
 then raises :class:`~temporality_bus.TransientError` (nak with the consumer's backoff) until

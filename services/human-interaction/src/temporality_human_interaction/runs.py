@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from temporality_bus import Bus, Delivery, NotFound
+from temporality_bus.listing import stored_keys
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
 from temporality_human_interaction.inbox import unindex
 from temporality_human_interaction.records import HumanRequestRecord, open_store
@@ -64,9 +65,9 @@ async def requests_of_run(bus: Bus, run_id: str) -> list[str]:
     entry the retention sweep dropped long after its request ended, or one of a request never stored) is listed
     too: cancelling it finds nothing to do (:func:`cancel_pending`)."""
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    prefix = f"{kv._pre}{ref_key('run', run_id)}."
-    info = await asyncio.wait_for(kv._js.stream_info(kv._stream, subjects_filter=f"{prefix}*"), _LIST_TIMEOUT_S)
-    return sorted(subject.removeprefix(prefix) for subject in info.state.subjects or {})
+    prefix = f"{ref_key('run', run_id)}."
+    keys = await asyncio.wait_for(stored_keys(kv, f"{prefix}*"), _LIST_TIMEOUT_S)
+    return [key.removeprefix(prefix) for key in keys]
 
 
 async def withdrawn(bus: Bus, run_id: str, request_id: str) -> bool:

@@ -9,9 +9,10 @@ from datetime import timedelta
 
 import pytest
 from human_support import events_of, exactly, kv_calls, requested, running, stored
+from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from temporality_bus import Bus, Consumer, NatsSettings, PermanentError
+from temporality_bus import Bus, Consumer, Delivery, NatsSettings, PermanentError, TransientError
 from temporality_human_interaction.channels import ChannelAdapter
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS
 from temporality_human_interaction.deadlines import DeadlineHandler
@@ -298,3 +299,39 @@ async def test_projecting_a_run_s_policy_lists_nothing_when_nothing_is_parked(
         )
         assert (await spy.calls()).listings == []
     assert await parked_of_run(bus, run_id) == []
+
+
+def _delivery(num_delivered: int) -> Delivery:
+    """A delivery as the requests consumer hands it over, ``num_delivered`` times delivered."""
+    reply = f"$JS.ACK.{EVENTS_STREAM.name}.human-interaction-requests.{num_delivered}.7.7.1764892800000000000.0"
+    return Delivery(Msg(_client=None, subject="temporality.events.human.requested", reply=reply))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("num_delivered", [1, 2])
+async def test_a_policy_stored_as_its_first_request_arrives_is_taken_without_a_retry(
+    bus: Bus, num_delivered: int
+) -> None:
+    """At a request's first delivery the policy is looked for again a few times before the retry (it is usually
+    being stored that very moment); a redelivery has waited its backoff already and looks once."""
+    policies = RunPolicies(bus)
+    run_id = new_id("run")
+    policy = HumanPolicy(allowed_recipients=["user:alice"])
+    lookups = 0
+    lookup = policies.lookup
+
+    async def stored_just_after_the_first_look(run: str) -> HumanPolicy | None:
+        nonlocal lookups
+        lookups += 1
+        found = await lookup(run)
+        if lookups == 1:
+            await policies.record(run_id, policy)  # the policies consumer, a moment later
+        return found
+
+    policies.lookup = stored_just_after_the_first_look  # type: ignore[method-assign]
+    if num_delivered == 1:
+        assert await policies.get(run_id, _delivery(1)) == policy
+        assert lookups == 2
+    else:
+        with pytest.raises(TransientError):
+            await policies.get(run_id, _delivery(num_delivered))
+        assert lookups == 1

@@ -13,7 +13,8 @@ for the same run, which only a trigger edited between two deliveries of its even
 first in stream order; a redelivery is a no-op). The request and notification handlers look it
 up (:meth:`RunPolicies.get`) and use it *instead of* the event's copy. The two streams are not ordered
 against each other, so a ``human.requested`` may arrive before its run's policy is stored: the handler
-then raises :class:`~temporality_bus.TransientError` (nak with the consumer's backoff) until
+looks again a few times within 0.1 s at its first delivery (:data:`FIRST_LOOKS_S`: it is usually being stored
+that moment), then raises :class:`~temporality_bus.TransientError` (nak with the consumer's backoff) until
 :attr:`RunPolicies.wait_deliveries` deliveries have seen no policy, and then refuses the request
 (``human.rejected``, ``recipient_not_allowed``, the detail says no policy is known for the run) -- unless
 the policies consumer has messages pending then (it is catching up, e.g. after an outage with a backlog of
@@ -22,6 +23,8 @@ comes or the request's deadline passes, however long that is (:mod:`.parking`).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import nats.errors
 import nats.js.errors
@@ -35,6 +38,7 @@ from temporality_protocol.catalog import CONSUMERS
 
 __all__ = [
     "DEFAULT_WAIT_DELIVERIES",
+    "FIRST_LOOKS_S",
     "PolicyPending",
     "PolicyUnknown",
     "RunPolicies",
@@ -46,6 +50,11 @@ log = structlog.get_logger(__name__)
 
 #: How many deliveries of a ``human.requested`` wait for its run's policy (backoff 0.5, 1, 2, 5 s: ~8.5 s).
 DEFAULT_WAIT_DELIVERIES = 5
+#: At a request's first delivery, the pauses before looking for its run's policy again, before the retry (a nak:
+#: the consumer's backoff, 0.5 s first). The policies consumer handles ``run.requested`` while the run starts, so
+#: a ``human.requested`` of a run's first turn can arrive as its policy is being stored: about 4 % of the
+#: questions at 20 runs starting at once (bench/human_loop.py) waited the 0.5 s for it.
+FIRST_LOOKS_S = (0.01, 0.03, 0.06)
 #: The consumer projecting ``run.requested``; while it lags, a request is parked instead of refused.
 POLICIES_CONSUMER = "human-interaction-policies"
 
@@ -69,11 +78,18 @@ class PolicyPending(Exception):
 class RunPolicies:
     """Read and write the projection (``policy.<run id>`` in ``human-channels``)."""
 
-    def __init__(self, bus: Bus, *, wait_deliveries: int = DEFAULT_WAIT_DELIVERIES) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        wait_deliveries: int = DEFAULT_WAIT_DELIVERIES,
+        first_looks_s: tuple[float, ...] = FIRST_LOOKS_S,
+    ) -> None:
         self.bus = bus
         self._bus = bus
         self._refs = ChannelRefs(bus)
         self.wait_deliveries = wait_deliveries
+        self.first_looks_s = first_looks_s
 
     async def record(self, run_id: str, policy: HumanPolicy) -> HumanPolicy:
         """Store ``policy`` for ``run_id`` unless one is stored; returns the stored one."""
@@ -92,6 +108,11 @@ class RunPolicies:
         if policy is not None:
             return policy
         seen = delivery.num_delivered if delivery is not None else self.wait_deliveries
+        if seen == 1:  # usually the policy is being stored this very moment: look again before a retry
+            for pause_s in self.first_looks_s:
+                await asyncio.sleep(pause_s)
+                if (policy := await self.lookup(run_id)) is not None:
+                    return policy
         if seen < self.wait_deliveries:
             log.info("policy.not_yet_known", run_id=run_id, delivery=seen, of=self.wait_deliveries)
             raise TransientError(f"no run.requested seen yet for run {run_id} (delivery {seen})")

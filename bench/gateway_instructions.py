@@ -38,22 +38,10 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
+from gateway import EXAMPLE, PASSWORD, PASSWORD_ENV, TRIGGER, TRIGGERS, USER
+
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples/azure-devops/git.pullrequest.created.json"
-TRIGGER = "ado-pr-review"
-USER, PASSWORD, PASSWORD_ENV = "azure", "bench-password", "TEMPORALITY_BENCH_WEBHOOK_PASSWORD"
 _NO_FREEZE_ENV = "TEMPORALITY_BENCH_NO_FREEZE"
-TRIGGERS = f"""
-triggers:
-  - id: {TRIGGER}
-    name: Benchmark
-    type: webhook
-    adapter: azure_devops.pull_request
-    events: [git.pullrequest.created]
-    agent: reviewer
-    auth: {{type: basic, username: {USER}, password_env: {PASSWORD_ENV}}}
-    human: {{allowed_recipients: ["user:alice"]}}
-"""
 
 
 # --------------------------------------------------------------------------- child: the app under callgrind

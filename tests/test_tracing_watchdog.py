@@ -34,8 +34,9 @@ from tracing_support import (
     fresh_pr,
 )
 
+from temporality_protocol import Envelope
 from temporality_testing.events import EventLog
-from temporality_testing.otlp_receiver import ReceivedSpan
+from temporality_testing.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
@@ -64,6 +65,38 @@ def _produced(spans: list[ReceivedSpan], event_id: str) -> ReceivedSpan | None:
     return found[0] if found else None
 
 
+async def _failure_spans(otlp: OtlpReceiver, failed: Envelope) -> list[ReceivedSpan]:
+    """Wait until ``run.failed``'s producer span and all its ancestors arrived; the spans then."""
+
+    def arrived(spans: list[ReceivedSpan]) -> bool:
+        return _chain(spans, _produced(spans, failed.id)) is not None
+
+    return await otlp.wait_for(arrived, timeout_s=WAIT_S, what="run.failed's producer span and its ancestors")
+
+
+def _assert_failed_in_the_watchdog_firing(spans: list[ReceivedSpan], failed: Envelope, run_id: str) -> None:
+    """``run.failed`` is in the webhook's trace (from the intake, a root: Azure DevOps sent no traceparent),
+    produced by the run-executor in the watchdog's firing, which continues the span that armed it: the handling
+    of ``run.requested``, the child of the event's producer span in the intake."""
+    chain = _chain(spans, _produced(spans, failed.id))
+    assert chain is not None
+    produced, intake = chain[0], chain[-1]
+    assert {s.trace_id for s in chain} == {intake.trace_id}
+    assert failed.traceparent is not None
+    assert failed.traceparent.split("-")[1:3] == [intake.trace_id, produced.span_id]
+    assert (produced.service, produced.name) == ("run-executor", "create temporality.events.run.failed")
+    fired = chain[1]
+    assert (fired.service, fired.kind) == ("run-executor", "consumer")
+    assert fired.attributes["messaging.destination.name"] == f"{WATCHDOG_FIRED}{run_id}"
+    assert [(s.service, s.kind, s.name) for s in chain[2:]] == [
+        ("run-executor", "consumer", "process temporality.events.run.requested"),
+        ("trigger-gateway", "producer", "create temporality.events.run.requested"),
+        ("trigger-gateway", "server", "POST /hooks/{trigger_id}"),
+    ]
+    assert chain[2].attributes["temporality.run_id"] == run_id
+    assert not [s for s in chain if s.error]
+
+
 async def test_a_run_failed_by_the_watchdog_is_in_the_webhook_s_trace(
     traced_stack: Traced, session_http: httpx.AsyncClient
 ) -> None:
@@ -86,35 +119,12 @@ async def test_a_run_failed_by_the_watchdog_is_in_the_webhook_s_trace(
         (started,) = events.of_type("run.started", run_id)
         assert (failed.time - started.time).total_seconds() >= EXTERNAL_TIGHT_BUDGET_S - 0.5
 
-        def arrived(spans: list[ReceivedSpan]) -> bool:
-            return _chain(spans, _produced(spans, failed.id)) is not None
-
-        spans = await otlp.wait_for(arrived, timeout_s=WAIT_S, what="run.failed's producer span and its ancestors")
+        spans = await _failure_spans(otlp, failed)
     finally:
         await stop_processes(agent)
         await events.close()
-
-    chain = _chain(spans, _produced(spans, failed.id))
-    assert chain is not None
-    produced, intake = chain[0], chain[-1]
-    # the webhook's trace, from the intake (a root: Azure DevOps sent no traceparent) to the failure
-    assert {s.trace_id for s in chain} == {intake.trace_id}
-    assert failed.traceparent is not None
-    assert failed.traceparent.split("-")[1:3] == [intake.trace_id, produced.span_id]
-    # run.failed was produced by the run-executor in the watchdog's firing ...
-    assert (produced.service, produced.name) == ("run-executor", "create temporality.events.run.failed")
-    fired = chain[1]
-    assert (fired.service, fired.kind) == ("run-executor", "consumer")
-    assert fired.attributes["messaging.destination.name"].startswith(WATCHDOG_FIRED)
-    # ... which continues the span that armed it when the run parked on its agent: the handling of run.requested,
-    # the child of the event's producer span in the intake
-    assert [(s.service, s.kind, s.name) for s in chain[2:]] == [
-        ("run-executor", "consumer", "process temporality.events.run.requested"),
-        ("trigger-gateway", "producer", "create temporality.events.run.requested"),
-        ("trigger-gateway", "server", "POST /hooks/{trigger_id}"),
-    ]
-    assert chain[2].attributes["temporality.run_id"] == run_id
-    assert not [s for s in chain if s.error]
+    # the watchdog armed when the run parked on its agent (in the handling of run.requested) failed it
+    _assert_failed_in_the_watchdog_firing(spans, failed, run_id)
 
 
 async def test_a_run_stalled_in_its_turn_is_failed_by_the_watchdog_in_the_webhook_s_trace(
@@ -139,31 +149,11 @@ async def test_a_run_stalled_in_its_turn_is_failed_by_the_watchdog_in_the_webhoo
         (started,) = events.of_type("run.started", run_id)
         assert (failed.time - started.time).total_seconds() >= HOSTED_TIGHT_BUDGET_S + grace_s - 0.5
 
-        def arrived(spans: list[ReceivedSpan]) -> bool:
-            return _chain(spans, _produced(spans, failed.id)) is not None
-
         # the turn ends after its think (the run is failed by then: nothing more of it), and its span is exported
-        spans = await otlp.wait_for(arrived, timeout_s=WAIT_S, what="run.failed's producer span and its ancestors")
+        spans = await _failure_spans(otlp, failed)
     finally:
         await asyncio.to_thread(stack.restart, "run-executor")  # the stack's own settings for the next scenario
         await events.close()
-
-    chain = _chain(spans, _produced(spans, failed.id))
-    assert chain is not None
-    produced, intake = chain[0], chain[-1]
-    assert {s.trace_id for s in chain} == {intake.trace_id}
-    assert failed.traceparent is not None
-    assert failed.traceparent.split("-")[1:3] == [intake.trace_id, produced.span_id]
-    assert (produced.service, produced.name) == ("run-executor", "create temporality.events.run.failed")
-    fired = chain[1]
-    assert (fired.service, fired.kind) == ("run-executor", "consumer")
-    assert fired.attributes["messaging.destination.name"] == f"{WATCHDOG_FIRED}{run_id}"
     # armed before the first turn, in the handling of run.requested (the turn that then stalled)
-    assert [(s.service, s.kind, s.name) for s in chain[2:]] == [
-        ("run-executor", "consumer", "process temporality.events.run.requested"),
-        ("trigger-gateway", "producer", "create temporality.events.run.requested"),
-        ("trigger-gateway", "server", "POST /hooks/{trigger_id}"),
-    ]
-    assert chain[2].attributes["temporality.run_id"] == run_id
-    assert not [s for s in chain if s.error]
+    _assert_failed_in_the_watchdog_firing(spans, failed, run_id)
     assert events.of_type("run.completed", run_id) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -207,23 +208,23 @@ async def test_unlimited_max_deliver_retries_until_success_and_never_dead_letter
     assert info.state.messages == 0
 
 
-async def test_a_bare_asyncio_timeout_from_fetch_does_not_kill_the_consumer(
-    bus: Bus, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """nats-py's fetch() sometimes raises asyncio's (= the builtin) TimeoutError instead of its own."""
-    from nats.js.client import JetStreamContext
+async def test_a_failed_pull_request_does_not_kill_the_consumer(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pull request that fails (nats-py's errors while the connection is away) is logged and tried again."""
+    import nats.errors
 
-    original = JetStreamContext.PullSubscription.fetch
+    from temporality_bus.consumer import _Puller
+
+    original = _Puller.fetch
     raised = 0
 
-    async def flaky_fetch(self: JetStreamContext.PullSubscription, *args: object, **kwargs: object) -> object:
+    async def flaky_fetch(self: _Puller, *args: Any, **kwargs: Any) -> Any:
         nonlocal raised
         if raised < 2:
             raised += 1
-            raise TimeoutError
-        return await original(self, *args, **kwargs)  # type: ignore[arg-type]
+            raise nats.errors.TimeoutError
+        return await original(self, *args, **kwargs)
 
-    monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", flaky_fetch)
+    monkeypatch.setattr(_Puller, "fetch", flaky_fetch)
     spec = ConsumerSpec("t-bare-timeout", EVENTS_STREAM.name, (subject_for("run.failed"),), "test")
     done = asyncio.Event()
 

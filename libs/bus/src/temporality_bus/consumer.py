@@ -61,10 +61,14 @@ Batches are handed over one at a time, in the order they were fetched (stream or
 runner finish the batch being handled and the one prefetched (it fetches no more); a cancellation
 abandons both un-acked, and JetStream redelivers them after ``ack_wait``.
 
-*Reading*: the batch path's pull requests have an inbox subscription of their own (:class:`_Puller`), whose
+*Reading*: both paths' pull requests have an inbox subscription of their own (:class:`_Puller`), whose
 messages nats-py's parser hands straight to it (:func:`_route`, when this nats-py is the one it was written
 for): no header parsed, no ``Msg`` queued, no subscription task woken per message; a message's header
 block is parsed only if something reads ``headers`` (a dead letter copies them), the same as nats-py's.
+One request per fetch: an idle consumer asks once per ``fetch_timeout_s``. (The per-message path used nats-py's
+``PullSubscription.fetch`` until 2026-12-05: for more than one message it sent a ``no_wait`` probe and then a
+lingering request, two requests and two end statuses per idle second, and a late ``408`` of one fetch could
+make the next one wait for a full batch.)
 
 *Acks*: each message of a committed batch gets its own ``ack``, all of them written to the connection in
 one write after the handler returned (the frames ``Msg.ack`` would buffer one publish at a time, joined),
@@ -92,7 +96,6 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.client import JetStreamContext
 from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
 
@@ -492,29 +495,22 @@ class Consumer:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.bus.ensure_consumer(self.spec, ack_wait_s=self._ack_wait)
-        if self._batch_handler is not None:
-            batches = _Puller(self.bus, self.spec)
-            await batches.start()
-            puller: _Puller | None = batches
-            sub = None
-        else:
-            puller = None
-            sub = await self.bus.js.pull_subscribe_bind(durable=self.spec.durable, stream=self.spec.stream)
+        puller = _Puller(self.bus, self.spec)
+        await puller.start()
         inflight: set[asyncio.Task[None]] = set()
         heartbeat = asyncio.create_task(self._heartbeat(), name=f"heartbeat:{self.spec.durable}")
         self.running.set()
         self._log.info("consumer.started", filter=list(self.spec.filter_subjects))
         try:
             while not stop.is_set():
-                if puller is not None:
+                if self._batch_handler is not None:
                     await self._run_batches(puller, stop)
                     break
-                assert sub is not None
                 free = self._max_inflight - len(inflight)
                 if free <= 0:
                     await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                     continue
-                for msg in await self._fetch(sub, free):
+                for msg in await self._pull(puller, free):
                     task = asyncio.create_task(self._process(msg))
                     inflight.add(task)
                     task.add_done_callback(inflight.discard)
@@ -526,26 +522,12 @@ class Consumer:
             finally:
                 heartbeat.cancel()
                 await asyncio.wait([heartbeat])
-                if puller is not None:
-                    await puller.stop()
-                if sub is not None:
-                    with contextlib.suppress(Exception):
-                        await sub.unsubscribe()
+                await puller.stop()
                 self._log.info("consumer.stopped")
 
-    async def _fetch(self, sub: JetStreamContext.PullSubscription, batch: int) -> list[Msg]:
-        try:
-            return await sub.fetch(batch=batch, timeout=self._fetch_timeout)
-        except TimeoutError:  # nats-py raises both its own and asyncio's (= builtin) TimeoutError
-            return []
-        except nats.errors.Error as exc:  # disconnected: nats-py reconnects, we try again
-            self._log.warning("consumer.fetch_failed", error=repr(exc))
-            await asyncio.sleep(0.5)
-            return []
-
     async def _pull(self, puller: _Puller, batch: int) -> list[Msg]:
-        """:meth:`_fetch` for the batch path: the puller's messages; a failed request is logged and, as a
-        failed fetch, followed by half a second's pause.
+        """Up to ``batch`` messages from the puller (none when nothing came within the fetch timeout); a failed
+        request is logged and followed by half a second's pause.
 
         With a linger (``batch_linger_s``), a fetch that got fewer than ``batch`` waits that long once and takes
         what came meanwhile: at a steady trickle the batch handler's per-batch cost (a transaction, a commit)
@@ -556,7 +538,7 @@ class Consumer:
             self._log.warning("consumer.fetch_failed", error=repr(exc))
             await asyncio.sleep(0.5)
             return []
-        if msgs and len(msgs) < batch and self._linger_s > 0 and status is None:
+        if msgs and len(msgs) < batch and self._linger_s > 0 and status is None and self._batch_handler is not None:
             for msg in msgs:  # in hand while lingering: the heartbeat keeps them from being redelivered
                 self._in_hand[msg.reply] = msg
             await asyncio.sleep(self._linger_s)  # the linger itself, not a wait for a condition

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from gateway_support import AS_ADMIN, AS_OPERATOR, AS_VIEWER, eventually, replicas, webhook_spec
 
-from temporality_bus import Bus, Delivery
+from temporality_bus import Bus, Consumer, Delivery
 from temporality_embedded.natsserver import NatsServer
 from temporality_protocol import Envelope, RunCompleted, derive_id, make_event, run_id_for_delivery
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
@@ -182,3 +182,46 @@ async def test_a_start_that_fails_while_the_bus_is_away_is_retried_not_fatal(nat
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)
+
+
+async def test_what_waits_for_an_unwanted_on_demand_consumer_is_no_lag(bus: Bus) -> None:
+    """With no event trigger the durable is never pulled and the server keeps every run's events for it: the
+    ``/metrics`` lag gauge says 0 then (no consumer-lag alert for nothing); wanted, its pending count is a lag again."""
+    from temporality_service.metrics import ServiceMetrics
+
+    async def handler(envelope: Envelope, delivery: Delivery) -> None:
+        pass
+
+    consumer = OnDemandConsumer(bus, CONSUMERS[DURABLE], handler=handler)
+    metrics = ServiceMetrics("trigger-gateway", bus)
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+
+    def pending() -> float | None:
+        return metrics.registry.get_sample_value(
+            "temporality_consumer_pending", {"service": "trigger-gateway", "consumer": DURABLE}
+        )
+
+    try:
+        await eventually(lambda: _is(consumer.running.is_set()), timeout_s=10, what="the supervisor running")
+        for n in range(3):
+            await bus.publish(_completed(f"run-kept-{n}"))
+
+        async def kept() -> bool:
+            return (await bus.js.consumer_info(EVENTS_STREAM.name, DURABLE)).num_pending >= 3
+
+        await eventually(kept, timeout_s=10, what="the events kept for the durable")
+        assert not consumer.lag_matters
+        await metrics.refresh_lag([consumer])
+        assert pending() == 0
+        await metrics.refresh_lag([Consumer(bus, CONSUMERS[DURABLE], handler=handler)])  # an ordinary consumer's
+        assert pending() == 3  # what the server keeps, which the on-demand consumer did not report
+        consumer.want(True, why="an event trigger enabled")
+        assert consumer.lag_matters  # the server's count from now on (the kept events, while handed over)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+
+
+async def _is(value: bool) -> bool:
+    return value

@@ -490,6 +490,12 @@ class Consumer:
         self._source_check = bus.settings.source_check
 
     @property
+    def lag_matters(self) -> bool:
+        """Whether the durable's pending count is a lag (the ``/metrics`` gauge, the lag alert): always, but for a
+        consumer that pulls only on demand and is not wanted now, whose pending events nobody needs."""
+        return True
+
+    @property
     def heartbeat_interval_s(self) -> float:
         return max(self._ack_wait / 3, 0.2)
 

@@ -9,7 +9,8 @@
                                                 ``retried``, ``dead_lettered``)
 ``temporality_consumer_handle_seconds``         histogram by ``consumer``: handling time of settled
                                                 messages (a batch counts once per batch)
-``temporality_consumer_pending``                gauge by ``consumer``: messages not yet delivered (lag)
+``temporality_consumer_pending``                gauge by ``consumer``: messages not yet delivered (lag; 0 for an
+                                                on-demand consumer not pulling: ``Consumer.lag_matters``)
 ``temporality_consumer_ack_pending``            gauge by ``consumer``: delivered, not yet acknowledged
 ``temporality_nats_connected``                  gauge: 1 while the NATS connection is up
 ``temporality_service_info``                    ``service`` and ``protocol_version`` labels, value 1
@@ -185,6 +186,10 @@ class ServiceMetrics:
     async def refresh_lag(self, consumers: list[Consumer]) -> None:
         """Read each consumer's pending counts from the server (failures are logged, never raised)."""
         for consumer in consumers:
+            if not consumer.lag_matters:  # an on-demand consumer nobody needs now: what it keeps is no lag
+                self._pending.labels(self.service, consumer.spec.durable).set(0)
+                self._ack_pending.labels(self.service, consumer.spec.durable).set(0)
+                continue
             try:
                 info = await self.bus.js.consumer_info(consumer.spec.stream, consumer.spec.durable, timeout=2.0)
             except Exception as exc:  # NATS down or the consumer not created yet: keep the last value

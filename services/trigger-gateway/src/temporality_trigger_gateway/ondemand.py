@@ -72,6 +72,13 @@ class OnDemandConsumer(Consumer):
     def wanted(self) -> bool:
         return self._wanted
 
+    @property
+    def lag_matters(self) -> bool:
+        """Not while it is neither wanted nor pulling: the events kept for it meanwhile are passed over when pulling
+        starts (an event trigger fires on events from its activation on), so their count is no lag -- with no
+        event trigger it would grow by every run's events and raise the consumer-lag alert for nothing."""
+        return self._wanted or self.pulling
+
     def want(self, wanted: bool, *, why: str = "") -> None:
         """Pull (``True``) or stop pulling (``False``); takes effect at once, idempotent."""
         if wanted != self._wanted:

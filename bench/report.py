@@ -196,8 +196,8 @@ def _short(name: str) -> str:
     for long, short in (("Temporal dev server, ", "Temporal\n"), ("Temporality, ", "Temporality\n")):
         if name.startswith(long):
             head, rest = short, name.removeprefix(long)
-            return head + textwrap.fill(rest, 22)
-    return textwrap.fill(name, 22)
+            return head + textwrap.fill(rest, 15)
+    return textwrap.fill(name, 15)
 
 
 def _goal(ax: Axes, y: float, label: str) -> None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 import structlog
 import structlog.testing
-from nats.js.api import ConsumerInfo, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 
-from temporality_bus import Bus, Consumer, Delivery, TransientError
+from temporality_bus import Bus, Consumer, Delivery, NatsSettings, TransientError
+from temporality_bus import consumer as consumer_module
 from temporality_protocol import Envelope, RunFailed, make_event
 from temporality_protocol.catalog import EVENTS_STREAM, ConsumerSpec, subject_for
 
@@ -213,3 +216,55 @@ async def test_a_retry_logs_a_traceback_only_for_an_unexpected_error(
     assert retry["error"] == repr(error)
     assert retry["log_level"] == "warning"
     assert retry["exc_info"] is traceback
+
+
+async def test_replicas_whose_durable_is_nearly_full_do_not_spin_on_pull_requests(
+    bus: Bus, nats_settings: NatsSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two replicas on one durable, its max_ack_pending (2) full with messages in hand, one more waiting: the
+    server ends one replica's requests at once ("408 Requests Pending") while the other's waits. It pauses
+    after such an end instead of asking again at once (it sent thousands of requests a second)."""
+    spec = _spec("t-two-replicas")
+    config = ConsumerConfig(
+        durable_name=spec.durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        filter_subjects=list(spec.filter_subjects),
+        max_ack_pending=2,
+        ack_wait=30,
+    )
+    await bus.js.add_consumer(EVENTS_STREAM.name, config)
+    fetches: collections.Counter[int] = collections.Counter()
+    fetch = consumer_module._Puller.fetch
+
+    async def counted(self: consumer_module._Puller, *args: Any, **kwargs: Any) -> Any:
+        fetches[id(self)] += 1
+        return await fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(consumer_module._Puller, "fetch", counted)
+    release = asyncio.Event()
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        await release.wait()
+
+    stop = asyncio.Event()
+    async with Bus.connect(nats_settings, name="replica-b") as other:
+
+        async def as_created(*args: object, **kwargs: object) -> None:  # keep the durable's small max_ack_pending
+            pass
+
+        replicas = [Consumer(b, spec, handler=handler, max_inflight=8) for b in (bus, other)]
+        for b in (bus, other):
+            monkeypatch.setattr(b, "ensure_consumer", as_created)
+        tasks = [asyncio.create_task(c.run(stop)) for c in replicas]
+        try:
+            await _wait(asyncio.gather(*(c.running.wait() for c in replicas)))
+            for n in range(3):
+                await bus.publish(_failed(f"two-{n}"))
+            await _until(bus, spec.durable, lambda i: i.num_ack_pending == 2 and i.num_pending == 1)
+            fetches.clear()
+            await asyncio.sleep(1.0)  # a window to count in: the pause bounds what comes, whatever the load
+            assert sum(fetches.values()) < 60, fetches  # ~10 a second per replica at most; thousands before
+        finally:
+            release.set()
+            stop.set()
+            await _wait(asyncio.gather(*tasks))

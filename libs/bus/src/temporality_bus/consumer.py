@@ -194,6 +194,8 @@ _SENDERS_KEPT = 4096
 _PULL_ENDED = frozenset({"404", "408"})
 #: The server's own expiry of a lingering pull request comes this long before the runner gives up waiting.
 _PULL_MARGIN_S = 0.05
+#: The pause after a pull request the server ended at once with nothing (:meth:`Consumer._pull`).
+_EMPTY_END_PAUSE_S = 0.1
 
 
 class _Puller:
@@ -538,11 +540,19 @@ class Consumer:
         With a linger (``batch_linger_s``), a fetch that got fewer than ``batch`` waits that long once and takes
         what came meanwhile: at a steady trickle the batch handler's per-batch cost (a transaction, a commit)
         is then shared by the events of the linger instead of paid by each one."""
+        loop = asyncio.get_running_loop()
+        asked_at = loop.time()
         try:
             msgs, status = await puller.fetch(batch, self._fetch_timeout)
         except nats.errors.Error as exc:  # disconnected: nats-py reconnects, we try again
             self._log.warning("consumer.fetch_failed", error=repr(exc))
             await asyncio.sleep(0.5)
+            return []
+        if not msgs and status is None and loop.time() - asked_at < self._fetch_timeout / 2:
+            # The server ended the request at once with nothing for us: "408 Requests Pending", when another
+            # replica's request waits on the few messages the durable may still hand out (its max_ack_pending
+            # nearly full). Asking again at once would spin (thousands of requests a second, per replica).
+            await asyncio.sleep(min(_EMPTY_END_PAUSE_S, self._fetch_timeout))
             return []
         if msgs and len(msgs) < batch and self._linger_s > 0 and status is None and self._batch_handler is not None:
             for msg in msgs:  # in hand while lingering: the heartbeat keeps them from being redelivered

@@ -11,6 +11,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
 from temporality_bus import Bus, Store, live_entries, live_keys
+from temporality_bus.listing import stream_subjects
 from temporality_protocol.catalog import BucketSpec
 
 
@@ -105,3 +106,20 @@ async def test_a_usually_empty_listing_makes_no_watcher_when_nothing_is_stored(b
     infos = [s for s in seen if s.startswith("$JS.API.STREAM.INFO.")]
     assert len(infos) >= 3
     assert len(creates) == 2, seen  # the two filters with messages stored under them; none for parked.run-1.*
+
+
+async def test_stream_subjects_reads_every_page_past_the_server_s_100000(bus: Bus) -> None:
+    """nats-server lists at most 100,000 subjects per ``STREAM.INFO`` answer, and nats-py's ``stream_info`` reads
+    the first page only (the timers migration read its schedules that way, then deleted the legacy stream)."""
+    count = 100_050
+    await bus.js.add_stream(name="T_PAGED", subjects=["paged.>"])
+    for start in range(0, count, 5_000):
+        await bus.publish_raw_many([(f"paged.{n}", b"", {}) for n in range(start, min(start + 5_000, count))])
+    first_page = (await bus.js.stream_info("T_PAGED", subjects_filter="paged.>")).state.subjects or {}
+    assert len(first_page) == 100_000  # what nats-py alone sees
+    subjects = await stream_subjects(bus.js, "T_PAGED", "paged.>")
+    assert len(subjects) == count
+    assert set(subjects) == {f"paged.{n}" for n in range(count)}
+    assert set(subjects.values()) == {1}
+    assert await stream_subjects(bus.js, "T_PAGED", "paged.7") == {"paged.7": 1}
+    assert await stream_subjects(bus.js, "T_PAGED", "nothing.>") == {}

@@ -12,11 +12,15 @@ they count towards "nothing pending" like every other message.
 
 from __future__ import annotations
 
+import json
+
 import nats.errors
 import structlog
+from nats.js import JetStreamContext
+from nats.js.errors import APIError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-__all__ = ["LIST_TIMEOUT_S", "live_entries", "live_keys", "stored_keys"]
+__all__ = ["LIST_TIMEOUT_S", "live_entries", "live_keys", "stored_keys", "stream_subjects"]
 
 log = structlog.get_logger(__name__)
 
@@ -77,13 +81,35 @@ async def live_keys(
     return [str(entry.key) for entry in entries]
 
 
+async def stream_subjects(
+    js: JetStreamContext, stream: str, subjects_filter: str, *, timeout_s: float = LIST_TIMEOUT_S
+) -> dict[str, int]:
+    """Every subject of ``stream`` matching ``subjects_filter`` that holds a message, with its count: ``STREAM.INFO``
+    with a subject filter, page after page. The server lists at most 100,000 subjects per answer (``offset`` and
+    ``total`` say where a page stands) and nats-py's ``stream_info`` asks for the first page only: a longer list
+    was cut short without a word. Raises what nats-py raises for the API's errors (``NotFoundError``...)."""
+    subjects: dict[str, int] = {}
+    while True:
+        request = {"subjects_filter": subjects_filter, "offset": len(subjects)}
+        reply = await js._nc.request(
+            f"{js._prefix}.STREAM.INFO.{stream}", json.dumps(request).encode(), timeout=timeout_s
+        )
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            raise APIError.from_error(answer["error"])  # raises the error's own class (NotFoundError...)
+        page: dict[str, int] = (answer.get("state") or {}).get("subjects") or {}
+        subjects.update(page)
+        if not page or len(subjects) >= int(answer.get("total", 0)):
+            return subjects
+
+
 async def stored_keys(kv: KeyValue, keys: str) -> list[str]:
     """The keys matching ``keys`` (a key filter: ``run.r1.*``) that the bucket's stream holds a message on, a
-    value or a delete, sorted: one ``STREAM.INFO`` with a subject filter (the server lists up to 100,000
-    subjects in one answer), no consumer made, nothing read. A key whose last message is a delete or a purge
-    is among them: read it to know whether it holds a value."""
-    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{kv._pre}{keys}")
-    return sorted(subject.removeprefix(kv._pre) for subject in info.state.subjects or {})
+    value or a delete, sorted: ``STREAM.INFO`` with a subject filter (:func:`stream_subjects`: one request per
+    100,000 keys), no consumer made, nothing read. A key whose last message is a delete or a purge is among
+    them: read it to know whether it holds a value."""
+    subjects = await stream_subjects(kv._js, kv._stream, f"{kv._pre}{keys}")
+    return sorted(subject.removeprefix(kv._pre) for subject in subjects)
 
 
 async def _any_message(kv: KeyValue, keys: str) -> bool:

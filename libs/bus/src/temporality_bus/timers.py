@@ -50,6 +50,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 from temporality_bus.connection import Bus, PublishResult
 from temporality_bus.consumer import Delivery, RawHandler
 from temporality_bus.errors import TransientError
+from temporality_bus.listing import stream_subjects
 from temporality_bus.pipeline import Write
 from temporality_bus.provenance import ForgedEvent, SourceCheck, forged_firing
 from temporality_bus.tracing import TimerTrace, timer_headers
@@ -342,7 +343,8 @@ async def migrate_legacy_timers(bus: Bus, streams: Iterable[StreamSpec] | None =
        on, an older release's pod still running stores no arm there (until step 3 its arm is refused, and its
        handler retries it; afterwards the arm lands in the new stream);
     2. the pending schedules (the last message of each schedule subject, when it is a schedule) are read --
-       after the move, so an arm stored just before it is among them;
+       after the move, so an arm stored just before it is among them; all of them, however many
+       (:func:`~temporality_bus.listing.stream_subjects` reads past the server's 100,000 subjects per answer);
     3. the per-service streams are created where missing (with ``bus``'s settings; their services apply their
        own at their next start);
     4. each schedule is armed again on its subject in its new stream, same time, target, payload and headers,
@@ -377,12 +379,12 @@ async def _migrate(bus: Bus, targets: list[StreamSpec]) -> LegacyMigration | Non
             return None
         log.info("timers.legacy_parked", stream=legacy, subjects=LEGACY_PARKED_SUBJECT)
     # 2. the pending schedules, read once nothing can add one (they still fire, into the legacy stream: step 5)
-    try:
-        info = await bus.js.stream_info(legacy, subjects_filter=f"{TIMER_SCHEDULE_PREFIX}.>")
+    try:  # every page of them (a legacy stream of a busy deployment can hold more than 100,000 schedules)
+        pending = await stream_subjects(bus.js, legacy, f"{TIMER_SCHEDULE_PREFIX}.>")
     except NotFoundError:  # a concurrent migration finished first
         return None
     schedules: list[tuple[str, bytes, dict[str, str], int]] = []
-    for subject in info.state.subjects or {}:
+    for subject in pending:
         try:
             last = await bus.js.get_last_msg(legacy, subject)
         except NotFoundError:  # fired or expired meanwhile: its firing is taken in step 5

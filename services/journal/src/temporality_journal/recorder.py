@@ -117,8 +117,8 @@ _PG_ENVELOPE_FIELDS = (
     ("data", "data", "jsonb"),
 )
 _PG_INSERTED = (*(column for _, column, _ in _PG_ENVELOPE_FIELDS), "run_id", "stream_seq")
-#: Fields not read from the envelope's JSON: ``time`` is the model's (``[3]``, RFC 3339 in UTC as pydantic writes
-#: it), never the text the publisher sent -- the model's parser is lax (a Unix time as a number or a numeric
+#: Fields not read from the envelope's JSON: ``time`` is the model's (``[3]``, RFC 3339 with its offset as
+#: pydantic writes it), never the text the publisher sent -- the model's parser is lax (a Unix time as a number or a numeric
 #: string; fractions past microseconds truncated) and PostgreSQL's is another (``20261204`` a date, fractions
 #: rounded): the row must hold the time the projection and a rebuild (the typed path) use.
 _PG_SELECTED = {"time": "(a.r->>3)::timestamptz"}
@@ -408,8 +408,10 @@ class Recorder:
 
         ``raw``, when given, is the JSON each envelope was decoded from (same order as ``batch``): an envelope
         whose text has no ``\\u`` escape (:func:`_plain`) is stored without checking its strings one by one.
-        The same result as :meth:`record` one by one in stream order. Raises on any database error,
-        with nothing written (the caller falls back to :meth:`record` per event).
+        The same result as :meth:`record` one by one in stream order. A connection found dead (invalidated by
+        the failed statement: a database restart since its last use) gets the batch once more on a new one;
+        any other database error, or a second one, is raised with nothing written (the caller falls back to
+        :meth:`record` per event).
         """
         if raw is not None and len(raw) != len(batch):
             raise ValueError(f"{len(raw)} raw envelopes for a batch of {len(batch)}")
@@ -451,7 +453,8 @@ class Recorder:
             except DBAPIError as exc:
                 # a pooled connection lost since its last use (a database restart or failover: the pool pings
                 # only connections idle a second or more, :func:`~temporality_journal.database._ping_if_idle`)
-                # is invalidated by the failed statement, nothing written: the batch once more on a fresh one
+                # is invalidated by the failed statement: the batch once more on a fresh one (had the server
+                # committed before the connection died, the retry finds every id stored and adds nothing)
                 if attempt == 2 or not exc.connection_invalidated:
                     raise
                 log.warning("batch.connection_lost", error=str(exc.orig), events=len(rows))

@@ -90,3 +90,29 @@ async def test_a_marker_before_the_entries_does_not_cut_the_snapshot_short(bus: 
     async with KvWatch(bus, kv, "test store", apply=view.apply, forget=view.forget, loaded=view.loaded).watching():
         assert view.values == {"a": b"1", "c": b"3"}, "the whole snapshot, before watching() returns"
         assert view.loads == 1
+
+
+async def test_leaving_the_watch_ends_it_even_when_a_cancellation_is_dropped(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before Python 3.12, ``asyncio.wait_for`` (nats-py's ``KeyWatcher.updates``) drops a cancellation that lands
+    as its update arrives, and the watch went on following: leaving ``watching()`` (a service's stop) hung while
+    writes kept arriving. Here every watch read drops the first cancellation it gets, as that race does."""
+    kv = await bus.ensure_bucket(BUCKET)
+    view = View()
+    updates = KeyValue.KeyWatcher.updates
+    dropped: list[bool] = []
+
+    async def drops_one_cancel(self: KeyValue.KeyWatcher, timeout: float = 5.0) -> object:  # noqa: ASYNC109
+        try:
+            return await updates(self, timeout)  # type: ignore[no-untyped-call]
+        except asyncio.CancelledError:
+            if dropped:
+                raise
+            dropped.append(True)
+            return None  # "an update arrived": the cancellation is gone
+
+    async with KvWatch(bus, kv, "test store", apply=view.apply, forget=view.forget).watching():
+        monkeypatch.setattr(KeyValue.KeyWatcher, "updates", drops_one_cancel)
+        await asyncio.sleep(0)
+    assert dropped == [True]  # it ended although its first cancellation was dropped

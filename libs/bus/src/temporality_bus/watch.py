@@ -35,6 +35,9 @@ __all__ = ["KvWatch", "entry_value"]
 
 log = structlog.get_logger(__name__)
 
+#: How long a cancelled watch task gets to end before it is cancelled again (:func:`_cancelled`).
+_RECANCEL_S = 0.1
+
 #: How long the snapshot may take before the watch counts as failed.
 SNAPSHOT_TIMEOUT_S = 30.0
 #: After nats-py's initial marker, how long to wait for the bucket's last revision before taking it as gone.
@@ -50,6 +53,18 @@ def entry_value(entry: KeyValue.Entry) -> bytes | None:
 
 async def _nothing() -> None:
     return None
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait for its end, cancelling again until it ends. nats-py's ``KeyWatcher.updates`` is
+    an ``asyncio.wait_for``, which before Python 3.12 drops a cancellation that lands as its update arrives: the
+    watch then went on following, and leaving :meth:`KvWatch.watching` (a service's stop) hung while writes
+    kept arriving."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=_RECANCEL_S)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 class KvWatch:
@@ -95,9 +110,7 @@ class KvWatch:
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await _cancelled(task)
 
     async def _snapshot(self) -> KeyValue.KeyWatcher:
         """Apply everything stored. nats-py's "initial values done" marker (``None``) alone is not proof: when

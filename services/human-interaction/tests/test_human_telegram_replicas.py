@@ -5,6 +5,7 @@ over real HTTP and the test's nats-server."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -259,3 +260,26 @@ async def test_two_service_replicas_with_one_bot_bind_each_press_once_and_hand_o
 
             await eventually(taken_over, timeout_s=TTL_S, what="the second replica holds the polling lease")
             await ask_and_press(answered=2)
+
+
+async def test_a_lease_stops_even_when_a_cancellation_of_its_renewals_is_dropped(bus: Bus) -> None:
+    """nats-py's requests wait with ``asyncio.wait_for``, which before Python 3.12 drops a cancellation landing as
+    the reply arrives: the renewal loop went on and ``stop()`` waited for it forever (a CI run's timeout). Here the
+    renewal in progress drops the first cancellation, as that race does."""
+    lease = InboundLease(bus, lease_key("test", "dropped"), holder="pod-a", ttl_s=60, renew_s=0.01)
+    await lease.start()
+    in_step, dropped = asyncio.Event(), []
+
+    async def renewal_dropping_one_cancel() -> None:
+        in_step.set()
+        try:
+            await asyncio.sleep(1)  # a renewal's request, waiting for its reply
+        except asyncio.CancelledError:
+            if dropped:
+                raise
+            dropped.append(True)  # "the reply arrived": the cancellation is gone
+
+    lease._step = renewal_dropping_one_cancel  # type: ignore[method-assign]
+    await asyncio.wait_for(in_step.wait(), 10)
+    await asyncio.wait_for(lease.stop(), 10)
+    assert dropped == [True]

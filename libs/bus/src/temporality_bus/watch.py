@@ -30,13 +30,11 @@ import structlog
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from temporality_bus.connection import Bus
+from temporality_bus.tasks import cancel_and_wait
 
 __all__ = ["KvWatch", "entry_value"]
 
 log = structlog.get_logger(__name__)
-
-#: How long a cancelled watch task gets to end before it is cancelled again (:func:`_cancelled`).
-_RECANCEL_S = 0.1
 
 #: How long the snapshot may take before the watch counts as failed.
 SNAPSHOT_TIMEOUT_S = 30.0
@@ -53,18 +51,6 @@ def entry_value(entry: KeyValue.Entry) -> bytes | None:
 
 async def _nothing() -> None:
     return None
-
-
-async def _cancelled(task: asyncio.Task[None]) -> None:
-    """Cancel ``task`` and wait for its end, cancelling again until it ends. nats-py's ``KeyWatcher.updates`` is
-    an ``asyncio.wait_for``, which before Python 3.12 drops a cancellation that lands as its update arrives: the
-    watch then went on following, and leaving :meth:`KvWatch.watching` (a service's stop) hung while writes
-    kept arriving."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait([task], timeout=_RECANCEL_S)
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 class KvWatch:
@@ -110,7 +96,7 @@ class KvWatch:
         try:
             yield
         finally:
-            await _cancelled(task)
+            await cancel_and_wait(task)  # a cancellation nats-py's wait_for dropped would leave it following
 
     async def _snapshot(self) -> KeyValue.KeyWatcher:
         """Apply everything stored. nats-py's "initial values done" marker (``None``) alone is not proof: when

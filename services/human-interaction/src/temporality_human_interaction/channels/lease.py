@@ -36,6 +36,7 @@ from datetime import UTC, datetime, timedelta
 import structlog
 
 from temporality_bus import AlreadyExists, Bus, Conflict, Store
+from temporality_bus.tasks import cancel_and_wait
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ref_key
 
 __all__ = ["DEFAULT_RENEW_S", "DEFAULT_TTL_S", "InboundLease", "holder_id", "lease_key"]
@@ -101,9 +102,9 @@ class InboundLease:
     async def stop(self) -> None:
         """Stop renewing and, when held, release the lease (delete at our revision) so another takes it at once."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        if task is not None:  # cancelled until it ends: nats-py's wait_for can drop one cancellation (3.11)
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(task)
         revision, self._revision = self._revision, None
         if self._held:
             await self._set(held=False)

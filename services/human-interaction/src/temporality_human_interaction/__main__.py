@@ -24,6 +24,7 @@ from datetime import timedelta
 import structlog
 
 from temporality_bus import Bus
+from temporality_bus.tasks import cancel_and_wait
 from temporality_human_interaction.api import create_app
 from temporality_human_interaction.chain import ChainRunner
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
@@ -282,9 +283,7 @@ async def _in_background(work: Awaitable[None], name: str) -> AsyncIterator[None
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)  # the sweep's KV requests can drop one cancellation (bus.tasks)
 
 
 USAGE = "usage: temporality-human-interaction [hash-password]  (no argument: run the service)"

@@ -68,7 +68,6 @@ armed when the run ends removes it after ``checkpoint_retention_s``; the run rec
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -92,6 +91,7 @@ from temporality_bus import (
     Versioned,
 )
 from temporality_bus.pipeline import Write, event_write
+from temporality_bus.tasks import cancel_and_wait
 from temporality_protocol import (
     RUN,
     AgentAnswerReceived,
@@ -671,9 +671,7 @@ class Engine:
         try:
             return await call
         finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+            await cancel_and_wait(keeper)  # a renewal's request can drop one cancellation (bus.tasks)
 
     def _expiry(self) -> datetime:
         return self.clock() + timedelta(seconds=self.lease_s)

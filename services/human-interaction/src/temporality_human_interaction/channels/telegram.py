@@ -48,6 +48,7 @@ edited to show the outcome.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Sequence
@@ -59,6 +60,7 @@ from telegram.error import BadRequest, TelegramError
 from telegram.ext import Application, CallbackQueryHandler, CommandHandler, ContextTypes, MessageHandler, filters
 
 from temporality_bus import Bus
+from temporality_bus.tasks import cancel_and_wait
 from temporality_human_interaction.answers import AnswerSubmission
 from temporality_human_interaction.channels.base import (
     ChannelAdapter,
@@ -190,8 +192,8 @@ class TelegramAdapter(ChannelAdapter):
     async def shutdown(self) -> None:
         retrying, self._retrying = self._retrying, None
         if retrying is not None:
-            retrying.cancel()
-            await asyncio.gather(retrying, return_exceptions=True)
+            with contextlib.suppress(Exception):  # it logs its own failures
+                await cancel_and_wait(retrying)
         if self._lease is not None:
             await self._lease.stop()  # stops polling (on_change), then lets another replica take over at once
         async with self._polling_lock:

@@ -128,15 +128,20 @@ _PG_SELECTED = {"time": "(a.r->>3)::timestamptz"}
 #: order, ``ord``), are inserted (``ON CONFLICT DO NOTHING`` all the same), and the counter moves to the
 #: last position used; the new ids come back. ``$1`` is one JSON text (:func:`_pg_batch_json`): an array of
 #: ``[envelope, stream_seq, run_id, time]``, each envelope the JSON it was received as, or serialized by its model
-#: when it had to be sanitized (``data`` nested, read as ``jsonb`` by the server: parsed once). Before, ``data`` was serialized on its own for
+#: when it had to be sanitized (``data`` nested). The text is cast to ``jsonb`` once, on the way in: the server
+#: parses it once and every later step (the elements, each envelope's fields, ``data``, stored as ``jsonb``) reads
+#: the parsed value. As ``json`` (until 2026-12-05) it was text, and each ``->``/``->>`` and ``json_to_record``
+#: parsed its element's text again and ``data`` was parsed once more into ``jsonb``: five or six parses of each
+#: envelope, about half of the statement's time on the server. (A clean envelope has no ``\u`` escape, so no
+#: U+0000, which ``jsonb`` refuses; a sanitized one has none left.) Before, ``data`` was serialized on its own for
 #: the storability check, then again as a string inside the batch's JSON (escaped, unescaped, parsed again),
 #: and each row's dict was built in Python.
 _PG_INSERT_EVENTS = (
     "WITH batch AS ("
     f"SELECT {', '.join(_PG_SELECTED.get(field, f'b.{field}') + f' AS {column}' for field, column, _ in _PG_ENVELOPE_FIELDS)}, "
     "a.r->>2 AS run_id, (a.r->>1)::bigint AS stream_seq, row_number() OVER (ORDER BY a.ord) AS position "
-    "FROM json_array_elements($1::json) WITH ORDINALITY AS a(r, ord) "
-    "CROSS JOIN LATERAL json_to_record(a.r->0) AS b("
+    "FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS a(r, ord) "
+    "CROSS JOIN LATERAL jsonb_to_record(a.r->0) AS b("
     f"{', '.join(f'{field} {kind}' for field, _, kind in _PG_ENVELOPE_FIELDS if field not in _PG_SELECTED)}) "
     "WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = b.id)"
     "), inserted AS ("

@@ -21,8 +21,11 @@ and skips the sanitizing check), the affected runs read once, projected in memor
 stream order with :func:`project` (which copies rows without validating them again), written back
 (PostgreSQL: one upsert, its rows one JSON text; SQLite: one upsert ``executemany``'d, positional values;
 both driver SQL); the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
--- committed once, then acked by the runner. Every write transaction (a batch, or one event) first
-locks ``commit_counter`` (:func:`lock_positions`), which serialises the journal's writers until the
+-- committed once, then acked by the runner. On PostgreSQL a batch without ``agent.*`` events is three round
+trips on the pooled connection's asyncpg connection (:meth:`Recorder._record_batch_pg`: ``BEGIN`` with the
+counter's lock; the events' insert with the batch's runs read; the runs' upsert with ``COMMIT``), SQLAlchemy's
+six otherwise. Every write transaction (a batch, or one event) first
+locks ``commit_counter`` (:func:`lock_positions`, or :data:`_PG_BEGIN_AND_LOCK`), which serialises the journal's writers until the
 commit, and hands the events it stores the next commit positions (``events.commit_seq``, in stream
 order within a batch; an event already stored gets none): the live tail's order
 (:mod:`temporality_journal.tail`). Any error rolls the whole batch back and raises: the runner then

@@ -10,16 +10,18 @@ back to one by one, where the event's own commit passes), on SQLite a trigger th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import text
 
-from temporality_journal import Database
+from temporality_journal import Database, Recorder
 from temporality_journal.models import RunSnapshot
 from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
 from temporality_protocol import Envelope
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
+from temporality_testing.postgres import fresh_postgres_database
 from temporality_testing.waiting import eventually
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
@@ -130,3 +132,40 @@ async def test_a_batch_whose_commit_fails_is_neither_acked_nor_overtaken_by_the_
         rows = await conn.execute(text("SELECT run_id, state, last_event_seq FROM runs"))
         found = {str(r[0]): (str(r[1]), int(r[2])) for r in rows}
     assert found == {run_id: (run.state.value, run.last_event_seq) for run_id, run in expected.items()}
+
+
+async def test_a_batch_cancelled_mid_transaction_leaves_nothing_and_its_connection_is_not_reused(
+    story: MakeStory,
+) -> None:
+    """PostgreSQL's batch runs its transaction on the asyncpg connection, where SQLAlchemy's reset on check-in
+    would not end it: a batch cancelled inside its transaction (the counter's lock taken, its events' statement
+    waiting on a run's row, locked by another session) must not leave that transaction open -- its lock would
+    stop every later batch -- nor hand the connection back to the pool mid-transaction."""
+    async with fresh_postgres_database("journal_cancel") as url, Database.open(url) as db, Database.open(url) as other:
+        s = story()
+        assert await Recorder(db).record(s.requested(), 1)
+        events = [(s.created(), 2), (s.started(), 3)]
+        async with other.engine.connect() as holder:
+            await holder.begin()
+            await holder.execute(text("SELECT run_id FROM runs WHERE run_id = :r FOR UPDATE"), {"r": s.run_id})
+            writing = asyncio.create_task(Recorder(db).record_batch(events))
+
+            async def waiting() -> bool:
+                async with other.engine.connect() as conn:
+                    query = (
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    )
+                    return int((await conn.execute(text(query))).scalar_one()) >= 1
+
+            await eventually(waiting, 30, "the batch waits on the run's row, the counter's lock taken")
+            writing.cancel()
+            await asyncio.gather(writing, return_exceptions=True)
+            assert writing.cancelled()
+            await holder.rollback()
+        # the next batch takes the counter's lock (nobody holds it any more) on a connection in no transaction
+        assert await asyncio.wait_for(Recorder(db).record_batch(events), 30) == 2
+        async with db.engine.connect() as conn:
+            assert (await conn.execute(text("SELECT count(*) FROM events"))).scalar_one() == 3
+            assert (await conn.execute(text("SELECT state FROM runs"))).scalar_one() == "running"
+            assert (await conn.execute(text("SELECT last_seq FROM commit_counter"))).scalar_one() == 3

@@ -579,7 +579,7 @@ class Recorder:
                 if lost:
                     await conn.invalidate()
                     if driver.is_closed():
-                        raise _ConnectionLost from exc
+                        raise _ConnectionLost(repr(exc)) from exc
                 raise
             except BaseException:  # cancelled mid-transaction: closed at once, never handed back mid-transaction
                 driver.terminate()

@@ -15,6 +15,11 @@ run.completed, runs interleaved), then for each database (SQLite; PostgreSQL too
   ``events`` table (same columns and indexes; no projection, no bus, one transaction) by the bench
   process itself (sqlite3 / asyncpg).
 
+``--before SRC ...``: each measurement is made twice per round, first with the journal running the code in SRC
+(first on its ``PYTHONPATH``, e.g. a copy of ``services/journal/src`` and ``libs/bus/src`` at the commit before),
+then with this checkout's code, alternately for ``--rounds`` rounds on the same nats-server and database
+server: medians per code and the ratios ``current / before``, measured in the same run.
+
 Prints figures and journal/baseline ratios; asserts nothing.
 """
 
@@ -28,6 +33,7 @@ import json
 import logging
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -344,10 +350,21 @@ async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float, wha
 
 @contextlib.asynccontextmanager
 async def journal_process(
-    nats_url: str, db: Db, batch_size: int, workdir: Path, log_level: str, profile: Path | None = None
+    nats_url: str,
+    db: Db,
+    batch_size: int,
+    workdir: Path,
+    log_level: str,
+    profile: Path | None = None,
+    *,
+    code: str = "current",
+    first_on_path: list[str] | None = None,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    ready = workdir / f"journal-{db.name}-{batch_size}.ready"
+    name = f"journal-{db.name}-{batch_size}-{code}-{time.monotonic_ns()}"
+    ready = workdir / f"{name}.ready"
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = os.environ | {
+        "PYTHONPATH": os.pathsep.join([*(first_on_path or []), *inherited]),
         "TEMPORALITY_NATS_URL": nats_url,
         "TEMPORALITY_DATABASE_URL": db.url,
         "TEMPORALITY_JOURNAL_PORT": "0",
@@ -356,10 +373,12 @@ async def journal_process(
         "TEMPORALITY_LOG_LEVEL": log_level,
         "TEMPORALITY_LOG_FORMAT": "json",
     }
-    with (workdir / f"journal-{db.name}-{batch_size}.log").open("wb") as log:
+    with (workdir / f"{name}.log").open("wb") as log:
         # --profile: the journal under cProfile (its asyncio thread; the profile is written when it stops)
         profiled = (
-            [] if profile is None else ["-m", "cProfile", "-o", str(profile / f"journal-{db.name}-{batch_size}.prof")]
+            []
+            if profile is None
+            else ["-m", "cProfile", "-o", str(profile / f"journal-{db.name}-{batch_size}-{code}.prof")]
         )
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -399,11 +418,16 @@ async def measure(
     workdir: Path,
     log_level: str,
     profile: Path | None = None,
+    *,
+    code: str = "current",
+    first_on_path: list[str] | None = None,
 ) -> dict[str, Any]:
     with contextlib.suppress(NotFoundError):  # a fresh durable: the journal reads the backlog from the start
         await bus.js.delete_consumer(EVENTS_STREAM.name, "journal")
     total = len(backlog)
-    async with journal_process(nats_url, db, batch_size, workdir, log_level, profile) as proc:
+    async with journal_process(
+        nats_url, db, batch_size, workdir, log_level, profile, code=code, first_on_path=first_on_path
+    ) as proc:
         t0, cpu0, n0 = time.perf_counter(), _cpu_s(proc.pid), await db.count()
 
         async def drained(target: int = total) -> bool:
@@ -414,6 +438,7 @@ async def measure(
         if dead := await db.dead_letters():  # e.g. refused as forged: the rows counted are dead letters
             raise RuntimeError(f"the journal dead-lettered {dead} events; see the journal's log in {workdir}")
         result: dict[str, Any] = {
+            "code": code,
             "db": db.name,
             "load": os.getloadavg()[0],
             "batch": batch_size,
@@ -423,7 +448,7 @@ async def measure(
             "cpu_cores": (cpu1 - cpu0) / (t1 - t0),
         }
         if live:
-            extra = events_of(live, f"live{db.name}{batch_size}")
+            extra = events_of(live, f"live{db.name}{batch_size}{code}{time.monotonic_ns()}")
             p0 = time.perf_counter()
             published_at = await publish_all(bus, extra)
             await _until(lambda: drained(total + live), 600, "live events ingested")
@@ -483,11 +508,24 @@ async def main() -> None:
         help="run the journal under cProfile, one .prof per database in DIR (its figures are then not comparable)",
     )
     parser.add_argument(
+        "--before",
+        nargs="+",
+        type=_absolute,
+        default=[],
+        metavar="SRC",
+        help="source folders put first on the journal's PYTHONPATH for a 'before' measurement, made alternately "
+        "with this checkout's in each round (same run): medians and ratios current/before",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="rounds per database and batch size (alternated)")
+    parser.add_argument(
         "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
     )
     args = parser.parse_args()
     if args.json_out is not None and args.consumer_only is not None:
         parser.error("--consumer-only measures no journal: it writes no record (--json-out)")
+    if args.json_out is not None and args.before:
+        parser.error("--before compares two versions of the code: it writes no record (--json-out)")
+    before_path: list[str] = args.before
     recorder = Recorder("journal", {k: v for k, v in vars(args).items() if k != "json_out"})
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
@@ -520,35 +558,52 @@ async def main() -> None:
                     targets.append("postgresql")
                 else:
                     say("PostgreSQL: not measured (nothing answers at TEMPORALITY_TEST_POSTGRES_URL / 127.0.0.1:5432)")
-                for target in targets:
-                    for batch_size in args.batch_sizes:
-                        async with _database(target, workdir, f"{batch_size}") as db:
-                            # the baseline right before and right after the journal, in the same database:
-                            # on a shared machine it swings with the other load, so both are shown. The schema
-                            # is made first (as the journal's start would), for the baseline's copy of `events`;
-                            # the durability the journal's connections run with is read on the way.
-                            durability = merge(durability, await database_durability(db.url))
-                            before = await db.baseline(backlog, "events_baseline_before")
-                            result = await measure(
-                                bus,
-                                server.url,
-                                db,
-                                batch_size,
-                                backlog,
-                                args.live,
-                                workdir,
-                                args.log_level,
-                                args.profile,
-                            )
-                            after = await db.baseline(backlog, "events_baseline_after")
-                            result["baseline_before_s"] = len(backlog) / before[0]
-                            result["baseline_after_s"] = len(backlog) / after[0]
-                            results.append(result)
-                            say(f"  measured {target} batch {batch_size}: {result['events_s']:,.0f} events/s")
+                codes = ["before", "current"] if before_path else ["current"]
+                runs = [
+                    (target, batch_size, code)
+                    for target in targets
+                    for batch_size in args.batch_sizes
+                    for _ in range(args.rounds)
+                    for code in codes
+                ]
+                for number, (target, batch_size, code) in enumerate(runs):
+                    async with _database(target, workdir, f"{batch_size}-{number}") as db:
+                        # the baseline right before and right after the journal, in the same database:
+                        # on a shared machine it swings with the other load, so both are shown. The schema
+                        # is made first (as the journal's start would), for the baseline's copy of `events`;
+                        # the durability the journal's connections run with is read on the way.
+                        durability = merge(durability, await database_durability(db.url))
+                        before = await db.baseline(backlog, "events_baseline_before")
+                        result = await measure(
+                            bus,
+                            server.url,
+                            db,
+                            batch_size,
+                            backlog,
+                            args.live,
+                            workdir,
+                            args.log_level,
+                            args.profile,
+                            code=code,
+                            first_on_path=before_path if code == "before" else None,
+                        )
+                        after = await db.baseline(backlog, "events_baseline_after")
+                        result["baseline_before_s"] = len(backlog) / before[0]
+                        result["baseline_after_s"] = len(backlog) / after[0]
+                        results.append(result)
+                        say(
+                            f"  measured {target} batch {batch_size} ({code}): {result['events_s']:,.0f} events/s, "
+                            f"{result['cpu_ms_per_event']:.4f} CPU ms/event, load {result['load']:.1f}"
+                        )
         finally:
             server.stop()
     _say(results)
-    figures = JournalFigures(results=[JournalResult.model_validate(r) for r in results])
+    if before_path:
+        _compare(results)
+        return
+    figures = JournalFigures(
+        results=[JournalResult.model_validate({k: v for k, v in r.items() if k != "code"}) for r in results]
+    )
     recorder.finish(figures, durability, args.json_out)
 
 
@@ -566,10 +621,42 @@ async def _database(target: str, workdir: Path, tag: str) -> AsyncIterator[Db]:
             await db.close()
 
 
+def _absolute(path: str) -> str:
+    return str(Path(path).resolve())
+
+
+def _compare(results: list[dict[str, Any]]) -> None:
+    """Medians per database, batch size and code, and the ratios current / before (``--before``)."""
+    say()
+    say("medians per code (--before), and current / before:")
+    keys = sorted({(r["db"], r["batch"]) for r in results})
+    for db, batch in keys:
+        medians: dict[str, dict[str, float]] = {}
+        for code in ("before", "current"):
+            mine = [r for r in results if (r["db"], r["batch"], r["code"]) == (db, batch, code)]
+            medians[code] = {
+                "events_s": statistics.median(r["events_s"] for r in mine),
+                "cpu": statistics.median(r["cpu_ms_per_event"] for r in mine),
+                "ratio": statistics.median(
+                    r["events_s"] / max(r["baseline_before_s"], r["baseline_after_s"]) for r in mine
+                ),
+            }
+            say(
+                f"  {db:<11} {batch:>5} {code:<8} {medians[code]['events_s']:>10,.0f} events/s "
+                f"{medians[code]['cpu']:.4f} CPU ms/event, {medians[code]['ratio']:.0%} of the faster baseline "
+                f"({len(mine)} runs)"
+            )
+        b, c = medians["before"], medians["current"]
+        say(
+            f"  {db:<11} {batch:>5} current/before: events/s {c['events_s'] / b['events_s']:.2f}x, "
+            f"CPU per event {c['cpu'] / b['cpu']:.2f}x"
+        )
+
+
 def _say(results: list[dict[str, Any]]) -> None:
     say()
     say(
-        f"{'database':<11} {'batch':>5} {'load':>5} {'events/s':>10} {'CPU ms/event':>13} {'cores':>6} "
+        f"{'code':<8} {'database':<11} {'batch':>5} {'load':>5} {'events/s':>10} {'CPU ms/event':>13} {'cores':>6} "
         f"{'baseline/s before-after':>24} {'ratio':>10} {'live publish/s':>15} {'lag s':>6}"
     )
     for r in results:
@@ -578,7 +665,7 @@ def _say(results: list[dict[str, Any]]) -> None:
         live = f"{r['live_publish_s']:>15,.0f} {r['lag_s']:>6.2f}" if "lag_s" in r else f"{'-':>15} {'-':>6}"
         ratios = f"{r['events_s'] / high:.0%}-{r['events_s'] / low:.0%}"
         say(
-            f"{r['db']:<11} {r['batch']:>5} {r['load']:>5.1f} {r['events_s']:>10,.0f} {r['cpu_ms_per_event']:>13.3f} "
+            f"{r['code']:<8} {r['db']:<11} {r['batch']:>5} {r['load']:>5.1f} {r['events_s']:>10,.0f} {r['cpu_ms_per_event']:>13.3f} "
             f"{r['cpu_cores']:>6.2f} {before:>11,.0f} {after:>12,.0f} {ratios:>10} {live}"
         )
     say()

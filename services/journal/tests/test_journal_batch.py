@@ -270,3 +270,27 @@ async def test_an_outage_of_the_database_is_retried_and_nothing_dead_lettered(
     stored = (await journal.client.get("/events", params={"run_id": s.run_id})).json()["events"]
     assert sorted(e["id"] for e in stored) == sorted(e.id for e in events)
     assert (await journal.client.get("/events", params={"type": "bus.dead_lettered"})).json()["events"] == []
+
+
+async def test_run_texts_that_look_like_sql_quoting_are_stored_as_they_are(
+    database: Database, story: MakeStory
+) -> None:
+    """PostgreSQL's batch writes its runs in a simple query, their JSON dollar-quoted (``$runs$…$runs$``): a title
+    holding the tag, quotes or a statement is text, stored as one by one stores it."""
+    titles = ["Fix $runs$ quoting $runs_$", "it's '); DROP TABLE runs; --", "$$ $1 $runs", "ends with $runs"]
+    stories = [story(title=title) for title in titles]
+    steps = [s.requested() for s in stories] + [s.started() for s in stories]
+    events = [(event, seq) for seq, event in enumerate(steps, start=1)]
+    recorder = Recorder(database)
+    for event, seq in events:
+        await recorder.record(event, seq)
+    expected = await _rows(database)
+    assert sorted(run["title"] for run in expected[1]) == sorted(titles)
+
+    await _clear(database)
+    assert await recorder.record_batch(events) == len(events)
+    assert await _rows(database) == expected
+    await _clear(database)  # the runs exist already: the upsert's update branch
+    await recorder.record_batch(events[: len(stories)])
+    assert await recorder.record_batch(events[len(stories) :]) == len(stories)
+    assert await _rows(database) == expected

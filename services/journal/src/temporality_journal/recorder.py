@@ -21,8 +21,11 @@ and skips the sanitizing check), the affected runs read once, projected in memor
 stream order with :func:`project` (which copies rows without validating them again), written back
 (PostgreSQL: one upsert, its rows one JSON text; SQLite: one upsert ``executemany``'d, positional values;
 both driver SQL); the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
--- committed once, then acked by the runner. Every write transaction (a batch, or one event) first
-locks ``commit_counter`` (:func:`lock_positions`), which serialises the journal's writers until the
+-- committed once, then acked by the runner. On PostgreSQL a batch without ``agent.*`` events is three round
+trips on the pooled connection's asyncpg connection (:meth:`Recorder._record_batch_pg`: ``BEGIN`` with the
+counter's lock; the events' insert with the batch's runs read; the runs' upsert with ``COMMIT``), SQLAlchemy's
+six otherwise. Every write transaction (a batch, or one event) first
+locks ``commit_counter`` (:func:`lock_positions`, or :data:`_PG_BEGIN_AND_LOCK`), which serialises the journal's writers until the
 commit, and hands the events it stores the next commit positions (``events.commit_seq``, in stream
 order within a batch; an event already stored gets none): the live tail's order
 (:mod:`temporality_journal.tail`). Any error rolls the whole batch back and raises: the runner then
@@ -128,26 +131,39 @@ _PG_SELECTED = {"time": "(a.r->>3)::timestamptz"}
 #: order, ``ord``), are inserted (``ON CONFLICT DO NOTHING`` all the same), and the counter moves to the
 #: last position used; the new ids come back. ``$1`` is one JSON text (:func:`_pg_batch_json`): an array of
 #: ``[envelope, stream_seq, run_id, time]``, each envelope the JSON it was received as, or serialized by its model
-#: when it had to be sanitized (``data`` nested, read as ``jsonb`` by the server: parsed once). Before, ``data`` was serialized on its own for
+#: when it had to be sanitized (``data`` nested). The text is cast to ``jsonb`` once, on the way in: the server
+#: parses it once and every later step (the elements, each envelope's fields, ``data``, stored as ``jsonb``) reads
+#: the parsed value. As ``json`` (until 2026-12-05) it was text, and each ``->``/``->>`` and ``json_to_record``
+#: parsed its element's text again and ``data`` was parsed once more into ``jsonb``: five or six parses of each
+#: envelope, about half of the statement's time on the server. (A clean envelope has no ``\u`` escape, so no
+#: U+0000, which ``jsonb`` refuses; a sanitized one has none left.) Before, ``data`` was serialized on its own for
 #: the storability check, then again as a string inside the batch's JSON (escaped, unescaped, parsed again),
 #: and each row's dict was built in Python.
-_PG_INSERT_EVENTS = (
-    "WITH batch AS ("
-    f"SELECT {', '.join(_PG_SELECTED.get(field, f'b.{field}') + f' AS {column}' for field, column, _ in _PG_ENVELOPE_FIELDS)}, "
-    "a.r->>2 AS run_id, (a.r->>1)::bigint AS stream_seq, row_number() OVER (ORDER BY a.ord) AS position "
-    "FROM json_array_elements($1::json) WITH ORDINALITY AS a(r, ord) "
-    "CROSS JOIN LATERAL json_to_record(a.r->0) AS b("
-    f"{', '.join(f'{field} {kind}' for field, _, kind in _PG_ENVELOPE_FIELDS if field not in _PG_SELECTED)}) "
-    "WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = b.id)"
-    "), inserted AS ("
-    f"INSERT INTO events ({', '.join(_PG_INSERTED)}, commit_seq, recorded_at) "
-    f"SELECT {', '.join(_PG_INSERTED)}, $2::bigint + position, $3::timestamptz "
-    "FROM batch ON CONFLICT (id) DO NOTHING RETURNING id, commit_seq"
-    "), counter AS ("
-    "UPDATE commit_counter SET last_seq = (SELECT max(commit_seq) FROM inserted) "
-    "WHERE id = 1 AND EXISTS (SELECT 1 FROM inserted)"
-    ") SELECT id FROM inserted"
-)
+
+
+def _pg_insert_events(last: str, recorded_at: str) -> str:
+    """The CTEs of :data:`_PG_INSERT_EVENTS` (``batch``, ``inserted``, ``counter``), the positions counted after
+    ``last`` and ``recorded_at`` the given SQL expressions."""
+    return (
+        "WITH batch AS ("
+        f"SELECT {', '.join(_PG_SELECTED.get(field, f'b.{field}') + f' AS {column}' for field, column, _ in _PG_ENVELOPE_FIELDS)}, "
+        "a.r->>2 AS run_id, (a.r->>1)::bigint AS stream_seq, row_number() OVER (ORDER BY a.ord) AS position "
+        "FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS a(r, ord) "
+        "CROSS JOIN LATERAL jsonb_to_record(a.r->0) AS b("
+        f"{', '.join(f'{field} {kind}' for field, _, kind in _PG_ENVELOPE_FIELDS if field not in _PG_SELECTED)}) "
+        "WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = b.id)"
+        "), inserted AS ("
+        f"INSERT INTO events ({', '.join(_PG_INSERTED)}, commit_seq, recorded_at) "
+        f"SELECT {', '.join(_PG_INSERTED)}, {last} + position, {recorded_at} "
+        "FROM batch ON CONFLICT (id) DO NOTHING RETURNING id, commit_seq"
+        "), counter AS ("
+        "UPDATE commit_counter SET last_seq = (SELECT max(commit_seq) FROM inserted) "
+        "WHERE id = 1 AND EXISTS (SELECT 1 FROM inserted)"
+        ")"
+    )
+
+
+_PG_INSERT_EVENTS = _pg_insert_events("$2::bigint", "$3::timestamptz") + " SELECT id FROM inserted"
 #: SQLite: one multi-row ``INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING RETURNING id`` per batch, the
 #: values bound positionally (the same columns as PostgreSQL's arrays, then ``data`` as JSON text and
 #: ``recorded_at``), text made per row count once.
@@ -192,6 +208,34 @@ _PG_SELECT_RUNS = (
     f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE run_id = ANY($1::text[]) ORDER BY run_id FOR UPDATE"
 )
 
+#: PostgreSQL's batch on the driver's own connection (:meth:`Recorder._record_batch_pg`), three round trips
+#: (:data:`_PG_BEGIN_AND_LOCK`, this, :func:`_pg_upsert_and_commit`). The second: :func:`_pg_insert_events` counting from the locked counter, plus the batch's runs read and locked
+#: (``$3``: the runs of the batch's projected events, new or not, in one order), all in one result: an inserted
+#: event's id with nulls, or a null id with a run's columns.
+_PG_RECORD_BATCH = (
+    _pg_insert_events("(SELECT last_seq FROM commit_counter WHERE id = 1)", "$2::timestamptz")
+    + f", runs_read AS (SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE run_id = ANY($3::text[]) "
+    "ORDER BY run_id FOR UPDATE) "
+    + f"SELECT id, {', '.join(['NULL'] * len(_RUN_COLUMNS))} FROM inserted "
+    + f"UNION ALL SELECT NULL, {', '.join(_RUN_COLUMNS)} FROM runs_read"
+)
+
+
+def _pg_upsert_and_commit(runs: list[RunSnapshot]) -> str:
+    """The third round trip of :meth:`Recorder._record_batch_pg`: the new and changed runs' upsert
+    (:data:`_PG_UPSERT_RUNS`) and ``COMMIT``, one simple query; just ``COMMIT`` when no run changed.
+
+    The runs' JSON goes in as a dollar-quoted literal (a simple query has no parameters), its tag one that does
+    not occur in the text: nothing in it is read as SQL, whatever a title or a result holds."""
+    if not runs:
+        return "COMMIT"
+    payload = _pg_runs_json(runs)
+    tag = "runs"
+    while f"${tag}$" in payload:
+        tag += "_"
+    return _PG_UPSERT_RUNS.replace("$1::json", f"${tag}${payload}${tag}$::json", 1) + "; COMMIT"
+
+
 #: SQLite: a batch's new and changed runs in one upsert, one parameter row per run (the driver's
 #: ``executemany``, positional values made by :func:`_sqlite_run_values`).
 _SQLITE_UPSERT_RUNS = (
@@ -223,6 +267,11 @@ _LOCK_COUNTER_POSTGRESQL = "SELECT last_seq FROM commit_counter WHERE id = 1 FOR
 _LOCK_COUNTER_SQLITE = "UPDATE commit_counter SET last_seq = last_seq WHERE id = 1 RETURNING last_seq"
 _ADVANCE_COUNTER_POSTGRESQL = "UPDATE commit_counter SET last_seq = $1 WHERE id = 1"
 _ADVANCE_COUNTER_SQLITE = "UPDATE commit_counter SET last_seq = ? WHERE id = 1"
+#: The first round trip of :meth:`Recorder._record_batch_pg`: ``BEGIN`` and the counter's lock in one simple
+#: query (its status ``SELECT 1``: the row is there and locked). The lock is a statement of its own: a statement's
+#: snapshot is taken when it starts, so the events' statement waiting for the lock itself would not see what the
+#: writer it waited for committed (ids stored, runs created).
+_PG_BEGIN_AND_LOCK = f"BEGIN; {_LOCK_COUNTER_POSTGRESQL}"
 
 
 async def lock_positions(conn: AsyncConnection) -> int:
@@ -442,14 +491,29 @@ class Recorder:
             return 0
         finished: list[tuple[str, str]] = []
         now = datetime.now(UTC)
+        # PostgreSQL, every event serializable and none of an ask: three round trips on the driver's connection
+        driver = (
+            self._database.dialect == "postgresql"
+            and all(row.serializable for row in rows)
+            and not any(request_id_of(row.event) is not None for row in rows)
+        )
+        asks = 0
         for attempt in (1, 2):
             try:
+                if driver:
+                    fresh, moved = await self._record_batch_pg(rows, now, finished)
+                    break
                 async with self._database.engine.begin() as conn:
                     last = await lock_positions(conn)
                     fresh = await self._insert_events(conn, rows, last, now)  # still in stream order
                     moved = await self._project_batch(conn, fresh, finished)
                     asks = await self._project_asks(conn, fresh)
                 break
+            except _ConnectionLost as exc:  # as below, on the driver's connection
+                if attempt == 2:
+                    raise
+                log.warning("batch.connection_lost", error=str(exc.__cause__), events=len(rows))
+                finished.clear()
             except DBAPIError as exc:
                 # a pooled connection lost since its last use (a database restart or failover: the pool pings
                 # only connections idle a second or more, :func:`~temporality_journal.database._ping_if_idle`)
@@ -466,6 +530,62 @@ class Recorder:
         # one line per batch (each run's move is logged at debug): per-event info lines cost more than the SQL
         log.info("batch.recorded", events=len(rows), new=len(fresh), runs_moved=moved, asks_changed=asks)
         return len(fresh)
+
+    async def _record_batch_pg(
+        self, rows: list[_Row], now: datetime, finished: list[tuple[str, str]]
+    ) -> tuple[list[tuple[Envelope, int]], int]:
+        """:meth:`record_batch` on PostgreSQL in three round trips on the pooled connection's asyncpg connection,
+        outside SQLAlchemy (which sends ``BEGIN``, each statement and ``COMMIT`` apart: six): ``BEGIN`` and the
+        counter's lock (:data:`_PG_BEGIN_AND_LOCK`); the events' insert with the batch's runs read and locked
+        (:data:`_PG_RECORD_BATCH`); the runs' upsert and ``COMMIT`` (:func:`_pg_upsert_and_commit`). The new
+        events (stream order) and how many runs moved state.
+
+        On any error the transaction is rolled back before the connection goes back to the pool, or the
+        connection is invalidated when that fails (or it is closed, or the task was cancelled): SQLAlchemy never
+        sees this transaction, so its own reset on check-in would not end it. A connection found dead raises
+        :class:`_ConnectionLost` (the caller tries once more on a new one)."""
+        run_ids = sorted(
+            {rid for row in rows if row.event.type in PROJECTED_TYPES and (rid := run_id_of(row.event)) is not None}
+        )
+        async with self._database.engine.connect() as conn:
+            pooled = await conn.get_raw_connection()
+            driver = pooled.driver_connection
+            assert driver is not None
+            try:
+                status = await driver.execute(_PG_BEGIN_AND_LOCK)
+                if status != "SELECT 1":
+                    raise RuntimeError(
+                        "the journal's commit_counter row is missing (see docs/journal.md, Schema and rebuild)"
+                    )
+                result = await driver.fetch(_PG_RECORD_BATCH, _pg_batch_json(rows), now, run_ids)
+                new: set[str] = set()
+                before: dict[str, RunSnapshot] = {}
+                for record in result:
+                    if record[0] is not None:
+                        new.add(record[0])
+                    else:
+                        values = dict(zip(_RUN_COLUMNS, tuple(record)[1:], strict=True))
+                        before[values["run_id"]] = _run_snapshot(values)
+                fresh = [(row.event, row.stream_seq) for row in rows if row.event.id in new]
+                moved, writes = _project_runs(_projected(fresh), before, finished)
+                await driver.execute(_pg_upsert_and_commit(writes))
+            except Exception as exc:
+                lost = driver.is_closed()
+                if not lost:
+                    try:
+                        await driver.execute("ROLLBACK")
+                    except Exception:  # could not end the transaction: the connection must not be reused
+                        lost = True
+                if lost:
+                    await conn.invalidate()
+                    if driver.is_closed():
+                        raise _ConnectionLost(repr(exc)) from exc
+                raise
+            except BaseException:  # cancelled mid-transaction: closed at once, never handed back mid-transaction
+                driver.terminate()
+                await conn.invalidate()
+                raise
+        return fresh, moved
 
     async def _insert_events(
         self, conn: AsyncConnection, rows: list[_Row], last: int, now: datetime
@@ -520,11 +640,7 @@ class Recorder:
     ) -> int:
         """Project ``fresh`` (new events, stream order) onto their runs; how many state moves. Appends the
         ``(outcome, reason)`` of each run that moved into a final state to ``finished``."""
-        projected = [
-            (event, seq, run_id)
-            for event, seq in fresh
-            if event.type in PROJECTED_TYPES and (run_id := run_id_of(event)) is not None
-        ]
+        projected = _projected(fresh)
         if not projected:
             return 0
         run_ids = sorted({run_id for _, _, run_id in projected})  # one lock order between replicas
@@ -537,34 +653,15 @@ class Recorder:
         else:  # the driver's values too, the datetimes parsed from SQLite's text here
             found = await conn.exec_driver_sql(_sqlite_select_runs(len(run_ids)), tuple(run_ids))
             before = {row[0]: _run_snapshot(_sqlite_run_read(row)) for row in found}
-        runs: dict[str, RunSnapshot] = dict(before)
-        moved = 0
-        debug = log.bind()  # resolved once: a lazy logger resolves itself at every call
-        for event, seq, run_id in projected:
-            current = runs.get(run_id)
-            try:
-                after = project(current, event, seq)
-            except InvalidEnvelope as exc:  # stored as it came; a read model must not lose the fact
-                log.warning("run.projection_skipped", ce_id=event.id, run_id=run_id, error=str(exc))
-                continue
-            if after is None:
-                continue
-            if current is None or current.state != after.state:
-                moved += 1
-                debug.debug("run.moved", run_id=run_id, state=after.state.value, ce_type=event.type)
-                if after.state in _FINAL:
-                    finished.append(finished_as(after.state, event))
-            runs[run_id] = after
-        created = [run for run_id, run in runs.items() if run_id not in before]
-        changed = [run for run_id, run in runs.items() if run_id in before and run != before[run_id]]
+        moved, writes = _project_runs(projected, before, finished)
         if postgresql:  # one array per column, as the events' insert; the new and the changed runs at once
             # (no other writer creates or moves runs meanwhile: every writer holds the commit counter's lock
             # until its commit, and the changed rows are locked above besides)
-            if created or changed:
-                await conn.exec_driver_sql(_PG_UPSERT_RUNS, (_pg_runs_json(created + changed),))
+            if writes:
+                await conn.exec_driver_sql(_PG_UPSERT_RUNS, (_pg_runs_json(writes),))
             return moved
-        if created or changed:  # SQLite: the same upsert, one parameter row per run (no other writer: the write lock)
-            await conn.exec_driver_sql(_SQLITE_UPSERT_RUNS, [_sqlite_run_values(run) for run in created + changed])
+        if writes:  # SQLite: the same upsert, one parameter row per run (no other writer: the write lock)
+            await conn.exec_driver_sql(_SQLITE_UPSERT_RUNS, [_sqlite_run_values(run) for run in writes])
         return moved
 
     async def _project_asks(self, conn: AsyncConnection, fresh: list[tuple[Envelope, int]]) -> int:
@@ -675,6 +772,48 @@ class Recorder:
             log.info("run.moved", run_id=run_id, state=after.state.value, ce_type=event.type)
             if after.state in _FINAL:
                 finished.append(finished_as(after.state, event))
+
+
+class _ConnectionLost(Exception):
+    """The driver's connection died under :meth:`Recorder._record_batch_pg` (its cause the driver's error)."""
+
+
+def _projected(fresh: list[tuple[Envelope, int]]) -> list[tuple[Envelope, int, str]]:
+    """The events of ``fresh`` the run projection applies to, with their run."""
+    return [
+        (event, seq, run_id)
+        for event, seq in fresh
+        if event.type in PROJECTED_TYPES and (run_id := run_id_of(event)) is not None
+    ]
+
+
+def _project_runs(
+    projected: list[tuple[Envelope, int, str]], before: dict[str, RunSnapshot], finished: list[tuple[str, str]]
+) -> tuple[int, list[RunSnapshot]]:
+    """Project ``projected`` (stream order) onto the runs ``before`` (as stored; a run not in it is new), in
+    memory: how many state moves, and the new and changed runs to write. Appends the ``(outcome, reason)`` of
+    each run that moved into a final state to ``finished``."""
+    runs: dict[str, RunSnapshot] = dict(before)
+    moved = 0
+    debug = log.bind()  # resolved once: a lazy logger resolves itself at every call
+    for event, seq, run_id in projected:
+        current = runs.get(run_id)
+        try:
+            after = project(current, event, seq)
+        except InvalidEnvelope as exc:  # stored as it came; a read model must not lose the fact
+            log.warning("run.projection_skipped", ce_id=event.id, run_id=run_id, error=str(exc))
+            continue
+        if after is None:
+            continue
+        if current is None or current.state != after.state:
+            moved += 1
+            debug.debug("run.moved", run_id=run_id, state=after.state.value, ce_type=event.type)
+            if after.state in _FINAL:
+                finished.append(finished_as(after.state, event))
+        runs[run_id] = after
+    created = [run for run_id, run in runs.items() if run_id not in before]
+    changed = [run for run_id, run in runs.items() if run_id in before and run != before[run_id]]
+    return moved, created + changed
 
 
 def _event_row(event: Envelope, stream_seq: int, recorded_at: datetime) -> dict[str, Any]:

@@ -10,6 +10,11 @@ every plot captioned with its date, commit, load average and the durability the 
 no ``temporal`` binary) is skipped with its reason printed and in the README; a bench that fails keeps its
 previous record (its date says so) and the report says it failed. A record that is not one stops the report
 with the file and what is wrong with it.
+
+``docs/bench/data/long/`` keeps records of runs too long to repeat with every report (the 100,000-parked-run
+phase: ``bench/parked_runs.py --runs 100000 --json-out docs/bench/data/long/parked_runs.json``, about an hour
+and a half here). The report never runs them; a goal only such a run can judge (executor memory growth for
+100,000 parked runs) is judged from that record, its date, commit and load said beside it.
 """
 
 from __future__ import annotations
@@ -373,6 +378,24 @@ PLOTTERS: dict[str, Callable[[Any, Path], Path]] = {
 }
 
 
+def _long_parked_runs(record: ParkedRunsRecord) -> list[str]:
+    """The memory goal judged from a 100,000-run record, and what else that run measured."""
+    p = record.figures.phases[-1]
+    growth = p.rss_parked_mb - p.rss_before_mb
+    per_run = growth * 1024 * 1024 / max(p.runs, 1)
+    rates = [f"park {p.park_per_s:,.1f} runs/s"]
+    if p.resume_per_s is not None:
+        rates.append(f"resume {p.resume_per_s:,.1f} runs/s")
+    if p.executor_cpu_ms_per_resume is not None:
+        rates.append(f"executor CPU {p.executor_cpu_ms_per_resume:.2f} ms per resume")
+    return [
+        f"executor memory growth <= 50 MB for 100,000 parked runs: +{growth:.1f} MB for {p.runs:,} "
+        f"(~{per_run:,.0f} B per run; {p.rss_after_mb:.1f} MB once all were resumed), {_verdict(growth <= 50)}, "
+        f"in the long run kept in [`data/{LONG}/`](data/{LONG}/) (not repeated by this report)",
+        f"that long run (`{_settings(record)}`): {', '.join(rates)}, {p.failed} failed; {caption(record)}",
+    ]
+
+
 def plot_all(records: dict[str, BenchRecord], out: Path) -> dict[str, Path]:
     return {name: PLOTTERS[name](record, out / f"{name}.png") for name, record in records.items()}
 
@@ -382,8 +405,9 @@ def _verdict(ok: bool) -> str:
     return "**met**" if ok else "**not met**"
 
 
-def goals(record: BenchRecord) -> list[str]:
-    """Each goal issue 11 sets for this bench's figures, with the figure and whether it is met."""
+def goals(record: BenchRecord, long: BenchRecord | None = None) -> list[str]:
+    """Each goal issue 11 sets for this bench's figures, with the figure and whether it is met; ``long``: the
+    same bench's record of a long run (:data:`LONG`), for the goals only it can judge."""
     if isinstance(record, GatewayRecord):
         s = {x.name: x for x in record.figures.servers}
         out = []
@@ -421,6 +445,8 @@ def goals(record: BenchRecord) -> list[str]:
         out = []
         if p.resume_per_s is not None:
             out.append(f"resume >= 1,000 runs/s: {p.resume_per_s:,.0f} runs/s, {_verdict(p.resume_per_s >= 1000)}")
+        if isinstance(long, ParkedRunsRecord) and long.figures.phases[-1].runs >= 100_000:
+            return [*out, *_long_parked_runs(long)]
         growth = p.rss_parked_mb - p.rss_before_mb
         per_run = growth * 1024 * 1024 / max(p.runs, 1)
         judged = (
@@ -481,7 +507,10 @@ TITLES = {
 }
 
 
-def readme(records: dict[str, BenchRecord], outcomes: dict[str, str]) -> str:
+def readme(
+    records: dict[str, BenchRecord], outcomes: dict[str, str], long: dict[str, BenchRecord] | None = None
+) -> str:
+    long = long or {}
     lines = [
         "# Bench report",
         "",
@@ -496,7 +525,9 @@ def readme(records: dict[str, BenchRecord], outcomes: dict[str, str]) -> str:
         "(read from the running nats-server's `/varz` and the journal's own database connection, not assumed).",
         "",
     ]
-    verdicts = [(name, goal) for name, record in records.items() for goal in goals(record) if "**" in goal]
+    verdicts = [
+        (name, goal) for name, record in records.items() for goal in goals(record, long.get(name)) if "**" in goal
+    ]
     met = sum("**met**" in goal for _, goal in verdicts)
     judged = sum("**met**" in goal or "**not met**" in goal for _, goal in verdicts)
     lines += [f"**Goals of issue 11 met in this report: {met} of {judged}.**", ""]
@@ -523,7 +554,7 @@ def readme(records: dict[str, BenchRecord], outcomes: dict[str, str]) -> str:
                 "",
             ]
         lines += [f"![{TITLES[name]}]({name}.png)", "", WHAT[name], ""]
-        lines += [f"- {goal}" for goal in goals(record)]
+        lines += [f"- {goal}" for goal in goals(record, long.get(name))]
         lines += [f"- {caption(record)}", f"- settings: `{_settings(record)}`", ""]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -540,6 +571,8 @@ def _settings(record: BenchRecord) -> str:
 
 
 OUTCOMES = "outcomes.txt"
+#: The folder under the records' of long runs' records (kept, never run by the report).
+LONG = "long"
 
 
 def _read_outcomes(data: Path) -> dict[str, str]:
@@ -569,12 +602,13 @@ def main(argv: list[str] | None = None) -> int:
         (args.data / OUTCOMES).write_text("".join(f"{k}: {v}\n" for k, v in sorted(outcomes.items())), encoding="utf-8")
     try:
         records = load_records(args.data)
+        long_records = load_records(args.data / LONG)
     except RecordError as exc:
         sys.stderr.write(f"bench report: {exc}\n")
         return 1
     for name, path in plot_all(records, args.out).items():
         sys.stdout.write(f"[{name}] {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}\n")
-    (args.out / "README.md").write_text(readme(records, outcomes), encoding="utf-8")
+    (args.out / "README.md").write_text(readme(records, outcomes, long_records), encoding="utf-8")
     failed = [name for name, outcome in outcomes.items() if outcome.startswith("failed") and name in args.only]
     if failed and not args.plot_only:
         sys.stderr.write(f"bench report: these benches failed (their logs are in {args.logs}): {', '.join(failed)}\n")

@@ -13,6 +13,11 @@ revision as of that moment (one ``stream_info`` call), so a sweep sees at least 
 began -- what a listing taken then would have shown. When the watch is down (the bus went away; it restarts
 from a new snapshot on its own) or does not catch up in time, the sweep lists the bucket as before.
 
+The hot path reads it too, where a stale answer is safe (:meth:`ChannelMirror.get`): a run's policy (written once,
+never changed), the run entry a request's end marks (a compare-and-set on the mirrored revision, read from the
+bucket when it lost), and whether a run's request already ended otherwise than cancelled (final once written).
+What the mirror lacks is read from the bucket, as before.
+
 What the mirror costs instead: the keys of ``human-channels`` in memory on each replica (about 360 bytes of
 Python heap each: 10k open requests delivered on Telegram, six keys each, hold 20.5 MiB, 35.4 MiB resident --
 ``bench/human_mirror_memory.py``), and every write delivered to every replica.
@@ -38,6 +43,8 @@ log = structlog.get_logger(__name__)
 
 #: How long :meth:`ChannelMirror.caught_up` waits for the watch to apply the bucket's last revision.
 CATCH_UP_TIMEOUT_S = 10.0
+#: How long :meth:`ChannelMirror.reached` waits for the watch to apply a write of the caller's (then: a read).
+REACH_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,19 @@ class ChannelEntry:
     people: int | None = None
     #: On a run entry: when its request ended (None: pending, or the mark was lost).
     ended_at: datetime | None = None
+    #: On a run entry: the state its request ended in (None: pending, or marked by an older version).
+    ended: str | None = None
+
+    def ref(self) -> ChannelRef:
+        """The entry as stored (what the mirror keeps of it): the base of a compare-and-set on :attr:`revision`."""
+        return ChannelRef(
+            value=self.value,
+            created_at=self.created_at,
+            expires_at=self.expires_at,
+            people=self.people,
+            ended_at=self.ended_at,
+            ended=self.ended,
+        )
 
 
 def to_channel_entry(entry: KeyValue.Entry) -> ChannelEntry | None:
@@ -74,6 +94,7 @@ def to_channel_entry(entry: KeyValue.Entry) -> ChannelEntry | None:
         ref.expires_at,
         ref.people,
         ref.ended_at,
+        ref.ended,
     )
 
 
@@ -88,7 +109,8 @@ class ChannelMirror:
         self.revision = 0
         #: How many keys the watch has delivered since it started, its snapshots included: what the mirror read.
         self.delivered = 0
-        self._advanced = asyncio.Event()
+        #: Resolved (and dropped) by the next entry applied: what :meth:`reached` waits on.
+        self._next: asyncio.Future[None] | None = None
         self._watch = KvWatch(bus, kv, "human-channels mirror", apply=self._apply, forget=self._forget)
 
     @classmethod
@@ -111,7 +133,10 @@ class ChannelMirror:
             self._entries.pop(str(entry.key), None)
         else:
             self._entries[found.key] = found
-        self._advanced.set()
+        if self._next is not None:
+            if not self._next.done():
+                self._next.set_result(None)
+            self._next = None
 
     async def _forget(self, seen: set[str]) -> None:
         """After a (re-)snapshot: drop what the bucket no longer holds."""
@@ -127,16 +152,42 @@ class ChannelMirror:
         except Exception as exc:
             log.info("mirror.unavailable", error=repr(exc))
             return False
-        try:
-            async with asyncio.timeout(timeout_s):
-                while self.revision < last:
-                    self._advanced.clear()
-                    await self._advanced.wait()
-        except TimeoutError:
+        if not await self._applied(last, timeout_s):
             # the last message may be gone from the stream (a key's history limit): a listing decides then
             log.info("mirror.behind", revision=self.revision, last=last)
             return False
         return True
+
+    async def reached(self, revision: int, timeout_s: float = REACH_TIMEOUT_S) -> bool:
+        """Whether the mirror has applied the bucket up to ``revision`` (waited for up to ``timeout_s``) while its
+        watch runs: the watch delivers the bucket's writes in their order, so then every key written before
+        that revision shows its value as of then or later -- a key it lacks was not there. Used with a write of
+        the caller's own (its revision): what was written before it is seen without a read. False: read the
+        bucket."""
+        try:
+            await self.check()
+        except Exception:
+            return False
+        return await self._applied(revision, timeout_s)
+
+    async def _applied(self, revision: int, timeout_s: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self.revision < revision:
+                    if self._next is None:
+                        self._next = asyncio.get_running_loop().create_future()
+                    await asyncio.shield(self._next)  # shared by every waiter: one's timeout cancels only its wait
+        except TimeoutError:
+            return False
+        return True
+
+    def get(self, key: str) -> ChannelEntry | None:
+        """The entry under ``key`` as the watch last delivered it, or None (absent, or not delivered yet).
+
+        It may be stale: use it only where a stale value is safe -- as the base of a compare-and-set (which a
+        stale revision loses), for a value its key never changes once written (``policy.*``), or for what
+        never reverts (a run entry's ``ended``); where it has nothing, read the bucket."""
+        return self._entries.get(key)
 
     def entries(self) -> list[ChannelEntry]:
         """The mirrored entries in revision order (the order a listing gives)."""

@@ -11,7 +11,8 @@ The ``human-interaction-policies`` consumer (:class:`RunPolicyHandler`) stores e
 ``run.requested`` of a run to be stored wins -- the consumer handles several at once, so of two different ones
 for the same run, which only a trigger edited between two deliveries of its event makes, that need not be the
 first in stream order; a redelivery is a no-op). The request and notification handlers look it
-up (:meth:`RunPolicies.get`) and use it *instead of* the event's copy. The two streams are not ordered
+up (:meth:`RunPolicies.get`: from the replica's mirror of the bucket when it holds the key -- a policy, once
+stored, never changes --, else from the bucket) and use it *instead of* the event's copy. The two streams are not ordered
 against each other, so a ``human.requested`` may arrive before its run's policy is stored: the handler
 looks again a few times within 0.1 s at its first delivery (:data:`FIRST_LOOKS_S`: it is usually being stored
 that moment), then raises :class:`~temporality_bus.TransientError` (nak with the consumer's backoff) until
@@ -32,6 +33,7 @@ import structlog
 
 from temporality_bus import Bus, Delivery, TransientError
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.parking import arm_wake, parked_of_run
 from temporality_protocol import Envelope, HumanPolicy, RunRequested
 from temporality_protocol.catalog import CONSUMERS
@@ -84,8 +86,12 @@ class RunPolicies:
         *,
         wait_deliveries: int = DEFAULT_WAIT_DELIVERIES,
         first_looks_s: tuple[float, ...] = FIRST_LOOKS_S,
+        mirror: ChannelMirror | None = None,
     ) -> None:
         self.bus = bus
+        #: ``human-channels`` as this replica's watch sees it: a policy it holds is not read from the bucket
+        #: (a policy key is written once, create-if-absent, and never changed: a mirrored one is the stored one).
+        self._mirror = mirror
         self._bus = bus
         self._refs = ChannelRefs(bus)
         self.wait_deliveries = wait_deliveries
@@ -97,7 +103,9 @@ class RunPolicies:
         return HumanPolicy.model_validate_json(stored)
 
     async def lookup(self, run_id: str) -> HumanPolicy | None:
-        raw = await self._refs.get(policy_key(run_id))
+        """The run's stored policy: the mirror's copy when it has one, else read from the bucket."""
+        mirrored = self._mirror.get(policy_key(run_id)) if self._mirror is not None else None
+        raw = mirrored.value if mirrored is not None else await self._refs.get(policy_key(run_id))
         return HumanPolicy.model_validate_json(raw) if raw is not None else None
 
     async def get(self, run_id: str, delivery: Delivery | None) -> HumanPolicy:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from human_support import ALICE, USERS_FILE, count_requests, events_of, exactly, requested, stored
+from human_support import ALICE, USERS_FILE, count_requests, events_of, exactly, requested, stored, timer_messages
 
 import temporality_human_interaction.requests as requests_module
 from temporality_bus import Bus, PermanentError, TransientError
@@ -23,7 +23,8 @@ from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, C
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.mirror import ChannelMirror
-from temporality_human_interaction.policies import RunPolicies
+from temporality_human_interaction.parking import park
+from temporality_human_interaction.policies import RunPolicies, RunPolicyHandler
 from temporality_human_interaction.records import HumanRequestRecord, RecentRecords
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
@@ -33,10 +34,14 @@ from temporality_protocol import (
     HumanCancelRequested,
     HumanPolicy,
     HumanRequestState,
+    LaunchSource,
     OptionAnswer,
     RunCompleted,
+    RunRequested,
     make_event,
+    new_id,
 )
+from temporality_protocol.catalog import TIMER_SCHEDULE_HUMAN
 
 
 @pytest.fixture
@@ -260,3 +265,44 @@ async def test_a_request_id_of_another_run_leaves_no_entry_under_the_new_run(
     assert record is not None
     assert record.status is HumanRequestState.PENDING
     assert await events_of(bus, "human.rejected") == []
+
+
+async def test_a_request_parked_before_its_policy_is_woken_from_the_mirror(
+    bus: Bus, mirror: ChannelMirror, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policy's handler finds the requests parked under its run in the mirror once the mirror holds the policy
+    it stored (a request parked after that finds the policy itself): no STREAM.INFO, no listing."""
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    await park(bus, asked, run_id, request_id, datetime.now(UTC) + timedelta(hours=1))
+    sent = count_requests(bus, monkeypatch)
+    policies = RunPolicies(bus, mirror=mirror)
+    run = RunRequested(
+        run_id=run_id,
+        agent="reviewer",
+        title="PR 42",
+        launch=LaunchSource(kind="webhook", trigger_id="t"),
+        human=HumanPolicy(allowed_recipients=["user:alice"]),
+    )
+    await RunPolicyHandler(policies).handle(make_event(run, source="/temporality/trigger-gateway", run_id=run_id))
+    handled = list(sent)
+    assert not [s for s, _ in handled if ".STREAM.INFO." in s or ".CONSUMER.CREATE." in s]
+    assert await timer_messages(bus, f"{TIMER_SCHEDULE_HUMAN}.{request_id}.policywake") == 1
+
+
+async def test_a_run_end_finds_its_requests_in_the_mirror(
+    bus: Bus, mirrored: RequestHandler, mirror: ChannelMirror, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id = new_id("run")
+    asked = [requested(run_id=run_id) for _ in range(2)]
+    for event in asked:
+        await mirrored.handle(event)
+    sent = count_requests(bus, monkeypatch)
+    await RunEndHandler(bus, mirror=mirror).handle(_ended(run_id))
+    for event in asked:
+        record = await stored(bus, str(event.data["request_id"]))
+        assert record is not None
+        assert record.status is HumanRequestState.CANCELLED
+    assert not [s for s, _ in sent if ".STREAM.INFO." in s]
+    # a redelivery (its marker there already) lists the bucket, and finds nothing left to do
+    await RunEndHandler(bus, mirror=mirror).handle(_ended(run_id))

@@ -76,6 +76,17 @@ class ChannelEntry:
         )
 
 
+#: The kinds of key :meth:`ChannelMirror.children` indexes by their ``<kind>.<run>`` parent.
+_INDEXED = ("run.", "parked.")
+
+
+def _parent(key: str) -> str | None:
+    """``run.<run>`` for ``run.<run>.<request id>`` (and ``parked.*`` likewise); None for other keys."""
+    if not key.startswith(_INDEXED) or key.count(".") != 2:
+        return None
+    return key.rsplit(".", 1)[0]
+
+
 def to_channel_entry(entry: KeyValue.Entry) -> ChannelEntry | None:
     """The entry as the sweep reads it, or None when it deletes its key or its value is not a channel
     reference (not ours to judge)."""
@@ -105,6 +116,9 @@ class ChannelMirror:
         self._bus = bus
         self._kv = kv
         self._entries: dict[str, ChannelEntry] = {}
+        #: The keys under each ``run.<run>`` and ``parked.<run>`` (a run's requests, its parked requests), so
+        #: :meth:`children` finds them without going through every key.
+        self._children: dict[str, set[str]] = {}
         #: The highest revision applied (a delete counts too: it is a message of the bucket's stream).
         self.revision = 0
         #: How many keys the watch has delivered since it started, its snapshots included: what the mirror read.
@@ -130,9 +144,11 @@ class ChannelMirror:
         self.revision = max(self.revision, int(entry.revision or 0))
         found = to_channel_entry(entry)
         if found is None:  # deleted, purged, or not a reference
-            self._entries.pop(str(entry.key), None)
+            self._drop(str(entry.key))
         else:
             self._entries[found.key] = found
+            if (parent := _parent(found.key)) is not None:
+                self._children.setdefault(parent, set()).add(found.key)
         if self._next is not None:
             if not self._next.done():
                 self._next.set_result(None)
@@ -141,7 +157,15 @@ class ChannelMirror:
     async def _forget(self, seen: set[str]) -> None:
         """After a (re-)snapshot: drop what the bucket no longer holds."""
         for key in set(self._entries) - seen:
-            del self._entries[key]
+            self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        if self._entries.pop(key, None) is not None and (parent := _parent(key)) is not None:
+            siblings = self._children.get(parent)
+            if siblings is not None:
+                siblings.discard(key)
+                if not siblings:
+                    del self._children[parent]
 
     async def caught_up(self, timeout_s: float = CATCH_UP_TIMEOUT_S) -> bool:
         """Whether the mirror holds the bucket as of now: the watch runs and has applied the bucket's last
@@ -188,6 +212,11 @@ class ChannelMirror:
         stale revision loses), for a value its key never changes once written (``policy.*``), or for what
         never reverts (a run entry's ``ended``); where it has nothing, read the bucket."""
         return self._entries.get(key)
+
+    def children(self, parent: str) -> list[ChannelEntry]:
+        """The entries under ``parent`` (``run.<run>`` or ``parked.<run>``: the keys ``<parent>.<request id>``) as
+        the watch last delivered them -- with :meth:`reached`, what a listing of ``<parent>.*`` would show."""
+        return [self._entries[key] for key in sorted(self._children.get(parent, ()))]
 
     def entries(self) -> list[ChannelEntry]:
         """The mirrored entries in revision order (the order a listing gives)."""

@@ -14,6 +14,10 @@ cancelled at intake, before anyone is notified. A request of the index whose run
 mirror of the bucket holds it, says it ended answered or expired (``ended``, written when it ended; final) is
 not read: nothing would be done to it.
 
+The run's requests come from the same mirror once it has applied the end marker this handler wrote (a request
+indexed before the marker is in it; one indexed after it sees the marker at intake), else from one
+``STREAM.INFO`` of the bucket (a redelivery, or the mirror behind).
+
 The intake of a new request checks the markers (``runend.<run>``, ``withdrawn.<run>.<id>``) in its replica's
 mirror of the bucket once the mirror has applied the run entry the intake wrote (:meth:`.mirror.ChannelMirror
 .reached`), not by reading them: a marker written before that entry is then in the mirror. A marker written
@@ -189,9 +193,12 @@ class RunEndHandler:
         with structlog.contextvars.bound_contextvars(run_id=run_id):
             # The marker first, then the index: a request stored concurrently either is in the index
             # already or sees the marker at intake (RequestHandler), so none is left pending.
-            await ChannelRefs(self._bus).claim(ref_key("runend", run_id), event.type)
+            refs = ChannelRefs(self._bus)
+            marked = await refs.create(ref_key("runend", run_id), event.type)
+            if marked is None:  # a redelivery (or another replica's): as it is
+                await refs.claim(ref_key("runend", run_id), event.type)
             unstored: list[str] = []
-            for request_id in await requests_of_run(self._bus, run_id):
+            for request_id in await self._requests_of(run_id, marked):
                 if self._ended_otherwise(run_id, request_id):
                     continue
                 found = await cancel_pending(
@@ -201,6 +208,15 @@ class RunEndHandler:
                     unstored.append(request_id)
             if unstored:  # the intake may have checked the marker before it was written: cancel it once stored
                 raise TransientError(f"run {run_id} ended while its requests {unstored} were being stored")
+
+    async def _requests_of(self, run_id: str, marked: int | None) -> list[str]:
+        """The run's requests: from the mirror once it has applied the end marker this call wrote (``marked``, its
+        revision), else listed from the bucket (:func:`requests_of_run`). A request indexed before the marker is
+        then in the mirror; one indexed after it sees the marker at its intake."""
+        if marked is None or self._mirror is None or not await self._mirror.reached(marked):
+            return await requests_of_run(self._bus, run_id)
+        parent = ref_key("run", run_id)
+        return [entry.key.removeprefix(f"{parent}.") for entry in self._mirror.children(parent)]
 
     def _ended_otherwise(self, run_id: str, request_id: str) -> bool:
         """Whether the mirror says ``request_id`` ended answered or expired: final states, so true however stale

@@ -15,11 +15,16 @@ from a new snapshot on its own) or does not catch up in time, the sweep lists th
 
 The hot path reads it too, where a stale answer is safe (:meth:`ChannelMirror.get`): a run's policy (written once,
 never changed), the run entry a request's end marks (a compare-and-set on the mirrored revision, read from the
-bucket when it lost), and whether a run's request already ended otherwise than cancelled (final once written).
-What the mirror lacks is read from the bucket, as before.
+bucket when it lost), and whether a run's request already ended otherwise than cancelled (final once written);
+and, once it has applied a write of the caller's own (:meth:`ChannelMirror.reached`: the watch applies the
+bucket's writes in their order), what was written before that write -- a run's end and withdrawal markers at
+intake, a run's requests at its end, the requests parked under a run when its policy comes (:mod:`.runs`,
+:mod:`.policies` say why a write after it is seen by the other side). What the mirror lacks is read from the
+bucket, as before.
 
 What the mirror costs instead: the keys of ``human-channels`` in memory on each replica (about 360 bytes of
-Python heap each: 10k open requests delivered on Telegram, six keys each, hold 20.5 MiB, 35.4 MiB resident --
+Python heap each, a little more with the index by run: 10k open requests delivered on Telegram, six keys each,
+hold 20.5-23.7 MiB, 35.4-36.4 MiB resident --
 ``bench/human_mirror_memory.py``), and every write delivered to every replica.
 """
 

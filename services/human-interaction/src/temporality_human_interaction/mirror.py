@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -128,8 +130,10 @@ class ChannelMirror:
         self.revision = 0
         #: How many keys the watch has delivered since it started, its snapshots included: what the mirror read.
         self.delivered = 0
-        #: Resolved (and dropped) by the next entry applied: what :meth:`reached` waits on.
-        self._next: asyncio.Future[None] | None = None
+        #: Who waits in :meth:`reached` for which revision (a heap: the lowest first), each woken once, when the
+        #: watch has applied it -- not every waiter at every entry applied.
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._tickets = itertools.count()
         self._watch = KvWatch(bus, kv, "human-channels mirror", apply=self._apply, forget=self._forget)
 
     @classmethod
@@ -154,10 +158,10 @@ class ChannelMirror:
             self._entries[found.key] = found
             if (parent := _parent(found.key)) is not None:
                 self._children.setdefault(parent, set()).add(found.key)
-        if self._next is not None:
-            if not self._next.done():
-                self._next.set_result(None)
-            self._next = None
+        while self._waiters and self._waiters[0][0] <= self.revision:
+            waiter = heapq.heappop(self._waiters)[2]
+            if not waiter.done():  # (one that timed out is cancelled)
+                waiter.set_result(None)
 
     async def _forget(self, seen: set[str]) -> None:
         """After a (re-)snapshot: drop what the bucket no longer holds."""
@@ -200,12 +204,13 @@ class ChannelMirror:
         return await self._applied(revision, timeout_s)
 
     async def _applied(self, revision: int, timeout_s: float) -> bool:
+        if self.revision >= revision:
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (revision, next(self._tickets), waiter))
         try:
             async with asyncio.timeout(timeout_s):
-                while self.revision < revision:
-                    if self._next is None:
-                        self._next = asyncio.get_running_loop().create_future()
-                    await asyncio.shield(self._next)  # shared by every waiter: one's timeout cancels only its wait
+                await waiter
         except TimeoutError:
             return False
         return True

@@ -33,10 +33,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+from nats import connect as nats_connect
 from nats.aio.msg import Msg
 
 from temporality_bus import Bus, NatsSettings
@@ -122,6 +124,60 @@ class Service:
             self.proc.wait()
 
 
+#: The bench's own publishes (the events it plays the other services with): not the service's requests.
+_OWN_EVENTS = frozenset(f"temporality.events.{kind}" for kind in ("run.requested", "human.requested", "run.completed"))
+
+
+def wire_class(msg: Msg) -> str | None:
+    """What a message seen by a ``>`` subscriber is, as the service's requests go: ``kv read <bucket> <key kind>``,
+    ``kv write ...`` (a put, create or compare-and-set; ``kv purge`` a delete), ``event <type>``, ``timer``,
+    ``stream info``, ``consumer api`` ...; None for what is no request of the service (replies, deliveries to
+    its consumers and KV watches -- their reply is ``$JS.ACK...`` --, acks, pull requests, the bench's own
+    publishes and its settle polls)."""
+    subject, reply = msg.subject, msg.reply or ""
+    if not reply or reply.startswith("$JS.ACK.") or subject.startswith("_INBOX."):
+        return None  # acks, replies, and deliveries (a JetStream delivery carries the stored subject)
+    if subject.startswith("$KV."):
+        _, bucket, key = subject.split(".", 2)
+        op = "purge" if msg.headers and msg.headers.get("KV-Operation") in ("PURGE", "DEL") else "write"
+        return f"kv {op} {bucket} {_key_kind(bucket, key)}"
+    if subject.startswith(("$JS.API.STREAM.MSG.GET.KV_", "$JS.API.DIRECT.GET.KV_")):
+        bucket = subject.rsplit(".", 1)[1].removeprefix("KV_")
+        try:
+            key = json.loads(msg.data).get("last_by_subj", "").split(".", 2)[2]
+        except (ValueError, IndexError, AttributeError):
+            key = "?"
+        return f"kv read {bucket} {_key_kind(bucket, key)}"
+    if subject.startswith("$JS.API.STREAM.INFO."):
+        return "stream info"
+    if subject.startswith("$JS.API.CONSUMER.MSG.NEXT.") or subject.startswith("$JS.API.CONSUMER.INFO."):
+        return None  # pull requests (time-driven) and consumer info (the bench's settle polls)
+    if subject.startswith("$JS.API."):
+        return "jetstream api " + subject.removeprefix("$JS.API.").split(".", 2)[0].lower()
+    if subject.startswith("temporality.events."):
+        return None if subject in _OWN_EVENTS else "event " + subject.removeprefix("temporality.events.")
+    if subject.startswith("temporality.timers."):
+        return "timer"
+    return "other " + subject.split(".", 1)[0]
+
+
+def _key_kind(bucket: str, key: str) -> str:
+    return key.split(".", 1)[0] if bucket == "human-channels" else "record"
+
+
+class Wire:
+    """The service's requests through nats-server while ``counting``, by :func:`wire_class` (a ``>`` subscriber
+    on its own connection)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.counting = False
+
+    async def on(self, msg: Msg) -> None:
+        if self.counting and (kind := wire_class(msg)) is not None:
+            self.counts[kind] += 1
+
+
 class Futures:
     """(event type, request id) -> a future the bus completes."""
 
@@ -158,7 +214,9 @@ async def _settled(bus: Bus) -> None:
     raise TimeoutError("the service's consumers did not settle")
 
 
-async def _round(src: Path, work: Path, loops: int, concurrency: int, warmup: int) -> dict[str, float]:
+async def _round(
+    src: Path, work: Path, loops: int, concurrency: int, warmup: int, wire: Wire | None = None
+) -> dict[str, float]:
     nats = NatsServer(work / "nats")
     nats.start()
     service: Service | None = None
@@ -217,10 +275,28 @@ async def _round(src: Path, work: Path, loops: int, concurrency: int, warmup: in
                     return time.perf_counter() - started
 
                 await batch(warmup)
-                before_cpu, retries = _cpu_s(service.proc.pid), service.retries()
-                seconds = await batch(loops)
-                cpu_ms = (_cpu_s(service.proc.pid) - before_cpu) * 1000 / loops
-                return {"cpu_ms": cpu_ms, "loops_s": loops / seconds, "retries": service.retries() - retries}
+                spy = await nats_connect(nats.url) if wire is not None else None
+                try:
+                    if spy is not None and wire is not None:
+                        await spy.subscribe(">", cb=wire.on)
+                        await spy.flush()
+                        wire.counting = True
+                    before_cpu, retries = _cpu_s(service.proc.pid), service.retries()
+                    seconds = await batch(loops)
+                    cpu_ms = (_cpu_s(service.proc.pid) - before_cpu) * 1000 / loops
+                    if spy is not None and wire is not None:
+                        await spy.flush()
+                        wire.counting = False
+                finally:
+                    if spy is not None:
+                        await spy.close()
+                got = {"cpu_ms": cpu_ms, "loops_s": loops / seconds, "retries": service.retries() - retries}
+                if wire is not None:
+                    got["kv_reads"] = sum(n for k, n in wire.counts.items() if k.startswith("kv read")) / loops
+                    kv = sum(n for k, n in wire.counts.items() if k.startswith("kv "))
+                    got["kv_writes"] = kv / loops - got["kv_reads"]
+                    got["requests"] = sum(wire.counts.values()) / loops
+                return got
     finally:
         if service is not None:
             service.stop()
@@ -234,22 +310,34 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=40, help="loops run first in each round and not counted")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per checkout (alternating with --before)")
     parser.add_argument("--before", type=Path, help="another checkout (with its .venv) measured in alternate rounds")
+    parser.add_argument(
+        "--wire", action="store_true", help="count the service's bus requests per loop (a '>' subscriber) and list them"
+    )
     args = parser.parse_args()
     configure_logging(LogSettings(level="warning", format="console"), service="bench")
     sides: dict[str, Path] = {"this checkout": ROOT}
     if args.before is not None:
         sides = {"before": args.before.resolve(), "after": ROOT}
     results: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    wires: dict[str, list[Counter[str]]] = {name: [] for name in sides}
     out = sys.stdout.write
     for i in range(args.rounds):
         for name, src in sides.items():
             with tempfile.TemporaryDirectory(prefix="temporality-human-loop-") as tmp:
                 load = os.getloadavg()[0]
-                got = asyncio.run(_round(src, Path(tmp), args.loops, args.concurrency, args.warmup))
+                wire = Wire() if args.wire else None
+                got = asyncio.run(_round(src, Path(tmp), args.loops, args.concurrency, args.warmup, wire))
             results[name].append(got)
+            if wire is not None:
+                wires[name].append(wire.counts)
+            requests = (
+                f"   KV reads {got['kv_reads']:.2f} writes {got['kv_writes']:.2f}, requests {got['requests']:.2f}/loop"
+                if wire is not None
+                else ""
+            )
             out(
                 f"  round {i + 1} {name:<13} CPU {got['cpu_ms']:5.2f} ms/loop   {got['loops_s']:6.1f} loops/s   "
-                f"retries {got['retries']:.0f}   (load {load:.1f})\n"
+                f"retries {got['retries']:.0f}{requests}   (load {load:.1f})\n"
             )
     out(f"human-interaction alone, {args.loops} loops x {args.rounds} rounds, {args.concurrency} at once:\n")
     for name, rounds in results.items():
@@ -257,6 +345,14 @@ def main() -> int:
         per_s = statistics.median(r["loops_s"] for r in rounds)
         retries = statistics.median(r["retries"] for r in rounds)
         out(f"  {name:<13} CPU per loop median {cpu:5.2f} ms   {per_s:6.1f} loops/s   retries {retries:.0f}\n")
+    for name, counted in wires.items():
+        if not counted:
+            continue
+        total: Counter[str] = sum(counted, Counter())
+        per_loop = args.loops * len(counted)
+        out(f"  {name}: the service's bus requests per loop (all rounds)\n")
+        for kind, n in sorted(total.items()):
+            out(f"    {n / per_loop:6.2f}  {kind}\n")
     out(f"load average now: {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
     return 0
 

@@ -41,6 +41,7 @@ from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.notifications import NotificationHandler
 from temporality_human_interaction.passwords import ConsoleRoleResponder, PasswordResponder, hash_password_main
 from temporality_human_interaction.policies import RunPolicies, RunPolicyHandler
+from temporality_human_interaction.records import RecentRecords
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
 from temporality_human_interaction.settings import Settings
@@ -206,6 +207,12 @@ def configure(settings: Settings) -> Setup[Settings]:
         adapters: dict[str, ChannelAdapter] = {}
         # deliveries, waits, requests waiting: see .metrics; none with metrics off
         metrics = HumanMetrics(rt.metrics) if rt.metrics is not None else None
+        # human-channels as this replica sees it (a KV watch): the retention sweep reads it, and the hot path where
+        # a stale value is safe (a policy, the base of a compare-and-set, a request's final state); opened before
+        # any consumer runs (its snapshot, the start's one listing of the bucket, is read below)
+        mirror = await ChannelMirror.open(rt.bus)
+        # the records this replica wrote last: an answer's compare-and-set starts from its request's (no read)
+        recent = RecentRecords()
         inbound = AnswerRouter(
             rt.bus,
             directory,
@@ -213,6 +220,8 @@ def configure(settings: Settings) -> Setup[Settings]:
             repair_after_s=rt.settings.answer_repair_after_s,
             egress=egress,
             observer=metrics,
+            mirror=mirror,
+            recent=recent,
         )
         for adapter in build_adapters(rt.settings, rt.bus, egress):
             adapter.attach(inbound)  # every channel hands its answers to the one binding
@@ -222,7 +231,7 @@ def configure(settings: Settings) -> Setup[Settings]:
             metrics.watch_channels(adapters)
             rt.metrics.refresh_every("human requests", functools.partial(metrics.refresh, rt.bus))
         log.info("channels.ready", channels=sorted(n for n, a in adapters.items() if a.available))
-        policies = RunPolicies(rt.bus, wait_deliveries=rt.settings.policy_wait_deliveries)  # SEC-1
+        policies = RunPolicies(rt.bus, wait_deliveries=rt.settings.policy_wait_deliveries, mirror=mirror)  # SEC-1
         # several runs' policies at once (each a create-if-absent of its own key): one at a time, a burst of
         # run.requested left human.requested arriving first and waiting the 0.5 s retry (a quarter of the loops)
         rt.consumer(
@@ -230,10 +239,18 @@ def configure(settings: Settings) -> Setup[Settings]:
             handler=RunPolicyHandler(policies).handle,
             max_inflight=rt.settings.max_inflight,
         )
-        requests = RequestHandler(rt.bus, directory, adapters, egress=egress, policies=policies, observer=metrics)
+        requests = RequestHandler(
+            rt.bus,
+            directory,
+            adapters,
+            egress=egress,
+            policies=policies,
+            observer=metrics,
+            mirror=mirror,
+            recent=recent,
+        )
         rt.consumer("human-interaction-requests", handler=requests.handle, max_inflight=rt.settings.max_inflight)
         chain = ChainRunner(rt.bus, directory, adapters)  # reminders and escalation (HUM-8)
-        mirror = await ChannelMirror.open(rt.bus)  # the sweep reads human-channels from a watch, not a listing
         await rt.resources.enter_async_context(mirror.watching())  # its snapshot: the start's one listing
         # the indexes: requests an older version stored (or whose entries were lost) are indexed (idempotent),
         # from the snapshot the mirror has just read (not a second listing of the bucket)
@@ -255,9 +272,10 @@ def configure(settings: Settings) -> Setup[Settings]:
             sweeper=sweeper,
             observer=metrics,
             resume=requests.resume_parked,
+            mirror=mirror,
         )
         rt.consumer("human-interaction-deadlines", raw_handler=deadlines.handle)
-        run_ends = RunEndHandler(rt.bus, inbound.show_outcome, observer=metrics)
+        run_ends = RunEndHandler(rt.bus, inbound.show_outcome, observer=metrics, mirror=mirror)
         rt.consumer("human-interaction-runs", handler=run_ends.handle)
         notifications = NotificationHandler(rt.bus, directory, adapters, policies=policies)
         rt.consumer(

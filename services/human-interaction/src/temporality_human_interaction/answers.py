@@ -48,6 +48,7 @@ from temporality_human_interaction.records import (
     MAX_LATE_ANSWERS,
     HumanRequestRecord,
     LateAnswer,
+    RecentRecords,
     RequestStore,
     open_store,
 )
@@ -59,6 +60,7 @@ from temporality_service import ApiError
 
 if TYPE_CHECKING:
     from temporality_human_interaction.metrics import RequestObserver
+    from temporality_human_interaction.mirror import ChannelMirror
 
 __all__ = [
     "AnswerRefused",
@@ -267,10 +269,15 @@ async def bind_answer_outcome(
     responder_name: str | None = None,
     egress: EgressPolicy | None = None,
     observer: RequestObserver | None = None,
+    mirror: ChannelMirror | None = None,
+    recent: RecentRecords | None = None,
 ) -> tuple[HumanRequestRecord, bool]:
     """:func:`bind_answer`, also saying whether the answer was already recorded (an identical repeat).
 
-    ``observer`` is told the answered request once, by the call whose compare-and-set bound it.
+    ``observer`` is told the answered request once, by the call whose compare-and-set bound it. ``recent``: the
+    records this replica wrote last; the binding's compare-and-set starts from the request's, if it is there
+    (no read; a stale one loses the compare-and-set and the record is read). ``mirror``: passed to
+    :func:`~.inbox.unindex` (the run entry's mark).
 
     A refusal for a request that exists (ended, or not this responder's to answer) is journaled as
     ``human.answer_refused`` before it is raised (HUM-7, HUM-9); a free-text answer in it is redacted by
@@ -279,7 +286,8 @@ async def bind_answer_outcome(
     store = await open_store(bus)
     now = clock or _utcnow
     try:
-        bound, fresh = await _bind(store, request_id, responder, submission, channel, now, responder_name)
+        known = recent.pop(request_id) if recent is not None else None
+        bound, fresh = await _bind(store, request_id, responder, submission, channel, now, responder_name, known)
     except NotRecipient as refused:
         if refused.record is not None:
             await _journal_refusal(bus, refused.record, responder, submission, channel, refused, now(), egress)
@@ -303,7 +311,7 @@ async def bind_answer_outcome(
             if observer is not None:
                 observer.ended(record)
 
-            await unindex(bus, record)
+            await unindex(bus, record, mirror)
             await _arm_repair(bus, record, repair_after_s)
         elif record.answer_published:
             log.info("answer.already_recorded", responder=responder)
@@ -435,18 +443,22 @@ async def _bind(
     channel: str,
     clock: Callable[[], datetime],
     responder_name: str | None = None,
+    known: Versioned[HumanRequestRecord] | None = None,
 ) -> tuple[Versioned[HumanRequestRecord], bool]:
     """The answered record (with its revision), and whether this call bound it (False: the identical answer was
     already bound).
 
     One :meth:`~temporality_bus.Store.modify`: of two racing answers one compare-and-set wins; the
     other's ``bind`` runs again on the winner's record: an identical answer from the same responder is
-    then a repeat (already recorded), anything else is refused.
+    then a repeat (already recorded), anything else is refused. ``known``: the record as this replica last
+    wrote it; only a binding is ever written from it, by a compare-and-set on its revision (a stale one loses
+    it); a refusal or a repeat is decided on the record as read (``Store.modify``).
     """
     repost = False
 
     def bind(record: HumanRequestRecord) -> HumanRequestRecord | None:
         nonlocal repost
+        repost = False  # of this attempt: an earlier one may have run on a record that was not current
         check_recipient(record, responder)
         if _is_repost(record, responder, submission):
             repost = True
@@ -464,7 +476,7 @@ async def _bind(
         )
 
     try:
-        result = await store.modify(request_id, bind)
+        result = await store.modify(request_id, bind, known=known)
     except NotFound:
         raise RequestNotFound(f"there is no request {request_id}") from None
     return result, result.changed and not repost

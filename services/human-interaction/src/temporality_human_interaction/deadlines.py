@@ -49,6 +49,7 @@ from temporality_human_interaction.answers import announce_answer, unannounced
 from temporality_human_interaction.chain import ChainRunner, plan
 from temporality_human_interaction.events import cancel_requested_event, expired_event
 from temporality_human_interaction.inbox import RetentionSweeper, is_sweep, unindex
+from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.records import (
     REQUEST_ID_PATTERN,
     HumanRequestRecord,
@@ -126,8 +127,11 @@ class DeadlineHandler:
         resume: Resume | None = None,
         known_kinds: frozenset[str] = KNOWN_KINDS,
         defer_unknown_s: float = DEFER_UNKNOWN_S,
+        mirror: ChannelMirror | None = None,
     ) -> None:
         self._bus = bus
+        #: ``human-channels`` as this replica's watch sees it (the run entry's mark when a request expires).
+        self._mirror = mirror
         #: The timer kinds this handler takes; a firing of another (well-formed) kind is deferred.
         self._known_kinds = known_kinds
         self._defer_unknown_s = defer_unknown_s
@@ -223,7 +227,7 @@ class DeadlineHandler:
         if record.expiry_published:
             log.info("deadline.already_announced")
             return
-        await unindex(self._bus, record)
+        await unindex(self._bus, record, self._mirror)
         if record.policy.on_timeout.action == "cancel":  # the run-executor cancels the parked run on it
             await self._bus.publish(cancel_requested_event(record))
         await self._bus.publish(expired_event(record, now=record.expires_at))

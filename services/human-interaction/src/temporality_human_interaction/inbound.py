@@ -29,11 +29,12 @@ from temporality_human_interaction.answers import DEFAULT_REPAIR_AFTER_S, Answer
 from temporality_human_interaction.channels.base import ChannelAdapter, ChannelError, InboundAnswer, InboundResult
 from temporality_human_interaction.directory import Directory, recipient_for, user_id_of
 from temporality_human_interaction.egress import EgressPolicy
-from temporality_human_interaction.records import HumanRequestRecord
+from temporality_human_interaction.records import HumanRequestRecord, RecentRecords
 from temporality_human_interaction.traces import answering
 
 if TYPE_CHECKING:
     from temporality_human_interaction.metrics import RequestObserver
+    from temporality_human_interaction.mirror import ChannelMirror
 
 __all__ = ["AnswerRouter"]
 
@@ -52,8 +53,14 @@ class AnswerRouter:
         repair_after_s: float = DEFAULT_REPAIR_AFTER_S,
         egress: EgressPolicy | None = None,
         observer: RequestObserver | None = None,
+        mirror: ChannelMirror | None = None,
+        recent: RecentRecords | None = None,
     ) -> None:
         self._egress = egress
+        #: ``human-channels`` as this replica's watch sees it, and the records it wrote last: what the binding
+        #: may start from instead of reading (:func:`~.answers.bind_answer_outcome`).
+        self._mirror = mirror
+        self._recent = recent
         #: Told each request this replica's binding answered (the wait-time histogram).
         self._observer = observer
         self._bus = bus
@@ -83,6 +90,8 @@ class AnswerRouter:
                 repair_after_s=self._repair_after_s,
                 egress=self._egress,
                 observer=self._observer,
+                mirror=self._mirror,
+                recent=self._recent,
             )
         except AnswerRefused as refused:
             log.info("answer.refused", code=refused.code, responder=responder, detail=refused.detail)

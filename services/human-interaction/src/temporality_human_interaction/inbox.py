@@ -118,13 +118,21 @@ async def index_open(bus: Bus, record: HumanRequestRecord) -> None:
     await index_people(bus, record, answerers(record))
 
 
-async def unindex(bus: Bus, record: HumanRequestRecord) -> None:
-    """The request ended: mark its run entry ended (``ended_at``), then drop its inbox entries. Best effort:
-    a lost mark is found by the next start (:func:`rebuild_index`) or sweep, a stale inbox entry is skipped
-    by the inbox and dropped there, at the next start or by the sweep."""
+async def unindex(bus: Bus, record: HumanRequestRecord, mirror: ChannelMirror | None = None) -> None:
+    """The request ended: mark its run entry ended (``ended_at``, and how: ``ended``), then drop its inbox
+    entries. Best effort: a lost mark is found by the next start (:func:`rebuild_index`) or sweep, a stale inbox
+    entry is skipped by the inbox and dropped there, at the next start or by the sweep. ``mirror``: the run
+    entry's mark is a compare-and-set on the revision the mirror holds (no read; a stale one reads the entry)."""
     refs = ChannelRefs(bus)
+    key = ref_key("run", record.run_id, record.request_id)
+    mirrored = mirror.get(key) if mirror is not None else None
     try:
-        await refs.mark_ended(ref_key("run", record.run_id, record.request_id), record.ended_at or datetime.now(UTC))
+        await refs.mark_ended(
+            key,
+            record.ended_at or datetime.now(UTC),
+            record.status.value,
+            known=(mirrored.ref(), mirrored.revision) if mirrored is not None else None,
+        )
     except Exception as exc:
         log.warning("inbox.mark_ended_failed", request_id=record.request_id, error=repr(exc))
     for person in answerers(record):
@@ -258,7 +266,9 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None, entries: list[
             pending += 1
         else:
             await refs.mark_ended(
-                ref_key("run", record.run_id, record.request_id), record.ended_at or record.expires_at
+                ref_key("run", record.run_id, record.request_id),
+                record.ended_at or record.expires_at,
+                record.status.value,
             )
             dropped += await _drop(bus, opens.get(request_id, []))
     if listed and not unlisted:
@@ -544,7 +554,7 @@ class RetentionSweeper:
             if run.expires_at is None or (run.ended_at is None and not record.pending):
                 await index_request_entry(self._bus, record)
                 if not record.pending:
-                    await refs.mark_ended(run.key, record.ended_at or record.expires_at)
+                    await refs.mark_ended(run.key, record.ended_at or record.expires_at, record.status.value)
         dropped = 0
         for request_id, mine in opens.items():
             its_run = runs.get(request_id)

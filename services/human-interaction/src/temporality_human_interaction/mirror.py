@@ -13,8 +13,18 @@ revision as of that moment (one ``stream_info`` call), so a sweep sees at least 
 began -- what a listing taken then would have shown. When the watch is down (the bus went away; it restarts
 from a new snapshot on its own) or does not catch up in time, the sweep lists the bucket as before.
 
+The hot path reads it too, where a stale answer is safe (:meth:`ChannelMirror.get`): a run's policy (written once,
+never changed), the run entry a request's end marks (a compare-and-set on the mirrored revision, read from the
+bucket when it lost), and whether a run's request already ended otherwise than cancelled (final once written);
+and, once it has applied a write of the caller's own (:meth:`ChannelMirror.reached`: the watch applies the
+bucket's writes in their order), what was written before that write -- a run's end and withdrawal markers at
+intake, a run's requests at its end, the requests parked under a run when its policy comes (:mod:`.runs`,
+:mod:`.policies` say why a write after it is seen by the other side). What the mirror lacks is read from the
+bucket, as before.
+
 What the mirror costs instead: the keys of ``human-channels`` in memory on each replica (about 360 bytes of
-Python heap each: 10k open requests delivered on Telegram, six keys each, hold 20.5 MiB, 35.4 MiB resident --
+Python heap each, a little more with the index by run: 10k open requests delivered on Telegram, six keys each,
+hold 20.5-23.7 MiB, 35.4-36.4 MiB resident --
 ``bench/human_mirror_memory.py``), and every write delivered to every replica.
 """
 
@@ -22,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -38,6 +50,8 @@ log = structlog.get_logger(__name__)
 
 #: How long :meth:`ChannelMirror.caught_up` waits for the watch to apply the bucket's last revision.
 CATCH_UP_TIMEOUT_S = 10.0
+#: How long :meth:`ChannelMirror.reached` waits for the watch to apply a write of the caller's (then: a read).
+REACH_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,30 @@ class ChannelEntry:
     people: int | None = None
     #: On a run entry: when its request ended (None: pending, or the mark was lost).
     ended_at: datetime | None = None
+    #: On a run entry: the state its request ended in (None: pending, or marked by an older version).
+    ended: str | None = None
+
+    def ref(self) -> ChannelRef:
+        """The entry as stored (what the mirror keeps of it): the base of a compare-and-set on :attr:`revision`."""
+        return ChannelRef(
+            value=self.value,
+            created_at=self.created_at,
+            expires_at=self.expires_at,
+            people=self.people,
+            ended_at=self.ended_at,
+            ended=self.ended,
+        )
+
+
+#: The kinds of key :meth:`ChannelMirror.children` indexes by their ``<kind>.<run>`` parent.
+_INDEXED = ("run.", "parked.")
+
+
+def _parent(key: str) -> str | None:
+    """``run.<run>`` for ``run.<run>.<request id>`` (and ``parked.*`` likewise); None for other keys."""
+    if not key.startswith(_INDEXED) or key.count(".") != 2:
+        return None
+    return key.rsplit(".", 1)[0]
 
 
 def to_channel_entry(entry: KeyValue.Entry) -> ChannelEntry | None:
@@ -74,6 +112,7 @@ def to_channel_entry(entry: KeyValue.Entry) -> ChannelEntry | None:
         ref.expires_at,
         ref.people,
         ref.ended_at,
+        ref.ended,
     )
 
 
@@ -84,11 +123,17 @@ class ChannelMirror:
         self._bus = bus
         self._kv = kv
         self._entries: dict[str, ChannelEntry] = {}
+        #: The keys under each ``run.<run>`` and ``parked.<run>`` (a run's requests, its parked requests), so
+        #: :meth:`children` finds them without going through every key.
+        self._children: dict[str, set[str]] = {}
         #: The highest revision applied (a delete counts too: it is a message of the bucket's stream).
         self.revision = 0
         #: How many keys the watch has delivered since it started, its snapshots included: what the mirror read.
         self.delivered = 0
-        self._advanced = asyncio.Event()
+        #: Who waits in :meth:`reached` for which revision (a heap: the lowest first), each woken once, when the
+        #: watch has applied it -- not every waiter at every entry applied.
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._tickets = itertools.count()
         self._watch = KvWatch(bus, kv, "human-channels mirror", apply=self._apply, forget=self._forget)
 
     @classmethod
@@ -108,15 +153,28 @@ class ChannelMirror:
         self.revision = max(self.revision, int(entry.revision or 0))
         found = to_channel_entry(entry)
         if found is None:  # deleted, purged, or not a reference
-            self._entries.pop(str(entry.key), None)
+            self._drop(str(entry.key))
         else:
             self._entries[found.key] = found
-        self._advanced.set()
+            if (parent := _parent(found.key)) is not None:
+                self._children.setdefault(parent, set()).add(found.key)
+        while self._waiters and self._waiters[0][0] <= self.revision:
+            waiter = heapq.heappop(self._waiters)[2]
+            if not waiter.done():  # (one that timed out is cancelled)
+                waiter.set_result(None)
 
     async def _forget(self, seen: set[str]) -> None:
         """After a (re-)snapshot: drop what the bucket no longer holds."""
         for key in set(self._entries) - seen:
-            del self._entries[key]
+            self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        if self._entries.pop(key, None) is not None and (parent := _parent(key)) is not None:
+            siblings = self._children.get(parent)
+            if siblings is not None:
+                siblings.discard(key)
+                if not siblings:
+                    del self._children[parent]
 
     async def caught_up(self, timeout_s: float = CATCH_UP_TIMEOUT_S) -> bool:
         """Whether the mirror holds the bucket as of now: the watch runs and has applied the bucket's last
@@ -127,16 +185,48 @@ class ChannelMirror:
         except Exception as exc:
             log.info("mirror.unavailable", error=repr(exc))
             return False
-        try:
-            async with asyncio.timeout(timeout_s):
-                while self.revision < last:
-                    self._advanced.clear()
-                    await self._advanced.wait()
-        except TimeoutError:
+        if not await self._applied(last, timeout_s):
             # the last message may be gone from the stream (a key's history limit): a listing decides then
             log.info("mirror.behind", revision=self.revision, last=last)
             return False
         return True
+
+    async def reached(self, revision: int, timeout_s: float = REACH_TIMEOUT_S) -> bool:
+        """Whether the mirror has applied the bucket up to ``revision`` (waited for up to ``timeout_s``) while its
+        watch runs: the watch delivers the bucket's writes in their order, so then every key written before
+        that revision shows its value as of then or later -- a key it lacks was not there. Used with a write of
+        the caller's own (its revision): what was written before it is seen without a read. False: read the
+        bucket."""
+        try:
+            await self.check()
+        except Exception:
+            return False
+        return await self._applied(revision, timeout_s)
+
+    async def _applied(self, revision: int, timeout_s: float) -> bool:
+        if self.revision >= revision:
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (revision, next(self._tickets), waiter))
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+        except TimeoutError:
+            return False
+        return True
+
+    def get(self, key: str) -> ChannelEntry | None:
+        """The entry under ``key`` as the watch last delivered it, or None (absent, or not delivered yet).
+
+        It may be stale: use it only where a stale value is safe -- as the base of a compare-and-set (which a
+        stale revision loses), for a value its key never changes once written (``policy.*``), or for what
+        never reverts (a run entry's ``ended``); where it has nothing, read the bucket."""
+        return self._entries.get(key)
+
+    def children(self, parent: str) -> list[ChannelEntry]:
+        """The entries under ``parent`` (``run.<run>`` or ``parked.<run>``: the keys ``<parent>.<request id>``) as
+        the watch last delivered them -- with :meth:`reached`, what a listing of ``<parent>.*`` would show."""
+        return [self._entries[key] for key in sorted(self._children.get(parent, ()))]
 
     def entries(self) -> list[ChannelEntry]:
         """The mirrored entries in revision order (the order a listing gives)."""

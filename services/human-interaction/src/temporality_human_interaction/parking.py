@@ -13,7 +13,9 @@ backlog), the request is **parked** instead of being retried until the consumer'
   hands its firing to :meth:`.requests.RequestHandler.resume_parked`, which takes the request in as if it
   had just arrived (idempotent) and removes the parked entry. The request parks before it looks at the
   policy again, and the policy handler stores the policy before it lists the parked requests, so one of the
-  two sees the other: a request is never left parked next to a known policy.
+  two sees the other: a request is never left parked next to a known policy. (The handler finds them in its
+  replica's mirror of the bucket once the mirror holds the policy it stored, else by listing the bucket; a parker
+  that finds no policy in its mirror reads the bucket: :mod:`.policies`.)
 * If the request's deadline comes first (the ``.policy`` timer fires and the policy is still unknown), it is
   refused as before (``human.rejected`` ``recipient_not_allowed``) and the entry removed.
 
@@ -31,6 +33,7 @@ from pydantic import ValidationError
 
 from temporality_bus import Bus, PublishResult, live_entries
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
+from temporality_human_interaction.mirror import ChannelEntry
 from temporality_human_interaction.timers import human_timers
 from temporality_protocol import Envelope, derive_id
 
@@ -38,6 +41,7 @@ __all__ = [
     "arm_wake",
     "park",
     "parked_event",
+    "parked_ids",
     "parked_key",
     "parked_of_run",
     "parked_timer_payload",
@@ -96,6 +100,20 @@ async def parked_of_run(bus: Bus, run_id: str) -> list[str]:
     for entry in listed:
         try:
             event = Envelope.model_validate_json(ChannelRef.model_validate_json(entry.value or b"").value)
+        except ValidationError:
+            continue
+        request_id = event.data.get("request_id")
+        if isinstance(request_id, str):
+            found.append(request_id)
+    return sorted(found)
+
+
+def parked_ids(entries: list[ChannelEntry]) -> list[str]:
+    """The request ids of parked entries as the mirror holds them (:meth:`.mirror.ChannelMirror.children`)."""
+    found: list[str] = []
+    for entry in entries:
+        try:
+            event = Envelope.model_validate_json(entry.value)
         except ValidationError:
             continue
         request_id = event.data.get("request_id")

@@ -11,7 +11,8 @@ The ``human-interaction-policies`` consumer (:class:`RunPolicyHandler`) stores e
 ``run.requested`` of a run to be stored wins -- the consumer handles several at once, so of two different ones
 for the same run, which only a trigger edited between two deliveries of its event makes, that need not be the
 first in stream order; a redelivery is a no-op). The request and notification handlers look it
-up (:meth:`RunPolicies.get`) and use it *instead of* the event's copy. The two streams are not ordered
+up (:meth:`RunPolicies.get`: from the replica's mirror of the bucket when it holds the key -- a policy, once
+stored, never changes --, else from the bucket) and use it *instead of* the event's copy. The two streams are not ordered
 against each other, so a ``human.requested`` may arrive before its run's policy is stored: the handler
 looks again a few times within 0.1 s at its first delivery (:data:`FIRST_LOOKS_S`: it is usually being stored
 that moment), then raises :class:`~temporality_bus.TransientError` (nak with the consumer's backoff) until
@@ -32,7 +33,8 @@ import structlog
 
 from temporality_bus import Bus, Delivery, TransientError
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
-from temporality_human_interaction.parking import arm_wake, parked_of_run
+from temporality_human_interaction.mirror import ChannelMirror
+from temporality_human_interaction.parking import arm_wake, parked_ids, parked_of_run
 from temporality_protocol import Envelope, HumanPolicy, RunRequested
 from temporality_protocol.catalog import CONSUMERS
 
@@ -84,20 +86,37 @@ class RunPolicies:
         *,
         wait_deliveries: int = DEFAULT_WAIT_DELIVERIES,
         first_looks_s: tuple[float, ...] = FIRST_LOOKS_S,
+        mirror: ChannelMirror | None = None,
     ) -> None:
         self.bus = bus
+        #: ``human-channels`` as this replica's watch sees it: a policy it holds is not read from the bucket
+        #: (a policy key is written once, create-if-absent, and never changed: a mirrored one is the stored one).
+        self._mirror = mirror
         self._bus = bus
         self._refs = ChannelRefs(bus)
         self.wait_deliveries = wait_deliveries
         self.first_looks_s = first_looks_s
 
+    @property
+    def mirror(self) -> ChannelMirror | None:
+        return self._mirror
+
     async def record(self, run_id: str, policy: HumanPolicy) -> HumanPolicy:
         """Store ``policy`` for ``run_id`` unless one is stored; returns the stored one."""
+        return (await self.record_at(run_id, policy))[0]
+
+    async def record_at(self, run_id: str, policy: HumanPolicy) -> tuple[HumanPolicy, int | None]:
+        """:meth:`record`, with the revision this call stored it at (None: one was stored already)."""
+        revision = await self._refs.create(policy_key(run_id), policy.model_dump_json())
+        if revision is not None:
+            return policy, revision
         stored = await self._refs.claim(policy_key(run_id), policy.model_dump_json())
-        return HumanPolicy.model_validate_json(stored)
+        return HumanPolicy.model_validate_json(stored), None
 
     async def lookup(self, run_id: str) -> HumanPolicy | None:
-        raw = await self._refs.get(policy_key(run_id))
+        """The run's stored policy: the mirror's copy when it has one, else read from the bucket."""
+        mirrored = self._mirror.get(policy_key(run_id)) if self._mirror is not None else None
+        raw = mirrored.value if mirrored is not None else await self._refs.get(policy_key(run_id))
         return HumanPolicy.model_validate_json(raw) if raw is not None else None
 
     async def get(self, run_id: str, delivery: Delivery | None) -> HumanPolicy:
@@ -143,12 +162,22 @@ class RunPolicyHandler:
 
     async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
         payload = event.payload(RunRequested)  # invalid data -> ProtocolError -> dead-lettered
-        stored = await self._policies.record(payload.run_id, payload.human)
+        stored, revision = await self._policies.record_at(payload.run_id, payload.human)
         if stored != payload.human:
             log.warning("policy.kept_first", run_id=payload.run_id, event_id=event.id)
         else:
             log.info("policy.recorded", run_id=payload.run_id, allowed=payload.human.allowed_recipients)
         # after the policy is stored: a request parking now sees it, one parked before is listed here
-        for request_id in await parked_of_run(self._policies.bus, payload.run_id):
+        for request_id in await self._parked(payload.run_id, revision):
             await arm_wake(self._policies.bus, payload.run_id, request_id, cause=event.id)
             log.info("policy.parked_request_woken", run_id=payload.run_id, request_id=request_id)
+
+    async def _parked(self, run_id: str, stored_at: int | None) -> list[str]:
+        """The requests parked under ``run_id``: from the mirror once it has applied the policy this call stored
+        (``stored_at``, its revision) -- one parked before it is then in the mirror, one parked after it finds
+        the policy (a parker that does not find it in its mirror reads the bucket) --, else listed from the
+        bucket (:func:`.parking.parked_of_run`)."""
+        mirror = self._policies.mirror
+        if stored_at is None or mirror is None or not await mirror.reached(stored_at):
+            return await parked_of_run(self._policies.bus, run_id)
+        return parked_ids(mirror.children(ref_key("parked", run_id)))

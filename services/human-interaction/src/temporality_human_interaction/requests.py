@@ -59,6 +59,7 @@ from temporality_bus import (
 )
 from temporality_human_interaction.chain import arm_next_step, configured_steps, plan
 from temporality_human_interaction.channels import ChannelAdapter, DeliveryReceipt
+from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.delivery import deliver_along
 from temporality_human_interaction.directory import (
     Directory,
@@ -69,17 +70,19 @@ from temporality_human_interaction.directory import (
 )
 from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.events import RejectReason, notified_event, rejected_event
-from temporality_human_interaction.inbox import index_open
+from temporality_human_interaction.inbox import answerers, inbox_key, index_open
+from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.parking import park, parked_event, unpark
 from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies
 from temporality_human_interaction.records import (
     HumanRequestRecord,
+    RecentRecords,
     RequestStore,
     SentCopy,
     is_request_id,
     open_store,
 )
-from temporality_human_interaction.runs import cancel_pending, index_request, run_ended, withdrawn
+from temporality_human_interaction.runs import cancel_pending, index_new_request, index_request, run_ended, withdrawn
 from temporality_human_interaction.timers import arm_deadline
 from temporality_protocol import Envelope, HumanRequested
 from temporality_protocol.events import MAX_TEXT, DeliveryAttempt
@@ -208,8 +211,14 @@ class RequestHandler:
         egress: EgressPolicy | None = None,
         policies: RunPolicies | None = None,
         observer: RequestObserver | None = None,
+        mirror: ChannelMirror | None = None,
+        recent: RecentRecords | None = None,
     ) -> None:
         self._bus = bus
+        #: ``human-channels`` as this replica's watch sees it (the run entry's mark when a request is cancelled).
+        self._mirror = mirror
+        #: Where the record as delivered is left for the answer's compare-and-set (:class:`~.records.RecentRecords`).
+        self._recent = recent
         #: Told each request this handler cancelled at intake (its run had ended): the wait-time histogram.
         self._observer = observer
         self._directory = directory
@@ -258,14 +267,25 @@ class RequestHandler:
             await self._reject(event, payload, decision)
             return
         store = await open_store(self._bus)
-        stored = await store.get(payload.request_id)
+        reachable = [m for m in decision.members if channel_candidates(m.profile, self._adapters)]
+        # The run entry first (it is written before the record): when this call creates it, no record of the
+        # request can be stored yet, so none is read (a redelivery finds the entry there and reads the record).
+        #: The revision of the run entry this call created (None: it was there, or the request is refused below).
+        indexed_at = (
+            await index_new_request(self._bus, payload.run_id, payload.request_id, payload.expires_at.astimezone(UTC))
+            if reachable
+            else None
+        )
+        first = indexed_at is not None
+        stored = None if first else await store.get(payload.request_id)
         #: The record as this call stored it (value and revision): the delivery's compare-and-set starts from it
         #: instead of reading it back (``Store.modify(known=...)``: a stale one only costs that read again).
         known: Versioned[HumanRequestRecord] | None = None
         #: Indexed by this call just before it created the record: not indexed a second time below.
         indexed = False
+        #: The record this call meant to store, when it found the id stored already.
+        ours: HumanRequestRecord | None = None
         if stored is None:
-            reachable = [m for m in decision.members if channel_candidates(m.profile, self._adapters)]
             if not reachable:
                 orders = "; ".join(f"{m.recipient}: {m.profile.channel_order()}" for m in decision.members)
                 detail = f"no channel has an available adapter ({orders})"
@@ -280,7 +300,8 @@ class RequestHandler:
                 log.info("request.redacted", redacted=record.redactions)
             try:
                 # the indexes first: a stored request is always listed (inbox) and found by the sweep (run)
-                await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
+                if not first:
+                    await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
                 await index_open(self._bus, record)
                 known = Versioned(record, await store.create(payload.request_id, record))
                 indexed = True  # this record's entries (not those of one another delivery stored first)
@@ -290,6 +311,7 @@ class RequestHandler:
                     log.warning("chain.steps_beyond_deadline", dropped=dropped, timeout_s=payload.timeout_s)
             except AlreadyExists:
                 log.info("request.already_stored")
+                ours = record
                 stored = await store.get(payload.request_id)
                 if stored is None:  # pragma: no cover - requests are never deleted
                     raise TransientError(f"request {payload.request_id} vanished after AlreadyExists") from None
@@ -298,6 +320,8 @@ class RequestHandler:
             record = stored.value
             log.info("request.redelivered", status=record.status.value, channel=record.channel)
         if record.run_id != payload.run_id or record.recipient != payload.recipient:
+            if first and ours is not None and record.run_id != payload.run_id:  # its entries name the wrong run
+                await self._drop_entries(ours, record)
             raise PermanentError(
                 f"request id {payload.request_id} is already used by run {record.run_id} for {record.recipient}"
             )
@@ -305,11 +329,11 @@ class RequestHandler:
             if not indexed:  # a redelivery, or another delivery stored it first: index the stored record
                 await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
                 await index_open(self._bus, record)
-            ended = await run_ended(self._bus, record.run_id)
-            if ended is None and await withdrawn(self._bus, record.run_id, record.request_id):
-                ended = "not_needed"  # HUM-7: its run withdrew it before it was stored
+            ended = await self._ended(record, indexed_at)
             if ended is not None:
-                cancelled = await cancel_pending(self._bus, record.request_id, ended, None, self._observer)
+                cancelled = await cancel_pending(
+                    self._bus, record.request_id, ended, None, self._observer, self._mirror
+                )
                 record = cancelled or record
                 known = None
 
@@ -334,6 +358,34 @@ class RequestHandler:
                 fallback_from=fallback_from,
                 failed=[f.channel for f in record.failed_deliveries],
             )
+
+    async def _drop_entries(self, ours: HumanRequestRecord, stored: HumanRequestRecord) -> None:
+        """The run entry and the inbox entries this intake wrote for ``ours`` before it found the id stored by
+        another run (``stored``): dropped, so that run's end never finds the other's request under it (and
+        cancel_pending refuses another run's request anyway) and nobody's inbox lists it wrongly."""
+        refs = ChannelRefs(self._bus)
+        await refs.delete(ref_key("run", ours.run_id, ours.request_id))
+        for person in set(answerers(ours)) - set(answerers(stored)):
+            await refs.delete(inbox_key(person, ours.request_id))
+
+    async def _ended(self, record: HumanRequestRecord, indexed_at: int | None) -> str | None:
+        """Why ``record``'s run no longer needs it: the event type that ended the run (``runend.<run>``),
+        ``not_needed`` when the run withdrew it (HUM-7, ``withdrawn.<run>.<id>``), None when neither.
+
+        ``indexed_at``: the revision of the run entry this intake created. Once the mirror has applied it, both
+        markers are read from the mirror: one written before the entry is there; one written after it finds the
+        entry (:mod:`.runs`) and cancels the record, retried until it is stored. Otherwise they are read from
+        the bucket."""
+        run_id, request_id = record.run_id, record.request_id
+        if indexed_at is not None and self._mirror is not None and await self._mirror.reached(indexed_at):
+            marker = self._mirror.get(ref_key("runend", run_id))
+            if marker is not None:
+                return marker.value
+            return "not_needed" if self._mirror.get(ref_key("withdrawn", run_id, request_id)) is not None else None
+        ended = await run_ended(self._bus, run_id)
+        if ended is None and await withdrawn(self._bus, run_id, request_id):
+            ended = "not_needed"  # HUM-7: its run withdrew it before it was stored
+        return ended
 
     async def _stored_before(self, payload: HumanRequested) -> bool:
         """A redelivery of a request stored before its recipient left the directory (the directory is live):
@@ -453,9 +505,12 @@ class RequestHandler:
             )
 
         try:
-            return (await store.modify(key, record, known=known)).value
+            written = await store.modify(key, record, known=known)
         except NotFound:  # pragma: no cover - requests are never deleted
             raise TransientError(f"request {key} vanished") from None
+        if self._recent is not None and written.changed:
+            self._recent.put(key, written)
+        return written.value
 
     async def _schedule_deadline(self, record: HumanRequestRecord) -> None:
         result = await arm_deadline(self._bus, record.request_id, record.expires_at)

@@ -10,22 +10,39 @@ answered or expired requests are left alone.
 The run's requests are found through the index ``run.<run id>.<request id>`` in the ``human-channels``
 bucket, written before the request is stored (see :func:`index_request`), never by scanning every request.
 A request that arrives after its run ended (``runend.<run id>``, written before the index is read) is
-cancelled at intake, before anyone is notified.
+cancelled at intake, before anyone is notified. A request of the index whose run entry, as this replica's
+mirror of the bucket holds it, says it ended answered or expired (``ended``, written when it ended; final) is
+not read: nothing would be done to it.
+
+The run's requests come from the same mirror once it has applied the end marker this handler wrote (a request
+indexed before the marker is in it; one indexed after it sees the marker at intake), else from one
+``STREAM.INFO`` of the bucket (a redelivery, or the mirror behind).
+
+The intake of a new request checks the markers (``runend.<run>``, ``withdrawn.<run>.<id>``) in its replica's
+mirror of the bucket once the mirror has applied the run entry the intake wrote (:meth:`.mirror.ChannelMirror
+.reached`), not by reading them: a marker written before that entry is then in the mirror. A marker written
+after it finds the entry here (the index is listed after the marker is written; a withdrawal reads the entry
+when it finds no record): if the record is not stored yet (the intake is between its index and its record),
+the handler cannot cancel it now and the intake may have looked before the marker, so the message is retried
+(:class:`~temporality_bus.TransientError`, the consumer's backoff) until the record is there and cancelled --
+for as long as the entry is younger than :data:`~.inbox.NEVER_STORED_AFTER` (an intake crashed in between is
+redelivered well within it, and then reads the markers from the bucket).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import structlog
 
-from temporality_bus import Bus, Delivery, NotFound
+from temporality_bus import Bus, Delivery, NotFound, TransientError
 from temporality_bus.listing import stored_keys
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
-from temporality_human_interaction.inbox import unindex
+from temporality_human_interaction.inbox import NEVER_STORED_AFTER, unindex
+from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_protocol import Envelope, HumanCancelRequested, HumanRequestState
 
@@ -35,7 +52,9 @@ if TYPE_CHECKING:
 __all__ = [
     "RUN_ENDINGS",
     "RunEndHandler",
+    "being_stored",
     "cancel_pending",
+    "index_new_request",
     "index_request",
     "requests_of_run",
     "run_ended",
@@ -48,6 +67,8 @@ log = structlog.get_logger(__name__)
 _LIST_TIMEOUT_S = 10.0
 
 RUN_ENDINGS = frozenset({"run.completed", "run.failed", "run.cancelled"})
+#: A run's end leaves a request that ended in one of these alone (:func:`cancel_pending` would do nothing to it).
+_ENDED_OTHERWISE = frozenset({HumanRequestState.ANSWERED.value, HumanRequestState.EXPIRED.value})
 
 
 async def index_request(bus: Bus, run_id: str, request_id: str, expires_at: datetime | None = None) -> None:
@@ -55,6 +76,28 @@ async def index_request(bus: Bus, run_id: str, request_id: str, expires_at: date
     no-op, apart from filling in a deadline an older version did not store). The retention sweep reads it:
     a request whose ``expires_at`` + retention is still ahead is not read (:mod:`.inbox`)."""
     await ChannelRefs(bus).claim(ref_key("run", run_id, request_id), request_id, expires_at=expires_at)
+
+
+async def index_new_request(bus: Bus, run_id: str, request_id: str, expires_at: datetime) -> int | None:
+    """:func:`index_request` for a request not known to be stored: the run entry's revision when this call created
+    it. The entry is written before the record (create-if-absent), so then no record of the request can be
+    stored yet (one stored by another run under the same id aside: its run entry is another key) -- the intake
+    need not read it first. None: the entry was there (a redelivery, or another delivery of the same event);
+    filled in as :func:`index_request` does."""
+    refs = ChannelRefs(bus)
+    key = ref_key("run", run_id, request_id)
+    revision = await refs.create(key, request_id, expires_at=expires_at)
+    if revision is None:
+        await refs.claim(key, request_id, expires_at=expires_at)
+    return revision
+
+
+async def being_stored(bus: Bus, run_id: str, request_id: str) -> bool:
+    """Whether ``request_id``'s intake is under way: indexed under ``run_id`` (read from the bucket), not ended,
+    not stored yet (the caller found no record) and indexed less than :data:`~.inbox.NEVER_STORED_AFTER` ago (an
+    intake that crashed in between is redelivered within that; past it, it never will be)."""
+    ref = await ChannelRefs(bus).get_ref(ref_key("run", run_id, request_id))
+    return ref is not None and ref.ended_at is None and ref.created_at + NEVER_STORED_AFTER > datetime.now(UTC)
 
 
 async def requests_of_run(bus: Bus, run_id: str) -> list[str]:
@@ -86,24 +129,33 @@ async def cancel_pending(
     because: str,
     on_outcome: Callable[[HumanRequestRecord], Awaitable[None]] | None,
     observer: RequestObserver | None = None,
+    mirror: ChannelMirror | None = None,
+    *,
+    run_id: str | None = None,
 ) -> HumanRequestRecord | None:
     """Cancel ``request_id`` if it is pending; show the outcome when it is (now or already) cancelled.
 
-    ``observer`` is told the cancelled request once, by the call whose compare-and-set cancelled it."""
+    ``observer`` is told the cancelled request once, by the call whose compare-and-set cancelled it.
+    ``mirror``: passed to :func:`~.inbox.unindex` (the run entry's mark). ``run_id``: only a request of that
+    run is cancelled (another run's is left alone: an index entry under a run that does not own the id)."""
     store = await open_store(bus)
     try:
         result = await store.modify(
-            request_id, lambda r: r.moved_to(HumanRequestState.CANCELLED) if r.pending else None
+            request_id,
+            lambda r: r.moved_to(HumanRequestState.CANCELLED) if r.pending and run_id in (None, r.run_id) else None,
         )
     except NotFound:
         return None
     record = result.value
+    if run_id is not None and record.run_id != run_id:
+        log.warning("request.cancel_refused", request_id=request_id, run_id=run_id, owner=record.run_id)
+        return record
     if record.status is not HumanRequestState.CANCELLED:
         return record
     log.info("request.cancelled", request_id=request_id, because=because, changed=result.changed)
     if result.changed and observer is not None:
         observer.ended(record)
-    await unindex(bus, record)
+    await unindex(bus, record, mirror)
     if on_outcome is not None:
         await on_outcome(record)
     return record
@@ -118,11 +170,15 @@ class RunEndHandler:
         on_outcome: Callable[[HumanRequestRecord], Awaitable[None]] | None = None,
         *,
         observer: RequestObserver | None = None,
+        mirror: ChannelMirror | None = None,
     ) -> None:
         self._bus = bus
         self._on_outcome = on_outcome
         #: Told each request this replica cancelled (the wait-time histogram).
         self._observer = observer
+        #: ``human-channels`` as this replica's watch sees it: a request whose run entry says it was answered or
+        #: expired is not read (those states are final: cancelling it would find nothing to do).
+        self._mirror = mirror
 
     async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
         if event.type == HumanCancelRequested.EVENT_TYPE:
@@ -137,9 +193,40 @@ class RunEndHandler:
         with structlog.contextvars.bound_contextvars(run_id=run_id):
             # The marker first, then the index: a request stored concurrently either is in the index
             # already or sees the marker at intake (RequestHandler), so none is left pending.
-            await ChannelRefs(self._bus).claim(ref_key("runend", run_id), event.type)
-            for request_id in await requests_of_run(self._bus, run_id):
-                await cancel_pending(self._bus, request_id, event.type, self._on_outcome, self._observer)
+            refs = ChannelRefs(self._bus)
+            marked = await refs.create(ref_key("runend", run_id), event.type)
+            if marked is None:  # a redelivery (or another replica's): as it is
+                await refs.claim(ref_key("runend", run_id), event.type)
+            unstored: list[str] = []
+            for request_id in await self._requests_of(run_id, marked):
+                if self._ended_otherwise(run_id, request_id):
+                    continue
+                found = await cancel_pending(
+                    self._bus, request_id, event.type, self._on_outcome, self._observer, self._mirror, run_id=run_id
+                )
+                if found is None and await being_stored(self._bus, run_id, request_id):
+                    unstored.append(request_id)
+            if unstored:  # the intake may have checked the marker before it was written: cancel it once stored
+                raise TransientError(f"run {run_id} ended while its requests {unstored} were being stored")
+
+    async def _requests_of(self, run_id: str, marked: int | None) -> list[str]:
+        """The run's requests: from the mirror once it has applied the end marker this call wrote (``marked``, its
+        revision), else listed from the bucket (:func:`requests_of_run`). A request indexed before the marker is
+        then in the mirror; one indexed after it sees the marker at its intake."""
+        if marked is None or self._mirror is None or not await self._mirror.reached(marked):
+            return await requests_of_run(self._bus, run_id)
+        parent = ref_key("run", run_id)
+        return [entry.key.removeprefix(f"{parent}.") for entry in self._mirror.children(parent)]
+
+    def _ended_otherwise(self, run_id: str, request_id: str) -> bool:
+        """Whether the mirror says ``request_id`` ended answered or expired: final states, so true however stale
+        the mirror is; a cancelled one is still read (a redelivery shows its outcome again), and one the mirror
+        does not know ended is read too."""
+        entry = self._mirror.get(ref_key("run", run_id, request_id)) if self._mirror is not None else None
+        if entry is None or entry.ended not in _ENDED_OTHERWISE:
+            return False
+        log.info("run_end.request_already_ended", request_id=request_id, ended=entry.ended)
+        return True
 
     async def _withdraw(self, withdrawal: HumanCancelRequested) -> None:
         """HUM-7: the run no longer needs these requests: each is cancelled like at the run's end. The marker
@@ -147,14 +234,22 @@ class RunEndHandler:
         is cancelled at intake (RequestHandler) instead of being sent."""
         refs = ChannelRefs(self._bus)
         store = await open_store(self._bus)
+        unstored: list[str] = []
         with structlog.contextvars.bound_contextvars(run_id=withdrawal.run_id):
             for request_id in withdrawal.request_ids:
                 await refs.claim(ref_key("withdrawn", withdrawal.run_id, request_id), request_id)
                 found = await store.get(request_id)
                 if found is None:
+                    if await being_stored(self._bus, withdrawal.run_id, request_id):
+                        unstored.append(request_id)  # its intake may have checked the marker before it was written
+                        continue
                     log.info("request.withdrawn_before_stored", request_id=request_id)
                     continue
                 if found.value.run_id != withdrawal.run_id:
                     log.warning("request.withdraw_refused", request_id=request_id, owner=found.value.run_id)
                     continue
-                await cancel_pending(self._bus, request_id, withdrawal.reason, self._on_outcome, self._observer)
+                await cancel_pending(
+                    self._bus, request_id, withdrawal.reason, self._on_outcome, self._observer, self._mirror
+                )
+        if unstored:  # cancelled once stored (the retry finds the record)
+            raise TransientError(f"requests {unstored} of run {withdrawal.run_id} withdrawn while being stored")

@@ -15,9 +15,9 @@ key                                    value
 ``matrix.room.<matrix user id>``       the DM room with that person, created once and reused
 ``matrix.latest.<room id>``            request id of the newest question in that room (overwritten)
 ``matrix.since.<bot user id>``         the sync ``next_batch`` the adapter resumes from (overwritten)
-``run.<run id>.<request id>``          the request id, its ``expires_at`` and, once it ended, ``ended_at``: the
-                                       run's requests (see :mod:`..runs`), what the sweep reads instead of the
-                                       request keys
+``run.<run id>.<request id>``          the request id, its ``expires_at`` and, once it ended, ``ended_at`` and
+                                       ``ended`` (how: answered, expired, cancelled): the run's requests (see
+                                       :mod:`..runs`), what the sweep reads instead of the request keys
 ``runend.<run id>``                    the event type that ended the run
 ``notify.<notification id>``           the channel that sent that notification, and its ``event``: the
                                        ``human.notification_delivered`` that journals it (see :mod:`..notifications`)
@@ -79,6 +79,10 @@ class ChannelRef(BaseModel):
     #: On a run entry (``run.<run>.<id>``): when the request ended (answered, expired, cancelled), so the
     #: start-up rebuild and the sweep know it without reading the record.
     ended_at: datetime | None = None
+    #: On a run entry, with ``ended_at``: the state it ended in (``answered``, ``expired``, ``cancelled``; final,
+    #: so a stale copy of it is still true), so the run's end skips a request that ended otherwise than
+    #: cancelled without reading its record (:mod:`..runs`). None: pending, or marked by an older version.
+    ended: str | None = None
     #: On a notification's once-only marker (``notify.*``): the encoded ``human.notification_delivered`` that
     #: journals the send, published (again, same id) by whoever finds the marker (:mod:`..notifications`).
     event: str | None = None
@@ -130,6 +134,14 @@ class ChannelRefs:
         """Remove ``key`` (a no-op when it is not there)."""
         await (await self._bus.kv(BUCKET_HUMAN_CHANNELS)).purge(key)
 
+    async def create(self, key: str, value: str, *, expires_at: datetime | None = None) -> int | None:
+        """Store ``value`` under ``key`` if the key holds nothing: the new revision, or None when it holds a value
+        (left as it is: :meth:`claim` fills in what an older version's entry lacks)."""
+        try:
+            return await (await self._open()).create(key, ChannelRef(value=value, expires_at=expires_at))
+        except AlreadyExists:
+            return None
+
     async def claim(
         self,
         key: str,
@@ -167,9 +179,26 @@ class ChannelRefs:
         expires_at: datetime | None = None,
         people: int | None = None,
         ended_at: datetime | None = None,
+        ended: str | None = None,
     ) -> bool:
-        """Fill in what an index entry lacks (its deadline, its count of answerers, when its request ended)
-        unless it changed since ``revision``; a value it already has is kept. True when it was written."""
+        """Fill in what an index entry lacks (its deadline, its count of answerers, when and how its request
+        ended) unless it changed since ``revision``; a value it already has is kept. True when it was written."""
+        try:
+            return await self._fill(key, ref, revision, expires_at, people, ended_at, ended)
+        except Conflict:
+            return False
+
+    async def _fill(
+        self,
+        key: str,
+        ref: ChannelRef,
+        revision: int,
+        expires_at: datetime | None,
+        people: int | None,
+        ended_at: datetime | None,
+        ended: str | None,
+    ) -> bool:
+        """:meth:`fill`, raising :class:`Conflict` when the entry is no longer at ``revision``."""
         changes: dict[str, object] = {}
         if expires_at is not None and ref.expires_at is None:
             changes["expires_at"] = expires_at
@@ -177,19 +206,29 @@ class ChannelRefs:
             changes["people"] = people
         if ended_at is not None and ref.ended_at is None:
             changes["ended_at"] = ended_at
+        if ended is not None and ref.ended is None:
+            changes["ended"] = ended
         if not changes:
             return False
         store = await self._open()
-        try:
-            await store.update(key, ref.model_copy(update=changes), revision)
-        except Conflict:
-            return False
+        await store.update(key, ref.model_copy(update=changes), revision)
         return True
 
-    async def mark_ended(self, key: str, ended_at: datetime) -> bool:
-        """Record on the run entry ``key`` that its request ended (nothing when the entry is not there)."""
+    async def mark_ended(
+        self, key: str, ended_at: datetime, ended: str | None = None, *, known: tuple[ChannelRef, int] | None = None
+    ) -> bool:
+        """Record on the run entry ``key`` that its request ended, and how (nothing when the entry is not there).
+
+        ``known``: the entry and its revision as a mirror of the bucket last saw it (:mod:`..mirror`); the
+        write starts from it instead of reading the entry, as a compare-and-set on that revision: a stale one
+        (the entry changed or went since) loses it, and the entry is read as without it."""
+        if known is not None:
+            try:
+                return await self._fill(key, known[0], known[1], None, None, ended_at, ended)
+            except Conflict:
+                pass
         store = await self._open()
         got = await store.get(key)
         if got is None:
             return False
-        return await self.fill(key, got.value, got.revision, ended_at=ended_at)
+        return await self.fill(key, got.value, got.revision, ended_at=ended_at, ended=ended)

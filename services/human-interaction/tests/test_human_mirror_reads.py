@@ -1,0 +1,308 @@
+"""The reads human-interaction takes from its mirror of ``human-channels`` (or from the records it wrote last)
+instead of the bucket, and why each is safe when the copy is stale: the intake checks a run's end and a
+withdrawal in the mirror once it holds the intake's own run entry (a marker written after that entry finds the
+entry and is retried until the record is stored), a policy is written once, a run entry's mark and an answer's
+binding are compare-and-sets on the revision the copy had (a stale one loses and reads), and a request's final
+state never reverts. Every binding stays exactly once."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from human_support import ALICE, USERS_FILE, count_requests, events_of, exactly, requested, stored, timer_messages
+
+import temporality_human_interaction.requests as requests_module
+from temporality_bus import Bus, PermanentError, TransientError
+from temporality_human_interaction.answers import AnswerSubmission, NotPending, bind_answer_outcome
+from temporality_human_interaction.api import create_app
+from temporality_human_interaction.channels import ChannelAdapter
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
+from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.inbound import AnswerRouter
+from temporality_human_interaction.mirror import ChannelMirror
+from temporality_human_interaction.parking import park
+from temporality_human_interaction.policies import RunPolicies, RunPolicyHandler
+from temporality_human_interaction.records import HumanRequestRecord, RecentRecords
+from temporality_human_interaction.requests import RequestHandler
+from temporality_human_interaction.runs import RunEndHandler
+from temporality_human_interaction.settings import Settings
+from temporality_protocol import (
+    Envelope,
+    HumanCancelRequested,
+    HumanPolicy,
+    HumanRequestState,
+    LaunchSource,
+    OptionAnswer,
+    RunCompleted,
+    RunRequested,
+    make_event,
+    new_id,
+)
+from temporality_protocol.catalog import TIMER_SCHEDULE_HUMAN
+
+
+@pytest.fixture
+async def mirror(bus: Bus) -> AsyncIterator[ChannelMirror]:
+    mirror = await ChannelMirror.open(bus)
+    async with mirror.watching():
+        yield mirror
+
+
+@pytest.fixture
+def recent() -> RecentRecords:
+    return RecentRecords()
+
+
+@pytest.fixture
+def mirrored(
+    bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter], mirror: ChannelMirror, recent: RecentRecords
+) -> RequestHandler:
+    """The intake as the service wires it: with the mirror and the records it wrote last."""
+    return RequestHandler(bus, directory, adapters, mirror=mirror, recent=recent)
+
+
+def _ended(run_id: str) -> Envelope:
+    return make_event(
+        RunCompleted(run_id=run_id, result="done", turns=2), source="/temporality/run-executor", run_id=run_id
+    )
+
+
+def _withdrawal(run_id: str, request_id: str) -> Envelope:
+    data = HumanCancelRequested(run_id=run_id, request_ids=[request_id], answered="hreq-answered")
+    return make_event(data, source="/temporality/run-executor", run_id=run_id)
+
+
+def _marker_reads(sent: list[tuple[str, bytes]]) -> list[bytes]:
+    return [p for s, p in sent if s.endswith("MSG.GET.KV_human-channels") and (b".runend." in p or b".withdrawn." in p)]
+
+
+@pytest.mark.parametrize("ending", ["run_end", "withdrawal"])
+async def test_a_request_whose_run_ended_before_is_cancelled_at_intake_from_the_mirror(
+    bus: Bus, mirrored: RequestHandler, mirror: ChannelMirror, ending: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    ends = RunEndHandler(bus, mirror=mirror)
+    await ends.handle(_ended(run_id) if ending == "run_end" else _withdrawal(run_id, request_id))
+    sent = count_requests(bus, monkeypatch)
+    await mirrored.handle(asked)
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.CANCELLED
+    assert record.channel is None  # never sent
+    assert _marker_reads(list(sent)) == []  # seen in the mirror, not read
+
+
+@pytest.mark.parametrize("ending", ["run_end", "withdrawal"])
+async def test_a_run_that_ends_while_its_request_is_being_stored_cancels_it_once_stored(
+    bus: Bus, mirrored: RequestHandler, mirror: ChannelMirror, ending: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end comes between the intake's run entry and its record: the intake may check the mirror before the
+    marker is in it, and the handler finds no record to cancel -- so the handler is retried until it does."""
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    ends = RunEndHandler(bus, mirror=mirror)
+    end = _ended(run_id) if ending == "run_end" else _withdrawal(run_id, request_id)
+    raised: list[Exception] = []
+    index_open = requests_module.index_open
+
+    async def end_meanwhile(bus_: Bus, record: HumanRequestRecord) -> None:
+        await index_open(bus_, record)  # after the run entry, before the record
+        try:
+            await ends.handle(end)
+        except TransientError as exc:
+            raised.append(exc)
+
+    monkeypatch.setattr(requests_module, "index_open", end_meanwhile)
+    await mirrored.handle(asked)
+    assert len(raised) == 1, "the end must be retried: the request was being stored"
+    await ends.handle(end)  # the retry (the consumer's backoff): the record is there now
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.CANCELLED
+    await ends.handle(end)  # and again: nothing left to wait for
+
+
+async def test_a_run_end_leaves_an_answered_request_alone_without_reading_it(
+    bus: Bus,
+    mirrored: RequestHandler,
+    mirror: ChannelMirror,
+    recent: RecentRecords,
+    directory: Directory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    await mirrored.handle(asked)
+    router = AnswerRouter(bus, directory, mirror=mirror, recent=recent)
+    app = create_app(Settings(users_file=USERS_FILE, bus_timeout_s=5.0), bus, directory, router)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://human.test") as client:
+        reply = await client.post(f"/requests/{request_id}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
+    assert reply.status_code == 200, reply.text
+    entry = await ChannelRefs(bus).get_ref(ref_key("run", run_id, request_id))
+    assert entry is not None
+    assert entry.ended == "answered"
+    assert await mirror.reached(await _last_revision(bus))
+    sent = count_requests(bus, monkeypatch)
+    await RunEndHandler(bus, mirror=mirror).handle(_ended(run_id))
+    assert not [s for s, _ in sent if s.endswith("MSG.GET.KV_human-requests")]  # the record was not read
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.ANSWERED
+
+
+async def _last_revision(bus: Bus) -> int:
+    return int((await (await bus.kv(BUCKET_HUMAN_CHANNELS)).status()).stream_info.state.last_seq or 0)
+
+
+async def test_an_answer_from_a_stale_record_is_bound_once_and_a_second_refused(
+    bus: Bus, mirrored: RequestHandler, mirror: ChannelMirror, recent: RecentRecords
+) -> None:
+    """The records this replica wrote last are only the base of a compare-and-set: a second answer whose base is
+    the pending record of before the first answer loses it, reads, and is refused (409 already_answered)."""
+    asked = requested()
+    request_id = str(asked.data["request_id"])
+    await mirrored.handle(asked)
+    as_delivered = recent.pop(request_id)
+    assert as_delivered is not None
+    assert as_delivered.value.pending
+    recent.put(request_id, as_delivered)
+    first, already = await bind_answer_outcome(
+        bus,
+        request_id=request_id,
+        responder="user:alice",
+        submission=AnswerSubmission(option_id="keep-v1"),
+        channel="web",
+        mirror=mirror,
+        recent=recent,
+    )
+    assert first.status is HumanRequestState.ANSWERED
+    assert not already
+    recent.put(request_id, as_delivered)  # stale: still pending, an older revision
+    with pytest.raises(NotPending) as refused:
+        await bind_answer_outcome(
+            bus,
+            request_id=request_id,
+            responder="user:alice",
+            submission=AnswerSubmission(option_id="drop-v1"),
+            channel="web",
+            mirror=mirror,
+            recent=recent,
+        )
+    assert refused.value.code == "already_answered"
+    # the identical answer from the stale base: already recorded, nothing bound again
+    recent.put(request_id, as_delivered)
+    again, already = await bind_answer_outcome(
+        bus,
+        request_id=request_id,
+        responder="user:alice",
+        submission=AnswerSubmission(option_id="keep-v1"),
+        channel="web",
+        mirror=mirror,
+        recent=recent,
+    )
+    assert already
+    assert again.answered_at == first.answered_at
+    await exactly(bus, "human.answered", 1)
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert isinstance(record.answer, OptionAnswer)
+    assert record.answer.option_id == "keep-v1"
+
+
+async def test_a_run_entry_marked_from_a_stale_copy_is_marked_after_a_read(bus: Bus) -> None:
+    refs = ChannelRefs(bus)
+    key = ref_key("run", "run-stale", "hreq-stale")
+    expires = datetime.now(UTC) + timedelta(hours=1)
+    created = await refs.create(key, "hreq-stale", expires_at=expires)
+    assert created is not None
+    stale = ChannelRef(value="hreq-stale", expires_at=expires)
+    changed = await (await bus.store(BUCKET_HUMAN_CHANNELS, ChannelRef)).update(
+        key, ChannelRef(value="hreq-stale", expires_at=expires, people=1), created
+    )
+    ended_at = datetime.now(UTC)
+    assert await refs.mark_ended(key, ended_at, "expired", known=(stale, created))  # lost the CAS, read, marked
+    entry = await refs.get_ref(key)
+    assert entry is not None
+    assert (entry.ended_at, entry.ended, entry.people) == (ended_at, "expired", 1)
+    got = await (await bus.store(BUCKET_HUMAN_CHANNELS, ChannelRef)).get(key)
+    assert got is not None
+    assert got.revision > changed
+
+
+async def test_a_policy_in_the_mirror_is_not_read(
+    bus: Bus, mirror: ChannelMirror, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policies = RunPolicies(bus, mirror=mirror)
+    policy = HumanPolicy(allowed_recipients=["user:alice"])
+    await policies.record("run-mirrored", policy)
+    assert await mirror.reached(await _last_revision(bus))
+    sent = count_requests(bus, monkeypatch)
+    assert await policies.lookup("run-mirrored") == policy
+    assert await policies.lookup("run-unknown") is None  # not in the mirror: read from the bucket
+    reads = [p for s, p in sent if s.endswith("MSG.GET.KV_human-channels")]
+    assert reads == [b'{"last_by_subj":"$KV.human-channels.policy.run-unknown"}']
+
+
+async def test_a_request_id_of_another_run_leaves_no_entry_under_the_new_run(
+    bus: Bus, mirrored: RequestHandler
+) -> None:
+    theirs = requested(recipient="user:alice", request_id="hreq-shared-mirror")
+    await mirrored.handle(theirs)
+    mine = requested(recipient="user:bob", request_id="hreq-shared-mirror")
+    with pytest.raises(PermanentError, match="already used"):
+        await mirrored.handle(mine)
+    refs = ChannelRefs(bus)
+    assert await refs.get(ref_key("run", str(mine.runid), "hreq-shared-mirror")) is None
+    assert await refs.get(ref_key("open", "user:bob", "hreq-shared-mirror")) is None
+    assert await refs.get(ref_key("open", "user:alice", "hreq-shared-mirror")) is not None  # theirs stays
+    # the new run's end does not touch the other run's request
+    await RunEndHandler(bus).handle(_ended(str(mine.runid)))
+    record = await stored(bus, "hreq-shared-mirror")
+    assert record is not None
+    assert record.status is HumanRequestState.PENDING
+    assert await events_of(bus, "human.rejected") == []
+
+
+async def test_a_request_parked_before_its_policy_is_woken_from_the_mirror(
+    bus: Bus, mirror: ChannelMirror, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policy's handler finds the requests parked under its run in the mirror once the mirror holds the policy
+    it stored (a request parked after that finds the policy itself): no STREAM.INFO, no listing."""
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    await park(bus, asked, run_id, request_id, datetime.now(UTC) + timedelta(hours=1))
+    sent = count_requests(bus, monkeypatch)
+    policies = RunPolicies(bus, mirror=mirror)
+    run = RunRequested(
+        run_id=run_id,
+        agent="reviewer",
+        title="PR 42",
+        launch=LaunchSource(kind="webhook", trigger_id="t"),
+        human=HumanPolicy(allowed_recipients=["user:alice"]),
+    )
+    await RunPolicyHandler(policies).handle(make_event(run, source="/temporality/trigger-gateway", run_id=run_id))
+    handled = list(sent)
+    assert not [s for s, _ in handled if ".STREAM.INFO." in s or ".CONSUMER.CREATE." in s]
+    assert await timer_messages(bus, f"{TIMER_SCHEDULE_HUMAN}.{request_id}.policywake") == 1
+
+
+async def test_a_run_end_finds_its_requests_in_the_mirror(
+    bus: Bus, mirrored: RequestHandler, mirror: ChannelMirror, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id = new_id("run")
+    asked = [requested(run_id=run_id) for _ in range(2)]
+    for event in asked:
+        await mirrored.handle(event)
+    sent = count_requests(bus, monkeypatch)
+    await RunEndHandler(bus, mirror=mirror).handle(_ended(run_id))
+    for event in asked:
+        record = await stored(bus, str(event.data["request_id"]))
+        assert record is not None
+        assert record.status is HumanRequestState.CANCELLED
+    assert not [s for s, _ in sent if ".STREAM.INFO." in s]
+    # a redelivery (its marker there already) lists the bucket, and finds nothing left to do
+    await RunEndHandler(bus, mirror=mirror).handle(_ended(run_id))

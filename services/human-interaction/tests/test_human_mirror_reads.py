@@ -1,9 +1,9 @@
 """The reads human-interaction takes from its mirror of ``human-channels`` (or from the records it wrote last)
-instead of the bucket, and why each is safe when the copy is stale: the intake checks a run's end and a
-withdrawal in the mirror once it holds the intake's own run entry (a marker written after that entry finds the
-entry and is retried until the record is stored), a policy is written once, a run entry's mark and an answer's
+instead of the bucket, and why each is safe when the copy is stale: a policy is written once, a run entry's mark and an answer's
 binding are compare-and-sets on the revision the copy had (a stale one loses and reads), and a request's final
-state never reverts. Every binding stays exactly once."""
+state never reverts. Every binding stays exactly once. The markers of a run's end and of a withdrawal are the
+exception: the intake reads them from the bucket once its record is stored (a mirror behind them let a question
+out after its run ended)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from human_support import ALICE, USERS_FILE, count_requests, events_of, exactly, requested, stored, timer_messages
 
 import temporality_human_interaction.requests as requests_module
-from temporality_bus import Bus, PermanentError, TransientError
+from temporality_bus import Bus, PermanentError
 from temporality_human_interaction.answers import AnswerSubmission, NotPending, bind_answer_outcome
 from temporality_human_interaction.api import create_app
 from temporality_human_interaction.channels import ChannelAdapter
@@ -75,55 +75,54 @@ def _withdrawal(run_id: str, request_id: str) -> Envelope:
     return make_event(data, source="/temporality/run-executor", run_id=run_id)
 
 
-def _marker_reads(sent: list[tuple[str, bytes]]) -> list[bytes]:
-    return [p for s, p in sent if s.endswith("MSG.GET.KV_human-channels") and (b".runend." in p or b".withdrawn." in p)]
-
-
 @pytest.mark.parametrize("ending", ["run_end", "withdrawal"])
-async def test_a_request_whose_run_ended_before_is_cancelled_at_intake_from_the_mirror(
-    bus: Bus, mirrored: RequestHandler, mirror: ChannelMirror, ending: str, monkeypatch: pytest.MonkeyPatch
+async def test_a_request_whose_run_ended_before_is_cancelled_at_intake(
+    bus: Bus, mirrored: RequestHandler, mirror: ChannelMirror, ending: str
 ) -> None:
     asked = requested()
     request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
     ends = RunEndHandler(bus, mirror=mirror)
     await ends.handle(_ended(run_id) if ending == "run_end" else _withdrawal(run_id, request_id))
-    sent = count_requests(bus, monkeypatch)
     await mirrored.handle(asked)
     record = await stored(bus, request_id)
     assert record is not None
     assert record.status is HumanRequestState.CANCELLED
     assert record.channel is None  # never sent
-    assert _marker_reads(list(sent)) == []  # seen in the mirror, not read
 
 
 @pytest.mark.parametrize("ending", ["run_end", "withdrawal"])
-async def test_a_run_that_ends_while_its_request_is_being_stored_cancels_it_once_stored(
+async def test_a_run_that_ends_while_its_request_is_being_stored_is_never_sent_even_with_the_mirror_behind(
     bus: Bus, mirrored: RequestHandler, mirror: ChannelMirror, ending: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The end comes between the intake's run entry and its record: the intake may check the mirror before the
-    marker is in it, and the handler finds no record to cancel -- so the handler is retried until it does."""
+    """The end comes between the intake's run entry and its record, handled by another replica (no mirror of its
+    own here), while this replica's mirror has not applied the marker yet (hidden from it): the end finds no record
+    to cancel, so the intake must see the marker once its record is stored -- it reads the bucket, not the
+    mirror, and cancels the request before anyone is notified. (Read from the lagging mirror, the question was
+    sent for a run that had ended, and nothing cancelled it.) The end is handled once, with no retry."""
     asked = requested()
     request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
-    ends = RunEndHandler(bus, mirror=mirror)
     end = _ended(run_id) if ending == "run_end" else _withdrawal(run_id, request_id)
-    raised: list[Exception] = []
+    shown = mirror.get
+
+    def behind(key: str) -> object:  # the watch a moment behind: the markers are not applied yet
+        return None if key.startswith(("runend.", "withdrawn.")) else shown(key)
+
+    monkeypatch.setattr(mirror, "get", behind)
     index_open = requests_module.index_open
 
     async def end_meanwhile(bus_: Bus, record: HumanRequestRecord) -> None:
         await index_open(bus_, record)  # after the run entry, before the record
-        try:
-            await ends.handle(end)
-        except TransientError as exc:
-            raised.append(exc)
+        await RunEndHandler(bus).handle(end)  # another replica's: raises nothing, finds nothing to cancel
 
     monkeypatch.setattr(requests_module, "index_open", end_meanwhile)
     await mirrored.handle(asked)
-    assert len(raised) == 1, "the end must be retried: the request was being stored"
-    await ends.handle(end)  # the retry (the consumer's backoff): the record is there now
     record = await stored(bus, request_id)
     assert record is not None
     assert record.status is HumanRequestState.CANCELLED
-    await ends.handle(end)  # and again: nothing left to wait for
+    assert record.channel is None  # never sent
+    assert record.deliveries == []
+    assert [e for e in await events_of(bus, "human.notified") if e.runid == run_id] == []
+    await RunEndHandler(bus, mirror=mirror).handle(end)  # a redelivery of the end: nothing left to do
 
 
 async def test_a_run_end_leaves_an_answered_request_alone_without_reading_it(

@@ -114,8 +114,16 @@ class RunPolicies:
         return HumanPolicy.model_validate_json(stored), None
 
     async def lookup(self, run_id: str) -> HumanPolicy | None:
-        """The run's stored policy: the mirror's copy when it has one, else read from the bucket."""
-        mirrored = self._mirror.get(policy_key(run_id)) if self._mirror is not None else None
+        """The run's stored policy: the mirror's copy when it has one and its watch runs (a watch that is down
+        keeps a policy the sweep has purged since), else read from the bucket."""
+        mirrored = None
+        if self._mirror is not None:
+            try:
+                await self._mirror.check()
+            except Exception:
+                mirrored = None
+            else:
+                mirrored = self._mirror.get(policy_key(run_id))
         raw = mirrored.value if mirrored is not None else await self._refs.get(policy_key(run_id))
         return HumanPolicy.model_validate_json(raw) if raw is not None else None
 

@@ -329,7 +329,7 @@ class RequestHandler:
             if not indexed:  # a redelivery, or another delivery stored it first: index the stored record
                 await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
                 await index_open(self._bus, record)
-            ended = await self._ended(record, indexed_at)
+            ended = await self._ended(record)
             if ended is not None:
                 cancelled = await cancel_pending(
                     self._bus, record.request_id, ended, None, self._observer, self._mirror
@@ -368,20 +368,16 @@ class RequestHandler:
         for person in set(answerers(ours)) - set(answerers(stored)):
             await refs.delete(inbox_key(person, ours.request_id))
 
-    async def _ended(self, record: HumanRequestRecord, indexed_at: int | None) -> str | None:
+    async def _ended(self, record: HumanRequestRecord) -> str | None:
         """Why ``record``'s run no longer needs it: the event type that ended the run (``runend.<run>``),
         ``not_needed`` when the run withdrew it (HUM-7, ``withdrawn.<run>.<id>``), None when neither.
 
-        ``indexed_at``: the revision of the run entry this intake created. Once the mirror has applied it, both
-        markers are read from the mirror: one written before the entry is there; one written after it finds the
-        entry (:mod:`.runs`) and cancels the record, retried until it is stored. Otherwise they are read from
-        the bucket."""
+        Read from the bucket, after the record is stored, never from the mirror: the run's end (or the
+        withdrawal) writes its marker and then looks for the record, so one of the two sees the other -- a
+        mirror behind the marker would let a question reach a person after its run ended, with nothing left
+        to cancel it (a review of the mirror reads found it; so would an older replica's run end, which does
+        not retry)."""
         run_id, request_id = record.run_id, record.request_id
-        if indexed_at is not None and self._mirror is not None and await self._mirror.reached(indexed_at):
-            marker = self._mirror.get(ref_key("runend", run_id))
-            if marker is not None:
-                return marker.value
-            return "not_needed" if self._mirror.get(ref_key("withdrawn", run_id, request_id)) is not None else None
         ended = await run_ended(self._bus, run_id)
         if ended is None and await withdrawn(self._bus, run_id, request_id):
             ended = "not_needed"  # HUM-7: its run withdrew it before it was stored

@@ -18,30 +18,25 @@ The run's requests come from the same mirror once it has applied the end marker 
 indexed before the marker is in it; one indexed after it sees the marker at intake), else from one
 ``STREAM.INFO`` of the bucket (a redelivery, or the mirror behind).
 
-The intake of a new request checks the markers (``runend.<run>``, ``withdrawn.<run>.<id>``) in its replica's
-mirror of the bucket once the mirror has applied the run entry the intake wrote (:meth:`.mirror.ChannelMirror
-.reached`), not by reading them: a marker written before that entry is then in the mirror. A marker written
-after it finds the entry here (the index is listed after the marker is written; a withdrawal reads the entry
-when it finds no record): if the record is not stored yet (the intake is between its index and its record),
-the handler cannot cancel it now and the intake may have looked before the marker, so the message is retried
-(:class:`~temporality_bus.TransientError`, the consumer's backoff) until the record is there and cancelled --
-for as long as the entry is younger than :data:`~.inbox.NEVER_STORED_AFTER` (an intake crashed in between is
-redelivered well within it, and then reads the markers from the bucket).
+The intake of a new request reads the markers (``runend.<run>``, ``withdrawn.<run>.<id>``) from the bucket once
+its record is stored, and this handler writes its marker before it looks for the records: one of the two sees
+the other, so a request is never left pending after its run's end, nor sent after it. (Read from a replica's
+mirror instead, a marker written while the mirror was behind went unseen and the question was sent.)
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import structlog
 
-from temporality_bus import Bus, Delivery, NotFound, TransientError
+from temporality_bus import Bus, Delivery, NotFound
 from temporality_bus.listing import stored_keys
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
-from temporality_human_interaction.inbox import NEVER_STORED_AFTER, unindex
+from temporality_human_interaction.inbox import unindex
 from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_protocol import Envelope, HumanCancelRequested, HumanRequestState
@@ -52,7 +47,6 @@ if TYPE_CHECKING:
 __all__ = [
     "RUN_ENDINGS",
     "RunEndHandler",
-    "being_stored",
     "cancel_pending",
     "index_new_request",
     "index_request",
@@ -90,14 +84,6 @@ async def index_new_request(bus: Bus, run_id: str, request_id: str, expires_at: 
     if revision is None:
         await refs.claim(key, request_id, expires_at=expires_at)
     return revision
-
-
-async def being_stored(bus: Bus, run_id: str, request_id: str) -> bool:
-    """Whether ``request_id``'s intake is under way: indexed under ``run_id`` (read from the bucket), not ended,
-    not stored yet (the caller found no record) and indexed less than :data:`~.inbox.NEVER_STORED_AFTER` ago (an
-    intake that crashed in between is redelivered within that; past it, it never will be)."""
-    ref = await ChannelRefs(bus).get_ref(ref_key("run", run_id, request_id))
-    return ref is not None and ref.ended_at is None and ref.created_at + NEVER_STORED_AFTER > datetime.now(UTC)
 
 
 async def requests_of_run(bus: Bus, run_id: str) -> list[str]:
@@ -197,17 +183,13 @@ class RunEndHandler:
             marked = await refs.create(ref_key("runend", run_id), event.type)
             if marked is None:  # a redelivery (or another replica's): as it is
                 await refs.claim(ref_key("runend", run_id), event.type)
-            unstored: list[str] = []
             for request_id in await self._requests_of(run_id, marked):
                 if self._ended_otherwise(run_id, request_id):
                     continue
-                found = await cancel_pending(
+                # not stored yet (None): its intake reads this marker once it has stored it, and cancels it
+                await cancel_pending(
                     self._bus, request_id, event.type, self._on_outcome, self._observer, self._mirror, run_id=run_id
                 )
-                if found is None and await being_stored(self._bus, run_id, request_id):
-                    unstored.append(request_id)
-            if unstored:  # the intake may have checked the marker before it was written: cancel it once stored
-                raise TransientError(f"run {run_id} ended while its requests {unstored} were being stored")
 
     async def _requests_of(self, run_id: str, marked: int | None) -> list[str]:
         """The run's requests: from the mirror once it has applied the end marker this call wrote (``marked``, its
@@ -216,7 +198,7 @@ class RunEndHandler:
         if marked is None or self._mirror is None or not await self._mirror.reached(marked):
             return await requests_of_run(self._bus, run_id)
         parent = ref_key("run", run_id)
-        return [entry.key.removeprefix(f"{parent}.") for entry in self._mirror.children(parent)]
+        return [entry.value for entry in self._mirror.children(parent)]  # the id (a long one's key is hashed)
 
     def _ended_otherwise(self, run_id: str, request_id: str) -> bool:
         """Whether the mirror says ``request_id`` ended answered or expired: final states, so true however stale
@@ -234,15 +216,11 @@ class RunEndHandler:
         is cancelled at intake (RequestHandler) instead of being sent."""
         refs = ChannelRefs(self._bus)
         store = await open_store(self._bus)
-        unstored: list[str] = []
         with structlog.contextvars.bound_contextvars(run_id=withdrawal.run_id):
             for request_id in withdrawal.request_ids:
                 await refs.claim(ref_key("withdrawn", withdrawal.run_id, request_id), request_id)
                 found = await store.get(request_id)
-                if found is None:
-                    if await being_stored(self._bus, withdrawal.run_id, request_id):
-                        unstored.append(request_id)  # its intake may have checked the marker before it was written
-                        continue
+                if found is None:  # its intake reads the marker once it has stored it, and cancels it
                     log.info("request.withdrawn_before_stored", request_id=request_id)
                     continue
                 if found.value.run_id != withdrawal.run_id:
@@ -251,5 +229,3 @@ class RunEndHandler:
                 await cancel_pending(
                     self._bus, request_id, withdrawal.reason, self._on_outcome, self._observer, self._mirror
                 )
-        if unstored:  # cancelled once stored (the retry finds the record)
-            raise TransientError(f"requests {unstored} of run {withdrawal.run_id} withdrawn while being stored")

@@ -124,10 +124,14 @@ class BasicAuth(Verifier):
     password: SecretStr | None = None
     password_env: _EnvName | None = None
     _secret: SecretStr = PrivateAttr()
+    #: The header a sender with these credentials sends (``Basic <base64 of user:password>``), built once.
+    _expected: bytes = PrivateAttr()
 
     @model_validator(mode="after")
     def _resolve_password(self, info: ValidationInfo) -> Self:
         self._secret = _resolve(self.password, self.password_env, info, ("password", "password_env"))
+        credentials = f"{self.username}:{self._secret.get_secret_value()}".encode()
+        self._expected = b"Basic " + base64.b64encode(credentials)
         return self
 
     def matches(self, username: str, password: str) -> bool:
@@ -138,6 +142,9 @@ class BasicAuth(Verifier):
         header = headers.get("authorization")
         if not header:
             raise self.refuse("this trigger requires HTTP Basic credentials")
+        if _same(header, self._expected):  # the header as the sender writes it: one constant-time comparison
+            return
+        # Anything else is decoded (another spelling of the scheme, padding, spaces) and compared part by part.
         scheme, _, value = header.partition(" ")
         try:
             if scheme.lower() != "basic":

@@ -379,10 +379,9 @@ def _delivery_of(launch: QueuedLaunch, trigger: TriggerConfig) -> TriggerDeliver
 
 def _without_payload(event: NormalizedEvent) -> NormalizedEvent:
     """``event`` with an empty payload. Not re-validated: every field comes from ``event``, which was
-    built through the validating constructor, and ``{}`` is a valid payload."""
-    fields = dict(event.__dict__)
-    fields["payload"] = {}
-    return NormalizedEvent.model_construct(event.model_fields_set | {"payload"}, **fields)
+    built through the validating constructor, and ``{}`` is a valid payload (a copy: ``model_construct``
+    costs about twice as much)."""
+    return event.model_copy(update={"payload": {}})
 
 
 def _marked(run_id: str) -> Settle:

@@ -31,7 +31,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self, cast
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationInfo, model_validator
 from standardwebhooks.webhooks import EmptyWebhookSecretError, Webhook
@@ -142,7 +142,9 @@ class BasicAuth(Verifier):
         header = headers.get("authorization")
         if not header:
             raise self.refuse("this trigger requires HTTP Basic credentials")
-        if _same(header, self._expected):  # the header as the sender writes it: one constant-time comparison
+        # The header as the sender writes it: one constant-time comparison (read from the private values'
+        # dict: an attribute read of a private value goes through pydantic's __getattr__, ~40x slower).
+        if _same(header, cast(dict[str, Any], self.__pydantic_private__)["_expected"]):
             return
         # Anything else is decoded (another spelling of the scheme, padding, spaces) and compared part by part.
         scheme, _, value = header.partition(" ")

@@ -12,15 +12,17 @@ from temporality_protocol import (
     EVENT_MODELS,
     HumanAnswered,
     InvalidEnvelope,
+    NormalizedEvent,
     OptionAnswer,
     RunRequested,
     TextAnswer,
     UnknownEventType,
     decode,
     encode,
+    encode_event,
     make_event,
 )
-from temporality_protocol.events import LaunchSource, TimeoutPolicy
+from temporality_protocol.events import Actor, LaunchSource, SourceLink, TimeoutPolicy
 
 
 def _answered() -> HumanAnswered:
@@ -192,3 +194,47 @@ def test_a_malformed_traceparent_does_not_make_the_event_unreadable() -> None:
     doc = json.loads(encode(make_event(_answered(), source="/t", id="evt-1")))
     doc["traceparent"] = "not-a-traceparent"
     assert decode(json.dumps(doc).encode()).traceparent == "not-a-traceparent"  # the bus ignores it (no parent)
+
+
+def _requested() -> RunRequested:
+    event = NormalizedEvent(
+        id="ev-1", type="azure_devops.git.pullrequest.created", source="https://dev.azure.com/o",
+        timestamp=datetime(2026, 12, 5, 22, 0, 0, 123456, tzinfo=UTC), actor=Actor(id="jamal@x", display_name="Jämal"),
+        tenant="fabrikam", payload={}, metadata={"event_type": "git.pullrequest.created"},
+        source_link=SourceLink(href="https://dev.azure.com/o/p/_git/r/pullrequest/1", label="PR #1"),
+    )  # fmt: skip
+    return RunRequested(
+        run_id="run-1", agent="reviewer", title="Review PR #1: ünïcode \u2028 \"quoted\"",
+        launch=LaunchSource(kind="webhook", trigger_id="t", delivery_id="dlv-1"), event=event,
+        input={"n": 1.5, "big": 10**30, "list": [None, True, "x"], "nested": {"k": "v"}},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("data", [_answered(), _requested()], ids=["human.answered", "run.requested"])
+@pytest.mark.parametrize("with_trace", [False, True], ids=["untraced", "traced"])
+def test_an_encoded_event_is_byte_for_byte_what_make_event_then_encode_write(data: object, with_trace: bool) -> None:
+    """encode_event (the data encoded once from its model) writes what make_event + encode write."""
+    at = datetime.now(UTC)
+    attributes = {"source": "/t", "id": "evt-1", "run_id": "run-1", "causation_id": "evt-0", "actor": "service:x"}
+    for extra in ({}, {"tenant": "fabrikam", "correlation_id": "saga-1", "subject": "s"}):
+        made = make_event(data, time=at, **attributes, **extra)  # type: ignore[arg-type]
+        encoded = encode_event(data, time=at, **attributes, **extra)  # type: ignore[arg-type]
+        assert (encoded.id, encoded.type, encoded.source, encoded.runid) == (
+            made.id,
+            made.type,
+            made.source,
+            made.runid,
+        )
+        assert encoded.nats_subject == made.nats_subject
+        if with_trace:
+            traced = made.model_copy(update={"traceparent": TRACEPARENT, "tracestate": "vendor=abc"})
+            assert encoded.encoded(TRACEPARENT, "vendor=abc") == encode(traced)
+        else:
+            assert encoded.encoded() == encode(made)
+            assert encoded.envelope() == made
+
+
+def test_an_encoded_event_needs_an_id_and_a_source() -> None:
+    for attributes in ({"source": "/t", "id": ""}, {"source": "", "id": "evt-1"}):
+        with pytest.raises(ValueError, match="non-empty"):
+            encode_event(_answered(), **attributes)

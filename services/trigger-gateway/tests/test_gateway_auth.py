@@ -52,6 +52,9 @@ def _vectors() -> dict[str, Any]:
     return data
 
 
+_EVENTS = {"github": "push", "azure_devops.pull_request": "git.pullrequest.created"}
+
+
 def _auth(yaml_auth: str, adapter: str = "generic", **environ: str) -> Any:
     (trigger,) = load_triggers_yaml(
         f"""
@@ -60,7 +63,7 @@ triggers:
     name: t
     type: webhook
     adapter: {adapter}
-    events: [{"push" if adapter == "github" else "order.created"}]
+    events: [{_EVENTS.get(adapter, "order.created")}]
     agent: reviewer
     auth: {yaml_auth}
 """,
@@ -150,6 +153,25 @@ def test_header_secret_and_bearer() -> None:
         with pytest.raises(Unauthorized) as refused:
             bearer.verify(httpx.Headers(wrong), b"")
         assert refused.value.headers()["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_basic_accepts_the_header_as_sent_and_every_other_valid_spelling() -> None:
+    """The header as a sender writes it is one comparison; any other spelling of the same credentials is
+    decoded and accepted as before, and a near miss is refused either way."""
+    basic = _auth("{type: basic, username: ado, password_env: S}", adapter="azure_devops.pull_request", S="pä:ss")
+    token = base64.b64encode("ado:pä:ss".encode()).decode()
+    for right in (f"Basic {token}", f"basic {token}", f"BASIC   {token}  "):
+        basic.verify(httpx.Headers({"Authorization": right}), b"")
+    near = base64.b64encode(b"ado:p\xc3\xa4:sS").decode()
+    for wrong in (
+        {},
+        {"Authorization": f"Basic {near}"},
+        {"Authorization": f"Basic {token}x"},
+        {"Authorization": token},
+    ):
+        with pytest.raises(Unauthorized) as refused:
+            basic.verify(httpx.Headers(wrong), b"")
+        assert refused.value.headers()["WWW-Authenticate"].startswith("Basic")
 
 
 # --------------------------------------------------------------------------- over HTTP

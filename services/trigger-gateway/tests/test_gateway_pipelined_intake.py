@@ -23,8 +23,14 @@ from gateway_support import MAX_BODY, eventually, fixture_bytes, fixture_json, j
 from nats.aio.msg import Msg
 
 from temporality_bus import Bus, BusError, NatsSettings, Pipeline, PublishResult, TransientError
-from temporality_bus.pipeline import Write
-from temporality_protocol import CONTENT_TYPE, Envelope, NormalizedEvent, derive_id, encode, run_id_for_delivery
+from temporality_bus.pipeline import Write, event_write
+from temporality_protocol import (
+    EncodedEvent,
+    Envelope,
+    NormalizedEvent,
+    derive_id,
+    run_id_for_delivery,
+)
 from temporality_protocol.catalog import BUCKET_DEDUPE, BUCKET_DELIVERIES
 from temporality_trigger_gateway import Settings, TriggerConfig, create_app
 from temporality_trigger_gateway.behind import WriteBehind
@@ -101,14 +107,14 @@ async def test_a_batch_jetstream_stores_only_in_part_answers_503_and_the_retry_m
     real_publish_raw_many = bus.publish_raw_many
     bus.js.no_stream_retry_s = 0.2  # (a 503 is sent again for a while, as stored nothing: not 3 s here)
 
-    async def refusing_run_requested(events: Sequence[Envelope]) -> list[PublishResult]:
+    async def refusing_run_requested(events: Sequence[Envelope | EncodedEvent]) -> list[PublishResult]:
         messages = []
         for event in events:
-            headers = {"Nats-Msg-Id": event.id, "Content-Type": CONTENT_TYPE, "Ce-Type": event.type}
-            subject = event.nats_subject
+            write = event_write(event)  # as publish_many writes it
+            subject = write.subject
             if event.type == "run.requested":  # a subject no stream takes: the server answers "no responders"
                 subject = "temporality.nowhere.run.requested"
-            messages.append((subject, encode(event), headers))
+            messages.append((subject, write.payload, write.headers))
         return await real_publish_raw_many(messages)
 
     with patch.object(bus, "publish_many", refusing_run_requested):

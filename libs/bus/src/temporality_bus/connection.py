@@ -31,7 +31,7 @@ from temporality_bus.pipeline import JS_TIMEOUT_S, Pipeline, PublishResult, Writ
 from temporality_bus.settings import NatsSettings
 from temporality_bus.store import Store
 from temporality_bus.tracing import calling, traced
-from temporality_protocol import CONTENT_TYPE, Envelope, encode
+from temporality_protocol import CONTENT_TYPE, EncodedEvent, Envelope, encode
 from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM, BucketSpec, ConsumerSpec, StreamSpec
 from temporality_protocol.jetstream import kv_write_subject
 
@@ -350,10 +350,11 @@ class Bus:
         built for a :meth:`Pipeline.send` batch), sent alone."""
         return await self.publish_raw(write.subject, write.payload, write.headers)
 
-    async def publish_many(self, events: Sequence[Envelope]) -> list[PublishResult]:
+    async def publish_many(self, events: Sequence[Envelope | EncodedEvent]) -> list[PublishResult]:
         """Publish several events durably, pipelined; returns once JetStream has stored *every* one.
 
-        Each event is encoded once and goes out like :meth:`publish` (``Nats-Msg-Id`` = its id), but
+        Each event is encoded once (an :class:`~temporality_protocol.EncodedEvent` already is) and goes out
+        like :meth:`publish` (``Nats-Msg-Id`` = its id), but
         all are written before the first acknowledgement is awaited (:meth:`Pipeline.send` on
         :attr:`pipeline`): one round trip instead of one per event. The results are in the order of
         ``events``. When any one is not stored (no acknowledgement within the JetStream timeout, refused,

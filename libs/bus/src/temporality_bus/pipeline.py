@@ -44,8 +44,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
 from temporality_bus.errors import BusError, Conflict, PermanentError, TransientError
-from temporality_bus.tracing import traced
-from temporality_protocol import CONTENT_TYPE, Envelope, encode
+from temporality_bus.tracing import producer_context, traced
+from temporality_protocol import CONTENT_TYPE, EncodedEvent, Envelope, encode
 from temporality_protocol.jetstream import kv_write_subject
 
 if TYPE_CHECKING:
@@ -85,13 +85,19 @@ class Write:
     revision: int | None = None
 
 
-def event_write(event: Envelope) -> Write:
-    """``event`` as :meth:`Bus.publish` sends it (encoded once here; ``Nats-Msg-Id`` = its id; inside a
-    span with its trace context, :func:`temporality_bus.tracing.traced`)."""
-    event = traced(event)
+def event_write(event: Envelope | EncodedEvent) -> Write:
+    """``event`` as :meth:`Bus.publish` sends it (encoded once here, or already, an
+    :class:`~temporality_protocol.EncodedEvent`; ``Nats-Msg-Id`` = its id; inside a span with its trace
+    context, :func:`temporality_bus.tracing.traced`)."""
+    if isinstance(event, EncodedEvent):
+        context = producer_context(event)
+        payload = event.encoded() if context is None else event.encoded(*context)
+    else:
+        event = traced(event)
+        payload = encode(event)
     return Write(
         event.nats_subject,
-        encode(event),
+        payload,
         {"Nats-Msg-Id": event.id, "Content-Type": CONTENT_TYPE, "Ce-Type": event.type},
     )
 

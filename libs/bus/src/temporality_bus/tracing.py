@@ -49,7 +49,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from temporality_protocol import Envelope
+from temporality_protocol import EncodedEvent, Envelope
 
 __all__ = [
     "MESSAGING_SYSTEM",
@@ -129,9 +129,18 @@ def traced(event: Envelope) -> Envelope:
     One producer span per event written (the messaging conventions' ``create`` operation: the event's own
     creation context, also when a batch of events goes out in one pipelined send), the parent of every
     consumer span that handles the event."""
+    context = producer_context(event)
+    if context is None:
+        return event
+    return event.model_copy(update={"traceparent": context[0], "tracestate": context[1]})
+
+
+def producer_context(event: Envelope | EncodedEvent) -> tuple[str, str | None] | None:
+    """The ``(traceparent, tracestate)`` of ``event``'s PRODUCER span (:func:`traced`), made and ended here;
+    ``None`` outside any span and with tracing off (one attribute read)."""
     tracer = _State.tracer
     if tracer is None or not trace.get_current_span().get_span_context().is_valid:
-        return event
+        return None
     subject = event.nats_subject
     attributes: dict[str, str] = {
         "messaging.system": MESSAGING_SYSTEM,
@@ -150,7 +159,7 @@ def traced(event: Envelope) -> Envelope:
     span.end()
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-    return event.model_copy(update={"traceparent": carrier["traceparent"], "tracestate": carrier.get("tracestate")})
+    return carrier["traceparent"], carrier.get("tracestate")
 
 
 def context_of(traceparent: str | None, tracestate: str | None = None) -> Context | None:

@@ -1,7 +1,7 @@
 """Temporality's wire protocol: one place defines what crosses the bus (DC-4)."""
 
 from temporality_protocol import catalog
-from temporality_protocol.envelope import CONTENT_TYPE, Envelope, decode, encode, make_event
+from temporality_protocol.envelope import CONTENT_TYPE, EncodedEvent, Envelope, decode, encode, encode_event, make_event
 from temporality_protocol.errors import (
     IllegalTransition,
     IncompatibleProtocolVersion,
@@ -18,9 +18,11 @@ from temporality_protocol.version import PROTOCOL_VERSION, SUPPORTED_VERSIONS, i
 __all__ = [
     "catalog",
     "CONTENT_TYPE",
+    "EncodedEvent",
     "Envelope",
     "decode",
     "encode",
+    "encode_event",
     "make_event",
     "IllegalTransition",
     "IncompatibleProtocolVersion",

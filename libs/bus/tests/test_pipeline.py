@@ -6,10 +6,12 @@ import asyncio
 import time
 
 import pytest
+from nats.aio.msg import Msg
 from pydantic import BaseModel, ConfigDict
 
 from temporality_bus import Bus, Conflict, PermanentError, Pipeline, PublishResult, TransientError
 from temporality_bus.pipeline import Write, event_write, kv_write
+from temporality_bus.routing import _LazyHeadersMsg
 from temporality_protocol import TriggerReceived, decode, make_event
 from temporality_protocol.catalog import EVENTS_STREAM, BucketSpec
 
@@ -159,3 +161,52 @@ async def test_a_write_nobody_acknowledges_in_time_fails_alone_and_leaves_nothin
         assert pipeline.pending == 0
     finally:
         await silent.unsubscribe()
+
+
+async def test_a_request_gets_its_reply_off_the_parser_or_says_why_not(bus: Bus) -> None:
+    """:meth:`Pipeline.request` (a KV read's ``STREAM.MSG.GET``): the reply, read straight off the client's
+    parser (``_route``) on the pipeline's inbox; no responders and no reply in time are TransientErrors."""
+
+    async def echo(msg: Msg) -> None:
+        await msg.respond(b"echo:" + msg.data)
+
+    answering = await bus.nc.subscribe("t.pipeline.echo", cb=echo)
+    silent = await bus.nc.subscribe("t.pipeline.silent")
+    try:
+        pipeline = Pipeline(bus)
+        reply = await pipeline.request("t.pipeline.echo", b"hi", timeout_s=5)
+        assert reply.data == b"echo:hi"
+        assert isinstance(reply, _LazyHeadersMsg)  # routed: not nats-py's Msg path
+        with pytest.raises(TransientError, match="no responders"):
+            await pipeline.request("t.pipeline.nobody", b"", timeout_s=5)
+        started = time.monotonic()
+        with pytest.raises(TransientError, match=r"no reply within 0\.3 s"):
+            await pipeline.request("t.pipeline.silent", b"", timeout_s=0.3)
+        assert time.monotonic() - started >= 0.25
+        assert pipeline.pending == 0
+    finally:
+        await answering.unsubscribe()
+        await silent.unsubscribe()
+
+
+async def test_a_store_reads_through_the_pipeline_not_nc_request(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Store.get`` asks JetStream through the Bus's pipeline (its value base64-decoded by pydantic-core): a
+    value with its revision; a key never written, deleted or purged reads as nothing."""
+    store = await bus.store(BUCKET, Item)
+    revision = await store.create("kept", Item(name="kept", n=7))
+    await store.create("deleted", Item(name="deleted"))
+    await store.create("purged", Item(name="purged"))
+    kv = await bus.kv(BUCKET)
+    await kv.delete("deleted")
+    await store.purge("purged")
+
+    async def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Store.get went through nc.request")
+
+    monkeypatch.setattr(bus.nc, "request", refused)
+    kept = await store.get("kept")
+    assert kept is not None
+    assert (kept.value, kept.revision) == (Item(name="kept", n=7), revision)
+    assert await store.get("never") is None
+    assert await store.get("deleted") is None
+    assert await store.get("purged") is None

@@ -326,13 +326,19 @@ async def request_run(bus: Bus, run_id: str, allowed: list[str]) -> None:
 
 
 def count_requests(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bytes]]:
-    """Every request (subject, payload) the bus connection sends from now on: KV creates and reads included."""
+    """Every request (subject, payload) the bus connection sends from now on: KV creates and reads included
+    (a ``Store`` reads through the Bus's pipeline, ``Pipeline.request``)."""
     sent: list[tuple[str, bytes]] = []
-    request = bus.nc.request
+    request, piped = bus.nc.request, bus.pipeline.request
 
     async def counted(subject: str, payload: bytes = b"", *args: object, **kwargs: object) -> object:
         sent.append((subject, payload))
         return await request(subject, payload, *args, **kwargs)  # type: ignore[arg-type]
 
+    async def counted_piped(subject: str, payload: bytes, **kwargs: float) -> object:
+        sent.append((subject, payload))
+        return await piped(subject, payload, **kwargs)
+
     monkeypatch.setattr(bus.nc, "request", counted)
+    monkeypatch.setattr(bus.pipeline, "request", counted_piped)
     return sent

@@ -4,8 +4,12 @@ Every JetStream request the engine makes (KV reads and writes, event publishes, 
 client, for one run parked on ``ask_human`` and then resumed by its answer to the end. A change that adds a
 read back, splits a compare-and-set in two or awaits a timer alone shows here as a higher count. These are
 requests, the concurrent ones included. The sequential round trips (the waits one after the other: a request
-sent while none of the engine's is in flight starts one) are counted too: 12 to park, 7 to resume (18 and 10
-before the events and timers were sent without waiting for each acknowledgement, and before the resume took
+sent while none of the engine's is in flight starts one; the events and timers the engine fires without
+waiting are in flight until the handler waits for them, whether or not their acknowledgements are back) are
+counted too: 9 to park, 7 to resume. (Counted only until their acknowledgements came back, as until
+2026-12-05, the fired writes made the park's count depend on how soon those came: 12, or 13 once the
+pipeline's replies were read straight off the parser, for the same requests in the same order. Under that
+count: 18 and 10 before the events and timers were sent without waiting for each acknowledgement, and before the resume took
 its lease in the move to ``resuming``; 9 before the answer went into the checkpoint alongside ``run.resumed``
 and the record's moves to ``resuming`` and ``running`` became one compare-and-set; 14 to park before a pending
 run's first checkpoint went out with ``run.created`` and the watchdog, 13 before a run's first message stopped
@@ -26,6 +30,7 @@ from temporality_bus import Bus, Pipeline
 from temporality_bus.pipeline import Write
 from temporality_protocol import HumanAnswered, HumanRequested, OptionAnswer, make_event
 from temporality_protocol.catalog import BUCKET_RUNS
+from temporality_run_executor.engine import Engine
 from temporality_testing.events import EventLog
 
 #: Starting the run (record created without a read first, marker, checkpoint, lease), its two turns (get_input, ask_human) and the park.
@@ -37,7 +42,7 @@ PARK_REQUESTS = 22
 #: the provider; run.streamed and run.completed; the record (completed); the watchdog off and the retention.
 RESUME_REQUESTS = 12
 #: The same, as waits one after the other (requests in flight together count once).
-PARK_SEQUENTIAL = 12
+PARK_SEQUENTIAL = 9
 RESUME_SEQUENTIAL = 7
 
 
@@ -50,6 +55,10 @@ class Requests:
         self.subjects: list[tuple[str, bool]] = []
         self.inflight = 0
         self.counting = False
+        #: The tasks of the writes the engine fired (``Engine._fire``), and those of them whose round trip began
+        #: and which the handler has not waited for yet (``Engine._settle``): in flight until then.
+        self.fired: set[asyncio.Task[Any]] = set()
+        self.held: set[asyncio.Task[Any]] = set()
 
     async def until(self, *subjects: str, timeout_s: float = 30) -> list[tuple[str, bool]]:
         """Wait (bounded) until ``subjects`` were requested in this order; what was counted, then reset."""
@@ -83,14 +92,42 @@ def requests(monkeypatch: pytest.MonkeyPatch) -> Requests:
         if seen.counting:  # one batch of writes: one round trip, which begins a wait when none is in flight
             seen.subjects.extend((w.subject, seen.inflight == 0 and i == 0) for i, w in enumerate(writes))
         seen.inflight += 1
+        task = asyncio.current_task()
+        if task in seen.fired and task not in seen.held:  # in flight until the handler waits for it
+            assert task is not None
+            seen.held.add(task)
+            seen.inflight += 1
         try:
             return await original_round(self, writes, *args, **kwargs)
         finally:
             seen.inflight -= 1
 
-    original_round = Pipeline._round
+    # The writes the engine fires without waiting (events, timers: ``Engine._fire``) are in flight until the
+    # handler waits for them (``Engine._settle``), not only until their acknowledgement comes: a read sent
+    # meanwhile does not wait on them, whether or not their acknowledgement happened to be back first.
+    async def send_(self: Engine, writes: Sequence[Any]) -> None:
+        task = asyncio.current_task()
+        fired = task is not None and getattr(task.get_coro(), "cr_code", None) is send_.__code__
+        if fired:
+            assert task is not None
+            seen.fired.add(task)
+        await original_send(self, writes)
+
+    async def settle_(self: Engine, view: Any) -> None:
+        tasks = {task for task, _ in view.unacked}
+        try:
+            await original_settle(self, view)
+        finally:
+            for task in tasks & seen.held:
+                seen.held.discard(task)
+                seen.inflight -= 1
+            seen.fired -= tasks
+
+    original_round, original_send, original_settle = Pipeline._round, Engine._send, Engine._settle
     monkeypatch.setattr(nats.aio.client.Client, "request", request)
     monkeypatch.setattr(Pipeline, "_round", round_)
+    monkeypatch.setattr(Engine, "_send", send_)
+    monkeypatch.setattr(Engine, "_settle", settle_)
     return seen
 
 

@@ -104,6 +104,8 @@ from temporality_bus.connection import Bus
 from temporality_bus.errors import PermanentError, TransientError
 from temporality_bus.pipeline import _BUFFERED
 from temporality_bus.provenance import ForgedEvent, forgery
+from temporality_bus.routing import _ROUTABLE as _ROUTABLE  # (the batch tests read it here)
+from temporality_bus.routing import _LazyHeadersMsg, _route, _status_of, _unroute
 from temporality_protocol import BusDeadLettered, Envelope, ProtocolError, decode, derive_id, make_event
 from temporality_protocol.catalog import DLQ_PREFIX, ConsumerSpec
 from temporality_protocol.version import SUPPORTED_VERSIONS, negotiate
@@ -282,114 +284,6 @@ class _Puller:
                 self._token, self._wanted, self._woken = "", 0, None
         msgs, self._buffer = self._buffer[:batch], self._buffer[batch:]
         return msgs, (None if status is None or status in _PULL_ENDED else status)
-
-
-#: Whether this nats-py hands every message it reads to ``Client._process_msg(sid, subject, reply, data,
-#: headers)`` with the header block unparsed (pinned ``nats-py>=2.16,<2.17``): :func:`_route` relies on it.
-_ROUTABLE = all(hasattr(NATS, name) for name in ("_process_msg", "_parse_header_lines"))
-#: ``NATS/1.0`` (the start of a header block), then a blank before an inline status (``NATS/1.0 404 …``).
-_HEADER_LINE = b"NATS/1.0"
-RawRoute = Callable[[int, bytes, bytes, bytes, bytes | None], None]
-
-
-def _route(nc: NATS, sid: int, on_raw: RawRoute) -> bool:
-    """Have the messages of subscription ``sid`` go to ``on_raw(sid, subject, reply, data, header block)`` as
-    the client's parser reads them, instead of through nats-py's per-message path (every header parsed, a
-    ``Msg`` built and queued, the subscription's task woken, its callback awaited: more than the rest of the
-    bus side per message). ``False`` (nothing changed) when this nats-py is not the one it was written for.
-
-    The client's ``_process_msg`` is wrapped once per connection; other subscriptions go through it as
-    before. ``on_raw`` must not block (it runs inside the read loop) and must not raise."""
-    if not _ROUTABLE:
-        return False
-    routes: dict[int, RawRoute] | None = getattr(nc, "_temporality_routes", None)
-    if routes is None:
-        routes = {}
-        original = nc._process_msg
-        stats = nc.stats
-
-        async def process_msg(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-            route = routes.get(sid)
-            if route is None:
-                await original(sid, subject, reply, data, headers)  # type: ignore[arg-type]
-                return
-            stats["in_msgs"] += 1
-            stats["in_bytes"] += len(data)
-            route(sid, subject, reply, data, headers)
-
-        nc._process_msg = process_msg  # type: ignore[method-assign]
-        nc._temporality_routes = routes  # type: ignore[attr-defined]
-    routes[sid] = on_raw
-    return True
-
-
-def _unroute(nc: NATS, sid: int) -> None:
-    """Undo :func:`_route` for ``sid`` (its messages, if any more come, take nats-py's path again)."""
-    routes: dict[int, RawRoute] | None = getattr(nc, "_temporality_routes", None)
-    if routes is not None:
-        routes.pop(sid, None)
-
-
-def _status_of(headers: bytes | None) -> str | None:
-    """The inline status of a header block (``NATS/1.0 404 No Messages``), as nats-py reads it (its
-    ``Status`` header: the three characters after the blank, when they are a number)."""
-    if not headers or headers[len(_HEADER_LINE) : len(_HEADER_LINE) + 1] != b" ":
-        return None
-    status = headers[len(_HEADER_LINE) + 1 : len(_HEADER_LINE) + 4].strip().decode("ascii", "replace")
-    return status if status.isdigit() else None
-
-
-def _parse_headers(raw: bytes) -> dict[str, str] | None:
-    """A header block as nats-py's ``Client._process_headers`` reads it (without ``fast_mail_parser``):
-    the inline status and its description, if any, then ``Name: value`` lines."""
-    hdr: dict[str, str] = {}
-    rest = raw[len(_HEADER_LINE) :]
-    if rest[:1] == b" ":
-        status = _status_of(raw)
-        if status is not None:
-            hdr["Status"] = status
-        line = raw[len(_HEADER_LINE) + 1 :]
-        desc = line[4 : len(line) - 4]
-        if desc:
-            i = desc.find(b"\r\n")
-            if i > 0:
-                hdr["Description"] = desc[:i].decode()
-                hdr.update(NATS._parse_header_lines(desc[i + 2 :]))
-            else:
-                hdr["Description"] = desc.decode()
-        i = rest.find(b"\r\n")
-        rest = rest[i + 2 :]
-    if len(rest) > 2:
-        hdr.update(NATS._parse_header_lines(raw[len(_HEADER_LINE) + 2 :]))
-    return hdr or None
-
-
-class _LazyHeadersMsg(Msg):
-    """A routed message (:func:`_route`): a ``Msg`` whose header block is parsed when ``headers`` is first
-    read (the batch path never reads them; a dead letter copies them)."""
-
-    def __init__(
-        self, client: NATS, sid: int, subject: str, reply: str, data: bytes, raw_headers: bytes | None
-    ) -> None:
-        self._client = client
-        self._sid = sid
-        self.subject = subject
-        self.reply = reply
-        self.data = data
-        self._metadata = None
-        self._ackd = False
-        self._raw_headers = raw_headers
-        self._headers: dict[str, str] | None = None
-
-    @property
-    def headers(self) -> dict[str, str] | None:
-        if self._raw_headers is not None:
-            self._headers, self._raw_headers = _parse_headers(self._raw_headers), None
-        return self._headers
-
-    @headers.setter
-    def headers(self, value: dict[str, str] | None) -> None:
-        self._headers, self._raw_headers = value, None
 
 
 async def _ack_all(nc: NATS, msgs: list[Msg]) -> None:

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
 from temporality_bus.errors import BusError, Conflict, PermanentError, TransientError
+from temporality_bus.routing import _LazyHeadersMsg, _route
 from temporality_bus.tracing import producer_context, traced
 from temporality_protocol import CONTENT_TYPE, EncodedEvent, Envelope, encode
 from temporality_protocol.jetstream import kv_write_subject
@@ -163,6 +164,23 @@ class Pipeline:
             again = [i for i, reply in zip(again, replies, strict=True) if isinstance(reply, Msg) and _no_stream(reply)]
         return outcomes
 
+    async def request(self, subject: str, payload: bytes, *, timeout_s: float = JS_TIMEOUT_S) -> Msg:
+        """One request (a JetStream API call: :meth:`temporality_bus.Store.get`'s read) through this pipeline's
+        reply inbox: its reply. :class:`TransientError` for no reply within ``timeout_s``, no responders (no
+        stream), or a connection that cannot send it.
+
+        ``nc.request`` without its costs per request on a hot path: a random token and a NUID, ``nc.publish``'s
+        checks, an ``asyncio.wait_for``, and the reply through nats-py's per-message path (:meth:`_on_raw`)."""
+        prefix = await self._inbox()
+        (reply,) = await self._round([Write(subject, payload, {})], prefix, timeout_s)
+        if isinstance(reply, BusError):
+            raise reply
+        if reply is None:
+            raise TransientError(f"request to {subject} failed: no reply within {timeout_s:g} s")
+        if _no_stream(reply):
+            raise TransientError(f"request to {subject} failed: no responders")
+        return reply
+
     async def _round(self, writes: Sequence[Write], prefix: str, timeout_s: float) -> list[Msg | BusError | None]:
         """Send ``writes``, await their replies (``timeout_s`` for all): the reply of each, ``None`` for
         none in time, or the error that kept it from being sent.
@@ -209,9 +227,13 @@ class Pipeline:
         if self._prefix is None:
             async with self._lock:
                 if self._prefix is None:
-                    prefix = self._bus.nc.new_inbox()
-                    await self._bus.nc.subscribe(prefix + ".*", cb=self._on_reply)
+                    nc = self._bus.nc
+                    prefix = nc.new_inbox()
+                    sub = await nc.subscribe(prefix + ".*", cb=self._on_reply)
                     self._prefix = prefix + "."
+                    # the replies straight off the parser (one future resolved each), not nats-py's Msg queue,
+                    # subscription task and callback per reply (the callback stays for a nats-py it does not fit)
+                    _route(nc, sub._id, self._on_raw)
         return self._prefix
 
     async def _on_reply(self, msg: Msg) -> None:
@@ -219,6 +241,17 @@ class Pipeline:
         future = self._pending.pop(msg.subject[len(self._prefix) :], None)
         if future is not None and not future.done():
             future.set_result(msg)
+
+    def _on_raw(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        """:meth:`_on_reply` straight from the client's parser (:func:`~temporality_bus.routing._route`); the
+        reply's header block (a status: ``503`` no responders) is parsed only if read."""
+        prefix = self._prefix
+        if prefix is None:
+            return
+        text = subject.decode()
+        future = self._pending.pop(text[len(prefix) :], None)
+        if future is not None and not future.done():
+            future.set_result(_LazyHeadersMsg(self._bus.nc, sid, text, reply.decode(), data, headers))
 
 
 def _expire(futures: list[asyncio.Future[Msg | None]]) -> None:

@@ -238,3 +238,9 @@ def test_an_encoded_event_needs_an_id_and_a_source() -> None:
     for attributes in ({"source": "/t", "id": ""}, {"source": "", "id": "evt-1"}):
         with pytest.raises(ValueError, match="non-empty"):
             encode_event(_answered(), **attributes)
+
+
+def test_an_encoded_event_needs_an_aware_time() -> None:
+    """The Envelope refuses a naive time; an event encoded with one would be refused by every consumer's decode."""
+    with pytest.raises(ValueError, match="timezone-aware"):
+        encode_event(_answered(), source="/t", id="evt-1", time=datetime(2026, 1, 1))  # noqa: DTZ001

@@ -41,7 +41,7 @@ from temporality_trigger_gateway.auth import (
     hmac_sha256_matches,
     standard_webhooks_matches,
 )
-from temporality_trigger_gateway.errors import Unauthorized
+from temporality_trigger_gateway.errors import TriggerConfigError, Unauthorized
 
 
 def _vectors() -> dict[str, Any]:
@@ -172,6 +172,29 @@ def test_basic_accepts_the_header_as_sent_and_every_other_valid_spelling() -> No
         with pytest.raises(Unauthorized) as refused:
             basic.verify(httpx.Headers(wrong), b"")
         assert refused.value.headers()["WWW-Authenticate"].startswith("Basic")
+
+
+ADO = "azure_devops.pull_request"
+
+
+def test_basic_refuses_at_load_a_user_name_with_a_colon_and_a_secret_that_is_not_utf8() -> None:
+    """RFC 7617 ends the user id at the first colon: no sender could send one that has it (the header as written
+    would match while every other spelling failed). A secret that is not UTF-8 (an environment's stray byte) is
+    refused at load, its message quoting no character of it."""
+    with pytest.raises(TriggerConfigError, match="username"):
+        _auth('{type: basic, username: "a:b", password_env: S}', adapter=ADO, S="c")
+    with pytest.raises(TriggerConfigError, match="not valid UTF-8") as refused:
+        _auth("{type: basic, username: ado, password_env: S}", adapter=ADO, S="p\udcffss")
+    assert "udcff" not in str(refused.value)
+    assert "position" not in str(refused.value)
+
+
+def test_basic_refuses_a_header_that_cannot_be_encoded() -> None:
+    """A header string with a lone surrogate (no HTTP server hands one on, a direct caller may) is refused with
+    401 like any other header that is not HTTP Basic, not an error."""
+    basic = _auth("{type: basic, username: ado, password_env: S}", adapter=ADO, S="pass")
+    with pytest.raises(Unauthorized, match="not valid HTTP Basic"):
+        basic.verify({"authorization": "Basic \ud800"}, b"")
 
 
 # --------------------------------------------------------------------------- over HTTP

@@ -184,6 +184,8 @@ def encode_event(
     an aware ``time``): :func:`encode` then :func:`decode` gives what :func:`make_event` gives."""
     if not id or not source:
         raise ValueError("an event needs a non-empty id and source")
+    if time is not None and time.utcoffset() is None:  # the Envelope refuses a naive time: every decode would
+        raise ValueError("an event's time must be timezone-aware")
     attributes: dict[str, Any] = {
         "id": id,
         "source": source,

@@ -130,7 +130,8 @@ class BasicAuth(Verifier):
 
     challenge: ClassVar[str] = 'Basic realm="temporality"'
     type: Literal["basic"]
-    username: Annotated[str, Field(min_length=1)]
+    #: No ``:`` (RFC 7617: the user id ends at the first colon, so no sender could send one that has it).
+    username: Annotated[str, Field(min_length=1, pattern=r"^[^:]+$")]
     password: SecretStr | None = None
     password_env: _EnvName | None = None
     _secret: SecretStr = PrivateAttr()
@@ -140,7 +141,10 @@ class BasicAuth(Verifier):
     @model_validator(mode="after")
     def _resolve_password(self, info: ValidationInfo) -> Self:
         self._secret = _resolve(self.password, self.password_env, info, ("password", "password_env"))
-        credentials = f"{self.username}:{self._secret.get_secret_value()}".encode()
+        try:
+            credentials = f"{self.username}:{self._secret.get_secret_value()}".encode()
+        except UnicodeEncodeError:  # its message would quote a character of the secret
+            raise ValueError("the user name or password is not valid UTF-8") from None
         self._expected = b"Basic " + base64.b64encode(credentials)
         return self
 
@@ -152,12 +156,12 @@ class BasicAuth(Verifier):
         header = headers.get("authorization")
         if not header:
             raise self.refuse("this trigger requires HTTP Basic credentials")
-        # The header as the sender writes it: one constant-time comparison.
-        if _same(header, self._private("_expected")):
-            return
-        # Anything else is decoded (another spelling of the scheme, padding, spaces) and compared part by part.
+        # Anything but the header as the sender writes it (one constant-time comparison) is decoded (another
+        # spelling of the scheme, padding, spaces) and compared part by part.
         scheme, _, value = header.partition(" ")
         try:
+            if _same(header, self._private("_expected")):
+                return
             if scheme.lower() != "basic":
                 raise ValueError("not basic")
             username, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")

@@ -93,27 +93,29 @@ async def unpark(bus: Bus, run_id: str, request_id: str) -> None:
 async def parked_of_run(bus: Bus, run_id: str) -> list[str]:
     """The request ids parked under ``run_id`` (a server-side filtered listing of ``parked.<run>.*``)."""
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    found: list[str] = []
     # called for every run.requested, and a request is parked only while the policies consumer lags: almost
     # always nothing to list, so no watcher is made for nothing (usually_empty)
     listed = await live_entries(kv, f"{ref_key('parked', run_id)}.*", timeout_s=_LIST_TIMEOUT_S, usually_empty=True)
+    stored: list[str] = []
     for entry in listed:
         try:
-            event = Envelope.model_validate_json(ChannelRef.model_validate_json(entry.value or b"").value)
+            stored.append(ChannelRef.model_validate_json(entry.value or b"").value)
         except ValidationError:
             continue
-        request_id = event.data.get("request_id")
-        if isinstance(request_id, str):
-            found.append(request_id)
-    return sorted(found)
+    return _request_ids(stored)
 
 
 def parked_ids(entries: list[ChannelEntry]) -> list[str]:
     """The request ids of parked entries as the mirror holds them (:meth:`.mirror.ChannelMirror.children`)."""
+    return _request_ids([entry.value for entry in entries])
+
+
+def _request_ids(parked: list[str]) -> list[str]:
+    """The request ids of parked ``human.requested`` events (their JSON), sorted; unreadable ones left out."""
     found: list[str] = []
-    for entry in entries:
+    for raw in parked:
         try:
-            event = Envelope.model_validate_json(entry.value)
+            event = Envelope.model_validate_json(raw)
         except ValidationError:
             continue
         request_id = event.data.get("request_id")

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from human_support import BOB_TELEGRAM, people, requested, stored
 
 from temporality_bus import Bus
+from temporality_bus.listing import live_keys
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
 from temporality_human_interaction.channels.telegram import TelegramAdapter, sent_message_key
@@ -29,13 +30,9 @@ RETENTION = timedelta(days=1)
 
 
 async def _keys(bus: Bus) -> set[str]:
-    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    try:
-        return set(await kv.keys())
-    except Exception as exc:  # nats-py raises NoKeysError on an empty bucket
-        if type(exc).__name__ == "NoKeysError":
-            return set()
-        raise
+    # the bus's own listing (the keys holding a value), not nats-py's KeyValue.keys(), whose watch can end the
+    # listing before its first key (NoKeysError: "empty") when that key is already in hand
+    return set(await live_keys(await bus.kv(BUCKET_HUMAN_CHANNELS)))
 
 
 async def test_the_sweep_leaves_nothing_of_a_purged_request_and_its_ended_run(bus: Bus) -> None:

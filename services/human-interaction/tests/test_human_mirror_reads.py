@@ -169,40 +169,28 @@ async def test_an_answer_from_a_stale_record_is_bound_once_and_a_second_refused(
     assert as_delivered is not None
     assert as_delivered.value.pending
     recent.put(request_id, as_delivered)
-    first, already = await bind_answer_outcome(
-        bus,
-        request_id=request_id,
-        responder="user:alice",
-        submission=AnswerSubmission(option_id="keep-v1"),
-        channel="web",
-        mirror=mirror,
-        recent=recent,
-    )
-    assert first.status is HumanRequestState.ANSWERED
-    assert not already
-    recent.put(request_id, as_delivered)  # stale: still pending, an older revision
-    with pytest.raises(NotPending) as refused:
-        await bind_answer_outcome(
+
+    async def answer(option_id: str) -> tuple[HumanRequestRecord, bool]:
+        return await bind_answer_outcome(
             bus,
             request_id=request_id,
             responder="user:alice",
-            submission=AnswerSubmission(option_id="drop-v1"),
+            submission=AnswerSubmission(option_id=option_id),
             channel="web",
             mirror=mirror,
             recent=recent,
         )
+
+    first, already = await answer("keep-v1")
+    assert first.status is HumanRequestState.ANSWERED
+    assert not already
+    recent.put(request_id, as_delivered)  # stale: still pending, an older revision
+    with pytest.raises(NotPending) as refused:
+        await answer("drop-v1")
     assert refused.value.code == "already_answered"
     # the identical answer from the stale base: already recorded, nothing bound again
     recent.put(request_id, as_delivered)
-    again, already = await bind_answer_outcome(
-        bus,
-        request_id=request_id,
-        responder="user:alice",
-        submission=AnswerSubmission(option_id="keep-v1"),
-        channel="web",
-        mirror=mirror,
-        recent=recent,
-    )
+    again, already = await answer("keep-v1")
     assert already
     assert again.answered_at == first.answered_at
     await exactly(bus, "human.answered", 1)

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -230,7 +229,7 @@ async def test_two_external_runs_at_concurrency_one_both_progress(client: Client
     calls = [{"name": "get_input", "arguments": {}}]
     assert (await client.agent.act(first, 1, "tool_calls", calls=calls))["accepted"]
     await client.parked(first, 2)  # its tool ran, the turn committed, turn 2 offered: parked again
-    (task,) = [t for run, t in (await client.agent.tasks()).items() if run == first]
+    task = await client.agent.take(first, 2)  # agent-collab records the offer after the event: wait for it
     assert [i["tool"] for i in task["inputs"]] == ["get_input"]
     assert "orders-api" in task["inputs"][0]["content"]
     assert (await client.agent.act(first, 2, "result", result="first: go ahead"))["accepted"]
@@ -309,10 +308,11 @@ async def test_a_cancel_while_parked_ends_the_run_at_once_and_the_agent_is_told(
     (ended,) = await client.events.wait_for("agent.task.ended", run_id=run_id, timeout_s=WAIT_S)
     assert (ended.data["state"], ended.data["cause"], ended.data["taken"]) == ("cancelled", "run.cancelled", True)
 
-    async def told() -> dict[str, Any] | None:
-        return (await client.agent.tasks()).get(run_id)
+    async def told() -> bool:
+        task = (await client.agent.tasks()).get(run_id)
+        return task is not None and task["state"] == "cancelled"
 
-    assert (await eventually(told, WAIT_S, "the agent told"))["state"] == "cancelled"
+    assert await eventually(told, WAIT_S, "the agent told its task was cancelled")
     refused = await client.agent.act(run_id, 1, "result", result="done anyway")
     assert (refused["accepted"], refused["refusal"]["reason"]) == (False, "task_ended")
 

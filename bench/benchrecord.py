@@ -279,9 +279,19 @@ class RecordError(ValueError):
 
 
 # --------------------------------------------------------------------------- writing and reading
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+def _git(*args: str, cwd: Path = ROOT) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
     return done.stdout.strip() if done.returncode == 0 else ""
+
+
+#: What the benches write themselves (records, plots, the report): a change there does not make a record's code
+#: "uncommitted" (the report regenerates them while it runs, so every record but the first would say so).
+OWN_OUTPUT = "docs/bench"
+
+
+def dirty(root: Path = ROOT) -> bool:
+    """Whether the checkout at ``root`` has uncommitted changes to tracked files, the benches' output aside."""
+    return bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){OWN_OUTPUT}", cwd=root))
 
 
 class Recorder:
@@ -299,7 +309,7 @@ class Recorder:
             "bench": self.bench,
             "date": self.date,
             "commit": _git("rev-parse", "HEAD") or "unknown",
-            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "dirty": dirty(),
             "cores": os.cpu_count() or 1,
             "load_average": self.load_start,
             "load_average_end": os.getloadavg(),

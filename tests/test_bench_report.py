@@ -10,6 +10,7 @@ connection. No bench is run here (the shortest takes ~20 s of a loaded machine) 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -366,3 +367,23 @@ def test_the_memory_goal_is_judged_from_a_kept_100000_run_record(
     assert f"**Goals of issue 11 met in this report: {met} of 9.**" in text
     # the report's own resume figure still judges the resume goal
     assert "resume >= 1,000 runs/s: 120 runs/s, **not met**" in text
+
+
+def test_a_record_is_dirty_for_changed_code_but_not_for_the_benches_own_output(tmp_path: Path) -> None:
+    """The report rewrites docs/bench while it runs: its records stay clean; any other tracked change is dirty."""
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "docs" / "bench").mkdir(parents=True)
+    (tmp_path / "docs" / "bench" / "README.md").write_text("report\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-m", "first")
+    assert not benchrecord.dirty(tmp_path)
+    (tmp_path / "docs" / "bench" / "README.md").write_text("regenerated\n")
+    (tmp_path / "new-untracked.txt").write_text("not tracked\n")
+    assert not benchrecord.dirty(tmp_path)
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert benchrecord.dirty(tmp_path)

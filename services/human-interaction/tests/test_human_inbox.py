@@ -26,7 +26,7 @@ from temporality_human_interaction.inbox import (
 from temporality_human_interaction.records import list_pending, open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler, requests_of_run
-from temporality_protocol import HumanRequestState, RunCancelled, make_event
+from temporality_protocol import HumanRequestState, RunCancelled, make_event, new_id
 from temporality_protocol.catalog import CONSUMERS
 
 
@@ -99,6 +99,31 @@ async def test_a_run_end_cancels_each_request_of_the_run_and_passes_over_a_dropp
     assert untouched is not None
     assert untouched.status is HumanRequestState.PENDING
     assert await stored(bus, "hreq-never-stored") is None  # passed over: nothing made for it
+
+
+async def test_a_run_end_listed_from_the_bucket_cancels_a_request_whose_id_is_too_long_for_a_key(
+    bus: Bus, handler: RequestHandler
+) -> None:
+    """A request id longer than a key part may be is keyed by its hash under ``run.<run id>.``: the listing from
+    the bucket gives the id the entry holds (not the hash), and the run's end (no mirror: the bucket's listing)
+    cancels that request."""
+    run_id = new_id("run")
+    long_id = "hreq-" + "a" * 80
+    event = requested(run_id=run_id, request_id=long_id)
+    short = requested(run_id=run_id)
+    for each in (event, short):
+        await handler.handle(each)
+    assert ref_key("run", run_id, long_id) != f"run.{run_id}.{long_id}"  # the id is hashed in its key
+    assert sorted(await requests_of_run(bus, run_id)) == sorted([long_id, str(short.data["request_id"])])
+
+    await RunEndHandler(bus).handle(
+        make_event(RunCancelled(run_id=run_id, reason="operator"), source="/t", run_id=run_id)
+    )
+
+    for request_id in (long_id, str(short.data["request_id"])):
+        record = await stored(bus, request_id)
+        assert record is not None
+        assert record.status is HumanRequestState.CANCELLED
 
 
 async def test_a_stale_entry_is_skipped_and_dropped_and_a_lost_index_is_rebuilt(

@@ -35,7 +35,7 @@ import structlog
 
 from temporality_bus import Bus, Delivery, NotFound
 from temporality_bus.listing import stored_keys
-from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key, stands_for_another
 from temporality_human_interaction.inbox import unindex
 from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.records import HumanRequestRecord, open_store
@@ -92,11 +92,20 @@ async def requests_of_run(bus: Bus, run_id: str) -> list[str]:
     keys (:func:`~temporality_bus.listing.live_keys`) makes, reads and deletes a consumer (nats-py's
     ``keys(filters=...)`` would even read every key of the bucket). A key whose last message is a delete (an
     entry the retention sweep dropped long after its request ended, or one of a request never stored) is listed
-    too: cancelling it finds nothing to do (:func:`cancel_pending`)."""
+    too: cancelling it finds nothing to do (:func:`cancel_pending`). A request id too long (or otherwise unfit)
+    for a key part is keyed by its hash: that entry is read for the id it holds (one that was dropped holds
+    none, and is passed over)."""
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
     prefix = f"{ref_key('run', run_id)}."
     keys = await asyncio.wait_for(stored_keys(kv, f"{prefix}*"), _LIST_TIMEOUT_S)
-    return [key.removeprefix(prefix) for key in keys]
+    ids: list[str] = []
+    for key in keys:
+        part = key.removeprefix(prefix)
+        if not stands_for_another(part):
+            ids.append(part)
+        elif (request_id := await ChannelRefs(bus).get(key)) is not None:
+            ids.append(request_id)
+    return ids
 
 
 async def withdrawn(bus: Bus, run_id: str, request_id: str) -> bool:

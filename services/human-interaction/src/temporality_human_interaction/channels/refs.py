@@ -52,9 +52,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporality_bus import AlreadyExists, Bus, Conflict, Contended, Store
 from temporality_protocol.catalog import BUCKET_HUMAN_CHANNELS
 
-__all__ = ["BUCKET_HUMAN_CHANNELS", "ChannelRef", "ChannelRefs", "ref_key"]
+__all__ = ["BUCKET_HUMAN_CHANNELS", "ChannelRef", "ChannelRefs", "ref_key", "stands_for_another"]
 
 _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_HASHED = re.compile(r"^[0-9a-f]{40}$")
+
+
+def stands_for_another(part: str) -> bool:
+    """Whether a key part may be the hash :func:`ref_key` put for a part it could not use as it was (then the
+    entry's value, not the part, says what it was; an id that happens to look like one reads the same way)."""
+    return _HASHED.fullmatch(part) is not None
 
 
 def ref_key(*parts: str | int) -> str:

@@ -39,9 +39,26 @@ from temporality_agent_collab.tasks import acted
 from temporality_bus import Bus, NatsSettings, Store, evolve
 from temporality_embedded.natsserver import NatsServer
 from temporality_embedded.processes import ServiceProcess
-from temporality_protocol import HumanPolicy, LaunchSource, RunRequested, RunState, TaskAction, decode, make_event
+from temporality_protocol import (
+    CollaboratorsQuery,
+    CollaboratorsReply,
+    HumanPolicy,
+    LaunchSource,
+    RunRequested,
+    RunState,
+    TaskAction,
+    decode,
+    make_event,
+)
 from temporality_protocol.agent_tasks import TaskRecord, task_id_for, task_key
-from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, BUCKET_AGENT_TASKS, BUCKET_RUNS, subject_for
+from temporality_protocol.catalog import (
+    ALL_BUCKETS,
+    ALL_STREAMS,
+    BUCKET_AGENT_TASKS,
+    BUCKET_RUNS,
+    RPC_GET_COLLABORATORS,
+    subject_for,
+)
 from temporality_run_executor.records import RunRecord
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
@@ -200,6 +217,30 @@ class Client:
         assert found is not None, f"no task record for {run_id}"
         return found.value
 
+    async def collab_offered(self, run_id: str, turn: int) -> None:
+        """agent-collab's task record of the run is at ``turn`` (its ``agent-collab-tasks`` consumer handled the
+        offer: what its start reads as "a later turn offered")."""
+
+        async def reached() -> bool:
+            return (await self.record(run_id)).turn == turn
+
+        await eventually(reached, WAIT_S, f"agent-collab's task record of {run_id} at turn {turn}")
+
+    async def collab_sees(self, run_id: str, state: RunState) -> None:
+        """agent-collab's saga projection shows the run in ``state`` (its ``agent-collab-runs`` consumer handled the
+        run's event: what its start reads as "the run finished"), asked through get_collaborators."""
+
+        async def shown() -> bool:
+            query = CollaboratorsQuery(run_id=run_id).model_dump_json().encode()
+            try:
+                raw = await self.bus.nc.request(RPC_GET_COLLABORATORS, query, 10)
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                return False
+            reply = CollaboratorsReply.model_validate_json(raw.data)
+            return any(c.run_id == run_id and c.status == state.value for c in reply.collaborators)
+
+        await eventually(shown, WAIT_S, f"agent-collab's projection showing {run_id} {state.value}")
+
 
 @pytest.fixture
 async def client(stack: Stack) -> AsyncIterator[Client]:
@@ -286,6 +327,10 @@ async def test_a_restart_announces_only_the_actions_no_run_has_taken_up(stack: S
     assert (await client.agent.act(finished, 1, "result", result="finished: go ahead"))["accepted"]
     await client.parked(moved_on, 2)
     await client.events.wait_for("run.completed", run_id=finished, timeout_s=WAIT_S)
+    # the start reads agent-collab's own state, which its consumers update after those events: it must show both
+    # runs took their actions up before agent-collab stops, or the start rightly announces them again
+    await client.collab_offered(moved_on, 2)
+    await client.collab_sees(finished, RunState.COMPLETED)
 
     assert stack.services["agent-collab"].terminate() == 0
     for run_id in (moved_on, finished):

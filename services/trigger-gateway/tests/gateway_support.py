@@ -263,6 +263,18 @@ def webhook_spec(trigger_id: str = "api-pr", **changes: Any) -> dict[str, Any]:
     return spec
 
 
+async def until_served(client: httpx.AsyncClient, trigger_id: str, timeout_s: float = 10) -> None:
+    """Wait until the replica behind ``client`` serves ``trigger_id`` as stored (``GET /triggers/<id>``:
+    ``served``), a read with no side effect. Each replica applies a store change through its own watch: another
+    replica's 201 only says that one serves it, so a webhook posted here straight away could still be 404."""
+
+    async def served() -> bool:
+        found = await client.get(f"/triggers/{trigger_id}", headers=AS_VIEWER)
+        return found.status_code == 200 and found.json()["served"] is True
+
+    await eventually(served, timeout_s=timeout_s, what=f"{client.base_url} serving trigger {trigger_id!r}")
+
+
 async def journal_of(bus: Bus, event_type: str) -> list[Envelope]:
     return [e for e in await journal(bus) if e.type == event_type]
 

@@ -20,6 +20,7 @@ from gateway_support import (
     fixture_json,
     post,
     replicas,
+    until_served,
     webhook_spec,
 )
 
@@ -107,6 +108,20 @@ async def _active_is(bus: Bus, trigger_id: str, run_id: str | None, key: str = P
     return state is not None and (state.active.run_id if state.active else None) == run_id
 
 
+async def _deliveries(
+    client: httpx.AsyncClient, trigger_id: str, *, at_least: int = 0, including: str | None = None
+) -> dict[str, Any] | None:
+    """The first page of the trigger's deliveries as ``client``'s replica lists them, once it lists at least
+    ``at_least`` rows and the delivery ``including`` (else ``None``: not yet)."""
+    listed = await client.get(f"/triggers/{trigger_id}/deliveries", headers=AS_VIEWER)
+    assert listed.status_code == 200, listed.text
+    page: dict[str, Any] = listed.json()
+    rows = page["deliveries"]
+    if len(rows) < at_least or (including is not None and all(r["delivery_id"] != including for r in rows)):
+        return None
+    return page
+
+
 def _requested(log: EventLog, run_id: str) -> list[Envelope]:
     return log.of_type("run.requested", run_id)
 
@@ -147,6 +162,7 @@ async def test_five_pushes_to_one_pull_request_leave_one_run_and_cancel_the_four
 ) -> None:
     async with replicas(gateway_settings, 2) as (a, b):
         await _create(a, _spec("pr-latest", "supersede"))
+        await until_served(b, "pr-latest")
         for n in range(1, 6):
             answer = await post((a, b)[n % 2], _push(n), "pr-latest")
             assert answer.status_code == 202, answer.text
@@ -219,6 +235,7 @@ async def test_queue_starts_the_next_run_once_the_active_one_ended_exactly_once_
 ) -> None:
     async with replicas(gateway_settings, 2) as (a, b):
         await _create(a, _spec("pr-queue", "queue", max_queued=2))
+        await until_served(b, "pr-queue")
         one, two, three = (_run_of("pr-queue", n) for n in (1, 2, 3))
         assert (await post(a, _push(1), "pr-queue")).json()["status"] == "accepted"
         queued = await post(b, _push(2), "pr-queue")
@@ -276,6 +293,7 @@ async def test_debounce_starts_the_latest_event_once_the_key_was_quiet_for_the_w
         # 3 s: the three posts must land inside one window; with 1 s a stall of the loaded machine between two
         # posts let the first window end and start the first event (seen once in CI)
         await _create(a, _spec("pr-quiet", "supersede", debounce_s=3))
+        await until_served(b, "pr-quiet")  # before the first post: the wait must not eat into the window
         bodies = []
         for n in (1, 2, 3):
             bodies.append(_expect(await post((a, b)[n % 2], _push(n), "pr-quiet"), 202, "debounced"))
@@ -303,13 +321,16 @@ async def test_the_deliveries_api_shows_each_state_and_a_rejected_delivery_can_b
 ) -> None:
     async with replicas(gateway_settings, 2) as (a, b):
         await _create(a, _spec("pr-drive", "skip"))
+        await until_served(b, "pr-drive")
         first = _expect(await post(a, _push(1), "pr-drive"), 202, "accepted")
         skipped = _expect(await post(b, _push(2), "pr-drive"), 200, "skipped")
         copy = _expect(await post(a, _push(1), "pr-drive"), 200, "duplicate")
 
-        listed = await b.get("/triggers/pr-drive/deliveries", headers=AS_VIEWER)
-        assert listed.status_code == 200, listed.text
-        rows = listed.json()["deliveries"]
+        # each replica writes its delivery records behind its answers: b lists a's a round trip later
+        listed = await eventually(
+            lambda: _deliveries(b, "pr-drive", at_least=3), timeout_s=10, what="b listing the three deliveries"
+        )
+        rows = listed["deliveries"]
         assert [r["delivery_id"] for r in rows] == [copy["delivery_id"], skipped["delivery_id"], first["delivery_id"]]
         assert [(r["state"], r["reason"]) for r in rows] == [
             ("rejected", "duplicate"),
@@ -319,7 +340,7 @@ async def test_the_deliveries_api_shows_each_state_and_a_rejected_delivery_can_b
         assert rows[2]["run_id"] == _run_of("pr-drive", 1)
         assert rows[1]["source_event_id"] == "ado-evt-7-2"
         assert all(r["has_event"] for r in rows)
-        assert listed.json()["next_cursor"] is None
+        assert listed["next_cursor"] is None
         page = (await a.get("/triggers/pr-drive/deliveries?limit=2", headers=AS_VIEWER)).json()
         assert len(page["deliveries"]) == 2
         rest = await a.get(f"/triggers/pr-drive/deliveries?limit=2&cursor={page['next_cursor']}", headers=AS_VIEWER)
@@ -346,12 +367,19 @@ async def test_the_deliveries_api_shows_each_state_and_a_rejected_delivery_can_b
         redriven = _expect(await a.post(url.format(skipped["delivery_id"]), headers=AS_OPERATOR), 202, "accepted")
         assert redriven["run_id"] == _run_of("pr-drive", 2)  # the original event id: the same run
         await event_log.wait_for("run.requested", run_id=_run_of("pr-drive", 2), timeout_s=10)
+        await eventually(  # a writes the re-drive's record behind its answer: b finds it a round trip later
+            lambda: _deliveries(b, "pr-drive", including=redriven["delivery_id"]),
+            timeout_s=10,
+            what="b listing the re-driven delivery",
+        )
         again = await b.post(url.format(redriven["delivery_id"]), headers=AS_OPERATOR)
         assert again.status_code == 409, again.text
         # a duplicate's re-drive is a duplicate again: never a second run of the accepted event
         _expect(await b.post(url.format(copy["delivery_id"]), headers=AS_OPERATOR), 200, "duplicate")
 
-        rows = (await b.get("/triggers/pr-drive/deliveries", headers=AS_VIEWER)).json()["deliveries"]
+        final = await _deliveries(b, "pr-drive")
+        assert final is not None
+        rows = final["deliveries"]
         by_id = {r["delivery_id"]: r for r in rows}
         assert by_id[redriven["delivery_id"]]["state"] == "accepted"
         assert by_id[redriven["delivery_id"]]["redrive_of"] == skipped["delivery_id"]
@@ -390,7 +418,7 @@ async def test_a_schedule_trigger_with_a_key_skips_its_ticks_while_its_run_is_ac
 async def test_a_copy_of_an_older_event_never_takes_the_key_back_from_a_newer_run(
     gateway_settings: Settings, bus: Bus, event_log: EventLog
 ) -> None:
-    async with replicas(gateway_settings, 2) as (a, _):
+    async with replicas(gateway_settings, 2) as (a, b):
         spec = {
             "id": "on-failure",
             "name": "One triage at a time",
@@ -400,6 +428,7 @@ async def test_a_copy_of_an_older_event_never_takes_the_key_back_from_a_newer_ru
             "concurrency": {"key": "'all failures'", "policy": "supersede"},
         }
         await _create(a, spec)
+        await until_served(b, "on-failure")  # b may take the events (one shared consumer)
         older, newer = _ended("run-x1", RunFailed), _ended("run-x2", RunFailed)
         await bus.publish(older)
         older_run = run_id_for_delivery("on-failure", older.id)

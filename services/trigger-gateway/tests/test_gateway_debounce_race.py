@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-from gateway_support import AS_ADMIN, fixture_json, post, replicas, webhook_spec
+from gateway_support import AS_ADMIN, fixture_json, post, replicas, until_served, webhook_spec
 
 from temporality_bus import Bus, Timers
 from temporality_protocol import run_id_for_delivery
@@ -56,6 +56,7 @@ async def test_concurrent_events_of_a_key_inside_the_window_start_exactly_the_la
         )
         created = await a.post("/triggers", json=spec, headers=AS_ADMIN)
         assert created.status_code == 201, created.text
+        await until_served(b, TRIGGER)
 
         async def deliver(client: httpx.AsyncClient, pr: int, n: int) -> httpx.Response:
             return await post(client, _push(pr, n), TRIGGER)
@@ -119,6 +120,7 @@ async def test_an_older_events_arm_landing_last_still_starts_the_keys_latest(
         )
         created = await a.post("/triggers", json=spec, headers=AS_ADMIN)
         assert created.status_code == 201, created.text
+        await until_served(b, "pr-late-arm")  # before event 1: the two events must land in one window
         first = await post(a, _push(21, 1), "pr-late-arm")
         second = await post(b, _push(21, 2), "pr-late-arm")
         assert [first.status_code, second.status_code] == [202, 202], (first.text, second.text)

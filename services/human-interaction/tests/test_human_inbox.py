@@ -126,6 +126,16 @@ async def test_a_run_end_listed_from_the_bucket_cancels_a_request_whose_id_is_to
         assert record.status is HumanRequestState.CANCELLED
 
 
+async def test_a_request_whose_id_is_too_long_for_a_key_is_in_the_inbox(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    """Its ``open.<user>.`` entry is keyed by the id's hash: the inbox lists the id the entry holds."""
+    long_id = "hreq-" + "b" * 80
+    await handler.handle(requested(request_id=long_id))
+    assert long_id in await open_requests_of(bus, "user:alice")
+    assert long_id in await _ids(client, ALICE)
+
+
 async def test_a_stale_entry_is_skipped_and_dropped_and_a_lost_index_is_rebuilt(
     bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
 ) -> None:

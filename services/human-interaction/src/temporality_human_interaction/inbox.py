@@ -48,7 +48,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 from pydantic import ValidationError
 
 from temporality_bus import Bus, PublishResult, live_entries, live_keys
-from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ids_of, ref_key
 from temporality_human_interaction.directory import user_id_of
 from temporality_human_interaction.mirror import ChannelEntry, ChannelMirror, to_channel_entry
 from temporality_human_interaction.records import HumanRequestRecord, RequestStore, is_request_id, open_store
@@ -143,11 +143,11 @@ async def unindex(bus: Bus, record: HumanRequestRecord, mirror: ChannelMirror | 
 
 
 async def open_requests_of(bus: Bus, user: str) -> list[str]:
-    """The request ids indexed under ``user``: a server-side filtered listing of ``open.<user>.*``."""
+    """The request ids indexed under ``user``: a server-side filtered listing of ``open.<user>.*`` (a long id's
+    entry, keyed by its hash, read for the id)."""
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    return sorted(
-        key.rsplit(".", 1)[1] for key in await live_keys(kv, f"{ref_key('open', user)}.*", timeout_s=_LIST_TIMEOUT_S)
-    )
+    keys = await live_keys(kv, f"{ref_key('open', user)}.*", timeout_s=_LIST_TIMEOUT_S)
+    return sorted(await ids_of(ChannelRefs(bus), keys))
 
 
 async def list_inbox(bus: Bus, store: RequestStore, user: str) -> list[HumanRequestRecord]:

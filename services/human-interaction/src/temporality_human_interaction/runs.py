@@ -35,7 +35,7 @@ import structlog
 
 from temporality_bus import Bus, Delivery, NotFound
 from temporality_bus.listing import stored_keys
-from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key, stands_for_another
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ids_of, ref_key
 from temporality_human_interaction.inbox import unindex
 from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.records import HumanRequestRecord, open_store
@@ -98,14 +98,7 @@ async def requests_of_run(bus: Bus, run_id: str) -> list[str]:
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
     prefix = f"{ref_key('run', run_id)}."
     keys = await asyncio.wait_for(stored_keys(kv, f"{prefix}*"), _LIST_TIMEOUT_S)
-    ids: list[str] = []
-    for key in keys:
-        part = key.removeprefix(prefix)
-        if not stands_for_another(part):
-            ids.append(part)
-        elif (request_id := await ChannelRefs(bus).get(key)) is not None:
-            ids.append(request_id)
-    return ids
+    return await ids_of(ChannelRefs(bus), keys)
 
 
 async def withdrawn(bus: Bus, run_id: str, request_id: str) -> bool:

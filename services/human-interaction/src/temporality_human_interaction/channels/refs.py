@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporality_bus import AlreadyExists, Bus, Conflict, Contended, Store
 from temporality_protocol.catalog import BUCKET_HUMAN_CHANNELS
 
-__all__ = ["BUCKET_HUMAN_CHANNELS", "ChannelRef", "ChannelRefs", "ref_key", "stands_for_another"]
+__all__ = ["BUCKET_HUMAN_CHANNELS", "ChannelRef", "ChannelRefs", "ids_of", "ref_key", "stands_for_another"]
 
 _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _HASHED = re.compile(r"^[0-9a-f]{40}$")
@@ -62,6 +63,19 @@ def stands_for_another(part: str) -> bool:
     """Whether a key part may be the hash :func:`ref_key` put for a part it could not use as it was (then the
     entry's value, not the part, says what it was; an id that happens to look like one reads the same way)."""
     return _HASHED.fullmatch(part) is not None
+
+
+async def ids_of(refs: ChannelRefs, keys: Iterable[str]) -> list[str]:
+    """The ids the last parts of ``keys`` stand for, in order: the part itself, or, for a part that may be a hashed
+    id (:func:`stands_for_another`), the id its entry holds (an entry dropped meanwhile holds none: left out)."""
+    ids: list[str] = []
+    for key in keys:
+        part = key.rsplit(".", 1)[-1]
+        if not stands_for_another(part):
+            ids.append(part)
+        elif (held := await refs.get(key)) is not None:
+            ids.append(held)
+    return ids
 
 
 def ref_key(*parts: str | int) -> str:

@@ -594,6 +594,8 @@ async def test_e2e_1_with_the_journal_on_postgresql(tmp_path: Path, http: httpx.
         try:
             run_id = (await post_hook(http, stack, example_pr())).json()["run_id"]
             waiting = await _run_in_state(http, stack, run_id, "waiting_for_human")
+            request = await _the_pending_request(http, stack, run_id)  # human-interaction stored it too
+            assert request["id"] == waiting["waiting"]["request_id"]
             answered = await http.post(
                 f"{stack.human_url}/requests/{waiting['waiting']['request_id']}/answer",
                 json={"option_id": "ship-v2"},
@@ -760,6 +762,8 @@ async def test_an_answer_that_crashes_the_executor_every_time_fails_the_run_visi
     executor.restart(**CRASH_ENV)
     run_id = (await post_hook(http, stack, _new_pr())).json()["run_id"]
     waiting = await _run_in_state(http, stack, run_id, "waiting_for_human")
+    request = await _the_pending_request(http, stack, run_id)  # human-interaction stored it too
+    assert request["id"] == waiting["waiting"]["request_id"]
     answered = await http.post(
         f"{stack.human_url}/requests/{waiting['waiting']['request_id']}/answer",
         json={"text": f"Keep v1 ({CRASH_MARKER})"},
@@ -819,6 +823,7 @@ async def test_a_hung_executor_s_run_is_failed_by_the_watchdog_of_another(
             return bool((await _stored_run(stack, other))["state"] == "waiting_for_human")
 
         await stays(still_waiting, settle_s=2 * limit_and_grace_s + 1, what=f"run {other} waiting for alice")
+        assert (await _the_pending_request(http, stack, other))["id"] == waiting["waiting"]["request_id"]
         answered = await http.post(
             f"{stack.human_url}/requests/{waiting['waiting']['request_id']}/answer",
             json={"option_id": "keep-v1"},

@@ -51,6 +51,8 @@ async def test_runs_by_state_match_the_journals_runs(
     ):
         for event in events:
             await bus.publish(event)
+        # every event recorded first: the gauge's expected counts also hold before done's three events are
+        await journal.wait_recorded(events[-1].id)
 
         async def reported() -> dict[str, float] | None:
             response = await client.get("/metrics")

@@ -188,6 +188,10 @@ class PipelineRate(_Model):
     run_requested: Percentiles  # the same -> ``run.requested`` (the gateway's part)
     response: Percentiles  # the same -> the HTTP answer
     load: float
+    #: CPU per run of each process (the bench: the client and the bus subscriber) from the first send until every
+    #: run of the phase asked, and the rest of the machine meanwhile in cores, as :class:`PipelineLoad`'s
+    cpu_ms_per_run: dict[str, float] = Field(default_factory=dict)
+    other_cores: float | None = None
 
 
 class PipelineFigures(_Model):

@@ -12,12 +12,16 @@ loaded), it measures, on the same stack:
 
 1. **``run.started`` latency at a fixed offered rate** (``--rate`` webhooks/s, default 100): open loop -- each
    webhook is sent at its scheduled time, whether or not the earlier ones were answered (an ``asyncio`` task per
-   request on one ``httpx.AsyncClient``; at 100/s such a client is far from saturating, which is all this phase
-   needs: it offers a rate, it does not look for the ceiling). ``--warmup`` seconds at that rate, then
-   ``--duration`` seconds measured: p50/p99 from each request's send to its run's ``run.started`` seen on the
-   bus, split at ``run.requested`` (the gateway's part), and the HTTP answer; the rate achieved and how late the
-   client sent against its schedule (p99), so a client that fell behind shows. Every answer must be a 202 and
-   every run must start, or the bench fails saying which.
+   request). At 100/s a Python client is far from saturating the gateway, which is all this phase needs: it
+   offers a rate, it does not look for the ceiling (wrk does that, below). The client is a lean HTTP/1.1 one
+   (:class:`Webhooks`: prepared requests on keep-alive connections) on uvloop, so that it takes little of the
+   cores it shares with the stack (httpx took ~6 ms of CPU per request here and slowed as the answers did).
+   ``--warmup`` seconds at that rate, then ``--duration`` seconds measured: p50/p99 from each request's send to its
+   run's ``run.started`` seen on the bus, split at ``run.requested`` (the gateway's part), and the HTTP answer; the
+   rate achieved and how late the client sent against its schedule (p99), so a client that fell behind shows; the
+   CPU per run of every process until every run of the phase asked. When the stack cannot keep up with the rate,
+   the runs queue and the figure is the queue's wait, growing with the phase's length. Every answer must be a 202
+   and every run must start, or the bench fails saying which.
 2. **Sustained runs/s to the question**: per ``--connections`` count, ``--runs`` distinct Azure DevOps PR webhooks
    (the example payload, a new top-level ``id`` each, Basic auth) driven by ``wrk`` with ``bench/wrk_webhook.lua``
    in its exact mode (each of the ``--threads`` threads sends its share and stops once every one is answered:
@@ -51,7 +55,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -192,54 +196,94 @@ class CpuMeter:
 
 
 # --------------------------------------------------------------------------- 1. latency at a fixed rate
-async def _one_at_a_time(stack: Stack, seen: Seen, http: httpx.AsyncClient, count: int) -> None:
+class Webhooks:
+    """A lean HTTP/1.1 client of the gateway's webhook endpoint: each request the example payload with a new
+    top-level ``id``, built from two prepared halves, written on an idle keep-alive connection (a new one when
+    none is idle: the gateway keeps an idle one 75 s), its answer read by its ``Content-Length``. httpx did the
+    same at ~6 ms of the bench's CPU per request on this 2-core box at load 10-12 (its pool scans its connections;
+    more open ones as the answers slowed): the client must not be what the figure measures."""
+
+    def __init__(self, url: str) -> None:
+        parsed = httpx.URL(url)
+        self.host, self.port = parsed.host, parsed.port or 80
+        template: dict[str, Any] = json.loads(EXAMPLE.read_text("utf-8-sig"))
+        before, after = json.dumps(dict(template, id="\0")).encode().split(b'"\\u0000"')
+        self.body = (before + b'"', b'"' + after)
+        self.head = (
+            f"POST {parsed.raw_path.decode()} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Authorization: {AUTH}\r\nContent-Type: application/json\r\n"
+        ).encode()
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.opened = 0
+
+    def request(self, event_id: str) -> bytes:
+        body = self.body[0] + event_id.encode() + self.body[1]
+        return self.head + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+
+    async def post(self) -> tuple[int, bytes]:
+        """One new webhook: the answer's status and body."""
+        if self.idle:
+            reader, writer = self.idle.pop()
+        else:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+            self.opened += 1
+        writer.write(self.request(f"bench-pipeline-{uuid.uuid4()}"))
+        head = await reader.readuntil(b"\r\n\r\n")
+        status, length = int(head[9:12]), None
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if length is None:
+            writer.close()
+            raise BenchFailure(f"the gateway answered without a Content-Length: {head[:300]!r}")
+        body = await reader.readexactly(length)
+        self.idle.append((reader, writer))
+        return status, body
+
+    async def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+async def _one_at_a_time(stack: Stack, seen: Seen, count: int) -> None:
     """A few webhooks, each once the previous one's run asked: every code path of every process loaded."""
-    for _ in range(count):
-        response = await _post(stack, http)
-        await seen.time_of("human.requested", response.json()["run_id"], 120)
-
-
-def _payload() -> dict[str, Any]:
-    template: dict[str, Any] = json.loads(EXAMPLE.read_text("utf-8-sig"))
-    return dict(template, id=f"bench-pipeline-{uuid.uuid4()}")
-
-
-async def _post(stack: Stack, http: httpx.AsyncClient) -> httpx.Response:
-    response = await http.post(f"{stack.gateway_url}/hooks/{TRIGGER}", json=_payload(), headers={"Authorization": AUTH})
-    if response.status_code != 202:
-        raise BenchFailure(f"the gateway answered {response.status_code} (not 202): {response.text[:300]}")
-    return response
+    client = Webhooks(f"{stack.gateway_url}/hooks/{TRIGGER}")
+    try:
+        for _ in range(count):
+            status, body = await client.post()
+            if status != 202:
+                raise BenchFailure(f"the gateway answered {status} (not 202): {body[:300]!r}")
+            await seen.time_of("human.requested", json.loads(body)["run_id"], 120)
+    finally:
+        await client.close()
 
 
 async def _at_rate(stack: Stack, seen: Seen, rate: float, warmup_s: float, duration_s: float) -> dict[str, Any]:
     """Webhooks sent open-loop at ``rate``/s for ``warmup_s`` + ``duration_s``; the measured ones' figures."""
     total = math.ceil(rate * (warmup_s + duration_s))
     first_measured = math.ceil(rate * warmup_s)
-    template: dict[str, Any] = json.loads(EXAMPLE.read_text("utf-8-sig"))
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
     measured: list[tuple[float, float, float, str]] = []  # scheduled, sent, answered (perf_counter), run id
     runs: list[str] = []  # every run of the phase, the warm-up's too
     refused: list[str] = []
-    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-        await _one_at_a_time(stack, seen, http, WARMUP_RUNS)
+    client = Webhooks(f"{stack.gateway_url}/hooks/{TRIGGER}")
 
-        async def send(i: int, scheduled: float) -> None:
-            body = dict(template, id=f"bench-pipeline-{uuid.uuid4()}")
-            sent = time.perf_counter()
-            response = await http.post(
-                f"{stack.gateway_url}/hooks/{TRIGGER}", json=body, headers={"Authorization": AUTH}
-            )
-            answered = time.perf_counter()
-            if response.status_code != 202:
-                refused.append(f"{response.status_code} {response.text[:120]}")
-                return
-            run_id = str(response.json()["run_id"])
-            runs.append(run_id)
-            if i >= first_measured:
-                measured.append((scheduled, sent, answered, run_id))
+    async def send(i: int, scheduled: float) -> None:
+        sent = time.perf_counter()
+        status, body = await client.post()
+        answered = time.perf_counter()
+        if status != 202:
+            refused.append(f"{status} {body[:120]!r}")
+            return
+        run_id = str(json.loads(body)["run_id"])
+        runs.append(run_id)
+        if i >= first_measured:
+            measured.append((scheduled, sent, answered, run_id))
 
-        tasks: list[asyncio.Task[None]] = []
-        start = time.perf_counter() + 0.05
+    tasks: list[asyncio.Task[None]] = []
+    start = time.perf_counter() + 0.05
+    try:
         for i in range(total):
             scheduled = start + i / rate
             delay = scheduled - time.perf_counter()
@@ -247,6 +291,8 @@ async def _at_rate(stack: Stack, seen: Seen, rate: float, warmup_s: float, durat
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(send(i, scheduled)))
         await asyncio.gather(*tasks)
+    finally:
+        await client.close()
     if refused:
         raise BenchFailure(f"{len(refused)} of {total} webhooks at {rate:g}/s were not answered 202: {refused[:3]}")
     timeout = 120 + total / 10
@@ -263,6 +309,7 @@ async def _at_rate(stack: Stack, seen: Seen, rate: float, warmup_s: float, durat
         "response": [(m[2] - m[1]) * 1000 for m in measured],
         "runs": runs,
         "load": os.getloadavg()[0],
+        "connections": client.opened,
     }
 
 
@@ -393,6 +440,16 @@ async def _bare(nc: NATS, count: int) -> list[float]:
 
 
 # --------------------------------------------------------------------------- the bench
+def _on_uvloop(coro: Coroutine[Any, Any, PipelineFigures]) -> PipelineFigures:
+    """The bench's loop on uvloop, as the services run theirs: the client and the subscriber take less of the cores."""
+    try:
+        import uvloop
+    except ImportError:  # a dependency of temporality_service; plain asyncio still works
+        return asyncio.run(coro)
+    figures: PipelineFigures = uvloop.run(coro)
+    return figures
+
+
 def _load() -> str:
     return " / ".join(f"{v:.1f}" for v in os.getloadavg())
 
@@ -404,11 +461,17 @@ async def _measure(stack: Stack, args: argparse.Namespace) -> PipelineFigures:
     for kind in KINDS:
         await nc.subscribe(f"{EVENTS}{kind}", cb=seen.on)
     meter = CpuMeter(stack)
+    await _one_at_a_time(stack, seen, WARMUP_RUNS)
 
     out(
         f"[rate] {args.rate:g} webhooks/s open loop, {args.warmup:g} s warm-up + {args.duration:g} s (load {_load()})\n"
     )
+    cpu0 = meter.read()
     r = await _at_rate(stack, seen, args.rate, args.warmup, args.duration)
+    # every run of the phase at its question before the first wrk phase (whose counts start from here)
+    for run_id in r["runs"]:
+        await seen.time_of("human.requested", run_id, 120 + len(r["runs"]) / 10)
+    per_run, other = CpuMeter.per_run(cpu0, meter.read(), len(r["runs"]))
     rate = PipelineRate(
         offered_per_s=args.rate,
         achieved_per_s=r["achieved"],
@@ -418,12 +481,12 @@ async def _measure(stack: Stack, args: argparse.Namespace) -> PipelineFigures:
         run_requested=percentiles(r["requested"]),
         response=percentiles(r["response"]),
         load=r["load"],
+        cpu_ms_per_run=per_run,
+        other_cores=other,
     )
     out(_rate_lines(rate))
-    # the rate phase's runs all at their question before the first wrk phase (its counts start from here)
-    if not await seen.wait(lambda: all(run in seen.at["human.requested"] for run in r["runs"]), 120 + len(r["runs"])):
-        raise BenchFailure("the fixed-rate phase's runs did not all reach their question")
-    await asyncio.sleep(1.0)
+    out(f"  ({r['connections']} connections opened by the client)\n")
+    await asyncio.sleep(1.0)  # what trails the questions (notifications, the journal) before the first count
 
     loads: list[PipelineLoad] = []
     for connections in args.connections:
@@ -446,20 +509,24 @@ def _rate_lines(rate: PipelineRate) -> str:
         f"  webhook -> run.started   p50 {s.p50_ms:8.2f}  p99 {s.p99_ms:8.2f}  max {s.max_ms or 0:8.2f} ms\n"
         f"  webhook -> run.requested p50 {q.p50_ms:8.2f}  p99 {q.p99_ms:8.2f} ms (the gateway's part)\n"
         f"  HTTP answer              p50 {h.p50_ms:8.2f}  p99 {h.p99_ms:8.2f} ms   | load {rate.load:.1f}\n"
+        f"  {_cpu_line(rate.cpu_ms_per_run, rate.other_cores)}\n"
     )
 
 
-def _load_line(load: PipelineLoad) -> str:
-    cpu = load.cpu_ms_per_run
+def _cpu_line(cpu: dict[str, float], other_cores: float | None) -> str:
     stack = sum(v for k, v in cpu.items() if k not in ("wrk", "bench"))
     parts = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
-    other = "-" if load.other_cores is None else f"{load.other_cores:.2f}"
+    other = "-" if other_cores is None else f"{other_cores:.2f}"
+    allow = f" (the cores allow ~{(os.cpu_count() or 1) * 1000 / stack:.0f} runs/s at that)" if stack else ""
+    return f"CPU ms per run: {parts}; the stack {stack:.2f}{allow}; other work {other} cores"
+
+
+def _load_line(load: PipelineLoad) -> str:
     return (
         f"  -c{load.connections:<4d} {load.runs_s:7.1f} runs/s to the question ({load.started_s:.1f}/s to run.started)"
         f" | wrk {load.requests_s:.1f} answers/s, HTTP p50 {load.http_p50_ms:.1f} p99 {load.http_p99_ms:.1f} ms"
         f" | {load.accepted}/{load.runs} 202 | load {load.load:.1f}\n"
-        f"         CPU ms per run: {parts}; the stack {stack:.2f} (the cores allow ~{(os.cpu_count() or 1) * 1000 / stack:.0f}"
-        f" runs/s at that); other work {other} cores\n"
+        f"         {_cpu_line(load.cpu_ms_per_run, load.other_cores)}\n"
     )
 
 
@@ -511,7 +578,7 @@ def main() -> int:
         stack.nats.monitoring = True  # /varz: the JetStream sync settings it runs with
         stack.start()
         try:
-            figures = asyncio.run(_measure(stack, args))
+            figures = _on_uvloop(_measure(stack, args))
             durability = merge(
                 Durability(jetstream=jetstream_durability(stack.nats.monitoring_url)),
                 asyncio.run(database_durability(stack.database_url)),

@@ -271,7 +271,11 @@ async def _at_rate(stack: Stack, seen: Seen, rate: float, warmup_s: float, durat
 
     async def send(i: int, scheduled: float) -> None:
         sent = time.perf_counter()
-        status, body = await client.post()
+        try:
+            status, body = await client.post()
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            refused.append(f"no answer: {exc!r}")
+            return
         answered = time.perf_counter()
         if status != 202:
             refused.append(f"{status} {body[:120]!r}")

@@ -45,23 +45,25 @@ schemas-check: sync  ## fail when schemas/ or the NATS authorization of compose 
 	@.venv/bin/temporality nats-authorization | diff -q - charts/temporality/files/nats-authorization.conf >/dev/null \
 	  || { echo "charts/temporality/files/nats-authorization.conf is stale: run make schemas"; exit 1; }
 
-# The gateway bench drives load with wrk (Debian's package); installed here when missing and apt-get exists,
-# as .ci/run installs Chromium. Without it bench/gateway.py says how to get it and exits 2 (make stops there).
+# The gateway and pipeline benches drive load with wrk (Debian's package); installed here when missing and
+# apt-get exists, as .ci/run installs Chromium. Without it bench/gateway.py says how to get it and exits 2 (make
+# stops there; so does bench/pipeline.py).
 bench-wrk:
 	@if ! command -v wrk >/dev/null 2>&1; then \
 	  if command -v apt-get >/dev/null 2>&1; then \
-	    echo "bench: installing wrk (Debian package) for bench/gateway.py"; \
+	    echo "bench: installing wrk (Debian package) for bench/gateway.py and bench/pipeline.py"; \
 	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	    ($$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq wrk >/dev/null) \
-	      || echo "warning: wrk could not be installed (apt-get install wrk); bench/gateway.py will not run"; \
+	      || echo "warning: wrk could not be installed (apt-get install wrk); bench/gateway.py and bench/pipeline.py will not run"; \
 	  else \
-	    echo "warning: wrk is not installed and apt-get is not available: install wrk (https://github.com/wg/wrk) to run bench/gateway.py"; \
+	    echo "warning: wrk is not installed and apt-get is not available: install wrk (https://github.com/wg/wrk) to run bench/gateway.py and bench/pipeline.py"; \
 	  fi; \
 	fi
 
 bench: sync bench-wrk  ## print throughput and latency figures (no assertions; installs Debian's wrk when missing)
 	.venv/bin/python bench/gateway.py
 	.venv/bin/python bench/latency.py
+	.venv/bin/python bench/pipeline.py
 	.venv/bin/python bench/journal.py
 	.venv/bin/python bench/agent_collab.py
 	.venv/bin/python bench/parked_runs.py

@@ -155,6 +155,56 @@ class LatencyFigures(_Model):
     settled: Percentiles | None = None  # the next webhook once the previous run parked (records since 2026-12-04)
 
 
+class PipelineLoad(_Model):
+    """A fixed number of webhooks driven by wrk at one connection count, followed on the bus to the question."""
+
+    connections: int = Field(ge=1)
+    runs: int = Field(ge=1)  # webhooks sent, each a new event (so a new run)
+    accepted: int = Field(ge=0)  # of them answered 202
+    #: runs/s from wrk's start to the last ``human.requested`` of these runs (the goal's figure)
+    runs_s: float = Field(ge=0)
+    #: the same to the last ``run.started``
+    started_s: float = Field(ge=0)
+    #: wrk's own: answers/s over its run, and its HTTP latency
+    requests_s: float = Field(ge=0)
+    http_p50_ms: float = Field(ge=0)
+    http_p99_ms: float = Field(ge=0)
+    #: CPU (user + system) per run of each process (the five services, nats-server, wrk, the bench) over that span
+    cpu_ms_per_run: dict[str, float] = Field(default_factory=dict)
+    #: the rest of the machine meanwhile (other work), in cores; None where /proc/stat is not there
+    other_cores: float | None = None
+    load: float  # the 1-minute load average at its end
+
+
+class PipelineRate(_Model):
+    """Webhooks sent open-loop at a fixed rate (each at its time, whether or not earlier ones were answered)."""
+
+    offered_per_s: float = Field(gt=0)
+    achieved_per_s: float = Field(ge=0)  # of the measured sends, first to last
+    seconds: float = Field(gt=0)  # measured (after the warm-up)
+    #: how late a send was against its schedule (the client's own lag; p99, ms)
+    send_lag_p99_ms: float = Field(ge=0)
+    run_started: Percentiles  # the request's send -> its run's ``run.started`` seen on the bus
+    run_requested: Percentiles  # the same -> ``run.requested`` (the gateway's part)
+    response: Percentiles  # the same -> the HTTP answer
+    load: float
+    #: CPU per run of each process (the bench: the client and the bus subscriber) from the first send until every
+    #: run of the phase asked, and the rest of the machine meanwhile in cores, as :class:`PipelineLoad`'s
+    cpu_ms_per_run: dict[str, float] = Field(default_factory=dict)
+    other_cores: float | None = None
+
+
+class PipelineFigures(_Model):
+    loads: list[PipelineLoad] = Field(min_length=1)  # in the order measured
+    rate: PipelineRate
+    bare_jetstream: Percentiles  # one JetStream publish -> consume on the same server, one at a time
+
+    @property
+    def best(self) -> PipelineLoad:
+        """The connection count with the most runs/s to the question."""
+        return max(self.loads, key=lambda load: load.runs_s)
+
+
 class JournalResult(_Model):
     db: str
     batch: int
@@ -244,6 +294,11 @@ class LatencyRecord(_Record):
     figures: LatencyFigures
 
 
+class PipelineRecord(_Record):
+    bench: Literal["pipeline"]
+    figures: PipelineFigures
+
+
 class JournalRecord(_Record):
     bench: Literal["journal"]
     figures: JournalFigures
@@ -265,7 +320,13 @@ class VsTemporalRecord(_Record):
 
 
 BenchRecord = Annotated[
-    GatewayRecord | LatencyRecord | JournalRecord | ParkedRunsRecord | AgentCollabRecord | VsTemporalRecord,
+    GatewayRecord
+    | LatencyRecord
+    | PipelineRecord
+    | JournalRecord
+    | ParkedRunsRecord
+    | AgentCollabRecord
+    | VsTemporalRecord,
     Field(discriminator="bench"),
 ]
 

@@ -44,6 +44,7 @@ from benchrecord import (
     LatencyRecord,
     LoopSystem,
     ParkedRunsRecord,
+    PipelineRecord,
     RecordError,
     VsTemporalRecord,
     load_record,
@@ -85,6 +86,13 @@ BENCHES = (
         _needs_wrk,
     ),
     Bench("latency", "latency.py", ("--runs", "100"), 240),
+    Bench(
+        "pipeline",
+        "pipeline.py",
+        ("--runs", "400", "--connections", "10", "50", "--rate", "100", "--duration", "5", "--warmup", "2"),
+        420,
+        _needs_wrk,
+    ),
     Bench("journal", "journal.py", ("--events", "5000", "--live", "1000", "--log-level", "warning"), 360),
     Bench("parked_runs", "parked_runs.py", ("--runs", "300", "--latency-sample", "50"), 420),
     Bench("agent_collab", "agent_collab.py", ("--asks", "40", "--per-saga", "20"), 240),
@@ -263,6 +271,60 @@ def plot_latency(record: LatencyRecord, out: Path) -> Path:
     return _save(fig, out)
 
 
+#: The processes of the stack in a pipeline record's CPU per run (the load generator and the bench are not).
+_NOT_STACK = ("wrk", "bench")
+
+
+def _stack_cpu_ms(cpu_ms_per_run: dict[str, float]) -> float:
+    return sum(v for k, v in cpu_ms_per_run.items() if k not in _NOT_STACK)
+
+
+def plot_pipeline(record: PipelineRecord, out: Path) -> Path:
+    f = record.figures
+    fig, (rate, lat) = _figure("The pipeline under load: webhook -> question (5 processes)", record, 2)
+    groups = [f"{load.connections} connections\n({load.runs} webhooks)" for load in f.loads]
+    _grouped(
+        rate,
+        groups,
+        {"to human.requested": [x.runs_s for x in f.loads], "to run.started": [x.started_s for x in f.loads]},
+        [OURS, ALT],
+        "{:,.1f}",
+    )
+    _goal(rate, 250, "goal >= 250 runs/s to the question")
+    rate.set_ylabel("runs/s (wrk's start -> the last event)")
+    best = f.best
+    stack = _stack_cpu_ms(best.cpu_ms_per_run)
+    title = f"best {best.runs_s:,.1f} runs/s to the question (wrk, {best.connections} connections)"
+    if stack:
+        title += f"\nthe stack's CPU {stack:.1f} ms per run: {record.cores} cores allow ~{record.cores * 1000 / stack:,.0f} runs/s"
+    rate.set_title(title, fontsize=9)
+    r = f.rate
+    shown = [
+        ("webhook ->\nrun.started", r.run_started),
+        ("webhook ->\nrun.requested", r.run_requested),
+        ("HTTP answer", r.response),
+        (f"bare JetStream\nhop ({f.bare_jetstream.n})", f.bare_jetstream),
+    ]
+    _grouped(
+        lat,
+        [label for label, _ in shown],
+        {"p50": [p.p50_ms for _, p in shown], "p99": [p.p99_ms for _, p in shown]},
+        [OURS, ALT],
+        "{:,.1f}",
+    )
+    lat.set_yscale("log")  # seconds when the stack falls behind the rate, against a 10 ms goal and a sub-ms hop
+    lat.set_ylim(top=max(max(p.p99_ms for _, p in shown), 10) * 60)  # room for the legend above the bars
+    _goal(lat, 10, "goal run.started p50 <= 10 ms at 100/s")
+    lat.set_ylabel("ms (log scale)")
+    ratio = r.run_started.p50_ms / f.bare_jetstream.p50_ms if f.bare_jetstream.p50_ms else float("nan")
+    lat.set_title(
+        f"{r.run_started.n} webhooks at {r.achieved_per_s:,.1f}/s (offered {r.offered_per_s:g}/s, open loop)\n"
+        f"run.started / bare hop at p50: {ratio:,.0f}x",
+        fontsize=9,
+    )
+    return _save(fig, out)
+
+
 def plot_journal(record: JournalRecord, out: Path) -> Path:
     results = record.figures.results
     fig, (rate, ratio) = _figure("Journal ingest: the journal process against a plain executemany", record, 2)
@@ -371,6 +433,7 @@ def plot_vs_temporal(record: VsTemporalRecord, out: Path) -> Path:
 PLOTTERS: dict[str, Callable[[Any, Path], Path]] = {
     "gateway": plot_gateway,
     "latency": plot_latency,
+    "pipeline": plot_pipeline,
     "journal": plot_journal,
     "parked_runs": plot_parked_runs,
     "agent_collab": plot_agent_collab,
@@ -405,6 +468,10 @@ def _verdict(ok: bool) -> str:
     return "**met**" if ok else "**not met**"
 
 
+#: The offered rate issue 11 asks the ``run.started`` latency at (webhooks/s).
+PIPELINE_RATE = 100.0
+
+
 def goals(record: BenchRecord, long: BenchRecord | None = None) -> list[str]:
     """Each goal issue 11 sets for this bench's figures, with the figure and whether it is met; ``long``: the
     same bench's record of a long run (:data:`LONG`), for the goals only it can judge."""
@@ -426,10 +493,26 @@ def goals(record: BenchRecord, long: BenchRecord | None = None) -> list[str]:
     if isinstance(record, LatencyRecord):
         p50 = record.figures.webhook_to_run_started.p50_ms
         settled = record.figures.settled
-        aside = f" (settled, the stack idle between webhooks: {settled.p50_ms:.1f} ms)" if settled is not None else ""
+        aside = f"; settled, the stack idle between webhooks: {settled.p50_ms:.1f} ms" if settled is not None else ""
         return [
-            f"`run.started` p50 <= 10 ms (the issue asks it at 100 webhooks/s; this bench sends one at a time, "
-            f"back-to-back, so it is the floor): {p50:.1f} ms, {_verdict(p50 <= 10)}{aside}"
+            f"`run.started` p50 one webhook at a time, the floor under the goal (<= 10 ms at 100 webhooks/s, judged "
+            f"from the pipeline bench): back-to-back {p50:.1f} ms{aside}"
+        ]
+    if isinstance(record, PipelineRecord):
+        best, at = record.figures.best, record.figures.rate
+        at_rate = at.offered_per_s >= PIPELINE_RATE and at.achieved_per_s >= 0.95 * PIPELINE_RATE
+        judged = (
+            _verdict(at.run_started.p50_ms <= 10)
+            if at_rate
+            else f"**not judged** (offered {at.offered_per_s:g}/s, achieved {at.achieved_per_s:,.1f}/s: the goal's "
+            f"rate is {PIPELINE_RATE:g}/s)"
+        )
+        return [
+            f">= 250 runs/s from webhook to question: {best.runs_s:,.1f} runs/s (wrk, {best.connections} "
+            f"connections, {best.accepted:,} of {best.runs:,} webhooks answered 202), {_verdict(best.runs_s >= 250)}",
+            f"`run.started` p50 <= 10 ms at 100 webhooks/s: {at.run_started.p50_ms:,.1f} ms (p99 "
+            f"{at.run_started.p99_ms:,.1f} ms) over {at.run_started.n:,} webhooks sent open-loop, "
+            f"{at.achieved_per_s:,.1f}/s achieved, {judged}",
         ]
     if isinstance(record, JournalRecord):
         out = []
@@ -485,6 +568,11 @@ WHAT = {
     "the server and nats-server share the cores with everything else running.",
     "latency": "Five real service processes (embedded stack, SQLite); webhooks sent one after another, timed from "
     "the HTTP request to `run.started` on the bus, against a bare JetStream publish -> consume on the same server.",
+    "pipeline": "The same stack under load: a fixed number of webhooks per connection count driven by `wrk`, counted "
+    "on the bus to each run's `run.started` and `human.requested` (the question; every request must be a 202 and "
+    "every run must ask), and webhooks offered open-loop at a fixed rate, timed from each send to its run's "
+    "`run.started`, against a bare JetStream publish -> consume on the same server. wrk, the client, the stack and "
+    "nats-server share the cores with everything else running.",
     "journal": "The real journal process draining a backlog of realistic events, against the same rows "
     "`executemany`'d into a copy of `events` in the same database right before and right after it (one "
     "transaction, no bus, no projection). PostgreSQL is measured when one answers on 127.0.0.1:5432.",
@@ -500,6 +588,7 @@ WHAT = {
 TITLES = {
     "gateway": "Webhook intake: gateway against a bare endpoint",
     "latency": "Webhook -> run.started latency",
+    "pipeline": "The pipeline under load: runs/s to the question, run.started at a fixed rate",
     "journal": "Journal ingest against a plain executemany",
     "parked_runs": "Parked runs: resume rate and latency",
     "agent_collab": "ask_agent round trip against bare request/reply",

@@ -1,7 +1,7 @@
 -- wrk script: every request is a NEW Azure DevOps service-hook event for the trigger-gateway.
 --
 --   wrk -t2 -c32 -d10s --latency -s bench/wrk_webhook.lua http://127.0.0.1:PORT/hooks/ado-pr-review \
---       -- [payload.json] [user:password] [id-prefix] [responses-per-thread done-file-prefix]
+--       -- [payload.json] [user:password] [id-prefix] [responses-per-thread done-file-prefix [exact]]
 --
 -- Defaults: examples/azure-devops/git.pullrequest.created.json (relative to the working directory),
 -- azure:change-me (the dev triggers file), a random prefix. The body is the payload file as it is
@@ -12,6 +12,10 @@
 -- its speed. Requests still in flight then are abandoned by wrk but still served: "sent" counts them.
 -- A stopped thread creates <done-file-prefix><thread number>: wrk itself waits for -d to end (or SIGINT),
 -- so whoever runs it interrupts it once every thread's file exists.
+-- With a sixth argument "exact" a thread also SENDS no more than responses-per-thread requests: once it has
+-- sent them, its connections get an empty request (nothing is written; they wait for the thread to stop), so
+-- exactly threads x responses-per-thread requests reach the server and every one is answered before the thread
+-- stops (bench/pipeline.py: a fixed number of webhooks, each a run to follow on the bus).
 --
 -- response() counts the HTTP statuses per thread; done() prints one line that bench/gateway.py parses:
 --   webhook-bench {"requests":..., "sent":..., "duration_us":..., "latency_us":{...}, "errors":{...}, "statuses":{...}}
@@ -102,7 +106,7 @@ end
 -- ---------------------------------------------------------------------------------------- thread state
 local before, after, prefix
 local headers = {}
-local limit, done_file = nil, nil
+local limit, done_file, exact = nil, nil, false
 counter = 0 -- requests sent by this thread (global: done() reads it through thread:get)
 local answered = 0
 statuses = {}
@@ -119,9 +123,19 @@ function init(args)
   headers["Authorization"] = "Basic " .. base64(args[2] or DEFAULT_CREDENTIALS)
   if args[4] then limit = tonumber(args[4]) end
   if args[5] then done_file = args[5] .. thread_number end
+  exact = args[6] == "exact"
 end
 
+-- wrk calls request() once on the first thread's state before that thread runs (script_verify_request, to count
+-- pipelined requests): that request is never sent, so it is not counted (nor given a counter's id).
+local probed = false
+
 function request()
+  if thread_number == 1 and not probed then
+    probed = true
+    return wrk.format("POST", nil, headers, before .. prefix .. "-probe" .. after)
+  end
+  if exact and counter >= limit then return "" end -- wrk writes nothing: the connection idles until the stop
   counter = counter + 1
   return wrk.format("POST", nil, headers, before .. prefix .. "-" .. counter .. after)
 end

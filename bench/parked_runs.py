@@ -301,9 +301,11 @@ class Phase:
         messages = [self._requested(run_id) for run_id in ids]
         wanted = set(ids)
         msgs0 = _connz(monitoring, "run-executor")
+        park_cpu0 = _cpu_s(executor)
         t0 = time.perf_counter()
         await _publish_chunked(bus, messages, chunk)
         await seen.wait(lambda: seen.count("human.requested", wanted) == runs, 60 + runs, "every run to park")
+        figures["executor_cpu_ms_per_park"] = (_cpu_s(executor) - park_cpu0) * 1000 / runs
         parked_at = max(seen.at["human.requested"][r] for r in ids)
         figures["park_per_s"] = runs / (parked_at - t0)
         await asyncio.sleep(1.0)  # let the executor settle (acks, timers) before reading its memory
@@ -386,7 +388,10 @@ def _report(label: str, f: dict[str, Any]) -> None:
     out = sys.stdout.write
     load = " ".join(f"{x:.1f}" for x in f["load"])
     out(f"[{label}] {f['runs']} runs, load average at the end {load}\n")
-    out(f"  park       {f['park_per_s']:9.1f} runs/s   (run.requested published -> human.requested)\n")
+    out(
+        f"  park       {f['park_per_s']:9.1f} runs/s   (run.requested published -> human.requested), "
+        f"executor CPU {f['executor_cpu_ms_per_park']:.2f} ms/park\n"
+    )
     growth = f["rss_parked_mb"] - f["rss_before_mb"]
     out(
         f"  executor   RSS {f['rss_before_mb']:.1f} MB -> {f['rss_parked_mb']:.1f} MB parked (+{growth:.1f} MB, "
@@ -507,7 +512,9 @@ def main() -> int:
         out("current / before (medians of the phases):\n")
         for key, what in (
             ("park_per_s", "park runs/s"),
+            ("executor_cpu_ms_per_park", "executor CPU per park"),
             ("resume_per_s", "resume runs/s"),
+            ("executor_cpu_ms_per_resume", "executor CPU per resume"),
             ("lifecycle_end_per_s", "answer -> completed runs/s"),
             ("executor_cpu_ms_per_end", "executor CPU per resumed run to its end"),
             ("latency_p50_ms", "latency p50"),

@@ -101,3 +101,40 @@ async def test_a_deleted_key_is_not_found_whatever_was_known(bus: Bus) -> None:
     await kv.delete("k")
     with pytest.raises(NotFound):
         await store.modify("k", _take("a"), known=Versioned(Gate(), rev))
+
+
+async def test_current_gives_back_what_the_caller_holds_while_the_key_holds_it(bus: Bus) -> None:
+    store = await bus.store(BUCKET, Gate)
+    rev = await store.create("c", Gate(count=1))
+    known = Versioned(Gate(count=1), rev)
+    assert await store.current("c", known) is known  # unchanged: the caller's own, not decoded again
+    written = await store.modify("c", lambda g: evolve(g, count=2), known=known)
+    assert await store.current("c", written) is written
+
+
+async def test_current_reads_what_another_writer_wrote_since(bus: Bus) -> None:
+    store = await bus.store(BUCKET, Gate)
+    rev = await store.create("w", Gate(count=1))
+    known = Versioned(Gate(count=1), rev)
+    other = await store.update("w", Gate(count=5, holder="b"), rev)
+    assert await store.current("w", known) == Versioned(Gate(count=5, holder="b"), other)
+
+
+@pytest.mark.parametrize("gone", ["delete", "purge"])
+async def test_current_finds_nothing_once_the_key_is_deleted_or_purged(bus: Bus, gone: str) -> None:
+    store = await bus.store(BUCKET, Gate)
+    key = f"gone-{gone}"
+    known = Versioned(Gate(count=1), await store.create(key, Gate(count=1)))
+    if gone == "purge":
+        await store.purge(key)
+    else:
+        await store._kv.delete(key)
+    assert await store.current(key, known) is None
+    recreated = await store.create(key, Gate(count=7))  # created again: the new value, never the old one
+    assert await store.current(key, known) == Versioned(Gate(count=7), recreated)
+
+
+async def test_current_of_a_key_that_never_was_is_nothing(bus: Bus) -> None:
+    store = await bus.store(BUCKET, Gate)
+    rev = await store.create("elsewhere", Gate())
+    assert await store.current("never", Versioned(Gate(), rev)) is None  # a revision of another key

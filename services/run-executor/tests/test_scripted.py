@@ -176,3 +176,72 @@ async def test_the_reviewer_script_reads_through_the_deprecated_alias_when_that_
     assert "PR #42 'Orders API: return totals as money objects'" in requested.payload(HumanRequested).question
     (called,) = event_log.of_type("run.tool_called", event.runid)
     assert called.data["tool"] == "get_pr_context"
+
+
+#: A script whose vars chain (b reads a; c reads a later var, d, which it sees as null) and one no step reads
+#: after the first (``costly``); the last step reads ``b`` and ``c`` only.
+CHAINED: dict[str, Any] = {
+    "vars": {
+        "a": "{{ results.read.item }}",
+        "b": "{{ join('-', [vars.a || 'none', 'b']) }}",
+        "c": "{{ vars.d || 'd unseen' }}",
+        "d": "D",
+        "costly": "{{ length(results.read.tags || `[]`) }}",
+    },
+    "steps": [
+        {"id": "read", "call": {"tool": "get_input"}},
+        {"id": "tally", "when": "vars.costly > `1`", "call": {"tool": "get_input"}},
+        {"id": "done", "answer": "{{ vars.b }} / {{ vars.c }}"},
+    ],
+}
+
+
+def test_a_turn_renders_only_the_vars_its_steps_can_read_and_those_they_read() -> None:
+    script = Script.model_validate(CHAINED)
+    assert script.vars_read_from(0) == {"a", "b", "c", "d", "costly"}
+    assert script.vars_read_from(2) == {"a", "b", "c", "d"}  # c names d (declared after it: null, as before)
+    assert script.vars_read_from(3) == set()
+    reviewer = ProviderCache()(REVIEWER)
+    assert isinstance(reviewer, ScriptedProvider)
+    steps = [s.id for s in reviewer.script.steps]
+    # the resume's turn (after ask) needs no keyword search over the pull request (``found``)
+    assert reviewer.script.vars_read_from(steps.index("ask") + 1) == {"pr", "header", "who"}
+
+
+@pytest.mark.parametrize(
+    "reads", ["{{ vars }}", "{{ keys(vars) }}", "{{ vars.* }}", "{{ vars | a }}", "{{ @.vars.a }}", "{{ vars[0] }}"]
+)
+def test_a_step_reading_vars_otherwise_than_by_name_gets_every_var(reads: str) -> None:
+    script = Script.model_validate({"vars": {"a": "A", "b": "B"}, "steps": [{"id": "done", "answer": reads}]})
+    assert script.vars_read_from(0) == {"a", "b"}
+
+
+async def test_a_turn_with_only_the_vars_it_reads_answers_as_with_all_of_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every turn of CHAINED and of the reviewer, rendered with only the vars read and with all of them: the same."""
+    chained = _provider(CHAINED)
+    reviewer = ProviderCache()(REVIEWER)
+    assert isinstance(reviewer, ScriptedProvider)
+    review_tools = [ToolSpec(name=n, description="", parameters={"type": "object"}) for n in ("get_input", "ask_human")]
+    pr = {
+        "pull_request": {"id": 42, "title": "Orders API", "description": "changes the response schema"},
+        "source_branch": "f",
+        "target_branch": "main",
+        "repository": {"name": "r"},
+        "author": {"display_name": "A"},
+    }
+    answered = {"status": "answered", "answer": {"type": "option", "option_id": "keep-v1"}, "responder": "user:bob"}
+    conversations = [
+        (chained, TOOLS, []),
+        (chained, TOOLS, _called("read", "get_input", {"item": "x", "tags": [1, 2]})),
+        (chained, TOOLS, [*_called("read", "get_input", {"item": "x", "tags": [1, 2]}), *_called("tally", "t", 1)]),
+        (chained, TOOLS, _called("read", "get_input", {"tags": []})),
+        (reviewer, review_tools, []),
+        (reviewer, review_tools, _called("read", "get_input", pr)),
+        (reviewer, review_tools, [*_called("read", "get_input", pr), *_called("ask", "ask_human", answered)]),
+    ]
+    lazily = [await p.complete(c, tools, context=CONTEXT) for p, tools, c in conversations]
+    monkeypatch.setattr(Script, "vars_read_from", lambda self, start: frozenset(self.vars))
+    eagerly = [await p.complete(c, tools, context=CONTEXT) for p, tools, c in conversations]
+    assert lazily == eagerly
+    assert lazily[2].content == "x-b / d unseen"
+    assert "Keep the v1 contract" in (lazily[-1].content or "")

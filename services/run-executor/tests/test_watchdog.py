@@ -30,7 +30,9 @@ from temporality_protocol.catalog import (
     TIMERS_STREAMS,
 )
 from temporality_run_executor.agents import AgentCard, Limits
+from temporality_run_executor.machine import moved
 from temporality_run_executor.providers import AssistantTurn, Provider, ToolSpec, TurnContext
+from temporality_run_executor.providers.factory import ProviderCache
 from temporality_run_executor.records import Message, RunRecord, ToolCall
 from temporality_run_executor.watchdog import WatchdogPayload
 from temporality_testing.events import EventLog
@@ -185,3 +187,52 @@ async def test_an_unreadable_firing_is_dead_lettered(bus: Bus, executor: RunExec
     subject = f"temporality.dlq.{WATCHDOG.durable}"
     info = await bus.js.stream_info(DLQ_STREAM.name, subjects_filter=subject)
     assert (info.state.subjects or {}).get(subject) == 1
+
+
+async def test_a_resumed_run_failed_while_its_last_turn_is_in_the_provider_completes_nothing(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    """The record is read again after the provider -- from what the handler holds, the stored record not decoded
+    again while it is unchanged (``Store.current``) -- and a move written meanwhile by another handler (here the
+    watchdog's failure, written as it writes it) is seen: the turn's final answer completes nothing."""
+    cache = ProviderCache()
+    gated: dict[str, HeldProvider] = {}
+
+    def provider_for(card: AgentCard) -> Provider:
+        return gated.setdefault(card.id, HeldProvider(cache(card), hold=False))
+
+    try:
+        await executor(provider_for=provider_for)
+        event = run_requested()
+        run_id = event.runid
+        assert run_id
+        await bus.publish(event)
+        (asked,) = await event_log.wait_for("human.requested", run_id=run_id)
+        await run_record(bus, run_id, RunState.WAITING_FOR_HUMAN)
+        request = asked.payload(HumanRequested)
+        held = gated["reviewer"]
+        held.hold, parked_turns = True, held.calls  # the resumed turn (the last: the review) waits in the provider
+        answered = HumanAnswered(
+            request_id=request.request_id,
+            run_id=run_id,
+            recipient="user:alice",
+            responder="user:alice",
+            answer=OptionAnswer(option_id="keep-v1"),
+            channel="web",
+            waited_s=1.0,
+        )
+        seq = (await bus.publish(make_event(answered, source="/test", id=f"evt-ans-{run_id}", run_id=run_id))).seq
+        async with asyncio.timeout(30):
+            await held.entered.wait()
+        await run_record(bus, run_id, RunState.RUNNING)
+        runs = await bus.store(BUCKET_RUNS, RunRecord)
+        await runs.modify(run_id, lambda r: moved(r, RunState.FAILED, {}, datetime.now(UTC)))
+        held.release.set()
+        assert held.calls == parked_turns + 1
+        await handled(bus, "run-executor-human", seq)
+        await event_log.caught_up()
+        assert not event_log.of_type("run.completed", run_id)
+        assert (await run_record(bus, run_id)).state is RunState.FAILED
+        assert not event_log.of_type("bus.dead_lettered")
+    finally:
+        await cache.aclose()

@@ -71,6 +71,19 @@ class _StoredMessage(BaseModel):
     hdrs: bytes | None = None
 
 
+class _StoredSeq(BaseModel):
+    """A ``STREAM.MSG.GET`` answer's message without its value (``data`` skipped, not decoded): which it is."""
+
+    subject: str
+    seq: int
+
+
+class _SeqGet(BaseModel):
+    """A ``STREAM.MSG.GET`` answer read for its message's sequence only (:meth:`Store.current`)."""
+
+    message: _StoredSeq | None = None
+
+
 class _MsgGet(BaseModel):
     """JetStream's answer to ``STREAM.MSG.GET``: the message, or the error."""
 
@@ -140,23 +153,15 @@ class Store(Generic[M]):
     async def _get_last(self, key: str) -> Versioned[M] | None:
         """:meth:`get` as the KV client does it (``STREAM.MSG.GET`` of the key's last message; none, a deleted
         or a purged one: ``None``), the reply read by :class:`_MsgGet`."""
-        assert self._nc is not None
         subject = f"$KV.{self.bucket}.{key}"
-        api = f"{self._api_prefix}.STREAM.MSG.GET.KV_{self.bucket}"
-        body = b'{"last_by_subj":"%s"}' % subject.encode()
-        try:
-            if self._pipeline is not None:  # its reply inbox: no nc.request per read (:meth:`Pipeline.request`)
-                reply = await self._pipeline.request(api, body, timeout_s=_GET_S)
-            else:
-                reply = await self._nc.request(api, body, timeout=_GET_S)
-        except TransientError as exc:
-            raise TransientError(f"reading {self.bucket}/{key} failed: {exc}") from exc
-        except (nats.errors.Error, OSError) as exc:
-            raise TransientError(f"reading {self.bucket}/{key} failed: {exc!r}") from exc
-        got = _MsgGet.model_validate_json(reply.data)
+        return self._read(await self._ask(subject, key), subject)
+
+    def _read(self, reply: bytes, subject: str) -> Versioned[M] | None:
+        got = _MsgGet.model_validate_json(reply)
         if got.error is not None:
             if got.error.code == 404:  # no such message (or bucket): as the KV client, nothing there
                 return None
+            key = subject.removeprefix(f"$KV.{self.bucket}.")
             raise TransientError(f"reading {self.bucket}/{key} failed: {got.error.description} ({got.error.code})")
         message = got.message
         if message is None or message.subject != subject or not message.data:
@@ -164,6 +169,36 @@ class Store(Generic[M]):
         if message.hdrs and _DELETED.search(message.hdrs):  # a delete or purge marker
             return None
         return Versioned(self._model.model_validate_json(message.data), message.seq)
+
+    async def current(self, key: str, known: Versioned[M]) -> Versioned[M] | None:
+        """What :meth:`get` returns now, given ``known``: what the caller last read or wrote of ``key`` (the value
+        stored at that revision, as the bucket's model validated it). The same one read of the key's last
+        message as :meth:`get`; when that is still the message at ``known.revision``, ``known`` itself comes
+        back and the stored value is neither base64-decoded nor validated again (a hot path's CPU: a run
+        record's re-read after each provider call); anything else is read as :meth:`get` reads it."""
+        if self._nc is None or not _KEY.fullmatch(key) or known.revision <= 0:
+            return await self.get(key)
+        subject = f"$KV.{self.bucket}.{key}"
+        reply = await self._ask(subject, key)
+        last = _SeqGet.model_validate_json(reply)
+        if last.message is not None and last.message.seq == known.revision and last.message.subject == subject:
+            return known  # the very message ``known`` was read from or written as: a value, unchanged since
+        return self._read(reply, subject)
+
+    async def _ask(self, subject: str, key: str) -> bytes:
+        """JetStream's answer to ``STREAM.MSG.GET`` of ``subject``'s last message, through the pipeline's inbox
+        (no ``nc.request`` per read: :meth:`Pipeline.request`)."""
+        assert self._nc is not None
+        api = f"{self._api_prefix}.STREAM.MSG.GET.KV_{self.bucket}"
+        body = b'{"last_by_subj":"%s"}' % subject.encode()
+        try:
+            if self._pipeline is not None:
+                return (await self._pipeline.request(api, body, timeout_s=_GET_S)).data
+            return (await self._nc.request(api, body, timeout=_GET_S)).data
+        except TransientError as exc:
+            raise TransientError(f"reading {self.bucket}/{key} failed: {exc}") from exc
+        except (nats.errors.Error, OSError) as exc:
+            raise TransientError(f"reading {self.bucket}/{key} failed: {exc!r}") from exc
 
     async def create(self, key: str, value: M, *, validated: bool = False) -> int:
         """Create-if-absent; :class:`AlreadyExists` when the key is there. ``validated``: see :meth:`modify`."""

@@ -556,7 +556,14 @@ class Engine:
         await asyncio.gather(*reads)
 
     async def _read_run(self, view: _View) -> None:
-        view.hold_run(await self._get(view.run_id))
+        """The record afresh. From what the handler holds (its last read or write of it, e.g. the move to
+        ``running`` before a provider call), unless the store holds another since: the same one read, the
+        stored record neither decoded nor validated again when it is still that one (:meth:`Store.current`)."""
+        known = view.known_run()
+        current = await (self.runs.current(view.run_id, known) if known is not None else self.runs.get(view.run_id))
+        if current is None:
+            raise TransientError(f"run {view.run_id} vanished")
+        view.hold_run(current)
 
     async def _read_checkpoint(self, view: _View) -> None:
         view.checkpoint, view.checkpoint_current = await self.checkpoints.get(view.run_id), True
@@ -1061,12 +1068,6 @@ class Engine:
                 if fresh is None or merged is None:
                     raise
                 saved, revision = merged, fresh.revision
-
-    async def _get(self, run_id: str) -> Versioned[RunRecord]:
-        current = await self.runs.get(run_id)
-        if current is None:
-            raise TransientError(f"run {run_id} vanished")
-        return current
 
     async def _modify_checkpoint(
         self, view: _View, fn: Callable[[Checkpoint], Checkpoint | None]

@@ -1,6 +1,6 @@
 """Declarative scripts for the scripted provider (deterministic, for demos and tests).
 
-A script is YAML: ``vars`` (named values, computed every turn) and ``steps``; each step is one turn of
+A script is YAML: ``vars`` (named values, computed every turn: those the turn's steps can read) and ``steps``; each step is one turn of
 the agent -- call a tool, or answer (the final text, which completes the run)::
 
     vars:
@@ -64,7 +64,7 @@ import yaml
 from jmespath import functions as jp_functions
 from jmespath.exceptions import JMESPathError
 from jmespath.parser import ParsedResult
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 __all__ = [
     "BUILTIN_SCRIPTS",
@@ -234,6 +234,8 @@ class Script(_Strict):
     #: Named values computed every turn, in order: templates (``"{{ results.read }}"``).
     vars: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Any] = Field(default_factory=dict)
     steps: Annotated[list[ScriptStep], Field(min_length=1)]
+    #: :meth:`vars_read_from` by step, worked out once.
+    _vars_read: dict[int, frozenset[str]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _whole(self) -> Script:
@@ -249,6 +251,84 @@ class Script(_Strict):
 
     def step_index(self, step_id: str) -> int | None:
         return next((i for i, s in enumerate(self.steps) if s.id == step_id), None)
+
+    def vars_read_from(self, start: int) -> frozenset[str]:
+        """The ``vars`` a turn that starts at step ``start`` can read: those the expressions of ``steps[start:]``
+        name (``vars.<name>``), and those these vars' own templates name, in turn. Every var when one of those
+        expressions reads ``vars`` otherwise (whole, projected, piped: :func:`_vars_named`)."""
+        read = self._vars_read.get(start)
+        if read is None:
+            read = self._vars_read[start] = _vars_read(self, start)  # a few per script: one per step
+        return read
+
+
+def _vars_read(script: Script, start: int) -> frozenset[str]:
+    everything = frozenset(script.vars)
+    named: set[str] = set()
+    for step in script.steps[start:]:
+        if not _vars_named(_step_expressions(step), named):
+            return everything
+    pending = list(named)
+    while pending:
+        name = pending.pop()
+        if name not in script.vars:
+            continue  # no such var: null, as when all are rendered
+        own: set[str] = set()
+        if not _vars_named(_template_expressions(script.vars[name]), own):
+            return everything
+        pending.extend(own - named)
+        named |= own
+    return frozenset(named) & everything
+
+
+def _step_expressions(step: ScriptStep) -> list[str]:
+    """Every expression a step can evaluate: its ``when``, its answer's ``switch``, and each ``{{ }}``."""
+    found = [step.when] if step.when is not None else []
+    found += _template_expressions(step.say)
+    found += _template_expressions(step.call.args if step.call is not None else None)
+    for call in step.calls or []:
+        found += _template_expressions(call.args)
+    if isinstance(step.answer, ScriptAnswer):
+        found.append(step.answer.switch)
+        found += _template_expressions(step.answer.cases)
+        found += _template_expressions(step.answer.default)
+    else:
+        found += _template_expressions(step.answer)
+    return found
+
+
+def _template_expressions(value: Any) -> list[str]:
+    """The ``{{ }}`` expressions in ``value`` (strings, lists, objects), as :func:`render` finds them."""
+    if isinstance(value, str):
+        return [match.group(1) for match in _TEMPLATE.finditer(value)]
+    if isinstance(value, list):
+        return [e for item in value for e in _template_expressions(item)]
+    if isinstance(value, dict):
+        return [e for item in value.values() for e in _template_expressions(item)]
+    return []
+
+
+def _vars_named(expressions: list[str], into: set[str]) -> bool:
+    """Add to ``into`` the var names ``expressions`` read as ``vars.<name>``; ``False`` when one of them reads
+    ``vars`` in any other way (``vars`` itself, ``vars.*``, ``keys(vars)``, ``vars | x``, ``@.vars``...): then
+    only every var will do. Conservative: a ``vars.<name>`` below the root (``results.x[*].vars.y``) is counted
+    as a var too, which only renders one more."""
+    return all(_node_names(dict(_compiled(expression).parsed), into) for expression in expressions)
+
+
+def _node_names(node: dict[str, Any], into: set[str]) -> bool:
+    children = [child for child in node.get("children", []) if isinstance(child, dict)]
+    if node.get("type") == "field" and node.get("value") == "vars":
+        return False  # ``vars`` read other than as ``vars.<name>``
+    if (
+        node.get("type") == "subexpression"
+        and len(children) >= 2
+        and children[0] == {"type": "field", "children": [], "value": "vars"}
+        and children[1].get("type") == "field"
+    ):
+        into.add(children[1]["value"])
+        children = children[2:]
+    return all(_node_names(child, into) for child in children)
 
 
 def load_script(path: Path) -> Script:

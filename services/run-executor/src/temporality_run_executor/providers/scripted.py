@@ -92,7 +92,6 @@ class ScriptedProvider(Provider):
             raise PermanentProviderError(f"scripted provider: {exc}") from exc
 
     def _next(self, messages: list[Message], tools: list[ToolSpec], context: TurnContext | None) -> AssistantTurn:
-        scope = self._scope(messages, tools, context)
         done = [
             index
             for m in messages
@@ -101,6 +100,7 @@ class ScriptedProvider(Provider):
             if (index := self.script.step_index(_step_of(call.id))) is not None
         ]
         start = max(done) + 1 if done else 0
+        scope = self._scope(messages, tools, context, self.script.vars_read_from(start))
         for step in self.script.steps[start:]:
             where = f"step {step.id}"
             if step.when is not None and not evaluate(step.when, scope, f"{where}.when"):
@@ -133,7 +133,12 @@ class ScriptedProvider(Provider):
             return render(chosen, scope, f"{where}.answer")
         return render(answer or "", scope, f"{where}.answer")
 
-    def _scope(self, messages: list[Message], tools: list[ToolSpec], context: TurnContext | None) -> dict[str, Any]:
+    def _scope(
+        self, messages: list[Message], tools: list[ToolSpec], context: TurnContext | None, read: frozenset[str]
+    ) -> dict[str, Any]:
+        """What the turn's expressions are evaluated over; of the ``vars``, those the turn's steps can ``read``
+        (:meth:`~.script.Script.vars_read_from`), each rendered as when all are: in order, seeing the ones above it
+        (none it reads is left out, so it renders the same), the others neither rendered nor in the scope."""
         results: dict[str, Any] = {}
         for m in messages:  # a step with several calls: a list, one slot per call (null until it returned)
             for call in m.tool_calls if m.role == "assistant" else []:
@@ -151,5 +156,6 @@ class ScriptedProvider(Provider):
         run = context.model_dump(mode="json") if context is not None else {}
         scope: dict[str, Any] = {"results": results, "run": run, "tools": [t.name for t in tools], "vars": {}}
         for name, value in self.script.vars.items():
-            scope["vars"] = {**scope["vars"], name: render(value, scope, f"vars.{name}")}
+            if name in read:
+                scope["vars"] = {**scope["vars"], name: render(value, scope, f"vars.{name}")}
         return scope

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 __all__: list[str] = []
+
+log = structlog.get_logger(__name__)
 
 #: Whether this nats-py hands every message it reads to ``Client._process_msg(sid, subject, reply, data,
 #: headers)`` with the header block unparsed (pinned ``nats-py>=2.16,<2.17``): :func:`_route` relies on it.
@@ -30,7 +33,8 @@ def _route(nc: NATS, sid: int, on_raw: RawRoute) -> bool:
     bus side per message). ``False`` (nothing changed) when this nats-py is not the one it was written for.
 
     The client's ``_process_msg`` is wrapped once per connection; other subscriptions go through it as
-    before. ``on_raw`` must not block (it runs inside the read loop) and must not raise."""
+    before. ``on_raw`` must not block (it runs inside the read loop); should it raise, the message is logged
+    (``bus.routed_message_failed``) and dropped, and the read loop goes on."""
     if not _ROUTABLE:
         return False
     routes: dict[int, RawRoute] | None = getattr(nc, "_temporality_routes", None)
@@ -46,7 +50,10 @@ def _route(nc: NATS, sid: int, on_raw: RawRoute) -> bool:
                 return
             stats["in_msgs"] += 1
             stats["in_bytes"] += len(data)
-            route(sid, subject, reply, data, headers)
+            try:
+                route(sid, subject, reply, data, headers)
+            except Exception:  # raised into the parser, it would end nats-py's read loop: the connection's end
+                log.exception("bus.routed_message_failed", sid=sid, subject=subject[:256])
 
         nc._process_msg = process_msg  # type: ignore[method-assign]
         nc._temporality_routes = routes  # type: ignore[attr-defined]

@@ -209,11 +209,55 @@ def test_a_turn_renders_only_the_vars_its_steps_can_read_and_those_they_read() -
 
 
 @pytest.mark.parametrize(
-    "reads", ["{{ vars }}", "{{ keys(vars) }}", "{{ vars.* }}", "{{ vars | a }}", "{{ @.vars.a }}", "{{ vars[0] }}"]
+    "reads",
+    [
+        "{{ vars }}",
+        "{{ keys(vars) }}",
+        "{{ vars.* }}",
+        "{{ vars | a }}",
+        "{{ @.vars.a }}",
+        "{{ vars[0] }}",
+        # the scope as a whole (review): ``@`` and the implicit scope of a projection or an index at the top
+        "{{ @ }}",
+        "{{ values(@) }}",
+        "{{ to_string(@) }}",
+        "{{ *.a }}",
+        "{{ length(*.a) }}",
+        "{{ [*] }}",
+        "{{ [] }}",
+        "{{ map(&to_string(@), values(@)) }}",
+    ],
 )
 def test_a_step_reading_vars_otherwise_than_by_name_gets_every_var(reads: str) -> None:
     script = Script.model_validate({"vars": {"a": "A", "b": "B"}, "steps": [{"id": "done", "answer": reads}]})
     assert script.vars_read_from(0) == {"a", "b"}
+
+
+@pytest.mark.parametrize(
+    ("reads", "named"),
+    [
+        ("{{ vars.a }}", {"a"}),
+        ("{{ vars.a[0] }}", {"a", "b"}),  # not a plain ``vars.<name>``: every var (conservative)
+        ("{{ vars.a[?@ == 'x'] }}", {"a"}),  # ``@`` in a filter is the element, not the scope
+        ("{{ map(&to_string(@), vars.a) }}", {"a"}),  # ``&expr`` reads the elements it is handed
+        ("{{ length(vars.a) }}", {"a"}),
+    ],
+)
+def test_an_element_read_inside_an_expression_is_not_the_scope(reads: str, named: set[str]) -> None:
+    script = Script.model_validate({"vars": {"a": ["x"], "b": "B"}, "steps": [{"id": "done", "answer": reads}]})
+    assert script.vars_read_from(0) == named
+
+
+@pytest.mark.parametrize("answer", ["{{ @ }}", "{{ *.a }}", "{{ length(*.a) }}", "{{ values(@) }}"])
+async def test_a_step_reading_the_whole_scope_answers_as_with_every_var(
+    answer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review's cases: an answer reading the scope as a whole, rendered lazily and eagerly: the same."""
+    provider = _provider({"vars": {"a": "A", "b": "B"}, "steps": [{"id": "done", "answer": answer}]})
+    lazily = await provider.complete([], TOOLS, context=CONTEXT)
+    monkeypatch.setattr(Script, "vars_read_from", lambda self, start: frozenset(self.vars))
+    eagerly = await provider.complete([], TOOLS, context=CONTEXT)
+    assert lazily == eagerly
 
 
 async def test_a_turn_with_only_the_vars_it_reads_answers_as_with_all_of_them(monkeypatch: pytest.MonkeyPatch) -> None:

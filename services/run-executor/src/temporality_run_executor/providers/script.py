@@ -310,25 +310,44 @@ def _template_expressions(value: Any) -> list[str]:
 
 def _vars_named(expressions: list[str], into: set[str]) -> bool:
     """Add to ``into`` the var names ``expressions`` read as ``vars.<name>``; ``False`` when one of them reads
-    ``vars`` in any other way (``vars`` itself, ``vars.*``, ``keys(vars)``, ``vars | x``, ``@.vars``...): then
-    only every var will do. Conservative: a ``vars.<name>`` below the root (``results.x[*].vars.y``) is counted
-    as a var too, which only renders one more."""
+    ``vars`` in any other way (``vars`` itself, ``vars.*``, ``keys(vars)``, ``vars | x``, ``@.vars``...) or the
+    scope as a whole (``@``, ``values(@)``, ``*.a``, ``[*]``, ``[]``, ``[0]`` at the top): then only every var
+    will do. Conservative: a ``vars.<name>`` below the root (``results.x[*].vars.y``) is counted as a var too,
+    and a ``vars`` field anywhere as reading every var, which only renders more."""
     return all(_node_names(dict(_compiled(expression).parsed), into) for expression in expressions)
 
 
-def _node_names(node: dict[str, Any], into: set[str]) -> bool:
+#: Nodes whose first child reads the scope they are evaluated in and whose other children read what it gave.
+_CHAINED = frozenset(
+    {"subexpression", "index_expression", "projection", "value_projection", "filter_projection", "pipe", "flatten"}
+)
+#: Nodes that are the scope they are evaluated in (``@``; the implicit left side of ``*.a``, ``[*]``, ``[0]``).
+_SCOPE = frozenset({"current", "identity"})
+
+
+def _node_names(node: dict[str, Any], into: set[str], at_root: bool = True) -> bool:
+    """:func:`_vars_named` for one node; ``at_root``: the node is evaluated against the whole scope (the top
+    of the expression, a function's argument there...), not against what another node gave."""
+    kind = node.get("type")
     children = [child for child in node.get("children", []) if isinstance(child, dict)]
-    if node.get("type") == "field" and node.get("value") == "vars":
+    if at_root and kind in _SCOPE:
+        return False  # the whole scope, ``vars`` with it
+    if kind == "field" and node.get("value") == "vars":
         return False  # ``vars`` read other than as ``vars.<name>``
     if (
-        node.get("type") == "subexpression"
+        kind == "subexpression"
         and len(children) >= 2
         and children[0] == {"type": "field", "children": [], "value": "vars"}
         and children[1].get("type") == "field"
     ):
         into.add(children[1]["value"])
-        children = children[2:]
-    return all(_node_names(child, into) for child in children)
+        return all(_node_names(child, into, at_root=False) for child in children[2:])
+    if kind in _CHAINED and children:
+        first, rest = children[0], children[1:]
+        return _node_names(first, into, at_root) and all(_node_names(c, into, at_root=False) for c in rest)
+    if kind == "expref":  # ``&expr``: evaluated against the elements a function hands it, never the scope
+        return all(_node_names(child, into, at_root=False) for child in children)
+    return all(_node_names(child, into, at_root) for child in children)
 
 
 def load_script(path: Path) -> Script:

@@ -570,7 +570,7 @@ WHAT = {
     "the HTTP request to `run.started` on the bus, against a bare JetStream publish -> consume on the same server.",
     "pipeline": "The same stack under load: a fixed number of webhooks per connection count driven by `wrk`, counted "
     "on the bus to each run's `run.started` and `human.requested` (the question; every request must be a 202 and "
-    "every run must ask), and webhooks offered open-loop at a fixed rate, timed from each send to its run's "
+    "every run must ask), and webhooks offered open-loop at a fixed rate, timed from each scheduled send to its run's "
     "`run.started`, against a bare JetStream publish -> consume on the same server. wrk, the client, the stack and "
     "nats-server share the cores with everything else running.",
     "journal": "The real journal process draining a backlog of realistic events, against the same rows "

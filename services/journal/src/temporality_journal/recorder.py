@@ -67,6 +67,7 @@ from temporality_journal.models import (
     UTCDateTime,
     as_utc,
     constructed,
+    same,
 )
 from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
 from temporality_protocol import RUN, BusDeadLettered, Envelope, InvalidEnvelope, RunState
@@ -861,7 +862,7 @@ def _project_runs(
                 finished.append(finished_as(after.state, event))
         runs[run_id] = after
     created = [run for run_id, run in runs.items() if run_id not in before]
-    changed = [run for run_id, run in runs.items() if run_id in before and run != before[run_id]]
+    changed = [run for run_id, run in runs.items() if run_id in before and not same(run, before[run_id])]
     return moved, created + changed
 
 

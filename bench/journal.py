@@ -571,7 +571,9 @@ async def main() -> None:
                     return
                 results: list[dict[str, Any]] = []
                 targets: list[str] = ["sqlite"]
-                if not args.no_postgres and await postgres_answers():
+                if args.no_postgres:
+                    say("PostgreSQL: not measured (--no-postgres)")
+                elif await postgres_answers():
                     targets.append("postgresql")
                 else:
                     say("PostgreSQL: not measured (nothing answers at TEMPORALITY_TEST_POSTGRES_URL / 127.0.0.1:5432)")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from sqlalchemy import event as sa_event
 from sqlalchemy import text
 
@@ -356,3 +357,23 @@ async def test_run_texts_that_look_like_sql_quoting_are_stored_as_they_are(
     await recorder.record_batch(events[: len(stories)])
     assert await recorder.record_batch(events[len(stories) :]) == len(stories)
     assert await _rows(database) == expected
+
+
+async def test_a_sqlite_connection_in_autocommit_mode_writes_no_batch(database: Database, story: MakeStory) -> None:
+    """A batch must be one transaction: on an SQLite connection made autocommit (each statement its own commit, so
+    a failure mid-batch would leave half of it) the batch refuses before writing anything."""
+    if database.dialect != "sqlite":
+        pytest.skip("SQLite's driver-level autocommit only")
+    s = story()
+    recorder = Recorder(database)
+    async with database.engine.connect() as conn:
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        assert driver is not None
+        driver.isolation_level = None  # the pool hands this connection to the batch below
+    try:
+        with pytest.raises(RuntimeError, match="autocommit"):
+            await recorder.record_batch([(s.requested(), 1), (s.started(), 2)])
+        assert await _rows(database) == ([], [])
+    finally:
+        await database.engine.dispose()

@@ -539,7 +539,8 @@ class Recorder:
 
         On any error the transaction is rolled back before the connection goes back to the pool, or the
         connection is invalidated when that fails (or it is closed, or the task was cancelled): SQLAlchemy never
-        sees this transaction, so its own reset on check-in would not end it. A connection found dead raises
+        sees this transaction, so its own reset on check-in would not end it on PostgreSQL (on SQLite it calls the
+        driver's rollback, a second net). A connection found dead raises
         :class:`_ConnectionLost` (the caller tries once more on a new one)."""
         postgresql = self._database.dialect == "postgresql"
         async with self._database.engine.connect() as conn:
@@ -804,6 +805,8 @@ async def _sqlite_batch(
     lock = await driver.execute_fetchall(_LOCK_COUNTER_SQLITE)
     if not lock:
         raise RuntimeError(_COUNTER_MISSING)
+    if not driver.in_transaction:  # an autocommit connection would write half a batch on a failure: never
+        raise RuntimeError("the journal's SQLite connection is in autocommit mode: a batch needs one transaction")
     last = int(lock[0][0])
     known = {row[0] for row in await driver.execute_fetchall(_sqlite_known_ids(len(rows)), [r.event.id for r in rows])}
     new = [row for row in rows if row.event.id not in known] if known else rows

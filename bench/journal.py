@@ -348,6 +348,25 @@ async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float, wha
         raise TimeoutError(f"{what}: not within {timeout_s} s") from None
 
 
+#: ``--profile``: the journal under cProfile, the profile written to ``argv[1]`` when it stops. Not ``python -m
+#: cProfile``: the service runtime ends its process with ``os._exit`` after a clean stop (``exit_now``), which
+#: skips cProfile's own dump, so the dump is made just before it.
+_PROFILED = """
+import cProfile, os, runpy, sys
+out = sys.argv[1]
+profiler = cProfile.Profile()
+real_exit = os._exit
+def _exit(code):
+    profiler.disable()
+    profiler.dump_stats(out)
+    real_exit(code)
+os._exit = _exit
+sys.argv = ["temporality_journal"]
+profiler.enable()
+runpy.run_module("temporality_journal", run_name="__main__", alter_sys=True)
+"""
+
+
 @contextlib.asynccontextmanager
 async def journal_process(
     nats_url: str,
@@ -375,16 +394,14 @@ async def journal_process(
     }
     with (workdir / f"{name}.log").open("wb") as log:
         # --profile: the journal under cProfile (its asyncio thread; the profile is written when it stops)
-        profiled = (
-            []
+        started = (
+            ["-m", "temporality_journal"]
             if profile is None
-            else ["-m", "cProfile", "-o", str(profile / f"journal-{db.name}-{batch_size}-{code}.prof")]
+            else ["-c", _PROFILED, str(profile / f"journal-{db.name}-{batch_size}-{code}.prof")]
         )
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            *profiled,
-            "-m",
-            "temporality_journal",
+            *started,
             env=env,
             stdout=log,
             stderr=log,
@@ -554,7 +571,9 @@ async def main() -> None:
                     return
                 results: list[dict[str, Any]] = []
                 targets: list[str] = ["sqlite"]
-                if not args.no_postgres and await postgres_answers():
+                if args.no_postgres:
+                    say("PostgreSQL: not measured (--no-postgres)")
+                elif await postgres_answers():
                     targets.append("postgresql")
                 else:
                     say("PostgreSQL: not measured (nothing answers at TEMPORALITY_TEST_POSTGRES_URL / 127.0.0.1:5432)")

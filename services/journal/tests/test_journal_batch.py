@@ -10,11 +10,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import pytest
+from sqlalchemy import event as sa_event
 from sqlalchemy import text
 
 from temporality_bus import PermanentError
 from temporality_journal import Database, Recorder
-from temporality_protocol import Envelope, decode, encode
+from temporality_protocol import AgentAsked, Envelope, decode, encode, make_event
 from temporality_testing.waiting import stays
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
@@ -216,6 +218,67 @@ async def test_a_batch_with_an_unstorable_event_writes_nothing_and_raises(databa
     assert await _rows(database) == ([], [])  # rolled back as a whole
 
 
+async def test_a_refused_batch_is_rolled_back_on_its_connection_and_the_next_batch_records_alone(
+    database: Database, story: MakeStory
+) -> None:
+    """The batch runs on the pooled connection's driver connection, outside SQLAlchemy: when the database
+    refuses an event after others were inserted, the transaction is rolled back there before the connection
+    goes back to the pool -- the next batch, on the same connection, must not commit the refused batch's rows
+    nor find its lock still held (SQLite: the write lock; another connection writes at once too)."""
+    await _refuse_type(database, "test.refused")
+    a, b = story(), story()
+    refused = _event("evt-refused-mid", type="test.refused", runid=a.run_id, data={})
+    recorder = Recorder(database)
+    for _ in range(3):  # the pool hands the same connection back each time
+        try:
+            await recorder.record_batch([(a.requested(), 1), (a.started(), 2), (refused, 3), (a.human_requested(), 4)])
+        except PermanentError:
+            raise AssertionError("the batch raises the database error; the runner's fallback decides") from None
+        except Exception:
+            pass
+        else:
+            raise AssertionError("the batch was recorded despite the refused event")
+    assert await recorder.record_batch([(b.requested(), 5), (b.started(), 6), (b.requested(), 7)]) == 2
+    events, runs = await _rows(database)
+    assert sorted(e["id"] for e in events) == sorted([b.requested().id, b.started().id])
+    assert [(r["run_id"], r["state"]) for r in runs] == [(b.run_id, "running")]
+    async with database.engine.connect() as conn:
+        assert (await conn.execute(text("SELECT last_seq FROM commit_counter"))).scalar_one() == 2
+    async with Database.open(database.engine.url.render_as_string(False)) as other, other.engine.begin() as conn:
+        await conn.execute(text("UPDATE commit_counter SET last_seq = last_seq"))  # nobody holds the lock
+
+
+async def test_a_batch_runs_outside_sqlalchemy_unless_it_holds_an_ask(database: Database, story: MakeStory) -> None:
+    """A batch of run events is written on the driver's own connection: no statement of it goes through
+    SQLAlchemy's execution (its listeners see none); a batch holding an ``agent.*`` event takes SQLAlchemy's
+    path, which they see."""
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    s = story()
+    recorder = Recorder(database)
+    sa_event.listen(database.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        assert await recorder.record_batch([(s.requested(), 1), (s.started(), 2), (s.requested(), 3)]) == 2
+        assert statements == []
+        ask = AgentAsked(
+            request_id="areq-outside",
+            asker_run_id=s.run_id,
+            asker_agent="reviewer",
+            to="agent:triager",
+            message="which label?",
+        )
+        asked = make_event(ask, source="/temporality/agent-collab", id="evt-asked-outside", run_id=s.run_id)
+        assert await recorder.record_batch([(asked, 4), (s.human_requested(), 5)]) == 2
+        assert any("commit_counter" in statement for statement in statements)
+    finally:
+        sa_event.remove(database.engine.sync_engine, "before_cursor_execute", seen)
+    _, runs = await _rows(database)
+    assert [r["state"] for r in runs] == ["waiting_for_human"]
+
+
 async def test_a_poison_event_in_a_batch_is_dead_lettered_alone(idle_journal: Journal, story: MakeStory) -> None:
     journal = idle_journal
     await _refuse_type(journal.database, "test.refused")
@@ -294,3 +357,23 @@ async def test_run_texts_that_look_like_sql_quoting_are_stored_as_they_are(
     await recorder.record_batch(events[: len(stories)])
     assert await recorder.record_batch(events[len(stories) :]) == len(stories)
     assert await _rows(database) == expected
+
+
+async def test_a_sqlite_connection_in_autocommit_mode_writes_no_batch(database: Database, story: MakeStory) -> None:
+    """A batch must be one transaction: on an SQLite connection made autocommit (each statement its own commit, so
+    a failure mid-batch would leave half of it) the batch refuses before writing anything."""
+    if database.dialect != "sqlite":
+        pytest.skip("SQLite's driver-level autocommit only")
+    s = story()
+    recorder = Recorder(database)
+    async with database.engine.connect() as conn:
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        assert driver is not None
+        driver.isolation_level = None  # the pool hands this connection to the batch below
+    try:
+        with pytest.raises(RuntimeError, match="autocommit"):
+            await recorder.record_batch([(s.requested(), 1), (s.started(), 2)])
+        assert await _rows(database) == ([], [])
+    finally:
+        await database.engine.dispose()

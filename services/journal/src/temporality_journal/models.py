@@ -36,6 +36,7 @@ __all__ = [
     "UTCDateTime",
     "as_utc",
     "constructed",
+    "same",
     "updated",
 ]
 
@@ -84,6 +85,12 @@ def _snapshot_of(cls: type[_Snapshot], values: dict[str, Any], fields_set: set[s
     _set(snapshot, "__pydantic_extra__", None)
     _set(snapshot, "__pydantic_private__", None)
     return snapshot
+
+
+def same(a: SQLModel, b: SQLModel) -> bool:
+    """``a == b`` for two snapshots (:func:`updated`, :func:`constructed`: no extra, no private attributes,
+    ``__dict__`` exactly the fields): one dict comparison in C, where pydantic's ``__eq__`` runs Python first."""
+    return type(a) is type(b) and a.__dict__ == b.__dict__
 
 
 def constructed(cls: type[_Snapshot], values: dict[str, Any]) -> _Snapshot:

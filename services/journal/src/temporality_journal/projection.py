@@ -46,11 +46,10 @@ What keeps the projection right under redelivery and out-of-order delivery:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from temporality_journal.models import RunSnapshot, as_utc, updated
+from temporality_journal.models import RunSnapshot, as_utc, same, updated
 from temporality_protocol import (
     RUN,
     AgentAnswerReceived,
@@ -109,8 +108,10 @@ _WAITING_CLEARED: dict[str, Any] = {
 }
 
 
-@dataclass(frozen=True)
-class _Fact:
+class _Fact(NamedTuple):
+    """What the projection reads of an event besides its data (a tuple: a frozen dataclass cost ~1 us more per
+    event to build)."""
+
     run_id: str
     time: datetime
     seq: int
@@ -139,7 +140,7 @@ def project(current: RunSnapshot | None, event: Envelope, stream_seq: int) -> Ru
     fact = _Fact(run_id, as_utc(event.time), stream_seq)
     base = current if current is not None else _blank(fact)
     after = _apply(base, data, fact)
-    if after is None or after == current:
+    if after is None or (current is not None and same(after, current)):
         return None
     return after
 

@@ -15,16 +15,17 @@ of such an event: refusing that too would dead-letter it again, and again, so it
 transaction -- one ``INSERT … ON CONFLICT DO NOTHING`` of the events (on PostgreSQL one statement
 that also leaves out the ids stored already and moves the commit counter, the envelopes passed as one JSON
 text, ``data`` nested in it, each envelope the bytes it was received as when they hold nothing to replace,
-else serialized by pydantic-core; one positional multi-row statement on SQLite; never the
-ORM; an envelope whose JSON, as the consumer received it, has no ``\\u`` escape holds nothing to replace
+else serialized by pydantic-core; on SQLite the ids stored already looked up, then one positional
+``executemany``; never the ORM; an envelope whose JSON, as the consumer received it, has no ``\\u`` escape holds nothing to replace
 and skips the sanitizing check), the affected runs read once, projected in memory in
 stream order with :func:`project` (which copies rows without validating them again), written back
 (PostgreSQL: one upsert, its rows one JSON text; SQLite: one upsert ``executemany``'d, positional values;
 both driver SQL); the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
--- committed once, then acked by the runner. On PostgreSQL a batch without ``agent.*`` events is three round
-trips on the pooled connection's asyncpg connection (:meth:`Recorder._record_batch_pg`: ``BEGIN`` with the
-counter's lock; the events' insert with the batch's runs read; the runs' upsert with ``COMMIT``), SQLAlchemy's
-six otherwise. Every write transaction (a batch, or one event) first
+-- committed once, then acked by the runner. A batch without ``agent.*`` events runs on the pooled
+connection's driver connection itself (:meth:`Recorder._record_batch_driver`): on PostgreSQL three round trips
+on asyncpg's (:func:`_pg_batch`: ``BEGIN`` with the counter's lock; the events' insert with the batch's runs
+read; the runs' upsert with ``COMMIT``), SQLAlchemy's six otherwise; on SQLite one call into aiosqlite's thread
+per statement (:func:`_sqlite_batch`), about four per statement through SQLAlchemy. Every write transaction (a batch, or one event) first
 locks ``commit_counter`` (:func:`lock_positions`, or :data:`_PG_BEGIN_AND_LOCK`), which serialises the journal's writers until the
 commit, and hands the events it stores the next commit positions (``events.commit_seq``, in stream
 order within a batch; an event already stored gets none): the live tail's order
@@ -66,6 +67,7 @@ from temporality_journal.models import (
     UTCDateTime,
     as_utc,
     constructed,
+    same,
 )
 from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
 from temporality_protocol import RUN, BusDeadLettered, Envelope, InvalidEnvelope, RunState
@@ -164,19 +166,16 @@ def _pg_insert_events(last: str, recorded_at: str) -> str:
 
 
 _PG_INSERT_EVENTS = _pg_insert_events("$2::bigint", "$3::timestamptz") + " SELECT id FROM inserted"
-#: SQLite: one multi-row ``INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING RETURNING id`` per batch, the
-#: values bound positionally (the same columns as PostgreSQL's arrays, then ``data`` as JSON text and
-#: ``recorded_at``), text made per row count once.
-_SQLITE_ROW = f"({', '.join('?' * (len(_EVENT_COLUMNS) + 2))})"
-_SQLITE_INSERT_EVENTS = (
-    f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}, data, recorded_at) VALUES {{rows}} "
-    "ON CONFLICT (id) DO NOTHING RETURNING id"
+#: SQLite: a batch's new events in one ``INSERT … ON CONFLICT DO NOTHING``, one parameter row per event (the
+#: driver's ``executemany``: one statement prepared once, whatever the batch's size), the values positional (the
+#: same columns as PostgreSQL's, then ``data`` as JSON text and ``recorded_at``; :func:`_sqlite_event_rows`).
+#: Until 6 December one multi-row ``VALUES (…), (…) … RETURNING id`` per batch: a statement text per batch size,
+#: compiled anew for every size a trickle brings, and ids returned that the lookup before it knows already
+#: (under the write lock, the ids not stored yet are exactly the ones it inserts).
+_SQLITE_INSERT_EVENT = (
+    f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}, data, recorded_at) "
+    f"VALUES ({', '.join('?' * (len(_EVENT_COLUMNS) + 2))}) ON CONFLICT (id) DO NOTHING"
 )
-
-
-@functools.lru_cache(maxsize=8)
-def _sqlite_insert_events(count: int) -> str:
-    return _SQLITE_INSERT_EVENTS.format(rows=", ".join([_SQLITE_ROW] * count))
 
 
 #: The ids of a batch already stored: one array on PostgreSQL, ``IN (?, …)`` on SQLite.
@@ -208,7 +207,7 @@ _PG_SELECT_RUNS = (
     f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE run_id = ANY($1::text[]) ORDER BY run_id FOR UPDATE"
 )
 
-#: PostgreSQL's batch on the driver's own connection (:meth:`Recorder._record_batch_pg`), three round trips
+#: PostgreSQL's batch on the driver's own connection (:func:`_pg_batch`), three round trips
 #: (:data:`_PG_BEGIN_AND_LOCK`, this, :func:`_pg_upsert_and_commit`). The second: :func:`_pg_insert_events` counting from the locked counter, plus the batch's runs read and locked
 #: (``$3``: the runs of the batch's projected events, new or not, in one order), all in one result: an inserted
 #: event's id with nulls, or a null id with a run's columns.
@@ -222,7 +221,7 @@ _PG_RECORD_BATCH = (
 
 
 def _pg_upsert_and_commit(runs: list[RunSnapshot]) -> str:
-    """The third round trip of :meth:`Recorder._record_batch_pg`: the new and changed runs' upsert
+    """The third round trip of :func:`_pg_batch`: the new and changed runs' upsert
     (:data:`_PG_UPSERT_RUNS`) and ``COMMIT``, one simple query; just ``COMMIT`` when no run changed.
 
     The runs' JSON goes in as a dollar-quoted literal (a simple query has no parameters), its tag one that does
@@ -257,8 +256,8 @@ def _sqlite_select_runs(count: int) -> str:
 def _sqlite_datetime(value: datetime) -> str:
     """How :class:`~temporality_journal.models.UTCDateTime` stores a datetime on SQLite (naive UTC in
     SQLAlchemy's SQLite ``DATETIME`` text format), so rows inserted here read back as any other."""
-    v = as_utc(value)
-    return f"{v.year:04d}-{v.month:02d}-{v.day:02d} {v.hour:02d}:{v.minute:02d}:{v.second:02d}.{v.microsecond:06d}"
+    # ``YYYY-MM-DD HH:MM:SS.ffffff``: one C call (the f-string of each field cost ~2 us per event)
+    return as_utc(value).replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
 #: PostgreSQL: the counter's row lock. SQLite has no row locks: a no-op write takes the database's write lock.
@@ -267,11 +266,14 @@ _LOCK_COUNTER_POSTGRESQL = "SELECT last_seq FROM commit_counter WHERE id = 1 FOR
 _LOCK_COUNTER_SQLITE = "UPDATE commit_counter SET last_seq = last_seq WHERE id = 1 RETURNING last_seq"
 _ADVANCE_COUNTER_POSTGRESQL = "UPDATE commit_counter SET last_seq = $1 WHERE id = 1"
 _ADVANCE_COUNTER_SQLITE = "UPDATE commit_counter SET last_seq = ? WHERE id = 1"
-#: The first round trip of :meth:`Recorder._record_batch_pg`: ``BEGIN`` and the counter's lock in one simple
+#: The first round trip of :func:`_pg_batch`: ``BEGIN`` and the counter's lock in one simple
 #: query (its status ``SELECT 1``: the row is there and locked). The lock is a statement of its own: a statement's
 #: snapshot is taken when it starts, so the events' statement waiting for the lock itself would not see what the
 #: writer it waited for committed (ids stored, runs created).
 _PG_BEGIN_AND_LOCK = f"BEGIN; {_LOCK_COUNTER_POSTGRESQL}"
+
+
+_COUNTER_MISSING = "the journal's commit_counter row is missing (see docs/journal.md, Schema and rebuild)"
 
 
 async def lock_positions(conn: AsyncConnection) -> int:
@@ -285,7 +287,7 @@ async def lock_positions(conn: AsyncConnection) -> int:
     lock = _LOCK_COUNTER_POSTGRESQL if conn.dialect.name == "postgresql" else _LOCK_COUNTER_SQLITE
     last = (await conn.exec_driver_sql(lock)).scalar()
     if last is None:
-        raise RuntimeError("the journal's commit_counter row is missing (see docs/journal.md, Schema and rebuild)")
+        raise RuntimeError(_COUNTER_MISSING)
     return int(last)
 
 
@@ -491,17 +493,14 @@ class Recorder:
             return 0
         finished: list[tuple[str, str]] = []
         now = datetime.now(UTC)
-        # PostgreSQL, every event serializable and none of an ask: three round trips on the driver's connection
-        driver = (
-            self._database.dialect == "postgresql"
-            and all(row.serializable for row in rows)
-            and not any(request_id_of(row.event) is not None for row in rows)
-        )
+        # every event serializable and none of an ask: on the driver's own connection (PostgreSQL: three round
+        # trips; SQLite: one call into aiosqlite's thread per statement)
+        driver = all(row.serializable for row in rows) and not any(request_id_of(row.event) is not None for row in rows)
         asks = 0
         for attempt in (1, 2):
             try:
                 if driver:
-                    fresh, moved = await self._record_batch_pg(rows, now, finished)
+                    fresh, moved = await self._record_batch_driver(rows, now, finished)
                     break
                 async with self._database.engine.begin() as conn:
                     last = await lock_positions(conn)
@@ -531,61 +530,44 @@ class Recorder:
         log.info("batch.recorded", events=len(rows), new=len(fresh), runs_moved=moved, asks_changed=asks)
         return len(fresh)
 
-    async def _record_batch_pg(
+    async def _record_batch_driver(
         self, rows: list[_Row], now: datetime, finished: list[tuple[str, str]]
     ) -> tuple[list[tuple[Envelope, int]], int]:
-        """:meth:`record_batch` on PostgreSQL in three round trips on the pooled connection's asyncpg connection,
-        outside SQLAlchemy (which sends ``BEGIN``, each statement and ``COMMIT`` apart: six): ``BEGIN`` and the
-        counter's lock (:data:`_PG_BEGIN_AND_LOCK`); the events' insert with the batch's runs read and locked
-        (:data:`_PG_RECORD_BATCH`); the runs' upsert and ``COMMIT`` (:func:`_pg_upsert_and_commit`). The new
-        events (stream order) and how many runs moved state.
+        """:meth:`record_batch` in one transaction on the pooled connection's driver connection (asyncpg's or
+        aiosqlite's), outside SQLAlchemy: :meth:`_pg_batch` or :meth:`_sqlite_batch`, which commit. The new events
+        (stream order) and how many runs moved state.
 
         On any error the transaction is rolled back before the connection goes back to the pool, or the
         connection is invalidated when that fails (or it is closed, or the task was cancelled): SQLAlchemy never
-        sees this transaction, so its own reset on check-in would not end it. A connection found dead raises
+        sees this transaction, so its own reset on check-in would not end it on PostgreSQL (on SQLite it calls the
+        driver's rollback, a second net). A connection found dead raises
         :class:`_ConnectionLost` (the caller tries once more on a new one)."""
-        run_ids = sorted(
-            {rid for row in rows if row.event.type in PROJECTED_TYPES and (rid := run_id_of(row.event)) is not None}
-        )
+        postgresql = self._database.dialect == "postgresql"
         async with self._database.engine.connect() as conn:
             pooled = await conn.get_raw_connection()
             driver = pooled.driver_connection
             assert driver is not None
             try:
-                status = await driver.execute(_PG_BEGIN_AND_LOCK)
-                if status != "SELECT 1":
-                    raise RuntimeError(
-                        "the journal's commit_counter row is missing (see docs/journal.md, Schema and rebuild)"
-                    )
-                result = await driver.fetch(_PG_RECORD_BATCH, _pg_batch_json(rows), now, run_ids)
-                new: set[str] = set()
-                before: dict[str, RunSnapshot] = {}
-                for record in result:
-                    if record[0] is not None:
-                        new.add(record[0])
-                    else:
-                        values = dict(zip(_RUN_COLUMNS, tuple(record)[1:], strict=True))
-                        before[values["run_id"]] = _run_snapshot(values)
-                fresh = [(row.event, row.stream_seq) for row in rows if row.event.id in new]
-                moved, writes = _project_runs(_projected(fresh), before, finished)
-                await driver.execute(_pg_upsert_and_commit(writes))
+                if postgresql:
+                    return await _pg_batch(driver, rows, now, finished)
+                return await _sqlite_batch(driver, rows, now, finished)
             except Exception as exc:
-                lost = driver.is_closed()
+                lost = _closed(driver)
                 if not lost:
                     try:
-                        await driver.execute("ROLLBACK")
+                        await (driver.execute("ROLLBACK") if postgresql else driver.rollback())
                     except Exception:  # could not end the transaction: the connection must not be reused
                         lost = True
                 if lost:
                     await conn.invalidate()
-                    if driver.is_closed():
+                    if _closed(driver):
                         raise _ConnectionLost(repr(exc)) from exc
                 raise
             except BaseException:  # cancelled mid-transaction: closed at once, never handed back mid-transaction
-                driver.terminate()
-                await conn.invalidate()
+                if postgresql:
+                    driver.terminate()
+                await conn.invalidate()  # SQLite: closing the connection rolls its transaction back
                 raise
-        return fresh, moved
 
     async def _insert_events(
         self, conn: AsyncConnection, rows: list[_Row], last: int, now: datetime
@@ -600,8 +582,8 @@ class Recorder:
         PostgreSQL: :data:`_PG_INSERT_EVENTS`, the lookup, the insert and the counter's move in one
         statement and one round trip, one array per column, ``data`` passed as the JSON text
         :func:`_storable_dump` made anyway (cast to ``jsonb`` by the server). SQLite: ``id IN (?, …)``, then
-        one multi-row ``INSERT … VALUES … ON CONFLICT DO NOTHING RETURNING id`` with positional values
-        (``data`` the same JSON text, datetimes in the text SQLAlchemy would store), then the counter. A
+        :data:`_SQLITE_INSERT_EVENT` ``executemany``'d with positional values (``data`` the same JSON text,
+        datetimes in the text SQLAlchemy would store), then the counter. A
         ``data`` that is not JSON-serializable: the lookup, SQLAlchemy core's multi-row insert with the same
         semantics, the counter.
         """
@@ -620,6 +602,7 @@ class Recorder:
             rows = [row for row in rows if row.event.id not in known]
         if not rows:
             return []
+        used = len(rows)  # positions handed out
         if not all(row.serializable for row in rows):
             dicts = [
                 {**_event_row(row.event, row.stream_seq, now), "commit_seq": last + offset}
@@ -629,11 +612,13 @@ class Recorder:
                 self._insert(EVENTS_TABLE).on_conflict_do_nothing(index_elements=["id"]).returning(EVENTS_TABLE.c.id),
                 dicts,
             )
-        else:  # SQLite: the same in one statement, nothing built per value by SQLAlchemy
-            result = await conn.exec_driver_sql(_sqlite_insert_events(len(rows)), _sqlite_values(rows, last, now))
-        new = {row[0] for row in result}
-        await advance_positions(conn, last + len(rows))
-        return [(row.event, row.stream_seq) for row in rows if row.event.id in new]
+            new = {row[0] for row in result}
+            rows = [row for row in rows if row.event.id in new]
+        else:  # SQLite: the driver's executemany, nothing built per value by SQLAlchemy; under the write lock
+            # every id not stored yet is inserted
+            await conn.exec_driver_sql(_SQLITE_INSERT_EVENT, _sqlite_event_rows(rows, last, now))
+        await advance_positions(conn, last + used)
+        return [(row.event, row.stream_seq) for row in rows]
 
     async def _project_batch(
         self, conn: AsyncConnection, fresh: list[tuple[Envelope, int]], finished: list[tuple[str, str]]
@@ -774,8 +759,76 @@ class Recorder:
                 finished.append(finished_as(after.state, event))
 
 
+def _closed(driver: Any) -> bool:
+    """Whether the driver connection is closed (asyncpg tells; aiosqlite's is closed only by the pool)."""
+    is_closed = getattr(driver, "is_closed", None)
+    return bool(is_closed()) if is_closed is not None else False
+
+
+async def _pg_batch(
+    driver: Any, rows: list[_Row], now: datetime, finished: list[tuple[str, str]]
+) -> tuple[list[tuple[Envelope, int]], int]:
+    """PostgreSQL's batch in three round trips on asyncpg's connection (SQLAlchemy sends ``BEGIN``, each
+    statement and ``COMMIT`` apart: six): ``BEGIN`` and the counter's lock (:data:`_PG_BEGIN_AND_LOCK`); the
+    events' insert with the batch's runs read and locked (:data:`_PG_RECORD_BATCH`); the runs' upsert and
+    ``COMMIT`` (:func:`_pg_upsert_and_commit`)."""
+    run_ids = sorted(
+        {rid for row in rows if row.event.type in PROJECTED_TYPES and (rid := run_id_of(row.event)) is not None}
+    )
+    status = await driver.execute(_PG_BEGIN_AND_LOCK)
+    if status != "SELECT 1":
+        raise RuntimeError(_COUNTER_MISSING)
+    result = await driver.fetch(_PG_RECORD_BATCH, _pg_batch_json(rows), now, run_ids)
+    new: set[str] = set()
+    before: dict[str, RunSnapshot] = {}
+    for record in result:
+        if record[0] is not None:
+            new.add(record[0])
+        else:
+            values = dict(zip(_RUN_COLUMNS, tuple(record)[1:], strict=True))
+            before[values["run_id"]] = _run_snapshot(values)
+    fresh = [(row.event, row.stream_seq) for row in rows if row.event.id in new]
+    moved, writes = _project_runs(_projected(fresh), before, finished)
+    await driver.execute(_pg_upsert_and_commit(writes))
+    return fresh, moved
+
+
+async def _sqlite_batch(
+    driver: Any, rows: list[_Row], now: datetime, finished: list[tuple[str, str]]
+) -> tuple[list[tuple[Envelope, int]], int]:
+    """SQLite's batch on aiosqlite's connection, one call into its thread per statement (through SQLAlchemy
+    each statement was four: a cursor opened, the statement, its rows fetched, the cursor closed; ~27 per
+    batch): the counter's lock (the driver's implicit ``BEGIN``, then the write lock, :data:`_LOCK_COUNTER_SQLITE`),
+    the batch's ids stored already, the others' insert (:data:`_SQLITE_INSERT_EVENT`, ``executemany``), the
+    counter moved, the runs read, projected and upserted (:data:`_SQLITE_UPSERT_RUNS`, ``executemany``),
+    ``COMMIT``. No other writer meanwhile: the write lock, held from the first statement to the commit."""
+    lock = await driver.execute_fetchall(_LOCK_COUNTER_SQLITE)
+    if not lock:
+        raise RuntimeError(_COUNTER_MISSING)
+    if not driver.in_transaction:  # an autocommit connection would write half a batch on a failure: never
+        raise RuntimeError("the journal's SQLite connection is in autocommit mode: a batch needs one transaction")
+    last = int(lock[0][0])
+    known = {row[0] for row in await driver.execute_fetchall(_sqlite_known_ids(len(rows)), [r.event.id for r in rows])}
+    new = [row for row in rows if row.event.id not in known] if known else rows
+    if new:
+        await driver.executemany(_SQLITE_INSERT_EVENT, _sqlite_event_rows(new, last, now))
+        await driver.execute(_ADVANCE_COUNTER_SQLITE, (last + len(new),))
+    fresh = [(row.event, row.stream_seq) for row in new]
+    moved = 0
+    projected = _projected(fresh)
+    if projected:
+        run_ids = sorted({run_id for _, _, run_id in projected})
+        found = await driver.execute_fetchall(_sqlite_select_runs(len(run_ids)), run_ids)
+        before = {row[0]: _run_snapshot(_sqlite_run_read(row)) for row in found}
+        moved, writes = _project_runs(projected, before, finished)
+        if writes:
+            await driver.executemany(_SQLITE_UPSERT_RUNS, [_sqlite_run_values(run) for run in writes])
+    await driver.commit()
+    return fresh, moved
+
+
 class _ConnectionLost(Exception):
-    """The driver's connection died under :meth:`Recorder._record_batch_pg` (its cause the driver's error)."""
+    """The driver's connection died under :meth:`Recorder._record_batch_driver` (its cause the driver's error)."""
 
 
 def _projected(fresh: list[tuple[Envelope, int]]) -> list[tuple[Envelope, int, str]]:
@@ -812,7 +865,7 @@ def _project_runs(
                 finished.append(finished_as(after.state, event))
         runs[run_id] = after
     created = [run for run_id, run in runs.items() if run_id not in before]
-    changed = [run for run_id, run in runs.items() if run_id in before and run != before[run_id]]
+    changed = [run for run_id, run in runs.items() if run_id in before and not same(run, before[run_id])]
     return moved, created + changed
 
 
@@ -893,14 +946,12 @@ def _pg_batch_json(rows: list[_Row]) -> str:
     return (b"[" + b",".join(parts) + b"]").decode()
 
 
-def _sqlite_values(rows: list[_Row], last: int, now: datetime) -> tuple[Any, ...]:
-    """The positional values of :func:`_sqlite_insert_events`, row after row."""
+def _sqlite_event_rows(rows: list[_Row], last: int, now: datetime) -> list[tuple[Any, ...]]:
+    """The parameter rows of :data:`_SQLITE_INSERT_EVENT`, at the commit positions after ``last``."""
     recorded_at = _sqlite_datetime(now)
-    values: list[Any] = []
-    for position, row in enumerate(rows, last + 1):
-        e = row.event
-        values += (
-            e.id,
+    return [
+        (
+            (e := row.event).id,
             e.type,
             e.source,
             _sqlite_datetime(e.time),
@@ -917,7 +968,8 @@ def _sqlite_values(rows: list[_Row], last: int, now: datetime) -> tuple[Any, ...
             row.data_text(),
             recorded_at,
         )
-    return tuple(values)
+        for position, row in enumerate(rows, last + 1)
+    ]
 
 
 def _run_snapshot(values: dict[str, Any]) -> RunSnapshot:

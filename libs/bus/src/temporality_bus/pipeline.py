@@ -117,7 +117,8 @@ class Pipeline:
         self._bus = bus
         self._prefix: str | None = None
         self._lock = asyncio.Lock()
-        self._pending: dict[str, asyncio.Future[Msg | None]] = {}
+        #: token -> (the round waiting for it, the write's place in that round)
+        self._pending: dict[str, tuple[_Round, int]] = {}
         self._tokens = itertools.count()
 
     @property
@@ -150,7 +151,7 @@ class Pipeline:
         outcomes: list[PublishResult | BusError] = [
             _outcome(w, r, timeout_s) for w, r in zip(writes, replies, strict=True)
         ]
-        again = [i for i, reply in enumerate(replies) if isinstance(reply, Msg) and _no_stream(reply)]
+        again = _no_stream_took(outcomes, replies, range(len(writes)))
         if not again:
             return outcomes  # the hot path: one round trip
         delay = 0.02
@@ -161,7 +162,7 @@ class Pipeline:
             replies = await self._round([writes[i] for i in again], prefix, timeout_s)
             for i, reply in zip(again, replies, strict=True):
                 outcomes[i] = _outcome(writes[i], reply, timeout_s)
-            again = [i for i, reply in zip(again, replies, strict=True) if isinstance(reply, Msg) and _no_stream(reply)]
+            again = _no_stream_took([outcomes[i] for i in again], replies, again)
         return outcomes
 
     async def request(self, subject: str, payload: bytes, *, timeout_s: float = JS_TIMEOUT_S) -> Msg:
@@ -186,36 +187,29 @@ class Pipeline:
         none in time, or the error that kept it from being sent.
 
         The writes go out as one buffer of protocol frames (:func:`_send`) handed to the client once,
-        not one ``nc.publish`` each; the deadline is one timer that answers ``None`` to every reply still
-        missing, not a timeout scope around the awaits."""
+        not one ``nc.publish`` each; the replies are put in place as they arrive and the round is woken
+        once, by the last one (one future per round, not per write); the deadline is one timer that wakes
+        it with every reply still missing left ``None``."""
         nc = self._bus.nc
         loop = asyncio.get_running_loop()
         pending = self._pending
-        tokens: list[str] = []
-        futures: list[asyncio.Future[Msg | None]] = []
-        for _ in writes:
-            token = str(next(self._tokens))
-            future: asyncio.Future[Msg | None] = loop.create_future()
-            pending[token] = future
-            tokens.append(token)
-            futures.append(future)
-        expiry = loop.call_later(timeout_s, _expire, futures)
+        batch = _Round(len(writes), loop.create_future())
+        tokens = [str(next(self._tokens)) for _ in writes]
+        for i, token in enumerate(tokens):
+            pending[token] = (batch, i)
+        expiry = loop.call_later(timeout_s, batch.wake)
         try:
             unsent = await _send(nc, writes, prefix, tokens)
-            for i in unsent:
-                futures[i].cancel()
-            for i, future in enumerate(futures):
-                if i not in unsent and not future.done():
-                    await future  # (answered None by the timer at the deadline)
-            return [
-                unsent[i] if i in unsent else (f.result() if not f.cancelled() else None) for i, f in enumerate(futures)
-            ]
+            for i, error in unsent.items():
+                if pending.pop(tokens[i], None) is not None:
+                    batch.put(i, error)
+            if batch.left > 0:
+                await batch.done
+            return batch.replies
         finally:
             expiry.cancel()
-            for token, future in zip(tokens, futures, strict=True):
+            for token in tokens:
                 pending.pop(token, None)
-                if not future.done():
-                    future.cancel()
 
     async def open(self) -> None:
         """Open the reply subscription now rather than at the first :meth:`send`: a caller whose batches must
@@ -238,9 +232,9 @@ class Pipeline:
 
     async def _on_reply(self, msg: Msg) -> None:
         assert self._prefix is not None
-        future = self._pending.pop(msg.subject[len(self._prefix) :], None)
-        if future is not None and not future.done():
-            future.set_result(msg)
+        waiting = self._pending.pop(msg.subject[len(self._prefix) :], None)
+        if waiting is not None:
+            waiting[0].put(waiting[1], msg)
 
     def _on_raw(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """:meth:`_on_reply` straight from the client's parser (:func:`~temporality_bus.routing._route`); the
@@ -249,16 +243,31 @@ class Pipeline:
         if prefix is None:
             return
         text = subject.decode()
-        future = self._pending.pop(text[len(prefix) :], None)
-        if future is not None and not future.done():
-            future.set_result(_LazyHeadersMsg(self._bus.nc, sid, text, reply.decode(), data, headers))
+        waiting = self._pending.pop(text[len(prefix) :], None)
+        if waiting is not None:
+            waiting[0].put(waiting[1], _LazyHeadersMsg(self._bus.nc, sid, text, reply.decode(), data, headers))
 
 
-def _expire(futures: list[asyncio.Future[Msg | None]]) -> None:
-    """The deadline of a round: every reply still missing is ``None`` (no acknowledgement in time)."""
-    for future in futures:
-        if not future.done():
-            future.set_result(None)
+class _Round:
+    """The replies of one round's writes, in order (``None`` until one arrives), and the future that wakes
+    the round: set by the last reply, or by the deadline (:meth:`wake`) with the missing ones left ``None``."""
+
+    __slots__ = ("done", "left", "replies")
+
+    def __init__(self, size: int, done: asyncio.Future[None]) -> None:
+        self.replies: list[Msg | BusError | None] = [None] * size
+        self.left = size
+        self.done = done
+
+    def put(self, i: int, reply: Msg | BusError) -> None:
+        self.replies[i] = reply
+        self.left -= 1
+        if self.left == 0:
+            self.wake()
+
+    def wake(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
 
 
 #: Whether this nats-py has the outbound buffer the frames are handed to (``_send_command``, pinned
@@ -371,20 +380,34 @@ def _no_stream(reply: Msg) -> bool:
     return reply.headers is not None and reply.headers.get("Status") == _NO_RESPONDERS
 
 
+def _no_stream_took(
+    outcomes: Sequence[PublishResult | BusError], replies: Sequence[Msg | BusError | None], at: Sequence[int]
+) -> list[int]:
+    """The places (``at``, one per outcome) of the writes whose reply says no stream took them (each read
+    as a :class:`TransientError` by :func:`_outcome`: an acknowledged write's headers are never looked at)."""
+    return [
+        i
+        for i, outcome, reply in zip(at, outcomes, replies, strict=True)
+        if isinstance(outcome, TransientError) and isinstance(reply, Msg) and _no_stream(reply)
+    ]
+
+
 def _outcome(write: Write, reply: Msg | BusError | None, timeout_s: float) -> PublishResult | BusError:
     """The acknowledgement of ``write`` read: its result, or the error it stands for."""
     if isinstance(reply, BusError):
         return reply
     if reply is None:
         return TransientError(f"publish to {write.subject} failed: no ack within {timeout_s:g} s")
-    if _no_stream(reply):
-        return TransientError(f"publish to {write.subject} failed: no stream took it (no responders)")
     data = reply.data
-    if b'"error"' not in data:  # the hot path: a plain ack, read straight into its result by pydantic-core
+    # the hot path: a plain ack (a JSON body; a no-responders status has none), read straight into its
+    # result by pydantic-core, without looking at the reply's headers
+    if data and b'"error"' not in data:
         try:
             return PublishResult.model_validate_json(data)
         except ValidationError:
             pass  # not an ack at all: said so below
+    if _no_stream(reply):
+        return TransientError(f"publish to {write.subject} failed: no stream took it (no responders)")
     try:
         response = from_json(data)
         error = response.get("error")

@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request, Response
+from pydantic import BaseModel
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -128,12 +129,7 @@ def create_app(
                 raise BusUnavailable(unavailable.detail, trigger.retry.retry_after_s) from unavailable
             raise
         started = isinstance(outcome, Accepted | Queued | Debounced)
-        # Serialized once, by pydantic-core (a JSONResponse would dump to Python, then json.dumps that).
-        return Response(
-            outcome.model_dump_json(exclude_none=True),
-            status_code=202 if started else 200,
-            media_type="application/json",
-        )
+        return _JsonAnswer(outcome, 202 if started else 200)
 
     return app
 
@@ -193,6 +189,21 @@ class _GatewayApp(FastAPI):
                 raise  # as ServerErrorMiddleware: the server logs it too
             return
         await response(scope, receive, send)
+
+
+class _JsonAnswer(Response):
+    """A webhook's answer: ``outcome`` serialized once, by pydantic-core, straight to bytes (a JSONResponse
+    would dump it to Python, then json.dumps that), with the two headers a ``Response(body,
+    media_type="application/json")`` gets, put together here instead of by Starlette's general
+    ``init_headers`` (per answer: ~3x the rest of building it)."""
+
+    media_type = "application/json"
+
+    def __init__(self, outcome: BaseModel, status_code: int) -> None:
+        self.status_code = status_code
+        self.background = None
+        self.body = outcome.__pydantic_serializer__.to_json(outcome, exclude_none=True)
+        self.raw_headers = [(b"content-length", b"%d" % len(self.body)), (b"content-type", b"application/json")]
 
 
 _HOOKS = "/hooks/"

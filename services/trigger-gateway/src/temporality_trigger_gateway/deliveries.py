@@ -148,11 +148,22 @@ class Draft:
     fresh: bool
 
     def encoded(self, head: DeliveryRecord) -> bytes:
-        """``head`` with the draft's event, as stored (the model's JSON: a reader validates it as usual)."""
+        """``head`` with the draft's event, as stored (the model's JSON: a reader validates it as usual).
+
+        The head has no event: its JSON's ``"event":null`` becomes the event's JSON (the one place that text
+        can stand with its quotes unescaped is the record's own ``event`` key), one serialization with no
+        field excluded."""
+        if head.event is None:
+            doc = head.__pydantic_serializer__.to_json(head)
+            return doc if self.event_json is None else doc.replace(_NO_EVENT, b'"event":' + self.event_json, 1)
         doc = head.model_dump_json(exclude={"event"}).encode()
         if self.event_json is None:
             return doc
         return doc[:-1] + b',"event":' + self.event_json + b"}"
+
+
+#: A record without its event, as its JSON says it (:meth:`Draft.encoded`).
+_NO_EVENT = b'"event":null'
 
 
 class Deliveries:

@@ -385,6 +385,20 @@ def _without_payload(event: NormalizedEvent) -> NormalizedEvent:
     return event.model_copy(update={"payload": {}})
 
 
+#: A ``claimed`` record's state as its JSON has it, and the ``published`` mark's (:func:`_published`).
+_CLAIMED = b'"state":"claimed"'
+_PUBLISHED = b'"state":"published"'
+
+
+def _published(claim: DedupeRecord, encoded: bytes | None) -> bytes:
+    """The ``published`` mark of ``claim`` as stored: the claim's JSON as it was written (``encoded``) with
+    its state replaced -- the one place a quote can stand unescaped before ``:`` is a key, and the record has
+    one ``state`` -- or, without it, the claim copied and encoded (a Literal state: nothing to re-validate)."""
+    if encoded is not None and claim.state == "claimed":
+        return encoded.replace(_CLAIMED, _PUBLISHED, 1)
+    return claim.model_copy(update={"state": "published"}).model_dump_json().encode()
+
+
 def _marked(run_id: str) -> Settle:
     """What the outcome of a claim's ``published`` mark says (logged only: the run is accepted either way)."""
 
@@ -524,7 +538,7 @@ class Launcher:
             await self.publish((received, rejected))
             return Duplicate(delivery_id=delivery.delivery_id, run_id=run_id)
 
-        claim, revision = won
+        claim, revision, claim_json = won
         cancel: tuple[Envelope, ...] = ()
         superseded: str | None = None
         flow_controlled = concurrency_key is not None and delivery.trigger.concurrency is not None
@@ -603,8 +617,7 @@ class Launcher:
         # Every event is stored: the run is accepted. The claim's mark goes out after (never with) the events --
         # "published" must not be stored for an unstored run.requested -- and behind the answer (.behind).
         if revision is not None:  # (None: ours, already marked published)
-            published = claim.model_copy(update={"state": "published"})  # a Literal state: nothing to re-validate
-            mark = kv_write(BUCKET_DEDUPE.name, key, published.model_dump_json().encode(), revision=revision)
+            mark = kv_write(BUCKET_DEDUPE.name, key, _published(claim, claim_json), revision=revision)
             self.behind.add((mark,), _marked(run_id))
         return Accepted(delivery_id=delivery.delivery_id, run_id=run_id, superseded_run_id=superseded)
 
@@ -684,10 +697,11 @@ class Launcher:
         delivery: TriggerDelivery,
         event: NormalizedEvent,
         run_id: str,
-    ) -> tuple[DedupeRecord, int | None] | DedupeRecord:
-        """Own the launch of ``event`` (the claim and its revision; ``None``: this delivery's own claim,
-        already published), or the record of the delivery that did. The first create-if-absent is a
-        pipelined write (no re-validation of the claim, built by its validating constructor here)."""
+    ) -> tuple[DedupeRecord, int | None, bytes | None] | DedupeRecord:
+        """Own the launch of ``event`` (the claim, its revision -- ``None``: this delivery's own claim, already
+        published -- and its JSON as written, when this call wrote it), or the record of the delivery that
+        did. The first create-if-absent is a pipelined write (no re-validation of the claim, built by its
+        validating constructor here)."""
         trigger = delivery.trigger
         lease = timedelta(seconds=self._claim_lease_s)
         deadline = asyncio.get_running_loop().time() + self._claim_lease_s + 5 * _POLL_S
@@ -705,11 +719,11 @@ class Launcher:
                 claimed_at=now,
             )
             if first:  # the claim alone: the delivery's record is written with its outcome, behind the answer
-                created = kv_write(BUCKET_DEDUPE.name, key, claim.model_dump_json().encode(), revision=0)
-                results = await self.send([created])
+                encoded = claim.model_dump_json().encode()
+                results = await self.send([kv_write(BUCKET_DEDUPE.name, key, encoded, revision=0)])
                 first = False
                 if isinstance(results[0], PublishResult):
-                    return claim, results[0].seq
+                    return claim, results[0].seq, encoded
                 if not isinstance(results[0], Conflict):  # (a Conflict: the key exists, read it below)
                     log.warning("launch.bus_unavailable", error=repr(results[0]))
                     raise BusUnavailable(
@@ -717,7 +731,7 @@ class Launcher:
                     ) from results[0]
             else:
                 try:
-                    return claim, await self.io(store.create(key, claim))
+                    return claim, await self.io(store.create(key, claim)), None
                 except AlreadyExists:
                     pass
             await self.behind.settled()  # a mark of this replica still queued: read it, not the claim before it
@@ -731,9 +745,9 @@ class Launcher:
             if record.delivery_id == delivery.delivery_id and record.expires_at > now:
                 # this very delivery again (a redelivered bus message): finish what it started
                 if record.state in ("published", "queued"):
-                    return record, None
+                    return record, None, None
                 try:
-                    return claim, await self.io(store.update(key, claim, existing.revision))
+                    return claim, await self.io(store.update(key, claim, existing.revision)), None
                 except Conflict:
                     continue
             stale = (
@@ -745,7 +759,7 @@ class Launcher:
                 if record.state == "claimed" and record.expires_at > now:
                     log.warning("launch.stale_claim_taken_over", claimed_by=record.delivery_id)
                 try:
-                    return claim, await self.io(store.update(key, claim, existing.revision))
+                    return claim, await self.io(store.update(key, claim, existing.revision)), None
                 except Conflict:
                     continue  # another delivery took it over first
             if record.state in ("published", "queued"):

@@ -1,0 +1,47 @@
+"""A delivery's record is written with its event spliced into the head's JSON (deliveries.Draft.encoded):
+it reads back as the head with that event, whatever the head's texts hold."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from gateway_support import webhook_spec
+
+from temporality_protocol import Actor, NormalizedEvent
+from temporality_trigger_gateway.deliveries import DeliveryRecord, Draft
+from temporality_trigger_gateway.launch import TriggerDelivery
+from temporality_trigger_gateway.triggers import WebhookTrigger
+
+
+@pytest.mark.parametrize("text", ["plain", '"event":null', 'x","event":null,"y":"', "ü \\ \u2028"])
+@pytest.mark.parametrize("keep_event", [True, False])
+def test_the_record_reads_back_as_its_head_with_the_event(text: str, keep_event: bool) -> None:
+    now = datetime(2026, 12, 6, 1, 2, 3, tzinfo=UTC)
+    event = NormalizedEvent(
+        id=text,
+        type="generic.push",
+        source="https://example.test",
+        timestamp=now,
+        actor=Actor(id=text),
+        payload={"event": None, "text": text},
+    )
+    head = DeliveryRecord(
+        trigger_id="t-1",
+        delivery_id="dlv-1",
+        kind="webhook",
+        adapter="generic",
+        source_event_id=text,
+        state="accepted",
+        detail=text,
+        title=text,
+        run_id="run-1",
+        received_at=now,
+        updated_at=now,
+    )
+    trigger = WebhookTrigger.model_validate(webhook_spec("t-1"))
+    delivery = TriggerDelivery(trigger, "dlv-1", "webhook", "generic", text, None)
+    event_json = event.model_dump_json().encode() if keep_event else None
+    draft = Draft(delivery, event, "t-1.dlv-1", head, event_json, True)
+    stored = DeliveryRecord.model_validate_json(draft.encoded(head))
+    assert stored == head.model_copy(update={"event": event if keep_event else None})

@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from temporality_embedded import Stack, StackConfig, free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_VERSION = 1
 
@@ -340,6 +342,29 @@ class RecordError(ValueError):
 
 
 # --------------------------------------------------------------------------- writing and reading
+def bench_stack(
+    data_dir: Path, config_dir: Path | None = None, *, env: dict[str, str] | None = None, **more: Any
+) -> Stack:
+    """The embedded stack a bench runs (not started): five service processes and a nats-server in ``data_dir``,
+    SQLite, free loopback ports, JSON logs at ``warning`` (``env`` adds to or overrides the environment), the
+    shipped ``config/`` unless ``config_dir``; nats-server's monitoring port on (``/varz`` for the durability
+    line, ``/connz`` for message counts). ``more``: other :class:`StackConfig` fields."""
+    stack = Stack(
+        StackConfig(
+            data_dir=data_dir,
+            config_dir=config_dir or ROOT / "config",
+            gateway_port=free_port(),
+            human_port=free_port(),
+            journal_port=free_port(),
+            log_format="json",
+            extra_env={"TEMPORALITY_LOG_LEVEL": "warning", **(env or {})},
+            **more,
+        )
+    )
+    stack.nats.monitoring = True
+    return stack
+
+
 def _git(*args: str, cwd: Path = ROOT) -> str:
     done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
     return done.stdout.strip() if done.returncode == 0 else ""

@@ -39,6 +39,7 @@ from benchrecord import (
     Durability,
     LatencyFigures,
     Recorder,
+    bench_stack,
     database_durability,
     jetstream_durability,
     merge,
@@ -47,7 +48,7 @@ from benchrecord import (
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from temporality_embedded import Stack, StackConfig, free_port
+from temporality_embedded import Stack
 
 ROOT = Path(__file__).resolve().parents[1]
 AUTH = "Basic " + base64.b64encode(b"azure:change-me").decode()
@@ -194,18 +195,7 @@ def main() -> int:
     )
     before = [str(Path(p).resolve()) for p in args.before]
     with tempfile.TemporaryDirectory(prefix="temporality-bench-") as tmp:
-        stack = Stack(
-            StackConfig(
-                data_dir=Path(tmp),
-                config_dir=ROOT / "config",
-                gateway_port=free_port(),
-                human_port=free_port(),
-                journal_port=free_port(),
-                log_format="json",
-                extra_env={"TEMPORALITY_LOG_LEVEL": "warning"},
-            )
-        )
-        stack.nats.monitoring = True  # /varz: the JetStream sync settings it runs with
+        stack = bench_stack(Path(tmp))
         stack.start()
         try:
             results, base = asyncio.run(_measure(stack, args.runs, args.settle_ms / 1000, before, args.rounds))

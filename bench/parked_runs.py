@@ -56,6 +56,7 @@ from benchrecord import (
     ParkedRunsFigures,
     Percentiles,
     Recorder,
+    bench_stack,
     database_durability,
     jetstream_durability,
     merge,
@@ -65,7 +66,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from temporality_bus import Bus, NatsSettings
-from temporality_embedded import Stack, StackConfig, free_port
+from temporality_embedded import Stack
 from temporality_human_interaction.events import ACTOR, SOURCE
 from temporality_protocol import derive_id, encode, make_event
 from temporality_protocol.catalog import BUCKET_CHECKPOINTS, BUCKET_RUNS, EVENTS_STREAM, TIMERS_STREAMS
@@ -454,24 +455,13 @@ def main() -> int:
     )
     args = parser.parse_args()
     recorder = Recorder("parked_runs", {k: v for k, v in vars(args).items() if k != "json_out"})
-    extra_env = {"TEMPORALITY_LOG_LEVEL": "warning"}
+    extra_env: dict[str, str] = {}
     if args.executor_inflight is not None:
         extra_env["TEMPORALITY_EXECUTOR_MAX_INFLIGHT"] = str(args.executor_inflight)
     sample = min(args.latency_sample, args.runs)
     configure_logging(LogSettings(level="warning", format="console"), service="bench")
     with tempfile.TemporaryDirectory(prefix="temporality-bench-") as tmp:
-        stack = Stack(
-            StackConfig(
-                data_dir=Path(tmp),
-                config_dir=ROOT / "config",
-                gateway_port=free_port(),
-                human_port=free_port(),
-                journal_port=free_port(),
-                log_format="json",
-                extra_env=extra_env,
-            )
-        )
-        stack.nats.monitoring = True  # /connz: the messages the run-executor sends and receives
+        stack = bench_stack(Path(tmp), env=extra_env)  # its /connz: the messages the run-executor sends and receives
         stack.start()
         try:
             results, bare, hop = asyncio.run(

@@ -69,6 +69,7 @@ from benchrecord import (
     PipelineLoad,
     PipelineRate,
     Recorder,
+    bench_stack,
     database_durability,
     jetstream_durability,
     merge,
@@ -77,7 +78,7 @@ from benchrecord import (
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from temporality_embedded import Stack, StackConfig, free_port
+from temporality_embedded import Stack
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples/azure-devops/git.pullrequest.created.json"
@@ -572,18 +573,7 @@ def main() -> int:
         f"{os.cpu_count()} cores shared with the load generators and any other work (load average {_load()})\n"
     )
     with tempfile.TemporaryDirectory(prefix="temporality-bench-") as tmp:
-        stack = Stack(
-            StackConfig(
-                data_dir=Path(tmp),
-                config_dir=ROOT / "config",
-                gateway_port=free_port(),
-                human_port=free_port(),
-                journal_port=free_port(),
-                log_format="json",
-                extra_env={"TEMPORALITY_LOG_LEVEL": "warning"},
-            )
-        )
-        stack.nats.monitoring = True  # /varz: the JetStream sync settings it runs with
+        stack = bench_stack(Path(tmp))
         stack.start()
         try:
             figures = _on_uvloop(_measure(stack, args))

@@ -70,6 +70,7 @@ from benchrecord import (
     LoopSystem,
     Recorder,
     VsTemporalFigures,
+    bench_stack,
     database_durability,
     jetstream_durability,
     merge,
@@ -80,7 +81,7 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from temporality_embedded import Stack, StackConfig, free_port
+from temporality_embedded import free_port
 from temporality_service import ApiToken, LogSettings, Role, configure_logging
 from temporality_service.auth import dump_tokens
 
@@ -210,19 +211,7 @@ def _loop_config(tmp: Path) -> Path:
 async def _temporality(tmp: Path, loops: int, concurrency: int, warmup: int) -> tuple[list[Figures], Durability]:
     tokens = tmp / "api-tokens.json"
     tokens.write_text(dump_tokens([VIEWER]), encoding="utf-8")
-    stack = Stack(
-        StackConfig(
-            data_dir=tmp / "stack",
-            config_dir=_loop_config(tmp),
-            gateway_port=free_port(),
-            human_port=free_port(),
-            journal_port=free_port(),
-            log_format="json",
-            api_tokens_file=tokens,
-            extra_env={"TEMPORALITY_LOG_LEVEL": "warning"},
-        )
-    )
-    stack.nats.monitoring = True  # /varz: the JetStream sync settings it runs with
+    stack = bench_stack(tmp / "stack", _loop_config(tmp), api_tokens_file=tokens)
     stack.start()
     try:
         durability = merge(

@@ -35,6 +35,8 @@ def test_the_mark_is_the_claim_encoded_in_state_published(source_event_id: str) 
     expected = claim.model_copy(update={"state": "published"}).model_dump_json().encode()
     assert _published(claim, encoded) == expected
     assert _published(claim, None) == expected  # a claim written by the store (a takeover): encoded here
+    # JSON that does not read as expected (another spelling of the key): encoded from the model, never unmarked
+    assert _published(claim, encoded.replace(b'"state":"claimed"', b'"state": "claimed"')) == expected
     assert DedupeRecord.model_validate_json(_published(claim, encoded)) == claim.model_copy(
         update={"state": "published"}
     )

@@ -243,9 +243,10 @@ class Pipeline:
         if prefix is None:
             return
         text = subject.decode()
+        msg = _LazyHeadersMsg(self._bus.nc, sid, text, reply.decode(), data, headers)  # before the token goes
         waiting = self._pending.pop(text[len(prefix) :], None)
         if waiting is not None:
-            waiting[0].put(waiting[1], _LazyHeadersMsg(self._bus.nc, sid, text, reply.decode(), data, headers))
+            waiting[0].put(waiting[1], msg)
 
 
 class _Round:

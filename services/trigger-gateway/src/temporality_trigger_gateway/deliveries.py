@@ -155,7 +155,11 @@ class Draft:
         field excluded."""
         if head.event is None:
             doc = head.__pydantic_serializer__.to_json(head)
-            return doc if self.event_json is None else doc.replace(_NO_EVENT, b'"event":' + self.event_json, 1)
+            if self.event_json is None:
+                return doc
+            spliced = doc.replace(_NO_EVENT, b'"event":' + self.event_json, 1)
+            if spliced != doc:  # else the JSON no longer reads as expected: the event appended below
+                return spliced
         doc = head.model_dump_json(exclude={"event"}).encode()
         if self.event_json is None:
             return doc

@@ -395,7 +395,9 @@ def _published(claim: DedupeRecord, encoded: bytes | None) -> bytes:
     its state replaced -- the one place a quote can stand unescaped before ``:`` is a key, and the record has
     one ``state`` -- or, without it, the claim copied and encoded (a Literal state: nothing to re-validate)."""
     if encoded is not None and claim.state == "claimed":
-        return encoded.replace(_CLAIMED, _PUBLISHED, 1)
+        marked = encoded.replace(_CLAIMED, _PUBLISHED, 1)
+        if marked != encoded:  # else the JSON no longer reads as expected: never store the claim unmarked
+            return marked
     return claim.model_copy(update={"state": "published"}).model_dump_json().encode()
 
 

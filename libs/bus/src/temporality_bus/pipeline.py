@@ -242,10 +242,10 @@ class Pipeline:
         prefix = self._prefix
         if prefix is None:
             return
-        text = subject.decode()
-        msg = _LazyHeadersMsg(self._bus.nc, sid, text, reply.decode(), data, headers)  # before the token goes
+        text = subject.decode(errors="replace")  # never raises: a reply the write waits for is always handed over
         waiting = self._pending.pop(text[len(prefix) :], None)
         if waiting is not None:
+            msg = _LazyHeadersMsg(self._bus.nc, sid, text, reply.decode(errors="replace"), data, headers)
             waiting[0].put(waiting[1], msg)
 
 

@@ -141,3 +141,17 @@ def test_an_extra_pattern_has_no_bound() -> None:
     redactor = Redactor.build({"ticket": r"TICKET-\d+"})
     assert redactor.patterns[-1].earliest is None
     assert redactor.redact("see TICKET-42").text == "see [REDACTED:ticket]"
+
+
+def test_the_screen_is_the_builtin_patterns_only() -> None:
+    """A text with none of the bounds' pieces is given back as it is, without trying a pattern; a deployment's
+    own pattern (no bound) turns the screen off, so it is always tried."""
+    assert Redactor()._screen is not None
+    assert Redactor().redact("nothing to see here: 42 files changed") == Redacted(
+        "nothing to see here: 42 files changed"
+    )
+    extra = Redactor.build({"ticket": r"TICKET-\d+"})
+    assert extra._screen is None
+    assert extra.redact("TICKET-7 and password=hunter2").text == (
+        "[REDACTED:ticket] and password=[REDACTED:secret_assignment]"
+    )

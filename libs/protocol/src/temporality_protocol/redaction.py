@@ -16,6 +16,7 @@ or only the group named ``secret``), which every process that publishes or shows
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -85,17 +86,37 @@ def _p(kind: str, pattern: str, flags: int = 0, earliest: Bound | None = None) -
     return SecretPattern(kind, re.compile(pattern, flags), earliest)
 
 
-def _starts_with(*literals: str) -> Bound:
+@dataclass(frozen=True)
+class _Bound:
+    """A :data:`Bound` that also says what a text must hold for the pattern to match at all: one of ``pieces``
+    in the lower-cased text, when the text is ASCII (:meth:`Redactor.redact` looks for all patterns' at once)."""
+
+    pieces: tuple[str, ...]
+    earliest: Bound
+
+    def __call__(self, text: str) -> int | None:
+        return self.earliest(text)
+
+
+def _starts_with(*literals: str) -> _Bound:
     """For a pattern every match of which starts with one of ``literals`` (case as written): the first of them."""
+    if len(literals) == 1:
+        (literal,) = literals
 
-    def earliest(text: str) -> int | None:
-        found = [at for at in map(text.find, literals) if at >= 0]
-        return min(found) if found else None
+        def earliest(text: str) -> int | None:
+            at = text.find(literal)
+            return at if at >= 0 else None
 
-    return earliest
+    else:
+
+        def earliest(text: str) -> int | None:
+            found = [at for at in map(text.find, literals) if at >= 0]
+            return min(found) if found else None
+
+    return _Bound(tuple(literal.lower() for literal in literals), earliest)
 
 
-def _within_run(*pieces: str, run: str = "", folded: bool = False) -> Bound:
+def _within_run(*pieces: str, run: str = "", folded: bool = False) -> _Bound:
     """For a pattern every match of which holds one of ``pieces``, preceded in the match only by characters of
     ``run``. The bound: the first piece found, moved back over the ``run`` characters (and any non-ASCII one,
     to be safe) before it. A match starting before it would hold, between its start and its piece, a character
@@ -120,7 +141,7 @@ def _within_run(*pieces: str, run: str = "", folded: bool = False) -> Bound:
             at -= 1
         return at
 
-    return earliest
+    return _Bound(tuple(piece.lower() for piece in pieces), earliest)
 
 
 #: Never re-redact a marker (patterns run one after another over the same text).
@@ -232,7 +253,22 @@ class Redactor:
     def build(cls, extra_patterns: Mapping[str, str] | None = None, *, setting: str = REDACT_PATTERNS_ENV) -> Redactor:
         return cls((*BUILTIN_PATTERNS, *compile_extra_patterns(extra_patterns or {}, setting=setting)))
 
+    @functools.cached_property
+    def _screen(self) -> tuple[str, ...] | None:
+        """What an ASCII text must hold, lower-cased, for any of :attr:`patterns` to match it: one of the
+        pieces of their bounds; ``None`` when a pattern has no such bound (a deployment's own)."""
+        if not all(isinstance(p.earliest, _Bound) for p in self.patterns):
+            return None
+        return tuple(
+            dict.fromkeys(piece for p in self.patterns if isinstance(p.earliest, _Bound) for piece in p.earliest.pieces)
+        )
+
     def redact(self, text: str) -> Redacted:
+        screen = self._screen
+        if screen is not None and text.isascii():  # most texts hold nothing any pattern could match
+            lowered = text.lower()
+            if not any(piece in lowered for piece in screen):
+                return Redacted(text)
         counts: Counter[str] = Counter()
         for pattern in self.patterns:
             pieces: list[str] = []

@@ -243,6 +243,16 @@ class Redacted:
     counts: Counter[str] = field(default_factory=Counter)
 
 
+@functools.lru_cache(maxsize=64)
+def _screen_of(patterns: tuple[SecretPattern, ...]) -> tuple[str, ...] | None:
+    """:attr:`Redactor._screen`, once per set of patterns (a :class:`Redactor` is often built per use)."""
+    if not all(isinstance(p.earliest, _Bound) for p in patterns):
+        return None
+    return tuple(
+        dict.fromkeys(piece for p in patterns if isinstance(p.earliest, _Bound) for piece in p.earliest.pieces)
+    )
+
+
 @dataclass(frozen=True)
 class Redactor:
     """Replaces every match of ``patterns`` in a text; pure (build it once, use it anywhere)."""
@@ -257,11 +267,7 @@ class Redactor:
     def _screen(self) -> tuple[str, ...] | None:
         """What an ASCII text must hold, lower-cased, for any of :attr:`patterns` to match it: one of the
         pieces of their bounds; ``None`` when a pattern has no such bound (a deployment's own)."""
-        if not all(isinstance(p.earliest, _Bound) for p in self.patterns):
-            return None
-        return tuple(
-            dict.fromkeys(piece for p in self.patterns if isinstance(p.earliest, _Bound) for piece in p.earliest.pieces)
-        )
+        return _screen_of(self.patterns)
 
     def redact(self, text: str) -> Redacted:
         screen = self._screen

@@ -16,11 +16,12 @@ or only the group named ``secret``), which every process that publishes or shows
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -49,21 +50,98 @@ REDACT_PATTERNS_ENV = "TEMPORALITY_HUMAN_EGRESS_REDACT_PATTERNS"
 MARKER = re.compile(r"\[REDACTED:(?P<kind>[a-z0-9_]{1,40})\]")
 
 
+#: Where a pattern's first match in a text can start at the earliest, or ``None`` when it has none: a bound
+#: found by ``str.find`` (see :data:`BUILTIN_PATTERNS`), so the regex is not tried at every position before it.
+Bound = Callable[[str], int | None]
+
+
 @dataclass(frozen=True)
 class SecretPattern:
-    """One kind of secret: ``regex`` finds it; the group named ``secret`` (or the whole match) is replaced."""
+    """One kind of secret: ``regex`` finds it; the group named ``secret`` (or the whole match) is replaced.
+
+    ``earliest`` (optional): a lower bound of where ``regex``'s first match in a text starts, ``None`` when
+    ``regex`` has no match there at all. The matches are then searched from that position on, which finds
+    exactly the matches a search from the text's start finds (a search from a position still sees the
+    characters before it for ``\b``): a bound only saves the positions where no match can start.
+    """
 
     kind: str
     regex: re.Pattern[str]
+    earliest: Bound | None = field(default=None, compare=False, repr=False)
 
     def span_of(self, match: re.Match[str]) -> tuple[int, int]:
         if "secret" in self.regex.groupindex:
             return match.span("secret")
         return match.span()
 
+    def finditer(self, text: str) -> Iterator[re.Match[str]]:
+        """``regex.finditer(text)``, the positions before :attr:`earliest`'s bound skipped."""
+        start = 0 if self.earliest is None else self.earliest(text)
+        if start is None:
+            return iter(())
+        return self.regex.finditer(text, start)
 
-def _p(kind: str, pattern: str, flags: int = 0) -> SecretPattern:
-    return SecretPattern(kind, re.compile(pattern, flags))
+
+def _p(kind: str, pattern: str, flags: int = 0, earliest: Bound | None = None) -> SecretPattern:
+    return SecretPattern(kind, re.compile(pattern, flags), earliest)
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """A :data:`Bound` that also says what a text must hold for the pattern to match at all: one of ``pieces``
+    in the lower-cased text, when the text is ASCII (:meth:`Redactor.redact` looks for all patterns' at once)."""
+
+    pieces: tuple[str, ...]
+    earliest: Bound
+
+    def __call__(self, text: str) -> int | None:
+        return self.earliest(text)
+
+
+def _starts_with(*literals: str) -> _Bound:
+    """For a pattern every match of which starts with one of ``literals`` (case as written): the first of them."""
+    if len(literals) == 1:
+        (literal,) = literals
+
+        def earliest(text: str) -> int | None:
+            at = text.find(literal)
+            return at if at >= 0 else None
+
+    else:
+
+        def earliest(text: str) -> int | None:
+            found = [at for at in map(text.find, literals) if at >= 0]
+            return min(found) if found else None
+
+    return _Bound(tuple(literal.lower() for literal in literals), earliest)
+
+
+def _within_run(*pieces: str, run: str = "", folded: bool = False) -> _Bound:
+    """For a pattern every match of which holds one of ``pieces``, preceded in the match only by characters of
+    ``run``. The bound: the first piece found, moved back over the ``run`` characters (and any non-ASCII one,
+    to be safe) before it. A match starting before it would hold, between its start and its piece, a character
+    that is not in ``run``.
+
+    ``folded``: the pattern ignores case (``(?i)``): the pieces are looked for in the lower-cased text, which
+    matches what ``(?i)`` matches only for ASCII text; any other text gets no bound (searched from 0)."""
+    allowed = frozenset(run)
+
+    def earliest(text: str) -> int | None:
+        if folded:
+            if not text.isascii():
+                return 0
+            haystack = text.lower()
+        else:
+            haystack = text
+        found = [at for at in map(haystack.find, pieces) if at >= 0]
+        if not found:
+            return None
+        at = min(found)
+        while at > 0 and (text[at - 1] in allowed or not text[at - 1].isascii()):
+            at -= 1
+        return at
+
+    return _Bound(tuple(piece.lower() for piece in pieces), earliest)
 
 
 #: Never re-redact a marker (patterns run one after another over the same text).
@@ -74,34 +152,51 @@ _SECRET_KEY_WORDS = (
     r"|account[_-]?key|shared[_-]?access[_-]?key|private[_-]?key|client[_-]?secret|credentials?"
 )
 
+_ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
 #: In order: a later pattern never sees what an earlier one replaced.
 BUILTIN_PATTERNS: tuple[SecretPattern, ...] = (
     # -----BEGIN RSA PRIVATE KEY----- … -----END RSA PRIVATE KEY----- (also a block cut off before its END)
     _p(
         "private_key",
         r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----[\s\S]*?(-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|\Z)",
+        earliest=_starts_with("-----BEGIN "),
     ),
     # header.payload.signature, both first parts base64url JSON objects ("eyJ" = '{"')
-    _p("jwt", r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
+    _p("jwt", r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*", earliest=_starts_with("eyJ")),
     # scheme://user:password@host — connection strings (postgres, mysql, redis, amqp, mongodb+srv) and URLs
-    _p("url_credentials", r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:" + _NOT_MARKER + r"(?P<secret>[^\s@/]+)@"),
+    _p(
+        "url_credentials",
+        r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:" + _NOT_MARKER + r"(?P<secret>[^\s@/]+)@",
+        earliest=_within_run("://", run=_ALNUM + "+.-"),
+    ),
     # GitHub personal, OAuth, user-to-server, server-to-server, refresh tokens; fine-grained PATs
-    _p("github_token", r"\b(gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
-    _p("gitlab_token", r"\bgl(pat|dt|rt|ptt|cbt|oas)-[A-Za-z0-9_-]{20,}"),
-    _p("aws_access_key_id", r"\b(AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b"),
+    _p(
+        "github_token",
+        r"\b(gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b",
+        earliest=_starts_with("gh", "github_pat_"),
+    ),
+    _p("gitlab_token", r"\bgl(pat|dt|rt|ptt|cbt|oas)-[A-Za-z0-9_-]{20,}", earliest=_starts_with("gl")),
+    _p(
+        "aws_access_key_id",
+        r"\b(AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b",
+        earliest=_starts_with("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA"),
+    ),
     _p(
         "aws_secret_access_key",
         r"(?i)\baws_?secret_?(access_?)?key[\"']?\s*[:=]\s*[\"']?" + _NOT_MARKER + r"(?P<secret>[A-Za-z0-9/+=]{40})",
+        earliest=_within_run("aws", folded=True),
     ),
-    _p("slack_token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
-    _p("stripe_key", r"\b[rsp]k_(live|test)_[A-Za-z0-9]{16,}"),
-    _p("google_api_key", r"\bAIza[0-9A-Za-z_-]{35}"),
+    _p("slack_token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}", earliest=_starts_with("xox")),
+    _p("stripe_key", r"\b[rsp]k_(live|test)_[A-Za-z0-9]{16,}", earliest=_starts_with("rk_", "sk_", "pk_")),
+    _p("google_api_key", r"\bAIza[0-9A-Za-z_-]{35}", earliest=_starts_with("AIza")),
     # OpenAI / Anthropic style keys: sk-…, sk-proj-…, sk-ant-…
-    _p("api_key", r"\bsk-[A-Za-z0-9_-]{20,}"),
+    _p("api_key", r"\bsk-[A-Za-z0-9_-]{20,}", earliest=_starts_with("sk-")),
     # Authorization: Bearer <token> / Basic <base64> / token <token>
     _p(
         "authorization_header",
         r"(?i)\b(bearer|basic|token)\s+" + _NOT_MARKER + r"(?P<secret>[A-Za-z0-9._~+/-]{16,}=*)",
+        earliest=_within_run("bearer", "basic", "token", folded=True),
     ),
     # DB_PASSWORD=…, "api_key": "…", Password=…; (ADO.NET), ?access_token=…&
     _p(
@@ -111,6 +206,9 @@ BUILTIN_PATTERNS: tuple[SecretPattern, ...] = (
         + r")[A-Za-z0-9_.-]*[\"']?\s*[:=]\s*[\"']?"
         + _NOT_MARKER
         + r"(?P<secret>[^\s\"',;&<>]+)",
+        # every key word holds one of these (api_key: "key"; credentials: "credential"), and only characters
+        # of [A-Za-z0-9_.-] come before it in a match
+        earliest=_within_run("pass", "pwd", "secret", "token", "key", "credential", run=_ALNUM + "_.-", folded=True),
     ),
 )
 
@@ -145,6 +243,16 @@ class Redacted:
     counts: Counter[str] = field(default_factory=Counter)
 
 
+@functools.lru_cache(maxsize=64)
+def _screen_of(patterns: tuple[SecretPattern, ...]) -> tuple[str, ...] | None:
+    """:attr:`Redactor._screen`, once per set of patterns (a :class:`Redactor` is often built per use)."""
+    if not all(isinstance(p.earliest, _Bound) for p in patterns):
+        return None
+    return tuple(
+        dict.fromkeys(piece for p in patterns if isinstance(p.earliest, _Bound) for piece in p.earliest.pieces)
+    )
+
+
 @dataclass(frozen=True)
 class Redactor:
     """Replaces every match of ``patterns`` in a text; pure (build it once, use it anywhere)."""
@@ -155,12 +263,23 @@ class Redactor:
     def build(cls, extra_patterns: Mapping[str, str] | None = None, *, setting: str = REDACT_PATTERNS_ENV) -> Redactor:
         return cls((*BUILTIN_PATTERNS, *compile_extra_patterns(extra_patterns or {}, setting=setting)))
 
+    @functools.cached_property
+    def _screen(self) -> tuple[str, ...] | None:
+        """What an ASCII text must hold, lower-cased, for any of :attr:`patterns` to match it: one of the
+        pieces of their bounds; ``None`` when a pattern has no such bound (a deployment's own)."""
+        return _screen_of(self.patterns)
+
     def redact(self, text: str) -> Redacted:
+        screen = self._screen
+        if screen is not None and text.isascii():  # most texts hold nothing any pattern could match
+            lowered = text.lower()
+            if not any(piece in lowered for piece in screen):
+                return Redacted(text)
         counts: Counter[str] = Counter()
         for pattern in self.patterns:
             pieces: list[str] = []
             last = 0
-            for match in pattern.regex.finditer(text):
+            for match in pattern.finditer(text):
                 start, end = pattern.span_of(match)
                 if end <= start or start < last or "[REDACTED:" in text[start:end]:
                     continue  # empty, overlapping, or already redacted inside (by an earlier pattern)

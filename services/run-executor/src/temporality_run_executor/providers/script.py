@@ -64,7 +64,10 @@ import yaml
 from jmespath import functions as jp_functions
 from jmespath.exceptions import JMESPathError
 from jmespath.parser import ParsedResult
+from jmespath.visitor import TreeInterpreter
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from temporality_run_executor.providers.jmespath_closures import Program, build
 
 __all__ = [
     "BUILTIN_SCRIPTS",
@@ -129,10 +132,23 @@ def _check_templates(value: Any, where: str) -> None:
             _check_templates(item, f"{where}.{key}")
 
 
+#: The one interpreter the closures call for the functions and any node type they leave to it (stateless
+#: between evaluations: its options, its functions, a cache of its own methods).
+_INTERPRETER = TreeInterpreter(_OPTIONS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _program(expression: str) -> Program:
+    """``expression`` as closures (:mod:`.jmespath_closures`), built once: what ``ParsedResult.search`` computes,
+    without walking the parsed tree node by node at every evaluation."""
+    return build(_compiled(expression).parsed, _INTERPRETER)
+
+
 def evaluate(expression: str, scope: dict[str, Any], where: str) -> Any:
     """The JMESPath ``expression`` over ``scope``; :class:`ScriptError` naming ``where`` when it fails."""
     try:
-        return _compile(expression, where).search(scope, options=_OPTIONS)
+        _compile(expression, where)  # a parse error raised as it always was (cached)
+        return _program(expression)(scope)
     except JMESPathError as exc:
         raise ScriptError(f"{where}: {expression.strip()!r} failed: {exc}") from exc
 

@@ -243,9 +243,16 @@ class Redacted:
     counts: Counter[str] = field(default_factory=Counter)
 
 
-@functools.lru_cache(maxsize=64)
 def _screen_of(patterns: tuple[SecretPattern, ...]) -> tuple[str, ...] | None:
-    """:attr:`Redactor._screen`, once per set of patterns (a :class:`Redactor` is often built per use)."""
+    """:attr:`Redactor._screen`, once per set of patterns and their bounds (a :class:`Redactor` is often built per
+    use). The bounds are part of the key: a pattern's ``earliest`` is left out of its equality, so the same
+    patterns without bounds would otherwise share the built-ins' screen, or leave them without one."""
+    return _screen_keyed(tuple((p, p.earliest) for p in patterns))
+
+
+@functools.lru_cache(maxsize=64)
+def _screen_keyed(keyed: tuple[tuple[SecretPattern, Bound | None], ...]) -> tuple[str, ...] | None:
+    patterns = [p for p, _ in keyed]
     if not all(isinstance(p.earliest, _Bound) for p in patterns):
         return None
     return tuple(

@@ -317,25 +317,28 @@ function debounce(fn, ms) {
 // ------------------------------------------------------------------ sign-in
 // Signed in with the provider: the journal ends its session and, when the provider offers it (RP-initiated
 // logout), the browser goes on to the provider, which signs the person out there too and sends them back here.
+// A person's session ends on the server before the sign-in page shows: that page asks /whoami, and asked while the
+// logout is still on its way it would find the session open and sign the person straight back in.
 function signOut(reason) {
-  if (signedInPerson()) {
-    fetch("/auth/logout", { method: "POST", headers: CONSOLE_HEADER })
-      .then(async (response) => {
-        if (response.ok) return response.json();
-        // e.g. 503 sign_out_unrecorded: the session was not ended, say so rather than look signed out
-        const refused = await response.json().catch(() => null);
-        go("#/signin", `Not signed out: ${refused?.detail ?? `HTTP ${response.status}`}`);
-        return null;
-      })
-      .then((body) => {
-        if (body?.provider_logout) location.assign(body.provider_logout);
-      })
-      .catch(() => {});
-  }
   sessionStorage.removeItem(TOKEN_KEY);
-  me = null;
-  renderChrome();
-  go("#/signin", reason);
+  const signedOut = () => {
+    me = null;
+    renderChrome();
+    go("#/signin", reason);
+  };
+  if (!signedInPerson()) return signedOut();
+  fetch("/auth/logout", { method: "POST", headers: CONSOLE_HEADER })
+    .then(async (response) => {
+      if (response.ok || response.status === 401) { // ended now, or already (expired, revoked)
+        const body = response.ok ? await response.json().catch(() => null) : null;
+        if (body?.provider_logout) return location.assign(body.provider_logout);
+        return signedOut();
+      }
+      // e.g. 503 sign_out_unrecorded: the session was not ended, say so rather than look signed out
+      const refused = await response.json().catch(() => null);
+      message(`Not signed out: ${refused?.detail ?? `HTTP ${response.status}`}`);
+    })
+    .catch((error) => message(`Not signed out: ${error.message}`));
 }
 
 // The person signed in with the provider (the session cookie), or null; asked when no token is kept here.

@@ -80,7 +80,9 @@ async def _open_inbox(context: BrowserContext, stack: Stack, *, paused_clock: bo
     await expect(page.locator("#inbox-who")).to_have_text("Signed in to the inbox as alice", timeout=WAIT_MS)
     await expect(page.locator("#inbox .inbox-item")).to_have_count(1, timeout=WAIT_MS)
     if paused_clock:  # this tab's inbox no longer re-reads by itself: its card stays as it was loaded
-        await page.clock.pause_at(await page.evaluate("Date.now() + 1000"))
+        # a jump of 1 ms, not more: pause_at fires the timers due within the jump, and a re-read (every 10 s)
+        # fired by a 1 s jump could still be in flight when the other tab answers, and drop this tab's card
+        await page.clock.pause_at(await page.evaluate("Date.now() + 1"))
     return page
 
 

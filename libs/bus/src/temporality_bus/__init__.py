@@ -20,7 +20,7 @@ from temporality_bus.pipeline import Pipeline
 from temporality_bus.provenance import ForgedEvent, SourceCheck
 from temporality_bus.responder import Failure, Request, Responder
 from temporality_bus.settings import NatsSettings
-from temporality_bus.store import Modified, Store, Versioned
+from temporality_bus.store import Modified, Recent, Store, Versioned
 from temporality_bus.timers import Timers, fire_time, parse_fired_subject, schedule_at
 from temporality_bus.watch import KvWatch, entry_value
 
@@ -44,6 +44,7 @@ __all__ = [
     "PermanentError",
     "Pipeline",
     "PublishResult",
+    "Recent",
     "Request",
     "Responder",
     "SourceCheck",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -29,11 +30,12 @@ from temporality_bus.models import revalidated
 from temporality_bus.pipeline import Pipeline, kv_write
 from temporality_protocol.jetstream import DEFAULT_API_PREFIX
 
-__all__ = ["DEFAULT_ATTEMPTS", "Modified", "Store", "Versioned"]
+__all__ = ["DEFAULT_ATTEMPTS", "Modified", "Recent", "Store", "Versioned"]
 
 log = structlog.get_logger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+V = TypeVar("V")
 
 #: Compare-and-set attempts of :meth:`Store.modify` before it gives up with :class:`Contended`.
 DEFAULT_ATTEMPTS = 8
@@ -347,3 +349,34 @@ class Store(Generic[M]):
 
     def _encode(self, value: M, validated: bool = False) -> bytes:
         return self._checked(value, validated).model_dump_json().encode()
+
+
+class Recent(Generic[V]):
+    """The values last put, by key: the newest ``size`` of them (the one put longest ago goes first).
+
+    What a service remembers of the keys it last read or wrote -- a :class:`Versioned` value to start a
+    :meth:`Store.modify` from (``known=``), or a value that never changes once written -- so the next write or
+    lookup of the same key saves its read. Only ever a hint for a compare-and-set, or a copy of a write-once
+    value: what it holds never decides anything a read of the store would decide differently.
+    """
+
+    def __init__(self, size: int = 1024) -> None:
+        if size < 1:
+            raise ValueError(f"size must be positive, not {size}")
+        self._size = size
+        self._values: OrderedDict[str, V] = OrderedDict()
+
+    def get(self, key: str) -> V | None:
+        return self._values.get(key)
+
+    def put(self, key: str, value: V) -> None:
+        self._values.pop(key, None)
+        self._values[key] = value
+        if len(self._values) > self._size:
+            self._values.popitem(last=False)
+
+    def pop(self, key: str) -> V | None:
+        return self._values.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._values)

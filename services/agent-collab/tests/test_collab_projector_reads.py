@@ -1,0 +1,145 @@
+"""The saga projector's reads on a real nats-server: what it remembers saves reads, never a fact.
+
+Most runs never collaborate, yet agent-collab projects each of their lifecycle events; the projector
+remembers the saga ids it resolved (write-once) and the sagas it last wrote (the base of its next
+compare-and-set), so one run's events take one read. Another projector's write in between (a second
+replica) makes the remembered saga stale: its compare-and-set loses and the saga is read again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from temporality_agent_collab.participants import SagaParticipants, saga_key
+from temporality_agent_collab.projector import Projector
+from temporality_bus import Bus, NatsSettings
+from temporality_protocol import (
+    Envelope,
+    EventData,
+    HumanAnswered,
+    OptionAnswer,
+    RunCompleted,
+    RunStarted,
+    derive_id,
+    make_event,
+)
+from temporality_protocol.catalog import BUCKET_COLLAB
+
+
+class Reads:
+    """Counts the ``STREAM.MSG.GET`` requests of the saga bucket, seen by a connection of its own."""
+
+    def __init__(self, nc: NATS) -> None:
+        self._nc = nc
+        self.count = 0
+
+    async def _seen(self, msg: Msg) -> None:
+        self.count += 1
+
+    async def start(self) -> None:
+        await self._nc.subscribe(f"$JS.API.STREAM.MSG.GET.KV_{BUCKET_COLLAB.name}", cb=self._seen)
+        await self._nc.flush()
+
+    async def settled(self) -> int:
+        """The count once every request made so far has reached this connection: the server forwards a
+        request before it answers the requester, and this PONG comes after what it forwarded."""
+        await self._nc.flush()
+        return self.count
+
+
+@pytest.fixture
+async def reads(nats_settings: NatsSettings) -> AsyncIterator[Reads]:
+    nc = await nats.connect(nats_settings.url)
+    counter = Reads(nc)
+    await counter.start()
+    yield counter
+    await nc.close()
+
+
+def _ev(data: EventData, run_id: str, correlation: str | None = None) -> Envelope:
+    return make_event(data, source="/test", run_id=run_id, correlation_id=correlation)
+
+
+def _lifecycle(run_id: str, agent: str, *, correlation: str | None = None) -> list[Envelope]:
+    answered = HumanAnswered(
+        request_id=derive_id("req", run_id),
+        run_id=run_id,
+        recipient="user:alice",
+        responder="user:alice",
+        answer=OptionAnswer(option_id="approve"),
+        channel="web",
+        waited_s=1.0,
+    )
+    return [
+        _ev(RunStarted(run_id=run_id, agent=agent, role="review", title="Review PR 7"), run_id, correlation),
+        _ev(answered, run_id, correlation),
+        _ev(RunCompleted(run_id=run_id, result="LGTM", turns=2), run_id, correlation),
+    ]
+
+
+async def _saga(bus: Bus, saga_id: str) -> SagaParticipants:
+    store = await bus.store(BUCKET_COLLAB, SagaParticipants)
+    found = await store.get(saga_key(saga_id))
+    assert found is not None, f"saga {saga_id} not stored"
+    return found.value
+
+
+async def test_a_runs_lifecycle_takes_one_read(bus: Bus, reads: Reads) -> None:
+    projector = await Projector.open(bus)
+    run_id = derive_id("run", "reads-one")
+    before = await reads.settled()
+    for event in _lifecycle(run_id, "reviewer"):
+        assert await projector.project(event)
+    assert await reads.settled() - before == 1  # the new saga's: nothing there yet, so it is created
+    saga = await _saga(bus, run_id)
+    assert saga.runs[run_id].status == "completed"
+    assert set(saga.humans) == {"alice"}
+
+
+async def test_a_redelivered_event_is_read_again_and_changes_nothing(bus: Bus, reads: Reads) -> None:
+    projector = await Projector.open(bus)
+    run_id = derive_id("run", "reads-redelivered")
+    events = _lifecycle(run_id, "reviewer")
+    for event in events:
+        await projector.project(event)
+    before = await reads.settled()
+    assert not await projector.project(events[1])  # "no change" is decided on what is stored: one read
+    assert await reads.settled() - before == 1
+    assert (await _saga(bus, run_id)).runs[run_id].status == "completed"
+
+
+async def test_another_replicas_write_in_between_is_kept(bus: Bus, reads: Reads) -> None:
+    """Two projectors (replicas) on one saga: each remembers a saga the other has changed since."""
+    a, b = await Projector.open(bus), await Projector.open(bus)
+    parent, child = derive_id("run", "reads-parent"), derive_id("run", "reads-child")
+    first, second = _lifecycle(parent, "planner"), _lifecycle(child, "reviewer", correlation=parent)
+    await a.project(first[0])  # a remembers the saga with the parent only
+    await b.project(second[0])  # b adds the child
+    before = await reads.settled()
+    assert await a.project(first[1])  # a's remembered saga is stale: its write loses, it reads, it writes
+    assert await reads.settled() - before >= 1
+    await b.project(second[2])
+    await a.project(first[2])
+    saga = await _saga(bus, parent)
+    assert {run: entry.status for run, entry in saga.runs.items()} == {parent: "completed", child: "completed"}
+    assert set(saga.humans) == {"alice"}
+
+
+async def test_a_run_indexed_by_another_replica_keeps_that_saga(bus: Bus) -> None:
+    """The index is first-writer-wins: a projector that did not write a run's entry reads it, whatever
+    saga the event it is projecting proposes."""
+    a, b = await Projector.open(bus), await Projector.open(bus)
+    run_id = derive_id("run", "reads-indexed")
+    saga_id = derive_id("saga", "reads-indexed")
+    started, answered, _ = _lifecycle(run_id, "reviewer", correlation=saga_id)
+    await a.project(started)
+    stray = answered.model_copy(update={"correlationid": None})  # would propose the run itself as its saga
+    assert await b.project(stray)
+    assert (await _saga(bus, saga_id)).humans["alice"].run_ids == [run_id]
+    store = await bus.store(BUCKET_COLLAB, SagaParticipants)
+    assert await store.get(saga_key(run_id)) is None  # no saga of its own was started for the run

@@ -9,16 +9,19 @@ replica) makes the remembered saga stale: its compare-and-set loses and the saga
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import nats
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from temporality_agent_collab.hosted import HostedAgent, HostedAgents, hosted_key
 from temporality_agent_collab.participants import SagaParticipants, saga_key
 from temporality_agent_collab.projector import Projector
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
+    AgentSummary,
     Envelope,
     EventData,
     HumanAnswered,
@@ -28,21 +31,22 @@ from temporality_protocol import (
     derive_id,
     make_event,
 )
-from temporality_protocol.catalog import BUCKET_COLLAB
+from temporality_protocol.catalog import BUCKET_AGENTS, BUCKET_COLLAB
 
 
 class Reads:
-    """Counts the ``STREAM.MSG.GET`` requests of the saga bucket, seen by a connection of its own."""
+    """Counts the ``STREAM.MSG.GET`` requests of one KV bucket, seen by a connection of its own."""
 
-    def __init__(self, nc: NATS) -> None:
+    def __init__(self, nc: NATS, bucket: str = BUCKET_COLLAB.name) -> None:
         self._nc = nc
+        self._bucket = bucket
         self.count = 0
 
     async def _seen(self, msg: Msg) -> None:
         self.count += 1
 
     async def start(self) -> None:
-        await self._nc.subscribe(f"$JS.API.STREAM.MSG.GET.KV_{BUCKET_COLLAB.name}", cb=self._seen)
+        await self._nc.subscribe(f"$JS.API.STREAM.MSG.GET.KV_{self._bucket}", cb=self._seen)
         await self._nc.flush()
 
     async def settled(self) -> int:
@@ -56,6 +60,15 @@ class Reads:
 async def reads(nats_settings: NatsSettings) -> AsyncIterator[Reads]:
     nc = await nats.connect(nats_settings.url)
     counter = Reads(nc)
+    await counter.start()
+    yield counter
+    await nc.close()
+
+
+@pytest.fixture
+async def card_reads(nats_settings: NatsSettings) -> AsyncIterator[Reads]:
+    nc = await nats.connect(nats_settings.url)
+    counter = Reads(nc, BUCKET_AGENTS.name)
     await counter.start()
     yield counter
     await nc.close()
@@ -143,3 +156,27 @@ async def test_a_run_indexed_by_another_replica_keeps_that_saga(bus: Bus) -> Non
     assert (await _saga(bus, saga_id)).humans["alice"].run_ids == [run_id]
     store = await bus.store(BUCKET_COLLAB, SagaParticipants)
     assert await store.get(saga_key(run_id)) is None  # no saga of its own was started for the run
+
+
+def _started(n: int) -> Envelope:
+    """The ``n``-th run of the agent ``reviewer``, started ``n`` minutes after the first."""
+    run_id = derive_id("run", f"card-{n}")
+    card = AgentSummary(provider="openai", model=f"model-{n}", tools=["ask_human"], max_turns=8, max_compute_s=60)
+    data = RunStarted(run_id=run_id, agent="reviewer", role="review", title="Review", agent_card=card)
+    return make_event(data, source="/test", run_id=run_id, time=datetime(2026, 12, 6, 4, n, tzinfo=UTC))
+
+
+async def test_a_hosted_agents_next_run_writes_its_card_without_a_read(bus: Bus, card_reads: Reads) -> None:
+    a, b = await HostedAgents.open(bus), await HostedAgents.open(bus)
+    first, second, third, fourth = (_started(n) for n in range(4))
+    assert await a.on_run_event(first)  # new: read (nothing there), created
+    before = await card_reads.settled()
+    assert await a.on_run_event(second)  # from what a wrote: no read
+    assert await card_reads.settled() == before
+    assert await b.on_run_event(third)  # b knows nothing yet: one read
+    assert await a.on_run_event(fourth)  # a's card is stale since b wrote: its write loses, it reads
+    assert await card_reads.settled() - before >= 2
+    store = await bus.store(BUCKET_AGENTS, HostedAgent)
+    stored = await store.get(hosted_key("reviewer"))
+    assert stored is not None
+    assert (stored.value.last_run_id, stored.value.summary.model) == (derive_id("run", "card-3"), "model-3")

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from temporality_bus import Bus, Store
+from temporality_bus import Bus, Recent, Store, Versioned
 from temporality_protocol import AgentCard, AgentSummary, Envelope, ProtocolError, RunStarted
 from temporality_protocol.catalog import BUCKET_AGENTS
 
@@ -76,6 +76,9 @@ class HostedAgents:
 
     def __init__(self, store: Store[HostedAgent]) -> None:
         self._store = store
+        #: agent id -> what this replica last read or wrote of its card: the base of the next compare-and-set
+        #: (a busy agent's every run writes it; stale after another replica's write, which then costs a read).
+        self._known: Recent[Versioned[HostedAgent]] = Recent(1024)
 
     @classmethod
     async def open(cls, bus: Bus) -> HostedAgents:
@@ -110,7 +113,15 @@ class HostedAgents:
             return fresh
 
         never = fresh.model_copy(update={"last_run_id": "", "last_started_at": _NEVER})  # older than any run
-        result = await self._store.modify(hosted_key(data.agent), newer, create=lambda: never, attempts=MODIFY_ATTEMPTS)
+        result = await self._store.modify(
+            hosted_key(data.agent),
+            newer,
+            create=lambda: never,
+            attempts=MODIFY_ATTEMPTS,
+            known=self._known.get(data.agent),
+        )
+        if result.revision > 0:
+            self._known.put(data.agent, result)
         return result.changed
 
     async def cards(self) -> list[AgentCard]:

@@ -385,13 +385,16 @@ async def test_a_read_gives_what_the_kv_client_reads(bus: Bus) -> None:
         await store.get("not a key")
 
 
-def test_recent_keeps_the_newest_puts_and_drops_the_oldest() -> None:
+def test_recent_keeps_the_most_recently_used_and_drops_the_oldest() -> None:
     recent: Recent[int] = Recent(2)
     recent.put("a", 1)
     recent.put("b", 2)
     recent.put("a", 3)  # put again: now the newest
-    recent.put("c", 4)  # one too many: "b", put longest ago, goes
+    recent.put("c", 4)  # one too many: "b", used longest ago, goes
     assert (recent.get("a"), recent.get("b"), recent.get("c"), len(recent)) == (3, None, 4, 2)
+    assert recent.get("a") == 3  # read: now the most recently used
+    recent.put("d", 5)
+    assert (recent.get("a"), recent.get("c"), recent.get("d")) == (3, None, 5)
     assert recent.pop("a") == 3
     assert recent.get("a") is None
     with pytest.raises(ValueError, match="positive"):

@@ -17,7 +17,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from temporality_agent_collab.hosted import HostedAgent, HostedAgents, hosted_key
-from temporality_agent_collab.participants import SagaParticipants, saga_key
+from temporality_agent_collab.participants import RunIndex, SagaParticipants, saga_key
 from temporality_agent_collab.projector import Projector
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
@@ -50,10 +50,15 @@ class Reads:
         await self._nc.flush()
 
     async def settled(self) -> int:
-        """The count once every request made so far has reached this connection: the server forwards a
-        request before it answers the requester, and this PONG comes after what it forwarded."""
-        await self._nc.flush()
-        return self.count
+        """The count once every request made so far has reached this connection (the server forwards each
+        request to it as it routes it; a flush's PONG comes after what was forwarded before its PING), taken
+        when two flushes in a row saw no more."""
+        while True:
+            seen = self.count
+            await self._nc.flush()
+            await self._nc.flush()
+            if self.count == seen:
+                return seen
 
 
 @pytest.fixture
@@ -124,6 +129,40 @@ async def test_a_redelivered_event_is_read_again_and_changes_nothing(bus: Bus, r
     assert not await projector.project(events[1])  # "no change" is decided on what is stored: one read
     assert await reads.settled() - before == 1
     assert (await _saga(bus, run_id)).runs[run_id].status == "completed"
+
+
+async def test_a_replica_that_did_not_see_the_run_start_reads_its_index_and_saga(bus: Bus, reads: Reads) -> None:
+    a, b = await Projector.open(bus), await Projector.open(bus)
+    run_id = derive_id("run", "reads-foreign")
+    saga_id = derive_id("saga", "reads-foreign")
+    started, answered, completed = _lifecycle(run_id, "reviewer", correlation=saga_id)
+    await a.project(started)
+    before = await reads.settled()
+    assert await b.project(answered)
+    assert await reads.settled() - before == 2  # the index entry, then the saga: as before remembering
+    assert await b.project(completed)
+    assert await reads.settled() - before == 2  # both remembered now
+    assert (await _saga(bus, saga_id)).runs[run_id].status == "completed"
+
+
+async def test_a_forgotten_run_is_looked_up_again_in_its_own_saga(bus: Bus) -> None:
+    """With room for one run and one saga, each run's next event evicts the other's: nothing is lost."""
+    projector = Projector(
+        await bus.store(BUCKET_COLLAB, SagaParticipants),
+        await bus.store(BUCKET_COLLAB, RunIndex),
+        remembered=1,
+        remembered_sagas=1,
+    )
+    first, second = derive_id("run", "evict-1"), derive_id("run", "evict-2")
+    sagas = {first: derive_id("saga", "evict-1"), second: derive_id("saga", "evict-2")}
+    lifecycles = {run: _lifecycle(run, "reviewer", correlation=sagas[run]) for run in (first, second)}
+    for step in range(3):
+        for run in (first, second):
+            assert await projector.project(lifecycles[run][step])
+    for run in (first, second):
+        saga = await _saga(bus, sagas[run])
+        assert {r: entry.status for r, entry in saga.runs.items()} == {run: "completed"}
+        assert saga.humans["alice"].run_ids == [run]
 
 
 async def test_another_replicas_write_in_between_is_kept(bus: Bus, reads: Reads) -> None:

@@ -352,12 +352,13 @@ class Store(Generic[M]):
 
 
 class Recent(Generic[V]):
-    """The values last put, by key: the newest ``size`` of them (the one put longest ago goes first).
+    """The values last put or read, by key: the ``size`` most recently used (the one used longest ago goes first).
 
     What a service remembers of the keys it last read or wrote -- a :class:`Versioned` value to start a
     :meth:`Store.modify` from (``known=``), or a value that never changes once written -- so the next write or
-    lookup of the same key saves its read. Only ever a hint for a compare-and-set, or a copy of a write-once
-    value: what it holds never decides anything a read of the store would decide differently.
+    lookup of the same key saves its read. Only ever a hint for a compare-and-set, or a copy of a value that is
+    never changed, deleted or purged once written: what it holds never decides anything a read of the store
+    would decide differently.
     """
 
     def __init__(self, size: int = 1024) -> None:
@@ -367,7 +368,10 @@ class Recent(Generic[V]):
         self._values: OrderedDict[str, V] = OrderedDict()
 
     def get(self, key: str) -> V | None:
-        return self._values.get(key)
+        value = self._values.get(key)
+        if value is not None:
+            self._values.move_to_end(key)
+        return value
 
     def put(self, key: str, value: V) -> None:
         self._values.pop(key, None)

@@ -11,14 +11,14 @@ The index is written before the saga, and both steps run on every delivery, so a
 them is repaired by the redelivery. Returning acks; an id that cannot be a KV key is permanent.
 
 Reads saved (most runs never collaborate, yet each of their lifecycle events is projected): a run's index
-entry never changes once written, so the projector remembers the saga ids it last resolved, and a new run's
-entry is created straight away (a read only when it exists already); a saga is changed from the value and
-revision this projector last read or wrote of it (``Store.modify(known=...)``): another replica's or writer's
-write since makes that compare-and-set lose, and the saga is read then. A run's three events (``run.started``,
-``human.answered``, ``run.completed``) thus take one read (the new saga's) instead of six.
-
-``agent.handed_off`` (AP-6) is about the handing run (its saga is the parent's); its child run is indexed
-into that saga too, so the child is in the saga before its own ``run.started`` is projected.
+entry never changes once written (nothing deletes or purges ``run.*``; were one purged, the replicas would
+have to be restarted), so the projector remembers the saga ids it resolved, and a run's ``run.started`` (or a
+handoff's child) creates the entry straight away -- a read only when it exists already; a small saga whose
+runs have not all ended is changed from the value and revision this projector last read or wrote of it
+(``Store.modify(known=...)``): another replica's or writer's write since makes that compare-and-set lose, and
+the saga is read then. On one replica, a run's three events (``run.started``, ``human.answered``,
+``run.completed``) thus take one read (the new saga's) instead of six; an event for a run another replica
+started reads the index, as before.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from temporality_agent_collab.participants import (
     saga_key,
 )
 from temporality_bus import AlreadyExists, Bus, Delivery, PermanentError, Recent, Store, TransientError, Versioned
-from temporality_protocol import AgentHandedOff, Envelope
+from temporality_protocol import RUN, AgentHandedOff, Envelope, RunStarted
 from temporality_protocol.catalog import BUCKET_COLLAB
 
 __all__ = ["Projector"]
@@ -48,20 +48,31 @@ log = structlog.get_logger(__name__)
 #: Compare-and-set attempts on one saga before the event is handed back to the consumer (nak with
 #: backoff): a saga is a hot key (every run and answer of the saga writes it), so more than the default.
 SAGA_WRITE_ATTEMPTS = 16
-#: How many runs' saga ids, and how many sagas' last known values, the projector remembers.
+#: How many runs' saga ids the projector remembers (a few dozen bytes each).
 REMEMBERED = 4096
+#: How many sagas' last known values it remembers, and only sagas of at most this many runs (a saga holds up to
+#: 512 applied event ids: a big collaboration's value is hundreds of KB in memory).
+REMEMBERED_SAGAS = 1024
+SMALL_SAGA_RUNS = 4
 
 
 class Projector:
     """Keeps ``collab-sagas`` up to date. Build with :meth:`open`; pass :meth:`handle` to a Consumer."""
 
-    def __init__(self, sagas: Store[SagaParticipants], index: Store[RunIndex], *, remembered: int = REMEMBERED) -> None:
+    def __init__(
+        self,
+        sagas: Store[SagaParticipants],
+        index: Store[RunIndex],
+        *,
+        remembered: int = REMEMBERED,
+        remembered_sagas: int = REMEMBERED_SAGAS,
+    ) -> None:
         self._sagas = sagas
         self._index = index
         #: run id -> its saga id, as the index holds it (write-once: never stale).
         self._saga_ids: Recent[str] = Recent(remembered)
         #: saga id -> what this projector last read or wrote of it (only the base of a compare-and-set).
-        self._known: Recent[Versioned[SagaParticipants]] = Recent(remembered)
+        self._known: Recent[Versioned[SagaParticipants]] = Recent(remembered_sagas)
 
     @classmethod
     async def open(cls, bus: Bus) -> Projector:
@@ -77,40 +88,58 @@ class Projector:
             return False
         try:
             run_id = run_of(event)
-            saga_id = await self._saga_for(run_id, saga_id_of(event))
+            saga_id = await self._saga_for(run_id, saga_id_of(event), new=event.type == RunStarted.EVENT_TYPE)
             if event.type == AgentHandedOff.EVENT_TYPE:  # AP-6: the child joins the handing run's saga
-                await self._saga_for(event.payload(AgentHandedOff).child_run_id, saga_id)
+                await self._saga_for(event.payload(AgentHandedOff).child_run_id, saga_id, new=True)
             changed = await self._apply(saga_id, event)
         except InvalidKey as exc:
             raise PermanentError(str(exc)) from exc
         log.info("collab.projected", saga_id=saga_id, changed=changed)
         return changed
 
-    async def _saga_for(self, run_id: str, proposed: str) -> str:
+    async def _saga_for(self, run_id: str, proposed: str, *, new: bool) -> str:
+        """The run's saga: the index entry (first writer wins), created with ``proposed`` if absent. ``new``: the
+        entry is most likely absent (a run's first event): created first, read only when that fails."""
         key = run_key(run_id)
         saga_key(proposed)  # validate before writing anything
         remembered = self._saga_ids.get(run_id)
         if remembered is not None:
             return remembered
-        try:  # first writer wins; a run's first event is usually the one that creates its entry
-            await self._index.create(key, RunIndex(saga_id=proposed))
-            saga_id = proposed
-        except AlreadyExists:
-            found = await self._index.get(key)
-            if found is None:  # pragma: no cover - keys are never deleted
-                raise TransientError(f"run index {key} vanished") from None
-            saga_id = found.value.saga_id
+        found = None if new else await self._index.get(key)
+        if found is None:
+            try:
+                await self._index.create(key, RunIndex(saga_id=proposed))
+            except AlreadyExists:
+                found = await self._index.get(key)
+                if found is None:  # pragma: no cover - keys are never deleted
+                    raise TransientError(f"run index {key} vanished") from None
+        saga_id = proposed if found is None else found.value.saga_id
         self._saga_ids.put(run_id, saga_id)
         return saga_id
 
     async def _apply(self, saga_id: str, event: Envelope) -> bool:
+        known = self._known.get(saga_id)
         result = await self._sagas.modify(
             saga_key(saga_id),
             lambda saga: apply(saga, event),
             create=lambda: new_saga(saga_id),
             attempts=SAGA_WRITE_ATTEMPTS,
-            known=self._known.get(saga_id),
+            known=known,
         )
-        if result.revision > 0:  # 0: nothing stored yet (the event changed nothing on a new saga)
-            self._known.put(saga_id, result)
+        self._remember(saga_id, result, known)
         return result.changed
+
+    def _remember(
+        self, saga_id: str, result: Versioned[SagaParticipants], known: Versioned[SagaParticipants] | None
+    ) -> None:
+        """Keep ``result`` as the base of the saga's next compare-and-set while that is likely to save a read: a
+        small saga with a run still going. A concurrent write's result that finished first is kept if newer."""
+        saga = result.value
+        if result.revision <= 0:  # nothing stored yet (the event changed nothing on a new saga)
+            return
+        if len(saga.runs) > SMALL_SAGA_RUNS or all(run.status in RUN.terminal for run in saga.runs.values()):
+            self._known.pop(saga_id)
+            return
+        latest = self._known.get(saga_id)
+        if latest is None or latest is known or latest.revision <= result.revision:
+            self._known.put(saga_id, result)

@@ -20,7 +20,10 @@ the I/O in an order where every step is idempotent under redelivery:
 4. Deliver along the profile (HUM-2): the preferred channel first, then the fallback order; a channel
    whose adapter does not run here, is down, has no identity for the person or refuses the delivery
    is skipped for the next. Record the channel, the sent copy (what the transport needs to edit it and
-   bind replies) and the failed attempts in one compare-and-set.
+   bind replies) and the failed attempts in one compare-and-set. The web inbox sends nothing (its delivery is
+   the stored record): when it is the first channel with an adapter here, its delivery is made before step 2
+   and stored in the create, with no compare-and-set (:func:`.delivery.deliver_with_record`); a request the
+   intake then cancels (its run ended first) has it taken back in the cancel's compare-and-set.
    (Before it is stored the record passes the egress policy, :mod:`.egress`: secrets in the title, the
    question, the context and the options are redacted, the counts kept in ``redactions``.)
 5. Once delivered, arm the timer of the timeout policy chain's first step (a reminder or the

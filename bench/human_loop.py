@@ -19,7 +19,9 @@ The figure is the service process's CPU (user + system, ``/proc``) over ``--loop
 ``--warmup``, until its consumers have settled every message; its ``human-interaction-requests`` retries
 (``handler.retry`` in its log) are counted too. ``--before SRC``: another checkout (``git worktree add
 /tmp/before main`` and ``make sync`` there) measured in alternating rounds, each on a fresh nats-server;
-medians over ``--rounds``. Prints figures; asserts nothing.
+medians over ``--rounds``; SRC may also be a copy of only some packages' sources, run with this checkout's venv
+(``git archive main services/human-interaction/src libs/bus/src | tar -x -C /tmp/hbefore``, then ``--before
+/tmp/hbefore``: the rest -- protocol, config/users.yaml -- is this checkout's). Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -69,6 +71,23 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+#: The packages a source-only copy (``--before`` without a ``.venv``) may hold, put ahead of this checkout's.
+_SOURCE_DIRS = ("services/human-interaction/src", "libs/bus/src", "libs/protocol/src", "libs/service/src")
+
+
+def interpreter(src: Path) -> tuple[Path, dict[str, str]]:
+    """The Python that runs checkout ``src`` and the environment it needs: the checkout's own ``.venv``, or, for a
+    copy of only some packages' sources (``git archive main services/human-interaction/src libs/bus/src | tar -x
+    -C /tmp/hbefore``), this checkout's ``.venv`` with those sources first on ``PYTHONPATH`` (ahead of the
+    editable installs, which come from ``.pth`` files)."""
+    if (src / ".venv" / "bin" / "python").exists():
+        return src / ".venv" / "bin" / "python", {}
+    dirs = [str(src / d) for d in _SOURCE_DIRS if (src / d).is_dir()]
+    if not dirs:
+        raise SystemExit(f"{src} has neither a .venv nor any of {', '.join(_SOURCE_DIRS)}")
+    return ROOT / ".venv" / "bin" / "python", {"PYTHONPATH": os.pathsep.join(dirs)}
+
+
 class Service:
     """The human-interaction process of checkout ``src`` against ``nats_url``, as ``temporality up`` runs it."""
 
@@ -78,12 +97,15 @@ class Service:
         self.port = free_port()
         self.ready = work / "human-interaction.ready"
         self.log = work / "human-interaction.log"
+        python, extra = interpreter(src)
+        users = src / "config" / "users.yaml"
         env = {
             "PATH": os.environ.get("PATH", ""),
+            **extra,
             "TEMPORALITY_NATS_URL": nats_url,
             "TEMPORALITY_HUMAN_HOST": "127.0.0.1",
             "TEMPORALITY_HUMAN_PORT": str(self.port),
-            "TEMPORALITY_HUMAN_USERS_FILE": str(src / "config" / "users.yaml"),
+            "TEMPORALITY_HUMAN_USERS_FILE": str(users if users.exists() else ROOT / "config" / "users.yaml"),
             "TEMPORALITY_API_TOKENS_FILE": str(work / "api-tokens.json"),
             "TEMPORALITY_LOG_LEVEL": "warning",
             "TEMPORALITY_LOG_FORMAT": "json",
@@ -92,7 +114,7 @@ class Service:
         (work / "api-tokens.json").write_text("[]", encoding="utf-8")
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                [str(src / ".venv" / "bin" / "python"), "-m", "temporality_human_interaction"],
+                [str(python), "-m", "temporality_human_interaction"],
                 env=env,
                 cwd=work,
                 stdin=subprocess.DEVNULL,
@@ -309,7 +331,13 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=20, help="loops in flight at once")
     parser.add_argument("--warmup", type=int, default=40, help="loops run first in each round and not counted")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per checkout (alternating with --before)")
-    parser.add_argument("--before", type=Path, help="another checkout (with its .venv) measured in alternate rounds")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="another checkout (with its .venv), or a copy of some packages' sources (git archive main "
+        "services/human-interaction/src libs/bus/src | tar -x -C DIR; run with this checkout's venv), "
+        "measured in alternate rounds",
+    )
     parser.add_argument(
         "--wire", action="store_true", help="count the service's bus requests per loop (a '>' subscriber) and list them"
     )

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from typing import ClassVar
 
 import httpx
 import pytest
 from human_support import ALICE, BOB, count_requests, events_of, requested, stored, timer_messages
 
 from temporality_bus import Bus, PermanentError, TransientError
-from temporality_human_interaction.channels import DeliveryFailed, DeliveryReceipt, WebInboxAdapter
+from temporality_human_interaction.channels import ChannelAdapter, DeliveryFailed, DeliveryReceipt, WebInboxAdapter
 from temporality_human_interaction.directory import Directory, UserProfile
-from temporality_human_interaction.records import HumanRequestRecord, open_store
+from temporality_human_interaction.records import HumanRequestRecord, SentCopy, open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_protocol import HumanExpired, HumanNotified, HumanRejected, HumanRequestState, derive_id, make_event
-from temporality_protocol.catalog import TIMER_SCHEDULE_HUMAN, TIMERS_STREAMS
+from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS, TIMER_SCHEDULE_HUMAN, TIMERS_STREAMS
 from temporality_protocol.events import HumanRequested
 
 
@@ -147,6 +148,95 @@ async def test_a_new_request_is_indexed_once_and_read_once(
     ]
     record_reads = [p for s, p in sent if s.endswith("STREAM.MSG.GET.KV_human-requests")]
     assert record_reads == []
+
+
+async def _record_writes(bus: Bus) -> int:
+    """How many writes the requests bucket has taken (its stream's last sequence: every write is one message)."""
+    info = await bus.js.stream_info(f"KV_{BUCKET_HUMAN_REQUESTS.name}")
+    return int(info.state.last_seq)
+
+
+async def test_a_web_delivery_is_stored_with_the_record_in_one_write(bus: Bus, handler: RequestHandler) -> None:
+    """alice prefers Matrix, which has no adapter here, then the web inbox, whose delivery is the stored record
+    itself (the inbox lists the stored pending requests; nothing is sent): the intake creates the record with its
+    channel, its copy and the Matrix attempt, and writes it once -- no compare-and-set after the create -- and
+    ``human.notified`` says what the delivery after the create used to say. (Until 2026-12-06: two writes.)"""
+    event = requested(recipient="user:alice")
+    request_id = str(event.data["request_id"])
+    before = await _record_writes(bus)
+    await handler.handle(event)
+
+    assert await _record_writes(bus) - before == 1
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.PENDING
+    assert record.channel == "web"
+    assert [(d.channel, d.reference, d.recipient) for d in record.deliveries] == [("web", request_id, None)]
+    assert [(f.channel, f.error) for f in record.failed_deliveries] == [
+        ("matrix", "no matrix adapter runs in this deployment")
+    ]
+    [notified] = await events_of(bus, "human.notified", wait_for=1)
+    payload = notified.payload(HumanNotified)
+    assert (payload.channel, payload.fallback_from) == ("web", "matrix")
+    assert [(a.channel, a.error) for a in payload.failed_attempts] == [
+        ("matrix", "no matrix adapter runs in this deployment")
+    ]
+    assert await timer_messages(bus, f"{TIMER_SCHEDULE_HUMAN}.{request_id}") == 1  # the deadline, as before
+
+
+class _SendingMatrix(ChannelAdapter):
+    """A channel that sends (as Matrix and Telegram do): it checks, as it sends, that the record is stored."""
+
+    name: ClassVar[str] = "matrix"
+
+    def __init__(self, bus: Bus) -> None:
+        self._bus = bus
+        self.stored_when_sent: list[bool] = []
+
+    async def initialize(self) -> None:
+        return None
+
+    async def shutdown(self) -> None:
+        return None
+
+    @property
+    def available(self) -> bool:
+        return True
+
+    def reaches(self, profile: UserProfile) -> bool:
+        return True
+
+    async def do_deliver(
+        self, request: HumanRequestRecord, profile: UserProfile, *, banner: str | None = None, tag: str = ""
+    ) -> DeliveryReceipt:
+        self.stored_when_sent.append(await stored(self._bus, request.request_id) is not None)
+        return DeliveryReceipt(channel=self.name, reference="$event", address="!room")
+
+    async def do_update(self, request: HumanRequestRecord, copy: SentCopy, responder_name: str | None) -> None:
+        return None
+
+    async def do_notify(self, profile: UserProfile, text: str, key: str) -> DeliveryReceipt:
+        raise DeliveryFailed("not here")
+
+
+async def test_a_channel_that_sends_still_sends_only_once_the_record_is_stored(bus: Bus, directory: Directory) -> None:
+    """Only a delivery that is the stored record itself is made before the create: a channel that sends comes
+    first for alice (Matrix), so the question goes out after the record is stored (an answer that comes before the
+    notification is never lost), and the delivery is recorded by a compare-and-set after it, as before."""
+    matrix = _SendingMatrix(bus)
+    async with WebInboxAdapter() as web:
+        handler = RequestHandler(bus, directory, {matrix.name: matrix, web.name: web})
+        event = requested(recipient="user:alice")
+        request_id = str(event.data["request_id"])
+        before = await _record_writes(bus)
+        await handler.handle(event)
+    assert matrix.stored_when_sent == [True]
+    assert await _record_writes(bus) - before == 2  # created, then delivered
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.channel == "matrix"
+    assert [(d.channel, d.reference) for d in record.deliveries] == [("matrix", "$event")]
+    assert record.failed_deliveries == []
 
 
 async def test_request_id_reused_by_another_run_is_permanent(bus: Bus, handler: RequestHandler) -> None:

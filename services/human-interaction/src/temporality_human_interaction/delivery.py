@@ -18,7 +18,7 @@ from temporality_human_interaction.directory import UserProfile
 from temporality_human_interaction.records import HumanRequestRecord
 from temporality_protocol.events import MAX_TEXT, DeliveryAttempt
 
-__all__ = ["deliver_along"]
+__all__ = ["deliver_along", "deliver_with_record"]
 
 log = structlog.get_logger(__name__)
 
@@ -38,7 +38,7 @@ async def deliver_along(
     for name in profile.channel_order():
         adapter = adapters.get(name)
         if adapter is None:
-            failures.append(DeliveryAttempt(channel=name, error=f"no {name} adapter runs in this deployment"))
+            failures.append(_no_adapter(name))
             continue
         try:
             receipt = await adapter.deliver(record, profile, banner=banner, tag=tag)
@@ -56,3 +56,33 @@ async def deliver_along(
         return receipt, failures
     detail = "; ".join(f"{f.channel}: {f.error}" for f in failures) or "no channel"
     raise TransientError(f"request {record.request_id} could not be delivered: {detail}")
+
+
+def _no_adapter(name: str) -> DeliveryAttempt:
+    return DeliveryAttempt(channel=name, error=f"no {name} adapter runs in this deployment")
+
+
+async def deliver_with_record(
+    adapters: Mapping[str, ChannelAdapter], record: HumanRequestRecord, profile: UserProfile
+) -> tuple[DeliveryReceipt, list[DeliveryAttempt]] | None:
+    """The question's delivery as :func:`deliver_along` would make it, when it can be made before the record is
+    stored: the first channel of the profile's order that has an adapter here delivers by the stored record itself
+    (the web inbox, :attr:`~.channels.ChannelAdapter.delivered_by_store`: nothing is sent) -- the channels before it
+    have no adapter in this deployment (reported as :func:`deliver_along` reports them). None otherwise (a channel
+    that sends comes first, or the web inbox cannot take it): the question is delivered once the record is stored.
+    """
+    failures: list[DeliveryAttempt] = []
+    for name in profile.channel_order():
+        adapter = adapters.get(name)
+        if adapter is None:
+            failures.append(_no_adapter(name))
+            continue
+        if not adapter.delivers_with_record(profile):
+            return None
+        try:
+            receipt = await adapter.deliver(record, profile)
+        except ChannelError:  # the usual path tries it again once the record is stored, and reports why
+            return None
+        log.info("delivery.with_record", channel=receipt.channel, failed=len(failures))
+        return receipt, failures
+    return None

@@ -20,7 +20,10 @@ the I/O in an order where every step is idempotent under redelivery:
 4. Deliver along the profile (HUM-2): the preferred channel first, then the fallback order; a channel
    whose adapter does not run here, is down, has no identity for the person or refuses the delivery
    is skipped for the next. Record the channel, the sent copy (what the transport needs to edit it and
-   bind replies) and the failed attempts in one compare-and-set.
+   bind replies) and the failed attempts in one compare-and-set. The web inbox sends nothing (its delivery is
+   the stored record): when it is the first channel with an adapter here, its delivery is made before step 2
+   and stored in the create, with no compare-and-set (:func:`.delivery.deliver_with_record`); a request the
+   intake then cancels (its run ended first) has it taken back in the cancel's compare-and-set.
    (Before it is stored the record passes the egress policy, :mod:`.egress`: secrets in the title, the
    question, the context and the options are redacted, the counts kept in ``redactions``.)
 5. Once delivered, arm the timer of the timeout policy chain's first step (a reminder or the
@@ -60,7 +63,7 @@ from temporality_bus import (
 from temporality_human_interaction.chain import arm_next_step, configured_steps, plan
 from temporality_human_interaction.channels import ChannelAdapter, DeliveryReceipt
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
-from temporality_human_interaction.delivery import deliver_along
+from temporality_human_interaction.delivery import deliver_along, deliver_with_record
 from temporality_human_interaction.directory import (
     Directory,
     UserProfile,
@@ -298,12 +301,16 @@ class RequestHandler:
             record = self._egress.redact_record(HumanRequestRecord.from_requested(event, payload, members))
             if record.redactions:
                 log.info("request.redacted", redacted=record.redactions)
+            if not decision.group:  # the web inbox: its delivery is the record, stored with it (no second write)
+                record = await self._delivered_with_record(record, decision.profile)
             try:
                 # the indexes first: a stored request is always listed (inbox) and found by the sweep (run)
                 if not first:
                     await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
                 await index_open(self._bus, record)
                 known = Versioned(record, await store.create(payload.request_id, record))
+                if record.channel is not None and self._recent is not None:  # the answer's compare-and-set base
+                    self._recent.put(payload.request_id, known)
                 indexed = True  # this record's entries (not those of one another delivery stored first)
                 log.info("request.stored", recipient=payload.recipient, expires_at=record.expires_at.isoformat())
                 dropped = configured_steps(record.policy.on_timeout) - len(plan(record))
@@ -331,8 +338,11 @@ class RequestHandler:
                 await index_open(self._bus, record)
             ended = await self._ended(record)
             if ended is not None:
+                # A delivery this call stored with the record (the web inbox) is taken back with the cancel: the
+                # request was never announced, and its record says so as before (no channel, no copy).
+                unsent = self._delivered_by_store if known is not None else None
                 cancelled = await cancel_pending(
-                    self._bus, record.request_id, ended, None, self._observer, self._mirror
+                    self._bus, record.request_id, ended, None, self._observer, self._mirror, unsent=unsent
                 )
                 record = cancelled or record
                 known = None
@@ -358,6 +368,31 @@ class RequestHandler:
                 fallback_from=fallback_from,
                 failed=[f.channel for f in record.failed_deliveries],
             )
+
+    async def _delivered_with_record(self, record: HumanRequestRecord, profile: UserProfile) -> HumanRequestRecord:
+        """``record`` with its delivery, when the person's first channel with an adapter here delivers by the stored
+        record itself (the web inbox: :func:`.delivery.deliver_with_record`): the create then stores the channel, the
+        sent copy and the channels tried before (none of them has an adapter here), and no compare-and-set after it
+        records them. Otherwise ``record`` as it is, delivered once it is stored (a channel that sends)."""
+        delivered = await deliver_with_record(self._adapters, record, profile)
+        if delivered is None:
+            return record
+        receipt, failures = delivered
+        copy = SentCopy(
+            channel=receipt.channel,
+            reference=receipt.reference or record.request_id,
+            address=receipt.address,
+            sent_at=datetime.now(UTC),
+        )
+        return evolve(record, channel=receipt.channel, deliveries=[copy], failed_deliveries=failures)
+
+    def _delivered_by_store(self, record: HumanRequestRecord) -> bool:
+        """Whether ``record`` was delivered, and only by channels whose delivery is the stored record (the web
+        inbox): nothing was sent to anyone."""
+        return bool(record.deliveries) and all(
+            (adapter := self._adapters.get(copy.channel)) is not None and adapter.delivered_by_store
+            for copy in record.deliveries
+        )
 
     async def _drop_entries(self, ours: HumanRequestRecord, stored: HumanRequestRecord) -> None:
         """The run entry and the inbox entries this intake wrote for ``ours`` before it found the id stored by

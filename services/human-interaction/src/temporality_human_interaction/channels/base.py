@@ -145,6 +145,16 @@ class ChannelAdapter(abc.ABC):
             raise ChannelUnavailable(f"channel {self.name} has no inbound side attached")
         return await self._inbound(answer)
 
+    #: Whether this channel's delivery is the stored record itself (the web inbox lists the stored pending
+    #: requests: nothing is sent). The intake then records such a delivery in the record it creates instead of a
+    #: compare-and-set after it (:meth:`delivers_with_record`); a channel that sends something never does.
+    delivered_by_store: ClassVar[bool] = False
+
+    def delivers_with_record(self, profile: UserProfile) -> bool:
+        """Whether a delivery to ``profile`` on this channel can be recorded in the record as it is created:
+        the channel's delivery is the stored record (:attr:`delivered_by_store`), and it runs and reaches them."""
+        return self.delivered_by_store and self.available and self.reaches(profile)
+
     def reaches(self, profile: UserProfile) -> bool:
         """Whether ``profile`` has an identity on this channel (no identity: unreachable, go to the next one)."""
         return self.name in profile.channels.names()

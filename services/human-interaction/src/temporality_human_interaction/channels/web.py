@@ -22,6 +22,8 @@ __all__ = ["WebInboxAdapter"]
 
 class WebInboxAdapter(ChannelAdapter):
     name: ClassVar[str] = "web"
+    #: The inbox lists the stored pending records: the intake records this delivery in the record it creates.
+    delivered_by_store: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._open = False
@@ -35,6 +37,9 @@ class WebInboxAdapter(ChannelAdapter):
     @property
     def available(self) -> bool:
         return self._open
+
+    def delivers_with_record(self, profile: UserProfile) -> bool:
+        return super().delivers_with_record(profile) and profile.has_inbox_token
 
     async def do_deliver(
         self, request: HumanRequestRecord, profile: UserProfile, *, banner: str | None = None, tag: str = ""

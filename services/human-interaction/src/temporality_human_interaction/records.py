@@ -8,13 +8,12 @@ change is a compare-and-set on the KV revision; status moves only along
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temporality_bus import Bus, Store, Versioned, evolve
+from temporality_bus import Bus, Recent, Store, Versioned, evolve
 from temporality_protocol import (
     HUMAN_REQUEST,
     Envelope,
@@ -227,29 +226,13 @@ class HumanRequestRecord(BaseModel):
 RequestStore = Store[HumanRequestRecord]
 
 
-class RecentRecords:
+class RecentRecords(Recent[Versioned[HumanRequestRecord]]):
     """The records this replica last wrote, with their revisions (the newest ``size``): a compare-and-set on one
     of them (the answer's binding) may start from it instead of reading it (``Store.modify(known=...)``).
 
     Only ever the base of a compare-and-set: a stale one (another replica or timer wrote the record since) loses
     it and the record is read, so what it holds never decides anything -- it saves the read when it is current.
     :meth:`pop` takes an entry out: the caller writes the record, which makes the entry stale anyway."""
-
-    def __init__(self, size: int = 1024) -> None:
-        self._size = size
-        self._records: OrderedDict[str, Versioned[HumanRequestRecord]] = OrderedDict()
-
-    def put(self, request_id: str, record: Versioned[HumanRequestRecord]) -> None:
-        self._records.pop(request_id, None)
-        self._records[request_id] = record
-        while len(self._records) > self._size:
-            self._records.popitem(last=False)
-
-    def pop(self, request_id: str) -> Versioned[HumanRequestRecord] | None:
-        return self._records.pop(request_id, None)
-
-    def __len__(self) -> int:
-        return len(self._records)
 
 
 async def open_store(bus: Bus) -> RequestStore:

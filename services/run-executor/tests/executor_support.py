@@ -29,7 +29,9 @@ from temporality_protocol.catalog import (
     BUCKET_RUNS,
     CONSUMERS,
     EVENTS_STREAM,
+    TIMER_FIRED_RUN_WATCHDOG,
     TIMER_SCHEDULE_RUN_WATCHDOG,
+    TIMERS_STREAMS,
 )
 from temporality_run_executor.__main__ import SPEC, configure
 from temporality_run_executor.agents import AgentCard, AgentDirectory, ProviderConfig
@@ -39,7 +41,7 @@ from temporality_run_executor.providers.factory import ProviderCache
 from temporality_run_executor.records import Checkpoint, Message, RunRecord
 from temporality_run_executor.settings import Settings
 from temporality_run_executor.tools import Tool, ToolRegistry
-from temporality_run_executor.watchdog import DEFAULT_GRACE_S
+from temporality_run_executor.watchdog import DEFAULT_GRACE_S, WatchdogPayload
 from temporality_service import run_until
 from temporality_testing.inprocess import Main
 from temporality_testing.timers import armed_schedules
@@ -237,6 +239,20 @@ async def handled(bus: Bus, durable: str, seq: int, *, stream: str = EVENTS_STRE
                 await asyncio.sleep(POLL_S)
     except TimeoutError:
         raise AssertionError(f"{durable} has not handled stream seq {seq} within {timeout_s}s: {info}") from None
+
+
+async def fire_watchdog(bus: Bus, run_id: str, turn: int) -> int:
+    """A watchdog firing for ``run_id`` armed at ``turn``, as the server publishes it; returns its sequence."""
+    now = datetime.now(UTC)
+    payload = WatchdogPayload(run_id=run_id, turn=turn, armed_at=now - timedelta(seconds=5), deadline=now)
+    published = await bus.publish_raw(f"{TIMER_FIRED_RUN_WATCHDOG}.{run_id}", payload.model_dump_json().encode(), {})
+    return published.seq
+
+
+async def watchdog_handled(bus: Bus, run_id: str, turn: int) -> None:
+    """:func:`fire_watchdog`, then wait (bounded) until the executor's watchdog consumer has handled the firing."""
+    seq = await fire_watchdog(bus, run_id, turn)
+    await handled(bus, CONSUMERS["run-executor-watchdog"].durable, seq, stream=TIMERS_STREAMS["run-executor"].name)
 
 
 async def watchdog_schedules(bus: Bus, run_id: str) -> int:

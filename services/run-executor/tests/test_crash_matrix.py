@@ -17,7 +17,10 @@ and each case proves:
 The second matrix does the same around ``ask_agent`` in wait mode (``agent.asked``, ``waiting_for_agent``,
 the routed ``agent.answer.received``). Bugs it found (fixed): a kill between a turn's checkpoint and its
 ``run.checkpointed`` lost that event; a kill after an agent's answer was applied left the run in
-``resuming`` (the redelivered answer was taken for a duplicate).
+``resuming`` (the redelivered answer was taken for a duplicate). Since the end is committed before its terminal
+event (``tests/test_terminal_race.py``), a kill between the two is a case of its own: the redelivered answer meets
+the finished run and publishes ``run.completed`` from its record -- and, like a kill after the end before the ack,
+journals no ``run.input_after_end`` for the answer it applied.
 """
 
 from __future__ import annotations
@@ -117,7 +120,10 @@ BOUNDARIES = [
     pytest.param("effect:ApplyResult", 1, "answer", False, id="answer-applied-run-still-waiting"),
     pytest.param("effect:Transition:resuming", 1, "answer", True, id="resumed-and-running-before-turn3"),
     pytest.param("provider_replied", 1, "answer", True, id="turn3-final-answer-not-stored"),
-    pytest.param("published:run.completed", 1, "answer", True, id="completed-published-not-recorded"),
+    # the end: the record first (its lease dropped), then run.completed built from it -- a kill in between leaves
+    # the event to the redelivered answer, which meets the finished run and publishes it from the record
+    pytest.param("effect:Transition:completed", 1, "answer", False, id="completed-recorded-not-published"),
+    pytest.param("published:run.completed", 1, "answer", False, id="completed-recorded-and-published-not-acked"),
     pytest.param("handled:HumanOutcome", 1, "answer", False, id="answer-done-not-acked"),
 ]
 
@@ -176,6 +182,7 @@ async def test_a_crash_at_each_boundary_loses_nothing_and_repeats_nothing(
     (asked,) = event_log.of_type("human.requested", run_id)
     assert asked.payload(HumanRequested).request_id == request_id
     assert not event_log.of_type("bus.dead_lettered")
+    assert not event_log.of_type("run.input_after_end", run_id)  # a redelivered answer it applied is no late input
 
     # no turn lost or applied twice
     ckpt = await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).get(run_id)
@@ -207,7 +214,8 @@ AGENT_BOUNDARIES = [
     pytest.param("effect:ApplyResult", 1, "answer", True, id="agent-answer-applied-not-running"),
     pytest.param("effect:Transition:running", 1, "answer", True, id="agent-running-again-before-turn2"),
     pytest.param("provider_replied", 1, "answer", True, id="after-agent-final-answer-not-stored"),
-    pytest.param("published:run.completed", 1, "answer", True, id="after-agent-completed-not-recorded"),
+    pytest.param("effect:Transition:completed", 1, "answer", False, id="after-agent-completed-recorded-not-published"),
+    pytest.param("published:run.completed", 1, "answer", False, id="after-agent-completed-published-not-acked"),
     pytest.param("handled:AgentNews", 1, "answer", False, id="agent-answer-done-not-acked"),
 ]
 
@@ -277,6 +285,7 @@ async def test_a_crash_around_a_waiting_ask_agent_asks_once_and_ends_once(
     (asked,) = event_log.of_type("agent.asked", run_id)
     assert asked.payload(AgentAsked).request_id == request_id
     assert not event_log.of_type("bus.dead_lettered")
+    assert not event_log.of_type("run.input_after_end", run_id)
     ckpt = await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).get(run_id)
     assert ckpt is not None
     saved = ckpt.value

@@ -15,6 +15,7 @@ from executor_support import (
     handled,
     run_record,
     run_requested,
+    watchdog_handled,
     watchdog_schedules,
     write_run,
 )
@@ -51,18 +52,6 @@ class HungProvider(HeldProvider):
         self, messages: list[Message], tools: list[ToolSpec], *, budget_s: float | None, context: TurnContext | None
     ) -> AssistantTurn:
         return AssistantTurn(tool_calls=[ToolCall(id="call-context", name="get_input", arguments={})])
-
-
-async def _fire(bus: Bus, run_id: str, turn: int) -> int:
-    """A watchdog firing for ``run_id`` armed at ``turn``, as the server publishes it; returns its sequence."""
-    now = datetime.now(UTC)
-    payload = WatchdogPayload(run_id=run_id, turn=turn, armed_at=now - timedelta(seconds=5), deadline=now)
-    published = await bus.publish_raw(f"{TIMER_FIRED_RUN_WATCHDOG}.{run_id}", payload.model_dump_json().encode(), {})
-    return published.seq
-
-
-async def _handled_firing(bus: Bus, run_id: str, turn: int) -> None:
-    await handled(bus, WATCHDOG.durable, await _fire(bus, run_id, turn), stream=TIMERS_STREAMS["run-executor"].name)
 
 
 async def test_a_run_hung_past_its_compute_limit_is_failed_by_the_watchdog(
@@ -114,7 +103,7 @@ async def test_a_run_waiting_for_a_human_is_left_alone(bus: Bus, event_log: Even
     assert await watchdog_schedules(bus, run_id) == 0  # parked: its watchdog is cancelled
     # a firing already on its way when it parked (at the turn it parked at) is ignored
     request = req.payload(HumanRequested)
-    await _handled_firing(bus, run_id, request.turn)
+    await watchdog_handled(bus, run_id, request.turn)
 
     async def still_waiting() -> bool:
         got = await (await bus.store(BUCKET_RUNS, RunRecord)).get(run_id)
@@ -145,7 +134,7 @@ async def test_a_firing_after_progress_watches_on_and_one_without_progress_fails
     run_id = "run-wd-direct"
     await write_run(bus, run_id, RunState.RUNNING, turn=2)  # a run left running, nobody driving it
 
-    await _handled_firing(bus, run_id, turn=1)  # armed at turn 1; the run has made progress since
+    await watchdog_handled(bus, run_id, turn=1)  # armed at turn 1; the run has made progress since
     assert (await run_record(bus, run_id, RunState.RUNNING)).error is None
     assert await watchdog_schedules(bus, run_id) == 1  # watched on from the turn it is at
     schedule = await bus.js.get_last_msg(TIMERS_STREAMS["run-executor"].name, f"{TIMER_SCHEDULE_RUN_WATCHDOG}.{run_id}")
@@ -154,12 +143,12 @@ async def test_a_firing_after_progress_watches_on_and_one_without_progress_fails
     limit = REVIEWER.limits.max_compute_s + 300
     assert rearmed.deadline - rearmed.armed_at == timedelta(seconds=limit)
 
-    await _handled_firing(bus, run_id, turn=2)  # no progress since that arm: stalled
+    await watchdog_handled(bus, run_id, turn=2)  # no progress since that arm: stalled
     record = await run_record(bus, run_id, RunState.FAILED)
     assert record.error is not None
     assert record.error.startswith("stalled: no progress in running at turn 2")
     assert await watchdog_schedules(bus, run_id) == 0
-    await _handled_firing(bus, run_id, turn=2)  # a repeat finds it finished: nothing more
+    await watchdog_handled(bus, run_id, turn=2)  # a repeat finds it finished: nothing more
     await event_log.caught_up()
     (failed,) = event_log.of_type("run.failed", run_id)
     assert failed.payload(RunFailed).reason == "stalled"
@@ -172,8 +161,8 @@ async def test_a_firing_on_a_waiting_or_finished_run_changes_nothing(
     await executor()
     run_id = f"run-wd-{state.value}"
     await write_run(bus, run_id, state, turn=2, waiting="hr-1" if state is RunState.WAITING_FOR_HUMAN else None)
-    await _handled_firing(bus, run_id, turn=2)
-    await _handled_firing(bus, "run-nobody-knows", turn=0)  # a run that does not exist: ignored too
+    await watchdog_handled(bus, run_id, turn=2)
+    await watchdog_handled(bus, "run-nobody-knows", turn=0)  # a run that does not exist: ignored too
     await run_record(bus, run_id, state)
     assert await watchdog_schedules(bus, run_id) == 0
     await event_log.caught_up()

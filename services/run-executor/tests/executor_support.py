@@ -16,8 +16,10 @@ import pytest
 from temporality_bus import Bus, Consumer
 from temporality_protocol import (
     Envelope,
+    HumanAnswered,
     HumanPolicy,
     LaunchSource,
+    OptionAnswer,
     RunRequested,
     RunState,
     TimeoutPolicy,
@@ -94,6 +96,20 @@ def run_requested(
         ),
     )
     return make_event(data, source="/test", id=f"evt-rr-{run_id}", run_id=run_id)
+
+
+def keep_v1(run_id: str, request_id: str, *, waited_s: float = 1.0) -> HumanAnswered:
+    """alice's answer to the reviewer's question ``request_id``: option ``keep-v1`` (keep the v1 contract), on the
+    web channel, after ``waited_s``."""
+    return HumanAnswered(
+        request_id=request_id,
+        run_id=run_id,
+        recipient="user:alice",
+        responder="user:alice",
+        answer=OptionAnswer(option_id="keep-v1"),
+        channel="web",
+        waited_s=waited_s,
+    )
 
 
 def expires_in(seconds: float) -> datetime:

@@ -29,15 +29,13 @@ import asyncio
 
 import pytest
 from executor_processes import Crash, Process, start_process
-from executor_support import REVIEWER, run_record, run_requested, settled
+from executor_support import REVIEWER, keep_v1, run_record, run_requested, settled
 
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
     AgentAnswerReceived,
     AgentAsked,
-    HumanAnswered,
     HumanRequested,
-    OptionAnswer,
     RunCompleted,
     RunState,
     RunUsage,
@@ -82,18 +80,6 @@ ASKER = AgentCard(
 
 async def _start(settings: NatsSettings, name: str, crash: Crash | None = None) -> Process:
     return await start_process(settings, name, [REVIEWER, ASKER], crash)
-
-
-def _answer(run_id: str, request_id: str) -> HumanAnswered:
-    return HumanAnswered(
-        request_id=request_id,
-        run_id=run_id,
-        recipient="user:alice",
-        responder="user:alice",
-        answer=OptionAnswer(option_id="keep-v1"),
-        channel="web",
-        waited_s=2.0,
-    )
 
 
 # (the seam, its nth passing, the phase whose handler dies, whether the dead driver holds the lease)
@@ -150,7 +136,7 @@ async def test_a_crash_at_each_boundary_loses_nothing_and_repeats_nothing(
     if phase == "answer":
         await run_record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_HUMAN)
         crash.armed = True
-        await bus.publish(make_event(_answer(run_id, request_id), source="/test", id=f"evt-ans-{run_id}"))
+        await bus.publish(make_event(keep_v1(run_id, request_id, waited_s=2.0), source="/test", id=f"evt-ans-{run_id}"))
     await asyncio.wait_for(crash.crashed.wait(), 30)
     await first.end()
 
@@ -165,7 +151,7 @@ async def test_a_crash_at_each_boundary_loses_nothing_and_repeats_nothing(
     processes.append(second)
     if phase == "start":
         await run_record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_HUMAN)
-        await bus.publish(make_event(_answer(run_id, request_id), source="/test", id=f"evt-ans-{run_id}"))
+        await bus.publish(make_event(keep_v1(run_id, request_id, waited_s=2.0), source="/test", id=f"evt-ans-{run_id}"))
     (completed,) = await event_log.wait_for("run.completed", run_id=run_id, timeout_s=60)
     done = await run_record(bus, run_id, lambda r: r.state is RunState.COMPLETED)
     await settled(bus)

@@ -13,6 +13,7 @@ from executor_support import (
     RunExecutor,
     disarmed,
     handled,
+    keep_v1,
     run_record,
     run_requested,
     watchdog_handled,
@@ -21,7 +22,7 @@ from executor_support import (
 )
 
 from temporality_bus import Bus
-from temporality_protocol import HumanAnswered, HumanRequested, OptionAnswer, RunFailed, RunState, make_event
+from temporality_protocol import HumanRequested, RunFailed, RunState, make_event
 from temporality_protocol.catalog import (
     BUCKET_RUNS,
     CONSUMERS,
@@ -111,15 +112,7 @@ async def test_a_run_waiting_for_a_human_is_left_alone(bus: Bus, event_log: Even
 
     # waiting longer than the compute limit plus grace (2 s) changes nothing: no watchdog counts it
     await stays(still_waiting, settle_s=3 * (TIGHT.limits.max_compute_s + GRACE_S), what="the run waiting")
-    answered = HumanAnswered(
-        request_id=request.request_id,
-        run_id=run_id,
-        recipient="user:alice",
-        responder="user:alice",
-        answer=OptionAnswer(option_id="keep-v1"),
-        channel="web",
-        waited_s=6.0,
-    )
+    answered = keep_v1(run_id, request.request_id, waited_s=6.0)
     await bus.publish(make_event(answered, source="/test", run_id=run_id))
     await event_log.wait_for("run.completed", run_id=run_id)
     await run_record(bus, run_id, RunState.COMPLETED)
@@ -201,15 +194,7 @@ async def test_a_resumed_run_failed_while_its_last_turn_is_in_the_provider_compl
         request = asked.payload(HumanRequested)
         held = gated["reviewer"]
         held.hold, parked_turns = True, held.calls  # the resumed turn (the last: the review) waits in the provider
-        answered = HumanAnswered(
-            request_id=request.request_id,
-            run_id=run_id,
-            recipient="user:alice",
-            responder="user:alice",
-            answer=OptionAnswer(option_id="keep-v1"),
-            channel="web",
-            waited_s=1.0,
-        )
+        answered = keep_v1(run_id, request.request_id)
         seq = (await bus.publish(make_event(answered, source="/test", id=f"evt-ans-{run_id}", run_id=run_id))).seq
         async with asyncio.timeout(30):
             await held.entered.wait()

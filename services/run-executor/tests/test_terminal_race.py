@@ -14,6 +14,7 @@ The end is now committed first, its event published after it, built from the rec
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from executor_support import HeldProvider, RunExecutor, handled, run_record, run_requested, watchdog_handled
 
@@ -51,28 +52,39 @@ async def _one_ending(event_log: EventLog, run_id: str, expected: str) -> None:
     await stays(only_expected, settle_s=1.0, what=f"one {expected} for {run_id}, no other terminal event")
 
 
-async def test_the_watchdog_failing_the_run_after_its_driver_decided_to_complete_it_leaves_one_ending(
-    bus: Bus, event_log: EventLog, executor: RunExecutor
-) -> None:
-    """The driver has decided to complete the run (its final answer in); before any of the end's effects, the
-    watchdog fails the run (stalled at turn 0). The driver's end then loses its compare-and-set and publishes
-    nothing: the journal has ``run.failed`` only, as the record says."""
+async def _finish_with(bus: Bus, executor: RunExecutor, point: str, meanwhile: Callable[[str], Awaitable[None]]) -> str:
+    """Run the finisher; the first time its driver passes ``point``, hold it there while ``meanwhile(run_id)``
+    runs to its end. Returns the run id once the run's ``run.requested`` is handled."""
     engine = await executor(cards=[FINISHER])
     event = run_requested(agent=FINISHER.id)
     run_id = event.runid
     assert run_id
     interleaved = asyncio.Event()
 
-    async def watchdog_first(point: str) -> None:
-        if point == "decided:ProviderReplied" and not interleaved.is_set():
+    async def hold(passing: str) -> None:
+        if passing == point and not interleaved.is_set():
             interleaved.set()
-            await watchdog_handled(bus, run_id, turn=0)  # the real watchdog consumer ends the run meanwhile
-            await run_record(bus, run_id, RunState.FAILED)
+            await meanwhile(run_id)
 
-    engine.crash_point = watchdog_first
+    engine.crash_point = hold
     requested = await bus.publish(event)
     await handled(bus, "run-executor-requests", requested.seq)
     assert interleaved.is_set()
+    return run_id
+
+
+async def test_the_watchdog_failing_the_run_after_its_driver_decided_to_complete_it_leaves_one_ending(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    """The driver has decided to complete the run (its final answer in); before any of the end's effects, the
+    watchdog fails the run (stalled at turn 0). The driver's end then loses its compare-and-set and publishes
+    nothing: the journal has ``run.failed`` only, as the record says."""
+
+    async def watchdog_fails_it(run_id: str) -> None:
+        await watchdog_handled(bus, run_id, turn=0)  # the real watchdog consumer ends the run meanwhile
+        await run_record(bus, run_id, RunState.FAILED)
+
+    run_id = await _finish_with(bus, executor, "decided:ProviderReplied", watchdog_fails_it)
     await _one_ending(event_log, run_id, "run.failed")
     record = await run_record(bus, run_id, RunState.FAILED)
     (failed,) = event_log.of_type("run.failed", run_id)
@@ -89,23 +101,13 @@ async def test_the_watchdog_firing_after_the_end_is_committed_but_before_its_eve
     """The driver has committed the end (the record says completed) and not published its event yet; the watchdog
     fires then. It fails nothing (the run has ended), and publishes the record's ``run.completed`` (the disarm had
     not gone out: the driver may have died); the driver's own publish of it is the same id, deduplicated."""
-    engine = await executor(cards=[FINISHER])
-    event = run_requested(agent=FINISHER.id)
-    run_id = event.runid
-    assert run_id
-    interleaved = asyncio.Event()
 
-    async def watchdog_between(point: str) -> None:
-        if point == "effect:Transition:completed" and not interleaved.is_set():
-            interleaved.set()
-            await watchdog_handled(bus, run_id, turn=0)
-            # the driver is held here, so this is the watchdog's: what recovers a driver killed at this point
-            await event_log.wait_for("run.completed", run_id=run_id)
+    async def watchdog_fires(run_id: str) -> None:
+        await watchdog_handled(bus, run_id, turn=0)
+        # the driver is held here, so this is the watchdog's: what recovers a driver killed at this point
+        await event_log.wait_for("run.completed", run_id=run_id)
 
-    engine.crash_point = watchdog_between
-    requested = await bus.publish(event)
-    await handled(bus, "run-executor-requests", requested.seq)
-    assert interleaved.is_set()
+    run_id = await _finish_with(bus, executor, "effect:Transition:completed", watchdog_fires)
     await _one_ending(event_log, run_id, "run.completed")
     record = await run_record(bus, run_id, RunState.COMPLETED)
     (completed,) = event_log.of_type("run.completed", run_id)

@@ -422,8 +422,8 @@ class Engine:
 
         Whatever the reason (failures used up the deliveries, a process died every time it handled the
         message so the delivery past the limit never ran the handler, a permanent error), the run the
-        message drives moves to ``failed`` with ``run.failed`` reason ``infrastructure_error``: published
-        first, with the run's deterministic failure id (a repeat is deduplicated), then committed. A run
+        message drives moves to ``failed`` with ``run.failed`` reason ``infrastructure_error``: committed
+        first, then published with the run's deterministic failure id (a repeat is deduplicated). A run
         already finished, one waiting for a person, or one another message drives (a stale duplicate,
         an answer to an older request) is left alone (:func:`~temporality_run_executor.machine.drives`).
         Idempotent: the consumer runs it again whenever the dead-lettering has to be retried.

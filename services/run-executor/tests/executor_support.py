@@ -16,8 +16,10 @@ import pytest
 from temporality_bus import Bus, Consumer
 from temporality_protocol import (
     Envelope,
+    HumanAnswered,
     HumanPolicy,
     LaunchSource,
+    OptionAnswer,
     RunRequested,
     RunState,
     TimeoutPolicy,
@@ -29,7 +31,9 @@ from temporality_protocol.catalog import (
     BUCKET_RUNS,
     CONSUMERS,
     EVENTS_STREAM,
+    TIMER_FIRED_RUN_WATCHDOG,
     TIMER_SCHEDULE_RUN_WATCHDOG,
+    TIMERS_STREAMS,
 )
 from temporality_run_executor.__main__ import SPEC, configure
 from temporality_run_executor.agents import AgentCard, AgentDirectory, ProviderConfig
@@ -39,7 +43,7 @@ from temporality_run_executor.providers.factory import ProviderCache
 from temporality_run_executor.records import Checkpoint, Message, RunRecord
 from temporality_run_executor.settings import Settings
 from temporality_run_executor.tools import Tool, ToolRegistry
-from temporality_run_executor.watchdog import DEFAULT_GRACE_S
+from temporality_run_executor.watchdog import DEFAULT_GRACE_S, WatchdogPayload
 from temporality_service import run_until
 from temporality_testing.inprocess import Main
 from temporality_testing.timers import armed_schedules
@@ -92,6 +96,20 @@ def run_requested(
         ),
     )
     return make_event(data, source="/test", id=f"evt-rr-{run_id}", run_id=run_id)
+
+
+def keep_v1(run_id: str, request_id: str, *, waited_s: float = 1.0) -> HumanAnswered:
+    """alice's answer to the reviewer's question ``request_id``: option ``keep-v1`` (keep the v1 contract), on the
+    web channel, after ``waited_s``."""
+    return HumanAnswered(
+        request_id=request_id,
+        run_id=run_id,
+        recipient="user:alice",
+        responder="user:alice",
+        answer=OptionAnswer(option_id="keep-v1"),
+        channel="web",
+        waited_s=waited_s,
+    )
 
 
 def expires_in(seconds: float) -> datetime:
@@ -237,6 +255,20 @@ async def handled(bus: Bus, durable: str, seq: int, *, stream: str = EVENTS_STRE
                 await asyncio.sleep(POLL_S)
     except TimeoutError:
         raise AssertionError(f"{durable} has not handled stream seq {seq} within {timeout_s}s: {info}") from None
+
+
+async def fire_watchdog(bus: Bus, run_id: str, turn: int) -> int:
+    """A watchdog firing for ``run_id`` armed at ``turn``, as the server publishes it; returns its sequence."""
+    now = datetime.now(UTC)
+    payload = WatchdogPayload(run_id=run_id, turn=turn, armed_at=now - timedelta(seconds=5), deadline=now)
+    published = await bus.publish_raw(f"{TIMER_FIRED_RUN_WATCHDOG}.{run_id}", payload.model_dump_json().encode(), {})
+    return published.seq
+
+
+async def watchdog_handled(bus: Bus, run_id: str, turn: int) -> None:
+    """:func:`fire_watchdog`, then wait (bounded) until the executor's watchdog consumer has handled the firing."""
+    seq = await fire_watchdog(bus, run_id, turn)
+    await handled(bus, CONSUMERS["run-executor-watchdog"].durable, seq, stream=TIMERS_STREAMS["run-executor"].name)
 
 
 async def watchdog_schedules(bus: Bus, run_id: str) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from executor_support import PR_WITH_CONTRACT_CHANGE, RunExecutor, run_record, run_requested, settled
+from executor_support import PR_WITH_CONTRACT_CHANGE, RunExecutor, keep_v1, run_record, run_requested, settled
 
 from temporality_bus import Bus
 from temporality_protocol import (
@@ -17,9 +17,7 @@ from temporality_protocol import (
     AgentAnswerReceived,
     AgentMessageReceived,
     Envelope,
-    HumanAnswered,
     HumanRequested,
-    OptionAnswer,
     RunCancelRequested,
     RunInputAfterEnd,
     RunState,
@@ -65,15 +63,7 @@ async def test_an_answer_for_a_cancelled_run_is_journaled_not_applied(
     await bus.publish(make_event(cancel, source="/test", run_id=run_id))
     await run_record(bus, run_id, RunState.CANCELLED)
     request_id = requested.payload(HumanRequested).request_id
-    answered = HumanAnswered(
-        request_id=request_id,
-        run_id=run_id,
-        recipient="user:alice",
-        responder="user:alice",
-        answer=OptionAnswer(option_id="keep-v1"),
-        channel="web",
-        waited_s=5.0,
-    )
+    answered = keep_v1(run_id, request_id, waited_s=5.0)
     answer = make_event(answered, source="/test", id=f"evt-ans-{run_id}", run_id=run_id)
     await _twice(bus, answer)
     (after,) = await _journaled_once(bus, event_log, run_id, 1)

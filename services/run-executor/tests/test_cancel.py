@@ -17,15 +17,14 @@ from executor_support import (
     RunExecutor,
     disarmed,
     handled,
+    keep_v1,
     run_record,
     run_requested,
 )
 
 from temporality_bus import Bus
 from temporality_protocol import (
-    HumanAnswered,
     HumanRequested,
-    OptionAnswer,
     RunCancelled,
     RunCancelRequested,
     RunState,
@@ -68,15 +67,7 @@ async def test_cancelling_a_parked_run_ends_it_and_a_late_answer_is_ignored(
     assert record.waiting_request_id is None
     await disarmed(bus, run_id, settle_s=0.5)  # just after the move
     # the person answers anyway (human-interaction had not cancelled the request yet): nothing moves
-    answered = HumanAnswered(
-        request_id=request.request_id,
-        run_id=run_id,
-        recipient="user:alice",
-        responder="user:alice",
-        answer=OptionAnswer(option_id="keep-v1"),
-        channel="web",
-        waited_s=1.0,
-    )
+    answered = keep_v1(run_id, request.request_id)
     await handled(
         bus, "run-executor-human", (await bus.publish(make_event(answered, source="/test", run_id=run_id))).seq
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from executor_support import REVIEWER, executor_main, handled, run_record, run_requested, settled, write_run
+from executor_support import REVIEWER, executor_main, handled, keep_v1, run_record, run_requested, settled, write_run
 from machine_support import T0, make_checkpoint, make_run
 
 from temporality_bus import Bus, NatsSettings
@@ -31,7 +31,6 @@ from temporality_protocol import (
     HumanAnswered,
     HumanPolicy,
     HumanRequested,
-    OptionAnswer,
     RunCancelRequested,
     RunCreated,
     RunInputAfterEnd,
@@ -108,16 +107,8 @@ def _acts(decision: Decision) -> list[Any]:
     return [e for e in decision.effects if not isinstance(e, Note)]
 
 
-def _answered(request_id: str = REQUEST_ID) -> HumanAnswered:
-    return HumanAnswered(
-        request_id=request_id,
-        run_id=RUN_ID,
-        recipient="user:alice",
-        responder="user:alice",
-        answer=OptionAnswer(option_id="keep-v1"),
-        channel="web",
-        waited_s=30.0,
-    )
+def _answered() -> HumanAnswered:
+    return keep_v1(RUN_ID, REQUEST_ID, waited_s=30.0)
 
 
 def _fired(run_id: str = RUN_ID) -> RetentionFired:
@@ -362,15 +353,7 @@ async def test_a_finished_runs_checkpoint_is_removed_after_its_retention_and_its
         assert parked.pending is not None
         assert await armed_schedules(bus, _schedule_subject(run_id)) == 0  # not finished: nothing armed
         request_id = requested.payload(HumanRequested).request_id
-        answered = HumanAnswered(
-            request_id=request_id,
-            run_id=run_id,
-            recipient="user:alice",
-            responder="user:alice",
-            answer=OptionAnswer(option_id="keep-v1"),
-            channel="web",
-            waited_s=1.0,
-        )
+        answered = keep_v1(run_id, request_id)
         await bus.publish(make_event(answered, source="/test", id=f"evt-ans-{run_id}", run_id=run_id))
         await event_log.wait_for("run.completed", run_id=run_id)
         done = await run_record(bus, run_id, RunState.COMPLETED)

@@ -17,7 +17,10 @@ and each case proves:
 The second matrix does the same around ``ask_agent`` in wait mode (``agent.asked``, ``waiting_for_agent``,
 the routed ``agent.answer.received``). Bugs it found (fixed): a kill between a turn's checkpoint and its
 ``run.checkpointed`` lost that event; a kill after an agent's answer was applied left the run in
-``resuming`` (the redelivered answer was taken for a duplicate).
+``resuming`` (the redelivered answer was taken for a duplicate). Since the end is committed before its terminal
+event (``tests/test_terminal_race.py``), a kill between the two is a case of its own: the redelivered answer meets
+the finished run and publishes ``run.completed`` from its record -- and, like a kill after the end before the ack,
+journals no ``run.input_after_end`` for the answer it applied.
 """
 
 from __future__ import annotations
@@ -26,15 +29,13 @@ import asyncio
 
 import pytest
 from executor_processes import Crash, Process, start_process
-from executor_support import REVIEWER, run_record, run_requested, settled
+from executor_support import REVIEWER, keep_v1, run_record, run_requested, settled
 
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
     AgentAnswerReceived,
     AgentAsked,
-    HumanAnswered,
     HumanRequested,
-    OptionAnswer,
     RunCompleted,
     RunState,
     RunUsage,
@@ -81,18 +82,6 @@ async def _start(settings: NatsSettings, name: str, crash: Crash | None = None) 
     return await start_process(settings, name, [REVIEWER, ASKER], crash)
 
 
-def _answer(run_id: str, request_id: str) -> HumanAnswered:
-    return HumanAnswered(
-        request_id=request_id,
-        run_id=run_id,
-        recipient="user:alice",
-        responder="user:alice",
-        answer=OptionAnswer(option_id="keep-v1"),
-        channel="web",
-        waited_s=2.0,
-    )
-
-
 # (the seam, its nth passing, the phase whose handler dies, whether the dead driver holds the lease)
 BOUNDARIES = [
     # run.requested's handler: the start (its record created without a read first; the first checkpoint sent
@@ -117,7 +106,10 @@ BOUNDARIES = [
     pytest.param("effect:ApplyResult", 1, "answer", False, id="answer-applied-run-still-waiting"),
     pytest.param("effect:Transition:resuming", 1, "answer", True, id="resumed-and-running-before-turn3"),
     pytest.param("provider_replied", 1, "answer", True, id="turn3-final-answer-not-stored"),
-    pytest.param("published:run.completed", 1, "answer", True, id="completed-published-not-recorded"),
+    # the end: the record first (its lease dropped), then run.completed built from it -- a kill in between leaves
+    # the event to the redelivered answer, which meets the finished run and publishes it from the record
+    pytest.param("effect:Transition:completed", 1, "answer", False, id="completed-recorded-not-published"),
+    pytest.param("published:run.completed", 1, "answer", False, id="completed-recorded-and-published-not-acked"),
     pytest.param("handled:HumanOutcome", 1, "answer", False, id="answer-done-not-acked"),
 ]
 
@@ -144,7 +136,7 @@ async def test_a_crash_at_each_boundary_loses_nothing_and_repeats_nothing(
     if phase == "answer":
         await run_record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_HUMAN)
         crash.armed = True
-        await bus.publish(make_event(_answer(run_id, request_id), source="/test", id=f"evt-ans-{run_id}"))
+        await bus.publish(make_event(keep_v1(run_id, request_id, waited_s=2.0), source="/test", id=f"evt-ans-{run_id}"))
     await asyncio.wait_for(crash.crashed.wait(), 30)
     await first.end()
 
@@ -159,7 +151,7 @@ async def test_a_crash_at_each_boundary_loses_nothing_and_repeats_nothing(
     processes.append(second)
     if phase == "start":
         await run_record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_HUMAN)
-        await bus.publish(make_event(_answer(run_id, request_id), source="/test", id=f"evt-ans-{run_id}"))
+        await bus.publish(make_event(keep_v1(run_id, request_id, waited_s=2.0), source="/test", id=f"evt-ans-{run_id}"))
     (completed,) = await event_log.wait_for("run.completed", run_id=run_id, timeout_s=60)
     done = await run_record(bus, run_id, lambda r: r.state is RunState.COMPLETED)
     await settled(bus)
@@ -176,6 +168,7 @@ async def test_a_crash_at_each_boundary_loses_nothing_and_repeats_nothing(
     (asked,) = event_log.of_type("human.requested", run_id)
     assert asked.payload(HumanRequested).request_id == request_id
     assert not event_log.of_type("bus.dead_lettered")
+    assert not event_log.of_type("run.input_after_end", run_id)  # a redelivered answer it applied is no late input
 
     # no turn lost or applied twice
     ckpt = await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).get(run_id)
@@ -207,7 +200,8 @@ AGENT_BOUNDARIES = [
     pytest.param("effect:ApplyResult", 1, "answer", True, id="agent-answer-applied-not-running"),
     pytest.param("effect:Transition:running", 1, "answer", True, id="agent-running-again-before-turn2"),
     pytest.param("provider_replied", 1, "answer", True, id="after-agent-final-answer-not-stored"),
-    pytest.param("published:run.completed", 1, "answer", True, id="after-agent-completed-not-recorded"),
+    pytest.param("effect:Transition:completed", 1, "answer", False, id="after-agent-completed-recorded-not-published"),
+    pytest.param("published:run.completed", 1, "answer", False, id="after-agent-completed-published-not-acked"),
     pytest.param("handled:AgentNews", 1, "answer", False, id="agent-answer-done-not-acked"),
 ]
 
@@ -277,6 +271,7 @@ async def test_a_crash_around_a_waiting_ask_agent_asks_once_and_ends_once(
     (asked,) = event_log.of_type("agent.asked", run_id)
     assert asked.payload(AgentAsked).request_id == request_id
     assert not event_log.of_type("bus.dead_lettered")
+    assert not event_log.of_type("run.input_after_end", run_id)
     ckpt = await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).get(run_id)
     assert ckpt is not None
     saved = ckpt.value

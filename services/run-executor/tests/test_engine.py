@@ -283,8 +283,9 @@ async def test_transitions_are_idempotent_and_a_stale_driver_moves_on(
     (req,) = await event_log.wait_for("human.requested", run_id=run_id)
     await _answer(bus, req.payload(HumanRequested), OptionAnswer(option_id="keep-v1"))
     done = await run_record(bus, run_id, RunState.COMPLETED)
-    # a finished run's record is never rewritten, and failing it afterwards is refused quietly
-    assert (await engine._transition(run_id, RunState.COMPLETED, result="other")).result == done.result
+    # a finished run's record is never rewritten: a second end (the same or another) is refused quietly
+    with pytest.raises(RunMovedOn):
+        await engine._transition(run_id, RunState.COMPLETED, result="other")
     with pytest.raises(RunMovedOn):
         await engine._transition(run_id, RunState.FAILED, error="late")
     assert (await run_record(bus, run_id)).result == done.result

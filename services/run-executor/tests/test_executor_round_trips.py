@@ -43,7 +43,8 @@ from temporality_testing.events import EventLog
 PARK_REQUESTS = 22
 #: The resume (the outcome applied), the last turn and the end (retention armed): the record and checkpoint
 #: read; the checkpoint written with run.resumed and the watchdog; the record (running); the record read after
-#: the provider; run.streamed and run.completed; the record (completed); the watchdog off and the retention.
+#: the provider; run.streamed; the record (completed); run.completed, the watchdog off and the retention (the
+#: end's event after its record since 6 December: the same requests and waits).
 RESUME_REQUESTS = 12
 #: The same, as waits one after the other (requests in flight together count once).
 PARK_SEQUENTIAL = 14
@@ -167,10 +168,10 @@ async def test_a_parked_and_resumed_run_costs_a_bounded_number_of_requests(
     )
     requests.counting = True
     await bus.publish(make_event(answer, source="/test", id=f"evt-ans-{run_id}", run_id=run_id))
-    # the end: run.completed, the move to completed, the watchdog off and the retention armed
+    # the end: the move to completed, then run.completed, the watchdog off and the retention armed
     resume_waits = _executor(
         await requests.until(
-            "temporality.events.run.completed", record, f"temporality.timers.schedule.run-retention.{run_id}"
+            record, "temporality.events.run.completed", f"temporality.timers.schedule.run-retention.{run_id}"
         )
     )
     resume = [(s, began) for s, began in resume_waits if s != SETTLE]

@@ -82,6 +82,7 @@ from temporality_run_executor.machine import (
     apply_result,
     decide,
     drives,
+    ending_event,
     flagged,
     human_outcome,
     moved,
@@ -204,7 +205,7 @@ def test_an_unknown_agent_fails_the_run() -> None:
         request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID, marker_checked=True
     )
     decision = _decide(_run(RunState.PENDING), None, incoming, agent=None)
-    assert _kinds(decision) == ["Publish", "Publish", "Transition", "DisarmWatchdog", "ArmRetention"]
+    assert _kinds(decision) == ["Publish", "Transition", "Publish", "DisarmWatchdog", "ArmRetention"]
     failed = _published(decision)[1]
     assert isinstance(failed, RunFailed)
     assert failed.reason == "unknown_agent"
@@ -476,9 +477,14 @@ def test_a_repeated_outcome_for_an_applied_request_is_a_no_op() -> None:
     # while the run waits on its next request: nothing but a log line
     later = _decide(_run(RunState.WAITING_FOR_HUMAN, waiting_request_id="hr-next"), ckpt, outcome)
     assert (_kinds(later), later.then) == ([], None)
-    # after it finished (any ending): journaled as run.input_after_end, never applied
+    # after it finished (any ending): it was applied before the end, so this is its redelivery (its handler died
+    # before the ack): no run.input_after_end
     for state in (RunState.COMPLETED, RunState.CANCELLED, RunState.FAILED):
-        decision = _decide(_run(state), ckpt, outcome)
+        again = _decide(_run(state), ckpt, outcome)
+        assert [type(e) for e in again.effects] == [ArmRetention, Note]
+    # one it never applied: journaled as run.input_after_end, never applied
+    for state in (RunState.COMPLETED, RunState.CANCELLED, RunState.FAILED):
+        decision = _decide(_run(state), _ckpt(turn=2), outcome)
         assert decision.then is None
         after, retain = decision.effects  # its checkpoint still there: retention armed (again)
         assert retain == ArmRetention()
@@ -494,7 +500,7 @@ def test_a_repeated_outcome_for_an_applied_request_is_a_no_op() -> None:
             detail=f"run {RUN_ID} is {state.value}: the answer to {REQUEST_ID} was not applied",
         )
     # ... also when its card is gone meanwhile (never a run.failed for a finished run)
-    assert _kinds(_decide(_run(RunState.COMPLETED), ckpt, outcome, agent=None)) == ["Publish", "ArmRetention"]
+    assert _kinds(_decide(_run(RunState.COMPLETED), _ckpt(turn=2), outcome, agent=None)) == ["Publish", "ArmRetention"]
     # running on the strength of it (its resumer died): this delivery drives the run on
     assert _decide(_run(RunState.RUNNING), ckpt, outcome).then == Boundary(recovery=True)
     # applying an outcome the run is not waiting for is refused for good
@@ -595,7 +601,7 @@ def test_cancel_while_waiting_cancels_at_once_and_a_driven_run_at_its_next_bound
     assert flagged_run is not None
     assert flagged(flagged_run, request.model_copy(update={"event_id": "evt-c2"}), T0) is None  # the first wins
     cancel = _decide(flagged_run, _ckpt(), CancelRecorded("on-call"))
-    assert _kinds(cancel) == ["Publish", "Transition", "DisarmWatchdog", "ArmRetention"]
+    assert _kinds(cancel) == ["Transition", "Publish", "DisarmWatchdog", "ArmRetention"]
     (cancelled,) = [e for e in cancel.effects if isinstance(e, Publish)]
     totals = RunUsage(turns=1)  # _ckpt(): one committed turn, no tool calls, no tokens
     assert cancelled.data == RunCancelled(run_id=RUN_ID, reason="wrong PR (requested by on-call)", usage=totals)
@@ -626,10 +632,10 @@ def test_a_cancel_before_its_run_leaves_a_marker_the_run_adopts_at_once() -> Non
     # at once, no checkpoint, no lease, no provider call
     requested = Requested(request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID)
     adopted = _decide(_run(RunState.PENDING, cancel=request), None, requested)
-    assert _kinds(adopted) == ["Publish", "Publish", "Transition", "DisarmWatchdog", "ArmRetention"]
+    assert _kinds(adopted) == ["Publish", "Transition", "Publish", "DisarmWatchdog", "ArmRetention"]
     assert [type(d) for d in _published(adopted)] == [RunCreated, RunCancelled]
     assert adopted.then is None
-    cancelled = adopted.effects[1]
+    cancelled = adopted.effects[2]
     assert isinstance(cancelled, Publish)
     assert cancelled.causation == "evt-c1"
     assert cancelled.data == RunCancelled(
@@ -646,10 +652,57 @@ def test_moves_go_through_the_state_machine() -> None:
     with pytest.raises(RunMovedOn):
         moved(waiting, RunState.RUNNING, {}, T0)  # never back to running without resuming
     done = _run(RunState.COMPLETED, result="ok")
-    assert moved(done, RunState.COMPLETED, {"result": "other"}, T0) is None  # a finished record is final
+    for end in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED):  # a run ends once: a second end is stale
+        with pytest.raises(RunMovedOn):
+            moved(done, end, {"result": "other"}, T0)
     resuming = moved(waiting, RunState.RESUMING, {}, T0 + timedelta(seconds=1))
     assert resuming is not None
     assert (resuming.state, resuming.updated_at) == (RunState.RESUMING, T0 + timedelta(seconds=1))
+
+
+def _ended_by(decision: Decision, run: RunRecord) -> tuple[RunRecord, Publish]:
+    """The record ``decision``'s end commits, and its terminal event (published after the commit)."""
+    (move,) = [e for e in decision.effects if isinstance(e, Transition)]
+    kinds = [type(e) for e in decision.effects]
+    assert kinds.index(Transition) < max(i for i, k in enumerate(kinds) if k is Publish)  # the record first
+    ended = moved(run, move.target, move.changes, T0)
+    assert ended is not None
+    return ended, decision.effects[kinds.index(Transition) + 1]  # type: ignore[return-value]
+
+
+def test_an_end_is_committed_first_and_its_event_is_the_records() -> None:
+    """The record is the terminal event's outbox: the event a decision publishes after its end's compare-and-set
+    is the one :func:`ending_event` builds from the committed record -- what a recovery publishes again."""
+    flagged_run = _run(
+        RunState.WAITING_FOR_HUMAN,
+        cancel=CancelRequest(reason="wrong PR", requested_by="on-call", requested_at=T0, event_id="evt-c1"),
+    )
+    reply = ProviderReplied(turn=2, reply=AssistantTurn(content="LGTM " * 5000), elapsed_s=0.1)
+    expired = DeadLettered("run.requested", "evt-1", None, 3, "RuntimeError: " + "boom " * 2000)
+    endings = [
+        (_run(RunState.RUNNING), _decide(_run(RunState.RUNNING), _ckpt(), reply), RunCompleted),
+        (flagged_run, _decide(flagged_run, _ckpt(), CancelRecorded("on-call")), RunCancelled),
+        (_run(RunState.PENDING), _decide(_run(RunState.PENDING), None, expired), RunFailed),
+    ]
+    requested = Requested(request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID)
+    for before, decision, kind in endings:
+        ended, announced = _ended_by(decision, before)
+        assert isinstance(announced, Publish)
+        assert isinstance(announced.data, kind)
+        assert ending_event(ended) == announced  # the same data, causation and id, built from the record alone
+        # a finished run: its event again only when its ender may have died before publishing it
+        first = _decide(ended, _ckpt(), requested)
+        assert [type(d) for d in _published(first)] == [RunCreated]  # a duplicate run.requested: nothing more
+        again = _decide(ended, _ckpt(), requested, attempt=Attempt(delivered=2))  # its redelivery
+        assert [e for e in again.effects if isinstance(e, Publish)][1:] == [announced]
+        fired = _decide(ended, _ckpt(), _fired(turn=1))  # the watchdog it did not disarm
+        assert [e for e in fired.effects if isinstance(e, Publish)] == [announced]
+        # a record that ended before records held their ending published its event first: nothing again
+        assert ending_event(ended.model_copy(update={"ending": None})) is None
+    # a run ends once: a second end (a racing watchdog, cancel or driver) is refused, so it publishes nothing
+    done, _ = _ended_by(endings[0][1], _run(RunState.RUNNING))
+    with pytest.raises(RunMovedOn):
+        moved(done, RunState.FAILED, {"error": "stalled: late"}, T0)
 
 
 # --------------------------------------------------------------------------- watchdog and dead letters

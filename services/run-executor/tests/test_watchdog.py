@@ -13,14 +13,16 @@ from executor_support import (
     RunExecutor,
     disarmed,
     handled,
+    keep_v1,
     run_record,
     run_requested,
+    watchdog_handled,
     watchdog_schedules,
     write_run,
 )
 
 from temporality_bus import Bus
-from temporality_protocol import HumanAnswered, HumanRequested, OptionAnswer, RunFailed, RunState, make_event
+from temporality_protocol import HumanRequested, RunFailed, RunState, make_event
 from temporality_protocol.catalog import (
     BUCKET_RUNS,
     CONSUMERS,
@@ -51,18 +53,6 @@ class HungProvider(HeldProvider):
         self, messages: list[Message], tools: list[ToolSpec], *, budget_s: float | None, context: TurnContext | None
     ) -> AssistantTurn:
         return AssistantTurn(tool_calls=[ToolCall(id="call-context", name="get_input", arguments={})])
-
-
-async def _fire(bus: Bus, run_id: str, turn: int) -> int:
-    """A watchdog firing for ``run_id`` armed at ``turn``, as the server publishes it; returns its sequence."""
-    now = datetime.now(UTC)
-    payload = WatchdogPayload(run_id=run_id, turn=turn, armed_at=now - timedelta(seconds=5), deadline=now)
-    published = await bus.publish_raw(f"{TIMER_FIRED_RUN_WATCHDOG}.{run_id}", payload.model_dump_json().encode(), {})
-    return published.seq
-
-
-async def _handled_firing(bus: Bus, run_id: str, turn: int) -> None:
-    await handled(bus, WATCHDOG.durable, await _fire(bus, run_id, turn), stream=TIMERS_STREAMS["run-executor"].name)
 
 
 async def test_a_run_hung_past_its_compute_limit_is_failed_by_the_watchdog(
@@ -114,7 +104,7 @@ async def test_a_run_waiting_for_a_human_is_left_alone(bus: Bus, event_log: Even
     assert await watchdog_schedules(bus, run_id) == 0  # parked: its watchdog is cancelled
     # a firing already on its way when it parked (at the turn it parked at) is ignored
     request = req.payload(HumanRequested)
-    await _handled_firing(bus, run_id, request.turn)
+    await watchdog_handled(bus, run_id, request.turn)
 
     async def still_waiting() -> bool:
         got = await (await bus.store(BUCKET_RUNS, RunRecord)).get(run_id)
@@ -122,15 +112,7 @@ async def test_a_run_waiting_for_a_human_is_left_alone(bus: Bus, event_log: Even
 
     # waiting longer than the compute limit plus grace (2 s) changes nothing: no watchdog counts it
     await stays(still_waiting, settle_s=3 * (TIGHT.limits.max_compute_s + GRACE_S), what="the run waiting")
-    answered = HumanAnswered(
-        request_id=request.request_id,
-        run_id=run_id,
-        recipient="user:alice",
-        responder="user:alice",
-        answer=OptionAnswer(option_id="keep-v1"),
-        channel="web",
-        waited_s=6.0,
-    )
+    answered = keep_v1(run_id, request.request_id, waited_s=6.0)
     await bus.publish(make_event(answered, source="/test", run_id=run_id))
     await event_log.wait_for("run.completed", run_id=run_id)
     await run_record(bus, run_id, RunState.COMPLETED)
@@ -145,7 +127,7 @@ async def test_a_firing_after_progress_watches_on_and_one_without_progress_fails
     run_id = "run-wd-direct"
     await write_run(bus, run_id, RunState.RUNNING, turn=2)  # a run left running, nobody driving it
 
-    await _handled_firing(bus, run_id, turn=1)  # armed at turn 1; the run has made progress since
+    await watchdog_handled(bus, run_id, turn=1)  # armed at turn 1; the run has made progress since
     assert (await run_record(bus, run_id, RunState.RUNNING)).error is None
     assert await watchdog_schedules(bus, run_id) == 1  # watched on from the turn it is at
     schedule = await bus.js.get_last_msg(TIMERS_STREAMS["run-executor"].name, f"{TIMER_SCHEDULE_RUN_WATCHDOG}.{run_id}")
@@ -154,12 +136,12 @@ async def test_a_firing_after_progress_watches_on_and_one_without_progress_fails
     limit = REVIEWER.limits.max_compute_s + 300
     assert rearmed.deadline - rearmed.armed_at == timedelta(seconds=limit)
 
-    await _handled_firing(bus, run_id, turn=2)  # no progress since that arm: stalled
+    await watchdog_handled(bus, run_id, turn=2)  # no progress since that arm: stalled
     record = await run_record(bus, run_id, RunState.FAILED)
     assert record.error is not None
     assert record.error.startswith("stalled: no progress in running at turn 2")
     assert await watchdog_schedules(bus, run_id) == 0
-    await _handled_firing(bus, run_id, turn=2)  # a repeat finds it finished: nothing more
+    await watchdog_handled(bus, run_id, turn=2)  # a repeat finds it finished: nothing more
     await event_log.caught_up()
     (failed,) = event_log.of_type("run.failed", run_id)
     assert failed.payload(RunFailed).reason == "stalled"
@@ -172,8 +154,8 @@ async def test_a_firing_on_a_waiting_or_finished_run_changes_nothing(
     await executor()
     run_id = f"run-wd-{state.value}"
     await write_run(bus, run_id, state, turn=2, waiting="hr-1" if state is RunState.WAITING_FOR_HUMAN else None)
-    await _handled_firing(bus, run_id, turn=2)
-    await _handled_firing(bus, "run-nobody-knows", turn=0)  # a run that does not exist: ignored too
+    await watchdog_handled(bus, run_id, turn=2)
+    await watchdog_handled(bus, "run-nobody-knows", turn=0)  # a run that does not exist: ignored too
     await run_record(bus, run_id, state)
     assert await watchdog_schedules(bus, run_id) == 0
     await event_log.caught_up()
@@ -212,15 +194,7 @@ async def test_a_resumed_run_failed_while_its_last_turn_is_in_the_provider_compl
         request = asked.payload(HumanRequested)
         held = gated["reviewer"]
         held.hold, parked_turns = True, held.calls  # the resumed turn (the last: the review) waits in the provider
-        answered = HumanAnswered(
-            request_id=request.request_id,
-            run_id=run_id,
-            recipient="user:alice",
-            responder="user:alice",
-            answer=OptionAnswer(option_id="keep-v1"),
-            channel="web",
-            waited_s=1.0,
-        )
+        answered = keep_v1(run_id, request.request_id)
         seq = (await bus.publish(make_event(answered, source="/test", id=f"evt-ans-{run_id}", run_id=run_id))).seq
         async with asyncio.timeout(30):
             await held.entered.wait()

@@ -50,6 +50,15 @@ Every fact is published with a deterministic id *before* the state that records 
 crash at any point is repaired by redelivery: the replay republishes the same ids (deduplicated) and
 continues from the last checkpoint (AP-8), announcing it with ``run.resumed`` (reason ``recovery``).
 
+Except the run's end: its terminal state is committed *first* (one compare-and-set, which a run already ended by
+another handler -- the watchdog, a cancel, a racing driver -- refuses, so the loser publishes nothing), and only
+then its terminal event, built from the committed record (the record is its outbox:
+:class:`~temporality_run_executor.records.Ending`), with the run's deterministic id. So a run has one terminal
+event, and it is the one its record says. A driver that dies between the two leaves a finished record whose
+event is not out: the redelivery of its message (its handler never acked), the watchdog it never disarmed, or
+the dead-letter hook meets the finished run and publishes the event from the record again, the same id
+(:func:`~temporality_run_executor.machine.ending_event`; deduplicated when it did go out).
+
 No run is ever left behind:
 
 * **dead-lettered** (:meth:`Engine.on_dead_letter`, the consumers' dead-letter hook): when the runner
@@ -313,8 +322,9 @@ class Engine:
         #: service. Awaited at each named point of the driver (:meth:`_seam`), so a test can stop the
         #: "process" exactly there: ``effect:<Effect>`` (``effect:Transition:<state>``) after an effect is
         #: committed, ``published:<event type>`` after an event is stored, ``provider_replied`` /
-        #: ``tool_returned`` after a call came back (its result not stored yet), ``handled:<Incoming>``
-        #: when a handler is done (before its message is acked).
+        #: ``tool_returned`` after a call came back (its result not stored yet), ``decided:<Incoming>`` once the
+        #: machine decided on a step (before any of its effects), ``handled:<Incoming>`` when a handler is done
+        #: (before its message is acked).
         self.crash_point: Callable[[str], Awaitable[None]] | None = None
         #: Runs whose card's provider is an external agent (AP-5): their turns go to the agent instead.
         self.external = ExternalAgents(bus, self._emit)
@@ -412,8 +422,8 @@ class Engine:
 
         Whatever the reason (failures used up the deliveries, a process died every time it handled the
         message so the delivery past the limit never ran the handler, a permanent error), the run the
-        message drives moves to ``failed`` with ``run.failed`` reason ``infrastructure_error``: published
-        first, with the run's deterministic failure id (a repeat is deduplicated), then committed. A run
+        message drives moves to ``failed`` with ``run.failed`` reason ``infrastructure_error``: committed
+        first, then published with the run's deterministic failure id (a repeat is deduplicated). A run
         already finished, one waiting for a person, or one another message drives (a stale duplicate,
         an answer to an older request) is left alone (:func:`~temporality_run_executor.machine.drives`).
         Idempotent: the consumer runs it again whenever the dead-lettering has to be retried.
@@ -507,6 +517,8 @@ class Engine:
             decision = decide(
                 view.run, view.ckpt, agent, step, now=self.clock(), attempt=attempt, redactor=self.redactor
             )
+            if self.crash_point is not None:
+                await self._seam("decided", type(step).__name__)
             step = await self._perform(view, agent, decision)
         await self._settle(view)  # everything sent is stored before the message is acked
 

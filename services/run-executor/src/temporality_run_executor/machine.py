@@ -29,7 +29,10 @@ The rules the machine keeps:
   index, request id); request ids from (run, turn, call index). A replay after a crash between the
   provider's reply, a tool's side effect and the checkpoint republishes the same ids (deduplicated):
   no question is asked twice.
-* **Facts before state.** Every event is published before the state that records it is committed.
+* **Facts before state.** Every event is published before the state that records it is committed -- except the
+  run's end (:func:`_end`): its terminal state is committed first (a run ends once: a second end is refused), then
+  its terminal event, built from the committed record (:func:`ending_event`), published again from the record by
+  a redelivery or the watchdog that meets the finished run (:func:`_ended`).
 * **Limits exclude waiting.** ``compute_s`` sums the provider and tool time of committed turns; a
   parked run has no watchdog and spends nothing.
 
@@ -138,6 +141,7 @@ from temporality_run_executor.records import (
     Checkpoint,
     ElicitAnswer,
     Elicitation,
+    Ending,
     Lease,
     Message,
     ParkedOutcome,
@@ -253,6 +257,7 @@ __all__ = [
     "drives",
     "elicit_request_id",
     "elicitation_answered",
+    "ending_event",
     "flagged",
     "frame",
     "handed_off_to",
@@ -329,6 +334,12 @@ class Attempt:
     driver: str = "driver"
     #: How long a lease lasts past its last renewal (tied to the consumers' ack wait).
     lease_s: float = 30.0
+
+    @property
+    def redelivered(self) -> bool:
+        """An earlier delivery of this message was not acked: its handler failed, or died (maybe between a run's
+        end and its terminal event: :func:`_ended`)."""
+        return self.delivered > 1
 
     @property
     def last(self) -> bool:
@@ -989,7 +1000,7 @@ def _decide(
                 return _decision(MarkCancel(request), then=replace(incoming, marked=True))
             return _decision(FlagCancel(request), then=CancelRecorded(incoming.requested_by))
         case CancelRecorded():
-            return _cancel_recorded(run, checkpoint, incoming)
+            return _cancel_recorded(run, checkpoint, incoming, attempt)
         case Boundary(recovery=recovery):
             return _boundary(run, checkpoint, agent, attempt, now, redactor, recovery=recovery)
         case Parked():
@@ -1031,7 +1042,9 @@ def _requested(
     created = Publish(RunCreated(run_id=run.run_id, agent=run.agent, title=run.title, launch=run.launch))
     if run.state not in (RunState.PENDING, RunState.RUNNING):  # parked, resuming or finished
         return _decision(
-            created, *_retain(run, ckpt), Note("run.requested.duplicate", fields={"state": run.state.value})
+            created,
+            *_ended(run, ckpt, again=attempt.redelivered),
+            Note("run.requested.duplicate", fields={"state": run.state.value}),
         )
     if run.state is RunState.PENDING and run.cancel is not None:  # asked to stop before it started
         return _decision(created, *_cancel(run, run.cancel, _totals(ckpt)))
@@ -1096,12 +1109,17 @@ def _human_outcome(
         return _decision(Reject(f"{incoming.event_type} for unknown run {incoming.run_id}"))
     request_id = incoming.request_id
     if run.state in RUN.terminal:  # it ended meanwhile (cancelled, failed...): journaled, never applied
+        ended = _ended(run, ckpt, again=attempt.redelivered)
+        if ckpt is not None and (
+            request_id in ckpt.applied_requests or any(o.request_id == request_id for o in ckpt.outcomes)
+        ):  # applied before the run ended: this is a redelivery of it (its handler died before the ack)
+            return _decision(*ended, Note("human.outcome.duplicate", fields={"state": run.state.value}))
         what = {"answer": "the answer to", "expiry": "the expiry of", "rejection": "the rejection of"}[incoming.reason]
         return _decision(
             _after_end(
                 run, incoming.event_type, incoming.event_id, request_id, incoming.sender, f"{what} {request_id}"
             ),
-            *_retain(run, ckpt),
+            *ended,
         )
     if agent is None:
         return _decision(*_unknown_agent(run, ckpt))
@@ -1331,10 +1349,14 @@ def _agent_news(
     if run.state in RUN.terminal:  # it ended meanwhile: journaled, never applied
         what = {"ask": "the message", "answer": "the answer to"}.get(mail.kind, f"the {mail.kind} notice of")
         what += "" if mail.kind == "ask" else f" {mail.request_id}"
+        ended = _ended(run, ckpt, again=attempt.redelivered)
+        if ckpt is not None and (mail.key in ckpt.mail_keys or mail.key == ckpt.resumed_by):
+            # queued or applied before the run ended: a redelivery of it (its handler died before the ack)
+            return _decision(*ended, Note("agent.message.duplicate", fields={**fields, "state": run.state.value}))
         return _decision(
             Note("agent.message.run_finished", "warning", {**fields, "state": run.state.value}),
             _after_end(run, incoming.event_type, incoming.event_id, mail.request_id, mail.sender, what),
-            *_retain(run, ckpt),
+            *ended,
         )
     if ckpt is None:
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
@@ -1427,7 +1449,8 @@ def _agent_acted(
         return _decision(Note("agent.task.unknown_run", "warning", fields))
     if run.state in RUN.terminal:
         return _decision(
-            *_retain(run, ckpt), Note("agent.task.run_finished", fields={**fields, "state": run.state.value})
+            *_ended(run, ckpt, again=attempt.redelivered),
+            Note("agent.task.run_finished", fields={**fields, "state": run.state.value}),
         )
     wait_id = turn_wait_id(incoming.task_id, incoming.turn)
     if run.state is RunState.WAITING_FOR_AGENT and run.waiting_request_id == wait_id:
@@ -1499,14 +1522,16 @@ def _agent_looked(
     )
 
 
-def _cancel_recorded(run: RunRecord | None, ckpt: Checkpoint | None, incoming: CancelRecorded) -> Decision:
+def _cancel_recorded(
+    run: RunRecord | None, ckpt: Checkpoint | None, incoming: CancelRecorded, attempt: Attempt
+) -> Decision:
     """RUN-2: a run nobody is driving (pending, parked) is cancelled at once; a driven one by its driver at
     the next turn boundary; a finished one ignores it."""
     if run is None:
         return _decision()
     if run.state in RUN.terminal or run.cancel is None:
         fields = {"state": run.state.value, "requested_by": incoming.requested_by}
-        return _decision(*_retain(run, ckpt), Note("run.cancel.ignored", fields=fields))
+        return _decision(*_ended(run, ckpt, again=attempt.redelivered), Note("run.cancel.ignored", fields=fields))
     if run.state in (RunState.PENDING, RunState.WAITING_FOR_HUMAN, RunState.WAITING_FOR_AGENT):
         return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
     fields = {"state": run.state.value, "requested_by": incoming.requested_by}
@@ -2340,8 +2365,8 @@ def _watchdog_fired(
             )
         deadline = AgentActed(run.run_id, task_id_for(run.run_id), payload.agent_turn, "", deadline=True)
         return _agent_acted(run, ckpt, deadline, now, attempt)
-    if run.state not in ACTIVE:  # waiting for a person, or finished
-        return _decision(*_retain(run, ckpt), Note("watchdog.ignored", fields={"state": run.state.value}))
+    if run.state not in ACTIVE:  # waiting for a person, or finished (its end's publish may have been cut off)
+        return _decision(*_ended(run, ckpt, again=True), Note("watchdog.ignored", fields={"state": run.state.value}))
     if turn != payload.turn:
         # progress since the arm, and nobody armed it again (the driver died right after): watch on
         fields = {"armed_turn": payload.turn, "turn": turn, "state": run.state.value}
@@ -2368,7 +2393,7 @@ def _dead_lettered(run: RunRecord | None, ckpt: Checkpoint | None, incoming: Dea
         return _decision(Note("run.dead_letter.unknown_run", fields={"ce_type": incoming.event_type}))
     if not drives(run, ckpt, incoming.event_type, incoming.request_id):
         fields = {"state": run.state.value, "ce_type": incoming.event_type}
-        return _decision(*_retain(run, ckpt), Note("run.dead_letter.not_its_driver", fields=fields))
+        return _decision(*_ended(run, ckpt, again=True), Note("run.dead_letter.not_its_driver", fields=fields))
     if run.cancel is not None:  # it was to stop anyway: what it was asked for, not a failure
         return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
     error = (
@@ -2438,42 +2463,68 @@ def _totals(
 
 
 def _complete(run: RunRecord, result: str, totals: RunUsage) -> tuple[Effect, ...]:
-    turns = totals.turns
-    return (
-        Publish(RunCompleted(run_id=run.run_id, result=result[:16384], turns=turns, usage=totals)),
-        Transition(RunState.COMPLETED, {"result": result, "usage": totals}),
-        DisarmWatchdog(),
-        ArmRetention(),
-        Note("run.completed", fields={"turns": turns, "total_tokens": totals.total_tokens}),
-    )
+    note = Note("run.completed", fields={"turns": totals.turns, "total_tokens": totals.total_tokens})
+    return _end(run, RunState.COMPLETED, {"result": result, "usage": totals, "ending": Ending()}, note)
 
 
 def _cancel(run: RunRecord, cancel: CancelRequest, totals: RunUsage) -> tuple[Effect, ...]:
-    """``run.cancelled`` first (one id per run: a repeat is deduplicated), then the record, then its watchdog.
-    Pending human requests are human-interaction's to cancel (it consumes ``run.cancelled``)."""
-    reason = f"{cancel.reason} (requested by {cancel.requested_by})"
-    return (
-        Publish(RunCancelled(run_id=run.run_id, reason=reason[:4096], usage=totals), causation=cancel.event_id),
-        Transition(RunState.CANCELLED, {"waiting_request_id": None, "usage": totals}),
-        DisarmWatchdog(),
-        ArmRetention(),
-        Note("run.cancelled", fields={"reason": cancel.reason, "requested_by": cancel.requested_by}),
-    )
+    """The record cancelled (one end per run), then ``run.cancelled`` (one id per run: a repeat is deduplicated),
+    then its watchdog. Pending human requests are human-interaction's to cancel (it consumes ``run.cancelled``)."""
+    changes = {"waiting_request_id": None, "usage": totals, "ending": Ending(causation=cancel.event_id)}
+    note = Note("run.cancelled", fields={"reason": cancel.reason, "requested_by": cancel.requested_by})
+    return _end(run, RunState.CANCELLED, changes, note)
 
 
 def _fail(
     run: RunRecord, reason: RunFailureReason, error: str, *, totals: RunUsage, causation: str | None = None
 ) -> tuple[Effect, ...]:
     # one id per run, whatever the reason: a run fails once, and a repeat is deduplicated
-    changes: dict[str, Any] = {"error": f"{reason}: {error}", "usage": totals}
-    failed = RunFailed(run_id=run.run_id, reason=reason, error=error[:4096], usage=totals)
-    return (
-        Publish(failed, causation=causation),
-        Transition(RunState.FAILED, changes),
-        DisarmWatchdog(),
-        ArmRetention(),
-        Note("run.failed", "warning", {"reason": reason, "error": error}),
-    )
+    changes = {"error": f"{reason}: {error}", "usage": totals, "ending": Ending(reason=reason, causation=causation)}
+    return _end(run, RunState.FAILED, changes, Note("run.failed", "warning", {"reason": reason, "error": error}))
+
+
+def _end(run: RunRecord, target: RunState, changes: dict[str, Any], note: Note) -> tuple[Effect, ...]:
+    """An end of the run: the record moved to ``target`` first -- one compare-and-set, which a run already ended
+    (by a racing watchdog, cancel or driver) refuses (:class:`RunMovedOn`: this handler publishes nothing) --
+    with what its terminal event is built from (:class:`~.records.Ending`), then that event, built from the
+    record as committed (:func:`ending_event`: one per run, and the one the record says), then the watchdog
+    off and the checkpoint's retention. A driver that dies between the compare-and-set and the publish leaves
+    the event to the redelivery of its message (or the watchdog still armed): see :func:`_ended`."""
+    announced = ending_event(evolve_shallow(run, state=target, **changes))
+    assert announced is not None
+    return (Transition(target, changes), announced, DisarmWatchdog(), ArmRetention(), note)
+
+
+def ending_event(run: RunRecord) -> Publish | None:
+    """The terminal event of a finished ``run``, from its record alone (its ``result``, ``error``, ``usage``,
+    ``cancel`` and :class:`~.records.Ending`): the same data and id whoever builds it, whenever. ``None``: the
+    run has not ended, or ended before records held their ending (its event went out before the record)."""
+    ending = run.ending
+    if ending is None or run.state not in RUN.terminal:
+        return None
+    totals = run.usage or RunUsage()
+    data: EventData
+    if run.state is RunState.COMPLETED:
+        data = RunCompleted(run_id=run.run_id, result=(run.result or "")[:16384], turns=totals.turns, usage=totals)
+    elif run.state is RunState.CANCELLED:
+        cancel = run.cancel
+        reason = f"{cancel.reason} (requested by {cancel.requested_by})" if cancel is not None else "cancelled"
+        data = RunCancelled(run_id=run.run_id, reason=reason[:4096], usage=totals)
+    else:
+        failure = ending.reason or "infrastructure_error"
+        error = (run.error or "").removeprefix(f"{failure}: ")
+        data = RunFailed(run_id=run.run_id, reason=failure, error=error[:4096], usage=totals)
+    return Publish(data, causation=ending.causation)
+
+
+def _ended(run: RunRecord, ckpt: Checkpoint | None, *, again: bool) -> tuple[Effect, ...]:
+    """A decision on a finished run: its terminal event published again when the handler that ended it may have
+    died between the end's compare-and-set and that publish (``again``: this delivery is a redelivery, the
+    watchdog -- disarmed only after the event -- fired, or a message is dead-lettered), with the same id and data
+    (:func:`ending_event`; deduplicated when it did go out); and its checkpoint retention armed again
+    (:func:`_retain`)."""
+    announced = ending_event(run) if again else None
+    return (*((announced,) if announced is not None else ()), *_retain(run, ckpt))
 
 
 def _unknown_agent(run: RunRecord, ckpt: Checkpoint | None) -> tuple[Effect, ...]:
@@ -2582,7 +2633,8 @@ def moved(
 ) -> RunRecord | None:
     """``run`` in ``target`` with ``changes`` (``None``: nothing to write), through the state machine.
 
-    Already in ``target``: only ``changes`` are applied, and a finished run is never rewritten. A move
+    Already in ``target``: only ``changes`` are applied. A finished run is never rewritten: a second end (any
+    terminal ``target``) means another handler ended it first (:class:`RunMovedOn`, its event is that one's). A move
     the state machine refuses means another driver got there first: :class:`RunMovedOn`; so does a run that
     does not wait on ``waiting_on`` (when given: the wait another wake-up ended already).
     """
@@ -2591,7 +2643,9 @@ def moved(
         raise RunMovedOn(run.run_id, state, target)
     if target not in ACTIVE and run.lease is not None:  # parked or finished: nobody drives it any more
         changes = {"lease": None, **changes}
-    if state is target and (not changes or state in RUN.terminal):
+    if state in RUN.terminal and target in RUN.terminal:  # a run ends once: a second end is another's, stale
+        raise RunMovedOn(run.run_id, state, target)
+    if state is target and not changes:
         return None
     if state is not target and not RUN.allowed(state, target):
         raise RunMovedOn(run.run_id, state, target)

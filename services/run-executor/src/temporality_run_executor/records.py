@@ -23,6 +23,7 @@ __all__ = [
     "Checkpoint",
     "ElicitAnswer",
     "Elicitation",
+    "Ending",
     "Lease",
     "Message",
     "ParkedOutcome",
@@ -182,6 +183,20 @@ class CancelRequest(_Model):
     event_id: str
 
 
+class Ending(_Model):
+    """How the run ended, written in the same compare-and-set as its terminal state: the record is the outbox of
+    its terminal event (``run.completed`` / ``run.failed`` / ``run.cancelled``, by the state), which is built from
+    the record alone -- its ``result`` / ``error`` / ``usage`` / ``cancel`` and this
+    (:func:`~temporality_run_executor.machine.ending_event`) -- and published only after that compare-and-set, so it
+    is the one the record says. A handler that died in between leaves it to the redelivery (or the watchdog) to
+    publish again, the same id. Records that ended before it existed have none (their event went out first)."""
+
+    #: ``run.failed``: its reason (the record's ``error`` is ``"<reason>: <error>"``).
+    reason: str | None = None
+    #: The terminal event's causation: the cancel's event id, a dead-lettered message's id.
+    causation: str | None = None
+
+
 class RunRecord(_Model):
     run_id: str
     state: RunState
@@ -213,6 +228,8 @@ class RunRecord(_Model):
     collab: bool = False
     #: The driver holding the run (``None``: nobody drives it, or a record from before leases).
     lease: Lease | None = None
+    #: Set with the terminal state (:class:`Ending`): what its terminal event is built from.
+    ending: Ending | None = None
 
 
 class Checkpoint(_Model):

@@ -11,13 +11,17 @@ fires. The payload records the checkpoint turn the arm was made at: that is the 
 When it fires (:meth:`temporality_run_executor.engine.Engine.on_watchdog`), the run record decides:
 
 * ``waiting_for_human`` (or terminal, or gone): ignored. A run parks with its watchdog cancelled, so
-  waiting for a person never counts; a firing that was already on its way is ignored here.
+  waiting for a person never counts; a firing that was already on its way is ignored here. A finished run's
+  watchdog is disarmed only after its terminal event went out, so a firing on a finished run publishes that
+  event again from the record (the same id: deduplicated when it did go out) -- its driver may have died between
+  the end's compare-and-set and the publish.
 * ``pending`` / ``running`` / ``resuming`` at a later turn than the payload's: it made progress since
   the arm (and the process that made it died before arming again): armed again from now.
 * ``pending`` / ``running`` / ``resuming`` at the payload's turn: no progress for longer than its
   compute limit plus grace -- its driver is hung or gone and no message will move it. The run fails
   with ``run.failed`` reason ``stalled`` (the same deterministic event id as any failure of the run,
-  so a repeat is deduplicated).
+  so a repeat is deduplicated): the record first, then the event, like every end -- a driver that ends the
+  run meanwhile wins the compare-and-set, and the watchdog then publishes nothing.
 
 **A run parked on its external agent** (AP-5: ``waiting_for_agent`` until the agent acts on the turn) has no
 watchdog but the same timer under another payload (:meth:`RunWatchdog.arm_until`, ``agent_turn`` set): its

@@ -1,8 +1,8 @@
 """Benchmark: instructions per accepted webhook of the trigger-gateway's app, counted by callgrind.
 
     .venv/bin/python bench/gateway_instructions.py [--requests 1000] [--concurrency 10] [--warmup 200]
-                                                   [--before SRC ...] [--before-no-freeze] [--repeat 1]
-                                                   [--keep DIR]
+                                                   [--before SRC ...] [--before-no-freeze] [--bare]
+                                                   [--repeat 1] [--keep DIR]
 
 Wall-clock throughput and even CPU time per request move with whatever else runs on the machine; the number
 of instructions the gateway's process executes for a fixed amount of work barely does. This runs the real app
@@ -17,7 +17,9 @@ the measured ``--requests``; only the latter is reported, divided by the request
 
 ``--before SRC ...``: the same count for the code in these source folders (first on ``PYTHONPATH``, as
 ``bench/gateway.py --before``), run right after; prints both and the ratio. ``--before-no-freeze``: that one
-without ``gc.freeze()`` after its start (``--before`` this very code then counts what the freeze saves). ``--repeat N`` runs each N times
+without ``gc.freeze()`` after its start (``--before`` this very code then counts what the freeze saves). ``--bare``:
+the same count for ``bench/gateway.py``'s bare endpoint (FastAPI awaiting one JetStream publish of the body), the
+ceiling the gateway is compared with, driven the same way; prints the ratio. ``--repeat N`` runs each N times
 (the counts vary by well under 1 % between runs: the event loop's interleaving of the replies differs).
 Needs valgrind (Debian: ``apt-get install valgrind``); slow (~50x): 1,000 requests take a few minutes.
 """
@@ -38,10 +40,11 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
-from gateway import EXAMPLE, PASSWORD, PASSWORD_ENV, TRIGGER, TRIGGERS, USER
+from gateway import EXAMPLE, PASSWORD, PASSWORD_ENV, TRIGGER, TRIGGERS, USER, _bare_app
 
 REPO = Path(__file__).resolve().parents[1]
 _NO_FREEZE_ENV = "TEMPORALITY_BENCH_NO_FREEZE"
+_BARE_ENV = "TEMPORALITY_BENCH_BARE"
 
 
 # --------------------------------------------------------------------------- child: the app under callgrind
@@ -64,7 +67,10 @@ async def _drive(nats_url: str, triggers_file: Path, warmup: int, requests: int,
     nats = NatsSettings(url=nats_url)
     async with Bus.connect(nats, name="bench-instructions") as bus:
         await bus.ensure(ALL_STREAMS, ALL_BUCKETS)
-        app = create_app(Settings(nats=nats), bus, load_triggers(triggers_file))
+        if os.environ.get(_BARE_ENV) == "1":
+            app = _bare_app(bus)
+        else:
+            app = create_app(Settings(nats=nats), bus, load_triggers(triggers_file))
         if os.environ.get(_NO_FREEZE_ENV) != "1":
             gc.collect()
             gc.freeze()  # as the service's setup ends (and bench/gateway.py's servers)
@@ -149,9 +155,21 @@ def _patient_bus() -> None:
 
 # --------------------------------------------------------------------------- parent
 def _count(
-    args: argparse.Namespace, nats_url: str, triggers_file: Path, src: list[Path] | None, out: Path, freeze: bool
+    args: argparse.Namespace,
+    nats_url: str,
+    triggers_file: Path,
+    src: list[Path] | None,
+    out: Path,
+    freeze: bool,
+    bare: bool = False,
 ) -> int:
-    env = {**os.environ, PASSWORD_ENV: PASSWORD, "PYTHONHASHSEED": "0", _NO_FREEZE_ENV: "0" if freeze else "1"}
+    env = {
+        **os.environ,
+        PASSWORD_ENV: PASSWORD,
+        "PYTHONHASHSEED": "0",
+        _NO_FREEZE_ENV: "0" if freeze else "1",
+        _BARE_ENV: "1" if bare else "0",
+    }
     if src:
         env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in src), *filter(None, [env.get("PYTHONPATH")])])
     out.mkdir(parents=True, exist_ok=True)
@@ -207,6 +225,9 @@ def main() -> None:
         action="store_true",
         help="count the --before code without gc.freeze() after its start (with --before <this code>: the freeze)",
     )
+    parser.add_argument(
+        "--bare", action="store_true", help="also count bench/gateway.py's bare endpoint (one awaited publish)"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="count each version this often (default 1)")
     parser.add_argument("--keep", type=Path, help="keep the callgrind files in this folder")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -226,6 +247,8 @@ def main() -> None:
     versions: list[tuple[str, list[Path] | None]] = [("current", None)]
     if args.before:
         versions.append(("before", [p.resolve() for p in args.before]))
+    if args.bare:
+        versions.append(("bare", None))
     counts: dict[str, list[float]] = {name: [] for name, _ in versions}
     with tempfile.TemporaryDirectory(prefix="temporality-instructions-") as tmp:
         workdir = Path(tmp)
@@ -239,7 +262,7 @@ def main() -> None:
                     out = (args.keep or workdir) / f"{name}-{round_}"
                     started = time.monotonic()
                     freeze = not (name == "before" and args.before_no_freeze)
-                    total = _count(args, nats.url, triggers_file, src, out, freeze)
+                    total = _count(args, nats.url, triggers_file, src, out, freeze, bare=name == "bare")
                     per = total / args.requests
                     counts[name].append(per)
                     sys.stdout.write(
@@ -253,6 +276,9 @@ def main() -> None:
     if "before" in counts:
         ratio = min(counts["current"]) / min(counts["before"])
         sys.stdout.write(f"ratio current/before {ratio:.3f}x (lowest counts)\n")
+    if "bare" in counts:
+        ratio = min(counts["current"]) / min(counts["bare"])
+        sys.stdout.write(f"ratio current/bare {ratio:.2f}x (lowest counts)\n")
 
 
 if __name__ == "__main__":

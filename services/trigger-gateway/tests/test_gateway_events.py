@@ -14,7 +14,7 @@ import httpx
 import pytest
 from gateway_support import AGENTS, AS_ADMIN, AS_OPERATOR, AS_VIEWER, eventually, replicas
 
-from temporality_bus import Bus, Delivery
+from temporality_bus import Bus, Delivery, TransientError
 from temporality_protocol import (
     CONTENT_TYPE,
     Envelope,
@@ -31,7 +31,7 @@ from temporality_service import ApiAuth
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 from temporality_trigger_gateway import Settings, create_app
-from temporality_trigger_gateway.events import EventTriggers, normalize
+from temporality_trigger_gateway.events import SYNC_DELIVERIES, EventTriggers, normalize
 from temporality_trigger_gateway.launch import Launcher
 from temporality_trigger_gateway.store import TriggerRecord, TriggerRegistry, TriggerStore, validate_spec
 from temporality_trigger_gateway.triggers import EventTrigger
@@ -369,6 +369,42 @@ async def test_a_redelivery_after_a_crash_starts_no_second_run(
         assert len(_runs(event_log, "after-review")) == 1
         assert len(event_log.of_type("trigger.accepted")) == 1  # the same derived ids: JetStream deduped them
         assert not event_log.of_type("trigger.rejected")  # the claim knew the delivery as its own: no "duplicate"
+
+
+async def test_a_replica_behind_the_trigger_store_has_the_event_redelivered_instead_of_missing_a_new_trigger(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    """A trigger created just before the event, which this replica's watch has not applied yet: the event is
+    not handled with the triggers the replica knows (its launch would be missed for good once acknowledged)
+    but refused as transient (the consumer redelivers it with backoff); once the watch caught up, the
+    redelivery launches. Only the SYNC_DELIVERIES-th delivery is handled with what is known."""
+    await bus.ensure_consumer(CONSUMERS[DURABLE])
+    async with _admin_only(gateway_settings, bus) as admin:
+        await _create(admin, _spec())
+    event = _completed("run-lagging")
+    await bus.publish(event)
+    store = await TriggerStore.open(bus)
+    registry = TriggerRegistry(environ={}, agents=AGENTS)  # not watching yet: behind the store
+    handler = EventTriggers(registry, Launcher(bus, retry_after_s=1), store=store, store_wait_s=0.2)
+    sub = await bus.js.pull_subscribe_bind(durable=DURABLE, stream=EVENTS_STREAM.name)
+    try:
+        (msg,) = await sub.fetch(batch=1, timeout=5)
+        delivery = Delivery(msg)
+        assert delivery.num_delivered == 1
+        with pytest.raises(TransientError, match="redelivered"):
+            await handler.handle(decode(msg.data), delivery)
+        delivery.num_delivered = SYNC_DELIVERIES  # the last lagging delivery: handled with the triggers known
+        await handler.handle(decode(msg.data), delivery)  # (none: nothing to launch, nothing raised)
+        delivery.num_delivered = 2
+        async with registry.watching(store):  # caught up: the redelivery launches
+            await handler.handle(decode(msg.data), delivery)
+        await msg.ack()
+    finally:
+        await sub.unsubscribe()
+    run = await _run_for(event_log, "after-review", event)
+    assert run.launch.kind == "event"
+    await event_log.caught_up()
+    assert len(_runs(event_log, "after-review")) == 1
 
 
 async def test_the_preview_shows_what_an_event_trigger_makes_of_a_sample_event(gateway_settings: Settings) -> None:

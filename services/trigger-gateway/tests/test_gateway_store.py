@@ -24,7 +24,7 @@ from temporality_bus import Bus
 from temporality_protocol import TriggerCreated
 from temporality_protocol.catalog import BUCKET_TRIGGERS
 from temporality_trigger_gateway import Settings
-from temporality_trigger_gateway.store import TriggerRecord
+from temporality_trigger_gateway.store import TriggerRecord, TriggerRegistry, TriggerStore
 
 
 async def _hook(client: httpx.AsyncClient, trigger_id: str, body: bytes) -> httpx.Response:
@@ -122,3 +122,17 @@ async def test_an_unusable_stored_trigger_is_not_served_and_the_replica_keeps_ru
         await eventually(shown_as_invalid, what="the unusable trigger reported")
         assert (await _hook(a, "env-pr", fixture_bytes("pr-created.json"))).status_code == 404
         assert (await a.get("/readyz")).status_code == 200
+
+
+async def test_an_unreadable_record_counts_as_applied_so_no_replica_waits_for_it(bus: Bus) -> None:
+    """A record the watch cannot read is handled (not served, its problem noted): the replica has applied the
+    store up to it, or every event trigger's wait for the store (wait_for_store) would wait on it for ever."""
+    store = await TriggerStore.open(bus)
+    registry = TriggerRegistry(environ={}, agents=None)
+    async with registry.watching(store):
+        await store.kv.put("broken", b"{not a record")
+        latest = await store.last_revision()
+        assert await registry.wait_for_store(latest, timeout_s=10)
+        assert registry.applied == latest
+        assert "unreadable record" in registry.problems["broken"]
+        assert registry.get("broken") is None

@@ -334,7 +334,7 @@ def parse_json(raw: bytes) -> Any:
         raise MalformedJson("the body is not UTF-8") from None
     too_deep = MalformedJson("the body is JSON nested too deeply")
     try:
-        body = json.loads(text, parse_constant=_not_json, parse_float=_finite)
+        body = _DECODER.decode(text)
     except _NotJson as exc:
         raise MalformedJson(f"the body is not JSON: {exc}") from None
     except ValueError as exc:  # JSONDecodeError's message has the position, never the content
@@ -371,3 +371,7 @@ def _finite(literal: str) -> float:
     if math.isinf(value):
         raise _NotJson(f"the number {literal[:20]} does not fit a float")
     return value
+
+
+#: Built once (``json.loads`` with hooks builds a decoder and its C scanner per call).
+_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)

@@ -109,7 +109,14 @@ _STAMP = "%Y%m%dT%H%M%S%fZ"
 def index_key(trigger_id: str, received_at: datetime, delivery_id: str) -> str:
     """The delivery's entry in its trigger's index: ``<trigger id>.at.<receipt time>.<delivery id>``
     (written once, when the record is created; the listing orders and pages the keys alone)."""
-    return f"{trigger_id}.at.{received_at.astimezone(UTC).strftime(_STAMP)}.{delivery_id}"
+    at = received_at if received_at.tzinfo is UTC else received_at.astimezone(UTC)
+    if at.year < 1000:  # strftime's %Y does not pad a year below 1000 (glibc): its text, as before
+        return f"{trigger_id}.at.{at.strftime(_STAMP)}.{delivery_id}"
+    # _STAMP written out: the same text as strftime's, without its per-call format parsing (a new key per webhook)
+    return (
+        f"{trigger_id}.at.{at.year:04d}{at.month:02d}{at.day:02d}T{at.hour:02d}{at.minute:02d}{at.second:02d}"
+        f"{at.microsecond:06d}Z.{delivery_id}"
+    )
 
 
 def _indexed(key: str, trigger_id: str) -> tuple[datetime, str] | None:
@@ -136,16 +143,40 @@ class Draft:
     """One delivery's record on the launch path, built once and written once, in its outcome's state
     (:meth:`Deliveries.draft`, :meth:`Deliveries.finish`), behind the answer (:mod:`.behind`).
 
-    ``head`` is the record without its event; the event is encoded once (``event_json``) and spliced into
-    the write, so it is neither re-validated nor re-encoded."""
+    The record (without its event) is built by :meth:`head`, once its outcome is known; the event is encoded
+    once (``event_json``) and spliced into the write, so it is neither re-validated nor re-encoded."""
 
     delivery: TriggerDelivery
     event: NormalizedEvent
     key: str
-    head: DeliveryRecord
     event_json: bytes | None
     #: The delivery id is new (a webhook's): the record cannot exist yet, its index entry goes out with it.
     fresh: bool
+    received_at: datetime
+    title: str | None = None
+    redrive_of: str | None = None
+
+    def head(
+        self,
+        state: DeliveryState,
+        *,
+        run_id: str | None = None,
+        reason: str | None = None,
+        detail: str | None = None,
+    ) -> DeliveryRecord:
+        """The record in ``state``, without its event (one validating construction)."""
+        return _received(
+            self.delivery,
+            self.received_at,
+            redrive_of=self.redrive_of,
+            title=self.title,
+            event_omitted=self.event_json is None,
+            state=state,
+            run_id=run_id,
+            reason=reason,
+            detail=None if detail is None else detail[:1000],
+            updated_at=datetime.now(UTC),
+        )
 
     def encoded(self, head: DeliveryRecord) -> bytes:
         """``head`` with the draft's event, as stored (the model's JSON: a reader validates it as usual).
@@ -240,12 +271,11 @@ class Deliveries:
         """The record of ``delivery``, not written yet (:meth:`finish` writes it in its outcome's state)."""
         await self._safe_store()  # the bucket opened (ensured) once, so the pipelined writes find its stream
         now = datetime.now(UTC)
-        encoded = event.model_dump_json().encode()  # once: spliced into every write of the record
-        omitted = len(encoded) > MAX_EVENT_BYTES
-        event_json = None if omitted else encoded
-        head = _received(delivery, now, redrive_of=redrive_of, title=title, event_omitted=omitted)
+        encoded = event.__pydantic_serializer__.to_json(event)  # once: spliced into every write of the record
+        event_json = None if len(encoded) > MAX_EVENT_BYTES else encoded
         fresh = delivery.kind == "webhook" and redrive_of is None  # its id is new_id(): never written before
-        return Draft(delivery, event, delivery_key(delivery.trigger.id, delivery.delivery_id), head, event_json, fresh)
+        key = delivery_key(delivery.trigger.id, delivery.delivery_id)
+        return Draft(delivery, event, key, event_json, fresh, now, title=title, redrive_of=redrive_of)
 
     def finish(
         self,
@@ -260,16 +290,7 @@ class Deliveries:
         create-if-absent of the record (with the event) and, for a fresh delivery id, its index entry. A
         record that exists already (a redelivered bus message, whose delivery id is derived) is updated the
         read-modify-write way, keeping what it has. Best effort: a failure is logged."""
-        # Every value is typed and comes from this module or the launch path: no re-validation of the record.
-        head = draft.head.model_copy(
-            update={
-                "state": state,
-                "run_id": run_id,
-                "reason": reason,
-                "detail": None if detail is None else detail[:1000],
-                "updated_at": datetime.now(UTC),
-            }
-        )
+        head = draft.head(state, run_id=run_id, reason=reason, detail=detail)
         bucket = BUCKET_DELIVERIES.name
         writes = [kv_write(bucket, draft.key, draft.encoded(head), revision=0)]
         if draft.fresh:
@@ -286,11 +307,11 @@ class Deliveries:
                     draft.delivery,
                     state,
                     event=draft.event,
-                    title=draft.head.title,
+                    title=draft.title,
                     run_id=run_id,
                     reason=reason,
                     detail=detail,
-                    redrive_of=draft.head.redrive_of,
+                    redrive_of=draft.redrive_of,
                 )
             elif not isinstance(first, PublishResult):
                 log.warning("delivery.not_recorded", key=draft.key, state=state, error=repr(first))
@@ -403,8 +424,13 @@ def _received(
     redrive_of: str | None,
     title: str | None = None,
     event_omitted: bool = False,
+    state: DeliveryState = "received",
+    run_id: str | None = None,
+    reason: str | None = None,
+    detail: str | None = None,
+    updated_at: datetime | None = None,
 ) -> DeliveryRecord:
-    """The ``received`` record of ``delivery``, as first written."""
+    """The record of ``delivery`` received at ``now``, in ``state`` (``received``: as first written)."""
     return DeliveryRecord(
         trigger_id=delivery.trigger.id,
         delivery_id=delivery.delivery_id,
@@ -416,10 +442,13 @@ def _received(
         depth=delivery.depth,
         causation_id=delivery.causation_id,
         correlation_id=delivery.correlation_id,
-        state="received",
+        state=state,
+        run_id=run_id,
+        reason=reason,
+        detail=detail,
         title=title,
         received_at=now,
-        updated_at=now,
+        updated_at=updated_at or now,
         event_omitted=event_omitted,
         redrive_of=redrive_of,
     )

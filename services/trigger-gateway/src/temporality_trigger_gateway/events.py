@@ -6,7 +6,8 @@ The ``trigger-gateway-events`` durable consumer reads the event types an event t
 starts at the stream's tail, and its acknowledged position is the persisted cursor. For each event::
 
     every trigger change stored before the event applied here first (another replica may have just
-    created or disabled a trigger; one stream-info call on the trigger bucket, bounded)
+    created or disabled a trigger; one stream-info call on the trigger bucket, a wait bounded at 2 s; still
+    behind: redelivered (TransientError) until its SYNC_DELIVERIES-th delivery, which uses the triggers known)
     the enabled event triggers listing its type (none: ack, nothing journaled); a trigger.rejected(filtered)
     never fires one (a condition's refusal would only echo refusals)
       stored at or before the trigger's activation (TriggerRecord.active_from_seq) -> skipped, logged
@@ -41,7 +42,7 @@ from datetime import UTC, datetime, timedelta
 import structlog
 from pydantic import BaseModel, ConfigDict
 
-from temporality_bus import AlreadyExists, Delivery, PermanentError, Store
+from temporality_bus import AlreadyExists, Delivery, PermanentError, Store, TransientError
 from temporality_protocol import Actor, Envelope, NormalizedEvent, derive_id, run_id_for_delivery
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_trigger_gateway.concurrency import RUN_ENDS
@@ -53,6 +54,7 @@ from temporality_trigger_gateway.triggers import EventTrigger, TriggerConfig
 
 __all__ = [
     "ADAPTER",
+    "SYNC_DELIVERIES",
     "EventTriggers",
     "Lineage",
     "delivery_id_for",
@@ -67,6 +69,9 @@ log = structlog.get_logger(__name__)
 #: The ``adapter`` an event delivery is journaled under (``trigger.received``).
 ADAPTER = "event"
 _ACTOR_TYPES = frozenset({"user", "service", "agent", "system"})
+#: The delivery of an event from which a replica whose trigger store lags handles it with the triggers it
+#: knows (the earlier ones are redelivered: :meth:`EventTriggers._sync`); below the consumer's max_deliver (8).
+SYNC_DELIVERIES = 4
 #: Allowance for the clock difference between this process and the NATS server (event storage times).
 _CLOCK_MARGIN = timedelta(seconds=1)
 
@@ -159,8 +164,10 @@ class EventTriggers:
         *,
         store: TriggerStore | None = None,
         max_depth: int = 1,
+        store_wait_s: float = 2.0,
     ) -> None:
         self._registry = registry
+        self._store_wait_s = store_wait_s
         self._launcher = launcher
         self._store_of_triggers = store
         self._max_depth = max_depth
@@ -212,7 +219,16 @@ class EventTriggers:
     async def _sync(self, delivery: Delivery) -> None:
         """Serve every trigger change stored before the event first: a trigger created or disabled through
         another replica a moment ago must count (its watch here may lag by milliseconds). One stream-info
-        call, only for an event stored after the last one; bounded (2 s), then handled as known."""
+        call, only for an event stored after the last one; each wait bounded (``store_wait_s``, 2 s).
+
+        A replica still behind after the wait does not decide on the triggers it knows: a trigger created
+        just before the event would miss its launch for good (the event is acknowledged), one just disabled
+        or deleted would still fire. It raises :class:`TransientError` instead -- the event is redelivered
+        with the consumer's backoff (0.5, 1, 2 s ...) while the watch catches up (a watch being restarted
+        after a reconnect re-reads the whole bucket) -- and only its ``SYNC_DELIVERIES``-th delivery is
+        handled with the triggers known then (logged ``event_trigger.store_lagging``, as every lag was
+        before), so a store this replica cannot catch up with delays events by seconds but never stalls or
+        dead-letters them."""
         if self._store_of_triggers is None:
             return
         stored = delivery.msg.metadata.timestamp
@@ -220,8 +236,24 @@ class EventTriggers:
             return
         checked = datetime.now(UTC) - _CLOCK_MARGIN
         latest = await self._launcher.io(self._store_of_triggers.last_revision())
-        if not await self._registry.wait_for_store(latest):
-            log.warning("event_trigger.store_lagging", applied=self._registry.applied, stored=latest)
+        if not await self._registry.wait_for_store(latest, timeout_s=self._store_wait_s):
+            if delivery.num_delivered < SYNC_DELIVERIES:
+                log.info(
+                    "event_trigger.store_lagging_retry",
+                    applied=self._registry.applied,
+                    stored=latest,
+                    delivery=delivery.num_delivered,
+                )
+                raise TransientError(
+                    f"the trigger store is at revision {latest}, this replica applied {self._registry.applied}:"
+                    " the event is redelivered once the triggers stored before it are served"
+                )
+            log.warning(
+                "event_trigger.store_lagging",
+                applied=self._registry.applied,
+                stored=latest,
+                delivery=delivery.num_delivered,
+            )
             return
         self._synced_until = checked
 

@@ -336,6 +336,9 @@ class TriggerRegistry:
             try:
                 record = TriggerRecord.model_validate_json(value)
             except ValidationError as exc:
+                # handled (not served, its problem noted): counted as applied, or a replica would wait for
+                # the store to catch up with it forever (wait_for_store, event triggers)
+                self.revisions[entry.key] = max(self.revisions.get(entry.key, 0), revision)
                 self.problems[entry.key] = f"unreadable record: {exc.error_count()} problem(s)"
                 self._triggers.pop(entry.key, None)
                 log.error("trigger.unreadable", trigger_id=entry.key, revision=revision)

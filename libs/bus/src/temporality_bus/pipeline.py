@@ -10,9 +10,10 @@ returns, in order, a :class:`PublishResult` or the error of each::
     results = await bus.pipeline.send([kv_write(BUCKET, key, claim, revision=0), kv_write(...), event_write(e)])
     Conflict      the KV key was not at ``revision`` (0: the key exists) -- nothing was written
     TransientError no acknowledgement within the timeout, no stream (after the retries below), JetStream
-                  refused it (its reason in the text), the connection failed or was lost after the write went
-                  out (at once, see below): it may or may not have been stored (write it again with the same
-                  id / revision, or read it)
+                  refused it (its reason in the text), a reply with a status header (never read as an ack,
+                  whatever its body), the connection failed or was lost after the write went out (at once,
+                  see below): it may or may not have been stored (write it again with the same id /
+                  revision, or read it)
     PermanentError larger than the server's max_payload (nothing of the batch is sent)
 
 A write no stream took (503, "no responders") stored nothing, so it is sent again, with backoff, for up to
@@ -439,7 +440,7 @@ def _no_stream_took(
     outcomes: Sequence[PublishResult | BusError], replies: Sequence[Msg | BusError | None], at: Sequence[int]
 ) -> list[int]:
     """The places (``at``, one per outcome) of the writes whose reply says no stream took them (each read
-    as a :class:`TransientError` by :func:`_outcome`: an acknowledged write's headers are never looked at)."""
+    as a :class:`TransientError` by :func:`_outcome`: a ``503`` status wins over any body)."""
     return [
         i
         for i, outcome, reply in zip(at, outcomes, replies, strict=True)
@@ -454,15 +455,19 @@ def _outcome(write: Write, reply: Msg | BusError | None, timeout_s: float) -> Pu
     if reply is None:
         return TransientError(f"publish to {write.subject} failed: no ack within {timeout_s:g} s")
     data = reply.data
-    # the hot path: a plain ack (a JSON body; a no-responders status has none), read straight into its
-    # result by pydantic-core, without looking at the reply's headers
-    if data and b'"error"' not in data:
+    headers = reply.headers  # a routed reply's header block is parsed only if there is one: an ack has none
+    # the hot path: a plain ack (a JSON body, no headers), read straight into its result by pydantic-core
+    if headers is None and data and b'"error"' not in data:
         try:
             return PublishResult.model_validate_json(data)
         except ValidationError:
             pass  # not an ack at all: said so below
-    if _no_stream(reply):
-        return TransientError(f"publish to {write.subject} failed: no stream took it (no responders)")
+    status = headers.get("Status") if headers else None
+    if status is not None:  # a status is never an ack, whatever its body (nats-server sends none with one)
+        if status == _NO_RESPONDERS:
+            return TransientError(f"publish to {write.subject} failed: no stream took it (no responders)")
+        description = headers.get("Description", "") if headers else ""
+        return TransientError(f"publish to {write.subject} failed: status {status} {description}".rstrip())
     try:
         response = from_json(data)
         error = response.get("error")

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import re
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -104,6 +105,8 @@ class Bus:
         self.settings = settings
         self.name = name
         self._kv: dict[str, KeyValue] = {}
+        #: Every :class:`Pipeline` over this connection: told of each disconnection (:meth:`Bus.connect`'s callbacks).
+        self._pipelines: weakref.WeakSet[Pipeline] = weakref.WeakSet()
         #: The connection's pipelined writes (one reply subscription, opened on first use): shared by
         #: :meth:`publish_many` and every caller that sends its own batches.
         self.pipeline = Pipeline(self)
@@ -115,15 +118,22 @@ class Bus:
         (the service runtime passes ``_INBOX.<service>``, the only inbox its NATS user may subscribe to);
         by default ``_INBOX.<user>`` when the settings name a user that is one subject token, else ``_INBOX``."""
         closing = False  # set once we drain: the disconnect that follows is ours, not an outage
+        bus: Bus | None = None
 
         async def _disconnected() -> None:
             if closing:
                 log.debug("nats.disconnected", reason="closing")
             else:
                 log.warning("nats.disconnected")
+            if bus is not None:  # the acks of the writes sent on the lost connection can never come
+                for pipeline in list(bus._pipelines):
+                    pipeline._connection_lost(closed=bus.nc.is_closed)
 
         async def _reconnected() -> None:
             log.info("nats.reconnected")
+            if bus is not None:
+                for pipeline in list(bus._pipelines):
+                    pipeline._connection_back()
 
         async def _error(exc: Exception) -> None:
             log.warning("nats.error", error=str(exc))

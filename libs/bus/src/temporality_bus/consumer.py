@@ -59,7 +59,15 @@ most one batch is in hand besides the one being handled (and together never more
 ``max_ack_pending``); the heartbeat keeps every message in hand alive, the prefetched ones included.
 Batches are handed over one at a time, in the order they were fetched (stream order). A stop lets the
 runner finish the batch being handled and the one prefetched (it fetches no more); a cancellation
-abandons both un-acked, and JetStream redelivers them after ``ack_wait``.
+abandons the batch being handled un-acked (JetStream redelivers it after ``ack_wait``) and naks the
+prefetched one (never handed to the handler).
+
+*Stopping* (both paths, stop or cancellation): what was fetched but never handed out -- a message that came
+after its fetch gave up (:class:`_Puller`), still in the pull buffer -- is nak'ed without delay once the
+pull subscription is gone, so the server hands it at once to another replica sharing the durable (or to the
+next start) instead of after ``ack_wait`` (30 s by default). A nak counts as a delivery toward ``max_deliver``,
+as an ``ack_wait`` expiry does. A message still on its way when the subscription ends is never seen, and
+comes back after ``ack_wait``.
 
 *Reading*: both paths' pull requests have an inbox subscription of their own (:class:`_Puller`), whose
 messages nats-py's parser hands straight to it (:func:`_route`, when this nats-py is the one it was written
@@ -210,7 +218,8 @@ class _Puller:
     is, waits for the first message(s), then ends the request with a ``404``/``408`` status on that token.
     The callback appends each message to a list and wakes the fetch once (batch full, or its request
     ended): one wait per fetch, not per message. A message that comes after its fetch gave up (the
-    connection stalled) is kept for the next fetch; a status of an older request is ignored.
+    connection stalled) is kept for the next fetch (nak'ed by :meth:`stop` if none comes); a status of an
+    older request is ignored.
     """
 
     def __init__(self, bus: Bus, spec: ConsumerSpec) -> None:
@@ -231,7 +240,11 @@ class _Puller:
         self._sub = await self._nc.subscribe(f"{inbox}.*", cb=self._on_msg)
         self._routed = _route(self._nc, self._sub._id, self._on_raw)
 
-    async def stop(self) -> None:
+    async def stop(self) -> int:
+        """Unsubscribe, then nak (no delay) every message fetched but never handed out (one that came after its
+        fetch gave up, :meth:`fetch`): the server redelivers it at once, to another replica sharing the durable
+        or to the next start, instead of after ``ack_wait``. How many were nak'ed (best effort: a nak the
+        connection cannot send leaves that message to ``ack_wait``)."""
         if self._sub is not None:
             if self._routed:
                 _unroute(self._nc, self._sub._id)
@@ -239,6 +252,8 @@ class _Puller:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
+        left, self._buffer = self._buffer, []
+        return await _nak_all(left)
 
     async def _on_msg(self, msg: Msg) -> None:
         if not msg.reply:  # a status (no ack subject): it ends the request it answers
@@ -305,6 +320,20 @@ async def _ack_all(nc: NATS, msgs: list[Msg]) -> None:
     for msg in msgs:
         msg._ackd = True  # as Msg.ack leaves it: a second settle of the same delivery is refused
     nc.stats["out_msgs"] += len(msgs)
+
+
+async def _nak_all(msgs: list[Msg]) -> int:
+    """Nak each of ``msgs`` without delay (they were never handled: the server hands them out again at once);
+    how many naks were sent. Best effort: one the connection refuses leaves its message to ``ack_wait``."""
+    sent = 0
+    for msg in msgs:
+        try:
+            await msg.nak()
+        except Exception as exc:  # closed or reconnecting with a full buffer: redelivered after ack_wait
+            log.debug("consumer.nak_failed", error=repr(exc))
+            continue
+        sent += 1
+    return sent
 
 
 def _decode(raw: bytes) -> Envelope:
@@ -384,6 +413,8 @@ class Consumer:
         #: ``(type, source, actor)`` the batch path found not forged (:func:`forgery` is a pure function of them).
         self._senders: set[tuple[str, str, str | None]] = set()
         self._source_check = bus.settings.source_check
+        #: The pull requests' reader of the current (or last) :meth:`run`.
+        self._puller: _Puller | None = None
 
     @property
     def lag_matters(self) -> bool:
@@ -397,7 +428,7 @@ class Consumer:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.bus.ensure_consumer(self.spec, ack_wait_s=self._ack_wait)
-        puller = _Puller(self.bus, self.spec)
+        puller = self._puller = _Puller(self.bus, self.spec)
         await puller.start()
         inflight: set[asyncio.Task[None]] = set()
         heartbeat = asyncio.create_task(self._heartbeat(), name=f"heartbeat:{self.spec.durable}")
@@ -424,8 +455,8 @@ class Consumer:
             finally:
                 heartbeat.cancel()
                 await asyncio.wait([heartbeat])
-                await puller.stop()
-                self._log.info("consumer.stopped")
+                released = await puller.stop()
+                self._log.info("consumer.stopped", released=released)
 
     async def _pull(self, puller: _Puller, batch: int) -> list[Msg]:
         """Up to ``batch`` messages from the puller (none when nothing came within the fetch timeout); a failed
@@ -489,12 +520,14 @@ class Consumer:
                 if prefetch is not None:
                     current, prefetch = await prefetch, None
         finally:
-            if prefetch is not None:  # cancelled mid-batch: the prefetched batch is abandoned un-acked
+            if prefetch is not None:  # cancelled mid-batch: the prefetched batch is never handled
                 prefetch.cancel()
                 await asyncio.wait([prefetch])
                 if not prefetch.cancelled() and prefetch.exception() is None:
-                    for msg in prefetch.result().msgs:
+                    msgs = prefetch.result().msgs
+                    for msg in msgs:
                         self._in_hand.pop(msg.reply, None)
+                    await _nak_all(msgs)  # handed out again at once (a prefetch cut short left its in the buffer)
 
     async def _max_ack_pending(self) -> int:
         """The durable's ``max_ack_pending`` (how many messages the server lets one hold un-acked)."""

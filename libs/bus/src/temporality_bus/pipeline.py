@@ -10,13 +10,28 @@ returns, in order, a :class:`PublishResult` or the error of each::
     results = await bus.pipeline.send([kv_write(BUCKET, key, claim, revision=0), kv_write(...), event_write(e)])
     Conflict      the KV key was not at ``revision`` (0: the key exists) -- nothing was written
     TransientError no acknowledgement within the timeout, no stream (after the retries below), JetStream
-                  refused it (its reason in the text), the connection failed: it may or may not have been
-                  stored (write it again with the same id / revision, or read it)
+                  refused it (its reason in the text), a reply with a status header (never read as an ack,
+                  whatever its body), the connection failed or was lost after the write went out (at once,
+                  see below): it may or may not have been stored (write it again with the same id /
+                  revision, or read it)
     PermanentError larger than the server's max_payload (nothing of the batch is sent)
 
 A write no stream took (503, "no responders") stored nothing, so it is sent again, with backoff, for up to
 the Bus's ``js.no_stream_retry_s`` (:data:`temporality_bus.connection.NO_STREAM_RETRY_S`), as ``bus.js.publish``
 does: on a cluster a stream or bucket just created can lack subject interest on this node for a moment.
+
+*A lost connection*: the acknowledgement of a write that went out on a connection that is then lost can never
+come (the server's replies went to that connection; core NATS keeps nothing for a subscriber that is away, and
+the reply subscription nats-py renews on the reconnect only gets the replies of writes sent since). So when
+nats-py reports the loss (:meth:`Bus.connect`'s disconnected callback), each such write, and each read
+(:meth:`Pipeline.request`), fails at once with a :class:`TransientError` instead of after its timeout (10 s by
+default). A write handed over while the client reconnects waits in its buffer, goes out on the new connection
+and is acknowledged there. The pipeline does not send a write again itself: an event could be (its
+``Nats-Msg-Id`` makes a second copy a duplicate within the stream's window), but a compare-and-set whose first
+copy was stored would come back as :class:`Conflict`, a race the caller never lost (the gateway's dedupe claim
+would take its own claim for another's), and a plain KV put sent again could overwrite a value written
+meanwhile. The caller, which knows what its write means, sends it again or reads (a retried compare-and-set
+that gets :class:`Conflict` must read the key to tell its own write from another's).
 
 A KV write goes out as the KV client sends one (``$KV.<bucket>.<key>``, ``Nats-Expected-Last-Subject-
 Sequence`` for compare-and-set), so a reader sees an ordinary entry and its revision is the ack's
@@ -120,6 +135,13 @@ class Pipeline:
         #: token -> (the round waiting for it, the write's place in that round)
         self._pending: dict[str, tuple[_Round, int]] = {}
         self._tokens = itertools.count()
+        #: How many times the connection was lost (:meth:`_connection_lost`): the number of the connection that is
+        #: up, or the one the client is getting back to; and whether it is down (lost, not back yet).
+        self._lost = 0
+        self._down = False
+        watchers = getattr(bus, "_pipelines", None)
+        if watchers is not None:  # the Bus tells its pipelines of each disconnection and reconnection
+            watchers.add(self)
 
     @property
     def pending(self) -> int:
@@ -193,7 +215,10 @@ class Pipeline:
         nc = self._bus.nc
         loop = asyncio.get_running_loop()
         pending = self._pending
-        batch = _Round(len(writes), loop.create_future())
+        # the connection the frames go out on: the one up; while the client reconnects, the next one (the frames
+        # wait in its buffer), which is the one counted already once the loss was told (_connection_lost)
+        connection = self._lost if nc.is_connected or self._down else self._lost + 1
+        batch = _Round(len(writes), loop.create_future(), connection)
         tokens = [str(next(self._tokens)) for _ in writes]
         for i, token in enumerate(tokens):
             pending[token] = (batch, i)
@@ -210,6 +235,34 @@ class Pipeline:
             expiry.cancel()
             for token in tokens:
                 pending.pop(token, None)
+
+    def _connection_lost(self, *, closed: bool = False) -> None:
+        """The connection was lost (or closed): every write sent on it fails now with a :class:`TransientError`.
+
+        Its acknowledgement can never come: the replies the server sent, or would have, went to the lost connection
+        (core NATS keeps nothing for a subscriber that is away), and after the reconnect the reply subscription only
+        gets the replies of writes sent since. Without this, such a write waited out its whole timeout (10 s by
+        default) for nothing. The writes are not sent again here (see the module docstring). Writes handed over
+        while the client reconnects wait in its buffer for the next connection and keep waiting for their acks;
+        ``closed``: there is no next connection, every write waiting fails."""
+        gone = self._lost
+        self._lost += 1
+        self._down = True
+        lost = [token for token, (batch, _) in self._pending.items() if closed or batch.connection <= gone]
+        for token in lost:
+            waiting = self._pending.pop(token, None)
+            if waiting is not None:
+                waiting[0].put(
+                    waiting[1],
+                    TransientError(
+                        "no ack: the connection to NATS was lost after the write was sent "
+                        "(it may or may not have been stored)"
+                    ),
+                )
+
+    def _connection_back(self) -> None:
+        """The client is connected again (its buffered frames are out): writes now go out on this connection."""
+        self._down = False
 
     async def open(self) -> None:
         """Open the reply subscription now rather than at the first :meth:`send`: a caller whose batches must
@@ -253,12 +306,14 @@ class _Round:
     """The replies of one round's writes, in order (``None`` until one arrives), and the future that wakes
     the round: set by the last reply, or by the deadline (:meth:`wake`) with the missing ones left ``None``."""
 
-    __slots__ = ("done", "left", "replies")
+    __slots__ = ("connection", "done", "left", "replies")
 
-    def __init__(self, size: int, done: asyncio.Future[None]) -> None:
+    def __init__(self, size: int, done: asyncio.Future[None], connection: int = 0) -> None:
         self.replies: list[Msg | BusError | None] = [None] * size
         self.left = size
         self.done = done
+        #: The connection its frames went out on (:attr:`Pipeline._lost` then): losing it fails the round's writes.
+        self.connection = connection
 
     def put(self, i: int, reply: Msg | BusError) -> None:
         self.replies[i] = reply
@@ -385,7 +440,7 @@ def _no_stream_took(
     outcomes: Sequence[PublishResult | BusError], replies: Sequence[Msg | BusError | None], at: Sequence[int]
 ) -> list[int]:
     """The places (``at``, one per outcome) of the writes whose reply says no stream took them (each read
-    as a :class:`TransientError` by :func:`_outcome`: an acknowledged write's headers are never looked at)."""
+    as a :class:`TransientError` by :func:`_outcome`: a ``503`` status wins over any body)."""
     return [
         i
         for i, outcome, reply in zip(at, outcomes, replies, strict=True)
@@ -400,15 +455,19 @@ def _outcome(write: Write, reply: Msg | BusError | None, timeout_s: float) -> Pu
     if reply is None:
         return TransientError(f"publish to {write.subject} failed: no ack within {timeout_s:g} s")
     data = reply.data
-    # the hot path: a plain ack (a JSON body; a no-responders status has none), read straight into its
-    # result by pydantic-core, without looking at the reply's headers
-    if data and b'"error"' not in data:
+    headers = reply.headers  # a routed reply's header block is parsed only if there is one: an ack has none
+    # the hot path: a plain ack (a JSON body, no headers), read straight into its result by pydantic-core
+    if headers is None and data and b'"error"' not in data:
         try:
             return PublishResult.model_validate_json(data)
         except ValidationError:
             pass  # not an ack at all: said so below
-    if _no_stream(reply):
-        return TransientError(f"publish to {write.subject} failed: no stream took it (no responders)")
+    status = headers.get("Status") if headers else None
+    if status is not None:  # a status is never an ack, whatever its body (nats-server sends none with one)
+        if status == _NO_RESPONDERS:
+            return TransientError(f"publish to {write.subject} failed: no stream took it (no responders)")
+        description = headers.get("Description", "") if headers else ""
+        return TransientError(f"publish to {write.subject} failed: status {status} {description}".rstrip())
     try:
         response = from_json(data)
         error = response.get("error")

@@ -407,6 +407,13 @@ async def test_a_replica_behind_the_trigger_store_has_the_event_redelivered_inst
     assert len(_runs(event_log, "after-review")) == 1
 
 
+def test_the_lagging_fallback_comes_before_the_consumer_dead_letters() -> None:
+    """A lagging replica handles an event with the triggers it knows at its SYNC_DELIVERIES-th delivery: the
+    events consumer must deliver it that often before dead-lettering it (max_deliver)."""
+    spec = CONSUMERS[DURABLE]
+    assert spec.max_deliver <= 0 or SYNC_DELIVERIES < spec.max_deliver
+
+
 async def test_the_preview_shows_what_an_event_trigger_makes_of_a_sample_event(gateway_settings: Settings) -> None:
     sample = json.loads(encode(_completed("run-sample")))
     async with replicas(gateway_settings, 1) as (a,):

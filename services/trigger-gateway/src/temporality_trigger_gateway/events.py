@@ -72,6 +72,10 @@ _ACTOR_TYPES = frozenset({"user", "service", "agent", "system"})
 #: The delivery of an event from which a replica whose trigger store lags handles it with the triggers it
 #: knows (the earlier ones are redelivered: :meth:`EventTriggers._sync`); below the consumer's max_deliver (8).
 SYNC_DELIVERIES = 4
+#: How long a redelivered event waits for the trigger store (its first delivery waits ``store_wait_s``): the
+#: backoff before the redelivery gave the watch its time already, and a replica that stays behind must not
+#: hold its one handler slot for the full wait at every delivery.
+_REDELIVERED_WAIT_S = 0.1
 #: Allowance for the clock difference between this process and the NATS server (event storage times).
 _CLOCK_MARGIN = timedelta(seconds=1)
 
@@ -228,7 +232,8 @@ class EventTriggers:
         after a reconnect re-reads the whole bucket) -- and only its ``SYNC_DELIVERIES``-th delivery is
         handled with the triggers known then (logged ``event_trigger.store_lagging``, as every lag was
         before), so a store this replica cannot catch up with delays events by seconds but never stalls or
-        dead-letters them."""
+        dead-letters them. Only the first delivery waits ``store_wait_s`` for the store; a redelivery checks it
+        briefly (the backoff before it was the wait), so a replica that stays behind takes ~2 s per event, not 8."""
         if self._store_of_triggers is None:
             return
         stored = delivery.msg.metadata.timestamp
@@ -236,7 +241,8 @@ class EventTriggers:
             return
         checked = datetime.now(UTC) - _CLOCK_MARGIN
         latest = await self._launcher.io(self._store_of_triggers.last_revision())
-        if not await self._registry.wait_for_store(latest, timeout_s=self._store_wait_s):
+        wait_s = self._store_wait_s if delivery.num_delivered <= 1 else min(_REDELIVERED_WAIT_S, self._store_wait_s)
+        if not await self._registry.wait_for_store(latest, timeout_s=wait_s):
             if delivery.num_delivered < SYNC_DELIVERIES:
                 log.info(
                     "event_trigger.store_lagging_retry",

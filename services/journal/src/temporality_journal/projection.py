@@ -49,7 +49,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from temporality_journal.models import RunSnapshot, as_utc, same, updated
+from temporality_journal.models import RunSnapshot, as_utc, constructed, same, updated
 from temporality_protocol import (
     RUN,
     AgentAnswerReceived,
@@ -269,13 +269,16 @@ _CASES: dict[type[EventData], Callable[[RunSnapshot, Any, _Fact], RunSnapshot | 
 }
 
 
+#: A new run's fields before its first event: every field ``None`` but those :func:`_blank` sets.
+_BLANK: dict[str, Any] = dict.fromkeys(RunSnapshot.model_fields)
+
+
 def _blank(fact: _Fact) -> RunSnapshot:
-    return RunSnapshot(
-        run_id=fact.run_id,
-        state=RUN.initial,
-        created_at=fact.time,
-        updated_at=fact.time,
-        last_event_seq=None,
+    """A new run (``pending``, created and updated at the event's time), not validated: its values are the
+    event's validated id and aware UTC time (validating the snapshot cost ~8 us, once per run)."""
+    return constructed(
+        RunSnapshot,
+        {**_BLANK, "run_id": fact.run_id, "state": RUN.initial, "created_at": fact.time, "updated_at": fact.time},
     )
 
 

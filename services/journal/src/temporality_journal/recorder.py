@@ -256,8 +256,13 @@ def _sqlite_select_runs(count: int) -> str:
 def _sqlite_datetime(value: datetime) -> str:
     """How :class:`~temporality_journal.models.UTCDateTime` stores a datetime on SQLite (naive UTC in
     SQLAlchemy's SQLite ``DATETIME`` text format), so rows inserted here read back as any other."""
-    # ``YYYY-MM-DD HH:MM:SS.ffffff``: one C call (the f-string of each field cost ~2 us per event)
-    return as_utc(value).replace(tzinfo=None).isoformat(" ", "microseconds")
+    # ``YYYY-MM-DD HH:MM:SS.ffffff``: the first 26 characters of ``isoformat`` (the year always four digits, the
+    # fraction six), which a UTC time (an envelope's ``Z``, a time read back) has as they are: no copy made. A time
+    # at another offset is converted first; a naive one is UTC already. ``replace(tzinfo=None)`` and ``astimezone``
+    # on each time cost ~1 us more per event (the f-string of each field ~2 us).
+    if value.tzinfo is not UTC and value.utcoffset():
+        value = value.astimezone(UTC)
+    return value.isoformat(" ", "microseconds")[:26]
 
 
 #: PostgreSQL: the counter's row lock. SQLite has no row locks: a no-op write takes the database's write lock.

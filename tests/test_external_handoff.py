@@ -41,10 +41,8 @@ from temporality_embedded.natsserver import NatsServer
 from temporality_embedded.processes import ServiceProcess
 from temporality_protocol import (
     AgentTask,
-    HumanAnswered,
     HumanPolicy,
     LaunchSource,
-    OptionAnswer,
     RunRequested,
     RunState,
     TaskAction,
@@ -61,6 +59,7 @@ from temporality_run_executor.external import turn_of
 from temporality_run_executor.machine import handoff_ids
 from temporality_run_executor.records import RunRecord
 from temporality_testing.events import EventLog
+from temporality_testing.facts import answered_by
 
 AGENT = "handoff-bot"
 KEY = Ed25519PrivateKey.generate()
@@ -356,15 +355,7 @@ async def test_the_example_agent_asks_a_person_then_hands_its_task_off(
     log.close()
     try:
         (asked,) = await client.events.wait_for("human.requested", run_id=run_id, timeout_s=WAIT_S)
-        answered = HumanAnswered(
-            request_id=asked.data["request_id"],
-            run_id=run_id,
-            recipient="user:alice",
-            responder="user:alice",
-            answer=OptionAnswer(option_id="yes"),
-            channel="web",
-            waited_s=0.1,
-        )
+        answered = answered_by("alice", run_id, asked.data["request_id"], "yes", waited_s=0.1)
         event = make_event(answered, source="/test", id=f"evt-ha-{run_id}", run_id=run_id, correlation_id=saga)
         await client.bus.publish(event)
         (handed,) = await client.events.wait_for("agent.handed_off", run_id=run_id, timeout_s=WAIT_S)

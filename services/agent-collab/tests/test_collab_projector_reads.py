@@ -24,14 +24,13 @@ from temporality_protocol import (
     AgentSummary,
     Envelope,
     EventData,
-    HumanAnswered,
-    OptionAnswer,
     RunCompleted,
     RunStarted,
     derive_id,
     make_event,
 )
 from temporality_protocol.catalog import BUCKET_AGENTS, BUCKET_COLLAB
+from temporality_testing.facts import answered_by
 
 
 class Reads:
@@ -84,15 +83,7 @@ def _ev(data: EventData, run_id: str, correlation: str | None = None) -> Envelop
 
 
 def _lifecycle(run_id: str, agent: str, *, correlation: str | None = None) -> list[Envelope]:
-    answered = HumanAnswered(
-        request_id=derive_id("req", run_id),
-        run_id=run_id,
-        recipient="user:alice",
-        responder="user:alice",
-        answer=OptionAnswer(option_id="approve"),
-        channel="web",
-        waited_s=1.0,
-    )
+    answered = answered_by("alice", run_id, derive_id("req", run_id))
     return [
         _ev(RunStarted(run_id=run_id, agent=agent, role="review", title="Review PR 7"), run_id, correlation),
         _ev(answered, run_id, correlation),

@@ -24,8 +24,6 @@ from temporality_protocol import (
     CollaboratorsReply,
     Envelope,
     EventData,
-    HumanAnswered,
-    OptionAnswer,
     RunCompleted,
     RunFailed,
     RunStarted,
@@ -36,6 +34,7 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import BUCKET_COLLAB, CONSUMERS, DLQ_STREAM, EVENTS_STREAM, RPC_GET_COLLABORATORS
 from temporality_service import run_until
+from temporality_testing.facts import answered_by
 
 CONSUMER = CONSUMERS["agent-collab-runs"]
 PARENT = derive_id("run", "svc-parent")
@@ -56,15 +55,7 @@ def _saga_events() -> list[Envelope]:
             PARENT,
         ),
         _ev(
-            HumanAnswered(
-                request_id="req-1",
-                run_id=CHILD,
-                recipient="user:alice",
-                responder="user:alice",
-                answer=OptionAnswer(option_id="approve"),
-                channel="web",
-                waited_s=12.5,
-            ),
+            answered_by("alice", CHILD, "req-1", waited_s=12.5),
             CHILD,
             PARENT,
         ),
@@ -235,15 +226,7 @@ async def test_events_before_run_started_still_create_the_run(bus: Bus, collab: 
 async def test_concurrent_updates_of_one_saga_all_land(bus: Bus, collab: Replica) -> None:
     answers = [
         _ev(
-            HumanAnswered(
-                request_id=f"req-{n}",
-                run_id=PARENT,
-                recipient=f"user:u{n:02d}",
-                responder=f"user:u{n:02d}",
-                answer=OptionAnswer(option_id="ok"),
-                channel="web",
-                waited_s=1,
-            ),
+            answered_by(f"u{n:02d}", PARENT, f"req-{n}", "ok"),
             PARENT,
         )
         for n in range(30)

@@ -338,11 +338,11 @@ class RequestHandler:
                 await index_open(self._bus, record)
             ended = await self._ended(record)
             if ended is not None:
-                # A delivery this call stored with the record (the web inbox) is taken back with the cancel: the
-                # request was never announced, and its record says so as before (no channel, no copy).
-                unsent = self._delivered_by_store if known is not None else None
+                # A web inbox delivery stored with the record stays in it: the inbox listed the request from its
+                # create, so it was delivered, and is announced below like any delivered request (human.notified
+                # whenever the record has a channel, whichever cancel won and on every redelivery).
                 cancelled = await cancel_pending(
-                    self._bus, record.request_id, ended, None, self._observer, self._mirror, unsent=unsent
+                    self._bus, record.request_id, ended, None, self._observer, self._mirror
                 )
                 record = cancelled or record
                 known = None
@@ -385,14 +385,6 @@ class RequestHandler:
             sent_at=datetime.now(UTC),
         )
         return evolve(record, channel=receipt.channel, deliveries=[copy], failed_deliveries=failures)
-
-    def _delivered_by_store(self, record: HumanRequestRecord) -> bool:
-        """Whether ``record`` was delivered, and only by channels whose delivery is the stored record (the web
-        inbox): nothing was sent to anyone."""
-        return bool(record.deliveries) and all(
-            (adapter := self._adapters.get(copy.channel)) is not None and adapter.delivered_by_store
-            for copy in record.deliveries
-        )
 
     async def _drop_entries(self, ours: HumanRequestRecord, stored: HumanRequestRecord) -> None:
         """The run entry and the inbox entries this intake wrote for ``ours`` before it found the id stored by

@@ -19,6 +19,7 @@ from human_support import (
     timer_messages,
 )
 
+import temporality_human_interaction.requests as requests_module
 from temporality_bus import Bus, PermanentError, TransientError
 from temporality_human_interaction.channels import ChannelAdapter, DeliveryFailed, DeliveryReceipt, WebInboxAdapter
 from temporality_human_interaction.directory import Directory, UserProfile
@@ -341,6 +342,41 @@ async def test_a_run_end_handled_right_after_the_create_leaves_the_web_delivery_
     monkeypatch.setattr(handler, "_ended", end_first)
     await handler.handle(event)
     await delivered_then_withdrawn(bus, client, request_id)
+
+
+async def test_an_intake_that_loses_the_create_counts_no_web_delivery_and_announces_the_stored_one(
+    bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deliveries of the same ``human.requested`` (two replicas): the second one's create lands first, between
+    the first one's web inbox delivery and its create. The first gets AlreadyExists and goes on with the stored
+    record: one record, one ``human.notified``, and the web delivery counted once -- by the intake whose create
+    stored it (the loser's, made before its create, is not counted)."""
+    counted = _Deliveries()
+    adapters["web"].observer = counted
+    first, second = RequestHandler(bus, directory, adapters), RequestHandler(bus, directory, adapters)
+    event = requested(recipient="user:alice")
+    request_id = str(event.data["request_id"])
+    index_open = requests_module.index_open
+    overtaken = False
+
+    async def overtaken_before_the_create(bus_: Bus, record: HumanRequestRecord) -> None:
+        nonlocal overtaken
+        if not overtaken:  # the first intake, between its delivery and its create: the second one goes all through
+            overtaken = True
+            await second.handle(event)
+        await index_open(bus_, record)
+
+    monkeypatch.setattr(requests_module, "index_open", overtaken_before_the_create)
+    before = await _record_writes(bus)
+    await first.handle(event)
+    assert overtaken
+    assert await _record_writes(bus) - before == 1
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert (record.status, record.channel) == (HumanRequestState.PENDING, "web")
+    [notified] = await exactly(bus, "human.notified")
+    assert notified.payload(HumanNotified).channel == "web"
+    assert counted.seen == [("web", "", "delivered")]
 
 
 async def test_request_id_reused_by_another_run_is_permanent(bus: Bus, handler: RequestHandler) -> None:

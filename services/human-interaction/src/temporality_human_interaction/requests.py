@@ -309,8 +309,10 @@ class RequestHandler:
                     await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
                 await index_open(self._bus, record)
                 known = Versioned(record, await store.create(payload.request_id, record))
-                if record.channel is not None and self._recent is not None:  # the answer's compare-and-set base
-                    self._recent.put(payload.request_id, known)
+                if record.channel is not None:  # the web inbox delivery stored with it: made, and counted now
+                    self._count_delivered(record.channel)
+                    if self._recent is not None:  # the answer's compare-and-set base
+                        self._recent.put(payload.request_id, known)
                 indexed = True  # this record's entries (not those of one another delivery stored first)
                 log.info("request.stored", recipient=payload.recipient, expires_at=record.expires_at.isoformat())
                 dropped = configured_steps(record.policy.on_timeout) - len(plan(record))
@@ -385,6 +387,14 @@ class RequestHandler:
             sent_at=datetime.now(UTC),
         )
         return evolve(record, channel=receipt.channel, deliveries=[copy], failed_deliveries=failures)
+
+    def _count_delivered(self, channel: str) -> None:
+        """Count the delivery stored with the record this call created (:meth:`_delivered_with_record`), once:
+        made before the create, it is counted only when the create succeeded (not for a record another delivery
+        stored first, whose intake counted its own)."""
+        adapter = self._adapters.get(channel)
+        if adapter is not None:
+            adapter.count("delivered")
 
     async def _drop_entries(self, ours: HumanRequestRecord, stored: HumanRequestRecord) -> None:
         """The run entry and the inbox entries this intake wrote for ``ours`` before it found the id stored by

@@ -357,6 +357,9 @@ class RequestHandler:
         elif record.pending and decision.group:
             record = await self._deliver_to_members(store, record, decision)
         if record.pending and record.channel is not None:  # delivered: the timeout policy's chain starts (HUM-8)
+            # ``record`` is this call's copy: an answer bound (or a cancel) since it was stored still gets the
+            # step armed -- the inbox lists the request from the create on. Its firing reads the record and does
+            # nothing for a request no longer pending (deadlines.py): one timer, not re-read here to save it.
             await arm_next_step(self._bus, record)
         if record.channel is not None:
             fallback_from = None if record.channel == decision.profile.preferred else decision.profile.preferred

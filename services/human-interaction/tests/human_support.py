@@ -22,9 +22,11 @@ from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import (
     Envelope,
+    HumanNotified,
     HumanOption,
     HumanPolicy,
     HumanRequested,
+    HumanRequestState,
     LaunchSource,
     RunRequested,
     TimeoutPolicy,
@@ -147,6 +149,28 @@ async def exactly(
 async def stored(bus: Bus, request_id: str) -> HumanRequestRecord | None:
     got = await (await open_store(bus)).get(request_id)
     return got.value if got is not None else None
+
+
+async def delivered_then_withdrawn(bus: Bus, client: httpx.AsyncClient, request_id: str) -> HumanRequestRecord:
+    """Alice's request, delivered on the web inbox in its record's create and cancelled since (its run ended or
+    withdrew it): the record keeps the delivery, the journal holds its ``human.notified`` exactly once, and alice
+    sees the request withdrawn -- cancelled when she opens it, gone from her inbox, an answer refused. A cancel
+    publishes nothing of its own: the run's end (or ``human.cancel_requested``) is the run-executor's event."""
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.CANCELLED
+    assert record.channel == "web"  # listed in the inbox from the create: delivered
+    assert [c.channel for c in record.deliveries] == ["web"]
+    [notified] = await exactly(bus, "human.notified", settle_s=0.5)
+    assert notified.payload(HumanNotified).request_id == request_id
+    for outcome in ("human.answered", "human.expired", "human.rejected"):
+        assert await events_of(bus, outcome) == []
+    shown = await client.get(f"/requests/{request_id}", headers=ALICE)
+    assert (shown.status_code, shown.json()["status"]) == (200, "cancelled")
+    assert request_id not in [r["id"] for r in (await client.get("/inbox", headers=ALICE)).json()["requests"]]
+    late = await client.post(f"/requests/{request_id}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
+    assert late.status_code == 409
+    return record
 
 
 async def lose_answer_publish(bus: Bus, client: httpx.AsyncClient, request_id: str, option_id: str = "keep-v1") -> None:

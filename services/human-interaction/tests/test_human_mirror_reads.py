@@ -12,7 +12,17 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from human_support import ALICE, USERS_FILE, count_requests, events_of, exactly, requested, stored, timer_messages
+from human_support import (
+    ALICE,
+    USERS_FILE,
+    count_requests,
+    delivered_then_withdrawn,
+    events_of,
+    exactly,
+    requested,
+    stored,
+    timer_messages,
+)
 
 import temporality_human_interaction.requests as requests_module
 from temporality_bus import Bus, PermanentError
@@ -77,28 +87,33 @@ def _withdrawal(run_id: str, request_id: str) -> Envelope:
 
 @pytest.mark.parametrize("ending", ["run_end", "withdrawal"])
 async def test_a_request_whose_run_ended_before_is_cancelled_at_intake(
-    bus: Bus, mirrored: RequestHandler, mirror: ChannelMirror, ending: str
+    bus: Bus, client: httpx.AsyncClient, mirrored: RequestHandler, mirror: ChannelMirror, ending: str
 ) -> None:
+    """The run ended before the intake: its web inbox delivery is stored with the record (the inbox lists it from
+    the create), so it is announced, and alice sees it withdrawn (human_support.delivered_then_withdrawn)."""
     asked = requested()
     request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
     ends = RunEndHandler(bus, mirror=mirror)
     await ends.handle(_ended(run_id) if ending == "run_end" else _withdrawal(run_id, request_id))
     await mirrored.handle(asked)
-    record = await stored(bus, request_id)
-    assert record is not None
-    assert record.status is HumanRequestState.CANCELLED
-    assert record.channel is None  # never sent
+    await delivered_then_withdrawn(bus, client, request_id)
 
 
 @pytest.mark.parametrize("ending", ["run_end", "withdrawal"])
-async def test_a_run_that_ends_while_its_request_is_being_stored_is_never_sent_even_with_the_mirror_behind(
-    bus: Bus, mirrored: RequestHandler, mirror: ChannelMirror, ending: str, monkeypatch: pytest.MonkeyPatch
+async def test_a_run_that_ends_while_its_request_is_being_stored_is_cancelled_even_with_the_mirror_behind(
+    bus: Bus,
+    client: httpx.AsyncClient,
+    mirrored: RequestHandler,
+    mirror: ChannelMirror,
+    ending: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The end comes between the intake's run entry and its record, handled by another replica (no mirror of its
     own here), while this replica's mirror has not applied the marker yet (hidden from it): the end finds no record
     to cancel, so the intake must see the marker once its record is stored -- it reads the bucket, not the
-    mirror, and cancels the request before anyone is notified. (Read from the lagging mirror, the question was
-    sent for a run that had ended, and nothing cancelled it.) The end is handled once, with no retry."""
+    mirror, and cancels the request. (Read from the lagging mirror, the question stayed pending for a run that
+    had ended, and nothing cancelled it.) Its web inbox delivery, stored with the record, is kept and announced:
+    the person sees it withdrawn. The end is handled once, with no retry."""
     asked = requested()
     request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
     end = _ended(run_id) if ending == "run_end" else _withdrawal(run_id, request_id)
@@ -116,12 +131,7 @@ async def test_a_run_that_ends_while_its_request_is_being_stored_is_never_sent_e
 
     monkeypatch.setattr(requests_module, "index_open", end_meanwhile)
     await mirrored.handle(asked)
-    record = await stored(bus, request_id)
-    assert record is not None
-    assert record.status is HumanRequestState.CANCELLED
-    assert record.channel is None  # never sent
-    assert record.deliveries == []
-    assert [e for e in await events_of(bus, "human.notified") if e.runid == run_id] == []
+    await delivered_then_withdrawn(bus, client, request_id)
     await RunEndHandler(bus, mirror=mirror).handle(end)  # a redelivery of the end: nothing left to do
 
 

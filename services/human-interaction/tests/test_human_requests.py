@@ -3,18 +3,40 @@
 from __future__ import annotations
 
 import asyncio
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import httpx
 import pytest
-from human_support import ALICE, BOB, count_requests, events_of, requested, stored, timer_messages
+from human_support import (
+    ALICE,
+    BOB,
+    count_requests,
+    delivered_then_withdrawn,
+    events_of,
+    exactly,
+    requested,
+    stored,
+    timer_messages,
+)
 
+import temporality_human_interaction.requests as requests_module
 from temporality_bus import Bus, PermanentError, TransientError
 from temporality_human_interaction.channels import ChannelAdapter, DeliveryFailed, DeliveryReceipt, WebInboxAdapter
 from temporality_human_interaction.directory import Directory, UserProfile
+from temporality_human_interaction.metrics import DeliveryOutcome
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy, open_store
 from temporality_human_interaction.requests import RequestHandler
-from temporality_protocol import HumanExpired, HumanNotified, HumanRejected, HumanRequestState, derive_id, make_event
+from temporality_human_interaction.runs import RunEndHandler
+from temporality_protocol import (
+    Envelope,
+    HumanExpired,
+    HumanNotified,
+    HumanRejected,
+    HumanRequestState,
+    RunCompleted,
+    derive_id,
+    make_event,
+)
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS, TIMER_SCHEDULE_HUMAN, TIMERS_STREAMS
 from temporality_protocol.events import HumanRequested
 
@@ -237,6 +259,124 @@ async def test_a_channel_that_sends_still_sends_only_once_the_record_is_stored(b
     assert record.channel == "matrix"
     assert [(d.channel, d.reference) for d in record.deliveries] == [("matrix", "$event")]
     assert record.failed_deliveries == []
+
+
+class _NotifiedLost(Exception):
+    """Stands for the process dying as it publishes ``human.notified`` (after the record's create)."""
+
+
+class _CrashingBus:
+    """The real bus, except that the first ``human.notified`` publish dies."""
+
+    def __init__(self, bus: Bus) -> None:
+        self._bus = bus
+        self.crashed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._bus, name)
+
+    async def publish(self, event: Envelope) -> object:
+        if event.type == HumanNotified.EVENT_TYPE and not self.crashed:
+            self.crashed = True
+            raise _NotifiedLost(event.id)
+        return await self._bus.publish(event)
+
+
+class _Deliveries:
+    """The delivery attempts the adapters report (as :class:`~.metrics.HumanMetrics` counts them)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    def delivery(self, channel: str, tag: str, outcome: DeliveryOutcome) -> None:
+        self.seen.append((channel, tag, outcome))
+
+
+async def test_a_crash_after_the_web_first_create_is_announced_once_by_the_redelivery(
+    bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]
+) -> None:
+    """The web inbox delivery is stored in the record's create; the process dies before ``human.notified``. The
+    redelivery finds the record delivered: it publishes ``human.notified`` exactly once and writes no record (no
+    second create, no delivery's compare-and-set), and the delivery is counted once."""
+    crashing = _CrashingBus(bus)
+    counted = _Deliveries()
+    adapters["web"].observer = counted
+    handler = RequestHandler(cast(Bus, crashing), directory, adapters)
+    event = requested(recipient="user:alice")
+    request_id = str(event.data["request_id"])
+    before = await _record_writes(bus)
+    with pytest.raises(_NotifiedLost):
+        await handler.handle(event)
+    assert await _record_writes(bus) - before == 1
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert (record.status, record.channel) == (HumanRequestState.PENDING, "web")
+    assert await events_of(bus, "human.notified") == []  # lost with the process
+
+    await handler.handle(event)  # the redelivery
+    [notified] = await exactly(bus, "human.notified")
+    payload = notified.payload(HumanNotified)
+    assert (payload.request_id, payload.channel, payload.fallback_from) == (request_id, "web", "matrix")
+    assert await _record_writes(bus) - before == 1
+    assert await stored(bus, request_id) == record
+    assert await timer_messages(bus, f"{TIMER_SCHEDULE_HUMAN}.{request_id}") == 1  # the deadline, once
+    assert counted.seen == [("web", "", "delivered")]
+
+
+async def test_a_run_end_handled_right_after_the_create_leaves_the_web_delivery_announced(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run ends between the record's create (with its web inbox delivery) and the intake's read of the markers,
+    and the run end's handler cancels it first: the intake finds it cancelled. The delivery stays and is announced,
+    as when the intake's own cancel wins (test_human_mirror_reads.py, test_human_withdraw.py)."""
+    event = requested(recipient="user:alice")
+    request_id, run_id = str(event.data["request_id"]), str(event.data["run_id"])
+    ended = handler._ended
+
+    async def end_first(record: HumanRequestRecord) -> str | None:
+        await RunEndHandler(bus).handle(
+            make_event(RunCompleted(run_id=run_id, result="done", turns=1), source="/test", run_id=run_id)
+        )
+        return await ended(record)
+
+    monkeypatch.setattr(handler, "_ended", end_first)
+    await handler.handle(event)
+    await delivered_then_withdrawn(bus, client, request_id)
+
+
+async def test_an_intake_that_loses_the_create_counts_no_web_delivery_and_announces_the_stored_one(
+    bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deliveries of the same ``human.requested`` (two replicas): the second one's create lands first, between
+    the first one's web inbox delivery and its create. The first gets AlreadyExists and goes on with the stored
+    record: one record, one ``human.notified``, and the web delivery counted once -- by the intake whose create
+    stored it (the loser's, made before its create, is not counted)."""
+    counted = _Deliveries()
+    adapters["web"].observer = counted
+    first, second = RequestHandler(bus, directory, adapters), RequestHandler(bus, directory, adapters)
+    event = requested(recipient="user:alice")
+    request_id = str(event.data["request_id"])
+    index_open = requests_module.index_open
+    overtaken = False
+
+    async def overtaken_before_the_create(bus_: Bus, record: HumanRequestRecord) -> None:
+        nonlocal overtaken
+        if not overtaken:  # the first intake, between its delivery and its create: the second one goes all through
+            overtaken = True
+            await second.handle(event)
+        await index_open(bus_, record)
+
+    monkeypatch.setattr(requests_module, "index_open", overtaken_before_the_create)
+    before = await _record_writes(bus)
+    await first.handle(event)
+    assert overtaken
+    assert await _record_writes(bus) - before == 1
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert (record.status, record.channel) == (HumanRequestState.PENDING, "web")
+    [notified] = await exactly(bus, "human.notified")
+    assert notified.payload(HumanNotified).channel == "web"
+    assert counted.seen == [("web", "", "delivered")]
 
 
 async def test_request_id_reused_by_another_run_is_permanent(bus: Bus, handler: RequestHandler) -> None:

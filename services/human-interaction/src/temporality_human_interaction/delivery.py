@@ -79,9 +79,9 @@ async def deliver_with_record(
             continue
         if not adapter.delivers_with_record(profile):
             return None
-        try:
-            receipt = await adapter.deliver(record, profile)
-        except ChannelError:  # the usual path tries it again once the record is stored, and reports why
+        try:  # not counted here: the intake counts it once the record that carries it is created
+            receipt = await adapter.deliver(record, profile, counted=False)
+        except ChannelError:  # the usual path tries it again once the record is stored, counts and reports it
             return None
         log.info("delivery.with_record", channel=receipt.channel, failed=len(failures))
         return receipt, failures

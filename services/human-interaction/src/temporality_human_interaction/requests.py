@@ -309,8 +309,10 @@ class RequestHandler:
                     await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
                 await index_open(self._bus, record)
                 known = Versioned(record, await store.create(payload.request_id, record))
-                if record.channel is not None and self._recent is not None:  # the answer's compare-and-set base
-                    self._recent.put(payload.request_id, known)
+                if record.channel is not None:  # the web inbox delivery stored with it: made, and counted now
+                    self._count_delivered(record.channel)
+                    if self._recent is not None:  # the answer's compare-and-set base
+                        self._recent.put(payload.request_id, known)
                 indexed = True  # this record's entries (not those of one another delivery stored first)
                 log.info("request.stored", recipient=payload.recipient, expires_at=record.expires_at.isoformat())
                 dropped = configured_steps(record.policy.on_timeout) - len(plan(record))
@@ -338,11 +340,11 @@ class RequestHandler:
                 await index_open(self._bus, record)
             ended = await self._ended(record)
             if ended is not None:
-                # A delivery this call stored with the record (the web inbox) is taken back with the cancel: the
-                # request was never announced, and its record says so as before (no channel, no copy).
-                unsent = self._delivered_by_store if known is not None else None
+                # A web inbox delivery stored with the record stays in it: the inbox listed the request from its
+                # create, so it was delivered, and is announced below like any delivered request (human.notified
+                # whenever the record has a channel, whichever cancel won and on every redelivery).
                 cancelled = await cancel_pending(
-                    self._bus, record.request_id, ended, None, self._observer, self._mirror, unsent=unsent
+                    self._bus, record.request_id, ended, None, self._observer, self._mirror
                 )
                 record = cancelled or record
                 known = None
@@ -355,6 +357,9 @@ class RequestHandler:
         elif record.pending and decision.group:
             record = await self._deliver_to_members(store, record, decision)
         if record.pending and record.channel is not None:  # delivered: the timeout policy's chain starts (HUM-8)
+            # ``record`` is this call's copy: an answer bound (or a cancel) since it was stored still gets the
+            # step armed -- the inbox lists the request from the create on. Its firing reads the record and does
+            # nothing for a request no longer pending (deadlines.py): one timer, not re-read here to save it.
             await arm_next_step(self._bus, record)
         if record.channel is not None:
             fallback_from = None if record.channel == decision.profile.preferred else decision.profile.preferred
@@ -386,13 +391,13 @@ class RequestHandler:
         )
         return evolve(record, channel=receipt.channel, deliveries=[copy], failed_deliveries=failures)
 
-    def _delivered_by_store(self, record: HumanRequestRecord) -> bool:
-        """Whether ``record`` was delivered, and only by channels whose delivery is the stored record (the web
-        inbox): nothing was sent to anyone."""
-        return bool(record.deliveries) and all(
-            (adapter := self._adapters.get(copy.channel)) is not None and adapter.delivered_by_store
-            for copy in record.deliveries
-        )
+    def _count_delivered(self, channel: str) -> None:
+        """Count the delivery stored with the record this call created (:meth:`_delivered_with_record`), once:
+        made before the create, it is counted only when the create succeeded (not for a record another delivery
+        stored first, whose intake counted its own)."""
+        adapter = self._adapters.get(channel)
+        if adapter is not None:
+            adapter.count("delivered")
 
     async def _drop_entries(self, ours: HumanRequestRecord, stored: HumanRequestRecord) -> None:
         """The run entry and the inbox entries this intake wrote for ``ours`` before it found the id stored by

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from temporality_bus import Bus, Delivery, NotFound, evolve
+from temporality_bus import Bus, Delivery, NotFound
 from temporality_bus.listing import stored_keys
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ids_of, ref_key
 from temporality_human_interaction.inbox import unindex
@@ -120,28 +120,19 @@ async def cancel_pending(
     mirror: ChannelMirror | None = None,
     *,
     run_id: str | None = None,
-    unsent: Callable[[HumanRequestRecord], bool] | None = None,
 ) -> HumanRequestRecord | None:
     """Cancel ``request_id`` if it is pending; show the outcome when it is (now or already) cancelled.
 
     ``observer`` is told the cancelled request once, by the call whose compare-and-set cancelled it.
     ``mirror``: passed to :func:`~.inbox.unindex` (the run entry's mark). ``run_id``: only a request of that
     run is cancelled (another run's is left alone: an index entry under a run that does not own the id).
-    ``unsent``: the intake cancels a request it has just stored with its web inbox delivery and not announced; when
-    it holds for the record as stored (its copies are only such deliveries), the same compare-and-set takes them
-    back (no channel, no copy), as if none had been made."""
+    A delivery the record holds stays in it (the person was reached: the web inbox listed it from its create)."""
     store = await open_store(bus)
-
-    def cancel(r: HumanRequestRecord) -> HumanRequestRecord | None:
-        if not r.pending or run_id not in (None, r.run_id):
-            return None
-        cancelled = r.moved_to(HumanRequestState.CANCELLED)
-        if unsent is not None and unsent(r):
-            cancelled = evolve(cancelled, channel=None, deliveries=[], failed_deliveries=[])
-        return cancelled
-
     try:
-        result = await store.modify(request_id, cancel)
+        result = await store.modify(
+            request_id,
+            lambda r: r.moved_to(HumanRequestState.CANCELLED) if r.pending and run_id in (None, r.run_id) else None,
+        )
     except NotFound:
         return None
     record = result.value

@@ -212,9 +212,19 @@ class ChannelAdapter(abc.ABC):
         (Matrix's transaction id) sends it once."""
 
     async def deliver(
-        self, request: HumanRequestRecord, profile: UserProfile, *, banner: str | None = None, tag: str = ""
+        self,
+        request: HumanRequestRecord,
+        profile: UserProfile,
+        *,
+        banner: str | None = None,
+        tag: str = "",
+        counted: bool = True,
     ) -> DeliveryReceipt:
-        """Deliver ``request`` to the person behind ``profile``. Do not override: implement :meth:`do_deliver`."""
+        """Deliver ``request`` to the person behind ``profile``. Do not override: implement :meth:`do_deliver`.
+
+        ``counted=False``: the attempt is not told to :attr:`observer`; the caller counts it (:meth:`count`) once
+        its outcome holds -- the intake's web inbox delivery, which is made only when the record that carries it is
+        created (a failure is tried and counted again by the delivery after the create)."""
         if self.available and not self.reaches(profile):  # not tried, so not an attempt
             raise ChannelUnavailable(f"channel {self.name} has no identity for {profile.display_name}")
         try:
@@ -222,18 +232,23 @@ class ChannelAdapter(abc.ABC):
             request, _ = self.egress.for_channel(request, self.name)
             receipt = await self.do_deliver(request, profile, banner=banner, tag=tag)
         except ChannelUnavailable:
-            self._observe(tag, "unavailable")
+            if counted:
+                self.count("unavailable", tag=tag)
             raise
         except ChannelError:
-            self._observe(tag, "failed")
+            if counted:
+                self.count("failed", tag=tag)
             raise
         except Exception as exc:
-            self._observe(tag, "failed")
+            if counted:
+                self.count("failed", tag=tag)
             raise DeliveryFailed(f"channel {self.name} failed to deliver {request.request_id}: {exc!r}") from exc
-        self._observe(tag, "delivered")
+        if counted:
+            self.count("delivered", tag=tag)
         return receipt
 
-    def _observe(self, tag: str, outcome: DeliveryOutcome) -> None:
+    def count(self, outcome: DeliveryOutcome, *, tag: str = "") -> None:
+        """Tell :attr:`observer` one delivery attempt on this channel and its outcome."""
         if self.observer is not None:
             self.observer.delivery(self.name, tag, outcome)
 

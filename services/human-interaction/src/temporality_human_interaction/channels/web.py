@@ -1,8 +1,12 @@
 """The web inbox adapter: delivery means the request is visible in the person's inbox.
 
-The record is already in KV (it is persisted before any delivery) and ``GET /inbox`` lists the
-recipient's pending records, so there is nothing to send: delivering checks the person can sign
-in to the inbox at all (has an inbox token) and records that the web channel carried it. Its
+``GET /inbox`` lists the recipient's pending stored records, so there is nothing to send: delivering
+checks the person can sign in to the inbox at all (has an inbox token) and records that the web channel
+carried it. When the web inbox is the first channel with an adapter in the person's order, the intake
+makes this delivery before the record is stored and stores it with the record, in its create
+(:attr:`delivered_by_store`): the question is in the inbox from that create on, so it is delivered and
+announced (``human.notified``) even when the request is cancelled right after. Otherwise (a fallback after
+a channel that sends, a reminder, a group member) it is delivered once the record is stored. Its
 inbound side is the API's ``POST /requests/{id}/answer``, which hands the answer to the same
 :class:`~temporality_human_interaction.inbound.AnswerRouter` as every chat adapter. Updating a
 sent copy needs nothing (``GET /requests/{id}`` shows the outcome); the inbox carries no

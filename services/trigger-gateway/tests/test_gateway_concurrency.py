@@ -12,6 +12,7 @@ from unittest.mock import patch
 import httpx
 import pytest
 from gateway_support import (
+    AGENTS,
     AS_ADMIN,
     AS_OPERATOR,
     AS_VIEWER,
@@ -24,29 +25,33 @@ from gateway_support import (
     webhook_spec,
 )
 
-from temporality_bus import Bus, PublishResult, TransientError
+from temporality_bus import Bus, Delivery, PublishResult, TransientError
 from temporality_protocol import (
     CONTENT_TYPE,
     Envelope,
     RunCompleted,
     RunFailed,
+    decode,
     derive_id,
     encode,
     make_event,
     run_id_for_delivery,
 )
-from temporality_protocol.catalog import BUCKET_CONCURRENCY
+from temporality_protocol.catalog import BUCKET_CONCURRENCY, CONSUMERS, EVENTS_STREAM
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 from temporality_trigger_gateway import Settings, TriggerConfig
 from temporality_trigger_gateway.concurrency import KeyState, state_key
 from temporality_trigger_gateway.deliveries import Deliveries
+from temporality_trigger_gateway.events import EventTriggers
 from temporality_trigger_gateway.launch import Launcher
 from temporality_trigger_gateway.redrive import DeliveryAccepted, redrive
+from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
 
 KEY = "join('/', [payload.repository.id, to_string(payload.pull_request.id)])"
 #: The key of the pull request in ``pr-created.json`` (repository id / pull request id).
 PR_KEY = "9e3c4b1a-7d2f-4c6e-8a5b-1f0e2d3c4b5a/7"
+EVENTS_DURABLE = "trigger-gateway-events"
 
 
 def _spec(trigger_id: str, policy: str, **concurrency: Any) -> dict[str, Any]:
@@ -488,3 +493,41 @@ async def test_a_failed_delivery_is_recorded_as_failed_and_its_redrive_starts_th
         await redrive(launcher, trigger, redriven)
     await event_log.caught_up()
     assert len(event_log.of_type("run.requested")) == 1
+
+
+async def test_a_replica_behind_the_trigger_store_keeps_a_queued_launch_for_the_redelivery(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    """The active run's end reaches a replica whose watch has not served the trigger yet: it must not take the
+    queued launch of a trigger it does not know for one that is gone (dropped for good), but have the end
+    redelivered; once its watch caught up, the redelivery starts the queued run."""
+    async with replicas(gateway_settings, 1) as (a,):
+        await _create(a, _spec("pr-lag", "queue", max_queued=2))
+        one, two = (_run_of("pr-lag", n) for n in (1, 2))
+        assert (await post(a, _push(1), "pr-lag")).json()["status"] == "accepted"
+        assert (await post(a, _push(2), "pr-lag")).json()["status"] == "queued"
+    ended = _ended(one)
+    await bus.publish(ended)
+    store = await TriggerStore.open(bus)
+    registry = TriggerRegistry(environ={}, agents=AGENTS)  # not watching yet: behind the store
+    handler = EventTriggers(registry, Launcher(bus, retry_after_s=1), store=store, store_wait_s=0.2)
+    sub = await bus.js.pull_subscribe_bind(durable=CONSUMERS[EVENTS_DURABLE].durable, stream=EVENTS_STREAM.name)
+    try:
+        while True:  # what the stopped replica left unhandled (none expected) is not this test's
+            (msg,) = await sub.fetch(batch=1, timeout=10)
+            if decode(msg.data).id == ended.id:
+                break
+            await msg.ack()
+        delivery = Delivery(msg)
+        with pytest.raises(TransientError, match="redelivered"):
+            await handler.handle(decode(msg.data), delivery)
+        assert await _active_is(bus, "pr-lag", one)  # nothing released, nothing dropped
+        delivery.num_delivered = 2
+        async with registry.watching(store):  # caught up: the redelivery releases the key, the queued run starts
+            await handler.handle(decode(msg.data), delivery)
+        await msg.ack()
+    finally:
+        await sub.unsubscribe()
+    (started,) = await event_log.wait_for("run.requested", run_id=two, timeout_s=10)
+    assert started.data["input"]["pull_request"] == 7
+    assert await _active_is(bus, "pr-lag", two)

@@ -187,12 +187,14 @@ class EventTriggers:
 
     async def handle(self, envelope: Envelope, delivery: Delivery) -> None:
         """One event: a run's end releases its concurrency key (the next queued run starts); then launch (or
-        refuse) for each enabled, matching, already active event trigger."""
+        refuse) for each enabled, matching, already active event trigger. Both decide on the triggers stored
+        before the event (:meth:`_sync` first): a replica behind the store would drop the queued launch of a
+        trigger it does not know yet as if the trigger were gone."""
+        await self._sync(delivery)
         if envelope.type in RUN_ENDS:
             ended = _run_of(envelope)
             if ended is not None:
                 await self._release(ended, envelope)
-        await self._sync(delivery)
         triggers = self.listening(envelope.type)
         if not triggers:
             return

@@ -43,7 +43,7 @@ import httpx
 from nats import connect as nats_connect
 from nats.aio.msg import Msg
 
-from temporality_bus import Bus, NatsSettings
+from temporality_bus import Bus, NatsSettings, written_out
 from temporality_embedded import free_port
 from temporality_embedded.natsserver import NatsServer
 from temporality_protocol import (
@@ -301,7 +301,7 @@ async def _round(
                 try:
                     if spy is not None and wire is not None:
                         await spy.subscribe(">", cb=wire.on)
-                        await spy.flush()
+                        await written_out(spy)
                         wire.counting = True
                     before_cpu, retries = _cpu_s(service.proc.pid), service.retries()
                     seconds = await batch(loops)

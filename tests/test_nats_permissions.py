@@ -28,7 +28,7 @@ from temporality_agent_collab.__main__ import SPEC as COLLAB
 from temporality_agent_collab.__main__ import configure as configure_collab
 from temporality_agent_collab.settings import Settings as CollabSettings
 from temporality_agent_collab.signing import public_key_text, sign
-from temporality_bus import Bus, NatsSettings, Timers
+from temporality_bus import Bus, NatsSettings, Timers, written_out
 from temporality_embedded import NatsServer, Stack
 from temporality_embedded.cli import nats_authorization
 from temporality_embedded.natsserver import password_variable
@@ -294,7 +294,7 @@ async def test_a_service_cannot_read_another_services_inbox_and_responders_still
 
         await collab.subscribe(RPC_GET_COLLABORATORS, queue="agent-collab", cb=answer)
         await collab.subscribe(RPC_AGENTS_REGISTER, queue="agent-collab", cb=answer)
-        await collab.flush()
+        await written_out(collab)
         snooped: list[bytes] = []
 
         async def snoop(msg: Any) -> None:
@@ -302,7 +302,7 @@ async def test_a_service_cannot_read_another_services_inbox_and_responders_still
 
         await gateway.subscribe("_INBOX.run-executor.>", cb=snoop)  # another service's replies: refused
         await gateway.subscribe("_INBOX.>", cb=snoop)  # everyone's: refused
-        await gateway.flush()
+        await written_out(gateway)
         await _violations_of(violations, 'subscription to "_inbox.run-executor.>"', 'subscription to "_inbox.>"')
         reply = await executor.request(RPC_GET_COLLABORATORS, b"{}", timeout=5)  # the run-executor asks
         assert reply.data == b'{"collaborators": []}'
@@ -502,7 +502,7 @@ async def test_an_external_agent_reads_only_its_own_replies(secured: NatsServer)
         await msg.respond(b'{"policy": "for example-agent only"}')
 
     await admin.subscribe(register, cb=answer)
-    await admin.flush()
+    await written_out(admin)
     mine, theirs = agent_subject(register, "example-agent"), agent_subject(register, "other-agent")
     agent = await nats.connect(
         secured.url,
@@ -527,7 +527,7 @@ async def test_an_external_agent_reads_only_its_own_replies(secured: NatsServer)
 
         await other.subscribe("_INBOX.example-agent.>", cb=snoop)
         await other.subscribe("_INBOX.>", cb=snoop)
-        await other.flush()
+        await written_out(other)
         await _violations_of(violations, 'subscription to "_inbox.example-agent.>"', 'subscription to "_inbox.>"')
         reply = await agent.request(mine, b"{}", timeout=5)
         assert reply.data == b'{"policy": "for example-agent only"}'
@@ -553,7 +553,7 @@ async def test_the_server_lets_an_external_agent_register_and_nothing_else(secur
         await msg.respond(b'{"accepted": true}')
 
     await admin.subscribe(register, cb=answer)
-    await admin.flush()
+    await written_out(admin)
     agent = await nats.connect(
         secured.url,
         user="example-agent",
@@ -615,7 +615,7 @@ async def test_two_external_agents_each_speak_only_for_themselves(secured: NatsS
         journaled.append(json.loads(msg.data)["data"])
 
     await admin.subscribe(subject_for(AgentMessageRefused.EVENT_TYPE), cb=refused)
-    await admin.flush()
+    await written_out(admin)
     agents = {
         name: await nats.connect(
             secured.url,
@@ -864,7 +864,7 @@ async def test_a_journal_subscriber_may_do_nothing_else(secured: NatsServer) -> 
             await js.stream_info(DLQ_STREAM.name)
         await nc.subscribe("_INBOX.>")  # everyone's replies: refused (reported asynchronously)
         await nc.subscribe(subject_for("run.completed"))  # the events outside a consumer
-        await nc.flush()
+        await written_out(nc)
         await _violations_of(
             violations,
             "temporality.events.run.completed",

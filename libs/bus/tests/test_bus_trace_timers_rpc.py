@@ -18,7 +18,18 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import BaseModel, Field
 
-from temporality_bus import Bus, Consumer, Delivery, Failure, NatsSettings, Request, Responder, Timers, tracing
+from temporality_bus import (
+    Bus,
+    Consumer,
+    Delivery,
+    Failure,
+    NatsSettings,
+    Request,
+    Responder,
+    Timers,
+    tracing,
+    written_out,
+)
 from temporality_protocol import RunFailed, decode, make_event
 from temporality_protocol.catalog import EVENTS_STREAM, ConsumerSpec
 from temporality_testing.spans import spans_in_memory
@@ -242,7 +253,7 @@ async def test_with_tracing_off_a_request_carries_no_headers(
         await msg.respond(Pong(text="ok").model_dump_json().encode())
 
     sub = await other_bus.nc.subscribe(SUBJECT, cb=record)
-    await other_bus.nc.flush()
+    await written_out(other_bus.nc)
     try:
         assert (await _request(bus, Ping(text="x"))).text == "ok"
     finally:

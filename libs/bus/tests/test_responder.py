@@ -6,11 +6,12 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import nats
 import nats.errors
 import pytest
 from pydantic import BaseModel, Field
 
-from temporality_bus import Bus, Failure, NatsSettings, Request, Responder
+from temporality_bus import Bus, Failure, NatsSettings, Request, Responder, written_out
 
 SUBJECT = "temporality.rpc.test.echo"
 
@@ -252,3 +253,34 @@ async def test_negotiation_needs_a_declared_versions_field_or_can_be_off(bus: Bu
         assert await _ask(bus, b'{"text": "x"}') == Pong(text="x", version=None)
     finally:
         await plain.stop()
+
+
+async def test_written_out_pings_after_the_buffered_subscription(nats_settings: NatsSettings) -> None:
+    """What ``written_out`` relies on, watched at the socket: nats-py's ``flush`` writes its ``PING`` ahead of the
+    ``SUB`` still in its buffer (so its ``PONG`` proves nothing about the subscription); the second ``PING`` goes
+    out after the ``SUB``, and its ``PONG`` comes only once the server has read it."""
+    nc = await nats.connect(nats_settings.url)
+    try:
+        await nc.flush()
+        writes: list[bytes] = []
+        transport = nc._transport
+        assert transport is not None
+        write, writelines = transport.write, transport.writelines
+
+        def recorded(data: bytes) -> None:
+            writes.append(bytes(data))
+            write(data)
+
+        def recorded_lines(data: list[bytes]) -> None:
+            writes.extend(bytes(line) for line in data)
+            writelines(data)
+
+        transport.write = recorded  # type: ignore[method-assign]
+        transport.writelines = recorded_lines  # type: ignore[method-assign]
+        await nc.subscribe("written.out.check")
+        await written_out(nc)
+        sent = b"".join(writes)
+        assert sent.count(b"PING\r\n") == 2
+        assert sent.index(b"SUB written.out.check") < sent.rindex(b"PING\r\n")
+    finally:
+        await nc.close()

@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from temporality_agent_collab.hosted import HostedAgent, HostedAgents, hosted_key
 from temporality_agent_collab.participants import RunIndex, SagaParticipants, saga_key
 from temporality_agent_collab.projector import Projector
-from temporality_bus import Bus, NatsSettings
+from temporality_bus import Bus, NatsSettings, written_out
 from temporality_protocol import (
     AgentSummary,
     Envelope,
@@ -46,7 +46,7 @@ class Reads:
 
     async def start(self) -> None:
         await self._nc.subscribe(f"$JS.API.STREAM.MSG.GET.KV_{self._bucket}", cb=self._seen)
-        await self._nc.flush()
+        await written_out(self._nc)
 
     async def settled(self) -> int:
         """The count once every request made so far has reached this connection (the server forwards each

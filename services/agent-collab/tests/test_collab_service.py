@@ -93,9 +93,10 @@ def _query(run_id: str, versions: list[str] | None = None) -> bytes:
 async def _ask(bus: Bus, body: bytes) -> CollaboratorsReply:
     """One get_collaborators request.
 
-    nats-server 2.15 + nats-py 2.16 occasionally (~0.5 %, reproduced without any Temporality code)
-    answer "no responders" to a request sent right after another connection's SUB + flush; a flush
-    of the requesting connection makes the interest visible. A requester treats that as transient.
+    A request sent right after another connection's SUB + ``flush()`` occasionally (~0.5 %) got "no
+    responders": nats-py's flush writes its PING ahead of the buffered SUB, so its PONG did not mean the
+    server had the subscription. The responder now waits with ``temporality_bus.written_out`` (two flushes)
+    before it reports running; a requester still treats "no responders" as transient, as any client should.
     """
     for _ in range(3):
         try:

@@ -42,7 +42,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from replica_support import replica
 
-from temporality_bus import NatsSettings
+from temporality_bus import NatsSettings, written_out
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import (
     HumanPolicy,
@@ -175,7 +175,7 @@ async def test_a_question_answered_on_the_web_costs_a_bounded_number_of_requests
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             wire = Wire()
             await nc.subscribe(">", cb=wire.on)
-            await nc.flush()
+            await written_out(nc)
             await _loop(nc, http, wire)  # the first: the start's own work (its sweep) settles meanwhile
             loops: list[Counter[str]] = []
             for _ in range(3):

@@ -18,7 +18,7 @@ from temporality_bus.listing import live_entries, live_keys
 from temporality_bus.models import evolve, revalidated
 from temporality_bus.pipeline import Pipeline
 from temporality_bus.provenance import ForgedEvent, SourceCheck
-from temporality_bus.responder import Failure, Request, Responder
+from temporality_bus.responder import Failure, Request, Responder, written_out
 from temporality_bus.settings import NatsSettings
 from temporality_bus.store import Modified, Recent, Store, Versioned
 from temporality_bus.timers import Timers, fire_time, parse_fired_subject, schedule_at
@@ -61,4 +61,5 @@ __all__ = [
     "parse_fired_subject",
     "revalidated",
     "schedule_at",
+    "written_out",
 ]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 import structlog
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import BaseModel, ValidationError
@@ -42,7 +43,7 @@ from temporality_bus.connection import Bus
 from temporality_protocol import IncompatibleProtocolVersion
 from temporality_protocol.version import PROTOCOL_VERSION, SUPPORTED_VERSIONS, negotiate, parse_version
 
-__all__ = ["Failure", "FailureKind", "Request", "Responder", "validation_detail"]
+__all__ = ["Failure", "FailureKind", "Request", "Responder", "validation_detail", "written_out"]
 
 log = structlog.get_logger(__name__)
 
@@ -97,6 +98,19 @@ def _parseable(versions: Iterable[str]) -> list[str]:
     return ok
 
 
+async def written_out(nc: NATS) -> None:
+    """Return once the server has read every command ``nc`` buffered before this call (a ``SUB`` above all).
+
+    ``nc.flush()`` alone does not say so: nats-py writes its ``PING`` straight to the socket, ahead of the
+    commands still in its buffer, which its flusher task writes after (seen: ``PING`` then ``SUB``); under load the
+    ``PONG`` came back before the server had the subscription, and a request sent at once found no responders.
+    By the time that first ``PONG`` is read the flusher has run (it was woken before the ``PING`` went out), so the
+    second ``PING`` follows the buffered commands on the socket and its ``PONG`` comes after the server read them.
+    """
+    await nc.flush()
+    await nc.flush()
+
+
 class Responder(Generic[Q, R]):
     """Answers ``subject`` (in ``queue``) with ``handler`` until :meth:`stop`.
 
@@ -145,7 +159,7 @@ class Responder(Generic[Q, R]):
         if self._sub is not None:
             raise RuntimeError(f"responder on {self.subject} already started")
         self._sub = await self.bus.nc.subscribe(self.subject, queue=self.queue or "", cb=self._on_msg)
-        await self.bus.nc.flush()  # the server knows the interest before anyone reports ready
+        await written_out(self.bus.nc)  # the server knows the interest before anyone reports ready
         self.running.set()
         self._log.info("responder.started")
 

@@ -432,7 +432,9 @@ class Engine:
         message drives moves to ``failed`` with ``run.failed`` reason ``infrastructure_error``: committed
         first, then published with the run's deterministic failure id (a repeat is deduplicated). A run
         already finished, one waiting for a person, or one another message drives (a stale duplicate,
-        an answer to an older request) is left alone (:func:`~temporality_run_executor.machine.drives`).
+        an answer to an older request) is left alone (:func:`~temporality_run_executor.machine.drives`), but for
+        a finished run's terminal event, published again from its record while the record does not mark it
+        published (its ender may have died before the publish: :func:`~temporality_run_executor.machine._ended`).
         Idempotent: the consumer runs it again whenever the dead-lettering has to be retried.
         """
         if isinstance(message, bytes):

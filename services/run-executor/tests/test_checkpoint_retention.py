@@ -61,6 +61,7 @@ from temporality_run_executor.machine import (
     DisarmWatchdog,
     FlagCancel,
     Incoming,
+    MarkPublished,
     Note,
     ProviderReplied,
     Publish,
@@ -147,7 +148,7 @@ def test_every_ending_arms_the_retention_once_the_end_is_committed(
     assert move.target is state
     # after the move: a timer armed first could fire on a run that is still going, and find nothing to do
     assert kinds.index("ArmRetention") > kinds.index("Transition")
-    assert acts[-2:] == [DisarmWatchdog(), ArmRetention()]
+    assert acts[-3:] == [DisarmWatchdog(), ArmRetention(), MarkPublished()]  # the mark once they are acknowledged
     assert decision.then is None
     assert not any(isinstance(e, RemoveCheckpoint) for e in acts)  # the firing removes it, never the ending
 
@@ -356,7 +357,9 @@ async def test_a_finished_runs_checkpoint_is_removed_after_its_retention_and_its
         answered = keep_v1(run_id, request_id)
         await bus.publish(make_event(answered, source="/test", id=f"evt-ans-{run_id}", run_id=run_id))
         await event_log.wait_for("run.completed", run_id=run_id)
-        done = await run_record(bus, run_id, RunState.COMPLETED)
+        # finished, and its event marked published on it (the record's last change)
+        done = await run_record(bus, run_id, lambda r: r.ending is not None and r.ending.published)
+        assert done.state is RunState.COMPLETED
 
         await _gone(bus, run_id)  # 1 s after the end (schedules fire on whole seconds)
         assert await run_record(bus, run_id, RunState.COMPLETED) == done  # the record stays, unchanged

@@ -19,8 +19,9 @@ the routed ``agent.answer.received``). Bugs it found (fixed): a kill between a t
 ``run.checkpointed`` lost that event; a kill after an agent's answer was applied left the run in
 ``resuming`` (the redelivered answer was taken for a duplicate). Since the end is committed before its terminal
 event (``tests/test_terminal_race.py``), a kill between the two is a case of its own: the redelivered answer meets
-the finished run and publishes ``run.completed`` from its record -- and, like a kill after the end before the ack,
-journals no ``run.input_after_end`` for the answer it applied.
+the finished run and publishes ``run.completed`` from its record, disarms the watchdog the dead driver left armed
+and marks the event published on the record -- and, like a kill after the end before the ack, journals no
+``run.input_after_end`` for the answer it applied. Every case ends with the record marked and no watchdog armed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import asyncio
 
 import pytest
 from executor_processes import Crash, Process, start_process
-from executor_support import REVIEWER, keep_v1, run_record, run_requested, settled
+from executor_support import REVIEWER, disarmed, keep_v1, run_record, run_requested, settled
 
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
@@ -110,6 +111,8 @@ BOUNDARIES = [
     # the event to the redelivered answer, which meets the finished run and publishes it from the record
     pytest.param("effect:Transition:completed", 1, "answer", False, id="completed-recorded-not-published"),
     pytest.param("published:run.completed", 1, "answer", False, id="completed-recorded-and-published-not-acked"),
+    # then the record marks the event published: the redelivered answer publishes nothing again
+    pytest.param("effect:MarkPublished", 1, "answer", False, id="completed-published-and-marked-not-acked"),
     pytest.param("handled:HumanOutcome", 1, "answer", False, id="answer-done-not-acked"),
 ]
 
@@ -153,7 +156,12 @@ async def test_a_crash_at_each_boundary_loses_nothing_and_repeats_nothing(
         await run_record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_HUMAN)
         await bus.publish(make_event(keep_v1(run_id, request_id, waited_s=2.0), source="/test", id=f"evt-ans-{run_id}"))
     (completed,) = await event_log.wait_for("run.completed", run_id=run_id, timeout_s=60)
-    done = await run_record(bus, run_id, lambda r: r.state is RunState.COMPLETED)
+    # finished, and its event marked published on the record (the end's last change; the recovery's too)
+    done = await run_record(bus, run_id, lambda r: r.ending is not None and r.ending.published)
+    assert done.state is RunState.COMPLETED
+    # and its watchdog off: a recovery that republished the event disarmed it too (left armed, it fires after
+    # the compute limit plus grace, past the events stream's duplicate window)
+    await disarmed(bus, run_id)
     await settled(bus)
     await event_log.caught_up()
 
@@ -202,6 +210,7 @@ AGENT_BOUNDARIES = [
     pytest.param("provider_replied", 1, "answer", True, id="after-agent-final-answer-not-stored"),
     pytest.param("effect:Transition:completed", 1, "answer", False, id="after-agent-completed-recorded-not-published"),
     pytest.param("published:run.completed", 1, "answer", False, id="after-agent-completed-published-not-acked"),
+    pytest.param("effect:MarkPublished", 1, "answer", False, id="after-agent-completed-marked-not-acked"),
     pytest.param("handled:AgentNews", 1, "answer", False, id="agent-answer-done-not-acked"),
 ]
 
@@ -258,7 +267,9 @@ async def test_a_crash_around_a_waiting_ask_agent_asks_once_and_ends_once(
         await run_record(bus, run_id, lambda r: r.state is RunState.WAITING_FOR_AGENT)
         await bus.publish(answered)
     (completed,) = await event_log.wait_for("run.completed", run_id=run_id, timeout_s=60)
-    done = await run_record(bus, run_id, lambda r: r.state is RunState.COMPLETED)
+    done = await run_record(bus, run_id, lambda r: r.ending is not None and r.ending.published)
+    assert done.state is RunState.COMPLETED
+    await disarmed(bus, run_id)
     await settled(bus)
     await event_log.caught_up()
 

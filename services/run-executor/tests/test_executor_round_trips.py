@@ -7,7 +7,8 @@ requests, the concurrent ones included. The sequential round trips (the waits on
 sent while none of the engine's is in flight starts one; the events and timers the engine fires without
 waiting begin none, and the handler's wait for them, ``Engine._settle``, counts as one whether or not their
 acknowledgements are back by then -- 4 to park, 3 to resume -- so the count does not hang on timing, and a read
-sent between a fire and its settle is a wait of its own) are counted too: 14 to park, 8 to resume. (Until
+sent between a fire and its settle is a wait of its own) are counted too: 14 to park, 9 to resume (8 until the
+end's event was marked published on the record, 6 December). (Until
 2026-12-05, late, the fired writes stayed in flight until the settle, so a read sent meanwhile counted as no
 wait (9 to park, 7 to resume), and before that the test's own publish of the run's request, acknowledged or
 not when the engine sent its first request, decided whether that one began a wait. Counted only until their acknowledgements came back, as until
@@ -44,15 +45,18 @@ PARK_REQUESTS = 22
 #: The resume (the outcome applied), the last turn and the end (retention armed): the record and checkpoint
 #: read; the checkpoint written with run.resumed and the watchdog; the record (running); the record read after
 #: the provider; run.streamed; the record (completed); run.completed, the watchdog off and the retention (the
-#: end's event after its record since 6 December: the same requests and waits).
-RESUME_REQUESTS = 12
+#: end's event after its record since 6 December: the same requests and waits); the record (its event marked
+#: published, once acknowledged: since 6 December, +1 request and +1 wait -- the record is the terminal event's
+#: outbox, and a republish past the events stream's duplicate window would be stored twice. The wait comes after
+#: run.completed and the watchdog's disarm are acknowledged: it delays the handler's ack, not the event).
+RESUME_REQUESTS = 13
 #: The same, as waits one after the other (requests in flight together count once).
 PARK_SEQUENTIAL = 14
 #: The handler waiting for the writes it fired (``Engine._settle``), among the counted requests.
 SETTLE = "<settle: the fired writes' acknowledgements>"
 #: The test's own publishes (the run's request, the answer): never the engine's.
 OWN = frozenset({"temporality.events.run.requested", "temporality.events.human.answered"})
-RESUME_SEQUENTIAL = 8
+RESUME_SEQUENTIAL = 9
 
 
 class Requests:
@@ -168,10 +172,11 @@ async def test_a_parked_and_resumed_run_costs_a_bounded_number_of_requests(
     )
     requests.counting = True
     await bus.publish(make_event(answer, source="/test", id=f"evt-ans-{run_id}", run_id=run_id))
-    # the end: the move to completed, then run.completed, the watchdog off and the retention armed
+    # the end: the move to completed, then run.completed, the watchdog off and the retention armed, then the
+    # record's mark that the event went out
     resume_waits = _executor(
         await requests.until(
-            record, "temporality.events.run.completed", f"temporality.timers.schedule.run-retention.{run_id}"
+            record, "temporality.events.run.completed", f"temporality.timers.schedule.run-retention.{run_id}", record
         )
     )
     resume = [(s, began) for s, began in resume_waits if s != SETTLE]

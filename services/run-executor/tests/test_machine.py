@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -19,6 +20,7 @@ from machine_support import T0, make_checkpoint, make_run
 
 from temporality_bus import PermanentError
 from temporality_protocol import (
+    AgentAnswerReceived,
     HumanAnswered,
     HumanExpired,
     HumanPolicy,
@@ -41,10 +43,12 @@ from temporality_protocol import (
     ToolFailed,
     derive_id,
 )
+from temporality_protocol.agent_tasks import task_id_for
 from temporality_run_executor.agents import Limits
 from temporality_run_executor.machine import (
     AdoptCancelMarker,
     Agent,
+    AgentActed,
     ApplyResult,
     ArmRetention,
     ArmWatchdog,
@@ -63,6 +67,7 @@ from temporality_run_executor.machine import (
     FlagCancel,
     Incoming,
     MarkCancel,
+    MarkPublished,
     Note,
     Parked,
     ProviderFailed,
@@ -79,6 +84,7 @@ from temporality_run_executor.machine import (
     ToolReturned,
     Transition,
     WatchdogFired,
+    agent_news,
     apply_result,
     decide,
     drives,
@@ -86,6 +92,7 @@ from temporality_run_executor.machine import (
     flagged,
     human_outcome,
     moved,
+    published,
 )
 from temporality_run_executor.providers import AssistantTurn
 from temporality_run_executor.records import (
@@ -205,7 +212,7 @@ def test_an_unknown_agent_fails_the_run() -> None:
         request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID, marker_checked=True
     )
     decision = _decide(_run(RunState.PENDING), None, incoming, agent=None)
-    assert _kinds(decision) == ["Publish", "Transition", "Publish", "DisarmWatchdog", "ArmRetention"]
+    assert _kinds(decision) == ["Publish", "Transition", "Publish", "DisarmWatchdog", "ArmRetention", "MarkPublished"]
     failed = _published(decision)[1]
     assert isinstance(failed, RunFailed)
     assert failed.reason == "unknown_agent"
@@ -601,7 +608,7 @@ def test_cancel_while_waiting_cancels_at_once_and_a_driven_run_at_its_next_bound
     assert flagged_run is not None
     assert flagged(flagged_run, request.model_copy(update={"event_id": "evt-c2"}), T0) is None  # the first wins
     cancel = _decide(flagged_run, _ckpt(), CancelRecorded("on-call"))
-    assert _kinds(cancel) == ["Transition", "Publish", "DisarmWatchdog", "ArmRetention"]
+    assert _kinds(cancel) == ["Transition", "Publish", "DisarmWatchdog", "ArmRetention", "MarkPublished"]
     (cancelled,) = [e for e in cancel.effects if isinstance(e, Publish)]
     totals = RunUsage(turns=1)  # _ckpt(): one committed turn, no tool calls, no tokens
     assert cancelled.data == RunCancelled(run_id=RUN_ID, reason="wrong PR (requested by on-call)", usage=totals)
@@ -632,7 +639,7 @@ def test_a_cancel_before_its_run_leaves_a_marker_the_run_adopts_at_once() -> Non
     # at once, no checkpoint, no lease, no provider call
     requested = Requested(request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID)
     adopted = _decide(_run(RunState.PENDING, cancel=request), None, requested)
-    assert _kinds(adopted) == ["Publish", "Transition", "Publish", "DisarmWatchdog", "ArmRetention"]
+    assert _kinds(adopted) == ["Publish", "Transition", "Publish", "DisarmWatchdog", "ArmRetention", "MarkPublished"]
     assert [type(d) for d in _published(adopted)] == [RunCreated, RunCancelled]
     assert adopted.then is None
     cancelled = adopted.effects[2]
@@ -703,6 +710,77 @@ def test_an_end_is_committed_first_and_its_event_is_the_records() -> None:
     done, _ = _ended_by(endings[0][1], _run(RunState.RUNNING))
     with pytest.raises(RunMovedOn):
         moved(done, RunState.FAILED, {"error": "stalled: late"}, T0)
+
+
+def _late_answer() -> Incoming:
+    data = AgentAnswerReceived(
+        request_id=derive_id("req", RUN_ID, "ask_agent", "1", "0"),
+        asker_run_id=RUN_ID,
+        replier_run_id="run-architect",
+        replier_agent="architect",
+        outcome="answer",
+        answer="Yes.",
+        mode="async",
+        waited_s=12.0,
+    )
+    return agent_news("agent.answer.received", "evt-agent-late", data)
+
+
+def _agent_deadline() -> WatchdogFired:
+    payload = WatchdogPayload(run_id=RUN_ID, turn=1, agent_turn=2, armed_at=T0, deadline=T0 + timedelta(seconds=1))
+    return WatchdogFired(payload=payload, grace_s=300.0)
+
+
+#: What meets a finished run and publishes its terminal event again when its ender may have died before that event
+#: was acknowledged: (the incoming, its delivery). The messages only on a redelivery (a first delivery is not the
+#: message whose handler ended the run); the timers and the dead-letter hook at once.
+AGAIN = [
+    pytest.param(lambda: human_outcome("human.answered", "evt-late", _answered()), 2, id="human-outcome"),
+    pytest.param(_late_answer, 2, id="agent-news"),
+    pytest.param(lambda: CancelRecorded("on-call"), 2, id="cancel-recorded"),
+    pytest.param(lambda: AgentActed(RUN_ID, task_id_for(RUN_ID), 2, "evt-acted"), 2, id="agent-acted"),
+    pytest.param(lambda: DeadLettered("human.answered", "evt-dl", REQUEST_ID, 8, "boom"), 1, id="dead-lettered"),
+    pytest.param(lambda: _fired(turn=1), 1, id="watchdog"),
+    pytest.param(_agent_deadline, 1, id="agent-deadline-first-firing"),
+]
+
+
+@pytest.mark.parametrize(("incoming", "delivered"), AGAIN)
+def test_a_finished_run_publishes_its_event_again_until_the_record_says_it_went_out(
+    incoming: Callable[[], Incoming], delivered: int
+) -> None:
+    """The record is the terminal event's outbox (:class:`~.records.Ending`): until it is marked published (after
+    the event's acknowledgement), a redelivery, a timer or the dead-letter hook meeting the finished run publishes
+    the event again, the same one, with the watchdog off (left armed, it would fire past the events stream's
+    duplicate window and store a second copy) and the mark once acknowledged; once marked, nothing again."""
+    reply = ProviderReplied(turn=2, reply=AssistantTurn(content="LGTM"), elapsed_s=0.1)
+    ending = _decide(_run(RunState.RUNNING), _ckpt(), reply)
+    ended, announced = _ended_by(ending, _run(RunState.RUNNING))
+    assert [type(e) for e in ending.effects if not isinstance(e, Note)][-4:] == [
+        Publish,
+        DisarmWatchdog,
+        ArmRetention,
+        MarkPublished,
+    ]
+    again = _decide(ended, _ckpt(), incoming(), attempt=Attempt(delivered=delivered))
+    acts = [e for e in again.effects if not isinstance(e, Note)]
+    assert announced in acts
+    assert acts[acts.index(announced) :] == [announced, DisarmWatchdog(), ArmRetention(), MarkPublished()]
+    assert again.then is None
+    # the mark (its compare-and-set after the event's acknowledgement): nothing published again, nothing disarmed
+    marked = published(ended)
+    assert marked is not None
+    assert marked.ending is not None
+    assert (marked.ending.published, marked.updated_at) == (True, ended.updated_at)  # the retention's deadline kept
+    assert published(marked) is None
+    after = _decide(marked, _ckpt(), incoming(), attempt=Attempt(delivered=delivered))
+    assert announced not in after.effects
+    assert not any(isinstance(e, DisarmWatchdog | MarkPublished) for e in after.effects)
+    assert ArmRetention() in after.effects  # its checkpoint still there: the retention armed again, as ever
+    if delivered > 1:  # a first delivery of a message is not its ender's: nothing again either
+        first = _decide(ended, _ckpt(), incoming(), attempt=Attempt(delivered=1))
+        assert announced not in first.effects
+        assert not any(isinstance(e, DisarmWatchdog | MarkPublished) for e in first.effects)
 
 
 # --------------------------------------------------------------------------- watchdog and dead letters

@@ -25,7 +25,8 @@ an external agent's turn (AP-5) -> ``agent.task.offered`` -> ``waiting_for_agent
 an MCP tool asking for input mid-call (elicitation) -> the server told ``cancel``, the turn parked on a
                       ``human.requested`` (the form as options or free text); the answer -> ``resuming``
                       -> recorded -> ``running`` -> the call made again, answered from the record.
-anything for a run that has ended (an answer, an agent message) -> ``run.input_after_end``, acked.
+anything for a run that has ended (an answer, an agent message) -> ``run.input_after_end``, acked (not for
+                      a redelivery of one the run applied before it ended: its handler died before the ack).
 
 A handler that drives a run holds its lease (in the run record: holder and expiry, taken with
 ``Store.modify``, renewed at every turn boundary): a second delivery of ``run.requested`` while the first
@@ -53,11 +54,15 @@ continues from the last checkpoint (AP-8), announcing it with ``run.resumed`` (r
 Except the run's end: its terminal state is committed *first* (one compare-and-set, which a run already ended by
 another handler -- the watchdog, a cancel, a racing driver -- refuses, so the loser publishes nothing), and only
 then its terminal event, built from the committed record (the record is its outbox:
-:class:`~temporality_run_executor.records.Ending`), with the run's deterministic id. So a run has one terminal
-event, and it is the one its record says. A driver that dies between the two leaves a finished record whose
-event is not out: the redelivery of its message (its handler never acked), the watchdog it never disarmed, or
-the dead-letter hook meets the finished run and publishes the event from the record again, the same id
-(:func:`~temporality_run_executor.machine.ending_event`; deduplicated when it did go out).
+:class:`~temporality_run_executor.records.Ending`), with the run's deterministic id, in one pipelined batch with
+the watchdog's disarm and the retention's arm; once they are acknowledged, one more compare-and-set marks the event
+published on the record (best effort). So a run has one terminal event, and it is the one its record says. A driver
+that dies between the end's compare-and-set and that mark leaves a finished record whose event may not be out: the
+redelivery of its message (its handler never acked), the watchdog it may not have disarmed, or the dead-letter hook
+meets the finished run and publishes the event from the record again, the same id
+(:func:`~temporality_run_executor.machine.ending_event`; deduplicated when it did go out, within the events stream's
+10-minute duplicate window), disarms the watchdog and marks the record. Once marked, nothing publishes it again: a
+copy after the duplicate window would be stored twice.
 
 No run is ever left behind:
 
@@ -158,6 +163,7 @@ from temporality_run_executor.machine import (
     LeaseLost,
     LookForAction,
     MarkCancel,
+    MarkPublished,
     Note,
     ProviderFailed,
     ProviderReplied,
@@ -191,6 +197,7 @@ from temporality_run_executor.machine import (
     leased,
     merge_mail,
     moved,
+    published,
     queued,
     recorded,
     released,
@@ -425,7 +432,9 @@ class Engine:
         message drives moves to ``failed`` with ``run.failed`` reason ``infrastructure_error``: committed
         first, then published with the run's deterministic failure id (a repeat is deduplicated). A run
         already finished, one waiting for a person, or one another message drives (a stale duplicate,
-        an answer to an older request) is left alone (:func:`~temporality_run_executor.machine.drives`).
+        an answer to an older request) is left alone (:func:`~temporality_run_executor.machine.drives`), but for
+        a finished run's terminal event, published again from its record while the record does not mark it
+        published (its ender may have died before the publish: :func:`~temporality_run_executor.machine._ended`).
         Idempotent: the consumer runs it again whenever the dead-lettering has to be retried.
         """
         if isinstance(message, bytes):
@@ -737,7 +746,8 @@ class Engine:
     async def _send(self, writes: Sequence[tuple[Write, bool]]) -> None:
         """Bus writes that commit no state, pipelined; the first failure raised, except for the best-effort
         ones (``True``: a watchdog's disarm, whose leftover timer fires on a run that is no longer driven and
-        is ignored)."""
+        changes nothing -- on a finished run once its end's event is marked published, which the mark after this
+        batch does)."""
         outcomes = await self.bus.pipeline.send([write for write, _ in writes])
         for (write, best_effort), outcome in zip(writes, outcomes, strict=True):
             if isinstance(outcome, PublishResult):
@@ -862,6 +872,13 @@ class Engine:
             case DeliverMail():
                 mail = await self._modify_checkpoint(view, lambda c: delivered(c, self.clock()))
                 view.checkpoint, view.checkpoint_current = Versioned(mail.value, mail.revision), True
+            case MarkPublished():  # the end's event acknowledged (the fired writes settled before this effect)
+                try:
+                    marked = await self.runs.modify(run_id, published, known=view.known_run(), validated=True)
+                except Exception as exc:  # best effort: unmarked, a redelivery or the watchdog publishes it again
+                    log.warning("run.ending.mark_failed", error=f"{type(exc).__name__}: {exc}")
+                else:
+                    view.hold_run(marked)
             case TakeLease():
                 try:
                     taken = await self.runs.modify(

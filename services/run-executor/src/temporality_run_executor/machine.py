@@ -31,8 +31,9 @@ The rules the machine keeps:
   no question is asked twice.
 * **Facts before state.** Every event is published before the state that records it is committed -- except the
   run's end (:func:`_end`): its terminal state is committed first (a run ends once: a second end is refused), then
-  its terminal event, built from the committed record (:func:`ending_event`), published again from the record by
-  a redelivery or the watchdog that meets the finished run (:func:`_ended`).
+  its terminal event, built from the committed record (:func:`ending_event`), then, once acknowledged, marked
+  published on the record; until then published again from the record by a redelivery, a timer or the dead-letter
+  hook that meets the finished run (:func:`_ended`).
 * **Limits exclude waiting.** ``compute_s`` sums the provider and tool time of committed turns; a
   parked run has no watchdog and spends nothing.
 
@@ -222,6 +223,7 @@ __all__ = [
     "LeaseLost",
     "LookForAction",
     "MarkCancel",
+    "MarkPublished",
     "Note",
     "Parked",
     "ProviderFailed",
@@ -269,6 +271,7 @@ __all__ = [
     "moved",
     "new_record",
     "offered_tools",
+    "published",
     "queued",
     "recorded",
     "released",
@@ -820,6 +823,13 @@ class ArmRetention:
 
 
 @dataclass(frozen=True)
+class MarkPublished:
+    """The finished run's terminal event is acknowledged (the fired writes before it are settled first): mark it
+    so on the record (:attr:`~.records.Ending.published`, one compare-and-set, best effort), so that nothing
+    publishes it again -- a republish after the events stream's duplicate window would be stored twice."""
+
+
+@dataclass(frozen=True)
 class RemoveCheckpoint:
     """Purge the checkpoint of a finished run (its record stays)."""
 
@@ -869,6 +879,7 @@ Effect = (
     | ArmAgentDeadline
     | DisarmWatchdog
     | ArmRetention
+    | MarkPublished
     | RemoveCheckpoint
     | Note
     | Retry
@@ -1449,7 +1460,7 @@ def _agent_acted(
         return _decision(Note("agent.task.unknown_run", "warning", fields))
     if run.state in RUN.terminal:
         return _decision(
-            *_ended(run, ckpt, again=attempt.redelivered),
+            *_ended(run, ckpt, again=attempt.redelivered or incoming.deadline),
             Note("agent.task.run_finished", fields={**fields, "state": run.state.value}),
         )
     wait_id = turn_wait_id(incoming.task_id, incoming.turn)
@@ -2364,6 +2375,7 @@ def _watchdog_fired(
                 Note("watchdog.agent_deadline_on_driven_run", fields=fields),
             )
         deadline = AgentActed(run.run_id, task_id_for(run.run_id), payload.agent_turn, "", deadline=True)
+        # its first firing on a finished run republishes the terminal event like any watchdog's (:func:`_ended`)
         return _agent_acted(run, ckpt, deadline, now, attempt)
     if run.state not in ACTIVE:  # waiting for a person, or finished (its end's publish may have been cut off)
         return _decision(*_ended(run, ckpt, again=True), Note("watchdog.ignored", fields={"state": run.state.value}))
@@ -2487,12 +2499,14 @@ def _end(run: RunRecord, target: RunState, changes: dict[str, Any], note: Note) 
     """An end of the run: the record moved to ``target`` first -- one compare-and-set, which a run already ended
     (by a racing watchdog, cancel or driver) refuses (:class:`RunMovedOn`: this handler publishes nothing) --
     with what its terminal event is built from (:class:`~.records.Ending`), then that event, built from the
-    record as committed (:func:`ending_event`: one per run, and the one the record says), then the watchdog
-    off and the checkpoint's retention. A driver that dies between the compare-and-set and the publish leaves
-    the event to the redelivery of its message (or the watchdog still armed): see :func:`_ended`."""
+    record as committed (:func:`ending_event`: one per run, and the one the record says), the watchdog off and
+    the checkpoint's retention (one pipelined batch: the three sent together, their acknowledgements awaited
+    together), then, once they are acknowledged, the event marked published on the record (:class:`MarkPublished`).
+    A driver that dies between the compare-and-set and that mark leaves the event to the redelivery of its
+    message (or the watchdog still armed, or the dead-letter hook): see :func:`_ended`."""
     announced = ending_event(evolve_shallow(run, state=target, **changes))
     assert announced is not None
-    return (Transition(target, changes), announced, DisarmWatchdog(), ArmRetention(), note)
+    return (Transition(target, changes), announced, DisarmWatchdog(), ArmRetention(), MarkPublished(), note)
 
 
 def ending_event(run: RunRecord) -> Publish | None:
@@ -2518,13 +2532,29 @@ def ending_event(run: RunRecord) -> Publish | None:
 
 
 def _ended(run: RunRecord, ckpt: Checkpoint | None, *, again: bool) -> tuple[Effect, ...]:
-    """A decision on a finished run: its terminal event published again when the handler that ended it may have
-    died between the end's compare-and-set and that publish (``again``: this delivery is a redelivery, the
-    watchdog -- disarmed only after the event -- fired, or a message is dead-lettered), with the same id and data
-    (:func:`ending_event`; deduplicated when it did go out); and its checkpoint retention armed again
-    (:func:`_retain`)."""
-    announced = ending_event(run) if again else None
-    return (*((announced,) if announced is not None else ()), *_retain(run, ckpt))
+    """A decision on a finished run: its checkpoint retention armed again (:func:`_retain`); and, when the handler
+    that ended it may have died between the end's compare-and-set and the event's acknowledgement (``again``: this
+    delivery is a redelivery, the watchdog -- disarmed in the same batch as the event -- or an external agent's
+    deadline fired, or a message is dead-lettered) and the record does not say the event went out
+    (:attr:`~.records.Ending.published`), what the end did after its compare-and-set: the terminal event published
+    again with the same id and data (:func:`ending_event`; deduplicated when it did go out, within the events
+    stream's 10-minute duplicate window), the watchdog off (else it fires ``max_compute_s`` + grace later, past that
+    window), the retention, and the event marked published once acknowledged."""
+    ending = run.ending
+    announced = ending_event(run) if again and ending is not None and not ending.published else None
+    if announced is None:
+        return _retain(run, ckpt)
+    return (announced, DisarmWatchdog(), *_retain(run, ckpt), MarkPublished())
+
+
+def published(run: RunRecord) -> RunRecord | None:
+    """``run`` with its terminal event marked published (:class:`MarkPublished`); ``None`` when there is nothing to
+    mark (not finished, finished before records held their ending, or marked already). ``updated_at`` is kept: it is
+    the run's end, which its retention is armed from."""
+    ending = run.ending
+    if ending is None or ending.published or run.state not in RUN.terminal:
+        return None
+    return evolve_shallow(run, ending=evolve_shallow(ending, published=True))
 
 
 def _unknown_agent(run: RunRecord, ckpt: Checkpoint | None) -> tuple[Effect, ...]:

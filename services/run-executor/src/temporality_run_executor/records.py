@@ -189,12 +189,17 @@ class Ending(_Model):
     the record alone -- its ``result`` / ``error`` / ``usage`` / ``cancel`` and this
     (:func:`~temporality_run_executor.machine.ending_event`) -- and published only after that compare-and-set, so it
     is the one the record says. A handler that died in between leaves it to the redelivery (or the watchdog) to
-    publish again, the same id. Records that ended before it existed have none (their event went out first)."""
+    publish again, the same id, until :attr:`published` says it went out. Records that ended before it existed have
+    none (their event went out first)."""
 
     #: ``run.failed``: its reason (the record's ``error`` is ``"<reason>: <error>"``).
     reason: str | None = None
     #: The terminal event's causation: the cancel's event id, a dead-lettered message's id.
     causation: str | None = None
+    #: The terminal event was acknowledged by the stream (one more compare-and-set after its publish, best effort):
+    #: from then on nothing publishes it again. Until then a redelivery, the watchdog or the dead-letter hook meeting
+    #: the finished run does (the same id: deduplicated within the events stream's duplicate window, 10 minutes).
+    published: bool = False
 
 
 class RunRecord(_Model):

@@ -12,9 +12,11 @@ When it fires (:meth:`temporality_run_executor.engine.Engine.on_watchdog`), the 
 
 * ``waiting_for_human`` (or terminal, or gone): ignored. A run parks with its watchdog cancelled, so
   waiting for a person never counts; a firing that was already on its way is ignored here. A finished run's
-  watchdog is disarmed only after its terminal event went out, so a firing on a finished run publishes that
-  event again from the record (the same id: deduplicated when it did go out) -- its driver may have died between
-  the end's compare-and-set and the publish.
+  watchdog is disarmed after the end's compare-and-set, in the same pipelined batch as its terminal event, so a
+  firing on a finished run whose record does not yet say that event went out (``Ending.published``) publishes it
+  again from the record (the same id: deduplicated when it did go out) and disarms the watchdog -- its driver may
+  have died between the end's compare-and-set and the publish; once the record says so, the firing changes
+  nothing. So does an external agent's deadline firing on a finished run.
 * ``pending`` / ``running`` / ``resuming`` at a later turn than the payload's: it made progress since
   the arm (and the process that made it died before arming again): armed again from now.
 * ``pending`` / ``running`` / ``resuming`` at the payload's turn: no progress for longer than its

@@ -8,11 +8,16 @@ after the reconnect, the failed writes sent again (same event id, same expected 
 
 The server is frozen (SIGSTOP) before the writes go out, so it never reads them, then killed: the client sees
 the connection reset with the writes unanswered, whatever the machine's load.
+
+A write still in the client's outbound buffer when the connection is lost was never sent: nats-py writes it on
+the next connection, so it is stored and acknowledged there, and it is not failed (the client's flusher is held so
+the write stays in that buffer until the loss).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
@@ -158,3 +163,39 @@ async def test_a_read_in_flight_on_a_lost_connection_fails_at_once(bus: Bus, ser
     got = await store.get("k")
     assert got is not None
     assert got.value == _Value(n=1)
+
+
+async def _hold_the_flusher(bus: Bus) -> None:
+    """Stop nats-py's flusher task and leave a stand-in that never takes the flush queue: what is handed to the
+    client's outbound buffer stays there (the reconnect cancels the stand-in and starts a flusher of its own)."""
+    nc = bus.nc
+    flusher = nc._flusher_task
+    assert flusher is not None
+    flusher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await flusher
+    nc._flusher_task = asyncio.create_task(asyncio.Event().wait())
+
+
+async def test_a_write_still_in_the_client_buffer_when_the_connection_is_lost_is_sent_on_the_next(
+    bus: Bus, server: NatsServer
+) -> None:
+    pipeline = bus.pipeline
+    (warm,) = await pipeline.send([event_write(_event("warm"))])  # the reply subscription is open and answers
+    assert isinstance(warm, PublishResult)
+    await _hold_the_flusher(bus)
+    claim = kv_write(BUCKET.name, "held", b"mine", revision=0)
+    sending = asyncio.create_task(pipeline.send([claim], timeout_s=TIMEOUT_S))
+    await eventually(
+        lambda: _true(pipeline.pending == 1 and bus.nc._pending_data_size > 0), WITHIN_S, "the write in the buffer"
+    )
+    await bus.nc.force_reconnect()  # the connection is dropped with the write never written to it
+
+    (outcome,) = await asyncio.wait_for(sending, WITHIN_S)
+    assert isinstance(outcome, PublishResult), outcome  # not a TransientError: sent again, it would be a Conflict
+    assert outcome.seq == 1
+    entry = await bus.nc.jetstream().key_value(BUCKET.name)
+    stored = await entry.get("held")
+    assert stored.revision == 1
+    assert stored.value == b"mine"
+    assert pipeline.pending == 0

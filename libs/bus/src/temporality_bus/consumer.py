@@ -59,13 +59,21 @@ most one batch is in hand besides the one being handled (and together never more
 ``max_ack_pending``); the heartbeat keeps every message in hand alive, the prefetched ones included.
 Batches are handed over one at a time, in the order they were fetched (stream order). A stop lets the
 runner finish the batch being handled and the one prefetched (it fetches no more); a cancellation
-abandons the batch being handled un-acked (JetStream redelivers it after ``ack_wait``) and naks the
-prefetched one (never handed to the handler).
+abandons the batch being handled un-acked (JetStream redelivers it after ``ack_wait``) and releases the
+prefetched one (never handed to the handler: nak'ed with the pull buffer, below). So after a cancellation
+(or a crash, or a batch handed back by a nak) stream order holds no more across the durable: another replica,
+or the next start, may handle the prefetched batch and later messages at once, before the abandoned batch
+comes back (after ``ack_wait``). The prefetched batch is nak'ed all the same rather than left to ``ack_wait``
+with the abandoned one: waiting would not restore the order (the durable hands later messages to other
+replicas meanwhile), only delay those messages too. A batch handler must not rely on the batches of a
+durable arriving in stream order across a restart; each delivery's ``stream_seq`` says where it stands.
 
 *Stopping* (both paths, stop or cancellation): what was fetched but never handed out -- a message that came
-after its fetch gave up (:class:`_Puller`), still in the pull buffer -- is nak'ed without delay once the
-pull subscription is gone, so the server hands it at once to another replica sharing the durable (or to the
-next start) instead of after ``ack_wait`` (30 s by default). A nak counts as a delivery toward ``max_deliver``,
+after its fetch gave up (:class:`_Puller`), still in the pull buffer; on a cancellation, the prefetched batch
+and what a lingering fetch (``batch_linger_s``) held, both put back at the front of that buffer -- is nak'ed
+without delay once the pull subscription is gone (nak'ed before, it could be handed straight back to a pull
+request still open on that subscription), so the server hands it at once to another replica sharing the
+durable (or to the next start) instead of after ``ack_wait`` (30 s by default). A nak counts as a delivery toward ``max_deliver``,
 as an ``ack_wait`` expiry does. A message still on its way when the subscription ends is never seen, and
 comes back after ``ack_wait``.
 
@@ -254,6 +262,12 @@ class _Puller:
             self._sub = None
         left, self._buffer = self._buffer, []
         return await _nak_all(left)
+
+    def give_back(self, msgs: list[Msg]) -> None:
+        """Put ``msgs`` (fetched, never handed to a handler) back at the front of the buffer, in their order: the
+        next fetch takes them first, or :meth:`stop` naks them once the subscription is gone (a nak sent before
+        then could be answered to a pull request still open on it, and the message taken back)."""
+        self._buffer[:0] = msgs
 
     async def _on_msg(self, msg: Msg) -> None:
         if not msg.reply:  # a status (no ack subject): it ends the request it answers
@@ -482,12 +496,17 @@ class Consumer:
         if msgs and len(msgs) < batch and self._linger_s > 0 and status is None and self._batch_handler is not None:
             for msg in msgs:  # in hand while lingering: the heartbeat keeps them from being redelivered
                 self._in_hand[msg.reply] = msg
-            await asyncio.sleep(self._linger_s)  # the linger itself, not a wait for a condition
             try:
+                await asyncio.sleep(self._linger_s)  # the linger itself, not a wait for a condition
                 more, status = await puller.fetch(batch - len(msgs), self._fetch_timeout, wait=False)
                 msgs += more
             except nats.errors.Error as exc:  # what came first is handled; the rest comes with the next fetch
                 self._log.warning("consumer.fetch_failed", error=repr(exc))
+            except asyncio.CancelledError:  # stopping: back to the pull buffer (ahead of any that came since),
+                for msg in msgs:  # where Puller.stop naks them; not in hand any more
+                    self._in_hand.pop(msg.reply, None)
+                puller.give_back(msgs)
+                raise
         if status is not None:  # e.g. 503: no such consumer (deleted); 409: the server refused the request
             self._log.warning("consumer.fetch_failed", status=status)
             if not msgs:
@@ -527,7 +546,9 @@ class Consumer:
                     msgs = prefetch.result().msgs
                     for msg in msgs:
                         self._in_hand.pop(msg.reply, None)
-                    await _nak_all(msgs)  # handed out again at once (a prefetch cut short left its in the buffer)
+                    # back to the pull buffer (a prefetch cut short left its there already): Puller.stop naks
+                    # them once it unsubscribed, so no pull request still open takes them back
+                    puller.give_back(msgs)
 
     async def _max_ack_pending(self) -> int:
         """The durable's ``max_ack_pending`` (how many messages the server lets one hold un-acked)."""

@@ -25,8 +25,10 @@ come (the server's replies went to that connection; core NATS keeps nothing for 
 the reply subscription nats-py renews on the reconnect only gets the replies of writes sent since). So when
 nats-py reports the loss (:meth:`Bus.connect`'s disconnected callback), each such write, and each read
 (:meth:`Pipeline.request`), fails at once with a :class:`TransientError` instead of after its timeout (10 s by
-default). A write handed over while the client reconnects waits in its buffer, goes out on the new connection
-and is acknowledged there. The pipeline does not send a write again itself: an event could be (its
+default). A write that has not reached the socket yet, still in the client's outbound buffer when the connection
+is lost (nats-py writes that buffer on the next connection), or handed over while the client reconnects, was never sent:
+it waits there, goes out on the new connection (after nats-py renewed the reply subscription) and is acknowledged
+there, so it is not failed. The pipeline does not send a write again itself: an event could be (its
 ``Nats-Msg-Id`` makes a second copy a duplicate within the stream's window), but a compare-and-set whose first
 copy was stored would come back as :class:`Conflict`, a race the caller never lost (the gateway's dedupe claim
 would take its own claim for another's), and a plain KV put sent again could overwrite a value written
@@ -136,7 +138,8 @@ class Pipeline:
         self._pending: dict[str, tuple[_Round, int]] = {}
         self._tokens = itertools.count()
         #: How many times the connection was lost (:meth:`_connection_lost`): the number of the connection that is
-        #: up, or the one the client is getting back to; and whether it is down (lost, not back yet).
+        #: up, or the one the client is getting back to; and whether it is down (lost, not back yet). Only for a
+        #: round sent through ``nc.publish`` (a nats-py without the buffer :func:`_send` hands its frames to).
         self._lost = 0
         self._down = False
         watchers = getattr(bus, "_pipelines", None)
@@ -215,7 +218,8 @@ class Pipeline:
         nc = self._bus.nc
         loop = asyncio.get_running_loop()
         pending = self._pending
-        # the connection the frames go out on: the one up; while the client reconnects, the next one (the frames
+        # for nc.publish's path only (_send records the frames it hands to the buffer, the better witness): the
+        # connection the frames go out on, the one up; while the client reconnects, the next one (the frames
         # wait in its buffer), which is the one counted already once the loss was told (_connection_lost)
         connection = self._lost if nc.is_connected or self._down else self._lost + 1
         batch = _Round(len(writes), loop.create_future(), connection)
@@ -224,7 +228,7 @@ class Pipeline:
             pending[token] = (batch, i)
         expiry = loop.call_later(timeout_s, batch.wake)
         try:
-            unsent = await _send(nc, writes, prefix, tokens)
+            unsent = await _send(nc, writes, prefix, tokens, batch)
             for i, error in unsent.items():
                 if pending.pop(tokens[i], None) is not None:
                     batch.put(i, error)
@@ -242,13 +246,27 @@ class Pipeline:
         Its acknowledgement can never come: the replies the server sent, or would have, went to the lost connection
         (core NATS keeps nothing for a subscriber that is away), and after the reconnect the reply subscription only
         gets the replies of writes sent since. Without this, such a write waited out its whole timeout (10 s by
-        default) for nothing. The writes are not sent again here (see the module docstring). Writes handed over
-        while the client reconnects wait in its buffer for the next connection and keep waiting for their acks;
-        ``closed``: there is no next connection, every write waiting fails."""
+        default) for nothing. The writes are not sent again here (see the module docstring).
+
+        A write whose frames are still in the client's outbound buffer (``nc._pending``: handed over but not yet
+        written to the socket, when the connection was lost or while the client reconnects) was never sent: nats-py
+        writes that buffer on the next connection once it has renewed the subscriptions, so the write is stored
+        and its ack comes to the renewed reply subscription. It keeps waiting (failing it would have the caller
+        write it again, and a compare-and-set stored once already comes back as :class:`Conflict`). nats-py empties
+        the buffer in the same step as it writes it to the socket, so a round's frames (:attr:`_Round.frames`,
+        by identity) are either there, unsent, or went out on the connection now lost. ``closed``: there is no next
+        connection, every write waiting fails. A round sent through ``nc.publish`` (no frames recorded) is judged by
+        the connection it was counted on."""
         gone = self._lost
         self._lost += 1
         self._down = True
-        lost = [token for token, (batch, _) in self._pending.items() if closed or batch.connection <= gone]
+        nc = self._bus.nc
+        unsent = {id(frames) for frames in nc._pending} if not closed and _BUFFERED else set()
+        lost = [
+            token
+            for token, (batch, _) in self._pending.items()
+            if closed or (id(batch.frames) not in unsent if batch.frames is not None else batch.connection <= gone)
+        ]
         for token in lost:
             waiting = self._pending.pop(token, None)
             if waiting is not None:
@@ -306,14 +324,18 @@ class _Round:
     """The replies of one round's writes, in order (``None`` until one arrives), and the future that wakes
     the round: set by the last reply, or by the deadline (:meth:`wake`) with the missing ones left ``None``."""
 
-    __slots__ = ("connection", "done", "left", "replies")
+    __slots__ = ("connection", "done", "frames", "left", "replies")
 
     def __init__(self, size: int, done: asyncio.Future[None], connection: int = 0) -> None:
         self.replies: list[Msg | BusError | None] = [None] * size
         self.left = size
         self.done = done
-        #: The connection its frames went out on (:attr:`Pipeline._lost` then): losing it fails the round's writes.
+        #: The connection its frames went out on (:attr:`Pipeline._lost` then), for a round sent through
+        #: ``nc.publish``: losing it fails the round's writes.
         self.connection = connection
+        #: The bytes :func:`_send` handed to the client's outbound buffer (``None``: not handed over, or through
+        #: ``nc.publish``): while this very object is in ``nc._pending`` the round is unsent.
+        self.frames: bytes | None = None
 
     def put(self, i: int, reply: Msg | BusError) -> None:
         self.replies[i] = reply
@@ -369,9 +391,12 @@ def _frame(write: Write, reply: str) -> bytes:
     return b"".join((f"PUB {subject} {reply} {len(payload)}\r\n".encode(), payload, b"\r\n"))
 
 
-async def _send(nc: NATS, writes: Sequence[Write], prefix: str, tokens: list[str]) -> dict[int, BusError]:
+async def _send(
+    nc: NATS, writes: Sequence[Write], prefix: str, tokens: list[str], batch: _Round | None = None
+) -> dict[int, BusError]:
     """Put every write into the client's outbound buffer at once (one flush); the writes that could not be
-    sent, each with the error that kept it (the others are on their way)."""
+    sent, each with the error that kept it (the others are on their way). The bytes handed over are recorded
+    as ``batch.frames`` (see :meth:`Pipeline._connection_lost`)."""
     unsent: dict[int, BusError] = {}
     if not _BUFFERED:
         for i, write in enumerate(writes):
@@ -407,6 +432,8 @@ async def _send(nc: NATS, writes: Sequence[Write], prefix: str, tokens: list[str
         # reconnecting, and the client's reconnect buffer is off or full (as nc.publish refuses then)
         full = nats.errors.OutboundBufferLimitError()
         return {i: unsent.get(i) or _unsent(write, full) for i, write in enumerate(writes)}
+    if batch is not None:
+        batch.frames = data
     try:
         await nc._send_command(data)
         if nc._flush_queue is not None and nc._flush_queue.empty():

@@ -17,7 +17,7 @@ import pytest
 from nats.aio.subscription import Subscription
 from pydantic import SecretStr
 
-from temporality_bus import Bus, Consumer, NatsSettings
+from temporality_bus import Bus, Consumer, NatsSettings, written_out
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import (
@@ -287,7 +287,7 @@ async def kv_calls(url: str, bucket: str) -> AsyncIterator[KvSpy]:
             for api in ("CONSUMER.CREATE", "DIRECT.GET", "STREAM.MSG.GET")
             for subject in (f"$JS.API.{api}.{stream}", f"$JS.API.{api}.{stream}.>")
         ]
-        await nc.flush()
+        await written_out(nc)
         yield KvSpy(nc, bucket, subs)
     finally:
         await nc.close()

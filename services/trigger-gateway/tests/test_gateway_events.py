@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import nats.errors
 import pytest
 from gateway_support import AGENTS, AS_ADMIN, AS_OPERATOR, AS_VIEWER, eventually, replicas
 
@@ -31,6 +32,7 @@ from temporality_service import ApiAuth
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 from temporality_trigger_gateway import Settings, create_app
+from temporality_trigger_gateway.errors import BusUnavailable
 from temporality_trigger_gateway.events import SYNC_DELIVERIES, EventTriggers, normalize
 from temporality_trigger_gateway.launch import Launcher
 from temporality_trigger_gateway.store import TriggerRecord, TriggerRegistry, TriggerStore, validate_spec
@@ -405,6 +407,39 @@ async def test_a_replica_behind_the_trigger_store_has_the_event_redelivered_inst
     assert run.launch.kind == "event"
     await event_log.caught_up()
     assert len(_runs(event_log, "after-review")) == 1
+
+
+class _PositionUnreadable(TriggerStore):
+    """The trigger store whose position (its stream's info) cannot be read: JetStream's API times out."""
+
+    async def last_revision(self) -> int:
+        raise nats.errors.TimeoutError
+
+
+async def test_a_store_whose_position_cannot_be_read_delays_an_event_but_never_holds_it_forever(
+    bus: Bus, event_log: EventLog
+) -> None:
+    """Its first deliveries are refused as transient (redelivered); the SYNC_DELIVERIES-th is handled with the
+    triggers known (a run's end must still release its concurrency key): never dead-lettered for it."""
+    await bus.ensure_consumer(CONSUMERS[DURABLE])
+    event = _completed("run-unreadable")
+    await bus.publish(event)
+    store = await TriggerStore.open(bus)
+    registry = TriggerRegistry(environ={}, agents=AGENTS)
+    handler = EventTriggers(
+        registry, Launcher(bus, retry_after_s=1), store=_PositionUnreadable(store.store, store.kv, store.bus)
+    )
+    sub = await bus.js.pull_subscribe_bind(durable=DURABLE, stream=EVENTS_STREAM.name)
+    try:
+        (msg,) = await sub.fetch(batch=1, timeout=5)
+        delivery = Delivery(msg)
+        with pytest.raises(BusUnavailable):  # the consumer naks it: redelivered with backoff
+            await handler.handle(decode(msg.data), delivery)
+        delivery.num_delivered = SYNC_DELIVERIES
+        await handler.handle(decode(msg.data), delivery)  # handled (nothing to launch): no error
+        await msg.ack()
+    finally:
+        await sub.unsubscribe()
 
 
 def test_the_lagging_fallback_comes_before_the_consumer_dead_letters() -> None:

@@ -261,7 +261,8 @@ class Pipeline:
         self._lost += 1
         self._down = True
         nc = self._bus.nc
-        unsent = {id(frames) for frames in nc._pending} if not closed and _BUFFERED else set()
+        # (``getattr``: this runs in nats-py's reconnect task, which an AttributeError from a future client would end)
+        unsent = {id(frames) for frames in getattr(nc, "_pending", ())} if not closed and _BUFFERED else set()
         lost = [
             token
             for token, (batch, _) in self._pending.items()

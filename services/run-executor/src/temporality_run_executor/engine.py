@@ -873,12 +873,10 @@ class Engine:
                 mail = await self._modify_checkpoint(view, lambda c: delivered(c, self.clock()))
                 view.checkpoint, view.checkpoint_current = Versioned(mail.value, mail.revision), True
             case MarkPublished():  # the end's event acknowledged (the fired writes settled before this effect)
-                try:
-                    marked = await self.runs.modify(run_id, published, known=view.known_run(), validated=True)
-                except Exception as exc:  # best effort: unmarked, a redelivery or the watchdog publishes it again
-                    log.warning("run.ending.mark_failed", error=f"{type(exc).__name__}: {exc}")
-                else:
-                    view.hold_run(marked)
+                # Not best effort: a record left unmarked would republish its event on any later redelivery, past
+                # the stream's duplicate window. A failure fails the handler; its redelivery (within the backoff,
+                # inside the window) republishes the event, deduplicated, and marks it.
+                view.hold_run(await self.runs.modify(run_id, published, known=view.known_run(), validated=True))
             case TakeLease():
                 try:
                     taken = await self.runs.modify(

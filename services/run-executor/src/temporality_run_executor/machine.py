@@ -2663,8 +2663,8 @@ def moved(
 ) -> RunRecord | None:
     """``run`` in ``target`` with ``changes`` (``None``: nothing to write), through the state machine.
 
-    Already in ``target``: only ``changes`` are applied. A finished run is never rewritten: a second end (any
-    terminal ``target``) means another handler ended it first (:class:`RunMovedOn`, its event is that one's). A move
+    Already in ``target``: only ``changes`` are applied. A finished run is never moved again (only its
+    ``ending.published`` mark is set, by :func:`published`): a second end (any terminal ``target``) means another handler ended it first (:class:`RunMovedOn`, its event is that one's). A move
     the state machine refuses means another driver got there first: :class:`RunMovedOn`; so does a run that
     does not wait on ``waiting_on`` (when given: the wait another wake-up ended already).
     """

@@ -17,8 +17,8 @@ for the run is decided on (``run.input_after_end``, ignored): none of them needs
 Crash safety:
 
 * **Armed after the end is committed**, so the timer never fires on a run that is still going. The deadline
-  is computed from the record's ``updated_at`` (a finished record is never rewritten), so every arm of a run
-  asks for the same time, and the ``Nats-Msg-Id`` is one per run: a repeat within the timers stream's
+  is computed from the record's ``updated_at`` (a finished record's state and ``updated_at`` are never
+  rewritten; only ``ending.published`` is set), so every arm of a run asks for the same time, and the ``Nats-Msg-Id`` is one per run: a repeat within the timers stream's
   duplicate window is dropped, a later one replaces the schedule with the same deadline (one schedule per
   subject), which fires at once when that is past.
 * **A process that dies between the end and the arm** leaves a finished run with its checkpoint and no

@@ -46,7 +46,7 @@ from temporality_bus import AlreadyExists, Delivery, PermanentError, Store, Tran
 from temporality_protocol import Actor, Envelope, NormalizedEvent, derive_id, run_id_for_delivery
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_trigger_gateway.concurrency import RUN_ENDS
-from temporality_trigger_gateway.errors import BodyTooLarge
+from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable
 from temporality_trigger_gateway.launch import Launcher, RejectReason, TriggerDelivery
 from temporality_trigger_gateway.mapping import MappingFailed
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
@@ -242,7 +242,13 @@ class EventTriggers:
         if stored is not None and self._synced_until is not None and stored < self._synced_until:
             return
         checked = datetime.now(UTC) - _CLOCK_MARGIN
-        latest = await self._launcher.io(self._store_of_triggers.last_revision())
+        try:
+            latest = await self._launcher.io(self._store_of_triggers.last_revision())
+        except BusUnavailable as exc:  # the store's position cannot be read now: as a lag (a run's end must not
+            if delivery.num_delivered < SYNC_DELIVERIES:  # wait for it forever: its key would stay held)
+                raise
+            log.warning("event_trigger.store_unreadable", error=str(exc), delivery=delivery.num_delivered)
+            return
         wait_s = self._store_wait_s if delivery.num_delivered <= 1 else min(_REDELIVERED_WAIT_S, self._store_wait_s)
         if not await self._registry.wait_for_store(latest, timeout_s=wait_s):
             if delivery.num_delivered < SYNC_DELIVERIES:

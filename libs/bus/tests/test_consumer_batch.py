@@ -6,28 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable
 
 import pytest
+from consumer_support import failed, failed_spec, running
 from nats.js.errors import NotFoundError
 
 from temporality_bus import Bus, Consumer, Delivery, PermanentError
 from temporality_bus import consumer as consumer_module
-from temporality_protocol import Envelope, RunFailed, make_event
-from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM, ConsumerSpec, subject_for
+from temporality_protocol import Envelope
+from temporality_protocol.catalog import DLQ_STREAM, ConsumerSpec, subject_for
 
 Batch = list[tuple[Envelope, Delivery]]
-
-
-def _failed(run_id: str) -> Envelope:
-    return make_event(RunFailed(run_id=run_id, reason="r", error="e"), source="/test", id=f"evt-{run_id}")
-
-
-def _spec(durable: str, *, max_deliver: int = 8) -> ConsumerSpec:
-    return ConsumerSpec(
-        durable, EVENTS_STREAM.name, (subject_for("run.failed"),), "test", max_deliver=max_deliver, backoff_s=(0.1,)
-    )
 
 
 async def _dlq_count(bus: Bus, durable: str) -> int:
@@ -53,19 +43,8 @@ async def _settled(bus: Bus, spec: ConsumerSpec, seq: int, within_s: float = 20.
 async def _publish(bus: Bus, *run_ids: str) -> int:
     seq = 0
     for run_id in run_ids:
-        seq = (await bus.publish(_failed(run_id))).seq
+        seq = (await bus.publish(failed(run_id))).seq
     return seq
-
-
-@asynccontextmanager
-async def _running(consumer: Consumer) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(consumer.run(stop))
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 def _never(event: Envelope, delivery: Delivery) -> Awaitable[None]:
@@ -80,13 +59,13 @@ async def test_batch_mode_needs_the_per_message_handler(bus: Bus) -> None:
         pass
 
     with pytest.raises(ValueError, match="batch_handler needs handler"):
-        Consumer(bus, _spec("t-b-none"), raw_handler=raw, batch_handler=batch_handler)
+        Consumer(bus, failed_spec("t-b-none"), raw_handler=raw, batch_handler=batch_handler)
     with pytest.raises(ValueError, match="batch_size"):
-        Consumer(bus, _spec("t-b-none"), handler=_never, batch_handler=batch_handler, batch_size=0)
+        Consumer(bus, failed_spec("t-b-none"), handler=_never, batch_handler=batch_handler, batch_size=0)
 
 
 async def test_a_batch_comes_in_stream_order_and_is_acked_after_its_handler_returned(bus: Bus) -> None:
-    spec = _spec("t-batch")
+    spec = failed_spec("t-batch")
     batches: list[list[tuple[str, int]]] = []
     entered, release = asyncio.Event(), asyncio.Event()
 
@@ -97,7 +76,7 @@ async def test_a_batch_comes_in_stream_order_and_is_acked_after_its_handler_retu
 
     last = await _publish(bus, *(f"b{i}" for i in range(5)))
     consumer = Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=10, ack_wait_s=5)
-    async with _running(consumer):
+    async with running(consumer):
         await asyncio.wait_for(entered.wait(), 15)
         await asyncio.sleep(0.3)  # give a premature ack every chance to arrive
         info = await bus.js.consumer_info(spec.stream, spec.durable)
@@ -112,21 +91,21 @@ async def test_a_batch_comes_in_stream_order_and_is_acked_after_its_handler_retu
 
 
 async def test_batch_size_bounds_each_batch(bus: Bus) -> None:
-    spec = _spec("t-batch-size")
+    spec = failed_spec("t-batch-size")
     sizes: list[int] = []
 
     async def batch_handler(batch: Batch) -> None:
         sizes.append(len(batch))
 
     last = await _publish(bus, *(f"s{i}" for i in range(7)))
-    async with _running(Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=3)):
+    async with running(Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=3)):
         await _settled(bus, spec, last)
     assert sum(sizes) == 7
     assert max(sizes) <= 3
 
 
 async def test_an_undecodable_message_is_dead_lettered_alone_and_the_rest_batched(bus: Bus) -> None:
-    spec = _spec("t-batch-garbage")
+    spec = failed_spec("t-batch-garbage")
     seen: list[str] = []
 
     async def batch_handler(batch: Batch) -> None:
@@ -135,7 +114,7 @@ async def test_an_undecodable_message_is_dead_lettered_alone_and_the_rest_batche
     await _publish(bus, "g1")
     await bus.publish_raw(subject_for("run.failed"), b"not a cloudevent", {"Nats-Msg-Id": "garbage-1"})
     last = await _publish(bus, "g2")
-    async with _running(Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=10)):
+    async with running(Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=10)):
         await _settled(bus, spec, last)
     assert seen == ["evt-g1", "evt-g2"]
     assert await _dlq_count(bus, spec.durable) == 1
@@ -144,7 +123,7 @@ async def test_an_undecodable_message_is_dead_lettered_alone_and_the_rest_batche
 async def test_batched_messages_keep_their_headers_and_a_dead_letter_copies_them(bus: Bus) -> None:
     """The batch path reads messages off the parser without parsing their headers (``_route``): read, a batched
     message's headers are those it was published with, and a dead letter still copies them to the DLQ."""
-    spec = _spec("t-batch-headers")
+    spec = failed_spec("t-batch-headers")
     headers: dict[str, dict[str, str] | None] = {}
     kinds: set[type] = set()
 
@@ -157,7 +136,7 @@ async def test_batched_messages_keep_their_headers_and_a_dead_letter_copies_them
         subject_for("run.failed"), b"not a cloudevent", {"Nats-Msg-Id": "garbage-h", "Temporality-Test": "kept"}
     )
     last = await _publish(bus, "h2")
-    async with _running(Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=10)):
+    async with running(Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=10)):
         await _settled(bus, spec, last)
     assert consumer_module._ROUTABLE  # the pinned nats-py is the one _route was written for
     assert kinds == {consumer_module._LazyHeadersMsg}  # read off the parser, not through nats-py's Msg path
@@ -173,7 +152,7 @@ async def test_batched_messages_keep_their_headers_and_a_dead_letter_copies_them
 
 
 async def test_a_failing_batch_falls_back_to_one_by_one_and_only_the_poison_is_dead_lettered(bus: Bus) -> None:
-    spec = _spec("t-batch-poison")
+    spec = failed_spec("t-batch-poison")
     batches: list[list[str]] = []
     one_by_one: list[str] = []
 
@@ -188,7 +167,7 @@ async def test_a_failing_batch_falls_back_to_one_by_one_and_only_the_poison_is_d
             raise PermanentError("cannot ever store it")
 
     last = await _publish(bus, "p1", "p2", "p3")
-    async with _running(Consumer(bus, spec, handler=handler, batch_handler=batch_handler, batch_size=10)):
+    async with running(Consumer(bus, spec, handler=handler, batch_handler=batch_handler, batch_size=10)):
         await _settled(bus, spec, last)
     assert batches[0] == ["evt-p1", "evt-p2", "evt-p3"]
     assert one_by_one == ["evt-p1", "evt-p2", "evt-p3"]  # the fallback, in stream order, once each
@@ -200,7 +179,7 @@ async def test_a_failing_batch_falls_back_to_one_by_one_and_only_the_poison_is_d
 async def test_a_failing_batch_retries_each_message_with_backoff_and_never_dead_letters_without_a_limit(
     bus: Bus,
 ) -> None:
-    spec = _spec("t-batch-outage", max_deliver=-1)
+    spec = failed_spec("t-batch-outage", max_deliver=-1)
     down = True
     calls: dict[str, int] = {}
     recovered: list[str] = []
@@ -224,7 +203,7 @@ async def test_a_failing_batch_retries_each_message_with_backoff_and_never_dead_
             done.set()
 
     last = await _publish(bus, "o1", "o2")
-    async with _running(Consumer(bus, spec, handler=handler, batch_handler=batch_handler, batch_size=10)):
+    async with running(Consumer(bus, spec, handler=handler, batch_handler=batch_handler, batch_size=10)):
         await asyncio.wait_for(retried.wait(), 20)
         down = False
         await asyncio.wait_for(done.wait(), 20)
@@ -236,7 +215,7 @@ async def test_a_failing_batch_retries_each_message_with_backoff_and_never_dead_
 async def test_a_linger_gathers_a_trickle_into_one_batch(bus: Bus) -> None:
     """``batch_linger_s``: a fetch that got one message (delivered: the server holds it un-acked) waits, and the
     four published meanwhile join its batch -- one transaction for five at a trickle, not five."""
-    spec = _spec("t-batch-linger")
+    spec = failed_spec("t-batch-linger")
     batches: list[list[str]] = []
 
     async def batch_handler(batch: Batch) -> None:
@@ -245,7 +224,7 @@ async def test_a_linger_gathers_a_trickle_into_one_batch(bus: Bus) -> None:
     consumer = Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=10, batch_linger_s=3.0)
     with pytest.raises(ValueError, match="batch_linger_s"):
         Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_linger_s=-1)
-    async with _running(consumer):
+    async with running(consumer):
         await _publish(bus, "l0")
         deadline = time.monotonic() + 2.5  # well inside the linger: the batch cannot have been handled yet
         while True:  # the first message is delivered and in hand (lingering), not acked

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+
+from consumer_support import failed_spec, publish_failed, running
 
 from temporality_bus import Bus, Consumer, Delivery
 from temporality_bus.consumer import _Puller
-from temporality_protocol import Envelope, RunFailed, make_event
-from temporality_protocol.catalog import EVENTS_STREAM, ConsumerSpec, subject_for
+from temporality_protocol import Envelope
+from temporality_protocol.catalog import ConsumerSpec
 from temporality_testing.waiting import eventually
 
 Batch = list[tuple[Envelope, Delivery]]
@@ -30,34 +30,8 @@ ACK_WAIT_S = 30.0
 WITHIN_S = 10.0  # well before ack_wait: only a nak brings the messages back this soon
 
 
-def _spec(durable: str) -> ConsumerSpec:
-    return ConsumerSpec(durable, EVENTS_STREAM.name, (subject_for("run.failed"),), "test", backoff_s=(0.1,))
-
-
-async def _publish(bus: Bus, prefix: str, count: int) -> list[str]:
-    ids = []
-    for i in range(count):
-        event = make_event(
-            RunFailed(run_id=f"{prefix}{i}", reason="r", error="e"), source="/test", id=f"evt-{prefix}{i}"
-        )
-        await bus.publish(event)
-        ids.append(event.id)
-    return ids
-
-
 async def _true(value: bool) -> bool:
     return value
-
-
-@asynccontextmanager
-async def _replica(consumer: Consumer) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(consumer.run(stop))
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
@@ -67,7 +41,7 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 
 
 async def test_messages_of_a_lingering_fetch_are_nakd_when_the_runner_is_cancelled(bus: Bus) -> None:
-    spec = _spec("t-cancel-linger")
+    spec = failed_spec("t-cancel-linger")
     second_handled: dict[str, int] = {}
 
     async def never(items: Batch) -> None:
@@ -86,7 +60,7 @@ async def test_messages_of_a_lingering_fetch_are_nakd_when_the_runner_is_cancell
         ack_wait_s=ACK_WAIT_S,
         fetch_timeout_s=0.5,
     )
-    lingering = await _publish(bus, "linger", 2)  # both there for the first fetch, which then lingers
+    lingering = await publish_failed(bus, "linger", 2)  # both there for the first fetch, which then lingers
     first_task = asyncio.create_task(first.run(asyncio.Event()))
     try:
         await eventually(lambda: _true(len(first._in_hand) == 2), WITHIN_S, "the fetch lingering with both")
@@ -97,7 +71,7 @@ async def test_messages_of_a_lingering_fetch_are_nakd_when_the_runner_is_cancell
         assert not puller._buffer
 
         second = Consumer(bus, spec, handler=handler, ack_wait_s=ACK_WAIT_S, max_inflight=4)
-        async with _replica(second):
+        async with running(second):
             await eventually(
                 lambda: _true(sorted(second_handled) == sorted(lingering)), WITHIN_S, "the other replica to get them"
             )
@@ -110,7 +84,7 @@ async def test_messages_of_a_lingering_fetch_are_nakd_when_the_runner_is_cancell
 async def test_a_prefetched_batch_is_nakd_after_the_pull_subscription_ends_when_the_runner_is_cancelled(
     bus: Bus,
 ) -> None:
-    spec = _spec("t-cancel-prefetch")
+    spec = failed_spec("t-cancel-prefetch")
     entered = asyncio.Event()
     first_handled: list[str] = []
     second_handled: dict[str, int] = {}
@@ -123,7 +97,7 @@ async def test_a_prefetched_batch_is_nakd_after_the_pull_subscription_ends_when_
     async def handler(event: Envelope, delivery: Delivery) -> None:
         second_handled[event.id] = delivery.num_delivered
 
-    (held,) = await _publish(bus, "held", 1)
+    (held,) = await publish_failed(bus, "held", 1)
     first = Consumer(
         bus,
         spec,
@@ -137,7 +111,7 @@ async def test_a_prefetched_batch_is_nakd_after_the_pull_subscription_ends_when_
     try:
         await asyncio.wait_for(entered.wait(), 15)
         assert first_handled == [held]
-        prefetched = await _publish(bus, "pre", 1)
+        prefetched = await publish_failed(bus, "pre", 1)
         await eventually(lambda: _true(len(first._in_hand) == 2), WITHIN_S, "the next message prefetched")
 
         def prefetching() -> bool:
@@ -149,7 +123,7 @@ async def test_a_prefetched_batch_is_nakd_after_the_pull_subscription_ends_when_
         await _open_request(bus, spec, puller)  # waits on the server: the oldest request, first to be served
 
         second = Consumer(bus, spec, handler=handler, ack_wait_s=ACK_WAIT_S, max_inflight=4)
-        async with _replica(second):
+        async with running(second):
             await asyncio.wait_for(second.running.wait(), 15)
             await _cancel(first_task)  # the held batch is abandoned; the prefetched one released
             assert not puller._buffer

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
+from consumer_support import failed_spec, publish_failed, running
 from nats.js.errors import NotFoundError
 
 from temporality_bus import Bus, Consumer, Delivery
 from temporality_bus.consumer import _Puller
-from temporality_protocol import Envelope, RunFailed, make_event
-from temporality_protocol.catalog import EVENTS_STREAM, ConsumerSpec, subject_for
+from temporality_protocol import Envelope
+from temporality_protocol.catalog import ConsumerSpec
 from temporality_testing.waiting import eventually
 
 Batch = list[tuple[Envelope, Delivery]]
@@ -29,37 +28,11 @@ ACK_WAIT_S = 30.0
 WITHIN_S = 10.0  # well before ack_wait: only a nak brings the messages back this soon
 
 
-def _spec(durable: str) -> ConsumerSpec:
-    return ConsumerSpec(durable, EVENTS_STREAM.name, (subject_for("run.failed"),), "test", backoff_s=(0.1,))
-
-
-async def _publish(bus: Bus, prefix: str, count: int) -> list[str]:
-    ids = []
-    for i in range(count):
-        event = make_event(
-            RunFailed(run_id=f"{prefix}{i}", reason="r", error="e"), source="/test", id=f"evt-{prefix}{i}"
-        )
-        await bus.publish(event)
-        ids.append(event.id)
-    return ids
-
-
 async def _late_reply(bus: Bus, spec: ConsumerSpec, puller: _Puller, count: int) -> None:
     """A pull request for ``count`` messages whose reply goes to ``puller``'s inbox on a token no fetch waits on."""
     request = json.dumps({"batch": count, "no_wait": True}).encode()
     subject = f"{bus.settings.js_api_prefix}.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
     await bus.nc.publish(subject, request, reply=f"{puller._prefix}late")
-
-
-@asynccontextmanager
-async def _replica(consumer: Consumer) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(consumer.run(stop))
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
 
 
 async def _ack_pending(bus: Bus, spec: ConsumerSpec) -> int:
@@ -73,7 +46,7 @@ async def _ack_pending(bus: Bus, spec: ConsumerSpec) -> int:
 async def test_a_stopping_replica_naks_its_unhandled_messages_and_another_gets_them_before_ack_wait(
     bus: Bus, mode: str
 ) -> None:
-    spec = _spec(f"t-stop-release-{mode}")
+    spec = failed_spec(f"t-stop-release-{mode}")
     batch = mode == "batch"
     entered, release = asyncio.Event(), asyncio.Event()
     first_handled: list[str] = []
@@ -92,7 +65,7 @@ async def test_a_stopping_replica_naks_its_unhandled_messages_and_another_gets_t
     async def second_handler(event: Envelope, delivery: Delivery) -> None:
         second_handled[event.id] = delivery.num_delivered
 
-    (held,) = await _publish(bus, "held", 1)
+    (held,) = await publish_failed(bus, "held", 1)
     first = Consumer(
         bus,
         spec,
@@ -116,12 +89,12 @@ async def test_a_stopping_replica_naks_its_unhandled_messages_and_another_gets_t
 
             await eventually(lambda: _true(not prefetching()), 10, "the prefetch to end")
         stop_first.set()  # from now on the runner fetches nothing more: it finishes the batch in hand and stops
-        late = await _publish(bus, "late", 3)
+        late = await publish_failed(bus, "late", 3)
         await _late_reply(bus, spec, puller, 3)
         await eventually(lambda: _true(len(puller._buffer) == 3), 10, "the late reply in the pull buffer")
 
         second = Consumer(bus, spec, handler=second_handler, ack_wait_s=ACK_WAIT_S, max_inflight=4)
-        async with _replica(second):
+        async with running(second):
             release.set()  # the first replica acks what it handled and stops, releasing the three
             await asyncio.wait_for(first_task, 15)
             await eventually(

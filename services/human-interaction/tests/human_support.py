@@ -366,3 +366,25 @@ def count_requests(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str,
     monkeypatch.setattr(bus.nc, "request", counted)
     monkeypatch.setattr(bus.pipeline, "request", counted_piped)
     return sent
+
+
+class PublishCrash(Exception):
+    """Stands for the process dying as it publishes an event (after what it did before the publish)."""
+
+
+class CrashingBus:
+    """The real bus, except that the first publish of an event of ``event_type`` dies (:class:`PublishCrash`)."""
+
+    def __init__(self, bus: Bus, event_type: str) -> None:
+        self._bus = bus
+        self._event_type = event_type
+        self.crashed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._bus, name)
+
+    async def publish(self, event: Envelope) -> object:
+        if event.type == self._event_type and not self.crashed:
+            self.crashed = True
+            raise PublishCrash(event.id)
+        return await self._bus.publish(event)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import cast
 
 import pytest
-from human_support import events_of, exactly, running
+from human_support import CrashingBus, PublishCrash, events_of, exactly, running
 
 from temporality_bus import Bus, Consumer, Delivery
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
@@ -142,27 +142,6 @@ async def notifier(bus: Bus) -> AsyncIterator[Notifier]:
                 yield Notifier(bus, emulator, handler, adapters, handled, settled)
 
 
-class _PublishCrash(Exception):
-    """Stands for the process dying as it publishes the journal event (after the send and the claim)."""
-
-
-class _CrashingBus:
-    """The real bus, except that the first ``human.notification_delivered`` publish dies."""
-
-    def __init__(self, bus: Bus) -> None:
-        self._bus = bus
-        self.crashed = False
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._bus, name)
-
-    async def publish(self, event: Envelope) -> object:
-        if event.type == HumanNotificationDelivered.EVENT_TYPE and not self.crashed:
-            self.crashed = True
-            raise _PublishCrash(event.id)
-        return await self._bus.publish(event)
-
-
 def _of(events: list[Envelope], notification: Envelope) -> list[Envelope]:
     return [e for e in events if e.data.get("notification_id") == notification.data["notification_id"]]
 
@@ -198,10 +177,10 @@ async def test_the_preferred_channel_carries_it_once_and_a_redelivery_journals_n
 async def test_a_crash_between_the_claim_and_the_event_sends_once_and_the_redelivery_journals_it(
     bus: Bus, notifier: Notifier
 ) -> None:
-    crashing = _CrashingBus(bus)
+    crashing = CrashingBus(bus, HumanNotificationDelivered.EVENT_TYPE)
     handler = NotificationHandler(cast(Bus, crashing), Directory.from_mapping(USERS), notifier.adapters)
     event = _notify_requested("user:alice")
-    with pytest.raises(_PublishCrash):
+    with pytest.raises(PublishCrash):
         await handler.handle(event)
     assert len(_sent(notifier.emulator, ALICE)) == 1  # sent and claimed; its event never reached the bus
     await exactly(bus, "human.notification_delivered", 0, settle_s=0.2)

@@ -10,6 +10,8 @@ import pytest
 from human_support import (
     ALICE,
     BOB,
+    CrashingBus,
+    PublishCrash,
     count_requests,
     delivered_then_withdrawn,
     events_of,
@@ -28,7 +30,6 @@ from temporality_human_interaction.records import HumanRequestRecord, SentCopy, 
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
 from temporality_protocol import (
-    Envelope,
     HumanExpired,
     HumanNotified,
     HumanRejected,
@@ -261,27 +262,6 @@ async def test_a_channel_that_sends_still_sends_only_once_the_record_is_stored(b
     assert record.failed_deliveries == []
 
 
-class _NotifiedLost(Exception):
-    """Stands for the process dying as it publishes ``human.notified`` (after the record's create)."""
-
-
-class _CrashingBus:
-    """The real bus, except that the first ``human.notified`` publish dies."""
-
-    def __init__(self, bus: Bus) -> None:
-        self._bus = bus
-        self.crashed = False
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._bus, name)
-
-    async def publish(self, event: Envelope) -> object:
-        if event.type == HumanNotified.EVENT_TYPE and not self.crashed:
-            self.crashed = True
-            raise _NotifiedLost(event.id)
-        return await self._bus.publish(event)
-
-
 class _Deliveries:
     """The delivery attempts the adapters report (as :class:`~.metrics.HumanMetrics` counts them)."""
 
@@ -298,14 +278,14 @@ async def test_a_crash_after_the_web_first_create_is_announced_once_by_the_redel
     """The web inbox delivery is stored in the record's create; the process dies before ``human.notified``. The
     redelivery finds the record delivered: it publishes ``human.notified`` exactly once and writes no record (no
     second create, no delivery's compare-and-set), and the delivery is counted once."""
-    crashing = _CrashingBus(bus)
+    crashing = CrashingBus(bus, HumanNotified.EVENT_TYPE)
     counted = _Deliveries()
     adapters["web"].observer = counted
     handler = RequestHandler(cast(Bus, crashing), directory, adapters)
     event = requested(recipient="user:alice")
     request_id = str(event.data["request_id"])
     before = await _record_writes(bus)
-    with pytest.raises(_NotifiedLost):
+    with pytest.raises(PublishCrash):
         await handler.handle(event)
     assert await _record_writes(bus) - before == 1
     record = await stored(bus, request_id)

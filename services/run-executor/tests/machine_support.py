@@ -12,10 +12,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from temporality_protocol import HumanPolicy, LaunchSource, RunState
+from temporality_protocol import AgentAnswerReceived, HumanPolicy, LaunchSource, RunState, derive_id
+from temporality_run_executor.machine import Incoming, agent_news
 from temporality_run_executor.records import Checkpoint, Message, RunRecord
 
-__all__ = ["T0", "make_checkpoint", "make_run"]
+__all__ = ["T0", "late_agent_answer", "make_checkpoint", "make_run"]
 
 #: The tests' clock: every record and checkpoint is made and saved then unless a test says otherwise.
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -49,3 +50,18 @@ def make_checkpoint(run_id: str, turn: int = 1, **changes: Any) -> Checkpoint:
         "messages": [Message(role="system", content="s"), Message(role="user", content="task")],
     }
     return Checkpoint(**(fields | changes))
+
+
+def late_agent_answer(run_id: str) -> Incoming:
+    """The architect's async answer to ``run_id``'s first ``ask_agent``, as it arrives after the run moved on."""
+    data = AgentAnswerReceived(
+        request_id=derive_id("req", run_id, "ask_agent", "1", "0"),
+        asker_run_id=run_id,
+        replier_run_id="run-architect",
+        replier_agent="architect",
+        outcome="answer",
+        answer="Yes.",
+        mode="async",
+        waited_s=12.0,
+    )
+    return agent_news("agent.answer.received", "evt-agent-late", data)

@@ -21,12 +21,11 @@ from typing import Any
 
 import pytest
 from executor_support import REVIEWER, executor_main, handled, keep_v1, run_record, run_requested, settled, write_run
-from machine_support import T0, make_checkpoint, make_run
+from machine_support import T0, late_agent_answer, make_checkpoint, make_run
 
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol import (
     CONTENT_TYPE,
-    AgentAnswerReceived,
     Envelope,
     HumanAnswered,
     HumanPolicy,
@@ -70,7 +69,6 @@ from temporality_run_executor.machine import (
     RetentionFired,
     Transition,
     WatchdogFired,
-    agent_news,
     decide,
     flagged,
     human_outcome,
@@ -186,20 +184,6 @@ def _requested() -> Requested:
     return Requested(request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID)
 
 
-def _late_agent_answer() -> Incoming:
-    data = AgentAnswerReceived(
-        request_id=derive_id("req", RUN_ID, "ask_agent", "1", "0"),
-        asker_run_id=RUN_ID,
-        replier_run_id="run-architect",
-        replier_agent="architect",
-        outcome="answer",
-        answer="Yes.",
-        mode="async",
-        waited_s=12.0,
-    )
-    return agent_news("agent.answer.received", "evt-agent-late", data)
-
-
 def _late_watchdog() -> Incoming:
     payload = WatchdogPayload(run_id=RUN_ID, turn=1, armed_at=T0, deadline=T0 + timedelta(seconds=1200))
     return WatchdogFired(payload, grace_s=300.0)
@@ -212,7 +196,7 @@ def _dead_letter() -> Incoming:
 #: What each of them does to a finished run, checkpoint or not: the same effects but the retention's.
 AFTER_END: dict[str, tuple[Callable[[], Incoming], list[type]]] = {
     "late-answer": (lambda: human_outcome("human.answered", "evt-late", _answered()), [Publish]),
-    "late-agent-answer": (_late_agent_answer, [Publish]),
+    "late-agent-answer": (partial(late_agent_answer, RUN_ID), [Publish]),
     "replayed-run-requested": (_requested, [Publish]),
     "late-watchdog-firing": (_late_watchdog, []),
     "dead-letter": (_dead_letter, []),
@@ -245,7 +229,7 @@ def test_a_late_input_is_journaled_and_a_replayed_request_is_a_duplicate(state: 
         sender="user:alice",
         detail=f"run {RUN_ID} is {state.value}: the answer to {REQUEST_ID} was not applied",
     )
-    (agent,) = _acts(_decide(_run(state), None, _late_agent_answer()))
+    (agent,) = _acts(_decide(_run(state), None, late_agent_answer(RUN_ID)))
     assert isinstance(agent, Publish)
     assert isinstance(agent.data, RunInputAfterEnd)
     replay = _decide(_run(state), None, _requested())

@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 from executor_support import REVIEWER, run_requested
-from machine_support import T0, make_checkpoint, make_run
+from machine_support import T0, late_agent_answer, make_checkpoint, make_run
 
 from temporality_bus import PermanentError
 from temporality_protocol import (
-    AgentAnswerReceived,
     HumanAnswered,
     HumanExpired,
     HumanPolicy,
@@ -84,7 +83,6 @@ from temporality_run_executor.machine import (
     ToolReturned,
     Transition,
     WatchdogFired,
-    agent_news,
     apply_result,
     decide,
     drives,
@@ -712,20 +710,6 @@ def test_an_end_is_committed_first_and_its_event_is_the_records() -> None:
         moved(done, RunState.FAILED, {"error": "stalled: late"}, T0)
 
 
-def _late_answer() -> Incoming:
-    data = AgentAnswerReceived(
-        request_id=derive_id("req", RUN_ID, "ask_agent", "1", "0"),
-        asker_run_id=RUN_ID,
-        replier_run_id="run-architect",
-        replier_agent="architect",
-        outcome="answer",
-        answer="Yes.",
-        mode="async",
-        waited_s=12.0,
-    )
-    return agent_news("agent.answer.received", "evt-agent-late", data)
-
-
 def _agent_deadline() -> WatchdogFired:
     payload = WatchdogPayload(run_id=RUN_ID, turn=1, agent_turn=2, armed_at=T0, deadline=T0 + timedelta(seconds=1))
     return WatchdogFired(payload=payload, grace_s=300.0)
@@ -736,7 +720,7 @@ def _agent_deadline() -> WatchdogFired:
 #: message whose handler ended the run); the timers and the dead-letter hook at once.
 AGAIN = [
     pytest.param(lambda: human_outcome("human.answered", "evt-late", _answered()), 2, id="human-outcome"),
-    pytest.param(_late_answer, 2, id="agent-news"),
+    pytest.param(partial(late_agent_answer, RUN_ID), 2, id="agent-news"),
     pytest.param(lambda: CancelRecorded("on-call"), 2, id="cancel-recorded"),
     pytest.param(lambda: AgentActed(RUN_ID, task_id_for(RUN_ID), 2, "evt-acted"), 2, id="agent-acted"),
     pytest.param(lambda: DeadLettered("human.answered", "evt-dl", REQUEST_ID, 8, "boom"), 1, id="dead-lettered"),

@@ -8,7 +8,7 @@ identity for the person or refuses is skipped for the next and reported as a :cl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import structlog
 
@@ -35,11 +35,7 @@ async def deliver_along(
 
     All failing is a :class:`TransientError` (the request consumer retries it; the chain reports it)."""
     failures: list[DeliveryAttempt] = []
-    for name in profile.channel_order():
-        adapter = adapters.get(name)
-        if adapter is None:
-            failures.append(_no_adapter(name))
-            continue
+    for name, adapter in _with_adapters(adapters, profile, failures):
         try:
             receipt = await adapter.deliver(record, profile, banner=banner, tag=tag)
         except ChannelError as exc:
@@ -58,8 +54,16 @@ async def deliver_along(
     raise TransientError(f"request {record.request_id} could not be delivered: {detail}")
 
 
-def _no_adapter(name: str) -> DeliveryAttempt:
-    return DeliveryAttempt(channel=name, error=f"no {name} adapter runs in this deployment")
+def _with_adapters(
+    adapters: Mapping[str, ChannelAdapter], profile: UserProfile, failures: list[DeliveryAttempt]
+) -> Iterator[tuple[str, ChannelAdapter]]:
+    """The profile's channels in its order that have an adapter here; each one without is added to ``failures``."""
+    for name in profile.channel_order():
+        adapter = adapters.get(name)
+        if adapter is None:
+            failures.append(DeliveryAttempt(channel=name, error=f"no {name} adapter runs in this deployment"))
+            continue
+        yield name, adapter
 
 
 async def deliver_with_record(
@@ -72,11 +76,7 @@ async def deliver_with_record(
     that sends comes first, or the web inbox cannot take it): the question is delivered once the record is stored.
     """
     failures: list[DeliveryAttempt] = []
-    for name in profile.channel_order():
-        adapter = adapters.get(name)
-        if adapter is None:
-            failures.append(_no_adapter(name))
-            continue
+    for _, adapter in _with_adapters(adapters, profile, failures):
         if not adapter.delivers_with_record(profile):
             return None
         try:  # not counted here: the intake counts it once the record that carries it is created

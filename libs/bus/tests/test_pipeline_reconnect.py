@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -39,15 +39,9 @@ WITHIN_S = 15.0
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[NatsServer]:
-    nats_server = NatsServer(tmp_path / "nats")
-    nats_server.start()
-    try:
-        yield nats_server
-    finally:
-        if nats_server.proc is not None and nats_server.proc.poll() is None:
-            os.kill(nats_server.proc.pid, signal.SIGCONT)
-        nats_server.stop()
+def server(nats_server: NatsServer) -> NatsServer:
+    """The test's own nats-server (``NatsServer.stop`` continues it first should a test leave it frozen)."""
+    return nats_server
 
 
 @pytest.fixture

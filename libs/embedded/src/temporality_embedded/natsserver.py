@@ -213,6 +213,7 @@ class NatsServer:
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(signal.SIGTERM)
+        self.proc.send_signal(signal.SIGCONT)  # a server frozen with SIGSTOP (a test's) takes the SIGTERM only then
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

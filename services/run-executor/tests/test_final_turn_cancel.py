@@ -42,7 +42,7 @@ from temporality_run_executor.providers.script import Script
 from temporality_run_executor.records import RunRecord
 from temporality_run_executor.tools import ToolPolicy
 from temporality_testing.events import EventLog
-from temporality_testing.waiting import stays
+from temporality_testing.waiting import eventually, stays
 
 #: Answers at once: its first turn is its last.
 FINISHER = AgentCard(
@@ -86,7 +86,12 @@ def _hold_once(engine: Engine, point: str, armed: asyncio.Event, run_id: str, bu
 async def _one_ending(bus: Bus, event_log: EventLog, run_id: str) -> RunRecord:
     """Exactly one terminal event for the run, ``run.completed``, and none comes after it; the record completed, its
     event the record's and marked published; the watchdog disarmed; no lease held, nothing waited on."""
-    await event_log.wait_for("run.completed", run_id=run_id)
+
+    async def ended() -> list[str]:
+        return [e.type for e in event_log.events if e.runid == run_id and e.type in TERMINAL]
+
+    first = (await eventually(ended, what=f"a terminal event of {run_id}"))[0]
+    assert first == "run.completed", f"the run ended {first}, not run.completed"
     await event_log.caught_up()
 
     def only_completed() -> bool:

@@ -283,6 +283,18 @@ class _View:
         return self.checkpoint.value if self.checkpoint is not None else None
 
 
+def _cancelled_meanwhile() -> None:
+    """Raise ``CancelledError`` when the running task was cancelled during a wait that returned anyway.
+
+    A bus request can swallow one cancellation that lands just as its reply does (``asyncio.wait_for`` on
+    Python 3.11; see ``temporality_bus.tasks``). ``asyncio.gather`` remembers it was cancelled and raises regardless;
+    a wait awaited directly (the driver's single read or batch, no gather) must check, or a cancelled handler
+    would go on to its next decision (a provider call, say)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class Engine:
     def __init__(
         self,
@@ -533,6 +545,7 @@ class Engine:
                 await asyncio.gather(reading, return_exceptions=True)  # no read outlives its handler
                 raise
             checkpoint = await reading
+            _cancelled_meanwhile()
             view.hold_run(record)
             if view.run is not None and view.run.state is not RunState.PENDING:  # a pending run has none yet
                 view.checkpoint, view.checkpoint_current = checkpoint, True
@@ -593,6 +606,7 @@ class Engine:
             reads.append(self._read_checkpoint(view))
         if len(reads) == 1:  # most often (the record after a call): awaited as it is, no task, no gather
             await reads[0]
+            _cancelled_meanwhile()
         elif reads:
             await asyncio.gather(*reads)
 
@@ -819,6 +833,7 @@ class Engine:
         tasks = list(dict.fromkeys(task for task, _ in sent))  # one per batch (a batch's writes share it)
         if len(tasks) == 1:  # the usual case: awaited itself (its failure raised), no gather
             await tasks[0]
+            _cancelled_meanwhile()
         else:
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
             for outcome in outcomes:

@@ -457,6 +457,12 @@ class _HeldWatch(TriggerRegistry):
         self._held_key = held_key
         self.holding = asyncio.Event()
         self.release = asyncio.Event()
+        #: The timeout of every wait for the store a delivery made (the handler's choice, not the clock's).
+        self.waits: list[float] = []
+
+    async def wait_for_store(self, revision: int, timeout_s: float = 2.0) -> bool:
+        self.waits.append(timeout_s)
+        return await super().wait_for_store(revision, timeout_s)
 
     async def _apply_entry(self, entry: KeyValue.Entry) -> None:
         if entry.key == self._held_key:
@@ -475,6 +481,9 @@ class _Outcomes:
         self.seen.extend([outcome] * count)
 
 
+ACK_WAIT_S = 10.0
+
+
 @contextlib.asynccontextmanager
 async def _consuming(
     bus: Bus, handler: EventTriggers, deliveries: list[tuple[int, float]], outcomes: _Outcomes
@@ -490,7 +499,9 @@ async def _consuming(
         finally:
             deliveries.append((delivery.num_delivered, loop.time() - started))
 
-    consumer = Consumer(bus, CONSUMERS[DURABLE], handler=handle, observer=outcomes)
+    # ack_wait 10 s (the fixture's is 2 s): the first delivery holds the message for the 2 s wait, and on a loaded
+    # machine a stalled heartbeat must not bring an extra delivery into the count
+    consumer = Consumer(bus, CONSUMERS[DURABLE], handler=handle, observer=outcomes, ack_wait_s=ACK_WAIT_S)
     stop = asyncio.Event()
     running = asyncio.create_task(consumer.run(stop))
     try:
@@ -526,10 +537,10 @@ async def test_through_the_consumer_a_lagging_store_redelivers_the_event_until_i
 ) -> None:
     """The lag of the unit tests above, driven by a real :class:`Consumer` on the real server: the watch of this
     replica hangs on a trigger another replica just created, so every delivery of the event finds the store
-    ahead. The first delivery waits the full 2 s for it, the redeliveries (the consumer's backoff, 0.5, 1 s)
+    ahead. The first delivery waits the full 2 s for it, the redeliveries (after the consumer's backoff)
     0.1 s each, and the SYNC_DELIVERIES-th handles it with the triggers known: one run, acknowledged, never
     dead-lettered, and nothing more once the watch catches up."""
-    await bus.ensure_consumer(CONSUMERS[DURABLE])
+    await bus.ensure_consumer(CONSUMERS[DURABLE], ack_wait_s=ACK_WAIT_S)
     async with _admin_only(gateway_settings, bus) as admin:
         await _create(admin, _spec())
     store = await TriggerStore.open(bus)
@@ -549,13 +560,14 @@ async def test_through_the_consumer_a_lagging_store_redelivers_the_event_until_i
         async with _consuming(bus, handler, deliveries, outcomes):
             await _run_for_within(event_log, "after-review", event, timeout_s=30)
             await _handled_once(bus, event_log, event, outcomes)
+            waits = list(registry.waits)  # the handler's (the test's own wait follows)
             registry.release.set()
             assert await registry.wait_for_store(await store.last_revision(), timeout_s=10)
             await stays(lambda: len(deliveries) == SYNC_DELIVERIES, settle_s=1.0, what="no further delivery")
     assert [n for n, _ in deliveries] == list(range(1, SYNC_DELIVERIES + 1))
-    first, *redelivered = [took for _, took in deliveries]
-    assert first >= 1.9  # the first delivery waited store_wait_s for the watch
-    assert all(took < 1.5 for took in redelivered), deliveries  # a redelivery only checks briefly
+    # the first delivery waited the full 2 s for the watch, every redelivery only checked briefly
+    assert waits == [2.0] + [0.1] * (SYNC_DELIVERIES - 1), waits
+    assert deliveries[0][1] >= 1.9  # and that first wait really ran out (an asyncio timeout only runs long)
     assert len(_runs(event_log, "after-review")) == 1
 
 
@@ -565,7 +577,7 @@ async def test_through_the_consumer_an_unreadable_store_position_falls_back_at_t
     """The trigger store's position cannot be read (its connection is gone: BusUnavailable at each delivery):
     the real consumer redelivers the event with its backoff, and the SYNC_DELIVERIES-th delivery handles it with
     the triggers known -- one run, acknowledged, never dead-lettered."""
-    await bus.ensure_consumer(CONSUMERS[DURABLE])
+    await bus.ensure_consumer(CONSUMERS[DURABLE], ack_wait_s=ACK_WAIT_S)
     async with _admin_only(gateway_settings, bus) as admin:
         await _create(admin, _spec())
     store = await TriggerStore.open(bus)

@@ -165,6 +165,7 @@ class Draft:
         run_id: str | None = None,
         reason: str | None = None,
         detail: str | None = None,
+        updated_at: datetime | None = None,
     ) -> DeliveryRecord:
         """The record in ``state``, without its event (one validating construction)."""
         return _received(
@@ -177,7 +178,7 @@ class Draft:
             run_id=run_id,
             reason=reason,
             detail=None if detail is None else detail[:1000],
-            updated_at=datetime.now(UTC),
+            updated_at=updated_at or datetime.now(UTC),
         )
 
     def record_json(
@@ -194,6 +195,7 @@ class Draft:
         the delivery, the draft or the launch path, so the validating construction (the record's biggest cost on
         the webhook path) would check nothing a reader's validation does not. Its fields in the model's order."""
         delivery = self.delivery
+        updated_at = updated_at or datetime.now(UTC)
         doc = to_json(
             {
                 "trigger_id": delivery.trigger.id,
@@ -212,7 +214,7 @@ class Draft:
                 "run_id": run_id,
                 "title": self.title,
                 "received_at": self.received_at,
-                "updated_at": updated_at or datetime.now(UTC),
+                "updated_at": updated_at,
                 "event": None,
                 "event_omitted": self.event_json is None,
                 "redrive_of": self.redrive_of,
@@ -224,7 +226,8 @@ class Draft:
         spliced = doc.replace(_NO_EVENT, b'"event":' + self.event_json, 1)  # (see encoded: the one unescaped place)
         if spliced != doc:
             return spliced
-        return self.encoded(self.head(state, run_id=run_id, reason=reason, detail=detail))  # never expected
+        never_expected = self.head(state, run_id=run_id, reason=reason, detail=detail, updated_at=updated_at)
+        return self.encoded(never_expected)
 
     def encoded(self, head: DeliveryRecord) -> bytes:
         """``head`` with the draft's event, as stored (the model's JSON: a reader validates it as usual).

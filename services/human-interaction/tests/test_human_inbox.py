@@ -1,4 +1,5 @@
-"""The per-recipient index of open requests behind ``GET /inbox`` and the retention purge (HUM-3)."""
+"""The index of open requests behind ``GET /inbox`` (the run entries naming who may answer) and the retention purge
+(HUM-3)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,15 @@ from human_support import ALICE, BOB, requested, running, stored, wait_for_recor
 
 from temporality_bus import Bus, Consumer
 from temporality_human_interaction.channels import WebInboxAdapter
-from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.deadlines import DeadlineHandler
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.inbox import (
     RetentionSweeper,
     arm_sweep,
+    inbox_entries,
     inbox_key,
     list_inbox,
-    open_requests_of,
     rebuild_index,
 )
 from temporality_human_interaction.records import list_pending, open_store
@@ -28,6 +29,11 @@ from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler, requests_of_run
 from temporality_protocol import HumanRequestState, RunCancelled, make_event, new_id
 from temporality_protocol.catalog import CONSUMERS
+
+
+async def open_requests_of(bus: Bus, user: str) -> list[str]:
+    """The request ids the index lists for ``user`` (a listing of the bucket: what an inbox reads the records of)."""
+    return sorted({e.value for e in await inbox_entries(bus, user)})
 
 
 async def _ids(client: httpx.AsyncClient, headers: dict[str, str]) -> list[str]:
@@ -129,7 +135,7 @@ async def test_a_run_end_listed_from_the_bucket_cancels_a_request_whose_id_is_to
 async def test_a_request_whose_id_is_too_long_for_a_key_is_in_the_inbox(
     bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
 ) -> None:
-    """Its ``open.<user>.`` entry is keyed by the id's hash: the inbox lists the id the entry holds."""
+    """Its run entry is keyed by the id's hash: the inbox lists the id the entry holds."""
     long_id = "hreq-" + "b" * 80
     await handler.handle(requested(request_id=long_id))
     assert long_id in await open_requests_of(bus, "user:alice")
@@ -146,15 +152,34 @@ async def test_a_stale_entry_is_skipped_and_dropped_and_a_lost_index_is_rebuilt(
     assert (await client.post(f"/requests/{done_id}/answer", json={"option_id": "drop-v1"}, headers=ALICE)).is_success
 
     refs = ChannelRefs(bus)
-    await refs.claim(inbox_key("user:alice", done_id), done_id)  # a removal that was lost
-    await refs.claim(inbox_key("user:alice", "hreq-never-stored"), "hreq-never-stored")  # crashed before the store
-    await refs.claim(inbox_key("user:bob", waiting_id), waiting_id)  # an entry for someone who may not answer it
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    done_key = ref_key("run", str(done.runid), done_id)
+    lost_mark = ChannelRef(value=done_id, expires_at=datetime.now(UTC) + timedelta(hours=1), answerers=["user:alice"])
+    await kv.put(done_key, lost_mark.model_dump_json().encode())  # its end's mark was lost
+    # an older version's inbox entries (open.*): its removal lost, one whose record never came, one for bob
+    await refs.claim(inbox_key("user:alice", done_id), done_id)
+    await refs.claim(inbox_key("user:alice", "hreq-never-stored"), "hreq-never-stored")
+    await refs.claim(inbox_key("user:bob", waiting_id), waiting_id)  # someone who may not answer it
     assert await _ids(client, ALICE) == [waiting_id]
     assert await _ids(client, BOB) == []
-    assert done_id not in await open_requests_of(bus, "user:alice")  # dropped while listing
+    assert done_id not in await open_requests_of(bus, "user:alice")  # marked ended, and dropped, while listing
+    marked = await refs.get_ref(done_key)
+    assert marked is not None
+    assert marked.ended == HumanRequestState.ANSWERED.value
+    assert await refs.get(inbox_key("user:alice", done_id)) is None
 
-    await refs.delete(inbox_key("user:alice", waiting_id))  # the index lost an entry (an old version, a wipe)
-    assert await _ids(client, ALICE) == []
+    # an older version's run entry: nobody named, so every inbox reads its record (and the inbox names them)
+    waiting_key = ref_key("run", str(waiting.runid), waiting_id)
+    old = ChannelRef(value=waiting_id, expires_at=datetime.now(UTC) + timedelta(hours=1))
+    await kv.put(waiting_key, old.model_dump_json().encode())
+    assert waiting_id in await open_requests_of(bus, "user:carol")  # anyone's, until its record is read
+    assert await _ids(client, BOB) == []
+    assert await _ids(client, ALICE) == [waiting_id]
+    named = await refs.get_ref(waiting_key)
+    assert named is not None
+    assert named.answerers == ["user:alice"]
+    assert waiting_id not in await open_requests_of(bus, "user:carol")
+    await kv.put(waiting_key, old.model_dump_json().encode())  # again: a start names them too
     assert (await rebuild_index(bus)).pending == 1
     assert await _ids(client, ALICE) == [waiting_id]
     assert (await rebuild_index(bus)).pending == 0  # idempotent: nothing is missing any more

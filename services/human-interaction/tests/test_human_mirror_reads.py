@@ -24,18 +24,18 @@ from human_support import (
     timer_messages,
 )
 
-import temporality_human_interaction.requests as requests_module
 from temporality_bus import Bus, PermanentError
 from temporality_human_interaction.answers import AnswerSubmission, NotPending, bind_answer_outcome
 from temporality_human_interaction.api import create_app
 from temporality_human_interaction.channels import ChannelAdapter
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
-from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.directory import Directory, UserProfile
 from temporality_human_interaction.inbound import AnswerRouter
+from temporality_human_interaction.inbox import list_inbox
 from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.parking import park
 from temporality_human_interaction.policies import RunPolicies, RunPolicyHandler
-from temporality_human_interaction.records import HumanRequestRecord, RecentRecords
+from temporality_human_interaction.records import HumanRequestRecord, RecentRecords, open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
 from temporality_human_interaction.settings import Settings
@@ -123,13 +123,14 @@ async def test_a_run_that_ends_while_its_request_is_being_stored_is_cancelled_ev
         return None if key.startswith(("runend.", "withdrawn.")) else shown(key)
 
     monkeypatch.setattr(mirror, "get", behind)
-    index_open = requests_module.index_open
+    delivered_with_record = mirrored._delivered_with_record
 
-    async def end_meanwhile(bus_: Bus, record: HumanRequestRecord) -> None:
-        await index_open(bus_, record)  # after the run entry, before the record
+    async def end_meanwhile(record: HumanRequestRecord, profile: UserProfile) -> HumanRequestRecord:
+        delivered = await delivered_with_record(record, profile)  # after the run entry, before the record
         await RunEndHandler(bus).handle(end)  # another replica's: raises nothing, finds nothing to cancel
+        return delivered
 
-    monkeypatch.setattr(requests_module, "index_open", end_meanwhile)
+    monkeypatch.setattr(mirrored, "_delivered_with_record", end_meanwhile)
     await mirrored.handle(asked)
     await delivered_then_withdrawn(bus, client, request_id)
     await RunEndHandler(bus, mirror=mirror).handle(end)  # a redelivery of the end: nothing left to do
@@ -254,8 +255,9 @@ async def test_a_request_id_of_another_run_leaves_no_entry_under_the_new_run(
         await mirrored.handle(mine)
     refs = ChannelRefs(bus)
     assert await refs.get(ref_key("run", str(mine.runid), "hreq-shared-mirror")) is None
-    assert await refs.get(ref_key("open", "user:bob", "hreq-shared-mirror")) is None
-    assert await refs.get(ref_key("open", "user:alice", "hreq-shared-mirror")) is not None  # theirs stays
+    store = await open_store(bus)
+    assert await list_inbox(bus, store, "user:bob") == []
+    assert [r.request_id for r in await list_inbox(bus, store, "user:alice")] == ["hreq-shared-mirror"]  # theirs
     # the new run's end does not touch the other run's request
     await RunEndHandler(bus).handle(_ended(str(mine.runid)))
     record = await stored(bus, "hreq-shared-mirror")

@@ -51,7 +51,7 @@ import structlog
 from nats.js.errors import KeyWrongLastSequenceError
 from pydantic import ValidationError
 
-from temporality_bus import Bus, PublishResult, live_entries
+from temporality_bus import Bus, PublishResult, TransientError, live_entries
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
 from temporality_human_interaction.directory import user_id_of
 from temporality_human_interaction.mirror import ANYONE, ChannelEntry, ChannelMirror, listed_for, to_channel_entry
@@ -87,6 +87,8 @@ log = structlog.get_logger(__name__)
 #: The retention sweep's timer key (never a request id's: those have no dot, and ``.retention`` is no suffix).
 SWEEP_KEY = "_sweep.retention"
 _LIST_TIMEOUT_S = 5.0
+#: :func:`index_people` tries its compare-and-set this many times (each a read and a write) before giving up.
+_NAME_ATTEMPTS = 5
 #: How long the inbox waits for the mirror to apply the bucket's last revision (then: one listing instead).
 _INBOX_CATCH_UP_S = 2.0
 #: Reading the sweep's listing of ``human-channels`` waits this long for each next entry (then: retried).
@@ -108,9 +110,15 @@ def answerers(record: HumanRequestRecord) -> list[str]:
 
 async def index_people(bus: Bus, record: HumanRequestRecord, people: list[str]) -> None:
     """List ``record`` in the inbox of each of ``people`` (``user:<id>``) too: added to the answerers its run entry
-    names (create-if-absent, else a compare-and-set; one write, whoever they are)."""
+    names (create-if-absent, else a compare-and-set -- tried again when it loses; one write, whoever they are)."""
     users = [p for p in dict.fromkeys([*answerers(record), *people]) if user_id_of(p) is not None]
-    await index_request_entry(bus, record, users)
+    key = ref_key("run", record.run_id, record.request_id)
+    for _ in range(_NAME_ATTEMPTS):  # a compare-and-set that lost to another write of the entry: again
+        await index_request_entry(bus, record, users)
+        named = await ChannelRefs(bus).get_ref(key)
+        if named is not None and set(users) <= set(named.answerers or ()):
+            return
+    raise TransientError(f"{key}: could not name {users} on it ({_NAME_ATTEMPTS} attempts)")
 
 
 async def unindex(bus: Bus, record: HumanRequestRecord, mirror: ChannelMirror | None = None) -> None:

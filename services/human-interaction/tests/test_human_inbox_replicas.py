@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -21,9 +22,10 @@ from nats.js.kv import KeyValue
 from replica_support import replica
 
 from temporality_bus import Bus, NatsSettings
+from temporality_human_interaction import inbox
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.inbox import inbox_key, list_inbox
-from temporality_human_interaction.mirror import ChannelMirror
+from temporality_human_interaction.mirror import ChannelEntry, ChannelMirror
 from temporality_human_interaction.records import open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_protocol import HumanRequestState, new_id
@@ -53,6 +55,37 @@ async def _inbox(client: httpx.AsyncClient, headers: dict[str, str]) -> list[str
     return sorted(r["id"] for r in reply.json()["requests"])
 
 
+class _Answered:
+    """Counts who answered the replicas' inbox reads: their mirrors (:meth:`ChannelMirror.inbox`) or a listing of
+    the run entries (the fallback when a mirror is down or behind)."""
+
+    def __init__(self) -> None:
+        self.mirror = 0
+        self.listings = 0
+
+
+@pytest.fixture
+def answered(monkeypatch: pytest.MonkeyPatch) -> _Answered:
+    """Spies on where each inbox read came from. The inbox's wait for its mirror is made long enough that only a
+    mirror that is never used, or whose watch is down, leaves a read to the listing (no wall-clock guess)."""
+    seen = _Answered()
+    monkeypatch.setattr(inbox, "_INBOX_CATCH_UP_S", 60.0)
+    from_mirror, listing = ChannelMirror.inbox, inbox.live_entries
+
+    def mirrored(self: ChannelMirror, user: str) -> list[ChannelEntry]:
+        seen.mirror += 1
+        return from_mirror(self, user)
+
+    async def listed(kv: KeyValue, keys: str = ">", **kwargs: Any) -> list[KeyValue.Entry]:
+        if keys == "run.>":
+            seen.listings += 1
+        return await listing(kv, keys, **kwargs)
+
+    monkeypatch.setattr(ChannelMirror, "inbox", mirrored)
+    monkeypatch.setattr(inbox, "live_entries", listed)
+    return seen
+
+
 async def _until_gone(bus: Bus, key: str, *, within_s: float = 30) -> None:
     """Until ``key`` of ``human-channels`` holds nothing (bounded)."""
     refs = ChannelRefs(bus)
@@ -68,7 +101,7 @@ async def _until_gone(bus: Bus, key: str, *, within_s: float = 30) -> None:
 
 @pytest.mark.timeout(150)
 async def test_each_replica_lists_a_request_any_replica_took_in_from_its_first_read(
-    tmp_path: Path, nats_settings: NatsSettings, bus: Bus
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, answered: _Answered
 ) -> None:
     settings = service_settings(tmp_path, nats_settings, USERS)
     run_id = new_id("run")
@@ -102,8 +135,10 @@ async def test_each_replica_lists_a_request_any_replica_took_in_from_its_first_r
         for client in clients:
             assert await _inbox(client, ALICE) == sorted(mine["user:alice"])
             assert await _inbox(client, BOB) == sorted(mine["user:bob"])
-        [answered] = await events_of(bus, "human.answered", wait_for=1)
-        assert answered.data["request_id"] == group_id
+        [answer] = await events_of(bus, "human.answered", wait_for=1)
+        assert answer.data["request_id"] == group_id
+    # every read above was answered by the replica's mirror, none by a listing of the run entries
+    assert (answered.mirror, answered.listings) == (2 * 2 * (len(asked) + 1), 0)
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
     entry = ChannelRef.model_validate_json((await kv.get(ref_key("run", run_id, group_id))).value or b"")
     assert entry.answerers == ["user:alice", "user:bob"]
@@ -112,7 +147,7 @@ async def test_each_replica_lists_a_request_any_replica_took_in_from_its_first_r
 
 @pytest.mark.timeout(150)
 async def test_an_upgrade_keeps_an_older_version_s_inbox_entries_working_and_drops_them_at_the_end(
-    tmp_path: Path, nats_settings: NatsSettings, bus: Bus
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, answered: _Answered
 ) -> None:
     """What a version before 2026-12-06 left in the bucket: its run entries name nobody, and each person who may
     answer has an ``open.<user>.<id>`` entry -- one of them for bob, to whom that version escalated the request
@@ -152,6 +187,7 @@ async def test_an_upgrade_keeps_an_older_version_s_inbox_entries_working_and_dro
             await _until_gone(bus, inbox_key(person, request_id))  # the end drops what its mirror holds
         assert await _inbox(client, ALICE) == []
         assert await _inbox(client, BOB) == []
+    assert (answered.mirror, answered.listings) == (4, 0)  # from the mirror, older entries and all
 
 
 class _Behind(ChannelMirror):
@@ -165,7 +201,9 @@ class _Behind(ChannelMirror):
         await super()._apply(entry)
 
 
-async def test_the_inbox_waits_for_its_mirror_to_catch_up_with_the_bucket(bus: Bus, handler: RequestHandler) -> None:
+async def test_the_inbox_waits_for_its_mirror_to_catch_up_with_the_bucket(
+    bus: Bus, handler: RequestHandler, answered: _Answered
+) -> None:
     """A request another replica (here: a handler with no mirror) stored while this replica's mirror is behind is
     listed all the same: the inbox waits until the mirror applied the bucket's last revision. (Read from the mirror
     as it stood, the inbox missed it.)"""
@@ -178,3 +216,4 @@ async def test_the_inbox_waits_for_its_mirror_to_catch_up_with_the_bucket(bus: B
         listed = await list_inbox(bus, store, "user:alice", mirror)
         assert [r.request_id for r in listed] == [event.data["request_id"]]
         assert await list_inbox(bus, store, "user:bob", mirror) == []
+    assert (answered.mirror, answered.listings) == (2, 0)  # the mirror answered, once caught up

@@ -6,12 +6,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn
 
 import httpx
 import pytest
+import structlog
 from human_support import ALICE, BOB, requested, running, stored, wait_for_record
+from nats.js.kv import KeyValue
 
-from temporality_bus import Bus, Consumer
+from temporality_bus import Bus, Consumer, TransientError
+from temporality_human_interaction import inbox
 from temporality_human_interaction.channels import WebInboxAdapter
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.deadlines import DeadlineHandler
@@ -21,6 +25,7 @@ from temporality_human_interaction.inbox import (
     arm_sweep,
     inbox_entries,
     inbox_key,
+    index_people,
     list_inbox,
     rebuild_index,
 )
@@ -281,3 +286,93 @@ async def test_a_failing_sweep_still_leaves_the_next_one_armed(bus: Bus) -> None
         await sweeper.fired()
     # the slot after ``now`` is already armed: another replica (or the next start) arming it is a duplicate
     assert (await arm_sweep(bus, 3600, now)).duplicate
+
+
+async def test_a_failing_repair_is_logged_and_the_inbox_still_answers(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writes an inbox read repairs as it goes (a lost end mark, an older version's run entry naming nobody,
+    an older version's inbox entry of an ended request) are best effort: one that fails is logged and the read
+    answers all the same (the sweep and the next start repair it)."""
+    done, waiting = requested(), requested()
+    for event in (done, waiting):
+        await handler.handle(event)
+    done_id, waiting_id = str(done.data["request_id"]), str(waiting.data["request_id"])
+    assert (await client.post(f"/requests/{done_id}/answer", json={"option_id": "drop-v1"}, headers=ALICE)).is_success
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    lost_mark = ChannelRef(value=done_id, expires_at=later, answerers=["user:alice"])
+    await kv.put(ref_key("run", str(done.runid), done_id), lost_mark.model_dump_json().encode())
+    older = ChannelRef(value=waiting_id, expires_at=later)  # names nobody
+    await kv.put(ref_key("run", str(waiting.runid), waiting_id), older.model_dump_json().encode())
+    await ChannelRefs(bus).claim(inbox_key("user:alice", done_id), done_id)
+
+    async def unavailable(*_: object, **__: object) -> NoReturn:
+        raise TransientError("human-channels: no responders")
+
+    monkeypatch.setattr(ChannelRefs, "fill", unavailable)
+    monkeypatch.setattr(ChannelRefs, "mark_ended", unavailable)
+    monkeypatch.setattr(inbox, "_drop", unavailable)
+    with structlog.testing.capture_logs() as logs:
+        assert await _ids(client, ALICE) == [waiting_id]
+    failed = sorted(e["key"] for e in logs if e["event"] == "inbox.repair_failed" and e["log_level"] == "warning")
+    assert failed == sorted(
+        [
+            ref_key("run", str(done.runid), done_id),
+            ref_key("run", str(waiting.runid), waiting_id),
+            inbox_key("user:alice", done_id),
+        ]
+    )
+    assert all("no responders" in e["error"] for e in logs if e["event"] == "inbox.repair_failed")
+
+
+async def test_naming_people_on_an_ended_request_writes_nothing(bus: Bus, handler: RequestHandler) -> None:
+    event = requested()
+    await handler.handle(event)
+    request_id = str(event.data["request_id"])
+    record = await stored(bus, request_id)
+    assert record is not None
+    key = ref_key("run", record.run_id, request_id)
+    await ChannelRefs(bus).mark_ended(key, datetime.now(UTC), HumanRequestState.ANSWERED.value)
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    before = await kv.get(key)
+    await index_people(bus, record, ["user:bob"])  # an escalation that comes after the end
+    after = await kv.get(key)
+    assert after.revision == before.revision  # no write
+    assert ChannelRef.model_validate_json(after.value or b"").answerers == ["user:alice"]
+
+
+async def test_concurrent_inbox_reads_without_a_mirror_share_one_listing_that_begins_after_them(
+    bus: Bus, handler: RequestHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a mirror, the inbox lists the run entries: the reads that come while a listing is under way share
+    the next one, which begins after them -- so each still sees a request stored just before it."""
+    first = requested()
+    await handler.handle(first)
+    started, release = asyncio.Event(), asyncio.Event()
+    listings: list[str] = []
+    listing = inbox.live_entries
+
+    async def held(kv: KeyValue, keys: str = ">", **kwargs: Any) -> list[KeyValue.Entry]:
+        found = await listing(kv, keys, **kwargs)
+        if keys == "run.>":
+            listings.append(keys)
+            if len(listings) == 1:  # the first one: held once it has listed (a slow listing)
+                started.set()
+                await release.wait()
+        return found
+
+    monkeypatch.setattr(inbox, "live_entries", held)
+    early = asyncio.create_task(inbox_entries(bus, "user:alice"))
+    await asyncio.wait_for(started.wait(), 30)
+    second = requested()
+    await handler.handle(second)  # stored after the first listing read the bucket, before the calls below
+    later = [asyncio.create_task(inbox_entries(bus, who)) for who in ("user:alice", "user:bob", "user:alice")]
+    await asyncio.sleep(0)
+    release.set()
+    ids = {str(e.data["request_id"]) for e in (first, second)}
+    assert {e.value for e in await asyncio.wait_for(early, 30)} == {str(first.data["request_id"])}
+    alice, bob, alice_again = await asyncio.wait_for(asyncio.gather(*later), 30)
+    assert {e.value for e in alice} == {e.value for e in alice_again} == ids  # the second request too
+    assert bob == []
+    assert len(listings) == 2  # four reads, two listings: the three later ones shared the second

@@ -40,8 +40,10 @@ timers consumer gives each firing to one replica, and every replica arms the sam
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -110,14 +112,19 @@ def answerers(record: HumanRequestRecord) -> list[str]:
 
 async def index_people(bus: Bus, record: HumanRequestRecord, people: list[str]) -> None:
     """List ``record`` in the inbox of each of ``people`` (``user:<id>``) too: added to the answerers its run entry
-    names (create-if-absent, else a compare-and-set -- tried again when it loses; one write, whoever they are)."""
+    names (create-if-absent, else a compare-and-set -- tried again when it loses; one write, whoever they are).
+    Nothing is written when the entry names them all already or says the request ended."""
     users = [p for p in dict.fromkeys([*answerers(record), *people]) if user_id_of(p) is not None]
     key = ref_key("run", record.run_id, record.request_id)
-    for _ in range(_NAME_ATTEMPTS):  # a compare-and-set that lost to another write of the entry: again
-        await index_request_entry(bus, record, users)
-        named = await ChannelRefs(bus).get_ref(key)
+    refs = ChannelRefs(bus)
+    for attempt in range(_NAME_ATTEMPTS + 1):  # a compare-and-set that lost to another write of the entry: again
+        named = await refs.get_ref(key)
+        if named is not None and named.ended_at is not None:
+            return  # its request ended: no inbox lists it any more, nobody to name (no write)
         if named is not None and set(users) <= set(named.answerers or ()):
             return
+        if attempt < _NAME_ATTEMPTS:
+            await index_request_entry(bus, record, users)
     raise TransientError(f"{key}: could not name {users} on it ({_NAME_ATTEMPTS} attempts)")
 
 
@@ -154,19 +161,61 @@ async def unindex(bus: Bus, record: HumanRequestRecord, mirror: ChannelMirror | 
 async def inbox_entries(bus: Bus, user: str, mirror: ChannelMirror | None = None) -> list[ChannelEntry]:
     """The entries ``user``'s inbox may list (:meth:`.mirror.ChannelMirror.inbox`): from ``mirror`` once it has
     applied the bucket's last revision as of this call (so a request taken in by any replica before it is
-    there), else (no mirror, its watch down or behind) from one listing of the run entries and of the older
-    version's ``open.<user>.*`` entries."""
+    there), else (no mirror, its watch down or behind) from a listing of the run entries -- one shared by the
+    calls waiting for it (:class:`_RunListing`) -- and one of the older version's ``open.<user>.*`` entries."""
     if mirror is not None and await mirror.caught_up(_INBOX_CATCH_UP_S):
         return mirror.inbox(user)
+    runs = await _run_listing(bus).entries(bus)
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    listed = [
-        found
-        for subjects in ("run.>", f"{ref_key('open', user)}.*")
-        for entry in await live_entries(kv, subjects, timeout_s=_LIST_TIMEOUT_S)
-        if (found := to_channel_entry(entry)) is not None
-    ]
+    older = await live_entries(kv, f"{ref_key('open', user)}.*", timeout_s=_LIST_TIMEOUT_S, usually_empty=True)
+    listed = [*runs, *(found for entry in older if (found := to_channel_entry(entry)) is not None)]
     mine = {ref_key(user), ANYONE}
     return [e for e in listed if mine & set(listed_for(e))]
+
+
+class _RunListing:
+    """The inbox's listing of ``run.>`` when the mirror cannot answer, one at a time per connection, its result
+    shared by every call that waits for it: while one is under way, the calls that come meanwhile share the
+    next one (which begins after them -- the one under way may miss a run entry written just before they came),
+    so each call still sees every run entry written before it, and a burst of calls lists the bucket twice at
+    most, not once per call."""
+
+    def __init__(self) -> None:
+        #: The listing under way, and the one the calls that came meanwhile wait for (it begins after it).
+        self._running: asyncio.Task[list[ChannelEntry]] | None = None
+        self._next: asyncio.Task[list[ChannelEntry]] | None = None
+
+    async def entries(self, bus: Bus) -> list[ChannelEntry]:
+        if self._next is None:
+            self._next = asyncio.create_task(self._list(bus, self._running))
+            self._next.add_done_callback(_retrieved)
+        # shielded: a call that goes away (its client hung up) does not cancel the others' listing
+        return await asyncio.shield(self._next)
+
+    async def _list(self, bus: Bus, before: asyncio.Task[list[ChannelEntry]] | None) -> list[ChannelEntry]:
+        if before is not None:
+            await asyncio.wait({before})  # (its outcome is its own callers')
+        # from here on, a call that comes waits for the listing after this one
+        self._running, self._next = self._next, None
+        kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+        listed = await live_entries(kv, "run.>", timeout_s=_LIST_TIMEOUT_S)
+        return [found for entry in listed if (found := to_channel_entry(entry)) is not None]
+
+
+def _retrieved(task: asyncio.Task[list[ChannelEntry]]) -> None:
+    """A shared listing's failure is its callers' (raised to each); marked seen when none is left to see it."""
+    if not task.cancelled():
+        task.exception()
+
+
+_RUN_LISTINGS: weakref.WeakKeyDictionary[Bus, _RunListing] = weakref.WeakKeyDictionary()
+
+
+def _run_listing(bus: Bus) -> _RunListing:
+    listing = _RUN_LISTINGS.get(bus)
+    if listing is None:
+        listing = _RUN_LISTINGS[bus] = _RunListing()  # (no reference to the bus: it would never be dropped)
+    return listing
 
 
 async def list_inbox(
@@ -190,21 +239,31 @@ async def list_inbox(
         if record is None:  # indexed before its record was stored (or purged): not shown, left alone
             continue
         run_entry = entry.key.startswith("run.")
-        if record.pending:
-            if record.may_answer(user):
-                found[request_id] = record
-            if run_entry and entry.answerers is None:  # an older version's: its answerers, so it is read no more
-                await refs.fill(entry.key, entry.ref(), entry.revision, answerers=answerers(record))
-        elif run_entry:  # its end's mark was lost: done now
-            await refs.mark_ended(
-                entry.key,
-                record.ended_at or datetime.now(UTC),
-                record.status.value,
-                known=(entry.ref(), entry.revision),
-            )
-        else:
-            await _drop(bus, [entry])  # an older version's inbox entry, its removal lost: done now
+        if record.pending and record.may_answer(user):
+            found[request_id] = record
+        try:  # a repair that fails is left for the next read, the sweep or the next start: the read answers
+            await _repair(bus, refs, entry, record, run_entry)
+        except Exception as exc:
+            log.warning("inbox.repair_failed", key=entry.key, request_id=request_id, error=repr(exc))
     return sorted(found.values(), key=lambda r: (r.created_at, r.request_id), reverse=True)
+
+
+async def _repair(
+    bus: Bus, refs: ChannelRefs, entry: ChannelEntry, record: HumanRequestRecord, run_entry: bool
+) -> None:
+    """What :func:`list_inbox` finds out of date in ``entry`` (``record``'s), written (compare-and-set)."""
+    if record.pending:
+        if run_entry and entry.answerers is None:  # an older version's: its answerers, so it is read no more
+            await refs.fill(entry.key, entry.ref(), entry.revision, answerers=answerers(record))
+    elif run_entry:  # its end's mark was lost: done now
+        await refs.mark_ended(
+            entry.key,
+            record.ended_at or datetime.now(UTC),
+            record.status.value,
+            known=(entry.ref(), entry.revision),
+        )
+    else:
+        await _drop(bus, [entry])  # an older version's inbox entry, its removal lost: done now
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ async def count_open(bus: Bus, now: datetime, mirror: ChannelMirror | None = Non
     retention sweep and the next start mark it, and date an older version's entries
     (:func:`.inbox.rebuild_index`, :meth:`.inbox.RetentionSweeper.sweep`)."""
     if mirror is not None and await mirror.caught_up():
-        entries = [e for e in mirror.entries() if e.key.startswith("run.") and e.key.count(".") == 2]
+        entries = mirror.pending_runs()  # (kept by the mirror: no sort of every key at each refresh)
     else:
         kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
         entries = [found for entry in await live_entries(kv, "run.>") if (found := to_channel_entry(entry))]

@@ -155,6 +155,9 @@ class ChannelMirror:
         #: The keys each person's inbox may list (:func:`listed_for`: pending run entries naming them, an older
         #: version's inbox entries), by the person as a key part, so :meth:`inbox` does not go through every key.
         self._inboxes: dict[str, set[str]] = {}
+        #: The run entries (``run.<run>.<id>``) not marked ended, so the gauges count them without going through
+        #: (and sorting) every key.
+        self._pending_runs: set[str] = set()
         #: The highest revision applied (a delete counts too: it is a message of the bucket's stream).
         self.revision = 0
         #: How many keys the watch has delivered since it started, its snapshots included: what the mirror read.
@@ -192,6 +195,10 @@ class ChannelMirror:
                 self._children.setdefault(parent, set()).add(found.key)
             for person in listed_for(found):
                 self._inboxes.setdefault(person, set()).add(found.key)
+            if found.ended_at is None and found.key.startswith("run.") and found.key.count(".") == 2:
+                self._pending_runs.add(found.key)
+            else:
+                self._pending_runs.discard(found.key)
         while self._waiters and self._waiters[0][0] <= self.revision:
             waiter = heapq.heappop(self._waiters)[2]
             if not waiter.done():  # (one that timed out is cancelled)
@@ -206,6 +213,7 @@ class ChannelMirror:
         gone = self._entries.pop(key, None)
         if gone is None:
             return
+        self._pending_runs.discard(key)
         self._unlist(gone)
         if (parent := _parent(key)) is not None:
             siblings = self._children.get(parent)
@@ -254,13 +262,26 @@ class ChannelMirror:
         if self.revision >= revision:
             return True
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (revision, next(self._tickets), waiter))
+        item = (revision, next(self._tickets), waiter)
+        heapq.heappush(self._waiters, item)
         try:
             async with asyncio.timeout(timeout_s):
                 await waiter
         except TimeoutError:
+            self._forget_waiter(item)
             return False
+        except BaseException:  # cancelled: not kept in the heap either
+            self._forget_waiter(item)
+            raise
         return True
+
+    def _forget_waiter(self, item: tuple[int, int, asyncio.Future[None]]) -> None:
+        """Take a waiter that gave up out of the heap (else it stays until the watch reaches its revision)."""
+        try:
+            self._waiters.remove(item)
+        except ValueError:  # woken (popped) meanwhile
+            return
+        heapq.heapify(self._waiters)
 
     def get(self, key: str) -> ChannelEntry | None:
         """The entry under ``key`` as the watch last delivered it, or None (absent, or not delivered yet).
@@ -282,6 +303,10 @@ class ChannelMirror:
         needs its record (pending? may they answer?) -- :func:`.inbox.list_inbox`."""
         keys = self._inboxes.get(ref_key(user), set()) | self._inboxes.get(ANYONE, set())
         return [self._entries[key] for key in sorted(keys)]
+
+    def pending_runs(self) -> list[ChannelEntry]:
+        """The run entries (``run.<run>.<id>``) not marked ended, as the watch last delivered them, in no order."""
+        return [self._entries[key] for key in self._pending_runs]
 
     def entries(self) -> list[ChannelEntry]:
         """The mirrored entries in revision order (the order a listing gives)."""

@@ -58,6 +58,9 @@ from temporality_protocol.catalog import BUCKET_HUMAN_CHANNELS
 
 __all__ = ["BUCKET_HUMAN_CHANNELS", "ChannelRef", "ChannelRefs", "ids_of", "ref_key", "stands_for_another"]
 
+#: :meth:`ChannelRefs.mark_ended` reads the entry and tries its compare-and-set this many times before giving up.
+MARK_ATTEMPTS = 5
+
 _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _HASHED = re.compile(r"^[0-9a-f]{40}$")
 
@@ -264,14 +267,23 @@ class ChannelRefs:
 
         ``known``: the entry and its revision as a mirror of the bucket last saw it (:mod:`..mirror`); the
         write starts from it instead of reading the entry, as a compare-and-set on that revision: a stale one
-        (the entry changed or went since) loses it, and the entry is read as without it."""
+        (the entry changed or went since) loses it, and the entry is read as without it.
+
+        A compare-and-set that loses to another write of the entry (an escalation naming its target,
+        :func:`..inbox.index_people`) reads it and tries again, up to :data:`MARK_ATTEMPTS` times in all; then
+        :class:`~temporality_bus.Contended`. True when it was written (False: not there, or marked already)."""
         if known is not None:
             try:
                 return await self._fill(key, known[0], known[1], None, None, ended_at, ended)
             except Conflict:
                 pass
         store = await self._open()
-        got = await store.get(key)
-        if got is None:
-            return False
-        return await self.fill(key, got.value, got.revision, ended_at=ended_at, ended=ended)
+        for _ in range(MARK_ATTEMPTS):
+            got = await store.get(key)
+            if got is None:
+                return False
+            try:
+                return await self._fill(key, got.value, got.revision, None, None, ended_at, ended)
+            except Conflict:
+                continue  # written meanwhile: read it again, so the end's mark is not lost
+        raise Contended(BUCKET_HUMAN_CHANNELS.name, key, MARK_ATTEMPTS)

@@ -6,7 +6,7 @@ members) besides its deadline, and says when it ended. ``GET /inbox`` lists the 
 replica's mirror of the bucket (:meth:`.mirror.ChannelMirror.inbox`: the run entries not marked ended that name
 them), once the mirror has applied the bucket's last revision as of the call (:meth:`~.mirror.ChannelMirror.caught_up`:
 a request any replica took in before the call is there); without a mirror, or while its watch is down or behind,
-from one listing of ``run.>``. Each request listed is read and shown while pending and the caller's to answer.
+from a listing of ``run.>`` shared by the reads that wait for it (:class:`_RunListing`). Each request listed is read and shown while pending and the caller's to answer.
 
 * Written *before* the record (:func:`.runs.index_new_request` at intake, before the create; at an escalation,
   :func:`index_people` adds the target before it is recorded), create-if-absent then compare-and-set: a crash in
@@ -186,7 +186,7 @@ class _RunListing:
         self._next: asyncio.Task[list[ChannelEntry]] | None = None
 
     async def entries(self, bus: Bus) -> list[ChannelEntry]:
-        if self._next is None:
+        if self._next is None or self._next.done():  # (done: cancelled before it began)
             self._next = asyncio.create_task(self._list(bus, self._running))
             self._next.add_done_callback(_retrieved)
         # shielded: a call that goes away (its client hung up) does not cancel the others' listing

@@ -14,7 +14,7 @@ import structlog
 from human_support import ALICE, BOB, requested, running, stored, wait_for_record
 from nats.js.kv import KeyValue
 
-from temporality_bus import Bus, Consumer, TransientError
+from temporality_bus import Bus, Consumer, Contended, TransientError
 from temporality_human_interaction import inbox
 from temporality_human_interaction.channels import WebInboxAdapter
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
@@ -376,3 +376,44 @@ async def test_concurrent_inbox_reads_without_a_mirror_share_one_listing_that_be
     assert {e.value for e in alice} == {e.value for e in alice_again} == ids  # the second request too
     assert bob == []
     assert len(listings) == 2  # four reads, two listings: the three later ones shared the second
+
+
+async def test_a_failed_shared_listing_is_not_kept(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the mirror is down every fallback listing may fail: none is kept once it is over (each failure's
+    traceback would hold the one before it, and the connection, for as long as the failures go on)."""
+
+    async def failing(kv: KeyValue, keys: str = ">", **kwargs: Any) -> NoReturn:
+        raise TransientError("the bucket cannot be listed now")
+
+    monkeypatch.setattr(inbox, "live_entries", failing)
+    shared = inbox._run_listing(bus)
+    for _ in range(3):
+        with pytest.raises(TransientError):
+            await inbox_entries(bus, "user:alice")
+        await asyncio.sleep(0)  # (the done callbacks)
+        assert shared._running is None
+        assert shared._next is None
+
+
+async def test_a_start_whose_end_mark_keeps_losing_still_starts(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start's end mark of an ended request whose run entry lost it: one that keeps losing its compare-and-set
+    (Contended) is left to the next sweep or start, not a failed start."""
+    done = requested()
+    await handler.handle(done)
+    done_id = str(done.data["request_id"])
+    assert (await client.post(f"/requests/{done_id}/answer", json={"option_id": "drop-v1"}, headers=ALICE)).is_success
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    # an older version's entry (nobody named: the start reads its record), its end's mark lost
+    lost_mark = ChannelRef(value=done_id, expires_at=datetime.now(UTC) + timedelta(hours=1))
+    await kv.put(ref_key("run", str(done.runid), done_id), lost_mark.model_dump_json().encode())
+    tried: list[str] = []
+
+    async def contended(self: ChannelRefs, key: str, *args: Any, **kwargs: Any) -> NoReturn:
+        tried.append(key)
+        raise Contended(BUCKET_HUMAN_CHANNELS, key, 5)
+
+    monkeypatch.setattr(ChannelRefs, "mark_ended", contended)
+    await rebuild_index(bus)  # does not raise
+    assert tried == [ref_key("run", str(done.runid), done_id)]

@@ -53,7 +53,7 @@ import structlog
 from nats.js.errors import KeyWrongLastSequenceError
 from pydantic import ValidationError
 
-from temporality_bus import Bus, PublishResult, TransientError, live_entries
+from temporality_bus import Bus, Contended, PublishResult, TransientError, live_entries
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
 from temporality_human_interaction.directory import user_id_of
 from temporality_human_interaction.mirror import ANYONE, ChannelEntry, ChannelMirror, listed_for, to_channel_entry
@@ -189,17 +189,38 @@ class _RunListing:
         if self._next is None or self._next.done():  # (done: cancelled before it began)
             self._next = asyncio.create_task(self._list(bus, self._running))
             self._next.add_done_callback(_retrieved)
+            self._next.add_done_callback(self._forget)
         # shielded: a call that goes away (its client hung up) does not cancel the others' listing
         return await asyncio.shield(self._next)
 
     async def _list(self, bus: Bus, before: asyncio.Task[list[ChannelEntry]] | None) -> list[ChannelEntry]:
         if before is not None:
             await asyncio.wait({before})  # (its outcome is its own callers')
+            # not kept in this frame: a failed listing's traceback holds its frame, so each failure would hold the
+            # one before it (and its bus) for as long as the failures go on
+            del before
         # from here on, a call that comes waits for the listing after this one
         self._running, self._next = self._next, None
         kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
         listed = await live_entries(kv, "run.>", timeout_s=_LIST_TIMEOUT_S)
         return [found for entry in listed if (found := to_channel_entry(entry)) is not None]
+
+    def _forget(self, task: asyncio.Task[list[ChannelEntry]]) -> None:
+        """A listing that is over is not kept (its result -- every run entry -- or its failure): its callers have
+        it, and the next listing has nothing to wait for."""
+        if self._running is task:
+            self._running = None
+        if self._next is task:
+            self._next = None
+
+
+async def _mark_ended_or_later(refs: ChannelRefs, key: str, ended_at: datetime, record: HumanRequestRecord) -> None:
+    """The start's and the sweep's end mark: one that keeps losing its compare-and-set (:class:`Contended`) is
+    left to the next sweep or start, logged, instead of failing the start or cutting the sweep short."""
+    try:
+        await refs.mark_ended(key, ended_at, record.status.value)
+    except Contended as exc:
+        log.warning("inbox.mark_ended_contended", request_id=record.request_id, error=repr(exc))
 
 
 def _retrieved(task: asyncio.Task[list[ChannelEntry]]) -> None:
@@ -355,10 +376,8 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None, entries: list[
             pending += 1
         else:
             await index_request_entry(bus, record)
-            await refs.mark_ended(
-                ref_key("run", record.run_id, record.request_id),
-                record.ended_at or record.expires_at,
-                record.status.value,
+            await _mark_ended_or_later(
+                refs, ref_key("run", record.run_id, record.request_id), record.ended_at or record.expires_at, record
             )
             dropped += await _drop(bus, opens.get(request_id, []))
     if listed and not unlisted:
@@ -649,7 +668,7 @@ class RetentionSweeper:
             if run.expires_at is None or (run.ended_at is None and not record.pending):
                 await index_request_entry(self._bus, record)
                 if not record.pending:
-                    await refs.mark_ended(run.key, record.ended_at or record.expires_at, record.status.value)
+                    await _mark_ended_or_later(refs, run.key, record.ended_at or record.expires_at, record)
         dropped = 0
         for request_id, mine in opens.items():  # an older version's inbox entries (read by its inbox until upgraded)
             its_run = runs.get(request_id)

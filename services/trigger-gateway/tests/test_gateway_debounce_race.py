@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-from gateway_support import AS_ADMIN, fixture_json, post, replicas, until_served, webhook_spec
+from gateway_support import AGENTS, AS_ADMIN, fixture_json, post, replicas, until_served, webhook_spec
 
 from temporality_bus import Bus, Timers
 from temporality_protocol import run_id_for_delivery
@@ -24,7 +24,10 @@ from temporality_protocol.catalog import BUCKET_CONCURRENCY, TIMER_NS_TRIGGER_DE
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 from temporality_trigger_gateway import Settings
-from temporality_trigger_gateway.concurrency import DebounceTimer, KeyState, state_key
+from temporality_trigger_gateway.concurrency import DebounceTimer, KeyState, QueuedLaunch, launch_key, state_key
+from temporality_trigger_gateway.deliveries import Deliveries
+from temporality_trigger_gateway.launch import Launcher
+from temporality_trigger_gateway.store import validate_spec
 
 KEY = "join('/', [payload.repository.id, to_string(payload.pull_request.id)])"
 REPO_ID = "9e3c4b1a-7d2f-4c6e-8a5b-1f0e2d3c4b5a"  # the repository of pr-created.json
@@ -150,3 +153,46 @@ async def test_an_older_events_arm_landing_last_still_starts_the_keys_latest(
         assert final.value.debounced is None
         assert final.value.active is not None
         assert final.value.active.run_id == latest
+
+
+async def test_a_firing_overtaken_by_a_newer_event_refuses_nothing(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    """The interleaving the concurrent test hit on a loaded machine, made to happen every time: event 1's window
+    ends and its firing reads the key (event 1 its latest), but event 2 is compare-and-set as the latest before
+    the firing's own compare-and-set. The firing passes: event 2's delivery refused event 1 (debounced) and event
+    2's window decides the key. It must not refuse event 1 again as a concurrency skip: that rejection has the
+    same event id as the debounced one (so only the first of the two is stored) and rewrote event 1's delivery
+    record."""
+    spec = webhook_spec(
+        "pr-overtaken",
+        events=["git.pullrequest.created", "git.pullrequest.updated"],
+        concurrency={"key": KEY, "policy": "supersede", "debounce_s": 60},  # no window ends during the test
+    )
+    async with replicas(gateway_settings, 1) as (a,):
+        created = await a.post("/triggers", json=spec, headers=AS_ADMIN)
+        assert created.status_code == 201, created.text
+        first = await post(a, _push(31, 1), "pr-overtaken")
+        second = await post(a, _push(31, 2), "pr-overtaken")
+    assert [first.json()["status"], second.json()["status"]] == ["debounced", "debounced"], (first.text, second.text)
+    older, latest = first.json()["run_id"], second.json()["run_id"]
+    key = f"{REPO_ID}/31"
+    found = await (await bus.store(BUCKET_CONCURRENCY, QueuedLaunch)).get(launch_key(older))
+    assert found is not None
+    trigger = validate_spec(spec, environ={}, agents=AGENTS)
+
+    # event 1's firing, its compare-and-set after event 2's (as if it had read the key just before event 2 came)
+    await Launcher(bus, retry_after_s=1).launch_debounced(found.value, trigger, key)
+
+    record = await Deliveries(bus).get("pr-overtaken", first.json()["delivery_id"])
+    assert record is not None
+    assert (record.state, record.reason) == ("rejected", "debounced")
+    await event_log.caught_up()
+    (refused,) = [e for e in event_log.of_type("trigger.rejected") if e.data["delivery_id"] == record.delivery_id]
+    assert refused.data["reason"] == "debounced"
+    assert not [e for e in event_log.of_type("run.requested") if e.runid in (older, latest)]
+    state = await (await bus.store(BUCKET_CONCURRENCY, KeyState)).get(state_key("pr-overtaken", key))
+    assert state is not None
+    assert state.value.debounced is not None
+    assert state.value.debounced.run_id == latest  # still event 2's window to decide
+    assert state.value.active is None

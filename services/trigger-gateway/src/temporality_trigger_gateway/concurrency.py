@@ -34,7 +34,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -175,6 +175,13 @@ class Debounce:
 
 
 @dataclass(frozen=True)
+class Passed:
+    """A debounce window ended on an event that is no longer its key's latest (a newer one replaced it between the
+    firing's read and its compare-and-set): nothing to do -- the newer event's delivery refused it
+    (``trigger.rejected`` debounced) and its own window decides the key."""
+
+
+@dataclass(frozen=True)
 class Skip:
     """Refused: ``active`` holds the key (``detail`` says why)."""
 
@@ -286,13 +293,24 @@ class FlowControl:
             self._launches = await io(bus.store(BUCKET_CONCURRENCY, QueuedLaunch))
         return self._states, self._runs, self._launches
 
+    @overload
+    async def admit(
+        self, delivery: TriggerDelivery, launch: QueuedLaunch, key: str, *, fired: Literal[False] = False
+    ) -> Start | Wait | Skip | Debounce: ...
+
+    @overload
+    async def admit(
+        self, delivery: TriggerDelivery, launch: QueuedLaunch, key: str, *, fired: Literal[True]
+    ) -> Start | Wait | Skip | Passed: ...
+
     async def admit(
         self, delivery: TriggerDelivery, launch: QueuedLaunch, key: str, *, fired: bool = False
-    ) -> Start | Wait | Skip | Debounce:
+    ) -> Start | Wait | Skip | Debounce | Passed:
         """Decide (compare-and-set on the key's record) whether ``launch``'s run starts, waits or is refused.
 
         A trigger with ``debounce_s`` first holds the event as its key's latest (:class:`Debounce`) and
-        re-arms the key's timer; ``fired`` is that window's end (:meth:`fire`), deciding under the policy."""
+        re-arms the key's timer; ``fired`` is that window's end (:meth:`fire`), deciding under the policy --
+        unless a newer event replaced it meanwhile (:class:`Passed`: the newer one's delivery refused it)."""
         trigger = delivery.trigger
         flow = trigger.concurrency
         assert flow is not None
@@ -305,18 +323,26 @@ class FlowControl:
         now = datetime.now(UTC)
         if flow.debounce_s is not None and not fired:
             return await self._debounce(states, launches, where, trigger.id, key, launch, flow.debounce_s, now)
+        #: (fired) whether a newer event was the key's debounced one in the state the decision was made on (not
+        #: none: a firing redelivered after its own decision cleared it decides again, e.g. republishes its skip)
+        replaced = [False]
+
+        def step(state: KeyState) -> KeyState:
+            replaced[0] = state.debounced is not None and state.debounced.run_id != launch.run_id
+            return _admit(
+                state,
+                policy=flow.policy,
+                max_queued=flow.max_queued,
+                run_id=launch.run_id,
+                delivery_id=launch.delivery_id,
+                now=now,
+                fired=fired,
+            )
+
         stored = await io(
             states.modify(
                 where,
-                lambda state: _admit(
-                    state,
-                    policy=flow.policy,
-                    max_queued=flow.max_queued,
-                    run_id=launch.run_id,
-                    delivery_id=launch.delivery_id,
-                    now=now,
-                    fired=fired,
-                ),
+                step,
                 attempts=KEY_ATTEMPTS,
                 create=lambda: KeyState(trigger_id=trigger.id, key=key, updated_at=now),
             )
@@ -337,6 +363,9 @@ class FlowControl:
                 log.info("concurrency.queued", key=key, position=position, active_run_id=active and active.run_id)
                 return Wait(active=active.run_id if active else None, position=position)
         holder = active.run_id if active is not None else None
+        if fired and replaced[0]:  # no longer the key's latest: the newer event's delivery refused it
+            log.info("concurrency.debounce_passed", key=key, run_id=launch.run_id)
+            return Passed()
         if launch.run_id in state.retired:
             detail = f"run {launch.run_id} already held concurrency key {key!r} and was superseded or ended"
         elif flow.policy == "queue":

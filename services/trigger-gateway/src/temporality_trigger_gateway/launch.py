@@ -640,7 +640,8 @@ class Launcher:
 
     async def launch_debounced(self, launch: QueuedLaunch, trigger: TriggerConfig, key: str) -> None:
         """A debounce window ended on ``launch`` (still its key's latest event): start, queue or refuse it
-        under the trigger's policy (its ``trigger.received`` went out when it arrived)."""
+        under the trigger's policy (its ``trigger.received`` went out when it arrived). Nothing when a newer event
+        replaced it since the firing read the key (``Passed``: that event's delivery refused this one)."""
         delivery = _delivery_of(launch, trigger)
         decision = await self.flow.admit(delivery, launch, key, fired=True)
         if isinstance(decision, Start):

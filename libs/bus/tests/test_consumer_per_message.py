@@ -13,7 +13,7 @@ from nats.errors import MsgAlreadyAckdError
 from nats.js.errors import NotFoundError
 
 from temporality_bus import Bus, Consumer, Delivery
-from temporality_bus.consumer import _ack, _bind, _unbind
+from temporality_bus.consumer import _CONSUMER, _STREAM_SEQ, _ack
 from temporality_bus.pipeline import Write, kv_write
 from temporality_protocol import Envelope, ProtocolError, RunFailed, make_event
 from temporality_protocol.catalog import EVENTS_STREAM, ConsumerSpec, subject_for
@@ -43,13 +43,15 @@ async def _settled(bus: Bus, durable: str, seq: int, within_s: float = 20.0) -> 
         await asyncio.sleep(0.05)
 
 
-def test_the_log_context_is_bound_and_put_back_as_bound_contextvars_does() -> None:
+def test_the_log_keys_are_structlogs_own_and_put_back_as_bound_contextvars_does() -> None:
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(consumer="outer")
-    tokens = _bind(consumer="inner", stream_seq=7)
+    tokens = (_CONSUMER.set("inner"), _STREAM_SEQ.set(7))
     assert structlog.contextvars.get_contextvars() == {"consumer": "inner", "stream_seq": 7}
     structlog.contextvars.bind_contextvars(stream_seq=8)  # the handler binds a key of ours again
-    _unbind(tokens)
+    assert structlog.contextvars.get_contextvars() == {"consumer": "inner", "stream_seq": 8}
+    _STREAM_SEQ.reset(tokens[1])
+    _CONSUMER.reset(tokens[0])
     assert structlog.contextvars.get_contextvars() == {"consumer": "outer"}  # the value before, or unbound
     structlog.contextvars.clear_contextvars()
 

@@ -104,7 +104,7 @@ import contextvars
 import itertools
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -354,15 +354,19 @@ async def _ack(msg: Msg) -> None:
     nc.stats["out_msgs"] += 1
 
 
-def _bind(**values: object) -> Mapping[str, contextvars.Token[Any]]:
-    """:func:`structlog.contextvars.bind_contextvars`: the tokens that :func:`_unbind` resets them with. The same
-    as ``bound_contextvars`` (each key back to its value before, or unbound), without its scan of every context
-    variable of the context on the way in; both must run in the same context (the same task)."""
-    return structlog.contextvars.bind_contextvars(**values)
-
-
-def _unbind(tokens: Mapping[str, contextvars.Token[Any]]) -> None:
+def _log_vars(*names: str) -> tuple[contextvars.ContextVar[Any], ...]:
+    """structlog's context variables for the log keys ``names`` (as ``bind_contextvars`` makes and keeps them;
+    left unbound): setting one binds its key for every log line of the context, its token's reset puts back
+    what was there before (the value, or unbound), as ``bound_contextvars`` does on its way out -- which, with
+    its scan of every context variable, its key prefixing and lookups, cost ~8 µs a message for three keys, not
+    ~1. A token must be reset in the context it was set in (the same task)."""
+    tokens = structlog.contextvars.bind_contextvars(**dict.fromkeys(names, ...))  # (Ellipsis: unbound)
     structlog.contextvars.reset_contextvars(**tokens)
+    return tuple(token.var for token in tokens.values())
+
+
+_CONSUMER, _STREAM_SEQ, _DELIVERY = _log_vars("consumer", "stream_seq", "delivery")
+_CE_ID, _CE_TYPE, _RUN_ID = _log_vars("ce_id", "ce_type", "run_id")
 
 
 async def _nak_all(msgs: list[Msg]) -> int:
@@ -387,7 +391,13 @@ def _decode(raw: bytes) -> Envelope:
     envelope or the exact error: bytes that mention ``data_base64``, ``NaN`` or ``Infinity`` anywhere, an
     envelope without an explicit ``specversion`` ``1.0`` or ``protocolversion``, anything that fails.
     """
-    if b"data_base64" not in raw and b"NaN" not in raw and b"Infinity" not in raw:
+    # (one byte looked for first, memchr-fast: most events hold no capital N / I at all, and the substring
+    # searches cost ~0.3 µs each on a ~500-byte event)
+    if (
+        b"data_base64" not in raw
+        and (b"N" not in raw or b"NaN" not in raw)
+        and (b"I" not in raw or b"Infinity" not in raw)
+    ):
         try:
             event = Envelope.model_validate_json(raw)
         except ValueError:
@@ -676,8 +686,12 @@ class Consumer:
         started = time.monotonic()
         self._in_hand[msg.reply] = msg
         try:
-            # (structlog's bound_contextvars, without its scan of every context variable on the way in)
-            bound = _bind(consumer=self.spec.durable, stream_seq=delivery.stream_seq, delivery=delivery.num_delivered)
+            # bound_contextvars(consumer=..., stream_seq=..., delivery=...), for a fraction of its cost
+            bound = (
+                _CONSUMER.set(self.spec.durable),
+                _STREAM_SEQ.set(delivery.stream_seq),
+                _DELIVERY.set(delivery.num_delivered),
+            )
             try:
                 if 0 < self.spec.max_deliver < delivery.num_delivered:
                     # past the limit: the last attempt never settled (it crashed or killed its process,
@@ -709,7 +723,9 @@ class Consumer:
                 await _ack(msg)  # only now: the handler returned, its side effects are committed
                 self._observe("acked", time.monotonic() - started)
             finally:
-                _unbind(bound)
+                _DELIVERY.reset(bound[2])
+                _STREAM_SEQ.reset(bound[1])
+                _CONSUMER.reset(bound[0])
         except Exception as exc:  # ack/nak/term failed: the message comes back after ack_wait
             self._log.warning("consumer.settle_failed", error=repr(exc))
         finally:
@@ -736,7 +752,7 @@ class Consumer:
             if len(self._senders) >= _SENDERS_KEPT:
                 self._senders.clear()
             self._senders.add(sender)
-        bound = _bind(ce_id=event.id, ce_type=event.type, run_id=event.runid)
+        bound = (_CE_ID.set(event.id), _CE_TYPE.set(event.type), _RUN_ID.set(event.runid))  # (as in _process)
         try:
             if not tracing.enabled():  # the hot path with tracing off: not even a context manager
                 await self._handler(event, delivery)
@@ -744,7 +760,9 @@ class Consumer:
             with tracing.consuming(event, delivery.subject, self.spec.durable):
                 await self._handler(event, delivery)
         finally:
-            _unbind(bound)
+            _RUN_ID.reset(bound[2])
+            _CE_TYPE.reset(bound[1])
+            _CE_ID.reset(bound[0])
 
     def _backoff(self, num_delivered: int) -> float:
         backoff = self.spec.backoff_s

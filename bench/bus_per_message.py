@@ -15,8 +15,8 @@ then this checkout's), each on a freshly purged events stream:
 
 Each figure is the worker's own CPU (``time.process_time``: user + system of the process, not nats-server's)
 per message over the phase, in µs; a warm-up of ``--warmup`` events is published and consumed first, unmeasured.
-The workers alternate (before, current, before, ...), and the medians per code and their ratio are printed, with
-the load average at the start and the end. Asserts nothing.
+The workers alternate (before, current, current, before, ...: the order swapped every round), and the medians per
+code and their ratio are printed, with the load average at the start and the end. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -189,7 +189,8 @@ def main() -> None:
         server.start()
         try:
             for number in range(args.rounds):
-                for code, first in codes:
+                # the order swapped every round: neither code always runs first (a warmer machine, a cooler one)
+                for code, first in codes if number % 2 == 0 else codes[::-1]:
                     asyncio.run(prepare(server.url))
                     r = run_worker(args, server.url, code, first, f"{number}{code[0]}{time.time_ns() % 10**9}")
                     results[code].append(r)

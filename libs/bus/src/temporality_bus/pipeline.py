@@ -478,6 +478,11 @@ def _no_stream_took(
     ]
 
 
+#: ``PublishResult.model_validate_json`` without its Python wrapper (the same validator, the same result): ~7,200
+#: instructions an ack instead of ~10,300.
+_read_ack = PublishResult.__pydantic_validator__.validate_json
+
+
 def _outcome(write: Write, reply: Msg | BusError | None, timeout_s: float) -> PublishResult | BusError:
     """The acknowledgement of ``write`` read: its result, or the error it stands for."""
     if isinstance(reply, BusError):
@@ -489,7 +494,8 @@ def _outcome(write: Write, reply: Msg | BusError | None, timeout_s: float) -> Pu
     # the hot path: a plain ack (a JSON body, no headers), read straight into its result by pydantic-core
     if headers is None and data and b'"error"' not in data:
         try:
-            return PublishResult.model_validate_json(data)
+            result: PublishResult = _read_ack(data)
+            return result
         except ValidationError:
             pass  # not an ack at all: said so below
     status = headers.get("Status") if headers else None

@@ -66,6 +66,10 @@ CASES = [
     pytest.param(to_json(_doc(extra_attribute="kept out")), id="unknown-attribute"),
     pytest.param(to_json(_doc(data={"x": "NaN is only text here"})), id="NaN-in-a-string"),
     pytest.param(to_json(_doc()).replace(b'"reason":"r"', b'"reason":"r","f":NaN'), id="NaN-number"),
+    pytest.param(to_json(_doc()).replace(b'"reason":"r"', b'"reason":"r","f":Infinity'), id="Infinity-number"),
+    pytest.param(to_json(_doc()).replace(b'"reason":"r"', b'"reason":"r","f":-Infinity'), id="minus-Infinity"),
+    pytest.param(to_json(_doc(data={"x": "Nightly Integration, Iteration N"})), id="capitals-no-NaN"),
+    pytest.param(to_json(_doc(data={"x": "Infinity is only text here"})), id="Infinity-in-a-string"),
     pytest.param(b"[1, 2]", id="not-an-object"),
     pytest.param(b"{not json", id="not-json"),
 ]

@@ -50,8 +50,7 @@ import asyncio
 import itertools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import nats.errors
 import structlog
@@ -90,10 +89,13 @@ class PublishResult(BaseModel):
     duplicate: bool = False
 
 
-@dataclass(frozen=True)
-class Write:
+class Write(NamedTuple):
     """One JetStream write: the subject, the bytes, the headers; ``bucket``/``key``/``revision`` for a
-    KV write (so a lost compare-and-set is reported as :class:`Conflict` naming them)."""
+    KV write (so a lost compare-and-set is reported as :class:`Conflict` naming them).
+
+    Immutable (a ``NamedTuple``: ``write._replace(subject=...)`` for a changed copy). It was a frozen dataclass
+    until 2026-12-06, whose constructor sets each field through ``object.__setattr__``: ~0.7 µs a write against
+    ~0.3, on the hot path of every pipelined publish."""
 
     subject: str
     payload: bytes
@@ -163,7 +165,7 @@ class Pipeline:
         domain = self._bus.settings.jetstream_domain
         if domain is not None:  # a KV write in a JetStream domain: $JS.<domain>.API.$KV... (.jetstream)
             writes = [
-                w if w.bucket is None else replace(w, subject=kv_write_subject(w.subject, domain)) for w in writes
+                w if w.bucket is None else w._replace(subject=kv_write_subject(w.subject, domain)) for w in writes
             ]
         max_payload = self._bus.nc.max_payload
         for write in writes:
@@ -476,6 +478,11 @@ def _no_stream_took(
     ]
 
 
+#: ``PublishResult.model_validate_json`` without its Python wrapper (the same validator, the same result): ~7,200
+#: instructions an ack instead of ~10,300.
+_read_ack = PublishResult.__pydantic_validator__.validate_json
+
+
 def _outcome(write: Write, reply: Msg | BusError | None, timeout_s: float) -> PublishResult | BusError:
     """The acknowledgement of ``write`` read: its result, or the error it stands for."""
     if isinstance(reply, BusError):
@@ -487,7 +494,8 @@ def _outcome(write: Write, reply: Msg | BusError | None, timeout_s: float) -> Pu
     # the hot path: a plain ack (a JSON body, no headers), read straight into its result by pydantic-core
     if headers is None and data and b'"error"' not in data:
         try:
-            return PublishResult.model_validate_json(data)
+            result: PublishResult = _read_ack(data)
+            return result
         except ValidationError:
             pass  # not an ack at all: said so below
     status = headers.get("Status") if headers else None

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+import structlog
 from sqlalchemy import event as sa_event
 from sqlalchemy import text
 
@@ -377,3 +378,73 @@ async def test_a_sqlite_connection_in_autocommit_mode_writes_no_batch(database: 
         assert await _rows(database) == ([], [])
     finally:
         await database.engine.dispose()
+
+
+async def test_two_replicas_recording_batches_in_turn_give_the_rows_of_one_by_one(
+    database: Database, story: MakeStory
+) -> None:
+    """Two recorders (two replicas) record the batches of interleaved runs in turn, so each batch finds runs the
+    other one created or moved since its recorder's last batch. PostgreSQL projects a batch onto the runs as its
+    recorder last committed them while the events' statement runs; the runs read under the lock must overrule
+    that guess whenever they differ: the rows of one by one."""
+    stories = [story() for _ in range(6)]
+    steps: list[Callable[[Any], Envelope]] = [
+        lambda s: s.requested(),
+        lambda s: s.started(),
+        lambda s: s.human_requested(),
+        lambda s: s.notified("web"),
+        lambda s: s.answered(),
+        lambda s: s.resumed(),
+        lambda s: s.completed(),
+    ]
+    flat = [step(s) for step in steps for s in stories]
+    events = [(event, seq) for seq, event in enumerate(flat, start=1)]
+    one_by_one = Recorder(database)
+    for event, seq in events:
+        await one_by_one.record(event, seq)
+    expected = await _rows(database)
+    assert {run["state"] for run in expected[1]} == {"completed"}
+
+    await _clear(database)
+    replicas = [Recorder(database), Recorder(database)]
+    for turn, start in enumerate(range(0, len(events), 4)):
+        await replicas[turn % 2].record_batch(events[start : start + 4])
+    assert await _rows(database) == expected
+
+    await _clear(database)  # one recorder, but runs moved meanwhile by one-by-one recording (its other path)
+    recorder = Recorder(database)
+    for turn, start in enumerate(range(0, len(events), 4)):
+        batch = events[start : start + 4]
+        if turn % 3 == 2:
+            for event, seq in batch:
+                await recorder.record(event, seq)
+        else:
+            await recorder.record_batch(batch)
+    assert await _rows(database) == expected
+
+
+async def test_a_projected_event_with_invalid_data_is_stored_and_its_skip_logged_once(
+    database: Database, story: MakeStory
+) -> None:
+    """An event of a projected type whose data its model refuses is stored and projects nothing, logged once per
+    recording -- also when the batch is projected twice (PostgreSQL: the guess made while the statement runs, then,
+    one event of the batch being stored already, again from what the statement found)."""
+    s = story()
+
+    def invalid(event_id: str) -> Envelope:
+        return _event(event_id, type="run.started", runid=s.run_id, data={"run_id": s.run_id})
+
+    recorder = Recorder(database)
+    await recorder.record_batch([(s.requested(), 1)])
+    requested_again = (s.requested(), 1)  # stored already: the batch's projection is made from the rows read
+    for event_id, batch in (
+        ("evt-invalid-1", [(invalid("evt-invalid-1"), 2)]),
+        ("evt-invalid-2", [requested_again, (s.started(), 3), (invalid("evt-invalid-2"), 4)]),
+    ):
+        with structlog.testing.capture_logs() as logs:
+            await recorder.record_batch(batch)
+        skipped = [entry for entry in logs if entry["event"] == "run.projection_skipped"]
+        assert [entry["ce_id"] for entry in skipped] == [event_id]
+    events, runs = await _rows(database)
+    assert {"evt-invalid-1", "evt-invalid-2"} <= {event["id"] for event in events}
+    assert [run["state"] for run in runs] == ["running"]

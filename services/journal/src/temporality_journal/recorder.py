@@ -36,7 +36,9 @@ dead-lettered alone and a database outage is retried with backoff.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import itertools
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -442,6 +444,9 @@ class Recorder:
         ``(outcome, reason)`` of each run a commit moved into a final state
         (:func:`temporality_journal.metrics.finished_as`; the finished-runs counter), once per commit."""
         self._database = database
+        #: PostgreSQL: each run as this recorder last committed it (``None``: known absent), the recent ones
+        #: (:data:`_KNOWN_RUNS_MAX`): what :func:`_pg_batch` projects a batch onto while its statement runs
+        self._known_runs: dict[str, RunSnapshot | None] = {}
         self._insert = postgresql_insert if database.dialect == "postgresql" else sqlite_insert
         self._on_commit = on_commit
         self._on_finished = on_finished
@@ -555,7 +560,7 @@ class Recorder:
             assert driver is not None
             try:
                 if postgresql:
-                    return await _pg_batch(driver, rows, now, finished)
+                    return await _pg_batch(driver, rows, now, finished, self._known_runs)
                 return await _sqlite_batch(driver, rows, now, finished)
             except Exception as exc:
                 lost = _closed(driver)
@@ -772,17 +777,34 @@ def _closed(driver: Any) -> bool:
 
 
 async def _pg_batch(
-    driver: Any, rows: list[_Row], now: datetime, finished: list[tuple[str, str]]
+    driver: Any,
+    rows: list[_Row],
+    now: datetime,
+    finished: list[tuple[str, str]],
+    known_runs: dict[str, RunSnapshot | None],
 ) -> tuple[list[tuple[Envelope, int]], int]:
     """PostgreSQL's batch in three round trips on asyncpg's connection (SQLAlchemy sends ``BEGIN``, each
     statement and ``COMMIT`` apart: six): ``BEGIN`` and the counter's lock (:data:`_PG_BEGIN_AND_LOCK`); the
     events' insert with the batch's runs read and locked (:data:`_PG_RECORD_BATCH`); the runs' upsert and
-    ``COMMIT`` (:func:`_pg_upsert_and_commit`)."""
+    ``COMMIT`` (:func:`_pg_upsert_and_commit`).
+
+    While the server runs the second, the batch is projected on a guess (:func:`_guess`): every event new, each run
+    as ``known_runs`` has it (a run not in it: absent). The guess is used only when the statement's answer
+    confirms it -- every event inserted, every run read exactly as guessed (under the counter's lock: no other
+    writer meanwhile) --, else the projection is made again from what was read: the same runs either way. Updates
+    ``known_runs`` after the commit."""
     run_ids = sorted({run_id for row in rows if row.projected and (run_id := row.run_id) is not None})
     status = await driver.execute(_PG_BEGIN_AND_LOCK)
     if status != "SELECT 1":
         raise RuntimeError(_COUNTER_MISSING)
-    result = await driver.fetch(_PG_RECORD_BATCH, _pg_batch_json(rows), now, run_ids)
+    statement = asyncio.ensure_future(driver.fetch(_PG_RECORD_BATCH, _pg_batch_json(rows), now, run_ids))
+    try:
+        await asyncio.sleep(0)  # the statement on its way to the server before the projection takes the loop
+        guess = _guess(rows, run_ids, known_runs)
+        result = await statement
+    finally:
+        if not statement.done():  # cancelled meanwhile: never leave the statement running unawaited
+            statement.cancel()
     new: set[str] = set()
     before: dict[str, RunSnapshot] = {}
     for record in result:
@@ -791,11 +813,52 @@ async def _pg_batch(
         else:
             values = dict(zip(_RUN_COLUMNS, tuple(record)[1:], strict=True))
             before[values["run_id"]] = _run_snapshot(values)
-    fresh_rows = [row for row in rows if row.event.id in new]
-    moved, writes = _project_runs(_projected_rows(fresh_rows), before, finished)
-    fresh = [(row.event, row.stream_seq) for row in fresh_rows]
-    await driver.execute(_pg_upsert_and_commit(writes))
-    return fresh, moved
+    fresh_rows = [row for row in rows if row.event.id in new] if len(new) < len(rows) else rows
+    projection: _Projection | None = None
+    if guess is not None and fresh_rows is rows and _as_guessed(before, guess.before):
+        projection = guess
+    else:
+        projection = _project(_projected_rows(fresh_rows), before)
+    projection.log_skipped()
+    finished.extend(projection.finished)
+    await driver.execute(_pg_upsert_and_commit(projection.writes()))
+    _remember(known_runs, run_ids, projection.runs)
+    return [(row.event, row.stream_seq) for row in fresh_rows], projection.moved
+
+
+#: How many runs :attr:`Recorder._known_runs` keeps (the most recently committed), about 1 MB: a backlog's
+#: batches mostly continue the runs of the batches before them.
+_KNOWN_RUNS_MAX = 4096
+
+
+def _guess(rows: list[_Row], run_ids: list[str], known_runs: dict[str, RunSnapshot | None]) -> _Projection | None:
+    """The batch's projection if every event is new and every run is as ``known_runs`` has it; ``None``
+    when there is nothing to guess (no run) or the guess failed."""
+    if not run_ids:
+        return None
+    assumed = {run_id: run for run_id in run_ids if (run := known_runs.get(run_id)) is not None}
+    try:
+        return _project(_projected_rows(rows), assumed)
+    except Exception:  # a bug in the guess must not fail the batch: the projection is made again from the rows read
+        log.exception("batch.projection_guess_failed")
+        return None
+
+
+def _as_guessed(read: dict[str, RunSnapshot], assumed: dict[str, RunSnapshot]) -> bool:
+    """Whether the runs read are exactly the ones the guess assumed (the same runs present, field for field)."""
+    return read.keys() == assumed.keys() and all(same(run, assumed[run_id]) for run_id, run in read.items())
+
+
+def _remember(known_runs: dict[str, RunSnapshot | None], run_ids: list[str], runs: dict[str, RunSnapshot]) -> None:
+    """Note each of ``run_ids`` as just committed (``runs``: the batch's runs after it; a run not in it stays
+    absent), the most recent last, keeping at most :data:`_KNOWN_RUNS_MAX`."""
+    for run_id in run_ids:
+        known_runs.pop(run_id, None)
+        known_runs[run_id] = runs.get(run_id)
+    excess = len(known_runs) - _KNOWN_RUNS_MAX
+    if excess > 0:
+        for run_id in list(itertools.islice(known_runs, excess)):
+            del known_runs[run_id]
 
 
 async def _sqlite_batch(
@@ -850,14 +913,37 @@ def _projected_rows(rows: list[_Row]) -> list[tuple[Envelope, int, str]]:
     return [(row.event, row.stream_seq, run_id) for row in rows if row.projected and (run_id := row.run_id) is not None]
 
 
-def _project_runs(
-    projected: list[tuple[Envelope, int, str]], before: dict[str, RunSnapshot], finished: list[tuple[str, str]]
-) -> tuple[int, list[RunSnapshot]]:
+class _Projection:
+    """A batch's run projection (:func:`_project`): the runs before (as read, or as guessed) and after, how many
+    state moves, the ``(outcome, reason)`` of each run that moved into a final state, the events skipped."""
+
+    __slots__ = ("before", "finished", "moved", "runs", "skipped")
+
+    def __init__(self, before: dict[str, RunSnapshot]) -> None:
+        self.before = before
+        self.runs: dict[str, RunSnapshot] = dict(before)
+        self.moved = 0
+        self.finished: list[tuple[str, str]] = []
+        self.skipped: list[tuple[str, str, str]] = []
+
+    def writes(self) -> list[RunSnapshot]:
+        """The new and the changed runs (new first), to write back."""
+        before = self.before
+        created = [run for run_id, run in self.runs.items() if run_id not in before]
+        changed = [run for run_id, run in self.runs.items() if run_id in before and not same(run, before[run_id])]
+        return created + changed
+
+    def log_skipped(self) -> None:
+        """Log the events whose data the projection refused (once: a guess not used logs nothing)."""
+        for ce_id, run_id, error in self.skipped:
+            log.warning("run.projection_skipped", ce_id=ce_id, run_id=run_id, error=error)
+
+
+def _project(projected: list[tuple[Envelope, int, str]], before: dict[str, RunSnapshot]) -> _Projection:
     """Project ``projected`` (stream order) onto the runs ``before`` (as stored; a run not in it is new), in
-    memory: how many state moves, and the new and changed runs to write. Appends the ``(outcome, reason)`` of
-    each run that moved into a final state to ``finished``."""
-    runs: dict[str, RunSnapshot] = dict(before)
-    moved = 0
+    memory; nothing logged but each move at debug."""
+    result = _Projection(before)
+    runs = result.runs
     debug = log.bind()  # resolved once: a lazy logger resolves itself at every call
     # each move's debug line only when it is written (its arguments cost ~0.4 us per projected event)
     trace = getattr(debug, "is_enabled_for", lambda _level: True)(logging.DEBUG)
@@ -866,20 +952,30 @@ def _project_runs(
         try:  # type and run checked by _projected
             after = project_onto(current, event, seq, run_id)
         except InvalidEnvelope as exc:  # stored as it came; a read model must not lose the fact
-            log.warning("run.projection_skipped", ce_id=event.id, run_id=run_id, error=str(exc))
+            result.skipped.append((event.id, run_id, str(exc)))
             continue
         if after is None:
             continue
         if current is None or current.state != after.state:
-            moved += 1
+            result.moved += 1
             if trace:
                 debug.debug("run.moved", run_id=run_id, state=after.state.value, ce_type=event.type)
             if after.state in _FINAL:
-                finished.append(finished_as(after.state, event))
+                result.finished.append(finished_as(after.state, event))
         runs[run_id] = after
-    created = [run for run_id, run in runs.items() if run_id not in before]
-    changed = [run for run_id, run in runs.items() if run_id in before and not same(run, before[run_id])]
-    return moved, created + changed
+    return result
+
+
+def _project_runs(
+    projected: list[tuple[Envelope, int, str]], before: dict[str, RunSnapshot], finished: list[tuple[str, str]]
+) -> tuple[int, list[RunSnapshot]]:
+    """Project ``projected`` (stream order) onto the runs ``before`` (as stored; a run not in it is new), in
+    memory: how many state moves, and the new and changed runs to write. Appends the ``(outcome, reason)`` of
+    each run that moved into a final state to ``finished``."""
+    result = _project(projected, before)
+    result.log_skipped()
+    finished.extend(result.finished)
+    return result.moved, result.writes()
 
 
 def _event_row(event: Envelope, stream_seq: int, recorded_at: datetime) -> dict[str, Any]:

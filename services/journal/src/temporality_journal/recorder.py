@@ -24,7 +24,8 @@ both driver SQL); the same for the asks of the ``agent.*`` events (:func:`projec
 -- committed once, then acked by the runner. A batch without ``agent.*`` events runs on the pooled
 connection's driver connection itself (:meth:`Recorder._record_batch_driver`): on PostgreSQL three round trips
 on asyncpg's (:func:`_pg_batch`: ``BEGIN`` with the counter's lock; the events' insert with the batch's runs
-read; the runs' upsert with ``COMMIT``), SQLAlchemy's six otherwise; on SQLite one call into aiosqlite's thread
+read -- while the server runs it, the batch is projected on a guess, the runs as this recorder last committed them,
+used only if the statement's answer confirms it; the runs' upsert with ``COMMIT``), SQLAlchemy's six otherwise; on SQLite one call into aiosqlite's thread
 per statement (:func:`_sqlite_batch`), about four per statement through SQLAlchemy. Every write transaction (a batch, or one event) first
 locks ``commit_counter`` (:func:`lock_positions`, or :data:`_PG_BEGIN_AND_LOCK`), which serialises the journal's writers until the
 commit, and hands the events it stores the next commit positions (``events.commit_seq``, in stream
@@ -803,8 +804,9 @@ async def _pg_batch(
         guess = _guess(rows, run_ids, known_runs)
         result = await statement
     finally:
-        if not statement.done():  # cancelled meanwhile: never leave the statement running unawaited
+        if not statement.done():  # cancelled meanwhile: the statement too (the caller closes the connection)
             statement.cancel()
+            statement.add_done_callback(_retrieved)
     new: set[str] = set()
     before: dict[str, RunSnapshot] = {}
     for record in result:
@@ -824,6 +826,12 @@ async def _pg_batch(
     await driver.execute(_pg_upsert_and_commit(projection.writes()))
     _remember(known_runs, run_ids, projection.runs)
     return [(row.event, row.stream_seq) for row in fresh_rows], projection.moved
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Take a left statement's outcome (its error is the cancellation's: not worth a "never retrieved" warning)."""
+    if not task.cancelled():
+        task.exception()
 
 
 #: How many runs :attr:`Recorder._known_runs` keeps (the most recently committed), about 1 MB: a backlog's

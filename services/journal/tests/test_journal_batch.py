@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 from temporality_bus import PermanentError
 from temporality_journal import Database, Recorder
+from temporality_journal.recorder import _Guesses, _Row
 from temporality_protocol import AgentAsked, Envelope, decode, encode, make_event
 from temporality_testing.waiting import stays
 
@@ -448,3 +449,28 @@ async def test_a_projected_event_with_invalid_data_is_stored_and_its_skip_logged
     events, runs = await _rows(database)
     assert {"evt-invalid-1", "evt-invalid-2"} <= {event["id"] for event in events}
     assert [run["state"] for run in runs] == ["running"]
+
+
+def test_after_a_wrong_guess_the_next_batches_are_not_guessed_for_a_while(story: MakeStory) -> None:
+    """PostgreSQL's guessed projection backs off after a wrong guess (1, 2, 4 … batches, up to 64): runs older than
+    what the recorder remembers, or a second replica, would otherwise cost every batch its projection twice."""
+    guesses = _Guesses()
+    s = story()
+    rows = [_Row(s.requested(), 1, None, True)]
+    run_ids = [s.run_id]
+
+    def guessed_in(batches: int) -> int:
+        return sum(guesses.guess(rows, run_ids) is not None for _ in range(batches))
+
+    assert guesses.guess(rows, []) is None  # no run: nothing to guess
+    assert guessed_in(3) == 3
+    for skipped in (1, 2, 4, 8):
+        guesses.judged(False)
+        assert guessed_in(skipped) == 0
+        assert guessed_in(1) == 1
+    for _ in range(10):
+        guesses.judged(False)
+    assert guessed_in(64) == 0
+    assert guessed_in(1) == 1
+    guesses.judged(True)
+    assert guessed_in(3) == 3

@@ -445,9 +445,8 @@ class Recorder:
         ``(outcome, reason)`` of each run a commit moved into a final state
         (:func:`temporality_journal.metrics.finished_as`; the finished-runs counter), once per commit."""
         self._database = database
-        #: PostgreSQL: each run as this recorder last committed it (``None``: known absent), the recent ones
-        #: (:data:`_KNOWN_RUNS_MAX`): what :func:`_pg_batch` projects a batch onto while its statement runs
-        self._known_runs: dict[str, RunSnapshot | None] = {}
+        #: PostgreSQL: what :func:`_pg_batch` projects a batch onto while its statement runs
+        self._guesses = _Guesses()
         self._insert = postgresql_insert if database.dialect == "postgresql" else sqlite_insert
         self._on_commit = on_commit
         self._on_finished = on_finished
@@ -561,7 +560,7 @@ class Recorder:
             assert driver is not None
             try:
                 if postgresql:
-                    return await _pg_batch(driver, rows, now, finished, self._known_runs)
+                    return await _pg_batch(driver, rows, now, finished, self._guesses)
                 return await _sqlite_batch(driver, rows, now, finished)
             except Exception as exc:
                 lost = _closed(driver)
@@ -782,18 +781,18 @@ async def _pg_batch(
     rows: list[_Row],
     now: datetime,
     finished: list[tuple[str, str]],
-    known_runs: dict[str, RunSnapshot | None],
+    guesses: _Guesses,
 ) -> tuple[list[tuple[Envelope, int]], int]:
     """PostgreSQL's batch in three round trips on asyncpg's connection (SQLAlchemy sends ``BEGIN``, each
     statement and ``COMMIT`` apart: six): ``BEGIN`` and the counter's lock (:data:`_PG_BEGIN_AND_LOCK`); the
     events' insert with the batch's runs read and locked (:data:`_PG_RECORD_BATCH`); the runs' upsert and
     ``COMMIT`` (:func:`_pg_upsert_and_commit`).
 
-    While the server runs the second, the batch is projected on a guess (:func:`_guess`): every event new, each run
-    as ``known_runs`` has it (a run not in it: absent). The guess is used only when the statement's answer
-    confirms it -- every event inserted, every run read exactly as guessed (under the counter's lock: no other
-    writer meanwhile) --, else the projection is made again from what was read: the same runs either way. Updates
-    ``known_runs`` after the commit."""
+    While the server runs the second, the batch is projected on a guess (:meth:`_Guesses.guess`): every event new,
+    each run as this recorder last committed it (a run it does not know: absent). The guess is used only when the
+    statement's answer confirms it -- every event inserted, every run read exactly as guessed (under the counter's
+    lock: no other writer meanwhile) --, else the projection is made again from what was read: the same runs either
+    way. ``guesses`` learns the batch's runs after the commit."""
     run_ids = sorted({run_id for row in rows if row.projected and (run_id := row.run_id) is not None})
     status = await driver.execute(_PG_BEGIN_AND_LOCK)
     if status != "SELECT 1":
@@ -801,7 +800,7 @@ async def _pg_batch(
     statement = asyncio.ensure_future(driver.fetch(_PG_RECORD_BATCH, _pg_batch_json(rows), now, run_ids))
     try:
         await asyncio.sleep(0)  # the statement on its way to the server before the projection takes the loop
-        guess = _guess(rows, run_ids, known_runs)
+        guess = guesses.guess(rows, run_ids)
         result = await statement
     finally:
         if not statement.done():  # cancelled meanwhile: the statement too (the caller closes the connection)
@@ -821,10 +820,12 @@ async def _pg_batch(
         projection = guess
     else:
         projection = _project(_projected_rows(fresh_rows), before)
+    if guess is not None:
+        guesses.judged(projection is guess)
     projection.log_skipped()
     finished.extend(projection.finished)
     await driver.execute(_pg_upsert_and_commit(projection.writes()))
-    _remember(known_runs, run_ids, projection.runs)
+    guesses.remember(run_ids, projection.runs)
     return [(row.event, row.stream_seq) for row in fresh_rows], projection.moved
 
 
@@ -834,39 +835,63 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-#: How many runs :attr:`Recorder._known_runs` keeps (the most recently committed), about 1 MB: a backlog's
-#: batches mostly continue the runs of the batches before them.
-_KNOWN_RUNS_MAX = 4096
+class _Guesses:
+    """What :func:`_pg_batch` guesses a batch's runs are: each run as this recorder last committed it (``None``:
+    known absent), the :data:`MAX_RUNS` most recent -- a backlog's batches mostly continue the runs of the batches
+    before them. A guess that proved wrong (the runs are older than that, another replica writes too) costs the
+    projection's CPU once more for nothing: after one, the next batches are not guessed (1, 2, 4 … up to
+    :data:`MAX_SKIP` of them, back to none after a right one)."""
 
+    MAX_RUNS = 4096  # about 1 MB
+    MAX_SKIP = 64
 
-def _guess(rows: list[_Row], run_ids: list[str], known_runs: dict[str, RunSnapshot | None]) -> _Projection | None:
-    """The batch's projection if every event is new and every run is as ``known_runs`` has it; ``None``
-    when there is nothing to guess (no run) or the guess failed."""
-    if not run_ids:
-        return None
-    assumed = {run_id: run for run_id in run_ids if (run := known_runs.get(run_id)) is not None}
-    try:
-        return _project(_projected_rows(rows), assumed)
-    except Exception:  # a bug in the guess must not fail the batch: the projection is made again from the rows read
-        log.exception("batch.projection_guess_failed")
-        return None
+    __slots__ = ("_backoff", "_skip", "runs")
+
+    def __init__(self) -> None:
+        self.runs: dict[str, RunSnapshot | None] = {}
+        self._skip = 0  # batches still not to guess
+        self._backoff = 0  # how many the next wrong guess skips
+
+    def guess(self, rows: list[_Row], run_ids: list[str]) -> _Projection | None:
+        """The batch's projection if every event is new and every run is as last committed here; ``None`` when
+        there is nothing to guess (no run), guessing is backing off, or the guess failed."""
+        if not run_ids:
+            return None
+        if self._skip:
+            self._skip -= 1
+            return None
+        runs = self.runs
+        assumed = {run_id: run for run_id in run_ids if (run := runs.get(run_id)) is not None}
+        try:
+            return _project(_projected_rows(rows), assumed)
+        except Exception:  # a bug in the guess must not fail the batch: the projection is made again from the rows read
+            log.exception("batch.projection_guess_failed")
+            return None
+
+    def judged(self, right: bool) -> None:
+        """Whether the batch's guess held: back off after a wrong one."""
+        if right:
+            self._backoff = 0
+        else:
+            self._backoff = min(max(1, 2 * self._backoff), self.MAX_SKIP)
+            self._skip = self._backoff
+
+    def remember(self, run_ids: list[str], after: dict[str, RunSnapshot]) -> None:
+        """Note each of ``run_ids`` as just committed (``after``: the batch's runs after it; a run not in it stays
+        absent), the most recent last, keeping at most :data:`MAX_RUNS`."""
+        runs = self.runs
+        for run_id in run_ids:
+            runs.pop(run_id, None)
+            runs[run_id] = after.get(run_id)
+        excess = len(runs) - self.MAX_RUNS
+        if excess > 0:
+            for run_id in list(itertools.islice(runs, excess)):
+                del runs[run_id]
 
 
 def _as_guessed(read: dict[str, RunSnapshot], assumed: dict[str, RunSnapshot]) -> bool:
     """Whether the runs read are exactly the ones the guess assumed (the same runs present, field for field)."""
     return read.keys() == assumed.keys() and all(same(run, assumed[run_id]) for run_id, run in read.items())
-
-
-def _remember(known_runs: dict[str, RunSnapshot | None], run_ids: list[str], runs: dict[str, RunSnapshot]) -> None:
-    """Note each of ``run_ids`` as just committed (``runs``: the batch's runs after it; a run not in it stays
-    absent), the most recent last, keeping at most :data:`_KNOWN_RUNS_MAX`."""
-    for run_id in run_ids:
-        known_runs.pop(run_id, None)
-        known_runs[run_id] = runs.get(run_id)
-    excess = len(known_runs) - _KNOWN_RUNS_MAX
-    if excess > 0:
-        for run_id in list(itertools.islice(known_runs, excess)):
-            del known_runs[run_id]
 
 
 async def _sqlite_batch(

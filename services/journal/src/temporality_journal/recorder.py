@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
+import operator
 import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -822,7 +822,7 @@ async def _pg_batch(
         projection = _project(_projected_rows(fresh_rows), before)
     if guess is not None:
         guesses.judged(projection is guess)
-    projection.log_skipped()
+    projection.log_lines()
     finished.extend(projection.finished)
     await driver.execute(_pg_upsert_and_commit(projection.writes()))
     guesses.remember(run_ids, projection.runs)
@@ -837,18 +837,27 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
 
 class _Guesses:
     """What :func:`_pg_batch` guesses a batch's runs are: each run as this recorder last committed it (``None``:
-    known absent), the :data:`MAX_RUNS` most recent -- a backlog's batches mostly continue the runs of the batches
-    before them. A guess that proved wrong (the runs are older than that, another replica writes too) costs the
-    projection's CPU once more for nothing: after one, the next batches are not guessed (1, 2, 4 … up to
-    :data:`MAX_SKIP` of them, back to none after a right one)."""
+    known absent), the most recent ones -- a backlog's batches mostly continue the runs of the batches before them.
+    Not remembered: a run in a final state (it rarely gets another event, and its ``result`` or ``error`` can be
+    long), nor one of more than :data:`MAX_RUN_CHARS` characters of texts: their guess falls back. At most
+    :data:`MAX_RUNS` runs and :data:`MAX_CHARS` characters of their texts (the oldest forgotten first). Measured
+    (6 December 2026, deep ``sys.getsizeof`` of the runs remembered): a run of short texts 2.2-2.3 KB, 4,096 of
+    them ~9 MB; runs with 4,096-character questions: 250 kept, 1.6 MB (ASCII) to 5.7 MB (2-byte characters, each
+    string also holding its cached UTF-8 form). A guess that proved wrong (the runs are older than that, another
+    replica writes too) costs the projection's CPU once more for nothing: after one, the next batches are not
+    guessed (1, 2, 4 … up to :data:`MAX_SKIP` of them, back to none after a right one)."""
 
-    MAX_RUNS = 4096  # about 1 MB
+    MAX_RUNS = 4096
+    MAX_CHARS = 1 << 20  # of the remembered runs' texts (str fields)
+    MAX_RUN_CHARS = MAX_CHARS // 64  # of one run's texts (a larger one would push out 64 others or more)
     MAX_SKIP = 64
 
-    __slots__ = ("_backoff", "_skip", "runs")
+    __slots__ = ("_backoff", "_chars", "_sizes", "_skip", "runs")
 
     def __init__(self) -> None:
         self.runs: dict[str, RunSnapshot | None] = {}
+        self._sizes: dict[str, int] = {}  # each remembered run's texts' characters (:func:`_chars_of`)
+        self._chars = 0  # their sum
         self._skip = 0  # batches still not to guess
         self._backoff = 0  # how many the next wrong guess skips
 
@@ -864,8 +873,9 @@ class _Guesses:
         assumed = {run_id: run for run_id in run_ids if (run := runs.get(run_id)) is not None}
         try:
             return _project(_projected_rows(rows), assumed)
-        except Exception:  # a bug in the guess must not fail the batch: the projection is made again from the rows read
-            log.exception("batch.projection_guess_failed")
+        except Exception as exc:  # the guess must not fail the batch: the projection is made again from the rows read
+            # (which raises the error itself if it is the code's): no error line, no traceback of its own
+            log.debug("batch.projection_guess_failed", error=repr(exc))
             return None
 
     def judged(self, right: bool) -> None:
@@ -878,15 +888,45 @@ class _Guesses:
 
     def remember(self, run_ids: list[str], after: dict[str, RunSnapshot]) -> None:
         """Note each of ``run_ids`` as just committed (``after``: the batch's runs after it; a run not in it stays
-        absent), the most recent last, keeping at most :data:`MAX_RUNS`."""
+        absent; a run in a final state or of too long texts is forgotten), the most recent last, keeping at most
+        :data:`MAX_RUNS` runs and :data:`MAX_CHARS` characters of texts."""
         runs = self.runs
+        sizes = self._sizes
+        chars = self._chars
         for run_id in run_ids:
-            runs.pop(run_id, None)
-            runs[run_id] = after.get(run_id)
+            if runs.pop(run_id, _FORGOTTEN) is not _FORGOTTEN:
+                chars -= sizes.pop(run_id, 0)
+            run = after.get(run_id)
+            if run is None:
+                runs[run_id] = None
+            elif run.state not in _FINAL and (size := _chars_of(run)) <= self.MAX_RUN_CHARS:
+                runs[run_id] = run
+                sizes[run_id] = size
+                chars += size
         excess = len(runs) - self.MAX_RUNS
-        if excess > 0:
-            for run_id in list(itertools.islice(runs, excess)):
+        if excess > 0 or chars > self.MAX_CHARS:
+            forgotten: list[str] = []
+            for run_id in runs:  # the oldest first
+                if excess <= 0 and chars <= self.MAX_CHARS:
+                    break
+                forgotten.append(run_id)
+                excess -= 1
+                chars -= sizes.pop(run_id, 0)
+            for run_id in forgotten:
                 del runs[run_id]
+        self._chars = chars
+
+
+_FORGOTTEN: Any = object()  # what :meth:`_Guesses.remember` finds for a run it does not remember
+#: A run's text fields (every ``str`` field but ``state``), read at once
+_RUN_TEXTS = operator.itemgetter(
+    *(name for name, field in RunSnapshot.model_fields.items() if field.annotation in (str, str | None))
+)
+
+
+def _chars_of(run: RunSnapshot) -> int:
+    """The characters of ``run``'s texts (what can be long)."""
+    return sum(map(len, filter(None, _RUN_TEXTS(run.__dict__))))
 
 
 def _as_guessed(read: dict[str, RunSnapshot], assumed: dict[str, RunSnapshot]) -> bool:
@@ -948,9 +988,11 @@ def _projected_rows(rows: list[_Row]) -> list[tuple[Envelope, int, str]]:
 
 class _Projection:
     """A batch's run projection (:func:`_project`): the runs before (as read, or as guessed) and after, how many
-    state moves, the ``(outcome, reason)`` of each run that moved into a final state, the events skipped."""
+    state moves, the ``(outcome, reason)`` of each run that moved into a final state, the events skipped, the
+    moves to log at debug (only when debug is on). Nothing is logged until :meth:`log_lines`: a guess may be
+    refused, or its batch cancelled."""
 
-    __slots__ = ("before", "finished", "moved", "runs", "skipped")
+    __slots__ = ("before", "finished", "moved", "moves", "runs", "skipped")
 
     def __init__(self, before: dict[str, RunSnapshot]) -> None:
         self.before = before
@@ -958,6 +1000,7 @@ class _Projection:
         self.moved = 0
         self.finished: list[tuple[str, str]] = []
         self.skipped: list[tuple[str, str, str]] = []
+        self.moves: list[tuple[str, str, str]] = []  # (run id, state, event type)
 
     def writes(self) -> list[RunSnapshot]:
         """The new and the changed runs (new first), to write back."""
@@ -966,20 +1009,24 @@ class _Projection:
         changed = [run for run_id, run in self.runs.items() if run_id in before and not same(run, before[run_id])]
         return created + changed
 
-    def log_skipped(self) -> None:
-        """Log the events whose data the projection refused (once: a guess not used logs nothing)."""
+    def log_lines(self) -> None:
+        """Log the events whose data the projection refused, and its moves at debug: for the projection written
+        only, once (a guess not used logs nothing)."""
         for ce_id, run_id, error in self.skipped:
             log.warning("run.projection_skipped", ce_id=ce_id, run_id=run_id, error=error)
+        if self.moves:
+            debug = log.bind()  # resolved once: a lazy logger resolves itself at every call
+            for run_id, state, ce_type in self.moves:
+                debug.debug("run.moved", run_id=run_id, state=state, ce_type=ce_type)
 
 
 def _project(projected: list[tuple[Envelope, int, str]], before: dict[str, RunSnapshot]) -> _Projection:
     """Project ``projected`` (stream order) onto the runs ``before`` (as stored; a run not in it is new), in
-    memory; nothing logged but each move at debug."""
+    memory; nothing logged (:meth:`_Projection.log_lines` does)."""
     result = _Projection(before)
     runs = result.runs
-    debug = log.bind()  # resolved once: a lazy logger resolves itself at every call
     # each move's debug line only when it is written (its arguments cost ~0.4 us per projected event)
-    trace = getattr(debug, "is_enabled_for", lambda _level: True)(logging.DEBUG)
+    trace = getattr(log.bind(), "is_enabled_for", lambda _level: True)(logging.DEBUG)
     for event, seq, run_id in projected:
         current = runs.get(run_id)
         try:  # type and run checked by _projected
@@ -992,7 +1039,7 @@ def _project(projected: list[tuple[Envelope, int, str]], before: dict[str, RunSn
         if current is None or current.state != after.state:
             result.moved += 1
             if trace:
-                debug.debug("run.moved", run_id=run_id, state=after.state.value, ce_type=event.type)
+                result.moves.append((run_id, after.state.value, event.type))
             if after.state in _FINAL:
                 result.finished.append(finished_as(after.state, event))
         runs[run_id] = after
@@ -1006,7 +1053,7 @@ def _project_runs(
     memory: how many state moves, and the new and changed runs to write. Appends the ``(outcome, reason)`` of
     each run that moved into a final state to ``finished``."""
     result = _project(projected, before)
-    result.log_skipped()
+    result.log_lines()
     finished.extend(result.finished)
     return result.moved, result.writes()
 

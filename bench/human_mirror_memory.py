@@ -5,11 +5,11 @@ Run: ``.venv/bin/python bench/human_mirror_memory.py [--requests 10000]``
 Starts its own nats-server (from the wheel, a temp dir, a free loopback port). One real question is taken in
 by the real :class:`RequestHandler` and delivered on Telegram (the Bot API emulator) with the web inbox as
 fallback target, so its keys in ``human-channels`` are what a real open request leaves there (the run entry,
-the inbox entry, Telegram's token, message and sent-copy keys). ``--requests`` copies of those keys (new
-request, run and token ids, same values otherwise) are then written to the bucket, and a fresh mirror reads
-it (the watch's snapshot, as a replica does when it starts). Memory is Python's own allocation count
-(``tracemalloc``) held after the snapshot minus before, and -- with a first mirror, tracemalloc off -- the
-process's ``VmRSS`` growth after ``malloc_trim``; per open request and per key. Asserts nothing.
+Telegram's token, message and sent-copy keys; until 2026-12-06 also an inbox entry per person). ``--requests``
+copies of those keys (new request, run and token ids, same values otherwise) are then written to the bucket, and
+a fresh mirror reads it (the watch's snapshot, as a replica does when it starts). Memory is Python's own
+allocation count (``tracemalloc``) held after the snapshot minus before, and -- with a first mirror, tracemalloc
+off -- the process's ``VmRSS`` growth after ``malloc_trim``; per open request and per key. Asserts nothing.
 """
 
 from __future__ import annotations

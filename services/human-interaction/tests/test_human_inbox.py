@@ -1,26 +1,32 @@
-"""The per-recipient index of open requests behind ``GET /inbox`` and the retention purge (HUM-3)."""
+"""The index of open requests behind ``GET /inbox`` (the run entries naming who may answer) and the retention purge
+(HUM-3)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn
 
 import httpx
 import pytest
+import structlog
 from human_support import ALICE, BOB, requested, running, stored, wait_for_record
+from nats.js.kv import KeyValue
 
-from temporality_bus import Bus, Consumer
+from temporality_bus import Bus, Consumer, Contended, TransientError
+from temporality_human_interaction import inbox
 from temporality_human_interaction.channels import WebInboxAdapter
-from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.deadlines import DeadlineHandler
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.inbox import (
     RetentionSweeper,
     arm_sweep,
+    inbox_entries,
     inbox_key,
+    index_people,
     list_inbox,
-    open_requests_of,
     rebuild_index,
 )
 from temporality_human_interaction.records import list_pending, open_store
@@ -28,6 +34,11 @@ from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler, requests_of_run
 from temporality_protocol import HumanRequestState, RunCancelled, make_event, new_id
 from temporality_protocol.catalog import CONSUMERS
+
+
+async def open_requests_of(bus: Bus, user: str) -> list[str]:
+    """The request ids the index lists for ``user`` (a listing of the bucket: what an inbox reads the records of)."""
+    return sorted({e.value for e in await inbox_entries(bus, user)})
 
 
 async def _ids(client: httpx.AsyncClient, headers: dict[str, str]) -> list[str]:
@@ -129,7 +140,7 @@ async def test_a_run_end_listed_from_the_bucket_cancels_a_request_whose_id_is_to
 async def test_a_request_whose_id_is_too_long_for_a_key_is_in_the_inbox(
     bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
 ) -> None:
-    """Its ``open.<user>.`` entry is keyed by the id's hash: the inbox lists the id the entry holds."""
+    """Its run entry is keyed by the id's hash: the inbox lists the id the entry holds."""
     long_id = "hreq-" + "b" * 80
     await handler.handle(requested(request_id=long_id))
     assert long_id in await open_requests_of(bus, "user:alice")
@@ -146,15 +157,34 @@ async def test_a_stale_entry_is_skipped_and_dropped_and_a_lost_index_is_rebuilt(
     assert (await client.post(f"/requests/{done_id}/answer", json={"option_id": "drop-v1"}, headers=ALICE)).is_success
 
     refs = ChannelRefs(bus)
-    await refs.claim(inbox_key("user:alice", done_id), done_id)  # a removal that was lost
-    await refs.claim(inbox_key("user:alice", "hreq-never-stored"), "hreq-never-stored")  # crashed before the store
-    await refs.claim(inbox_key("user:bob", waiting_id), waiting_id)  # an entry for someone who may not answer it
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    done_key = ref_key("run", str(done.runid), done_id)
+    lost_mark = ChannelRef(value=done_id, expires_at=datetime.now(UTC) + timedelta(hours=1), answerers=["user:alice"])
+    await kv.put(done_key, lost_mark.model_dump_json().encode())  # its end's mark was lost
+    # an older version's inbox entries (open.*): its removal lost, one whose record never came, one for bob
+    await refs.claim(inbox_key("user:alice", done_id), done_id)
+    await refs.claim(inbox_key("user:alice", "hreq-never-stored"), "hreq-never-stored")
+    await refs.claim(inbox_key("user:bob", waiting_id), waiting_id)  # someone who may not answer it
     assert await _ids(client, ALICE) == [waiting_id]
     assert await _ids(client, BOB) == []
-    assert done_id not in await open_requests_of(bus, "user:alice")  # dropped while listing
+    assert done_id not in await open_requests_of(bus, "user:alice")  # marked ended, and dropped, while listing
+    marked = await refs.get_ref(done_key)
+    assert marked is not None
+    assert marked.ended == HumanRequestState.ANSWERED.value
+    assert await refs.get(inbox_key("user:alice", done_id)) is None
 
-    await refs.delete(inbox_key("user:alice", waiting_id))  # the index lost an entry (an old version, a wipe)
-    assert await _ids(client, ALICE) == []
+    # an older version's run entry: nobody named, so every inbox reads its record (and the inbox names them)
+    waiting_key = ref_key("run", str(waiting.runid), waiting_id)
+    old = ChannelRef(value=waiting_id, expires_at=datetime.now(UTC) + timedelta(hours=1))
+    await kv.put(waiting_key, old.model_dump_json().encode())
+    assert waiting_id in await open_requests_of(bus, "user:carol")  # anyone's, until its record is read
+    assert await _ids(client, BOB) == []
+    assert await _ids(client, ALICE) == [waiting_id]
+    named = await refs.get_ref(waiting_key)
+    assert named is not None
+    assert named.answerers == ["user:alice"]
+    assert waiting_id not in await open_requests_of(bus, "user:carol")
+    await kv.put(waiting_key, old.model_dump_json().encode())  # again: a start names them too
     assert (await rebuild_index(bus)).pending == 1
     assert await _ids(client, ALICE) == [waiting_id]
     assert (await rebuild_index(bus)).pending == 0  # idempotent: nothing is missing any more
@@ -256,3 +286,134 @@ async def test_a_failing_sweep_still_leaves_the_next_one_armed(bus: Bus) -> None
         await sweeper.fired()
     # the slot after ``now`` is already armed: another replica (or the next start) arming it is a duplicate
     assert (await arm_sweep(bus, 3600, now)).duplicate
+
+
+async def test_a_failing_repair_is_logged_and_the_inbox_still_answers(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writes an inbox read repairs as it goes (a lost end mark, an older version's run entry naming nobody,
+    an older version's inbox entry of an ended request) are best effort: one that fails is logged and the read
+    answers all the same (the sweep and the next start repair it)."""
+    done, waiting = requested(), requested()
+    for event in (done, waiting):
+        await handler.handle(event)
+    done_id, waiting_id = str(done.data["request_id"]), str(waiting.data["request_id"])
+    assert (await client.post(f"/requests/{done_id}/answer", json={"option_id": "drop-v1"}, headers=ALICE)).is_success
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    lost_mark = ChannelRef(value=done_id, expires_at=later, answerers=["user:alice"])
+    await kv.put(ref_key("run", str(done.runid), done_id), lost_mark.model_dump_json().encode())
+    older = ChannelRef(value=waiting_id, expires_at=later)  # names nobody
+    await kv.put(ref_key("run", str(waiting.runid), waiting_id), older.model_dump_json().encode())
+    await ChannelRefs(bus).claim(inbox_key("user:alice", done_id), done_id)
+
+    async def unavailable(*_: object, **__: object) -> NoReturn:
+        raise TransientError("human-channels: no responders")
+
+    monkeypatch.setattr(ChannelRefs, "fill", unavailable)
+    monkeypatch.setattr(ChannelRefs, "mark_ended", unavailable)
+    monkeypatch.setattr(inbox, "_drop", unavailable)
+    with structlog.testing.capture_logs() as logs:
+        assert await _ids(client, ALICE) == [waiting_id]
+    failed = sorted(e["key"] for e in logs if e["event"] == "inbox.repair_failed" and e["log_level"] == "warning")
+    assert failed == sorted(
+        [
+            ref_key("run", str(done.runid), done_id),
+            ref_key("run", str(waiting.runid), waiting_id),
+            inbox_key("user:alice", done_id),
+        ]
+    )
+    assert all("no responders" in e["error"] for e in logs if e["event"] == "inbox.repair_failed")
+
+
+async def test_naming_people_on_an_ended_request_writes_nothing(bus: Bus, handler: RequestHandler) -> None:
+    event = requested()
+    await handler.handle(event)
+    request_id = str(event.data["request_id"])
+    record = await stored(bus, request_id)
+    assert record is not None
+    key = ref_key("run", record.run_id, request_id)
+    await ChannelRefs(bus).mark_ended(key, datetime.now(UTC), HumanRequestState.ANSWERED.value)
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    before = await kv.get(key)
+    await index_people(bus, record, ["user:bob"])  # an escalation that comes after the end
+    after = await kv.get(key)
+    assert after.revision == before.revision  # no write
+    assert ChannelRef.model_validate_json(after.value or b"").answerers == ["user:alice"]
+
+
+async def test_concurrent_inbox_reads_without_a_mirror_share_one_listing_that_begins_after_them(
+    bus: Bus, handler: RequestHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a mirror, the inbox lists the run entries: the reads that come while a listing is under way share
+    the next one, which begins after them -- so each still sees a request stored just before it."""
+    first = requested()
+    await handler.handle(first)
+    started, release = asyncio.Event(), asyncio.Event()
+    listings: list[str] = []
+    listing = inbox.live_entries
+
+    async def held(kv: KeyValue, keys: str = ">", **kwargs: Any) -> list[KeyValue.Entry]:
+        found = await listing(kv, keys, **kwargs)
+        if keys == "run.>":
+            listings.append(keys)
+            if len(listings) == 1:  # the first one: held once it has listed (a slow listing)
+                started.set()
+                await release.wait()
+        return found
+
+    monkeypatch.setattr(inbox, "live_entries", held)
+    early = asyncio.create_task(inbox_entries(bus, "user:alice"))
+    await asyncio.wait_for(started.wait(), 30)
+    second = requested()
+    await handler.handle(second)  # stored after the first listing read the bucket, before the calls below
+    later = [asyncio.create_task(inbox_entries(bus, who)) for who in ("user:alice", "user:bob", "user:alice")]
+    await asyncio.sleep(0)
+    release.set()
+    ids = {str(e.data["request_id"]) for e in (first, second)}
+    assert {e.value for e in await asyncio.wait_for(early, 30)} == {str(first.data["request_id"])}
+    alice, bob, alice_again = await asyncio.wait_for(asyncio.gather(*later), 30)
+    assert {e.value for e in alice} == {e.value for e in alice_again} == ids  # the second request too
+    assert bob == []
+    assert len(listings) == 2  # four reads, two listings: the three later ones shared the second
+
+
+async def test_a_failed_shared_listing_is_not_kept(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the mirror is down every fallback listing may fail: none is kept once it is over (each failure's
+    traceback would hold the one before it, and the connection, for as long as the failures go on)."""
+
+    async def failing(kv: KeyValue, keys: str = ">", **kwargs: Any) -> NoReturn:
+        raise TransientError("the bucket cannot be listed now")
+
+    monkeypatch.setattr(inbox, "live_entries", failing)
+    shared = inbox._run_listing(bus)
+    for _ in range(3):
+        with pytest.raises(TransientError):
+            await inbox_entries(bus, "user:alice")
+        await asyncio.sleep(0)  # (the done callbacks)
+        assert shared._running is None
+        assert shared._next is None
+
+
+async def test_a_start_whose_end_mark_keeps_losing_still_starts(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start's end mark of an ended request whose run entry lost it: one that keeps losing its compare-and-set
+    (Contended) is left to the next sweep or start, not a failed start."""
+    done = requested()
+    await handler.handle(done)
+    done_id = str(done.data["request_id"])
+    assert (await client.post(f"/requests/{done_id}/answer", json={"option_id": "drop-v1"}, headers=ALICE)).is_success
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    # an older version's entry (nobody named: the start reads its record), its end's mark lost
+    lost_mark = ChannelRef(value=done_id, expires_at=datetime.now(UTC) + timedelta(hours=1))
+    await kv.put(ref_key("run", str(done.runid), done_id), lost_mark.model_dump_json().encode())
+    tried: list[str] = []
+
+    async def contended(self: ChannelRefs, key: str, *args: Any, **kwargs: Any) -> NoReturn:
+        tried.append(key)
+        raise Contended(BUCKET_HUMAN_CHANNELS, key, 5)
+
+    monkeypatch.setattr(ChannelRefs, "mark_ended", contended)
+    await rebuild_index(bus)  # does not raise
+    assert tried == [ref_key("run", str(done.runid), done_id)]

@@ -2,10 +2,10 @@
 
 * a request that ended before its deadline is marked ended on its run entry, so the start-up rebuild does
   not read it again (it used to, at every start until its deadline);
-* each inbox entry says how many people its request is indexed under, so the rebuild restores one group
-  member's lost entry (a real restart of the service);
+* each run entry names who may answer its request (the inbox's index), and a start names them on an entry an
+  older version wrote (a real restart of the service);
 * the retention sweep lists no key of the requests bucket (it used to list every one);
-* the gauges write nothing (the index repair is the start's and the sweep's).
+* the gauges write nothing (the index repair is the start's, the sweep's and the inbox's).
 
 On a real nats-server with the real handlers; the restart runs the service's own setup."""
 
@@ -22,8 +22,8 @@ from human_support import ALICE, BOB, request_run, requested, service_settings, 
 from replica_support import replica
 
 from temporality_bus import Bus, NatsSettings, Store, live_entries
-from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
-from temporality_human_interaction.inbox import RetentionSweeper, inbox_key, rebuild_index
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ref_key
+from temporality_human_interaction.inbox import RetentionSweeper, rebuild_index
 from temporality_human_interaction.metrics import count_open
 from temporality_human_interaction.records import open_store
 from temporality_human_interaction.requests import RequestHandler
@@ -73,19 +73,21 @@ async def test_a_request_that_ended_early_is_not_read_again_at_start(
         assert entry.expires_at > datetime.now(UTC) + timedelta(minutes=50)
     assert (await rebuild_index(bus)).read == 0  # the old rebuild read both, at every start for an hour
 
-    # the mark was lost (a crash between the end and the mark): the next start reads it once, marks it
+    # the mark was lost (a crash between the end and the mark): a start does not read it (nothing tells it from
+    # a pending one without reading every pending record); the first inbox that lists it reads it and marks it
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
     lost = await _run_entry(bus, str(answered.runid), answered_id)
     await kv.put(
         ref_key("run", str(answered.runid), answered_id),
-        lost.model_copy(update={"ended_at": None}).model_dump_json().encode(),
+        lost.model_copy(update={"ended_at": None, "ended": None}).model_dump_json().encode(),
     )
-    first = await rebuild_index(bus)
-    assert (first.read, first.pending) == (1, 0)
-    assert (await _run_entry(bus, str(answered.runid), answered_id)).ended_at is not None
     assert (await rebuild_index(bus)).read == 0
     listed = await client.get("/inbox", headers=ALICE)
     assert [r["id"] for r in listed.json()["requests"]] == [str(waiting.data["request_id"])]
+    marked = await _run_entry(bus, str(answered.runid), answered_id)
+    assert marked.ended_at is not None
+    assert marked.ended == HumanRequestState.ANSWERED.value
+    assert (await rebuild_index(bus)).read == 0
 
 
 async def test_a_gauge_read_writes_nothing_and_the_sweep_repairs_the_index(
@@ -97,11 +99,12 @@ async def test_a_gauge_read_writes_nothing_and_the_sweep_repairs_the_index(
     done_id, old_id = str(done.data["request_id"]), str(old.data["request_id"])
     reply = await client.post(f"/requests/{done_id}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
     assert reply.status_code == 200, reply.text
-    refs = ChannelRefs(bus)
     past = datetime.now(UTC) - timedelta(seconds=5)
-    await refs.claim(inbox_key("user:alice", done_id), done_id, expires_at=past)  # a removal that was lost
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    await kv.put(inbox_key("user:alice", old_id), ChannelRef(value=old_id).model_dump_json().encode())  # undated
+    done_key, old_key = ref_key("run", str(done.runid), done_id), ref_key("run", str(old.runid), old_id)
+    lost = ChannelRef(value=done_id, expires_at=past, answerers=["user:alice"])  # its end's mark lost, deadline past
+    await kv.put(done_key, lost.model_dump_json().encode())
+    await kv.put(old_key, ChannelRef(value=old_id).model_dump_json().encode())  # an older version's: undated
 
     before = await _channels_seq(bus)
     for _ in range(3):
@@ -110,10 +113,10 @@ async def test_a_gauge_read_writes_nothing_and_the_sweep_repairs_the_index(
     assert await _channels_seq(bus) == before  # every replica refreshes the gauges: none of them writes
 
     await RetentionSweeper(bus, retention=timedelta(days=1), every_s=60).sweep()
-    assert await refs.get(inbox_key("user:alice", done_id)) is None  # its run entry says it ended: dropped
-    repaired = ChannelRef.model_validate_json((await kv.get(inbox_key("user:alice", old_id))).value or b"")
+    marked = ChannelRef.model_validate_json((await kv.get(done_key)).value or b"")
+    assert marked.ended == HumanRequestState.ANSWERED.value  # past its deadline, not marked: read, marked
+    repaired = ChannelRef.model_validate_json((await kv.get(old_key)).value or b"")
     assert repaired.expires_at is not None  # dated
-    assert repaired.people == 1  # and counted
     assert (await count_open(bus, datetime.now(UTC))).read == 0
 
 
@@ -193,7 +196,7 @@ async def _until_inbox(client: httpx.AsyncClient, headers: dict[str, str], want:
 
 
 @pytest.mark.timeout(150)
-async def test_a_restart_restores_a_group_member_s_lost_inbox_entry(
+async def test_a_restart_names_the_group_members_on_an_older_version_s_run_entry(
     tmp_path: Path, nats_settings: NatsSettings, bus: Bus
 ) -> None:
     settings = service_settings(tmp_path, nats_settings, USERS)
@@ -210,17 +213,18 @@ async def test_a_restart_restores_a_group_member_s_lost_inbox_entry(
         reply = await client.post(f"/requests/{ended_id}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
         assert reply.status_code == 200, reply.text
 
-    # while it is down, bob's entry of the group request is lost; alice's is still there
-    await ChannelRefs(bus).delete(inbox_key("user:bob", group_id))
-    assert await ChannelRefs(bus).get(inbox_key("user:alice", group_id)) == group_id
+    assert (await _run_entry(bus, run_id, group_id)).answerers == ["user:alice", "user:bob"]
+    # while it is down, the group request's run entry is rewritten as a version before 2026-12-06 wrote it
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    older = (await _run_entry(bus, run_id, group_id)).model_copy(update={"answerers": None})
+    await kv.put(ref_key("run", run_id, group_id), older.model_dump_json().encode())
     async with replica(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
-        await _until_inbox(client, BOB, [group_id])  # the start restored it
+        await _until_inbox(client, BOB, [group_id])
         await _until_inbox(client, ALICE, [group_id])
+        assert (await _run_entry(bus, run_id, group_id)).answerers == ["user:alice", "user:bob"]  # the start named them
     # what the start did leaves nothing for the next one: not the group request, not the answered one
     assert (await rebuild_index(bus)).read == 0
     assert (await _run_entry(bus, run_id, ended_id)).ended_at is not None
-    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    entries = [ChannelRef.model_validate_json(e.value or b"") for e in await live_entries(kv, "open.>")]
-    assert sorted((r.value, r.people) for r in entries) == [(group_id, 2), (group_id, 2)]
+    assert await live_entries(kv, "open.>") == []  # no per-person entry: the run entry is the index
     requests = await (await bus.kv(BUCKET_HUMAN_REQUESTS)).keys()
     assert sorted(requests) == sorted([group_id, ended_id])

@@ -22,8 +22,9 @@ from pydantic import SecretStr
 from replica_support import Samples, replica, samples_of, value_of
 
 from temporality_bus import Bus, NatsSettings
-from temporality_human_interaction.inbox import index_open
+from temporality_human_interaction.inbox import answerers
 from temporality_human_interaction.records import HumanRequestRecord, open_store
+from temporality_human_interaction.runs import index_request
 from temporality_protocol import HumanPolicy, HumanRequested, LaunchSource, RunRequested, make_event, new_id
 from temporality_service import metrics
 from temporality_testing.telegram_emulator import TelegramEmulator
@@ -165,7 +166,9 @@ async def test_deliveries_waits_and_waiting_requests_are_reported_once_across_re
         # a request whose deadline timer was lost stays pending past its deadline: both replicas see it
         lost = requested(recipient="user:alice", allowed=allowed, run_id=run_id, expires_in_s=-120)
         record = HumanRequestRecord.from_requested(lost, lost.payload(HumanRequested))
-        await index_open(bus, record)  # stored as the intake stores it, but no deadline was armed
+        await index_request(
+            bus, record.run_id, record.request_id, record.expires_at, answerers(record)
+        )  # no deadline armed
         await (await open_store(bus)).create(record.request_id, record)
         scraped = await _until(clients, waiting(2, 1), "the overdue request on each replica")
         for samples in scraped:

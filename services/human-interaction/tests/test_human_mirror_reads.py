@@ -7,6 +7,7 @@ out after its run ended)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -24,18 +25,18 @@ from human_support import (
     timer_messages,
 )
 
-import temporality_human_interaction.requests as requests_module
-from temporality_bus import Bus, PermanentError
+from temporality_bus import Bus, PermanentError, Versioned
 from temporality_human_interaction.answers import AnswerSubmission, NotPending, bind_answer_outcome
 from temporality_human_interaction.api import create_app
 from temporality_human_interaction.channels import ChannelAdapter
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
-from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.directory import Directory, UserProfile
 from temporality_human_interaction.inbound import AnswerRouter
+from temporality_human_interaction.inbox import list_inbox
 from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.parking import park
 from temporality_human_interaction.policies import RunPolicies, RunPolicyHandler
-from temporality_human_interaction.records import HumanRequestRecord, RecentRecords
+from temporality_human_interaction.records import HumanRequestRecord, RecentRecords, open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
 from temporality_human_interaction.settings import Settings
@@ -123,13 +124,14 @@ async def test_a_run_that_ends_while_its_request_is_being_stored_is_cancelled_ev
         return None if key.startswith(("runend.", "withdrawn.")) else shown(key)
 
     monkeypatch.setattr(mirror, "get", behind)
-    index_open = requests_module.index_open
+    delivered_with_record = mirrored._delivered_with_record
 
-    async def end_meanwhile(bus_: Bus, record: HumanRequestRecord) -> None:
-        await index_open(bus_, record)  # after the run entry, before the record
+    async def end_meanwhile(record: HumanRequestRecord, profile: UserProfile) -> HumanRequestRecord:
+        delivered = await delivered_with_record(record, profile)  # after the run entry, before the record
         await RunEndHandler(bus).handle(end)  # another replica's: raises nothing, finds nothing to cancel
+        return delivered
 
-    monkeypatch.setattr(requests_module, "index_open", end_meanwhile)
+    monkeypatch.setattr(mirrored, "_delivered_with_record", end_meanwhile)
     await mirrored.handle(asked)
     await delivered_then_withdrawn(bus, client, request_id)
     await RunEndHandler(bus, mirror=mirror).handle(end)  # a redelivery of the end: nothing left to do
@@ -254,8 +256,9 @@ async def test_a_request_id_of_another_run_leaves_no_entry_under_the_new_run(
         await mirrored.handle(mine)
     refs = ChannelRefs(bus)
     assert await refs.get(ref_key("run", str(mine.runid), "hreq-shared-mirror")) is None
-    assert await refs.get(ref_key("open", "user:bob", "hreq-shared-mirror")) is None
-    assert await refs.get(ref_key("open", "user:alice", "hreq-shared-mirror")) is not None  # theirs stays
+    store = await open_store(bus)
+    assert await list_inbox(bus, store, "user:bob") == []
+    assert [r.request_id for r in await list_inbox(bus, store, "user:alice")] == ["hreq-shared-mirror"]  # theirs
     # the new run's end does not touch the other run's request
     await RunEndHandler(bus).handle(_ended(str(mine.runid)))
     record = await stored(bus, "hreq-shared-mirror")
@@ -303,3 +306,60 @@ async def test_a_run_end_finds_its_requests_in_the_mirror(
     assert not [s for s, _ in sent if ".STREAM.INFO." in s]
     # a redelivery (its marker there already) lists the bucket, and finds nothing left to do
     await RunEndHandler(bus, mirror=mirror).handle(_ended(run_id))
+
+
+async def test_a_run_entry_s_end_mark_is_tried_again_while_other_writes_land_between(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end's compare-and-set loses to writes that land between its read and its write (an escalation naming
+    its target, three times here): it reads the entry again and marks it, keeping what the others wrote."""
+    refs, other = ChannelRefs(bus), ChannelRefs(bus)
+    key = ref_key("run", "run-raced", "hreq-raced")
+    assert await refs.create(key, "hreq-raced", expires_at=datetime.now(UTC) + timedelta(hours=1)) is not None
+    store = await bus.store(BUCKET_HUMAN_CHANNELS, ChannelRef)
+    monkeypatch.setattr(refs, "_store", store)
+    read = store.get
+    named: list[str] = []
+
+    async def raced(key: str) -> Versioned[ChannelRef] | None:
+        got = await read(key)
+        if got is not None and len(named) < 3:  # another write lands right after this read
+            named.append(f"user:p{len(named)}")
+            assert await other.fill(key, got.value, got.revision, answerers=[named[-1]])
+        return got
+
+    monkeypatch.setattr(store, "get", raced)
+    ended_at = datetime.now(UTC)
+    assert await refs.mark_ended(key, ended_at, "expired")
+    entry = await other.get_ref(key)
+    assert entry is not None
+    assert (entry.ended_at, entry.ended, entry.answerers) == (ended_at, "expired", named)
+
+
+async def test_a_waiter_that_gave_up_is_not_kept(mirror: ChannelMirror) -> None:
+    assert await mirror.caught_up()
+    assert not await mirror.reached(mirror.revision + 1000, timeout_s=0.05)
+    waiting = asyncio.create_task(mirror.reached(mirror.revision + 1000, timeout_s=30))
+    await asyncio.sleep(0.05)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert mirror._waiters == []  # neither the one that timed out nor the one cancelled
+
+
+async def test_the_mirror_keeps_the_pending_run_entries(bus: Bus, mirror: ChannelMirror) -> None:
+    """What the gauges count from: the run entries not marked ended, kept as the watch applies each change."""
+    refs = ChannelRefs(bus)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    keys = [ref_key("run", "run-kept", f"hreq-kept{n}") for n in range(3)]
+    for n, key in enumerate(keys):
+        await refs.create(key, f"hreq-kept{n}", expires_at=later, answerers=["user:alice"])
+    await refs.create(ref_key("open", "alice", "hreq-kept0"), "hreq-kept0")  # not a run entry
+    assert await mirror.caught_up()
+    assert sorted(e.key for e in mirror.pending_runs()) == keys
+    await refs.mark_ended(keys[0], datetime.now(UTC), "answered")
+    await refs.delete(keys[1])
+    assert await mirror.caught_up()
+    assert [e.key for e in mirror.pending_runs()] == [keys[2]]
+    pending = [e.key for e in mirror.entries() if e.key.startswith("run.") and e.ended_at is None]
+    assert pending == [keys[2]]  # the same as going through every key

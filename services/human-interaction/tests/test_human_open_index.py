@@ -1,4 +1,4 @@
-"""The index of open requests carries each request's deadline, so the waiting/overdue gauges are a count over
+"""The index of open requests (the run entries, :mod:`.inbox`) carries each request's deadline, so the waiting/overdue gauges are a count over
 the index and the retention sweep reads only the requests that may be due -- on a real nats-server with the
 real handlers, consumers and the inbox API. Every count is compared with a full scan of the requests bucket
 (the truth), after answers, expiries, cancellations, a lost index, entries written by an older version and
@@ -18,11 +18,11 @@ from replica_support import replica, samples_of, value_of
 from temporality_bus import Bus, NatsSettings, live_entries
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.directory import Directory
-from temporality_human_interaction.inbox import Rebuilt, RetentionSweeper, index_open, rebuild_index
+from temporality_human_interaction.inbox import Rebuilt, RetentionSweeper, answerers, rebuild_index
 from temporality_human_interaction.metrics import OpenCounts, count_open
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.requests import RequestHandler
-from temporality_human_interaction.runs import RunEndHandler
+from temporality_human_interaction.runs import RunEndHandler, index_request
 from temporality_protocol import (
     HumanRequested,
     HumanRequestState,
@@ -57,7 +57,7 @@ async def _matches(bus: Bus, *, reads: int | None = None) -> OpenCounts:
 
 
 async def _age_entries(bus: Bus, request_id: str) -> None:
-    """Rewrite ``request_id``'s index entries as an older version wrote them: no deadline."""
+    """Rewrite ``request_id``'s index entries as an older version wrote them: no deadline, nobody named."""
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
     for entry in await live_entries(kv, "open.>") + await live_entries(kv, "run.>"):
         ref = ChannelRef.model_validate_json(entry.value or b"")
@@ -65,6 +65,25 @@ async def _age_entries(bus: Bus, request_id: str) -> None:
             await kv.put(
                 str(entry.key), ChannelRef(value=ref.value, created_at=ref.created_at).model_dump_json().encode()
             )
+
+
+async def _unname(bus: Bus, run_id: str, request_id: str) -> None:
+    """Rewrite ``request_id``'s run entry as a version before 2026-12-06 wrote it: dated, naming nobody."""
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    key = ref_key("run", run_id, request_id)
+    ref = ChannelRef.model_validate_json((await kv.get(key)).value or b"")
+    await kv.put(key, ref.model_copy(update={"answerers": None}).model_dump_json().encode())
+
+
+async def _named(bus: Bus, run_id: str, request_id: str) -> list[str] | None:
+    ref = await ChannelRefs(bus).get_ref(ref_key("run", run_id, request_id))
+    return ref.answerers if ref is not None else None
+
+
+async def _ended(bus: Bus, key: str) -> str | None:
+    ref = await ChannelRefs(bus).get_ref(key)
+    assert ref is not None
+    return ref.ended
 
 
 async def _dated(bus: Bus, request_id: str, keys: str = ">") -> bool:
@@ -107,30 +126,30 @@ async def test_the_gauges_count_the_index_and_match_a_full_scan_through_every_ch
     # a deadline timer that was lost: the request stays pending past its deadline; only it is read
     lost = requested(expires_in_s=-120)
     record = HumanRequestRecord.from_requested(lost, lost.payload(HumanRequested))
-    await index_open(bus, record)
+    await index_request(bus, record.run_id, record.request_id, record.expires_at, answerers(record))
     await (await open_store(bus)).create(record.request_id, record)
     counts = await _matches(bus, reads=1)
     assert (counts.waiting, counts.overdue) == (3, 1)
     assert counts.worst_s >= 120
 
-    # a removal that was lost (the request ended, its entry stayed): counted until its deadline, then read,
-    # found ended and dropped
+    # an end mark that was lost (the request ended, its run entry says nothing): counted until its deadline,
+    # then read and not counted
     ended_early = requested(expires_in_s=1)
     await handler.handle(ended_early)
     ended_id = str(ended_early.data["request_id"])
     await wait_for_record(bus, ended_id, lambda r: r.status is HumanRequestState.EXPIRED and r.expiry_published)
-    gone = await ChannelRefs(bus).get(ref_key("open", "user:alice", ended_id))
-    assert gone is None
-    await ChannelRefs(bus).claim(
-        ref_key("open", "user:alice", ended_id), ended_id, expires_at=datetime.now(UTC) - timedelta(seconds=1)
-    )
-    counts = await _matches(bus, reads=2)  # the overdue one and the stale one: both read, neither changed
-    assert await ChannelRefs(bus).get(ref_key("open", "user:alice", ended_id)) == ended_id  # a gauge writes nothing
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    run_key = ref_key("run", str(ended_early.runid), ended_id)
+    marked = ChannelRef.model_validate_json((await kv.get(run_key)).value or b"")
+    assert marked.ended == HumanRequestState.EXPIRED.value
+    await kv.put(run_key, marked.model_copy(update={"ended_at": None, "ended": None}).model_dump_json().encode())
+    counts = await _matches(bus, reads=2)  # the overdue one and the unmarked one: both read, neither changed
+    assert await _ended(bus, run_key) is None  # a gauge writes nothing
     await _matches(bus, reads=2)
-    # the sweep repairs the index: the run entry says the request ended, so its inbox entry goes unread
+    # the sweep repairs the index: it reads a request past its deadline whose run entry is not marked, marks it
     sweeper = RetentionSweeper(bus, retention=timedelta(days=1), every_s=60)
     await sweeper.sweep()
-    assert await ChannelRefs(bus).get(ref_key("open", "user:alice", ended_id)) is None  # dropped
+    assert await _ended(bus, run_key) == HumanRequestState.EXPIRED.value
     await _matches(bus, reads=1)
 
 
@@ -148,15 +167,16 @@ async def test_entries_of_an_older_version_are_dated_and_a_lost_index_is_found_a
     await _age_entries(bus, old)
     assert not await _dated(bus, old)
     await _matches(bus, reads=1)
-    assert not await _dated(bus, old, "open.>")
+    assert not await _dated(bus, old, "run.>")
     await _matches(bus, reads=1)
 
-    # a restart after an upgrade and a wipe: one request's entries undated, another's inbox entry gone
+    # a restart after an upgrade: one request's run entry undated, another's naming nobody (before 2026-12-06)
     await _age_entries(bus, old)
-    await ChannelRefs(bus).delete(ref_key("open", "user:alice", wiped))
+    await _unname(bus, str(waiting[1].runid), wiped)
     assert (await rebuild_index(bus)).read == 2  # what every replica does at start: only these two are read
     assert await _dated(bus, old)
-    assert await ChannelRefs(bus).get(ref_key("open", "user:alice", wiped)) == wiped
+    assert await _named(bus, str(waiting[0].runid), old) == ["user:alice"]
+    assert await _named(bus, str(waiting[1].runid), wiped) == ["user:alice"]
     assert (await rebuild_index(bus)).read == 0  # nothing missing any more
     counts = await _matches(bus, reads=0)
     assert counts.waiting == 3
@@ -280,13 +300,14 @@ async def test_a_restarted_replica_completes_the_index_and_its_gauges_match_the_
         await _gauges(client, 3, 0)
     assert (await count_open(bus, datetime.now(UTC))).read == 0
 
-    # while it is down: an older version's entries (no deadline) and a lost inbox entry
+    # while it is down: an older version's entries (no deadline, nobody named) and one naming nobody
     await _age_entries(bus, ids[1])
-    await ChannelRefs(bus).delete(ref_key("open", "user:alice", ids[2]))
+    await _unname(bus, run_id, ids[2])
     async with replica(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
         await _gauges(client, 3, 0)
-        assert await _dated(bus, ids[1])  # the start dated them (run entry and inbox entry)
-        assert await ChannelRefs(bus).get(ref_key("open", "user:alice", ids[2])) == ids[2]
+        assert await _dated(bus, ids[1])  # the start dated it
+        assert await _named(bus, run_id, ids[1]) == ["user:alice"]  # and named who may answer them
+        assert await _named(bus, run_id, ids[2]) == ["user:alice"]
         counts = await _matches(bus, reads=0)
         assert counts.waiting == 3
         listed = await client.get("/inbox", headers=ALICE)

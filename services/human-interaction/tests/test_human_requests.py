@@ -21,7 +21,6 @@ from human_support import (
     timer_messages,
 )
 
-import temporality_human_interaction.requests as requests_module
 from temporality_bus import Bus, PermanentError, TransientError
 from temporality_human_interaction.channels import ChannelAdapter, DeliveryFailed, DeliveryReceipt, WebInboxAdapter
 from temporality_human_interaction.directory import Directory, UserProfile
@@ -151,7 +150,8 @@ async def test_redelivered_request_makes_one_record_and_one_notification(bus: Bu
 async def test_a_new_request_is_indexed_once_and_read_once(
     bus: Bus, handler: RequestHandler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The intake of a new request writes each index entry once (just before the record) and records its
+    """The intake of a new request writes its one index entry once (the run entry, naming who may answer it, just
+    before the record: no per-person inbox entry since 2026-12-06) and records its
     delivery from the record it stored, not from a read back: no read of the record at all (the run entry it
     created says none can be stored yet)."""
     event = requested(recipient="user:alice")
@@ -165,7 +165,7 @@ async def test_a_new_request_is_indexed_once_and_read_once(
     assert record.channel == "web"
     assert [d.channel for d in record.deliveries] == ["web"]
     index_writes = sorted(s.rsplit(".", 3)[-3] for s, _ in sent if s.startswith("$KV.human-channels."))
-    assert index_writes == ["open", "run"]  # create-if-absent of each entry, once
+    assert index_writes == ["run"]  # create-if-absent of the entry, once
     assert [s for s, _ in sent if s.startswith("$KV.human-channels.run.")] == [
         f"$KV.human-channels.run.{run_id}.{request_id}"
     ]
@@ -336,20 +336,16 @@ async def test_an_intake_that_loses_the_create_counts_no_web_delivery_and_announ
     first, second = RequestHandler(bus, directory, adapters), RequestHandler(bus, directory, adapters)
     event = requested(recipient="user:alice")
     request_id = str(event.data["request_id"])
-    index_open = requests_module.index_open
-    overtaken = False
+    delivered_with_record = first._delivered_with_record
 
-    async def overtaken_before_the_create(bus_: Bus, record: HumanRequestRecord) -> None:
-        nonlocal overtaken
-        if not overtaken:  # the first intake, between its delivery and its create: the second one goes all through
-            overtaken = True
-            await second.handle(event)
-        await index_open(bus_, record)
+    async def overtaken_before_the_create(record: HumanRequestRecord, profile: UserProfile) -> HumanRequestRecord:
+        delivered = await delivered_with_record(record, profile)
+        await second.handle(event)  # the first intake, between its delivery and its create: the second goes through
+        return delivered
 
-    monkeypatch.setattr(requests_module, "index_open", overtaken_before_the_create)
+    monkeypatch.setattr(first, "_delivered_with_record", overtaken_before_the_create)
     before = await _record_writes(bus)
     await first.handle(event)
-    assert overtaken
     assert await _record_writes(bus) - before == 1
     record = await stored(bus, request_id)
     assert record is not None

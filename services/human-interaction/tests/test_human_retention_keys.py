@@ -74,7 +74,7 @@ async def test_the_sweep_leaves_nothing_of_a_purged_request_and_its_ended_run(bu
         assert record is not None
         assert record.status is HumanRequestState.CANCELLED
     # what the transports and crashes leave besides: a reminder whose send was claimed but never recorded,
-    # an inbox entry written before a record that never came, Matrix bindings and room pointers
+    # an older version's inbox entry written before a record that never came, Matrix bindings and room pointers
     await refs.claim(sent_message_key(bob_id, "reask-1", BOB_TELEGRAM.id), "99")
     await refs.claim(inbox_key("user:alice", "hreq-never-stored"), "hreq-never-stored")
     await refs.claim(ref_key("matrix", "event", "$orphan:hs"), alice_id)
@@ -108,8 +108,7 @@ async def test_the_sweep_leaves_nothing_of_a_purged_request_and_its_ended_run(bu
         ref_key("matrix", "room", "@alice:hs"),
         ref_key("matrix", "since", "@bot:hs"),
         ref_key("matrix", "latest", "!room-alive:hs"),
-        # the pending request of the run still going, and that run's policy
-        inbox_key("user:alice", pending_id),
+        # the pending request of the run still going (its run entry: the inbox's index too), and that run's policy
         ref_key("run", ALIVE_RUN, pending_id),
         policy_key(ALIVE_RUN),
     }

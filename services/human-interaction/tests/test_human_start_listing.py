@@ -20,8 +20,6 @@ from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, C
 from temporality_human_interaction.inbox import (
     NEVER_STORED_AFTER,
     RUN_ENTRIES_KEY,
-    inbox_key,
-    index_people,
     rebuild_index,
 )
 from temporality_human_interaction.records import HumanRequestRecord, open_store
@@ -114,45 +112,50 @@ async def test_a_request_never_stored_is_looked_up_until_its_entries_are_old_the
     kept = requested(recipient="group:api-owners", allowed=("group:api-owners",))
     await handler.handle(kept)
     kept_id = str(kept.data["request_id"])
-    # two intakes that crashed after their index entries, before their records: one after the run entry, one
-    # after the first of a group's two inbox entries
+    # two intakes that crashed after their run entry, before their records: an older version's (its run entry names
+    # nobody: a start looks it up) and this version's (named: nothing tells a start to look it up; the sweep drops
+    # it once its deadline + the retention passed and its record is still not there)
     day = 86400.0  # deadlines well after the hour they are given (a start reads no request past its deadline)
     lonely = requested(expires_in_s=day)
-    partial = requested(recipient="group:api-owners", allowed=("group:api-owners",), expires_in_s=day)
-    for event in (lonely, partial):
-        payload = event.payload(HumanRequested)
-        await index_request(bus, payload.run_id, payload.request_id, payload.expires_at)
-    part = partial.payload(HumanRequested)
-    record = HumanRequestRecord.from_requested(partial, part, ["user:alice", "user:bob"])
-    await index_people(bus, record, ["user:alice"])  # counted for two; bob's entry never written
-    await ChannelRefs(bus).delete(inbox_key("user:bob", kept_id))  # and a stored request's lost entry
+    named = requested(recipient="group:api-owners", allowed=("group:api-owners",), expires_in_s=day)
     lonely_id = lonely.payload(HumanRequested).request_id
-    never = sorted([lonely_id, part.request_id])
+    await index_request(
+        bus, lonely.payload(HumanRequested).run_id, lonely_id, lonely.payload(HumanRequested).expires_at
+    )
+    part = named.payload(HumanRequested)
+    await index_request(bus, part.run_id, part.request_id, part.expires_at, ["user:alice", "user:bob"])
+    # and a stored request whose run entry an older version wrote (naming nobody)
+    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    kept_key = ref_key("run", str(kept.runid), kept_id)
+    older = ChannelRef.model_validate_json((await kv.get(kept_key)).value or b"").model_copy(update={"answerers": None})
+    await kv.put(kept_key, older.model_dump_json().encode())
 
     async with kv_calls(nats_settings.url, REQUESTS) as spy:
         young = await rebuild_index(bus)  # maybe an intake in progress: looked up, left alone
         assert (young.read, young.forgotten) == (1, 0)
         listings, reads = await _listings_and_reads(spy)
-        assert (listings, sorted(reads)) == ([], sorted([*never, kept_id]))
-        assert await ChannelRefs(bus).get(inbox_key("user:bob", kept_id)) == kept_id  # the stored one repaired
+        assert (listings, sorted(reads)) == ([], sorted([lonely_id, kept_id]))
+        repaired = await ChannelRefs(bus).get_ref(kept_key)
+        assert repaired is not None
+        assert repaired.answerers == ["user:alice", "user:bob"]  # the stored one's members named
 
         later = datetime.now(UTC) + NEVER_STORED_AFTER + timedelta(minutes=1)
-        old = await rebuild_index(bus, now=later)  # still not stored: never will be; its entries go
-        assert (old.read, old.forgotten) == (0, 2)
-        assert await _listings_and_reads(spy) == ([], never)
+        old = await rebuild_index(bus, now=later)  # still not stored: never will be; its entry goes
+        assert (old.read, old.forgotten) == (0, 1)
+        assert await _listings_and_reads(spy) == ([], [lonely_id])
         for _ in range(2):
             assert (await rebuild_index(bus, now=later)).forgotten == 0
             assert await _listings_and_reads(spy) == ([], [])  # nobody looks them up again
 
-    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
     left = [ChannelRef.model_validate_json(e.value or b"").value for e in await live_entries(kv)]
-    assert not set(never) & set(left)
-    assert left.count(kept_id) == 3  # the stored request's run entry and both members' inbox entries stay
+    assert lonely_id not in left
+    assert left.count(kept_id) == 1  # the stored request's run entry stays (no per-person entry)
 
-    # an intake that comes after all (a redelivery) indexes it again before storing it
+    # an intake that comes after all (a redelivery) indexes it again before storing it, naming who may answer
     await handler.handle(lonely)
-    assert await ChannelRefs(bus).get(inbox_key("user:alice", lonely_id)) == lonely_id
-    assert await ChannelRefs(bus).get(ref_key("run", lonely.payload(HumanRequested).run_id, lonely_id)) == lonely_id
+    again = await ChannelRefs(bus).get_ref(ref_key("run", lonely.payload(HumanRequested).run_id, lonely_id))
+    assert again is not None
+    assert (again.value, again.answerers) == (lonely_id, ["user:alice"])
 
 
 async def test_a_replica_lists_human_channels_once_as_it_starts_and_still_repairs_the_index(

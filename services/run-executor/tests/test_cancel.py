@@ -2,7 +2,8 @@
 
 A parked run is cancelled at once (its watchdog gone, a late answer ignored); a run in the middle of a
 turn finishes that turn and is cancelled at the boundary; a second cancel and a cancel of a finished run
-change nothing. A cancel that comes before its run: ``test_early_cancel.py``.
+change nothing. A cancel that comes before its run: ``test_early_cancel.py``; during its last turn:
+``test_final_turn_cancel.py``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 nats-py waits for each request's reply with ``asyncio.wait_for``, which before Python 3.12 drops a cancellation
 that lands as the reply arrives: the keeper's renewal loop went on, and the handler that awaited its end after the
 provider call hung there with the run's message in hand, renewing the lease forever. Over a real nats-server; the
-keeper is replaced by one that drops its first cancellation, as that race does."""
+keeper is replaced by one that drops its first cancellation, as that race does. (The keeper starts a third of the
+lease into a call: the lease is short here, and the provider call held until the keeper runs.)"""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ async def test_a_turn_ends_when_its_lease_keeper_drops_one_cancellation(
     cache = ProviderCache()
     held = HeldProvider(cache(REVIEWER))
     dropped: list[str] = []
+    keeping = asyncio.Event()
     try:
-        engine = await executor(provider_for=lambda card: held)
+        engine = await executor(provider_for=lambda card: held, lease_s=0.6)
 
         async def keeper_dropping_one_cancel(run_id: str, holder: str) -> None:
+            keeping.set()
             while True:
                 try:
                     await asyncio.sleep(0.05)  # a renewal's request, waiting for its reply
@@ -41,6 +44,7 @@ async def test_a_turn_ends_when_its_lease_keeper_drops_one_cancellation(
         assert run_id
         await bus.publish(event)
         await asyncio.wait_for(held.entered.wait(), 30)
+        await asyncio.wait_for(keeping.wait(), 30)  # the call outlived a third of the lease: its keeper runs
         held.release.set()
         await event_log.wait_for("run.started", run_id=run_id, timeout_s=30)
         await settled(bus, timeout_s=60)  # the handler let go of the message: the turn did not hang on its keeper

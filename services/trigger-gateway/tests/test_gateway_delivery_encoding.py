@@ -4,6 +4,7 @@ it reads back as the head with that event, whatever the head's texts hold."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Literal
 
 import pytest
 from gateway_support import webhook_spec
@@ -70,3 +71,50 @@ def test_an_index_key_holds_the_receipt_time_as_strftime_writes_it(at: datetime)
     assert key == f"t-1.at.{at.astimezone(UTC).strftime('%Y%m%dT%H%M%S%fZ')}.dlv-1"
     if at.year >= 1000:
         assert _indexed(key, "t-1") == (at, "dlv-1")
+
+
+@pytest.mark.parametrize("text", ["plain", '"event":null', 'x","event":null,"y":"', "ü \\ \u2028 \x00", "d" * 1500])
+@pytest.mark.parametrize("keep_event", [True, False])
+@pytest.mark.parametrize("kind", ["webhook", "event"])
+def test_the_record_written_without_its_model_is_byte_for_byte_the_models(
+    text: str, keep_event: bool, kind: Literal["webhook", "event"]
+) -> None:
+    """Differential: Draft.record_json (the record's JSON written straight from its values, what the launch path
+    stores) against the validating model's JSON it replaced (Draft.head + Draft.encoded), in every state and
+    with every optional field absent or set -- the same bytes."""
+    now = datetime(2026, 12, 6, 1, 2, 3, 456789, tzinfo=UTC)
+    updates = (
+        datetime(2026, 12, 6, 2, 0, 0, 1, tzinfo=UTC),
+        datetime(2026, 12, 6, 2, 0, tzinfo=timezone(timedelta(hours=1))),
+    )
+    event = NormalizedEvent(
+        id=text[:50],
+        type="generic.push",
+        source="https://example.test",
+        timestamp=now,
+        actor=Actor(id=text[:50]),
+        payload={"event": None, "text": text, "n": [1, 2.5, True, None]},
+    )
+    trigger = WebhookTrigger.model_validate(webhook_spec("t-1"))
+    deliveries = [
+        TriggerDelivery(trigger, "dlv-1", kind, "generic", text, None),
+        TriggerDelivery(trigger, "dlv-2", kind, "event", "evt-1", "run.completed", 42, 2, "evt-0", text),
+    ]
+    event_json = event.model_dump_json().encode() if keep_event else None
+    for delivery in deliveries:
+        for redrive_of, title in ((None, None), ("dlv-0", text)):
+            draft = Draft(delivery, event, "t-1.dlv", event_json, kind == "webhook", now, title, redrive_of)
+            for state, run_id, reason, detail in (
+                ("accepted", "run-1", None, None),
+                ("rejected", "run-1", "duplicate", text),
+                ("rejected", None, "concurrency_skip", text),
+                ("failed", None, None, text),
+                ("queued", "run-2", None, None),
+                ("debounced", "run-2", None, None),
+            ):
+                head = draft.head(state, run_id=run_id, reason=reason, detail=detail)  # type: ignore[arg-type]
+                for later in updates:
+                    model_json = draft.encoded(head.model_copy(update={"updated_at": later}))
+                    written = draft.record_json(state, run_id=run_id, reason=reason, detail=detail, updated_at=later)  # type: ignore[arg-type]
+                    assert written == model_json, (state, delivery)
+                    assert DeliveryRecord.model_validate_json(written).event == (event if keep_event else None)

@@ -4,6 +4,7 @@ the bus as the other services publish them."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -14,8 +15,9 @@ import httpx
 import nats.errors
 import pytest
 from gateway_support import AGENTS, AS_ADMIN, AS_OPERATOR, AS_VIEWER, eventually, replicas
+from nats.js.kv import KeyValue
 
-from temporality_bus import Bus, Delivery, TransientError
+from temporality_bus import Bus, Consumer, Delivery, Outcome, TransientError
 from temporality_protocol import (
     CONTENT_TYPE,
     Envelope,
@@ -27,7 +29,7 @@ from temporality_protocol import (
     encode,
     make_event,
 )
-from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM, subject_for
+from temporality_protocol.catalog import CONSUMERS, DEAD_LETTERED, DLQ_STREAM, EVENTS_STREAM, subject_for
 from temporality_service import ApiAuth
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
@@ -80,12 +82,16 @@ def _runs(log: EventLog, trigger_id: str) -> list[RunRequested]:
 
 
 async def _run_for(log: EventLog, trigger_id: str, source: Envelope) -> RunRequested:
+    return await _run_for_within(log, trigger_id, source, timeout_s=10)
+
+
+async def _run_for_within(log: EventLog, trigger_id: str, source: Envelope, *, timeout_s: float) -> RunRequested:
     (found,) = await log.wait_for(
         "run.requested",
         where=lambda e: (
             e.data["launch"].get("trigger_id") == trigger_id and (e.data.get("event") or {}).get("id") == source.id
         ),
-        timeout_s=10,
+        timeout_s=timeout_s,
     )
     run: RunRequested = found.payload(RunRequested)
     return run
@@ -440,6 +446,158 @@ async def test_a_store_whose_position_cannot_be_read_delays_an_event_but_never_h
         await msg.ack()
     finally:
         await sub.unsubscribe()
+
+
+class _HeldWatch(TriggerRegistry):
+    """A replica's registry whose store watch hangs while applying one key's change (as a slow or stalled watch
+    does): that change and every later one stay unapplied here until :attr:`release` is set."""
+
+    def __init__(self, held_key: str) -> None:
+        super().__init__(environ={}, agents=AGENTS)
+        self._held_key = held_key
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+        #: The timeout of every wait for the store a delivery made (the handler's choice, not the clock's).
+        self.waits: list[float] = []
+
+    async def wait_for_store(self, revision: int, timeout_s: float = 2.0) -> bool:
+        self.waits.append(timeout_s)
+        return await super().wait_for_store(revision, timeout_s)
+
+    async def _apply_entry(self, entry: KeyValue.Entry) -> None:
+        if entry.key == self._held_key:
+            self.holding.set()
+            await self.release.wait()
+        await super()._apply_entry(entry)
+
+
+class _Outcomes:
+    """The consumer's own account of each message it settled (its ``ConsumerObserver``)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def settled(self, durable: str, outcome: Outcome, seconds: float, count: int = 1) -> None:
+        self.seen.extend([outcome] * count)
+
+
+ACK_WAIT_S = 10.0
+
+
+@contextlib.asynccontextmanager
+async def _consuming(
+    bus: Bus, handler: EventTriggers, deliveries: list[tuple[int, float]], outcomes: _Outcomes
+) -> AsyncIterator[Consumer]:
+    """The events durable run by a real :class:`Consumer` (its backoff, max_deliver, dead-lettering), as the
+    gateway runs it; ``deliveries`` gets (delivery number, seconds the handler took) of every delivery."""
+    loop = asyncio.get_running_loop()
+
+    async def handle(envelope: Envelope, delivery: Delivery) -> None:
+        started = loop.time()
+        try:
+            await handler.handle(envelope, delivery)
+        finally:
+            deliveries.append((delivery.num_delivered, loop.time() - started))
+
+    # ack_wait 10 s (the fixture's is 2 s): the first delivery holds the message for the 2 s wait, and on a loaded
+    # machine a stalled heartbeat must not bring an extra delivery into the count
+    consumer = Consumer(bus, CONSUMERS[DURABLE], handler=handle, observer=outcomes, ack_wait_s=ACK_WAIT_S)
+    stop = asyncio.Event()
+    running = asyncio.create_task(consumer.run(stop))
+    try:
+        async with asyncio.timeout(10):
+            await consumer.running.wait()
+        yield consumer
+    finally:
+        stop.set()
+        await running
+
+
+async def _handled_once(bus: Bus, event_log: EventLog, event: Envelope, outcomes: _Outcomes) -> None:
+    """The event ran exactly once through the fallback: one run, acknowledged, nothing dead-lettered."""
+
+    async def settled() -> bool:
+        info = await bus.js.consumer_info(EVENTS_STREAM.name, DURABLE)
+        return bool(info.num_pending == 0 and info.num_ack_pending == 0 and info.num_redelivered == 0)
+
+    await eventually(settled, timeout_s=10, what="the event acknowledged")
+    await event_log.caught_up()
+    await stays(lambda: len(_runs(event_log, "after-review")) == 1, settle_s=0.5, what="one run for the event")
+    (received,) = event_log.of_type("trigger.received")
+    assert received.data["source_event_id"] == event.id
+    assert len(event_log.of_type("trigger.accepted")) == 1
+    assert not event_log.of_type("trigger.rejected")
+    assert not event_log.of_type(DEAD_LETTERED)
+    assert (await bus.js.stream_info(DLQ_STREAM.name)).state.messages == 0
+    assert outcomes.seen == ["retried"] * (SYNC_DELIVERIES - 1) + ["acked"]
+
+
+async def test_through_the_consumer_a_lagging_store_redelivers_the_event_until_its_last_lagging_delivery_runs_it(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    """The lag of the unit tests above, driven by a real :class:`Consumer` on the real server: the watch of this
+    replica hangs on a trigger another replica just created, so every delivery of the event finds the store
+    ahead. The first delivery waits the full 2 s for it, the redeliveries (after the consumer's backoff)
+    0.1 s each, and the SYNC_DELIVERIES-th handles it with the triggers known: one run, acknowledged, never
+    dead-lettered, and nothing more once the watch catches up."""
+    await bus.ensure_consumer(CONSUMERS[DURABLE], ack_wait_s=ACK_WAIT_S)
+    async with _admin_only(gateway_settings, bus) as admin:
+        await _create(admin, _spec())
+    store = await TriggerStore.open(bus)
+    registry = _HeldWatch("just-created")
+    deliveries: list[tuple[int, float]] = []
+    outcomes = _Outcomes()
+    async with registry.watching(store):
+        assert registry.get("after-review") is not None
+        async with _admin_only(gateway_settings, bus) as admin:  # another replica: this one's watch hangs on it
+            await _create(admin, _spec("just-created", event_type="run.failed", filter={}, input=None, prompt=None))
+        async with asyncio.timeout(10):
+            await registry.holding.wait()  # the watch hangs on it
+        assert registry.applied < await store.last_revision()
+        event = _completed("run-lagging")
+        await bus.publish(event)
+        handler = EventTriggers(registry, Launcher(bus, retry_after_s=1), store=store)  # the gateway's 2 s wait
+        async with _consuming(bus, handler, deliveries, outcomes):
+            await _run_for_within(event_log, "after-review", event, timeout_s=30)
+            await _handled_once(bus, event_log, event, outcomes)
+            waits = list(registry.waits)  # the handler's (the test's own wait follows)
+            registry.release.set()
+            assert await registry.wait_for_store(await store.last_revision(), timeout_s=10)
+            await stays(lambda: len(deliveries) == SYNC_DELIVERIES, settle_s=1.0, what="no further delivery")
+    assert [n for n, _ in deliveries] == list(range(1, SYNC_DELIVERIES + 1))
+    # the first delivery waited the full 2 s for the watch, every redelivery only checked briefly
+    assert waits == [2.0] + [0.1] * (SYNC_DELIVERIES - 1), waits
+    assert deliveries[0][1] >= 1.9  # and that first wait really ran out (an asyncio timeout only runs long)
+    assert len(_runs(event_log, "after-review")) == 1
+
+
+async def test_through_the_consumer_an_unreadable_store_position_falls_back_at_the_last_lagging_delivery(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    """The trigger store's position cannot be read (its connection is gone: BusUnavailable at each delivery):
+    the real consumer redelivers the event with its backoff, and the SYNC_DELIVERIES-th delivery handles it with
+    the triggers known -- one run, acknowledged, never dead-lettered."""
+    await bus.ensure_consumer(CONSUMERS[DURABLE], ack_wait_s=ACK_WAIT_S)
+    async with _admin_only(gateway_settings, bus) as admin:
+        await _create(admin, _spec())
+    store = await TriggerStore.open(bus)
+    async with Bus.connect(gateway_settings.nats, name="test-gone") as gone:
+        unreadable = await TriggerStore.open(gone)
+    with pytest.raises(nats.errors.Error):
+        await unreadable.last_revision()
+    registry = TriggerRegistry(environ={}, agents=AGENTS)
+    deliveries: list[tuple[int, float]] = []
+    outcomes = _Outcomes()
+    async with registry.watching(store):
+        assert registry.get("after-review") is not None
+        event = _completed("run-unreadable-store")
+        await bus.publish(event)
+        handler = EventTriggers(registry, Launcher(bus, retry_after_s=1), store=unreadable)
+        async with _consuming(bus, handler, deliveries, outcomes):
+            await _run_for_within(event_log, "after-review", event, timeout_s=30)
+            await _handled_once(bus, event_log, event, outcomes)
+            await stays(lambda: len(deliveries) == SYNC_DELIVERIES, settle_s=1.0, what="no further delivery")
+    assert [n for n, _ in deliveries] == list(range(1, SYNC_DELIVERIES + 1))
 
 
 def test_the_lagging_fallback_comes_before_the_consumer_dead_letters() -> None:

@@ -28,9 +28,8 @@ treats a value it cannot parse as absent (tracing never makes an event unreadabl
 from __future__ import annotations
 
 import builtins
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar, overload
+from typing import Any, NamedTuple, TypeVar, overload
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import from_json, to_json
@@ -131,14 +130,16 @@ def make_event(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class EncodedEvent:
+class EncodedEvent(NamedTuple):
     """An event built for sending only (:func:`encode_event`): its data encoded once, straight from its model.
 
     What :func:`make_event` then :func:`encode` make of the same arguments, byte for byte, without the
     :class:`Envelope` in between (the data dumped to Python, the envelope validated around that dict, the dict
     encoded again): a writer's hot path that only sends the event uses it. ``attributes`` are the envelope's
-    attributes that are set, in :func:`encode`'s order; :meth:`envelope` reads it back as an :class:`Envelope`."""
+    attributes that are set, in :func:`encode`'s order; :meth:`envelope` reads it back as an :class:`Envelope`.
+
+    A named tuple (immutable, like the frozen dataclass it was): built three times per accepted webhook, and a
+    frozen dataclass sets each field through ``object.__setattr__`` (~11 k instructions against ~4 k, callgrind)."""
 
     id: str
     type: str
@@ -159,7 +160,7 @@ class EncodedEvent:
             attributes = {**attributes, "traceparent": traceparent}
             if tracestate:
                 attributes["tracestate"] = tracestate
-        return to_json(attributes)[:-1] + b',"data":' + self.data_json + b"}"
+        return b"".join((to_json(attributes)[:-1], b',"data":', self.data_json, b"}"))
 
     def envelope(self) -> Envelope:
         """The same event as an :class:`Envelope` (decoded from its wire form)."""
@@ -184,30 +185,30 @@ def encode_event(
     an aware ``time``): :func:`encode` then :func:`decode` gives what :func:`make_event` gives."""
     if not id or not source:
         raise ValueError("an event needs a non-empty id and source")
-    if time is not None and time.utcoffset() is None:  # the Envelope refuses a naive time: every decode would
+    if time is None:
+        time = datetime.now(UTC)
+    elif time.utcoffset() is None:  # the Envelope refuses a naive time: every decode would
         raise ValueError("an event's time must be timezone-aware")
-    attributes: dict[str, Any] = {
-        "id": id,
-        "source": source,
-        "type": data.EVENT_TYPE,
-        "specversion": "1.0",
-        "time": time or datetime.now(UTC),
-    }
+    event_type = data.EVENT_TYPE
+    attributes: dict[str, Any] = {"id": id, "source": source, "type": event_type, "specversion": "1.0", "time": time}
     if subject is not None:
         attributes["subject"] = subject
     attributes["datacontenttype"] = "application/json"
-    for name, value in (
-        ("runid", run_id),
-        ("correlationid", correlation_id or run_id),
-        ("causationid", causation_id),
-        ("actor", actor),
-        ("tenant", tenant),
-    ):
-        if value is not None:
-            attributes[name] = value
+    # the extensions that are set, in encode()'s order (written out: no tuple of pairs built per event)
+    if run_id is not None:
+        attributes["runid"] = run_id
+    correlation_id = correlation_id or run_id
+    if correlation_id is not None:
+        attributes["correlationid"] = correlation_id
+    if causation_id is not None:
+        attributes["causationid"] = causation_id
+    if actor is not None:
+        attributes["actor"] = actor
+    if tenant is not None:
+        attributes["tenant"] = tenant
     attributes["protocolversion"] = PROTOCOL_VERSION
     # the model's serializer straight to bytes (model_dump_json() is the same JSON, decoded to a str)
-    return EncodedEvent(id, data.EVENT_TYPE, source, run_id, attributes, data.__pydantic_serializer__.to_json(data))
+    return EncodedEvent(id, event_type, source, run_id, attributes, data.__pydantic_serializer__.to_json(data))
 
 
 _CORE = ("id", "source", "type", "specversion", "time", "subject", "datacontenttype")

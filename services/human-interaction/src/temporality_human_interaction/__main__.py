@@ -229,7 +229,7 @@ def configure(settings: Settings) -> Setup[Settings]:
             adapters[adapter.name] = await rt.resources.enter_async_context(adapter)
         if rt.metrics is not None and metrics is not None:
             metrics.watch_channels(adapters)
-            rt.metrics.refresh_every("human requests", functools.partial(metrics.refresh, rt.bus))
+            rt.metrics.refresh_every("human requests", functools.partial(metrics.refresh, rt.bus, mirror))
         log.info("channels.ready", channels=sorted(n for n, a in adapters.items() if a.available))
         policies = RunPolicies(rt.bus, wait_deliveries=rt.settings.policy_wait_deliveries, mirror=mirror)  # SEC-1
         # several runs' policies at once (each a create-if-absent of its own key): one at a time, a burst of
@@ -284,7 +284,17 @@ def configure(settings: Settings) -> Setup[Settings]:
             on_dead_letter=notifications.on_dead_letter,  # human.notification_failed
         )
         rt.http(
-            create_app(rt.settings, rt.bus, directory, inbound, store=store, auth=auth, egress=egress, voucher=voucher)
+            create_app(
+                rt.settings,
+                rt.bus,
+                directory,
+                inbound,
+                store=store,
+                auth=auth,
+                egress=egress,
+                voucher=voucher,
+                mirror=mirror,
+            )
         )
 
     return setup

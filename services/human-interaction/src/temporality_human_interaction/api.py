@@ -49,6 +49,7 @@ from temporality_human_interaction.directory_api import directory_router
 from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.inbox import list_inbox
+from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.records import HumanRequestRecord, is_request_id, open_store
 from temporality_human_interaction.settings import Settings
 from temporality_human_interaction.store import DirectoryStore
@@ -238,6 +239,7 @@ def create_app(
     auth: ApiAuth | None = None,
     egress: EgressPolicy | None = None,
     voucher: Voucher | None = None,
+    mirror: ChannelMirror | None = None,
 ) -> FastAPI:
     """The API over an already-connected ``bus`` (the caller owns its lifetime).
 
@@ -250,6 +252,9 @@ def create_app(
 
     What the inbox routes show passes through ``egress`` for the ``web`` channel (HUM-5, SEC-1): the stored
     request is already redacted; each text field is truncated to the web inbox's limit.
+
+    ``GET /inbox`` lists the caller's requests from ``mirror`` (the replica's mirror of ``human-channels``, once it
+    has caught up with the bucket: :func:`~.inbox.list_inbox`); without one, from a listing of the bucket.
     """
     policy = egress or DEFAULT_POLICY
     sink: AnswerSink = inbound or AnswerRouter(
@@ -298,7 +303,7 @@ def create_app(
     async def inbox(user: Caller) -> InboxView:
         async with bus_call("listing the inbox"):
             store = await open_store(bus)
-            pending = await list_inbox(bus, store, user)  # the per-recipient index (inbox.py), never a scan
+            pending = await list_inbox(bus, store, user, mirror)  # the run entries naming them (inbox.py), no scan
         now = datetime.now(UTC)
         return InboxView(user=user, requests=[InboxItem.of(shown(r), now) for r in pending])
 

@@ -1,28 +1,32 @@
-"""The per-recipient index of open requests, and the retention purge of ended ones (HUM-3).
+"""The inbox: a person's open requests, from the run entries; and the retention purge of ended ones (HUM-3).
 
-**Index.** ``open.<user id>.<request id>`` in ``human-channels`` (value: the request id and its deadline,
-``expires_at``) for every person who may answer a pending request: the recipient, a group's members, the
-escalation target and its members. ``GET /inbox`` reads only the caller's keys (a server-side filtered
-watch), never every request; the request gauges count the index (:func:`.metrics.count_open`) and read a
-record only for a request past its deadline.
+**Index.** The run entry of each request (``run.<run id>.<request id>`` in ``human-channels``, :mod:`.runs`) names
+everyone who may answer it (``answerers``: the recipient, a group's members, the escalation target and its
+members) besides its deadline, and says when it ended. ``GET /inbox`` lists the caller's open requests from the
+replica's mirror of the bucket (:meth:`.mirror.ChannelMirror.inbox`: the run entries not marked ended that name
+them), once the mirror has applied the bucket's last revision as of the call (:meth:`~.mirror.ChannelMirror.caught_up`:
+a request any replica took in before the call is there); without a mirror, or while its watch is down or behind,
+from a listing of ``run.>`` shared by the reads that wait for it (:class:`_RunListing`). Each request listed is read and shown while pending and the caller's to answer.
 
-* Written *before* the record (:func:`index_open` at intake, before the create; at escalation, before the
-  target is recorded), create-if-absent: a crash in between leaves an entry without a record, which the
-  inbox skips, never a pending record that is missing from its inbox.
-* Each entry says how many people the request is indexed under (``people``), so a lost one is seen.
-* Removed when the request ends (answered, expired, cancelled: :func:`unindex`, best effort), after its run
-  entry is marked ended (``ended_at``). An entry left behind (a crash, a failed delete) is harmless: the
-  inbox shows a request only when the record says it is pending and the caller may answer it, and drops
-  the stale entry as it goes; the sweep and the next start drop it too.
-* Completed at every start (:func:`rebuild_index`, idempotent): from one listing of the index (the snapshot of
+* Written *before* the record (:func:`.runs.index_new_request` at intake, before the create; at an escalation,
+  :func:`index_people` adds the target before it is recorded), create-if-absent then compare-and-set: a crash in
+  between leaves an entry without a record, which the inbox skips, never a pending record missing from an inbox.
+* Marked ended when the request ends (answered, expired, cancelled: :func:`unindex`, best effort): no inbox
+  lists it from then on. A lost mark is harmless: the inbox reads the record, does not show it and marks the
+  entry ended; the sweep and the next start mark it too.
+* Until 2026-12-06 the index was a key per person, ``open.<user id>.<request id>`` (created at intake, removed
+  at the end: two writes per person and loop, each delivered to every replica's mirror). Those an older
+  version wrote are still listed for their person (a rolling upgrade: an old replica's escalation) and dropped
+  once their request ended (by the end, when the mirror holds them; the inbox, the sweep, the next start).
+* Completed at every start (:func:`rebuild_index`, idempotent): from one listing of the bucket (the snapshot of
   the retention sweep's :mod:`.mirror`: a start lists ``human-channels`` once) and of the request keys only
-  until a start found every stored request with a run entry (:data:`RUN_ENTRIES_KEY`); only what the index
-  cannot vouch for is read (see there): never a request whose run entry says it ended, nor twice one that
-  was never stored; two replicas doing it at once agree.
+  until a start found every stored request with a run entry (:data:`RUN_ENTRIES_KEY`); only what the run
+  entries cannot vouch for is read (see there): never a request whose run entry says it ended, nor twice one
+  that was never stored; two replicas doing it at once agree.
 
 **Retention.** An ended request (answered / expired / cancelled) is kept ``retention`` after it ended — and
 at least until its deadline passed, so no timer of it is still to fire — then purged: its channel
-references (Telegram token and message keys, Matrix event keys, the run and inbox index entries) first, the
+references (Telegram token and message keys, Matrix event keys, an older version's inbox entries, the run entry) first, the
 record last, with a compare-and-set on the revision read (a record that changed meanwhile is left for the
 next sweep). The sweep lists no request key and reads only the records that may be due: each request's run
 entry (``run.<run>.<id>``) carries its ``expires_at`` (and ``ended_at``), and nothing is purged before
@@ -36,8 +40,10 @@ timers consumer gives each firing to one replica, and every replica arms the sam
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -47,10 +53,10 @@ import structlog
 from nats.js.errors import KeyWrongLastSequenceError
 from pydantic import ValidationError
 
-from temporality_bus import Bus, PublishResult, live_entries, live_keys
-from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ids_of, ref_key
+from temporality_bus import Bus, Contended, PublishResult, TransientError, live_entries
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
 from temporality_human_interaction.directory import user_id_of
-from temporality_human_interaction.mirror import ChannelEntry, ChannelMirror, to_channel_entry
+from temporality_human_interaction.mirror import ANYONE, ChannelEntry, ChannelMirror, listed_for, to_channel_entry
 from temporality_human_interaction.records import HumanRequestRecord, RequestStore, is_request_id, open_store
 from temporality_human_interaction.timers import human_timers
 from temporality_protocol import Envelope, derive_id
@@ -68,12 +74,11 @@ __all__ = [
     "answerers",
     "arm_sweep",
     "channel_entries",
+    "inbox_entries",
     "inbox_key",
-    "index_open",
     "index_people",
     "is_sweep",
     "list_inbox",
-    "open_requests_of",
     "rebuild_index",
     "stale_references",
     "unindex",
@@ -84,6 +89,10 @@ log = structlog.get_logger(__name__)
 #: The retention sweep's timer key (never a request id's: those have no dot, and ``.retention`` is no suffix).
 SWEEP_KEY = "_sweep.retention"
 _LIST_TIMEOUT_S = 5.0
+#: :func:`index_people` tries its compare-and-set this many times (each a read and a write) before giving up.
+_NAME_ATTEMPTS = 5
+#: How long the inbox waits for the mirror to apply the bucket's last revision (then: one listing instead).
+_INBOX_CATCH_UP_S = 2.0
 #: Reading the sweep's listing of ``human-channels`` waits this long for each next entry (then: retried).
 _SWEEP_LIST_TIMEOUT_S = 60.0
 
@@ -102,27 +111,29 @@ def answerers(record: HumanRequestRecord) -> list[str]:
 
 
 async def index_people(bus: Bus, record: HumanRequestRecord, people: list[str]) -> None:
-    """Index ``record`` under each of ``people`` (``user:<id>``), with its deadline and how many people it is
-    indexed under in all (its answerers and ``people``): create-if-absent."""
+    """List ``record`` in the inbox of each of ``people`` (``user:<id>``) too: added to the answerers its run entry
+    names (create-if-absent, else a compare-and-set -- tried again when it loses; one write, whoever they are).
+    Nothing is written when the entry names them all already or says the request ended."""
+    users = [p for p in dict.fromkeys([*answerers(record), *people]) if user_id_of(p) is not None]
+    key = ref_key("run", record.run_id, record.request_id)
     refs = ChannelRefs(bus)
-    users = [p for p in people if user_id_of(p) is not None]
-    total = len({*answerers(record), *users})
-    for person in users:
-        await refs.claim(
-            inbox_key(person, record.request_id), record.request_id, expires_at=record.expires_at, people=total
-        )
-
-
-async def index_open(bus: Bus, record: HumanRequestRecord) -> None:
-    """Index ``record`` under everyone who may answer it (create-if-absent: a repeat is a no-op)."""
-    await index_people(bus, record, answerers(record))
+    for attempt in range(_NAME_ATTEMPTS + 1):  # a compare-and-set that lost to another write of the entry: again
+        named = await refs.get_ref(key)
+        if named is not None and named.ended_at is not None:
+            return  # its request ended: no inbox lists it any more, nobody to name (no write)
+        if named is not None and set(users) <= set(named.answerers or ()):
+            return
+        if attempt < _NAME_ATTEMPTS:
+            await index_request_entry(bus, record, users)
+    raise TransientError(f"{key}: could not name {users} on it ({_NAME_ATTEMPTS} attempts)")
 
 
 async def unindex(bus: Bus, record: HumanRequestRecord, mirror: ChannelMirror | None = None) -> None:
-    """The request ended: mark its run entry ended (``ended_at``, and how: ``ended``), then drop its inbox
-    entries. Best effort: a lost mark is found by the next start (:func:`rebuild_index`) or sweep, a stale inbox
-    entry is skipped by the inbox and dropped there, at the next start or by the sweep. ``mirror``: the run
-    entry's mark is a compare-and-set on the revision the mirror holds (no read; a stale one reads the entry)."""
+    """The request ended: mark its run entry ended (``ended_at``, and how: ``ended``): no inbox lists it from then
+    on. Best effort: a lost mark is found by the inbox (which reads the record), the next start
+    (:func:`rebuild_index`) or sweep. ``mirror``: the mark is a compare-and-set on the revision the mirror holds (no
+    read; a stale one reads the entry); an older version's inbox entries (``open.*``) the mirror holds are
+    dropped (one it does not hold yet is dropped by the sweep)."""
     refs = ChannelRefs(bus)
     key = ref_key("run", record.run_id, record.request_id)
     mirrored = mirror.get(key) if mirror is not None else None
@@ -135,36 +146,145 @@ async def unindex(bus: Bus, record: HumanRequestRecord, mirror: ChannelMirror | 
         )
     except Exception as exc:
         log.warning("inbox.mark_ended_failed", request_id=record.request_id, error=repr(exc))
+    if mirror is None:
+        return
     for person in answerers(record):
+        legacy = mirror.get(inbox_key(person, record.request_id))
+        if legacy is None:
+            continue
         try:
-            await refs.delete(inbox_key(person, record.request_id))
+            await _drop(bus, [legacy])
         except Exception as exc:
             log.warning("inbox.unindex_failed", request_id=record.request_id, person=person, error=repr(exc))
 
 
-async def open_requests_of(bus: Bus, user: str) -> list[str]:
-    """The request ids indexed under ``user``: a server-side filtered listing of ``open.<user>.*`` (a long id's
-    entry, keyed by its hash, read for the id)."""
+async def inbox_entries(bus: Bus, user: str, mirror: ChannelMirror | None = None) -> list[ChannelEntry]:
+    """The entries ``user``'s inbox may list (:meth:`.mirror.ChannelMirror.inbox`): from ``mirror`` once it has
+    applied the bucket's last revision as of this call (so a request taken in by any replica before it is
+    there), else (no mirror, its watch down or behind) from a listing of the run entries -- one shared by the
+    calls waiting for it (:class:`_RunListing`) -- and one of the older version's ``open.<user>.*`` entries."""
+    if mirror is not None and await mirror.caught_up(_INBOX_CATCH_UP_S):
+        return mirror.inbox(user)
+    runs = await _run_listing(bus).entries(bus)
     kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
-    keys = await live_keys(kv, f"{ref_key('open', user)}.*", timeout_s=_LIST_TIMEOUT_S)
-    return sorted(await ids_of(ChannelRefs(bus), keys))
+    older = await live_entries(kv, f"{ref_key('open', user)}.*", timeout_s=_LIST_TIMEOUT_S, usually_empty=True)
+    listed = [*runs, *(found for entry in older if (found := to_channel_entry(entry)) is not None)]
+    mine = {ref_key(user), ANYONE}
+    return [e for e in listed if mine & set(listed_for(e))]
 
 
-async def list_inbox(bus: Bus, store: RequestStore, user: str) -> list[HumanRequestRecord]:
-    """``user``'s pending requests (their own, their groups', escalated to them), newest first, from the index."""
+class _RunListing:
+    """The inbox's listing of ``run.>`` when the mirror cannot answer, one at a time per connection, its result
+    shared by every call that waits for it: while one is under way, the calls that come meanwhile share the
+    next one (which begins after them -- the one under way may miss a run entry written just before they came),
+    so each call still sees every run entry written before it, and a burst of calls lists the bucket twice at
+    most, not once per call."""
+
+    def __init__(self) -> None:
+        #: The listing under way, and the one the calls that came meanwhile wait for (it begins after it).
+        self._running: asyncio.Task[list[ChannelEntry]] | None = None
+        self._next: asyncio.Task[list[ChannelEntry]] | None = None
+
+    async def entries(self, bus: Bus) -> list[ChannelEntry]:
+        if self._next is None or self._next.done():  # (done: cancelled before it began)
+            self._next = asyncio.create_task(self._list(bus, self._running))
+            self._next.add_done_callback(_retrieved)
+            self._next.add_done_callback(self._forget)
+        # shielded: a call that goes away (its client hung up) does not cancel the others' listing
+        return await asyncio.shield(self._next)
+
+    async def _list(self, bus: Bus, before: asyncio.Task[list[ChannelEntry]] | None) -> list[ChannelEntry]:
+        if before is not None:
+            await asyncio.wait({before})  # (its outcome is its own callers')
+            # not kept in this frame: a failed listing's traceback holds its frame, so each failure would hold the
+            # one before it (and its bus) for as long as the failures go on
+            del before
+        # from here on, a call that comes waits for the listing after this one
+        self._running, self._next = self._next, None
+        kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+        listed = await live_entries(kv, "run.>", timeout_s=_LIST_TIMEOUT_S)
+        return [found for entry in listed if (found := to_channel_entry(entry)) is not None]
+
+    def _forget(self, task: asyncio.Task[list[ChannelEntry]]) -> None:
+        """A listing that is over is not kept (its result -- every run entry -- or its failure): its callers have
+        it, and the next listing has nothing to wait for."""
+        if self._running is task:
+            self._running = None
+        if self._next is task:
+            self._next = None
+
+
+async def _mark_ended_or_later(refs: ChannelRefs, key: str, ended_at: datetime, record: HumanRequestRecord) -> None:
+    """The start's and the sweep's end mark: one that keeps losing its compare-and-set (:class:`Contended`) is
+    left to the next sweep or start, logged, instead of failing the start or cutting the sweep short."""
+    try:
+        await refs.mark_ended(key, ended_at, record.status.value)
+    except Contended as exc:
+        log.warning("inbox.mark_ended_contended", request_id=record.request_id, error=repr(exc))
+
+
+def _retrieved(task: asyncio.Task[list[ChannelEntry]]) -> None:
+    """A shared listing's failure is its callers' (raised to each); marked seen when none is left to see it."""
+    if not task.cancelled():
+        task.exception()
+
+
+_RUN_LISTINGS: weakref.WeakKeyDictionary[Bus, _RunListing] = weakref.WeakKeyDictionary()
+
+
+def _run_listing(bus: Bus) -> _RunListing:
+    listing = _RUN_LISTINGS.get(bus)
+    if listing is None:
+        listing = _RUN_LISTINGS[bus] = _RunListing()  # (no reference to the bus: it would never be dropped)
+    return listing
+
+
+async def list_inbox(
+    bus: Bus, store: RequestStore, user: str, mirror: ChannelMirror | None = None
+) -> list[HumanRequestRecord]:
+    """``user``'s pending requests (their own, their groups', escalated to them), newest first: the records of the
+    run entries naming them (:func:`inbox_entries`), each read -- shown while pending and theirs to answer.
+
+    What it finds out of date it repairs as it goes (compare-and-set on the entry as listed): a run entry whose
+    request ended (its mark was lost) is marked ended, an older version's entry is given the answerers (a pending
+    request) or dropped (an inbox entry of an ended one)."""
     refs = ChannelRefs(bus)
-    found: list[HumanRequestRecord] = []
-    for request_id in await open_requests_of(bus, user):
-        got = await store.get(request_id)
-        if got is None:  # indexed before its record was stored (or purged): not shown, left alone
+    found: dict[str, HumanRequestRecord] = {}
+    records: dict[str, HumanRequestRecord | None] = {}
+    for entry in await inbox_entries(bus, user, mirror):
+        request_id = entry.value
+        if request_id not in records:
+            got = await store.get(request_id)
+            records[request_id] = got.value if got is not None else None
+        record = records[request_id]
+        if record is None:  # indexed before its record was stored (or purged): not shown, left alone
             continue
-        record = got.value
+        run_entry = entry.key.startswith("run.")
         if record.pending and record.may_answer(user):
-            found.append(record)
-        elif not record.pending:
-            await refs.delete(inbox_key(user, request_id))  # a removal that was lost: done now
-    found.sort(key=lambda r: (r.created_at, r.request_id), reverse=True)
-    return found
+            found[request_id] = record
+        try:  # a repair that fails is left for the next read, the sweep or the next start: the read answers
+            await _repair(bus, refs, entry, record, run_entry)
+        except Exception as exc:
+            log.warning("inbox.repair_failed", key=entry.key, request_id=request_id, error=repr(exc))
+    return sorted(found.values(), key=lambda r: (r.created_at, r.request_id), reverse=True)
+
+
+async def _repair(
+    bus: Bus, refs: ChannelRefs, entry: ChannelEntry, record: HumanRequestRecord, run_entry: bool
+) -> None:
+    """What :func:`list_inbox` finds out of date in ``entry`` (``record``'s), written (compare-and-set)."""
+    if record.pending:
+        if run_entry and entry.answerers is None:  # an older version's: its answerers, so it is read no more
+            await refs.fill(entry.key, entry.ref(), entry.revision, answerers=answerers(record))
+    elif run_entry:  # its end's mark was lost: done now
+        await refs.mark_ended(
+            entry.key,
+            record.ended_at or datetime.now(UTC),
+            record.status.value,
+            known=(entry.ref(), entry.revision),
+        )
+    else:
+        await _drop(bus, [entry])  # an older version's inbox entry, its removal lost: done now
 
 
 @dataclass(frozen=True)
@@ -203,17 +323,16 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None, entries: list[
     A record is read only when the index cannot vouch for it:
 
     * its run entry (``run.<run>.<id>``) is missing (only the listing of the request keys finds such a
-      record) or has no ``expires_at``, or one of its inbox entries lacks the deadline or the count of
-      people (``people``): stored by an older version;
-    * it has fewer inbox entries than its entries say it is indexed under (a member's entry was lost);
-    * its deadline is ahead, its run entry does not say it ended, and it has no inbox entry at all (its
-      entries were lost, or it ended and the mark was lost).
+      record) or has no ``expires_at``: stored by an older version;
+    * its run entry does not say it ended and names nobody who may answer it (``answerers``: an older
+      version's; every inbox would read it until then).
 
-    A run entry that says the request ended (``ended_at``, written when it ended) is never read: its inbox
-    entries, if any are left, are dropped. A record read is indexed again (idempotent, compare-and-set): its
-    run entry dated, its inbox entries dated and counted; while it is pending, every answerer's entry
-    created; once it ended, its run entry marked ended and its inbox entries dropped, so the next start
-    need not read it. A request read and not stored whose entries are all older than
+    A run entry that says the request ended (``ended_at``, written when it ended) is never read: an older
+    version's inbox entries of it, if any are left, are dropped. A record read is indexed again (idempotent,
+    compare-and-set): its run entry dated; while it is pending, its answerers named; once it ended, its run entry
+    marked ended and an older version's inbox entries dropped, so the next start need not read it. An older
+    version's inbox entries of a pending request are left for that version's inbox (a rolling upgrade).
+    A request read and not stored whose entries are all older than
     :data:`NEVER_STORED_AFTER` has its run and inbox entries dropped (it was never stored: the next start
     need not read it). Every replica does this at start; two doing it at once agree."""
     store = await open_store(bus)
@@ -228,19 +347,15 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None, entries: list[
             opens.setdefault(e.value, []).append(e)
     wanted: set[str] = set()
     dropped = 0
-    for request_id, mine in opens.items():
+    for request_id, mine in opens.items():  # an older version's inbox entries
         run = runs.get(request_id)
         if run is not None and run.ended_at is not None:  # ended: the removal of these was lost
             dropped += await _drop(bus, mine)
-        elif any(e.expires_at is None or e.people is None for e in mine):
-            wanted.add(request_id)
-        elif len(mine) < max(e.people or 0 for e in mine):
-            wanted.add(request_id)  # one of its people's entries was lost
     for request_id, run in runs.items():
         if run.expires_at is None:
             wanted.add(request_id)  # an older version's run entry: dated below
-        elif run.ended_at is None and run.expires_at > now and request_id not in opens:
-            wanted.add(request_id)
+        elif run.ended_at is None and run.answerers is None:
+            wanted.add(request_id)  # an older version's: who may answer it, below (every inbox reads it until then)
     listed = not any(e.key == RUN_ENTRIES_KEY for e in entries)
     unlisted = 0  # stored requests the run index does not know
     if listed:
@@ -256,19 +371,13 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None, entries: list[
             continue
         read += 1
         record = got.value
-        await index_request_entry(bus, record)
-        count = len(answerers(record))
-        for e in opens.get(request_id, []):  # whoever it is under (the pending ones' answerers: below)
-            ref = ChannelRef(value=e.value, created_at=e.created_at, expires_at=e.expires_at, people=e.people)
-            await refs.fill(e.key, ref, e.revision, expires_at=record.expires_at, people=count)
         if record.pending:
-            await index_open(bus, record)
+            await index_request_entry(bus, record, answerers(record))
             pending += 1
         else:
-            await refs.mark_ended(
-                ref_key("run", record.run_id, record.request_id),
-                record.ended_at or record.expires_at,
-                record.status.value,
+            await index_request_entry(bus, record)
+            await _mark_ended_or_later(
+                refs, ref_key("run", record.run_id, record.request_id), record.ended_at or record.expires_at, record
             )
             dropped += await _drop(bus, opens.get(request_id, []))
     if listed and not unlisted:
@@ -310,10 +419,14 @@ async def _drop(bus: Bus, entries: list[ChannelEntry]) -> int:
     return gone
 
 
-async def index_request_entry(bus: Bus, record: HumanRequestRecord) -> None:
-    """``run.<run id>.<request id>`` with the deadline (as :func:`.runs.index_request` writes it)."""
+async def index_request_entry(bus: Bus, record: HumanRequestRecord, people: list[str] | None = None) -> None:
+    """``run.<run id>.<request id>`` with the deadline (as :func:`.runs.index_request` writes it) and ``people``
+    added to its answerers (None: left as they are)."""
     await ChannelRefs(bus).claim(
-        ref_key("run", record.run_id, record.request_id), record.request_id, expires_at=record.expires_at
+        ref_key("run", record.run_id, record.request_id),
+        record.request_id,
+        expires_at=record.expires_at,
+        answerers=people,
     )
 
 
@@ -515,9 +628,7 @@ class RetentionSweeper:
         those whose run entry has no deadline (an older version's: dated here). The purge deletes the run
         entry last, so a crash part-way leaves it for the next sweep.
 
-        Along the way it repairs the inbox index (no longer the gauges' job): the inbox entries of a request
-        that ended are dropped, and an entry an older version wrote (no deadline, no count) is read and
-        completed. A reference whose request has no run entry is dropped only once a read confirms that
+        Along the way it drops an older version's inbox entries (``open.*``) of a request that ended. A reference whose request has no run entry is dropped only once a read confirms that
         request is not stored."""
         store = await open_store(self._bus)
         refs = ChannelRefs(self._bus)
@@ -537,7 +648,10 @@ class RetentionSweeper:
             run_part = run.key.split(".")[1]
             if run.expires_at is not None:
                 earliest = max(run.expires_at, run.ended_at or run.expires_at) + self.retention
-                if now < earliest:
+                # past its deadline and not marked ended: normally none (expired: marked); its end's mark was lost
+                # (the gauges read it at every refresh until then), or it is overdue -- read, marked if it ended
+                unmarked = run.ended_at is None and run.expires_at <= now
+                if now < earliest and not unmarked:
                     kept[request_id] = run_part  # not due yet: not read
                     continue
             got = await store.get(request_id)
@@ -547,31 +661,19 @@ class RetentionSweeper:
                 continue
             record = got.value
             due = self.due(record)
-            if due is not None and now >= due and await self._purge(record, got.revision):
+            if due is not None and now >= due and await self._purge(record, got.revision, opens.get(request_id, [])):
                 purged += 1
                 continue
             kept[request_id] = record.run_id
             if run.expires_at is None or (run.ended_at is None and not record.pending):
                 await index_request_entry(self._bus, record)
                 if not record.pending:
-                    await refs.mark_ended(run.key, record.ended_at or record.expires_at, record.status.value)
+                    await _mark_ended_or_later(refs, run.key, record.ended_at or record.expires_at, record)
         dropped = 0
-        for request_id, mine in opens.items():
+        for request_id, mine in opens.items():  # an older version's inbox entries (read by its inbox until upgraded)
             its_run = runs.get(request_id)
             if its_run is not None and its_run.ended_at is not None:
                 dropped += await _drop(self._bus, mine)  # the request ended, the removal was lost
-            elif any(e.expires_at is None or e.people is None for e in mine) and request_id not in gone:
-                got = await store.get(request_id)
-                read += 1
-                if got is None:
-                    continue  # an entry whose record never came: a reference of a request not stored (below)
-                if not got.value.pending:
-                    dropped += await _drop(self._bus, mine)
-                    continue
-                count = len(answerers(got.value))
-                for e in mine:
-                    ref = ChannelRef(value=e.value, created_at=e.created_at, expires_at=e.expires_at, people=e.people)
-                    await refs.fill(e.key, ref, e.revision, expires_at=got.value.expires_at, people=count)
         if purged or read or dropped or self.last_resumed:  # keys were purged or written since: list again
             entries = await self._entries()
         checked = await self._confirm_gone(store, entries, kept, gone, now)
@@ -655,9 +757,10 @@ class RetentionSweeper:
         if stale:
             log.info("retention.references_purged", count=len(stale))
 
-    async def _purge(self, record: HumanRequestRecord, revision: int) -> bool:
+    async def _purge(self, record: HumanRequestRecord, revision: int, legacy: list[ChannelEntry]) -> bool:
+        """``legacy``: the older version's inbox entries of the request, as listed (none written since)."""
         refs = ChannelRefs(self._bus)
-        keys = [inbox_key(p, record.request_id) for p in answerers(record)]
+        keys = [e.key for e in legacy]
         token = await refs.get(ref_key("telegram", "req", record.request_id))
         if token is not None:
             keys += [ref_key("telegram", "token", token), ref_key("telegram", "req", record.request_id)]

@@ -26,9 +26,10 @@
                                                    pending request is (0: none)
 =================================================  ==================================================
 
-The three request gauges are whole-system numbers counted from the inbox index of open requests (``open.*``
-in ``human-channels``, one listing; each entry carries its request's deadline, so a record is read only for
-a request past its deadline, :func:`count_open`; read-only: the index repair is the start's and the sweep's)
+The three request gauges are whole-system numbers counted from the run entries of ``human-channels`` whose
+request has not ended (``run.<run>.<id>``, from the replica's mirror of the bucket once caught up, else one
+listing; each entry carries its request's deadline, so a record is read only for a request past its deadline,
+:func:`count_open`; read-only: the index repair is the start's, the sweep's and the inbox's)
 every ``STATE_REFRESH_S`` seconds by every replica:
 aggregate them with ``max()``, never ``sum()``. The counters and the histogram are per replica: ``sum()``.
 The channel gauge is per replica: a channel down on one replica fails that replica's deliveries.
@@ -44,10 +45,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
-from pydantic import ValidationError
-
 from temporality_bus import Bus, live_entries
-from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS
+from temporality_human_interaction.mirror import ChannelMirror, to_channel_entry
 from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
 from temporality_protocol import HumanRequestState
 from temporality_service import ServiceMetrics
@@ -137,9 +137,9 @@ class HumanMetrics:
         self._wait.labels(self._service, outcome).observe(record.waited_s(record.ended_at or datetime.now(UTC)))
 
     # ------------------------------------------------------------------ whole system (max() across replicas)
-    async def refresh(self, bus: Bus) -> None:
-        """Count the pending requests (and those past their deadline) from the index of open requests."""
-        counts = await count_open(bus, datetime.now(UTC))
+    async def refresh(self, bus: Bus, mirror: ChannelMirror | None = None) -> None:
+        """Count the pending requests (and those past their deadline) from the run entries (``mirror``'s)."""
+        counts = await count_open(bus, datetime.now(UTC), mirror)
         self._waiting.labels(self._service).set(counts.waiting)
         self._overdue.labels(self._service).set(counts.overdue)
         self._overdue_s.labels(self._service).set(round(counts.worst_s, 3))
@@ -155,33 +155,30 @@ class OpenCounts:
     read: int
 
 
-async def count_open(bus: Bus, now: datetime) -> OpenCounts:
-    """One listing of ``open.*``: each request indexed there (once, whoever it is indexed under) counts as
-    waiting, by the deadline its entries carry. Only a request past its deadline is read (it should have
-    expired: is it still pending?), and one whose entries have no deadline (an older version wrote them).
+async def count_open(bus: Bus, now: datetime, mirror: ChannelMirror | None = None) -> OpenCounts:
+    """The run entries (``run.<run>.<id>``) not marked ended: each counts as waiting, by the deadline it carries --
+    from ``mirror`` once it has applied the bucket's last revision, else one listing of ``run.>``. Only a request
+    past its deadline is read (it should have expired: is it still pending?), and one whose entry has no deadline
+    (an older version wrote it).
 
-    Read-only: every replica refreshes the gauges, so nothing here writes. A stale entry (its request
-    ended, the removal was lost) counts as waiting until its deadline, then is read and not counted; the
-    retention sweep and the next start drop it, and date an older version's entries
+    Read-only: every replica refreshes the gauges, so nothing here writes. A stale entry (its request ended,
+    the mark was lost) counts as waiting until its deadline, then is read and not counted; the inbox, the
+    retention sweep and the next start mark it, and date an older version's entries
     (:func:`.inbox.rebuild_index`, :meth:`.inbox.RetentionSweeper.sweep`)."""
-    kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+    if mirror is not None and await mirror.caught_up():
+        entries = mirror.pending_runs()  # (kept by the mirror: no sort of every key at each refresh)
+    else:
+        kv = await bus.kv(BUCKET_HUMAN_CHANNELS)
+        entries = [found for entry in await live_entries(kv, "run.>") if (found := to_channel_entry(entry))]
     deadlines: dict[str, datetime | None] = {}
-    undated: set[str] = set()
-    for entry in await live_entries(kv, "open.>"):
-        try:
-            ref = ChannelRef.model_validate_json(entry.value or b"")
-        except ValidationError:
-            continue
-        if ref.expires_at is None:
-            undated.add(ref.value)
-            deadlines.setdefault(ref.value, None)
-        else:
-            deadlines[ref.value] = ref.expires_at
+    for entry in entries:
+        if entry.ended_at is None:
+            deadlines[entry.value] = entry.expires_at
     store: RequestStore | None = None
     waiting = overdue = read = 0
     worst = 0.0
     for request_id, expires_at in deadlines.items():
-        if expires_at is not None and expires_at > now and request_id not in undated:
+        if expires_at is not None and expires_at > now:
             waiting += 1  # before its deadline: counted from the index alone
             continue
         store = store or await open_store(bus)

@@ -42,9 +42,9 @@ from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from temporality_bus import Bus, KvWatch, entry_value
-from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ref_key
 
-__all__ = ["ChannelEntry", "ChannelMirror", "to_channel_entry"]
+__all__ = ["ANYONE", "ChannelEntry", "ChannelMirror", "listed_for", "to_channel_entry"]
 
 log = structlog.get_logger(__name__)
 
@@ -70,6 +70,8 @@ class ChannelEntry:
     ended_at: datetime | None = None
     #: On a run entry: the state its request ended in (None: pending, or marked by an older version).
     ended: str | None = None
+    #: On a run entry: who may answer its request (None: an older version's entry, or not a run entry).
+    answerers: tuple[str, ...] | None = None
 
     def ref(self) -> ChannelRef:
         """The entry as stored (what the mirror keeps of it): the base of a compare-and-set on :attr:`revision`."""
@@ -80,6 +82,7 @@ class ChannelEntry:
             people=self.people,
             ended_at=self.ended_at,
             ended=self.ended,
+            answerers=list(self.answerers) if self.answerers is not None else None,
         )
 
 
@@ -113,7 +116,30 @@ def to_channel_entry(entry: KeyValue.Entry) -> ChannelEntry | None:
         ref.people,
         ref.ended_at,
         ref.ended,
+        tuple(ref.answerers) if ref.answerers is not None else None,
     )
+
+
+#: In :func:`listed_for`: the pending run entries that name no answerers (an older version's), which
+#: may be anyone's (never a key part: those are ``[A-Za-z0-9_-]``).
+ANYONE = "*"
+
+
+def listed_for(entry: ChannelEntry) -> tuple[str, ...]:
+    """Whose inbox may list ``entry`` (each person as a key part, :func:`~.channels.refs.ref_key`): a pending run
+    entry's answerers (:data:`ANYONE` when it names none), the person of an older version's ``open.<user>.<id>``;
+    nobody's for an ended run entry or any other key."""
+    if entry.key.count(".") != 2:
+        return ()
+    if entry.key.startswith("run."):
+        if entry.ended_at is not None:
+            return ()
+        if entry.answerers is None:
+            return (ANYONE,)
+        return tuple(ref_key(a) for a in entry.answerers)
+    if entry.key.startswith("open."):
+        return (entry.key.split(".")[1],)
+    return ()
 
 
 class ChannelMirror:
@@ -126,6 +152,12 @@ class ChannelMirror:
         #: The keys under each ``run.<run>`` and ``parked.<run>`` (a run's requests, its parked requests), so
         #: :meth:`children` finds them without going through every key.
         self._children: dict[str, set[str]] = {}
+        #: The keys each person's inbox may list (:func:`listed_for`: pending run entries naming them, an older
+        #: version's inbox entries), by the person as a key part, so :meth:`inbox` does not go through every key.
+        self._inboxes: dict[str, set[str]] = {}
+        #: The run entries (``run.<run>.<id>``) not marked ended, so the gauges count them without going through
+        #: (and sorting) every key.
+        self._pending_runs: set[str] = set()
         #: The highest revision applied (a delete counts too: it is a message of the bucket's stream).
         self.revision = 0
         #: How many keys the watch has delivered since it started, its snapshots included: what the mirror read.
@@ -155,9 +187,18 @@ class ChannelMirror:
         if found is None:  # deleted, purged, or not a reference
             self._drop(str(entry.key))
         else:
+            before = self._entries.get(found.key)
+            if before is not None:
+                self._unlist(before)
             self._entries[found.key] = found
             if (parent := _parent(found.key)) is not None:
                 self._children.setdefault(parent, set()).add(found.key)
+            for person in listed_for(found):
+                self._inboxes.setdefault(person, set()).add(found.key)
+            if found.ended_at is None and found.key.startswith("run.") and found.key.count(".") == 2:
+                self._pending_runs.add(found.key)
+            else:
+                self._pending_runs.discard(found.key)
         while self._waiters and self._waiters[0][0] <= self.revision:
             waiter = heapq.heappop(self._waiters)[2]
             if not waiter.done():  # (one that timed out is cancelled)
@@ -169,12 +210,26 @@ class ChannelMirror:
             self._drop(key)
 
     def _drop(self, key: str) -> None:
-        if self._entries.pop(key, None) is not None and (parent := _parent(key)) is not None:
+        gone = self._entries.pop(key, None)
+        if gone is None:
+            return
+        self._pending_runs.discard(key)
+        self._unlist(gone)
+        if (parent := _parent(key)) is not None:
             siblings = self._children.get(parent)
             if siblings is not None:
                 siblings.discard(key)
                 if not siblings:
                     del self._children[parent]
+
+    def _unlist(self, entry: ChannelEntry) -> None:
+        """Take ``entry`` out of the inboxes it is listed in."""
+        for person in listed_for(entry):
+            listed = self._inboxes.get(person)
+            if listed is not None:
+                listed.discard(entry.key)
+                if not listed:
+                    del self._inboxes[person]
 
     async def caught_up(self, timeout_s: float = CATCH_UP_TIMEOUT_S) -> bool:
         """Whether the mirror holds the bucket as of now: the watch runs and has applied the bucket's last
@@ -207,13 +262,26 @@ class ChannelMirror:
         if self.revision >= revision:
             return True
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (revision, next(self._tickets), waiter))
+        item = (revision, next(self._tickets), waiter)
+        heapq.heappush(self._waiters, item)
         try:
             async with asyncio.timeout(timeout_s):
                 await waiter
         except TimeoutError:
+            self._forget_waiter(item)
             return False
+        except BaseException:  # cancelled: not kept in the heap either
+            self._forget_waiter(item)
+            raise
         return True
+
+    def _forget_waiter(self, item: tuple[int, int, asyncio.Future[None]]) -> None:
+        """Take a waiter that gave up out of the heap (else it stays until the watch reaches its revision)."""
+        try:
+            self._waiters.remove(item)
+        except ValueError:  # woken (popped) meanwhile
+            return
+        heapq.heapify(self._waiters)
 
     def get(self, key: str) -> ChannelEntry | None:
         """The entry under ``key`` as the watch last delivered it, or None (absent, or not delivered yet).
@@ -227,6 +295,18 @@ class ChannelMirror:
         """The entries under ``parent`` (``run.<run>`` or ``parked.<run>``: the keys ``<parent>.<request id>``) as
         the watch last delivered them -- with :meth:`reached`, what a listing of ``<parent>.*`` would show."""
         return [self._entries[key] for key in sorted(self._children.get(parent, ()))]
+
+    def inbox(self, user: str) -> list[ChannelEntry]:
+        """The entries ``user`` (``user:<id>``)'s inbox may list, as the watch last delivered them: the pending run
+        entries that name them among their answerers or name none (an older version's), and an older version's
+        ``open.<user>.*`` entries. With :meth:`caught_up`, what a listing of the bucket would show; each still
+        needs its record (pending? may they answer?) -- :func:`.inbox.list_inbox`."""
+        keys = self._inboxes.get(ref_key(user), set()) | self._inboxes.get(ANYONE, set())
+        return [self._entries[key] for key in sorted(keys)]
+
+    def pending_runs(self) -> list[ChannelEntry]:
+        """The run entries (``run.<run>.<id>``) not marked ended, as the watch last delivered them, in no order."""
+        return [self._entries[key] for key in self._pending_runs]
 
     def entries(self) -> list[ChannelEntry]:
         """The mirrored entries in revision order (the order a listing gives)."""

@@ -11,7 +11,7 @@ the I/O in an order where every step is idempotent under redelivery:
    Not projected yet: retried with backoff, then refused.
 2. Persist the record first (create-if-absent; on redelivery continue with the stored one), so an
    answer arriving before the notification is never lost. Just before, index it under its run
-   (``runs.index_request``) and its answerers (``inbox.index_open``), each entry with the deadline; if the
+   (``runs.index_request``: with the deadline and who may answer it, the inbox's index too); if the
    run already ended, cancel it here.
 3. Arm the deadline as a JetStream message schedule (deterministic ``Nats-Msg-Id``: a repeat is
    deduplicated, and the deadline handler ignores a request that is no longer pending) *before*
@@ -73,7 +73,7 @@ from temporality_human_interaction.directory import (
 )
 from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.events import RejectReason, notified_event, rejected_event
-from temporality_human_interaction.inbox import answerers, inbox_key, index_open
+from temporality_human_interaction.inbox import answerers
 from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.parking import park, parked_event, unpark
 from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies
@@ -274,8 +274,13 @@ class RequestHandler:
         # The run entry first (it is written before the record): when this call creates it, no record of the
         # request can be stored yet, so none is read (a redelivery finds the entry there and reads the record).
         #: The revision of the run entry this call created (None: it was there, or the request is refused below).
+        members = [m.recipient for m in decision.members] if decision.group else []
+        #: Who may answer it (the inbox lists it for them from the run entry, :mod:`.inbox`).
+        asked = [p for p in dict.fromkeys((payload.recipient, *members)) if user_id_of(p) is not None]
         indexed_at = (
-            await index_new_request(self._bus, payload.run_id, payload.request_id, payload.expires_at.astimezone(UTC))
+            await index_new_request(
+                self._bus, payload.run_id, payload.request_id, payload.expires_at.astimezone(UTC), asked
+            )
             if reachable
             else None
         )
@@ -296,7 +301,6 @@ class RequestHandler:
                     detail = f"none of {decision.profile.channel_order()} has an available adapter"
                 await self._reject(event, payload, Refusal("no_channel", detail))
                 return
-            members = [m.recipient for m in decision.members] if decision.group else []
             # SEC-1 / HUM-5: secrets never reach the store, so no channel, API or reminder can show them.
             record = self._egress.redact_record(HumanRequestRecord.from_requested(event, payload, members))
             if record.redactions:
@@ -304,10 +308,11 @@ class RequestHandler:
             if not decision.group:  # the web inbox: its delivery is the record, stored with it (no second write)
                 record = await self._delivered_with_record(record, decision.profile)
             try:
-                # the indexes first: a stored request is always listed (inbox) and found by the sweep (run)
+                # the run entry first: a stored request is always listed (inbox) and found by the sweep
                 if not first:
-                    await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
-                await index_open(self._bus, record)
+                    await index_request(
+                        self._bus, record.run_id, record.request_id, record.expires_at, answerers(record)
+                    )
                 known = Versioned(record, await store.create(payload.request_id, record))
                 if record.channel is not None:  # the web inbox delivery stored with it: made, and counted now
                     self._count_delivered(record.channel)
@@ -330,14 +335,13 @@ class RequestHandler:
             log.info("request.redelivered", status=record.status.value, channel=record.channel)
         if record.run_id != payload.run_id or record.recipient != payload.recipient:
             if first and ours is not None and record.run_id != payload.run_id:  # its entries name the wrong run
-                await self._drop_entries(ours, record)
+                await self._drop_entries(ours)
             raise PermanentError(
                 f"request id {payload.request_id} is already used by run {record.run_id} for {record.recipient}"
             )
         if record.pending:  # index it under its run, then check the run has not ended meanwhile (runs.py)
             if not indexed:  # a redelivery, or another delivery stored it first: index the stored record
-                await index_request(self._bus, record.run_id, record.request_id, record.expires_at)
-                await index_open(self._bus, record)
+                await index_request(self._bus, record.run_id, record.request_id, record.expires_at, answerers(record))
             ended = await self._ended(record)
             if ended is not None:
                 # A web inbox delivery stored with the record stays in it: the inbox listed the request from its
@@ -399,14 +403,11 @@ class RequestHandler:
         if adapter is not None:
             adapter.count("delivered")
 
-    async def _drop_entries(self, ours: HumanRequestRecord, stored: HumanRequestRecord) -> None:
-        """The run entry and the inbox entries this intake wrote for ``ours`` before it found the id stored by
-        another run (``stored``): dropped, so that run's end never finds the other's request under it (and
-        cancel_pending refuses another run's request anyway) and nobody's inbox lists it wrongly."""
-        refs = ChannelRefs(self._bus)
-        await refs.delete(ref_key("run", ours.run_id, ours.request_id))
-        for person in set(answerers(ours)) - set(answerers(stored)):
-            await refs.delete(inbox_key(person, ours.request_id))
+    async def _drop_entries(self, ours: HumanRequestRecord) -> None:
+        """The run entry this intake wrote for ``ours`` before it found the id stored by another run:
+        dropped, so that run's end never finds the other's request under it (and cancel_pending refuses another
+        run's request anyway). The inbox lists a request only for whom its record says may answer it."""
+        await ChannelRefs(self._bus).delete(ref_key("run", ours.run_id, ours.request_id))
 
     async def _ended(self, record: HumanRequestRecord) -> str | None:
         """Why ``record``'s run no longer needs it: the event type that ended the run (``runend.<run>``),

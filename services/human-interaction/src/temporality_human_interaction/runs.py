@@ -65,14 +65,25 @@ RUN_ENDINGS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 _ENDED_OTHERWISE = frozenset({HumanRequestState.ANSWERED.value, HumanRequestState.EXPIRED.value})
 
 
-async def index_request(bus: Bus, run_id: str, request_id: str, expires_at: datetime | None = None) -> None:
-    """Record that ``request_id`` belongs to ``run_id``, with its deadline (create-if-absent; a repeat is a
-    no-op, apart from filling in a deadline an older version did not store). The retention sweep reads it:
-    a request whose ``expires_at`` + retention is still ahead is not read (:mod:`.inbox`)."""
-    await ChannelRefs(bus).claim(ref_key("run", run_id, request_id), request_id, expires_at=expires_at)
+async def index_request(
+    bus: Bus,
+    run_id: str,
+    request_id: str,
+    expires_at: datetime | None = None,
+    answerers: list[str] | None = None,
+) -> None:
+    """Record that ``request_id`` belongs to ``run_id``, with its deadline and who may answer it (create-if-absent;
+    a repeat is a no-op, apart from filling in what an older version did not store). The retention sweep reads
+    it: a request whose ``expires_at`` + retention is still ahead is not read; the inbox lists a person's
+    pending requests from the run entries naming them (:mod:`.inbox`)."""
+    await ChannelRefs(bus).claim(
+        ref_key("run", run_id, request_id), request_id, expires_at=expires_at, answerers=answerers
+    )
 
 
-async def index_new_request(bus: Bus, run_id: str, request_id: str, expires_at: datetime) -> int | None:
+async def index_new_request(
+    bus: Bus, run_id: str, request_id: str, expires_at: datetime, answerers: list[str] | None = None
+) -> int | None:
     """:func:`index_request` for a request not known to be stored: the run entry's revision when this call created
     it. The entry is written before the record (create-if-absent), so then no record of the request can be
     stored yet (one stored by another run under the same id aside: its run entry is another key) -- the intake
@@ -80,9 +91,9 @@ async def index_new_request(bus: Bus, run_id: str, request_id: str, expires_at: 
     filled in as :func:`index_request` does."""
     refs = ChannelRefs(bus)
     key = ref_key("run", run_id, request_id)
-    revision = await refs.create(key, request_id, expires_at=expires_at)
+    revision = await refs.create(key, request_id, expires_at=expires_at, answerers=answerers)
     if revision is None:
-        await refs.claim(key, request_id, expires_at=expires_at)
+        await refs.claim(key, request_id, expires_at=expires_at, answerers=answerers)
     return revision
 
 

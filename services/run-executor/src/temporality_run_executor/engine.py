@@ -283,6 +283,18 @@ class _View:
         return self.checkpoint.value if self.checkpoint is not None else None
 
 
+def _cancelled_meanwhile() -> None:
+    """Raise ``CancelledError`` when the running task was cancelled during a wait that returned anyway.
+
+    A bus request can swallow one cancellation that lands just as its reply does (``asyncio.wait_for`` on
+    Python 3.11; see ``temporality_bus.tasks``). ``asyncio.gather`` remembers it was cancelled and raises regardless;
+    a wait awaited directly (the driver's single read or batch, no gather) must check, or a cancelled handler
+    would go on to its next decision (a provider call, say)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class Engine:
     def __init__(
         self,
@@ -311,6 +323,8 @@ class Engine:
         #: Cancels for runs not created yet (key: run id; the bucket's TTL bounds how long one waits).
         self.markers = markers
         self.agents = agents
+        #: :meth:`agent`'s, by card name, with the directory each was built from.
+        self._agents: dict[str, tuple[AgentDirectory, Agent]] = {}
         self.provider_for = provider_for
         self.max_deliver = max_deliver
         self.watchdog = RunWatchdog(bus, grace_s=watchdog_grace_s)
@@ -375,10 +389,17 @@ class Engine:
         return self._registries.get(card.id, self.tools)
 
     def agent(self, name: str) -> Agent | None:
+        """The card ``name`` with its tools (``None``: no such card): built once per card of the directory (at every
+        decision before: the set of every card's id with it), again when the directory or the card is another."""
         card = self.agents.get(name)
         if card is None:
             return None
-        return Agent(card, self.registry(card), hosted=frozenset(c.id for c in self.agents.cards()))
+        known = self._agents.get(name)
+        if known is not None and known[0] is self.agents and known[1].card is card:
+            return known[1]
+        agent = Agent(card, self.registry(card), hosted=frozenset(c.id for c in self.agents.cards()))
+        self._agents[name] = (self.agents, agent)
+        return agent
 
     # ------------------------------------------------------------------ handlers
     async def on_run_requested(self, event: Envelope, delivery: Delivery) -> None:
@@ -514,8 +535,17 @@ class Engine:
             # when the run is past pending (CreateRun's effect), before anything else is decided.
             view.run, view.run_revision, view.run_current = None, 0, False
         else:
-            # both read at once (one round trip): the checkpoint is wanted whenever the run is past pending
-            record, checkpoint = await asyncio.gather(self.runs.get(view.run_id), self.checkpoints.get(view.run_id))
+            # both read at once (one round trip): the checkpoint is wanted whenever the run is past pending (its read
+            # a task sent alongside the record's, which is awaited as it is: one task, no gather)
+            reading = asyncio.ensure_future(self.checkpoints.get(view.run_id))
+            try:
+                record = await self.runs.get(view.run_id)
+            except BaseException:  # (cancelled too: as a gather's children are)
+                reading.cancel()
+                await asyncio.gather(reading, return_exceptions=True)  # no read outlives its handler
+                raise
+            checkpoint = await reading
+            _cancelled_meanwhile()
             view.hold_run(record)
             if view.run is not None and view.run.state is not RunState.PENDING:  # a pending run has none yet
                 view.checkpoint, view.checkpoint_current = checkpoint, True
@@ -574,7 +604,11 @@ class Engine:
             reads.append(self._read_run(view))
         if isinstance(step, Boundary) and not view.checkpoint_current:
             reads.append(self._read_checkpoint(view))
-        await asyncio.gather(*reads)
+        if len(reads) == 1:  # most often (the record after a call): awaited as it is, no task, no gather
+            await reads[0]
+            _cancelled_meanwhile()
+        elif reads:
+            await asyncio.gather(*reads)
 
     async def _read_run(self, view: _View) -> None:
         """The record afresh. From what the handler holds (its last read or write of it, e.g. the move to
@@ -695,24 +729,34 @@ class Engine:
         run = view.run
         if run is None or run.lease is None or run.lease.holder != view.holder:
             return await call
-        keeper = asyncio.create_task(self._keep_lease(view.run_id, view.holder))
+        # The keeper's task starts at the first renewal (a third of the lease in), not with the call: most calls
+        # (a scripted turn, a quick tool) are over long before, and a task per call, cancelled and awaited, cost
+        # more CPU than the call. The renewals come when they came (every third of the lease from the call's start).
+        keeper: list[asyncio.Task[None]] = []
+        run_id, holder = view.run_id, view.holder
+        timer = asyncio.get_running_loop().call_later(
+            self.lease_s / 3, lambda: keeper.append(asyncio.create_task(self._keep_lease(run_id, holder)))
+        )
         try:
             return await call
         finally:
-            await cancel_and_wait(keeper)  # a renewal's request can drop one cancellation (bus.tasks)
+            timer.cancel()
+            if keeper:
+                await cancel_and_wait(keeper[0])  # a renewal's request can drop one cancellation (bus.tasks)
 
     def _expiry(self) -> datetime:
         return self.clock() + timedelta(seconds=self.lease_s)
 
     async def _keep_lease(self, run_id: str, holder: str) -> None:
+        """Renew ``holder``'s lease now, then every third of its duration (started a third of it into a call)."""
         while True:
-            await asyncio.sleep(self.lease_s / 3)  # an interval, not a deadline (like the runner's in_progress)
             try:
                 await self.runs.modify(
                     run_id, functools.partial(renewed, holder=holder, expires_at=self._expiry()), validated=True
                 )
             except Exception as exc:  # the bus is failing: the next boundary (or the expiry) settles it
                 log.warning("run.lease.renew_failed", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(self.lease_s / 3)  # an interval, not a deadline (like the runner's in_progress)
 
     def _fire(self, view: _View, effects: Sequence[Effect]) -> None:
         """Bus writes that commit no state (events, timers): sent at once, in order, their acknowledgements
@@ -786,10 +830,15 @@ class Engine:
         if not view.unacked:
             return
         sent, view.unacked = view.unacked, []
-        outcomes = await asyncio.gather(*(task for task, _ in sent), return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        tasks = list(dict.fromkeys(task for task, _ in sent))  # one per batch (a batch's writes share it)
+        if len(tasks) == 1:  # the usual case: awaited itself (its failure raised), no gather
+            await tasks[0]
+            _cancelled_meanwhile()
+        else:
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
         if self.crash_point is not None:
             for _, seam in sent:
                 if seam is not None:

@@ -37,8 +37,9 @@ writes. The mark never rides with the events: were ``run.requested`` refused whi
 retry would be answered ``duplicate`` of a run that does not exist. A mark lost to a crash leaves the claim
 ``claimed``: a copy of the event after the lease takes it over and republishes the same ids (deduplicated),
 as after a crash between the events and an awaited mark. Values are encoded once and written without
-re-validation: each was built by its model's validating constructor (the delivery's event is encoded once
-and spliced into the write of its record).
+re-validation: each was built by its model's validating constructor, but for the delivery's record, written as
+its model's JSON straight from its typed values (:meth:`.deliveries.Draft.record_json`; the delivery's event is
+encoded once and spliced into it).
 """
 
 from __future__ import annotations
@@ -721,7 +722,7 @@ class Launcher:
                 claimed_at=now,
             )
             if first:  # the claim alone: the delivery's record is written with its outcome, behind the answer
-                encoded = claim.model_dump_json().encode()
+                encoded = claim.__pydantic_serializer__.to_json(claim)  # model_dump_json()'s JSON, as bytes
                 results = await self.send([kv_write(BUCKET_DEDUPE.name, key, encoded, revision=0)])
                 first = False
                 if isinstance(results[0], PublishResult):

@@ -15,14 +15,17 @@ key                                    value
 ``matrix.room.<matrix user id>``       the DM room with that person, created once and reused
 ``matrix.latest.<room id>``            request id of the newest question in that room (overwritten)
 ``matrix.since.<bot user id>``         the sync ``next_batch`` the adapter resumes from (overwritten)
-``run.<run id>.<request id>``          the request id, its ``expires_at`` and, once it ended, ``ended_at`` and
-                                       ``ended`` (how: answered, expired, cancelled): the run's requests (see
-                                       :mod:`..runs`), what the sweep reads instead of the request keys
+``run.<run id>.<request id>``          the request id, its ``expires_at``, who may answer it (``answerers``)
+                                       and, once it ended, ``ended_at`` and ``ended`` (how: answered,
+                                       expired, cancelled): the run's requests (see :mod:`..runs`), what the
+                                       sweep reads instead of the request keys, and the inbox's index
+                                       (:mod:`..inbox`: a person's open requests, from the mirror of it)
 ``runend.<run id>``                    the event type that ended the run
 ``notify.<notification id>``           the channel that sent that notification, and its ``event``: the
                                        ``human.notification_delivered`` that journals it (see :mod:`..notifications`)
-``open.<user id>.<request id>``        the request id, its ``expires_at`` and ``people`` (how many it is indexed
-                                       under): an open request that person may answer (:mod:`..inbox`)
+``open.<user id>.<request id>``        written by versions before 2026-12-06 only (the inbox index then: the
+                                       request id, its ``expires_at`` and ``people``); still read by the inbox
+                                       and dropped once its request ended (:mod:`..inbox`)
 ``policy.<run id>``                    the run's human policy from its ``run.requested`` (:mod:`..policies`)
 ``parked.<run id>.<request id>``       a ``human.requested`` waiting for its run's policy (:mod:`..parking`)
 ``lease.<channel>.<account>``          the replica polling / syncing that chat account now, and when its lease
@@ -54,6 +57,9 @@ from temporality_bus import AlreadyExists, Bus, Conflict, Contended, Store
 from temporality_protocol.catalog import BUCKET_HUMAN_CHANNELS
 
 __all__ = ["BUCKET_HUMAN_CHANNELS", "ChannelRef", "ChannelRefs", "ids_of", "ref_key", "stands_for_another"]
+
+#: :meth:`ChannelRefs.mark_ended` reads the entry and tries its compare-and-set this many times before giving up.
+MARK_ATTEMPTS = 5
 
 _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _HASHED = re.compile(r"^[0-9a-f]{40}$")
@@ -104,6 +110,10 @@ class ChannelRef(BaseModel):
     #: so a stale copy of it is still true), so the run's end skips a request that ended otherwise than
     #: cancelled without reading its record (:mod:`..runs`). None: pending, or marked by an older version.
     ended: str | None = None
+    #: On a run entry: every person (``user:<id>``) who may answer its request (:func:`..inbox.answerers`: the
+    #: recipient, a group's members, the escalation target and its members), so the inbox lists a person's
+    #: open requests from the mirror of the bucket. None: written by an older version (its record is read).
+    answerers: list[str] | None = None
     #: On a notification's once-only marker (``notify.*``): the encoded ``human.notification_delivered`` that
     #: journals the send, published (again, same id) by whoever finds the marker (:mod:`..notifications`).
     event: str | None = None
@@ -155,11 +165,15 @@ class ChannelRefs:
         """Remove ``key`` (a no-op when it is not there)."""
         await (await self._bus.kv(BUCKET_HUMAN_CHANNELS)).purge(key)
 
-    async def create(self, key: str, value: str, *, expires_at: datetime | None = None) -> int | None:
+    async def create(
+        self, key: str, value: str, *, expires_at: datetime | None = None, answerers: list[str] | None = None
+    ) -> int | None:
         """Store ``value`` under ``key`` if the key holds nothing: the new revision, or None when it holds a value
         (left as it is: :meth:`claim` fills in what an older version's entry lacks)."""
         try:
-            return await (await self._open()).create(key, ChannelRef(value=value, expires_at=expires_at))
+            return await (await self._open()).create(
+                key, ChannelRef(value=value, expires_at=expires_at, answerers=answerers)
+            )
         except AlreadyExists:
             return None
 
@@ -171,6 +185,7 @@ class ChannelRefs:
         expires_at: datetime | None = None,
         people: int | None = None,
         event: str | None = None,
+        answerers: list[str] | None = None,
     ) -> str:
         """Store ``value`` under ``key`` unless the key exists; returns the value that is stored.
 
@@ -179,13 +194,15 @@ class ChannelRefs:
         compare-and-set, so an entry deleted or changed meanwhile is left as it is. ``event`` (a notification
         marker's journal event) is stored with a new entry only."""
         store = await self._open()
-        ref = ChannelRef(value=value, expires_at=expires_at, people=people, event=event)
+        ref = ChannelRef(value=value, expires_at=expires_at, people=people, event=event, answerers=answerers)
         try:
             await store.create(key, ref)
         except AlreadyExists:
             existing = await store.get(key)
             if existing is not None:
-                await self.fill(key, existing.value, existing.revision, expires_at=expires_at, people=people)
+                await self.fill(
+                    key, existing.value, existing.revision, expires_at=expires_at, people=people, answerers=answerers
+                )
                 return existing.value.value
             # deleted in between: ours now
             await store.put(key, ref)
@@ -201,11 +218,13 @@ class ChannelRefs:
         people: int | None = None,
         ended_at: datetime | None = None,
         ended: str | None = None,
+        answerers: list[str] | None = None,
     ) -> bool:
         """Fill in what an index entry lacks (its deadline, its count of answerers, when and how its request
-        ended) unless it changed since ``revision``; a value it already has is kept. True when it was written."""
+        ended, who may answer it: ``answerers`` are added to those it lists) unless it changed since ``revision``;
+        a value it already has is kept. True when it was written."""
         try:
-            return await self._fill(key, ref, revision, expires_at, people, ended_at, ended)
+            return await self._fill(key, ref, revision, expires_at, people, ended_at, ended, answerers)
         except Conflict:
             return False
 
@@ -218,6 +237,7 @@ class ChannelRefs:
         people: int | None,
         ended_at: datetime | None,
         ended: str | None,
+        answerers: list[str] | None = None,
     ) -> bool:
         """:meth:`fill`, raising :class:`Conflict` when the entry is no longer at ``revision``."""
         changes: dict[str, object] = {}
@@ -229,6 +249,11 @@ class ChannelRefs:
             changes["ended_at"] = ended_at
         if ended is not None and ref.ended is None:
             changes["ended"] = ended
+        if answerers is not None:
+            have = list(ref.answerers or [])
+            more = [a for a in answerers if a not in have]
+            if more or ref.answerers is None:
+                changes["answerers"] = [*have, *more]
         if not changes:
             return False
         store = await self._open()
@@ -242,14 +267,23 @@ class ChannelRefs:
 
         ``known``: the entry and its revision as a mirror of the bucket last saw it (:mod:`..mirror`); the
         write starts from it instead of reading the entry, as a compare-and-set on that revision: a stale one
-        (the entry changed or went since) loses it, and the entry is read as without it."""
+        (the entry changed or went since) loses it, and the entry is read as without it.
+
+        A compare-and-set that loses to another write of the entry (an escalation naming its target,
+        :func:`..inbox.index_people`) reads it and tries again, up to :data:`MARK_ATTEMPTS` times in all; then
+        :class:`~temporality_bus.Contended`. True when it was written (False: not there, or marked already)."""
         if known is not None:
             try:
                 return await self._fill(key, known[0], known[1], None, None, ended_at, ended)
             except Conflict:
                 pass
         store = await self._open()
-        got = await store.get(key)
-        if got is None:
-            return False
-        return await self.fill(key, got.value, got.revision, ended_at=ended_at, ended=ended)
+        for _ in range(MARK_ATTEMPTS):
+            got = await store.get(key)
+            if got is None:
+                return False
+            try:
+                return await self._fill(key, got.value, got.revision, None, None, ended_at, ended)
+            except Conflict:
+                continue  # written meanwhile: read it again, so the end's mark is not lost
+        raise Contended(BUCKET_HUMAN_CHANNELS.name, key, MARK_ATTEMPTS)

@@ -6,17 +6,22 @@ Every test runs on SQLite and on PostgreSQL (the ``database`` fixture's parametr
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+import structlog
 from sqlalchemy import event as sa_event
 from sqlalchemy import text
 
 from temporality_bus import PermanentError
 from temporality_journal import Database, Recorder
-from temporality_protocol import AgentAsked, Envelope, decode, encode, make_event
+from temporality_journal.models import RunSnapshot
+from temporality_journal.recorder import _as_guessed, _Guesses, _Row
+from temporality_protocol import AgentAsked, Envelope, RunState, decode, encode, make_event
 from temporality_testing.waiting import stays
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
@@ -377,3 +382,234 @@ async def test_a_sqlite_connection_in_autocommit_mode_writes_no_batch(database: 
         assert await _rows(database) == ([], [])
     finally:
         await database.engine.dispose()
+
+
+async def test_two_replicas_recording_batches_in_turn_give_the_rows_of_one_by_one(
+    database: Database, story: MakeStory
+) -> None:
+    """Two recorders (two replicas) record the batches of interleaved runs in turn, so each batch finds runs the
+    other one created or moved since its recorder's last batch. PostgreSQL projects a batch onto the runs as its
+    recorder last committed them while the events' statement runs; the runs read under the lock must overrule
+    that guess whenever they differ: the rows of one by one."""
+    stories = [story() for _ in range(6)]
+    steps: list[Callable[[Any], Envelope]] = [
+        lambda s: s.requested(),
+        lambda s: s.started(),
+        lambda s: s.human_requested(),
+        lambda s: s.notified("web"),
+        lambda s: s.answered(),
+        lambda s: s.resumed(),
+        lambda s: s.completed(),
+    ]
+    flat = [step(s) for step in steps for s in stories]
+    events = [(event, seq) for seq, event in enumerate(flat, start=1)]
+    one_by_one = Recorder(database)
+    for event, seq in events:
+        await one_by_one.record(event, seq)
+    expected = await _rows(database)
+    assert {run["state"] for run in expected[1]} == {"completed"}
+
+    await _clear(database)
+    replicas = [Recorder(database), Recorder(database)]
+    for turn, start in enumerate(range(0, len(events), 4)):
+        await replicas[turn % 2].record_batch(events[start : start + 4])
+    assert await _rows(database) == expected
+
+    await _clear(database)  # one recorder, but runs moved meanwhile by one-by-one recording (its other path)
+    recorder = Recorder(database)
+    for turn, start in enumerate(range(0, len(events), 4)):
+        batch = events[start : start + 4]
+        if turn % 3 == 2:
+            for event, seq in batch:
+                await recorder.record(event, seq)
+        else:
+            await recorder.record_batch(batch)
+    assert await _rows(database) == expected
+
+
+async def test_a_projected_event_with_invalid_data_is_stored_and_its_skip_logged_once(
+    database: Database, story: MakeStory
+) -> None:
+    """An event of a projected type whose data its model refuses is stored and projects nothing, logged once per
+    recording -- also when the batch is projected twice (PostgreSQL: the guess made while the statement runs, then,
+    one event of the batch being stored already, again from what the statement found)."""
+    s = story()
+
+    def invalid(event_id: str) -> Envelope:
+        return _event(event_id, type="run.started", runid=s.run_id, data={"run_id": s.run_id})
+
+    recorder = Recorder(database)
+    await recorder.record_batch([(s.requested(), 1)])
+    requested_again = (s.requested(), 1)  # stored already: the batch's projection is made from the rows read
+    for event_id, batch in (
+        ("evt-invalid-1", [(invalid("evt-invalid-1"), 2)]),
+        ("evt-invalid-2", [requested_again, (s.started(), 3), (invalid("evt-invalid-2"), 4)]),
+    ):
+        with structlog.testing.capture_logs() as logs:
+            await recorder.record_batch(batch)
+        skipped = [entry for entry in logs if entry["event"] == "run.projection_skipped"]
+        assert [entry["ce_id"] for entry in skipped] == [event_id]
+    events, runs = await _rows(database)
+    assert {"evt-invalid-1", "evt-invalid-2"} <= {event["id"] for event in events}
+    assert [run["state"] for run in runs] == ["running"]
+
+
+def test_after_a_wrong_guess_the_next_batches_are_not_guessed_for_a_while(story: MakeStory) -> None:
+    """PostgreSQL's guessed projection backs off after a wrong guess (1, 2, 4 … batches, up to 64): runs older than
+    what the recorder remembers, or a second replica, would otherwise cost every batch its projection twice."""
+    guesses = _Guesses()
+    s = story()
+    rows = [_Row(s.requested(), 1, None, True)]
+    run_ids = [s.run_id]
+
+    def guessed_in(batches: int) -> int:
+        return sum(guesses.guess(rows, run_ids) is not None for _ in range(batches))
+
+    assert guesses.guess(rows, []) is None  # no run: nothing to guess
+    assert guessed_in(3) == 3
+    for skipped in (1, 2, 4, 8):
+        guesses.judged(False)
+        assert guessed_in(skipped) == 0
+        assert guessed_in(1) == 1
+    for _ in range(10):
+        guesses.judged(False)
+    assert guessed_in(64) == 0
+    assert guessed_in(1) == 1
+    guesses.judged(True)
+    assert guessed_in(3) == 3
+
+
+@contextmanager
+def _debug_logs() -> Iterator[list[dict[str, Any]]]:
+    """The log entries written meanwhile, debug ones included."""
+    wrapper_class = structlog.get_config()["wrapper_class"]
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with structlog.testing.capture_logs() as logs:
+            yield logs
+    finally:
+        structlog.configure(wrapper_class=wrapper_class)
+
+
+async def test_a_batch_logs_the_moves_of_the_projection_it_writes_once(database: Database, story: MakeStory) -> None:
+    """Each state move is logged (at debug) once, for the projection written -- not also for a guess made while
+    the statement ran (PostgreSQL) and then refused: a redelivered event in the batch, or a run another replica
+    moved since (here: it finished it, so a late ``run.started`` moves nothing)."""
+    s, t = story(), story()
+    recorder = Recorder(database)
+    await recorder.record_batch([(s.requested(), 1)])
+    with _debug_logs() as logs:
+        await recorder.record_batch([(s.requested(), 1), (s.started(), 2)])  # one event stored already
+    moves = [(entry["run_id"], entry["state"]) for entry in logs if entry["event"] == "run.moved"]
+    assert moves == [(s.run_id, "running")]
+
+    replicas = [Recorder(database), Recorder(database)]
+    await replicas[0].record_batch([(t.requested(), 3)])
+    await replicas[1].record_batch([(t.started(), 4), (t.completed(), 5)])
+    with _debug_logs() as logs:
+        await replicas[0].record_batch([(t.started("started-late"), 6)])  # guessed: requested, read: completed
+    assert [entry for entry in logs if entry["event"] == "run.moved"] == []
+    assert {run["run_id"]: run["state"] for run in (await _rows(database))[1]} == {
+        s.run_id: "running",
+        t.run_id: "completed",
+    }
+
+
+async def test_a_guess_that_fails_is_logged_at_debug_and_the_batch_projected_from_the_runs_read(
+    database: Database, story: MakeStory
+) -> None:
+    """An unexpected error in PostgreSQL's guessed projection does not fail the batch, and is no error of its own
+    (the projection from the runs read follows, and raises it if it is the code's): one debug line, no traceback."""
+    if database.dialect != "postgresql":
+        pytest.skip("only PostgreSQL's batch guesses")
+    s = story()
+    recorder = Recorder(database)
+    await recorder.record_batch([(s.requested(), 1)])
+    recorder._guesses.runs[s.run_id] = RunSnapshot.model_construct(run_id=s.run_id)  # no state: no projection
+    with _debug_logs() as logs:
+        await recorder.record_batch([(s.started(), 2)])
+    failed = [entry for entry in logs if entry["event"] == "batch.projection_guess_failed"]
+    assert len(failed) == 1
+    assert failed[0]["log_level"] == "debug"
+    assert "exc_info" not in failed[0]
+    assert [run["state"] for run in (await _rows(database))[1]] == ["running"]
+
+
+def _run(run_id: str, state: RunState, **texts: str) -> RunSnapshot:
+    at = datetime(2026, 12, 6, tzinfo=UTC)
+    return RunSnapshot(run_id=run_id, state=state, created_at=at, updated_at=at, **texts)
+
+
+def test_the_guess_remembers_no_finished_run_and_a_bounded_amount_of_text() -> None:
+    """A run in a final state is not remembered (it rarely gets another event; its guess falls back), nor a run of
+    very long texts, and the runs remembered hold at most :data:`_Guesses.MAX_CHARS` characters of text, the most
+    recent kept."""
+    guesses = _Guesses()
+    finished = {
+        f"run-{state.value}": _run(f"run-{state.value}", state, result="r" * 16_384, error="e" * 100_000)
+        for state in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
+    }
+    running = _run("run-running", RunState.RUNNING)
+    guesses.remember(sorted([*finished, "run-running", "run-absent"]), {**finished, "run-running": running})
+    assert guesses.runs == {"run-absent": None, "run-running": running}
+
+    question = "q" * 4096
+    waiting = {
+        f"run-{i:04}": _run(f"run-{i:04}", RunState.WAITING_FOR_HUMAN, waiting_question=question) for i in range(4096)
+    }
+    for run_id, run in waiting.items():
+        guesses.remember([run_id], {run_id: run})
+    texts = sum(
+        len(v) for run in guesses.runs.values() if run is not None for v in run.__dict__.values() if type(v) is str
+    )
+    assert texts <= _Guesses.MAX_CHARS
+    assert guesses.runs["run-4095"] is waiting["run-4095"]
+    assert "run-0000" not in guesses.runs
+
+    huge = _run("run-huge", RunState.RUNNING, title="t" * (_Guesses.MAX_RUN_CHARS + 1))
+    guesses.remember(["run-4095", "run-huge"], {"run-4095": waiting["run-4095"], "run-huge": huge})
+    assert "run-huge" not in guesses.runs  # not remembered, and no reason to forget the others
+    assert guesses.runs["run-4094"] is waiting["run-4094"]
+
+
+def _other(value: Any) -> Any:
+    """A value of ``value``'s type that differs from it."""
+    if isinstance(value, RunState):
+        return RunState.RUNNING if value is not RunState.RUNNING else RunState.COMPLETED
+    if isinstance(value, datetime):
+        return value + timedelta(microseconds=1)
+    if isinstance(value, int):
+        return value + 1
+    assert isinstance(value, str)
+    return value + "x"
+
+
+@pytest.mark.parametrize("field", list(RunSnapshot.model_fields))
+def test_a_guess_is_refused_when_a_run_read_differs_in_one_field(field: str) -> None:
+    """PostgreSQL's guess is used only when every run read is exactly as guessed: one field differing (any field of
+    the run) refuses it."""
+    at = datetime(2026, 12, 6, 8, tzinfo=UTC)
+    guessed = RunSnapshot(
+        run_id="run-1",
+        state=RunState.WAITING_FOR_HUMAN,
+        agent="reviewer",
+        title="Review",
+        trigger_id="trg-1",
+        launch_kind="webhook",
+        created_at=at,
+        updated_at=at + timedelta(seconds=3),
+        started_at=at + timedelta(seconds=1),
+        finished_at=at + timedelta(seconds=4),
+        result="merged",
+        error="none",
+        waiting_request_id="req-1",
+        waiting_recipient="alice",
+        waiting_channel="web",
+        waiting_since=at + timedelta(seconds=2),
+        waiting_question="Merge?",
+        last_event_seq=7,
+    )
+    assert all(value is not None for value in guessed.__dict__.values())  # every field set, so each can differ
+    read = guessed.model_copy(update={field: _other(getattr(guessed, field))})
+    assert _as_guessed({"run-1": guessed.model_copy()}, {"run-1": guessed})
+    assert not _as_guessed({"run-1": read}, {"run-1": guessed})

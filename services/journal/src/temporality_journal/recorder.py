@@ -24,7 +24,8 @@ both driver SQL); the same for the asks of the ``agent.*`` events (:func:`projec
 -- committed once, then acked by the runner. A batch without ``agent.*`` events runs on the pooled
 connection's driver connection itself (:meth:`Recorder._record_batch_driver`): on PostgreSQL three round trips
 on asyncpg's (:func:`_pg_batch`: ``BEGIN`` with the counter's lock; the events' insert with the batch's runs
-read; the runs' upsert with ``COMMIT``), SQLAlchemy's six otherwise; on SQLite one call into aiosqlite's thread
+read -- while the server runs it, the batch is projected on a guess, the runs as this recorder last committed them,
+used only if the statement's answer confirms it; the runs' upsert with ``COMMIT``), SQLAlchemy's six otherwise; on SQLite one call into aiosqlite's thread
 per statement (:func:`_sqlite_batch`), about four per statement through SQLAlchemy. Every write transaction (a batch, or one event) first
 locks ``commit_counter`` (:func:`lock_positions`, or :data:`_PG_BEGIN_AND_LOCK`), which serialises the journal's writers until the
 commit, and hands the events it stores the next commit positions (``events.commit_seq``, in stream
@@ -36,7 +37,10 @@ dead-lettered alone and a database outage is retried with backoff.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
+import operator
 import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -69,7 +73,7 @@ from temporality_journal.models import (
     constructed,
     same,
 )
-from temporality_journal.projection import PROJECTED_TYPES, project, run_id_of
+from temporality_journal.projection import PROJECTED_TYPES, project, project_onto, run_id_of
 from temporality_protocol import RUN, BusDeadLettered, Envelope, InvalidEnvelope, RunState
 from temporality_protocol.catalog import CONSUMERS
 
@@ -441,6 +445,8 @@ class Recorder:
         ``(outcome, reason)`` of each run a commit moved into a final state
         (:func:`temporality_journal.metrics.finished_as`; the finished-runs counter), once per commit."""
         self._database = database
+        #: PostgreSQL: what :func:`_pg_batch` projects a batch onto while its statement runs
+        self._guesses = _Guesses()
         self._insert = postgresql_insert if database.dialect == "postgresql" else sqlite_insert
         self._on_commit = on_commit
         self._on_finished = on_finished
@@ -554,7 +560,7 @@ class Recorder:
             assert driver is not None
             try:
                 if postgresql:
-                    return await _pg_batch(driver, rows, now, finished)
+                    return await _pg_batch(driver, rows, now, finished, self._guesses)
                 return await _sqlite_batch(driver, rows, now, finished)
             except Exception as exc:
                 lost = _closed(driver)
@@ -771,19 +777,35 @@ def _closed(driver: Any) -> bool:
 
 
 async def _pg_batch(
-    driver: Any, rows: list[_Row], now: datetime, finished: list[tuple[str, str]]
+    driver: Any,
+    rows: list[_Row],
+    now: datetime,
+    finished: list[tuple[str, str]],
+    guesses: _Guesses,
 ) -> tuple[list[tuple[Envelope, int]], int]:
     """PostgreSQL's batch in three round trips on asyncpg's connection (SQLAlchemy sends ``BEGIN``, each
     statement and ``COMMIT`` apart: six): ``BEGIN`` and the counter's lock (:data:`_PG_BEGIN_AND_LOCK`); the
     events' insert with the batch's runs read and locked (:data:`_PG_RECORD_BATCH`); the runs' upsert and
-    ``COMMIT`` (:func:`_pg_upsert_and_commit`)."""
-    run_ids = sorted(
-        {rid for row in rows if row.event.type in PROJECTED_TYPES and (rid := run_id_of(row.event)) is not None}
-    )
+    ``COMMIT`` (:func:`_pg_upsert_and_commit`).
+
+    While the server runs the second, the batch is projected on a guess (:meth:`_Guesses.guess`): every event new,
+    each run as this recorder last committed it (a run it does not know: absent). The guess is used only when the
+    statement's answer confirms it -- every event inserted, every run read exactly as guessed (under the counter's
+    lock: no other writer meanwhile) --, else the projection is made again from what was read: the same runs either
+    way. ``guesses`` learns the batch's runs after the commit."""
+    run_ids = sorted({run_id for row in rows if row.projected and (run_id := row.run_id) is not None})
     status = await driver.execute(_PG_BEGIN_AND_LOCK)
     if status != "SELECT 1":
         raise RuntimeError(_COUNTER_MISSING)
-    result = await driver.fetch(_PG_RECORD_BATCH, _pg_batch_json(rows), now, run_ids)
+    statement = asyncio.ensure_future(driver.fetch(_PG_RECORD_BATCH, _pg_batch_json(rows), now, run_ids))
+    try:
+        await asyncio.sleep(0)  # the statement on its way to the server before the projection takes the loop
+        guess = guesses.guess(rows, run_ids)
+        result = await statement
+    finally:
+        if not statement.done():  # cancelled meanwhile: the statement too (the caller closes the connection)
+            statement.cancel()
+            statement.add_done_callback(_retrieved)
     new: set[str] = set()
     before: dict[str, RunSnapshot] = {}
     for record in result:
@@ -792,10 +814,124 @@ async def _pg_batch(
         else:
             values = dict(zip(_RUN_COLUMNS, tuple(record)[1:], strict=True))
             before[values["run_id"]] = _run_snapshot(values)
-    fresh = [(row.event, row.stream_seq) for row in rows if row.event.id in new]
-    moved, writes = _project_runs(_projected(fresh), before, finished)
-    await driver.execute(_pg_upsert_and_commit(writes))
-    return fresh, moved
+    fresh_rows = [row for row in rows if row.event.id in new] if len(new) < len(rows) else rows
+    projection: _Projection | None = None
+    if guess is not None and fresh_rows is rows and _as_guessed(before, guess.before):
+        projection = guess
+    else:
+        projection = _project(_projected_rows(fresh_rows), before)
+    if guess is not None:
+        guesses.judged(projection is guess)
+    projection.log_lines()
+    finished.extend(projection.finished)
+    await driver.execute(_pg_upsert_and_commit(projection.writes()))
+    guesses.remember(run_ids, projection.runs)
+    return [(row.event, row.stream_seq) for row in fresh_rows], projection.moved
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Take a left statement's outcome (its error is the cancellation's: not worth a "never retrieved" warning)."""
+    if not task.cancelled():
+        task.exception()
+
+
+class _Guesses:
+    """What :func:`_pg_batch` guesses a batch's runs are: each run as this recorder last committed it (``None``:
+    known absent), the most recent ones -- a backlog's batches mostly continue the runs of the batches before them.
+    Not remembered: a run in a final state (it rarely gets another event, and its ``result`` or ``error`` can be
+    long), nor one of more than :data:`MAX_RUN_CHARS` characters of texts: their guess falls back. At most
+    :data:`MAX_RUNS` runs and :data:`MAX_CHARS` characters of their texts (the oldest forgotten first). Measured
+    (6 December 2026, deep ``sys.getsizeof`` of the runs remembered): a run of short texts 2.2-2.3 KB, 4,096 of
+    them ~9 MB; runs with 4,096-character questions: 250 kept, 1.6 MB (ASCII) to 5.7 MB (2-byte characters, each
+    string also holding its cached UTF-8 form). A guess that proved wrong (the runs are older than that, another
+    replica writes too) costs the projection's CPU once more for nothing: after one, the next batches are not
+    guessed (1, 2, 4 … up to :data:`MAX_SKIP` of them, back to none after a right one)."""
+
+    MAX_RUNS = 4096
+    MAX_CHARS = 1 << 20  # of the remembered runs' texts (str fields)
+    MAX_RUN_CHARS = MAX_CHARS // 64  # of one run's texts (a larger one would push out 64 others or more)
+    MAX_SKIP = 64
+
+    __slots__ = ("_backoff", "_chars", "_sizes", "_skip", "runs")
+
+    def __init__(self) -> None:
+        self.runs: dict[str, RunSnapshot | None] = {}
+        self._sizes: dict[str, int] = {}  # each remembered run's texts' characters (:func:`_chars_of`)
+        self._chars = 0  # their sum
+        self._skip = 0  # batches still not to guess
+        self._backoff = 0  # how many the next wrong guess skips
+
+    def guess(self, rows: list[_Row], run_ids: list[str]) -> _Projection | None:
+        """The batch's projection if every event is new and every run is as last committed here; ``None`` when
+        there is nothing to guess (no run), guessing is backing off, or the guess failed."""
+        if not run_ids:
+            return None
+        if self._skip:
+            self._skip -= 1
+            return None
+        runs = self.runs
+        assumed = {run_id: run for run_id in run_ids if (run := runs.get(run_id)) is not None}
+        try:
+            return _project(_projected_rows(rows), assumed)
+        except Exception as exc:  # the guess must not fail the batch: the projection is made again from the rows read
+            # (which raises the error itself if it is the code's): no error line, no traceback of its own
+            log.debug("batch.projection_guess_failed", error=repr(exc))
+            return None
+
+    def judged(self, right: bool) -> None:
+        """Whether the batch's guess held: back off after a wrong one."""
+        if right:
+            self._backoff = 0
+        else:
+            self._backoff = min(max(1, 2 * self._backoff), self.MAX_SKIP)
+            self._skip = self._backoff
+
+    def remember(self, run_ids: list[str], after: dict[str, RunSnapshot]) -> None:
+        """Note each of ``run_ids`` as just committed (``after``: the batch's runs after it; a run not in it stays
+        absent; a run in a final state or of too long texts is forgotten), the most recent last, keeping at most
+        :data:`MAX_RUNS` runs and :data:`MAX_CHARS` characters of texts."""
+        runs = self.runs
+        sizes = self._sizes
+        chars = self._chars
+        for run_id in run_ids:
+            if runs.pop(run_id, _FORGOTTEN) is not _FORGOTTEN:
+                chars -= sizes.pop(run_id, 0)
+            run = after.get(run_id)
+            if run is None:
+                runs[run_id] = None
+            elif run.state not in _FINAL and (size := _chars_of(run)) <= self.MAX_RUN_CHARS:
+                runs[run_id] = run
+                sizes[run_id] = size
+                chars += size
+        excess = len(runs) - self.MAX_RUNS
+        if excess > 0 or chars > self.MAX_CHARS:
+            forgotten: list[str] = []
+            for run_id in runs:  # the oldest first
+                if excess <= 0 and chars <= self.MAX_CHARS:
+                    break
+                forgotten.append(run_id)
+                excess -= 1
+                chars -= sizes.pop(run_id, 0)
+            for run_id in forgotten:
+                del runs[run_id]
+        self._chars = chars
+
+
+_FORGOTTEN: Any = object()  # what :meth:`_Guesses.remember` finds for a run it does not remember
+#: A run's text fields (every ``str`` field but ``state``), read at once
+_RUN_TEXTS = operator.itemgetter(
+    *(name for name, field in RunSnapshot.model_fields.items() if field.annotation in (str, str | None))
+)
+
+
+def _chars_of(run: RunSnapshot) -> int:
+    """The characters of ``run``'s texts (what can be long)."""
+    return sum(map(len, filter(None, _RUN_TEXTS(run.__dict__))))
+
+
+def _as_guessed(read: dict[str, RunSnapshot], assumed: dict[str, RunSnapshot]) -> bool:
+    """Whether the runs read are exactly the ones the guess assumed (the same runs present, field for field)."""
+    return read.keys() == assumed.keys() and all(same(run, assumed[run_id]) for run_id, run in read.items())
 
 
 async def _sqlite_batch(
@@ -820,7 +956,7 @@ async def _sqlite_batch(
         await driver.execute(_ADVANCE_COUNTER_SQLITE, (last + len(new),))
     fresh = [(row.event, row.stream_seq) for row in new]
     moved = 0
-    projected = _projected(fresh)
+    projected = _projected_rows(new)
     if projected:
         run_ids = sorted({run_id for _, _, run_id in projected})
         found = await driver.execute_fetchall(_sqlite_select_runs(len(run_ids)), run_ids)
@@ -845,33 +981,81 @@ def _projected(fresh: list[tuple[Envelope, int]]) -> list[tuple[Envelope, int, s
     ]
 
 
+def _projected_rows(rows: list[_Row]) -> list[tuple[Envelope, int, str]]:
+    """:func:`_projected` of a batch's rows, from what each row read once."""
+    return [(row.event, row.stream_seq, run_id) for row in rows if row.projected and (run_id := row.run_id) is not None]
+
+
+class _Projection:
+    """A batch's run projection (:func:`_project`): the runs before (as read, or as guessed) and after, how many
+    state moves, the ``(outcome, reason)`` of each run that moved into a final state, the events skipped, the
+    moves to log at debug (only when debug is on). Nothing is logged until :meth:`log_lines`: a guess may be
+    refused, or its batch cancelled."""
+
+    __slots__ = ("before", "finished", "moved", "moves", "runs", "skipped")
+
+    def __init__(self, before: dict[str, RunSnapshot]) -> None:
+        self.before = before
+        self.runs: dict[str, RunSnapshot] = dict(before)
+        self.moved = 0
+        self.finished: list[tuple[str, str]] = []
+        self.skipped: list[tuple[str, str, str]] = []
+        self.moves: list[tuple[str, str, str]] = []  # (run id, state, event type)
+
+    def writes(self) -> list[RunSnapshot]:
+        """The new and the changed runs (new first), to write back."""
+        before = self.before
+        created = [run for run_id, run in self.runs.items() if run_id not in before]
+        changed = [run for run_id, run in self.runs.items() if run_id in before and not same(run, before[run_id])]
+        return created + changed
+
+    def log_lines(self) -> None:
+        """Log the events whose data the projection refused, and its moves at debug: for the projection written
+        only, once (a guess not used logs nothing)."""
+        for ce_id, run_id, error in self.skipped:
+            log.warning("run.projection_skipped", ce_id=ce_id, run_id=run_id, error=error)
+        if self.moves:
+            debug = log.bind()  # resolved once: a lazy logger resolves itself at every call
+            for run_id, state, ce_type in self.moves:
+                debug.debug("run.moved", run_id=run_id, state=state, ce_type=ce_type)
+
+
+def _project(projected: list[tuple[Envelope, int, str]], before: dict[str, RunSnapshot]) -> _Projection:
+    """Project ``projected`` (stream order) onto the runs ``before`` (as stored; a run not in it is new), in
+    memory; nothing logged (:meth:`_Projection.log_lines` does)."""
+    result = _Projection(before)
+    runs = result.runs
+    # each move's debug line only when it is written (its arguments cost ~0.4 us per projected event)
+    trace = getattr(log.bind(), "is_enabled_for", lambda _level: True)(logging.DEBUG)
+    for event, seq, run_id in projected:
+        current = runs.get(run_id)
+        try:  # type and run checked by _projected
+            after = project_onto(current, event, seq, run_id)
+        except InvalidEnvelope as exc:  # stored as it came; a read model must not lose the fact
+            result.skipped.append((event.id, run_id, str(exc)))
+            continue
+        if after is None:
+            continue
+        if current is None or current.state != after.state:
+            result.moved += 1
+            if trace:
+                result.moves.append((run_id, after.state.value, event.type))
+            if after.state in _FINAL:
+                result.finished.append(finished_as(after.state, event))
+        runs[run_id] = after
+    return result
+
+
 def _project_runs(
     projected: list[tuple[Envelope, int, str]], before: dict[str, RunSnapshot], finished: list[tuple[str, str]]
 ) -> tuple[int, list[RunSnapshot]]:
     """Project ``projected`` (stream order) onto the runs ``before`` (as stored; a run not in it is new), in
     memory: how many state moves, and the new and changed runs to write. Appends the ``(outcome, reason)`` of
     each run that moved into a final state to ``finished``."""
-    runs: dict[str, RunSnapshot] = dict(before)
-    moved = 0
-    debug = log.bind()  # resolved once: a lazy logger resolves itself at every call
-    for event, seq, run_id in projected:
-        current = runs.get(run_id)
-        try:
-            after = project(current, event, seq)
-        except InvalidEnvelope as exc:  # stored as it came; a read model must not lose the fact
-            log.warning("run.projection_skipped", ce_id=event.id, run_id=run_id, error=str(exc))
-            continue
-        if after is None:
-            continue
-        if current is None or current.state != after.state:
-            moved += 1
-            debug.debug("run.moved", run_id=run_id, state=after.state.value, ce_type=event.type)
-            if after.state in _FINAL:
-                finished.append(finished_as(after.state, event))
-        runs[run_id] = after
-    created = [run for run_id, run in runs.items() if run_id not in before]
-    changed = [run for run_id, run in runs.items() if run_id in before and not same(run, before[run_id])]
-    return moved, created + changed
+    result = _project(projected, before)
+    result.log_lines()
+    finished.extend(result.finished)
+    return result.moved, result.writes()
 
 
 def _event_row(event: Envelope, stream_seq: int, recorded_at: datetime) -> dict[str, Any]:
@@ -900,7 +1084,7 @@ class _Row:
     which ``serializable`` tells apart); ``raw`` the JSON the envelope was decoded from when it holds nothing
     to replace (:func:`_plain`), else ``None``."""
 
-    __slots__ = ("dumped", "event", "raw", "serializable", "stream_seq")
+    __slots__ = ("dumped", "event", "projected", "raw", "run_id", "serializable", "stream_seq")
 
     def __init__(
         self, event: Envelope, stream_seq: int, dumped: str | None, serializable: bool, raw: bytes | None = None
@@ -910,6 +1094,10 @@ class _Row:
         self.dumped = dumped
         self.serializable = serializable
         self.raw = raw
+        #: :func:`run_id_of` the event, read once (the batch needs it three or four times)
+        self.run_id = run_id_of(event)
+        #: whether the run projection applies to it (:func:`_projected`)
+        self.projected = self.run_id is not None and event.type in PROJECTED_TYPES
 
     def data_text(self) -> str:
         """``data`` as JSON text (pydantic-core's, as the engine's ``json_serializer`` writes it); only for a
@@ -943,7 +1131,7 @@ def _pg_batch_json(rows: list[_Row]) -> str:
         % (
             row.raw if row.raw is not None else to_json(row.event),
             row.stream_seq,
-            to_json(run_id_of(row.event)),
+            to_json(row.run_id),
             to_json(row.event.time),
         )
         for row in rows
@@ -960,7 +1148,7 @@ def _sqlite_event_rows(rows: list[_Row], last: int, now: datetime) -> list[tuple
             e.type,
             e.source,
             _sqlite_datetime(e.time),
-            run_id_of(e),
+            row.run_id,
             e.correlationid,
             e.causationid,
             e.actor,

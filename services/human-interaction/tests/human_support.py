@@ -388,3 +388,29 @@ class CrashingBus:
             self.crashed = True
             raise PublishCrash(event.id)
         return await self._bus.publish(event)
+
+
+#: Alice and Bob, both on the web inbox, and the group of both of them.
+ALICE_BOB_AND_API_OWNERS = """users:
+  alice:
+    display_name: Alice Example
+    inbox_token: alice-demo-token
+    preferred: web
+    channels: {web: {}}
+  bob:
+    display_name: Bob Example
+    inbox_token: bob-demo-token
+    preferred: web
+    channels: {web: {}}
+groups:
+  api-owners:
+    display_name: API owners
+    members: [alice, bob]
+"""
+
+
+async def inbox_ids(client: httpx.AsyncClient, headers: dict[str, str]) -> list[str]:
+    """The ids of the requests ``GET /inbox`` lists for the person ``headers`` sign in as, sorted."""
+    reply = await client.get("/inbox", headers=headers)
+    assert reply.status_code == 200, reply.text
+    return sorted(r["id"] for r in reply.json()["requests"])

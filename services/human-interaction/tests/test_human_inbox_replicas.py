@@ -17,7 +17,16 @@ from typing import Any
 
 import httpx
 import pytest
-from human_support import ALICE, BOB, events_of, request_run, requested, service_settings
+from human_support import (
+    ALICE,
+    ALICE_BOB_AND_API_OWNERS,
+    BOB,
+    events_of,
+    inbox_ids,
+    request_run,
+    requested,
+    service_settings,
+)
 from nats.js.kv import KeyValue
 from replica_support import replica
 
@@ -30,29 +39,8 @@ from temporality_human_interaction.records import open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_protocol import HumanRequestState, new_id
 
-USERS = """users:
-  alice:
-    display_name: Alice Example
-    inbox_token: alice-demo-token
-    preferred: web
-    channels: {web: {}}
-  bob:
-    display_name: Bob Example
-    inbox_token: bob-demo-token
-    preferred: web
-    channels: {web: {}}
-groups:
-  api-owners:
-    display_name: API owners
-    members: [alice, bob]
-"""
+USERS = ALICE_BOB_AND_API_OWNERS
 GROUP = "group:api-owners"
-
-
-async def _inbox(client: httpx.AsyncClient, headers: dict[str, str]) -> list[str]:
-    reply = await client.get("/inbox", headers=headers)
-    assert reply.status_code == 200, reply.text
-    return sorted(r["id"] for r in reply.json()["requests"])
 
 
 class _Answered:
@@ -123,8 +111,8 @@ async def test_each_replica_lists_a_request_any_replica_took_in_from_its_first_r
                 if event.data["recipient"] in (person, GROUP):
                     mine[person].append(request_id)
             for client in clients:  # the first read of each replica: its mirror caught up before it answered
-                assert await _inbox(client, ALICE) == sorted(mine["user:alice"])
-                assert await _inbox(client, BOB) == sorted(mine["user:bob"])
+                assert await inbox_ids(client, ALICE) == sorted(mine["user:alice"])
+                assert await inbox_ids(client, BOB) == sorted(mine["user:bob"])
 
         # answered through one replica: neither lists it from then on (the record says so, whatever the mirror)
         group_id = str(asked[2].data["request_id"])
@@ -133,8 +121,8 @@ async def test_each_replica_lists_a_request_any_replica_took_in_from_its_first_r
         for person in mine.values():
             person.remove(group_id)
         for client in clients:
-            assert await _inbox(client, ALICE) == sorted(mine["user:alice"])
-            assert await _inbox(client, BOB) == sorted(mine["user:bob"])
+            assert await inbox_ids(client, ALICE) == sorted(mine["user:alice"])
+            assert await inbox_ids(client, BOB) == sorted(mine["user:bob"])
         [answer] = await events_of(bus, "human.answered", wait_for=1)
         assert answer.data["request_id"] == group_id
     # every read above was answered by the replica's mirror, none by a listing of the run entries
@@ -176,8 +164,8 @@ async def test_an_upgrade_keeps_an_older_version_s_inbox_entries_working_and_dro
         await refs.claim(inbox_key(person, request_id), request_id, expires_at=older.expires_at, people=2)
 
     async with replica(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
-        assert await _inbox(client, ALICE) == [request_id]
-        assert await _inbox(client, BOB) == [request_id]
+        assert await inbox_ids(client, ALICE) == [request_id]
+        assert await inbox_ids(client, BOB) == [request_id]
         named = await refs.get_ref(run_key)
         assert named is not None
         assert named.answerers == ["user:alice", "user:bob"]  # the start named them
@@ -185,8 +173,8 @@ async def test_an_upgrade_keeps_an_older_version_s_inbox_entries_working_and_dro
         assert reply.status_code == 200, reply.text
         for person in ("user:alice", "user:bob"):
             await _until_gone(bus, inbox_key(person, request_id))  # the end drops what its mirror holds
-        assert await _inbox(client, ALICE) == []
-        assert await _inbox(client, BOB) == []
+        assert await inbox_ids(client, ALICE) == []
+        assert await inbox_ids(client, BOB) == []
     assert (answered.mirror, answered.listings) == (4, 0)  # from the mirror, older entries and all
 
 

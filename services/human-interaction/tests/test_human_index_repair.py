@@ -18,7 +18,17 @@ from typing import Any
 
 import httpx
 import pytest
-from human_support import ALICE, BOB, request_run, requested, service_settings, stored, wait_for_record
+from human_support import (
+    ALICE,
+    ALICE_BOB_AND_API_OWNERS,
+    BOB,
+    inbox_ids,
+    request_run,
+    requested,
+    service_settings,
+    stored,
+    wait_for_record,
+)
 from replica_support import replica
 
 from temporality_bus import Bus, NatsSettings, Store, live_entries
@@ -158,28 +168,7 @@ async def test_the_sweep_lists_no_key_of_the_requests_bucket(
         assert await stored(bus, request_id) is not None  # pending: never purged
 
 
-USERS = """users:
-  alice:
-    display_name: Alice Example
-    inbox_token: alice-demo-token
-    preferred: web
-    channels: {web: {}}
-  bob:
-    display_name: Bob Example
-    inbox_token: bob-demo-token
-    preferred: web
-    channels: {web: {}}
-groups:
-  api-owners:
-    display_name: API owners
-    members: [alice, bob]
-"""
-
-
-async def _inbox_ids(client: httpx.AsyncClient, headers: dict[str, str]) -> list[str]:
-    reply = await client.get("/inbox", headers=headers)
-    assert reply.status_code == 200, reply.text
-    return sorted(r["id"] for r in reply.json()["requests"])
+USERS = ALICE_BOB_AND_API_OWNERS
 
 
 async def _until_inbox(client: httpx.AsyncClient, headers: dict[str, str], want: list[str]) -> None:
@@ -187,7 +176,7 @@ async def _until_inbox(client: httpx.AsyncClient, headers: dict[str, str], want:
     try:
         async with asyncio.timeout(30):
             while True:
-                seen = await _inbox_ids(client, headers)
+                seen = await inbox_ids(client, headers)
                 if seen == sorted(want):
                     return
                 await asyncio.sleep(0.2)

@@ -40,9 +40,10 @@ from temporality_run_executor.agents import AgentCard, AgentDirectory, ProviderC
 from temporality_run_executor.engine import Engine, ProviderFactory
 from temporality_run_executor.providers import AssistantTurn, Provider, ToolSpec, TurnContext
 from temporality_run_executor.providers.factory import ProviderCache
+from temporality_run_executor.providers.script import Script
 from temporality_run_executor.records import Checkpoint, Message, RunRecord
 from temporality_run_executor.settings import Settings
-from temporality_run_executor.tools import Tool, ToolRegistry
+from temporality_run_executor.tools import Tool, ToolPolicy, ToolRegistry
 from temporality_run_executor.watchdog import DEFAULT_GRACE_S, WatchdogPayload
 from temporality_service import run_until
 from temporality_testing.inprocess import Main
@@ -55,6 +56,19 @@ REVIEWER = AgentCard(
     system_prompt="You review pull requests.",
     provider=ProviderConfig(kind="scripted", script="reviewer"),
 )
+
+#: Answers at once: its first turn (the checkpoint still at turn 0) is its last, and ends the run.
+FINISHER = AgentCard(
+    id="finisher",
+    role="Finisher",
+    system_prompt="You answer at once.",
+    tools=ToolPolicy(allow=[]),
+    provider=ProviderConfig(
+        kind="scripted", script=Script.model_validate({"steps": [{"id": "done", "answer": "LGTM"}]})
+    ),
+)
+#: The events that end a run.
+TERMINAL = ("run.completed", "run.failed", "run.cancelled")
 
 PR_WITH_CONTRACT_CHANGE: dict[str, Any] = {
     "repository": {"id": "r1", "name": "orders-service", "url": "https://dev.azure.com/x/_git/orders", "project": "P"},

@@ -22,6 +22,8 @@ import asyncio
 
 import pytest
 from executor_support import (
+    FINISHER,
+    TERMINAL,
     HeldProvider,
     RunExecutor,
     disarmed,
@@ -33,28 +35,14 @@ from executor_support import (
 
 from temporality_bus import Bus
 from temporality_protocol import HumanRequested, RunCancelRequested, RunCompleted, RunState, make_event
-from temporality_run_executor.agents import AgentCard, ProviderConfig
+from temporality_run_executor.agents import AgentCard
 from temporality_run_executor.engine import Engine
 from temporality_run_executor.machine import ending_event
 from temporality_run_executor.providers import Provider
 from temporality_run_executor.providers.factory import ProviderCache
-from temporality_run_executor.providers.script import Script
 from temporality_run_executor.records import RunRecord
-from temporality_run_executor.tools import ToolPolicy
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import eventually, stays
-
-#: Answers at once: its first turn is its last.
-FINISHER = AgentCard(
-    id="finisher",
-    role="Finisher",
-    system_prompt="You answer at once.",
-    tools=ToolPolicy(allow=[]),
-    provider=ProviderConfig(
-        kind="scripted", script=Script.model_validate({"steps": [{"id": "done", "answer": "LGTM"}]})
-    ),
-)
-TERMINAL = ("run.completed", "run.failed", "run.cancelled")
 
 
 async def _cancel(bus: Bus, run_id: str, done: asyncio.Event) -> None:

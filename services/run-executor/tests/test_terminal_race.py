@@ -16,30 +16,25 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from executor_support import HeldProvider, RunExecutor, handled, run_record, run_requested, watchdog_handled
+from executor_support import (
+    FINISHER,
+    TERMINAL,
+    HeldProvider,
+    RunExecutor,
+    handled,
+    run_record,
+    run_requested,
+    watchdog_handled,
+)
 
 from temporality_bus import Bus
 from temporality_protocol import RunCompleted, RunFailed, RunState
-from temporality_run_executor.agents import AgentCard, ProviderConfig
+from temporality_run_executor.agents import AgentCard
 from temporality_run_executor.machine import ending_event
 from temporality_run_executor.providers import Provider
 from temporality_run_executor.providers.factory import ProviderCache
-from temporality_run_executor.providers.script import Script
-from temporality_run_executor.tools import ToolPolicy
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
-
-#: Answers at once: its first turn (the checkpoint still at turn 0) ends the run.
-FINISHER = AgentCard(
-    id="finisher",
-    role="Finisher",
-    system_prompt="You answer at once.",
-    tools=ToolPolicy(allow=[]),
-    provider=ProviderConfig(
-        kind="scripted", script=Script.model_validate({"steps": [{"id": "done", "answer": "LGTM"}]})
-    ),
-)
-TERMINAL = ("run.completed", "run.failed", "run.cancelled")
 
 
 async def _one_ending(event_log: EventLog, run_id: str, expected: str) -> None:

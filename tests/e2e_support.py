@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,6 +32,30 @@ API_TOKENS = [
 JOURNAL = {"Authorization": f"Bearer {API_TOKENS[0].token.get_secret_value()}"}
 
 
+#: How often :class:`FreePortStack` starts again on new ports when a port was taken before its server bound it.
+PORT_ATTEMPTS = 3
+
+
+class FreePortStack(Stack):
+    """A stack on ports :func:`free_port` picked: a port is free when picked and bound by the service a moment
+    later, so another test's server (another xdist worker's free_port picking the same one in that moment) can
+    take it first -- the service then exits with "Address already in use" (seen in CI: the journal of the
+    Matrix e2e stack). Such a start is stopped and started again on newly picked ports, at most
+    :data:`PORT_ATTEMPTS` times; any other failure is raised at once."""
+
+    def start(self, timeout: float = 60.0) -> None:
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                super().start(timeout)  # (a failed start has stopped what it started)
+                return
+            except RuntimeError as exc:
+                if "Address already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+                    raise
+            self.config = dataclasses.replace(
+                self.config, gateway_port=free_port(), human_port=free_port(), journal_port=free_port()
+            )
+
+
 def make_stack(
     tmp_path: Path,
     *,
@@ -47,7 +72,7 @@ def make_stack(
     tokens_file = tmp_path / "api-tokens.json"
     tokens_file.parent.mkdir(parents=True, exist_ok=True)
     tokens_file.write_text(dump_tokens(API_TOKENS), encoding="utf-8")
-    return Stack(
+    return FreePortStack(
         StackConfig(
             data_dir=tmp_path / "stack",
             config_dir=config_dir,

@@ -644,7 +644,6 @@ class Consumer:
         alone: list[Msg] = []
         batch: list[tuple[Envelope, Delivery]] = []
         max_deliver = self.spec.max_deliver
-        senders = self._senders
         for msg in msgs:
             delivery = Delivery(msg)
             if 0 < max_deliver < delivery.num_delivered:
@@ -657,12 +656,9 @@ class Consumer:
             except (ProtocolError, ValidationError):
                 alone.append(msg)  # fails the same way there, and is dead-lettered alone
                 continue
-            sender = (event.type, event.source, event.actor)
-            if sender not in senders:  # checked once per short (type, source, actor) seen: the answer never changes
-                if forgery(event, self._source_check) is not None:
-                    alone.append(msg)  # refused the same way there, and dead-lettered alone
-                    continue
-                _remember(senders, sender)
+            if self._forged(event) is not None:
+                alone.append(msg)  # refused the same way there, and dead-lettered alone
+                continue
             batch.append((event, delivery))
         return _Fetched(msgs, alone, batch)
 
@@ -772,12 +768,9 @@ class Consumer:
         event = _decode(msg.data)  # (decode's envelope, or its very error)
         if event.protocolversion not in _READABLE:  # another spelling, or version: negotiated each time
             _negotiate(event.protocolversion)  # refuses explicitly (PRO-3), as a ProtocolError
-        sender = (event.type, event.source, event.actor)
-        if sender not in self._senders:  # checked once per short (type, source, actor) seen, as the batch path
-            forged = forgery(event, self._source_check)
-            if forged is not None:  # SEC-1, AP-11: never handled; dead-lettered and journaled
-                raise ForgedEvent(forged)
-            _remember(self._senders, sender)
+        forged = self._forged(event)
+        if forged is not None:  # SEC-1, AP-11: never handled; dead-lettered and journaled
+            raise ForgedEvent(forged)
         bound = (_CE_ID.set(event.id), _CE_TYPE.set(event.type), _RUN_ID.set(event.runid))  # (as in _process)
         try:
             if not tracing.enabled():  # the hot path with tracing off: not even a context manager
@@ -789,6 +782,17 @@ class Consumer:
             _RUN_ID.reset(bound[2])
             _CE_TYPE.reset(bound[1])
             _CE_ID.reset(bound[0])
+
+    def _forged(self, event: Envelope) -> str | None:
+        """:func:`forgery` of ``event`` (why it is refused; None: it may be handled), checked once per short
+        ``(type, source, actor)`` seen (the answer is a pure function of them), for both paths."""
+        sender = (event.type, event.source, event.actor)
+        if sender in self._senders:
+            return None
+        forged = forgery(event, self._source_check)
+        if forged is None:
+            _remember(self._senders, sender)
+        return forged
 
     def _backoff(self, num_delivered: int) -> float:
         backoff = self.spec.backoff_s

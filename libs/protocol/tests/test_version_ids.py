@@ -11,6 +11,7 @@ from temporality_protocol import (
     negotiate,
     run_id_for_delivery,
 )
+from temporality_protocol.version import parse_version
 
 
 def test_highest_common_version_wins() -> None:
@@ -32,6 +33,24 @@ def test_malformed_versions_are_rejected() -> None:
     assert not is_supported("9.0")
     assert is_supported(PROTOCOL_VERSION)
     assert PROTOCOL_VERSION in SUPPORTED_VERSIONS
+
+
+@pytest.mark.parametrize(
+    "version",
+    ["\u0661.\u0660", "1.\u0660", "\uff11.0", "1.0 ", " 1.0", "1.0\n", "+1.0", "1_0.0", "1.", ".0", "1.0.0"],
+)
+def test_only_ascii_digits_make_a_version(version: str) -> None:
+    """``str.isdigit`` took Arabic-Indic and full-width digits, which ``int`` reads as 1.0."""
+    with pytest.raises(ValueError, match=r"MAJOR\.MINOR"):
+        parse_version(version)
+    assert not is_supported(version)
+
+
+def test_versions_parse_to_numbers() -> None:
+    assert parse_version("1.0") == (1, 0)
+    assert parse_version("10.9999") == (10, 9999)
+    assert parse_version("01.00") == (1, 0)  # the same number spelt otherwise, as before
+    assert is_supported("1.00")
 
 
 def test_deterministic_ids() -> None:

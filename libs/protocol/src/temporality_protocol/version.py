@@ -7,6 +7,7 @@ Every envelope carries ``protocolversion``. Two parties each declare the version
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from temporality_protocol.errors import IncompatibleProtocolVersion
@@ -19,12 +20,17 @@ PROTOCOL_VERSION = "1.0"
 SUPPORTED_VERSIONS: tuple[str, ...] = ("1.0",)
 
 
+#: ASCII digits only: ``str.isdigit`` took ``"\u0661.\u0660"`` (Arabic-Indic digits, which ``int`` reads as 1.0), so such an
+#: envelope was read as 1.0. Leading zeros stay the same number (``"01.0"`` is 1.0), as before.
+_VERSION = re.compile(r"([0-9]+)\.([0-9]+)")
+
+
 def parse_version(version: str) -> tuple[int, int]:
     """``"1.0"`` -> ``(1, 0)``; anything else is a :class:`ValueError`."""
-    major, sep, minor = version.partition(".")
-    if not sep or not major.isdigit() or not minor.isdigit():
-        raise ValueError(f"protocol version must look like MAJOR.MINOR, got {version!r}")
-    return int(major), int(minor)
+    match = _VERSION.fullmatch(version)
+    if match is None:
+        raise ValueError(f"protocol version must look like MAJOR.MINOR, got {version[:40]!r}")
+    return int(match[1]), int(match[2])
 
 
 def negotiate(ours: Iterable[str], theirs: Iterable[str]) -> str:

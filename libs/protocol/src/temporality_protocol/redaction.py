@@ -163,11 +163,20 @@ BUILTIN_PATTERNS: tuple[SecretPattern, ...] = (
         earliest=_starts_with("-----BEGIN "),
     ),
     # header.payload.signature, both first parts base64url JSON objects ("eyJ" = '{"')
-    _p("jwt", r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*", earliest=_starts_with("eyJ")),
+    # (tried once per run of [A-Za-z0-9_-], from its first word-start "eyJ": a later one in the same run ends where
+    # it does and fails as it did -- tried at each, "eyJ-" * 25,000 cost seconds, quadratic in the run's length)
+    _p(
+        "jwt",
+        r"(?<![A-Za-z0-9_-])(?>[A-Za-z0-9_-]*?(?=\beyJ))"
+        r"(?P<secret>eyJ[A-Za-z0-9_-]{5,}+\.eyJ[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]*+)",
+        earliest=_within_run("eyJ", run=_ALNUM + "_-"),
+    ),
     # scheme://user:password@host — connection strings (postgres, mysql, redis, amqp, mongodb+srv) and URLs
+    # (a scheme of at most 32 characters: unbounded, every word start in a long run of "a.a.a." before a "://"
+    # scanned the whole run again, quadratic in the run's length)
     _p(
         "url_credentials",
-        r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:" + _NOT_MARKER + r"(?P<secret>[^\s@/]+)@",
+        r"\b[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s:/@]+:" + _NOT_MARKER + r"(?P<secret>[^\s@/]+)@",
         earliest=_within_run("://", run=_ALNUM + "+.-"),
     ),
     # GitHub personal, OAuth, user-to-server, server-to-server, refresh tokens; fine-grained PATs
@@ -199,11 +208,17 @@ BUILTIN_PATTERNS: tuple[SecretPattern, ...] = (
         earliest=_within_run("bearer", "basic", "token", folded=True),
     ),
     # DB_PASSWORD=…, "api_key": "…", Password=…; (ADO.NET), ?access_token=…&
+    # The key is a whole run of [A-Za-z0-9_.-] holding a key word: tried only where such a run starts (the
+    # lookbehind), the word looked for ahead in it, the run then taken whole (possessive: the character after it
+    # must be a quote, a blank, ":" or "=", none of which is in the run). Written as ``\b[A-Za-z0-9_.-]*(words)``
+    # it was tried at every word start of a run and backtracked over the rest of it each time: ~9 s of CPU for
+    # "a." * 4000 + "key" (8 KB), quadratic in the run's length. The secret is the same; a key run right after a
+    # non-ASCII letter ("épassword=…", no word boundary there) is now found too.
     _p(
         "secret_assignment",
-        r"(?i)\b[A-Za-z0-9_.-]*("
+        r"(?i)(?<![A-Za-z0-9_.-])(?=[A-Za-z0-9_.-]*?("
         + _SECRET_KEY_WORDS
-        + r")[A-Za-z0-9_.-]*[\"']?\s*[:=]\s*[\"']?"
+        + r"))[A-Za-z0-9_.-]*+[\"']?\s*[:=]\s*[\"']?"
         + _NOT_MARKER
         + r"(?P<secret>[^\s\"',;&<>]+)",
         # every key word holds one of these (api_key: "key"; credentials: "credential"), and only characters

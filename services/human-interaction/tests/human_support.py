@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -17,7 +17,8 @@ import pytest
 from nats.aio.subscription import Subscription
 from pydantic import SecretStr
 
-from temporality_bus import Bus, Consumer, NatsSettings, written_out
+from temporality_bus import Bus, BusError, Consumer, NatsSettings, PublishResult, written_out
+from temporality_bus.pipeline import Write
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import (
@@ -373,12 +374,15 @@ class PublishCrash(Exception):
 
 
 class CrashingBus:
-    """The real bus, except that the first publish of an event of ``event_type`` dies (:class:`PublishCrash`)."""
+    """The real bus, except that the first publish of an event of ``event_type`` dies (:class:`PublishCrash`),
+    alone (``publish``) or in a pipelined batch (``pipeline.send``: the writes before it in the batch are sent,
+    as a process that dies while writing them out may have; it and the ones after it are not)."""
 
     def __init__(self, bus: Bus, event_type: str) -> None:
         self._bus = bus
         self._event_type = event_type
         self.crashed = False
+        self.pipeline = _CrashingPipeline(self)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._bus, name)
@@ -388,6 +392,20 @@ class CrashingBus:
             self.crashed = True
             raise PublishCrash(event.id)
         return await self._bus.publish(event)
+
+
+class _CrashingPipeline:
+    def __init__(self, crashing: CrashingBus) -> None:
+        self._crashing = crashing
+
+    async def send(self, writes: Sequence[Write], **kwargs: Any) -> list[PublishResult | BusError]:
+        crashing = self._crashing
+        for i, write in enumerate(writes):
+            if write.headers.get("Ce-Type") == crashing._event_type and not crashing.crashed:
+                crashing.crashed = True
+                await crashing._bus.pipeline.send(writes[:i], **kwargs)
+                raise PublishCrash(write.headers.get("Nats-Msg-Id"))
+        return await crashing._bus.pipeline.send(writes, **kwargs)
 
 
 #: Alice and Bob, both on the web inbox, and the group of both of them.

@@ -1,8 +1,9 @@
 """Binding an answer to its request (HUM-4, HUM-6): who may answer, what counts, exactly once.
 
 Flow: compare-and-set ``pending -> answered`` (answer, responder, answered_at, answer_channel,
-``answer_published=False``) -> arm a repair timer -> publish ``human.answered`` (deterministic id)
--> compare-and-set ``answer_published=True``. Two racing answers: one CAS wins, the other re-reads
+``answer_published=False``) -> arm a repair timer and publish ``human.answered`` (deterministic id), one
+pipelined round trip, the timer's write first (the run entry's inbox mark, best effort, meanwhile) ->
+compare-and-set ``answer_published=True``. Two racing answers: one CAS wins, the other re-reads
 and is refused.
 
 If the process dies or the bus times out between the CAS and the publish, the answer stays bound
@@ -34,6 +35,7 @@ Errors (each carries its HTTP status and a stable code)::
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
@@ -41,7 +43,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import structlog
 from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 
-from temporality_bus import Bus, NotFound, TransientError, Versioned, evolve
+from temporality_bus import Bus, NotFound, PublishResult, TransientError, Versioned, evolve
+from temporality_bus.pipeline import event_write
 from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.events import RefusedReason, answer_refused_event, answered_event
 from temporality_human_interaction.records import (
@@ -52,7 +55,7 @@ from temporality_human_interaction.records import (
     RequestStore,
     open_store,
 )
-from temporality_human_interaction.timers import arm_answer_repair
+from temporality_human_interaction.timers import answer_repair_write
 from temporality_protocol import HumanAnswer, HumanRequestState, OptionAnswer, TextAnswer, forms
 from temporality_protocol.events import MAX_TEXT
 from temporality_protocol.redaction import MARKER
@@ -311,8 +314,16 @@ async def bind_answer_outcome(
             if observer is not None:
                 observer.ended(record)
 
-            await unindex(bus, record, mirror)
-            await _arm_repair(bus, record, repair_after_s)
+            # The repair timer and human.answered in one round trip (the timer's write first), and the run entry's
+            # mark meanwhile: it is best effort, and nothing waits for it (the inbox reads the record).
+            announced, _ = await asyncio.gather(
+                _arm_and_announce(bus, record, store, bound, repair_after_s),
+                unindex(bus, record, mirror),  # catches its own errors
+                return_exceptions=True,
+            )
+            if isinstance(announced, BaseException):
+                raise announced
+            return announced, False
         elif record.answer_published:
             log.info("answer.already_recorded", responder=responder)
             return record, True
@@ -420,19 +431,34 @@ async def announce_answer(
     return await _mark_published(store, record.request_id, known)
 
 
-async def _arm_repair(bus: Bus, record: HumanRequestRecord, repair_after_s: float) -> None:
-    """Arm the timer that announces this answer if the publish below is lost.
+async def _arm_and_announce(
+    bus: Bus,
+    record: HumanRequestRecord,
+    store: RequestStore,
+    known: Versioned[HumanRequestRecord],
+    repair_after_s: float,
+) -> HumanRequestRecord:
+    """Arm the timer that announces this answer if its publish is lost, publish ``human.answered`` and mark it
+    published (:func:`announce_answer`); the timer and the event go out in one pipelined round trip, the timer's
+    write first, so the timer is on its way whenever the event is.
 
-    A failure here does not stop the publish; the deadline timer and any later POST still repair.
+    A failed timer does not stop the publish (the deadline timer and any later answer still repair); a failed
+    publish raises, as :func:`announce_answer`'s does.
     """
     assert record.answered_at is not None
     at = record.answered_at + timedelta(seconds=repair_after_s)
-    try:
-        result = await arm_answer_repair(bus, record.request_id, at)
-    except Exception as exc:
-        log.warning("answer.repair_timer_failed", error=repr(exc))
-        return
-    log.info("answer.repair_timer_armed", at=at.isoformat(), duplicate=result.duplicate)
+    channel = record.answer_channel or _DEFAULT_ANSWER_CHANNEL
+    timer, published = await bus.pipeline.send(
+        [answer_repair_write(bus, record.request_id, at), event_write(answered_event(record, channel=channel))]
+    )
+    if isinstance(timer, PublishResult):
+        log.info("answer.repair_timer_armed", at=at.isoformat(), duplicate=timer.duplicate)
+    else:
+        log.warning("answer.repair_timer_failed", error=repr(timer))
+    if not isinstance(published, PublishResult):
+        raise published
+    log.info("request.answered", responder=record.responder, channel=channel, duplicate=published.duplicate)
+    return await _mark_published(store, record.request_id, known)
 
 
 async def _bind(

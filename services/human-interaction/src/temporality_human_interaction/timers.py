@@ -28,14 +28,18 @@ import json
 from datetime import datetime
 
 from temporality_bus import Bus, PublishResult, Timers
+from temporality_bus.pipeline import Write
 from temporality_protocol import derive_id
 from temporality_protocol.catalog import TIMER_NS_HUMAN
 
 __all__ = [
+    "answer_repair_write",
     "arm_answer_repair",
     "arm_chain_step",
     "arm_deadline",
     "chain_key",
+    "chain_step_write",
+    "deadline_write",
     "human_timers",
     "rearm_deadline",
     "rearm_key",
@@ -76,20 +80,35 @@ async def arm_chain_step(
 
     The msg id is the step's (a repeat, by a redelivery or another replica, is deduplicated); ``cause``
     (an early firing) keys a re-arm of the same step."""
+    return await bus.publish_write(chain_step_write(bus, request_id, step, at, cause=cause))
+
+
+def chain_step_write(bus: Bus, request_id: str, step: int, at: datetime, *, cause: str | None = None) -> Write:
+    """The write :func:`arm_chain_step` publishes, for a batch with others (``bus.pipeline.send``)."""
     msg_id = derive_id("tmr", request_id, "chain", str(step), *((cause,) if cause else ()))
-    return await human_timers(bus).arm(chain_key(request_id), at, timer_payload(request_id, step), msg_id=msg_id)
+    return human_timers(bus).arm_write(chain_key(request_id), at, timer_payload(request_id, step), msg_id=msg_id)
 
 
 async def arm_deadline(bus: Bus, request_id: str, expires_at: datetime) -> PublishResult:
     """The request's deadline; a repeat (redelivered ``human.requested``) is deduplicated by its msg id."""
-    return await human_timers(bus).arm(
+    return await bus.publish_write(deadline_write(bus, request_id, expires_at))
+
+
+def deadline_write(bus: Bus, request_id: str, expires_at: datetime) -> Write:
+    """The write :func:`arm_deadline` publishes, for a batch with others (``bus.pipeline.send``)."""
+    return human_timers(bus).arm_write(
         request_id, expires_at, timer_payload(request_id), msg_id=derive_id("tmr", request_id)
     )
 
 
 async def arm_answer_repair(bus: Bus, request_id: str, at: datetime) -> PublishResult:
     """A timer that announces the bound answer if its ``human.answered`` was lost (one per request)."""
-    return await human_timers(bus).arm(
+    return await bus.publish_write(answer_repair_write(bus, request_id, at))
+
+
+def answer_repair_write(bus: Bus, request_id: str, at: datetime) -> Write:
+    """The write :func:`arm_answer_repair` publishes, for a batch with others (``bus.pipeline.send``)."""
+    return human_timers(bus).arm_write(
         repair_key(request_id), at, timer_payload(request_id), msg_id=derive_id("tmr", request_id, "repair")
     )
 

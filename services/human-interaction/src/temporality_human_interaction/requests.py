@@ -31,6 +31,15 @@ the I/O in an order where every step is idempotent under redelivery:
 6. Publish ``human.notified`` (deterministic id) with ``channel``, ``fallback_from`` and
    ``failed_attempts`` (each channel tried before, and why it failed): every attempt is journaled.
 
+The writes of steps 5 and 6 -- the chain's first step, ``human.notified`` -- and, for a web inbox question (its
+delivery is the stored record), step 3's deadline before them go out together in one pipelined round trip
+(``bus.pipeline.send``, in that order), not one after the other; a channel that sends (Telegram, Matrix, a group)
+still has its deadline armed alone before it sends. Each write of the round is stored or not on its own:
+``human.notified`` can be stored while the deadline's (or the chain step's) write failed. Any failed write fails
+the handler, and the redelivery writes all of them again under the same msg ids: the missing timer is armed then,
+what was stored is deduplicated. Until then (or for good, should every delivery fail and the message be
+dead-lettered) the question is announced without that timer.
+
 A ``group:<id>`` recipient (listed itself in ``policy.allowed_recipients``) is asked through the same
 path: its members are fixed in the record when it is stored (``members``), and step 4 runs for each
 member in turn, on that member's own preferred channel and fallback, one compare-and-set per member
@@ -357,7 +366,8 @@ class RequestHandler:
                 known = None
 
         #: The writes that end the intake, sent together in one pipelined round trip (in this order): the deadline
-        #: (unless armed before a channel sends below), the chain's next step, ``human.notified``.
+        #: (unless armed before a channel sends below), the chain's next step, ``human.notified``. Each is stored or
+        #: not on its own: ``human.notified`` may be stored while a timer's write failed (the module's docstring).
         writes: list[tuple[str, Write]] = []
         if record.pending:  # before delivery: a request that can never be delivered still expires (HUM-8)
             if decision.group or record.channel is None:  # a channel sends below: armed before it does
@@ -382,7 +392,8 @@ class RequestHandler:
             truncated = self._egress.for_channel(record, record.channel)[1]
             notified = notified_event(record, channel=record.channel, fallback_from=fallback_from, truncated=truncated)
             writes.append(("notified", event_write(notified)))
-        # one round trip; any failure fails the handler (its redelivery sends them again: each is deduplicated)
+        # one round trip; any failure fails the handler after the others are stored: its redelivery sends them all
+        # again (same msg ids: the failed one is written then, the stored ones are deduplicated)
         outcomes = await self._bus.pipeline.send([write for _, write in writes]) if writes else []
         for (what, _), outcome in zip(writes, outcomes, strict=True):
             if not isinstance(outcome, PublishResult):

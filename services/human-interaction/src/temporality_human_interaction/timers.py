@@ -9,9 +9,15 @@ record, not from the subject, so any timer firing at any time is safe:
 timer      schedule subject -> fired subject               armed
 =========  ==============================================  =============================================
 deadline   ``…schedule.human.<id>`` -> ``…fired.human.     when the request is stored, before delivery
-           <id>``, at ``expires_at`` (rounded up)          (HUM-8: a request nobody could reach expires)
-repair     ``…schedule.human.<id>.repair`` ->              when an answer is bound, before it is
-           ``…fired.human.<id>.repair``, a little later    published: announces it if the publish was lost
+           <id>``, at ``expires_at`` (rounded up)          (HUM-8: a request nobody could reach expires);
+                                                           a web inbox question's in one pipelined round
+                                                           with its ``human.notified``, each stored or not
+                                                           on its own (a failure fails the intake: its
+                                                           redelivery arms it)
+repair     ``…schedule.human.<id>.repair`` ->              when an answer is bound, in one pipelined round
+           ``…fired.human.<id>.repair``, a little later    with its ``human.answered`` (the timer's write
+                                                           first; each stored or not on its own):
+                                                           announces it if the publish was lost
 rearm      ``…schedule.human.<id>.rearm`` ->               when a timer fired on a request still pending
            ``…fired.human.<id>``, at ``expires_at``        before its ``expires_at``
 chain      ``…schedule.human.<id>.chain`` ->               the timeout policy's next step (HUM-8: a

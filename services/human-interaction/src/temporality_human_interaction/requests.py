@@ -35,10 +35,11 @@ The writes of steps 5 and 6 -- the chain's first step, ``human.notified`` -- and
 delivery is the stored record), step 3's deadline before them go out together in one pipelined round trip
 (``bus.pipeline.send``, in that order), not one after the other; a channel that sends (Telegram, Matrix, a group)
 still has its deadline armed alone before it sends. Each write of the round is stored or not on its own:
-``human.notified`` can be stored while the deadline's (or the chain step's) write failed. Any failed write fails
-the handler, and the redelivery writes all of them again under the same msg ids: the missing timer is armed then,
-what was stored is deduplicated. Until then (or for good, should every delivery fail and the message be
-dead-lettered) the question is announced without that timer.
+``human.notified`` can be stored while the deadline's (or the chain step's) write failed (each failed write is
+logged as ``request.write_failed``; the stored event as ``request.notified`` with ``timers_failed`` naming those
+timers). Any failed write fails the handler, and the redelivery writes all of them again under the same msg
+ids: the missing timer is armed then, what was stored is deduplicated. Until then (or for good, should every
+delivery fail and the message be dead-lettered) the question is announced without that timer.
 
 A ``group:<id>`` recipient (listed itself in ``policy.allowed_recipients``) is asked through the same
 path: its members are fixed in the record when it is stored (``members``), and step 4 runs for each
@@ -56,7 +57,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 
@@ -116,6 +117,8 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
+#: What each write of the intake's last pipelined round is (its outcome logged as such).
+_IntakeWrite = Literal["deadline", "chain", "notified"]
 
 #: A ``human.requested`` is stamped a moment after the run-executor computed its deadline from the same
 #: policy: a deadline within this much of ``time + max_timeout_s`` is the executor's own, not a widening.
@@ -368,7 +371,7 @@ class RequestHandler:
         #: The writes that end the intake, sent together in one pipelined round trip (in this order): the deadline
         #: (unless armed before a channel sends below), the chain's next step, ``human.notified``. Each is stored or
         #: not on its own: ``human.notified`` may be stored while a timer's write failed (the module's docstring).
-        writes: list[tuple[str, Write]] = []
+        writes: list[tuple[_IntakeWrite, Write]] = []
         if record.pending:  # before delivery: a request that can never be delivered still expires (HUM-8)
             if decision.group or record.channel is None:  # a channel sends below: armed before it does
                 await self._schedule_deadline(record)
@@ -395,10 +398,15 @@ class RequestHandler:
         # one round trip; any failure fails the handler after the others are stored: its redelivery sends them all
         # again (same msg ids: the failed one is written then, the stored ones are deduplicated)
         outcomes = await self._bus.pipeline.send([write for _, write in writes]) if writes else []
+        failed = [
+            (what, outcome)
+            for (what, _), outcome in zip(writes, outcomes, strict=True)
+            if not isinstance(outcome, PublishResult)
+        ]
         for (what, _), outcome in zip(writes, outcomes, strict=True):
             if not isinstance(outcome, PublishResult):
-                raise outcome
-            if what == "deadline":
+                log.warning("request.write_failed", write=what, error=repr(outcome))
+            elif what == "deadline":
                 log.info("deadline.scheduled", at=record.expires_at.isoformat(), duplicate=outcome.duplicate)
             elif what == "chain" and step is not None:
                 log.info(
@@ -409,12 +417,17 @@ class RequestHandler:
                     duplicate=outcome.duplicate,
                 )
             elif what == "notified":
+                # stored, whatever else failed: ``timers_failed`` names a timer this delivery did not arm (the
+                # redelivery arms it)
                 log.info(
                     "request.notified",
                     channel=record.channel,
                     fallback_from=fallback_from,
                     failed=[f.channel for f in record.failed_deliveries],
+                    timers_failed=[w for w, _ in failed],
                 )
+        if failed:
+            raise failed[0][1]
 
     async def _delivered_with_record(self, record: HumanRequestRecord, profile: UserProfile) -> HumanRequestRecord:
         """``record`` with its delivery, when the person's first channel with an adapter here delivers by the stored

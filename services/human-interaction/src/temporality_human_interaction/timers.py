@@ -40,7 +40,6 @@ from temporality_protocol.catalog import TIMER_NS_HUMAN
 
 __all__ = [
     "answer_repair_write",
-    "arm_answer_repair",
     "arm_chain_step",
     "arm_deadline",
     "chain_key",
@@ -107,13 +106,9 @@ def deadline_write(bus: Bus, request_id: str, expires_at: datetime) -> Write:
     )
 
 
-async def arm_answer_repair(bus: Bus, request_id: str, at: datetime) -> PublishResult:
-    """A timer that announces the bound answer if its ``human.answered`` was lost (one per request)."""
-    return await bus.publish_write(answer_repair_write(bus, request_id, at))
-
-
 def answer_repair_write(bus: Bus, request_id: str, at: datetime) -> Write:
-    """The write :func:`arm_answer_repair` publishes, for a batch with others (``bus.pipeline.send``)."""
+    """A timer that announces the bound answer if its ``human.answered`` was lost (one per request): the write, sent
+    in the round that publishes the event (``bus.pipeline.send``, :mod:`.answers`)."""
     return human_timers(bus).arm_write(
         repair_key(request_id), at, timer_payload(request_id), msg_id=derive_id("tmr", request_id, "repair")
     )

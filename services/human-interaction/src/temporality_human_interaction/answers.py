@@ -2,9 +2,9 @@
 
 Flow: compare-and-set ``pending -> answered`` (answer, responder, answered_at, answer_channel,
 ``answer_published=False``) -> arm a repair timer and publish ``human.answered`` (deterministic id), one
-pipelined round trip, the timer's write first (the run entry's inbox mark, best effort, meanwhile) ->
-compare-and-set ``answer_published=True``. Two racing answers: one CAS wins, the other re-reads
-and is refused.
+pipelined round trip, the timer's write first, each stored or not on its own (the run entry's inbox mark, best
+effort, concurrently) -> compare-and-set ``answer_published=True``. Two racing answers: one CAS wins, the other
+re-reads and is refused.
 
 If the process dies or the bus times out between the CAS and the publish, the answer stays bound
 but unannounced, and every one of these republishes the *stored* answer (same event id, so
@@ -315,9 +315,11 @@ async def bind_answer_outcome(
                 observer.ended(record)
 
             # The repair timer and human.answered in one round trip (the timer's write first), and the run entry's
-            # mark meanwhile: it is best effort, and nothing waits for it (the inbox reads the record).
+            # mark concurrently: the caller (the POST's reply) waits for both, so the mark adds no round trip of its
+            # own to the wait but is done when this returns; it is best effort (a failure is logged, not raised).
+            assert record.answered_at is not None
             announced, _ = await asyncio.gather(
-                _arm_and_announce(bus, record, store, bound, repair_after_s),
+                _announce(bus, record, store, bound, repair_at=record.answered_at + timedelta(seconds=repair_after_s)),
                 unindex(bus, record, mirror),  # catches its own errors
                 return_exceptions=True,
             )
@@ -424,40 +426,42 @@ async def announce_answer(
     ``known``: the stored record and its revision as the caller just read or wrote it; the mark starts from it
     (``Store.modify(known=...)``: the compare-and-set proves it current, a stale one is read again).
     """
-    store = store or await open_store(bus)
-    channel = record.answer_channel or _DEFAULT_ANSWER_CHANNEL
-    result = await bus.publish(answered_event(record, channel=channel))
-    log.info("request.answered", responder=record.responder, channel=channel, duplicate=result.duplicate)
-    return await _mark_published(store, record.request_id, known)
+    return await _announce(bus, record, store or await open_store(bus), known)
 
 
-async def _arm_and_announce(
+async def _announce(
     bus: Bus,
     record: HumanRequestRecord,
     store: RequestStore,
-    known: Versioned[HumanRequestRecord],
-    repair_after_s: float,
+    known: Versioned[HumanRequestRecord] | None,
+    *,
+    repair_at: datetime | None = None,
 ) -> HumanRequestRecord:
-    """Arm the timer that announces this answer if its publish is lost, publish ``human.answered`` and mark it
-    published (:func:`announce_answer`); the timer and the event go out in one pipelined round trip, the timer's
-    write first, so the timer is on its way whenever the event is.
+    """Publish ``human.answered`` and mark it published (:func:`announce_answer`); with ``repair_at``, the answer's
+    repair timer (due then) is armed in the same pipelined round trip, its write sent first.
 
-    A failed timer does not stop the publish (the deadline timer and any later answer still repair); a failed
-    publish raises, as :func:`announce_answer`'s does.
+    The two writes of that round are stored independently: the event can be stored while the timer's write failed,
+    or the other way round. A failed timer is logged as ``answer.repair_timer_failed`` and the publish goes on: the
+    answer is then announced and marked with no repair timer, so should the mark fail, the request's deadline timer
+    or any later answer is what announces it again (same event id). A failed publish raises (a 503 / "try again"),
+    with the timer armed or not (not: the deadline timer or a later answer announces the bound answer).
     """
-    assert record.answered_at is not None
-    at = record.answered_at + timedelta(seconds=repair_after_s)
     channel = record.answer_channel or _DEFAULT_ANSWER_CHANNEL
-    timer, published = await bus.pipeline.send(
-        [answer_repair_write(bus, record.request_id, at), event_write(answered_event(record, channel=channel))]
-    )
-    if isinstance(timer, PublishResult):
-        log.info("answer.repair_timer_armed", at=at.isoformat(), duplicate=timer.duplicate)
+    event = answered_event(record, channel=channel)
+    if repair_at is None:
+        result = await bus.publish(event)
     else:
-        log.warning("answer.repair_timer_failed", error=repr(timer))
-    if not isinstance(published, PublishResult):
-        raise published
-    log.info("request.answered", responder=record.responder, channel=channel, duplicate=published.duplicate)
+        timer, published = await bus.pipeline.send(
+            [answer_repair_write(bus, record.request_id, repair_at), event_write(event)]
+        )
+        if isinstance(timer, PublishResult):
+            log.info("answer.repair_timer_armed", at=repair_at.isoformat(), duplicate=timer.duplicate)
+        else:
+            log.warning("answer.repair_timer_failed", error=repr(timer))
+        if not isinstance(published, PublishResult):
+            raise published
+        result = published
+    log.info("request.answered", responder=record.responder, channel=channel, duplicate=result.duplicate)
     return await _mark_published(store, record.request_id, known)
 
 

@@ -202,9 +202,11 @@ class Hops:
             self.marks.setdefault(run_id, {}).setdefault(step, time.time() if at is None else at)
 
     async def on(self, msg: Msg) -> None:
+        if not self.recording:  # before parsing: the subscription sees every event of every round
+            return
         event = json.loads(msg.data)
         run_id = event.get("runid")
-        if run_id is None or not self.recording:
+        if run_id is None:
             return
         marks = self.marks.setdefault(run_id, {})
         step = f"{event['type']} (time)"

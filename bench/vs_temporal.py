@@ -1,6 +1,6 @@
 """The human-in-the-loop loop, Temporality against Temporal, on the same machine in one run.
 
-Run: ``.venv/bin/python bench/vs_temporal.py [--loops 200] [--concurrency 20] [--skip-temporal]``
+Run: ``.venv/bin/python bench/vs_temporal.py [--loops 200] [--concurrency 20] [--skip-temporal] [--hops]``
 
 One loop is what a person in the loop costs end to end: **start -> ask -> answer -> complete**.
 
@@ -34,7 +34,8 @@ journal mode from its SQLite file. kill -9 of any process loses nothing, a power
 
 ``--concurrency`` loops run at once, ``--loops`` in all per system; loops/s over the whole batch, p50/p99
 per loop. The load comes from asyncio clients in this process on both sides (tens of loops/s: far from
-what saturates a client). Prints figures and ratios; asserts nothing.
+what saturates a client). Prints figures and ratios; asserts nothing. ``--hops``: also where the judged loop's
+time goes (:class:`Hops`; bench/README.md).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -183,6 +184,52 @@ class Waiters:
                 fut.set_result(event["data"])
 
 
+#: ``--hops``: the first and the last of a loop's steps.
+SENT, TAILED = "webhook sent (bench)", "journal tail delivered (bench)"
+
+
+class Hops:
+    """``--hops``: where one loop's time goes. Every event of a run on the bus (its CloudEvent ``time``: when the
+    service that published it made it) and the bench's own steps (webhook sent, answer sent and answered, the
+    journal's tail delivering ``run.completed``), each as an offset from the webhook's send; medians per step."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, dict[str, float]] = {}
+        self.recording = False
+
+    def mark(self, run_id: str, step: str, at: float | None = None) -> None:
+        if self.recording:
+            self.marks.setdefault(run_id, {}).setdefault(step, time.time() if at is None else at)
+
+    async def on(self, msg: Msg) -> None:
+        if not self.recording:  # before parsing: the subscription sees every event of every round
+            return
+        event = json.loads(msg.data)
+        run_id = event.get("runid")
+        if run_id is None:
+            return
+        marks = self.marks.setdefault(run_id, {})
+        step = f"{event['type']} (time)"
+        if step in marks:  # a second event of the type (run.streamed): its own step
+            step = f"{event['type']} #2 (time)"
+        self.mark(run_id, step, datetime.fromisoformat(event["time"].replace("Z", "+00:00")).timestamp())
+
+    def lines(self) -> list[str]:
+        offsets: dict[str, list[float]] = {}
+        for marks in self.marks.values():
+            if SENT not in marks or TAILED not in marks:
+                continue  # a loop the recording caught part of
+            for step, at in marks.items():
+                offsets.setdefault(step, []).append((at - marks[SENT]) * 1000)
+        rows = sorted((statistics.median(ms), step, ms) for step, ms in offsets.items())
+        out = [f"    {'step (bench: the bench saw it)':<44} {'p50 from the webhook':>21} {'hop':>7} {'p90':>8}"]
+        previous = 0.0
+        for p50, step, ms in rows:
+            out.append(f"    {step:<44} {p50:18.1f} ms {p50 - previous:7.1f} {_pct(ms, 0.9):8.1f}")
+            previous = p50
+        return out
+
+
 def _loop_config(tmp: Path) -> Path:
     """A copy of the shipped config with :data:`LOOP_TRIGGER` (the shipped trigger's auth and people) launching
     :data:`LOOP_AGENT` (the scripted same-loop card, offered ``ask_human`` only)."""
@@ -208,7 +255,9 @@ def _loop_config(tmp: Path) -> Path:
     return config
 
 
-async def _temporality(tmp: Path, loops: int, concurrency: int, warmup: int) -> tuple[list[Figures], Durability]:
+async def _temporality(
+    tmp: Path, loops: int, concurrency: int, warmup: int, hops: Hops | None = None
+) -> tuple[list[Figures], Durability]:
     tokens = tmp / "api-tokens.json"
     tokens.write_text(dump_tokens([VIEWER]), encoding="utf-8")
     stack = bench_stack(tmp / "stack", _loop_config(tmp), api_tokens_file=tokens)
@@ -223,13 +272,15 @@ async def _temporality(tmp: Path, loops: int, concurrency: int, warmup: int) -> 
         nc = await nats.connect(stack.nats_url)
         for kind in ("human.notified", "run.completed", "run.failed"):
             await nc.subscribe(f"temporality.events.{kind}", cb=waiters.on)
+        if hops is not None:  # every event (more work for this process: --hops only)
+            await nc.subscribe("temporality.events.>", cb=hops.on)
         limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
         tail = asyncio.create_task(_journal_tail(stack.journal_url, waiters, tailing := asyncio.Event()))
         await asyncio.wait_for(tailing.wait(), 30)
         async with httpx.AsyncClient(timeout=60, limits=limits) as http:
 
             async def loop(n: int, *, trigger: str, read_model: bool) -> float:
-                start = time.perf_counter()
+                start, sent = time.perf_counter(), time.time()
                 hook = await http.post(
                     f"{stack.gateway_url}/hooks/{trigger}",
                     json=dict(payload, id=str(uuid.uuid4())),
@@ -237,18 +288,27 @@ async def _temporality(tmp: Path, loops: int, concurrency: int, warmup: int) -> 
                 )
                 hook.raise_for_status()
                 run_id = hook.json()["run_id"]
+                if hops is not None:
+                    hops.mark(run_id, SENT, sent)
+                    hops.mark(run_id, "webhook answered (bench)")
                 notified = await asyncio.wait_for(waiters.future("human.notified", run_id), 60)
+                if hops is not None:
+                    hops.mark(run_id, "answer sent (bench)")
                 answer = await http.post(
                     f"{stack.human_url}/requests/{notified['request_id']}/answer",
                     json={"option_id": "keep-v1"},
                     headers=ALICE,
                 )
                 answer.raise_for_status()
+                if hops is not None:
+                    hops.mark(run_id, "answer answered (bench)")
                 await asyncio.wait_for(waiters.future("run.completed", run_id), 60)
                 if read_model:
                     # the journal committed run.completed: its live tail says so, pushed as Temporal's result is
                     await asyncio.wait_for(waiters.future(JOURNALED, run_id), 60)
                     took = time.perf_counter() - start
+                    if hops is not None:
+                        hops.mark(run_id, TAILED)
                     run = await http.get(f"{stack.journal_url}/runs/{run_id}", headers=JOURNAL)  # and it reads so
                     if run.status_code != 200 or run.json().get("state") != "completed":
                         raise RuntimeError(f"the journal's tail had {run_id} completed, GET /runs says {run.text}")
@@ -266,7 +326,11 @@ async def _temporality(tmp: Path, loops: int, concurrency: int, warmup: int) -> 
                 pids: dict[str, int | None] = {name: proc.pid for name, proc in stack.services.items()}
                 pids |= {"nats-server": stack.nats.proc.pid if stack.nats.proc else None, "bench client": os.getpid()}
                 before = _cpu(pids)
+                if hops is not None:
+                    hops.recording = what == "same loop"  # the judged batch only
                 read_s, read_ms = await _batch(loops, concurrency, read)
+                if hops is not None:
+                    hops.recording = False
                 _print_cpu(f"Temporality, {what}", before, _cpu(pids), loops)
                 figures += [
                     Figures(f"Temporality, {what}, to run.completed on the bus", loops, bus_s, bus_ms, what),
@@ -455,6 +519,12 @@ def main() -> int:
     parser.add_argument(
         "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
     )
+    parser.add_argument(
+        "--hops",
+        action="store_true",
+        help="print where the judged loop's time goes: each step's p50 offset from the webhook (the services' "
+        "CloudEvent times, the bench's own steps); subscribes to every event, more CPU in the bench's process",
+    )
     args = parser.parse_args()
     recorder = Recorder("vs_temporal", {k: v for k, v in vars(args).items() if k != "json_out"})
     configure_logging(LogSettings(level="warning", format="console"), service="bench")
@@ -469,7 +539,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="temporality-bench-") as name:
         tmp = Path(name)
         (tmp / "temporality").mkdir()
-        ours, durability = asyncio.run(_temporality(tmp / "temporality", args.loops, args.concurrency, args.warmup))
+        hops = Hops() if args.hops else None
+        ours, durability = asyncio.run(
+            _temporality(tmp / "temporality", args.loops, args.concurrency, args.warmup, hops)
+        )
         if not skipped:
             with _temporal_server(tmp / "temporal-default", []) as server:
                 default = asyncio.run(_temporal(server, "Temporal dev server, its default SQLite", **_counts(args)))
@@ -489,6 +562,9 @@ def main() -> int:
         out(figures.line() + "\n")
     if skipped:
         out(f"{skipped}\n")
+    if hops is not None:
+        out("where the time goes, Temporality, same loop, to the journal (--hops; medians of the judged batch):\n")
+        out("".join(f"{line}\n" for line in hops.lines()))
     honest = next(f for f in ours if f.loop == "same loop" and "journal" in f.name)
     for theirs_figures, _ in theirs:
         p50_ratio = statistics.median(theirs_figures.latencies_ms) / statistics.median(honest.latencies_ms)

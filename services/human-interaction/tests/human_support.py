@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -17,7 +17,8 @@ import pytest
 from nats.aio.subscription import Subscription
 from pydantic import SecretStr
 
-from temporality_bus import Bus, Consumer, NatsSettings, written_out
+from temporality_bus import Bus, BusError, Consumer, NatsSettings, PublishResult, TransientError, written_out
+from temporality_bus.pipeline import Write
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import (
@@ -37,6 +38,7 @@ from temporality_protocol import (
 from temporality_protocol.catalog import (
     BUCKET_HUMAN_REQUESTS,
     EVENTS_STREAM,
+    TIMER_SCHEDULE_HUMAN,
     TIMER_SCHEDULE_PREFIX,
     TIMERS_STREAMS,
     subject_for,
@@ -373,12 +375,15 @@ class PublishCrash(Exception):
 
 
 class CrashingBus:
-    """The real bus, except that the first publish of an event of ``event_type`` dies (:class:`PublishCrash`)."""
+    """The real bus, except that the first publish of an event of ``event_type`` dies (:class:`PublishCrash`),
+    alone (``publish``) or in a pipelined batch (``pipeline.send``: the writes before it in the batch are sent,
+    as a process that dies while writing them out may have; it and the ones after it are not)."""
 
     def __init__(self, bus: Bus, event_type: str) -> None:
         self._bus = bus
         self._event_type = event_type
         self.crashed = False
+        self.pipeline = _CrashingPipeline(self)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._bus, name)
@@ -388,6 +393,59 @@ class CrashingBus:
             self.crashed = True
             raise PublishCrash(event.id)
         return await self._bus.publish(event)
+
+
+class _CrashingPipeline:
+    def __init__(self, crashing: CrashingBus) -> None:
+        self._crashing = crashing
+
+    def __getattr__(self, name: str) -> object:  # ``request`` and the rest: the real bus's pipeline
+        return getattr(self._crashing._bus.pipeline, name)
+
+    async def send(self, writes: Sequence[Write], **kwargs: Any) -> list[PublishResult | BusError]:
+        crashing = self._crashing
+        for i, write in enumerate(writes):
+            if write.headers.get("Ce-Type") == crashing._event_type and not crashing.crashed:
+                crashing.crashed = True
+                await crashing._bus.pipeline.send(writes[:i], **kwargs)
+                raise PublishCrash(write.headers.get("Nats-Msg-Id"))
+        return await crashing._bus.pipeline.send(writes, **kwargs)
+
+
+class TimerLosingBus:
+    """The real bus, except that in a pipelined batch (``pipeline.send``) every write of a human-interaction timer
+    fails (a :class:`TransientError`, not sent) while the batch's other writes are sent and stored: the partial
+    failure a round of independent writes can have (``lost``: the schedule subjects of the timers lost)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self._bus = bus
+        self.lost: list[str] = []
+        self.pipeline = _TimerLosingPipeline(self)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._bus, name)
+
+
+class _TimerLosingPipeline:
+    def __init__(self, losing: TimerLosingBus) -> None:
+        self._losing = losing
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._losing._bus.pipeline, name)
+
+    async def send(self, writes: Sequence[Write], **kwargs: Any) -> list[PublishResult | BusError]:
+        def timer(write: Write) -> bool:
+            return write.subject.startswith(f"{TIMER_SCHEDULE_HUMAN}.")
+
+        sent = iter(await self._losing._bus.pipeline.send([w for w in writes if not timer(w)], **kwargs))
+        outcomes: list[PublishResult | BusError] = []
+        for write in writes:
+            if timer(write):
+                self._losing.lost.append(write.subject)
+                outcomes.append(TransientError(f"lost on the way: {write.subject}"))
+            else:
+                outcomes.append(next(sent))
+        return outcomes
 
 
 #: Alice and Bob, both on the web inbox, and the group of both of them.

@@ -1,9 +1,10 @@
 """Binding an answer to its request (HUM-4, HUM-6): who may answer, what counts, exactly once.
 
 Flow: compare-and-set ``pending -> answered`` (answer, responder, answered_at, answer_channel,
-``answer_published=False``) -> arm a repair timer -> publish ``human.answered`` (deterministic id)
--> compare-and-set ``answer_published=True``. Two racing answers: one CAS wins, the other re-reads
-and is refused.
+``answer_published=False``) -> arm a repair timer and publish ``human.answered`` (deterministic id), one
+pipelined round trip, the timer's write first, each stored or not on its own (the run entry's inbox mark, best
+effort, concurrently) -> compare-and-set ``answer_published=True``. Two racing answers: one CAS wins, the other
+re-reads and is refused.
 
 If the process dies or the bus times out between the CAS and the publish, the answer stays bound
 but unannounced, and every one of these republishes the *stored* answer (same event id, so
@@ -34,6 +35,7 @@ Errors (each carries its HTTP status and a stable code)::
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
@@ -41,7 +43,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import structlog
 from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 
-from temporality_bus import Bus, NotFound, TransientError, Versioned, evolve
+from temporality_bus import Bus, NotFound, PublishResult, TransientError, Versioned, evolve
+from temporality_bus.pipeline import event_write
 from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
 from temporality_human_interaction.events import RefusedReason, answer_refused_event, answered_event
 from temporality_human_interaction.records import (
@@ -52,7 +55,7 @@ from temporality_human_interaction.records import (
     RequestStore,
     open_store,
 )
-from temporality_human_interaction.timers import arm_answer_repair
+from temporality_human_interaction.timers import answer_repair_write
 from temporality_protocol import HumanAnswer, HumanRequestState, OptionAnswer, TextAnswer, forms
 from temporality_protocol.events import MAX_TEXT
 from temporality_protocol.redaction import MARKER
@@ -311,8 +314,18 @@ async def bind_answer_outcome(
             if observer is not None:
                 observer.ended(record)
 
-            await unindex(bus, record, mirror)
-            await _arm_repair(bus, record, repair_after_s)
+            # The repair timer and human.answered in one round trip (the timer's write first), and the run entry's
+            # mark concurrently: the caller (the POST's reply) waits for both, so the mark adds no round trip of its
+            # own to the wait but is done when this returns; it is best effort (a failure is logged, not raised).
+            assert record.answered_at is not None
+            announced, _ = await asyncio.gather(
+                _announce(bus, record, store, bound, repair_at=record.answered_at + timedelta(seconds=repair_after_s)),
+                unindex(bus, record, mirror),  # catches its own errors
+                return_exceptions=True,
+            )
+            if isinstance(announced, BaseException):
+                raise announced
+            return announced, False
         elif record.answer_published:
             log.info("answer.already_recorded", responder=responder)
             return record, True
@@ -413,26 +426,43 @@ async def announce_answer(
     ``known``: the stored record and its revision as the caller just read or wrote it; the mark starts from it
     (``Store.modify(known=...)``: the compare-and-set proves it current, a stale one is read again).
     """
-    store = store or await open_store(bus)
+    return await _announce(bus, record, store or await open_store(bus), known)
+
+
+async def _announce(
+    bus: Bus,
+    record: HumanRequestRecord,
+    store: RequestStore,
+    known: Versioned[HumanRequestRecord] | None,
+    *,
+    repair_at: datetime | None = None,
+) -> HumanRequestRecord:
+    """Publish ``human.answered`` and mark it published (:func:`announce_answer`); with ``repair_at``, the answer's
+    repair timer (due then) is armed in the same pipelined round trip, its write sent first.
+
+    The two writes of that round are stored independently: the event can be stored while the timer's write failed,
+    or the other way round. A failed timer is logged as ``answer.repair_timer_failed`` and the publish goes on: the
+    answer is then announced and marked with no repair timer, so should the mark fail, the request's deadline timer
+    or any later answer is what announces it again (same event id). A failed publish raises (a 503 / "try again"),
+    with the timer armed or not (not: the deadline timer or a later answer announces the bound answer).
+    """
     channel = record.answer_channel or _DEFAULT_ANSWER_CHANNEL
-    result = await bus.publish(answered_event(record, channel=channel))
+    event = answered_event(record, channel=channel)
+    if repair_at is None:
+        result = await bus.publish(event)
+    else:
+        timer, published = await bus.pipeline.send(
+            [answer_repair_write(bus, record.request_id, repair_at), event_write(event)]
+        )
+        if isinstance(timer, PublishResult):
+            log.info("answer.repair_timer_armed", at=repair_at.isoformat(), duplicate=timer.duplicate)
+        else:
+            log.warning("answer.repair_timer_failed", error=repr(timer))
+        if not isinstance(published, PublishResult):
+            raise published
+        result = published
     log.info("request.answered", responder=record.responder, channel=channel, duplicate=result.duplicate)
     return await _mark_published(store, record.request_id, known)
-
-
-async def _arm_repair(bus: Bus, record: HumanRequestRecord, repair_after_s: float) -> None:
-    """Arm the timer that announces this answer if the publish below is lost.
-
-    A failure here does not stop the publish; the deadline timer and any later POST still repair.
-    """
-    assert record.answered_at is not None
-    at = record.answered_at + timedelta(seconds=repair_after_s)
-    try:
-        result = await arm_answer_repair(bus, record.request_id, at)
-    except Exception as exc:
-        log.warning("answer.repair_timer_failed", error=repr(exc))
-        return
-    log.info("answer.repair_timer_armed", at=at.isoformat(), duplicate=result.duplicate)
 
 
 async def _bind(

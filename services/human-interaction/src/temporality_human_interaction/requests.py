@@ -31,6 +31,16 @@ the I/O in an order where every step is idempotent under redelivery:
 6. Publish ``human.notified`` (deterministic id) with ``channel``, ``fallback_from`` and
    ``failed_attempts`` (each channel tried before, and why it failed): every attempt is journaled.
 
+The writes of steps 5 and 6 -- the chain's first step, ``human.notified`` -- and, for a web inbox question (its
+delivery is the stored record), step 3's deadline before them go out together in one pipelined round trip
+(``bus.pipeline.send``, in that order), not one after the other; a channel that sends (Telegram, Matrix, a group)
+still has its deadline armed alone before it sends. Each write of the round is stored or not on its own:
+``human.notified`` can be stored while the deadline's (or the chain step's) write failed (each failed write is
+logged as ``request.write_failed``; the stored event as ``request.notified`` with ``timers_failed`` naming those
+timers). Any failed write fails the handler, and the redelivery writes all of them again under the same msg
+ids: the missing timer is armed then, what was stored is deduplicated. Until then (or for good, should every
+delivery fail and the message be dead-lettered) the question is announced without that timer.
+
 A ``group:<id>`` recipient (listed itself in ``policy.allowed_recipients``) is asked through the same
 path: its members are fixed in the record when it is stored (``members``), and step 4 runs for each
 member in turn, on that member's own preferred channel and fallback, one compare-and-set per member
@@ -43,10 +53,11 @@ channel, is edited to say who answered. A member no channel reaches is listed in
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 
@@ -56,11 +67,13 @@ from temporality_bus import (
     Delivery,
     NotFound,
     PermanentError,
+    PublishResult,
     TransientError,
     Versioned,
     evolve,
 )
-from temporality_human_interaction.chain import arm_next_step, configured_steps, plan
+from temporality_bus.pipeline import Write, event_write
+from temporality_human_interaction.chain import configured_steps, next_step, plan
 from temporality_human_interaction.channels import ChannelAdapter, DeliveryReceipt
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.delivery import deliver_along, deliver_with_record
@@ -86,7 +99,7 @@ from temporality_human_interaction.records import (
     open_store,
 )
 from temporality_human_interaction.runs import cancel_pending, index_new_request, index_request, run_ended, withdrawn
-from temporality_human_interaction.timers import arm_deadline
+from temporality_human_interaction.timers import arm_deadline, chain_step_write, deadline_write
 from temporality_protocol import Envelope, HumanRequested
 from temporality_protocol.events import MAX_TEXT, DeliveryAttempt
 
@@ -104,6 +117,8 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
+#: What each write of the intake's last pipelined round is (its outcome logged as such).
+_IntakeWrite = Literal["deadline", "chain", "notified"]
 
 #: A ``human.requested`` is stamped a moment after the run-executor computed its deadline from the same
 #: policy: a deadline within this much of ``time + max_timeout_s`` is the executor's own, not a widening.
@@ -353,30 +368,66 @@ class RequestHandler:
                 record = cancelled or record
                 known = None
 
+        #: The writes that end the intake, sent together in one pipelined round trip (in this order): the deadline
+        #: (unless armed before a channel sends below), the chain's next step, ``human.notified``. Each is stored or
+        #: not on its own: ``human.notified`` may be stored while a timer's write failed (the module's docstring).
+        writes: list[tuple[_IntakeWrite, Write]] = []
         if record.pending:  # before delivery: a request that can never be delivered still expires (HUM-8)
-            await self._schedule_deadline(record)
+            if decision.group or record.channel is None:  # a channel sends below: armed before it does
+                await self._schedule_deadline(record)
+            else:  # the web inbox's delivery is the record, stored already: armed with what follows
+                writes.append(("deadline", deadline_write(self._bus, record.request_id, record.expires_at)))
         if record.pending and not decision.group and record.channel is None:
             receipt, failures = await self._deliver(record, decision.profile)
             record = await self._record_delivery(store, record.request_id, receipt, failures, known=known)
         elif record.pending and decision.group:
             record = await self._deliver_to_members(store, record, decision)
-        if record.pending and record.channel is not None:  # delivered: the timeout policy's chain starts (HUM-8)
-            # ``record`` is this call's copy: an answer bound (or a cancel) since it was stored still gets the
-            # step armed -- the inbox lists the request from the create on. Its firing reads the record and does
-            # nothing for a request no longer pending (deadlines.py): one timer, not re-read here to save it.
-            await arm_next_step(self._bus, record)
+        step = next_step(record)
+        if record.pending and record.channel is not None and step is not None:
+            # delivered: the timeout policy's chain starts (HUM-8). ``record`` is this call's copy: an answer bound
+            # (or a cancel) since it was stored still gets the step armed -- the inbox lists the request from the
+            # create on. Its firing reads the record and does nothing for a request no longer pending
+            # (deadlines.py): one timer, not re-read here to save it.
+            writes.append(("chain", chain_step_write(self._bus, record.request_id, step.index, step.at)))
+        fallback_from = None
         if record.channel is not None:
             fallback_from = None if record.channel == decision.profile.preferred else decision.profile.preferred
             truncated = self._egress.for_channel(record, record.channel)[1]
-            await self._bus.publish(
-                notified_event(record, channel=record.channel, fallback_from=fallback_from, truncated=truncated)
-            )
-            log.info(
-                "request.notified",
-                channel=record.channel,
-                fallback_from=fallback_from,
-                failed=[f.channel for f in record.failed_deliveries],
-            )
+            notified = notified_event(record, channel=record.channel, fallback_from=fallback_from, truncated=truncated)
+            writes.append(("notified", event_write(notified)))
+        # one round trip; any failure fails the handler after the others are stored: its redelivery sends them all
+        # again (same msg ids: the failed one is written then, the stored ones are deduplicated)
+        outcomes = await self._bus.pipeline.send([write for _, write in writes]) if writes else []
+        failed = [
+            (what, outcome)
+            for (what, _), outcome in zip(writes, outcomes, strict=True)
+            if not isinstance(outcome, PublishResult)
+        ]
+        for (what, _), outcome in zip(writes, outcomes, strict=True):
+            if not isinstance(outcome, PublishResult):
+                log.warning("request.write_failed", write=what, error=repr(outcome))
+            elif what == "deadline":
+                log.info("deadline.scheduled", at=record.expires_at.isoformat(), duplicate=outcome.duplicate)
+            elif what == "chain" and step is not None:
+                log.info(
+                    "chain.step_armed",
+                    step=step.index,
+                    kind=step.kind,
+                    at=step.at.isoformat(),
+                    duplicate=outcome.duplicate,
+                )
+            elif what == "notified":
+                # stored, whatever else failed: ``timers_failed`` names a timer this delivery did not arm (the
+                # redelivery arms it)
+                log.info(
+                    "request.notified",
+                    channel=record.channel,
+                    fallback_from=fallback_from,
+                    failed=[f.channel for f in record.failed_deliveries],
+                    timers_failed=[w for w, _ in failed],
+                )
+        if failed:
+            raise failed[0][1]
 
     async def _delivered_with_record(self, record: HumanRequestRecord, profile: UserProfile) -> HumanRequestRecord:
         """``record`` with its delivery, when the person's first channel with an adapter here delivers by the stored
@@ -419,8 +470,9 @@ class RequestHandler:
         to cancel it (a review of the mirror reads found it; so would an older replica's run end, which does
         not retry)."""
         run_id, request_id = record.run_id, record.request_id
-        ended = await run_ended(self._bus, run_id)
-        if ended is None and await withdrawn(self._bus, run_id, request_id):
+        # both markers read at once (one round trip): the withdrawal's is read for nothing when the run ended
+        ended, taken_back = await asyncio.gather(run_ended(self._bus, run_id), withdrawn(self._bus, run_id, request_id))
+        if ended is None and taken_back:
             ended = "not_needed"  # HUM-7: its run withdrew it before it was stored
         return ended
 

@@ -62,6 +62,7 @@ from temporality_protocol.catalog import RPC_GET_COLLABORATORS
 from temporality_protocol.redaction import Redactor
 from temporality_run_executor.providers.base import ToolSpec
 from temporality_run_executor.records import ElicitAnswer, Message, RunRecord
+from temporality_run_executor.schema_check import Check, compile_check
 
 __all__ = [
     "ANSWER_AGENT",
@@ -341,17 +342,23 @@ class Tool:
     #: Offered only when a card's ``allow`` names it exactly, never through a pattern (deprecated aliases).
     exact_only: bool = False
     _validator: Draft202012Validator = field(init=False, repr=False, compare=False)
+    #: The schema's quick check (:mod:`.schema_check`; ``None``: the schema uses what it does not handle).
+    _fits: Check | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         Draft202012Validator.check_schema(self.parameters)
         object.__setattr__(self, "_validator", Draft202012Validator(self.parameters))
+        object.__setattr__(self, "_fits", compile_check(self.parameters))
 
     @property
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
 
     def argument_problem(self, arguments: dict[str, Any]) -> str | None:
-        """Why ``arguments`` do not fit the schema (the most relevant error, with its location), or ``None``."""
+        """Why ``arguments`` do not fit the schema (the most relevant error, with its location), or ``None``.
+        Arguments the quick check (:mod:`.schema_check`) finds fitting are not walked by ``jsonschema`` too."""
+        if self._fits is not None and self._fits(arguments):
+            return None
         error = best_match(self._validator.iter_errors(arguments))
         if error is None:
             return None

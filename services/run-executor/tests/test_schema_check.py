@@ -3,6 +3,7 @@ does, and says it for every instance ``jsonschema`` accepts (but integral floats
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -142,6 +143,15 @@ def test_quick_check_agrees_with_jsonschema(name: str) -> None:
 )
 def test_a_schema_with_what_it_does_not_handle_is_left_to_jsonschema(schema: dict[str, Any]) -> None:
     assert compile_check(schema) is None
+
+
+def test_a_number_json_has_no_type_for_is_left_to_jsonschema() -> None:
+    check = compile_check({"type": "object", "properties": {"n": {"minimum": 1}}})
+    assert check is not None
+    assert check({"n": 2})
+    assert check({"n": True})  # (a boolean is no number to JSON Schema: the keyword does not apply)
+    assert not check({"n": Decimal(0)})
+    assert not Draft202012Validator({"properties": {"n": {"minimum": 1}}}).is_valid({"n": Decimal(0)})
 
 
 def test_a_tool_call_gets_the_same_answer_either_way() -> None:

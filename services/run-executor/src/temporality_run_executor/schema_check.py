@@ -12,6 +12,7 @@ error. So a check only ever saves work: every keyword it knows is checked exactl
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -50,6 +51,12 @@ def compile_check(schema: Mapping[str, Any] | bool) -> Check | None:
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _no_number(value: Any) -> bool:
+    """A numeric keyword does not apply to ``value``: ``True``; but for a number JSON has no type for (a
+    ``Decimal``, which jsonschema compares): ``False``, not sure."""
+    return isinstance(value, bool) or not isinstance(value, numbers.Number)
 
 
 class _Compiler:
@@ -123,12 +130,12 @@ class _Compiler:
                     raise _Unsupported(key)
                 limit = value
                 if key == "minimum":
-                    return lambda v: not _number(v) or v >= limit
+                    return lambda v: v >= limit if _number(v) else _no_number(v)
                 if key == "maximum":
-                    return lambda v: not _number(v) or v <= limit
+                    return lambda v: v <= limit if _number(v) else _no_number(v)
                 if key == "exclusiveMinimum":
-                    return lambda v: not _number(v) or v > limit
-                return lambda v: not _number(v) or v < limit
+                    return lambda v: v > limit if _number(v) else _no_number(v)
+                return lambda v: v < limit if _number(v) else _no_number(v)
             case "pattern":
                 if not isinstance(value, str):
                     raise _Unsupported("pattern")

@@ -3,7 +3,8 @@
 Run: ``.venv/bin/python bench/parked_runs.py [--runs 2000] [--latency-sample 200] [--chunk 500] [--before SRC ...]``
 (issue 6's figures are for ``--runs 100000``; at this machine's park rates that is an hour or more per phase).
 ``--before SRC ...``: a ``before`` phase whose run-executor runs the code in SRC (first on its ``PYTHONPATH``), then
-the process restarted on the current code, on the same stack: ratios ``current / before`` in the same run.
+the process restarted on the current code, on the same stack: ratios ``current / before`` in the same run
+(``--rounds``: in ABBA order, before-current then current-before, so a drift over the run cancels out).
 
 Starts its own embedded stack (nats-server from the wheel, SQLite, the five service processes) in a temp
 dir on free loopback ports. One real webhook goes through the gateway to the scripted reviewer (which
@@ -370,7 +371,10 @@ async def _measure(
     async with Bus.connect(NatsSettings(url=stack.nats_url), name="bench-parked-runs") as bus:
         template = await _template(stack, nc)
         phase = Phase(stack, nc, bus, seen, template)
-        labels = ["before", "current"] * rounds if before else ["current"] * rounds
+        # ABBA order (before, current, current, before, ...): a drift over the run (the stack's growing streams, the
+        # machine's load) weighs on both codes alike instead of always on the one measured second
+        pairs = [["before", "current"] if i % 2 == 0 else ["current", "before"] for i in range(rounds)]
+        labels = [label for pair in pairs for label in pair] if before else ["current"] * rounds
         running = "current"
         for label in labels:
             if label != running:  # the run-executor process swapped for the other code (same stack, same store)
@@ -449,7 +453,7 @@ def main() -> int:
         help="source folders put first on the run-executor's PYTHONPATH for a 'before' phase, measured in the "
         "same run (same stack) before the current code's: ratios current/before",
     )
-    parser.add_argument("--rounds", type=int, default=1, help="phases of each code, alternated")
+    parser.add_argument("--rounds", type=int, default=1, help="phases of each code, alternated in ABBA order")
     parser.add_argument(
         "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
     )

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Annotated, Any, Literal
 
+import jsonschema_rs
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -330,6 +331,15 @@ class ToolContext:
 ToolFn = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
 
 
+def _fast_validator(schema: dict[str, Any]) -> jsonschema_rs.Validator | None:
+    """``schema`` compiled by ``jsonschema-rs`` (Draft 2020-12, formats as annotations as ``jsonschema``'s default,
+    no network: a remote ``$ref`` is not fetched), or ``None`` when it cannot (then ``jsonschema`` alone decides)."""
+    try:
+        return jsonschema_rs.Draft202012Validator(schema, validate_formats=False, offline=True)
+    except ValueError:  # (its ValidationError is one: a $ref it may not fetch, a pattern it cannot compile)
+        return None
+
+
 @dataclass(frozen=True)
 class Tool:
     name: str
@@ -341,17 +351,26 @@ class Tool:
     #: Offered only when a card's ``allow`` names it exactly, never through a pattern (deprecated aliases).
     exact_only: bool = False
     _validator: Draft202012Validator = field(init=False, repr=False, compare=False)
+    #: The schema compiled by ``jsonschema-rs``, asked first (``None``: it could not compile the schema).
+    _fast: jsonschema_rs.Validator | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         Draft202012Validator.check_schema(self.parameters)
         object.__setattr__(self, "_validator", Draft202012Validator(self.parameters))
+        object.__setattr__(self, "_fast", _fast_validator(self.parameters))
 
     @property
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
 
     def argument_problem(self, arguments: dict[str, Any]) -> str | None:
-        """Why ``arguments`` do not fit the schema (the most relevant error, with its location), or ``None``."""
+        """Why ``arguments`` do not fit the schema (the most relevant error, with its location), or ``None``.
+
+        ``jsonschema-rs`` answers first (~10x cheaper than ``jsonschema``'s walk; almost every call a model makes
+        fits); only what it refuses is walked by ``jsonschema``, which then decides and words the error as the
+        model has always read it."""
+        if self._fast is not None and self._fast.is_valid(arguments):
+            return None
         error = best_match(self._validator.iter_errors(arguments))
         if error is None:
             return None

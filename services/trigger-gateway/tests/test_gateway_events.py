@@ -34,7 +34,6 @@ from temporality_service import ApiAuth
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 from temporality_trigger_gateway import Settings, create_app
-from temporality_trigger_gateway.errors import BusUnavailable
 from temporality_trigger_gateway.events import SYNC_DELIVERIES, EventTriggers, normalize
 from temporality_trigger_gateway.launch import Launcher
 from temporality_trigger_gateway.store import TriggerRecord, TriggerRegistry, TriggerStore, validate_spec
@@ -439,7 +438,7 @@ async def test_a_store_whose_position_cannot_be_read_delays_an_event_but_never_h
     try:
         (msg,) = await sub.fetch(batch=1, timeout=5)
         delivery = Delivery(msg)
-        with pytest.raises(BusUnavailable):  # the consumer naks it: redelivered with backoff
+        with pytest.raises(TransientError, match="position cannot be read"):  # the consumer naks it (backoff)
             await handler.handle(decode(msg.data), delivery)
         delivery.num_delivered = SYNC_DELIVERIES
         await handler.handle(decode(msg.data), delivery)  # handled (nothing to launch): no error
@@ -574,7 +573,7 @@ async def test_through_the_consumer_a_lagging_store_redelivers_the_event_until_i
 async def test_through_the_consumer_an_unreadable_store_position_falls_back_at_the_last_lagging_delivery(
     gateway_settings: Settings, bus: Bus, event_log: EventLog
 ) -> None:
-    """The trigger store's position cannot be read (its connection is gone: BusUnavailable at each delivery):
+    """The trigger store's position cannot be read (its connection is gone: a TransientError at each delivery):
     the real consumer redelivers the event with its backoff, and the SYNC_DELIVERIES-th delivery handles it with
     the triggers known -- one run, acknowledged, never dead-lettered."""
     await bus.ensure_consumer(CONSUMERS[DURABLE], ack_wait_s=ACK_WAIT_S)

@@ -27,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from temporality_bus import Bus
-from temporality_service import HTTP_TELEMETRY, ApiAuth, ErrorBody, install_error_handlers, parse_json, read_body
+from temporality_service import HTTP_TELEMETRY, ApiAuth, ErrorBody, install_error_handlers, read_body
 from temporality_service.openapi import add_schemas, json_body, operation
 from temporality_trigger_gateway.adapters import WebhookRequest
 from temporality_trigger_gateway.admin import OPENAPI_SCHEMAS, admin_router
@@ -118,7 +118,7 @@ def create_app(
             if verifier.reads_body:
                 verifier.verify(request.headers, raw)
                 authenticated = True
-            delivery = WebhookRequest(request.method, request.headers, raw, parse_json(raw))
+            delivery = WebhookRequest(request.method, request.headers, raw)  # parsed by its source (400s as before)
             outcome = await intake.handle(trigger, delivery)
         except (BodyTooLarge, MalformedBody, InvalidPayload) as refused:
             if authenticated:

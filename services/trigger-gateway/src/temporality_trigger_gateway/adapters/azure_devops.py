@@ -115,11 +115,47 @@ class PullRequestEvent(_Ado):
 
 def identify_azure_devops(adapter: str, request: WebhookRequest) -> SourceEvent:
     """Every Azure DevOps service-hook event: the event GUID ``id`` and ``eventType``."""
+    if adapter == AzureDevOpsPullRequest.name:
+        event = _pull_request_event(request)
+        if event is not None:  # a valid PR event is a valid envelope with the same id and type
+            return SourceEvent(id=event.id, type=event.event_type)
     try:
         envelope = _Envelope.model_validate(request.json)
     except ValidationError as exc:
         raise invalid_payload(adapter, exc) from exc
     return SourceEvent(id=envelope.id, type=envelope.event_type)
+
+
+_BOM = b"\xef\xbb\xbf"
+_MEMO = "azure_devops.pull_request"
+
+
+def _pull_request_event(request: WebhookRequest) -> PullRequestEvent | None:
+    """The body as a :class:`PullRequestEvent`, parsed and validated from its bytes in one pass of
+    pydantic-core (no Python value for a field the event does not read), or ``None``: the delivery takes
+    the general path (:attr:`WebhookRequest.json`, then validation), which decides and words every refusal
+    as before. Only a body that path would accept as the same event gets here: pydantic-core's parser
+    refuses what ``parse_json`` does (not UTF-8, not JSON, lone surrogate escapes, numbers out of range,
+    nesting too deep for it -- then the general path decides) but for ``NaN``/``Infinity`` literals (any
+    occurrence of those words sends the body the general way) and a float literal no float holds
+    (``1e999999``) in a field the event does not read, which is dropped with it instead of refused (a 202
+    where the general path answers 400: no such value reaches anything). Kept in ``request.memo`` for
+    :meth:`AzureDevOpsPullRequest.normalize`."""
+    memo = request.memo
+    if _MEMO in memo:
+        found: PullRequestEvent | None = memo[_MEMO]
+        return found
+    raw = request.body
+    if raw.startswith(_BOM):
+        raw = raw[3:]
+    event = None
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        try:
+            event = PullRequestEvent.model_validate_json(raw)
+        except ValidationError:
+            pass
+    memo[_MEMO] = event
+    return event
 
 
 def _branch(ref: str) -> str:
@@ -168,11 +204,12 @@ class AzureDevOpsPullRequest(Adapter):
         return identify_azure_devops(self.name, request)
 
     def normalize(self, request: WebhookRequest, *, tenant: str | None) -> NormalizedEvent:
-        body = request.json
-        try:
-            event = PullRequestEvent.model_validate(body)
-        except ValidationError as exc:
-            raise invalid_payload(self.name, exc) from exc
+        event = _pull_request_event(request)
+        if event is None:
+            try:
+                event = PullRequestEvent.model_validate(request.json)
+            except ValidationError as exc:
+                raise invalid_payload(self.name, exc) from exc
         if event.event_type not in PR_EVENT_TYPES:
             raise InvalidPayload(
                 f"{event.event_type!r} is not a pull request event ({', '.join(sorted(PR_EVENT_TYPES))})",

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_protocol import NormalizedEvent, SourceLink
+from temporality_service import parse_json
 from temporality_trigger_gateway.errors import InvalidPayload
 
 __all__ = [
@@ -33,14 +34,33 @@ __all__ = [
 ]
 
 
+#: ``WebhookRequest.parsed`` of a body not parsed yet.
+_UNPARSED: Any = object()
+
+
 @dataclass(frozen=True)
 class WebhookRequest:
-    """One authenticated delivery as a source sees it. ``headers`` is case-insensitive."""
+    """One authenticated delivery as a source sees it. ``headers`` is case-insensitive.
+
+    ``json`` is the body parsed by :func:`temporality_service.parse_json` (:class:`MalformedJson`, a 400,
+    for a body that is not UTF-8 JSON), parsed on first use unless given (``parsed``): a source that
+    validates the raw body itself in one pass (:mod:`.azure_devops`) never builds it. ``memo`` keeps what
+    a source worked out from this delivery (:meth:`Adapter.identify`'s validated model for its
+    :meth:`Adapter.normalize`)."""
 
     method: str
     headers: Mapping[str, str]
     body: bytes
-    json: Any
+    parsed: Any = _UNPARSED
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def json(self) -> Any:
+        parsed = self.parsed
+        if parsed is _UNPARSED:
+            parsed = parse_json(self.body)
+            object.__setattr__(self, "parsed", parsed)
+        return parsed
 
 
 class SourceEvent(BaseModel):

@@ -24,7 +24,7 @@ from temporality_bus import Bus
 from temporality_testing.fixtures import require_shared
 from temporality_trigger_gateway.adapters import ADAPTERS, AzureDevOpsPullRequest, WebhookRequest
 from temporality_trigger_gateway.adapters.azure_devops import PR_EVENT_TYPES, PullRequestEvent, _pr_link
-from temporality_trigger_gateway.adapters.base import _UNPARSED, web_link
+from temporality_trigger_gateway.adapters.base import UNPARSED, web_link
 from temporality_trigger_gateway.errors import InvalidPayload, MalformedBody
 
 ADAPTER = AzureDevOpsPullRequest()
@@ -205,7 +205,7 @@ def test_the_one_pass_path_makes_the_same_event_as_the_general_one() -> None:
         assert _outcome(fast) == _outcome(general), raw[:80]
         if b"pullrequest" in raw and ADAPTER.identify(fast).type in PR_EVENT_TYPES:
             assert fast.memo["azure_devops.pull_request"] is not None  # it did take the one-pass path
-            assert fast.parsed is _UNPARSED  # and never built the Python values
+            assert fast.parsed is UNPARSED  # and never built the Python values
     bom = b"\xef\xbb\xbf" + fixture_bytes("pr-created.json").removeprefix(b"\xef\xbb\xbf")
     assert _outcome(_raw_request(bom)) == _outcome(_general_request(bom))
 

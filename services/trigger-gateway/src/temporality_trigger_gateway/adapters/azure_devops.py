@@ -216,6 +216,7 @@ class AzureDevOpsPullRequest(Adapter):
     name: ClassVar[str] = "azure_devops.pull_request"
     event_types: ClassVar[frozenset[str] | None] = PR_EVENT_TYPES
     auth_types: ClassVar[frozenset[str]] = frozenset({"basic", "bearer", "header"})
+    reads_raw_body: ClassVar[bool] = True  # identify reads it (_pull_request_event), or parses it first
 
     def identify(self, request: WebhookRequest) -> SourceEvent:
         return identify_azure_devops(self.name, request)

@@ -23,6 +23,7 @@ from temporality_trigger_gateway.errors import InvalidPayload
 
 __all__ = [
     "MAX_DESCRIPTION",
+    "UNPARSED",
     "Adapter",
     "SourceEvent",
     "WebhookRequest",
@@ -35,7 +36,7 @@ __all__ = [
 
 
 #: ``WebhookRequest.parsed`` of a body not parsed yet.
-_UNPARSED: Any = object()
+UNPARSED: Any = object()
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,13 @@ class WebhookRequest:
     method: str
     headers: Mapping[str, str]
     body: bytes
-    parsed: Any = _UNPARSED
+    parsed: Any = UNPARSED
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def json(self) -> Any:
         parsed = self.parsed
-        if parsed is _UNPARSED:
+        if parsed is UNPARSED:
             parsed = parse_json(self.body)
             object.__setattr__(self, "parsed", parsed)
         return parsed
@@ -80,6 +81,10 @@ class Adapter(ABC):
     event_types: ClassVar[frozenset[str] | None]
     #: The ``auth.type`` values that can authenticate this source (``none`` is always allowed, explicitly).
     auth_types: ClassVar[frozenset[str]]
+    #: ``True``: the source reads the raw body itself before anything else (the API hands it on unparsed,
+    #: :attr:`WebhookRequest.json` parses it on first use); ``False``: the API parses it first, so a body
+    #: that is not JSON is a 400 before any check of the source's (a missing header's 422).
+    reads_raw_body: ClassVar[bool] = False
 
     @abstractmethod
     def identify(self, request: WebhookRequest) -> SourceEvent:

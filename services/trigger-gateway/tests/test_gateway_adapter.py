@@ -21,6 +21,7 @@ import pytest
 from gateway_support import fixture_bytes, fixture_json, journal, post, types, webhook_request
 
 from temporality_bus import Bus
+from temporality_protocol import RunRequested
 from temporality_testing.fixtures import require_shared
 from temporality_trigger_gateway.adapters import ADAPTERS, AzureDevOpsPullRequest, WebhookRequest
 from temporality_trigger_gateway.adapters.azure_devops import PR_EVENT_TYPES, PullRequestEvent, _pr_link
@@ -159,6 +160,49 @@ async def test_real_payloads_through_the_gateway(client: httpx.AsyncClient, bus:
     # aspnet-* and docs2018-* publish the same three events (same ids): three runs, not six
     assert len(expected_runs) == 3
     assert types(events).count("run.requested") == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "url"),
+    [
+        ("url", "https://[x/_apis/git/repositories/r"),  # urlsplit: ValueError (Invalid IPv6 URL)
+        ("remoteUrl", "https://[x/_git/r"),
+        ("remoteUrl", "https://org@[x/_git/r"),
+        ("url", "https://[x/" + "a" * 3000),  # longer than the URL caches take: worked out, not kept
+        ("remoteUrl", "https://[x/" + "a" * 3000),
+    ],
+    ids=["url", "remoteUrl", "remoteUrl-user", "url-long", "remoteUrl-long"],
+)
+async def test_a_repository_url_urlsplit_refuses_is_accepted_without_a_link(
+    client: httpx.AsyncClient, bus: Bus, field: str, url: str
+) -> None:
+    """A PR whose repository ``url`` or ``remoteUrl`` is no URL ``urlsplit`` can read (``https://[x/…``) is a
+    valid event: 202 and journaled (never a 500 that journals nothing); the event's source is that ``url`` as
+    is, and no link is built from a ``remoteUrl`` like it."""
+    body = fixture_json("pr-created.json")
+    repository = body["resource"]["repository"]
+    repository.pop("webUrl", None)
+    body["resource"].pop("_links", None)
+    repository[field] = url
+    response = await post(client, body)
+    assert response.status_code == 202, response.text
+    (requested,) = [e for e in await journal(bus) if e.type == "run.requested"]
+    event = requested.payload(RunRequested).event  # the event the run is about
+    assert event is not None
+    if field == "url":
+        assert event.source == url
+    else:
+        assert event.source_link is None
+
+
+async def test_a_work_item_url_urlsplit_refuses_is_accepted(client: httpx.AsyncClient, bus: Bus) -> None:
+    """The work item source shares the origin helper: its ``url`` ``urlsplit`` refuses is the source as is."""
+    body = fixture_json("ado-workitem-updated-bom.json")
+    body.pop("resourceContainers", None)
+    body["resource"]["url"] = body["resource"]["revision"]["url"] = "https://[x/_apis/wit/workItems/41"
+    response = await post(client, body, trigger_id="ado-work-items")
+    assert response.status_code == 202, response.text
+    assert "trigger.accepted" in types(await journal(bus))
 
 
 # --------------------------------------------------------------------------- the one-pass path (raw bytes)

@@ -163,20 +163,45 @@ def _branch(ref: str) -> str:
     return ref.removeprefix("refs/heads/")
 
 
-# The two URL helpers run on every event and see the same few repositories: cached (urlsplit is pure Python).
-@lru_cache(maxsize=1024)
+# The two URL helpers run on every event and see the same few repositories: cached (urlsplit is pure Python),
+# a URL up to this long only (a sender's longer strings are worked out each time, never kept).
+_CACHED_URL = 2048
+
+
 def _origin(url: str) -> str:
-    parts = urlsplit(url)
+    """The ``scheme://host`` of a URL (the event's ``source``), else the URL as is: one ``urlsplit`` refuses
+    (``https://[x/…``: ValueError) or that has no scheme or host."""
+    return _cached_origin(url) if len(url) <= _CACHED_URL else _split_origin(url)
+
+
+def _split_origin(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
     return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else url
 
 
-@lru_cache(maxsize=1024)
+_cached_origin = lru_cache(maxsize=1024)(_split_origin)
+
+
 def _without_user(url: str | None) -> str | None:
-    """``https://org@dev.azure.com/…`` (a ``remoteUrl``) without the ``org@``."""
+    """``https://org@dev.azure.com/…`` (a ``remoteUrl``) without the ``org@``; ``None`` for a URL ``urlsplit``
+    refuses (``https://[x/…``: ValueError): no link is built from it."""
     if not url:
         return None
-    parts = urlsplit(url)
+    return _cached_without_user(url) if len(url) <= _CACHED_URL else _split_without_user(url)
+
+
+def _split_without_user(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
     return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
+_cached_without_user = lru_cache(maxsize=1024)(_split_without_user)
 
 
 def _pr_link(pr: PullRequest, label: str) -> SourceLink | None:

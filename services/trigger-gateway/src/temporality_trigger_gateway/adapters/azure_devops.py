@@ -20,8 +20,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from temporality_protocol import Actor, NormalizedEvent, SourceLink
-from temporality_protocol.events import MAX_LINK, is_web_url
+from temporality_protocol import Actor, NormalizedEvent
 from temporality_trigger_gateway.adapters.base import (
     MAX_DESCRIPTION,
     Adapter,
@@ -204,30 +203,14 @@ def _split_without_user(url: str) -> str | None:
 _cached_without_user = lru_cache(maxsize=1024)(_split_without_user)
 
 
-def _pr_link(pr: PullRequest, label: str) -> SourceLink | None:
-    """The PR's web page as the event's source link: ``_links.web`` (newer payloads), else the repository's
-    web URL or clone URL plus ``/pullrequest/<id>`` (what Azure DevOps' own PR links look like).
-
-    The latter is checked by checking the repository's URL (cached: a few repositories send every event):
-    appending ``/pullrequest/<id>`` to an absolute http(s) URL keeps its scheme and host and adds no unsafe
-    character, so the link is then valid as built (no second check by ``SourceLink``'s validator); a
-    repository URL that is not one goes through :func:`web_link`, which decides as before."""
+def _pr_page(pr: PullRequest) -> str | None:
+    """The PR's web page: ``_links.web`` (newer payloads), else the repository's web URL or clone URL
+    plus ``/pullrequest/<id>`` (what Azure DevOps' own PR links look like)."""
     web = (pr.links or {}).get("web")
     if web and web.href:
-        return web_link(web.href, label=label)
+        return web.href
     base = pr.repository.web_url or _without_user(pr.repository.remote_url)
-    if not base:
-        return None
-    base = base.rstrip("/")
-    href = f"{base}/pullrequest/{pr.pull_request_id}"
-    if len(href) <= MAX_LINK and _is_web_base(base):
-        return SourceLink.model_construct(href=href, label=label[:200])
-    return web_link(href, label=label)
-
-
-@lru_cache(maxsize=1024)
-def _is_web_base(url: str) -> bool:
-    return is_web_url(url)
+    return f"{base.rstrip('/')}/pullrequest/{pr.pull_request_id}" if base else None
 
 
 def _person(identity: Identity) -> dict[str, Any]:
@@ -297,7 +280,7 @@ class AzureDevOpsPullRequest(Adapter):
                 },
             },
             metadata={k: str(v) for k, v in metadata.items() if v is not None},
-            source_link=_pr_link(pr, f"PR #{pr.pull_request_id} in {repo.name}"),
+            source_link=web_link(_pr_page(pr), label=f"PR #{pr.pull_request_id} in {repo.name}"),
         )
 
     def run_title(self, event: NormalizedEvent) -> str:

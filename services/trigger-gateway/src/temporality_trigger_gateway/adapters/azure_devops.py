@@ -1,8 +1,8 @@
 """The ``azure_devops.pull_request`` adapter: Azure DevOps service-hook PR events (TRG-3/4/8).
 
 Real payloads differ (``/work/shared/fixtures/webhooks/README.md``): some start with a UTF-8 BOM
-(the API layer decodes with ``utf-8-sig``), aspnet-era ones have no ``resourceContainers`` or
-``resourceVersion``, docs-era ones no ``subscriptionId``/``notificationId``, and
+(cut off before parsing: by the one-pass read here, else by ``parse_json``), aspnet-era ones have no
+``resourceContainers`` or ``resourceVersion``, docs-era ones no ``subscriptionId``/``notificationId``, and
 ``notificationId`` repeats across unrelated events — so the event id is the payload's ``id``
 (the event GUID) and nothing else. ``git.pullrequest.merged`` means "merge attempted"; a
 completed PR arrives as ``git.pullrequest.updated`` with ``status: completed``.

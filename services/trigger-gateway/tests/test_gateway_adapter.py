@@ -24,7 +24,7 @@ from temporality_bus import Bus
 from temporality_protocol import RunRequested
 from temporality_testing.fixtures import require_shared
 from temporality_trigger_gateway.adapters import ADAPTERS, AzureDevOpsPullRequest, WebhookRequest
-from temporality_trigger_gateway.adapters.azure_devops import PR_EVENT_TYPES
+from temporality_trigger_gateway.adapters.azure_devops import MEMO_KEY, PR_EVENT_TYPES
 from temporality_trigger_gateway.adapters.base import UNPARSED
 from temporality_trigger_gateway.errors import InvalidPayload, MalformedBody
 
@@ -213,7 +213,7 @@ def _raw_request(raw: bytes) -> WebhookRequest:
 
 def _general_request(raw: bytes) -> WebhookRequest:
     """The same delivery forced onto the general path (parse_json, then validation of the Python values)."""
-    return WebhookRequest("POST", httpx.Headers({}), raw, memo={"azure_devops.pull_request": None})
+    return WebhookRequest("POST", httpx.Headers({}), raw, memo={MEMO_KEY: None})
 
 
 def _outcome(request: WebhookRequest) -> Any:
@@ -248,7 +248,7 @@ def test_the_one_pass_path_makes_the_same_event_as_the_general_one() -> None:
         fast, general = _raw_request(raw), _general_request(raw)
         assert _outcome(fast) == _outcome(general), raw[:80]
         if b"pullrequest" in raw and ADAPTER.identify(fast).type in PR_EVENT_TYPES:
-            assert fast.memo["azure_devops.pull_request"] is not None  # it did take the one-pass path
+            assert fast.memo[MEMO_KEY] is not None  # it did take the one-pass path
             assert fast.parsed is UNPARSED  # and never built the Python values
     bom = b"\xef\xbb\xbf" + fixture_bytes("pr-created.json").removeprefix(b"\xef\xbb\xbf")
     assert _outcome(_raw_request(bom)) == _outcome(_general_request(bom))

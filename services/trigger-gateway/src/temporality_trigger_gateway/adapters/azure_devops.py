@@ -33,7 +33,7 @@ from temporality_trigger_gateway.adapters.base import (
 )
 from temporality_trigger_gateway.errors import InvalidPayload
 
-__all__ = ["AzureDevOpsPullRequest", "PullRequestEvent", "identify_azure_devops"]
+__all__ = ["MEMO_KEY", "AzureDevOpsPullRequest", "PullRequestEvent", "identify_azure_devops"]
 
 _Text = Annotated[str, Field(min_length=1)]
 
@@ -115,10 +115,6 @@ class PullRequestEvent(_Ado):
 
 def identify_azure_devops(adapter: str, request: WebhookRequest) -> SourceEvent:
     """Every Azure DevOps service-hook event: the event GUID ``id`` and ``eventType``."""
-    if adapter == AzureDevOpsPullRequest.name:
-        event = _pull_request_event(request)
-        if event is not None:  # a valid PR event is a valid envelope with the same id and type
-            return SourceEvent(id=event.id, type=event.event_type)
     try:
         envelope = _Envelope.model_validate(request.json)
     except ValidationError as exc:
@@ -127,7 +123,8 @@ def identify_azure_devops(adapter: str, request: WebhookRequest) -> SourceEvent:
 
 
 _BOM = b"\xef\xbb\xbf"
-_MEMO = "azure_devops.pull_request"
+#: The key of the validated event (or ``None``: the general path) in :attr:`WebhookRequest.memo`.
+MEMO_KEY = "azure_devops.pull_request"
 
 
 def _pull_request_event(request: WebhookRequest) -> PullRequestEvent | None:
@@ -142,8 +139,8 @@ def _pull_request_event(request: WebhookRequest) -> PullRequestEvent | None:
     where the general path answers 400: no such value reaches anything). Kept in ``request.memo`` for
     :meth:`AzureDevOpsPullRequest.normalize`."""
     memo = request.memo
-    if _MEMO in memo:
-        found: PullRequestEvent | None = memo[_MEMO]
+    if MEMO_KEY in memo:
+        found: PullRequestEvent | None = memo[MEMO_KEY]
         return found
     raw = request.body
     if raw.startswith(_BOM):
@@ -154,7 +151,7 @@ def _pull_request_event(request: WebhookRequest) -> PullRequestEvent | None:
             event = PullRequestEvent.model_validate_json(raw)
         except ValidationError:
             pass
-    memo[_MEMO] = event
+    memo[MEMO_KEY] = event
     return event
 
 
@@ -227,6 +224,9 @@ class AzureDevOpsPullRequest(Adapter):
     reads_raw_body: ClassVar[bool] = True  # identify reads it (_pull_request_event), or parses it first
 
     def identify(self, request: WebhookRequest) -> SourceEvent:
+        event = _pull_request_event(request)
+        if event is not None:  # a valid PR event is a valid envelope with the same id and type
+            return SourceEvent(id=event.id, type=event.event_type)
         return identify_azure_devops(self.name, request)
 
     def normalize(self, request: WebhookRequest, *, tenant: str | None) -> NormalizedEvent:

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import nats.errors
 import pytest
+import structlog
 from gateway_support import AGENTS, AS_ADMIN, AS_OPERATOR, AS_VIEWER, eventually, replicas
 from nats.js.kv import KeyValue
 
@@ -34,7 +35,6 @@ from temporality_service import ApiAuth
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 from temporality_trigger_gateway import Settings, create_app
-from temporality_trigger_gateway.errors import BusUnavailable
 from temporality_trigger_gateway.events import SYNC_DELIVERIES, EventTriggers, normalize
 from temporality_trigger_gateway.launch import Launcher
 from temporality_trigger_gateway.store import TriggerRecord, TriggerRegistry, TriggerStore, validate_spec
@@ -439,7 +439,7 @@ async def test_a_store_whose_position_cannot_be_read_delays_an_event_but_never_h
     try:
         (msg,) = await sub.fetch(batch=1, timeout=5)
         delivery = Delivery(msg)
-        with pytest.raises(BusUnavailable):  # the consumer naks it: redelivered with backoff
+        with pytest.raises(TransientError, match="position cannot be read"):  # the consumer naks it (backoff)
             await handler.handle(decode(msg.data), delivery)
         delivery.num_delivered = SYNC_DELIVERIES
         await handler.handle(decode(msg.data), delivery)  # handled (nothing to launch): no error
@@ -574,9 +574,10 @@ async def test_through_the_consumer_a_lagging_store_redelivers_the_event_until_i
 async def test_through_the_consumer_an_unreadable_store_position_falls_back_at_the_last_lagging_delivery(
     gateway_settings: Settings, bus: Bus, event_log: EventLog
 ) -> None:
-    """The trigger store's position cannot be read (its connection is gone: BusUnavailable at each delivery):
+    """The trigger store's position cannot be read (its connection is gone: a TransientError at each delivery):
     the real consumer redelivers the event with its backoff, and the SYNC_DELIVERIES-th delivery handles it with
-    the triggers known -- one run, acknowledged, never dead-lettered."""
+    the triggers known -- one run, acknowledged, never dead-lettered. Each retry is logged without a traceback
+    (``handler.retry``), the store's failure with its cause (``launch.bus_unavailable``)."""
     await bus.ensure_consumer(CONSUMERS[DURABLE], ack_wait_s=ACK_WAIT_S)
     async with _admin_only(gateway_settings, bus) as admin:
         await _create(admin, _spec())
@@ -593,11 +594,22 @@ async def test_through_the_consumer_an_unreadable_store_position_falls_back_at_t
         event = _completed("run-unreadable-store")
         await bus.publish(event)
         handler = EventTriggers(registry, Launcher(bus, retry_after_s=1), store=unreadable)
-        async with _consuming(bus, handler, deliveries, outcomes):
-            await _run_for_within(event_log, "after-review", event, timeout_s=30)
-            await _handled_once(bus, event_log, event, outcomes)
-            await stays(lambda: len(deliveries) == SYNC_DELIVERIES, settle_s=1.0, what="no further delivery")
+        with structlog.testing.capture_logs() as logs:
+            async with _consuming(bus, handler, deliveries, outcomes):
+                await _run_for_within(event_log, "after-review", event, timeout_s=30)
+                await _handled_once(bus, event_log, event, outcomes)
+                await stays(lambda: len(deliveries) == SYNC_DELIVERIES, settle_s=1.0, what="no further delivery")
     assert [n for n, _ in deliveries] == list(range(1, SYNC_DELIVERIES + 1))
+    retries = [e for e in logs if e["event"] == "handler.retry"]
+    assert len(retries) == SYNC_DELIVERIES - 1, retries
+    for retry in retries:
+        assert retry["error"].startswith("TransientError("), retry
+        assert "position cannot be read" in retry["error"], retry
+        assert retry["exc_info"] is False  # a TransientError: no traceback per retry
+    unavailable = [e for e in logs if e["event"] == "launch.bus_unavailable"]
+    assert len(unavailable) >= SYNC_DELIVERIES - 1, unavailable
+    assert all(e["error"] for e in unavailable)  # the cause: the store connection's error
+    assert "Error" in unavailable[0]["error"], unavailable[0]
 
 
 def test_the_lagging_fallback_comes_before_the_consumer_dead_letters() -> None:

@@ -131,6 +131,21 @@ async def test_real_github_payloads(roomy: httpx.AsyncClient, bus: Bus) -> None:
 
 
 # --------------------------------------------------------------------------- gitlab
+async def test_a_body_that_is_not_json_is_400_before_a_sources_header_checks(client: httpx.AsyncClient) -> None:
+    """A source that reads no raw body itself gets it parsed by the API first: not JSON is a 400 even when
+    the headers the source checks first are missing too (not their 422); the Azure DevOps PR source, which
+    reads the raw body itself, answers it 400 alike."""
+    raw = b"{not json"
+    signed = github_headers(raw, "pull_request", "x")
+    github = await post(client, raw, trigger_id="gh-review", headers=signed)
+    unsigned_parts = {k: v for k, v in signed.items() if k not in ("X-GitHub-Delivery", "X-GitHub-Event")}
+    no_headers = await post(client, raw, trigger_id="gh-review", headers=unsigned_parts)  # signed, no event headers
+    ado = await post(client, raw)
+    for response in (github, no_headers, ado):
+        assert response.status_code == 400, response.text
+        assert response.json()["error"] == "malformed_json"
+
+
 async def test_gitlab_merge_request_and_push(client: httpx.AsyncClient, bus: Bus) -> None:
     token = {"X-Gitlab-Token": GITLAB_TOKEN}
     key = "d2c6bd3a-1f7e-4c59-9a83-0e4b5c6d7f80"

@@ -29,7 +29,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from temporality_bus import Bus
 from temporality_service import HTTP_TELEMETRY, ApiAuth, ErrorBody, install_error_handlers, parse_json, read_body
 from temporality_service.openapi import add_schemas, json_body, operation
-from temporality_trigger_gateway.adapters import WebhookRequest
+from temporality_trigger_gateway.adapters import ADAPTERS, WebhookRequest
+from temporality_trigger_gateway.adapters.base import UNPARSED
 from temporality_trigger_gateway.admin import OPENAPI_SCHEMAS, admin_router
 from temporality_trigger_gateway.errors import (
     BodyTooLarge,
@@ -118,7 +119,9 @@ def create_app(
             if verifier.reads_body:
                 verifier.verify(request.headers, raw)
                 authenticated = True
-            delivery = WebhookRequest(request.method, request.headers, raw, parse_json(raw))
+            # parsed here (a 400 before the source's checks), or by a source that reads the raw body itself
+            parsed = UNPARSED if ADAPTERS[trigger.adapter].reads_raw_body else parse_json(raw)
+            delivery = WebhookRequest(request.method, request.headers, raw, parsed)
             outcome = await intake.handle(trigger, delivery)
         except (BodyTooLarge, MalformedBody, InvalidPayload) as refused:
             if authenticated:

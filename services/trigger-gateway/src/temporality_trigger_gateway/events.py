@@ -246,7 +246,8 @@ class EventTriggers:
             latest = await self._launcher.io(self._store_of_triggers.last_revision())
         except BusUnavailable as exc:  # the store's position cannot be read now: as a lag (a run's end must not
             if delivery.num_delivered < SYNC_DELIVERIES:  # wait for it forever: its key would stay held)
-                raise
+                # a TransientError: redelivered with the consumer's backoff, logged without a traceback per retry
+                raise TransientError(f"the trigger store's position cannot be read: {exc.detail}") from exc
             log.warning("event_trigger.store_unreadable", error=str(exc), delivery=delivery.num_delivered)
             return
         wait_s = self._store_wait_s if delivery.num_delivered <= 1 else min(_REDELIVERED_WAIT_S, self._store_wait_s)

@@ -1,8 +1,8 @@
 """The ``azure_devops.pull_request`` adapter: Azure DevOps service-hook PR events (TRG-3/4/8).
 
 Real payloads differ (``/work/shared/fixtures/webhooks/README.md``): some start with a UTF-8 BOM
-(the API layer decodes with ``utf-8-sig``), aspnet-era ones have no ``resourceContainers`` or
-``resourceVersion``, docs-era ones no ``subscriptionId``/``notificationId``, and
+(cut off before parsing: by the one-pass read here, else by ``parse_json``), aspnet-era ones have no
+``resourceContainers`` or ``resourceVersion``, docs-era ones no ``subscriptionId``/``notificationId``, and
 ``notificationId`` repeats across unrelated events — so the event id is the payload's ``id``
 (the event GUID) and nothing else. ``git.pullrequest.merged`` means "merge attempted"; a
 completed PR arrives as ``git.pullrequest.updated`` with ``status: completed``.
@@ -33,7 +33,7 @@ from temporality_trigger_gateway.adapters.base import (
 )
 from temporality_trigger_gateway.errors import InvalidPayload
 
-__all__ = ["AzureDevOpsPullRequest", "PullRequestEvent", "identify_azure_devops"]
+__all__ = ["MEMO_KEY", "AzureDevOpsPullRequest", "PullRequestEvent", "identify_azure_devops"]
 
 _Text = Annotated[str, Field(min_length=1)]
 
@@ -122,24 +122,82 @@ def identify_azure_devops(adapter: str, request: WebhookRequest) -> SourceEvent:
     return SourceEvent(id=envelope.id, type=envelope.event_type)
 
 
+_BOM = b"\xef\xbb\xbf"
+#: The key of the validated event (or ``None``: the general path) in :attr:`WebhookRequest.memo`.
+MEMO_KEY = "azure_devops.pull_request"
+
+
+def _pull_request_event(request: WebhookRequest) -> PullRequestEvent | None:
+    """The body as a :class:`PullRequestEvent`, parsed and validated from its bytes in one pass of
+    pydantic-core (no Python value for a field the event does not read), or ``None``: the delivery takes
+    the general path (:attr:`WebhookRequest.json`, then validation), which decides and words every refusal
+    as before. Only a body that path would accept as the same event gets here: pydantic-core's parser
+    refuses what ``parse_json`` does (not UTF-8, not JSON, lone surrogate escapes, numbers out of range,
+    nesting too deep for it -- then the general path decides) but for ``NaN``/``Infinity`` literals (any
+    occurrence of those words sends the body the general way) and a float literal no float holds
+    (``1e999999``) in a field the event does not read, which is dropped with it instead of refused (a 202
+    where the general path answers 400: no such value reaches anything). Kept in ``request.memo`` for
+    :meth:`AzureDevOpsPullRequest.normalize`."""
+    memo = request.memo
+    if MEMO_KEY in memo:
+        found: PullRequestEvent | None = memo[MEMO_KEY]
+        return found
+    raw = request.body
+    if raw.startswith(_BOM):
+        raw = raw[3:]
+    event = None
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        try:
+            event = PullRequestEvent.model_validate_json(raw)
+        except ValidationError:
+            pass
+    memo[MEMO_KEY] = event
+    return event
+
+
 def _branch(ref: str) -> str:
     return ref.removeprefix("refs/heads/")
 
 
-# The two URL helpers run on every event and see the same few repositories: cached (urlsplit is pure Python).
-@lru_cache(maxsize=1024)
+# The two URL helpers run on every event and see the same few repositories: cached (urlsplit is pure Python),
+# a URL up to this long only (a sender's longer strings are worked out each time, never kept).
+_CACHED_URL = 2048
+
+
 def _origin(url: str) -> str:
-    parts = urlsplit(url)
+    """The ``scheme://host`` of a URL (the event's ``source``), else the URL as is: one ``urlsplit`` refuses
+    (``https://[x/…``: ValueError) or that has no scheme or host."""
+    return _cached_origin(url) if len(url) <= _CACHED_URL else _split_origin(url)
+
+
+def _split_origin(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
     return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else url
 
 
-@lru_cache(maxsize=1024)
+_cached_origin = lru_cache(maxsize=1024)(_split_origin)
+
+
 def _without_user(url: str | None) -> str | None:
-    """``https://org@dev.azure.com/…`` (a ``remoteUrl``) without the ``org@``."""
+    """``https://org@dev.azure.com/…`` (a ``remoteUrl``) without the ``org@``; ``None`` for a URL ``urlsplit``
+    refuses (``https://[x/…``: ValueError): no link is built from it."""
     if not url:
         return None
-    parts = urlsplit(url)
+    return _cached_without_user(url) if len(url) <= _CACHED_URL else _split_without_user(url)
+
+
+def _split_without_user(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
     return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
+_cached_without_user = lru_cache(maxsize=1024)(_split_without_user)
 
 
 def _pr_page(pr: PullRequest) -> str | None:
@@ -163,16 +221,21 @@ class AzureDevOpsPullRequest(Adapter):
     name: ClassVar[str] = "azure_devops.pull_request"
     event_types: ClassVar[frozenset[str] | None] = PR_EVENT_TYPES
     auth_types: ClassVar[frozenset[str]] = frozenset({"basic", "bearer", "header"})
+    reads_raw_body: ClassVar[bool] = True  # identify reads it (_pull_request_event), or parses it first
 
     def identify(self, request: WebhookRequest) -> SourceEvent:
+        event = _pull_request_event(request)
+        if event is not None:  # a valid PR event is a valid envelope with the same id and type
+            return SourceEvent(id=event.id, type=event.event_type)
         return identify_azure_devops(self.name, request)
 
     def normalize(self, request: WebhookRequest, *, tenant: str | None) -> NormalizedEvent:
-        body = request.json
-        try:
-            event = PullRequestEvent.model_validate(body)
-        except ValidationError as exc:
-            raise invalid_payload(self.name, exc) from exc
+        event = _pull_request_event(request)
+        if event is None:
+            try:
+                event = PullRequestEvent.model_validate(request.json)
+            except ValidationError as exc:
+                raise invalid_payload(self.name, exc) from exc
         if event.event_type not in PR_EVENT_TYPES:
             raise InvalidPayload(
                 f"{event.event_type!r} is not a pull request event ({', '.join(sorted(PR_EVENT_TYPES))})",

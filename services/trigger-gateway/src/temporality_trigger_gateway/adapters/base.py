@@ -11,17 +11,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_protocol import NormalizedEvent, SourceLink
+from temporality_service import parse_json
 from temporality_trigger_gateway.errors import InvalidPayload
 
 __all__ = [
     "MAX_DESCRIPTION",
+    "UNPARSED",
     "Adapter",
     "SourceEvent",
     "WebhookRequest",
@@ -33,14 +35,33 @@ __all__ = [
 ]
 
 
+#: ``WebhookRequest.parsed`` of a body not parsed yet.
+UNPARSED: Any = object()
+
+
 @dataclass(frozen=True)
 class WebhookRequest:
-    """One authenticated delivery as a source sees it. ``headers`` is case-insensitive."""
+    """One authenticated delivery as a source sees it. ``headers`` is case-insensitive.
+
+    ``json`` is the body parsed by :func:`temporality_service.parse_json` (:class:`MalformedJson`, a 400,
+    for a body that is not UTF-8 JSON), parsed on first use unless given (``parsed``): a source that
+    validates the raw body itself in one pass (:mod:`.azure_devops`) never builds it. ``memo`` keeps what
+    a source worked out from this delivery (:meth:`Adapter.identify`'s validated model for its
+    :meth:`Adapter.normalize`)."""
 
     method: str
     headers: Mapping[str, str]
     body: bytes
-    json: Any
+    parsed: Any = UNPARSED
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def json(self) -> Any:
+        parsed = self.parsed
+        if parsed is UNPARSED:
+            parsed = parse_json(self.body)
+            object.__setattr__(self, "parsed", parsed)
+        return parsed
 
 
 class SourceEvent(BaseModel):
@@ -60,6 +81,10 @@ class Adapter(ABC):
     event_types: ClassVar[frozenset[str] | None]
     #: The ``auth.type`` values that can authenticate this source (``none`` is always allowed, explicitly).
     auth_types: ClassVar[frozenset[str]]
+    #: ``True``: the source reads the raw body itself before anything else (the API hands it on unparsed,
+    #: :attr:`WebhookRequest.json` parses it on first use); ``False``: the API parses it first, so a body
+    #: that is not JSON is a 400 before any check of the source's (a missing header's 422).
+    reads_raw_body: ClassVar[bool] = False
 
     @abstractmethod
     def identify(self, request: WebhookRequest) -> SourceEvent:

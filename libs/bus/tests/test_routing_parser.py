@@ -1,0 +1,132 @@
+"""The connection's protocol parser once a subscription is routed (:func:`temporality_bus.routing._fast_parser`):
+it hands every message and operation on exactly as nats-py's own parser does, however the bytes are cut into
+reads, and a routed message to its route instead of ``_process_msg``.
+
+Two unconnected nats-py clients read the same bytes: one with nats-py's parser, one with the routed parser; each
+records what its parser hands to the client (``_process_msg``, ``_process_ping``, ...). No server here: the
+parser's input is the server's protocol, written out."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from temporality_bus.routing import _route
+
+ROUTED = 7
+
+HEADERS = (
+    b"NATS/1.0\r\nNats-Msg-Id: evt-1\r\nContent-Type: application/cloudevents+json\r\nCe-Type: run.started\r\n\r\n"
+)
+ACK = "$JS.ACK.EVENTS.journal.1.{0}.{0}.1733480000000000000.{1}"
+
+
+def _stream() -> bytes:
+    """A server's output: messages of a routed and an unrouted subscription (MSG and HMSG, with and without a
+    reply, empty, large, with protocol words and CRLF in the payload), statuses, and the other operations."""
+    parts: list[bytes] = [b'INFO {"server_id":"x","max_payload":1048576}\r\n', b"+OK\r\n"]
+    for i in range(40):
+        sid = ROUTED if i % 3 else 9
+        body = b'{"id":"evt-%d","data":{"text":"MSG 1 2 3\\r\\nPING"}}' % i
+        reply = ACK.format(100 + i, 40 - i).encode()
+        parts.append(
+            b"HMSG _INBOX.a.%d %d %s %d %d\r\n%s%s\r\n"
+            % (i, sid, reply, len(HEADERS), len(HEADERS) + len(body), HEADERS, body)
+        )
+        parts.append(b"MSG t.plain %d %d\r\n%s\r\n" % (sid, len(body), body))
+        if i % 7 == 0:
+            parts.append(b"PING\r\n")
+        if i % 11 == 0:
+            parts.append(b"PONG\r\n")
+            status = b"NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: 1\r\n\r\n"
+            parts.append(b"HMSG _INBOX.a.%d %d %d %d\r\n%s\r\n" % (i, sid, len(status), len(status), status))
+        if i % 13 == 0:
+            parts.append(b"MSG t.empty %d reply.x 0\r\n\r\n" % sid)
+            parts.append(b"MSG  t.spaced\t%d   12\r\nMSG\r\nMSG 1\r\n\r\n" % sid)  # blanks as nats-py's regex allows
+            big = bytes(range(256)) * 400 + b"\r\nMSG x 7 1\r\n"
+            parts.append(b"MSG t.big %d %d\r\n%s\r\n" % (sid, len(big), big))
+        if i == 20:
+            parts.append(b"HMSG t.nohead %d reply.y 0 3\r\nabc\r\n" % sid)
+    return b"".join(parts)
+
+
+def _recorder(nc: NATS, seen: list[tuple[Any, ...]]) -> None:
+    async def process_msg(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        seen.append(("msg", sid, bytes(subject), bytes(reply), data, headers))
+
+    async def process_ping() -> None:
+        seen.append(("ping",))
+
+    async def process_pong() -> None:
+        seen.append(("pong",))
+
+    async def process_info(info: dict[str, Any], initial_connection: bool = False) -> None:
+        seen.append(("info", info))
+
+    nc._process_msg = process_msg  # type: ignore[method-assign]
+    nc._process_ping = process_ping  # type: ignore[method-assign]
+    nc._process_pong = process_pong  # type: ignore[method-assign]
+    nc._process_info = process_info  # type: ignore[method-assign]
+
+
+async def _read(stream: bytes, cuts: list[int], *, routed: bool) -> list[tuple[Any, ...]]:
+    nc = NATS()
+    seen: list[tuple[Any, ...]] = []
+    _recorder(nc, seen)
+    if routed:
+
+        def on_raw(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+            seen.append(("msg", sid, bytes(subject), bytes(reply), data, headers))
+
+        assert _route(nc, ROUTED, on_raw)
+        assert "parse" in vars(nc._ps)  # the routed parser is the one reading
+    at = 0
+    for cut in [*cuts, len(stream)]:
+        await nc._ps.parse(stream[at:cut])
+        at = cut
+    assert not nc._ps.buf
+    return seen
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_the_routed_parser_hands_on_what_nats_py_parser_does_however_the_reads_are_cut(seed: int) -> None:
+    stream = _stream()
+    rng = random.Random(seed)
+    # a few long reads, or many short ones (down to one byte), or a cut at every operation's edge
+    step = [1, 7, 64, 700, 4096, 65536][seed % 6]
+    cuts = sorted({rng.randrange(1, len(stream)) for _ in range(len(stream) // step + 1)})
+    expected = await _read(stream, cuts, routed=False)
+    got = await _read(stream, cuts, routed=True)
+    assert got == expected
+    assert sum(1 for e in expected if e[0] == "msg") == 40 * 2 + 4 + 3 * 4 + 1
+    assert [e for e in expected if e[0] != "msg"][:1] == [("info", {"server_id": "x", "max_payload": 1048576})]
+
+
+async def test_the_routed_parser_reads_a_message_a_read_at_a_time_without_reading_it_again() -> None:
+    """A message not all there stays in the buffer, untouched until its bytes are (one byte a read here)."""
+    body = b"x" * 5000
+    stream = b"MSG t 7 r %d\r\n%s\r\nPING\r\n" % (len(body), body)
+    got = await _read(stream, list(range(1, len(stream))), routed=True)
+    assert got == [("msg", ROUTED, b"t", b"r", body, None), ("ping",)]
+
+
+async def test_a_control_line_the_server_would_not_write_is_read_as_nats_py_reads_it() -> None:
+    """Anything but a plain ``MSG``/``HMSG`` line goes to nats-py's parser: the same records, or the same error."""
+    streams = (
+        b"MSG t x 3\r\nabc\r\n",
+        b"HMSG t 7 5 3\r\nabc\r\n",
+        b"MSG t 7 -1\r\n\r\n",
+        b"BOGUS\r\n",
+        b"MSG t 7 3_0\r\n",
+    )
+    for stream in streams:
+        outcomes = []
+        for routed in (False, True):
+            try:
+                outcomes.append(await _read(stream + b"PING\r\n", [], routed=routed))
+            except Exception as exc:
+                outcomes.append([("raised", type(exc))])
+        assert outcomes[0] == outcomes[1], stream

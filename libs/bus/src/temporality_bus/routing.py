@@ -108,7 +108,7 @@ def _fast_parser(
             buf.clear()
         want_of = None
         size = len(data)
-        pos = 0
+        pos = routed = routed_bytes = 0
         try:
             while pos < size:
                 if data.startswith(b"HMSG ", pos):
@@ -131,6 +131,12 @@ def _fast_parser(
                         reply = b""
                     else:
                         break
+                    if not (sid.isdigit() and head.isdigit() and total.isdigit()):
+                        break
+                    needed = int(total)
+                    head_size = int(head)
+                    if head_size > needed:
+                        break
                 else:  # MSG <subject> <sid> [reply] <size>
                     if count == 4:
                         subject, sid, reply, total = args
@@ -139,13 +145,10 @@ def _fast_parser(
                         reply = b""
                     else:
                         break
-                    head = b"0"
-                if not (sid.isdigit() and head.isdigit() and total.isdigit()):
-                    break
-                needed = int(total)
-                head_size = int(head)
-                if head_size > needed:
-                    break
+                    if not (sid.isdigit() and total.isdigit()):
+                        break
+                    needed = int(total)
+                    head_size = 0
                 start = eol + 2
                 end = start + needed
                 if end + 2 > size:  # the payload is not all there yet
@@ -166,13 +169,16 @@ def _fast_parser(
                         pos = size
                         return
                     continue
-                stats["in_msgs"] += 1
-                stats["in_bytes"] += len(payload)
+                routed += 1
+                routed_bytes += len(payload)
                 try:
                     route(number, subject, reply, payload, headers)
                 except Exception:  # as in _route's wrapper: never raised into the read loop
                     log.exception("bus.routed_message_failed", sid=number, subject=subject[:256])
         finally:
+            if routed:  # counted as nats-py counts every message it reads, once per read
+                stats["in_msgs"] += routed
+                stats["in_bytes"] += routed_bytes
             if pos < size and ps.buf is buf:
                 buf.extend(data[pos:] if pos else data)
         if buf:  # what nats-py's parser reads (from the first operation this one does not)

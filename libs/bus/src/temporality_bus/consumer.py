@@ -80,7 +80,8 @@ comes back after ``ack_wait``.
 *Reading*: both paths' pull requests have an inbox subscription of their own (:class:`_Puller`), whose
 messages nats-py's parser hands straight to it (:func:`_route`, when this nats-py is the one it was written
 for): no header parsed, no ``Msg`` queued, no subscription task woken per message; a message's header
-block is parsed only if something reads ``headers`` (a dead letter copies them), the same as nats-py's.
+block is parsed only if something reads ``headers`` (a dead letter copies them), the same as nats-py's; and the
+connection's parser reads message lines without nats-py's regular expressions (``routing._fast_parser``).
 One request per fetch: an idle consumer asks once per ``fetch_timeout_s``. (The per-message path used nats-py's
 ``PullSubscription.fetch`` until 2026-12-05: for more than one message it sent a ``no_wait`` probe and then a
 lingering request, two requests and two end statuses per idle second, and a late ``408`` of one fetch could

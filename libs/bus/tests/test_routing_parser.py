@@ -121,6 +121,21 @@ async def test_a_control_line_the_server_would_not_write_is_read_as_nats_py_read
         b"MSG t 7 -1\r\n\r\n",
         b"BOGUS\r\n",
         b"MSG t 7 3_0\r\n",
+        # a lone LF, CR, tab, vertical tab or form feed, or two blanks, in the line: nats-py's regexes decide
+        b"MSG s 7 3\n5\r\nabcde\r\n",
+        b"MSG s\n7 3\r\nabc\r\n",
+        b"MSG s 7 r\r3\r\nabc\r\n",
+        b"MSG s\tx 7 3\r\nabc\r\n",
+        b"MSG s 7\x0b3\r\nabc\r\n",
+        b"MSG s 7 r\x0c3\r\nabc\r\n",
+        b"HMSG s 7 r 0\n3\r\nabc\r\n",
+        b"HMSG s 7 r\t0 3\r\nabc\r\n",
+        b"HMSG s\n7 0 3\r\nabc\r\n",
+        b"MSG s  7 3\r\nabc\r\n",
+        b"MSG  s 7 3\r\nabc\r\n",
+        b"MSG s 7 3 \r\nabc\r\n",
+        b"MSG s 7  r 3\r\nabc\r\n",
+        b"HMSG s 7  0 3\r\nabc\r\n",
     )
     for stream in streams:
         outcomes = []

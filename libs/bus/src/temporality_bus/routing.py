@@ -32,6 +32,9 @@ _PARSER_FITS = all(
 ) and all(hasattr(nats_parser.Parser, name) for name in ("parse", "reset"))
 #: ``NATS/1.0`` (the start of a header block), then a blank before an inline status (``NATS/1.0 404 …``).
 _HEADER_LINE = b"NATS/1.0"
+#: The whitespace other than a blank that nats-py's control-line regexes read (``\\s``): a ``MSG``/``HMSG`` line
+#: holding any (or two blanks in a row) is left to nats-py's parser (:func:`_fast_parser`).
+_OTHER_BLANKS = b"\t\n\r\x0b\x0c"
 RawRoute = Callable[[int, bytes, bytes, bytes, bytes | None], None]
 
 
@@ -77,7 +80,7 @@ def _fast_parser(
     nc: NATS, ps: nats_parser.Parser, routes: dict[int, RawRoute], original: Callable[..., Awaitable[None]]
 ) -> Callable[[bytes], Coroutine[Any, Any, None]]:
     """The connection's ``parse(data)`` (what its read loop hands each chunk read to), for messages cheaper than
-    nats-py's: a ``MSG``/``HMSG`` control line is split at its blanks (not matched by two regular expressions in
+    nats-py's: a ``MSG``/``HMSG`` control line is split at its single blanks (not matched by two regular expressions in
     turn), the messages of a chunk are sliced off one immutable copy of it (not each copied out of the buffer and
     deleted from it, two copies), and a routed one is handed to its route directly (no coroutine per message:
     nats-py awaits ``_process_msg`` for each). Any other operation (``PING``, ``PONG``, ``+OK``, ``-ERR``,
@@ -121,7 +124,10 @@ def _fast_parser(
                 if eol < 0:  # the control line is not all there yet
                     want_of, want = buf, 0
                     return
-                args = data[first:eol].split()
+                line = data[first:eol]
+                args = line.split(b" ")
+                if b"" in args or len(line.translate(None, _OTHER_BLANKS)) != len(line):
+                    break  # not single blanks between its fields (a lone LF, a tab, two blanks): nats-py's parser
                 count = len(args)
                 if first - pos == 5:  # HMSG <subject> <sid> [reply] <header size> <total size>
                     if count == 5:

@@ -145,3 +145,41 @@ async def test_a_control_line_the_server_would_not_write_is_read_as_nats_py_read
             except Exception as exc:
                 outcomes.append([("raised", type(exc))])
         assert outcomes[0] == outcomes[1], stream
+
+
+async def _read_switching_process_msg(stream: bytes, at: int, *, routed: bool) -> list[tuple[Any, ...]]:
+    """``stream`` read in two, another ``_process_msg`` wrapped around the client's between the two reads."""
+    nc = NATS()
+    seen: list[tuple[Any, ...]] = []
+    _recorder(nc, seen)
+    if routed:
+        assert _route(nc, ROUTED, lambda sid, *_: seen.append(("routed", sid)))
+    await nc._ps.parse(stream[:at])
+    inner = nc._process_msg
+
+    async def later(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        seen.append(("later", data))
+        await inner(sid, subject, reply, data, headers)
+
+    nc._process_msg = later  # type: ignore[method-assign]
+    await nc._ps.parse(stream[at:])
+    return seen
+
+
+async def test_an_unrouted_message_goes_to_the_client_s_process_msg_of_the_moment() -> None:
+    """A ``_process_msg`` put on the client after the first route (another wrapper) gets the unrouted messages
+    read from then on, as it would from nats-py's parser."""
+    stream = b"MSG t 9 1\r\na\r\nMSG t 7 1\r\nb\r\nMSG t 9 1\r\nc\r\n"
+    assert await _read_switching_process_msg(stream, 14, routed=False) == [
+        ("msg", 9, b"t", b"", b"a", None),
+        ("later", b"b"),
+        ("msg", 7, b"t", b"", b"b", None),
+        ("later", b"c"),
+        ("msg", 9, b"t", b"", b"c", None),
+    ]
+    assert await _read_switching_process_msg(stream, 14, routed=True) == [
+        ("msg", 9, b"t", b"", b"a", None),
+        ("routed", 7),
+        ("later", b"c"),
+        ("msg", 9, b"t", b"", b"c", None),
+    ]

@@ -10,7 +10,7 @@ subscription of that connection.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -71,17 +71,17 @@ def _route(nc: NATS, sid: int, on_raw: RawRoute) -> bool:
         nc._temporality_routes = routes  # type: ignore[attr-defined]
         ps = getattr(nc, "_ps", None)
         if _PARSER_FITS and type(ps) is nats_parser.Parser:
-            ps.parse = _fast_parser(nc, ps, routes, original)  # type: ignore[method-assign,assignment]
+            ps.parse = _fast_parser(nc, ps, routes)  # type: ignore[method-assign,assignment]
     routes[sid] = on_raw
     return True
 
 
 def _fast_parser(
-    nc: NATS, ps: nats_parser.Parser, routes: dict[int, RawRoute], original: Callable[..., Awaitable[None]]
+    nc: NATS, ps: nats_parser.Parser, routes: dict[int, RawRoute]
 ) -> Callable[[bytes], Coroutine[Any, Any, None]]:
     """The connection's ``parse(data)`` (what its read loop hands each chunk read to), for messages cheaper than
-    nats-py's: a ``MSG``/``HMSG`` control line is split at its single blanks (not matched by two regular expressions in
-    turn), the messages of a chunk are sliced off one immutable copy of it (not each copied out of the buffer and
+    nats-py's: a ``MSG``/``HMSG`` control line is split at its single blanks (not matched by two regular expressions
+    in turn), the messages of a chunk are sliced off one immutable copy of it (not each copied out of the buffer and
     deleted from it, two copies), and a routed one is handed to its route directly (no coroutine per message:
     nats-py awaits ``_process_msg`` for each). Any other operation (``PING``, ``PONG``, ``+OK``, ``-ERR``,
     ``INFO``), a control line that does not read as the server writes one, and a chunk that finds nats-py's parser
@@ -89,8 +89,8 @@ def _fast_parser(
     all there yet stays in the buffer (``ps.buf``), and is not looked at again until its bytes are.
 
     The messages of other subscriptions go to the client's ``_process_msg`` as nats-py's parser hands them
-    (the same arguments, awaited in turn); a route runs as in :func:`_route`'s wrapper (counted, its failure
-    logged)."""
+    (whichever it is when the message is read, the same arguments, awaited in turn); a route runs as in
+    :func:`_route`'s wrapper (counted, its failure logged)."""
     slow = nats_parser.Parser.parse
     awaiting_line = nats_parser.AWAITING_CONTROL_LINE
     stats = nc.stats
@@ -170,7 +170,7 @@ def _fast_parser(
                 number = int(sid)
                 route = routes.get(number)
                 if route is None:
-                    await original(number, subject, reply, payload, headers)
+                    await nc._process_msg(number, subject, reply, payload, headers)  # type: ignore[arg-type]
                     if ps.buf is not buf:  # the parser was reset meanwhile (a reconnect): the rest is dropped
                         pos = size
                         return

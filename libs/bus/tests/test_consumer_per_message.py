@@ -66,6 +66,16 @@ def test_a_write_is_immutable_and_a_changed_copy_leaves_it_as_it_was() -> None:
     assert Write("s", b"", {}) == Write("s", b"", {}, None, None, None)
 
 
+async def test_a_consumer_needs_room_for_one_message_in_flight(bus: Bus) -> None:
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        pass
+
+    for room in (0, -1):
+        with pytest.raises(ValueError, match="max_inflight must be at least 1"):
+            Consumer(bus, _spec("t-pm-room"), handler=handler, max_inflight=room)
+    assert Consumer(bus, _spec("t-pm-room"), handler=handler, max_inflight=1)
+
+
 async def test_the_direct_ack_reaches_the_server_and_a_second_settle_is_refused(bus: Bus) -> None:
     event = _failed("direct-ack")
     seq = (await bus.publish(event)).seq

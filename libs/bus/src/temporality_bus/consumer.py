@@ -479,7 +479,7 @@ class Consumer:
     """Runs one durable pull consumer (``spec``) until ``stop`` is set.
 
     ``handler`` gets decoded envelopes (version-checked, PRO-3); ``raw_handler`` gets bytes (timers).
-    ``max_inflight`` messages are handled concurrently. ``on_dead_letter`` runs before each message
+    ``max_inflight`` (at least 1) messages are handled concurrently. ``on_dead_letter`` runs before each message
     is dead-lettered (idempotent; its failure retries the dead-lettering). ``batch_handler`` (with
     ``handler`` as its per-message fallback) takes up to ``batch_size`` messages at a time, fetching
     the next batch while it handles one (``max_inflight`` does not apply); ``batch_linger_s``: a fetch short of
@@ -506,6 +506,8 @@ class Consumer:
             raise ValueError("give exactly one of handler / raw_handler")
         if batch_handler is not None and handler is None:
             raise ValueError("batch_handler needs handler: the per-message path it falls back to")
+        if max_inflight < 1:  # none in flight would never free a slot: the per-message path would wait forever
+            raise ValueError(f"max_inflight must be at least 1, not {max_inflight}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, not {batch_size}")
         if batch_linger_s < 0:

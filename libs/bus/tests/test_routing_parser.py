@@ -139,6 +139,13 @@ async def test_a_control_line_the_server_would_not_write_is_read_as_nats_py_read
         b"MSG t 7 -1\r\n\r\n",
         b"BOGUS\r\n",
         b"MSG t 7 3_0\r\n",
+        # too few or too many fields, a size that is not a number
+        b"MSG t 3\r\nabc\r\n",
+        b"MSG t 7 r s 3\r\nabc\r\n",
+        b"HMSG t 7 3\r\nabc\r\n",
+        b"HMSG t 7 r s 0 3\r\nabc\r\n",
+        b"HMSG t 7 r x 3\r\nabc\r\n",
+        b"HMSG t 7 0 3x\r\nabc\r\n",
         # a lone LF, CR, tab, vertical tab or form feed, or two blanks, in the line: nats-py's regexes decide
         b"MSG s 7 3\n5\r\nabcde\r\n",
         b"MSG s\n7 3\r\nabc\r\n",

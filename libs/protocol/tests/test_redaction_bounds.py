@@ -74,13 +74,21 @@ FRAGMENTS = [
     "é",
 ]
 
-texts = st.lists(
-    st.one_of(
-        st.sampled_from(FRAGMENTS),
-        st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFKSTXYZ0123456789_-.:=/+", min_size=1, max_size=45),
-    ),
-    max_size=40,
-).map("".join)
+
+def texts_of(fragments: list[str], *, longest_run: int) -> st.SearchStrategy[str]:
+    """Texts of up to 40 pieces: ``fragments`` and runs of up to ``longest_run`` of the patterns' characters."""
+    return st.lists(
+        st.one_of(
+            st.sampled_from(fragments),
+            st.text(
+                alphabet="abcdefghijklmnopqrstuvwxyzABCDEFKSTXYZ0123456789_-.:=/+", min_size=1, max_size=longest_run
+            ),
+        ),
+        max_size=40,
+    ).map("".join)
+
+
+texts = texts_of(FRAGMENTS, longest_run=45)
 
 
 def _spans(pattern: SecretPattern, text: str, *, bounded: bool) -> list[tuple[int, int]]:

@@ -9,8 +9,7 @@ import re
 from dataclasses import replace
 
 from hypothesis import given, settings
-from hypothesis import strategies as st
-from test_redaction_bounds import FRAGMENTS
+from test_redaction_bounds import FRAGMENTS, texts_of
 
 from temporality_protocol.redaction import _NOT_MARKER, _SECRET_KEY_WORDS, BUILTIN_PATTERNS, Redactor
 
@@ -30,13 +29,7 @@ OLD = Redactor(tuple(replace(p, regex=BEFORE[p.kind]) if p.kind in BEFORE else p
 
 #: ASCII only: a key run right after a non-ASCII letter is found now and was not before (no word boundary there).
 ASCII_FRAGMENTS = [f for f in FRAGMENTS if f.isascii()]
-texts = st.lists(
-    st.one_of(
-        st.sampled_from(ASCII_FRAGMENTS),
-        st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFKSTXYZ0123456789_-.:=/+", min_size=1, max_size=20),
-    ),
-    max_size=40,
-).map("".join)
+texts = texts_of(ASCII_FRAGMENTS, longest_run=20)
 
 
 @settings(max_examples=1500, deadline=None)

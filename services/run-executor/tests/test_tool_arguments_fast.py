@@ -133,3 +133,17 @@ def test_a_tool_call_gets_the_same_answer_either_way() -> None:
     problem = ask.argument_problem({**fitting, "title": "x"})
     assert problem is not None
     assert "'title' was unexpected" in problem
+
+
+def test_a_backtracking_pattern_in_an_mcp_tools_schema_is_answered_whole() -> None:
+    """Arguments jsonschema-rs refuses are walked by jsonschema, whose ``pattern`` is matched in linear time too
+    (:mod:`temporality_protocol.schema_validation`): ``^(\\w+\\s?)*$`` under Python's ``re`` never ends here."""
+    tool = Tool(
+        name="lookup",
+        description="an MCP server's tool",
+        parameters={"type": "object", "properties": {"name": {"type": "string", "pattern": "^(\\w+\\s?)*$"}}},
+    )
+    problem = tool.argument_problem({"name": "a" * 4000 + "!"})
+    assert problem is not None
+    assert "does not match" in problem
+    assert tool.argument_problem({"name": "Ada Lovelace"}) is None

@@ -160,10 +160,11 @@ def read(schema: dict[str, Any], answer: HumanAnswer) -> FormRead:
     flat = next((k for k, v in content.items() if isinstance(v, dict) or _nested_list(v)), None)
     if flat is not None:
         return FormRead(refused=f"field {flat!r}: a form value is text, a number, a boolean or a list of texts")
-    from jsonschema import Draft202012Validator  # lazily: only a form's answer needs it (docs/operations.md)
-    from jsonschema.exceptions import best_match
+    from jsonschema.exceptions import best_match  # lazily: only a form's answer needs them (docs/operations.md)
 
-    error = best_match(Draft202012Validator(schema).iter_errors(content))
+    from temporality_protocol.schema_validation import LinearValidator
+
+    error = best_match(LinearValidator(schema).iter_errors(content))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path)
         field = form_fields(schema).get(str(error.absolute_path[0])) if error.absolute_path else None

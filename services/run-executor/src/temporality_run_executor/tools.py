@@ -48,6 +48,7 @@ from typing import Annotated, Any, Literal
 import jsonschema_rs
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
+from jsonschema.protocols import Validator
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from temporality_protocol import (
@@ -61,6 +62,7 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import RPC_GET_COLLABORATORS
 from temporality_protocol.redaction import Redactor
+from temporality_protocol.schema_validation import LinearValidator
 from temporality_run_executor.providers.base import ToolSpec
 from temporality_run_executor.records import ElicitAnswer, Message, RunRecord
 
@@ -350,13 +352,13 @@ class Tool:
     implementation: ToolFn | None = None
     #: Offered only when a card's ``allow`` names it exactly, never through a pattern (deprecated aliases).
     exact_only: bool = False
-    _validator: Draft202012Validator = field(init=False, repr=False, compare=False)
+    _validator: Validator = field(init=False, repr=False, compare=False)
     #: The schema compiled by ``jsonschema-rs``, asked first (``None``: it could not compile the schema).
     _fast: jsonschema_rs.Validator | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         Draft202012Validator.check_schema(self.parameters)
-        object.__setattr__(self, "_validator", Draft202012Validator(self.parameters))
+        object.__setattr__(self, "_validator", LinearValidator(self.parameters))
         object.__setattr__(self, "_fast", _fast_validator(self.parameters))
 
     @property

@@ -66,16 +66,6 @@ def test_a_write_is_immutable_and_a_changed_copy_leaves_it_as_it_was() -> None:
     assert Write("s", b"", {}) == Write("s", b"", {}, None, None, None)
 
 
-async def test_a_consumer_needs_room_for_one_message_in_flight(bus: Bus) -> None:
-    async def handler(event: Envelope, delivery: Delivery) -> None:
-        pass
-
-    for room in (0, -1):
-        with pytest.raises(ValueError, match="max_inflight must be at least 1"):
-            Consumer(bus, _spec("t-pm-room"), handler=handler, max_inflight=room)
-    assert Consumer(bus, _spec("t-pm-room"), handler=handler, max_inflight=1)
-
-
 async def test_the_direct_ack_reaches_the_server_and_a_second_settle_is_refused(bus: Bus) -> None:
     event = _failed("direct-ack")
     seq = (await bus.publish(event)).seq
@@ -154,39 +144,3 @@ async def test_the_per_message_path_dead_letters_what_decode_refuses(bus: Bus, n
     assert handled == [good.id]
     [error] = refused
     assert isinstance(error, ProtocolError), repr(error)  # decode's own error: a poison message
-
-
-async def test_the_batch_fallback_puts_each_messages_log_context_back(bus: Bus) -> None:
-    """The per-message path binds a message's log keys without putting them back in a task of its own (the
-    per-message loop's); the batch path's fallback handles its messages in the batch loop's task, so after each
-    one the keys are back as they were: the next batch is not logged as the last message of the one before."""
-    spec = _spec("t-fallback-context")
-    first, second = _failed("fallback-context-1"), _failed("fallback-context-2")
-    seq = (await bus.publish(first)).seq
-    seen: list[dict[str, Any]] = []
-    one_by_one: list[dict[str, Any]] = []
-
-    async def batch_handler(batch: list[tuple[Envelope, Delivery]]) -> None:
-        seen.append(structlog.contextvars.get_contextvars())
-        if len(seen) == 1:
-            raise RuntimeError("the batch's transaction failed")
-
-    async def handler(got: Envelope, delivery: Delivery) -> None:
-        one_by_one.append(structlog.contextvars.get_contextvars())
-
-    stop = asyncio.Event()
-    consumer = Consumer(bus, spec, handler=handler, batch_handler=batch_handler, batch_size=10)
-    task = asyncio.create_task(consumer.run(stop))
-    try:
-        await _settled(bus, spec.durable, seq)
-        later = (await bus.publish(second)).seq
-        await _settled(bus, spec.durable, later)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
-    assert [c["ce_id"] for c in one_by_one] == [first.id]  # the fallback ran in the message's context
-    assert one_by_one[0]["stream_seq"] == seq
-    assert len(seen) == 2
-    assert seen[1]["first_seq"] == later
-    for key in ("stream_seq", "delivery", "ce_id", "ce_type", "run_id"):
-        assert key not in seen[1], key

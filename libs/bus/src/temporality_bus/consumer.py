@@ -80,8 +80,7 @@ comes back after ``ack_wait``.
 *Reading*: both paths' pull requests have an inbox subscription of their own (:class:`_Puller`), whose
 messages nats-py's parser hands straight to it (:func:`_route`, when this nats-py is the one it was written
 for): no header parsed, no ``Msg`` queued, no subscription task woken per message; a message's header
-block is parsed only if something reads ``headers`` (a dead letter copies them), the same as nats-py's; and the
-connection's parser reads message lines without nats-py's regular expressions (``routing._fast_parser``).
+block is parsed only if something reads ``headers`` (a dead letter copies them), the same as nats-py's.
 One request per fetch: an idle consumer asks once per ``fetch_timeout_s``. (The per-message path used nats-py's
 ``PullSubscription.fetch`` until 2026-12-05: for more than one message it sent a ``no_wait`` probe and then a
 lingering request, two requests and two end statuses per idle second, and a late ``408`` of one fetch could
@@ -121,7 +120,7 @@ from pydantic import ValidationError
 from temporality_bus import tracing
 from temporality_bus.connection import Bus
 from temporality_bus.errors import PermanentError, TransientError
-from temporality_bus.pipeline import _BUFFERED, _SUBJECT_INVALID
+from temporality_bus.pipeline import _BUFFERED
 from temporality_bus.provenance import ForgedEvent, forgery
 from temporality_bus.routing import _ROUTABLE as _ROUTABLE  # (the batch tests read it here)
 from temporality_bus.routing import _LazyHeadersMsg, _route, _status_of, _unroute
@@ -221,9 +220,6 @@ _READABLE = frozenset(SUPPORTED_VERSIONS)
 #: A JSON ``\u`` escape other than of a control character (``\u0000``-``\u001f``, the only ones our encoder
 #: writes): it could spell a key (``"data\u005fbase64"``) that the one-pass decode does not see.
 _ESCAPE = re.compile(rb"\\u(?!00[01])")
-_N, _I, _BACKSLASH = ord("N"), ord("I"), ord("\\")
-#: ``Envelope.model_validate_json`` without its Python wrapper (the same validator, the same result).
-_read_envelope = Envelope.__pydantic_validator__.validate_json
 #: What the server says when a pull request ends short of its batch: nothing (more) available, or it expired.
 _PULL_ENDED = frozenset({"404", "408"})
 #: The server's own expiry of a lingering pull request comes this long before the runner gives up waiting.
@@ -257,13 +253,10 @@ class _Puller:
         self._token = ""  # the reply subject of the request being waited on
         self._wanted = 0
         self._woken: asyncio.Future[str | None] | None = None
-        self._checked = False
 
     async def start(self) -> None:
         inbox = self._nc.new_inbox()
         self._prefix = f"{inbox}."
-        # the request's subjects (the reply's tokens are numbers) are ones nc.publish takes: written directly
-        self._checked = all(s and not _SUBJECT_INVALID.search(s) for s in (self._subject, self._prefix))
         self._sub = await self._nc.subscribe(f"{inbox}.*", cb=self._on_msg)
         self._routed = _route(self._nc, self._sub._id, self._on_raw)
 
@@ -321,42 +314,17 @@ class _Puller:
             request: dict[str, object] = {"batch": batch - len(self._buffer), "no_wait": True}
             if wait and not self._buffer:  # nothing in hand: wait on the server for the first message(s)
                 request["expires"] = max(int((timeout_s - _PULL_MARGIN_S) * 1e9), 1_000_000)
-            loop = asyncio.get_running_loop()
-            woken: asyncio.Future[str | None] = loop.create_future()
+            woken: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
             self._token, self._wanted, self._woken = token, batch, woken
-            expiry: asyncio.TimerHandle | None = None
             try:
-                await _request(self._nc, self._subject, json.dumps(request).encode(), token, checked=self._checked)
-                # the wait's deadline: a timer that wakes the fetch with nothing (cheaper than asyncio.timeout)
-                expiry = loop.call_later(timeout_s + _PULL_MARGIN_S, _expire, woken)
-                status = await woken
+                await self._nc.publish(self._subject, json.dumps(request).encode(), reply=token)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout_s + _PULL_MARGIN_S):
+                        status = await woken
             finally:
-                if expiry is not None:
-                    expiry.cancel()
                 self._token, self._wanted, self._woken = "", 0, None
         msgs, self._buffer = self._buffer[:batch], self._buffer[batch:]
         return msgs, (None if status is None or status in _PULL_ENDED else status)
-
-
-def _expire(woken: asyncio.Future[str | None]) -> None:
-    """A fetch's deadline: wake it with no status (what came, if anything, is taken)."""
-    if not woken.done():
-        woken.set_result(None)
-
-
-async def _request(nc: NATS, subject: str, payload: bytes, reply: str, *, checked: bool) -> None:
-    """``nc.publish(subject, payload, reply=reply)``, its frame handed to the client's buffer directly (as
-    :func:`_ack` does), not through ``nc.publish`` and its checks. ``checked``: both subjects are known to be
-    ones ``nc.publish`` takes (not empty, no blank or line break); otherwise, or when nats-py lacks the buffered
-    write or the connection is not up, through ``nc.publish``."""
-    if not checked or not _BUFFERED or not nc.is_connected or nc.is_draining_pubs or len(payload) > nc.max_payload:
-        await nc.publish(subject, payload, reply=reply)
-        return
-    await nc._send_command(b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply.encode(), len(payload), payload))
-    if nc._flush_queue is not None and nc._flush_queue.empty():
-        await nc._flush_pending()
-    nc.stats["out_msgs"] += 1
-    nc.stats["out_bytes"] += len(payload)
 
 
 async def _ack_all(nc: NATS, msgs: list[Msg]) -> None:
@@ -437,19 +405,18 @@ def _decode(raw: bytes) -> Envelope:
     ``protocolversion``, anything that fails.
     """
     # (one byte looked for first, memchr-fast: most events hold no capital N / I at all, and the substring
-    # searches cost ~0.3 µs each on a ~500-byte event; the byte as an int, which skips the buffer protocol a
-    # one-byte ``bytes`` needle goes through: ~60 ns instead of ~250)
+    # searches cost ~0.3 µs each on a ~500-byte event)
     if (
         b"data_base64" not in raw
-        and (_N not in raw or b"NaN" not in raw)
-        and (_I not in raw or b"Infinity" not in raw)
-        and (_BACKSLASH not in raw or b"\\u" not in raw or _ESCAPE.search(raw) is None)  # (a backslash first)
+        and (b"N" not in raw or b"NaN" not in raw)
+        and (b"I" not in raw or b"Infinity" not in raw)
+        and (b"\\" not in raw or b"\\u" not in raw or _ESCAPE.search(raw) is None)  # (a backslash first, as above)
     ):
         try:
-            event: Envelope = _read_envelope(raw)
+            event = Envelope.model_validate_json(raw)
         except ValueError:
             return decode(raw)
-        fields = event.__pydantic_fields_set__  # (model_fields_set, without the property's call)
+        fields = event.model_fields_set
         if "specversion" in fields and "protocolversion" in fields and event.specversion == "1.0":
             return event
     return decode(raw)
@@ -479,7 +446,7 @@ class Consumer:
     """Runs one durable pull consumer (``spec``) until ``stop`` is set.
 
     ``handler`` gets decoded envelopes (version-checked, PRO-3); ``raw_handler`` gets bytes (timers).
-    ``max_inflight`` (at least 1) messages are handled concurrently. ``on_dead_letter`` runs before each message
+    ``max_inflight`` messages are handled concurrently. ``on_dead_letter`` runs before each message
     is dead-lettered (idempotent; its failure retries the dead-lettering). ``batch_handler`` (with
     ``handler`` as its per-message fallback) takes up to ``batch_size`` messages at a time, fetching
     the next batch while it handles one (``max_inflight`` does not apply); ``batch_linger_s``: a fetch short of
@@ -506,8 +473,6 @@ class Consumer:
             raise ValueError("give exactly one of handler / raw_handler")
         if batch_handler is not None and handler is None:
             raise ValueError("batch_handler needs handler: the per-message path it falls back to")
-        if max_inflight < 1:  # none in flight would never free a slot: the per-message path would wait forever
-            raise ValueError(f"max_inflight must be at least 1, not {max_inflight}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, not {batch_size}")
         if batch_linger_s < 0:
@@ -551,16 +516,6 @@ class Consumer:
         puller = self._puller = _Puller(self.bus, self.spec)
         await puller.start()
         inflight: set[asyncio.Task[None]] = set()
-        loop = asyncio.get_running_loop()
-        # woken by the first message done while every slot is taken (one future, not asyncio.wait's callback
-        # on each task in flight added and removed every time)
-        freed: asyncio.Future[None] | None = None
-
-        def done(task: asyncio.Task[None]) -> None:
-            inflight.discard(task)
-            if freed is not None and not freed.done():
-                freed.set_result(None)
-
         heartbeat = asyncio.create_task(self._heartbeat(), name=f"heartbeat:{self.spec.durable}")
         self.running.set()
         self._log.info("consumer.started", filter=list(self.spec.filter_subjects))
@@ -571,16 +526,12 @@ class Consumer:
                     break
                 free = self._max_inflight - len(inflight)
                 if free <= 0:
-                    freed = loop.create_future()
-                    try:
-                        await freed
-                    finally:
-                        freed = None
+                    await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 for msg in await self._pull(puller, free):
-                    task = loop.create_task(self._process(msg, alone=True))
+                    task = asyncio.create_task(self._process(msg))
                     inflight.add(task)
-                    task.add_done_callback(done)
+                    task.add_done_callback(inflight.discard)
         finally:
             self.running.clear()
             try:
@@ -755,17 +706,10 @@ class Consumer:
             except Exception as exc:  # counting must never fail a message
                 self._log.warning("consumer.observer_failed", error=repr(exc))
 
-    async def _process(self, msg: Msg, *, alone: bool = False) -> None:
-        """Handle one message and settle it (ack, nak with backoff, dead-letter). ``alone``: in a task of its own
-        (the per-message loop's), whose context ends with it: the log context set for the message is not reset
-        (each reset costs as much as its set); the batch path's fallback handles its messages one after another
-        in its own task, and resets it after each."""
+    async def _process(self, msg: Msg) -> None:
         delivery = Delivery(msg)
-        observer = self._observer
-        started = time.monotonic() if observer is not None else 0.0
-        reply = msg.reply
-        in_hand = self._in_hand
-        in_hand[reply] = msg
+        started = time.monotonic()
+        self._in_hand[msg.reply] = msg
         try:
             # bound_contextvars(consumer=..., stream_seq=..., delivery=...), for a fraction of its cost
             bound = (
@@ -774,25 +718,21 @@ class Consumer:
                 _DELIVERY.set(delivery.num_delivered),
             )
             try:
-                max_deliver = self.spec.max_deliver
-                if 0 < max_deliver < delivery.num_delivered:
+                if 0 < self.spec.max_deliver < delivery.num_delivered:
                     # past the limit: the last attempt never settled (it crashed or killed its process,
                     # or its dead-lettering failed) -- dead-letter without running the handler again
                     exhausted = RuntimeError("deliveries exhausted without a settled outcome")
                     await self._give_up(msg, delivery, exhausted, started)
                     return
                 try:
-                    if self._raw_handler is not None:
-                        await self._dispatch_raw(msg, delivery)
-                    else:
-                        await self._dispatch(msg, delivery, alone)
+                    await self._dispatch(msg, delivery)
                 except (PermanentError, ProtocolError, ValidationError) as exc:
                     await self._give_up(msg, delivery, exc, started)
                     return
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    if 0 < max_deliver <= delivery.num_delivered:
+                    if 0 < self.spec.max_deliver <= delivery.num_delivered:
                         await self._give_up(msg, delivery, exc, started)
                         return
                     delay = self._backoff(delivery.num_delivered)
@@ -800,33 +740,30 @@ class Consumer:
                     # traceback tells nothing more and costs a rendering per retry; anything else gets one
                     expected = isinstance(exc, TransientError)
                     self._log.warning("handler.retry", error=repr(exc), delay_s=delay, exc_info=not expected)
-                    in_hand.pop(reply, None)
+                    self._in_hand.pop(msg.reply, None)
                     await msg.nak(delay=delay)
                     self._observe("retried", time.monotonic() - started)
                     return
-                in_hand.pop(reply, None)
+                self._in_hand.pop(msg.reply, None)
                 await _ack(msg)  # only now: the handler returned, its side effects are committed
-                if observer is not None:
-                    self._observe("acked", time.monotonic() - started)
+                self._observe("acked", time.monotonic() - started)
             finally:
-                if not alone:
-                    _DELIVERY.reset(bound[2])
-                    _STREAM_SEQ.reset(bound[1])
-                    _CONSUMER.reset(bound[0])
+                _DELIVERY.reset(bound[2])
+                _STREAM_SEQ.reset(bound[1])
+                _CONSUMER.reset(bound[0])
         except Exception as exc:  # ack/nak/term failed: the message comes back after ack_wait
             self._log.warning("consumer.settle_failed", error=repr(exc))
         finally:
-            in_hand.pop(reply, None)
+            self._in_hand.pop(msg.reply, None)
 
-    async def _dispatch_raw(self, msg: Msg, delivery: Delivery) -> None:
-        assert self._raw_handler is not None
-        if not tracing.enabled() or not msg.headers:
-            await self._raw_handler(msg.data, delivery)
+    async def _dispatch(self, msg: Msg, delivery: Delivery) -> None:
+        if self._raw_handler is not None:
+            if not tracing.enabled() or not msg.headers:
+                await self._raw_handler(msg.data, delivery)
+                return
+            with tracing.consuming_raw(msg.headers, delivery.subject, self.spec.durable):
+                await self._raw_handler(msg.data, delivery)
             return
-        with tracing.consuming_raw(msg.headers, delivery.subject, self.spec.durable):
-            await self._raw_handler(msg.data, delivery)
-
-    async def _dispatch(self, msg: Msg, delivery: Delivery, alone: bool) -> None:
         assert self._handler is not None
         event = _decode(msg.data)  # (decode's envelope, or its very error)
         if event.protocolversion not in _READABLE:  # another spelling, or version: negotiated each time
@@ -836,16 +773,15 @@ class Consumer:
             raise ForgedEvent(forged)
         bound = (_CE_ID.set(event.id), _CE_TYPE.set(event.type), _RUN_ID.set(event.runid))  # (as in _process)
         try:
-            if tracing._State.tracer is None:  # (tracing.enabled()) the hot path with tracing off: no context manager
+            if not tracing.enabled():  # the hot path with tracing off: not even a context manager
                 await self._handler(event, delivery)
                 return
             with tracing.consuming(event, delivery.subject, self.spec.durable):
                 await self._handler(event, delivery)
         finally:
-            if not alone:
-                _RUN_ID.reset(bound[2])
-                _CE_TYPE.reset(bound[1])
-                _CE_ID.reset(bound[0])
+            _RUN_ID.reset(bound[2])
+            _CE_TYPE.reset(bound[1])
+            _CE_ID.reset(bound[0])
 
     def _forged(self, event: Envelope) -> str | None:
         """:func:`forgery` of ``event`` (why it is refused; None: it may be handled), checked once per short

@@ -3,20 +3,16 @@
 The consumer runner's pull requests (:class:`temporality_bus.consumer._Puller`) and the pipeline's
 acknowledgements and API replies (:class:`temporality_bus.pipeline.Pipeline`) read their inbox this way: no
 header block parsed unless read (:class:`_LazyHeadersMsg`), no ``Msg`` queued, no subscription task woken
-and no callback coroutine per message. Once a connection has a route, its protocol parser is a cheaper one for
-messages (:func:`_fast_parser`: no regular expression, no buffer copy and no coroutine per message), for every
-subscription of that connection.
+and no callback coroutine per message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.protocol import parser as nats_parser
 
 __all__: list[str] = []
 
@@ -25,16 +21,8 @@ log = structlog.get_logger(__name__)
 #: Whether this nats-py hands every message it reads to ``Client._process_msg(sid, subject, reply, data,
 #: headers)`` with the header block unparsed (pinned ``nats-py>=2.16,<2.17``): :func:`_route` relies on it.
 _ROUTABLE = all(hasattr(NATS, name) for name in ("_process_msg", "_parse_header_lines"))
-#: Whether this nats-py's protocol parser is the one :func:`_fast_parser` was written for (a ``bytearray`` ``buf``,
-#: its two states, ``parse(data)`` the read loop's only entry): then the connection's parse is replaced.
-_PARSER_FITS = all(
-    hasattr(nats_parser, name) for name in ("Parser", "AWAITING_CONTROL_LINE", "AWAITING_MSG_PAYLOAD")
-) and all(hasattr(nats_parser.Parser, name) for name in ("parse", "reset"))
 #: ``NATS/1.0`` (the start of a header block), then a blank before an inline status (``NATS/1.0 404 …``).
 _HEADER_LINE = b"NATS/1.0"
-#: The whitespace other than a blank that nats-py's control-line regexes read (``\\s``): a ``MSG``/``HMSG`` line
-#: holding any (or two blanks in a row) is left to nats-py's parser (:func:`_fast_parser`).
-_OTHER_BLANKS = b"\t\n\r\x0b\x0c"
 RawRoute = Callable[[int, bytes, bytes, bytes, bytes | None], None]
 
 
@@ -69,128 +57,8 @@ def _route(nc: NATS, sid: int, on_raw: RawRoute) -> bool:
 
         nc._process_msg = process_msg  # type: ignore[method-assign]
         nc._temporality_routes = routes  # type: ignore[attr-defined]
-        ps = getattr(nc, "_ps", None)
-        if _PARSER_FITS and type(ps) is nats_parser.Parser:
-            ps.parse = _fast_parser(nc, ps, routes)  # type: ignore[method-assign,assignment]
     routes[sid] = on_raw
     return True
-
-
-def _fast_parser(
-    nc: NATS, ps: nats_parser.Parser, routes: dict[int, RawRoute]
-) -> Callable[[bytes], Coroutine[Any, Any, None]]:
-    """The connection's ``parse(data)`` (what its read loop hands each chunk read to), for messages cheaper than
-    nats-py's: a ``MSG``/``HMSG`` control line is split at its single blanks (not matched by two regular expressions
-    in turn), the messages of a chunk are sliced off one immutable copy of it (not each copied out of the buffer and
-    deleted from it, two copies), and a routed one is handed to its route directly (no coroutine per message:
-    nats-py awaits ``_process_msg`` for each). Any other operation (``PING``, ``PONG``, ``+OK``, ``-ERR``,
-    ``INFO``), a control line that does not read as the server writes one, and a chunk that finds nats-py's parser
-    in the middle of a payload, go to nats-py's own ``parse`` with the rest of the chunk, as before. A message not
-    all there yet stays in the buffer (``ps.buf``), and is not looked at again until its bytes are.
-
-    The messages of other subscriptions go to the client's ``_process_msg`` as nats-py's parser hands them
-    (whichever it is when the message is read, the same arguments, awaited in turn); a route runs as in
-    :func:`_route`'s wrapper (counted, its failure logged)."""
-    slow = nats_parser.Parser.parse
-    awaiting_line = nats_parser.AWAITING_CONTROL_LINE
-    stats = nc.stats
-    want = 0  # how many bytes the buffer (``want_of``) must hold before the message at its start is all there
-    want_of: bytearray | None = None
-
-    async def parse(data: bytes = b"") -> None:
-        nonlocal want, want_of
-        buf = ps.buf
-        if ps.state != awaiting_line:  # nats-py's parser stopped inside a payload (before it was replaced)
-            await slow(ps, data)
-            return
-        if buf:
-            buf.extend(data)
-            if want_of is buf and len(buf) < want:
-                return
-            data = bytes(buf)
-            buf.clear()
-        want_of = None
-        size = len(data)
-        pos = routed = routed_bytes = 0
-        try:
-            while pos < size:
-                if data.startswith(b"HMSG ", pos):
-                    first = pos + 5
-                elif data.startswith(b"MSG ", pos):
-                    first = pos + 4
-                else:
-                    break  # another operation: nats-py's parser (below)
-                eol = data.find(b"\r\n", first)
-                if eol < 0:  # the control line is not all there yet
-                    want_of, want = buf, 0
-                    return
-                line = data[first:eol]
-                args = line.split(b" ")
-                if b"" in args or len(line.translate(None, _OTHER_BLANKS)) != len(line):
-                    break  # not single blanks between its fields (a lone LF, a tab, two blanks): nats-py's parser
-                count = len(args)
-                if first - pos == 5:  # HMSG <subject> <sid> [reply] <header size> <total size>
-                    if count == 5:
-                        subject, sid, reply, head, total = args
-                    elif count == 4:
-                        subject, sid, head, total = args
-                        reply = b""
-                    else:
-                        break
-                    if not (sid.isdigit() and head.isdigit() and total.isdigit()):
-                        break
-                    needed = int(total)
-                    head_size = int(head)
-                    if head_size > needed:
-                        break
-                else:  # MSG <subject> <sid> [reply] <size>
-                    if count == 4:
-                        subject, sid, reply, total = args
-                    elif count == 3:
-                        subject, sid, total = args
-                        reply = b""
-                    else:
-                        break
-                    if not (sid.isdigit() and total.isdigit()):
-                        break
-                    needed = int(total)
-                    head_size = 0
-                start = eol + 2
-                end = start + needed
-                if end + 2 > size:  # the payload is not all there yet
-                    want_of, want = buf, end + 2 - pos
-                    return
-                if head_size:
-                    headers: bytes | None = data[start : start + head_size]
-                    payload = data[start + head_size : end]
-                else:
-                    headers = None
-                    payload = data[start:end]
-                pos = end + 2
-                number = int(sid)
-                route = routes.get(number)
-                if route is None:
-                    await nc._process_msg(number, subject, reply, payload, headers)  # type: ignore[arg-type]
-                    if ps.buf is not buf:  # the parser was reset meanwhile (a reconnect): the rest is dropped
-                        pos = size
-                        return
-                    continue
-                routed += 1
-                routed_bytes += len(payload)
-                try:
-                    route(number, subject, reply, payload, headers)
-                except Exception:  # as in _route's wrapper: never raised into the read loop
-                    log.exception("bus.routed_message_failed", sid=number, subject=subject[:256])
-        finally:
-            if routed:  # counted as nats-py counts every message it reads, once per read
-                stats["in_msgs"] += routed
-                stats["in_bytes"] += routed_bytes
-            if pos < size and ps.buf is buf:
-                buf.extend(data[pos:] if pos else data)
-        if buf:  # what nats-py's parser reads (from the first operation this one does not)
-            await slow(ps)
-
-    return parse
 
 
 def _unroute(nc: NATS, sid: int) -> None:

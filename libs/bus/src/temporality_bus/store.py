@@ -20,6 +20,7 @@ from typing import Generic, TypeVar
 import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -93,6 +94,26 @@ class _MsgGet(BaseModel):
     error: _ApiError | None = None
 
 
+def _direct_found(reply: Msg, bucket: str, subject: str) -> int | None:
+    """The sequence of the message a direct get of ``subject``'s last message answered with; ``None`` when there is
+    none (``404``) or it is a delete or purge marker. :class:`TransientError` for any other status (``408``, ``503``:
+    the server could not answer now)."""
+    headers = reply.headers or {}
+    status = headers.get("Status")
+    if status == "404":
+        return None
+    key = subject.removeprefix(f"$KV.{bucket}.")
+    if status is not None:
+        description = headers.get("Description", "")
+        raise TransientError(f"reading {bucket}/{key} failed: {description} ({status})")
+    if headers.get("Nats-Subject") != subject or headers.get("KV-Operation") in ("DEL", "PURGE"):
+        return None
+    try:
+        return int(headers["Nats-Sequence"])
+    except (KeyError, ValueError):
+        raise TransientError(f"reading {bucket}/{key} failed: a direct get answered without its sequence") from None
+
+
 #: A key the KV client accepts (dot-separated tokens of these characters): written through the pipeline.
 _KEY = re.compile(r"[-/_=a-zA-Z0-9]+(\.[-/_=a-zA-Z0-9]+)*")
 
@@ -126,6 +147,7 @@ class Store(Generic[M]):
         pipeline: Pipeline | None = None,
         nc: NATS | None = None,
         api_prefix: str = DEFAULT_API_PREFIX,
+        direct: bool = False,
     ) -> None:
         self._kv = kv
         self.bucket = bucket
@@ -140,6 +162,10 @@ class Store(Generic[M]):
         self._nc = nc
         #: The JetStream API :meth:`get` asks (``$JS.<domain>.API`` in a JetStream domain: ``NatsSettings``).
         self._api_prefix = api_prefix
+        #: Reads are direct gets (``DIRECT.GET``, answered by the stream itself, the value as the message's
+        #: payload) rather than ``STREAM.MSG.GET``: only for a bucket of one replica (:func:`Bus.store` decides;
+        #: a follower's direct answer could miss a write just acknowledged).
+        self._direct = direct
 
     async def get(self, key: str) -> Versioned[M] | None:
         if self._nc is not None and _KEY.fullmatch(key):
@@ -156,7 +182,17 @@ class Store(Generic[M]):
         """:meth:`get` as the KV client does it (``STREAM.MSG.GET`` of the key's last message; none, a deleted
         or a purged one: ``None``), the reply read by :class:`_MsgGet`."""
         subject = f"$KV.{self.bucket}.{key}"
+        if self._direct:
+            return self._read_direct(await self._ask_direct(subject, key), subject)
         return self._read(await self._ask(subject, key), subject)
+
+    def _read_direct(self, reply: Msg, subject: str) -> Versioned[M] | None:
+        """A direct get's answer: the key's last message itself (its subject and sequence in ``Nats-Subject`` and
+        ``Nats-Sequence``, its own headers beside them), or a status: ``404``, nothing stored under it."""
+        found = _direct_found(reply, self.bucket, subject)
+        if found is None or not reply.data:
+            return None
+        return Versioned(self._model.model_validate_json(reply.data), found)
 
     def _read(self, reply: bytes, subject: str) -> Versioned[M] | None:
         got = _MsgGet.model_validate_json(reply)
@@ -181,6 +217,11 @@ class Store(Generic[M]):
         if self._nc is None or not _KEY.fullmatch(key) or known.revision <= 0:
             return await self.get(key)
         subject = f"$KV.{self.bucket}.{key}"
+        if self._direct:
+            answer = await self._ask_direct(subject, key)
+            if _direct_found(answer, self.bucket, subject) == known.revision and answer.data:
+                return known
+            return self._read_direct(answer, subject)
         reply = await self._ask(subject, key)
         last = _SeqGet.model_validate_json(reply)
         if last.message is not None and last.message.seq == known.revision and last.message.subject == subject:
@@ -197,6 +238,20 @@ class Store(Generic[M]):
             if self._pipeline is not None:
                 return (await self._pipeline.request(api, body, timeout_s=_GET_S)).data
             return (await self._nc.request(api, body, timeout=_GET_S)).data
+        except TransientError as exc:
+            raise TransientError(f"reading {self.bucket}/{key} failed: {exc}") from exc
+        except (nats.errors.Error, OSError) as exc:
+            raise TransientError(f"reading {self.bucket}/{key} failed: {exc!r}") from exc
+
+    async def _ask_direct(self, subject: str, key: str) -> Msg:
+        """The direct get of ``subject``'s last message (``DIRECT.GET.<stream>.<subject>``, no body), through the
+        pipeline's inbox."""
+        assert self._nc is not None
+        api = f"{self._api_prefix}.DIRECT.GET.KV_{self.bucket}.{subject}"
+        try:
+            if self._pipeline is not None:
+                return await self._pipeline.request(api, b"", timeout_s=_GET_S)
+            return await self._nc.request(api, b"", timeout=_GET_S)
         except TransientError as exc:
             raise TransientError(f"reading {self.bucket}/{key} failed: {exc}") from exc
         except (nats.errors.Error, OSError) as exc:

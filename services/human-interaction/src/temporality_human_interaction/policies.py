@@ -14,8 +14,9 @@ first in stream order; a redelivery is a no-op). The request and notification ha
 up (:meth:`RunPolicies.get`: from the replica's mirror of the bucket when it holds the key -- a policy, once
 stored, never changes --, else from the bucket) and use it *instead of* the event's copy. The two streams are not ordered
 against each other, so a ``human.requested`` may arrive before its run's policy is stored: the handler
-looks again a few times within 0.1 s at its first delivery (:data:`FIRST_LOOKS_S`: it is usually being stored
-that moment), then raises :class:`~temporality_bus.TransientError` (nak with the consumer's backoff) until
+waits for it at its first delivery (it is usually being stored that moment): up to :data:`FIRST_WAIT_S` for the
+replica's mirror to deliver it (woken by the watch, no read meanwhile), then one read of the bucket (without a
+running watch: a few looks in the bucket within 0.1 s, :data:`FIRST_LOOKS_S`), then raises :class:`~temporality_bus.TransientError` (nak with the consumer's backoff) until
 :attr:`RunPolicies.wait_deliveries` deliveries have seen no policy, and then refuses the request
 (``human.rejected``, ``recipient_not_allowed``, the detail says no policy is known for the run) -- unless
 the policies consumer has messages pending then (it is catching up, e.g. after an outage with a backlog of

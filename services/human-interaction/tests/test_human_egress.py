@@ -18,7 +18,7 @@ from temporality_human_interaction.egress import (
 )
 from temporality_human_interaction.records import HumanRequestRecord
 from temporality_human_interaction.settings import Settings
-from temporality_protocol import HumanOption, HumanRequested, TextAnswer
+from temporality_protocol import HumanOption, HumanRequested, SourceLink, TextAnswer
 from temporality_protocol.redaction import Redactor
 from temporality_service import ConfigError
 
@@ -230,3 +230,26 @@ def test_a_remembered_redaction_is_the_redaction() -> None:
     long = "x" * (_MEMO_TEXT + 1) + " DB_PASSWORD=hunter2hunter2"
     assert policy.redact_text(long).endswith("[REDACTED:secret_assignment]")
     assert long not in policy._memo  # a text longer than any request's is redacted, not kept
+
+
+@pytest.mark.parametrize("channel", ["telegram", "matrix", "web", "carrier-pigeon"])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"context": "c" * 900, "question": "q" * 2500},
+        {"title": "t" * 250, "options": [HumanOption(id="a", label="l" * 150, consequence="k" * 1200)]},
+        {"title": f"leaks {AWS_ID}", "context": f"DB_PASSWORD=hunter22 {'x' * 3990}"},
+        {"source_link": SourceLink(href="https://example.com/pr/7", label="L" * 150)},
+        {"source_link": SourceLink(href="https://example.com/" + "p" * 1500, label="PR")},
+        {"source_link": SourceLink(href=f"https://example.com/cb?access_token=tok-abc-123&x={'c' * 900}")},
+    ],
+    ids=["short", "long-texts", "long-title-and-option", "redacted-then-long", "long-label", "long-url", "secret-url"],
+)
+def test_the_truncated_fields_are_those_the_channel_s_copy_cuts(channel: str, changes: dict[str, object]) -> None:
+    """The intake names what a channel's copy cut (``human.notified.truncated``) without building the copy: the
+    same names in the same order as :meth:`EgressPolicy.for_channel` gives."""
+    record = _record(**changes)
+    for policy in (DEFAULT_POLICY, EgressPolicy.build(limits={"telegram": 120, "matrix": 1000})):
+        assert policy.truncated(record, channel) == policy.for_channel(record, channel)[1]
+    assert EgressPolicy.build(limits={"telegram": 120}).truncated(_record(title="t" * 150), "telegram") == ["title"]

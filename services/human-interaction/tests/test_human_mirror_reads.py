@@ -24,8 +24,9 @@ from human_support import (
     stored,
     timer_messages,
 )
+from nats.aio.msg import Msg
 
-from temporality_bus import Bus, PermanentError, Versioned
+from temporality_bus import Bus, Delivery, PermanentError, TransientError, Versioned
 from temporality_human_interaction.answers import AnswerSubmission, NotPending, bind_answer_outcome
 from temporality_human_interaction.api import create_app
 from temporality_human_interaction.channels import ChannelAdapter
@@ -52,7 +53,7 @@ from temporality_protocol import (
     make_event,
     new_id,
 )
-from temporality_protocol.catalog import TIMER_SCHEDULE_HUMAN
+from temporality_protocol.catalog import EVENTS_STREAM, TIMER_SCHEDULE_HUMAN
 
 
 @pytest.fixture
@@ -363,3 +364,53 @@ async def test_the_mirror_keeps_the_pending_run_entries(bus: Bus, mirror: Channe
     assert [e.key for e in mirror.pending_runs()] == [keys[2]]
     pending = [e.key for e in mirror.entries() if e.key.startswith("run.") and e.ended_at is None]
     assert pending == [keys[2]]  # the same as going through every key
+
+
+def _first_delivery() -> Delivery:
+    """A request's first delivery as the requests consumer hands it over."""
+    reply = f"$JS.ACK.{EVENTS_STREAM.name}.human-interaction-requests.1.7.7.1764892800000000000.0"
+    return Delivery(Msg(_client=None, subject="temporality.events.human.requested", reply=reply))  # type: ignore[arg-type]
+
+
+async def test_a_request_before_its_policy_waits_for_the_mirror_to_deliver_it_without_reading_the_bucket(
+    bus: Bus, mirror: ChannelMirror, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At its first delivery a request whose run's policy is not stored yet waits for this replica's watch to
+    deliver it (woken by the watch: no read of the bucket meanwhile), as the policies consumer stores it."""
+    policies = RunPolicies(bus, mirror=mirror, first_wait_s=10.0)
+    run_id = new_id("run")
+    policy = HumanPolicy(allowed_recipients=["user:alice"])
+    assert await mirror.caught_up()
+    sent = count_requests(bus, monkeypatch)
+    waiting = asyncio.create_task(policies.get(run_id, _first_delivery()))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    await RunPolicies(bus).record(run_id, policy)  # the policies consumer (any replica), a moment later
+    assert await asyncio.wait_for(waiting, 5) == policy
+    reads = [p for s, p in sent if s.endswith("MSG.GET.KV_human-channels")]
+    assert reads == []
+    assert mirror._key_waiters == {}  # woken and gone
+
+
+async def test_a_policy_the_mirror_does_not_deliver_in_time_is_read_from_the_bucket_once_before_the_retry(
+    bus: Bus, mirror: ChannelMirror, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mirror may be behind: past the wait, one read of the bucket decides (found: taken; else the retry)."""
+    policies = RunPolicies(bus, mirror=mirror, first_wait_s=0.05)
+    assert await mirror.caught_up()
+    sent = count_requests(bus, monkeypatch)
+    with pytest.raises(TransientError):
+        await policies.get("run-never-requested", _first_delivery())
+    reads = [p for s, p in sent if s.endswith("MSG.GET.KV_human-channels")]
+    assert reads == [b'{"last_by_subj":"$KV.human-channels.policy.run-never-requested"}']
+    assert mirror._key_waiters == {}  # the waiter that gave up is not kept
+
+    stored_elsewhere = new_id("run")
+    policy = HumanPolicy(allowed_recipients=["user:bob"])
+    await RunPolicies(bus).record(stored_elsewhere, policy)
+    monkeypatch.setattr(mirror, "appears", _never_delivered)  # a watch far behind
+    assert await policies.get(stored_elsewhere, _first_delivery()) == policy  # the bucket has it: no retry
+
+
+async def _never_delivered(key: str, timeout_s: float) -> None:
+    return None

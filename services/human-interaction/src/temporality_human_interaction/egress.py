@@ -214,6 +214,38 @@ class EgressPolicy:
         )
         return shown, cut
 
+    def truncated(self, record: HumanRequestRecord, channel: str) -> list[str]:
+        """What :meth:`for_channel` says it truncated (the same names, in the same order), without building the
+        record it shows: the intake's ``human.notified.truncated`` for a question it does not render itself."""
+        limit = self.limit_for(channel)
+        short = min(limit, _SHORT_FIELD)
+
+        def over(text: str, size: int) -> bool:  # truncate() cuts exactly the texts longer than ``size``
+            return len(self.redact_text(text)) > size
+
+        cut: list[str] = []
+        if any(
+            over(o.label, short) or (o.consequence is not None and over(o.consequence, limit)) for o in record.options
+        ):
+            cut.append("options")
+        link = record.source_link
+        if link is not None and (
+            len(link.href) > limit
+            or bool(self.redact(link.href).counts)
+            or bool(link.label and over(link.label, short))
+        ):
+            cut.append("source_link")
+        cut += [
+            name
+            for name, text, size in (
+                ("title", record.title, short),
+                ("question", record.question, limit),
+                ("context", record.context, limit),
+            )
+            if over(text, size)
+        ]
+        return cut
+
     def message_for(self, channel: str, text: str) -> str:
         """A plain message (a notification) as ``channel`` may carry it: redacted, then truncated."""
         return self.message_shown(channel, text)[0]

@@ -166,6 +166,8 @@ class ChannelMirror:
         #: watch has applied it -- not every waiter at every entry applied.
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._tickets = itertools.count()
+        #: Who waits in :meth:`appears` for which key, woken when the watch delivers a value under it.
+        self._key_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._watch = KvWatch(bus, kv, "human-channels mirror", apply=self._apply, forget=self._forget)
 
     @classmethod
@@ -199,6 +201,9 @@ class ChannelMirror:
                 self._pending_runs.add(found.key)
             else:
                 self._pending_runs.discard(found.key)
+            for waiting in self._key_waiters.pop(found.key, ()):
+                if not waiting.done():
+                    waiting.set_result(None)
         while self._waiters and self._waiters[0][0] <= self.revision:
             waiter = heapq.heappop(self._waiters)[2]
             if not waiter.done():  # (one that timed out is cancelled)
@@ -282,6 +287,32 @@ class ChannelMirror:
         except ValueError:  # woken (popped) meanwhile
             return
         heapq.heapify(self._waiters)
+
+    async def appears(self, key: str, timeout_s: float) -> ChannelEntry | None:
+        """The entry under ``key`` as soon as the watch delivers one (now if it holds one), waited for up to
+        ``timeout_s`` while the watch runs; None: none delivered by then (absent, or the watch is behind or down --
+        read the bucket). No polling: the waiter is woken by the watch's delivery of that key. Like :meth:`get`,
+        for a key whose value never changes once written (``policy.*``)."""
+        if (entry := self._entries.get(key)) is not None:
+            return entry
+        try:
+            await self.check()
+        except Exception:
+            return None
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._key_waiters.setdefault(key, []).append(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            waiting = self._key_waiters.get(key)
+            if waiting is not None and waiter in waiting:
+                waiting.remove(waiter)
+                if not waiting:
+                    del self._key_waiters[key]
+        return self._entries.get(key)
 
     def get(self, key: str) -> ChannelEntry | None:
         """The entry under ``key`` as the watch last delivered it, or None (absent, or not delivered yet).

@@ -14,8 +14,9 @@ first in stream order; a redelivery is a no-op). The request and notification ha
 up (:meth:`RunPolicies.get`: from the replica's mirror of the bucket when it holds the key -- a policy, once
 stored, never changes --, else from the bucket) and use it *instead of* the event's copy. The two streams are not ordered
 against each other, so a ``human.requested`` may arrive before its run's policy is stored: the handler
-looks again a few times within 0.1 s at its first delivery (:data:`FIRST_LOOKS_S`: it is usually being stored
-that moment), then raises :class:`~temporality_bus.TransientError` (nak with the consumer's backoff) until
+waits for it at its first delivery (it is usually being stored that moment): up to :data:`FIRST_WAIT_S` for the
+replica's mirror to deliver it (woken by the watch, no read meanwhile), then one read of the bucket (without a
+running watch: a few looks in the bucket within 0.1 s, :data:`FIRST_LOOKS_S`), then raises :class:`~temporality_bus.TransientError` (nak with the consumer's backoff) until
 :attr:`RunPolicies.wait_deliveries` deliveries have seen no policy, and then refuses the request
 (``human.rejected``, ``recipient_not_allowed``, the detail says no policy is known for the run) -- unless
 the policies consumer has messages pending then (it is catching up, e.g. after an outage with a backlog of
@@ -41,6 +42,7 @@ from temporality_protocol.catalog import CONSUMERS
 __all__ = [
     "DEFAULT_WAIT_DELIVERIES",
     "FIRST_LOOKS_S",
+    "FIRST_WAIT_S",
     "PolicyPending",
     "PolicyUnknown",
     "RunPolicies",
@@ -57,6 +59,11 @@ DEFAULT_WAIT_DELIVERIES = 5
 #: a ``human.requested`` of a run's first turn can arrive as its policy is being stored: about 4 % of the
 #: questions at 20 runs starting at once (bench/human_loop.py) waited the 0.5 s for it.
 FIRST_LOOKS_S = (0.01, 0.03, 0.06)
+#: At a request's first delivery, how long it waits for its run's policy to reach this replica's mirror (woken by
+#: the watch's delivery of it: no read meanwhile) before one read of the bucket and the retry (a nak: 0.5 s first).
+#: Under load (bench/pipeline.py, 400 webhooks at once) most questions arrived before their policy was mirrored:
+#: the looks of :data:`FIRST_LOOKS_S` read the bucket ~2.4 times per question and ~15 % waited for the retry.
+FIRST_WAIT_S = 0.25
 #: The consumer projecting ``run.requested``; while it lags, a request is parked instead of refused.
 POLICIES_CONSUMER = "human-interaction-policies"
 
@@ -86,6 +93,7 @@ class RunPolicies:
         *,
         wait_deliveries: int = DEFAULT_WAIT_DELIVERIES,
         first_looks_s: tuple[float, ...] = FIRST_LOOKS_S,
+        first_wait_s: float = FIRST_WAIT_S,
         mirror: ChannelMirror | None = None,
     ) -> None:
         self.bus = bus
@@ -96,6 +104,7 @@ class RunPolicies:
         self._refs = ChannelRefs(bus)
         self.wait_deliveries = wait_deliveries
         self.first_looks_s = first_looks_s
+        self.first_wait_s = first_wait_s
 
     @property
     def mirror(self) -> ChannelMirror | None:
@@ -131,11 +140,16 @@ class RunPolicies:
         """The run's projected policy. Not there yet: TransientError (retry later) for ``wait_deliveries``
         deliveries, then :class:`PolicyPending` while the projection is behind, else :class:`PolicyUnknown`.
         Without a ``delivery`` (a direct call, a parked request taken in) there is no retry: PolicyUnknown."""
-        policy = await self.lookup(run_id)
+        seen = delivery.num_delivered if delivery is not None else self.wait_deliveries
+        watched = False
+        if seen == 1:  # usually the policy is being stored this very moment: wait for the watch to deliver it
+            policy, watched = await self._appears(run_id)
+            if policy is not None:
+                return policy
+        policy = await self.lookup(run_id)  # from the bucket (the mirror lacks it): what decides the retry
         if policy is not None:
             return policy
-        seen = delivery.num_delivered if delivery is not None else self.wait_deliveries
-        if seen == 1:  # usually the policy is being stored this very moment: look again before a retry
+        if seen == 1 and not watched:  # no mirror's watch to wait on: look again a few times before a retry
             for pause_s in self.first_looks_s:
                 await asyncio.sleep(pause_s)
                 if (policy := await self.lookup(run_id)) is not None:
@@ -150,6 +164,20 @@ class RunPolicies:
             f"human-interaction has no policy for run {run_id}: its run.requested was not seen "
             f"(waited {seen} deliveries), so nobody may be asked"
         )
+
+    async def _appears(self, run_id: str) -> tuple[HumanPolicy | None, bool]:
+        """At a request's first delivery: the policy as the mirror's watch delivers it, waited for up to
+        :attr:`first_wait_s` -- woken by the watch's delivery, no read of the bucket meanwhile -- and whether the
+        watch ran (else :meth:`get` looks in the bucket a few times, :attr:`first_looks_s`). None: none delivered
+        by then (:meth:`get` reads the bucket once before the retry: the mirror may be behind)."""
+        if self._mirror is None:
+            return None, False
+        try:
+            await self._mirror.check()
+        except Exception:
+            return None, False
+        entry = await self._mirror.appears(policy_key(run_id), self.first_wait_s)
+        return (HumanPolicy.model_validate_json(entry.value) if entry is not None else None), True
 
     async def _policies_behind(self) -> int:
         """Messages the policies consumer has not settled yet (0: caught up, or it cannot be told)."""

@@ -392,7 +392,7 @@ class RequestHandler:
         fallback_from = None
         if record.channel is not None:
             fallback_from = None if record.channel == decision.profile.preferred else decision.profile.preferred
-            truncated = self._egress.for_channel(record, record.channel)[1]
+            truncated = self._egress.truncated(record, record.channel)
             notified = notified_event(record, channel=record.channel, fallback_from=fallback_from, truncated=truncated)
             writes.append(("notified", event_write(notified)))
         # one round trip; any failure fails the handler after the others are stored: its redelivery sends them all
@@ -488,7 +488,7 @@ class RequestHandler:
         if record.pending:
             await self._schedule_deadline(record)
         if record.channel is not None:
-            truncated = self._egress.for_channel(record, record.channel)[1]
+            truncated = self._egress.truncated(record, record.channel)
             await self._bus.publish(
                 notified_event(record, channel=record.channel, fallback_from=None, truncated=truncated)
             )

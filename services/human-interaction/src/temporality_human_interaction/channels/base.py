@@ -130,7 +130,9 @@ class ChannelAdapter(abc.ABC):
     name: ClassVar[str]
     _inbound: AnswerSink | None = None
     #: What may leave on this channel (HUM-5, SEC-1): every question, outcome and notification passes through
-    #: it in the public methods below, so no implementation can skip it. The service sets its configured one.
+    #: it in the public methods below, so no implementation can skip it -- but for a channel whose delivery is the
+    #: stored record (:attr:`delivered_by_store`: nothing leaves then), whose record is shown through it where it is
+    #: read (the web inbox's API). The service sets its configured one.
     egress: EgressPolicy = DEFAULT_POLICY
     #: Told every delivery attempt and its outcome (the service sets its :class:`~..metrics.HumanMetrics`).
     observer: DeliveryObserver | None = None
@@ -229,7 +231,8 @@ class ChannelAdapter(abc.ABC):
             raise ChannelUnavailable(f"channel {self.name} has no identity for {profile.display_name}")
         try:
             self._check(profile)
-            request, _ = self.egress.for_channel(request, self.name)
+            if not self.delivered_by_store:  # the web inbox sends nothing: its API shows the record through egress
+                request, _ = self.egress.for_channel(request, self.name)
             receipt = await self.do_deliver(request, profile, banner=banner, tag=tag)
         except ChannelUnavailable:
             if counted:

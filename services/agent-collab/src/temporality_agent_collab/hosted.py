@@ -6,11 +6,13 @@ its ``agent_card`` summary (provider, model, skills, the tools offered after the
 limits) -- no shared file to keep in step, no second parser of the executor's format, and the same
 answer on every replica and in every deployment. The projection keeps, per agent id, the summary of
 its latest-started run (KV ``agent-registry`` / ``hosted.<agent id>``, compare-and-set on the event
-time, so a redelivered or out-of-order older ``run.started`` never overwrites a newer one).
+time, so a redelivered or out-of-order older ``run.started`` never overwrites a newer one) -- as of at
+most ``refresh_s`` ago, below.
 
 What follows from that, documented rather than hidden: an agent whose card exists but has never run is
 not listed yet, and a card edited since its last run shows as it was then (``last_started_at`` says
-when).
+when). A hosted agent has no conformance round: it runs inside the platform, its tools are the
+platform's own; its skills are listed as the card's (``skills``), not as verified capabilities.
 
 Written only when it says something new (a busy agent's every run used to rewrite it, racing itself across
 the consumer's concurrent events): a ``run.started`` whose role and card summary are those of the stored card
@@ -22,8 +24,8 @@ written at once. With several replicas, each decides on the card it last read or
 stale may skip a run whose summary another replica's newer write had replaced, so the summary shown is that
 of a run started at most ``refresh_s`` before the latest (its next run after that writes again). The order
 holds throughout: a write is a compare-and-set on the stored card, and an older ``run.started`` never
-overwrites a newer card. A hosted agent has no conformance round: it runs inside the platform, its tools are the
-platform's own; its skills are listed as the card's (``skills``), not as verified capabilities.
+overwrites a newer card; a ``run.started`` older than the card this replica knows is dropped without a read
+(the stored card is at least as new as that one).
 """
 
 from __future__ import annotations

@@ -55,7 +55,6 @@ def configure(settings: Settings) -> Setup[Settings]:
             signature_window_s=rt.settings.signature_window_s,
             conformance_timeout_s=rt.settings.conformance_timeout_s,
             reply_key=reply_key,
-            hosted_refresh_s=rt.settings.hosted_refresh_s,
         )
 
         # the allow-list's changes since the last start, on record (AP-11) before any tool call is checked by it

@@ -38,7 +38,7 @@ from temporality_agent_collab.conformance import timer_payload as conformance_ti
 from temporality_agent_collab.external import AllowList
 from temporality_agent_collab.gate import MessageGate, SignedResponder
 from temporality_agent_collab.hints import claimed
-from temporality_agent_collab.hosted import DEFAULT_REFRESH_S, HostedAgents
+from temporality_agent_collab.hosted import HostedAgents
 from temporality_agent_collab.registry import (
     AgentRecord,
     Refused,
@@ -164,7 +164,6 @@ class AgentRegistry:
         signature_window_s: float = 120.0,
         conformance_timeout_s: float = DEFAULT_TIMEOUT_S,
         reply_key: ReplyKey | None = None,
-        hosted_refresh_s: float = DEFAULT_REFRESH_S,
     ) -> AgentRegistry:
         gate = await MessageGate.open(bus, allow_list, window_s=signature_window_s, reply_key=reply_key)
         return cls(
@@ -173,7 +172,7 @@ class AgentRegistry:
             allow_list,
             gate,
             grace_s=grace_s,
-            hosted=await HostedAgents.open(bus, refresh_s=hosted_refresh_s),
+            hosted=await HostedAgents.open(bus),
             conformance_timeout_s=conformance_timeout_s,
         )
 

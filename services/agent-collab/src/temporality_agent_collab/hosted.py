@@ -16,8 +16,8 @@ platform's own; its skills are listed as the card's (``skills``), not as verifie
 
 Written only when it says something new (a busy agent's every run used to rewrite it, racing itself across
 the consumer's concurrent events): a ``run.started`` whose role and card summary are those of the stored card
-(as this replica last read or wrote it), started less than ``refresh_s`` (``TEMPORALITY_COLLAB_HOSTED_REFRESH_S``,
-60 s by default; 0: every run writes) after the stored card's run, changes nothing. So ``last_run_id`` and
+(as this replica last read or wrote it), started less than ``refresh_s`` (:data:`DEFAULT_REFRESH_S`, 60 s;
+0: every run writes) after the stored card's run, changes nothing. So ``last_run_id`` and
 ``last_started_at`` name *a* run started at most ``refresh_s`` before the agent's latest-started one (they
 are rewritten at least that often while it runs), not always the latest itself; a changed role or summary is
 written at once. With several replicas, each decides on the card it last read or wrote: one whose copy is

@@ -33,9 +33,5 @@ class Settings(ServiceSettings):
     #: agent-collab's own Ed25519 private key (PEM, PKCS#8, unencrypted): every reply to an external agent is
     #: signed with it (AP-11); unset: replies go unsigned. Agents check them with its public key.
     reply_key_file: Path | None = None
-    #: A hosted agent's card (PRO-2) is rewritten by a run that changes nothing else (role, card summary) only
-    #: once its run is this much older (seconds): ``last_run_id``/``last_started_at`` are at most that stale.
-    #: 0: every run writes it.
-    hosted_refresh_s: float = Field(default=60.0, ge=0)
     #: The key id agent-collab's signed replies carry (``Temporality-Key-Id``).
     reply_key_id: str = Field(default="agent-collab", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")

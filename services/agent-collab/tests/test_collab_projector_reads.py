@@ -9,7 +9,7 @@ replica) makes the remembered saga stale: its compare-and-set loses and the saga
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import nats
 import pytest
@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from temporality_agent_collab.hosted import HostedAgent, HostedAgents, hosted_key
 from temporality_agent_collab.participants import RunIndex, SagaParticipants, saga_key
 from temporality_agent_collab.projector import Projector
-from temporality_bus import Bus, NatsSettings, written_out
+from temporality_bus import Bus, NatsSettings, Versioned, written_out
 from temporality_protocol import (
     AgentSummary,
     Envelope,
@@ -98,16 +98,48 @@ async def _saga(bus: Bus, saga_id: str) -> SagaParticipants:
     return found.value
 
 
-async def test_a_runs_lifecycle_takes_one_read(bus: Bus, reads: Reads) -> None:
+async def test_a_runs_lifecycle_takes_no_read(bus: Bus, reads: Reads) -> None:
     projector = await Projector.open(bus)
     run_id = derive_id("run", "reads-one")
     before = await reads.settled()
     for event in _lifecycle(run_id, "reviewer"):
         assert await projector.project(event)
-    assert await reads.settled() - before == 1  # the new saga's: nothing there yet, so it is created
+    assert await reads.settled() == before  # index entry and saga created straight away, then remembered
     saga = await _saga(bus, run_id)
     assert saga.runs[run_id].status == "completed"
     assert set(saga.humans) == {"alice"}
+
+
+async def test_a_run_started_after_its_saga_exists_reads_it_and_keeps_what_is_there(bus: Bus, reads: Reads) -> None:
+    """The answer was projected first (another replica): the run's ``run.started`` finds its index entry and
+    its saga there, its creations lose, it reads both and adds the run's start to what is stored."""
+    a, b = await Projector.open(bus), await Projector.open(bus)
+    run_id = derive_id("run", "reads-late-start")
+    started, answered, completed = _lifecycle(run_id, "reviewer")
+    assert await b.project(answered)
+    before = await reads.settled()
+    assert await a.project(started)
+    assert await reads.settled() - before == 2  # the index entry, then the saga
+    assert not await a.project(started)  # again (a redelivery): nothing changes
+    assert await a.project(completed)
+    saga = await _saga(bus, run_id)
+    entry = saga.runs[run_id]
+    assert (entry.agent, entry.role, entry.title, entry.status) == ("reviewer", "review", "Review PR 7", "completed")
+    assert saga.humans["alice"].run_ids == [run_id]
+    index = await (await bus.store(BUCKET_COLLAB, RunIndex)).get(f"run.{run_id}")
+    assert index is not None
+    assert index.value.saga_id == run_id
+
+
+async def test_a_child_run_started_in_its_parents_saga_joins_it(bus: Bus) -> None:
+    """A run of another run's saga is not created first: it is added to the saga that is there."""
+    projector = await Projector.open(bus)
+    parent, child = derive_id("run", "reads-join-parent"), derive_id("run", "reads-join-child")
+    await projector.project(_lifecycle(parent, "planner")[0])
+    await projector.project(_lifecycle(child, "reviewer", correlation=parent)[0])
+    store = await bus.store(BUCKET_COLLAB, SagaParticipants)
+    assert await store.get(saga_key(child)) is None
+    assert set((await _saga(bus, parent)).runs) == {parent, child}
 
 
 async def test_a_redelivered_event_is_read_again_and_changes_nothing(bus: Bus, reads: Reads) -> None:
@@ -188,12 +220,23 @@ async def test_a_run_indexed_by_another_replica_keeps_that_saga(bus: Bus) -> Non
     assert await store.get(saga_key(run_id)) is None  # no saga of its own was started for the run
 
 
-def _started(n: int) -> Envelope:
-    """The ``n``-th run of the agent ``reviewer``, started ``n`` minutes after the first."""
-    run_id = derive_id("run", f"card-{n}")
-    card = AgentSummary(provider="openai", model=f"model-{n}", tools=["ask_human"], max_turns=8, max_compute_s=60)
-    data = RunStarted(run_id=run_id, agent="reviewer", role="review", title="Review", agent_card=card)
-    return make_event(data, source="/test", run_id=run_id, time=datetime(2026, 12, 6, 4, n, tzinfo=UTC))
+def _started(n: int, *, model: str | None = None, seconds: int | None = None, agent: str = "reviewer") -> Envelope:
+    """The ``n``-th run of ``agent`` (model ``model-<n>`` unless ``model``), started ``n`` minutes after the first
+    (``seconds`` seconds, if given)."""
+    run_id = derive_id("run", f"card-{agent}-{n}")
+    card = AgentSummary(
+        provider="openai", model=model or f"model-{n}", tools=["ask_human"], max_turns=8, max_compute_s=60
+    )
+    data = RunStarted(run_id=run_id, agent=agent, role="review", title="Review", agent_card=card)
+    at = datetime(2026, 12, 6, 4, n, tzinfo=UTC) if seconds is None else datetime(2026, 12, 6, 4, tzinfo=UTC)
+    return make_event(data, source="/test", run_id=run_id, time=at + timedelta(seconds=seconds or 0))
+
+
+async def _card(bus: Bus, agent: str) -> Versioned[HostedAgent]:
+    store = await bus.store(BUCKET_AGENTS, HostedAgent)
+    stored = await store.get(hosted_key(agent))
+    assert stored is not None, f"no card of {agent}"
+    return stored
 
 
 async def test_a_hosted_agents_next_run_writes_its_card_without_a_read(bus: Bus, card_reads: Reads) -> None:
@@ -206,7 +249,47 @@ async def test_a_hosted_agents_next_run_writes_its_card_without_a_read(bus: Bus,
     assert await b.on_run_event(third)  # b knows nothing yet: one read
     assert await a.on_run_event(fourth)  # a's card is stale since b wrote: its write loses, it reads
     assert await card_reads.settled() - before >= 2
-    store = await bus.store(BUCKET_AGENTS, HostedAgent)
-    stored = await store.get(hosted_key("reviewer"))
-    assert stored is not None
-    assert (stored.value.last_run_id, stored.value.summary.model) == (derive_id("run", "card-3"), "model-3")
+    stored = await _card(bus, "reviewer")
+    assert (stored.value.last_run_id, stored.value.summary.model) == (derive_id("run", "card-reviewer-3"), "model-3")
+
+
+async def test_a_run_that_changes_nothing_but_its_id_does_not_rewrite_the_card(bus: Bus, card_reads: Reads) -> None:
+    """Within the refresh interval a run with the card's role and summary neither reads nor writes it; a changed
+    summary, or a run started the interval after the card's, writes it; an older run never does."""
+    a = await HostedAgents.open(bus, refresh_s=60)
+    agent = "steady"
+
+    async def projected(hosted: HostedAgents, event: Envelope) -> tuple[bool, int]:
+        """Whether ``hosted`` changed the card, and how many reads of the bucket that took."""
+        before = await card_reads.settled()
+        changed = await hosted.on_run_event(event)
+        return changed, await card_reads.settled() - before
+
+    assert await a.on_run_event(_started(0, model="m", seconds=0, agent=agent))
+    first = await _card(bus, agent)
+    assert await projected(a, _started(1, model="m", seconds=30, agent=agent)) == (False, 0)  # nothing new
+    assert await projected(a, _started(2, model="m", seconds=59, agent=agent)) == (False, 0)
+    assert await _card(bus, agent) == first  # not written: the first run's card, same revision
+    assert await projected(a, _started(3, model="m2", seconds=59, agent=agent)) == (True, 0)  # changed: at once
+    assert (await _card(bus, agent)).value.last_run_id == derive_id("run", f"card-{agent}-3")
+    assert await projected(a, _started(4, model="m2", seconds=100, agent=agent)) == (False, 0)  # 41 s after it
+    assert await projected(a, _started(5, model="m2", seconds=119, agent=agent)) == (True, 0)  # 60 s: refreshed
+    assert await projected(a, _started(6, model="m", seconds=110, agent=agent)) == (False, 0)  # older: never
+    stored = await _card(bus, agent)
+    assert (stored.value.last_run_id, stored.value.summary.model) == (derive_id("run", f"card-{agent}-5"), "m2")
+    assert stored.value.last_started_at == datetime(2026, 12, 6, 4, 1, 59, tzinfo=UTC)
+
+    b = await HostedAgents.open(bus, refresh_s=60)  # a replica that knows nothing: one read, no write
+    assert await projected(b, _started(7, model="m2", seconds=130, agent=agent)) == (False, 1)
+    assert await projected(b, _started(8, model="m2", seconds=140, agent=agent)) == (False, 0)  # now it knows
+    assert await _card(bus, agent) == stored
+
+
+async def test_without_a_refresh_interval_every_run_writes_the_card(bus: Bus) -> None:
+    hosted = await HostedAgents.open(bus, refresh_s=0)
+    agent = "every-run"
+    for n in range(3):
+        assert await hosted.on_run_event(_started(n, model="m", seconds=n, agent=agent))
+        assert (await _card(bus, agent)).value.last_run_id == derive_id("run", f"card-{agent}-{n}")
+    assert not await hosted.on_run_event(_started(0, model="m", seconds=0, agent=agent))  # an older one: never
+    assert (await _card(bus, agent)).value.last_run_id == derive_id("run", f"card-{agent}-2")

@@ -16,9 +16,18 @@ have to be restarted), so the projector remembers the saga ids it resolved, and 
 handoff's child) creates the entry straight away -- a read only when it exists already; a small saga whose
 runs have not all ended is changed from the value and revision this projector last read or wrote of it
 (``Store.modify(known=...)``): another replica's or writer's write since makes that compare-and-set lose, and
-the saga is read then. On one replica, a run's three events (``run.started``, ``human.answered``,
-``run.completed``) thus take one read (the new saga's) instead of six; an event for a run another replica
-started reads the index, as before.
+the saga is read then. A run's ``run.started`` whose saga is the run's own (no ``correlationid`` of another
+run: a run that is not part of a collaboration yet) creates that saga straight away too, read only when it
+exists already (an event of the saga projected before it). On one replica, a run's three events
+(``run.started``, ``human.answered``, ``run.completed``) thus take no read instead of six; an event for a run
+another replica started reads the index, as before.
+
+Writes: the creations (index entry, new saga) are create-if-absent compare-and-sets (revision 0) on the
+connection's pipelined writes, one frame and one acknowledgement each, not the KV client's ``create`` (a
+request with its own inbox and a JSON decode per write: most of the projection's CPU per run). A key that
+exists makes that write lose (nothing written) and the projector reads it, as above; were a key ever deleted
+(nothing deletes ``collab-sagas`` keys), the read finds nothing and the KV client's ``create`` (which
+accepts a deleted key) writes it.
 """
 
 from __future__ import annotations
@@ -37,7 +46,18 @@ from temporality_agent_collab.participants import (
     saga_id_of,
     saga_key,
 )
-from temporality_bus import AlreadyExists, Bus, Delivery, PermanentError, Recent, Store, TransientError, Versioned
+from temporality_bus import (
+    AlreadyExists,
+    Bus,
+    Conflict,
+    Delivery,
+    Modified,
+    PermanentError,
+    Recent,
+    Store,
+    TransientError,
+    Versioned,
+)
 from temporality_protocol import RUN, AgentHandedOff, Envelope, RunStarted
 from temporality_protocol.catalog import BUCKET_COLLAB
 
@@ -88,10 +108,11 @@ class Projector:
             return False
         try:
             run_id = run_of(event)
-            saga_id = await self._saga_for(run_id, saga_id_of(event), new=event.type == RunStarted.EVENT_TYPE)
+            started = event.type == RunStarted.EVENT_TYPE
+            saga_id = await self._saga_for(run_id, saga_id_of(event), new=started)
             if event.type == AgentHandedOff.EVENT_TYPE:  # AP-6: the child joins the handing run's saga
                 await self._saga_for(event.payload(AgentHandedOff).child_run_id, saga_id, new=True)
-            changed = await self._apply(saga_id, event)
+            changed = await self._apply(saga_id, event, new=started and saga_id == run_id)
         except InvalidKey as exc:
             raise PermanentError(str(exc)) from exc
         log.info("collab.projected", saga_id=saga_id, changed=changed)
@@ -107,18 +128,37 @@ class Projector:
             return remembered
         found = None if new else await self._index.get(key)
         if found is None:
+            entry = RunIndex(saga_id=proposed)
             try:
-                await self._index.create(key, RunIndex(saga_id=proposed))
-            except AlreadyExists:
+                await self._index.update(key, entry, 0, validated=True)  # create-if-absent, pipelined
+            except Conflict:
                 found = await self._index.get(key)
-                if found is None:  # pragma: no cover - keys are never deleted
-                    raise TransientError(f"run index {key} vanished") from None
+                if found is None:  # pragma: no cover - keys are never deleted (a deleted one: the KV client's create)
+                    found = await self._create_index(key, entry)
         saga_id = proposed if found is None else found.value.saga_id
         self._saga_ids.put(run_id, saga_id)
         return saga_id
 
-    async def _apply(self, saga_id: str, event: Envelope) -> bool:
+    async def _create_index(self, key: str, entry: RunIndex) -> Versioned[RunIndex] | None:  # pragma: no cover
+        """:meth:`_saga_for`'s creation of an entry that was deleted: ``None`` if created, else what is there."""
+        try:
+            await self._index.create(key, entry)
+        except AlreadyExists:
+            found = await self._index.get(key)
+            if found is None:
+                raise TransientError(f"run index {key} vanished") from None
+            return found
+        return None
+
+    async def _apply(self, saga_id: str, event: Envelope, *, new: bool = False) -> bool:
+        """``new``: the saga is most likely absent (the ``run.started`` of a run that is its own saga): created
+        first, read only when that fails."""
         known = self._known.get(saga_id)
+        if new and known is None:
+            created = await self._create(saga_id, event)
+            if created is not None:
+                self._remember(saga_id, created, None)
+                return True
         result = await self._sagas.modify(
             saga_key(saga_id),
             lambda saga: apply(saga, event),
@@ -128,6 +168,18 @@ class Projector:
         )
         self._remember(saga_id, result, known)
         return result.changed
+
+    async def _create(self, saga_id: str, event: Envelope) -> Modified[SagaParticipants] | None:
+        """The new saga with ``event`` applied, written create-if-absent; ``None`` when it exists (or ``event``
+        changes nothing on a new saga): :meth:`_apply` then reads and changes it as always."""
+        value = apply(new_saga(saga_id), event)
+        if value is None:
+            return None
+        try:
+            revision = await self._sagas.update(saga_key(saga_id), value, 0)
+        except Conflict:
+            return None
+        return Modified(value, revision)
 
     def _remember(
         self, saga_id: str, result: Versioned[SagaParticipants], known: Versioned[SagaParticipants] | None

@@ -31,10 +31,12 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import BUCKET_AGENTS, BUCKET_COLLAB
 from temporality_testing.facts import answered_by
+from temporality_testing.kv_reads import kv_read_subjects
 
 
 class Reads:
-    """Counts the ``STREAM.MSG.GET`` requests of one KV bucket, seen by a connection of its own."""
+    """Counts the read requests of one KV bucket (direct gets and ``STREAM.MSG.GET``: ``kv_read_subjects``), seen by
+    a connection of its own."""
 
     def __init__(self, nc: NATS, bucket: str = BUCKET_COLLAB.name) -> None:
         self._nc = nc
@@ -45,7 +47,8 @@ class Reads:
         self.count += 1
 
     async def start(self) -> None:
-        await self._nc.subscribe(f"$JS.API.STREAM.MSG.GET.KV_{self._bucket}", cb=self._seen)
+        for subject in kv_read_subjects(self._bucket):
+            await self._nc.subscribe(subject, cb=self._seen)
         await written_out(self._nc)
 
     async def settled(self) -> int:

@@ -776,8 +776,11 @@ def _fired(turn: int, armed_at: datetime = T0) -> WatchdogFired:
 def test_the_watchdog_fails_a_run_without_progress_and_watches_on_after_progress() -> None:
     running = _run(RunState.RUNNING)
     later = T0 + timedelta(seconds=1500)
-    progressed = _decide(running, _ckpt(turn=3), _fired(turn=2), now=later, attempt=Attempt(stream_seq=9))
-    assert [e for e in progressed.effects if not isinstance(e, Note)] == [ArmWatchdog(3, 900.0, ("progress", "9", "1"))]
+    ckpt = _ckpt(turn=3)
+    progressed = _decide(running, ckpt, _fired(turn=2), now=later, attempt=Attempt(stream_seq=9))
+    # watched on from the progress (turn 3's checkpoint), not from the firing
+    rearm = ArmWatchdog(3, 900.0, ("progress", "9", "1"), since=ckpt.saved_at)
+    assert [e for e in progressed.effects if not isinstance(e, Note)] == [rearm]
     stalled = _decide(running, _ckpt(turn=3), _fired(turn=3), now=later)
     (failed,) = _published(stalled)
     assert isinstance(failed, RunFailed)

@@ -72,8 +72,9 @@ No run is ever left behind:
   handler) -- the run fails with ``run.failed`` reason ``infrastructure_error`` before the message goes
   to the DLQ.
 * **stalled** (:meth:`Engine.on_watchdog`, :mod:`.watchdog`): a durable timer per active run, re-armed
-  every turn, fails a run that sat in ``running``/``resuming`` without progress past its compute limit
-  plus a grace period (reason ``stalled``). A run waiting for a person has no watchdog.
+  at turn boundaries (every half horizon; a firing that meets progress re-arms it from that progress), fails a
+  run that sat in ``running``/``resuming`` without progress past its compute limit plus a grace period (reason
+  ``stalled``). A run waiting for a person has no watchdog.
 
 No finished run's checkpoint stays forever (:meth:`Engine.on_retention`, :mod:`.retention`): a durable timer
 armed when the run ends removes it after ``checkpoint_retention_s``; the run record stays.
@@ -217,7 +218,7 @@ from temporality_run_executor.tools import (
     ToolRegistry,
 )
 from temporality_run_executor.tools import Publish as Publish_
-from temporality_run_executor.watchdog import DEFAULT_GRACE_S, RunWatchdog, WatchdogPayload
+from temporality_run_executor.watchdog import DEFAULT_GRACE_S, REARM_AFTER, RunWatchdog, WatchdogPayload
 
 __all__ = ["ACTIVE", "SOURCE", "Clock", "Engine", "ProviderFactory", "RunMovedOn"]
 
@@ -262,8 +263,8 @@ class _View:
     #: The store revision ``run`` was read or written at (0: unknown): the base of the next compare-and-set,
     #: which then needs no read (``Store.modify(known=...)``; a stale one only loses the race and reads).
     run_revision: int = 0
-    #: The turn this handler last armed the run's watchdog for, and when (monotonic): an arm for the same
-    #: turn a moment later (a resume, then its turn) only moves the deadline by that moment, and is skipped.
+    #: The turn this handler last armed the run's watchdog for, and when (monotonic): an arm less than
+    #: :data:`~.watchdog.REARM_AFTER` of its horizon later (the next turns' boundaries) is skipped.
     armed: tuple[int, float] | None = None
     #: Bus writes that commit no state (events, timers) sent and not yet acknowledged, in the order they were
     #: sent, each with the crash seam it passes once stored: awaited together before the next state is
@@ -771,8 +772,8 @@ class Engine:
             if isinstance(effect, ArmWatchdog):
                 armed = view.armed
                 horizon_s = effect.limit_s + self.watchdog.grace_s
-                if armed is not None and armed[0] == effect.turn and time.monotonic() - armed[1] < horizon_s / 100:
-                    continue  # armed for this very turn by this handler a moment ago (<1% of its horizon)
+                if armed is not None and time.monotonic() - armed[1] < horizon_s * REARM_AFTER:
+                    continue  # this handler armed it less than half a horizon ago (see .watchdog: re-arming)
                 view.armed = (effect.turn, time.monotonic())
             elif isinstance(effect, ArmAgentDeadline | DisarmWatchdog):
                 view.armed = None  # the watchdog is replaced or off: the next arm is never skipped
@@ -811,7 +812,9 @@ class Engine:
                 )
                 return event_write(event)
             case ArmWatchdog():
-                return self.watchdog.arm_write(run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause)[1]
+                return self.watchdog.arm_write(
+                    run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause, since=effect.since
+                )[1]
             case ArmAgentDeadline():
                 return self.watchdog.arm_until_write(
                     run_id, turn=effect.turn, agent_turn=effect.agent_turn, deadline=effect.deadline, cause=effect.cause

@@ -793,11 +793,13 @@ class AdoptCancelMarker:
 
 @dataclass(frozen=True)
 class ArmWatchdog:
-    """(Re-)arm the run's watchdog at ``turn`` for ``limit_s`` (plus grace); ``cause`` keys the arm."""
+    """(Re-)arm the run's watchdog at ``turn`` for ``limit_s`` (plus grace); ``cause`` keys the arm. ``since``: the
+    moment the deadline counts from (the run's last progress; ``None``: now)."""
 
     turn: int
     limit_s: float
     cause: tuple[str, ...]
+    since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -2380,10 +2382,12 @@ def _watchdog_fired(
     if run.state not in ACTIVE:  # waiting for a person, or finished (its end's publish may have been cut off)
         return _decision(*_ended(run, ckpt, again=True), Note("watchdog.ignored", fields={"state": run.state.value}))
     if turn != payload.turn:
-        # progress since the arm, and nobody armed it again (the driver died right after): watch on
+        # progress since the arm, and nobody armed it again (a driver re-arms only every half horizon, or it
+        # died): watch on from that progress (the checkpoint's save), not from now
         fields = {"armed_turn": payload.turn, "turn": turn, "state": run.state.value}
+        since = ckpt.saved_at if ckpt is not None else None
         return _decision(
-            ArmWatchdog(turn, limits.max_compute_s, attempt.cause("progress")),
+            ArmWatchdog(turn, limits.max_compute_s, attempt.cause("progress"), since=since),
             Note("watchdog.progressed", "warning", fields),
         )
     if run.cancel is not None:  # stalled, but asked to stop: cancelled, as asked

@@ -1,7 +1,9 @@
 """The run driver: performs what the run machine (:mod:`.machine`) decides. Runs are state machines in KV,
 never coroutines waiting in memory.
 
-``run.requested``  -> create the run once (KV create-if-absent) -> ``running`` -> drive turns.
+``run.requested``  -> create the run once (KV create-if-absent), ``running`` and leased (one record write) ->
+                      the cancel marker read -> ``run.created`` + ``run.started`` + the watchdog + the first
+                      checkpoint (one batch) -> drive turns.
 A turn = one provider call + its tool calls, then a checkpoint (KV, AP-7) + ``run.checkpointed``.
 ``ask_human``      -> checkpoint with the pending ask -> publish ``human.requested`` ->
                       ``waiting_for_human`` -> the handler returns, the message is acked, nothing stays
@@ -553,7 +555,11 @@ class Engine:
         step: Incoming | None = incoming
         while step is not None:
             await self._refresh(view, step)
-            agent = self.agent(view.run.agent) if view.run is not None else None
+            # a run.requested's card before its record exists: a known agent's run is created running
+            name = (
+                view.run.agent if view.run is not None else step.request.agent if isinstance(step, Requested) else None
+            )
+            agent = self.agent(name) if name is not None else None
             decision = decide(
                 view.run, view.ckpt, agent, step, now=self.clock(), attempt=attempt, redactor=self.redactor
             )
@@ -703,13 +709,16 @@ class Engine:
 
         * a person's answer applied to the checkpoint of a run whose record still says it waits for it
           (``run.resumed`` and the watchdog sent before it);
-        * the first checkpoint of a run still ``pending`` (``run.created`` and the watchdog at turn 0 sent
-          before it; a watchdog firing before the checkpoint exists reads turn 0 too). Its record's move to
-          ``running`` waits for all three; a redelivery finds the checkpoint and keeps it (issue 11: one
-          sequential round trip fewer between a webhook and ``run.started``).
+        * a run's first checkpoint (``run.created``, the watchdog at turn 0 and ``run.started`` sent before it; a
+          watchdog firing before the checkpoint exists reads turn 0 too). A new run's record is created
+          ``running`` with its handler's lease (:func:`~.machine.started_record`), and until its checkpoint
+          exists a redelivery starts it again the same way (the same ids); once it exists, a redelivery recovers
+          the run and sends them again. Turn 1's commit waits for all of them (issue 11: ``run.started`` leaves
+          with ``run.created``, two sequential round trips after the message instead of four). A record created
+          ``pending`` (an unknown card; an executor before 6 December) moves to ``running`` after all three.
         """
-        if isinstance(effect, CreateCheckpoint):
-            return view.run is not None and view.run.state is RunState.PENDING
+        if isinstance(effect, CreateCheckpoint):  # a run's first: pending, or created running (not started yet)
+            return view.run is not None and view.run.state in (RunState.PENDING, RunState.RUNNING)
         return (
             isinstance(effect, ApplyResult)
             and view.run is not None
@@ -966,12 +975,13 @@ class Engine:
                     revision = await self.runs.create(run_id, effect.record, validated=True)
                     log.info("run.created", agent=effect.record.agent)
                     view.hold_run(Versioned(effect.record, revision))  # what was just written: no read
+                    view.checkpoint, view.checkpoint_current = None, True  # a new run has none yet
                 except AlreadyExists:
                     log.info("run.exists")
                     await self._read_run(view)
-                assert view.run is not None
-                if view.run.state is not RunState.PENDING:  # another driver got further with it
-                    await self._read_checkpoint(view)
+                    assert view.run is not None
+                    if view.run.state is not RunState.PENDING:  # another driver got further with it
+                        await self._read_checkpoint(view)
             case FlagCancel():
                 try:
                     flag = await self.runs.modify(

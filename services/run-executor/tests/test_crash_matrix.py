@@ -85,11 +85,13 @@ async def _start(settings: NatsSettings, name: str, crash: Crash | None = None) 
 
 # (the seam, its nth passing, the phase whose handler dies, whether the dead driver holds the lease)
 BOUNDARIES = [
-    # run.requested's handler: the start (its record created without a read first; the first checkpoint sent
-    # with run.created and the watchdog, their acks awaited together before the record moves to running)
-    pytest.param("effect:CreateRun", 1, "start", False, id="record-created-pending"),
-    pytest.param("effect:CreateCheckpoint", 1, "start", False, id="first-checkpoint-written-record-pending"),
-    pytest.param("effect:Transition:running", 1, "start", True, id="running-and-leased-before-turn1"),
+    # run.requested's handler: the start (its record created running and leased without a read first; after the
+    # cancel marker's read, the first checkpoint sent with run.created, the watchdog and run.started, their acks
+    # awaited before turn 1 is committed): until the checkpoint exists the redelivery starts it again
+    pytest.param("effect:CreateRun", 1, "start", True, id="record-created-running-and-leased"),
+    pytest.param("effect:AdoptCancelMarker", 1, "start", True, id="cancel-marker-read-not-started"),
+    pytest.param("effect:CreateCheckpoint", 1, "start", True, id="first-checkpoint-written-run-started-unacked"),
+    pytest.param("published:run.started", 1, "start", True, id="run-started-stored-before-turn1"),
     # turn 1 (get_input), turn 2 (ask_human), the park
     pytest.param("provider_replied", 1, "start", True, id="turn1-provider-answered-not-stored"),
     pytest.param("tool_returned", 1, "start", True, id="turn1-tool-ran-not-checkpointed"),

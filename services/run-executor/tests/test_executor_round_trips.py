@@ -6,9 +6,11 @@ read back, splits a compare-and-set in two or awaits a timer alone shows here as
 requests, the concurrent ones included. The sequential round trips (the waits one after the other: a request
 sent while none of the engine's is in flight starts one; the events and timers the engine fires without
 waiting begin none, and the handler's wait for them, ``Engine._settle``, counts as one whether or not their
-acknowledgements are back by then -- 4 to park, 3 to resume -- so the count does not hang on timing, and a read
-sent between a fire and its settle is a wait of its own) are counted too: 14 to park, 9 to resume (8 until the
-end's event was marked published on the record, 6 December). (Until
+acknowledgements are back by then -- 3 to park, 3 to resume -- so the count does not hang on timing, and a read
+sent between a fire and its settle is a wait of its own) are counted too: 12 to park, 9 to resume (8 until the
+end's event was marked published on the record, 6 December; 14 to park and 22 requests until, 6 December, a new
+run's record was created running with its lease -- no compare-and-set before ``run.started`` -- and a turn
+boundary stopped re-arming the watchdog its handler armed a moment before). (Until
 2026-12-05, late, the fired writes stayed in flight until the settle, so a read sent meanwhile counted as no
 wait (9 to park, 7 to resume), and before that the test's own publish of the run's request, acknowledged or
 not when the engine sent its first request, decided whether that one began a wait. Counted only until their acknowledgements came back, as until
@@ -38,10 +40,11 @@ from temporality_protocol.catalog import BUCKET_RUNS
 from temporality_run_executor.engine import Engine
 from temporality_testing.events import EventLog
 
-#: Starting the run (record created without a read first, marker, checkpoint, lease), its two turns (get_input, ask_human) and the park.
+#: Starting the run (record created running and leased without a read first, marker, then run.created, the
+#: watchdog, run.started and the first checkpoint together), its two turns (get_input, ask_human) and the park.
 #: (+1 per turn since AP-9: each provider reply's ``run.streamed`` metrics, sent with the turn's other events,
 #: never a wait of its own: the sequential counts below did not change.)
-PARK_REQUESTS = 22
+PARK_REQUESTS = 19
 #: The resume (the outcome applied), the last turn and the end (retention armed): the record and checkpoint
 #: read; the checkpoint written with run.resumed and the watchdog; the record (running); the record read after
 #: the provider; run.streamed; the record (completed); run.completed, the watchdog off and the retention (the
@@ -51,7 +54,7 @@ PARK_REQUESTS = 22
 #: run.completed and the watchdog's disarm are acknowledged: it delays the handler's ack, not the event).
 RESUME_REQUESTS = 13
 #: The same, as waits one after the other (requests in flight together count once).
-PARK_SEQUENTIAL = 14
+PARK_SEQUENTIAL = 12
 #: The handler waiting for the writes it fired (``Engine._settle``), among the counted requests.
 SETTLE = "<settle: the fired writes' acknowledgements>"
 #: The test's own publishes (the run's request, the answer): never the engine's.

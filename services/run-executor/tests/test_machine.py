@@ -157,7 +157,7 @@ def _answered(request_id: str = REQUEST_ID, answer: OptionAnswer | TextAnswer | 
 
 
 # --------------------------------------------------------------------------- start
-def test_a_new_run_is_created_once_then_started_and_driven() -> None:
+def test_a_new_run_is_created_once_running_then_started_and_driven() -> None:
     event = run_requested(RUN_ID)
     incoming = Requested(request=event.payload(RunRequested), correlation_id=RUN_ID)
     first = _decide(None, None, incoming)
@@ -165,26 +165,53 @@ def test_a_new_run_is_created_once_then_started_and_driven() -> None:
     assert first.then == incoming  # decided again once the record is there
     (create,) = first.effects
     assert isinstance(create, CreateRun)
-    assert create.record.state is RunState.PENDING
+    # one record write before run.started: created running, held by the handler creating it
+    assert create.record.state is RunState.RUNNING
+    assert create.record.lease == Lease(holder="driver", expires_at=T0 + timedelta(seconds=30))
     assert create.record.created_at == T0
 
-    # pending: first the driver looks for a cancel that came before the run (none here)
+    # not started yet (no checkpoint): first the driver looks for a cancel that came before the run (none here)
     look = _decide(create.record, None, incoming)
     assert look == Decision((AdoptCancelMarker(),), dataclasses.replace(incoming, marker_checked=True))
     incoming = dataclasses.replace(incoming, marker_checked=True)
     started = _decide(create.record, None, incoming, attempt=Attempt(stream_seq=7, delivered=1))
-    assert _kinds(started) == ["Publish", "ArmWatchdog", "CreateCheckpoint", "TakeLease", "Transition", "Publish"]
-    created, arm, _, lease, move, begun = started.effects
-    assert lease == TakeLease(Lease(holder="driver", expires_at=T0 + timedelta(seconds=30)))
+    # its lease is taken already: the start's facts and first checkpoint in one batch, no record write
+    assert _kinds(started) == ["Publish", "ArmWatchdog", "Publish", "CreateCheckpoint"]
+    created, arm, begun, _ = started.effects
     assert isinstance(created, Publish)
     assert isinstance(created.data, RunCreated)
     assert arm == ArmWatchdog(0, REVIEWER.limits.max_compute_s, ("start", "7", "1"))
-    assert move == Transition(RunState.RUNNING)
     assert isinstance(begun, Publish)
     assert isinstance(begun.data, RunStarted)
     assert begun.data.agent_card is not None
     assert begun.data.agent_card.tools == ["get_input", "ask_human"]
     assert started.then == Boundary()
+
+    # an unknown card's run is created pending (then failed: below)
+    (pending,) = _decide(None, None, incoming, agent=None).effects
+    assert isinstance(pending, CreateRun)
+    assert pending.record.state is RunState.PENDING
+
+
+def test_a_run_created_running_whose_driver_died_before_its_first_checkpoint_starts_again() -> None:
+    """A redelivery of its run.requested: the creator's live lease is waited out; once it lapsed the marker is
+    looked for again, and the run started the same way with the lease taken; a cancel recorded meanwhile cancels
+    it, never started."""
+    incoming = Requested(request=run_requested(RUN_ID).payload(RunRequested), correlation_id=RUN_ID)
+    other = Lease(holder="dead-driver", expires_at=T0 + timedelta(seconds=10))
+    created = _run(RunState.RUNNING, lease=other)
+    held = _decide(created, None, incoming)
+    assert [type(e) for e in held.effects if not isinstance(e, Note)] == [Publish, Retry]
+    later = T0 + timedelta(seconds=11)
+    look = _decide(created, None, incoming, now=later)
+    assert look == Decision((AdoptCancelMarker(),), dataclasses.replace(incoming, marker_checked=True))
+    incoming = dataclasses.replace(incoming, marker_checked=True)
+    started = _decide(created, None, incoming, now=later, attempt=Attempt(stream_seq=7, delivered=2))
+    assert _kinds(started) == ["TakeLease", "Publish", "ArmWatchdog", "Publish", "CreateCheckpoint"]
+    assert [type(d) for d in _published(started)] == [RunCreated, RunStarted]
+    cancel = CancelRequest(reason="stop", requested_by="on-call", requested_at=T0, event_id="evt-c")
+    cancelled = _decide(_run(RunState.RUNNING, lease=other, cancel=cancel), None, incoming, now=later)
+    assert [type(d) for d in _published(cancelled)] == [RunCreated, RunCancelled]
 
 
 def test_a_run_requested_again_while_running_recovers_from_its_checkpoint() -> None:
@@ -776,8 +803,11 @@ def _fired(turn: int, armed_at: datetime = T0) -> WatchdogFired:
 def test_the_watchdog_fails_a_run_without_progress_and_watches_on_after_progress() -> None:
     running = _run(RunState.RUNNING)
     later = T0 + timedelta(seconds=1500)
-    progressed = _decide(running, _ckpt(turn=3), _fired(turn=2), now=later, attempt=Attempt(stream_seq=9))
-    assert [e for e in progressed.effects if not isinstance(e, Note)] == [ArmWatchdog(3, 900.0, ("progress", "9", "1"))]
+    ckpt = _ckpt(turn=3)
+    progressed = _decide(running, ckpt, _fired(turn=2), now=later, attempt=Attempt(stream_seq=9))
+    # watched on from the progress (turn 3's checkpoint), not from the firing
+    rearm = ArmWatchdog(3, 900.0, ("progress", "9", "1"), since=ckpt.saved_at)
+    assert [e for e in progressed.effects if not isinstance(e, Note)] == [rearm]
     stalled = _decide(running, _ckpt(turn=3), _fired(turn=3), now=later)
     (failed,) = _published(stalled)
     assert isinstance(failed, RunFailed)

@@ -24,6 +24,7 @@ from executor_support import (
 from temporality_bus import Bus
 from temporality_protocol import HumanRequested, RunFailed, RunState, make_event
 from temporality_protocol.catalog import (
+    BUCKET_CHECKPOINTS,
     BUCKET_RUNS,
     CONSUMERS,
     DLQ_STREAM,
@@ -35,7 +36,7 @@ from temporality_run_executor.agents import AgentCard, Limits
 from temporality_run_executor.machine import moved
 from temporality_run_executor.providers import AssistantTurn, Provider, ToolSpec, TurnContext
 from temporality_run_executor.providers.factory import ProviderCache
-from temporality_run_executor.records import Message, RunRecord, ToolCall
+from temporality_run_executor.records import Checkpoint, Message, RunRecord, ToolCall
 from temporality_run_executor.watchdog import WatchdogPayload
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
@@ -93,6 +94,61 @@ async def test_a_run_hung_past_its_compute_limit_is_failed_by_the_watchdog(
     assert (await run_record(bus, run_id, RunState.FAILED)).error == record.error
 
 
+class SecondTurnHangs(HungProvider):
+    """The first turn returns at once (a ``get_input`` call); the second hangs until released."""
+
+    async def complete(
+        self,
+        messages: list[Message],
+        tools: list[ToolSpec],
+        *,
+        budget_s: float | None = None,
+        context: TurnContext | None = None,
+    ) -> AssistantTurn:
+        self.hold = self.calls >= 1
+        return await super().complete(messages, tools, budget_s=budget_s, context=context)
+
+
+async def test_a_run_hung_in_a_turn_whose_boundary_did_not_re_arm_fails_a_horizon_after_that_turn(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    """The boundary after turn 1 does not re-arm (the start's arm is a moment old: less than half the horizon), so
+    the start's timer (turn 0) fires on a run at turn 1: progress, watched on from turn 1's checkpoint -- not from
+    the firing -- and the run, hung in turn 2, fails about a horizon after that checkpoint."""
+    grace_s = 3.0
+    hung = SecondTurnHangs()
+
+    def provider_for(card: AgentCard) -> Provider:
+        return hung
+
+    await executor(cards=[TIGHT], provider_for=provider_for, watchdog_grace_s=grace_s)
+    event = run_requested()
+    run_id = event.runid
+    assert run_id
+    requested = await bus.publish(event)
+    horizon_s = TIGHT.limits.max_compute_s + grace_s
+    try:
+        await asyncio.wait_for(hung.entered.wait(), 30)
+        (checkpointed,) = await event_log.wait_for("run.checkpointed", run_id=run_id)
+        (failed,) = await event_log.wait_for("run.failed", run_id=run_id)
+        data = failed.payload(RunFailed)
+        assert data.reason == "stalled"
+        assert "no progress in running at turn 1" in data.error
+        idle = failed.time - checkpointed.time
+        assert idle >= timedelta(seconds=horizon_s - 0.05)
+        # from turn 1's checkpoint: re-armed from the first firing instead, it would fail 2 horizons after the
+        # start (8 s); schedules fire on whole seconds, rounded up (up to 1 s per firing, 2 firings)
+        assert idle < timedelta(seconds=horizon_s + 2.5)
+        await disarmed(bus, run_id)
+    finally:
+        hung.release.set()
+    await handled(bus, "run-executor-requests", requested.seq)
+    await event_log.caught_up()
+    assert len(event_log.of_type("run.failed", run_id)) == 1
+    assert len(event_log.of_type("run.checkpointed", run_id)) == 1
+    assert event_log.of_type("bus.dead_lettered") == []
+
+
 async def test_a_run_waiting_for_a_human_is_left_alone(bus: Bus, event_log: EventLog, executor: RunExecutor) -> None:
     await executor(cards=[TIGHT], watchdog_grace_s=GRACE_S)
     event = run_requested()
@@ -135,6 +191,10 @@ async def test_a_firing_after_progress_watches_on_and_one_without_progress_fails
     assert rearmed.turn == 2
     limit = REVIEWER.limits.max_compute_s + 300
     assert rearmed.deadline - rearmed.armed_at == timedelta(seconds=limit)
+    # from the progress (turn 2's checkpoint), not from the firing
+    checkpoint = await (await bus.store(BUCKET_CHECKPOINTS, Checkpoint)).get(run_id)
+    assert checkpoint is not None
+    assert rearmed.armed_at == checkpoint.value.saved_at
 
     await watchdog_handled(bus, run_id, turn=2)  # no progress since that arm: stalled
     record = await run_record(bus, run_id, RunState.FAILED)

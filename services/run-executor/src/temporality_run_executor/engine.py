@@ -1,7 +1,9 @@
 """The run driver: performs what the run machine (:mod:`.machine`) decides. Runs are state machines in KV,
 never coroutines waiting in memory.
 
-``run.requested``  -> create the run once (KV create-if-absent) -> ``running`` -> drive turns.
+``run.requested``  -> create the run once (KV create-if-absent), ``running`` and leased (one record write) ->
+                      the cancel marker read -> ``run.created`` + ``run.started`` + the watchdog + the first
+                      checkpoint (one batch) -> drive turns.
 A turn = one provider call + its tool calls, then a checkpoint (KV, AP-7) + ``run.checkpointed``.
 ``ask_human``      -> checkpoint with the pending ask -> publish ``human.requested`` ->
                       ``waiting_for_human`` -> the handler returns, the message is acked, nothing stays
@@ -72,8 +74,9 @@ No run is ever left behind:
   handler) -- the run fails with ``run.failed`` reason ``infrastructure_error`` before the message goes
   to the DLQ.
 * **stalled** (:meth:`Engine.on_watchdog`, :mod:`.watchdog`): a durable timer per active run, re-armed
-  every turn, fails a run that sat in ``running``/``resuming`` without progress past its compute limit
-  plus a grace period (reason ``stalled``). A run waiting for a person has no watchdog.
+  at turn boundaries (every half horizon; a firing that meets progress re-arms it from that progress), fails a
+  run that sat in ``running``/``resuming`` without progress past its compute limit plus a grace period (reason
+  ``stalled``). A run waiting for a person has no watchdog.
 
 No finished run's checkpoint stays forever (:meth:`Engine.on_retention`, :mod:`.retention`): a durable timer
 armed when the run ends removes it after ``checkpoint_retention_s``; the run record stays.
@@ -217,7 +220,7 @@ from temporality_run_executor.tools import (
     ToolRegistry,
 )
 from temporality_run_executor.tools import Publish as Publish_
-from temporality_run_executor.watchdog import DEFAULT_GRACE_S, RunWatchdog, WatchdogPayload
+from temporality_run_executor.watchdog import DEFAULT_GRACE_S, REARM_AFTER, RunWatchdog, WatchdogPayload
 
 __all__ = ["ACTIVE", "SOURCE", "Clock", "Engine", "ProviderFactory", "RunMovedOn"]
 
@@ -262,8 +265,8 @@ class _View:
     #: The store revision ``run`` was read or written at (0: unknown): the base of the next compare-and-set,
     #: which then needs no read (``Store.modify(known=...)``; a stale one only loses the race and reads).
     run_revision: int = 0
-    #: The turn this handler last armed the run's watchdog for, and when (monotonic): an arm for the same
-    #: turn a moment later (a resume, then its turn) only moves the deadline by that moment, and is skipped.
+    #: The turn this handler last armed the run's watchdog for, and when (monotonic): an arm less than
+    #: :data:`~.watchdog.REARM_AFTER` of its horizon later (the next turns' boundaries) is skipped.
     armed: tuple[int, float] | None = None
     #: Bus writes that commit no state (events, timers) sent and not yet acknowledged, in the order they were
     #: sent, each with the crash seam it passes once stored: awaited together before the next state is
@@ -552,7 +555,11 @@ class Engine:
         step: Incoming | None = incoming
         while step is not None:
             await self._refresh(view, step)
-            agent = self.agent(view.run.agent) if view.run is not None else None
+            # a run.requested's card before its record exists: a known agent's run is created running
+            name = (
+                view.run.agent if view.run is not None else step.request.agent if isinstance(step, Requested) else None
+            )
+            agent = self.agent(name) if name is not None else None
             decision = decide(
                 view.run, view.ckpt, agent, step, now=self.clock(), attempt=attempt, redactor=self.redactor
             )
@@ -702,13 +709,16 @@ class Engine:
 
         * a person's answer applied to the checkpoint of a run whose record still says it waits for it
           (``run.resumed`` and the watchdog sent before it);
-        * the first checkpoint of a run still ``pending`` (``run.created`` and the watchdog at turn 0 sent
-          before it; a watchdog firing before the checkpoint exists reads turn 0 too). Its record's move to
-          ``running`` waits for all three; a redelivery finds the checkpoint and keeps it (issue 11: one
-          sequential round trip fewer between a webhook and ``run.started``).
+        * a run's first checkpoint (``run.created``, the watchdog at turn 0 and ``run.started`` sent before it; a
+          watchdog firing before the checkpoint exists reads turn 0 too). A new run's record is created
+          ``running`` with its handler's lease (:func:`~.machine.started_record`), and until its checkpoint
+          exists a redelivery starts it again the same way (the same ids); once it exists, a redelivery recovers
+          the run and sends them again. Turn 1's commit waits for all of them (issue 11: ``run.started`` leaves
+          with ``run.created``, two sequential round trips after the message instead of four). A record created
+          ``pending`` (an unknown card; an executor before 6 December) moves to ``running`` after all three.
         """
-        if isinstance(effect, CreateCheckpoint):
-            return view.run is not None and view.run.state is RunState.PENDING
+        if isinstance(effect, CreateCheckpoint):  # a run's first: pending, or created running (not started yet)
+            return view.run is not None and view.run.state in (RunState.PENDING, RunState.RUNNING)
         return (
             isinstance(effect, ApplyResult)
             and view.run is not None
@@ -771,8 +781,8 @@ class Engine:
             if isinstance(effect, ArmWatchdog):
                 armed = view.armed
                 horizon_s = effect.limit_s + self.watchdog.grace_s
-                if armed is not None and armed[0] == effect.turn and time.monotonic() - armed[1] < horizon_s / 100:
-                    continue  # armed for this very turn by this handler a moment ago (<1% of its horizon)
+                if armed is not None and time.monotonic() - armed[1] < horizon_s * REARM_AFTER:
+                    continue  # this handler armed it less than half a horizon ago (see .watchdog: re-arming)
                 view.armed = (effect.turn, time.monotonic())
             elif isinstance(effect, ArmAgentDeadline | DisarmWatchdog):
                 view.armed = None  # the watchdog is replaced or off: the next arm is never skipped
@@ -811,7 +821,9 @@ class Engine:
                 )
                 return event_write(event)
             case ArmWatchdog():
-                return self.watchdog.arm_write(run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause)[1]
+                return self.watchdog.arm_write(
+                    run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause, since=effect.since
+                )[1]
             case ArmAgentDeadline():
                 return self.watchdog.arm_until_write(
                     run_id, turn=effect.turn, agent_turn=effect.agent_turn, deadline=effect.deadline, cause=effect.cause
@@ -963,12 +975,13 @@ class Engine:
                     revision = await self.runs.create(run_id, effect.record, validated=True)
                     log.info("run.created", agent=effect.record.agent)
                     view.hold_run(Versioned(effect.record, revision))  # what was just written: no read
+                    view.checkpoint, view.checkpoint_current = None, True  # a new run has none yet
                 except AlreadyExists:
                     log.info("run.exists")
                     await self._read_run(view)
-                assert view.run is not None
-                if view.run.state is not RunState.PENDING:  # another driver got further with it
-                    await self._read_checkpoint(view)
+                    assert view.run is not None
+                    if view.run.state is not RunState.PENDING:  # another driver got further with it
+                        await self._read_checkpoint(view)
             case FlagCancel():
                 try:
                     flag = await self.runs.modify(

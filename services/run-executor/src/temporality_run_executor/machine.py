@@ -793,11 +793,13 @@ class AdoptCancelMarker:
 
 @dataclass(frozen=True)
 class ArmWatchdog:
-    """(Re-)arm the run's watchdog at ``turn`` for ``limit_s`` (plus grace); ``cause`` keys the arm."""
+    """(Re-)arm the run's watchdog at ``turn`` for ``limit_s`` (plus grace); ``cause`` keys the arm. ``since``: the
+    moment the deadline counts from (the run's last progress; ``None``: now)."""
 
     turn: int
     limit_s: float
     cause: tuple[str, ...]
+    since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -1049,7 +1051,10 @@ def _requested(
     attempt: Attempt,
 ) -> Decision:
     if run is None:
-        return _decision(CreateRun(new_record(incoming, now)), then=incoming)
+        if agent is None:  # no such card: created pending, then failed (below)
+            return _decision(CreateRun(new_record(incoming, now)), then=incoming)
+        # created running, held by this handler: one record write before run.started (started_record)
+        return _decision(CreateRun(started_record(incoming, attempt, now)), then=incoming)
     created = Publish(RunCreated(run_id=run.run_id, agent=run.agent, title=run.title, launch=run.launch))
     if run.state not in (RunState.PENDING, RunState.RUNNING):  # parked, resuming or finished
         return _decision(
@@ -1057,9 +1062,12 @@ def _requested(
             *_ended(run, ckpt, again=attempt.redelivered),
             Note("run.requested.duplicate", fields={"state": run.state.value}),
         )
-    if run.state is RunState.PENDING and run.cancel is not None:  # asked to stop before it started
+    starting = run.state is RunState.PENDING or ckpt is None  # not started yet (running: see started_record)
+    if starting and run.state is RunState.RUNNING and _held_by_other(run, attempt, now):  # its creator starts it
+        return _decision(created, _lease_held(run))
+    if starting and run.cancel is not None:  # asked to stop before it started
         return _decision(created, *_cancel(run, run.cancel, _totals(ckpt)))
-    if run.state is RunState.PENDING and not incoming.marker_checked:
+    if starting and not incoming.marker_checked:
         # a cancel may have come first (it left a marker): written after the record, read after it too,
         # so a cancel racing this handler either finds the record or leaves a marker this read sees
         return _decision(AdoptCancelMarker(), then=replace(incoming, marker_checked=True))
@@ -1090,8 +1098,17 @@ def _requested(
             started,
             then=Boundary(),
         )
-    if ckpt is None:
-        return _decision(created, Retry(f"checkpoint of {run.run_id} not found"))
+    if ckpt is None:  # created running (this handler's, or its driver died before the first checkpoint)
+        lease = () if _holds(run, attempt) else (TakeLease(_lease(attempt, now)),)
+        return _decision(
+            *lease,
+            created,
+            ArmWatchdog(0, limit_s, attempt.cause("start")),
+            started,
+            # with all three (one round trip): a firing before the checkpoint exists reads turn 0 too
+            CreateCheckpoint(initial_checkpoint(run, agent, now)),
+            then=Boundary(),
+        )
     # running, nobody holds it, and this is its run.requested again: the driver died mid-turn (AP-8)
     return _decision(
         created,
@@ -2380,10 +2397,12 @@ def _watchdog_fired(
     if run.state not in ACTIVE:  # waiting for a person, or finished (its end's publish may have been cut off)
         return _decision(*_ended(run, ckpt, again=True), Note("watchdog.ignored", fields={"state": run.state.value}))
     if turn != payload.turn:
-        # progress since the arm, and nobody armed it again (the driver died right after): watch on
+        # progress since the arm, and nobody armed it again (a driver re-arms only every half horizon, or it
+        # died): watch on from that progress (the checkpoint's save), not from now
         fields = {"armed_turn": payload.turn, "turn": turn, "state": run.state.value}
+        since = ckpt.saved_at if ckpt is not None else None
         return _decision(
-            ArmWatchdog(turn, limits.max_compute_s, attempt.cause("progress")),
+            ArmWatchdog(turn, limits.max_compute_s, attempt.cause("progress"), since=since),
             Note("watchdog.progressed", "warning", fields),
         )
     if run.cancel is not None:  # stalled, but asked to stop: cancelled, as asked
@@ -2582,6 +2601,23 @@ def new_record(incoming: Requested, now: datetime) -> RunRecord:
         created_at=now,
         updated_at=now,
     )
+
+
+def started_record(incoming: Requested, attempt: Attempt, now: datetime) -> RunRecord:
+    """The record a ``run.requested`` of a known agent creates: ``running``, held by the handler creating it.
+
+    One record write before ``run.started`` (issue 11: pending, then running with the lease, were two, with a
+    round trip between). The start's facts (``run.created``, ``run.started``, the watchdog at turn 0) and its
+    first checkpoint follow the marker read in one batch; until that checkpoint exists the run counts as not
+    started (:func:`_requested`: a redelivery looks for the cancel marker again and starts it the same way,
+    taking the lease once its driver's lapses; a cancel recorded on it meanwhile cancels it, never started).
+    """
+    record = new_record(incoming, now)
+    held = leased(record, _lease(attempt, now), now)
+    assert held is not None, "a pending run is active: the lease is taken"
+    running = moved(held, RunState.RUNNING, {}, now)
+    assert running is not None
+    return running
 
 
 def initial_checkpoint(run: RunRecord, agent: Agent, now: datetime) -> Checkpoint:
@@ -3016,6 +3052,11 @@ def _lease_fresh(run: RunRecord, attempt: Attempt, now: datetime) -> bool:
     lease = run.lease
     left = timedelta(seconds=attempt.lease_s * 2 / 3)
     return lease is not None and lease.holder == attempt.driver and lease.expires_at - now > left
+
+
+def _holds(run: RunRecord, attempt: Attempt) -> bool:
+    """This handler holds the run's lease (it created the run running: :func:`started_record`)."""
+    return run.lease is not None and run.lease.holder == attempt.driver
 
 
 def _held_by_other(run: RunRecord, attempt: Attempt, now: datetime) -> bool:

@@ -2,11 +2,22 @@
 
 A JetStream message schedule (:class:`temporality_bus.Timers`, namespace ``run-watchdog``, key = the run
 id) is armed whenever a driver is about to work on a run: before it moves to ``running`` (start,
-recovery), before it moves to ``resuming`` (an answer, an expiry, a rejection) and before every turn. It
-fires at ``now + max_compute_s + grace``: a single turn cannot legitimately take longer than the run's
-whole compute budget, and the grace covers redelivery (``ack_wait``) and retry backoff, which re-arm it
-on every attempt. Each arm replaces the previous one (one schedule per subject), so only the newest
+recovery), before it moves to ``resuming`` (an answer, an expiry, a rejection), and at a turn boundary
+when the handler's own arm is older than :data:`REARM_AFTER` (half) of its horizon -- or when it armed
+none. It fires at ``now + max_compute_s + grace``: a single turn cannot legitimately take longer than the
+run's whole compute budget, and the grace covers redelivery (``ack_wait``) and retry backoff, which re-arm
+it on every attempt. Each arm replaces the previous one (one schedule per subject), so only the newest
 fires. The payload records the checkpoint turn the arm was made at: that is the progress marker.
+
+**Re-arming at turn boundaries.** Re-arming at every turn rewrote the same timer a few milliseconds later
+(issue 11: a timer write per turn in the writer, nats-server and the timers consumer). A boundary re-arms
+only when the handler's last arm is older than half the horizon (``max_compute_s + grace``); the firing
+does the rest: a firing that finds the run at a later turn than its payload's re-arms it from that turn's
+checkpoint (its ``saved_at``: the progress), not from now. So a run stalled at a turn still fails
+``max_compute_s + grace`` after that turn's checkpoint, as when every turn re-armed (the firing first
+meets its progress, then the re-armed timer fails it); a healthy run whose turn spans its arm's deadline
+costs one firing and one re-arm (with the defaults: a turn running across 150 s or more of the arm's
+horizon), and a run whose turns keep coming re-arms about every half horizon.
 
 When it fires (:meth:`temporality_run_executor.engine.Engine.on_watchdog`), the run record decides:
 
@@ -18,7 +29,8 @@ When it fires (:meth:`temporality_run_executor.engine.Engine.on_watchdog`), the 
   have died between the end's compare-and-set and the publish; once the record says so, the firing changes
   nothing. So does an external agent's deadline firing on a finished run.
 * ``pending`` / ``running`` / ``resuming`` at a later turn than the payload's: it made progress since
-  the arm (and the process that made it died before arming again): armed again from now.
+  the arm (its driver did not re-arm at that turn, see above, or died before it): armed again from that
+  checkpoint's ``saved_at`` (a deadline already past fires at once, and fails the run as below).
 * ``pending`` / ``running`` / ``resuming`` at the payload's turn: no progress for longer than its
   compute limit plus grace -- its driver is hung or gone and no message will move it. The run fails
   with ``run.failed`` reason ``stalled`` (the same deterministic event id as any failure of the run,
@@ -52,13 +64,16 @@ from temporality_bus.pipeline import Write
 from temporality_protocol import derive_id
 from temporality_protocol.catalog import TIMER_NS_RUN_WATCHDOG
 
-__all__ = ["DEFAULT_GRACE_S", "MAX_HORIZON", "RunWatchdog", "WatchdogPayload", "watchdog_key"]
+__all__ = ["DEFAULT_GRACE_S", "MAX_HORIZON", "REARM_AFTER", "RunWatchdog", "WatchdogPayload", "watchdog_key"]
 
 log = structlog.get_logger(__name__)
 
 #: Seconds a run may sit without progress beyond its compute limit before the watchdog fails it. Must
 #: exceed ``ack_wait`` plus the longest retry backoff (30 s + 30 s by default), which re-arm it.
 DEFAULT_GRACE_S = 300.0
+#: A driving handler re-arms its run's watchdog at a turn boundary only when its own last arm is older than this
+#: fraction of the horizon (``max_compute_s + grace``); see the module docstring.
+REARM_AFTER = 0.5
 #: A watchdog is never armed further out than this (the timers stream keeps messages 400 days).
 MAX_HORIZON = timedelta(days=365)
 _TOKEN = re.compile(r"^[A-Za-z0-9_=-]+$")
@@ -101,25 +116,32 @@ class RunWatchdog:
         horizon = min(timedelta(seconds=limit_s + self.grace_s), MAX_HORIZON)
         return now + horizon
 
-    async def arm(self, run_id: str, *, turn: int, limit_s: float, cause: tuple[str, ...]) -> WatchdogPayload:
-        """(Re-)arm the run's watchdog at ``now + limit_s + grace``; replaces the run's previous one.
+    async def arm(
+        self, run_id: str, *, turn: int, limit_s: float, cause: tuple[str, ...], since: datetime | None = None
+    ) -> WatchdogPayload:
+        """(Re-)arm the run's watchdog at ``since + limit_s + grace`` (``since``: now unless given; never later
+        than now); replaces the run's previous one.
 
         ``cause`` (the phase and the delivery: ``("turn", "<stream seq>", "<delivery>")``) keys the
         schedule's ``Nats-Msg-Id`` with the run and turn: a repeat of this very arm is deduplicated,
         every other arm is new (and so moves the deadline).
         """
-        payload, write = self.arm_write(run_id, turn=turn, limit_s=limit_s, cause=cause)
+        payload, write = self.arm_write(run_id, turn=turn, limit_s=limit_s, cause=cause, since=since)
         result = await self._bus.publish_write(write)
         log.debug("watchdog.armed", turn=turn, deadline=payload.deadline.isoformat(), duplicate=result.duplicate)
         return payload
 
     def arm_write(
-        self, run_id: str, *, turn: int, limit_s: float, cause: tuple[str, ...]
+        self, run_id: str, *, turn: int, limit_s: float, cause: tuple[str, ...], since: datetime | None = None
     ) -> tuple[WatchdogPayload, Write]:
         """:meth:`arm`'s payload and the write that arms it, for a caller that sends the write in a batch with
         others (:meth:`~temporality_bus.Pipeline.send`)."""
         now = _now()
-        payload = WatchdogPayload(run_id=run_id, turn=turn, armed_at=now, deadline=self.deadline(limit_s, now))
+        start = now if since is None else min(since, now)
+        # a deadline already past (only with ``since``) fires at once: no progress for the whole horizon
+        payload = WatchdogPayload(
+            run_id=run_id, turn=turn, armed_at=start, deadline=max(self.deadline(limit_s, start), now)
+        )
         write = self.timers.arm_write(
             watchdog_key(run_id),
             payload.deadline,

@@ -937,12 +937,74 @@ def _as_guessed(read: dict[str, RunSnapshot], assumed: dict[str, RunSnapshot]) -
 async def _sqlite_batch(
     driver: Any, rows: list[_Row], now: datetime, finished: list[tuple[str, str]]
 ) -> tuple[list[tuple[Envelope, int]], int]:
-    """SQLite's batch on aiosqlite's connection, one call into its thread per statement (through SQLAlchemy
-    each statement was four: a cursor opened, the statement, its rows fetched, the cursor closed; ~27 per
-    batch): the counter's lock (the driver's implicit ``BEGIN``, then the write lock, :data:`_LOCK_COUNTER_SQLITE`),
-    the batch's ids stored already, the others' insert (:data:`_SQLITE_INSERT_EVENT`, ``executemany``), the
-    counter moved, the runs read, projected and upserted (:data:`_SQLITE_UPSERT_RUNS`, ``executemany``),
-    ``COMMIT``. No other writer meanwhile: the write lock, held from the first statement to the commit."""
+    """SQLite's batch on aiosqlite's connection: the counter's lock (the driver's implicit ``BEGIN``, then the
+    write lock, :data:`_LOCK_COUNTER_SQLITE`), the batch's ids stored already, the others' insert
+    (:data:`_SQLITE_INSERT_EVENT`, ``executemany``), the counter moved, the runs read; projected here; the runs
+    upserted (:data:`_SQLITE_UPSERT_RUNS`, ``executemany``), ``COMMIT``. No other writer meanwhile: the write lock,
+    held from the first statement to the commit.
+
+    Two calls into aiosqlite's thread (:func:`_in_sqlite_thread`): the statements before the projection in one,
+    the upsert and the commit in the other -- each call a hand-over to that thread and a wake-up of the event
+    loop, which cost more than the statements of a live batch of a few dozen events (one call per statement,
+    seven to eight, before 6 December, late). The projection stays on the event loop (its log lines keep the
+    batch's context). With an aiosqlite that lacks the thread's entry point, one call per statement
+    (:func:`_sqlite_batch_per_statement`)."""
+    if not _runs_in_sqlite_thread(driver):
+        return await _sqlite_batch_per_statement(driver, rows, now, finished)
+    new, found = await _in_sqlite_thread(driver, _sqlite_store, rows, now)
+    fresh = [(row.event, row.stream_seq) for row in new]
+    moved = 0
+    writes: list[RunSnapshot] = []
+    if found is not None:
+        before = {row[0]: _run_snapshot(_sqlite_run_read(row)) for row in found}
+        moved, writes = _project_runs(_projected_rows(new), before, finished)
+    await _in_sqlite_thread(driver, _sqlite_upsert_and_commit, [_sqlite_run_values(run) for run in writes])
+    return fresh, moved
+
+
+def _runs_in_sqlite_thread(driver: Any) -> bool:
+    """Whether ``driver`` (aiosqlite's connection) has the entry point :func:`_in_sqlite_thread` uses."""
+    return callable(getattr(driver, "_execute", None)) and hasattr(type(driver), "_conn")
+
+
+async def _in_sqlite_thread(driver: Any, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(sqlite3_connection, *args)`` in aiosqlite's thread, as each of its own methods runs there (its
+    ``_execute``, with the ``sqlite3`` connection it holds): one hand-over for several statements."""
+    return await driver._execute(lambda: function(driver._conn, *args))
+
+
+def _sqlite_store(conn: Any, rows: list[_Row], now: datetime) -> tuple[list[_Row], list[Any] | None]:
+    """In aiosqlite's thread: lock the counter, leave out the ids stored already, insert the others at the next
+    positions, move the counter; the new rows and the ``runs`` rows of their projected events (``None``: none
+    projected)."""
+    lock = conn.execute(_LOCK_COUNTER_SQLITE).fetchall()
+    if not lock:
+        raise RuntimeError(_COUNTER_MISSING)
+    if not conn.in_transaction:  # an autocommit connection would write half a batch on a failure: never
+        raise RuntimeError("the journal's SQLite connection is in autocommit mode: a batch needs one transaction")
+    last = int(lock[0][0])
+    known = {row[0] for row in conn.execute(_sqlite_known_ids(len(rows)), [r.event.id for r in rows]).fetchall()}
+    new = [row for row in rows if row.event.id not in known] if known else rows
+    if new:
+        conn.executemany(_SQLITE_INSERT_EVENT, _sqlite_event_rows(new, last, now))
+        conn.execute(_ADVANCE_COUNTER_SQLITE, (last + len(new),))
+    run_ids = sorted({run_id for row in new if row.projected and (run_id := row.run_id) is not None})
+    if not run_ids:
+        return new, None
+    return new, conn.execute(_sqlite_select_runs(len(run_ids)), run_ids).fetchall()
+
+
+def _sqlite_upsert_and_commit(conn: Any, values: list[tuple[Any, ...]]) -> None:
+    """In aiosqlite's thread: upsert the projected runs (positional values), ``COMMIT``."""
+    if values:
+        conn.executemany(_SQLITE_UPSERT_RUNS, values)
+    conn.commit()
+
+
+async def _sqlite_batch_per_statement(
+    driver: Any, rows: list[_Row], now: datetime, finished: list[tuple[str, str]]
+) -> tuple[list[tuple[Envelope, int]], int]:
+    """:func:`_sqlite_batch` through aiosqlite's public methods, one call into its thread per statement."""
     lock = await driver.execute_fetchall(_LOCK_COUNTER_SQLITE)
     if not lock:
         raise RuntimeError(_COUNTER_MISSING)

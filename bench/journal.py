@@ -15,6 +15,12 @@ run.completed, runs interleaved), then for each database (SQLite; PostgreSQL too
   ``events`` table (same columns and indexes; no projection, no bus, one transaction) by the bench
   process itself (sqlite3 / asyncpg).
 
+``--live-rate N``: the ``--live`` events are published at N per second (ticks of 5 ms), a live pipeline's trickle,
+instead of as fast as one publisher can; each measurement then also reports the journal's CPU per live event (the
+process's, and its event loop thread's alone), from the first live publish until every live event is a row, and
+the events per batch (the batches counted as the distinct ``recorded_at`` of the rows: one per commit). Start with a
+small backlog (``--events``) for a profile of the live batches alone (``--profile`` starts at the first batch).
+
 ``--before SRC ...``: each measurement is made twice per round, first with the journal running the code in SRC
 (first on its ``PYTHONPATH``, e.g. a copy of ``services/journal/src`` and ``libs/bus/src`` at the commit before),
 then with this checkout's code, alternately for ``--rounds`` rounds on the same nats-server and database

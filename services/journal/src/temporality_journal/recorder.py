@@ -25,8 +25,9 @@ both driver SQL); the same for the asks of the ``agent.*`` events (:func:`projec
 connection's driver connection itself (:meth:`Recorder._record_batch_driver`): on PostgreSQL three round trips
 on asyncpg's (:func:`_pg_batch`: ``BEGIN`` with the counter's lock; the events' insert with the batch's runs
 read -- while the server runs it, the batch is projected on a guess, the runs as this recorder last committed them,
-used only if the statement's answer confirms it; the runs' upsert with ``COMMIT``), SQLAlchemy's six otherwise; on SQLite one call into aiosqlite's thread
-per statement (:func:`_sqlite_batch`), about four per statement through SQLAlchemy. Every write transaction (a batch, or one event) first
+used only if the statement's answer confirms it; the runs' upsert with ``COMMIT``), SQLAlchemy's six otherwise; on SQLite two
+calls into aiosqlite's thread (:func:`_sqlite_batch`: the statements up to the runs' read in one, the runs' upsert and
+``COMMIT`` in the other), where one per statement made seven and SQLAlchemy about four per statement. Every write transaction (a batch, or one event) first
 locks ``commit_counter`` (:func:`lock_positions`, or :data:`_PG_BEGIN_AND_LOCK`), which serialises the journal's writers until the
 commit, and hands the events it stores the next commit positions (``events.commit_seq``, in stream
 order within a batch; an event already stored gets none): the live tail's order

@@ -386,12 +386,12 @@ async def test_a_sqlite_connection_in_autocommit_mode_writes_no_batch(database: 
         await database.engine.dispose()
 
 
-async def test_a_sqlite_batch_is_two_calls_into_the_driver_thread_with_the_rows_of_one_by_one(
+async def test_a_sqlite_batch_is_three_calls_into_the_driver_thread_with_the_rows_of_one_by_one(
     database: Database, story: MakeStory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On SQLite a batch hands its statements to aiosqlite's thread in two calls (the events' insert with the runs
-    read; the runs' upsert with the commit), not one per statement: with the installed aiosqlite the two-call path
-    is taken (one more call: the pool's rollback when the connection goes back). Through it, and through the
+    """On SQLite a batch hands its statements to aiosqlite's thread in three calls (the lock with the ids' lookup;
+    the events' insert with the runs' read; the runs' upsert with the commit), not one per statement: with the
+    installed aiosqlite that path is taken (one more call: the pool's rollback when the connection goes back). Through it, and through the
     per-statement path kept for an aiosqlite without that entry point, the rows of one by one."""
     if database.dialect != "sqlite":
         pytest.skip("SQLite's driver thread only")
@@ -421,9 +421,9 @@ async def test_a_sqlite_batch_is_two_calls_into_the_driver_thread_with_the_rows_
         if per_statement:
             assert made >= 8, calls  # lock, ids, insert, counter, runs read, upsert, commit, the pool's rollback
         else:
-            assert made == 3, calls
+            assert made == 4, calls
 
-    await _clear(database)  # the two-call path also in several batches, later ones updating earlier ones' runs
+    await _clear(database)  # the three-call path also in several batches, later ones updating earlier ones' runs
     for start in range(0, len(events), 5):
         await recorder.record_batch(events[start : start + 5])
     assert await _rows(database) == expected

@@ -15,6 +15,12 @@ run.completed, runs interleaved), then for each database (SQLite; PostgreSQL too
   ``events`` table (same columns and indexes; no projection, no bus, one transaction) by the bench
   process itself (sqlite3 / asyncpg).
 
+``--live-rate N``: the ``--live`` events are published at N per second (ticks of 5 ms), a live pipeline's trickle,
+instead of as fast as one publisher can; each measurement then also reports the journal's CPU per live event (the
+process's, and its event loop thread's alone), from the first live publish until every live event is a row, and
+the events per batch (the batches counted as the distinct ``recorded_at`` of the rows: one per commit). Start with a
+small backlog (``--events``) for a profile of the live batches alone (``--profile`` starts at the first batch).
+
 ``--before SRC ...``: each measurement is made twice per round, first with the journal running the code in SRC
 (first on its ``PYTHONPATH``, e.g. a copy of ``services/journal/src`` and ``libs/bus/src`` at the commit before),
 then with this checkout's code, alternately for ``--rounds`` rounds on the same nats-server and database
@@ -187,6 +193,26 @@ def events_of(count: int, tag: str) -> list[Envelope]:
     return out[:count]
 
 
+async def publish_paced(bus: Bus, events: list[Envelope], rate: float, tick_s: float = 0.005) -> float:
+    """Publish ``events`` at ``rate`` per second (a tick every ``tick_s``, the events due by then published
+    together, their acks awaited in the background), as a live pipeline's trickle; the time the last ack came back."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    pending: set[asyncio.Future[Any]] = set()
+    sent = 0
+    while sent < len(events):
+        due = min(len(events), int((loop.time() - start) * rate) + 1)
+        if due > sent:
+            task = asyncio.ensure_future(asyncio.gather(*(bus.publish(e) for e in events[sent:due])))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            sent = due
+        await asyncio.sleep(tick_s)
+    if pending:
+        await asyncio.gather(*pending)
+    return time.perf_counter()
+
+
 async def publish_all(bus: Bus, events: list[Envelope], window: int = 256) -> float:
     """Publish with ``window`` acks outstanding; the time the last ack came back."""
     for first in range(0, len(events), window):
@@ -207,6 +233,10 @@ class Db:
 
     async def dead_letters(self) -> int:
         """How many ``bus.dead_lettered`` rows the journal recorded (a measure with any is not one of ingest)."""
+        raise NotImplementedError
+
+    async def batches(self) -> int:
+        """How many batches the journal committed (each gives its events one ``recorded_at``)."""
         raise NotImplementedError
 
     async def baseline(self, events: list[Envelope], table: str) -> tuple[float, float]:
@@ -243,6 +273,7 @@ _COLUMNS = (
 
 
 _DEAD_LETTERS = "SELECT count(*) FROM events WHERE type = 'bus.dead_lettered'"
+_BATCHES = "SELECT count(DISTINCT recorded_at) FROM events"
 
 
 class SqliteDb(Db):
@@ -262,6 +293,10 @@ class SqliteDb(Db):
     async def dead_letters(self) -> int:
         with contextlib.closing(sqlite3.connect(self.path, timeout=5)) as conn:
             return int(conn.execute(_DEAD_LETTERS).fetchone()[0])
+
+    async def batches(self) -> int:
+        with contextlib.closing(sqlite3.connect(self.path, timeout=5)) as conn:
+            return int(conn.execute(_BATCHES).fetchone()[0])
 
     async def baseline(self, events: list[Envelope], table: str) -> tuple[float, float]:
         now = datetime.now(UTC).replace(tzinfo=None)
@@ -305,6 +340,9 @@ class PostgresDb(Db):
     async def dead_letters(self) -> int:
         return int(await (await self._connection()).fetchval(_DEAD_LETTERS))
 
+    async def batches(self) -> int:
+        return int(await (await self._connection()).fetchval(_BATCHES))
+
     async def baseline(self, events: list[Envelope], table: str) -> tuple[float, float]:
         conn = await self._connection()
         now = datetime.now(UTC)
@@ -331,8 +369,10 @@ async def postgres_answers() -> bool:
 
 
 # --------------------------------------------------------------------------- the journal process
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu_s(pid: int, tid: int | None = None) -> float:
+    """The process's user+system CPU seconds (``tid``: that thread's alone, e.g. the event loop's, ``tid == pid``)."""
+    stat = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
@@ -447,6 +487,7 @@ async def measure(
     *,
     code: str = "current",
     first_on_path: list[str] | None = None,
+    live_rate: float = 0.0,
 ) -> dict[str, Any]:
     with contextlib.suppress(NotFoundError):  # a fresh durable: the journal reads the backlog from the start
         await bus.js.delete_consumer(EVENTS_STREAM.name, "journal")
@@ -475,11 +516,20 @@ async def measure(
         }
         if live:
             extra = events_of(live, f"live{db.name}{batch_size}{code}{time.monotonic_ns()}")
-            p0 = time.perf_counter()
-            published_at = await publish_all(bus, extra)
+            batches0 = await db.batches()
+            p0, live_cpu0, loop_cpu0 = time.perf_counter(), _cpu_s(proc.pid), _cpu_s(proc.pid, proc.pid)
+            published_at = await (publish_paced(bus, extra, live_rate) if live_rate else publish_all(bus, extra))
             await _until(lambda: drained(total + live), 600, "live events ingested")
-            done = time.perf_counter()
+            done, live_cpu1, loop_cpu1 = time.perf_counter(), _cpu_s(proc.pid), _cpu_s(proc.pid, proc.pid)
             result |= {"live_publish_s": live / (published_at - p0), "lag_s": done - published_at}
+            if live_rate:
+                batches = await db.batches() - batches0
+                result |= {
+                    "live_rate": live_rate,
+                    "live_cpu_ms_per_event": (live_cpu1 - live_cpu0) * 1000 / live,
+                    "live_loop_cpu_ms_per_event": (loop_cpu1 - loop_cpu0) * 1000 / live,
+                    "live_events_per_batch": live / max(batches, 1),
+                }
     return result
 
 
@@ -519,6 +569,14 @@ async def main() -> None:
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[500])
     parser.add_argument("--live", type=int, default=5_000, help="events published while the journal runs (0: none)")
+    parser.add_argument(
+        "--live-rate",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="publish the --live events at N per second (a live pipeline's trickle) instead of as fast as possible, "
+        "and report the journal's CPU per live event and events per batch",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument(
@@ -614,6 +672,7 @@ async def main() -> None:
                             args.profile,
                             code=code,
                             first_on_path=before_path if code == "before" else None,
+                            live_rate=args.live_rate,
                         )
                         after = await db.baseline(backlog, "events_baseline_after")
                         result["baseline_before_s"] = len(backlog) / before[0]
@@ -622,6 +681,13 @@ async def main() -> None:
                         say(
                             f"  measured {target} batch {batch_size} ({code}): {result['events_s']:,.0f} events/s, "
                             f"{result['cpu_ms_per_event']:.4f} CPU ms/event, load {result['load']:.1f}"
+                            + (
+                                f"; live at {args.live_rate:g}/s: {result['live_cpu_ms_per_event']:.4f} CPU ms/event "
+                                f"(loop thread {result['live_loop_cpu_ms_per_event']:.4f}), "
+                                f"{result['live_events_per_batch']:.1f} events/batch, lag {result['lag_s']:.3f} s"
+                                if "live_cpu_ms_per_event" in result
+                                else ""
+                            )
                         )
         finally:
             server.stop()
@@ -630,7 +696,10 @@ async def main() -> None:
         _compare(results)
         return
     figures = JournalFigures(
-        results=[JournalResult.model_validate({k: v for k, v in r.items() if k != "code"}) for r in results]
+        results=[
+            JournalResult.model_validate({k: v for k, v in r.items() if k in JournalResult.model_fields})
+            for r in results
+        ]
     )
     recorder.finish(figures, durability, args.json_out)
 
@@ -669,15 +738,29 @@ def _compare(results: list[dict[str, Any]]) -> None:
                     r["events_s"] / max(r["baseline_before_s"], r["baseline_after_s"]) for r in mine
                 ),
             }
+            if all("live_cpu_ms_per_event" in r for r in mine):
+                medians[code]["live_cpu"] = statistics.median(r["live_cpu_ms_per_event"] for r in mine)
+                medians[code]["per_batch"] = statistics.median(r["live_events_per_batch"] for r in mine)
+                medians[code]["lag"] = statistics.median(r["lag_s"] for r in mine)
             say(
                 f"  {db:<11} {batch:>5} {code:<8} {medians[code]['events_s']:>10,.0f} events/s "
                 f"{medians[code]['cpu']:.4f} CPU ms/event, {medians[code]['ratio']:.0%} of the faster baseline "
                 f"({len(mine)} runs)"
             )
+            if "live_cpu" in medians[code]:
+                say(
+                    f"  {'':<11} {'':>5} {code:<8} live: {medians[code]['live_cpu']:.4f} CPU ms/event, "
+                    f"{medians[code]['per_batch']:.1f} events/batch, lag {medians[code]['lag']:.3f} s"
+                )
         b, c = medians["before"], medians["current"]
         say(
             f"  {db:<11} {batch:>5} current/before: events/s {c['events_s'] / b['events_s']:.2f}x, "
             f"CPU per event {c['cpu'] / b['cpu']:.2f}x"
+            + (
+                f", live CPU per event {c['live_cpu'] / b['live_cpu']:.2f}x"
+                if "live_cpu" in c and "live_cpu" in b
+                else ""
+            )
         )
 
 

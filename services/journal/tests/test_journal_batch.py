@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import aiosqlite
 import pytest
 import structlog
 from sqlalchemy import event as sa_event
@@ -19,6 +20,7 @@ from sqlalchemy import text
 
 from temporality_bus import PermanentError
 from temporality_journal import Database, Recorder
+from temporality_journal import recorder as recorder_module
 from temporality_journal.models import RunSnapshot
 from temporality_journal.recorder import _as_guessed, _Guesses, _Row
 from temporality_protocol import AgentAsked, Envelope, RunState, decode, encode, make_event
@@ -382,6 +384,49 @@ async def test_a_sqlite_connection_in_autocommit_mode_writes_no_batch(database: 
         assert await _rows(database) == ([], [])
     finally:
         await database.engine.dispose()
+
+
+async def test_a_sqlite_batch_is_three_calls_into_the_driver_thread_with_the_rows_of_one_by_one(
+    database: Database, story: MakeStory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite a batch hands its statements to aiosqlite's thread in three calls (the lock with the ids' lookup;
+    the events' insert with the runs' read; the runs' upsert with the commit), not one per statement: with the
+    installed aiosqlite that path is taken (one more call: the pool's rollback when the connection goes back). Through it, and through the
+    per-statement path kept for an aiosqlite without that entry point, the rows of one by one."""
+    if database.dialect != "sqlite":
+        pytest.skip("SQLite's driver thread only")
+    events = _mixed(story)
+    recorder = Recorder(database)
+    for event, seq in events:
+        await recorder.record(event, seq)
+    expected = await _rows(database)
+
+    calls: list[str] = []
+    real = aiosqlite.Connection._execute
+
+    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(getattr(fn, "__name__", repr(fn)))
+        return await real(self, fn, *args, **kwargs)
+
+    for per_statement in (False, True):
+        await _clear(database)
+        with monkeypatch.context() as patch:
+            patch.setattr(aiosqlite.Connection, "_execute", counted)
+            if per_statement:
+                patch.setattr(recorder_module, "_runs_in_sqlite_thread", lambda _driver: False)
+            calls.clear()
+            assert await recorder.record_batch(events) == len(events) - 2
+            made = len(calls)
+        assert await _rows(database) == expected
+        if per_statement:
+            assert made >= 8, calls  # lock, ids, insert, counter, runs read, upsert, commit, the pool's rollback
+        else:
+            assert made == 4, calls
+
+    await _clear(database)  # the three-call path also in several batches, later ones updating earlier ones' runs
+    for start in range(0, len(events), 5):
+        await recorder.record_batch(events[start : start + 5])
+    assert await _rows(database) == expected
 
 
 async def test_two_replicas_recording_batches_in_turn_give_the_rows_of_one_by_one(

@@ -25,8 +25,10 @@ both driver SQL); the same for the asks of the ``agent.*`` events (:func:`projec
 connection's driver connection itself (:meth:`Recorder._record_batch_driver`): on PostgreSQL three round trips
 on asyncpg's (:func:`_pg_batch`: ``BEGIN`` with the counter's lock; the events' insert with the batch's runs
 read -- while the server runs it, the batch is projected on a guess, the runs as this recorder last committed them,
-used only if the statement's answer confirms it; the runs' upsert with ``COMMIT``), SQLAlchemy's six otherwise; on SQLite one call into aiosqlite's thread
-per statement (:func:`_sqlite_batch`), about four per statement through SQLAlchemy. Every write transaction (a batch, or one event) first
+used only if the statement's answer confirms it; the runs' upsert with ``COMMIT``), SQLAlchemy's six otherwise; on SQLite three
+calls into aiosqlite's thread (:func:`_sqlite_batch`: the counter's lock with the ids' lookup; the insert, the counter
+and the runs' read; the runs' upsert and ``COMMIT``), where one per statement made seven and SQLAlchemy about four
+per statement. Every write transaction (a batch, or one event) first
 locks ``commit_counter`` (:func:`lock_positions`, or :data:`_PG_BEGIN_AND_LOCK`), which serialises the journal's writers until the
 commit, and hands the events it stores the next commit positions (``events.commit_seq``, in stream
 order within a batch; an event already stored gets none): the live tail's order
@@ -937,12 +939,81 @@ def _as_guessed(read: dict[str, RunSnapshot], assumed: dict[str, RunSnapshot]) -
 async def _sqlite_batch(
     driver: Any, rows: list[_Row], now: datetime, finished: list[tuple[str, str]]
 ) -> tuple[list[tuple[Envelope, int]], int]:
-    """SQLite's batch on aiosqlite's connection, one call into its thread per statement (through SQLAlchemy
-    each statement was four: a cursor opened, the statement, its rows fetched, the cursor closed; ~27 per
-    batch): the counter's lock (the driver's implicit ``BEGIN``, then the write lock, :data:`_LOCK_COUNTER_SQLITE`),
-    the batch's ids stored already, the others' insert (:data:`_SQLITE_INSERT_EVENT`, ``executemany``), the
-    counter moved, the runs read, projected and upserted (:data:`_SQLITE_UPSERT_RUNS`, ``executemany``),
-    ``COMMIT``. No other writer meanwhile: the write lock, held from the first statement to the commit."""
+    """SQLite's batch on aiosqlite's connection: the counter's lock (the driver's implicit ``BEGIN``, then the
+    write lock, :data:`_LOCK_COUNTER_SQLITE`), the batch's ids stored already, the others' insert
+    (:data:`_SQLITE_INSERT_EVENT`, ``executemany``), the counter moved, the runs read; projected here; the runs
+    upserted (:data:`_SQLITE_UPSERT_RUNS`, ``executemany``), ``COMMIT``. No other writer meanwhile: the write lock,
+    held from the first statement to the commit.
+
+    Three calls into aiosqlite's thread (:func:`_in_sqlite_thread`): the lock with the ids' lookup; the insert,
+    the counter and the runs' read; the upsert with the commit -- each call a hand-over to that thread and a
+    wake-up of the event loop, which cost more than the statements of a live batch of a few dozen events (one call
+    per statement, seven, before 6 December, late). The events' and runs' values are made on the event loop, the
+    projection too (its log lines keep the batch's context): the thread runs only the statements, as before (made
+    there, the values' Python work contended with the loop's for the GIL: 1.13-1.17x CPU per event in a backlog).
+    With an aiosqlite that lacks the thread's entry point, one call per statement
+    (:func:`_sqlite_batch_per_statement`)."""
+    if not _runs_in_sqlite_thread(driver):
+        return await _sqlite_batch_per_statement(driver, rows, now, finished)
+    last, known = await _in_sqlite_thread(driver, _sqlite_lock_and_look_up, [r.event.id for r in rows])
+    new = [row for row in rows if row.event.id not in known] if known else rows
+    projected = _projected_rows(new)
+    run_ids = sorted({run_id for _, _, run_id in projected})
+    found = await _in_sqlite_thread(
+        driver, _sqlite_insert_and_read, _sqlite_event_rows(new, last, now), last + len(new), run_ids
+    )
+    moved = 0
+    writes: list[RunSnapshot] = []
+    if projected:
+        before = {row[0]: _run_snapshot(_sqlite_run_read(row)) for row in found}
+        moved, writes = _project_runs(projected, before, finished)
+    await _in_sqlite_thread(driver, _sqlite_upsert_and_commit, [_sqlite_run_values(run) for run in writes])
+    return [(row.event, row.stream_seq) for row in new], moved
+
+
+def _runs_in_sqlite_thread(driver: Any) -> bool:
+    """Whether ``driver`` (aiosqlite's connection) has the entry point :func:`_in_sqlite_thread` uses."""
+    return callable(getattr(driver, "_execute", None)) and hasattr(type(driver), "_conn")
+
+
+async def _in_sqlite_thread(driver: Any, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(sqlite3_connection, *args)`` in aiosqlite's thread, as each of its own methods runs there (its
+    ``_execute``, with the ``sqlite3`` connection it holds): one hand-over for several statements."""
+    return await driver._execute(lambda: function(driver._conn, *args))
+
+
+def _sqlite_lock_and_look_up(conn: Any, ids: list[str]) -> tuple[int, set[str]]:
+    """In aiosqlite's thread: lock the counter; its last position and which of ``ids`` are stored already."""
+    lock = conn.execute(_LOCK_COUNTER_SQLITE).fetchall()
+    if not lock:
+        raise RuntimeError(_COUNTER_MISSING)
+    if not conn.in_transaction:  # an autocommit connection would write half a batch on a failure: never
+        raise RuntimeError("the journal's SQLite connection is in autocommit mode: a batch needs one transaction")
+    return int(lock[0][0]), {row[0] for row in conn.execute(_sqlite_known_ids(len(ids)), ids).fetchall()}
+
+
+def _sqlite_insert_and_read(conn: Any, values: list[tuple[Any, ...]], last: int, run_ids: list[str]) -> list[Any]:
+    """In aiosqlite's thread: insert the new events (positional values), move the counter to ``last``; the
+    ``runs`` rows of ``run_ids``."""
+    if values:
+        conn.executemany(_SQLITE_INSERT_EVENT, values)
+        conn.execute(_ADVANCE_COUNTER_SQLITE, (last,))
+    if not run_ids:
+        return []
+    return list(conn.execute(_sqlite_select_runs(len(run_ids)), run_ids).fetchall())
+
+
+def _sqlite_upsert_and_commit(conn: Any, values: list[tuple[Any, ...]]) -> None:
+    """In aiosqlite's thread: upsert the projected runs (positional values), ``COMMIT``."""
+    if values:
+        conn.executemany(_SQLITE_UPSERT_RUNS, values)
+    conn.commit()
+
+
+async def _sqlite_batch_per_statement(
+    driver: Any, rows: list[_Row], now: datetime, finished: list[tuple[str, str]]
+) -> tuple[list[tuple[Envelope, int]], int]:
+    """:func:`_sqlite_batch` through aiosqlite's public methods, one call into its thread per statement."""
     lock = await driver.execute_fetchall(_LOCK_COUNTER_SQLITE)
     if not lock:
         raise RuntimeError(_COUNTER_MISSING)

@@ -106,7 +106,8 @@ def test_permissions_follow_the_catalogue() -> None:
             assert (f"$JS.API.STREAM.INFO.{stream.name}" in permissions.publish) == (owns or uses), (name, stream)
         for bucket in ALL_BUCKETS:
             owns = bucket.name in spec.buckets
-            assert (f"$JS.API.STREAM.CREATE.KV_{bucket.name}" in permissions.publish) == owns, (name, bucket.name)
+            for op in ("CREATE", "UPDATE"):  # created, and brought to the configured copies, by its owner only
+                assert (f"$JS.API.STREAM.{op}.KV_{bucket.name}" in permissions.publish) == owns, (name, op, bucket.name)
             info = owns or bucket.name in spec.reads_buckets
             assert (f"$JS.API.STREAM.INFO.KV_{bucket.name}" in permissions.publish) == info, (name, bucket.name)
     assert subject_for("human.answered") not in permissions_for("trigger-gateway").publish

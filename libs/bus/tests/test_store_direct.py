@@ -1,6 +1,6 @@
 """Store reads through direct gets on a bucket of one replica (real nats-server): the same answers as the
 ``STREAM.MSG.GET`` path for a value, a missing key, a deleted and a purged one, and ``current``'s shortcut; a
-bucket made without direct reads (before them) is still read through the API."""
+bucket that does not allow direct reads is still read through the API."""
 
 from __future__ import annotations
 
@@ -93,16 +93,18 @@ async def test_current_keeps_known_while_unchanged(bus: Bus) -> None:
 
 
 async def test_a_bucket_without_direct_reads_is_read_through_the_api(bus: Bus) -> None:
-    """A bucket made before direct reads (no ``allow_direct``) is opened as it is and read through the API."""
+    """A bucket that does not allow direct reads (made before them, opened by a user of it that is not its owner:
+    only the owner's start updates it, ``test_bucket_layout.py``) is read through the API."""
     await bus.js.create_key_value(jsapi.KeyValueConfig(bucket="t-legacy", storage=jsapi.StorageType.FILE))
     legacy = BucketSpec("t-legacy", "test bucket made without direct reads")
+    assert await bus.find_layout(buckets=[legacy]) == []
     store = await bus.store(legacy, Item)
     seen = await _tapped(bus)
     rev = await store.create("k", Item(name="k"))
     assert await store.get("k") == Versioned(Item(name="k"), rev)
     await _until(lambda: len(seen) >= 1, "the tap's copy of the read")
     assert seen == [f"$JS.API.STREAM.MSG.GET.KV_{legacy.name}"]
-    assert not (await bus.js.stream_info(f"KV_{legacy.name}")).config.allow_direct  # never updated
+    assert not (await bus.js.stream_info(f"KV_{legacy.name}")).config.allow_direct  # not its owner: not updated
 
 
 def test_a_replicated_bucket_is_never_read_directly() -> None:

@@ -9,6 +9,7 @@ import re
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import nats
@@ -17,6 +18,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js import api as jsapi
 from nats.js.errors import (
+    APIError,
     BadRequestError,
     BucketNotFoundError,
     NoStreamResponseError,
@@ -248,7 +250,7 @@ class Bus:
                 continue
             try:
                 if create_missing:
-                    await self.ensure_bucket(bucket)
+                    await self.ensure_bucket(bucket, update=False)
                 else:
                     self._kv[bucket.name] = await self.js.key_value(bucket.name)
                     self._direct[bucket.name] = _direct_reads(await self.js.stream_info(f"KV_{bucket.name}"))
@@ -290,10 +292,15 @@ class Bus:
                 pass
         await self.js.update_stream(config)
 
-    async def ensure_bucket(self, spec: BucketSpec) -> KeyValue:
-        """Create the bucket (direct reads allowed when it has one replica: :func:`_direct_reads`), or open it as
-        it is (an existing bucket is never updated: one made before direct reads is read through the API)."""
+    async def ensure_bucket(self, spec: BucketSpec, *, update: bool = True) -> KeyValue:
+        """Create the bucket, or open it and bring it to this configuration: ``stream_replicas`` copies (a
+        deployment moving to a 3-node cluster scales its buckets up at the next start, as its streams), and direct
+        reads allowed exactly when it has one copy (:func:`_direct_reads`; on more, turned off with the scaling,
+        so that no client reads a follower). Nothing else of an existing bucket changes (its history, TTL).
+        ``update=False``: an existing bucket is opened as it is (a user of another service's bucket: its owner's
+        settings stay)."""
         stream = f"KV_{spec.name}"
+        replicas = self.settings.stream_replicas
         try:
             kv = await self.js.key_value(spec.name)
         except (BucketNotFoundError, NotFoundError):
@@ -305,15 +312,40 @@ class Bus:
                         history=spec.history,
                         ttl=spec.ttl_s or None,
                         storage=jsapi.StorageType.FILE,
-                        replicas=self.settings.stream_replicas,
-                        direct=self.settings.stream_replicas == 1,
+                        replicas=replicas,
+                        direct=replicas == 1,
                     )
                 )
                 log.info("bucket.created", bucket=spec.name)
             except BadRequestError:  # another process created it between our two calls
                 kv = await self.js.key_value(spec.name)
+        info = await self.js.stream_info(stream)
+        config = info.config
+        if update and ((config.num_replicas or 1) != replicas or bool(config.allow_direct) != (replicas == 1)):
+            try:
+                info = await self.js.update_stream(replace(config, num_replicas=replicas, allow_direct=replicas == 1))
+            except (nats.errors.Error, APIError) as exc:
+                # not allowed (a NATS authorization from before this version: no STREAM.UPDATE of KV streams), or the
+                # cluster cannot do it now: the bucket serves as it is, read as it is (its owner tries at every start)
+                log.warning(
+                    "bucket.update_failed",
+                    bucket=spec.name,
+                    replicas=replicas,
+                    was=config.num_replicas or 1,
+                    error=f"{type(exc).__name__}: {exc}",
+                    hint="grant $JS.API.STREAM.UPDATE.KV_<bucket> to its owner (temporality nats-authorization)",
+                )
+            else:
+                kv = await self.js.key_value(spec.name)  # the KV client reads directly or not as the stream says now
+                log.info(
+                    "bucket.updated",
+                    bucket=spec.name,
+                    replicas=replicas,
+                    was=config.num_replicas or 1,
+                    direct_reads=replicas == 1,
+                )
         self._kv[spec.name] = kv
-        self._direct[spec.name] = _direct_reads(await self.js.stream_info(stream))
+        self._direct[spec.name] = _direct_reads(info)
         return kv
 
     async def ensure_consumer(self, spec: ConsumerSpec, *, ack_wait_s: float | None = None) -> None:

@@ -16,7 +16,7 @@ Each service connects as its own NATS user. What that user may **publish** follo
 ``$JS.API.CONSUMER.{CREATE,INFO,DELETE}.KV_<bucket>...``,           ordered consumer) the buckets it owns
 ``$JS.FC.KV_<bucket>.>``                                            or ``reads_buckets``
 ``$JS.API.STREAM.{INFO,CREATE,UPDATE}.<stream>``                    the layout: the streams it owns
-``$JS.API.STREAM.{INFO,CREATE}.KV_<bucket>``                        (``streams``, its timers stream among
+``$JS.API.STREAM.{INFO,CREATE,UPDATE}.KV_<bucket>``                 (``streams``, its timers stream among
                                                                     them) and its buckets; only
 ``$JS.API.STREAM.INFO.<stream>`` / ``.KV_<bucket>``                 *info* of the streams it merely uses
                                                                     (``uses_streams``) and ``reads_buckets``
@@ -222,14 +222,14 @@ def _bucket_reads(bucket: str) -> list[str]:
 
 def _layout(spec: ServiceSpec) -> list[str]:
     """What the runtime's layout step sends for ``spec``: info / create / update of the streams it owns, info
-    of the other streams it uses; info / create of its own buckets' streams (an existing bucket is never
-    updated), info of the buckets it only reads."""
+    of the other streams it uses; info / create / update of its own buckets' streams (an existing bucket is brought
+    to the configured copies and direct reads), info of the buckets it only reads."""
     grants: list[str] = []
     for stream in dict.fromkeys((*spec.streams, *spec.uses_streams)):
         ops = ("INFO", "CREATE", "UPDATE") if stream in spec.streams else ("INFO",)
         grants += [f"$JS.API.STREAM.{op}.{stream}" for op in ops]
     for bucket in spec.buckets:
-        grants += [f"$JS.API.STREAM.{op}.KV_{bucket}" for op in ("INFO", "CREATE")]
+        grants += [f"$JS.API.STREAM.{op}.KV_{bucket}" for op in ("INFO", "CREATE", "UPDATE")]
     grants += [f"$JS.API.STREAM.INFO.KV_{bucket}" for bucket in spec.reads_buckets]
     return grants
 

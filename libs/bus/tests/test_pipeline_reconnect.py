@@ -113,7 +113,7 @@ async def test_writes_sent_on_a_lost_connection_fail_at_once_and_go_through_afte
     await _freeze(server)  # it never reads what comes next
     sending = asyncio.create_task(pipeline.send(writes, timeout_s=TIMEOUT_S))
     await _on_the_socket(bus, 2)
-    server.kill()  # the connection is reset with both writes unanswered
+    server.kill(hold_port=True)  # the connection is reset with both writes unanswered (the port held for it)
 
     outcomes = await asyncio.wait_for(sending, WITHIN_S)  # not the TIMEOUT_S the ack would have been waited for
     assert all(isinstance(o, TransientError) and "connection to NATS was lost" in str(o) for o in outcomes), outcomes
@@ -149,7 +149,7 @@ async def test_a_read_in_flight_on_a_lost_connection_fails_at_once(bus: Bus, ser
         )
     )
     await _on_the_socket(bus, 1)
-    server.kill()
+    server.kill(hold_port=True)  # the port held for its restart: no other test's server takes it
     with pytest.raises(TransientError, match="connection to NATS was lost"):
         await asyncio.wait_for(reading, WITHIN_S)
     _restart(server)

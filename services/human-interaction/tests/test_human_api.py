@@ -390,7 +390,7 @@ async def test_bus_down_is_503_not_a_hang_and_the_same_answer_succeeds_once_it_i
     bus: Bus, client: httpx.AsyncClient, handler: RequestHandler, nats_server: NatsServer
 ) -> None:
     request_id = await _ask(handler)
-    nats_server.stop()
+    nats_server.stop(hold_port=True)  # no other test's server can take the port (and answer) meanwhile
     async with asyncio.timeout(10):
         inbox = await client.get("/inbox", headers=ALICE)
         answer = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=ALICE)

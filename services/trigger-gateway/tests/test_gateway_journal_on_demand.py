@@ -164,7 +164,7 @@ async def test_a_start_that_fails_while_the_bus_is_away_is_retried_not_fatal(nat
         await eventually(running, timeout_s=10, what="the supervisor running")
         assert not consumer.pulling  # nothing wants the journal yet
         nats_server.requested_port = nats_server.port  # come back on the same port
-        nats_server.stop()
+        nats_server.stop(hold_port=True)  # held meanwhile: no other test's server takes it
         await eventually(disconnected, timeout_s=10, what="the bus gone")
         consumer.want(True, why="a trigger enabled during the outage")
         await eventually(retried, timeout_s=30, what="a failed start tried again")

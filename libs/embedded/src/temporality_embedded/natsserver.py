@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sysconfig
 import time
@@ -128,10 +129,15 @@ class NatsServer:
         self.requested_port = port
         self.log_file = log_file or store_dir / "nats-server.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        #: The listening socket that holds the client port while the server is stopped (:meth:`stop`).
+        self._placeholder: socket.socket | None = None
         self.url = ""
         self.monitoring_url = ""
 
     def start(self, timeout: float = 10.0) -> str:
+        if self._placeholder is not None:  # the port held through an outage (:meth:`stop`): the server's again
+            self._placeholder.close()
+            self._placeholder = None
         self.store_dir.mkdir(parents=True, exist_ok=True)
         ports_dir = self.store_dir / "ports"
         if ports_dir.exists():
@@ -209,7 +215,27 @@ class NatsServer:
     def port(self) -> int:
         return int(self.url.rsplit(":", 1)[1])
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, *, hold_port: bool = False) -> None:
+        """Stop the server (SIGTERM; SIGKILL after ``timeout``). ``hold_port``: keep its client port bound, by a
+        listening socket that never answers, until :meth:`start` brings the server back on it (with
+        ``requested_port`` set to it) -- a test's outage: its clients find nothing to talk to, never another test's
+        server that took the freed port meanwhile (on a loaded machine with parallel tests, one did: the client
+        reconnected to it and read "no such request" instead of failing on the outage)."""
+        try:
+            self._stop(timeout)
+        finally:
+            if hold_port:
+                self._hold_port()
+
+    def _hold_port(self) -> None:
+        if self.url and self._placeholder is None:
+            holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            holder.bind(("127.0.0.1", self.port))
+            holder.listen(16)
+            self._placeholder = holder
+
+    def _stop(self, timeout: float) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(signal.SIGTERM)
@@ -220,10 +246,13 @@ class NatsServer:
             self.proc.kill()
             self.proc.wait()
 
-    def kill(self) -> None:
+    def kill(self, *, hold_port: bool = False) -> None:
+        """``kill -9`` of the server; ``hold_port``: as :meth:`stop`'s."""
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        if hold_port:
+            self._hold_port()
 
 
 class LocalCluster:

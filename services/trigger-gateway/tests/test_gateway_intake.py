@@ -420,7 +420,7 @@ async def test_disabled_trigger_ignores_deliveries(client: httpx.AsyncClient, bu
 async def test_nats_unavailable_answers_503_with_retry_after(
     client: httpx.AsyncClient, bus: Bus, nats_server: NatsServer
 ) -> None:
-    nats_server.stop()
+    nats_server.stop(hold_port=True)  # the outage lasts: no other test's server takes the port (and answers)
 
     async def disconnected() -> None:
         # Only makes the test fast: a POST before the client noticed would get 503 after the JetStream timeout.

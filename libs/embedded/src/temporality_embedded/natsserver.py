@@ -226,6 +226,9 @@ class NatsServer:
         finally:
             if hold_port:
                 self._hold_port()
+            elif self._placeholder is not None:  # stopped for good (a fixture's end): the port is let go
+                self._placeholder.close()
+                self._placeholder = None
 
     def _hold_port(self) -> None:
         if self.url and self._placeholder is None:

@@ -229,29 +229,22 @@ class Store(Generic[M]):
         return self._read(reply, subject)
 
     async def _ask(self, subject: str, key: str) -> bytes:
-        """JetStream's answer to ``STREAM.MSG.GET`` of ``subject``'s last message, through the pipeline's inbox
-        (no ``nc.request`` per read: :meth:`Pipeline.request`)."""
-        assert self._nc is not None
-        api = f"{self._api_prefix}.STREAM.MSG.GET.KV_{self.bucket}"
+        """JetStream's answer to ``STREAM.MSG.GET`` of ``subject``'s last message (:meth:`_read_request`)."""
         body = b'{"last_by_subj":"%s"}' % subject.encode()
-        try:
-            if self._pipeline is not None:
-                return (await self._pipeline.request(api, body, timeout_s=_GET_S)).data
-            return (await self._nc.request(api, body, timeout=_GET_S)).data
-        except TransientError as exc:
-            raise TransientError(f"reading {self.bucket}/{key} failed: {exc}") from exc
-        except (nats.errors.Error, OSError) as exc:
-            raise TransientError(f"reading {self.bucket}/{key} failed: {exc!r}") from exc
+        return (await self._read_request(f"{self._api_prefix}.STREAM.MSG.GET.KV_{self.bucket}", body, key)).data
 
     async def _ask_direct(self, subject: str, key: str) -> Msg:
-        """The direct get of ``subject``'s last message (``DIRECT.GET.<stream>.<subject>``, no body), through the
-        pipeline's inbox."""
+        """The direct get of ``subject``'s last message (``DIRECT.GET.<stream>.<subject>``, no body)."""
+        return await self._read_request(f"{self._api_prefix}.DIRECT.GET.KV_{self.bucket}.{subject}", b"", key)
+
+    async def _read_request(self, api: str, body: bytes, key: str) -> Msg:
+        """The reply to a read of ``key`` sent to ``api``, through the pipeline's inbox (no ``nc.request`` per read:
+        :meth:`Pipeline.request`); :class:`TransientError` naming the key when it cannot be had."""
         assert self._nc is not None
-        api = f"{self._api_prefix}.DIRECT.GET.KV_{self.bucket}.{subject}"
         try:
             if self._pipeline is not None:
-                return await self._pipeline.request(api, b"", timeout_s=_GET_S)
-            return await self._nc.request(api, b"", timeout=_GET_S)
+                return await self._pipeline.request(api, body, timeout_s=_GET_S)
+            return await self._nc.request(api, body, timeout=_GET_S)
         except TransientError as exc:
             raise TransientError(f"reading {self.bucket}/{key} failed: {exc}") from exc
         except (nats.errors.Error, OSError) as exc:

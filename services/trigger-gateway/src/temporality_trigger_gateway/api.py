@@ -24,7 +24,7 @@ import structlog
 from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from temporality_bus import Bus
 from temporality_service import HTTP_TELEMETRY, ApiAuth, ErrorBody, install_error_handlers, parse_json, read_body
@@ -115,7 +115,7 @@ def create_app(
         raw = b""
         authenticated = not verifier.reads_body
         try:
-            raw = await read_body(request, settings.max_body_bytes)
+            raw = await _read_body(request, settings.max_body_bytes)
             if verifier.reads_body:
                 verifier.verify(request.headers, raw)
                 authenticated = True
@@ -207,6 +207,34 @@ class _JsonAnswer(Response):
         self.background = None
         self.body = outcome.__pydantic_serializer__.to_json(outcome, exclude_none=True)
         self.raw_headers = [(b"content-length", b"%d" % len(self.body)), (b"content-type", b"application/json")]
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """:func:`read_body`'s body and answers, without its stream and copies when the body came in one ASGI message
+    (what uvicorn hands over for a webhook that arrived with its headers): that message's bytes as they are, once
+    its declared length is a number within ``limit`` (or there is none) and the bytes are within it too. Anything
+    else -- a body in several messages, a disconnect, a missing or odd ``Content-Length`` -- is read by
+    :func:`read_body`, the first message handed to it again."""
+    first = await request.receive()
+    if first["type"] == "http.request" and not first.get("more_body", False):
+        body = first.get("body", b"")
+        declared = request.headers.get("content-length")
+        if (
+            type(body) is bytes
+            and len(body) <= limit
+            and (declared is None or (declared.isascii() and declared.strip().isdigit() and int(declared) <= limit))
+        ):
+            return body
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await request.receive()
+        replayed = True
+        return first
+
+    return await read_body(Request(request.scope, replay), limit)
 
 
 _HOOKS = "/hooks/"

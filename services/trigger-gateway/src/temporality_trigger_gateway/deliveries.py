@@ -320,7 +320,8 @@ class Deliveries:
         redrive_of: str | None = None,
     ) -> Draft:
         """The record of ``delivery``, not written yet (:meth:`finish` writes it in its outcome's state)."""
-        await self._safe_store()  # the bucket opened (ensured) once, so the pipelined writes find its stream
+        if self._store is None:
+            await self._safe_store()  # the bucket opened (ensured) once, so the pipelined writes find its stream
         now = datetime.now(UTC)
         encoded = event.__pydantic_serializer__.to_json(event)  # once: spliced into every write of the record
         event_json = None if len(encoded) > MAX_EVENT_BYTES else encoded

@@ -530,7 +530,7 @@ class Launcher:
         draft: Draft,
     ) -> Accepted | Duplicate | Queued | Skipped | Debounced | _Decided:
         key = dedupe_key(delivery.trigger.id, event.id)
-        store = await self.dedupe()
+        store = self._store or await self.dedupe()  # (opened once: no coroutine per delivery after)
         received = received_event(delivery, run_id=run_id, tenant=event.tenant)
         won = await self._claim(store, key, delivery, event, run_id)
         if isinstance(won, DedupeRecord):

@@ -366,6 +366,69 @@ async def test_run_texts_that_look_like_sql_quoting_are_stored_as_they_are(
     assert await _rows(database) == expected
 
 
+#: Texts and numbers a JSON text carries with escapes or at its limits (PostgreSQL's batch passes its rows as one).
+_AWKWARD_TEXTS = [
+    "quotes \" and ' and `",
+    "back\\slash \\u0041 and \\n written out",
+    "line\nbreak\ttab\r\u2028\u2029",
+    "emoji \U0001f600 CJK \u6f22\u5b57 accents \u00e9\u00e8",
+    "$[0] json_extract(value, '$[1]') ->> 2",
+    "",
+]
+_AWKWARD_NUMBERS = [0, -1, 2**63 - 1, -(2**63), 0.1, -0.0, 1e300, 1.7976931348623157e308, 5e-324, 123456789.123456789]
+
+
+async def test_texts_and_numbers_a_json_text_escapes_are_stored_as_one_by_one_stores_them(
+    database: Database, story: MakeStory
+) -> None:
+    """A batch stores every text attribute and ``data`` -- quotes, backslashes, control characters, characters
+    outside the BMP, numbers at the limits of a 64-bit integer or a double -- as one by one stores them, of the same
+    SQL types on SQLite: PostgreSQL's batch passes its rows as one JSON text (unpacked by the server), SQLite's binds
+    them (a variant passing them as one JSON text, unpacked by ``json_each``, was measured on 6 December and
+    dropped; this test was written for it)."""
+    s = story(title=_AWKWARD_TEXTS[0])
+    steps = [s.requested(), s.started()]
+    for i, awkward in enumerate(_AWKWARD_TEXTS):
+        steps.append(
+            _event(
+                f"evt-awkward-{i}",
+                runid=s.run_id,
+                subject=awkward,
+                tenant=awkward,
+                actor=f"user:{awkward}",
+                data={awkward: [awkward, {"nested": awkward}], "numbers": _AWKWARD_NUMBERS, "none": None},
+            )
+        )
+    steps.append(s.completed())
+    events = [(event, seq) for seq, event in enumerate(steps, start=1)]
+    raw = [encode(event) for event, _ in events]
+    recorder = Recorder(database)
+    for event, seq in events:
+        await recorder.record(event, seq)
+    expected = await _rows(database)
+    types = await _column_types(database)
+    for batch_raw in (None, raw):
+        await _clear(database)
+        assert await recorder.record_batch(events, raw=batch_raw) == len(events)
+        assert await _rows(database) == expected
+        assert await _column_types(database) == types
+    stored = {row["id"]: row for row in expected[0]}
+    assert stored["evt-awkward-3"]["subject"] == _AWKWARD_TEXTS[3]
+    if database.dialect == "sqlite":  # (PostgreSQL's jsonb keeps numbers as numeric: 1e300 an integer, -0.0 is 0)
+        assert json.loads(stored["evt-awkward-1"]["data"])["numbers"] == _AWKWARD_NUMBERS
+
+
+async def _column_types(database: Database) -> list[tuple[Any, ...]]:
+    """Each stored event's SQL type per column (SQLite's ``typeof``; PostgreSQL's are the columns')."""
+    if database.dialect != "sqlite":
+        return []
+    columns = ["id", "type", "source", "time", "run_id", "correlation_id", "causation_id", "actor", "tenant"]
+    columns += ["subject", "traceparent", "tracestate", "stream_seq", "commit_seq", "data", "recorded_at"]
+    query = f"SELECT {', '.join(f'typeof({c})' for c in columns)} FROM events ORDER BY id"
+    async with database.engine.connect() as conn:
+        return [tuple(row) for row in await conn.execute(text(query))]
+
+
 async def test_a_sqlite_connection_in_autocommit_mode_writes_no_batch(database: Database, story: MakeStory) -> None:
     """A batch must be one transaction: on an SQLite connection made autocommit (each statement its own commit, so
     a failure mid-batch would leave half of it) the batch refuses before writing anything."""

@@ -90,7 +90,7 @@ from temporality_human_interaction.events import RejectReason, notified_event, r
 from temporality_human_interaction.inbox import answerers
 from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.parking import park, parked_event, unpark
-from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies
+from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies, asks_nobody
 from temporality_human_interaction.records import (
     HumanRequestRecord,
     RecentRecords,
@@ -250,6 +250,10 @@ class RequestHandler:
     async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
         payload = event.payload(HumanRequested)  # invalid data -> ProtocolError -> dead-lettered
         with structlog.contextvars.bound_contextvars(request_id=payload.request_id, run_id=payload.run_id):
+            if self._policies is not None and asks_nobody(payload.policy):  # no policy is stored for such a run
+                detail = f"run {payload.run_id}'s policy allows no recipient: nobody may be asked"
+                await self._reject(event, payload, Refusal("recipient_not_allowed", detail))
+                return
             if self._policies is not None:
                 try:
                     projected = await self._policies.get(payload.run_id, delivery)

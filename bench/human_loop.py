@@ -58,6 +58,7 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, CONSUMERS
 from temporality_service import LogSettings, configure_logging
+from temporality_testing.kv_reads import kv_read_key
 
 ROOT = Path(__file__).resolve().parents[1]
 ALICE = {"Authorization": "Bearer alice-demo-token"}
@@ -164,11 +165,13 @@ def wire_class(msg: Msg) -> str | None:
         op = "purge" if msg.headers and msg.headers.get("KV-Operation") in ("PURGE", "DEL") else "write"
         return f"kv {op} {bucket} {_key_kind(bucket, key)}"
     if subject.startswith(("$JS.API.STREAM.MSG.GET.KV_", "$JS.API.DIRECT.GET.KV_")):
-        bucket = subject.rsplit(".", 1)[1].removeprefix("KV_")
-        try:
-            key = json.loads(msg.data).get("last_by_subj", "").split(".", 2)[2]
-        except (ValueError, IndexError, AttributeError):
-            key = "?"
+        # a direct get names the bucket and the key in its subject (one-copy buckets: ``Store``); a message get in a
+        # ``last_by_subj`` body
+        if subject.startswith("$JS.API.DIRECT.GET.KV_"):
+            bucket = subject.removeprefix("$JS.API.DIRECT.GET.KV_").split(".", 1)[0]
+        else:
+            bucket = subject.rsplit(".", 1)[1].removeprefix("KV_")
+        key = kv_read_key(subject, msg.data, bucket) or "?"
         return f"kv read {bucket} {_key_kind(bucket, key)}"
     if subject.startswith("$JS.API.STREAM.INFO."):
         return "stream info"

@@ -1,15 +1,17 @@
 """The reads human-interaction takes from its mirror of ``human-channels`` (or from the records it wrote last)
 instead of the bucket, and why each is safe when the copy is stale: a policy is written once, a run entry's mark and an answer's
 binding are compare-and-sets on the revision the copy had (a stale one loses and reads), and a request's final
-state never reverts. Every binding stays exactly once. The markers of a run's end and of a withdrawal are the
-exception: the intake reads them from the bucket once its record is stored (a mirror behind them let a question
-out after its run ended)."""
+state never reverts. Every binding stays exactly once. The markers of a run's end and of a withdrawal are read
+from the mirror once it has applied the run entry the intake wrote after the record (a marker written after that
+entry is the end's to act on: it finds the entry and the record); an intake that did not create the entry reads
+them from the bucket."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -27,6 +29,7 @@ from human_support import (
 from nats.aio.msg import Msg
 
 from temporality_bus import Bus, Delivery, PermanentError, TransientError, Versioned
+from temporality_human_interaction import requests as requests_module
 from temporality_human_interaction.answers import AnswerSubmission, NotPending, bind_answer_outcome
 from temporality_human_interaction.api import create_app
 from temporality_human_interaction.channels import ChannelAdapter
@@ -102,8 +105,92 @@ async def test_a_request_whose_run_ended_before_is_cancelled_at_intake(
     await delivered_then_withdrawn(bus, client, request_id)
 
 
+#: Where in the intake the run's end (or the withdrawal) is handled, by another replica: before the record's create,
+#: between the create and the run entry's, after the run entry (before the intake looks for the markers).
+_POINTS = ["before_the_record", "between_the_record_and_its_run_entry", "after_the_run_entry"]
+
+
+def _marker_reads(sent: list[tuple[str, bytes]]) -> list[str]:
+    keys = [kv_read_key(s, p, BUCKET_HUMAN_CHANNELS.name) for s, p in sent]
+    return [k for k in keys if k is not None and k.startswith(("runend.", "withdrawn."))]
+
+
+@pytest.mark.parametrize("point", _POINTS)
 @pytest.mark.parametrize("ending", ["run_end", "withdrawal"])
-async def test_a_run_that_ends_while_its_request_is_being_stored_is_cancelled_even_with_the_mirror_behind(
+async def test_a_run_that_ends_while_its_request_is_being_stored_is_cancelled_with_the_mirror_behind(
+    bus: Bus,
+    client: httpx.AsyncClient,
+    mirrored: RequestHandler,
+    mirror: ChannelMirror,
+    ending: str,
+    point: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The end comes while the intake stores the request, handled once (no retry) by another replica (no mirror of
+    its own here), and this replica's mirror applies the marker late (its watch holds it back 0.2 s): wherever the
+    end falls, the request is cancelled, and its web inbox delivery (stored with the record) kept and announced --
+    the person sees it withdrawn. The intake reads no marker from the bucket: the record comes before its run entry,
+    so a marker written before that entry is in the mirror once it has applied the entry (waited for), and the end
+    of a marker written after it finds the entry and the record. (Until 2026-12-06 the run entry came first: an end
+    between the two found no record, and a mirror that had applied only the run entry lacked the marker -- the
+    question stayed pending for a run that had ended; the intake read both markers from the bucket instead.)"""
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    end = _ended(run_id) if ending == "run_end" else _withdrawal(run_id, request_id)
+    watch = mirror._watch
+    applied = watch._apply
+
+    async def late(entry: object) -> None:  # the watch a moment behind on the markers (and all after them)
+        key = str(getattr(entry, "key", ""))
+        if key.startswith(("runend.", "withdrawn.")):
+            await asyncio.sleep(0.2)
+        await applied(entry)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(watch, "_apply", late)
+    ended_by_another = False
+
+    async def end_meanwhile() -> None:
+        nonlocal ended_by_another
+        assert not ended_by_another
+        ended_by_another = True
+        await RunEndHandler(bus).handle(end)  # another replica's: raises nothing
+
+    if point == "before_the_record":
+        delivered_with_record = mirrored._delivered_with_record
+
+        async def before_the_record(record: HumanRequestRecord, profile: UserProfile) -> HumanRequestRecord:
+            delivered = await delivered_with_record(record, profile)
+            await end_meanwhile()
+            return delivered
+
+        monkeypatch.setattr(mirrored, "_delivered_with_record", before_the_record)
+    elif point == "between_the_record_and_its_run_entry":
+        index_new_request = requests_module.index_new_request
+
+        async def between(*args: Any, **kwargs: Any) -> int | None:
+            await end_meanwhile()  # the record is stored: the end finds no run entry yet
+            return await index_new_request(*args, **kwargs)
+
+        monkeypatch.setattr(requests_module, "index_new_request", between)
+    else:
+        ended = mirrored._ended
+
+        async def after_the_run_entry(record: HumanRequestRecord, indexed_at: int | None = None) -> str | None:
+            assert indexed_at is not None  # created by this intake: the mirror answers
+            await end_meanwhile()  # the end finds the run entry, and the record, and cancels it
+            return await ended(record, indexed_at)
+
+        monkeypatch.setattr(mirrored, "_ended", after_the_run_entry)
+    sent = count_requests(bus, monkeypatch)
+    await mirrored.handle(asked)
+    assert ended_by_another
+    assert _marker_reads(sent) == []  # the mirror told the intake (it waited for the run entry's revision)
+    await delivered_then_withdrawn(bus, client, request_id)
+    await RunEndHandler(bus, mirror=mirror).handle(end)  # a redelivery of the end: nothing left to do
+
+
+@pytest.mark.parametrize("ending", ["run_end", "withdrawal"])
+async def test_without_the_mirror_in_time_the_intake_reads_the_markers_from_the_bucket(
     bus: Bus,
     client: httpx.AsyncClient,
     mirrored: RequestHandler,
@@ -111,32 +198,40 @@ async def test_a_run_that_ends_while_its_request_is_being_stored_is_cancelled_ev
     ending: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The end comes between the intake's run entry and its record, handled by another replica (no mirror of its
-    own here), while this replica's mirror has not applied the marker yet (hidden from it): the end finds no record
-    to cancel, so the intake must see the marker once its record is stored -- it reads the bucket, not the
-    mirror, and cancels the request. (Read from the lagging mirror, the question stayed pending for a run that
-    had ended, and nothing cancelled it.) Its web inbox delivery, stored with the record, is kept and announced:
-    the person sees it withdrawn. The end is handled once, with no retry."""
+    """The mirror does not reach the run entry's revision in time (its watch down, or far behind): the intake reads
+    both markers from the bucket, and a run that ended before is still seen."""
     asked = requested()
     request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
-    end = _ended(run_id) if ending == "run_end" else _withdrawal(run_id, request_id)
-    shown = mirror.get
+    await RunEndHandler(bus).handle(_ended(run_id) if ending == "run_end" else _withdrawal(run_id, request_id))
 
-    def behind(key: str) -> object:  # the watch a moment behind: the markers are not applied yet
-        return None if key.startswith(("runend.", "withdrawn.")) else shown(key)
+    async def never(revision: int, timeout_s: float = 0.0) -> bool:
+        return False
 
-    monkeypatch.setattr(mirror, "get", behind)
-    delivered_with_record = mirrored._delivered_with_record
-
-    async def end_meanwhile(record: HumanRequestRecord, profile: UserProfile) -> HumanRequestRecord:
-        delivered = await delivered_with_record(record, profile)  # after the run entry, before the record
-        await RunEndHandler(bus).handle(end)  # another replica's: raises nothing, finds nothing to cancel
-        return delivered
-
-    monkeypatch.setattr(mirrored, "_delivered_with_record", end_meanwhile)
+    monkeypatch.setattr(mirror, "reached", never)
+    sent = count_requests(bus, monkeypatch)
     await mirrored.handle(asked)
+    assert sorted(_marker_reads(sent)) == sorted([ref_key("runend", run_id), ref_key("withdrawn", run_id, request_id)])
     await delivered_then_withdrawn(bus, client, request_id)
-    await RunEndHandler(bus, mirror=mirror).handle(end)  # a redelivery of the end: nothing left to do
+
+
+async def test_a_question_of_a_running_run_reads_no_marker_and_a_redelivery_reads_both(
+    bus: Bus, mirrored: RequestHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The markers are read from the bucket only by an intake that did not create the run entry (a redelivery):
+    the first delivery takes them from the mirror."""
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    sent = count_requests(bus, monkeypatch)
+    await mirrored.handle(asked)
+    assert _marker_reads(sent) == []
+    sent.clear()
+    await mirrored.handle(asked)  # a redelivery: the record and the run entry are there
+    assert sorted(_marker_reads(sent)) == sorted([ref_key("runend", run_id), ref_key("withdrawn", run_id, request_id)])
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.pending
+    [notified] = await exactly(bus, "human.notified", settle_s=0.5)
+    assert notified.data["request_id"] == request_id
 
 
 async def test_a_run_end_leaves_an_answered_request_alone_without_reading_it(

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
-from human_support import events_of, exactly, kv_calls, requested, running, stored
+from human_support import count_requests, events_of, exactly, kv_calls, requested, running, stored
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
@@ -34,6 +34,7 @@ from temporality_protocol import (
     new_id,
 )
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
+from temporality_testing.kv_reads import kv_read_key
 
 
 def _run_requested(run_id: str, allowed: list[str], max_timeout_s: int = 7 * 24 * 3600) -> RunRequested:
@@ -335,3 +336,48 @@ async def test_a_policy_stored_as_its_first_request_arrives_is_taken_without_a_r
         with pytest.raises(TransientError):
             await policies.get(run_id, _delivery(num_delivered))
         assert lookups == 1
+
+
+async def test_a_run_that_may_ask_nobody_costs_no_write_and_its_requests_are_refused_at_once(
+    bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay run of agent-collab (or a trigger naming nobody) may ask nobody: its ``run.requested`` stores no
+    policy (no write to ``human-channels``), and a question or a notification whose copy allows nobody is refused
+    at its first delivery without looking a policy up. One whose copy claims somebody finds no policy and is
+    refused as for a run never seen: the missing key never widens whom the run may ask."""
+    policies = RunPolicies(bus)
+    run_id = f"{new_id('run')}/ask/01"  # relay run ids carry slashes
+    sent = count_requests(bus, monkeypatch)
+    await RunPolicyHandler(policies).handle(
+        make_event(_run_requested(run_id, []), source="/temporality/agent-collab", run_id=run_id)
+    )
+    assert [s for s, _ in sent if s.startswith(f"$KV.{BUCKET_HUMAN_CHANNELS.name}.")] == []  # no write
+    assert await policies.lookup(run_id) is None
+    handler = RequestHandler(bus, directory, adapters, policies=policies)
+    relayed = requested(recipient="user:alice", allowed=(), run_id=run_id)
+    sent.clear()
+    await handler.handle(relayed, None)
+    [rejected] = await exactly(bus, "human.rejected")
+    assert rejected.payload(HumanRejected).reason == "recipient_not_allowed"
+    assert rejected.data["request_id"] == relayed.data["request_id"]
+    assert [k for s, p in sent if (k := kv_read_key(s, p, BUCKET_HUMAN_CHANNELS.name)) is not None] == []
+    assert await stored(bus, str(relayed.data["request_id"])) is None
+    note = HumanNotifyRequested(
+        notification_id=new_id("hn"),
+        run_id=run_id,
+        agent="reviewer",
+        title="Relay",
+        recipient="user:alice",
+        message="Done.",
+        policy=HumanPolicy(allowed_recipients=[]),
+        turn=1,
+    )
+    notifications = NotificationHandler(bus, directory, adapters, policies=policies)
+    with pytest.raises(PermanentError, match="allows no recipient"):
+        await notifications.handle(make_event(note, source="/temporality/run-executor", run_id=run_id))
+    forged = requested(recipient="user:alice", allowed=("user:alice",), run_id=run_id)  # claims alice
+    await handler.handle(forged, None)  # no delivery to retry: the policy unknown is final
+    refused = [e for e in await events_of(bus, "human.rejected") if e.data["request_id"] == forged.data["request_id"]]
+    assert [e.payload(HumanRejected).reason for e in refused] == ["recipient_not_allowed"]
+    assert await stored(bus, str(forged.data["request_id"])) is None
+    assert await events_of(bus, "human.notified") == []

@@ -315,11 +315,11 @@ async def test_a_run_end_handled_right_after_the_create_leaves_the_web_delivery_
     request_id, run_id = str(event.data["request_id"]), str(event.data["run_id"])
     ended = handler._ended
 
-    async def end_first(record: HumanRequestRecord) -> str | None:
+    async def end_first(record: HumanRequestRecord, indexed_at: int | None = None) -> str | None:
         await RunEndHandler(bus).handle(
             make_event(RunCompleted(run_id=run_id, result="done", turns=1), source="/test", run_id=run_id)
         )
-        return await ended(record)
+        return await ended(record, indexed_at)
 
     monkeypatch.setattr(handler, "_ended", end_first)
     await handler.handle(event)

@@ -304,7 +304,8 @@ class Rebuilt:
 
 
 #: Written (in ``human-channels``) by the first start whose listing of the request keys found every stored
-#: request with a dated run entry: from then on every request has one (written before its record), so the
+#: request with a dated run entry: from then on every request has one (written by its intake, which is not done
+#: before it is: just after the record since 2026-12-06, before it until then), so the
 #: starts after it do not list the requests bucket. Delete it to have the next start list it once more
 #: (an upgrade from a version before run entries that ran side by side with this one: docs/human-interaction.md).
 RUN_ENTRIES_KEY = "migrated.run_entries"
@@ -381,7 +382,7 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None, entries: list[
             )
             dropped += await _drop(bus, opens.get(request_id, []))
     if listed and not unlisted:
-        # every stored request has a run entry, and every later one gets it before its record: never list again
+        # every stored request has a run entry, and every later one gets it from its intake: never list again
         await refs.claim(RUN_ENTRIES_KEY, now.isoformat())
     log.info(
         "inbox.index_rebuilt",
@@ -621,7 +622,7 @@ class RetentionSweeper:
         :func:`stale_references`); how many requests were purged.
 
         The requests bucket is not listed: every stored request has a run entry (``run.<run>.<id>``,
-        written before its record, and by the start-up :func:`rebuild_index` for a record an older version
+        written by its intake just after its record, and by the start-up :func:`rebuild_index` for a record an older version
         stored without one), and it carries ``expires_at`` (and ``ended_at`` once the request ended). A
         request can be purged no earlier than its deadline + the retention (and its end + the retention),
         so one listing of ``human-channels`` tells which records to read: only those that may be due, and

@@ -40,7 +40,7 @@ from temporality_human_interaction.channels import ChannelAdapter, ChannelError
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.directory import Directory, UserProfile, group_id_of, user_id_of
 from temporality_human_interaction.events import notification_delivered_event, notification_failed_event
-from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies
+from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies, asks_nobody
 from temporality_protocol import DeliveryAttempt, Envelope, ProtocolError, decode, encode
 from temporality_protocol.catalog import CONSUMERS
 from temporality_protocol.events import MAX_TEXT, HumanNotifyRequested
@@ -95,6 +95,11 @@ class NotificationHandler:
         with structlog.contextvars.bound_contextvars(notification_id=payload.notification_id, run_id=payload.run_id):
             user_id, group_id = user_id_of(payload.recipient), group_id_of(payload.recipient)
             policy = payload.policy
+            if self._policies is not None and asks_nobody(policy):  # no policy is stored for such a run
+                raise NotificationRefused(
+                    "recipient_not_allowed",
+                    f"run {payload.run_id}'s policy allows no recipient: nobody may be notified",
+                )
             if self._policies is not None:
                 try:
                     policy = await self._policies.get(payload.run_id, delivery)

@@ -7,7 +7,8 @@ the run-executor puts into ``human.requested`` / ``human.notify_requested``: a c
 executor must not be able to widen whom a run may ask.
 
 The ``human-interaction-policies`` consumer (:class:`RunPolicyHandler`) stores each ``run.requested``'s
-``human`` policy under ``policy.<run id>`` in the ``human-channels`` bucket, create-if-absent (the first
+``human`` policy under ``policy.<run id>`` in the ``human-channels`` bucket -- unless it allows nobody (a relay
+run of agent-collab: no write, :func:`asks_nobody`) --, create-if-absent (the first
 ``run.requested`` of a run to be stored wins -- the consumer handles several at once, so of two different ones
 for the same run, which only a trigger edited between two deliveries of its event makes, that need not be the
 first in stream order; a redelivery is a no-op). The request and notification handlers look it
@@ -47,6 +48,7 @@ __all__ = [
     "PolicyUnknown",
     "RunPolicies",
     "RunPolicyHandler",
+    "asks_nobody",
     "policy_key",
 ]
 
@@ -70,6 +72,13 @@ POLICIES_CONSUMER = "human-interaction-policies"
 
 def policy_key(run_id: str) -> str:
     return ref_key("policy", run_id)
+
+
+def asks_nobody(claimed: HumanPolicy) -> bool:
+    """Whether the policy a ``human.requested`` / ``human.notify_requested`` carries lets its run ask nobody: refused
+    then without looking the run's policy up (the copy may narrow what the run may do, never widen it). No policy
+    is stored for such a run (:class:`RunPolicyHandler`): a lookup would wait, retry and refuse only in the end."""
+    return not claimed.allowed_recipients
 
 
 class PolicyUnknown(Exception):
@@ -198,6 +207,13 @@ class RunPolicyHandler:
 
     async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
         payload = event.payload(RunRequested)  # invalid data -> ProtocolError -> dead-lettered
+        if not payload.human.allowed_recipients:
+            # Nobody may be asked (a relay run of agent-collab, a trigger that names nobody): nothing stored, no write.
+            # Its requests and notifications carry a copy that allows nobody and are refused at once (:func:`asks_nobody`);
+            # one whose copy claims somebody finds no policy and is refused as for a run never seen (or parked, then
+            # refused at its deadline): never widened.
+            log.info("policy.nobody_to_ask", run_id=payload.run_id)
+            return
         stored, revision = await self._policies.record_at(payload.run_id, payload.human)
         if stored != payload.human:
             log.warning("policy.kept_first", run_id=payload.run_id, event_id=event.id)

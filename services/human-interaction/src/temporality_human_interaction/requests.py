@@ -10,9 +10,10 @@ the I/O in an order where every step is idempotent under redelivery:
    configuration), never the copy in ``human.requested``; it replaces that copy (timeout chain included).
    Not projected yet: retried with backoff, then refused.
 2. Persist the record first (create-if-absent; on redelivery continue with the stored one), so an
-   answer arriving before the notification is never lost. Just before, index it under its run
-   (``runs.index_request``: with the deadline and who may answer it, the inbox's index too); if the
-   run already ended, cancel it here.
+   answer arriving before the notification is never lost. Just after, index it under its run
+   (``runs.index_new_request``: with the deadline and who may answer it, the inbox's index too); if the
+   run already ended (or withdrew it), cancel it here -- told by the replica's mirror once it has applied that
+   run entry, without a read (:mod:`.runs` says why the order makes that safe).
 3. Arm the deadline as a JetStream message schedule (deterministic ``Nats-Msg-Id``: a repeat is
    deduplicated, and the deadline handler ignores a request that is no longer pending) *before*
    delivering: a request whose delivery keeps failing (and is finally dead-lettered) still expires
@@ -75,7 +76,7 @@ from temporality_bus import (
 from temporality_bus.pipeline import Write, event_write
 from temporality_human_interaction.chain import configured_steps, next_step, plan
 from temporality_human_interaction.channels import ChannelAdapter, DeliveryReceipt
-from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.channels.refs import ref_key
 from temporality_human_interaction.delivery import deliver_along, deliver_with_record
 from temporality_human_interaction.directory import (
     Directory,
@@ -89,7 +90,7 @@ from temporality_human_interaction.events import RejectReason, notified_event, r
 from temporality_human_interaction.inbox import answerers
 from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.parking import park, parked_event, unpark
-from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies
+from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies, asks_nobody
 from temporality_human_interaction.records import (
     HumanRequestRecord,
     RecentRecords,
@@ -249,6 +250,10 @@ class RequestHandler:
     async def handle(self, event: Envelope, delivery: Delivery | None = None) -> None:
         payload = event.payload(HumanRequested)  # invalid data -> ProtocolError -> dead-lettered
         with structlog.contextvars.bound_contextvars(request_id=payload.request_id, run_id=payload.run_id):
+            if self._policies is not None and asks_nobody(payload.policy):  # no policy is stored for such a run
+                detail = f"run {payload.run_id}'s policy allows no recipient: nobody may be asked"
+                await self._reject(event, payload, Refusal("recipient_not_allowed", detail))
+                return
             if self._policies is not None:
                 try:
                     projected = await self._policies.get(payload.run_id, delivery)
@@ -286,28 +291,13 @@ class RequestHandler:
             return
         store = await open_store(self._bus)
         reachable = [m for m in decision.members if channel_candidates(m.profile, self._adapters)]
-        # The run entry first (it is written before the record): when this call creates it, no record of the
-        # request can be stored yet, so none is read (a redelivery finds the entry there and reads the record).
-        #: The revision of the run entry this call created (None: it was there, or the request is refused below).
         members = [m.recipient for m in decision.members] if decision.group else []
-        #: Who may answer it (the inbox lists it for them from the run entry, :mod:`.inbox`).
-        asked = [p for p in dict.fromkeys((payload.recipient, *members)) if user_id_of(p) is not None]
-        indexed_at = (
-            await index_new_request(
-                self._bus, payload.run_id, payload.request_id, payload.expires_at.astimezone(UTC), asked
-            )
-            if reachable
-            else None
-        )
-        first = indexed_at is not None
-        stored = None if first else await store.get(payload.request_id)
+        # The record first, then its run entry (runs.py says why the run's end then never misses it): a create that
+        # finds the id stored already (a redelivery, or another delivery of the same event) reads the stored one.
         #: The record as this call stored it (value and revision): the delivery's compare-and-set starts from it
         #: instead of reading it back (``Store.modify(known=...)``: a stale one only costs that read again).
         known: Versioned[HumanRequestRecord] | None = None
-        #: Indexed by this call just before it created the record: not indexed a second time below.
-        indexed = False
-        #: The record this call meant to store, when it found the id stored already.
-        ours: HumanRequestRecord | None = None
+        stored = None if reachable else await store.get(payload.request_id)
         if stored is None:
             if not reachable:
                 orders = "; ".join(f"{m.recipient}: {m.profile.channel_order()}" for m in decision.members)
@@ -323,41 +313,31 @@ class RequestHandler:
             if not decision.group:  # the web inbox: its delivery is the record, stored with it (no second write)
                 record = await self._delivered_with_record(record, decision.profile)
             try:
-                # the run entry first: a stored request is always listed (inbox) and found by the sweep
-                if not first:
-                    await index_request(
-                        self._bus, record.run_id, record.request_id, record.expires_at, answerers(record)
-                    )
                 known = Versioned(record, await store.create(payload.request_id, record))
-                if record.channel is not None:  # the web inbox delivery stored with it: made, and counted now
-                    self._count_delivered(record.channel)
-                    if self._recent is not None:  # the answer's compare-and-set base
-                        self._recent.put(payload.request_id, known)
-                indexed = True  # this record's entries (not those of one another delivery stored first)
-                log.info("request.stored", recipient=payload.recipient, expires_at=record.expires_at.isoformat())
-                dropped = configured_steps(record.policy.on_timeout) - len(plan(record))
-                if dropped:  # the deadline wins: say so, the trigger's chain does not fit this timeout
-                    log.warning("chain.steps_beyond_deadline", dropped=dropped, timeout_s=payload.timeout_s)
             except AlreadyExists:
                 log.info("request.already_stored")
-                ours = record
                 stored = await store.get(payload.request_id)
                 if stored is None:  # pragma: no cover - requests are never deleted
                     raise TransientError(f"request {payload.request_id} vanished after AlreadyExists") from None
                 record = stored.value
+            else:
+                if record.channel is not None:  # the web inbox delivery stored with it: made, and counted now
+                    self._count_delivered(record.channel)
+                    if self._recent is not None:  # the answer's compare-and-set base
+                        self._recent.put(payload.request_id, known)
+                log.info("request.stored", recipient=payload.recipient, expires_at=record.expires_at.isoformat())
+                dropped = configured_steps(record.policy.on_timeout) - len(plan(record))
+                if dropped:  # the deadline wins: say so, the trigger's chain does not fit this timeout
+                    log.warning("chain.steps_beyond_deadline", dropped=dropped, timeout_s=payload.timeout_s)
         else:
             record = stored.value
             log.info("request.redelivered", status=record.status.value, channel=record.channel)
         if record.run_id != payload.run_id or record.recipient != payload.recipient:
-            if first and ours is not None and record.run_id != payload.run_id:  # its entries name the wrong run
-                await self._drop_entries(ours)
             raise PermanentError(
                 f"request id {payload.request_id} is already used by run {record.run_id} for {record.recipient}"
             )
         if record.pending:  # index it under its run, then check the run has not ended meanwhile (runs.py)
-            if not indexed:  # a redelivery, or another delivery stored it first: index the stored record
-                await index_request(self._bus, record.run_id, record.request_id, record.expires_at, answerers(record))
-            ended = await self._ended(record)
+            ended = await self._indexed(record, created=known is not None)
             if ended is not None:
                 # A web inbox delivery stored with the record stays in it: the inbox listed the request from its
                 # create, so it was delivered, and is announced below like any delivered request (human.notified
@@ -454,24 +434,39 @@ class RequestHandler:
         if adapter is not None:
             adapter.count("delivered")
 
-    async def _drop_entries(self, ours: HumanRequestRecord) -> None:
-        """The run entry this intake wrote for ``ours`` before it found the id stored by another run:
-        dropped, so that run's end never finds the other's request under it (and cancel_pending refuses another
-        run's request anyway). The inbox lists a request only for whom its record says may answer it."""
-        await ChannelRefs(self._bus).delete(ref_key("run", ours.run_id, ours.request_id))
+    async def _indexed(self, record: HumanRequestRecord, *, created: bool) -> str | None:
+        """Index the stored ``record`` under its run (its run entry: create-if-absent), then say why its run no longer
+        needs it (:meth:`_ended`). ``created``: this call created the record just before."""
+        if not created:  # a redelivery, or another delivery stored it first: index the stored record as it is
+            await index_request(self._bus, record.run_id, record.request_id, record.expires_at, answerers(record))
+            return await self._ended(record)
+        indexed_at = await index_new_request(
+            self._bus, record.run_id, record.request_id, record.expires_at, answerers(record)
+        )
+        return await self._ended(record, indexed_at)
 
-    async def _ended(self, record: HumanRequestRecord) -> str | None:
+    async def _ended(self, record: HumanRequestRecord, indexed_at: int | None = None) -> str | None:
         """Why ``record``'s run no longer needs it: the event type that ended the run (``runend.<run>``),
         ``not_needed`` when the run withdrew it (HUM-7, ``withdrawn.<run>.<id>``), None when neither.
 
-        Read from the bucket, after the record is stored, never from the mirror: the run's end (or the
-        withdrawal) writes its marker and then looks for the record, so one of the two sees the other -- a
-        mirror behind the marker would let a question reach a person after its run ended, with nothing left
-        to cancel it (a review of the mirror reads found it; so would an older replica's run end, which does
-        not retry)."""
+        Asked once the record is stored and then its run entry: the run's end (or the withdrawal) writes its marker
+        and then looks for the run's requests (the run entries) and their records, so one of the two sees the
+        other. ``indexed_at``: the revision of the run entry this call created, after the record -- then the
+        replica's mirror answers once it has applied that revision (no read): a marker written before the entry
+        is in it; one written after it found the entry, and the record stored before the entry, and cancelled it
+        (runs.py). Otherwise (a redelivery, an entry there already, the mirror's watch down or not there in
+        time) both markers are read from the bucket."""
         run_id, request_id = record.run_id, record.request_id
-        # both markers read at once (one round trip): the withdrawal's is read for nothing when the run ended
-        ended, taken_back = await asyncio.gather(run_ended(self._bus, run_id), withdrawn(self._bus, run_id, request_id))
+        mirror = self._mirror
+        if indexed_at is not None and mirror is not None and await mirror.reached(indexed_at):
+            ended_by = mirror.get(ref_key("runend", run_id))
+            ended = ended_by.value if ended_by is not None else None
+            taken_back = mirror.get(ref_key("withdrawn", run_id, request_id)) is not None
+        else:
+            # both markers read at once (one round trip): the withdrawal's is read for nothing when the run ended
+            ended, taken_back = await asyncio.gather(
+                run_ended(self._bus, run_id), withdrawn(self._bus, run_id, request_id)
+            )
         if ended is None and taken_back:
             ended = "not_needed"  # HUM-7: its run withdrew it before it was stored
         return ended

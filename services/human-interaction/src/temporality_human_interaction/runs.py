@@ -8,7 +8,7 @@ redelivery: a request already cancelled is only shown again (the adapters tolera
 answered or expired requests are left alone.
 
 The run's requests are found through the index ``run.<run id>.<request id>`` in the ``human-channels``
-bucket, written before the request is stored (see :func:`index_request`), never by scanning every request.
+bucket, written just after the request is stored (see :func:`index_request`), never by scanning every request.
 A request that arrives after its run ended (``runend.<run id>``, written before the index is read) is
 cancelled at intake, before anyone is notified. A request of the index whose run entry, as this replica's
 mirror of the bucket holds it, says it ended answered or expired (``ended``, written when it ended; final) is
@@ -18,10 +18,19 @@ The run's requests come from the same mirror once it has applied the end marker 
 indexed before the marker is in it; one indexed after it sees the marker at intake), else from one
 ``STREAM.INFO`` of the bucket (a redelivery, or the mirror behind).
 
-The intake of a new request reads the markers (``runend.<run>``, ``withdrawn.<run>.<id>``) from the bucket once
-its record is stored, and this handler writes its marker before it looks for the records: one of the two sees
-the other, so a request is never left pending after its run's end, nor sent after it. (Read from a replica's
-mirror instead, a marker written while the mirror was behind went unseen and the question was sent.)
+The intake of a new request stores its record, then creates its run entry, then looks for the markers
+(``runend.<run>``, ``withdrawn.<run>.<id>``); this handler writes its marker, then lists the run entries (a
+withdrawal: looks the record up), then reads the records. The markers and the run entries are one bucket, one
+stream: the marker's revision is below the run entry's or above it. Below: the intake's replica's mirror, once
+it has applied the run entry's revision, holds the marker (the watch applies the bucket's writes in their
+order), so the intake reads it there -- no read of the bucket. Above: this handler's listing, made after its
+marker, holds the run entry, and the record was stored before the run entry, so this handler finds it and
+cancels it. Either way a request is never left pending after its run's end, nor sent after it. An intake that
+did not create the run entry (a redelivery), or whose mirror does not reach its revision in time, reads both
+markers from the bucket. (Until 2026-12-06 the run entry came before the record: a marker written between the
+two went unseen by the end, which found no record, and by a mirror that had applied only the run entry -- so
+the intake read both markers from the bucket, two reads per question.) An older version's intake (run entry,
+record, both markers read from the bucket) and this handler, of either version, also see each other.
 """
 
 from __future__ import annotations
@@ -84,10 +93,9 @@ async def index_request(
 async def index_new_request(
     bus: Bus, run_id: str, request_id: str, expires_at: datetime, answerers: list[str] | None = None
 ) -> int | None:
-    """:func:`index_request` for a request not known to be stored: the run entry's revision when this call created
-    it. The entry is written before the record (create-if-absent), so then no record of the request can be
-    stored yet (one stored by another run under the same id aside: its run entry is another key) -- the intake
-    need not read it first. None: the entry was there (a redelivery, or another delivery of the same event);
+    """:func:`index_request` for a request whose record the intake has just created: the run entry's revision when
+    this call created it (what the replica's mirror must have applied before it answers for the run's markers:
+    the module's docstring). None: the entry was there (an older version's intake writes it before the record);
     filled in as :func:`index_request` does."""
     refs = ChannelRefs(bus)
     key = ref_key("run", run_id, request_id)

@@ -213,7 +213,7 @@ async def run(args: argparse.Namespace) -> int:
         while not stop.is_set():
             try:
                 messages = await sub.fetch(args.batch, timeout=1)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats.errors.TimeoutError, and the plain one nats-py's fetch raises at its deadline
                 continue
             for msg in messages:
                 seq = msg.metadata.sequence.stream

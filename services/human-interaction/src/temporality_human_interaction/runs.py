@@ -96,7 +96,8 @@ async def index_new_request(
 ) -> int | None:
     """:func:`index_request` for a request whose record the intake has just created: the run entry's revision when
     this call created it (what the replica's mirror must have applied before it answers for the run's markers:
-    the module's docstring). None: the entry was there (an older version's intake writes it before the record);
+    the module's docstring). None: the entry was there (an older version's intake writes it before the record; an
+    answer or withdrawal that ended the request before its entry creates it marked ended, :func:`~.inbox.unindex`);
     filled in as :func:`index_request` does."""
     refs = ChannelRefs(bus)
     key = ref_key("run", run_id, request_id)

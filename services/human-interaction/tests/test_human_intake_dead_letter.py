@@ -15,15 +15,29 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import httpx
 import pytest
-from human_support import ALICE, events_of, exactly, inbox_ids, requested, running, stored, timer_messages
+from human_support import (
+    ALICE,
+    CrashingBus,
+    PublishCrash,
+    events_of,
+    exactly,
+    inbox_ids,
+    requested,
+    running,
+    stored,
+    timer_messages,
+)
 
 from temporality_bus import Bus, Consumer, Delivery
 from temporality_human_interaction import requests as requests_module
 from temporality_human_interaction.answers import AnswerSubmission, bind_answer_outcome
+from temporality_human_interaction.channels import ChannelAdapter
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.inbox import RUN_ENTRIES_KEY, rebuild_index
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
@@ -299,3 +313,28 @@ async def test_a_request_that_does_not_read_is_refused_to_the_run_it_names(bus: 
     assert (data.request_id, data.run_id, data.reason) == (request_id, run_id, "invalid_request")
     assert data.detail.startswith("the request does not read (given up after 1 deliveries: ProtocolError")
     assert await stored(bus, request_id) is None  # nothing stored: any delivery of it is refused the same way
+
+
+async def test_a_hook_killed_between_its_stand_in_and_the_rejection_rejects_once_when_run_again(
+    bus: Bus, directory: Directory, adapters: dict[str, ChannelAdapter]
+) -> None:
+    event = requested()
+    request_id, run_id = _ids(event)
+    crashing = CrashingBus(bus, HumanRejected.EVENT_TYPE)
+    dying = RequestHandler(cast(Bus, crashing), directory, adapters)
+    with pytest.raises(PublishCrash):  # the process dies as it publishes: the stand-in is stored, nobody told
+        await dying.on_dead_letter(event, _Delivered(MAX_DELIVER), RuntimeError("refused"))  # type: ignore[arg-type]
+    stand_in = await stored(bus, request_id)
+    assert stand_in is not None
+    assert stand_in.status is HumanRequestState.CANCELLED
+    await exactly(bus, "human.rejected", 0, settle_s=0.2)
+    # the runner's next delivery, past the limit, runs the hook again (another replica): the run is told, once
+    again = RequestHandler(bus, directory, adapters)
+    await again.on_dead_letter(event, _Delivered(MAX_DELIVER + 1), RuntimeError("deliveries exhausted"))  # type: ignore[arg-type]
+    await again.on_dead_letter(event, _Delivered(MAX_DELIVER + 2), RuntimeError("deliveries exhausted"))  # type: ignore[arg-type]
+    [rejected] = await exactly(bus, "human.rejected")
+    assert rejected.payload(HumanRejected).reason == "no_channel"
+    assert await stored(bus, request_id) == stand_in  # the first intake_failed kept
+    entry = await ChannelRefs(bus).get_ref(ref_key("run", run_id, request_id))
+    assert entry is not None
+    assert entry.ended == "cancelled"

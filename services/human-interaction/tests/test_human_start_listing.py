@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import httpx
-from human_support import ALICE, USERS_FILE, KvSpy, kv_calls, requested
+from human_support import ALICE, USERS_FILE, KvSpy, kv_calls, requested, timer_messages
 from replica_support import replica
 
 from temporality_bus import Bus, NatsSettings, live_entries
@@ -27,7 +27,7 @@ from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import index_request
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import HumanRequested
-from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
+from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS, TIMER_SCHEDULE_HUMAN
 
 REQUESTS = BUCKET_HUMAN_REQUESTS.name
 WHOLE_BUCKET = f"$KV.{REQUESTS}.>"
@@ -58,7 +58,7 @@ async def test_a_start_lists_the_request_keys_until_every_record_has_a_run_entry
     bus: Bus, nats_settings: NatsSettings, handler: RequestHandler, client: httpx.AsyncClient
 ) -> None:
     for event in (requested(), requested()):
-        await handler.handle(event)  # a run entry each, written before the record
+        await handler.handle(event)  # a run entry each, written just after the record
     old = await _store_as_the_first_version(bus)
     assert old.request_id not in await _inbox(client)
 
@@ -97,12 +97,15 @@ async def test_deleting_the_marker_has_the_next_start_find_a_record_without_a_ru
     assert (await rebuild_index(bus)).listed_requests is False  # the starts no longer look for such a record
     assert late.request_id not in await _inbox(client)
 
+    deadline = f"{TIMER_SCHEDULE_HUMAN}.{late.request_id}"
+    assert await timer_messages(bus, deadline) == 0  # (as an intake given up on before its run entry leaves it)
     await ChannelRefs(bus).delete(RUN_ENTRIES_KEY)  # the upgrade rule: once the last old replica is gone
     async with kv_calls(nats_settings.url, REQUESTS) as spy:
         found = await rebuild_index(bus)
         assert (found.listed_requests, found.read, found.pending) == (True, 1, 1)
         assert await _listings_and_reads(spy) == ([WHOLE_BUCKET], [late.request_id])
     assert late.request_id in await _inbox(client)
+    assert await timer_messages(bus, deadline) == 1  # and its deadline armed: it expires, its run resumes
 
 
 async def test_a_request_never_stored_is_looked_up_until_its_entries_are_old_then_forgotten(

@@ -249,7 +249,13 @@ def configure(settings: Settings) -> Setup[Settings]:
             mirror=mirror,
             recent=recent,
         )
-        rt.consumer("human-interaction-requests", handler=requests.handle, max_inflight=rt.settings.max_inflight)
+        rt.consumer(
+            "human-interaction-requests",
+            handler=requests.handle,
+            max_inflight=rt.settings.max_inflight,
+            # given up: the request completed as stored (listed, expiring), or refused (human.rejected)
+            on_dead_letter=requests.on_dead_letter,
+        )
         chain = ChainRunner(rt.bus, directory, adapters)  # reminders and escalation (HUM-8)
         await rt.resources.enter_async_context(mirror.watching())  # its snapshot: the start's one listing
         # the indexes: requests an older version stored (or whose entries were lost) are indexed (idempotent),

@@ -51,6 +51,7 @@ __all__ = [
     "notified_event",
     "reasked_event",
     "rejected_event",
+    "rejected_event_of",
 ]
 
 SERVICE = "human-interaction"
@@ -63,7 +64,8 @@ RejectReason = Literal["recipient_not_allowed", "unknown_recipient", "no_channel
 
 
 def rejected_event(incoming: Envelope, payload: HumanRequested, reason: RejectReason, detail: str) -> Envelope:
-    return make_event(
+    return rejected_event_of(
+        incoming,
         HumanRejected(
             request_id=payload.request_id,
             run_id=payload.run_id,
@@ -71,9 +73,16 @@ def rejected_event(incoming: Envelope, payload: HumanRequested, reason: RejectRe
             reason=reason,
             detail=detail,
         ),
+    )
+
+
+def rejected_event_of(incoming: Envelope, rejected: HumanRejected) -> Envelope:
+    """``human.rejected`` caused by ``incoming`` (its ``human.requested``): one id per request."""
+    return make_event(
+        rejected,
         source=SOURCE,
-        id=derive_id("evt", payload.request_id, "rejected"),
-        run_id=payload.run_id,
+        id=derive_id("evt", rejected.request_id, "rejected"),
+        run_id=rejected.run_id,
         correlation_id=incoming.correlationid,
         causation_id=incoming.id,
         actor=ACTOR,

@@ -8,9 +8,13 @@ them), once the mirror has applied the bucket's last revision as of the call (:m
 a request any replica took in before the call is there); without a mirror, or while its watch is down or behind,
 from a listing of ``run.>`` shared by the reads that wait for it (:class:`_RunListing`). Each request listed is read and shown while pending and the caller's to answer.
 
-* Written *before* the record (:func:`.runs.index_new_request` at intake, before the create; at an escalation,
-  :func:`index_people` adds the target before it is recorded), create-if-absent then compare-and-set: a crash in
-  between leaves an entry without a record, which the inbox skips, never a pending record missing from an inbox.
+* Written just *after* the record (:func:`.runs.index_new_request` at intake, since 2026-12-06, later: before it
+  until then; at an escalation, :func:`index_people` adds the target before it is recorded), create-if-absent then
+  compare-and-set. A crash in between is redelivered and indexes it; an intake given up on in between (the
+  consumer's last delivery) has it indexed by its dead-letter hook (:meth:`.requests.RequestHandler.on_dead_letter`,
+  retried until it succeeds), deadline armed; a request that ended before its entry was written (an answer by id in
+  between) has it created marked ended (:func:`unindex`). An entry an older version wrote before a record that
+  never came is skipped by the inbox and forgotten by a start or the sweep.
 * Marked ended when the request ends (answered, expired, cancelled: :func:`unindex`, best effort): no inbox
   lists it from then on. A lost mark is harmless: the inbox reads the record, does not show it and marks the
   entry ended; the sweep and the next start mark it too.
@@ -54,11 +58,11 @@ from nats.js.errors import KeyWrongLastSequenceError
 from pydantic import ValidationError
 
 from temporality_bus import Bus, Contended, PublishResult, TransientError, live_entries
-from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ref_key
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.directory import user_id_of
 from temporality_human_interaction.mirror import ANYONE, ChannelEntry, ChannelMirror, listed_for, to_channel_entry
 from temporality_human_interaction.records import HumanRequestRecord, RequestStore, is_request_id, open_store
-from temporality_human_interaction.timers import human_timers
+from temporality_human_interaction.timers import arm_deadline, human_timers
 from temporality_protocol import Envelope, derive_id
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
 
@@ -79,6 +83,7 @@ __all__ = [
     "index_people",
     "is_sweep",
     "list_inbox",
+    "mark_run_entry_ended",
     "rebuild_index",
     "stale_references",
     "unindex",
@@ -130,20 +135,14 @@ async def index_people(bus: Bus, record: HumanRequestRecord, people: list[str]) 
 
 async def unindex(bus: Bus, record: HumanRequestRecord, mirror: ChannelMirror | None = None) -> None:
     """The request ended: mark its run entry ended (``ended_at``, and how: ``ended``): no inbox lists it from then
-    on. Best effort: a lost mark is found by the inbox (which reads the record), the next start
-    (:func:`rebuild_index`) or sweep. ``mirror``: the mark is a compare-and-set on the revision the mirror holds (no
-    read; a stale one reads the entry); an older version's inbox entries (``open.*``) the mirror holds are
-    dropped (one it does not hold yet is dropped by the sweep)."""
-    refs = ChannelRefs(bus)
-    key = ref_key("run", record.run_id, record.request_id)
-    mirrored = mirror.get(key) if mirror is not None else None
+    on. An entry not there yet (the request ended between its record's create and its run entry's, or its intake
+    failed for good in between) is created marked ended: the intake's own create then finds it, and the sweep
+    purges the record in time. Best effort: a lost mark is found by the inbox (which reads the record), the next
+    start (:func:`rebuild_index`) or sweep. ``mirror``: the mark is a compare-and-set on the revision the mirror
+    holds (no read; a stale one, or none, reads the entry); an older version's inbox entries (``open.*``) the
+    mirror holds are dropped (one it does not hold yet is dropped by the sweep)."""
     try:
-        await refs.mark_ended(
-            key,
-            record.ended_at or datetime.now(UTC),
-            record.status.value,
-            known=(mirrored.ref(), mirrored.revision) if mirrored is not None else None,
-        )
+        await mark_run_entry_ended(bus, record, mirror)
     except Exception as exc:
         log.warning("inbox.mark_ended_failed", request_id=record.request_id, error=repr(exc))
     if mirror is None:
@@ -156,6 +155,20 @@ async def unindex(bus: Bus, record: HumanRequestRecord, mirror: ChannelMirror | 
             await _drop(bus, [legacy])
         except Exception as exc:
             log.warning("inbox.unindex_failed", request_id=record.request_id, person=person, error=repr(exc))
+
+
+async def mark_run_entry_ended(bus: Bus, record: HumanRequestRecord, mirror: ChannelMirror | None = None) -> None:
+    """:func:`unindex`'s mark of the ended ``record``'s run entry (created marked when not there), raising when it
+    fails."""
+    key = ref_key("run", record.run_id, record.request_id)
+    mirrored = mirror.get(key) if mirror is not None else None
+    await ChannelRefs(bus).mark_ended(
+        key,
+        record.ended_at or datetime.now(UTC),
+        record.status.value,
+        known=(mirrored.ref(), mirrored.revision) if mirrored is not None else None,
+        absent=ChannelRef(value=record.request_id, expires_at=record.expires_at, answerers=answerers(record)),
+    )
 
 
 async def inbox_entries(bus: Bus, user: str, mirror: ChannelMirror | None = None) -> list[ChannelEntry]:
@@ -330,7 +343,9 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None, entries: list[
 
     A run entry that says the request ended (``ended_at``, written when it ended) is never read: an older
     version's inbox entries of it, if any are left, are dropped. A record read is indexed again (idempotent,
-    compare-and-set): its run entry dated; while it is pending, its answerers named; once it ended, its run entry
+    compare-and-set): its run entry dated; while it is pending, its answerers named (and, when it had no run entry
+    at all, its deadline armed: an intake given up on before its run entry by a version without the intake's
+    dead-letter hook never armed it either -- deduplicated with the intake's own arm); once it ended, its run entry
     marked ended and an older version's inbox entries dropped, so the next start need not read it. An older
     version's inbox entries of a pending request are left for that version's inbox (a rolling upgrade).
     A request read and not stored whose entries are all older than
@@ -374,6 +389,10 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None, entries: list[
         record = got.value
         if record.pending:
             await index_request_entry(bus, record, answerers(record))
+            if request_id not in runs:
+                # no run entry: maybe its intake gave up before it (a version without the intake's dead-letter hook),
+                # so before its deadline too: armed (deduplicated, the intake's msg id) -- it expires, its run resumes
+                await arm_deadline(bus, record.request_id, record.expires_at)
             pending += 1
         else:
             await index_request_entry(bus, record)
@@ -382,7 +401,8 @@ async def rebuild_index(bus: Bus, *, now: datetime | None = None, entries: list[
             )
             dropped += await _drop(bus, opens.get(request_id, []))
     if listed and not unlisted:
-        # every stored request has a run entry, and every later one gets it from its intake: never list again
+        # every stored request has a run entry, and every later one gets it from its intake (or its dead-letter
+        # hook): never list again
         await refs.claim(RUN_ENTRIES_KEY, now.isoformat())
     log.info(
         "inbox.index_rebuilt",
@@ -622,8 +642,9 @@ class RetentionSweeper:
         :func:`stale_references`); how many requests were purged.
 
         The requests bucket is not listed: every stored request has a run entry (``run.<run>.<id>``,
-        written by its intake just after its record, and by the start-up :func:`rebuild_index` for a record an older version
-        stored without one), and it carries ``expires_at`` (and ``ended_at`` once the request ended). A
+        written by its intake just after its record -- or by the intake's dead-letter hook when it was given up on in
+        between, or by the answer, expiry or cancel that ended it first --, and by the start-up :func:`rebuild_index`
+        for a record an older version stored without one), and it carries ``expires_at`` (and ``ended_at`` once the request ended). A
         request can be purged no earlier than its deadline + the retention (and its end + the retention),
         so one listing of ``human-channels`` tells which records to read: only those that may be due, and
         those whose run entry has no deadline (an older version's: dated here). The purge deletes the run

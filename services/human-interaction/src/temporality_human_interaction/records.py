@@ -148,6 +148,11 @@ class HumanRequestRecord(BaseModel):
     ended_at: datetime | None = None
     #: The run's source (the PR, work item ... its launch event named): shown as a link on every channel (HUM-5).
     source_link: SourceLink | None = None
+    #: Why the intake gave up before it could store the request (its ``human.requested`` dead-lettered, the error
+    #: and the deliveries): the record is then stored ``cancelled`` in its place, asking nobody, so that no later
+    #: delivery of the same event asks the question after its run was told (``human.rejected``,
+    #: :meth:`.requests.RequestHandler.on_dead_letter`). None for every request that was taken in.
+    intake_failed: str | None = None
 
     def may_answer(self, responder: str) -> bool:
         """Whether ``responder`` (``user:<id>``) is the recipient or, for a group request, one of its members

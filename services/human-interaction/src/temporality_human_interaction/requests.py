@@ -32,6 +32,15 @@ the I/O in an order where every step is idempotent under redelivery:
 6. Publish ``human.notified`` (deterministic id) with ``channel``, ``fallback_from`` and
    ``failed_attempts`` (each channel tried before, and why it failed): every attempt is journaled.
 
+**Given up** (:meth:`RequestHandler.on_dead_letter`, the consumer's dead-letter hook): an intake that fails for good
+before step 3 -- between the record and its run entry (every delivery failing to write ``human-channels``, ~80 s of
+them), or before the record -- would leave its run waiting forever (no deadline is armed yet) and a stored question
+no inbox, sweep, run end or start lists. The hook completes a stored request without delivering it (run entry,
+the run's end checked, deadline, chain step, ``human.notified`` if delivered: it is listed and expires with its
+timeout policy, HUM-8), and for one never stored stores a ``cancelled`` stand-in (``intake_failed``; none of the
+question) and publishes ``human.rejected`` (``no_channel``), so the run resumes with that error and no later copy
+of the event asks the question. Nothing of it runs on the normal path: no request to the bus is added there.
+
 The writes of steps 5 and 6 -- the chain's first step, ``human.notified`` -- and, for a web inbox question (its
 delivery is the stored record), step 3's deadline before them go out together in one pipelined round trip
 (``bus.pipeline.send``, in that order), not one after the other; a channel that sends (Telegram, Matrix, a group)
@@ -39,8 +48,8 @@ still has its deadline armed alone before it sends. Each write of the round is s
 ``human.notified`` can be stored while the deadline's (or the chain step's) write failed (each failed write is
 logged as ``request.write_failed``; the stored event as ``request.notified`` with ``timers_failed`` naming those
 timers). Any failed write fails the handler, and the redelivery writes all of them again under the same msg
-ids: the missing timer is armed then, what was stored is deduplicated. Until then (or for good, should every
-delivery fail and the message be dead-lettered) the question is announced without that timer.
+ids: the missing timer is armed then, what was stored is deduplicated. Until then the question is announced
+without that timer; should every delivery fail, the dead-letter hook (below) arms it.
 
 A ``group:<id>`` recipient (listed itself in ``policy.allowed_recipients``) is asked through the same
 path: its members are fixed in the record when it is stored (``members``), and step 4 runs for each
@@ -86,8 +95,8 @@ from temporality_human_interaction.directory import (
     user_id_of,
 )
 from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
-from temporality_human_interaction.events import RejectReason, notified_event, rejected_event
-from temporality_human_interaction.inbox import answerers
+from temporality_human_interaction.events import RejectReason, notified_event, rejected_event, rejected_event_of
+from temporality_human_interaction.inbox import answerers, mark_run_entry_ended
 from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.parking import park, parked_event, unpark
 from temporality_human_interaction.policies import PolicyPending, PolicyUnknown, RunPolicies, asks_nobody
@@ -101,7 +110,7 @@ from temporality_human_interaction.records import (
 )
 from temporality_human_interaction.runs import cancel_pending, index_new_request, index_request, run_ended, withdrawn
 from temporality_human_interaction.timers import arm_deadline, chain_step_write, deadline_write
-from temporality_protocol import Envelope, HumanRequested
+from temporality_protocol import Envelope, HumanRejected, HumanRequested, HumanRequestState, ProtocolError
 from temporality_protocol.events import MAX_TEXT, DeliveryAttempt
 
 if TYPE_CHECKING:
@@ -473,21 +482,152 @@ class RequestHandler:
 
     async def _stored_before(self, payload: HumanRequested) -> bool:
         """A redelivery of a request stored before its recipient left the directory (the directory is live):
-        never reject a request that exists. It keeps its deadline (re-armed: deduplicated) and expires with
-        its timeout policy; if it was delivered, its ``human.notified`` is published again (same id)."""
+        never reject a request that exists. It is completed as stored (:meth:`_complete_stored`: indexed under its
+        run, its deadline re-armed -- deduplicated) and expires with its timeout policy; if it was delivered, its
+        ``human.notified`` is published again (same id)."""
         got = await (await open_store(self._bus)).get(payload.request_id)
         if got is None or got.value.run_id != payload.run_id or got.value.recipient != payload.recipient:
             return False
         record = got.value
         log.warning("request.recipient_left_directory", recipient=record.recipient, status=record.status.value)
+        await self._complete_stored(record)
+        return True
+
+    async def on_dead_letter(self, message: Envelope | bytes, delivery: Delivery, error: BaseException) -> None:
+        """The consumer gives a ``human.requested`` up (a permanent error, every delivery spent -- e.g. ~80 s of
+        failed bus writes --, or a delivery past the limit that never ran the handler): the intake's last word, so
+        that the run that asked is never left waiting forever and no stored question is left that nothing lists.
+
+        * The request is stored (for this run and recipient): it is completed as stored, without delivering it
+          (:meth:`_complete_stored`): its run entry (the inbox, the sweep, the run's end and the start find it
+          there), the run's end or withdrawal checked, its deadline (and the chain's next step) armed,
+          ``human.notified`` published again if it was delivered -- so it expires with its timeout policy (HUM-8)
+          unless it is answered first, as a request whose every delivery failed does.
+        * It is not stored: a record ``cancelled`` with :attr:`~.records.HumanRequestRecord.intake_failed` is
+          stored in its place (create-if-absent: an intake of the same event that stores the question first wins,
+          and is completed as above), indexed as ended, and ``human.rejected`` (reason ``no_channel``, the detail
+          saying the intake failed and why; deterministic id) resumes the run with that error. The record keeps a
+          later delivery of the same event (one published again after the duplicate window) from asking the
+          question after the run was told.
+        * Its id is another run's (or recipient's) request, or the event does not read: ``human.rejected``
+          (``invalid_request``) only -- the same refusal whichever delivery comes.
+
+        Idempotent (create-if-absent, claims, deterministic ids): the runner calls it again until it succeeds --
+        a failing hook (the bus still failing) is retried as the message's dead-lettering is, never skipped."""
+        if not isinstance(message, Envelope) or message.type != HumanRequested.EVENT_TYPE:
+            return
+        # (redacted: an error may quote what it failed on -- a validation error the event's data)
+        why = self._egress.redact_text(
+            f"given up after {delivery.num_delivered} deliveries: {type(error).__name__}: {error}"
+        )
+        try:
+            payload = message.payload(HumanRequested)
+        except ProtocolError:
+            await self._reject_unreadable(message, why)
+            return
+        with structlog.contextvars.bound_contextvars(request_id=payload.request_id, run_id=payload.run_id):
+            log.warning("request.dead_lettered", error=repr(error), deliveries=delivery.num_delivered)
+            if not is_request_id(payload.request_id):  # refused the same way by any delivery: nothing to store
+                await self._reject(message, payload, Refusal("invalid_request", why[:MAX_TEXT]))
+                return
+            store = await open_store(self._bus)
+            got = await store.get(payload.request_id)
+            if got is None:
+                # the stand-in keeps none of the question (never checked nor redacted: it may be a request SEC-1 would
+                # refuse), nothing is to fire for it (its deadline: now), and it asks nobody
+                now = datetime.now(UTC)
+                stand_in = HumanRequestRecord.from_requested(message, payload).moved_to(
+                    HumanRequestState.CANCELLED,
+                    title="",
+                    question="",
+                    context="",
+                    options=[],
+                    answer_schema=None,
+                    source_link=None,
+                    expires_at=min(payload.expires_at.astimezone(UTC), now),
+                    ended_at=now,
+                    intake_failed=why[:MAX_TEXT],
+                )
+                try:
+                    await store.create(payload.request_id, stand_in)
+                except AlreadyExists:  # an intake of the same event stored the question meanwhile: completed below
+                    got = await store.get(payload.request_id)
+                    if got is None:  # pragma: no cover - requests are never deleted
+                        raise TransientError(f"request {payload.request_id} vanished after AlreadyExists") from None
+                else:
+                    log.warning("request.intake_failed", detail=stand_in.intake_failed)
+            record = got.value if got is not None else stand_in
+            if record.run_id != payload.run_id or record.recipient != payload.recipient:
+                detail = (
+                    f"request id {payload.request_id} is already used by run {record.run_id} for {record.recipient}"
+                )
+                await self._reject(message, payload, Refusal("invalid_request", detail))
+                return
+            record = await self._complete_stored(record)
+            if record.intake_failed is not None:
+                detail = f"human-interaction could not take the request in ({record.intake_failed})"[:MAX_TEXT]
+                await self._reject(message, payload, Refusal("no_channel", detail))
+
+    async def _complete_stored(self, record: HumanRequestRecord) -> HumanRequestRecord:
+        """What makes a stored request listed, ended with its run and expiring, as its intake does, without
+        delivering it (a redelivery that cannot deliver any more, or the intake's dead-letter hook): its run
+        entry (create-if-absent), the run's end and withdrawal markers read from the bucket (cancelled if either
+        is there), then -- while it is pending -- its deadline and the chain's next step, and ``human.notified``
+        when it was delivered, in one pipelined round (the intake's msg ids: a repeat is deduplicated). A request
+        that ended has its run entry marked ended. The record as it stands after."""
         if record.pending:
-            await self._schedule_deadline(record)
+            await index_request(self._bus, record.run_id, record.request_id, record.expires_at, answerers(record))
+            ended = await self._ended(record)  # (no revision of its own: both markers read from the bucket)
+            if ended is not None:
+                cancelled = await cancel_pending(
+                    self._bus, record.request_id, ended, None, self._observer, self._mirror
+                )
+                record = cancelled or record
+        else:  # its run entry marked ended (created so when missing): listed by no inbox, purged in time
+            await mark_run_entry_ended(self._bus, record, self._mirror)
+        writes: list[tuple[_IntakeWrite, Write]] = []
+        if record.pending:
+            writes.append(("deadline", deadline_write(self._bus, record.request_id, record.expires_at)))
+            step = next_step(record)
+            if record.channel is not None and step is not None:
+                writes.append(("chain", chain_step_write(self._bus, record.request_id, step.index, step.at)))
         if record.channel is not None:
             truncated = self._egress.truncated(record, record.channel)
-            await self._bus.publish(
-                notified_event(record, channel=record.channel, fallback_from=None, truncated=truncated)
-            )
-        return True
+            fallback_from = self._fallback_from(record)
+            notified = notified_event(record, channel=record.channel, fallback_from=fallback_from, truncated=truncated)
+            writes.append(("notified", event_write(notified)))
+        outcomes = await self._bus.pipeline.send([write for _, write in writes]) if writes else []
+        for (what, _), outcome in zip(writes, outcomes, strict=True):
+            if not isinstance(outcome, PublishResult):
+                log.warning("request.write_failed", write=what, error=repr(outcome))
+                raise outcome
+        log.info("request.completed_as_stored", status=record.status.value, channel=record.channel)
+        return record
+
+    def _fallback_from(self, record: HumanRequestRecord) -> str | None:
+        """``human.notified.fallback_from`` for ``record``'s channel: the preferred channel of the (first) person
+        asked, as the directory says now, when another channel carried it."""
+        route = route_of(record.recipient, self._directory)
+        if isinstance(route, Refusal) or record.channel == route.profile.preferred:
+            return None
+        return route.profile.preferred
+
+    async def _reject_unreadable(self, event: Envelope, why: str) -> None:
+        """``human.rejected`` (``invalid_request``) for a ``human.requested`` whose data does not read, when it
+        names its request and run at all (otherwise nobody waits on it that could be told)."""
+        data = event.data
+        request_id, run_id, recipient = data.get("request_id"), data.get("run_id"), data.get("recipient")
+        if not isinstance(request_id, str) or not isinstance(run_id, str):
+            return
+        rejected = HumanRejected(
+            request_id=request_id,
+            run_id=run_id,
+            recipient=recipient if isinstance(recipient, str) else "",
+            reason="invalid_request",
+            detail=f"the request does not read ({why})"[:MAX_TEXT],
+        )
+        await self._bus.publish(rejected_event_of(event, rejected))
+        log.warning("request.rejected", reason="invalid_request", detail=rejected.detail, request_id=request_id)
 
     async def resume_parked(self, run_id: str, request_id: str, *, final: bool) -> None:
         """A parked request's timer fired (:mod:`.parking`): take it in once its run's policy is known; at its

@@ -8,7 +8,8 @@ redelivery: a request already cancelled is only shown again (the adapters tolera
 answered or expired requests are left alone.
 
 The run's requests are found through the index ``run.<run id>.<request id>`` in the ``human-channels``
-bucket, written just after the request is stored (see :func:`index_request`), never by scanning every request.
+bucket, written just after the request is stored (see :func:`index_request`; an intake given up on in between has
+it written by its dead-letter hook, :meth:`.requests.RequestHandler.on_dead_letter`), never by scanning every request.
 A request that arrives after its run ended (``runend.<run id>``, written before the index is read) is
 cancelled at intake, before anyone is notified. A request of the index whose run entry, as this replica's
 mirror of the bucket holds it, says it ended answered or expired (``ended``, written when it ended; final) is
@@ -95,7 +96,8 @@ async def index_new_request(
 ) -> int | None:
     """:func:`index_request` for a request whose record the intake has just created: the run entry's revision when
     this call created it (what the replica's mirror must have applied before it answers for the run's markers:
-    the module's docstring). None: the entry was there (an older version's intake writes it before the record);
+    the module's docstring). None: the entry was there (an older version's intake writes it before the record; an
+    answer or withdrawal that ended the request before its entry creates it marked ended, :func:`~.inbox.unindex`);
     filled in as :func:`index_request` does."""
     refs = ChannelRefs(bus)
     key = ref_key("run", run_id, request_id)

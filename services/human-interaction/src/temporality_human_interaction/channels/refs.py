@@ -261,13 +261,23 @@ class ChannelRefs:
         return True
 
     async def mark_ended(
-        self, key: str, ended_at: datetime, ended: str | None = None, *, known: tuple[ChannelRef, int] | None = None
+        self,
+        key: str,
+        ended_at: datetime,
+        ended: str | None = None,
+        *,
+        known: tuple[ChannelRef, int] | None = None,
+        absent: ChannelRef | None = None,
     ) -> bool:
         """Record on the run entry ``key`` that its request ended, and how (nothing when the entry is not there).
 
         ``known``: the entry and its revision as a mirror of the bucket last saw it (:mod:`..mirror`); the
         write starts from it instead of reading the entry, as a compare-and-set on that revision: a stale one
         (the entry changed or went since) loses it, and the entry is read as without it.
+
+        ``absent``: the entry to create, marked ended, when the key holds nothing (create-if-absent): a request
+        that ended before its intake wrote its run entry (an answer by id between the record and the entry, or an
+        intake that failed for good there) gets its entry already marked, instead of an unmarked one written after.
 
         A compare-and-set that loses to another write of the entry (an escalation naming its target,
         :func:`..inbox.index_people`) reads it and tries again, up to :data:`MARK_ATTEMPTS` times in all; then
@@ -281,7 +291,13 @@ class ChannelRefs:
         for _ in range(MARK_ATTEMPTS):
             got = await store.get(key)
             if got is None:
-                return False
+                if absent is None:
+                    return False
+                try:
+                    await store.create(key, absent.model_copy(update={"ended_at": ended_at, "ended": ended}))
+                except AlreadyExists:
+                    continue  # the intake's entry came meanwhile: read it and mark it
+                return True
             try:
                 return await self._fill(key, got.value, got.revision, None, None, ended_at, ended)
             except Conflict:

@@ -1128,6 +1128,19 @@ def test_helm_agent_collab_s_reply_key_comes_from_its_secret_into_agent_collab_o
     assert "UNSIGNED" in _notes(None)
 
 
+def test_helm_notes_warn_when_no_api_token_is_admitted() -> None:
+    """A documented install without apiTokens.existingSecret leaves every API (and, without a sign-in, the console)
+    answering 401: the install notes say so and how to give tokens, and say nothing once tokens are given."""
+    bare = _notes(None)
+    assert "apiTokens.existingSecret.name is empty" in bare
+    assert "nobody can sign in" in bare
+    assert "create secret generic temporality-api-tokens" in bare
+    assert "nobody can sign in" not in _notes(_SIGN_IN)  # people can sign in; tools still have no token
+    assert "apiTokens.existingSecret.name is empty" in _notes(_SIGN_IN)
+    given = _notes({"apiTokens": {"existingSecret": {"name": "temporality-api-tokens"}}})
+    assert "apiTokens.existingSecret.name is empty" not in given
+
+
 def _notes(values: dict[str, Any] | None) -> str:
     helm = _helm()
     chart = helm.Chart.load(CHART)
@@ -2212,3 +2225,59 @@ def test_the_chart_names_each_human_interaction_replica_as_its_chat_lease_holder
             assert sources["TEMPORALITY_HUMAN_CHANNEL_LEASE_HOLDER"] == {"fieldRef": {"fieldPath": "metadata.name"}}
         else:
             assert "TEMPORALITY_HUMAN_CHANNEL_LEASE_HOLDER" not in sources
+
+
+# --------------------------------------------------------------------------- the Kubernetes API's own schemas
+#: Kinds the Kubernetes API does not define (the Prometheus operator's CRDs): checked by the tests above, not here.
+_CRD_KINDS = {("monitoring.coreos.com/v1", k) for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule")}
+#: Value sets that between them render every template and every optional block of one.
+_RENDERINGS: dict[str, dict[str, Any] | None] = {
+    "defaults": None,
+    "everything": {
+        **_EVERYTHING_ON,
+        **_MONITORING_ON,
+        "ingress": {"enabled": True, "host": "hooks.example.com", "tlsSecretName": "hooks-tls"},
+        "apiTokens": {"existingSecret": {"name": "temporality-api-tokens"}},
+        "agentCollab": {"replyKey": {"existingSecret": "collab-key"}},
+    },
+    "sign-in and postgres": {
+        **_SIGN_IN,
+        "postgres": {
+            "url": "postgresql+asyncpg://journal@db.example/temporality",
+            "tls": {"sslmode": "verify-full", "existingSecret": "pg-ca", "certKey": "tls.crt", "keyKey": "tls.key"},
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("kube", ["1.25.0", "latest"])  # Chart.yaml's kubeVersion (>=1.25) and the newest known
+@pytest.mark.parametrize("rendering", sorted(_RENDERINGS))
+def test_helm_manifests_are_valid_kubernetes_objects(rendering: str, kube: str) -> None:
+    """Every rendered manifest against the Kubernetes API's OpenAPI schemas (kubernetes-validate, strict: a field
+    the API does not have, a wrong type, a missing required field are all errors), as the API server would
+    check them at ``helm install``, without a cluster."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    version = kubernetes_validate.latest_version() if kube == "latest" else kube
+    docs = _render(_RENDERINGS[rendering])
+    problems: list[str] = []
+    crds: set[str] = set()
+    for doc in docs:
+        if (doc.get("apiVersion"), doc.get("kind")) in _CRD_KINDS:
+            crds.add(doc["kind"])
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{doc['kind']} {doc['metadata']['name']}: {'.'.join(map(str, exc.path))}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            problems.append(f"{doc['kind']} {doc['metadata']['name']}: no schema ({exc})")
+    assert problems == [], "\n".join(problems)
+    if rendering == "defaults":  # the check can fail: a field the API does not know is refused
+        broken = json.loads(json.dumps(next(d for d in docs if d["kind"] == "Deployment")))
+        broken["spec"]["template"]["spec"]["containers"][0]["envFrom"] = "not-a-list"
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, version, strict=True)
+    if rendering == "everything":  # the renderings above do reach the optional kinds
+        kinds = {d["kind"] for d in docs}
+        assert {"Ingress", "NetworkPolicy", "StatefulSet", "PodDisruptionBudget", "Job"} <= kinds, kinds
+        assert crds == {"ServiceMonitor", "PodMonitor", "PrometheusRule"}

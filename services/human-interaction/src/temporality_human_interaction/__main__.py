@@ -59,6 +59,7 @@ from temporality_service import (
     VouchSecretError,
     serve,
 )
+from temporality_service.cli import check_arguments
 
 __all__ = ["SPEC", "build_adapters", "check_channel_settings", "configure", "egress_policy", "run", "seed_directory"]
 
@@ -320,16 +321,12 @@ async def _in_background(work: Awaitable[None], name: str) -> AsyncIterator[None
         await cancel_and_wait(task)  # the sweep's KV requests can drop one cancellation (bus.tasks)
 
 
-USAGE = "usage: temporality-human-interaction [hash-password]  (no argument: run the service)"
+COMMANDS = {"hash-password": "read a password on standard input, print its hash for the users file, then exit"}
 
 
 def run() -> None:
-    args = sys.argv[1:]
-    if args == ["hash-password"]:
+    if check_arguments(SPEC, Settings, commands=COMMANDS) == "hash-password":
         sys.exit(hash_password_main())
-    if args:
-        sys.stderr.write(USAGE + "\n")
-        sys.exit(2)
     serve(SPEC, Settings, configure)
 
 

@@ -38,6 +38,7 @@ from temporality_journal.signin import SignIn, SignInConfigError
 from temporality_journal.tail import Changes, Tail
 from temporality_protocol.catalog import SERVICES
 from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
+from temporality_service.cli import check_arguments
 from temporality_service.runtime import run as run_loop
 
 __all__ = ["SPEC", "configure", "run"]
@@ -93,16 +94,12 @@ def configure(settings: Settings) -> Setup[Settings]:
     return setup
 
 
-USAGE = "usage: temporality-journal [rebuild]  (no argument: run the service)"
+COMMANDS = {"rebuild": "drop the read model and rebuild it by replaying the streams (docs/journal.md), then exit"}
 
 
 def run() -> None:
-    args = sys.argv[1:]
-    if args == ["rebuild"]:
+    if check_arguments(SPEC, Settings, commands=COMMANDS) == "rebuild":
         sys.exit(run_loop(rebuild_main()))
-    if args:
-        sys.stderr.write(USAGE + "\n")
-        sys.exit(2)
     serve(SPEC, Settings, configure)
 
 

@@ -387,6 +387,31 @@ class Deliveries:
         except Exception as exc:  # NotFound (expired), or the bus: best effort
             log.warning("delivery.not_recorded", delivery_id=delivery_id, error=repr(exc))
 
+    async def settle_waiting(
+        self, trigger_id: str, delivery_id: str, state: DeliveryState, *, reason: str | None, detail: str
+    ) -> tuple[DeliveryRecord | None, bool]:
+        """A queued or debounced delivery that will never start: its existing record moved to ``state`` (best
+        effort; a record that is missing is not created). The record as it was, and whether it was already
+        ``accepted`` (then left as it is: its run started)."""
+        await self._behind.settled()
+        store = await self._safe_store()
+        if store is None or not self._bus.nc.is_connected:
+            return None, False
+        before: list[DeliveryRecord] = []
+
+        def step(current: DeliveryRecord) -> DeliveryRecord:
+            before[:] = [current]
+            if current.state == "accepted":
+                return current
+            return evolve(current, state=state, reason=reason, detail=detail[:1000], updated_at=datetime.now(UTC))
+
+        try:
+            await store.modify(delivery_key(trigger_id, delivery_id), step)
+        except Exception as exc:  # NotFound (expired, or never written: best effort), or the bus
+            log.warning("delivery.not_recorded", delivery_id=delivery_id, error=repr(exc))
+        found = before[0] if before else None
+        return found, found is not None and found.state == "accepted"
+
     async def get(self, trigger_id: str, delivery_id: str) -> DeliveryRecord | None:
         await self._behind.settled()
         found = await (await self.store()).get(delivery_key(trigger_id, delivery_id))

@@ -232,6 +232,43 @@ async def test_refused_credentials_are_401_and_publish_nothing(
     assert await journal(bus) == []
 
 
+def _signed_at(raw: bytes, msg_id: str, stamp: str) -> dict[str, str]:
+    """Standard Webhooks headers signed at any ``webhook-timestamp`` text (the library helper takes a datetime,
+    which a far-off time cannot be)."""
+    key = base64.b64decode(SW_SECRET.removeprefix("whsec_"))
+    digest = hmac.new(key, f"{msg_id}.{stamp}.".encode() + raw, hashlib.sha256).digest()
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": stamp,
+        "webhook-signature": "v1," + base64.b64encode(digest).decode(),
+    }
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        pytest.param("999999999999", id="12-digits-year-33658"),  # was a 500: datetime.fromtimestamp raised
+        pytest.param("253402300800", id="year-10000"),
+        pytest.param("9" * 13, id="13-digits"),
+        pytest.param("9" * 5000, id="more-digits-than-int-reads"),
+        pytest.param("0", id="1970"),
+        pytest.param(str(int(time.time()) - 3600), id="an-hour-ago"),
+    ],
+)
+async def test_a_far_off_webhook_timestamp_is_401_like_any_stale_one(
+    client: httpx.AsyncClient, bus: Bus, stamp: str
+) -> None:
+    """Correctly signed, at a time far from now: refused as a replay, with the same body whatever the distance."""
+    raw = fixture_bytes("generic-order.json")
+    response = await post(client, raw, trigger_id="orders-signed", headers=_signed_at(raw, "msg_far", stamp))
+    assert response.status_code == 401, response.text
+    assert response.json() == {
+        "error": "unauthorized",
+        "detail": "webhook-timestamp is more than 300 s away from now (replay, or a clock off)",
+    }
+    assert await journal(bus) == []
+
+
 async def test_a_body_signed_trigger_refuses_an_oversized_body_without_journaling_it(
     client: httpx.AsyncClient, bus: Bus
 ) -> None:

@@ -41,10 +41,10 @@ from temporality_protocol.catalog import BUCKET_CONCURRENCY, CONSUMERS, EVENTS_S
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 from temporality_trigger_gateway import Settings, TriggerConfig
-from temporality_trigger_gateway.concurrency import KeyState, state_key
+from temporality_trigger_gateway.concurrency import KeyState, launch_key, state_key
 from temporality_trigger_gateway.deliveries import Deliveries
 from temporality_trigger_gateway.events import EventTriggers
-from temporality_trigger_gateway.launch import Launcher
+from temporality_trigger_gateway.launch import Launcher, dedupe_key
 from temporality_trigger_gateway.redrive import DeliveryAccepted, redrive
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
 
@@ -531,3 +531,129 @@ async def test_a_replica_behind_the_trigger_store_keeps_a_queued_launch_for_the_
     (started,) = await event_log.wait_for("run.requested", run_id=two, timeout_s=10)
     assert started.data["input"]["pull_request"] == 7
     assert await _active_is(bus, "pr-lag", two)
+
+
+# --------------------------------------------------------------------------- a waiting delivery that cannot start
+async def _claim_state(bus: Bus, trigger_id: str, event_id: str) -> str | None:
+    found = await (await Launcher(bus, retry_after_s=1).dedupe()).get(dedupe_key(trigger_id, event_id))
+    return None if found is None else found.value.state
+
+
+async def _record_state(bus: Bus, trigger_id: str, delivery_id: str) -> tuple[str, str | None] | None:
+    found = await Deliveries(bus).get(trigger_id, delivery_id)
+    return None if found is None else (found.state, found.reason)
+
+
+async def test_a_queued_delivery_of_a_deleted_trigger_is_rejected_and_its_event_can_be_sent_again(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    """The trigger is deleted while a delivery waits in its key's queue: when the active run ends, the waiting
+    one is journaled ``trigger.rejected(disabled)``, recorded ``rejected``, and its dedupe claim released -- so
+    the same event sent again to the trigger created anew starts a run, instead of ``duplicate`` for ever."""
+    async with replicas(gateway_settings, 1) as (a,):
+        await _create(a, _spec("pr-gone", "queue"))
+        one, two = (_run_of("pr-gone", n) for n in (1, 2))
+        _expect(await post(a, _push(1), "pr-gone"), 202, "accepted")
+        waiting = _expect(await post(a, _push(2), "pr-gone"), 202, "queued")
+        assert (await a.delete("/triggers/pr-gone", headers=AS_ADMIN)).status_code == 204
+        await bus.publish(_ended(one))
+        (rejected,) = await event_log.wait_for(
+            "trigger.rejected", where=lambda e: e.data["delivery_id"] == waiting["delivery_id"], timeout_s=15
+        )
+        assert rejected.data["reason"] == "disabled"
+        assert "deleted" in rejected.data["detail"]
+        assert rejected.causationid == derive_id("evt", waiting["delivery_id"], "received")
+        await eventually(lambda: _claim_state_is(bus, "pr-gone", "ado-evt-7-2", "released"), what="claim released")
+        assert await _record_state(bus, "pr-gone", waiting["delivery_id"]) == ("rejected", "disabled")
+        assert await _active_is(bus, "pr-gone", None)
+        assert not _requested(event_log, two)
+
+        await _create(a, _spec("pr-gone", "queue"))  # created anew: the same event is a new delivery now
+        again = _expect(await post(a, _push(2), "pr-gone"), 202, "accepted")
+        assert again["run_id"] == two
+        await event_log.wait_for("run.requested", run_id=two, timeout_s=10)
+
+
+async def _claim_state_is(bus: Bus, trigger_id: str, event_id: str, state: str) -> bool:
+    return await _claim_state(bus, trigger_id, event_id) == state
+
+
+async def test_a_debounced_delivery_of_a_deleted_trigger_is_rejected_when_its_window_ends(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    async with replicas(gateway_settings, 1) as (a,):
+        await _create(a, _spec("pr-quiet-gone", "supersede", debounce_s=1))
+        held = _expect(await post(a, _push(1), "pr-quiet-gone"), 202, "debounced")
+        assert (await a.delete("/triggers/pr-quiet-gone", headers=AS_ADMIN)).status_code == 204
+        (rejected,) = await event_log.wait_for(
+            "trigger.rejected", where=lambda e: e.data["delivery_id"] == held["delivery_id"], timeout_s=15
+        )
+        assert rejected.data["reason"] == "disabled"
+        await eventually(
+            lambda: _claim_state_is(bus, "pr-quiet-gone", "ado-evt-7-1", "released"), what="claim released"
+        )
+        assert await _record_state(bus, "pr-quiet-gone", held["delivery_id"]) == ("rejected", "disabled")
+        assert not event_log.of_type("run.requested")
+
+
+async def test_a_queued_delivery_whose_launch_is_gone_is_recorded_failed_and_the_next_one_starts(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    """Its stored launch expired (deleted here): nothing to journal it with, so it is recorded ``failed`` (an
+    operator can re-drive it) and its claim released; the delivery queued behind it starts."""
+    async with replicas(gateway_settings, 1) as (a,):
+        await _create(a, _spec("pr-lost", "queue"))
+        one, two, three = (_run_of("pr-lost", n) for n in (1, 2, 3))
+        _expect(await post(a, _push(1), "pr-lost"), 202, "accepted")
+        lost = _expect(await post(a, _push(2), "pr-lost"), 202, "queued")
+        _expect(await post(a, _push(3), "pr-lost"), 202, "queued")
+        await (await bus.kv(BUCKET_CONCURRENCY)).delete(launch_key(two))
+        await bus.publish(_ended(one))
+        await event_log.wait_for("run.requested", run_id=three, timeout_s=15)
+        await eventually(lambda: _claim_state_is(bus, "pr-lost", "ado-evt-7-2", "released"), what="claim released")
+        state = await _record_state(bus, "pr-lost", lost["delivery_id"])
+        assert state == ("failed", None)
+        assert not _requested(event_log, two)
+        redriven = await a.post(f"/triggers/pr-lost/deliveries/{lost['delivery_id']}/redrive", headers=AS_OPERATOR)
+        assert redriven.status_code == 202, redriven.text  # from its record's event, under the policy again
+        assert redriven.json()["run_id"] == two
+
+
+async def test_a_queued_delivery_starts_when_its_trigger_drops_its_concurrency_key(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    async with replicas(gateway_settings, 1) as (a,):
+        await _create(a, _spec("pr-unkeyed", "queue"))
+        one, two = (_run_of("pr-unkeyed", n) for n in (1, 2))
+        _expect(await post(a, _push(1), "pr-unkeyed"), 202, "accepted")
+        _expect(await post(a, _push(2), "pr-unkeyed"), 202, "queued")
+        shown = await a.get("/triggers/pr-unkeyed", headers=AS_VIEWER)
+        unkeyed = {k: v for k, v in _spec("pr-unkeyed", "queue").items() if k != "concurrency"}
+        replaced = await a.put(
+            "/triggers/pr-unkeyed", json=unkeyed, headers={**AS_ADMIN, "If-Match": shown.headers["ETag"]}
+        )
+        assert replaced.status_code == 200, replaced.text
+        await until_served(a, "pr-unkeyed")
+        await bus.publish(_ended(one))
+        await event_log.wait_for("run.requested", run_id=two, timeout_s=15)
+        assert not [e for e in event_log.of_type("trigger.rejected") if e.data["trigger_id"] == "pr-unkeyed"]
+
+
+async def test_a_debounced_event_skipped_when_its_window_ends_can_be_sent_again(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    """Policy ``skip`` refuses a debounced event whose window ends while a run of its key is active; its claim is
+    given back as a webhook's skip gives it back, so the same event sent again decides again (not a duplicate)."""
+    async with replicas(gateway_settings, 1) as (a,):
+        await _create(a, _spec("pr-quiet-skip", "skip", debounce_s=1))
+        _expect(await post(a, _push(1), "pr-quiet-skip"), 202, "debounced")
+        await event_log.wait_for("run.requested", run_id=_run_of("pr-quiet-skip", 1), timeout_s=15)
+        skipped = _expect(await post(a, _push(2), "pr-quiet-skip"), 202, "debounced")
+        (rejected,) = await event_log.wait_for(
+            "trigger.rejected", where=lambda e: e.data["delivery_id"] == skipped["delivery_id"], timeout_s=15
+        )
+        assert rejected.data["reason"] == "concurrency_skip"
+        await eventually(
+            lambda: _claim_state_is(bus, "pr-quiet-skip", "ado-evt-7-2", "released"), what="claim released"
+        )
+        _expect(await post(a, _push(2), "pr-quiet-skip"), 202, "debounced")  # decides again

@@ -1,17 +1,28 @@
-"""The refusals of ``POST /hooks/{trigger_id}``, in their order: 404, 401, 413, 400, 422.
+"""The refusals of ``POST /hooks/{trigger_id}``, in their order: 404, 401, 413, 415, 400, 422.
 
 404 and 401 publish nothing (an unauthenticated sender cannot write into the journal); an authenticated
-delivery refused with 413/400/422 is journaled as ``trigger.received`` + ``trigger.rejected``.
+delivery refused with 413/415/400/422 is journaled as ``trigger.received`` + ``trigger.rejected``.
 """
 
 from __future__ import annotations
 
 import base64
+import urllib.parse
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from gateway_support import MAX_BODY, PASSWORD, basic, fixture_bytes, fixture_json, journal, post, types
+from gateway_support import (
+    MAX_BODY,
+    PASSWORD,
+    basic,
+    fixture_bytes,
+    fixture_json,
+    github_headers,
+    journal,
+    post,
+    types,
+)
 
 from temporality_bus import Bus
 from temporality_protocol import TriggerRejected
@@ -199,3 +210,63 @@ def test_long_descriptions_are_cut_with_a_marker() -> None:
     cut = _clip("x" * (MAX_DESCRIPTION + 10), MAX_DESCRIPTION)
     assert cut.startswith("x" * MAX_DESCRIPTION)
     assert cut.endswith("[... cut by Temporality: 10 more characters]")
+
+
+# --------------------------------------------------------------------------- 415: the body is declared as not JSON
+async def test_a_form_encoded_github_delivery_is_415_telling_to_choose_json(
+    client: httpx.AsyncClient, bus: Bus
+) -> None:
+    """GitHub sends ``application/x-www-form-urlencoded`` (``payload=<JSON>``) when the hook's content type says so:
+    refused with 415 naming the accepted types and GitHub's setting, journaled (the signature was right)."""
+    document = fixture_bytes("github-pr-opened.json").decode()
+    raw = urllib.parse.urlencode({"payload": document}).encode()
+    headers = {
+        **github_headers(raw, "pull_request", "d-form"),
+        "Content-Type": "application/x-www-form-urlencoded",
+    }
+    response = await client.post("/hooks/gh-review", content=raw, headers=headers)
+    assert response.status_code == 415, response.text
+    body = response.json()
+    assert body["error"] == "unsupported_media_type"
+    assert "'application/x-www-form-urlencoded'" in body["detail"]
+    assert "application/json" in body["detail"]
+    assert "Content type: application/json" in body["detail"]  # GitHub's webhook setting
+    events = await journal(bus)
+    assert types(events) == ["trigger.received", "trigger.rejected"]
+    rejected = events[1].payload(TriggerRejected)
+    assert rejected.reason == "invalid_payload"
+    assert rejected.detail.startswith("415 unsupported_media_type: ")
+
+
+async def test_an_unauthenticated_form_delivery_is_401_not_415(client: httpx.AsyncClient, bus: Bus) -> None:
+    raw = b"payload=%7B%7D"
+    headers = {"X-GitHub-Event": "push", "Content-Type": "application/x-www-form-urlencoded"}
+    response = await client.post("/hooks/gh-review", content=raw, headers=headers)
+    assert response.status_code == 401
+    await _nothing_published(bus)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        pytest.param(None, 202, id="none"),
+        pytest.param("application/json", 202, id="json"),
+        pytest.param("Application/JSON ; charset=UTF-8", 202, id="json-spelled-otherwise"),
+        pytest.param("application/vnd.azure+json", 202, id="suffix-json"),
+        pytest.param("text/json", 202, id="text-json"),
+        pytest.param("text/plain", 415, id="text-plain"),
+        pytest.param("multipart/form-data; boundary=x", 415, id="multipart"),
+        pytest.param("application/xml", 415, id="xml"),
+        pytest.param("", 415, id="empty"),
+    ],
+)
+async def test_only_json_content_types_are_taken(
+    client: httpx.AsyncClient, content_type: str | None, status: int
+) -> None:
+    headers = basic() | ({} if content_type is None else {"Content-Type": content_type})
+    response = await client.post("/hooks/ado-pr-review", content=fixture_bytes("pr-created.json"), headers=headers)
+    assert response.status_code == status, response.text
+    if status == 415:
+        assert response.json()["error"] == "unsupported_media_type"
+        assert "application/json" in response.json()["detail"]
+        assert "GitHub" not in response.json()["detail"]

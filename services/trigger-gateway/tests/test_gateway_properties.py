@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import jmespath
 from gateway_support import (
+    BEARER_TOKEN,
     ENVIRON,
     SW_SECRET,
     basic,
@@ -27,10 +28,12 @@ from gateway_support import (
 )
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
+from pydantic import TypeAdapter
 
 from temporality_protocol import NormalizedEvent
 from temporality_trigger_gateway.adapters import ADAPTERS
-from temporality_trigger_gateway.errors import InvalidPayload
+from temporality_trigger_gateway.auth import Auth, Verifier
+from temporality_trigger_gateway.errors import InvalidPayload, Unauthorized
 from temporality_trigger_gateway.mapping import (
     MappingFailed,
     agent_input,
@@ -108,9 +111,21 @@ def _mutated(draw: st.DrawFn, document: Any) -> Any:
     return document
 
 
-def _standard_signed(raw: bytes, msg_id: str) -> dict[str, str]:
-    """Standard Webhooks headers over any bytes (the library helper needs text)."""
-    stamp = str(int(time.time()))
+#: ``webhook-timestamp`` values: now, near it, far from it (past year 9999 too), more digits than int() reads,
+#: and text that is no number.
+_STAMPS = st.one_of(
+    st.just("now"),
+    st.integers(-400, 400).map(lambda offset: str(int(time.time()) + offset)),
+    st.integers(0, 10**20).map(str),
+    st.integers(253402300800, 10**12 - 1).map(str),  # year 10000 to twelve digits: was a 500 (ValueError)
+    st.integers(1, 5000).map(lambda digits: "9" * digits),
+    _VALUE,
+)
+
+
+def _standard_signed(raw: bytes, msg_id: str, stamp: str = "now") -> dict[str, str]:
+    """Standard Webhooks headers over any bytes (the library helper needs text), signed at ``stamp``."""
+    stamp = str(int(time.time())) if stamp == "now" else stamp
     key = base64.b64decode(SW_SECRET.removeprefix("whsec_"))
     digest = hmac.new(key, msg_id.encode() + b"." + stamp.encode() + b"." + raw, hashlib.sha256).digest()
     return {
@@ -139,7 +154,7 @@ def _delivery(draw: st.DrawFn) -> tuple[str, bytes, dict[str, str]]:
         elif trigger_id == "gl-review":
             headers |= {"X-Gitlab-Token": ENVIRON["TEST_GITLAB_TOKEN"], "X-Gitlab-Event": "Merge Request Hook"}
         elif trigger_id == "orders-signed":
-            headers |= _standard_signed(raw, draw(st.sampled_from(["msg-1", "msg-2", ""])))
+            headers |= _standard_signed(raw, draw(st.sampled_from(["msg-1", "msg-2", ""])), draw(_STAMPS))
         else:
             headers |= {"Authorization": f"Bearer {ENVIRON['TEST_BEARER_TOKEN']}"}
     if draw(st.booleans()):
@@ -163,6 +178,81 @@ async def test_random_deliveries_never_reach_a_500(
         assert body["detail"]
     else:
         assert body["status"] in {"accepted", "duplicate", "ignored", "queued", "debounced", "skipped"}, body
+
+
+def _verifier(**auth: str) -> Verifier:
+    """A verifier with literal secrets (an auth type is checked against its source only in a trigger)."""
+    keyed = auth if {"password", "token"} & set(auth) and auth["type"] != "mindmap" else {"secret": SW_SECRET, **auth}
+    verifier: Verifier = TypeAdapter(Auth).validate_python(keyed)
+    return verifier
+
+
+#: One verifier of every ``auth.type``.
+_VERIFIERS: dict[str, Verifier] = {
+    "basic": _verifier(type="basic", username="u", password=SW_SECRET),
+    "bearer": _verifier(type="bearer", token=SW_SECRET),
+    "header": _verifier(type="header", header="X-Custom"),
+    "gitlab": _verifier(type="gitlab"),
+    "hmac_hex": _verifier(type="hmac_sha256", header="X-Custom", prefix="sha256="),
+    "hmac_base64": _verifier(type="hmac_sha256", header="X-Custom", encoding="base64"),
+    "github": _verifier(type="github"),
+    "standard_webhooks": _verifier(type="standard_webhooks"),
+    "mindmap": _verifier(type="mindmap", token=BEARER_TOKEN),
+}
+#: Header values as an HTTP server hands them on (any byte, read as latin-1), and the timestamps above.
+_ANY_VALUE = st.text(st.characters(max_codepoint=255), max_size=40) | _STAMPS
+_AUTH_HEADERS = st.dictionaries(
+    st.sampled_from(
+        [
+            "authorization",
+            "x-custom",
+            "x-hub-signature-256",
+            "x-gitlab-token",
+            "x-mindmap-token",
+            "x-mindmap-signature",
+            "webhook-id",
+            "webhook-timestamp",
+            "webhook-signature",
+        ]
+    ),
+    _ANY_VALUE,
+    max_size=6,
+)
+
+
+@_QUICK
+@given(verifier=st.sampled_from(sorted(_VERIFIERS)), headers=_AUTH_HEADERS, body=st.binary(max_size=64))
+def test_every_verifier_accepts_or_refuses_with_401_whatever_the_headers(
+    verifier: str, headers: dict[str, str], body: bytes
+) -> None:
+    """No header value (a number out of range, a time past year 9999, text that is none) makes a verifier raise
+    anything but :class:`Unauthorized`."""
+    refused: Unauthorized | None = None
+    try:
+        _VERIFIERS[verifier].verify(headers, body)
+    except Unauthorized as exc:
+        refused = exc
+    assert refused is None or refused.detail
+
+
+@_QUICK
+@given(msg_id=_ANY_VALUE, stamp=_STAMPS, signature=_ANY_VALUE, signed=st.booleans(), body=st.binary(max_size=64))
+def test_standard_webhooks_refuses_any_timestamp_but_a_near_one_with_401(
+    msg_id: str, stamp: str, signature: str, signed: bool, body: bytes
+) -> None:
+    """All three Standard Webhooks headers present, the signature right (``signed``) or random: accepted only when
+    the timestamp is a number within 300 s of now, refused with 401 otherwise, never another error."""
+    headers = _standard_signed(body, msg_id, stamp) if signed else {}
+    headers = {"webhook-id": msg_id, "webhook-timestamp": stamp, "webhook-signature": signature} | headers
+    try:
+        _VERIFIERS["standard_webhooks"].verify(headers, body)
+    except Unauthorized as refused:
+        event(refused.detail[:40])
+        return
+    near = headers["webhook-timestamp"].isdigit() and abs(int(headers["webhook-timestamp"]) - time.time()) <= 301
+    assert signed
+    assert near
+    assert msg_id
 
 
 @_QUICK

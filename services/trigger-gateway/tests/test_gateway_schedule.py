@@ -8,14 +8,18 @@ import asyncio
 import itertools
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from gateway_support import AGENTS, AS_ADMIN, AS_OPERATOR, AS_VIEWER, eventually, journal, replicas
 
-from temporality_bus import Bus, Timers
+from temporality_bus import Bus, NatsSettings, Timers, TransientError
+from temporality_bus.listing import stream_subjects
+from temporality_embedded.natsserver import NatsServer, NatsUser
 from temporality_protocol import RunRequested, run_id_for_delivery
-from temporality_protocol.catalog import TIMER_NS_TRIGGER_SCHEDULE
+from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, TIMER_NS_TRIGGER_SCHEDULE
+from temporality_protocol.permissions import permissions_for
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 from temporality_trigger_gateway import Settings
@@ -211,3 +215,138 @@ async def test_every_tick_is_a_listed_delivery_and_a_missed_one_can_be_redriven(
         tick_id = "tick:" + late.strftime("%Y-%m-%dT%H:%M:%SZ")
         assert redriven.json()["run_id"] == run_id_for_delivery("nightly", tick_id)
         await event_log.wait_for("run.requested", run_id=redriven.json()["run_id"], timeout_s=10)
+
+
+# --------------------------------------------------------------------------- a schedule never stops ticking silently
+def _schedule_subjects(timers: Timers) -> str:
+    return timers.schedule_subject("key").removesuffix("key") + ">"
+
+
+async def _pending(bus: Bus, timers: Timers) -> dict[str, int]:
+    return await stream_subjects(bus.js, timers.stream, _schedule_subjects(timers))
+
+
+async def test_a_tick_whose_launch_is_dead_lettered_still_arms_the_next(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    """A tick whose run can never be published (its input is over the server's max_payload: PermanentError) is
+    dead-lettered as before, and the next tick is armed all the same: the trigger keeps ticking."""
+    fields = {f"f{i}": "context.big" for i in range(40)}  # 40 x 30 kB: a run.requested over 1 MB
+    spec = _schedule("too-big", context={"big": "x" * 30_000}, input=fields, prompt=None)
+    async with replicas(gateway_settings, 1) as (a,):
+        created = await a.post("/triggers", json=spec, headers=AS_ADMIN)
+        assert created.status_code == 201, created.text
+        dead = await event_log.wait_for(
+            "bus.dead_lettered",
+            where=lambda e: e.data.get("consumer") == "trigger-gateway-schedules",
+            count=2,
+            timeout_s=30,
+        )
+        assert len({e.data["stream_seq"] for e in dead}) >= 2  # two firings, not one redelivered
+        assert all("max_payload" in e.data["error"] for e in dead), [e.data["error"] for e in dead]
+        assert not event_log.of_type("run.requested")
+
+
+async def test_an_arm_that_failed_on_a_change_is_retried_until_it_lands(nats_server: NatsServer, bus: Bus) -> None:
+    """The server is away when a change arms the trigger's next tick: the failure is kept, and retried once the
+    server is back (no other change, no restart needed)."""
+    nightly = _trigger("nightly", cron="0 3 * * *")
+    scheduler = Scheduler(bus, TriggerRegistry.static([nightly]))
+    nats_server.stop(hold_port=True)
+    try:
+        with pytest.raises(TransientError):
+            await scheduler.on_change("nightly", nightly, 1)
+        assert scheduler.unsettled == {"nightly"}
+        async with scheduler.keeping_armed(check_s=3600):
+            nats_server.requested_port = nats_server.port  # the same server (port, store) comes back
+            nats_server.start()
+
+            async def armed() -> bool:
+                return scheduler.timers.schedule_subject("nightly") in await _pending(bus, scheduler.timers)
+
+            await eventually(armed, timeout_s=30, what="the failed arm retried")
+            await eventually(lambda: _true(not scheduler.unsettled), what="nothing left to retry")
+    finally:
+        if nats_server.proc is None or nats_server.proc.poll() is not None:
+            nats_server.requested_port = nats_server.port
+            nats_server.start()  # for the bus fixture's teardown
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_the_check_arms_only_triggers_with_no_pending_tick_once_across_replicas(bus: Bus) -> None:
+    """Two replicas check at once: a trigger with no schedule gets exactly one; one that has a schedule keeps it
+    (the check never replaces one); a disabled trigger gets none."""
+    lost, kept = _trigger("lost", cron="0 3 * * *"), _trigger("kept", cron="0 3 * * *")
+    off = _trigger("off", cron="0 3 * * *", enabled=False)
+    first = Scheduler(bus, TriggerRegistry.static([lost, kept, off]))
+    second = Scheduler(bus, TriggerRegistry.static([lost, kept, off]))
+    timers = first.timers
+    later = datetime.now(UTC) + timedelta(days=1)
+    marker = Tick(trigger_id="kept", at=later, revision=7).model_dump_json().encode()
+    await timers.arm("kept", later, marker)
+    armed = await asyncio.gather(first.arm_missing(), second.arm_missing())
+    assert sorted(armed[0] + armed[1]) == ["lost"]  # one of the two armed it; the other found it armed
+    pending = await _pending(bus, timers)
+    assert pending == {timers.schedule_subject("lost"): 1, timers.schedule_subject("kept"): 1}
+    stored = await bus.js.get_last_msg(timers.stream, timers.schedule_subject("kept"))
+    assert stored.data == marker
+    lost_tick = Tick.model_validate_json(
+        (await bus.js.get_last_msg(timers.stream, timers.schedule_subject("lost"))).data
+    )
+    assert lost_tick.at == next_tick(lost, datetime.now(UTC))
+    assert await first.arm_missing() == []  # both have one now
+    assert await second.arm_missing() == []
+
+
+async def test_a_replica_re_arms_a_trigger_whose_tick_went_missing(gateway_settings: Settings, bus: Bus) -> None:
+    """The replicas' periodic check (here every second) arms the next tick of an enabled trigger whose schedule is
+    gone (purged on the server: as after a tick lost before it armed the next), once for both replicas."""
+    settings = gateway_settings.model_copy(update={"schedule_check_s": 1.0})
+    timers = Timers(bus, TIMER_NS_TRIGGER_SCHEDULE)
+    subject = timers.schedule_subject("nightly")
+    async with replicas(settings) as (a, _b):
+        created = await a.post("/triggers", json=_schedule("nightly", cron="0 3 * * *"), headers=AS_ADMIN)
+        assert created.status_code == 201, created.text
+
+        async def armed() -> bool:
+            return subject in await _pending(bus, timers)
+
+        await eventually(armed, what="the nightly tick armed")
+        first = (await bus.js.get_last_msg(timers.stream, subject)).seq
+        await bus.js.purge_stream(timers.stream, subject=subject)
+        assert not await armed()
+
+        async def re_armed() -> bool:
+            return await armed() and (await bus.js.get_last_msg(timers.stream, subject)).seq > first
+
+        await eventually(re_armed, timeout_s=20, what="the lost tick armed again by the check")
+        await stays(lambda: _one_schedule(bus, timers, subject), settle_s=2.5, what="one schedule, armed once")
+
+
+async def _one_schedule(bus: Bus, timers: Timers, subject: str) -> bool:
+    return (await _pending(bus, timers)).get(subject) == 1
+
+
+async def test_the_gateway_user_may_check_and_arm(tmp_path: Path) -> None:
+    """With the catalogue's NATS permissions (no STREAM.MSG.GET on the timers stream), the check's listing and
+    conditional arm are allowed."""
+    users: dict[str, NatsUser] = {
+        "trigger-gateway": ("gateway-password-0123456789", permissions_for("trigger-gateway")),
+        "test-admin": ("admin-password-0123456789", None),
+    }
+    server = NatsServer(tmp_path / "nats", users=users)
+    server.start()
+    try:
+        admin_settings = NatsSettings(url=server.url, user="test-admin", password="admin-password-0123456789")
+        async with Bus.connect(admin_settings, name="test") as admin:
+            await admin.ensure(ALL_STREAMS, ALL_BUCKETS)
+        settings = NatsSettings(url=server.url, user="trigger-gateway", password="gateway-password-0123456789")
+        async with Bus.connect(settings, name="trigger-gateway") as gateway:
+            scheduler = Scheduler(gateway, TriggerRegistry.static([_trigger("nightly", cron="0 3 * * *")]))
+            assert await scheduler.arm_missing() == ["nightly"]
+            assert await scheduler.arm_missing() == []
+    finally:
+        server.stop()

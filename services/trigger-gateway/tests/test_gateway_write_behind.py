@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
+from gateway_support import eventually, fixture_bytes, post
+
 from temporality_bus import Bus, BusError, PermanentError, PublishResult
 from temporality_bus.pipeline import kv_write
+from temporality_embedded.natsserver import NatsServer
 from temporality_protocol.catalog import BUCKET_DELIVERIES
 from temporality_trigger_gateway.behind import Settle, WriteBehind
 from temporality_trigger_gateway.deliveries import Deliveries
@@ -61,3 +65,28 @@ async def test_settled_writes_what_a_cancelled_round_left_queued(bus: Bus) -> No
     assert behind.pending == 0
     assert [[type(r) for r in job] for job in outcomes] == [[PublishResult]]
     assert await _stored(bus, "wb.e") == b"e"
+
+
+async def test_a_delivery_that_failed_while_the_bus_was_away_is_listed_once_it_is_back(
+    nats_server: NatsServer, bus: Bus, client: httpx.AsyncClient
+) -> None:
+    """A webhook answered 503 because NATS is away: its ``failed`` record could not be written then, and is written
+    in the background once the server is back (no awaited round trip added to any answer)."""
+    deliveries = Deliveries(bus)
+    await deliveries.store()
+    nats_server.stop(hold_port=True)
+    try:
+        answer = await post(client, fixture_bytes("pr-created.json"))
+        assert answer.status_code == 503, answer.text
+    finally:
+        nats_server.requested_port = nats_server.port  # the same server (port, store) comes back
+        nats_server.start()
+
+    async def listed() -> list[str]:
+        try:
+            page, _ = await deliveries.newest("ado-pr-review", before=None, limit=10)
+        except Exception:  # still reconnecting
+            return []
+        return [record.state for record in page]
+
+    assert await eventually(listed, timeout_s=30, what="the failed delivery listed") == ["failed"]

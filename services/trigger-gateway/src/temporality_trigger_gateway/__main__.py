@@ -5,7 +5,8 @@ configure (nothing connected yet; exit 2 on any problem): the API tokens file, t
 triggers file validated against them. setup: open the ``trigger-definitions`` bucket, seed it with the
 file's triggers (create-if-absent: several replicas may start at once, one wins each id and journals
 ``trigger.created``), load the whole store and watch it (``/readyz`` requires the watch; each change arms
-or cancels a schedule trigger's next tick), consume fired ticks (``trigger-gateway-schedules``), the
+or cancels a schedule trigger's next tick; a failed one is retried, and every ``schedule_check_s`` each enabled
+schedule trigger is checked for a pending tick), consume fired ticks (``trigger-gateway-schedules``), the
 system's own events for the event triggers and the concurrency keys (``trigger-gateway-events``, pulled
 only while an enabled event trigger or a concurrency key needs it: :mod:`.ondemand`) and the ends of
 debounce windows (``trigger-gateway-debounce``), serve.
@@ -103,6 +104,8 @@ def configure(settings: Settings) -> Setup[Settings]:
 
         registry.on_change = changed
         await rt.resources.enter_async_context(registry.watching(store))
+        # failed arms retried, and every enabled schedule trigger checked for a pending tick (docs/triggers.md)
+        await rt.resources.enter_async_context(scheduler.keeping_armed(rt.settings.schedule_check_s))
         follow_registry()
         rt.consumer("trigger-gateway-schedules", raw_handler=scheduler.handle)
         rt.consumers.append(journal)  # the runtime runs it like its own consumers (rt.consumer builds plain ones)

@@ -6,7 +6,8 @@ at every delivery, so a trigger created, changed, disabled or deleted in the sto
 served as it now is, without a restart.
 
 Checks run in this order, each answered as ``{"error": code, "detail": sentence}``:
-unknown trigger 404 → header credentials 401 → size 413 → body signature 401 → UTF-8 JSON 400 →
+unknown trigger 404 → header credentials 401 → size 413 → body signature 401 → a ``Content-Type`` that is not
+JSON 415 (none at all is taken as JSON) → UTF-8 JSON 400 →
 source shape 422 → disabled / unhandled event type 200 ``ignored`` → accepted 202 / duplicate 200 (with a
 concurrency key: queued or debounced 202 / skipped 200), or 503 when NATS is unavailable. Never 410 (Azure DevOps disables a subscription on it).
 
@@ -38,6 +39,7 @@ from temporality_trigger_gateway.errors import (
     InvalidPayload,
     MalformedBody,
     UnknownTrigger,
+    UnsupportedMediaType,
 )
 from temporality_trigger_gateway.intake import Accepted, Debounced, Intake, Queued
 from temporality_trigger_gateway.settings import Settings
@@ -67,7 +69,7 @@ def create_app(
         title="Temporality trigger-gateway",
         docs_url=None,
         redoc_url=None,
-        responses={code: {"model": ErrorBody} for code in (400, 401, 404, 413, 422, 503)},
+        responses={code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 503)},
         telemetry=HTTP_TELEMETRY,
     )
     install_error_handlers(app)
@@ -119,11 +121,14 @@ def create_app(
             if verifier.reads_body:
                 verifier.verify(request.headers, raw)
                 authenticated = True
+            declared = request.headers.get("content-type")
+            if declared is not None and not _is_json(declared):
+                raise _not_json(declared, trigger.adapter)
             # parsed here (a 400 before the source's checks), or by a source that reads the raw body itself
             parsed = UNPARSED if ADAPTERS[trigger.adapter].reads_raw_body else parse_json(raw)
             delivery = WebhookRequest(request.method, request.headers, raw, parsed)
             outcome = await intake.handle(trigger, delivery)
-        except (BodyTooLarge, MalformedBody, InvalidPayload) as refused:
+        except (BodyTooLarge, UnsupportedMediaType, MalformedBody, InvalidPayload) as refused:
             if authenticated:
                 await intake.refused(trigger, refused, body_bytes=len(raw))  # visible in the journal
             raise
@@ -235,6 +240,32 @@ async def _read_body(request: Request, limit: int) -> bytes:
         return first
 
     return await read_body(Request(request.scope, replay), limit)
+
+
+#: The media types a webhook body may be declared as (a missing ``Content-Type`` is taken as JSON too).
+ACCEPTED_MEDIA_TYPES = "application/json, application/<subtype>+json or text/json (any parameters, e.g. charset)"
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether a ``Content-Type`` declares JSON: ``application/json``, ``application/*+json`` or ``text/json``,
+    with any parameters (a charset other than UTF-8 is refused by the parser, 400)."""
+    media = content_type.partition(";")[0].strip().lower()
+    return (
+        media == "application/json"
+        or media == "text/json"
+        or (media.startswith("application/") and media.endswith("+json"))
+    )
+
+
+def _not_json(content_type: str, adapter: str) -> UnsupportedMediaType:
+    media = content_type.partition(";")[0].strip()[:100]
+    detail = f"the body is declared as {media or 'an empty Content-Type'!r}; webhooks take JSON: {ACCEPTED_MEDIA_TYPES}"
+    if adapter == "github":
+        detail += (
+            ". GitHub sends application/x-www-form-urlencoded when the hook's content type says so: in the "
+            "repository's or organization's webhook settings choose Content type: application/json"
+        )
+    return UnsupportedMediaType(detail)
 
 
 _HOOKS = "/hooks/"

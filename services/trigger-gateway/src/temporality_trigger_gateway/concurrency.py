@@ -257,17 +257,20 @@ def _debounce(state: KeyState, *, run_id: str, delivery_id: str, now: datetime) 
     return evolve(state, debounced=QueuedRef(run_id=run_id, delivery_id=delivery_id), updated_at=now)
 
 
-def _release(state: KeyState, *, ended: str, now: datetime) -> KeyState:
-    """The key's next record when run ``ended`` ended (the same object: it was not the active run)."""
+def _release(state: KeyState, *, ended: str, now: datetime, retire: bool = True) -> KeyState:
+    """The key's next record when run ``ended`` ended (the same object: it was not the active run).
+    ``retire``: remember it as a run that held the key (not for a queued run dropped before it started: a copy
+    of its event, sent again, may take the key)."""
     if state.active is None or state.active.run_id != ended:
         return state
+    retired = _retire(state, ended) if retire else [r for r in state.retired if r != ended]
     if not state.queued:
-        return evolve(state, active=None, retired=_retire(state, ended), updated_at=now)
+        return evolve(state, active=None, retired=retired, updated_at=now)
     following, *rest = state.queued
     active = ActiveRun(
         run_id=following.run_id, delivery_id=following.delivery_id, since=now, replaced=ended, how="followed"
     )
-    return evolve(state, active=active, queued=rest, retired=_retire(state, ended), updated_at=now)
+    return evolve(state, active=active, queued=rest, retired=retired, updated_at=now)
 
 
 def _retire(state: KeyState, run_id: str) -> list[str]:
@@ -442,10 +445,32 @@ class FlowControl:
             return
         found = await io(launches.get(launch_key(timer.run_id)))
         trigger = triggers(timer.trigger_id)
-        if found is None or trigger is None or trigger.concurrency is None:
-            log.error("concurrency.debounce_dropped", run_id=timer.run_id, reason="its launch or trigger is gone")
+        if started and (found is None or trigger is None):
+            log.info("concurrency.debounce_dropped", run_id=timer.run_id, reason="started already")
+            return
+        ref = current.debounced if pending and current.debounced is not None else None
+        if found is None or trigger is None:
+            assert ref is not None
+            await self._drop(timer.trigger_id, ref, None if found is None else found.value, "debounced")
+            return
+        if trigger.concurrency is None:  # no longer flow-controlled: nothing to wait for, it starts
+            log.info("concurrency.no_longer_keyed", run_id=timer.run_id, trigger_id=trigger.id)
+            await self._launcher.start_queued(found.value, trigger)
             return
         await self._launcher.launch_debounced(found.value, trigger, current.key)
+
+    async def _drop(self, trigger_id: str, ref: QueuedRef, launch: QueuedLaunch | None, waiting: str) -> None:
+        """A waiting delivery that will never start (:meth:`Launcher.drop_waiting`): its trigger was deleted
+        (journaled ``disabled``), or its stored launch is gone (recorded ``failed``: nothing to journal it with)."""
+        if launch is None:
+            detail = (
+                f"the delivery was {waiting} under its concurrency key and its stored launch is gone (the "
+                "trigger-concurrency bucket's 7-day TTL); re-drive it to start its run"
+            )
+            await self._launcher.drop_waiting(trigger_id, ref, None, reason=None, detail=detail)
+            return
+        detail = f"trigger {trigger_id} was deleted while the delivery was {waiting} under its concurrency key"
+        await self._launcher.drop_waiting(trigger_id, ref, launch, reason="disabled", detail=detail)
 
     async def _rearm_for_latest(
         self, timer: DebounceTimer, current: KeyState, triggers: Callable[[str], TriggerConfig | None]
@@ -483,10 +508,13 @@ class FlowControl:
     async def release(self, ended: str, triggers: Callable[[str], TriggerConfig | None]) -> None:
         """Run ``ended`` ended: if it held a key, the next queued run of that key starts (exactly once).
 
-        ``triggers`` looks a trigger up as this replica serves it now; a queued launch whose trigger is gone
-        (deleted, or no longer flow-controlled) is dropped, logged, and the next one starts instead."""
+        ``triggers`` looks a trigger up as this replica serves it now. A queued delivery whose trigger was deleted
+        is refused (``trigger.rejected(disabled)``, its record ``rejected``, its dedupe claim released), one whose
+        stored launch is gone is recorded ``failed`` (re-drivable; claim released), and the next one starts
+        instead; one whose trigger is no longer flow-controlled starts."""
         states, runs, launches = await self._open()
         io = self._launcher.io
+        retire = True  # (False: ``ended`` is a queued run dropped before it started)
         for _ in range(100):  # a queued launch whose record expired is skipped: release it in turn (bounded)
             held = await io(runs.get(run_key(ended)))
             if held is None:
@@ -495,7 +523,9 @@ class FlowControl:
             now = datetime.now(UTC)
             try:
                 stored = await io(
-                    states.modify(where, functools.partial(_release, ended=ended, now=now), attempts=KEY_ATTEMPTS)
+                    states.modify(
+                        where, functools.partial(_release, ended=ended, now=now, retire=retire), attempts=KEY_ATTEMPTS
+                    )
                 )
             except NotFound:
                 return  # the key's record expired
@@ -510,10 +540,12 @@ class FlowControl:
             )
             found = await io(launches.get(launch_key(active.run_id)))
             trigger = triggers(trigger_id)
-            if found is None or trigger is None or trigger.concurrency is None:
-                log.error("concurrency.queued_launch_dropped", run_id=active.run_id, trigger_id=trigger_id)
-                ended = active.run_id  # as if it had ended: the next one starts
+            if found is None or trigger is None:
+                ref = QueuedRef(run_id=active.run_id, delivery_id=active.delivery_id)
+                await self._drop(trigger_id, ref, None if found is None else found.value, "queued")
+                ended, retire = active.run_id, False  # as if it had ended, never started: the next one starts
                 continue
+            # (a trigger no longer flow-controlled starts it too: nothing to wait for any more)
             await self._launcher.start_queued(found.value, trigger)
             log.info("concurrency.dequeued", run_id=active.run_id, after=ended, trigger_id=trigger_id)
             return

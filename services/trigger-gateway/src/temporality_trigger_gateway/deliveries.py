@@ -17,7 +17,9 @@ delivery's index entry, in the round trip the write-behind queue makes for many 
 reads (the deliveries API, :meth:`Deliveries.record`) wait for its queued writes first.
 
 Recording is best effort: the journal (``trigger.*`` events) is the truth, and a delivery is never refused
-because its record could not be written (logged ``delivery.not_recorded``). A re-drive
+because its record could not be written (logged ``delivery.not_recorded``). A record the bus did not take
+(NATS away: typically a ``failed`` delivery's) is written again in the background (``RECORD_RETRIES_S``,
+about two minutes), never awaited by an answer; a crash loses the records still queued (docs/triggers.md). A re-drive
 (:func:`.admin.admin_router`) re-runs a rejected or failed delivery through the launch path as a new
 delivery (``redrive_of``) with the *original event id*, so the dedupe claim makes it a duplicate of an
 event that was accepted meanwhile, never a second run.
@@ -25,6 +27,7 @@ event that was accepted meanwhile, never a second run.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,8 +37,8 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_json
 
-from temporality_bus import BusError, Conflict, PublishResult, Store, evolve, live_keys
-from temporality_bus.pipeline import kv_write
+from temporality_bus import BusError, Conflict, PublishResult, Store, TransientError, evolve, live_keys
+from temporality_bus.pipeline import Write, kv_write
 from temporality_protocol import NormalizedEvent
 from temporality_protocol.catalog import BUCKET_DELIVERIES
 from temporality_protocol.trigger_admin import DeliveryState, DeliveryView
@@ -60,6 +63,12 @@ log = structlog.get_logger(__name__)
 
 #: A normalized event larger than this (as JSON) is not kept with its delivery, which then cannot be re-driven.
 MAX_EVENT_BYTES = 64 * 1024
+#: A record the bus did not take (not connected, no answer) is written again after these delays (seconds), in
+#: the background: about two minutes in all.
+RECORD_RETRIES_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: At most this many records wait for such a retry at once (each holds its event, up to MAX_EVENT_BYTES); past
+#: it a record the bus did not take is given up at once, as before.
+MAX_RECORD_RETRIES = 1000
 
 
 class DeliveryRecord(BaseModel):
@@ -259,6 +268,8 @@ class Deliveries:
         self._bus = bus
         self._store: Store[DeliveryRecord] | None = None
         self._behind = WriteBehind.of(bus)
+        #: Records waiting to be written again (the bus was away when they were first written).
+        self._retrying = 0
 
     async def store(self) -> Store[DeliveryRecord]:
         if self._store is None:
@@ -344,7 +355,8 @@ class Deliveries:
         read-modify-write way, keeping what it has. Best effort: a failure is logged."""
         bucket = BUCKET_DELIVERIES.name
         encoded = draft.record_json(state, run_id=run_id, reason=reason, detail=detail)
-        writes = [kv_write(bucket, draft.key, encoded, revision=0)]
+        record = kv_write(bucket, draft.key, encoded, revision=0)
+        writes = [record]
         if draft.fresh:
             delivery_id = draft.delivery.delivery_id
             writes.append(
@@ -353,26 +365,56 @@ class Deliveries:
                 )
             )
 
-        async def settle(results: list[PublishResult | BusError]) -> None:
-            first = results[0]
-            if isinstance(first, Conflict):  # recorded before (a redelivery): keep its record, move its state
-                await self.record(
-                    draft.delivery,
-                    state,
-                    event=draft.event,
-                    title=draft.title,
-                    run_id=run_id,
-                    reason=reason,
-                    detail=detail,
-                    redrive_of=draft.redrive_of,
-                )
-            elif not isinstance(first, PublishResult):
-                log.warning("delivery.not_recorded", key=draft.key, state=state, error=repr(first))
-            for result in results[1:]:
-                if not isinstance(result, PublishResult):
-                    log.warning("delivery.not_indexed", key=draft.key, error=repr(result))
+        def queue(writes: list[Write], attempt: int) -> None:
+            async def settle(results: list[PublishResult | BusError]) -> None:
+                again: list[Write] = []
+                for write, result in zip(writes, results, strict=True):
+                    if isinstance(result, PublishResult):
+                        continue
+                    if write is record and isinstance(result, Conflict):
+                        # recorded before (a redelivery; or this write's own earlier try, its ack lost): keep its
+                        # record, move its state
+                        await self.record(
+                            draft.delivery,
+                            state,
+                            event=draft.event,
+                            title=draft.title,
+                            run_id=run_id,
+                            reason=reason,
+                            detail=detail,
+                            redrive_of=draft.redrive_of,
+                        )
+                    elif isinstance(result, TransientError) and not isinstance(result, Conflict):
+                        again.append(write)  # the bus was away: tried again below
+                    else:
+                        what = "delivery.not_recorded" if write is record else "delivery.not_indexed"
+                        log.warning(what, key=draft.key, state=state, error=repr(result))
+                if again:
+                    self._retry_later(again, attempt, lambda retried: queue(retried, attempt + 1), draft.key, state)
 
-        self._behind.add(writes, settle)
+            self._behind.add(writes, settle)
+
+        queue(writes, 0)
+
+    def _retry_later(
+        self, writes: list[Write], attempt: int, queue: Callable[[list[Write]], None], key: str, state: str
+    ) -> None:
+        """Queue ``writes`` (a record, its index entry) again after :data:`RECORD_RETRIES_S` ``[attempt]``, in the
+        background: never awaited by a launch, so it costs the webhook path nothing. Past the last delay, or
+        while :data:`MAX_RECORD_RETRIES` records already wait for one, the record is given up (logged)."""
+        if attempt >= len(RECORD_RETRIES_S) or self._retrying >= MAX_RECORD_RETRIES:
+            log.warning(
+                "delivery.not_recorded", key=key, state=state, error="the bus stayed away", attempts=attempt + 1
+            )
+            return
+        self._retrying += 1
+
+        def again() -> None:
+            self._retrying -= 1
+            queue(writes)
+
+        asyncio.get_running_loop().call_later(RECORD_RETRIES_S[attempt], again)
+        log.info("delivery.record_retry", key=key, state=state, in_s=RECORD_RETRIES_S[attempt])
 
     async def redriven(self, trigger_id: str, delivery_id: str, as_delivery: str) -> None:
         """Note on the original delivery that it was re-driven as ``as_delivery`` (best effort)."""
@@ -386,6 +428,31 @@ class Deliveries:
             await (await self.store()).modify(delivery_key(trigger_id, delivery_id), step)
         except Exception as exc:  # NotFound (expired), or the bus: best effort
             log.warning("delivery.not_recorded", delivery_id=delivery_id, error=repr(exc))
+
+    async def settle_waiting(
+        self, trigger_id: str, delivery_id: str, state: DeliveryState, *, reason: str | None, detail: str
+    ) -> tuple[DeliveryRecord | None, bool]:
+        """A queued or debounced delivery that will never start: its existing record moved to ``state`` (best
+        effort; a record that is missing is not created). The record as it was, and whether it was already
+        ``accepted`` (then left as it is: its run started)."""
+        await self._behind.settled()
+        store = await self._safe_store()
+        if store is None or not self._bus.nc.is_connected:
+            return None, False
+        before: list[DeliveryRecord] = []
+
+        def step(current: DeliveryRecord) -> DeliveryRecord:
+            before[:] = [current]
+            if current.state == "accepted":
+                return current
+            return evolve(current, state=state, reason=reason, detail=detail[:1000], updated_at=datetime.now(UTC))
+
+        try:
+            await store.modify(delivery_key(trigger_id, delivery_id), step)
+        except Exception as exc:  # NotFound (expired, or never written: best effort), or the bus
+            log.warning("delivery.not_recorded", delivery_id=delivery_id, error=repr(exc))
+        found = before[0] if before else None
+        return found, found is not None and found.state == "accepted"
 
     async def get(self, trigger_id: str, delivery_id: str) -> DeliveryRecord | None:
         await self._behind.settled()

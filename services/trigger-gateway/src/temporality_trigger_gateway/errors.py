@@ -7,6 +7,7 @@
     ├── UnknownTrigger           -- 404 no served webhook trigger has this id
     ├── Unauthorized             -- 401 missing or wrong credentials or signature (with ``WWW-Authenticate``)
     ├── BodyTooLarge             -- 413 Content-Length or the streamed body exceeds ``max_body_bytes``
+    ├── UnsupportedMediaType     -- 415 a Content-Type that is not JSON (GitHub's form-encoded deliveries)
     ├── MalformedBody            -- 400 not UTF-8 JSON (a UTF-8 BOM is fine), too deep, lone surrogates
     ├── InvalidPayload           -- 422 JSON, but not the shape the trigger's adapter expects
     └── BusUnavailable           -- 503 NATS did not ack in time; the sender retries (``Retry-After``)
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from temporality_service import BodyTooLarge, NotFound, Unavailable, Unprocessable
+from temporality_service import ApiError, BodyTooLarge, NotFound, Unavailable, Unprocessable
 from temporality_service import MalformedJson as MalformedBody
 from temporality_service import Unauthorized as _Unauthorized
 
@@ -31,6 +32,7 @@ __all__ = [
     "TriggerConfigError",
     "Unauthorized",
     "UnknownTrigger",
+    "UnsupportedMediaType",
 ]
 
 
@@ -51,6 +53,13 @@ class Unauthorized(_Unauthorized):
 
     def __init__(self, detail: str, *, challenge: str = 'Basic realm="temporality"') -> None:
         super().__init__(detail, challenge=challenge)
+
+
+class UnsupportedMediaType(ApiError):
+    """The body is declared as something else than JSON; the detail says which types are accepted."""
+
+    status = 415
+    code = "unsupported_media_type"
 
 
 class InvalidPayload(Unprocessable):

@@ -82,8 +82,8 @@ from temporality_protocol import (
 )
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_trigger_gateway.behind import Settle, WriteBehind
-from temporality_trigger_gateway.concurrency import Debounce, FlowControl, QueuedLaunch, Skip, Start, Wait
-from temporality_trigger_gateway.deliveries import Deliveries, Draft
+from temporality_trigger_gateway.concurrency import Debounce, FlowControl, QueuedLaunch, QueuedRef, Skip, Start, Wait
+from temporality_trigger_gateway.deliveries import Deliveries, DeliveryRecord, DeliveryState, Draft
 from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable
 from temporality_trigger_gateway.triggers import TriggerConfig
 
@@ -105,6 +105,7 @@ __all__ = [
     "received_event",
     "refusal_events",
     "rejected_event",
+    "waiting_rejected",
 ]
 
 log = structlog.get_logger(__name__)
@@ -377,6 +378,36 @@ def _delivery_of(launch: QueuedLaunch, trigger: TriggerConfig) -> TriggerDeliver
         causation_id=launch.causation_id,
         correlation_id=launch.correlation_id,
     )
+
+
+def waiting_rejected(launch: QueuedLaunch, reason: RejectReason, detail: str) -> EncodedEvent:
+    """``trigger.rejected`` of a queued or debounced delivery, from its stored launch alone (its trigger may be
+    gone): the event :func:`rejected_event` makes of the same delivery."""
+    return encode_event(
+        TriggerRejected(
+            trigger_id=launch.trigger_id,
+            delivery_id=launch.delivery_id,
+            reason=reason,
+            detail=detail[:1000],
+            source_event_id=launch.source_event_id,
+            run_id=None,
+            depth=launch.depth if launch.kind == "event" else None,
+        ),
+        causation_id=derive_id("evt", launch.delivery_id, "received"),
+        source=SOURCE,
+        id=derive_id("evt", launch.delivery_id, "rejected"),
+        run_id=None,
+        correlation_id=launch.correlation_id or launch.delivery_id,
+        actor=ACTOR,
+        tenant=launch.event.tenant,
+    )
+
+
+def _event_id_of(record: DeliveryRecord | None) -> str | None:
+    """The normalized event id a delivery's record names (its dedupe claim's key), if any."""
+    if record is None:
+        return None
+    return record.event.id if record.event is not None else record.source_event_id
 
 
 def _without_payload(event: NormalizedEvent) -> NormalizedEvent:
@@ -658,6 +689,8 @@ class Launcher:
             )
             await self.publish((rejected,))
             await self.deliveries.record(delivery, "rejected", reason="concurrency_skip", detail=decision.detail)
+            # as a webhook's skip: the claim is given back, so a copy of the event decides again
+            await self._release_waiting(dedupe_key(trigger.id, launch.event.id), launch.delivery_id)
         log.info("launch.debounce_ended", run_id=launch.run_id, decision=type(decision).__name__.lower())
 
     async def start_queued(
@@ -680,6 +713,54 @@ class Launcher:
         )
         await self.publish((accepted, requested) if cancel is None else (accepted, requested, cancel))
         await self.deliveries.record(delivery, "accepted", run_id=launch.run_id)
+
+    async def drop_waiting(
+        self,
+        trigger_id: str,
+        ref: QueuedRef,
+        launch: QueuedLaunch | None,
+        *,
+        reason: RejectReason | None,
+        detail: str,
+    ) -> None:
+        """A queued or debounced delivery (``ref``) that will never start: its trigger was deleted (``reason``
+        ``disabled``), or its stored launch is gone (``launch`` ``None``: no event to journal it with).
+
+        ``trigger.rejected(reason)`` is journaled (caused by its ``trigger.received``; the id derives from the
+        delivery, so a repeat is one event), its record becomes ``rejected`` -- or ``failed`` without a
+        launch: an operator can re-drive it from its record's event -- and its dedupe claim (``queued``) is
+        released, so a copy of the event decides again instead of being a duplicate of a run that never
+        starts. A record already ``accepted`` (an earlier handling started the run) changes nothing."""
+        log.error(
+            "concurrency.waiting_dropped",
+            trigger_id=trigger_id,
+            run_id=ref.run_id,
+            delivery_id=ref.delivery_id,
+            reason=reason,
+            detail=detail,
+        )
+        state: DeliveryState = "rejected" if launch is not None and reason is not None else "failed"
+        record, started = await self.deliveries.settle_waiting(
+            trigger_id, ref.delivery_id, state, reason=reason if state == "rejected" else None, detail=detail
+        )
+        if started:
+            return
+        if launch is not None and reason is not None:
+            await self.publish((waiting_rejected(launch, reason, detail),))
+        event_id = launch.event.id if launch is not None else _event_id_of(record)
+        if event_id is not None:
+            await self._release_waiting(dedupe_key(trigger_id, event_id), ref.delivery_id)
+
+    async def _release_waiting(self, key: str, delivery_id: str) -> None:
+        """Release the ``queued`` claim of ``delivery_id`` (compare-and-set: a newer claim is left alone)."""
+        store = await self.dedupe()
+        found = await self.io(store.get(key))
+        if found is None or found.value.delivery_id != delivery_id or found.value.state != "queued":
+            return
+        try:
+            await self.io(store.update(key, evolve(found.value, state="released"), found.revision))
+        except Conflict:
+            log.info("launch.claim_taken_over")
 
     def _policy(self, trigger: TriggerConfig) -> HumanPolicy:
         """The trigger's human policy as it goes on the wire, built once per trigger (both are frozen)."""

@@ -7,10 +7,18 @@ payload names the trigger, the tick time and the trigger revision it was armed f
     store change (any replica's watch)  -> arm the next tick after now (idempotent: one schedule per
                                            subject, and the arm's Nats-Msg-Id is derived from
                                            (trigger, revision, tick)); disabled / deleted / no longer a
-                                           schedule -> cancel the timer
+                                           schedule -> cancel the timer; a failed arm or cancel is retried
+                                           (1 s, doubling, up to the check interval)
     tick fires (server-side, durable)   -> the ``trigger-gateway-schedules`` consumer (one replica gets it)
                                            -> the trigger as stored now: gone, disabled or re-armed for a
-                                           newer revision -> nothing; else launch, then arm the next tick
+                                           newer revision -> nothing; else arm the next tick, then launch
+                                           this one (so a launch that fails, even one dead-lettered,
+                                           never ends the chain)
+    every ``schedule_check_s`` (60 s)    -> each replica lists the pending schedules (one ``STREAM.INFO``)
+                                           and arms the next tick of every enabled schedule trigger that
+                                           has none, only if its subject is still empty then
+                                           (``Nats-Expected-Last-Subject-Sequence: 0``): a check never
+                                           replaces a schedule, and two replicas repairing at once arm one
 
 Every tick is a delivery of the launch path (:class:`~.launch.Launcher`): recorded in
 ``trigger-deliveries`` (listed, re-drivable), then the dedupe claim, ``trigger.received`` +
@@ -30,13 +38,18 @@ its run, ``skip`` journals ``trigger.rejected`` (reason ``missed_tick``) and sta
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import structlog
 from croniter import croniter  # type: ignore[import-untyped]
+from nats.js.errors import BadRequestError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from temporality_bus import Bus, Delivery, PermanentError, Timers
+from temporality_bus import Bus, Delivery, PermanentError, Timers, TransientError
+from temporality_bus.listing import stream_subjects
 from temporality_protocol import Actor, NormalizedEvent, derive_id, run_id_for_delivery
 from temporality_protocol.catalog import TIMER_NS_TRIGGER_SCHEDULE
 from temporality_trigger_gateway.errors import BodyTooLarge
@@ -121,6 +134,12 @@ def _missed_detail(trigger: ScheduleTrigger, at: datetime, now: datetime) -> str
 
 
 # --------------------------------------------------------------------------- effects
+#: The first retry of an arm or cancel that failed on a store change (seconds; doubles up to the check interval).
+ARM_RETRY_S = 1.0
+#: JetStream's "wrong last sequence": a conditional arm found the subject no longer empty.
+_WRONG_LAST_SEQUENCE = 10071
+
+
 class Scheduler:
     """Arms, cancels and handles the ticks of this replica's schedule triggers."""
 
@@ -133,24 +152,119 @@ class Scheduler:
         self.timers = Timers(bus, TIMER_NS_TRIGGER_SCHEDULE, trace="link")
         #: Ids this replica has seen as enabled schedule triggers (a webhook trigger's change cancels nothing).
         self._scheduled: set[str] = set()
+        #: Ids whose arm or cancel failed on a store change: retried by :meth:`keeping_armed`'s task.
+        self.unsettled: set[str] = set()
+        self._failed = asyncio.Event()
 
-    async def arm_next(self, trigger: ScheduleTrigger, revision: int, *, after: datetime | None = None) -> datetime:
-        """Arm ``trigger``'s next tick after ``after`` (now); the same arm from several replicas is one."""
+    async def arm_next(
+        self, trigger: ScheduleTrigger, revision: int, *, after: datetime | None = None, only_if_none: bool = False
+    ) -> datetime | None:
+        """Arm ``trigger``'s next tick after ``after`` (now); the same arm from several replicas is one.
+
+        ``only_if_none``: only while the trigger has no schedule at all (its subject is empty on the server);
+        ``None`` when it has one by then (armed by another replica, a tick handler or a store change). Such an arm
+        has no ``Nats-Msg-Id``: the condition makes it one, and a schedule that vanished without firing (purged)
+        would otherwise be armed again under the id of the arm that stored it, which the duplicate window drops."""
         at = next_tick(trigger, after or datetime.now(UTC))
         payload = Tick(trigger_id=trigger.id, at=at, revision=revision).model_dump_json().encode()
-        await self.timers.arm(trigger.id, at, payload, msg_id=derive_id("sch", trigger.id, str(revision), _tick_id(at)))
+        msg_id = None if only_if_none else derive_id("sch", trigger.id, str(revision), _tick_id(at))
+        write = self.timers.arm_write(trigger.id, at, payload, msg_id=msg_id)
+        if only_if_none:
+            write.headers["Nats-Expected-Last-Subject-Sequence"] = "0"
+        try:
+            await self._bus.publish_write(write)
+        except TransientError as exc:
+            cause = exc.__cause__
+            if only_if_none and isinstance(cause, BadRequestError) and cause.err_code == _WRONG_LAST_SEQUENCE:
+                return None
+            raise
         log.info("schedule.armed", trigger_id=trigger.id, tick=at.isoformat(), revision=revision)
         return at
 
     async def on_change(self, trigger_id: str, trigger: TriggerConfig | None, revision: int) -> None:
-        """A store change this replica applied: arm the trigger's next tick, or cancel its timer."""
-        if isinstance(trigger, ScheduleTrigger) and trigger.enabled:
-            self._scheduled.add(trigger_id)
-            await self.arm_next(trigger, revision)
-        elif trigger is None or isinstance(trigger, ScheduleTrigger) or trigger_id in self._scheduled:
-            self._scheduled.discard(trigger_id)
-            await self.timers.cancel(trigger_id)
-            log.info("schedule.cancelled", trigger_id=trigger_id, revision=revision)
+        """A store change this replica applied: arm the trigger's next tick, or cancel its timer. One that fails
+        is retried (:meth:`keeping_armed`) until it succeeds or a later change settles the trigger."""
+        try:
+            if isinstance(trigger, ScheduleTrigger) and trigger.enabled:
+                self._scheduled.add(trigger_id)
+                await self.arm_next(trigger, revision)
+            elif trigger is None or isinstance(trigger, ScheduleTrigger) or trigger_id in self._scheduled:
+                self._scheduled.discard(trigger_id)
+                await self.timers.cancel(trigger_id)
+                log.info("schedule.cancelled", trigger_id=trigger_id, revision=revision)
+        except Exception:
+            self.unsettled.add(trigger_id)
+            self._failed.set()
+            raise  # logged by the registry (trigger.change_effect_failed)
+        self.unsettled.discard(trigger_id)
+
+    async def retry_unsettled(self) -> None:
+        """The arm or cancel of every trigger whose last one failed, as the trigger now stands."""
+        for trigger_id in sorted(self.unsettled):
+            with contextlib.suppress(Exception):  # still unsettled: retried later
+                await self.on_change(
+                    trigger_id, self._registry.get(trigger_id), self._registry.revisions.get(trigger_id, 0)
+                )
+                log.info("schedule.retry_settled", trigger_id=trigger_id)
+
+    async def arm_missing(self) -> list[str]:
+        """Arm the next tick of every enabled schedule trigger this replica serves that has no schedule pending
+        on the server (its tick was dead-lettered before it armed the next, an arm failed...); the ids armed.
+
+        One ``STREAM.INFO`` lists the subjects holding a schedule (a fired schedule leaves its subject empty; a
+        cancel holds it for :data:`~temporality_bus.timers.CANCEL_TTL_S`). Each arm is conditional on the subject
+        still being empty, so this never replaces a schedule armed meanwhile, and replicas checking at once arm
+        one."""
+        enabled = [t for t in self._registry.all() if isinstance(t, ScheduleTrigger) and t.enabled]
+        if not enabled:
+            return []
+        prefix = self.timers.schedule_subject("key").removesuffix("key")
+        pending = await stream_subjects(self._bus.js, self.timers.stream, prefix + ">")
+        armed: list[str] = []
+        for trigger in enabled:
+            if self.timers.schedule_subject(trigger.id) in pending:
+                continue
+            revision = self._registry.revisions.get(trigger.id, 0)
+            at = await self.arm_next(trigger, revision, only_if_none=True)
+            if at is not None:
+                log.warning("schedule.rearmed", trigger_id=trigger.id, tick=at.isoformat(), why="no pending tick")
+                armed.append(trigger.id)
+        return armed
+
+    @contextlib.asynccontextmanager
+    async def keeping_armed(self, check_s: float) -> AsyncIterator[None]:
+        """While inside: retry failed arms and cancels (:data:`ARM_RETRY_S`, doubling up to ``check_s``) and
+        :meth:`arm_missing` every ``check_s``, the first check at once."""
+        task = asyncio.create_task(self._keep_armed(check_s), name="schedule-keeper")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _keep_armed(self, check_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        next_check = loop.time()  # the first check at once
+        retry_s = ARM_RETRY_S
+        while True:
+            if loop.time() >= next_check:
+                try:
+                    await self.arm_missing()
+                except Exception as exc:  # the bus is away: checked again at the next interval
+                    log.warning("schedule.check_failed", error=repr(exc))
+                next_check = loop.time() + check_s
+            if not self.unsettled:
+                retry_s = ARM_RETRY_S
+                self._failed.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, next_check - loop.time())):
+                        await self._failed.wait()  # a change's arm or cancel failed
+                if not self.unsettled:
+                    continue
+            await asyncio.sleep(min(retry_s, max(0.0, next_check - loop.time())))
+            await self.retry_unsettled()
+            retry_s = min(retry_s * 2, check_s)
 
     async def handle(self, data: bytes, delivery: Delivery) -> None:
         """One fired tick (the ``trigger-gateway-schedules`` consumer): launch, then arm the next."""
@@ -170,6 +284,9 @@ class Scheduler:
             await self.arm_next(trigger, current)
             return
         now = datetime.now(UTC)
+        # The next tick first: a launch that fails (retried, or dead-lettered when it cannot succeed) must not
+        # end the chain. A redelivered tick arms the same next tick again (the same Nats-Msg-Id: one schedule).
+        await self.arm_next(trigger, max(current, tick.revision), after=max(now, tick.at))
         with structlog.contextvars.bound_contextvars(trigger_id=trigger.id, tick=tick.at.isoformat()):
             try:
                 outcome = await self.launch_tick(trigger, tick.at, now=now, body_bytes=len(data))
@@ -182,7 +299,6 @@ class Scheduler:
             outcome=outcome,
             late_s=round((now - tick.at).total_seconds(), 3),
         )
-        await self.arm_next(trigger, max(current, tick.revision), after=max(now, tick.at))
 
     async def launch_tick(self, trigger: ScheduleTrigger, at: datetime, *, now: datetime, body_bytes: int = 0) -> str:
         """One tick as a delivery of the launch path (recorded in ``trigger-deliveries``, so it is listed and

@@ -32,3 +32,6 @@ class Settings(HttpServiceSettings):
     #: Event triggers (TRG-6 anti-loop): the deepest chain of event-trigger launches. ``1``: an event of a run
     #: an event trigger started never fires an event trigger; past it, ``trigger.rejected(loop_limit)``.
     event_max_depth: int = Field(default=1, ge=1, le=20)
+    #: How often (seconds) each replica checks that every enabled schedule trigger has its next tick armed, and
+    #: arms the ones that have none (a failed arm, a tick dead-lettered): one ``STREAM.INFO`` per check.
+    schedule_check_s: float = Field(default=60.0, ge=1, le=3600)

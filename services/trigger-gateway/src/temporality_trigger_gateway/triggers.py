@@ -108,9 +108,11 @@ class Deduplication(_Config):
 
 
 class RetryPolicy(_Config):
-    """What a sender is told when a delivery fails transiently (the bus did not acknowledge): 503 with
-    ``Retry-After`` = ``retry_after_s`` (default: the gateway's ``TEMPORALITY_GATEWAY_RETRY_AFTER_S``).
-    Webhook senders retry themselves; nothing is lost in between (the dedupe claim is released)."""
+    """What a webhook sender is told when its delivery fails transiently (503 ``bus_unavailable``):
+    ``Retry-After`` = ``retry_after_s`` (default: the gateway's ``TEMPORALITY_GATEWAY_RETRY_AFTER_S``). A hint
+    only: the gateway retries nothing itself (the delivery is recorded ``failed``, its dedupe claim released:
+    the sender's retry or a re-drive is the same event id); schedule and event triggers ignore it (their bus
+    messages are redelivered by their consumer); docs/triggers.md says what it does not do."""
 
     retry_after_s: Annotated[int, Field(ge=1, le=3600)] | None = None
 

@@ -1000,6 +1000,18 @@ function waitingView(signal) {
 }
 
 // ------------------------------------------------------------------ triggers (UI-2)
+// The deliveries the gateway answered 200 "ignored" (a ping, an event type the trigger does not list, a disabled
+// trigger, its condition false): nothing failed, the trigger just does not take them. Journaled as trigger.rejected
+// with one of these reasons (the journal's /triggers counts them apart: deliveries_ignored).
+const IGNORED_REASONS = new Set(["unsupported_event", "disabled", "filtered"]);
+
+function deliveryCounts(t) {
+  const parts = [];
+  if (t.deliveries_ignored) parts.push(`${t.deliveries_ignored} ignored`);
+  if (t.deliveries_rejected) parts.push(`${t.deliveries_rejected} refused`);
+  return parts.length ? h("div", { class: "muted" }, parts.join(" · ")) : null;
+}
+
 function triggersView(signal) {
   const body = h("tbody");
   show(
@@ -1010,7 +1022,8 @@ function triggersView(signal) {
     h("table", { id: "triggers" },
       h("thead", {}, h("tr", {}, ...["Trigger", "Source", "Event", "Agent", "Enabled", "Last run"].map((t) => h("th", {}, t)),
         h("th", { class: "num" }, "Successful runs"), h("th", { class: "num" }, "Needed a human"),
-        h("th", { class: "num" }, "Deliveries"))),
+        h("th", { class: "num", title: "accepted / received; ignored: the trigger does not take them (HTTP 200 ignored)" },
+          "Deliveries"))),
       body),
   );
   api("/triggers", { signal }).then((data) => {
@@ -1024,7 +1037,8 @@ function triggersView(signal) {
         t.last_run ? h("div", {}, stateBadge(t.last_run.state)) : null),
       h("td", { class: "num" }, t.runs_completed),
       h("td", { class: "num" }, t.runs_needed_human),
-      h("td", { class: "num" }, `${t.deliveries_accepted} / ${t.deliveries_received}`))));
+      h("td", { class: "num deliveries" }, h("span", { class: "accepted-received" }, `${t.deliveries_accepted} / ${t.deliveries_received}`),
+        deliveryCounts(t)))));
     if (!data.triggers.length) body.append(h("tr", {}, h("td", { colspan: 9, class: "empty" }, "No trigger has fired yet.")));
   }).catch(failed);
 }
@@ -1038,8 +1052,9 @@ function deliveriesView(signal, triggerId) {
       body),
   );
   api(`/triggers/${encodeURIComponent(triggerId)}/deliveries`, { signal }).then((data) => {
-    body.replaceChildren(...data.deliveries.map((d) => h("tr", {},
-      h("td", {}, d.delivery_id), h("td", {}, d.event_type ?? "—"), h("td", {}, d.outcome), h("td", {}, reason("delivery", d.reason)),
+    body.replaceChildren(...data.deliveries.map((d) => h("tr", { dataset: { deliveryId: d.delivery_id, outcome: d.outcome } },
+      h("td", {}, d.delivery_id), h("td", {}, d.event_type ?? "—"), h("td", { class: "outcome" }, d.outcome),
+      h("td", {}, reason("delivery", d.reason)),
       h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
       h("td", {}, when(d.time)))));
     if (!data.deliveries.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No deliveries.")));
@@ -1082,9 +1097,12 @@ function processingSection(signal, triggerId) {
       if (mayOperate() && REDRIVABLE.has(d.state) && d.has_event !== false) {
         actions.append(h("button", { type: "button", onclick: () => redrive(d, actions) }, "Re-drive"));
       }
-      return h("tr", { dataset: { deliveryId: d.delivery_id, state: d.state } },
+      // the gateway's "rejected" for a delivery it answered 200 ignored reads "ignored" (data-state stays the gateway's)
+      const ignored = d.state === "rejected" && IGNORED_REASONS.has(d.reason);
+      return h("tr", { dataset: { deliveryId: d.delivery_id, state: d.state, shown: ignored ? "ignored" : d.state } },
         h("td", {}, d.delivery_id, d.redrive_of ? h("div", { class: "muted" }, `re-drive of ${d.redrive_of}`) : null),
-        h("td", { class: "state-cell" }, d.state),
+        h("td", { class: "state-cell", title: ignored ? "the gateway's state: rejected (answered 200 ignored)" : null },
+          ignored ? "ignored" : d.state),
         h("td", {}, reason("delivery", d.reason), d.reason && d.detail ? ": " : null, d.detail ?? null),
         h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
         h("td", {}, when(d.received_at)),

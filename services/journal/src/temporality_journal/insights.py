@@ -24,6 +24,7 @@ from temporality_service import Unprocessable
 
 __all__ = [
     "IGNORED_REASONS",
+    "RUN_ENDED",
     "TRIGGER_CHANGE_TYPES",
     "TRIGGER_TYPES",
     "WAIT_BUCKETS_S",
@@ -48,6 +49,9 @@ HUMAN_TYPES = ("human.requested", "human.answered", "human.expired", "human.reje
 #: The trigger.rejected reasons the gateway answers HTTP 200 ``ignored`` for (a ping, an event type the trigger
 #: does not list, a disabled trigger, its condition false): the trigger does not take them, nothing failed.
 IGNORED_REASONS = frozenset({"unsupported_event", "disabled", "filtered"})
+#: The run states after which a question still open was withdrawn (human-interaction cancels a run's open
+#: questions when it ends, with no human.* event: the run's end is the record).
+RUN_ENDED = frozenset({RunState.COMPLETED.value, RunState.FAILED.value, RunState.CANCELLED.value})
 #: Upper bounds (seconds, exclusive) of the wait-time histogram's buckets; the last bucket is open.
 WAIT_BUCKETS_S: tuple[float, ...] = (60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 MAX_QUESTION = 200
@@ -309,7 +313,12 @@ class HumanCounts(BaseModel):
     answered: int
     expired: int
     rejected: int
-    pending: int = Field(description="Requests with no answer, expiry or rejection journaled")
+    withdrawn: int = Field(
+        default=0,
+        description="Requests with no answer, expiry or rejection journaled whose run ended (completed, failed, "
+        "cancelled): human-interaction withdrew them with the run",
+    )
+    pending: int = Field(description="Requests with no answer, expiry or rejection journaled, of a run not ended")
 
 
 class Breakdown(HumanCounts):
@@ -369,6 +378,7 @@ def _counts(runs: Sequence[RunRow], requests: Sequence[_Request]) -> dict[str, A
         "answered": outcomes["answered"],
         "expired": outcomes["expired"],
         "rejected": outcomes["rejected"],
+        "withdrawn": outcomes["withdrawn"],
         "pending": outcomes["pending"],
     }
 
@@ -404,8 +414,12 @@ def human_analytics(
             req.waited_s = max(float(waited), 0.0)
         else:
             req.waited_s = max((ev.time - req.asked_at).total_seconds(), 0.0)
-    reqs = list(requests.values())
     run_by_id = {r.run_id: r for r in runs}
+    for req in requests.values():
+        run = run_by_id.get(req.run_id)
+        if req.outcome == "pending" and run is not None and run.state in RUN_ENDED:
+            req.outcome = "withdrawn"  # the run ended with it open: withdrawn with the run, never answered
+    reqs = list(requests.values())
 
     def breakdown(key_of: str) -> list[Breakdown]:
         keys = sorted({getattr(r, key_of) for r in runs}, key=lambda k: (k is None, k or ""))

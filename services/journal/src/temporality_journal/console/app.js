@@ -607,9 +607,20 @@ export function timeline(events, run, now = Date.now()) {
     }
   }
   let triggered = false;
+  const open = new Map(); // request_id -> its human.requested, while no outcome is journaled and the run goes on
   for (const e of events) {
     const d = e.data || {};
     const step = { kind: "", title: e.type, lines: [], event: e };
+    if (e.type === "human.requested" && d.request_id && !outcomes.has(d.request_id)) open.set(d.request_id, e);
+    if (RUN_ENDS[e.type] && open.size) {
+      // The run ended with questions still open: human-interaction withdrew them (no human.* event says so; the
+      // run's end is the record), so the timeline says it after the end.
+      steps.push(endStep(step, e, d));
+      for (const asked of open.values()) steps.push(withdrawnStep(asked, e));
+      open.clear();
+      continue;
+    }
+
     switch (e.type) {
       case "trigger.accepted":
         triggered = true;
@@ -723,14 +734,9 @@ export function timeline(events, run, now = Date.now()) {
         step.lines = [["Because", reason("run.resumed", d.reason)]];
         break;
       case "run.completed":
-        step.title = "Completed";
-        step.kind = "done";
-        step.lines = [["Result", d.result], ["Turns", d.turns]];
-        break;
       case "run.failed":
-        step.title = "Failed";
-        step.kind = "bad";
-        step.lines = [["Reason", reason("run.failed", d.reason)], ["Error", d.error]];
+      case "run.cancelled":
+        endStep(step, e, d);
         break;
       // Agent collaboration (COL-9): who asked whom, the answer, and why a message went nowhere.
       case "agent.asked": {
@@ -794,17 +800,46 @@ export function timeline(events, run, now = Date.now()) {
         step.kind = "bad";
         step.lines = [["Reason", d.reason]];
         break;
-      case "run.cancelled":
-        step.title = "Cancelled";
-        step.kind = "bad";
-        step.lines = [["Reason", d.reason]];
-        break;
       default:
         break;
     }
     steps.push(step);
   }
   return steps;
+}
+
+// A run's end, and what it means for a question still open then ("Question withdrawn: the run was cancelled").
+const RUN_ENDS = { "run.completed": "the run completed", "run.failed": "the run failed", "run.cancelled": "the run was cancelled" };
+
+function endStep(step, e, d) {
+  if (e.type === "run.completed") {
+    step.title = "Completed";
+    step.kind = "done";
+    step.lines = [["Result", d.result], ["Turns", d.turns]];
+  } else if (e.type === "run.failed") {
+    step.title = "Failed";
+    step.kind = "bad";
+    step.lines = [["Reason", reason("run.failed", d.reason)], ["Error", d.error]];
+  } else {
+    step.title = "Cancelled";
+    step.kind = "bad";
+    step.lines = [["Reason", d.reason]];
+  }
+  return step;
+}
+
+// Derived at read time (no event of its own): the question's request, whom, and how long it was open.
+function withdrawnStep(asked, end) {
+  const d = asked.data || {};
+  return {
+    kind: "withdrawn",
+    type: "human.withdrawn",
+    title: `Question withdrawn: ${RUN_ENDS[end.type]}`,
+    lines: [["Question", d.question], ["Asked", person(d.recipient)], ["Request", d.request_id],
+      ["Open for", duration((Date.parse(end.time) - Date.parse(asked.time)) / 1000)]],
+    event: null,
+    time: end.time,
+  };
 }
 
 const STREAMED = { progress: "Progress", log: "Log", warning: "Warning", partial_result: "Partial result" };
@@ -845,9 +880,10 @@ function clip(text, max = 80) {
 }
 
 function stepNode(step, openIds) {
-  const li = h("li", { class: step.kind ? `k-${step.kind}` : "", dataset: { type: step.event?.type ?? "wait" } });
+  const li = h("li", { class: step.kind ? `k-${step.kind}` : "", dataset: { type: step.event?.type ?? step.type ?? "wait" } });
   li.append(h("span", { class: "step-title" }, step.title));
-  if (step.event) li.append(h("span", { class: "step-time" }, when(step.event.time)));
+  const time = step.event?.time ?? step.time;
+  if (time) li.append(h("span", { class: "step-time" }, when(time)));
   const lines = step.lines.filter(([, v]) => v !== null && v !== undefined && v !== "");
   if (lines.length) li.append(facts(lines));
   if (step.event) {
@@ -1537,20 +1573,23 @@ function analyticsView(signal) {
     });
     const breakdown = (rows, label) => h("table", {},
       h("thead", {}, h("tr", {}, h("th", {}, label), h("th", { class: "num" }, "Runs"), h("th", { class: "num" }, "Asked"),
-        h("th", { class: "num" }, "Share"), h("th", { class: "num" }, "Answered"), h("th", { class: "num" }, "Expired"))),
+        h("th", { class: "num" }, "Share"), h("th", { class: "num" }, "Answered"), h("th", { class: "num" }, "Expired"),
+        h("th", { class: "num" }, "Withdrawn"), h("th", { class: "num" }, "Pending"))),
       h("tbody", {}, rows.map((r) => h("tr", {}, h("td", {}, r.key ?? "—"), h("td", { class: "num" }, r.runs_total),
         h("td", { class: "num" }, r.runs_asked),
         h("td", { class: "num" }, r.asked_share === null ? "—" : `${Math.round(r.asked_share * 100)} %`),
-        h("td", { class: "num" }, r.answered), h("td", { class: "num" }, r.expired)))));
+        h("td", { class: "num" }, r.answered), h("td", { class: "num" }, r.expired),
+        h("td", { class: "num" }, r.withdrawn), h("td", { class: "num" }, r.pending)))));
     root.replaceChildren(
       h("div", { class: "card" }, facts([
         ["Runs", a.runs_total], ["Runs that asked a human", `${a.runs_asked} (${share})`],
         ["Requests", a.requests_total], ["Answered", a.answered], ["Timed out", a.expired],
-        ["Refused", a.rejected], ["Pending", a.pending],
+        ["Refused", a.rejected], ["Withdrawn (the run ended first)", a.withdrawn], ["Pending", a.pending],
         ["Wait p50 / p90 / max", `${duration(a.wait.p50_s)} / ${duration(a.wait.p90_s)} / ${duration(a.wait.max_s)}`],
       ])),
       h("h2", {}, "Outcomes of human requests"),
-      bars([["answered", a.answered], ["timed out", a.expired], ["refused", a.rejected], ["pending", a.pending]]),
+      bars([["answered", a.answered], ["timed out", a.expired], ["refused", a.rejected], ["withdrawn", a.withdrawn],
+        ["pending", a.pending]]),
       h("h2", {}, "Wait times (answered requests)"),
       bars(histogram),
       h("h2", {}, "Most delegated questions"),

@@ -1873,6 +1873,7 @@ function inboxCard(item, signal) {
   const link = item.source_link; // the run's source (HUM-5); human-interaction sends only http(s) links
   card.append(...[ // DOM append writes a null as the text "null": the absent parts are left out
     h("p", { class: "muted task" }, item.title),
+    askedLine(item),
     link && /^https?:\/\//i.test(link.href)
       ? h("p", { class: "source" },
           h("a", { href: link.href, target: "_blank", rel: "noopener noreferrer" }, link.label || link.href))
@@ -1888,6 +1889,28 @@ function inboxCard(item, signal) {
     status,
   ].filter(Boolean));
   return card;
+}
+
+// Which run asks, and when: two runs asking the same question (two deliveries of one PR) read apart. The run
+// links to its timeline for a person whose role may read it (an inbox-only person gets the id as text).
+export function shortRunId(runId) {
+  const id = String(runId ?? "");
+  return id.length > 12 ? `${id.slice(0, 12)}…` : id;
+}
+
+function askedLine(item) {
+  if (!item.run_id && !item.created_at) return null;
+  const asked = Date.parse(item.created_at);
+  const run = item.run_id
+    ? me?.role
+      ? h("a", { href: `#/runs/${encodeURIComponent(item.run_id)}`, title: item.run_id, class: "run-link" }, shortRunId(item.run_id))
+      : h("code", { title: item.run_id, class: "run-id" }, shortRunId(item.run_id))
+    : null;
+  return h("p", { class: "muted asked", dataset: { runId: item.run_id ?? "" } },
+    run ? ["Run ", run] : null,
+    run && !Number.isNaN(asked) ? " · " : null,
+    Number.isNaN(asked) ? null : [h("span", {}, "asked "), h("time", { datetime: item.created_at }, when(item.created_at)),
+      ` (${duration((Date.now() - asked) / 1000)} ago)`]);
 }
 
 function inboxView(signal) {

@@ -232,14 +232,23 @@ function failed(error) {
 // ------------------------------------------------------------------ live tail (SSE over fetch)
 // EventSource cannot send an Authorization header, so the stream is read with fetch() and parsed here;
 // on a drop it reconnects with Last-Event-ID (the last cursor seen: an event's commit_seq, opaque).
-function setLive(on) {
+// The badge says what the page's tail is doing: "live" (connected), "connecting…" (opening or reopening it),
+// "offline" (refused); a page without a tail (the wizard, sign-in, the inbox) hides it.
+function setLive(state) {
   const badge = $("live");
-  badge.dataset.live = on ? "on" : "off";
-  badge.textContent = on ? "live" : "offline";
+  const on = state === true || state === "on";
+  const value = on ? "on" : state === "connecting" ? "connecting" : "off";
+  badge.dataset.live = value;
+  badge.textContent = { on: "live", connecting: "connecting…", off: "offline" }[value];
 }
 
-async function tail(params, onEvent, signal) {
+// The tail of the current view: onEvent for each event; onOpen each time the stream is (re)opened, after
+// its start position is fixed -- a list view re-reads then, so nothing committed between its first read and
+// the tail's start (or while it was away) is missed.
+async function tail(params, onEvent, signal, onOpen = null) {
   let lastId = null;
+  $("live").hidden = false;
+  setLive("connecting");
   while (!signal.aborted) {
     try {
       const headers = bearer(token());
@@ -266,7 +275,10 @@ async function tail(params, onEvent, signal) {
           const block = buffer.slice(0, end);
           buffer = buffer.slice(end + 2);
           const item = parseBlock(block);
-          if (item.comment !== null && item.comment.startsWith("tail after")) setLive(true);
+          if (item.comment !== null && item.comment.startsWith("tail after")) {
+            setLive("on");
+            onOpen?.();
+          }
           if (item.data === null) continue;
           if (item.id !== null) lastId = item.id;
           onEvent(JSON.parse(item.data));
@@ -280,11 +292,10 @@ async function tail(params, onEvent, signal) {
         return;
       }
     }
-    setLive(false);
     if (signal.aborted) break;
+    setLive("connecting");
     await new Promise((resolve) => setTimeout(resolve, 2000));
   }
-  setLive(false);
 }
 
 function parseBlock(block) {
@@ -502,7 +513,6 @@ function renderChrome(active) {
   $("nav").hidden = !me?.role; // a person with no role has only their inbox
   $("sign-out").hidden = !me;
   $("who").textContent = me ? `${me.name} (${me.role ?? "inbox only"})` : "";
-  $("live").hidden = active === "inbox"; // a person's inbox has no live tail (it re-reads instead)
   for (const link of document.querySelectorAll("[data-nav]")) {
     if (link.dataset.nav === active) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
@@ -620,7 +630,6 @@ export function timeline(events, run, now = Date.now()) {
       open.clear();
       continue;
     }
-
     switch (e.type) {
       case "trigger.accepted":
         triggered = true;
@@ -1036,6 +1045,10 @@ function waitingView(signal) {
 }
 
 // ------------------------------------------------------------------ triggers (UI-2)
+// What moves the Triggers and Analytics pages: deliveries and trigger changes (trigger.*), runs (their states,
+// last run, successful runs) and human requests and their outcomes.
+const movesTriggers = (type) => type.startsWith("trigger.") || type.startsWith("run.") || type === "human.requested";
+const movesAnalytics = (type) => type.startsWith("run.") || type.startsWith("human.");
 // The deliveries the gateway answered 200 "ignored" (a ping, an event type the trigger does not list, a disabled
 // trigger, its condition false): nothing failed, the trigger just does not take them. Journaled as trigger.rejected
 // with one of these reasons (the journal's /triggers counts them apart: deliveries_ignored).
@@ -1050,9 +1063,10 @@ function deliveryCounts(t) {
 
 function triggersView(signal) {
   const body = h("tbody");
+  const definitions = definitionsSection(signal);
   show(
     h("h1", {}, "Triggers"),
-    definitionsSection(signal),
+    definitions,
     h("h2", {}, "What the journal saw"),
     h("p", { class: "muted" }, "What the journal saw of each trigger: its deliveries, runs and audit events."),
     h("table", { id: "triggers" },
@@ -1062,7 +1076,8 @@ function triggersView(signal) {
           "Deliveries"))),
       body),
   );
-  api("/triggers", { signal }).then((data) => {
+  async function load() {
+    const data = await api("/triggers", { signal });
     body.replaceChildren(...data.triggers.map((t) => h("tr", { dataset: { triggerId: t.trigger_id } },
       h("td", {}, h("a", { href: `#/triggers/${encodeURIComponent(t.trigger_id)}` }, t.trigger_id)),
       h("td", {}, t.source ?? "—"),
@@ -1076,7 +1091,17 @@ function triggersView(signal) {
       h("td", { class: "num deliveries" }, h("span", { class: "accepted-received" }, `${t.deliveries_accepted} / ${t.deliveries_received}`),
         deliveryCounts(t)))));
     if (!data.triggers.length) body.append(h("tr", {}, h("td", { colspan: 9, class: "empty" }, "No trigger has fired yet.")));
-  }).catch(failed);
+  }
+  load().catch(failed);
+  const refresh = debounce(() => load().catch(failed), 500);
+  // the definitions (the gateway's) move with the trigger API's audit events; not while a delete is being confirmed
+  const refreshDefinitions = debounce(() => {
+    if (!definitions.querySelector(".confirm:not([hidden])")) definitions.reload?.();
+  }, 500);
+  tail({}, (e) => {
+    if (movesTriggers(e.type)) refresh();
+    if (TRIGGER_CHANGES.has(e.type)) refreshDefinitions();
+  }, signal, refresh);
 }
 
 function deliveriesView(signal, triggerId) {
@@ -1087,15 +1112,24 @@ function deliveriesView(signal, triggerId) {
       h("thead", {}, h("tr", {}, ...["Delivery", "Event", "Outcome", "Reason", "Run", "Time"].map((t) => h("th", {}, t)))),
       body),
   );
-  api(`/triggers/${encodeURIComponent(triggerId)}/deliveries`, { signal }).then((data) => {
+  async function load() {
+    const data = await api(`/triggers/${encodeURIComponent(triggerId)}/deliveries`, { signal });
     body.replaceChildren(...data.deliveries.map((d) => h("tr", { dataset: { deliveryId: d.delivery_id, outcome: d.outcome } },
       h("td", {}, d.delivery_id), h("td", {}, d.event_type ?? "—"), h("td", { class: "outcome" }, d.outcome),
       h("td", {}, reason("delivery", d.reason)),
       h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
       h("td", {}, when(d.time)))));
     if (!data.deliveries.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No deliveries.")));
-  }).catch(failed);
-  $("view").append(processingSection(signal, triggerId));
+  }
+  load().catch(failed);
+  const processing = processingSection(signal, triggerId);
+  $("view").append(processing);
+  const refresh = debounce(() => {
+    load().catch(failed);
+    processing.reload?.();
+  }, 500);
+  const ours = (e) => e.type.startsWith("trigger.") && e.data?.trigger_id === triggerId;
+  tail({}, (e) => (ours(e) ? refresh() : null), signal, refresh);
 }
 
 // The gateway's processing state of a trigger's deliveries (through /gateway/), with Re-drive for a rejected
@@ -1146,13 +1180,17 @@ function processingSection(signal, triggerId) {
     }));
     if (!data.deliveries.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No deliveries recorded.")));
   }
-  load().catch((error) => {
+  const section = h("section", { id: "processing-section" },
+    h("h2", {}, "Processing state (trigger-gateway)"), holder);
+  let gone = false; // the gateway holds no such trigger: not asked again
+  section.reload = () => gone ? null : load().catch((error) => {
     if (error instanceof ApiError && error.status === 404) {
+      gone = true;
       holder.replaceChildren(h("p", { class: "muted" }, `The trigger-gateway holds no trigger ${triggerId} (${error.code}).`));
     } else gatewayFailed(error, holder);
   });
-  return h("section", { id: "processing-section" },
-    h("h2", {}, "Processing state (trigger-gateway)"), holder);
+  section.reload();
+  return section;
 }
 
 // ------------------------------------------------------------------ trigger definitions and the wizard (UI-2)
@@ -1171,6 +1209,8 @@ const TYPE_FIELDS = {
   event: ["event_type", "filter", "allow_self"],
 };
 const etagOf = (revision) => `"${revision}"`;
+// The trigger admin API's audit events (journaled): the definitions list moves with them.
+const TRIGGER_CHANGES = new Set(["trigger.created", "trigger.updated", "trigger.enabled", "trigger.disabled", "trigger.deleted"]);
 
 function gatewayFailed(error, where) {
   if (error instanceof ApiError && error.code === "gateway_not_configured") {
@@ -1199,7 +1239,8 @@ function definitionsSection(signal) {
     body.replaceChildren(...data.triggers.map((item) => definitionRow(item, signal, load)));
     if (!data.triggers.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "empty" }, "No triggers defined.")));
   }
-  load().catch((error) => gatewayFailed(error, holder));
+  section.reload = () => load().catch((error) => gatewayFailed(error, holder));
+  section.reload();
   return section;
 }
 
@@ -1565,7 +1606,7 @@ function bars(rows) {
 function analyticsView(signal) {
   const root = h("div", { id: "analytics" }, "Loading…");
   show(h("h1", {}, "How often runs need people"), root);
-  api("/analytics/human", { signal }).then((a) => {
+  const render = (a) => {
     const share = a.asked_share === null ? "—" : `${Math.round(a.asked_share * 1000) / 10} %`;
     const histogram = a.wait.histogram.map((b, i, all) => {
       const low = i === 0 ? 0 : all[i - 1].lt_s;
@@ -1599,7 +1640,11 @@ function analyticsView(signal) {
       h("h2", {}, "Per agent"), breakdown(a.by_agent, "Agent"),
       h("h2", {}, "Per trigger"), breakdown(a.by_trigger, "Trigger"),
     );
-  }).catch(failed);
+  };
+  const load = () => api("/analytics/human", { signal }).then(render).catch(failed);
+  load();
+  const refresh = debounce(load, 1000);
+  tail({}, (e) => (movesAnalytics(e.type) ? refresh() : null), signal, refresh);
 }
 
 // ------------------------------------------------------------------ the web inbox (UI-1 / HUM)
@@ -1961,7 +2006,10 @@ async function route() {
   viewAbort?.abort();
   viewAbort = new AbortController();
   const signal = viewAbort.signal;
-  setLive(false);
+  // shown again by the view's tail(); a view without one (sign-in, the wizard, the inbox, which re-reads) has
+  // nothing live to speak of
+  $("live").hidden = true;
+  setLive("off");
   const [path, query = ""] = location.hash.replace(/^#/, "").split("?");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
   if (!token() && !me) { // no API token: perhaps a person signed in with the provider (the session cookie)

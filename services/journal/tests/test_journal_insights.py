@@ -118,3 +118,26 @@ def test_cursors_round_trip_and_refuse_forgeries() -> None:
     for token in ("", "!!!", "bm9waXBl", encode_cursor(T0, "")):
         with pytest.raises(Unprocessable):
             decode_cursor(token)
+
+
+def test_an_open_question_of_an_ended_run_is_withdrawn_not_pending() -> None:
+    runs = [
+        RunRow(run_id=run_id, state=state, agent="reviewer", trigger_id="t", created_at=T0)
+        for run_id, state in [
+            ("waits", "waiting_for_human"),
+            ("cancelled", "cancelled"),
+            ("failed", "failed"),
+            ("completed", "completed"),
+            ("resuming", "resuming"),
+        ]
+    ]
+    events = [_ask(r.run_id, f"q-{r.run_id}") for r in runs]
+    events.append(_answer("completed", "q-completed-2", 5))  # an answer to no known request changes nothing
+    events.append(_ask("completed", "q-completed-3"))
+    events.append(_answer("completed", "q-completed-3", 7))  # answered, then the run completed: answered
+    body = human_analytics(runs, events, since=None, until=None, top=10)
+    # cancelled, failed and completed with "q-<run>" open: withdrawn; the waiting and resuming runs' open
+    assert (body.requests_total, body.answered, body.withdrawn, body.pending) == (6, 1, 3, 2)
+    assert body.wait.count == 1
+    (row,) = body.by_agent
+    assert (row.withdrawn, row.pending) == (3, 2)

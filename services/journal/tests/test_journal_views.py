@@ -235,8 +235,9 @@ async def test_triggers_and_deliveries(journal: Journal, story: MakeStory) -> No
     ado = triggers["ado-pr"]
     assert ado["deliveries_received"] == 6
     assert ado["deliveries_accepted"] == 3
-    assert ado["deliveries_rejected"] == 3
-    assert ado["rejected_by_reason"] == {"duplicate": 2, "unsupported_event": 1}
+    assert ado["deliveries_rejected"] == 2  # an ignored delivery (HTTP 200 ignored) is not a refusal
+    assert ado["rejected_by_reason"] == {"duplicate": 2}
+    assert (ado["deliveries_ignored"], ado["ignored_by_reason"]) == (1, {"unsupported_event": 1})
     assert datetime.fromisoformat(ado["last_delivery_at"]) == T0 + timedelta(minutes=50, seconds=1)
     assert ado["last_run"]["run_id"] == broke.run_id
     assert ado["last_run"]["state"] == "failed"
@@ -250,7 +251,7 @@ async def test_triggers_and_deliveries(journal: Journal, story: MakeStory) -> No
     assert [d["delivery_id"] for d in page["deliveries"]] == ["d6", "d5", "d4", "d3"]
     d5 = page["deliveries"][1]
     assert (d5["outcome"], d5["reason"], d5["event_type"], d5["run_id"]) == (
-        "rejected",
+        "ignored",
         "unsupported_event",
         "git.push",
         None,

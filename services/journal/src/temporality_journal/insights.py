@@ -23,6 +23,8 @@ from temporality_protocol import RunState
 from temporality_service import Unprocessable
 
 __all__ = [
+    "IGNORED_REASONS",
+    "RUN_ENDED",
     "TRIGGER_CHANGE_TYPES",
     "TRIGGER_TYPES",
     "WAIT_BUCKETS_S",
@@ -44,6 +46,12 @@ TRIGGER_TYPES = ("trigger.received", "trigger.accepted", "trigger.rejected")
 #: The trigger admin API's audit events: what a trigger is (type, agent, enabled) as of its last change.
 TRIGGER_CHANGE_TYPES = ("trigger.created", "trigger.updated", "trigger.enabled", "trigger.disabled", "trigger.deleted")
 HUMAN_TYPES = ("human.requested", "human.answered", "human.expired", "human.rejected")
+#: The trigger.rejected reasons the gateway answers HTTP 200 ``ignored`` for (a ping, an event type the trigger
+#: does not list, a disabled trigger, its condition false): the trigger does not take them, nothing failed.
+IGNORED_REASONS = frozenset({"unsupported_event", "disabled", "filtered"})
+#: The run states after which a question still open was withdrawn (human-interaction cancels a run's open
+#: questions when it ends, with no human.* event: the run's end is the record).
+RUN_ENDED = frozenset({RunState.COMPLETED.value, RunState.FAILED.value, RunState.CANCELLED.value})
 #: Upper bounds (seconds, exclusive) of the wait-time histogram's buckets; the last bucket is open.
 WAIT_BUCKETS_S: tuple[float, ...] = (60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 MAX_QUESTION = 200
@@ -132,8 +140,17 @@ class TriggerView(BaseModel):
     deleted: bool = Field(default=False, description="Its last change was trigger.deleted")
     deliveries_received: int = Field(description="Distinct deliveries journaled as trigger.received")
     deliveries_accepted: int = Field(description="Distinct deliveries that started a run (trigger.accepted)")
-    deliveries_rejected: int = Field(description="Distinct deliveries refused (trigger.rejected)")
-    rejected_by_reason: dict[str, int] = Field(description="Refused deliveries per reason (duplicate, disabled, ...)")
+    deliveries_rejected: int = Field(
+        description="Distinct deliveries refused (trigger.rejected with a reason not in deliveries_ignored: "
+        "duplicate, invalid_payload, concurrency_skip, ...)"
+    )
+    rejected_by_reason: dict[str, int] = Field(description="Refused deliveries per reason (duplicate, debounced, ...)")
+    deliveries_ignored: int = Field(
+        default=0,
+        description="Distinct deliveries the gateway answered 200 ignored (trigger.rejected with reason "
+        "unsupported_event, disabled or filtered): not failures, the trigger does not take them",
+    )
+    ignored_by_reason: dict[str, int] = Field(default_factory=dict, description="Ignored deliveries per reason")
     last_delivery_at: datetime | None = Field(description="Time of the newest trigger.* event of this trigger")
     last_run: LastRun | None = Field(description="The newest run launched by this trigger")
     runs_total: int
@@ -211,8 +228,12 @@ def triggers_of(events: Iterable[EventRow], runs: Iterable[RunRow], asked: set[s
                 deleted=a.deleted,
                 deliveries_received=len(a.received),
                 deliveries_accepted=len(a.accepted),
-                deliveries_rejected=len(a.rejected),
-                rejected_by_reason=dict(sorted(Counter(a.rejected.values()).items())),
+                deliveries_rejected=sum(1 for r in a.rejected.values() if r not in IGNORED_REASONS),
+                rejected_by_reason=dict(
+                    sorted(Counter(r for r in a.rejected.values() if r not in IGNORED_REASONS).items())
+                ),
+                deliveries_ignored=sum(1 for r in a.rejected.values() if r in IGNORED_REASONS),
+                ignored_by_reason=dict(sorted(Counter(r for r in a.rejected.values() if r in IGNORED_REASONS).items())),
                 last_delivery_at=a.last_at,
                 last_run=None
                 if newest is None
@@ -230,8 +251,11 @@ def triggers_of(events: Iterable[EventRow], runs: Iterable[RunRow], asked: set[s
 class DeliveryView(BaseModel):
     delivery_id: str
     event_type: str | None = Field(description="The source's event type (from trigger.received)")
-    outcome: str = Field(description="accepted, rejected, or received (no decision journaled yet)")
-    reason: str | None = Field(description="Why it was rejected")
+    outcome: str = Field(
+        description="accepted; ignored (trigger.rejected with a reason in IGNORED_REASONS: the gateway answered "
+        "200 ignored); rejected (any other trigger.rejected); or received (no decision journaled yet)"
+    )
+    reason: str | None = Field(description="Why it was ignored or rejected")
     run_id: str | None
     time: datetime = Field(description="When the delivery was first journaled")
 
@@ -253,7 +277,8 @@ def deliveries_of(events: Iterable[EventRow]) -> list[DeliveryView]:
             d["outcome"], d["reason"] = "accepted", None
             d["run_id"] = _str(ev.data, "run_id") or ev.run_id
         elif ev.type == "trigger.rejected" and d["outcome"] != "accepted":
-            d["outcome"], d["reason"] = "rejected", _str(ev.data, "reason")
+            why = _str(ev.data, "reason")
+            d["outcome"], d["reason"] = "ignored" if why in IGNORED_REASONS else "rejected", why
             d["run_id"] = d["run_id"] or _str(ev.data, "run_id")
     views = [DeliveryView(delivery_id=k, **v) for k, v in by_id.items()]
     views.sort(key=lambda v: (v.time, v.delivery_id), reverse=True)
@@ -288,7 +313,12 @@ class HumanCounts(BaseModel):
     answered: int
     expired: int
     rejected: int
-    pending: int = Field(description="Requests with no answer, expiry or rejection journaled")
+    withdrawn: int = Field(
+        default=0,
+        description="Requests with no answer, expiry or rejection journaled whose run ended (completed, failed, "
+        "cancelled): human-interaction withdrew them with the run",
+    )
+    pending: int = Field(description="Requests with no answer, expiry or rejection journaled, of a run not ended")
 
 
 class Breakdown(HumanCounts):
@@ -348,6 +378,7 @@ def _counts(runs: Sequence[RunRow], requests: Sequence[_Request]) -> dict[str, A
         "answered": outcomes["answered"],
         "expired": outcomes["expired"],
         "rejected": outcomes["rejected"],
+        "withdrawn": outcomes["withdrawn"],
         "pending": outcomes["pending"],
     }
 
@@ -383,8 +414,12 @@ def human_analytics(
             req.waited_s = max(float(waited), 0.0)
         else:
             req.waited_s = max((ev.time - req.asked_at).total_seconds(), 0.0)
-    reqs = list(requests.values())
     run_by_id = {r.run_id: r for r in runs}
+    for req in requests.values():
+        run = run_by_id.get(req.run_id)
+        if req.outcome == "pending" and run is not None and run.state in RUN_ENDED:
+            req.outcome = "withdrawn"  # the run ended with it open: withdrawn with the run, never answered
+    reqs = list(requests.values())
 
     def breakdown(key_of: str) -> list[Breakdown]:
         keys = sorted({getattr(r, key_of) for r in runs}, key=lambda k: (k is None, k or ""))

@@ -232,14 +232,23 @@ function failed(error) {
 // ------------------------------------------------------------------ live tail (SSE over fetch)
 // EventSource cannot send an Authorization header, so the stream is read with fetch() and parsed here;
 // on a drop it reconnects with Last-Event-ID (the last cursor seen: an event's commit_seq, opaque).
-function setLive(on) {
+// The badge says what the page's tail is doing: "live" (connected), "connecting…" (opening or reopening it),
+// "offline" (refused); a page without a tail (the wizard, sign-in, the inbox) hides it.
+function setLive(state) {
   const badge = $("live");
-  badge.dataset.live = on ? "on" : "off";
-  badge.textContent = on ? "live" : "offline";
+  const on = state === true || state === "on";
+  const value = on ? "on" : state === "connecting" ? "connecting" : "off";
+  badge.dataset.live = value;
+  badge.textContent = { on: "live", connecting: "connecting…", off: "offline" }[value];
 }
 
-async function tail(params, onEvent, signal) {
+// The tail of the current view: onEvent for each event; onOpen each time the stream is (re)opened, after
+// its start position is fixed -- a list view re-reads then, so nothing committed between its first read and
+// the tail's start (or while it was away) is missed.
+async function tail(params, onEvent, signal, onOpen = null) {
   let lastId = null;
+  $("live").hidden = false;
+  setLive("connecting");
   while (!signal.aborted) {
     try {
       const headers = bearer(token());
@@ -266,7 +275,10 @@ async function tail(params, onEvent, signal) {
           const block = buffer.slice(0, end);
           buffer = buffer.slice(end + 2);
           const item = parseBlock(block);
-          if (item.comment !== null && item.comment.startsWith("tail after")) setLive(true);
+          if (item.comment !== null && item.comment.startsWith("tail after")) {
+            setLive("on");
+            onOpen?.();
+          }
           if (item.data === null) continue;
           if (item.id !== null) lastId = item.id;
           onEvent(JSON.parse(item.data));
@@ -280,11 +292,10 @@ async function tail(params, onEvent, signal) {
         return;
       }
     }
-    setLive(false);
     if (signal.aborted) break;
+    setLive("connecting");
     await new Promise((resolve) => setTimeout(resolve, 2000));
   }
-  setLive(false);
 }
 
 function parseBlock(block) {
@@ -502,7 +513,6 @@ function renderChrome(active) {
   $("nav").hidden = !me?.role; // a person with no role has only their inbox
   $("sign-out").hidden = !me;
   $("who").textContent = me ? `${me.name} (${me.role ?? "inbox only"})` : "";
-  $("live").hidden = active === "inbox"; // a person's inbox has no live tail (it re-reads instead)
   for (const link of document.querySelectorAll("[data-nav]")) {
     if (link.dataset.nav === active) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
@@ -607,9 +617,19 @@ export function timeline(events, run, now = Date.now()) {
     }
   }
   let triggered = false;
+  const open = new Map(); // request_id -> its human.requested, while no outcome is journaled and the run goes on
   for (const e of events) {
     const d = e.data || {};
     const step = { kind: "", title: e.type, lines: [], event: e };
+    if (e.type === "human.requested" && d.request_id && !outcomes.has(d.request_id)) open.set(d.request_id, e);
+    if (RUN_ENDS[e.type] && open.size) {
+      // The run ended with questions still open: human-interaction withdrew them (no human.* event says so; the
+      // run's end is the record), so the timeline says it after the end.
+      steps.push(endStep(step, e, d));
+      for (const asked of open.values()) steps.push(withdrawnStep(asked, e));
+      open.clear();
+      continue;
+    }
     switch (e.type) {
       case "trigger.accepted":
         triggered = true;
@@ -723,14 +743,9 @@ export function timeline(events, run, now = Date.now()) {
         step.lines = [["Because", reason("run.resumed", d.reason)]];
         break;
       case "run.completed":
-        step.title = "Completed";
-        step.kind = "done";
-        step.lines = [["Result", d.result], ["Turns", d.turns]];
-        break;
       case "run.failed":
-        step.title = "Failed";
-        step.kind = "bad";
-        step.lines = [["Reason", reason("run.failed", d.reason)], ["Error", d.error]];
+      case "run.cancelled":
+        endStep(step, e, d);
         break;
       // Agent collaboration (COL-9): who asked whom, the answer, and why a message went nowhere.
       case "agent.asked": {
@@ -794,17 +809,46 @@ export function timeline(events, run, now = Date.now()) {
         step.kind = "bad";
         step.lines = [["Reason", d.reason]];
         break;
-      case "run.cancelled":
-        step.title = "Cancelled";
-        step.kind = "bad";
-        step.lines = [["Reason", d.reason]];
-        break;
       default:
         break;
     }
     steps.push(step);
   }
   return steps;
+}
+
+// A run's end, and what it means for a question still open then ("Question withdrawn: the run was cancelled").
+const RUN_ENDS = { "run.completed": "the run completed", "run.failed": "the run failed", "run.cancelled": "the run was cancelled" };
+
+function endStep(step, e, d) {
+  if (e.type === "run.completed") {
+    step.title = "Completed";
+    step.kind = "done";
+    step.lines = [["Result", d.result], ["Turns", d.turns]];
+  } else if (e.type === "run.failed") {
+    step.title = "Failed";
+    step.kind = "bad";
+    step.lines = [["Reason", reason("run.failed", d.reason)], ["Error", d.error]];
+  } else {
+    step.title = "Cancelled";
+    step.kind = "bad";
+    step.lines = [["Reason", d.reason]];
+  }
+  return step;
+}
+
+// Derived at read time (no event of its own): the question's request, whom, and how long it was open.
+function withdrawnStep(asked, end) {
+  const d = asked.data || {};
+  return {
+    kind: "withdrawn",
+    type: "human.withdrawn",
+    title: `Question withdrawn: ${RUN_ENDS[end.type]}`,
+    lines: [["Question", d.question], ["Asked", person(d.recipient)], ["Request", d.request_id],
+      ["Open for", duration((Date.parse(end.time) - Date.parse(asked.time)) / 1000)]],
+    event: null,
+    time: end.time,
+  };
 }
 
 const STREAMED = { progress: "Progress", log: "Log", warning: "Warning", partial_result: "Partial result" };
@@ -845,9 +889,10 @@ function clip(text, max = 80) {
 }
 
 function stepNode(step, openIds) {
-  const li = h("li", { class: step.kind ? `k-${step.kind}` : "", dataset: { type: step.event?.type ?? "wait" } });
+  const li = h("li", { class: step.kind ? `k-${step.kind}` : "", dataset: { type: step.event?.type ?? step.type ?? "wait" } });
   li.append(h("span", { class: "step-title" }, step.title));
-  if (step.event) li.append(h("span", { class: "step-time" }, when(step.event.time)));
+  const time = step.event?.time ?? step.time;
+  if (time) li.append(h("span", { class: "step-time" }, when(time)));
   const lines = step.lines.filter(([, v]) => v !== null && v !== undefined && v !== "");
   if (lines.length) li.append(facts(lines));
   if (step.event) {
@@ -1000,20 +1045,39 @@ function waitingView(signal) {
 }
 
 // ------------------------------------------------------------------ triggers (UI-2)
+// What moves the Triggers and Analytics pages: deliveries and trigger changes (trigger.*), runs (their states,
+// last run, successful runs) and human requests and their outcomes.
+const movesTriggers = (type) => type.startsWith("trigger.") || type.startsWith("run.") || type === "human.requested";
+const movesAnalytics = (type) => type.startsWith("run.") || type.startsWith("human.");
+// The deliveries the gateway answered 200 "ignored" (a ping, an event type the trigger does not list, a disabled
+// trigger, its condition false): nothing failed, the trigger just does not take them. Journaled as trigger.rejected
+// with one of these reasons (the journal's /triggers counts them apart: deliveries_ignored).
+const IGNORED_REASONS = new Set(["unsupported_event", "disabled", "filtered"]);
+
+function deliveryCounts(t) {
+  const parts = [];
+  if (t.deliveries_ignored) parts.push(`${t.deliveries_ignored} ignored`);
+  if (t.deliveries_rejected) parts.push(`${t.deliveries_rejected} refused`);
+  return parts.length ? h("div", { class: "muted" }, parts.join(" · ")) : null;
+}
+
 function triggersView(signal) {
   const body = h("tbody");
+  const definitions = definitionsSection(signal);
   show(
     h("h1", {}, "Triggers"),
-    definitionsSection(signal),
+    definitions,
     h("h2", {}, "What the journal saw"),
     h("p", { class: "muted" }, "What the journal saw of each trigger: its deliveries, runs and audit events."),
     h("table", { id: "triggers" },
       h("thead", {}, h("tr", {}, ...["Trigger", "Source", "Event", "Agent", "Enabled", "Last run"].map((t) => h("th", {}, t)),
         h("th", { class: "num" }, "Successful runs"), h("th", { class: "num" }, "Needed a human"),
-        h("th", { class: "num" }, "Deliveries"))),
+        h("th", { class: "num", title: "accepted / received; ignored: the trigger does not take them (HTTP 200 ignored)" },
+          "Deliveries"))),
       body),
   );
-  api("/triggers", { signal }).then((data) => {
+  async function load() {
+    const data = await api("/triggers", { signal });
     body.replaceChildren(...data.triggers.map((t) => h("tr", { dataset: { triggerId: t.trigger_id } },
       h("td", {}, h("a", { href: `#/triggers/${encodeURIComponent(t.trigger_id)}` }, t.trigger_id)),
       h("td", {}, t.source ?? "—"),
@@ -1024,9 +1088,20 @@ function triggersView(signal) {
         t.last_run ? h("div", {}, stateBadge(t.last_run.state)) : null),
       h("td", { class: "num" }, t.runs_completed),
       h("td", { class: "num" }, t.runs_needed_human),
-      h("td", { class: "num" }, `${t.deliveries_accepted} / ${t.deliveries_received}`))));
+      h("td", { class: "num deliveries" }, h("span", { class: "accepted-received" }, `${t.deliveries_accepted} / ${t.deliveries_received}`),
+        deliveryCounts(t)))));
     if (!data.triggers.length) body.append(h("tr", {}, h("td", { colspan: 9, class: "empty" }, "No trigger has fired yet.")));
-  }).catch(failed);
+  }
+  load().catch(failed);
+  const refresh = debounce(() => load().catch(failed), 500);
+  // the definitions (the gateway's) move with the trigger API's audit events; not while a delete is being confirmed
+  const refreshDefinitions = debounce(() => {
+    if (!definitions.querySelector(".confirm:not([hidden])")) definitions.reload?.();
+  }, 500);
+  tail({}, (e) => {
+    if (movesTriggers(e.type)) refresh();
+    if (TRIGGER_CHANGES.has(e.type)) refreshDefinitions();
+  }, signal, refresh);
 }
 
 function deliveriesView(signal, triggerId) {
@@ -1037,14 +1112,24 @@ function deliveriesView(signal, triggerId) {
       h("thead", {}, h("tr", {}, ...["Delivery", "Event", "Outcome", "Reason", "Run", "Time"].map((t) => h("th", {}, t)))),
       body),
   );
-  api(`/triggers/${encodeURIComponent(triggerId)}/deliveries`, { signal }).then((data) => {
-    body.replaceChildren(...data.deliveries.map((d) => h("tr", {},
-      h("td", {}, d.delivery_id), h("td", {}, d.event_type ?? "—"), h("td", {}, d.outcome), h("td", {}, reason("delivery", d.reason)),
+  async function load() {
+    const data = await api(`/triggers/${encodeURIComponent(triggerId)}/deliveries`, { signal });
+    body.replaceChildren(...data.deliveries.map((d) => h("tr", { dataset: { deliveryId: d.delivery_id, outcome: d.outcome } },
+      h("td", {}, d.delivery_id), h("td", {}, d.event_type ?? "—"), h("td", { class: "outcome" }, d.outcome),
+      h("td", {}, reason("delivery", d.reason)),
       h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
       h("td", {}, when(d.time)))));
     if (!data.deliveries.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No deliveries.")));
-  }).catch(failed);
-  $("view").append(processingSection(signal, triggerId));
+  }
+  load().catch(failed);
+  const processing = processingSection(signal, triggerId);
+  $("view").append(processing);
+  const refresh = debounce(() => {
+    load().catch(failed);
+    processing.reload?.();
+  }, 500);
+  const ours = (e) => e.type.startsWith("trigger.") && e.data?.trigger_id === triggerId;
+  tail({}, (e) => (ours(e) ? refresh() : null), signal, refresh);
 }
 
 // The gateway's processing state of a trigger's deliveries (through /gateway/), with Re-drive for a rejected
@@ -1082,9 +1167,12 @@ function processingSection(signal, triggerId) {
       if (mayOperate() && REDRIVABLE.has(d.state) && d.has_event !== false) {
         actions.append(h("button", { type: "button", onclick: () => redrive(d, actions) }, "Re-drive"));
       }
-      return h("tr", { dataset: { deliveryId: d.delivery_id, state: d.state } },
+      // the gateway's "rejected" for a delivery it answered 200 ignored reads "ignored" (data-state stays the gateway's)
+      const ignored = d.state === "rejected" && IGNORED_REASONS.has(d.reason);
+      return h("tr", { dataset: { deliveryId: d.delivery_id, state: d.state, shown: ignored ? "ignored" : d.state } },
         h("td", {}, d.delivery_id, d.redrive_of ? h("div", { class: "muted" }, `re-drive of ${d.redrive_of}`) : null),
-        h("td", { class: "state-cell" }, d.state),
+        h("td", { class: "state-cell", title: ignored ? "the gateway's state: rejected (answered 200 ignored)" : null },
+          ignored ? "ignored" : d.state),
         h("td", {}, reason("delivery", d.reason), d.reason && d.detail ? ": " : null, d.detail ?? null),
         h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
         h("td", {}, when(d.received_at)),
@@ -1092,13 +1180,17 @@ function processingSection(signal, triggerId) {
     }));
     if (!data.deliveries.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No deliveries recorded.")));
   }
-  load().catch((error) => {
+  const section = h("section", { id: "processing-section" },
+    h("h2", {}, "Processing state (trigger-gateway)"), holder);
+  let gone = false; // the gateway holds no such trigger: not asked again
+  section.reload = () => gone ? null : load().catch((error) => {
     if (error instanceof ApiError && error.status === 404) {
+      gone = true;
       holder.replaceChildren(h("p", { class: "muted" }, `The trigger-gateway holds no trigger ${triggerId} (${error.code}).`));
     } else gatewayFailed(error, holder);
   });
-  return h("section", { id: "processing-section" },
-    h("h2", {}, "Processing state (trigger-gateway)"), holder);
+  section.reload();
+  return section;
 }
 
 // ------------------------------------------------------------------ trigger definitions and the wizard (UI-2)
@@ -1117,6 +1209,8 @@ const TYPE_FIELDS = {
   event: ["event_type", "filter", "allow_self"],
 };
 const etagOf = (revision) => `"${revision}"`;
+// The trigger admin API's audit events (journaled): the definitions list moves with them.
+const TRIGGER_CHANGES = new Set(["trigger.created", "trigger.updated", "trigger.enabled", "trigger.disabled", "trigger.deleted"]);
 
 function gatewayFailed(error, where) {
   if (error instanceof ApiError && error.code === "gateway_not_configured") {
@@ -1145,7 +1239,8 @@ function definitionsSection(signal) {
     body.replaceChildren(...data.triggers.map((item) => definitionRow(item, signal, load)));
     if (!data.triggers.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "empty" }, "No triggers defined.")));
   }
-  load().catch((error) => gatewayFailed(error, holder));
+  section.reload = () => load().catch((error) => gatewayFailed(error, holder));
+  section.reload();
   return section;
 }
 
@@ -1511,7 +1606,7 @@ function bars(rows) {
 function analyticsView(signal) {
   const root = h("div", { id: "analytics" }, "Loading…");
   show(h("h1", {}, "How often runs need people"), root);
-  api("/analytics/human", { signal }).then((a) => {
+  const render = (a) => {
     const share = a.asked_share === null ? "—" : `${Math.round(a.asked_share * 1000) / 10} %`;
     const histogram = a.wait.histogram.map((b, i, all) => {
       const low = i === 0 ? 0 : all[i - 1].lt_s;
@@ -1519,20 +1614,23 @@ function analyticsView(signal) {
     });
     const breakdown = (rows, label) => h("table", {},
       h("thead", {}, h("tr", {}, h("th", {}, label), h("th", { class: "num" }, "Runs"), h("th", { class: "num" }, "Asked"),
-        h("th", { class: "num" }, "Share"), h("th", { class: "num" }, "Answered"), h("th", { class: "num" }, "Expired"))),
+        h("th", { class: "num" }, "Share"), h("th", { class: "num" }, "Answered"), h("th", { class: "num" }, "Expired"),
+        h("th", { class: "num" }, "Withdrawn"), h("th", { class: "num" }, "Pending"))),
       h("tbody", {}, rows.map((r) => h("tr", {}, h("td", {}, r.key ?? "—"), h("td", { class: "num" }, r.runs_total),
         h("td", { class: "num" }, r.runs_asked),
         h("td", { class: "num" }, r.asked_share === null ? "—" : `${Math.round(r.asked_share * 100)} %`),
-        h("td", { class: "num" }, r.answered), h("td", { class: "num" }, r.expired)))));
+        h("td", { class: "num" }, r.answered), h("td", { class: "num" }, r.expired),
+        h("td", { class: "num" }, r.withdrawn), h("td", { class: "num" }, r.pending)))));
     root.replaceChildren(
       h("div", { class: "card" }, facts([
         ["Runs", a.runs_total], ["Runs that asked a human", `${a.runs_asked} (${share})`],
         ["Requests", a.requests_total], ["Answered", a.answered], ["Timed out", a.expired],
-        ["Refused", a.rejected], ["Pending", a.pending],
+        ["Refused", a.rejected], ["Withdrawn (the run ended first)", a.withdrawn], ["Pending", a.pending],
         ["Wait p50 / p90 / max", `${duration(a.wait.p50_s)} / ${duration(a.wait.p90_s)} / ${duration(a.wait.max_s)}`],
       ])),
       h("h2", {}, "Outcomes of human requests"),
-      bars([["answered", a.answered], ["timed out", a.expired], ["refused", a.rejected], ["pending", a.pending]]),
+      bars([["answered", a.answered], ["timed out", a.expired], ["refused", a.rejected], ["withdrawn", a.withdrawn],
+        ["pending", a.pending]]),
       h("h2", {}, "Wait times (answered requests)"),
       bars(histogram),
       h("h2", {}, "Most delegated questions"),
@@ -1542,7 +1640,11 @@ function analyticsView(signal) {
       h("h2", {}, "Per agent"), breakdown(a.by_agent, "Agent"),
       h("h2", {}, "Per trigger"), breakdown(a.by_trigger, "Trigger"),
     );
-  }).catch(failed);
+  };
+  const load = () => api("/analytics/human", { signal }).then(render).catch(failed);
+  load();
+  const refresh = debounce(load, 1000);
+  tail({}, (e) => (movesAnalytics(e.type) ? refresh() : null), signal, refresh);
 }
 
 // ------------------------------------------------------------------ the web inbox (UI-1 / HUM)
@@ -1816,6 +1918,7 @@ function inboxCard(item, signal) {
   const link = item.source_link; // the run's source (HUM-5); human-interaction sends only http(s) links
   card.append(...[ // DOM append writes a null as the text "null": the absent parts are left out
     h("p", { class: "muted task" }, item.title),
+    askedLine(item),
     link && /^https?:\/\//i.test(link.href)
       ? h("p", { class: "source" },
           h("a", { href: link.href, target: "_blank", rel: "noopener noreferrer" }, link.label || link.href))
@@ -1831,6 +1934,28 @@ function inboxCard(item, signal) {
     status,
   ].filter(Boolean));
   return card;
+}
+
+// Which run asks, and when: two runs asking the same question (two deliveries of one PR) read apart. The run
+// links to its timeline for a person whose role may read it (an inbox-only person gets the id as text).
+export function shortRunId(runId) {
+  const id = String(runId ?? "");
+  return id.length > 12 ? `${id.slice(0, 12)}…` : id;
+}
+
+function askedLine(item) {
+  if (!item.run_id && !item.created_at) return null;
+  const asked = Date.parse(item.created_at);
+  const run = item.run_id
+    ? me?.role
+      ? h("a", { href: `#/runs/${encodeURIComponent(item.run_id)}`, title: item.run_id, class: "run-link" }, shortRunId(item.run_id))
+      : h("code", { title: item.run_id, class: "run-id" }, shortRunId(item.run_id))
+    : null;
+  return h("p", { class: "muted asked", dataset: { runId: item.run_id ?? "" } },
+    run ? ["Run ", run] : null,
+    run && !Number.isNaN(asked) ? " · " : null,
+    Number.isNaN(asked) ? null : [h("span", {}, "asked "), h("time", { datetime: item.created_at }, when(item.created_at)),
+      ` (${duration((Date.now() - asked) / 1000)} ago)`]);
 }
 
 function inboxView(signal) {
@@ -1881,7 +2006,10 @@ async function route() {
   viewAbort?.abort();
   viewAbort = new AbortController();
   const signal = viewAbort.signal;
-  setLive(false);
+  // shown again by the view's tail(); a view without one (sign-in, the wizard, the inbox, which re-reads) has
+  // nothing live to speak of
+  $("live").hidden = true;
+  setLive("off");
   const [path, query = ""] = location.hash.replace(/^#/, "").split("?");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
   if (!token() && !me) { // no API token: perhaps a person signed in with the provider (the session cookie)

@@ -352,6 +352,10 @@ class Tool:
     implementation: ToolFn | None = None
     #: Offered only when a card's ``allow`` names it exactly, never through a pattern (deprecated aliases).
     exact_only: bool = False
+    #: The call only reads (``get_input``, ``get_collaborators``): it has no effect outside the run, so a turn of
+    #: such calls needs no kept reply (:class:`~.records.KeptReply`). Every other tool -- an MCP server's too --
+    #: is taken to have one.
+    pure: bool = False
     _validator: Validator = field(init=False, repr=False, compare=False)
     #: The schema compiled by ``jsonschema-rs``, asked first (``None``: it could not compile the schema).
     _fast: jsonschema_rs.Validator | None = field(init=False, repr=False, compare=False)
@@ -522,6 +526,7 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
         description="The data this run was started with (what its trigger passes to the agent), as JSON.",
         parameters=_NO_ARGUMENTS,
         implementation=_get_input,
+        pure=True,
     ),
     Tool(
         name=ASK_HUMAN,
@@ -542,6 +547,7 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
         "(run:<id>), with their role, task and status. Address ask_agent with these ids.",
         parameters=_NO_ARGUMENTS,
         implementation=_get_collaborators,
+        pure=True,
     ),
     Tool(
         name=ASK_AGENT,
@@ -575,5 +581,6 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
         parameters=_NO_ARGUMENTS,
         implementation=_get_input,
         exact_only=True,
+        pure=True,
     ),
 )

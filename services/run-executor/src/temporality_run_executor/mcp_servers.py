@@ -53,7 +53,9 @@ must do. The session remembers the URL-mode elicitation ids it was asked; a comp
 other (or one already reported) is ignored, as the specification requires.
 
 Every ``tools/call`` carries the caller's trace context in ``params._meta`` (``traceparent``/``tracestate``,
-:func:`trace_meta`): stdio has no headers. ``roots/list`` is answered with the sandbox's working directory.
+:func:`trace_meta`): stdio has no headers. A run's call carries its idempotency key there too
+(:data:`IDEMPOTENCY_KEY`, :attr:`~.tools.ToolContext.call_key`): the same when a crashed turn is carried out again,
+so a server can do a call's side effect once. ``roots/list`` is answered with the sandbox's working directory.
 ``sampling/createMessage`` is answered by the run's own model through the call's
 :data:`~.tools.Sample` (:mod:`.sampling`: counted in the run's limits, journaled), tied to its call as an
 elicitation is; a call with no sampler (a run of an external agent, a bare client) refuses it.
@@ -110,6 +112,7 @@ from temporality_run_executor.tools import (
 __all__ = [
     "DEFAULT_IDLE_S",
     "DEFAULT_MAX_CALLS",
+    "IDEMPOTENCY_KEY",
     "MAX_INPUT_ROUNDS",
     "SEPARATOR",
     "McpClient",
@@ -126,6 +129,10 @@ SEPARATOR = "__"
 DEFAULT_IDLE_S = 300.0
 #: Calls in flight on one session at once.
 DEFAULT_MAX_CALLS = 4
+#: The ``params._meta`` key of a run's ``tools/call`` that holds the call's idempotency key
+#: (:attr:`~.tools.ToolContext.call_key`): the same on every replay of the call, so a server with side effects can
+#: do each once (a ``_meta`` name with a prefix of our own, as the MCP specification asks of extensions).
+IDEMPOTENCY_KEY = "temporality/idempotency-key"
 #: ``input_required`` results (MCP 2026-07-28) one call answers from the record before it fails.
 MAX_INPUT_ROUNDS = 10
 #: URL-mode elicitation ids a session remembers (the ones it was asked, and whether the server reported them done).
@@ -665,14 +672,16 @@ class McpClient:
         arguments: dict[str, Any],
         elicited: tuple[ElicitAnswer, ...] = (),
         sample: Sample | None = None,
+        key: str | None = None,
     ) -> str:
-        """The call's result as the model gets it. The server asking for input that ``elicited`` does not
+        """The call's result as the model gets it. ``key``: the call's idempotency key, sent in its ``params._meta``
+        (:data:`IDEMPOTENCY_KEY`; ``None``: none sent). The server asking for input that ``elicited`` does not
         answer: :class:`~.tools.ElicitationNeeded` (the server was told ``cancel``); asking for a completion:
         answered by ``sample`` (none: refused). With tracing on, in a CLIENT span ``tools/call <tool>`` (an
         error status when the call failed; asking for input is not one). The request carries the current trace
         context in its ``params._meta`` (``traceparent``, ``tracestate``): stdio has no headers."""
         if not tracing.enabled():
-            return await self._call_tool(tool, arguments, elicited, sample)
+            return await self._call_tool(tool, arguments, elicited, sample, key)
         attributes = {
             "mcp.method.name": "tools/call",
             "gen_ai.operation.name": "execute_tool",
@@ -687,7 +696,7 @@ class McpClient:
             set_status_on_exception=False,
         ) as span:
             try:
-                return await self._call_tool(tool, arguments, elicited, sample)
+                return await self._call_tool(tool, arguments, elicited, sample, key)
             except ElicitationNeeded:
                 span.set_attribute("temporality.mcp.input_required", True)
                 raise
@@ -696,14 +705,19 @@ class McpClient:
                 raise
 
     async def _call_tool(
-        self, tool: str, arguments: dict[str, Any], elicited: tuple[ElicitAnswer, ...], sample: Sample | None
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        elicited: tuple[ElicitAnswer, ...],
+        sample: Sample | None,
+        key: str | None = None,
     ) -> str:
         name, timeout_s = self.server.name, self.server.timeout_s
         try:
             async with asyncio.timeout(timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):
                 await s.tools(client)  # current, for the SDK's validation of structured results
                 async with s.calling(elicited, sample) as call:
-                    result = await _call_completing(client, s, call, tool, arguments, timeout_s)
+                    result = await _call_completing(client, s, call, tool, arguments, timeout_s, key)
         except (ElicitationNeeded, ToolError):  # asked in a result or a -32042 error: the run parks on a person
             raise
         except TimeoutError:
@@ -736,7 +750,13 @@ def trace_meta() -> mcp_types.RequestParamsMeta | None:
 
 
 async def _call_completing(
-    client: ClientSession, session: _Session, call: _Call, tool: str, arguments: dict[str, Any], timeout_s: float
+    client: ClientSession,
+    session: _Session,
+    call: _Call,
+    tool: str,
+    arguments: dict[str, Any],
+    timeout_s: float,
+    key: str | None = None,
 ) -> mcp_types.CallToolResult:
     """:func:`_call`, a ``URLElicitationRequiredError`` (-32042) handled per MCP 2025-11-25: the links the person
     must open become a parked URL-mode question (:meth:`_Call.url_required`); once they said ``done`` to every
@@ -744,7 +764,7 @@ async def _call_completing(
     each (bounded: the server's ``completion_wait_s``, the notification being optional) and is made once more;
     still refused, the agent is told."""
     try:
-        return await _call(client, call, tool, arguments, timeout_s)
+        return await _call(client, call, tool, arguments, timeout_s, key)
     except MCPError as exc:
         if exc.code != mcp_types.URL_ELICITATION_REQUIRED:
             raise
@@ -754,7 +774,7 @@ async def _call_completing(
     wait_s = min(session.server.completion_wait_s, timeout_s / 2)
     if ids and await session.completed(ids, wait_s):
         try:
-            return await _call(client, call, tool, arguments, timeout_s)
+            return await _call(client, call, tool, arguments, timeout_s, key)
         except MCPError as exc:
             if exc.code != mcp_types.URL_ELICITATION_REQUIRED:
                 raise
@@ -771,11 +791,14 @@ def _still_required(tool: str, required: list[mcp_types.ElicitRequestURLParams],
 
 
 async def _call(
-    client: ClientSession, call: _Call, tool: str, arguments: dict[str, Any], timeout_s: float
+    client: ClientSession, call: _Call, tool: str, arguments: dict[str, Any], timeout_s: float, key: str | None = None
 ) -> mcp_types.CallToolResult:
     """``tools/call``; an ``input_required`` result (MCP 2026-07-28) answered (from the record, by the run's
-    model) and the call made again with the answers and the server's state, round after round."""
+    model) and the call made again with the answers and the server's state, round after round. ``params._meta``:
+    the trace context and the call's idempotency key (``key``)."""
     meta = trace_meta()
+    if key is not None:
+        meta = cast(mcp_types.RequestParamsMeta, {**(meta or {}), IDEMPOTENCY_KEY: key})
     result = await client.call_tool(
         tool, arguments, read_timeout_seconds=timeout_s, meta=meta, allow_input_required=True
     )
@@ -819,7 +842,7 @@ def _text(result: mcp_types.CallToolResult) -> str:
 def _tool(client: McpClient, listed: mcp_types.Tool) -> Tool:
     async def run(arguments: dict[str, Any], ctx: ToolContext) -> str:
         log.info("mcp.call", server=client.server.name, tool=listed.name, turn=ctx.turn)
-        return await client.call(listed.name, arguments, ctx.elicited, ctx.sample)
+        return await client.call(listed.name, arguments, ctx.elicited, ctx.sample, key=ctx.call_key)
 
     return Tool(
         name=tool_name(client.server.name, listed.name),

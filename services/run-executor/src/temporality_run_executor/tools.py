@@ -329,6 +329,16 @@ class ToolContext:
     #: The run's own model, for a tool that asks for a completion mid-call (MCP sampling); ``None``: refused.
     sample: Sample | None = None
 
+    @property
+    def call_key(self) -> str:
+        """The call's idempotency key: derived from the run, the turn, the call's index and the person's answers to
+        its elicitations so far -- the same every time this call is made again after a crash (the turn replayed from
+        its kept reply), another for the call made again with a new answer (its first attempt was told ``cancel``).
+        An MCP server gets it in ``params._meta`` (:data:`~.mcp_servers.IDEMPOTENCY_KEY`)."""
+        answers = [a.model_dump(mode="json") for a in self.elicited]
+        parts = (json.dumps(answers, sort_keys=True),) if answers else ()
+        return derive_id("call", self.run.run_id, str(self.turn), str(self.index), *parts)
+
 
 ToolFn = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
 

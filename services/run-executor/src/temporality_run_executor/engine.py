@@ -349,7 +349,8 @@ class Engine:
         #: "process" exactly there: ``effect:<Effect>`` (``effect:Transition:<state>``) after an effect is
         #: committed, ``published:<event type>`` after an event is stored, ``provider_replied`` /
         #: ``tool_returned`` after a call came back (its result not stored yet), ``decided:<Incoming>`` once the
-        #: machine decided on a step (before any of its effects), ``handled:<Incoming>`` when a handler is done
+        #: machine decided on a step (before any of its effects; ``decided:ProviderReplied:raw`` on a reply straight from the
+        #: provider, before it is kept), ``handled:<Incoming>`` when a handler is done
         #: (before its message is acked).
         self.crash_point: Callable[[str], Awaitable[None]] | None = None
         #: Runs whose card's provider is an external agent (AP-5): their turns go to the agent instead.
@@ -565,8 +566,9 @@ class Engine:
             decision = decide(
                 view.run, view.ckpt, agent, step, now=self.clock(), attempt=attempt, redactor=self.redactor
             )
-            if self.crash_point is not None:
-                await self._seam("decided", type(step).__name__)
+            if self.crash_point is not None:  # (a reply straight from the provider: ``decided:ProviderReplied:raw``)
+                raw = ("raw",) if isinstance(step, ProviderReplied) and step.raw else ()
+                await self._seam("decided", type(step).__name__, *raw)
             step = await self._perform(view, agent, decision)
         await self._settle(view)  # everything sent is stored before the message is acked
 

@@ -390,6 +390,12 @@ class Engine:
             redactor=redactor,
         )
 
+    def set_card_tools(self, card_id: str, tools: list[Tool]) -> None:
+        """The card's extra tools are ``tools`` from now on (its MCP server listed after the start): its next decision
+        offers and resolves them."""
+        self._registries[card_id] = self.tools.with_tools(tools)
+        self._agents.pop(card_id, None)
+
     def registry(self, card: AgentCard) -> ToolRegistry:
         """The tools ``card`` can be offered: the executor's, plus its MCP servers'."""
         return self._registries.get(card.id, self.tools)

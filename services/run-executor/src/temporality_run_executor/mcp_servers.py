@@ -4,8 +4,10 @@ When the executor starts (:func:`list_card_tools`, from ``setup``), every MCP se
 started and asked for its tools; each becomes a registry :class:`~.tools.Tool` named
 ``<server>__<tool>`` (OpenAI function names allow no dots) with the server's description and input
 schema, so the card's ``tools`` allow/deny policy, JSON-schema argument validation and ``tool.failed``
-apply to it like to any tool. A server that cannot be started or listed stops the executor (exit 2,
-naming the agent and the server): a card must not silently lose its tools.
+apply to it like to any tool. A server that cannot be started or listed does not stop the executor (one flaky
+server would crash-loop every agent): the card keeps a stand-in for each of that server's tools it names exactly
+(:func:`unavailable_tools`, every call ``tool.failed`` saying why), the executor is not ready while it waits, and the
+server is listed again with a backoff (:class:`CardTools`, :func:`relist`) until its tools replace the stand-ins.
 
 Sessions are long-lived (:class:`McpPool`, one per executor process): one live stdio session per
 (server config, sandbox), started on first use and reused by every call of every run, with at most
@@ -115,11 +117,15 @@ __all__ = [
     "IDEMPOTENCY_KEY",
     "MAX_INPUT_ROUNDS",
     "SEPARATOR",
+    "CardTools",
     "McpClient",
     "McpPool",
     "McpToolFailed",
     "list_card_tools",
+    "list_server_tools",
+    "relist",
     "tool_name",
+    "unavailable_tools",
 ]
 
 log = structlog.get_logger(__name__)
@@ -854,16 +860,101 @@ def _tool(client: McpClient, listed: mcp_types.Tool) -> Tool:
 
 async def list_card_tools(card: AgentCard, pool: McpPool) -> list[Tool]:
     """The tools of every MCP server ``card`` declares (each server's session started in the card's sandbox,
-    and kept in ``pool`` for the calls)."""
+    and kept in ``pool`` for the calls); the first server that cannot be listed: :class:`McpToolFailed`."""
     tools: list[Tool] = []
     for server in card.mcp_servers:
-        client = McpClient(server, card.sandbox, pool)
-        try:
-            listed = await client.list_tools()
-        except Exception as exc:  # whatever it is, the card cannot get its tools: say which and why
-            raise McpToolFailed(
-                f"agent {card.id}: mcp_servers {server.name}: could not list its tools: {type(exc).__name__}: {exc}"
-            ) from exc
-        log.info("mcp.listed", agent=card.id, server=server.name, tools=[t.name for t in listed])
-        tools += [_tool(client, t) for t in listed]
+        tools += await list_server_tools(card, server, pool)
     return tools
+
+
+async def list_server_tools(card: AgentCard, server: McpServer, pool: McpPool) -> list[Tool]:
+    """The tools of one of ``card``'s MCP servers; :class:`McpToolFailed` naming the agent, the server and why."""
+    client = McpClient(server, card.sandbox, pool)
+    try:
+        listed = await client.list_tools()
+    except Exception as exc:  # whatever it is, the card cannot get its tools: say which and why
+        raise McpToolFailed(
+            f"agent {card.id}: mcp_servers {server.name}: could not list its tools: {type(exc).__name__}: {exc}"
+        ) from exc
+    log.info("mcp.listed", agent=card.id, server=server.name, tools=[t.name for t in listed])
+    return [_tool(client, t) for t in listed]
+
+
+def unavailable_tools(card: AgentCard, server: McpServer, why: Callable[[], str]) -> list[Tool]:
+    """Stand-ins for the tools of ``server`` that ``card`` names exactly in ``tools`` while the server cannot be
+    listed: offered with no schema of their own, every call fails (``tool.failed``, the model told) saying why
+    (``why()``: the last listing's error). A pattern (``notes__*``) names no tool until the server is listed."""
+    prefix = tool_name(server.name, "")
+    names = [name for name in card.tools.exact_names() if name.startswith(prefix) and name not in card.tools.deny]
+
+    def stand_in(name: str) -> Tool:
+        async def fail(arguments: dict[str, Any], ctx: ToolContext) -> str:
+            raise McpToolFailed(f"{server.name}: {name} is not available: {why()}; the executor keeps trying")
+
+        return Tool(
+            name=name,
+            description=f"(not available yet: the MCP server {server.name} could not be listed)",
+            parameters={"type": "object"},
+            implementation=fail,
+        )
+
+    return [stand_in(name) for name in dict.fromkeys(names)]
+
+
+#: The first wait before a server that could not be listed is listed again, and the longest (doubling between).
+RELIST_FIRST_S = 1.0
+RELIST_MAX_S = 60.0
+
+
+class CardTools:
+    """Every card's MCP tools: each server's listed tools, or (:attr:`unlisted`) the stand-ins of one that could not
+    be listed yet, with the last error."""
+
+    def __init__(self) -> None:
+        self._tools: dict[tuple[str, str], list[Tool]] = {}
+        #: ``(agent, server)`` -> the last listing's error, for the servers not listed yet.
+        self.unlisted: dict[tuple[str, str], str] = {}
+
+    def listed(self, card: AgentCard, server: McpServer, tools: list[Tool]) -> None:
+        self._tools[card.id, server.name] = tools
+        self.unlisted.pop((card.id, server.name), None)
+
+    def failed(self, card: AgentCard, server: McpServer, error: str) -> None:
+        key = (card.id, server.name)
+        first = key not in self.unlisted
+        self.unlisted[key] = error
+        if first:
+            self._tools[key] = unavailable_tools(card, server, lambda: self.unlisted.get(key, "listing it again"))
+
+    def of(self, card: AgentCard) -> list[Tool]:
+        """``card``'s MCP tools as they stand (listed ones, stand-ins for the rest)."""
+        return [tool for server in card.mcp_servers for tool in self._tools.get((card.id, server.name), [])]
+
+    def problem(self) -> str | None:
+        """What is not listed yet (``None``: everything is), for the readiness check."""
+        if not self.unlisted:
+            return None
+        return "; ".join(
+            f"agent {agent}: mcp server {server}: {error}" for (agent, server), error in self.unlisted.items()
+        )
+
+
+async def relist(
+    card: AgentCard, server: McpServer, pool: McpPool, tools: CardTools, listed: Callable[[AgentCard], None]
+) -> None:
+    """List ``server`` again, with a backoff (:data:`RELIST_FIRST_S` doubling to :data:`RELIST_MAX_S`), until it
+    answers; then its tools replace the stand-ins (``listed(card)``: the executor takes the card's new tools)."""
+    wait_s = RELIST_FIRST_S
+    while True:
+        await asyncio.sleep(wait_s)
+        try:
+            found = await list_server_tools(card, server, pool)
+        except McpToolFailed as exc:
+            tools.failed(card, server, str(exc))
+            wait_s = min(wait_s * 2, RELIST_MAX_S)
+            log.warning("mcp.listing_failed", agent=card.id, server=server.name, error=str(exc), retry_in_s=wait_s)
+            continue
+        tools.listed(card, server, found)
+        listed(card)
+        log.info("mcp.listed_after_start", agent=card.id, server=server.name)
+        return

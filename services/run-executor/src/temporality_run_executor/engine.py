@@ -349,9 +349,9 @@ class Engine:
         #: "process" exactly there: ``effect:<Effect>`` (``effect:Transition:<state>``) after an effect is
         #: committed, ``published:<event type>`` after an event is stored, ``provider_replied`` /
         #: ``tool_returned`` after a call came back (its result not stored yet), ``decided:<Incoming>`` once the
-        #: machine decided on a step (before any of its effects; ``decided:ProviderReplied:raw`` on a reply straight from the
-        #: provider, before it is kept), ``handled:<Incoming>`` when a handler is done
-        #: (before its message is acked).
+        #: machine decided on a step (before any of its effects; ``decided:ProviderReplied:raw`` on a reply straight
+        #: from the provider, before it is kept), ``handled:<Incoming>`` when a handler is done (before its message
+        #: is acked).
         self.crash_point: Callable[[str], Awaitable[None]] | None = None
         #: Runs whose card's provider is an external agent (AP-5): their turns go to the agent instead.
         self.external = ExternalAgents(bus, self._emit)

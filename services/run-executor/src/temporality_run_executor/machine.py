@@ -1800,7 +1800,7 @@ def _keep(run: RunRecord | None, agent: Agent | None, incoming: ProviderReplied)
     over (:func:`_boundary`). That compare-and-set is the record's read after the provider call (the run as it is
     now: failed by the watchdog meanwhile, say); with nothing to keep, the driver reads it. An external agent's
     action is stored by agent-collab already (:mod:`.external`): nothing to keep."""
-    fresh = replace(incoming, raw=False)
+    fresh = ProviderReplied(incoming.turn, incoming.reply, incoming.elapsed_s)  # (not replace(): a hot path)
     if run is None or agent is None or agent.card.provider.kind == "external":
         return _decision(then=fresh)
     if not _effects_before_commit(agent, incoming.reply):

@@ -17,7 +17,8 @@ to confirm (a yes/no form) before it deletes, ``book`` asks for a small form (a 
 ``input_required`` result, on an older one ``elicitation/create``).
 
 With ``--client-tools``, for the tests of what the client offers a server (``test_mcp_client_requests.py``),
-also: ``traced`` reports the ``traceparent``/``tracestate`` its request's ``_meta`` carried, ``roots`` asks the
+also: ``traced`` reports the ``traceparent``/``tracestate`` its request's ``_meta`` carried, ``keyed`` the
+idempotency key it carried and how often it was sent that key, ``roots`` asks the
 client for its roots, ``summarize`` asks the client's model for a completion (sampling), ``summarize_many``
 asks ``n`` times and reports each answer or error, ``draft`` asks with a ``maxTokens``, a temperature, stop
 sequences and model hints -- ``roots``, ``summarize`` and ``draft`` through resolvers, so on an MCP 2026-07-28
@@ -226,6 +227,18 @@ def traced(ctx: Context) -> dict[str, object]:
     return {"traceparent": meta.get("traceparent"), "tracestate": meta.get("tracestate")}
 
 
+_keys: dict[str, int] = {}
+
+
+def keyed(ctx: Context) -> dict[str, object]:
+    """The idempotency key this request's ``_meta`` carried, and how often this process has been sent it."""
+    meta = ctx.request_context.meta or {}
+    key = meta.get("temporality/idempotency-key")
+    if isinstance(key, str):
+        _keys[key] = _keys.get(key, 0) + 1
+    return {"key": key, "seen": _keys.get(key, 0) if isinstance(key, str) else 0}
+
+
 def _ask_roots() -> ListRoots:
     return ListRoots()
 
@@ -294,6 +307,6 @@ if __name__ == "__main__":
         for tool in (delete_note, book, purge, connect, sync):
             server.add_tool(tool)
     if "--client-tools" in sys.argv[1:]:
-        for tool in (traced, roots, summarize, summarize_many, draft):
+        for tool in (traced, keyed, roots, summarize, summarize_many, draft):
             server.add_tool(tool)
     server.run()

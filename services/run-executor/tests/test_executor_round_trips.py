@@ -37,7 +37,10 @@ from temporality_bus import Bus, Pipeline
 from temporality_bus.pipeline import Write
 from temporality_protocol import HumanAnswered, HumanRequested, OptionAnswer, make_event
 from temporality_protocol.catalog import BUCKET_RUNS
+from temporality_run_executor.agents import AgentCard, ProviderConfig
 from temporality_run_executor.engine import Engine
+from temporality_run_executor.providers.script import Script
+from temporality_run_executor.tools import ToolPolicy
 from temporality_testing.events import EventLog
 
 #: Starting the run (record created running and leased without a read first, marker, then run.created, the
@@ -199,3 +202,54 @@ def _executor(subjects: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
 def _waits(requests: list[tuple[str, bool]]) -> int:
     """The sequential round trips among ``requests``: those that began a wait of their own."""
     return sum(began for _, began in requests)
+
+
+#: A run of two turns, the first a ``notify`` (a side effect before the turn's checkpoint: its reply is kept on the
+#: run record first, since 6 December late), the second the answer, to its end. Keeping the reply is the
+#: compare-and-set that replaces the record's read after the provider call: the same requests and waits as the code
+#: before it (2ec1b7a, this test run there twice: 20 and 13 each time, the same subjects in the same order but that
+#: one read, ``DIRECT.GET`` of the record, which is now its write).
+NOTIFY_REQUESTS = 20
+NOTIFY_SEQUENTIAL = 13
+NOTIFIER = AgentCard(
+    id="notifier",
+    role="Notifier",
+    system_prompt="You tell alice.",
+    tools=ToolPolicy(allow=["notify"]),
+    provider=ProviderConfig(
+        kind="scripted",
+        script=Script.model_validate(
+            {
+                "steps": [
+                    {"id": "tell", "call": {"tool": "notify", "args": {"recipient": "user:alice", "message": "hi"}}},
+                    {"id": "done", "answer": "told"},
+                ]
+            }
+        ),
+    ),
+)
+
+
+async def test_a_turn_with_a_side_effect_keeps_its_reply_at_no_extra_round_trip(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, requests: Requests
+) -> None:
+    await executor(cards=[NOTIFIER])
+    event = run_requested(agent=NOTIFIER.id)
+    run_id = event.runid
+    assert run_id
+    record = f"$KV.{BUCKET_RUNS.name}.{run_id}"
+    requests.counting = True
+    await bus.publish(event)
+    waits = _executor(
+        await requests.until(
+            "temporality.events.human.notify_requested",
+            "temporality.events.run.completed",
+            f"temporality.timers.schedule.run-retention.{run_id}",
+            record,
+        )
+    )
+    await event_log.wait_for("run.completed", run_id=run_id)
+    counted = [(s, began) for s, began in waits if s != SETTLE]
+    assert [s for s, _ in counted].count("temporality.events.human.notify_requested") == 1
+    assert len(counted) <= NOTIFY_REQUESTS, counted
+    assert _waits(waits) <= NOTIFY_SEQUENTIAL, waits

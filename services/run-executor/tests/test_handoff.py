@@ -37,6 +37,7 @@ from temporality_protocol import (
     RunToolCalled,
     make_event,
 )
+from temporality_protocol.agent_tasks import external_call_id
 from temporality_protocol.catalog import RPC_GET_COLLABORATORS
 from temporality_run_executor.machine import handoff_ids
 from temporality_run_executor.settings import Settings as ExecutorSettings
@@ -136,7 +137,7 @@ async def test_a_handoff_starts_one_child_in_the_saga_and_ends_the_parent(bus: B
         human=policy,
     )
     await bus.publish(make_event(requested, source="/test", id=f"evt-rr-{lead}", run_id=lead, correlation_id=SAGA))
-    handoff_id, child = handoff_ids(lead, "call-handoff")
+    handoff_id, child = handoff_ids(lead, external_call_id(2, 0))  # turn 2, call 0
 
     # the unknown agent: a tool error the model sees, and no handoff
     (bad,) = await event_log.wait_for(

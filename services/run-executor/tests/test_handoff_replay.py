@@ -28,6 +28,7 @@ from temporality_protocol import (
     RunRequested,
     make_event,
 )
+from temporality_protocol.agent_tasks import external_call_id
 from temporality_protocol.catalog import BUCKET_RUNS
 from temporality_run_executor.agents import AgentCard, ProviderConfig
 from temporality_run_executor.machine import handoff_ids
@@ -99,7 +100,7 @@ async def test_a_replayed_handoff_makes_no_second_child(
     await bus.publish(make_event(data, source="/test", id=f"evt-rr-{lead}", run_id=lead, correlation_id="saga-r"))
     await asyncio.wait_for(crash.crashed.wait(), 30)
     processes.append(await _start(nats_settings, "executor-2"))
-    _, child = handoff_ids(lead, "call-handoff")
+    _, child = handoff_ids(lead, external_call_id(1, 0))  # turn 1, call 0
 
     (ended,) = await event_log.wait_for("run.completed", run_id=lead, timeout_s=60)
     assert json.loads(ended.payload(RunCompleted).result) == {"status": "handed_off", "child_run_id": child}

@@ -11,6 +11,7 @@ from executor_support import REVIEWER
 from machine_support import T0, make_checkpoint, make_run
 
 from temporality_protocol import AgentHandedOff, HumanPolicy, LaunchSource, RelayRequest, RunRequested, RunState
+from temporality_protocol.agent_tasks import external_call_id
 from temporality_run_executor.machine import (
     MAX_HANDOFF_DEPTH,
     Agent,
@@ -74,7 +75,7 @@ def test_the_tool_is_offered_like_the_other_collaboration_tools() -> None:
 
 def test_a_handoff_publishes_the_decision_and_the_child_then_ends_the_run() -> None:
     decision = _turn(_run(), _handoff(constraints=["do not merge"]))
-    handoff_id, child = handoff_ids(RUN_ID, "c1")
+    handoff_id, child = handoff_ids(RUN_ID, external_call_id(2, 0))  # from (run, turn 2, call 0)
     publishes = [e for e in decision.effects if isinstance(e, Publish)]
     (handed,) = [p for p in publishes if isinstance(p.data, AgentHandedOff)]
     (requested,) = [p for p in publishes if isinstance(p.data, RunRequested)]
@@ -97,9 +98,16 @@ def test_a_handoff_publishes_the_decision_and_the_child_then_ends_the_run() -> N
     assert decision.then is None  # no further turn
     (ended,) = [e for e in decision.effects if isinstance(e, Transition)]
     assert ended.target is RunState.COMPLETED
-    # the same call again (a replay) is the same handoff and the same child; another call is another
+    # the same call again (a replay) is the same handoff and the same child -- whatever id the model gave the call
+    # this time; another place (turn, index) is another
     assert _turn(_run(), _handoff()).effects[:2] == _turn(_run(), _handoff()).effects[:2]
-    assert handoff_ids(RUN_ID, "c2") != (handoff_id, child)
+    assert _handed(_turn(_run(), _handoff("another-id"))) == (handoff_id, child)
+    assert handoff_ids(RUN_ID, external_call_id(2, 1)) != (handoff_id, child)
+
+
+def _handed(decision: Decision) -> tuple[str, str]:
+    (handed,) = [e.data for e in decision.effects if isinstance(e, Publish) and isinstance(e.data, AgentHandedOff)]
+    return handed.handoff_id, handed.child_run_id
 
 
 def test_what_is_refused_is_a_tool_error_and_the_run_goes_on() -> None:
@@ -122,7 +130,7 @@ def test_what_is_refused_is_a_tool_error_and_the_run_goes_on() -> None:
 def test_a_committed_handoff_is_found_again_after_a_crash() -> None:
     decision = _turn(_run(), _handoff())
     (saved,) = [e for e in decision.effects if isinstance(e, SaveCheckpoint)]
-    assert handed_off_to(saved.checkpoint) == handoff_ids(RUN_ID, "c1")[1]
+    assert handed_off_to(saved.checkpoint) == handoff_ids(RUN_ID, external_call_id(2, 0))[1]
     assert handed_off_to(_ckpt()) is None
     # the boundary after such a checkpoint (the parent crashed before completing) completes the run
     after = decide(_run(), saved.checkpoint, AGENT, Boundary(), now=T0, attempt=ME)

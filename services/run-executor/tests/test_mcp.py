@@ -10,11 +10,14 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 from executor_support import REVIEWER, RunExecutor, executor_main, run_requested
 
 from temporality_bus import Bus, NatsSettings
+from temporality_embedded.processes import free_port
 from temporality_protocol import ToolFailed
+from temporality_run_executor import mcp_servers
 from temporality_run_executor.__main__ import SPEC, configure
 from temporality_run_executor.agents import AgentCard, McpServer, ProviderConfig, Sandbox
 from temporality_run_executor.mcp_servers import McpClient, McpPool, McpToolFailed, list_card_tools
@@ -171,9 +174,54 @@ async def test_the_service_lists_its_cards_mcp_tools_at_start_and_runs_them(
         assert completed.data["result"] == "from the service"
 
 
-async def test_the_service_refuses_to_start_when_a_server_lists_nothing(
+async def test_a_server_not_listed_at_start_fails_its_calls_until_it_is_listed_again(
+    bus: Bus, event_log: EventLog, nats_settings: NatsSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One flaky server does not stop the executor (it used to exit 2, crash-looping every agent): its run's call
+    fails as a tool failure naming why, ``/readyz`` says not ready, and once the server can start it is listed again
+    (with a backoff) and its tools work."""
+    monkeypatch.setattr(mcp_servers, "RELIST_FIRST_S", 0.2)
+    monkeypatch.setattr(mcp_servers, "RELIST_MAX_S", 0.4)
+    up = tmp_path / "server-can-start"
+    server = str(Path(__file__).with_name("mcp_notes_server.py"))
+    gate = (
+        f"import os, runpy, sys; os.path.exists({str(up)!r}) or sys.exit(3); "
+        f"sys.argv = [{server!r}]; runpy.run_path({server!r}, run_name='__main__')"
+    )
+    port = free_port()
+    settings = Settings(nats=nats_settings, agents_file=_agents_file(tmp_path, ["-c", gate]), port=port)
+    async with (
+        serving(("run-executor", executor_main(settings))),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http,
+    ):
+        ready = await http.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["checks"] == {"mcp servers": "failing"}
+        first = run_requested()
+        await bus.publish(first)
+        (failed,) = await event_log.wait_for("tool.failed", run_id=first.runid, timeout_s=60)
+        error = failed.payload(ToolFailed).error
+        assert "notes: notes__read_note is not available: agent reviewer: mcp_servers notes: could not list" in error
+        await event_log.wait_for("run.completed", run_id=first.runid, timeout_s=60)
+
+        up.write_text("", encoding="utf-8")
+        async with asyncio.timeout(60):  # listed again: ready, and the tool is the server's
+            while (await http.get("/readyz")).status_code != 200:  # noqa: ASYNC110 - polling the service
+                await asyncio.sleep(0.1)
+        second = run_requested()
+        await bus.publish(second)
+        (completed,) = await event_log.wait_for("run.completed", run_id=second.runid, timeout_s=60)
+        assert completed.data["result"] == "from the service"
+        assert not event_log.of_type("tool.failed", second.runid)
+
+
+async def test_the_service_still_refuses_a_tool_name_a_listed_server_does_not_have(
     nats_settings: NatsSettings, tmp_path: Path
 ) -> None:
-    settings = Settings(nats=nats_settings, agents_file=_agents_file(tmp_path, ["-c", "raise SystemExit(3)"]))
-    with pytest.raises(ConfigError, match=r"agent reviewer: mcp_servers notes: could not list its tools"):
+    path = _agents_file(tmp_path, SERVER.args)
+    path.write_text(path.read_text(encoding="utf-8").replace("notes__read_note", "notes__no_such_tool"), "utf-8")
+    settings = Settings(nats=nats_settings, agents_file=path)
+    with pytest.raises(
+        ConfigError, match=r"agent reviewer: tools names tools no server listed: \['notes__no_such_tool'\]"
+    ):
         await asyncio.wait_for(run_until(SPEC, settings, configure(settings), asyncio.Event()), 60)

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, SpanKind
 
 from temporality_bus import Bus, NatsSettings, tracing
-from temporality_protocol import RunCompleted, RunSampled, RunUsage
+from temporality_protocol import RunCompleted, RunSampled, RunUsage, derive_id
 from temporality_run_executor.agents import AgentCard, Limits, McpServer, ProviderConfig, Sandbox
 from temporality_run_executor.mcp_servers import McpClient, McpPool, McpToolFailed, list_card_tools
 from temporality_run_executor.providers.script import Script
@@ -82,6 +82,50 @@ async def test_the_call_carries_the_callers_trace_context_in_its_meta(
 async def test_without_a_span_the_call_carries_no_trace_context(pool: McpPool) -> None:
     received = json.loads(await McpClient(SERVER, Sandbox(), pool).call("traced", {}))
     assert received == {"traceparent": None, "tracestate": None}
+
+
+@PROTOCOLS
+async def test_the_call_carries_its_idempotency_key_in_its_meta(pool: McpPool, protocol: str) -> None:
+    client = McpClient(_server(protocol), Sandbox(), pool)
+    assert json.loads(await client.call("keyed", {})) == {"key": None, "seen": 0}  # none given: none sent
+    with tracing.tracer().start_as_current_span("turn"):  # beside the trace context
+        assert json.loads(await client.call("keyed", {}, key=f"call-{protocol}")) == {
+            "key": f"call-{protocol}",
+            "seen": 1,
+        }
+    assert json.loads(await client.call("keyed", {}, key=f"call-{protocol}")) == {"key": f"call-{protocol}", "seen": 2}
+
+
+async def test_a_crash_replays_an_mcp_call_with_the_same_idempotency_key(
+    bus: Bus, event_log: EventLog, nats_settings: NatsSettings, processes: list[Process], pool: McpPool
+) -> None:
+    """The driver dies after the MCP call came back, before the turn's checkpoint: the next process carries the turn
+    out again and the server is sent the same key, derived from (run, turn, call index) -- what it can do its side
+    effect once by."""
+    script = {"steps": [{"id": "k", "call": {"tool": "notes__keyed", "args": {}}}, {"id": "done", "answer": "ok"}]}
+    card = REVIEWER.model_copy(
+        update={
+            "provider": ProviderConfig(kind="scripted", script=Script.model_validate(script)),
+            "tools": ToolPolicy(allow=["notes__keyed"]),
+            "mcp_servers": [SERVER],
+        }
+    )
+    tools = {card.id: await list_card_tools(card, pool)}
+    crash = Crash("tool_returned")
+    first = await start_process(nats_settings, "executor-1", [card], crash, tools)
+    processes.append(first)
+    event = run_requested()
+    run_id = event.runid
+    assert run_id
+    await bus.publish(event)
+    await asyncio.wait_for(crash.crashed.wait(), 60)
+    await first.end()
+    processes.append(await start_process(nats_settings, "executor-2", [card], card_tools=tools))
+    await event_log.wait_for("run.completed", run_id=run_id, timeout_s=60)
+    await event_log.caught_up()
+    (called,) = event_log.of_type("run.tool_called", run_id)
+    key = derive_id("call", run_id, "1", "0")  # turn 1, call 0
+    assert json.loads(called.data["result_preview"]) == {"key": key, "seen": 2}  # the same key, twice
 
 
 @PROTOCOLS
@@ -340,7 +384,7 @@ async def test_a_crash_after_a_sampled_call_journals_the_sampling_once_and_count
     and the run counts the committed call's tokens once."""
     turn = assistant_tool_call("call_sum", "notes__summarize", {"text": "the PR"}, usage=usage(100, 10))
     sampled = assistant_text("It fixes a typo.", usage=usage(30, 5))
-    emulator.replies += [turn, sampled, turn, sampled, assistant_text("Done.", usage=usage(150, 20))]
+    emulator.replies += [turn, sampled, sampled, assistant_text("Done.", usage=usage(150, 20))]
     card = _card(emulator, Limits())
     tools = {card.id: await list_card_tools(card, pool)}
     crash = Crash("tool_returned")
@@ -352,7 +396,8 @@ async def test_a_crash_after_a_sampled_call_journals_the_sampling_once_and_count
     await first.end()
     processes.append(await start_process(nats_settings, "executor-2", [card], card_tools=tools))
     (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=60)
-    assert len(emulator.requests) == 5  # the replayed turn asked the model and sampled again
+    # the replayed turn was carried out from its kept reply (the model not asked again); the server sampled again
+    assert len(emulator.requests) == 4
     await event_log.caught_up()
     assert len(event_log.of_type("run.sampled", event.runid)) == 1
     totals = RunUsage(turns=2, tool_calls=1, prompt_tokens=280, completion_tokens=35, total_tokens=315, samplings=1)

@@ -11,7 +11,7 @@ from executor_support import REVIEWER, RunExecutor, run_requested
 from temporality_bus import Bus
 from temporality_protocol import HumanAnswered, HumanRequested, OptionAnswer, make_event
 from temporality_run_executor.agents import AgentCard, ProviderConfig
-from temporality_run_executor.providers import OpenAICompatible, PermanentProviderError, ProviderError
+from temporality_run_executor.providers import OpenAICompatible, PermanentProviderError, ProviderError, TurnContext
 from temporality_run_executor.providers.openai import RetryableProviderError
 from temporality_run_executor.records import Message, ToolCall
 from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
@@ -170,3 +170,47 @@ async def test_invalid_ask_human_arguments_go_back_to_the_model(
     assert "invalid arguments for 'ask_human' at recipient" in error
     assert "does not match" in error
     assert not event_log.of_type("human.requested", event.runid)
+
+
+def _calls_reply(*calls: dict[str, object]) -> Reply:
+    message = {"role": "assistant", "content": None, "tool_calls": list(calls)}
+    return Reply(200, {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]})
+
+
+def _raw(name: str, call_id: object = None) -> dict[str, object]:
+    raw: dict[str, object] = {"type": "function", "function": {"name": name, "arguments": "{}"}}
+    return raw if call_id is None else {"id": call_id, **raw}
+
+
+async def test_tool_calls_without_an_id_or_with_a_repeated_one_get_their_place_in_the_run(
+    emulator: OpenAIEmulator,
+) -> None:
+    """A call the endpoint sent without an id (or an empty, non-string or repeated one) gets ``call-<turn>-<index>``,
+    never the text ``None``: each tool result answers one call, and a replayed turn keeps the same ids."""
+    emulator.replies.append(
+        _calls_reply(_raw("get_input"), _raw("get_input", "dup"), _raw("get_input", "dup"), _raw("get_input", 7))
+    )
+    provider = OpenAICompatible(base_url=emulator.base_url, model="m", api_key=None)
+    context = TurnContext(run_id="run-1", agent="reviewer", title="t", turn=3)
+    try:
+        turn = await provider.complete([Message(role="user", content="go")], [], context=context)
+    finally:
+        await provider.aclose()
+    assert [c.id for c in turn.tool_calls] == ["call-3-0", "dup", "call-3-2", "call-3-3"]
+
+
+async def test_a_run_answers_a_tool_call_without_an_id_under_the_id_it_was_given(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    emulator.replies += [_calls_reply(_raw("get_input"), _raw("get_input", "")), assistant_text("Done.")]
+    await executor(cards=[_card(emulator)])
+    event = run_requested()
+    await bus.publish(event)
+    await event_log.wait_for("run.completed", run_id=event.runid)
+    await event_log.caught_up()
+    called = [e.data["call_id"] for e in event_log.of_type("run.tool_called", event.runid)]
+    assert called == ["call-1-0", "call-1-1"]
+    sent = emulator.requests[1]["messages"]
+    (assistant,) = [m for m in sent if m["role"] == "assistant"]
+    assert [c["id"] for c in assistant["tool_calls"]] == ["call-1-0", "call-1-1"]
+    assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == ["call-1-0", "call-1-1"]

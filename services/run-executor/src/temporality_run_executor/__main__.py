@@ -10,7 +10,9 @@ are driven no longer walk it (bench/README.md, ``parked_runs.py``).
 
 from __future__ import annotations
 
+import asyncio
 import gc
+from collections.abc import Callable
 
 import structlog
 
@@ -62,7 +64,8 @@ def configure(settings: Settings) -> Setup[Settings]:
     async def setup(rt: Runtime[Settings]) -> None:
         rt.resources.push_async_callback(providers.aclose)
         with_mcp = [card for card in agents.cards() if card.mcp_servers]
-        card_tools = await _mcp_card_tools(rt, with_mcp, tools) if with_mcp else {}
+        mcp = await _mcp_card_tools(rt, with_mcp, tools) if with_mcp else None
+        card_tools = mcp[0] if mcp is not None else {}
         max_deliver = rt.settings.max_deliver or CONSUMERS["run-executor-requests"].max_deliver
         engine = await Engine.open(
             rt.bus,
@@ -75,6 +78,8 @@ def configure(settings: Settings) -> Setup[Settings]:
             card_tools=card_tools,
             redactor=redactor,
         )
+        if mcp is not None:
+            mcp[1](engine)  # a server not listed at start: listed again, its tools then the engine's
         if auth is not None:
             rt.http(create_app(agents, lambda card: engine.registry(card).offered(card.tools), auth))
         inflight = rt.settings.max_inflight
@@ -107,22 +112,69 @@ def _mcp_tool_prefixes(card: AgentCard) -> tuple[str, ...]:
     return tuple(tool_name(server.name, "") for server in card.mcp_servers)
 
 
-async def _mcp_card_tools(rt: Runtime[Settings], cards: list[AgentCard], tools: ToolRegistry) -> dict[str, list[Tool]]:
-    """Start the MCP pool (stopped with the runtime's resources) and list each card's servers' tools."""
-    from temporality_run_executor.mcp_servers import McpPool, McpToolFailed, list_card_tools
+async def _mcp_card_tools(
+    rt: Runtime[Settings], cards: list[AgentCard], tools: ToolRegistry
+) -> tuple[dict[str, list[Tool]], Callable[[Engine], None]]:
+    """Start the MCP pool (stopped with the runtime's resources) and list each card's servers' tools; with them, what
+    starts listing again, once the engine exists, the servers that could not be listed now.
+
+    A server that cannot be listed does not stop the executor (one flaky server would crash-loop every agent): its
+    tools that the card names exactly get stand-ins whose calls fail (``tool.failed``, saying why), ``/readyz`` says
+    the executor is not ready while any server is unlisted, and each is listed again with a backoff until its tools
+    replace the stand-ins. A plain name in ``tools`` that a *listed* server does not have still stops it (exit 2)."""
+    from temporality_run_executor.mcp_servers import (
+        CardTools,
+        McpPool,
+        McpToolFailed,
+        list_server_tools,
+        relist,
+        tool_name,
+    )
 
     mcp = McpPool(idle_s=rt.settings.mcp_idle_s, max_calls=rt.settings.mcp_max_calls)
     rt.resources.push_async_callback(mcp.aclose)  # stops every MCP server at shutdown
-    card_tools: dict[str, list[Tool]] = {}
+    known = CardTools()
     for card in cards:
-        try:
-            card_tools[card.id] = await list_card_tools(card, mcp)
-        except McpToolFailed as exc:
-            raise ConfigError(str(exc)) from exc
-        unknown = tools.with_tools(card_tools[card.id]).unknown(card.tools)
+        for server in card.mcp_servers:
+            try:
+                known.listed(card, server, await list_server_tools(card, server, mcp))
+            except McpToolFailed as exc:
+                log.error("mcp.listing_failed", agent=card.id, server=server.name, error=str(exc), retry_in_s=1.0)
+                known.failed(card, server, str(exc))
+        waiting = tuple(tool_name(s.name, "") for s in card.mcp_servers if (card.id, s.name) in known.unlisted)
+        # (a name of a server not listed yet has its stand-in; "x".startswith(()) is False)
+        unknown = [n for n in tools.with_tools(known.of(card)).unknown(card.tools) if not n.startswith(waiting)]
         if unknown:
             raise ConfigError(f"agent {card.id}: tools names tools no server listed: {unknown}")
-    return card_tools
+    card_tools = {card.id: known.of(card) for card in cards}
+
+    async def unlisted() -> None:
+        problem = known.problem()
+        if problem is not None:
+            raise RuntimeError(f"MCP servers not listed yet (listed again with a backoff): {problem}")
+
+    rt.ready_check("mcp servers", unlisted)
+
+    def start_relisting(engine: Engine) -> None:
+        by_id = {card.id: card for card in cards}
+        tasks = [
+            asyncio.create_task(
+                relist(by_id[agent], server, mcp, known, lambda c: engine.set_card_tools(c.id, known.of(c))),
+                name=f"mcp-relist-{agent}-{name}",
+            )
+            for (agent, name) in list(known.unlisted)
+            for server in by_id[agent].mcp_servers
+            if server.name == name
+        ]
+
+        async def stop() -> None:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        rt.resources.push_async_callback(stop)  # before the pool closes (callbacks run in reverse)
+
+    return card_tools, start_relisting
 
 
 #: The cyclic collector's thresholds in the service's process (Python's default: 700, 10, 10). A young collection

@@ -162,6 +162,7 @@ from temporality_run_executor.machine import (
     FlagCancel,
     Incoming,
     Invoke,
+    KeepReply,
     LeaseHeld,
     LeaseLost,
     LookForAction,
@@ -206,6 +207,7 @@ from temporality_run_executor.machine import (
     released,
     renewed,
     tool_error,
+    with_reply,
 )
 from temporality_run_executor.providers import PermanentProviderError, Provider, ProviderError
 from temporality_run_executor.records import CancelRequest, Checkpoint, RunRecord, Usage
@@ -347,8 +349,9 @@ class Engine:
         #: "process" exactly there: ``effect:<Effect>`` (``effect:Transition:<state>``) after an effect is
         #: committed, ``published:<event type>`` after an event is stored, ``provider_replied`` /
         #: ``tool_returned`` after a call came back (its result not stored yet), ``decided:<Incoming>`` once the
-        #: machine decided on a step (before any of its effects), ``handled:<Incoming>`` when a handler is done
-        #: (before its message is acked).
+        #: machine decided on a step (before any of its effects; ``decided:ProviderReplied:raw`` on a reply straight
+        #: from the provider, before it is kept), ``handled:<Incoming>`` when a handler is done (before its message
+        #: is acked).
         self.crash_point: Callable[[str], Awaitable[None]] | None = None
         #: Runs whose card's provider is an external agent (AP-5): their turns go to the agent instead.
         self.external = ExternalAgents(bus, self._emit)
@@ -386,6 +389,12 @@ class Engine:
             checkpoint_retention_s=checkpoint_retention_s,
             redactor=redactor,
         )
+
+    def set_card_tools(self, card_id: str, tools: list[Tool]) -> None:
+        """The card's extra tools are ``tools`` from now on (its MCP server listed after the start): its next decision
+        offers and resolves them."""
+        self._registries[card_id] = self.tools.with_tools(tools)
+        self._agents.pop(card_id, None)
 
     def registry(self, card: AgentCard) -> ToolRegistry:
         """The tools ``card`` can be offered: the executor's, plus its MCP servers'."""
@@ -563,8 +572,9 @@ class Engine:
             decision = decide(
                 view.run, view.ckpt, agent, step, now=self.clock(), attempt=attempt, redactor=self.redactor
             )
-            if self.crash_point is not None:
-                await self._seam("decided", type(step).__name__)
+            if self.crash_point is not None:  # (a reply straight from the provider: ``decided:ProviderReplied:raw``)
+                raw = ("raw",) if isinstance(step, ProviderReplied) and step.raw else ()
+                await self._seam("decided", type(step).__name__, *raw)
             step = await self._perform(view, agent, decision)
         await self._settle(view)  # everything sent is stored before the message is acked
 
@@ -604,7 +614,9 @@ class Engine:
         turn boundary the record (a cancel recorded meanwhile) and the checkpoint; after the provider the
         record (the watchdog may have failed the run while the turn ran; a cancel ended an external agent's turn)."""
         reads: list[Awaitable[None]] = []
-        if (
+        if isinstance(step, ProviderReplied) and step.raw:
+            pass  # the machine keeps the reply on the record first (KeepReply: that write is the read), or asks again
+        elif (
             isinstance(step, Boundary | ProviderReplied | ProviderFailed | AgentWorking | AgentLooked)
             and not view.run_current
         ):
@@ -686,6 +698,8 @@ class Engine:
             retried = await self._leased(view, self._retry_tool(view, then))
             await self._seam("tool_retried")
             return retried
+        if isinstance(then, ProviderReplied) and then.replayed:  # a kept reply carried out: its provider time counts
+            view.turn_started = time.monotonic() - then.elapsed_s
         if isinstance(then, LookForAction):  # a parked run: nobody else drives it, its record stays current
             assert agent is not None
             assert view.run is not None
@@ -719,6 +733,8 @@ class Engine:
         """
         if isinstance(effect, CreateCheckpoint):  # a run's first: pending, or created running (not started yet)
             return view.run is not None and view.run.state in (RunState.PENDING, RunState.RUNNING)
+        if isinstance(effect, KeepReply):  # records none of them (a recovery sends them again, the same ids)
+            return True
         return (
             isinstance(effect, ApplyResult)
             and view.run is not None
@@ -927,6 +943,15 @@ class Engine:
                 view.checkpoint, view.checkpoint_current = None, True
             case SaveCheckpoint():
                 view.checkpoint, view.checkpoint_current = await self._save_checkpoint(view, effect.checkpoint), True
+            case KeepReply():
+                holder = view.holder
+                try:
+                    keeping = await self.runs.modify(
+                        run_id, lambda r: with_reply(r, effect.reply, holder), known=view.known_run(), validated=True
+                    )
+                except NotFound:
+                    raise TransientError(f"run {run_id} vanished") from None
+                view.hold_run(keeping)
             case QueueMail():
                 queue = await self._modify_checkpoint(view, lambda c: queued(c, effect.mail))
                 view.checkpoint, view.checkpoint_current = Versioned(queue.value, queue.revision), True
@@ -1034,7 +1059,7 @@ class Engine:
             reply = await provider.complete(call.messages, call.tools, budget_s=call.budget_s, context=call.context)
         except ProviderError as exc:
             return ProviderFailed(turn=call.turn, error=str(exc), permanent=isinstance(exc, PermanentProviderError))
-        return ProviderReplied(turn=call.turn, reply=reply, elapsed_s=time.monotonic() - view.turn_started)
+        return ProviderReplied(turn=call.turn, reply=reply, elapsed_s=time.monotonic() - view.turn_started, raw=True)
 
     async def _call_tool(self, view: _View, call: CallTool) -> ToolReturned:
         """One tool call of a turn. :class:`ToolError` comes back to the model as a tool error; any other

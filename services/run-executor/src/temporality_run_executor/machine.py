@@ -131,7 +131,7 @@ from temporality_protocol import (
     ToolFailed,
     derive_id,
 )
-from temporality_protocol.agent_tasks import handoff_ids, task_id_for, turn_wait_id
+from temporality_protocol.agent_tasks import external_call_id, handoff_ids, task_id_for, turn_wait_id
 from temporality_protocol.redaction import Redactor
 from temporality_run_executor.agents import AgentCard, Limits
 from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, read_url, render, render_url
@@ -143,6 +143,7 @@ from temporality_run_executor.records import (
     ElicitAnswer,
     Elicitation,
     Ending,
+    KeptReply,
     Lease,
     Message,
     ParkedOutcome,
@@ -219,6 +220,7 @@ __all__ = [
     "HumanOutcome",
     "Incoming",
     "Invoke",
+    "KeepReply",
     "LeaseHeld",
     "LeaseLost",
     "LookForAction",
@@ -266,6 +268,7 @@ __all__ = [
     "handoff_ids",
     "human_outcome",
     "initial_checkpoint",
+    "kept_reply",
     "leased",
     "merge_mail",
     "moved",
@@ -279,6 +282,7 @@ __all__ = [
     "summary",
     "tool_error",
     "wait_for",
+    "with_reply",
 ]
 
 #: States in which a driver is (or should be) working on the run: the watchdog watches these.
@@ -445,6 +449,13 @@ class ProviderReplied:
     reply: AssistantTurn
     #: Seconds since the turn's provider call began (the turn's compute so far).
     elapsed_s: float
+    #: Straight from the provider, nothing of it stored and the record not read since the call: the machine first
+    #: keeps it on the record (:class:`KeepReply`) when one of its calls may have an effect outside the run
+    #: before the turn's checkpoint, then decides on it (the record as that write, or a read, left it).
+    raw: bool = False
+    #: The reply kept on the record by a driver that died mid-turn, carried out again by the one that took over
+    #: (:func:`_boundary`): the model is not asked again.
+    replayed: bool = False
 
 
 @dataclass(frozen=True)
@@ -704,6 +715,15 @@ class SaveCheckpoint:
 
 
 @dataclass(frozen=True)
+class KeepReply:
+    """Keep the provider's reply for the turn in flight on the run record (:func:`with_reply`, through ``Store.modify``,
+    from the record the handler holds: one compare-and-set in place of the record's read after the provider call),
+    before any call of the turn can have an effect outside the run."""
+
+    reply: KeptReply
+
+
+@dataclass(frozen=True)
 class ApplyResult:
     """Apply a parked call's result to the checkpoint (:func:`apply_result`, through ``Store.modify``)."""
 
@@ -866,6 +886,7 @@ Effect = (
     | CreateRun
     | CreateCheckpoint
     | SaveCheckpoint
+    | KeepReply
     | ApplyResult
     | AnswerElicitation
     | RecordOutcome
@@ -1585,6 +1606,19 @@ def _boundary(
     """
     if run is None or run.state is not RunState.RUNNING:
         return _decision()
+    replay = _replay(run, ckpt, agent)
+    if replay is not None and agent is not None and ckpt is not None and not _held_by_other(run, attempt, now):
+        # its driver died mid-turn after keeping the reply: the turn is finished from it (its calls made again, the
+        # same ids) before anything else -- a cancel or a limit applies at the boundary after it, as for a live turn
+        renew = () if _lease_fresh(run, attempt, now) else (TakeLease(_lease(attempt, now), renew=True),)
+        fields = {"turn": replay.turn, "calls": len(replay.reply.tool_calls)}
+        limit_s = agent.card.limits.max_compute_s
+        return _decision(
+            *renew,
+            ArmWatchdog(ckpt.turn, limit_s, attempt.cause("turn")),
+            Note("run.turn.replayed", "warning", fields),
+            then=replay,
+        )
     if run.cancel is not None:
         return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
     if agent is None:
@@ -1724,6 +1758,11 @@ def _provider_replied(
     now: datetime,
     redactor: Redactor = BUILTIN_REDACTOR,
 ) -> Decision:
+    if incoming.raw:
+        return _keep(run, agent, incoming)
+    if run is not None and run.reply is not None and run.reply.turn == incoming.turn and not incoming.replayed:
+        # a reply of this turn is kept already (another driver's, a moment ago): that one is the turn's
+        incoming = replace(_kept_replied(run.reply), replayed=False)
     if run is None or run.state is not RunState.RUNNING:
         # the turn took so long that the run moved on meanwhile (the watchdog failed it): drop it
         run_id = run.run_id if run is not None else "?"
@@ -1752,6 +1791,73 @@ def _provider_replied(
     plans = _plan_calls(run, ckpt, agent, incoming.turn, now, reply, (request_id, redactor))
     turn = TurnInFlight(number=incoming.turn, reply=reply, usage=usage, plans=plans, metrics=streamed)
     return _calls_from(run, ckpt, agent, turn, 0, (), incoming.elapsed_s, now)
+
+
+def _keep(run: RunRecord | None, agent: Agent | None, incoming: ProviderReplied) -> Decision:
+    """A reply straight from the provider (issue 6, AP-8): kept on the run record before the turn goes on when one of
+    its calls may have an effect outside the run before the turn's checkpoint (:func:`_effects_before_commit`), so
+    a driver that dies mid-turn leaves the same reply -- the same calls, arguments and ids -- to the one that takes
+    over (:func:`_boundary`). That compare-and-set is the record's read after the provider call (the run as it is
+    now: failed by the watchdog meanwhile, say); with nothing to keep, the driver reads it. An external agent's
+    action is stored by agent-collab already (:mod:`.external`): nothing to keep."""
+    fresh = ProviderReplied(incoming.turn, incoming.reply, incoming.elapsed_s)  # (not replace(): a hot path)
+    if run is None or agent is None or agent.card.provider.kind == "external":
+        return _decision(then=fresh)
+    if not _effects_before_commit(agent, incoming.reply):
+        return _decision(then=fresh)
+    return _decision(KeepReply(kept_reply(incoming)), then=fresh)
+
+
+def _effects_before_commit(agent: Agent, reply: AssistantTurn) -> bool:
+    """Whether a call of ``reply`` may have an effect outside the run before the turn's checkpoint: anything but
+    ``ask_human``, a waiting ``ask_agent`` (both asked only once the turn is committed) and a pure tool
+    (:attr:`~.tools.Tool.pure`: it only reads)."""
+    for call in reply.tool_calls:
+        if call.name == ASK_HUMAN or (call.name == ASK_AGENT and call.arguments.get("mode") == "wait"):
+            continue
+        tool = agent.tools.get(call.name)
+        if tool is not None and tool.pure:
+            continue
+        return True
+    return False
+
+
+def kept_reply(replied: ProviderReplied) -> KeptReply:
+    """What the run record keeps of a provider reply (:class:`KeepReply`)."""
+    reply = replied.reply
+    return KeptReply(
+        turn=replied.turn,
+        content=reply.content,
+        tool_calls=reply.tool_calls,
+        usage=reply.usage,
+        finish_reason=reply.finish_reason,
+        stop_sequence=reply.stop_sequence,
+        elapsed_s=replied.elapsed_s,
+    )
+
+
+def _kept_replied(reply: KeptReply) -> ProviderReplied:
+    """The kept reply as the turn's provider reply, carried out again (:attr:`ProviderReplied.replayed`)."""
+    turn = AssistantTurn(
+        content=reply.content,
+        tool_calls=reply.tool_calls,
+        usage=reply.usage,
+        finish_reason=reply.finish_reason,
+        stop_sequence=reply.stop_sequence,
+    )
+    return ProviderReplied(turn=reply.turn, reply=turn, elapsed_s=reply.elapsed_s, replayed=True)
+
+
+def _replay(run: RunRecord, ckpt: Checkpoint | None, agent: Agent | None) -> ProviderReplied | None:
+    """The turn in flight when its driver died, its reply kept on the record (:func:`_keep`): carried out from that
+    reply, not asked of the model again. ``None``: no such turn (the checkpoint has moved past it, or is parked or
+    retrying an elicitation: then no reply of the next turn can have been kept)."""
+    reply = run.reply
+    if reply is None or ckpt is None or agent is None or reply.turn != ckpt.turn + 1:
+        return None
+    if ckpt.pending is not None or ckpt.elicit is not None or agent.card.provider.kind == "external":
+        return None
+    return _kept_replied(reply)
 
 
 def _plan_calls(
@@ -1849,7 +1955,7 @@ def _plan_call(
     if tool.name == ANSWER_AGENT:
         return _plan_answer_agent(run, ckpt, turn, index, call, answered)
     if tool.name == HANDOFF_TO_AGENT:
-        return _plan_handoff(run, agent, turn, call)
+        return _plan_handoff(run, agent, turn, index, call)
     if tool.name == REPORT_PROGRESS:  # AP-9: decided here, published before the turn's checkpoint
         reported = report(run, turn, call, streaming[0] or run.run_id, streaming[1])
         if isinstance(reported, str):
@@ -1989,7 +2095,7 @@ def handed_off_to(ckpt: Checkpoint) -> str | None:
 MAX_HANDOFF_DEPTH = 8
 
 
-def _plan_handoff(run: RunRecord, agent: Agent, turn: int, call: ToolCall) -> ToolPlan:
+def _plan_handoff(run: RunRecord, agent: Agent, turn: int, index: int, call: ToolCall) -> ToolPlan:
     """AP-6: hand the run's task to another agent card (hosted, or external: the child is then offered to its
     agent). ``agent.handed_off`` decides it; the child's ``run.requested``
     (same saga, parent this run, the document as its input, this run's human policy -- never wider) follows;
@@ -2003,7 +2109,9 @@ def _plan_handoff(run: RunRecord, agent: Agent, turn: int, call: ToolCall) -> To
         return Refuse(tool_error(f"no agent {args.agent!r} to hand off to; the agents you may hand off to: {known}"))
     if run.launch.depth >= MAX_HANDOFF_DEPTH:
         return Refuse(tool_error(f"this task was handed on {run.launch.depth} times already: finish it here"))
-    handoff_id, child_run_id = handoff_ids(run.run_id, call.id)
+    # from the call's place in the run (turn, index), never the model's own call id: the same child on every replay
+    # of the turn. Spelled as an external agent's call id, which agent-collab tells the agent its child from.
+    handoff_id, child_run_id = handoff_ids(run.run_id, external_call_id(turn, index))
     document = HandoffDocument(**args.model_dump(exclude={"agent"}))
     handed = AgentHandedOff(
         handoff_id=handoff_id,
@@ -2709,6 +2817,8 @@ def moved(
         raise RunMovedOn(run.run_id, state, target)
     if target not in ACTIVE and run.lease is not None:  # parked or finished: nobody drives it any more
         changes = {"lease": None, **changes}
+    if target not in ACTIVE and run.reply is not None:  # its turn is committed (parked) or over: not needed
+        changes = {"reply": None, **changes}
     if state in RUN.terminal and target in RUN.terminal:  # a run ends once: a second end is another's, stale
         raise RunMovedOn(run.run_id, state, target)
     if state is target and not changes:
@@ -2866,6 +2976,19 @@ def leased(run: RunRecord, lease: Lease, now: datetime) -> RunRecord | None:
     if run.state not in ACTIVE:
         return None
     return evolve_shallow(run, lease=lease)
+
+
+def with_reply(run: RunRecord, reply: KeptReply, holder: str) -> RunRecord | None:
+    """``run`` keeping ``reply`` for its turn in flight (:class:`KeepReply`); ``None`` (nothing to write) when the
+    run is no longer running, or a reply of that turn is kept already (the first one is the turn's: the machine goes
+    on from it). Held by another handler (it took over: this one hung past its lease): :class:`LeaseLost`."""
+    if run.state is not RunState.RUNNING:
+        return None
+    if run.lease is not None and run.lease.holder != holder:
+        raise LeaseLost(f"run {run.run_id} is driven by {run.lease.holder} now")
+    if run.reply is not None and run.reply.turn == reply.turn:
+        return None
+    return evolve_shallow(run, reply=reply)
 
 
 def released(run: RunRecord, holder: str) -> RunRecord | None:

@@ -4,8 +4,10 @@ When the executor starts (:func:`list_card_tools`, from ``setup``), every MCP se
 started and asked for its tools; each becomes a registry :class:`~.tools.Tool` named
 ``<server>__<tool>`` (OpenAI function names allow no dots) with the server's description and input
 schema, so the card's ``tools`` allow/deny policy, JSON-schema argument validation and ``tool.failed``
-apply to it like to any tool. A server that cannot be started or listed stops the executor (exit 2,
-naming the agent and the server): a card must not silently lose its tools.
+apply to it like to any tool. A server that cannot be started or listed does not stop the executor (one flaky
+server would crash-loop every agent): the card keeps a stand-in for each of that server's tools it names exactly
+(:func:`unavailable_tools`, every call ``tool.failed`` saying why), the executor is not ready while it waits, and the
+server is listed again with a backoff (:class:`CardTools`, :func:`relist`) until its tools replace the stand-ins.
 
 Sessions are long-lived (:class:`McpPool`, one per executor process): one live stdio session per
 (server config, sandbox), started on first use and reused by every call of every run, with at most
@@ -53,7 +55,9 @@ must do. The session remembers the URL-mode elicitation ids it was asked; a comp
 other (or one already reported) is ignored, as the specification requires.
 
 Every ``tools/call`` carries the caller's trace context in ``params._meta`` (``traceparent``/``tracestate``,
-:func:`trace_meta`): stdio has no headers. ``roots/list`` is answered with the sandbox's working directory.
+:func:`trace_meta`): stdio has no headers. A run's call carries its idempotency key there too
+(:data:`IDEMPOTENCY_KEY`, :attr:`~.tools.ToolContext.call_key`): the same when a crashed turn is carried out again,
+so a server can do a call's side effect once. ``roots/list`` is answered with the sandbox's working directory.
 ``sampling/createMessage`` is answered by the run's own model through the call's
 :data:`~.tools.Sample` (:mod:`.sampling`: counted in the run's limits, journaled), tied to its call as an
 elicitation is; a call with no sampler (a run of an external agent, a bare client) refuses it.
@@ -110,13 +114,18 @@ from temporality_run_executor.tools import (
 __all__ = [
     "DEFAULT_IDLE_S",
     "DEFAULT_MAX_CALLS",
+    "IDEMPOTENCY_KEY",
     "MAX_INPUT_ROUNDS",
     "SEPARATOR",
+    "CardTools",
     "McpClient",
     "McpPool",
     "McpToolFailed",
     "list_card_tools",
+    "list_server_tools",
+    "relist",
     "tool_name",
+    "unavailable_tools",
 ]
 
 log = structlog.get_logger(__name__)
@@ -126,6 +135,10 @@ SEPARATOR = "__"
 DEFAULT_IDLE_S = 300.0
 #: Calls in flight on one session at once.
 DEFAULT_MAX_CALLS = 4
+#: The ``params._meta`` key of a run's ``tools/call`` that holds the call's idempotency key
+#: (:attr:`~.tools.ToolContext.call_key`): the same on every replay of the call, so a server with side effects can
+#: do each once (a ``_meta`` name with a prefix of our own, as the MCP specification asks of extensions).
+IDEMPOTENCY_KEY = "temporality/idempotency-key"
 #: ``input_required`` results (MCP 2026-07-28) one call answers from the record before it fails.
 MAX_INPUT_ROUNDS = 10
 #: URL-mode elicitation ids a session remembers (the ones it was asked, and whether the server reported them done).
@@ -665,14 +678,16 @@ class McpClient:
         arguments: dict[str, Any],
         elicited: tuple[ElicitAnswer, ...] = (),
         sample: Sample | None = None,
+        key: str | None = None,
     ) -> str:
-        """The call's result as the model gets it. The server asking for input that ``elicited`` does not
+        """The call's result as the model gets it. ``key``: the call's idempotency key, sent in its ``params._meta``
+        (:data:`IDEMPOTENCY_KEY`; ``None``: none sent). The server asking for input that ``elicited`` does not
         answer: :class:`~.tools.ElicitationNeeded` (the server was told ``cancel``); asking for a completion:
         answered by ``sample`` (none: refused). With tracing on, in a CLIENT span ``tools/call <tool>`` (an
         error status when the call failed; asking for input is not one). The request carries the current trace
         context in its ``params._meta`` (``traceparent``, ``tracestate``): stdio has no headers."""
         if not tracing.enabled():
-            return await self._call_tool(tool, arguments, elicited, sample)
+            return await self._call_tool(tool, arguments, elicited, sample, key)
         attributes = {
             "mcp.method.name": "tools/call",
             "gen_ai.operation.name": "execute_tool",
@@ -687,7 +702,7 @@ class McpClient:
             set_status_on_exception=False,
         ) as span:
             try:
-                return await self._call_tool(tool, arguments, elicited, sample)
+                return await self._call_tool(tool, arguments, elicited, sample, key)
             except ElicitationNeeded:
                 span.set_attribute("temporality.mcp.input_required", True)
                 raise
@@ -696,14 +711,19 @@ class McpClient:
                 raise
 
     async def _call_tool(
-        self, tool: str, arguments: dict[str, Any], elicited: tuple[ElicitAnswer, ...], sample: Sample | None
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        elicited: tuple[ElicitAnswer, ...],
+        sample: Sample | None,
+        key: str | None = None,
     ) -> str:
         name, timeout_s = self.server.name, self.server.timeout_s
         try:
             async with asyncio.timeout(timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):
                 await s.tools(client)  # current, for the SDK's validation of structured results
                 async with s.calling(elicited, sample) as call:
-                    result = await _call_completing(client, s, call, tool, arguments, timeout_s)
+                    result = await _call_completing(client, s, call, tool, arguments, timeout_s, key)
         except (ElicitationNeeded, ToolError):  # asked in a result or a -32042 error: the run parks on a person
             raise
         except TimeoutError:
@@ -736,7 +756,13 @@ def trace_meta() -> mcp_types.RequestParamsMeta | None:
 
 
 async def _call_completing(
-    client: ClientSession, session: _Session, call: _Call, tool: str, arguments: dict[str, Any], timeout_s: float
+    client: ClientSession,
+    session: _Session,
+    call: _Call,
+    tool: str,
+    arguments: dict[str, Any],
+    timeout_s: float,
+    key: str | None = None,
 ) -> mcp_types.CallToolResult:
     """:func:`_call`, a ``URLElicitationRequiredError`` (-32042) handled per MCP 2025-11-25: the links the person
     must open become a parked URL-mode question (:meth:`_Call.url_required`); once they said ``done`` to every
@@ -744,7 +770,7 @@ async def _call_completing(
     each (bounded: the server's ``completion_wait_s``, the notification being optional) and is made once more;
     still refused, the agent is told."""
     try:
-        return await _call(client, call, tool, arguments, timeout_s)
+        return await _call(client, call, tool, arguments, timeout_s, key)
     except MCPError as exc:
         if exc.code != mcp_types.URL_ELICITATION_REQUIRED:
             raise
@@ -754,7 +780,7 @@ async def _call_completing(
     wait_s = min(session.server.completion_wait_s, timeout_s / 2)
     if ids and await session.completed(ids, wait_s):
         try:
-            return await _call(client, call, tool, arguments, timeout_s)
+            return await _call(client, call, tool, arguments, timeout_s, key)
         except MCPError as exc:
             if exc.code != mcp_types.URL_ELICITATION_REQUIRED:
                 raise
@@ -771,11 +797,14 @@ def _still_required(tool: str, required: list[mcp_types.ElicitRequestURLParams],
 
 
 async def _call(
-    client: ClientSession, call: _Call, tool: str, arguments: dict[str, Any], timeout_s: float
+    client: ClientSession, call: _Call, tool: str, arguments: dict[str, Any], timeout_s: float, key: str | None = None
 ) -> mcp_types.CallToolResult:
     """``tools/call``; an ``input_required`` result (MCP 2026-07-28) answered (from the record, by the run's
-    model) and the call made again with the answers and the server's state, round after round."""
+    model) and the call made again with the answers and the server's state, round after round. ``params._meta``:
+    the trace context and the call's idempotency key (``key``)."""
     meta = trace_meta()
+    if key is not None:
+        meta = cast(mcp_types.RequestParamsMeta, {**(meta or {}), IDEMPOTENCY_KEY: key})
     result = await client.call_tool(
         tool, arguments, read_timeout_seconds=timeout_s, meta=meta, allow_input_required=True
     )
@@ -819,7 +848,7 @@ def _text(result: mcp_types.CallToolResult) -> str:
 def _tool(client: McpClient, listed: mcp_types.Tool) -> Tool:
     async def run(arguments: dict[str, Any], ctx: ToolContext) -> str:
         log.info("mcp.call", server=client.server.name, tool=listed.name, turn=ctx.turn)
-        return await client.call(listed.name, arguments, ctx.elicited, ctx.sample)
+        return await client.call(listed.name, arguments, ctx.elicited, ctx.sample, key=ctx.call_key)
 
     return Tool(
         name=tool_name(client.server.name, listed.name),
@@ -831,16 +860,101 @@ def _tool(client: McpClient, listed: mcp_types.Tool) -> Tool:
 
 async def list_card_tools(card: AgentCard, pool: McpPool) -> list[Tool]:
     """The tools of every MCP server ``card`` declares (each server's session started in the card's sandbox,
-    and kept in ``pool`` for the calls)."""
+    and kept in ``pool`` for the calls); the first server that cannot be listed: :class:`McpToolFailed`."""
     tools: list[Tool] = []
     for server in card.mcp_servers:
-        client = McpClient(server, card.sandbox, pool)
-        try:
-            listed = await client.list_tools()
-        except Exception as exc:  # whatever it is, the card cannot get its tools: say which and why
-            raise McpToolFailed(
-                f"agent {card.id}: mcp_servers {server.name}: could not list its tools: {type(exc).__name__}: {exc}"
-            ) from exc
-        log.info("mcp.listed", agent=card.id, server=server.name, tools=[t.name for t in listed])
-        tools += [_tool(client, t) for t in listed]
+        tools += await list_server_tools(card, server, pool)
     return tools
+
+
+async def list_server_tools(card: AgentCard, server: McpServer, pool: McpPool) -> list[Tool]:
+    """The tools of one of ``card``'s MCP servers; :class:`McpToolFailed` naming the agent, the server and why."""
+    client = McpClient(server, card.sandbox, pool)
+    try:
+        listed = await client.list_tools()
+    except Exception as exc:  # whatever it is, the card cannot get its tools: say which and why
+        raise McpToolFailed(
+            f"agent {card.id}: mcp_servers {server.name}: could not list its tools: {type(exc).__name__}: {exc}"
+        ) from exc
+    log.info("mcp.listed", agent=card.id, server=server.name, tools=[t.name for t in listed])
+    return [_tool(client, t) for t in listed]
+
+
+def unavailable_tools(card: AgentCard, server: McpServer, why: Callable[[], str]) -> list[Tool]:
+    """Stand-ins for the tools of ``server`` that ``card`` names exactly in ``tools`` while the server cannot be
+    listed: offered with no schema of their own, every call fails (``tool.failed``, the model told) saying why
+    (``why()``: the last listing's error). A pattern (``notes__*``) names no tool until the server is listed."""
+    prefix = tool_name(server.name, "")
+    names = [name for name in card.tools.exact_names() if name.startswith(prefix) and name not in card.tools.deny]
+
+    def stand_in(name: str) -> Tool:
+        async def fail(arguments: dict[str, Any], ctx: ToolContext) -> str:
+            raise McpToolFailed(f"{server.name}: {name} is not available: {why()}; the executor keeps trying")
+
+        return Tool(
+            name=name,
+            description=f"(not available yet: the MCP server {server.name} could not be listed)",
+            parameters={"type": "object"},
+            implementation=fail,
+        )
+
+    return [stand_in(name) for name in dict.fromkeys(names)]
+
+
+#: The first wait before a server that could not be listed is listed again, and the longest (doubling between).
+RELIST_FIRST_S = 1.0
+RELIST_MAX_S = 60.0
+
+
+class CardTools:
+    """Every card's MCP tools: each server's listed tools, or (:attr:`unlisted`) the stand-ins of one that could not
+    be listed yet, with the last error."""
+
+    def __init__(self) -> None:
+        self._tools: dict[tuple[str, str], list[Tool]] = {}
+        #: ``(agent, server)`` -> the last listing's error, for the servers not listed yet.
+        self.unlisted: dict[tuple[str, str], str] = {}
+
+    def listed(self, card: AgentCard, server: McpServer, tools: list[Tool]) -> None:
+        self._tools[card.id, server.name] = tools
+        self.unlisted.pop((card.id, server.name), None)
+
+    def failed(self, card: AgentCard, server: McpServer, error: str) -> None:
+        key = (card.id, server.name)
+        first = key not in self.unlisted
+        self.unlisted[key] = error
+        if first:
+            self._tools[key] = unavailable_tools(card, server, lambda: self.unlisted.get(key, "listing it again"))
+
+    def of(self, card: AgentCard) -> list[Tool]:
+        """``card``'s MCP tools as they stand (listed ones, stand-ins for the rest)."""
+        return [tool for server in card.mcp_servers for tool in self._tools.get((card.id, server.name), [])]
+
+    def problem(self) -> str | None:
+        """What is not listed yet (``None``: everything is), for the readiness check."""
+        if not self.unlisted:
+            return None
+        return "; ".join(
+            f"agent {agent}: mcp server {server}: {error}" for (agent, server), error in self.unlisted.items()
+        )
+
+
+async def relist(
+    card: AgentCard, server: McpServer, pool: McpPool, tools: CardTools, listed: Callable[[AgentCard], None]
+) -> None:
+    """List ``server`` again, with a backoff (:data:`RELIST_FIRST_S` doubling to :data:`RELIST_MAX_S`), until it
+    answers; then its tools replace the stand-ins (``listed(card)``: the executor takes the card's new tools)."""
+    wait_s = RELIST_FIRST_S
+    while True:
+        await asyncio.sleep(wait_s)
+        try:
+            found = await list_server_tools(card, server, pool)
+        except McpToolFailed as exc:
+            tools.failed(card, server, str(exc))
+            wait_s = min(wait_s * 2, RELIST_MAX_S)
+            log.warning("mcp.listing_failed", agent=card.id, server=server.name, error=str(exc), retry_in_s=wait_s)
+            continue
+        tools.listed(card, server, found)
+        listed(card)
+        log.info("mcp.listed_after_start", agent=card.id, server=server.name)
+        return

@@ -24,6 +24,7 @@ __all__ = [
     "ElicitAnswer",
     "Elicitation",
     "Ending",
+    "KeptReply",
     "Lease",
     "Message",
     "ParkedOutcome",
@@ -202,6 +203,24 @@ class Ending(_Model):
     published: bool = False
 
 
+class KeptReply(_Model):
+    """The provider's reply for the run's turn in flight (the checkpoint's turn plus one), kept on the run record
+    before any of its calls can have an effect outside the run (a ``notify``, an ``agent.asked``, an MCP call...):
+    a driver that dies before the turn's checkpoint leaves it to the one that takes over, which carries the turn
+    out from it -- the same calls, the same ids -- instead of asking the model again (issue 6: a model need not
+    answer the same twice). Written in the compare-and-set that stands in for the record's read after the provider
+    call; a turn whose calls have no such effect keeps none. Dropped when the run parks or ends."""
+
+    turn: int
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    stop_sequence: str | None = None
+    #: Seconds the provider call took (the turn's compute so far).
+    elapsed_s: float = 0.0
+
+
 class RunRecord(_Model):
     run_id: str
     state: RunState
@@ -235,6 +254,9 @@ class RunRecord(_Model):
     lease: Lease | None = None
     #: Set with the terminal state (:class:`Ending`): what its terminal event is built from.
     ending: Ending | None = None
+    #: The provider's reply for the turn in flight, kept before its calls' effects (:class:`KeptReply`); records
+    #: from before it read ``None``.
+    reply: KeptReply | None = None
 
 
 class Checkpoint(_Model):

@@ -329,6 +329,16 @@ class ToolContext:
     #: The run's own model, for a tool that asks for a completion mid-call (MCP sampling); ``None``: refused.
     sample: Sample | None = None
 
+    @property
+    def call_key(self) -> str:
+        """The call's idempotency key: derived from the run, the turn, the call's index and the person's answers to
+        its elicitations so far -- the same every time this call is made again after a crash (the turn replayed from
+        its kept reply), another for the call made again with a new answer (its first attempt was told ``cancel``).
+        An MCP server gets it in ``params._meta`` (:data:`~.mcp_servers.IDEMPOTENCY_KEY`)."""
+        answers = [a.model_dump(mode="json") for a in self.elicited]
+        parts = (json.dumps(answers, sort_keys=True),) if answers else ()
+        return derive_id("call", self.run.run_id, str(self.turn), str(self.index), *parts)
+
 
 ToolFn = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
 
@@ -352,6 +362,10 @@ class Tool:
     implementation: ToolFn | None = None
     #: Offered only when a card's ``allow`` names it exactly, never through a pattern (deprecated aliases).
     exact_only: bool = False
+    #: The call only reads (``get_input``, ``get_collaborators``): it has no effect outside the run, so a turn of
+    #: such calls needs no kept reply (:class:`~.records.KeptReply`). Every other tool -- an MCP server's too --
+    #: is taken to have one.
+    pure: bool = False
     _validator: Validator = field(init=False, repr=False, compare=False)
     #: The schema compiled by ``jsonschema-rs``, asked first (``None``: it could not compile the schema).
     _fast: jsonschema_rs.Validator | None = field(init=False, repr=False, compare=False)
@@ -522,6 +536,7 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
         description="The data this run was started with (what its trigger passes to the agent), as JSON.",
         parameters=_NO_ARGUMENTS,
         implementation=_get_input,
+        pure=True,
     ),
     Tool(
         name=ASK_HUMAN,
@@ -542,6 +557,7 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
         "(run:<id>), with their role, task and status. Address ask_agent with these ids.",
         parameters=_NO_ARGUMENTS,
         implementation=_get_collaborators,
+        pure=True,
     ),
     Tool(
         name=ASK_AGENT,
@@ -575,5 +591,6 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
         parameters=_NO_ARGUMENTS,
         implementation=_get_input,
         exact_only=True,
+        pure=True,
     ),
 )

@@ -166,7 +166,7 @@ class OpenAICompatible(Provider):
                 with attempt:
                     attempts += 1
                     remaining = None if deadline is None else deadline - self._clock()
-                    return await self._attempt(body, remaining)
+                    return _identified(await self._attempt(body, remaining), context)
         except RetryableProviderError as exc:
             if over_budget:
                 raise PermanentProviderError(
@@ -262,17 +262,47 @@ class OpenAICompatible(Provider):
 def _tool_call(raw: Any) -> ToolCall:
     raw = raw if isinstance(raw, dict) else {}
     function = raw.get("function") if isinstance(raw.get("function"), dict) else {}
+    call_id = raw.get("id") if isinstance(raw.get("id"), str) else ""  # none: given one by _identified
     text = function.get("arguments")
     if isinstance(text, dict):  # some servers send the object itself
-        return ToolCall(id=str(raw.get("id")), name=str(function.get("name")), arguments=text)
+        return ToolCall(id=call_id, name=str(function.get("name")), arguments=text)
     text = text if isinstance(text, str) else json.dumps(text)
     try:
         arguments = json.loads(text or "{}")
     except (json.JSONDecodeError, RecursionError):  # not JSON, or nested past the parser's depth
         arguments = None
     if not isinstance(arguments, dict):
-        return ToolCall(id=str(raw.get("id")), name=str(function.get("name")), invalid_arguments=text)
-    return ToolCall(id=str(raw.get("id")), name=str(function.get("name")), arguments=arguments)
+        return ToolCall(id=call_id, name=str(function.get("name")), invalid_arguments=text)
+    return ToolCall(id=call_id, name=str(function.get("name")), arguments=arguments)
+
+
+def _identified(turn: AssistantTurn, context: TurnContext | None) -> AssistantTurn:
+    """``turn`` with an id on every tool call: a call the endpoint sent without one (or with an empty one, or the
+    id of an earlier call of the same reply) gets ``call-<turn>-<index>`` -- its place in the run, the same whenever
+    this reply is carried out -- so its tool result answers it alone (the next request's ``tool_call_id``)."""
+    calls = turn.tool_calls
+    ids = [call.id for call in calls]
+    if all(ids) and len(set(ids)) == len(ids):
+        return turn
+    number = context.turn if context is not None else 0
+    taken = set(ids)
+    seen: set[str] = set()
+    fixed: list[ToolCall] = []
+    for index, call in enumerate(calls):
+        if call.id and call.id not in seen:
+            seen.add(call.id)
+            fixed.append(call)
+            continue
+        given = f"call-{number}-{index}"
+        while given in taken:  # (the model's own ids might look alike)
+            given += "x"
+        taken.add(given)
+        seen.add(given)
+        log.warning("provider.tool_call_id_given", index=index, sent=call.id or None, given=given)
+        fixed.append(
+            ToolCall(id=given, name=call.name, arguments=call.arguments, invalid_arguments=call.invalid_arguments)
+        )
+    return turn.model_copy(update={"tool_calls": fixed})
 
 
 def _usage(reply: dict[str, Any]) -> Usage | None:

@@ -48,7 +48,7 @@ from temporality_protocol import (
     TaskAction,
     make_event,
 )
-from temporality_protocol.agent_tasks import StoredAction, TaskRecord
+from temporality_protocol.agent_tasks import StoredAction, TaskRecord, external_call_id
 from temporality_protocol.catalog import (
     ALL_BUCKETS,
     ALL_STREAMS,
@@ -307,7 +307,7 @@ async def test_a_hosted_agent_hands_off_to_an_external_agent(client: Client) -> 
     saga = f"saga-{uuid.uuid4().hex[:8]}"
     lead = await client.request("hosted-lead", saga)
     (handed,) = await client.events.wait_for("agent.handed_off", run_id=lead, timeout_s=WAIT_S)
-    handoff_id, child = handoff_ids(lead, handed.data["call_id"])
+    handoff_id, child = handoff_ids(lead, external_call_id(handed.data["turn"], 0))  # (run, turn, call 0)
     assert (handed.data["handoff_id"], handed.data["child_run_id"], handed.data["agent"]) == (
         handoff_id,
         child,

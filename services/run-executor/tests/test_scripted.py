@@ -205,7 +205,33 @@ def test_a_turn_renders_only_the_vars_its_steps_can_read_and_those_they_read() -
     assert isinstance(reviewer, ScriptedProvider)
     steps = [s.id for s in reviewer.script.steps]
     # the resume's turn (after ask) needs no keyword search over the pull request (``found``)
-    assert reviewer.script.vars_read_from(steps.index("ask") + 1) == {"pr", "header", "who"}
+    assert reviewer.script.vars_read_from(steps.index("ask") + 1) == {"pr", "number", "header", "who"}
+
+
+async def test_the_reviewer_script_reads_a_github_pull_request_as_well() -> None:
+    """GitHub names a pull request by its number, the repository by its full name, the author by the login
+    (the gateway's ``github`` source): the demo reviewer asks about it as about an Azure DevOps one."""
+    reviewer = ProviderCache()(REVIEWER)
+    assert isinstance(reviewer, ScriptedProvider)
+    tools = [ToolSpec(name=n, description="", parameters={"type": "object"}) for n in ("get_input", "ask_human")]
+    github_pr = {
+        "repository": {"id": 1, "full_name": "acme/orders", "url": "https://github.com/acme/orders"},
+        "action": "opened",
+        "pull_request": {"number": 7, "title": "Orders API", "description": "changes the response schema"},
+        "source_branch": "money",
+        "target_branch": "main",
+        "author": {"login": "rosa", "id": 5},
+    }
+    asked = await reviewer.complete(_called("read", "get_input", github_pr), tools, context=CONTEXT)
+    (call,) = asked.tool_calls
+    assert call.name == "ask_human"
+    assert "PR #7 'Orders API' changes a public API contract" in call.arguments["question"]
+    assert "review PR #7 in acme/orders (money -> main) by rosa." in call.arguments["context"]
+    answered = {"status": "answered", "answer": {"type": "option", "option_id": "ship-v2"}, "responder": "user:bob"}
+    done = await reviewer.complete(
+        [*_called("read", "get_input", github_pr), *_called("ask", "ask_human", answered)], tools, context=CONTEXT
+    )
+    assert (done.content or "").startswith("Review of PR #7 'Orders API' (money -> main)")
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
-from human_support import ALICE, exactly, requested, stored, wait_for_record
+from human_support import ALICE, events_of, exactly, requested, stored, wait_for_record
 
 from temporality_bus import Bus
 from temporality_human_interaction.api import create_app
@@ -21,7 +22,7 @@ from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.egress import EgressPolicy
 from temporality_human_interaction.inbound import AnswerRouter
-from temporality_human_interaction.records import HumanRequestRecord
+from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import Envelope, HumanAnswered, HumanOption, HumanRequestState, TextAnswer, forms
@@ -84,6 +85,40 @@ async def test_an_answer_without_a_secret_is_stored_as_given(
     assert answered.answer == TextAnswer(value="Keep v1 until June")
     record = await _bound(bus, request_id)
     assert record.answer_redactions == {}
+
+
+async def test_an_older_versions_raw_answer_repeated_is_already_recorded_and_a_late_answer_is_kept_redacted(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    event = requested()
+    request_id = str(event.data["request_id"])
+    await handler.handle(event)
+    raw = f"Keep v1; token {TOKEN}"
+    # bound and announced as a version that did not redact answers left it: the token in the record
+    store = await open_store(bus)
+    await store.modify(
+        request_id,
+        lambda r: r.moved_to(
+            HumanRequestState.ANSWERED,
+            answer=TextAnswer(value=raw),
+            responder="user:alice",
+            answered_at=datetime.now(UTC),
+            answer_channel="web",
+            answer_published=True,
+        ),
+    )
+    url = f"/requests/{request_id}/answer"
+
+    again = await client.post(url, json={"text": raw}, headers=ALICE)
+    assert again.status_code == 200, again.text
+    assert again.json()["already_recorded"] is True
+    assert again.json()["answer"]["value"] == f"Keep v1; token {MARK}"  # shown redacted
+
+    late = await client.post(url, json={"text": f"Drop v1 after all; {TOKEN}"}, headers=ALICE)
+    assert late.status_code == 409, late.text
+    record = await wait_for_record(bus, request_id, lambda r: bool(r.late_answers))
+    assert [a.answer for a in record.late_answers] == [TextAnswer(value=f"Drop v1 after all; {MARK}")]
+    assert await events_of(bus, "human.answered") == []
 
 
 DECLINE = HumanOption(id="decline", label="Decline", consequence="the tool is told you declined")

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import yaml
@@ -74,6 +74,7 @@ from temporality_protocol.events import (
     HumanPolicy,
     HumanReasked,
     HumanRejected,
+    HumanRejectReason,
     HumanRequested,
     LaunchSource,
     NormalizedEvent,
@@ -433,6 +434,18 @@ def test_event_schema_validates_encoded_example(event_type: str) -> None:
     broken = {k: v for k, v in wire["data"].items() if k != required[0]}
     with pytest.raises(ValidationError):
         schema.validate(broken)
+
+
+@pytest.mark.parametrize("reason", get_args(HumanRejectReason))
+def test_human_rejected_reads_every_reason_of_its_vocabulary(reason: str) -> None:
+    """``human.rejected``'s reasons are a closed list (the committed schema's enum and the model agree); an intake
+    human-interaction gave up on has its own, ``intake_failed`` (before: ``no_channel``, which says something else)."""
+    data = {"request_id": "hr-1", "run_id": "run-1", "recipient": "user:alice", "reason": reason, "detail": "x"}
+    _validator("events/human.rejected.schema.json").validate(data)
+    assert HumanRejected.model_validate(data).reason == reason
+    assert "intake_failed" in get_args(HumanRejectReason)
+    with pytest.raises(ValidationError):
+        _validator("events/human.rejected.schema.json").validate({**data, "reason": "bored"})
 
 
 def test_envelope_schema_requires_our_attributes() -> None:

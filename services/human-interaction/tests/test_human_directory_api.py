@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import httpx
+import yaml
 from directory_support import (
     ADMIN,
     CAROL_TOKEN,
@@ -19,7 +20,7 @@ from directory_support import (
     carol,
     replica,
 )
-from human_support import exactly
+from human_support import USERS_FILE, exactly
 from jsonschema import Draft202012Validator
 
 from temporality_bus import Bus
@@ -339,3 +340,36 @@ async def test_every_directory_answer_matches_its_documented_response_model(bus:
                 model.model_validate(view)
         users = (await c.get("/directory/users", headers=VIEWER)).json()["users"]
         assert {u["id"] for u in users} == {"alice", "bob", "carol"}
+
+
+async def test_the_documented_example_runs_on_the_shipped_directory_and_keeps_its_demo_entries(bus: Bus) -> None:
+    """docs/human-interaction.md's ``curl`` example of the directory API, over the shipped ``config/users.yaml``:
+    every call does what its comment says, and the demo's users and group are there after it."""
+    shipped = yaml.safe_load(USERS_FILE.read_text())
+    async with replica(bus, shipped) as r:
+        c = r.client
+        assert (await c.get("/directory/users", headers=ADMIN)).status_code == 200
+        body = {
+            "id": "carol",
+            "display_name": "Carol Example",
+            "inbox_token": "a-long-random-inbox-token",
+            "preferred": "telegram",
+            "fallback": ["web"],
+            "channels": {"telegram": {"chat_id": 5550001}, "web": {}},
+        }
+        assert (await c.post("/directory/users", json=body, headers=ADMIN)).status_code == 201
+        etag = _etag(await c.get("/directory/users/carol", headers=ADMIN))
+        edited = {"display_name": "Carol C.", "preferred": "web", "channels": {"web": {}}}
+        assert (
+            await c.put("/directory/users/carol", json=edited, headers={**ADMIN, "If-Match": etag})
+        ).status_code == 200
+        group = {"id": "release-managers", "display_name": "Release managers", "members": ["alice", "carol"]}
+        assert (await c.post("/directory/groups", json=group, headers=ADMIN)).status_code == 201
+        assert (await c.delete("/directory/groups/release-managers", headers=ADMIN)).status_code == 204
+        # the seeded group is not the example's to create (nor to delete)
+        taken = await c.post("/directory/groups", json={**group, "id": "api-owners"}, headers=ADMIN)
+        assert taken.status_code == 409
+        groups = (await c.get("/directory/groups", headers=ADMIN)).json()["groups"]
+        assert [g["id"] for g in groups] == sorted(shipped["groups"])
+        users = {u["id"] for u in (await c.get("/directory/users", headers=ADMIN)).json()["users"]}
+        assert users == {*shipped["users"], "carol"}

@@ -207,7 +207,7 @@ async def test_an_intake_given_up_before_its_record_rejects_the_run_and_a_late_c
         request_id,
         run_id,
         "user:alice",
-        "no_channel",
+        "intake_failed",
     )
     # (the hook that succeeds is a retry past the limit: the first error is in the log, request.dead_lettered)
     assert data.detail.startswith("human-interaction could not take the request in (given up after ")
@@ -333,7 +333,7 @@ async def test_a_hook_killed_between_its_stand_in_and_the_rejection_rejects_once
     await again.on_dead_letter(event, _Delivered(MAX_DELIVER + 1), RuntimeError("deliveries exhausted"))  # type: ignore[arg-type]
     await again.on_dead_letter(event, _Delivered(MAX_DELIVER + 2), RuntimeError("deliveries exhausted"))  # type: ignore[arg-type]
     [rejected] = await exactly(bus, "human.rejected")
-    assert rejected.payload(HumanRejected).reason == "no_channel"
+    assert rejected.payload(HumanRejected).reason == "intake_failed"
     assert await stored(bus, request_id) == stand_in  # the first intake_failed kept
     entry = await ChannelRefs(bus).get_ref(ref_key("run", run_id, request_id))
     assert entry is not None

@@ -99,6 +99,7 @@ __all__ = [
     "HumanOption",
     "HumanPolicy",
     "HumanReasked",
+    "HumanRejectReason",
     "HumanRejected",
     "HumanRequested",
     "LaunchSource",
@@ -713,14 +714,25 @@ class HumanCancelRequested(EventData):
     answered: str | None = Field(default=None, description="The request whose answer made these not needed")
 
 
+#: Why human-interaction refused a request (``human.rejected``'s ``reason``): the recipient is not allowed (SEC-1),
+#: unknown, or no channel reaches them; the request is invalid (an id another run uses, data that does not read);
+#: or human-interaction gave its intake up (``intake_failed``: every delivery of the ``human.requested`` failed, e.g.
+#: ~80 s of failed bus writes, before the question was stored -- nobody was asked). A reader older than a value
+#: refuses the event: a new value needs its readers (the run-executor) upgraded first.
+HumanRejectReason = Literal[
+    "recipient_not_allowed", "unknown_recipient", "no_channel", "invalid_request", "intake_failed"
+]
+
+
 class HumanRejected(EventData):
-    """The request could not be delivered: recipient not allowed (SEC-1), unknown, or no channel."""
+    """The request could not be delivered: recipient not allowed (SEC-1), unknown, no channel, an invalid request,
+    or an intake human-interaction gave up on (``intake_failed``)."""
 
     EVENT_TYPE: ClassVar[str] = "human.rejected"
     request_id: str
     run_id: str
     recipient: str
-    reason: Literal["recipient_not_allowed", "unknown_recipient", "no_channel", "invalid_request"]
+    reason: HumanRejectReason
     detail: str
 
 

@@ -6,6 +6,10 @@ pipelined round trip, the timer's write first, each stored or not on its own (th
 effort, concurrently) -> compare-and-set ``answer_published=True``. Two racing answers: one CAS wins, the other
 re-reads and is refused.
 
+The answer is stored, published and journaled **redacted** (SEC-1, :func:`accepted`): a secret a person pasted into
+free text, or into a form's field, is ``[REDACTED:<kind>]`` in the record, in ``human.answered`` and so for the
+agent, on every channel (this is the one place every channel's answer is bound).
+
 If the process dies or the bus times out between the CAS and the publish, the answer stays bound
 but unannounced, and every one of these republishes the *stored* answer (same event id, so
 JetStream and the journal keep one copy) and marks it published:
@@ -45,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 
 from temporality_bus import Bus, NotFound, PublishResult, TransientError, Versioned, evolve
 from temporality_bus.pipeline import event_write
-from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
+from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy, SecretUnfit
 from temporality_human_interaction.events import RefusedReason, answer_refused_event, answered_event
 from temporality_human_interaction.records import (
     MAX_LATE_ANSWERS,
@@ -146,8 +150,28 @@ class InvalidAnswer(AnswerRefused):
     code = "invalid_answer"
 
 
-def interpret(record: HumanRequestRecord, submission: AnswerSubmission) -> HumanAnswer:
-    """The submission as the machine-readable answer this request accepts (HUM-6), or InvalidAnswer.
+def interpret(
+    record: HumanRequestRecord, submission: AnswerSubmission, egress: EgressPolicy | None = None
+) -> HumanAnswer:
+    """The submission as the machine-readable answer this request accepts (HUM-6), or InvalidAnswer; redacted by
+    ``egress`` (:func:`accepted`)."""
+    return accepted(record, submission, egress)[0]
+
+
+def accepted(
+    record: HumanRequestRecord, submission: AnswerSubmission, egress: EgressPolicy | None = None
+) -> tuple[HumanAnswer, dict[str, int]]:
+    """The answer as it is stored and published (SEC-1), and what was redacted in it per kind.
+
+    Checked first (:func:`_checked`), then redacted by ``egress`` (the default policy without one):
+    :meth:`.EgressPolicy.redact_answer`. A form's answer that fits the form only with its secret is InvalidAnswer
+    (the person answers without the secret, or declines)."""
+    answer, read = _checked(record, submission)
+    return _redacted(record, answer, read, egress or DEFAULT_POLICY)
+
+
+def _checked(record: HumanRequestRecord, submission: AnswerSubmission) -> tuple[HumanAnswer, forms.FormRead | None]:
+    """The submission as the answer this request accepts, unredacted, and its form's reading (None without a form).
 
     A request with a form (``answer_schema``, an MCP elicitation) takes only an answer that fits it, read
     exactly as the run-executor will read it (:func:`temporality_protocol.forms.read`): a number field given
@@ -165,6 +189,7 @@ def interpret(record: HumanRequestRecord, submission: AnswerSubmission) -> Human
         if not record.allow_free_text:
             raise InvalidAnswer("this request takes one of its options, not free text")
         answer = TextAnswer(value=submission.text)
+    read: forms.FormRead | None = None
     if record.answer_schema is not None:
         read = forms.read(record.answer_schema, answer)
         if read.refused is not None:
@@ -174,7 +199,20 @@ def interpret(record: HumanRequestRecord, submission: AnswerSubmission) -> Human
                 f"the answer does not fit the form: field {hidden!r}: its values are secrets and were redacted, "
                 "so none can be chosen here (decline, or answer the other fields)"
             )
-    return answer
+    return answer, read
+
+
+def _redacted(
+    record: HumanRequestRecord, answer: HumanAnswer, read: forms.FormRead | None, egress: EgressPolicy
+) -> tuple[HumanAnswer, dict[str, int]]:
+    """:func:`accepted`'s redaction of the checked ``answer`` (:meth:`.EgressPolicy.redact_answer`)."""
+    try:
+        return egress.redact_answer(record, answer, read)
+    except SecretUnfit as unfit:
+        raise InvalidAnswer(
+            f"the answer holds a secret ({', '.join(unfit.kinds)}), which is never passed on, and without it it "
+            "does not fit the form: answer without the secret, or decline"
+        ) from None
 
 
 def _redacted_choice(schema: dict[str, Any], content: dict[str, Any] | None) -> str | None:
@@ -222,12 +260,16 @@ def unannounced(record: HumanRequestRecord) -> bool:
     return record.status is HumanRequestState.ANSWERED and not record.answer_published
 
 
-def _is_repost(record: HumanRequestRecord, responder: str, submission: AnswerSubmission) -> bool:
-    """The same responder sends the identical answer to an answered request (announced or not)."""
+def _is_repost(
+    record: HumanRequestRecord, responder: str, submission: AnswerSubmission, egress: EgressPolicy | None = None
+) -> bool:
+    """The same responder sends the identical answer to an answered request (announced or not): the same answer as
+    stored (redacted), or as a version that did not redact answers stored it."""
     if record.status is not HumanRequestState.ANSWERED or record.responder != responder:
         return False
     try:
-        return interpret(record, submission) == record.answer
+        raw, read = _checked(record, submission)
+        return record.answer in (raw, _redacted(record, raw, read, egress or DEFAULT_POLICY)[0])
     except InvalidAnswer:
         return False
 
@@ -242,9 +284,11 @@ async def bind_answer(
     clock: Callable[[], datetime] | None = None,
     repair_after_s: float = DEFAULT_REPAIR_AFTER_S,
     responder_name: str | None = None,
+    egress: EgressPolicy | None = None,
 ) -> HumanRequestRecord:
     """Bind ``submission`` from ``responder`` (``user:<id>``) to ``request_id``; returns the answered record.
 
+    The answer is stored and published redacted by ``egress`` (the default policy without one; :func:`accepted`).
     Raises :class:`AnswerRefused` subclasses; bus failures propagate (the API answers 503).
     """
     record, _ = await bind_answer_outcome(
@@ -256,6 +300,7 @@ async def bind_answer(
         clock=clock,
         repair_after_s=repair_after_s,
         responder_name=responder_name,
+        egress=egress,
     )
     return record
 
@@ -290,14 +335,16 @@ async def bind_answer_outcome(
     now = clock or _utcnow
     try:
         known = recent.pop(request_id) if recent is not None else None
-        bound, fresh = await _bind(store, request_id, responder, submission, channel, now, responder_name, known)
+        bound, fresh = await _bind(
+            store, request_id, responder, submission, channel, now, responder_name, known, egress or DEFAULT_POLICY
+        )
     except NotRecipient as refused:
         if refused.record is not None:
             await _journal_refusal(bus, refused.record, responder, submission, channel, refused, now(), egress)
         raise
     except NotPending as refused:
         received_at = now()
-        await _record_late(store, request_id, responder, submission, channel, refused, now)
+        await _record_late(store, request_id, responder, submission, channel, refused, now, egress)
         if refused.record is not None:
             await _journal_refusal(bus, refused.record, responder, submission, channel, refused, received_at, egress)
         if refused.record is not None and unannounced(refused.record):
@@ -313,6 +360,8 @@ async def bind_answer_outcome(
 
             if observer is not None:
                 observer.ended(record)
+            if record.answer_redactions:
+                log.info("answer.redacted", redacted=record.answer_redactions)
 
             # The repair timer and human.answered in one round trip (the timer's write first), and the run entry's
             # mark concurrently: the caller (the POST's reply) waits for both, so the mark adds no round trip of its
@@ -354,11 +403,9 @@ async def _journal_refusal(
     reason: RefusedReason = refused.code  # type: ignore[assignment]  # checked against _JOURNALED above
     answer: HumanAnswer | None
     try:
-        answer = interpret(record, submission)
+        answer = interpret(record, submission, egress)  # redacted: the journal holds no secret either (SEC-1)
     except InvalidAnswer:
         answer = None
-    if isinstance(answer, TextAnswer):  # the journal is read by operators: no secrets in it either (SEC-1)
-        answer = TextAnswer(value=(egress or DEFAULT_POLICY).redact_text(answer.value)[:MAX_TEXT])
     key = f"option:{submission.option_id}" if submission.option_id is not None else f"text:{submission.text}"
     event = answer_refused_event(
         record,
@@ -388,14 +435,15 @@ async def _record_late(
     channel: str,
     refused: NotPending,
     clock: Callable[[], datetime],
+    egress: EgressPolicy | None = None,
 ) -> None:
     """Keep an answer refused because the request had ended in ``late_answers`` (best effort: never
-    changes the refusal; the newest :data:`MAX_LATE_ANSWERS` are kept)."""
+    changes the refusal; the newest :data:`MAX_LATE_ANSWERS` are kept), redacted like a bound one."""
     record = refused.record
     answer: HumanAnswer | None = None
     if record is not None:
         try:
-            answer = interpret(record, submission)
+            answer = interpret(record, submission, egress)
         except InvalidAnswer:
             answer = None
     late = LateAnswer(responder=responder, channel=channel, at=clock(), refused=refused.code, answer=answer)
@@ -474,6 +522,7 @@ async def _bind(
     clock: Callable[[], datetime],
     responder_name: str | None = None,
     known: Versioned[HumanRequestRecord] | None = None,
+    egress: EgressPolicy = DEFAULT_POLICY,
 ) -> tuple[Versioned[HumanRequestRecord], bool]:
     """The answered record (with its revision), and whether this call bound it (False: the identical answer was
     already bound).
@@ -482,7 +531,8 @@ async def _bind(
     other's ``bind`` runs again on the winner's record: an identical answer from the same responder is
     then a repeat (already recorded), anything else is refused. ``known``: the record as this replica last
     wrote it; only a binding is ever written from it, by a compare-and-set on its revision (a stale one loses
-    it); a refusal or a repeat is decided on the record as read (``Store.modify``).
+    it); a refusal or a repeat is decided on the record as read (``Store.modify``). The answer is stored redacted
+    by ``egress`` (:func:`accepted`), what was redacted counted in ``answer_redactions``.
     """
     repost = False
 
@@ -490,14 +540,16 @@ async def _bind(
         nonlocal repost
         repost = False  # of this attempt: an earlier one may have run on a record that was not current
         check_recipient(record, responder)
-        if _is_repost(record, responder, submission):
+        if _is_repost(record, responder, submission, egress):
             repost = True
             return None
         if not record.pending:
             raise refusal_for(record)
+        answer, redacted = accepted(record, submission, egress)
         return record.moved_to(
             HumanRequestState.ANSWERED,
-            answer=interpret(record, submission),
+            answer=answer,
+            answer_redactions=redacted,
             responder=responder,
             responder_name=responder_name,
             answered_at=clock(),

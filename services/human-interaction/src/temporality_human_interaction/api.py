@@ -53,6 +53,7 @@ from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.records import HumanRequestRecord, is_request_id, open_store
 from temporality_human_interaction.settings import Settings
 from temporality_human_interaction.store import DirectoryStore
+from temporality_human_interaction.validation import summary
 from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState, SourceLink
 from temporality_protocol.forms import field_choices, form_fields
 from temporality_service import (
@@ -68,7 +69,6 @@ from temporality_service import (
     parse_json,
     read_body,
 )
-from temporality_service.http import summarize_errors
 from temporality_service.openapi import add_schemas, component_schemas, json_body, operation
 
 __all__ = ["FormChoice", "FormField", "InboxItem", "InboxView", "RequestView", "create_app"]
@@ -328,7 +328,7 @@ def create_app(
         try:
             submission = AnswerSubmission.model_validate(parsed)
         except ValidationError as exc:
-            raise Unprocessable(summarize_errors(exc.errors()), code="invalid_answer") from exc
+            raise Unprocessable(summary(exc), code="invalid_answer") from exc
         user_id = user_id_of(user)
         assert user_id is not None  # _caller returns recipient_for(<a directory user id>)
         async with bus_call("binding the answer"):

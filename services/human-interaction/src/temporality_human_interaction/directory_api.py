@@ -65,6 +65,7 @@ from temporality_human_interaction.directory import (
 from temporality_human_interaction.events import SOURCE
 from temporality_human_interaction.passwords import PasswordTooShort, hash_password
 from temporality_human_interaction.store import DirectoryEntry, DirectoryStore, Kind, entry_key
+from temporality_human_interaction.validation import message_of
 from temporality_protocol import derive_id, make_event
 from temporality_protocol.events import HumanDirectoryChanged
 from temporality_service import (
@@ -116,7 +117,7 @@ def _field_errors(exc: ValidationError) -> list[dict[str, str]]:
     """pydantic's errors as ``{field, message}`` (never the input); a whole-profile check names its field."""
     out: list[dict[str, str]] = []
     for err in exc.errors(include_url=False, include_input=False, include_context=False):
-        message = str(err["msg"]).removeprefix("Value error, ")
+        message = message_of(err)
         field = ""
         for part in err["loc"]:
             if part == "[key]" or str(part).startswith("function-"):

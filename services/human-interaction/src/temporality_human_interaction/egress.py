@@ -6,7 +6,9 @@ labels), a notification's text, a free-text answer quoted in an outcome — pass
 :class:`EgressPolicy` before a channel carries it:
 
 * **secrets are redacted** at intake (the stored request never holds them, so every channel, the web
-  inbox API and every later reminder show the redacted text): each match of a :class:`SecretPattern`
+  inbox API and every later reminder show the redacted text), and in a person's answer when it is bound
+  (:meth:`EgressPolicy.redact_answer`: the record and ``human.answered`` never hold them, so neither do the
+  journal nor the agent): each match of a :class:`SecretPattern`
   becomes ``[REDACTED:<kind>]``; for ``key=value`` and URL credentials only the secret part is
   replaced, so the text stays readable (``postgres://app:[REDACTED:url_credentials]@db:5432/x``);
 * **long text is truncated** per channel when it is rendered: each text field keeps at most the
@@ -30,21 +32,26 @@ a configuration error naming its key).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from temporality_bus import evolve
 from temporality_human_interaction.records import HumanRequestRecord
-from temporality_protocol import HumanOption, SourceLink, TextAnswer
+from temporality_protocol import HumanAnswer, HumanOption, SourceLink, TextAnswer, forms
+from temporality_protocol.events import MAX_TEXT
 from temporality_protocol.redaction import (
     BUILTIN_PATTERNS,
     MARKER,
+    SECRET_FIELD_MARKER,
     PatternError,
     Redacted,
     Redactor,
     SecretPattern,
     compile_extra_patterns,
+    is_secret_field,
     redact_form,
 )
 
@@ -57,6 +64,7 @@ __all__ = [
     "PatternError",
     "Redacted",
     "SecretPattern",
+    "SecretUnfit",
     "compile_extra_patterns",
     "truncate",
 ]
@@ -168,6 +176,59 @@ class EgressPolicy:
             source_link=link,
         )
 
+    def redact_answer(
+        self, record: HumanRequestRecord, answer: HumanAnswer, read: forms.FormRead | None = None
+    ) -> tuple[HumanAnswer, dict[str, int]]:
+        """``answer`` (one ``record`` takes: checked) as it may be stored and published, and what was redacted in it
+        per kind (SEC-1: the record, ``human.answered``, the journal and the agent never hold a person's secret).
+
+        A free-text answer: each secret becomes ``[REDACTED:<kind>]``, like a request's texts. A form's answer
+        (``record.answer_schema``; ``read``: its reading, :func:`temporality_protocol.forms.read`, read here
+        without one): every string value, and each text of a list, is redacted -- except a value that is one of its
+        field's own choices (an ``enum`` / ``oneOf`` value: the agent's, shown in the stored form, which was
+        redacted at intake; this keeps the answer fitting the form when a pattern came since that matches it) --
+        and every string value of a secret field (``db_password``, ``"format": "password"``:
+        :func:`~temporality_protocol.redaction.is_secret_field`) becomes its marker, as in the form; with anything
+        redacted, the answer is the JSON object of the content, which must still fit the form, else
+        :class:`SecretUnfit`. A declined form, an option (a machine value), an answer with nothing to redact: as
+        given."""
+        if not isinstance(answer, TextAnswer):
+            return answer, {}
+        schema = record.answer_schema
+        if schema is None:
+            done = self.redact(answer.value)
+            if not done.counts:
+                return answer, {}
+            return TextAnswer(value=done.text[:MAX_TEXT]), dict(sorted(done.counts.items()))
+        read = read or forms.read(schema, answer)
+        if read.action != "accept" or not read.content:
+            return answer, {}
+        fields = forms.form_fields(schema)
+        counts: Counter[str] = Counter()
+
+        def clean(name: str, value: Any) -> Any:
+            if isinstance(value, list):
+                return [clean(name, item) for item in value]
+            if not isinstance(value, str):
+                return value
+            prop = fields.get(name, {})
+            if is_secret_field(name, prop) or is_secret_field(None, schema):
+                counts[_SECRET_FIELD_KIND] += 1
+                return SECRET_FIELD_MARKER
+            if any(value == choice for choice, _ in (*_choices(prop), *_choices(prop.get("items")))):
+                return value
+            done = self.redact(value)
+            counts.update(done.counts)
+            return done.text
+
+        content = {name: clean(name, value) for name, value in read.content.items()}
+        if not counts:
+            return answer, {}
+        text = json.dumps(content, ensure_ascii=False)
+        if len(text) > MAX_TEXT or forms.read(schema, TextAnswer(value=text)).content != content:
+            raise SecretUnfit(sorted(counts))
+        return TextAnswer(value=text), dict(sorted(counts.items()))
+
     # ------------------------------------------------------------------ truncation
     def for_channel(self, record: HumanRequestRecord, channel: str) -> tuple[HumanRequestRecord, list[str]]:
         """``record`` as ``channel`` may show it: redacted (again: a no-op on a stored record, and what hides a
@@ -193,8 +254,11 @@ class EgressPolicy:
             for o in record.options
         ]
         answer = record.answer
-        if isinstance(answer, TextAnswer):  # quoted in the outcome line: another member may see it
-            answer = TextAnswer(value=self.redact_text(answer.value))
+        if answer is not None:  # quoted in the outcome line: another member may see it (an older version's answer)
+            try:
+                answer = self.redact_answer(record, answer)[0]
+            except SecretUnfit:
+                answer = TextAnswer(value=self.redact_text(answer.value)) if isinstance(answer, TextAnswer) else answer
         link = record.source_link
         if link is not None:
             if len(link.href) > limit or self.redact(link.href).counts:  # a cut URL opens nothing: left out
@@ -258,6 +322,24 @@ class EgressPolicy:
         counts.update(done.counts)
         shown, truncated = truncate(done.text, self.limit_for(channel))
         return shown, dict(sorted(counts.items())), truncated
+
+
+class SecretUnfit(ValueError):
+    """A form's answer that fits its form only with a secret (:meth:`EgressPolicy.redact_answer`): ``kinds``
+    names what was found, never the secret."""
+
+    def __init__(self, kinds: list[str]) -> None:
+        super().__init__(f"the answer fits its form only with its secret ({', '.join(kinds)})")
+        self.kinds = kinds
+
+
+#: The kind a secret field's value is counted as (its marker's, :data:`SECRET_FIELD_MARKER`).
+_SECRET_FIELD_KIND = SECRET_FIELD_MARKER.removeprefix("[REDACTED:").removesuffix("]")
+
+
+def _choices(prop: Any) -> list[tuple[Any, str]]:
+    """The closed set of values of a field's schema (none when it is free, or not a schema)."""
+    return (forms.field_choices(prop) or []) if isinstance(prop, dict) else []
 
 
 #: The policy with the built-in patterns and default limits (what an adapter uses unless told otherwise).

@@ -27,6 +27,7 @@ from temporality_protocol import (
     HumanNotifyRequested,
     HumanReasked,
     HumanRejected,
+    HumanRejectReason,
     HumanRequested,
     OptionAnswer,
     RunCancelRequested,
@@ -59,8 +60,8 @@ SOURCE = f"/temporality/{SERVICE}"
 ACTOR = f"service:{SERVICE}"
 
 
-#: Why a request was refused before anything was stored (``human.rejected.reason``).
-RejectReason = Literal["recipient_not_allowed", "unknown_recipient", "no_channel", "invalid_request"]
+#: Why a request was refused (``human.rejected.reason``): the protocol's vocabulary.
+RejectReason = HumanRejectReason
 
 
 def rejected_event(incoming: Envelope, payload: HumanRequested, reason: RejectReason, detail: str) -> Envelope:

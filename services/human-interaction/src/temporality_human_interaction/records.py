@@ -144,6 +144,9 @@ class HumanRequestRecord(BaseModel):
     late_answers: list[LateAnswer] = Field(default_factory=list)
     #: What the egress policy redacted at intake, per kind (``{"github_token": 1}``); never the secret (SEC-1).
     redactions: dict[str, int] = Field(default_factory=dict)
+    #: What it redacted in the bound answer, per kind: ``answer`` (and ``human.answered``) holds the markers, never
+    #: the secret (:func:`.answers.accepted`). Empty when nothing was, and in an answer an older version bound.
+    answer_redactions: dict[str, int] = Field(default_factory=dict)
     #: When the request left ``pending`` (answered, expired, cancelled): the retention counts from here.
     ended_at: datetime | None = None
     #: The run's source (the PR, work item ... its launch event named): shown as a link on every channel (HUM-5).

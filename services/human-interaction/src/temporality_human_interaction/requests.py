@@ -38,7 +38,7 @@ them), or before the record -- would leave its run waiting forever (no deadline 
 no inbox, sweep, run end or start lists. The hook completes a stored request without delivering it (run entry,
 the run's end checked, deadline, chain step, ``human.notified`` if delivered: it is listed and expires with its
 timeout policy, HUM-8), and for one never stored stores a ``cancelled`` stand-in (``intake_failed``; none of the
-question) and publishes ``human.rejected`` (``no_channel``), so the run resumes with that error and no later copy
+question) and publishes ``human.rejected`` (``intake_failed``), so the run resumes with that error and no later copy
 of the event asks the question. Nothing of it runs on the normal path: no request to the bus is added there.
 
 The writes of steps 5 and 6 -- the chain's first step, ``human.notified`` -- and, for a web inbox question (its
@@ -505,7 +505,7 @@ class RequestHandler:
           unless it is answered first, as a request whose every delivery failed does.
         * It is not stored: a record ``cancelled`` with :attr:`~.records.HumanRequestRecord.intake_failed` is
           stored in its place (create-if-absent: an intake of the same event that stores the question first wins,
-          and is completed as above), indexed as ended, and ``human.rejected`` (reason ``no_channel``, the detail
+          and is completed as above), indexed as ended, and ``human.rejected`` (reason ``intake_failed``, the detail
           saying the intake failed and why; deterministic id) resumes the run with that error. The record keeps a
           later delivery of the same event (one published again after the duplicate window) from asking the
           question after the run was told.
@@ -566,7 +566,7 @@ class RequestHandler:
             record = await self._complete_stored(record)
             if record.intake_failed is not None:
                 detail = f"human-interaction could not take the request in ({record.intake_failed})"[:MAX_TEXT]
-                await self._reject(message, payload, Refusal("no_channel", detail))
+                await self._reject(message, payload, Refusal("intake_failed", detail))
 
     async def _complete_stored(self, record: HumanRequestRecord) -> HumanRequestRecord:
         """What makes a stored request listed, ended with its run and expiring, as its intake does, without

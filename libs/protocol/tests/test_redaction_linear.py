@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from test_redaction_bounds import FRAGMENTS, texts_of
 
 from temporality_protocol.redaction import _NOT_MARKER, _SECRET_KEY_WORDS, BUILTIN_PATTERNS, Redactor
@@ -32,10 +32,23 @@ ASCII_FRAGMENTS = [f for f in FRAGMENTS if f.isascii()]
 texts = texts_of(ASCII_FRAGMENTS, longest_run=20)
 
 
+#: A URL scheme longer than the rewritten ``url_credentials`` takes (32 characters, the documented bound): there the
+#: old pattern found the credentials and the new one may not, by design (``passwordpassword…password://0:0@``, a
+#: 40-character scheme, is a ``secret_assignment`` now), so such texts are not compared.
+LONG_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{32,}://")
+
+
 @settings(max_examples=1500, deadline=None)
 @given(texts)
 def test_the_rewritten_patterns_redact_what_the_old_ones_did(text: str) -> None:
+    assume(LONG_SCHEME.search(text) is None)
     assert Redactor().redact(text) == OLD.redact(text)
+
+
+def test_a_scheme_over_32_characters_is_the_one_documented_difference() -> None:
+    text = "password" * 5 + "://0:0@"
+    assert OLD.redact(text).text == "password" * 5 + "://0:[REDACTED:url_credentials]@"
+    assert "url_credentials" not in Redactor().redact(text).text
 
 
 def test_what_each_finds_on_written_cases() -> None:

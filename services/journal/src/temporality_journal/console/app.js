@@ -99,6 +99,7 @@ export const REASON_LABELS = {
     unknown_recipient: "no such person or group",
     no_channel: "no channel reaches them",
     invalid_request: "the request was invalid",
+    intake_failed: "human-interaction could not take the question in",
   },
   "human.notification_failed": {
     recipient_not_allowed: "the agent may not notify this person",

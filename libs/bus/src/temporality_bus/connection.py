@@ -157,6 +157,8 @@ class Bus:
             max_reconnect_attempts=settings.max_reconnect_attempts,
             reconnect_time_wait=settings.reconnect_wait_s,
             drain_timeout=settings.drain_timeout_s,
+            ping_interval=settings.ping_interval_s,
+            max_outstanding_pings=settings.max_outstanding_pings,
             allow_reconnect=True,
             disconnected_cb=_disconnected,
             reconnected_cb=_reconnected,

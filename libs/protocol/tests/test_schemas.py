@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import yaml
@@ -433,6 +433,19 @@ def test_event_schema_validates_encoded_example(event_type: str) -> None:
     broken = {k: v for k, v in wire["data"].items() if k != required[0]}
     with pytest.raises(ValidationError):
         schema.validate(broken)
+
+
+def test_trigger_rejected_schema_takes_every_reason_and_no_other() -> None:
+    """Every ``TriggerRejected.reason`` the model takes (``launch_lost`` among them) is one the committed schema
+    takes, so a consumer validating against schemas/ reads each; an unknown reason is refused by both."""
+    schema = _validator("events/trigger.rejected.schema.json")
+    reasons = get_args(TriggerRejected.model_fields["reason"].annotation)
+    assert "launch_lost" in reasons
+    for reason in reasons:
+        data = TriggerRejected(trigger_id="trg-pr", delivery_id="dlv-3", reason=reason, detail="why")
+        schema.validate(json.loads(data.model_dump_json(exclude_none=True)))
+    with pytest.raises(ValidationError):
+        schema.validate({"trigger_id": "trg-pr", "delivery_id": "dlv-3", "reason": "launch_misplaced", "detail": "?"})
 
 
 def test_envelope_schema_requires_our_attributes() -> None:

@@ -139,7 +139,11 @@ async def test_a_bad_concurrency_config_is_refused_naming_the_field(gateway_sett
         ({"key": KEY, "policy": "drop"}, "concurrency.policy", "'queue', 'skip' or 'supersede'"),
         ({"key": KEY}, "concurrency.policy", "Field required"),
         ({"key": KEY, "policy": "queue", "max_queued": 0}, "concurrency.max_queued", "greater than or equal to 1"),
-        ({"key": KEY, "policy": "queue", "colour": 1}, "concurrency.colour", "Extra inputs are not permitted"),
+        (
+            {"key": KEY, "policy": "queue", "colour": 1},
+            "concurrency.colour",
+            "allowed here: debounce_s, key, max_queued, policy",
+        ),
     ]
     async with replicas(gateway_settings, 1) as (a,):
         for concurrency, field, message in cases:

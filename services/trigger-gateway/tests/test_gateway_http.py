@@ -26,6 +26,7 @@ from gateway_support import (
 
 from temporality_bus import Bus
 from temporality_protocol import TriggerRejected
+from temporality_trigger_gateway.api import ACCEPTED_MEDIA_TYPES
 
 
 async def _nothing_published(bus: Bus) -> None:
@@ -318,3 +319,28 @@ async def test_only_json_content_types_are_taken(
         assert response.json()["error"] == "unsupported_media_type"
         assert "application/json" in response.json()["detail"]
         assert "GitHub" not in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("content_type", "said"),
+    [
+        pytest.param("application/xml", "the body is declared as 'application/xml'", id="xml"),
+        pytest.param(
+            "application/x-www-form-urlencoded",
+            "the body is declared as 'application/x-www-form-urlencoded'",
+            id="form",
+        ),
+        pytest.param("", "the body is declared with an empty Content-Type", id="empty"),
+    ],
+)
+async def test_an_xml_or_form_body_to_a_source_other_than_github_is_415_saying_json_is_taken(
+    client: httpx.AsyncClient, bus: Bus, content_type: str, said: str
+) -> None:
+    """A user review: an XML or form body sent to Azure DevOps' trigger is 415 (not a 400 "not JSON" at its first
+    character), saying what it was declared as and what is taken, with no GitHub advice; journaled."""
+    raw = b'<?xml version="1.0"?><event id="1"/>' if "xml" in content_type else b"payload=%7B%7D"
+    response = await client.post("/hooks/ado-pr-review", content=raw, headers=basic() | {"Content-Type": content_type})
+    assert response.status_code == 415, response.text
+    detail = response.json()["detail"]
+    assert detail == f"{said}; webhooks take JSON: {ACCEPTED_MEDIA_TYPES}"
+    await _refusal_journaled(bus, 415, "unsupported_media_type")

@@ -448,6 +448,19 @@ def test_human_rejected_reads_every_reason_of_its_vocabulary(reason: str) -> Non
         _validator("events/human.rejected.schema.json").validate({**data, "reason": "bored"})
 
 
+def test_trigger_rejected_schema_takes_every_reason_and_no_other() -> None:
+    """Every ``TriggerRejected.reason`` the model takes (``launch_lost`` among them) is one the committed schema
+    takes, so a consumer validating against schemas/ reads each; an unknown reason is refused by both."""
+    schema = _validator("events/trigger.rejected.schema.json")
+    reasons = get_args(TriggerRejected.model_fields["reason"].annotation)
+    assert "launch_lost" in reasons
+    for reason in reasons:
+        data = TriggerRejected(trigger_id="trg-pr", delivery_id="dlv-3", reason=reason, detail="why")
+        schema.validate(json.loads(data.model_dump_json(exclude_none=True)))
+    with pytest.raises(ValidationError):
+        schema.validate({"trigger_id": "trg-pr", "delivery_id": "dlv-3", "reason": "launch_misplaced", "detail": "?"})
+
+
 def test_envelope_schema_requires_our_attributes() -> None:
     envelope = _validator("envelope.schema.json")
     assert {"runid", "correlationid", "causationid", "actor", "tenant", "protocolversion"} <= set(

@@ -31,7 +31,7 @@ def test_a_file_trigger_cannot_take_a_reserved_id() -> None:
     data = yaml.safe_load(yaml.safe_dump({"triggers": [webhook_spec("preview")]}))
     with pytest.raises(TriggerConfigError) as refused:
         parse_triggers(data, source="t.yaml", agents=AGENTS)
-    assert "triggers[0] (preview).id: Value error, the id 'preview' is reserved" in str(refused.value)
+    assert "triggers[0] (preview).id: the id 'preview' is reserved" in str(refused.value)
 
 
 def test_unknown_record_fields_are_ignored_and_logged_once() -> None:

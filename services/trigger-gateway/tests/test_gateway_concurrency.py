@@ -139,7 +139,11 @@ async def test_a_bad_concurrency_config_is_refused_naming_the_field(gateway_sett
         ({"key": KEY, "policy": "drop"}, "concurrency.policy", "'queue', 'skip' or 'supersede'"),
         ({"key": KEY}, "concurrency.policy", "Field required"),
         ({"key": KEY, "policy": "queue", "max_queued": 0}, "concurrency.max_queued", "greater than or equal to 1"),
-        ({"key": KEY, "policy": "queue", "colour": 1}, "concurrency.colour", "Extra inputs are not permitted"),
+        (
+            {"key": KEY, "policy": "queue", "colour": 1},
+            "concurrency.colour",
+            "allowed here: debounce_s, key, max_queued, policy",
+        ),
     ]
     async with replicas(gateway_settings, 1) as (a,):
         for concurrency, field, message in cases:
@@ -596,11 +600,12 @@ async def test_a_debounced_delivery_of_a_deleted_trigger_is_rejected_when_its_wi
         assert not event_log.of_type("run.requested")
 
 
-async def test_a_queued_delivery_whose_launch_is_gone_is_recorded_failed_and_the_next_one_starts(
+async def test_a_queued_delivery_whose_launch_is_gone_is_rejected_launch_lost_and_the_next_one_starts(
     gateway_settings: Settings, bus: Bus, event_log: EventLog
 ) -> None:
-    """Its stored launch expired (deleted here): nothing to journal it with, so it is recorded ``failed`` (an
-    operator can re-drive it) and its claim released; the delivery queued behind it starts."""
+    """Its stored launch expired (deleted here): ``trigger.rejected(launch_lost)`` is journaled from its delivery
+    record (the source event id, caused by its ``trigger.received``), the record becomes ``rejected`` /
+    ``launch_lost`` (an operator can re-drive it), its claim is released; the delivery queued behind it starts."""
     async with replicas(gateway_settings, 1) as (a,):
         await _create(a, _spec("pr-lost", "queue"))
         one, two, three = (_run_of("pr-lost", n) for n in (1, 2, 3))
@@ -609,14 +614,42 @@ async def test_a_queued_delivery_whose_launch_is_gone_is_recorded_failed_and_the
         _expect(await post(a, _push(3), "pr-lost"), 202, "queued")
         await (await bus.kv(BUCKET_CONCURRENCY)).delete(launch_key(two))
         await bus.publish(_ended(one))
+        (rejected,) = await event_log.wait_for(
+            "trigger.rejected", where=lambda e: e.data["delivery_id"] == lost["delivery_id"], timeout_s=15
+        )
+        assert rejected.data["reason"] == "launch_lost"
+        assert rejected.data["trigger_id"] == "pr-lost"
+        assert rejected.data["source_event_id"] == "ado-evt-7-2"
+        assert two in rejected.data["detail"]
+        assert "re-drive" in rejected.data["detail"]
+        assert rejected.causationid == derive_id("evt", lost["delivery_id"], "received")
+        assert rejected.id == derive_id("evt", lost["delivery_id"], "rejected")
         await event_log.wait_for("run.requested", run_id=three, timeout_s=15)
         await eventually(lambda: _claim_state_is(bus, "pr-lost", "ado-evt-7-2", "released"), what="claim released")
-        state = await _record_state(bus, "pr-lost", lost["delivery_id"])
-        assert state == ("failed", None)
+        assert await _record_state(bus, "pr-lost", lost["delivery_id"]) == ("rejected", "launch_lost")
         assert not _requested(event_log, two)
         redriven = await a.post(f"/triggers/pr-lost/deliveries/{lost['delivery_id']}/redrive", headers=AS_OPERATOR)
         assert redriven.status_code == 202, redriven.text  # from its record's event, under the policy again
         assert redriven.json()["run_id"] == two
+
+
+async def test_a_debounced_delivery_whose_launch_is_gone_is_rejected_launch_lost_when_its_window_ends(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    async with replicas(gateway_settings, 1) as (a,):
+        await _create(a, _spec("pr-quiet-lost", "supersede", debounce_s=3))
+        held = _expect(await post(a, _push(1), "pr-quiet-lost"), 202, "debounced")
+        await (await bus.kv(BUCKET_CONCURRENCY)).delete(launch_key(_run_of("pr-quiet-lost", 1)))
+        (rejected,) = await event_log.wait_for(
+            "trigger.rejected", where=lambda e: e.data["delivery_id"] == held["delivery_id"], timeout_s=15
+        )
+        assert rejected.data["reason"] == "launch_lost"
+        assert "debounced" in rejected.data["detail"]
+        await eventually(
+            lambda: _claim_state_is(bus, "pr-quiet-lost", "ado-evt-7-1", "released"), what="claim released"
+        )
+        assert await _record_state(bus, "pr-quiet-lost", held["delivery_id"]) == ("rejected", "launch_lost")
+        assert not event_log.of_type("run.requested")
 
 
 async def test_a_queued_delivery_starts_when_its_trigger_drops_its_concurrency_key(

@@ -133,7 +133,7 @@ async def test_an_invalid_event_trigger_is_refused_naming_the_field(gateway_sett
         ({"filter": {"data.": "x"}}, "filter", "data.<field>"),
         ({"input": {"r": "payload.[["}}, "input", "not a valid JMESPath expression"),
         ({"prompt": "${nope}"}, "prompt", "the template uses nope"),
-        ({"adapter": "github"}, "adapter", "Extra inputs are not permitted"),
+        ({"adapter": "github"}, "adapter", "unknown key 'adapter'; allowed here: agent, allow_self, concurrency"),
     ]
     async with replicas(gateway_settings, 1) as (a,):
         for changes, field, message in cases:

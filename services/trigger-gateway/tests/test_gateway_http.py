@@ -26,6 +26,7 @@ from gateway_support import (
 
 from temporality_bus import Bus
 from temporality_protocol import TriggerRejected
+from temporality_trigger_gateway.api import ACCEPTED_MEDIA_TYPES
 
 
 async def _nothing_published(bus: Bus) -> None:
@@ -173,6 +174,54 @@ async def test_json_of_the_wrong_shape_is_422_with_the_errors(
     await _refusal_journaled(bus, 422, "invalid_payload")
 
 
+@pytest.mark.parametrize(
+    ("raw", "what"),
+    [
+        pytest.param(b"[]", "an array", id="array"),
+        pytest.param(b"null", "null", id="null"),
+        pytest.param(b'"hello"', "a string", id="string"),
+        pytest.param(b"42", "a number", id="number"),
+    ],
+)
+async def test_a_body_that_is_not_an_object_is_422_saying_an_object_was_expected(
+    client: httpx.AsyncClient, bus: Bus, raw: bytes, what: str
+) -> None:
+    """A user review: ``[]`` was answered "...valid dictionary or instance of _Envelope", one of our classes.
+    The answer says what the body must be, in JSON's words, and what came (its type, never its value)."""
+    response = await client.post(
+        "/hooks/ado-pr-review", content=raw, headers=basic() | {"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    answer = response.json()
+    expected = f"the body is not a valid azure_devops.pull_request event: the body must be a JSON object, not {what}"
+    assert answer["detail"] == expected
+    assert answer["errors"] == [{"type": "model_type", "loc": [], "msg": f"must be a JSON object, not {what}"}]
+    for internal in ("_Envelope", "instance of", "dictionary"):
+        assert internal not in response.text
+    await _refusal_journaled(bus, 422, "invalid_payload")
+
+
+async def test_an_azure_devops_body_missing_six_fields_names_all_six(client: httpx.AsyncClient, bus: Bus) -> None:
+    """A user review: "6 problem(s): " listed 5 names with no "...". Six are all listed (one more than five is
+    named rather than counted); past that, five and "and N more" -- the count never disagrees with the list."""
+    body = {"id": "evt-1", "eventType": "git.pullrequest.created", "resource": {}}
+    response = await client.post("/hooks/ado-pr-review", json=body, headers=basic())
+    assert response.status_code == 422, response.text
+    answer = response.json()
+    places = [".".join(str(p) for p in e["loc"]) for e in answer["errors"]]
+    assert len(places) == 6
+    assert answer["detail"] == (
+        f"the body is not a valid azure_devops.pull_request event (6 problems: {', '.join(places)})"
+    )
+    await _refusal_journaled(bus, 422, "invalid_payload")
+
+    body["resource"] = {"repository": {}}
+    more = (await client.post("/hooks/ado-pr-review", json=body, headers=basic())).json()
+    places = [".".join(str(p) for p in e["loc"]) for e in more["errors"]]
+    assert len(places) > 6
+    assert more["detail"].endswith(f"({len(places)} problems: {', '.join(places[:5])} and {len(places) - 5} more)")
+
+
 async def test_wrong_types_are_422(client: httpx.AsyncClient) -> None:
     payload = fixture_json("pr-created.json")
     payload["resource"]["pullRequestId"] = "seven"
@@ -270,3 +319,28 @@ async def test_only_json_content_types_are_taken(
         assert response.json()["error"] == "unsupported_media_type"
         assert "application/json" in response.json()["detail"]
         assert "GitHub" not in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("content_type", "said"),
+    [
+        pytest.param("application/xml", "the body is declared as 'application/xml'", id="xml"),
+        pytest.param(
+            "application/x-www-form-urlencoded",
+            "the body is declared as 'application/x-www-form-urlencoded'",
+            id="form",
+        ),
+        pytest.param("", "the body is declared with an empty Content-Type", id="empty"),
+    ],
+)
+async def test_an_xml_or_form_body_to_a_source_other_than_github_is_415_saying_json_is_taken(
+    client: httpx.AsyncClient, bus: Bus, content_type: str, said: str
+) -> None:
+    """A user review: an XML or form body sent to Azure DevOps' trigger is 415 (not a 400 "not JSON" at its first
+    character), saying what it was declared as and what is taken, with no GitHub advice; journaled."""
+    raw = b'<?xml version="1.0"?><event id="1"/>' if "xml" in content_type else b"payload=%7B%7D"
+    response = await client.post("/hooks/ado-pr-review", content=raw, headers=basic() | {"Content-Type": content_type})
+    assert response.status_code == 415, response.text
+    detail = response.json()["detail"]
+    assert detail == f"{said}; webhooks take JSON: {ACCEPTED_MEDIA_TYPES}"
+    await _refusal_journaled(bus, 415, "unsupported_media_type")

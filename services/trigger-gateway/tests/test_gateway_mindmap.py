@@ -128,8 +128,8 @@ async def test_a_body_that_is_not_a_test_case_is_422(client: httpx.AsyncClient) 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (("prompt: |", "prompt: 'Automate ${nothing}'\n    unused: |"), "Extra inputs"),
-        (("${steps}", "${stepz}"), "prompt: Value error, the template uses stepz"),
+        (("prompt: |", "prompt: 'Automate ${nothing}'\n    unused: |"), "unused: unknown key 'unused'; allowed here:"),
+        (("${steps}", "${stepz}"), "prompt: the template uses stepz"),
         (("auth: {type: mindmap, secret_env: MM_KEY, token_env: MM_TOKEN}", "auth: {type: mindmap, secret_env: MM_KEY}"), "token_env"),
         (("auth: {type: mindmap, secret_env: MM_KEY, token_env: MM_TOKEN}", "auth: {type: github, secret_env: MM_KEY}"), "cannot authenticate mindmap.test_case"),
         (("events: [test_case.created, test_case.updated]", "events: [test_case.deleted]"), "cannot handle test_case.deleted"),

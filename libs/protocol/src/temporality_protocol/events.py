@@ -344,6 +344,9 @@ class TriggerRejected(EventData):
     #: (or its ``queue`` is full); the detail names the active run.
     #: ``debounced``: a newer event of the same concurrency key arrived within the trigger's debounce window.
     #: ``filtered``: the trigger's condition (``when``, an event trigger's ``filter``) does not match the event.
+    #: ``launch_lost``: a queued or debounced delivery whose stored launch (the run it was to start) was gone when
+    #: its turn came -- expired from the ``trigger-concurrency`` bucket (7-day TTL) or deleted; no run starts, and
+    #: an operator can re-drive the delivery from its record.
     reason: Literal[
         "duplicate",
         "unsupported_event",
@@ -354,6 +357,7 @@ class TriggerRejected(EventData):
         "concurrency_skip",
         "debounced",
         "filtered",
+        "launch_lost",
     ]
     detail: str
     source_event_id: str | None = None

@@ -258,7 +258,10 @@ def admin_router(
             problem = None
         except ValidationError as exc:
             shown = public_spec(record.spec)
-            problem = "; ".join(f"{e['field']}: {e['message']}" for e in field_errors(exc, record.spec)[:5])
+            wrong = field_errors(exc, record.spec)
+            problem = "; ".join(f"{e['field']}: {e['message']}" for e in wrong[:5])
+            if len(wrong) > 5:
+                problem += f"; and {len(wrong) - 5} more"
         return {
             "trigger": shown,
             "revision": found.revision,

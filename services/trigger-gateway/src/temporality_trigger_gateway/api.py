@@ -259,7 +259,8 @@ def _is_json(content_type: str) -> bool:
 
 def _not_json(content_type: str, adapter: str) -> UnsupportedMediaType:
     media = content_type.partition(";")[0].strip()[:100]
-    detail = f"the body is declared as {media or 'an empty Content-Type'!r}; webhooks take JSON: {ACCEPTED_MEDIA_TYPES}"
+    declared = f"declared as {media!r}" if media else "declared with an empty Content-Type"
+    detail = f"the body is {declared}; webhooks take JSON: {ACCEPTED_MEDIA_TYPES}"
     if adapter == "github":
         detail += (
             ". GitHub sends application/x-www-form-urlencoded when the hook's content type says so: in the "

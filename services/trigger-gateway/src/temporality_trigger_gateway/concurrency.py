@@ -461,13 +461,14 @@ class FlowControl:
 
     async def _drop(self, trigger_id: str, ref: QueuedRef, launch: QueuedLaunch | None, waiting: str) -> None:
         """A waiting delivery that will never start (:meth:`Launcher.drop_waiting`): its trigger was deleted
-        (journaled ``disabled``), or its stored launch is gone (recorded ``failed``: nothing to journal it with)."""
+        (journaled ``disabled``), or its stored launch is gone (journaled ``launch_lost``)."""
         if launch is None:
             detail = (
-                f"the delivery was {waiting} under its concurrency key and its stored launch is gone (the "
-                "trigger-concurrency bucket's 7-day TTL); re-drive it to start its run"
+                f"the delivery was {waiting} under its concurrency key and its stored launch (run {ref.run_id}) is "
+                "gone (expired from the trigger-concurrency bucket after 7 days, or deleted): no run starts; "
+                "re-drive the delivery to start it"
             )
-            await self._launcher.drop_waiting(trigger_id, ref, None, reason=None, detail=detail)
+            await self._launcher.drop_waiting(trigger_id, ref, None, reason="launch_lost", detail=detail)
             return
         detail = f"trigger {trigger_id} was deleted while the delivery was {waiting} under its concurrency key"
         await self._launcher.drop_waiting(trigger_id, ref, launch, reason="disabled", detail=detail)
@@ -510,7 +511,7 @@ class FlowControl:
 
         ``triggers`` looks a trigger up as this replica serves it now. A queued delivery whose trigger was deleted
         is refused (``trigger.rejected(disabled)``, its record ``rejected``, its dedupe claim released), one whose
-        stored launch is gone is recorded ``failed`` (re-drivable; claim released), and the next one starts
+        stored launch is gone likewise with ``launch_lost`` (re-drivable from its record), and the next one starts
         instead; one whose trigger is no longer flow-controlled starts."""
         states, runs, launches = await self._open()
         io = self._launcher.io

@@ -83,7 +83,7 @@ from temporality_protocol import (
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_trigger_gateway.behind import Settle, WriteBehind
 from temporality_trigger_gateway.concurrency import Debounce, FlowControl, QueuedLaunch, QueuedRef, Skip, Start, Wait
-from temporality_trigger_gateway.deliveries import Deliveries, DeliveryRecord, DeliveryState, Draft
+from temporality_trigger_gateway.deliveries import Deliveries, DeliveryRecord, Draft
 from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable
 from temporality_trigger_gateway.triggers import TriggerConfig
 
@@ -102,6 +102,7 @@ __all__ = [
     "TriggerDelivery",
     "dedupe_key",
     "launch_events",
+    "lost_rejected",
     "received_event",
     "refusal_events",
     "rejected_event",
@@ -126,6 +127,7 @@ RejectReason = Literal[
     "concurrency_skip",
     "debounced",
     "filtered",
+    "launch_lost",
 ]
 ClaimState = Literal["claimed", "published", "released", "queued"]
 
@@ -400,6 +402,31 @@ def waiting_rejected(launch: QueuedLaunch, reason: RejectReason, detail: str) ->
         correlation_id=launch.correlation_id or launch.delivery_id,
         actor=ACTOR,
         tenant=launch.event.tenant,
+    )
+
+
+def lost_rejected(trigger_id: str, delivery_id: str, record: DeliveryRecord | None, detail: str) -> EncodedEvent:
+    """``trigger.rejected(launch_lost)`` of a queued or debounced delivery whose stored launch is gone, from what its
+    delivery record still says (``None``: only its ids). Same id and causation as :func:`waiting_rejected`: one
+    delivery is refused once, whichever way."""
+    event = record.event if record is not None else None
+    return encode_event(
+        TriggerRejected(
+            trigger_id=trigger_id,
+            delivery_id=delivery_id,
+            reason="launch_lost",
+            detail=detail[:1000],
+            source_event_id=_event_id_of(record),
+            run_id=None,
+            depth=record.depth if record is not None and record.kind == "event" else None,
+        ),
+        causation_id=derive_id("evt", delivery_id, "received"),
+        source=SOURCE,
+        id=derive_id("evt", delivery_id, "rejected"),
+        run_id=None,
+        correlation_id=(record.correlation_id if record is not None else None) or delivery_id,
+        actor=ACTOR,
+        tenant=event.tenant if event is not None else None,
     )
 
 
@@ -720,17 +747,18 @@ class Launcher:
         ref: QueuedRef,
         launch: QueuedLaunch | None,
         *,
-        reason: RejectReason | None,
+        reason: RejectReason,
         detail: str,
     ) -> None:
         """A queued or debounced delivery (``ref``) that will never start: its trigger was deleted (``reason``
-        ``disabled``), or its stored launch is gone (``launch`` ``None``: no event to journal it with).
+        ``disabled``), or its stored launch is gone (``launch`` ``None``, ``reason`` ``launch_lost``: the event is
+        made from the delivery's record, :func:`lost_rejected`).
 
         ``trigger.rejected(reason)`` is journaled (caused by its ``trigger.received``; the id derives from the
-        delivery, so a repeat is one event), its record becomes ``rejected`` -- or ``failed`` without a
-        launch: an operator can re-drive it from its record's event -- and its dedupe claim (``queued``) is
-        released, so a copy of the event decides again instead of being a duplicate of a run that never
-        starts. A record already ``accepted`` (an earlier handling started the run) changes nothing."""
+        delivery, so a repeat is one event), its record becomes ``rejected`` with that reason (an operator can
+        re-drive it from its record's event), and its dedupe claim (``queued``) is released, so a copy of the
+        event decides again instead of being a duplicate of a run that never starts. A record already
+        ``accepted`` (an earlier handling started the run) changes nothing."""
         log.error(
             "concurrency.waiting_dropped",
             trigger_id=trigger_id,
@@ -739,14 +767,15 @@ class Launcher:
             reason=reason,
             detail=detail,
         )
-        state: DeliveryState = "rejected" if launch is not None and reason is not None else "failed"
         record, started = await self.deliveries.settle_waiting(
-            trigger_id, ref.delivery_id, state, reason=reason if state == "rejected" else None, detail=detail
+            trigger_id, ref.delivery_id, "rejected", reason=reason, detail=detail
         )
         if started:
             return
-        if launch is not None and reason is not None:
+        if launch is not None:
             await self.publish((waiting_rejected(launch, reason, detail),))
+        else:
+            await self.publish((lost_rejected(trigger_id, ref.delivery_id, record, detail),))
         event_id = launch.event.id if launch is not None else _event_id_of(record)
         if event_id is not None:
             await self._release_waiting(dedupe_key(trigger_id, event_id), ref.delivery_id)

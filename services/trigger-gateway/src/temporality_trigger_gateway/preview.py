@@ -29,6 +29,7 @@ trigger's activation or the loop rule (they depend on the journal).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -45,6 +46,7 @@ from temporality_trigger_gateway.events import normalize, run_title
 from temporality_trigger_gateway.mapping import MappingFailed
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore, validate_spec
 from temporality_trigger_gateway.triggers import EventTrigger, WebhookTrigger, field_errors
+from temporality_trigger_gateway.wording import listed
 
 __all__ = ["run_preview"]
 
@@ -85,7 +87,7 @@ async def run_preview(
         raise Unprocessable("the preview body is a JSON object with trigger or trigger_id, and payload")
     unknown = sorted(set(body) - _KEYS)
     if unknown:
-        raise Unprocessable(f"unknown key(s) {', '.join(k[:40] for k in unknown[:5])}; use {', '.join(sorted(_KEYS))}")
+        raise Unprocessable(f"unknown key(s) {listed([k[:40] for k in unknown])}; use {', '.join(sorted(_KEYS))}")
     if ("trigger" in body) == ("trigger_id" in body):
         raise Unprocessable("give exactly one of trigger (a draft) or trigger_id (a stored trigger)")
     if "payload" not in body:
@@ -163,6 +165,12 @@ def _verdict(answer: dict[str, Any], *, enabled: bool, unsupported: str | None, 
     return {**answer, "would_start_run": False, "ignored": ignored}
 
 
+@functools.cache
+def _envelope_schema() -> dict[str, Any]:
+    """A CloudEvent's JSON schema: an unknown key of a sample is named with the keys it may have."""
+    return Envelope.model_json_schema()
+
+
 def _preview_event(trigger: EventTrigger, sample: Any) -> dict[str, Any]:
     """An event trigger's preview: ``payload`` is a sample CloudEvent (structured JSON, as on the bus)."""
     if not isinstance(sample, dict):
@@ -170,7 +178,7 @@ def _preview_event(trigger: EventTrigger, sample: Any) -> dict[str, Any]:
     try:
         envelope = Envelope.model_validate(sample)
     except ValidationError as exc:
-        return _failed("payload", field_errors(exc, sample))
+        return _failed("payload", field_errors(exc, sample, _envelope_schema()))
     event = normalize(envelope, tenant=trigger.tenant)
     try:
         filtered = trigger.filtered(event)

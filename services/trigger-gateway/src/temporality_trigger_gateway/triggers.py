@@ -17,6 +17,7 @@ The recipients a run may ask (``human``, SEC-1) come from here and never from th
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -32,6 +33,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -55,6 +57,7 @@ from temporality_trigger_gateway.mapping import (
     event_document,
     render_prompt,
 )
+from temporality_trigger_gateway.wording import located, message
 
 __all__ = [
     "RESERVED_IDS",
@@ -533,7 +536,8 @@ def parse_triggers(
     try:
         parsed = TriggersFile.model_validate(data, context=context)
     except ValidationError as exc:
-        lines = [f"  {_where(err['loc'], data)}: {err['msg']}" for err in exc.errors(include_url=False)]
+        shape = _file_schema()
+        lines = [f"  {_where(located(err), data)}: {message(err, shape)}" for err in exc.errors(include_url=False)]
         raise TriggerConfigError(f"{source}: {exc.error_count()} problem(s)\n" + "\n".join(lines)) from None
     return list(parsed.triggers)
 
@@ -557,12 +561,25 @@ def read_triggers_file(path: Path) -> Any:
     return data
 
 
-def field_errors(exc: ValidationError, spec: Any) -> list[dict[str, str]]:
-    """pydantic's errors as ``{field, message}``, each field written as the user wrote it (never the input)."""
+@functools.cache
+def _trigger_schema() -> dict[str, Any]:
+    """The JSON schema of one trigger (:func:`field_errors` names the keys an object allows from it)."""
+    return TypeAdapter(TriggerConfig).json_schema()
+
+
+@functools.cache
+def _file_schema() -> dict[str, Any]:
+    return TriggersFile.model_json_schema()
+
+
+def field_errors(exc: ValidationError, spec: Any, schema: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
+    """pydantic's errors as ``{field, message}``, each field written as the user wrote it, each message in the
+    words of its JSON (:func:`.wording.message`: the allowed keys of an object that got an unknown one, from
+    ``schema``, one trigger's by default; never the input)."""
+    shape = _trigger_schema() if schema is None else schema
     out: list[dict[str, str]] = []
-    for err in exc.errors(include_url=False, include_input=False, include_context=False):
-        message = str(err["msg"]).removeprefix("Value error, ")
-        out.append({"field": _where(tuple(err["loc"]), spec), "message": message[:500]})
+    for err in exc.errors(include_url=False):
+        out.append({"field": _where(located(err), spec), "message": message(err, shape)[:500]})
     return out
 
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporality_protocol import NormalizedEvent, SourceLink
 from temporality_service import parse_json
 from temporality_trigger_gateway.errors import InvalidPayload
+from temporality_trigger_gateway.wording import listed, message
 
 __all__ = [
     "MAX_DESCRIPTION",
@@ -100,12 +101,16 @@ class Adapter(ABC):
 
 
 def invalid_payload(adapter: str, exc: ValidationError) -> InvalidPayload:
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    fields = ", ".join(".".join(str(p) for p in e["loc"]) or "<body>" for e in errors[:5])
-    return InvalidPayload(
-        f"the body is not a valid {adapter} event ({exc.error_count()} problem(s): {fields})",
-        [dict(e) for e in errors],
-    )
+    """422 naming every problem's place (``a, b, c, d, e and 3 more``), each in JSON's words
+    (:func:`.wording.message`: "must be a JSON object, not an array", never a class of ours); ``errors``
+    without the input (never echo a payload back)."""
+    found = exc.errors(include_url=False, include_context=False)
+    errors: list[dict[str, Any]] = [{"type": e["type"], "loc": e["loc"], "msg": message(e)} for e in found]
+    if len(found) == 1 and not found[0]["loc"]:  # the body as a whole: say what it must be
+        return InvalidPayload(f"the body is not a valid {adapter} event: the body {errors[0]['msg']}", errors)
+    places = [".".join(str(p) for p in e["loc"]) or "<body>" for e in found]
+    count = f"{len(found)} problem" + ("s" if len(found) != 1 else "")
+    return InvalidPayload(f"the body is not a valid {adapter} event ({count}: {listed(places)})", errors)
 
 
 def missing_header(adapter: str, header: str) -> InvalidPayload:

@@ -138,6 +138,7 @@ export const REASON_LABELS = {
     concurrency_skip: "a run of the same key was active",
     debounced: "a newer event replaced it (debounce)",
     filtered: "the trigger's condition did not match",
+    launch_lost: "its stored launch was gone when its turn came (re-drive it)",
   },
 };
 

@@ -134,6 +134,10 @@ async def test_integers_no_database_column_holds_are_422(client: httpx.AsyncClie
         (b'{"title": "x\\uDFFF"}', "surrogate"),  # upper case, a low half alone
         (b'{"deep": [{"k": ["\\uDbFf"]}]}', "surrogate"),  # mixed case, nested
         (b'{"\\ud83d": 1}', "surrogate"),  # in a key
+        # a sender set to another content type is told what its body looks like, never the body itself
+        (b'<?xml version="1.0"?><event id="secret-123"/>', r"looks like XML: send the event as JSON"),
+        (b"payload=%7B%22action%22%3A%22opened%22%7D", r"looks like a form, application/x-www-form-urlencoded"),
+        (b"not json at all", r"not JSON: Expecting value: line 1 column 1 \(char 0\)$"),
     ],
 )
 def test_parse_json_refuses_with_one_error_type(raw: bytes, fragment: str) -> None:

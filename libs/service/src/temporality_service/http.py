@@ -319,6 +319,21 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+#: A form body (``a=1&b=2``, ``payload=%7B...``): names of ``[A-Za-z0-9_.-]`` and ``=`` at the start.
+_FORM_START = re.compile(r"[A-Za-z0-9_.\-\[\]]{1,64}=")
+
+
+def _looks_like(text: str) -> str:
+    """A hint naming what a body that is not JSON looks like (XML, a form), so that a sender set to the wrong
+    content type learns what to change; empty when it looks like nothing in particular. Never quotes the body."""
+    start = text.lstrip()[:128]
+    if start.startswith("<"):
+        return " (it looks like XML: send the event as JSON, Content-Type: application/json)"
+    if _FORM_START.match(start):
+        return " (it looks like a form, application/x-www-form-urlencoded: send the event as JSON instead)"
+    return ""
+
+
 def parse_json(raw: bytes) -> Any:
     """UTF-8 JSON (a leading BOM is fine) into Python values; :class:`MalformedJson` for anything else.
 
@@ -338,7 +353,7 @@ def parse_json(raw: bytes) -> Any:
     except _NotJson as exc:
         raise MalformedJson(f"the body is not JSON: {exc}") from None
     except ValueError as exc:  # JSONDecodeError's message has the position, never the content
-        raise MalformedJson(f"the body is not JSON: {exc}") from None
+        raise MalformedJson(f"the body is not JSON: {exc}{_looks_like(text)}") from None
     except RecursionError:
         raise too_deep from None
     if _SURROGATE_ESCAPE.search(text) is None:

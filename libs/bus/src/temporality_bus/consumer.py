@@ -56,7 +56,10 @@ idempotent, like ``handler``.
 *Prefetch*: while ``batch_handler`` runs (commits) one batch, the runner already fetches and decodes
 the next one, so the fetch, the client's parsing and the decoding overlap the database's commit. At
 most one batch is in hand besides the one being handled (and together never more than the durable's
-``max_ack_pending``); the heartbeat keeps every message in hand alive, the prefetched ones included.
+``max_ack_pending``); the heartbeat keeps every message in hand alive, the prefetched ones included. A batch is
+at most half the durable's ``max_ack_pending`` (``batch_size`` is bounded to it at start, logged as
+``consumer.batch_bounded``), so the prefetch always has room for a whole batch and no pull asks for more than the
+server may hand out (such a pull was never filled and waited out its fetch timeout every time).
 Batches are handed over one at a time, in the order they were fetched (stream order). A stop lets the
 runner finish the batch being handled and the one prefetched (it fetches no more); a cancellation
 abandons the batch being handled un-acked (JetStream redelivers it after ``ack_wait``) and releases the

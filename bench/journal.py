@@ -496,6 +496,8 @@ async def measure(
         nats_url, db, batch_size, workdir, log_level, profile, code=code, first_on_path=first_on_path
     ) as proc:
         t0, cpu0, n0 = time.perf_counter(), _cpu_s(proc.pid), await db.count()
+        # the batch the journal's consumer really uses: at most half the durable's max_ack_pending
+        max_ack_pending = (await bus.js.consumer_info(EVENTS_STREAM.name, "journal")).config.max_ack_pending or 0
 
         async def drained(target: int = total) -> bool:
             return await db.count() >= target
@@ -509,6 +511,8 @@ async def measure(
             "db": db.name,
             "load": os.getloadavg()[0],
             "batch": batch_size,
+            "max_ack_pending": max_ack_pending,
+            "effective_batch": min(batch_size, max_ack_pending // 2) if max_ack_pending > 0 else batch_size,
             "events": total - n0,
             "events_s": (total - n0) / (t1 - t0),
             "cpu_ms_per_event": (cpu1 - cpu0) * 1000 / max(total - n0, 1),
@@ -567,7 +571,13 @@ async def consumer_only(bus: Bus, backlog: list[Envelope], batch_size: int, comm
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[500])
+    parser.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=[1000],
+        help="TEMPORALITY_JOURNAL_BATCH_SIZE; the consumer bounds it to half the durable's max_ack_pending (printed)",
+    )
     parser.add_argument("--live", type=int, default=5_000, help="events published while the journal runs (0: none)")
     parser.add_argument(
         "--live-rate",
@@ -579,6 +589,7 @@ async def main() -> None:
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--no-sqlite", action="store_true", help="measure PostgreSQL only")
     parser.add_argument(
         "--consumer-only",
         type=float,
@@ -637,7 +648,7 @@ async def main() -> None:
                         )
                     return
                 results: list[dict[str, Any]] = []
-                targets: list[str] = ["sqlite"]
+                targets: list[str] = [] if args.no_sqlite else ["sqlite"]
                 if args.no_postgres:
                     say("PostgreSQL: not measured (--no-postgres)")
                 elif await postgres_answers():
@@ -679,7 +690,8 @@ async def main() -> None:
                         result["baseline_after_s"] = len(backlog) / after[0]
                         results.append(result)
                         say(
-                            f"  measured {target} batch {batch_size} ({code}): {result['events_s']:,.0f} events/s, "
+                            f"  measured {target} batch {batch_size} ({code}; batches of {result['effective_batch']}, "
+                            f"max_ack_pending {result['max_ack_pending']}): {result['events_s']:,.0f} events/s, "
                             f"{result['cpu_ms_per_event']:.4f} CPU ms/event, load {result['load']:.1f}"
                             + (
                                 f"; live at {args.live_rate:g}/s: {result['live_cpu_ms_per_event']:.4f} CPU ms/event "

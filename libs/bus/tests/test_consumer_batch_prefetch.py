@@ -11,6 +11,8 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
+from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from temporality_bus import Bus, Consumer, Delivery, PermanentError
@@ -120,6 +122,49 @@ async def test_the_next_batch_is_prefetched_while_one_is_handled_and_batches_com
     assert seqs == sorted(seqs)
     assert seqs[-1] == last
     assert max(len(batch) for batch in batches) <= 4
+
+
+async def test_a_batch_is_at_most_half_the_durables_max_ack_pending_so_the_next_one_is_still_prefetched(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch size larger than half the durable's ``max_ack_pending`` (here 10 against 6) is bounded to half of
+    it: a batch of 3 is handled while the next 3 are prefetched. Unbounded, the first pull (10) could never be
+    filled (the server hands out 6), waited out its fetch timeout and left no room for a prefetch."""
+    spec = _spec("t-prefetch-bounded")
+    config = ConsumerConfig(
+        durable_name=spec.durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        filter_subjects=list(spec.filter_subjects),
+        max_ack_pending=6,
+        ack_wait=30,
+    )
+    await bus.js.add_consumer(EVENTS_STREAM.name, config)
+
+    async def as_created(*args: object, **kwargs: object) -> None:  # keep the durable's small max_ack_pending
+        pass
+
+    monkeypatch.setattr(bus, "ensure_consumer", as_created)
+    batches: list[list[str]] = []
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def batch_handler(batch: Batch) -> None:
+        batches.append([event.id for event, _ in batch])
+        entered.set()
+        await release.wait()
+
+    last = await _publish(bus, *(f"h{i:02d}" for i in range(14)))
+    consumer = Consumer(bus, spec, handler=_never, batch_handler=batch_handler, batch_size=10, ack_wait_s=30)
+    async with _running(consumer):
+        await asyncio.wait_for(entered.wait(), 15)
+        deadline = time.monotonic() + 15
+        while len(consumer._in_hand) < 6:  # 3 being handled, 3 prefetched
+            assert time.monotonic() < deadline, f"{len(consumer._in_hand)} messages in the runner's hands"
+            await asyncio.sleep(0.02)
+        assert batches == [[f"evt-h{i:02d}" for i in range(3)]]
+        release.set()
+        await _settled(bus, spec, last)
+    assert [event_id for batch in batches for event_id in batch] == [f"evt-h{i:02d}" for i in range(14)]
+    assert max(len(batch) for batch in batches) <= 3
 
 
 async def test_the_heartbeat_keeps_the_prefetched_batch_alive(bus: Bus) -> None:

@@ -33,13 +33,13 @@ def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TEMPORALITY_JOURNAL_BATCH_SIZE", raising=False)
-    assert Settings().batch_size == 500
+    assert Settings().batch_size == 1000
     monkeypatch.setenv("TEMPORALITY_JOURNAL_BATCH_SIZE", "32")
     assert Settings().batch_size == 32
     monkeypatch.setenv("TEMPORALITY_JOURNAL_BATCH_SIZE", "0")
     with pytest.raises(ValidationError):
         Settings()
-    # past the consumer's max_ack_pending a fetch is never filled: refused at start, not slow at run time
+    # more than the journal ever asks for: refused at start (the consumer bounds it to half max_ack_pending anyway)
     monkeypatch.setenv("TEMPORALITY_JOURNAL_BATCH_SIZE", "1001")
     with pytest.raises(ValidationError):
         Settings()

@@ -281,7 +281,7 @@ _ADVANCE_COUNTER_SQLITE = "UPDATE commit_counter SET last_seq = ? WHERE id = 1"
 #: query (its status ``SELECT 1``: the row is there and locked). The lock is a statement of its own: a statement's
 #: snapshot is taken when it starts, so the events' statement waiting for the lock itself would not see what the
 #: writer it waited for committed (ids stored, runs created).
-_PG_BEGIN_AND_LOCK = f"BEGIN; {_LOCK_COUNTER_POSTGRESQL}"
+_PG_BEGIN_AND_LOCK = f"BEGIN; SET LOCAL plan_cache_mode = force_custom_plan; {_LOCK_COUNTER_POSTGRESQL}"
 
 
 _COUNTER_MISSING = "the journal's commit_counter row is missing (see docs/journal.md, Schema and rebuild)"

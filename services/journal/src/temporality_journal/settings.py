@@ -11,7 +11,8 @@
 ``TEMPORALITY_DATABASE_SSLROOTCERT``  the CA file the server's certificate must chain to
 ``TEMPORALITY_DATABASE_SSLCERT``    a client certificate (PEM), with ``…_SSLKEY`` its key
 ``TEMPORALITY_DATABASE_SSLKEY``     (all four win over the URL's query; :class:`~temporality_journal.database.DatabaseTls`)
-``TEMPORALITY_JOURNAL_BATCH_SIZE``  events recorded per transaction, at most (``500``)
+``TEMPORALITY_JOURNAL_BATCH_SIZE``  events recorded per transaction, at most (``1000``; the consumer bounds it to
+                                    half the durable's ``max_ack_pending``: 500 while that is 1,000)
 ``TEMPORALITY_JOURNAL_BATCH_LINGER_MS``  a fetch short of the batch size waits this long once for more
                                     events (``20``; ``0``: none): fewer, larger transactions at a
                                     steady trickle, each event journaled up to this much later
@@ -93,8 +94,9 @@ class Settings(HttpServiceSettings):
     database_sslkey: Path | None = Field(
         default=None, validation_alias="TEMPORALITY_DATABASE_SSLKEY", description="the client certificate's key"
     )
-    # at most the consumer's max_ack_pending (1,000): a larger fetch is never filled and waits out its timeout
-    batch_size: int = Field(default=500, ge=1, le=1_000, description="events recorded per transaction, at most")
+    # at most 1,000; the consumer bounds a batch to half the durable's max_ack_pending (1,000 today: batches of 500),
+    # so the next batch can be prefetched while one is recorded (temporality_bus.consumer._batch_within)
+    batch_size: int = Field(default=1_000, ge=1, le=1_000, description="events recorded per transaction, at most")
     batch_linger_ms: int = Field(
         default=20,
         ge=0,

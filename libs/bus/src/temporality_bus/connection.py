@@ -363,7 +363,7 @@ class Bus:
             # retry dead-lettering) on the last delivery instead of the server dropping the message
             max_deliver=-1,
             filter_subjects=list(spec.filter_subjects),
-            max_ack_pending=1000,
+            max_ack_pending=spec.max_ack_pending,
         )
         await self.js.add_consumer(spec.stream, config)
 

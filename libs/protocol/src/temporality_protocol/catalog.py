@@ -250,6 +250,9 @@ class ConsumerSpec:
     #: Where the durable starts when it is first created: ``all`` (the stream's first message) or ``new``
     #: (only messages stored after its creation: history is never replayed). Later starts resume it.
     deliver_policy: Literal["all", "new"] = "all"
+    #: How many delivered messages the server lets the durable's clients hold unacknowledged at once (all its
+    #: replicas together). The batch path takes at most half of it per batch (one batch handled, the next fetched).
+    max_ack_pending: int = 1000
 
 
 EVENTS_STREAM = StreamSpec(
@@ -476,6 +479,8 @@ CONSUMERS: dict[str, ConsumerSpec] = {
             (f"{EVENTS_PREFIX}.>",),
             "Every event into the SQL read model (a database outage must not dead-letter the journal)",
             max_deliver=-1,
+            # batches of 1,000 (TEMPORALITY_JOURNAL_BATCH_SIZE) with the next one prefetched
+            max_ack_pending=2000,
         ),
         ConsumerSpec(
             "agent-collab-runs",

@@ -121,6 +121,16 @@ async def test_validation_names_the_field_and_preconditions_are_enforced(bus: Bu
         assert response.json()["error"] == "invalid_group"
         assert response.json()["errors"] == [{"field": "members[1]", "message": "'zed' is not a user of the directory"}]
         await refused({"id": "empty", "display_name": "Nobody", "members": []}, "members", "/directory/groups")
+        # an unknown key names the keys its object takes (and the closest), not pydantic's "Extra inputs ..."
+        typo = await c.post("/directory/users", json={**carol(), "prefered": "web"}, headers=ADMIN)
+        (message,) = [e["message"] for e in typo.json()["errors"] if e["field"] == "prefered"]
+        assert message.startswith("unknown key 'prefered' (did you mean 'preferred'?); allowed here: ")
+        assert {"display_name", "channels", "preferred", "password", "id"} <= set(message.split(": ")[-1].split(", "))
+        nested = await c.post(
+            "/directory/users", json=carol(channels={"web": {}, "telegram": {"chat": 1}}), headers=ADMIN
+        )
+        (message,) = [e["message"] for e in nested.json()["errors"] if e["field"] == "channels.telegram.chat"]
+        assert message == "unknown key 'chat' (did you mean 'chat_id'?); allowed here: chat_id"
         assert (await c.post("/directory/users", content=b"{", headers=ADMIN)).json()["error"] == "malformed_json"
 
         read = await c.get("/directory/users/bob", headers=VIEWER)

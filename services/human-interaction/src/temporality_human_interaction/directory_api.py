@@ -113,11 +113,15 @@ class EntryInvalid(Unprocessable):
         super().__init__(detail[:2000], code=f"invalid_{kind}", extra={"errors": errors[:50]})
 
 
-def _field_errors(exc: ValidationError) -> list[dict[str, str]]:
-    """pydantic's errors as ``{field, message}`` (never the input); a whole-profile check names its field."""
+def _field_errors(
+    exc: ValidationError, model: type[BaseModel], top_level: tuple[str, ...] = ("id",)
+) -> list[dict[str, str]]:
+    """pydantic's errors as ``{field, message}`` (never the input); a whole-profile check names its field, an
+    unknown key the keys its object takes (``model``'s JSON schema)."""
     out: list[dict[str, str]] = []
+    schema = model.model_json_schema()
     for err in exc.errors(include_url=False, include_input=False, include_context=False):
-        message = message_of(err)
+        message = message_of(err, schema, top_level)
         field = ""
         for part in err["loc"]:
             if part == "[key]" or str(part).startswith("function-"):
@@ -346,7 +350,7 @@ def directory_router(
         try:
             profile = UserProfile.model_validate(body).hashed()
         except ValidationError as exc:
-            raise EntryInvalid("user", _field_errors(exc)) from None
+            raise EntryInvalid("user", _field_errors(exc, UserProfile, ("id", "password"))) from None
         try:
             digest = resolve_token(user_id, profile, env)
         except DirectoryError as exc:
@@ -379,7 +383,7 @@ def directory_router(
         try:
             group = GroupProfile.model_validate(body)
         except ValidationError as exc:
-            raise EntryInvalid("group", _field_errors(exc)) from None
+            raise EntryInvalid("group", _field_errors(exc, GroupProfile)) from None
         errors = [
             {"field": f"members[{n}]", "message": f"{member!r} is not a user of the directory"}
             for n, member in enumerate(group.members)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 import httpx
-from playwright.async_api import Page
+from playwright.async_api import BrowserContext, Page, expect
 from pydantic import SecretStr
 
 from temporality_bus import Bus, NatsSettings
@@ -385,3 +385,20 @@ async def console_screenshot(page: Page, name: str) -> None:
     """Save the page as ``console-<name>.png`` under :data:`SCREENSHOTS`, when set."""
     if SCREENSHOTS:
         await page.screenshot(path=Path(SCREENSHOTS) / f"console-{name}.png", full_page=True)
+
+
+async def publish_recorded(served: ServedJournal, *events: Envelope) -> None:
+    """Publish ``events`` and wait until the journal has recorded the last of them."""
+    for event in events:
+        await served.bus.publish(event)
+    await served.wait_recorded(events[-1].id)
+
+
+async def viewer_page(context: BrowserContext, served: ServedJournal, hash_: str, wait_ms: int = 20_000) -> Page:
+    """A console page at ``hash_`` signed in with the viewer token (``board (viewer)`` shown once it is)."""
+    page = await context.new_page()
+    await page.goto(f"{served.url}/console/{hash_}")
+    await page.get_by_label("API token").fill(VIEWER_TOKEN)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.locator("#who")).to_have_text("board (viewer)", timeout=wait_ms)
+    return page

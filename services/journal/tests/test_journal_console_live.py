@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from journal_support import VIEWER_TOKEN, ServedJournal
-from playwright.async_api import BrowserContext, Page, expect
+from journal_support import VIEWER_TOKEN, ServedJournal, publish_recorded, viewer_page
+from playwright.async_api import BrowserContext, expect
 
 from temporality_protocol import (
     Envelope,
@@ -26,21 +26,6 @@ from temporality_protocol import (
 MakeStory = Callable[..., Any]  # journal_support.RunStory
 WAIT_MS = 20_000
 pytestmark = pytest.mark.timeout(180)
-
-
-async def _publish(served: ServedJournal, *events: Envelope) -> None:
-    for event in events:
-        await served.bus.publish(event)
-    await served.wait_recorded(events[-1].id)
-
-
-async def _sign_in(context: BrowserContext, served: ServedJournal, hash_: str) -> Page:
-    page = await context.new_page()
-    await page.goto(f"{served.url}/console/{hash_}")
-    await page.get_by_label("API token").fill(VIEWER_TOKEN)
-    await page.get_by_role("button", name="Sign in").click()
-    await expect(page.locator("#who")).to_have_text("board (viewer)", timeout=WAIT_MS)
-    return page
 
 
 def _delivery(
@@ -78,8 +63,8 @@ async def test_triggers_deliveries_and_analytics_pages_update_live(
 ) -> None:
     trigger = f"live-{uuid.uuid4().hex[:6]}"
     first = story(trigger_id=trigger, title="Review PR 1")
-    await _publish(served_journal, *_delivery(first, f"{trigger}-d1"), first.requested(), first.started())
-    page = await _sign_in(browser_context, served_journal, "#/triggers")
+    await publish_recorded(served_journal, *_delivery(first, f"{trigger}-d1"), first.requested(), first.started())
+    page = await viewer_page(browser_context, served_journal, "#/triggers")
     row = page.locator(f'#triggers tr[data-trigger-id="{trigger}"]')
     await expect(row.locator(".accepted-received")).to_have_text("1 / 1", timeout=WAIT_MS)
     await expect(row.locator("td").nth(6)).to_have_text("0")  # successful runs
@@ -88,7 +73,7 @@ async def test_triggers_deliveries_and_analytics_pages_update_live(
 
     # an accepted delivery and a completed run, an ignored ping and a refused duplicate: the row moves, no reload
     second = story(trigger_id=trigger, title="Review PR 2")
-    await _publish(
+    await publish_recorded(
         served_journal,
         *_delivery(second, f"{trigger}-d2"),
         second.requested(),
@@ -109,7 +94,7 @@ async def test_triggers_deliveries_and_analytics_pages_update_live(
     )
     await expect(deliveries.locator(f'tr[data-delivery-id="{trigger}-dup"] .outcome')).to_have_text("rejected")
     await expect(page.locator("#live")).to_have_attribute("data-live", "on", timeout=WAIT_MS)
-    await _publish(served_journal, *_delivery(second, f"{trigger}-filtered", "filtered"))
+    await publish_recorded(served_journal, *_delivery(second, f"{trigger}-filtered", "filtered"))
     await expect(deliveries.locator(f'tr[data-delivery-id="{trigger}-filtered"] .outcome')).to_have_text(
         "ignored", timeout=WAIT_MS
     )
@@ -120,10 +105,10 @@ async def test_triggers_deliveries_and_analytics_pages_update_live(
     await expect(analytics).to_contain_text("Runs that asked a human", timeout=WAIT_MS)
     await expect(page.get_by_role("img", name="pending: 0")).to_be_visible(timeout=WAIT_MS)
     await expect(page.locator("#live")).to_have_attribute("data-live", "on", timeout=WAIT_MS)
-    await _publish(served_journal, second.human_requested(question="Merge PR 2?"))
+    await publish_recorded(served_journal, second.human_requested(question="Merge PR 2?"))
     await expect(page.get_by_role("img", name="pending: 1")).to_be_visible(timeout=WAIT_MS)
     await expect(analytics).to_contain_text("Merge PR 2?")
-    await _publish(served_journal, second.cancelled())
+    await publish_recorded(served_journal, second.cancelled())
     await expect(page.get_by_role("img", name="withdrawn: 1")).to_be_visible(timeout=WAIT_MS)
     await expect(page.get_by_role("img", name="pending: 0")).to_be_visible()
 

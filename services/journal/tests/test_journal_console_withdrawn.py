@@ -10,43 +10,26 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from journal_support import VIEWER_TOKEN, ServedJournal
-from playwright.async_api import BrowserContext, Page, expect
-
-from temporality_protocol import (
-    Envelope,
-)
+from journal_support import ServedJournal, publish_recorded, viewer_page
+from playwright.async_api import BrowserContext, expect
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
 WAIT_MS = 20_000
 pytestmark = pytest.mark.timeout(180)
 
 
-async def _publish(served: ServedJournal, *events: Envelope) -> None:
-    for event in events:
-        await served.bus.publish(event)
-    await served.wait_recorded(events[-1].id)
-
-
-async def _sign_in(context: BrowserContext, served: ServedJournal, hash_: str) -> Page:
-    page = await context.new_page()
-    await page.goto(f"{served.url}/console/{hash_}")
-    await page.get_by_label("API token").fill(VIEWER_TOKEN)
-    await page.get_by_role("button", name="Sign in").click()
-    await expect(page.locator("#who")).to_have_text("board (viewer)", timeout=WAIT_MS)
-    return page
-
-
 async def test_a_cancelled_run_s_open_question_reads_withdrawn_in_its_timeline(
     served_journal: ServedJournal, browser_context: BrowserContext, story: MakeStory
 ) -> None:
     s = story(title="Review PR 42")
-    await _publish(served_journal, s.requested(), s.created(), s.started(), s.human_requested(), s.notified("web"))
-    page = await _sign_in(browser_context, served_journal, f"#/runs/{s.run_id}")
+    await publish_recorded(
+        served_journal, s.requested(), s.created(), s.started(), s.human_requested(), s.notified("web")
+    )
+    page = await viewer_page(browser_context, served_journal, f"#/runs/{s.run_id}")
     steps = page.locator("#timeline > li .step-title")
     await expect(steps.last).to_have_text("Notified alice on web", timeout=WAIT_MS)
     await expect(page.locator("#live")).to_have_attribute("data-live", "on", timeout=WAIT_MS)
-    await _publish(served_journal, s.cancelled())  # human-interaction withdraws the question: no human.* event
+    await publish_recorded(served_journal, s.cancelled())  # human-interaction withdraws the question: no human.* event
     await expect(steps).to_have_text(
         [
             "Trigger ado-pr",  # run.requested without a trigger.accepted before it
@@ -70,7 +53,7 @@ async def test_a_cancelled_run_s_open_question_reads_withdrawn_in_its_timeline(
     )
     # an answered question is not withdrawn when its run completes
     done = story(title="Review PR 43")
-    await _publish(
+    await publish_recorded(
         served_journal,
         done.requested(),
         done.started(),

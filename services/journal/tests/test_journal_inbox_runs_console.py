@@ -13,11 +13,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from journal_support import VIEWER_TOKEN, ServedJournal
-from playwright.async_api import BrowserContext, Page, expect
+from journal_support import ServedJournal, viewer_page
+from playwright.async_api import BrowserContext, expect
 
 from temporality_protocol import (
-    Envelope,
     HumanPolicy,
     HumanRequested,
     LaunchSource,
@@ -29,21 +28,6 @@ from temporality_protocol import (
 MakeStory = Callable[..., Any]  # journal_support.RunStory
 WAIT_MS = 20_000
 pytestmark = pytest.mark.timeout(180)
-
-
-async def _publish(served: ServedJournal, *events: Envelope) -> None:
-    for event in events:
-        await served.bus.publish(event)
-    await served.wait_recorded(events[-1].id)
-
-
-async def _sign_in(context: BrowserContext, served: ServedJournal, hash_: str) -> Page:
-    page = await context.new_page()
-    await page.goto(f"{served.url}/console/{hash_}")
-    await page.get_by_label("API token").fill(VIEWER_TOKEN)
-    await page.get_by_role("button", name="Sign in").click()
-    await expect(page.locator("#who")).to_have_text("board (viewer)", timeout=WAIT_MS)
-    return page
 
 
 async def _ask_bob(served: ServedJournal, run_id: str, asked_at: datetime) -> str:
@@ -81,7 +65,7 @@ async def test_the_inbox_tells_two_runs_same_question_apart(
     second = await _ask_bob(served, two, now - timedelta(minutes=2))
 
     # an operator's tab (an API token) signed in to bob's inbox too: the run links to its timeline
-    page = await _sign_in(browser_context, served, "#/runs")
+    page = await viewer_page(browser_context, served, "#/runs")
     await page.goto(f"{served.url}/console/#/inbox")
     await page.get_by_label("Inbox token").fill("bob-inbox-token")
     await page.keyboard.press("Enter")

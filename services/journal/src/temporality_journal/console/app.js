@@ -589,7 +589,7 @@ function runsView(signal, query) {
   more.addEventListener("click", () => load(false).catch(failed));
   load(true).catch(failed);
   const refresh = debounce(() => load(true).catch(failed), 1000);
-  tail({}, (event) => (event.run_id ? refresh() : null), signal);
+  tail({}, (event) => (event.run_id ? refresh() : null), signal, refresh);
 }
 
 function runRow(run) {
@@ -1043,7 +1043,7 @@ function waitingView(signal) {
   load().catch(failed);
   const refresh = debounce(() => load().catch(failed), 1000);
   const moves = (type) => type.startsWith("human.") || type.startsWith("run.") || type.startsWith("agent.");
-  tail({}, (e) => (moves(e.type) ? refresh() : null), signal);
+  tail({}, (e) => (moves(e.type) ? refresh() : null), signal, refresh);
 }
 
 // ------------------------------------------------------------------ triggers (UI-2)

@@ -48,6 +48,22 @@ async def test_bad_event_filters_are_422(journal: Journal) -> None:
     _assert_error(await journal.client.get("/runs/x/events", params={"after": "-1"}), 422, "invalid_request")
 
 
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("/events", {"run_id": "run-\x00"}),
+        ("/events", {"type": "run.\x00started"}),
+        ("/runs/run-%00/events", {}),
+        ("/runs/run-%00", {}),
+        ("/runs", {"trigger_id": "t\x00"}),
+    ],
+)
+async def test_a_nul_in_a_filter_is_422_on_both_databases(journal: Journal, path: str, params: dict[str, str]) -> None:
+    """PostgreSQL refuses a text with U+0000 outright ("invalid byte sequence for encoding UTF8: 0x00": a 500 until
+    2026-12-06 for these three), SQLite would just find nothing: every text the API reads refuses it first."""
+    _assert_error(await journal.client.get(path, params=params), 422, "invalid_request")
+
+
 async def test_runs_newest_first_filtered_by_state_and_limited(journal: Journal, story: MakeStory) -> None:
     old, mid, new = story(), story(), story()
     mid.at = old.at + timedelta(minutes=1)

@@ -601,7 +601,7 @@ def create_app(
     # come first, so "/runs/a/ask/01/events" is the trajectory of "a/ask/01", and "/runs/{run_id:path}" last.
     @app.get("/runs/{run_id:path}/events", response_model=Trajectory, responses={404: {"model": ErrorBody}})
     async def run_events(
-        run_id: str,
+        run_id: Annotated[str, Path(max_length=MAX_TEXT_PARAM, pattern=NO_NUL)],
         who: AsViewer,
         after: Annotated[NonNegativeInt64, Query(description="Only events after this stream sequence")] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_TRAJECTORY)] = MAX_TRAJECTORY,
@@ -783,8 +783,11 @@ def create_app(
     )
     async def list_events(
         who: AsViewer,
-        type_: Annotated[str | None, Query(alias="type", description="Only this event type")] = None,
-        run_id: Annotated[str | None, Query(description="Only this run's events")] = None,
+        type_: Annotated[
+            str | None,
+            Query(alias="type", max_length=MAX_TEXT_PARAM, pattern=NO_NUL, description="Only this event type"),
+        ] = None,
+        run_id: Annotated[str | None, _text("Only this run's events")] = None,
         before: Annotated[
             NonNegativeInt64 | None,
             Query(

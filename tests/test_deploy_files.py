@@ -535,8 +535,12 @@ def test_docker_compose_resolves_the_file_as_docker_compose_up_would(tmp_path: P
             assert port.get("host_ip") == "127.0.0.1", (name, port)
     patterns = tmp_path / "redaction.env"
     patterns.write_text(f'{REDACT_PATTERNS_ENV}={{"ticket_secret": "TKT-[0-9a-f]{{16}}"}}\n', encoding="utf-8")
-    custom = _compose_config({"REDACTION_ENV_FILE": str(patterns)})
+    custom = _compose_config({"REDACTION_ENV_FILE": str(patterns), "POSTGRES_PASSWORD": "pg-from-env"})
     assert custom.returncode == 0, custom.stderr
+    # the bundled PostgreSQL's password is the operator's, in both places that need it
+    resolved = json.loads(custom.stdout)["services"]
+    assert resolved["postgres"]["environment"]["POSTGRES_PASSWORD"] == "pg-from-env"
+    assert ":pg-from-env@postgres:" in resolved["journal"]["environment"]["TEMPORALITY_DATABASE_URL"]
     redacting = {
         name
         for name, service in json.loads(custom.stdout)["services"].items()

@@ -12,6 +12,9 @@
 ``temporality_consumer_pending``                gauge by ``consumer``: messages not yet delivered (lag; 0 for an
                                                 on-demand consumer not pulling: ``Consumer.lag_matters``)
 ``temporality_consumer_ack_pending``            gauge by ``consumer``: delivered, not yet acknowledged
+``temporality_consumer_redelivered``            gauge by ``consumer``: delivered more than once (an ack that did
+                                                not come in time, a nak, a replica that died) and not yet
+                                                acknowledged: the server's ``num_redelivered``
 ``temporality_nats_connected``                  gauge: 1 while the NATS connection is up
 ``temporality_service_info``                    ``service`` and ``protocol_version`` labels, value 1
 ==============================================  =======================================================
@@ -130,6 +133,12 @@ class ServiceMetrics:
             ["service", "consumer"],
             registry=self.registry,
         )
+        self._redelivered = Gauge(
+            "temporality_consumer_redelivered",
+            "Messages delivered more than once and not yet acknowledged (the server's count)",
+            ["service", "consumer"],
+            registry=self.registry,
+        )
 
     # ------------------------------------------------------------------ a service's own instruments
     def counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
@@ -189,6 +198,7 @@ class ServiceMetrics:
             if not consumer.lag_matters:  # an on-demand consumer nobody needs now: what it keeps is no lag
                 self._pending.labels(self.service, consumer.spec.durable).set(0)
                 self._ack_pending.labels(self.service, consumer.spec.durable).set(0)
+                self._redelivered.labels(self.service, consumer.spec.durable).set(0)
                 continue
             try:
                 info = await self.bus.js.consumer_info(consumer.spec.stream, consumer.spec.durable, timeout=2.0)
@@ -197,6 +207,7 @@ class ServiceMetrics:
                 continue
             self._pending.labels(self.service, consumer.spec.durable).set(info.num_pending or 0)
             self._ack_pending.labels(self.service, consumer.spec.durable).set(info.num_ack_pending or 0)
+            self._redelivered.labels(self.service, consumer.spec.durable).set(info.num_redelivered or 0)
 
     async def watch_lag(self, consumers: list[Consumer], stop: asyncio.Event) -> None:
         """Refresh the lag gauges every :data:`LAG_REFRESH_S` until ``stop``."""

@@ -141,3 +141,25 @@ def test_an_open_question_of_an_ended_run_is_withdrawn_not_pending() -> None:
     assert body.wait.count == 1
     (row,) = body.by_agent
     assert (row.withdrawn, row.pending) == (3, 2)
+
+
+def test_reminders_and_escalations_are_counted_beside_the_outcome_never_as_one() -> None:
+    """OBS-1 "timeouts and escalations": a question re-asked twice and escalated, then answered, is answered (its
+    wait to the answer), with 2 reminders and 1 escalation; steps of an unknown request count nowhere."""
+    step = {"recipient": "user:alice", "attempt": 1, "of": 2}
+    events = [
+        EventRow("human.escalated", T0 + timedelta(seconds=30), "r1", {"request_id": "q1", "to": "group:leads"}),
+        _ask("r1", "q1"),  # (the order the rows come in does not matter)
+        EventRow("human.reasked", T0 + timedelta(seconds=10), "r1", {"request_id": "q1", **step}),
+        EventRow("human.reasked", T0 + timedelta(seconds=20), "r1", {"request_id": "q1", **step, "attempt": 2}),
+        _answer("r1", "q1", 40, at=T0 + timedelta(seconds=40)),
+        _ask("r2", "q2"),
+        EventRow("human.expired", T0 + timedelta(seconds=60), "r2", {"request_id": "q2", "waited_s": 60}),
+        EventRow("human.reasked", T0, "r9", {"request_id": "q9", **step}),
+    ]
+    body = human_analytics([_run("r1"), _run("r2", agent="tester")], events, since=None, until=None, top=10)
+    assert (body.requests_total, body.answered, body.expired, body.pending) == (2, 1, 1, 0)
+    assert (body.escalated, body.reminders) == (1, 2)
+    assert body.wait.max_s == 40
+    rows = {row.key: (row.escalated, row.reminders) for row in body.by_agent}
+    assert rows == {"reviewer": (1, 2), "tester": (0, 0)}

@@ -45,7 +45,16 @@ __all__ = [
 TRIGGER_TYPES = ("trigger.received", "trigger.accepted", "trigger.rejected")
 #: The trigger admin API's audit events: what a trigger is (type, agent, enabled) as of its last change.
 TRIGGER_CHANGE_TYPES = ("trigger.created", "trigger.updated", "trigger.enabled", "trigger.disabled", "trigger.deleted")
-HUMAN_TYPES = ("human.requested", "human.answered", "human.expired", "human.rejected")
+HUMAN_TYPES = (
+    "human.requested",
+    "human.answered",
+    "human.expired",
+    "human.rejected",
+    "human.reasked",
+    "human.escalated",
+)
+#: Steps of a question's timeout policy (HUM-8), counted beside its outcome, never one.
+POLICY_STEPS = frozenset({"human.reasked", "human.escalated"})
 #: The trigger.rejected reasons the gateway answers HTTP 200 ``ignored`` for (a ping, an event type the trigger
 #: does not list, a disabled trigger, its condition false): the trigger does not take them, nothing failed.
 IGNORED_REASONS = frozenset({"unsupported_event", "disabled", "filtered"})
@@ -319,6 +328,10 @@ class HumanCounts(BaseModel):
         "cancelled): human-interaction withdrew them with the run",
     )
     pending: int = Field(description="Requests with no answer, expiry or rejection journaled, of a run not ended")
+    escalated: int = Field(
+        default=0, description="Requests the timeout policy escalated (human.escalated) to someone else"
+    )
+    reminders: int = Field(default=0, description="Reminders the timeout policy sent (human.reasked), all requests")
 
 
 class Breakdown(HumanCounts):
@@ -341,6 +354,8 @@ class _Request:
     asked_at: datetime
     outcome: str = "pending"
     waited_s: float | None = None
+    escalated: bool = False
+    reminders: int = 0
 
 
 def _percentile(ordered: Sequence[float], p: float) -> float | None:
@@ -380,6 +395,8 @@ def _counts(runs: Sequence[RunRow], requests: Sequence[_Request]) -> dict[str, A
         "rejected": outcomes["rejected"],
         "withdrawn": outcomes["withdrawn"],
         "pending": outcomes["pending"],
+        "escalated": sum(1 for r in requests if r.escalated),
+        "reminders": sum(r.reminders for r in requests),
     }
 
 
@@ -394,6 +411,7 @@ def human_analytics(
     """OBS-1 over ``runs`` (already filtered) and their human.* ``events``."""
     requests: dict[str, _Request] = {}
     outcomes: list[tuple[EventRow, str]] = []
+    steps: list[tuple[str, str]] = []
     for ev in events:
         request_id = _str(ev.data, "request_id")
         if request_id is None or ev.run_id is None:
@@ -402,8 +420,16 @@ def human_analytics(
             requests.setdefault(
                 request_id, _Request(ev.run_id, (_str(ev.data, "question") or "")[:MAX_QUESTION], ev.time)
             )
+        elif ev.type in POLICY_STEPS:
+            steps.append((ev.type, request_id))
         else:
             outcomes.append((ev, request_id))
+    for kind, request_id in steps:  # (each event once: the journal stores an event id once)
+        if (req := requests.get(request_id)) is not None:
+            if kind == "human.escalated":
+                req.escalated = True
+            else:
+                req.reminders += 1
     for ev, request_id in sorted(outcomes, key=lambda o: o[0].time):
         req = requests.get(request_id)
         if req is None or req.outcome != "pending":

@@ -1570,6 +1570,7 @@ function wizardView(signal, triggerId) {
     const path = String(error.field ?? "");
     // "action 'default' needs default_option" is said of on_timeout as a whole: it is the option's field
     if (path === "human.on_timeout" && /default_option/.test(error.message ?? "")) return f.defaultOption;
+    if (path === "human" && /default_timeout_s/.test(error.message ?? "")) return f.timeout; // > max_timeout_s
     let best = null;
     for (const [prefix, control] of fieldControls) {
       const fits = path === prefix || path.startsWith(`${prefix}.`) || path.startsWith(`${prefix}[`);

@@ -1211,6 +1211,9 @@ const TYPE_FIELDS = {
   event: ["event_type", "filter", "allow_self"],
 };
 const etagOf = (revision) => `"${revision}"`;
+// human.on_timeout.action (docs/triggers.md): what a run does when nobody answered by the deadline.
+const ON_TIMEOUT = { fail: "fail the run", default: "resume with a default option", cancel: "cancel the run" };
+const MAX_CHAIN_S = 30 * 24 * 3600; // renotify.every_s and escalate.after_s at most (the protocol's bound)
 // The trigger admin API's audit events (journaled): the definitions list moves with them.
 const TRIGGER_CHANGES = new Set(["trigger.created", "trigger.updated", "trigger.enabled", "trigger.disabled", "trigger.deleted"]);
 
@@ -1329,12 +1332,16 @@ function wizardView(signal, triggerId) {
   let base = {}; // what the gateway holds (editing): fields the form does not show are kept
   let etag = null;
 
-  // A labelled control; its help text is its description (not part of its accessible name).
+  // A labelled control; its help text and the gateway's word on it (a 422 naming its field) describe it (not
+  // part of its accessible name).
+  const problems = new Map(); // control -> its error line
   const field = (label, control, help) => {
     control.id = `tw-${control.name}`;
     const note = help ? h("span", { class: "muted", id: `tw-${control.name}-help` }, help) : null;
-    if (note) control.setAttribute("aria-describedby", note.id);
-    return h("div", { class: "field" }, h("label", { for: control.id }, label), control, note);
+    const error = h("p", { class: "field-error", id: `tw-${control.name}-error`, hidden: true });
+    problems.set(control, error);
+    control.setAttribute("aria-describedby", [note?.id, error.id].filter(Boolean).join(" "));
+    return h("div", { class: "field" }, h("label", { for: control.id }, label), control, note, error);
   };
   const input = (name, attrs = {}) => h("input", { name, ...attrs });
   const area = (name, rows, attrs = {}) => h("textarea", { name, rows, ...attrs });
@@ -1366,6 +1373,13 @@ function wizardView(signal, triggerId) {
     maxQueued: input("max_queued", { type: "number", min: 1, max: 100, placeholder: "20" }),
     recipients: input("recipients", { placeholder: "user:alice, user:bob" }),
     timeout: input("timeout", { type: "number", min: 1, placeholder: "3600" }),
+    onTimeout: h("select", { name: "on_timeout_action" }, Object.entries(ON_TIMEOUT).map(([value, label]) =>
+      h("option", { value }, label))),
+    defaultOption: input("default_option", { maxlength: 64, placeholder: "approve" }),
+    renotifyEvery: input("renotify_every", { type: "number", min: 1, max: MAX_CHAIN_S, placeholder: "none" }),
+    renotifyMax: input("renotify_max", { type: "number", min: 1, max: 20, placeholder: "none" }),
+    escalateTo: input("escalate_to", { placeholder: "group:leads" }),
+    escalateAfter: input("escalate_after", { type: "number", min: 1, max: MAX_CHAIN_S, placeholder: "none" }),
     sample: area("sample", 6, { placeholder: '{"type": "order.created", "id": "ord-1", "data": {"order_id": 42}}' }),
     headers: area("headers", 2, { placeholder: "X-GitHub-Event: pull_request" }),
   };
@@ -1388,6 +1402,10 @@ function wizardView(signal, triggerId) {
     previewButton.disabled = f.type.value === "schedule";
   };
   f.type.addEventListener("change", showParts);
+  const defaultOptionField = field("Default option", f.defaultOption,
+    "the option id the run resumes with, as the agent's question offers it");
+  const showDefault = () => { defaultOptionField.hidden = f.onTimeout.value !== "default"; };
+  f.onTimeout.addEventListener("change", showDefault);
 
   const previewOut = h("div", { id: "preview", "aria-live": "polite" });
   const previewButton = h("button", { type: "button", id: "preview-button" }, "Preview");
@@ -1413,7 +1431,14 @@ function wizardView(signal, triggerId) {
       field("Queue at most", f.maxQueued, "queue: events waiting per key (default 20)")),
     h("fieldset", {}, h("legend", {}, "Human policy"),
       field("Allowed recipients", f.recipients, "user:<id>, comma-separated"),
-      field("Default timeout (s)", f.timeout)),
+      field("Default timeout (s)", f.timeout, "how long a question waits for an answer; empty: 3600")),
+    h("fieldset", { id: "part-timeout" }, h("legend", {}, "When nobody answers"),
+      field("At the deadline", f.onTimeout, "what the run does when nobody answered in time"),
+      defaultOptionField,
+      field("Remind every (s)", f.renotifyEvery, "ask the same people again this often before the deadline; empty: never"),
+      field("Reminders at most", f.renotifyMax, "1 to 20, with Remind every"),
+      field("Escalate to", f.escalateTo, "user:<id> or group:<id>, asked as well; empty: nobody"),
+      field("Escalate after (s)", f.escalateAfter, "seconds after the question (after the reminders, if any)")),
     h("fieldset", {}, h("legend", {}, "Preview"),
       field("Sample payload (JSON)", f.sample, "a delivery's body (webhook) or a CloudEvent (event); nothing is started"),
       field("Sample headers", f.headers, "Name: value lines, as the source sends them (e.g. GitHub's X-GitHub-Event)"),
@@ -1447,6 +1472,13 @@ function wizardView(signal, triggerId) {
     f.maxQueued.value = t.concurrency?.max_queued ?? "";
     f.recipients.value = (t.human?.allowed_recipients ?? []).join(", ");
     f.timeout.value = t.human?.default_timeout_s ?? "";
+    const onTimeout = t.human?.on_timeout ?? {};
+    f.onTimeout.value = onTimeout.action ?? "fail";
+    f.defaultOption.value = onTimeout.default_option ?? "";
+    f.renotifyEvery.value = onTimeout.renotify?.every_s ?? "";
+    f.renotifyMax.value = onTimeout.renotify?.max ?? "";
+    f.escalateTo.value = onTimeout.escalate?.to ?? "";
+    f.escalateAfter.value = onTimeout.escalate?.after_s ?? "";
   }
 
   // The trigger as the gateway takes it (JSON): the stored one with the form's fields written over it.
@@ -1502,8 +1534,73 @@ function wizardView(signal, triggerId) {
     const human = { ...(base.human ?? {}) };
     human.allowed_recipients = listOf(f.recipients.value);
     if (f.timeout.value) human.default_timeout_s = Number(f.timeout.value);
+    else delete human.default_timeout_s;
+    // on_timeout as the gateway takes it; a half-filled reminder or escalation goes as written (its 422 names
+    // the missing field next to it).
+    const onTimeout = { action: f.onTimeout.value };
+    if (onTimeout.action === "default" && f.defaultOption.value.trim()) onTimeout.default_option = f.defaultOption.value.trim();
+    const numberOf = (control) => (control.value === "" ? undefined : Number(control.value));
+    const renotify = { every_s: numberOf(f.renotifyEvery), max: numberOf(f.renotifyMax) };
+    if (renotify.every_s !== undefined || renotify.max !== undefined) onTimeout.renotify = renotify;
+    const escalate = { to: f.escalateTo.value.trim() || undefined, after_s: numberOf(f.escalateAfter) };
+    if (escalate.to !== undefined || escalate.after_s !== undefined) onTimeout.escalate = escalate;
+    human.on_timeout = onTimeout;
     out.human = human;
     return out;
+  }
+
+  // The control a gateway error's field (``human.on_timeout.renotify.every_s``) belongs to: the longest
+  // prefix of fieldControls that names it.
+  const fieldControls = [
+    ["id", f.id], ["name", f.name], ["type", f.type], ["agent", f.agent], ["adapter", f.adapter],
+    ["events", f.events], ["auth.username", f.username], ["auth.header", f.header], ["auth.password_env", f.secretEnv],
+    ["auth.token_env", f.secretEnv], ["auth.secret_env", f.secretEnv], ["auth", f.authType], ["cron", f.cron],
+    ["timezone", f.timezone], ["event_type", f.eventType], ["filter", f.filter], ["input", f.mapping],
+    ["prompt", f.prompt], ["when", f.when], ["deduplication", f.dedupe], ["concurrency.key", f.concurrencyKey],
+    ["concurrency.policy", f.concurrencyMode], ["concurrency.debounce_s", f.debounce],
+    ["concurrency.max_queued", f.maxQueued], ["concurrency", f.concurrencyKey],
+    ["human.allowed_recipients", f.recipients], ["human.default_timeout_s", f.timeout],
+    ["human.on_timeout.action", f.onTimeout], ["human.on_timeout.default_option", f.defaultOption],
+    ["human.on_timeout.renotify.every_s", f.renotifyEvery], ["human.on_timeout.renotify.max", f.renotifyMax],
+    ["human.on_timeout.renotify", f.renotifyEvery], ["human.on_timeout.escalate.to", f.escalateTo],
+    ["human.on_timeout.escalate.after_s", f.escalateAfter], ["human.on_timeout.escalate", f.escalateTo],
+    ["human.on_timeout", f.onTimeout],
+  ];
+  function controlOf(error) {
+    const path = String(error.field ?? "");
+    // "action 'default' needs default_option" is said of on_timeout as a whole: it is the option's field
+    if (path === "human.on_timeout" && /default_option/.test(error.message ?? "")) return f.defaultOption;
+    if (path === "human" && /default_timeout_s/.test(error.message ?? "")) return f.timeout; // > max_timeout_s
+    let best = null;
+    for (const [prefix, control] of fieldControls) {
+      const fits = path === prefix || path.startsWith(`${prefix}.`) || path.startsWith(`${prefix}[`);
+      if (fits && (!best || prefix.length > best[0].length)) best = [prefix, control];
+    }
+    return best?.[1] ?? null;
+  }
+
+  function clearMarks() {
+    for (const [control, error] of problems) {
+      control.removeAttribute("aria-invalid");
+      error.hidden = true;
+      error.textContent = "";
+    }
+  }
+
+  // Each error next to its field (marked aria-invalid); the first marked field takes the focus.
+  function markErrors(errors) {
+    clearMarks();
+    let first = null;
+    for (const error of errors ?? []) {
+      const control = controlOf(error);
+      const line = control ? problems.get(control) : null;
+      if (!line) continue;
+      control.setAttribute("aria-invalid", "true");
+      line.textContent = line.textContent ? `${line.textContent}; ${error.message}` : `${error.field}: ${error.message}`;
+      line.hidden = false;
+      first ??= control;
+    }
+    first?.focus();
   }
 
   function fieldErrors(errors) {
@@ -1512,6 +1609,7 @@ function wizardView(signal, triggerId) {
 
   previewButton.addEventListener("click", async () => {
     message(null);
+    clearMarks();
     let payload;
     let draft;
     let headers;
@@ -1530,6 +1628,7 @@ function wizardView(signal, triggerId) {
       const answer = await api(`${GATEWAY}/preview`, { method: "POST", body, signal });
       if (!answer.ok) {
         previewOut.replaceChildren(h("p", { class: "bad" }, `The ${answer.stage} is not valid:`), fieldErrors(answer.errors));
+        if (answer.stage === "trigger") markErrors(answer.errors);
       } else if (!answer.would_start_run) {
         previewOut.replaceChildren(h("p", {}, `No run: ${answer.ignored?.reason ?? "ignored"}`,
           answer.ignored?.detail ? ` — ${answer.ignored.detail}` : ""));
@@ -1553,6 +1652,7 @@ function wizardView(signal, triggerId) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     message(null);
+    clearMarks();
     let body;
     try {
       body = spec();
@@ -1570,6 +1670,7 @@ function wizardView(signal, triggerId) {
         saveButton.after(h("button", { type: "button", id: "reload-trigger", onclick: () => go(location.hash) }, "Reload"));
       } else if (error instanceof ApiError && error.status === 422) {
         message(`Not saved: ${error.message} (422).`);
+        markErrors(error.body?.errors);
       } else failed(error);
     }
   });
@@ -1577,6 +1678,7 @@ function wizardView(signal, triggerId) {
   if (!editing) {
     root.replaceChildren(form);
     showParts();
+    showDefault();
     f.id.focus();
     return;
   }
@@ -1589,6 +1691,7 @@ function wizardView(signal, triggerId) {
         ? h("p", { class: "muted" }, `Kept as stored (write-only): ${data.write_only_set.join(", ")}.`) : "",
       form);
     showParts();
+    showDefault();
   }).catch((error) => {
     root.replaceChildren();
     gatewayFailed(error, root);

@@ -275,6 +275,7 @@ async def test_triggers_and_analytics_pages(
     await expect(page.locator("#analytics")).to_contain_text("Runs that asked a human", timeout=WAIT_MS)
     await expect(page.locator("#analytics")).to_contain_text("1 (100 %)")
     await expect(page.locator("#analytics")).to_contain_text(HOSTILE)  # the most delegated question
+    await expect(page.locator("#analytics")).to_contain_text("Escalated / reminders sent0 / 0")  # (no policy step)
     # the charts: one bar per outcome and per wait bucket, labelled for screen readers
     await expect(page.get_by_role("img", name="answered: 1")).to_be_visible()
     await expect(page.get_by_role("img", name="timed out: 0")).to_be_visible()

@@ -1720,17 +1720,20 @@ function analyticsView(signal) {
     const breakdown = (rows, label) => h("table", {},
       h("thead", {}, h("tr", {}, h("th", {}, label), h("th", { class: "num" }, "Runs"), h("th", { class: "num" }, "Asked"),
         h("th", { class: "num" }, "Share"), h("th", { class: "num" }, "Answered"), h("th", { class: "num" }, "Expired"),
-        h("th", { class: "num" }, "Withdrawn"), h("th", { class: "num" }, "Pending"))),
+        h("th", { class: "num" }, "Withdrawn"), h("th", { class: "num" }, "Pending"),
+        h("th", { class: "num" }, "Escalated"))),
       h("tbody", {}, rows.map((r) => h("tr", {}, h("td", {}, r.key ?? "—"), h("td", { class: "num" }, r.runs_total),
         h("td", { class: "num" }, r.runs_asked),
         h("td", { class: "num" }, r.asked_share === null ? "—" : `${Math.round(r.asked_share * 100)} %`),
         h("td", { class: "num" }, r.answered), h("td", { class: "num" }, r.expired),
-        h("td", { class: "num" }, r.withdrawn), h("td", { class: "num" }, r.pending)))));
+        h("td", { class: "num" }, r.withdrawn), h("td", { class: "num" }, r.pending),
+        h("td", { class: "num" }, r.escalated ?? 0)))));
     root.replaceChildren(
       h("div", { class: "card" }, facts([
         ["Runs", a.runs_total], ["Runs that asked a human", `${a.runs_asked} (${share})`],
         ["Requests", a.requests_total], ["Answered", a.answered], ["Timed out", a.expired],
         ["Refused", a.rejected], ["Withdrawn (the run ended first)", a.withdrawn], ["Pending", a.pending],
+        ["Escalated / reminders sent", `${a.escalated ?? 0} / ${a.reminders ?? 0}`],
         ["Wait p50 / p90 / max", `${duration(a.wait.p50_s)} / ${duration(a.wait.p90_s)} / ${duration(a.wait.max_s)}`],
       ])),
       h("h2", {}, "Outcomes of human requests"),

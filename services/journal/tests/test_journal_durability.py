@@ -1,0 +1,80 @@
+"""The commit modes the journal's settings choose (issue 11), as every connection it opens reports them: a real
+SQLite file (``PRAGMA synchronous``) and a real PostgreSQL (``SHOW synchronous_commit``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pydantic import ValidationError
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from temporality_journal import Database, Settings
+
+#: ``PRAGMA synchronous`` answers a number
+_SQLITE_LEVEL = {"off": 0, "normal": 1, "full": 2}
+
+
+def _settings(monkeypatch: pytest.MonkeyPatch, url: str, **env: str) -> Settings:
+    monkeypatch.setenv("TEMPORALITY_DATABASE_URL", url)
+    for name in ("SQLITE_SYNCHRONOUS", "POSTGRES_SYNCHRONOUS_COMMIT"):
+        monkeypatch.delenv(f"TEMPORALITY_JOURNAL_{name}", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(f"TEMPORALITY_JOURNAL_{name}", value)
+    return Settings()
+
+
+async def _mode(conn: AsyncConnection, dialect: str) -> str:
+    if dialect == "sqlite":
+        level = int((await conn.execute(text("PRAGMA synchronous"))).scalar_one())
+        return {v: k for k, v in _SQLITE_LEVEL.items()}[level]
+    return str((await conn.execute(text("SHOW synchronous_commit"))).scalar_one())
+
+
+async def _modes_of_two_connections(settings: Settings) -> tuple[str, list[str]]:
+    """The mode each of two connections open at once reports (the pool's first and a second one)."""
+    async with Database.open(settings.database_url, settings.database_tls(), settings.database_durability()) as db:
+        async with db.engine.connect() as first, db.engine.connect() as second:
+            return db.dialect, list(await asyncio.gather(_mode(first, db.dialect), _mode(second, db.dialect)))
+
+
+@pytest.mark.parametrize(
+    ("env", "sqlite", "postgres"),
+    [
+        ({}, "normal", None),  # today's behaviour: NORMAL, the server's synchronous_commit
+        ({"SQLITE_SYNCHRONOUS": "", "POSTGRES_SYNCHRONOUS_COMMIT": ""}, "normal", None),  # compose's empty defaults
+        ({"SQLITE_SYNCHRONOUS": "full", "POSTGRES_SYNCHRONOUS_COMMIT": "off"}, "full", "off"),
+        ({"SQLITE_SYNCHRONOUS": "FULL", "POSTGRES_SYNCHRONOUS_COMMIT": "remote_apply"}, "full", "remote_apply"),
+        ({"SQLITE_SYNCHRONOUS": "normal", "POSTGRES_SYNCHRONOUS_COMMIT": "local"}, "normal", "local"),
+    ],
+)
+async def test_every_connection_runs_with_the_chosen_mode(
+    monkeypatch: pytest.MonkeyPatch, database_url: str, env: dict[str, str], sqlite: str, postgres: str | None
+) -> None:
+    settings = _settings(monkeypatch, database_url, **env)
+    dialect, modes = await _modes_of_two_connections(settings)
+    if dialect == "sqlite":
+        assert modes == [sqlite, sqlite]
+        return
+    if postgres is None:  # not set by the journal: the server's own, whatever it is
+        async with Database.open(database_url) as db, db.engine.connect() as conn:
+            source = (
+                await conn.execute(text("SELECT source FROM pg_settings WHERE name = 'synchronous_commit'"))
+            ).scalar_one()
+        assert source != "client", "the journal set synchronous_commit though none was chosen"
+        return
+    assert modes == [postgres, postgres]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SQLITE_SYNCHRONOUS", "off"),  # refused: a power cut may corrupt the file
+        ("SQLITE_SYNCHRONOUS", "extra"),
+        ("POSTGRES_SYNCHRONOUS_COMMIT", "maybe"),
+    ],
+)
+def test_a_mode_not_offered_is_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    with pytest.raises(ValidationError, match=name.lower()):
+        _settings(monkeypatch, "sqlite+aiosqlite:///journal.db", **{name: value})

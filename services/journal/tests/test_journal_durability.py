@@ -4,12 +4,15 @@ SQLite file (``PRAGMA synchronous``) and a real PostgreSQL (``SHOW synchronous_c
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from temporality_embedded.cli import build_parser, stack_config
+from temporality_embedded.stack import Stack
 from temporality_journal import Database, Settings
 
 #: ``PRAGMA synchronous`` answers a number
@@ -78,3 +81,28 @@ async def test_every_connection_runs_with_the_chosen_mode(
 def test_a_mode_not_offered_is_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     with pytest.raises(ValidationError, match=name.lower()):
         _settings(monkeypatch, "sqlite+aiosqlite:///journal.db", **{name: value})
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ([], "normal"),
+        (["--sync-always"], "full"),  # fsync on every write: the bus and the journal's commits
+        (["--sqlite-synchronous", "full"], "full"),
+        (["--sync-always", "--sqlite-synchronous", "normal"], "normal"),  # the explicit choice wins
+    ],
+)
+async def test_temporality_up_chooses_the_journal_mode(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, arguments: list[str], expected: str
+) -> None:
+    """``temporality up``'s options, through the journal's environment the stack gives it, to what its SQLite
+    connections report."""
+    args = build_parser().parse_args(["up", "--data-dir", str(tmp_path), *arguments])
+    env = Stack(stack_config(args)).env_for("journal")
+    assert ("TEMPORALITY_JOURNAL_SQLITE_SYNCHRONOUS" in env) == bool(arguments)
+    settings = _settings(
+        monkeypatch,
+        env["TEMPORALITY_DATABASE_URL"],
+        **{k.removeprefix("TEMPORALITY_JOURNAL_"): v for k, v in env.items() if k.endswith("_SYNCHRONOUS")},
+    )
+    assert await _modes_of_two_connections(settings) == ("sqlite", [expected, expected])

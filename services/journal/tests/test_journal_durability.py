@@ -7,10 +7,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from journal_support import serve_journal, served_settings
 from pydantic import ValidationError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from temporality_bus import Bus, NatsSettings
 from temporality_embedded.cli import build_parser, stack_config
 from temporality_embedded.stack import Stack
 from temporality_journal import Database, Settings
@@ -106,3 +108,19 @@ async def test_temporality_up_chooses_the_journal_mode(
         **{k.removeprefix("TEMPORALITY_JOURNAL_"): v for k, v in env.items() if k.endswith("_SYNCHRONOUS")},
     )
     assert await _modes_of_two_connections(settings) == ("sqlite", [expected, expected])
+
+
+async def test_the_served_journal_opens_its_database_with_the_chosen_mode(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus, database_url: str
+) -> None:
+    """The journal as the service runs it (``configure``/``setup``) hands its settings' modes to its database:
+    the connections its API and recorder use report them."""
+    settings = served_settings(tmp_path, nats_settings, database_url).model_copy(
+        update={"sqlite_synchronous": "full", "postgres_synchronous_commit": "off"}
+    )
+    async with serve_journal(settings, bus) as served:
+        assert served.runtime.app is not None
+        database: Database = served.runtime.app.state.database
+        async with database.engine.connect() as first, database.engine.connect() as second:
+            modes = [await _mode(first, database.dialect), await _mode(second, database.dialect)]
+    assert modes == (["full", "full"] if database.dialect == "sqlite" else ["off", "off"])

@@ -2341,3 +2341,63 @@ def test_helm_manifests_are_valid_kubernetes_objects(rendering: str, kube: str) 
         kinds = {d["kind"] for d in docs}
         assert {"Ingress", "NetworkPolicy", "StatefulSet", "PodDisruptionBudget", "Job"} <= kinds, kinds
         assert crds == {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+# --------------------------------------------------------------------------- the journal's commit modes (issue 11)
+_COMMIT_MODE_ENV = ("TEMPORALITY_JOURNAL_POSTGRES_SYNCHRONOUS_COMMIT", "TEMPORALITY_JOURNAL_SQLITE_SYNCHRONOUS")
+
+
+def _journal_durability(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> tuple[str, str | None]:
+    """What the journal makes of ``env``'s commit-mode settings (its own Settings, from the environment)."""
+    for name in _COMMIT_MODE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name in _COMMIT_MODE_ENV:
+        if name in env:
+            monkeypatch.setenv(name, env[name])
+    durability = JournalSettings().database_durability()
+    return durability.sqlite_synchronous, durability.postgres_synchronous_commit
+
+
+def test_helm_journal_commit_modes_reach_the_journal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``postgres.synchronousCommit`` and ``postgres.sqliteSynchronous`` become the journal's settings; the
+    defaults render none (today's SQLite ``NORMAL``, the server's ``synchronous_commit``)."""
+
+    def envs(values: dict[str, Any] | None) -> dict[str, dict[str, str]]:
+        return {
+            name: {e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+            for name, d in _deployments(values).items()
+        }
+
+    plain = envs(None)
+    assert not any(set(_COMMIT_MODE_ENV) & set(env) for env in plain.values()), plain["journal"]
+    assert _journal_durability(plain["journal"], monkeypatch) == ("normal", None)
+    chosen = envs({"postgres": {"synchronousCommit": "remote_apply", "sqliteSynchronous": "full"}})
+    assert chosen["journal"]["TEMPORALITY_JOURNAL_POSTGRES_SYNCHRONOUS_COMMIT"] == "remote_apply"
+    assert chosen["journal"]["TEMPORALITY_JOURNAL_SQLITE_SYNCHRONOUS"] == "full"
+    assert _journal_durability(chosen["journal"], monkeypatch) == ("full", "remote_apply")
+    for name, env in chosen.items():
+        if name != "journal":
+            assert not set(_COMMIT_MODE_ENV) & set(env), name
+    with pytest.raises(Exception, match="sqliteSynchronous"):  # the schema refuses SQLite's OFF, as the journal does
+        _render({"postgres": {"sqliteSynchronous": "off"}})
+    with pytest.raises(Exception, match="synchronousCommit"):
+        _render({"postgres": {"synchronousCommit": "always"}})
+
+
+def test_docker_compose_passes_the_commit_mode_to_the_journal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TEMPORALITY_JOURNAL_POSTGRES_SYNCHRONOUS_COMMIT`` from the shell reaches the journal as Compose resolves
+    the file; unset, the journal gets it empty, which keeps the server's own."""
+    done = _compose_config()
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    journal = services["journal"]["environment"]
+    assert journal["TEMPORALITY_JOURNAL_POSTGRES_SYNCHRONOUS_COMMIT"] == ""
+    assert _journal_durability(journal, monkeypatch) == ("normal", None)
+    chosen = _compose_config({"TEMPORALITY_JOURNAL_POSTGRES_SYNCHRONOUS_COMMIT": "off"})
+    assert chosen.returncode == 0, chosen.stderr
+    services = json.loads(chosen.stdout)["services"]
+    assert services["journal"]["environment"]["TEMPORALITY_JOURNAL_POSTGRES_SYNCHRONOUS_COMMIT"] == "off"
+    assert _journal_durability(services["journal"]["environment"], monkeypatch) == ("normal", "off")
+    for name, service in services.items():
+        if name != "journal":
+            assert not set(_COMMIT_MODE_ENV) & set(service.get("environment") or {}), name

@@ -169,6 +169,12 @@ def up(args: argparse.Namespace) -> int:
         _out("  JetStream fsync            before every acknowledgement (--sync-always)")
     else:
         _out("  JetStream fsync            every 2 minutes (the server's default; --sync-always: every write)")
+    if stack.config.journal_sqlite_synchronous == "full":
+        _out("  Journal SQLite fsync       at every commit (synchronous=FULL)")
+    else:
+        _out(
+            "  Journal SQLite fsync       at WAL checkpoints (synchronous=NORMAL; --sqlite-synchronous full: every commit)"
+        )
     if stack.nats_admin is not None:
         user, password = stack.nats_admin
         _out(f"  NATS user (full access)    {user} / {password}   (each service has its own, narrower user)")
@@ -230,6 +236,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         nats_external_agents=tuple(args.nats_external_agent or DEFAULT_EXTERNAL_AGENTS),
         collab_reply_key=args.collab_reply_key,
         nats_sync_interval="always" if args.sync_always else None,
+        journal_sqlite_synchronous=args.sqlite_synchronous or ("full" if args.sync_always else None),
         console_sign_in=args.console_sign_in,
         metrics=args.metrics,
     )
@@ -354,7 +361,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the nats-server fsyncs before acknowledging every write (JetStream's sync_interval: always): an "
         "acknowledged event survives a power loss, at several times the cost of each publish "
-        "(default: the server's fsync every 2 minutes; a killed process loses nothing either way)",
+        "(default: the server's fsync every 2 minutes; a killed process loses nothing either way); also sets "
+        "--sqlite-synchronous full unless that is given",
+    )
+    p_up.add_argument(
+        "--sqlite-synchronous",
+        choices=("normal", "full"),
+        default=None,
+        help="the journal's SQLite PRAGMA synchronous: full fsyncs at every commit (no journaled row lost to a "
+        "power loss, a slower journal), normal at WAL checkpoints (a power loss may take its last commits, "
+        "which `temporality-journal rebuild` restores from the stream) (default: normal; full with --sync-always)",
     )
     p_up.add_argument(
         "--metrics",

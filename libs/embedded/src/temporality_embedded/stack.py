@@ -145,6 +145,10 @@ class StackConfig:
     #: (``"10s"``) bounds that window; ``None``: the server's default (two minutes). ``temporality up
     #: --sync-always``. Not for :attr:`nats_url` (the caller's server has its own config).
     nats_sync_interval: str | None = None
+    #: The journal's SQLite ``PRAGMA synchronous`` (``TEMPORALITY_JOURNAL_SQLITE_SYNCHRONOUS``): ``"full"`` fsyncs at
+    #: every commit (no journaled row lost to a power cut), ``"normal"`` at WAL checkpoints; ``None``: the journal's
+    #: default (``normal``). ``temporality up --sqlite-synchronous``, ``full`` with ``--sync-always``.
+    journal_sqlite_synchronous: str | None = None
     #: People sign in to the console with their directory user id and password (``config/users.yaml``:
     #: ``console_role``, ``password_hash``; ``TEMPORALITY_JOURNAL_PASSWORD_SIGNIN``), and a signed-in person's
     #: inbox and trigger wizard work without a token (the journal vouches for them). The session key and both
@@ -382,6 +386,8 @@ class Stack:
             env["TEMPORALITY_EXECUTOR_PORT"] = str(self.config.executor_port if replica == 0 else 0)
         if name == "journal":
             env["TEMPORALITY_DATABASE_URL"] = self.database_url
+            if self.config.journal_sqlite_synchronous is not None:
+                env["TEMPORALITY_JOURNAL_SQLITE_SYNCHRONOUS"] = self.config.journal_sqlite_synchronous
             env["TEMPORALITY_JOURNAL_GATEWAY_URL"] = self.gateway_url  # the console's trigger wizard
             env["TEMPORALITY_JOURNAL_HUMAN_URL"] = self.human_url  # the console's web inbox
         if self.config.console_sign_in:

@@ -62,7 +62,7 @@ def configure(settings: Settings) -> Setup[Settings]:
 
     async def setup(rt: Runtime[Settings]) -> None:
         database = await rt.resources.enter_async_context(
-            Database.open(rt.settings.database_url, rt.settings.database_tls())
+            Database.open(rt.settings.database_url, rt.settings.database_tls(), rt.settings.database_durability())
         )
         changes = Changes()  # the recorder wakes the live tail once per committed batch
         # runs by state (max() across replicas), runs finished: see .metrics; none with metrics off

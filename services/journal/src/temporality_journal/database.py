@@ -16,6 +16,13 @@ server), ``verify-ca`` (the server's certificate chains to ``sslrootcert``, or t
 ``verify-full`` (and names the host) as an :class:`ssl.SSLContext`; ``sslcert``/``sslkey`` are a client
 certificate. ``require`` with an ``sslrootcert`` verifies the chain, as libpq does. A file that cannot be
 read is a configuration error at start.
+
+**Commit durability** (:class:`DatabaseDurability`, docs/operations.md#durability-and-retention): every SQLite
+connection the engine opens runs ``PRAGMA synchronous=NORMAL`` (the default: WAL fsynced at checkpoints, a power
+cut may take the last commits) or ``FULL`` (fsync at every commit); ``OFF`` is not offered (a power cut may
+corrupt the file). Every PostgreSQL connection is opened with ``synchronous_commit`` set (asyncpg's
+``server_settings``: part of the connection's start-up, no extra round trip) when one is chosen; unset, the
+server's (or role's) own applies.
 """
 
 from __future__ import annotations
@@ -47,7 +54,10 @@ __all__ = [
     "MIGRATIONS_DIR",
     "VERSION_TABLE",
     "Database",
+    "DatabaseDurability",
     "DatabaseTls",
+    "PostgresSynchronousCommit",
+    "SqliteSynchronous",
     "SslMode",
     "async_url",
     "connect_args",
@@ -81,6 +91,22 @@ SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-
 _SSL_MODES: tuple[str, ...] = get_args(SslMode)
 #: The libpq TLS parameters a URL's query may carry (taken out of it: asyncpg knows none of them).
 _TLS_PARAMETERS = ("sslmode", "sslrootcert", "sslcert", "sslkey")
+
+
+#: SQLite's ``PRAGMA synchronous`` the journal may run with (``off`` is refused: a power cut may corrupt the file).
+SqliteSynchronous = Literal["normal", "full"]
+#: PostgreSQL's ``synchronous_commit`` values.
+PostgresSynchronousCommit = Literal["on", "off", "local", "remote_write", "remote_apply"]
+
+
+@dataclass(frozen=True)
+class DatabaseDurability:
+    """When a commit returns, per backend (see the module docstring); the defaults are the journal's as it was:
+    SQLite ``NORMAL``, PostgreSQL the server's own."""
+
+    sqlite_synchronous: SqliteSynchronous = "normal"
+    #: ``None``: not set on the connection (the server's, or the role's, ``synchronous_commit``)
+    postgres_synchronous_commit: PostgresSynchronousCommit | None = None
 
 
 @dataclass(frozen=True)
@@ -167,12 +193,18 @@ def async_url(url: str) -> URL:
     return parsed
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")  # API readers never block the recorder
-    cursor.execute("PRAGMA busy_timeout=5000")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.close()
+def _sqlite_pragmas(synchronous: SqliteSynchronous) -> Any:
+    """The engine's ``connect`` listener: the pragmas every SQLite connection runs with."""
+    statement = f"PRAGMA synchronous={synchronous.upper()}"  # one of two literals: nothing from outside
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")  # API readers never block the recorder
+        cursor.execute("PRAGMA busy_timeout=5000")
+        cursor.execute(statement)
+        cursor.close()
+
+    return on_connect
 
 
 def _json_text(value: Any) -> str:
@@ -207,8 +239,11 @@ def _ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         raise DisconnectionError(f"the pooled connection failed its ping: {exc!r}") from exc
 
 
-def _engine(url: URL, args: dict[str, Any]) -> AsyncEngine:
+def _engine(url: URL, args: dict[str, Any], durability: DatabaseDurability) -> AsyncEngine:
     if url.get_backend_name() != "sqlite":
+        commit = durability.postgres_synchronous_commit
+        if commit is not None:
+            args = args | {"server_settings": {**args.get("server_settings", {}), "synchronous_commit": commit}}
         engine = create_async_engine(url, connect_args=args)
         event.listen(engine.sync_engine.pool, "checkin", _checked_in)
         event.listen(engine.sync_engine.pool, "checkout", _ping_if_idle)
@@ -218,7 +253,7 @@ def _engine(url: URL, args: dict[str, Any]) -> AsyncEngine:
     # JSON as UTF-8 text (not \u-escaped): what the recorder's one-statement batch insert binds, so every
     # path stores the same text for the same data (PostgreSQL's jsonb normalises it either way)
     engine = create_async_engine(url, json_serializer=_json_text)
-    event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+    event.listen(engine.sync_engine, "connect", _sqlite_pragmas(durability.sqlite_synchronous))
     return engine
 
 
@@ -276,11 +311,14 @@ class Database:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, url: str, tls: DatabaseTls | None = None) -> AsyncIterator[Database]:
-        """Connect (``tls``: over the URL's TLS parameters, see :func:`connect_args`), create the tables if
-        absent, and dispose of the engine on exit."""
+    async def open(
+        cls, url: str, tls: DatabaseTls | None = None, durability: DatabaseDurability | None = None
+    ) -> AsyncIterator[Database]:
+        """Connect (``tls``: over the URL's TLS parameters, see :func:`connect_args`; ``durability``: every
+        connection's commit mode, the journal's defaults when ``None``), create the tables if absent, and
+        dispose of the engine on exit."""
         parsed, args = connect_args(url, tls)
-        engine = _engine(parsed, args)
+        engine = _engine(parsed, args, durability or DatabaseDurability())
         try:
             database = cls(engine)
             await database.create_tables()

@@ -35,7 +35,9 @@ log = structlog.get_logger(__name__)
 
 async def rebuild(settings: Settings) -> None:
     """Drop and re-create the read model, then delete the journal's durable consumer (see the module docstring)."""
-    async with Database.open(settings.database_url, settings.database_tls()) as database:
+    async with Database.open(
+        settings.database_url, settings.database_tls(), settings.database_durability()
+    ) as database:
         last = await database.last_position()
         await database.drop()
         await database.create_tables()

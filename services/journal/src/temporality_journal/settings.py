@@ -11,6 +11,12 @@
 ``TEMPORALITY_DATABASE_SSLROOTCERT``  the CA file the server's certificate must chain to
 ``TEMPORALITY_DATABASE_SSLCERT``    a client certificate (PEM), with ``…_SSLKEY`` its key
 ``TEMPORALITY_DATABASE_SSLKEY``     (all four win over the URL's query; :class:`~temporality_journal.database.DatabaseTls`)
+``TEMPORALITY_JOURNAL_SQLITE_SYNCHRONOUS``  SQLite's ``PRAGMA synchronous`` on every connection: ``normal``
+                                    (the default: a power cut may take the last commits) or ``full``
+                                    (fsync at every commit); ``off`` is refused
+``TEMPORALITY_JOURNAL_POSTGRES_SYNCHRONOUS_COMMIT``  PostgreSQL's ``synchronous_commit`` on every connection
+                                    (``on``, ``off``, ``local``, ``remote_write``, ``remote_apply``);
+                                    unset: the server's (:class:`~temporality_journal.database.DatabaseDurability`)
 ``TEMPORALITY_JOURNAL_BATCH_SIZE``  events recorded per transaction, at most (``1000``; the consumer bounds it to
                                     half the durable's ``max_ack_pending``: 500 while that is 1,000)
 ``TEMPORALITY_JOURNAL_BATCH_LINGER_MS``  a fetch short of the batch size waits this long once for more
@@ -55,10 +61,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AnyHttpUrl, Field, field_validator, model_validator
+from pydantic import AnyHttpUrl, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from temporality_journal.database import DatabaseTls, SslMode
+from temporality_journal.database import (
+    DatabaseDurability,
+    DatabaseTls,
+    PostgresSynchronousCommit,
+    SqliteSynchronous,
+    SslMode,
+)
 from temporality_service import HttpServiceSettings
 
 __all__ = ["DEFAULT_DATABASE_URL", "Settings"]
@@ -93,6 +105,17 @@ class Settings(HttpServiceSettings):
     )
     database_sslkey: Path | None = Field(
         default=None, validation_alias="TEMPORALITY_DATABASE_SSLKEY", description="the client certificate's key"
+    )
+    sqlite_synchronous: SqliteSynchronous = Field(
+        default="normal",
+        description="SQLite's PRAGMA synchronous on every connection: normal (WAL fsynced at checkpoints: a power "
+        "cut may take the last commits) or full (fsync at every commit); off is refused (a power cut may corrupt "
+        "the file); ignored with PostgreSQL",
+    )
+    postgres_synchronous_commit: PostgresSynchronousCommit | None = Field(
+        default=None,
+        description="PostgreSQL's synchronous_commit on every connection (on, off, local, remote_write, "
+        "remote_apply); unset: the server's or role's own; ignored with SQLite",
     )
     # at most 1,000; the consumer bounds a batch to half the durable's max_ack_pending (1,000 today: batches of 500),
     # so the next batch can be prefetched while one is recorded (temporality_bus.consumer._batch_within)
@@ -213,6 +236,26 @@ class Settings(HttpServiceSettings):
             sslcert=self.database_sslcert,
             sslkey=self.database_sslkey,
         )
+
+    def database_durability(self) -> DatabaseDurability:
+        """The commit modes for :meth:`temporality_journal.database.Database.open`."""
+        return DatabaseDurability(
+            sqlite_synchronous=self.sqlite_synchronous, postgres_synchronous_commit=self.postgres_synchronous_commit
+        )
+
+    @field_validator(
+        "sqlite_synchronous",
+        "postgres_synchronous_commit",
+        mode="before",
+    )
+    @classmethod
+    def _lower_case(cls, value: Any, info: ValidationInfo) -> Any:
+        """``FULL`` as ``full`` (SQLite and PostgreSQL take either case); empty is unset (the default)."""
+        if isinstance(value, str):
+            value = value.strip().lower()
+            if not value:
+                return "normal" if info.field_name == "sqlite_synchronous" else None
+        return value
 
     @field_validator(
         "gateway_url",

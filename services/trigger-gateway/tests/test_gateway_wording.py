@@ -1,4 +1,4 @@
-"""pydantic's validation errors in the words of the JSON a user sent (:mod:`temporality_trigger_gateway.wording`):
+"""pydantic's validation errors in the words of the JSON a user sent (:mod:`temporality_service.wording`):
 no class of ours, every allowed key of an object that got an unknown one (through discriminated unions), no
 "Value error, " prefix, and a count that never disagrees with its list."""
 
@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from temporality_trigger_gateway.wording import json_type, listed, located, message
+from temporality_service.wording import json_type, listed, located, message
 
 
 class _Strict(BaseModel):

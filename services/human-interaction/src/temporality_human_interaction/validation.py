@@ -13,11 +13,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from temporality_service.http import summarize_errors
+from temporality_service.wording import keys_at, without_prefix
 
-__all__ = ["allowed_keys", "message_of", "summary"]
-
-#: What pydantic puts before the message of a ``ValueError`` (``AssertionError``: "Assertion failed, ").
-_PREFIXES = ("Value error, ", "Assertion failed, ")
+__all__ = ["message_of", "summary"]
 
 
 def message_of(error: Mapping[str, Any], schema: Mapping[str, Any] | None = None, top_level: Sequence[str] = ()) -> str:
@@ -26,45 +24,13 @@ def message_of(error: Mapping[str, Any], schema: Mapping[str, Any] | None = None
     (``top_level``: keys the route itself takes out of the body before the model reads it)."""
     loc = tuple(error.get("loc", ()))
     if error.get("type") == "extra_forbidden" and schema is not None and loc:
-        allowed = sorted({*allowed_keys(schema, loc[:-1]), *(top_level if len(loc) == 1 else ())})
+        allowed = sorted({*keys_at(schema, loc[:-1]), *(top_level if len(loc) == 1 else ())})
         if allowed:
             key = str(loc[-1])
             close = difflib.get_close_matches(key, allowed, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             return f"unknown key {key!r}{hint}; allowed here: {', '.join(allowed)}"
-    message = str(error.get("msg", "invalid"))
-    for prefix in _PREFIXES:
-        message = message.removeprefix(prefix)
-    return message
-
-
-def allowed_keys(schema: Mapping[str, Any], path: Sequence[Any]) -> list[str]:
-    """The property names of the object at ``path`` (a pydantic error's location, minus the key) in the JSON
-    ``schema`` (``$ref``s into its ``$defs`` followed; a list's index, a map's key and a union's branches gone
-    through); empty when the path leads to no object with properties."""
-    defs: Mapping[str, Any] = schema.get("$defs", {})
-
-    def resolve(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/$defs/"):
-            return resolve(defs.get(ref.removeprefix("#/$defs/"), {}))
-        branches = [b for key in ("anyOf", "oneOf", "allOf") for b in node.get(key, ())]
-        return [n for b in branches for n in resolve(b)] if branches else [node]
-
-    nodes = resolve(schema)
-    for part in path:
-        if str(part) == "[key]" or str(part).startswith("function-"):
-            continue
-        following: list[Mapping[str, Any]] = []
-        for node in nodes:
-            if isinstance(part, int) and isinstance(node.get("items"), Mapping):
-                following += resolve(node["items"])
-            elif isinstance(node.get("properties"), Mapping) and part in node["properties"]:
-                following += resolve(node["properties"][part])
-            elif isinstance(node.get("additionalProperties"), Mapping):
-                following += resolve(node["additionalProperties"])
-        nodes = following
-    return sorted({str(name) for node in nodes for name in node.get("properties", {})})
+    return without_prefix(str(error.get("msg", "invalid")))
 
 
 def summary(exc: ValidationError) -> str:

@@ -40,13 +40,13 @@ from pydantic import ValidationError
 
 from temporality_protocol import Envelope, run_id_for_delivery
 from temporality_service import Unprocessable
+from temporality_service.wording import listed
 from temporality_trigger_gateway.adapters import ADAPTERS, WebhookRequest
 from temporality_trigger_gateway.errors import InvalidPayload
 from temporality_trigger_gateway.events import normalize, run_title
 from temporality_trigger_gateway.mapping import MappingFailed
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore, validate_spec
 from temporality_trigger_gateway.triggers import EventTrigger, WebhookTrigger, field_errors
-from temporality_trigger_gateway.wording import listed
 
 __all__ = ["run_preview"]
 

@@ -43,6 +43,7 @@ from pydantic import (
 from temporality_protocol import HumanPolicy, NormalizedEvent, TimeoutPolicy
 from temporality_protocol.catalog import BUCKET_DEDUPE, TRIGGERABLE_EVENTS
 from temporality_protocol.events import EVENT_MODELS, Escalate, Renotify
+from temporality_service.wording import located, message
 from temporality_trigger_gateway.adapters import ADAPTERS
 from temporality_trigger_gateway.auth import Auth, BasicAuth, NoAuth
 from temporality_trigger_gateway.errors import TriggerConfigError
@@ -57,7 +58,6 @@ from temporality_trigger_gateway.mapping import (
     event_document,
     render_prompt,
 )
-from temporality_trigger_gateway.wording import located, message
 
 __all__ = [
     "RESERVED_IDS",

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_protocol import NormalizedEvent, SourceLink
 from temporality_service import parse_json
+from temporality_service.wording import listed, message
 from temporality_trigger_gateway.errors import InvalidPayload
-from temporality_trigger_gateway.wording import listed, message
 
 __all__ = [
     "MAX_DESCRIPTION",

@@ -1,4 +1,5 @@
-"""pydantic's validation errors in the words of the JSON a user sent: one place for every 422 the gateway words.
+"""pydantic's validation errors in the words of the JSON a user sent: the 422s of the gateway and of
+human-interaction word them through here.
 
 pydantic speaks of its own classes ("a valid dictionary or instance of _Envelope"), says "Extra inputs are not
 permitted" without naming the keys that are, and prefixes a validator's sentence with "Value error, ". Here:
@@ -19,7 +20,7 @@ from typing import Any
 
 from pydantic_core import ErrorDetails
 
-__all__ = ["json_type", "listed", "located", "message"]
+__all__ = ["json_type", "keys_at", "listed", "located", "message", "without_prefix"]
 
 #: The error types pydantic gives when an object (a model, a dict) was expected and something else came.
 _OBJECT_EXPECTED = frozenset({"model_type", "model_attributes_type", "dict_type"})
@@ -65,7 +66,11 @@ def message(err: ErrorDetails, schema: Mapping[str, Any] | None = None) -> str:
         return f"unknown {named} {ctx['tag']!r}; one of: {ctx.get('expected_tags', '?')}"
     if kind == "union_tag_not_found":
         return f"{named} is missing: it says which keys this object takes"
-    text = str(err["msg"])
+    return without_prefix(str(err["msg"]))
+
+
+def without_prefix(text: str) -> str:
+    """A validator's own sentence without pydantic's ``"Value error, "`` / ``"Assertion failed, "``."""
     for prefix in _PREFIXES:
         text = text.removeprefix(prefix)
     return text
@@ -84,7 +89,7 @@ def located(err: ErrorDetails) -> tuple[int | str, ...]:
 
 def _unknown_key(loc: Sequence[int | str], schema: Mapping[str, Any] | None) -> str:
     key = str(loc[-1]) if loc else "?"
-    allowed = sorted(_keys_at(schema, loc[:-1])) if schema is not None else []
+    allowed = keys_at(schema, loc[:-1]) if schema is not None else []
     if not allowed:
         return f"unknown key {key!r}"
     text = f"unknown key {key!r}; allowed here: {', '.join(allowed)}"
@@ -92,12 +97,15 @@ def _unknown_key(loc: Sequence[int | str], schema: Mapping[str, Any] | None) -> 
     return text + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
-def _keys_at(schema: Mapping[str, Any], loc: Sequence[int | str]) -> set[str]:
-    """The property names of the object(s) ``loc`` leads to in ``schema`` (pydantic's locations: a
-    discriminated union's tag is a step of its own)."""
+def keys_at(schema: Mapping[str, Any], loc: Sequence[int | str]) -> list[str]:
+    """The property names, sorted, of the object(s) ``loc`` leads to in ``schema`` (pydantic's locations: a
+    discriminated union's tag is a step of its own; a map's ``[key]`` and a validator's ``function-...`` steps
+    are none); empty when it leads to no object with properties."""
     defs: Mapping[str, Any] = schema.get("$defs", {})
     nodes = _resolved(schema, defs)
     for part in loc:
+        if part == "[key]" or str(part).startswith("function-"):
+            continue
         following: list[Mapping[str, Any]] = []
         for node in nodes:
             mapping = (node.get("discriminator") or {}).get("mapping", {})
@@ -111,7 +119,7 @@ def _keys_at(schema: Mapping[str, Any], loc: Sequence[int | str]) -> set[str]:
             elif isinstance(node.get("additionalProperties"), Mapping):
                 following += _resolved(node["additionalProperties"], defs)
         nodes = following
-    return {name for node in nodes for name in node.get("properties", {})}
+    return sorted({str(name) for node in nodes for name in node.get("properties", {})})
 
 
 def _resolved(node: Mapping[str, Any], defs: Mapping[str, Any], depth: int = 0) -> list[Mapping[str, Any]]:

@@ -19,7 +19,13 @@ from pydantic import SecretStr
 
 from temporality_bus import Bus, BusError, Consumer, NatsSettings, PublishResult, TransientError, written_out
 from temporality_bus.pipeline import Write
+from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
+from temporality_human_interaction.channels.telegram import TelegramAdapter
+from temporality_human_interaction.directory import Directory
+from temporality_human_interaction.egress import EgressPolicy
+from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.records import HumanRequestRecord, open_store
+from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import (
     Envelope,
@@ -45,7 +51,7 @@ from temporality_protocol.catalog import (
 )
 from temporality_service import ApiAuthSettings, ApiToken, Role
 from temporality_service.auth import dump_tokens
-from temporality_testing.telegram_emulator import TelegramUser
+from temporality_testing.telegram_emulator import TelegramEmulator, TelegramUser
 from temporality_testing.timers import armed_schedules
 
 USERS_FILE = Path(__file__).resolve().parents[3] / "config" / "users.yaml"
@@ -472,3 +478,56 @@ async def inbox_ids(client: httpx.AsyncClient, headers: dict[str, str]) -> list[
     reply = await client.get("/inbox", headers=headers)
     assert reply.status_code == 200, reply.text
     return sorted(r["id"] for r in reply.json()["requests"])
+
+
+# ------------------------------------------------------------------------------------- Telegram and the web inbox
+#: Alice's Telegram account in the Bot API emulator.
+TG_ALICE = TelegramUser(1001, "Alice")
+
+
+def telegram_first(*, fallback: Sequence[str] = ()) -> dict[str, Any]:
+    """A directory of one person, alice, asked on Telegram first, with a web inbox too."""
+    alice: dict[str, Any] = {
+        "display_name": "Alice Example",
+        "inbox_token": "alice-demo-token",
+        "preferred": "telegram",
+        "channels": {"telegram": {"chat_id": TG_ALICE.id}, "web": {}},
+    }
+    if fallback:
+        alice["fallback"] = list(fallback)
+    return {"users": {"alice": alice}}
+
+
+@dataclass
+class TelegramDesk:
+    """The Bot API emulator, and the Telegram and web-inbox adapters answering through one router."""
+
+    bus: Bus
+    tg: TelegramEmulator
+    directory: Directory
+    adapters: dict[str, ChannelAdapter]
+    router: AnswerRouter
+
+    def intake(self, egress: EgressPolicy | None = None) -> RequestHandler:
+        """The handler of ``human.requested`` over these adapters."""
+        return RequestHandler(self.bus, self.directory, self.adapters, egress=egress)
+
+
+@asynccontextmanager
+async def telegram_and_web(
+    bus: Bus, users: dict[str, Any], *, egress: EgressPolicy | None = None
+) -> AsyncIterator[TelegramDesk]:
+    """A real Telegram adapter polling the emulator over HTTP, and the web inbox; ``egress`` applied to both."""
+    directory = Directory.from_mapping(users)
+    async with TelegramEmulator().serve() as tg:
+        adapters: dict[str, ChannelAdapter] = {}
+        router = AnswerRouter(bus, directory, adapters)
+        web = WebInboxAdapter()
+        bot = TelegramAdapter(bus, token=tg.token, base_url=tg.base_url, poll_timeout_s=1)
+        for adapter in (web, bot):
+            adapter.attach(router)
+            if egress is not None:
+                adapter.egress = egress
+        async with web, bot:
+            adapters.update({web.name: web, bot.name: bot})
+            yield TelegramDesk(bus, tg, directory, adapters, router)

@@ -13,20 +13,27 @@ from typing import Any
 
 import httpx
 import pytest
-from human_support import ALICE, events_of, exactly, requested, stored, wait_for_record
+from human_support import (
+    ALICE,
+    TG_ALICE,
+    TelegramDesk,
+    events_of,
+    exactly,
+    requested,
+    stored,
+    telegram_and_web,
+    telegram_first,
+    wait_for_record,
+)
 
 from temporality_bus import Bus
 from temporality_human_interaction.api import create_app
-from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
-from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.egress import EgressPolicy
-from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import Envelope, HumanAnswered, HumanOption, HumanRequestState, TextAnswer, forms
-from temporality_testing.telegram_emulator import TelegramEmulator, TelegramUser
 
 #: A GitHub token as a person would paste it (built, so no scanner flags this file).
 TOKEN = "ghp_" + "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -193,38 +200,16 @@ async def test_a_form_answer_that_fits_only_with_its_secret_is_refused_and_nothi
 
 
 # ---------------------------------------------------------------------------------------------------- Telegram
-TG_ALICE = TelegramUser(1001, "Alice")
-TG_USERS = {
-    "users": {
-        "alice": {
-            "display_name": "Alice Example",
-            "inbox_token": "alice-demo-token",
-            "preferred": "telegram",
-            "channels": {"telegram": {"chat_id": TG_ALICE.id}, "web": {}},
-        }
-    }
-}
-
-
 @pytest.fixture
-async def telegram(bus: Bus) -> AsyncIterator[tuple[TelegramEmulator, RequestHandler]]:
-    directory = Directory.from_mapping(TG_USERS)
-    async with TelegramEmulator().serve() as tg:
-        adapters: dict[str, ChannelAdapter] = {}
-        router = AnswerRouter(bus, directory, adapters)
-        web = WebInboxAdapter()
-        bot = TelegramAdapter(bus, token=tg.token, base_url=tg.base_url, poll_timeout_s=1)
-        for adapter in (web, bot):
-            adapter.attach(router)
-        async with web, bot:
-            adapters.update({web.name: web, bot.name: bot})
-            yield tg, RequestHandler(bus, directory, adapters)
+async def telegram(bus: Bus) -> AsyncIterator[TelegramDesk]:
+    async with telegram_and_web(bus, telegram_first()) as desk:
+        yield desk
 
 
 async def test_a_free_text_reply_in_telegram_is_redacted_in_the_record_the_event_and_the_chat(
-    bus: Bus, telegram: tuple[TelegramEmulator, RequestHandler]
+    bus: Bus, telegram: TelegramDesk
 ) -> None:
-    tg, intake = telegram
+    tg, intake = telegram.tg, telegram.intake()
     event = requested(allowed=("user:alice",))
     request_id = str(event.data["request_id"])
     await intake.handle(event)

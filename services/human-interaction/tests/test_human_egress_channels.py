@@ -9,15 +9,23 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from human_support import ALICE, OPTIONS, events_of, requested, stored
+from human_support import (
+    ALICE,
+    OPTIONS,
+    TG_ALICE,
+    TelegramDesk,
+    events_of,
+    requested,
+    stored,
+    telegram_and_web,
+    telegram_first,
+)
 
 from temporality_bus import Bus
 from temporality_human_interaction.api import create_app
-from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
-from temporality_human_interaction.channels.telegram import TelegramAdapter
+from temporality_human_interaction.channels import WebInboxAdapter
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.egress import EgressPolicy
-from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.notifications import NotificationHandler
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.settings import Settings
@@ -32,9 +40,7 @@ from temporality_protocol import (
     new_id,
 )
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
-from temporality_testing.telegram_emulator import TelegramEmulator, TelegramUser
 
-TG_ALICE = TelegramUser(1001, "Alice")
 GITHUB = "ghp_" + "Zq9Wx8Ec7Rv6Tb5Yn4Um" * 2
 DB_URL_PASSWORD = "s3cr3t-db-pw"
 PEM_BODY = "MIIEpAIBAAKCAQEAv3pOlTQ"
@@ -124,40 +130,17 @@ async def test_the_web_inbox_shows_the_redacted_truncated_question(
 
 
 # ---------------------------------------------------------------------------------------------------- Telegram
-TG_USERS = {
-    "users": {
-        "alice": {
-            "display_name": "Alice Example",
-            "inbox_token": "alice-demo-token",
-            "preferred": "telegram",
-            "fallback": ["web"],
-            "channels": {"telegram": {"chat_id": TG_ALICE.id}, "web": {}},
-        }
-    }
-}
-
-
 @pytest.fixture
-async def telegram(bus: Bus) -> AsyncIterator[tuple[TelegramEmulator, Directory, dict[str, ChannelAdapter]]]:
-    directory = Directory.from_mapping(TG_USERS)
-    async with TelegramEmulator().serve() as tg:
-        adapters: dict[str, ChannelAdapter] = {}
-        router = AnswerRouter(bus, directory, adapters)
-        web = WebInboxAdapter()
-        bot = TelegramAdapter(bus, token=tg.token, base_url=tg.base_url, poll_timeout_s=1)
-        for adapter in (web, bot):
-            adapter.attach(router)
-            adapter.egress = POLICY
-        async with web, bot:
-            adapters.update({web.name: web, bot.name: bot})
-            yield tg, directory, adapters
+async def telegram(bus: Bus) -> AsyncIterator[TelegramDesk]:
+    async with telegram_and_web(bus, telegram_first(fallback=["web"]), egress=POLICY) as desk:
+        yield desk
 
 
 async def test_telegram_receives_only_the_redacted_truncated_question_and_outcome(
-    bus: Bus, telegram: tuple[TelegramEmulator, Directory, dict[str, ChannelAdapter]]
+    bus: Bus, telegram: TelegramDesk
 ) -> None:
-    tg, directory, adapters = telegram
-    handler = RequestHandler(bus, directory, adapters, egress=POLICY)
+    tg, directory, adapters = telegram.tg, telegram.directory, telegram.adapters
+    handler = telegram.intake(egress=POLICY)
     event = _asking_with_secrets(allowed=("user:alice",))
     await handler.handle(event)
     message = await tg.wait_for_message(TG_ALICE.id)

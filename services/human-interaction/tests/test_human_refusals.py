@@ -8,13 +8,20 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from human_support import ALICE, BOB, events_of, exactly, requested, wait_for_record
+from human_support import (
+    ALICE,
+    BOB,
+    TG_ALICE,
+    TelegramDesk,
+    events_of,
+    exactly,
+    requested,
+    telegram_and_web,
+    telegram_first,
+    wait_for_record,
+)
 
 from temporality_bus import Bus
-from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
-from temporality_human_interaction.channels.telegram import TelegramAdapter
-from temporality_human_interaction.directory import Directory
-from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
 from temporality_protocol import (
@@ -26,7 +33,7 @@ from temporality_protocol import (
     TextAnswer,
     make_event,
 )
-from temporality_testing.telegram_emulator import TelegramEmulator, TelegramUser
+from temporality_testing.telegram_emulator import TelegramUser
 
 GITHUB = "ghp_" + "Qw3Er4Ty5Ui6Op7As8Df9" * 2
 
@@ -92,39 +99,19 @@ async def test_web_an_answer_after_expiry_is_journaled_and_not_applied(bus: Bus,
 
 
 # ---------------------------------------------------------------------------------------------------- Telegram
-TG_ALICE = TelegramUser(1001, "Alice")
 TG_CAROL = TelegramUser(3003, "Carol")  # nobody in the directory
-TG_USERS = {
-    "users": {
-        "alice": {
-            "display_name": "Alice Example",
-            "inbox_token": "alice-demo-token",
-            "preferred": "telegram",
-            "channels": {"telegram": {"chat_id": TG_ALICE.id}, "web": {}},
-        }
-    }
-}
 
 
 @pytest.fixture
-async def telegram(bus: Bus) -> AsyncIterator[tuple[TelegramEmulator, RequestHandler, AnswerRouter]]:
-    directory = Directory.from_mapping(TG_USERS)
-    async with TelegramEmulator().serve() as tg:
-        adapters: dict[str, ChannelAdapter] = {}
-        router = AnswerRouter(bus, directory, adapters)
-        web = WebInboxAdapter()
-        bot = TelegramAdapter(bus, token=tg.token, base_url=tg.base_url, poll_timeout_s=1)
-        for adapter in (web, bot):
-            adapter.attach(router)
-        async with web, bot:
-            adapters.update({web.name: web, bot.name: bot})
-            yield tg, RequestHandler(bus, directory, adapters), router
+async def telegram(bus: Bus) -> AsyncIterator[TelegramDesk]:
+    async with telegram_and_web(bus, telegram_first()) as desk:
+        yield desk
 
 
 async def test_telegram_a_foreign_press_and_a_button_after_cancel_are_journaled(
-    bus: Bus, telegram: tuple[TelegramEmulator, RequestHandler, AnswerRouter]
+    bus: Bus, telegram: TelegramDesk
 ) -> None:
-    tg, intake, router = telegram
+    tg, intake, router = telegram.tg, telegram.intake(), telegram.router
     event = requested(allowed=("user:alice",))
     request_id = str(event.data["request_id"])
     await intake.handle(event)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from human_support import ALICE, events_of, requested, stored
+from human_support import ALICE, TG_ALICE, events_of, requested, stored
 from matrix_support import MatrixPerson, alice_on_matrix
 
 from temporality_bus import Bus
@@ -26,10 +26,9 @@ from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.settings import Settings
 from temporality_protocol import Envelope, HumanNotified, HumanRequested, SourceLink, decode, encode, make_event
 from temporality_testing.synapse import MatrixAccount, Synapse
-from temporality_testing.telegram_emulator import TelegramEmulator, TelegramUser
+from temporality_testing.telegram_emulator import TelegramEmulator
 
 PR = SourceLink(href="https://dev.azure.com/fabrikam/Fabrikam/_git/orders-service/pullrequest/42", label="PR #42")
-TG_ALICE = TelegramUser(1001, "Alice")
 POLICY = EgressPolicy.build(limits={"telegram": 120})
 
 

@@ -749,6 +749,11 @@ class HumanAnswered(EventData):
     answer: HumanAnswer
     channel: str
     waited_s: float
+    redacted: dict[str, int] = Field(
+        default_factory=dict,
+        description="What the egress policy redacted from the answer before it was stored and published, per kind "
+        "(counts, never a secret; `answer` holds the markers)",
+    )
 
 
 class HumanAnswerRefused(EventData):

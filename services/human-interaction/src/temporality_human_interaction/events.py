@@ -129,6 +129,7 @@ def answered_event(record: HumanRequestRecord, *, channel: str) -> Envelope:
             answer=record.answer,
             channel=channel,
             waited_s=record.waited_s(record.answered_at),
+            redacted=record.answer_redactions,
         ),
         source=SOURCE,
         id=derive_id("evt", record.request_id, "answered"),

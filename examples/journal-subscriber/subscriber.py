@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -65,7 +66,8 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--durable",
         default=env("TEMPORALITY_SUBSCRIBER_DURABLE"),
-        help="the durable consumer's name (default: sub-<name>; the subscriber user allows sub-<name>[-<suffix>])",
+        help="the durable consumer's name (default: sub-<name>); as the read-only subscriber user, only a durable "
+        "the deployment granted that user (temporality up grants sub-<name> alone)",
     )
     parser.add_argument("--user", default=env("TEMPORALITY_SUBSCRIBER_USER"), help="NATS user (e.g. sub-<name>)")
     parser.add_argument("--password", default=env("TEMPORALITY_SUBSCRIBER_PASSWORD"), help="its password")
@@ -157,6 +159,48 @@ def _cloudevent(body: bytes) -> dict[str, Any]:
     return event
 
 
+#: What the server says when it refuses the user (nats-py passes it to ``error_cb``, lowercased here).
+REFUSED = ("authorization violation", "authentication", "user authentication expired")
+
+
+async def _connect(args: argparse.Namespace, options: dict[str, Any], last: list[str]) -> nats.NATS | None:
+    """Connected, or None after one clear error line. A server that refuses the credentials ends the attempt at
+    once (retrying cannot help); an unreachable one is retried (``max_reconnect_attempts``) before giving up.
+    Every error nats-py reports is one log line, not a traceback, and kept in ``last`` (the connection's life)."""
+    refused = asyncio.Event()
+
+    async def on_error(exc: Exception) -> None:
+        text = str(exc).strip("' ") or type(exc).__name__
+        last.append(text)
+        if any(word in text.lower() for word in REFUSED):
+            refused.set()
+        else:
+            log.warning("nats: %s", text)
+
+    connecting = asyncio.ensure_future(nats.connect(**options, error_cb=on_error))
+    denied = asyncio.ensure_future(refused.wait())
+    await asyncio.wait((connecting, denied), return_when=asyncio.FIRST_COMPLETED)
+    denied.cancel()
+    where = args.nats_url.rpartition("@")[2]  # never the password of a nats://user:password@host URL
+    if refused.is_set() and not connecting.done():
+        connecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await connecting
+        log.error(
+            "cannot connect to %s: the server refused the credentials (%s); give the subscriber's user and "
+            "password (--user/--password, or nats://<user>:<password>@host:port: `temporality up` prints the "
+            "URL of each subscriber it created, --nats-subscriber <name> creates one)",
+            where,
+            last[-1],
+        )
+        return None
+    try:
+        return connecting.result()
+    except (OSError, nats.errors.Error) as exc:
+        log.error("cannot connect to %s: %s%s", where, exc, f" (last error: {last[-1]})" if last else "")
+        return None
+
+
 async def run(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -172,10 +216,9 @@ async def run(args: argparse.Namespace) -> int:
     }
     if args.user:
         options |= {"user": args.user, "password": args.password or ""}
-    try:
-        nc = await nats.connect(**options)
-    except (OSError, nats.errors.Error) as exc:
-        log.error("cannot connect to %s: %s", args.nats_url, exc)
+    errors: list[str] = []
+    nc = await _connect(args, options, errors)
+    if nc is None:
         return 3
     handler = Handler(args.out)
     handled = 0
@@ -199,7 +242,10 @@ async def run(args: argparse.Namespace) -> int:
             # Binds to the durable when it exists (a restart: it resumes after the last ack), creates it otherwise.
             sub = await js.pull_subscribe(subjects[0], durable=args.durable, stream=STREAM, config=config)
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            log.error("cannot open the durable consumer %s on %s: %s", args.durable, STREAM, exc)
+            await asyncio.sleep(0.2)  # the server's permissions violation comes on its own, after the request's
+            denied = [e for e in errors if "permissions violation" in e.lower()]
+            why = f" ({denied[-1]}: this user may not use durable {args.durable})" if denied else ""
+            log.error("cannot open the durable consumer %s on %s: %s%s", args.durable, STREAM, exc, why)
             return 3
         info = await sub.consumer_info()
         log.info(

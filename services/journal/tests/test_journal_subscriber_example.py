@@ -43,7 +43,7 @@ class Subscriber:
             while len(self.lines) < count:
                 line = await self.process.stdout.readline()
                 if not line:
-                    raise AssertionError(f"the subscriber exited ({await self._stderr()})")
+                    raise AssertionError(f"the subscriber exited ({await self.stderr()})")
                 self.lines.append(json.loads(line))
         return self.lines
 
@@ -52,11 +52,11 @@ class Subscriber:
         self.process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(WITHIN_S):
             code = await self.process.wait()
-        err = await self._stderr()
+        err = await self.stderr()
         assert code == 0, err
         return err
 
-    async def _stderr(self) -> str:
+    async def stderr(self) -> str:
         assert self.process.stderr is not None
         return (await self.process.stderr.read()).decode()
 
@@ -173,7 +173,7 @@ async def test_a_redelivered_event_is_handled_once(
     assert line["id"] == events[0].id
     async with asyncio.timeout(WITHIN_S):
         assert await sub.process.wait() == 0  # --max-events 2: both acked
-    err = await sub._stderr()
+    err = await sub.stderr()
     assert f"({events[1].id}) was handled before: acked again" in err
     assert len(out.read_text().splitlines()) == 2
     info = await _consumer(nats_settings.url, "sub-redo")
@@ -226,5 +226,19 @@ async def test_as_the_read_only_subscriber_user(tmp_path: Path, running: list[Su
             running.append(other)
             async with asyncio.timeout(WITHIN_S):
                 assert await other.process.wait() == 3
+            said = await other.stderr()
+            assert "cannot open the durable consumer journal" in said
+            assert "this user may not use durable journal" in said  # the server's reason, not only a timeout
+            assert "Traceback" not in said
+            # a wrong password: refused at once with what to do, not retried, no traceback, no password echoed
+            wrong = await start(server.url.replace("nats://", "nats://sub-audit:not-the-password@"), "--name", "audit")
+            running.append(wrong)
+            async with asyncio.timeout(WITHIN_S):
+                assert await wrong.process.wait() == 3
+            said = await wrong.stderr()
+            assert "the server refused the credentials" in said
+            assert "--nats-subscriber" in said
+            assert "not-the-password" not in said
+            assert "Traceback" not in said
     finally:
         server.stop()

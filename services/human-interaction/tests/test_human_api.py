@@ -164,6 +164,9 @@ async def test_wrong_user_is_403_and_nothing_is_bound(
     response = await client.post(_answer_url(request_id), json={"option_id": "keep-v1"}, headers=BOB)
     assert response.status_code == 403
     assert response.json() == {"error": "not_recipient", "detail": "only the recipient may answer"}
+    read = await client.get(f"/requests/{request_id}", headers=BOB)
+    assert read.status_code == 403
+    assert read.json() == {"error": "not_recipient", "detail": "only the recipient may read it"}
     record = await stored(bus, request_id)
     assert record is not None
     assert record.pending

@@ -184,7 +184,10 @@ async def test_malformed_sign_ins_and_those_without_the_console_header_are_refus
     async with httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as client:
         no_header = await client.post("/auth/password", json={"user": "alice", "password": ALICE_PASSWORD})
         assert no_header.status_code == 403
-        assert no_header.json()["error"] == "console_header_missing"
+        assert no_header.json() == {
+            "error": "console_header_missing",
+            "detail": "signing in needs the header X-Temporality-Console: 1 (the console sends it)",
+        }
         form = await client.post(  # a form another site could post: no console header, refused the same
             "/auth/password", data={"user": "alice", "password": ALICE_PASSWORD}
         )

@@ -230,14 +230,14 @@ def _redacted_choice(schema: dict[str, Any], content: dict[str, Any] | None) -> 
     return None
 
 
-def check_recipient(record: HumanRequestRecord, responder: str) -> None:
+def check_recipient(record: HumanRequestRecord, responder: str, doing: str = "answer") -> None:
+    """NotRecipient unless ``responder`` may answer ``record``; ``doing`` is what the 403 says they may not do
+    (``answer``, or ``read it`` for a read of the question)."""
     if not record.may_answer(responder):
         who = f"the members of {record.recipient}" if record.members else "the recipient"
         if record.escalated_to is not None:
-            raise NotRecipient(f"only {who} or {record.escalated_to} (escalated to) may answer", record=record)
-        if record.members:
-            raise NotRecipient(f"only {who} may answer", record=record)
-        raise NotRecipient("only the recipient may answer", record=record)
+            raise NotRecipient(f"only {who} or {record.escalated_to} (escalated to) may {doing}", record=record)
+        raise NotRecipient(f"only {who} may {doing}", record=record)
 
 
 def refusal_for(record: HumanRequestRecord) -> NotPending:

@@ -315,7 +315,7 @@ def create_app(
             got = await store.get(request_id)
         if got is None:
             raise RequestNotFound(f"there is no request {request_id}")
-        check_recipient(got.value, user)
+        check_recipient(got.value, user, "read it")
         return RequestView.of(shown(got.value), datetime.now(UTC))
 
     @app.post(

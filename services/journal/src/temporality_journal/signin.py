@@ -338,12 +338,12 @@ class SignIn:
         return person if time.time() < person.expires_at else None
 
     @staticmethod
-    def check_csrf(request: Request) -> None:
-        """A cookie-authenticated request that can change something must carry :data:`CSRF_HEADER`."""
+    def check_csrf(request: Request, what: str = "a signed-in call that changes something") -> None:
+        """A cookie-authenticated request that can change something must carry :data:`CSRF_HEADER`; ``what``
+        names the call in the 403."""
         if request.method not in _SAFE_METHODS and request.headers.get(CSRF_HEADER) != "1":
             raise Forbidden(
-                f"a signed-in call that changes something needs the header {CSRF_HEADER}: 1 (the console sends it)",
-                code="console_header_missing",
+                f"{what} needs the header {CSRF_HEADER}: 1 (the console sends it)", code="console_header_missing"
             )
 
     def install(
@@ -467,7 +467,7 @@ class SignIn:
             "Retry-After; 503 directory_unreachable.",
         )
         async def password_sign_in(request: Request) -> PasswordSignedIn:
-            self.check_csrf(request)
+            self.check_csrf(request, "signing in")
             check_json_content_type(request)
             raw = parse_json(await read_body(request, 8192))
             if not isinstance(raw, dict):

@@ -503,10 +503,12 @@ def _compose_command() -> list[str]:
 
 
 def _compose_config(
-    env: dict[str, str] | None = None, file: Path = ROOT / "docker-compose.yml"
+    env: dict[str, str] | None = None, file: Path = ROOT / "docker-compose.yml", *overrides: Path
 ) -> subprocess.CompletedProcess[str]:
+    """``docker compose -f FILE [-f OVERRIDE ...] config``: the model ``up`` would run, as JSON."""
+    files = [arg for path in (file, *overrides) for arg in ("-f", str(path))]
     return subprocess.run(
-        [*_compose_command(), "-f", str(file), "--project-directory", str(ROOT), "config", "--format", "json"],
+        [*_compose_command(), *files, "--project-directory", str(ROOT), "config", "--format", "json"],
         capture_output=True,
         text=True,
         cwd=ROOT,

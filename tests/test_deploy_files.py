@@ -503,10 +503,12 @@ def _compose_command() -> list[str]:
 
 
 def _compose_config(
-    env: dict[str, str] | None = None, file: Path = ROOT / "docker-compose.yml"
+    env: dict[str, str] | None = None, file: Path = ROOT / "docker-compose.yml", *overrides: Path
 ) -> subprocess.CompletedProcess[str]:
+    """``docker compose -f FILE [-f OVERRIDE ...] config``: the model ``up`` would run, as JSON."""
+    files = [arg for path in (file, *overrides) for arg in ("-f", str(path))]
     return subprocess.run(
-        [*_compose_command(), "-f", str(file), "--project-directory", str(ROOT), "config", "--format", "json"],
+        [*_compose_command(), *files, "--project-directory", str(ROOT), "config", "--format", "json"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -1959,13 +1961,19 @@ def test_helm_network_policies_let_only_the_services_reach_nats(replicas: int) -
     clients = {*SERVICES, TIMERS_MIGRATION_USER}
     assert ingress == {(4222, "TCP"): clients, (6222, "TCP"): {"nats"}}, "monitoring closed without metricsFrom"
     assert policies[TIMERS_MIGRATION_USER]["ingress"] == [], "nothing connects to the migration's Job"
-    assert policies[TIMERS_MIGRATION_USER]["egress"] == [{}], "egress.allowAll"
+    dns_and_nats = {(53, "UDP"): None, (53, "TCP"): None, (4222, "TCP"): {"nats"}}
+    assert _rules(policies[TIMERS_MIGRATION_USER]["egress"], "to", pods) == dns_and_nats
     assert _rules(nats_policy["egress"], "to", pods) == {(53, "UDP"): None, (53, "TCP"): None, (6222, "TCP"): {"nats"}}
     # the services: their one port; from anywhere by default (webhooks, the inbox, the console come from outside)
     for name in SERVICES:
         port = CATALOGUE[name].http_port or WORKER_HEALTH_PORT
         assert _rules(policies[name]["ingress"], "from", pods) == {(port, "TCP"): None}, name
-        assert policies[name]["egress"] == [{}], "egress.allowAll: PostgreSQL, the model provider, Matrix, ..."
+        # egress: anywhere for the two that talk to the outside (the model provider; Matrix, Telegram, SMTP), only
+        # DNS and NATS (and the journal's proxies) for the rest: tests/test_chart_network_policy_egress.py
+        if name in ("run-executor", "human-interaction"):
+            assert policies[name]["egress"] == [{}], name
+        else:
+            assert dns_and_nats.items() <= _rules(policies[name]["egress"], "to", pods).items(), name
     scrapers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     docs = _render(_embedded(replicas, networkPolicy={"enabled": True, "metricsFrom": scrapers}))
     nats_policy = _policies(docs)["nats"]
@@ -2012,11 +2020,11 @@ def test_helm_network_policies_limit_ingress_and_egress_when_asked() -> None:
             expected[(5432, "TCP")] = set()  # an ipBlock: none of the chart's pods
         assert egress == expected, name
     assert _rules(policies[TIMERS_MIGRATION_USER]["egress"], "to", pods) == {**dns, (4222, "TCP"): {"nats"}}
-    # an external NATS: nothing towards it but what extra says
+    # an external NATS: its port (nats.url's), to any address unless egress.nats.to names it
     docs = _render({"networkPolicy": {"enabled": True, "egress": {"allowAll": False}}})
     policies = _policies(docs)
     assert "nats" not in policies
-    assert _rules(policies["run-executor"]["egress"], "to", _pods(docs)) == dns
+    assert _rules(policies["run-executor"]["egress"], "to", _pods(docs)) == {**dns, (4222, "TCP"): None}
 
 
 @pytest.mark.parametrize(
@@ -2067,13 +2075,18 @@ def test_values_with_a_bad_nats_or_network_policy_value_fail(
     assert _validate(values_schema, _merge(values, extra))
 
 
+def _network_policy_comment() -> str:
+    """values.yaml's networkPolicy comments, as one line."""
+    section = (CHART / "values.yaml").read_text(encoding="utf-8").split("\nnetworkPolicy:\n", 1)[1].split("\n###", 1)[0]
+    return " ".join(line.strip().removeprefix("# ") for line in section.splitlines() if line.strip().startswith("#"))
+
+
 def _documented_network_policy_examples() -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The examples in values.yaml's networkPolicy comments (YAML flow values in backquotes): the ingress peers
     of ``ingressFrom`` and the ``egress.extra`` entry."""
-    section = (CHART / "values.yaml").read_text(encoding="utf-8").split("\nnetworkPolicy:\n", 1)[1].split("\n###", 1)[0]
-    comment = " ".join(line.strip().removeprefix("# ") for line in section.splitlines() if line.strip().startswith("#"))
-    (peers,) = re.findall(r"`(\[\{namespaceSelector[^`]*\])`", comment)
-    (extra,) = re.findall(r"`(journal: \[[^`]*\])`", comment)
+    comment = _network_policy_comment()
+    (peers,) = re.findall(r"`(\[\{namespaceSelector[^`]*ingress-nginx[^`]*\])`", comment)
+    (extra,) = re.findall(r"`(run-executor: \[[^`]*\])`", comment)
     found_peers: list[dict[str, Any]] = yaml.safe_load(peers)
     found_extra: dict[str, Any] = yaml.safe_load(extra)
     return found_peers, found_extra
@@ -2097,7 +2110,7 @@ def test_values_documented_nats_and_network_policy_settings_validate(
     policies = _policies(_render(documented))
     (rule,) = policies["trigger-gateway"]["ingress"]
     assert all(peer in rule["from"] for peer in peers)
-    assert all(rule in policies["journal"]["egress"] for rule in extra["journal"])
+    assert all(rule in policies["run-executor"]["egress"] for rule in extra["run-executor"])
 
 
 # --------------------------------------------------------------------------- Helm chart: monitoring

@@ -192,3 +192,17 @@ The timers migration's Job name: with the embedded NATS an ordinary Job, one per
 {{- $name }}
 {{- end }}
 {{- end }}
+
+{{/*
+The port of a URL (dict "url" "default"): its own (`host:port`), else its scheme's (https 443, http 80), else
+"default" -- for the NetworkPolicies' egress to NATS, the OIDC provider and the tracing collector.
+*/}}
+{{- define "temporality.urlPort" -}}
+{{- $url := urlParse (trim .url) -}}
+{{- $port := regexFind ":[0-9]+$" $url.host -}}
+{{- if $port -}}{{ trimPrefix ":" $port }}
+{{- else if eq $url.scheme "https" -}}443
+{{- else if eq $url.scheme "http" -}}80
+{{- else -}}{{ .default }}
+{{- end -}}
+{{- end -}}

@@ -1708,6 +1708,29 @@ function bars(rows) {
   ]));
 }
 
+// OBS-1 "at which stage": the run's model turn each question was asked in (human.requested.turn) — the one
+// stage the events carry; a chart of the questions per turn and a table with their outcomes and median wait.
+function stages(rows) {
+  if (!rows.length) return h("p", { class: "empty", id: "stages" }, "No questions yet.");
+  const label = (r) => (r.turn === null ? "turn unknown" : `turn ${r.turn}`);
+  const share = (r) => (r.asked_share === null ? "—" : `${Math.round(r.asked_share * 1000) / 10} %`);
+  return h("div", { id: "stages" },
+    bars(rows.map((r) => [label(r), r.requests_total])),
+    h("table", { class: "stages" },
+      h("caption", { class: "muted" }, "Questions asked at each turn; runs: those that asked at that turn, of all runs"),
+      h("thead", {}, h("tr", {}, h("th", {}, "Stage"), h("th", { class: "num" }, "Questions"),
+        h("th", { class: "num" }, "Runs that asked"), h("th", { class: "num" }, "Of all runs"),
+        h("th", { class: "num" }, "Answered"), h("th", { class: "num" }, "Expired"),
+        h("th", { class: "num" }, "Refused"), h("th", { class: "num" }, "Withdrawn"),
+        h("th", { class: "num" }, "Pending"), h("th", { class: "num" }, "Median wait"))),
+      h("tbody", {}, rows.map((r) => h("tr", { dataset: { turn: r.turn ?? "" } },
+        h("th", { scope: "row" }, label(r)), h("td", { class: "num" }, r.requests_total),
+        h("td", { class: "num" }, r.runs_asked), h("td", { class: "num" }, share(r)),
+        h("td", { class: "num" }, r.answered), h("td", { class: "num" }, r.expired),
+        h("td", { class: "num" }, r.rejected), h("td", { class: "num" }, r.withdrawn),
+        h("td", { class: "num" }, r.pending), h("td", { class: "num" }, duration(r.wait_p50_s)))))));
+}
+
 function analyticsView(signal) {
   const root = h("div", { id: "analytics" }, "Loading…");
   show(h("h1", {}, "How often runs need people"), root);
@@ -1747,6 +1770,8 @@ function analyticsView(signal) {
         : h("p", { class: "empty" }, "No questions yet."),
       h("h2", {}, "Per agent"), breakdown(a.by_agent, "Agent"),
       h("h2", {}, "Per trigger"), breakdown(a.by_trigger, "Trigger"),
+      h("h2", { id: "per-stage" }, "Per stage: the turn of the run a question was asked in"),
+      stages(a.by_stage ?? []),
     );
   };
   const load = () => api("/analytics/human", { signal }).then(render).catch(failed);

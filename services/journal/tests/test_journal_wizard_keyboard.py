@@ -2,7 +2,8 @@
 trigger-gateway behind the journal's proxy: each step's focus lands on its first field, Enter in a field is the
 step's Next (checked first: an empty required field stops it, marked and focused) and never saves early, the
 review is saved with Enter on its button, and the gateway holds the trigger as walked. Editing it keeps what the
-form does not show.
+form does not show. Then the steps of the other two types: a schedule (its cron on step 2, nothing to preview)
+and an event trigger (its event type and filter).
 
 Every browser assertion waits (Playwright's ``expect`` with a timeout).
 """
@@ -15,7 +16,18 @@ import httpx
 import pytest
 from journal_support import ADMIN_TOKEN
 from playwright.async_api import BrowserContext, Page, expect
-from wizard_support import REVIEW, STEPS, WIZARD_MS, expect_step, on_screen, open_wizard
+from wizard_support import (
+    REVIEW,
+    STEPS,
+    WIZARD_MS,
+    Choose,
+    expect_step,
+    fill_step,
+    on_screen,
+    open_wizard,
+    save,
+    walk_wizard,
+)
 
 Served = Any  # conftest.ServedJournal
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -212,3 +224,57 @@ async def test_a_keyboard_walk_through_the_six_steps_creates_a_trigger(
         "acme",
         7200,
     )
+
+
+async def test_a_schedule_and_an_event_trigger_through_the_steps(
+    served_journal_with_gateway: Served, browser_context: BrowserContext
+) -> None:
+    """The steps follow the type: a schedule's cron is step 2's (the gateway's word on a bad one stops it) and it
+    has nothing to preview, yet its steps pass the gateway's check; an event trigger's event type and filter."""
+    served = served_journal_with_gateway
+    gateway = str(served.runtime.settings.gateway_url).rstrip("/")
+    page = await open_wizard(browser_context, served.url, ADMIN_TOKEN)
+    await walk_wizard(page, [{"Id": "nightly", "Name": "Nightly triage", "Type": Choose("schedule")}])
+    await expect(on_screen(page).get_by_label("Event types", exact=True)).to_be_hidden()
+    await fill_step(page, {"Cron": "61 3 * * *", "Time zone": "Europe/Berlin"})
+    await page.keyboard.press("Enter")
+    cron = on_screen(page).get_by_label("Cron", exact=True)
+    await expect(cron).to_have_attribute("aria-invalid", "true", timeout=WIZARD_MS)
+    await expect(cron).to_be_focused()
+    await expect(page.locator("#message")).to_contain_text("Check step 2 (Which event): cron")
+    await cron.fill("0 3 * * *")
+    await walk_wizard(page, [{}, {"Agent": "reviewer"}], first=2)
+    await expect(page.get_by_role("button", name="Preview")).to_be_disabled()
+    await expect(on_screen(page)).to_contain_text("A schedule has no delivery to preview.")
+    await walk_wizard(page, [{"Prompt (first message)": "Triage the open bugs."}, {}, {}], first=4)
+    await expect(on_screen(page).locator('[data-step="2"]')).to_contain_text("0 3 * * * (Europe/Berlin)")
+    await save(page, "nightly")
+
+    await page.goto(f"{served.url}/console/#/wizard")
+    await walk_wizard(page, [{"Id": "on-failure", "Name": "When a review fails", "Type": Choose("event")}])
+    await fill_step(page, {"Event type": "run.failed", "Filter": "actor_type = service\nbroken line"})
+    await page.get_by_role("button", name="Next").click()  # stopped: the filter's second line is no name = value
+    event_filter = on_screen(page).get_by_label("Filter", exact=True)
+    await expect(event_filter).to_have_attribute("aria-invalid", "true", timeout=WIZARD_MS)
+    await expect(page.locator("#tw-filter-error")).to_contain_text("Filter, line 2: write name = value")
+    await event_filter.fill("actor_type = service")
+    await walk_wizard(page, [{}, {"Agent": "reviewer"}, {}, {}, {}], first=2)
+    await save(page, "on-failure")
+
+    async with httpx.AsyncClient(base_url=gateway, headers=ADMIN, timeout=20) as client:
+        nightly = (await client.get("/triggers/nightly")).json()["trigger"]
+        on_failure = (await client.get("/triggers/on-failure")).json()["trigger"]
+    assert {k: nightly.get(k) for k in ("type", "cron", "timezone", "agent", "prompt")} == {
+        "type": "schedule",
+        "cron": "0 3 * * *",
+        "timezone": "Europe/Berlin",
+        "agent": "reviewer",
+        "prompt": "Triage the open bugs.",
+    }
+    assert "adapter" not in nightly
+    assert "events" not in nightly
+    assert {k: on_failure.get(k) for k in ("type", "event_type", "filter")} == {
+        "type": "event",
+        "event_type": "run.failed",
+        "filter": {"actor_type": "service"},
+    }

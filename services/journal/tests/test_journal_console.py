@@ -15,6 +15,7 @@ import httpx
 import pytest
 from journal_support import ADMIN_TOKEN, OPERATOR_TOKEN, VIEWER, VIEWER_TOKEN, console_screenshot
 from playwright.async_api import BrowserContext, Page, expect
+from wizard_support import REVIEW, Choose, expect_step, go_to_step, on_screen, save, walk_wizard
 
 from temporality_journal import Database, Recorder
 from temporality_protocol import Envelope, RunStarted, RunToolCalled, TriggerAccepted, derive_id, make_event
@@ -281,6 +282,11 @@ async def test_triggers_and_analytics_pages(
     await expect(page.get_by_role("img", name="timed out: 0")).to_be_visible()
     await expect(page.get_by_role("img", name="< 1 min: 0")).to_be_visible()
     await expect(page.get_by_role("img", name="< 5 min: 1")).to_be_visible()  # waited 60 s
+    # per stage: the question was asked at the run's turn 1 (RunStory's human.requested)
+    await expect(page.get_by_role("img", name="turn 1: 1")).to_be_visible()
+    stage = page.locator('#stages tr[data-turn="1"]')
+    await expect(stage.locator("th")).to_have_text("turn 1")
+    await expect(stage.locator("td")).to_have_text(["1", "1", "100 %", "1", "0", "0", "0", "0", "1 min"])
     assert "[object" not in await page.locator("#analytics").inner_text()
     await console_screenshot(page, "analytics")
 
@@ -389,31 +395,41 @@ async def test_trigger_wizard_creates_previews_and_disables_and_a_viewer_only_re
     await page.get_by_role("link", name="New trigger").click()
 
     form = page.locator("#trigger-form")
-    await form.get_by_label("Id", exact=True).fill("wizard-orders")
-    await form.get_by_label("Name", exact=True).fill("Orders from the shop")
-    await form.get_by_label("Agent", exact=True).fill("reviewer")
-    await form.get_by_label("Adapter").fill("generic")
-    await form.get_by_label("Event types").fill("order.created")
-    await form.get_by_label("Auth type").select_option("bearer")
-    await form.get_by_label("Secret environment variable").fill("WIZARD_HOOK_TOKEN")
-    await form.get_by_label("Input mapping").fill("order = payload.order_id\ncustomer = payload.customer")
-    await form.get_by_label("Allowed recipients").fill("user:alice")
-    await form.get_by_label("Sample payload (JSON)").fill(
-        '{"type": "order.created", "id": "ord-7", "data": {"order_id": 7, "customer": "<b>ACME</b>"}}'
+    source = {"Id": "wizard-orders", "Name": "Orders from the shop", "Adapter": "generic"}
+    await walk_wizard(
+        page,
+        [
+            {**source, "Auth type": Choose("bearer"), "Secret environment variable": "WIZARD_HOOK_TOKEN"},
+            {"Event types": "order.created"},
+        ],
+    )
+    # a field in error is named by its step's check, before anything is saved: the gateway knows no such agent
+    agent = on_screen(page).get_by_label("Agent", exact=True)
+    await agent.fill("nobody")
+    await page.get_by_role("button", name="Next").click()
+    await expect(agent).to_have_attribute("aria-invalid", "true", timeout=WAIT_MS)
+    await expect(form.locator("#tw-agent-error")).to_contain_text("agent: unknown agent")
+    await expect(page.locator("#message")).to_contain_text("Check step 3 (Which agent): agent: unknown agent")
+    await expect(agent).to_be_focused()
+    await expect_step(page, 3)
+    await walk_wizard(page, [{"Agent": "reviewer"}], first=3)
+    await on_screen(page).get_by_label("Input mapping").fill("order = payload.order_id\ncustomer = payload.customer")
+    await (
+        on_screen(page)
+        .get_by_label("Sample payload (JSON)")
+        .fill('{"type": "order.created", "id": "ord-7", "data": {"order_id": 7, "customer": "<b>ACME</b>"}}')
     )
     await page.get_by_role("button", name="Preview").click()
     await expect(page.locator("#preview-input")).to_contain_text('"order": 7', timeout=WAIT_MS)
     await expect(page.locator("#preview-input")).to_contain_text('"customer": "<b>ACME</b>"')  # text, not markup
     await expect(page.locator("#preview-event")).to_contain_text("order.created")
-    # a field in error is named, before anything is saved
-    await form.get_by_label("Agent", exact=True).fill("nobody")
-    await page.get_by_role("button", name="Preview").click()
-    await expect(page.locator("#preview")).to_contain_text("agent: unknown agent", timeout=WAIT_MS)
-    await form.get_by_label("Agent", exact=True).fill("reviewer")
     await console_screenshot(page, "trigger-wizard")
-
-    await page.get_by_role("button", name="Create trigger").click()
-    await expect(page.locator("#message")).to_contain_text("Trigger wizard-orders saved", timeout=WAIT_MS)
+    await walk_wizard(page, [{}, {"Allowed recipients": "user:alice"}, {}], first=4)
+    review = on_screen(page)
+    await expect(review.locator('[data-step="3"]')).to_contain_text("reviewer")
+    await expect(review.locator('[data-step="4"]')).to_contain_text("order = payload.order_id")
+    await console_screenshot(page, "trigger-wizard-review")
+    await save(page, "wizard-orders")
     row = defs.locator('tr[data-trigger-id="wizard-orders"]')
     await expect(row.locator("td.enabled")).to_have_text("yes", timeout=WAIT_MS)
     await expect(row).to_contain_text("root")  # changed by the admin token's name
@@ -447,14 +463,16 @@ async def test_trigger_wizard_edit_says_412_when_someone_else_changed_it(
     async with httpx.AsyncClient(base_url=served.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as client:
         assert (await client.post("/gateway/triggers/seeded-hook/disable")).status_code == 200  # meanwhile
 
+    # an edit may go straight to the review (every step is reached): the step left is checked first
     await form.get_by_label("Name", exact=True).fill("Renamed in the console")
+    await go_to_step(page, REVIEW)
     await page.get_by_role("button", name="Save changes").click()
     await expect(page.locator("#message")).to_contain_text("Someone else changed this trigger", timeout=WAIT_MS)
     await page.get_by_role("button", name="Reload").click()
     await expect(form.get_by_label("Enabled")).not_to_be_checked(timeout=WAIT_MS)  # their version
     await form.get_by_label("Name", exact=True).fill("Renamed in the console")
-    await page.get_by_role("button", name="Save changes").click()
-    await expect(page.locator("#message")).to_contain_text("Trigger seeded-hook saved", timeout=WAIT_MS)
+    await go_to_step(page, REVIEW)
+    await save(page, "seeded-hook", "Save changes")
     await expect(row).to_contain_text("Renamed in the console", timeout=WAIT_MS)
     await expect(row.locator("td.enabled")).to_have_text("no")
 
@@ -480,18 +498,25 @@ async def test_trigger_wizard_prompt_condition_dedupe_and_concurrency(
     served = served_journal_with_gateway
     page = await _sign_in(browser_context, served, ADMIN_TOKEN, "#/wizard")
     form = page.locator("#trigger-form")
-    await form.get_by_label("Id", exact=True).fill("wizard-flow")
-    await form.get_by_label("Name", exact=True).fill("Orders, one run per customer")
-    await form.get_by_label("Agent", exact=True).fill("reviewer")
-    await form.get_by_label("Adapter").fill("generic")
-    await form.get_by_label("Event types").fill("order.created")
+    await walk_wizard(
+        page,
+        [
+            {"Id": "wizard-flow", "Name": "Orders, one run per customer", "Adapter": "generic"},
+            {
+                "Event types": "order.created",
+                "Condition (when)": "payload.total > `100`",
+                "Remember event ids (days)": "3",
+            },
+            {
+                "Agent": "reviewer",
+                "Concurrency key": "payload.customer",
+                "When a run of the key is active": Choose("supersede"),
+                "Debounce (s)": "30",
+            },
+        ],
+    )
     await form.get_by_label("Input mapping").fill("order = payload.order_id\ncustomer = payload.customer")
     await form.get_by_label("Prompt (first message)").fill("Check order ${order} of ${customer}.")
-    await form.get_by_label("Condition (when)").fill("payload.total > `100`")
-    await form.get_by_label("Remember event ids (days)").fill("3")
-    await form.get_by_label("Concurrency key").fill("payload.customer")
-    await form.get_by_label("When a run of the key is active").select_option("supersede")
-    await form.get_by_label("Debounce (s)").fill("30")
     await form.get_by_label("Sample headers").fill("Idempotency-Key: ord-9")
     sample = form.get_by_label("Sample payload (JSON)")
     await sample.fill(
@@ -505,8 +530,8 @@ async def test_trigger_wizard_prompt_condition_dedupe_and_concurrency(
     )
     await page.get_by_role("button", name="Preview").click()
     await expect(page.locator("#preview")).to_contain_text("No run: filtered", timeout=WAIT_MS)
-    await page.get_by_role("button", name="Create trigger").click()
-    await expect(page.locator("#message")).to_contain_text("Trigger wizard-flow saved", timeout=WAIT_MS)
+    await walk_wizard(page, [{}, {}, {}], first=4)  # a sample the condition filters is no error
+    await save(page, "wizard-flow")
 
     async with httpx.AsyncClient(base_url=served.url, headers=VIEWER) as client:
         stored = (await client.get("/gateway/triggers/wizard-flow")).json()["trigger"]
@@ -520,13 +545,17 @@ async def test_trigger_wizard_prompt_condition_dedupe_and_concurrency(
     }
     # editing starts from the stored values, and clearing a field removes it
     await page.locator('#trigger-defs tr[data-trigger-id="wizard-flow"]').get_by_role("link", name="Edit").click()
-    await expect(form.get_by_label("Concurrency key")).to_have_value("payload.customer", timeout=WAIT_MS)
+    await expect(form.get_by_label("Name", exact=True)).to_have_value("Orders, one run per customer", timeout=WAIT_MS)
+    await go_to_step(page, 3)
+    await expect(form.get_by_label("Concurrency key")).to_have_value("payload.customer")
     await expect(form.get_by_label("When a run of the key is active")).to_have_value("supersede")
-    await expect(form.get_by_label("Prompt (first message)")).to_have_value("Check order ${order} of ${customer}.")
     await form.get_by_label("Concurrency key").fill("")
+    await go_to_step(page, 4)
+    await expect(form.get_by_label("Prompt (first message)")).to_have_value("Check order ${order} of ${customer}.")
+    await go_to_step(page, 2)
     await form.get_by_label("Condition (when)").fill("")
-    await page.get_by_role("button", name="Save changes").click()
-    await expect(page.locator("#message")).to_contain_text("Trigger wizard-flow saved", timeout=WAIT_MS)
+    await go_to_step(page, REVIEW)
+    await save(page, "wizard-flow", "Save changes")
     async with httpx.AsyncClient(base_url=served.url, headers=VIEWER) as client:
         stored = (await client.get("/gateway/triggers/wizard-flow")).json()["trigger"]
     assert (stored.get("concurrency"), stored.get("when"), stored["deduplication"]) == (None, None, {"ttl_days": 3})

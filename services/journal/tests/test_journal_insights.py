@@ -163,3 +163,21 @@ def test_reminders_and_escalations_are_counted_beside_the_outcome_never_as_one()
     assert body.wait.max_s == 40
     rows = {row.key: (row.escalated, row.reminders) for row in body.by_agent}
     assert rows == {"reviewer": (1, 2), "tester": (0, 0)}
+
+
+def test_stages_are_the_turns_asked_in_and_a_request_without_one_comes_last() -> None:
+    runs = [_run("r1"), _run("r2"), _run("r3")]
+    events = [
+        EventRow("human.requested", T0, "r1", {"request_id": "q1", "question": "A?", "turn": 2}),
+        EventRow("human.requested", T0, "r2", {"request_id": "q2", "question": "B?", "turn": True}),  # not a turn
+        EventRow("human.requested", T0, "r3", {"request_id": "q3", "question": "C?", "turn": 2}),
+        _answer("r1", "q1", 30),
+        _answer("r3", "q3", 90),
+        EventRow("human.requested", T0, "r9", {"request_id": "q9", "question": "D?", "turn": 1}),  # no such run
+    ]
+    stages = human_analytics(runs, events, since=None, until=None, top=3).by_stage
+    assert [(s.turn, s.runs_asked, s.requests_total, s.answered, s.wait_p50_s) for s in stages] == [
+        (2, 2, 2, 2, 30),
+        (None, 1, 1, 0, None),
+    ]
+    assert stages[0].asked_share == round(2 / 3, 4)

@@ -32,6 +32,7 @@ from journal_support import oidc_sign_in as sign_in
 from playwright.async_api import BrowserContext, expect
 from pydantic import ValidationError
 from starlette.requests import Request
+from wizard_support import Choose, save, walk_wizard
 
 from temporality_bus import Bus, NatsSettings
 from temporality_embedded.processes import free_port
@@ -415,23 +416,22 @@ async def test_trigger_wizard_of_an_admin_signed_in_with_the_provider_creates_a_
     defs = page.locator("#trigger-defs")
     await expect(defs.locator('tr[data-trigger-id="seeded-hook"]')).to_contain_text("webhook", timeout=WAIT_MS)
     await page.get_by_role("link", name="New trigger").click()
-    form = page.locator("#trigger-form")
-    await form.get_by_label("Id", exact=True).fill("signed-in-orders")
-    await form.get_by_label("Name", exact=True).fill("Orders, set up by Dana")
-    await form.get_by_label("Agent", exact=True).fill("reviewer")
-    await form.get_by_label("Adapter").fill("generic")
-    await form.get_by_label("Event types").fill("order.created")
-    await form.get_by_label("Auth type").select_option("bearer")
-    await form.get_by_label("Secret environment variable").fill("SIGNIN_HOOK_TOKEN")
-    await form.get_by_label("Input mapping").fill("order = payload.order_id")
-    await form.get_by_label("Allowed recipients").fill("user:alice")
-    await form.get_by_label("Sample payload (JSON)").fill(
-        '{"type": "order.created", "id": "o-1", "data": {"order_id": 7}}'
+    source = {"Id": "signed-in-orders", "Name": "Orders, set up by Dana", "Adapter": "generic"}
+    await walk_wizard(
+        page,
+        [
+            {**source, "Auth type": Choose("bearer"), "Secret environment variable": "SIGNIN_HOOK_TOKEN"},
+            {"Event types": "order.created"},
+            {"Agent": "reviewer"},
+            {
+                "Input mapping": "order = payload.order_id",
+                "Sample payload (JSON)": '{"type": "order.created", "id": "o-1", "data": {"order_id": 7}}',
+            },
+        ],
     )
-    await page.get_by_role("button", name="Preview").click()
-    await expect(page.locator("#preview-input")).to_contain_text('"order": 7', timeout=WAIT_MS)
-    await page.get_by_role("button", name="Create trigger").click()
-    await expect(page.locator("#message")).to_contain_text("Trigger signed-in-orders saved", timeout=WAIT_MS)
+    await expect(page.locator("#preview-input")).to_contain_text('"order": 7', timeout=WAIT_MS)  # Next previewed it
+    await walk_wizard(page, [{"Allowed recipients": "user:alice"}, {}], first=5)
+    await save(page, "signed-in-orders")
     row = defs.locator('tr[data-trigger-id="signed-in-orders"]')
     await expect(row.locator("td.enabled")).to_have_text("yes", timeout=WAIT_MS)
     await expect(row).to_contain_text("user:dana")  # changed by the person, not a token

@@ -1,7 +1,8 @@
 """The trigger wizard's "when nobody answers" step, end to end: a real headless Chromium creates an enabled
 webhook trigger with an ``on_timeout`` chain through the journal's proxy to the real trigger-gateway, the
-gateway's 422 is shown next to the field it names, the stored trigger holds the chain, and a webhook posted
-to it with its auth starts a run that the console lists.
+gateway's 422 field errors stop the step's Next and are shown next to the fields they name, the stored trigger
+holds the chain and the maximum timeout, and a webhook posted to it with its auth starts a run that the
+console lists.
 
 Every browser assertion waits (Playwright's ``expect`` with a timeout).
 """
@@ -13,21 +14,13 @@ from typing import Any
 import httpx
 import pytest
 from journal_support import ADMIN_TOKEN
-from playwright.async_api import BrowserContext, Page, expect
+from playwright.async_api import BrowserContext, expect
+from wizard_support import REVIEW, Choose, expect_step, go_to_step, on_screen, open_wizard, save, walk_wizard
 
 Served = Any  # conftest.ServedJournal
 
 WAIT_MS = 20_000
 HOOK_TOKEN = "a-bearer-token-the-gateway-reads"
-
-
-async def _sign_in(context: BrowserContext, served: Served, token: str, hash_: str) -> Page:
-    page = await context.new_page()
-    await page.goto(f"{served.url}/console/{hash_}")
-    await page.get_by_label("API token").fill(token)
-    await page.get_by_role("button", name="Sign in").click()
-    await expect(page.locator("#who")).not_to_have_text("", timeout=WAIT_MS)
-    return page
 
 
 async def test_wizard_creates_a_trigger_with_an_on_timeout_chain_that_fires(
@@ -36,19 +29,25 @@ async def test_wizard_creates_a_trigger_with_an_on_timeout_chain_that_fires(
     served = served_journal_with_gateway
     gateway = str(served.runtime.settings.gateway_url).rstrip("/")
     monkeypatch.setenv("WIZARD_FIRE_TOKEN", HOOK_TOKEN)  # the gateway resolves token_env when a hook arrives
-    page = await _sign_in(browser_context, served, ADMIN_TOKEN, "#/wizard")
+    page = await open_wizard(browser_context, served.url, ADMIN_TOKEN)
 
     form = page.locator("#trigger-form")
-    await form.get_by_label("Id", exact=True).fill("wizard-fires")
-    await form.get_by_label("Name", exact=True).fill("Orders that need a decision")
-    await form.get_by_label("Agent", exact=True).fill("reviewer")
-    await form.get_by_label("Adapter").fill("generic")
-    await form.get_by_label("Event types").fill("order.created")
-    await form.get_by_label("Auth type").select_option("bearer")
-    await form.get_by_label("Secret environment variable").fill("WIZARD_FIRE_TOKEN")
-    await form.get_by_label("Input mapping").fill("order = payload.order_id")
-    await form.get_by_label("Allowed recipients").fill("user:alice")
-    await form.get_by_label("Default timeout (s)").fill("600")
+    await walk_wizard(
+        page,
+        [
+            {
+                "Id": "wizard-fires",
+                "Name": "Orders that need a decision",
+                "Adapter": "generic",
+                "Auth type": Choose("bearer"),
+                "Secret environment variable": "WIZARD_FIRE_TOKEN",
+            },
+            {"Event types": "order.created"},
+            {"Agent": "reviewer"},
+            {"Input mapping": "order = payload.order_id"},
+            {"Allowed recipients": "user:alice", "Default timeout (s)": "600", "Maximum timeout (s)": "86400"},
+        ],
+    )
 
     # the step: the default option is asked for only when the run resumes with one, and comes next by keyboard
     default_option = form.get_by_label("Default option")
@@ -64,10 +63,11 @@ async def test_wizard_creates_a_trigger_with_an_on_timeout_chain_that_fires(
     await form.get_by_label("Escalate to").fill("group:leads")
     await form.get_by_label("Escalate after (s)").fill("300")
 
-    create = page.get_by_role("button", name="Create trigger")
-    await create.click()
+    # the step's check is the gateway's: its 422 field errors, each under its field, the first focused
+    next_button = page.get_by_role("button", name="Next")
+    await next_button.click()
     reminders = form.get_by_label("Reminders at most")
-    await expect(page.locator("#message")).to_contain_text("Not saved", timeout=WAIT_MS)
+    await expect(page.locator("#message")).to_contain_text("Check step 6 (When nobody answers)", timeout=WAIT_MS)
     await expect(reminders).to_have_attribute("aria-invalid", "true", timeout=WAIT_MS)
     await expect(form.locator("#tw-renotify_max-error")).to_contain_text("human.on_timeout.renotify.max")
     await expect(reminders).to_have_accessible_description(
@@ -76,15 +76,19 @@ async def test_wizard_creates_a_trigger_with_an_on_timeout_chain_that_fires(
     await expect(reminders).to_be_focused()
     await page.keyboard.type("2")
 
-    await create.click()  # now the chain is whole, but "default" names no option
+    await page.keyboard.press("Enter")  # Next: now the chain is whole, but "default" names no option
     await expect(default_option).to_have_attribute("aria-invalid", "true", timeout=WAIT_MS)
     await expect(form.locator("#tw-default_option-error")).to_contain_text("needs default_option")
     await expect(reminders).not_to_have_attribute("aria-invalid", "true")
     await expect(form.locator("#tw-renotify_max-error")).to_be_hidden()
     await expect(default_option).to_be_focused()
     await page.keyboard.type("approve")
-    await page.keyboard.press("Enter")  # submits the form
-    await expect(page.locator("#message")).to_contain_text("Trigger wizard-fires saved", timeout=WAIT_MS)
+    await page.keyboard.press("Enter")  # Next: the review, never an early save
+    await expect_step(page, REVIEW)
+    review = on_screen(page)
+    await expect(review.locator('[data-step="5"]')).to_contain_text("Maximum timeout24 h (86400 s)")
+    await expect(review.locator('[data-step="6"]')).to_contain_text("resume with a default option (approve)")
+    await save(page, "wizard-fires")
     row = page.locator('#trigger-defs tr[data-trigger-id="wizard-fires"]')
     await expect(row.locator("td.enabled")).to_have_text("yes", timeout=WAIT_MS)
 
@@ -94,9 +98,10 @@ async def test_wizard_creates_a_trigger_with_an_on_timeout_chain_that_fires(
         stored = (await client.get("/triggers/wizard-fires", headers=admin)).json()["trigger"]
         assert stored["enabled"] is True
         assert stored["auth"] == {"type": "bearer", "token_env": "WIZARD_FIRE_TOKEN"}
-        assert {k: stored["human"][k] for k in ("allowed_recipients", "default_timeout_s")} == {
+        assert {k: stored["human"][k] for k in ("allowed_recipients", "default_timeout_s", "max_timeout_s")} == {
             "allowed_recipients": ["user:alice"],
             "default_timeout_s": 600,
+            "max_timeout_s": 86400,
         }
         assert stored["human"]["on_timeout"] == {
             "action": "default",
@@ -128,6 +133,10 @@ async def test_wizard_creates_a_trigger_with_an_on_timeout_chain_that_fires(
 
     # editing reads the chain back into the step
     await page.goto(f"{served.url}/console/#/wizard/wizard-fires")
+    await expect(form.get_by_label("Name", exact=True)).to_have_value("Orders that need a decision", timeout=WAIT_MS)
+    await go_to_step(page, 5)
+    await expect(form.get_by_label("Maximum timeout (s)")).to_have_value("86400")
+    await go_to_step(page, 6)
     await expect(deadline).to_have_value("default", timeout=WAIT_MS)
     await expect(default_option).to_have_value("approve")
     await expect(reminders).to_have_value("2")

@@ -33,6 +33,7 @@ __all__ = [
     "EventRow",
     "HumanAnalytics",
     "RunRow",
+    "StageBreakdown",
     "TriggerView",
     "decode_cursor",
     "deliveries_of",
@@ -338,6 +339,18 @@ class Breakdown(HumanCounts):
     key: str | None = Field(description="The agent or trigger id (null: runs without one)")
 
 
+class StageBreakdown(HumanCounts):
+    """The requests asked at one stage of their runs: the agent's turn (``human.requested.turn``)."""
+
+    turn: int | None = Field(
+        description="The run's model turn the question was asked in (1: the first reply of the model; the turns "
+        "count on across parks and resumes); null: a request journaled without one"
+    )
+    wait_p50_s: float | None = Field(description="Median wait of this stage's answered requests (nearest rank)")
+    runs_total: int = Field(description="All the runs analysed (the same on every stage: asked_share's base)")
+    runs_asked: int = Field(description="Runs that asked at least one question at this turn")
+
+
 class HumanAnalytics(HumanCounts):
     since: datetime | None
     until: datetime | None
@@ -345,6 +358,11 @@ class HumanAnalytics(HumanCounts):
     top_questions: list[QuestionCount]
     by_agent: list[Breakdown]
     by_trigger: list[Breakdown]
+    by_stage: list[StageBreakdown] = Field(
+        default_factory=list,
+        description="The same counts per stage, the turn of its run a question was asked in, ascending: "
+        "runs_asked / asked_share are the runs (of all runs_total) that asked at that turn",
+    )
 
 
 @dataclass
@@ -352,6 +370,7 @@ class _Request:
     run_id: str
     question: str
     asked_at: datetime
+    turn: int | None = None
     outcome: str = "pending"
     waited_s: float | None = None
     escalated: bool = False
@@ -417,8 +436,15 @@ def human_analytics(
         if request_id is None or ev.run_id is None:
             continue
         if ev.type == "human.requested":
+            turn = ev.data.get("turn")
             requests.setdefault(
-                request_id, _Request(ev.run_id, (_str(ev.data, "question") or "")[:MAX_QUESTION], ev.time)
+                request_id,
+                _Request(
+                    ev.run_id,
+                    (_str(ev.data, "question") or "")[:MAX_QUESTION],
+                    ev.time,
+                    turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
+                ),
             )
         elif ev.type in POLICY_STEPS:
             steps.append((ev.type, request_id))
@@ -456,6 +482,16 @@ def human_analytics(
             rows.append(Breakdown(key=key, **_counts(key_runs, [q for q in reqs if q.run_id in ids])))
         return rows
 
+    def by_stage() -> list[StageBreakdown]:
+        known = [q for q in reqs if q.run_id in run_by_id]
+        turns = sorted({q.turn for q in known}, key=lambda t: (t is None, t or 0))
+        rows = []
+        for turn in turns:
+            asked = [q for q in known if q.turn == turn]
+            answered = sorted(q.waited_s for q in asked if q.outcome == "answered" and q.waited_s is not None)
+            rows.append(StageBreakdown(turn=turn, wait_p50_s=_percentile(answered, 50), **_counts(runs, asked)))
+        return rows
+
     questions = Counter(q.question for q in reqs if q.run_id in run_by_id)
     top_questions = sorted(questions.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     return HumanAnalytics(
@@ -466,4 +502,5 @@ def human_analytics(
         top_questions=[QuestionCount(question=q, count=c) for q, c in top_questions],
         by_agent=breakdown("agent"),
         by_trigger=breakdown("trigger_id"),
+        by_stage=by_stage(),
     )

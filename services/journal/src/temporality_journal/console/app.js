@@ -1214,6 +1214,9 @@ const etagOf = (revision) => `"${revision}"`;
 // human.on_timeout.action (docs/triggers.md): what a run does when nobody answered by the deadline.
 const ON_TIMEOUT = { fail: "fail the run", default: "resume with a default option", cancel: "cancel the run" };
 const MAX_CHAIN_S = 30 * 24 * 3600; // renotify.every_s and escalate.after_s at most (the protocol's bound)
+// The wizard's six steps (UI-2), then a review with Save.
+const WIZARD_STEPS = ["Where the event comes from", "Which event", "Which agent", "Which data", "Who may be asked",
+  "When nobody answers"];
 // The trigger admin API's audit events (journaled): the definitions list moves with them.
 const TRIGGER_CHANGES = new Set(["trigger.created", "trigger.updated", "trigger.enabled", "trigger.disabled", "trigger.deleted"]);
 
@@ -1346,6 +1349,15 @@ function wizardView(signal, triggerId) {
   const input = (name, attrs = {}) => h("input", { name, ...attrs });
   const area = (name, rows, attrs = {}) => h("textarea", { name, rows, ...attrs });
   const select = (name, options) => h("select", { name }, options.map((o) => h("option", { value: o }, o)));
+  // "name = value" lines of a field; an error names that field (error.control)
+  const pairsIn = (control, what) => {
+    try {
+      return pairsOf(control.value, what);
+    } catch (error) {
+      error.control = control;
+      throw error;
+    }
+  };
 
   const f = {
     id: input("id", { required: true, pattern: "[a-z0-9][a-z0-9-]{0,62}", disabled: editing }),
@@ -1373,6 +1385,7 @@ function wizardView(signal, triggerId) {
     maxQueued: input("max_queued", { type: "number", min: 1, max: 100, placeholder: "20" }),
     recipients: input("recipients", { placeholder: "user:alice, user:bob" }),
     timeout: input("timeout", { type: "number", min: 1, placeholder: "3600" }),
+    maxTimeout: input("max_timeout", { type: "number", min: 1, placeholder: "604800" }),
     onTimeout: h("select", { name: "on_timeout_action" }, Object.entries(ON_TIMEOUT).map(([value, label]) =>
       h("option", { value }, label))),
     defaultOption: input("default_option", { maxlength: 64, placeholder: "approve" }),
@@ -1383,25 +1396,32 @@ function wizardView(signal, triggerId) {
     sample: area("sample", 6, { placeholder: '{"type": "order.created", "id": "ord-1", "data": {"order_id": 42}}' }),
     headers: area("headers", 2, { placeholder: "X-GitHub-Event: pull_request" }),
   };
-  const webhookPart = h("fieldset", { id: "part-webhook" }, h("legend", {}, "Webhook"),
-    field("Adapter", f.adapter), h("datalist", { id: "adapters" }, ADAPTERS.map((a) => h("option", { value: a }))),
-    field("Event types", f.events, "comma-separated, as the source names them"),
-    field("Auth type", f.authType),
-    field("User name", f.username, "basic"),
-    field("Header", f.header, "header, hmac_sha256"),
-    field("Secret environment variable", f.secretEnv,
-      "the name of the gateway's variable holding the secret (*_env); never the secret itself"));
-  const schedulePart = h("fieldset", { id: "part-schedule" }, h("legend", {}, "Schedule"),
+  // the auth type's own fields: shown only for the types that read them (showAuth)
+  const usernameField = field("User name", f.username, "basic: the user name the sender gives");
+  const headerField = field("Header", f.header, "the header carrying the secret or the signature");
+  const secretEnvField_ = field("Secret environment variable", f.secretEnv,
+    "the name of the gateway's variable holding the secret (*_env); never the secret itself");
+  const showAuth = () => {
+    const type = f.authType.value;
+    usernameField.hidden = type !== "basic";
+    headerField.hidden = !["header", "hmac_sha256"].includes(type);
+    secretEnvField_.hidden = secretEnvField(type) === null;
+  };
+  f.authType.addEventListener("change", showAuth);
+  const typeNote = (type, text) => h("p", { class: "muted type-note", dataset: { forType: type } }, text);
+  // the type-specific parts: shown only for their type (.showParts)
+  const webhookSource = h("div", { class: "part", dataset: { forType: "webhook" }, id: "part-webhook" },
+    field("Adapter", f.adapter, "which system sends it: azure_devops.pull_request, github, gitlab, generic, …"),
+    h("datalist", { id: "adapters" }, ADAPTERS.map((a) => h("option", { value: a }))),
+    field("Auth type", f.authType, "how the gateway checks the sender"),
+    usernameField, headerField, secretEnvField_);
+  const webhookEvents = h("div", { class: "part", dataset: { forType: "webhook" } },
+    field("Event types", f.events, "comma-separated, as the source names them"));
+  const scheduleWhen = h("div", { class: "part", dataset: { forType: "schedule" }, id: "part-schedule" },
     field("Cron", f.cron, "minute hour day month weekday"), field("Time zone", f.timezone, "IANA, e.g. Europe/Berlin"));
-  const eventPart = h("fieldset", { id: "part-event" }, h("legend", {}, "Event"),
+  const eventWhich = h("div", { class: "part", dataset: { forType: "event" }, id: "part-event" },
     field("Event type", f.eventType, "one or more system event types, comma-separated"),
     field("Filter", f.filter, "name = value lines: actor_id, actor_type, project, data.<field>"));
-  const parts = { webhook: webhookPart, schedule: schedulePart, event: eventPart };
-  const showParts = () => {
-    for (const [type, part] of Object.entries(parts)) part.hidden = f.type.value !== type;
-    previewButton.disabled = f.type.value === "schedule";
-  };
-  f.type.addEventListener("change", showParts);
   const defaultOptionField = field("Default option", f.defaultOption,
     "the option id the run resumes with, as the agent's question offers it");
   const showDefault = () => { defaultOptionField.hidden = f.onTimeout.value !== "default"; };
@@ -1409,41 +1429,82 @@ function wizardView(signal, triggerId) {
 
   const previewOut = h("div", { id: "preview", "aria-live": "polite" });
   const previewButton = h("button", { type: "button", id: "preview-button" }, "Preview");
-  const saveButton = h("button", { type: "submit", class: "primary", id: "save-trigger" }, editing ? "Save changes" : "Create trigger");
-  const form = h("form", { class: "wizard", id: "trigger-form" },
-    h("fieldset", {}, h("legend", {}, "Trigger"),
-      field("Id", f.id, "lower-case letters, digits and -"), field("Name", f.name), field("Type", f.type),
-      h("label", { class: "inline" }, f.enabled, "Enabled"), field("Agent", f.agent, "an agent id of the agent cards")),
-    webhookPart, schedulePart, eventPart,
-    h("fieldset", {}, h("legend", {}, "Agent input"),
-      field("Input mapping", f.mapping, "field = JMESPath over the normalized event, one per line; empty: the payload"),
-      field("Prompt (first message)", f.prompt,
-        "the task the run starts with, in input.prompt; ${field} takes a field of the input mapping; empty: none"),
-      field("Condition (when)", f.when,
-        "JMESPath over the event; a delivery for which it is not true starts no run (filtered); empty: every one")),
-    h("fieldset", { id: "part-flow" }, h("legend", {}, "Duplicates and concurrency"),
-      field("Remember event ids (days)", f.dedupe, "a source event id delivered again within this is a duplicate; empty: 7"),
+
+  // The six steps (UI-2), then the review. Each step is a fieldset whose legend is its heading.
+  const panels = WIZARD_STEPS.map((title, i) => {
+    const heading = h("h2", { tabindex: -1, id: `wizard-step-${i + 1}-title` }, `Step ${i + 1} of 6: ${title}`);
+    return h("fieldset", { class: "wizard-step", id: `wizard-step-${i + 1}`, hidden: true,
+      dataset: { step: i + 1 } }, h("legend", {}, heading));
+  });
+  panels[0].append(
+    field("Id", f.id, "lower-case letters, digits and -"), field("Name", f.name), field("Type", f.type,
+      "webhook: a system calls the gateway; schedule: a clock; event: an event of Temporality itself"),
+    h("label", { class: "inline" }, f.enabled, "Enabled"),
+    webhookSource,
+    typeNote("schedule", "A schedule comes from the gateway's own clock: when it fires is the next step."),
+    typeNote("event", "An event trigger listens to Temporality's own events on the bus: which ones is the next step."));
+  panels[1].append(webhookEvents, scheduleWhen, eventWhich,
+    field("Condition (when)", f.when,
+      "JMESPath over the event; a delivery for which it is not true starts no run (filtered); empty: every one"),
+    field("Remember event ids (days)", f.dedupe, "a source event id delivered again within this is a duplicate; empty: 7"));
+  panels[2].append(
+    field("Agent", f.agent, "an agent id of the agent cards"),
+    h("fieldset", { id: "part-flow" }, h("legend", {}, "Runs at the same time"),
       field("Concurrency key", f.concurrencyKey,
         "JMESPath over the event: at most one active run per value; empty: no flow control"),
       field("When a run of the key is active", f.concurrencyMode,
         "queue: start after it; skip: refuse the new event; supersede: cancel the older run"),
       field("Debounce (s)", f.debounce, "start only once no new event of the key came for this long (the latest wins)"),
-      field("Queue at most", f.maxQueued, "queue: events waiting per key (default 20)")),
-    h("fieldset", {}, h("legend", {}, "Human policy"),
-      field("Allowed recipients", f.recipients, "user:<id>, comma-separated"),
-      field("Default timeout (s)", f.timeout, "how long a question waits for an answer; empty: 3600")),
-    h("fieldset", { id: "part-timeout" }, h("legend", {}, "When nobody answers"),
-      field("At the deadline", f.onTimeout, "what the run does when nobody answered in time"),
-      defaultOptionField,
-      field("Remind every (s)", f.renotifyEvery, "ask the same people again this often before the deadline; empty: never"),
-      field("Reminders at most", f.renotifyMax, "1 to 20, with Remind every"),
-      field("Escalate to", f.escalateTo, "user:<id> or group:<id>, asked as well; empty: nobody"),
-      field("Escalate after (s)", f.escalateAfter, "seconds after the question (after the reminders, if any)")),
-    h("fieldset", {}, h("legend", {}, "Preview"),
-      field("Sample payload (JSON)", f.sample, "a delivery's body (webhook) or a CloudEvent (event); nothing is started"),
+      field("Queue at most", f.maxQueued, "queue: events waiting per key (default 20)")));
+  panels[3].append(
+    field("Input mapping", f.mapping, "field = JMESPath over the normalized event, one per line; empty: the payload"),
+    field("Prompt (first message)", f.prompt,
+      "the task the run starts with, in input.prompt; ${field} takes a field of the input mapping; empty: none"),
+    h("fieldset", { id: "part-preview" }, h("legend", {}, "Preview on a sample"),
+      typeNote("schedule", "A schedule has no delivery to preview."),
+      field("Sample payload (JSON)", f.sample,
+        "a delivery's body (webhook) or a CloudEvent (event); Next previews it too; nothing is started"),
       field("Sample headers", f.headers, "Name: value lines, as the source sends them (e.g. GitHub's X-GitHub-Event)"),
-      previewButton, previewOut),
-    h("div", { class: "toolbar" }, saveButton, h("a", { class: "button", href: "#/triggers" }, "Cancel")));
+      previewButton, previewOut));
+  panels[4].append(
+    field("Allowed recipients", f.recipients, "user:<id> or group:<id>, comma-separated; the agent may ask no one else"),
+    field("Default timeout (s)", f.timeout, "how long a question waits for an answer; empty: 3600"),
+    field("Maximum timeout (s)", f.maxTimeout,
+      "the longest an agent may let a question wait (a longer one is cut to this); empty: 604800 (7 days)"));
+  panels[5].append(
+    field("At the deadline", f.onTimeout, "what the run does when nobody answered in time"),
+    defaultOptionField,
+    field("Remind every (s)", f.renotifyEvery, "ask the same people again this often before the deadline; empty: never"),
+    field("Reminders at most", f.renotifyMax, "1 to 20, with Remind every"),
+    field("Escalate to", f.escalateTo, "user:<id> or group:<id>, asked as well; empty: nobody"),
+    field("Escalate after (s)", f.escalateAfter, "seconds after the question (after the reminders, if any)"));
+  const reviewTitle = h("h2", { tabindex: -1, id: "wizard-review-title" }, "Review and save");
+  const reviewBody = h("div", { id: "wizard-summary" });
+  const reviewPanel = h("section", { class: "wizard-step", id: "wizard-review", hidden: true,
+    "aria-labelledby": reviewTitle.id }, reviewTitle, reviewBody);
+  const REVIEW = WIZARD_STEPS.length;
+  const showParts = () => {
+    for (const node of [...panels, reviewPanel].flatMap((p) => [...p.querySelectorAll("[data-for-type]")])) {
+      node.hidden = node.dataset.forType !== f.type.value;
+    }
+    previewButton.disabled = f.type.value === "schedule";
+  };
+  f.type.addEventListener("change", showParts);
+
+  const stepButtons = [...WIZARD_STEPS, "Review"].map((title, i) => h("button", {
+    type: "button", class: "step", dataset: { step: i + 1 },
+    onclick: () => jump(i),
+  }, i < REVIEW ? h("span", { class: "step-number" }, `${i + 1}`) : null, title));
+  const indicator = h("nav", { class: "steps", "aria-label": "Wizard steps" },
+    h("ol", {}, stepButtons.map((b) => h("li", {}, b))));
+  const backButton = h("button", { type: "button", id: "wizard-back" }, "Back");
+  const nextButton = h("button", { type: "submit", class: "primary", id: "wizard-next" }, "Next");
+  const saveButton = h("button", { type: "submit", class: "primary", id: "save-trigger" },
+    editing ? "Save changes" : "Create trigger");
+  const form = h("form", { class: "wizard", id: "trigger-form", novalidate: true },
+    indicator, ...panels, reviewPanel,
+    h("div", { class: "toolbar wizard-nav" }, backButton, nextButton, saveButton,
+      h("a", { class: "button", href: "#/triggers" }, "Cancel")));
 
   function fill(t) {
     f.id.value = t.id ?? "";
@@ -1472,6 +1533,7 @@ function wizardView(signal, triggerId) {
     f.maxQueued.value = t.concurrency?.max_queued ?? "";
     f.recipients.value = (t.human?.allowed_recipients ?? []).join(", ");
     f.timeout.value = t.human?.default_timeout_s ?? "";
+    f.maxTimeout.value = t.human?.max_timeout_s ?? "";
     const onTimeout = t.human?.on_timeout ?? {};
     f.onTimeout.value = onTimeout.action ?? "fail";
     f.defaultOption.value = onTimeout.default_option ?? "";
@@ -1509,9 +1571,9 @@ function wizardView(signal, triggerId) {
     } else {
       const types = listOf(f.eventType.value);
       out.event_type = types.length === 1 ? types[0] : types;
-      out.filter = pairsOf(f.filter.value, "Filter");
+      out.filter = pairsIn(f.filter, "Filter");
     }
-    const mapping = pairsOf(f.mapping.value, "Input mapping");
+    const mapping = pairsIn(f.mapping, "Input mapping");
     if (Object.keys(mapping).length) out.input = mapping;
     else delete out.input;
     const optional = (name, value) => {
@@ -1535,6 +1597,8 @@ function wizardView(signal, triggerId) {
     human.allowed_recipients = listOf(f.recipients.value);
     if (f.timeout.value) human.default_timeout_s = Number(f.timeout.value);
     else delete human.default_timeout_s;
+    if (f.maxTimeout.value) human.max_timeout_s = Number(f.maxTimeout.value);
+    else delete human.max_timeout_s;
     // on_timeout as the gateway takes it; a half-filled reminder or escalation goes as written (its 422 names
     // the missing field next to it).
     const onTimeout = { action: f.onTimeout.value };
@@ -1560,6 +1624,7 @@ function wizardView(signal, triggerId) {
     ["concurrency.policy", f.concurrencyMode], ["concurrency.debounce_s", f.debounce],
     ["concurrency.max_queued", f.maxQueued], ["concurrency", f.concurrencyKey],
     ["human.allowed_recipients", f.recipients], ["human.default_timeout_s", f.timeout],
+    ["human.max_timeout_s", f.maxTimeout],
     ["human.on_timeout.action", f.onTimeout], ["human.on_timeout.default_option", f.defaultOption],
     ["human.on_timeout.renotify.every_s", f.renotifyEvery], ["human.on_timeout.renotify.max", f.renotifyMax],
     ["human.on_timeout.renotify", f.renotifyEvery], ["human.on_timeout.escalate.to", f.escalateTo],
@@ -1567,10 +1632,12 @@ function wizardView(signal, triggerId) {
     ["human.on_timeout", f.onTimeout],
   ];
   function controlOf(error) {
+    if (error.control) return error.control; // the console's own check named it
     const path = String(error.field ?? "");
     // "action 'default' needs default_option" is said of on_timeout as a whole: it is the option's field
     if (path === "human.on_timeout" && /default_option/.test(error.message ?? "")) return f.defaultOption;
     if (path === "human" && /default_timeout_s/.test(error.message ?? "")) return f.timeout; // > max_timeout_s
+    if (path === "auth" && /\((password|token|secret)_env\)/.test(error.message ?? "")) return f.secretEnv; // not set
     let best = null;
     for (const [prefix, control] of fieldControls) {
       const fits = path === prefix || path.startsWith(`${prefix}.`) || path.startsWith(`${prefix}[`);
@@ -1587,79 +1654,295 @@ function wizardView(signal, triggerId) {
     }
   }
 
-  // Each error next to its field (marked aria-invalid); the first marked field takes the focus.
+  // Each error next to its field (marked aria-invalid); the wizard shows the earliest step with a marked field
+  // and its first marked field takes the focus. Returns how many errors found a field.
   function markErrors(errors) {
     clearMarks();
-    let first = null;
+    const marked = [];
     for (const error of errors ?? []) {
       const control = controlOf(error);
       const line = control ? problems.get(control) : null;
       if (!line) continue;
       control.setAttribute("aria-invalid", "true");
-      line.textContent = line.textContent ? `${line.textContent}; ${error.message}` : `${error.field}: ${error.message}`;
+      const text = error.field ? `${error.field}: ${error.message}` : error.message;
+      line.textContent = line.textContent ? `${line.textContent}; ${error.message}` : text;
       line.hidden = false;
-      first ??= control;
+      marked.push(control);
     }
+    if (!marked.length) return 0;
+    const step = Math.min(...marked.map((c) => stepOf.get(c) ?? REVIEW));
+    if (step !== current) showStep(step, { focus: false });
+    // the first marked field of that step, in page order
+    const first = controls(step).find((c) => marked.includes(c));
     first?.focus();
+    return marked.length;
   }
 
   function fieldErrors(errors) {
     return h("ul", { class: "errors" }, (errors ?? []).map((e) => h("li", {}, `${e.field}: ${e.message}`)));
   }
 
+  // ---- the steps: which step each control is on, showing one, checking one
+  const stepOf = new Map(); // control -> its step's index
+  panels.forEach((panel, i) => {
+    for (const control of panel.querySelectorAll("input, select, textarea")) stepOf.set(control, i);
+  });
+  const shown = (node) => node.getClientRects().length > 0; // not inside a hidden part
+  const controls = (i) => [...stepOf].filter(([c, step]) => step === i && shown(c) && !c.disabled).map(([c]) => c);
+  let current = 0;
+  let reached = editing ? REVIEW : 0; // the furthest step opened: the indicator goes there directly
+  let busy = false;
+
+  function showStep(i, { focus = true } = {}) {
+    current = i;
+    reached = Math.max(reached, i);
+    panels.forEach((panel, n) => { panel.hidden = n !== i; });
+    reviewPanel.hidden = i !== REVIEW;
+    stepButtons.forEach((button, n) => {
+      if (n === i) button.setAttribute("aria-current", "step");
+      else button.removeAttribute("aria-current");
+      button.disabled = n > reached;
+      button.dataset.done = String(n < reached && n !== i);
+    });
+    backButton.hidden = i === 0;
+    nextButton.hidden = i === REVIEW;
+    saveButton.hidden = i !== REVIEW;
+    if (i === REVIEW) renderReview();
+    if (!focus) return;
+    // the step's first field (a screen reader announces its step's legend with it); the review: its heading
+    const first = i === REVIEW ? null : controls(i)[0];
+    (first ?? (i === REVIEW ? reviewTitle : $(`wizard-step-${i + 1}-title`))).focus();
+  }
+
+  // The draft through the gateway's preview (nothing saved): its word on every field, as a save would say it.
+  // ``payload``: the sample (step 4), else an empty body (the answer's payload stage then says nothing of the
+  // trigger). Errors of a schedule the preview cannot run ("only webhook and event triggers…") are not errors.
+  async function gatewaySays(draft, payload) {
+    const body = { trigger: draft, payload };
+    const headers = current === 3 ? headersOf(f.headers.value) : {};
+    if (Object.keys(headers).length) body.headers = headers;
+    const answer = await api(`${GATEWAY}/preview`, { method: "POST", body, signal });
+    if (answer.ok || !["trigger", "mapping"].includes(answer.stage)) return { answer, errors: [] };
+    const errors = answer.errors.filter((e) => !/^only webhook and event triggers can be previewed/.test(e.message));
+    return { answer, errors };
+  }
+
+  // Checks step ``i``'s fields: the browser's constraints (required, pattern, number bounds), the lines the form
+  // parses, then the gateway's word on the draft -- errors of this step or an earlier one stop; a later step's
+  // (a required field not filled yet) wait for that step. True when the step may be left forward.
+  async function checkStep(i) {
+    clearMarks();
+    message(null);
+    const local = controls(i).filter((c) => !c.checkValidity())
+      .map((c) => ({ control: c, field: "", message: c.validationMessage }));
+    if (i === 3 && f.sample.value.trim()) {
+      try { JSON.parse(f.sample.value); } catch (error) {
+        local.push({ control: f.sample, field: "", message: `not JSON: ${error.message}` });
+      }
+      try { headersOf(f.headers.value); } catch (error) { local.push({ control: f.headers, field: "", message: error.message }); }
+    }
+    if (local.length) {
+      say(i, local);
+      return markErrors(local) === 0;
+    }
+    let draft;
+    try {
+      draft = spec();
+    } catch (error) {
+      if (error.control && (stepOf.get(error.control) ?? REVIEW) <= i) {
+        const problem = [{ control: error.control, field: "", message: error.message }];
+        say(i, problem);
+        markErrors(problem);
+        return false;
+      }
+      return true; // a later step's lines: checked there
+    }
+    let said;
+    try {
+      if (i === 3 && f.sample.value.trim() && f.type.value !== "schedule") said = await preview(draft);
+      else said = await gatewaySays(draft, {});
+    } catch (error) {
+      failed(error);
+      return false;
+    }
+    const mine = said.errors.filter((e) => {
+      const control = controlOf(e);
+      return control !== null && (stepOf.get(control) ?? REVIEW) <= i;
+    });
+    if (mine.length) {
+      say(Math.min(...mine.map((e) => stepOf.get(controlOf(e)) ?? i)), mine);
+      markErrors(mine);
+      return false;
+    }
+    if (i === 0 && !editing) { // the id is free? (the gateway would answer 409 at the save)
+      try {
+        await api(`${GATEWAY}/${encodeURIComponent(f.id.value.trim())}`, { signal });
+        const taken = [{ control: f.id, field: "id", message: "a trigger with this id exists already (Edit it in the list)" }];
+        say(0, taken);
+        markErrors(taken);
+        return false;
+      } catch (error) {
+        if (!(error instanceof ApiError && error.status === 404)) {
+          failed(error);
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  // The alert line: which step, which fields (by the gateway's path, else the field's label), and why.
+  function say(i, errors) {
+    const name = (e) => e.field || document.querySelector(`label[for="${e.control?.id}"]`)?.textContent || "";
+    message(`Check step ${i + 1} (${WIZARD_STEPS[i]}): ${errors.map((e) => `${name(e)}: ${e.message}`).join("; ")}`);
+  }
+
+  async function next() {
+    if (busy) return;
+    busy = true;
+    nextButton.disabled = true;
+    try {
+      if (await checkStep(current)) showStep(current + 1);
+    } finally {
+      busy = false;
+      nextButton.disabled = false;
+    }
+  }
+
+  // The indicator: back (or to the review of an edit) without a check of the step left behind when going back;
+  // forward, the step being left is checked first.
+  async function jump(i) {
+    if (busy || i === current || i > reached) return;
+    if (i < current) {
+      clearMarks();
+      showStep(i);
+      return;
+    }
+    busy = true;
+    try {
+      if (await checkStep(current)) showStep(i);
+    } finally {
+      busy = false;
+    }
+  }
+  backButton.addEventListener("click", () => {
+    if (busy || current === 0) return;
+    clearMarks();
+    message(null);
+    showStep(current - 1);
+  });
+
+  // ---- the review: what will be saved, in words, each step one click away; the JSON sent below it
+  function renderReview() {
+    let t;
+    try {
+      t = spec();
+    } catch (error) {
+      reviewBody.replaceChildren(h("p", { class: "bad" }, error.message));
+      return;
+    }
+    const list = (items) => (items?.length ? items.join(", ") : "—");
+    const lines = (obj) => (obj && Object.keys(obj).length ? Object.entries(obj).map(([k, v]) => `${k} = ${v}`).join("\n") : null);
+    const source = { webhook: "a webhook", schedule: "a schedule", event: "Temporality's own events" }[t.type] ?? t.type;
+    const auth = t.auth ? [t.auth.type, t.auth.username, t.auth.header,
+      t.auth[secretEnvField(t.auth.type)] ? `secret in $${t.auth[secretEnvField(t.auth.type)]}` : null]
+      .filter(Boolean).join(" · ") : null;
+    const seconds = (n) => `${duration(n)} (${n} s)`;
+    const human = t.human ?? {};
+    const ot = human.on_timeout ?? {};
+    const sections = [
+      [["Trigger", `${t.id} — ${t.name}`], ["Comes from", source], ["Adapter", t.adapter], ["Auth", auth],
+        ["Enabled", t.enabled === false ? "no" : "yes"]],
+      [["Event types", t.type === "webhook" ? list(t.events) : null],
+        ["Schedule", t.type === "schedule" ? `${t.cron}${t.timezone ? ` (${t.timezone})` : " (UTC)"}` : null],
+        ["Event type", t.type === "event" ? list([t.event_type].flat()) : null],
+        ["Filter", t.type === "event" ? lines(t.filter) ?? "none" : null],
+        ["Condition", t.when ?? "every event"], ["Duplicates remembered", `${t.deduplication?.ttl_days ?? 7} days`]],
+      [["Agent", t.agent], ["Runs at the same time", t.concurrency
+        ? `one per ${t.concurrency.key}; then ${t.concurrency.policy}${t.concurrency.debounce_s ? `, debounce ${duration(t.concurrency.debounce_s)}` : ""}`
+        : "no limit"]],
+      [["Input", lines(t.input) ?? "the payload as it is"], ["Prompt", t.prompt ?? "none"]],
+      [["May ask", list(human.allowed_recipients)], ["Default timeout", seconds(human.default_timeout_s ?? 3600)],
+        ["Maximum timeout", seconds(human.max_timeout_s ?? 7 * 24 * 3600)]],
+      [["At the deadline", `${ON_TIMEOUT[ot.action] ?? ot.action}${ot.default_option ? ` (${ot.default_option})` : ""}`],
+        ["Reminders", ot.renotify ? `every ${seconds(ot.renotify.every_s)}, at most ${ot.renotify.max}` : "none"],
+        ["Escalation", ot.escalate ? `to ${ot.escalate.to} after ${seconds(ot.escalate.after_s)}` : "none"]],
+    ];
+    reviewBody.replaceChildren(
+      ...sections.map((pairs, i) => h("div", { class: "card review-step", dataset: { step: i + 1 } },
+        h("div", { class: "toolbar" }, h("h3", {}, `${i + 1}. ${WIZARD_STEPS[i]}`),
+          h("button", { type: "button", "aria-label": `Change step ${i + 1}: ${WIZARD_STEPS[i]}`,
+            onclick: () => jump(i) }, "Change")),
+        facts(pairs.filter(([, v]) => v !== null && v !== undefined)))),
+      h("details", {}, h("summary", {}, "The trigger as it is sent (JSON)"),
+        h("pre", { id: "wizard-json" }, JSON.stringify(t, null, 2))));
+  }
+
+  // The mapping preview on the sample: renders the answer, returns it with the errors it names.
+  async function preview(draft) {
+    const payload = JSON.parse(f.sample.value || "{}");
+    previewOut.replaceChildren("Previewing…");
+    let said;
+    try {
+      said = await gatewaySays(draft, payload);
+    } catch (error) {
+      previewOut.replaceChildren();
+      throw error;
+    }
+    const { answer } = said;
+    if (!answer.ok) {
+      previewOut.replaceChildren(h("p", { class: "bad" }, `The ${answer.stage} is not valid:`), fieldErrors(answer.errors));
+    } else if (!answer.would_start_run) {
+      previewOut.replaceChildren(h("p", {}, `No run: ${answer.ignored?.reason ?? "ignored"}`,
+        answer.ignored?.detail ? ` — ${answer.ignored.detail}` : ""));
+    } else {
+      previewOut.replaceChildren(
+        h("p", { class: "ok" }, `Would start a run: ${answer.title ?? answer.run_id ?? ""}`),
+        h("h3", {}, "Agent input"), h("pre", { id: "preview-input" }, JSON.stringify(answer.input, null, 2)),
+        h("h3", {}, "Normalized event"), h("pre", { id: "preview-event" }, JSON.stringify(answer.event, null, 2)));
+    }
+    return said;
+  }
+
   previewButton.addEventListener("click", async () => {
     message(null);
     clearMarks();
-    let payload;
     let draft;
-    let headers;
     try {
       draft = spec();
-      payload = JSON.parse(f.sample.value || "{}");
-      headers = headersOf(f.headers.value);
+      JSON.parse(f.sample.value || "{}");
+      headersOf(f.headers.value);
     } catch (error) {
       previewOut.replaceChildren(h("p", { class: "bad" }, `Not previewed: ${error.message}`));
       return;
     }
-    previewOut.replaceChildren("Previewing…");
     try {
-      const body = { trigger: draft, payload };
-      if (Object.keys(headers).length) body.headers = headers;
-      const answer = await api(`${GATEWAY}/preview`, { method: "POST", body, signal });
-      if (!answer.ok) {
-        previewOut.replaceChildren(h("p", { class: "bad" }, `The ${answer.stage} is not valid:`), fieldErrors(answer.errors));
-        if (answer.stage === "trigger") markErrors(answer.errors);
-      } else if (!answer.would_start_run) {
-        previewOut.replaceChildren(h("p", {}, `No run: ${answer.ignored?.reason ?? "ignored"}`,
-          answer.ignored?.detail ? ` — ${answer.ignored.detail}` : ""));
-      } else {
-        previewOut.replaceChildren(
-          h("p", { class: "ok" }, `Would start a run: ${answer.title ?? answer.run_id ?? ""}`),
-          h("h3", {}, "Agent input"), h("pre", { id: "preview-input" }, JSON.stringify(answer.input, null, 2)),
-          h("h3", {}, "Normalized event"), h("pre", { id: "preview-event" }, JSON.stringify(answer.event, null, 2)));
-      }
+      const { errors } = await preview(draft);
+      const where = errors.map(controlOf);
+      // the fields of this step are marked here; another step's error stays in the list above (its step marks it)
+      markErrors(errors.filter((e, n) => where[n] !== null && stepOf.get(where[n]) === current));
+      if (errors.length && !errors.some((e, n) => where[n] !== null && stepOf.get(where[n]) === current)) previewButton.focus();
     } catch (error) {
       if (error instanceof ApiError && error.status !== 401 && error.status !== 403) {
         previewOut.replaceChildren(h("p", { class: "bad" }, `${error.message} (${error.status} ${error.code})`),
           fieldErrors(error.body?.errors));
-      } else {
-        previewOut.replaceChildren();
-        failed(error);
-      }
+      } else failed(error);
     }
   });
 
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
+  async function save() {
     message(null);
     clearMarks();
     let body;
     try {
       body = spec();
     } catch (error) {
+      if (error.control) markErrors([{ control: error.control, field: "", message: error.message }]);
       message(error.message);
       return;
     }
+    busy = true;
+    saveButton.disabled = true;
     try {
       const path = editing ? `${GATEWAY}/${encodeURIComponent(triggerId)}` : GATEWAY;
       const saved = await api(path, { method: editing ? "PUT" : "POST", body, signal, ifMatch: editing ? etag : null });
@@ -1667,19 +1950,36 @@ function wizardView(signal, triggerId) {
     } catch (error) {
       if (error instanceof ApiError && error.status === 412) {
         message("Someone else changed this trigger since you opened it (412). Reload it to see their version, then edit again.");
-        saveButton.after(h("button", { type: "button", id: "reload-trigger", onclick: () => go(location.hash) }, "Reload"));
+        if (!$("reload-trigger")) {
+          saveButton.after(h("button", { type: "button", id: "reload-trigger", onclick: () => go(location.hash) }, "Reload"));
+        }
       } else if (error instanceof ApiError && error.status === 422) {
         message(`Not saved: ${error.message} (422).`);
         markErrors(error.body?.errors);
       } else failed(error);
+    } finally {
+      busy = false;
+      saveButton.disabled = false;
     }
+  }
+
+  // Enter in a field is the step's Next (after its check), never an early save; the review's Save saves.
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (busy) return;
+    if (current < REVIEW) next();
+    else save();
   });
 
+  const start = () => {
+    showParts();
+    showAuth();
+    showDefault();
+    showStep(0);
+  };
   if (!editing) {
     root.replaceChildren(form);
-    showParts();
-    showDefault();
-    f.id.focus();
+    start();
     return;
   }
   apiWithEtag(`${GATEWAY}/${encodeURIComponent(triggerId)}`, { signal }).then(({ data, etag: tag }) => {
@@ -1690,8 +1990,7 @@ function wizardView(signal, triggerId) {
       data.write_only_set?.length
         ? h("p", { class: "muted" }, `Kept as stored (write-only): ${data.write_only_set.join(", ")}.`) : "",
       form);
-    showParts();
-    showDefault();
+    start();
   }).catch((error) => {
     root.replaceChildren();
     gatewayFailed(error, root);
@@ -1706,6 +2005,29 @@ function bars(rows) {
     h("div", { class: "bar-fill", style: { width: `${(100 * n) / max}%` }, role: "img", "aria-label": `${label}: ${n}` }),
     h("span", { class: "num" }, n),
   ]));
+}
+
+// OBS-1 "at which stage": the run's model turn each question was asked in (human.requested.turn) — the one
+// stage the events carry; a chart of the questions per turn and a table with their outcomes and median wait.
+function stages(rows) {
+  if (!rows.length) return h("p", { class: "empty", id: "stages" }, "No questions yet.");
+  const label = (r) => (r.turn === null ? "turn unknown" : `turn ${r.turn}`);
+  const share = (r) => (r.asked_share === null ? "—" : `${Math.round(r.asked_share * 1000) / 10} %`);
+  return h("div", { id: "stages" },
+    bars(rows.map((r) => [label(r), r.requests_total])),
+    h("table", { class: "stages" },
+      h("caption", { class: "muted" }, "Questions asked at each turn; runs: those that asked at that turn, of all runs"),
+      h("thead", {}, h("tr", {}, h("th", {}, "Stage"), h("th", { class: "num" }, "Questions"),
+        h("th", { class: "num" }, "Runs that asked"), h("th", { class: "num" }, "Of all runs"),
+        h("th", { class: "num" }, "Answered"), h("th", { class: "num" }, "Expired"),
+        h("th", { class: "num" }, "Refused"), h("th", { class: "num" }, "Withdrawn"),
+        h("th", { class: "num" }, "Pending"), h("th", { class: "num" }, "Median wait"))),
+      h("tbody", {}, rows.map((r) => h("tr", { dataset: { turn: r.turn ?? "" } },
+        h("th", { scope: "row" }, label(r)), h("td", { class: "num" }, r.requests_total),
+        h("td", { class: "num" }, r.runs_asked), h("td", { class: "num" }, share(r)),
+        h("td", { class: "num" }, r.answered), h("td", { class: "num" }, r.expired),
+        h("td", { class: "num" }, r.rejected), h("td", { class: "num" }, r.withdrawn),
+        h("td", { class: "num" }, r.pending), h("td", { class: "num" }, duration(r.wait_p50_s)))))));
 }
 
 function analyticsView(signal) {
@@ -1747,6 +2069,8 @@ function analyticsView(signal) {
         : h("p", { class: "empty" }, "No questions yet."),
       h("h2", {}, "Per agent"), breakdown(a.by_agent, "Agent"),
       h("h2", {}, "Per trigger"), breakdown(a.by_trigger, "Trigger"),
+      h("h2", { id: "per-stage" }, "Per stage: the turn of the run a question was asked in"),
+      stages(a.by_stage ?? []),
     );
   };
   const load = () => api("/analytics/human", { signal }).then(render).catch(failed);
@@ -2161,7 +2485,10 @@ async function route() {
   else if (parts[0] === "triggers") triggersView(signal);
   else if (parts[0] === "analytics") analyticsView(signal);
   else runsView(signal, query);
-  $("view").focus({ preventScroll: true });
+  // the page's start for the keyboard, unless the view put the focus in itself (the wizard's first field)
+  if (!$("view").contains(document.activeElement) || document.activeElement === $("view")) {
+    $("view").focus({ preventScroll: true });
+  }
 }
 
 window.addEventListener("hashchange", () => {

@@ -1,0 +1,70 @@
+"""OBS-1 "at which stage": ``GET /analytics/human``'s ``by_stage``, the turn of its run each question was asked
+in (``human.requested.turn``), over events recorded through the real bus into SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from temporality_protocol import HumanAnswered, HumanExpired, TextAnswer, derive_id, make_event
+
+MakeStory = Callable[..., Any]  # journal_support.RunStory
+Journal = Any  # conftest.Journal
+
+T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+
+
+def _answered(s: Any, waited_s: float) -> Any:
+    s.at += timedelta(seconds=1)
+    data = HumanAnswered(
+        request_id=s.request_id,
+        run_id=s.run_id,
+        recipient="user:alice",
+        responder="user:alice",
+        answer=TextAnswer(value="yes"),
+        channel="web",
+        waited_s=waited_s,
+    )
+    return make_event(data, source="/temporality/test", id=derive_id("evt", "answered", s.request_id), time=s.at)
+
+
+def _expired(s: Any) -> Any:
+    s.at += timedelta(seconds=1)
+    data = HumanExpired(request_id=s.request_id, run_id=s.run_id, recipient="user:alice", action="fail", waited_s=60)
+    return make_event(data, source="/temporality/test", id=derive_id("evt", "expired", s.request_id), time=s.at)
+
+
+async def test_questions_are_counted_per_turn_of_their_run(journal: Journal, story: MakeStory) -> None:
+    early = story(agent="reviewer", at=T0)  # asks at turn 1, then again at turn 3
+    late = story(agent="reviewer", at=T0 + timedelta(minutes=1))  # asks at turn 3
+    twice = story(agent="triager", at=T0 + timedelta(minutes=2))  # two questions in one turn (HUM-7)
+    quiet = story(agent="triager", at=T0 + timedelta(minutes=3))  # never asks
+    events = [s.requested() for s in (early, late, twice, quiet)]
+    events += [early.human_requested(question="Which branch?", turn=1), _answered(early, 20)]
+    early.request_id = f"hreq-{early.run_id}-2"
+    events += [early.human_requested(question="Merge it?", turn=3), _answered(early, 200)]
+    events += [late.human_requested(question="Merge it?", turn=3), _expired(late)]
+    events.append(twice.human_requested(question="Label?", turn=2))
+    twice.request_id = f"hreq-{twice.run_id}-2"
+    events += [twice.human_requested(question="Owner?", turn=2), _answered(twice, 40)]
+    await journal.send(*events)
+
+    response = await journal.client.get("/analytics/human")
+    assert response.status_code == 200, response.text
+    stages = {s["turn"]: s for s in response.json()["by_stage"]}
+    assert list(stages) == [1, 2, 3]
+    assert {t: (s["runs_total"], s["runs_asked"], s["requests_total"]) for t, s in stages.items()} == {
+        1: (4, 1, 1),
+        2: (4, 1, 2),
+        3: (4, 2, 2),
+    }
+    assert (stages[3]["answered"], stages[3]["expired"], stages[3]["asked_share"]) == (1, 1, 0.5)
+    assert (stages[2]["answered"], stages[2]["pending"], stages[2]["wait_p50_s"]) == (1, 1, 40)
+    assert (stages[1]["wait_p50_s"], stages[3]["wait_p50_s"]) == (20, 200)
+
+    # the filters apply to the stages too
+    one = (await journal.client.get("/analytics/human", params={"agent": "triager"})).json()
+    assert [(s["turn"], s["runs_total"], s["requests_total"]) for s in one["by_stage"]] == [(2, 2, 2)]
+    none = (await journal.client.get("/analytics/human", params={"agent": "nobody"})).json()
+    assert none["by_stage"] == []

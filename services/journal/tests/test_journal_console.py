@@ -18,7 +18,16 @@ from playwright.async_api import BrowserContext, Page, expect
 from wizard_support import REVIEW, Choose, expect_step, go_to_step, on_screen, save, walk_wizard
 
 from temporality_journal import Database, Recorder
-from temporality_protocol import Envelope, RunStarted, RunToolCalled, TriggerAccepted, derive_id, make_event
+from temporality_protocol import (
+    Envelope,
+    RunStarted,
+    RunToolCalled,
+    TriggerAccepted,
+    TriggerReceived,
+    TriggerRejected,
+    derive_id,
+    make_event,
+)
 from temporality_protocol.events import (
     AgentAsked,
     AgentAskUndeliverable,
@@ -41,6 +50,29 @@ def _trigger_accepted(s: Any) -> Envelope:
         trigger_id=s.trigger_id, delivery_id="dlv-1", source_event_id="ado-1", run_id=s.run_id, agent=s.agent
     )
     return make_event(data, source="/temporality/test", id=derive_id("evt", s.run_id, "accepted"), run_id=s.run_id)
+
+
+def _trigger_received(s: Any, delivery_id: str) -> Envelope:
+    data = TriggerReceived(
+        trigger_id=s.trigger_id,
+        delivery_id=delivery_id,
+        adapter="azure_devops.pull_request",
+        source_event_id="ado-1",
+        source_event_type="git.pullrequest.created",
+        body_bytes=2048,
+    )
+    return make_event(data, source="/temporality/test", id=derive_id("evt", delivery_id, "received"), run_id=s.run_id)
+
+
+def _duplicate(s: Any, delivery_id: str) -> Envelope:
+    """The gateway's answer to a redelivery of the run's source event (Azure DevOps retries)."""
+    data = TriggerRejected(
+        trigger_id=s.trigger_id,
+        delivery_id=delivery_id,
+        reason="duplicate",
+        detail=f"source event ado-1 was already accepted as run {s.run_id} (delivery dlv-1)",
+    )
+    return make_event(data, source="/temporality/test", id=derive_id("evt", delivery_id, "rejected"), run_id=s.run_id)
 
 
 def _tool_called(s: Any) -> Envelope:
@@ -67,6 +99,7 @@ async def _waiting_run(served: Served, story: MakeStory, **kwargs: Any) -> Any:
     s = story(title="Review PR 42: API contract", **kwargs)
     await _publish(
         served,
+        _trigger_received(s, "dlv-1"),  # reads in the "Trigger …" step of its acceptance
         _trigger_accepted(s),
         s.requested(),
         s.created(),
@@ -117,7 +150,14 @@ async def test_sign_in_timeline_reads_like_ui_1_and_updates_live(
 
     # live: the answer, the resume and the completion arrive over the SSE tail, without a reload
     await expect(page.locator("#live")).to_have_attribute("data-live", "on", timeout=WAIT_MS)
-    await _publish(served_journal, s.answered(), s.resumed(), s.completed("Kept v1; asked the author to restore it"))
+    await _publish(
+        served_journal,
+        _trigger_received(s, "dlv-2"),  # Azure DevOps redelivered the webhook: one step, not two raw ones
+        _duplicate(s, "dlv-2"),
+        s.answered(),
+        s.resumed(),
+        s.completed("Kept v1; asked the author to restore it"),
+    )
     await expect(steps.nth(6)).to_have_text("Waited 1 min", timeout=WAIT_MS)  # waited_s = 60 of human.answered
     await expect(steps).to_have_text(
         [
@@ -129,12 +169,16 @@ async def test_sign_in_timeline_reads_like_ui_1_and_updates_live(
             "Human request",
             "Waited 1 min",
             "Notified alice on matrix",
+            "Duplicate delivery ignored",
             "Human response",
             "Run resumed",
             "Completed",
         ],
         timeout=WAIT_MS,
     )
+    duplicate = page.locator('#timeline > li[data-type="trigger.rejected"]')
+    await expect(duplicate).to_contain_text("already accepted as run")
+    await expect(page.locator('#timeline > li[data-type="trigger.received"]')).to_have_count(0)
     response = page.locator('#timeline > li[data-type="human.answered"]')
     await expect(response).to_contain_text("yes")
     await expect(response).to_contain_text("alice")

@@ -618,6 +618,11 @@ export function timeline(events, run, now = Date.now()) {
       if (id && !outcomes.has(id)) outcomes.set(id, e);
     }
   }
+  // Deliveries with an outcome in the run: their trigger.received reads in that outcome's step ("Trigger …" when
+  // accepted, "Duplicate delivery ignored" …), so a redelivered webhook is one step, not two raw ones.
+  const settled = new Set(
+    events.filter((e) => e.type === "trigger.accepted" || e.type === "trigger.rejected").map((e) => e.data?.delivery_id),
+  );
   let triggered = false;
   const open = new Map(); // request_id -> its human.requested, while no outcome is journaled and the run goes on
   for (const e of events) {
@@ -633,6 +638,17 @@ export function timeline(events, run, now = Date.now()) {
       continue;
     }
     switch (e.type) {
+      case "trigger.received":
+        if (settled.has(d.delivery_id)) continue; // its outcome's step says it
+        step.title = `Delivery received: ${d.source_event_type ?? d.adapter}`;
+        step.kind = "minor";
+        step.lines = [["Delivery", d.delivery_id], ["Source event", d.source_event_id], ["Adapter", d.adapter]];
+        break;
+      case "trigger.rejected":
+        step.title = d.reason === "duplicate" ? "Duplicate delivery ignored" : ["Delivery refused: ", reason("delivery", d.reason)];
+        step.kind = "minor";
+        step.lines = [["Delivery", d.delivery_id], ["Detail", d.detail]];
+        break;
       case "trigger.accepted":
         triggered = true;
         step.title = `Trigger ${d.trigger_id}`;

@@ -316,7 +316,7 @@ def guard_openapi(app: FastAPI) -> None:
     refusal), and FastAPI's Swagger UI and ReDoc pages are not served (they load the document from the browser,
     which has no way to send the token). Idempotent."""
     url = app.openapi_url
-    dropped = {url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
+    dropped = {p for p in (url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p is not None}
     routes = app.router.routes
     position = next((i for i, r in enumerate(routes) if getattr(r, "path", None) == url), len(routes))
     routes[:] = [r for r in routes if getattr(r, "path", None) not in dropped or getattr(r, "guarded", False)]

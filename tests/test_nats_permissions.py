@@ -111,6 +111,10 @@ def test_permissions_follow_the_catalogue() -> None:
             info = owns or bucket.name in spec.reads_buckets
             assert (f"$JS.API.STREAM.INFO.KV_{bucket.name}" in permissions.publish) == info, (name, bucket.name)
     assert subject_for("human.answered") not in permissions_for("trigger-gateway").publish
+    for name in SERVICES:  # each audits what it refuses (issue 11): its API's refusals and NATS's of its connection
+        assert {subject_for("api.access_refused"), subject_for("bus.permission_refused")} <= set(
+            permissions_for(name).publish
+        ), name
     assert sorted(s for spec in SERVICES.values() for s in spec.streams) == sorted(s.name for s in ALL_STREAMS)
     # events, dead letters, its own timers stream (and no other service's)
     assert SERVICES["trigger-gateway"].uses_streams == (

@@ -52,6 +52,7 @@ from temporality_protocol.events import (
     AgentTaskTaken,
     ApiAccessRefused,
     BusDeadLettered,
+    BusPermissionRefused,
     Collaborator,
     CollaboratorsQuery,
     CollaboratorsReply,
@@ -364,6 +365,10 @@ EXAMPLES: dict[str, EventData] = {
         ApiAccessRefused(
             service="journal", status=403, reason="forbidden", method="POST", path="/runs/run-1/cancel",
             address="10.0.0.9", principal="board", role_needed="operator", count=3, first_at=T0, window_s=60,
+        ),
+        BusPermissionRefused(
+            service="trigger-gateway", operation="publish", subject="temporality.events.human.answered", count=2,
+            first_at=T0, window_s=60,
         ),
         BusDeadLettered(
             consumer="journal", stream="TEMPORALITY_EVENTS", subject="temporality.events.run.started", stream_seq=7,

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from directory_support import TOKENS
 from human_support import USERS_FILE, running
 
 from temporality_bus import Bus, Consumer
@@ -18,6 +19,7 @@ from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.settings import Settings
 from temporality_protocol.catalog import CONSUMERS
+from temporality_service import ApiAuth
 
 
 @pytest.fixture
@@ -64,6 +66,6 @@ def settings() -> Settings:
 
 @pytest.fixture
 async def client(settings: Settings, bus: Bus, directory: Directory) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, bus, directory)
+    app = create_app(settings, bus, directory, auth=ApiAuth(TOKENS))  # the role tokens: its /openapi.json
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://human.test") as c:
         yield c

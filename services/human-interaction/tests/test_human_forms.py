@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+from directory_support import VIEWER
 from human_support import ALICE, events_of, requested, stored
 
 from temporality_bus import Bus
@@ -132,7 +133,7 @@ async def test_the_inbox_shows_the_form_a_request_asks_for_and_the_openapi_docum
     shown = (await client.get(f"/requests/{approval.data['request_id']}", headers=ALICE)).json()
     assert shown["form"][0]["choices"] == [{"value": True, "label": "Yes"}, {"value": False, "label": "No"}]
 
-    document = (await client.get("/openapi.json")).json()
+    document = (await client.get("/openapi.json", headers=VIEWER)).json()
     schemas = document["components"]["schemas"]
     assert {"answer_schema", "form"} <= set(schemas["InboxItem"]["properties"])
     assert {"answer_schema", "form"} <= set(schemas["RequestView"]["properties"])

@@ -50,6 +50,11 @@ async def test_every_route_but_health_needs_a_token(journal: Journal) -> None:
             response = await journal.client.request(method, path, headers=headers)
             _assert_error(response, 401, code)
             assert response.headers["WWW-Authenticate"] == "Bearer"
+    # nor is the API's description anonymous (issue 11): the document needs a viewer, and no docs pages are served
+    for headers, code in ((NOBODY, "unauthorized"), (WRONG, "invalid_token")):
+        _assert_error(await journal.client.get("/openapi.json", headers=headers), 401, code)
+    for page in ("/docs", "/redoc"):
+        assert (await journal.client.get(page)).status_code == 404, page
 
 
 async def test_viewer_reads_and_whoami_names_the_token(journal: Journal, story: MakeStory) -> None:

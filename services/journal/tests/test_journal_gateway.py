@@ -242,8 +242,8 @@ async def test_the_document_declares_the_gateways_answers(
     declares for its route (the same model, ``Gateway``-prefixed), and the components match the gateway's."""
     async with serve_gateway(tmp_path, nats_settings) as url, _journal(tmp_path, bus, url) as journal:
         async with httpx.AsyncClient(base_url=url, timeout=20) as direct:
-            theirs = (await direct.get("/openapi.json")).json()
-        ours = (await journal.get("/openapi.json")).json()
+            theirs = (await direct.get("/openapi.json", headers=VIEWER)).json()
+        ours = (await journal.get("/openapi.json", headers=VIEWER)).json()
     proxied = {path: ops for path, ops in ours["paths"].items() if path.startswith("/gateway/")}
     assert len(proxied) == 7, sorted(proxied)
     declared = 0

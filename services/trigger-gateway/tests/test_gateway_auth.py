@@ -32,8 +32,11 @@ from gateway_support import (
 )
 
 from temporality_bus import Bus
+from temporality_service import AccessAudit
+from temporality_testing.events import EventLog
 from temporality_testing.fixtures import require_shared
 from temporality_trigger_gateway import WebhookTrigger
+from temporality_trigger_gateway.api import create_app
 from temporality_trigger_gateway.auth import (
     GitHubAuth,
     HmacSha256Auth,
@@ -42,6 +45,8 @@ from temporality_trigger_gateway.auth import (
     standard_webhooks_matches,
 )
 from temporality_trigger_gateway.errors import TriggerConfigError, Unauthorized
+from temporality_trigger_gateway.settings import Settings
+from temporality_trigger_gateway.triggers import TriggerConfig
 
 
 def _vectors() -> dict[str, Any]:
@@ -230,6 +235,38 @@ async def test_refused_credentials_are_401_and_publish_nothing(
     for secret in (GITHUB_SECRET, GITLAB_TOKEN, BEARER_TOKEN, SW_SECRET):
         assert secret not in response.text
     assert await journal(bus) == []
+
+
+async def test_refused_credentials_are_in_the_audit_trail_without_them(
+    bus: Bus, event_log: EventLog, settings: Settings, triggers: list[TriggerConfig]
+) -> None:
+    """Issue 11: a refused webhook authentication is an ``api.access_refused`` of the gateway (reason
+    ``bad_signature`` for the body's signature, ``bad_credentials`` for the headers'), with the sender's address,
+    never the credential or signature; still no trigger event."""
+    app = create_app(settings, bus, triggers)
+    app.state.access_audit = AccessAudit(bus, "trigger-gateway")  # what the service runtime sets on its app
+    body = fixture_bytes("github-pr-opened.json")
+    forged = github_headers(body, "pull_request", "d-1", secret="wrong")
+    senders = {"10.0.0.1": ("gh-review", forged), "10.0.0.2": ("orders-bearer", {"Authorization": "Bearer nope"})}
+    for address, (trigger_id, headers) in senders.items():
+        transport = httpx.ASGITransport(app=app, client=(address, 4711))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as client:
+            assert (await post(client, body, trigger_id=trigger_id, headers=headers)).status_code == 401
+    events = await event_log.wait_for("api.access_refused", count=2)
+    seen = {e.data["address"]: e for e in events}
+    assert (seen["10.0.0.1"].data["reason"], seen["10.0.0.1"].data["path"]) == ("bad_signature", "/hooks/gh-review")
+    assert (seen["10.0.0.2"].data["reason"], seen["10.0.0.2"].data["path"]) == (
+        "bad_credentials",
+        "/hooks/orders-bearer",
+    )
+    assert {(e.data["service"], e.data["status"], e.data["method"], e.actor) for e in events} == {
+        ("trigger-gateway", 401, "POST", "address:10.0.0.1"),
+        ("trigger-gateway", 401, "POST", "address:10.0.0.2"),
+    }
+    wire = json.dumps([e.data for e in events])
+    assert forged["X-Hub-Signature-256"] not in wire
+    assert "nope" not in wire
+    assert [e.type for e in await journal(bus)] == ["api.access_refused"] * 2  # nothing else
 
 
 def _signed_at(raw: bytes, msg_id: str, stamp: str) -> dict[str, str]:

@@ -65,7 +65,8 @@ def test_process_serves_the_shipped_config_and_stops_on_sigterm(tmp_path: Path, 
             assert [t["trigger"]["id"] for t in listed.json()["triggers"]] == ["ado-pr-review"]
             assert "change-me" not in listed.text
             assert http.get("/triggers").status_code == 401
-            assert "/triggers/{trigger_id}" in http.get("/openapi.json").json()["paths"]
+            assert http.get("/openapi.json").status_code == 401  # nothing anonymous but health and metrics
+            assert "/triggers/{trigger_id}" in http.get("/openapi.json", headers=AS_VIEWER).json()["paths"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:

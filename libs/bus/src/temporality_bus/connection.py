@@ -122,6 +122,9 @@ class Bus:
         #: The connection's pipelined writes (one reply subscription, opened on first use): shared by
         #: :meth:`publish_many` and every caller that sends its own batches.
         self.pipeline = Pipeline(self)
+        #: Called (synchronously, on the connection's reader) with each asynchronous error the server reports on
+        #: this connection after it is up -- a permissions violation among them --, after it is logged.
+        self.error_listeners: list[Callable[[Exception], None]] = []
 
     @classmethod
     @asynccontextmanager
@@ -149,6 +152,12 @@ class Bus:
 
         async def _error(exc: Exception) -> None:
             log.warning("nats.error", error=str(exc))
+            if bus is not None:  # e.g. the service runtime's audit of the server's permissions violations
+                for listener in list(bus.error_listeners):
+                    try:
+                        listener(exc)
+                    except Exception as failed:  # a listener's bug must not break the connection's reader
+                        log.warning("nats.error_listener_failed", error=repr(failed))
 
         nc = await nats.connect(
             servers=settings.servers,

@@ -37,6 +37,7 @@ from temporality_protocol.events import (
 )
 
 __all__ = [
+    "ACCESS_REFUSED",
     "ALL_BUCKETS",
     "ALL_EVENTS_SUBJECT",
     "ALL_STREAMS",
@@ -62,6 +63,8 @@ __all__ = [
     "EVENTS_PREFIX",
     "EVENTS_STREAM",
     "LEGACY_TIMERS_STREAM",
+    "PERMISSION_REFUSED",
+    "REFUSALS",
     "RPCS",
     "RPC_AGENTS_CONFORMANCE",
     "RPC_AGENTS_DEREGISTER",
@@ -813,6 +816,10 @@ class ServiceSpec:
 ALL_EVENTS_SUBJECT = f"{EVENTS_PREFIX}.>"
 #: Every service with consumers dead-letters their poison messages (``bus.dead_lettered``).
 DEAD_LETTERED = "bus.dead_lettered"
+#: What every service publishes of the refusals it sees (the audit trail): its API's, and NATS's of its connection.
+ACCESS_REFUSED = "api.access_refused"
+PERMISSION_REFUSED = "bus.permission_refused"
+REFUSALS = (ACCESS_REFUSED, PERMISSION_REFUSED)
 SERVICES: dict[str, ServiceSpec] = {
     s.name: s
     for s in (
@@ -968,13 +975,20 @@ SERVICES: dict[str, ServiceSpec] = {
             streams=(EVENTS_STREAM.name, DLQ_STREAM.name),
             http_port=8082,
             buckets=(BUCKET_SIGNIN_FAILURES.name,),  # the sign-in's attempt limits, shared by the replicas
-            sends=("run.cancel_requested", "api.access_refused", DEAD_LETTERED),
+            sends=("run.cancel_requested", DEAD_LETTERED),
             requests=(RPC_HUMAN_VERIFY_PASSWORD, RPC_HUMAN_CONSOLE_ROLE),  # the console's sign-in (issue 9)
         ),
     )
 }
 
 
+# Every service audits the refusals it sees (issue 11, SEC-1/AP-11; temporality_service.audit): its HTTP API's
+# 401/403 (and the gateway's refused webhook credentials) and the NATS server's permissions violations of its own
+# connection. Derived here, not written into each entry: each service's user may send both.
+SERVICES = {
+    name: replace(spec, sends=(*spec.sends, *(t for t in REFUSALS if t not in spec.sends)))
+    for name, spec in SERVICES.items()
+}
 # Each service with timers owns its own timers stream (SEC-1): it creates and updates it, and no other service's
 # user may touch it (temporality_protocol.permissions). Derived here, not written into each entry twice.
 SERVICES = {
@@ -1076,6 +1090,9 @@ def service_problems(
         for subject in spec.requests:
             if subject not in responders:
                 problems.append(f"{where} requests {subject!r}, which is not in RPC_SUBJECTS")
+        missing = [t for t in REFUSALS if t not in spec.sends]
+        if missing:
+            problems.append(f"{where} does not send {missing}: every service audits the refusals it sees")
         if (DEAD_LETTERED in spec.sends) != bool(spec.consumers):
             problems.append(f"{where}: sends {DEAD_LETTERED} exactly when it has consumers (their runner dead-letters)")
         for event_type in spec.sends:

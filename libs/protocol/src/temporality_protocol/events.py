@@ -65,6 +65,7 @@ __all__ = [
     "AgentsReply",
     "ApiAccessRefused",
     "BusDeadLettered",
+    "BusPermissionRefused",
     "Collaborator",
     "CollaboratorsQuery",
     "CollaboratorsReply",
@@ -888,7 +889,8 @@ class HumanNotificationFailed(EventData):
 
 # --------------------------------------------------------------------------- api.*
 class ApiAccessRefused(EventData):
-    """An HTTP API refused a caller's credentials (401) or role (403): for the audit trail.
+    """An HTTP API refused a caller's credentials (401) or role (403), or the trigger-gateway a webhook
+    delivery's credentials or signature (401): for the audit trail.
 
     Rate-limited by the service that refused (one event per caller and window, ``count`` = the refusals it
     stands for), so a scanner cannot flood the journal. Never the credential: for a 403 the token's *name*
@@ -896,9 +898,10 @@ class ApiAccessRefused(EventData):
     """
 
     EVENT_TYPE: ClassVar[str] = "api.access_refused"
-    service: str = Field(description="The service that refused (journal, ...)")
+    service: str = Field(description="The service that refused (journal, trigger-gateway, ...)")
     status: Literal[401, 403]
-    #: unauthorized (no / malformed credentials), invalid_token, forbidden (role too low)
+    #: unauthorized (no / malformed credentials), invalid_token, invalid_vouch, forbidden (role too low);
+    #: a webhook's bad_credentials (its header credentials) or bad_signature (its body signature)
     reason: Annotated[str, Field(max_length=64)]
     method: Annotated[str, Field(max_length=16)]
     path: Annotated[str, Field(max_length=200, description="The request path, cut at 200 characters")]
@@ -911,6 +914,25 @@ class ApiAccessRefused(EventData):
 
 
 # --------------------------------------------------------------------------- bus.*
+class BusPermissionRefused(EventData):
+    """The NATS server refused a service's publish or subscription (a permissions violation: the service
+    tried what its NATS user may not, SEC-1): for the audit trail.
+
+    Published by the refused service itself, on its own connection (its user may send this type), rate-limited
+    like :class:`ApiAccessRefused`: one event per (operation, subject) and window, ``count`` = the refusals it
+    stands for; past ``max`` distinct subjects in a window, one event with ``subject`` ``*`` counts the rest.
+    """
+
+    EVENT_TYPE: ClassVar[str] = "bus.permission_refused"
+    service: str = Field(description="The service whose NATS user was refused")
+    operation: Literal["publish", "subscribe"]
+    subject: Annotated[str, Field(max_length=200, description="The subject refused, cut at 200 characters")]
+    queue: str | None = Field(default=None, description="A refused subscription's queue group")
+    count: Annotated[int, Field(ge=1)] = Field(default=1, description="Refusals of this subject in the window")
+    first_at: datetime
+    window_s: Annotated[int, Field(gt=0)]
+
+
 class BusDeadLettered(EventData):
     """A message no handler could ever process was terminated and copied to the dead-letter stream."""
 
@@ -2029,6 +2051,7 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         AgentTaskEnded,
         AgentTaskRefused,
         ApiAccessRefused,
+        BusPermissionRefused,
         BusDeadLettered,
     )
 }

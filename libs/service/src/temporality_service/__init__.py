@@ -3,10 +3,11 @@
 Read ``docs/anatomy-of-a-service.md`` first. What lives here: the settings groups every process shares,
 structlog configuration, signals and ready files, the lifecycle (:mod:`.runtime`), the HTTP server with
 TCP_NODELAY, uvloop and httptools (:mod:`.server`), the HTTP error contract and bounded body reader
-(:mod:`.http`), ``/healthz`` + ``/readyz`` (:mod:`.health`), role tokens (:mod:`.auth`) and the signed
+(:mod:`.http`), ``/healthz`` + ``/readyz`` (:mod:`.health`), role tokens (:mod:`.auth`), the audit of what they and NATS refuse (:mod:`.audit`) and the signed
 assertions one service vouches for a person with to another (:mod:`.vouch`).
 """
 
+from temporality_service.audit import AccessAudit
 from temporality_service.auth import (
     ApiAuth,
     ApiAuthSettings,
@@ -16,6 +17,7 @@ from temporality_service.auth import (
     AsViewer,
     Principal,
     Role,
+    RoleForbidden,
     TokenFileError,
 )
 from temporality_service.health import Readiness
@@ -53,6 +55,7 @@ __all__ = [
     "MAX_INT64",
     "PRINCIPAL_HEADER",
     "VOUCH_HEADER",
+    "AccessAudit",
     "ApiAuth",
     "ApiAuthSettings",
     "ApiError",
@@ -80,6 +83,7 @@ __all__ = [
     "Readiness",
     "Responder",
     "Role",
+    "RoleForbidden",
     "Runtime",
     "ServiceMetrics",
     "ServiceSettings",

@@ -13,6 +13,12 @@ are compared in constant time and never logged: the log and the journal name the
 
 With no file configured nothing is admitted (every protected endpoint answers 401): there is no anonymous
 access but health and metrics. ``temporality up`` writes a file with a fresh admin token and prints it.
+:meth:`ApiAuth.install` also puts the app's OpenAPI document (``/openapi.json``) behind the ``viewer`` role and
+drops FastAPI's Swagger UI and ReDoc pages (a browser could not send the token for the document they load).
+
+Every 401/403 is told to the app's :class:`~temporality_service.audit.AccessAudit` (``app.state.access_audit``,
+which the service runtime sets on the app it serves) before it is answered: the audit trail's
+``api.access_refused``, rate-limited, never with the token.
 
 A **vouched principal** stands in for a token when ``TEMPORALITY_API_VOUCH_SECRET_FILE`` is set: a request
 without ``Authorization`` whose ``X-Temporality-Vouched-Principal`` carries a fresh assertion signed with that
@@ -40,9 +46,11 @@ from typing import Annotated, Any
 import structlog
 import yaml
 from fastapi import Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from temporality_service.audit import AccessAudit, RefusedRequest
 from temporality_service.http import Forbidden, Unauthorized
 from temporality_service.vouch import PRINCIPAL_HEADER, PrincipalVoucher, VouchSecretError
 
@@ -55,6 +63,7 @@ __all__ = [
     "AsViewer",
     "Principal",
     "Role",
+    "RoleForbidden",
     "TokenFileError",
     "dump_tokens",
     "load_tokens",
@@ -118,6 +127,14 @@ class Principal(BaseModel):
 
     def may(self, role: Role) -> bool:
         return self.role >= role
+
+
+class RoleForbidden(Forbidden):
+    """403 of a known caller: ``principal`` names it (a token's name, ``user:<id>``), never the credential."""
+
+    def __init__(self, detail: str, *, principal: str, code: str | None = None) -> None:
+        super().__init__(detail, code=code)
+        self.principal = principal
 
 
 class TokenFileError(ValueError):
@@ -218,8 +235,27 @@ class ApiAuth:
         principal = self.authenticate(authorization)
         if not principal.may(role):
             log.info("api.forbidden", principal=principal.name, role=str(principal.role), needed=str(role))
-            raise Forbidden(f"this needs the {role} role; token {principal.name!r} has {principal.role}")
+            raise RoleForbidden(
+                f"this needs the {role} role; token {principal.name!r} has {principal.role}", principal=principal.name
+            )
         return principal
+
+    def admit(self, request: Request, authorization: str | None, role: Role) -> Principal:
+        """:meth:`authorize_request`, each refusal (401/403) told to the app's access audit (``app.state.access_audit``,
+        when there is one) before it is raised."""
+        try:
+            return self.authorize_request(request, authorization, role)
+        except (Unauthorized, Forbidden) as exc:
+            audit = getattr(request.app.state, "access_audit", None)
+            if isinstance(audit, AccessAudit):
+                audit.refused(
+                    status=exc.status,
+                    reason=exc.code,
+                    request=RefusedRequest.of(request),
+                    principal=exc.principal if isinstance(exc, RoleForbidden) else None,
+                    role_needed=str(role),
+                )
+            raise
 
     def authorize_request(self, request: Request, authorization: str | None, role: Role) -> Principal:
         """The :func:`require` dependency's check: the ``Authorization`` header, else a vouched principal (with
@@ -239,12 +275,16 @@ class ApiAuth:
         principal = Principal(name=vouched[0], role=Role[vouched[1]])
         if not principal.may(role):
             log.info("api.forbidden", principal=principal.name, role=str(principal.role), needed=str(role))
-            raise Forbidden(f"this needs the {role} role; {principal.name} has {principal.role}")
+            raise RoleForbidden(
+                f"this needs the {role} role; {principal.name} has {principal.role}", principal=principal.name
+            )
         return principal
 
     def install(self, app: FastAPI) -> None:
-        """Make this the token set the :data:`AsViewer` / :data:`AsOperator` / :data:`AsAdmin` parameters check."""
+        """Make this the token set the :data:`AsViewer` / :data:`AsOperator` / :data:`AsAdmin` parameters check, and
+        guard the app's OpenAPI document with it (:func:`guard_openapi`)."""
         app.state.api_auth = self
+        guard_openapi(app)
 
 
 def require(role: Role) -> Callable[..., Awaitable[Principal]]:
@@ -258,7 +298,7 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
         auth = getattr(request.app.state, "api_auth", None)
         if not isinstance(auth, ApiAuth):
             raise RuntimeError("ApiAuth.install(app) was not called for this app")
-        return auth.authorize_request(request, authorization, role)
+        return auth.admit(request, authorization, role)
 
     dependency.__name__ = f"require_{role.name}"
     return dependency
@@ -268,6 +308,29 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
 AsViewer = Annotated[Principal, Depends(require(Role.viewer))]
 AsOperator = Annotated[Principal, Depends(require(Role.operator))]
 AsAdmin = Annotated[Principal, Depends(require(Role.admin))]
+
+
+def guard_openapi(app: FastAPI) -> None:
+    """No anonymous API description (issue 11: nothing anonymous but health and metrics): the app's
+    ``openapi_url`` (``/openapi.json``) answers only a ``viewer`` or higher (401/403 otherwise, audited like any
+    refusal), and FastAPI's Swagger UI and ReDoc pages are not served (they load the document from the browser,
+    which has no way to send the token). Idempotent."""
+    url = app.openapi_url
+    dropped = {p for p in (url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p is not None}
+    routes = app.router.routes
+    position = next((i for i, r in enumerate(routes) if getattr(r, "path", None) == url), len(routes))
+    routes[:] = [r for r in routes if getattr(r, "path", None) not in dropped or getattr(r, "guarded", False)]
+    app.docs_url = app.redoc_url = None
+    if url is None or any(getattr(r, "guarded", False) for r in routes):
+        return
+
+    async def openapi(who: AsViewer) -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    app.add_api_route(url, openapi, methods=["GET"], include_in_schema=False)
+    route = routes.pop()  # where FastAPI's own was: before any catch-all route added since
+    route.guarded = True  # type: ignore[attr-defined]
+    routes.insert(min(position, len(routes)), route)
 
 
 def dump_tokens(tokens: Iterable[ApiToken]) -> str:

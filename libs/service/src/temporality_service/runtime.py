@@ -49,6 +49,7 @@ from temporality_protocol.catalog import (
     timers_stream_name,
 )
 from temporality_protocol.permissions import service_inbox
+from temporality_service.audit import AccessAudit
 from temporality_service.cli import check_arguments
 from temporality_service.health import Readiness, add_health_routes
 from temporality_service.lifecycle import clear_ready, mark_ready, stop_on_signals
@@ -100,6 +101,10 @@ class Runtime(Generic[S]):
         self.app: FastAPI | None = None
         self.server: HttpServer | None = None
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
+        #: The service's refusals into the audit trail (:mod:`.audit`): its HTTP API's 401/403 (each app it serves
+        #: gets it as ``app.state.access_audit``) and NATS's permissions violations of its connection. Set by
+        #: :func:`run_until`; ``None`` on a runtime made by hand (tests).
+        self.access_audit: AccessAudit | None = None
 
     def consumer(
         self,
@@ -163,6 +168,8 @@ class Runtime(Generic[S]):
         if self.settings.port is None:
             raise ValueError(f"{self.spec.name} has an HTTP app but no port setting")
         add_health_routes(app, self.readiness)
+        if self.access_audit is not None and getattr(app.state, "access_audit", None) is None:
+            app.state.access_audit = self.access_audit
         if self.metrics is not None:
             self.metrics.install(app)
         self.app = app
@@ -246,6 +253,9 @@ async def run_until(
         bus = await resources.enter_async_context(
             Bus.connect(settings.nats, name=spec.name, inbox_prefix=service_inbox(spec.name))
         )
+        access_audit = AccessAudit(bus, spec.name)  # refusals into the audit trail (.audit), rate-limited
+        access_audit.watch(bus)  # the server's permissions violations of this connection
+        await resources.enter_async_context(access_audit.running())  # its last totals go out before the drain
         if settings.nats.user is None and spec.timers:  # no NATS users: it may move the older releases' timers
             await migrate_legacy_timers(bus)  # nothing to do (one look-up) unless upgrading: docs/operations.md
         try:
@@ -265,6 +275,7 @@ async def run_until(
             log.info("service.stopped", while_waiting_for="the layout")
             return
         runtime = Runtime(spec, settings, bus, contextlib.AsyncExitStack())
+        runtime.access_audit = access_audit
         await resources.enter_async_context(runtime.resources)  # the service's own: closed before the bus
         await setup(runtime)
         runtime._check_declared()

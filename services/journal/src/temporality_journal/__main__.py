@@ -24,7 +24,6 @@ import sys
 
 from sqlalchemy.exc import ArgumentError
 
-from temporality_journal.access import AccessAudit
 from temporality_journal.api import create_app
 from temporality_journal.database import Database, connect_args
 from temporality_journal.gateway import gateway_client
@@ -81,9 +80,8 @@ def configure(settings: Settings) -> Setup[Settings]:
         gateway = await rt.resources.enter_async_context(client) if client is not None else None
         inbox_client = human_client(rt.settings)  # the console's way to the web inbox
         human = await rt.resources.enter_async_context(inbox_client) if inbox_client is not None else None
-        access = AccessAudit(rt.bus)  # refused API access into the audit trail, rate-limited
-        await rt.resources.enter_async_context(access.running())
-        rt.http(create_app(rt.settings, database, rt.bus, auth, tail, gateway, human, access, signin))
+        # refused API access into the audit trail, rate-limited: the runtime's, as every service's
+        rt.http(create_app(rt.settings, database, rt.bus, auth, tail, gateway, human, rt.access_audit, signin))
         rt.ready_check("database", database.ping)
         if rt.metrics is not None and runs is not None:
             rt.metrics.refresh_every("runs by state", functools.partial(runs.refresh, database))

@@ -76,7 +76,7 @@ from starlette.types import Scope
 
 from temporality_bus import Bus, TransientError
 from temporality_bus.tracing import trace_id_of
-from temporality_journal.access import AccessAudit, AuditedAuth, RequestContext
+from temporality_journal.access import SessionAuth
 from temporality_journal.audit import AUDIT_KINDS, AuditEntry, audit_entry, audited
 from temporality_journal.database import Database
 from temporality_journal.gateway import OPENAPI_SCHEMAS as GATEWAY_SCHEMAS
@@ -107,6 +107,7 @@ from temporality_protocol import RUN, RunCancelRequested, RunState, derive_id, m
 from temporality_protocol.states import AgentAskState
 from temporality_service import (
     HTTP_TELEMETRY,
+    AccessAudit,
     ApiAuth,
     AsOperator,
     AsViewer,
@@ -120,6 +121,7 @@ from temporality_service import (
     parse_json,
     read_body,
 )
+from temporality_service.audit import RequestContext
 from temporality_service.http import Conflict, summarize_errors
 from temporality_service.openapi import add_schemas, component_schemas, json_body, operation
 
@@ -474,7 +476,7 @@ def create_app(
     ``/gateway/`` proxy to the trigger admin API (None: those routes answer 503); ``human`` likewise the
     ``/human/`` proxy to human-interaction's web inbox (:func:`temporality_journal.human.human_client`).
     Every 401/403 of the token check goes to ``access`` (default: one publishing on ``bus``), the audit trail's
-    ``api.access_refused`` (:mod:`temporality_journal.access`). With ``signin`` (OIDC or passwords configured),
+    ``api.access_refused`` (:mod:`temporality_service.audit`). With ``signin`` (OIDC or passwords configured),
     people sign in at ``/auth/login`` or ``/auth/password`` and their session cookie is admitted beside the tokens
     (:mod:`temporality_journal.signin`)."""
     tail = tail or Tail(database)
@@ -493,11 +495,13 @@ def create_app(
         app,
         component_schemas(CancelRequest=CancelRequest, PasswordSignInBody=PasswordSignInBody) | GATEWAY_SCHEMAS,
     )
-    audited_auth = AuditedAuth(auth, access or AccessAudit(bus), signin)  # refusals into the audit trail
+    refusals = access or AccessAudit(bus, "journal")  # refusals into the audit trail, as every service's
+    app.state.access_audit = refusals
+    audited_auth = SessionAuth(auth, signin)  # tokens, and sign-in sessions beside them
     audited_auth.install(app)
-    app.add_middleware(RequestContext)
+    app.add_middleware(RequestContext)  # the password sign-in's refusals are decided away from the request
     if signin is not None:
-        signin.install(app, database, bus, audited_auth.audit)
+        signin.install(app, database, bus, refusals)
 
     app.mount("/console", _ConsoleFiles(directory=CONSOLE_DIR, html=True), name="console")
     app.include_router(gateway_router(settings, gateway, signin, auth.principals))
@@ -526,7 +530,7 @@ def create_app(
                 user=person.user_id,
                 expires_at=datetime.fromtimestamp(person.expires_at, UTC),
             )
-        who = audited_auth.authorize(authorization, Role.viewer)
+        who = audited_auth.admit(request, authorization, Role.viewer)
         return WhoAmI(name=who.name, role=str(who.role))
 
     @app.get(
@@ -869,7 +873,8 @@ def create_app(
         responses={403: {"model": ErrorBody}},
         description="Operator: the audit trail of critical actions, newest first (by time, then event id): "
         "trigger changes, directory (user/group) changes, cancel requests, refused human requests "
-        "(recipient_not_allowed), undeliverable agent asks and replies, dead letters. Each with who (``actor``), "
+        "(recipient_not_allowed), undeliverable agent asks and replies, dead letters, refused API access and "
+        "webhook credentials (every service's), NATS permissions violations. Each with who (``actor``), "
         "what (``type``, ``kind``, ``target``, ``summary``) and when; ``details`` is the event's data with "
         "credential-like values redacted. Filters combine with AND; page with ``before`` = ``next_before``.",
     )

@@ -27,8 +27,13 @@ agent.task.refused (out of order for the task,
 a tool not granted: AP-5)
 agent.handed_off (AP-6)                        ``handoff``           the CloudEvent actor
 bus.dead_lettered                              ``dead_letter``       the CloudEvent actor
-api.access_refused (401/403 of the journal's   ``access_refusal``    ``token:<name>`` (403) or
-token check, rate-limited: :mod:`.access`)                           ``address:<client>`` (401)
+api.access_refused (401/403 of any service's   ``access_refusal``    ``token:<name>`` (403) or
+token check, a webhook's refused credentials                         ``address:<client>`` (401)
+or signature; rate-limited:
+:mod:`temporality_service.audit`)
+bus.permission_refused (the NATS server        ``bus_permission_     ``service:<name>`` (its NATS
+refused a service's publish or subscription;   refusal``             user)
+rate-limited)
 =============================================  ====================  =================================
 
 Never a secret: the events carry none by contract (token *names*, ``inbox_token_set`` flags), and
@@ -72,6 +77,7 @@ AUDIT_KINDS: dict[str, str] = {
     "agent.handed_off": "handoff",
     "bus.dead_lettered": "dead_letter",
     "api.access_refused": "access_refusal",
+    "bus.permission_refused": "bus_permission_refusal",
 }
 #: Types of which only events with one of these ``data.reason`` values are audited.
 AUDIT_REASONS: dict[str, frozenset[str]] = {
@@ -171,6 +177,11 @@ def _policy_summary(agent: str | None, data: dict[str, Any]) -> str:
     return f"agent {agent} policy changed: {tools}"
 
 
+def _times(data: dict[str, Any]) -> str:
+    """`` (N times in W s)`` of a rate-limited refusal standing for more than one."""
+    return f" ({data.get('count')} times in {data.get('window_s')} s)" if data.get("count", 1) != 1 else ""
+
+
 def _describe(type_: str, data: dict[str, Any], run_id: str | None) -> tuple[str | None, str]:
     reason = _str(data, "reason")
     if type_.startswith("trigger."):
@@ -223,10 +234,16 @@ def _describe(type_: str, data: dict[str, Any], run_id: str | None) -> tuple[str
         agent = _str(data, "agent_id")
         return agent, f"agent {agent} {reason}: {data.get('from_state')} -> {data.get('to_state')}"
     if type_ == "api.access_refused":
-        times = f" ({data.get('count')} times in {data.get('window_s')} s)" if data.get("count", 1) != 1 else ""
         who = data.get("principal") or data.get("address")
         return _str(data, "path"), (
-            f"{data.get('status')} {reason} {data.get('method')} {data.get('path')} for {who}{times}"
+            f"{data.get('service')}: {data.get('status')} {reason} {data.get('method')} {data.get('path')} "
+            f"for {who}{_times(data)}"
+        )
+    if type_ == "bus.permission_refused":
+        queue = f" (queue {data.get('queue')})" if data.get("queue") else ""
+        return _str(data, "subject"), (
+            f"{data.get('service')}: NATS refused its {data.get('operation')} on {data.get('subject')}{queue}"
+            f"{_times(data)}"
         )
     if type_ == "bus.dead_lettered":
         return _str(

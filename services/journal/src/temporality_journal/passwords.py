@@ -34,7 +34,7 @@ answer                                      when
 
 Each refused sign-in (401) is in the audit trail as ``api.access_refused`` (reason ``password_refused``, the
 principal ``user:<id typed>``, the client address), rate-limited like every refusal
-(:class:`~temporality_journal.access.AccessAudit`); logged ``signin.password_refused`` and
+(:class:`~temporality_service.AccessAudit`); logged ``signin.password_refused`` and
 ``signin.password_rate_limited``; never a password.
 
 The limits are shared by every replica: the failures are kept in the NATS KV bucket ``journal-signin-failures``

@@ -125,7 +125,7 @@ from temporality_service import (
 from temporality_service.http import summarize_errors
 
 if TYPE_CHECKING:
-    from temporality_journal.access import AccessAudit
+    from temporality_service import AccessAudit
 
 __all__ = [
     "CSRF_HEADER",

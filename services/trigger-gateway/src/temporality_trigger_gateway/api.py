@@ -13,7 +13,10 @@ concurrency key: queued or debounced 202 / skipped 200), or 503 when NATS is una
 
 The trigger's ``auth`` is its verifier (:mod:`temporality_trigger_gateway.auth`): one that reads only
 headers runs before the body is read, one that signs the body runs on the raw bytes before they are
-parsed. A refusal is journaled only once the sender is authenticated.
+parsed. A refusal is journaled only once the sender is authenticated; a refused authentication (401) is in the
+audit trail instead, as ``api.access_refused`` (reason ``bad_credentials`` for the header check,
+``bad_signature`` for the body's), rate-limited per address so a scanner cannot flood the journal, never with the
+credential or signature (:mod:`temporality_service.audit`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,16 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from temporality_bus import Bus
-from temporality_service import HTTP_TELEMETRY, ApiAuth, ErrorBody, install_error_handlers, parse_json, read_body
+from temporality_service import (
+    HTTP_TELEMETRY,
+    AccessAudit,
+    ApiAuth,
+    ErrorBody,
+    install_error_handlers,
+    parse_json,
+    read_body,
+)
+from temporality_service.audit import RefusedRequest
 from temporality_service.openapi import add_schemas, json_body, operation
 from temporality_trigger_gateway.adapters import ADAPTERS, WebhookRequest
 from temporality_trigger_gateway.adapters.base import UNPARSED
@@ -38,6 +50,7 @@ from temporality_trigger_gateway.errors import (
     BusUnavailable,
     InvalidPayload,
     MalformedBody,
+    Unauthorized,
     UnknownTrigger,
     UnsupportedMediaType,
 )
@@ -113,13 +126,21 @@ def create_app(
             raise UnknownTrigger(f"no webhook trigger with id {trigger_id[:100]!r}")
         verifier = trigger.auth
         if not verifier.reads_body:
-            verifier.verify(request.headers, b"")
+            try:
+                verifier.verify(request.headers, b"")
+            except Unauthorized:
+                _audit_refusal(request, "bad_credentials")
+                raise
         raw = b""
         authenticated = not verifier.reads_body
         try:
             raw = await _read_body(request, settings.max_body_bytes)
             if verifier.reads_body:
-                verifier.verify(request.headers, raw)
+                try:
+                    verifier.verify(request.headers, raw)
+                except Unauthorized:
+                    _audit_refusal(request, "bad_signature")
+                    raise
                 authenticated = True
             declared = request.headers.get("content-type")
             if declared is not None and not _is_json(declared):
@@ -140,6 +161,14 @@ def create_app(
         return _JsonAnswer(outcome, 202 if started else 200)
 
     return app
+
+
+def _audit_refusal(request: Request, reason: str) -> None:
+    """Tell the app's access audit (the service runtime's, when served by it) of a refused webhook authentication:
+    method, path and address only (never a header or the body)."""
+    audit = getattr(request.app.state, "access_audit", None)
+    if isinstance(audit, AccessAudit):
+        audit.refused(status=401, reason=reason, request=RefusedRequest.of(request), channel="webhook")
 
 
 class _GatewayApp(FastAPI):

@@ -1,0 +1,293 @@
+"""Refusals into the audit trail (issue 11, SEC-1/AP-11): every service publishes what it refused, rate-limited,
+never with the credential; the journal lists them in ``GET /audit``.
+
+One :class:`AccessAudit` per service process (the service runtime makes it once the bus is connected:
+``Runtime.access_audit``) records
+
+* every 401/403 of the role-token check (:meth:`temporality_service.auth.ApiAuth.admit`, which the
+  ``AsViewer`` / ``AsOperator`` / ``AsAdmin`` dependencies call; the runtime puts its audit on each app it
+  serves, ``app.state.access_audit``) as ``api.access_refused``;
+* a webhook delivery the trigger-gateway refused for its credentials or signature (401) as
+  ``api.access_refused`` too (:meth:`AccessAudit.refused` with ``channel="webhook"``: counted apart from the
+  API's refusals of the same address);
+* every permissions violation the NATS server reports on the service's own connection (a publish or
+  subscription its NATS user may not make: :meth:`AccessAudit.nats_error`, one of the bus's
+  ``error_listeners``) as ``bus.permission_refused``.
+
+The refusal itself is unchanged: the same 401/403 goes back at once, the event is published in the background
+(best effort: a failed publish is logged, ``access.audit_unpublished``).
+
+Rate limit, per caller -- the token's name for a 403, the client address for a 401, the (operation, subject)
+for NATS -- and fixed windows of :data:`WINDOW_S` seconds: the first refusal of a caller in a window is published
+at once (``count`` 1); the others in the window are only counted, and one event with their ``count`` follows when
+the window ends. At most :data:`MAX_CALLERS` callers of each kind per window get events of their own; refusals of
+any further caller in that window are counted under one event with ``address`` (``subject``) ``*`` (a scanner
+rotating addresses still makes at most ``MAX_CALLERS + 1`` first events and as many totals per window). Event
+ids derive from (this process, kind, caller, window, first/total), so a republish is deduplicated by JetStream
+and two replicas never take each other's event for a copy. Never logged or published: the token, a header, a
+signature, a body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import structlog
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from temporality_bus import Bus
+from temporality_protocol import ApiAccessRefused, BusPermissionRefused, Envelope, EventData, derive_id, make_event
+from temporality_protocol.catalog import REFUSALS, service_source, subject_for
+
+__all__ = [
+    "MAX_CALLERS",
+    "OVERFLOW",
+    "WINDOW_S",
+    "AccessAudit",
+    "RefusedRequest",
+    "RequestContext",
+    "permission_violation",
+]
+
+log = structlog.get_logger(__name__)
+
+WINDOW_S = 60
+MAX_CALLERS = 100
+#: The caller of the event that counts every caller past :data:`MAX_CALLERS` in a window.
+OVERFLOW = "*"
+
+#: The subjects of the audit events themselves: a refusal to publish one is only logged (no audit of the audit).
+_OWN_SUBJECTS = frozenset(subject_for(t) for t in REFUSALS)
+#: What nats-server says (nats-py hands it over as ``nats: <message>``): ``Permissions Violation for Publish to
+#: "x"``, ``... for Subscription to "x" using queue "q"``, ``... for Publish with Reply of "x"``.
+_VIOLATION = re.compile(
+    r'permissions violation for (publish|subscription) (?:to|with reply of) "([^"]*)"(?: using queue "([^"]*)")?',
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class RefusedRequest:
+    """What the audit keeps of a refused request: method, path and client address (never a header or body)."""
+
+    method: str
+    path: str
+    address: str | None
+
+    @classmethod
+    def of(cls, request: HTTPConnection) -> RefusedRequest:
+        return cls.of_scope(request.scope)
+
+    @classmethod
+    def of_scope(cls, scope: Scope) -> RefusedRequest:
+        client = scope.get("client")
+        return cls(
+            method=str(scope.get("method", ""))[:16],
+            path=str(scope.get("path", ""))[:200],
+            address=str(client[0]) if client else None,
+        )
+
+
+_REQUEST: ContextVar[RefusedRequest | None] = ContextVar("refused_request", default=None)
+
+
+class RequestContext:
+    """ASGI middleware: the current request's method, path and client address, for :meth:`AccessAudit.refused_here`
+    (a refusal decided away from the request object: the journal's password sign-in)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token = _REQUEST.set(RefusedRequest.of_scope(scope))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _REQUEST.reset(token)
+
+
+def permission_violation(error: Exception | str) -> tuple[Literal["publish", "subscribe"], str, str | None] | None:
+    """``(operation, subject, queue)`` of a NATS permissions violation error, ``None`` for any other error."""
+    found = _VIOLATION.search(str(error))
+    if found is None:
+        return None
+    operation: Literal["publish", "subscribe"] = "publish" if found.group(1).lower() == "publish" else "subscribe"
+    return operation, found.group(2), found.group(3)
+
+
+@dataclass
+class _Tally:
+    model: type[EventData]
+    fields: dict[str, Any]
+    actor: str | None
+    first_at: datetime
+    count: int = 1
+    reported: int = 1  # refusals already in a published event
+
+
+@dataclass
+class AccessAudit:
+    """Counts one service's refusals per caller and window and publishes them (module docstring)."""
+
+    bus: Bus
+    service: str
+    window_s: int = WINDOW_S
+    max_callers: int = MAX_CALLERS
+    clock: Callable[[], float] = time.time
+    _window: int = -1
+    #: kind of refusal (``api``, ``webhook``, ``nats``) -> caller -> its tally in the current window
+    _tallies: dict[str, dict[str, _Tally]] = field(default_factory=dict)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    #: This process's part of the event ids (replicas count apart; a republish keeps its id).
+    _instance: str = field(default_factory=lambda: secrets.token_hex(6))
+
+    # ------------------------------------------------------------------ what is refused
+    def refused(
+        self,
+        *,
+        status: int,
+        reason: str,
+        request: RefusedRequest | None,
+        principal: str | None = None,
+        role_needed: str | None = None,
+        channel: Literal["api", "webhook"] = "api",
+    ) -> None:
+        """Count one refused request (sync: called from the check); publishes in the background when due."""
+        address = request.address if request is not None else None
+        actor = f"token:{principal}" if principal is not None else f"address:{address}"
+        fields: dict[str, Any] = {
+            "service": self.service,
+            "status": 403 if status == 403 else 401,
+            "reason": reason[:64],
+            "method": request.method if request is not None else "",
+            "path": request.path if request is not None else "",
+            "address": address,
+            "principal": principal,
+            "role_needed": role_needed,
+        }
+        overflow = {"address": OVERFLOW, "principal": None, "reason": "many_callers"}
+        self._count(channel, actor, actor, ApiAccessRefused, fields, overflow)
+
+    def refused_here(self, *, status: int, reason: str, principal: str | None = None) -> None:
+        """:meth:`refused` for the request being served (its method, path and address: :class:`RequestContext`)."""
+        self.refused(status=status, reason=reason, request=_REQUEST.get(), principal=principal)
+
+    def nats_error(self, error: Exception) -> None:
+        """A bus error listener (``bus.error_listeners``): counts each permissions violation the server reports on
+        the service's connection; other errors are not refusals (the bus logged them)."""
+        violation = permission_violation(error)
+        if violation is None:
+            return
+        operation, subject, queue = violation
+        if subject in _OWN_SUBJECTS:  # the audit event itself was refused: a misconfigured server, logged only
+            log.warning("access.audit_refused_by_nats", subject=subject)
+            return
+        fields: dict[str, Any] = {"service": self.service, "operation": operation, "subject": subject[:200]}
+        if queue is not None:
+            fields["queue"] = queue[:200]
+        overflow = {"subject": OVERFLOW, "queue": None}
+        actor = f"service:{self.service}"  # its NATS user is the service's own
+        self._count("nats", f"{operation}:{subject[:200]}", actor, BusPermissionRefused, fields, overflow)
+
+    def watch(self, bus: Bus) -> None:
+        """Count the permissions violations reported on ``bus``'s connection."""
+        bus.error_listeners.append(self.nats_error)
+
+    # ------------------------------------------------------------------ windows and events
+    def _count(
+        self,
+        kind: str,
+        key: str,
+        actor: str | None,
+        model: type[EventData],
+        fields: dict[str, Any],
+        overflow: dict[str, Any],
+    ) -> None:
+        window = int(self.clock() // self.window_s)
+        if window != self._window:
+            self._close_window()
+            self._window = window
+        tallies = self._tallies.setdefault(kind, {})
+        if key not in tallies and len(tallies) >= self.max_callers:
+            key, fields = OVERFLOW, {**fields, **overflow}
+            actor = None if kind != "nats" else actor  # many callers: nobody in particular
+        tally = tallies.get(key)
+        if tally is not None:
+            tally.count += 1
+            return
+        tally = _Tally(model, fields, actor, datetime.fromtimestamp(self.clock(), UTC))
+        tallies[key] = tally
+        self._publish(kind, key, tally, "first")
+
+    def _close_window(self) -> None:
+        """Publish the totals of the window that ended (callers with refusals not yet in an event)."""
+        for kind, tallies in self._tallies.items():
+            for key, tally in tallies.items():
+                if tally.count > tally.reported:
+                    self._publish(kind, key, tally, "total")
+        self._tallies = {}
+
+    def flush(self) -> None:
+        """Close the window if it has ended (the background loop calls this; so does a new refusal)."""
+        if self._window != -1 and int(self.clock() // self.window_s) != self._window:
+            self._close_window()
+            self._window = -1
+
+    def _publish(self, kind: str, key: str, tally: _Tally, which: str) -> None:
+        tally.reported = tally.count
+        data = tally.model(**tally.fields, count=tally.count, first_at=tally.first_at, window_s=self.window_s)
+        event = make_event(
+            data,
+            source=service_source(self.service),
+            id=derive_id(
+                "evt", tally.model.EVENT_TYPE, self.service, self._instance, kind, key, str(self._window), which
+            ),
+            actor=tally.actor,
+        )
+        task = asyncio.get_running_loop().create_task(self._send(event))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, event: Envelope) -> None:
+        try:
+            await self.bus.publish(event)
+        except Exception as exc:  # the refusal was answered; the audit event is best effort, and says so
+            log.warning("access.audit_unpublished", ce_id=event.id, type=event.type, error=repr(exc))
+
+    async def drain(self) -> None:
+        """Wait for the events being published (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Close each window when it ends, in the background, for the duration of the block; on the way out
+        publish the totals still counted and wait for them."""
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(max(1.0, self.window_s / 4))
+                self.flush()
+
+        task = asyncio.create_task(loop(), name=f"{self.service}-access-audit")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._close_window()
+            await self.drain()

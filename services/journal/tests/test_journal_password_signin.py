@@ -153,6 +153,7 @@ async def test_every_refusal_is_the_same_401_and_is_audited_without_the_password
 
         entries = await eventually(audited, what="the three refused sign-ins in /audit")
         assert sorted(e["details"]["principal"] for e in entries) == ["user:alice", "user:dana", "user:nobody"]
+        assert sorted(e["actor"] for e in entries) == ["user:alice", "user:dana", "user:nobody"]  # a person, no token
         assert {(e["details"]["status"], e["details"]["path"], e["details"]["address"]) for e in entries} == {
             (401, "/auth/password", "127.0.0.1")
         }

@@ -167,7 +167,12 @@ class AccessAudit:
     ) -> None:
         """Count one refused request (sync: called from the check); publishes in the background when due."""
         address = request.address if request is not None else None
-        actor = f"token:{principal}" if principal is not None else f"address:{address}"
+        if principal is None:
+            actor = f"address:{address}"
+        elif principal.startswith("user:"):  # a person's id (a refused sign-in typed it), not a token's name
+            actor = principal
+        else:
+            actor = f"token:{principal}"
         fields: dict[str, Any] = {
             "service": self.service,
             "status": 403 if status == 403 else 401,

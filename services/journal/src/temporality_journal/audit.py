@@ -28,8 +28,8 @@ a tool not granted: AP-5)
 agent.handed_off (AP-6)                        ``handoff``           the CloudEvent actor
 bus.dead_lettered                              ``dead_letter``       the CloudEvent actor
 api.access_refused (401/403 of any service's   ``access_refusal``    ``token:<name>`` (403) or
-token check, a webhook's refused credentials                         ``address:<client>`` (401)
-or signature; rate-limited:
+token check, a webhook's refused credentials                         ``address:<client>`` (401);
+or signature; rate-limited:                                          ``user:<id>`` (a refused sign-in)
 :mod:`temporality_service.audit`)
 bus.permission_refused (the NATS server        ``bus_permission_     ``service:<name>`` (its NATS
 refused a service's publish or subscription;   refusal``             user)

@@ -477,6 +477,8 @@ async def test_trigger_wizard_creates_previews_and_disables_and_a_viewer_only_re
     row = defs.locator('tr[data-trigger-id="wizard-orders"]')
     await expect(row.locator("td.enabled")).to_have_text("yes", timeout=WAIT_MS)
     await expect(row).to_contain_text("root")  # changed by the admin token's name
+    await expect(row.locator("td.source")).to_have_text("generic")  # UI-2's source and event, as configured
+    await expect(row.locator("td.events")).to_have_text("order.created")
     await row.get_by_role("button", name="Disable").click()
     await expect(row.locator("td.enabled")).to_have_text("no", timeout=WAIT_MS)
     await expect(row.get_by_role("button", name="Enable")).to_be_visible()

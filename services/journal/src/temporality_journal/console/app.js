@@ -1088,7 +1088,7 @@ function triggersView(signal) {
     h("h2", {}, "What the journal saw"),
     h("p", { class: "muted" }, "What the journal saw of each trigger: its deliveries, runs and audit events."),
     h("table", { id: "triggers" },
-      h("thead", {}, h("tr", {}, ...["Trigger", "Source", "Event", "Agent", "Enabled", "Last run"].map((t) => h("th", {}, t)),
+      h("thead", {}, h("tr", {}, ...["Trigger", "Source", "Events seen", "Agent", "Enabled", "Last run"].map((t) => h("th", {}, t)),
         h("th", { class: "num" }, "Successful runs"), h("th", { class: "num" }, "Needed a human"),
         h("th", { class: "num", title: "accepted / received; ignored: the trigger does not take them (HTTP 200 ignored)" },
           "Deliveries"))),
@@ -1245,6 +1245,21 @@ function gatewayFailed(error, where) {
   failed(error);
 }
 
+// UI-2's "source" and "event" of a definition, as configured (the journal's table below shows what came).
+function configuredSource(t) {
+  if (t.type === "webhook") return t.adapter ?? "—";
+  if (t.type === "schedule") return t.timezone ? `cron (${t.timezone})` : "cron";
+  if (t.type === "event") return "the journal's events";
+  return "—";
+}
+
+function configuredEvents(t) {
+  if (t.type === "webhook") return t.events?.length ? t.events.join(", ") : "—";
+  if (t.type === "schedule") return t.cron ?? "—";
+  if (t.type === "event") return t.event_type === undefined ? "—" : [].concat(t.event_type).join(", ");
+  return "—";
+}
+
 function definitionsSection(signal) {
   const body = h("tbody");
   const section = h("section", { id: "definitions" });
@@ -1252,7 +1267,7 @@ function definitionsSection(signal) {
     h("h2", {}, "Definitions"),
     mayAdmin() ? h("a", { class: "button primary", href: "#/wizard", id: "new-trigger" }, "New trigger") : null);
   const table = h("table", { id: "trigger-defs" },
-    h("thead", {}, h("tr", {}, ...["Trigger", "Name", "Type", "Agent", "Enabled", "Revision", "Changed by", ""]
+    h("thead", {}, h("tr", {}, ...["Trigger", "Name", "Type", "Source", "Events", "Agent", "Enabled", "Revision", "Changed by", ""]
       .map((t) => h("th", {}, t)))),
     body);
   const holder = h("div", {}, table);
@@ -1261,7 +1276,7 @@ function definitionsSection(signal) {
   async function load() {
     const data = await api(GATEWAY, { signal });
     body.replaceChildren(...data.triggers.map((item) => definitionRow(item, signal, load)));
-    if (!data.triggers.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "empty" }, "No triggers defined.")));
+    if (!data.triggers.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "empty" }, "No triggers defined.")));
   }
   section.reload = () => load().catch((error) => gatewayFailed(error, holder));
   section.reload();
@@ -1275,6 +1290,8 @@ function definitionRow(item, signal, reload) {
     h("td", {}, h("a", { href: `#/triggers/${encodeURIComponent(t.id)}` }, t.id)),
     h("td", {}, t.name ?? ""),
     h("td", {}, t.type ?? "?"),
+    h("td", { class: "source" }, configuredSource(t)),
+    h("td", { class: "events" }, configuredEvents(t)),
     h("td", {}, t.agent ?? "—"),
     h("td", { class: "enabled" }, t.enabled === false ? "no" : "yes"),
     h("td", { class: "num" }, item.revision),

@@ -7,6 +7,7 @@ delivery refused with 413/415/400/422 is journaled as ``trigger.received`` + ``t
 from __future__ import annotations
 
 import base64
+import gzip
 import urllib.parse
 from collections.abc import AsyncIterator
 
@@ -319,6 +320,36 @@ async def test_only_json_content_types_are_taken(
         assert response.json()["error"] == "unsupported_media_type"
         assert "application/json" in response.json()["detail"]
         assert "GitHub" not in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("encoding", "status"),
+    [
+        pytest.param("gzip", 415, id="gzip"),
+        pytest.param("GZIP, br", 415, id="two-codings"),
+        pytest.param("identity", 202, id="identity"),
+        pytest.param("", 202, id="empty"),
+    ],
+)
+async def test_a_compressed_body_is_415_naming_its_coding(
+    client: httpx.AsyncClient, bus: Bus, encoding: str, status: int
+) -> None:
+    """A user review: a gzip body got 400 "not UTF-8". A coding the gateway does not undo is 415 naming it (RFC 9110),
+    journaled like any authenticated refusal; ``identity`` (or an empty header) is the body as it is."""
+    raw = fixture_bytes("pr-created.json")
+    body = gzip.compress(raw) if encoding.lower().startswith("gzip") else raw
+    headers = basic() | {"Content-Type": "application/json", "Content-Encoding": encoding}
+    response = await client.post("/hooks/ado-pr-review", content=body, headers=headers)
+    assert response.status_code == status, response.text
+    if status == 415:
+        assert response.json() == {
+            "error": "unsupported_media_type",
+            "detail": f"the body is sent with Content-Encoding: {encoding.lower()!r}; webhooks take it uncompressed "
+            "(no Content-Encoding, or identity)",
+        }
+        events = await journal(bus)
+        assert types(events) == ["trigger.received", "trigger.rejected"]
+        assert events[1].payload(TriggerRejected).detail.startswith("415 unsupported_media_type: ")
 
 
 @pytest.mark.parametrize(

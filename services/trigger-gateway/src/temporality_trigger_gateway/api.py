@@ -7,7 +7,7 @@ served as it now is, without a restart.
 
 Checks run in this order, each answered as ``{"error": code, "detail": sentence}``:
 unknown trigger 404 → header credentials 401 → size 413 → body signature 401 → a ``Content-Type`` that is not
-JSON 415 (none at all is taken as JSON) → UTF-8 JSON 400 →
+JSON 415 (none at all is taken as JSON) → a ``Content-Encoding`` (gzip, ...) 415 → UTF-8 JSON 400 →
 source shape 422 → disabled / unhandled event type 200 ``ignored`` → accepted 202 / duplicate 200 (with a
 concurrency key: queued or debounced 202 / skipped 200), or 503 when NATS is unavailable. Never 410 (Azure DevOps disables a subscription on it).
 
@@ -145,6 +145,12 @@ def create_app(
             declared = request.headers.get("content-type")
             if declared is not None and not _is_json(declared):
                 raise _not_json(declared, trigger.adapter)
+            encoded = _content_coding(request.headers.get("content-encoding"))
+            if encoded is not None:
+                raise UnsupportedMediaType(
+                    f"the body is sent with Content-Encoding: {encoded!r}; webhooks take it uncompressed "
+                    "(no Content-Encoding, or identity)"
+                )
             # parsed here (a 400 before the source's checks), or by a source that reads the raw body itself
             parsed = UNPARSED if ADAPTERS[trigger.adapter].reads_raw_body else parse_json(raw)
             delivery = WebhookRequest(request.method, request.headers, raw, parsed)
@@ -284,6 +290,16 @@ def _is_json(content_type: str) -> bool:
         or media == "text/json"
         or (media.startswith("application/") and media.endswith("+json"))
     )
+
+
+def _content_coding(header: str | None) -> str | None:
+    """The content coding a ``Content-Encoding`` applies (``gzip``, ``br``, ...), None for none or ``identity``:
+    the body is read as it came (RFC 9110 §8.4: a coding the server does not take is 415)."""
+    if header is None:
+        return None
+    codings = [c.strip().lower() for c in header.split(",") if c.strip()]
+    applied = [c for c in codings if c != "identity"]
+    return ", ".join(applied)[:100] if applied else None
 
 
 def _not_json(content_type: str, adapter: str) -> UnsupportedMediaType:

@@ -118,9 +118,10 @@ async def test_an_operator_decommissions_an_agent_and_its_later_messages_are_ref
     async with httpx.AsyncClient(base_url=collab.url, timeout=10) as http:
         listed = await http.get("/agents", headers=VIEWER)
         assert listed.status_code == 200
-        assert [(c["agent_id"], c["state"]) for c in listed.json()] == [("triage-bot", "busy")]
-        assert [c["kind"] for c in listed.json()] == ["external"]
-        assert (await http.get("/agents?kind=hosted", headers=VIEWER)).json() == []  # no run has started here
+        assert [(c["agent_id"], c["state"]) for c in listed.json()["agents"]] == [("triage-bot", "busy")]
+        assert [c["kind"] for c in listed.json()["agents"]] == ["external"]
+        hosted = await http.get("/agents?kind=hosted", headers=VIEWER)
+        assert hosted.json() == {"agents": []}  # no run has started here
         assert (await http.get("/agents?kind=robots", headers=VIEWER)).status_code == 422
 
         done = await http.post("/agents/triage-bot/decommission", headers=OPERATOR, json={"reason": "leaked key"})

@@ -4,7 +4,7 @@
 ==========================================  ========  ===================================================
 route                                       role      does
 ==========================================  ========  ===================================================
-``GET /agents``                             viewer    the hosted and external agents' cards (``?kind=hosted|external``,
+``GET /agents``                             viewer    ``{"agents": [card, ...]}``: the hosted and external agents' cards (``?kind=hosted|external``,
                                                       ``?include_decommissioned=true``); a capability is
                                                       ``verified`` only by a passed conformance round
 ``POST /agents/{agent_id}/decommission``    operator  takes the agent out of service: ``decommissioned``,
@@ -60,6 +60,13 @@ class AgentAction(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reason: Annotated[str, Field(max_length=500)] = ""
+
+
+class AgentCards(BaseModel):
+    """``GET /agents``: the cards under ``agents``, as the run-executor's ``GET /agents`` has them (an object, so
+    a later field -- a page cursor -- changes no client)."""
+
+    agents: list[AgentCard]
 
 
 class AgentActionResult(BaseModel):
@@ -118,8 +125,8 @@ def create_app(registry: AgentRegistry, auth: ApiAuth) -> FastAPI:
         kind: Annotated[
             Literal["all", "hosted", "external"], Query(description="hosted (the run-executor's), external, all")
         ] = "all",
-    ) -> list[AgentCard]:
-        return await registry.cards(include_decommissioned=include_decommissioned, kind=kind)
+    ) -> AgentCards:
+        return AgentCards(agents=await registry.cards(include_decommissioned=include_decommissioned, kind=kind))
 
     @app.post(
         "/agents/{agent_id}/decommission",

@@ -23,7 +23,7 @@ parks on ``ask_human``); its ``run.requested`` is the template. Then:
 3. **Latency**: the remaining ``--latency-sample`` runs are answered one at a time; p50/p99 from the answer's
    publish to ``run.resumed`` seen on the bus.
 Each phase also reads the messages the run-executor's connection sent and received (nats-server ``/connz``)
-per run parked and per run resumed to its end.
+per run parked and per run resumed to its end, and agent-collab's with its CPU (no run here collaborates).
 
 4. **Baseline** in the same run: the same number of messages of the same size published pipelined to a
    bench stream and consumed by one pull consumer (fetch batches, ack each) — the bus's own ceiling here.
@@ -393,6 +393,10 @@ class Phase:
         messages = [self._requested(run_id) for run_id in ids]
         wanted = set(ids)
         msgs0 = _connz(monitoring, "run-executor")
+        collab0 = _connz(monitoring, "agent-collab")
+        collab_pid = stack.services["agent-collab"].pid
+        assert collab_pid is not None
+        collab_cpu0 = _cpu_s(collab_pid)
         PROFILE.start(executor, f"{self.label}-park")
         park_cpu0 = _cpu_s(executor)
         t0 = time.perf_counter()
@@ -404,7 +408,11 @@ class Phase:
         figures["park_per_s"] = runs / (parked_at - t0)
         await asyncio.sleep(1.0)  # let the executor settle (acks, timers) before reading its memory
         msgs1 = _connz(monitoring, "run-executor")
+        collab1 = _connz(monitoring, "agent-collab")
+        collab_cpu1 = _cpu_s(collab_pid)
+        figures["collab_cpu_ms_per_park"] = (collab_cpu1 - collab_cpu0) * 1000 / runs
         figures["park_msgs_per_run"] = ((msgs1[0] - msgs0[0]) / runs, (msgs1[1] - msgs0[1]) / runs)
+        figures["collab_park_msgs_per_run"] = ((collab1[0] - collab0[0]) / runs, (collab1[1] - collab0[1]) / runs)
         rss_parked = _rss_mb(executor)
         figures |= {"rss_before_mb": rss_before, "rss_parked_mb": rss_parked}
         figures |= {"nats_rss_parked_mb": _rss_mb(nats_pid), "store_parked_mb": _dir_mb(store_dir)}
@@ -435,7 +443,13 @@ class Phase:
             figures["executor_cpu_ms_per_end"] = (_cpu_s(executor) - cpu0) * 1000 / len(bulk)
             await asyncio.sleep(1.0)  # the last acks and timers
             msgs2 = _connz(monitoring, "run-executor")
+            collab2 = _connz(monitoring, "agent-collab")
+            figures["collab_cpu_ms_per_end"] = (_cpu_s(collab_pid) - collab_cpu1) * 1000 / len(bulk)
             figures["resume_msgs_per_run"] = ((msgs2[0] - msgs1[0]) / len(bulk), (msgs2[1] - msgs1[1]) / len(bulk))
+            figures["collab_resume_msgs_per_run"] = (
+                (collab2[0] - collab1[0]) / len(bulk),
+                (collab2[1] - collab1[1]) / len(bulk),
+            )
         figures["failed"] = seen.count("run.failed", wanted)
 
         # 3. latency, one answer at a time
@@ -512,6 +526,17 @@ def _report(label: str, f: dict[str, Any]) -> None:
         sent, got = f["resume_msgs_per_run"]
         out(f"; resume to the end: sent {sent:.1f}, received {got:.1f} per run")
     out("  (nats-server /connz)\n")
+    sent, got = f["collab_park_msgs_per_run"]
+    out(
+        f"             agent-collab (no run here collaborates): park sent {sent:.1f}, received {got:.1f}, "
+        f"CPU {f['collab_cpu_ms_per_park']:.2f} ms per run"
+    )
+    if "collab_resume_msgs_per_run" in f:
+        sent, got = f["collab_resume_msgs_per_run"]
+        out(
+            f"; resume to the end: sent {sent:.1f}, received {got:.1f}, CPU {f['collab_cpu_ms_per_end']:.2f} ms per run"
+        )
+    out("\n")
     if "resume_per_s" in f:
         out(
             f"  resume     {f['resume_per_s']:9.1f} runs/s   (human.answered published -> run.resumed), "

@@ -23,10 +23,14 @@ parks on ``ask_human``); its ``run.requested`` is the template. Then:
 3. **Latency**: the remaining ``--latency-sample`` runs are answered one at a time; p50/p99 from the answer's
    publish to ``run.resumed`` seen on the bus.
 Each phase also reads the messages the run-executor's connection sent and received (nats-server ``/connz``)
-per run parked and per run resumed to its end.
+per run parked and per run resumed to its end, and agent-collab's with its CPU (no run here collaborates).
 
 4. **Baseline** in the same run: the same number of messages of the same size published pipelined to a
    bench stream and consumed by one pull consumer (fetch batches, ack each) — the bus's own ceiling here.
+
+``--profile DIR``: the run-executor runs under cProfile on its CPU clock (a ``sitecustomize`` the bench writes
+and puts first on the ``PYTHONPATH`` of every process, which acts only in the run-executor), switched on and off
+by signals around each park and each bulk resume: ``DIR/<label>-<n>-park.prof`` and ``...-resume.prof``.
 
 Prints figures and ratios; asserts nothing. The machine's other load moves every figure: compare ratios
 within one run.
@@ -39,7 +43,9 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -77,6 +83,89 @@ from temporality_service import LogSettings, configure_logging
 ROOT = Path(__file__).resolve().parents[1]
 AUTH = "Basic " + base64.b64encode(b"azure:change-me").decode()
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+#: Written as ``sitecustomize.py`` with ``--profile``: in the run-executor only (its ``python -m`` names its
+#: package), SIGUSR1 starts cProfile on the process's CPU clock and SIGUSR2 stops it and dumps the profile to the
+#: path the bench wrote in ``<dir>/next`` (the handlers run between bytecodes in the event loop's thread).
+PROFILER = """
+import sys
+if "temporality_run_executor" in getattr(sys, "orig_argv", ()):
+    import cProfile, signal, time
+    from pathlib import Path
+    _dir = Path(__file__).parent
+    _state = {}
+
+    def _on(signum, frame):
+        profile = cProfile.Profile(time.process_time)
+        _state["profile"] = profile
+        profile.enable()
+
+    def _off(signum, frame):
+        profile = _state.pop("profile", None)
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats((_dir / "next").read_text().strip())
+
+    signal.signal(signal.SIGUSR1, _on)
+    signal.signal(signal.SIGUSR2, _off)
+"""
+
+
+class Profiler:
+    """``--profile DIR``: switches the run-executor's cProfile on and off around the measured spans, or with
+    ``--profiler py-spy`` samples it from outside (``py-spy record --format raw``: folded stacks, no overhead
+    in the process; py-spy is not a dependency: install it into the venv to use this)."""
+
+    def __init__(self, out: Path | None, tool: str = "cprofile") -> None:
+        self.out = out
+        self.tool = tool
+        self.count = 0
+        self.folder: Path | None = None
+        self.spy: subprocess.Popen[bytes] | None = None
+
+    def install(self, tmp: Path) -> None:
+        """Write the ``sitecustomize`` and put its folder first on this process's ``PYTHONPATH`` (the stack's
+        processes inherit it, a ``--before`` phase puts its SRC before it)."""
+        if self.out is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.tool == "py-spy":
+            return
+        folder = tmp / "profiler"
+        folder.mkdir()
+        (folder / "sitecustomize.py").write_text(PROFILER)
+        self.folder = folder
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(folder), *inherited])
+
+    def start(self, pid: int, name: str) -> None:
+        if self.out is None:
+            return
+        self.count += 1
+        if self.tool == "py-spy":
+            spy = Path(sys.executable).with_name("py-spy")
+            out = self.out.resolve() / f"{self.count:02d}-{name}.folded"
+            command = [str(spy), "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "-o", str(out)]
+            self.spy = subprocess.Popen([*command, "--nonblocking"], stdout=subprocess.DEVNULL)
+            time.sleep(0.5)  # attached before the span starts
+            return
+        assert self.folder is not None
+        (self.folder / "next").write_text(str(self.out.resolve() / f"{self.count:02d}-{name}.prof"))
+        os.kill(pid, signal.SIGUSR1)
+
+    def stop(self, pid: int) -> None:
+        if self.out is None:
+            return
+        if self.spy is not None:
+            self.spy.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
+            self.spy.wait(60)
+            self.spy = None
+            return
+        os.kill(pid, signal.SIGUSR2)
+
+
+PROFILE = Profiler(None)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -270,6 +359,7 @@ class Phase:
         self.template_run, self.subject, body = template
         self.text = body.decode()
         self.template_event = json.loads(self.text)["id"]
+        self.label = "current"
 
     def _requested(self, run_id: str) -> tuple[str, bytes, dict[str, str]]:
         body = self.text.replace(self.template_run, run_id).replace(self.template_event, f"evt-{run_id}")
@@ -303,16 +393,26 @@ class Phase:
         messages = [self._requested(run_id) for run_id in ids]
         wanted = set(ids)
         msgs0 = _connz(monitoring, "run-executor")
+        collab0 = _connz(monitoring, "agent-collab")
+        collab_pid = stack.services["agent-collab"].pid
+        assert collab_pid is not None
+        collab_cpu0 = _cpu_s(collab_pid)
+        PROFILE.start(executor, f"{self.label}-park")
         park_cpu0 = _cpu_s(executor)
         t0 = time.perf_counter()
         await _publish_chunked(bus, messages, chunk)
         await seen.wait(lambda: seen.count("human.requested", wanted) == runs, 60 + runs, "every run to park")
+        PROFILE.stop(executor)
         figures["executor_cpu_ms_per_park"] = (_cpu_s(executor) - park_cpu0) * 1000 / runs
         parked_at = max(seen.at["human.requested"][r] for r in ids)
         figures["park_per_s"] = runs / (parked_at - t0)
         await asyncio.sleep(1.0)  # let the executor settle (acks, timers) before reading its memory
         msgs1 = _connz(monitoring, "run-executor")
+        collab1 = _connz(monitoring, "agent-collab")
+        collab_cpu1 = _cpu_s(collab_pid)
+        figures["collab_cpu_ms_per_park"] = (collab_cpu1 - collab_cpu0) * 1000 / runs
         figures["park_msgs_per_run"] = ((msgs1[0] - msgs0[0]) / runs, (msgs1[1] - msgs0[1]) / runs)
+        figures["collab_park_msgs_per_run"] = ((collab1[0] - collab0[0]) / runs, (collab1[1] - collab0[1]) / runs)
         rss_parked = _rss_mb(executor)
         figures |= {"rss_before_mb": rss_before, "rss_parked_mb": rss_parked}
         figures |= {"nats_rss_parked_mb": _rss_mb(nats_pid), "store_parked_mb": _dir_mb(store_dir)}
@@ -322,10 +422,12 @@ class Phase:
         bulk, latency_runs = ids[: max(runs - sample, 0)], ids[max(runs - sample, 0) :]
         answers = [_answer(seen.data["human.requested"][r], r, None) for r in bulk]
         bulk_set = set(bulk)
+        PROFILE.start(executor, f"{self.label}-resume")
         cpu0 = _cpu_s(executor)
         t0 = time.perf_counter()
         await _publish_chunked(bus, answers, chunk)
         await seen.wait(lambda: seen.count("run.resumed", bulk_set) == len(bulk), 60 + runs, "every bulk resume")
+        PROFILE.stop(executor)
         resumed_at = max((seen.at["run.resumed"][r] for r in bulk), default=t0)
         cpu1 = _cpu_s(executor)
         if bulk:
@@ -341,7 +443,13 @@ class Phase:
             figures["executor_cpu_ms_per_end"] = (_cpu_s(executor) - cpu0) * 1000 / len(bulk)
             await asyncio.sleep(1.0)  # the last acks and timers
             msgs2 = _connz(monitoring, "run-executor")
+            collab2 = _connz(monitoring, "agent-collab")
+            figures["collab_cpu_ms_per_end"] = (_cpu_s(collab_pid) - collab_cpu1) * 1000 / len(bulk)
             figures["resume_msgs_per_run"] = ((msgs2[0] - msgs1[0]) / len(bulk), (msgs2[1] - msgs1[1]) / len(bulk))
+            figures["collab_resume_msgs_per_run"] = (
+                (collab2[0] - collab1[0]) / len(bulk),
+                (collab2[1] - collab1[1]) / len(bulk),
+            )
         figures["failed"] = seen.count("run.failed", wanted)
 
         # 3. latency, one answer at a time
@@ -382,6 +490,7 @@ async def _measure(
                 env = {"PYTHONPATH": os.pathsep.join([*before, *inherited] if label == "before" else inherited)}
                 await asyncio.to_thread(stack.restart, "run-executor", 120.0, **env)
                 running = label
+            phase.label = label
             results.append((label, await phase.run(runs, sample, chunk)))
         bare = await _baseline(bus, nc, max(runs, 1000), len(template[2]), chunk)
         hop = await _bare_hop(nc, max(sample, 20), len(template[2]))
@@ -417,6 +526,17 @@ def _report(label: str, f: dict[str, Any]) -> None:
         sent, got = f["resume_msgs_per_run"]
         out(f"; resume to the end: sent {sent:.1f}, received {got:.1f} per run")
     out("  (nats-server /connz)\n")
+    sent, got = f["collab_park_msgs_per_run"]
+    out(
+        f"             agent-collab (no run here collaborates): park sent {sent:.1f}, received {got:.1f}, "
+        f"CPU {f['collab_cpu_ms_per_park']:.2f} ms per run"
+    )
+    if "collab_resume_msgs_per_run" in f:
+        sent, got = f["collab_resume_msgs_per_run"]
+        out(
+            f"; resume to the end: sent {sent:.1f}, received {got:.1f}, CPU {f['collab_cpu_ms_per_end']:.2f} ms per run"
+        )
+    out("\n")
     if "resume_per_s" in f:
         out(
             f"  resume     {f['resume_per_s']:9.1f} runs/s   (human.answered published -> run.resumed), "
@@ -455,16 +575,34 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=1, help="phases of each code, alternated in ABBA order")
     parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="run the run-executor under cProfile (its CPU clock) during each park and bulk resume: "
+        "DIR/<n>-<label>-park.prof, DIR/<n>-<label>-resume.prof",
+    )
+    parser.add_argument(
+        "--profiler",
+        choices=("cprofile", "py-spy"),
+        default="cprofile",
+        help="with --profile: cProfile in the process (exact counts, inflated small calls) or py-spy sampling "
+        "it from outside (DIR/<n>-<label>-park.folded, ...: folded stacks)",
+    )
+    parser.add_argument(
         "--json-out", type=Path, help="also write the figures as a JSON record here (bench/benchrecord.py)"
     )
     args = parser.parse_args()
-    recorder = Recorder("parked_runs", {k: v for k, v in vars(args).items() if k != "json_out"})
+    recorder = Recorder(
+        "parked_runs", {k: v for k, v in vars(args).items() if k not in ("json_out", "profile", "profiler")}
+    )
     extra_env: dict[str, str] = {}
     if args.executor_inflight is not None:
         extra_env["TEMPORALITY_EXECUTOR_MAX_INFLIGHT"] = str(args.executor_inflight)
     sample = min(args.latency_sample, args.runs)
     configure_logging(LogSettings(level="warning", format="console"), service="bench")
     with tempfile.TemporaryDirectory(prefix="temporality-bench-") as tmp:
+        PROFILE.out, PROFILE.tool = args.profile, args.profiler
+        PROFILE.install(Path(tmp))
         stack = bench_stack(Path(tmp), env=extra_env)  # its /connz: the messages the run-executor sends and receives
         stack.start()
         try:

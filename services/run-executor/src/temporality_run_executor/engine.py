@@ -117,6 +117,7 @@ from temporality_protocol import (
     AgentMessageReceived,
     AgentReplyUndeliverable,
     AgentTaskActed,
+    EncodedEvent,
     Envelope,
     EventData,
     HumanAnswered,
@@ -126,6 +127,7 @@ from temporality_protocol import (
     RunRequested,
     RunState,
     derive_id,
+    encode_event,
     make_event,
     new_id,
 )
@@ -832,10 +834,9 @@ class Engine:
         match effect:
             case Publish():
                 assert run is not None
-                event = self._event(
-                    run, effect.data, *effect.id_parts, causation=effect.causation, run_id=effect.run_id
+                return event_write(
+                    self._encoded(run, effect.data, *effect.id_parts, causation=effect.causation, run_id=effect.run_id)
                 )
-                return event_write(event)
             case ArmWatchdog():
                 return self.watchdog.arm_write(
                     run_id, turn=effect.turn, limit_s=effect.limit_s, cause=effect.cause, since=effect.since
@@ -1226,6 +1227,24 @@ class Engine:
         self, run: RunRecord, data: EventData, *id_parts: str, causation: str | None = None, run_id: str | None = None
     ) -> None:
         await self.bus.publish(self._event(run, data, *id_parts, causation=causation, run_id=run_id))
+
+    @staticmethod
+    def _encoded(
+        run: RunRecord, data: EventData, *id_parts: str, causation: str | None = None, run_id: str | None = None
+    ) -> EncodedEvent:
+        """:meth:`_event` for an event that is only sent (a fired :class:`Publish`): the same bytes on the wire
+        (``encode_event``: the data serialized once from its model, no :class:`Envelope` built, its data dumped
+        to a dict and that encoded again)."""
+        return encode_event(
+            data,
+            source=SOURCE,
+            id=derive_id("evt", run.run_id, data.EVENT_TYPE, *id_parts),
+            run_id=run_id or run.run_id,
+            correlation_id=run.correlation_id,
+            causation_id=causation,
+            actor=f"agent:{run.agent}",
+            tenant=run.tenant,
+        )
 
     @staticmethod
     def _event(

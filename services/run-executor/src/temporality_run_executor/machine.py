@@ -2080,6 +2080,8 @@ def handed_off_to(ckpt: Checkpoint) -> str | None:
     if last is None:
         return None
     calls = {call.id for call in last.tool_calls if call.name == HANDOFF_TO_AGENT}
+    if not calls:  # (most turns: no handoff, nothing to look for in the conversation)
+        return None
     for message in ckpt.messages:
         if message.role == "tool" and message.tool_call_id in calls:
             try:

@@ -369,15 +369,20 @@ class Tool:
     _validator: Validator = field(init=False, repr=False, compare=False)
     #: The schema compiled by ``jsonschema-rs``, asked first (``None``: it could not compile the schema).
     _fast: jsonschema_rs.Validator | None = field(init=False, repr=False, compare=False)
+    _spec: ToolSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         Draft202012Validator.check_schema(self.parameters)
         object.__setattr__(self, "_validator", LinearValidator(self.parameters))
         object.__setattr__(self, "_fast", _fast_validator(self.parameters))
+        object.__setattr__(
+            self, "_spec", ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+        )
 
     @property
     def spec(self) -> ToolSpec:
-        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+        """What a provider is told of the tool: built once (every turn offers it; the providers only read it)."""
+        return self._spec
 
     def argument_problem(self, arguments: dict[str, Any]) -> str | None:
         """Why ``arguments`` do not fit the schema (the most relevant error, with its location), or ``None``.

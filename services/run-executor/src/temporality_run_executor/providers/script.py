@@ -266,6 +266,8 @@ class Script(_Strict):
         return self
 
     def step_index(self, step_id: str) -> int | None:
+        # a scan of the few steps (~1 us): a dict kept in a private attribute costs more to reach (pydantic's
+        # __getattr__: ~2.3 us an access)
         return next((i for i, s in enumerate(self.steps) if s.id == step_id), None)
 
     def vars_read_from(self, start: int) -> frozenset[str]:

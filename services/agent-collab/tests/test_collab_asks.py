@@ -29,6 +29,8 @@ from temporality_protocol import (
     AgentMessageReceived,
     AgentReplied,
     AgentReplyUndeliverable,
+    CollaboratorsQuery,
+    CollaboratorsReply,
     Envelope,
     EventData,
     RunCompleted,
@@ -47,6 +49,7 @@ from temporality_protocol.catalog import (
     CONSUMERS,
     DLQ_STREAM,
     EVENTS_STREAM,
+    RPC_GET_COLLABORATORS,
     TIMER_NS_AGENT_ASK,
     TIMER_SCHEDULE_PREFIX,
 )
@@ -54,8 +57,9 @@ from temporality_protocol.permissions import permissions_for
 from temporality_protocol.states import AgentAskState
 from temporality_service import run_until
 from temporality_testing.events import EventLog
+from temporality_testing.facts import answered_by
 from temporality_testing.timers import armed_schedules
-from temporality_testing.waiting import stays
+from temporality_testing.waiting import eventually, stays
 
 SAGA = derive_id("run", "ask-lead")
 LEAD = SAGA
@@ -417,6 +421,71 @@ async def test_a_reply_after_the_asker_finished_is_recorded_not_delivered(
     assert record is not None
     assert record.value.state is AgentAskState.REPLY_UNDELIVERABLE
     assert record.value.answer == "too late for you"  # the reply is kept with the request
+
+
+async def _collaborators(bus: Bus, run_id: str) -> dict[str, tuple[str, str | None]]:
+    """``get_collaborators`` for ``run_id``: item id -> (status, run id); empty while the run is unknown."""
+    raw = await bus.request(RPC_GET_COLLABORATORS, CollaboratorsQuery(run_id=run_id).model_dump_json().encode())
+    reply = CollaboratorsReply.model_validate_json(raw)
+    return {c.id: (c.status, c.run_id) for c in reply.collaborators}
+
+
+async def test_a_run_that_never_collaborated_is_a_full_collaborator_when_another_joins_its_saga_later(
+    bus: Bus, event_log: EventLog, collab: object
+) -> None:
+    """Why agent-collab projects every run although most never collaborate (docs/agent-collaboration.md, "What a run
+    that never collaborates costs agent-collab"): nothing at a run's start -- nor at its end -- tells a run that
+    stays alone from the first run of a saga another run joins later, and that later run still needs the first's
+    agent, status and the people who answered it: in ``get_collaborators``, to address it (a relay of the finished
+    run) and to tell its own reply ``asker_finished`` after it ended."""
+    solo = derive_id("run", "solo-then-joined")
+    late = derive_id("run", "joins-solo-later")
+    answered = make_event(
+        answered_by("alice", solo, "req-alice"),
+        source="/temporality/human-interaction",
+        run_id=solo,
+        correlation_id=solo,
+    )
+    await publish(bus, started(solo, "planner", saga=solo), answered, completed(solo, saga=solo))
+    alone = {"agent:planner": ("completed", solo), "human:alice": ("answered", solo)}
+
+    async def alone_seen() -> bool:
+        return await _collaborators(bus, solo) == alone
+
+    await eventually(alone_seen, WAIT_S, "the solo run, finished, and alice in get_collaborators")
+
+    # long after it ended, another run joins its saga (correlationid = the solo run)
+    await publish(bus, started(late, "reviewer", saga=solo, parent=solo, at=T0 + timedelta(minutes=1)))
+    joined = alone | {"agent:reviewer": ("running", late)}
+
+    async def joined_seen() -> bool:
+        return await _collaborators(bus, late) == joined
+
+    await eventually(joined_seen, WAIT_S, "the late run's collaborators: the solo run, alice, itself")
+
+    # the late run asks the (finished) solo run's agent: a relay run of it, in its saga
+    await publish(bus, asked("req-joined", "agent:planner", asker=late, agent="reviewer", saga=solo))
+    (request,) = await event_log.wait_for(RunRequested.EVENT_TYPE, timeout_s=WAIT_S)
+    relay_run = f"{solo}/ask/01"
+    assert (request.runid, request.correlationid) == (relay_run, solo)
+    relay = request.payload(RunRequested)
+    assert (relay.agent, relay.parent_run_id) == ("planner", solo)
+    await one(event_log, MESSAGE_RECEIVED, "req-joined")
+
+    # the asker ends before the relay replies: the reply is asker_finished
+    reply = AgentReplied.model_validate(
+        {"request_id": "req-joined", "replier_run_id": relay_run, "replier_agent": "planner", "answer": "late"}
+    )
+    await publish(
+        bus,
+        started(relay_run, "planner", saga=solo, parent=solo, at=T0 + timedelta(minutes=2)),
+        completed(late, saga=solo),
+        _ev(reply, relay_run, solo, id=derive_id("evt", "agent.replied", "req-joined", relay_run)),
+    )
+    refused = (await one(event_log, REPLY_UNDELIVERABLE, "req-joined")).payload(AgentReplyUndeliverable)
+    assert (refused.reason, refused.asker_run_id) == ("asker_finished", late)
+    await event_log.caught_up()
+    assert of(event_log, ANSWER_RECEIVED, "req-joined") == []
 
 
 async def test_a_refusal_is_carried_to_the_asker(bus: Bus, event_log: EventLog, saga: None) -> None:

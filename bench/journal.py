@@ -21,9 +21,9 @@ process's, and its event loop thread's alone), from the first live publish until
 the events per batch (the batches counted as the distinct ``recorded_at`` of the rows: one per commit). Start with a
 small backlog (``--events``) for a profile of the live batches alone (``--profile`` starts at the first batch).
 
-``--before SRC ...``: each measurement is made twice per round, first with the journal running the code in SRC
-(first on its ``PYTHONPATH``, e.g. a copy of ``services/journal/src`` and ``libs/bus/src`` at the commit before),
-then with this checkout's code, alternately for ``--rounds`` rounds on the same nats-server and database
+``--before SRC ...``: each measurement is made twice per round, with the journal running the code in SRC
+(first on its ``PYTHONPATH``, e.g. a copy of ``services/journal/src`` and ``libs/bus/src`` at the commit before)
+and with this checkout's code, the order flipped every round, for ``--rounds`` rounds on the same nats-server and database
 server: medians per code and the ratios ``current / before``, measured in the same run.
 
 Prints figures and journal/baseline ratios; asserts nothing.
@@ -656,12 +656,14 @@ async def main() -> None:
                 else:
                     say("PostgreSQL: not measured (nothing answers at TEMPORALITY_TEST_POSTGRES_URL / 127.0.0.1:5432)")
                 codes = ["before", "current"] if before_path else ["current"]
+                # each round's order flipped from the round before (before, current; current, before; …): a code
+                # measured always second of its pair would carry whatever the order itself does
                 runs = [
                     (target, batch_size, code)
                     for target in targets
                     for batch_size in args.batch_sizes
-                    for _ in range(args.rounds)
-                    for code in codes
+                    for number in range(args.rounds)
+                    for code in (codes if number % 2 == 0 else codes[::-1])
                 ]
                 for number, (target, batch_size, code) in enumerate(runs):
                     async with _database(target, workdir, f"{batch_size}-{number}") as db:

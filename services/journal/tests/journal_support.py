@@ -321,7 +321,7 @@ class RunStory:
             f"notified.{rid}.{channel}",
         )
 
-    def answered(self, responder: str = "user:alice", channel: str = "matrix") -> Envelope:
+    def answered(self, responder: str = "user:alice", channel: str = "matrix", waited_s: float = 60) -> Envelope:
         return self._event(
             HumanAnswered(
                 request_id=self.request_id,
@@ -330,7 +330,7 @@ class RunStory:
                 responder=responder,
                 answer=TextAnswer(value="yes"),
                 channel=channel,
-                waited_s=60,
+                waited_s=waited_s,
             ),
             f"answered.{self.request_id}",
         )

@@ -7,26 +7,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from temporality_protocol import HumanAnswered, HumanExpired, TextAnswer, derive_id, make_event
+from temporality_protocol import HumanExpired, derive_id, make_event
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
 Journal = Any  # conftest.Journal
 
 T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
-
-
-def _answered(s: Any, waited_s: float) -> Any:
-    s.at += timedelta(seconds=1)
-    data = HumanAnswered(
-        request_id=s.request_id,
-        run_id=s.run_id,
-        recipient="user:alice",
-        responder="user:alice",
-        answer=TextAnswer(value="yes"),
-        channel="web",
-        waited_s=waited_s,
-    )
-    return make_event(data, source="/temporality/test", id=derive_id("evt", "answered", s.request_id), time=s.at)
 
 
 def _expired(s: Any) -> Any:
@@ -41,13 +27,13 @@ async def test_questions_are_counted_per_turn_of_their_run(journal: Journal, sto
     twice = story(agent="triager", at=T0 + timedelta(minutes=2))  # two questions in one turn (HUM-7)
     quiet = story(agent="triager", at=T0 + timedelta(minutes=3))  # never asks
     events = [s.requested() for s in (early, late, twice, quiet)]
-    events += [early.human_requested(question="Which branch?", turn=1), _answered(early, 20)]
+    events += [early.human_requested(question="Which branch?", turn=1), early.answered(channel="web", waited_s=20)]
     early.request_id = f"hreq-{early.run_id}-2"
-    events += [early.human_requested(question="Merge it?", turn=3), _answered(early, 200)]
+    events += [early.human_requested(question="Merge it?", turn=3), early.answered(channel="web", waited_s=200)]
     events += [late.human_requested(question="Merge it?", turn=3), _expired(late)]
     events.append(twice.human_requested(question="Label?", turn=2))
     twice.request_id = f"hreq-{twice.run_id}-2"
-    events += [twice.human_requested(question="Owner?", turn=2), _answered(twice, 40)]
+    events += [twice.human_requested(question="Owner?", turn=2), twice.answered(channel="web", waited_s=40)]
     await journal.send(*events)
 
     response = await journal.client.get("/analytics/human")

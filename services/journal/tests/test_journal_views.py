@@ -12,10 +12,8 @@ import pytest
 from temporality_protocol import (
     Envelope,
     EventData,
-    HumanAnswered,
     HumanExpired,
     HumanRejected,
-    TextAnswer,
     TriggerAccepted,
     TriggerReceived,
     TriggerRejected,
@@ -39,20 +37,6 @@ def _assert_error(response: httpx.Response, status: int, error: str = "invalid_r
 
 def _event(data: EventData, name: str, at: datetime, run_id: str | None = None) -> Envelope:
     return make_event(data, source="/temporality/test", id=derive_id("evt", name), run_id=run_id, time=at)
-
-
-def _answered(s: Any, waited_s: float) -> Envelope:
-    s.at += timedelta(seconds=1)
-    data = HumanAnswered(
-        request_id=s.request_id,
-        run_id=s.run_id,
-        recipient="user:alice",
-        responder="user:alice",
-        answer=TextAnswer(value="yes"),
-        channel="matrix",
-        waited_s=waited_s,
-    )
-    return _event(data, f"answered.{s.run_id}", s.at, s.run_id)
 
 
 def _expired(s: Any) -> Envelope:
@@ -285,16 +269,16 @@ async def test_human_analytics_match_the_history(journal: Journal, story: MakeSt
     await journal.send(
         *(s.requested() for s in (quick, slow, late, refused, silent, asking, outside)),
         quick.human_requested(question="Merge it?"),
-        _answered(quick, 30),
+        quick.answered(waited_s=30),
         slow.human_requested(question="Merge it?"),
-        _answered(slow, 1000),
+        slow.answered(waited_s=1000),
         late.human_requested(question="Which label?"),
         _expired(late),
         refused.human_requested(question="Merge it?"),
         _rejected(refused),
         asking.human_requested(question="Close as duplicate?"),
         outside.human_requested(question="Outside?"),
-        _answered(outside, 5),
+        outside.answered(waited_s=5),
     )
     params = {"since": T0.isoformat(), "until": (T0 + timedelta(days=1)).isoformat()}
     response = await journal.client.get("/analytics/human", params=params)

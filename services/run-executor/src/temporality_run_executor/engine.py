@@ -1235,29 +1235,26 @@ class Engine:
         """:meth:`_event` for an event that is only sent (a fired :class:`Publish`): the same bytes on the wire
         (``encode_event``: the data serialized once from its model, no :class:`Envelope` built, its data dumped
         to a dict and that encoded again)."""
-        return encode_event(
-            data,
-            source=SOURCE,
-            id=derive_id("evt", run.run_id, data.EVENT_TYPE, *id_parts),
-            run_id=run_id or run.run_id,
-            correlation_id=run.correlation_id,
-            causation_id=causation,
-            actor=f"agent:{run.agent}",
-            tenant=run.tenant,
-        )
+        return encode_event(data, **Engine._attributes(run, data, id_parts, causation, run_id))
 
     @staticmethod
     def _event(
         run: RunRecord, data: EventData, *id_parts: str, causation: str | None = None, run_id: str | None = None
     ) -> Envelope:
         """The run's event ``data``, its id derived from the run, the type and ``id_parts``."""
-        return make_event(
-            data,
-            source=SOURCE,
-            id=derive_id("evt", run.run_id, data.EVENT_TYPE, *id_parts),
-            run_id=run_id or run.run_id,
-            correlation_id=run.correlation_id,
-            causation_id=causation,
-            actor=f"agent:{run.agent}",
-            tenant=run.tenant,
-        )
+        return make_event(data, **Engine._attributes(run, data, id_parts, causation, run_id))
+
+    @staticmethod
+    def _attributes(
+        run: RunRecord, data: EventData, id_parts: tuple[str, ...], causation: str | None, run_id: str | None
+    ) -> dict[str, Any]:
+        """The CloudEvent attributes of the run's event ``data`` (:meth:`_event`, :meth:`_encoded`)."""
+        return {
+            "source": SOURCE,
+            "id": derive_id("evt", run.run_id, data.EVENT_TYPE, *id_parts),
+            "run_id": run_id or run.run_id,
+            "correlation_id": run.correlation_id,
+            "causation_id": causation,
+            "actor": f"agent:{run.agent}",
+            "tenant": run.tenant,
+        }

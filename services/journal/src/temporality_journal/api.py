@@ -1006,7 +1006,7 @@ def create_app(
         "and all their human requests: how many runs asked a human, requests answered / expired / rejected / "
         "pending, the wait-time distribution of answered requests (nearest-rank percentiles; histogram "
         "buckets by exclusive upper bound in seconds, the last open), the most frequent questions, and the "
-        "same counts per agent and per trigger.",
+        "same counts per agent, per trigger and per stage (`by_stage`: the turn of its run each question was asked in).",
     )
     async def human_stats(
         who: AsViewer,

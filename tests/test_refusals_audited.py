@@ -79,6 +79,9 @@ async def test_every_services_refusals_are_in_the_journals_audit_trail(stack: St
             for page in ("/docs", "/redoc"):
                 assert (await http.get(f"{url}{page}")).status_code == 404, (name, page)
             assert (await http.get(f"{url}/healthz")).status_code == 200, name
+        # a person's inbox token human-interaction does not know (the inbox's own check, not the role tokens')
+        inbox = await http.get(f"{stack.human_url}/inbox", headers={"Authorization": f"Bearer {BAD_TOKEN}"})
+        assert inbox.status_code == 401, inbox.text
         forbidden = await http.post(f"{stack.gateway_url}/triggers", json={}, headers=VIEWER)
         assert forbidden.status_code == 403, forbidden.text  # a viewer may not create triggers
 
@@ -110,6 +113,7 @@ async def test_every_services_refusals_are_in_the_journals_audit_trail(stack: St
         wanted = {
             *((name, path, "invalid_token") for name, (_url, path) in protected.items()),
             ("trigger-gateway", "/triggers", "forbidden"),
+            ("human-interaction", "/inbox", "inbox_token"),
             ("trigger-gateway", "/hooks/signed-review", "bad_signature"),
             ("trigger-gateway", "/hooks/ado-pr-review", "bad_credentials"),
         }

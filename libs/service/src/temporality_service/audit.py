@@ -10,6 +10,8 @@ One :class:`AccessAudit` per service process (the service runtime makes it once 
 * a webhook delivery the trigger-gateway refused for its credentials or signature (401) as
   ``api.access_refused`` too (:meth:`AccessAudit.refused` with ``channel="webhook"``: counted apart from the
   API's refusals of the same address);
+* a person's inbox token (or the journal's vouch for a signed-in person) human-interaction refused (401) on
+  ``/inbox`` and ``/requests/…``, with ``channel="inbox"``, counted apart the same way;
 * every permissions violation the NATS server reports on the service's own connection (a publish or
   subscription its NATS user may not make: :meth:`AccessAudit.nats_error`, one of the bus's
   ``error_listeners``) as ``bus.permission_refused``.
@@ -163,7 +165,7 @@ class AccessAudit:
         request: RefusedRequest | None,
         principal: str | None = None,
         role_needed: str | None = None,
-        channel: Literal["api", "webhook"] = "api",
+        channel: Literal["api", "webhook", "inbox"] = "api",
     ) -> None:
         """Count one refused request (sync: called from the check); publishes in the background when due."""
         address = request.address if request is not None else None

@@ -69,6 +69,7 @@ from temporality_service import (
     parse_json,
     read_body,
 )
+from temporality_service.audit import AccessAudit, RefusedRequest
 from temporality_service.openapi import add_schemas, component_schemas, json_body, operation
 
 __all__ = ["FormChoice", "FormField", "InboxItem", "InboxView", "RequestView", "create_app"]
@@ -203,7 +204,21 @@ async def _caller(
     vouched: Annotated[str | None, Header(alias=VOUCH_HEADER)] = None,
 ) -> str:
     """The caller's ``user:<id>`` from ``Authorization: Bearer <inbox token>``, or from the journal's
-    assertion (``X-Temporality-Vouched-User``) when the journal and this service share the vouch secret."""
+    assertion (``X-Temporality-Vouched-User``) when the journal and this service share the vouch secret.
+    A refusal (401) goes to the audit trail too (``api.access_refused``, reason ``inbox_token`` or ``inbox_vouch``,
+    rate-limited apart from the role-token API's; never the token)."""
+    try:
+        return _identified(request, authorization, vouched)
+    except Unauthorized:
+        audit = getattr(request.app.state, "access_audit", None)
+        if isinstance(audit, AccessAudit):
+            reason = "inbox_vouch" if authorization is None and vouched is not None else "inbox_token"
+            audit.refused(status=401, reason=reason, request=RefusedRequest.of(request), channel="inbox")
+        raise
+
+
+def _identified(request: Request, authorization: str | None, vouched: str | None) -> str:
+    """:func:`_caller`'s check."""
     directory: Directory = request.app.state.directory
     if authorization is None and vouched is not None:
         voucher: Voucher | None = request.app.state.voucher

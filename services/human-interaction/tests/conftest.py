@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from directory_support import TOKENS
-from human_support import USERS_FILE, running
+from human_support import USERS_FILE, TelegramDesk, running, telegram_and_web, telegram_first
 
 from temporality_bus import Bus, Consumer
 from temporality_human_interaction.api import create_app
@@ -69,3 +69,10 @@ async def client(settings: Settings, bus: Bus, directory: Directory) -> AsyncIte
     app = create_app(settings, bus, directory, auth=ApiAuth(TOKENS))  # the role tokens: its /openapi.json
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://human.test") as c:
         yield c
+
+
+@pytest.fixture
+async def telegram(bus: Bus) -> AsyncIterator[TelegramDesk]:
+    """alice on Telegram first (the Bot API emulator) with a web inbox too (:func:`human_support.telegram_and_web`)."""
+    async with telegram_and_web(bus, telegram_first()) as desk:
+        yield desk

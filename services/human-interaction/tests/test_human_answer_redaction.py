@@ -7,12 +7,10 @@ held the token."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-import pytest
 from human_support import (
     ALICE,
     TG_ALICE,
@@ -21,8 +19,6 @@ from human_support import (
     exactly,
     requested,
     stored,
-    telegram_and_web,
-    telegram_first,
     wait_for_record,
 )
 
@@ -201,12 +197,6 @@ async def test_a_form_answer_that_fits_only_with_its_secret_is_refused_and_nothi
 
 
 # ---------------------------------------------------------------------------------------------------- Telegram
-@pytest.fixture
-async def telegram(bus: Bus) -> AsyncIterator[TelegramDesk]:
-    async with telegram_and_web(bus, telegram_first()) as desk:
-        yield desk
-
-
 async def test_a_free_text_reply_in_telegram_is_redacted_in_the_record_the_event_and_the_chat(
     bus: Bus, telegram: TelegramDesk
 ) -> None:

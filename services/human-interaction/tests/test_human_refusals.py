@@ -4,8 +4,6 @@ Telegram; one event per (request, responder, submission) however often it is ret
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
 from human_support import (
@@ -16,8 +14,6 @@ from human_support import (
     events_of,
     exactly,
     requested,
-    telegram_and_web,
-    telegram_first,
     wait_for_record,
 )
 
@@ -100,12 +96,6 @@ async def test_web_an_answer_after_expiry_is_journaled_and_not_applied(bus: Bus,
 
 # ---------------------------------------------------------------------------------------------------- Telegram
 TG_CAROL = TelegramUser(3003, "Carol")  # nobody in the directory
-
-
-@pytest.fixture
-async def telegram(bus: Bus) -> AsyncIterator[TelegramDesk]:
-    async with telegram_and_web(bus, telegram_first()) as desk:
-        yield desk
 
 
 async def test_telegram_a_foreign_press_and_a_button_after_cancel_are_journaled(

@@ -58,6 +58,7 @@ __all__ = [
     "AccessAudit",
     "RefusedRequest",
     "RequestContext",
+    "audit_refusal",
     "permission_violation",
 ]
 
@@ -298,3 +299,26 @@ class AccessAudit:
                 await task
             self._close_window()
             await self.drain()
+
+
+def audit_refusal(
+    request: HTTPConnection,
+    *,
+    status: int,
+    reason: str,
+    channel: Literal["api", "webhook", "inbox"] = "api",
+    principal: str | None = None,
+    role_needed: str | None = None,
+) -> None:
+    """Tell the app's :class:`AccessAudit` (``app.state.access_audit``: the service runtime's, when it serves the
+    app; none in an app built alone) of a refused ``request``: its method, path and address only."""
+    audit = getattr(request.app.state, "access_audit", None)
+    if isinstance(audit, AccessAudit):
+        audit.refused(
+            status=status,
+            reason=reason,
+            request=RefusedRequest.of(request),
+            principal=principal,
+            role_needed=role_needed,
+            channel=channel,
+        )

@@ -50,7 +50,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from temporality_service.audit import AccessAudit, RefusedRequest
+from temporality_service.audit import audit_refusal
 from temporality_service.http import Forbidden, Unauthorized
 from temporality_service.vouch import PRINCIPAL_HEADER, PrincipalVoucher, VouchSecretError
 
@@ -246,15 +246,8 @@ class ApiAuth:
         try:
             return self.authorize_request(request, authorization, role)
         except (Unauthorized, Forbidden) as exc:
-            audit = getattr(request.app.state, "access_audit", None)
-            if isinstance(audit, AccessAudit):
-                audit.refused(
-                    status=exc.status,
-                    reason=exc.code,
-                    request=RefusedRequest.of(request),
-                    principal=exc.principal if isinstance(exc, RoleForbidden) else None,
-                    role_needed=str(role),
-                )
+            principal = exc.principal if isinstance(exc, RoleForbidden) else None
+            audit_refusal(request, status=exc.status, reason=exc.code, principal=principal, role_needed=str(role))
             raise
 
     def authorize_request(self, request: Request, authorization: str | None, role: Role) -> Principal:

@@ -69,7 +69,7 @@ from temporality_service import (
     parse_json,
     read_body,
 )
-from temporality_service.audit import AccessAudit, RefusedRequest
+from temporality_service.audit import audit_refusal
 from temporality_service.openapi import add_schemas, component_schemas, json_body, operation
 
 __all__ = ["FormChoice", "FormField", "InboxItem", "InboxView", "RequestView", "create_app"]
@@ -210,10 +210,8 @@ async def _caller(
     try:
         return _identified(request, authorization, vouched)
     except Unauthorized:
-        audit = getattr(request.app.state, "access_audit", None)
-        if isinstance(audit, AccessAudit):
-            reason = "inbox_vouch" if authorization is None and vouched is not None else "inbox_token"
-            audit.refused(status=401, reason=reason, request=RefusedRequest.of(request), channel="inbox")
+        reason = "inbox_vouch" if authorization is None and vouched is not None else "inbox_token"
+        audit_refusal(request, status=401, reason=reason, channel="inbox")
         raise
 
 

@@ -33,14 +33,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from temporality_bus import Bus
 from temporality_service import (
     HTTP_TELEMETRY,
-    AccessAudit,
     ApiAuth,
     ErrorBody,
     install_error_handlers,
     parse_json,
     read_body,
 )
-from temporality_service.audit import RefusedRequest
+from temporality_service.audit import audit_refusal
 from temporality_service.openapi import add_schemas, json_body, operation
 from temporality_trigger_gateway.adapters import ADAPTERS, WebhookRequest
 from temporality_trigger_gateway.adapters.base import UNPARSED
@@ -172,9 +171,7 @@ def create_app(
 def _audit_refusal(request: Request, reason: str) -> None:
     """Tell the app's access audit (the service runtime's, when served by it) of a refused webhook authentication:
     method, path and address only (never a header or the body)."""
-    audit = getattr(request.app.state, "access_audit", None)
-    if isinstance(audit, AccessAudit):
-        audit.refused(status=401, reason=reason, request=RefusedRequest.of(request), channel="webhook")
+    audit_refusal(request, status=401, reason=reason, channel="webhook")
 
 
 class _GatewayApp(FastAPI):

@@ -181,3 +181,6 @@ def test_stages_are_the_turns_asked_in_and_a_request_without_one_comes_last() ->
         (None, 1, 1, 0, None),
     ]
     assert stages[0].asked_share == round(2 / 3, 4)
+    # no terminal event: a run counts as far as the latest turn it asked in (r2's "turn" is none), and the
+    # unknown-turn row has no such count
+    assert [(s.runs_reached, s.reached_share) for s in stages] == [(2, 1.0), (None, None)]

@@ -84,6 +84,7 @@ from temporality_journal.gateway import gateway_router
 from temporality_journal.human import human_router
 from temporality_journal.insights import (
     HUMAN_TYPES,
+    RUN_END_TYPES,
     TRIGGER_CHANGE_TYPES,
     TRIGGER_TYPES,
     DeliveryView,
@@ -1006,7 +1007,8 @@ def create_app(
         "and all their human requests: how many runs asked a human, requests answered / expired / rejected / "
         "pending, the wait-time distribution of answered requests (nearest-rank percentiles; histogram "
         "buckets by exclusive upper bound in seconds, the last open), the most frequent questions, and the "
-        "same counts per agent, per trigger and per stage (`by_stage`: the turn of its run each question was asked in).",
+        "same counts per agent, per trigger and per stage (`by_stage`: the turn of its run each question was asked in, with the runs that reached "
+        "that turn and the share of them that asked there).",
     )
     async def human_stats(
         who: AsViewer,
@@ -1021,7 +1023,9 @@ def create_app(
         async with database.sessions() as session:
             runs = await _run_rows(session, conditions)
             events = await _event_rows(
-                session, col(EventRecord.type).in_(HUMAN_TYPES), col(EventRecord.run_id).in_(run_ids)
+                session,
+                col(EventRecord.type).in_((*HUMAN_TYPES, *RUN_END_TYPES)),
+                col(EventRecord.run_id).in_(run_ids),
             )
         return human_analytics(
             runs,

@@ -23,8 +23,10 @@ from temporality_protocol import RunState
 from temporality_service import Unprocessable
 
 __all__ = [
+    "HUMAN_TYPES",
     "IGNORED_REASONS",
     "RUN_ENDED",
+    "RUN_END_TYPES",
     "TRIGGER_CHANGE_TYPES",
     "TRIGGER_TYPES",
     "WAIT_BUCKETS_S",
@@ -54,6 +56,9 @@ HUMAN_TYPES = (
     "human.reasked",
     "human.escalated",
 )
+#: A run's terminal events: the turns it made (``usage.turns``; ``run.completed`` also has ``turns``), for
+#: the runs that reached each stage (``StageBreakdown.runs_reached``).
+RUN_END_TYPES = ("run.completed", "run.failed", "run.cancelled")
 #: Steps of a question's timeout policy (HUM-8), counted beside its outcome, never one.
 POLICY_STEPS = frozenset({"human.reasked", "human.escalated"})
 #: The trigger.rejected reasons the gateway answers HTTP 200 ``ignored`` for (a ping, an event type the trigger
@@ -120,6 +125,16 @@ class RunRow:
     agent: str | None
     trigger_id: str | None
     created_at: datetime
+
+
+def _turns(data: dict[str, Any]) -> int | None:
+    """The turns a terminal event counts: ``usage.turns``, else ``run.completed``'s own ``turns``; None when it has
+    neither (an executor before the count)."""
+    usage = data.get("usage")
+    for value in (usage.get("turns") if isinstance(usage, dict) else None, data.get("turns")):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
 
 
 def _str(data: dict[str, Any], key: str) -> str | None:
@@ -349,6 +364,16 @@ class StageBreakdown(HumanCounts):
     wait_p50_s: float | None = Field(description="Median wait of this stage's answered requests (nearest rank)")
     runs_total: int = Field(description="All the runs analysed (the same on every stage: asked_share's base)")
     runs_asked: int = Field(description="Runs that asked at least one question at this turn")
+    runs_reached: int | None = Field(
+        default=None,
+        description="Runs known to have reached this turn: an ended run by the turns its terminal event counts "
+        "(run.completed / run.failed / run.cancelled), a run still going (or ended by an executor that did not "
+        "count) by the latest turn it asked a question in -- a lower bound for it; null on the unknown-turn row",
+    )
+    reached_share: float | None = Field(
+        default=None,
+        description="runs_asked / runs_reached: of the runs that got this far, the share that needed a person here",
+    )
 
 
 class HumanAnalytics(HumanCounts):
@@ -427,11 +452,17 @@ def human_analytics(
     until: datetime | None,
     top: int,
 ) -> HumanAnalytics:
-    """OBS-1 over ``runs`` (already filtered) and their human.* ``events``."""
+    """OBS-1 over ``runs`` (already filtered) and their human.* ``events`` (with their terminal run events,
+    :data:`RUN_END_TYPES`, for the runs that reached each stage)."""
     requests: dict[str, _Request] = {}
     outcomes: list[tuple[EventRow, str]] = []
     steps: list[tuple[str, str]] = []
+    turns_of: dict[str, int] = {}  # run id -> the turns its terminal event counts
     for ev in events:
+        if ev.type in RUN_END_TYPES:
+            if ev.run_id is not None and (turns := _turns(ev.data)) is not None:
+                turns_of[ev.run_id] = turns
+            continue
         request_id = _str(ev.data, "request_id")
         if request_id is None or ev.run_id is None:
             continue
@@ -486,10 +517,21 @@ def human_analytics(
         known = [q for q in reqs if q.run_id in run_by_id]
         turns = sorted({q.turn for q in known}, key=lambda t: (t is None, t or 0))
         rows = []
+        reached_turn = dict(turns_of)  # run id -> the highest turn it is known to have reached
+        for q in known:
+            if q.turn is not None and q.turn > reached_turn.get(q.run_id, 0):
+                reached_turn[q.run_id] = q.turn
         for turn in turns:
             asked = [q for q in known if q.turn == turn]
             answered = sorted(q.waited_s for q in asked if q.outcome == "answered" and q.waited_s is not None)
-            rows.append(StageBreakdown(turn=turn, wait_p50_s=_percentile(answered, 50), **_counts(runs, asked)))
+            counts = _counts(runs, asked)
+            reached = None if turn is None else sum(1 for r in runs if reached_turn.get(r.run_id, 0) >= turn)
+            share = round(counts["runs_asked"] / reached, 4) if reached else None
+            rows.append(
+                StageBreakdown(
+                    turn=turn, wait_p50_s=_percentile(answered, 50), runs_reached=reached, reached_share=share, **counts
+                )
+            )
         return rows
 
     questions = Counter(q.question for q in reqs if q.run_id in run_by_id)

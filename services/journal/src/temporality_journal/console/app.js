@@ -2045,19 +2045,23 @@ function bars(rows) {
 function stages(rows) {
   if (!rows.length) return h("p", { class: "empty", id: "stages" }, "No questions yet.");
   const label = (r) => (r.turn === null ? "turn unknown" : `turn ${r.turn}`);
-  const share = (r) => (r.asked_share === null ? "—" : `${Math.round(r.asked_share * 1000) / 10} %`);
+  const percent = (x) => (x === null || x === undefined ? "—" : `${Math.round(x * 1000) / 10} %`);
+  const share = (r) => percent(r.asked_share);
   return h("div", { id: "stages" },
     bars(rows.map((r) => [label(r), r.requests_total])),
     h("table", { class: "stages" },
-      h("caption", { class: "muted" }, "Questions asked at each turn; runs: those that asked at that turn, of all runs"),
+      h("caption", { class: "muted" }, "Questions asked at each turn; runs: those that asked at that turn, of all "
+        + "runs, and of the runs that got that far (a run still going counts up to the latest turn it asked in)"),
       h("thead", {}, h("tr", {}, h("th", {}, "Stage"), h("th", { class: "num" }, "Questions"),
         h("th", { class: "num" }, "Runs that asked"), h("th", { class: "num" }, "Of all runs"),
+        h("th", { class: "num" }, "Runs that got this far"), h("th", { class: "num" }, "Of those"),
         h("th", { class: "num" }, "Answered"), h("th", { class: "num" }, "Expired"),
         h("th", { class: "num" }, "Refused"), h("th", { class: "num" }, "Withdrawn"),
         h("th", { class: "num" }, "Pending"), h("th", { class: "num" }, "Median wait"))),
       h("tbody", {}, rows.map((r) => h("tr", { dataset: { turn: r.turn ?? "" } },
         h("th", { scope: "row" }, label(r)), h("td", { class: "num" }, r.requests_total),
         h("td", { class: "num" }, r.runs_asked), h("td", { class: "num" }, share(r)),
+        h("td", { class: "num" }, r.runs_reached ?? "—"), h("td", { class: "num" }, percent(r.reached_share)),
         h("td", { class: "num" }, r.answered), h("td", { class: "num" }, r.expired),
         h("td", { class: "num" }, r.rejected), h("td", { class: "num" }, r.withdrawn),
         h("td", { class: "num" }, r.pending), h("td", { class: "num" }, duration(r.wait_p50_s)))))));

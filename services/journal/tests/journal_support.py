@@ -104,6 +104,24 @@ class ServedJournal:
                     await asyncio.sleep(0.05)
             raise AssertionError(f"event {event_id} not recorded within {within_s}s")
 
+    async def ask(self, request: HumanRequested, *, trigger_id: str = "t", time: datetime | None = None) -> None:
+        """Publish ``request`` as human-interaction receives a question: its run's ``run.requested`` first (whom
+        the run may ask comes from there, SEC-1), then the ``human.requested`` (at ``time``); wait until the
+        journal has recorded it."""
+        run_id = request.run_id
+        launch = LaunchSource(kind="webhook", trigger_id=trigger_id, delivery_id=f"dlv-{run_id}")
+        requested = RunRequested(
+            run_id=run_id, agent=request.agent, title=request.title, launch=launch, human=request.policy
+        )
+        await self.bus.publish(
+            make_event(requested, source="/t", id=derive_id("evt", run_id, "requested"), run_id=run_id)
+        )
+        event = make_event(
+            request, source="/temporality/test", id=derive_id("evt", request.request_id), run_id=run_id, time=time
+        )
+        await self.bus.publish(event)
+        await self.wait_recorded(event.id)
+
 
 def served_settings(
     tmp_path: Path,

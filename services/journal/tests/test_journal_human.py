@@ -26,10 +26,6 @@ from temporality_protocol import (
     HumanOption,
     HumanPolicy,
     HumanRequested,
-    LaunchSource,
-    RunRequested,
-    derive_id,
-    make_event,
 )
 from temporality_protocol.events import Escalate, TimeoutPolicy
 
@@ -60,15 +56,7 @@ async def _ask_bob(served: ServedJournal, **policy: Any) -> str:
         policy=HumanPolicy(allowed_recipients=["user:bob"], on_timeout=TimeoutPolicy(**policy)),
         turn=1,
     )
-    # human-interaction takes whom a run may ask from its run.requested (SEC-1), then the request
-    launch = LaunchSource(kind="webhook", trigger_id="t", delivery_id="dlv-1")
-    requested = RunRequested(run_id=run_id, agent="reviewer", title="Review PR 42", launch=launch, human=data.policy)
-    await served.bus.publish(
-        make_event(requested, source="/t", id=derive_id("evt", run_id, "requested"), run_id=run_id)
-    )
-    event = make_event(data, source="/temporality/test", id=derive_id("evt", request_id), run_id=run_id)
-    await served.bus.publish(event)
-    await served.wait_recorded(event.id)
+    await served.ask(data)
     return request_id
 
 

@@ -28,12 +28,8 @@ from temporality_protocol import (
     HumanOption,
     HumanPolicy,
     HumanRequested,
-    LaunchSource,
-    RunRequested,
     TextAnswer,
-    derive_id,
     forms,
-    make_event,
 )
 
 WAIT_MS = 20_000
@@ -72,14 +68,7 @@ async def _ask_bob_a_form(served: ServedJournal) -> tuple[str, str]:
         turn=1,
         answer_schema=FORM,
     )
-    launch = LaunchSource(kind="webhook", trigger_id="t", delivery_id="dlv-form")
-    requested = RunRequested(run_id=run_id, agent="deployer", title="Scale", launch=launch, human=data.policy)
-    await served.bus.publish(
-        make_event(requested, source="/t", id=derive_id("evt", run_id, "requested"), run_id=run_id)
-    )
-    event = make_event(data, source="/temporality/test", id=derive_id("evt", request_id), run_id=run_id)
-    await served.bus.publish(event)
-    await served.wait_recorded(event.id)
+    await served.ask(data)
     return run_id, request_id
 
 

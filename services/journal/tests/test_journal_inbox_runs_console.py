@@ -19,10 +19,6 @@ from playwright.async_api import BrowserContext, expect
 from temporality_protocol import (
     HumanPolicy,
     HumanRequested,
-    LaunchSource,
-    RunRequested,
-    derive_id,
-    make_event,
 )
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
@@ -44,14 +40,7 @@ async def _ask_bob(served: ServedJournal, run_id: str, asked_at: datetime) -> st
         policy=HumanPolicy(allowed_recipients=["user:bob"]),
         turn=1,
     )
-    launch = LaunchSource(kind="webhook", trigger_id="ado-pr", delivery_id=f"dlv-{run_id}")
-    requested = RunRequested(run_id=run_id, agent="reviewer", title="Review PR 42", launch=launch, human=data.policy)
-    await served.bus.publish(
-        make_event(requested, source="/t", id=derive_id("evt", run_id, "requested"), run_id=run_id)
-    )
-    event = make_event(data, source="/temporality/test", id=derive_id("evt", request_id), run_id=run_id, time=asked_at)
-    await served.bus.publish(event)
-    await served.wait_recorded(event.id)
+    await served.ask(data, trigger_id="ado-pr", time=asked_at)
     return request_id
 
 

@@ -26,6 +26,11 @@ days=${NATS_TLS_DAYS:-825}
 hosts="nats localhost 127.0.0.1 ${NATS_TLS_HOSTS:-}"
 clients=${NATS_TLS_CLIENTS:-trigger-gateway run-executor human-interaction agent-collab journal timers-migrate}
 command -v openssl >/dev/null || { echo "$tls_script: openssl is needed" >&2; exit 1; }
+for client in $clients; do  # each name becomes a file name: checked before anything is written
+  case $client in
+    server | ca | *[!a-z0-9-]*) echo "$tls_script: '$client' is not a client's name (a-z, 0-9, -)" >&2; exit 1 ;;
+  esac
+done
 . "$(dirname "$0")/tls-lib.sh"
 mkdir -p "$dir"
 chmod 700 "$dir"
@@ -36,9 +41,5 @@ trap 'rm -rf "$work"' EXIT
 tls_ca "$dir" "Temporality NATS CA"
 tls_issue "$dir" server nats serverAuth "$hosts"
 for client in $clients; do
-  case $client in
-    server | ca | *[!a-z0-9-]*) echo "$tls_script: '$client' is not a client's name (a-z, 0-9, -)" >&2; exit 1 ;;
-  esac
-  tls_issue "$dir" "$client" "$client" clientAuth
-  chmod 644 "$dir/$client-key.pem"
+  tls_issue "$dir" "$client" "$client" clientAuth "" 644
 done

@@ -1,8 +1,9 @@
 # shellcheck shell=sh
 # The openssl steps deploy/compose/nats-tls-certs.sh and postgres-tls-certs.sh share: sourced, not run.
 #   tls_ca DIR "CA NAME"                       ca.pem + ca-key.pem in DIR, kept when both exist
-#   tls_issue DIR FILE CN USAGE [SAN]          FILE.pem + FILE-key.pem signed by DIR's CA; USAGE: serverAuth or
-#                                              clientAuth; SAN: the space-separated host names and IPv4 addresses
+#   tls_issue DIR FILE CN USAGE [SAN [KEYMODE]]  FILE.pem + FILE-key.pem signed by DIR's CA; USAGE: serverAuth or
+#                                              clientAuth; SAN: the space-separated host names and IPv4 addresses;
+#                                              KEYMODE: the key's mode (default 600)
 # They need $work (a private temporary directory, removed by the caller) and a umask of 077.
 
 # prints the openssl log and fails: `... 2>"$work/log" || tls_failed`
@@ -50,6 +51,7 @@ tls_issue() {
     -set_serial "0x$(openssl rand -hex 16)" -sha256 -days "$days" -extfile "$work/ext" \
     -out "$work/$2.pem" 2>"$work/log" || tls_failed
   chmod 644 "$work/$2.pem"
+  chmod "${6:-600}" "$work/$2-key.pem"
   # the new pair replaces the old one file by file (a reader never sees a half-written file)
   mv "$work/$2-key.pem" "$1/$2-key.pem"
   mv "$work/$2.pem" "$1/$2.pem"

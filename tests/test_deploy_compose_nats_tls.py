@@ -132,6 +132,18 @@ def compose_nats(
     with the environment compose resolved for it. Yields (server, model, NATS_TLS_DIR)."""
     certs = request.param(tmp_path / "certs")
     model = _model(OVERRIDE, env={"NATS_TLS_DIR": str(certs)})
+    server = _model_nats_server(model, tmp_path, monkeypatch)
+    server.start()
+    try:
+        yield server, model, certs
+    finally:
+        server.stop()
+
+
+def _model_nats_server(model: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NatsServer:
+    """The model's nats service, not yet started, on the wheel's nats-server: its bind mounts copied to where its
+    container sees them (under ``tmp_path/container``), the absolute container paths in its config files pointed
+    there, the environment compose resolved for it set (the passwords, NATS_SYNC_INTERVAL)."""
     root = tmp_path / "container"
     for target, bind in _binds(model["nats"]).items():
         local = root / target.lstrip("/")
@@ -139,16 +151,9 @@ def compose_nats(
         shutil.copy(bind["source"], local)
     for conf in (root / "etc" / "nats").glob("*.conf"):
         conf.write_text(conf.read_text(encoding="utf-8").replace(" /etc/nats/", f" {root}/etc/nats/"), encoding="utf-8")
-    for variable, value in model["nats"][
-        "environment"
-    ].items():  # the passwords, NATS_SYNC_INTERVAL: as compose passes them
+    for variable, value in model["nats"]["environment"].items():
         monkeypatch.setenv(variable, value)
-    server = NatsServer(tmp_path / "store", config_file=root / _config_target(model["nats"]).lstrip("/"))
-    server.start()
-    try:
-        yield server, model, certs
-    finally:
-        server.stop()
+    return NatsServer(tmp_path / "store", config_file=root / _config_target(model["nats"]).lstrip("/"))
 
 
 def _settings(model: dict[str, Any], name: str, url: str) -> NatsSettings:
@@ -240,6 +245,6 @@ def test_the_certs_script_keeps_its_ca_and_renews_the_server_certificate(tmp_pat
     _script_certs(certs)
     assert (certs / "ca.pem").read_bytes() == ca
     assert (certs / "server.pem").read_bytes() != server
-    modes = {p.name: p.stat().st_mode & 0o777 for p in certs.iterdir()}
+    modes = {p.name: p.stat().st_mode & 0o777 for p in certs.iterdir() if not p.name.startswith(CLIENTS)}
     assert modes == {"ca.pem": 0o644, "ca-key.pem": 0o600, "server.pem": 0o644, "server-key.pem": 0o600}
     assert set(TLS_FILES) <= set(modes)

@@ -38,8 +38,10 @@ def configure(settings: Settings) -> Setup[Settings]:
     try:
         agents = load_agents(settings.agents_file)
         providers.validate([c for c in agents.cards() if c.provider.kind != "external"])  # external: no provider
-    except (AgentsFileError, ProviderConfigError) as exc:
+    except AgentsFileError as exc:
         raise ConfigError(str(exc)) from exc
+    except ProviderConfigError as exc:
+        raise ConfigError(f"{settings.agents_file}: {exc}") from exc
     tools = ToolRegistry(BUILTIN_TOOLS)
     for card in agents.cards():
         servers = _mcp_tool_prefixes(card)  # the servers' tools are listed in setup

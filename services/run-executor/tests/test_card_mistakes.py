@@ -10,17 +10,21 @@ process exits 2 naming the agent, the field and what to change) or, where only a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import structlog
 from executor_support import REVIEWER, RunExecutor, run_requested
 from pydantic import ValidationError
 
-from temporality_bus import Bus
+from temporality_bus import Bus, NatsSettings
 from temporality_embedded.processes import free_port
 from temporality_run_executor.__main__ import configure
 from temporality_run_executor.agents import ProviderConfig, network_off_problem
@@ -317,3 +321,53 @@ async def test_a_run_whose_endpoint_is_down_fails_naming_it(
     (failed,) = await event_log.wait_for("run.failed", run_id=event.runid)
     assert failed.data["reason"] == "provider_error"
     assert f"chat completion request to {base_url} failed: ConnectError" in failed.data["error"]
+
+
+async def test_a_pattern_a_listed_server_has_no_tool_for_is_logged_not_refused(
+    bus: Bus, nats_settings: NatsSettings, tmp_path: Path
+) -> None:
+    """``notes__wrte*`` could match the ``notes`` server's tools, so the start accepts it; once the server is listed
+    (it has none such) the real process logs ``agents.tool_pattern_matches_nothing`` and becomes ready."""
+    (tmp_path / "work").mkdir()
+    notes = str(Path(__file__).with_name("mcp_notes_server.py"))
+    card = {
+        "id": "reviewer",
+        "role": "Note reader",
+        "system_prompt": "Read the note.",
+        "tools": {"allow": ["notes__read_note", "notes__wrte*"]},
+        "mcp_servers": [{"name": "notes", "command": sys.executable, "args": [notes]}],
+        "sandbox": {"working_dir": "work"},
+        "provider": {"kind": "scripted", "script": "reviewer"},
+    }
+    path = tmp_path / "agents.yaml"
+    path.write_text(json.dumps({"agents": [card]}), encoding="utf-8")  # JSON is YAML
+    port = free_port()
+    env = {
+        **os.environ,
+        "TEMPORALITY_EXECUTOR_AGENTS_FILE": str(path),
+        "TEMPORALITY_EXECUTOR_PORT": str(port),
+        "TEMPORALITY_NATS_URL": nats_settings.url,
+        "TEMPORALITY_LOG_FORMAT": "json",
+    }
+    output = tmp_path / "executor.log"
+    with output.open("w", encoding="utf-8") as sink:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "temporality_run_executor", env=env, stdout=sink, stderr=asyncio.subprocess.STDOUT
+        )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http, asyncio.timeout(120):
+            while True:
+                assert process.returncode is None, output.read_text(encoding="utf-8")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get("/readyz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.2)
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await asyncio.wait_for(process.wait(), 60)
+    lines = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines() if line.startswith("{")]
+    warned = [line for line in lines if line.get("event") == "agents.tool_pattern_matches_nothing"]
+    assert [(line["agent"], line["pattern"], line["level"]) for line in warned] == [
+        ("reviewer", "notes__wrte*", "warning")
+    ]

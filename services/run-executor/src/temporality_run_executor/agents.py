@@ -210,7 +210,7 @@ class Sandbox(_Strict):
             if problem is not None:
                 raise ValueError(
                     f"network: false cannot work in this environment: {problem}. It needs unprivileged user "
-                    "namespaces: a seccomp profile that allows unshare(CLONE_NEWUSER) (Docker's and Kubernetes' "
+                    "namespaces: a seccomp profile that allows unshare(CLONE_NEWUSER) (Docker's default and Kubernetes' "
                     "RuntimeDefault do not without CAP_SYS_ADMIN; the Helm chart's pods run with RuntimeDefault and "
                     "no capabilities) and a kernel that permits them (user.max_user_namespaces > 0); see "
                     "docs/agents.md#network-off. Or set network: true"

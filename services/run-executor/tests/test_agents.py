@@ -45,6 +45,12 @@ agents:
 """
 
 
+@pytest.fixture(autouse=True)
+def _api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variable FULL's provider.api_key_env names (an unset one stops the start)."""
+    monkeypatch.setenv("KEY", "sk-test")
+
+
 def _write(tmp_path: Path, text: str) -> Path:
     (tmp_path / "work").mkdir(exist_ok=True)
     path = tmp_path / "agents.yaml"

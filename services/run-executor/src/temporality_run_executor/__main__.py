@@ -38,8 +38,10 @@ def configure(settings: Settings) -> Setup[Settings]:
     try:
         agents = load_agents(settings.agents_file)
         providers.validate([c for c in agents.cards() if c.provider.kind != "external"])  # external: no provider
-    except (AgentsFileError, ProviderConfigError) as exc:
+    except AgentsFileError as exc:
         raise ConfigError(str(exc)) from exc
+    except ProviderConfigError as exc:
+        raise ConfigError(f"{settings.agents_file}: {exc}") from exc
     tools = ToolRegistry(BUILTIN_TOOLS)
     for card in agents.cards():
         servers = _mcp_tool_prefixes(card)  # the servers' tools are listed in setup
@@ -48,6 +50,15 @@ def configure(settings: Settings) -> Setup[Settings]:
             raise ConfigError(
                 f"{settings.agents_file}: agent {card.id}: tools names unknown tools {unknown} "
                 f"(known: {', '.join(tools.names())})"
+            )
+        # a pattern no built-in tool matches and no server of the card could list a match for (`gh__*`, no `gh`)
+        never = tools.unmatched(card.tools, servers)
+        if never:
+            named = ", ".join(server.name for server in card.mcp_servers) or "none"
+            raise ConfigError(
+                f"{settings.agents_file}: agent {card.id}: tools patterns {never} can match no tool: no built-in "
+                f"tool matches them and the card has no MCP server whose tools (named <server>__<tool>) they "
+                f"could match (its mcp_servers: {named}; built-in tools: {', '.join(tools.names())})"
             )
     log.info("agents.loaded", agents=len(agents), file=str(settings.agents_file))
     try:  # the cards' API, on the probe port when there is one
@@ -121,7 +132,8 @@ async def _mcp_card_tools(
     A server that cannot be listed does not stop the executor (one flaky server would crash-loop every agent): its
     tools that the card names exactly get stand-ins whose calls fail (``tool.failed``, saying why), ``/readyz`` says
     the executor is not ready while any server is unlisted, and each is listed again with a backoff until its tools
-    replace the stand-ins. A plain name in ``tools`` that a *listed* server does not have still stops it (exit 2)."""
+    replace the stand-ins. A plain name in ``tools`` that a *listed* server does not have still stops it (exit 2); a
+    pattern that matches none of the listed tools is only logged (``agents.tool_pattern_matches_nothing``)."""
     from temporality_run_executor.mcp_servers import (
         CardTools,
         McpPool,
@@ -146,6 +158,9 @@ async def _mcp_card_tools(
         unknown = [n for n in tools.with_tools(known.of(card)).unknown(card.tools) if not n.startswith(waiting)]
         if unknown:
             raise ConfigError(f"agent {card.id}: tools names tools no server listed: {unknown}")
+        for pattern in tools.with_tools(known.of(card)).unmatched(card.tools, waiting):
+            # not refused: a server's tools change with its version (the plain names above are the card's promise)
+            log.warning("agents.tool_pattern_matches_nothing", agent=card.id, pattern=pattern)
     card_tools = {card.id: known.of(card) for card in cards}
 
     async def unlisted() -> None:

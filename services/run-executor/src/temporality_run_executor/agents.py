@@ -8,17 +8,22 @@ sandbox.working_dir: ...``) and the process exits 2. See docs/agents.md.
 
 from __future__ import annotations
 
+import functools
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import httpx
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from temporality_run_executor.providers.script import Script
 from temporality_run_executor.tools import ToolPolicy
 
 __all__ = [
+    "NETWORK_OFF",
     "AgentCard",
     "AgentDirectory",
     "AgentsFileError",
@@ -28,6 +33,7 @@ __all__ = [
     "Sandbox",
     "Skill",
     "load_agents",
+    "network_off_problem",
 ]
 
 
@@ -61,6 +67,25 @@ class ProviderConfig(_Strict):
     max_retries: Annotated[int, Field(ge=0, le=20)] = 4
     retry_backoff_s: Annotated[float, Field(ge=0, le=60)] = 1.0
     retry_backoff_max_s: Annotated[float, Field(ge=0, le=600)] = 30.0
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        """An http(s) URL with a host: ``127.0.0.1:9299/v1`` (no scheme) would fail every run, not the start."""
+        if value is None:
+            return None
+        try:
+            url = httpx.URL(value)
+        except (httpx.InvalidURL, TypeError) as exc:
+            raise ValueError(f"base_url is not a URL ({exc})") from exc
+        missing = [] if url.scheme in ("http", "https") else [f"scheme {url.scheme!r}" if url.scheme else "no scheme"]
+        missing += [] if url.host else ["no host"]
+        if missing:
+            raise ValueError(
+                "base_url needs an http:// or https:// scheme and a host, e.g. http://127.0.0.1:8000/v1 "
+                f"(it has {' and '.join(missing)})"
+            )
+        return value
 
     @model_validator(mode="after")
     def _backoff_range(self) -> ProviderConfig:
@@ -133,6 +158,38 @@ class McpServer(_Strict):
         return self
 
 
+#: What ``sandbox.network: false`` runs a tool process under: ``unshare <NETWORK_OFF> <command> <args...>``, a user
+#: namespace of its own (mapped to root inside, so no privilege is needed outside) with a network namespace that has
+#: no usable interface.
+NETWORK_OFF = ("--user", "--map-root-user", "--net", "--")
+
+
+@functools.cache
+def network_off_problem() -> str | None:
+    """Why ``sandbox.network: false`` cannot work in this process's environment, or ``None`` when it can: runs what
+    the sandbox runs (``unshare --user --map-root-user --net -- <python> -c ''``) once per process. A container's
+    default seccomp profile (Docker's, containerd's ``RuntimeDefault``) refuses ``unshare(CLONE_NEWUSER)`` unless
+    the process holds CAP_SYS_ADMIN, so this fails there though the ``unshare`` binary is installed."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return "`unshare` (util-linux) is not installed"
+    try:
+        done = subprocess.run(
+            [unshare, *NETWORK_OFF, sys.executable, "-c", ""],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"`unshare {' '.join(NETWORK_OFF[:-1])}` could not be run ({type(exc).__name__}: {exc})"
+    if done.returncode == 0:
+        return None
+    said = " ".join(done.stderr.split())[:300] or f"exit status {done.returncode}"
+    return f"`unshare {' '.join(NETWORK_OFF[:-1])}` is refused here ({said})"
+
+
 class Sandbox(_Strict):
     """Where the agent's tool processes (MCP stdio servers) run."""
 
@@ -148,8 +205,16 @@ class Sandbox(_Strict):
     def _directory_exists(self) -> Sandbox:
         if self.working_dir is not None and not self.working_dir.is_dir():
             raise ValueError(f"working_dir {str(self.working_dir)!r} is not a directory")
-        if not self.network and shutil.which("unshare") is None:
-            raise ValueError("network: false needs `unshare` (util-linux), which is not installed")
+        if not self.network:
+            problem = network_off_problem()
+            if problem is not None:
+                raise ValueError(
+                    f"network: false cannot work in this environment: {problem}. It needs unprivileged user "
+                    "namespaces: a seccomp profile that allows unshare(CLONE_NEWUSER) (Docker's default and Kubernetes' "
+                    "RuntimeDefault do not without CAP_SYS_ADMIN; the Helm chart's pods run with RuntimeDefault and "
+                    "no capabilities) and a kernel that permits them (user.max_user_namespaces > 0); see "
+                    "docs/agents.md#network-off. Or set network: true"
+                )
         return self
 
 

@@ -99,7 +99,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, StatusCode
 
 from temporality_bus import tracing
-from temporality_run_executor.agents import AgentCard, McpServer, Sandbox
+from temporality_run_executor.agents import NETWORK_OFF, AgentCard, McpServer, Sandbox
 from temporality_run_executor.records import ElicitAnswer, Message
 from temporality_run_executor.tools import (
     ElicitationNeeded,
@@ -163,7 +163,7 @@ def parameters(server: McpServer, sandbox: Sandbox) -> StdioServerParameters:
         unshare = shutil.which("unshare")
         if unshare is None:
             raise McpToolFailed("sandbox.network is false but `unshare` is not installed")
-        command, args = unshare, ["--user", "--map-root-user", "--net", "--", command, *args]
+        command, args = unshare, [*NETWORK_OFF, command, *args]
     cwd = str(sandbox.working_dir) if sandbox.working_dir is not None else None
     return StdioServerParameters(command=command, args=args, env=env, cwd=cwd)
 

@@ -94,6 +94,7 @@ __all__ = [
     "ToolPolicy",
     "ToolRegistry",
     "WaitFor",
+    "may_match_prefix",
 ]
 
 ASK_HUMAN = "ask_human"
@@ -432,7 +433,27 @@ class ToolPolicy(BaseModel):
 
     def exact_names(self) -> list[str]:
         """The entries that are plain names, not patterns (each must name a tool that exists)."""
-        return [name for name in [*self.allow, *self.deny] if not any(c in name for c in "*?[")]
+        return [name for name in [*self.allow, *self.deny] if not _is_pattern(name)]
+
+    def patterns(self) -> list[str]:
+        """The entries that are patterns (``*``, ``?`` or ``[``), ``allow``'s then ``deny``'s."""
+        return [name for name in [*self.allow, *self.deny] if _is_pattern(name)]
+
+
+def _is_pattern(name: str) -> bool:
+    return any(c in name for c in "*?[")
+
+
+def may_match_prefix(pattern: str, prefix: str) -> bool:
+    """Whether ``pattern`` may match some name that starts with ``prefix`` (an MCP server's ``<server>__``, whose
+    tools are not known yet): its literal start -- the text before its first ``*``, ``?`` or ``[`` -- and ``prefix``
+    agree as far as both go. An over-approximation: ``*``, ``?x`` or ``[gh]*`` may match any server's tools."""
+    literal = pattern
+    for index, char in enumerate(pattern):
+        if char in "*?[":
+            literal = pattern[:index]
+            break
+    return literal.startswith(prefix) or prefix.startswith(literal)
 
 
 #: Policies whose offered tools a registry remembers at most (cards' policies: a handful).
@@ -477,6 +498,17 @@ class ToolRegistry:
     def unknown(self, policy: ToolPolicy) -> list[str]:
         """Plain names in ``policy`` that name no tool here (a typo in a card)."""
         return [name for name in policy.exact_names() if name not in self._tools]
+
+    def unmatched(self, policy: ToolPolicy, prefixes: tuple[str, ...] = ()) -> list[str]:
+        """Patterns in ``policy`` that match no tool here and cannot match a tool whose name starts with one of
+        ``prefixes`` (the name prefixes of MCP servers not listed yet): with no such prefix, patterns that match
+        nothing."""
+        return [
+            pattern
+            for pattern in policy.patterns()
+            if not any(fnmatchcase(name, pattern) for name in self._tools)
+            and not any(may_match_prefix(pattern, prefix) for prefix in prefixes)
+        ]
 
     def resolve(self, name: str, policy: ToolPolicy, agent: str) -> Tool:
         """The tool a call names, if the card allows it; else :class:`ToolError` for the model."""

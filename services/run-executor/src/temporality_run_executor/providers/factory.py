@@ -39,6 +39,7 @@ class ProviderCache:
             base_url=cfg.base_url,
             model=cfg.model,
             api_key=api_key,
+            api_key_env=cfg.api_key_env,
             timeout_s=cfg.timeout_s,
             max_retries=cfg.max_retries,
             backoff_s=cfg.retry_backoff_s,
@@ -64,8 +65,18 @@ class ProviderCache:
             raise ProviderConfigError(f"agent {card.id}: provider script: {exc}") from exc
 
     def validate(self, cards: list[AgentCard]) -> None:
-        """Fail at start-up, not at the first run, on a bad provider config."""
+        """Fail at start-up, not at the first run, on a bad provider config: a script that does not load, an
+        openai provider without base_url or model, an ``api_key_env`` naming a variable that is unset or empty
+        (requests would go out with no key and every run fail with a 401 naming nothing)."""
         for card in cards:
+            env = card.provider.api_key_env if card.provider.kind == "openai" else None
+            if env is not None and not os.environ.get(env, "").strip():
+                state = "is not set" if env not in os.environ else "is empty"
+                raise ProviderConfigError(
+                    f"agent {card.id}: provider.api_key_env: the variable {env} {state} in the executor's "
+                    "environment (set it to the endpoint's API key, or drop api_key_env for an endpoint that "
+                    "needs none)"
+                )
             self(card)
 
     async def aclose(self) -> None:

@@ -7,7 +7,9 @@ Retries (``tenacity``): a 408, a 429, a 5xx, a connection error, a timeout or a 
 again, up to ``max_retries`` times, waiting what ``Retry-After`` asks (seconds or an HTTP date) or else an
 exponential backoff with jitter; a retry that would wait past the run's remaining compute budget is not
 made. Any other 4xx (400, 401, 404, ...) is permanent at once. Either way the error names the HTTP status
-and the server's error message, never the API key.
+and the server's error message, never the API key; a 401 or 403 says which variable holds the key
+(``api_key_env``), and a connection error or a timeout names the endpoint (:func:`endpoint`: the base URL
+without user info or query, where a key might sit).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from temporality_run_executor.providers.base import (
 )
 from temporality_run_executor.records import Message, ToolCall, Usage
 
-__all__ = ["OpenAICompatible", "RetryableProviderError", "parse_retry_after"]
+__all__ = ["OpenAICompatible", "RetryableProviderError", "endpoint", "parse_retry_after"]
 
 log = structlog.get_logger(__name__)
 Sleep = Callable[[float], Awaitable[None]]
@@ -74,6 +76,16 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
+def endpoint(base_url: str) -> str:
+    """``base_url`` as errors and logs show it: scheme, host, port and path; never user info or a query (an
+    ``api-key=...`` there would be the key)."""
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError):
+        return "(unreadable base_url)"
+    return str(url.copy_with(userinfo=b"", query=None, fragment=None)).rstrip("/")
+
+
 class OpenAICompatible(Provider):
     def __init__(
         self,
@@ -81,6 +93,7 @@ class OpenAICompatible(Provider):
         base_url: str,
         model: str,
         api_key: str | None,
+        api_key_env: str | None = None,
         timeout_s: float = 60.0,
         max_retries: int = 4,
         backoff_s: float = 1.0,
@@ -92,6 +105,9 @@ class OpenAICompatible(Provider):
         self._client = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_s, headers=headers)
         self._model = model
         self._api_key = api_key
+        #: The variable the key came from (the card's ``api_key_env``), named when the endpoint refuses the key.
+        self._api_key_env = api_key_env
+        self._endpoint = endpoint(base_url)
         self._timeout_s = timeout_s
         self._max_retries = max_retries
         self._backoff = wait_exponential_jitter(multiplier=backoff_s, max=backoff_max_s, jitter=backoff_s)
@@ -169,11 +185,17 @@ class OpenAICompatible(Provider):
                     return _identified(await self._attempt(body, remaining), context)
         except RetryableProviderError as exc:
             if over_budget:
-                raise PermanentProviderError(
+                failure = PermanentProviderError(
                     f"{exc}; not retried: waiting {over_budget[-1]:.1f}s more would pass the run's remaining "
                     f"compute budget ({budget_s:.1f}s at the turn's start) after {attempts} attempt(s)"
-                ) from exc
-            raise PermanentProviderError(f"{exc}; gave up after {attempts} attempt(s)") from exc
+                )
+            else:
+                failure = PermanentProviderError(f"{exc}; gave up after {attempts} attempt(s)")
+            log.error("provider.failed", endpoint=self._endpoint, model=body["model"], error=self._redact(str(failure)))
+            raise failure from exc
+        except PermanentProviderError as exc:
+            log.error("provider.failed", endpoint=self._endpoint, model=body["model"], error=self._redact(str(exc)))
+            raise
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
     async def _attempt(self, body: dict[str, Any], remaining_s: float | None) -> AssistantTurn:
@@ -208,10 +230,12 @@ class OpenAICompatible(Provider):
             )
         except httpx.TimeoutException as exc:
             raise RetryableProviderError(
-                f"chat completion timed out after {timeout:.1f}s ({type(exc).__name__})"
+                f"chat completion at {self._endpoint} timed out after {timeout:.1f}s ({type(exc).__name__})"
             ) from exc
         except httpx.HTTPError as exc:
-            raise RetryableProviderError(f"chat completion request failed: {type(exc).__name__}: {exc}") from exc
+            raise RetryableProviderError(
+                f"chat completion request to {self._endpoint} failed: {type(exc).__name__}: {self._redact(str(exc))}"
+            ) from exc
         status = response.status_code
         trace.get_current_span().set_attribute("http.response.status_code", status)  # no-op outside a span
         if status in (408, 429) or status >= 500:
@@ -220,7 +244,10 @@ class OpenAICompatible(Provider):
                 retry_after_s=parse_retry_after(response.headers.get("retry-after")),
             )
         if status >= 400:
-            raise PermanentProviderError(f"chat completion refused ({status}): {self._server_message(response)}")
+            refused = f"chat completion refused ({status}): {self._server_message(response)}"
+            if status in (401, 403):
+                refused += f" -- {self._key_hint()}"
+            raise PermanentProviderError(refused)
         try:
             reply = response.json()
             choice = reply["choices"][0]
@@ -251,6 +278,15 @@ class OpenAICompatible(Provider):
         elif isinstance(error, str):
             text = error
         return self._redact(text[:500]) or response.reason_phrase
+
+    def _key_hint(self) -> str:
+        """What to check when ``endpoint`` refuses the key (401/403): the variable named by ``api_key_env``."""
+        if self._api_key_env is None:
+            return f"no API key was sent (the card sets no provider.api_key_env); {self._endpoint} may need one"
+        return (
+            f"check the API key in the variable {self._api_key_env} (provider.api_key_env): "
+            f"{self._endpoint} does not accept it"
+        )
 
     def _redact(self, text: str) -> str:
         return text.replace(self._api_key, "[redacted]") if self._api_key else text

@@ -148,6 +148,10 @@ class QueuedLaunch(_Record):
     event: NormalizedEvent
     input: dict[str, Any]
     with_payload: bool = False
+    #: A rerun (:class:`.launch.TriggerDelivery`): its number, the run it runs again, who asked.
+    rerun: int | None = None
+    rerun_of: str | None = None
+    requested_by: str | None = None
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,10 @@ class DeliveryRecord(BaseModel):
     #: A re-drive: the delivery it re-runs; on the original, the re-drives made of it.
     redrive_of: str | None = None
     redriven_as: list[str] = Field(default_factory=list)
+    #: A rerun (``{"rerun": n}``: the accepted delivery ``redrive_of`` run again as a new run): its number, and the
+    #: run it runs again.
+    rerun: int | None = None
+    rerun_of: str | None = None
 
     def view(self) -> dict[str, object]:
         """As the deliveries API shows it (:class:`DeliveryView`): every field but the event itself
@@ -228,6 +232,8 @@ class Draft:
                 "event_omitted": self.event_json is None,
                 "redrive_of": self.redrive_of,
                 "redriven_as": [],
+                "rerun": delivery.rerun,
+                "rerun_of": delivery.rerun_of,
             }
         )
         if self.event_json is None:
@@ -571,4 +577,6 @@ def _received(
         updated_at=updated_at or now,
         event_omitted=event_omitted,
         redrive_of=redrive_of,
+        rerun=delivery.rerun,
+        rerun_of=delivery.rerun_of,
     )

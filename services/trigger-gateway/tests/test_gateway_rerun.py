@@ -23,9 +23,11 @@ from gateway_support import (
 
 from temporality_bus import Bus
 from temporality_protocol import RunFailed, derive_id, make_event, run_id_for_delivery
+from temporality_protocol.catalog import BUCKET_CONCURRENCY
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 from temporality_trigger_gateway import Settings
+from temporality_trigger_gateway.concurrency import KeyState, state_key
 from temporality_trigger_gateway.redrive import rerun_delivery_id
 
 URL = "/triggers/api-pr/deliveries/{}/redrive"
@@ -210,3 +212,41 @@ async def test_only_an_accepted_delivery_is_rerun(gateway_settings: Settings, ev
             assert plain.json()["status"] == "duplicate"
         await event_log.caught_up()
         assert len(event_log.of_type("run.requested")) == 1
+
+
+async def _key_free(bus: Bus, trigger_id: str, key: str) -> bool:
+    found = await (await bus.store(BUCKET_CONCURRENCY, KeyState)).get(state_key(trigger_id, key))
+    return found is None or found.value.active is None
+
+
+async def test_a_rerun_skipped_by_its_busy_key_is_decided_again_when_retried(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    """A rerun takes the trigger's flow control like any delivery; a skip gives its own claim back (never the
+    original event's), so the same rerun retried once the key is free starts its run."""
+    key = "payload.repository.name"
+    async with replicas(gateway_settings, 2) as (a, b):
+        spec = webhook_spec(concurrency={"key": key, "policy": "skip"})
+        assert (await a.post("/triggers", json=spec, headers=AS_ADMIN)).status_code == 201
+        await until_served(b, "api-pr")
+        first = await post(a, _pull_request(3), "api-pr")
+        assert first.status_code == 202, first.text
+        original_id, original_run = first.json()["delivery_id"], first.json()["run_id"]
+        await eventually(lambda: _accepted_on(b, original_id), timeout_s=10, what="b listing the accepted delivery")
+
+        busy = await b.post(URL.format(original_id), json={"rerun": 1}, headers=AS_OPERATOR)
+        assert busy.status_code == 200, busy.text
+        assert busy.json()["status"] == "skipped"
+        assert busy.json()["active_run_id"] == original_run
+
+        await bus.publish(_failed(original_run))  # the original run ends: its key is free
+        await eventually(lambda: _key_free(bus, "api-pr", "payments-api"), timeout_s=10, what="the key released")
+        started = await a.post(URL.format(original_id), json={"rerun": 1}, headers=AS_OPERATOR)
+        assert started.status_code == 202, started.text
+        rerun_run = derive_id("run", "api-pr", original_id, "rerun", "1")
+        assert started.json()["run_id"] == rerun_run
+        (requested,) = await event_log.wait_for("run.requested", run_id=rerun_run, timeout_s=10)
+        assert requested.data["launch"]["rerun_of"] == original_run
+        assert not await _key_free(bus, "api-pr", "payments-api")  # the rerun's run holds the key now
+        await event_log.caught_up()
+        assert sorted(e.runid or "" for e in event_log.of_type("run.requested")) == sorted([original_run, rerun_run])

@@ -5,6 +5,8 @@ its own runtime and NATS connection, ``gateway_support.replicas``)."""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -22,12 +24,12 @@ from gateway_support import (
 )
 
 from temporality_bus import Bus
-from temporality_protocol import RunFailed, derive_id, make_event, run_id_for_delivery
+from temporality_protocol import NormalizedEvent, RunFailed, derive_id, make_event, run_id_for_delivery
 from temporality_protocol.catalog import BUCKET_CONCURRENCY
 from temporality_testing.events import EventLog
 from temporality_testing.waiting import stays
 from temporality_trigger_gateway import Settings
-from temporality_trigger_gateway.concurrency import KeyState, state_key
+from temporality_trigger_gateway.concurrency import KeyState, QueuedLaunch, state_key
 from temporality_trigger_gateway.redrive import rerun_delivery_id
 
 URL = "/triggers/api-pr/deliveries/{}/redrive"
@@ -250,3 +252,23 @@ async def test_a_rerun_skipped_by_its_busy_key_is_decided_again_when_retried(
         assert not await _key_free(bus, "api-pr", "payments-api")  # the rerun's run holds the key now
         await event_log.caught_up()
         assert sorted(e.runid or "" for e in event_log.of_type("run.requested")) == sorted([original_run, rerun_run])
+
+
+def test_only_a_reruns_queued_launch_stores_the_rerun_fields() -> None:
+    """An earlier gateway (a rolling upgrade) forbids unknown fields: every other queued launch is stored as before."""
+    event = NormalizedEvent(id="e-1", type="t", source="/s", timestamp=datetime(2026, 12, 6, tzinfo=UTC), payload={})
+    plain = QueuedLaunch(
+        trigger_id="t",
+        delivery_id="dlv-1",
+        kind="webhook",
+        adapter="generic",
+        source_event_id="e-1",
+        source_event_type="t",
+        run_id="run-1",
+        title="x",
+        event=event,
+        input={},
+    )
+    assert not {"rerun", "rerun_of", "requested_by"} & set(json.loads(plain.model_dump_json()))
+    rerun = plain.model_copy(update={"rerun": 1, "rerun_of": "run-0", "requested_by": "on-call"})
+    assert QueuedLaunch.model_validate_json(rerun.model_dump_json()) == rerun

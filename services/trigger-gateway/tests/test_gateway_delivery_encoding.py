@@ -99,6 +99,9 @@ def test_the_record_written_without_its_model_is_byte_for_byte_the_models(
     deliveries = [
         TriggerDelivery(trigger, "dlv-1", kind, "generic", text, None),
         TriggerDelivery(trigger, "dlv-2", kind, "event", "evt-1", "run.completed", 42, 2, "evt-0", text),
+        TriggerDelivery(
+            trigger, "dlv-3", kind, "generic", text, None, rerun=2, rerun_of="run-0", requested_by="on-call"
+        ),
     ]
     event_json = event.model_dump_json().encode() if keep_event else None
     for delivery in deliveries:
@@ -117,4 +120,6 @@ def test_the_record_written_without_its_model_is_byte_for_byte_the_models(
                     model_json = draft.encoded(head.model_copy(update={"updated_at": later}))
                     written = draft.record_json(state, run_id=run_id, reason=reason, detail=detail, updated_at=later)  # type: ignore[arg-type]
                     assert written == model_json, (state, delivery)
+                    # only a rerun's record has the rerun fields: an earlier gateway (a rolling upgrade) reads the rest
+                    assert (b'"rerun"' in written) is (delivery.rerun is not None)
                     assert DeliveryRecord.model_validate_json(written).event == (event if keep_event else None)

@@ -256,3 +256,104 @@ async def test_a_mapping_that_fails_on_a_delivery_is_422_and_journaled(admin: ht
 def test_a_pathologically_nested_expression_is_refused_at_save(expression: str) -> None:
     with pytest.raises(ValueError, match=r"input\.x: the expression is nested too deeply"):
         compile_mapping({"x": expression})
+
+
+# --------------------------------------------------------------------------- what fails on every event: refused at save
+@pytest.mark.parametrize(
+    ("expression", "says"),
+    [
+        ("foo(payload.pull_request.title)", r"unknown function foo\(\) \(JMESPath's functions: abs, avg, "),
+        ("payload.reviewers[*].to_string(foo(@))", r"unknown function foo\(\)"),  # inside a projection
+        ("length(payload.repository, payload.reviewers)", r"length\(\) takes 1 argument, not 2"),
+        ("to_string()", r"to_string\(\) takes 1 argument, not 0"),
+        ("merge()", r"merge\(\) takes at least 1 argument, not 0"),
+        (
+            "payload.nothing || length(`5`)",
+            r"argument 1 of length\(\) must be string or array or object; it is the literal 5",
+        ),
+        ('join(`", "`, `[1, 2]`)', r"argument 2 of join\(\) must be array-string; it is the literal \[1, 2\]"),
+        ("length(abs(payload.pull_request.id))", r"argument 1 of length\(\) must be .*; it is always number"),
+        ("abs(payload.reviewers[*].id)", r"argument 1 of abs\(\) must be number; it is always array or null"),
+        ("sort_by(payload.reviewers, display_name)", r"argument 2 of sort_by\(\) must be an expression reference"),
+        ("ceil(`1e400`)", r"ceil\(\) fails whatever the event \(cannot convert float infinity to integer\)"),
+    ],
+)
+def test_what_fails_on_every_event_is_refused_at_save(expression: str, says: str) -> None:
+    """Evaluating on ``{}`` cannot tell these from a missing field's type error: they are found in the parsed tree."""
+    with pytest.raises(ValueError, match=rf"^input\.x: {says}"):
+        compile_mapping({"x": expression})
+
+
+#: Functions of every kind, on the fields an Azure DevOps pull request really has (fixture pr-created.json).
+FUNCTIONS_ON_A_PULL_REQUEST = {
+    "title": "to_string(payload.pull_request.title)",
+    "reviewer_count": "length(payload.reviewers)",
+    "reviewers": "join(', ', payload.reviewers[].display_name)",
+    "first_reviewer": "sort_by(payload.reviewers, &display_name)[0].unique_name",
+    "ids": "map(&id, payload.reviewers)",
+    "is_fix": "starts_with(payload.source_branch, 'fix/')",
+    "to_develop": "contains(['develop', 'main'], payload.target_branch)",
+    "pr_number": "abs(payload.pull_request.id)",
+    "labels": "not_null(payload.labels, `[]`)",
+    "keys": "sort(keys(payload.commits))",
+    "merged": 'merge(payload.author, `{"role": "author"}`).role',
+    "kind": "type(payload.pull_request.id)",
+}
+
+
+async def test_valid_expressions_with_functions_on_a_real_payload_save_and_map(
+    admin: httpx.AsyncClient, bus: Bus
+) -> None:
+    spec = webhook_spec(input=FUNCTIONS_ON_A_PULL_REQUEST, when="length(payload.reviewers) > `0`")
+    created = await admin.post("/triggers", json=spec, headers=AS_ADMIN)
+    assert created.status_code == 201, created.text
+    assert created.json()["problem"] is None
+    assert created.json()["served"] is True
+    answer = await admin.post("/hooks/api-pr", content=fixture_bytes("pr-created.json"), headers=basic())
+    assert answer.status_code == 202, answer.text
+    (requested,) = [e for e in await journal(bus) if e.type == "run.requested"]
+    assert requested.data["input"] == {
+        "title": "Retry idempotent refunds",
+        "reviewer_count": 1,
+        "reviewers": "Omar Haddad",
+        "first_reviewer": "omar@contoso.example",
+        "ids": ["8d7c6b5a-4e3f-4a1b-9c0d-e1f2a3b4c5d6"],
+        "is_fix": True,
+        "to_develop": True,
+        "pr_number": 7,
+        "labels": [],
+        "keys": ["source", "target"],
+        "merged": "author",
+        "kind": "number",
+    }
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "says"),
+    [
+        ({"input": {"pr": "foo(resource.title)"}}, "input.pr", "unknown function foo()"),
+        ({"when": "bar(payload) == `1`"}, "when", "unknown function bar()"),
+        ({"input": {"n": "length(payload.reviewers, `1`)"}}, "input.n", "length() takes 1 argument, not 2"),
+    ],
+)
+async def test_an_expression_that_fails_on_every_event_is_422_at_save_and_in_the_preview(
+    admin: httpx.AsyncClient, changes: dict[str, Any], field: str, says: str
+) -> None:
+    refused = await admin.post("/triggers", json=webhook_spec(**changes), headers=AS_ADMIN)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"] == "invalid_trigger"
+    assert f"{field}: {says}" in refused.json()["detail"]
+    assert (await admin.get("/triggers", headers=AS_VIEWER)).json()["triggers"] == []  # nothing stored
+    stored = await admin.post("/triggers", json=webhook_spec(), headers=AS_ADMIN)
+    assert stored.status_code == 201
+    replaced = await admin.put(
+        "/triggers/api-pr", json=webhook_spec(**changes), headers={**AS_ADMIN, "If-Match": stored.headers["ETag"]}
+    )
+    assert replaced.status_code == 422, replaced.text
+    assert f"{field}: {says}" in replaced.json()["detail"]
+    # the preview says so too, with or without a sample that would exercise the expression
+    for sample in (fixture_json("pr-created.json"), {}):
+        body = (await _preview(admin, {"trigger": webhook_spec(**changes), "payload": sample})).json()
+        assert body["ok"] is False
+        assert body["stage"] == "trigger"
+        assert any(f"{field}: {says}" in e["message"] for e in body["errors"]), body

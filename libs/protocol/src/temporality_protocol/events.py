@@ -298,6 +298,11 @@ class LaunchSource(_Model):
     #: How many event-trigger launches led to this run (TRG-6 anti-loop): 0 for a run a webhook, a
     #: schedule or the API started; an event trigger's run is one more than the run whose event fired it.
     depth: Annotated[int, Field(ge=0)] = 0
+    #: A rerun (the trigger-gateway's ``POST .../deliveries/{d}/redrive`` with ``{"rerun": n}``): the run whose
+    #: delivery an operator ran again as this new run, e.g. after fixing the agent's card.
+    rerun_of: str | None = None
+    #: A rerun: who asked for it (the API token's name, or ``user:<id>`` for a person the journal vouched for).
+    requested_by: str | None = None
 
 
 class OptionAnswer(_Model):

@@ -52,7 +52,11 @@ class DeliveryView(BaseModel):
     updated_at: datetime
     event_omitted: bool = Field(description="The normalized event was too large to keep")
     redrive_of: str | None = Field(description="A re-drive: the delivery it re-runs")
-    redriven_as: list[str] = Field(description="The re-drives made of this delivery")
+    redriven_as: list[str] = Field(description="The re-drives (and reruns) made of this delivery")
+    rerun: int | None = Field(
+        description="A rerun: its number among the reruns of the delivery it runs again (redrive_of); its run is new"
+    )
+    rerun_of: str | None = Field(description="A rerun: the run of the delivery it runs again")
     has_event: bool = Field(description="The normalized event is kept: the delivery can be re-driven")
 
 
@@ -93,8 +97,10 @@ class RedriveAnswer(BaseModel):
     """The re-drive's delivery and its outcome, as the webhook answers a delivery (202 when a run starts,
     is queued or debounced; 200 otherwise)."""
 
-    redrive_of: str = Field(description="The delivery re-driven")
+    redrive_of: str = Field(description="The delivery re-driven (or rerun)")
     delivery_id: str = Field(description="The re-drive's own delivery")
+    rerun: int | None = Field(None, description='A rerun ({"rerun": n}): its number')
+    rerun_of: str | None = Field(None, description="A rerun: the run it runs again (run_id is the new run)")
     status: Literal["accepted", "duplicate", "queued", "debounced", "skipped", "ignored"]
     run_id: str | None = None
     superseded_run_id: str | None = None

@@ -9,7 +9,7 @@
 ``DELETE /triggers/{id}``              admin     delete (204); ``If-Match`` honoured when given
 ``POST /triggers/preview``             viewer    what a draft would make of a sample delivery; no effect
 ``GET /triggers/{id}/deliveries``      viewer    its deliveries' processing state, newest first (cursor)
-``POST …/deliveries/{d}/redrive``      operator  re-run a rejected or failed delivery (:mod:`.redrive`)
+``POST …/deliveries/{d}/redrive``      operator  re-run a rejected or failed delivery; ``{"rerun": n}``: an accepted one, as a new run (:mod:`.redrive`)
 =====================================  ========  ==================================================
 
 Authentication is :mod:`temporality_service.auth` (``Authorization: Bearer <API token>``): 401 without a
@@ -76,7 +76,7 @@ from temporality_service.openapi import component_schemas, if_match, json_body, 
 from temporality_trigger_gateway.errors import BusUnavailable
 from temporality_trigger_gateway.launch import Launcher
 from temporality_trigger_gateway.preview import run_preview
-from temporality_trigger_gateway.redrive import NotRedrivable, redrive
+from temporality_trigger_gateway.redrive import MAX_RERUN, NotRedrivable, redrive, rerun
 from temporality_trigger_gateway.store import TriggerRecord, TriggerRegistry, TriggerStore, validate_spec
 from temporality_trigger_gateway.triggers import EventTrigger, TriggerConfig, field_errors
 
@@ -185,8 +185,24 @@ class TriggerPreview(BaseModel):
     headers: dict[str, str] | None = Field(None, description="The sample's headers, for sources that read them")
 
 
+class RedriveRequest(BaseModel):
+    """The body of ``POST …/deliveries/{d}/redrive`` (optional: empty is a re-drive; :func:`_rerun_number`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rerun: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_RERUN,
+        description="Run an accepted delivery's event again as a new run: the rerun's number (1 for the first; the "
+        "same number again is the same run). Absent: a re-drive of a rejected or failed delivery",
+    )
+
+
 #: The components the admin API's bodies refer to (``add_schemas`` in :func:`~.api.create_app`).
-OPENAPI_SCHEMAS = component_schemas(TriggerSpec=TriggerConfig, TriggerPreview=TriggerPreview)
+OPENAPI_SCHEMAS = component_schemas(
+    TriggerSpec=TriggerConfig, TriggerPreview=TriggerPreview, RedriveRequest=RedriveRequest
+)
 _SPEC_BODY = json_body(
     "TriggerSpec",
     description="A trigger, as in the triggers file (422 invalid_trigger names each wrong field); on PUT the id "
@@ -364,11 +380,14 @@ def admin_router(
 
     @router.post(
         "/{trigger_id}/deliveries/{delivery_id}/redrive",
-        summary="Re-run a rejected or failed delivery through the launch path (its original event id)",
+        summary="Re-run a rejected or failed delivery through the launch path (its original event id); "
+        'with {"rerun": n}, run an accepted delivery again as a new run',
         response_model=RedriveAnswer,
+        openapi_extra=operation(body=json_body("RedriveRequest", required=False)),
         responses={202: {"model": RedriveAnswer, "description": "A run is started, queued or debounced"}},
     )
-    async def redrive_delivery(trigger_id: str, delivery_id: str, who: AsOperator) -> JSONResponse:
+    async def redrive_delivery(trigger_id: str, delivery_id: str, request: Request, who: AsOperator) -> JSONResponse:
+        number = _rerun_number(await read_body(request, 1024))
         await current(trigger_id)
         found = await io(launch_path.deliveries.get(trigger_id, delivery_id)) if _DELIVERY.match(delivery_id) else None
         if found is None:
@@ -379,10 +398,21 @@ def admin_router(
                 f"trigger {trigger_id!r} is not served here ({registry.problems.get(trigger_id, 'not loaded')})"
             )
         try:
-            answer = await redrive(launch_path, trigger, found)
+            if number is None:
+                answer = await redrive(launch_path, trigger, found)
+            else:
+                answer = await rerun(launch_path, trigger, found, number, who.name)
         except BusUnavailable as exc:
             raise Unavailable(exc.detail, code="bus_unavailable", retry_after_s=retry_after_s) from exc
-        log.info("delivery.redrive_requested", trigger_id=trigger_id, delivery_id=delivery_id, principal=who.name)
+        log.info(
+            "delivery.redrive_requested" if number is None else "delivery.rerun_requested",
+            trigger_id=trigger_id,
+            delivery_id=delivery_id,
+            principal=who.name,
+            rerun=number,
+            run_id=answer.get("run_id"),
+            status=answer.get("status"),
+        )
         status = 202 if answer.get("status") in ("accepted", "queued", "debounced") else 200
         return JSONResponse(answer, status_code=status)
 
@@ -534,6 +564,29 @@ def admin_router(
         return Response(status_code=204)
 
     return router
+
+
+class InvalidRedrive(Unprocessable):
+    code = "invalid_request"
+
+
+def _rerun_number(raw: bytes) -> int | None:
+    """A re-drive's body: empty (or ``{}``) for a re-drive, ``{"rerun": n}`` for rerun ``n`` (:mod:`.redrive`)."""
+    if not raw.strip():
+        return None
+    body = parse_json(raw)
+    if not isinstance(body, dict) or set(body) - {"rerun"}:
+        raise InvalidRedrive('the body is empty (a re-drive) or {"rerun": n} (rerun n of an accepted delivery)')
+    number = body.get("rerun")
+    if number is None:
+        return None
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_RERUN:
+        raise InvalidRedrive(
+            f"rerun is the rerun's number, 1 to {MAX_RERUN}: 1 for the first rerun of the delivery, 2 for the next; "
+            "the same number again is the same run (a retry never starts a second one). A 409 delivery_accepted "
+            "names the next number"
+        )
+    return number
 
 
 def _now() -> datetime:

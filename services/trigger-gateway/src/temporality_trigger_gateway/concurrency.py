@@ -37,7 +37,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 from temporality_bus import AlreadyExists, NotFound, PermanentError, Store, Timers, evolve
 from temporality_protocol import Envelope, NormalizedEvent, RunCancelRequested, derive_id, make_event
@@ -148,6 +148,21 @@ class QueuedLaunch(_Record):
     event: NormalizedEvent
     input: dict[str, Any]
     with_payload: bool = False
+    #: A rerun (:class:`.launch.TriggerDelivery`): its number, the run it runs again, who asked. Stored only on a
+    #: rerun's launch (:meth:`_stored`).
+    rerun: int | None = None
+    rerun_of: str | None = None
+    requested_by: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The launch's JSON without the rerun fields unless it is a rerun's: a gateway of an earlier version (a
+        rolling upgrade) reads every other queued launch as before (its model forbids unknown fields)."""
+        data: dict[str, Any] = handler(self)
+        if self.rerun is None:
+            for name in ("rerun", "rerun_of", "requested_by"):
+                data.pop(name, None)
+        return data
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,10 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 from pydantic_core import to_json
 
 from temporality_bus import BusError, Conflict, PublishResult, Store, TransientError, evolve, live_keys
@@ -99,11 +99,27 @@ class DeliveryRecord(BaseModel):
     #: A re-drive: the delivery it re-runs; on the original, the re-drives made of it.
     redrive_of: str | None = None
     redriven_as: list[str] = Field(default_factory=list)
+    #: A rerun (``{"rerun": n}``: the accepted delivery ``redrive_of`` run again as a new run): its number, and the
+    #: run it runs again. Stored only on a rerun's record (:meth:`_stored`).
+    rerun: int | None = None
+    rerun_of: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The record's JSON without ``rerun``/``rerun_of`` unless it is a rerun's: a gateway of an earlier version
+        (a rolling upgrade) reads every other record as before (its model forbids unknown fields)."""
+        data: dict[str, Any] = handler(self)
+        if self.rerun is None and self.rerun_of is None:
+            data.pop("rerun", None)
+            data.pop("rerun_of", None)
+        return data
 
     def view(self) -> dict[str, object]:
         """As the deliveries API shows it (:class:`DeliveryView`): every field but the event itself
         (``has_event`` says if kept)."""
         shown = self.model_dump(mode="json", exclude={"event"})
+        shown.setdefault("rerun", None)
+        shown.setdefault("rerun_of", None)
         shown["has_event"] = self.event is not None
         return shown
 
@@ -228,6 +244,11 @@ class Draft:
                 "event_omitted": self.event_json is None,
                 "redrive_of": self.redrive_of,
                 "redriven_as": [],
+                **(
+                    {}
+                    if delivery.rerun is None and delivery.rerun_of is None
+                    else {"rerun": delivery.rerun, "rerun_of": delivery.rerun_of}
+                ),
             }
         )
         if self.event_json is None:
@@ -571,4 +592,6 @@ def _received(
         updated_at=updated_at or now,
         event_omitted=event_omitted,
         redrive_of=redrive_of,
+        rerun=delivery.rerun,
+        rerun_of=delivery.rerun_of,
     )

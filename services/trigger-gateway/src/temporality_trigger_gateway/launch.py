@@ -100,6 +100,7 @@ __all__ = [
     "RejectReason",
     "Skipped",
     "TriggerDelivery",
+    "claim_id",
     "dedupe_key",
     "launch_events",
     "lost_rejected",
@@ -223,11 +224,22 @@ class TriggerDelivery:
     depth: int = 0
     causation_id: str | None = None
     correlation_id: str | None = None
+    #: A rerun (:func:`.redrive.rerun`): its number, the run it runs again, who asked. Its run id is new, and so
+    #: is its dedupe claim (:func:`claim_id`): the original event's claim keeps naming the original run.
+    rerun: int | None = None
+    rerun_of: str | None = None
+    requested_by: str | None = None
 
 
 # --------------------------------------------------------------------------- decisions (pure)
 def dedupe_key(trigger_id: str, source_event_id: str) -> str:
     return derive_id("dd", trigger_id, source_event_id)
+
+
+def claim_id(delivery: TriggerDelivery | QueuedLaunch, event_id: str) -> str:
+    """What a delivery's dedupe claim is keyed by (with its trigger id): the source event's id, but for a rerun,
+    whose own (derived) delivery id is the one launch the claim guards (a retried rerun is that launch again)."""
+    return event_id if delivery.rerun is None else delivery.delivery_id
 
 
 def _envelope(delivery: TriggerDelivery, *, run_id: str | None, tenant: str | None, id: str) -> dict[str, Any]:
@@ -326,7 +338,12 @@ def launch_events(
             agent=trigger.agent,
             title=title[:200],
             launch=LaunchSource(
-                kind=delivery.kind, trigger_id=trigger.id, delivery_id=delivery.delivery_id, depth=delivery.depth
+                kind=delivery.kind,
+                trigger_id=trigger.id,
+                delivery_id=delivery.delivery_id,
+                depth=delivery.depth,
+                rerun_of=delivery.rerun_of,
+                requested_by=delivery.requested_by,
             ),
             event=event if with_payload else _without_payload(event),
             input=event.payload if input is None else input,
@@ -363,6 +380,9 @@ def _queued_launch(
         event=event,
         input=mapped,
         with_payload=with_payload,
+        rerun=delivery.rerun,
+        rerun_of=delivery.rerun_of,
+        requested_by=delivery.requested_by,
     )
 
 
@@ -379,6 +399,9 @@ def _delivery_of(launch: QueuedLaunch, trigger: TriggerConfig) -> TriggerDeliver
         depth=launch.depth,
         causation_id=launch.causation_id,
         correlation_id=launch.correlation_id,
+        rerun=launch.rerun,
+        rerun_of=launch.rerun_of,
+        requested_by=launch.requested_by,
     )
 
 
@@ -570,10 +593,14 @@ class Launcher:
         tenant: str | None,
         event: NormalizedEvent | None = None,
         title: str | None = None,
+        redrive_of: str | None = None,
     ) -> None:
-        """Journal a delivery that starts no run (``trigger.received`` + ``trigger.rejected``) and record it."""
+        """Journal a delivery that starts no run (``trigger.received`` + ``trigger.rejected``) and record it
+        (``redrive_of``: the delivery it re-drives)."""
         await self.publish(refusal_events(delivery, reason, detail, run_id=None, tenant=tenant))
-        await self.deliveries.record(delivery, "rejected", event=event, title=title, reason=reason, detail=detail)
+        await self.deliveries.record(
+            delivery, "rejected", event=event, title=title, reason=reason, detail=detail, redrive_of=redrive_of
+        )
 
     async def _launch(
         self,
@@ -587,7 +614,7 @@ class Launcher:
         concurrency_key: str | None,
         draft: Draft,
     ) -> Accepted | Duplicate | Queued | Skipped | Debounced | _Decided:
-        key = dedupe_key(delivery.trigger.id, event.id)
+        key = dedupe_key(delivery.trigger.id, claim_id(delivery, event.id))
         store = self._store or await self.dedupe()  # (opened once: no coroutine per delivery after)
         received = received_event(delivery, run_id=run_id, tenant=event.tenant)
         won = await self._claim(store, key, delivery, event, run_id)
@@ -717,7 +744,7 @@ class Launcher:
             await self.publish((rejected,))
             await self.deliveries.record(delivery, "rejected", reason="concurrency_skip", detail=decision.detail)
             # as a webhook's skip: the claim is given back, so a copy of the event decides again
-            await self._release_waiting(dedupe_key(trigger.id, launch.event.id), launch.delivery_id)
+            await self._release_waiting(dedupe_key(trigger.id, claim_id(launch, launch.event.id)), launch.delivery_id)
         log.info("launch.debounce_ended", run_id=launch.run_id, decision=type(decision).__name__.lower())
 
     async def start_queued(
@@ -777,6 +804,10 @@ class Launcher:
         else:
             await self.publish((lost_rejected(trigger_id, ref.delivery_id, record, detail),))
         event_id = launch.event.id if launch is not None else _event_id_of(record)
+        if launch is not None:
+            event_id = claim_id(launch, launch.event.id)
+        elif record is not None and record.rerun is not None:
+            event_id = record.delivery_id  # a rerun's claim (claim_id)
         if event_id is not None:
             await self._release_waiting(dedupe_key(trigger_id, event_id), ref.delivery_id)
 

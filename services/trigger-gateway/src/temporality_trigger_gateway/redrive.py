@@ -14,6 +14,23 @@ new delivery (id derived from the original and the re-drive's number, ``redrive_
 
 Because the run id and the dedupe claim come from the original event id, a re-drive of an event that was
 accepted meanwhile (by a retry of the sender) is a duplicate, never a second run.
+
+A **rerun** (``{"rerun": n}`` as the body, :func:`rerun`) is the one way to run an *accepted* delivery's event
+again, as a new run -- e.g. its run failed on the agent's configuration (a missing API key) and the card is
+fixed now. Asked for explicitly and numbered, it is idempotent: rerun ``n`` of delivery ``d`` has the delivery
+id ``derive_id("dlv", d, "rerun", n)`` and the run id ``derive_id("run", trigger id, d, "rerun", n)``, and its
+own dedupe claim (keyed by that delivery id), so the same request retried is the same run (answered
+``duplicate`` with its run id once it started)::
+
+    the original is not accepted                  -> 409 not_rerunnable (re-drive it without rerun)
+    n is past the next rerun (reruns made + 1)    -> 409 rerun_out_of_order (naming the next number)
+    rerun n exists and was accepted               -> 200 duplicate, its run id (nothing published)
+    otherwise                                     -> the launch path as for a re-drive, with the new run id;
+                                                     run.requested's launch has rerun_of (the original run)
+                                                     and requested_by (the operator)
+
+The rerun's delivery record has ``redrive_of`` (the original delivery), ``rerun`` (n) and ``rerun_of`` (the
+original run); the original lists it in ``redriven_as``.
 """
 
 from __future__ import annotations
@@ -32,7 +49,21 @@ from temporality_trigger_gateway.launch import Launcher, RejectReason, TriggerDe
 from temporality_trigger_gateway.mapping import MappingFailed
 from temporality_trigger_gateway.triggers import EventTrigger, TriggerConfig, WebhookTrigger
 
-__all__ = ["DeliveryAccepted", "DeliveryPending", "NotRedrivable", "redrive"]
+__all__ = [
+    "MAX_RERUN",
+    "DeliveryAccepted",
+    "DeliveryPending",
+    "NotRedrivable",
+    "NotRerunnable",
+    "RerunOutOfOrder",
+    "next_rerun",
+    "redrive",
+    "rerun",
+    "rerun_delivery_id",
+]
+
+#: The highest rerun number taken (a delivery is rerun a few times, never thousands).
+MAX_RERUN = 100
 
 log = structlog.get_logger(__name__)
 
@@ -49,12 +80,40 @@ class DeliveryPending(Conflict):
     code = "delivery_pending"
 
 
-def _check(record: DeliveryRecord) -> None:
+class NotRerunnable(Conflict):
+    code = "not_rerunnable"
+
+
+class RerunOutOfOrder(Conflict):
+    code = "rerun_out_of_order"
+
+
+def rerun_delivery_id(delivery_id: str, number: int) -> str:
+    """The delivery id of rerun ``number`` of ``delivery_id`` (one per pair: a retried rerun is the same one)."""
+    return derive_id("dlv", delivery_id, "rerun", str(number))
+
+
+async def next_rerun(launcher: Launcher, record: DeliveryRecord) -> int:
+    """The number the next rerun of ``record``'s delivery takes: one more than the reruns recorded (read one by
+    one, by their derived ids: a few reads)."""
+    number = 1
+    while number <= MAX_RERUN:
+        found = await launcher.io(
+            launcher.deliveries.get(record.trigger_id, rerun_delivery_id(record.delivery_id, number))
+        )
+        if found is None:
+            return number
+        number += 1
+    return number
+
+
+def _check(record: DeliveryRecord, next_number: int | None = None) -> None:
     """Refuse what a re-drive cannot (or must not) do, with the reason."""
     if record.state == "accepted":
         raise DeliveryAccepted(
             f"delivery {record.delivery_id} was accepted as run {record.run_id}: re-driving it could never start "
-            "a second run"
+            "a second run. To run its event again as a new run (e.g. the run failed on the agent's "
+            f'configuration, fixed since), rerun it: POST this with the body {{"rerun": {next_number or 1}}}'
         )
     if record.state in ("received", "queued", "debounced"):
         raise DeliveryPending(f"delivery {record.delivery_id} is still {record.state}: it has not been decided yet")
@@ -69,9 +128,7 @@ def _check(record: DeliveryRecord) -> None:
 
 async def redrive(launcher: Launcher, trigger: TriggerConfig, record: DeliveryRecord) -> dict[str, Any]:
     """Re-run ``record``'s delivery through the launch path; the outcome as the webhook answers it."""
-    _check(record)
-    event = record.event
-    assert event is not None
+    _check(record, await next_rerun(launcher, record) if record.state == "accepted" else None)
     number = len(record.redriven_as) + 1
     delivery = TriggerDelivery(
         trigger=trigger,
@@ -86,8 +143,76 @@ async def redrive(launcher: Launcher, trigger: TriggerConfig, record: DeliveryRe
         correlation_id=record.correlation_id,
     )
     answer: dict[str, Any] = {"redrive_of": record.delivery_id, "delivery_id": delivery.delivery_id}
+    return await _relaunch(launcher, trigger, record, delivery, answer)
+
+
+async def rerun(
+    launcher: Launcher, trigger: TriggerConfig, record: DeliveryRecord, number: int, requested_by: str
+) -> dict[str, Any]:
+    """Run ``record``'s accepted delivery again as rerun ``number``: a new run (module docstring)."""
+    if record.state != "accepted" or record.run_id is None:
+        if record.state in ("received", "queued", "debounced"):
+            raise DeliveryPending(f"delivery {record.delivery_id} is still {record.state}: it has not been decided yet")
+        raise NotRerunnable(
+            f"delivery {record.delivery_id} was not accepted ({record.state}"
+            f"{f', {record.reason}' if record.reason else ''}): a rerun runs an accepted delivery's event again as "
+            "a new run; re-drive this one without rerun (an empty body)"
+        )
+    if record.event is None:
+        why = "it is larger than 64 KiB" if record.event_omitted else "it was refused before it was normalized"
+        raise NotRerunnable(f"delivery {record.delivery_id} cannot be rerun: its event was not kept ({why})")
+    delivery_id = rerun_delivery_id(record.delivery_id, number)
+    answer: dict[str, Any] = {
+        "redrive_of": record.delivery_id,
+        "delivery_id": delivery_id,
+        "rerun": number,
+        "rerun_of": record.run_id,
+    }
+    earlier = await launcher.io(launcher.deliveries.get(trigger.id, delivery_id))
+    if earlier is None:
+        following = await next_rerun(launcher, record)
+        if number > following:
+            raise RerunOutOfOrder(
+                f"delivery {record.delivery_id} has {following - 1} rerun(s): the next one is "
+                f'{{"rerun": {following}}}, not {number}'
+            )
+    elif earlier.state == "accepted":  # this rerun again (a retry, or a second operator): the same run
+        following = await next_rerun(launcher, record)
+        detail = (
+            f"rerun {number} of delivery {record.delivery_id} started run {earlier.run_id} already; to run the event "
+            f'once more, send {{"rerun": {following}}}'
+        )
+        return {**answer, "status": "duplicate", "run_id": earlier.run_id, "detail": detail}
+    delivery = TriggerDelivery(
+        trigger=trigger,
+        delivery_id=delivery_id,
+        kind=record.kind,
+        adapter=record.adapter,
+        source_event_id=record.source_event_id,
+        source_event_type=record.source_event_type,
+        body_bytes=record.body_bytes,
+        depth=record.depth,
+        causation_id=record.causation_id,
+        correlation_id=record.correlation_id,
+        rerun=number,
+        rerun_of=record.run_id,
+        requested_by=requested_by,
+    )
+    return await _relaunch(launcher, trigger, record, delivery, answer)
+
+
+async def _relaunch(
+    launcher: Launcher,
+    trigger: TriggerConfig,
+    record: DeliveryRecord,
+    delivery: TriggerDelivery,
+    answer: dict[str, Any],
+) -> dict[str, Any]:
+    """``record``'s event through the launch path as ``delivery`` (a re-drive's, or a rerun's)."""
+    event = record.event
+    assert event is not None
     with structlog.contextvars.bound_contextvars(
-        trigger_id=trigger.id, delivery_id=delivery.delivery_id, redrive_of=record.delivery_id
+        trigger_id=trigger.id, delivery_id=delivery.delivery_id, redrive_of=record.delivery_id, rerun=delivery.rerun
     ):
         refused: tuple[RejectReason, str] | None = _refusal(trigger, record.source_event_type or event.type)
         if refused is None:
@@ -102,11 +227,22 @@ async def redrive(launcher: Launcher, trigger: TriggerConfig, record: DeliveryRe
                 refused = ("invalid_payload", f"the {exc.section} expression cannot be applied ({exc})")
         if refused is not None:
             reason, detail = refused
-            await launcher.refuse(delivery, reason, detail, tenant=event.tenant, event=event, title=record.title)
+            await launcher.refuse(
+                delivery,
+                reason,
+                detail,
+                tenant=event.tenant,
+                event=event,
+                title=record.title,
+                redrive_of=record.delivery_id,
+            )
             await launcher.deliveries.redriven(trigger.id, record.delivery_id, delivery.delivery_id)
             log.info("delivery.redriven", status="ignored", reason=reason)
             return {**answer, "status": "ignored", "reason": reason, "detail": detail}
-        run_id = run_id_for_delivery(trigger.id, event.id)
+        if delivery.rerun is None:
+            run_id = run_id_for_delivery(trigger.id, event.id)
+        else:  # a new run, one per (delivery, rerun number)
+            run_id = derive_id("run", trigger.id, record.delivery_id, "rerun", str(delivery.rerun))
         if record.kind == "event":  # the run's lineage, as the event consumer writes it (TRG-6 depth)
             lineages = await launcher.io(launcher.bus.store(BUCKET_DEDUPE, Lineage))
             try:

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog
 from journal_support import (
     OPERATOR,
     ServedJournal,
@@ -152,14 +153,62 @@ async def test_every_refusal_is_the_same_401_and_is_audited_without_the_password
             return entries if len(entries) >= 3 else None
 
         entries = await eventually(audited, what="the three refused sign-ins in /audit")
-        assert sorted(e["details"]["principal"] for e in entries) == ["user:alice", "user:dana", "user:nobody"]
-        assert sorted(e["actor"] for e in entries) == ["user:alice", "user:dana", "user:nobody"]  # a person, no token
+        # directory users by their id; "nobody" names no one: a keyed digest of what was typed, never the text
+        principals = sorted(e["details"]["principal"] for e in entries)
+        assert principals[1:] == ["user:alice", "user:dana"]
+        assert re.fullmatch(r"unknown-user:[0-9a-f]{12}", principals[0]), principals
+        assert sorted(e["actor"] for e in entries) == principals  # a person (or an unknown id), no token
         assert {(e["details"]["status"], e["details"]["path"], e["details"]["address"]) for e in entries} == {
             (401, "/auth/password", "127.0.0.1")
         }
         trail = (await client.get("/audit", headers=OPERATOR)).text
         for secret in ("not-alices-password", ALICE_PASSWORD, "dana-has-no-password", "$argon2id$"):
             assert secret not in trail
+
+
+async def test_a_password_typed_as_the_user_id_is_recorded_nowhere(
+    stack: Stack, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The review's finding: a password typed into the user id field was journaled (``user:<it>``) and logged by
+    both services. Now only a keyed digest of it is: the same for the same text, so probes still group."""
+    typed = "Sup3r-S3cret-Passw0rd!"
+    with structlog.testing.capture_logs() as logs:
+        async with httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as client:
+            for _ in range(2):
+                assert (await sign_in(client, typed, "x")).status_code == 401
+            assert (await sign_in(client, f"{typed}2", "x")).status_code == 401
+            assert (await sign_in(client, typed, "x")).status_code == 401  # its third: the user limit (3 here)
+            limited = await sign_in(client, typed, "x")
+            assert limited.status_code == 429, limited.text
+
+            async def audited() -> list[dict[str, Any]] | None:
+                answer = await client.get("/audit", params={"kind": "access_refusal"}, headers=OPERATOR)
+                entries = [e for e in answer.json()["entries"] if e["details"]["reason"] == "password_refused"]
+                return entries if len(entries) >= 2 else None
+
+            entries = await eventually(audited, what="the refused sign-ins in /audit")
+            names = {e["details"]["principal"] for e in entries}
+            assert len(names) == 2, names
+            assert all(re.fullmatch(r"unknown-user:[0-9a-f]{12}", n) for n in names), names
+            first = next(e for e in entries if e["details"]["count"] == 1 and e["details"]["principal"] in names)
+            assert first["actor"] == first["details"]["principal"]
+            events = (await client.get("/events", params={"type": "api.access_refused"}, headers=OPERATOR)).text
+            trail = (await client.get("/audit", headers=OPERATOR)).text
+    refused = [e for e in logs if e["event"] in ("signin.password_refused", "signin.password_rate_limited")]
+    assert [e["event"] for e in refused].count("signin.password_refused") == 4
+    assert {e["user"] for e in refused} == names
+    human = [e for e in logs if e["event"] == "passwords.refused"]
+    assert len(human) == 4, human
+    assert all(e["user_known"] is False and "user_id" not in e for e in human), human
+    written = capfd.readouterr()
+    for where, text in {
+        "/audit": trail,
+        "/events": events,
+        "the logs": repr(logs),
+        "stdout": written.out,
+        "stderr": written.err,
+    }.items():
+        assert typed not in text, f"the typed text is in {where}"
 
 
 async def test_repeated_failures_are_a_429_with_retry_after_per_user_and_per_address(stack: Stack) -> None:

@@ -31,6 +31,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_embedded.processes import free_port
 from temporality_human_interaction.passwords import hash_password
 from temporality_journal import Settings
+from temporality_journal.access import NOT_SIGNED_IN, SESSION_ENDED
 from temporality_journal.passwords import AttemptLimits, Exhausted
 from temporality_journal.signin import SESSION_COOKIE
 from temporality_testing.oidc_emulator import OidcEmulator
@@ -209,6 +210,55 @@ async def test_a_password_typed_as_the_user_id_is_recorded_nowhere(
         "stderr": written.err,
     }.items():
         assert typed not in text, f"the typed text is in {where}"
+
+
+async def test_the_consoles_whoami_probe_is_not_audited_and_an_ended_session_says_so(stack: Stack) -> None:
+    """Every console load asks /whoami with no credential: a 401, not journaled as a refusal; a bad token there
+    still is. A session signed out in another tab (a copy of its cookie) is a 401 session_ended, not "send a
+    bearer token"."""
+    audit = stack.journal.runtime.access_audit
+    assert audit is not None
+    counted: list[tuple[str, str]] = []  # what the journal told its audit (one window's refusals share one event)
+    told = audit.refused
+
+    def spy(**refusal: Any) -> None:
+        counted.append((refusal["request"].path, refusal["reason"]))
+        told(**refusal)
+
+    audit.refused = spy  # type: ignore[method-assign]
+    async with (
+        httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as tab,
+        httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as other_tab,
+    ):
+        for _ in range(3):
+            probe = await tab.get("/whoami")
+            assert (probe.status_code, probe.json()) == (401, {"error": "unauthorized", "detail": NOT_SIGNED_IN})
+        bad = await tab.get("/whoami", headers={"Authorization": "Bearer not-a-valid-token-0123456789"})
+        assert (bad.status_code, bad.json()["error"]) == (401, "invalid_token")
+        anonymous = await tab.get("/runs")
+        assert (anonymous.status_code, anonymous.json()["error"]) == (401, "unauthorized")
+
+        assert (await sign_in(tab, "alice", ALICE_PASSWORD)).status_code == 200
+        other_tab.cookies.set(SESSION_COOKIE, tab.cookies[SESSION_COOKIE])  # the same browser's other tab
+        assert (await tab.post("/auth/logout", headers=CONSOLE)).status_code == 200
+        cancel = await other_tab.post("/runs/run-1/cancel", json={"reason": "stop it"}, headers=CONSOLE)
+        assert cancel.status_code == 401, cancel.text
+        assert cancel.json() == {"error": "session_ended", "detail": SESSION_ENDED}
+        assert "sign in again" in SESSION_ENDED
+
+        assert counted == [
+            ("/whoami", "invalid_token"),
+            ("/runs", "unauthorized"),
+            ("/runs/run-1/cancel", "session_ended"),
+        ]
+
+        async def audited() -> list[dict[str, Any]] | None:  # the first of the window is in the trail at once
+            answer = await tab.get("/audit", params={"kind": "access_refusal"}, headers=OPERATOR)
+            entries = [e["details"] for e in answer.json()["entries"] if e["details"]["path"] == "/whoami"]
+            return entries or None
+
+        entries = await eventually(audited, what="the bad token's refusal in /audit")
+        assert {e["reason"] for e in entries} == {"invalid_token"}  # (a window's total may follow, same first)
 
 
 async def test_repeated_failures_are_a_429_with_retry_after_per_user_and_per_address(stack: Stack) -> None:

@@ -123,7 +123,7 @@ from temporality_service import (
     read_body,
 )
 from temporality_service.audit import RequestContext
-from temporality_service.http import Conflict, summarize_errors
+from temporality_service.http import Conflict, Unauthorized, summarize_errors
 from temporality_service.openapi import add_schemas, component_schemas, json_body, operation
 
 __all__ = [
@@ -455,6 +455,10 @@ class CancelAccepted(BaseModel):
     requested_by: str = Field(description="The API token's name")
 
 
+#: The 401 of ``/whoami`` without any credential when no sign-in is configured (the token check's own words).
+NO_CREDENTIAL = "this endpoint needs Authorization: Bearer <API token>"
+
+
 def _run_not_found(run_id: str) -> NotFound:
     return NotFound(f"no run {run_id[:200]!r} in the journal", code="run_not_found")
 
@@ -519,7 +523,9 @@ def create_app(
     @app.get(
         "/whoami",
         response_model=WhoAmI,
-        description="Who calls: the API token's name and role, or the person signed in (role null: inbox only).",
+        description="Who calls: the API token's name and role, or the person signed in (role null: inbox only). "
+        "401 without a credential (not audited: the console asks at every load); a refused token or an ended "
+        "session (401 session_ended) is audited like any refusal.",
     )
     async def whoami(request: Request, authorization: Annotated[str | None, Header()] = None) -> WhoAmI:
         person = signin.person(request) if signin is not None and authorization is None else None
@@ -531,7 +537,10 @@ def create_app(
                 user=person.user_id,
                 expires_at=datetime.fromtimestamp(person.expires_at, UTC),
             )
-        who = audited_auth.admit(request, authorization, Role.viewer)
+        if authorization is None and (signin is None or not signin.ended(request)):
+            # the console's "is anyone signed in?" at every load: no credential was refused, nothing is audited
+            raise audited_auth.unauthenticated(request) if signin is not None else Unauthorized(NO_CREDENTIAL)
+        who = audited_auth.admit(request, authorization, Role.viewer)  # a bad token or an ended session: audited
         return WhoAmI(name=who.name, role=str(who.role))
 
     @app.get(

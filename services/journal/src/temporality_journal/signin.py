@@ -110,7 +110,7 @@ from temporality_journal.passwords import (
     SignInRefused,
     TooManyAttempts,
 )
-from temporality_journal.revocation import PERSON_KEY, RevocationCheck, Revocations
+from temporality_journal.revocation import PERSON_KEY, RevocationCheck, Revocations, mark_ended, session_ended
 from temporality_journal.settings import Settings
 from temporality_service import (
     ApiError,
@@ -345,6 +345,20 @@ class SignIn:
         except (KeyError, TypeError, ValueError):
             return None
         return person if time.time() < person.expires_at else None
+
+    def ended(self, request: Request) -> bool:
+        """Whether the request came with a session that has ended: signed out (on another tab or device), ended by
+        a change in the directory (both noted by their middleware), or past its expiry -- whose data this clears,
+        so the answer drops the cookie and the next request is one without a session."""
+        if session_ended(request.scope):
+            return True
+        if "session" not in request.scope or not isinstance(request.session.get(_PERSON_KEY), dict):
+            return False
+        if self.person(request) is not None:
+            return False
+        request.session.clear()
+        mark_ended(request.scope)  # asked again for the same request: still ended
+        return True
 
     @staticmethod
     def check_csrf(request: Request, what: str = "a signed-in call that changes something") -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -17,10 +17,12 @@ import pytest
 import structlog
 from journal_support import (
     OPERATOR,
+    RunStory,
     ServedJournal,
     console_screenshot,
     eventually,
     oidc_sign_in,
+    publish_recorded,
     serve_human,
     serve_journal,
     served_settings,
@@ -351,6 +353,80 @@ async def test_console_sign_in_with_the_directory_account_by_keyboard(
     await page.locator("#sign-out").click()
     await expect(page.get_by_label("User id")).to_be_visible(timeout=WAIT_MS)
     assert await page.evaluate("fetch('/whoami').then((r) => r.status)") == 401
+
+
+async def test_console_session_ended_in_another_tab_signs_in_again_back_to_the_run_with_the_reason_kept(
+    stack: Stack, browser_context: BrowserContext, story: Callable[..., RunStory]
+) -> None:
+    """The review's path: alice, signed in with her directory account, types a cancel reason on a run; she has
+    signed out in another tab; "Cancel run" says her session ended (not "send a bearer token"), she signs in
+    again and is back on that run with her reason still typed. Also her Audit page and the wizard's words."""
+    s = story(title="Review PR 77")
+    await publish_recorded(stack.journal, s.requested(), s.created(), s.started())
+    page = await browser_context.new_page()
+    await page.goto(f"{stack.journal.url}/console/#/runs/{s.run_id}")
+    await page.get_by_label("User id").fill("alice")
+    await page.get_by_label("Password", exact=True).fill(ALICE_PASSWORD)
+    await page.keyboard.press("Enter")
+    await expect(page).to_have_url(re.compile(rf"#/runs/{s.run_id}$"), timeout=WAIT_MS)
+    reason = page.get_by_label("Reason")
+    await reason.fill("the PR was closed upstream")
+
+    other = await browser_context.new_page()  # the same browser: the same cookie
+    await other.goto(f"{stack.journal.url}/console/#/runs")
+    await expect(other.locator("#who")).to_have_text("Alice Example (operator)", timeout=WAIT_MS)
+    await other.locator("#sign-out").click()
+    await expect(other.get_by_label("User id")).to_be_visible(timeout=WAIT_MS)
+    await other.close()
+
+    await page.get_by_role("button", name="Cancel run").click()
+    alert = page.get_by_role("alert")
+    await expect(alert).to_have_text(
+        "Your session ended (signed out, expired, or changed in the directory): sign in again.", timeout=WAIT_MS
+    )
+    await expect(page.get_by_label("User id")).to_be_visible()
+    await expect(page).to_have_url(re.compile(rf"#/runs/{s.run_id}$"))  # still her run's address
+    await page.get_by_label("User id").fill("alice")
+    await page.get_by_label("Password", exact=True).fill(ALICE_PASSWORD)
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#who")).to_have_text("Alice Example (operator)", timeout=WAIT_MS)
+    await expect(page).to_have_url(re.compile(rf"#/runs/{s.run_id}$"))
+    await expect(page.get_by_label("Reason")).to_have_value("the PR was closed upstream", timeout=WAIT_MS)
+    await expect(alert).to_be_hidden()
+    assert await page.evaluate("sessionStorage.length") == 0  # the kept reason is back in its field, not kept
+
+    # the wizard speaks of roles to a person, not of tokens
+    await page.goto(f"{stack.journal.url}/console/#/wizard")
+    await expect(page.locator("#view")).to_contain_text(
+        "Creating and changing triggers needs the admin role.", timeout=WAIT_MS
+    )
+
+    # the Audit page (operators): her own refused sign-in is there; filtered and opened by keyboard
+    assert (
+        await page.request.post(
+            f"{stack.journal.url}/auth/password", data={"user": "dana", "password": "not-danas"}, headers=CONSOLE
+        )
+    ).status == 401
+    await page.get_by_role("link", name="Audit").click()
+    await expect(page).to_have_url(re.compile(r"#/audit$"), timeout=WAIT_MS)
+    await page.get_by_label("Kind").focus()
+    await page.get_by_label("Kind").select_option("access_refusal")
+    await page.get_by_label("Who").focus()
+    await page.keyboard.type("user:dana")
+    await page.keyboard.press("Enter")
+    await expect(page).to_have_url(re.compile(r"#/audit\?kind=access_refusal&actor=user%3Adana$"), timeout=WAIT_MS)
+    rows = page.locator("#audit tbody tr[data-id]")
+    await expect(rows).to_have_count(1, timeout=WAIT_MS)
+    await expect(rows.first).to_contain_text("refused API access and sign-ins")
+    await expect(rows.first).to_contain_text("user:dana")
+    await expect(rows.first).to_contain_text("password_refused")
+    details = rows.first.locator("details")
+    await details.locator("summary").focus()
+    await page.keyboard.press("Enter")
+    await expect(details.locator("pre")).to_be_visible()
+    await expect(details.locator("pre")).to_contain_text('"principal": "user:dana"')
+    assert "not-danas" not in await page.locator("#audit").inner_text()
+    await console_screenshot(page, "audit")
 
 
 async def test_console_of_a_directory_account_without_a_role_is_its_inbox(

@@ -356,8 +356,28 @@ async def test_runs_list_filters(served_journal: Served, browser_context: Browse
     await expect(rows.first).to_have_attribute("data-run-id", review.run_id)
 
     await page.get_by_label("State").select_option("")
-    await page.get_by_label("Title contains").fill("nothing like this")
+    await page.get_by_label("Title or run id").fill("nothing like this")
     await page.get_by_role("button", name="Filter").click()
+    await expect(page.locator("#runs")).to_contain_text("No runs.", timeout=WAIT_MS)
+
+    # a run id pasted into the search finds its run; the agent however it is capitalised
+    await page.get_by_label("Title or run id").fill(review.run_id)
+    await page.get_by_role("button", name="Filter").click()
+    await expect(rows).to_have_count(1, timeout=WAIT_MS)
+    await expect(rows.first).to_have_attribute("data-run-id", review.run_id)
+    await page.get_by_label("Title or run id").fill("")
+    await page.get_by_label("Agent", exact=True).fill("Triager")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(rows).to_have_count(1, timeout=WAIT_MS)
+    await expect(rows.first).to_have_attribute("data-run-id", triage.run_id)
+    await expect(page.get_by_role("link", name="Audit")).to_be_hidden()  # a viewer: no audit trail
+
+    # an unknown run id: said where the run would be, nothing left "Loading…"
+    await page.goto(f"{served_journal.url}/console/#/runs/run-no-such-run")
+    await expect(page.locator("#run-missing")).to_have_text("The journal has no run with this id.", timeout=WAIT_MS)
+    await expect(page.locator("#view")).not_to_contain_text("Loading")
+    await page.get_by_role("link", name="Search the runs for this id").click()
+    await expect(page).to_have_url(re.compile(r"#/runs\?q=run-no-such-run$"), timeout=WAIT_MS)
     await expect(page.locator("#runs")).to_contain_text("No runs.", timeout=WAIT_MS)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -14,12 +14,15 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog
 from journal_support import (
     OPERATOR,
+    RunStory,
     ServedJournal,
     console_screenshot,
     eventually,
     oidc_sign_in,
+    publish_recorded,
     serve_human,
     serve_journal,
     served_settings,
@@ -30,6 +33,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_embedded.processes import free_port
 from temporality_human_interaction.passwords import hash_password
 from temporality_journal import Settings
+from temporality_journal.access import NOT_SIGNED_IN, SESSION_ENDED
 from temporality_journal.passwords import AttemptLimits, Exhausted
 from temporality_journal.signin import SESSION_COOKIE
 from temporality_testing.oidc_emulator import OidcEmulator
@@ -152,14 +156,111 @@ async def test_every_refusal_is_the_same_401_and_is_audited_without_the_password
             return entries if len(entries) >= 3 else None
 
         entries = await eventually(audited, what="the three refused sign-ins in /audit")
-        assert sorted(e["details"]["principal"] for e in entries) == ["user:alice", "user:dana", "user:nobody"]
-        assert sorted(e["actor"] for e in entries) == ["user:alice", "user:dana", "user:nobody"]  # a person, no token
+        # directory users by their id; "nobody" names no one: a keyed digest of what was typed, never the text
+        principals = sorted(e["details"]["principal"] for e in entries)
+        assert principals[1:] == ["user:alice", "user:dana"]
+        assert re.fullmatch(r"unknown-user:[0-9a-f]{12}", principals[0]), principals
+        assert sorted(e["actor"] for e in entries) == principals  # a person (or an unknown id), no token
         assert {(e["details"]["status"], e["details"]["path"], e["details"]["address"]) for e in entries} == {
             (401, "/auth/password", "127.0.0.1")
         }
         trail = (await client.get("/audit", headers=OPERATOR)).text
         for secret in ("not-alices-password", ALICE_PASSWORD, "dana-has-no-password", "$argon2id$"):
             assert secret not in trail
+
+
+async def test_a_password_typed_as_the_user_id_is_recorded_nowhere(
+    stack: Stack, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The review's finding: a password typed into the user id field was journaled (``user:<it>``) and logged by
+    both services. Now only a keyed digest of it is: the same for the same text, so probes still group."""
+    typed = "Sup3r-S3cret-Passw0rd!"
+    with structlog.testing.capture_logs() as logs:
+        async with httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as client:
+            for _ in range(2):
+                assert (await sign_in(client, typed, "x")).status_code == 401
+            assert (await sign_in(client, f"{typed}2", "x")).status_code == 401
+            assert (await sign_in(client, typed, "x")).status_code == 401  # its third: the user limit (3 here)
+            limited = await sign_in(client, typed, "x")
+            assert limited.status_code == 429, limited.text
+
+            async def audited() -> list[dict[str, Any]] | None:
+                answer = await client.get("/audit", params={"kind": "access_refusal"}, headers=OPERATOR)
+                entries = [e for e in answer.json()["entries"] if e["details"]["reason"] == "password_refused"]
+                return entries if len(entries) >= 2 else None
+
+            entries = await eventually(audited, what="the refused sign-ins in /audit")
+            names = {e["details"]["principal"] for e in entries}
+            assert len(names) == 2, names
+            assert all(re.fullmatch(r"unknown-user:[0-9a-f]{12}", n) for n in names), names
+            first = next(e for e in entries if e["details"]["count"] == 1 and e["details"]["principal"] in names)
+            assert first["actor"] == first["details"]["principal"]
+            events = (await client.get("/events", params={"type": "api.access_refused"}, headers=OPERATOR)).text
+            trail = (await client.get("/audit", headers=OPERATOR)).text
+    refused = [e for e in logs if e["event"] in ("signin.password_refused", "signin.password_rate_limited")]
+    assert [e["event"] for e in refused].count("signin.password_refused") == 4
+    assert {e["user"] for e in refused} == names
+    human = [e for e in logs if e["event"] == "passwords.refused"]
+    assert len(human) == 4, human
+    assert all(e["user_known"] is False and "user_id" not in e for e in human), human
+    written = capfd.readouterr()
+    for where, text in {
+        "/audit": trail,
+        "/events": events,
+        "the logs": repr(logs),
+        "stdout": written.out,
+        "stderr": written.err,
+    }.items():
+        assert typed not in text, f"the typed text is in {where}"
+
+
+async def test_the_consoles_whoami_probe_is_not_audited_and_an_ended_session_says_so(stack: Stack) -> None:
+    """Every console load asks /whoami with no credential: a 401, not journaled as a refusal; a bad token there
+    still is. A session signed out in another tab (a copy of its cookie) is a 401 session_ended, not "send a
+    bearer token"."""
+    audit = stack.journal.runtime.access_audit
+    assert audit is not None
+    counted: list[tuple[str, str]] = []  # what the journal told its audit (one window's refusals share one event)
+    told = audit.refused
+
+    def spy(**refusal: Any) -> None:
+        counted.append((refusal["request"].path, refusal["reason"]))
+        told(**refusal)
+
+    audit.refused = spy  # type: ignore[method-assign]
+    async with (
+        httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as tab,
+        httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as other_tab,
+    ):
+        for _ in range(3):
+            probe = await tab.get("/whoami")
+            assert (probe.status_code, probe.json()) == (401, {"error": "unauthorized", "detail": NOT_SIGNED_IN})
+        bad = await tab.get("/whoami", headers={"Authorization": "Bearer not-a-valid-token-0123456789"})
+        assert (bad.status_code, bad.json()["error"]) == (401, "invalid_token")
+        anonymous = await tab.get("/runs")
+        assert (anonymous.status_code, anonymous.json()["error"]) == (401, "unauthorized")
+
+        assert (await sign_in(tab, "alice", ALICE_PASSWORD)).status_code == 200
+        other_tab.cookies.set(SESSION_COOKIE, tab.cookies[SESSION_COOKIE])  # the same browser's other tab
+        assert (await tab.post("/auth/logout", headers=CONSOLE)).status_code == 200
+        cancel = await other_tab.post("/runs/run-1/cancel", json={"reason": "stop it"}, headers=CONSOLE)
+        assert cancel.status_code == 401, cancel.text
+        assert cancel.json() == {"error": "session_ended", "detail": SESSION_ENDED}
+        assert "sign in again" in SESSION_ENDED
+
+        assert counted == [
+            ("/whoami", "invalid_token"),
+            ("/runs", "unauthorized"),
+            ("/runs/run-1/cancel", "session_ended"),
+        ]
+
+        async def audited() -> list[dict[str, Any]] | None:  # the first of the window is in the trail at once
+            answer = await tab.get("/audit", params={"kind": "access_refusal"}, headers=OPERATOR)
+            entries = [e["details"] for e in answer.json()["entries"] if e["details"]["path"] == "/whoami"]
+            return entries or None
+
+        entries = await eventually(audited, what="the bad token's refusal in /audit")
+        assert {e["reason"] for e in entries} == {"invalid_token"}  # (a window's total may follow, same first)
 
 
 async def test_repeated_failures_are_a_429_with_retry_after_per_user_and_per_address(stack: Stack) -> None:
@@ -252,6 +353,80 @@ async def test_console_sign_in_with_the_directory_account_by_keyboard(
     await page.locator("#sign-out").click()
     await expect(page.get_by_label("User id")).to_be_visible(timeout=WAIT_MS)
     assert await page.evaluate("fetch('/whoami').then((r) => r.status)") == 401
+
+
+async def test_console_session_ended_in_another_tab_signs_in_again_back_to_the_run_with_the_reason_kept(
+    stack: Stack, browser_context: BrowserContext, story: Callable[..., RunStory]
+) -> None:
+    """The review's path: alice, signed in with her directory account, types a cancel reason on a run; she has
+    signed out in another tab; "Cancel run" says her session ended (not "send a bearer token"), she signs in
+    again and is back on that run with her reason still typed. Also her Audit page and the wizard's words."""
+    s = story(title="Review PR 77")
+    await publish_recorded(stack.journal, s.requested(), s.created(), s.started())
+    page = await browser_context.new_page()
+    await page.goto(f"{stack.journal.url}/console/#/runs/{s.run_id}")
+    await page.get_by_label("User id").fill("alice")
+    await page.get_by_label("Password", exact=True).fill(ALICE_PASSWORD)
+    await page.keyboard.press("Enter")
+    await expect(page).to_have_url(re.compile(rf"#/runs/{s.run_id}$"), timeout=WAIT_MS)
+    reason = page.get_by_label("Reason")
+    await reason.fill("the PR was closed upstream")
+
+    other = await browser_context.new_page()  # the same browser: the same cookie
+    await other.goto(f"{stack.journal.url}/console/#/runs")
+    await expect(other.locator("#who")).to_have_text("Alice Example (operator)", timeout=WAIT_MS)
+    await other.locator("#sign-out").click()
+    await expect(other.get_by_label("User id")).to_be_visible(timeout=WAIT_MS)
+    await other.close()
+
+    await page.get_by_role("button", name="Cancel run").click()
+    alert = page.get_by_role("alert")
+    await expect(alert).to_have_text(
+        "Your session ended (signed out, expired, or changed in the directory): sign in again.", timeout=WAIT_MS
+    )
+    await expect(page.get_by_label("User id")).to_be_visible()
+    await expect(page).to_have_url(re.compile(rf"#/runs/{s.run_id}$"))  # still her run's address
+    await page.get_by_label("User id").fill("alice")
+    await page.get_by_label("Password", exact=True).fill(ALICE_PASSWORD)
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#who")).to_have_text("Alice Example (operator)", timeout=WAIT_MS)
+    await expect(page).to_have_url(re.compile(rf"#/runs/{s.run_id}$"))
+    await expect(page.get_by_label("Reason")).to_have_value("the PR was closed upstream", timeout=WAIT_MS)
+    await expect(alert).to_be_hidden()
+    assert await page.evaluate("sessionStorage.length") == 0  # the kept reason is back in its field, not kept
+
+    # the wizard speaks of roles to a person, not of tokens
+    await page.goto(f"{stack.journal.url}/console/#/wizard")
+    await expect(page.locator("#view")).to_contain_text(
+        "Creating and changing triggers needs the admin role.", timeout=WAIT_MS
+    )
+
+    # the Audit page (operators): her own refused sign-in is there; filtered and opened by keyboard
+    assert (
+        await page.request.post(
+            f"{stack.journal.url}/auth/password", data={"user": "dana", "password": "not-danas"}, headers=CONSOLE
+        )
+    ).status == 401
+    await page.get_by_role("link", name="Audit").click()
+    await expect(page).to_have_url(re.compile(r"#/audit$"), timeout=WAIT_MS)
+    await page.get_by_label("Kind").focus()
+    await page.get_by_label("Kind").select_option("access_refusal")
+    await page.get_by_label("Who").focus()
+    await page.keyboard.type("user:dana")
+    await page.keyboard.press("Enter")
+    await expect(page).to_have_url(re.compile(r"#/audit\?kind=access_refusal&actor=user%3Adana$"), timeout=WAIT_MS)
+    rows = page.locator("#audit tbody tr[data-id]")
+    await expect(rows).to_have_count(1, timeout=WAIT_MS)
+    await expect(rows.first).to_contain_text("refused API access and sign-ins")
+    await expect(rows.first).to_contain_text("user:dana")
+    await expect(rows.first).to_contain_text("password_refused")
+    details = rows.first.locator("details")
+    await details.locator("summary").focus()
+    await page.keyboard.press("Enter")
+    await expect(details.locator("pre")).to_be_visible()
+    await expect(details.locator("pre")).to_contain_text('"principal": "user:dana"')
+    assert "not-danas" not in await page.locator("#audit").inner_text()
+    await console_screenshot(page, "audit")
 
 
 async def test_console_of_a_directory_account_without_a_role_is_its_inbox(

@@ -581,6 +581,11 @@ def test_a_session_past_its_absolute_expiry_signs_nobody_in(tmp_path: Path, nats
     assert live is not None
     assert live.role is Role.operator
     assert signin.person(request(now - 1)) is None
+    assert not signin.ended(request(now + 60))
+    expired = request(now - 1)
+    assert signin.ended(expired)  # the API's 401 says "your session ended" ...
+    assert expired.session == {}  # ... and the answer drops the cookie
+    assert signin.ended(expired)
 
 
 # --------------------------------------------------------------------------- configuration and the role rule

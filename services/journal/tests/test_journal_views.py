@@ -94,6 +94,12 @@ async def test_runs_filtered_and_paged(journal: Journal, story: MakeStory) -> No
     assert await ids(q="PR 4") == [c.run_id, a.run_id]  # case-insensitive
     assert await ids(q="100%_") == [c.run_id]  # % and _ are literal
     assert await ids(q="%") == [c.run_id]
+    # a run id pasted into the title search finds its run, whole or its start (the review: "No runs.")
+    assert await ids(q=b.run_id) == [b.run_id]
+    assert await ids(q=b.run_id[:10]) == [b.run_id]  # "run-" and 6 of its 12 hex digits
+    assert await ids(q=b.run_id[5:]) == []  # the start, not any part
+    assert await ids(agent="Reviewer") == [c.run_id, a.run_id]  # the agent, however it is capitalised
+    assert await ids(agent="TRIAGER") == [b.run_id]
     since, until = (T0 + timedelta(minutes=30)).isoformat(), (T0 + timedelta(minutes=90)).isoformat()
     assert await ids(since=since, until=until) == [b.run_id]
     assert await ids(since=since) == [c.run_id, b.run_id]

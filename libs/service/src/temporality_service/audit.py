@@ -172,7 +172,7 @@ class AccessAudit:
         address = request.address if request is not None else None
         if principal is None:
             actor = f"address:{address}"
-        elif principal.startswith("user:"):  # a person's id (a refused sign-in typed it), not a token's name
+        elif principal.startswith(("user:", "unknown-user:")):  # a person (or a sign-in's unknown id), not a token
             actor = principal
         else:
             actor = f"token:{principal}"

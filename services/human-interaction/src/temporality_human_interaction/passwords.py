@@ -23,8 +23,10 @@ a failure
 ==========================================  =====================================================
 
 The check runs in a worker thread (Argon2 is CPU- and memory-bound; the event loop goes on), at most
-``max_inflight`` at once. Logged: ``passwords.verified`` (user id, role) and ``passwords.refused`` (the user
-id typed, cut to 64 characters, and whether such a user with a password exists); never a password or a hash.
+``max_inflight`` at once. Logged: ``passwords.verified`` (user id, role) and ``passwords.refused``: for a user
+of the directory its id and whether it has a password; for anything else only ``user_known: false`` -- what was
+typed is not logged (people type their password into the user id field; the journal's log and audit event of the
+same attempt carry a keyed digest of it instead). Never a password or a hash.
 Attempt limits are the journal's (it sees the caller's address).
 
 :class:`ConsoleRoleResponder` answers ``temporality.rpc.human.console_role``: a user's ``console_role`` (null for
@@ -151,8 +153,11 @@ class PasswordResponder(Responder[PasswordCheck, PasswordCheckReply]):
         profile = self.directory.get(query.user_id)
         stored = profile.password_hash if profile is not None else None
         matches = await asyncio.to_thread(verify_password, stored or _dummy_hash(), query.password)
-        if profile is None or stored is None or not matches:
-            log.info("passwords.refused", user_id=query.user_id[:64], user_has_password=stored is not None)
+        if profile is None:  # what was typed may be anything -- a password in the wrong field: never logged
+            log.info("passwords.refused", user_known=False)
+            return PasswordCheckReply(ok=False, protocol_version=version)
+        if stored is None or not matches:
+            log.info("passwords.refused", user_id=query.user_id, user_known=True, user_has_password=stored is not None)
             return PasswordCheckReply(ok=False, protocol_version=version)
         log.info("passwords.verified", user_id=query.user_id, role=profile.console_role)
         return PasswordCheckReply(

@@ -15,8 +15,9 @@ signed-in person with none) a 403.
 ``GET /auth/config``, ``/auth/login``, ``/auth/callback``, ``POST /auth/logout``  OIDC sign-in (optional):
                                     :mod:`temporality_journal.signin`
 ``POST /auth/password``             a directory account's sign-in (optional): :mod:`temporality_journal.passwords`
-``GET /runs``                       runs, newest first; ``state``, ``trigger_id``, ``agent``,
-                                    ``since``/``until`` (created_at), ``q`` (title), ``limit``;
+``GET /runs``                       runs, newest first; ``state``, ``trigger_id``, ``agent``
+                                    (case-insensitive), ``since``/``until`` (created_at), ``q`` (a
+                                    substring of the title, or the start of the run id), ``limit``;
                                     paged by ``before`` = the previous page's ``next_before``
 ``GET /runs/waiting``               UI-1: the runs waiting for a human, the oldest wait first
 ``GET /runs/{run_id}``              one run; ``waiting`` while it waits for a human (404 unknown)
@@ -123,7 +124,7 @@ from temporality_service import (
     read_body,
 )
 from temporality_service.audit import RequestContext
-from temporality_service.http import Conflict, summarize_errors
+from temporality_service.http import Conflict, Unauthorized, summarize_errors
 from temporality_service.openapi import add_schemas, component_schemas, json_body, operation
 
 __all__ = [
@@ -455,6 +456,10 @@ class CancelAccepted(BaseModel):
     requested_by: str = Field(description="The API token's name")
 
 
+#: The 401 of ``/whoami`` without any credential when no sign-in is configured (the token check's own words).
+NO_CREDENTIAL = "this endpoint needs Authorization: Bearer <API token>"
+
+
 def _run_not_found(run_id: str) -> NotFound:
     return NotFound(f"no run {run_id[:200]!r} in the journal", code="run_not_found")
 
@@ -519,7 +524,9 @@ def create_app(
     @app.get(
         "/whoami",
         response_model=WhoAmI,
-        description="Who calls: the API token's name and role, or the person signed in (role null: inbox only).",
+        description="Who calls: the API token's name and role, or the person signed in (role null: inbox only). "
+        "401 without a credential (not audited: the console asks at every load); a refused token or an ended "
+        "session (401 session_ended) is audited like any refusal.",
     )
     async def whoami(request: Request, authorization: Annotated[str | None, Header()] = None) -> WhoAmI:
         person = signin.person(request) if signin is not None and authorization is None else None
@@ -531,7 +538,10 @@ def create_app(
                 user=person.user_id,
                 expires_at=datetime.fromtimestamp(person.expires_at, UTC),
             )
-        who = audited_auth.admit(request, authorization, Role.viewer)
+        if authorization is None and (signin is None or not signin.ended(request)):
+            # the console's "is anyone signed in?" at every load: no credential was refused, nothing is audited
+            raise audited_auth.unauthenticated(request) if signin is not None else Unauthorized(NO_CREDENTIAL)
+        who = audited_auth.admit(request, authorization, Role.viewer)  # a bad token or an ended session: audited
         return WhoAmI(name=who.name, role=str(who.role))
 
     @app.get(
@@ -544,10 +554,12 @@ def create_app(
         who: AsViewer,
         state: Annotated[RunState | None, Query(description="Only runs in this state")] = None,
         trigger_id: Annotated[str | None, _text("Only runs launched by this trigger")] = None,
-        agent: Annotated[str | None, _text("Only runs of this agent")] = None,
+        agent: Annotated[str | None, _text("Only runs of this agent (case-insensitive)")] = None,
         since: Annotated[datetime | None, Query(description="Only runs created at or after (ISO 8601)")] = None,
         until: Annotated[datetime | None, Query(description="Only runs created before (ISO 8601)")] = None,
-        q: Annotated[str | None, _text("Case-insensitive substring of the title")] = None,
+        q: Annotated[
+            str | None, _text("Case-insensitive substring of the title, or the start of the run id (a pasted id)")
+        ] = None,
         before: Annotated[str | None, _text("Opaque cursor: the next_before of the previous page")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many runs")] = 100,
     ) -> RunList:
@@ -555,7 +567,12 @@ def create_app(
         if state is not None:
             conditions.append(col(RunRecord.state) == state.value)
         if q:
-            conditions.append(col(RunRecord.title).icontains(q, autoescape=True))
+            conditions.append(
+                or_(
+                    col(RunRecord.title).icontains(q, autoescape=True),
+                    col(RunRecord.run_id).startswith(q.strip(), autoescape=True),
+                )
+            )
         conditions += older_than(before, col(RunRecord.created_at), col(RunRecord.run_id))
         query = (
             select(RunRecord)
@@ -582,7 +599,7 @@ def create_app(
     )
     async def waiting_runs(
         who: AsViewer,
-        agent: Annotated[str | None, _text("Only runs of this agent")] = None,
+        agent: Annotated[str | None, _text("Only runs of this agent (case-insensitive)")] = None,
         trigger_id: Annotated[str | None, _text("Only runs launched by this trigger")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many runs")] = 100,
     ) -> WaitingList:
@@ -1014,7 +1031,7 @@ def create_app(
         who: AsViewer,
         since: Annotated[datetime | None, Query(description="Runs created at or after (ISO 8601)")] = None,
         until: Annotated[datetime | None, Query(description="Runs created before (ISO 8601)")] = None,
-        agent: Annotated[str | None, _text("Only runs of this agent")] = None,
+        agent: Annotated[str | None, _text("Only runs of this agent (case-insensitive)")] = None,
         trigger_id: Annotated[str | None, _text("Only runs launched by this trigger")] = None,
         top: Annotated[int, Query(ge=1, le=100, description="How many of the most frequent questions")] = 10,
     ) -> HumanAnalytics:
@@ -1075,8 +1092,8 @@ def _run_filters(
     if since is not None and until is not None and since > until:
         raise Unprocessable("query.since: must not be after until")
     conditions: list[ColumnElement[bool]] = []
-    if agent is not None:
-        conditions.append(col(RunRecord.agent) == agent)
+    if agent is not None:  # case-insensitive: "Reviewer" finds reviewer's runs (no index on agent to lose)
+        conditions.append(func.lower(col(RunRecord.agent)) == agent.lower())
     if trigger_id is not None:
         conditions.append(col(RunRecord.trigger_id) == trigger_id)
     if since is not None:

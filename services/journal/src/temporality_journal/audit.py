@@ -30,7 +30,8 @@ bus.dead_lettered                              ``dead_letter``       the CloudEv
 api.access_refused (401/403 of any service's   ``access_refusal``    ``token:<name>`` (403) or
 token check, a webhook's refused credentials                         ``address:<client>`` (401);
 or signature; rate-limited:                                          ``user:<id>`` (a refused sign-in)
-:mod:`temporality_service.audit`)
+:mod:`temporality_service.audit`)                                    or ``unknown-user:<digest>`` (a
+                                                                     sign-in's id naming nobody)
 bus.permission_refused (the NATS server        ``bus_permission_     ``service:<name>`` (its NATS
 refused a service's publish or subscription;   refusal``             user)
 rate-limited)

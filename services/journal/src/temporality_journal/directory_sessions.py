@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from temporality_journal.passwords import PasswordChecker
-from temporality_journal.revocation import PERSON_KEY, Revocations
+from temporality_journal.revocation import PERSON_KEY, Revocations, mark_ended
 from temporality_service import Unavailable
 
 __all__ = ["DIRECTORY_KEY", "STALE_S", "DirectoryCheck", "DirectoryEntry", "DirectorySessions", "directory_mark"]
@@ -164,6 +164,7 @@ class DirectoryCheck:
             if what is not None:
                 await self._end(person, user_id, what)
                 session.clear()  # anonymous from here; the answer clears the cookie
+                mark_ended(scope)  # the API's 401 says the session ended, not that nobody signed in
         await self.app(scope, receive, send)
 
     async def _end(self, person: dict[str, Any], user_id: str, what: str) -> None:

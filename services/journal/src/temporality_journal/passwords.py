@@ -33,9 +33,15 @@ answer                                      when
 ==========================================  ==========================================================
 
 Each refused sign-in (401) is in the audit trail as ``api.access_refused`` (reason ``password_refused``, the
-principal ``user:<id typed>``, the client address), rate-limited like every refusal
-(:class:`~temporality_service.AccessAudit`); logged ``signin.password_refused`` and
-``signin.password_rate_limited``; never a password.
+client address), rate-limited like every refusal (:class:`~temporality_service.AccessAudit`); logged
+``signin.password_refused`` and ``signin.password_rate_limited``; never a password. Who it names
+(``principal``, the log lines' ``user``) is what was typed only when that names a user of the directory (a wrong
+password for a real user: ``user:<id>``; the journal asks human-interaction, ``temporality.rpc.human.console_role``,
+after the refusal). Anything else -- people type their password into the user id field -- is never recorded:
+it is ``unknown-user:<digest>``, the first 12 hex digits of an HMAC-SHA256 of the typed text keyed with a key
+derived from the session secret (every replica the same), so repeated probes of one string group together
+without revealing it (:meth:`temporality_journal.signin.SignIn.typed_user`). Human-interaction not answering
+that question: ``unknown-user:<digest>`` too.
 
 The limits are shared by every replica: the failures are kept in the NATS KV bucket ``journal-signin-failures``
 (the journal owns it; TTL one day, the longest window), one key per user id (case-folded) and one per address,
@@ -291,11 +297,12 @@ class PasswordChecker:
         """The directory profile's ``console_role`` (None: no such user, or none); raises on no answer."""
         return (await self.directory_entry(user)).role
 
-    async def directory_entry(self, user: str) -> ConsoleRoleReply:
-        """The directory's role and account fingerprint of ``user``; :class:`Unavailable` on no answer."""
+    async def directory_entry(self, user: str, timeout_s: float | None = None) -> ConsoleRoleReply:
+        """The directory's role and account fingerprint of ``user`` (no fingerprint: no such user);
+        :class:`Unavailable` on no answer within ``timeout_s`` (default :attr:`timeout_s`)."""
         request = ConsoleRoleQuery(user_id=user).model_dump_json().encode()
         try:
-            raw = await self.bus.request(RPC_HUMAN_CONSOLE_ROLE, request, self.timeout_s)
+            raw = await self.bus.request(RPC_HUMAN_CONSOLE_ROLE, request, timeout_s or self.timeout_s)
             reply = ConsoleRoleReply.model_validate_json(raw)
         except (nats.errors.Error, TimeoutError, OSError, ValueError) as exc:
             raise self._unavailable(f"it did not answer: {type(exc).__name__}") from None

@@ -8,7 +8,8 @@ journal's database (table ``revoked_sessions``, migration ``0005_revoked``) *bef
 session middleware, looks the id of every request that carries a signed-in session up in that table -- one
 primary-key read, no cache, so a sign-out counts on every replica sharing the database from the moment
 the logout is answered -- and, when it was revoked, empties the session: the request goes on as an anonymous
-one (a 401 from the API, the auth routes as for nobody) and the answer clears the cookie.
+one (a 401 ``session_ended`` from the API, "your session ended; sign in again"; the auth routes as for nobody)
+and the answer clears the cookie.
 
 A request without a session cookie (API tokens, health checks, the provider's redirects) costs nothing.
 A database that cannot be read refuses the cookie's request with a 503 ``session_check_failed`` (it never
@@ -40,12 +41,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from temporality_journal.database import Database
 from temporality_journal.models import REVOKED_SESSIONS_TABLE
 
-__all__ = ["PERSON_KEY", "RevocationCheck", "Revocations", "session_id_of"]
+__all__ = ["PERSON_KEY", "RevocationCheck", "Revocations", "mark_ended", "session_ended", "session_id_of"]
 
 log = structlog.get_logger(__name__)
 
 #: The session key of the signed-in person (a dict with ``sid``, the session id).
 PERSON_KEY = "person"
+#: The ASGI scope key :func:`mark_ended` sets.
+_ENDED = "temporality.session_ended"
 _TABLE = REVOKED_SESSIONS_TABLE
 
 
@@ -113,4 +116,16 @@ class RevocationCheck:
                 person = session[PERSON_KEY]  # type: ignore[index]  # session_id_of found it a dict
                 log.info("signin.revoked_session_refused", user_id=str(person.get("id"))[:200])
                 session.clear()  # type: ignore[union-attr]  # anonymous from here; the answer clears the cookie
+                mark_ended(scope)
         await self.app(scope, receive, send)
+
+
+def mark_ended(scope: Scope) -> None:
+    """Note on the request that it came with a session that has just been ended (signed out elsewhere, or by a
+    change in the directory): the API's 401 then says so (:func:`session_ended`)."""
+    scope[_ENDED] = True
+
+
+def session_ended(scope: Scope) -> bool:
+    """Whether the request came with a session that was ended (:func:`mark_ended`)."""
+    return bool(scope.get(_ENDED))

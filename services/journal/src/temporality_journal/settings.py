@@ -117,8 +117,9 @@ class Settings(HttpServiceSettings):
         description="PostgreSQL's synchronous_commit on every connection (on, off, local, remote_write, "
         "remote_apply); unset: the server's or role's own; ignored with SQLite",
     )
-    # at most 1,000; the consumer bounds a batch to half the durable's max_ack_pending (1,000 today: batches of 500),
-    # so the next batch can be prefetched while one is recorded (temporality_bus.consumer._batch_within)
+    # at most 1,000; the consumer bounds a batch to half the durable's max_ack_pending (the journal's: 2,000 in the
+    # catalogue, so batches of 1,000), so the next batch can be prefetched while one is recorded
+    # (temporality_bus.consumer._batch_within)
     batch_size: int = Field(default=1_000, ge=1, le=1_000, description="events recorded per transaction, at most")
     batch_linger_ms: int = Field(
         default=20,

@@ -79,6 +79,8 @@ never a token, code, secret or cookie.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import secrets
 import time
 from collections.abc import Iterable
@@ -108,7 +110,7 @@ from temporality_journal.passwords import (
     SignInRefused,
     TooManyAttempts,
 )
-from temporality_journal.revocation import PERSON_KEY, RevocationCheck, Revocations
+from temporality_journal.revocation import PERSON_KEY, RevocationCheck, Revocations, mark_ended, session_ended
 from temporality_journal.settings import Settings
 from temporality_service import (
     ApiError,
@@ -130,6 +132,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CSRF_HEADER",
     "SESSION_COOKIE",
+    "UNKNOWN_USER",
     "AuthConfig",
     "Person",
     "SignIn",
@@ -149,6 +152,10 @@ _PERSON_KEY = PERSON_KEY
 #: The session key of the sign-in's ID token: the ``id_token_hint`` of the provider logout.
 _ID_TOKEN_KEY = "idt"
 _CLIENT = "oidc"
+#: How a typed user id that names nobody in the directory is recorded (with a keyed digest: SignIn.unknown_user).
+UNKNOWN_USER = "unknown-user"
+#: How long a refused sign-in waits for the directory to say whether the typed id is a user's.
+_TYPED_USER_TIMEOUT_S = 2.0
 #: Where the console may ask to return to after sign-in: one of its own hash routes, nothing else.
 _NEXT_PATTERN = r"^#/[A-Za-z0-9/_.~:@!$&'()*+,;=?%-]{0,200}$"
 
@@ -244,6 +251,8 @@ class SignIn:
         self.settings = settings
         self.voucher = voucher
         self._session_secret = session_secret
+        #: The key of :meth:`typed_user`'s digests (derived: the session secret itself signs nothing else here).
+        self._probe_key = hmac.new(session_secret.encode(), b"temporality-journal unknown-user v1", "sha256").digest()
         #: The sign-outs, set by :meth:`install` (the database is opened after the settings are read).
         self.revocations: Revocations | None = None
         #: The password check (human-interaction over the bus) and where refusals are audited: :meth:`install`.
@@ -337,6 +346,20 @@ class SignIn:
             return None
         return person if time.time() < person.expires_at else None
 
+    def ended(self, request: Request) -> bool:
+        """Whether the request came with a session that has ended: signed out (on another tab or device), ended by
+        a change in the directory (both noted by their middleware), or past its expiry -- whose data this clears,
+        so the answer drops the cookie and the next request is one without a session."""
+        if session_ended(request.scope):
+            return True
+        if "session" not in request.scope or not isinstance(request.session.get(_PERSON_KEY), dict):
+            return False
+        if self.person(request) is not None:
+            return False
+        request.session.clear()
+        mark_ended(request.scope)  # asked again for the same request: still ended
+        return True
+
     @staticmethod
     def check_csrf(request: Request, what: str = "a signed-in call that changes something") -> None:
         """A cookie-authenticated request that can change something must carry :data:`CSRF_HEADER`; ``what``
@@ -405,6 +428,23 @@ class SignIn:
                 "client_id": str(self.settings.oidc_client_id),
             },
         )
+
+    def unknown_user(self, typed: str) -> str:
+        """How a typed user id that names nobody in the directory is recorded: ``unknown-user:<12 hex digits>``, a
+        keyed digest (HMAC-SHA256) of it -- one string, one name, on every replica; the text is not recoverable."""
+        digest = hmac.new(self._probe_key, typed.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+        return f"{UNKNOWN_USER}:{digest[:12]}"
+
+    async def typed_user(self, typed: str) -> str:
+        """Who a refused or rate-limited password sign-in names in the logs and the audit trail: ``user:<id>`` when
+        ``typed`` is a user of the directory, else :meth:`unknown_user` (also when the directory does not answer):
+        what people type there may be their password."""
+        assert self.passwords is not None  # install() set it
+        try:
+            found = await self.passwords.directory_entry(typed, timeout_s=_TYPED_USER_TIMEOUT_S)
+        except Unavailable:
+            return self.unknown_user(typed)
+        return f"user:{typed}" if found.fingerprint is not None else self.unknown_user(typed)
 
     async def _directory_role(self, user_id: str) -> Role | None:
         """The directory profile's console role of ``user_id`` (an OIDC sign-in the role map gives none); None when
@@ -487,7 +527,8 @@ class SignIn:
                 attempt = await self.limits.reserve(body.user, address)
             except Exhausted as full:
                 wait = full.retry_after_s
-                log.info("signin.password_rate_limited", user_id=body.user[:64], address=address, retry_after_s=wait)
+                who = await self.typed_user(body.user)
+                log.info("signin.password_rate_limited", user=who, address=address, retry_after_s=wait)
                 raise TooManyAttempts(
                     f"too many failed sign-ins; retry in {wait} s", headers={"Retry-After": str(wait)}
                 ) from None
@@ -497,9 +538,10 @@ class SignIn:
                 await asyncio.shield(self.limits.release(attempt))
                 raise
             if not reply.ok:  # the attempt stays counted: that is the failure
-                log.info("signin.password_refused", user_id=body.user[:64], address=address)
+                who = await self.typed_user(body.user)  # never the typed text unless it names a directory user
+                log.info("signin.password_refused", user=who, address=address)
                 if self.audit is not None:
-                    self.audit.refused_here(status=401, reason="password_refused", principal=f"user:{body.user[:64]}")
+                    self.audit.refused_here(status=401, reason="password_refused", principal=who)
                 raise SignInRefused(REFUSED)
             await self.limits.succeeded(attempt)
             user_id = reply.user_id or body.user

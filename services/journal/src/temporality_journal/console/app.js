@@ -15,6 +15,7 @@ let me = null; // {name, role, kind, user} of the signed-in token or person (rol
 let authConfig = null; // GET /auth/config: {oidc: {provider, login} | null, password: {login} | null}
 const CONSOLE_HEADER = { "X-Temporality-Console": "1" };
 const signedInPerson = () => me?.kind === "person";
+const SESSION_ENDED = "Your session ended (signed out, expired, or changed in the directory): sign in again.";
 let pendingMessage = null; // shown once the next view is rendered (a hash change clears the old one)
 let viewAbort = null; // aborts the current view's fetches and live tail
 const $ = (id) => document.getElementById(id);
@@ -217,10 +218,14 @@ async function api(path, options = {}) {
   return (await apiWithEtag(path, options)).data;
 }
 
-// A 401 signs out (the token is not valid); a 403 explains the role; anything else is shown as is.
+// A 401 signs out: a person's session that ended (signed out in another tab, expired, changed in the directory)
+// says "sign in again" and comes back to this page after the sign-in; a token that is not valid says so.
+// A 403 explains the role; anything else is shown as is.
 function failed(error) {
   if (error?.name === "AbortError") return;
-  if (error instanceof ApiError && error.status === 401) {
+  if (error instanceof ApiError && error.status === 401 && (signedInPerson() || error.code === "session_ended")) {
+    signOut(SESSION_ENDED, { stay: true });
+  } else if (error instanceof ApiError && error.status === 401) {
     signOut(`Not signed in: ${error.message} (401). Sign in with a valid API token.`);
   } else if (error instanceof ApiError && error.status === 403) {
     message(`Not allowed: ${error.message} (403).`);
@@ -332,12 +337,14 @@ function debounce(fn, ms) {
 // logout), the browser goes on to the provider, which signs the person out there too and sends them back here.
 // A person's session ends on the server before the sign-in page shows: that page asks /whoami, and asked while the
 // logout is still on its way it would find the session open and sign the person straight back in.
-function signOut(reason) {
+// ``stay``: the sign-in shows on this page's route, and the console comes back here once signed in again.
+function signOut(reason, { stay = false } = {}) {
   sessionStorage.removeItem(TOKEN_KEY);
+  const here = location.hash && !location.hash.startsWith("#/signin") ? location.hash : "#/runs";
   const signedOut = () => {
     me = null;
     renderChrome();
-    go("#/signin", reason);
+    go(stay ? here : "#/signin", reason);
   };
   if (!signedInPerson()) return signedOut();
   fetch("/auth/logout", { method: "POST", headers: CONSOLE_HEADER })
@@ -513,6 +520,7 @@ function signInView() {
 
 function renderChrome(active) {
   $("nav").hidden = !me?.role; // a person with no role has only their inbox
+  for (const link of document.querySelectorAll("[data-needs=operator]")) link.hidden = !mayOperate();
   $("sign-out").hidden = !me;
   $("who").textContent = me ? `${me.name} (${me.role ?? "inbox only"})` : "";
   for (const link of document.querySelectorAll("[data-nav]")) {
@@ -541,7 +549,7 @@ function runsView(signal, query) {
     h("label", {}, "State", state),
     field("agent", "Agent"),
     field("trigger_id", "Trigger"),
-    field("q", "Title contains"),
+    field("q", "Title or run id", { title: "A part of the title, or the start of the run id" }),
     field("since", "Created since", { type: "datetime-local" }),
     field("until", "Created before", { type: "datetime-local" }),
     h("button", { type: "submit" }, "Filter"),
@@ -991,11 +999,33 @@ function runView(signal, runId) {
     const waits = () => run?.state === "waiting_for_human" || run?.state === "waiting_for_agent";
     const ticker = setInterval(() => waits() && renderTimeline(), 30_000);
     signal.addEventListener("abort", () => clearInterval(ticker));
-  })().catch(failed);
+  })().catch((error) => {
+    if (error?.name === "AbortError") return;
+    if (error instanceof ApiError && error.status === 404) { // no such run: say so where "Loading…" was
+      header.replaceChildren(
+        h("p", { id: "run-missing" }, "The journal has no run with this id."),
+        h("p", {}, h("a", { href: `#/runs?q=${encodeURIComponent(runId)}` }, "Search the runs for this id"),
+          " · ", h("a", { href: "#/runs" }, "All runs")),
+      );
+      list.previousElementSibling.remove(); // the "Timeline" heading, over nothing
+      list.remove();
+      return;
+    }
+    header.replaceChildren(h("p", { id: "run-missing" }, "This run could not be loaded (see the message above)."));
+    failed(error);
+  });
 }
+
+// A reason typed when the session had ended is kept in this tab (sessionStorage) until the form shows again.
+const cancelDraftKey = (runId) => `temporality.console.cancel-reason:${runId}`;
 
 function cancelForm(runId, signal, done) {
   const reason = h("input", { name: "reason", required: true, maxlength: 500, placeholder: "Why stop this run?" });
+  const draft = sessionStorage.getItem(cancelDraftKey(runId));
+  if (draft !== null) {
+    reason.value = draft;
+    sessionStorage.removeItem(cancelDraftKey(runId));
+  }
   const form = h("form", { class: "cancel-form", "aria-label": "Cancel the run" },
     h("label", {}, "Reason", reason),
     h("button", { class: "danger", type: "submit", id: "cancel-run" }, "Cancel run"));
@@ -1010,10 +1040,99 @@ function cancelForm(runId, signal, done) {
       message(`Cancel requested by ${answer.requested_by}; the run stops when the executor acts on it.`, "info");
       done();
     } catch (error) {
+      if (error instanceof ApiError && error.status === 401 && reason.value.trim()) {
+        sessionStorage.setItem(cancelDraftKey(runId), reason.value);
+      }
       failed(error);
     }
   });
   return form;
+}
+
+// ------------------------------------------------------------------ audit trail (operators)
+// GET /audit: who did what, when -- trigger and directory changes, cancellations, refusals -- newest first, with the
+// filters the API offers (kind, type, actor, since, until) and older pages. Every entry's details (the event's
+// data, credential-like values redacted by the journal) one click (or Enter) away.
+const AUDIT_KINDS = {
+  trigger_change: "trigger changes",
+  directory_change: "directory changes",
+  cancellation: "cancellations",
+  permission_refusal: "refused human requests",
+  access_refusal: "refused API access and sign-ins",
+  bus_permission_refusal: "refused NATS permissions",
+  agent_registration: "agent registrations",
+  policy_change: "agent policy changes",
+  agent_refusal: "refused agent messages",
+  handoff: "hand-offs",
+  dead_letter: "dead letters",
+};
+
+function auditView(signal, query) {
+  if (!mayOperate()) {
+    show(h("h1", {}, "Audit trail"), h("p", { class: "muted", id: "audit-role" }, "The audit trail needs the operator role."));
+    return;
+  }
+  const params = new URLSearchParams(query);
+  const field = (name, label, attrs = {}) =>
+    h("label", {}, label, h("input", { name, value: params.get(name) ?? "", ...attrs }));
+  const kind = h("select", { name: "kind" }, h("option", { value: "" }, "any"),
+    Object.entries(AUDIT_KINDS).map(([value, label]) => h("option", { value, selected: params.get("kind") === value }, label)));
+  const form = h("form", { class: "filters", id: "audit-filters" },
+    h("label", {}, "Kind", kind),
+    field("actor", "Who", { title: "A token's name, user:<id>, address:<client>, file:<path> …", spellcheck: "false" }),
+    field("type", "Event type", { title: "e.g. api.access_refused", spellcheck: "false" }),
+    field("since", "Since", { type: "datetime-local" }),
+    field("until", "Before", { type: "datetime-local" }),
+    h("button", { type: "submit" }, "Filter"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const next = new URLSearchParams();
+    for (const [key, value] of new FormData(form)) if (value) next.set(key, value.trim());
+    const hash = `#/audit${next.size ? `?${next}` : ""}`;
+    if (location.hash === hash) go(hash);
+    else location.hash = hash;
+  });
+  const body = h("tbody");
+  const more = h("button", { type: "button", hidden: true }, "Older entries");
+  const table = h("table", { id: "audit", class: "audit" },
+    h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "When"), h("th", { scope: "col" }, "Kind"),
+      h("th", { scope: "col" }, "Who"), h("th", { scope: "col" }, "What"))),
+    body);
+  show(h("h1", {}, "Audit trail"), form, table, more);
+
+  const apiParams = new URLSearchParams();
+  for (const key of ["kind", "actor", "type"]) if (params.get(key)) apiParams.set(key, params.get(key));
+  for (const key of ["since", "until"]) {
+    const local = params.get(key);
+    if (local && !Number.isNaN(Date.parse(local))) apiParams.set(key, new Date(local).toISOString());
+  }
+  apiParams.set("limit", "50");
+  let before = null;
+  async function load(reset) {
+    const page = new URLSearchParams(apiParams);
+    if (!reset && before) page.set("before", before);
+    const data = await api(`/audit?${page}`, { signal });
+    if (reset) body.replaceChildren();
+    for (const entry of data.entries) body.append(auditRow(entry));
+    if (reset && !data.entries.length) {
+      body.append(h("tr", {}, h("td", { colspan: 4, class: "empty" }, "Nothing in the audit trail matches.")));
+    }
+    before = data.next_before;
+    more.hidden = !before;
+  }
+  more.addEventListener("click", () => load(false).catch(failed));
+  load(true).catch(failed);
+}
+
+function auditRow(entry) {
+  const what = h("td", { class: "audit-what" }, h("div", {}, entry.summary),
+    h("details", {}, h("summary", {}, `Details (${entry.type})`), h("pre", {}, JSON.stringify(entry.details, null, 2))));
+  if (entry.run_id) what.prepend(h("div", {}, h("a", { href: `#/runs/${encodeURIComponent(entry.run_id)}` }, entry.run_id)));
+  return h("tr", { dataset: { id: entry.id, kind: entry.kind } },
+    h("td", { class: "nowrap" }, when(entry.time)),
+    h("td", {}, AUDIT_KINDS[entry.kind] ?? entry.kind.replaceAll("_", " ")),
+    h("td", { class: "audit-who" }, entry.actor ?? "—"),
+    what);
 }
 
 // ------------------------------------------------------------------ waiting runs (UI-1)
@@ -1360,7 +1479,9 @@ function wizardView(signal, triggerId) {
   const editing = triggerId !== null;
   const title = h("h1", {}, editing ? "Edit trigger " : "New trigger", editing ? h("code", {}, triggerId) : null);
   if (!mayAdmin()) {
-    show(title, h("p", { class: "muted" }, "Creating and changing triggers needs an admin token."));
+    show(title, h("p", { class: "muted" }, signedInPerson()
+      ? "Creating and changing triggers needs the admin role."
+      : "Creating and changing triggers needs the admin role (an admin token)."));
     return;
   }
   const root = h("div", {}, editing ? "Loading…" : null);
@@ -2521,6 +2642,7 @@ async function route() {
   else if (parts[0] === "triggers" && parts[1]) deliveriesView(signal, parts[1]);
   else if (parts[0] === "triggers") triggersView(signal);
   else if (parts[0] === "analytics") analyticsView(signal);
+  else if (parts[0] === "audit") auditView(signal, query);
   else runsView(signal, query);
   // the page's start for the keyboard, unless the view put the focus in itself (the wizard's first field)
   if (!$("view").contains(document.activeElement) || document.activeElement === $("view")) {

@@ -4,6 +4,7 @@ check over a real bus, headless Chromium for the console's form."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -34,8 +35,9 @@ from temporality_embedded.processes import free_port
 from temporality_human_interaction.passwords import hash_password
 from temporality_journal import Settings
 from temporality_journal.access import NOT_SIGNED_IN, SESSION_ENDED
-from temporality_journal.passwords import AttemptLimits, Exhausted
+from temporality_journal.passwords import AttemptLimits, Exhausted, Failures, limit_key
 from temporality_journal.signin import SESSION_COOKIE
+from temporality_protocol.catalog import BUCKET_SIGNIN_FAILURES
 from temporality_testing.oidc_emulator import OidcEmulator
 
 CONSOLE = {"X-Temporality-Console": "1"}
@@ -511,7 +513,9 @@ async def test_directory_roles_without_human_interaction_give_no_role(
 
 async def test_attempt_limits_slide_with_the_window_and_a_success_clears_the_user(bus: Bus) -> None:
     now = [1000.0]
-    limits = AttemptLimits(bus, max_per_user=2, max_per_address=3, window_s=60, clock=lambda: now[0])
+    limits = AttemptLimits(
+        bus, max_per_user=2, max_per_address=3, window_s=60, clock=lambda: now[0], key_secret=b"k" * 32
+    )
 
     async def wait(user: str, address: str | None) -> int | None:
         """Seconds to wait, or None: the attempt was counted (and then taken back, to keep the counts)."""
@@ -547,3 +551,20 @@ async def test_attempt_limits_slide_with_the_window_and_a_success_clears_the_use
     await limits.reserve("frank", "10.0.0.9")
     await limits.reserve("gina", "10.0.0.9")
     assert await wait("hal", "10.0.0.9") is None  # two counted at 10.0.0.9, bob's success not among them
+
+
+async def test_attempt_limit_keys_are_keyed_digests_of_the_typed_id(bus: Bus) -> None:
+    """A typed user id (sometimes a password typed into the wrong field) is in the shared bucket only as a digest
+    keyed with the journal's secret: not the plain SHA-256 anyone could compute from a guess, and another secret
+    gives other keys."""
+    typed = "Sup3r-S3cret-Passw0rd!"
+    await AttemptLimits(bus, 5, 5, 60, key_secret=b"a" * 32).reserve(typed, "10.0.0.1")
+    await AttemptLimits(bus, 5, 5, 60, key_secret=b"b" * 32).reserve(typed, "10.0.0.1")
+    store = await bus.store(BUCKET_SIGNIN_FAILURES, Failures)
+    keys = set(await store.keys())
+    keyed = {limit_key("user", typed.casefold(), secret) for secret in (b"a" * 32, b"b" * 32)}
+    assert len(keyed) == 2  # one per secret
+    assert keyed <= keys
+    plain = hashlib.sha256(typed.casefold().encode()).hexdigest()[:40]
+    assert f"user.{plain}" not in keys
+    assert all(typed.casefold() not in k and plain not in k for k in keys)

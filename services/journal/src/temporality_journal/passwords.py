@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import math
 import time
 from collections.abc import Callable
@@ -137,10 +138,11 @@ class Failures(BaseModel):
     times: list[float] = Field(default_factory=list)
 
 
-def limit_key(kind: str, value: str) -> str:
-    """The bucket key of a user id (case-folded) or an address: a digest, so any characters fit and no user id
-    or address is stored in clear."""
-    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+def limit_key(kind: str, value: str, secret: bytes) -> str:
+    """The bucket key of a user id (case-folded) or an address: an HMAC-SHA256 digest keyed with ``secret`` (the
+    same on every replica), so any characters fit and neither the text typed as a user id -- sometimes a password
+    typed into the wrong field -- nor an address can be recovered from the bucket by trying guesses."""
+    digest = hmac.new(secret, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:40]
     return f"{kind}.{digest}"
 
 
@@ -176,8 +178,11 @@ class AttemptLimits:
         max_per_address: int,
         window_s: float,
         clock: Callable[[], float] = time.time,
+        *,
+        key_secret: bytes,
     ) -> None:
         self.bus = bus
+        self.key_secret = key_secret
         self.max_per_user = max_per_user
         self.max_per_address = max_per_address
         self.window_s = window_s
@@ -190,9 +195,9 @@ class AttemptLimits:
         return self._store
 
     def _keys(self, user: str, address: str | None) -> list[tuple[str, int]]:
-        keys = [(limit_key("user", user.casefold()), self.max_per_user)]
+        keys = [(limit_key("user", user.casefold(), self.key_secret), self.max_per_user)]
         if address is not None:
-            keys.append((limit_key("address", address), self.max_per_address))
+            keys.append((limit_key("address", address, self.key_secret), self.max_per_address))
         return keys
 
     async def reserve(self, user: str, address: str | None) -> Attempt:
@@ -252,9 +257,11 @@ class AttemptLimits:
         """A success clears the user's failures and takes the attempt back from the address's count."""
         try:
             store = await self._failures()
-            await store.purge(limit_key("user", attempt.user.casefold()))
+            await store.purge(limit_key("user", attempt.user.casefold(), self.key_secret))
             if attempt.address is not None:
-                await store.modify(limit_key("address", attempt.address), self._giving_back(attempt.at))
+                await store.modify(
+                    limit_key("address", attempt.address, self.key_secret), self._giving_back(attempt.at)
+                )
         except _BUS_ERRORS as exc:
             log.warning("signin.attempts_not_cleared", error=type(exc).__name__)
         except NotFound:

@@ -383,6 +383,9 @@ class SignIn:
                 self.settings.password_max_failures,
                 self.settings.password_max_failures_per_address,
                 self.settings.password_window_s,
+                key_secret=hmac.new(
+                    self._session_secret.encode(), b"temporality-journal signin-limits v1", "sha256"
+                ).digest(),
             )
         self.audit = audit
         if self.passwords is not None:  # a change in the directory ends the sessions it signed in

@@ -6,6 +6,7 @@ live tail. Every browser assertion waits (Playwright's ``expect`` with a timeout
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from typing import Any
@@ -649,9 +650,20 @@ async def test_an_operator_re_drives_a_rejected_delivery(
     accepted = page.locator('#processing tr[data-state="accepted"]')
     await expect(accepted).to_contain_text("re-drive of", timeout=WAIT_MS)
     await expect(accepted.get_by_role("link")).to_have_text(re.compile(r"^run-"))
+    first_run = await accepted.get_by_role("link").inner_text()
+
+    # an accepted delivery runs again only as a new run, asked for explicitly (a confirmation, then {"rerun": 1})
+    page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+    await accepted.get_by_role("button", name="Rerun").click()
+    await expect(page.get_by_role("alert")).to_contain_text("rerun 1 as dlv-", timeout=WAIT_MS)
+    await expect(page.get_by_role("alert")).to_contain_text(": accepted (run run-")
+    rerun = page.locator("#processing tr[data-state]", has_text="rerun 1 of")
+    await expect(rerun).to_have_count(1, timeout=WAIT_MS)
+    await expect(rerun.get_by_role("link")).to_have_text(re.compile(r"^run-"))
+    assert await rerun.get_by_role("link").inner_text() != first_run  # a new run
 
     viewer = await _sign_in(browser_context, served, VIEWER_TOKEN, "#/triggers/seeded-hook")
-    await expect(viewer.locator("#processing tr[data-state]")).to_have_count(2, timeout=WAIT_MS)
+    await expect(viewer.locator("#processing tr[data-state]")).to_have_count(3, timeout=WAIT_MS)
     assert await viewer.locator("#processing button").count() == 0  # viewers read, operators re-drive
 
 

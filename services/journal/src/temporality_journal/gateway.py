@@ -7,7 +7,7 @@ trigger-gateway's ``/triggers...`` (UI-2, issue 9; the console's CSP allows ``co
 ``/gateway/triggers/{id}``                          ``GET``, ``PUT``, ``DELETE``  read (ETag), replace, delete
 ``/gateway/triggers/{id}/enable`` / ``/disable``    ``POST``                    switch
 ``/gateway/triggers/{id}/deliveries``               ``GET``                     ``cursor``, ``limit`` only
-``/gateway/triggers/{id}/deliveries/{d}/redrive``   ``POST``                    re-run a delivery
+``/gateway/triggers/{id}/deliveries/{d}/redrive``   ``POST``                    re-run a delivery; body {"rerun": n}: an accepted one as a new run
 ==================================================  ==========================  =====================
 
 Anything else under ``/gateway/`` -- another path, an id the gateway's own patterns refuse
@@ -266,7 +266,8 @@ def gateway_router(
 
     @router.post(
         "/gateway/triggers/{trigger_id}/deliveries/{delivery_id}/redrive",
-        description=f"Re-run a rejected or failed delivery (operator). {PROXIED}",
+        description='Re-run a rejected or failed delivery; with the body `{"rerun": n}`, run an accepted one again as '
+        f"a new run (operator). {PROXIED}",
         responses=_answer(200, RedriveAnswer, "Re-driven: the outcome (duplicate, skipped, ignored)")
         | _answer(202, RedriveAnswer, "Accepted again: a run was started, queued or debounced"),
     )
@@ -280,7 +281,7 @@ def gateway_router(
         if not DELIVERY_ID.match(delivery_id):
             raise peer.no_route()
         upstream = f"/triggers/{_trigger(trigger_id)}/deliveries/{delivery_id}/redrive"
-        return await forward(request, "POST", "/triggers/{id}/deliveries/{d}/redrive", upstream)
+        return await forward(request, "POST", "/triggers/{id}/deliveries/{d}/redrive", upstream, body=True)
 
     @router.api_route("/gateway/{rest:path}", methods=ALL_METHODS, include_in_schema=False)
     async def elsewhere(request: Request, rest: str) -> Response:

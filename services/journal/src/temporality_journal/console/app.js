@@ -1297,17 +1297,47 @@ function processingSection(signal, triggerId) {
     }
   }
 
+  // An accepted delivery runs again only as a new run, numbered: the same number sent twice (a double click)
+  // is the same run; the next one is 1 + the highest rerun of it listed here.
+  async function rerun(d, n, cell) {
+    if (!window.confirm(`Run delivery ${d.delivery_id} again as a new run (rerun ${n}) with the trigger as it is now?`)) return;
+    cell.replaceChildren("Starting…");
+    try {
+      const answer = await api(`${base}/${encodeURIComponent(d.delivery_id)}/redrive`,
+        { method: "POST", body: { rerun: n }, signal });
+      message(`Delivery ${d.delivery_id} rerun ${n} as ${answer.delivery_id}: ${answer.status}` +
+        `${answer.run_id ? ` (run ${answer.run_id})` : ""}.`, "info");
+      await load();
+    } catch (error) {
+      cell.replaceChildren();
+      if (error instanceof ApiError && error.status === 409) {
+        message(`Not rerun: ${error.message} (409 ${error.code}).`);
+        await load().catch(failed);
+      } else failed(error);
+    }
+  }
+
   async function load() {
     const data = await api(`${base}?limit=50`, { signal });
+    const reruns = new Map();  // delivery id -> its highest rerun listed
+    for (const d of data.deliveries) {
+      if (d.rerun && d.redrive_of) reruns.set(d.redrive_of, Math.max(reruns.get(d.redrive_of) ?? 0, d.rerun));
+    }
     body.replaceChildren(...data.deliveries.map((d) => {
       const actions = h("td", { class: "actions" });
       if (mayOperate() && REDRIVABLE.has(d.state) && d.has_event !== false) {
         actions.append(h("button", { type: "button", onclick: () => redrive(d, actions) }, "Re-drive"));
+      } else if (mayOperate() && d.state === "accepted" && d.has_event !== false) {
+        const n = (reruns.get(d.delivery_id) ?? 0) + 1;
+        actions.append(h("button", { type: "button", title: "Start a new run from this delivery's event",
+          onclick: () => rerun(d, n, actions) }, "Rerun"));
       }
       // the gateway's "rejected" for a delivery it answered 200 ignored reads "ignored" (data-state stays the gateway's)
       const ignored = d.state === "rejected" && IGNORED_REASONS.has(d.reason);
       return h("tr", { dataset: { deliveryId: d.delivery_id, state: d.state, shown: ignored ? "ignored" : d.state } },
-        h("td", {}, d.delivery_id, d.redrive_of ? h("div", { class: "muted" }, `re-drive of ${d.redrive_of}`) : null),
+        h("td", {}, d.delivery_id, d.redrive_of
+          ? h("div", { class: "muted" }, d.rerun ? `rerun ${d.rerun} of ${d.redrive_of}` : `re-drive of ${d.redrive_of}`)
+          : null),
         h("td", { class: "state-cell", title: ignored ? "the gateway's state: rejected (answered 200 ignored)" : null },
           ignored ? "ignored" : d.state),
         h("td", {}, reason("delivery", d.reason), d.reason && d.detail ? ": " : null, d.detail ?? null),

@@ -30,6 +30,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from temporality_bus.errors import PermanentError, TransientError
 from temporality_bus.pipeline import JS_TIMEOUT_S, Pipeline, PublishResult, Write, event_write
+from temporality_bus.routing import _read_headers_fast
 from temporality_bus.settings import NatsSettings
 from temporality_bus.store import Store
 from temporality_bus.tracing import calling, traced
@@ -111,6 +112,7 @@ class Bus:
 
     def __init__(self, nc: NATS, settings: NatsSettings, name: str) -> None:
         self.nc = nc
+        _read_headers_fast(nc)  # (the same headers, read ~4x cheaper: a KV watch's deliveries, request replies)
         self.js: _JetStream = _JetStream(nc, timeout=JS_TIMEOUT_S, domain=settings.jetstream_domain)
         self.settings = settings
         self.name = name

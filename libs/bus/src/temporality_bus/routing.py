@@ -61,6 +61,14 @@ def _route(nc: NATS, sid: int, on_raw: RawRoute) -> bool:
     return True
 
 
+def _read_headers_fast(nc: NATS) -> None:
+    """Have nats-py's own per-message path (the subscriptions not routed: a KV watch's deliveries, ``nc.request``'s
+    replies) read header lines with :func:`_header_lines` (the same dict as its ``_parse_header_lines``, ~4x
+    cheaper), for this connection only. Nothing changes on a nats-py without that method."""
+    if hasattr(NATS, "_parse_header_lines"):
+        nc._parse_header_lines = _header_lines  # type: ignore[method-assign]
+
+
 def _unroute(nc: NATS, sid: int) -> None:
     """Undo :func:`_route` for ``sid`` (its messages, if any more come, take nats-py's path again)."""
     routes: dict[int, RawRoute] | None = getattr(nc, "_temporality_routes", None)
@@ -77,9 +85,50 @@ def _status_of(headers: bytes | None) -> str | None:
     return status if status.isdigit() else None
 
 
+#: Header names seen (the raw bytes before ``:``) -> the key nats-py's line parser makes of them (``None``: it skips
+#: the line). A handful in practice (``Nats-Stream``, ``Nats-Subject``, ``Nats-Sequence``, ...); bounded, as nothing
+#: a publisher writes may be remembered without bound: at most :data:`_NAMES_KEPT` names of at most
+#: :data:`_NAME_KEPT_BYTES` each; any other is worked out every time, as nats-py does for all of them.
+_NAMES: dict[bytes, str | None] = {}
+_NAMES_KEPT = 1024
+_NAME_KEPT_BYTES = 64
+
+
+def _name_of(name: bytes) -> str | None:
+    """The key nats-py's ``Client._parse_header_lines`` makes of a line's ``name`` (``None``: it skips the line)."""
+    try:
+        key = name.strip().decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return None if any(c.isspace() for c in key) else key
+
+
+def _header_lines(raw: bytes) -> dict[str, str]:
+    """nats-py's ``Client._parse_header_lines`` (``Name: value`` lines; a line without ``:``, a name that is not
+    ASCII or holds a blank skipped; the value stripped, decoded as UTF-8 with replacement), the same dict for any
+    input, at a quarter of its cost: a name's checks (strip, decode, a generator over its characters: ~1.5 µs a
+    header) are made once per name seen (:data:`_NAMES`), not once per line. A direct get's answer has four or
+    five headers: ~10 µs to read them there, ~2.5 here."""
+    out: dict[str, str] = {}
+    names = _NAMES
+    for line in raw.split(b"\r\n"):
+        name, sep, value = line.partition(b":")
+        if not sep:  # (an empty line too)
+            continue
+        try:
+            key = names[name]
+        except KeyError:
+            key = _name_of(name)
+            if len(names) < _NAMES_KEPT and len(name) <= _NAME_KEPT_BYTES:
+                names[name] = key
+        if key is not None:
+            out[key] = value.strip().decode("utf-8", "replace")
+    return out
+
+
 def _parse_headers(raw: bytes) -> dict[str, str] | None:
     """A header block as nats-py's ``Client._process_headers`` reads it (without ``fast_mail_parser``):
-    the inline status and its description, if any, then ``Name: value`` lines."""
+    the inline status and its description, if any, then ``Name: value`` lines (:func:`_header_lines`)."""
     hdr: dict[str, str] = {}
     rest = raw[len(_HEADER_LINE) :]
     if rest[:1] == b" ":
@@ -92,13 +141,13 @@ def _parse_headers(raw: bytes) -> dict[str, str] | None:
             i = desc.find(b"\r\n")
             if i > 0:
                 hdr["Description"] = desc[:i].decode()
-                hdr.update(NATS._parse_header_lines(desc[i + 2 :]))
+                hdr.update(_header_lines(desc[i + 2 :]))
             else:
                 hdr["Description"] = desc.decode()
         i = rest.find(b"\r\n")
         rest = rest[i + 2 :]
     if len(rest) > 2:
-        hdr.update(NATS._parse_header_lines(raw[len(_HEADER_LINE) + 2 :]))
+        hdr.update(_header_lines(raw[len(_HEADER_LINE) + 2 :]))
     return hdr or None
 
 

@@ -288,6 +288,9 @@ class Route:
     #: Every method the path serves (for the "method not allowed" variant), including those of another
     #: template the literal path also matches (``DELETE /triggers/preview`` is ``DELETE /triggers/{trigger_id}``).
     path_methods: frozenset[str]
+    #: The body may be left out (``requestBody.required`` false: ``POST …/redrive`` is a re-drive without one),
+    #: so an empty body is an ordinary request there, not malformed JSON.
+    body_optional: bool = False
 
 
 def _schema_kind(schema: Mapping[str, Any], components: Mapping[str, Any]) -> tuple[str, int | None, int | None]:
@@ -339,6 +342,7 @@ def routes_of(service: Service, doc: Mapping[str, Any] | None) -> list[Route]:
                 has_body="requestBody" in op
                 or (method in {"POST", "PUT", "PATCH"} and not template.endswith(service.bodiless or ("\0",))),
                 needs_auth=needs_auth,
+                body_optional="requestBody" in op and not op["requestBody"].get("required", False),
                 path_methods=frozenset(methods_of[template]),
             )
         )
@@ -563,7 +567,8 @@ def probes_for(route: Route) -> list[Probe]:
         probes.append(probe("5,000 query parameters", _target(route, benign, many)))
         if route.has_body:
             for body in hostile_bodies(service.body_limit):
-                probes.append(probe(f"body: {body.name}", _target(route, benign), body, body.expect))
+                expect = None if route.body_optional and body.content == b"" else body.expect
+                probes.append(probe(f"body: {body.name}", _target(route, benign), body, expect))
     if route.needs_auth:
         for name, authorization in hostile_authorizations(service, credentials(service, route.template)):
             probes.append(

@@ -661,6 +661,12 @@ async def test_an_operator_re_drives_a_rejected_delivery(
     await expect(rerun).to_have_count(1, timeout=WAIT_MS)
     await expect(rerun.get_by_role("link")).to_have_text(re.compile(r"^run-"))
     assert await rerun.get_by_role("link").inner_text() != first_run  # a new run
+    # the new run's timeline links the run it runs again, and says who asked
+    await rerun.get_by_role("link").click()
+    requested = page.locator('#timeline li[data-type="run.requested"]')
+    await expect(requested).to_contain_text("Rerun of", timeout=WAIT_MS)
+    await expect(requested.get_by_role("link", name=first_run)).to_have_attribute("href", f"#/runs/{first_run}")
+    await expect(requested).to_contain_text("Rerun asked by")
 
     viewer = await _sign_in(browser_context, served, VIEWER_TOKEN, "#/triggers/seeded-hook")
     await expect(viewer.locator("#processing tr[data-state]")).to_have_count(3, timeout=WAIT_MS)

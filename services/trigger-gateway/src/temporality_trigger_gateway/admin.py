@@ -387,7 +387,7 @@ def admin_router(
         responses={202: {"model": RedriveAnswer, "description": "A run is started, queued or debounced"}},
     )
     async def redrive_delivery(trigger_id: str, delivery_id: str, request: Request, who: AsOperator) -> JSONResponse:
-        number = _rerun_number(await read_body(request, 1024))
+        number = _rerun_number(await read_body(request, min(max_body_bytes, MAX_TRIGGER_BYTES)))
         await current(trigger_id)
         found = await io(launch_path.deliveries.get(trigger_id, delivery_id)) if _DELIVERY.match(delivery_id) else None
         if found is None:
@@ -572,7 +572,7 @@ class InvalidRedrive(Unprocessable):
 
 def _rerun_number(raw: bytes) -> int | None:
     """A re-drive's body: empty (or ``{}``) for a re-drive, ``{"rerun": n}`` for rerun ``n`` (:mod:`.redrive`)."""
-    if not raw.strip():
+    if not raw:  # no body at all (whitespace alone is malformed JSON: 400, as on every JSON route)
         return None
     body = parse_json(raw)
     if not isinstance(body, dict) or set(body) - {"rerun"}:

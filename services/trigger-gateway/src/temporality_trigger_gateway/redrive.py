@@ -130,18 +130,7 @@ async def redrive(launcher: Launcher, trigger: TriggerConfig, record: DeliveryRe
     """Re-run ``record``'s delivery through the launch path; the outcome as the webhook answers it."""
     _check(record, await next_rerun(launcher, record) if record.state == "accepted" else None)
     number = len(record.redriven_as) + 1
-    delivery = TriggerDelivery(
-        trigger=trigger,
-        delivery_id=derive_id("dlv", record.delivery_id, "redrive", str(number)),
-        kind=record.kind,
-        adapter=record.adapter,
-        source_event_id=record.source_event_id,
-        source_event_type=record.source_event_type,
-        body_bytes=record.body_bytes,
-        depth=record.depth,
-        causation_id=record.causation_id,
-        correlation_id=record.correlation_id,
-    )
+    delivery = _again(trigger, record, derive_id("dlv", record.delivery_id, "redrive", str(number)))
     answer: dict[str, Any] = {"redrive_of": record.delivery_id, "delivery_id": delivery.delivery_id}
     return await _relaunch(launcher, trigger, record, delivery, answer)
 
@@ -183,7 +172,22 @@ async def rerun(
             f'once more, send {{"rerun": {following}}}'
         )
         return {**answer, "status": "duplicate", "run_id": earlier.run_id, "detail": detail}
-    delivery = TriggerDelivery(
+    delivery = _again(trigger, record, delivery_id, rerun=number, rerun_of=record.run_id, requested_by=requested_by)
+    return await _relaunch(launcher, trigger, record, delivery, answer)
+
+
+def _again(
+    trigger: TriggerConfig,
+    record: DeliveryRecord,
+    delivery_id: str,
+    *,
+    rerun: int | None = None,
+    rerun_of: str | None = None,
+    requested_by: str | None = None,
+) -> TriggerDelivery:
+    """``record``'s delivery once more, as ``delivery_id`` (a re-drive's, or with ``rerun``'s fields a rerun's): its
+    source, event ids, size, depth and causation as they were."""
+    return TriggerDelivery(
         trigger=trigger,
         delivery_id=delivery_id,
         kind=record.kind,
@@ -194,11 +198,10 @@ async def rerun(
         depth=record.depth,
         causation_id=record.causation_id,
         correlation_id=record.correlation_id,
-        rerun=number,
-        rerun_of=record.run_id,
+        rerun=rerun,
+        rerun_of=rerun_of,
         requested_by=requested_by,
     )
-    return await _relaunch(launcher, trigger, record, delivery, answer)
 
 
 async def _relaunch(

@@ -575,29 +575,39 @@ function runsView(signal, query) {
   );
   show(h("h1", {}, "Runs"), form, table, more);
 
+  const load = pagedList({
+    path: "/runs", filters: ["state", "agent", "trigger_id", "q"], params, signal, body, more,
+    items: (data) => data.runs, row: runRow, columns: 6, empty: "No runs.",
+  });
+  const refresh = debounce(() => load(true).catch(failed), 1000);
+  tail({}, (event) => (event.run_id ? refresh() : null), signal, refresh);
+}
+
+// A list page's rows from a paged API (`next_before` cursors): the page's filters from the address (`filters`
+// as they are; `since` / `until`, typed in local time, as ISO instants), 50 rows at a time, "Older" (`more`) for
+// the next page. Loads the first page; returns load(reset) for a refresh.
+function pagedList({ path, filters, params, signal, body, more, items, row, columns, empty }) {
   const apiParams = new URLSearchParams();
-  for (const key of ["state", "agent", "trigger_id", "q"]) if (params.get(key)) apiParams.set(key, params.get(key));
+  for (const key of filters) if (params.get(key)) apiParams.set(key, params.get(key));
   for (const key of ["since", "until"]) {
     const local = params.get(key);
     if (local && !Number.isNaN(Date.parse(local))) apiParams.set(key, new Date(local).toISOString());
   }
   apiParams.set("limit", "50");
   let before = null;
-
   async function load(reset) {
     const page = new URLSearchParams(apiParams);
     if (!reset && before) page.set("before", before);
-    const data = await api(`/runs?${page}`, { signal });
+    const data = await api(`${path}?${page}`, { signal });
     if (reset) body.replaceChildren();
-    for (const run of data.runs) body.append(runRow(run));
-    if (reset && !data.runs.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No runs.")));
+    for (const item of items(data)) body.append(row(item));
+    if (reset && !items(data).length) body.append(h("tr", {}, h("td", { colspan: columns, class: "empty" }, empty)));
     before = data.next_before;
     more.hidden = !before;
   }
   more.addEventListener("click", () => load(false).catch(failed));
   load(true).catch(failed);
-  const refresh = debounce(() => load(true).catch(failed), 1000);
-  tail({}, (event) => (event.run_id ? refresh() : null), signal, refresh);
+  return load;
 }
 
 function runRow(run) {
@@ -665,7 +675,11 @@ export function timeline(events, run, now = Date.now()) {
       case "run.requested":
         step.title = triggered ? "Run requested" : `Trigger ${d.launch?.trigger_id ?? d.launch?.kind ?? ""}`.trim();
         step.lines = [["Title", d.title], ["Agent", d.agent], ["Launched by", d.launch?.kind],
-          ["Source event", d.event?.type], ["Delivery", d.launch?.delivery_id]];
+          ["Source event", d.event?.type], ["Delivery", d.launch?.delivery_id],
+          // a rerun of an accepted delivery (the gateway's {"rerun": n}): the run it runs again, and who asked
+          ["Rerun of", d.launch?.rerun_of
+            ? h("a", { href: `#/runs/${encodeURIComponent(d.launch.rerun_of)}` }, d.launch.rerun_of) : null],
+          ["Rerun asked by", d.launch?.requested_by]];
         break;
       case "run.created":
         step.title = "Run created";
@@ -1100,28 +1114,10 @@ function auditView(signal, query) {
     body);
   show(h("h1", {}, "Audit trail"), form, table, more);
 
-  const apiParams = new URLSearchParams();
-  for (const key of ["kind", "actor", "type"]) if (params.get(key)) apiParams.set(key, params.get(key));
-  for (const key of ["since", "until"]) {
-    const local = params.get(key);
-    if (local && !Number.isNaN(Date.parse(local))) apiParams.set(key, new Date(local).toISOString());
-  }
-  apiParams.set("limit", "50");
-  let before = null;
-  async function load(reset) {
-    const page = new URLSearchParams(apiParams);
-    if (!reset && before) page.set("before", before);
-    const data = await api(`/audit?${page}`, { signal });
-    if (reset) body.replaceChildren();
-    for (const entry of data.entries) body.append(auditRow(entry));
-    if (reset && !data.entries.length) {
-      body.append(h("tr", {}, h("td", { colspan: 4, class: "empty" }, "Nothing in the audit trail matches.")));
-    }
-    before = data.next_before;
-    more.hidden = !before;
-  }
-  more.addEventListener("click", () => load(false).catch(failed));
-  load(true).catch(failed);
+  pagedList({
+    path: "/audit", filters: ["kind", "actor", "type"], params, signal, body, more,
+    items: (data) => data.entries, row: auditRow, columns: 4, empty: "Nothing in the audit trail matches.",
+  });
 }
 
 function auditRow(entry) {

@@ -116,14 +116,24 @@ def test_invalid_token_files_are_refused_naming_the_problem(tmp_path: Path, text
     assert ADMIN not in str(caught.value)  # a refused file never echoes a secret
 
 
-@pytest.mark.parametrize("name", ["user:alice", "USER:alice", "user:"])
-def test_a_token_named_like_a_signed_in_person_is_refused_at_load(tmp_path: Path, name: str) -> None:
-    # user:<id> is a person the journal vouches for; a token so named would be journaled as that person.
+@pytest.mark.parametrize(
+    ("name", "prefix"),
+    [
+        ("user:alice", "user:"),
+        ("USER:alice", "user:"),
+        ("user:", "user:"),
+        ("unknown-user:0123456789ab", "unknown-user:"),
+        ("Unknown-User:x", "unknown-user:"),
+    ],
+)
+def test_a_token_named_like_a_signed_in_person_is_refused_at_load(tmp_path: Path, name: str, prefix: str) -> None:
+    # user:<id> is a person the journal vouches for, unknown-user:<digest> a refused sign-in's unknown id; a token
+    # so named would be journaled as that person (or that attempt).
     text = f"- {{name: ci, role: viewer, token: {VIEWER}}}\n- {{name: '{name}', role: admin, token: {ADMIN}}}\n"
-    with pytest.raises(TokenFileError, match=r"entry 1\.name: .*starts with 'user:'") as caught:
+    with pytest.raises(TokenFileError, match=rf"entry 1\.name: .*starts with '{prefix}'") as caught:
         load_tokens(_file(tmp_path, text))
     assert ADMIN not in str(caught.value)
-    with pytest.raises(ValidationError, match="starts with 'user:'"):
+    with pytest.raises(ValidationError, match=f"starts with '{prefix}'"):
         ApiToken(name=name, role=Role.admin, token=ADMIN)  # type: ignore[arg-type]
 
 

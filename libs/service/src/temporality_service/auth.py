@@ -97,13 +97,18 @@ class ApiToken(BaseModel):
     @field_validator("name")
     @classmethod
     def _not_a_person(cls, value: str) -> str:
-        # ``user:<id>`` is how a person the journal vouches for is named (and journaled as actor): a token so
-        # named would be taken for that person in the journal.
-        if value.lower().startswith("user:"):
-            raise ValueError(
-                f"token name {value!r} starts with 'user:', which names people signed in to the console;"
-                " name the token something else (e.g. ci-bot)"
-            )
+        # ``user:<id>`` is how a person the journal vouches for is named (and journaled as actor), and
+        # ``unknown-user:<digest>`` how a refused sign-in's unknown id is: a token so named would be taken for that
+        # person (or that sign-in attempt) in the journal.
+        for prefix, names in (
+            ("user:", "people signed in to the console"),
+            ("unknown-user:", "refused sign-ins whose typed id names nobody"),
+        ):
+            if value.lower().startswith(prefix):
+                raise ValueError(
+                    f"token name {value!r} starts with {prefix!r}, which names {names} in the audit trail;"
+                    " name the token something else (e.g. ci-bot)"
+                )
         return value
 
     @field_validator("role", mode="before")

@@ -429,9 +429,10 @@ def hostile_bodies(limit: int) -> list[Body]:
     return [
         Body("10,000-deep array", _nested(10_000, "array"), expect=400),
         Body("10,000-deep object", _nested(10_000, "object"), expect=400),
-        Body("990-deep array", _nested(990, "array")),
-        Body("990-deep object", _nested(990, "object")),
-        Body("500-deep array", _nested(500, "array")),
+        Body("990-deep array", _nested(990, "array"), expect=400),
+        Body("990-deep object", _nested(990, "object"), expect=400),
+        Body("500-deep array", _nested(500, "array"), expect=400),
+        Body("130-deep object", _nested(130, "object"), expect=400),
         Body("invalid UTF-8", b'{"a": "\xff\xfe\xfd"}', expect=400),
         Body("UTF-8-encoded surrogate", b'{"a": "\xed\xa0\x80"}', expect=400),
         Body("lone surrogate escape", b'{"a":"\\ud800"}', expect=400),

@@ -145,6 +145,30 @@ def test_parse_json_refuses_with_one_error_type(raw: bytes, fragment: str) -> No
         parse_json(raw)
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"[" * 129 + b"]" * 129,
+        b'{"a": ' * 129 + b"1" + b"}" * 129,
+        # valid at the top, deep in one field (a signed webhook's data): pydantic could not encode it (> ~255)
+        b'{"type": "x", "data": {"x": ' + b"[" * 300 + b"]" * 300 + b"}}",
+        b'{"a": [' + b'{"b": ' * 200 + b"0" + b"}" * 200 + b"]}",
+    ],
+)
+def test_parse_json_refuses_nesting_past_the_limit(raw: bytes) -> None:
+    with pytest.raises(MalformedJson, match=r"nested too deeply \(more than 128 levels\)"):
+        parse_json(raw)
+
+
+def test_parse_json_takes_nesting_up_to_the_limit_and_many_shallow_brackets() -> None:
+    assert parse_json(b"[" * 128 + b"]" * 128) is not None
+    deep_object = b'{"a": ' * 127 + b"[1]" + b"}" * 127
+    assert parse_json(deep_object) is not None
+    wide = b"[" + b",".join([b"[{}]"] * 5_000) + b"]"  # 10,001 brackets, three levels
+    assert len(parse_json(wide)) == 5_000
+    assert parse_json(b'{"s": "' + b"[" * 500 + b'"}') == {"s": "[" * 500}  # brackets in a string are text
+
+
 def test_parse_json_accepts_a_bom_and_surrogate_pairs() -> None:
     assert parse_json(b'\xef\xbb\xbf{"ok": "\\ud83d\\ude00"}') == {"ok": "\U0001f600"}
     assert parse_json(b'{"ok": "\\\\ud800"}') == {"ok": "\\ud800"}  # an escaped backslash, then text

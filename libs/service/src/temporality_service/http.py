@@ -337,8 +337,8 @@ def _looks_like(text: str) -> str:
 def parse_json(raw: bytes) -> Any:
     """UTF-8 JSON (a leading BOM is fine) into Python values; :class:`MalformedJson` for anything else.
 
-    Refused: bytes that are not UTF-8, text that is not JSON, nesting too deep for the interpreter's
-    recursion limit (a 10,000-deep array is a 400, never a ``RecursionError``), ``NaN``/``Infinity`` and
+    Refused: bytes that are not UTF-8, text that is not JSON, arrays/objects nested more than
+    :data:`MAX_JSON_DEPTH` levels (a 10,000-deep array is a 400, never a ``RecursionError``), ``NaN``/``Infinity`` and
     numbers no float holds (``1e999999``), which Python's parser accepts but JSON has not, and escaped lone UTF-16
     surrogates (``"\\ud800"``), which no UTF-8 consumer downstream accepts. Everything runs in the C JSON
     codec: no per-character Python on the request path.
@@ -347,7 +347,7 @@ def parse_json(raw: bytes) -> Any:
         text = raw.decode("utf-8-sig")  # real Azure DevOps payloads may start with a BOM
     except UnicodeDecodeError:
         raise MalformedJson("the body is not UTF-8") from None
-    too_deep = MalformedJson("the body is JSON nested too deeply")
+    too_deep = MalformedJson(f"the body is JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)")
     try:
         body = _DECODER.decode(text)
     except _NotJson as exc:
@@ -356,6 +356,9 @@ def parse_json(raw: bytes) -> Any:
         raise MalformedJson(f"the body is not JSON: {exc}{_looks_like(text)}") from None
     except RecursionError:
         raise too_deep from None
+    # Fewer brackets in the whole text than the limit (brackets in strings counted too): no need to look.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _deeper_than(body, MAX_JSON_DEPTH):
+        raise too_deep
     if _SURROGATE_ESCAPE.search(text) is None:
         return body  # no \uD800-\uDFFF escape in the text: no lone surrogate can be in the values
     try:
@@ -365,6 +368,26 @@ def parse_json(raw: bytes) -> Any:
     except RecursionError:
         raise too_deep from None
     return body
+
+
+#: The deepest nesting of arrays and objects a JSON body may have (the top level is 1). Python's parser takes
+#: up to ~1,000, but pydantic serializes at most ~255 levels: a deeper webhook payload parsed, then failed as a
+#: 500 when its event was encoded (a sender retries a 500 for hours). No real payload comes near 128.
+MAX_JSON_DEPTH = 128
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays/objects in ``value`` nest more than ``limit`` levels (iterative: no recursion limit)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 #: A UTF-16 surrogate escape (``\ud800``-``\udfff``, any case). Valid UTF-8 holds no raw surrogate, so only such

@@ -174,6 +174,12 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         tokens_file = data_dir / "api-tokens.json"
         assert token in tokens_file.read_text(encoding="utf-8")
         assert tokens_file.stat().st_mode & 0o077 == 0, "the tokens file is readable by others"
+        # the journal holds every payload and answer: the data dir and what the services write are private
+        assert data_dir.stat().st_mode & 0o777 == 0o700, oct(data_dir.stat().st_mode)
+        assert (data_dir / "journal.db").stat().st_mode & 0o077 == 0, "the journal is readable by others"
+        logs = list((data_dir / "run").iterdir())
+        assert logs, "no service log in <data-dir>/run"
+        assert all(log.stat().st_mode & 0o077 == 0 for log in logs), "a log is readable by others"
         body = EXAMPLE_PR.read_bytes()
         headers = {"Authorization": HOOK_AUTH, "Content-Type": "application/json"}
         accepted = keep_alive.post(hook, content=body, headers=headers)

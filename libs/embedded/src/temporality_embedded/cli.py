@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import shlex
 import signal
@@ -108,6 +109,19 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def _private_data_dir(data_dir: Path) -> None:
+    """Everything ``temporality up`` and its services write is the user's alone: the journal's database holds every
+    webhook payload and every answer, the logs the ids. The process (and the services it starts) writes with umask
+    077; a new data dir is made 0700, and one an earlier version made group- or world-readable (it holds the NATS
+    port file) is made 0700 -- its files need no change then, nobody else can reach them."""
+    os.umask(0o077)
+    if not data_dir.exists():
+        data_dir.mkdir(mode=0o700, parents=True)
+    elif (data_dir / NATS_PORT_FILE).is_file() and data_dir.stat().st_mode & 0o077:
+        data_dir.chmod(0o700)
+        _out(f"{data_dir} was readable by other users (its journal holds every payload and answer): now 0700")
+
+
 def up(args: argparse.Namespace) -> int:
     # this process's own logs (the timers migration's client) are the services' business, not the banner's: only
     # a warning or an error is printed here (each service logs to <data-dir>/run)
@@ -126,6 +140,7 @@ def up(args: argparse.Namespace) -> int:
         if port > 0 and not port_free(port):
             _out(f"error: 127.0.0.1:{port} is already in use; pick another with {flag}")
             return 2
+    _private_data_dir(Path(args.data_dir))
     remembered = Path(args.data_dir) / NATS_PORT_FILE
     if args.nats_port == -1:
         args.nats_port = _remembered_port(remembered)

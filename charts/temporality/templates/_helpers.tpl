@@ -219,6 +219,7 @@ it (the embedded server's Secret holds the server's key); `cert`, the Secret wit
   per-client Secrets existed).
 */}}
 {{- define "temporality.natsClientTls" -}}
+{{- include "temporality.natsTlsCheck" .root }}
 {{- $nats := .root.Values.nats }}
 {{- $own := get ($nats.tls.clientCertSecrets | default dict) .name | default "" }}
 {{- $ca := "" }}
@@ -277,7 +278,8 @@ the pod's user only.
 {{- end }}
 
 {{/*
-The checks of TLS to NATS the templates share (included once, by deployments.yaml): every
+The checks of TLS to NATS (by deployments.yaml and "temporality.natsClientTls", so whichever template Helm
+renders first fails with the whole message): every
 nats.tls.clientCertSecrets key names a NATS client of the chart, none is set without mutual TLS to the NATS the
 services use, and with the embedded NATS's mutual TLS every client it renders has one.
 */}}

@@ -6,6 +6,7 @@ config, its certificate paths pointed at a CA and a certificate this test makes,
 refuses a plain connection and a client that does not trust the CA, and lets a service in with the
 environment the chart gives it (``TEMPORALITY_NATS_TLS_CA_FILE``, its user and password) through the services'
 own ``Bus.connect``. Three servers on the rendered 3-replica config form their cluster over TLS routes.
+Mutual TLS (``nats.embedded.tls.mutual``, each client's own certificate) is in tests/test_chart_nats_mtls.py.
 """
 
 from __future__ import annotations

@@ -206,3 +206,116 @@ The port of a URL (dict "url" "default"): its own (`host:port`), else its scheme
 {{- else -}}{{ .default }}
 {{- end -}}
 {{- end -}}
+
+{{/*
+TLS to NATS for one client of the chart (dict "root" $ "name" <service, or timers-migrate>), as JSON (read it with
+fromJson): `ca`, the Secret whose `ca.crt` verifies the server ("": plain TCP); `caOnly`, mount only that key of
+it (the embedded server's Secret holds the server's key); `cert`, the Secret with this client's `tls.crt` and
+`tls.key` ("": no client certificate).
+- The embedded NATS (nats.embedded.tls.existingSecret): its CA; with nats.embedded.tls.mutual, the client's own
+  nats.tls.clientCertSecrets.<name> (required: "temporality.natsTlsCheck" names every one missing).
+- An external NATS (nats.tls.existingSecret): its CA; with nats.tls.mutual, the client's own
+  nats.tls.clientCertSecrets.<name>, else the shared tls.crt/tls.key of nats.tls.existingSecret (as before
+  per-client Secrets existed).
+*/}}
+{{- define "temporality.natsClientTls" -}}
+{{- include "temporality.natsTlsCheck" .root }}
+{{- $nats := .root.Values.nats }}
+{{- $own := get ($nats.tls.clientCertSecrets | default dict) .name | default "" }}
+{{- $ca := "" }}
+{{- $cert := "" }}
+{{- $caOnly := false }}
+{{- if $nats.embedded.enabled }}
+{{- $ca = $nats.embedded.tls.existingSecret }}
+{{- $caOnly = true }}
+{{- if and $ca $nats.embedded.tls.mutual }}
+{{- $cert = required (printf "nats.embedded.tls.mutual: set nats.tls.clientCertSecrets.%s (the Secret with its client certificate)" .name) $own }}
+{{- end }}
+{{- else if $nats.tls.existingSecret }}
+{{- $ca = $nats.tls.existingSecret }}
+{{- if $nats.tls.mutual }}
+{{- $cert = $own | default $ca }}
+{{- $caOnly = ne $cert $ca }}
+{{- end }}
+{{- end }}
+{{- dict "ca" $ca "caOnly" $caOnly "cert" $cert | toJson }}
+{{- end }}
+
+{{/*
+The nats-tls volume of a client's pod for "temporality.natsClientTls"'s answer (given as is): the CA's Secret
+(only its `ca.crt` when caOnly) or, with a Secret of the client's own, both projected into one directory:
+`ca.crt` from the CA's, `tls.crt` and `tls.key` from the client's (never another key of either). Readable by
+the pod's user only.
+*/}}
+{{- define "temporality.natsTlsVolume" -}}
+- name: nats-tls
+{{- if and .cert .caOnly }}
+  projected:
+    defaultMode: 0400
+    sources:
+      - secret:
+          name: {{ .ca }}
+          items:
+            - key: ca.crt
+              path: ca.crt
+      - secret:
+          name: {{ .cert }}
+          items:
+            - key: tls.crt
+              path: tls.crt
+            - key: tls.key
+              path: tls.key
+{{- else }}
+  secret:
+    secretName: {{ .ca }}
+    defaultMode: 0400
+    {{- if .caOnly }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+    {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The checks of TLS to NATS (by deployments.yaml and "temporality.natsClientTls", so whichever template Helm
+renders first fails with the whole message): every
+nats.tls.clientCertSecrets key names a NATS client of the chart, none is set without mutual TLS to the NATS the
+services use, and with the embedded NATS's mutual TLS every client it renders has one.
+*/}}
+{{- define "temporality.natsTlsCheck" -}}
+{{- $nats := .Values.nats }}
+{{- $secrets := $nats.tls.clientCertSecrets | default dict }}
+{{- $clients := append (keys .Values.services | sortAlpha) "timers-migrate" }}
+{{- range $client, $secret := $secrets }}
+{{- if not (has $client $clients) }}
+{{- fail (printf "nats.tls.clientCertSecrets.%s: not a NATS client of the chart (one of %s)" $client (join ", " $clients)) }}
+{{- end }}
+{{- end }}
+{{- $given := list }}
+{{- range $client, $secret := $secrets }}{{- if $secret }}{{- $given = append $given $client }}{{- end }}{{- end }}
+{{- if $nats.embedded.enabled }}
+{{- if $nats.tls.mutual }}
+{{- fail "nats.tls.mutual is for an external NATS server: for the embedded one set nats.embedded.tls.mutual (its server then requires the client certificates)" }}
+{{- end }}
+{{- if and $nats.embedded.tls.mutual (not $nats.embedded.tls.existingSecret) }}
+{{- fail "nats.embedded.tls.mutual needs nats.embedded.tls.existingSecret (the server's certificate and the CA the clients' certificates are signed by)" }}
+{{- end }}
+{{- if $nats.embedded.tls.mutual }}
+{{- $missing := list }}
+{{- range $service, $svc := .Values.services }}
+{{- if and $svc.enabled (not (get $secrets $service)) }}{{- $missing = append $missing $service }}{{- end }}
+{{- end }}
+{{- if and .Values.timersMigrate.enabled (include "temporality.timersMigrateSecret" .) (not (get $secrets "timers-migrate")) }}
+{{- $missing = append $missing "timers-migrate" }}
+{{- end }}
+{{- if $missing }}
+{{- fail (printf "nats.embedded.tls.mutual: the server refuses a client without a certificate; set nats.tls.clientCertSecrets.<client> (a Secret with tls.crt and tls.key, signed by the CA of nats.embedded.tls.existingSecret) for %s" (join ", " $missing)) }}
+{{- end }}
+{{- else if $given }}
+{{- fail (printf "nats.tls.clientCertSecrets (%s) needs mutual TLS: set nats.embedded.tls.mutual (with nats.embedded.tls.existingSecret)" (join ", " $given)) }}
+{{- end }}
+{{- else if and $given (not (and $nats.tls.existingSecret $nats.tls.mutual)) }}
+{{- fail (printf "nats.tls.clientCertSecrets (%s) needs mutual TLS: set nats.tls.existingSecret (its ca.crt) and nats.tls.mutual" (join ", " $given)) }}
+{{- end }}
+{{- end }}

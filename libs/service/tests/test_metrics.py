@@ -118,6 +118,17 @@ async def test_metrics_count_requests_by_route_and_messages_by_outcome(
 ) -> None:
     monkeypatch.setattr(metrics, "LAG_REFRESH_S", 0.5)
     async with _service(nats_settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        # before any message: every outcome of every consumer is a series at 0, so the first dead letter is a
+        # rise from 0 that increase() sees (a series first scraped at 1 would never fire the alert)
+        def declared(text: str) -> bool:
+            labels = {"consumer": "agent-collab-runs", "outcome": "dead_lettered"}
+            return _value(text, "temporality_consumer_messages_total", **labels) is not None
+
+        first = await _scrape_until(client, declared)
+        for outcome in ("acked", "retried", "dead_lettered"):
+            assert (
+                _value(first, "temporality_consumer_messages_total", consumer="agent-collab-runs", outcome=outcome) == 0
+            )
         assert (await client.get("/things/42")).status_code == 200
         assert (await client.get("/things/43")).status_code == 200
         assert (await client.get("/no/such/path")).status_code == 404

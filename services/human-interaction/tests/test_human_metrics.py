@@ -22,6 +22,7 @@ from pydantic import SecretStr
 from replica_support import Samples, replica, samples_of, value_of
 
 from temporality_bus import Bus, NatsSettings
+from temporality_human_interaction.__main__ import SPEC
 from temporality_human_interaction.inbox import answerers
 from temporality_human_interaction.records import HumanRequestRecord, open_store
 from temporality_human_interaction.runs import index_request
@@ -88,6 +89,24 @@ async def test_deliveries_waits_and_waiting_requests_are_reported_once_across_re
         )
         urls = [await stack.enter_async_context(replica(settings)) for _ in range(2)]
         clients = [await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=10)) for url in urls]
+
+        # before any question, each channel's delivery series exist at 0 on every replica: a first failure is a
+        # rise from 0 that the channel-failing alert's increase() sees
+        def declared(scraped: list[Samples]) -> bool:
+            name = "temporality_human_deliveries_total"
+            return all(
+                (name, frozenset({"service": SPEC.name, "channel": c, "send": s, "outcome": o}.items())) in samples
+                for samples in scraped
+                for c in ("telegram", "web")
+                for s in ("question", "reminder", "escalation")
+                for o in ("delivered", "failed", "unavailable")
+            )
+
+        scraped = await _until(clients, declared, "every channel's delivery series at 0")
+        assert (
+            _total(scraped, "temporality_human_deliveries_total", channel="telegram", send="question", outcome="failed")
+            == 0
+        )
 
         run_id = new_id("run")
         policy = HumanPolicy(allowed_recipients=["user:alice", "user:dave"])

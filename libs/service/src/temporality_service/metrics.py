@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from typing import Any, get_args
 
 import structlog
 from fastapi import FastAPI
@@ -171,7 +171,12 @@ class ServiceMetrics:
                 log.warning("metrics.refresh_failed", gauges=name, error=repr(exc))
 
     async def watch(self, consumers: list[Consumer], stop: asyncio.Event) -> None:
-        """Refresh the lag gauges and the service's own gauges, each on its interval, until ``stop``."""
+        """Refresh the lag gauges and the service's own gauges, each on its interval, until ``stop``.
+
+        First every consumer's outcome series is made at 0: a series that first appears at 2 shows no rise to
+        Prometheus's ``increase()``, so the alert on dead letters would miss a consumer's first ones after each
+        start (and in a long-lived pod a dead letter is a rare, single event)."""
+        self.declare(consumers)
         async with asyncio.TaskGroup() as tg:
             if consumers:
                 tg.create_task(self.watch_lag(consumers, stop))
@@ -188,6 +193,12 @@ class ServiceMetrics:
                 pass
 
     # ------------------------------------------------------------------ consumers
+    def declare(self, consumers: Sequence[Consumer]) -> None:
+        """Every outcome series of ``consumers`` at 0 (a counter's child exists once its labels are named)."""
+        for consumer in consumers:
+            for outcome in get_args(Outcome):
+                self._messages.labels(self.service, consumer.spec.durable, outcome)
+
     def settled(self, durable: str, outcome: Outcome, seconds: float, count: int = 1) -> None:
         self._messages.labels(self.service, durable, outcome).inc(count)
         self._handle.labels(self.service, durable).observe(seconds)

@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 from temporality_bus import Bus, live_entries
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS
@@ -73,6 +73,10 @@ _ENDED = {
     HumanRequestState.EXPIRED: "expired",
     HumanRequestState.CANCELLED: "cancelled",
 }
+
+
+#: The ``send`` label's values (:func:`send_of`).
+SENDS = ("question", "reminder", "escalation")
 
 
 def send_of(tag: str) -> str:
@@ -126,9 +130,13 @@ class HumanMetrics:
         self._deliveries.labels(self._service, channel, send_of(tag), outcome).inc()
 
     def watch_channels(self, adapters: Mapping[str, _Available]) -> None:
-        """Report each adapter's availability at every scrape."""
+        """Report each adapter's availability at every scrape, and make each channel's delivery series at 0: the
+        alert on a failing channel reads ``increase()``, which sees no rise in a series first scraped at 1."""
         for name, adapter in adapters.items():
             self._available.labels(self._service, name).set_function(_availability(adapter))
+            for send in SENDS:
+                for outcome in get_args(DeliveryOutcome):
+                    self._deliveries.labels(self._service, name, send, outcome)
 
     def ended(self, record: HumanRequestRecord) -> None:
         outcome = _ENDED.get(record.status)

@@ -401,6 +401,8 @@ async def test_bus_down_is_503_not_a_hang_and_the_same_answer_succeeds_once_it_i
     assert inbox.status_code == 503
     assert answer.status_code == 503
     assert answer.json()["error"] == "bus_unavailable"
+    for refused in (inbox, answer):  # as the webhook's 503: a client (the console, a bot) knows when to retry
+        assert int(refused.headers["Retry-After"]) >= 1
 
     # The same server (port, store) comes back; the client reconnects. The timed-out CAS may still be
     # applied from the reconnect buffer: either way the identical answer now binds (or is repaired) once.

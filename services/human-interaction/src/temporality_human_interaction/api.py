@@ -309,7 +309,9 @@ def create_app(
         except (TimeoutError, TransientError, nats.errors.Error) as exc:
             log.warning("api.bus_unavailable", during=what, error=repr(exc))
             raise Unavailable(
-                f"the message bus did not answer while {what}; try again", code="bus_unavailable"
+                f"the message bus did not answer while {what}; try again",
+                code="bus_unavailable",
+                retry_after_s=max(1, int(settings.bus_timeout_s)),
             ) from exc
 
     @app.get("/inbox")

@@ -129,6 +129,25 @@ async def test_poison_message_is_dead_lettered_journaled_and_consumer_goes_on(bu
     assert handled[-1] == "evt-good"
 
 
+async def test_a_dead_letter_names_the_id_and_type_an_invalid_event_claims(bus: Bus) -> None:
+    # on-call matches a dead letter to its sender by the event id and type it claimed, valid envelope or not
+    spec = ConsumerSpec("t-claimed", EVENTS_STREAM.name, (subject_for("run.failed"),), "test")
+    good = asyncio.Event()
+
+    async def handler(event: Envelope, delivery: Delivery) -> None:
+        good.set()
+
+    claimed = b'{"id": "evt-poison-2", "type": "run.failed", "specversion": "0.3", "data": {}}'
+    await bus.js.publish(subject_for("run.failed"), claimed, headers={"Nats-Msg-Id": "claimed"})
+    await bus.js.publish(subject_for("run.failed"), b'["id", "type"]', headers={"Nats-Msg-Id": "array"})
+    await bus.publish(_failed("good"))
+    await _run_consumer(Consumer(bus, spec, handler=handler), good, asyncio.Event())
+
+    journal = await bus.js.pull_subscribe(subject_for("bus.dead_lettered"), durable="j2", stream=EVENTS_STREAM.name)
+    payloads = [decode(m.data).payload(BusDeadLettered) for m in await journal.fetch(2, timeout=5)]
+    assert [(p.original_id, p.original_type) for p in payloads] == [("evt-poison-2", "run.failed"), (None, None)]
+
+
 async def test_exhausted_retries_are_dead_lettered(bus: Bus) -> None:
     spec = ConsumerSpec(
         "t-exhaust",

@@ -335,6 +335,22 @@ class _Puller:
         return msgs, (None if status is None or status in _PULL_ENDED else status)
 
 
+def _claimed_id_and_type(data: bytes) -> tuple[str | None, str | None]:
+    """The ``id`` and ``type`` a message that is not a valid CloudEvent says it has (JSON object, string values,
+    cut to 200 characters), so its dead letter names what the sender meant to send; ``None`` for what it lacks."""
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        return None, None
+    if not isinstance(body, dict):
+        return None, None
+    claimed_id, claimed_type = body.get("id"), body.get("type")
+    return (
+        claimed_id[:200] if isinstance(claimed_id, str) else None,
+        claimed_type[:200] if isinstance(claimed_type, str) else None,
+    )
+
+
 async def _ack_all(nc: NATS, msgs: list[Msg]) -> None:
     """Ack each of ``msgs`` (fire-and-forget, as ``Msg.ack``) in one write to the connection.
 
@@ -883,7 +899,9 @@ class Consumer:
     async def _settle_dead(
         self, msg: Msg, delivery: Delivery, env: Envelope | None, exc: BaseException, error: str, dlq_subject: str
     ) -> None:
-        original_id, original_type, run_id = (env.id, env.type, env.runid) if env is not None else (None, None, None)
+        original_id, original_type, run_id = (
+            (env.id, env.type, env.runid) if env is not None else (*_claimed_id_and_type(msg.data), None)
+        )
         if isinstance(exc, ForgedEvent):  # the service is never told of a forgery: it must not act on it
             self._log.warning("event.forged", error=error, original_id=original_id, original_type=original_type)
         elif self._on_dead_letter is not None:

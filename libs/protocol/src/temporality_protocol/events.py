@@ -949,8 +949,14 @@ class BusDeadLettered(EventData):
     deliveries: int
     error: Annotated[str, Field(max_length=MAX_TEXT)]
     dlq_subject: str
-    original_id: str | None = None
-    original_type: str | None = None
+    original_id: str | None = Field(
+        default=None,
+        description="The message's event id: from its envelope, or, when it is no valid CloudEvent, the `id` string"
+        " its JSON claims (unvalidated, at most 200 characters); null when it has none",
+    )
+    original_type: str | None = Field(
+        default=None, description="The message's event type, read the same way as `original_id`"
+    )
 
 
 # --------------------------------------------------------------------------- collaboration (request/reply)

@@ -9,16 +9,18 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import httpx
 import yaml
 from standardwebhooks.webhooks import Webhook
 
-from temporality_bus import Bus
+from temporality_bus import Bus, BusError, Pipeline, PublishResult
+from temporality_bus.pipeline import Write
 from temporality_protocol import Envelope, RunRequested, decode
 from temporality_protocol.catalog import EVENTS_PREFIX, EVENTS_STREAM
 from temporality_service import Runtime, run_until
@@ -191,6 +193,27 @@ async def run_requested(bus: Bus) -> RunRequested:
     """The data of the one ``run.requested`` in the journal."""
     (event,) = [e for e in await journal(bus) if e.type == "run.requested"]
     return event.payload(RunRequested)
+
+
+@contextlib.contextmanager
+def events_not_acked(event_type: str, error: BusError | BaseException) -> Iterator[None]:
+    """Every pipelined batch holding a ``event_type`` event: its events are not sent and each is answered
+    ``error`` (a :class:`BusError`: not acknowledged), while its other writes -- the delivery's record, which the
+    launch sends with its events -- go out for real; any other ``error`` is raised before anything is sent (the
+    process dying there)."""
+    real_send = Pipeline.send
+
+    async def send(self: Pipeline, writes: Sequence[Write], **kw: Any) -> list[PublishResult | BusError]:
+        if not any(w.headers.get("Ce-Type") == event_type for w in writes):
+            return await real_send(self, writes, **kw)
+        if not isinstance(error, BusError):
+            raise error
+        kv = [w for w in writes if w.bucket is not None]
+        stored = iter(await real_send(self, kv, **kw) if kv else [])
+        return [error if w.bucket is None else next(stored) for w in writes]
+
+    with patch.object(Pipeline, "send", send):
+        yield
 
 
 # --------------------------------------------------------------------------- the trigger store and admin API

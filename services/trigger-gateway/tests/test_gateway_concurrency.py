@@ -5,9 +5,7 @@ delivery is simulated as the intake tests do: the bus's publish patched to refus
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
-from unittest.mock import patch
 
 import httpx
 import pytest
@@ -17,6 +15,7 @@ from gateway_support import (
     AS_OPERATOR,
     AS_VIEWER,
     basic,
+    events_not_acked,
     eventually,
     fixture_json,
     post,
@@ -25,7 +24,7 @@ from gateway_support import (
     webhook_spec,
 )
 
-from temporality_bus import Bus, Delivery, PublishResult, TransientError
+from temporality_bus import Bus, Delivery, TransientError
 from temporality_protocol import (
     CONTENT_TYPE,
     Envelope,
@@ -459,14 +458,7 @@ async def test_a_copy_of_an_older_event_never_takes_the_key_back_from_a_newer_ru
 async def test_a_failed_delivery_is_recorded_as_failed_and_its_redrive_starts_the_run_once(
     client: httpx.AsyncClient, bus: Bus, triggers: list[TriggerConfig], event_log: EventLog
 ) -> None:
-    real_publish_many = bus.publish_many
-
-    async def failing(events: Sequence[Envelope]) -> list[PublishResult]:
-        if any(event.type == "run.requested" for event in events):
-            raise TransientError("simulated: no ack")
-        return await real_publish_many(events)
-
-    with patch.object(bus, "publish_many", failing):  # NATS does not acknowledge the launch
+    with events_not_acked("run.requested", TransientError("simulated: no ack")):  # NATS does not acknowledge the launch
         refused = await post(client, _push(1), "ado-pr-review")
     assert refused.status_code == 503
     deliveries = Deliveries(bus)

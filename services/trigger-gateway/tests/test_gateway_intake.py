@@ -6,16 +6,27 @@ import asyncio
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from unittest.mock import patch
 
 import httpx
 import pytest
-from gateway_support import MAX_BODY, REPO, basic, fixture_bytes, fixture_json, journal, post, run_requested, types
+from gateway_support import (
+    MAX_BODY,
+    REPO,
+    basic,
+    events_not_acked,
+    fixture_bytes,
+    fixture_json,
+    journal,
+    post,
+    run_requested,
+    types,
+)
 
-from temporality_bus import Bus, PublishResult, TransientError
+from temporality_bus import Bus, BusError, Pipeline, PublishResult, TransientError
 from temporality_bus.pipeline import Write
 from temporality_protocol import (
-    Envelope,
     HumanPolicy,
     RunRequested,
     TimeoutPolicy,
@@ -206,20 +217,24 @@ async def test_concurrent_deliveries_one_accepted_every_other_a_journaled_duplic
 async def test_the_events_of_one_answer_go_out_in_one_batch_after_the_claim(
     client: httpx.AsyncClient, bus: Bus
 ) -> None:
-    """Pipelined: one publish_many per answer, every ack awaited; the launch batch only once claimed."""
-    real_publish_many = bus.publish_many
+    """Pipelined: the events of one answer in one batch (with the delivery's record), every ack awaited; the launch
+    batch only once claimed."""
+    real_send = Pipeline.send
     store = await bus.store(BUCKET_DEDUPE, DedupeRecord)
     key = derive_id("dd", "ado-pr-review", PR_EVENT_ID)
     batches: list[tuple[list[str], str | None]] = []
 
-    async def spying(events: Sequence[Envelope]) -> list[PublishResult]:
-        stored = await store.get(key)
-        batches.append(([e.type for e in events], stored.value.state if stored else None))
-        results = await real_publish_many(events)
-        assert len(results) == len(events)  # every one acked before the answer
+    async def spying(self: Pipeline, writes: Sequence[Write], **kw: Any) -> list[PublishResult | BusError]:
+        events = [w.headers["Ce-Type"] for w in writes if w.bucket is None]
+        if events:
+            stored = await store.get(key)
+            batches.append((events, stored.value.state if stored else None))
+        results = await real_send(self, writes, **kw)
+        if events:
+            assert all(isinstance(r, PublishResult) for r in results)  # every one acked before the answer
         return results
 
-    with patch.object(bus, "publish_many", spying):
+    with patch.object(Pipeline, "send", spying):
         first = await post(client, fixture_bytes("pr-created.json"))
         again = await post(client, fixture_bytes("pr-created.json"))
     assert (first.status_code, again.status_code) == (202, 200)
@@ -235,16 +250,9 @@ class _Crash(BaseException):
 
 async def _claim_left_by_a_crash(bus: Bus, settings: Settings, triggers: list[TriggerConfig]) -> str:
     """Deliver once through an app whose publish of ``trigger.accepted`` 'crashes' the process."""
-    real_publish_many = bus.publish_many
-
-    async def crashing(events: Sequence[Envelope]) -> list[PublishResult]:
-        if any(event.type == "trigger.accepted" for event in events):
-            raise _Crash
-        return await real_publish_many(events)
-
     app = create_app(settings, bus, triggers)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
-        with patch.object(bus, "publish_many", crashing), pytest.raises(_Crash):
+        with events_not_acked("trigger.accepted", _Crash()), pytest.raises(_Crash):
             await post(c, fixture_bytes("pr-created.json"))
     await WriteBehind.of(bus).settled()  # the claim's mark is written behind the answer
     stored = await (await bus.store(BUCKET_DEDUPE, DedupeRecord)).get(derive_id("dd", "ado-pr-review", PR_EVENT_ID))
@@ -315,14 +323,7 @@ async def test_crash_after_publish_redelivery_republishes_the_same_ids(bus: Bus,
 async def test_failed_publish_releases_the_claim_so_the_retry_need_not_wait(
     client: httpx.AsyncClient, bus: Bus
 ) -> None:
-    real_publish_many = bus.publish_many
-
-    async def failing(events: Sequence[Envelope]) -> list[PublishResult]:
-        if any(event.type == "run.requested" for event in events):
-            raise TransientError("simulated: no ack")
-        return await real_publish_many(events)
-
-    with patch.object(bus, "publish_many", failing):
+    with events_not_acked("run.requested", TransientError("simulated: no ack")):
         refused = await post(client, fixture_bytes("pr-created.json"))
     assert refused.status_code == 503
     await WriteBehind.of(bus).settled()  # the claim's mark is written behind the answer

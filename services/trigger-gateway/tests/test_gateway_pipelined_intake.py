@@ -1,8 +1,8 @@
 """The webhook hot path's pipelined writes against a real nats-server (issue 7, intake speed).
 
-Per new event the gateway answers after two round trips: the dedupe claim, then the three events; the
-claim's ``published`` mark and the delivery's ``accepted`` record (with its index entry) are written
-behind the answer (:mod:`temporality_trigger_gateway.behind`). These tests pin the order that keeps
+Per new event the gateway answers after two round trips: the dedupe claim, then the three events with the
+delivery's ``accepted`` record (and its index entry); the claim's ``published`` mark is written behind the
+answer (:mod:`temporality_trigger_gateway.behind`). These tests pin the order that keeps
 exactly-once intake (nothing marked published before every event is acknowledged), what a batch that
 JetStream only partly stored leaves behind, that the record written without re-validation reads
 back as a valid record, and the whole message budget of a new event as the server sees it (7 writes, 7
@@ -24,10 +24,8 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from temporality_bus import Bus, BusError, NatsSettings, Pipeline, PublishResult, TransientError
-from temporality_bus.pipeline import Write, event_write
+from temporality_bus.pipeline import Write
 from temporality_protocol import (
-    EncodedEvent,
-    Envelope,
     NormalizedEvent,
     derive_id,
     run_id_for_delivery,
@@ -87,8 +85,9 @@ async def test_a_new_event_answers_after_two_round_trips_and_is_marked_published
     assert answered >= 2
     assert trips == [
         ["dedupe:claimed"],
-        ["trigger.received", "trigger.accepted", "run.requested"],
-        ["dedupe:published", "record:accepted", "index"],  # behind the answer, one round for both
+        # the delivery's record rides with the events: stored before the 202, so a crash after it loses nothing
+        ["trigger.received", "trigger.accepted", "run.requested", "record:accepted", "index"],
+        ["dedupe:published"],  # behind the answer
     ]
     assert (await _dedupe(bus)).state == "published"
     # The record, written as the model's JSON with the event spliced in once, reads back as a valid record.
@@ -105,27 +104,30 @@ async def test_a_batch_jetstream_stores_only_in_part_answers_503_and_the_retry_m
 ) -> None:
     """JetStream refuses run.requested alone (its other two events are stored): 503, nothing marked
     published; the sender's retry publishes the same derived ids: one run, one trigger.accepted."""
-    real_publish_raw_many = bus.publish_raw_many
+    real_send = Pipeline.send
     bus.js.no_stream_retry_s = 0.2  # (a 503 is sent again for a while, as stored nothing: not 3 s here)
 
-    async def refusing_run_requested(events: Sequence[Envelope | EncodedEvent]) -> list[PublishResult]:
-        messages = []
-        for event in events:
-            write = event_write(event)  # as publish_many writes it
-            subject = write.subject
-            if event.type == "run.requested":  # a subject no stream takes: the server answers "no responders"
-                subject = "temporality.nowhere.run.requested"
-            messages.append((subject, write.payload, write.headers))
-        return await real_publish_raw_many(messages)
+    async def refusing_run_requested(
+        self: Pipeline, writes: Sequence[Write], **kw: Any
+    ) -> list[PublishResult | BusError]:
+        # run.requested to a subject no stream takes: the server answers "no responders"
+        sent = [
+            w._replace(subject="temporality.nowhere.run.requested")
+            if w.headers.get("Ce-Type") == "run.requested"
+            else w
+            for w in writes
+        ]
+        return await real_send(self, sent, **kw)
 
-    with patch.object(bus, "publish_many", refusing_run_requested):
+    with patch.object(Pipeline, "send", refusing_run_requested):
         refused = await post(client, fixture_bytes("pr-created.json"))
     assert refused.status_code == 503
     assert refused.headers["Retry-After"] == "7"
     assert types(await journal(bus)) == ["trigger.received", "trigger.accepted"]  # half stored, on the stream
     assert (await _dedupe(bus)).state == "released"  # not published: a retry takes the claim at once
-    (failed,) = await _records(bus)
+    (failed,) = await _records(bus)  # stored "accepted" with the events, corrected before the 503
     assert failed.state == "failed"
+    assert failed.run_id is None  # its run was not requested
     assert failed.detail is not None
     assert "retries" in failed.detail
 
@@ -161,11 +163,11 @@ async def test_a_lost_mark_still_answers_accepted_and_a_copy_after_the_lease_mak
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as c:
         with patch.object(Pipeline, "send", losing_marks):
             first = await post(c, fixture_bytes("pr-created.json"))
-            await WriteBehind.of(bus).settled()  # the mark (lost) and the record go out behind the answer
+            await WriteBehind.of(bus).settled()  # the mark (lost) goes out behind the answer
         assert first.status_code == 202
         assert (await _dedupe(bus)).state == "claimed"
         (record,) = await _records(bus)
-        assert record.state == "accepted"  # the record's write went out (and was acknowledged) all the same
+        assert record.state == "accepted"  # written with the events, before the answer
         copy = await post(c, fixture_bytes("pr-created.json"))  # waits out the 0.2 s lease, takes over
     assert copy.status_code == 202
     assert copy.json()["run_id"] == RUN_ID

@@ -1,21 +1,21 @@
 """Writes that need not hold an answer back, batched into one pipelined round (issue 7, intake speed).
 
 A launch answers once JetStream acked what the answer reports: the claim, then ``trigger.received`` +
-``trigger.accepted`` + ``run.requested`` (:mod:`.launch`). Two more writes follow every launch -- the
-claim's ``published`` mark and the delivery's record (:mod:`.deliveries`) -- and neither is part of what
-the answer reports: the mark only spares a later copy of the event the wait for the claim's lease, the
-record is best-effort bookkeeping next to the journal. They are queued here and written *behind* the
-answers: one task per Bus sends whatever is queued as one :meth:`temporality_bus.Pipeline.send`, and while
-that round is in flight the next launches' writes gather for the one after (under load, one round carries
-the writes of many launches).
+``trigger.accepted`` + ``run.requested`` with the delivery's record (:mod:`.launch`). One more write follows every
+new launch -- the claim's ``published`` mark -- and it is not part of what the answer reports: it only spares a
+later copy of the event the wait for the claim's lease. It is queued here and written *behind* the answers, with
+the records a launch could not send with its events (a ``failed`` delivery's, whose outcome is known only after
+that round; a record the bus did not take, written again): one task per Bus sends whatever is queued as one
+:meth:`temporality_bus.Pipeline.send`, and while that round is in flight the next launches' writes gather for
+the one after (under load, one round carries the writes of many launches).
 
 Read-your-writes within the process: :meth:`WriteBehind.settled` returns once every write queued before
 the call was acknowledged (or failed) and its follow-up ran; the deliveries API and a claim found taken
 await it before reading, so this replica never reads a record or a claim older than what it answered.
 Another replica may see them a round trip later. A process that dies with writes queued loses them: a
 claim left ``claimed`` is taken over after its lease by a copy of the event, which republishes the same
-derived ids (deduplicated by JetStream) -- the crash the claim was built for; a lost record leaves the
-delivery unlisted (the journal has its events).
+derived ids (deduplicated by JetStream) -- the crash the claim was built for; a lost ``failed`` record leaves
+a delivery answered 503 unlisted (its sender retries as a new delivery; the journal has its events).
 """
 
 from __future__ import annotations

@@ -12,14 +12,18 @@ delivery can be re-driven)::
     failed     the bus did not acknowledge (``detail``); the webhook sender was told 503 and retries, a bus
                message is redelivered with backoff: nothing is lost meanwhile
 
-The launch path writes a record behind its answer (:mod:`.behind`): one create-if-absent, with a webhook
-delivery's index entry, in the round trip the write-behind queue makes for many launches; this replica's
-reads (the deliveries API, :meth:`Deliveries.record`) wait for its queued writes first.
+The launch path writes a record with the events that decide its outcome, before its answer: one
+create-if-absent, with a webhook delivery's index entry, in the same pipelined round trip as the events
+(:meth:`Deliveries.writes`, :meth:`Deliveries.written`), so a process killed after an answer loses no record. A
+``failed`` record (the events were not stored: known only after that round) is written behind the answer
+(:mod:`.behind`, :meth:`Deliveries.finish`); this replica's reads (the deliveries API, :meth:`Deliveries.record`)
+wait for its queued writes first.
 
 Recording is best effort: the journal (``trigger.*`` events) is the truth, and a delivery is never refused
 because its record could not be written (logged ``delivery.not_recorded``). A record the bus did not take
 (NATS away: typically a ``failed`` delivery's) is written again in the background (``RECORD_RETRIES_S``,
-about two minutes), never awaited by an answer; a crash loses the records still queued (docs/triggers.md). A re-drive
+about two minutes), never awaited by an answer; a crash loses the records still queued or waiting for a retry
+(docs/triggers.md). A re-drive
 (:func:`.admin.admin_router`) re-runs a rejected or failed delivery through the launch path as a new
 delivery (``redrive_of``) with the *original event id*, so the dedupe claim makes it a duplicate of an
 event that was accepted meanwhile, never a second run.
@@ -42,7 +46,7 @@ from temporality_bus.pipeline import Write, kv_write
 from temporality_protocol import NormalizedEvent
 from temporality_protocol.catalog import BUCKET_DELIVERIES
 from temporality_protocol.trigger_admin import DeliveryState, DeliveryView
-from temporality_trigger_gateway.behind import WriteBehind
+from temporality_trigger_gateway.behind import Settle, WriteBehind
 
 if TYPE_CHECKING:
     from temporality_bus import Bus
@@ -182,6 +186,9 @@ class Draft:
     received_at: datetime
     title: str | None = None
     redrive_of: str | None = None
+    #: Whether the record went out with the launch's events (:meth:`Deliveries.writes`): ``None`` not (it is
+    #: written behind the answer, :meth:`Deliveries.finish`), ``True`` stored, ``False`` sent but not known stored.
+    recorded: bool | None = None
 
     def head(
         self,
@@ -309,10 +316,12 @@ class Deliveries:
         detail: str | None = None,
         redrive_of: str | None = None,
         index: bool = True,
+        keep_run: bool = True,
     ) -> None:
         """Write the delivery's record as it is now (best effort). A later state keeps the event, title,
-        receipt time and re-drive links the record already has. ``index``: a record this call creates
-        gets its index entry (``False``: it has one already)."""
+        receipt time and re-drive links the record already has (and its run id, unless ``keep_run`` is false: a
+        record written with its launch's events, corrected to ``failed`` when they were not stored). ``index``: a
+        record this call creates gets its index entry (``False``: it has one already)."""
         await self._behind.settled()  # this replica's writes behind first (read-your-writes)
         now = datetime.now(UTC)
         kept, omitted = _kept(event)
@@ -321,7 +330,7 @@ class Deliveries:
             return evolve(
                 current,
                 state=state,
-                run_id=run_id or current.run_id,
+                run_id=run_id or (current.run_id if keep_run else None),
                 reason=reason,
                 detail=None if detail is None else detail[:1000],
                 updated_at=now,
@@ -374,10 +383,24 @@ class Deliveries:
         create-if-absent of the record (with the event) and, for a fresh delivery id, its index entry. A
         record that exists already (a redelivered bus message, whose delivery id is derived) is updated the
         read-modify-write way, keeping what it has. Best effort: a failure is logged."""
+        writes = self.writes(draft, state, run_id=run_id, reason=reason, detail=detail)
+        self._behind.add(writes, self._settler(draft, state, writes, 0, run_id=run_id, reason=reason, detail=detail))
+
+    def writes(
+        self,
+        draft: Draft,
+        state: DeliveryState,
+        *,
+        run_id: str | None = None,
+        reason: str | None = None,
+        detail: str | None = None,
+    ) -> list[Write]:
+        """The writes that record the draft's delivery in ``state``: the record's create-if-absent (with the event)
+        and, for a fresh delivery id, its index entry. :meth:`finish` queues them behind the answer; the launch path
+        sends them with the events that decide the outcome (:meth:`written` takes their outcomes)."""
         bucket = BUCKET_DELIVERIES.name
         encoded = draft.record_json(state, run_id=run_id, reason=reason, detail=detail)
-        record = kv_write(bucket, draft.key, encoded, revision=0)
-        writes = [record]
+        writes = [kv_write(bucket, draft.key, encoded, revision=0)]
         if draft.fresh:
             delivery_id = draft.delivery.delivery_id
             writes.append(
@@ -385,37 +408,74 @@ class Deliveries:
                     bucket, index_key(draft.delivery.trigger.id, draft.received_at, delivery_id), delivery_id.encode()
                 )
             )
+        return writes
 
-        def queue(writes: list[Write], attempt: int) -> None:
-            async def settle(results: list[PublishResult | BusError]) -> None:
-                again: list[Write] = []
-                for write, result in zip(writes, results, strict=True):
-                    if isinstance(result, PublishResult):
-                        continue
-                    if write is record and isinstance(result, Conflict):
-                        # recorded before (a redelivery; or this write's own earlier try, its ack lost): keep its
-                        # record, move its state
-                        await self.record(
-                            draft.delivery,
-                            state,
-                            event=draft.event,
-                            title=draft.title,
-                            run_id=run_id,
-                            reason=reason,
-                            detail=detail,
-                            redrive_of=draft.redrive_of,
-                        )
-                    elif isinstance(result, TransientError) and not isinstance(result, Conflict):
-                        again.append(write)  # the bus was away: tried again below
-                    else:
-                        what = "delivery.not_recorded" if write is record else "delivery.not_indexed"
-                        log.warning(what, key=draft.key, state=state, error=repr(result))
-                if again:
-                    self._retry_later(again, attempt, lambda retried: queue(retried, attempt + 1), draft.key, state)
+    async def written(
+        self,
+        draft: Draft,
+        state: DeliveryState,
+        writes: list[Write],
+        results: list[PublishResult | BusError],
+        *,
+        run_id: str | None = None,
+        reason: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        """Take the outcomes of :meth:`writes` sent with a launch's events: nothing more to do when both were stored
+        (the hot path); else as behind the answer -- a record found (a redelivered bus message) updated, a write the
+        bus did not take written again in the background, anything else logged."""
+        if all(isinstance(result, PublishResult) for result in results):
+            return
+        await self._settler(draft, state, writes, 0, run_id=run_id, reason=reason, detail=detail)(results)
 
-            self._behind.add(writes, settle)
+    def _settler(
+        self,
+        draft: Draft,
+        state: DeliveryState,
+        writes: list[Write],
+        attempt: int,
+        *,
+        run_id: str | None,
+        reason: str | None,
+        detail: str | None,
+    ) -> Settle:
+        """What follows the outcomes of a record's ``writes`` (try ``attempt``)."""
 
-        queue(writes, 0)
+        async def settle(results: list[PublishResult | BusError]) -> None:
+            again: list[Write] = []
+            for write, result in zip(writes, results, strict=True):
+                if isinstance(result, PublishResult):
+                    continue
+                record = write.key == draft.key  # (else its index entry)
+                if record and isinstance(result, Conflict):
+                    # recorded before (a redelivery; or this write's own earlier try, its ack lost): keep its
+                    # record, move its state
+                    await self.record(
+                        draft.delivery,
+                        state,
+                        event=draft.event,
+                        title=draft.title,
+                        run_id=run_id,
+                        reason=reason,
+                        detail=detail,
+                        redrive_of=draft.redrive_of,
+                    )
+                elif isinstance(result, TransientError) and not isinstance(result, Conflict):
+                    again.append(write)  # the bus was away: tried again below
+                else:
+                    what = "delivery.not_recorded" if record else "delivery.not_indexed"
+                    log.warning(what, key=draft.key, state=state, error=repr(result))
+            if again:
+
+                def queue(retried: list[Write]) -> None:
+                    follow = self._settler(
+                        draft, state, retried, attempt + 1, run_id=run_id, reason=reason, detail=detail
+                    )
+                    self._behind.add(retried, follow)
+
+                self._retry_later(again, attempt, queue, draft.key, state)
+
+        return settle
 
     def _retry_later(
         self, writes: list[Write], attempt: int, queue: Callable[[list[Write]], None], key: str, state: str

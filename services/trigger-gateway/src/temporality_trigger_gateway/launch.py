@@ -31,8 +31,11 @@ the same batch), waits in its key's queue (``Queued``: ``trigger.received`` only
 retry takes over at once. Every outcome is returned only after JetStream acked what it reports.
 
 Round trips of a new event (the hot path, :class:`temporality_bus.Pipeline`): (1) the claim's create, (2) the
-three events; then the answer. The claim's ``published`` mark and the delivery's record (:mod:`.deliveries`,
-written once in the outcome's state) follow behind the answer (:mod:`.behind`), batched with other launches'
+three events with the delivery's record (:mod:`.deliveries`, created in the outcome's state, and its index entry);
+then the answer. Every outcome decided before its events are published (accepted, duplicate, skipped, queued,
+debounced) sends its record with them (:meth:`Launcher._publish_recorded`), so a process killed right after an
+answer loses no record; a record stored with events that were not all stored is corrected to ``failed`` before
+the 503. The claim's ``published`` mark follows behind the answer (:mod:`.behind`), batched with other launches'
 writes. The mark never rides with the events: were ``run.requested`` refused while the mark was stored, a
 retry would be answered ``duplicate`` of a run that does not exist. A mark lost to a crash leaves the claim
 ``claimed``: a copy of the event after the lease takes it over and republishes the same ids (deduplicated),
@@ -66,7 +69,7 @@ from temporality_bus import (
     TransientError,
     evolve,
 )
-from temporality_bus.pipeline import Write, kv_write
+from temporality_bus.pipeline import Write, event_write, kv_write
 from temporality_protocol import (
     EncodedEvent,
     Envelope,
@@ -83,7 +86,7 @@ from temporality_protocol import (
 from temporality_protocol.catalog import BUCKET_DEDUPE
 from temporality_trigger_gateway.behind import Settle, WriteBehind
 from temporality_trigger_gateway.concurrency import Debounce, FlowControl, QueuedLaunch, QueuedRef, Skip, Start, Wait
-from temporality_trigger_gateway.deliveries import Deliveries, DeliveryRecord, Draft
+from temporality_trigger_gateway.deliveries import Deliveries, DeliveryRecord, DeliveryState, Draft
 from temporality_trigger_gateway.errors import BodyTooLarge, BusUnavailable
 from temporality_trigger_gateway.triggers import TriggerConfig
 
@@ -483,6 +486,11 @@ def _published(claim: DedupeRecord, encoded: bytes | None) -> bytes:
     return claim.model_copy(update={"state": "published"}).model_dump_json().encode()
 
 
+async def _raise(error: BusError) -> None:
+    """``error`` raised where :meth:`Launcher.io` maps it (a write's outcome, as ``publish_many`` raises it)."""
+    raise error
+
+
 def _marked(run_id: str) -> Settle:
     """What the outcome of a claim's ``published`` mark says (logged only: the run is accepted either way)."""
 
@@ -521,6 +529,35 @@ class Launcher:
         """Publish ``events`` together (one round trip, every ack awaited): :class:`BusUnavailable` unless
         JetStream stored every one (those it did are deduplicated by id when a retry publishes them again)."""
         await self.io(self.bus.publish_many(events))
+
+    async def _publish_recorded(
+        self,
+        events: Sequence[Envelope | EncodedEvent],
+        draft: Draft,
+        state: DeliveryState,
+        *,
+        run_id: str | None = None,
+        reason: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        """:meth:`publish` ``events`` with the delivery's record in ``state`` (:meth:`.deliveries.Deliveries.writes`)
+        in the same pipelined round: the answer that follows finds its record stored, no round trip added. Raises as
+        :meth:`publish` when an event was not stored (``draft.recorded`` then says whether the record was: the caller
+        corrects it to ``failed``); a record the bus did not take is handled as behind the answer
+        (:meth:`.deliveries.Deliveries.written`: written again in the background). A record too large for the server
+        does not go with the events (``draft.recorded`` stays ``None``: written behind, as before)."""
+        record = self.deliveries.writes(draft, state, run_id=run_id, reason=reason, detail=detail)
+        if len(record[0].payload) > self.bus.nc.max_payload:
+            await self.publish(events)
+            return
+        writes = [event_write(event) for event in events]
+        results = await self.send([*writes, *record])
+        stored = results[len(writes) :]
+        draft.recorded = isinstance(stored[0], PublishResult)
+        failed = next((result for result in results[: len(writes)] if not isinstance(result, PublishResult)), None)
+        if failed is not None:  # as publish(): the first failure, as BusUnavailable or BodyTooLarge
+            await self.io(_raise(failed))
+        await self.deliveries.written(draft, state, record, stored, run_id=run_id, reason=reason, detail=detail)
 
     async def send(self, writes: list[Write]) -> list[PublishResult | BusError]:
         """Pipelined writes (:class:`temporality_bus.Pipeline`), the outcome of each; :class:`BusUnavailable`
@@ -568,11 +605,19 @@ class Launcher:
                 run_id=run_id,
                 error=detail,
             )
-            self.deliveries.finish(draft, "failed", detail=detail)
+            if draft.recorded:
+                # stored with events that were not (all) stored: the record must not say what they would have
+                await self.deliveries.record(
+                    delivery, "failed", event=event, title=title, detail=detail, redrive_of=redrive_of, keep_run=False
+                )
+            else:
+                self.deliveries.finish(draft, "failed", detail=detail)
             raise
         if isinstance(outcome, _Decided):
             return outcome.outcome  # recorded when it was decided
-        # The delivery's record, in its outcome's state, is written behind the answer (.behind).
+        if draft.recorded is not None:
+            return outcome  # recorded with its events (_publish_recorded)
+        # Not recorded with its events (too large for one message): written behind the answer (.behind).
         finish = self.deliveries.finish
         if isinstance(outcome, Accepted):
             finish(draft, "accepted", run_id=outcome.run_id)
@@ -623,7 +668,10 @@ class Launcher:
             rejected = rejected_event(
                 delivery, "duplicate", detail, run_id=run_id, tenant=event.tenant, causation_id=received.id
             )
-            await self.publish((received, rejected))
+            duplicate = "already accepted as this run"
+            await self._publish_recorded(
+                (received, rejected), draft, "rejected", run_id=run_id, reason="duplicate", detail=duplicate
+            )
             return Duplicate(delivery_id=delivery.delivery_id, run_id=run_id)
 
         claim, revision, claim_json = won
@@ -654,7 +702,9 @@ class Launcher:
                     tenant=event.tenant,
                     causation_id=received.id,
                 )
-                await self.publish((received, rejected))
+                await self._publish_recorded(
+                    (received, rejected), draft, "rejected", reason="concurrency_skip", detail=decision.detail
+                )
                 if revision is not None:
                     await self._release(store, key, claim, revision)  # a redelivery (or a re-drive) decides again
                 return Skipped(delivery_id=delivery.delivery_id, detail=decision.detail, active_run_id=decision.active)
@@ -663,7 +713,8 @@ class Launcher:
                 replaced = decision.replaced if isinstance(decision, Debounce) else None
                 if replaced is not None:
                     held += (self._debounced_away(replaced, delivery),)
-                await self.publish(held)
+                waiting: Literal["debounced", "queued"] = "debounced" if isinstance(decision, Debounce) else "queued"
+                await self._publish_recorded(held, draft, waiting, run_id=run_id)
                 if replaced is not None:
                     await self.deliveries.record(
                         _delivery_of(replaced, delivery.trigger),
@@ -697,7 +748,7 @@ class Launcher:
             with_payload=with_payload,
         )
         try:
-            await self.publish((received, accepted, requested, *cancel))
+            await self._publish_recorded((received, accepted, requested, *cancel), draft, "accepted", run_id=run_id)
         except Exception:
             if revision is not None:
                 await self._release(store, key, claim, revision)

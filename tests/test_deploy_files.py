@@ -2122,6 +2122,7 @@ _ALERTS = {
     "TemporalityDeadLetters",
     "TemporalityConsumerLag",
     "TemporalityHumanRequestOverdue",
+    "TemporalityGaugesStale",
     "TemporalityChannelFailing",
     "TemporalityChannelUnavailable",
     "TemporalityRunsFailing",
@@ -2227,6 +2228,7 @@ async def test_chart_alerts_parse_and_read_only_metrics_the_services_expose(bus:
         "temporality_runs",
         "temporality_runs_finished_total",
         "temporality_consumer_pending",
+        "temporality_state_refreshed_timestamp_seconds",
     } <= exposed
     read: set[str] = set()
     for alert, rule in rules.items():
@@ -2247,6 +2249,7 @@ def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
         "consumerLag": 50,
         "consumerLagFor": "3m",
         "overdueSeconds": 60,
+        "staleGaugesSeconds": 600,
         "channelFailureRatio": 0.25,
         "runFailureRatio": 0.4,
         "runFailureMinRuns": 20,
@@ -2257,6 +2260,7 @@ def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
     assert rules["TemporalityConsumerLag"]["expr"].endswith("> 50")
     assert rules["TemporalityConsumerLag"]["for"] == "3m"
     assert rules["TemporalityHumanRequestOverdue"]["expr"].endswith("> 60")
+    assert rules["TemporalityGaugesStale"]["expr"].endswith("> 600")
     assert rules["TemporalityChannelFailing"]["expr"].endswith("> 0.25")
     assert "> 0.4 and" in rules["TemporalityRunsFailing"]["expr"]
     assert rules["TemporalityRunsFailing"]["expr"].endswith(">= 20")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -213,6 +214,10 @@ async def test_a_service_s_own_instruments_and_refreshed_gauges_share_the_regist
             _value(again, "temporality_http_requests_total", method="GET", route="/metrics", status="200") is not None
         )
         assert refreshes["broken"] >= 2  # tried again at every interval
+        # how old each gauge group is: the working one refreshed just now, the broken one never (0: stale)
+        stamp = "temporality_state_refreshed_timestamp_seconds"
+        assert _value(again, stamp, gauges="broken") == 0
+        assert time.time() - 60 < (_value(again, stamp, gauges="events held") or 0) <= time.time()
 
 
 @pytest.mark.timeout(90)

@@ -16,6 +16,10 @@
                                                 not come in time, a nak, a replica that died) and not yet
                                                 acknowledged: the server's ``num_redelivered``
 ``temporality_nats_connected``                  gauge: 1 while the NATS connection is up
+``temporality_state_refreshed_timestamp_seconds`` gauge by ``gauges`` (a refresher's name): when the
+                                                whole-system gauges were last read from the read model (0:
+                                                not yet): a failing refresh keeps their last values, this
+                                                says how old they are
 ``temporality_service_info``                    ``service`` and ``protocol_version`` labels, value 1
 ==============================================  =======================================================
 
@@ -84,6 +88,12 @@ class ServiceMetrics:
         self.bus = bus
         self.registry = CollectorRegistry(auto_describe=True)
         self._refreshers: list[tuple[str, Refresher]] = []
+        self._refreshed = Gauge(
+            "temporality_state_refreshed_timestamp_seconds",
+            "When a whole-system gauge group was last refreshed from the read model (Unix time; 0: not yet)",
+            ["service", "gauges"],
+            registry=self.registry,
+        )
         labels = {"service": service}
         Gauge(
             "temporality_service_info",
@@ -159,6 +169,7 @@ class ServiceMetrics:
         """Run ``refresher`` (it reads the read model and sets whole-system gauges) at start and then every
         :data:`STATE_REFRESH_S` while the service runs (the runtime's :meth:`watch`)."""
         self._refreshers.append((name, refresher))
+        self._refreshed.labels(self.service, name).set(0)  # stale until the first refresh
 
     async def refresh_state(self) -> None:
         """Run every refresher once (each failure, or one taking over :data:`REFRESH_TIMEOUT_S`, is logged, never
@@ -169,6 +180,8 @@ class ServiceMetrics:
                     await refresher()
             except Exception as exc:  # TimeoutError included: a slow read model never holds up the stop
                 log.warning("metrics.refresh_failed", gauges=name, error=repr(exc))
+            else:
+                self._refreshed.labels(self.service, name).set(time.time())
 
     async def watch(self, consumers: list[Consumer], stop: asyncio.Event) -> None:
         """Refresh the lag gauges and the service's own gauges, each on its interval, until ``stop``.

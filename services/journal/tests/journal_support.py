@@ -369,6 +369,33 @@ class RunStory:
         return self._event(RunCancelled(run_id=self.run_id, reason="by user:bob"), "cancelled")
 
 
+def rerun_events(original: RunStory, rerun_id: str, *, by: str = "oncall", n: int = 1) -> tuple[Envelope, Envelope]:
+    """What a rerun of ``original``'s delivery publishes: the gateway's ``run.requested`` and the executor's
+    ``run.created``, both with ``launch.rerun_of`` and ``launch.requested_by``."""
+    launch = LaunchSource(
+        kind="webhook",
+        trigger_id=original.trigger_id,
+        delivery_id=f"dlv-1-rerun-{n}",
+        rerun_of=original.run_id,
+        requested_by=by,
+    )
+    requested = make_event(
+        RunRequested(run_id=rerun_id, agent=original.agent, title=original.title, launch=launch),
+        source="/temporality/trigger-gateway",
+        id=derive_id("evt", rerun_id, "requested"),
+        run_id=rerun_id,
+        actor="service:trigger-gateway",
+    )
+    created = make_event(
+        RunCreated(run_id=rerun_id, agent=original.agent, title=original.title, launch=launch),
+        source="/temporality/run-executor",
+        id=derive_id("evt", rerun_id, "created"),
+        run_id=rerun_id,
+        actor="service:run-executor",
+    )
+    return requested, created
+
+
 # --------------------------------------------------------------------------- an OIDC sign-in, by HTTP
 async def start_login(client: httpx.AsyncClient, idp: OidcEmulator) -> str:
     """``/auth/login`` -> the provider's login page; returns the page's pending authorization id."""

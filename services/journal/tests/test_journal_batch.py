@@ -704,6 +704,8 @@ def test_a_guess_is_refused_when_a_run_read_differs_in_one_field(field: str) -> 
         title="Review",
         trigger_id="trg-1",
         launch_kind="webhook",
+        rerun_of="run-0",
+        rerun_requested_by="oncall",
         created_at=at,
         updated_at=at + timedelta(seconds=3),
         started_at=at + timedelta(seconds=1),

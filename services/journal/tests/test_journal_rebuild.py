@@ -17,7 +17,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from journal_support import VIEWER, serve_journal, served_settings
+from journal_support import VIEWER, rerun_events, serve_journal, served_settings
 from nats.js.errors import NotFoundError
 from sqlalchemy import Connection, func, inspect, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -216,7 +216,19 @@ async def test_rebuild_drops_the_read_model_and_the_next_start_replays_the_strea
         id=derive_id("evt", s.run_id, "asked"),
         run_id=s.run_id,
     )
-    events = [s.requested(), s.started(), asked, s.human_requested(), s.answered(), s.resumed(), s.completed()]
+    rerun = f"{s.run_id}-rerun-1"
+    rerun_requested, rerun_created = rerun_events(s, rerun)
+    events = [
+        s.requested(),
+        s.started(),
+        asked,
+        s.human_requested(),
+        s.answered(),
+        s.resumed(),
+        s.completed(),
+        rerun_requested,
+        rerun_created,
+    ]
     async with serve_journal(settings, bus) as served:
         for event in events:
             await bus.publish(event)
@@ -250,9 +262,14 @@ async def test_rebuild_drops_the_read_model_and_the_next_start_replays_the_strea
             run = (await client.get(f"/runs/{s.run_id}")).json()
             trajectory = (await client.get(f"/runs/{s.run_id}/events")).json()["events"]
             asks = (await client.get(f"/runs/{s.run_id}/asks")).json()["sent"]
+            replayed_rerun = (await client.get(f"/runs/{rerun}")).json()
+            reruns = (await client.get("/runs", params={"rerun_of": s.run_id})).json()["runs"]
     assert run["state"] == "completed"
+    # the replay projects the rerun's lineage again (runs.rerun_of / rerun_requested_by)
+    assert (replayed_rerun["rerun_of"], replayed_rerun["rerun_requested_by"]) == (s.run_id, "oncall")
+    assert [r["run_id"] for r in reruns] == [rerun]
     assert [(a["request_id"], a["state"]) for a in asks] == [("req-rebuilt", "asked")]
-    assert [e["id"] for e in trajectory] == [e.id for e in events]
+    assert [e["id"] for e in trajectory] == [e.id for e in events[:-2]]
     # the replayed events are numbered after every cursor handed out before the rebuild: a subscriber's old
     # cursor gets them again (same ids) and skips none
     assert min(e["commit_seq"] for e in trajectory) > before

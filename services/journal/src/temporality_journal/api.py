@@ -17,8 +17,9 @@ signed-in person with none) a 403.
 ``POST /auth/password``             a directory account's sign-in (optional): :mod:`temporality_journal.passwords`
 ``GET /runs``                       runs, newest first; ``state``, ``trigger_id``, ``agent``
                                     (case-insensitive), ``since``/``until`` (created_at), ``q`` (a
-                                    substring of the title, or the start of the run id), ``limit``;
-                                    paged by ``before`` = the previous page's ``next_before``
+                                    substring of the title, or the start of the run id), ``rerun_of``
+                                    (the reruns of a run), ``limit``; paged by ``before`` = the previous
+                                    page's ``next_before``
 ``GET /runs/waiting``               UI-1: the runs waiting for a human, the oldest wait first
 ``GET /runs/{run_id}``              one run; ``waiting`` while it waits for a human (404 unknown)
 ``GET /runs/{run_id}/events``       the run's trajectory in stream order (``after`` = stream seq)
@@ -29,7 +30,7 @@ signed-in person with none) a 403.
                                     tail's cursor), paged by ``before`` (``type=bus.dead_lettered``: the
                                     dead-letter view); each with its ``stream_seq`` and ``commit_seq``
 ``GET /events/stream``              the live tail (SSE), resumable by cursor (``commit_seq``):
-                                    :mod:`temporality_journal.tail`
+                                    :mod:`temporality_journal.tail`; ``audited=true``: only what ``/audit`` lists
 ``GET /triggers``                   UI-2: per trigger id, its deliveries and runs
 ``GET /triggers/{id}/deliveries``   one trigger's deliveries, newest first, paged by ``before``
 ``GET /analytics/human``            OBS-1: how often runs ask humans, how long they wait, what
@@ -78,7 +79,7 @@ from starlette.types import Scope
 from temporality_bus import Bus, TransientError
 from temporality_bus.tracing import trace_id_of
 from temporality_journal.access import SessionAuth
-from temporality_journal.audit import AUDIT_KINDS, AuditEntry, audit_entry, audited
+from temporality_journal.audit import AUDIT_KINDS, AuditEntry, actor_matches, audit_entry, audited
 from temporality_journal.database import Database
 from temporality_journal.gateway import OPENAPI_SCHEMAS as GATEWAY_SCHEMAS
 from temporality_journal.gateway import gateway_router
@@ -208,6 +209,14 @@ class RunView(BaseModel):
     title: str | None
     trigger_id: str | None
     launch_kind: str | None
+    rerun_of: str | None = Field(
+        default=None,
+        description='A rerun (the trigger-gateway\'s {"rerun": n} on an accepted delivery): the run it runs '
+        "again (launch.rerun_of); null for every other run. GET /runs?rerun_of=<run id> lists a run's reruns",
+    )
+    rerun_requested_by: str | None = Field(
+        default=None, description="A rerun: who asked for it (launch.requested_by: a token name or user:<id>)"
+    )
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None
@@ -256,6 +265,8 @@ class RunView(BaseModel):
             title=record.title,
             trigger_id=record.trigger_id,
             launch_kind=record.launch_kind,
+            rerun_of=record.rerun_of,
+            rerun_requested_by=record.rerun_requested_by,
             created_at=record.created_at,
             updated_at=record.updated_at,
             started_at=record.started_at,
@@ -560,12 +571,15 @@ def create_app(
         q: Annotated[
             str | None, _text("Case-insensitive substring of the title, or the start of the run id (a pasted id)")
         ] = None,
+        rerun_of: Annotated[str | None, _text("Only the reruns of this run (their rerun_of)")] = None,
         before: Annotated[str | None, _text("Opaque cursor: the next_before of the previous page")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many runs")] = 100,
     ) -> RunList:
         conditions = _run_filters(agent=agent, trigger_id=trigger_id, since=since, until=until)
         if state is not None:
             conditions.append(col(RunRecord.state) == state.value)
+        if rerun_of is not None:
+            conditions.append(col(RunRecord.rerun_of) == rerun_of)
         if q:
             conditions.append(
                 or_(
@@ -866,11 +880,21 @@ def create_app(
             NonNegativeInt64 | None,
             Query(description="Start after this cursor (an SSE id, a ``commit_seq``; 0: from the start)"),
         ] = None,
+        audited_only: Annotated[
+            bool,
+            Query(
+                alias="audited",
+                description="Only the events the audit trail lists (``GET /audit``: trigger and directory changes, "
+                "cancel requests, reruns, refusals ...): the console's Audit page reads its new entries when one "
+                "arrives",
+            ),
+        ] = False,
     ) -> EventStreamResponse:
         gone = anyio.Event()
+        where = [audited()] if audited_only else []
 
         async def events() -> AsyncIterator[bytes]:
-            log.info("tail.opened", principal=who.name, run_id=run_id, type=type_)
+            log.info("tail.opened", principal=who.name, run_id=run_id, type=type_, audited=audited_only)
             try:
                 async for message in tail.stream(
                     after=resume if resume is not None else after,
@@ -878,6 +902,7 @@ def create_app(
                     type_=type_,
                     render=lambda row: EventView.of(row).model_dump(mode="json"),
                     gone=gone,
+                    where=where,
                 ):
                     yield message
             finally:
@@ -891,7 +916,8 @@ def create_app(
         responses={403: {"model": ErrorBody}},
         description="Operator: the audit trail of critical actions, newest first (by time, then event id): "
         "trigger changes, directory (user/group) changes, cancel requests, refused human requests "
-        "(recipient_not_allowed), undeliverable agent asks and replies, dead letters, refused API access and "
+        "(recipient_not_allowed), reruns of accepted deliveries (run.requested with launch.rerun_of: who asked), "
+        "undeliverable agent asks and replies, dead letters, refused API access and "
         "webhook credentials (every service's), NATS permissions violations. Each with who (``actor``), "
         "what (``type``, ``kind``, ``target``, ``summary``) and when; ``details`` is the event's data with "
         "credential-like values redacted. Filters combine with AND; page with ``before`` = ``next_before``.",
@@ -909,34 +935,8 @@ def create_app(
         before: Annotated[str | None, _text("Opaque cursor: the next_before of the previous page")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many entries")] = 100,
     ) -> AuditList:
-        types = sorted(AUDIT_KINDS)
-        if type_ is not None:
-            if type_ not in AUDIT_KINDS:
-                raise Unprocessable(f"query.type: not an audited event type; one of {', '.join(types)}")
-            types = [type_]
-        if kind is not None:
-            kinds = sorted(set(AUDIT_KINDS.values()))
-            if kind not in kinds:
-                raise Unprocessable(f"query.kind: unknown kind; one of {', '.join(kinds)}")
-            types = [t for t in types if AUDIT_KINDS[t] == kind]
-        since, until = _utc(since, "since"), _utc(until, "until")
-        if since is not None and until is not None and since > until:
-            raise Unprocessable("query.since: must not be after until")
         t = EVENTS_TABLE.c
-        conditions: list[ColumnElement[bool]] = [audited(types)]
-        if actor is not None:
-            conditions.append(
-                or_(
-                    t.actor == actor,
-                    t.actor == f"token:{actor}",
-                    t.data["changed_by"].as_string() == actor,
-                    t.data["requested_by"].as_string() == actor,
-                )
-            )
-        if since is not None:
-            conditions.append(t.time >= since)
-        if until is not None:
-            conditions.append(t.time < until)
+        conditions = _audit_conditions(type_=type_, kind=kind, actor=actor, since=since, until=until)
         conditions += older_than(before, t.time, t.id)
         query = (
             sa_select(t.id, t.type, t.time, t.actor, t.run_id, t.stream_seq, t.data)
@@ -1085,6 +1085,35 @@ def _text(description: str) -> Any:
     return Query(description=description, max_length=MAX_TEXT_PARAM, pattern=NO_NUL)
 
 
+def _audit_conditions(
+    *, type_: str | None, kind: str | None, actor: str | None, since: datetime | None, until: datetime | None
+) -> list[ColumnElement[bool]]:
+    """The conditions on ``events`` of ``GET /audit`` and its live tail: audited, of ``type_`` / ``kind``, by
+    ``actor``, in [``since``, ``until``) (event time); 422 for an unknown type or kind or an empty time range."""
+    types = sorted(AUDIT_KINDS)
+    if type_ is not None:
+        if type_ not in AUDIT_KINDS:
+            raise Unprocessable(f"query.type: not an audited event type; one of {', '.join(types)}")
+        types = [type_]
+    if kind is not None:
+        kinds = sorted(set(AUDIT_KINDS.values()))
+        if kind not in kinds:
+            raise Unprocessable(f"query.kind: unknown kind; one of {', '.join(kinds)}")
+        types = [t for t in types if AUDIT_KINDS[t] == kind]
+    since, until = _utc(since, "since"), _utc(until, "until")
+    if since is not None and until is not None and since > until:
+        raise Unprocessable("query.since: must not be after until")
+    t = EVENTS_TABLE.c
+    conditions: list[ColumnElement[bool]] = [audited(types)]
+    if actor is not None:
+        conditions.append(actor_matches(actor))
+    if since is not None:
+        conditions.append(t.time >= since)
+    if until is not None:
+        conditions.append(t.time < until)
+    return conditions
+
+
 def _run_filters(
     *, agent: str | None, trigger_id: str | None, since: datetime | None, until: datetime | None
 ) -> list[ColumnElement[bool]]:
@@ -1217,6 +1246,8 @@ async def _run_from_events(session: AsyncSession, run_id: str) -> RunView | None
             ("title", data.get("title")),
             ("trigger_id", data.get("trigger_id") or launch.get("trigger_id")),
             ("launch_kind", launch.get("kind")),
+            ("rerun_of", launch.get("rerun_of")),
+            ("rerun_requested_by", launch.get("requested_by")),
         ):
             if isinstance(value, str) and value and key not in found:
                 found[key] = value
@@ -1227,6 +1258,8 @@ async def _run_from_events(session: AsyncSession, run_id: str) -> RunView | None
         title=found.get("title"),
         trigger_id=found.get("trigger_id"),
         launch_kind=found.get("launch_kind"),
+        rerun_of=found.get("rerun_of"),
+        rerun_requested_by=found.get("rerun_requested_by"),
         created_at=as_utc(bounds[0]),
         updated_at=as_utc(bounds[1]),
         started_at=None,

@@ -1,7 +1,8 @@
 """The audit trail (issue 11, AP-11): which journaled events are critical actions, and how one reads. Pure.
 
 :data:`AUDIT_KINDS` is the one declaration: an event type listed there is in ``GET /audit``; adding a
-type is one line (a type only some of whose events count adds its reasons to :data:`AUDIT_REASONS`).
+type is one line (a type only some of whose events count adds its reasons to :data:`AUDIT_REASONS`, or the
+data field that must be set to :data:`AUDIT_WHEN_SET`).
 Nothing is stored twice: ``/audit`` selects these events from ``events``.
 
 =============================================  ====================  =================================
@@ -11,6 +12,9 @@ trigger.created/updated/deleted/enabled/       ``trigger_change``    ``changed_b
 disabled                                                             ``file:<path>``)
 human.directory.changed                        ``directory_change``  ``changed_by``
 run.cancel_requested                           ``cancellation``      ``requested_by``
+run.requested with ``launch.rerun_of`` (a      ``run_rerun``         ``launch.requested_by`` (a token
+rerun of an accepted delivery: an operator                           name or ``user:<id>``)
+started a new run)
 human.rejected (``recipient_not_allowed``)     ``permission_refusal`` the CloudEvent actor (SEC-1)
 human.answer_refused (``not_recipient``)      ``permission_refusal`` the CloudEvent actor (HUM-7)
 human.notification_failed                      ``permission_refusal`` the CloudEvent actor (SEC-1:
@@ -52,7 +56,17 @@ from sqlalchemy import ColumnElement, and_, func, not_, or_
 
 from temporality_journal.models import EVENTS_TABLE
 
-__all__ = ["AUDIT_KINDS", "AUDIT_REASONS", "REDACTED", "AuditEntry", "audit_entry", "audited", "redact"]
+__all__ = [
+    "AUDIT_KINDS",
+    "AUDIT_REASONS",
+    "AUDIT_WHEN_SET",
+    "REDACTED",
+    "AuditEntry",
+    "actor_matches",
+    "audit_entry",
+    "audited",
+    "redact",
+]
 
 #: Every audited event type and its kind (the ``kind`` filter of ``GET /audit``).
 AUDIT_KINDS: dict[str, str] = {
@@ -63,6 +77,7 @@ AUDIT_KINDS: dict[str, str] = {
     "trigger.disabled": "trigger_change",
     "human.directory.changed": "directory_change",
     "run.cancel_requested": "cancellation",
+    "run.requested": "run_rerun",
     "human.rejected": "permission_refusal",
     "human.answer_refused": "permission_refusal",
     "human.notification_failed": "permission_refusal",
@@ -87,6 +102,11 @@ AUDIT_REASONS: dict[str, frozenset[str]] = {
     "human.notification_failed": frozenset({"recipient_not_allowed"}),
     "agent.lifecycle_changed": frozenset({"deregistered", "decommissioned"}),
 }
+#: Types of which only events with a value at this path of ``data`` are audited: a ``run.requested`` is a
+#: critical action only when it is a rerun (an operator started a run again); every other run start is not.
+AUDIT_WHEN_SET: dict[str, tuple[str, ...]] = {
+    "run.requested": ("launch", "rerun_of"),
+}
 REDACTED = "[redacted]"
 
 
@@ -99,9 +119,23 @@ def audited(types: list[str] | None = None) -> ColumnElement[bool]:
     return and_(
         t.type.in_(sorted(AUDIT_KINDS) if types is None else types),
         or_(
-            t.type.not_in(list(AUDIT_REASONS)),
+            t.type.not_in([*AUDIT_REASONS, *AUDIT_WHEN_SET]),
             *(and_(t.type == name, reason.in_(sorted(allowed))) for name, allowed in AUDIT_REASONS.items()),
+            *(and_(t.type == name, t.data[path].as_string().is_not(None)) for name, path in AUDIT_WHEN_SET.items()),
         ),
+    )
+
+
+def actor_matches(actor: str) -> ColumnElement[bool]:
+    """The SQL condition "this audited event was done by ``actor``": its ``changed_by``, ``requested_by`` or
+    ``launch.requested_by`` (a rerun), or its CloudEvent actor as ``<actor>`` or ``token:<actor>``."""
+    t = EVENTS_TABLE.c
+    return or_(
+        t.actor == actor,
+        t.actor == f"token:{actor}",
+        t.data["changed_by"].as_string() == actor,
+        t.data["requested_by"].as_string() == actor,
+        t.data[("launch", "requested_by")].as_string() == actor,
     )
 
 
@@ -145,7 +179,7 @@ def audit_entry(
     *, id: str, type: str, time: datetime, actor: str | None, run_id: str | None, stream_seq: int, data: dict[str, Any]
 ) -> AuditEntry:
     """The audit view of one stored event of an :data:`AUDIT_KINDS` type."""
-    who = _str(data, "changed_by") or _str(data, "requested_by") or actor
+    who = _str(data, "changed_by") or _str(data, "requested_by") or _str(_launch(data), "requested_by") or actor
     target, summary = _describe(type, data, run_id)
     return AuditEntry(
         id=id,
@@ -160,6 +194,11 @@ def audit_entry(
         stream_seq=stream_seq,
         details=redact(data),
     )
+
+
+def _launch(data: dict[str, Any]) -> dict[str, Any]:
+    launch = data.get("launch")
+    return launch if isinstance(launch, dict) else {}
 
 
 def _str(data: dict[str, Any], key: str) -> str | None:
@@ -191,6 +230,13 @@ def _describe(type_: str, data: dict[str, Any], run_id: str | None) -> tuple[str
     if type_ == "human.directory.changed":
         entry = f"{data.get('kind')}:{data.get('entry_id')}"
         return entry, f"{entry} {data.get('action')} (revision {data.get('revision')})"
+    if type_ == "run.requested":
+        launch = _launch(data)
+        original = _str(launch, "rerun_of")
+        return original, (
+            f"run {original} rerun as run {run_id} (trigger {launch.get('trigger_id')}, delivery "
+            f"{launch.get('delivery_id')})"
+        )
     if type_ == "run.cancel_requested":
         return run_id, f"cancel of run {run_id} requested: {_str(data, 'reason')}"
     if type_ == "human.rejected":

@@ -182,6 +182,11 @@ class RunSnapshot(JournalModel):
     title: str | None = None
     trigger_id: str | None = None
     launch_kind: str | None = None
+    #: A rerun (the trigger-gateway's ``{"rerun": n}`` on an accepted delivery): the run it runs again
+    #: (``launch.rerun_of``), and who asked for it (``launch.requested_by``: a token name or ``user:<id>``).
+    #: ``None`` for every other run. Indexed: "the reruns of run X" (``GET /runs?rerun_of=X``).
+    rerun_of: str | None = Field(default=None, index=True)
+    rerun_requested_by: str | None = None
     created_at: datetime = Field(sa_type=UTCDateTime, index=True)
     updated_at: datetime = Field(sa_type=UTCDateTime)
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

@@ -3,8 +3,9 @@
 =======================  ==================================================================
 event                    effect on the run (``run_id``: the envelope's, else ``data.run_id``)
 =======================  ==================================================================
-run.requested            created ``pending`` with agent, title, trigger id, launch kind;
-                         on an existing row only blank fields are filled
+run.requested            created ``pending`` with agent, title, trigger id, launch kind and, for
+                         a rerun, ``rerun_of`` / ``rerun_requested_by`` (``launch.rerun_of`` /
+                         ``launch.requested_by``); on an existing row only blank fields are filled
 run.created              same as run.requested
 run.started              ``running``, ``started_at``
 human.requested          ``waiting_for_human``: request id, recipient, question, since =
@@ -182,6 +183,8 @@ def _requested(run: RunSnapshot, data: RunRequested | RunCreated, fact: _Fact) -
         title=data.title,
         trigger_id=data.launch.trigger_id,
         launch_kind=data.launch.kind,
+        rerun_of=data.launch.rerun_of,
+        rerun_requested_by=data.launch.requested_by,
     )
     if fact.time < run.created_at:
         fill["created_at"] = fact.time

@@ -59,11 +59,11 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
-from sqlalchemy import func
+from sqlalchemy import ColumnElement, func
 from sqlalchemy import select as sa_select
 from sqlmodel import col, select
 from starlette.responses import Response
@@ -234,8 +234,10 @@ class Tail:
             value = (await conn.execute(sa_select(func.max(EVENTS_TABLE.c.commit_seq)))).scalar()
         return int(value) if value is not None else 0
 
-    async def _page(self, after: int, run_id: str | None, type_: str | None) -> list[EventRecord]:
-        query = select(EventRecord).where(col(EventRecord.commit_seq) > after)
+    async def _page(
+        self, after: int, run_id: str | None, type_: str | None, where: Sequence[ColumnElement[bool]]
+    ) -> list[EventRecord]:
+        query = select(EventRecord).where(col(EventRecord.commit_seq) > after, *where)
         if run_id is not None:
             query = query.where(col(EventRecord.run_id) == run_id)
         if type_ is not None:
@@ -253,16 +255,18 @@ class Tail:
         render: Callable[[EventRecord], dict[str, Any]],
         gone: anyio.Event,
         keepalive_s: float = KEEPALIVE_S,
+        where: Sequence[ColumnElement[bool]] = (),
     ) -> AsyncGenerator[bytes, None]:
         """The SSE messages of the events after the cursor ``after`` (``None``: from now), each rendered by
         ``render``, until ``gone`` is set (the client went away) or the service stops; ``: ping`` after
-        ``keepalive_s`` without anything sent."""
+        ``keepalive_s`` without anything sent. ``where``: further conditions on ``events`` (``audited=true``: only
+        what the audit trail lists); the cursor is the same commit order."""
         position = await self.newest_position() if after is None else after
         yield sse_event(comment=f"tail after {position}", retry=RETRY_MS)
         sent_at = time.monotonic()
         while not self._stopping() and not gone.is_set():
             woken = self.changes.current()
-            rows = await self._page(position, run_id, type_)
+            rows = await self._page(position, run_id, type_, where)
             for row in rows:
                 position = row.commit_seq  # rows come in commit_seq order, each above the last
                 yield sse_event(data=json.dumps(render(row)), event=row.type, id=str(row.commit_seq))

@@ -246,6 +246,7 @@ function setLive(state) {
   const on = state === true || state === "on";
   const value = on ? "on" : state === "connecting" ? "connecting" : "off";
   badge.dataset.live = value;
+  document.body.dataset.live = value; // a page's own live marks (the Audit page's dot) follow the badge
   badge.textContent = { on: "live", connecting: "connecting…", off: "offline" }[value];
 }
 
@@ -585,8 +586,10 @@ function runsView(signal, query) {
 
 // A list page's rows from a paged API (`next_before` cursors): the page's filters from the address (`filters`
 // as they are; `since` / `until`, typed in local time, as ISO instants), 50 rows at a time, "Older" (`more`) for
-// the next page. Loads the first page; returns load(reset) for a refresh.
-function pagedList({ path, filters, params, signal, body, more, items, row, columns, empty }) {
+// the next page. Loads the first page; returns load(reset) for a refresh. With `key` (an item's id), load.newer()
+// reads the first page again and puts the items not shown yet on top (a live list that keeps its older pages),
+// resolving to them.
+function pagedList({ path, filters, params, signal, body, more, items, row, columns, empty, key = null }) {
   const apiParams = new URLSearchParams();
   for (const key of filters) if (params.get(key)) apiParams.set(key, params.get(key));
   for (const key of ["since", "until"]) {
@@ -595,19 +598,50 @@ function pagedList({ path, filters, params, signal, body, more, items, row, colu
   }
   apiParams.set("limit", "50");
   let before = null;
+  const shown = new Set();
   async function load(reset) {
     const page = new URLSearchParams(apiParams);
     if (!reset && before) page.set("before", before);
     const data = await api(`${path}?${page}`, { signal });
-    if (reset) body.replaceChildren();
-    for (const item of items(data)) body.append(row(item));
+    if (reset) {
+      body.replaceChildren();
+      shown.clear();
+    }
+    for (const item of items(data)) {
+      if (key && shown.has(key(item))) continue;
+      if (key) shown.add(key(item));
+      body.append(row(item));
+    }
     if (reset && !items(data).length) body.append(h("tr", {}, h("td", { colspan: columns, class: "empty" }, empty)));
     before = data.next_before;
     more.hidden = !before;
   }
+  load.newer = async () => {
+    const data = await api(`${path}?${apiParams}`, { signal });
+    const fresh = items(data).filter((item) => !shown.has(key(item)));
+    if (!fresh.length) return fresh;
+    body.querySelector("td.empty")?.parentElement.remove();
+    for (const old of body.querySelectorAll("tr.new")) old.classList.remove("new"); // "new" marks the latest ones
+    const rows = fresh.map((item) => {
+      shown.add(key(item));
+      const node = row(item);
+      node.classList.add("new");
+      return node;
+    });
+    body.prepend(...rows);
+    return fresh;
+  };
   more.addEventListener("click", () => load(false).catch(failed));
   load(true).catch(failed);
   return load;
+}
+
+// "rerun of <run>": a run an operator started again from an accepted delivery (the gateway's {"rerun": n})
+function rerunMarker(run) {
+  if (!run.rerun_of) return null;
+  return h("div", { class: "rerun-of muted", title: run.rerun_requested_by ? `Rerun asked by ${run.rerun_requested_by}` : null },
+    "rerun of ", h("a", { href: `#/runs/${encodeURIComponent(run.rerun_of)}`, "aria-label": `rerun of run ${run.rerun_of}` },
+      shortRunId(run.rerun_of)));
 }
 
 function runRow(run) {
@@ -615,7 +649,7 @@ function runRow(run) {
     "tr",
     { dataset: { runId: run.run_id } },
     h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(run.run_id)}` }, run.title || run.run_id),
-      h("div", { class: "muted" }, run.run_id)),
+      h("div", { class: "muted" }, run.run_id), rerunMarker(run)),
     h("td", {}, stateBadge(run.state)),
     h("td", {}, run.agent ?? "—"),
     h("td", {}, run.trigger_id ?? "—"),
@@ -951,7 +985,17 @@ function stepNode(step, openIds) {
 function runView(signal, runId) {
   const header = h("div", { class: "card", id: "run-header" }, "Loading…");
   const list = h("ol", { class: "timeline", id: "timeline", "aria-live": "polite" });
-  show(h("h1", {}, "Run ", h("code", {}, runId)), header, h("h2", {}, "Timeline"), list);
+  // this run's reruns (GET /runs?rerun_of=), newest first; hidden while it has none
+  const reruns = h("section", { id: "run-reruns", hidden: true, "aria-labelledby": "run-reruns-title" },
+    h("h2", { id: "run-reruns-title" }, "Reruns"), h("ul", { class: "reruns" }));
+  show(h("h1", {}, "Run ", h("code", {}, runId)), header, reruns, h("h2", {}, "Timeline"), list);
+  async function loadReruns() {
+    const data = await api(`/runs?${new URLSearchParams({ rerun_of: runId, limit: "100" })}`, { signal });
+    reruns.querySelector("ul").replaceChildren(...data.runs.map((r) => h("li", { dataset: { runId: r.run_id } },
+      h("a", { href: `#/runs/${encodeURIComponent(r.run_id)}` }, r.run_id), " ", stateBadge(r.state),
+      h("span", { class: "muted" }, ` ${when(r.created_at)}${r.rerun_requested_by ? ` · asked by ${r.rerun_requested_by}` : ""}`))));
+    reruns.hidden = !data.runs.length;
+  }
   const openIds = new Set();
   let run = null;
   let events = [];
@@ -960,7 +1004,10 @@ function runView(signal, runId) {
   function renderHeader() {
     const pairs = [["State", stateBadge(run.state)], ["Title", run.title], ["Agent", run.agent],
       ["Trigger", run.trigger_id], ["Created", when(run.created_at)], ["Finished", run.finished_at && when(run.finished_at)],
-      ["Result", run.result], ["Error", run.error]];
+      ["Result", run.result], ["Error", run.error],
+      ["Rerun of", run.rerun_of ? h("a", { href: `#/runs/${encodeURIComponent(run.rerun_of)}`, id: "run-rerun-of" },
+        run.rerun_of) : null],
+      ["Rerun asked by", run.rerun_requested_by]];
     if (run.waiting && (run.waiting.requests || []).length > 1) {
       // HUM-7: several questions at once -- each with whom, where and what became of it
       pairs.push(["Waiting for", h("ul", { id: "run-questions", class: "questions" },
@@ -986,6 +1033,7 @@ function runView(signal, runId) {
     run = await api(`/runs/${encodeURIComponent(runId)}`, { signal });
     renderHeader();
     renderTimeline();
+    await loadReruns();
   }
   const refreshRun = debounce(() => reload().catch(failed), 200);
 
@@ -999,6 +1047,7 @@ function runView(signal, runId) {
     for (const e of events) seen.add(e.id);
     renderHeader();
     renderTimeline();
+    loadReruns().catch(failed);
     // the tail's cursor is the commit order (commit_seq), not the stream order the trajectory is sorted by
     const after = events.reduce((last, e) => Math.max(last, e.commit_seq), 0);
     tail({ run_id: runId, after }, (event) => {
@@ -1064,13 +1113,17 @@ function cancelForm(runId, signal, done) {
 }
 
 // ------------------------------------------------------------------ audit trail (operators)
-// GET /audit: who did what, when -- trigger and directory changes, cancellations, refusals -- newest first, with the
-// filters the API offers (kind, type, actor, since, until) and older pages. Every entry's details (the event's
-// data, credential-like values redacted by the journal) one click (or Enter) away.
+// GET /audit: who did what, when -- trigger and directory changes, cancellations, reruns, refusals -- newest first,
+// with the filters the API offers (kind, type, actor, since, until) and older pages. Every entry's details (the
+// event's data, credential-like values redacted by the journal) one click (or Enter) away. Live: the page tails
+// the audited events (/events/stream?audited=true) and, when one arrives, reads the first page of /audit with the
+// page's filters again, putting the entries it did not show yet on top (marked new; a status line announces them).
+// "Pause live updates" holds them back (counted) until resumed; the older pages loaded stay.
 const AUDIT_KINDS = {
   trigger_change: "trigger changes",
   directory_change: "directory changes",
   cancellation: "cancellations",
+  run_rerun: "reruns",
   permission_refusal: "refused human requests",
   access_refusal: "refused API access and sign-ins",
   bus_permission_refusal: "refused NATS permissions",
@@ -1112,17 +1165,71 @@ function auditView(signal, query) {
     h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "When"), h("th", { scope: "col" }, "Kind"),
       h("th", { scope: "col" }, "Who"), h("th", { scope: "col" }, "What"))),
     body);
-  show(h("h1", {}, "Audit trail"), form, table, more);
+  const status = h("span", { id: "audit-live-status", role: "status", "aria-live": "polite" });
+  const pause = h("button", { type: "button", id: "audit-pause", "aria-pressed": "false",
+    "aria-describedby": "audit-live-status" }, "Pause live updates");
+  const liveBar = h("div", { class: "live-bar", id: "audit-live" },
+    h("span", { class: "live-dot", "aria-hidden": "true" }), status, pause);
+  show(h("h1", {}, "Audit trail"), form, liveBar, table, more);
 
-  pagedList({
-    path: "/audit", filters: ["kind", "actor", "type"], params, signal, body, more,
+  const load = pagedList({
+    path: "/audit", filters: ["kind", "actor", "type"], params, signal, body, more, key: (entry) => entry.id,
     items: (data) => data.entries, row: auditRow, columns: 4, empty: "Nothing in the audit trail matches.",
   });
+  let paused = false;
+  let held = 0; // audited events that arrived while paused
+  let reading = null; // the read under way; one more after it when something arrived meanwhile
+  let again = false;
+  const idle = () => "Live: new entries matching the filters appear at the top.";
+  status.textContent = idle();
+  async function readNewer() {
+    if (reading) {
+      again = true;
+      return;
+    }
+    reading = (async () => {
+      do {
+        again = false;
+        const fresh = await load.newer();
+        if (fresh.length) status.textContent = `${fresh.length} new ${fresh.length === 1 ? "entry" : "entries"} at the top.`;
+      } while (again && !signal.aborted);
+    })();
+    try {
+      await reading;
+    } catch (error) {
+      failed(error);
+    } finally {
+      reading = null;
+    }
+  }
+  pause.addEventListener("click", () => {
+    paused = !paused;
+    pause.setAttribute("aria-pressed", String(paused));
+    pause.textContent = paused ? "Resume live updates" : "Pause live updates";
+    liveBar.dataset.paused = String(paused);
+    if (paused) status.textContent = "Paused: new entries are held back.";
+    else {
+      status.textContent = idle();
+      held = 0;
+      readNewer(); // what arrived while paused, and anything a reconnect meanwhile did not count
+    }
+  });
+  const arrived = () => {
+    if (!paused) return readNewer();
+    held += 1;
+    status.textContent = `Paused: ${held} new audited ${held === 1 ? "event" : "events"} held back.`;
+  };
+  // (re)opened: what was audited between the first read and the tail's start (or while it was away) is read now
+  tail({ audited: "true" }, arrived, signal, () => (paused ? null : readNewer()));
 }
 
 function auditRow(entry) {
   const what = h("td", { class: "audit-what" }, h("div", {}, entry.summary),
     h("details", {}, h("summary", {}, `Details (${entry.type})`), h("pre", {}, JSON.stringify(entry.details, null, 2))));
+  if (entry.kind === "run_rerun" && entry.target) {
+    what.prepend(h("div", { class: "muted" }, "rerun of ",
+      h("a", { href: `#/runs/${encodeURIComponent(entry.target)}` }, entry.target)));
+  }
   if (entry.run_id) what.prepend(h("div", {}, h("a", { href: `#/runs/${encodeURIComponent(entry.run_id)}` }, entry.run_id)));
   return h("tr", { dataset: { id: entry.id, kind: entry.kind } },
     h("td", { class: "nowrap" }, when(entry.time)),

@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import sys
 import threading
 from pathlib import Path
@@ -20,8 +19,9 @@ import yaml
 
 from temporality_bus import NatsSettings
 from temporality_embedded.natsserver import NatsUser, authorization_block, password_variable
-from temporality_embedded.processes import SERVICES
+from temporality_embedded.processes import SERVICES, port_free
 from temporality_embedded.stack import Stack, StackConfig, TokenFileError
+from temporality_embedded.supervisor import Supervisor
 from temporality_protocol.catalog import EVENTS_STREAM
 from temporality_protocol.permissions import (
     TIMERS_MIGRATION_USER,
@@ -92,21 +92,6 @@ def _remember_port(path: Path, port: int) -> None:
         path.write_text(f"{port}\n", encoding="utf-8")
     except OSError as exc:  # a read-only data dir still runs; the next start picks a new port
         _out(f"note: could not keep the NATS port in {path}: {exc}")
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a server could listen on ``host:port`` now.
-
-    With ``SO_REUSEADDR``, as uvicorn's (asyncio's) and nats-server's own binds do: connections of a
-    just-stopped server lingering in TIME_WAIT do not make the port look taken, a listening socket does.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _private_data_dir(data_dir: Path) -> None:
@@ -220,14 +205,20 @@ def up(args: argparse.Namespace) -> int:
         _out("                             with --collab-public-key when the stack signs them)")
         _out(f"    {example}")
     _out(f"  Data and logs              {stack.data_dir}   (logs in {stack.data_dir / 'run'})")
+    supervisor = Supervisor(stack, _out, restart=args.restart)
+    if args.restart:
+        policy = supervisor.policy
+        _out(
+            f"  Restarts                   a service or nats-server that exits is started again after "
+            f"{', '.join(f'{d:g}' for d in policy.delays_s)} s; {policy.max_crashes} crashes within "
+            f"{policy.window_s:g} s stop it all (--no-restart: the first exit does)"
+        )
     _out("Press Ctrl-C to stop.")
     code = 0
-    while not stop.wait(1.0):
-        dead = stack.dead()
-        if dead:
-            for name in dead:
-                _out(f"error: {name} exited unexpectedly; last log lines:\n{stack.process(name).log_tail()}")
-            code = 1
+    while not stop.wait(0.5):
+        result = supervisor.check()
+        if result is not None:
+            code = result
             break
     _out("Stopping ...")
     stack.stop()
@@ -393,6 +384,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="every service serves Prometheus metrics on GET /metrics (default: on; --no-metrics: none is made "
         "or updated and /metrics answers 404)",
+    )
+    p_up.add_argument(
+        "--restart",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a service or the nats-server that exits is reported (exit code or signal, last log lines) and started "
+        "again after 1, 2, 5, 10, 30 s, on the same ports and data; 5 crashes of one within 2 minutes stop the "
+        "stack (default: on; --no-restart: the first exit stops the stack with exit code 1, e.g. in CI)",
     )
     p_up.add_argument(
         "--api-tokens-file",

@@ -230,6 +230,19 @@ class NatsServer:
                 self._placeholder.close()
                 self._placeholder = None
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def poll(self) -> int | None:
+        """The server's exit code (negative: the signal) once it exited, reaping it; ``None`` while it runs or
+        before :meth:`start`."""
+        return self.proc.poll() if self.proc is not None else None
+
+    def hold_port(self) -> None:
+        """Keep the client port of a server that died bound (as :meth:`stop`'s ``hold_port``) until :meth:`start`."""
+        self._hold_port()
+
     def _hold_port(self) -> None:
         if self.url and self._placeholder is None:
             holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

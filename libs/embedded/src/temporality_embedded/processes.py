@@ -21,7 +21,7 @@ from typing import IO
 
 from temporality_protocol.catalog import SERVICES
 
-__all__ = ["SERVICES", "ServiceProcess", "free_port"]
+__all__ = ["SERVICES", "ServiceProcess", "free_port", "port_free"]
 
 
 #: Where :func:`free_port` looks first: below the kernel's ephemeral range (Linux's default starts at 32768).
@@ -55,6 +55,21 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         bound: int = sock.getsockname()[1]
         return bound
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``host:port`` now.
+
+    With ``SO_REUSEADDR``, as uvicorn's (asyncio's) and nats-server's own binds do: connections of a
+    just-stopped server lingering in TIME_WAIT do not make the port look taken, a listening socket does.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 class ServiceProcess:

@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from temporality_bus import NatsSettings
 from temporality_bus.timers import LegacyMigration
 from temporality_embedded.natsserver import NatsServer, NatsUser
-from temporality_embedded.processes import SERVICES, ServiceProcess
+from temporality_embedded.processes import SERVICES, ServiceProcess, port_free
 from temporality_protocol.permissions import (
     external_agent_inbox,
     external_agent_permissions,
@@ -461,17 +461,51 @@ class Stack:
         process.wait_ready(timeout)
         return process
 
+    def respawn(self, label: str, port: int | None = None) -> ServiceProcess:
+        """Start the replica ``label`` again after it exited, without waiting for it (its ready file says when it
+        is). ``port``: the HTTP port it had, for one whose port the OS picked (a worker's, an extra replica's):
+        kept when it is free (else the OS picks another)."""
+        old = self.process(label)
+        old.terminate()  # (exited: this only reaps it and closes our end of its log)
+        env = self.env_for(old.name, old.replica)
+        port_env = f"{SERVICES[old.name].env_prefix}PORT"
+        if port is not None and env.get(port_env) == "0" and port_free(port):
+            env[port_env] = str(port)
+        process = ServiceProcess(old.name, env, self.data_dir / "run", cwd=self.data_dir, replica=old.replica)
+        replicas = self.replicas.setdefault(old.name, [])
+        if old in replicas:
+            replicas[replicas.index(old)] = process
+        if self.services.get(old.name) is old:
+            self.services[old.name] = process
+        process.start()
+        return process
+
+    def restart_nats(self, timeout: float = 10.0) -> str:
+        """Start the embedded nats-server again after it exited: on the client port it had, with its store and
+        users. Its URL; raises ``RuntimeError``/``TimeoutError`` when it does not come up."""
+        self.nats.requested_port = self.nats.port
+        return self.nats.start(timeout)
+
+    #: How long :meth:`stop` waits for a service when the embedded nats-server is dead: nothing can drain then,
+    #: and each service would otherwise wait out its NATS drain timeout.
+    NATS_DEAD_GRACE_S = 3.0
+
     def stop(self) -> dict[str, int | None]:
         """Stop every process in :data:`STOP_ORDER`'s tiers (:func:`stop_tiers`): intake first, then the
-        workers draining together, the journal last; then the embedded NATS. Each process's exit code."""
+        workers draining together, the journal last; then the embedded NATS. Each process's exit code.
+        With the embedded nats-server dead there is nothing to drain: every service is asked to stop at once
+        and killed after :attr:`NATS_DEAD_GRACE_S`."""
         codes: dict[str, int | None] = {}
-        for tier in stop_tiers():
+        nats_dead = self.config.nats_url is None and self.nats.proc is not None and self.nats.poll() is not None
+        tiers = [tuple(STOP_ORDER)] if nats_dead else stop_tiers()
+        grace = self.NATS_DEAD_GRACE_S if nats_dead else 15.0
+        for tier in tiers:
             processes = [p for name in tier for p in reversed(self.replicas.get(name, []))]
             processes += [self.services[n] for n in tier if n in self.services and self.services[n] not in processes]
             for process in processes:
                 process.request_stop()
             for process in processes:  # each gets its full drain time: they drain at the same time
-                codes[process.label] = process.wait_stopped()
+                codes[process.label] = process.wait_stopped(grace)
         self.nats.stop()
         return codes
 

@@ -1,0 +1,321 @@
+"""``temporality up`` keeps its children running: a crashed service or nats-server is restarted with backoff.
+
+The decision is :class:`CrashTracker`'s, pure and on an injected clock (unit-tested without processes); the
+effects are :class:`Supervisor`'s, which ``temporality up`` calls about twice a second (:meth:`Supervisor.check`):
+
+- a service that exited (any exit: nothing in ``up`` stops one but Ctrl-C) is reported with its exit code or
+  signal (``exit 1``, ``SIGKILL``) and its last log lines, then started again after the next delay of
+  :attr:`RestartPolicy.delays_s` (1, 2, 5, 10, 30 s; the first again once it ran :attr:`RestartPolicy.stable_s`),
+  on the HTTP port it had (a worker's or an extra replica's port the OS picked at the first start is kept too);
+- the embedded nats-server likewise, on the same client port and store (the port is held by a placeholder
+  socket meanwhile, so nothing else takes it); the services reconnect on their own (their ``/readyz`` says so),
+  and one that did not within :attr:`RestartPolicy.reconnect_timeout_s` is restarted;
+- :attr:`RestartPolicy.max_crashes` crashes of one child within :attr:`RestartPolicy.window_s` are a crash loop:
+  the stack stops, with a message naming the child and its log;
+- with ``restart=False`` (``temporality up --no-restart``, for CI) the first exit stops the stack.
+
+Every child is polled (``Popen.poll``), so a dead one is reaped at once: no zombies.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from temporality_embedded.processes import ServiceProcess
+from temporality_embedded.stack import Stack
+
+__all__ = ["NATS_LABEL", "CrashTracker", "RestartPolicy", "Supervisor", "describe_exit", "log_tail"]
+
+#: How the embedded nats-server is named in what :class:`Supervisor` prints.
+NATS_LABEL = "nats-server"
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    #: The wait before the 1st, 2nd, ... restart of a child; the last one repeats.
+    delays_s: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
+    #: This many crashes of one child within :attr:`window_s` are a crash loop: the stack stops.
+    max_crashes: int = 5
+    window_s: float = 120.0
+    #: A child that ran this long since its last start has its backoff start over at the first delay.
+    stable_s: float = 120.0
+    #: A restarted service not ready (its ready file) within this long counts as crashed (and is killed).
+    ready_timeout_s: float = 60.0
+    #: After a restart of nats-server, a service whose ``/readyz`` is not 200 within this long is restarted.
+    reconnect_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.delays_s or any(d < 0 for d in self.delays_s) or self.max_crashes < 1 or self.window_s <= 0:
+            raise ValueError(f"a restart policy needs delays >= 0, max_crashes >= 1 and a window > 0: {self}")
+
+
+class CrashTracker:
+    """One child's crashes under a :class:`RestartPolicy`, on ``clock`` (seconds; :func:`time.monotonic`)."""
+
+    def __init__(self, policy: RestartPolicy, clock: Clock = time.monotonic) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._crashes: deque[float] = deque()
+        self._level = 0  # restarts since the child last ran stable_s
+        self._started_at = clock()
+
+    def started(self) -> None:
+        """The child was (re)started now."""
+        self._started_at = self._clock()
+
+    @property
+    def recent(self) -> int:
+        """Crashes within the last :attr:`RestartPolicy.window_s`."""
+        self._forget(self._clock())
+        return len(self._crashes)
+
+    def crashed(self) -> float | None:
+        """Record a crash now: the delay before the restart, or ``None`` for a crash loop (stop)."""
+        now = self._clock()
+        if now - self._started_at >= self.policy.stable_s:
+            self._level = 0
+        self._crashes.append(now)
+        self._forget(now)
+        if len(self._crashes) >= self.policy.max_crashes:
+            return None
+        delay = self.policy.delays_s[min(self._level, len(self.policy.delays_s) - 1)]
+        self._level += 1
+        return delay
+
+    def _forget(self, now: float) -> None:
+        while self._crashes and self._crashes[0] <= now - self.policy.window_s:
+            self._crashes.popleft()
+
+
+def describe_exit(returncode: int | None) -> str:
+    """``SIGKILL`` for a process a signal ended, ``exit 1`` for one that exited, ``running`` for ``None``."""
+    if returncode is None:
+        return "running"
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit {returncode}"
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) or "(empty log)"
+    except OSError:
+        return "(no log)"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+class _State(Enum):
+    running = "running"
+    waiting = "waiting"  # for its restart (backoff)
+    starting = "starting"  # restarted, not ready yet
+    reconnecting = "reconnecting"  # nats-server only: restarted, the services not ready on it yet
+
+
+@dataclass
+class _Child:
+    label: str
+    tracker: CrashTracker
+    state: _State = _State.running
+    due: float = 0.0  # waiting: when to restart; starting / reconnecting: the deadline
+    url: str | None = None  # a service's URL at its last ready
+    pending: set[str] = field(default_factory=set)  # reconnecting: the services not ready yet
+
+
+class Supervisor:
+    """Watch ``stack`` (started) and restart what dies; print through ``out``."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        out: Callable[[str], None],
+        *,
+        restart: bool = True,
+        policy: RestartPolicy | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.stack = stack
+        self.out = out
+        self.restart = restart
+        self.policy = policy or RestartPolicy()
+        self.clock = clock
+        self.children = {
+            label: _Child(label, CrashTracker(self.policy, clock), url=_loopback(stack.process(label).url))
+            for label in self._service_labels()
+        }
+        self.nats: _Child | None = None
+        if stack.config.nats_url is None:  # the embedded server is ours to watch
+            self.nats = _Child(NATS_LABEL, CrashTracker(self.policy, clock))
+
+    def _service_labels(self) -> list[str]:
+        return [p.label for ps in self.stack.replicas.values() for p in ps]
+
+    def check(self) -> int | None:
+        """Look at every child once: ``None`` to go on, else the exit code ``temporality up`` stops with."""
+        if self.nats is not None:
+            code = self._check_nats(self.nats)
+            if code is not None:
+                return code
+        for child in self.children.values():
+            code = self._check_service(child)
+            if code is not None:
+                return code
+        return None
+
+    # -- services
+
+    def _check_service(self, child: _Child) -> int | None:
+        process = self.stack.process(child.label)
+        now = self.clock()
+        if child.state is _State.running:
+            if not process.alive():
+                return self._service_crashed(child, process, "exited unexpectedly")
+        elif child.state is _State.waiting:
+            nats_down = self.nats is not None and self.nats.state is _State.waiting
+            if now >= child.due and not nats_down:  # (with nats-server down it could only fail to connect)
+                process = self.stack.respawn(child.label, port=self._port(child.url))
+                child.tracker.started()
+                child.state, child.due = _State.starting, now + self.policy.ready_timeout_s
+        elif child.state is _State.starting:
+            if process.ready_file.exists():
+                url = _loopback(process.url)
+                moved = f" (its port changed: it was {child.url})" if child.url and url != child.url else ""
+                child.url = url
+                self.out(f"{child.label} restarted (pid {process.pid}{', ' + url if url else ''}){moved}")
+                child.state = _State.running
+            elif not process.alive():
+                return self._service_crashed(child, process, "exited during its restart")
+            elif now >= child.due:
+                process.kill9()
+                return self._service_crashed(
+                    child, process, f"was not ready within {_seconds(self.policy.ready_timeout_s)} (killed)"
+                )
+        return None
+
+    def _service_crashed(self, child: _Child, process: ServiceProcess, what: str) -> int | None:
+        returncode = process.proc.returncode if process.proc is not None else None
+        process.kill9()  # (it is gone: this only closes our end of its log)
+        self.out(f"error: {child.label} {what} ({describe_exit(returncode)}); last log lines ({process.log_file}):")
+        self.out(process.log_tail(20))
+        return self._schedule(child, child.tracker.crashed())
+
+    def _schedule(self, child: _Child, delay: float | None) -> int | None:
+        if not self.restart:
+            self.out(f"{child.label} is not restarted (--no-restart): stopping")
+            return 1
+        if delay is None:
+            self.out(
+                f"error: {child.label} crashed {self.policy.max_crashes} times within "
+                f"{_seconds(self.policy.window_s)}: a crash loop, not restarted again; stopping Temporality "
+                "(its log is above; fix the cause and run `temporality up` again: the state is kept)"
+            )
+            return 1
+        recent = child.tracker.recent
+        self.out(
+            f"restarting {child.label} in {_seconds(delay)} (crash {recent} of {self.policy.max_crashes} allowed "
+            f"within {_seconds(self.policy.window_s)})"
+        )
+        child.state, child.due = _State.waiting, self.clock() + delay
+        return None
+
+    @staticmethod
+    def _port(url: str | None) -> int | None:
+        try:
+            return int(url.rsplit(":", 1)[1].split("/")[0]) if url else None
+        except (IndexError, ValueError):
+            return None
+
+    # -- nats-server
+
+    def _check_nats(self, child: _Child) -> int | None:
+        nats = self.stack.nats
+        now = self.clock()
+        if child.state in (_State.running, _State.reconnecting):
+            returncode = nats.poll()
+            if returncode is not None:
+                self._hold_nats_port()
+                self.out(
+                    f"error: {NATS_LABEL} exited unexpectedly ({describe_exit(returncode)}); "
+                    f"last log lines ({nats.log_file}):"
+                )
+                self.out(log_tail(nats.log_file))
+                return self._schedule_nats(child, child.tracker.crashed())
+            if child.state is _State.reconnecting:
+                return self._check_reconnected(child, now)
+        elif child.state is _State.waiting and now >= child.due:
+            try:
+                url = self.stack.restart_nats()
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                self._hold_nats_port()
+                self.out(f"error: {NATS_LABEL} did not start again: {exc}; last log lines ({nats.log_file}):")
+                self.out(log_tail(nats.log_file))
+                return self._schedule_nats(child, child.tracker.crashed())
+            child.tracker.started()
+            self.out(f"{NATS_LABEL} restarted on {url} (pid {nats.pid}, same store); waiting for the services")
+            child.state, child.due = _State.reconnecting, self.clock() + self.policy.reconnect_timeout_s
+            child.pending = set(self.children)
+        return None
+
+    def _hold_nats_port(self) -> None:
+        """Hold the port the services reconnect to, so that nothing else takes it before the restart."""
+        try:
+            self.stack.nats.hold_port()
+        except OSError as exc:  # taken already: the restart fails on it and says so
+            self.out(f"note: could not hold {NATS_LABEL}'s port {self.stack.nats.port}: {exc}")
+
+    def _schedule_nats(self, child: _Child, delay: float | None) -> int | None:
+        if delay is not None and self.restart:
+            self.out(f"the services keep running and reconnect once {NATS_LABEL} is back")
+        return self._schedule(child, delay)
+
+    def _check_reconnected(self, child: _Child, now: float) -> int | None:
+        for label in sorted(child.pending):
+            service = self.children[label]
+            if service.state is not _State.running or _ready(_loopback(self.stack.process(label).url)):
+                child.pending.discard(label)  # (one being restarted anyway connects afresh)
+        if not child.pending:
+            self.out(f"every service reconnected to {NATS_LABEL}")
+            child.state = _State.running
+        elif now >= child.due:
+            for label in sorted(child.pending):
+                self.out(
+                    f"error: {label} did not reconnect to {NATS_LABEL} within "
+                    f"{_seconds(self.policy.reconnect_timeout_s)}: restarting it"
+                )
+                self.stack.process(label).terminate(5.0)
+                self.children[label].state, self.children[label].due = _State.waiting, now
+            child.pending.clear()
+            child.state = _State.running
+        return None
+
+
+def _loopback(url: str | None) -> str | None:
+    """A ready file's URL as a client on this machine reaches it."""
+    return url.replace("0.0.0.0", "127.0.0.1") if url is not None else None
+
+
+def _ready(url: str | None) -> bool:
+    """Whether the service at ``url`` answers ``/readyz`` with 200 (NATS connected, consumers bound); a service
+    without a URL counts as ready (nothing to ask)."""
+    if url is None:
+        return True
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=1.0) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False

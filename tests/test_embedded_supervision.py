@@ -1,0 +1,235 @@
+"""``temporality up`` keeps the stack running: a service or the nats-server killed with ``kill -9`` is reported
+(with the signal), reaped and started again on the same ports, and the stack serves webhooks again; a crash loop
+stops the stack with a message; ``--no-restart`` stops it at the first exit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from e2e_support import CONFIG, EXAMPLE_PR, HOOK_AUTH
+from test_embedded_up import SCRIPT
+
+from temporality_embedded import free_port
+from temporality_testing.waiting import eventually
+
+pytestmark = pytest.mark.e2e
+
+
+class Up:
+    """``temporality up`` as a child process, its output read by a thread (so a test can wait for a line while
+    the stack runs)."""
+
+    def __init__(self, data_dir: Path, config_dir: Path = CONFIG, *extra: str) -> None:
+        self.data_dir = data_dir
+        self.ports = {"gateway": free_port(), "human": free_port(), "journal": free_port()}
+        self.proc = subprocess.Popen(
+            [
+                str(SCRIPT), "up",
+                "--data-dir", str(data_dir),
+                "--config-dir", str(config_dir),
+                "--gateway-port", str(self.ports["gateway"]),
+                "--human-port", str(self.ports["human"]),
+                "--journal-port", str(self.ports["journal"]),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip())
+                self._changed.notify_all()
+        with self._changed:
+            self.lines.append("<eof>")
+            self._changed.notify_all()
+
+    def wait_for(self, marker: str, timeout_s: float = 120, after: int = 0) -> int:
+        """The index of the first line at or after ``after`` containing ``marker``."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                for index in range(after, len(self.lines)):
+                    if marker in self.lines[index]:
+                        return index
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.lines and self.lines[-1] == "<eof>"):
+                    raise AssertionError(f"no {marker!r} in the output: {self.output}")
+                self._changed.wait(left)
+
+    @property
+    def output(self) -> str:
+        with self._changed:
+            return "\n".join(self.lines)
+
+    def ready(self) -> str:
+        self.wait_for("Press Ctrl-C to stop.", 150)
+        return self.output
+
+    def pid(self, label: str) -> int:
+        return int((self.data_dir / "run" / f"{label}.ready").read_text().split()[0])
+
+    def nats_pid(self) -> int:
+        """The nats-server child of ``temporality up``."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        (pid,) = [int(c) for c in children if "nats-server" in _cmdline(int(c))]
+        return pid
+
+    def token(self) -> str:
+        (line,) = [line for line in self.output.splitlines() if "Admin API token" in line]
+        return line.split()[3]
+
+    def interrupt(self, timeout_s: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        code = self.proc.wait(timeout_s)
+        self._reader.join(10)
+        return code
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _gone(pid: int) -> bool:
+    """Neither running nor a zombie: its parent reaped it (no /proc entry left)."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+def _webhook_reaches_a_question(up: Up) -> None:
+    """A webhook is accepted (202) and its run waits for a human: every service and NATS work."""
+    asyncio.run(_webhook_run_waits(up))
+
+
+async def _webhook_run_waits(up: Up) -> None:
+    headers = {"Authorization": HOOK_AUTH, "Content-Type": "application/json"}
+    async with httpx.AsyncClient(timeout=10) as http:
+        accepted = await http.post(
+            f"http://127.0.0.1:{up.ports['gateway']}/hooks/ado-pr-review",
+            content=EXAMPLE_PR.read_bytes(),
+            headers=headers,
+        )
+        assert accepted.status_code == 202, accepted.text
+        run_id = accepted.json()["run_id"]
+        auth = {"Authorization": f"Bearer {up.token()}"}
+
+        async def waiting() -> bool:
+            response = await http.get(f"http://127.0.0.1:{up.ports['journal']}/runs/{run_id}", headers=auth)
+            return response.status_code == 200 and response.json()["state"] == "waiting_for_human"
+
+        await eventually(waiting, timeout_s=90, what=f"run {run_id} waiting for a human")
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_service_is_restarted_on_its_port_and_the_stack_serves_webhooks(tmp_path: Path) -> None:
+    up = Up(tmp_path / "data")
+    try:
+        out = up.ready()
+        executor_url = next(
+            w for line in out.splitlines() if "Agent cards" in line for w in line.split() if "http" in w
+        )
+        old = up.pid("run-executor")
+        mark = len(up.lines)
+        os.kill(old, signal.SIGKILL)
+        crashed = up.wait_for("run-executor exited unexpectedly (SIGKILL)", 30, mark)
+        up.wait_for("restarting run-executor in 1s", 10, crashed)
+        restarted = up.lines[up.wait_for("run-executor restarted (pid", 120, crashed)]
+        assert _gone(old), "the killed run-executor is left a zombie"
+        assert up.pid("run-executor") != old
+        # the worker's agent-card API is back on the port it had (scrape configs and bookmarks stay true)
+        assert executor_url.removesuffix("/agents") in restarted, (executor_url, restarted)
+        assert "its port changed" not in restarted
+        _webhook_reaches_a_question(up)
+    finally:
+        code = up.interrupt()
+    assert code == 0, up.output
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_nats_server_is_restarted_the_services_reconnect_and_ctrl_c_stays_fast(tmp_path: Path) -> None:
+    up = Up(tmp_path / "data")
+    try:
+        out = up.ready()
+        (nats_url,) = [w for line in out.splitlines() if "NATS (JetStream)" in line for w in line.split() if "://" in w]
+        pids = {label: up.pid(label) for label in ("trigger-gateway", "run-executor", "journal")}
+        old = up.nats_pid()
+        mark = len(up.lines)
+        os.kill(old, signal.SIGKILL)
+        crashed = up.wait_for("nats-server exited unexpectedly (SIGKILL)", 30, mark)
+        restarted = up.lines[up.wait_for("nats-server restarted on", 60, crashed)]
+        assert nats_url in restarted, "nats-server came back on another port: the printed URLs are wrong now"
+        assert _gone(old), "the killed nats-server is left a zombie"
+        up.wait_for("every service reconnected to nats-server", 120, crashed)
+        assert {label: up.pid(label) for label in pids} == pids, "a service was restarted instead of reconnecting"
+        _webhook_reaches_a_question(up)
+        # Ctrl-C with nats-server dead: nothing can drain, the stack stops at once instead of waiting out every
+        # service's NATS drain timeout tier by tier (~22 s)
+        os.kill(up.nats_pid(), signal.SIGKILL)
+        started = time.monotonic()
+        code = up.interrupt()
+        took = time.monotonic() - started
+    finally:
+        code = up.interrupt()
+    assert code == 0, up.output
+    assert took < 15, f"Ctrl-C with nats-server dead took {took:.1f}s"
+    assert "Stopped." in up.output
+
+
+@pytest.mark.timeout(300)
+def test_a_crash_loop_stops_the_stack_with_a_message(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    shutil.copytree(CONFIG, config)
+    up = Up(tmp_path / "data", config)
+    try:
+        up.ready()
+        # the agents file broken while the stack runs: every restart of the run-executor exits at once
+        (config / "agents.yaml").write_text("agents: [\n", encoding="utf-8")
+        os.kill(up.pid("run-executor"), signal.SIGKILL)
+        up.wait_for("run-executor exited unexpectedly (SIGKILL)", 30)
+        up.wait_for("run-executor exited during its restart (exit 2)", 120)
+        up.wait_for("agents.yaml", 120)
+        up.wait_for("run-executor crashed 5 times within 120s: a crash loop", 180)
+        up.wait_for("Stopped.", 60)
+        code = up.proc.wait(30)
+    finally:
+        up.interrupt()
+    assert code == 1, up.output
+    assert up.output.count("run-executor exited during its restart (exit 2)") == 4, up.output
+    for delay in ("1s", "2s", "5s", "10s"):
+        assert f"restarting run-executor in {delay}" in up.output
+
+
+@pytest.mark.timeout(300)
+def test_no_restart_stops_the_stack_at_the_first_exit(tmp_path: Path) -> None:
+    up = Up(tmp_path / "data", CONFIG, "--no-restart")
+    try:
+        out = up.ready()
+        assert "Restarts" not in out
+        os.kill(up.pid("journal"), signal.SIGKILL)
+        up.wait_for("journal exited unexpectedly (SIGKILL)", 30)
+        up.wait_for("journal is not restarted (--no-restart): stopping", 10)
+        up.wait_for("Stopped.", 60)
+        code = up.proc.wait(30)
+    finally:
+        up.interrupt()
+    assert code == 1, up.output
+    assert "restarting" not in up.output

@@ -679,7 +679,9 @@ async def test_two_external_agents_each_speak_only_for_themselves(secured: NatsS
             timeout_s=10,
             what="agent.message_refused (subject_mismatch) in the journal's stream",
         )
-        assert (entry["agent_id"], entry["subject"]) == (
+        # journaled as example-agent's (its NATS user sent it), the id it claimed kept apart
+        assert (entry["agent_id"], entry["claimed_agent_id"], entry["subject"]) == (
+            "example-agent",
             "other-agent",
             "temporality.rpc.agents.example-agent.heartbeat",
         )

@@ -259,7 +259,14 @@ async def test_a_message_on_another_agents_subject_is_refused_and_journaled(
     assert (reply["accepted"], refusal_reason(reply)) == (False, "subject_mismatch")
     (event,) = await refused_event(event_log, "subject_mismatch")
     data = event.payload(AgentMessageRefused)
-    assert (data.agent_id, data.key_id, data.subject) == ("scout-bot", "scout-bot", theirs)
+    # journaled as triage-bot's subject's sender (NATS permissions), the id it claimed kept apart
+    assert (data.agent_id, data.claimed_agent_id, data.key_id, data.subject) == (
+        "triage-bot",
+        "scout-bot",
+        "scout-bot",
+        theirs,
+    )
+    assert event.actor == "agent:triage-bot"
     record = await stored(bus)
     assert record is not None
     assert (record.state.value, record.beat) == ("registered", 1)  # triage-bot's record untouched
@@ -276,11 +283,16 @@ async def test_a_message_on_another_agents_subject_is_refused_and_journaled(
     assert (
         refusal_reason(await send(bus, RPC_AGENTS_LIST, listing, headers, as_agent="triage-bot")) == "subject_mismatch"
     )
-    # triage-bot's own signed heartbeat, moved onto scout-bot's subject: the signature no longer verifies
+    # triage-bot's own signed heartbeat, replayed onto scout-bot's subject: scout-bot's subject_mismatch
     raw, headers = signed(RPC_AGENTS_HEARTBEAT, heartbeat(state="busy"))
     moved = await send(bus, RPC_AGENTS_HEARTBEAT, raw, headers, as_agent="scout-bot")
-    assert refusal_reason(moved) == "bad_signature"
-    await refused_event(event_log, "subject_mismatch", count=2)
+    assert refusal_reason(moved) == "subject_mismatch"
+    events = await refused_event(event_log, "subject_mismatch", count=3)
+    assert sorted((e.data["agent_id"], e.data["claimed_agent_id"]) for e in events) == [
+        ("scout-bot", "triage-bot"),
+        ("triage-bot", "scout-bot"),
+        ("triage-bot", "scout-bot"),
+    ]
     # and on its own subject the same message is taken
     ok = await send(bus, RPC_AGENTS_HEARTBEAT, raw, headers)
     assert (ok["accepted"], ok["state"]) == (True, "busy")

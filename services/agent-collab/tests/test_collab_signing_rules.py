@@ -102,8 +102,10 @@ def test_unsigned_is_refused_unless_the_agent_is_marked_allow_unsigned() -> None
     assert refusal(None).reason == "unsigned"
     assert refusal({}).reason == "unsigned"
     dev = BODY.replace(b"triage-bot", b"dev-bot")
-    assert refusal(None, dev).reason == "unsigned"
     dev_subject = SUBJECT.replace("triage-bot", "dev-bot")  # its own
+    with pytest.raises(MessageRefused) as dev_unsigned:
+        verify(keyring(), dev_subject, None, dev, now=NOW, window_s=120)
+    assert dev_unsigned.value.reason == "unsigned"
     accepted = verify(keyring(unsigned_ok=frozenset({"dev-bot"})), dev_subject, None, dev, now=NOW, window_s=120)
     assert (accepted.agent_id, accepted.signed) == ("dev-bot", None)
     # without agent_id in the body the sender is named by the key-id header; another one than the body's: no
@@ -111,19 +113,57 @@ def test_unsigned_is_refused_unless_the_agent_is_marked_allow_unsigned() -> None
     as_dev = {"Temporality-Key-Id": "dev-bot"}
     ok = verify(keyring(unsigned_ok=frozenset({"dev-bot"})), dev_subject, as_dev, listing, now=NOW, window_s=120)
     assert ok.agent_id == "dev-bot"
-    assert refusal(as_dev, BODY, unsigned_ok=frozenset({"dev-bot"})).reason == "key_mismatch"
+    triage_body = {"Temporality-Key-Id": "dev-bot"}
+    with pytest.raises(MessageRefused) as mismatch:  # dev-bot's subject and key id, triage-bot's body
+        verify(keyring(unsigned_ok=frozenset({"dev-bot"})), dev_subject, triage_body, BODY, now=NOW, window_s=120)
+    assert mismatch.value.reason == "key_mismatch"
     assert refusal(None, listing).reason == "unsigned"  # nobody named at all
 
 
 def test_an_unlisted_agent_is_unknown() -> None:
-    unsigned = refusal(None, BODY.replace(b"triage-bot", b"mallory"))
-    assert (unsigned.reason, unsigned.agent_id) == ("unknown_agent", "mallory")
-    mallory = Ed25519PrivateKey.generate()
+    """On its own subject (what NATS lets an unlisted agent's user send on, if anything)."""
     body = BODY.replace(b"triage-bot", b"mallory")
-    by_key = refusal(signed(body, key=mallory, key_id="mallory"), body)
+    theirs = SUBJECT.replace("triage-bot", "mallory")
+    mallory = Ed25519PrivateKey.generate()
+
+    def refused(headers: dict[str, str] | None, body: bytes, subject: str) -> MessageRefused:
+        with pytest.raises(MessageRefused) as caught:
+            verify(keyring(), subject, headers, body, now=NOW, window_s=120)
+        return caught.value
+
+    unsigned = refused(None, body, theirs)
+    assert (unsigned.reason, unsigned.agent_id) == ("unknown_agent", "mallory")
+    headers = sign(mallory, theirs, "mallory", body, timestamp=VECTOR_AT, nonce=NONCE)
+    by_key = refused(headers, body, theirs)
     assert (by_key.reason, by_key.key_id) == ("unknown_key", "mallory")
     keyless = BODY.replace(b"triage-bot", b"keyless-bot")
-    assert refusal(signed(keyless, key=mallory, key_id="keyless-bot"), keyless).reason == "unknown_key"
+    keyless_subject = SUBJECT.replace("triage-bot", "keyless-bot")
+    headers = sign(mallory, keyless_subject, "keyless-bot", keyless, timestamp=VECTOR_AT, nonce=NONCE)
+    assert refused(headers, keyless, keyless_subject).reason == "unknown_key"
+
+
+def test_a_claim_other_than_the_subjects_agent_is_a_subject_mismatch_of_that_agent() -> None:
+    """Checked first: the subject's agent (NATS permissions say who may send there) sent it, whatever it claims --
+    the refusal is that agent's, the claimed id kept apart (the audit trail names the sender)."""
+    for claim in (b"mallory", b"dev-bot"):  # not listed, or listed: the same
+        unsigned = refusal(None, BODY.replace(b"triage-bot", claim))
+        assert (unsigned.reason, unsigned.agent_id, unsigned.claimed) == (
+            "subject_mismatch",
+            "triage-bot",
+            claim.decode(),
+        )
+    as_other = refusal({"Temporality-Key-Id": "dev-bot"}, b'{"protocol_versions":["1.0"]}')
+    assert (as_other.reason, as_other.agent_id, as_other.claimed) == ("subject_mismatch", "triage-bot", "dev-bot")
+    # signed with another agent's key (valid or not): still the subject's agent's refusal, with the signature kept
+    body = BODY.replace(b"triage-bot", b"dev-bot")
+    forged = refusal(signed(body, key=Ed25519PrivateKey.generate(), key_id="dev-bot"), body)
+    assert (forged.reason, forged.agent_id, forged.claimed, forged.key_id) == (
+        "subject_mismatch",
+        "triage-bot",
+        "dev-bot",
+        "dev-bot",
+    )
+    assert forged.signed is not None
 
 
 def test_a_wrong_key_or_any_changed_byte_is_a_bad_signature() -> None:
@@ -242,10 +282,11 @@ def test_a_message_on_another_agents_subject_is_a_subject_mismatch() -> None:
     headers = sign(VECTOR_KEY, theirs, "triage-bot", listing, timestamp=VECTOR_AT, nonce=NONCE)
     with pytest.raises(MessageRefused, match="agent 'dev-bot''s subject") as caught:
         verify(keyring(), theirs, headers, listing, now=NOW, window_s=120)
-    assert (caught.value.reason, caught.value.agent_id, caught.value.key_id) == (
+    assert (caught.value.reason, caught.value.agent_id, caught.value.key_id, caught.value.claimed) == (
         "subject_mismatch",
+        "dev-bot",  # the subject's agent sent it
         "triage-bot",
-        "triage-bot",
+        "triage-bot",  # what it claimed
     )
     assert caught.value.signed is not None  # journaled with its nonce and timestamp
     # on its own subject the same listing is triage-bot's
@@ -256,7 +297,11 @@ def test_a_message_on_another_agents_subject_is_a_subject_mismatch() -> None:
     dev = b'{"agent_id":"dev-bot","protocol_version":"1.0"}'
     with pytest.raises(MessageRefused) as unsigned:
         verify(keyring(unsigned_ok=frozenset({"dev-bot"})), SUBJECT, None, dev, now=NOW, window_s=120)
-    assert (unsigned.value.reason, unsigned.value.agent_id) == ("subject_mismatch", "dev-bot")
+    assert (unsigned.value.reason, unsigned.value.agent_id, unsigned.value.claimed) == (
+        "subject_mismatch",
+        "triage-bot",
+        "dev-bot",
+    )
     # an unsigned message naming nobody is the subject's agent's
     ok = verify(keyring(unsigned_ok=frozenset({"dev-bot"})), theirs, None, listing, now=NOW, window_s=120)
     assert ok.agent_id == "dev-bot"

@@ -1228,6 +1228,7 @@ AgentRefusalReason = Literal[
     "subject_mismatch",  # sent on another agent's subject (temporality.rpc.agents.<agent id>.*) than the signer's
     "decommissioned",  # a registration of an agent an operator decommissioned (until an operator readmits it)
     "no_round_open",  # conformance answers for a round that is not open (never started, or already closed)
+    "rate_limited",  # more requests than the agent's rate limit allows: retry after ``retry_after_s`` seconds
 ]
 #: The refusals of :class:`AgentMessageRefused`: a message that did not prove who sent it (AP-11).
 AgentMessageRefusalReason = Literal[
@@ -1239,6 +1240,7 @@ AgentMessageRefusalReason = Literal[
     "stale_timestamp",
     "replayed_nonce",
     "subject_mismatch",
+    "rate_limited",  # a summary: the agent's requests over its rate limit in a window (``count``), not one each
 ]
 
 
@@ -1297,6 +1299,11 @@ class AgentRefusal(_AgentReply):
 
     reason: AgentRefusalReason
     detail: Annotated[str, Field(max_length=MAX_TEXT)]
+    #: ``rate_limited``: seconds until a request will be taken again. Added to protocol 1.0 after its first schema
+    #: (additive): left out of every other refusal, never ``null``.
+    retry_after_s: Annotated[float, Field(ge=0)] | None = None
+
+    _ADDED_TO_1_0 = ("retry_after_s",)
 
 
 class AgentLimits(_AgentReply):
@@ -1535,13 +1542,22 @@ class AgentRegistrationRefused(EventData):
     supported_versions: list[str] = Field(default_factory=list)
     provider: str | None = None
     model: str | None = None
+    #: Refusals of this agent id (the subject's) this event stands for: after the first in a window the others
+    #: are counted, and one event with their total follows when the window (``window_s``) ends.
+    count: Annotated[int, Field(ge=1)] = 1
+    window_s: Annotated[int, Field(gt=0)] | None = None
 
 
 class AgentMessageRefused(EventData):
     """agent-collab refused a message of the Agent Protocol that did not prove who sent it (AP-11, PRO-4):
     unsigned, badly signed, an unknown key, a stale timestamp, a replayed nonce, or sent on another agent's
     subject than the signer's (``subject_mismatch``). ``agent_id`` is who the
-    message *claimed* to be (its ``Temporality-Key-Id``, else its body's ``agent_id``): unverified."""
+    message *claimed* to be (its ``Temporality-Key-Id``, else its body's ``agent_id``): unverified -- except for
+    ``subject_mismatch``, where it is the agent whose subject it came on (NATS permissions say who may send
+    there) and ``claimed_agent_id`` the one it claimed to be, and ``rate_limited``, a summary of the requests
+    refused on that agent's subjects for exceeding its rate limit (``count`` of them in the window ``window_s``).
+    Refusals are rate-limited per agent and window like access refusals: after the first in a window the others
+    are counted, and one event with their total (``count``) follows when the window ends."""
 
     EVENT_TYPE: ClassVar[str] = "agent.message_refused"
     agent_id: Annotated[str, Field(max_length=128)] | None = None
@@ -1553,8 +1569,13 @@ class AgentMessageRefused(EventData):
     nonce: Annotated[str, Field(max_length=128)] | None = None
     #: Its ``Temporality-Timestamp``, when it had a readable one.
     signed_at: datetime | None = None
-    #: SHA-256 (hex) of the body as received: which message, without storing it.
+    #: SHA-256 (hex) of the body as received: which message, without storing it (of a summary: its first).
     body_sha256: Annotated[str, Field(min_length=64, max_length=64)]
+    #: ``subject_mismatch``: who the message claimed to be (its key id, else its body's ``agent_id``).
+    claimed_agent_id: Annotated[str, Field(max_length=128)] | None = None
+    #: Refusals this event stands for (1, or a window's total).
+    count: Annotated[int, Field(ge=1)] = 1
+    window_s: Annotated[int, Field(gt=0)] | None = None
 
 
 class AgentLifecycleChanged(EventData):
@@ -1670,6 +1691,7 @@ TaskRefusalReason = Literal[
     "stale_timestamp",
     "replayed_nonce",
     "subject_mismatch",
+    "rate_limited",  # more requests than the agent's rate limit allows: retry after ``retry_after_s`` seconds
 ]
 
 
@@ -1678,6 +1700,10 @@ class TaskRefusal(_AgentReply):
 
     reason: TaskRefusalReason
     detail: Annotated[str, Field(max_length=MAX_TEXT)]
+    #: ``rate_limited``: seconds until a request will be taken again (added to 1.0: left out of other refusals).
+    retry_after_s: Annotated[float, Field(ge=0)] | None = None
+
+    _ADDED_TO_1_0 = ("retry_after_s",)
 
 
 class AgentTask(_AgentReply):

@@ -22,6 +22,7 @@ from temporality_agent_collab.rpc import open_responder
 from temporality_agent_collab.settings import Settings
 from temporality_agent_collab.signing import ReplyKey, load_private_key, public_key_text
 from temporality_agent_collab.tasks import TaskBoard
+from temporality_agent_collab.throttle import Throttle
 from temporality_bus import Delivery
 from temporality_protocol import Envelope
 from temporality_protocol.catalog import SERVICES
@@ -48,6 +49,24 @@ def configure(settings: Settings) -> Setup[Settings]:
     async def setup(rt: Runtime[Settings]) -> None:
         projector = await Projector.open(rt.bus)
         router = await AskRouter.open(rt.bus)
+        limited = (
+            rt.metrics.counter(
+                "temporality_collab_agent_requests_limited_total",
+                "Agent Protocol requests refused rate_limited (over their agent's rate limit)",
+                ["operation"],
+            )
+            if rt.metrics is not None
+            else None
+        )
+        throttle = Throttle(
+            rt.bus,
+            rate_per_s=rt.settings.agent_rate_per_s,
+            burst=rt.settings.agent_rate_burst,
+            window_s=rt.settings.audit_window_s,
+            refusals_journaled=rt.settings.refusals_journaled,
+            limited_counter=limited,
+        )
+        await rt.resources.enter_async_context(throttle.running())  # the last totals go out before the drain
         registry = await AgentRegistry.open(
             rt.bus,
             allow_list,
@@ -55,6 +74,8 @@ def configure(settings: Settings) -> Setup[Settings]:
             signature_window_s=rt.settings.signature_window_s,
             conformance_timeout_s=rt.settings.conformance_timeout_s,
             reply_key=reply_key,
+            coalesce_s=rt.settings.lifecycle_coalesce_s,
+            throttle=throttle,
         )
 
         # the allow-list's changes since the last start, on record (AP-11) before any tool call is checked by it

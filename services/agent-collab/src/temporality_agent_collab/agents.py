@@ -65,6 +65,7 @@ from temporality_agent_collab.registry import (
 )
 from temporality_agent_collab.rpc import QUEUE_GROUP
 from temporality_agent_collab.signing import ReplyKey
+from temporality_agent_collab.throttle import Throttle
 from temporality_bus import (
     AlreadyExists,
     Bus,
@@ -87,6 +88,7 @@ from temporality_protocol import (
     ConformanceReply,
     Deregistration,
     DeregistrationReply,
+    Envelope,
     Heartbeat,
     HeartbeatAck,
     RegistrationReply,
@@ -143,6 +145,7 @@ class AgentRegistry:
         grace_s: float,
         hosted: HostedAgents,
         conformance_timeout_s: float = DEFAULT_TIMEOUT_S,
+        coalesce_s: float = 0.0,
     ) -> None:
         self._bus = bus
         self._store = store
@@ -151,6 +154,8 @@ class AgentRegistry:
         self.grace_s = grace_s
         self.hosted = hosted
         self.conformance_timeout_s = conformance_timeout_s
+        #: The agent's own lifecycle moves and unchanged re-registrations are journaled at most once per this window.
+        self.coalesce_s = coalesce_s
         self.timers = Timers(bus, TIMER_NS_AGENT_HEARTBEAT)
         self.conformance_timers = Timers(bus, TIMER_NS_AGENT_CONFORMANCE)
 
@@ -164,8 +169,12 @@ class AgentRegistry:
         signature_window_s: float = 120.0,
         conformance_timeout_s: float = DEFAULT_TIMEOUT_S,
         reply_key: ReplyKey | None = None,
+        coalesce_s: float = 0.0,
+        throttle: Throttle | None = None,
     ) -> AgentRegistry:
-        gate = await MessageGate.open(bus, allow_list, window_s=signature_window_s, reply_key=reply_key)
+        gate = await MessageGate.open(
+            bus, allow_list, window_s=signature_window_s, reply_key=reply_key, throttle=throttle
+        )
         return cls(
             bus,
             await bus.store(BUCKET_AGENTS, AgentRecord),
@@ -174,6 +183,7 @@ class AgentRegistry:
             grace_s=grace_s,
             hosted=await HostedAgents.open(bus),
             conformance_timeout_s=conformance_timeout_s,
+            coalesce_s=coalesce_s,
         )
 
     def responders(self, *, queue: str = QUEUE_GROUP, max_inflight: int = 8) -> list[Responder[Any, Any]]:
@@ -291,7 +301,7 @@ class AgentRegistry:
             version = negotiated(body, allowed)
         except Refused as refused:
             supported = allowed.speakable_versions() if allowed is not None else []
-            await self._bus.publish(refused_event(body, refused, supported))
+            await self._journal_refusal(body, refused, supported)
             log.info("agent.registration_refused", reason=refused.reason, declared=body.declared_versions())
             return RegistrationReply(
                 agent_id=body.agent_id, outcome="refused", supported_versions=supported, refusal=refused.refusal()
@@ -303,6 +313,7 @@ class AgentRegistry:
             "grace_s": self.grace_s,
             "now": now,
             "conformance_timeout_s": self.conformance_timeout_s,
+            "coalesce_s": self.coalesce_s,
         }
         try:
             if await self._store.get(key) is None:
@@ -317,10 +328,10 @@ class AgentRegistry:
             else:
                 record = await self._modify(key, lambda cur: registered(cur, body, allowed, self.allow_list, **params))
         except Refused as refused:  # decommissioned by an operator and not readmitted
-            await self._bus.publish(refused_event(body, refused, allowed.speakable_versions()))
+            await self._journal_refusal(body, refused, allowed.speakable_versions())
             log.info("agent.registration_refused", reason=refused.reason)
             return RegistrationReply(agent_id=body.agent_id, outcome="refused", refusal=refused.refusal())
-        await self._journal(record, registration=True)
+        await self._journal(record, registration=record.registration_due)
         log.info("agent.registered", incarnation=record.incarnation, version=version, state=record.state.value)
         return RegistrationReply(
             agent_id=record.agent_id,
@@ -335,6 +346,19 @@ class AgentRegistry:
             conformance=challenge(record.conformance, utcnow()),
         )
 
+    async def _journal_refusal(self, body: AgentRegistration, refused: Refused, supported: list[str]) -> None:
+        """``agent.registration_refused``, rate-limited per agent id and reason (:class:`Throttle`)."""
+        event = refused_event(body, refused, supported)
+        throttle = self.gate.throttle
+        if throttle is None:
+            await self._bus.publish(event)
+            return
+
+        def total(agent: str, count: int, window_s: int, event_id: str) -> Envelope:
+            return refused_event(body, refused, supported, count=count, window_s=window_s, id=event_id, agent=agent)
+
+        await throttle.journal("registration", body.agent_id, refused.reason, event, total)
+
     async def _modify(self, key: str, fn: Callable[[AgentRecord], AgentRecord | None]) -> AgentRecord:
         """One agent's record changed by ``fn``; an agent's requests race only each other (and its timer)."""
         return (await self._store.modify(key, fn, attempts=MODIFY_ATTEMPTS)).value
@@ -348,12 +372,14 @@ class AgentRegistry:
     async def heartbeat(self, body: Heartbeat) -> HeartbeatAck:
         now = utcnow()
         try:
-            record = await self._modify(agent_key(body.agent_id), lambda cur: heartbeat_seen(cur, body, now))
+            record = await self._modify(
+                agent_key(body.agent_id), lambda cur: heartbeat_seen(cur, body, now, coalesce_s=self.coalesce_s)
+            )
         except NotFound:
             return self._ack_refused(body.agent_id, "not_registered", f"agent {body.agent_id!r} is not registered")
         except Refused as refused:
             return self._ack_refused(body.agent_id, refused.reason, refused.detail)
-        await self._journal(record)
+        await self._journal(record, registration=record.registration_due)
         if record.recent:
             log.info("agent.lifecycle_changed", moves=[t.to_state.value for t in record.recent])
         return HeartbeatAck(

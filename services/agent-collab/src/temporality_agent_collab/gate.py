@@ -7,8 +7,12 @@ headers, body bytes), then claims the message's nonce in the KV bucket ``agent-n
 replay). The bucket's TTL (10 min) outlives every timestamp the window still accepts, so a nonce is
 remembered for as long as its message could be replayed; after that the timestamp is stale.
 
+Before all that, the request takes a token of its agent's rate limit (:mod:`temporality_agent_collab.throttle`):
+an agent over its limit is refused ``rate_limited`` (with ``retry_after_s``) at once, journaled once per window.
+
 A refused message is journaled (``agent.message_refused``) *before* the refusal is replied, like every
-other fact of the registry. Its event id is derived from the subject, the signature headers and the
+other fact of the registry -- up to ``TEMPORALITY_COLLAB_REFUSALS_JOURNALED`` per agent, reason and window; past
+that they are counted and journaled as one total when the window ends (:class:`~.throttle.Throttle`). Its event id is derived from the subject, the signature headers and the
 body, so the very same bytes sent again and again are one journaled refusal (JetStream drops the
 duplicates within its window) rather than a flood; a changed message is a new refusal. When the event
 cannot be published the reply is ``internal_error`` (the message is refused either way).
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
@@ -45,10 +50,11 @@ from temporality_agent_collab.signing import (
     body_digest,
     verify,
 )
+from temporality_agent_collab.throttle import Throttle
 from temporality_bus import AlreadyExists, Bus, Failure, Responder, Store
 from temporality_bus.responder import validation_detail
 from temporality_protocol import AgentMessageRefused, AgentRefusal, Envelope, derive_id, make_event
-from temporality_protocol.catalog import BUCKET_AGENT_NONCES
+from temporality_protocol.catalog import BUCKET_AGENT_NONCES, subject_agent
 
 __all__ = [
     "MAX_WINDOW_S",
@@ -84,16 +90,28 @@ def nonce_key(agent_id: str, nonce: str) -> str:
     return f"nonce.{agent_id}.{nonce}"
 
 
-def refused_event(refused: MessageRefused, subject: str, headers: dict[str, str] | None, body: bytes) -> Envelope:
-    """``agent.message_refused``, its id derived from what was received (the same bytes: the same event)."""
+def refused_event(
+    refused: MessageRefused,
+    subject: str,
+    headers: dict[str, str] | None,
+    body: bytes,
+    *,
+    count: int = 1,
+    window_s: int | None = None,
+    id: str | None = None,
+    agent: str | None = None,
+) -> Envelope:
+    """``agent.message_refused``, its id derived from what was received (the same bytes: the same event); a
+    window's total (``count``, ``window_s``) gets the ``id`` given, and ``agent`` ``*`` for many agents' refusals."""
     signed = refused.signed
     digest = body_digest(body)
     got = headers or {}
     received = json.dumps(
         [subject, refused.key_id, *(got.get(h) for h in (TIMESTAMP_HEADER, NONCE_HEADER, SIGNATURE_HEADER)), digest]
     )
+    agent_id = agent or refused.agent_id
     data = AgentMessageRefused(
-        agent_id=refused.agent_id[:128] if refused.agent_id else None,
+        agent_id=agent_id[:128] if agent_id else None,
         subject=subject[:256],
         reason=refused.reason,
         detail=refused.detail[:4096],
@@ -101,14 +119,35 @@ def refused_event(refused: MessageRefused, subject: str, headers: dict[str, str]
         nonce=signed.nonce if signed is not None else None,
         signed_at=signed.signed_at if signed is not None else None,
         body_sha256=digest,
+        claimed_agent_id=refused.claimed[:128] if refused.claimed else None,
+        count=count,
+        window_s=window_s,
     )
+    named = data.agent_id if data.agent_id and data.agent_id != "*" else None
     return make_event(
         data,
         source=SOURCE,
-        id=derive_id("evt", "agent.message_refused", hashlib.sha256(received.encode()).hexdigest()),
-        subject=data.agent_id,
-        actor=f"agent:{data.agent_id}" if data.agent_id else None,
+        id=id or derive_id("evt", "agent.message_refused", hashlib.sha256(received.encode()).hexdigest()),
+        subject=named,
+        actor=f"agent:{named}" if named else None,
     )
+
+
+def rate_limited_event(
+    agent: str, subject: str, body: bytes, detail: str, *, count: int = 1, window_s: int | None = None, id: str
+) -> Envelope:
+    """``agent.message_refused`` (``rate_limited``): the requests of ``agent`` refused over its rate limit."""
+    named = agent if agent and agent != "*" else None
+    data = AgentMessageRefused(
+        agent_id=agent[:128] or None,
+        subject=subject[:256],
+        reason="rate_limited",
+        detail=detail[:4096],
+        body_sha256=body_digest(body),
+        count=count,
+        window_s=window_s,
+    )
+    return make_event(data, source=SOURCE, id=id, subject=named, actor=f"agent:{named}" if named else None)
 
 
 class MessageGate:
@@ -123,6 +162,7 @@ class MessageGate:
         window_s: float,
         clock: Callable[[], datetime] = utcnow,
         reply_key: ReplyKey | None = None,
+        throttle: Throttle | None = None,
     ) -> None:
         if not 0 < window_s <= MAX_WINDOW_S:
             raise ValueError(f"the timestamp window must be in (0, {MAX_WINDOW_S:g}] s, not {window_s}")
@@ -133,13 +173,45 @@ class MessageGate:
         self._clock = clock
         #: Signs every reply to an external agent (unset: replies go unsigned).
         self.reply_key = reply_key
+        #: Each agent's request rate limit and the journal's limit on refusals (``None``: neither).
+        self.throttle = throttle
 
     @classmethod
     async def open(
-        cls, bus: Bus, allow_list: AllowList, *, window_s: float, reply_key: ReplyKey | None = None
+        cls,
+        bus: Bus,
+        allow_list: AllowList,
+        *,
+        window_s: float,
+        reply_key: ReplyKey | None = None,
+        throttle: Throttle | None = None,
     ) -> MessageGate:
         nonces = await bus.store(BUCKET_AGENT_NONCES, NonceSeen)
-        return cls(bus, nonces, allow_list.keyring(), window_s=window_s, reply_key=reply_key)
+        return cls(bus, nonces, allow_list.keyring(), window_s=window_s, reply_key=reply_key, throttle=throttle)
+
+    def over_limit(self, subject: str) -> float:
+        """0.0: a request on ``subject`` may go ahead; else its agent is over its rate limit (retry after)."""
+        return self.throttle.admit(subject_agent(subject) or "") if self.throttle is not None else 0.0
+
+    async def limited(self, subject: str, body: bytes, retry_after_s: float) -> AgentRefusal:
+        """The refusal of a request over its agent's rate limit, counted (and journaled once per window)."""
+        assert self.throttle is not None
+        agent = subject_agent(subject) or ""
+        detail = (
+            f"agent {agent!r} sent more requests than its rate limit ({self.throttle.describe()}): "
+            f"retry after {retry_after_s:.2f} s"
+        )
+        first_id = derive_id("evt", "agent.rate_limited", agent, subject, str(time.time_ns()))
+
+        def total(who: str, count: int, window: int, event_id: str) -> Envelope:
+            return rate_limited_event(who, subject, body, detail, count=count, window_s=window, id=event_id)
+
+        await self.throttle.limited(
+            agent, subject, rate_limited_event(agent, subject, body, detail, id=first_id), total
+        )
+        return AgentRefusal(
+            reason="rate_limited", detail=detail[:4096], retry_after_s=math.ceil(retry_after_s * 1000) / 1000
+        )
 
     async def admit(self, subject: str, msg: Msg, *, pass_unknown: bool = False) -> Verified:
         """Who sent ``msg``, proven and not a replay; else the refusal is journaled and :class:`MessageRefused`
@@ -155,10 +227,25 @@ class MessageGate:
         except MessageRefused as refused:
             if pass_unknown and refused.reason == "unknown_agent":
                 return Verified(agent_id=refused.agent_id, signed=None)
-            await self._bus.publish(refused_event(refused, subject, headers, body))
+            await self._journal_refusal(refused, subject, headers, body)
             log.info("agent.message_refused", subject=subject, agent_id=refused.agent_id, reason=refused.reason)
             raise
         return verified
+
+    async def _journal_refusal(
+        self, refused: MessageRefused, subject: str, headers: dict[str, str] | None, body: bytes
+    ) -> None:
+        event = refused_event(refused, subject, headers, body)
+        if self.throttle is None:
+            await self._bus.publish(event)
+            return
+
+        def total(agent: str, count: int, window_s: int, event_id: str) -> Envelope:
+            return refused_event(
+                refused, subject, headers, body, count=count, window_s=window_s, id=event_id, agent=agent
+            )
+
+        await self.throttle.journal("message", refused.agent_id or "", refused.reason, event, total)
 
     async def _claim(self, subject: str, signed: Signed, now: datetime) -> None:
         """The nonce is the key id's from now on (the signature was verified: the key id is the agent)."""
@@ -230,6 +317,11 @@ class SignedResponder(Responder[Q, R]):
         return omit_null(await self._answer(msg), self._omit_when_null)
 
     async def _answer(self, msg: Msg) -> bytes:
+        retry_after_s = self._gate.over_limit(str(msg.subject))
+        if retry_after_s > 0:  # nothing else is done with it: no signature check, no nonce, no record
+            refusal = await self._gate.limited(str(msg.subject), bytes(msg.data), retry_after_s)
+            agent = subject_agent(str(msg.subject)) or ""
+            return self._refused(agent[:64], refusal, bytes(msg.data)).model_dump_json().encode()
         try:  # the subject it came on (an agent's own: the subscription is a pattern), as signed
             verified = await self._gate.admit(str(msg.subject), msg, pass_unknown=self._pass_unknown)
             if self._on_malformed is not None and verified.agent_id:

@@ -9,6 +9,19 @@ journaled (:func:`lifecycle_events`) with ids derived from (agent, incarnation, 
 journaling the same record twice -- a retried request, a redelivered timer, a second replica -- is
 the same facts twice, which JetStream and the journal drop.
 
+Coalescing (the journal is read by people and kept forever; the record stays exact): the moves an agent makes by
+its own requests -- a heartbeat reporting another working state, a re-registration -- are journaled at most once
+per agent and ``coalesce_s`` window. Within the window the record moves (``state``, ``seq``) but the move is
+only counted (:attr:`AgentRecord.coalesced`); the first heartbeat after the window journals one move from the
+state the journal last showed (:attr:`AgentRecord.journaled_state`) to the current one, ``detail`` saying how
+many reports it stands for (none when the agent is back where the journal saw it). Moves that matter whatever
+the rate -- registration of an incarnation, ``offline``, coming back, deregistration, decommissioning, a
+re-registration that changes what the agent declares or is granted -- are always journaled, from the state the
+journal last showed. So journaled ``seq`` numbers have gaps where moves were coalesced. Likewise
+``agent.registered``: a re-registration that changes only informational fields (``provider``, ``model``, the
+list of versions it declares) within the window of the last journaled one is stored, not journaled; the next
+heartbeat after the window journals the standing registration (:attr:`AgentRecord.registration_due`).
+
 Liveness: :attr:`AgentRecord.beat` counts registrations and heartbeats of the incarnation. Each one
 arms the agent's ``agent-heartbeat`` timer at :attr:`AgentRecord.deadline` carrying that number; a
 firing acts only if the record still has it (no newer heartbeat since), like the run watchdog.
@@ -157,6 +170,17 @@ class AgentRecord(_Model):
     #: none, or the declared capabilities have no probe).
     rounds: Annotated[int, Field(ge=0)] = 0
     conformance: ConformanceRound | None = None
+    #: The state the journal last showed (``None``: :attr:`state`, a record from before coalescing).
+    journaled_state: AgentLifecycleState | None = None
+    #: When a move the agent made by its own request was last journaled (the coalescing window starts there).
+    moved_journaled_at: datetime | None = None
+    #: The agent's own moves since then that were stored but not journaled.
+    coalesced: Annotated[int, Field(ge=0)] = 0
+    #: The registration number last journaled (``agent.registered``) and when (``None``: :attr:`registration`).
+    journaled_registration: int | None = None
+    registration_journaled_at: datetime | None = None
+    #: The last change journals ``agent.registered`` for the standing registration.
+    registration_due: bool = False
 
     @property
     def live(self) -> bool:
@@ -190,6 +214,67 @@ class AgentRecord(_Model):
             )
             state = target
         return out
+
+
+def _window_passed(at: datetime | None, now: datetime, window_s: float) -> bool:
+    return window_s <= 0 or at is None or (now - at).total_seconds() >= window_s
+
+
+def _journaled(
+    current: AgentRecord, moves: list[Transition], now: datetime, *, coalesce: bool, window_s: float
+) -> tuple[list[Transition], dict[str, object]]:
+    """Of ``moves`` (just made from ``current``), those journaled now, and the record's bookkeeping after them
+    (module docstring: coalescing). ``coalesce``: the agent's own, ordinary moves (may wait for the window)."""
+    shown = current.journaled_state or current.state
+    if not moves:
+        return [], {}
+    if coalesce and not _window_passed(current.moved_journaled_at, now, window_s):
+        return [], {"coalesced": current.coalesced + len(moves)}
+    out = list(moves)
+    first = out[0]
+    if first.from_state is not shown:  # the journal shows another state than the record had (coalesced moves)
+        if first.to_state is shown:
+            out = out[1:]  # back where the journal saw it: nothing to show for this move
+        elif AGENT_LIFECYCLE.allowed(shown, first.to_state):
+            detail = first.detail or f"{current.coalesced} earlier state reports coalesced"
+            out[0] = Transition.model_validate({**first.model_dump(), "from_state": shown, "detail": detail})
+    after: dict[str, object] = {"journaled_state": moves[-1].to_state, "coalesced": 0}
+    if coalesce or any(t.reason == "came_back" for t in moves):
+        after["moved_journaled_at"] = now
+    return out, after
+
+
+def _flushed(current: AgentRecord, now: datetime, window_s: float) -> tuple[list[Transition], dict[str, object]]:
+    """A heartbeat that made no move: the coalesced moves' outcome journaled once the window passed."""
+    shown = current.journaled_state or current.state
+    if not current.coalesced or not _window_passed(current.moved_journaled_at, now, window_s):
+        return [], {}
+    after: dict[str, object] = {"journaled_state": current.state, "coalesced": 0, "moved_journaled_at": now}
+    if shown is current.state or not AGENT_LIFECYCLE.allowed(shown, current.state):
+        return [], after
+    move = Transition(
+        seq=current.seq,
+        from_state=shown,
+        to_state=current.state,
+        reason="heartbeat",
+        at=now,
+        detail=f"the latest of {current.coalesced} state reports coalesced",
+        active_run_id=current.active_run_id,
+    )
+    return [move], after
+
+
+def _registration_flush(current: AgentRecord, now: datetime, window_s: float) -> dict[str, object]:
+    """A heartbeat: the standing registration journaled when coalesced ones wait and the window passed."""
+    journaled = current.journaled_registration
+    waiting = journaled is not None and journaled < current.registration
+    if waiting and _window_passed(current.registration_journaled_at, now, window_s):
+        return {
+            "registration_due": True,
+            "journaled_registration": current.registration,
+            "registration_journaled_at": now,
+        }
+    return {"registration_due": False}
 
 
 def agent_key(agent_id: str) -> str:
@@ -238,6 +323,7 @@ def fresh_record(
     now: datetime,
     incarnation: int = 1,
     conformance_timeout_s: float = DEFAULT_TIMEOUT_S,
+    coalesce_s: float = 0.0,
 ) -> AgentRecord:
     """A new incarnation, ``created`` -> ``registered``, with its first conformance round open (if any of its
     capabilities has a probe)."""
@@ -264,6 +350,10 @@ def fresh_record(
             "beat": 1,
             "rounds": 1 if rnd is not None else 0,
             "conformance": rnd,
+            "journaled_state": _L.REGISTERED,
+            "journaled_registration": 1,
+            "registration_journaled_at": now,
+            "registration_due": True,
         }
     )
 
@@ -278,6 +368,7 @@ def registered(
     grace_s: float,
     now: datetime,
     conformance_timeout_s: float = DEFAULT_TIMEOUT_S,
+    coalesce_s: float = 0.0,
 ) -> AgentRecord | None:
     """A registration of an agent that has a record: ``None`` for a repeat of the standing one (idempotent),
     a new incarnation after decommissioning, else a re-registration (``<state>`` -> ``registered``), which
@@ -297,6 +388,7 @@ def registered(
             now=now,
             incarnation=current.incarnation + 1,
             conformance_timeout_s=conformance_timeout_s,
+            coalesce_s=coalesce_s,
         )
     policy = _policy(request, allowed)
     interval = allow_list.interval_of(allowed)
@@ -309,8 +401,23 @@ def registered(
     )
     if same and current.state is _L.REGISTERED:
         return None
+    informational = {"provider", "model", "protocol_version", "protocol_versions"}
+    meaningful = not (
+        current.declaration.model_dump(exclude=informational) == request.model_dump(exclude=informational)
+        and current.protocol_version == version
+        and current.policy == policy
+        and current.heartbeat_interval_s == interval
+        and current.offline_after_s == interval + grace_s
+    )
     # a changed declaration from an agent still ``registered`` (no heartbeat yet) is a new registration, not a move
-    moves = [] if current.state is _L.REGISTERED else current.moved([(_L.REGISTERED, "re_registered", "")], now)
+    made = [] if current.state is _L.REGISTERED else current.moved([(_L.REGISTERED, "re_registered", "")], now)
+    moves, after = _journaled(current, made, now, coalesce=not meaningful, window_s=coalesce_s)
+    due = meaningful or _window_passed(current.registration_journaled_at, now, coalesce_s)
+    if due:
+        after |= {
+            "journaled_registration": current.registration + 1,
+            "registration_journaled_at": now,
+        }
     rounds, rnd = current.rounds, current.conformance
     if list(dict.fromkeys(request.capabilities)) != list(dict.fromkeys(current.declaration.capabilities)):
         rnd = new_round(
@@ -327,9 +434,11 @@ def registered(
             **current.model_dump(),
             "rounds": rounds,
             "conformance": rnd,
+            **after,
+            "registration_due": due,
             "registration": current.registration + 1,
             "state": _L.REGISTERED,
-            "seq": moves[-1].seq if moves else current.seq,
+            "seq": made[-1].seq if made else current.seq,
             "recent": moves,
             "declaration": request,
             "protocol_version": version,
@@ -352,8 +461,9 @@ def _check_live(current: AgentRecord, agent_id: str, version: str) -> None:
         raise Refused("version_mismatch", detail)
 
 
-def heartbeat_seen(current: AgentRecord, beat: Heartbeat, now: datetime) -> AgentRecord:
-    """A heartbeat (AP-4): liveness re-armed, the state it reports taken (an offline agent resumes first)."""
+def heartbeat_seen(current: AgentRecord, beat: Heartbeat, now: datetime, *, coalesce_s: float = 0.0) -> AgentRecord:
+    """A heartbeat (AP-4): liveness re-armed, the state it reports taken (an offline agent resumes first); a move
+    between working states is journaled at most once per ``coalesce_s`` (module docstring)."""
     _check_live(current, beat.agent_id, beat.protocol_version)
     moves: list[tuple[AgentLifecycleState, LifecycleReason, str]] = []
     state = current.state
@@ -365,12 +475,19 @@ def heartbeat_seen(current: AgentRecord, beat: Heartbeat, now: datetime) -> Agen
         if not AGENT_LIFECYCLE.allowed(state, target):
             raise Refused("illegal_transition", f"the agent lifecycle does not go from {state.value} to {target.value}")
         moves.append((target, "heartbeat", ""))
-    recent = current.moved(moves, now)
+    made = current.moved(moves, now)
+    came_back = state is not current.state
+    if made:
+        recent, after = _journaled(current, made, now, coalesce=not came_back, window_s=coalesce_s)
+    else:
+        recent, after = _flushed(current, now, coalesce_s)
     return AgentRecord.model_validate(
         {
             **current.model_dump(),
-            "state": recent[-1].to_state if recent else current.state,
-            "seq": recent[-1].seq if recent else current.seq,
+            **after,
+            **_registration_flush(current, now, coalesce_s),
+            "state": made[-1].to_state if made else current.state,
+            "seq": made[-1].seq if made else current.seq,
             "recent": recent,
             "beat": current.beat + 1,
             "last_heartbeat_at": now,
@@ -387,9 +504,10 @@ def heartbeat_missed(current: AgentRecord, incarnation: int, beat: int, now: dat
     if current.incarnation != incarnation or current.beat != beat or not current.live or now < current.deadline:
         return None
     detail = f"no heartbeat within {current.offline_after_s:g} s"
-    recent = current.moved([(_L.OFFLINE, "heartbeat_missed", detail)], now)
+    made = current.moved([(_L.OFFLINE, "heartbeat_missed", detail)], now)
+    recent, after = _journaled(current, made, now, coalesce=False, window_s=0)
     return AgentRecord.model_validate(
-        {**current.model_dump(), "state": _L.OFFLINE, "seq": recent[-1].seq, "recent": recent}
+        {**current.model_dump(), **after, "state": _L.OFFLINE, "seq": made[-1].seq, "recent": recent}
     )
 
 
@@ -399,12 +517,14 @@ def decommissioned(current: AgentRecord, request: Deregistration, now: datetime)
     if current.state is _L.DECOMMISSIONED and current.held_by is None:
         return None
     _check_live(current, request.agent_id, request.protocol_version)
-    recent = current.moved([(_L.DECOMMISSIONED, "deregistered", request.reason)], now)
+    made = current.moved([(_L.DECOMMISSIONED, "deregistered", request.reason)], now)
+    recent, after = _journaled(current, made, now, coalesce=False, window_s=0)
     return AgentRecord.model_validate(
         {
             **current.model_dump(),
+            **after,
             "state": _L.DECOMMISSIONED,
-            "seq": recent[-1].seq,
+            "seq": made[-1].seq,
             "recent": recent,
             "decommission_reason": request.reason,
         }
@@ -423,12 +543,14 @@ def operator_decommissioned(current: AgentRecord, by: str, reason: str, now: dat
         if current.held_by is not None:
             return None
         raise AlreadyDecommissioned(current.agent_id)
-    recent = current.moved([(_L.DECOMMISSIONED, "decommissioned", reason)], now, requested_by=by)
+    made = current.moved([(_L.DECOMMISSIONED, "decommissioned", reason)], now, requested_by=by)
+    recent, after = _journaled(current, made, now, coalesce=False, window_s=0)
     return AgentRecord.model_validate(
         {
             **current.model_dump(),
+            **after,
             "state": _L.DECOMMISSIONED,
-            "seq": recent[-1].seq,
+            "seq": made[-1].seq,
             "recent": recent,
             "decommission_reason": reason or f"decommissioned by {by}",
             "held_by": by,
@@ -527,22 +649,38 @@ def registered_event(record: AgentRecord) -> Envelope:
     return _event(data, record.agent_id, id=derive_id("evt", "agent.registered", *parts))
 
 
-def refused_event(request: AgentRegistration, refused: Refused, supported: list[str]) -> Envelope:
+def refused_event(
+    request: AgentRegistration,
+    refused: Refused,
+    supported: list[str],
+    *,
+    count: int = 1,
+    window_s: int | None = None,
+    id: str | None = None,
+    agent: str | None = None,
+) -> Envelope:
     """``agent.registration_refused``. A refusal is a fact of one request, so it gets a fresh id (a retried
-    request is another refused attempt, journaled again)."""
+    request is another refused attempt, journaled again); a window's total (``count``, ``window_s``: see
+    :class:`~temporality_agent_collab.throttle.Throttle`) gets the ``id`` given, and ``agent`` ``*`` when it counts
+    the refusals of many agents."""
     reason: Literal["unknown_agent", "no_common_version", "decommissioned"] = "no_common_version"
     if refused.reason == "unknown_agent" or refused.reason == "decommissioned":
         reason = refused.reason
+    agent_id = agent or request.agent_id
     data = AgentRegistrationRefused(
-        agent_id=request.agent_id,
+        agent_id=agent_id,
         reason=reason,
         detail=refused.detail,
         declared_versions=request.declared_versions(),
         supported_versions=supported,
         provider=request.provider,
         model=request.model,
+        count=count,
+        window_s=window_s,
     )
-    return _event(data, request.agent_id, id=None)
+    if agent_id == "*":
+        return make_event(data, source=SOURCE, id=id, subject=None, actor=None)
+    return _event(data, agent_id, id=id)
 
 
 def checked_event(record: AgentRecord) -> Envelope:

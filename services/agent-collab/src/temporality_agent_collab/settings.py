@@ -35,3 +35,15 @@ class Settings(ServiceSettings):
     reply_key_file: Path | None = None
     #: The key id agent-collab's signed replies carry (``Temporality-Key-Id``).
     reply_key_id: str = Field(default="agent-collab", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    #: Agent Protocol requests one external agent may send a second (per replica), sustained; a request over it is
+    #: refused ``rate_limited`` with ``retry_after_s``. 0: no limit.
+    agent_rate_per_s: float = Field(default=20.0, ge=0)
+    #: Requests an agent may send at once before the rate applies (the bucket's size).
+    agent_rate_burst: int = Field(default=100, ge=1)
+    #: The window of the journal's limits (seconds): refusals per agent and reason journaled one by one, then a total.
+    audit_window_s: int = Field(default=60, ge=1, le=3600)
+    #: Refusals of one agent and reason journaled one by one per window; the rest as one total when it ends.
+    refusals_journaled: int = Field(default=10, ge=1)
+    #: An agent's own lifecycle moves (a heartbeat reporting another working state, a re-registration changing
+    #: nothing it is granted) are journaled at most once per this many seconds; the registry stays exact. 0: all.
+    lifecycle_coalesce_s: float = Field(default=30.0, ge=0, le=3600)

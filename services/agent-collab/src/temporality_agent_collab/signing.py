@@ -23,12 +23,15 @@ unchanged (none of the other fields can contain a line feed, so it is unambiguou
 ``subject`` is the exact subject the request is published on; ``body bytes`` the exact payload sent
 (whatever its JSON formatting). :func:`signing_input` builds it.
 
-Checks, in order (the first failing one is the refusal's reason): a signature whose key id names no
+Checks, in order (the first failing one is the refusal's reason): a message whose claimed sender -- its
+``Temporality-Key-Id``, else its body's ``agent_id`` -- is not the agent its subject names (``subject_mismatch``,
+journaled as coming from the subject's agent, whom NATS permissions let send there, with the claimed id as
+``claimed_agent_id``: the audit trail names the agent that sent it, not the one it pretended to be); a signature
+whose key id names no
 allow-listed agent with a key (``unknown_key``); a body whose ``agent_id`` is not the key id
 (``key_mismatch``); a signature that does not verify (``bad_signature``: wrong key, a changed body,
 subject or header); a timestamp further than the window from agent-collab's clock (``stale_timestamp``);
-a message on another agent's subject than the signer's (``subject_mismatch``: the agent id in the subject
-is who the sender's NATS user is allowed to speak for, the key id who signed); then, in
+then, in
 :mod:`temporality_agent_collab.gate`, a nonce the agent already used (``replayed_nonce``). A message without
 ``Temporality-Signature`` is ``unsigned`` unless the allow-list marks the agent ``allow_unsigned: true``
 (development only; its id is its ``Temporality-Key-Id``, else its body's ``agent_id``, else the subject's, and
@@ -235,8 +238,11 @@ class MessageRefused(Exception):
         agent_id: str | None,
         signed: Signed | None = None,
         key_id: str | None = None,
+        claimed: str | None = None,
     ) -> None:
         super().__init__(detail)
+        #: ``subject_mismatch``: who the message claimed to be (``agent_id`` is the subject's agent).
+        self.claimed = claimed
         self.reason: AgentMessageRefusalReason = reason
         self.detail = detail
         self.agent_id = agent_id
@@ -308,6 +314,16 @@ def _read(headers: Mapping[str, str] | None, claimed: str | None) -> Signed:
     return Signed(key_id=key_id, timestamp=timestamp, nonce=nonce, signature=signature)
 
 
+def _readable(headers: Mapping[str, str] | None, claimed: str | None) -> Signed | None:
+    """The signature headers, when the message has readable ones (kept in the journaled refusal), else ``None``."""
+    if _header(headers, SIGNATURE_HEADER) is None:
+        return None
+    try:
+        return _read(headers, claimed)
+    except MessageRefused:
+        return None
+
+
 def verify(
     keyring: Keyring,
     subject: str,
@@ -321,6 +337,19 @@ def verify(
     The nonce is not checked here (it needs the shared store): the caller claims it after this passes."""
     claimed = _claimed_agent(body)
     on_behalf_of = subject_agent(subject)  # None: a subject that names no agent (checked by nobody else)
+    key_id = _header(headers, KEY_ID_HEADER)
+    who = key_id if key_id is not None and _KEY_ID.match(key_id) else claimed  # an unreadable key id: bad_signature
+    if on_behalf_of is not None and who is not None and who != on_behalf_of:
+        # the subject's agent is who sent it (NATS permissions); what it claims is unverified: checked first
+        raise MessageRefused(
+            "subject_mismatch",
+            f"sent on {subject!r}, agent {on_behalf_of!r}'s subject, but it claims to be {who!r}: "
+            f"an agent sends on its own subjects only, as itself",
+            agent_id=on_behalf_of,
+            signed=_readable(headers, claimed),
+            key_id=key_id if key_id is not None and _KEY_ID.match(key_id) else None,
+            claimed=who,
+        )
     if _header(headers, SIGNATURE_HEADER) is None:
         agent = _header(headers, KEY_ID_HEADER) or claimed or on_behalf_of
         if agent is not None and agent not in keyring.listed:

@@ -275,7 +275,7 @@ class TaskBoard:
         common: dict[str, Any] = {"gate": self.gate, "queue": queue, "max_inflight": max_inflight}
 
         def refusal(r: AgentRefusal) -> TaskRefusal:
-            return TaskRefusal(reason=r.reason, detail=r.detail)
+            return TaskRefusal(reason=r.reason, detail=r.detail, retry_after_s=r.retry_after_s)
 
         def failed(f: Failure) -> TaskRefusal:
             if f.kind == "malformed":

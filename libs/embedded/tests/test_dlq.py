@@ -116,7 +116,7 @@ async def test_list_show_redrive_after_the_fix(bus: Bus, nats_settings: NatsSett
         code, out, err = await _cli(nats_settings, "redrive", str(letter.seq))
         assert code == 0
         assert out.startswith("DRY RUN (nothing changed; --yes to act): would redrive 1 dead letter(s):")
-        assert f"{spec.durable} gets it again" in out
+        assert f"{spec.durable} (which gave up on it) gets it again" in out
         assert "dlq.redriven" not in err
         assert [x.seq for x in await _letters(bus, spec.durable)] == [letter.seq]
         assert (await bus.js.stream_info(EVENTS_STREAM.name)).state.last_seq == before

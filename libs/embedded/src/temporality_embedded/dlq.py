@@ -542,11 +542,13 @@ async def _act(bus: Bus, args: argparse.Namespace, out: TextIO, redactor: Redact
         if verb == "redrive":
             stream, consumers = audiences[subjects[letter.seq]]
             others = [c for c in consumers if c != letter.consumer]
-            gave_up = "" if letter.consumer in consumers else f" -- NOTE: no consumer {letter.consumer} on {stream} now"
+            if letter.consumer in consumers:
+                gave_up = f"{letter.consumer} (which gave up on it) gets it again"
+            else:
+                gave_up = f"NOTE: there is no consumer {letter.consumer} on {stream} now, so it will not get it"
             out.write(
-                f"        -> republished on {subjects[letter.seq]} ({stream}) under a new Nats-Msg-Id; "
-                f"{letter.consumer} gets it again{gave_up}; so do, idempotent by event id: "
-                f"{', '.join(others) or 'no other consumer'}\n"
+                f"        -> republished on {subjects[letter.seq]} ({stream}) under a new Nats-Msg-Id: {gave_up}; "
+                f"so do, idempotent by event id: {', '.join(others) or 'no other consumer'}\n"
             )
     if not args.yes:
         return 0
@@ -574,12 +576,19 @@ async def _run(args: argparse.Namespace, out: TextIO, audit: Any) -> int:
         _select_check(args)
     try:
         async with Bus.connect(settings, name="temporality-dlq") as bus:
+            try:
+                await bus.js.stream_info(DLQ_STREAM.name)
+            except NotFoundError:
+                raise Unreachable(
+                    f"no {DLQ_STREAM.name} stream at {settings.url}: another server or JetStream domain, or the "
+                    "journal (its owner) never started there"
+                ) from None
             if args.dlq_command == "list":
                 return await _list(bus, args, out, redactor)
             if args.dlq_command == "show":
                 return await _show(bus, args, out, redactor)
             return await _act(bus, args, out, redactor, audit)
-    except DlqError:
+    except (DlqError, Unreachable):
         raise
     except (nats.errors.Error, OSError, TimeoutError, BusError) as exc:
         raise Unreachable(

@@ -18,6 +18,7 @@ import structlog
 import yaml
 
 from temporality_bus import NatsSettings
+from temporality_embedded import dlq
 from temporality_embedded.natsserver import NatsUser, authorization_block, password_variable
 from temporality_embedded.processes import SERVICES, port_free
 from temporality_embedded.stack import Stack, StackConfig, TokenFileError
@@ -425,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
         "TEMPORALITY_NATS_URL, _USER, _PASSWORD)",
     )
     p_migrate.add_argument("--nats-url", default=None, help="default: TEMPORALITY_NATS_URL or nats://127.0.0.1:4222")
+    dlq.add_parser(commands)  # temporality dlq list|show|redrive|purge (temporality_embedded.dlq)
     return parser
 
 
@@ -440,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         return up(args)
     if args.command == "timers-migrate":
         return timers_migrate(args.nats_url)
+    if args.command == "dlq":
+        return dlq.run(args)
     if args.command == "nats-authorization":
         try:
             sys.stdout.write(nats_authorization(args.subscriber, args.external_agent, args.jetstream_domain))

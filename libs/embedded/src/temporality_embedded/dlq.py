@@ -62,7 +62,7 @@ from temporality_protocol import decode
 from temporality_protocol.catalog import DLQ_PREFIX, DLQ_STREAM, EVENTS_PREFIX, TIMER_FIRED_PREFIX, subject_matches
 from temporality_protocol.errors import ProtocolError
 from temporality_protocol.ids import derive_id
-from temporality_protocol.redaction import PatternError, Redactor, process_redactor
+from temporality_protocol.redaction import CREDENTIAL_KEY, PatternError, Redactor, process_redactor
 
 __all__ = [
     "DeadLetter",
@@ -95,8 +95,8 @@ _UP_ADMIN = "temporality-admin"
 _UP_PORT_FILE = "nats-port"
 _UP_PASSWORDS_FILE = "nats-users.json"
 
-#: The journal's audit trail blanks the values of these keys (``temporality_journal.audit``): the same here.
-_SECRET_KEY = re.compile(r"token|secret|password|passwd|credential|authorization|api_?key|private", re.IGNORECASE)
+#: The journal's audit trail blanks the values of these keys: the same here.
+_SECRET_KEY = CREDENTIAL_KEY
 REDACTED = "[redacted]"
 #: How many characters of an error ``list`` prints (``show`` prints it whole).
 _ERROR_WIDTH = 160

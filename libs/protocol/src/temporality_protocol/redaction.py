@@ -30,6 +30,7 @@ from temporality_protocol.events import HumanOption, HumanRequested, SourceLink
 
 __all__ = [
     "BUILTIN_PATTERNS",
+    "CREDENTIAL_KEY",
     "MARKER",
     "REDACT_PATTERNS_ENV",
     "SECRET_FIELD_MARKER",
@@ -46,6 +47,9 @@ __all__ = [
 
 #: The variable that adds a deployment's own patterns, in every process that reads it (JSON object).
 REDACT_PATTERNS_ENV = "TEMPORALITY_HUMAN_EGRESS_REDACT_PATTERNS"
+#: A JSON key whose value is a credential (``token``, ``auth_token``, ``password_set`` -- callers keep ``*_set``
+#: flags): the journal's audit details and ``temporality dlq show`` blank such values.
+CREDENTIAL_KEY = re.compile(r"token|secret|password|passwd|credential|authorization|api_?key|private", re.IGNORECASE)
 #: What a redaction leaves in the text; ``kind`` names the pattern.
 MARKER = re.compile(r"\[REDACTED:(?P<kind>[a-z0-9_]{1,40})\]")
 

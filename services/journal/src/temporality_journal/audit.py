@@ -47,7 +47,6 @@ Never a secret: the events carry none by contract (token *names*, ``inbox_token_
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any
 
@@ -55,6 +54,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import ColumnElement, and_, func, not_, or_
 
 from temporality_journal.models import EVENTS_TABLE
+from temporality_protocol.redaction import CREDENTIAL_KEY
 
 __all__ = [
     "AUDIT_KINDS",
@@ -143,7 +143,7 @@ def not_audited() -> ColumnElement[bool]:
     return not_(audited())
 
 
-_SECRET_KEY = re.compile(r"token|secret|password|passwd|credential|authorization|api_?key|private", re.IGNORECASE)
+_SECRET_KEY = CREDENTIAL_KEY
 
 
 def redact(value: Any) -> Any:

@@ -66,6 +66,12 @@ class Verifier(BaseModel, ABC):
 
     #: True when the signature covers the body: verified on the raw bytes, before they are parsed.
     reads_body: ClassVar[bool] = False
+    #: True when the signature covers the raw body *only* -- neither a delivery id nor a time -- so one captured
+    #: delivery verifies again with any header changed: a source whose event id is such a header dedupes on the
+    #: body's digest too (:attr:`.adapters.base.Adapter.id_in_body`, :mod:`.launch`). ``False`` for a verifier
+    #: whose credential is the secret itself (a token, a password: replaying it *is* having the credential) and
+    #: for Standard Webhooks (it signs ``webhook-id`` and a time).
+    signs_body_only: ClassVar[bool] = False
     #: The ``WWW-Authenticate`` challenge of a 401.
     challenge: ClassVar[str] = 'Signature realm="temporality"'
 
@@ -257,6 +263,7 @@ class HmacSha256Auth(_SharedSecret):
     """A named header carries HMAC-SHA256(secret, raw body), hex or base64, after an optional ``prefix``."""
 
     reads_body: ClassVar[bool] = True
+    signs_body_only: ClassVar[bool] = True
     type: Literal["hmac_sha256"]
     header: _HeaderName
     prefix: str = ""
@@ -275,6 +282,7 @@ class GitHubAuth(_SharedSecret):
     """GitHub's ``X-Hub-Signature-256: sha256=<hex>`` over the raw body (never the older SHA-1 header)."""
 
     reads_body: ClassVar[bool] = True
+    signs_body_only: ClassVar[bool] = True
     type: Literal["github"]
 
     def verify(self, headers: Mapping[str, str], body: bytes) -> None:
@@ -349,6 +357,7 @@ class MindmapAuth(_SharedSecret):
     trigger's runs). ``secret``/``secret_env`` sign; ``token``/``token_env`` identify the trigger."""
 
     reads_body: ClassVar[bool] = True
+    signs_body_only: ClassVar[bool] = True
     type: Literal["mindmap"]
     token: SecretStr | None = None
     token_env: _EnvName | None = None

@@ -11,6 +11,11 @@ triggers; this module turns an HTTP delivery into a :class:`~.launch.TriggerDeli
 Exactly one delivery of concurrent ones answers ``accepted``; every other gets its own
 ``trigger.rejected(duplicate)``. Every answer is sent only after JetStream acked what it reports.
 
+A trigger whose verifier signs the raw body only (``github``, ``hmac_sha256``) and whose source takes the event id
+from a header (:func:`replay_guarded`) claims the body's SHA-256 as well, in the same round trip as the event id's
+claim: a captured signed body re-sent under another delivery id is a ``duplicate`` of the run the body started
+(:mod:`.launch`, "Replays").
+
 The events of one answer go out together (:meth:`temporality_bus.Bus.publish_many`: one round trip,
 every ack awaited). Their order on the stream is their order in the batch (one connection), and no
 consumer depends on it: the journal projects by type and the run-executor reads only ``run.requested``.
@@ -18,6 +23,7 @@ consumer depends on it: the journal projects by type and the run-executor reads 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,6 +68,7 @@ __all__ = [
     "WebhookDelivery",
     "dedupe_key",
     "ignore_reason",
+    "replay_guarded",
 ]
 
 log = structlog.get_logger(__name__)
@@ -86,6 +93,8 @@ class WebhookDelivery:
     delivery_id: str
     body_bytes: int
     source: SourceEvent
+    #: The raw body's SHA-256 (hex) when the trigger is :func:`replay_guarded`, else ``None``.
+    body_sha256: str | None = None
 
     def delivery(self) -> TriggerDelivery:
         """The delivery as the shared launch path sees it."""
@@ -97,10 +106,21 @@ class WebhookDelivery:
             source_event_id=self.source.id,
             source_event_type=self.source.type,
             body_bytes=self.body_bytes,
+            body_sha256=self.body_sha256,
         )
 
 
 # --------------------------------------------------------------------------- decisions (pure)
+def replay_guarded(trigger: WebhookTrigger, adapter: Adapter) -> bool:
+    """Whether a captured delivery of ``trigger`` could be re-sent as a new event: its verifier signs the raw body
+    only (no delivery id, no time: ``github``, ``hmac_sha256``, ``mindmap``) and its source can take the event id
+    from a header (``github``'s ``X-GitHub-Delivery``; ``generic``'s ``webhook-id`` / ``Idempotency-Key``). Such a
+    trigger dedupes on the body's SHA-256 too. Not ``mindmap.test_case`` (its id is in the signed body: a copy is
+    the same id) nor a token or password (``gitlab``, ``basic``, ``bearer``, ``header``: whoever replays it holds
+    the credential itself) nor Standard Webhooks (its signature covers ``webhook-id`` and a time)."""
+    return trigger.auth.signs_body_only and not adapter.id_in_body
+
+
 def ignore_reason(delivery: WebhookDelivery) -> tuple[Literal["disabled", "unsupported_event"], str] | None:
     trigger = delivery.trigger
     if not trigger.enabled:
@@ -135,7 +155,8 @@ class Intake:
         """One authenticated delivery, from its source's adapter to its journaled outcome."""
         adapter = ADAPTERS[trigger.adapter]
         source = adapter.identify(request)
-        webhook = WebhookDelivery(trigger, new_id("dlv"), len(request.body), source)
+        digest = hashlib.sha256(request.body).hexdigest() if replay_guarded(trigger, adapter) else None
+        webhook = WebhookDelivery(trigger, new_id("dlv"), len(request.body), source, digest)
         delivery = webhook.delivery()
         ignored = ignore_reason(webhook)
         if ignored is not None:

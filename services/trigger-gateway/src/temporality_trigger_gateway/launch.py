@@ -22,6 +22,24 @@ and a delivery that may arrive more than once takes the launch through :class:`L
       ours     -> the key names this very delivery id (a redelivered bus message: its delivery id is
                   derived from the message) -> publish the same ids again and mark it ``published``
 
+Replays (a webhook whose signature covers the raw body only and whose event id is an unsigned header, GitHub's
+``X-GitHub-Delivery``: :func:`.intake.replay_guarded`): the claim's create goes out with a second create-if-absent,
+under :func:`body_key` (trigger id, SHA-256 of the raw body), holding the same claim -- one round trip still::
+
+    event id's claim won, body's created          -> a new body: launch as above
+    event id's claim won, the body's key exists   -> read it (this path only): it names this delivery's run (the
+        same event id again: a retry after a 503, a redelivered skip) or is expired -> launch as above; it names
+        another run (the same signed body under another delivery id) -> a replay: the event id's claim is marked
+        ``published`` naming *that* run (a re-drive of this delivery, or a copy of its id, is its duplicate too)
+        -> Duplicate of that run (``trigger.rejected(duplicate)`` saying so)
+    event id's claim lost                         -> as above (the body's key is not read: a duplicate either way)
+
+Of copies of one body under different ids, the first to create the body's key names the run; the body's key is
+never released (a 503 or a ``skip`` leaves it naming a run that did not start: the same delivery id retried still
+starts it, a copy under another id stays a duplicate). An older replica never reads body keys and claims the
+event id's key exactly as this one does, so a rolling upgrade cannot launch one event twice (replays through an
+old replica still start runs until every replica is upgraded).
+
 Exactly one delivery of concurrent ones is ``Accepted``; every other gets its own
 ``trigger.rejected(duplicate)``. A trigger with a concurrency key (:mod:`.concurrency`) decides after the
 claim is won whether the run starts (``Accepted``, with the superseded run's ``run.cancel_requested`` in
@@ -103,6 +121,7 @@ __all__ = [
     "RejectReason",
     "Skipped",
     "TriggerDelivery",
+    "body_key",
     "claim_id",
     "dedupe_key",
     "launch_events",
@@ -232,11 +251,20 @@ class TriggerDelivery:
     rerun: int | None = None
     rerun_of: str | None = None
     requested_by: str | None = None
+    #: The raw body's SHA-256 (hex) of a webhook delivery whose signature covers the body only and whose event id
+    #: comes from a header (:func:`.intake.replay_guarded`): its launch claims :func:`body_key` too ("Replays" in the
+    #: module docstring). ``None`` for every other delivery, and for a re-drive or a rerun (no body is kept).
+    body_sha256: str | None = None
 
 
 # --------------------------------------------------------------------------- decisions (pure)
 def dedupe_key(trigger_id: str, source_event_id: str) -> str:
     return derive_id("dd", trigger_id, source_event_id)
+
+
+def body_key(trigger_id: str, body_sha256: str) -> str:
+    """The second dedupe key of a replay-guarded delivery: its trigger and raw body (``db-``: never an event's key)."""
+    return derive_id("db", trigger_id, body_sha256)
 
 
 def claim_id(delivery: TriggerDelivery | QueuedLaunch, event_id: str) -> str:
@@ -486,6 +514,16 @@ def _published(claim: DedupeRecord, encoded: bytes | None) -> bytes:
     return claim.model_copy(update={"state": "published"}).model_dump_json().encode()
 
 
+async def _unless_taken(call: Awaitable[object]) -> bool:
+    """``call`` (a create-if-absent or a compare-and-set) done: ``False`` when the key was taken or changed meanwhile
+    (``AlreadyExists``, ``Conflict``), caught here so that :meth:`Launcher.io` does not count it a bus failure."""
+    try:
+        await call
+    except (AlreadyExists, Conflict):
+        return False
+    return True
+
+
 async def _raise(error: BusError) -> None:
     """``error`` raised where :meth:`Launcher.io` maps it (a write's outcome, as ``publish_many`` raises it)."""
     raise error
@@ -664,15 +702,27 @@ class Launcher:
         received = received_event(delivery, run_id=run_id, tenant=event.tenant)
         won = await self._claim(store, key, delivery, event, run_id)
         if isinstance(won, DedupeRecord):
-            detail = f"source event {event.id} was already accepted as run {won.run_id} (delivery {won.delivery_id})"
+            # The run the key names: this event's (run_id), or, for a replayed body, the run its first delivery
+            # started under its own event id (answered, journaled and recorded with that run, never this one's).
+            first = won.run_id
+            if won.source_event_id != event.id:
+                detail = (
+                    f"the same signed body was already delivered as source event {won.source_event_id} (run {first}, "
+                    f"delivery {won.delivery_id}): a replay of it under source event {event.id} starts no run"
+                )
+                received = received_event(delivery, run_id=first, tenant=event.tenant)
+            else:
+                detail = f"source event {event.id} was already accepted as run {first} (delivery {won.delivery_id})"
+                if first != run_id:
+                    received = received_event(delivery, run_id=first, tenant=event.tenant)
             rejected = rejected_event(
-                delivery, "duplicate", detail, run_id=run_id, tenant=event.tenant, causation_id=received.id
+                delivery, "duplicate", detail, run_id=first, tenant=event.tenant, causation_id=received.id
             )
             duplicate = "already accepted as this run"
             await self._publish_recorded(
-                (received, rejected), draft, "rejected", run_id=run_id, reason="duplicate", detail=duplicate
+                (received, rejected), draft, "rejected", run_id=first, reason="duplicate", detail=duplicate
             )
-            return Duplicate(delivery_id=delivery.delivery_id, run_id=run_id)
+            return Duplicate(delivery_id=delivery.delivery_id, run_id=first)
 
         claim, revision, claim_json = won
         cancel: tuple[Envelope, ...] = ()
@@ -902,6 +952,9 @@ class Launcher:
         lease = timedelta(seconds=self._claim_lease_s)
         deadline = asyncio.get_running_loop().time() + self._claim_lease_s + 5 * _POLL_S
         first = True
+        body = None if delivery.body_sha256 is None else body_key(trigger.id, delivery.body_sha256)
+        #: The body key's create (a replay-guarded delivery): not created -> read it once the event's claim is won.
+        body_result: PublishResult | BusError | None = None
         while True:
             now = datetime.now(UTC)
             claim = DedupeRecord(
@@ -916,10 +969,17 @@ class Launcher:
             )
             if first:  # the claim alone: the delivery's record is written with its outcome, behind the answer
                 encoded = claim.__pydantic_serializer__.to_json(claim)  # model_dump_json()'s JSON, as bytes
-                results = await self.send([kv_write(BUCKET_DEDUPE.name, key, encoded, revision=0)])
+                writes = [kv_write(BUCKET_DEDUPE.name, key, encoded, revision=0)]
+                if body is not None:  # a replay-guarded delivery: its body's key in the same round trip
+                    writes.append(kv_write(BUCKET_DEDUPE.name, body, encoded, revision=0))
+                results = await self.send(writes)
                 first = False
+                if body is not None:
+                    body_result = results[1]
                 if isinstance(results[0], PublishResult):
-                    return claim, results[0].seq, encoded
+                    if body is None or isinstance(body_result, PublishResult):  # (the hot path: no extra await)
+                        return claim, results[0].seq, encoded
+                    return await self._won(store, key, body, body_result, claim, results[0].seq, encoded)
                 if not isinstance(results[0], Conflict):  # (a Conflict: the key exists, read it below)
                     log.warning("launch.bus_unavailable", error=repr(results[0]))
                     raise BusUnavailable(
@@ -927,9 +987,11 @@ class Launcher:
                     ) from results[0]
             else:
                 try:
-                    return claim, await self.io(store.create(key, claim)), None
+                    created = await self.io(store.create(key, claim))
                 except AlreadyExists:
                     pass
+                else:
+                    return await self._won(store, key, body, body_result, claim, created, None)
             await self.behind.settled()  # a mark of this replica still queued: read it, not the claim before it
             existing = await self.io(store.get(key))
             if existing is None:
@@ -955,9 +1017,10 @@ class Launcher:
                 if record.state == "claimed" and record.expires_at > now:
                     log.warning("launch.stale_claim_taken_over", claimed_by=record.delivery_id)
                 try:
-                    return claim, await self.io(store.update(key, claim, existing.revision)), None
+                    taken = await self.io(store.update(key, claim, existing.revision))
                 except Conflict:
                     continue  # another delivery took it over first
+                return await self._won(store, key, body, body_result, claim, taken, None)
             if record.state in ("published", "queued"):
                 return record
             # Another delivery holds a fresh claim and is publishing: wait for its outcome.
@@ -966,6 +1029,77 @@ class Launcher:
                     "another delivery of this event is still being published; retry later", self._retry_after_s
                 )
             await asyncio.sleep(_POLL_S)
+
+    async def _won(
+        self,
+        store: Store[DedupeRecord],
+        key: str,
+        body: str | None,
+        body_result: PublishResult | BusError | None,
+        claim: DedupeRecord,
+        revision: int,
+        encoded: bytes | None,
+    ) -> tuple[DedupeRecord, int | None, bytes | None] | DedupeRecord:
+        """The event id's claim is this delivery's (created or taken over): ``_claim``'s answer, once the body's key
+        (a replay-guarded delivery whose body key was not created) says the body is not another event's."""
+        if body is not None and not isinstance(body_result, PublishResult):
+            replayed = await self._replayed(store, key, body, claim, revision, body_result)
+            if replayed is not None:
+                return replayed
+        return claim, revision, encoded
+
+    async def _replayed(
+        self,
+        store: Store[DedupeRecord],
+        key: str,
+        body: str,
+        claim: DedupeRecord,
+        revision: int,
+        result: BusError | None,
+    ) -> DedupeRecord | None:
+        """The event id's claim (``key``, at ``revision``) is won but the body's key (``body``) was not created
+        (``result``): the record of the delivery whose run this body already names (a replay: the claim is marked
+        ``published`` naming that run), or ``None`` when the body is this event's own, or past its window (the
+        launch goes on). A body key the bus did not take is a bus failure: the claim is released, 503."""
+        try:
+            if not isinstance(result, Conflict):
+                log.warning("launch.bus_unavailable", error=repr(result))
+                raise BusUnavailable("the event bus did not acknowledge in time; retry later", self._retry_after_s)
+            found = await self.io(store.get(body))
+            if found is None or found.value.expires_at <= datetime.now(UTC):
+                # gone or past its window: this body is new again, from now on this event's (a race lost to a
+                # concurrent copy leaves that copy's: one of them starts a run, as for a body seen the first time)
+                if found is None:
+                    await self.io(_unless_taken(store.create(body, claim)))
+                else:
+                    await self.io(_unless_taken(store.update(body, claim, found.revision)))
+                return None
+            if found.value.run_id == claim.run_id:
+                return None  # this event's own body: a retry of its delivery id (after a 503, a skip, a crash)
+            seen = found.value
+            mark = DedupeRecord(
+                trigger_id=claim.trigger_id,
+                source_event_id=seen.source_event_id,
+                run_id=seen.run_id,
+                delivery_id=seen.delivery_id,
+                accepted_at=claim.accepted_at,
+                expires_at=claim.expires_at,
+                state="published",
+                claimed_at=claim.claimed_at,
+            )
+            if not await self.io(_unless_taken(store.update(key, mark, revision))):
+                log.info("launch.claim_taken_over")
+        except Exception:
+            await self._release(store, key, claim, revision)
+            raise
+        log.warning(
+            "launch.body_replayed",
+            trigger_id=claim.trigger_id,
+            source_event_id=claim.source_event_id,
+            first_source_event_id=seen.source_event_id,
+            run_id=seen.run_id,
+        )
+        return seen
 
     async def _release(self, store: Store[DedupeRecord], key: str, claim: DedupeRecord, revision: int) -> None:
         """Give a claim back after a failed publish, so a retry need not wait for the lease."""

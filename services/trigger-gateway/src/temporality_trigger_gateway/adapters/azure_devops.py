@@ -221,6 +221,7 @@ class AzureDevOpsPullRequest(Adapter):
     name: ClassVar[str] = "azure_devops.pull_request"
     event_types: ClassVar[frozenset[str] | None] = PR_EVENT_TYPES
     auth_types: ClassVar[frozenset[str]] = frozenset({"basic", "bearer", "header"})
+    id_in_body: ClassVar[bool] = True  # signed with the body by a verifier that signs it
     reads_raw_body: ClassVar[bool] = True  # identify reads it (_pull_request_event), or parses it first
 
     def identify(self, request: WebhookRequest) -> SourceEvent:

@@ -97,6 +97,7 @@ class AzureDevOpsWorkItem(Adapter):
     name: ClassVar[str] = "azure_devops.work_item"
     event_types: ClassVar[frozenset[str] | None] = WORK_ITEM_EVENT_TYPES
     auth_types: ClassVar[frozenset[str]] = frozenset({"basic", "bearer", "header"})
+    id_in_body: ClassVar[bool] = True  # signed with the body by a verifier that signs it
 
     def identify(self, request: WebhookRequest) -> SourceEvent:
         return identify_azure_devops(self.name, request)

@@ -86,6 +86,11 @@ class Adapter(ABC):
     #: :attr:`WebhookRequest.json` parses it on first use); ``False``: the API parses it first, so a body
     #: that is not JSON is a 400 before any check of the source's (a missing header's 422).
     reads_raw_body: ClassVar[bool] = False
+    #: ``True``: the event id is read from the body alone (never a header), so a verifier that signs the body
+    #: signs the id too. ``False`` (the default): a header can give or override it -- with a verifier that signs
+    #: the body only (:attr:`.auth.Verifier.signs_body_only`) a captured delivery re-sent under another id would
+    #: verify as a new event, so such a trigger also dedupes on the body's SHA-256 (:func:`temporality_trigger_gateway.intake.replay_guarded`).
+    id_in_body: ClassVar[bool] = False
 
     @abstractmethod
     def identify(self, request: WebhookRequest) -> SourceEvent:

@@ -83,6 +83,7 @@ class MindmapTestCase(Adapter):
     name: ClassVar[str] = "mindmap.test_case"
     event_types: ClassVar[frozenset[str] | None] = frozenset({"test_case.created", "test_case.updated"})
     auth_types: ClassVar[frozenset[str]] = frozenset({"mindmap"})
+    id_in_body: ClassVar[bool] = True  # signed with the body by a verifier that signs it
 
     def identify(self, request: WebhookRequest) -> SourceEvent:
         try:

@@ -24,7 +24,7 @@ from gateway_support import (
     types,
 )
 
-from temporality_bus import Bus, BusError, Pipeline, PublishResult, TransientError
+from temporality_bus import Bus, BusError, Pipeline, PublishResult, Store, TransientError
 from temporality_bus.pipeline import Write
 from temporality_protocol import (
     HumanPolicy,
@@ -468,6 +468,49 @@ async def test_an_expired_dedupe_record_is_claimed_again(client: httpx.AsyncClie
     assert stored is not None
     assert stored.value.state == "published"
     assert stored.value.delivery_id == response.json()["delivery_id"]
+
+
+async def test_a_takeover_lost_to_another_replica_is_a_duplicate_not_a_503(
+    client: httpx.AsyncClient, bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two replicas take over the same expired claim: the one whose compare-and-set loses reads the winner's
+    claim again and answers ``duplicate`` (it was a 503: ``Launcher.io`` took the lost race for a bus failure)."""
+    store = await bus.store(BUCKET_DEDUPE, DedupeRecord)
+    key = derive_id("dd", "ado-pr-review", PR_EVENT_ID)
+    now = datetime.now(UTC)
+    run_id = run_id_for_delivery("ado-pr-review", PR_EVENT_ID)
+    expired = DedupeRecord(
+        trigger_id="ado-pr-review",
+        source_event_id=PR_EVENT_ID,
+        run_id=run_id,
+        delivery_id="dlv-old",
+        accepted_at=now - timedelta(days=8),
+        expires_at=now - timedelta(days=1),
+    )
+    await store.create(key, expired)
+    rival = expired.model_copy(
+        update={
+            "delivery_id": "dlv-rival",
+            "state": "published",
+            "accepted_at": now,
+            "expires_at": now + timedelta(days=7),
+        }
+    )
+    real_update = Store.update
+    raced: list[str] = []
+
+    async def racing(self: Store[Any], k: str, value: Any, revision: int, *, validated: bool = False) -> int:
+        if k == key and not raced:
+            raced.append(k)
+            await real_update(self, k, rival, revision)  # the other replica's takeover lands first
+        return await real_update(self, k, value, revision, validated=validated)
+
+    monkeypatch.setattr(Store, "update", racing)
+    response = await post(client, fixture_bytes("pr-created.json"))
+    assert raced, "the takeover did not go through Store.update"
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "duplicate"
+    assert types(await journal(bus)).count("run.requested") == 0  # the rival published it; this replica did not
 
 
 async def test_a_record_written_before_claims_existed_reads_as_published(client: httpx.AsyncClient, bus: Bus) -> None:

@@ -1109,7 +1109,9 @@ class Launcher:
             log.warning("launch.claim_not_released", error=repr(exc))
 
     async def io(self, call: Awaitable[T]) -> T:
-        """Run one bus call; anything NATS-side becomes :class:`BusUnavailable` (503, the sender retries)."""
+        """Run one bus call; anything NATS-side becomes :class:`BusUnavailable` (503, the sender retries) -- but
+        a lost compare-and-set (:class:`Conflict`, a :class:`TransientError` too) is raised as it is: every caller
+        of an update here handles it (until 7 December it became a 503 and those handlers never ran)."""
         if not self.bus.nc.is_connected:
             if asyncio.iscoroutine(call):
                 call.close()
@@ -1119,6 +1121,8 @@ class Launcher:
         except PermanentError as exc:  # e.g. larger than the server's max_payload: retrying cannot help
             log.warning("launch.unpublishable", error=repr(exc))
             raise BodyTooLarge(f"the normalized event cannot be published: {exc}") from exc
+        except Conflict:  # the bus answered: a compare-and-set lost its race; the caller decides (re-read, give way)
+            raise
         except Contended as exc:  # the bus answered: too many deliveries writing the same key at once
             log.warning("launch.contended", bucket=exc.bucket, key=exc.key, attempts=exc.attempts)
             raise BusUnavailable(

@@ -234,9 +234,10 @@ async def test_an_unreadable_firing_is_dead_lettered(bus: Bus, executor: RunExec
 async def test_a_resumed_run_failed_while_its_last_turn_is_in_the_provider_completes_nothing(
     bus: Bus, event_log: EventLog, executor: RunExecutor
 ) -> None:
-    """The record is read again after the provider -- from what the handler holds, the stored record not decoded
-    again while it is unchanged (``Store.current``) -- and a move written meanwhile by another handler (here the
-    watchdog's failure, written as it writes it) is seen: the turn's final answer completes nothing."""
+    """A final answer is decided on the record the handler holds, not read again after the provider (issue 6); the
+    end's compare-and-set at that record's revision is refused by a move written meanwhile by another handler (here
+    the watchdog's failure, written as it writes it), the record is read and the answer decided again on it: the
+    turn's final answer completes nothing."""
     cache = ProviderCache()
     gated: dict[str, HeldProvider] = {}
 

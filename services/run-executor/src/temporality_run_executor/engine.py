@@ -42,8 +42,9 @@ Every handler is the same loop (:meth:`Engine._handle`): read the run record and
 effects in order (publish, ``Store.modify`` the record or checkpoint, arm or cancel the watchdog),
 then perform the call it asks for (the provider, one tool) and decide on its result, until the machine
 has nothing more to do. The driver decides nothing; it only chooses what to read afresh before a
-decision (the record and checkpoint at every turn boundary, the record after every provider call: a
-cancel or the watchdog may have moved it meanwhile).
+decision (the record and checkpoint at every turn boundary, the record after a provider call: a
+cancel or the watchdog may have moved it meanwhile -- but for a final reply, whose end's compare-and-set at the
+revision the handler holds is that read: refused, the record is read and the reply decided again).
 
 Tool calls go through the registry (:mod:`.tools`): the card's allow/deny policy, JSON-schema argument
 validation (errors go back to the model), and a tool that raises becomes ``tool.failed`` plus a tool
@@ -266,6 +267,11 @@ class _View:
     checkpoint_current: bool = False
     #: This handler's name as a lease holder.
     holder: str = ""
+    #: ``run`` was not read again after a call (a final reply's, :meth:`Engine._refresh`): the decision on it is
+    #: made on what the handler holds, and its first write of the record is a compare-and-set at ``run_revision``
+    #: that proves it current -- or, refused, the record is read and the same step decided again
+    #: (:class:`_Unverified`).
+    run_unverified: bool = False
     #: The store revision ``run`` was read or written at (0: unknown): the base of the next compare-and-set,
     #: which then needs no read (``Store.modify(known=...)``; a stale one only loses the race and reads).
     run_revision: int = 0
@@ -283,11 +289,17 @@ class _View:
     def hold_run(self, record: Versioned[RunRecord] | None) -> None:
         """``record`` is what the store holds now (just read or written by this handler)."""
         self.run, self.run_revision = (record.value, record.revision) if record is not None else (None, 0)
-        self.run_current = True
+        self.run_current, self.run_unverified = True, False
 
     @property
     def ckpt(self) -> Checkpoint | None:
         return self.checkpoint.value if self.checkpoint is not None else None
+
+
+class _Unverified(Exception):
+    """The record a decision was made on without reading it after a call (:attr:`_View.run_unverified`) is not
+    what the store holds (its compare-and-set refused, or the decision's change does not apply to it), or the
+    decision wants a write other than the record's first: read it and decide the same step again."""
 
 
 def _cancelled_meanwhile() -> None:
@@ -577,7 +589,12 @@ class Engine:
             if self.crash_point is not None:  # (a reply straight from the provider: ``decided:ProviderReplied:raw``)
                 raw = ("raw",) if isinstance(step, ProviderReplied) and step.raw else ()
                 await self._seam("decided", type(step).__name__, *raw)
-            step = await self._perform(view, agent, decision)
+            try:
+                step = await self._perform(view, agent, decision)
+            except _Unverified:
+                # the record moved while the call ran (a cancel recorded, the watchdog, another driver): what the
+                # read after the call would have shown, decided on now (the events fired before are the same ids)
+                await self._read_run(view)
         await self._settle(view)  # everything sent is stored before the message is acked
 
     async def _lease_lapses(self, run_id: str) -> bool:
@@ -618,6 +635,8 @@ class Engine:
         reads: list[Awaitable[None]] = []
         if isinstance(step, ProviderReplied) and step.raw:
             pass  # the machine keeps the reply on the record first (KeepReply: that write is the read), or asks again
+        elif self._final(view, step):
+            view.run_unverified = True  # the end's compare-and-set is the read (see :meth:`_final`)
         elif (
             isinstance(step, Boundary | ProviderReplied | ProviderFailed | AgentWorking | AgentLooked)
             and not view.run_current
@@ -630,6 +649,51 @@ class Engine:
             _cancelled_meanwhile()
         elif reads:
             await asyncio.gather(*reads)
+
+    def _final(self, view: _View, step: Incoming) -> bool:
+        """Whether the record need not be read after the provider call whose reply ``step`` is: a hosted agent's
+        last reply (no tool calls), whose decision runs nothing outside the run before its first write, the end's
+        compare-and-set on the record. That write, at the revision the handler holds, proves the record unchanged
+        since (then the decision was made on what is stored, as after a read), or is refused and the step is
+        decided again on a fresh read (:class:`_Unverified`): one read and one round trip less per run's end (issue
+        6). The turn's ``run.streamed`` is fired before that write, as after a read: on a run that moved on meanwhile
+        (the watchdog failed it) it still goes out -- the metrics of a call that was made -- where a read would
+        have dropped them."""
+        if not isinstance(step, ProviderReplied) or view.run_current or view.run is None or not view.run_revision:
+            return False
+        if step.reply.tool_calls or step.replayed:
+            return False
+        agent = self.agent(view.run.agent)
+        return agent is not None and agent.card.provider.kind != "external"
+
+    async def _verified_change(self, view: _View, effects: Sequence[Effect]) -> None:
+        """:meth:`_change_run` on a record not read since the call (:attr:`_View.run_unverified`): one
+        compare-and-set at the held revision, without :meth:`Store.modify`'s read and retry -- any refusal raises
+        :class:`_Unverified` and the step is decided again on the record as it is."""
+        run = view.run
+        assert run is not None
+        now = self.clock()
+        current = run
+        try:
+            for effect in effects:
+                if isinstance(effect, TakeLease):
+                    nxt = leased(current, effect.lease, now)
+                else:
+                    assert isinstance(effect, Transition)
+                    nxt = moved(current, effect.target, effect.changes, now, waiting_on=effect.waiting_on)
+                current = nxt if nxt is not None else current
+        except (LeaseHeld, RunMovedOn):
+            raise _Unverified from None
+        if current is run:
+            raise _Unverified
+        try:
+            revision = await self.runs.update(view.run_id, current, view.run_revision, validated=True)
+        except Conflict:
+            raise _Unverified from None
+        moves = [e.target for e in effects if isinstance(e, Transition)]
+        if moves:
+            log.info("run.state", state=moves[-1].value)
+        view.hold_run(Versioned(current, revision))
 
     async def _read_run(self, view: _View) -> None:
         """The record afresh. From what the handler holds (its last read or write of it, e.g. the move to
@@ -673,7 +737,12 @@ class Engine:
             if isinstance(effects[i], _RUN_CHANGES):
                 while j < len(effects) and isinstance(effects[j], _RUN_CHANGES):
                     j += 1
-                await self._change_run(view, effects[i:j])
+                if view.run_unverified:
+                    await self._verified_change(view, effects[i:j])
+                else:
+                    await self._change_run(view, effects[i:j])
+            elif view.run_unverified:
+                raise _Unverified  # a write before the record's: decided on the record as it is
             else:
                 await self._effect(view, effects[i])
             if self.crash_point is not None:

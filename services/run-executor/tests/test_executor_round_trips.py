@@ -47,7 +47,7 @@ from temporality_testing.events import EventLog
 #: watchdog, run.started and the first checkpoint together), its two turns (get_input, ask_human) and the park.
 #: (+1 per turn since AP-9: each provider reply's ``run.streamed`` metrics, sent with the turn's other events,
 #: never a wait of its own: the sequential counts below did not change.)
-PARK_REQUESTS = 19
+PARK_REQUESTS = 17
 #: The resume (the outcome applied), the last turn and the end (retention armed): the record and checkpoint
 #: read; the checkpoint written with run.resumed and the watchdog; the record (running); run.streamed; the record
 #: (completed: a compare-and-set at the revision the handler holds since the move to running, which is the read
@@ -56,7 +56,7 @@ PARK_REQUESTS = 19
 #: published, once acknowledged: since 6 December, +1 request and +1 wait -- the record is the terminal event's
 #: outbox, and a republish past the events stream's duplicate window would be stored twice. The wait comes after
 #: run.completed and the watchdog's disarm are acknowledged: it delays the handler's ack, not the event).
-RESUME_REQUESTS = 12
+RESUME_REQUESTS = 10
 #: The same, as waits one after the other (requests in flight together count once).
 PARK_SEQUENTIAL = 12
 #: The handler waiting for the writes it fired (``Engine._settle``), among the counted requests.

@@ -371,6 +371,7 @@ async def executor(bus: Bus) -> AsyncIterator[RunExecutor]:
         tools: ToolRegistry | None = None,
         card_tools: dict[str, list[Tool]] | None = None,
         lease_s: float | None = None,
+        watchdog_defer_s: float | None = None,
     ) -> Engine:
         cache = ProviderCache(scripted_think_s=think_s)
         caches.append(cache)
@@ -383,6 +384,7 @@ async def executor(bus: Bus) -> AsyncIterator[RunExecutor]:
             tools=tools,
             card_tools=card_tools,
             lease_s=lease_s,
+            watchdog_defer_s=watchdog_defer_s,
         )
         consumers, started = start_consumers(bus, engine, stop, max_deliver=max_deliver)
         tasks.extend(started)

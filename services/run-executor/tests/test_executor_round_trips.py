@@ -47,22 +47,23 @@ from temporality_testing.events import EventLog
 #: watchdog, run.started and the first checkpoint together), its two turns (get_input, ask_human) and the park.
 #: (+1 per turn since AP-9: each provider reply's ``run.streamed`` metrics, sent with the turn's other events,
 #: never a wait of its own: the sequential counts below did not change.)
-PARK_REQUESTS = 19
+PARK_REQUESTS = 17
 #: The resume (the outcome applied), the last turn and the end (retention armed): the record and checkpoint
-#: read; the checkpoint written with run.resumed and the watchdog; the record (running); the record read after
-#: the provider; run.streamed; the record (completed); run.completed, the watchdog off and the retention (the
+#: read; the checkpoint written with run.resumed and the watchdog; the record (running); run.streamed; the record
+#: (completed: a compare-and-set at the revision the handler holds since the move to running, which is the read
+#: after the final reply that until 7 December was a request and a wait of its own: 13 and 9); run.completed, the watchdog off and the retention (the
 #: end's event after its record since 6 December: the same requests and waits); the record (its event marked
 #: published, once acknowledged: since 6 December, +1 request and +1 wait -- the record is the terminal event's
 #: outbox, and a republish past the events stream's duplicate window would be stored twice. The wait comes after
 #: run.completed and the watchdog's disarm are acknowledged: it delays the handler's ack, not the event).
-RESUME_REQUESTS = 13
+RESUME_REQUESTS = 10
 #: The same, as waits one after the other (requests in flight together count once).
 PARK_SEQUENTIAL = 12
 #: The handler waiting for the writes it fired (``Engine._settle``), among the counted requests.
 SETTLE = "<settle: the fired writes' acknowledgements>"
 #: The test's own publishes (the run's request, the answer): never the engine's.
 OWN = frozenset({"temporality.events.run.requested", "temporality.events.human.answered"})
-RESUME_SEQUENTIAL = 9
+RESUME_SEQUENTIAL = 8
 
 
 class Requests:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+import nats.js.errors
 import pytest
 from executor_support import (
     REVIEWER,
@@ -234,9 +235,10 @@ async def test_an_unreadable_firing_is_dead_lettered(bus: Bus, executor: RunExec
 async def test_a_resumed_run_failed_while_its_last_turn_is_in_the_provider_completes_nothing(
     bus: Bus, event_log: EventLog, executor: RunExecutor
 ) -> None:
-    """The record is read again after the provider -- from what the handler holds, the stored record not decoded
-    again while it is unchanged (``Store.current``) -- and a move written meanwhile by another handler (here the
-    watchdog's failure, written as it writes it) is seen: the turn's final answer completes nothing."""
+    """A final answer is decided on the record the handler holds, not read again after the provider (issue 6); the
+    end's compare-and-set at that record's revision is refused by a move written meanwhile by another handler (here
+    the watchdog's failure, written as it writes it), the record is read and the answer decided again on it: the
+    turn's final answer completes nothing."""
     cache = ProviderCache()
     gated: dict[str, HeldProvider] = {}
 
@@ -269,4 +271,69 @@ async def test_a_resumed_run_failed_while_its_last_turn_is_in_the_provider_compl
         assert (await run_record(bus, run_id)).state is RunState.FAILED
         assert not event_log.of_type("bus.dead_lettered")
     finally:
+        await cache.aclose()
+
+
+async def test_a_run_parked_and_resumed_at_once_never_arms_a_watchdog(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    """Issue 6: a handler parks or ends its run long before its deferred arm is due (the default: a third of the
+    lease), so neither the arm nor the disarm is written -- the timers stream never holds a message for the run."""
+    await executor()
+    event = run_requested()
+    run_id = event.runid
+    assert run_id
+    await bus.publish(event)
+    (asked,) = await event_log.wait_for("human.requested", run_id=run_id)
+    await run_record(bus, run_id, RunState.WAITING_FOR_HUMAN)
+    answered = keep_v1(run_id, asked.payload(HumanRequested).request_id)
+    await bus.publish(make_event(answered, source="/test", run_id=run_id))
+    await event_log.wait_for("run.completed", run_id=run_id)
+    await run_record(bus, run_id, lambda r: r.ending is not None and r.ending.published)
+    stream = TIMERS_STREAMS["run-executor"].name
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await bus.js.get_last_msg(stream, f"{TIMER_SCHEDULE_RUN_WATCHDOG}.{run_id}")
+
+
+async def test_a_handler_still_in_a_call_arms_its_deferred_watchdog_from_when_it_decided(
+    bus: Bus, event_log: EventLog, executor: RunExecutor
+) -> None:
+    """The arm a handler held back goes out once it has worked ``watchdog_defer_s`` (here in its first provider
+    call), with the deadline it had when decided -- the compute limit plus grace from the run's start, as an arm
+    sent at once -- and the park then disarms it."""
+    cache = ProviderCache()
+    held = HeldProvider(cache(REVIEWER))
+
+    def provider_for(card: AgentCard) -> Provider:
+        return held
+
+    try:
+        await executor(provider_for=provider_for, watchdog_defer_s=0.3)
+        event = run_requested()
+        run_id = event.runid
+        assert run_id
+        await bus.publish(event)
+        async with asyncio.timeout(30):
+            await held.entered.wait()
+        (started,) = await event_log.wait_for("run.started", run_id=run_id)
+
+        async def armed() -> bool:
+            return await watchdog_schedules(bus, run_id) == 1
+
+        async with asyncio.timeout(30):
+            while not await armed():  # noqa: ASYNC110 - polling the server's view
+                await asyncio.sleep(0.05)
+        schedule = await bus.js.get_last_msg(
+            TIMERS_STREAMS["run-executor"].name, f"{TIMER_SCHEDULE_RUN_WATCHDOG}.{run_id}"
+        )
+        payload = WatchdogPayload.model_validate_json(schedule.data or b"")
+        assert payload.turn == 0
+        assert abs((payload.armed_at - started.time).total_seconds()) < 0.3  # decided with run.started, sent later
+        assert payload.deadline - payload.armed_at == timedelta(seconds=REVIEWER.limits.max_compute_s + 300)
+        held.release.set()
+        await event_log.wait_for("human.requested", run_id=run_id)
+        await run_record(bus, run_id, RunState.WAITING_FOR_HUMAN)
+        await disarmed(bus, run_id)  # parked: the arm it sent is cancelled
+    finally:
+        held.release.set()
         await cache.aclose()

@@ -42,8 +42,9 @@ Every handler is the same loop (:meth:`Engine._handle`): read the run record and
 effects in order (publish, ``Store.modify`` the record or checkpoint, arm or cancel the watchdog),
 then perform the call it asks for (the provider, one tool) and decide on its result, until the machine
 has nothing more to do. The driver decides nothing; it only chooses what to read afresh before a
-decision (the record and checkpoint at every turn boundary, the record after every provider call: a
-cancel or the watchdog may have moved it meanwhile).
+decision (the record and checkpoint at every turn boundary, the record after a provider call: a
+cancel or the watchdog may have moved it meanwhile -- but for a final reply, whose end's compare-and-set at the
+revision the handler holds is that read: refused, the record is read and the reply decided again).
 
 Tool calls go through the registry (:mod:`.tools`): the card's allow/deny policy, JSON-schema argument
 validation (errors go back to the model), and a tool that raises becomes ``tool.failed`` plus a tool
@@ -76,7 +77,11 @@ No run is ever left behind:
 * **stalled** (:meth:`Engine.on_watchdog`, :mod:`.watchdog`): a durable timer per active run, re-armed
   at turn boundaries (every half horizon; a firing that meets progress re-arms it from that progress), fails a
   run that sat in ``running``/``resuming`` without progress past its compute limit plus a grace period (reason
-  ``stalled``). A run waiting for a person has no watchdog.
+  ``stalled``). A run waiting for a person has no watchdog. A handler of a message's first delivery holds its
+  arm back until it has worked a third of its lease (:meth:`Engine._defer_arm`), with the deadline it had when
+  decided, and drops it -- and the disarm -- when it parks or ends the run first (issue 6: two timer writes fewer
+  per park and per resume); a process that dies or freezes meanwhile leaves its message to a redelivery, which
+  recovers the run (only a run whose horizon is at least four leases defers: that comes long before the watchdog).
 
 No finished run's checkpoint stays forever (:meth:`Engine.on_retention`, :mod:`.retention`): a durable timer
 armed when the run ends removes it after ``checkpoint_retention_s``; the run record stays.
@@ -229,6 +234,9 @@ from temporality_run_executor.watchdog import DEFAULT_GRACE_S, REARM_AFTER, RunW
 __all__ = ["ACTIVE", "SOURCE", "Clock", "Engine", "ProviderFactory", "RunMovedOn"]
 
 SOURCE = "/temporality/run-executor"
+#: A handler defers its run's watchdog arm only when the watchdog's horizon is at least this many leases
+#: (:meth:`Engine._defer_arm`).
+DEFER_HORIZON_LEASES = 4
 _T = TypeVar("_T")
 log = structlog.get_logger(__name__)
 ProviderFactory = Callable[[AgentCard], Provider]
@@ -266,12 +274,27 @@ class _View:
     checkpoint_current: bool = False
     #: This handler's name as a lease holder.
     holder: str = ""
+    #: ``run`` was not read again after a call (a final reply's, :meth:`Engine._refresh`): the decision on it is
+    #: made on what the handler holds, and its first write of the record is a compare-and-set at ``run_revision``
+    #: that proves it current -- or, refused, the record is read and the same step decided again
+    #: (:class:`_Unverified`).
+    run_unverified: bool = False
     #: The store revision ``run`` was read or written at (0: unknown): the base of the next compare-and-set,
     #: which then needs no read (``Store.modify(known=...)``; a stale one only loses the race and reads).
     run_revision: int = 0
     #: The turn this handler last armed the run's watchdog for, and when (monotonic): an arm less than
     #: :data:`~.watchdog.REARM_AFTER` of its horizon later (the next turns' boundaries) is skipped.
     armed: tuple[int, float] | None = None
+    #: This handler may defer its watchdog arms (a message's first delivery, not its last: see
+    #: :meth:`Engine._defer_arm`).
+    may_defer: bool = False
+    #: The watchdog arm decided and not sent yet (its ``since`` set to when it was decided), sent when the handler
+    #: has worked :attr:`Engine.watchdog_defer_s` (:attr:`deferral`) or ends with the run still driven, dropped when
+    #: the run parks or ends first (its disarm then dropped too: nothing of this handler's was armed).
+    deferred: ArmWatchdog | None = None
+    deferral: asyncio.TimerHandle | None = None
+    #: This handler sent a watchdog arm (or an external agent's deadline) for the run: a disarm must go out.
+    watchdog_sent: bool = False
     #: Bus writes that commit no state (events, timers) sent and not yet acknowledged, in the order they were
     #: sent, each with the crash seam it passes once stored: awaited together before the next state is
     #: committed and before the handler returns (:meth:`Engine._settle`), not one by one as they are sent.
@@ -283,11 +306,17 @@ class _View:
     def hold_run(self, record: Versioned[RunRecord] | None) -> None:
         """``record`` is what the store holds now (just read or written by this handler)."""
         self.run, self.run_revision = (record.value, record.revision) if record is not None else (None, 0)
-        self.run_current = True
+        self.run_current, self.run_unverified = True, False
 
     @property
     def ckpt(self) -> Checkpoint | None:
         return self.checkpoint.value if self.checkpoint is not None else None
+
+
+class _Unverified(Exception):
+    """The record a decision was made on without reading it after a call (:attr:`_View.run_unverified`) is not
+    what the store holds (its compare-and-set refused, or the decision's change does not apply to it), or the
+    decision wants a write other than the record's first: read it and decide the same step again."""
 
 
 def _cancelled_meanwhile() -> None:
@@ -320,6 +349,7 @@ class Engine:
         lease_s: float | None = None,
         checkpoint_retention_s: float = DEFAULT_RETENTION_S,
         redactor: Redactor | None = None,
+        watchdog_defer_s: float | None = None,
     ) -> None:
         self.bus = bus
         self.tools = tools if tools is not None else ToolRegistry(BUILTIN_TOOLS)
@@ -344,6 +374,9 @@ class Engine:
         #: How long a handler's lease on a run lasts past its last renewal: one ack wait, after which a
         #: dead driver's message comes back (a live one's never does: the runner extends it).
         self.lease_s = lease_s if lease_s is not None else bus.settings.ack_wait_s
+        #: How long a handler works on a run before the watchdog arm it decided is sent (:meth:`_defer_arm`;
+        #: 0: at once). A third of the lease by default: when its keeper first renews it.
+        self.watchdog_defer_s = watchdog_defer_s if watchdog_defer_s is not None else self.lease_s / 3
         #: This engine's name in lease holders (``<name>/<handler>``).
         self.name = new_id("drv")
         #: TEST SEAM, for the crash-injection tests only (``tests/test_crash_matrix.py``); never set in the
@@ -373,6 +406,7 @@ class Engine:
         lease_s: float | None = None,
         checkpoint_retention_s: float = DEFAULT_RETENTION_S,
         redactor: Redactor | None = None,
+        watchdog_defer_s: float | None = None,
     ) -> Engine:
         await bus.pipeline.open()  # the fired writes' batches (:meth:`_fire`) leave at once from the first one
         return cls(
@@ -390,6 +424,7 @@ class Engine:
             lease_s=lease_s,
             checkpoint_retention_s=checkpoint_retention_s,
             redactor=redactor,
+            watchdog_defer_s=watchdog_defer_s,
         )
 
     def set_card_tools(self, card_id: str, tools: list[Tool]) -> None:
@@ -520,7 +555,7 @@ class Engine:
         consumer runner, which retries it and, when it gives up, calls :meth:`on_dead_letter`.
         """
         attempt = replace(attempt, driver=f"{self.name}/{new_id('h')}", lease_s=self.lease_s)
-        view = _View(run_id, holder=attempt.driver)
+        view = _View(run_id, holder=attempt.driver, may_defer=not attempt.redelivered and not attempt.last)
         try:
             try:
                 await self._drive(view, incoming, attempt)
@@ -533,10 +568,14 @@ class Engine:
                 await self._drive(view, incoming, attempt)
             await self._seam("handled", type(incoming).__name__)
         except RunMovedOn as moved_on:
+            self._drop_deferred(view)  # another handler drives or ended the run: its watchdog is that one's
             log.warning("run.moved_on", detail=str(moved_on))
         except LeaseLost as lost:
+            self._drop_deferred(view)
             log.warning("run.lease.lost", detail=str(lost))
         finally:
+            if view.deferred is not None:  # failed with the run driven: armed as it would have been at once
+                self._send_deferred(view)
             await self._abandon(view)  # a handler that failed: what it sent is left to the redelivery
             await self._release(view, attempt.driver)
 
@@ -577,7 +616,13 @@ class Engine:
             if self.crash_point is not None:  # (a reply straight from the provider: ``decided:ProviderReplied:raw``)
                 raw = ("raw",) if isinstance(step, ProviderReplied) and step.raw else ()
                 await self._seam("decided", type(step).__name__, *raw)
-            step = await self._perform(view, agent, decision)
+            try:
+                step = await self._perform(view, agent, decision)
+            except _Unverified:
+                # the record moved while the call ran (a cancel recorded, the watchdog, another driver): what the
+                # read after the call would have shown, decided on now (the events fired before are the same ids)
+                await self._read_run(view)
+        self._send_deferred(view)  # the handler is done with a run still driven (e.g. the watchdog's re-arm)
         await self._settle(view)  # everything sent is stored before the message is acked
 
     async def _lease_lapses(self, run_id: str) -> bool:
@@ -618,6 +663,8 @@ class Engine:
         reads: list[Awaitable[None]] = []
         if isinstance(step, ProviderReplied) and step.raw:
             pass  # the machine keeps the reply on the record first (KeepReply: that write is the read), or asks again
+        elif self._final(view, step):
+            view.run_unverified = True  # the end's compare-and-set is the read (see :meth:`_final`)
         elif (
             isinstance(step, Boundary | ProviderReplied | ProviderFailed | AgentWorking | AgentLooked)
             and not view.run_current
@@ -630,6 +677,51 @@ class Engine:
             _cancelled_meanwhile()
         elif reads:
             await asyncio.gather(*reads)
+
+    def _final(self, view: _View, step: Incoming) -> bool:
+        """Whether the record need not be read after the provider call whose reply ``step`` is: a hosted agent's
+        last reply (no tool calls), whose decision runs nothing outside the run before its first write, the end's
+        compare-and-set on the record. That write, at the revision the handler holds, proves the record unchanged
+        since (then the decision was made on what is stored, as after a read), or is refused and the step is
+        decided again on a fresh read (:class:`_Unverified`): one read and one round trip less per run's end (issue
+        6). The turn's ``run.streamed`` is fired before that write, as after a read: on a run that moved on meanwhile
+        (the watchdog failed it) it still goes out -- the metrics of a call that was made -- where a read would
+        have dropped them."""
+        if not isinstance(step, ProviderReplied) or view.run_current or view.run is None or not view.run_revision:
+            return False
+        if step.reply.tool_calls or step.replayed:
+            return False
+        agent = self.agent(view.run.agent)
+        return agent is not None and agent.card.provider.kind != "external"
+
+    async def _verified_change(self, view: _View, effects: Sequence[Effect]) -> None:
+        """:meth:`_change_run` on a record not read since the call (:attr:`_View.run_unverified`): one
+        compare-and-set at the held revision, without :meth:`Store.modify`'s read and retry -- any refusal raises
+        :class:`_Unverified` and the step is decided again on the record as it is."""
+        run = view.run
+        assert run is not None
+        now = self.clock()
+        current = run
+        try:
+            for effect in effects:
+                if isinstance(effect, TakeLease):
+                    nxt = leased(current, effect.lease, now)
+                else:
+                    assert isinstance(effect, Transition)
+                    nxt = moved(current, effect.target, effect.changes, now, waiting_on=effect.waiting_on)
+                current = nxt if nxt is not None else current
+        except (LeaseHeld, RunMovedOn):
+            raise _Unverified from None
+        if current is run:
+            raise _Unverified
+        try:
+            revision = await self.runs.update(view.run_id, current, view.run_revision, validated=True)
+        except Conflict:
+            raise _Unverified from None
+        moves = [e.target for e in effects if isinstance(e, Transition)]
+        if moves:
+            log.info("run.state", state=moves[-1].value)
+        view.hold_run(Versioned(current, revision))
 
     async def _read_run(self, view: _View) -> None:
         """The record afresh. From what the handler holds (its last read or write of it, e.g. the move to
@@ -673,7 +765,12 @@ class Engine:
             if isinstance(effects[i], _RUN_CHANGES):
                 while j < len(effects) and isinstance(effects[j], _RUN_CHANGES):
                     j += 1
-                await self._change_run(view, effects[i:j])
+                if view.run_unverified:
+                    await self._verified_change(view, effects[i:j])
+                else:
+                    await self._change_run(view, effects[i:j])
+            elif view.run_unverified:
+                raise _Unverified  # a write before the record's: decided on the record as it is
             else:
                 await self._effect(view, effects[i])
             if self.crash_point is not None:
@@ -802,7 +899,17 @@ class Engine:
                 if armed is not None and time.monotonic() - armed[1] < horizon_s * REARM_AFTER:
                     continue  # this handler armed it less than half a horizon ago (see .watchdog: re-arming)
                 view.armed = (effect.turn, time.monotonic())
+                if self._defer_arm(view, effect):
+                    continue
+                view.watchdog_sent = True
+            elif isinstance(effect, DisarmWatchdog) and view.deferred is not None and not view.watchdog_sent:
+                # parked or ended before this handler's arm went out: nothing of its was armed, nothing to disarm
+                self._drop_deferred(view)
+                view.armed = None
+                continue
             elif isinstance(effect, ArmAgentDeadline | DisarmWatchdog):
+                self._drop_deferred(view)  # (the deadline replaces the watchdog)
+                view.watchdog_sent = isinstance(effect, ArmAgentDeadline)
                 view.armed = None  # the watchdog is replaced or off: the next arm is never skipped
             seam = f"published:{effect.data.EVENT_TYPE}" if isinstance(effect, Publish) else None
             if seam is None and self.crash_point is not None:
@@ -814,6 +921,56 @@ class Engine:
             # order and sends before its first wait: the writes leave in this order, after earlier batches
             sent = asyncio.create_task(self._send(writes))
             view.unacked.extend((sent, seam) for seam in seams)
+
+    def _defer_arm(self, view: _View, effect: ArmWatchdog) -> bool:
+        """Hold the watchdog arm ``effect`` back (``True``) instead of sending it now (issue 6: two timer writes per
+        park and two per resume, the arm and the disarm, for a run whose handler parks or ends it in milliseconds).
+
+        Held only by a handler of a message's first delivery (not its last) that has not armed the run's watchdog
+        itself: that message stays unacknowledged while the handler works, so if the process dies the message comes
+        back (after the ack wait, the lease lapsed) and its redelivery arms at once; if its deliveries are used up,
+        the dead-letter hook fails the run. What only the watchdog catches -- a live handler stuck in a provider or
+        tool call, its lease and ack wait kept fresh -- is caught all the same: the arm goes out once the handler
+        has worked :attr:`watchdog_defer_s` (a third of the lease: when a call's lease keeper first renews it), with
+        the deadline it had when decided (``since``), so it fires when an arm sent at once would have. A process
+        that freezes or dies with its arm held back (SIGSTOP, a VM paused, an OOM kill: no arm, no renewal, no
+        in-progress ack) has its message redelivered one ack wait later and its run taken over once its lease
+        lapses -- recovered, where the watchdog would have failed it: so only a run whose watchdog horizon
+        (``max_compute_s`` + grace) is at least :data:`DEFER_HORIZON_LEASES` leases defers (the defaults: 1,200 s
+        against 30 s), and that recovery comes long before the watchdog would have fired. A handler
+        that ends with the run still driven (a firing's re-arm, a failure) sends it before it returns
+        (:meth:`_send_deferred`); one that parks or ends the run first drops it, and its disarm with it. A
+        watchdog left armed by an earlier handler (a disarm that failed: best effort) is met by its firing, which
+        ignores a waiting or finished run and watches a driven one on from its progress (:mod:`.watchdog`)."""
+        if not view.may_defer or self.watchdog_defer_s <= 0 or view.watchdog_sent:
+            return False
+        if effect.limit_s + self.watchdog.grace_s < DEFER_HORIZON_LEASES * self.lease_s:
+            return False  # a tight budget: a frozen or dead process's run would wait for its redelivery past it
+        since = effect.since if effect.since is not None else self.clock()
+        view.deferred = replace(effect, since=since)
+        if view.deferral is None:
+            view.deferral = asyncio.get_running_loop().call_later(self.watchdog_defer_s, self._send_deferred, view)
+        return True
+
+    def _send_deferred(self, view: _View) -> None:
+        """Send the watchdog arm :meth:`_defer_arm` held back, if any (its acknowledgement awaited with the other
+        fired writes, :meth:`_settle`)."""
+        arm, view.deferred = view.deferred, None
+        if view.deferral is not None:
+            view.deferral.cancel()
+            view.deferral = None
+        if arm is None:
+            return
+        view.watchdog_sent = True
+        seam = "effect:ArmWatchdog" if self.crash_point is not None else None
+        view.unacked.append((asyncio.ensure_future(self._send([(self._write(view, arm), False)])), seam))
+
+    @staticmethod
+    def _drop_deferred(view: _View) -> None:
+        view.deferred = None
+        if view.deferral is not None:
+            view.deferral.cancel()
+            view.deferral = None
 
     async def _send(self, writes: Sequence[tuple[Write, bool]]) -> None:
         """Bus writes that commit no state, pipelined; the first failure raised, except for the best-effort

@@ -9,6 +9,14 @@ run's whole compute budget, and the grace covers redelivery (``ack_wait``) and r
 it on every attempt. Each arm replaces the previous one (one schedule per subject), so only the newest
 fires. The payload records the checkpoint turn the arm was made at: that is the progress marker.
 
+**Deferred arms.** Since 7 December a handler of a message's first delivery (not its last) holds its arm back
+until it has worked a third of its lease, then sends it with the deadline it had when decided; a handler that
+parks or ends the run first (most: in milliseconds) writes neither the arm nor the disarm. A process that dies
+or freezes with its arm held back leaves its message un-acked: it is redelivered one ack wait later, and the
+redelivery (which never defers) recovers the run once the lease lapses. Only a run whose horizon is at least
+four leases defers, so that recovery comes long before the watchdog would have fired
+(:meth:`temporality_run_executor.engine.Engine._defer_arm`).
+
 **Re-arming at turn boundaries.** Re-arming at every turn rewrote the same timer a few milliseconds later
 (issue 11: a timer write per turn in the writer, nats-server and the timers consumer). A boundary re-arms
 only when the handler's last arm is older than half the horizon (``max_compute_s + grace``); the firing

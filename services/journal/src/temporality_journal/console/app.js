@@ -325,12 +325,40 @@ function parseBlock(block) {
   return item;
 }
 
-function debounce(fn, ms) {
+// A page's refresh on events: `wait` ms after the last call, but no later than `maxWait` ms after the first call not
+// served yet -- a steady stream of events (each within `wait` of the last) still refreshes the page every `maxWait`
+// ms instead of never. One refresh at a time: a call while one runs (fn may return a promise) is served by one more
+// refresh after it, so a slow API is not asked again before it answered.
+function debounce(fn, wait, maxWait = 2000) {
   let timer = null;
-  return () => {
-    clearTimeout(timer);
-    timer = setTimeout(fn, ms);
+  let first = null; // when the oldest call not served yet came
+  let running = false;
+  let again = false;
+  const fire = async () => {
+    timer = null;
+    first = null;
+    if (running) {
+      again = true;
+      return;
+    }
+    running = true;
+    try {
+      await fn();
+    } finally {
+      running = false;
+      if (again) {
+        again = false;
+        call();
+      }
+    }
   };
+  const call = () => {
+    const now = Date.now();
+    first ??= now;
+    clearTimeout(timer);
+    timer = setTimeout(fire, Math.max(0, Math.min(wait, first + maxWait - now)));
+  };
+  return call;
 }
 
 // ------------------------------------------------------------------ sign-in

@@ -240,29 +240,61 @@ function failed(error) {
 // EventSource cannot send an Authorization header, so the stream is read with fetch() and parsed here;
 // on a drop it reconnects with Last-Event-ID (the last cursor seen: an event's commit_seq, opaque).
 // The badge says what the page's tail is doing: "live" (connected), "connecting…" (opening or reopening it),
-// "offline" (refused); a page without a tail (the wizard, sign-in, the inbox) hides it.
+// "offline" (refused), and "not live" while the journal says it is not ready (its bus lost: the banner,
+// below, says so -- the stream is open but nothing new reaches the journal); a page without a tail (the wizard,
+// sign-in, the inbox) hides it.
+let tailState = "off";
 function setLive(state) {
-  const badge = $("live");
   const on = state === true || state === "on";
-  const value = on ? "on" : state === "connecting" ? "connecting" : "off";
+  tailState = on ? "on" : state === "connecting" ? "connecting" : "off";
+  renderLive();
+}
+
+function renderLive() {
+  const badge = $("live");
+  const value = journalTrouble && tailState !== "off" ? "stale" : tailState;
   badge.dataset.live = value;
   document.body.dataset.live = value; // a page's own live marks (the Audit page's dot) follow the badge
-  badge.textContent = { on: "live", connecting: "connecting…", off: "offline" }[value];
+  badge.textContent = { on: "live", connecting: "connecting…", off: "offline", stale: "not live" }[value];
+  badge.title = value === "stale"
+    ? "Not live: the journal is not receiving events (see the banner above the page)"
+    : "Live updates (Server-Sent Events)";
 }
+
+// The current view's tail, to reopen it when the journal is back (see checkJournal): a resolver called once the
+// stream is open again (its onOpen has asked the view to re-read), and the way to drop the stream now.
+let reopenTail = null;
 
 // The tail of the current view: onEvent for each event; onOpen each time the stream is (re)opened, after
 // its start position is fixed -- a list view re-reads then, so nothing committed between its first read and
 // the tail's start (or while it was away) is missed.
 async function tail(params, onEvent, signal, onOpen = null) {
   let lastId = null;
+  let reopened = []; // resolvers of reopenTail() calls waiting for the stream to open again
+  let stream = null; // this connection's AbortController (the view's signal aborts it too)
+  let now = false; // reopen without the back-off pause (asked, not failed)
+  const reopen = () => new Promise((resolve) => {
+    reopened.push(resolve);
+    now = true;
+    stream?.abort();
+  });
+  reopenTail = reopen;
+  signal.addEventListener("abort", () => {
+    if (reopenTail === reopen) reopenTail = null;
+    for (const resolve of reopened) resolve();
+  });
   $("live").hidden = false;
   setLive("connecting");
   while (!signal.aborted) {
+    now = false;
+    stream = new AbortController();
+    const abort = () => stream.abort();
+    signal.addEventListener("abort", abort);
     try {
       const headers = bearer(token());
       if (lastId !== null) headers["Last-Event-ID"] = lastId;
       const query = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== null && v !== undefined));
-      const response = await fetch(`/events/stream?${query}`, { headers, signal });
+      const response = await fetch(`/events/stream?${query}`, { headers, signal: stream.signal });
       if (!response.ok) {
         let body = null;
         try {
@@ -286,6 +318,8 @@ async function tail(params, onEvent, signal, onOpen = null) {
           if (item.comment !== null && item.comment.startsWith("tail after")) {
             setLive("on");
             onOpen?.();
+            for (const resolve of reopened) resolve();
+            reopened = [];
           }
           if (item.data === null) continue;
           if (item.id !== null) lastId = item.id;
@@ -299,11 +333,86 @@ async function tail(params, onEvent, signal, onOpen = null) {
         failed(error);
         return;
       }
+    } finally {
+      signal.removeEventListener("abort", abort);
     }
     if (signal.aborted) break;
     setLive("connecting");
+    if (now) {
+      now = false;
+      continue;
+    }
+    checkJournal(); // the stream dropped: perhaps the journal is not ready (its answer may explain it)
     await new Promise((resolve) => setTimeout(resolve, 2000));
   }
+}
+
+// ------------------------------------------------------------------ the journal's state (its bus)
+// The live tail stays open while the journal has lost NATS: it is served from the journal's database, so the page
+// would look live while nothing new arrives and actions (cancel, rerun, answering) fail with 503. The console
+// therefore asks the journal's /readyz (no token needed) every JOURNAL_CHECK_MS, when a stream drops and when the
+// tab is shown again: a 503 shows the banner (the bus lost, or whatever else /readyz names) and the badge reads
+// "not live"; once it answers 200 again, the view's tail reopens (a list re-reads what it shows, a run's timeline
+// gets what it missed), then the banner goes.
+const JOURNAL_CHECK_MS = 10_000;
+let journalTrouble = null; // {since, text} while the journal says it is not ready
+let journalChecking = null; // the check under way (one at a time)
+
+function hhmm(date) {
+  return date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+}
+
+function troubleText(body, since) {
+  const stale = "what you see may be out of date, and actions may fail until it is back.";
+  if (body?.nats === "disconnected") {
+    return `The journal has lost its connection to the message bus since ${hhmm(since)}: ${stale}`;
+  }
+  const why = typeof body?.detail === "string" && body.detail ? ` (${body.detail})` : "";
+  return `The journal is not ready since ${hhmm(since)}${why}: ${stale}`;
+}
+
+function renderTrouble() {
+  const banner = $("journal-state");
+  if (!journalTrouble) {
+    banner.hidden = true;
+    delete banner.dataset.state;
+    return;
+  }
+  const text = $("journal-state-text");
+  if (text.textContent !== journalTrouble.text) text.textContent = journalTrouble.text; // unchanged: not announced again
+  banner.dataset.state = journalTrouble.bus ? "bus-lost" : "not-ready";
+  banner.hidden = false;
+}
+
+function checkJournal() {
+  journalChecking ??= (async () => {
+    let response;
+    let body = null;
+    try {
+      response = await fetch("/readyz", { cache: "no-store", headers: { Accept: "application/json" } });
+      body = await response.json().catch(() => null);
+    } catch {
+      return; // the journal does not answer at all: the live badge says "connecting…" meanwhile
+    }
+    if (response.ok) {
+      if (!journalTrouble || journalTrouble.recovering) return;
+      journalTrouble.recovering = true;
+      // back: the view re-reads what it shows (its tail reopens; a view without one re-renders), then the banner goes
+      const caughtUp = reopenTail ? reopenTail() : Promise.resolve();
+      await Promise.race([caughtUp, new Promise((resolve) => setTimeout(resolve, 10_000))]);
+      journalTrouble = null;
+    } else if (response.status === 503) {
+      const since = journalTrouble?.since ?? new Date();
+      journalTrouble = { since, bus: body?.nats === "disconnected", text: troubleText(body, since) };
+    } else {
+      return;
+    }
+    renderTrouble();
+    renderLive();
+  })().finally(() => {
+    journalChecking = null;
+  });
+  return journalChecking;
 }
 
 function parseBlock(block) {
@@ -325,12 +434,40 @@ function parseBlock(block) {
   return item;
 }
 
-function debounce(fn, ms) {
+// A page's refresh on events: `wait` ms after the last call, but no later than `maxWait` ms after the first call not
+// served yet -- a steady stream of events (each within `wait` of the last) still refreshes the page every `maxWait`
+// ms instead of never. One refresh at a time: a call while one runs (fn may return a promise) is served by one more
+// refresh after it, so a slow API is not asked again before it answered.
+function debounce(fn, wait, maxWait = 2000) {
   let timer = null;
-  return () => {
-    clearTimeout(timer);
-    timer = setTimeout(fn, ms);
+  let first = null; // when the oldest call not served yet came
+  let running = false;
+  let again = false;
+  const fire = async () => {
+    timer = null;
+    first = null;
+    if (running) {
+      again = true;
+      return;
+    }
+    running = true;
+    try {
+      await fn();
+    } finally {
+      running = false;
+      if (again) {
+        again = false;
+        call();
+      }
+    }
   };
+  const call = () => {
+    const now = Date.now();
+    first ??= now;
+    clearTimeout(timer);
+    timer = setTimeout(fire, Math.max(0, Math.min(wait, first + maxWait - now)));
+  };
+  return call;
 }
 
 // ------------------------------------------------------------------ sign-in
@@ -2789,4 +2926,8 @@ window.addEventListener("hashchange", () => {
   route();
 });
 $("sign-out").addEventListener("click", () => signOut(null));
+$("journal-state-check").addEventListener("click", () => checkJournal());
+setInterval(() => document.hidden || checkJournal(), JOURNAL_CHECK_MS);
+document.addEventListener("visibilitychange", () => document.hidden || checkJournal());
 route();
+checkJournal();

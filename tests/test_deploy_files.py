@@ -382,13 +382,20 @@ COMPOSE_REDACTION_ENV = ROOT / "deploy" / "compose" / "redaction.env"
 _REDACTS = re.compile(r"\bprocess_redactor\(|\bREDACT_PATTERNS_ENV\b|\begress_redact_patterns\b")
 
 
+#: Operator commands (not services) that redact with the deployment's patterns: they read the variable from the
+#: shell they run in (``temporality dlq show``, docs/operations.md "Dead letters"), not from compose or the chart.
+_REDACTING_TOOLS = {"libs/embedded/src/temporality_embedded/dlq.py"}
+
+
 def _redacting_services() -> set[str]:
     """The services whose own code redacts with ``TEMPORALITY_HUMAN_EGRESS_REDACT_PATTERNS``, read from the
     source: a service that starts redacting is counted (and must then get the patterns) without editing this."""
     libraries = [
         p.relative_to(ROOT).as_posix()
         for p in ROOT.glob("libs/*/src/**/*.py")
-        if p.name != "redaction.py" and _REDACTS.search(p.read_text(encoding="utf-8"))
+        if p.name != "redaction.py"
+        and p.relative_to(ROOT).as_posix() not in _REDACTING_TOOLS
+        and _REDACTS.search(p.read_text(encoding="utf-8"))
     ]
     assert libraries == [], f"a library redacts ({libraries}): count the services using it here"
     return {

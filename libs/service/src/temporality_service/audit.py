@@ -37,11 +37,11 @@ import contextlib
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import structlog
 from starlette.requests import HTTPConnection
@@ -58,6 +58,7 @@ __all__ = [
     "AccessAudit",
     "RefusedRequest",
     "RequestContext",
+    "Windowed",
     "audit_refusal",
     "permission_violation",
 ]
@@ -131,6 +132,70 @@ def permission_violation(error: Exception | str) -> tuple[Literal["publish", "su
     return operation, found.group(2), found.group(3)
 
 
+class Windowed:
+    """Counting in windows of ``window_s`` seconds of ``clock``, with what a window's end publishes sent in the
+    background: the mechanism of :class:`AccessAudit` and of agent-collab's refusal limits. A subclass (a
+    dataclass) holds the attributes declared here and says what closing a window publishes."""
+
+    window_s: int
+    clock: Callable[[], float]
+    _window: int  # -1: no window open
+    _tasks: set[asyncio.Task[None]]
+    #: How often the background loop of :meth:`running` looks for a window that ended: ``window_s`` divided by
+    #: this, at least :attr:`MIN_TICK_S`.
+    TICKS_PER_WINDOW: ClassVar[int] = 4
+    MIN_TICK_S: ClassVar[float] = 1.0
+
+    def _close_window(self) -> None:
+        raise NotImplementedError
+
+    def _roll(self) -> None:
+        """Close the window that ended, if one did, and open the current one."""
+        window = int(self.clock() // self.window_s)
+        if window != self._window:
+            self._close_window()
+            self._window = window
+
+    def flush(self) -> None:
+        """Close the window if it has ended (the background loop calls this; so does a new count)."""
+        if self._window != -1 and int(self.clock() // self.window_s) != self._window:
+            self._close_window()
+            self._window = -1
+
+    def _in_background(self, send: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(send)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for the events being published (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks))
+
+    def _loop_name(self) -> str:
+        return type(self).__name__
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Close each window when it ends, in the background, for the duration of the block; on the way out
+        publish the totals still counted and wait for them."""
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(max(self.MIN_TICK_S, self.window_s / self.TICKS_PER_WINDOW))
+                self.flush()
+
+        task = asyncio.create_task(loop(), name=self._loop_name())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._close_window()
+            await self.drain()
+
+
 @dataclass
 class _Tally:
     model: type[EventData]
@@ -142,7 +207,7 @@ class _Tally:
 
 
 @dataclass
-class AccessAudit:
+class AccessAudit(Windowed):
     """Counts one service's refusals per caller and window and publishes them (module docstring)."""
 
     bus: Bus
@@ -224,10 +289,7 @@ class AccessAudit:
         fields: dict[str, Any],
         overflow: dict[str, Any],
     ) -> None:
-        window = int(self.clock() // self.window_s)
-        if window != self._window:
-            self._close_window()
-            self._window = window
+        self._roll()
         tallies = self._tallies.setdefault(kind, {})
         if key not in tallies and len(tallies) >= self.max_callers:
             key, fields = OVERFLOW, {**fields, **overflow}
@@ -248,11 +310,8 @@ class AccessAudit:
                     self._publish(kind, key, tally, "total")
         self._tallies = {}
 
-    def flush(self) -> None:
-        """Close the window if it has ended (the background loop calls this; so does a new refusal)."""
-        if self._window != -1 and int(self.clock() // self.window_s) != self._window:
-            self._close_window()
-            self._window = -1
+    def _loop_name(self) -> str:
+        return f"{self.service}-access-audit"
 
     def _publish(self, kind: str, key: str, tally: _Tally, which: str) -> None:
         tally.reported = tally.count
@@ -265,40 +324,13 @@ class AccessAudit:
             ),
             actor=tally.actor,
         )
-        task = asyncio.get_running_loop().create_task(self._send(event))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._in_background(self._send(event))
 
     async def _send(self, event: Envelope) -> None:
         try:
             await self.bus.publish(event)
         except Exception as exc:  # the refusal was answered; the audit event is best effort, and says so
             log.warning("access.audit_unpublished", ce_id=event.id, type=event.type, error=repr(exc))
-
-    async def drain(self) -> None:
-        """Wait for the events being published (tests, shutdown)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks))
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        """Close each window when it ends, in the background, for the duration of the block; on the way out
-        publish the totals still counted and wait for them."""
-
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(max(1.0, self.window_s / 4))
-                self.flush()
-
-        task = asyncio.create_task(loop(), name=f"{self.service}-access-audit")
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            self._close_window()
-            await self.drain()
 
 
 def audit_refusal(

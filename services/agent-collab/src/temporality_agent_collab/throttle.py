@@ -25,17 +25,18 @@ background (best effort: a failed publish is logged, ``agent.refusal_total_unpub
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import structlog
 from prometheus_client import Counter
 
 from temporality_bus import Bus
 from temporality_protocol import Envelope, derive_id
+from temporality_service.audit import Windowed
 
 __all__ = ["MAX_AGENTS", "MAX_BUCKETS", "OVERFLOW", "Throttle", "TokenBuckets", "operation_of"]
 
@@ -94,8 +95,11 @@ class _Tally:
 
 
 @dataclass
-class Throttle:
+class Throttle(Windowed):
     """The request limit and the journal's limit on refusals (module docstring). One per process."""
+
+    TICKS_PER_WINDOW: ClassVar[int] = 8
+    MIN_TICK_S: ClassVar[float] = 0.5
 
     bus: Bus
     rate_per_s: float
@@ -152,12 +156,6 @@ class Throttle:
             tally.journaled += 1
             await self.bus.publish(event)
 
-    def _roll(self) -> None:
-        window = int(self.clock() // self.window_s)
-        if window != self._window:
-            self._close_window()
-            self._window = window
-
     def _close_window(self) -> None:
         """Publish the totals of the window that ended (the refusals not journaled one by one)."""
         for kind, tallies in self._tallies.items():
@@ -166,11 +164,7 @@ class Throttle:
                 if left <= 0:
                     continue
                 event_id = derive_id("evt", "agent-refusals", self._instance, kind, agent, reason, str(self._window))
-                task = asyncio.get_running_loop().create_task(
-                    self._send(tally.total(agent, left, self.window_s, event_id))
-                )
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._in_background(self._send(tally.total(agent, left, self.window_s, event_id)))
         self._tallies = {}
 
     async def _send(self, event: Envelope) -> None:
@@ -179,28 +173,5 @@ class Throttle:
         except Exception as exc:
             log.warning("agent.refusal_total_unpublished", ce_id=event.id, type=event.type, error=repr(exc))
 
-    def flush(self) -> None:
-        """Close the window if it has ended (the background loop calls this; so does a new refusal)."""
-        if self._window != -1 and int(self.clock() // self.window_s) != self._window:
-            self._close_window()
-            self._window = -1
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        """Close each window when it ends, in the background; on the way out publish the totals still counted."""
-
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(max(0.5, self.window_s / 8))
-                self.flush()
-
-        task = asyncio.create_task(loop(), name="agent-collab-throttle")
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            self._close_window()
-            while self._tasks:
-                await asyncio.gather(*list(self._tasks))
+    def _loop_name(self) -> str:
+        return "agent-collab-throttle"

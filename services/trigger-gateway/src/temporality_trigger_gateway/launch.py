@@ -967,7 +967,7 @@ class Launcher:
                 state="claimed",
                 claimed_at=now,
             )
-            if first:  # the claim alone: the delivery's record is written with its outcome, behind the answer
+            if first:  # the claim alone: the delivery's record goes with its events (round trip 2)
                 encoded = claim.__pydantic_serializer__.to_json(claim)  # model_dump_json()'s JSON, as bytes
                 writes = [kv_write(BUCKET_DEDUPE.name, key, encoded, revision=0)]
                 if body is not None:  # a replay-guarded delivery: its body's key in the same round trip

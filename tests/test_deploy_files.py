@@ -2335,6 +2335,22 @@ _RENDERINGS: dict[str, dict[str, Any] | None] = {
             "tls": {"sslmode": "verify-full", "existingSecret": "pg-ca", "certKey": "tls.crt", "keyKey": "tls.key"},
         },
     },
+    "scheduling, budgets and the console's ingresses": {
+        **_EVERYTHING_ON,
+        **_SIGN_IN,
+        "postgres": {"url": "postgresql://journal@db.example/temporality"},
+        "services": {"journal": {"replicas": 2}, "run-executor": {"replicas": 2}},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+        ],
+        "podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None},
+        "podDisruptionBudget": {"enabled": True},
+        "ingress": {
+            "journal": {"enabled": True, "host": "temporality.example.org", "tlsSecretName": "console-tls"},
+            "human-interaction": {"enabled": True, "host": "inbox.example.org"},
+        },
+    },
 }
 
 

@@ -362,11 +362,13 @@ topologySpreadConstraints:
 {{/*
 The pod securityContext of the services and the timers migration's Job: podSecurityContext (runAsNonRoot, the
 image's user 10001, ...; a field set to null in your values is left out, e.g. runAsUser on OpenShift, which
-assigns its own), and the seccomp profile given (dict "root" $ "seccompProfile" <profile or nil>), RuntimeDefault
+assigns its own; absent altogether: the chart's defaults), and the seccomp profile given (dict "root" $ "seccompProfile" <profile or nil>), RuntimeDefault
 unless set.
 */}}
 {{- define "temporality.podSecurityContext" -}}
-{{- $context := deepCopy (.root.Values.podSecurityContext | default dict) }}
+{{- $fixed := dict "runAsNonRoot" true "runAsUser" 10001 "runAsGroup" 10001 "fsGroup" 10001 }}
+{{- /* the chart's defaults when the key is absent (`helm upgrade --reuse-values` of a release made before it) */ -}}
+{{- $context := deepCopy (ternary .root.Values.podSecurityContext $fixed (hasKey .root.Values "podSecurityContext") | default dict) }}
 {{- $_ := set $context "seccompProfile" (.seccompProfile | default (dict "type" "RuntimeDefault")) }}
 {{- toYaml $context }}
 {{- end }}

@@ -380,7 +380,7 @@ async def test_a_run_that_ends_cancels_its_pending_requests_and_updates_their_me
     assert refused.json()["error"] == "cancelled"
     late_press = await emulator.press(ALICE, message, data)
     assert (
-        "was cancelled: the task no longer needs an answer"
+        "the request is cancelled, “Review PR 42: remove the v1 API” no longer needs an answer"
         in (await emulator.wait_for_callback_answer(late_press))["text"]
     )
 

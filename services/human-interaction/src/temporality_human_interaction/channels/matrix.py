@@ -23,18 +23,21 @@ Outbound:
   options as its answers (their ids as answer ids), for clients that show polls
   (``matrix.poll.<question event id>`` -> the poll's event id).
   ``matrix.event.<event id>`` -> request id binds answers (the question's and the poll's event);
-  ``matrix.latest.<room>`` names the newest question in the room (for a bare "2").
+  ``matrix.latest.<room>`` names the newest question in the room, ``matrix.asked.<room>.<request id>`` each one
+  asked there (claimed before the send: a bare answer finds the room's open questions).
 * **update**: an ``m.replace`` edit of the question showing the outcome, and an ``m.poll.end`` closing its poll.
 * **notify**: a plain ``m.notice``.
 
 Inbound (all handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding; the responder's
 identity is the event ``sender``): a **reaction** with an option's keycap (or digit) on a question;
 a **rich reply** (``m.relates_to.m.in_reply_to``) to a question — an option's number/id/label binds
-that option, anything else free text; **plain text** naming an option's number or label binds it to
-the room's newest question; a **poll response** (``m.poll.response`` with ``m.selections``, or the
+that option, anything else free text; a **message that replies to no question** binds the same way to the
+room's one open question (``matrix.asked.<room>.*``), or, with none or several open, is answered with how to
+answer and which are open (in a room no question was asked in it is left alone); a **poll response** (``m.poll.response`` with ``m.selections``, or the
 unstable ``org.matrix.msc3381.poll.response``) to the question's poll binds the option it selects. The
-bot answers each with a notice in reply: recorded, or why not (not
-the recipient, already answered, expired ...). The bot's own events and edits are ignored.
+bot answers each with a notice in reply naming the question: recorded, or why not (not
+the recipient, already answered, expired ...). The question and its edit are cut to fit an event
+(:func:`.render.fitted`: an edit carries the text twice). The bot's own events and edits are ignored.
 """
 
 from __future__ import annotations

@@ -247,7 +247,7 @@ def refusal_text(refused: AnswerRefused, responder: str | None = None) -> str:
     if record.status is HumanRequestState.EXPIRED:
         return f"Not recorded: expired at {_when(record.expires_at)} without an answer — {timeout_outcome(record)}."
     if record.status is HumanRequestState.CANCELLED:
-        return f"Not recorded: {question_name(record)} was cancelled: the task no longer needs an answer."
+        return f"Not recorded: the request is cancelled, {question_name(record)} no longer needs an answer."
     return f"Not recorded: {refused.detail}."
 
 

@@ -28,7 +28,12 @@ Inbound (handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding):
   "Recorded" or, shown as an alert, why it was refused: an unknown or stale token, the request
   already answered / expired / cancelled, or the presser is not the recipient;
 * a **reply** to the question message binds free text; a reply that is just an option's number or
-  label binds that option. Plain messages that reply to nothing get a hint. Each gets a text reply.
+  label binds that option. A message that replies to no question binds the same way to the one question open in
+  the person's private chat (``telegram.msg.<chat>.*``); with none or several open (or in a group chat) it gets a
+  hint listing them. Each gets a text reply naming the question.
+
+Every text fits Telegram's limits (:mod:`.render`): the question and its outcome edit 4,096 characters
+(:func:`.render.fitted` cuts the least important parts first), a reply 4,096, a callback answer 200.
 * ``/start`` (the Start button a person presses once) is answered with what the chat is for and their
   Telegram id, the ``chat_id`` their profile needs.
 

@@ -50,6 +50,35 @@ async def test_send_edit_and_the_not_modified_error() -> None:
         assert blocked.json()["error_code"] == 403
 
 
+async def test_the_bot_apis_limits_are_refused_like_the_real_api() -> None:
+    """Message text 1-4,096 (UTF-16 code units), callback data 1-64 bytes, callback answer text 0-200: 400."""
+    async with TelegramEmulator().serve() as tg, httpx.AsyncClient(timeout=10) as client:
+        fits = await _call(client, tg, "sendMessage", chat_id=ALICE.id, text="x" * 4096)
+        assert fits.json()["ok"] is True
+        message = fits.json()["result"]
+        long = await _call(client, tg, "sendMessage", chat_id=ALICE.id, text="x" * 4097)
+        assert (long.status_code, long.json()["description"]) == (400, "Bad Request: message is too long")
+        emoji = await _call(client, tg, "sendMessage", chat_id=ALICE.id, text="😀" * 2049)  # 4,098 UTF-16 units
+        assert emoji.status_code == 400
+        edit = await _call(
+            client, tg, "editMessageText", chat_id=ALICE.id, message_id=message["message_id"], text="y" * 4097
+        )
+        assert (edit.status_code, edit.json()["description"]) == (400, "Bad Request: message is too long")
+        assert tg.messages[(ALICE.id, message["message_id"])]["text"] == "x" * 4096  # unchanged
+
+        too_much = {"inline_keyboard": [[{"text": "1", "callback_data": "é" * 33}]]}  # 66 bytes
+        refused = await _call(client, tg, "sendMessage", chat_id=ALICE.id, text="Q?", reply_markup=too_much)
+        assert (refused.status_code, refused.json()["description"]) == (400, "Bad Request: BUTTON_DATA_INVALID")
+        just = {"inline_keyboard": [[{"text": "1", "callback_data": "d" * 64}]]}
+        assert (await _call(client, tg, "sendMessage", chat_id=ALICE.id, text="Q?", reply_markup=just)).json()["ok"]
+
+        answer = await _call(client, tg, "answerCallbackQuery", callback_query_id="cq-1", text="z" * 201)
+        assert (answer.status_code, answer.json()["description"]) == (400, "Bad Request: MESSAGE_TOO_LONG")
+        assert tg.callback_answers == []
+        ok = await _call(client, tg, "answerCallbackQuery", callback_query_id="cq-1", text="z" * 200)
+        assert ok.json() == {"ok": True, "result": True}
+
+
 async def test_get_updates_long_polls_and_drops_updates_below_the_offset() -> None:
     async with TelegramEmulator().serve() as tg, httpx.AsyncClient(timeout=10) as client:
         loop = asyncio.get_running_loop()

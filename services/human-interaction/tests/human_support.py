@@ -74,6 +74,8 @@ def requested(
     run_id: str | None = None,
     answer_schema: dict[str, Any] | None = None,
     options: list[HumanOption] | None = None,
+    title: str = "Review PR 42: remove the v1 API",
+    context: str = "The PR removes /v1; two internal clients still call it.",
 ) -> Envelope:
     """A ``human.requested`` as run-executor would publish it."""
     request_id = request_id or new_id("hreq")
@@ -83,10 +85,10 @@ def requested(
         request_id=request_id,
         run_id=run_id,
         agent="reviewer",
-        title="Review PR 42: remove the v1 API",
+        title=title,
         recipient=recipient,
         question="Should the v1 API stay for one more release?",
-        context="The PR removes /v1; two internal clients still call it.",
+        context=context,
         options=OPTIONS if options is None else options,
         allow_free_text=allow_free_text,
         answer_schema=answer_schema,

@@ -41,7 +41,9 @@ class MatrixPerson:
         await self.client.close()
 
     async def _sync_once(self, timeout_ms: int = 500) -> None:
-        response = await self.client.sync(timeout=timeout_ms)
+        # a room joined late hands over its latest events only (10 by default): a question with ten options and their
+        # ten reactions would be out of the window
+        response = await self.client.sync(timeout=timeout_ms, sync_filter={"room": {"timeline": {"limit": 100}}})
         if not isinstance(response, SyncResponse):
             return
         for room_id in response.rooms.invite:

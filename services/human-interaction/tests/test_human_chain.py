@@ -303,7 +303,7 @@ async def test_terminal_cancel_asks_to_cancel_the_run_and_a_late_answer_is_refus
         press = await emulator.press(BOB, question, button)  # pressed after the terminal outcome
         told = (await emulator.wait_for_callback_answer(press))["text"]
         assert told.startswith("Not recorded: expired at ")
-        assert told.endswith("without an answer.")
+        assert told.endswith("without an answer — the run was cancelled."), told  # what the run did, said
         late = await s.replica.client.post(
             f"/requests/{request_id}/answer", json={"option_id": "keep-v1"}, headers=BOB_WEB
         )

@@ -11,16 +11,36 @@ from pydantic import ValidationError
 
 from temporality_bus import Bus
 from temporality_human_interaction.__main__ import build_adapters, check_channel_settings
+from temporality_human_interaction.answers import InvalidAnswer, NotRecipient, refusal_for
 from temporality_human_interaction.channels.lease import lease_key
 from temporality_human_interaction.channels.matrix import MatrixAdapter, option_for_reaction
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
-from temporality_human_interaction.channels.render import option_named, outcome_text, question_html, question_text
+from temporality_human_interaction.channels.render import (
+    TELEGRAM_TEXT_LIMIT,
+    clip_message,
+    fitted,
+    option_named,
+    outcome_text,
+    question_html,
+    question_text,
+    refusal_text,
+    telegram_size,
+)
 from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.egress import DEFAULT_POLICY
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy
 from temporality_human_interaction.settings import Settings
-from temporality_protocol import HumanPolicy, HumanRequestState, OptionAnswer, TimeoutPolicy
+from temporality_protocol import (
+    Escalate,
+    HumanOption,
+    HumanPolicy,
+    HumanRequestState,
+    OptionAnswer,
+    SourceLink,
+    TextAnswer,
+    TimeoutPolicy,
+)
 from temporality_protocol.events import DeliveryAttempt
 from temporality_service import ConfigError
 
@@ -99,7 +119,94 @@ def test_the_question_is_compact_and_says_what_happens_without_an_answer() -> No
         answered_at=datetime(2026, 12, 1, 13, 5, tzinfo=UTC),
     )
     assert outcome_text(answered, responder_name="Alice") == "✅ Answered by Alice: “Drop v1” 13:05 UTC"
-    assert outcome_text(_record(status=HumanRequestState.EXPIRED)).startswith("⌛ Expired at 2026-12-01 14:30 UTC")
+    assert outcome_text(_record(status=HumanRequestState.EXPIRED)) == (
+        "⌛ Expired at 2026-12-01 14:30 UTC without an answer — the run went ahead with the default: “Keep the v1 API”."
+    )
+    assert "🤖 reviewer (agent) asks:\nKeep v1 <for now>?" in text  # who asks
+    assert "🤖 reviewer (agent) asks: Keep v1 &lt;for now&gt;?" in html
+
+
+def test_the_expired_outcome_says_what_the_run_did() -> None:
+    expired = {"status": HumanRequestState.EXPIRED}
+    cancel = HumanPolicy(on_timeout=TimeoutPolicy(action="cancel"))
+    assert outcome_text(_record(**expired, policy=cancel)).endswith("without an answer — the run was cancelled.")
+    fail = HumanPolicy(on_timeout=TimeoutPolicy(action="fail", escalate=Escalate(to="user:bob", after_s=60)))
+    escalated = _record(**expired, policy=fail, escalated_to="user:bob")
+    assert outcome_text(escalated).endswith("— the run stopped without an answer (it had been escalated to user:bob).")
+
+
+def test_chat_refusals_are_said_for_people_and_the_api_detail_stays() -> None:
+    answered = _record(
+        status=HumanRequestState.ANSWERED,
+        answer=OptionAnswer(option_id="drop-v1", label="Drop v1"),
+        responder="user:alice",
+        responder_name="Alice Example",
+        answered_at=datetime(2026, 12, 1, 5, 10, 30, 123456, tzinfo=UTC),
+    )
+    refused = refusal_for(answered)
+    assert refused.detail.startswith("already answered by Alice Example (user:alice) at 2026-12-01T05:10:30.123456")
+    assert refusal_text(refused, "user:alice") == (
+        "Not recorded: you already answered “PR #1842 in repo X”: “Drop v1”, at 2026-12-01 05:10 UTC."
+    )
+    assert refusal_text(refused, "user:bob") == (
+        "Not recorded: “PR #1842 in repo X” was already answered by Alice Example: “Drop v1”, at 2026-12-01 05:10 UTC."
+    )
+    text = _record(**{**answered.model_dump(), "answer": TextAnswer(value="y" * 500)})
+    assert "“" + "y" * 199 + "…”" in refusal_text(refusal_for(text), "user:alice")  # a long answer is quoted cut
+    expired = refusal_for(_record(status=HumanRequestState.EXPIRED))
+    assert refusal_text(expired, "user:alice") == (
+        "Not recorded: expired at 2026-12-01 14:30 UTC without an answer — "
+        "the run went ahead with the default: “Keep the v1 API”."
+    )
+    cancelled = refusal_for(_record(status=HumanRequestState.CANCELLED))
+    assert refusal_text(cancelled) == (
+        "Not recorded: the request is cancelled, “PR #1842 in repo X” no longer needs an answer."
+    )
+    assert refusal_text(NotRecipient("only the recipient may answer")) == (
+        "Not recorded: only the recipient may answer."
+    )
+    assert refusal_text(InvalidAnswer("this request takes one of its options, not free text")).endswith("free text.")
+
+
+def test_a_question_over_the_limit_is_cut_least_important_first_options_and_how_to_answer_kept() -> None:
+    options = [HumanOption(id=f"o{n}", label=f"Option {n}", consequence="c" * 700) for n in range(1, 11)]
+    link = SourceLink(href="https://git.example.org/pr/42", label="PR 42")
+    record = _record(options=options, context="x" * 800, question="q" * 300, source_link=link)
+
+    def render(r: HumanRequestRecord, note: str | None) -> str:
+        return question_text(r, hint="tap an option below", note=note)
+
+    assert telegram_size(render(record, None)) > TELEGRAM_TEXT_LIMIT
+    text = fitted(record, render, telegram_size, TELEGRAM_TEXT_LIMIT, inbox_url="https://t.example/#/inbox")
+    assert telegram_size(text) <= TELEGRAM_TEXT_LIMIT
+    assert "x" * 10 not in text  # the context went first, whole
+    assert "q" * 300 in text  # the question stays while cutting the consequences suffices
+    assert "https://git.example.org/pr/42" in text
+    for n in range(1, 11):
+        assert f"\n{n}. Option {n} — ccc" in text  # every option, each consequence cut to the same length
+    assert text.count("c…\n") == 10
+    assert "…(cut; full question in the inbox: https://t.example/#/inbox)" in text
+    assert "To answer: tap an option below; reply to this message with your own answer." in text
+
+    small = fitted(_record(), render, telegram_size, TELEGRAM_TEXT_LIMIT)
+    assert small == render(_record(), None)  # what fits is not touched: no note
+
+    many = _record(options=[HumanOption(id=f"o{n}", label="L" * 200) for n in range(60)], context="")
+    cut = fitted(many, render, telegram_size, TELEGRAM_TEXT_LIMIT)  # only the labels are left to cut
+    assert telegram_size(cut) <= TELEGRAM_TEXT_LIMIT
+    assert "\n60. LLL" in cut
+    assert "…(cut to fit this chat's message limit)" in cut
+
+    html = fitted(record, lambda r, note: question_html(r, note=note), len, 3000)
+    assert len(html) <= 3000
+    assert html.count("<li>") == 10
+
+
+def test_clip_message_counts_utf16_units() -> None:
+    assert clip_message("ok", 200) == "ok"
+    cut = clip_message("😀" * 150, 200)  # 300 UTF-16 units
+    assert telegram_size(cut) <= 200
+    assert cut.endswith("…")
 
 
 def test_options_are_named_by_number_id_label_or_keycap() -> None:

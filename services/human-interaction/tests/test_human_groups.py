@@ -107,7 +107,9 @@ async def test_group_question_first_answer_wins_the_other_is_told_and_its_messag
             assert "reply_markup" not in edited
             press = await emulator.press(BOB, message, button)  # Bob presses before his client refreshed
             told = await emulator.wait_for_callback_answer(press)
-            assert told["text"].startswith("Not recorded: already answered by Alice Example (user:alice)")
+            assert told["text"].startswith(
+                "Not recorded: “Review PR 42: remove the v1 API” was already answered by Alice Example: “Drop v1”, at "
+            )
 
             late = await r.client.post(f"/requests/{request_id}/answer", json={"option_id": "keep-v1"}, headers=BOB_WEB)
             assert late.status_code == 409
@@ -164,7 +166,9 @@ async def test_two_members_answering_at_once_bind_one_answer_and_the_other_is_to
             winner = answered.payload(HumanAnswered).responder
             if winner == "user:alice":
                 assert web_answer.status_code == 200
-                assert told.startswith("Not recorded: already answered by Alice Example (user:alice)")
+                assert told.startswith(
+                    "Not recorded: “Review PR 42: remove the v1 API” was already answered by Alice Example: “Keep the v1 API”"
+                )
             else:
                 assert winner == "user:bob"
                 assert told == "Recorded: Drop v1"

@@ -15,6 +15,7 @@ from temporality_bus import Bus
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
 from temporality_human_interaction.channels.matrix import KEYCAPS, MatrixAdapter
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
+from temporality_human_interaction.channels.render import MATRIX_CONTENT_LIMIT, matrix_content_size
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.notifications import NotificationHandler
@@ -23,6 +24,7 @@ from temporality_human_interaction.requests import RequestHandler
 from temporality_protocol import (
     HumanAnswered,
     HumanNotifyRequested,
+    HumanOption,
     HumanPolicy,
     HumanRequested,
     HumanRequestState,
@@ -101,9 +103,9 @@ async def mallory(synapse: Synapse, matrix_accounts: dict[str, MatrixAccount]) -
 
 
 async def _ask(
-    bus: Bus, handler: RequestHandler, person: MatrixPerson, bot_id: str
+    bus: Bus, handler: RequestHandler, person: MatrixPerson, bot_id: str, **kw: object
 ) -> tuple[HumanRequestRecord, str, str]:
-    event = requested()
+    event = requested(**kw)  # type: ignore[arg-type]
     await handler.handle(event)
     record = await stored(bus, str(event.data["request_id"]))
     assert record is not None
@@ -144,7 +146,7 @@ async def test_reaction_answer_binds_and_the_question_is_edited_to_show_the_outc
     assert event.payload(HumanAnswered).channel == "matrix"
 
     told = await alice.wait_for_reply_to(reaction, sender=bot_id)
-    assert told["content"]["body"].endswith("Recorded: Drop v1")
+    assert told["content"]["body"].endswith("“Review PR 42: remove the v1 API” — Recorded: Drop v1")  # names it
     edit = await alice.wait_for_edit_of(question_id)
     assert "✅ Answered by Alice Example: “Drop v1”" in edit["content"]["m.new_content"]["body"]
 
@@ -320,3 +322,59 @@ async def test_the_question_on_matrix_is_redacted_and_truncated(
     await alice.react(room_id, str(question["event_id"]), KEYCAPS[0])
     await alice.wait_for_edit_of(str(question["event_id"]))
     assert all(secret not in str(e) for _, e in alice.seen)
+
+
+async def test_a_bare_message_answers_the_rooms_one_open_question_else_says_how_to_answer(
+    bus: Bus, bot: tuple[MatrixAdapter, RequestHandler], alice: MatrixPerson, matrix_accounts: dict[str, MatrixAccount]
+) -> None:
+    """A plain message (no reply) binds to the one question open in the DM -- an older one when the newest is
+    answered --, the notice naming it; with none or several open, a notice says how to answer (and lists them)."""
+    bot_id = matrix_accounts["bot"].user_id
+    older, room_id, _ = await _ask(bus, bot[1], alice, bot_id, title="Review PR 41: rename the flag")
+    newest, _, newest_q = await _ask(bus, bot[1], alice, bot_id)
+    await alice.react(room_id, newest_q, KEYCAPS[0])
+    await wait_for_record(bus, newest.request_id, lambda r: r.status is HumanRequestState.ANSWERED)
+
+    said = await alice.say(room_id, "keep v1 please")  # free text, not a reply: the only open question takes it
+    bound = await wait_for_record(bus, older.request_id, lambda r: r.status is HumanRequestState.ANSWERED)
+    assert bound.answer == TextAnswer(value="keep v1 please")
+    told = await alice.wait_for_reply_to(said, sender=bot_id)
+    assert told["content"]["body"].endswith("“Review PR 41: rename the flag” — Recorded: your answer.")
+
+    said = await alice.say(room_id, "2")  # nothing open: told how to answer, not silently dropped
+    told = await alice.wait_for_reply_to(said, sender=bot_id)
+    assert "To answer a question, reply to its message" in told["content"]["body"]
+    assert told["content"]["body"].endswith("There is no open question here right now.")
+
+    await _ask(bus, bot[1], alice, bot_id, title="Deploy 7: which region")
+    await _ask(bus, bot[1], alice, bot_id, title="Deploy 8: how many replicas")
+    said = await alice.say(room_id, "1")  # two open: not guessed
+    told = await alice.wait_for_reply_to(said, sender=bot_id)
+    assert told["content"]["body"].endswith(
+        "2 questions are open here: “Deploy 8: how many replicas”, “Deploy 7: which region”."
+    )
+    await exactly(bus, "human.answered", 2)
+
+
+async def test_an_outcome_edit_over_the_matrix_event_limit_is_cut_to_fit_options_kept(
+    bus: Bus, bot: tuple[MatrixAdapter, RequestHandler], alice: MatrixPerson, matrix_accounts: dict[str, MatrixAccount]
+) -> None:
+    """Ten options with consequences at Matrix's field cap (2,000): the question fits an event, but its edit carries
+    the text twice (~90 KB, over Synapse's 64 KiB): it is cut, context and consequences first, options kept."""
+    options = [
+        HumanOption(id=f"opt-{n}", label=f"Option {n}", consequence=f"Consequence {n}: " + "lorem ipsum " * 165)
+        for n in range(1, 11)
+    ]
+    bot_id = matrix_accounts["bot"].user_id
+    bot[0].inbox_url = "https://temporality.example.org/#/inbox"
+    record, room_id, question_id = await _ask(bus, bot[1], alice, bot_id, options=options, context="why " * 600)
+    await alice.react(room_id, question_id, KEYCAPS[9])
+    await wait_for_record(bus, record.request_id, lambda r: r.status is HumanRequestState.ANSWERED)
+    edit = await alice.wait_for_edit_of(question_id)
+    new = edit["content"]["m.new_content"]
+    assert new["body"].endswith("✅ Answered by Alice Example: “Option 10” " + new["body"][-9:])
+    for n in range(1, 11):
+        assert f"\n{n}. Option {n}" in new["body"]
+        assert f"<li><b>Option {n}</b>" in new["formatted_body"]
+    assert "…(cut; full question in the inbox: https://temporality.example.org/#/inbox)" in new["body"]
+    assert matrix_content_size(edit["content"]) <= MATRIX_CONTENT_LIMIT

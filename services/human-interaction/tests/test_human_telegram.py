@@ -3,6 +3,7 @@ in the test's event loop exactly as in the service; people press buttons and rep
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 import httpx
@@ -33,16 +34,19 @@ from temporality_protocol import (
     OptionAnswer,
     RunCancelled,
     TextAnswer,
+    TimeoutPolicy,
     make_event,
     new_id,
 )
 from temporality_protocol.catalog import CONSUMERS
-from temporality_testing.telegram_emulator import TelegramEmulator, TelegramUser
+from temporality_testing.telegram_emulator import TelegramEmulator, TelegramUser, text_length
 from temporality_testing.waiting import stays
 
 ALICE = TelegramUser(1001, "Alice")
 BOB = TelegramUser(1002, "Bob")
 CAROL = TelegramUser(3003, "Carol")  # nobody in the directory
+#: A time as the chat shows it: ``05:05 UTC`` (with the date when it is not today's: a test that ran over midnight).
+HHMM = r"(?:\d{4}-\d\d-\d\d )?\d\d:\d\d UTC"
 
 USERS = {
     "users": {
@@ -211,7 +215,11 @@ async def test_stale_button_is_refused_with_the_reason_and_binds_nothing(
     assert (await emulator.wait_for_callback_answer(same))["text"] == "Already recorded: Keep the v1 API"
     other = await emulator.press(ALICE, message, emulator_data(data, 2))  # another option: refused
     refusal = await emulator.wait_for_callback_answer(other)
-    assert refusal["text"].startswith("Not recorded: already answered by Alice Example (user:alice)")
+    # to the person who answered: "you", what they answered, the time as the question shows times (no ISO stamp)
+    assert re.fullmatch(
+        "Not recorded: you already answered “Review PR 42: remove the v1 API”: “Keep the v1 API”, at " + HHMM + r"\.",
+        refusal["text"],
+    ), refusal["text"]
     assert refusal["show_alert"] == "true"
     await exactly(bus, "human.answered", 1)
 
@@ -240,14 +248,18 @@ async def test_an_expired_request_edits_the_message_and_its_buttons_are_refused(
         fetch_timeout_s=0.2,
     )
     async with running(deadlines):
-        request_id, message = await _ask(bus, intake, emulator, expires_in_s=1)
+        on_timeout = TimeoutPolicy(action="default", default_option="keep-v1")
+        request_id, message = await _ask(bus, intake, emulator, expires_in_s=1, on_timeout=on_timeout)
         data = emulator.buttons(message)[0]["callback_data"]
         await wait_for_record(bus, request_id, lambda r: r.status is HumanRequestState.EXPIRED, within_s=30)
         edited = await emulator.wait_for_edit(message, lambda m: "⌛ Expired" in m["text"])
         assert "reply_markup" not in edited
+        # what the run did is said, the time as the question shows times
+        went = "without an answer — the run went ahead with the default: “Keep the v1 API”."
+        assert re.search("⌛ Expired at " + HHMM + " " + re.escape(went), edited["text"]), edited["text"]
     late = await emulator.press(ALICE, message, data)
     answer = await emulator.wait_for_callback_answer(late)
-    assert answer["text"].startswith("Not recorded: expired at")
+    assert re.fullmatch("Not recorded: expired at " + HHMM + " " + re.escape(went), answer["text"]), answer["text"]
     assert await events_of(bus, "human.answered") == []
 
 
@@ -367,7 +379,10 @@ async def test_a_run_that_ends_cancels_its_pending_requests_and_updates_their_me
     assert refused.status_code == 409
     assert refused.json()["error"] == "cancelled"
     late_press = await emulator.press(ALICE, message, data)
-    assert "the request is cancelled" in (await emulator.wait_for_callback_answer(late_press))["text"]
+    assert (
+        "the request is cancelled, “Review PR 42: remove the v1 API” no longer needs an answer"
+        in (await emulator.wait_for_callback_answer(late_press))["text"]
+    )
 
 
 def _notify_event(recipient: str = "user:alice", allowed: tuple[str, ...] = ("user:alice",)) -> Envelope:
@@ -427,3 +442,94 @@ async def test_a_delivery_repeated_before_its_copy_was_recorded_sends_no_second_
     await emulator.wait_for_message(ALICE.id, lambda m: str(m["message_id"]) == reminder.reference)
     sent = [m for (chat, _), m in emulator.messages.items() if chat == ALICE.id and m["from"]["is_bot"]]
     assert sorted(str(m["message_id"]) for m in sent) == sorted([str(first.reference), str(reminder.reference)])
+
+
+#: Ten options, each with a consequence just under the Telegram field cap (800): ~9,700 characters rendered in full.
+LONG_OPTIONS = [
+    HumanOption(id=f"opt-{n}", label=f"Option {n}", consequence=f"Consequence {n}: " + "lorem ipsum " * 63)
+    for n in range(1, 11)
+]
+
+
+async def test_a_question_over_telegrams_limit_is_cut_to_fit_options_kept_and_its_outcome_fits_too(
+    bus: Bus,
+    intake: RequestHandler,
+    emulator: TelegramEmulator,
+    channels: tuple[dict[str, ChannelAdapter], AnswerRouter],
+) -> None:
+    """The emulator refuses a text over 4,096 like the real Bot API: the question (ten options with long
+    consequences, a long context) arrives cut to fit, every option and the way to answer kept, with a note linking
+    the inbox; the outcome edit fits as well."""
+    channels[0]["telegram"].inbox_url = "https://temporality.example.org/#/inbox"
+    request_id, message = await _ask(bus, intake, emulator, options=LONG_OPTIONS, context="why " * 700)
+    text = message["text"]
+    assert text_length(text) <= 4096
+    for n in range(1, 11):
+        assert f"\n{n}. Option {n}" in text
+    assert "…(cut; full question in the inbox: https://temporality.example.org/#/inbox)" in text
+    assert "To answer: tap an option below; reply to this message with your own answer." in text
+    assert "Should the v1 API stay for one more release?" in text  # cut after the context and consequences
+    assert "🤖 reviewer (agent) asks:" in text  # who asks
+    assert len(emulator.buttons(message)) == 10
+
+    query = await emulator.press(ALICE, message, emulator.buttons(message)[9]["callback_data"])
+    assert (await emulator.wait_for_callback_answer(query))["text"] == "Recorded: Option 10"
+    edited = await emulator.wait_for_edit(message)
+    assert text_length(edited["text"]) <= 4096
+    assert edited["text"].endswith("✅ Answered by Alice Example: “Option 10” " + edited["text"][-9:])
+    assert "\n10. Option 10" in edited["text"]
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.ANSWERED
+
+
+async def test_a_long_label_already_recorded_is_cut_to_the_callback_answers_200_characters(
+    bus: Bus, intake: RequestHandler, emulator: TelegramEmulator
+) -> None:
+    label = "Keep the v1 contract and " + "x" * 165  # 190 characters: "Already recorded: " + it is over 200
+    options = [HumanOption(id="keep", label=label), HumanOption(id="drop", label="Drop")]
+    _, message = await _ask(bus, intake, emulator, options=options)
+    data = emulator.buttons(message)[0]["callback_data"]
+    first = await emulator.press(ALICE, message, data)
+    assert (await emulator.wait_for_callback_answer(first))["text"] == f"Recorded: {label}"
+    again = await emulator.press(ALICE, message, data)
+    told = (await emulator.wait_for_callback_answer(again))["text"]  # answered, not refused by the Bot API
+    assert told.startswith("Already recorded: Keep the v1 contract")
+    assert told.endswith("…")
+    assert len(told) == 200
+
+
+async def test_a_bare_message_answers_the_chats_one_open_question_else_says_how_to_answer(
+    bus: Bus, intake: RequestHandler, emulator: TelegramEmulator
+) -> None:
+    """Not a reply: it binds to the one question open in the person's chat (an older one, when the newest is
+    answered), the confirmation naming it; with none or several open, a hint says how to answer (and lists them)."""
+    older, _ = await _ask(bus, intake, emulator, title="Review PR 41: rename the flag")
+    newest, question = await _ask(bus, intake, emulator, title="Review PR 42: remove the v1 API")
+    query = await emulator.press(ALICE, question, emulator.buttons(question)[0]["callback_data"])
+    await emulator.wait_for_callback_answer(query)
+
+    said = await emulator.say(ALICE, "2")  # the newest is answered: the older one is the only one open
+    told = await emulator.wait_for_message(
+        ALICE.id, lambda m: m.get("reply_to_message", {}).get("message_id") == said["message_id"]
+    )
+    assert told["text"] == "Recorded for “Review PR 41: rename the flag”: “Drop v1”."
+    record = await wait_for_record(bus, older, lambda r: r.status is HumanRequestState.ANSWERED)
+    assert record.answer == OptionAnswer(option_id="drop-v1", label="Drop v1")
+
+    said = await emulator.say(ALICE, "keep v1 please")  # nothing open
+    told = await emulator.wait_for_message(
+        ALICE.id, lambda m: m.get("reply_to_message", {}).get("message_id") == said["message_id"]
+    )
+    assert told["text"].startswith("To answer a question, reply to the question's message")
+    assert "no open question" in told["text"]
+
+    await _ask(bus, intake, emulator, title="Deploy 7: which region")
+    await _ask(bus, intake, emulator, title="Deploy 8: how many replicas")
+    said = await emulator.say(ALICE, "1")  # two open: which one is meant is not guessed
+    told = await emulator.wait_for_message(
+        ALICE.id, lambda m: m.get("reply_to_message", {}).get("message_id") == said["message_id"]
+    )
+    assert told["text"].endswith("2 questions are open here: “Deploy 8: how many replicas”, “Deploy 7: which region”.")
+    await exactly(bus, "human.answered", 2)
+    assert (await stored(bus, newest)).answer == OptionAnswer(option_id="keep-v1", label="Keep the v1 API")  # type: ignore[union-attr]

@@ -11,7 +11,12 @@ request and response formats:
 * ``getMe`` (``id, is_bot, first_name, username``), ``deleteWebhook``, ``getUpdates`` (long poll:
   updates below ``offset`` are dropped, the call blocks up to ``timeout`` seconds), ``sendMessage``,
   ``editMessageText``, ``editMessageReplyMarkup``, ``answerCallbackQuery``;
-* messages carry ``message_id``, ``date`` (unix seconds), ``chat {id, type}``, ``from``.
+* messages carry ``message_id``, ``date`` (unix seconds), ``chat {id, type}``, ``from``;
+* the Bot API's documented limits, refused with 400 like the real API (so a bot that sends too much fails here
+  as it would there): a message's text 1-4,096 characters (``sendMessage``, ``editMessageText``: "Bad Request:
+  message is too long"; counted in UTF-16 code units, as Telegram counts entity offsets: never more lenient
+  than the real server), an inline button's ``callback_data`` 1-64 bytes ("Bad Request: BUTTON_DATA_INVALID"),
+  ``answerCallbackQuery``'s ``text`` 0-200 characters ("Bad Request: MESSAGE_TOO_LONG").
 
 Test-side helpers act as people: :meth:`TelegramEmulator.press` (a button press, a ``callback_query``
 update), :meth:`TelegramEmulator.reply` (a text reply to a message), :meth:`TelegramEmulator.say`
@@ -43,10 +48,27 @@ from fastapi.responses import JSONResponse
 from temporality_embedded.processes import free_port
 from temporality_testing.asgi import served_asgi
 
-__all__ = ["BOT_ID", "TelegramEmulator", "TelegramUser"]
+__all__ = [
+    "BOT_ID",
+    "MAX_CALLBACK_DATA_BYTES",
+    "MAX_CALLBACK_TEXT",
+    "MAX_TEXT",
+    "TelegramEmulator",
+    "TelegramUser",
+    "text_length",
+]
 
 BOT_ID = 7_000_001
 Json = dict[str, Any]
+#: The Bot API's limits (https://core.telegram.org/bots/api): message text, callback answer text, callback data.
+MAX_TEXT = 4096
+MAX_CALLBACK_TEXT = 200
+MAX_CALLBACK_DATA_BYTES = 64
+
+
+def text_length(text: str) -> int:
+    """``text``'s length as the emulator checks it: UTF-16 code units (an emoji counts 2)."""
+    return len(text.encode("utf-16-le")) // 2
 
 
 @dataclass(frozen=True)
@@ -170,6 +192,9 @@ class TelegramEmulator:
         text = params.get("text")
         if not text:
             raise _ApiError(400, "Bad Request: message text is empty")
+        if text_length(str(text)) > MAX_TEXT:
+            raise _ApiError(400, "Bad Request: message is too long")
+        markup = _markup(params)
         message: Json = {
             "message_id": self._next_message,
             "date": int(time.time()),
@@ -178,7 +203,6 @@ class TelegramEmulator:
             "text": str(text),
         }
         self._next_message += 1
-        markup = _markup(params)
         if markup is not None:
             message["reply_markup"] = markup
         reply_to = params.get("reply_to_message_id")
@@ -192,6 +216,10 @@ class TelegramEmulator:
     async def _edit_text(self, params: Json) -> Json:
         message = self._existing(params)
         text = str(params.get("text") or "")
+        if not text:
+            raise _ApiError(400, "Bad Request: message text is empty")
+        if text_length(text) > MAX_TEXT:
+            raise _ApiError(400, "Bad Request: message is too long")
         markup = _markup(params)
         if text == message.get("text") and markup == message.get("reply_markup"):
             raise _ApiError(400, "Bad Request: message is not modified")
@@ -215,6 +243,8 @@ class TelegramEmulator:
     async def _answer_callback(self, params: Json) -> bool:
         if not params.get("callback_query_id"):
             raise _ApiError(400, "Bad Request: query id is empty")
+        if text_length(str(params.get("text") or "")) > MAX_CALLBACK_TEXT:
+            raise _ApiError(400, "Bad Request: MESSAGE_TOO_LONG")
         self.callback_answers.append(params)
         await self._notify()
         return True
@@ -385,6 +415,11 @@ def _markup(params: Json) -> Json | None:
     markup = json.loads(raw) if isinstance(raw, str) else raw
     if not isinstance(markup, dict) or not markup.get("inline_keyboard"):
         return None  # an empty keyboard removes the buttons
+    for row in markup["inline_keyboard"]:
+        for button in row:
+            data = button.get("callback_data")
+            if data is not None and not 1 <= len(str(data).encode()) <= MAX_CALLBACK_DATA_BYTES:
+                raise _ApiError(400, "Bad Request: BUTTON_DATA_INVALID")
     return markup
 
 

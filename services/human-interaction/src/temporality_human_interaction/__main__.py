@@ -143,6 +143,7 @@ def build_adapters(settings: Settings, bus: Bus, egress: EgressPolicy | None = N
         )
     for adapter in adapters:
         adapter.egress = policy
+        adapter.inbox_url = settings.inbox_url
     return adapters
 
 

@@ -71,8 +71,10 @@ __all__ = [
 
 #: Characters kept per text field when no limit is configured for a channel.
 DEFAULT_LIMIT = 1000
-#: Per channel: Telegram messages are capped at 4096 characters (the whole message), Matrix renders
-#: long events fine but people do not read them, the web inbox has room.
+#: Per channel, the characters each text field keeps: a field, not the whole message. Telegram refuses a message over
+#: 4,096 characters and a Matrix event over 64 KiB; the whole rendered message is cut to those by
+#: :func:`.channels.render.fitted`, these keep one long field from crowding out the rest. Matrix renders long
+#: events fine but people do not read them; the web inbox has room.
 DEFAULT_LIMITS: Mapping[str, int] = {"telegram": 800, "matrix": 2000, "web": 4000}
 #: A label or a title is never longer than this, whatever the channel allows (the protocol's cap).
 _SHORT_FIELD = 200

@@ -95,10 +95,10 @@ class AnswerRouter:
             )
         except AnswerRefused as refused:
             log.info("answer.refused", code=refused.code, responder=responder, detail=refused.detail)
-            return InboundResult(refused=refused)
+            return InboundResult(refused=refused, responder=responder)
         if not already:
             await self.show_outcome(record)
-        return InboundResult(record=record, already_recorded=already)
+        return InboundResult(record=record, already_recorded=already, responder=responder)
 
     def display_name(self, responder: str | None) -> str | None:
         user_id = user_id_of(responder) if responder else None

@@ -491,6 +491,7 @@ _VALUE_IS_REQUEST = (
     ("telegram", "token"),
     ("telegram", "msg"),
     ("matrix", "event"),
+    ("matrix", "asked"),
 )
 #: ``<prefix>.<request id>...``: the key names the request.
 _KEY_NAMES_REQUEST = (("telegram", "req"), ("telegram", "sent"))

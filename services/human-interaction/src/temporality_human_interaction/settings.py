@@ -50,6 +50,10 @@ class Settings(HttpServiceSettings):
     #: Extra secret patterns, JSON ``{"<kind>": "<regex>"}``; checked at start (a bad regex: exit 2).
     egress_redact_patterns: dict[str, str] = Field(default_factory=dict)
 
+    #: The web inbox's address as people open it (the console's ``https://<host>/#/inbox``): a chat question cut to
+    #: fit the chat's message limit links it ("full question in the inbox"). Unset: the cut is only marked.
+    inbox_url: str | None = Field(default=None, max_length=500, pattern=r"^https?://\S+$")
+
     #: Shared with the journal: it vouches for the person signed in to the console (OIDC) with assertions signed
     #: with this secret (``temporality_service.vouch``); unset: the web inbox takes inbox tokens only.
     inbox_vouch_secret_file: Path | None = Field(default=None, validation_alias="TEMPORALITY_INBOX_VOUCH_SECRET_FILE")

@@ -113,6 +113,9 @@ class InboundResult:
     refused: AnswerRefused | None = None
     #: The same person had already given this very answer: nothing new was bound (still a success).
     already_recorded: bool = False
+    #: Who answered as the directory knows them (``user:<id>``, or ``<channel>:<identity>`` for a stranger): a
+    #: refusal says "you already answered" to the person who did (:func:`.render.refusal_text`).
+    responder: str | None = None
 
     @property
     def accepted(self) -> bool:
@@ -136,6 +139,9 @@ class ChannelAdapter(abc.ABC):
     egress: EgressPolicy = DEFAULT_POLICY
     #: Told every delivery attempt and its outcome (the service sets its :class:`~..metrics.HumanMetrics`).
     observer: DeliveryObserver | None = None
+    #: The web inbox's address people open (``TEMPORALITY_HUMAN_INBOX_URL``): a question cut to fit a chat's
+    #: message limit says the whole question is there (:func:`.render.fitted`). None: the cut is just marked.
+    inbox_url: str | None = None
 
     def attach(self, inbound: AnswerSink) -> None:
         """Where this adapter hands the answers it receives; call before :meth:`initialize`."""

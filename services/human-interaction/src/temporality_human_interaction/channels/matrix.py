@@ -23,18 +23,21 @@ Outbound:
   options as its answers (their ids as answer ids), for clients that show polls
   (``matrix.poll.<question event id>`` -> the poll's event id).
   ``matrix.event.<event id>`` -> request id binds answers (the question's and the poll's event);
-  ``matrix.latest.<room>`` names the newest question in the room (for a bare "2").
+  ``matrix.latest.<room>`` names the newest question in the room, ``matrix.asked.<room>.<request id>`` each one
+  asked there (claimed before the send: a bare answer finds the room's open questions).
 * **update**: an ``m.replace`` edit of the question showing the outcome, and an ``m.poll.end`` closing its poll.
 * **notify**: a plain ``m.notice``.
 
 Inbound (all handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding; the responder's
 identity is the event ``sender``): a **reaction** with an option's keycap (or digit) on a question;
 a **rich reply** (``m.relates_to.m.in_reply_to``) to a question — an option's number/id/label binds
-that option, anything else free text; **plain text** naming an option's number or label binds it to
-the room's newest question; a **poll response** (``m.poll.response`` with ``m.selections``, or the
+that option, anything else free text; a **message that replies to no question** binds the same way to the
+room's one open question (``matrix.asked.<room>.*``), or, with none or several open, is answered with how to
+answer and which are open (in a room no question was asked in it is left alone); a **poll response** (``m.poll.response`` with ``m.selections``, or the
 unstable ``org.matrix.msc3381.poll.response``) to the question's poll binds the option it selects. The
-bot answers each with a notice in reply: recorded, or why not (not
-the recipient, already answered, expired ...). The bot's own events and edits are ignored.
+bot answers each with a notice in reply naming the question: recorded, or why not (not
+the recipient, already answered, expired ...). The question and its edit are cut to fit an event
+(:func:`.render.fitted`: an edit carries the text twice). The bot's own events and edits are ignored.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import structlog
@@ -70,12 +74,17 @@ from temporality_human_interaction.channels.base import (
 from temporality_human_interaction.channels.lease import InboundLease
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.channels.render import (
+    MATRIX_CONTENT_LIMIT,
+    fitted,
+    matrix_content_size,
     option_named,
     option_number,
     outcome_html,
     outcome_text,
     question_html,
+    question_name,
     question_text,
+    refusal_text,
 )
 from temporality_human_interaction.directory import UserProfile
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy, open_store
@@ -90,6 +99,10 @@ log = structlog.get_logger(__name__)
 KEYCAPS = ("1️⃣", "2️⃣", "3️⃣", "4️⃣", "5️⃣", "6️⃣", "7️⃣", "8️⃣", "9️⃣", "🔟")
 _HINT = "react with an option's number, vote in the poll, or reply to this message with the number"
 _TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a moment."
+#: What a message that answers no question is told (then which questions are open here, if any).
+_HOW_TO_ANSWER = "To answer a question, reply to its message, or react to it with an option's number."
+#: A hint lists at most this many open questions.
+_LISTED = 5
 _RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 POLL_START = "m.poll.start"
 POLL_END = "m.poll.end"
@@ -362,13 +375,19 @@ class MatrixAdapter(ChannelAdapter):
     ) -> DeliveryReceipt:
         assert profile.channels.matrix is not None  # reaches() checked it
         room_id = await self.dm_room(profile.channels.matrix.user_id)
-        content = {
-            "msgtype": "m.text",
-            "body": question_text(request, hint=_HINT, banner=banner),
-            "format": "org.matrix.custom.html",
-            "formatted_body": question_html(request, hint=_HINT, banner=banner),
-        }
+
+        def question(r: HumanRequestRecord, note: str | None) -> dict[str, Any]:
+            return {
+                "msgtype": "m.text",
+                "body": question_text(r, hint=_HINT, banner=banner, note=note),
+                "format": "org.matrix.custom.html",
+                "formatted_body": question_html(r, hint=_HINT, banner=banner, note=note),
+            }
+
+        content = self._fitted(request, question)
         send = f"{request.request_id}-{tag}" if tag else request.request_id  # a reminder is a new message
+        # asked in this room before it is sent: a bare answer finds it however fast it comes
+        await self._refs.claim(ref_key("matrix", "asked", room_id, request.request_id), request.request_id)
         event_id = await self._send(room_id, "m.room.message", content, tx_id=f"q-{send}")
         await self._refs.claim(ref_key("matrix", "event", event_id), request.request_id)
         await self._refs.put(ref_key("matrix", "latest", room_id), request.request_id)
@@ -388,19 +407,24 @@ class MatrixAdapter(ChannelAdapter):
         if copy.address is None:
             raise DeliveryFailed(f"the Matrix copy of {request.request_id} has no room id")
         outcome = outcome_text(request, responder_name=responder_name)
-        new_content = {
-            "msgtype": "m.text",
-            "body": question_text(request, hint=_HINT) + "\n\n" + outcome,
-            "format": "org.matrix.custom.html",
-            "formatted_body": question_html(request, hint=_HINT) + outcome_html(request, responder_name=responder_name),
-        }
-        content = {
-            **new_content,
-            "body": "* " + new_content["body"],
-            "formatted_body": "* " + new_content["formatted_body"],
-            "m.new_content": new_content,
-            "m.relates_to": {"rel_type": "m.replace", "event_id": copy.reference},
-        }
+
+        def edit(r: HumanRequestRecord, note: str | None) -> dict[str, Any]:
+            new_content = {
+                "msgtype": "m.text",
+                "body": question_text(r, hint=_HINT, note=note) + "\n\n" + outcome,
+                "format": "org.matrix.custom.html",
+                "formatted_body": question_html(r, hint=_HINT, note=note)
+                + outcome_html(r, responder_name=responder_name),
+            }
+            return {
+                **new_content,
+                "body": "* " + new_content["body"],
+                "formatted_body": "* " + new_content["formatted_body"],
+                "m.new_content": new_content,
+                "m.relates_to": {"rel_type": "m.replace", "event_id": copy.reference},
+            }
+
+        content = self._fitted(request, edit)  # the edit carries the text twice: it must fit as a whole
         # one edit per copy: a room may hold the question and its reminders (same request, other events)
         copy_ref = hashlib.sha256(copy.reference.encode()).hexdigest()[:16]
         await self._send(
@@ -410,6 +434,12 @@ class MatrixAdapter(ChannelAdapter):
         if poll_id is not None:  # close the question's poll, saying how it ended
             end = {"m.relates_to": {"rel_type": "m.reference", "event_id": poll_id}, "m.text": [{"body": outcome}]}
             await self._send(copy.address, POLL_END, end, tx_id=f"e-{request.request_id}-{copy_ref}")
+
+    def _fitted(
+        self, request: HumanRequestRecord, render: Callable[[HumanRequestRecord, str | None], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The event content ``render`` builds, cut to fit a Matrix event (:func:`.render.fitted`)."""
+        return fitted(request, render, matrix_content_size, MATRIX_CONTENT_LIMIT, inbox_url=self.inbox_url)
 
     async def do_notify(self, profile: UserProfile, text: str, key: str) -> DeliveryReceipt:
         assert profile.channels.matrix is not None
@@ -447,16 +477,41 @@ class MatrixAdapter(ChannelAdapter):
             if not isinstance(body, str) or not body.strip():
                 return
             replied = (relates.get("m.in_reply_to") or {}).get("event_id")
-            if replied:
-                request_id = await self._refs.get(ref_key("matrix", "event", replied))
-                if request_id is None:
-                    return  # a reply to something that is not a question: a conversation, not an answer
-                await self._on_text(room_id, source, request_id, _strip_reply_fallback(body), sender)
-            else:
-                request_id = await self._refs.get(ref_key("matrix", "latest", room_id))
-                record = await self._record(request_id) if request_id else None
-                if record is not None and request_id is not None and option_named(record, body) is not None:
-                    await self._on_text(room_id, source, request_id, body, sender)
+            request_id = await self._refs.get(ref_key("matrix", "event", replied)) if replied else None
+            record = await self._record(request_id) if request_id is not None else None
+            if record is not None:
+                await self._on_text(room_id, source, record, _strip_reply_fallback(body), sender)
+            else:  # a bare message (or a reply to something else): the room's one open question takes it
+                await self._on_bare(room_id, source, _strip_reply_fallback(body) if replied else body, sender)
+
+    async def _on_bare(self, room_id: str, source: dict[str, Any], body: str, sender: str) -> None:
+        """A message that answers no question by itself: bound to the room's open question when exactly one is open,
+        else the person is told how to answer (and which are open). In a room no question was ever asked in, it is
+        a conversation, not an answer: left alone."""
+        asked = await self._asked_in(room_id)
+        if not asked:
+            return
+        open_ = sorted((r for r in asked if r.pending), key=lambda r: (r.created_at, r.request_id), reverse=True)
+        if len(open_) == 1:
+            await self._on_text(room_id, source, open_[0], body, sender)
+            return
+        if not open_:
+            hint = f"{_HOW_TO_ANSWER} There is no open question here right now."
+        else:
+            names = ", ".join(question_name(r) for r in open_[:_LISTED])
+            more = f" and {len(open_) - _LISTED} more" if len(open_) > _LISTED else ""
+            hint = f"{_HOW_TO_ANSWER} {len(open_)} questions are open here: {names}{more}."
+        await self._notice(room_id, source, hint)
+
+    async def _asked_in(self, room_id: str) -> list[HumanRequestRecord]:
+        """Every question asked in ``room_id`` that is still stored (``matrix.asked.<room>.*``, and the room's newest
+        question, which a version before them recorded alone)."""
+        keys = await self._refs.keys(f"{ref_key('matrix', 'asked', room_id)}.*")
+        ids = {v for v in await asyncio.gather(*(self._refs.get(k) for k in keys)) if v}
+        if (latest := await self._refs.get(ref_key("matrix", "latest", room_id))) is not None:
+            ids.add(latest)
+        records = await asyncio.gather(*(self._record(i) for i in sorted(ids)))
+        return [r for r in records if r is not None]
 
     async def _record(self, request_id: str) -> HumanRequestRecord | None:
         got = await (await open_store(self._bus)).get(request_id)
@@ -468,10 +523,10 @@ class MatrixAdapter(ChannelAdapter):
             return  # a reaction to anything else
         record = await self._record(request_id)
         option = option_for_reaction(record.options, str(relates.get("key", ""))) if record is not None else None
-        if option is None:
+        if record is None or option is None:
             return  # an emoji that names no option: not an answer
         result = await self._submit(request_id, str(source.get("sender")), AnswerSubmission(option_id=option.id))
-        await self._tell(room_id, source, result, f"Recorded: {option.label}")
+        await self._tell(room_id, source, record, result, f"Recorded: {option.label}")
 
     async def _on_poll_response(
         self, room_id: str, source: dict[str, Any], kind: str, content: dict[str, Any], relates: dict[str, Any]
@@ -482,21 +537,24 @@ class MatrixAdapter(ChannelAdapter):
             return  # a response to another poll, or one that selects nothing (a retraction)
         record = await self._record(request_id)
         option = record.option(selected) if record is not None else None
-        if option is None:
+        if record is None or option is None:
             return  # an answer id the request does not offer: not an answer
         result = await self._submit(request_id, str(source.get("sender")), AnswerSubmission(option_id=option.id))
-        await self._tell(room_id, source, result, f"Recorded: {option.label}")
+        await self._tell(room_id, source, record, result, f"Recorded: {option.label}")
 
-    async def _on_text(self, room_id: str, source: dict[str, Any], request_id: str, text: str, sender: str) -> None:
-        record = await self._record(request_id)
-        if record is None or not text:
+    async def _on_text(
+        self, room_id: str, source: dict[str, Any], record: HumanRequestRecord, text: str, sender: str
+    ) -> None:
+        if not text:
             return
         option = option_named(record, text)
         submission = (
             AnswerSubmission(option_id=option.id) if option is not None else AnswerSubmission(text=text[:MAX_TEXT])
         )
-        result = await self._submit(request_id, sender, submission)
-        await self._tell(room_id, source, result, f"Recorded: {option.label}" if option else "Recorded, thank you.")
+        result = await self._submit(record.request_id, sender, submission)
+        await self._tell(
+            room_id, source, record, result, f"Recorded: {option.label}" if option else "Recorded: your answer."
+        )
 
     async def _submit(self, request_id: str, sender: str, submission: AnswerSubmission) -> InboundResult | None:
         try:
@@ -505,16 +563,28 @@ class MatrixAdapter(ChannelAdapter):
             log.warning("matrix.answer_failed", request_id=request_id, error=repr(exc))
             return None
 
-    async def _tell(self, room_id: str, source: dict[str, Any], result: InboundResult | None, ok: str) -> None:
-        """Answer the responder with a notice replying to their event."""
+    async def _tell(
+        self,
+        room_id: str,
+        source: dict[str, Any],
+        record: HumanRequestRecord,
+        result: InboundResult | None,
+        ok: str,
+    ) -> None:
+        """Answer the responder with a notice replying to their event, naming the question it was about."""
         if result is None:
             text = _TRY_AGAIN
         elif result.refused is not None:
-            text = f"Not recorded: {result.refused.detail}."
+            text = refusal_text(result.refused, result.responder)
         elif result.already_recorded:
             text = f"Already {ok[0].lower()}{ok[1:]}"
         else:
             text = ok
+        name = question_name(record)
+        await self._notice(room_id, source, text if name in text else f"{name} — {text}")
+
+    async def _notice(self, room_id: str, source: dict[str, Any], text: str) -> None:
+        """A notice to the sender of ``source``, replying to it (sent once per event: its transaction id)."""
         sender = str(source.get("sender"))
         content = {
             "msgtype": "m.notice",

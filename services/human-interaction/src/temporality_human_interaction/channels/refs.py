@@ -14,6 +14,8 @@ key                                    value
 ``matrix.event.<event id>``            request id a Matrix question event carries
 ``matrix.room.<matrix user id>``       the DM room with that person, created once and reused
 ``matrix.latest.<room id>``            request id of the newest question in that room (overwritten)
+``matrix.asked.<room id>.<request id>`` the request id: a question asked in that room (a bare message binds
+                                       to the room's one open question)
 ``matrix.since.<bot user id>``         the sync ``next_batch`` the adapter resumes from (overwritten)
 ``run.<run id>.<request id>``          the request id, its ``expires_at``, who may answer it (``answerers``)
                                        and, once it ended, ``ended_at`` and ``ended`` (how: answered,
@@ -139,6 +141,10 @@ class ChannelRefs:
         """The whole entry under ``key`` (its value and what is stored with it), or None."""
         got = await (await self._open()).get(key)
         return got.value if got is not None else None
+
+    async def keys(self, match: str) -> list[str]:
+        """The keys matching the subject filter ``match`` (``telegram.msg.<chat>.*``)."""
+        return await (await self._open()).keys(match)
 
     async def put(self, key: str, value: str) -> None:
         """Overwrite ``key`` (for values that move on: a sync token, the newest question in a room)."""

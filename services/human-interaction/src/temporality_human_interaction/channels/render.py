@@ -1,33 +1,102 @@
 """The question a person sees and the outcome it is edited to, rendered once for every chat transport (HUM-5).
 
 Compact and self-contained: the task (title), a link to its source (the PR's web page, when the
-run's launch event had one), why the agent asks (the context, truncated), the
+run's launch event had one), why the agent asks (the context, truncated), which agent asks and the
 question, the options numbered with what each leads to, the deadline and what happens if nobody
 answers. Never the run's technical context beyond that. The adapters' public methods hand these functions
 a record the egress policy already redacted and truncated for their channel (:mod:`..egress`). Plain text (Telegram) and HTML with a plain
 fallback (Matrix ``formatted_body``).
+
+**The whole message fits the channel** (:func:`fitted`): the egress policy caps each field, but ten options
+with long consequences still add up past what a transport takes (Telegram: 4,096 characters of text; Matrix: an
+event of 64 KiB). The message is cut least important part first -- the context, then the options'
+consequences, then the question, then the source link, and only as a last resort the options' labels and the
+title -- each cut part ending in ``…``, with one visible line saying so (and where the whole question is: the
+web inbox, when :attr:`..channels.ChannelAdapter.inbox_url` is set). The options' numbers and the way to answer
+are never cut. The edited outcome is fitted the same way (the outcome line counted in).
+
+Refusals and confirmations for chat (:func:`refusal_text`, :func:`question_name`) say things the way the
+question does: times as ``05:05 UTC``, "you" for the person who answered, what was answered, and what the run
+did when nobody answered.
 """
 
 from __future__ import annotations
 
 import html
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
+from temporality_human_interaction.answers import AnswerRefused, NotPending
 from temporality_human_interaction.records import HumanRequestRecord
-from temporality_protocol import HumanOption, HumanRequestState, OptionAnswer, TextAnswer
+from temporality_protocol import HumanOption, HumanRequestState, OptionAnswer, SourceLink, TextAnswer
 
 __all__ = [
+    "MATRIX_CONTENT_LIMIT",
+    "TELEGRAM_CALLBACK_TEXT_LIMIT",
+    "TELEGRAM_TEXT_LIMIT",
+    "clip_message",
+    "cut_note",
+    "fitted",
     "if_nobody_answers",
+    "matrix_content_size",
     "option_named",
     "option_number",
     "outcome_html",
     "outcome_text",
     "question_html",
+    "question_name",
     "question_text",
+    "refusal_text",
+    "telegram_size",
+    "timeout_outcome",
+    "utf16_len",
 ]
 
 #: A free-text answer quoted in an outcome line is cut to this many characters. (The question's own text is
 #: redacted and truncated per channel by the egress policy before it gets here: :mod:`..egress`.)
 MAX_QUOTED_ANSWER = 200
+#: Telegram's Bot API: a message's text (``sendMessage``, ``editMessageText``; with an inline keyboard too) is
+#: 1-4,096 characters after entity parsing; counted here in UTF-16 code units (an emoji counts 2), which is never
+#: fewer than Telegram's count, so a message that fits here fits there.
+TELEGRAM_TEXT_LIMIT = 4096
+#: ``answerCallbackQuery``'s ``text``: 0-200 characters.
+TELEGRAM_CALLBACK_TEXT_LIMIT = 200
+#: A Matrix event is at most 65,536 bytes as the homeserver stores it (the content plus the envelope, signatures
+#: and hashes the server adds): the content (its JSON, UTF-8) is kept under this, an edit's twice-carried text
+#: included.
+MATRIX_CONTENT_LIMIT = 56_000
+#: A question's title as a confirmation or a hint names it.
+_SHORT_TITLE = 60
+
+
+def utf16_len(text: str) -> int:
+    """``text``'s length in UTF-16 code units (what Telegram's limits count, at most)."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+def telegram_size(text: str) -> int:
+    return utf16_len(text)
+
+
+def matrix_content_size(content: dict[str, Any]) -> int:
+    """The bytes ``content`` takes in a Matrix event (canonical JSON is UTF-8, no spaces)."""
+    return len(json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def clip_message(text: str, limit: int = TELEGRAM_TEXT_LIMIT, size: Callable[[str], int] = utf16_len) -> str:
+    """``text`` cut to fit ``limit`` (by ``size``), ending in ``…`` when cut (a chat reply, a callback answer)."""
+    if size(text) <= limit:
+        return text
+    lo, hi = 0, len(text)
+    while lo < hi:  # the longest prefix that fits with the marker
+        mid = (lo + hi + 1) // 2
+        if size(text[:mid].rstrip() + "…") <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo].rstrip() + "…"
 
 
 def option_number(text: str) -> int | None:
@@ -76,18 +145,28 @@ def _how_to_answer(record: HumanRequestRecord, channel_hint: str) -> str:
     return "; ".join(parts)
 
 
-def question_text(record: HumanRequestRecord, *, hint: str = "tap an option", banner: str | None = None) -> str:
-    """The question as plain text; ``banner`` (a reminder, an escalation) is its first line when given."""
+def _asker(record: HumanRequestRecord) -> str:
+    """Who asks: the agent (its id, as the run's card names it)."""
+    return f"🤖 {record.agent} (agent) asks:"
+
+
+def question_text(
+    record: HumanRequestRecord, *, hint: str = "tap an option", banner: str | None = None, note: str | None = None
+) -> str:
+    """The question as plain text; ``banner`` (a reminder, an escalation) is its first line when given; ``note``
+    (what :func:`fitted` cut) a line after the options."""
     lines = [banner, ""] if banner else []
     lines += [f"❓ {record.title}", ""]
     if record.source_link is not None:
         lines += [f"🔗 {record.source_link.label or 'Source'}: {record.source_link.href}", ""]
     if record.context.strip():
         lines += [record.context.strip(), ""]
-    lines.append(record.question)
+    lines += [_asker(record), record.question]
     for number, option in enumerate(record.options, start=1):
         consequence = f" — {option.consequence}" if option.consequence else ""
         lines.append(f"{number}. {option.label}{consequence}")
+    if note:
+        lines += ["", note]
     lines += ["", if_nobody_answers(record)]
     how = _how_to_answer(record, hint)
     if how:
@@ -96,7 +175,11 @@ def question_text(record: HumanRequestRecord, *, hint: str = "tap an option", ba
 
 
 def question_html(
-    record: HumanRequestRecord, *, hint: str = "react with an option's number", banner: str | None = None
+    record: HumanRequestRecord,
+    *,
+    hint: str = "react with an option's number",
+    banner: str | None = None,
+    note: str | None = None,
 ) -> str:
     esc = html.escape
     out = [f"<p><i>{esc(banner)}</i></p>"] if banner else []
@@ -106,18 +189,155 @@ def question_html(
         out.append(f'<p>🔗 <a href="{esc(link.href, quote=True)}">{esc(link.label or link.href)}</a></p>')
     if record.context.strip():
         out.append(f"<p>{esc(record.context.strip())}</p>")
-    out.append(f"<p>{esc(record.question)}</p>")
+    out.append(f"<p>{esc(_asker(record))} {esc(record.question)}</p>")
     if record.options:
         items = "".join(
             f"<li><b>{esc(o.label)}</b>{' — ' + esc(o.consequence) if o.consequence else ''}</li>"
             for o in record.options
         )
         out.append(f"<ol>{items}</ol>")
+    if note:
+        out.append(f"<p><i>{esc(note)}</i></p>")
     out.append(f"<p><i>{esc(if_nobody_answers(record))}</i></p>")
     how = _how_to_answer(record, hint)
     if how:
         out.append(f"<p>To answer: {esc(how)}.</p>")
     return "".join(out)
+
+
+def _when(at: datetime, now: datetime | None = None) -> str:
+    """A time as the question shows it: ``05:05 UTC`` today, else ``2026-12-07 05:05 UTC``."""
+    at = at.astimezone(UTC)
+    today = (now or datetime.now(UTC)).astimezone(UTC).date()
+    return at.strftime("%H:%M UTC") if at.date() == today else at.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def timeout_outcome(record: HumanRequestRecord) -> str:
+    """What the run did when nobody answered in time (the timeout policy applied at the deadline)."""
+    on_timeout = record.policy.on_timeout
+    escalated = f" (it had been escalated to {record.escalated_to})" if record.escalated_to else ""
+    if on_timeout.action == "default" and on_timeout.default_option is not None:
+        option = record.option(on_timeout.default_option)
+        done = f"the run went ahead with the default: “{option.label if option else on_timeout.default_option}”"
+    elif on_timeout.action == "cancel":
+        done = "the run was cancelled"
+    else:
+        done = "the run stopped without an answer"
+    return done + escalated
+
+
+def question_name(record: HumanRequestRecord) -> str:
+    """The question in a confirmation or a hint: its title, short, quoted."""
+    return f"“{_clip(record.title, _SHORT_TITLE)}”"
+
+
+def refusal_text(refused: AnswerRefused, responder: str | None = None) -> str:
+    """Why an answer was not recorded, for the person in a chat (``Not recorded: ...``): the request's state said
+    the way the question says it (times as ``05:10 UTC``, "you" when ``responder`` (``user:<id>``) answered it
+    themselves, what was answered, what the run did on a timeout). The API keeps the refusal's own ``detail``."""
+    record = refused.record if isinstance(refused, NotPending) else None
+    if record is None:
+        return f"Not recorded: {refused.detail}."
+    if record.status is HumanRequestState.ANSWERED:
+        when = f", at {_when(record.answered_at)}" if record.answered_at else ""
+        if responder is not None and record.responder == responder:
+            return f"Not recorded: you already answered {question_name(record)}: {_answer_words(record)}{when}."
+        who = record.responder_name or record.responder or "someone"
+        return f"Not recorded: {question_name(record)} was already answered by {who}: {_answer_words(record)}{when}."
+    if record.status is HumanRequestState.EXPIRED:
+        return f"Not recorded: expired at {_when(record.expires_at)} without an answer — {timeout_outcome(record)}."
+    if record.status is HumanRequestState.CANCELLED:
+        return f"Not recorded: the request is cancelled, {question_name(record)} no longer needs an answer."
+    return f"Not recorded: {refused.detail}."
+
+
+def cut_note(inbox_url: str | None) -> str:
+    """The line a cut question carries."""
+    if inbox_url:
+        return f"…(cut; full question in the inbox: {inbox_url})"
+    return "…(cut to fit this chat's message limit)"
+
+
+def _cut(text: str, keep: int) -> str:
+    return text if len(text) <= keep else (text[:keep].rstrip() + "…" if keep > 0 else "")
+
+
+def _with_consequences(record: HumanRequestRecord, keep: int) -> HumanRequestRecord:
+    options = [
+        o.model_copy(update={"consequence": (_cut(o.consequence, keep) or None) if o.consequence else None})
+        for o in record.options
+    ]
+    return record.model_copy(update={"options": options})
+
+
+def _with_labels(record: HumanRequestRecord, keep: int) -> HumanRequestRecord:
+    options = [o.model_copy(update={"label": _cut(o.label, keep)}) for o in record.options]
+    return record.model_copy(update={"options": options})
+
+
+def _without_link(record: HumanRequestRecord, keep: int) -> HumanRequestRecord:
+    link: SourceLink | None = record.source_link if keep else None
+    return record.model_copy(update={"source_link": link})
+
+
+#: What :func:`fitted` cuts, least important first: ``(cut, the smallest it keeps, the most there is)``.
+_STAGES: tuple[
+    tuple[
+        Callable[[HumanRequestRecord, int], HumanRequestRecord],
+        int,
+        Callable[[HumanRequestRecord], int],
+    ],
+    ...,
+] = (
+    (lambda r, n: r.model_copy(update={"context": _cut(r.context, n)}), 0, lambda r: len(r.context)),
+    (_with_consequences, 0, lambda r: max((len(o.consequence or "") for o in r.options), default=0)),
+    (lambda r, n: r.model_copy(update={"question": _cut(r.question, n)}), 40, lambda r: len(r.question)),
+    (_without_link, 0, lambda r: 1 if r.source_link is not None else 0),
+    (_with_labels, 12, lambda r: max((len(o.label) for o in r.options), default=0)),
+    (lambda r, n: r.model_copy(update={"title": _cut(r.title, n)}), 20, lambda r: len(r.title)),
+)
+
+T = TypeVar("T")
+
+
+def fitted(
+    record: HumanRequestRecord,
+    render: Callable[[HumanRequestRecord, str | None], T],
+    size: Callable[[T], int],
+    limit: int,
+    *,
+    inbox_url: str | None = None,
+) -> T:
+    """``render(record, note)`` cut to fit ``limit`` (measured by ``size``), least important part first.
+
+    ``render`` builds the whole message (the question, a banner, an outcome line: all of it counts) from the record
+    and a note line (None: nothing was cut). Each stage of :data:`_STAGES` cuts one part (the context, the
+    consequences, the question, the source link, the labels, the title) only as far as needed: the longest that
+    fits is found by bisection; a stage that cannot make it fit cuts its part to its smallest and the next one goes
+    on. The options (their numbers) and the way to answer stay. Should even that not fit (hundreds of options), the
+    smallest is returned: the transport refuses it and the delivery goes to the person's next channel."""
+    whole = render(record, None)
+    if size(whole) <= limit:
+        return whole
+    note = cut_note(inbox_url)
+    current = record
+    for cut, smallest, largest in _STAGES:
+        top = largest(current)
+        if top <= smallest:
+            continue
+        floor = cut(current, smallest)
+        if size(render(floor, note)) > limit:
+            current = floor
+            continue
+        lo, hi = smallest, top
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if size(render(cut(current, mid), note)) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        return render(cut(current, lo), note)
+    return render(current, note)
 
 
 def _answer_words(record: HumanRequestRecord) -> str:
@@ -136,7 +356,7 @@ def outcome_text(record: HumanRequestRecord, *, responder_name: str | None = Non
         when = record.answered_at.strftime("%H:%M UTC") if record.answered_at else ""
         return f"✅ Answered by {who}: {_answer_words(record)} {when}".rstrip()
     if record.status is HumanRequestState.EXPIRED:
-        return f"⌛ Expired at {_deadline(record)} without an answer."
+        return f"⌛ Expired at {_when(record.expires_at)} without an answer — {timeout_outcome(record)}."
     if record.status is HumanRequestState.CANCELLED:
         return "🚫 Cancelled: the task no longer needs an answer."
     return "⏳ Waiting for an answer."

@@ -28,7 +28,12 @@ Inbound (handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding):
   "Recorded" or, shown as an alert, why it was refused: an unknown or stale token, the request
   already answered / expired / cancelled, or the presser is not the recipient;
 * a **reply** to the question message binds free text; a reply that is just an option's number or
-  label binds that option. Plain messages that reply to nothing get a hint. Each gets a text reply.
+  label binds that option. A message that replies to no question binds the same way to the one question open in
+  the person's private chat (``telegram.msg.<chat>.*``); with none or several open (or in a group chat) it gets a
+  hint listing them. Each gets a text reply naming the question.
+
+Every text fits Telegram's limits (:mod:`.render`): the question and its outcome edit 4,096 characters
+(:func:`.render.fitted` cuts the least important parts first), a reply 4,096, a callback answer 200.
 * ``/start`` (the Start button a person presses once) is answered with what the chat is for and their
   Telegram id, the ``chat_id`` their profile needs.
 
@@ -55,7 +60,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import structlog
-from telegram import InlineKeyboardButton, InlineKeyboardMarkup, Update
+from telegram import CallbackQuery, InlineKeyboardButton, InlineKeyboardMarkup, Message, Update
 from telegram.error import BadRequest, TelegramError
 from telegram.ext import Application, CallbackQueryHandler, CommandHandler, ContextTypes, MessageHandler, filters
 
@@ -71,7 +76,19 @@ from temporality_human_interaction.channels.base import (
 )
 from temporality_human_interaction.channels.lease import InboundLease
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
-from temporality_human_interaction.channels.render import option_named, option_number, outcome_text, question_text
+from temporality_human_interaction.channels.render import (
+    TELEGRAM_CALLBACK_TEXT_LIMIT,
+    TELEGRAM_TEXT_LIMIT,
+    clip_message,
+    fitted,
+    option_named,
+    option_number,
+    outcome_text,
+    question_name,
+    question_text,
+    refusal_text,
+    telegram_size,
+)
 from temporality_human_interaction.directory import UserProfile
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy, open_store
 from temporality_protocol.events import MAX_TEXT
@@ -92,6 +109,11 @@ _RETRY_S: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 #: What a person is told when the bus did not answer while their answer was being bound.
 _TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a moment."
+_HINT = "tap an option below"
+#: What a message that is no answer to a question is told (then which questions are open, if any).
+_HOW_TO_ANSWER = "To answer a question, reply to the question's message (or tap an option)."
+#: A hint lists at most this many open questions.
+_LISTED = 5
 
 
 class TelegramAdapter(ChannelAdapter):
@@ -231,10 +253,17 @@ class TelegramAdapter(ChannelAdapter):
             [InlineKeyboardButton(f"{n}. {option.label}"[:64], callback_data=f"{token}:{n}")]
             for n, option in enumerate(request.options, start=1)
         ]
+        text = fitted(
+            request,
+            lambda r, note: question_text(r, hint=_HINT, banner=banner, note=note),
+            telegram_size,
+            TELEGRAM_TEXT_LIMIT,
+            inbox_url=self.inbox_url,
+        )
         try:
             message = await self._bot_app().bot.send_message(
                 chat_id=chat_id,
-                text=question_text(request, hint="tap an option below", banner=banner),
+                text=text,
                 reply_markup=InlineKeyboardMarkup(keyboard) if keyboard else None,
             )
         except TelegramError as exc:
@@ -246,10 +275,13 @@ class TelegramAdapter(ChannelAdapter):
     async def do_update(self, request: HumanRequestRecord, copy: SentCopy, responder_name: str | None) -> None:
         if copy.address is None:
             raise DeliveryFailed(f"the Telegram copy of {request.request_id} has no chat id")
-        text = (
-            question_text(request, hint="tap an option below")
-            + "\n\n"
-            + outcome_text(request, responder_name=responder_name)
+        outcome = outcome_text(request, responder_name=responder_name)
+        text = fitted(  # the outcome line counts too: the edited message fits as the question did
+            request,
+            lambda r, note: question_text(r, hint=_HINT, note=note) + "\n\n" + outcome,
+            telegram_size,
+            TELEGRAM_TEXT_LIMIT,
+            inbox_url=self.inbox_url,
         )
         try:
             await self._bot_app().bot.edit_message_text(
@@ -278,7 +310,7 @@ class TelegramAdapter(ChannelAdapter):
         token, _, number = (query.data or "").partition(":")
         request_id = await self._refs.get(ref_key("telegram", "token", token)) if token else None
         if request_id is None:
-            await query.answer("This button does not belong to any question I asked.", show_alert=True)
+            await self._answer_query(query, "This button does not belong to any question I asked.", alert=True)
             return
         got = await (await open_store(self._bus)).get(request_id)
         option = None
@@ -286,16 +318,22 @@ class TelegramAdapter(ChannelAdapter):
         if got is not None and chosen is not None and 1 <= chosen <= len(got.value.options):
             option = got.value.options[chosen - 1]
         if option is None:
-            await query.answer("This button is not one of the question's options.", show_alert=True)
+            await self._answer_query(query, "This button is not one of the question's options.", alert=True)
             return
         result = await self._submit(request_id, query.from_user.id, AnswerSubmission(option_id=option.id))
         if result is None:
-            await query.answer(_TRY_AGAIN, show_alert=True)
+            await self._answer_query(query, _TRY_AGAIN, alert=True)
         elif result.refused is not None:
-            await query.answer(f"Not recorded: {result.refused.detail}.", show_alert=True)
+            await self._answer_query(query, refusal_text(result.refused, result.responder), alert=True)
         else:
             prefix = "Already recorded" if result.already_recorded else "Recorded"
-            await query.answer(f"{prefix}: {option.label}")
+            await self._answer_query(query, f"{prefix}: {option.label}")
+
+    @staticmethod
+    async def _answer_query(query: CallbackQuery, text: str, *, alert: bool = False) -> None:
+        """``answerCallbackQuery`` with ``text`` cut to Telegram's 200 characters (longer is refused: the person
+        would see the button spin)."""
+        await query.answer(clip_message(text, TELEGRAM_CALLBACK_TEXT_LIMIT), show_alert=alert)
 
     async def _on_start(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         """``/start`` (the Start button, which a person must press once before the bot may write to them): say
@@ -320,26 +358,46 @@ class TelegramAdapter(ChannelAdapter):
             if replied is not None
             else None
         )
-        if request_id is None:
-            await message.reply_text(
-                "To answer a question, reply to the question's message (or tap an option).", do_quote=True
-            )
-            return
-        got = await (await open_store(self._bus)).get(request_id)
-        option = option_named(got.value, message.text) if got is not None else None
+        record = await self._record(request_id) if request_id is not None else None
+        if record is None:
+            # not a reply to a question: in the person's own chat with the bot, the one open question there takes it
+            open_ = await self._open_questions(message.chat_id) if message.chat.type == "private" else []
+            if len(open_) != 1:
+                await self._reply(message, _hint(open_))
+                return
+            record = open_[0]
+        option = option_named(record, message.text)
         submission = (
             AnswerSubmission(option_id=option.id)
             if option is not None
             else AnswerSubmission(text=message.text[:MAX_TEXT])
         )
-        result = await self._submit(request_id, message.from_user.id, submission)
+        result = await self._submit(record.request_id, message.from_user.id, submission)
         if result is None:
-            await message.reply_text(_TRY_AGAIN, do_quote=True)
+            await self._reply(message, _TRY_AGAIN)
         elif result.refused is not None:
-            await message.reply_text(f"Not recorded: {result.refused.detail}.", do_quote=True)
+            await self._reply(message, refusal_text(result.refused, result.responder))
         else:
-            ok = "Already recorded, thank you." if result.already_recorded else "Recorded, thank you."
-            await message.reply_text(ok, do_quote=True)
+            what = f"“{option.label}”" if option is not None else "your answer"
+            prefix = "Already recorded" if result.already_recorded else "Recorded"
+            await self._reply(message, f"{prefix} for {question_name(record)}: {what}.")
+
+    @staticmethod
+    async def _reply(message: Message, text: str) -> None:
+        """Reply to ``message`` with ``text`` cut to Telegram's 4,096 characters (a form's refusal can be long)."""
+        await message.reply_text(clip_message(text, TELEGRAM_TEXT_LIMIT), do_quote=True)
+
+    async def _record(self, request_id: str) -> HumanRequestRecord | None:
+        got = await (await open_store(self._bus)).get(request_id)
+        return got.value if got is not None else None
+
+    async def _open_questions(self, chat_id: int) -> list[HumanRequestRecord]:
+        """The questions sent to ``chat_id`` that are still open, newest first (from ``telegram.msg.<chat>.*``:
+        every question, reminder and escalation sent there, until the retention purges its request)."""
+        keys = await self._refs.keys(f"{ref_key('telegram', 'msg', chat_id)}.*")
+        ids = {v for v in await asyncio.gather(*(self._refs.get(k) for k in keys)) if v}
+        records = [r for r in await asyncio.gather(*(self._record(i) for i in sorted(ids))) if r is not None]
+        return sorted((r for r in records if r.pending), key=lambda r: (r.created_at, r.request_id), reverse=True)
 
     async def _submit(self, request_id: str, user_id: int, submission: AnswerSubmission) -> InboundResult | None:
         """Hand the answer to the binding; None when the bus failed (the person is asked to try again)."""
@@ -351,3 +409,12 @@ class TelegramAdapter(ChannelAdapter):
 
     async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
         log.warning("telegram.handler_error", error=repr(context.error))
+
+
+def _hint(open_: list[HumanRequestRecord]) -> str:
+    """How to answer, for a message that is no answer to one question: which questions are open here, if any."""
+    if not open_:
+        return f"{_HOW_TO_ANSWER} There is no open question here right now."
+    names = ", ".join(question_name(r) for r in open_[:_LISTED])
+    more = f" and {len(open_) - _LISTED} more" if len(open_) > _LISTED else ""
+    return f"{_HOW_TO_ANSWER} {len(open_)} questions are open here: {names}{more}."

@@ -22,6 +22,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from temporality_bus import Bus, Conflict, Consumer, Delivery, NatsSettings
 from temporality_embedded import NatsServer, free_port
 from temporality_embedded.cli import build_parser, nats_authorization
+from temporality_embedded.dlq import OPERATOR_USER
 from temporality_embedded.natsserver import password_variable
 from temporality_protocol import Envelope, TriggerReceived, make_event
 from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, BUCKET_DELIVERIES, CONSUMERS, EVENTS_STREAM, SERVICES
@@ -80,7 +81,7 @@ def hub_and_leaf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tu
         + f'leafnodes: {{remotes: [{{url: "nats-leaf://127.0.0.1:{leaf_port}"}}]}}\n',
         encoding="utf-8",
     )
-    for user in [*SERVICES, TIMERS_MIGRATION_USER]:
+    for user in [*SERVICES, TIMERS_MIGRATION_USER, OPERATOR_USER]:
         monkeypatch.setenv(password_variable(user), f"{user}-secret")
     hub = NatsServer(tmp_path / "hub", config_file=hub_conf)
     leaf = NatsServer(tmp_path / "leaf", config_file=leaf_conf)

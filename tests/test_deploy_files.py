@@ -1717,7 +1717,8 @@ def _nats_secret() -> dict[str, str]:
 
 def _nats_pod_env(docs: list[dict[str, Any]], pod: str, secret: dict[str, str]) -> dict[str, str]:
     """The environment the kubelet gives the rendered nats container of ``pod``, with ``secret`` as the Secret."""
-    (container,) = _kinds(docs)[("StatefulSet", NATS_NAME)]["spec"]["template"]["spec"]["containers"]
+    containers = _kinds(docs)[("StatefulSet", NATS_NAME)]["spec"]["template"]["spec"]["containers"]
+    (container,) = [c for c in containers if c["name"] == "nats"]  # (beside it: nats.embedded.exporter's sidecar)
     env: dict[str, str] = {}
     for entry in container["env"]:
         source = entry["valueFrom"]
@@ -2315,7 +2316,9 @@ def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
     assert rules["TemporalityRunsFailing"]["expr"].endswith(">= 20")
     assert rules["TemporalityTargetDown"]["expr"] == 'up{job="temporality"} == 0'
     assert all(r["labels"]["team"] == "platform" for r in rules.values())
-    assert _alert_rules()["TemporalityTargetDown"]["expr"] == 'up{namespace="default", pod=~"t-temporality-.*"} == 0'
+    assert _alert_rules()["TemporalityTargetDown"]["expr"] == (
+        'up{namespace="default", pod=~"t-temporality-.*", pod!~"t-temporality-nats-[0-9]+"} == 0'
+    ), "the embedded NATS's pods have alerts of their own (tests/test_chart_nats_exporter.py)"
 
 
 def test_chart_jetstream_domain_reaches_every_service_and_the_timers_migration() -> None:
@@ -2362,6 +2365,10 @@ _RENDERINGS: dict[str, dict[str, Any] | None] = {
     "everything": {
         **_EVERYTHING_ON,
         **_MONITORING_ON,
+        # the embedded NATS's exporter sidecar (tests/test_chart_nats_exporter.py) and the operator's toolbox
+        # (tests/test_chart_dlq_toolbox.py)
+        "nats": _merge(_EVERYTHING_ON["nats"], {"embedded": {"exporter": {"enabled": True}}}),
+        "tools": {"enabled": True},
         "ingress": {"enabled": True, "host": "hooks.example.com", "tlsSecretName": "hooks-tls"},
         "apiTokens": {"existingSecret": {"name": "temporality-api-tokens"}},
         "agentCollab": {"replyKey": {"existingSecret": "collab-key"}},

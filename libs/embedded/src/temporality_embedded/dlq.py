@@ -36,8 +36,8 @@ so a re-drive or a purge is not journaled as an event: it is logged as one JSON 
 **Who may run it.** Any NATS user with full access (``temporality up``'s ``temporality-admin``), or the narrow
 :data:`OPERATOR_USER`, ``dlq-operator``, that ``temporality nats-authorization`` adds for exactly this command
 (:func:`operator_permissions`; docker compose's ``tools`` service and the chart's ``tools`` toolbox log in as it):
-``TEMPORALITY_DLQ``'s info, message get and message delete, the info and consumer list of the stream a re-drive
-lands in, and publishing on the subjects a re-drive publishes to (the event subjects the catalogue's consumers
+``TEMPORALITY_DLQ``'s info, message get and message delete, the consumer list of the stream a re-drive lands
+in, and publishing on the subjects a re-drive publishes to (the event subjects the catalogue's consumers
 read: whoever holds its password can publish any event there, which is what a re-drive is); replies below
 ``_INBOX.dlq-operator`` only. Nothing else: no purge or delete of a stream, no consumer, no bucket, no timer, no
 other stream's messages (``tests/test_dlq_operator.py`` checks both on a real server).
@@ -246,7 +246,7 @@ def operator_permissions() -> Permissions:
     publish = [f"$JS.API.STREAM.{op}.{dlq}" for op in ("INFO", "MSG.GET", "MSG.DELETE")]
     subjects = redrive_subjects()
     for stream in dict.fromkeys(s for s in map(stream_of, subjects) if s is not None):
-        publish += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.CONSUMER.LIST.{stream}"]  # audience()
+        publish.append(f"$JS.API.CONSUMER.LIST.{stream}")  # audience(): who gets a re-drive
     publish += subjects
     return Permissions(publish=tuple(dict.fromkeys(publish)), subscribe=(f"{service_inbox(OPERATOR_USER)}.>",))
 

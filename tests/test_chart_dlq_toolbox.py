@@ -264,3 +264,21 @@ async def test_the_rendered_toolbox_runs_dlq_list_on_the_rendered_nats(tmp_path:
         assert "1 dead letter(s)" in out.decode()
     finally:
         _stop(server)
+
+
+def test_the_toolbox_follows_the_global_scheduling_and_pod_security_context() -> None:
+    """Where every pod may run and as whom (tolerations, affinity, nodeSelector; podSecurityContext, e.g. OpenShift's
+    user assigned by the platform), as the timers migration's Job: one pod, so no spread constraint."""
+    tolerations = [{"key": "dedicated", "operator": "Equal", "value": "temporality", "effect": "NoSchedule"}]
+    spread = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}]
+    values = _tools(
+        tolerations=tolerations,
+        nodeSelector={"pool": "ops"},
+        topologySpreadConstraints=spread,
+        podSecurityContext={"runAsUser": None, "runAsGroup": None, "fsGroup": None},
+    )
+    pod = _pod(_render(values))
+    assert pod["tolerations"] == tolerations
+    assert pod["nodeSelector"] == {"pool": "ops"}
+    assert "topologySpreadConstraints" not in pod
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}

@@ -1301,7 +1301,11 @@ def test_helm_oidc_sign_in_reaches_the_journal_and_the_vouch_secret_human_intera
             continue
         assert mounts["signin"] == {"name": "signin", "mountPath": "/etc/temporality/signin", "readOnly": True}
         volume = next(v for v in pod["volumes"] if v["name"] == "signin")
-        assert volume["secret"] == {"secretName": "temporality-signin", "defaultMode": 0o400}
+        # only the keys this pod reads (tests/test_chart_review_fixes.py checks which)
+        assert {k: v for k, v in volume["secret"].items() if k != "items"} == {
+            "secretName": "temporality-signin",
+            "defaultMode": 0o400,
+        }
         if name == "trigger-gateway":
             assert "TEMPORALITY_INBOX_VOUCH_SECRET_FILE" not in env
             assert not any(k.startswith("TEMPORALITY_JOURNAL_") for k in env)
@@ -2378,6 +2382,22 @@ _RENDERINGS: dict[str, dict[str, Any] | None] = {
         "postgres": {
             "url": "postgresql+asyncpg://journal@db.example/temporality",
             "tls": {"sslmode": "verify-full", "existingSecret": "pg-ca", "certKey": "tls.crt", "keyKey": "tls.key"},
+        },
+    },
+    "scheduling, budgets and the console's ingresses": {
+        **_EVERYTHING_ON,
+        **_SIGN_IN,
+        "postgres": {"url": "postgresql://journal@db.example/temporality"},
+        "services": {"journal": {"replicas": 2}, "run-executor": {"replicas": 2}},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+        ],
+        "podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None},
+        "podDisruptionBudget": {"enabled": True},
+        "ingress": {
+            "journal": {"enabled": True, "host": "temporality.example.org", "tlsSecretName": "console-tls"},
+            "human-interaction": {"enabled": True, "host": "inbox.example.org"},
         },
     },
 }

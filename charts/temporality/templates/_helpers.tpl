@@ -330,3 +330,56 @@ services use, and with the embedded NATS's mutual TLS every client it renders ha
 {{- fail (printf "nats.tls.clientCertSecrets (%s) needs mutual TLS: set nats.tls.existingSecret (its ca.crt) and nats.tls.mutual" (join ", " $given)) }}
 {{- end }}
 {{- end }}
+
+{{/*
+Where a pod may run (dict "root" $ "name" <component> "own" <its values: services.<name>, nats.embedded, or an
+empty dict> "affinity" <the chart's own affinity when neither the pod's nor the global one is set, optional>
+"spread" <render topologySpreadConstraints, default true>): nodeSelector (global), and tolerations, affinity and
+topologySpreadConstraints, each the pod's own when set, else the global one. A spread constraint without a
+labelSelector gets the pod's component's selector labels (it counts the pods of its own Deployment).
+*/}}
+{{- define "temporality.scheduling" -}}
+{{- $root := .root }}
+{{- $own := .own | default dict }}
+{{- with $root.Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with ($own.tolerations | default $root.Values.tolerations) }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with ($own.affinity | default $root.Values.affinity | default .affinity) }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if or (not (hasKey . "spread")) .spread }}
+{{- $spread := list }}
+{{- $selector := include "temporality.componentSelectorLabels" (dict "root" $root "name" .name) | fromYaml }}
+{{- range ($own.topologySpreadConstraints | default $root.Values.topologySpreadConstraints) }}
+{{- $constraint := deepCopy . }}
+{{- if not $constraint.labelSelector }}
+{{- $_ := set $constraint "labelSelector" (dict "matchLabels" $selector) }}
+{{- end }}
+{{- $spread = append $spread $constraint }}
+{{- end }}
+{{- with $spread }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The pod securityContext of the services and the timers migration's Job: podSecurityContext (runAsNonRoot, the
+image's user 10001, ...; a field set to null in your values is left out, e.g. runAsUser on OpenShift, which
+assigns its own; absent altogether: the chart's defaults), and the seccomp profile given (dict "root" $ "seccompProfile" <profile or nil>), RuntimeDefault
+unless set.
+*/}}
+{{- define "temporality.podSecurityContext" -}}
+{{- $fixed := dict "runAsNonRoot" true "runAsUser" 10001 "runAsGroup" 10001 "fsGroup" 10001 }}
+{{- /* the chart's defaults when the key is absent (`helm upgrade --reuse-values` of a release made before it) */ -}}
+{{- $context := deepCopy (ternary .root.Values.podSecurityContext $fixed (hasKey .root.Values "podSecurityContext") | default dict) }}
+{{- $_ := set $context "seccompProfile" (.seccompProfile | default (dict "type" "RuntimeDefault")) }}
+{{- toYaml $context }}
+{{- end }}

@@ -8,9 +8,14 @@
 #   docker build --target agent-collab      -t temporality-agent-collab .
 #   docker build --target journal           -t temporality-journal .
 #
-# docker-compose.yml builds all of them (`docker compose build`); always pass --target (without it,
-# docker builds the last stage). The targets are the services of temporality_protocol.catalog.SERVICES
-# (tests/test_deploy_files.py checks it).
+# and one for the operator's commands, the `temporality` CLI (`temporality dlq ...`, `nats-authorization`,
+# `timers-migrate`; not `up`, which needs every service), no service in it:
+#
+#   docker build --target tools             -t temporality-tools .
+#
+# docker-compose.yml builds all of them (`docker compose build`; tools under its profile: `--profile tools`);
+# always pass --target (without it, docker builds the last stage). The service targets are the services of
+# temporality_protocol.catalog.SERVICES (tests/test_deploy_files.py checks it).
 
 # --------------------------------------------------------------------------- uv: the lock file and every manifest
 FROM python:3.11-slim AS uv
@@ -84,6 +89,14 @@ COPY services/journal services/journal
 RUN --mount=type=cache,target=/root/.cache/uv \
     uv sync --frozen --no-dev --package temporality-journal --no-editable
 
+# The operator's CLI: temporality-embedded (the `temporality` console script) and the libs it needs, no service.
+FROM uv AS build-tools
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --package temporality-embedded --no-install-workspace
+COPY libs libs
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --package temporality-embedded --no-editable
+
 # --------------------------------------------------------------------------- runtime: what every service image shares
 FROM python:3.11-slim AS runtime
 
@@ -124,3 +137,9 @@ FROM runtime AS journal
 COPY --from=build-journal --chown=root:root /app/.venv /app/.venv
 EXPOSE 8082
 CMD ["temporality-journal"]
+
+# The operator's toolbox (docker-compose.yml's `tools` service, the chart's `tools.enabled`): run a command in it,
+# e.g. `temporality dlq list` (docs/operations.md, "Dead letters"). It serves nothing; CMD prints the commands.
+FROM runtime AS tools
+COPY --from=build-tools --chown=root:root /app/.venv /app/.venv
+CMD ["temporality", "--help"]

@@ -31,7 +31,7 @@ from test_deploy_files import (
     CHART,
     NATS_NAME,
     NATS_SECRET,
-    NATS_USERS,
+    SERVICES,
     _embedded,
     _merge,
     _nats_conf,
@@ -48,11 +48,12 @@ from test_deploy_files import (
 
 from temporality_bus import Bus, NatsSettings
 from temporality_protocol.catalog import EVENTS_STREAM
-from temporality_protocol.permissions import service_inbox
+from temporality_protocol.permissions import TIMERS_MIGRATION_USER, service_inbox
 from temporality_testing.tls import TestCA
 
-#: Every NATS client of the chart: the five services and the timers migration's Job.
-CLIENTS = NATS_USERS
+#: Every NATS client of the chart: the five services, the timers migration's Job and the operator's toolbox (its
+#: pod ``tools``, the NATS user ``dlq-operator``; rendered with ``tools.enabled``).
+CLIENTS = (*SERVICES, TIMERS_MIGRATION_USER, "tools")
 #: One client-certificate Secret per client (as a cert-manager Certificate per service would make).
 CLIENT_SECRETS = {name: f"nats-client-{name}" for name in CLIENTS}
 MOUNT = "/etc/temporality/nats-tls"
@@ -73,6 +74,7 @@ def _mtls(replicas: int = 1, **extra: Any) -> dict[str, Any]:
             "embedded": {"tls": {"existingSecret": TLS_SECRET, "mutual": True}},
             "tls": {"clientCertSecrets": CLIENT_SECRETS},
         },
+        tools={"enabled": True},
     )
     return _merge(values, extra)
 
@@ -83,7 +85,8 @@ def _external(**tls: Any) -> dict[str, Any]:
             "url": "nats://nats.example:4222",
             "auth": {"existingSecret": NATS_SECRET},
             "tls": {"existingSecret": SHARED, "mutual": True, **tls},
-        }
+        },
+        "tools": {"enabled": True},
     }
 
 
@@ -247,7 +250,7 @@ def test_an_external_nats_s_clients_use_their_own_secret_where_given_and_the_sha
         # a per-client Secret that would be ignored: an error, not a silent plain or server-only TLS
         (
             _merge(_mtls(), {"nats": {"embedded": {"tls": {"mutual": False}}}}),
-            "nats.tls.clientCertSecrets (agent-collab, human-interaction, journal, run-executor, timers-migrate, "
+            "nats.tls.clientCertSecrets (agent-collab, human-interaction, journal, run-executor, timers-migrate, tools, "
             "trigger-gateway) needs mutual TLS",
         ),
         (_external(mutual=False, clientCertSecrets={"journal": "nats-journal"}), "(journal) needs mutual TLS"),
@@ -310,7 +313,7 @@ async def _connect_and_close(settings: NatsSettings, name: str, **options: Any) 
         user=settings.user,
         password=settings.password.get_secret_value() if settings.password else None,
         tls=settings.ssl_context(),
-        inbox_prefix=service_inbox(name),
+        inbox_prefix=service_inbox(settings.user or name),
         allow_reconnect=False,
         max_reconnect_attempts=0,
         connect_timeout=5,

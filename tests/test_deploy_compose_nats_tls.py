@@ -36,6 +36,8 @@ CERTS_SCRIPT = ROOT / "deploy" / "compose" / "nats-tls-certs.sh"
 CA_IN_CONTAINER = "/etc/temporality/nats-tls/ca.pem"
 #: The NATS clients of the compose file: the five services and the one-shot timers migration.
 CLIENTS = (*SERVICES, TIMERS_MIGRATION_USER)
+#: The operator's toolbox (profile ``tools``: not in the model without it); the certs script issues it one too.
+TOOLS = "tools"
 TLS_FILES = ("ca.pem", "server.pem", "server-key.pem")
 
 
@@ -245,6 +247,6 @@ def test_the_certs_script_keeps_its_ca_and_renews_the_server_certificate(tmp_pat
     _script_certs(certs)
     assert (certs / "ca.pem").read_bytes() == ca
     assert (certs / "server.pem").read_bytes() != server
-    modes = {p.name: p.stat().st_mode & 0o777 for p in certs.iterdir() if not p.name.startswith(CLIENTS)}
+    modes = {p.name: p.stat().st_mode & 0o777 for p in certs.iterdir() if not p.name.startswith((*CLIENTS, TOOLS))}
     assert modes == {"ca.pem": 0o644, "ca-key.pem": 0o600, "server.pem": 0o644, "server-key.pem": 0o600}
     assert set(TLS_FILES) <= set(modes)

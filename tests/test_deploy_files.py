@@ -41,6 +41,7 @@ from temporality_agent_collab.settings import Settings as CollabSettings
 from temporality_agent_collab.signing import public_key_text
 from temporality_embedded import free_port
 from temporality_embedded.cli import nats_authorization
+from temporality_embedded.dlq import OPERATOR_USER
 from temporality_embedded.natsserver import NatsServer, nats_server_binary, password_variable
 from temporality_journal import Settings as JournalSettings
 from temporality_protocol.catalog import SERVICES as CATALOGUE
@@ -151,9 +152,9 @@ def _healthcheck_text(service: dict[str, Any]) -> str:
 def test_compose_has_nats_postgres_and_the_five_services(compose: dict[str, Any]) -> None:
     """And the one-shots that make agent-collab's reply key (:func:`test_compose_signs_agent_collab_s_replies`),
     the console sign-in's secrets (``tests/test_deploy_compose_signin.py``) and move an older release's timers
-    (``tests/test_deploy_timers_migrate.py``)."""
+    (``tests/test_deploy_timers_migrate.py``), and the operator's toolbox (``tests/test_dlq_operator.py``)."""
     one_shots = {COLLAB_REPLY_KEY_SERVICE, "signin-secrets", TIMERS_MIGRATION_USER}
-    assert set(compose["services"]) == {"nats", "postgres", *SERVICES, *one_shots}
+    assert set(compose["services"]) == {"nats", "postgres", *SERVICES, *one_shots, "tools"}
 
 
 def test_compose_nats_is_jetstream_2_12_or_newer(compose: dict[str, Any]) -> None:
@@ -281,7 +282,7 @@ def test_compose_runs_nats_with_a_user_per_service(compose: dict[str, Any]) -> N
     beside = f"{config.rsplit('/', 1)[0]}/nats-authorization.conf"
     assert f"./{COMPOSE_NATS_AUTH.relative_to(ROOT)}:{beside}:ro" in nats["volumes"]
     server_env = {k: v for k, v in _env(nats).items() if k != "NATS_SYNC_INTERVAL"}  # tests/test_deploy_durability.py
-    assert set(server_env) == {password_variable(user) for user in (*SERVICES, TIMERS_MIGRATION_USER)}
+    assert set(server_env) == {password_variable(user) for user in (*SERVICES, TIMERS_MIGRATION_USER, OPERATOR_USER)}
     passwords = {name: server_env[password_variable(name)] for name in SERVICES}
     assert len(set(passwords.values())) == len(SERVICES), "one password per service"
     for name in SERVICES:
@@ -625,7 +626,48 @@ def _syncs(stage: Stage) -> list[set[str]]:
 
 
 def test_dockerfile_has_a_target_per_service_and_no_other_stage(stages: dict[str, Stage]) -> None:
-    assert set(stages) == {"uv", "runtime", *SERVICES, *(f"build-{name}" for name in SERVICES)}
+    """And the operator's toolbox, ``tools`` (:func:`test_dockerfile_tools_target_holds_the_cli_and_no_service`)."""
+    tools = {"tools", "build-tools"}
+    assert set(stages) == {"uv", "runtime", *SERVICES, *(f"build-{name}" for name in SERVICES), *tools}
+
+
+def test_dockerfile_tools_target_holds_the_cli_and_no_service(stages: dict[str, Stage]) -> None:
+    """The toolbox image (compose's ``tools``, the chart's ``tools.enabled``): temporality-embedded (the ``temporality``
+    CLI) installed like a service (dependencies first, then the libs as wheels), on the runtime base, as non-root."""
+    build = stages["build-tools"]
+    assert build.base == "uv"
+    package = {"--frozen", "--no-dev", "--package", "temporality-embedded"}
+    assert _syncs(build) == [package | {"--no-install-workspace"}, package | {"--no-editable"}]
+    assert [a.split()[0] for a in build.args("COPY")] == ["libs"], "the libs only, no service's source"
+    target = stages["tools"]
+    assert target.base == "runtime"
+    assert target.args("COPY") == ["--from=build-tools --chown=root:root /app/.venv /app/.venv"]
+    assert json.loads(_effective(stages, "tools", "CMD") or "[]") == ["temporality", "--help"]
+    embedded = tomllib.loads((ROOT / "libs" / "embedded" / "pyproject.toml").read_text(encoding="utf-8"))
+    assert embedded["project"]["scripts"]["temporality"] == "temporality_embedded.cli:main"
+    user = _effective(stages, "tools", "USER")
+    assert user is not None
+    assert user.split(":")[0] not in {"root", "0"}
+    assert not target.args("EXPOSE"), "it serves nothing"
+
+
+def test_the_tools_image_gets_the_cli_and_no_service() -> None:
+    """What build-tools' ``uv sync --package temporality-embedded`` installs, read from the lock file."""
+    command = [_uv(), "export", "--frozen", "--no-dev", "--package", "temporality-embedded", "--no-hashes"]
+    result = subprocess.run(
+        [*command, "--no-header"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    local = {line.split()[-1].removeprefix("./") for line in result.stdout.splitlines() if line.startswith("-e ")}
+    assert "libs/embedded" in local
+    assert not {m for m in local if m.startswith("services/")}, "no service in the toolbox"
+    assert "libs/testing" not in local
 
 
 def test_dockerfile_base_and_uv(stages: dict[str, Stage]) -> None:
@@ -1510,9 +1552,9 @@ def test_chart_default_config_files_load_in_the_services(values: dict[str, Any],
 CHART_NATS_AUTH = CHART / "files" / "nats-authorization.conf"
 #: The per-service Secret of the tests' values (``nats.auth.existingSecret``).
 NATS_SECRET = "nats-users"
-#: Every user of the embedded NATS (files/nats-authorization.conf): the services and the timers migration's Job,
-#: each with its ``<user>-password`` key in :data:`NATS_SECRET`.
-NATS_USERS = (*SERVICES, TIMERS_MIGRATION_USER)
+#: Every user of the embedded NATS (files/nats-authorization.conf): the services, the timers migration's Job and the
+#: operator's toolbox (``dlq-operator``), each with its ``<user>-password`` key in :data:`NATS_SECRET`.
+NATS_USERS = (*SERVICES, TIMERS_MIGRATION_USER, OPERATOR_USER)
 #: The embedded NATS's resources of release ``t``.
 NATS_NAME = "t-temporality-nats"
 NATS_HEADLESS = "t-temporality-nats-headless"
@@ -1679,7 +1721,8 @@ def _nats_secret() -> dict[str, str]:
 
 def _nats_pod_env(docs: list[dict[str, Any]], pod: str, secret: dict[str, str]) -> dict[str, str]:
     """The environment the kubelet gives the rendered nats container of ``pod``, with ``secret`` as the Secret."""
-    (container,) = _kinds(docs)[("StatefulSet", NATS_NAME)]["spec"]["template"]["spec"]["containers"]
+    containers = _kinds(docs)[("StatefulSet", NATS_NAME)]["spec"]["template"]["spec"]["containers"]
+    (container,) = [c for c in containers if c["name"] == "nats"]  # (beside it: nats.embedded.exporter's sidecar)
     env: dict[str, str] = {}
     for entry in container["env"]:
         source = entry["valueFrom"]
@@ -2277,7 +2320,9 @@ def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
     assert rules["TemporalityRunsFailing"]["expr"].endswith(">= 20")
     assert rules["TemporalityTargetDown"]["expr"] == 'up{job="temporality"} == 0'
     assert all(r["labels"]["team"] == "platform" for r in rules.values())
-    assert _alert_rules()["TemporalityTargetDown"]["expr"] == 'up{namespace="default", pod=~"t-temporality-.*"} == 0'
+    assert _alert_rules()["TemporalityTargetDown"]["expr"] == (
+        'up{namespace="default", pod=~"t-temporality-.*", pod!~"t-temporality-nats-[0-9]+"} == 0'
+    ), "the embedded NATS's pods have alerts of their own (tests/test_chart_nats_exporter.py)"
 
 
 def test_chart_jetstream_domain_reaches_every_service_and_the_timers_migration() -> None:
@@ -2324,6 +2369,10 @@ _RENDERINGS: dict[str, dict[str, Any] | None] = {
     "everything": {
         **_EVERYTHING_ON,
         **_MONITORING_ON,
+        # the embedded NATS's exporter sidecar (tests/test_chart_nats_exporter.py) and the operator's toolbox
+        # (tests/test_chart_dlq_toolbox.py)
+        "nats": _merge(_EVERYTHING_ON["nats"], {"embedded": {"exporter": {"enabled": True}}}),
+        "tools": {"enabled": True},
         "ingress": {"enabled": True, "host": "hooks.example.com", "tlsSecretName": "hooks-tls"},
         "apiTokens": {"existingSecret": {"name": "temporality-api-tokens"}},
         "agentCollab": {"replyKey": {"existingSecret": "collab-key"}},

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,9 +24,18 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from temporality_bus import Bus, Conflict, Consumer, Delivery, NatsSettings
 from temporality_embedded import NatsServer, free_port
 from temporality_embedded.cli import build_parser, nats_authorization
+from temporality_embedded.dlq import OPERATOR_USER
 from temporality_embedded.natsserver import password_variable
 from temporality_protocol import Envelope, TriggerReceived, make_event
-from temporality_protocol.catalog import ALL_BUCKETS, ALL_STREAMS, BUCKET_DELIVERIES, CONSUMERS, EVENTS_STREAM, SERVICES
+from temporality_protocol.catalog import (
+    ALL_BUCKETS,
+    ALL_STREAMS,
+    BUCKET_DELIVERIES,
+    CONSUMERS,
+    DLQ_STREAM,
+    EVENTS_STREAM,
+    SERVICES,
+)
 from temporality_protocol.permissions import TIMERS_MIGRATION_USER, permissions_for
 from temporality_testing.waiting import eventually
 
@@ -80,7 +91,7 @@ def hub_and_leaf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tu
         + f'leafnodes: {{remotes: [{{url: "nats-leaf://127.0.0.1:{leaf_port}"}}]}}\n',
         encoding="utf-8",
     )
-    for user in [*SERVICES, TIMERS_MIGRATION_USER]:
+    for user in [*SERVICES, TIMERS_MIGRATION_USER, OPERATOR_USER]:
         monkeypatch.setenv(password_variable(user), f"{user}-secret")
     hub = NatsServer(tmp_path / "hub", config_file=hub_conf)
     leaf = NatsServer(tmp_path / "leaf", config_file=leaf_conf)
@@ -208,3 +219,55 @@ async def test_store_round_trip_and_a_consumer_in_a_jetstream_domain_through_a_l
     for stream in (EVENTS_STREAM.name, f"KV_{BUCKET_DELIVERIES.name}"):
         assert list((hub.store_dir / "jetstream").rglob(stream)), stream  # where each stream keeps its files
         assert not list((leaf.store_dir / "jetstream").rglob(stream)), stream
+
+
+@pytest.mark.timeout(120)
+async def test_temporality_dlq_as_dlq_operator_in_a_jetstream_domain_through_a_leaf_node(
+    hub_and_leaf: tuple[NatsServer, NatsServer],
+) -> None:
+    """``temporality dlq`` with ``TEMPORALITY_NATS_JETSTREAM_DOMAIN=hub``, logged in to the leaf as ``dlq-operator``
+    with the printed domain permissions: it reads the hub's dead letters, re-drives one into the hub's events stream
+    and purges another."""
+    hub, leaf = hub_and_leaf
+    await _hub_reachable(leaf)
+    async with Bus.connect(_as(leaf, "journal"), name="journal", inbox_prefix="_INBOX.journal") as journal:
+        await journal.ensure([s for s in ALL_STREAMS if s.name in SERVICES["journal"].streams])
+        original = {"Temporality-Original-Subject": "temporality.events.trigger.received"}
+        for n in (1, 2):
+            await journal.publish_raw(
+                "temporality.dlq.journal", b'{"n": %d}' % n, {**original, "Temporality-Error": f"PermanentError: {n}"}
+            )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TEMPORALITY_")},
+        "TEMPORALITY_NATS_URL": leaf.url,
+        "TEMPORALITY_NATS_USER": OPERATOR_USER,
+        "TEMPORALITY_NATS_PASSWORD": f"{OPERATOR_USER}-secret",
+        "TEMPORALITY_NATS_JETSTREAM_DOMAIN": DOMAIN,
+    }
+
+    async def dlq(*argv: str) -> str:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "temporality_embedded.cli",
+            "dlq",
+            *argv,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+        assert process.returncode == 0, err.decode()
+        return out.decode()
+
+    assert "2 dead letter(s)" in await dlq("list")
+    assert "redriven 1 -> TEMPORALITY_EVENTS" in await dlq("redrive", "1", "--yes")
+    assert "purged 2" in await dlq("purge", "2", "--yes")
+    assert "no dead letters in TEMPORALITY_DLQ" in await dlq("list")
+    hub_nc = await nats.connect(hub.url)
+    try:
+        hub_js = hub_nc.jetstream()
+        assert (await hub_js.stream_info(EVENTS_STREAM.name)).state.messages == 1, "the re-drive landed in the hub"
+        assert (await hub_js.stream_info(DLQ_STREAM.name)).state.messages == 0
+    finally:
+        await hub_nc.close()

@@ -31,6 +31,7 @@ from temporality_agent_collab.signing import public_key_text, sign
 from temporality_bus import Bus, NatsSettings, Timers, written_out
 from temporality_embedded import NatsServer, Stack
 from temporality_embedded.cli import nats_authorization
+from temporality_embedded.dlq import OPERATOR_USER
 from temporality_embedded.natsserver import password_variable
 from temporality_embedded.processes import free_port
 from temporality_protocol import AgentMessageRefused, TriggerReceived, encode, make_event
@@ -245,7 +246,7 @@ async def test_the_printed_server_authorization_works_on_a_real_server(
     another's; the subscriber reads."""
     config = tmp_path / "auth.conf"
     config.write_text(nats_authorization(["audit"], ["example-agent"]), encoding="utf-8")
-    for user in [*SERVICES, AUDIT, "example-agent", TIMERS_MIGRATION_USER]:
+    for user in [*SERVICES, AUDIT, "example-agent", TIMERS_MIGRATION_USER, OPERATOR_USER]:
         monkeypatch.setenv(password_variable(user), f"{user}-secret")  # the server reads them from its env
     server = NatsServer(tmp_path / "nats", config_file=config)
     server.start()

@@ -27,6 +27,7 @@ from pydantic import SecretStr
 
 from temporality_bus import Bus, NatsSettings, Timers
 from temporality_embedded.cli import nats_authorization
+from temporality_embedded.dlq import OPERATOR_USER
 from temporality_embedded.natsserver import NatsServer, password_variable
 from temporality_protocol.catalog import (
     ALL_BUCKETS,
@@ -51,7 +52,8 @@ from temporality_protocol.permissions import (
 from temporality_service.timers_migrate import run
 
 ROOT = Path(__file__).resolve().parents[1]
-USERS = (*SERVICES, TIMERS_MIGRATION_USER)
+#: Every user of the generated authorization (the server reads each one's password from its environment).
+USERS = (*SERVICES, TIMERS_MIGRATION_USER, OPERATOR_USER)
 PASSWORDS = {user: f"{user}-password-{os.urandom(6).hex()}" for user in USERS}
 #: nats-py's answer to a request the server refused for permissions (it never reaches JetStream).
 REFUSED = (nats.errors.TimeoutError, nats.errors.NoRespondersError)

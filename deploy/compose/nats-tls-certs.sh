@@ -12,7 +12,7 @@
 #                               NATS_TLS_HOSTS (space-separated, e.g. NATS_TLS_HOSTS="nats.example.org 10.0.0.5")
 #   SERVICE.pem, SERVICE-key.pem  a client certificate (CN=SERVICE, clientAuth) for each NATS client of the
 #                               compose file: trigger-gateway, run-executor, human-interaction, agent-collab,
-#                               journal, timers-migrate (NATS_TLS_CLIENTS: another list); nats-mtls.yml mounts
+#                               journal, timers-migrate, tools (NATS_TLS_CLIENTS: another list); nats-mtls.yml mounts
 #                               each service's own pair into its container only
 # The CA's and the server's keys are mode 0600 (the nats container reads its key as root), the certificates 0644.
 # The client keys are 0644 -- the services read them as their image's user (uid 10001), not as you -- inside DIR,
@@ -24,7 +24,7 @@ tls_script=nats-tls-certs
 dir=${1:-${NATS_TLS_DIR:-$(dirname "$0")/nats-tls}}
 days=${NATS_TLS_DAYS:-825}
 hosts="nats localhost 127.0.0.1 ${NATS_TLS_HOSTS:-}"
-clients=${NATS_TLS_CLIENTS:-trigger-gateway run-executor human-interaction agent-collab journal timers-migrate}
+clients=${NATS_TLS_CLIENTS:-trigger-gateway run-executor human-interaction agent-collab journal timers-migrate tools}
 command -v openssl >/dev/null || { echo "$tls_script: openssl is needed" >&2; exit 1; }
 for client in $clients; do  # each name becomes a file name: checked before anything is written
   case $client in

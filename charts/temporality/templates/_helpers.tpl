@@ -180,6 +180,14 @@ else nats.auth.existingSecret (the services' Secret); empty when neither is set 
 {{- end }}
 
 {{/*
+The Secret holding the operator toolbox's NATS password (tools.existingSecret.key): tools.existingSecret.name, else
+nats.auth.existingSecret (the services' Secret); empty when neither is set (no NATS users: no toolbox).
+*/}}
+{{- define "temporality.toolsSecret" -}}
+{{- .Values.tools.existingSecret.name | default .Values.nats.auth.existingSecret }}
+{{- end }}
+
+{{/*
 The timers migration's Job name: with the embedded NATS an ordinary Job, one per revision
 (<fullname>-timers-migrate-<revision>: a Job's pod template is immutable); with an external NATS a hook,
 <fullname>-timers-migrate (deleted before it is created again).
@@ -208,7 +216,7 @@ The port of a URL (dict "url" "default"): its own (`host:port`), else its scheme
 {{- end -}}
 
 {{/*
-TLS to NATS for one client of the chart (dict "root" $ "name" <service, or timers-migrate>), as JSON (read it with
+TLS to NATS for one client of the chart (dict "root" $ "name" <service, timers-migrate or tools>), as JSON (read it with
 fromJson): `ca`, the Secret whose `ca.crt` verifies the server ("": plain TCP); `caOnly`, mount only that key of
 it (the embedded server's Secret holds the server's key); `cert`, the Secret with this client's `tls.crt` and
 `tls.key` ("": no client certificate).
@@ -286,7 +294,7 @@ services use, and with the embedded NATS's mutual TLS every client it renders ha
 {{- define "temporality.natsTlsCheck" -}}
 {{- $nats := .Values.nats }}
 {{- $secrets := $nats.tls.clientCertSecrets | default dict }}
-{{- $clients := append (keys .Values.services | sortAlpha) "timers-migrate" }}
+{{- $clients := concat (keys .Values.services | sortAlpha) (list "timers-migrate" "tools") }}
 {{- range $client, $secret := $secrets }}
 {{- if not (has $client $clients) }}
 {{- fail (printf "nats.tls.clientCertSecrets.%s: not a NATS client of the chart (one of %s)" $client (join ", " $clients)) }}
@@ -308,6 +316,9 @@ services use, and with the embedded NATS's mutual TLS every client it renders ha
 {{- end }}
 {{- if and .Values.timersMigrate.enabled (include "temporality.timersMigrateSecret" .) (not (get $secrets "timers-migrate")) }}
 {{- $missing = append $missing "timers-migrate" }}
+{{- end }}
+{{- if and .Values.tools.enabled (not (get $secrets "tools")) }}
+{{- $missing = append $missing "tools" }}
 {{- end }}
 {{- if $missing }}
 {{- fail (printf "nats.embedded.tls.mutual: the server refuses a client without a certificate; set nats.tls.clientCertSecrets.<client> (a Secret with tls.crt and tls.key, signed by the CA of nats.embedded.tls.existingSecret) for %s" (join ", " $missing)) }}

@@ -276,7 +276,7 @@ async def test_against_temporality_ups_users_via_its_data_dir(tmp_path: Path) ->
             out, err = io.StringIO(), io.StringIO()
             code = await asyncio.to_thread(dlq.main, [*argv, "--password-file", str(password_file)], out, err)
             assert code == 1, (out.getvalue(), err.getvalue())
-            assert "does the user have full access" in err.getvalue()
+            assert "is the user dlq-operator" in err.getvalue()
             assert [x.seq for x in await _letters(bus, "t-auth")] == [seq]
 
             out, err = io.StringIO(), io.StringIO()

@@ -279,15 +279,20 @@ def _python() -> str:
 
 def nats_authorization(subscribers: list[str], external_agents: list[str], domain: str | None = None) -> str:
     """The nats-server ``authorization`` block for every service, the journal ``subscribers``, the
-    ``external_agents`` and the timers migration (``timers-migrate``), with each password read from the server's
+    ``external_agents``, the timers migration (``timers-migrate``) and the dead-letter operator (``dlq-operator``,
+    :func:`temporality_embedded.dlq.operator_permissions`), with each password read from the server's
     environment (``$TRIGGER_GATEWAY_PASSWORD``); with ``domain``, for clients reaching JetStream in that domain
     (:meth:`~temporality_protocol.permissions.Permissions.in_domain`). Raises ``ValueError`` for a bad subscriber
     or external agent name, or domain."""
     users: dict[str, NatsUser] = {name: ("", permissions_for(name).in_domain(domain)) for name in SERVICES}
     users |= {subscriber_user(n): ("", journal_subscriber_permissions(n).in_domain(domain)) for n in subscribers}
+    if dlq.OPERATOR_USER in external_agents:
+        raise ValueError(f"external agent user {dlq.OPERATOR_USER!r} is the dead-letter operator's NATS user")
     users |= {name: ("", external_agent_permissions(name).in_domain(domain)) for name in external_agents}
     # upgrading: temporality timers-migrate
     users[TIMERS_MIGRATION_USER] = ("", timers_migration_permissions().in_domain(domain))
+    # an operator's temporality dlq (compose's tools service, the chart's toolbox)
+    users[dlq.OPERATOR_USER] = ("", dlq.operator_permissions().in_domain(domain))
     block = authorization_block(users)
     for entry in block["users"]:
         entry["password"] = f"@@{password_variable(str(entry['user']))}@@"
@@ -401,7 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_auth = commands.add_parser(
         "nats-authorization",
-        help="print the nats-server authorization block (every service's user, subscribers, external agents)",
+        help="print the nats-server authorization block (every service's user, subscribers, external agents, "
+        "timers-migrate, dlq-operator)",
     )
     p_auth.add_argument("--subscriber", action="append", default=[], metavar="NAME", help="journal subscriber sub-NAME")
     p_auth.add_argument(

@@ -33,6 +33,15 @@ service publish an event (NATS permissions and the consumers' source check, :mod
 so a re-drive or a purge is not journaled as an event: it is logged as one JSON line on standard error
 (``dlq.redriven`` / ``dlq.purged``), and ``bus.dead_lettered`` in the journal keeps the record of the letter.
 
+**Who may run it.** Any NATS user with full access (``temporality up``'s ``temporality-admin``), or the narrow
+:data:`OPERATOR_USER`, ``dlq-operator``, that ``temporality nats-authorization`` adds for exactly this command
+(:func:`operator_permissions`; docker compose's ``tools`` service and the chart's ``tools`` toolbox log in as it):
+``TEMPORALITY_DLQ``'s info, message get and message delete, the consumer list of the stream a re-drive lands
+in, and publishing on the subjects a re-drive publishes to (the event subjects the catalogue's consumers
+read: whoever holds its password can publish any event there, which is what a re-drive is); replies below
+``_INBOX.dlq-operator`` only. Nothing else: no purge or delete of a stream, no consumer, no bucket, no timer, no
+other stream's messages (``tests/test_dlq_operator.py`` checks both on a real server).
+
 Errors: :class:`DlqError` -- bad input, a sequence that holds no dead letter, a letter that cannot be
 re-driven: exit 2, nothing changed; :class:`Unreachable` -- NATS refused or failed: exit 1 (run it again).
 """
@@ -59,19 +68,31 @@ from pydantic import ValidationError
 
 from temporality_bus import Bus, BusError, NatsSettings
 from temporality_protocol import decode
-from temporality_protocol.catalog import DLQ_PREFIX, DLQ_STREAM, EVENTS_PREFIX, TIMER_FIRED_PREFIX, subject_matches
+from temporality_protocol.catalog import (
+    ALL_STREAMS,
+    CONSUMERS,
+    DLQ_PREFIX,
+    DLQ_STREAM,
+    EVENTS_PREFIX,
+    TIMER_FIRED_PREFIX,
+    subject_matches,
+)
 from temporality_protocol.errors import ProtocolError
 from temporality_protocol.ids import derive_id
+from temporality_protocol.permissions import Permissions, service_inbox
 from temporality_protocol.redaction import CREDENTIAL_KEY, PatternError, Redactor, process_redactor
 
 __all__ = [
+    "OPERATOR_USER",
     "DeadLetter",
     "DlqError",
     "Unreachable",
     "add_parser",
     "audience",
+    "operator_permissions",
     "read",
     "redrive",
+    "redrive_subjects",
     "run",
     "scan",
 ]
@@ -89,6 +110,9 @@ REDRIVEN_FROM_HEADER = "Temporality-Redriven-From"
 REDRIVEN_BY_HEADER = "Temporality-Redriven-By"
 REDRIVEN_CONSUMER_HEADER = "Temporality-Redriven-Consumer"
 _DEAD_LETTER_HEADERS = frozenset({ERROR_HEADER, ORIGINAL_SUBJECT_HEADER, STREAM_SEQ_HEADER, CONSUMER_HEADER})
+
+#: The NATS user of this command in a deployment (``temporality nats-authorization``; :func:`operator_permissions`).
+OPERATOR_USER = "dlq-operator"
 
 #: The admin user ``temporality up`` makes (``temporality_embedded.stack.NATS_ADMIN``) and where it keeps things.
 _UP_ADMIN = "temporality-admin"
@@ -193,17 +217,53 @@ async def scan(bus: Bus, consumer: str | None = None, since: datetime | None = N
     return letters
 
 
+def stream_of(subject: str) -> str | None:
+    """The catalogue's stream that stores ``subject`` (the catalogue's streams never overlap), else ``None``. Read
+    from the catalogue, not asked of the server (``$JS.API.STREAM.NAMES``): :data:`OPERATOR_USER` needs no listing
+    of every stream."""
+    for spec in ALL_STREAMS:
+        if any(subject_matches(pattern, subject) for pattern in spec.subjects):
+            return spec.name
+    return None
+
+
+def redrive_subjects() -> tuple[str, ...]:
+    """The subjects a re-drive may publish on: what the catalogue's consumers outside the timers streams read (a
+    dead letter's original subject is one of them), without those another one covers."""
+    filters = dict.fromkeys(
+        f
+        for consumer in CONSUMERS.values()
+        for f in consumer.filter_subjects
+        if f.startswith(f"{EVENTS_PREFIX}.") or f == EVENTS_PREFIX
+    )
+    return tuple(f for f in filters if not any(o != f and subject_matches(o, f) for o in filters))
+
+
+def operator_permissions() -> Permissions:
+    """:data:`OPERATOR_USER`'s permissions: what ``list``, ``show``, ``redrive`` and ``purge`` send, and nothing else
+    (see the module's docstring); replies below ``_INBOX.dlq-operator``."""
+    dlq = DLQ_STREAM.name
+    publish = [f"$JS.API.STREAM.{op}.{dlq}" for op in ("INFO", "MSG.GET", "MSG.DELETE")]
+    subjects = redrive_subjects()
+    for stream in dict.fromkeys(s for s in map(stream_of, subjects) if s is not None):
+        publish.append(f"$JS.API.CONSUMER.LIST.{stream}")  # audience(): who gets a re-drive
+    publish += subjects
+    return Permissions(publish=tuple(dict.fromkeys(publish)), subscribe=(f"{service_inbox(OPERATOR_USER)}.>",))
+
+
 async def audience(bus: Bus, subject: str) -> tuple[str, list[str]]:
     """The stream that stores ``subject`` and the durable consumers on it whose filter matches it: who gets a
     message republished there. :class:`DlqError` when no stream stores it."""
-    try:
-        stream = await bus.js.find_stream_name_by_subject(subject)
-    except NotFoundError:
-        raise DlqError(f"no stream stores {subject} (nothing would receive it)") from None
+    stream = stream_of(subject)
+    if stream is None:
+        raise DlqError(f"no stream stores {subject} (nothing would receive it)")
     names: list[str] = []
     offset = 0
     while True:
-        page = await bus.js.consumers_info(stream, offset=offset or None)
+        try:
+            page = await bus.js.consumers_info(stream, offset=offset or None)
+        except NotFoundError:
+            raise DlqError(f"no stream {stream} here to store {subject} (nothing would receive it)") from None
         for info in page:
             config = info.config
             filters = list(config.filter_subjects or ([config.filter_subject] if config.filter_subject else []))
@@ -361,9 +421,9 @@ def _connection_options() -> argparse.ArgumentParser:
     group = common.add_argument_group(
         "NATS connection",
         "default: TEMPORALITY_NATS_URL, _USER, _PASSWORD, _TLS_CA_FILE, _TLS_CERT_FILE, _TLS_KEY_FILE, "
-        "_JETSTREAM_DOMAIN from the environment (as every service reads them). The user needs full access "
-        "(temporality up's temporality-admin, or your own): it reads and deletes in TEMPORALITY_DLQ and "
-        "publishes on any event subject",
+        "_JETSTREAM_DOMAIN from the environment (as every service reads them). The user: dlq-operator (the user "
+        "`temporality nats-authorization` makes for this command: it reads and deletes in TEMPORALITY_DLQ and "
+        "publishes on the event subjects, nothing else) or one with full access (temporality up's temporality-admin)",
     )
     group.add_argument("--nats-url", default=None, help="e.g. nats://127.0.0.1:4222")
     group.add_argument(
@@ -593,7 +653,7 @@ async def _run(args: argparse.Namespace, out: TextIO, audit: Any) -> int:
     except (nats.errors.Error, OSError, TimeoutError, BusError) as exc:
         raise Unreachable(
             f"NATS at {settings.url} as {settings.user or '(no user)'} failed: {exc!r} -- is it up, are the user and "
-            "password right, does the user have full access (TEMPORALITY_DLQ and $JS.API)?"
+            f"password right, is the user {OPERATOR_USER} (`temporality nats-authorization`) or one with full access?"
         ) from exc
 
 

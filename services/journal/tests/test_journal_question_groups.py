@@ -22,7 +22,10 @@ T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
 @pytest.mark.parametrize(
     ("questions", "shape"),
     [
-        (["Merge PR #123 into main?", "merge pr #9   into main?", "Merge PR #4711 into Main?"], "merge pr #<n> into main?"),
+        (
+            ["Merge PR #123 into main?", "merge pr #9   into main?", "Merge PR #4711 into Main?"],
+            "merge pr #<n> into main?",
+        ),
         (
             [
                 "Approve https://dev.azure.com/org/p/_git/r/pullrequest/456 ?",
@@ -30,14 +33,20 @@ T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
             ],
             "approve <url> ?",
         ),
-        (['Is "feature/login-2" ok to ship?', "Is 'hotfix' ok to ship?", "Is `main` ok to ship?"], "is <text> ok to ship?"),
+        (
+            ['Is "feature/login-2" ok to ship?', "Is 'hotfix' ok to ship?", "Is `main` ok to ship?"],
+            "is <text> ok to ship?",
+        ),
         (["Deploy commit a3f9c2d1e to prod?", "Deploy commit 0123abcdef99 to prod?"], "deploy commit <hex> to prod?"),
         (["Retry run-4f9a2c1b?", "Retry run-77aa00b1?"], "retry run-<hex>?"),
         (["Close ADO-PR12x?", "Close ADO-PR9q?"], "close ado-<id>?"),
         (["Bump 1.2.3 to 1.3.0?", "Bump 2.0 to 10.11?", "Bump 3 to 4?"], "bump <n> to <n>?"),
         (["See https://x.org/pr/9.", "See www.example.com/a?b=1."], "see <url>."),
         (
-            ["Tell bob@example.com about 123e4567-e89b-12d3-a456-426614174000?", "Tell a.b@c.org about 00000000-0000-0000-0000-000000000001?"],
+            [
+                "Tell bob@example.com about 123e4567-e89b-12d3-a456-426614174000?",
+                "Tell a.b@c.org about 00000000-0000-0000-0000-000000000001?",
+            ],
             "tell <email> about <id>?",
         ),
         (["Don't merge PR 3?", "Don't merge PR 44?"], "don't merge pr <n>?"),

@@ -69,7 +69,7 @@ from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import ColumnElement, func, or_
+from sqlalchemy import ColumnElement, String, func, literal, or_
 from sqlalchemy import select as sa_select
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -564,7 +564,7 @@ def create_app(
     async def list_runs(
         who: AsViewer,
         state: Annotated[RunState | None, Query(description="Only runs in this state")] = None,
-        trigger_id: Annotated[str | None, _text("Only runs launched by this trigger")] = None,
+        trigger_id: Annotated[str | None, _text("Only runs launched by this trigger (case-insensitive)")] = None,
         agent: Annotated[str | None, _text("Only runs of this agent (case-insensitive)")] = None,
         since: Annotated[datetime | None, Query(description="Only runs created at or after (ISO 8601)")] = None,
         until: Annotated[datetime | None, Query(description="Only runs created before (ISO 8601)")] = None,
@@ -575,7 +575,7 @@ def create_app(
         before: Annotated[str | None, _text("Opaque cursor: the next_before of the previous page")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many runs")] = 100,
     ) -> RunList:
-        conditions = _run_filters(agent=agent, trigger_id=trigger_id, since=since, until=until)
+        conditions = _run_filters(database, agent=agent, trigger_id=trigger_id, since=since, until=until)
         if state is not None:
             conditions.append(col(RunRecord.state) == state.value)
         if rerun_of is not None:
@@ -583,7 +583,8 @@ def create_app(
         if q:
             conditions.append(
                 or_(
-                    col(RunRecord.title).icontains(q, autoescape=True),
+                    # case-insensitive beyond ASCII ("ЮНИКОД" finds "юникод"): SQLite's LIKE folds ASCII only
+                    database.contains_folded(col(RunRecord.title), q),
                     col(RunRecord.run_id).startswith(q.strip(), autoescape=True),
                 )
             )
@@ -614,10 +615,10 @@ def create_app(
     async def waiting_runs(
         who: AsViewer,
         agent: Annotated[str | None, _text("Only runs of this agent (case-insensitive)")] = None,
-        trigger_id: Annotated[str | None, _text("Only runs launched by this trigger")] = None,
+        trigger_id: Annotated[str | None, _text("Only runs launched by this trigger (case-insensitive)")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many runs")] = 100,
     ) -> WaitingList:
-        conditions = _run_filters(agent=agent, trigger_id=trigger_id, since=None, until=None)
+        conditions = _run_filters(database, agent=agent, trigger_id=trigger_id, since=None, until=None)
         query = (
             select(RunRecord)
             .where(
@@ -1032,10 +1033,10 @@ def create_app(
         since: Annotated[datetime | None, Query(description="Runs created at or after (ISO 8601)")] = None,
         until: Annotated[datetime | None, Query(description="Runs created before (ISO 8601)")] = None,
         agent: Annotated[str | None, _text("Only runs of this agent (case-insensitive)")] = None,
-        trigger_id: Annotated[str | None, _text("Only runs launched by this trigger")] = None,
+        trigger_id: Annotated[str | None, _text("Only runs launched by this trigger (case-insensitive)")] = None,
         top: Annotated[int, Query(ge=1, le=100, description="How many of the most frequent questions")] = 10,
     ) -> HumanAnalytics:
-        conditions = _run_filters(agent=agent, trigger_id=trigger_id, since=since, until=until)
+        conditions = _run_filters(database, agent=agent, trigger_id=trigger_id, since=since, until=until)
         run_ids = select(RunRecord.run_id).where(*conditions)
         async with database.sessions() as session:
             runs = await _run_rows(session, conditions)
@@ -1115,21 +1116,32 @@ def _audit_conditions(
 
 
 def _run_filters(
-    *, agent: str | None, trigger_id: str | None, since: datetime | None, until: datetime | None
+    database: Database,
+    *,
+    agent: str | None,
+    trigger_id: str | None,
+    since: datetime | None,
+    until: datetime | None,
 ) -> list[ColumnElement[bool]]:
     since, until = _utc(since, "since"), _utc(until, "until")
     if since is not None and until is not None and since > until:
         raise Unprocessable("query.since: must not be after until")
     conditions: list[ColumnElement[bool]] = []
-    if agent is not None:  # case-insensitive: "Reviewer" finds reviewer's runs (no index on agent to lose)
-        conditions.append(func.lower(col(RunRecord.agent)) == agent.lower())
+    # both case-insensitive, beyond ASCII: "Reviewer" finds reviewer's runs, "ADO-PR-REVIEW" ado-pr-review's
+    # (no index on either column to lose)
+    if agent is not None:
+        conditions.append(_folded_equal(database, col(RunRecord.agent), agent))
     if trigger_id is not None:
-        conditions.append(col(RunRecord.trigger_id) == trigger_id)
+        conditions.append(_folded_equal(database, col(RunRecord.trigger_id), trigger_id))
     if since is not None:
         conditions.append(col(RunRecord.created_at) >= since)
     if until is not None:
         conditions.append(col(RunRecord.created_at) < until)
     return conditions
+
+
+def _folded_equal(database: Database, column: Any, value: str) -> ColumnElement[bool]:
+    return database.folded(column) == database.folded(literal(value, String()))
 
 
 def _utc(value: datetime | None, name: str) -> datetime | None:

@@ -413,8 +413,13 @@ class HumanAnalytics(HumanCounts):
 #: A URL, without the punctuation that ends the sentence around it ("… see https://x/pr/9?").
 _URL = re.compile(r"\b(?:[a-z][a-z0-9+.-]*://|www\.)[^\s<>\"'`]*[^\s<>\"'`.,;:!?)\]]", re.IGNORECASE)
 _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
-#: Quoted strings: "…", `…`, “…”, ‘…’, «…», „…“ and '…' (a ' after a letter is an apostrophe: "don't" is kept).
-_QUOTED = re.compile(r'"[^"\n]*"|`[^`\n]*`|“[^”\n]*”|‘[^’\n]*’|«[^»\n]*»|„[^“”\n]*[“”]|(?<!\w)\'[^\'\n]*\'(?!\w)')
+#: Quoted strings: straight double quotes, backticks, typographic double and single quotes (U+201C..U+201D,
+#: U+2018..U+2019, U+201E..U+201C), guillemets, and straight single quotes (a ' after a letter is an apostrophe:
+#: "don't" is kept).
+_QUOTED = re.compile(
+    r'"[^"\n]*"|`[^`\n]*`|\u201c[^\u201d\n]*\u201d|\u2018[^\u2019\n]*\u2019|\u00ab[^\u00bb\n]*\u00bb'
+    r"|\u201e[^\u201c\u201d\n]*[\u201c\u201d]|(?<!\w)'[^'\n]*'(?!\w)"
+)
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)+")
 _WORD = re.compile(r"[^\W_]+")
 _HEX = re.compile(r"(?:0x)?[0-9a-f]{7,}", re.IGNORECASE)

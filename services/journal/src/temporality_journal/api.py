@@ -176,7 +176,10 @@ class WaitingRequest(BaseModel):
     recipient: str
     question: str
     channel: str | None = Field(description="Where it was delivered (human.notified); null until then")
-    since: datetime = Field(description="When it was asked (its human.requested, or agent.asked)")
+    since: datetime = Field(
+        description="When it was asked (its human.requested, agent.asked, or agent.task.offered for an external "
+        "agent's turn)"
+    )
     status: Literal["pending", "answered", "expired"] = Field(
         description="pending: nobody answered yet; answered / expired: this question has its outcome while the "
         "run still waits on the others (wait_for: all)"
@@ -186,8 +189,10 @@ class WaitingRequest(BaseModel):
 
 class Waiting(BaseModel):
     """UI-1: whom the run waits for, on which channel, for what, since when: a person (``waiting_for_human``)
-    or another agent (``waiting_for_agent``: ``ask_agent`` in wait mode; the recipient is the address the
-    model wrote, the question its message, no channel)."""
+    or an agent (``waiting_for_agent``: ``ask_agent`` in wait mode -- the recipient is the address the model
+    wrote, the question its message --, or the run's own external agent working on a turn (AP-5) -- the request
+    the turn's wait id ``<task id>.turn-<n>``, the recipient ``agent:<agent id>``, the question the task's
+    objective; no channel for either)."""
 
     request_id: str | None = Field(description="The request it waits on; null while it waits on several (HUM-7)")
     recipient: str | None = Field(description="Whom it waits for (several: the recipients joined with ', ')")
@@ -608,8 +613,8 @@ def create_app(
     @app.get(
         "/runs/waiting",
         response_model=WaitingList,
-        description="UI-1: the runs waiting for a human or for another agent (``ask_agent`` in wait mode), the "
-        "oldest wait first; each with ``waiting`` (whom, which channel, what question, since when, waiting "
+        description="UI-1: the runs waiting for a human or for an agent (``ask_agent`` in wait mode, or the run's "
+        "own external agent working on a turn), the oldest wait first; each with ``waiting`` (whom, which channel, what question, since when, waiting "
         "seconds).",
     )
     async def waiting_runs(

@@ -231,7 +231,9 @@ async def test_a_task_waits_for_its_agent_and_survives_kill9_of_the_executor_and
             assert accepted.status_code == 202, accepted.text
             run_id = accepted.json()["run_id"]
             await events.wait_for("agent.task.offered", run_id=run_id, timeout_s=WAIT_S)
-            await eventually(lambda: _run(http, stack, run_id, "running"), WAIT_S, "the run waiting for its agent")
+            await eventually(
+                lambda: _run(http, stack, run_id, "waiting_for_agent"), WAIT_S, "the run waiting for its agent"
+            )
 
             stack.services["run-executor"].kill9()  # mid-task: the run is parked on the agent's action
             stack.restart("run-executor")
@@ -280,7 +282,9 @@ async def test_a_run_cancelled_while_its_agent_works_ends_the_wait_at_once_and_t
             assert accepted.status_code == 202, accepted.text
             run_id = accepted.json()["run_id"]
             await events.wait_for("agent.task.taken", run_id=run_id, timeout_s=WAIT_S)
-            await eventually(lambda: _run(http, stack, run_id, "running"), WAIT_S, "the run waiting for its agent")
+            await eventually(
+                lambda: _run(http, stack, run_id, "waiting_for_agent"), WAIT_S, "the run waiting for its agent"
+            )
 
             loop = asyncio.get_running_loop()
             asked_at = loop.time()

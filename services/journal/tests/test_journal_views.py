@@ -304,8 +304,22 @@ async def test_human_analytics_match_the_history(journal: Journal, story: MakeSt
     assert (wait["count"], wait["p50_s"], wait["p90_s"], wait["p99_s"], wait["max_s"]) == (2, 30, 1000, 1000, 1000)
     assert [b["count"] for b in wait["histogram"]] == [1, 0, 0, 1, 0, 0, 0]
     assert [b["lt_s"] for b in wait["histogram"]] == [60, 300, 900, 3600, 14400, 86400, None]
-    assert body["top_questions"][0] == {"question": "Merge it?", "count": 3}
-    assert {q["question"] for q in body["top_questions"]} == {"Merge it?", "Which label?", "Close as duplicate?"}
+    # grouped per (trigger, agent, question shape): reviewer's two "Merge it?" apart from triager's one
+    assert body["top_questions"][0] == {
+        "question": "Merge it?",
+        "count": 2,
+        "shape": "merge it?",
+        "agent": "reviewer",
+        "trigger_id": "ado-pr",
+        "share": 0.4,
+        "distinct": 1,
+    }
+    assert sorted((q["question"], q["agent"], q["count"]) for q in body["top_questions"]) == [
+        ("Close as duplicate?", "triager", 1),
+        ("Merge it?", "reviewer", 2),
+        ("Merge it?", "triager", 1),
+        ("Which label?", "triager", 1),
+    ]
     by_agent = {b["key"]: b for b in body["by_agent"]}
     assert (by_agent["reviewer"]["runs_total"], by_agent["reviewer"]["runs_asked"]) == (3, 2)
     assert by_agent["reviewer"]["answered"] == 2

@@ -69,7 +69,7 @@ from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import ColumnElement, func, or_
+from sqlalchemy import ColumnElement, String, func, literal, or_
 from sqlalchemy import select as sa_select
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -176,7 +176,10 @@ class WaitingRequest(BaseModel):
     recipient: str
     question: str
     channel: str | None = Field(description="Where it was delivered (human.notified); null until then")
-    since: datetime = Field(description="When it was asked (its human.requested, or agent.asked)")
+    since: datetime = Field(
+        description="When it was asked (its human.requested, agent.asked, or agent.task.offered for an external "
+        "agent's turn)"
+    )
     status: Literal["pending", "answered", "expired"] = Field(
         description="pending: nobody answered yet; answered / expired: this question has its outcome while the "
         "run still waits on the others (wait_for: all)"
@@ -186,8 +189,10 @@ class WaitingRequest(BaseModel):
 
 class Waiting(BaseModel):
     """UI-1: whom the run waits for, on which channel, for what, since when: a person (``waiting_for_human``)
-    or another agent (``waiting_for_agent``: ``ask_agent`` in wait mode; the recipient is the address the
-    model wrote, the question its message, no channel)."""
+    or an agent (``waiting_for_agent``: ``ask_agent`` in wait mode -- the recipient is the address the model
+    wrote, the question its message --, or the run's own external agent working on a turn (AP-5) -- the request
+    the turn's wait id ``<task id>.turn-<n>``, the recipient ``agent:<agent id>``, the question the task's
+    objective; no channel for either)."""
 
     request_id: str | None = Field(description="The request it waits on; null while it waits on several (HUM-7)")
     recipient: str | None = Field(description="Whom it waits for (several: the recipients joined with ', ')")
@@ -564,7 +569,7 @@ def create_app(
     async def list_runs(
         who: AsViewer,
         state: Annotated[RunState | None, Query(description="Only runs in this state")] = None,
-        trigger_id: Annotated[str | None, _text("Only runs launched by this trigger")] = None,
+        trigger_id: Annotated[str | None, _text("Only runs launched by this trigger (case-insensitive)")] = None,
         agent: Annotated[str | None, _text("Only runs of this agent (case-insensitive)")] = None,
         since: Annotated[datetime | None, Query(description="Only runs created at or after (ISO 8601)")] = None,
         until: Annotated[datetime | None, Query(description="Only runs created before (ISO 8601)")] = None,
@@ -575,7 +580,7 @@ def create_app(
         before: Annotated[str | None, _text("Opaque cursor: the next_before of the previous page")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many runs")] = 100,
     ) -> RunList:
-        conditions = _run_filters(agent=agent, trigger_id=trigger_id, since=since, until=until)
+        conditions = _run_filters(database, agent=agent, trigger_id=trigger_id, since=since, until=until)
         if state is not None:
             conditions.append(col(RunRecord.state) == state.value)
         if rerun_of is not None:
@@ -583,7 +588,8 @@ def create_app(
         if q:
             conditions.append(
                 or_(
-                    col(RunRecord.title).icontains(q, autoescape=True),
+                    # case-insensitive beyond ASCII ("ЮНИКОД" finds "юникод"): SQLite's LIKE folds ASCII only
+                    database.contains_folded(col(RunRecord.title), q),
                     col(RunRecord.run_id).startswith(q.strip(), autoescape=True),
                 )
             )
@@ -607,17 +613,17 @@ def create_app(
     @app.get(
         "/runs/waiting",
         response_model=WaitingList,
-        description="UI-1: the runs waiting for a human or for another agent (``ask_agent`` in wait mode), the "
-        "oldest wait first; each with ``waiting`` (whom, which channel, what question, since when, waiting "
+        description="UI-1: the runs waiting for a human or for an agent (``ask_agent`` in wait mode, or the run's "
+        "own external agent working on a turn), the oldest wait first; each with ``waiting`` (whom, which channel, what question, since when, waiting "
         "seconds).",
     )
     async def waiting_runs(
         who: AsViewer,
         agent: Annotated[str | None, _text("Only runs of this agent (case-insensitive)")] = None,
-        trigger_id: Annotated[str | None, _text("Only runs launched by this trigger")] = None,
+        trigger_id: Annotated[str | None, _text("Only runs launched by this trigger (case-insensitive)")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many runs")] = 100,
     ) -> WaitingList:
-        conditions = _run_filters(agent=agent, trigger_id=trigger_id, since=None, until=None)
+        conditions = _run_filters(database, agent=agent, trigger_id=trigger_id, since=None, until=None)
         query = (
             select(RunRecord)
             .where(
@@ -1032,10 +1038,10 @@ def create_app(
         since: Annotated[datetime | None, Query(description="Runs created at or after (ISO 8601)")] = None,
         until: Annotated[datetime | None, Query(description="Runs created before (ISO 8601)")] = None,
         agent: Annotated[str | None, _text("Only runs of this agent (case-insensitive)")] = None,
-        trigger_id: Annotated[str | None, _text("Only runs launched by this trigger")] = None,
+        trigger_id: Annotated[str | None, _text("Only runs launched by this trigger (case-insensitive)")] = None,
         top: Annotated[int, Query(ge=1, le=100, description="How many of the most frequent questions")] = 10,
     ) -> HumanAnalytics:
-        conditions = _run_filters(agent=agent, trigger_id=trigger_id, since=since, until=until)
+        conditions = _run_filters(database, agent=agent, trigger_id=trigger_id, since=since, until=until)
         run_ids = select(RunRecord.run_id).where(*conditions)
         async with database.sessions() as session:
             runs = await _run_rows(session, conditions)
@@ -1115,21 +1121,32 @@ def _audit_conditions(
 
 
 def _run_filters(
-    *, agent: str | None, trigger_id: str | None, since: datetime | None, until: datetime | None
+    database: Database,
+    *,
+    agent: str | None,
+    trigger_id: str | None,
+    since: datetime | None,
+    until: datetime | None,
 ) -> list[ColumnElement[bool]]:
     since, until = _utc(since, "since"), _utc(until, "until")
     if since is not None and until is not None and since > until:
         raise Unprocessable("query.since: must not be after until")
     conditions: list[ColumnElement[bool]] = []
-    if agent is not None:  # case-insensitive: "Reviewer" finds reviewer's runs (no index on agent to lose)
-        conditions.append(func.lower(col(RunRecord.agent)) == agent.lower())
+    # both case-insensitive, beyond ASCII: "Reviewer" finds reviewer's runs, "ADO-PR-REVIEW" ado-pr-review's
+    # (no index on either column to lose)
+    if agent is not None:
+        conditions.append(_folded_equal(database, col(RunRecord.agent), agent))
     if trigger_id is not None:
-        conditions.append(col(RunRecord.trigger_id) == trigger_id)
+        conditions.append(_folded_equal(database, col(RunRecord.trigger_id), trigger_id))
     if since is not None:
         conditions.append(col(RunRecord.created_at) >= since)
     if until is not None:
         conditions.append(col(RunRecord.created_at) < until)
     return conditions
+
+
+def _folded_equal(database: Database, column: Any, value: str) -> ColumnElement[bool]:
+    return database.folded(column) == database.folded(literal(value, String()))
 
 
 def _utc(value: datetime | None, name: str) -> datetime | None:

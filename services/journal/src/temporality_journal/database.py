@@ -23,6 +23,14 @@ cut may take the last commits) or ``FULL`` (fsync at every commit); ``OFF`` is n
 corrupt the file). Every PostgreSQL connection is opened with ``synchronous_commit`` set (asyncpg's
 ``server_settings``: part of the connection's start-up, no extra round trip) when one is chosen; unset, the
 server's (or role's) own applies.
+
+**Case-insensitive text search** (:meth:`Database.folded`, the run search ``q``): SQLite's ``lower()`` and
+``LIKE`` fold ASCII only, so every SQLite connection gets ``temporality_casefold(text)`` (Python's
+``str.casefold``, registered at connect and called only by the queries that search; the recorder's writes never
+call it). PostgreSQL's ``lower()`` folds by the database's collation: a database made with ``LC_CTYPE=C`` folds
+ASCII only, so :meth:`Database.open` checks once whether the default collation lowers ``ÄЖ``, and otherwise folds
+with the first of ``und-x-icu``, ``C.utf8``, ``C.UTF-8``, ``en_US.utf8`` that does (none: the default, and a
+warning ``database.fold_ascii_only``).
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from pydantic_core import to_json
-from sqlalchemy import Connection, event, inspect, text
+from sqlalchemy import ColumnElement, Connection, String, event, func, inspect, literal, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
@@ -198,6 +206,8 @@ def _sqlite_pragmas(synchronous: SqliteSynchronous) -> Any:
     statement = f"PRAGMA synchronous={synchronous.upper()}"  # one of two literals: nothing from outside
 
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Unicode case folding for the searches (SQLite's lower() and LIKE fold ASCII only): called by queries only
+        dbapi_connection.create_function(SQLITE_CASEFOLD, 1, _casefold, deterministic=True)
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")  # API readers never block the recorder
         cursor.execute("PRAGMA busy_timeout=5000")
@@ -205,6 +215,39 @@ def _sqlite_pragmas(synchronous: SqliteSynchronous) -> Any:
         cursor.close()
 
     return on_connect
+
+
+#: The SQL function every SQLite connection has: Python's ``str.casefold`` (``NULL`` for ``NULL``).
+SQLITE_CASEFOLD = "temporality_casefold"
+#: Collations PostgreSQL may fold with when the database's own folds ASCII only (``LC_CTYPE=C``), in order.
+_PG_FOLD_COLLATIONS = ("und-x-icu", "C.utf8", "C.UTF-8", "en_US.utf8")
+#: What a collation that folds Unicode makes of the probe (upper case A-umlaut and Cyrillic Zhe).
+_FOLD_PROBE, _FOLD_PROBED = "\u00c4\u0416", "\u00e4\u0436"
+
+
+def _casefold(value: object) -> str | None:
+    return value.casefold() if isinstance(value, str) else None
+
+
+async def _pg_fold_collation(conn: Any) -> str | None:
+    """``None`` when the database's default collation lowers Unicode, else the first of
+    :data:`_PG_FOLD_COLLATIONS` that does (``None`` too when none does: ASCII only, with a warning)."""
+    probe = {"probe": _FOLD_PROBE}
+    if (await conn.execute(text("SELECT lower(CAST(:probe AS text))"), probe)).scalar() == _FOLD_PROBED:
+        return None
+    names = (
+        await conn.execute(
+            text("SELECT collname FROM pg_collation WHERE collname = ANY(:names)"), {"names": list(_PG_FOLD_COLLATIONS)}
+        )
+    ).scalars()
+    known = set(names)
+    for name in (n for n in _PG_FOLD_COLLATIONS if n in known):
+        quoted = '"' + name.replace('"', '""') + '"'
+        lowered = (await conn.execute(text(f"SELECT lower(CAST(:probe AS text) COLLATE {quoted})"), probe)).scalar()
+        if lowered == _FOLD_PROBED:
+            return name
+    log.warning("database.fold_ascii_only", detail="no collation lowers non-ASCII letters: search folds ASCII only")
+    return None
 
 
 def _json_text(value: Any) -> str:
@@ -304,10 +347,33 @@ class Database:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.sessions = async_sessionmaker(engine, class_=AsyncSession, expire_on_commit=False)
+        #: PostgreSQL: the collation :meth:`folded` lowers with (``None``: the database's own).
+        self.fold_collation: str | None = None
 
     @property
     def dialect(self) -> str:
         return self.engine.dialect.name
+
+    def folded(self, expr: Any) -> ColumnElement[str]:
+        """``expr`` case-folded for a case-insensitive comparison that knows more than ASCII: SQLite's
+        ``temporality_casefold`` (Python's ``str.casefold``), PostgreSQL's ``lower()`` in
+        :attr:`fold_collation`. Fold both sides of a comparison with it."""
+        if self.dialect == "sqlite":
+            return getattr(func, SQLITE_CASEFOLD)(expr)  # type: ignore[no-any-return]
+        if self.fold_collation is not None:
+            expr = expr.collate(self.fold_collation)
+        return func.lower(expr)
+
+    def contains_folded(self, expr: Any, needle: str) -> ColumnElement[bool]:
+        """``expr`` contains ``needle``, case-insensitively (:meth:`folded`), no wildcard in ``needle``."""
+        position = func.instr if self.dialect == "sqlite" else func.strpos
+        folded_needle = self.folded(literal(needle, String()))
+        return position(self.folded(expr), folded_needle) > 0
+
+    async def _choose_fold_collation(self) -> None:
+        if self.dialect == "postgresql":
+            async with self.engine.connect() as conn:
+                self.fold_collation = await _pg_fold_collation(conn)
 
     @classmethod
     @asynccontextmanager
@@ -322,6 +388,7 @@ class Database:
         try:
             database = cls(engine)
             await database.create_tables()
+            await database._choose_fold_collation()
             log.info("database.ready", dialect=database.dialect, database=parsed.database)
             yield database
         finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ __all__ = [
     "encode_cursor",
     "human_analytics",
     "older_than",
+    "question_shape",
     "triggers_of",
 ]
 
@@ -326,8 +328,26 @@ class WaitStats(BaseModel):
 
 
 class QuestionCount(BaseModel):
-    question: str = Field(description=f"The question, clipped to {MAX_QUESTION} characters")
-    count: int
+    """One group of "most delegated questions" (OBS-1): the questions one agent asked for one trigger's runs that
+    have the same :func:`question_shape` -- the same decision asked about different pull requests, ids or
+    links is one row."""
+
+    question: str = Field(
+        description=f"A representative question of the group, as asked (clipped to {MAX_QUESTION} characters): "
+        "its most frequent text, ties to the most recently asked"
+    )
+    count: int = Field(description="Requests in the group")
+    shape: str = Field(
+        default="",
+        description="The group's question shape: the text casefolded, whitespace collapsed, URLs as <url>, e-mail "
+        "addresses as <email>, quoted strings as <text>, hex strings (7+ characters, a digit among them) as <hex>, "
+        "words mixing letters and digits as <id>, numbers as <n> (1.2.3 and 1,000 one number); several masks "
+        "joined by - _ . : / # as one <id>",
+    )
+    agent: str | None = Field(default=None, description="The agent of the group's runs (null: none known)")
+    trigger_id: str | None = Field(default=None, description="The trigger of the group's runs (null: none)")
+    share: float = Field(default=0.0, description="count / all the requests of the runs analysed")
+    distinct: int = Field(default=1, description="How many different question texts the group holds")
 
 
 class HumanCounts(BaseModel):
@@ -390,6 +410,49 @@ class HumanAnalytics(HumanCounts):
     )
 
 
+#: A URL, without the punctuation that ends the sentence around it ("… see https://x/pr/9?").
+_URL = re.compile(r"\b(?:[a-z][a-z0-9+.-]*://|www\.)[^\s<>\"'`]*[^\s<>\"'`.,;:!?)\]]", re.IGNORECASE)
+_EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+#: Quoted strings: straight double quotes, backticks, typographic double and single quotes (U+201C..U+201D,
+#: U+2018..U+2019, U+201E..U+201C), guillemets, and straight single quotes (a ' after a letter is an apostrophe:
+#: "don't" is kept).
+_QUOTED = re.compile(
+    r'"[^"\n]*"|`[^`\n]*`|\u201c[^\u201d\n]*\u201d|\u2018[^\u2019\n]*\u2019|\u00ab[^\u00bb\n]*\u00bb'
+    r"|\u201e[^\u201c\u201d\n]*[\u201c\u201d]|(?<!\w)'[^'\n]*'(?!\w)"
+)
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)+")
+_WORD = re.compile(r"[^\W_]+")
+_HEX = re.compile(r"(?:0x)?[0-9a-f]{7,}", re.IGNORECASE)
+_MASKS = re.compile(r"<(?:n|id|hex)>(?:[-_.:/#]+<(?:n|id|hex)>)+")
+_SPACE = re.compile(r"\s+")
+
+
+def _mask_word(match: re.Match[str]) -> str:
+    word = match.group()
+    if word.isdecimal():
+        return "<n>"
+    if not any(c.isdecimal() for c in word):
+        return word
+    return "<hex>" if _HEX.fullmatch(word) else "<id>"
+
+
+def question_shape(question: str) -> str:
+    """The shape of a question (OBS-1's "most delegated questions" group by it): what stays when the parts that
+    differ from one ask of the same decision to the next are masked -- URLs ``<url>``, e-mail addresses
+    ``<email>``, quoted strings ``<text>``, hex strings of 7+ characters with a digit ``<hex>``, words mixing
+    letters and digits ``<id>``, numbers ``<n>`` (``1.2.3``, ``1,000`` one number), masks joined by ``- _ . : / #``
+    one ``<id>`` (a UUID) -- casefolded, whitespace collapsed, clipped to :data:`MAX_QUESTION`.
+    Deterministic: the same text always gives the same shape."""
+    text = _URL.sub("\x00url\x01", question)
+    text = _EMAIL.sub("\x00email\x01", text)
+    text = _QUOTED.sub("\x00text\x01", text)
+    text = _NUMBER.sub("\x00n\x01", text)
+    text = _WORD.sub(_mask_word, text)
+    text = text.replace("\x00", "<").replace("\x01", ">")
+    text = _MASKS.sub("<id>", text)
+    return _SPACE.sub(" ", text).strip().casefold()[:MAX_QUESTION]
+
+
 @dataclass
 class _Request:
     run_id: str
@@ -400,6 +463,7 @@ class _Request:
     waited_s: float | None = None
     escalated: bool = False
     reminders: int = 0
+    shape: str = ""
 
 
 def _percentile(ordered: Sequence[float], p: float) -> float | None:
@@ -468,15 +532,15 @@ def human_analytics(
             continue
         if ev.type == "human.requested":
             turn = ev.data.get("turn")
-            requests.setdefault(
-                request_id,
-                _Request(
+            if request_id not in requests:
+                question = _str(ev.data, "question") or ""
+                requests[request_id] = _Request(
                     ev.run_id,
-                    (_str(ev.data, "question") or "")[:MAX_QUESTION],
+                    question[:MAX_QUESTION],
                     ev.time,
                     turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
-                ),
-            )
+                    shape=question_shape(question),
+                )
         elif ev.type in POLICY_STEPS:
             steps.append((ev.type, request_id))
         else:
@@ -534,15 +598,48 @@ def human_analytics(
             )
         return rows
 
-    questions = Counter(q.question for q in reqs if q.run_id in run_by_id)
-    top_questions = sorted(questions.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     return HumanAnalytics(
         since=since,
         until=until,
         **_counts(runs, reqs),
         wait=_wait_stats(q.waited_s for q in reqs if q.outcome == "answered" and q.waited_s is not None),
-        top_questions=[QuestionCount(question=q, count=c) for q, c in top_questions],
+        top_questions=_top_questions(reqs, run_by_id, top),
         by_agent=breakdown("agent"),
         by_trigger=breakdown("trigger_id"),
         by_stage=by_stage(),
     )
+
+
+def _top_questions(reqs: Sequence[_Request], run_by_id: dict[str, RunRow], top: int) -> list[QuestionCount]:
+    """The ``top`` biggest groups of questions by (trigger, agent, :func:`question_shape`): count descending, then
+    shape, agent and trigger ascending (none last); each with its most frequent text (ties: the most recently
+    asked, then the smallest) as the example."""
+    groups: dict[tuple[str | None, str | None, str], list[_Request]] = {}
+    for q in reqs:
+        if (run := run_by_id.get(q.run_id)) is not None:
+            groups.setdefault((run.trigger_id, run.agent, q.shape), []).append(q)
+    total = sum(len(g) for g in groups.values())
+
+    def order(item: tuple[tuple[str | None, str | None, str], list[_Request]]) -> tuple[Any, ...]:
+        (trigger_id, agent, shape), members = item
+        return (-len(members), shape, agent is None, agent or "", trigger_id is None, trigger_id or "")
+
+    rows = []
+    for (trigger_id, agent, shape), members in sorted(groups.items(), key=order)[:top]:
+        texts = Counter(q.question for q in members)
+        latest: dict[str, datetime] = {}
+        for q in members:
+            latest[q.question] = max(latest.get(q.question, q.asked_at), q.asked_at)
+        example = min(texts, key=lambda t: (-texts[t], -latest[t].timestamp(), t))
+        rows.append(
+            QuestionCount(
+                question=example,
+                count=len(members),
+                shape=shape,
+                agent=agent,
+                trigger_id=trigger_id,
+                share=round(len(members) / total, 4),
+                distinct=len(texts),
+            )
+        )
+    return rows

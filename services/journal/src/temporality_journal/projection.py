@@ -24,7 +24,17 @@ agent.asked (mode wait)  ``waiting_for_agent`` (``ask_agent`` with ``mode=wait``
 agent.answer.received,   ``resuming``, for the request the run waits on (an answer that comes
 agent.ask_expired,       after the wait expired, ``late``, ends nothing: the expiry did)
 agent.ask_undeliverable
-run.resumed              ``running``
+agent.task.offered       ``waiting_for_agent`` on the run's *own* external agent (AP-5: a card with
+                         ``provider.kind: external``; the run-executor parks the run while the agent
+                         works on the turn): request id = the turn's wait id
+                         (``<task id>.turn-<n>``, :func:`~temporality_protocol.agent_tasks.turn_wait_id`,
+                         what the executor's record waits on), recipient = ``agent:<agent id>``,
+                         question = the task's objective, since = the event's time, no channel
+agent.task.acted         ``resuming``, for the turn the run waits on (the agent's action wakes it;
+                         its ``run.resumed`` follows)
+run.resumed              ``running`` -- except ``reason: recovery`` while the run waits on its own
+                         external agent's turn: the agent took the task again (AP-8) or the
+                         executor recovered the turn it offers again; the run still waits on it
 run.completed            ``completed``, ``finished_at``, ``result``
 run.failed               ``failed``, ``finished_at``, ``error`` = "<reason>: <error>"
 run.cancelled            ``cancelled``, ``finished_at``, ``error`` = the reason
@@ -59,6 +69,8 @@ from temporality_protocol import (
     AgentAsked,
     AgentAskExpired,
     AgentAskUndeliverable,
+    AgentTaskActed,
+    AgentTaskOffered,
     Envelope,
     EventData,
     HumanAnswered,
@@ -75,6 +87,7 @@ from temporality_protocol import (
     RunStarted,
     RunState,
 )
+from temporality_protocol.agent_tasks import task_id_for, turn_wait_id
 
 __all__ = ["PROJECTED_TYPES", "project", "project_onto", "run_id_of"]
 
@@ -91,6 +104,8 @@ _PROJECTED_MODELS: tuple[type[EventData], ...] = (
     AgentAnswerReceived,
     AgentAskExpired,
     AgentAskUndeliverable,
+    AgentTaskOffered,
+    AgentTaskActed,
     RunResumed,
     RunCompleted,
     RunFailed,
@@ -258,8 +273,40 @@ def _agent_done(
     return _move(run, fact, RunState.RESUMING, {})
 
 
+def _task_offered(run: RunSnapshot, data: AgentTaskOffered, fact: _Fact) -> RunSnapshot | None:
+    return _move(
+        run,
+        fact,
+        RunState.WAITING_FOR_AGENT,
+        {},
+        waiting_request_id=turn_wait_id(data.task_id, data.turn),
+        waiting_recipient=f"agent:{data.agent_id}",
+        waiting_question=data.task.objective[:_JOINED_MAX],
+        waiting_since=fact.time,
+        waiting_channel=None,
+    )
+
+
+def _task_acted(run: RunSnapshot, data: AgentTaskActed, fact: _Fact) -> RunSnapshot | None:
+    if not _waits_on(run, turn_wait_id(data.task_id, data.turn), RunState.WAITING_FOR_AGENT):
+        return None
+    return _move(run, fact, RunState.RESUMING, {})
+
+
 def _resumed(run: RunSnapshot, data: RunResumed, fact: _Fact) -> RunSnapshot | None:
+    if data.reason == "recovery" and _waits_on_own_agent(run):
+        return _touch(run, fact, {})  # AP-8: the agent took the task again; the run still waits on its action
     return _move(run, fact, RunState.RUNNING, {})
+
+
+def _waits_on_own_agent(run: RunSnapshot) -> bool:
+    """The run is parked on its own external agent's turn (``agent.task.offered``), not on an ``ask_agent``."""
+    wait = run.waiting_request_id
+    return (
+        run.state == RunState.WAITING_FOR_AGENT
+        and wait is not None
+        and wait.startswith(f"{task_id_for(run.run_id)}.turn-")
+    )
 
 
 def _completed(run: RunSnapshot, data: RunCompleted, fact: _Fact) -> RunSnapshot | None:
@@ -287,6 +334,8 @@ _CASES: dict[type[EventData], Callable[[RunSnapshot, Any, _Fact], RunSnapshot | 
     AgentAnswerReceived: _agent_done,
     AgentAskExpired: _agent_done,
     AgentAskUndeliverable: _agent_done,
+    AgentTaskOffered: _task_offered,
+    AgentTaskActed: _task_acted,
     RunResumed: _resumed,
     RunCompleted: _completed,
     RunFailed: _failed,

@@ -76,7 +76,12 @@ def create_app(
     ``triggers`` is the replica's live registry (``store`` given: the ``/triggers`` admin API is served,
     checking ``auth``'s role tokens), or a fixed list (tests, benchmarks: no admin API)."""
     registry = triggers if isinstance(triggers, TriggerRegistry) else TriggerRegistry.static(triggers)
-    intake = Intake(bus, retry_after_s=settings.retry_after_s, claim_lease_s=settings.claim_lease_s)
+    intake = Intake(
+        bus,
+        retry_after_s=settings.retry_after_s,
+        claim_lease_s=settings.claim_lease_s,
+        answer_within_s=settings.intake_timeout_s,
+    )
     app = _GatewayApp(
         title="Temporality trigger-gateway",
         docs_url=None,
@@ -153,7 +158,7 @@ def create_app(
             # parsed here (a 400 before the source's checks), or by a source that reads the raw body itself
             parsed = UNPARSED if ADAPTERS[trigger.adapter].reads_raw_body else parse_json(raw)
             delivery = WebhookRequest(request.method, request.headers, raw, parsed)
-            outcome = await intake.handle(trigger, delivery)
+            outcome = await intake.handle_within(trigger, delivery)
         except (BodyTooLarge, UnsupportedMediaType, MalformedBody, InvalidPayload) as refused:
             if authenticated:
                 await intake.refused(trigger, refused, body_bytes=len(raw))  # visible in the journal

@@ -114,6 +114,9 @@ def create_app(
 
     webhook_route = Route("/hooks/{trigger_id}", serve_hook, methods=["POST"], include_in_schema=False)
     app.router.routes.insert(0, webhook_route)
+    # ``/hooks/<id>/`` (a URL pasted with a slash) is the same hook, not a 307 redirect: GitHub does not follow
+    # redirects, and Starlette's absolute Location says http:// behind a TLS ingress.
+    app.router.routes.insert(1, Route("/hooks/{trigger_id}/", serve_hook, methods=["POST"], include_in_schema=False))
     app.webhook_route = webhook_route
 
     @app.post(
@@ -320,10 +323,11 @@ _HOOKS = "/hooks/"
 
 
 def _hook_trigger(path: str) -> str | None:
-    """The ``{trigger_id}`` of a ``/hooks/{trigger_id}`` path (what the route's pattern, ``[^/]+``, matches)."""
+    """The ``{trigger_id}`` of a ``/hooks/{trigger_id}`` path, or of ``/hooks/{trigger_id}/`` (what the two
+    routes' patterns, ``[^/]+``, match)."""
     if not path.startswith(_HOOKS):
         return None
-    trigger_id = path[len(_HOOKS) :]
+    trigger_id = path[len(_HOOKS) :].removesuffix("/")
     return trigger_id if trigger_id and "/" not in trigger_id else None
 
 

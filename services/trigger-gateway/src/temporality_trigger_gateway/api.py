@@ -34,6 +34,7 @@ from temporality_bus import Bus
 from temporality_service import (
     HTTP_TELEMETRY,
     ApiAuth,
+    ApiError,
     ErrorBody,
     install_error_handlers,
     parse_json,
@@ -163,8 +164,11 @@ def create_app(
             delivery = WebhookRequest(request.method, request.headers, raw, parsed)
             outcome = await intake.handle_within(trigger, delivery)
         except (BodyTooLarge, UnsupportedMediaType, MalformedBody, InvalidPayload) as refused:
+            worded = _not_utf8(refused, request.headers.get("content-type"))
             if authenticated:
-                await intake.refused(trigger, refused, body_bytes=len(raw))  # visible in the journal
+                await intake.refused(trigger, worded, body_bytes=len(raw))  # visible in the journal
+            if worded is not refused:
+                raise worded from None
             raise
         except BusUnavailable as unavailable:
             if trigger.retry.retry_after_s is not None:  # the trigger's own retry policy
@@ -283,12 +287,34 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 #: The media types a webhook body may be declared as (a missing ``Content-Type`` is taken as JSON too).
-ACCEPTED_MEDIA_TYPES = "application/json, application/<subtype>+json or text/json (any parameters, e.g. charset)"
+ACCEPTED_MEDIA_TYPES = (
+    "application/json, application/<subtype>+json or text/json (any parameters; the body is read as UTF-8"
+    " whatever charset is declared)"
+)
+_NOT_UTF8 = "the body is not UTF-8"
+
+
+def _not_utf8(refused: ApiError, content_type: str | None) -> ApiError:
+    """``refused``, or for a body that is not UTF-8 the same refusal saying that UTF-8 is what is read, whatever
+    charset the ``Content-Type`` declares. Other charsets are not decoded: every source sends UTF-8 JSON (RFC
+    8259 §8.1), and a signature is over the bytes as sent."""
+    if not isinstance(refused, MalformedBody) or refused.detail != _NOT_UTF8:
+        return refused
+    charset = next(
+        (
+            value.strip().strip('"')[:40]
+            for name, _, value in (p.partition("=") for p in (content_type or "").split(";")[1:])
+            if name.strip().lower() == "charset"
+        ),
+        None,
+    )
+    declared = f" (the Content-Type declares charset={charset}; it is not decoded)" if charset else ""
+    return MalformedBody(f"{_NOT_UTF8}: webhooks take UTF-8 JSON whatever charset is declared{declared}")
 
 
 def _is_json(content_type: str) -> bool:
     """Whether a ``Content-Type`` declares JSON: ``application/json``, ``application/*+json`` or ``text/json``,
-    with any parameters (a charset other than UTF-8 is refused by the parser, 400)."""
+    with any parameters (the body is read as UTF-8 whatever the charset: one that is not is 400, :func:`_not_utf8`)."""
     media = content_type.partition(";")[0].strip().lower()
     return (
         media == "application/json"

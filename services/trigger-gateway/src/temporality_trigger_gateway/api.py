@@ -90,6 +90,7 @@ def create_app(
         responses={code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 503)},
         telemetry=HTTP_TELEMETRY,
     )
+    app.state.intake = intake  # its drain() runs at shutdown (__main__)
     install_error_handlers(app)
     (auth or ApiAuth()).install(app)
     if store is not None:

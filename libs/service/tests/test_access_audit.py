@@ -50,13 +50,16 @@ async def test_each_refusal_of_the_shared_check_is_an_audit_event_without_the_to
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://probe") as client:
         assert (await client.get("/things")).status_code == 401
         bad = await client.get("/things", headers={"Authorization": f"Bearer {BAD_TOKEN}"})
-        assert bad.status_code == 401  # the same address in the same window: counted, not published again
+        assert bad.status_code == 401  # the same address, another reason: an event of its own
+        again = await client.get("/things", headers={"Authorization": f"Bearer {BAD_TOKEN}"})
+        assert again.status_code == 401  # the same address, path and reason in the same window: counted only
         forbidden = await client.post("/things/t-1/stop", headers={"Authorization": f"Bearer {VIEWER}"})
         assert forbidden.status_code == 403
         assert (await client.get("/things", headers={"Authorization": f"Bearer {VIEWER}"})).status_code == 200
-    events = await event_log.wait_for("api.access_refused", count=2)
-    by_status = {e.data["status"]: e for e in events}
-    unauthorized, denied = by_status[401], by_status[403]
+    events = await event_log.wait_for("api.access_refused", count=3)
+    by_reason = {e.data["reason"]: e for e in events}
+    unauthorized, denied = by_reason["unauthorized"], by_reason["forbidden"]
+    assert by_reason["invalid_token"].actor == "address:127.0.0.1"
     assert unauthorized.source == "/temporality/probe"
     assert unauthorized.actor == "address:127.0.0.1"
     assert (unauthorized.data["service"], unauthorized.data["reason"], unauthorized.data["path"]) == (
@@ -72,8 +75,9 @@ async def test_each_refusal_of_the_shared_check_is_an_audit_event_without_the_to
     )
     await app.state.access_audit.drain()
     app.state.access_audit.flush()
+    await app.state.access_audit.drain()
     await event_log.caught_up()
-    assert len(event_log.of_type("api.access_refused")) == 2
+    assert len(event_log.of_type("api.access_refused")) == 3  # the repeated one is in its window's total
     assert not [e for e in event_log.events if BAD_TOKEN in json.dumps(e.data) or VIEWER in json.dumps(e.data)]
 
 
@@ -133,6 +137,48 @@ async def test_rate_limited_per_caller_and_window(bus: Bus, event_log: EventLog)
     await audit.drain()
     (again,) = [e for e in await event_log.wait_for("api.access_refused", count=7) if e not in events]
     assert (again.data["address"], again.data["count"]) == ("10.0.0.9", 1)
+
+
+async def test_one_address_is_counted_per_path_and_reason(bus: Bus, event_log: EventLog) -> None:
+    """An integrator review: behind an ingress every sender has one address, and a window's total kept the first
+    refusal's path and reason -- a wrong Azure DevOps password, 3 wrong GitLab tokens and 2 bad mindmap signatures
+    were one line "401 bad_credentials POST /hooks/ado-pr (6 times)". Each (path, reason) is counted apart; past
+    ``max_paths`` of one address, the rest are one ``many_paths`` event (the flood bound is unchanged)."""
+    now = [1_000_020.0]
+    audit = AccessAudit(bus, "trigger-gateway", window_s=60, max_paths=3, clock=lambda: now[0])
+
+    def hook(path: str, reason: str) -> None:
+        audit.refused(status=401, reason=reason, request=RefusedRequest("POST", path, "10.0.0.5"), channel="webhook")
+
+    hook("/hooks/ado-pr", "bad_credentials")
+    for _ in range(3):
+        hook("/hooks/gl-mr", "bad_credentials")
+    for _ in range(2):
+        hook("/hooks/mm", "bad_signature")
+    await audit.drain()
+    firsts = await event_log.wait_for("api.access_refused", count=3)
+    assert sorted((e.data["path"], e.data["reason"], e.data["count"]) for e in firsts) == [
+        ("/hooks/ado-pr", "bad_credentials", 1),
+        ("/hooks/gl-mr", "bad_credentials", 1),
+        ("/hooks/mm", "bad_signature", 1),
+    ]
+    for n in range(20):  # a fourth and further paths of the same address: one event for them all
+        hook(f"/hooks/other-{n}", "bad_credentials")
+    await audit.drain()
+    (many,) = (await event_log.wait_for("api.access_refused", count=4))[3:]
+    assert (many.data["address"], many.data["path"], many.data["reason"]) == ("10.0.0.5", "*", "many_paths")
+    now[0] += 60
+    audit.flush()
+    await audit.drain()
+    events = await event_log.wait_for("api.access_refused", count=7)
+    totals = sorted((e.data["path"], e.data["reason"], e.data["count"]) for e in events[4:])
+    assert totals == [
+        ("*", "many_paths", 20),
+        ("/hooks/gl-mr", "bad_credentials", 3),
+        ("/hooks/mm", "bad_signature", 2),
+    ]
+    await event_log.caught_up()
+    assert len(event_log.of_type("api.access_refused")) == 7
 
 
 async def test_permissions_violations_are_counted_per_subject_and_other_errors_ignored(

@@ -126,3 +126,23 @@ async def test_a_bug_on_the_lean_path_is_a_500_body_and_raised_to_the_server(
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as client:
         with pytest.raises(RuntimeError, match="a bug"):  # as Starlette's server-error middleware re-raises
             await post(client, _event("bug-2"))
+
+
+async def test_a_trailing_slash_is_the_same_hook_not_a_redirect(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient, list[tuple[str, str | None, int]]],
+) -> None:
+    """An integrator review: ``/hooks/<id>/`` was an empty-body 307 to an absolute ``http://`` Location (wrong
+    behind TLS; GitHub does not follow redirects). It is the hook itself, on either path through the app."""
+    lean, full, _ = both
+    for client, event_id in ((lean, "slash-lean"), (full, "slash-full")):
+        answer = await post(client, _event(event_id), trigger_id="ado-pr-review/")
+        assert answer.status_code == 202, answer.text
+        assert "location" not in answer.headers
+        assert answer.json()["status"] == "accepted"
+        again = await post(client, _event(event_id), trigger_id="ado-pr-review")  # the same hook, a duplicate
+        assert again.json()["status"] == "duplicate"
+        refused = await post(client, b"{}", trigger_id="ado-pr-review/", headers=basic(password="wrong"))
+        assert refused.status_code == 401
+        unknown = await post(client, b"{}", trigger_id="no-such-trigger/")
+        assert unknown.status_code == 404
+        assert (await client.get("/hooks/ado-pr-review/")).status_code == 405

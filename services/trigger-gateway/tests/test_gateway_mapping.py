@@ -35,6 +35,7 @@ from temporality_protocol.catalog import EVENTS_STREAM
 from temporality_service import ApiAuth, ApiAuthSettings
 from temporality_trigger_gateway import Settings, TriggerConfigError, create_app, parse_triggers
 from temporality_trigger_gateway.mapping import MappingFailed, agent_input, compile_mapping
+from temporality_trigger_gateway.preview import PREVIEW_DELIVERY_ID
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
 
 EVENT = NormalizedEvent(
@@ -196,6 +197,68 @@ async def test_preview_of_a_github_draft_reads_the_sample_headers(admin: httpx.A
     assert body["source_event"] == {"id": "d-1", "type": "pull_request.opened"}
     assert set(body["input"]) == {"title", "sender"}
     assert body["input"]["title"]
+
+
+_GITHUB_DRAFT = {
+    "id": "gh",
+    "name": "GitHub",
+    "type": "webhook",
+    "adapter": "github",
+    "events": ["pull_request.opened"],
+    "agent": "reviewer",
+    "auth": {"type": "github", "secret": GITHUB_SECRET},
+}
+_GITLAB_DRAFT = {
+    "id": "gl",
+    "name": "GitLab",
+    "type": "webhook",
+    "adapter": "gitlab",
+    "events": ["merge_request.open"],
+    "agent": "reviewer",
+    "auth": {"type": "gitlab", "secret": "t"},
+}
+
+
+@pytest.mark.parametrize(
+    ("draft", "sample", "headers", "header"),
+    [
+        (_GITHUB_DRAFT, "github-pr-opened.json", {"X-GitHub-Event": "pull_request"}, "X-GitHub-Delivery"),
+        (_GITLAB_DRAFT, "gitlab-mr-open.json", {"X-Gitlab-Event": "Merge Request Hook"}, "X-Gitlab-Event-UUID"),
+    ],
+)
+async def test_preview_of_a_sample_without_its_delivery_id_header_uses_a_placeholder_and_says_so(
+    admin: httpx.AsyncClient, draft: dict[str, Any], sample: str, headers: dict[str, str], header: str
+) -> None:
+    """An integrator review: a GitHub or GitLab sample (from the sender's docs) needed an invented delivery id
+    header, else ``ok: false``. A live sender always sends one; the preview supplies it and says so."""
+    body = (await _preview(admin, {"trigger": draft, "payload": fixture_json(sample), "headers": headers})).json()
+    assert body["ok"] is True, body
+    assert body["would_start_run"] is True
+    assert body["source_event"]["id"] == PREVIEW_DELIVERY_ID
+    assert header in body["source_event"]["note"]
+    assert PREVIEW_DELIVERY_ID in body["source_event"]["note"]
+    given = {**headers, header: "d-7"}
+    with_id = (await _preview(admin, {"trigger": draft, "payload": fixture_json(sample), "headers": given})).json()
+    assert with_id["source_event"]["id"] == "d-7"
+    assert "note" not in with_id["source_event"]
+
+
+async def test_preview_of_a_github_ping_is_ignored_as_live(admin: httpx.AsyncClient) -> None:
+    """An integrator review: previewing a ping answered ``ok: false`` "unsupported event" where the live hook
+    answers 200 ignored. The preview reports it ignored, as the gateway would (no event: a ping normalizes to
+    none)."""
+    headers = {"X-GitHub-Event": "ping", "X-GitHub-Delivery": "d-ping"}
+    payload = fixture_json("github-ping.json")
+    body = (await _preview(admin, {"trigger": _GITHUB_DRAFT, "payload": payload, "headers": headers})).json()
+    assert body["ok"] is True, body
+    assert body["would_start_run"] is False
+    assert body["ignored"]["reason"] == "unsupported_event"
+    assert body["source_event"] == {"id": "d-ping", "type": "ping"}
+    assert body["event"] is None
+    disabled = {**_GITHUB_DRAFT, "enabled": False}
+    off = (await _preview(admin, {"trigger": disabled, "payload": payload, "headers": headers})).json()
+    assert off["ok"] is True, off
+    assert off["ignored"]["reason"] == "disabled"
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ project's own small fixtures and on the team's real payloads (skipped where ``..
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -219,6 +220,34 @@ async def test_generic_signed_with_standard_webhooks(client: httpx.AsyncClient, 
     # The same webhook-id re-signed later (a retry) is the same event.
     again = await post(client, raw, trigger_id="orders-signed", headers=standard_headers(raw, "msg_order_1001"))
     assert again.json()["status"] == "duplicate"
+
+
+def _svix(headers: dict[str, str]) -> dict[str, str]:
+    """Standard Webhooks headers under Svix's names (Clerk, Resend send ``svix-id`` etc.)."""
+    return {k.replace("webhook-", "svix-"): v for k, v in headers.items()}
+
+
+async def test_generic_signed_by_a_svix_sender_with_svix_headers(client: httpx.AsyncClient, bus: Bus) -> None:
+    """An integrator review: Clerk's and Resend's ``svix-id``/``svix-timestamp``/``svix-signature`` got 401.
+    They are the Standard Webhooks headers under another name (Svix's libraries read either): accepted, and
+    ``svix-id`` is the event id, so a redelivery is a duplicate."""
+    raw = fixture_bytes("generic-order.json")
+    headers = _svix(standard_headers(raw, "msg_svix_1"))
+    assert "svix-signature" in headers
+    assert "webhook-signature" not in headers
+    response = await post(client, raw, trigger_id="orders-signed", headers=headers)
+    assert response.status_code == 202, response.text
+    assert response.json()["run_id"] == run_id_for_delivery("orders-signed", "msg_svix_1")
+    again = await post(client, raw, trigger_id="orders-signed", headers=_svix(standard_headers(raw, "msg_svix_1")))
+    assert again.json()["status"] == "duplicate"
+    forged = _svix(standard_headers(raw, "msg_svix_2", secret="whsec_" + base64.b64encode(b"x" * 24).decode()))
+    refused = await post(client, raw, trigger_id="orders-signed", headers=forged)
+    assert refused.status_code == 401
+    assert "no svix-signature matches the body" in refused.text
+    unsigned = await post(client, raw, trigger_id="orders-signed", headers={})
+    assert unsigned.status_code == 401
+    assert "webhook-id, webhook-timestamp and webhook-signature" in unsigned.text
+    assert "svix-id, svix-timestamp and svix-signature" in unsigned.text
 
 
 async def test_generic_with_a_bearer_token_and_the_body_id(client: httpx.AsyncClient, bus: Bus) -> None:

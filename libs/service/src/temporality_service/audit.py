@@ -19,15 +19,18 @@ One :class:`AccessAudit` per service process (the service runtime makes it once 
 The refusal itself is unchanged: the same 401/403 goes back at once, the event is published in the background
 (best effort: a failed publish is logged, ``access.audit_unpublished``).
 
-Rate limit, per caller -- the token's name for a 403, the client address for a 401, the (operation, subject)
-for NATS -- and fixed windows of :data:`WINDOW_S` seconds: the first refusal of a caller in a window is published
-at once (``count`` 1); the others in the window are only counted, and one event with their ``count`` follows when
-the window ends. At most :data:`MAX_CALLERS` callers of each kind per window get events of their own; refusals of
-any further caller in that window are counted under one event with ``address`` (``subject``) ``*`` (a scanner
-rotating addresses still makes at most ``MAX_CALLERS + 1`` first events and as many totals per window). Event
-ids derive from (this process, kind, caller, window, first/total), so a republish is deduplicated by JetStream
-and two replicas never take each other's event for a copy. Never logged or published: the token, a header, a
-signature, a body.
+Rate limit, per caller and what was refused -- for a request the (caller, path, reason): the token's name for a
+403, the client address for a 401; the (operation, subject) for NATS -- and fixed windows of :data:`WINDOW_S`
+seconds: the first refusal of each in a window is published at once (``count`` 1); the others in the window are
+only counted, and one event with their ``count`` follows when the window ends. Keyed by path and reason too, so
+behind an ingress (every sender one address) a misconfigured hook's 401s are not folded into another's. At most
+:data:`MAX_PATHS` (path, reason) pairs of one caller per window get events of their own (the caller's further ones
+are counted under one event with ``path`` ``*`` and reason ``many_paths``), and at most :data:`MAX_CALLERS` events
+of each kind per window in all; refusals past that are counted under one event with ``address`` (``subject``)
+``*`` (a scanner rotating addresses or paths still makes at most ``MAX_CALLERS + 1`` first events and as many
+totals per window). Event ids derive from (this process, kind, caller, path, reason, window, first/total), so a
+republish is deduplicated by JetStream and two replicas never take each other's event for a copy. Never logged or
+published: the token, a header, a signature, a body.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from temporality_protocol.catalog import REFUSALS, service_source, subject_for
 
 __all__ = [
     "MAX_CALLERS",
+    "MAX_PATHS",
     "OVERFLOW",
     "WINDOW_S",
     "AccessAudit",
@@ -66,7 +70,10 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 WINDOW_S = 60
+#: Events of their own per kind of refusal and window (then one for the rest: :data:`OVERFLOW`).
 MAX_CALLERS = 100
+#: (path, reason) pairs of one caller with events of their own per window (then one for the rest: ``many_paths``).
+MAX_PATHS = 10
 #: The caller of the event that counts every caller past :data:`MAX_CALLERS` in a window.
 OVERFLOW = "*"
 
@@ -214,10 +221,13 @@ class AccessAudit(Windowed):
     service: str
     window_s: int = WINDOW_S
     max_callers: int = MAX_CALLERS
+    max_paths: int = MAX_PATHS
     clock: Callable[[], float] = time.time
     _window: int = -1
-    #: kind of refusal (``api``, ``webhook``, ``nats``) -> caller -> its tally in the current window
+    #: kind of refusal (``api``, ``webhook``, ``nats``) -> key (caller, path, reason) -> its tally in the window
     _tallies: dict[str, dict[str, _Tally]] = field(default_factory=dict)
+    #: kind of refusal -> caller -> how many keys of its own it has in the window (at most ``max_paths`` + 1)
+    _keys_of: dict[str, dict[str, int]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     #: This process's part of the event ids (replicas count apart; a republish keeps its id).
     _instance: str = field(default_factory=lambda: secrets.token_hex(6))
@@ -252,7 +262,9 @@ class AccessAudit(Windowed):
             "role_needed": role_needed,
         }
         overflow = {"address": OVERFLOW, "principal": None, "reason": "many_callers"}
-        self._count(channel, actor, actor, ApiAccessRefused, fields, overflow)
+        key = f"{actor}\n{fields['path']}\n{fields['reason']}"
+        many_paths = (f"{actor}\n{OVERFLOW}", {"method": OVERFLOW, "path": OVERFLOW, "reason": "many_paths"})
+        self._count(channel, key, actor, ApiAccessRefused, fields, overflow, caller=actor, many_paths=many_paths)
 
     def refused_here(self, *, status: int, reason: str, principal: str | None = None) -> None:
         """:meth:`refused` for the request being served (its method, path and address: :class:`RequestContext`)."""
@@ -288,9 +300,20 @@ class AccessAudit(Windowed):
         model: type[EventData],
         fields: dict[str, Any],
         overflow: dict[str, Any],
+        *,
+        caller: str | None = None,
+        many_paths: tuple[str, dict[str, Any]] | None = None,
     ) -> None:
+        """Count one refusal under ``key``; a ``caller`` with ``max_paths`` keys already counts a new one under
+        ``many_paths`` (its key and fields); past ``max_callers`` keys in all, under :data:`OVERFLOW`."""
         self._roll()
         tallies = self._tallies.setdefault(kind, {})
+        if key not in tallies and caller is not None and many_paths is not None:
+            keys_of = self._keys_of.setdefault(kind, {})
+            if keys_of.get(caller, 0) >= self.max_paths:
+                key, fields = many_paths[0], {**fields, **many_paths[1]}
+            if key not in tallies and len(tallies) < self.max_callers:
+                keys_of[caller] = keys_of.get(caller, 0) + 1
         if key not in tallies and len(tallies) >= self.max_callers:
             key, fields = OVERFLOW, {**fields, **overflow}
             actor = None if kind != "nats" else actor  # many callers: nobody in particular
@@ -309,6 +332,7 @@ class AccessAudit(Windowed):
                 if tally.count > tally.reported:
                     self._publish(kind, key, tally, "total")
         self._tallies = {}
+        self._keys_of = {}
 
     def _loop_name(self) -> str:
         return f"{self.service}-access-audit"

@@ -116,7 +116,10 @@ def configure(settings: Settings) -> Setup[Settings]:
 
         rt.consumer("trigger-gateway-debounce", raw_handler=debounce_ended)
         rt.ready_check("trigger-store", registry.check)
-        rt.http(create_app(rt.settings, rt.bus, registry, store=store, auth=auth))
+        app = create_app(rt.settings, rt.bus, registry, store=store, auth=auth)
+        # Deliveries answered 503 for a stalled bus whose handling goes on finish first (then the write-behind).
+        rt.resources.push_async_callback(app.state.intake.drain)
+        rt.http(app)
 
     return setup
 

@@ -34,6 +34,7 @@ from temporality_bus import Bus
 from temporality_service import (
     HTTP_TELEMETRY,
     ApiAuth,
+    ApiError,
     ErrorBody,
     install_error_handlers,
     parse_json,
@@ -76,7 +77,12 @@ def create_app(
     ``triggers`` is the replica's live registry (``store`` given: the ``/triggers`` admin API is served,
     checking ``auth``'s role tokens), or a fixed list (tests, benchmarks: no admin API)."""
     registry = triggers if isinstance(triggers, TriggerRegistry) else TriggerRegistry.static(triggers)
-    intake = Intake(bus, retry_after_s=settings.retry_after_s, claim_lease_s=settings.claim_lease_s)
+    intake = Intake(
+        bus,
+        retry_after_s=settings.retry_after_s,
+        claim_lease_s=settings.claim_lease_s,
+        answer_within_s=settings.intake_timeout_s,
+    )
     app = _GatewayApp(
         title="Temporality trigger-gateway",
         docs_url=None,
@@ -84,6 +90,7 @@ def create_app(
         responses={code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 503)},
         telemetry=HTTP_TELEMETRY,
     )
+    app.state.intake = intake  # its drain() runs at shutdown (__main__)
     install_error_handlers(app)
     (auth or ApiAuth()).install(app)
     if store is not None:
@@ -109,6 +116,9 @@ def create_app(
 
     webhook_route = Route("/hooks/{trigger_id}", serve_hook, methods=["POST"], include_in_schema=False)
     app.router.routes.insert(0, webhook_route)
+    # ``/hooks/<id>/`` (a URL pasted with a slash) is the same hook, not a 307 redirect: GitHub does not follow
+    # redirects, and Starlette's absolute Location says http:// behind a TLS ingress.
+    app.router.routes.insert(1, Route("/hooks/{trigger_id}/", serve_hook, methods=["POST"], include_in_schema=False))
     app.webhook_route = webhook_route
 
     @app.post(
@@ -153,10 +163,13 @@ def create_app(
             # parsed here (a 400 before the source's checks), or by a source that reads the raw body itself
             parsed = UNPARSED if ADAPTERS[trigger.adapter].reads_raw_body else parse_json(raw)
             delivery = WebhookRequest(request.method, request.headers, raw, parsed)
-            outcome = await intake.handle(trigger, delivery)
+            outcome = await intake.handle_within(trigger, delivery)
         except (BodyTooLarge, UnsupportedMediaType, MalformedBody, InvalidPayload) as refused:
+            worded = _not_utf8(refused, request.headers.get("content-type"))
             if authenticated:
-                await intake.refused(trigger, refused, body_bytes=len(raw))  # visible in the journal
+                await intake.refused(trigger, worded, body_bytes=len(raw))  # visible in the journal
+            if worded is not refused:
+                raise worded from None
             raise
         except BusUnavailable as unavailable:
             if trigger.retry.retry_after_s is not None:  # the trigger's own retry policy
@@ -275,12 +288,34 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 #: The media types a webhook body may be declared as (a missing ``Content-Type`` is taken as JSON too).
-ACCEPTED_MEDIA_TYPES = "application/json, application/<subtype>+json or text/json (any parameters, e.g. charset)"
+ACCEPTED_MEDIA_TYPES = (
+    "application/json, application/<subtype>+json or text/json (any parameters; the body is read as UTF-8"
+    " whatever charset is declared)"
+)
+_NOT_UTF8 = "the body is not UTF-8"
+
+
+def _not_utf8(refused: ApiError, content_type: str | None) -> ApiError:
+    """``refused``, or for a body that is not UTF-8 the same refusal saying that UTF-8 is what is read, whatever
+    charset the ``Content-Type`` declares. Other charsets are not decoded: every source sends UTF-8 JSON (RFC
+    8259 §8.1), and a signature is over the bytes as sent."""
+    if not isinstance(refused, MalformedBody) or refused.detail != _NOT_UTF8:
+        return refused
+    charset = next(
+        (
+            value.strip().strip('"')[:40]
+            for name, _, value in (p.partition("=") for p in (content_type or "").split(";")[1:])
+            if name.strip().lower() == "charset"
+        ),
+        None,
+    )
+    declared = f" (the Content-Type declares charset={charset}; it is not decoded)" if charset else ""
+    return MalformedBody(f"{_NOT_UTF8}: webhooks take UTF-8 JSON whatever charset is declared{declared}")
 
 
 def _is_json(content_type: str) -> bool:
     """Whether a ``Content-Type`` declares JSON: ``application/json``, ``application/*+json`` or ``text/json``,
-    with any parameters (a charset other than UTF-8 is refused by the parser, 400)."""
+    with any parameters (the body is read as UTF-8 whatever the charset: one that is not is 400, :func:`_not_utf8`)."""
     media = content_type.partition(";")[0].strip().lower()
     return (
         media == "application/json"
@@ -315,10 +350,11 @@ _HOOKS = "/hooks/"
 
 
 def _hook_trigger(path: str) -> str | None:
-    """The ``{trigger_id}`` of a ``/hooks/{trigger_id}`` path (what the route's pattern, ``[^/]+``, matches)."""
+    """The ``{trigger_id}`` of a ``/hooks/{trigger_id}`` path, or of ``/hooks/{trigger_id}/`` (what the two
+    routes' patterns, ``[^/]+``, match)."""
     if not path.startswith(_HOOKS):
         return None
-    trigger_id = path[len(_HOOKS) :]
+    trigger_id = path[len(_HOOKS) :].removesuffix("/")
     return trigger_id if trigger_id and "/" not in trigger_id else None
 
 

@@ -15,8 +15,9 @@ echoed. Prefer ``*_env`` (the name of an environment variable, read at load) to 
 ``gitlab``             ``X-Gitlab-Token`` (GitLab's secret token)
 ``hmac_sha256``        a named header carries HMAC-SHA256(secret, raw body), hex or base64, optional prefix
 ``github``             ``X-Hub-Signature-256: sha256=<hex HMAC-SHA256(secret, raw body)>``
-``standard_webhooks``  ``webhook-id`` / ``webhook-timestamp`` / ``webhook-signature`` (Standard Webhooks,
-                       Svix): ±``tolerance_s`` (300), several space-separated signatures (key rotation)
+``standard_webhooks``  ``webhook-id`` / ``webhook-timestamp`` / ``webhook-signature`` (Standard Webhooks),
+                       or Svix's ``svix-id`` / ``svix-timestamp`` / ``svix-signature`` (Clerk, Resend):
+                       ±``tolerance_s`` (300), several space-separated signatures (key rotation)
 ``mindmap``            ``X-Mindmap-Signature: sha256=<hex HMAC>`` over the raw body and ``X-Mindmap-Token``
 =====================  ============================================================================
 """
@@ -52,6 +53,7 @@ __all__ = [
     "Verifier",
     "hmac_sha256_matches",
     "literal_secret",
+    "standard_webhooks_header",
     "standard_webhooks_matches",
 ]
 
@@ -297,6 +299,12 @@ class GitHubAuth(_SharedSecret):
 STANDARD_WEBHOOKS_TOLERANCE_S = 300
 
 
+def standard_webhooks_header(headers: Mapping[str, str], name: str) -> str | None:
+    """The Standard Webhooks header ``webhook-<name>``, else Svix's ``svix-<name>`` (Clerk, Resend and other
+    Svix-based senders send those, with the same meaning; Svix's own libraries read either)."""
+    return headers.get(f"webhook-{name}") or headers.get(f"svix-{name}")
+
+
 def standard_webhooks_matches(
     secret: str, headers: Mapping[str, str], body: bytes, *, now: datetime, tolerance_s: int
 ) -> str | None:
@@ -304,18 +312,22 @@ def standard_webhooks_matches(
 
     The signed content and its encoding are the ``standardwebhooks`` package's (:meth:`Webhook.sign`);
     the clock is ours, so a published test vector can be checked at its own time."""
-    msg_id = headers.get("webhook-id")
-    stamp = headers.get("webhook-timestamp")
-    signatures = headers.get("webhook-signature")
+    family = "webhook" if headers.get("webhook-signature") else "svix"  # Svix (Clerk, Resend) names them svix-*
+    msg_id = standard_webhooks_header(headers, "id")
+    stamp = standard_webhooks_header(headers, "timestamp")
+    signatures = headers.get(f"{family}-signature")
     if not (msg_id and stamp and signatures):
-        return "this trigger requires the webhook-id, webhook-timestamp and webhook-signature headers"
+        return (
+            "this trigger requires the webhook-id, webhook-timestamp and webhook-signature headers"
+            " (or Svix's svix-id, svix-timestamp and svix-signature)"
+        )
     if not (stamp.isascii() and stamp.isdigit()):
-        return "webhook-timestamp is not a Unix time in seconds"
+        return f"{family}-timestamp is not a Unix time in seconds"
     # Compared as a number before it becomes a datetime: a time far off (year 10000 and on, or more digits than
     # int() reads) is refused as any stale one, not an error. Twelve digits are past year 33000.
     now_s = now.timestamp()
     if len(stamp) > 12 or abs(int(stamp) - now_s) > tolerance_s:
-        return f"webhook-timestamp is more than {tolerance_s} s away from now (replay, or a clock off)"
+        return f"{family}-timestamp is more than {tolerance_s} s away from now (replay, or a clock off)"
     sent = datetime.fromtimestamp(int(stamp), tz=UTC)
     try:
         expected = Webhook(secret).sign(msg_id=msg_id, timestamp=sent, data=body.decode("utf-8"))
@@ -327,7 +339,7 @@ def standard_webhooks_matches(
         version, _, signature = versioned.partition(",")
         if version == "v1":
             matched |= hmac.compare_digest(signature.encode(), expected_sig)
-    return None if matched else "no webhook-signature matches the body"
+    return None if matched else f"no {family}-signature matches the body"
 
 
 class StandardWebhooksAuth(_SharedSecret):

@@ -23,6 +23,8 @@ consumer depends on it: the journal projects by type and the run-executor reads 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 from dataclasses import dataclass
 from typing import Literal
@@ -34,7 +36,7 @@ from temporality_bus import Bus
 from temporality_protocol import NormalizedEvent, new_id, run_id_for_delivery
 from temporality_service import ApiError
 from temporality_trigger_gateway.adapters import ADAPTERS, Adapter, SourceEvent, WebhookRequest
-from temporality_trigger_gateway.errors import InvalidPayload
+from temporality_trigger_gateway.errors import BusUnavailable, InvalidPayload
 from temporality_trigger_gateway.launch import (
     ACTOR,
     SOURCE,
@@ -143,8 +145,64 @@ def _normalized(adapter: Adapter, request: WebhookRequest, trigger: WebhookTrigg
 class Intake:
     """Carries out deliveries on the bus. Adapter errors (:class:`InvalidPayload`) propagate unchanged."""
 
-    def __init__(self, bus: Bus, *, retry_after_s: int, claim_lease_s: float = 10.0) -> None:
+    def __init__(
+        self, bus: Bus, *, retry_after_s: int, claim_lease_s: float = 10.0, answer_within_s: float | None = None
+    ) -> None:
         self._launcher = Launcher(bus, retry_after_s=retry_after_s, claim_lease_s=claim_lease_s)
+        self._retry_after_s = retry_after_s
+        self._answer_within_s = answer_within_s
+        #: Deliveries answered 503 for a stalled bus while their handling goes on (:meth:`handle_within`).
+        self._late: set[asyncio.Task[Outcome]] = set()
+
+    async def handle_within(self, trigger: WebhookTrigger, request: WebhookRequest) -> Outcome:
+        """:meth:`handle`, answered within ``answer_within_s``: a bus that stalls (a stopped nats-server acks
+        nothing, each JetStream round waits out its 10 s) gets the sender a 503 with ``Retry-After`` well within
+        its own delivery timeout (GitHub's and GitLab's are 10 s) instead of a timed-out delivery it never sees
+        answered. The handling is not cancelled: it goes on in the background to the outcome it would have had
+        (a delivery cut anywhere would be a crash between claim and publish), so nothing is lost or started
+        twice -- a retry finds the event's claim held (503 again, until it is published or its lease ends) or
+        published (``duplicate`` of the one run), or released by a failed launch (it launches)."""
+        if self._answer_within_s is None:
+            return await self.handle(trigger, request)
+        task = asyncio.get_running_loop().create_task(self.handle(trigger, request))
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self._answer_within_s)
+        except TimeoutError:
+            if task.done():  # its own TimeoutError, or done at the bound: its outcome as it is
+                return task.result()
+            self._go_on(task, trigger.id)
+            raise BusUnavailable(
+                f"the event bus did not answer within {self._answer_within_s:g} s; retry later (the delivery is"
+                " still being handled: a retry is answered its outcome, or a duplicate of its run)",
+                self._retry_after_s,
+            ) from None
+        except asyncio.CancelledError:  # the request was cancelled (a server shutting down): the launch goes on
+            if not task.done():
+                self._go_on(task, trigger.id)
+            raise
+
+    def _go_on(self, task: asyncio.Task[Outcome], trigger_id: str) -> None:
+        self._late.add(task)
+
+        def settled(done: asyncio.Task[Outcome]) -> None:
+            self._late.discard(done)
+            if done.cancelled():
+                log.warning("webhook.late_outcome", trigger_id=trigger_id, status="cancelled")
+            elif (error := done.exception()) is not None:
+                log.warning("webhook.late_outcome", trigger_id=trigger_id, status="failed", error=repr(error))
+            else:
+                log.info("webhook.late_outcome", trigger_id=trigger_id, status=done.result().status)
+
+        task.add_done_callback(settled)
+
+    async def drain(self, timeout_s: float = 30.0) -> None:
+        """Wait (at most ``timeout_s``) for the deliveries still handled after their 503 (tests, shutdown: before
+        the write-behind settles and the bus drains). One still running then is as a crash mid-launch: a retry of
+        it takes its claim over after the lease."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self._late:
+                    await asyncio.gather(*list(self._late), return_exceptions=True)
 
     @property
     def launcher(self) -> Launcher:

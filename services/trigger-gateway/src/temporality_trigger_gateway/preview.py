@@ -13,11 +13,16 @@ Answer (200 whenever the request itself is well formed)::
      "event": {...the normalized event (TRG-4)...}, "input": {...the agent input (TRG-8)...},
      "run_id": "run-…", "title": "…"}
     {"ok": true, "would_start_run": false, "ignored": {"reason": "unsupported_event", "detail": "…"}, ...}
+    (an ignored event -- a GitHub ping, a disabled trigger -- is answered so whatever its shape, as live:
+    then ``event`` is null when the source cannot normalize it)
     {"ok": true, "would_start_run": false, "matches": false, "ignored": {"reason": "filtered", ...}, ...}
 
 ``matches``: whether the trigger's condition (``when``; an event trigger's ``filter`` too) holds for the
 sample. The mapping is applied either way, so a draft's input can be checked on a sample it filters.
     {"ok": false, "stage": "trigger" | "payload" | "mapping", "errors": [{"field", "message"}]}
+
+A sample without its source's delivery id header (GitHub's ``X-GitHub-Delivery``, GitLab's
+``X-Gitlab-Event-UUID``) is previewed with :data:`PREVIEW_DELIVERY_ID`, and ``source_event.note`` says so.
 
 Nothing is started, published or stored, and the sender's authentication is not checked: the preview
 validates a draft as a save would, except that ``*_env`` variables need not be set in the gateway's
@@ -50,6 +55,8 @@ from temporality_trigger_gateway.triggers import EventTrigger, WebhookTrigger, f
 
 __all__ = ["run_preview"]
 
+#: The delivery id a sample without its source's delivery id header is previewed with.
+PREVIEW_DELIVERY_ID = "00000000-0000-4000-8000-000000000000"
 #: Stands in for every ``*_env`` secret in a preview (valid for every verifier, base64 included).
 _PLACEHOLDER = "cHJldmlldy1wbGFjZWhvbGRlci1zZWNyZXQ="
 _ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
@@ -121,17 +128,33 @@ async def run_preview(
         return _failed("trigger", [{"field": "type", "message": message}])
 
     payload = body["payload"]
-    request = WebhookRequest("POST", httpx.Headers(headers), json.dumps(payload).encode(), payload)
     adapter = ADAPTERS[trigger.adapter]
+    sent = httpx.Headers(headers)
+    notes: list[str] = []
+    id_headers = adapter.delivery_id_headers
+    if id_headers and not any(sent.get(h) for h in id_headers):
+        # A sample copied from a sender's docs rarely has its delivery id header; the live sender always sends one.
+        sent[id_headers[0]] = PREVIEW_DELIVERY_ID
+        notes.append(
+            f"the sample has no {' or '.join(id_headers)} header: the preview used {PREVIEW_DELIVERY_ID!r}"
+            " (a live delivery without one is refused 422)"
+        )
+    request = WebhookRequest("POST", sent, json.dumps(payload).encode(), payload)
     try:
         source = adapter.identify(request)
+    except InvalidPayload as exc:
+        return _noted(_payload_failed(exc), notes)
+    unsupported = None
+    if source.type not in trigger.events:
+        unsupported = f"the trigger does not handle {source.type!r} events (its events: {', '.join(trigger.events)})"
+    try:
         event = adapter.normalize(request, tenant=trigger.tenant)
     except InvalidPayload as exc:
-        errors = [
-            {"field": ".".join(str(p) for p in e.get("loc", ())) or "<body>", "message": str(e.get("msg", ""))[:500]}
-            for e in exc.errors[:50]
-        ]
-        return _failed("payload", errors or [{"field": "<body>", "message": exc.detail}])
+        if trigger.enabled and unsupported is None:
+            return _noted(_payload_failed(exc), notes)
+        # Live, an ignored event (a GitHub ping, a disabled trigger) is answered 200 ignored whatever its shape.
+        ignored = {"ok": True, "source_event": source.model_dump(mode="json"), "event": None}
+        return _noted(_verdict(ignored, enabled=trigger.enabled, unsupported=unsupported, filtered=None), notes)
     try:
         filtered = trigger.filtered(event)
         mapped = trigger.agent_input(event)
@@ -146,10 +169,24 @@ async def run_preview(
         "run_id": run_id_for_delivery(trigger.id, event.id),
         "title": adapter.run_title(event)[:200],
     }
-    unsupported = None
-    if source.type not in trigger.events:
-        unsupported = f"the trigger does not handle {source.type!r} events (its events: {', '.join(trigger.events)})"
-    return _verdict(answer, enabled=trigger.enabled, unsupported=unsupported, filtered=filtered)
+    return _noted(_verdict(answer, enabled=trigger.enabled, unsupported=unsupported, filtered=filtered), notes)
+
+
+def _payload_failed(exc: InvalidPayload) -> dict[str, Any]:
+    errors = [
+        {"field": ".".join(str(p) for p in e.get("loc", ())) or "<body>", "message": str(e.get("msg", ""))[:500]}
+        for e in exc.errors[:50]
+    ]
+    return _failed("payload", errors or [{"field": "<body>", "message": exc.detail}])
+
+
+def _noted(answer: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """``answer`` saying what the preview supplied that a live delivery carries itself: ``source_event.note``
+    (the answer's documented shape has no other place for it)."""
+    source_event = answer.get("source_event")
+    if not notes or not isinstance(source_event, dict):
+        return answer
+    return {**answer, "source_event": {**source_event, "note": "; ".join(notes)}}
 
 
 def _verdict(answer: dict[str, Any], *, enabled: bool, unsupported: str | None, filtered: str | None) -> dict[str, Any]:

@@ -26,6 +26,10 @@ class Settings(HttpServiceSettings):
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     #: Seconds a sender is told to wait (``Retry-After``) when NATS is unavailable (503).
     retry_after_s: int = Field(default=10, ge=1)
+    #: A webhook delivery is answered within this many seconds: when the bus stalls longer (a JetStream round
+    #: waits up to 10 s), 503 with ``Retry-After``, well within GitHub's and GitLab's 10 s delivery timeout; the
+    #: delivery's handling goes on and a retry gets its outcome or a duplicate (docs/operations.md).
+    intake_timeout_s: float = Field(default=5.0, gt=0, le=60)
     #: A dedupe claim older than this whose delivery never reported ``run.requested`` published is taken
     #: over by a redelivery, which publishes the same derived ids (the claimant's process died).
     claim_lease_s: float = Field(default=10.0, gt=0, le=300)

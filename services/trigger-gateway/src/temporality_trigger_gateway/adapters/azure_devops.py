@@ -43,11 +43,12 @@ class _Ado(BaseModel):
 
 
 class _Envelope(_Ado):
-    """What every Azure DevOps service-hook event has."""
+    """What every Azure DevOps service-hook event has. ``resource`` is ``null`` or absent when the subscription
+    sends "Resource details: None"."""
 
     id: _Text
     event_type: _Text
-    resource: dict[str, Any]
+    resource: dict[str, Any] | None = None
 
 
 class Identity(_Ado):
@@ -63,10 +64,10 @@ class Project(_Ado):
 
 
 class Repository(_Ado):
-    id: _Text
-    name: _Text
-    url: _Text
-    project: Project
+    id: str | None = None
+    name: str | None = None
+    url: str | None = None
+    project: Project | None = None
     remote_url: str | None = None
     web_url: str | None = None
 
@@ -80,16 +81,19 @@ class CommitRef(_Ado):
 
 
 class PullRequest(_Ado):
+    """Only ``pullRequestId`` is required: "Resource details to send: Minimal" sends ``{pullRequestId, url}``
+    (sometimes a bare ``repository``); what is absent is ``null`` in the event."""
+
     pull_request_id: Annotated[int, Field(ge=1)]
-    repository: Repository
-    title: str
+    repository: Repository | None = None
+    title: str | None = None
     description: str | None = None
     status: str | None = None
     url: str | None = None
-    created_by: Identity
+    created_by: Identity | None = None
     creation_date: datetime | None = None
-    source_ref_name: _Text
-    target_ref_name: _Text
+    source_ref_name: str | None = None
+    target_ref_name: str | None = None
     reviewers: list[Identity] | None = None
     last_merge_source_commit: CommitRef | None = None
     last_merge_target_commit: CommitRef | None = None
@@ -101,6 +105,10 @@ class Container(_Ado):
     base_url: str | None = None
 
 
+class Message(_Ado):
+    text: str | None = None
+
+
 class PullRequestEvent(_Ado):
     id: _Text
     event_type: _Text
@@ -108,7 +116,10 @@ class PullRequestEvent(_Ado):
     subscription_id: str | None = None
     notification_id: int | str | None = None
     resource_version: str | None = None
-    resource: PullRequest
+    #: ``None``: "Resource details to send: None" (``null`` or absent).
+    resource: PullRequest | None = None
+    message: Message | None = None
+    detailed_message: Message | None = None
     resource_containers: dict[str, Container] | None = None
     created_date: datetime | None = None
 
@@ -155,8 +166,8 @@ def _pull_request_event(request: WebhookRequest) -> PullRequestEvent | None:
     return event
 
 
-def _branch(ref: str) -> str:
-    return ref.removeprefix("refs/heads/")
+def _branch(ref: str | None) -> str | None:
+    return ref.removeprefix("refs/heads/") if ref else None
 
 
 # The two URL helpers run on every event and see the same few repositories: cached (urlsplit is pure Python),
@@ -206,11 +217,15 @@ def _pr_page(pr: PullRequest) -> str | None:
     web = (pr.links or {}).get("web")
     if web and web.href:
         return web.href
+    if pr.repository is None:
+        return None
     base = pr.repository.web_url or _without_user(pr.repository.remote_url)
     return f"{base.rstrip('/')}/pullrequest/{pr.pull_request_id}" if base else None
 
 
-def _person(identity: Identity) -> dict[str, Any]:
+def _person(identity: Identity | None) -> dict[str, Any] | None:
+    if identity is None:
+        return None
     return {"id": identity.id, "display_name": identity.display_name, "unique_name": identity.unique_name}
 
 
@@ -243,47 +258,68 @@ class AzureDevOpsPullRequest(Adapter):
                 [{"loc": ["eventType"], "msg": "not a pull request event", "type": "value_error"}],
             )
         pr = event.resource
-        repo = pr.repository
+        repo = (pr.repository if pr else None) or Repository()
+        project = repo.project.name if repo.project else None
         collection = (event.resource_containers or {}).get("collection")
-        source = collection.base_url if collection and collection.base_url else _origin(repo.url)
-        created_at = aware(pr.creation_date)
+        api_url = repo.url or (pr.url if pr else None)
+        source = (
+            collection.base_url
+            if collection and collection.base_url
+            else (_origin(api_url) if api_url else "azure_devops")
+        )
+        created_at = aware(pr.creation_date) if pr else None
+        author = pr.created_by if pr else None
+        # With "Resource details to send: Minimal/None" the PR has no title: the event's message stands in
+        # for it in the run's title ("Jamal Hartnett created a new pull request").
+        message = next(
+            (m.text.strip() for m in (event.message, event.detailed_message) if m and m.text and m.text.strip()),
+            None,
+        )
         metadata = {
             "event_type": event.event_type,
             "notification_id": event.notification_id,
             "subscription_id": event.subscription_id,
             "publisher_id": event.publisher_id,
             "resource_version": event.resource_version,
+            "message": clip(message.splitlines()[0], 200) if message and (pr is None or pr.title is None) else None,
         }
+        pr_id = pr.pull_request_id if pr else None
         return NormalizedEvent(
             id=event.id,
             type=f"azure_devops.{event.event_type}",
             source=source,
             timestamp=created_at or aware(event.created_date) or datetime.now(UTC),
-            actor=Actor(id=pr.created_by.unique_name or pr.created_by.id, display_name=pr.created_by.display_name),
-            tenant=tenant or repo.project.name,
+            actor=Actor(id=author.unique_name or author.id, display_name=author.display_name) if author else None,
+            tenant=tenant or project,
             payload={
-                "repository": {"id": repo.id, "name": repo.name, "url": repo.url, "project": repo.project.name},
+                "repository": {"id": repo.id, "name": repo.name, "url": repo.url, "project": project},
                 "pull_request": {
-                    "id": pr.pull_request_id,
-                    "title": pr.title,
-                    "description": clip(pr.description or "", MAX_DESCRIPTION),
-                    "url": pr.url,
-                    "status": pr.status,
+                    "id": pr_id,
+                    "title": pr.title if pr else None,
+                    "description": clip(pr.description or "", MAX_DESCRIPTION) if pr else None,
+                    "url": pr.url if pr else None,
+                    "status": pr.status if pr else None,
                     "created_at": created_at.isoformat() if created_at else None,
                 },
-                "source_branch": _branch(pr.source_ref_name),
-                "target_branch": _branch(pr.target_ref_name),
-                "author": _person(pr.created_by),
-                "reviewers": [_person(r) for r in pr.reviewers or ()],
+                "source_branch": _branch(pr.source_ref_name) if pr else None,
+                "target_branch": _branch(pr.target_ref_name) if pr else None,
+                "author": _person(author),
+                "reviewers": [p for r in (pr.reviewers if pr else None) or () if (p := _person(r)) is not None],
                 "commits": {
-                    "source": pr.last_merge_source_commit.commit_id if pr.last_merge_source_commit else None,
-                    "target": pr.last_merge_target_commit.commit_id if pr.last_merge_target_commit else None,
+                    "source": pr.last_merge_source_commit.commit_id if pr and pr.last_merge_source_commit else None,
+                    "target": pr.last_merge_target_commit.commit_id if pr and pr.last_merge_target_commit else None,
                 },
             },
             metadata={k: str(v) for k, v in metadata.items() if v is not None},
-            source_link=web_link(_pr_page(pr), label=f"PR #{pr.pull_request_id} in {repo.name}"),
+            source_link=web_link(
+                _pr_page(pr) if pr else None,
+                label=f"PR #{pr_id}" + (f" in {repo.name}" if repo.name else "") if pr_id else None,
+            ),
         )
 
     def run_title(self, event: NormalizedEvent) -> str:
         pr = event.payload["pull_request"]
-        return f"Review PR #{pr['id']}: {pr['title']}"[:200]
+        what = f"PR #{pr['id']}" if pr["id"] is not None else "a pull request"
+        # No title ("Resource details to send: Minimal/None"): the event's message, else its type.
+        title = pr["title"] or event.metadata.get("message") or event.type.removeprefix("azure_devops.")
+        return f"Review {what}: {title}"[:200]

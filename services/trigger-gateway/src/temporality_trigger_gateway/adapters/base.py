@@ -91,6 +91,10 @@ class Adapter(ABC):
     #: the body only (:attr:`.auth.Verifier.signs_body_only`) a captured delivery re-sent under another id would
     #: verify as a new event, so such a trigger also dedupes on the body's SHA-256 (:func:`temporality_trigger_gateway.intake.replay_guarded`).
     id_in_body: ClassVar[bool] = False
+    #: The headers that carry the sender's delivery (event) id, any one of them (the first: what a sender of
+    #: this source always sends); empty when the id is in the body. The preview fills in the first when a
+    #: sample has none of them.
+    delivery_id_headers: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def identify(self, request: WebhookRequest) -> SourceEvent:

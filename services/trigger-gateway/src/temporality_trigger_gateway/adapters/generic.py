@@ -2,7 +2,7 @@
 
 For senders that have no adapter of their own, signed with Standard Webhooks (``auth.type:
 standard_webhooks``, e.g. Svix-based senders) or a bearer token, an HMAC header or a shared-secret
-header. The event id is ``webhook-id`` (Standard Webhooks: the same on every retry), else the
+header. The event id is ``webhook-id`` (Standard Webhooks: the same on every retry; Svix's ``svix-id``), else the
 ``Idempotency-Key`` header, else the body's string ``id``; the event type is the body's ``type``,
 which the trigger's ``events`` must list. The agent receives the body's ``data`` object when there is
 one, else the whole body (TRG-8: what is passed on is the sender's own event, minus the envelope).
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_protocol import Actor, NormalizedEvent
 from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent, WebhookRequest, aware, invalid_payload
+from temporality_trigger_gateway.auth import standard_webhooks_header
 from temporality_trigger_gateway.errors import InvalidPayload
 
 __all__ = ["Generic"]
@@ -46,10 +47,10 @@ class Generic(Adapter):
             event = GenericEvent.model_validate(request.json)
         except ValidationError as exc:
             raise invalid_payload(self.name, exc) from exc
-        event_id = request.headers.get("webhook-id") or request.headers.get("idempotency-key") or event.id
+        event_id = standard_webhooks_header(request.headers, "id") or request.headers.get("idempotency-key") or event.id
         if not event_id:
             raise InvalidPayload(
-                f"the body is not a valid {self.name} event (no event id: webhook-id, Idempotency-Key or id)",
+                f"the body is not a valid {self.name} event (no event id: webhook-id, svix-id, Idempotency-Key or id)",
                 [{"loc": ["id"], "msg": "Field required", "type": "missing"}],
             )
         return event_id[:200], event

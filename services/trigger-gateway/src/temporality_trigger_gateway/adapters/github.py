@@ -142,6 +142,7 @@ class GitHub(Adapter):
     name: ClassVar[str] = "github"
     event_types: ClassVar[frozenset[str] | None] = GITHUB_EVENT_TYPES
     auth_types: ClassVar[frozenset[str]] = frozenset({"github"})
+    delivery_id_headers: ClassVar[tuple[str, ...]] = ("X-GitHub-Delivery",)
 
     def identify(self, request: WebhookRequest) -> SourceEvent:
         delivery = request.headers.get("x-github-delivery")

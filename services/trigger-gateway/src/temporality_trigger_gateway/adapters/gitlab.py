@@ -111,6 +111,7 @@ class GitLab(Adapter):
     name: ClassVar[str] = "gitlab"
     event_types: ClassVar[frozenset[str] | None] = GITLAB_EVENT_TYPES
     auth_types: ClassVar[frozenset[str]] = frozenset({"gitlab"})
+    delivery_id_headers: ClassVar[tuple[str, ...]] = ("X-Gitlab-Event-UUID", "Idempotency-Key")
 
     def identify(self, request: WebhookRequest) -> SourceEvent:
         event_id = request.headers.get("idempotency-key") or request.headers.get("x-gitlab-event-uuid")

@@ -85,7 +85,14 @@ def make_stack(
             replicas=replicas or {},
             nats_url=nats_url,
             metrics=metrics,
-            extra_env={"TEMPORALITY_NATS_ACK_WAIT_S": "3", "TEMPORALITY_LOG_LEVEL": "debug", **extra_env},
+            extra_env={
+                "TEMPORALITY_NATS_ACK_WAIT_S": "3",
+                "TEMPORALITY_LOG_LEVEL": "debug",
+                # the tests expect each webhook's own answer: on a loaded CI machine a delivery can take longer
+                # than the 5 s default after which the sender gets a 503 (tested in test_gateway_bus_stall.py)
+                "TEMPORALITY_GATEWAY_INTAKE_TIMEOUT_S": "60",
+                **extra_env,
+            },
         )
     )
 

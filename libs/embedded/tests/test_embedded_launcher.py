@@ -110,5 +110,7 @@ def test_each_service_gets_its_port_variable_and_config(tmp_path: Path) -> None:
         (tmp_path / "cfg" / "triggers.yaml").resolve()
     )
     assert s.env_for("human-interaction")["TEMPORALITY_HUMAN_USERS_FILE"].endswith("users.yaml")
+    # a chat question cut to fit links to the whole of it in this stack's console
+    assert s.env_for("human-interaction")["TEMPORALITY_HUMAN_INBOX_URL"] == f"{s.journal_url}/#/inbox"
     assert s.env_for("run-executor")["TEMPORALITY_EXECUTOR_AGENTS_FILE"].endswith("agents.yaml")
     assert s.env_for("journal")["TEMPORALITY_DATABASE_URL"].startswith("sqlite+aiosqlite:///")

@@ -384,6 +384,8 @@ class Stack:
                 env["TEMPORALITY_COLLAB_REPLY_KEY_ID"] = COLLAB_REPLY_KEY_ID
         if name == "run-executor":  # a worker, but it serves the agent cards on its probe port
             env["TEMPORALITY_EXECUTOR_PORT"] = str(self.config.executor_port if replica == 0 else 0)
+        if name == "human-interaction":  # a chat question cut to fit points to the whole of it in the console
+            env["TEMPORALITY_HUMAN_INBOX_URL"] = f"{self.journal_url}/#/inbox"
         if name == "journal":
             env["TEMPORALITY_DATABASE_URL"] = self.database_url
             if self.config.journal_sqlite_synchronous is not None:

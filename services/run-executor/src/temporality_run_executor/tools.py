@@ -108,8 +108,12 @@ HANDOFF_TO_AGENT = "handoff_to_agent"
 COLLAB_TOOLS = frozenset({GET_COLLABORATORS, ASK_AGENT, ANSWER_AGENT, HANDOFF_TO_AGENT})
 #: Seconds ``get_collaborators`` waits for agent-collab's reply.
 COLLABORATORS_TIMEOUT_S = 5.0
-#: A tool name as the OpenAI function-calling API accepts it.
-TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+#: A tool name as the OpenAI function-calling API accepts it (no ``.``: ``^[a-zA-Z0-9_-]{1,64}$``).
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+#: Whom ``ask_human`` / ``notify`` may name: a person or a group of the directory (human-interaction asks or
+#: tells every member of a group); the trigger's ``allowed_recipients`` must list exactly this name (SEC-1).
+RECIPIENT = r"^(user|group):[A-Za-z0-9_.-]+$"
+RECIPIENT_HELP = "A person (user:<id>) or a group (group:<id>: every member is asked, the first answer counts)"
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
@@ -177,7 +181,7 @@ class AskHumanArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    recipient: Annotated[str, Field(pattern=r"^user:[A-Za-z0-9_.-]+$", description="A person: user:<id>")]
+    recipient: Annotated[str, Field(pattern=RECIPIENT, description=RECIPIENT_HELP)]
     question: Annotated[str, Field(min_length=1, max_length=4096)]
     context: Annotated[str, Field(max_length=4096)] = ""
     options: list[HumanOption] = Field(default_factory=list, max_length=10)
@@ -202,7 +206,7 @@ class NotifyArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    recipient: Annotated[str, Field(pattern=r"^user:[A-Za-z0-9_.-]+$", description="A person: user:<id>")]
+    recipient: Annotated[str, Field(pattern=RECIPIENT, description=RECIPIENT_HELP)]
     message: Annotated[str, Field(min_length=1, max_length=4096)]
 
 
@@ -578,13 +582,15 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
     Tool(
         name=ASK_HUMAN,
         description="Ask a person a compact, self-contained question and wait (durably, at no cost) for the "
-        "answer, which comes back as this tool's result. Name a person (user:<id>), never a channel. Several "
+        "answer, which comes back as this tool's result. Name a person (user:<id>) or a group (group:<id>: "
+        "every member is asked, the first answer counts), never a channel. Several "
         "calls in one reply ask them all at once; see wait_for.",
         parameters=AskHumanArgs.model_json_schema(),
     ),
     Tool(
         name=NOTIFY,
-        description="Tell a person (user:<id>) something that needs no answer; the run does not wait.",
+        description="Tell a person (user:<id>) or every member of a group (group:<id>) something that needs no "
+        "answer; the run does not wait.",
         parameters=NotifyArgs.model_json_schema(),
         implementation=_notify,
     ),

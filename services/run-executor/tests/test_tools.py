@@ -168,11 +168,13 @@ async def test_schema_errors_go_back_to_the_model_and_a_valid_notify_is_publishe
 def test_a_group_is_a_recipient_of_ask_human_and_notify() -> None:
     """docs/human-interaction.md#groups-as-recipients: ``group:<id>`` asks (or tells) every member."""
     ask, notify = BUILTINS.get("ask_human"), BUILTINS.get("notify")
-    assert ask is not None and notify is not None
+    assert ask is not None
+    assert notify is not None
     assert ask.argument_problem({"recipient": "group:api-owners", "question": "Drop v1?"}) is None
     assert notify.argument_problem({"recipient": "group:api-owners", "message": "done"}) is None
     channel = notify.argument_problem({"recipient": "matrix:@alice:example.org", "message": "done"})
-    assert channel is not None and "does not match" in channel
+    assert channel is not None
+    assert "does not match" in channel
 
 
 async def test_a_group_is_notified_when_the_trigger_allows_the_group_itself(

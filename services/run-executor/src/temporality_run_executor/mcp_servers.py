@@ -2,7 +2,9 @@
 
 When the executor starts (:func:`list_card_tools`, from ``setup``), every MCP server a card declares is
 started and asked for its tools; each becomes a registry :class:`~.tools.Tool` named
-``<server>__<tool>`` (OpenAI function names allow no dots) with the server's description and input
+``<server>__<tool>`` -- made a valid function name when it is not (:func:`tool_name`: OpenAI allows only
+``A-Z a-z 0-9 _ -``, at most 64 characters; the server is still called with its own name, and a card may name
+either) -- with the server's description and input
 schema, so the card's ``tools`` allow/deny policy, JSON-schema argument validation and ``tool.failed``
 apply to it like to any tool. A server that cannot be started or listed does not stop the executor (one flaky
 server would crash-loop every agent): the card keeps a stand-in for each of that server's tools it names exactly
@@ -76,8 +78,10 @@ in a request from the server. The default (``handshake``) opens sessions with ``
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 from collections import OrderedDict
@@ -101,6 +105,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from temporality_bus import tracing
 from temporality_run_executor.agents import NETWORK_OFF, AgentCard, McpServer, Sandbox
 from temporality_run_executor.records import ElicitAnswer, Message
+from temporality_run_executor.tools import TOOL_NAME as _TOOL_NAME
 from temporality_run_executor.tools import (
     ElicitationNeeded,
     Sample,
@@ -129,6 +134,7 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
+_VALID_NAME = re.compile(_TOOL_NAME)
 #: Between the server's name and its tool's name: ``notes__read_note``.
 SEPARATOR = "__"
 #: Seconds a session may sit without a call before its server is stopped.
@@ -151,8 +157,29 @@ class McpToolFailed(Exception):
     """The MCP server could not run the call (an ``isError`` result, no server, a dead server, a timeout)."""
 
 
+#: What a model-facing name may not hold (OpenAI: ``^[a-zA-Z0-9_-]{1,64}$``, :data:`~.tools.TOOL_NAME`).
+_NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
+#: Hex digits of the hash a renamed tool's name ends with.
+_HASH_CHARS = 8
+
+
 def tool_name(server: str, tool: str) -> str:
-    return f"{server}{SEPARATOR}{tool}"
+    """The name the model is offered for ``server``'s tool ``tool``: ``<server>__<tool>`` when that is a valid
+    function name (:data:`~.tools.TOOL_NAME`); else, deterministically, that name with every character a function
+    name may not hold replaced by ``_``, cut to fit 64 characters with ``_`` and a short hash of the full name at
+    its end (``odd__read.file`` -> ``odd__read_file_<8 hex>``). The server is still called with ``tool``."""
+    full = f"{server}{SEPARATOR}{tool}"
+    if _VALID_NAME.fullmatch(full):
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:_HASH_CHARS]
+    return f"{_NOT_IN_A_NAME.sub('_', full)[: 64 - _HASH_CHARS - 1]}_{digest}"
+
+
+def _named(server: str, tool: str) -> tuple[str, str | None]:
+    """``tool_name`` and the original ``<server>__<tool>`` when it differs (else ``None``)."""
+    full = f"{server}{SEPARATOR}{tool}"
+    name = tool_name(server, tool)
+    return name, None if name == full else full
 
 
 def parameters(server: McpServer, sandbox: Sandbox) -> StdioServerParameters:
@@ -850,11 +877,13 @@ def _tool(client: McpClient, listed: mcp_types.Tool) -> Tool:
         log.info("mcp.call", server=client.server.name, tool=listed.name, turn=ctx.turn)
         return await client.call(listed.name, arguments, ctx.elicited, ctx.sample, key=ctx.call_key)
 
+    name, origin = _named(client.server.name, listed.name)
     return Tool(
-        name=tool_name(client.server.name, listed.name),
+        name=name,
         description=listed.description or listed.title or listed.name,
         parameters=listed.input_schema or {"type": "object"},
         implementation=run,
+        origin=origin,
     )
 
 
@@ -877,7 +906,19 @@ async def list_server_tools(card: AgentCard, server: McpServer, pool: McpPool) -
             f"agent {card.id}: mcp_servers {server.name}: could not list its tools: {type(exc).__name__}: {exc}"
         ) from exc
     log.info("mcp.listed", agent=card.id, server=server.name, tools=[t.name for t in listed])
-    return [_tool(client, t) for t in listed]
+    tools = [_tool(client, t) for t in listed]
+    taken: dict[str, str] = {}
+    for tool, original in zip(tools, listed, strict=True):
+        if tool.name in taken:
+            raise McpToolFailed(
+                f"agent {card.id}: mcp_servers {server.name}: its tools {taken[tool.name]!r} and {original.name!r} "
+                f"would both be offered as {tool.name!r} (a tool name may hold only A-Z a-z 0-9 _ -, at most 64 "
+                "characters); rename one in the server"
+            )
+        taken[tool.name] = original.name
+        if tool.origin is not None:
+            log.info("mcp.tool_renamed", agent=card.id, server=server.name, tool=original.name, offered_as=tool.name)
+    return tools
 
 
 def unavailable_tools(card: AgentCard, server: McpServer, why: Callable[[], str]) -> list[Tool]:
@@ -887,15 +928,17 @@ def unavailable_tools(card: AgentCard, server: McpServer, why: Callable[[], str]
     prefix = tool_name(server.name, "")
     names = [name for name in card.tools.exact_names() if name.startswith(prefix) and name not in card.tools.deny]
 
-    def stand_in(name: str) -> Tool:
+    def stand_in(named: str) -> Tool:
         async def fail(arguments: dict[str, Any], ctx: ToolContext) -> str:
-            raise McpToolFailed(f"{server.name}: {name} is not available: {why()}; the executor keeps trying")
+            raise McpToolFailed(f"{server.name}: {named} is not available: {why()}; the executor keeps trying")
 
+        name, origin = _named(server.name, named[len(prefix) :])
         return Tool(
             name=name,
             description=f"(not available yet: the MCP server {server.name} could not be listed)",
             parameters={"type": "object"},
             implementation=fail,
+            origin=origin,
         )
 
     return [stand_in(name) for name in dict.fromkeys(names)]

@@ -371,6 +371,9 @@ class Tool:
     #: such calls needs no kept reply (:class:`~.records.KeptReply`). Every other tool -- an MCP server's too --
     #: is taken to have one.
     pure: bool = False
+    #: The name it has where it comes from when the model is offered another (an MCP server's ``<server>__<tool>``
+    #: that is not a valid function name, :func:`~.mcp_servers.tool_name`); a card's ``tools`` may name either.
+    origin: str | None = None
     _validator: Validator = field(init=False, repr=False, compare=False)
     #: The schema compiled by ``jsonschema-rs``, asked first (``None``: it could not compile the schema).
     _fast: jsonschema_rs.Validator | None = field(init=False, repr=False, compare=False)
@@ -429,11 +432,12 @@ class ToolPolicy(BaseModel):
         return {"allow": value} if isinstance(value, list) else value
 
     def allows(self, tool: Tool) -> bool:
-        if any(fnmatchcase(tool.name, pattern) for pattern in self.deny):
+        names = (tool.name,) if tool.origin is None else (tool.name, tool.origin)
+        if any(fnmatchcase(name, pattern) for name in names for pattern in self.deny):
             return False
         if tool.exact_only:
             return tool.name in self.allow
-        return any(fnmatchcase(tool.name, pattern) for pattern in self.allow)
+        return any(fnmatchcase(name, pattern) for name in names for pattern in self.allow)
 
     def exact_names(self) -> list[str]:
         """The entries that are plain names, not patterns (each must name a tool that exists)."""
@@ -501,7 +505,8 @@ class ToolRegistry:
 
     def unknown(self, policy: ToolPolicy) -> list[str]:
         """Plain names in ``policy`` that name no tool here (a typo in a card)."""
-        return [name for name in policy.exact_names() if name not in self._tools]
+        origins = {tool.origin for tool in self._tools.values()}
+        return [name for name in policy.exact_names() if name not in self._tools and name not in origins]
 
     def unmatched(self, policy: ToolPolicy, prefixes: tuple[str, ...] = ()) -> list[str]:
         """Patterns in ``policy`` that match no tool here and cannot match a tool whose name starts with one of
@@ -510,9 +515,12 @@ class ToolRegistry:
         return [
             pattern
             for pattern in policy.patterns()
-            if not any(fnmatchcase(name, pattern) for name in self._tools)
+            if not any(fnmatchcase(name, pattern) for name in self._names_and_origins())
             and not any(may_match_prefix(pattern, prefix) for prefix in prefixes)
         ]
+
+    def _names_and_origins(self) -> list[str]:
+        return [*self._tools, *(tool.origin for tool in self._tools.values() if tool.origin is not None)]
 
     def resolve(self, name: str, policy: ToolPolicy, agent: str) -> Tool:
         """The tool a call names, if the card allows it; else :class:`ToolError` for the model."""

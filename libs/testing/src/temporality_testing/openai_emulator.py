@@ -69,8 +69,9 @@ def _completion(message: dict[str, Any], finish: str, usage: dict[str, int] | No
     return Reply(200, body)
 
 
-def assistant_text(content: str, *, usage: dict[str, int] | None = None) -> Reply:
-    return _completion({"role": "assistant", "content": content}, "stop", usage)
+def assistant_text(content: str | None, *, usage: dict[str, int] | None = None, finish: str = "stop") -> Reply:
+    """A text reply; ``finish="length"``: cut off at the output length limit (``content`` partial, or ``None``)."""
+    return _completion({"role": "assistant", "content": content}, finish, usage)
 
 
 def assistant_tool_call(
@@ -80,20 +81,27 @@ def assistant_tool_call(
     content: str | None = None,
     *,
     usage: dict[str, int] | None = None,
+    finish: str = "tool_calls",
 ) -> Reply:
-    return malformed_tool_call(call_id, name, json.dumps(arguments), content, usage=usage)
+    return malformed_tool_call(call_id, name, json.dumps(arguments), content, usage=usage, finish=finish)
 
 
 def malformed_tool_call(
-    call_id: str, name: str, raw_arguments: str, content: str | None = None, *, usage: dict[str, int] | None = None
+    call_id: str,
+    name: str,
+    raw_arguments: str,
+    content: str | None = None,
+    *,
+    usage: dict[str, int] | None = None,
+    finish: str = "tool_calls",
 ) -> Reply:
-    """A tool call whose ``arguments`` text is sent as given (e.g. not JSON at all)."""
+    """A tool call whose ``arguments`` text is sent as given (e.g. not JSON at all; cut off: ``finish="length"``)."""
     message = {
         "role": "assistant",
         "content": content,
         "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": raw_arguments}}],
     }
-    return _completion(message, "tool_calls", usage)
+    return _completion(message, finish, usage)
 
 
 def error_reply(status: int, message: str, *, retry_after: str | None = None, kind: str = "server_error") -> Reply:

@@ -2768,7 +2768,7 @@ def initial_checkpoint(run: RunRecord, agent: Agent, now: datetime) -> Checkpoin
     task = "\n".join(
         [
             f"Task: {' '.join(run.title.split())}",  # one line: a title cannot forge the lines below
-            f"Launched by: {run.launch.kind} trigger {run.launch.trigger_id or '-'}",
+            f"Launched by: {_launched_by(run)}",
             f"People you may ask: {askable}",
         ]
     )
@@ -2791,6 +2791,24 @@ def initial_checkpoint(run: RunRecord, agent: Agent, now: datetime) -> Checkpoin
     )
 
 
+def _launched_by(run: RunRecord) -> str:
+    """Who started the run, as its first message says: a trigger by id, another agent's handoff, a relay's ask."""
+    launch = run.launch
+    if run.relay is not None:
+        relay = run.relay
+        return (
+            f"agent-collab, to answer agent:{relay.asker_agent}'s question {relay.request_id} "
+            f"(run {relay.asker_run_id}) for your earlier run {relay.target_run_id}"
+        )
+    handoff = run.input.get("handoff")
+    if isinstance(handoff, dict) and run.parent_run_id is not None and launch.trigger_id is None:
+        return f"a handoff from agent {handoff.get('from_agent') or '?'} (run {run.parent_run_id})"
+    if launch.trigger_id is not None:
+        return f"{launch.kind} trigger {launch.trigger_id}"
+    parent = f" (parent run {run.parent_run_id})" if run.parent_run_id else ""
+    return f"{launch.kind}{parent}"
+
+
 def _relay_asks(run: RunRecord) -> list[AgentMail]:
     """A relay run's request (COL-6): in its input's ``incoming_asks``, delivered with its first turn."""
     relay = run.relay
@@ -2810,8 +2828,20 @@ def _relay_asks(run: RunRecord) -> list[AgentMail]:
         mode=mode,
         text=str(text or "(no message)")[:MAX_TEXT],
         truncated=bool(item.get("truncated", False)),
+        expires_at=_when(item.get("expires_at")),  # when agent-collab gives the wait's deadline
     )
     return [mail]
+
+
+def _when(value: Any) -> datetime | None:
+    """An ISO 8601 time with its offset, or ``None`` (absent, not a string, unreadable, naive)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
 
 
 def _received(mail: AgentMail) -> ReceivedAsk:

@@ -452,6 +452,37 @@ def test_a_relay_run_answers_from_its_first_turn_with_a_short_budget_and_no_dele
     assert "Transition" in _kinds(failed)
 
 
+def test_the_first_message_says_who_launched_the_run() -> None:
+    """A trigger by id; a handoff child and a relay run by who started them (not ``event trigger -``); a relay's
+    waiting ask with its deadline when agent-collab gives one."""
+    base = run_requested(f"{RUN_ID}/x").payload(RunRequested)
+
+    def first_message(**changes: Any) -> str:
+        data = RunRequested.model_validate(base.model_dump() | changes)
+        record = new_record(Requested(request=data, correlation_id="saga-1"), T0)
+        ckpt = initial_checkpoint(record, AGENT, T0)
+        return "\n".join(m.content or "" for m in ckpt.messages[1:])
+
+    assert "Launched by: webhook trigger ado-pr-review\n" in first_message()
+    handoff = {"handoff": {"handoff_id": "ho-1", "from_agent": "architect", "from_run_id": "run-p"}}
+    child = first_message(launch={"kind": "event", "depth": 1}, parent_run_id="run-p", input=handoff)
+    assert "Launched by: a handoff from agent architect (run run-p)\n" in child
+    relay = RelayRequest(request_id="req-r-1", asker_run_id="run-asker", asker_agent="architect", target_run_id=RUN_ID)
+    ask = {"request_id": "req-r-1", "type": "ask", "mode": "wait", "message": "Keep v1?"}
+    relayed = first_message(
+        launch={"kind": "event"},
+        relay=relay.model_dump(),
+        parent_run_id=RUN_ID,
+        input={"incoming_asks": [{**ask, "expires_at": "2026-12-07T10:00:00+00:00"}]},
+    )
+    assert (
+        f"Launched by: agent-collab, to answer agent:architect's question req-r-1 (run run-asker) for your earlier "
+        f"run {RUN_ID}\n"
+    ) in relayed
+    assert "The asker is waiting for your answer (until 2026-12-07T10:00:00+00:00)" in relayed
+    assert "trigger -" not in child + relayed
+
+
 def test_a_run_from_before_the_protocol_is_offered_none_of_its_tools() -> None:
     old = _run(RunState.RUNNING, collab=False)
     call = _decide(old, _ckpt(), Boundary()).then

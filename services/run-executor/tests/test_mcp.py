@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from executor_support import REVIEWER, RunExecutor, executor_main, run_requested
+from structlog.testing import capture_logs
 
 from temporality_bus import Bus, NatsSettings
 from temporality_embedded.processes import free_port
@@ -132,6 +133,41 @@ async def test_a_server_that_cannot_start_fails_listing_naming_the_agent_and_ser
     card = _card(Sandbox()).model_copy(update={"mcp_servers": [broken], "id": "lost"})
     with pytest.raises(McpToolFailed, match=r"agent lost: mcp_servers notes: could not list its tools"):
         await list_card_tools(card, pool)
+
+
+async def test_a_server_that_exits_at_start_is_reported_with_its_exit_code_and_last_stderr_lines(pool: McpPool) -> None:
+    script = "import sys; print('loading config', file=sys.stderr); print('flaky: missing config', file=sys.stderr); sys.exit(3)"
+    broken = SERVER.model_copy(update={"args": ["-c", script], "name": "flaky"})
+    card = _card(Sandbox()).model_copy(update={"mcp_servers": [broken], "id": "lost"})
+    with capture_logs() as logs, pytest.raises(McpToolFailed) as failed:
+        await list_card_tools(card, pool)
+    assert str(failed.value) == (
+        "agent lost: mcp_servers flaky: could not list its tools: exited before it answered initialize; exit code 3; "
+        "its last stderr lines: loading config | flaky: missing config"
+    )
+    stderr = [(e["server"], e["line"]) for e in logs if e["event"] == "mcp.server_stderr"]
+    assert stderr == [("flaky", "loading config"), ("flaky", "flaky: missing config")]  # each with the server's name
+    (failure,) = [e for e in logs if e["event"] == "mcp.server_failed"]
+    assert (failure["server"], failure["exit_code"], failure["log_level"]) == ("flaky", 3, "warning")
+
+
+async def test_a_server_that_never_answers_initialize_is_reported_in_plain_words(pool: McpPool) -> None:
+    script = "import sys, time; print('waiting for a lock', file=sys.stderr, flush=True); time.sleep(600)"
+    stuck = SERVER.model_copy(update={"args": ["-c", script], "name": "stuck", "timeout_s": 1.0})
+    card = _card(Sandbox()).model_copy(update={"mcp_servers": [stuck], "id": "lost"})
+    with capture_logs() as logs:
+        with pytest.raises(McpToolFailed) as failed:
+            await list_card_tools(card, pool)
+        assert str(failed.value).startswith(
+            "agent lost: mcp_servers stuck: could not list its tools: did not answer initialize within 1 s"
+        )
+        assert "its last stderr lines: waiting for a lock" in str(failed.value)
+        async with asyncio.timeout(30):  # the session gives up on its own too (the SDK's read timeout), saying why
+            while not any(e["event"] == "mcp.session_stopped" for e in logs):  # noqa: ASYNC110 - polling the log
+                await asyncio.sleep(0.05)
+    (stopped,) = [e for e in logs if e["event"] == "mcp.session_stopped"]
+    assert stopped["reason"].startswith("did not answer initialize within 1 s")
+    assert "ExceptionGroup" not in stopped["reason"]
 
 
 def _agents_file(tmp_path: Path, args: list[str]) -> Path:

@@ -165,6 +165,38 @@ async def test_schema_errors_go_back_to_the_model_and_a_valid_notify_is_publishe
     assert len(event_log.of_type("human.notify_requested", event.runid)) == 1
 
 
+def test_a_group_is_a_recipient_of_ask_human_and_notify() -> None:
+    """docs/human-interaction.md#groups-as-recipients: ``group:<id>`` asks (or tells) every member."""
+    ask, notify = BUILTINS.get("ask_human"), BUILTINS.get("notify")
+    assert ask is not None
+    assert notify is not None
+    assert ask.argument_problem({"recipient": "group:api-owners", "question": "Drop v1?"}) is None
+    assert notify.argument_problem({"recipient": "group:api-owners", "message": "done"}) is None
+    channel = notify.argument_problem({"recipient": "matrix:@alice:example.org", "message": "done"})
+    assert channel is not None
+    assert "does not match" in channel
+
+
+async def test_a_group_is_notified_when_the_trigger_allows_the_group_itself(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    emulator.replies += [
+        assistant_tool_call("call_member", "notify", {"recipient": "user:alice", "message": "hi"}),
+        assistant_tool_call("call_group", "notify", {"recipient": "group:api-owners", "message": "Review started."}),
+        assistant_text("done"),
+    ]
+    await executor(cards=[_card(emulator, ToolPolicy(allow=["get_input", "notify"]))])
+    event = run_requested(allowed=["group:api-owners"])
+    await bus.publish(event)
+    await event_log.wait_for("run.completed", run_id=event.runid)
+    # allowing the group does not allow its members one by one (SEC-1)
+    assert "user:alice may not be notified" in _tool_results(emulator.requests[1])["call_member"]["error"]
+    assert _tool_results(emulator.requests[2])["call_group"]["status"] == "queued"
+    (notified,) = await event_log.wait_for("human.notify_requested", run_id=event.runid)
+    data = notified.payload(HumanNotifyRequested)
+    assert (data.recipient, data.message) == ("group:api-owners", "Review started.")
+
+
 async def test_a_tool_that_raises_is_a_tool_failed_event_and_an_error_for_the_model(
     bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
 ) -> None:

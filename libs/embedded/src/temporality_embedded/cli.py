@@ -22,7 +22,7 @@ from temporality_embedded import dlq
 from temporality_embedded.natsserver import NatsUser, authorization_block, password_variable
 from temporality_embedded.processes import SERVICES, port_free
 from temporality_embedded.stack import Stack, StackConfig, TokenFileError
-from temporality_embedded.supervisor import Supervisor
+from temporality_embedded.supervisor import Supervisor, not_ready
 from temporality_protocol.catalog import EVENTS_STREAM
 from temporality_protocol.permissions import (
     TIMERS_MIGRATION_USER,
@@ -149,6 +149,8 @@ def up(args: argparse.Namespace) -> int:
         return 1
     _remember_port(remembered, stack.nats.port)
     _out("Temporality is up.")
+    for warning in not_ready(stack):  # started, yet not ready: e.g. an MCP server of a card that does not start
+        _out(warning)
     for line in _webhook_lines(stack, config_dir):
         _out(line)
     _out(f"  Web inbox API              {stack.human_url}/inbox   (Authorization: Bearer <user's inbox token>)")

@@ -21,7 +21,7 @@ from typing import IO
 
 from temporality_protocol.catalog import SERVICES
 
-__all__ = ["SERVICES", "ServiceProcess", "free_port", "port_free"]
+__all__ = ["SERVICES", "ServiceProcess", "first_error", "free_port", "port_free"]
 
 
 #: Where :func:`free_port` looks first: below the kernel's ephemeral range (Linux's default starts at 32768).
@@ -89,6 +89,8 @@ class ServiceProcess:
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        #: Where this start's lines begin in :attr:`log_file` (it is appended to across starts and restarts).
+        self.log_offset = 0
 
     @property
     def command(self) -> list[str]:
@@ -106,6 +108,7 @@ class ServiceProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ready_file.unlink(missing_ok=True)
         self._log = self.log_file.open("ab")
+        self.log_offset = self.log_file.stat().st_size
         self.proc = subprocess.Popen(
             self.command,
             env=self.env,
@@ -164,13 +167,41 @@ class ServiceProcess:
             return None
         return lines[1] if len(lines) > 1 else None
 
-    def log_tail(self, lines: int = 40) -> str:
+    def log_lines(self) -> list[str]:
+        """What this start wrote to its log (not the earlier starts' lines the file holds)."""
         try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+            with self.log_file.open("rb") as log:
+                log.seek(self.log_offset)
+                return log.read().decode(errors="replace").splitlines()
         except OSError:
-            return "(no log)"
+            return []
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` of what this start logged; its first error line (``config.invalid``, any
+        ``error``-level line, a traceback's last line) first, as the likely cause, when the tail holds one."""
+        written = self.log_lines()
+        if not written:
+            return "(nothing logged)"
+        cause = first_error(written)
+        tail = "\n".join(written[-lines:])
+        return f"{cause}\n--- the last lines of {self.log_file}:\n{tail}" if cause else tail
 
     def _close_log(self) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+#: What marks a log line as the error that stopped a service (console and JSON log formats).
+_ERROR_MARKS = ("config.invalid", "[error", "[critical", '"level": "error"', '"level": "critical"')
+
+
+def first_error(lines: list[str]) -> str | None:
+    """The first error line of ``lines`` (``config.invalid`` before any other), or a traceback's last line."""
+    for marks in (_ERROR_MARKS[:1], _ERROR_MARKS[1:]):
+        found = next((line for line in lines if any(mark in line for mark in marks)), None)
+        if found is not None:
+            return found
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+        return next((line for line in reversed(lines) if line and not line.startswith(" ")), None)
+    return None

@@ -19,6 +19,7 @@ Every child is polled (``Popen.poll``), so a dead one is reaped at once: no zomb
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 import urllib.error
@@ -32,7 +33,16 @@ from pathlib import Path
 from temporality_embedded.processes import ServiceProcess
 from temporality_embedded.stack import Stack
 
-__all__ = ["NATS_LABEL", "CrashTracker", "RestartPolicy", "Supervisor", "describe_exit", "log_tail"]
+__all__ = [
+    "NATS_LABEL",
+    "CrashTracker",
+    "RestartPolicy",
+    "Supervisor",
+    "describe_exit",
+    "log_tail",
+    "not_ready",
+    "readiness",
+]
 
 #: How the embedded nats-server is named in what :class:`Supervisor` prints.
 NATS_LABEL = "nats-server"
@@ -319,3 +329,44 @@ def _ready(url: str | None) -> bool:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def readiness(url: str | None) -> str | None:
+    """Why the service at ``url`` is not ready (``/readyz``'s status and ``detail``, e.g. ``503: mcp servers does
+    not answer``), or ``None`` when it answers 200 (or has no URL)."""
+    if url is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=2.0) as response:
+            return None if response.status == 200 else f"/readyz answered {response.status}"
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read() or b"{}")
+        except ValueError:
+            body = {}
+        failing = [name for name, state in (body.get("checks") or {}).items() if state != "ok"]
+        detail = body.get("detail") or ", ".join(failing) or exc.reason
+        checks = f" (checks failing: {', '.join(failing)})" if failing else ""
+        return f"/readyz answered {exc.code}: {detail}{checks}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"/readyz did not answer: {exc}"
+
+
+def not_ready(stack: Stack, wait_s: float = 5.0) -> list[str]:
+    """A warning per service process that is still not ready ``wait_s`` after the stack started (its ``/readyz``
+    reason and the last warning or error it logged since it started), for ``temporality up`` to print."""
+    labels = [p.label for ps in stack.replicas.values() for p in ps] or list(stack.services)
+    deadline = time.monotonic() + wait_s
+    while True:
+        problems = {label: readiness(_loopback(stack.process(label).url)) for label in labels}
+        problems = {label: why for label, why in problems.items() if why is not None}
+        if not problems or time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    warnings = []
+    for label, why in problems.items():
+        process = stack.process(label)
+        logged = [line for line in process.log_lines() if "[warning" in line or "[error" in line or '"warning"' in line]
+        last = f"\n    its last warning: {logged[-1].strip()[:600]}" if logged else ""
+        warnings.append(f"warning: {label} is not ready: {why}; see {process.log_file}{last}")
+    return warnings

@@ -8,12 +8,17 @@ Scripted failures for the provider's retries and error handling: :func:`error_re
 OpenAI's error body, optionally ``Retry-After``), :func:`rate_limited` (429), :func:`hang` (answer only
 after a delay, past the client's timeout), ``usage=`` on the success helpers (a ``usage`` block), and
 :func:`malformed_tool_call` (tool-call arguments that are not JSON).
+
+Like the real API, a request offering a tool whose ``function.name`` is not ``^[a-zA-Z0-9_-]+$`` or is longer
+than 64 characters is answered 400 ``invalid_request_error`` naming the parameter (``tools[<i>].function.name``),
+without taking a scripted reply (:func:`tool_name_problem`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -34,8 +39,13 @@ __all__ = [
     "hang",
     "malformed_tool_call",
     "rate_limited",
+    "tool_name_problem",
     "usage",
 ]
+
+#: What OpenAI accepts as a function name (``tools[].function.name``), and how long it may be.
+TOOL_NAME_PATTERN = "^[a-zA-Z0-9_-]+$"
+TOOL_NAME_MAX = 64
 
 
 @dataclass
@@ -59,8 +69,9 @@ def _completion(message: dict[str, Any], finish: str, usage: dict[str, int] | No
     return Reply(200, body)
 
 
-def assistant_text(content: str, *, usage: dict[str, int] | None = None) -> Reply:
-    return _completion({"role": "assistant", "content": content}, "stop", usage)
+def assistant_text(content: str | None, *, usage: dict[str, int] | None = None, finish: str = "stop") -> Reply:
+    """A text reply; ``finish="length"``: cut off at the output length limit (``content`` partial, or ``None``)."""
+    return _completion({"role": "assistant", "content": content}, finish, usage)
 
 
 def assistant_tool_call(
@@ -70,20 +81,27 @@ def assistant_tool_call(
     content: str | None = None,
     *,
     usage: dict[str, int] | None = None,
+    finish: str = "tool_calls",
 ) -> Reply:
-    return malformed_tool_call(call_id, name, json.dumps(arguments), content, usage=usage)
+    return malformed_tool_call(call_id, name, json.dumps(arguments), content, usage=usage, finish=finish)
 
 
 def malformed_tool_call(
-    call_id: str, name: str, raw_arguments: str, content: str | None = None, *, usage: dict[str, int] | None = None
+    call_id: str,
+    name: str,
+    raw_arguments: str,
+    content: str | None = None,
+    *,
+    usage: dict[str, int] | None = None,
+    finish: str = "tool_calls",
 ) -> Reply:
-    """A tool call whose ``arguments`` text is sent as given (e.g. not JSON at all)."""
+    """A tool call whose ``arguments`` text is sent as given (e.g. not JSON at all; cut off: ``finish="length"``)."""
     message = {
         "role": "assistant",
         "content": content,
         "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": raw_arguments}}],
     }
-    return _completion(message, "tool_calls", usage)
+    return _completion(message, finish, usage)
 
 
 def error_reply(status: int, message: str, *, retry_after: str | None = None, kind: str = "server_error") -> Reply:
@@ -100,6 +118,35 @@ def hang(seconds: float, then: Reply | None = None) -> Reply:
     """Answer ``then`` (by default a text reply) only after ``seconds``."""
     reply = then or assistant_text("too late")
     return Reply(reply.status, reply.body, reply.headers, delay_s=seconds)
+
+
+def tool_name_problem(body: dict[str, Any]) -> Reply | None:
+    """The 400 the real API answers a request offering a tool with an invalid name (its wording and shape), or
+    ``None`` when every offered tool's name is valid."""
+    tools = body.get("tools")
+    for index, tool in enumerate(tools if isinstance(tools, list) else []):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        param = f"tools[{index}].function.name"
+        if not isinstance(name, str):
+            message, code = f"Missing required parameter: '{param}'.", "missing_required_parameter"
+        elif len(name) > TOOL_NAME_MAX:
+            message = (
+                f"Invalid '{param}': string too long. Expected a string with maximum length {TOOL_NAME_MAX}, "
+                f"but got a string with length {len(name)} instead."
+            )
+            code = "string_above_max_length"
+        elif re.fullmatch(TOOL_NAME_PATTERN, name) is None:
+            message = (
+                f"Invalid '{param}': string does not match pattern. Expected a string that matches the pattern "
+                f"'{TOOL_NAME_PATTERN}'."
+            )
+            code = "invalid_value"
+        else:
+            continue
+        error = {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+        return Reply(400, {"error": error})
+    return None
 
 
 def _choice(message: dict[str, Any], finish: str) -> dict[str, Any]:
@@ -126,9 +173,13 @@ class OpenAIEmulator:
 
         @app.post("/v1/chat/completions")
         async def completions(request: Request) -> JSONResponse:
-            self.requests.append(json.loads(await request.body()))
+            body = json.loads(await request.body())
+            self.requests.append(body)
             self.authorizations.append(request.headers.get("authorization"))
             self.traceparents.append(request.headers.get("traceparent"))
+            refused = tool_name_problem(body) if isinstance(body, dict) else None
+            if refused is not None:  # the real API refuses it before any model runs: no scripted reply is used
+                return JSONResponse(refused.body, status_code=refused.status)
             if not self.replies:
                 return JSONResponse({"error": {"message": "emulator has no scripted reply left"}}, status_code=500)
             reply = self.replies.pop(0)

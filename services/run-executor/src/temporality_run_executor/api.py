@@ -27,10 +27,20 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
 from temporality_run_executor.agents import AgentCard, AgentDirectory, Limits
+from temporality_run_executor.mcp_servers import SEPARATOR
 from temporality_run_executor.tools import Tool
 from temporality_service import HTTP_TELEMETRY, ApiAuth, AsViewer, ErrorBody, NotFound, install_error_handlers
 
-__all__ = ["AgentView", "AgentsView", "ProviderView", "SkillView", "ToolPolicyView", "agent_view", "create_app"]
+__all__ = [
+    "AgentView",
+    "AgentsView",
+    "ProviderView",
+    "RenamedToolView",
+    "SkillView",
+    "ToolPolicyView",
+    "agent_view",
+    "create_app",
+]
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
@@ -59,6 +69,16 @@ class ProviderView(_View):
     script: str | None = None
 
 
+class RenamedToolView(_View):
+    """An MCP tool offered under another name than ``<server>__<tool>`` (not a valid function name)."""
+
+    #: What the model sees (and ``tools`` lists).
+    name: str
+    server: str
+    #: The server's own name for it (what the server is called with).
+    tool: str
+
+
 class AgentView(_View):
     id: str
     role: str
@@ -67,6 +87,8 @@ class AgentView(_View):
     tool_policy: ToolPolicyView
     #: What its runs are offered (after allow/deny; MCP tools as ``<server>__<tool>``).
     tools: list[str]
+    #: The offered MCP tools whose ``<server>__<tool>`` is not a valid function name, with the name the model sees.
+    renamed_tools: list[RenamedToolView] = []
     provider: ProviderView
     limits: Limits
     mcp_servers: list[str]
@@ -99,6 +121,12 @@ def agent_view(card: AgentCard, offered: list[Tool]) -> AgentView:
         skills=[SkillView(name=s.name, description=s.description) for s in card.skills],
         tool_policy=ToolPolicyView(allow=list(card.tools.allow), deny=list(card.tools.deny)),
         tools=[tool.name for tool in offered],
+        renamed_tools=[
+            RenamedToolView(name=tool.name, server=server, tool=original)
+            for tool in offered
+            if tool.origin is not None
+            for server, _, original in [tool.origin.partition(SEPARATOR)]
+        ],
         provider=ProviderView(
             kind=provider.kind,
             model=provider.model if provider.kind == "openai" else None,

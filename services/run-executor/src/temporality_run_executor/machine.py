@@ -1786,11 +1786,29 @@ def _provider_replied(
         totals = _totals(ckpt, turns=incoming.turn, calls=len(reply.tool_calls), usage=usage)
         return _decision(*metrics, *_fail(run, "token_limit", _token_text(usage, max_tokens), totals=totals))
     if not reply.tool_calls:
-        ended = _complete(run, reply.content or "", _totals(ckpt, turns=incoming.turn, usage=usage))
-        return _decision(*metrics, *ended)
+        totals = _totals(ckpt, turns=incoming.turn, usage=usage)
+        if reply.finish_reason == "length":  # a cut-off final reply is not the agent's answer
+            return _decision(*metrics, *_fail(run, "provider_error", _truncated_text(agent, reply), totals=totals))
+        return _decision(*metrics, *_complete(run, reply.content or "", totals))
     plans = _plan_calls(run, ckpt, agent, incoming.turn, now, reply, (request_id, redactor))
     turn = TurnInFlight(number=incoming.turn, reply=reply, usage=usage, plans=plans, metrics=streamed)
     return _calls_from(run, ckpt, agent, turn, 0, (), incoming.elapsed_s, now)
+
+
+#: What a run failed for a final reply cut off at the output length limit says first (``run.failed``'s ``error``).
+OUTPUT_TRUNCATED = "output_truncated"
+
+
+def _truncated_text(agent: Agent, reply: AssistantTurn) -> str:
+    """Why a final reply that ended on the length limit (``finish_reason: length``) fails the run."""
+    provider = agent.card.provider
+    model = f" of model {provider.model}" if provider.model else ""
+    tokens = f" after {reply.usage.completion_tokens} completion tokens" if reply.usage is not None else ""
+    return (
+        f"{OUTPUT_TRUNCATED}: the final reply{model} was cut off at the endpoint's output length limit "
+        f"(finish_reason 'length'{tokens}), so its partial text is not taken as the result. Raise the model's "
+        "output limit (max_tokens) at the endpoint, or ask for a shorter answer in the card's system prompt"
+    )
 
 
 def _keep(run: RunRecord | None, agent: Agent | None, incoming: ProviderReplied) -> Decision:
@@ -1876,9 +1894,18 @@ def _plan_calls(
     answered: set[str] = set()
     policy = _ask_policy(run, reply.tool_calls)
     for index, call in enumerate(reply.tool_calls):
-        if call.name == HANDOFF_TO_AGENT and (waiting or handed):
+        if reply.finish_reason == "length":  # cut off mid-call: its arguments may be partial -- never run it
+            where = {"turn": turn, "call_id": call.id, "tool": call.name, "why": "output_truncated"}
+            text = (
+                "your reply was cut off at the output length limit (finish_reason 'length') while you were making "
+                "the calls; none of them was made. Make them again with shorter arguments, or fewer at once"
+            )
+            plan: ToolPlan = Refuse(
+                tool_error(text), malformed=True, note=Note("run.tool_call.malformed", "warning", where)
+            )
+        elif call.name == HANDOFF_TO_AGENT and (waiting or handed):
             why = "one handoff per turn, never together with a waiting call (ask_human, ask_agent mode=wait)"
-            plan: ToolPlan = Refuse(tool_error(why))
+            plan = Refuse(tool_error(why))
         elif handed and call.name in (ASK_HUMAN, ASK_AGENT) and call.arguments.get("mode") != "async":
             plan = Refuse(tool_error("this run has handed its task off in this turn: it cannot wait for anything"))
         else:
@@ -1932,6 +1959,11 @@ def _plan_call(
     by the driver."""
     where = {"turn": turn, "call_id": call.id, "tool": call.name}
     card = agent.card
+    if not call.name:
+        offered = ", ".join(t.name for t in offered_tools(run, agent)) or "none"
+        note = Note("run.tool_call.malformed", "warning", {**where, "why": "no_name"})
+        text = f"a tool call must name its tool (function.name was missing); your tools: {offered}"
+        return Refuse(tool_error(text), malformed=True, note=note)
     try:
         tool = agent.tools.resolve(call.name, card.tools, card.id)
         if tool.name in _hidden(run):
@@ -2736,7 +2768,7 @@ def initial_checkpoint(run: RunRecord, agent: Agent, now: datetime) -> Checkpoin
     task = "\n".join(
         [
             f"Task: {' '.join(run.title.split())}",  # one line: a title cannot forge the lines below
-            f"Launched by: {run.launch.kind} trigger {run.launch.trigger_id or '-'}",
+            f"Launched by: {_launched_by(run)}",
             f"People you may ask: {askable}",
         ]
     )
@@ -2759,6 +2791,24 @@ def initial_checkpoint(run: RunRecord, agent: Agent, now: datetime) -> Checkpoin
     )
 
 
+def _launched_by(run: RunRecord) -> str:
+    """Who started the run, as its first message says: a trigger by id, another agent's handoff, a relay's ask."""
+    launch = run.launch
+    if run.relay is not None:
+        relay = run.relay
+        return (
+            f"agent-collab, to answer agent:{relay.asker_agent}'s question {relay.request_id} "
+            f"(run {relay.asker_run_id}) for your earlier run {relay.target_run_id}"
+        )
+    handoff = run.input.get("handoff")
+    if isinstance(handoff, dict) and run.parent_run_id is not None and launch.trigger_id is None:
+        return f"a handoff from agent {handoff.get('from_agent') or '?'} (run {run.parent_run_id})"
+    if launch.trigger_id is not None:
+        return f"{launch.kind} trigger {launch.trigger_id}"
+    parent = f" (parent run {run.parent_run_id})" if run.parent_run_id else ""
+    return f"{launch.kind}{parent}"
+
+
 def _relay_asks(run: RunRecord) -> list[AgentMail]:
     """A relay run's request (COL-6): in its input's ``incoming_asks``, delivered with its first turn."""
     relay = run.relay
@@ -2778,8 +2828,20 @@ def _relay_asks(run: RunRecord) -> list[AgentMail]:
         mode=mode,
         text=str(text or "(no message)")[:MAX_TEXT],
         truncated=bool(item.get("truncated", False)),
+        expires_at=_when(item.get("expires_at")),  # when agent-collab gives the wait's deadline
     )
     return [mail]
+
+
+def _when(value: Any) -> datetime | None:
+    """An ISO 8601 time with its offset, or ``None`` (absent, not a string, unreadable, naive)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
 
 
 def _received(mail: AgentMail) -> ReceivedAsk:

@@ -2,7 +2,9 @@
 
 When the executor starts (:func:`list_card_tools`, from ``setup``), every MCP server a card declares is
 started and asked for its tools; each becomes a registry :class:`~.tools.Tool` named
-``<server>__<tool>`` (OpenAI function names allow no dots) with the server's description and input
+``<server>__<tool>`` -- made a valid function name when it is not (:func:`tool_name`: OpenAI allows only
+``A-Z a-z 0-9 _ -``, at most 64 characters; the server is still called with its own name, and a card may name
+either) -- with the server's description and input
 schema, so the card's ``tools`` allow/deny policy, JSON-schema argument validation and ``tool.failed``
 apply to it like to any tool. A server that cannot be started or listed does not stop the executor (one flaky
 server would crash-loop every agent): the card keeps a stand-in for each of that server's tools it names exactly
@@ -76,11 +78,12 @@ in a request from the server. The default (``handshake``) opens sessions with ``
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import re
 import shutil
-import sys
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -101,6 +104,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from temporality_bus import tracing
 from temporality_run_executor.agents import NETWORK_OFF, AgentCard, McpServer, Sandbox
 from temporality_run_executor.records import ElicitAnswer, Message
+from temporality_run_executor.tools import TOOL_NAME as _TOOL_NAME
 from temporality_run_executor.tools import (
     ElicitationNeeded,
     Sample,
@@ -129,6 +133,7 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
+_VALID_NAME = re.compile(_TOOL_NAME)
 #: Between the server's name and its tool's name: ``notes__read_note``.
 SEPARATOR = "__"
 #: Seconds a session may sit without a call before its server is stopped.
@@ -151,8 +156,29 @@ class McpToolFailed(Exception):
     """The MCP server could not run the call (an ``isError`` result, no server, a dead server, a timeout)."""
 
 
+#: What a model-facing name may not hold (OpenAI: ``^[a-zA-Z0-9_-]{1,64}$``, :data:`~.tools.TOOL_NAME`).
+_NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
+#: Hex digits of the hash a renamed tool's name ends with.
+_HASH_CHARS = 8
+
+
 def tool_name(server: str, tool: str) -> str:
-    return f"{server}{SEPARATOR}{tool}"
+    """The name the model is offered for ``server``'s tool ``tool``: ``<server>__<tool>`` when that is a valid
+    function name (:data:`~.tools.TOOL_NAME`); else, deterministically, that name with every character a function
+    name may not hold replaced by ``_``, cut to fit 64 characters with ``_`` and a short hash of the full name at
+    its end (``odd__read.file`` -> ``odd__read_file_<8 hex>``). The server is still called with ``tool``."""
+    full = f"{server}{SEPARATOR}{tool}"
+    if _VALID_NAME.fullmatch(full):
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:_HASH_CHARS]
+    return f"{_NOT_IN_A_NAME.sub('_', full)[: 64 - _HASH_CHARS - 1]}_{digest}"
+
+
+def _named(server: str, tool: str) -> tuple[str, str | None]:
+    """``tool_name`` and the original ``<server>__<tool>`` when it differs (else ``None``)."""
+    full = f"{server}{SEPARATOR}{tool}"
+    name = tool_name(server, tool)
+    return name, None if name == full else full
 
 
 def parameters(server: McpServer, sandbox: Sandbox) -> StdioServerParameters:
@@ -165,7 +191,110 @@ def parameters(server: McpServer, sandbox: Sandbox) -> StdioServerParameters:
             raise McpToolFailed("sandbox.network is false but `unshare` is not installed")
         command, args = unshare, [*NETWORK_OFF, command, *args]
     cwd = str(sandbox.working_dir) if sandbox.working_dir is not None else None
+    shell = shutil.which("sh")
+    if shell is not None:  # reports its exit code on its stderr's last line (the SDK keeps the process to itself)
+        command, args = shell, ["-c", _REPORT_EXIT, command, *args]
     return StdioServerParameters(command=command, args=args, env=env, cwd=cwd)
+
+
+_STDOUT_CLOSED = "the server's stdout closed (it exited)"
+#: The last line of a server's stderr, written by ``sh`` around it when it exits: ``<marker><exit code>``.
+_EXIT_MARK = "temporality-mcp-exit:"
+#: ``trap : TERM``: a SIGTERM to the process group (the SDK stopping the server) ends the server, not the shell
+#: first -- the shell waits for it (reaps it) and reports its code; the server's own signal dispositions are
+#: the default (a trapped signal is reset on exec, unlike an ignored one).
+_REPORT_EXIT = f'trap : TERM; "$0" "$@"; code=$?; echo "{_EXIT_MARK}$code" >&2; exit "$code"'
+#: Lines of a server's stderr kept for the reason of a failure (each cut at :data:`_STDERR_LINE_MAX` characters).
+_STDERR_KEPT = 10
+_STDERR_LINE_MAX = 500
+#: Seconds a failed session waits for the rest of its server's stderr (its exit code) before it says why it failed.
+_STDERR_SETTLE_S = 2.0
+
+
+class _Stderr:
+    """A server's stderr, through a pipe of our own: each line logged with the server's name
+    (``mcp.server_stderr``), the last :data:`_STDERR_KEPT` kept for the reason of a failure, and the exit code the
+    ``sh`` wrapper reports (:data:`_EXIT_MARK`)."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        read_fd, write_fd = os.pipe()
+        self._read_fd = read_fd
+        #: Handed to the SDK as the process's stderr; closed here once the process is spawned (EOF when it exits).
+        self.writer = os.fdopen(write_fd, "w")
+        self.lines: deque[str] = deque(maxlen=_STDERR_KEPT)
+        self.exit_code: int | None = None
+        self._done = asyncio.Event()
+        self._transport: asyncio.ReadTransport | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        pipe = os.fdopen(self._read_fd, "rb", 0)
+        self._transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        self._task = asyncio.create_task(self._read(reader), name=f"mcp-stderr-{self.server}")
+
+    def spawned(self) -> None:
+        """The process has its copy of the pipe: drop ours."""
+        if not self.writer.closed:
+            self.writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        buffer = b""
+        try:
+            while chunk := await reader.read(65536):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    self._line(line)
+                if len(buffer) > _STDERR_LINE_MAX:  # no newline for long: take it as a line
+                    self._line(buffer)
+                    buffer = b""
+            if buffer:
+                self._line(buffer)
+        finally:
+            self._done.set()
+
+    def _line(self, raw: bytes) -> None:
+        text = raw.decode("utf-8", "replace").rstrip()[:_STDERR_LINE_MAX]
+        if text.startswith(_EXIT_MARK):
+            code = text.removeprefix(_EXIT_MARK)
+            self.exit_code = int(code) if code.isdigit() else None
+            return
+        if text:
+            self.lines.append(text)
+            log.info("mcp.server_stderr", server=self.server, line=text)
+
+    async def settled(self, wait_s: float = _STDERR_SETTLE_S) -> None:
+        """Wait (bounded) until the server's stderr ended: its last lines and exit code are known."""
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(self._done.wait(), wait_s)
+        except TimeoutError:
+            pass
+
+    def tail(self) -> str:
+        """``; exit code N; its last stderr lines: a | b`` (what is known), or ``""``."""
+        parts = []
+        if self.exit_code is not None:
+            signal = f" (killed by signal {self.exit_code - 128})" if self.exit_code > 128 else ""
+            parts.append(f"exit code {self.exit_code}{signal}")
+        if self.lines:
+            parts.append("its last stderr lines: " + " | ".join(self.lines))
+        return "".join(f"; {part}" for part in parts)
+
+    async def aclose(self) -> None:
+        self.spawned()
+        if self._task is not None and not self._task.done():
+            await self.settled()
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._transport is not None:
+            self._transport.close()
+        elif not self._done.is_set():
+            os.close(self._read_fd)
 
 
 class _Call:
@@ -359,12 +488,16 @@ class _StdioTransport:
     """The SDK's ``stdio_client`` with a read stream that tells the session when the server's stdout ends: an
     ``mcp.client.Transport`` (an async context manager of the two streams) handed to ``mcp.Client``."""
 
-    def __init__(self, params: StdioServerParameters, on_end: Callable[[], None]) -> None:
-        self._stdio = stdio_client(params, errlog=sys.stderr)  # the server's stderr: the executor's
+    def __init__(self, params: StdioServerParameters, on_end: Callable[[], None], stderr: _Stderr) -> None:
+        self._stdio = stdio_client(params, errlog=stderr.writer)  # each line logged with the server's name
         self._on_end = on_end
+        self._stderr = stderr
 
     async def __aenter__(self) -> tuple[_WatchedStream, Any]:
-        read, write = await self._stdio.__aenter__()
+        try:
+            read, write = await self._stdio.__aenter__()
+        finally:
+            self._stderr.spawned()
         return _WatchedStream(read, self._on_end), write
 
     async def __aexit__(
@@ -401,26 +534,55 @@ class _Session:
         self._listing = asyncio.Lock()
         self._ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         self._ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no GC warning
+        self.stderr = _Stderr(server.name)
+        #: Why it was retired (the first reason).
+        self.retired_why: str | None = None
         self.task = asyncio.create_task(self._own(params), name=f"mcp-session-{server.name}")
 
     async def _own(self, params: StdioServerParameters) -> None:
         why = "stopped"
+        failure: Exception | None = None
         try:
+            await self.stderr.start()
             with self._starting:
                 await self._run(params)
         except Exception as exc:  # it could not start, or broke: the callers waiting for it get the error
-            why = f"{type(exc).__name__}: {exc}"
-            if not self._ready.done():
-                self._ready.set_exception(exc)
+            failure = exc
+            why = _describe(exc)
         finally:
-            if not self._ready.done():
-                self._ready.set_exception(McpToolFailed(f"the session stopped before it was ready ({why})"))
+            starting = not self._ready.done()
+            if starting or failure is not None:
+                await self.stderr.settled()
+            if starting:
+                why = self._not_started(failure, why)
+                self._ready.set_exception(McpToolFailed(why))
+                if failure is not None or self.retired_why in (None, _STDOUT_CLOSED):
+                    log.warning(
+                        "mcp.server_failed", server=self.server.name, exit_code=self.stderr.exit_code, reason=why
+                    )
+            elif failure is not None or self.stderr.exit_code not in (None, 0):
+                why += self.stderr.tail()
             self.retire(why)
-            log.info("mcp.session_stopped", server=self.server.name, reason=why)
+            await self.stderr.aclose()
+            log.info("mcp.session_stopped", server=self.server.name, reason=why, exit_code=self.stderr.exit_code)
+
+    def _not_started(self, failure: Exception | None, why: str) -> str:
+        """Why the session never became ready, in plain words, with the exit code and the last stderr lines."""
+        if failure is not None and _timed_out(failure):
+            reason = f"did not answer initialize within {self.server.timeout_s:g} s"
+        elif self.retired_why not in (None, _STDOUT_CLOSED):  # retired while starting: shutdown, idle
+            return f"the session stopped before it was ready ({self.retired_why})"
+        elif self.stderr.exit_code is not None:
+            reason = "exited before it answered initialize"
+        elif failure is None:
+            reason = f"the session stopped before it was ready ({self.retired_why or why})"
+        else:
+            reason = f"could not be started: {why}"
+        return f"{reason}{self.stderr.tail()}"
 
     async def _run(self, params: StdioServerParameters) -> None:
         client = Client(
-            _StdioTransport(params, lambda: self.retire("the server's stdout closed (it exited)")),
+            _StdioTransport(params, lambda: self.retire(_STDOUT_CLOSED), self.stderr),
             # auto: server/discover, 2026-07-28 when the server speaks it, else initialize; legacy: initialize
             mode="auto" if self.server.protocol == "auto" else "legacy",
             read_timeout_seconds=self.server.timeout_s,
@@ -544,6 +706,7 @@ class _Session:
         """No new call uses it; its task stops the server as soon as it can (it may still be starting)."""
         if not self.retired:
             self.retired = True
+            self.retired_why = why
             log.info("mcp.session_retired", server=self.server.name, reason=why)
         self.pool._forget(self)
         self._cancel_idle()
@@ -634,6 +797,11 @@ class McpPool:
             session.task.add_done_callback(self._tasks.discard)
         return session
 
+    def stderr_tail(self, server: McpServer) -> str:
+        """What a live session of ``server`` knows of its process (:meth:`_Stderr.tail`), or ``""``."""
+        tails = [s.stderr.tail() for s in self._live.values() if s.server == server]
+        return tails[0] if tails else ""
+
     def _forget(self, session: _Session) -> None:
         if self._live.get(session.key) is session:
             del self._live[session.key]
@@ -669,8 +837,15 @@ class McpClient:
         self.pool = pool
 
     async def list_tools(self) -> list[mcp_types.Tool]:
-        async with asyncio.timeout(self.server.timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):
-            return list(await s.tools(client))
+        ready = False
+        timeout_s = self.server.timeout_s
+        try:
+            async with asyncio.timeout(timeout_s), self.pool.session(self.server, self.sandbox) as (s, client):
+                ready = True
+                return list(await s.tools(client))
+        except TimeoutError:
+            what = "answer tools/list" if ready else "answer initialize"
+            raise McpToolFailed(f"did not {what} within {timeout_s:g} s{self.pool.stderr_tail(self.server)}") from None
 
     async def call(
         self,
@@ -825,12 +1000,30 @@ async def _call(
     return result
 
 
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, MCPError) and exc.code == mcp_types.CONNECTION_CLOSED:
-        return f"{exc} (the server exited; the next call starts it again)"
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions an ``ExceptionGroup`` (nested or not) holds; ``[exc]`` for any other."""
     if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(f"{type(e).__name__}: {e}" for e in exc.exceptions)
-    return str(exc)
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` (or every exception of its group) is a timeout: the SDK's request timeout or ours."""
+    return all(
+        isinstance(leaf, TimeoutError) or (isinstance(leaf, MCPError) and leaf.code == mcp_types.REQUEST_TIMEOUT)
+        for leaf in _leaves(exc)
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    """``exc`` in words, an ``ExceptionGroup`` unwrapped into what it holds."""
+    parts = []
+    for leaf in _leaves(exc):
+        if isinstance(leaf, MCPError) and leaf.code == mcp_types.CONNECTION_CLOSED:
+            parts.append(f"{leaf} (the server exited; the next call starts it again)")
+        else:
+            parts.append(f"{type(leaf).__name__}: {leaf}" if str(leaf) else type(leaf).__name__)
+    return "; ".join(parts)
 
 
 def _text(result: mcp_types.CallToolResult) -> str:
@@ -850,11 +1043,13 @@ def _tool(client: McpClient, listed: mcp_types.Tool) -> Tool:
         log.info("mcp.call", server=client.server.name, tool=listed.name, turn=ctx.turn)
         return await client.call(listed.name, arguments, ctx.elicited, ctx.sample, key=ctx.call_key)
 
+    name, origin = _named(client.server.name, listed.name)
     return Tool(
-        name=tool_name(client.server.name, listed.name),
+        name=name,
         description=listed.description or listed.title or listed.name,
         parameters=listed.input_schema or {"type": "object"},
         implementation=run,
+        origin=origin,
     )
 
 
@@ -873,11 +1068,22 @@ async def list_server_tools(card: AgentCard, server: McpServer, pool: McpPool) -
     try:
         listed = await client.list_tools()
     except Exception as exc:  # whatever it is, the card cannot get its tools: say which and why
-        raise McpToolFailed(
-            f"agent {card.id}: mcp_servers {server.name}: could not list its tools: {type(exc).__name__}: {exc}"
-        ) from exc
+        why = str(exc) if isinstance(exc, McpToolFailed) else _describe(exc)
+        raise McpToolFailed(f"agent {card.id}: mcp_servers {server.name}: could not list its tools: {why}") from exc
     log.info("mcp.listed", agent=card.id, server=server.name, tools=[t.name for t in listed])
-    return [_tool(client, t) for t in listed]
+    tools = [_tool(client, t) for t in listed]
+    taken: dict[str, str] = {}
+    for tool, original in zip(tools, listed, strict=True):
+        if tool.name in taken:
+            raise McpToolFailed(
+                f"agent {card.id}: mcp_servers {server.name}: its tools {taken[tool.name]!r} and {original.name!r} "
+                f"would both be offered as {tool.name!r} (a tool name may hold only A-Z a-z 0-9 _ -, at most 64 "
+                "characters); rename one in the server"
+            )
+        taken[tool.name] = original.name
+        if tool.origin is not None:
+            log.info("mcp.tool_renamed", agent=card.id, server=server.name, tool=original.name, offered_as=tool.name)
+    return tools
 
 
 def unavailable_tools(card: AgentCard, server: McpServer, why: Callable[[], str]) -> list[Tool]:
@@ -887,15 +1093,17 @@ def unavailable_tools(card: AgentCard, server: McpServer, why: Callable[[], str]
     prefix = tool_name(server.name, "")
     names = [name for name in card.tools.exact_names() if name.startswith(prefix) and name not in card.tools.deny]
 
-    def stand_in(name: str) -> Tool:
+    def stand_in(named: str) -> Tool:
         async def fail(arguments: dict[str, Any], ctx: ToolContext) -> str:
-            raise McpToolFailed(f"{server.name}: {name} is not available: {why()}; the executor keeps trying")
+            raise McpToolFailed(f"{server.name}: {named} is not available: {why()}; the executor keeps trying")
 
+        name, origin = _named(server.name, named[len(prefix) :])
         return Tool(
             name=name,
             description=f"(not available yet: the MCP server {server.name} could not be listed)",
             parameters={"type": "object"},
             implementation=fail,
+            origin=origin,
         )
 
     return [stand_in(name) for name in dict.fromkeys(names)]

@@ -108,8 +108,12 @@ HANDOFF_TO_AGENT = "handoff_to_agent"
 COLLAB_TOOLS = frozenset({GET_COLLABORATORS, ASK_AGENT, ANSWER_AGENT, HANDOFF_TO_AGENT})
 #: Seconds ``get_collaborators`` waits for agent-collab's reply.
 COLLABORATORS_TIMEOUT_S = 5.0
-#: A tool name as the OpenAI function-calling API accepts it.
-TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+#: A tool name as the OpenAI function-calling API accepts it (no ``.``: ``^[a-zA-Z0-9_-]{1,64}$``).
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+#: Whom ``ask_human`` / ``notify`` may name: a person or a group of the directory (human-interaction asks or
+#: tells every member of a group); the trigger's ``allowed_recipients`` must list exactly this name (SEC-1).
+RECIPIENT = r"^(user|group):[A-Za-z0-9_.-]+$"
+RECIPIENT_HELP = "A person (user:<id>) or a group (group:<id>: every member is asked, the first answer counts)"
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
@@ -177,7 +181,7 @@ class AskHumanArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    recipient: Annotated[str, Field(pattern=r"^user:[A-Za-z0-9_.-]+$", description="A person: user:<id>")]
+    recipient: Annotated[str, Field(pattern=RECIPIENT, description=RECIPIENT_HELP)]
     question: Annotated[str, Field(min_length=1, max_length=4096)]
     context: Annotated[str, Field(max_length=4096)] = ""
     options: list[HumanOption] = Field(default_factory=list, max_length=10)
@@ -202,7 +206,7 @@ class NotifyArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    recipient: Annotated[str, Field(pattern=r"^user:[A-Za-z0-9_.-]+$", description="A person: user:<id>")]
+    recipient: Annotated[str, Field(pattern=RECIPIENT, description=RECIPIENT_HELP)]
     message: Annotated[str, Field(min_length=1, max_length=4096)]
 
 
@@ -367,6 +371,9 @@ class Tool:
     #: such calls needs no kept reply (:class:`~.records.KeptReply`). Every other tool -- an MCP server's too --
     #: is taken to have one.
     pure: bool = False
+    #: The name it has where it comes from when the model is offered another (an MCP server's ``<server>__<tool>``
+    #: that is not a valid function name, :func:`~.mcp_servers.tool_name`); a card's ``tools`` may name either.
+    origin: str | None = None
     _validator: Validator = field(init=False, repr=False, compare=False)
     #: The schema compiled by ``jsonschema-rs``, asked first (``None``: it could not compile the schema).
     _fast: jsonschema_rs.Validator | None = field(init=False, repr=False, compare=False)
@@ -425,11 +432,12 @@ class ToolPolicy(BaseModel):
         return {"allow": value} if isinstance(value, list) else value
 
     def allows(self, tool: Tool) -> bool:
-        if any(fnmatchcase(tool.name, pattern) for pattern in self.deny):
+        names = (tool.name,) if tool.origin is None else (tool.name, tool.origin)
+        if any(fnmatchcase(name, pattern) for name in names for pattern in self.deny):
             return False
         if tool.exact_only:
             return tool.name in self.allow
-        return any(fnmatchcase(tool.name, pattern) for pattern in self.allow)
+        return any(fnmatchcase(name, pattern) for name in names for pattern in self.allow)
 
     def exact_names(self) -> list[str]:
         """The entries that are plain names, not patterns (each must name a tool that exists)."""
@@ -497,7 +505,8 @@ class ToolRegistry:
 
     def unknown(self, policy: ToolPolicy) -> list[str]:
         """Plain names in ``policy`` that name no tool here (a typo in a card)."""
-        return [name for name in policy.exact_names() if name not in self._tools]
+        origins = {tool.origin for tool in self._tools.values()}
+        return [name for name in policy.exact_names() if name not in self._tools and name not in origins]
 
     def unmatched(self, policy: ToolPolicy, prefixes: tuple[str, ...] = ()) -> list[str]:
         """Patterns in ``policy`` that match no tool here and cannot match a tool whose name starts with one of
@@ -506,9 +515,12 @@ class ToolRegistry:
         return [
             pattern
             for pattern in policy.patterns()
-            if not any(fnmatchcase(name, pattern) for name in self._tools)
+            if not any(fnmatchcase(name, pattern) for name in self._names_and_origins())
             and not any(may_match_prefix(pattern, prefix) for prefix in prefixes)
         ]
+
+    def _names_and_origins(self) -> list[str]:
+        return [*self._tools, *(tool.origin for tool in self._tools.values() if tool.origin is not None)]
 
     def resolve(self, name: str, policy: ToolPolicy, agent: str) -> Tool:
         """The tool a call names, if the card allows it; else :class:`ToolError` for the model."""
@@ -578,13 +590,15 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
     Tool(
         name=ASK_HUMAN,
         description="Ask a person a compact, self-contained question and wait (durably, at no cost) for the "
-        "answer, which comes back as this tool's result. Name a person (user:<id>), never a channel. Several "
+        "answer, which comes back as this tool's result. Name a person (user:<id>) or a group (group:<id>: "
+        "every member is asked, the first answer counts), never a channel. Several "
         "calls in one reply ask them all at once; see wait_for.",
         parameters=AskHumanArgs.model_json_schema(),
     ),
     Tool(
         name=NOTIFY,
-        description="Tell a person (user:<id>) something that needs no answer; the run does not wait.",
+        description="Tell a person (user:<id>) or every member of a group (group:<id>) something that needs no "
+        "answer; the run does not wait.",
         parameters=NotifyArgs.model_json_schema(),
         implementation=_notify,
     ),

@@ -299,17 +299,19 @@ def _tool_call(raw: Any) -> ToolCall:
     raw = raw if isinstance(raw, dict) else {}
     function = raw.get("function") if isinstance(raw.get("function"), dict) else {}
     call_id = raw.get("id") if isinstance(raw.get("id"), str) else ""  # none: given one by _identified
+    named = function.get("name")
+    name = named if isinstance(named, str) else ""  # none: the run machine refuses the call, saying so
     text = function.get("arguments")
     if isinstance(text, dict):  # some servers send the object itself
-        return ToolCall(id=call_id, name=str(function.get("name")), arguments=text)
+        return ToolCall(id=call_id, name=name, arguments=text)
     text = text if isinstance(text, str) else json.dumps(text)
     try:
         arguments = json.loads(text or "{}")
     except (json.JSONDecodeError, RecursionError):  # not JSON, or nested past the parser's depth
         arguments = None
     if not isinstance(arguments, dict):
-        return ToolCall(id=call_id, name=str(function.get("name")), invalid_arguments=text)
-    return ToolCall(id=call_id, name=str(function.get("name")), arguments=arguments)
+        return ToolCall(id=call_id, name=name, invalid_arguments=text)
+    return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
 def _identified(turn: AssistantTurn, context: TurnContext | None) -> AssistantTurn:

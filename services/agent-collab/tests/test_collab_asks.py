@@ -296,6 +296,7 @@ async def test_an_ask_to_a_finished_agent_starts_numbered_relay_runs(bus: Bus, e
     assert incoming["request_id"] == "req-relay-1"
     assert incoming["from"] == "agent:planner"
     assert incoming["message"] == "Is PR 42 safe to merge?"
+    assert "expires_at" not in incoming  # an async ask has no deadline
     assert "answer_agent" in run.input["instructions"]
     assert "req-relay-1" in run.input["instructions"]
 
@@ -336,9 +337,14 @@ async def test_an_ask_to_a_finished_agent_starts_numbered_relay_runs(bus: Bus, e
 async def test_a_relay_run_that_ends_without_answering_is_undeliverable(
     bus: Bus, event_log: EventLog, saga: None
 ) -> None:
-    await publish(bus, completed(REVIEWER), asked("req-relay-x", "agent:reviewer", mode="wait", timeout_s=60))
+    ask = asked("req-relay-x", "agent:reviewer", mode="wait", timeout_s=60)
+    await publish(bus, completed(REVIEWER), ask)
     msg = (await one(event_log, MESSAGE_RECEIVED, "req-relay-x")).payload(AgentMessageReceived)
     assert msg.relay_run is not None
+    # the relay run is told the wait's deadline, as a delivered ask is ("(until …)")
+    (request,) = await event_log.wait_for(RunRequested.EVENT_TYPE, timeout_s=WAIT_S)
+    (incoming,) = request.payload(RunRequested).input["incoming_asks"]
+    assert datetime.fromisoformat(incoming["expires_at"]) == ask.time + timedelta(seconds=60)
     await publish(
         bus,
         started(msg.relay_run, "reviewer", parent=REVIEWER),

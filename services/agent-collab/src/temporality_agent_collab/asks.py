@@ -375,6 +375,8 @@ def relay_input(record: AskRecord) -> dict[str, Any]:
                 "mode": record.mode,
                 "message": record.message,
                 "truncated": record.truncated,
+                # a wait's deadline, so the relay run is told "(until …)" as a delivered ask is
+                **({"expires_at": record.expires_at.isoformat()} if record.expires_at is not None else {}),
             }
         ],
     }

@@ -533,7 +533,14 @@ class ToolRegistry:
 
 # --------------------------------------------------------------------------- built-in implementations
 async def _get_input(arguments: dict[str, Any], ctx: ToolContext) -> str:
-    return json.dumps(ctx.run.input, sort_keys=True)
+    # Letters as they are (Cyrillic, CJK …): the model reads them, and so does the person on the run's timeline;
+    # escaped only where the input holds what UTF-8 cannot carry (a lone surrogate from a ``\ud800`` escape).
+    text = json.dumps(ctx.run.input, sort_keys=True, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(ctx.run.input, sort_keys=True)
+    return text
 
 
 async def _notify(arguments: dict[str, Any], ctx: ToolContext) -> str:

@@ -21,7 +21,6 @@ from journal_support import (
     ADMIN_TOKEN,
     OPERATOR_TOKEN,
     ServedJournal,
-    console_screenshot,
     publish_recorded,
     viewer_page,
 )
@@ -30,6 +29,8 @@ from wizard_support import REVIEW, expect_step, go_to_step, on_screen, open_wiza
 
 from temporality_protocol import (
     Envelope,
+    HumanPolicy,
+    HumanRequested,
     LaunchSource,
     RunRequested,
     RunStarted,
@@ -111,7 +112,6 @@ async def test_long_words_wrap_titles_cut_say_so_and_the_waiting_durations_count
     # nothing happens in the system; the page's clock moves on 2 minutes: the duration counts up by itself
     await page.clock.fast_forward("02:00")
     await expect(waited).to_have_text("32 min", timeout=WAIT_MS)
-    await console_screenshot(page, "waiting")
 
     await page.goto(f"{served_journal.url}/console/#/runs")
     await expect(page.locator("#runs tbody tr[data-run-id]")).to_have_count(2, timeout=WAIT_MS)
@@ -256,7 +256,6 @@ async def test_analytics_has_a_period_in_its_address(
     await expect(page.locator("#analytics-scope")).to_have_text("Runs created in the last 7 days", timeout=WAIT_MS)
     await expect(facts).to_contain_text("Runs1", timeout=WAIT_MS)
     await expect(questions).to_have_text(["Merge it? — 1\N{MULTIPLICATION SIGN}"])
-    await console_screenshot(page, "analytics")
 
     # the address alone (shared) opens the same period; a from-to range works too
     other = await viewer_page(browser_context, served_journal, "#/analytics?period=30d")
@@ -316,13 +315,15 @@ async def test_the_wizard_checks_in_words_saves_as_a_success_and_keeps_the_actio
     for width in (1366, 1920):
         await page.set_viewport_size({"width": width, "height": 900})
         await expect(page.locator('#trigger-defs tr[data-trigger-id="lead-gh"]')).to_be_visible(timeout=WAIT_MS)
-        inside = await page.evaluate(
+        # waited for: the rows are re-read after the save (the list moves with the trigger API's events)
+        await page.wait_for_function(
             """() => { const t = document.querySelector('#trigger-defs').getBoundingClientRect();
                const cells = [...document.querySelectorAll('#trigger-defs td.actions')];
                return cells.length > 0 && cells.every((c) => c.getBoundingClientRect().right <= t.right + 0.5)
-                 && t.right <= document.querySelector('main').getBoundingClientRect().right + 0.5; }"""
+                 && t.right <= document.querySelector('main').getBoundingClientRect().right + 0.5
+                 && document.documentElement.scrollWidth <= window.innerWidth; }""",
+            timeout=WAIT_MS,
         )
-        assert inside, width
     await page.set_viewport_size({"width": 1366, "height": 900})
 
     # the preview's sample headers suggest GitHub's delivery id too
@@ -355,7 +356,7 @@ async def test_a_mindmap_trigger_is_created_and_edited_in_the_wizard_with_both_o
                 "Secret environment variable": "MM_SIGNING_SECRET",
                 "Token environment variable": "MM_TRIGGER_TOKEN",
             },
-            {},
+            {"Event types": "test_case.created"},
             {"Agent": "reviewer"},
             {"Prompt (first message)": "Write the test case."},
             {},
@@ -382,3 +383,38 @@ async def test_a_mindmap_trigger_is_created_and_edited_in_the_wizard_with_both_o
         stored = (await client.get(f"{gateway}/triggers/mm")).json()["trigger"]
     assert stored["prompt"] == "Write the test case, briefly."
     assert stored["auth"] == {"type": "mindmap", "secret_env": "MM_SIGNING_SECRET", "token_env": "MM_TRIGGER_TOKEN"}
+
+
+async def test_a_long_word_in_the_inbox_wraps_inside_the_card(
+    served_journal_with_human: ServedJournal, browser_context: BrowserContext
+) -> None:
+    served = served_journal_with_human
+    asked_at = datetime.now(UTC)
+    await served.ask(
+        HumanRequested(
+            request_id="hreq-long-word",
+            run_id="run-long-word",
+            agent="reviewer",
+            title=LONG_WORD,
+            recipient="user:bob",
+            question="q" * 340,
+            timeout_s=3600,
+            expires_at=asked_at + timedelta(hours=1),
+            policy=HumanPolicy(allowed_recipients=["user:bob"]),
+            turn=1,
+        ),
+        time=asked_at,
+    )
+    page = await browser_context.new_page()
+    await page.goto(f"{served.url}/console/#/inbox")
+    await page.get_by_label("Inbox token").fill("bob-inbox-token")
+    await page.keyboard.press("Enter")
+    card = page.locator('article.inbox-item[data-request-id="hreq-long-word"]')
+    await expect(card.locator(".task")).to_have_text(LONG_WORD + "\N{HORIZONTAL ELLIPSIS}", timeout=WAIT_MS)
+    await _fits(page)
+    right = await card.evaluate(
+        "(c) => [c.getBoundingClientRect().right, c.querySelector('.task').scrollWidth,"
+        " c.querySelector('.task').clientWidth]"
+    )
+    assert right[0] <= 1366
+    assert right[1] <= right[2]

@@ -161,12 +161,13 @@ function reason(kind, value) {
   return h("span", { class: "reason", title: raw, dataset: { reason: raw } }, reasonLabel(kind, raw));
 }
 
-// A run title or a grouped question the services cut at CUT_AT characters (the gateway's titles, the analytics'
-// questions) was most likely cut there, mid-word: it ends at the last word boundary when one is near, with "…".
+// A run title or a grouped question exactly CUT_AT characters long was most likely cut there by a service (the
+// gateway cuts titles, the analytics its questions), mid-word: it ends at the last word boundary when one is
+// near, with "…". A shorter or longer text is whole.
 const CUT_AT = 200;
 export function uncut(text) {
   const value = String(text ?? "");
-  if (value.length < CUT_AT || value.endsWith("…")) return value;
+  if (value.length !== CUT_AT || value.endsWith("…")) return value;
   const space = value.lastIndexOf(" ");
   const end = space >= CUT_AT - 40 ? space : value.length;
   return `${value.slice(0, end).trimEnd()}…`;
@@ -1566,7 +1567,7 @@ function triggersView(signal) {
     body.replaceChildren(...data.triggers.map((t) => h("tr", { dataset: { triggerId: t.trigger_id } },
       h("td", {}, h("a", { href: `#/triggers/${encodeURIComponent(t.trigger_id)}` }, t.trigger_id)),
       h("td", {}, t.source ?? "—"),
-      h("td", {}, t.event_types.length ? t.event_types.join(", ") : "—"),
+      h("td", { class: "anywhere" }, t.event_types.length ? t.event_types.join(", ") : "—"),
       h("td", {}, t.agent ?? "—"),
       h("td", {}, t.deleted ? "deleted" : t.enabled === null ? "unknown" : t.enabled ? "yes" : "no"),
       h("td", {}, t.last_run ? h("a", { href: `#/runs/${encodeURIComponent(t.last_run.run_id)}` }, when(t.last_run.created_at)) : "—",
@@ -1605,9 +1606,10 @@ function deliveriesView(signal, triggerId) {
     empty: "No deliveries.", items: (data) => data.deliveries,
     key: (d) => d.delivery_id, position: (d) => listPosition(d.time, d.delivery_id),
     row: (d) => h("tr", { dataset: { deliveryId: d.delivery_id, outcome: d.outcome } },
-      h("td", {}, d.delivery_id), h("td", {}, d.event_type ?? "—"), h("td", { class: "outcome" }, d.outcome),
+      h("td", { class: "anywhere" }, d.delivery_id), h("td", { class: "anywhere" }, d.event_type ?? "—"),
+      h("td", { class: "outcome" }, d.outcome),
       h("td", {}, reason("delivery", d.reason)),
-      h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
+      h("td", { class: "anywhere" }, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
       h("td", { class: "nowrap" }, when(d.time))),
   });
   const processing = processingSection(signal, triggerId);
@@ -1683,13 +1685,13 @@ function processingSection(signal, triggerId) {
     // the gateway's "rejected" for a delivery it answered 200 ignored reads "ignored" (data-state stays the gateway's)
     const ignored = d.state === "rejected" && IGNORED_REASONS.has(d.reason);
     return h("tr", { dataset: { deliveryId: d.delivery_id, state: d.state, shown: ignored ? "ignored" : d.state } },
-      h("td", {}, d.delivery_id, d.redrive_of
+      h("td", { class: "anywhere" }, d.delivery_id, d.redrive_of
         ? h("div", { class: "muted" }, d.rerun ? `rerun ${d.rerun} of ${d.redrive_of}` : `re-drive of ${d.redrive_of}`)
         : null),
       h("td", { class: "state-cell", title: ignored ? "the gateway's state: rejected (answered 200 ignored)" : null },
         ignored ? "ignored" : d.state),
-      h("td", {}, reason("delivery", d.reason), d.reason && d.detail ? ": " : null, d.detail ?? null),
-      h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
+      h("td", { class: "wide" }, reason("delivery", d.reason), d.reason && d.detail ? ": " : null, d.detail ?? null),
+      h("td", { class: "anywhere" }, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
       h("td", { class: "nowrap" }, when(d.received_at)),
       h("td", { class: "actions" }, actions));
   };
@@ -1815,11 +1817,11 @@ function definitionRow(item, signal, reload) {
     h("td", {}, t.name ?? ""),
     h("td", {}, t.type ?? "?"),
     h("td", { class: "source" }, configuredSource(t)),
-    h("td", { class: "events" }, configuredEvents(t)),
+    h("td", { class: "events anywhere" }, configuredEvents(t)),
     h("td", {}, t.agent ?? "—"),
     h("td", { class: "enabled" }, t.enabled === false ? "no" : "yes"),
     h("td", { class: "num" }, item.revision),
-    h("td", {}, item.updated_by ?? "—", item.problem ? h("div", { class: "bad" }, item.problem) : null),
+    h("td", { class: "anywhere" }, item.updated_by ?? "—", item.problem ? h("div", { class: "bad" }, item.problem) : null),
     h("td", { class: "actions" }, actions));
   const act = async (path, method, done) => {
     try {

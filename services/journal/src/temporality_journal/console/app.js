@@ -768,7 +768,15 @@ function pagedList({ path, filters = [], params = new URLSearchParams(), signal,
   let loaded = []; // the items shown, in order (with `key`)
   const emptyRow = () => h("tr", {}, h("td", { colspan: columns, class: "empty" }, empty));
   const setMore = () => { more.hidden = !before; };
-  async function load(reset) {
+  // one read at a time, in the order asked: "Older" pressed while a live refresh reads waits for it (and reads
+  // after the rows it left), instead of both writing the rows and the cursor in whichever order they answer
+  let queue = Promise.resolve();
+  const serial = (fn) => (...args) => {
+    const run = queue.then(() => fn(...args));
+    queue = run.catch(() => {});
+    return run;
+  };
+  async function loadPage(reset) {
     const page = new URLSearchParams(apiParams);
     if (!reset && before) page.set(cursorParam, before);
     const data = await api(`${path}?${page}`, { signal });
@@ -788,7 +796,8 @@ function pagedList({ path, filters = [], params = new URLSearchParams(), signal,
     before = nextCursor(data);
     setMore();
   }
-  load.newer = async () => {
+  const load = serial(loadPage);
+  load.newer = serial(async () => {
     const data = await api(`${path}?${apiParams}`, { signal });
     const fresh = items(data).filter((item) => !shown.has(key(item)));
     if (!fresh.length) return fresh;
@@ -802,9 +811,9 @@ function pagedList({ path, filters = [], params = new URLSearchParams(), signal,
     });
     body.prepend(...rows);
     return fresh;
-  };
-  load.refresh = async () => {
-    if (!position || !key || loaded.length <= pageSize) return load(true); // the first page only: read it again
+  });
+  load.refresh = serial(async () => {
+    if (!position || !key || loaded.length <= pageSize) return loadPage(true); // the first page only: read it again
     const oldest = position(loaded[loaded.length - 1]);
     const got = [];
     let cursor = null;
@@ -827,7 +836,7 @@ function pagedList({ path, filters = [], params = new URLSearchParams(), signal,
     prepare?.(loaded);
     body.replaceChildren(...(loaded.length ? loaded.map(row) : [emptyRow()]));
     setMore();
-  };
+  });
   more.addEventListener("click", () => load(false).catch(onError));
   load(true).catch(onError);
   return load;

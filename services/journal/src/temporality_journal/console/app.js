@@ -825,7 +825,7 @@ function pagedList({ path, filters = [], params = new URLSearchParams(), signal,
       const list = items(data);
       got.push(...list);
       cursor = nextCursor(data);
-      if (!cursor || (list.length && comparePositions(position(list[list.length - 1]), oldest) < 0)) break;
+      if (!cursor || (list.length && comparePositions(position(list[list.length - 1]), oldest) <= 0)) break;
     }
     const kept = got.filter((item) => comparePositions(position(item), oldest) >= 0);
     // nothing older than the oldest row was read: go on after what was read (or nothing more); else the old

@@ -173,7 +173,7 @@ async def test_a_keyboard_walk_through_the_six_steps_creates_a_trigger(
     await expect_step(page, REVIEW)
     await _tab_to(page, "#save-trigger")
     await page.keyboard.press("Enter")
-    await expect(page.locator("#message")).to_contain_text("Trigger kb-orders saved", timeout=WIZARD_MS)
+    await expect(page.locator("#message")).to_contain_text("Trigger kb-orders created.", timeout=WIZARD_MS)
 
     async with httpx.AsyncClient(base_url=gateway, headers=ADMIN, timeout=20) as client:
         read = await client.get("/triggers/kb-orders")
@@ -216,7 +216,7 @@ async def test_a_keyboard_walk_through_the_six_steps_creates_a_trigger(
     await expect_step(page, REVIEW)
     await _tab_to(page, "#save-trigger")
     await page.keyboard.press("Enter")
-    await expect(page.locator("#message")).to_contain_text("Trigger kb-orders saved", timeout=WIZARD_MS)
+    await expect(page.locator("#message")).to_contain_text("Trigger kb-orders saved: now revision", timeout=WIZARD_MS)
     async with httpx.AsyncClient(base_url=gateway, headers=ADMIN, timeout=20) as client:
         stored = (await client.get("/triggers/kb-orders")).json()["trigger"]
     assert (stored["name"], stored["tenant"], stored["human"]["max_timeout_s"]) == (

@@ -78,10 +78,16 @@ async def go_to_step(page: Page, number: int) -> None:
 
 
 async def save(page: Page, trigger_id: str, button: str = "Create trigger") -> None:
-    """Save from the review and wait for the list saying so."""
+    """Save from the review and wait for the list saying so, as a success (a status, not an alert): "Trigger <id>
+    created." for a new one, "Trigger <id> saved: now revision <n>." for an edit."""
     await expect_step(page, REVIEW)
     await page.get_by_role("button", name=button).click()
-    await expect(page.locator("#message")).to_contain_text(f"Trigger {trigger_id} saved", timeout=WIZARD_MS)
+    said = (
+        f"Trigger {trigger_id} created." if button == "Create trigger" else f"Trigger {trigger_id} saved: now revision"
+    )
+    await expect(page.locator("#message")).to_contain_text(said, timeout=WIZARD_MS)
+    await expect(page.locator("#message")).to_have_attribute("data-kind", "success")
+    await expect(page.locator("#message")).to_have_attribute("role", "status")
 
 
 async def open_wizard(context: BrowserContext, url: str, token: str, hash_: str = "#/wizard") -> Page:

@@ -16,7 +16,7 @@ let authConfig = null; // GET /auth/config: {oidc: {provider, login} | null, pas
 const CONSOLE_HEADER = { "X-Temporality-Console": "1" };
 const signedInPerson = () => me?.kind === "person";
 const SESSION_ENDED = "Your session ended (signed out, expired, or changed in the directory): sign in again.";
-let pendingMessage = null; // shown once the next view is rendered (a hash change clears the old one)
+let pendingMessage = null; // {text, kind}: shown once the next view is rendered (a hash change clears the old one)
 let viewAbort = null; // aborts the current view's fetches and live tail
 const $ = (id) => document.getElementById(id);
 
@@ -42,6 +42,8 @@ function show(...nodes) {
   view.replaceChildren(...nodes);
 }
 
+// The line under the bar: an error (kind "error", an ARIA alert), or a notice ("info") or a done action ("success"),
+// which are a polite status (role=status): announced, not alarming.
 function message(text, kind = "error") {
   const box = $("message");
   if (!text) {
@@ -49,8 +51,10 @@ function message(text, kind = "error") {
     box.textContent = "";
     return;
   }
-  box.className = `message ${kind === "info" ? "info" : ""}`;
-  box.dataset.kind = kind;
+  const known = ["info", "success"].includes(kind) ? kind : "error";
+  box.className = `message ${known === "error" ? "" : known}`;
+  box.dataset.kind = known;
+  box.setAttribute("role", known === "error" ? "alert" : "status");
   box.textContent = text;
   box.hidden = false;
 }
@@ -156,6 +160,20 @@ function reason(kind, value) {
   const raw = String(value);
   return h("span", { class: "reason", title: raw, dataset: { reason: raw } }, reasonLabel(kind, raw));
 }
+
+// A run title or a grouped question exactly CUT_AT characters long was most likely cut there by a service (the
+// gateway cuts titles, the analytics its questions), mid-word: it ends at the last word boundary when one is
+// near, with "…". A shorter or longer text is whole.
+const CUT_AT = 200;
+export function uncut(text) {
+  const value = String(text ?? "");
+  if (value.length !== CUT_AT || value.endsWith("…")) return value;
+  const space = value.lastIndexOf(" ");
+  const end = space >= CUT_AT - 40 ? space : value.length;
+  return `${value.slice(0, end).trimEnd()}…`;
+}
+
+const runTitle = (run) => (run.title ? uncut(run.title) : run.run_id);
 
 function stateBadge(state) {
   return h("span", { class: `state state-${state}`, dataset: { state } }, state.replaceAll("_", " "));
@@ -534,15 +552,19 @@ async function providerButton() {
   );
 }
 
-// Show ``hash`` (re-rendering when it is the current one) with ``text`` as its message.
-function go(hash, text = null) {
-  pendingMessage = text;
+// Show ``hash`` (re-rendering when it is the current one) with ``text`` as its message (``kind`` as message()).
+function go(hash, text = null, kind = "error") {
+  pendingMessage = text ? { text, kind } : null;
   if (location.hash !== hash) location.hash = hash;
   else {
-    message(pendingMessage);
-    pendingMessage = null;
+    showPending();
     route();
   }
+}
+
+function showPending() {
+  message(pendingMessage?.text ?? null, pendingMessage?.kind);
+  pendingMessage = null;
 }
 
 // "Sign in with your directory account" when the journal has password sign-in on (GET /auth/config), else
@@ -716,44 +738,66 @@ function runsView(signal, query) {
   const load = pagedList({
     path: "/runs", filters: ["state", "agent", "trigger_id", "q"], params, signal, body, more,
     items: (data) => data.runs, row: runRow, columns: 6, empty: "No runs.",
+    key: (run) => run.run_id, position: (run) => listPosition(run.created_at, run.run_id),
   });
-  const refresh = debounce(() => load(true).catch(failed), 1000);
+  // a change re-reads the rows shown, the older pages loaded included (a new run on top, a changed one changed)
+  const refresh = debounce(() => load.refresh().catch(failed), 1000);
   tail({}, (event) => (event.run_id ? refresh() : null), signal, refresh);
 }
 
-// A list page's rows from a paged API (`next_before` cursors): the page's filters from the address (`filters`
-// as they are; `since` / `until`, typed in local time, as ISO instants), 50 rows at a time, "Older" (`more`) for
-// the next page. Loads the first page; returns load(reset) for a refresh. With `key` (an item's id), load.newer()
-// reads the first page again and puts the items not shown yet on top (a live list that keeps its older pages),
-// resolving to them.
-function pagedList({ path, filters, params, signal, body, more, items, row, columns, empty, key = null }) {
+// A list page's rows from a paged API (`next_before` cursors; the gateway's `next_cursor` with `cursorParam` /
+// `nextCursor`): the page's filters from the address (`filters` as they are; `since` / `until`, typed in local
+// time, as ISO instants), `pageSize` rows at a time, "Older" (`more`) for the next page. Loads the first page;
+// returns load(reset) for a refresh. With `key` (an item's id), load.newer() reads the first page again and puts
+// the items not shown yet on top (a live list that keeps its older pages), resolving to them. With `key` and
+// `position` (an item's place in the list's order, newest first: [instant, id]), load.refresh() reads again
+// everything down to the oldest row shown -- new rows on top, changed ones changed, the older pages loaded kept.
+// `prepare(items)` sees every item loaded before their rows are made (a row may depend on the others).
+function pagedList({ path, filters = [], params = new URLSearchParams(), signal, body, more, items, row, columns,
+  empty, key = null, position = null, cursorParam = "before", nextCursor = (data) => data.next_before,
+  pageSize = 50, maxLimit = 1000, prepare = null, onError = failed }) {
   const apiParams = new URLSearchParams();
-  for (const key of filters) if (params.get(key)) apiParams.set(key, params.get(key));
-  for (const key of ["since", "until"]) {
-    const local = params.get(key);
-    if (local && !Number.isNaN(Date.parse(local))) apiParams.set(key, new Date(local).toISOString());
+  for (const name of filters) if (params.get(name)) apiParams.set(name, params.get(name));
+  for (const name of ["since", "until"]) {
+    const local = params.get(name);
+    if (local && !Number.isNaN(Date.parse(local))) apiParams.set(name, new Date(local).toISOString());
   }
-  apiParams.set("limit", "50");
+  apiParams.set("limit", String(pageSize));
   let before = null;
   const shown = new Set();
-  async function load(reset) {
+  let loaded = []; // the items shown, in order (with `key`)
+  const emptyRow = () => h("tr", {}, h("td", { colspan: columns, class: "empty" }, empty));
+  const setMore = () => { more.hidden = !before; };
+  // one read at a time, in the order asked: "Older" pressed while a live refresh reads waits for it (and reads
+  // after the rows it left), instead of both writing the rows and the cursor in whichever order they answer
+  let queue = Promise.resolve();
+  const serial = (fn) => (...args) => {
+    const run = queue.then(() => fn(...args));
+    queue = run.catch(() => {});
+    return run;
+  };
+  async function loadPage(reset) {
     const page = new URLSearchParams(apiParams);
-    if (!reset && before) page.set("before", before);
+    if (!reset && before) page.set(cursorParam, before);
     const data = await api(`${path}?${page}`, { signal });
     if (reset) {
       body.replaceChildren();
       shown.clear();
+      loaded = [];
     }
-    for (const item of items(data)) {
-      if (key && shown.has(key(item))) continue;
+    const fresh = key ? items(data).filter((item) => !shown.has(key(item))) : items(data);
+    loaded.push(...fresh);
+    prepare?.(loaded);
+    for (const item of fresh) {
       if (key) shown.add(key(item));
       body.append(row(item));
     }
-    if (reset && !items(data).length) body.append(h("tr", {}, h("td", { colspan: columns, class: "empty" }, empty)));
-    before = data.next_before;
-    more.hidden = !before;
+    if (reset && !items(data).length) body.append(emptyRow());
+    before = nextCursor(data);
+    setMore();
   }
-  load.newer = async () => {
+  const load = serial(loadPage);
+  load.newer = serial(async () => {
     const data = await api(`${path}?${apiParams}`, { signal });
     const fresh = items(data).filter((item) => !shown.has(key(item)));
     if (!fresh.length) return fresh;
@@ -767,10 +811,49 @@ function pagedList({ path, filters, params, signal, body, more, items, row, colu
     });
     body.prepend(...rows);
     return fresh;
-  };
-  more.addEventListener("click", () => load(false).catch(failed));
-  load(true).catch(failed);
+  });
+  load.refresh = serial(async () => {
+    if (!position || !key || loaded.length <= pageSize) return loadPage(true); // the first page only: read it again
+    const oldest = position(loaded[loaded.length - 1]);
+    const got = [];
+    let cursor = null;
+    for (let reads = 0; reads < 20; reads += 1) { // bounded: what was not read stays behind "Older"
+      const page = new URLSearchParams(apiParams);
+      page.set("limit", String(Math.min(maxLimit, loaded.length + pageSize)));
+      if (cursor) page.set(cursorParam, cursor);
+      const data = await api(`${path}?${page}`, { signal });
+      const list = items(data);
+      got.push(...list);
+      cursor = nextCursor(data);
+      if (!cursor || (list.length && comparePositions(position(list[list.length - 1]), oldest) <= 0)) break;
+    }
+    const kept = got.filter((item) => comparePositions(position(item), oldest) >= 0);
+    // nothing older than the oldest row was read: go on after what was read (or nothing more); else the old
+    // cursor (just after the oldest row shown) still is where the older rows start
+    if (kept.length === got.length) before = cursor;
+    shown.clear();
+    loaded = kept.filter((item) => !shown.has(key(item)) && shown.add(key(item)));
+    prepare?.(loaded);
+    body.replaceChildren(...(loaded.length ? loaded.map(row) : [emptyRow()]));
+    setMore();
+  });
+  more.addEventListener("click", () => load(false).catch(onError));
+  load(true).catch(onError);
   return load;
+}
+
+// An item's place in a list ordered newest first by (time, id), as the journal and the gateway order theirs: the
+// instant in microseconds (ISO 8601 with up to six decimals; Date.parse keeps milliseconds) and the id.
+export function listPosition(iso, id) {
+  const ms = Date.parse(iso);
+  const fraction = /T[^.]*\.(\d+)/.exec(String(iso ?? ""))?.[1] ?? "";
+  return [Number.isNaN(ms) ? 0 : ms * 1000 + Number(`${fraction}000000`.slice(3, 6)), String(id ?? "")];
+}
+
+// < 0: ``a`` is older (further down the list) than ``b``; 0: the same place; > 0: newer.
+export function comparePositions(a, b) {
+  if (a[0] !== b[0]) return a[0] < b[0] ? -1 : 1;
+  return a[1] === b[1] ? 0 : a[1] < b[1] ? -1 : 1;
 }
 
 // "rerun of <run>": a run an operator started again from an accepted delivery (the gateway's {"rerun": n})
@@ -785,13 +868,13 @@ function runRow(run) {
   return h(
     "tr",
     { dataset: { runId: run.run_id } },
-    h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(run.run_id)}` }, run.title || run.run_id),
+    h("td", { class: "wide" }, h("a", { href: `#/runs/${encodeURIComponent(run.run_id)}` }, runTitle(run)),
       h("div", { class: "muted" }, run.run_id), rerunMarker(run)),
     h("td", {}, stateBadge(run.state)),
     h("td", {}, run.agent ?? "—"),
     h("td", {}, run.trigger_id ?? "—"),
-    h("td", {}, run.waiting ? `${person(run.waiting.recipient)} · ${run.waiting.channel ?? "?"}` : ""),
-    h("td", {}, when(run.created_at)),
+    h("td", {}, run.waiting ? `${person(run.waiting.recipient)} · ${run.waiting.channel ?? "not notified yet"}` : ""),
+    h("td", { class: "nowrap" }, when(run.created_at)),
   );
 }
 
@@ -1062,6 +1145,10 @@ function withdrawnStep(asked, end) {
   };
 }
 
+// The request a streamed turn works on (a relay run answering an ask): not said when it is the run itself (the
+// run's own id stands in for it then).
+const workedOn = (d) => (d.request_id && d.request_id !== d.run_id && d.request_id !== d.task_id ? d.request_id : null);
+
 const STREAMED = { progress: "Progress", log: "Log", warning: "Warning", partial_result: "Partial result" };
 
 function streamedStep(step, d) {
@@ -1072,12 +1159,12 @@ function streamedStep(step, d) {
     const tokens = data.prompt_tokens !== undefined ? `${data.prompt_tokens} in · ${data.completion_tokens} out` : null;
     const latency = typeof data.provider_latency_s === "number" ? `${data.provider_latency_s.toFixed(2)} s` : null;
     step.lines = [["Tokens", tokens], ["Provider latency", latency], ["Tool calls", data.tool_calls],
-      ["Request", d.request_id], ["Reported", tokens === null ? d.message : null]];
+      ["Working on request", workedOn(d)], ["Reported", tokens === null ? d.message : null]];
     return;
   }
   step.title = `${STREAMED[d.kind] ?? d.kind}: ${clip(d.message)}`;
   step.kind = d.kind === "warning" ? "bad" : d.kind === "partial_result" ? "" : "minor";
-  step.lines = [["Turn", d.turn], ["Message", d.message], ["Request", d.request_id],
+  step.lines = [["Turn", d.turn], ["Message", d.message], ["Working on request", workedOn(d)],
     ["Data", Object.keys(data).length ? JSON.stringify(data) : null], ["Agent", d.agent_id],
     ["Truncated", d.truncated ? "yes" : null]];
 }
@@ -1138,9 +1225,18 @@ function runView(signal, runId) {
   let events = [];
   const seen = new Set();
 
+  // "6 Dec 2026, 18:02:11 (waiting 14 min)": the duration counts up with the page's ticker (data-since)
+  const since = (iso) => {
+    const at = iso ? Date.parse(iso) : NaN;
+    if (Number.isNaN(at)) return when(iso);
+    return h("span", {}, when(iso), " (waiting ",
+      h("span", { id: "run-waited", dataset: { since: iso } }, duration((Date.now() - at) / 1000)), ")");
+  };
   function renderHeader() {
-    const pairs = [["State", stateBadge(run.state)], ["Title", run.title], ["Agent", run.agent],
-      ["Trigger", run.trigger_id], ["Created", when(run.created_at)], ["Finished", run.finished_at && when(run.finished_at)],
+    const pairs = [["State", stateBadge(run.state)], ["Title", run.title && uncut(run.title)], ["Agent", run.agent],
+      ["Trigger", run.trigger_id
+        ? h("a", { href: `#/triggers/${encodeURIComponent(run.trigger_id)}`, id: "run-trigger" }, run.trigger_id) : null],
+      ["Created", when(run.created_at)], ["Finished", run.finished_at && when(run.finished_at)],
       ["Result", run.result], ["Error", run.error],
       ["Rerun of", run.rerun_of ? h("a", { href: `#/runs/${encodeURIComponent(run.rerun_of)}`, id: "run-rerun-of" },
         run.rerun_of) : null],
@@ -1150,10 +1246,11 @@ function runView(signal, runId) {
       pairs.push(["Waiting for", h("ul", { id: "run-questions", class: "questions" },
         ...run.waiting.requests.map((q) => h("li", { dataset: { requestId: q.request_id } },
           `${person(q.recipient)} (${q.channel ?? "not notified yet"}): ${q.question} — ${questionStatus(q)}`)))],
-        ["Since", when(run.waiting.since)]);
+        ["Since", since(run.waiting.since)]);
     } else if (run.waiting) {
-      pairs.push(["Waiting for", person(run.waiting.recipient)], ["Channel", run.waiting.channel],
-        ["Question", run.waiting.question], ["Since", when(run.waiting.since)]);
+      pairs.push(["Waiting for", person(run.waiting.recipient)],
+        ["Channel", run.state === "waiting_for_human" ? run.waiting.channel ?? "not notified yet" : run.waiting.channel],
+        ["Question", run.waiting.question], ["Since", since(run.waiting.since)]);
     }
     const nodes = [facts(pairs)];
     if (run.projected === false) {
@@ -1197,8 +1294,9 @@ function runView(signal, runId) {
     }, signal);
     // the "Waiting N min" step counts up while the page is open
     const waits = () => run?.state === "waiting_for_human" || run?.state === "waiting_for_agent";
-    const ticker = setInterval(() => waits() && renderTimeline(), 30_000);
+    const ticker = setInterval(() => waits() && renderTimeline(), WAIT_TICK_MS);
     signal.addEventListener("abort", () => clearInterval(ticker));
+    tickWaits(header, signal); // and the header's "(waiting 14 min)"
   })().catch((error) => {
     if (error?.name === "AbortError") return;
     if (error instanceof ApiError && error.status === 404) { // no such run: say so where "Loading…" was
@@ -1388,6 +1486,27 @@ function perQuestion(w, cell) {
   return questions.map((q) => h("div", { class: "question-line" }, cell(q)));
 }
 
+// "Waiting 14 min" since an instant, in a cell that tickWaits() keeps counting up (data-since).
+function waitedCell(since) {
+  const at = since ? Date.parse(since) : NaN;
+  if (Number.isNaN(at)) return h("td", { class: "num" }, "—");
+  return h("td", { class: "num waited", dataset: { since } }, duration((Date.now() - at) / 1000));
+}
+
+const WAIT_TICK_MS = 30_000;
+
+// Every WAIT_TICK_MS while ``signal`` is live, the waited durations under ``root`` are computed again (only those
+// cells: nothing is fetched, nothing else re-rendered).
+function tickWaits(root, signal) {
+  const timer = setInterval(() => {
+    for (const cell of root.querySelectorAll("[data-since]")) {
+      const text = duration((Date.now() - Date.parse(cell.dataset.since)) / 1000);
+      if (cell.textContent !== text) cell.textContent = text;
+    }
+  }, WAIT_TICK_MS);
+  signal.addEventListener("abort", () => clearInterval(timer));
+}
+
 function waitingView(signal) {
   const body = h("tbody");
   show(
@@ -1399,23 +1518,22 @@ function waitingView(signal) {
   );
   async function load() {
     const data = await api("/runs/waiting", { signal });
-    const now = Date.now();
     body.replaceChildren(...data.runs.map((run) => {
       const w = run.waiting || {};
-      const since = w.since ? Date.parse(w.since) : null;
       const channel = run.state === "waiting_for_agent" ? "agent (ask_agent)" : w.channel ?? "not notified yet";
       return h("tr", { dataset: { runId: run.run_id } },
-        h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(run.run_id)}` }, run.title || run.run_id)),
+        h("td", { class: "wide" }, h("a", { href: `#/runs/${encodeURIComponent(run.run_id)}` }, runTitle(run))),
         h("td", {}, ...(perQuestion(w, (q) => `${person(q.recipient)} (${questionStatus(q)})`) ?? [person(w.recipient)])),
         h("td", {}, ...(perQuestion(w, (q) => q.channel ?? "not notified yet") ?? [channel])),
-        h("td", {}, ...(perQuestion(w, (q) => q.question) ?? [w.question ?? ""])),
-        h("td", {}, when(w.since)),
-        h("td", { class: "num" }, since === null ? "—" : duration((now - since) / 1000)),
+        h("td", { class: "wide" }, ...(perQuestion(w, (q) => q.question) ?? [w.question ?? ""])),
+        h("td", { class: "nowrap" }, when(w.since)),
+        waitedCell(w.since),
         h("td", {}, stateBadge(run.state)));
     }));
     if (!data.runs.length) body.append(h("tr", {}, h("td", { colspan: 7, class: "empty" }, "Nobody is being waited for.")));
   }
   load().catch(failed);
+  tickWaits(body, signal); // the "Waiting" column counts up while the page is open, events or not
   const refresh = debounce(() => load().catch(failed), 1000);
   const moves = (type) => type.startsWith("human.") || type.startsWith("run.") || type.startsWith("agent.");
   tail({}, (e) => (moves(e.type) ? refresh() : null), signal, refresh);
@@ -1458,7 +1576,7 @@ function triggersView(signal) {
     body.replaceChildren(...data.triggers.map((t) => h("tr", { dataset: { triggerId: t.trigger_id } },
       h("td", {}, h("a", { href: `#/triggers/${encodeURIComponent(t.trigger_id)}` }, t.trigger_id)),
       h("td", {}, t.source ?? "—"),
-      h("td", {}, t.event_types.length ? t.event_types.join(", ") : "—"),
+      h("td", { class: "anywhere" }, t.event_types.length ? t.event_types.join(", ") : "—"),
       h("td", {}, t.agent ?? "—"),
       h("td", {}, t.deleted ? "deleted" : t.enabled === null ? "unknown" : t.enabled ? "yes" : "no"),
       h("td", {}, t.last_run ? h("a", { href: `#/runs/${encodeURIComponent(t.last_run.run_id)}` }, when(t.last_run.created_at)) : "—",
@@ -1483,26 +1601,30 @@ function triggersView(signal) {
 
 function deliveriesView(signal, triggerId) {
   const body = h("tbody");
+  const more = h("button", { type: "button", id: "deliveries-older", hidden: true }, "Older deliveries");
   show(
     h("h1", {}, "Deliveries of ", h("code", {}, triggerId)),
     h("table", { id: "deliveries" },
       h("thead", {}, h("tr", {}, ...["Delivery", "Event", "Outcome", "Reason", "Run", "Time"].map((t) => h("th", {}, t)))),
       body),
+    more,
   );
-  async function load() {
-    const data = await api(`/triggers/${encodeURIComponent(triggerId)}/deliveries`, { signal });
-    body.replaceChildren(...data.deliveries.map((d) => h("tr", { dataset: { deliveryId: d.delivery_id, outcome: d.outcome } },
-      h("td", {}, d.delivery_id), h("td", {}, d.event_type ?? "—"), h("td", { class: "outcome" }, d.outcome),
+  // the journal's deliveries, 50 at a time ("Older deliveries"); a change re-reads the rows loaded
+  const load = pagedList({
+    path: `/triggers/${encodeURIComponent(triggerId)}/deliveries`, signal, body, more, columns: 6,
+    empty: "No deliveries.", items: (data) => data.deliveries,
+    key: (d) => d.delivery_id, position: (d) => listPosition(d.time, d.delivery_id),
+    row: (d) => h("tr", { dataset: { deliveryId: d.delivery_id, outcome: d.outcome } },
+      h("td", { class: "anywhere" }, d.delivery_id), h("td", { class: "anywhere" }, d.event_type ?? "—"),
+      h("td", { class: "outcome" }, d.outcome),
       h("td", {}, reason("delivery", d.reason)),
-      h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
-      h("td", {}, when(d.time)))));
-    if (!data.deliveries.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No deliveries.")));
-  }
-  load().catch(failed);
+      h("td", { class: "anywhere" }, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
+      h("td", { class: "nowrap" }, when(d.time))),
+  });
   const processing = processingSection(signal, triggerId);
   $("view").append(processing);
   const refresh = debounce(() => {
-    load().catch(failed);
+    load.refresh().catch(failed);
     processing.reload?.();
   }, 500);
   const ours = (e) => e.type.startsWith("trigger.") && e.data?.trigger_id === triggerId;
@@ -1515,10 +1637,12 @@ const REDRIVABLE = new Set(["rejected", "failed"]);
 
 function processingSection(signal, triggerId) {
   const body = h("tbody");
+  const more = h("button", { type: "button", id: "processing-older", hidden: true }, "Older deliveries (gateway)");
   const holder = h("div", {},
     h("table", { id: "processing" },
       h("thead", {}, h("tr", {}, ...["Delivery", "State", "Reason", "Run", "Received", ""].map((t) => h("th", {}, t)))),
-      body));
+      body),
+    more);
   const base = `${GATEWAY}/${encodeURIComponent(triggerId)}/deliveries`;
 
   async function redrive(d, cell) {
@@ -1527,12 +1651,12 @@ function processingSection(signal, triggerId) {
       const answer = await api(`${base}/${encodeURIComponent(d.delivery_id)}/redrive`, { method: "POST", signal });
       message(`Delivery ${d.delivery_id} re-driven as ${answer.delivery_id}: ${answer.status}` +
         `${answer.run_id ? ` (run ${answer.run_id})` : ""}.`, "info");
-      await load();
+      await reread();
     } catch (error) {
       cell.replaceChildren();
       if (error instanceof ApiError && error.status === 409) {
         message(`Not re-driven: ${error.message} (409 ${error.code}).`);
-        await load().catch(failed);
+        await reread();
       } else failed(error);
     }
   }
@@ -1547,56 +1671,63 @@ function processingSection(signal, triggerId) {
         { method: "POST", body: { rerun: n }, signal });
       message(`Delivery ${d.delivery_id} rerun ${n} as ${answer.delivery_id}: ${answer.status}` +
         `${answer.run_id ? ` (run ${answer.run_id})` : ""}.`, "info");
-      await load();
+      await reread();
     } catch (error) {
       cell.replaceChildren();
       if (error instanceof ApiError && error.status === 409) {
         message(`Not rerun: ${error.message} (409 ${error.code}).`);
-        await load().catch(failed);
+        await reread();
       } else failed(error);
     }
   }
 
-  async function load() {
-    const data = await api(`${base}?limit=50`, { signal });
-    const reruns = new Map();  // delivery id -> its highest rerun listed
-    for (const d of data.deliveries) {
-      if (d.rerun && d.redrive_of) reruns.set(d.redrive_of, Math.max(reruns.get(d.redrive_of) ?? 0, d.rerun));
+  const reruns = new Map(); // delivery id -> its highest rerun loaded (reruns are newer: on the same page or above)
+  const row = (d) => {
+    const actions = h("div", { class: "actions-box" });
+    if (mayOperate() && REDRIVABLE.has(d.state) && d.has_event !== false) {
+      actions.append(h("button", { type: "button", onclick: () => redrive(d, actions) }, "Re-drive"));
+    } else if (mayOperate() && d.state === "accepted" && d.has_event !== false) {
+      const n = (reruns.get(d.delivery_id) ?? 0) + 1;
+      actions.append(h("button", { type: "button", title: "Start a new run from this delivery's event",
+        onclick: () => rerun(d, n, actions) }, "Rerun"));
     }
-    body.replaceChildren(...data.deliveries.map((d) => {
-      const actions = h("td", { class: "actions" });
-      if (mayOperate() && REDRIVABLE.has(d.state) && d.has_event !== false) {
-        actions.append(h("button", { type: "button", onclick: () => redrive(d, actions) }, "Re-drive"));
-      } else if (mayOperate() && d.state === "accepted" && d.has_event !== false) {
-        const n = (reruns.get(d.delivery_id) ?? 0) + 1;
-        actions.append(h("button", { type: "button", title: "Start a new run from this delivery's event",
-          onclick: () => rerun(d, n, actions) }, "Rerun"));
-      }
-      // the gateway's "rejected" for a delivery it answered 200 ignored reads "ignored" (data-state stays the gateway's)
-      const ignored = d.state === "rejected" && IGNORED_REASONS.has(d.reason);
-      return h("tr", { dataset: { deliveryId: d.delivery_id, state: d.state, shown: ignored ? "ignored" : d.state } },
-        h("td", {}, d.delivery_id, d.redrive_of
-          ? h("div", { class: "muted" }, d.rerun ? `rerun ${d.rerun} of ${d.redrive_of}` : `re-drive of ${d.redrive_of}`)
-          : null),
-        h("td", { class: "state-cell", title: ignored ? "the gateway's state: rejected (answered 200 ignored)" : null },
-          ignored ? "ignored" : d.state),
-        h("td", {}, reason("delivery", d.reason), d.reason && d.detail ? ": " : null, d.detail ?? null),
-        h("td", {}, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
-        h("td", {}, when(d.received_at)),
-        actions);
-    }));
-    if (!data.deliveries.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "empty" }, "No deliveries recorded.")));
-  }
-  const section = h("section", { id: "processing-section" },
-    h("h2", {}, "Processing state (trigger-gateway)"), holder);
+    // the gateway's "rejected" for a delivery it answered 200 ignored reads "ignored" (data-state stays the gateway's)
+    const ignored = d.state === "rejected" && IGNORED_REASONS.has(d.reason);
+    return h("tr", { dataset: { deliveryId: d.delivery_id, state: d.state, shown: ignored ? "ignored" : d.state } },
+      h("td", { class: "anywhere" }, d.delivery_id, d.redrive_of
+        ? h("div", { class: "muted" }, d.rerun ? `rerun ${d.rerun} of ${d.redrive_of}` : `re-drive of ${d.redrive_of}`)
+        : null),
+      h("td", { class: "state-cell", title: ignored ? "the gateway's state: rejected (answered 200 ignored)" : null },
+        ignored ? "ignored" : d.state),
+      h("td", { class: "wide" }, reason("delivery", d.reason), d.reason && d.detail ? ": " : null, d.detail ?? null),
+      h("td", { class: "anywhere" }, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
+      h("td", { class: "nowrap" }, when(d.received_at)),
+      h("td", { class: "actions" }, actions));
+  };
   let gone = false; // the gateway holds no such trigger: not asked again
-  section.reload = () => gone ? null : load().catch((error) => {
+  const onError = (error) => {
     if (error instanceof ApiError && error.status === 404) {
       gone = true;
       holder.replaceChildren(h("p", { class: "muted" }, `The trigger-gateway holds no trigger ${triggerId} (${error.code}).`));
     } else gatewayFailed(error, holder);
+  };
+  let load = null; // the gateway's pages (its next_cursor), 50 at a time ("Older deliveries (gateway)")
+  const reread = () => (gone || !load ? Promise.resolve() : load.refresh().catch(onError));
+  const section = h("section", { id: "processing-section" },
+    h("h2", {}, "Processing state (trigger-gateway)"), holder);
+  load = pagedList({
+    path: base, signal, body, more, columns: 6, empty: "No deliveries recorded.", items: (data) => data.deliveries,
+    cursorParam: "cursor", nextCursor: (data) => data.next_cursor, maxLimit: 100, onError,
+    key: (d) => d.delivery_id, position: (d) => listPosition(d.received_at, d.delivery_id),
+    prepare: (all) => {
+      reruns.clear();
+      for (const d of all) {
+        if (d.rerun && d.redrive_of) reruns.set(d.redrive_of, Math.max(reruns.get(d.redrive_of) ?? 0, d.rerun));
+      }
+    },
+    row,
   });
-  section.reload();
+  section.reload = () => reread();
   return section;
 }
 
@@ -1605,10 +1736,25 @@ function processingSection(signal, triggerId) {
 // checks the token (viewer reads and previews, operator enables/disables, admin creates, replaces, deletes).
 const GATEWAY = "/gateway/triggers";
 const ADAPTERS = ["azure_devops.pull_request", "azure_devops.work_item", "github", "gitlab", "generic", "mindmap.test_case"];
-const AUTH_TYPES = ["none", "basic", "bearer", "github", "gitlab", "header", "hmac_sha256", "standard_webhooks"];
-// The ``*_env`` field that names each auth type's secret (literal secrets are never written here).
+const AUTH_TYPES = ["none", "basic", "bearer", "github", "gitlab", "header", "hmac_sha256", "standard_webhooks",
+  "mindmap"];
+// The ``*_env`` field that names each auth type's secret (literal secrets are never written here): mindmap's
+// signing secret is secret_env and its per-trigger token token_env (both; the gateway's auth model).
 const SECRET_ENV = { basic: "password_env", bearer: "token_env" };
-const secretEnvField = (type) => (type === "none" ? null : SECRET_ENV[type] ?? "secret_env");
+const secretEnvField = (type) => (type === "none" || !AUTH_TYPES.includes(type) ? null : SECRET_ENV[type] ?? "secret_env");
+const tokenEnvField = (type) => (type === "mindmap" ? "token_env" : null);
+// The auth fields the form edits for a type (the rest of a stored auth of the same type is kept as it is).
+const authFormFields = (type) => [secretEnvField(type), tokenEnvField(type), type === "basic" ? "username" : null,
+  ["header", "hmac_sha256"].includes(type) ? "header" : null].filter(Boolean);
+// Patterns the gateway checks, in words (its 422 and the browser's own message would show the expression).
+const PATTERN_WORDS = {
+  id: "lowercase letters, digits and '-', starting with a letter or digit, up to 63 characters",
+  env: "a variable name: letters, digits and '_', not starting with a digit",
+  recipient: "user:<id> or group:<id>, each without spaces",
+  agent: "an agent id: lowercase letters, digits, '-' and '_'",
+  header: "a header name (letters, digits and '-')",
+  input: "a field name: letters, digits and '_', not starting with a digit, up to 64 characters",
+};
 // Fields only one trigger type has: dropped when the wizard saves another type.
 const TYPE_FIELDS = {
   webhook: ["adapter", "events", "auth"],
@@ -1674,22 +1820,22 @@ function definitionsSection(signal) {
 
 function definitionRow(item, signal, reload) {
   const t = item.trigger;
-  const actions = h("td", { class: "actions" });
+  const actions = h("div", { class: "actions-box" }); // a box in the cell: the cell stays a table cell
   const row = h("tr", { dataset: { triggerId: t.id } },
     h("td", {}, h("a", { href: `#/triggers/${encodeURIComponent(t.id)}` }, t.id)),
     h("td", {}, t.name ?? ""),
     h("td", {}, t.type ?? "?"),
     h("td", { class: "source" }, configuredSource(t)),
-    h("td", { class: "events" }, configuredEvents(t)),
+    h("td", { class: "events anywhere" }, configuredEvents(t)),
     h("td", {}, t.agent ?? "—"),
     h("td", { class: "enabled" }, t.enabled === false ? "no" : "yes"),
     h("td", { class: "num" }, item.revision),
-    h("td", {}, item.updated_by ?? "—", item.problem ? h("div", { class: "bad" }, item.problem) : null),
-    actions);
+    h("td", { class: "anywhere" }, item.updated_by ?? "—", item.problem ? h("div", { class: "bad" }, item.problem) : null),
+    h("td", { class: "actions" }, actions));
   const act = async (path, method, done) => {
     try {
       await api(`${GATEWAY}/${encodeURIComponent(t.id)}${path}`, { method, signal, ifMatch: etagOf(item.revision) });
-      message(done, "info");
+      message(done, "success");
       await reload();
     } catch (error) {
       if (error instanceof ApiError && error.status === 412) {
@@ -1715,6 +1861,28 @@ function definitionRow(item, signal, reload) {
   }
   return row;
 }
+
+// A gateway message naming a regular expression ("String should match pattern '^(user|group):\\S+$'"), in words:
+// what the field takes. ``path`` is the field's (``human.allowed_recipients[0]``).
+export function patternInWords(path, text) {
+  const value = String(text ?? "");
+  if (!/should match pattern/.test(value)) return value;
+  const name = String(path ?? "");
+  const words = /(^|\.)id$/.test(name) ? PATTERN_WORDS.id
+    : /_env$/.test(name) ? PATTERN_WORDS.env
+    : /allowed_recipients|escalate\.to/.test(name) ? PATTERN_WORDS.recipient
+    : /^agent$/.test(name) ? PATTERN_WORDS.agent
+    : /header$/.test(name) ? PATTERN_WORDS.header
+    : /^input\./.test(name) ? PATTERN_WORDS.input
+    : null;
+  return words ? `must be ${words}` : "does not have the form this field takes";
+}
+
+// The same for a whole detail ("field: message; field: message", as the gateway joins them).
+const detailInWords = (detail) => String(detail ?? "").split("; ")
+  .map((part) => part.replace(/^([^:\s]+): (.*)$/, (all, path, text) => `${path}: ${patternInWords(path, text)}`))
+  .join("; ");
+const errorsInWords = (errors) => (errors ?? []).map((e) => ({ ...e, message: patternInWords(e.field, e.message) }));
 
 // "a, b\nc" -> ["a", "b", "c"]
 const listOf = (text) => text.split(/[\s,]+/).map((v) => v.trim()).filter(Boolean);
@@ -1784,7 +1952,9 @@ function wizardView(signal, triggerId) {
   };
 
   const f = {
-    id: input("id", { required: true, pattern: "[a-z0-9][a-z0-9-]{0,62}", disabled: editing }),
+    // the `-` escaped: browsers compile a pattern with the ``v`` flag, where a bare `-` at a class's end is invalid
+    id: input("id", { required: true, pattern: "[a-z0-9][a-z0-9\\-]{0,62}", disabled: editing,
+      dataset: { words: PATTERN_WORDS.id } }),
     name: input("name", { required: true, maxlength: 200 }),
     type: select("type", ["webhook", "schedule", "event"]),
     enabled: input("enabled", { type: "checkbox", checked: true }),
@@ -1794,7 +1964,10 @@ function wizardView(signal, triggerId) {
     authType: select("auth_type", AUTH_TYPES),
     username: input("username"),
     header: input("header", { placeholder: "X-Api-Key" }),
-    secretEnv: input("secret_env", { placeholder: "HOOK_SECRET", pattern: "[A-Za-z_][A-Za-z0-9_]*" }),
+    secretEnv: input("secret_env", { placeholder: "HOOK_SECRET", pattern: "[A-Za-z_][A-Za-z0-9_]*",
+      dataset: { words: PATTERN_WORDS.env } }),
+    tokenEnv: input("token_env", { placeholder: "MINDMAP_TOKEN", pattern: "[A-Za-z_][A-Za-z0-9_]*",
+      dataset: { words: PATTERN_WORDS.env } }),
     cron: input("cron", { placeholder: "0 3 * * *" }),
     timezone: input("timezone", { placeholder: "UTC" }),
     eventType: input("event_type", { placeholder: "run.failed" }),
@@ -1818,18 +1991,22 @@ function wizardView(signal, triggerId) {
     escalateTo: input("escalate_to", { placeholder: "group:leads" }),
     escalateAfter: input("escalate_after", { type: "number", min: 1, max: MAX_CHAIN_S, placeholder: "none" }),
     sample: area("sample", 6, { placeholder: '{"type": "order.created", "id": "ord-1", "data": {"order_id": 42}}' }),
-    headers: area("headers", 2, { placeholder: "X-GitHub-Event: pull_request" }),
+    headers: area("headers", 2, { placeholder: "X-GitHub-Event: pull_request\nX-GitHub-Delivery: 72d3162e-cc78-11e3-81ab-4c9367dc0958" }),
   };
   // the auth type's own fields: shown only for the types that read them (showAuth)
   const usernameField = field("User name", f.username, "basic: the user name the sender gives");
   const headerField = field("Header", f.header, "the header carrying the secret or the signature");
   const secretEnvField_ = field("Secret environment variable", f.secretEnv,
     "the name of the gateway's variable holding the secret (*_env); never the secret itself");
+  const tokenEnvField_ = field("Token environment variable", f.tokenEnv,
+    "mindmap: the name of the gateway's variable holding this trigger's X-Mindmap-Token (token_env); the secret " +
+    "above signs the body");
   const showAuth = () => {
     const type = f.authType.value;
     usernameField.hidden = type !== "basic";
     headerField.hidden = !["header", "hmac_sha256"].includes(type);
     secretEnvField_.hidden = secretEnvField(type) === null;
+    tokenEnvField_.hidden = tokenEnvField(type) === null;
   };
   f.authType.addEventListener("change", showAuth);
   const typeNote = (type, text) => h("p", { class: "muted type-note", dataset: { forType: type } }, text);
@@ -1838,7 +2015,7 @@ function wizardView(signal, triggerId) {
     field("Adapter", f.adapter, "which system sends it: azure_devops.pull_request, github, gitlab, generic, …"),
     h("datalist", { id: "adapters" }, ADAPTERS.map((a) => h("option", { value: a }))),
     field("Auth type", f.authType, "how the gateway checks the sender"),
-    usernameField, headerField, secretEnvField_);
+    usernameField, headerField, secretEnvField_, tokenEnvField_);
   const webhookEvents = h("div", { class: "part", dataset: { forType: "webhook" } },
     field("Event types", f.events, "comma-separated, as the source names them"));
   const scheduleWhen = h("div", { class: "part", dataset: { forType: "schedule" }, id: "part-schedule" },
@@ -1861,7 +2038,7 @@ function wizardView(signal, triggerId) {
       dataset: { step: i + 1 } }, h("legend", {}, heading));
   });
   panels[0].append(
-    field("Id", f.id, "lower-case letters, digits and -"), field("Name", f.name), field("Type", f.type,
+    field("Id", f.id, PATTERN_WORDS.id), field("Name", f.name), field("Type", f.type,
       "webhook: a system calls the gateway; schedule: a clock; event: an event of Temporality itself"),
     h("label", { class: "inline" }, f.enabled, "Enabled"),
     webhookSource,
@@ -1888,7 +2065,8 @@ function wizardView(signal, triggerId) {
       typeNote("schedule", "A schedule has no delivery to preview."),
       field("Sample payload (JSON)", f.sample,
         "a delivery's body (webhook) or a CloudEvent (event); Next previews it too; nothing is started"),
-      field("Sample headers", f.headers, "Name: value lines, as the source sends them (e.g. GitHub's X-GitHub-Event)"),
+      field("Sample headers", f.headers, "Name: value lines, as the source sends them (e.g. GitHub's X-GitHub-Event " +
+        "and X-GitHub-Delivery)"),
       previewButton, previewOut));
   panels[4].append(
     field("Allowed recipients", f.recipients, "user:<id> or group:<id>, comma-separated; the agent may ask no one else"),
@@ -1939,10 +2117,16 @@ function wizardView(signal, triggerId) {
     f.adapter.value = t.adapter ?? "";
     f.events.value = (t.events ?? []).join(", ");
     const auth = t.auth ?? {};
-    f.authType.value = auth.type ?? "none";
+    const authType = auth.type ?? "none";
+    if (![...f.authType.options].some((o) => o.value === authType)) {
+      // a type this console does not know (a newer gateway's): offered as it is, its fields kept as stored
+      f.authType.append(h("option", { value: authType }, `${authType} (kept as stored)`));
+    }
+    f.authType.value = authType;
     f.username.value = auth.username ?? "";
     f.header.value = auth.header ?? "";
-    f.secretEnv.value = auth[secretEnvField(auth.type ?? "none")] ?? "";
+    f.secretEnv.value = auth[secretEnvField(authType)] ?? "";
+    f.tokenEnv.value = auth[tokenEnvField(authType) ?? ""] ?? "";
     f.cron.value = t.cron ?? "";
     f.timezone.value = t.timezone ?? "";
     f.eventType.value = t.event_type === undefined ? "" : [].concat(t.event_type).join(", ");
@@ -1978,15 +2162,18 @@ function wizardView(signal, triggerId) {
       out.adapter = f.adapter.value.trim();
       out.events = listOf(f.events.value);
       const authType = f.authType.value;
+      // the stored auth of the same type, every field kept (prefix, encoding, tolerance_s, a newer gateway's…),
+      // with the fields the form shows for this type written over it; another type starts empty
       const kept = base.auth?.type === authType ? { ...base.auth } : {};
       const auth = { ...kept, type: authType };
-      if (authType === "basic") auth.username = f.username.value.trim();
-      else delete auth.username;
-      if (["header", "hmac_sha256"].includes(authType)) auth.header = f.header.value.trim();
-      else delete auth.header;
-      for (const name of ["password_env", "token_env", "secret_env"]) delete auth[name];
-      const envField = secretEnvField(authType);
-      if (envField && f.secretEnv.value.trim()) auth[envField] = f.secretEnv.value.trim();
+      const written = { username: f.username, header: f.header };
+      if (secretEnvField(authType)) written[secretEnvField(authType)] = f.secretEnv;
+      if (tokenEnvField(authType)) written[tokenEnvField(authType)] = f.tokenEnv;
+      for (const name of authFormFields(authType)) {
+        const value = written[name].value.trim();
+        if (value) auth[name] = value;
+        else delete auth[name];
+      }
       out.auth = auth;
     } else if (type === "schedule") {
       out.cron = f.cron.value.trim();
@@ -2061,7 +2248,11 @@ function wizardView(signal, triggerId) {
     // "action 'default' needs default_option" is said of on_timeout as a whole: it is the option's field
     if (path === "human.on_timeout" && /default_option/.test(error.message ?? "")) return f.defaultOption;
     if (path === "human" && /default_timeout_s/.test(error.message ?? "")) return f.timeout; // > max_timeout_s
-    if (path === "auth" && /\((password|token|secret)_env\)/.test(error.message ?? "")) return f.secretEnv; // not set
+    const mindmap = f.authType.value === "mindmap";
+    if (path === "auth" && /(password|token|secret)_env/.test(error.message ?? "")) { // not set, or neither given
+      return mindmap && /token_env/.test(error.message) && !/secret_env/.test(error.message) ? f.tokenEnv : f.secretEnv;
+    }
+    if (mindmap && (path === "auth.token_env" || path === "auth.token")) return f.tokenEnv;
     let best = null;
     for (const [prefix, control] of fieldControls) {
       const fits = path === prefix || path.startsWith(`${prefix}.`) || path.startsWith(`${prefix}[`);
@@ -2146,6 +2337,7 @@ function wizardView(signal, triggerId) {
     const headers = current === 3 ? headersOf(f.headers.value) : {};
     if (Object.keys(headers).length) body.headers = headers;
     const answer = await api(`${GATEWAY}/preview`, { method: "POST", body, signal });
+    if (Array.isArray(answer.errors)) answer.errors = errorsInWords(answer.errors);
     if (answer.ok || !["trigger", "mapping"].includes(answer.stage)) return { answer, errors: [] };
     const errors = answer.errors.filter((e) => !/^only webhook and event triggers can be previewed/.test(e.message));
     return { answer, errors };
@@ -2158,7 +2350,8 @@ function wizardView(signal, triggerId) {
     clearMarks();
     message(null);
     const local = controls(i).filter((c) => !c.checkValidity())
-      .map((c) => ({ control: c, field: "", message: c.validationMessage }));
+      .map((c) => ({ control: c, field: "", message: c.validity.patternMismatch && c.dataset.words
+        ? `must be ${c.dataset.words}` : c.validationMessage }));
     if (i === 3 && f.sample.value.trim()) {
       try { JSON.parse(f.sample.value); } catch (error) {
         local.push({ control: f.sample, field: "", message: `not JSON: ${error.message}` });
@@ -2348,8 +2541,8 @@ function wizardView(signal, triggerId) {
       if (errors.length && !errors.some((e, n) => where[n] !== null && stepOf.get(where[n]) === current)) previewButton.focus();
     } catch (error) {
       if (error instanceof ApiError && error.status !== 401 && error.status !== 403) {
-        previewOut.replaceChildren(h("p", { class: "bad" }, `${error.message} (${error.status} ${error.code})`),
-          fieldErrors(error.body?.errors));
+        previewOut.replaceChildren(h("p", { class: "bad" }, `${detailInWords(error.message)} (${error.status} ${error.code})`),
+          fieldErrors(errorsInWords(error.body?.errors)));
       } else failed(error);
     }
   });
@@ -2370,7 +2563,10 @@ function wizardView(signal, triggerId) {
     try {
       const path = editing ? `${GATEWAY}/${encodeURIComponent(triggerId)}` : GATEWAY;
       const saved = await api(path, { method: editing ? "PUT" : "POST", body, signal, ifMatch: editing ? etag : null });
-      go("#/triggers", `Trigger ${saved.trigger.id} saved (revision ${saved.revision}).`);
+      // a new trigger is "created" (the gateway's revision numbers are its store's: a new one may start above 1)
+      go("#/triggers", editing
+        ? `Trigger ${saved.trigger.id} saved: now revision ${saved.revision}.`
+        : `Trigger ${saved.trigger.id} created.`, "success");
     } catch (error) {
       if (error instanceof ApiError && error.status === 412) {
         message("Someone else changed this trigger since you opened it (412). Reload it to see their version, then edit again.");
@@ -2378,8 +2574,8 @@ function wizardView(signal, triggerId) {
           saveButton.after(h("button", { type: "button", id: "reload-trigger", onclick: () => go(location.hash) }, "Reload"));
         }
       } else if (error instanceof ApiError && error.status === 422) {
-        message(`Not saved: ${error.message} (422).`);
-        markErrors(error.body?.errors);
+        message(`Not saved: ${detailInWords(error.message)} (422).`);
+        markErrors(errorsInWords(error.body?.errors));
       } else failed(error);
     } finally {
       busy = false;
@@ -2458,9 +2654,77 @@ function stages(rows) {
         h("td", { class: "num" }, r.pending), h("td", { class: "num" }, duration(r.wait_p50_s)))))));
 }
 
-function analyticsView(signal) {
+// The Analytics page's periods: the runs created in the last 24 h / 7 d / 30 d (the window slides with each
+// refresh), all of them, or from / before instants typed in local time -- in the address (shareable).
+const PERIODS = { "24h": ["the last 24 hours", 24 * 3600], "7d": ["the last 7 days", 7 * 24 * 3600],
+  "30d": ["the last 30 days", 30 * 24 * 3600] };
+
+// The API's since / until (ISO) of the page's address, and the period in words.
+export function analyticsPeriod(params, now = Date.now()) {
+  const period = params.get("period");
+  if (Object.hasOwn(PERIODS, period)) {
+    const [words, seconds] = PERIODS[period];
+    return { since: new Date(now - seconds * 1000).toISOString(), until: null, words: `Runs created in ${words}` };
+  }
+  const at = (name) => {
+    const local = params.get(name);
+    return local && !Number.isNaN(Date.parse(local)) ? new Date(local).toISOString() : null;
+  };
+  const since = at("since");
+  const until = at("until");
+  if (!since && !until) return { since: null, until: null, words: "All runs" };
+  const words = since && until ? `Runs created from ${when(since)} to before ${when(until)}`
+    : since ? `Runs created since ${when(since)}` : `Runs created before ${when(until)}`;
+  return { since, until, words };
+}
+
+function periodForm(params) {
+  const chosen = Object.hasOwn(PERIODS, params.get("period")) ? params.get("period")
+    : params.get("since") || params.get("until") ? "range" : "";
+  const period = h("select", { name: "period", id: "analytics-period" },
+    h("option", { value: "", selected: chosen === "" }, "all time"),
+    Object.entries(PERIODS).map(([value, [words]]) => h("option", { value, selected: chosen === value }, words)),
+    h("option", { value: "range", selected: chosen === "range" }, "from … to …"));
+  const date = (name) => h("input", { name, type: "datetime-local", value: params.get(name) ?? "",
+    disabled: chosen !== "range" });
+  const since = date("since");
+  const until = date("until");
+  period.addEventListener("change", () => {
+    since.disabled = until.disabled = period.value !== "range";
+  });
+  const form = h("form", { class: "filters period", id: "analytics-filters", "aria-label": "Which runs" },
+    h("label", {}, "Period", period), h("label", {}, "From", since), h("label", {}, "Before", until),
+    h("button", { type: "submit" }, "Show"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const next = new URLSearchParams();
+    if (period.value === "range") {
+      if (since.value) next.set("since", since.value);
+      if (until.value) next.set("until", until.value);
+    } else if (period.value) next.set("period", period.value);
+    const hash = `#/analytics${next.size ? `?${next}` : ""}`;
+    if (location.hash === hash) go(hash);
+    else location.hash = hash;
+  });
+  return form;
+}
+
+// One of the most delegated questions, whatever the API says of it: its text (``question``, or an ``example`` of
+// the group), how often, and an example worded otherwise when the group has one.
+function topQuestion(q) {
+  const item = q && typeof q === "object" ? q : { question: q };
+  const text = [item.question, item.example, item.text, item.label].find((v) => typeof v === "string" && v) ?? "—";
+  const count = [item.count, item.requests, item.total].find((v) => typeof v === "number");
+  const example = typeof item.example === "string" && item.example && item.example !== text ? item.example : null;
+  return h("li", {}, uncut(text), count === undefined ? "" : ` — ${count}×`,
+    example ? h("span", { class: "muted example" }, `e.g. “${uncut(example)}”`) : null);
+}
+
+function analyticsView(signal, query) {
+  const params = new URLSearchParams(query);
   const root = h("div", { id: "analytics" }, "Loading…");
-  show(h("h1", {}, "How often runs need people"), root);
+  const scope = h("p", { class: "muted", id: "analytics-scope", role: "status" });
+  show(h("h1", {}, "How often runs need people"), periodForm(params), scope, root);
   const render = (a) => {
     const share = a.asked_share === null ? "—" : `${Math.round(a.asked_share * 1000) / 10} %`;
     const histogram = a.wait.histogram.map((b, i, all) => {
@@ -2492,8 +2756,8 @@ function analyticsView(signal) {
       h("h2", {}, "Wait times (answered requests)"),
       bars(histogram),
       h("h2", {}, "Most delegated questions"),
-      a.top_questions.length
-        ? h("ol", {}, a.top_questions.map((q) => h("li", {}, `${q.question} — ${q.count}×`)))
+      (a.top_questions ?? []).length
+        ? h("ol", { class: "top-questions", id: "top-questions" }, a.top_questions.map(topQuestion))
         : h("p", { class: "empty" }, "No questions yet."),
       h("h2", {}, "Per agent"), breakdown(a.by_agent, "Agent"),
       h("h2", {}, "Per trigger"), breakdown(a.by_trigger, "Trigger"),
@@ -2501,7 +2765,16 @@ function analyticsView(signal) {
       stages(a.by_stage ?? []),
     );
   };
-  const load = () => api("/analytics/human", { signal }).then(render).catch(failed);
+  const load = () => {
+    const { since, until, words } = analyticsPeriod(params);
+    const ask = new URLSearchParams();
+    if (since) ask.set("since", since);
+    if (until) ask.set("until", until);
+    return api(`/analytics/human${ask.size ? `?${ask}` : ""}`, { signal }).then((a) => {
+      if (scope.textContent !== words) scope.textContent = words;
+      render(a);
+    }).catch(failed);
+  };
   load();
   const refresh = debounce(load, 1000);
   tail({}, (e) => (movesAnalytics(e.type) ? refresh() : null), signal, refresh);
@@ -2777,7 +3050,7 @@ function inboxCard(item, signal) {
   const timeout = item.on_timeout?.summary ?? "What happens without an answer is not known yet.";
   const link = item.source_link; // the run's source (HUM-5); human-interaction sends only http(s) links
   card.append(...[ // DOM append writes a null as the text "null": the absent parts are left out
-    h("p", { class: "muted task" }, item.title),
+    h("p", { class: "muted task" }, uncut(item.title)),
     askedLine(item),
     link && /^https?:\/\//i.test(link.href)
       ? h("p", { class: "source" },
@@ -2911,7 +3184,7 @@ async function route() {
   else if (parts[0] === "wizard") wizardView(signal, parts[1] ?? null);
   else if (parts[0] === "triggers" && parts[1]) deliveriesView(signal, parts[1]);
   else if (parts[0] === "triggers") triggersView(signal);
-  else if (parts[0] === "analytics") analyticsView(signal);
+  else if (parts[0] === "analytics") analyticsView(signal, query);
   else if (parts[0] === "audit") auditView(signal, query);
   else runsView(signal, query);
   // the page's start for the keyboard, unless the view put the focus in itself (the wizard's first field)
@@ -2921,8 +3194,7 @@ async function route() {
 }
 
 window.addEventListener("hashchange", () => {
-  message(pendingMessage);
-  pendingMessage = null;
+  showPending();
   route();
 });
 $("sign-out").addEventListener("click", () => signOut(null));

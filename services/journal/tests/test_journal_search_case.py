@@ -5,16 +5,13 @@ PostgreSQL database made with ``LC_CTYPE=C`` (whose own ``lower()`` folds ASCII 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
-from sqlalchemy.engine import make_url
 
-from temporality_testing.postgres import _connect_admin, fresh_postgres_database, postgres_admin_url
+from temporality_testing.postgres import fresh_postgres_database
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
 Journal = Any  # conftest.Journal
@@ -30,27 +27,9 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
         async with fresh_postgres_database("journal") as url:
             yield url
         return
-    admin_url = postgres_admin_url()
-    name = f"journal_c_{uuid.uuid4().hex}"
-    admin = await _connect_admin(admin_url)
-    try:
-        await admin.execute(
-            f"CREATE DATABASE \"{name}\" TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'"
-        )
-    finally:
-        await admin.close()
-    try:
-        yield (
-            make_url(admin_url)
-            .set(drivername="postgresql+asyncpg", database=name)
-            .render_as_string(hide_password=False)
-        )
-    finally:
-        admin = await asyncpg.connect(admin_url, timeout=3)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+    c_ctype = "TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'"
+    async with fresh_postgres_database("journal_c", c_ctype) as url:
+        yield url
 
 
 async def _ids(journal: Journal, path: str = "/runs", **params: str) -> set[str]:

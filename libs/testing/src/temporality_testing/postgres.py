@@ -52,13 +52,14 @@ async def _connect_admin(admin_url: str) -> asyncpg.Connection:
 
 
 @asynccontextmanager
-async def fresh_postgres_database(prefix: str) -> AsyncIterator[str]:
-    """Create ``<prefix>_<hex>``, yield its ``postgresql+asyncpg://`` URL, drop it afterwards."""
+async def fresh_postgres_database(prefix: str, options: str = "") -> AsyncIterator[str]:
+    """Create ``<prefix>_<hex>`` (``options`` after ``CREATE DATABASE <name>``, e.g. ``TEMPLATE template0
+    LC_CTYPE 'C'``), yield its ``postgresql+asyncpg://`` URL, drop it afterwards."""
     admin_url = postgres_admin_url()
     admin = await _connect_admin(admin_url)
     name = f"{prefix}_{uuid.uuid4().hex}"
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
+        await admin.execute(f'CREATE DATABASE "{name}" {options}'.rstrip())
     finally:
         await admin.close()
     try:

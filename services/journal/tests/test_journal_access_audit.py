@@ -23,11 +23,16 @@ async def test_refusals_of_the_journal_are_in_the_audit_without_the_token(served
     async with httpx.AsyncClient(base_url=served_journal.url, timeout=20) as client:
         assert (await client.get("/runs")).status_code == 401  # no token
         refused = await client.get("/runs/waiting", headers={"Authorization": f"Bearer {BAD_TOKEN}"})
-        assert refused.status_code == 401  # from the same address: counted, not published again
+        assert refused.status_code == 401  # the same address, another path and reason: an entry of its own
         forbidden = await client.post("/runs/run-x/cancel", headers=VIEWER, json={"reason": "x"})
         assert forbidden.status_code == 403
-        entries = await eventually(lambda: _entries(client, 2), what="the two first refusals in /audit")
-        by_status = {e["details"]["status"]: e for e in entries}
+        entries = await eventually(lambda: _entries(client, 3), what="the three refusals in /audit")
+        assert len(entries) == 3
+        by_path = {e["details"]["path"]: e for e in entries}
+        assert set(by_path) == {"/runs", "/runs/waiting", "/runs/run-x/cancel"}
+        assert by_path["/runs/waiting"]["details"]["status"] == 401
+        assert by_path["/runs/waiting"]["details"]["reason"] != "unauthorized"  # a bad token, not none
+        by_status = {e["details"]["status"]: e for e in entries if e["details"]["path"] != "/runs/waiting"}
         assert set(by_status) == {401, 403}
         first = by_status[401]
         assert (first["details"]["reason"], first["details"]["path"], first["details"]["count"]) == (

@@ -132,3 +132,78 @@ async def test_the_shared_sample_cut_to_minimal_is_accepted(client: httpx.AsyncC
     assert requested.title == f"Review PR #{resource['pullRequestId']}: {body['message']['text']}"
     assert requested.event is not None
     assert requested.event.source.startswith("https://")
+
+
+# --------------------------------------------------------------------------- work items (azure_devops.work_item)
+WI_EVENT_ID = "6e2b9c1d-4a7f-4e3b-8c5d-2f1a0b9c8d7e"
+WI_URL = "https://dev.azure.com/contoso/_apis/wit/workItems/41"
+WI_MESSAGE = "Bug #41 (Refunds double-charge) created by Omar Haddad"
+
+
+def _work_item(event_type: str, resource: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": WI_EVENT_ID,
+        "eventType": event_type,
+        "publisherId": "tfs",
+        "message": {"text": WI_MESSAGE},
+        "resourceContainers": {"collection": {"id": "c1", "baseUrl": "https://dev.azure.com/contoso/"}},
+        "createdDate": "2026-12-07T09:00:00Z",
+    }
+    if resource != "absent":
+        body["resource"] = resource
+    return body
+
+
+@pytest.mark.parametrize(
+    ("event_type", "resource", "item_id", "title"),
+    [
+        pytest.param(
+            "workitem.created",
+            {"id": 41, "rev": 1, "url": WI_URL},
+            41,
+            f"Work item #41 created: {WI_MESSAGE}",
+            id="created-minimal",
+        ),
+        pytest.param(
+            "workitem.updated",
+            {"id": 3, "workItemId": 41, "rev": 3, "url": f"{WI_URL}/updates/3"},
+            41,
+            f"Work item #41 updated: {WI_MESSAGE}",
+            id="updated-minimal",
+        ),
+        pytest.param(
+            "workitem.updated",
+            {"id": 3, "workItemId": 0, "rev": 3, "url": f"{WI_URL}/updates/3"},
+            41,
+            f"Work item #41 updated: {WI_MESSAGE}",
+            id="updated-minimal-id-in-url-only",
+        ),
+        pytest.param("workitem.created", None, None, f"Work item created: {WI_MESSAGE}", id="none-null"),
+        pytest.param("workitem.commented", "absent", None, f"Work item commented: {WI_MESSAGE}", id="none-absent"),
+    ],
+)
+async def test_work_item_minimal_and_no_resource_start_a_run_with_nulls(
+    client: httpx.AsyncClient, bus: Bus, event_type: str, resource: Any, item_id: int | None, title: str
+) -> None:
+    """A work item subscription set to Minimal or None is accepted like a PR one: 202, nulls, a title from the
+    message, and a retry answered ``duplicate`` (no second run)."""
+    response = await post(client, _work_item(event_type, resource), trigger_id="ado-work-items")
+    assert response.status_code == 202, response.text
+    run_id = run_id_for_delivery("ado-work-items", WI_EVENT_ID)
+    assert response.json()["run_id"] == run_id
+
+    requested = await run_requested(bus)
+    assert requested.title == title
+    item = requested.input["work_item"]
+    assert item["id"] == item_id
+    assert item["title"] is None
+    assert item["type"] is None
+    assert requested.input["changes"] == {}
+    assert requested.event is not None
+    assert requested.event.source == "https://dev.azure.com/contoso/"
+    assert (requested.event.source_link is not None) == (item_id is not None)
+
+    retry = await post(client, _work_item(event_type, resource), trigger_id="ado-work-items")
+    assert retry.status_code == 200, retry.text
+    assert retry.json()["status"] == "duplicate"
+    assert types(await journal(bus)).count("run.requested") == 1

@@ -33,7 +33,6 @@ from temporality_protocol import RunRequested, TriggerRejected, run_id_for_deliv
 from temporality_testing.fixtures import require_shared
 from temporality_trigger_gateway import Settings, TriggerConfig, create_app
 from temporality_trigger_gateway.adapters import ADAPTERS
-from temporality_trigger_gateway.errors import InvalidPayload
 
 
 @pytest.fixture
@@ -280,11 +279,18 @@ async def test_work_item_update_with_bom_and_workitemid_zero(client: httpx.Async
     assert data.event.metadata["update_id"] == "3"
 
 
-def test_work_item_update_without_any_work_item_id_is_refused() -> None:
+def test_work_item_update_without_a_revision_reads_the_id_from_its_url_else_null() -> None:
+    """A Minimal update has no revision and may have workItemId 0: the id in its URL, else ``null`` (not 422)."""
     body = json.loads(fixture_bytes("ado-workitem-updated-bom.json").decode("utf-8-sig"))
     del body["resource"]["revision"]
-    with pytest.raises(InvalidPayload, match="no work item id"):
-        ADAPTERS["azure_devops.work_item"].normalize(webhook_request(body), tenant=None)
+    adapter = ADAPTERS["azure_devops.work_item"]
+    event = adapter.normalize(webhook_request(body), tenant=None)
+    assert event.payload["work_item"]["id"] == 41  # .../workItems/41/updates/3
+    del body["resource"]["url"]
+    event = adapter.normalize(webhook_request(body), tenant=None)
+    assert event.payload["work_item"]["id"] is None
+    assert event.source_link is None
+    assert adapter.run_title(event).startswith("Work item updated")
 
 
 async def test_real_work_item_payloads(roomy: httpx.AsyncClient, bus: Bus) -> None:

@@ -8,10 +8,16 @@ values from ``resource.revision.fields`` and the change from ``resource.fields``
 (``{"oldValue", "newValue"}`` pairs). Work item payloads may start with a UTF-8 BOM (decoded by the
 API layer). The actor is a display-name string (``System.ChangedBy``). The event id is the payload's
 ``id`` (the event GUID), as for pull requests.
+
+A subscription set to "Resource details to send: Minimal" sends the resource without its fields
+(``{id, rev, url}``; an update ``{id, workItemId, rev, url}``), one set to "None" no resource at all: both are
+accepted as for pull requests, the missing values ``null`` and the run titled from the event's message. The work
+item's id then comes from ``workItemId`` or the resource's REST URL (``…/workItems/5/updates/2``), else is ``null``.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar
 
@@ -21,6 +27,7 @@ from temporality_protocol import Actor, NormalizedEvent
 from temporality_trigger_gateway.adapters.azure_devops import (
     Container,
     Href,
+    Message,
     _Ado,
     _origin,
     identify_azure_devops,
@@ -68,7 +75,10 @@ class WorkItemEvent(_Ado):
     subscription_id: str | None = None
     notification_id: int | str | None = None
     resource_version: str | None = None
-    resource: WorkItemResource
+    #: ``None``: "Resource details to send: None" (``null`` or absent).
+    resource: WorkItemResource | None = None
+    message: Message | None = None
+    detailed_message: Message | None = None
     resource_containers: dict[str, Container] | None = None
     created_date: datetime | None = None
 
@@ -85,6 +95,16 @@ def _item_page(resource: WorkItemResource, api_url: str, item_id: int) -> str | 
         return html.href
     collection, found, _ = api_url.partition("/_apis/wit/workItems/")
     return f"{collection}/_workitems/edit/{item_id}" if found else None
+
+
+_ITEM_IN_URL = re.compile(r"/_apis/wit/workItems/(\d+)(?:[/?#]|$)", re.IGNORECASE)
+
+
+def _id_in_url(url: str | None) -> int | None:
+    """The work item id in a REST URL (``…/_apis/wit/workItems/5/updates/2`` → 5): a Minimal update's resource
+    may name it nowhere else."""
+    found = _ITEM_IN_URL.search(url) if url else None
+    return int(found.group(1)) or None if found else None
 
 
 def _change(value: Any) -> dict[str, Any] | None:
@@ -112,24 +132,18 @@ class AzureDevOpsWorkItem(Adapter):
                 f"{event.event_type!r} is not a work item event ({', '.join(sorted(WORK_ITEM_EVENT_TYPES))})",
                 [{"loc": ["eventType"], "msg": "not a work item event", "type": "value_error"}],
             )
-        resource = event.resource
+        resource = event.resource or WorkItemResource(id=0)
         updated = event.event_type == "workitem.updated"
         if updated:
-            # The update's own id is resource.id; the work item's is revision.id (workItemId may be 0).
-            item_id = (
-                resource.revision.id if resource.revision else resource.work_item_id if resource.work_item_id else None
-            )
+            # The update's own id is resource.id; the work item's is revision.id (workItemId may be 0), else the
+            # one in the update's URL (Minimal: no revision).
+            item_id = resource.revision.id if resource.revision else resource.work_item_id or _id_in_url(resource.url)
             current = resource.revision.fields if resource.revision else {}
             changes = {k: c for k, v in resource.fields.items() if (c := _change(v)) is not None}
         else:
-            item_id = resource.id or None
+            item_id = resource.id or _id_in_url(resource.url)
             current = resource.fields
             changes = {}
-        if not item_id:
-            raise InvalidPayload(
-                f"the body is not a valid {self.name} event (no work item id: resource.revision.id)",
-                [{"loc": ["resource", "revision", "id"], "msg": "Field required", "type": "missing"}],
-            )
         project = _text(current.get("System.TeamProject"))
         changed_by = _text(current.get("System.ChangedBy"))
         if updated:  # the update's author is the new System.ChangedBy, when the update names it
@@ -141,13 +155,22 @@ class AzureDevOpsWorkItem(Adapter):
             collection.base_url if collection and collection.base_url else (_origin(url) if url else "azure_devops")
         )
         comment = _text(current.get("System.History")) if event.event_type == "workitem.commented" else None
+        title = _text(current.get("System.Title"))
+        # With "Resource details to send: Minimal/None" there is no title: the event's message stands in for it in
+        # the run's title ("Bug #5 (Some great new idea!) created by Jamal Hartnett.").
+        message = next(
+            (m.text.strip() for m in (event.message, event.detailed_message) if m and m.text and m.text.strip()),
+            None,
+        )
+        kind = _text(current.get("System.WorkItemType"))
         metadata = {
             "event_type": event.event_type,
             "notification_id": event.notification_id,
             "subscription_id": event.subscription_id,
             "publisher_id": event.publisher_id,
             "resource_version": event.resource_version,
-            "update_id": resource.id if updated else None,
+            "update_id": resource.id if updated and resource.id else None,
+            "message": clip(message.splitlines()[0], 200) if message and title is None else None,
         }
         return NormalizedEvent(
             id=event.id,
@@ -161,8 +184,8 @@ class AzureDevOpsWorkItem(Adapter):
                 "work_item": {
                     "id": item_id,
                     "rev": (resource.revision.rev if updated and resource.revision else resource.rev),
-                    "type": _text(current.get("System.WorkItemType")),
-                    "title": _text(current.get("System.Title")),
+                    "type": kind,
+                    "title": title,
                     "state": _text(current.get("System.State")),
                     "reason": _text(current.get("System.Reason")),
                     "area_path": _text(current.get("System.AreaPath")),
@@ -177,14 +200,15 @@ class AzureDevOpsWorkItem(Adapter):
             },
             metadata={k: str(v) for k, v in metadata.items() if v is not None},
             source_link=web_link(
-                _item_page(resource, url, item_id),
-                label=f"{_text(current.get('System.WorkItemType')) or 'Work item'} #{item_id}"
-                + (f" in {project}" if project else ""),
+                _item_page(resource, url, item_id) if item_id else None,
+                label=f"{kind or 'Work item'} #{item_id}" + (f" in {project}" if project else "") if item_id else None,
             ),
         )
 
     def run_title(self, event: NormalizedEvent) -> str:
         item = event.payload["work_item"]
         kind = item["type"] or "Work item"
-        title = f": {item['title']}" if item["title"] else ""
-        return f"{kind} #{item['id']} {event.payload['action']}{title}"[:200]
+        what = f"{kind} #{item['id']}" if item["id"] is not None else kind
+        # No title ("Resource details to send: Minimal/None"): the event's message, if any.
+        title = item["title"] or event.metadata.get("message")
+        return f"{what} {event.payload['action']}{f': {title}' if title else ''}"[:200]

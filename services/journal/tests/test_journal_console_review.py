@@ -10,8 +10,10 @@ table, and a mindmap trigger is created and edited. Every browser assertion wait
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +29,7 @@ from journal_support import (
 from playwright.async_api import BrowserContext, Page, expect
 from wizard_support import REVIEW, expect_step, go_to_step, on_screen, open_wizard, save, walk_wizard
 
+import temporality_journal
 from temporality_protocol import (
     Envelope,
     HumanPolicy,
@@ -344,7 +347,9 @@ async def test_a_mindmap_trigger_is_created_and_edited_in_the_wizard_with_both_o
     monkeypatch.setenv("MM_TRIGGER_TOKEN", "a-token-the-gateway-reads")
     page = await open_wizard(browser_context, served.url, ADMIN_TOKEN)
     await expect_step(page, 1)
-    await on_screen(page).get_by_label("Auth type", exact=True).select_option("mindmap")
+    # typing the adapter preselects the one auth type it accepts (auth "none" is refused for every webhook)
+    await on_screen(page).get_by_label("Adapter", exact=True).fill("mindmap.test_case")
+    await expect(on_screen(page).get_by_label("Auth type", exact=True)).to_have_value("mindmap", timeout=WAIT_MS)
     await expect(on_screen(page).get_by_label("Token environment variable", exact=True)).to_be_visible()
     await walk_wizard(
         page,
@@ -352,7 +357,6 @@ async def test_a_mindmap_trigger_is_created_and_edited_in_the_wizard_with_both_o
             {
                 "Id": "mm",
                 "Name": "Test cases from the mind map",
-                "Adapter": "mindmap.test_case",
                 "Secret environment variable": "MM_SIGNING_SECRET",
                 "Token environment variable": "MM_TRIGGER_TOKEN",
             },
@@ -418,3 +422,19 @@ async def test_a_long_word_in_the_inbox_wraps_inside_the_card(
     )
     assert right[0] <= 1366
     assert right[1] <= right[2]
+
+
+def test_the_wizards_auth_per_adapter_is_the_gateways() -> None:
+    """The console's ADAPTER_AUTH (the auth types it preselects from) lists each adapter's auth types as the gateway
+    accepts them, first the one it preselects: a new adapter or auth type in the gateway fails here until the
+    console knows it."""
+    from temporality_trigger_gateway.adapters import ADAPTERS
+
+    source = (Path(temporality_journal.__file__).parent / "console" / "app.js").read_text(encoding="utf-8")
+    block = re.search(r"const ADAPTER_AUTH = \{(.*?)\n\};", source, re.DOTALL)
+    assert block is not None, "ADAPTER_AUTH not found in app.js"
+    console = {
+        name: set(re.findall(r'"([a-z_0-9]+)"', types))
+        for name, types in re.findall(r'^\s*"?([a-z_.]+)"?: \[([^\]]*)\]', block.group(1), re.MULTILINE)
+    }
+    assert console == {name: set(adapter.auth_types) for name, adapter in ADAPTERS.items()}

@@ -1738,6 +1738,16 @@ const GATEWAY = "/gateway/triggers";
 const ADAPTERS = ["azure_devops.pull_request", "azure_devops.work_item", "github", "gitlab", "generic", "mindmap.test_case"];
 const AUTH_TYPES = ["none", "basic", "bearer", "github", "gitlab", "header", "hmac_sha256", "standard_webhooks",
   "mindmap"];
+// The auth types each adapter accepts (the gateway's Adapter.auth_types), the first one preselected when the adapter is
+// typed or picked and the auth type chosen is not one of them: a webhook trigger's auth "none" is always refused.
+const ADAPTER_AUTH = {
+  "azure_devops.pull_request": ["basic", "bearer", "header"],
+  "azure_devops.work_item": ["basic", "bearer", "header"],
+  github: ["github"],
+  gitlab: ["gitlab"],
+  generic: ["standard_webhooks", "bearer", "hmac_sha256", "header"],
+  "mindmap.test_case": ["mindmap"],
+};
 // The ``*_env`` field that names each auth type's secret (literal secrets are never written here): mindmap's
 // signing secret is secret_env and its per-trigger token token_env (both; the gateway's auth model).
 const SECRET_ENV = { basic: "password_env", bearer: "token_env" };
@@ -2009,6 +2019,14 @@ function wizardView(signal, triggerId) {
     tokenEnvField_.hidden = tokenEnvField(type) === null;
   };
   f.authType.addEventListener("change", showAuth);
+  const preselectAuth = () => {
+    const accepted = ADAPTER_AUTH[f.adapter.value.trim()];
+    if (!accepted || accepted.includes(f.authType.value)) return;
+    f.authType.value = accepted[0];
+    showAuth();
+  };
+  f.adapter.addEventListener("change", preselectAuth);
+  f.adapter.addEventListener("input", preselectAuth);
   const typeNote = (type, text) => h("p", { class: "muted type-note", dataset: { forType: type } }, text);
   // the type-specific parts: shown only for their type (.showParts)
   const webhookSource = h("div", { class: "part", dataset: { forType: "webhook" }, id: "part-webhook" },

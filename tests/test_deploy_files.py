@@ -152,9 +152,10 @@ def _healthcheck_text(service: dict[str, Any]) -> str:
 def test_compose_has_nats_postgres_and_the_five_services(compose: dict[str, Any]) -> None:
     """And the one-shots that make agent-collab's reply key (:func:`test_compose_signs_agent_collab_s_replies`),
     the console sign-in's secrets (``tests/test_deploy_compose_signin.py``) and move an older release's timers
-    (``tests/test_deploy_timers_migrate.py``), and the operator's toolbox (``tests/test_dlq_operator.py``)."""
+    (``tests/test_deploy_timers_migrate.py``), the operator's toolbox (``tests/test_dlq_operator.py``) and NATS's
+    exporter (``tests/test_compose_nats_exporter.py``)."""
     one_shots = {COLLAB_REPLY_KEY_SERVICE, "signin-secrets", TIMERS_MIGRATION_USER}
-    assert set(compose["services"]) == {"nats", "postgres", *SERVICES, *one_shots, "tools"}
+    assert set(compose["services"]) == {"nats", "postgres", *SERVICES, *one_shots, "tools", "nats-exporter"}
 
 
 def test_compose_nats_is_jetstream_2_12_or_newer(compose: dict[str, Any]) -> None:

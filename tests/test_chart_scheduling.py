@@ -158,10 +158,31 @@ def test_the_readme_s_openshift_command_removes_every_fixed_id() -> None:
     block = block[block.index("```bash") : block.index("```", block.index("```bash") + 3)]
     sets = [s.split("=", 1)[0] for s in block.split("--set ")[1:]]
     assert sorted(sets) == sorted(
-        f"{prefix}.{field}"
-        for prefix in ("podSecurityContext", "nats.embedded.podSecurityContext")
-        for field in ("runAsUser", "runAsGroup", "fsGroup")
+        [
+            *(
+                f"{prefix}.{field}"
+                for prefix in ("podSecurityContext", "nats.embedded.podSecurityContext")
+                for field in ("runAsUser", "runAsGroup", "fsGroup")
+            ),
+            "tests.podSecurityContext.runAsUser",  # helm test's pod: the curl image's user only
+        ]
     )
+    # applied, no pod the chart renders (embedded NATS, the toolbox, helm test's) keeps a fixed id
+    values: dict[str, Any] = _embedded(1, tools={"enabled": True})
+    for name in sets:
+        *path, leaf = name.split(".")
+        node = values
+        for key in path:
+            node = node.setdefault(key, {})
+        node[leaf] = None
+    pods = [
+        spec
+        for d in _render(values)
+        if (spec := d["spec"] if d["kind"] == "Pod" else d.get("spec", {}).get("template", {}).get("spec"))
+    ]
+    assert len(pods) > len(SERVICES)
+    for spec in pods:
+        assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(spec.get("securityContext", {})), spec
 
 
 def _budgets(values: dict[str, Any] | None) -> dict[str, dict[str, Any]]:

@@ -102,6 +102,26 @@ async def test_operator_cancels_a_running_run(journal: Journal, story: MakeStory
     assert again.json()["requested_by"] == "root"
 
 
+async def test_a_cancel_without_a_body_or_reason_is_accepted_with_no_reason_given(
+    journal: Journal, story: MakeStory
+) -> None:
+    """``curl -X POST …/cancel`` with no body (or ``{}``) cancels: the reason is optional, the journal says none
+    was given."""
+    s = story()
+    await journal.send(s.requested(), s.started())
+    url = f"/runs/{s.run_id}/cancel"
+    bare = await journal.client.post(url, headers=OPERATOR)
+    assert bare.status_code == 202, bare.text
+    empty = await journal.client.post(url, json={}, headers=OPERATOR)
+    assert empty.status_code == 202, empty.text
+    # the same person asking again with the same (no) reason is the same fact: one event
+    assert empty.json()["event_id"] == bare.json()["event_id"]
+    await journal.wait_handled(bare.json()["event_id"])
+    events = (await journal.client.get("/events", params={"type": "run.cancel_requested"})).json()["events"]
+    assert [e["id"] for e in events] == [bare.json()["event_id"]]
+    assert events[0]["data"] == {"run_id": s.run_id, "reason": "no reason given", "requested_by": "oncall"}
+
+
 async def test_cancel_refuses_unknown_finished_and_bad_requests(journal: Journal, story: MakeStory) -> None:
     done = story()
     await journal.send(done.requested(), done.started(), done.completed())
@@ -116,7 +136,7 @@ async def test_cancel_refuses_unknown_finished_and_bad_requests(journal: Journal
 
     url = f"/runs/{done.run_id}/cancel"
     _assert_error(await journal.client.post(url, content=b"{not json", headers=OPERATOR), 400, "malformed_json")
-    bodies: list[object] = [{}, {"reason": ""}, {"reason": "x" * 501}, {"reason": "ok", "extra": 1}, [], {"reason": 5}]
+    bodies: list[object] = [{"reason": ""}, {"reason": "x" * 501}, {"reason": "ok", "extra": 1}, [], {"reason": 5}]
     for body in bodies:
         _assert_error(await journal.client.post(url, json=body, headers=OPERATOR), 422, "invalid_cancel")
     big = b'{"reason": "' + b"x" * 70_000 + b'"}'

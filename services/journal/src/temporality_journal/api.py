@@ -24,7 +24,7 @@ signed-in person with none) a 403.
 ``GET /runs/{run_id}``              one run; ``waiting`` while it waits for a human (404 unknown)
 ``GET /runs/{run_id}/events``       the run's trajectory in stream order (``after`` = stream seq)
 ``GET /runs/{run_id}/asks``         COL-9: the agent asks the run sent and received
-``POST /runs/{run_id}/cancel``      operator: publish ``run.cancel_requested`` (body ``{reason}``);
+``POST /runs/{run_id}/cancel``      operator: publish ``run.cancel_requested`` (body ``{reason}``, optional);
                                     202, 404 unknown run, 409 already finished
 ``GET /events?type=&run_id=``       recent events, newest first in commit order (``commit_seq``, the
                                     tail's cursor), paged by ``before`` (``type=bus.dead_lettered``: the
@@ -457,12 +457,22 @@ class WhoAmI(BaseModel):
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
 
 
+#: The reason of a cancel whose request gives none (``curl -X POST …/cancel`` with no body).
+NO_REASON = "no reason given"
+
+
 class CancelRequest(BaseModel):
     """The body of ``POST /runs/{run_id}/cancel``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    reason: str = Field(min_length=1, max_length=500, pattern=NO_NUL, description="Why (kept in the journal)")
+    reason: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        pattern=NO_NUL,
+        description=f"Why (kept in the journal); left out, or the body empty: {NO_REASON!r}",
+    )
 
 
 class CancelAccepted(BaseModel):
@@ -665,7 +675,7 @@ def create_app(
         status_code=202,
         response_model=CancelAccepted,
         responses={code: {"model": ErrorBody} for code in (400, 404, 409, 413, 503)},
-        # read by the handler itself: an empty or non-JSON body is a 400, a wrong one a 422 invalid_cancel
+        # read by the handler itself: no body is no reason, a non-JSON one a 400, a wrong one a 422 invalid_cancel
         openapi_extra=operation(body=json_body("CancelRequest")),
         description="Operator: ask the run-executor to stop the run (publishes run.cancel_requested with "
         "requested_by = the token's name). 202 once the request is durably on the bus; the run becomes "
@@ -674,7 +684,8 @@ def create_app(
     async def cancel_run(
         run_id: Annotated[str, Path(max_length=MAX_TEXT_PARAM, pattern=NO_NUL)], who: AsOperator, request: Request
     ) -> CancelAccepted:
-        parsed = parse_json(await read_body(request, settings.max_body_bytes))
+        raw = await read_body(request, settings.max_body_bytes)
+        parsed = parse_json(raw) if raw.strip() else {}  # no body: no reason given
         try:
             body = CancelRequest.model_validate(parsed)
         except ValidationError as exc:
@@ -685,12 +696,12 @@ def create_app(
             raise _run_not_found(run_id)
         if RunState(record.state) in RUN.terminal:
             raise Conflict(f"run {run_id!r} is already {record.state}: nothing to cancel", code="run_finished")
-        data = RunCancelRequested(run_id=run_id, reason=body.reason, requested_by=who.name)
+        data = RunCancelRequested(run_id=run_id, reason=body.reason or NO_REASON, requested_by=who.name)
         event = make_event(
             data,
             source="/temporality/journal",
             # The same person asking again for the same reason is the same fact (JetStream dedupes it).
-            id=derive_id("evt", RunCancelRequested.EVENT_TYPE, run_id, who.name, body.reason),
+            id=derive_id("evt", RunCancelRequested.EVENT_TYPE, run_id, who.name, data.reason),
             run_id=run_id,
             actor=f"token:{who.name}",
         )

@@ -201,6 +201,20 @@ async def _connect(args: argparse.Namespace, options: dict[str, Any], last: list
         return None
 
 
+def _differences(have: ConsumerConfig, want: ConsumerConfig) -> list[str]:
+    """What of ``want`` (the filter, ack wait, redelivery bound) an existing durable's ``have`` does not match."""
+    found = []
+    had = sorted(have.filter_subjects or ([have.filter_subject] if have.filter_subject else []))
+    wanted = sorted(want.filter_subjects or ([want.filter_subject] if want.filter_subject else []))
+    if had != wanted:
+        found.append(f"filter {', '.join(had) or 'none'}, asked {', '.join(wanted)}")
+    if have.ack_wait is not None and want.ack_wait is not None and abs(have.ack_wait - want.ack_wait) > 1e-3:
+        found.append(f"ack wait {have.ack_wait:g} s, asked {want.ack_wait:g} s")
+    if have.max_deliver != want.max_deliver:
+        found.append(f"max deliver {have.max_deliver}, asked {want.max_deliver}")
+    return found
+
+
 async def run(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -248,6 +262,32 @@ async def run(args: argparse.Namespace) -> int:
             log.error("cannot open the durable consumer %s on %s: %s%s", args.durable, STREAM, exc, why)
             return 3
         info = await sub.consumer_info()
+        changed = _differences(info.config, config)
+        if changed:
+            # A durable made before with other settings (the server binds to it as it is): bring it to what was asked
+            # (its delivery start and position stay, they cannot change), or say why it cannot be.
+            log.warning("durable %s exists with other settings (%s): updating it", args.durable, "; ".join(changed))
+            wanted = info.config.evolve(
+                filter_subject=config.filter_subject,
+                filter_subjects=config.filter_subjects,
+                ack_wait=config.ack_wait,
+                max_deliver=config.max_deliver,
+                max_ack_pending=config.max_ack_pending,
+            )
+            try:
+                info = await js.add_consumer(STREAM, wanted)
+            except (nats.errors.Error, nats.js.errors.Error) as exc:
+                log.error(
+                    "cannot update durable %s on %s (%s): run with its settings, or delete it (as a user allowed to: "
+                    "nats consumer rm %s %s) and start again",
+                    args.durable,
+                    STREAM,
+                    exc,
+                    STREAM,
+                    args.durable,
+                )
+                await sub.unsubscribe()
+                return 3
         log.info(
             "subscribed: durable %s on %s, filter %s, %d pending, %d acknowledged before",
             args.durable,
@@ -261,7 +301,11 @@ async def run(args: argparse.Namespace) -> int:
                 messages = await sub.fetch(args.batch, timeout=1)
             except TimeoutError:  # nats.errors.TimeoutError, and the plain one nats-py's fetch raises at its deadline
                 continue
-            for msg in messages:
+            for index, msg in enumerate(messages):
+                if stop.is_set():  # --max-events reached mid-batch: hand the rest back now, not after ack_wait
+                    for rest in messages[index:]:
+                        await rest.nak()
+                    break
                 seq = msg.metadata.sequence.stream
                 try:
                     event = _cloudevent(msg.data)
@@ -280,7 +324,6 @@ async def run(args: argparse.Namespace) -> int:
                 handled += 1
                 if args.max_events and handled >= args.max_events:
                     stop.set()
-                    break
         await sub.unsubscribe()  # before drain: an idle pull subscription can hold drain up
     finally:
         await nc.drain()

@@ -23,6 +23,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_embedded.natsserver import NatsServer
 from temporality_protocol import Envelope, RunCompleted, RunFailed, RunStarted, make_event, permissions
 from temporality_protocol.catalog import ALL_STREAMS, EVENTS_STREAM
+from temporality_testing.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[3]
 SUBSCRIBER = ROOT / "examples" / "journal-subscriber" / "subscriber.py"
@@ -150,6 +151,14 @@ async def test_filters_acks_after_handling_and_resumes_after_a_restart(
     running.append(restarted)
     (resumed,) = await restarted.read(1)
     assert resumed["id"] == later[1].id  # only what came after its last ack, not the earlier events again
+
+    # the poison message after it is terminated (settled, never redelivered) before the stop: a stop mid-batch hands
+    # what it did not reach back to the server
+    async def settled() -> bool:
+        info = await _consumer(nats_settings.url, "sub-audit")
+        return (info.num_ack_pending, info.num_pending) == (0, 0)
+
+    await eventually(settled, WITHIN_S, "the poison message terminated")
     err = await restarted.stop()
     assert "is not a CloudEvent" in err
     info = await _consumer(nats_settings.url, "sub-audit")
@@ -242,3 +251,67 @@ async def test_as_the_read_only_subscriber_user(tmp_path: Path, running: list[Su
             assert "Traceback" not in said
     finally:
         server.stop()
+
+
+async def test_an_existing_durable_is_brought_to_the_types_asked(tmp_path: Path, running: list[Subscriber]) -> None:
+    """Restarted with other ``--type``s, the example updates its durable's filter (as the read-only user, which may)
+    instead of binding to the old one and silently receiving nothing of what it asked for."""
+    grant = permissions.journal_subscriber_permissions
+    server = NatsServer(
+        tmp_path / "nats",
+        users={"sub-audit": ("audit-password", grant("audit")), "admin": ("admin-password", None)},
+    )
+    server.start()
+    try:
+        admin = NatsSettings(url=server.url, user="admin", password=SecretStr("admin-password"))
+        user = ("--name", "audit", "--user", "sub-audit", "--password", "audit-password")
+        async with Bus.connect(admin, name="admin") as bus:
+            await bus.ensure(ALL_STREAMS)
+            first = _run_events(f"run-{uuid.uuid4().hex[:8]}")
+            for event in first:
+                await bus.publish(event)
+            sub = await start(server.url, *user, "--type", "run.completed")
+            running.append(sub)
+            (line,) = await sub.read(1)
+            assert line["id"] == first[1].id
+            await sub.stop()
+
+            changed = await start(server.url, *user, "--type", "run.started", "--ack-wait-s", "45")
+            running.append(changed)
+            later = _run_events(f"run-{uuid.uuid4().hex[:8]}")
+            for event in later:
+                await bus.publish(event)
+            (started,) = await changed.read(1)
+            assert (started["id"], started["type"]) == (later[0].id, "run.started")
+            err = await changed.stop()
+            assert "durable sub-audit exists with other settings" in err
+            assert "filter temporality.events.run.completed, asked temporality.events.run.started" in err
+            assert "ack wait 30 s, asked 45 s" in err
+            info = await bus.js.consumer_info(EVENTS_STREAM.name, "sub-audit")
+            assert info.config.filter_subject == "temporality.events.run.started"
+            assert info.config.ack_wait == 45
+    finally:
+        server.stop()
+
+
+async def test_max_events_hands_the_rest_of_its_batch_back_at_once(
+    nats_settings: NatsSettings, bus: Bus, tmp_path: Path, running: list[Subscriber]
+) -> None:
+    """``--max-events`` reached mid-batch naks what it fetched but did not handle: the next run gets them at once,
+    not after the ack wait (60 s here, longer than the test waits)."""
+    events = [e for _ in range(3) for e in _run_events(f"run-{uuid.uuid4().hex[:8]}")]
+    for event in events:
+        await bus.publish(event)
+    args = ("--name", "batchy", "--type", "run.*", "--batch", "6", "--ack-wait-s", "60")
+    first = await start(nats_settings.url, *args, "--max-events", "2")
+    running.append(first)
+    assert [x["id"] for x in await first.read(2)] == [e.id for e in events[:2]]
+    async with asyncio.timeout(WITHIN_S):
+        assert await first.process.wait() == 0
+    second = await start(nats_settings.url, *args, "--max-events", "4")
+    running.append(second)
+    assert [x["id"] for x in await second.read(4)] == [e.id for e in events[2:]]
+    async with asyncio.timeout(WITHIN_S):
+        assert await second.process.wait() == 0
+    info = await _consumer(nats_settings.url, "sub-batchy")
+    assert (info.num_ack_pending, info.num_pending) == (0, 0)

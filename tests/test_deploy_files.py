@@ -10,6 +10,7 @@ dev dependency's binary), ``uv export`` when uv is there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import importlib.util
 import json
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,11 +40,13 @@ from jsonschema import validators
 from temporality_agent_collab.__main__ import _reply_key
 from temporality_agent_collab.settings import Settings as CollabSettings
 from temporality_agent_collab.signing import public_key_text
+from temporality_bus import Bus, NatsSettings
 from temporality_embedded import free_port
 from temporality_embedded.cli import nats_authorization
 from temporality_embedded.dlq import OPERATOR_USER
 from temporality_embedded.natsserver import NatsServer, nats_server_binary, password_variable
 from temporality_journal import Settings as JournalSettings
+from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM
 from temporality_protocol.catalog import SERVICES as CATALOGUE
 from temporality_protocol.permissions import TIMERS_MIGRATION_USER, service_inbox
 
@@ -1793,6 +1796,31 @@ def _stop(server: _RenderedNats) -> None:
         except subprocess.TimeoutExpired:
             server.process.kill()
             server.process.wait()
+
+
+@contextlib.asynccontextmanager
+async def _serving_rendered_nats(
+    docs: list[dict[str, Any]], run: Path
+) -> AsyncIterator[tuple[_RenderedNats, dict[str, str]]]:
+    """The rendered single-replica NATS (config and pod-0's environment, random Secret passwords) running in
+    ``run`` and ready; yields the server and the Secret's passwords, stops the server on the way out."""
+    passwords = _nats_secret()
+    env = {**os.environ, **_nats_pod_env(docs, f"{NATS_NAME}-0", passwords)}
+    server = _start_rendered_nats(_nats_conf(docs), run, env)
+    try:
+        await _ready(server, run)
+        yield server, passwords
+    finally:
+        _stop(server)
+
+
+@contextlib.asynccontextmanager
+async def _journal_bus(server: _RenderedNats, passwords: dict[str, str]) -> AsyncIterator[Bus]:
+    """The journal's bus on a rendered NATS (its user, its inbox), with the events and dead-letter streams."""
+    journal = NatsSettings(url=server.url, user="journal", password=passwords["journal-password"])
+    async with Bus.connect(journal, name="journal", inbox_prefix=service_inbox("journal")) as bus:
+        await bus.ensure([EVENTS_STREAM, DLQ_STREAM])
+        yield bus
 
 
 async def test_helm_embedded_nats_config_runs_on_a_real_server(tmp_path: Path) -> None:

@@ -656,18 +656,7 @@ def test_dockerfile_tools_target_holds_the_cli_and_no_service(stages: dict[str, 
 
 def test_the_tools_image_gets_the_cli_and_no_service() -> None:
     """What build-tools' ``uv sync --package temporality-embedded`` installs, read from the lock file."""
-    command = [_uv(), "export", "--frozen", "--no-dev", "--package", "temporality-embedded", "--no-hashes"]
-    result = subprocess.run(
-        [*command, "--no-header"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    local = {line.split()[-1].removeprefix("./") for line in result.stdout.splitlines() if line.startswith("-e ")}
+    local = _exported_members("temporality-embedded")
     assert "libs/embedded" in local
     assert not {m for m in local if m.startswith("services/")}, "no service in the toolbox"
     assert "libs/testing" not in local
@@ -737,10 +726,10 @@ def _uv() -> str:
     pytest.skip("no uv binary here: what each image installs is not exported from the lock file")
 
 
-@pytest.mark.parametrize("name", SERVICES)
-def test_each_image_gets_only_its_service_and_the_libs_it_needs(name: str) -> None:
-    """What the build stage's `uv sync --package` installs, read from the lock file: no other service."""
-    command = [_uv(), "export", "--frozen", "--no-dev", "--package", CATALOGUE[name].distribution, "--no-hashes"]
+def _exported_members(package: str) -> set[str]:
+    """The workspace members (``libs/...``, ``services/...``) ``uv sync --package <package>`` installs without dev
+    dependencies, read from the lock file with ``uv export``."""
+    command = [_uv(), "export", "--frozen", "--no-dev", "--package", package, "--no-hashes"]
     result = subprocess.run(
         [*command, "--no-header"],
         capture_output=True,
@@ -752,6 +741,13 @@ def test_each_image_gets_only_its_service_and_the_libs_it_needs(name: str) -> No
     )
     assert result.returncode == 0, result.stderr
     local = {line.split()[-1].removeprefix("./") for line in result.stdout.splitlines() if line.startswith("-e ")}
+    return local
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_each_image_gets_only_its_service_and_the_libs_it_needs(name: str) -> None:
+    """What the build stage's `uv sync --package` installs, read from the lock file: no other service."""
+    local = _exported_members(CATALOGUE[name].distribution)
     assert f"services/{name}" in local
     assert {m for m in local if m.startswith("services/")} == {f"services/{name}"}
     assert not local & {"libs/embedded", "libs/testing"}, "the launcher and the test peers stay out of images"

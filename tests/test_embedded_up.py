@@ -30,22 +30,34 @@ SCRIPT = Path(sys.executable).parent / "temporality"
 AGENT = Path(__file__).resolve().parents[1] / "examples" / "external-agent" / "agent.py"
 
 
+def free_ports() -> dict[str, int]:
+    """A free port each for the gateway, human-interaction and the journal."""
+    return {"gateway": free_port(), "human": free_port(), "journal": free_port()}
+
+
+def start_up(data_dir: Path, config_dir: Path, ports: dict[str, int], *extra: str) -> subprocess.Popen[str]:
+    """``temporality up`` as a child process on ``data_dir``, ``config_dir`` and ``ports`` (see :func:`free_ports`),
+    its stdout and stderr one text pipe."""
+    return subprocess.Popen(
+        [
+            str(SCRIPT), "up",
+            "--data-dir", str(data_dir),
+            "--config-dir", str(config_dir),
+            "--gateway-port", str(ports["gateway"]),
+            "--human-port", str(ports["human"]),
+            "--journal-port", str(ports["journal"]),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+
+
 class Up:
     def __init__(self, data_dir: Path, ports: dict[str, int] | None = None) -> None:
-        self.ports = ports or {"gateway": free_port(), "human": free_port(), "journal": free_port()}
-        self.proc = subprocess.Popen(
-            [
-                str(SCRIPT), "up",
-                "--data-dir", str(data_dir),
-                "--config-dir", str(CONFIG),
-                "--gateway-port", str(self.ports["gateway"]),
-                "--human-port", str(self.ports["human"]),
-                "--journal-port", str(self.ports["journal"]),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
+        self.ports = ports or free_ports()
+        self.proc = start_up(data_dir, CONFIG, self.ports)
         self.lines: list[str] = []
 
     def read_until(self, marker: str, timeout_s: float = 90) -> list[str]:

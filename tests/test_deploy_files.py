@@ -1824,11 +1824,7 @@ async def test_helm_embedded_nats_config_runs_on_a_real_server(tmp_path: Path) -
     on the probes' path, every service's user logs in with its Secret password and its inbox, and the
     catalogue's permissions are enforced (the gateway may publish ``trigger.received``, not ``run.created``)."""
     docs = _render(_embedded(1))
-    secret = _nats_secret()
-    pod_env = _nats_pod_env(docs, f"{NATS_NAME}-0", secret)
-    server = _start_rendered_nats(_nats_conf(docs), tmp_path / "nats", {**os.environ, **pod_env})
-    try:
-        await _ready(server, tmp_path / "nats")
+    async with _serving_rendered_nats(docs, tmp_path / "nats") as (server, secret):
         async with httpx.AsyncClient(timeout=5) as client:
             answer = await client.get(server.monitoring + NATS_PROBE_PATH)
         assert answer.status_code == 200, answer.text
@@ -1877,8 +1873,6 @@ async def test_helm_embedded_nats_config_runs_on_a_real_server(tmp_path: Path) -
         finally:
             await gateway.close()
             await journal.close()
-    finally:
-        _stop(server)
 
 
 async def _varz(monitoring: str) -> dict[str, Any]:

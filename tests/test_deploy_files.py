@@ -799,6 +799,16 @@ def test_values_validate_against_schema(values: dict[str, Any], values_schema: d
     assert _validate(values_schema, values) == []
 
 
+def _changed(values: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """A deep copy of ``values`` with ``value`` set at ``path`` (the keys down to it)."""
+    changed = deepcopy(values)
+    node = changed
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return changed
+
+
 @pytest.mark.parametrize(
     ("path", "value"),
     [
@@ -818,12 +828,7 @@ def test_values_validate_against_schema(values: dict[str, Any], values_schema: d
 def test_values_with_a_typo_fail(
     values: dict[str, Any], values_schema: dict[str, Any], path: tuple[str, ...], value: Any
 ) -> None:
-    broken = deepcopy(values)
-    node = broken
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    errors = _validate(values_schema, broken)
+    errors = _validate(values_schema, _changed(values, path, value))
     assert errors, f"{'.'.join(path)} should be rejected"
 
 
@@ -845,12 +850,7 @@ def test_values_with_a_typo_fail(
 def test_values_with_a_bad_value_fail(
     values: dict[str, Any], values_schema: dict[str, Any], path: tuple[str, ...], value: Any
 ) -> None:
-    broken = deepcopy(values)
-    node = broken
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    assert _validate(values_schema, broken)
+    assert _validate(values_schema, _changed(values, path, value))
 
 
 @pytest.mark.parametrize("name", WORKERS)

@@ -22,23 +22,17 @@ from test_deploy_files import (
     NATS_NAME,
     NATS_SECRET,
     _embedded,
+    _journal_bus,
     _kinds,
     _merge,
     _nats_conf,
-    _nats_pod_env,
-    _nats_secret,
-    _ready,
     _render,
-    _start_rendered_nats,
-    _stop,
+    _serving_rendered_nats,
     _validate,
 )
 
-from temporality_bus import Bus, NatsSettings
 from temporality_embedded.dlq import OPERATOR_USER
 from temporality_embedded.natsserver import password_variable
-from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM
-from temporality_protocol.permissions import service_inbox
 
 TOOLS = "t-temporality-tools"
 TEMPORALITY = Path(sysconfig.get_path("scripts")) / "temporality"
@@ -237,14 +231,8 @@ async def test_the_rendered_toolbox_runs_dlq_list_on_the_rendered_nats(tmp_path:
     """The rendered server config with its rendered environment (the Secret's passwords), and the toolbox's
     rendered environment (its Secret key) running ``temporality dlq list`` as its pod would after ``kubectl exec``."""
     docs = _render(_tools())
-    passwords = _nats_secret()
-    env = {**os.environ, **_nats_pod_env(docs, f"{NATS_NAME}-0", passwords)}
-    server = _start_rendered_nats(_nats_conf(docs), tmp_path / "nats", env)
-    try:
-        await _ready(server, tmp_path / "nats")
-        journal = NatsSettings(url=server.url, user="journal", password=passwords["journal-password"])
-        async with Bus.connect(journal, name="journal", inbox_prefix=service_inbox("journal")) as bus:
-            await bus.ensure([EVENTS_STREAM, DLQ_STREAM])
+    async with _serving_rendered_nats(docs, tmp_path / "nats") as (server, passwords):
+        async with _journal_bus(server, passwords) as bus:
             await bus.publish_raw("temporality.dlq.journal", b"{}", {"Temporality-Error": "PermanentError: seen"})
         pod_env: dict[str, str] = {}
         for name, value in _env(_pod(docs)).items():
@@ -262,8 +250,6 @@ async def test_the_rendered_toolbox_runs_dlq_list_on_the_rendered_nats(tmp_path:
         assert process.returncode == 0, err.decode()
         assert "PermanentError: seen" in out.decode()
         assert "1 dead letter(s)" in out.decode()
-    finally:
-        _stop(server)
 
 
 def test_the_toolbox_follows_the_global_scheduling_and_pod_security_context() -> None:

@@ -12,7 +12,6 @@ metrics are made of."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -23,22 +22,16 @@ import yaml
 from test_deploy_files import (
     NATS_NAME,
     _embedded,
+    _journal_bus,
     _kinds,
     _merge,
-    _nats_conf,
-    _nats_pod_env,
-    _nats_secret,
-    _ready,
     _render,
     _selected,
-    _start_rendered_nats,
-    _stop,
+    _serving_rendered_nats,
     _validate,
 )
 
-from temporality_bus import Bus, NatsSettings
-from temporality_protocol.catalog import CONSUMERS, DLQ_STREAM, EVENTS_STREAM, subject_for
-from temporality_protocol.permissions import service_inbox
+from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM, subject_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "temporality"
@@ -253,14 +246,8 @@ async def test_the_rendered_server_answers_what_the_exporter_reads(tmp_path: Pat
     """The rendered config, run: ``/healthz`` says ok, and ``/jsz`` with consumers has the server's stored bytes and
     storage limit and each durable's pending count -- the fields of the metrics the alerts read."""
     docs = _render(_exporter())
-    passwords = _nats_secret()
-    env = {**os.environ, **_nats_pod_env(docs, f"{NATS_NAME}-0", passwords)}
-    server = _start_rendered_nats(_nats_conf(docs), tmp_path / "nats", env)
-    try:
-        await _ready(server, tmp_path / "nats")
-        journal = NatsSettings(url=server.url, user="journal", password=passwords["journal-password"])
-        async with Bus.connect(journal, name="journal", inbox_prefix=service_inbox("journal")) as bus:
-            await bus.ensure([EVENTS_STREAM, DLQ_STREAM])
+    async with _serving_rendered_nats(docs, tmp_path / "nats") as (server, passwords):
+        async with _journal_bus(server, passwords) as bus:
             spec = CONSUMERS["journal"]
             await bus.js.pull_subscribe(spec.filter_subjects[0], durable="journal", stream=spec.stream)
             for n in range(3):  # an event the journal may send
@@ -276,5 +263,3 @@ async def test_the_rendered_server_answers_what_the_exporter_reads(tmp_path: Pat
             for consumer in stream.get("consumer_detail", [])
         }
         assert consumers[(EVENTS_STREAM.name, "journal")]["num_pending"] == 3  # jetstream_consumer_num_pending
-    finally:
-        _stop(server)

@@ -10,6 +10,7 @@ dev dependency's binary), ``uv export`` when uv is there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import importlib.util
 import json
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,11 +40,13 @@ from jsonschema import validators
 from temporality_agent_collab.__main__ import _reply_key
 from temporality_agent_collab.settings import Settings as CollabSettings
 from temporality_agent_collab.signing import public_key_text
+from temporality_bus import Bus, NatsSettings
 from temporality_embedded import free_port
 from temporality_embedded.cli import nats_authorization
 from temporality_embedded.dlq import OPERATOR_USER
 from temporality_embedded.natsserver import NatsServer, nats_server_binary, password_variable
 from temporality_journal import Settings as JournalSettings
+from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM
 from temporality_protocol.catalog import SERVICES as CATALOGUE
 from temporality_protocol.permissions import TIMERS_MIGRATION_USER, service_inbox
 
@@ -654,18 +657,7 @@ def test_dockerfile_tools_target_holds_the_cli_and_no_service(stages: dict[str, 
 
 def test_the_tools_image_gets_the_cli_and_no_service() -> None:
     """What build-tools' ``uv sync --package temporality-embedded`` installs, read from the lock file."""
-    command = [_uv(), "export", "--frozen", "--no-dev", "--package", "temporality-embedded", "--no-hashes"]
-    result = subprocess.run(
-        [*command, "--no-header"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    local = {line.split()[-1].removeprefix("./") for line in result.stdout.splitlines() if line.startswith("-e ")}
+    local = _exported_members("temporality-embedded")
     assert "libs/embedded" in local
     assert not {m for m in local if m.startswith("services/")}, "no service in the toolbox"
     assert "libs/testing" not in local
@@ -735,10 +727,10 @@ def _uv() -> str:
     pytest.skip("no uv binary here: what each image installs is not exported from the lock file")
 
 
-@pytest.mark.parametrize("name", SERVICES)
-def test_each_image_gets_only_its_service_and_the_libs_it_needs(name: str) -> None:
-    """What the build stage's `uv sync --package` installs, read from the lock file: no other service."""
-    command = [_uv(), "export", "--frozen", "--no-dev", "--package", CATALOGUE[name].distribution, "--no-hashes"]
+def _exported_members(package: str) -> set[str]:
+    """The workspace members (``libs/...``, ``services/...``) ``uv sync --package <package>`` installs without dev
+    dependencies, read from the lock file with ``uv export``."""
+    command = [_uv(), "export", "--frozen", "--no-dev", "--package", package, "--no-hashes"]
     result = subprocess.run(
         [*command, "--no-header"],
         capture_output=True,
@@ -750,6 +742,13 @@ def test_each_image_gets_only_its_service_and_the_libs_it_needs(name: str) -> No
     )
     assert result.returncode == 0, result.stderr
     local = {line.split()[-1].removeprefix("./") for line in result.stdout.splitlines() if line.startswith("-e ")}
+    return local
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_each_image_gets_only_its_service_and_the_libs_it_needs(name: str) -> None:
+    """What the build stage's `uv sync --package` installs, read from the lock file: no other service."""
+    local = _exported_members(CATALOGUE[name].distribution)
     assert f"services/{name}" in local
     assert {m for m in local if m.startswith("services/")} == {f"services/{name}"}
     assert not local & {"libs/embedded", "libs/testing"}, "the launcher and the test peers stay out of images"
@@ -801,6 +800,16 @@ def test_values_validate_against_schema(values: dict[str, Any], values_schema: d
     assert _validate(values_schema, values) == []
 
 
+def _changed(values: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """A deep copy of ``values`` with ``value`` set at ``path`` (the keys down to it)."""
+    changed = deepcopy(values)
+    node = changed
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return changed
+
+
 @pytest.mark.parametrize(
     ("path", "value"),
     [
@@ -820,12 +829,7 @@ def test_values_validate_against_schema(values: dict[str, Any], values_schema: d
 def test_values_with_a_typo_fail(
     values: dict[str, Any], values_schema: dict[str, Any], path: tuple[str, ...], value: Any
 ) -> None:
-    broken = deepcopy(values)
-    node = broken
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    errors = _validate(values_schema, broken)
+    errors = _validate(values_schema, _changed(values, path, value))
     assert errors, f"{'.'.join(path)} should be rejected"
 
 
@@ -847,12 +851,7 @@ def test_values_with_a_typo_fail(
 def test_values_with_a_bad_value_fail(
     values: dict[str, Any], values_schema: dict[str, Any], path: tuple[str, ...], value: Any
 ) -> None:
-    broken = deepcopy(values)
-    node = broken
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    assert _validate(values_schema, broken)
+    assert _validate(values_schema, _changed(values, path, value))
 
 
 @pytest.mark.parametrize("name", WORKERS)
@@ -1796,16 +1795,37 @@ def _stop(server: _RenderedNats) -> None:
             server.process.wait()
 
 
+@contextlib.asynccontextmanager
+async def _serving_rendered_nats(
+    docs: list[dict[str, Any]], run: Path
+) -> AsyncIterator[tuple[_RenderedNats, dict[str, str]]]:
+    """The rendered single-replica NATS (config and pod-0's environment, random Secret passwords) running in
+    ``run`` and ready; yields the server and the Secret's passwords, stops the server on the way out."""
+    passwords = _nats_secret()
+    env = {**os.environ, **_nats_pod_env(docs, f"{NATS_NAME}-0", passwords)}
+    server = _start_rendered_nats(_nats_conf(docs), run, env)
+    try:
+        await _ready(server, run)
+        yield server, passwords
+    finally:
+        _stop(server)
+
+
+@contextlib.asynccontextmanager
+async def _journal_bus(server: _RenderedNats, passwords: dict[str, str]) -> AsyncIterator[Bus]:
+    """The journal's bus on a rendered NATS (its user, its inbox), with the events and dead-letter streams."""
+    journal = NatsSettings(url=server.url, user="journal", password=passwords["journal-password"])
+    async with Bus.connect(journal, name="journal", inbox_prefix=service_inbox("journal")) as bus:
+        await bus.ensure([EVENTS_STREAM, DLQ_STREAM])
+        yield bus
+
+
 async def test_helm_embedded_nats_config_runs_on_a_real_server(tmp_path: Path) -> None:
     """The rendered ConfigMap and pod environment start a real nats-server (the wheel's, >= 2.12): JetStream up
     on the probes' path, every service's user logs in with its Secret password and its inbox, and the
     catalogue's permissions are enforced (the gateway may publish ``trigger.received``, not ``run.created``)."""
     docs = _render(_embedded(1))
-    secret = _nats_secret()
-    pod_env = _nats_pod_env(docs, f"{NATS_NAME}-0", secret)
-    server = _start_rendered_nats(_nats_conf(docs), tmp_path / "nats", {**os.environ, **pod_env})
-    try:
-        await _ready(server, tmp_path / "nats")
+    async with _serving_rendered_nats(docs, tmp_path / "nats") as (server, secret):
         async with httpx.AsyncClient(timeout=5) as client:
             answer = await client.get(server.monitoring + NATS_PROBE_PATH)
         assert answer.status_code == 200, answer.text
@@ -1854,8 +1874,6 @@ async def test_helm_embedded_nats_config_runs_on_a_real_server(tmp_path: Path) -
         finally:
             await gateway.close()
             await journal.close()
-    finally:
-        _stop(server)
 
 
 async def _varz(monitoring: str) -> dict[str, Any]:

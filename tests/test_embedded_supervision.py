@@ -8,7 +8,6 @@ import asyncio
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -16,9 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e_support import CONFIG, EXAMPLE_PR, HOOK_AUTH
-from test_embedded_up import SCRIPT
+from test_embedded_up import free_ports, start_up
 
-from temporality_embedded import free_port
 from temporality_testing.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -30,21 +28,8 @@ class Up:
 
     def __init__(self, data_dir: Path, config_dir: Path = CONFIG, *extra: str) -> None:
         self.data_dir = data_dir
-        self.ports = {"gateway": free_port(), "human": free_port(), "journal": free_port()}
-        self.proc = subprocess.Popen(
-            [
-                str(SCRIPT), "up",
-                "--data-dir", str(data_dir),
-                "--config-dir", str(config_dir),
-                "--gateway-port", str(self.ports["gateway"]),
-                "--human-port", str(self.ports["human"]),
-                "--journal-port", str(self.ports["journal"]),
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
+        self.ports = free_ports()
+        self.proc = start_up(data_dir, config_dir, self.ports, *extra)
         self.lines: list[str] = []
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)

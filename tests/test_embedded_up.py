@@ -30,22 +30,34 @@ SCRIPT = Path(sys.executable).parent / "temporality"
 AGENT = Path(__file__).resolve().parents[1] / "examples" / "external-agent" / "agent.py"
 
 
+def free_ports() -> dict[str, int]:
+    """A free port each for the gateway, human-interaction and the journal."""
+    return {"gateway": free_port(), "human": free_port(), "journal": free_port()}
+
+
+def start_up(data_dir: Path, config_dir: Path, ports: dict[str, int], *extra: str) -> subprocess.Popen[str]:
+    """``temporality up`` as a child process on ``data_dir``, ``config_dir`` and ``ports`` (see :func:`free_ports`),
+    its stdout and stderr one text pipe."""
+    return subprocess.Popen(
+        [
+            str(SCRIPT), "up",
+            "--data-dir", str(data_dir),
+            "--config-dir", str(config_dir),
+            "--gateway-port", str(ports["gateway"]),
+            "--human-port", str(ports["human"]),
+            "--journal-port", str(ports["journal"]),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+
+
 class Up:
     def __init__(self, data_dir: Path, ports: dict[str, int] | None = None) -> None:
-        self.ports = ports or {"gateway": free_port(), "human": free_port(), "journal": free_port()}
-        self.proc = subprocess.Popen(
-            [
-                str(SCRIPT), "up",
-                "--data-dir", str(data_dir),
-                "--config-dir", str(CONFIG),
-                "--gateway-port", str(self.ports["gateway"]),
-                "--human-port", str(self.ports["human"]),
-                "--journal-port", str(self.ports["journal"]),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
+        self.ports = ports or free_ports()
+        self.proc = start_up(data_dir, CONFIG, self.ports)
         self.lines: list[str] = []
 
     def read_until(self, marker: str, timeout_s: float = 90) -> list[str]:
@@ -296,26 +308,19 @@ def test_nats_auth_is_on_unless_turned_off() -> None:
     assert build_parser().parse_args(["up", "--no-nats-auth"]).nats_auth is False
 
 
+def _run_up(*args: str) -> subprocess.CompletedProcess[str]:
+    """``temporality up`` with ``args`` run to its exit (a refusal exits at once), its output captured."""
+    return subprocess.run([str(SCRIPT), "up", *args], capture_output=True, text=True, timeout=30, check=False)
+
+
 def test_up_refuses_a_bad_subscriber_name(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [str(SCRIPT), "up", "--data-dir", str(tmp_path / "d"), "--config-dir", str(CONFIG), "--nats-subscriber", "a.b"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = _run_up("--data-dir", str(tmp_path / "d"), "--config-dir", str(CONFIG), "--nats-subscriber", "a.b")
     assert result.returncode == 2, result.stdout
     assert "error: subscriber name 'a.b'" in result.stdout
 
 
 def test_up_refuses_a_missing_config_dir(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [str(SCRIPT), "up", "--data-dir", str(tmp_path / "d"), "--config-dir", str(tmp_path / "nope")],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = _run_up("--data-dir", str(tmp_path / "d"), "--config-dir", str(tmp_path / "nope"))
     assert result.returncode == 2
     assert "triggers.yaml not found" in result.stdout
 
@@ -323,28 +328,14 @@ def test_up_refuses_a_missing_config_dir(tmp_path: Path) -> None:
 def test_up_refuses_an_invalid_tokens_file(tmp_path: Path) -> None:
     bad = tmp_path / "tokens.yaml"
     bad.write_text("- {name: x, role: root, token: short}\n", encoding="utf-8")
-    result = subprocess.run(
-        [
-            str(SCRIPT),
-            "up",
-            "--data-dir",
-            str(tmp_path / "d"),
-            "--config-dir",
-            str(CONFIG),
-            "--gateway-port",
-            str(free_port()),
-            "--human-port",
-            str(free_port()),
-            "--journal-port",
-            str(free_port()),
-            "--api-tokens-file",
-            str(bad),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = _run_up(
+        "--data-dir", str(tmp_path / "d"),
+        "--config-dir", str(CONFIG),
+        "--gateway-port", str(free_port()),
+        "--human-port", str(free_port()),
+        "--journal-port", str(free_port()),
+        "--api-tokens-file", str(bad),
+    )  # fmt: skip
     assert result.returncode == 2, result.stdout
     assert f"error: {bad}: entry 0.role" in result.stdout
 
@@ -356,21 +347,6 @@ def test_up_names_a_port_that_is_taken(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run(
-            [
-                str(SCRIPT),
-                "up",
-                "--data-dir",
-                str(tmp_path / "d"),
-                "--config-dir",
-                str(CONFIG),
-                "--gateway-port",
-                str(port),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        result = _run_up("--data-dir", str(tmp_path / "d"), "--config-dir", str(CONFIG), "--gateway-port", str(port))
     assert result.returncode == 2
     assert f"127.0.0.1:{port} is already in use; pick another with --gateway-port" in result.stdout

@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 from e2e_support import CONFIG
-
-from temporality_embedded import free_port
+from test_embedded_up import free_ports, start_up
 
 pytestmark = pytest.mark.e2e
-SCRIPT = Path(sys.executable).parent / "temporality"
 
 
 def _config(tmp_path: Path, change: dict[str, object]) -> Path:
@@ -30,19 +28,7 @@ def _config(tmp_path: Path, change: dict[str, object]) -> Path:
 
 
 def _up(data_dir: Path, config: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            str(SCRIPT), "up",
-            "--data-dir", str(data_dir),
-            "--config-dir", str(config),
-            "--gateway-port", str(free_port()),
-            "--human-port", str(free_port()),
-            "--journal-port", str(free_port()),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
+    return start_up(data_dir, config, free_ports())
 
 
 def test_a_config_error_is_shown_first_and_an_earlier_starts_log_is_not(tmp_path: Path) -> None:

@@ -341,6 +341,8 @@ async def test_e2e_1_webhook_to_completed_review_with_a_human_answer(stack: Stac
     assert answered_event["data"]["request_id"] == human_requested["data"]["request_id"] == request["id"]
     assert human_requested["data"]["source_link"]["href"] == PR_42_WEB
     assert answered_event["data"]["responder"] == "user:alice"
+    assert answered_event["data"]["responder_display_name"] == "Alice Example"  # config/users.yaml's, for the console
+    assert human_requested["data"]["agent_display_name"] is None  # the shipped card has none: the question shows its id
     assert resumed["data"]["reason"] == "answer"
     assert resumed["data"]["waited_s"] >= 0
     # AP-9: the shipped card offers report_progress; the reviewer reports after reading the input, before it asks

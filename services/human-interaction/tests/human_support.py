@@ -76,6 +76,7 @@ def requested(
     options: list[HumanOption] | None = None,
     title: str = "Review PR 42: remove the v1 API",
     context: str = "The PR removes /v1; two internal clients still call it.",
+    agent_display_name: str | None = None,
 ) -> Envelope:
     """A ``human.requested`` as run-executor would publish it."""
     request_id = request_id or new_id("hreq")
@@ -85,6 +86,7 @@ def requested(
         request_id=request_id,
         run_id=run_id,
         agent="reviewer",
+        agent_display_name=agent_display_name,
         title=title,
         recipient=recipient,
         question="Should the v1 API stay for one more release?",

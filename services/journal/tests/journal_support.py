@@ -339,13 +339,21 @@ class RunStory:
             f"notified.{rid}.{channel}",
         )
 
-    def answered(self, responder: str = "user:alice", channel: str = "matrix", waited_s: float = 60) -> Envelope:
+    def answered(
+        self,
+        responder: str = "user:alice",
+        channel: str = "matrix",
+        waited_s: float = 60,
+        *,
+        display_name: str | None = None,
+    ) -> Envelope:
         return self._event(
             HumanAnswered(
                 request_id=self.request_id,
                 run_id=self.run_id,
                 recipient=responder,
                 responder=responder,
+                responder_display_name=display_name,
                 answer=TextAnswer(value="yes"),
                 channel=channel,
                 waited_s=waited_s,

@@ -41,6 +41,7 @@ def _files(tmp_path: Path) -> tuple[Path, Path]:
         "agents": [
             {
                 "id": "reviewer",
+                "display_name": "Rita the Reviewer",
                 "role": "Code reviewer",
                 "description": "Reviews pull requests.",
                 "system_prompt": "TOP-SECRET-PROMPT",
@@ -124,6 +125,7 @@ async def test_the_cards_are_listed_to_viewers_without_secrets(executor_url: str
         assert architect["tool_policy"] == {"allow": ["get_input", "notes__*"], "deny": ["notes__boom"]}
         assert (architect["limits"]["max_turns"], architect["limits"]["max_tokens"]) == (7, 5000)
         assert (architect["mcp_servers"], architect["sandbox_network"]) == (["notes"], True)
+        assert (reviewer["display_name"], architect["display_name"]) == ("Rita the Reviewer", None)
         assert reviewer["skills"] == [{"name": "api-contracts", "description": "API changes"}]
         assert reviewer["provider"] == {"kind": "scripted", "model": None, "base_url": None, "script": "reviewer"}
         assert reviewer["tools"] == ["get_input", "ask_human"]

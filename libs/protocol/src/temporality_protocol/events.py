@@ -574,13 +574,18 @@ class RunCompleted(EventData):
 
 
 #: Why the run-executor fails a run (``run.failed``'s ``reason``): its machine may give no other (typed), and the
-#: journal's finished-runs counter labels by them. The event's field stays a string: a reader meets older ones too.
+#: journal's finished-runs counter labels by them. The event's field stays a string: a reader meets older ones too,
+#: and a newer executor's (a reader counts or shows a reason it does not know as it is, or as ``other``).
+#: ``output_truncated`` (a final reply cut off at the model's output length limit, ``finish_reason: length``) is
+#: newer than the others: executors before it failed such a run ``provider_error``, its ``error`` starting
+#: ``output_truncated:``.
 RunFailureReason = Literal[
     "compute_timeout",
     "human_request_expired",
     "infrastructure_error",
     "malformed_tool_calls",
     "max_turns",
+    "output_truncated",
     "provider_error",
     "stalled",
     "token_limit",
@@ -592,7 +597,13 @@ RUN_FAILURE_REASONS: tuple[str, ...] = get_args(RunFailureReason)
 class RunFailed(EventData):
     EVENT_TYPE: ClassVar[str] = "run.failed"
     run_id: str
-    reason: str
+    reason: str = Field(
+        description="Why (the run-executor gives one of temporality_protocol.RUN_FAILURE_REASONS: compute_timeout, "
+        "human_request_expired, infrastructure_error, malformed_tool_calls, max_turns, output_truncated, "
+        "provider_error, stalled, token_limit, unknown_agent); a string, so a reader accepts a newer one. "
+        "output_truncated is newer: before it, a final reply cut off at the output length limit failed "
+        "provider_error with an error starting 'output_truncated:'"
+    )
     error: str
     usage: RunUsage | None = None
 
@@ -643,6 +654,11 @@ class HumanRequested(EventData):
     request_id: str
     run_id: str
     agent: str
+    agent_display_name: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        default=None,
+        description="The asking agent's display name (its card's display_name), shown to the person with `agent`; "
+        "None (and on events from executors before it): the person sees the agent's id",
+    )
     title: str = Field(description="Which task (HUM-5)")
     recipient: str = Field(description="`user:<id>`; checked against policy.allowed_recipients (SEC-1)")
     question: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
@@ -752,6 +768,11 @@ class HumanAnswered(EventData):
     run_id: str
     recipient: str
     responder: str
+    responder_display_name: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        default=None,
+        description="The responder's display name in human-interaction's user directory when the answer was bound; "
+        "None for someone not in it (and on events from services before it): show `responder`",
+    )
     answer: HumanAnswer
     channel: str
     waited_s: float

@@ -47,6 +47,7 @@ from temporality_human_interaction.directory import Directory, recipient_for, us
 from temporality_human_interaction.directory_api import OPENAPI_SCHEMAS as DIRECTORY_SCHEMAS
 from temporality_human_interaction.directory_api import directory_router
 from temporality_human_interaction.egress import DEFAULT_POLICY, EgressPolicy
+from temporality_human_interaction.events import responder_display_name
 from temporality_human_interaction.inbound import AnswerRouter
 from temporality_human_interaction.inbox import list_inbox
 from temporality_human_interaction.mirror import ChannelMirror
@@ -149,10 +150,14 @@ class InboxItem(BaseModel):
 
 class RequestView(InboxItem):
     agent: str
+    #: The asking agent's display name (its card's); None: show ``agent``.
+    agent_display_name: str | None = None
     recipient: str
     status: HumanRequestState
     answer: HumanAnswer | None
     responder: str | None
+    #: The responder's directory display name (``human.answered``'s); None: show ``responder``.
+    responder_display_name: str | None = None
     answered_at: datetime | None
     #: True when this POST repeated the answer the same person had already given (idempotent 200).
     already_recorded: bool = False
@@ -163,10 +168,12 @@ class RequestView(InboxItem):
             already_recorded=already_recorded,
             **_common(record, now),
             agent=record.agent,
+            agent_display_name=record.agent_display_name,
             recipient=record.recipient,
             status=record.status,
             answer=record.answer,
             responder=record.responder,
+            responder_display_name=responder_display_name(record),
             answered_at=record.answered_at,
         )
 

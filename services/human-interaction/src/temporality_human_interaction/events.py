@@ -53,6 +53,7 @@ __all__ = [
     "reasked_event",
     "rejected_event",
     "rejected_event_of",
+    "responder_display_name",
 ]
 
 SERVICE = "human-interaction"
@@ -126,6 +127,7 @@ def answered_event(record: HumanRequestRecord, *, channel: str) -> Envelope:
             run_id=record.run_id,
             recipient=record.recipient,
             responder=record.responder,
+            responder_display_name=responder_display_name(record),
             answer=record.answer,
             channel=channel,
             waited_s=record.waited_s(record.answered_at),
@@ -140,6 +142,13 @@ def answered_event(record: HumanRequestRecord, *, channel: str) -> Envelope:
         tracestate=record.tracestate,
         actor=record.responder,
     )
+
+
+def responder_display_name(record: HumanRequestRecord) -> str | None:
+    """The responder's directory display name as the binding recorded it; ``None`` for someone the directory does
+    not know (the binding then records the responder's id, or nothing on a record from before it)."""
+    name = (record.responder_name or "").strip()
+    return name[:200] if name and name != record.responder else None
 
 
 #: Why an answer was refused and journaled (``human.answer_refused.reason``).

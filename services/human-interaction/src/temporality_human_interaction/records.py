@@ -93,6 +93,8 @@ class HumanRequestRecord(BaseModel):
     request_id: str
     run_id: str
     agent: str
+    #: The asking agent's display name (``human.requested``'s ``agent_display_name``): None, the id is shown.
+    agent_display_name: str | None = None
     title: str
     recipient: str
     #: For a ``group:<id>`` recipient: the members (``user:<id>``) asked, fixed when the request was stored;
@@ -195,6 +197,7 @@ class HumanRequestRecord(BaseModel):
             request_id=payload.request_id,
             run_id=payload.run_id,
             agent=payload.agent,
+            agent_display_name=payload.agent_display_name,
             title=payload.title,
             recipient=payload.recipient,
             question=payload.question,

@@ -185,6 +185,12 @@ class WaitingRequest(BaseModel):
         "run still waits on the others (wait_for: all)"
     )
     responder: str | None = Field(default=None, description="Who answered (answered only)")
+    responder_display_name: str | None = Field(
+        default=None,
+        description="The responder's display name (human.answered's, from human-interaction's directory); null "
+        "for an answer without one (an older human-interaction, someone the directory had no name for): show "
+        "`responder`",
+    )
 
 
 class Waiting(BaseModel):
@@ -1232,8 +1238,12 @@ async def _several_waits(session: AsyncSession, records: Sequence[RunRecord]) ->
             if notified is not None and isinstance(notified.get("channel"), str):
                 update["channel"] = notified["channel"]
             if answered is not None:
-                responder = answered.get("responder")
-                update |= {"status": "answered", "responder": responder if isinstance(responder, str) else None}
+                responder, name = answered.get("responder"), answered.get("responder_display_name")
+                update |= {
+                    "status": "answered",
+                    "responder": responder if isinstance(responder, str) else None,
+                    "responder_display_name": name if isinstance(name, str) and name else None,
+                }
                 if isinstance(answered.get("channel"), str):
                     update["channel"] = answered["channel"]
             elif "human.expired" in facts:

@@ -220,6 +220,9 @@ class Sandbox(_Strict):
 
 class AgentCard(_Strict):
     id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
+    #: How people are shown the agent (``human.requested``'s ``agent_display_name``: the question names it);
+    #: none: they see its ``id``.
+    display_name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     role: str
     description: str = ""
     system_prompt: str

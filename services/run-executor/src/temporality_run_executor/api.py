@@ -81,6 +81,8 @@ class RenamedToolView(_View):
 
 class AgentView(_View):
     id: str
+    #: How people are shown it (the question it asks names it); null: its id.
+    display_name: str | None = None
     role: str
     description: str
     skills: list[SkillView]
@@ -116,6 +118,7 @@ def agent_view(card: AgentCard, offered: list[Tool]) -> AgentView:
         script = provider.script if isinstance(provider.script, str) else "file" if provider.script_file else "inline"
     return AgentView(
         id=card.id,
+        display_name=card.display_name,
         role=card.role,
         description=card.description,
         skills=[SkillView(name=s.name, description=s.description) for s in card.skills],

@@ -1626,7 +1626,7 @@ def _boundary(
     if ckpt is None:
         return _decision(Retry(f"checkpoint of {run.run_id} not found"))
     if ckpt.pending is not None:
-        return _park(run, ckpt, redactor, attempt, now)
+        return _park(run, ckpt, agent, redactor, attempt, now)
     if _held_by_other(run, attempt, now):  # our lease expired mid-turn and another handler took over
         return _decision(Note("run.lease.lost", "warning", {"holder": run.lease.holder if run.lease else None}))
     if ckpt.elicit is not None:  # the person answered the call's elicitation: make the call again
@@ -1670,7 +1670,9 @@ def _boundary(
     return _decision(*renew, ArmWatchdog(ckpt.turn, limits.max_compute_s, attempt.cause("turn")), then=call)
 
 
-def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor, attempt: Attempt, now: datetime) -> Decision:
+def _park(
+    run: RunRecord, ckpt: Checkpoint, agent: Agent, redactor: Redactor, attempt: Attempt, now: datetime
+) -> Decision:
     """Ask, then wait at zero cost: ``human.requested`` (or ``agent.asked``), the watchdog off,
     ``waiting_for_human`` (or ``waiting_for_agent``) (RUN-3, COL-2). Several ``ask_human`` calls of one turn
     (HUM-7): one ``human.requested`` each, one park; the record names the first request.
@@ -1694,7 +1696,7 @@ def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor, attempt: Attempt
         )
     if pending.kind == "elicit":
         return _decision(
-            Publish(_elicit_requested(run, pending, redactor), (pending.request_id,)),
+            Publish(_elicit_requested(run, pending, agent, redactor), (pending.request_id,)),
             DisarmWatchdog(),
             guard,
             Transition(RunState.WAITING_FOR_HUMAN, waiting),
@@ -1706,7 +1708,7 @@ def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor, attempt: Attempt
     if ckpt.more_pending:
         fields |= {"more": [p.request_id for p in ckpt.more_pending], "wait_for": wait_for(ckpt)}
     return _decision(
-        *(Publish(_human_requested(run, p, redactor), (p.request_id,)) for p in ckpt.parked),
+        *(Publish(_human_requested(run, p, agent, redactor), (p.request_id,)) for p in ckpt.parked),
         # before the move: once it waits, an answer may resume (and re-arm) it at any moment
         DisarmWatchdog(),
         guard,
@@ -1716,7 +1718,7 @@ def _park(run: RunRecord, ckpt: Checkpoint, redactor: Redactor, attempt: Attempt
     )
 
 
-def _human_requested(run: RunRecord, pending: PendingAsk, redactor: Redactor) -> HumanRequested:
+def _human_requested(run: RunRecord, pending: PendingAsk, agent: Agent, redactor: Redactor) -> HumanRequested:
     args = AskHumanArgs.model_validate(pending.arguments)
     policy = run.human
     timeout = min(args.timeout or policy.default_timeout_s, policy.max_timeout_s)
@@ -1724,6 +1726,7 @@ def _human_requested(run: RunRecord, pending: PendingAsk, redactor: Redactor) ->
         request_id=pending.request_id,
         run_id=run.run_id,
         agent=run.agent,
+        agent_display_name=agent.card.display_name,  # the card's, as the run is asking now (None: its id)
         title=run.title,
         recipient=args.recipient,
         question=args.question,
@@ -1788,15 +1791,18 @@ def _provider_replied(
     if not reply.tool_calls:
         totals = _totals(ckpt, turns=incoming.turn, usage=usage)
         if reply.finish_reason == "length":  # a cut-off final reply is not the agent's answer
-            return _decision(*metrics, *_fail(run, "provider_error", _truncated_text(agent, reply), totals=totals))
+            return _decision(*metrics, *_fail(run, OUTPUT_TRUNCATED, _truncated_text(agent, reply), totals=totals))
         return _decision(*metrics, *_complete(run, reply.content or "", totals))
     plans = _plan_calls(run, ckpt, agent, incoming.turn, now, reply, (request_id, redactor))
     turn = TurnInFlight(number=incoming.turn, reply=reply, usage=usage, plans=plans, metrics=streamed)
     return _calls_from(run, ckpt, agent, turn, 0, (), incoming.elapsed_s, now)
 
 
-#: What a run failed for a final reply cut off at the output length limit says first (``run.failed``'s ``error``).
-OUTPUT_TRUNCATED = "output_truncated"
+#: The ``run.failed`` reason of a run whose final reply was cut off at the output length limit. Executors before it
+#: failed such a run ``provider_error``, its ``error`` starting ``output_truncated:``; the error now says what was cut
+#: off without the prefix (the journal shows a failed run's error as ``<reason>: <error>``, so it still reads
+#: ``output_truncated: the final reply ...`` there).
+OUTPUT_TRUNCATED: RunFailureReason = "output_truncated"
 
 
 def _truncated_text(agent: Agent, reply: AssistantTurn) -> str:
@@ -1805,7 +1811,7 @@ def _truncated_text(agent: Agent, reply: AssistantTurn) -> str:
     model = f" of model {provider.model}" if provider.model else ""
     tokens = f" after {reply.usage.completion_tokens} completion tokens" if reply.usage is not None else ""
     return (
-        f"{OUTPUT_TRUNCATED}: the final reply{model} was cut off at the endpoint's output length limit "
+        f"the final reply{model} was cut off at the endpoint's output length limit "
         f"(finish_reason 'length'{tokens}), so its partial text is not taken as the result. Raise the model's "
         "output limit (max_tokens) at the endpoint, or ask for a shorter answer in the card's system prompt"
     )
@@ -2254,7 +2260,7 @@ def _elicit_pending(
     )
 
 
-def _elicit_requested(run: RunRecord, pending: PendingAsk, redactor: Redactor) -> HumanRequested:
+def _elicit_requested(run: RunRecord, pending: PendingAsk, agent: Agent, redactor: Redactor) -> HumanRequested:
     """``human.requested`` for an elicitation: the form rendered as options or free text (:mod:`.elicitation`)."""
     args = pending.arguments
     url = args.get("url")
@@ -2268,6 +2274,7 @@ def _elicit_requested(run: RunRecord, pending: PendingAsk, redactor: Redactor) -
         request_id=pending.request_id,
         run_id=run.run_id,
         agent=run.agent,
+        agent_display_name=agent.card.display_name,  # the card's, as the run is asking now (None: its id)
         title=run.title,
         recipient=str(args["recipient"]),
         question=form.question,

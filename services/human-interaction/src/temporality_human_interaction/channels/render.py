@@ -146,7 +146,9 @@ def _how_to_answer(record: HumanRequestRecord, channel_hint: str) -> str:
 
 
 def _asker(record: HumanRequestRecord) -> str:
-    """Who asks: the agent (its id, as the run's card names it)."""
+    """Who asks: the agent, by its card's display name with its id when the card has one, else by its id."""
+    if record.agent_display_name and record.agent_display_name != record.agent:
+        return f"🤖 {record.agent_display_name} (agent {record.agent}) asks:"
     return f"🤖 {record.agent} (agent) asks:"
 
 

@@ -94,6 +94,7 @@ export const REASON_LABELS = {
     infrastructure_error: "an infrastructure error",
     malformed_tool_calls: "the model's tool calls were malformed",
     max_turns: "it reached its turn limit",
+    output_truncated: "the model's reply was cut off at its output limit",
     provider_error: "the model provider failed",
     stalled: "the run stalled",
     token_limit: "it reached its token limit",
@@ -181,6 +182,18 @@ function stateBadge(state) {
 
 function person(recipient) {
   return recipient ? recipient.replace(/^user:/, "") : "—";
+}
+
+// Who answered: the display name human-interaction's directory had for them (human.answered's
+// responder_display_name), with the id after it; the id alone for an answer without one (older events).
+function responderOf(responder, displayName) {
+  const id = person(responder);
+  return displayName && displayName !== id ? `${displayName} (${id})` : id;
+}
+
+// The asking agent: its card's display name (human.requested's agent_display_name) with its id, or the id alone.
+function agentOf(agent, displayName) {
+  return displayName && displayName !== agent ? `${displayName} (${agent})` : agent;
 }
 
 function facts(pairs) {
@@ -966,7 +979,8 @@ export function timeline(events, run, now = Date.now()) {
         step.title = "Human request";
         step.kind = "human";
         const options = (d.options || []).map((o) => o.label).join(" · ");
-        step.lines = [["Question", d.question], ["Asked", person(d.recipient)], ["Context", d.context],
+        step.lines = [["Question", d.question], ["Asked", person(d.recipient)],
+          ["By agent", d.agent_display_name ? agentOf(d.agent, d.agent_display_name) : null], ["Context", d.context],
           ["Options", options], ["Timeout", duration(d.timeout_s)]];
         steps.push(step);
         const outcome = outcomes.get(d.request_id);
@@ -995,7 +1009,8 @@ export function timeline(events, run, now = Date.now()) {
         step.kind = "human";
         const a = d.answer || {};
         const answer = a.type === "option" ? (a.label ? `${a.label} (${a.option_id})` : a.option_id) : a.value;
-        step.lines = [["Answer", answer], ["By", person(d.responder)], ["Channel", d.channel]];
+        step.lines = [["Answer", answer], ["By", responderOf(d.responder, d.responder_display_name)],
+          ["Channel", d.channel]];
         break;
       }
       case "human.expired":
@@ -1475,7 +1490,7 @@ function auditRow(entry) {
 
 // ------------------------------------------------------------------ waiting runs (UI-1)
 function questionStatus(q) {
-  if (q.status === "answered") return `answered by ${person(q.responder)}`;
+  if (q.status === "answered") return `answered by ${responderOf(q.responder, q.responder_display_name)}`;
   return q.status === "expired" ? "expired" : "waiting";
 }
 

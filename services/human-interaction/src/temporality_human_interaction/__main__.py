@@ -93,9 +93,12 @@ def egress_policy(settings: Settings) -> EgressPolicy:
         raise ConfigError(str(exc)) from exc
 
 
-def build_adapters(settings: Settings, bus: Bus, egress: EgressPolicy | None = None) -> list[ChannelAdapter]:
+def build_adapters(
+    settings: Settings, bus: Bus, egress: EgressPolicy | None = None, *, mirror: ChannelMirror | None = None
+) -> list[ChannelAdapter]:
     """The transports to start: the web inbox always, each chat transport only when it is configured; each
-    sends through ``egress`` (default: the settings' policy)."""
+    sends through ``egress`` (default: the settings' policy). ``mirror``: the replica's mirror of
+    ``human-channels``, where a chat transport finds a chat's open questions for a bare message (else: a listing)."""
     policy = egress or egress_policy(settings)
     adapters: list[ChannelAdapter] = [WebInboxAdapter()]
     if settings.telegram_token is not None and settings.telegram_enabled:
@@ -116,6 +119,7 @@ def build_adapters(settings: Settings, bus: Bus, egress: EgressPolicy | None = N
                     ttl_s=settings.channel_lease_ttl_s,
                     renew_s=settings.channel_lease_renew_s,
                 ),
+                mirror=mirror,
             )
         )
     if settings.matrix_homeserver is not None:
@@ -139,6 +143,7 @@ def build_adapters(settings: Settings, bus: Bus, egress: EgressPolicy | None = N
                     ttl_s=settings.channel_lease_ttl_s,
                     renew_s=settings.channel_lease_renew_s,
                 ),
+                mirror=mirror,
             )
         )
     for adapter in adapters:
@@ -225,7 +230,7 @@ def configure(settings: Settings) -> Setup[Settings]:
             mirror=mirror,
             recent=recent,
         )
-        for adapter in build_adapters(rt.settings, rt.bus, egress):
+        for adapter in build_adapters(rt.settings, rt.bus, egress, mirror=mirror):
             adapter.attach(inbound)  # every channel hands its answers to the one binding
             adapter.observer = metrics
             adapters[adapter.name] = await rt.resources.enter_async_context(adapter)

@@ -20,12 +20,18 @@ and, once it has applied a write of the caller's own (:meth:`ChannelMirror.reach
 bucket's writes in their order), what was written before that write -- a run's end and withdrawal markers at
 intake, a run's requests at its end, the requests parked under a run when its policy comes (:mod:`.runs`,
 :mod:`.policies` say why a write after it is seen by the other side). What the mirror lacks is read from the
-bucket, as before.
+bucket, as before. A message that answers no question by itself (Telegram, Matrix) finds its chat's questions in
+it too (:func:`chat_questions`): the chat's keys from an index by chat, and only the records of the requests whose
+run entry is not marked ended -- a chat's ended questions cost no read (a stale candidate costs its record's read,
+which has the last word).
 
 What the mirror costs instead: the keys of ``human-channels`` in memory on each replica (about 360 bytes of
 Python heap each, a little more with the index by run: 10k open requests delivered on Telegram, six keys each,
 hold 20.5-23.7 MiB, 35.4-36.4 MiB resident --
-``bench/human_mirror_memory.py``), and every write delivered to every replica.
+``bench/human_mirror_memory.py``; the index by chat adds a set slot per chat key, about 50 bytes, and a set per chat,
+about 250, and the ended run entries' request ids another slot each, about 50 -- the bench, which puts each copy in
+a chat of its own, held 22.1 MiB before it and 25.1 MiB after, 32.7 MiB resident both), and every write delivered to
+every replica.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -42,14 +49,24 @@ from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from temporality_bus import Bus, KvWatch, entry_value
-from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ref_key
+from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 
-__all__ = ["ANYONE", "ChannelEntry", "ChannelMirror", "listed_for", "to_channel_entry"]
+__all__ = [
+    "ANYONE",
+    "ChannelEntry",
+    "ChannelMirror",
+    "ChatQuestions",
+    "chat_questions",
+    "listed_for",
+    "to_channel_entry",
+]
 
 log = structlog.get_logger(__name__)
 
 #: How long :meth:`ChannelMirror.caught_up` waits for the watch to apply the bucket's last revision.
 CATCH_UP_TIMEOUT_S = 10.0
+#: How long a bare message's look-up (:func:`chat_questions`) waits for the mirror to catch up (then: a listing).
+CHAT_CATCH_UP_TIMEOUT_S = 2.0
 #: How long :meth:`ChannelMirror.reached` waits for the watch to apply a write of the caller's (then: a read).
 REACH_TIMEOUT_S = 2.0
 
@@ -88,13 +105,18 @@ class ChannelEntry:
 
 #: The kinds of key :meth:`ChannelMirror.children` indexes by their ``<kind>.<run>`` parent.
 _INDEXED = ("run.", "parked.")
+#: ... and by their chat: ``telegram.msg.<chat>`` (the questions sent to a chat, by message), ``matrix.asked.<room>``
+#: (the questions asked in a room), so a bare message finds its chat's questions without going through every key.
+_CHATS = ("telegram.msg.", "matrix.asked.")
 
 
 def _parent(key: str) -> str | None:
-    """``run.<run>`` for ``run.<run>.<request id>`` (and ``parked.*`` likewise); None for other keys."""
-    if not key.startswith(_INDEXED) or key.count(".") != 2:
-        return None
-    return key.rsplit(".", 1)[0]
+    """``run.<run>`` for ``run.<run>.<request id>`` (and ``parked.*`` likewise), ``telegram.msg.<chat>`` for
+    ``telegram.msg.<chat>.<message id>`` (and ``matrix.asked.*`` likewise); None for other keys."""
+    dots = key.count(".")
+    if (dots == 2 and key.startswith(_INDEXED)) or (dots == 3 and key.startswith(_CHATS)):
+        return key.rsplit(".", 1)[0]
+    return None
 
 
 def to_channel_entry(entry: KeyValue.Entry) -> ChannelEntry | None:
@@ -149,8 +171,9 @@ class ChannelMirror:
         self._bus = bus
         self._kv = kv
         self._entries: dict[str, ChannelEntry] = {}
-        #: The keys under each ``run.<run>`` and ``parked.<run>`` (a run's requests, its parked requests), so
-        #: :meth:`children` finds them without going through every key.
+        #: The keys under each ``run.<run>`` and ``parked.<run>`` (a run's requests, its parked requests), and under
+        #: each ``telegram.msg.<chat>`` and ``matrix.asked.<room>`` (the questions sent there), so :meth:`children`
+        #: finds them without going through every key.
         self._children: dict[str, set[str]] = {}
         #: The keys each person's inbox may list (:func:`listed_for`: pending run entries naming them, an older
         #: version's inbox entries), by the person as a key part, so :meth:`inbox` does not go through every key.
@@ -158,6 +181,9 @@ class ChannelMirror:
         #: The run entries (``run.<run>.<id>``) not marked ended, so the gauges count them without going through
         #: (and sorting) every key.
         self._pending_runs: set[str] = set()
+        #: The request ids (each its run entry's value, the same string) whose run entry is marked ended, so
+        #: :meth:`ended` answers without the run id the key needs.
+        self._ended: set[str] = set()
         #: The highest revision applied (a delete counts too: it is a message of the bucket's stream).
         self.revision = 0
         #: How many keys the watch has delivered since it started, its snapshots included: what the mirror read.
@@ -197,10 +223,12 @@ class ChannelMirror:
                 self._children.setdefault(parent, set()).add(found.key)
             for person in listed_for(found):
                 self._inboxes.setdefault(person, set()).add(found.key)
-            if found.ended_at is None and found.key.startswith("run.") and found.key.count(".") == 2:
-                self._pending_runs.add(found.key)
-            else:
-                self._pending_runs.discard(found.key)
+            if found.key.startswith("run.") and found.key.count(".") == 2:
+                if found.ended_at is None:
+                    self._pending_runs.add(found.key)
+                else:
+                    self._pending_runs.discard(found.key)
+                    self._ended.add(found.value)  # (the set keeps this entry's string: _unlist dropped the one before)
             for waiting in self._key_waiters.pop(found.key, ()):
                 if not waiting.done():
                     waiting.set_result(None)
@@ -228,7 +256,9 @@ class ChannelMirror:
                     del self._children[parent]
 
     def _unlist(self, entry: ChannelEntry) -> None:
-        """Take ``entry`` out of the inboxes it is listed in."""
+        """Take ``entry`` out of the inboxes it is listed in (and, a run entry, out of :attr:`_ended`)."""
+        if entry.ended_at is not None and entry.key.startswith("run.") and entry.key.count(".") == 2:
+            self._ended.discard(entry.value)
         for person in listed_for(entry):
             listed = self._inboxes.get(person)
             if listed is not None:
@@ -323,8 +353,8 @@ class ChannelMirror:
         return self._entries.get(key)
 
     def children(self, parent: str) -> list[ChannelEntry]:
-        """The entries under ``parent`` (``run.<run>`` or ``parked.<run>``: the keys ``<parent>.<request id>``) as
-        the watch last delivered them -- with :meth:`reached`, what a listing of ``<parent>.*`` would show."""
+        """The entries under ``parent`` (``run.<run>`` or ``parked.<run>``: the keys ``<parent>.<request id>``;
+        ``telegram.msg.<chat>``, ``matrix.asked.<room>``: the questions sent there) as the watch last delivered them -- with :meth:`reached`, what a listing of ``<parent>.*`` would show."""
         return [self._entries[key] for key in sorted(self._children.get(parent, ()))]
 
     def inbox(self, user: str) -> list[ChannelEntry]:
@@ -335,6 +365,12 @@ class ChannelMirror:
         keys = self._inboxes.get(ref_key(user), set()) | self._inboxes.get(ANYONE, set())
         return [self._entries[key] for key in sorted(keys)]
 
+    def ended(self, request_id: str) -> bool:
+        """Whether the run entry of ``request_id`` (``run.<run>.<request id>``) is marked ended, as the watch last
+        delivered it. Final once true (a mark never reverts); False while it is pending, and when the mirror holds
+        no run entry of it (an older version's request, or not delivered yet): then only its record says."""
+        return request_id in self._ended
+
     def pending_runs(self) -> list[ChannelEntry]:
         """The run entries (``run.<run>.<id>``) not marked ended, as the watch last delivered them, in no order."""
         return [self._entries[key] for key in self._pending_runs]
@@ -342,3 +378,43 @@ class ChannelMirror:
     def entries(self) -> list[ChannelEntry]:
         """The mirrored entries in revision order (the order a listing gives)."""
         return sorted(self._entries.values(), key=lambda e: e.revision)
+
+
+@dataclass(frozen=True)
+class ChatQuestions:
+    """The questions sent to a chat, as :func:`chat_questions` found them."""
+
+    #: The request ids that may still be open, sorted: their records decide (read each, check ``pending``).
+    candidates: list[str]
+    #: How many others the mirror says ended (their run entries are marked): not read. Their records are still
+    #: stored (the retention deletes a run entry after its record). 0 from a listing, which reads them all.
+    ended: int = 0
+
+
+async def chat_questions(
+    refs: ChannelRefs,
+    mirror: ChannelMirror | None,
+    parent: str,
+    *,
+    also: Sequence[str] = (),
+    timeout_s: float = CHAT_CATCH_UP_TIMEOUT_S,
+) -> ChatQuestions:
+    """The request ids the keys ``<parent>.*`` (``telegram.msg.<chat>``, ``matrix.asked.<room>``: every question,
+    reminder and escalation sent there until the retention purges its request) and the keys ``also`` (the room's
+    newest question) hold: what a message that answers no question by itself may be bound to.
+
+    From ``mirror`` once it has caught up (:meth:`ChannelMirror.caught_up`: one ``stream_info``; a question sent
+    before the message is there): the chat's keys from its index, and only the requests whose run entry is not
+    marked ended (:meth:`ChannelMirror.ended`; one without a run entry, an older version's, stays a candidate) --
+    a busy chat's ended questions cost nothing. A stale candidate (ended since) costs its record's read, which
+    says so: never a wrong binding. Without a mirror, or while it is down or behind: a listing of ``<parent>.*``
+    and a read of each key, every request a candidate."""
+    if mirror is not None and await mirror.caught_up(timeout_s):
+        held = [e.value for e in mirror.children(parent)]
+        held += [e.value for key in also if (e := mirror.get(key)) is not None]
+        ids = set(held)
+        candidates = sorted(i for i in ids if not mirror.ended(i))
+        return ChatQuestions(candidates, len(ids) - len(candidates))
+    keys = await refs.keys(f"{parent}.*")
+    values = await asyncio.gather(*(refs.get(k) for k in [*keys, *also]))
+    return ChatQuestions(sorted({v for v in values if v}))

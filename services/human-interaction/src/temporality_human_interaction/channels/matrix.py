@@ -33,7 +33,9 @@ identity is the event ``sender``): a **reaction** with an option's keycap (or di
 a **rich reply** (``m.relates_to.m.in_reply_to``) to a question — an option's number/id/label binds
 that option, anything else free text; a **message that replies to no question** binds the same way to the
 room's one open question (``matrix.asked.<room>.*``), or, with none or several open, is answered with how to
-answer and which are open (in a room no question was asked in it is left alone); a **poll response** (``m.poll.response`` with ``m.selections``, or the
+answer and which are open (in a room no question was asked in it is left alone; which are open: from the
+service's mirror of ``human-channels``, reading only the records of the room's requests whose run entry is not
+marked ended -- :func:`.mirror.chat_questions` -- else a listing and a read of every key and record); a **poll response** (``m.poll.response`` with ``m.selections``, or the
 unstable ``org.matrix.msc3381.poll.response``) to the question's poll binds the option it selects. The
 bot answers each with a notice in reply naming the question: recorded, or why not (not
 the recipient, already answered, expired ...). The question and its edit are cut to fit an event
@@ -87,6 +89,7 @@ from temporality_human_interaction.channels.render import (
     refusal_text,
 )
 from temporality_human_interaction.directory import UserProfile
+from temporality_human_interaction.mirror import ChannelMirror, chat_questions
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy, open_store
 from temporality_protocol import HumanOption
 from temporality_protocol.events import MAX_TEXT
@@ -168,6 +171,7 @@ class MatrixAdapter(ChannelAdapter):
         sync_timeout_s: float = 10.0,
         device_name: str = "temporality-human-interaction",
         lease: InboundLease | None = None,
+        mirror: ChannelMirror | None = None,
     ) -> None:
         if password is None and access_token is None:
             raise ValueError("the Matrix adapter needs a password or an access token")
@@ -179,6 +183,9 @@ class MatrixAdapter(ChannelAdapter):
         self._sync_timeout_ms = int(sync_timeout_s * 1000)
         self._device_name = device_name
         self._refs = ChannelRefs(bus)
+        #: ``human-channels`` as this replica's watch sees it: a bare message's look-up of the room's open questions
+        #: reads it instead of listing the room's keys (:func:`.mirror.chat_questions`); None: the listing.
+        self._mirror = mirror
         self._client: Any = None
         self._logged_in = False  # sends work from here
         self._synced = False  # the inbound side: the first sync done, /sync long-polled
@@ -488,8 +495,8 @@ class MatrixAdapter(ChannelAdapter):
         """A message that answers no question by itself: bound to the room's open question when exactly one is open,
         else the person is told how to answer (and which are open). In a room no question was ever asked in, it is
         a conversation, not an answer: left alone."""
-        asked = await self._asked_in(room_id)
-        if not asked:
+        asked, ended = await self._asked_in(room_id)
+        if not asked and not ended:
             return
         open_ = sorted((r for r in asked if r.pending), key=lambda r: (r.created_at, r.request_id), reverse=True)
         if len(open_) == 1:
@@ -503,15 +510,19 @@ class MatrixAdapter(ChannelAdapter):
             hint = f"{_HOW_TO_ANSWER} {len(open_)} questions are open here: {names}{more}."
         await self._notice(room_id, source, hint)
 
-    async def _asked_in(self, room_id: str) -> list[HumanRequestRecord]:
-        """Every question asked in ``room_id`` that is still stored (``matrix.asked.<room>.*``, and the room's newest
-        question, which a version before them recorded alone)."""
-        keys = await self._refs.keys(f"{ref_key('matrix', 'asked', room_id)}.*")
-        ids = {v for v in await asyncio.gather(*(self._refs.get(k) for k in keys)) if v}
-        if (latest := await self._refs.get(ref_key("matrix", "latest", room_id))) is not None:
-            ids.add(latest)
-        records = await asyncio.gather(*(self._record(i) for i in sorted(ids)))
-        return [r for r in records if r is not None]
+    async def _asked_in(self, room_id: str) -> tuple[list[HumanRequestRecord], int]:
+        """The questions asked in ``room_id`` (``matrix.asked.<room>.*``, and the room's newest question, which a
+        version before them recorded alone) that may be open and are still stored, and how many others are known
+        to have ended without being read: with the mirror, those whose run entry is marked ended
+        (:func:`.mirror.chat_questions`; their records are still stored), else none (every record is read)."""
+        asked = await chat_questions(
+            self._refs,
+            self._mirror,
+            ref_key("matrix", "asked", room_id),
+            also=[ref_key("matrix", "latest", room_id)],
+        )
+        records = await asyncio.gather(*(self._record(i) for i in asked.candidates))
+        return [r for r in records if r is not None], asked.ended
 
     async def _record(self, request_id: str) -> HumanRequestRecord | None:
         got = await (await open_store(self._bus)).get(request_id)

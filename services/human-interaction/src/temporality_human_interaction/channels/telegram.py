@@ -30,7 +30,10 @@ Inbound (handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding):
 * a **reply** to the question message binds free text; a reply that is just an option's number or
   label binds that option. A message that replies to no question binds the same way to the one question open in
   the person's private chat (``telegram.msg.<chat>.*``); with none or several open (or in a group chat) it gets a
-  hint listing them. Each gets a text reply naming the question.
+  hint listing them. Each gets a text reply naming the question. Which are open there: from the service's mirror of
+  ``human-channels`` (:func:`.mirror.chat_questions`: the chat's keys from its index, and only the records of the
+  requests whose run entry is not marked ended, so a chat's ended questions cost no read), else a listing of the
+  chat's keys and a read of each key and of each request's record.
 
 Every text fits Telegram's limits (:mod:`.render`): the question and its outcome edit 4,096 characters
 (:func:`.render.fitted` cuts the least important parts first), a reply 4,096, a callback answer 200.
@@ -90,6 +93,7 @@ from temporality_human_interaction.channels.render import (
     telegram_size,
 )
 from temporality_human_interaction.directory import UserProfile
+from temporality_human_interaction.mirror import ChannelMirror, chat_questions
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy, open_store
 from temporality_protocol.events import MAX_TEXT
 
@@ -128,8 +132,12 @@ class TelegramAdapter(ChannelAdapter):
         poll_timeout_s: float = 10.0,
         retry_s: Sequence[float] = _RETRY_S,
         lease: InboundLease | None = None,
+        mirror: ChannelMirror | None = None,
     ) -> None:
         self._bus = bus
+        #: ``human-channels`` as this replica's watch sees it: a bare message's look-up of the chat's open questions
+        #: reads it instead of listing the chat's keys (:func:`.mirror.chat_questions`); None: the listing.
+        self._mirror = mirror
         self._token = token
         self._base_url = base_url
         self._poll_timeout_s = poll_timeout_s
@@ -393,10 +401,10 @@ class TelegramAdapter(ChannelAdapter):
 
     async def _open_questions(self, chat_id: int) -> list[HumanRequestRecord]:
         """The questions sent to ``chat_id`` that are still open, newest first (from ``telegram.msg.<chat>.*``:
-        every question, reminder and escalation sent there, until the retention purges its request)."""
-        keys = await self._refs.keys(f"{ref_key('telegram', 'msg', chat_id)}.*")
-        ids = {v for v in await asyncio.gather(*(self._refs.get(k) for k in keys)) if v}
-        records = [r for r in await asyncio.gather(*(self._record(i) for i in sorted(ids))) if r is not None]
+        every question, reminder and escalation sent there, until the retention purges its request). With the
+        mirror, only the records of those whose run entry is not marked ended are read (:func:`.mirror.chat_questions`)."""
+        asked = await chat_questions(self._refs, self._mirror, ref_key("telegram", "msg", chat_id))
+        records = [r for r in await asyncio.gather(*(self._record(i) for i in asked.candidates)) if r is not None]
         return sorted((r for r in records if r.pending), key=lambda r: (r.created_at, r.request_id), reverse=True)
 
     async def _submit(self, request_id: str, user_id: int, submission: AnswerSubmission) -> InboundResult | None:

@@ -347,7 +347,7 @@ async def test_a_mindmap_trigger_is_created_and_edited_in_the_wizard_with_both_o
     monkeypatch.setenv("MM_TRIGGER_TOKEN", "a-token-the-gateway-reads")
     page = await open_wizard(browser_context, served.url, ADMIN_TOKEN)
     await expect_step(page, 1)
-    # typing the adapter preselects the one auth type it accepts (auth "none" is refused for every webhook)
+    # typing the adapter preselects the one auth type it accepts (besides "none", unauthenticated)
     await on_screen(page).get_by_label("Adapter", exact=True).fill("mindmap.test_case")
     await expect(on_screen(page).get_by_label("Auth type", exact=True)).to_have_value("mindmap", timeout=WAIT_MS)
     await expect(on_screen(page).get_by_label("Token environment variable", exact=True)).to_be_visible()

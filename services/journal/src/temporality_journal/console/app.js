@@ -1753,8 +1753,9 @@ const GATEWAY = "/gateway/triggers";
 const ADAPTERS = ["azure_devops.pull_request", "azure_devops.work_item", "github", "gitlab", "generic", "mindmap.test_case"];
 const AUTH_TYPES = ["none", "basic", "bearer", "github", "gitlab", "header", "hmac_sha256", "standard_webhooks",
   "mindmap"];
-// The auth types each adapter accepts (the gateway's Adapter.auth_types), the first one preselected when the adapter is
-// typed or picked and the auth type chosen is not one of them: a webhook trigger's auth "none" is always refused.
+// The auth types each adapter accepts besides "none" (the gateway's Adapter.auth_types), the first one preselected when
+// the adapter is typed or picked while the auth type is still the form's own "none" (never once the person picked
+// one, nor when editing): "none" is accepted for every adapter, but unauthenticated, with a warning.
 const ADAPTER_AUTH = {
   "azure_devops.pull_request": ["basic", "bearer", "header"],
   "azure_devops.work_item": ["basic", "bearer", "header"],
@@ -2034,9 +2035,11 @@ function wizardView(signal, triggerId) {
     tokenEnvField_.hidden = tokenEnvField(type) === null;
   };
   f.authType.addEventListener("change", showAuth);
+  let authPicked = editing;  // the stored auth, or the person's own pick, is never replaced
+  f.authType.addEventListener("change", () => { authPicked = true; });
   const preselectAuth = () => {
     const accepted = ADAPTER_AUTH[f.adapter.value.trim()];
-    if (!accepted || accepted.includes(f.authType.value)) return;
+    if (authPicked || !accepted || accepted.includes(f.authType.value)) return;
     f.authType.value = accepted[0];
     showAuth();
   };

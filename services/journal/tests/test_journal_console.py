@@ -569,7 +569,13 @@ async def test_trigger_wizard_prompt_condition_dedupe_and_concurrency(
     await walk_wizard(
         page,
         [
-            {"Id": "wizard-flow", "Name": "Orders, one run per customer", "Adapter": "generic"},
+            # "none" picked: the adapter alone would preselect standard_webhooks, which needs a secret
+            {
+                "Id": "wizard-flow",
+                "Name": "Orders, one run per customer",
+                "Adapter": "generic",
+                "Auth type": Choose("none"),
+            },
             {
                 "Event types": "order.created",
                 "Condition (when)": "payload.total > `100`",

@@ -73,10 +73,12 @@ async def test_a_keyboard_walk_through_the_six_steps_creates_a_trigger(
     await page.keyboard.press("Tab")  # Enabled
     await page.keyboard.press("Tab")
     await _type_into(page, "Adapter", "generic")
-    await page.keyboard.press("Tab")  # Auth type: none -> basic -> bearer
-    await page.keyboard.press("ArrowDown")
-    await page.keyboard.press("ArrowDown")
-    await expect(on_screen(page).get_by_label("Auth type", exact=True)).to_have_value("bearer")
+    auth = on_screen(page).get_by_label("Auth type", exact=True)
+    await expect(auth).to_have_value("standard_webhooks")  # the adapter's own, preselected
+    await page.keyboard.press("Tab")  # Auth type: standard_webhooks -> hmac_sha256 -> header -> ... -> bearer
+    for _ in range(5):
+        await page.keyboard.press("ArrowUp")
+    await expect(auth).to_have_value("bearer")
     await page.keyboard.press("Tab")
     await _type_into(page, "Secret environment variable", "KB_HOOK_TOKEN")
     await expect(on_screen(page).get_by_label("User name", exact=True)).to_be_hidden()  # basic only

@@ -15,13 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
+from alembic import command
+from alembic.config import Config
 from journal_support import serve_journal, served_settings
 from nats.js.errors import NotFoundError
-from sqlalchemy import func, select, text
+from sqlalchemy import Connection, func, select, text
 
 from temporality_bus import Bus, NatsSettings
 from temporality_journal import Database
-from temporality_journal.database import head_revision
+from temporality_journal.database import MIGRATIONS_DIR, head_revision
 from temporality_journal.models import EVENTS_TABLE, RUNS_TABLE
 from temporality_protocol import Envelope
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
@@ -201,3 +204,32 @@ async def test_a_rebuild_killed_between_its_steps_still_ends_in_a_full_replay(
 
     async with serve_journal(served_settings(tmp_path, nats_settings, database_url), bus):
         await _wait_counts(database_url, (len(events), 2))  # the lost event is back: the whole stream replayed
+
+
+def _downgrade_to(revision: str) -> Callable[[Connection], None]:
+    def migrate(connection: Connection) -> None:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+
+    return migrate
+
+
+async def _ready_line(database_url: str) -> dict[str, Any]:
+    with structlog.testing.capture_logs() as logs:
+        async with Database.open(database_url):
+            pass
+    return next(entry for entry in logs if entry["event"] == "database.ready")
+
+
+async def test_database_ready_names_the_revision_and_what_alembic_migrated(database_url: str) -> None:
+    head = head_revision()
+    ready = await _ready_line(database_url)
+    assert (ready["revision"], ready["migrated"]) == (head, f"none -> {head}")
+    ready = await _ready_line(database_url)  # the next start: nothing to migrate
+    assert (ready["revision"], ready["migrated"]) == (head, False)
+    async with Database.open(database_url) as database, database.engine.begin() as conn:
+        await conn.run_sync(_downgrade_to("0005_revoked"))  # a database of the previous release
+    ready = await _ready_line(database_url)
+    assert (ready["revision"], ready["migrated"]) == (head, f"0005_revoked -> {head}")

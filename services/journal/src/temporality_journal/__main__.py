@@ -10,7 +10,8 @@ likewise one to human-interaction when ``TEMPORALITY_JOURNAL_HUMAN_URL`` is set:
 (:mod:`temporality_journal.human`).
 
 ``temporality-journal rebuild`` (``python -m temporality_journal rebuild``) drops the read model and
-makes the next start replay the stream from the beginning: :mod:`temporality_journal.rebuild`.
+makes the next start replay the stream from the beginning (``rebuild --accept-loss`` also when the stream no
+longer holds every event): :mod:`temporality_journal.rebuild`.
 
 In the service's own process the runtime freezes what the start made out of the cyclic garbage collector once
 ``setup`` is done (``temporality_service.runtime.run_until``'s ``freeze_heap``): full collections under ingest
@@ -29,6 +30,7 @@ from temporality_journal.database import Database, connect_args
 from temporality_journal.gateway import gateway_client
 from temporality_journal.human import human_client
 from temporality_journal.metrics import JournalMetrics
+from temporality_journal.rebuild import ACCEPT_LOSS
 from temporality_journal.rebuild import main as rebuild_main
 from temporality_journal.recorder import Recorder
 from temporality_journal.retention import Retention
@@ -92,10 +94,15 @@ def configure(settings: Settings) -> Setup[Settings]:
     return setup
 
 
-COMMANDS = {"rebuild": "drop the read model and rebuild it by replaying the streams (docs/journal.md), then exit"}
+COMMANDS = {
+    "rebuild": "drop the read model and rebuild it by replaying the streams (docs/journal.md), then exit; "
+    f"refused while the stream misses events unless given {ACCEPT_LOSS} (rebuild {ACCEPT_LOSS})"
+}
 
 
 def run() -> None:
+    if sys.argv[1:] == ["rebuild", ACCEPT_LOSS]:  # the one command with an argument (the service CLI takes none)
+        sys.exit(run_loop(rebuild_main(accept_loss=True)))
     if check_arguments(SPEC, Settings, commands=COMMANDS) == "rebuild":
         sys.exit(run_loop(rebuild_main()))
     serve(SPEC, Settings, configure)

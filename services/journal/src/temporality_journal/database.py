@@ -387,9 +387,20 @@ class Database:
         engine = _engine(parsed, args, durability or DatabaseDurability())
         try:
             database = cls(engine)
+            before = await database.revision()
             await database.create_tables()
             await database._choose_fold_collation()
-            log.info("database.ready", dialect=database.dialect, database=parsed.database)
+            revision = await database.revision()
+            # after an upgrade the log says whether Alembic migrated anything: "0005_revoked -> 0006_reruns",
+            # "none -> …" for a new (or unversioned) database, false when it was at the newest revision already
+            migrated = f"{before or 'none'} -> {revision}" if before != revision else False
+            log.info(
+                "database.ready",
+                dialect=database.dialect,
+                database=parsed.database,
+                revision=revision,
+                migrated=migrated,
+            )
             yield database
         finally:
             await engine.dispose()

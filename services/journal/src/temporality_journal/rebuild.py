@@ -1,64 +1,196 @@
 """``temporality-journal rebuild``: drop the read model and replay the event stream from the start.
 
-Run it with every journal replica **stopped** (``make up`` stopped, or the Deployment scaled to 0):
+Run it with every journal replica **stopped** and NATS **running** (``temporality up --rebuild-journal``
+does both for the embedded stack; compose / Helm: the journal scaled to 0). The steps, in this order:
 
-1. :meth:`Database.drop` removes the ``events`` and ``runs`` tables and the schema version, and the
-   migrations create them again, empty, at the newest revision; the commit counter goes on from the last
-   position handed out before (the live tail's cursors never go back: a subscriber resuming with a cursor
-   from before the rebuild gets the replayed events again, with their CloudEvent ids, and skips none);
-2. the journal's durable consumer is deleted from ``TEMPORALITY_EVENTS``.
+1. **Connect to NATS, bounded**: two tries per server, each at most ``TEMPORALITY_NATS_CONNECT_TIMEOUT_S``
+   (at most :data:`CONNECT_TIMEOUT_CAP_S`), whatever ``TEMPORALITY_NATS_MAX_RECONNECT_ATTEMPTS`` says (the
+   service's default, -1, retries forever: a rebuild against a stopped server hung and never said so). No
+   answer: exit 1, *nothing changed*.
+2. **Check the events stream** (``TEMPORALITY_EVENTS``): it must exist and still hold every event ever stored in
+   it -- its first sequence is 1, no message deleted from inside it (``num_deleted`` 0), and its last sequence is
+   not below the highest stream sequence the database recorded (a stream deleted and made again starts at 1).
+   Otherwise what only the database still has would be lost: exit 1, *nothing changed*, unless ``--accept-loss``
+   (then the rebuild keeps only what the stream still retains, and says so in its log).
+3. **Delete the journal's durable consumer**, *then*
+4. **drop and re-create the tables** -- drop, migrations to the newest revision, the commit counter set after the
+   last position handed out before -- in **one transaction** (PostgreSQL's DDL is transactional; on SQLite the
+   transaction is opened before the first ``DROP``, so the DDL is inside it too), and log the schema revision.
 
-The next journal to start creates the consumer again (deliver policy *all*), so it records the whole
-stream from its first retained message and projects every run anew; ingest is batched and idempotent,
-so it catches up at its normal rate. The stream keeps events forever by default (``max_age`` 0); a
-shorter retention rebuilds only what is still retained. Same environment as the service
-(``TEMPORALITY_DATABASE_URL``, ``TEMPORALITY_NATS_*``). Exit 0 when done, 2 for bad settings, 1 when
-the database or NATS fails.
+Why this order: the next journal start creates the durable consumer again only when it is missing, with deliver
+policy *all*, and records into whatever tables it finds (creating them if missing). So
+
+* a failure (or a kill) before step 3 leaves both as they were: nothing changed;
+* between 3 and 4 the consumer is gone and the tables are untouched: the next start replays the *whole* stream
+  into them; ingest is idempotent by event id, so nothing is doubled and nothing lost (but the rows were not
+  rebuilt: run the rebuild again for that);
+* inside 4 the transaction is rolled back: as between 3 and 4;
+* after 4: the intended state, empty tables and a full replay.
+
+The other order (tables first, as before) emptied the database and then, with the consumer left at the stream's
+end, the next start replayed nothing: the journal stayed empty for good.
+
+Same environment as the service (``TEMPORALITY_DATABASE_URL``, ``TEMPORALITY_NATS_*``). Exit 0 when done, 2 for
+bad settings, 1 when NATS or the database fails or the stream would lose events (the log line
+``journal.rebuild_failed`` or ``journal.rebuild_refused`` says which and what changed).
+
+``TEMPORALITY_TEST_REBUILD_CRASH_AT`` is for the tests only (never set it): ``consumer_deleted`` or
+``tables_dropped`` kills the process with ``SIGKILL`` at that point, to show what the next start does then.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+from contextlib import AsyncExitStack
+
 import structlog
+from nats.js.api import StreamInfo
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
+from sqlalchemy import text
 
-from temporality_bus import Bus
-from temporality_journal.database import Database
+from temporality_bus import Bus, NatsSettings
+from temporality_journal.database import _DDL_LOCK_KEY, Database, _drop, _upgrade
+from temporality_journal.models import COMMIT_COUNTER_TABLE, EVENTS_TABLE
 from temporality_journal.settings import Settings
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
 from temporality_service import LogSettings, configure_logging
 
-__all__ = ["main", "rebuild"]
+__all__ = ["ACCEPT_LOSS", "CONNECT_TIMEOUT_CAP_S", "RebuildRefused", "main", "rebuild", "stream_loss"]
 
 log = structlog.get_logger(__name__)
 
+#: The argument that lets a rebuild go on although the events stream no longer holds every event.
+ACCEPT_LOSS = "--accept-loss"
+#: The longest one connect try to NATS may take (``TEMPORALITY_NATS_CONNECT_TIMEOUT_S`` when shorter).
+CONNECT_TIMEOUT_CAP_S = 3.0
+#: Test-only: where to ``SIGKILL`` the process (see the module docstring).
+_CRASH_AT = "TEMPORALITY_TEST_REBUILD_CRASH_AT"
 
-async def rebuild(settings: Settings) -> None:
-    """Drop and re-create the read model, then delete the journal's durable consumer (see the module docstring)."""
-    async with Database.open(
-        settings.database_url, settings.database_tls(), settings.database_durability()
-    ) as database:
-        last = await database.last_position()
-        await database.drop()
-        await database.create_tables()
-        await database.continue_positions_after(last)
+
+class RebuildRefused(Exception):
+    """The rebuild stopped before it changed anything (the message says why and what to do)."""
+
+
+def _crash_point(name: str) -> None:
+    if os.environ.get(_CRASH_AT) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _shown(url: str) -> str:
+    """The server URLs without user and password (the embedded stack puts them into the URL)."""
+    return re.sub(r"//[^@/,]*@", "//", url)
+
+
+def bounded(settings: NatsSettings) -> NatsSettings:
+    """``settings`` with a first connect that gives up: 2 tries per server, each at most
+    :data:`CONNECT_TIMEOUT_CAP_S`, 1 s apart at most."""
+    return settings.model_copy(
+        update={
+            "max_reconnect_attempts": 1,
+            "connect_timeout_s": min(settings.connect_timeout_s, CONNECT_TIMEOUT_CAP_S),
+            "reconnect_wait_s": min(settings.reconnect_wait_s, 1.0),
+        }
+    )
+
+
+def stream_loss(info: StreamInfo | None, database_max_seq: int) -> str | None:
+    """Why the events stream no longer holds every event the database may have (``None``: it does)."""
+    if info is None:
+        return f"the events stream {EVENTS_STREAM.name} does not exist on this NATS server"
+    state = info.state
+    if state.first_seq > 1:
+        return (
+            f"the events stream {EVENTS_STREAM.name} starts at sequence {state.first_seq}: the events before it were "
+            "removed (max_age, limits or a purge)"
+        )
+    if state.num_deleted:
+        return f"{state.num_deleted} events were deleted from inside the events stream {EVENTS_STREAM.name}"
+    if database_max_seq > state.last_seq:
+        return (
+            f"the database recorded stream sequence {database_max_seq} but the events stream {EVENTS_STREAM.name} "
+            f"ends at {state.last_seq} (the stream was deleted and made again?)"
+        )
+    return None
+
+
+async def _max_stream_seq(database: Database) -> int:
+    async with database.engine.connect() as conn:
+        value = (await conn.execute(text(f"SELECT MAX(stream_seq) FROM {EVENTS_TABLE.name}"))).scalar()
+    return int(value or 0)
+
+
+async def _reset(database: Database, after: int) -> None:
+    """Drop the read model, migrate to the newest revision and number after ``after``, in one transaction."""
+    async with database.engine.begin() as conn:
+        if database.dialect == "postgresql":
+            await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
+        else:
+            # Python's sqlite3 opens a transaction before DML only, so this no-op statement opens it; the DDL that
+            # follows is then inside it (sqlite3 no longer commits before DDL) and is rolled back with it
+            await conn.execute(text(f"DELETE FROM {COMMIT_COUNTER_TABLE.name} WHERE 1 = 0"))
+        await conn.run_sync(_drop)
+        await conn.run_sync(_upgrade)
+        await conn.execute(
+            text(f"UPDATE {COMMIT_COUNTER_TABLE.name} SET last_seq = :p WHERE id = 1 AND last_seq < :p"), {"p": after}
+        )
+        _crash_point("tables_dropped")
+
+
+async def rebuild(settings: Settings, *, accept_loss: bool = False) -> None:
+    """Connect to NATS, check the stream, delete the journal's durable consumer, then drop and re-create the
+    read model (see the module docstring). Raises :class:`RebuildRefused` when nothing was changed."""
     durable = CONSUMERS["journal"].durable
-    async with Bus.connect(settings.nats, name="journal-rebuild") as bus:
+    shown = _shown(settings.nats.url)
+    async with AsyncExitStack() as stack:
+        try:
+            bus = await stack.enter_async_context(Bus.connect(bounded(settings.nats), name="journal-rebuild"))
+        except Exception as exc:
+            raise RebuildRefused(
+                f"NATS at {shown} did not answer ({exc!r}): start nats-server (with `temporality up`: run "
+                "`temporality up --rebuild-journal` instead, see docs/journal.md) and run the rebuild again; "
+                "nothing was changed"
+            ) from exc
+        try:
+            info: StreamInfo | None = await bus.js.stream_info(EVENTS_STREAM.name)
+        except NotFoundError:
+            info = None
+        database = await stack.enter_async_context(
+            Database.open(settings.database_url, settings.database_tls(), settings.database_durability())
+        )
+        last = await database.last_position()
+        loss = stream_loss(info, await _max_stream_seq(database))
+        if loss is not None and not accept_loss:
+            raise RebuildRefused(
+                f"{loss}; a rebuild would lose what only the database still has. Nothing was changed. Run "
+                f"`temporality-journal rebuild {ACCEPT_LOSS}` to rebuild from what the stream retains"
+            )
+        if loss is not None:
+            log.warning("journal.rebuild_accepting_loss", reason=loss)
         try:
             await bus.js.delete_consumer(EVENTS_STREAM.name, durable)
             deleted = True
         except NotFoundError:
             deleted = False
+        log.info("journal.rebuild_consumer_deleted", consumer=durable, existed=deleted)
+        _crash_point("consumer_deleted")
+        await _reset(database, last)
+        revision = await database.revision()
     log.info(
         "journal.rebuild_ready",
         consumer=durable,
         consumer_deleted=deleted,
         positions_after=last,
+        revision=revision,
+        stream_first_seq=info.state.first_seq if info is not None else None,
+        stream_last_seq=info.state.last_seq if info is not None else None,
         next_step="start the journal",
     )
 
 
-async def main() -> int:
+async def main(*, accept_loss: bool = False) -> int:
     try:
         settings = Settings()
     except ValidationError as exc:
@@ -67,8 +199,16 @@ async def main() -> int:
         return 2
     configure_logging(settings.log, service="journal")
     try:
-        await rebuild(settings)
+        await rebuild(settings, accept_loss=accept_loss)
+    except RebuildRefused as exc:
+        log.error("journal.rebuild_refused", error=str(exc))
+        return 1
     except Exception as exc:
-        log.error("journal.rebuild_failed", error=repr(exc))
+        log.error(
+            "journal.rebuild_failed",
+            error=repr(exc),
+            detail="the tables are replaced in one transaction: they are as before, or rebuilt; the next start "
+            "replays the stream if the consumer was deleted (see the log line journal.rebuild_consumer_deleted)",
+        )
         return 1
     return 0

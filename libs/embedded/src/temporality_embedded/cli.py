@@ -19,7 +19,7 @@ import structlog
 import yaml
 
 from temporality_bus import NatsSettings
-from temporality_embedded import dlq
+from temporality_embedded import dlq, status
 from temporality_embedded.natsserver import NatsUser, authorization_block, password_variable
 from temporality_embedded.processes import SERVICES, port_free
 from temporality_embedded.stack import Stack, StackConfig, TokenFileError
@@ -499,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_migrate.add_argument("--nats-url", default=None, help="default: TEMPORALITY_NATS_URL or nats://127.0.0.1:4222")
     dlq.add_parser(commands)  # temporality dlq list|show|redrive|purge (temporality_embedded.dlq)
+    status.add_parser(commands)  # temporality status (temporality_embedded.status)
     return parser
 
 
@@ -516,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         return timers_migrate(args.nats_url)
     if args.command == "dlq":
         return dlq.run(args)
+    if args.command == "status":
+        return status.run(args, sys.stdout)
     if args.command == "nats-authorization":
         try:
             sys.stdout.write(nats_authorization(args.subscriber, args.external_agent, args.jetstream_domain))

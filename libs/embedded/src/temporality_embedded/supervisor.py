@@ -4,7 +4,10 @@ The decision is :class:`CrashTracker`'s, pure and on an injected clock (unit-tes
 effects are :class:`Supervisor`'s, which ``temporality up`` calls about twice a second (:meth:`Supervisor.check`):
 
 - a service that exited (any exit: nothing in ``up`` stops one but Ctrl-C) is reported with its exit code or
-  signal (``exit 1``, ``SIGKILL``) and its last log lines, then started again after the next delay of
+  signal (``exit 1``, ``SIGKILL``) and its last log lines -- after a signal from outside as killed by it, with no
+  earlier logged error put first as the cause (:meth:`ServiceProcess.exit_report`) -- and its own log gets a
+  ``--- exited (SIGKILL) at ...; restarted by temporality up after 1 s ---`` line; it is started again after the
+  next delay of
   :attr:`RestartPolicy.delays_s` (1, 2, 5, 10, 30 s; the first again once it ran :attr:`RestartPolicy.stable_s`),
   on the HTTP port it had (a worker's or an extra replica's port the OS picked at the first start is kept too);
 - the embedded nats-server likewise, on the same client port and store (the port is held by a placeholder

@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -18,7 +19,7 @@ import structlog
 import yaml
 
 from temporality_bus import NatsSettings
-from temporality_embedded import dlq
+from temporality_embedded import dlq, status
 from temporality_embedded.natsserver import NatsUser, authorization_block, password_variable
 from temporality_embedded.processes import SERVICES, port_free
 from temporality_embedded.stack import Stack, StackConfig, TokenFileError
@@ -72,9 +73,14 @@ def _webhook_lines(stack: Stack, config_dir: Path) -> list[str]:
 #: Where ``temporality up`` keeps the NATS port it picked (``--nats-port -1``, the default), so that the URLs it
 #: printed -- a journal subscriber's, an external agent's, with their kept passwords -- stay true after a restart.
 NATS_PORT_FILE = "nats-port"
+#: Likewise the ports the OS picked for the run-executor's agent cards and agent-collab's agents API (and their
+#: /metrics) at the last start (``--executor-port -1``, ``--collab-port -1``, the defaults): the "Agent cards"
+#: and "Agents API" URLs and a Prometheus scrape config stay true across restarts of the stack.
+EXECUTOR_PORT_FILE = "executor-port"
+COLLAB_PORT_FILE = "collab-port"
 
 
-def _remembered_port(path: Path) -> int:
+def _remembered_port(path: Path, what: str = "NATS port") -> int:
     """The port a previous ``temporality up`` on this data directory picked, if it is free now; else -1 (a new
     free one)."""
     try:
@@ -83,16 +89,23 @@ def _remembered_port(path: Path) -> int:
         return -1
     if not 0 < port < 65536 or not port_free(port):
         if 0 < port < 65536:
-            _out(f"note: NATS port {port} of the last start is in use now; a new one is picked (URLs below change)")
+            _out(f"note: {what} {port} of the last start is in use now; a new one is picked (URLs below change)")
         return -1
     return port
 
 
-def _remember_port(path: Path, port: int) -> None:
+def _remember_port(path: Path, port: int, what: str = "NATS port") -> None:
     try:
         path.write_text(f"{port}\n", encoding="utf-8")
     except OSError as exc:  # a read-only data dir still runs; the next start picks a new port
-        _out(f"note: could not keep the NATS port in {path}: {exc}")
+        _out(f"note: could not keep the {what} in {path}: {exc}")
+
+
+def _url_port(url: str | None) -> int | None:
+    try:
+        return int(url.rsplit(":", 1)[1].split("/")[0]) if url else None
+    except (IndexError, ValueError):
+        return None
 
 
 def _private_data_dir(data_dir: Path) -> None:
@@ -122,6 +135,8 @@ def up(args: argparse.Namespace) -> int:
         ("--human-port", args.human_port),
         ("--journal-port", args.journal_port),
         ("--nats-port", args.nats_port),
+        ("--executor-port", args.executor_port),
+        ("--collab-port", args.collab_port),
     ):
         if port > 0 and not port_free(port):
             _out(f"error: 127.0.0.1:{port} is already in use; pick another with {flag}")
@@ -130,6 +145,11 @@ def up(args: argparse.Namespace) -> int:
     remembered = Path(args.data_dir) / NATS_PORT_FILE
     if args.nats_port == -1:
         args.nats_port = _remembered_port(remembered)
+    data_dir = Path(args.data_dir)
+    if args.executor_port == -1:
+        args.executor_port = _remembered_port(data_dir / EXECUTOR_PORT_FILE, "run-executor's agent-card port")
+    if args.collab_port == -1:
+        args.collab_port = _remembered_port(data_dir / COLLAB_PORT_FILE, "agent-collab's agents API port")
     try:
         stack = Stack(stack_config(args))
     except ValueError as exc:
@@ -138,16 +158,35 @@ def up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    _out(f"Starting Temporality: nats-server (JetStream) + SQLite + {len(SERVICES)} services ...")
     try:
+        if args.rebuild_journal:
+            _out("Rebuilding the journal: its read model is dropped; it replays the events stream when it starts ...")
+            rebuilt = stack.rebuild_journal()
+            if rebuilt.returncode != 0:
+                _out(f"error: temporality-journal rebuild failed (exit {rebuilt.returncode}); nothing was started:")
+                _out(rebuilt.stdout.rstrip() or "(no output)")
+                stack.stop()
+                return rebuilt.returncode
+            _out(
+                "Journal read model dropped; the journal replays the events stream from its start (see docs/journal.md)"
+            )
+        _out(f"Starting Temporality: nats-server (JetStream) + SQLite + {len(SERVICES)} services ...")
         stack.start()
     except (TokenFileError, ValueError) as exc:  # the API tokens file, the NATS passwords file, the reply key
         _out(f"error: {exc}")
         return 2
-    except (RuntimeError, TimeoutError) as exc:
+    except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as exc:
         _out(f"error: could not start: {exc}")
+        stack.stop()
         return 1
     _remember_port(remembered, stack.nats.port)
+    for file, url, what in (
+        (EXECUTOR_PORT_FILE, stack.executor_url, "run-executor's agent-card port"),
+        (COLLAB_PORT_FILE, stack.collab_url, "agent-collab's agents API port"),
+    ):
+        port = _url_port(url)
+        if port is not None:
+            _remember_port(data_dir / file, port, what)
     _out("Temporality is up.")
     for warning in not_ready(stack):  # started, yet not ready: e.g. an MCP server of a card that does not start
         _out(warning)
@@ -238,6 +277,8 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         human_port=args.human_port,
         journal_port=args.journal_port,
         nats_port=args.nats_port,
+        executor_port=max(args.executor_port, 0),  # -1 (none kept, or taken): the OS picks
+        collab_port=max(args.collab_port, 0),
         log_format="console",
         api_tokens_file=Path(args.api_tokens_file) if args.api_tokens_file else None,
         nats_auth=args.nats_auth,
@@ -332,6 +373,21 @@ def build_parser() -> argparse.ArgumentParser:
         "else a free one (default: -1)",
     )
     p_up.add_argument(
+        "--executor-port",
+        type=int,
+        default=-1,
+        help="the run-executor's agent-card API and /metrics (the 'Agent cards' URL); -1: the port the last start "
+        "on this --data-dir used if it is free (kept in <data-dir>/executor-port), else one the OS picks "
+        "(default: -1)",
+    )
+    p_up.add_argument(
+        "--collab-port",
+        type=int,
+        default=-1,
+        help="agent-collab's agents API and /metrics (the 'Agents API' URL); -1: the port the last start on this "
+        "--data-dir used if it is free (kept in <data-dir>/collab-port), else one the OS picks (default: -1)",
+    )
+    p_up.add_argument(
         "--nats-auth",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -402,6 +458,14 @@ def build_parser() -> argparse.ArgumentParser:
         "stack (default: on; --no-restart: the first exit stops the stack with exit code 1, e.g. in CI)",
     )
     p_up.add_argument(
+        "--rebuild-journal",
+        action="store_true",
+        help="before the services start, run `temporality-journal rebuild` with the journal's settings: the "
+        "journal's read model (its SQLite database's runs and events) is dropped and replayed from the events "
+        "stream when the journal starts (docs/journal.md, 'Schema and rebuild'); a failed rebuild stops "
+        "here with its exit code and output",
+    )
+    p_up.add_argument(
         "--api-tokens-file",
         default=None,
         help="role tokens for the APIs (default: <data-dir>/api-tokens.json, created with a fresh admin token)",
@@ -435,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_migrate.add_argument("--nats-url", default=None, help="default: TEMPORALITY_NATS_URL or nats://127.0.0.1:4222")
     dlq.add_parser(commands)  # temporality dlq list|show|redrive|purge (temporality_embedded.dlq)
+    status.add_parser(commands)  # temporality status (temporality_embedded.status)
     return parser
 
 
@@ -452,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         return timers_migrate(args.nats_url)
     if args.command == "dlq":
         return dlq.run(args)
+    if args.command == "status":
+        return status.run(args, sys.stdout)
     if args.command == "nats-authorization":
         try:
             sys.stdout.write(nats_authorization(args.subscriber, args.external_agent, args.jetstream_domain))

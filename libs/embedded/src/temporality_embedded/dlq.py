@@ -149,6 +149,9 @@ class DeadLetter:
     original_seq: int | None = field(init=False)
     event_id: str | None = field(init=False)
     event_type: str | None = field(init=False)
+    #: Whether the payload is a valid CloudEvent; when not, :attr:`event_id` and :attr:`event_type` are what it
+    #: says it is (a JSON object's ``id`` and ``type``, as the journal's ``bus.dead_lettered`` records them).
+    valid_envelope: bool = field(init=False)
 
     def __post_init__(self) -> None:
         h = self.headers
@@ -161,14 +164,17 @@ class DeadLetter:
         object.__setattr__(self, "original_seq", int(raw_seq) if raw_seq.isdigit() else None)
         event_id: str | None = None
         event_type: str | None = h.get("Ce-Type")
+        valid = False
         try:
             envelope = decode(self.data)
         except (ProtocolError, ValidationError, ValueError):
-            pass
+            claimed_id, claimed_type = _claimed_id_and_type(self.data)
+            event_id, event_type = claimed_id, claimed_type or event_type
         else:
-            event_id, event_type = envelope.id, envelope.type
+            event_id, event_type, valid = envelope.id, envelope.type, True
         object.__setattr__(self, "event_id", event_id)
         object.__setattr__(self, "event_type", event_type)
+        object.__setattr__(self, "valid_envelope", valid)
 
     @classmethod
     def of(cls, msg: RawStreamMsg) -> DeadLetter:
@@ -176,6 +182,22 @@ class DeadLetter:
         assert msg.subject is not None
         headers = {str(k): str(v) for k, v in (msg.headers or {}).items()}
         return cls(seq=msg.seq, time=msg.time, subject=msg.subject, headers=headers, data=msg.data or b"")
+
+
+def _claimed_id_and_type(data: bytes) -> tuple[str | None, str | None]:
+    """The ``id`` and ``type`` a payload that is not a valid CloudEvent says it has (a JSON object's string values,
+    cut to 200 characters), as the consumer runner puts them in ``bus.dead_lettered``; ``None`` for what it lacks."""
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        return None, None
+    if not isinstance(body, dict):
+        return None, None
+    claimed_id, claimed_type = body.get("id"), body.get("type")
+    return (
+        claimed_id[:200] if isinstance(claimed_id, str) else None,
+        claimed_type[:200] if isinstance(claimed_type, str) else None,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -525,17 +547,33 @@ async def _selected(bus: Bus, args: argparse.Namespace) -> list[DeadLetter]:
     return await scan(bus, None if args.all else args.consumer, args.since)
 
 
-def _line(letter: DeadLetter, redactor: Redactor) -> str:
+def _cells(letter: DeadLetter, redactor: Redactor) -> tuple[str, ...]:
     when = letter.time.strftime("%Y-%m-%d %H:%M:%S") if letter.time is not None else "-"
     original = f"{letter.original_subject or '-'}#{letter.original_seq if letter.original_seq is not None else '-'}"
     event = f"{letter.event_type or '-'} {letter.event_id or '-'}"
+    if not letter.valid_envelope and (letter.event_type or letter.event_id):
+        event += " (invalid)"  # what the message says it is; it is no valid CloudEvent
     error = redactor.redact(letter.error).text
     if len(error) > _ERROR_WIDTH:
         error = error[: _ERROR_WIDTH - 1] + "…"
-    return f"{letter.seq:>6}  {when}  {letter.consumer}  {original}  {event}  {error}"
+    return (str(letter.seq), when, letter.consumer, original, event, error)
 
 
-_HEADING = "   SEQ  TIME (UTC)           CONSUMER  ORIGINAL SUBJECT#SEQ  EVENT TYPE ID  ERROR"
+_HEADINGS = ("SEQ", "TIME (UTC)", "CONSUMER", "ORIGINAL SUBJECT#SEQ", "EVENT TYPE ID", "ERROR")
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """``rows`` under :data:`_HEADINGS`, each column as wide as its widest cell (SEQ right-aligned; the last,
+    the error, not padded)."""
+    every = [_HEADINGS, *rows]
+    widths = [max(len(row[i]) for row in every) for i in range(len(_HEADINGS) - 1)]
+    lines = []
+    for row in every:
+        cells = [row[0].rjust(widths[0])] + [
+            cell.ljust(width) for cell, width in zip(row[1:-1], widths[1:], strict=True)
+        ]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return lines
 
 
 async def _list(bus: Bus, args: argparse.Namespace, out: TextIO, redactor: Redactor) -> int:
@@ -551,6 +589,7 @@ async def _list(bus: Bus, args: argparse.Namespace, out: TextIO, redactor: Redac
                 "original_seq": letter.original_seq,
                 "event_id": letter.event_id,
                 "event_type": letter.event_type,
+                "valid_envelope": letter.valid_envelope,
                 "error": redactor.redact(letter.error).text,
             }
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -559,9 +598,8 @@ async def _list(bus: Bus, args: argparse.Namespace, out: TextIO, redactor: Redac
         scope = f" of {args.consumer}" if args.consumer else ""
         out.write(f"no dead letters{scope} in {DLQ_STREAM.name}\n")
         return 0
-    out.write(_HEADING + "\n")
-    for letter in shown:
-        out.write(_line(letter, redactor) + "\n")
+    for line in _table([_cells(letter, redactor) for letter in shown]):
+        out.write(line + "\n")
     if len(shown) < len(letters):
         out.write(f"({len(letters) - len(shown)} older not shown: --limit 0 for all, or --since)\n")
     out.write(f"{len(letters)} dead letter(s); `temporality dlq show SEQ` for one's headers and payload\n")
@@ -574,7 +612,10 @@ async def _show(bus: Bus, args: argparse.Namespace, out: TextIO, redactor: Redac
     out.write(f"dead letter {letter.seq} of {DLQ_STREAM.name} ({letter.subject}), stored {when}\n")
     out.write(f"  consumer         {letter.consumer}\n")
     out.write(f"  original         {letter.original_subject or '-'} (stream seq {letter.original_seq or '-'})\n")
-    out.write(f"  event            {letter.event_type or '-'} {letter.event_id or '-'}\n")
+    invalid = "" if letter.valid_envelope else "   (no valid CloudEvent: the type and id it says it has)"
+    if not letter.valid_envelope and not (letter.event_type or letter.event_id):
+        invalid = "   (no valid CloudEvent)"
+    out.write(f"  event            {letter.event_type or '-'} {letter.event_id or '-'}{invalid}\n")
     out.write(f"  error            {redactor.redact(letter.error).text}\n")
     out.write("headers:\n")
     for key in sorted(letter.headers):
@@ -597,8 +638,8 @@ async def _act(bus: Bus, args: argparse.Namespace, out: TextIO, redactor: Redact
         audiences = {s: await audience(bus, s) for s in dict.fromkeys(subjects.values())}
     mode = "" if args.yes else "DRY RUN (nothing changed; --yes to act): would "
     out.write(f"{mode}{verb} {len(letters)} dead letter(s):\n")
-    for letter in letters:
-        out.write(_line(letter, redactor) + "\n")
+    for letter, line in zip(letters, _table([_cells(letter, redactor) for letter in letters])[1:], strict=True):
+        out.write(line + "\n")
         if verb == "redrive":
             stream, consumers = audiences[subjects[letter.seq]]
             others = [c for c in consumers if c != letter.consumer]

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
 from temporality_protocol.catalog import SERVICES
 
-__all__ = ["SERVICES", "ServiceProcess", "first_error", "free_port", "port_free"]
+__all__ = ["RECENT_ERROR_S", "SERVICES", "ServiceProcess", "first_error", "free_port", "logged_at", "port_free"]
 
 
 #: Where :func:`free_port` looks first: below the kernel's ephemeral range (Linux's default starts at 32768).
@@ -186,6 +188,31 @@ class ServiceProcess:
         tail = "\n".join(written[-lines:])
         return f"{cause}\n--- the last lines of {self.log_file}:\n{tail}" if cause else tail
 
+    def exit_report(self, returncode: int | None, lines: int = 20, now: datetime | None = None) -> str:
+        """What to show under "<label> exited (...)": the last ``lines`` this start logged. For a non-zero exit
+        code, its first error line too: first, as the likely cause, when it was logged within
+        :data:`RECENT_ERROR_S` of the exit (``now``) or has no timestamp (a traceback's last line); an older one
+        labelled as an earlier error with its time, so that it is not read as the cause. For an exit by a signal
+        (``returncode`` < 0) none: a signal from outside (the OOM killer, an operator's kill) is the cause, not
+        what the service logged before it."""
+        written = self.log_lines()
+        if not written:
+            return "(nothing logged)"
+        tail = "\n".join(written[-lines:])
+        cause = first_error(written) if returncode is not None and returncode > 0 else None
+        if cause is None:
+            return tail
+        heading = f"--- the last lines of {self.log_file}:"
+        at = logged_at(cause)
+        now = now or datetime.now(UTC)
+        if at is not None and (now - at).total_seconds() > RECENT_ERROR_S:
+            age = int((now - at).total_seconds())
+            return (
+                f"an earlier error logged since this start, at {at:%Y-%m-%d %H:%M:%S} UTC ({age} s before the exit; "
+                f"not necessarily the cause):\n{cause}\n{heading}\n{tail}"
+            )
+        return f"{cause}\n{heading}\n{tail}"
+
     def _close_log(self) -> None:
         if self._log is not None:
             self._log.close()
@@ -194,6 +221,25 @@ class ServiceProcess:
 
 #: What marks a log line as the error that stopped a service (console and JSON log formats).
 _ERROR_MARKS = ("config.invalid", "[error", "[critical", '"level": "error"', '"level": "critical"')
+
+
+#: An error line logged at most this long before a service exited (non-zero) is shown as its likely cause
+#: (:meth:`ServiceProcess.exit_report`); an older one is labelled as an earlier error.
+RECENT_ERROR_S = 10.0
+
+#: The ISO timestamp (UTC) the services' log lines carry (console: at the start; JSON: ``"timestamp"``).
+_TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)(?:Z|\+00:00)")
+
+
+def logged_at(line: str) -> datetime | None:
+    """When the log ``line`` was logged (its first UTC ISO timestamp), or ``None`` when it carries none."""
+    found = _TIMESTAMP.search(line)
+    if found is None:
+        return None
+    try:
+        return datetime.fromisoformat(found.group(1)).replace(tzinfo=UTC)
+    except ValueError:
+        return None
 
 
 def first_error(lines: list[str]) -> str | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -423,15 +425,8 @@ class Stack:
 
     def start(self, timeout: float = 60.0) -> None:
         """Raises ``TokenFileError`` for an invalid tokens file, ``RuntimeError``/``TimeoutError`` otherwise."""
-        self.api_tokens = ensure_tokens_file(self.api_tokens_file)
-        if self.config.collab_reply_key:
-            self.collab_public_key = ensure_reply_key(self.collab_reply_key_file)
-        if self.config.console_sign_in:
-            for key in SIGN_IN_SECRETS:
-                ensure_secret_file(self.sign_in_dir / key)
-        if self.config.nats_url is None:
-            self.nats.users = self._nats_users()
-            self.nats.start()
+        self._prepare()
+        self.start_nats()
         try:
             # an older data dir: its timers move into the per-service streams now, once, before any service starts
             migrate_timers(self.nats_url, *(self.nats_admin or (None, None)))
@@ -450,6 +445,46 @@ class Stack:
         except BaseException:
             self.stop()
             raise
+
+    def _prepare(self) -> None:
+        """The files the services read: the API tokens, agent-collab's reply key, the sign-in secrets (each made
+        on first start, kept afterwards). Raises ``TokenFileError`` for an invalid tokens file."""
+        self.api_tokens = ensure_tokens_file(self.api_tokens_file)
+        if self.config.collab_reply_key:
+            self.collab_public_key = ensure_reply_key(self.collab_reply_key_file)
+        if self.config.console_sign_in:
+            for key in SIGN_IN_SECRETS:
+                ensure_secret_file(self.sign_in_dir / key)
+
+    def start_nats(self) -> None:
+        """Start the embedded nats-server with every user (:meth:`start` does; ``temporality up --rebuild-journal``
+        first, to rebuild the journal before any service starts). No-op when it runs already, or for
+        :attr:`StackConfig.nats_url`."""
+        if self.config.nats_url is not None or (self.nats.proc is not None and self.nats.poll() is None):
+            return
+        self.nats.users = self._nats_users()
+        self.nats.start()
+
+    def rebuild_journal(self, timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
+        """Run ``temporality-journal rebuild`` (drop the journal's read model; its next start replays the events
+        stream) with the journal's environment, NATS running (:meth:`start_nats`) and no service started. Its exit
+        code and output (stdout and stderr together). Raises ``TokenFileError``, and ``RuntimeError``/``TimeoutError``
+        when nats-server does not start."""
+        self._prepare()
+        self.start_nats()
+        script = Path(sys.executable).parent / "temporality-journal"
+        command = [str(script)] if script.is_file() else [sys.executable, "-m", "temporality_journal"]
+        return subprocess.run(
+            [*command, "rebuild"],
+            env={**os.environ, **self.env_for("journal")},
+            cwd=self.data_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def restart(self, name: str, timeout: float = 30.0, **extra_env: str) -> ServiceProcess:
         """Start ``name`` again (after a kill -9 or a stop), optionally with changed environment."""

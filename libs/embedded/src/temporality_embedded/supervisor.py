@@ -4,7 +4,10 @@ The decision is :class:`CrashTracker`'s, pure and on an injected clock (unit-tes
 effects are :class:`Supervisor`'s, which ``temporality up`` calls about twice a second (:meth:`Supervisor.check`):
 
 - a service that exited (any exit: nothing in ``up`` stops one but Ctrl-C) is reported with its exit code or
-  signal (``exit 1``, ``SIGKILL``) and its last log lines, then started again after the next delay of
+  signal (``exit 1``, ``SIGKILL``) and its last log lines -- after a signal from outside as killed by it, with no
+  earlier logged error put first as the cause (:meth:`ServiceProcess.exit_report`) -- and its own log gets a
+  ``--- exited (SIGKILL) at ...; restarted by temporality up after 1 s ---`` line; it is started again after the
+  next delay of
   :attr:`RestartPolicy.delays_s` (1, 2, 5, 10, 30 s; the first again once it ran :attr:`RestartPolicy.stable_s`),
   on the HTTP port it had (a worker's or an extra replica's port the OS picked at the first start is kept too);
 - the embedded nats-server likewise, on the same client port and store (the port is held by a placeholder
@@ -27,6 +30,7 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
 
@@ -39,6 +43,7 @@ __all__ = [
     "RestartPolicy",
     "Supervisor",
     "describe_exit",
+    "killed_by",
     "log_tail",
     "not_ready",
     "readiness",
@@ -119,6 +124,29 @@ def describe_exit(returncode: int | None) -> str:
     return f"exit {returncode}"
 
 
+def killed_by(returncode: int) -> str:
+    """What ``temporality up`` says of a child a signal ended that it did not send itself."""
+    number = -returncode
+    text = f"killed by signal {number} ({describe_exit(returncode)}) from outside temporality up"
+    if number == signal.SIGKILL:
+        text += ": SIGKILL is often the kernel's OOM killer (see `dmesg` or `journalctl -k`) or an operator's kill -9"
+    return text
+
+
+def _mark_log(path: Path, text: str) -> None:
+    """Append ``--- text ---`` to a child's own log, so that its log shows the exit and the restart (not a silent
+    gap between two starts)."""
+    try:
+        with path.open("a", encoding="utf-8") as log:
+            log.write(f"--- {text} ---\n")
+    except OSError:
+        pass  # (a full disk or a removed data dir: the console output above says it anyway)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def log_tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) or "(empty log)"
@@ -145,6 +173,9 @@ class _Child:
     due: float = 0.0  # waiting: when to restart; starting / reconnecting: the deadline
     url: str | None = None  # a service's URL at its last ready
     pending: set[str] = field(default_factory=set)  # reconnecting: the services not ready yet
+    #: its last exit: ``SIGKILL`` at ``2026-12-07T02:00:00Z``, noted in its log when it is restarted
+    exited: tuple[str, str] | None = None
+    delay: float = 0.0  # waiting: the delay of this restart
 
 
 class Supervisor:
@@ -198,6 +229,7 @@ class Supervisor:
         elif child.state is _State.waiting:
             nats_down = self.nats is not None and self.nats.state is _State.waiting
             if now >= child.due and not nats_down:  # (with nats-server down it could only fail to connect)
+                self._mark_restart(child, process.log_file)
                 process = self.stack.respawn(child.label, port=self._port(child.url))
                 child.tracker.started()
                 child.state, child.due = _State.starting, now + self.policy.ready_timeout_s
@@ -213,22 +245,44 @@ class Supervisor:
             elif now >= child.due:
                 process.kill9()
                 return self._service_crashed(
-                    child, process, f"was not ready within {_seconds(self.policy.ready_timeout_s)} (killed)"
+                    child,
+                    process,
+                    f"was not ready within {_seconds(self.policy.ready_timeout_s)} (killed)",
+                    killed_by_us=True,
                 )
         return None
 
-    def _service_crashed(self, child: _Child, process: ServiceProcess, what: str) -> int | None:
+    def _service_crashed(
+        self, child: _Child, process: ServiceProcess, what: str, *, killed_by_us: bool = False
+    ) -> int | None:
         returncode = process.proc.returncode if process.proc is not None else None
         process.kill9()  # (it is gone: this only closes our end of its log)
-        self.out(f"error: {child.label} {what} ({describe_exit(returncode)}); last log lines ({process.log_file}):")
-        self.out(process.log_tail(20))
-        return self._schedule(child, child.tracker.crashed())
+        exited = describe_exit(returncode)
+        child.exited = (exited, _now())
+        if returncode is not None and returncode < 0 and not killed_by_us:
+            # a signal from outside is the cause: an error the service logged earlier is not presented as one
+            self.out(
+                f"error: {child.label} {what} ({exited}): {killed_by(returncode)}; "
+                f"its last log lines before that ({process.log_file}):"
+            )
+            self.out(process.exit_report(returncode))
+        else:
+            self.out(f"error: {child.label} {what} ({exited}); last log lines ({process.log_file}):")
+            self.out(process.exit_report(returncode) if not killed_by_us else process.log_tail(20))
+        return self._schedule(child, child.tracker.crashed(), process.log_file)
 
-    def _schedule(self, child: _Child, delay: float | None) -> int | None:
+    def _mark_restart(self, child: _Child, log_file: Path) -> None:
+        exited, at = child.exited or ("exited", _now())
+        _mark_log(log_file, f"exited ({exited}) at {at}; restarted by temporality up after {child.delay:g} s")
+
+    def _schedule(self, child: _Child, delay: float | None, log_file: Path) -> int | None:
+        exited, at = child.exited or ("exited", _now())
         if not self.restart:
+            _mark_log(log_file, f"exited ({exited}) at {at}; not restarted (temporality up --no-restart): stopping")
             self.out(f"{child.label} is not restarted (--no-restart): stopping")
             return 1
         if delay is None:
+            _mark_log(log_file, f"exited ({exited}) at {at}; a crash loop: not restarted, temporality up stops")
             self.out(
                 f"error: {child.label} crashed {self.policy.max_crashes} times within "
                 f"{_seconds(self.policy.window_s)}: a crash loop, not restarted again; stopping Temporality "
@@ -240,7 +294,7 @@ class Supervisor:
             f"restarting {child.label} in {_seconds(delay)} (crash {recent} of {self.policy.max_crashes} allowed "
             f"within {_seconds(self.policy.window_s)})"
         )
-        child.state, child.due = _State.waiting, self.clock() + delay
+        child.state, child.due, child.delay = _State.waiting, self.clock() + delay, delay
         return None
 
     @staticmethod
@@ -258,9 +312,11 @@ class Supervisor:
         if child.state in (_State.running, _State.reconnecting):
             returncode = nats.poll()
             if returncode is not None:
+                child.exited = (describe_exit(returncode), _now())
                 self._hold_nats_port()
+                why = f": {killed_by(returncode)}" if returncode < 0 else ""
                 self.out(
-                    f"error: {NATS_LABEL} exited unexpectedly ({describe_exit(returncode)}); "
+                    f"error: {NATS_LABEL} exited unexpectedly ({describe_exit(returncode)}){why}; "
                     f"last log lines ({nats.log_file}):"
                 )
                 self.out(log_tail(nats.log_file))
@@ -268,12 +324,14 @@ class Supervisor:
             if child.state is _State.reconnecting:
                 return self._check_reconnected(child, now)
         elif child.state is _State.waiting and now >= child.due:
+            self._mark_restart(child, nats.log_file)
             try:
                 url = self.stack.restart_nats()
             except (RuntimeError, TimeoutError, OSError) as exc:
                 self._hold_nats_port()
                 self.out(f"error: {NATS_LABEL} did not start again: {exc}; last log lines ({nats.log_file}):")
                 self.out(log_tail(nats.log_file))
+                child.exited = (f"did not start again: {exc}", _now())
                 return self._schedule_nats(child, child.tracker.crashed())
             child.tracker.started()
             self.out(f"{NATS_LABEL} restarted on {url} (pid {nats.pid}, same store); waiting for the services")
@@ -291,7 +349,7 @@ class Supervisor:
     def _schedule_nats(self, child: _Child, delay: float | None) -> int | None:
         if delay is not None and self.restart:
             self.out(f"the services keep running and reconnect once {NATS_LABEL} is back")
-        return self._schedule(child, delay)
+        return self._schedule(child, delay, self.stack.nats.log_file)
 
     def _check_reconnected(self, child: _Child, now: float) -> int | None:
         for label in sorted(child.pending):

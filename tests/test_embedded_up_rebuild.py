@@ -98,3 +98,16 @@ def test_a_failed_rebuild_stops_up_with_its_exit_code_and_output(tmp_path: Path)
     assert "journal.rebuild_failed" in out
     assert "Starting Temporality" not in out
     assert not (data_dir / "run").exists() or not list((data_dir / "run").glob("*.ready")), out
+
+
+def test_accept_loss_applies_only_with_rebuild_journal(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [str(SCRIPT), "up", "--accept-loss", "--data-dir", str(tmp_path / "data"), "--config-dir", str(CONFIG)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--accept-loss applies only with --rebuild-journal" in proc.stdout + proc.stderr
+    assert not (tmp_path / "data" / "nats").exists()  # nothing was started

@@ -125,6 +125,9 @@ def up(args: argparse.Namespace) -> int:
     # this process's own logs (the timers migration's client) are the services' business, not the banner's: only
     # a warning or an error is printed here (each service logs to <data-dir>/run)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    if args.accept_loss and not args.rebuild_journal:
+        _out("error: --accept-loss applies only with --rebuild-journal")
+        return 2
     config_dir = Path(args.config_dir)
     for name in ("triggers.yaml", "users.yaml", "agents.yaml"):
         if not (config_dir / name).is_file():
@@ -161,7 +164,7 @@ def up(args: argparse.Namespace) -> int:
     try:
         if args.rebuild_journal:
             _out("Rebuilding the journal: its read model is dropped; it replays the events stream when it starts ...")
-            rebuilt = stack.rebuild_journal()
+            rebuilt = stack.rebuild_journal(accept_loss=args.accept_loss)
             if rebuilt.returncode != 0:
                 _out(f"error: temporality-journal rebuild failed (exit {rebuilt.returncode}); nothing was started:")
                 _out(rebuilt.stdout.rstrip() or "(no output)")
@@ -464,6 +467,12 @@ def build_parser() -> argparse.ArgumentParser:
         "journal's read model (its SQLite database's runs and events) is dropped and replayed from the events "
         "stream when the journal starts (docs/journal.md, 'Schema and rebuild'); a failed rebuild stops "
         "here with its exit code and output",
+    )
+    p_up.add_argument(
+        "--accept-loss",
+        action="store_true",
+        help="with --rebuild-journal: rebuild even when the events stream no longer holds every event (retention, "
+        "a purge): what only the journal's database still has is lost (the rebuild refuses without it)",
     )
     p_up.add_argument(
         "--api-tokens-file",

@@ -465,9 +465,10 @@ class Stack:
         self.nats.users = self._nats_users()
         self.nats.start()
 
-    def rebuild_journal(self, timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
+    def rebuild_journal(self, timeout: float = 600.0, *, accept_loss: bool = False) -> subprocess.CompletedProcess[str]:
         """Run ``temporality-journal rebuild`` (drop the journal's read model; its next start replays the events
-        stream) with the journal's environment, NATS running (:meth:`start_nats`) and no service started. Its exit
+        stream) with the journal's environment, NATS running (:meth:`start_nats`) and no service started;
+        ``accept_loss``: with ``--accept-loss`` (rebuild even when the stream no longer holds every event). Its exit
         code and output (stdout and stderr together). Raises ``TokenFileError``, and ``RuntimeError``/``TimeoutError``
         when nats-server does not start."""
         self._prepare()
@@ -475,7 +476,7 @@ class Stack:
         script = Path(sys.executable).parent / "temporality-journal"
         command = [str(script)] if script.is_file() else [sys.executable, "-m", "temporality_journal"]
         return subprocess.run(
-            [*command, "rebuild"],
+            [*command, "rebuild", *(["--accept-loss"] if accept_loss else [])],
             env={**os.environ, **self.env_for("journal")},
             cwd=self.data_dir,
             stdin=subprocess.DEVNULL,

@@ -77,6 +77,7 @@ def requested(
     title: str = "Review PR 42: remove the v1 API",
     context: str = "The PR removes /v1; two internal clients still call it.",
     agent_display_name: str | None = None,
+    tenant: str | None = None,
 ) -> Envelope:
     """A ``human.requested`` as run-executor would publish it."""
     request_id = request_id or new_id("hreq")
@@ -99,7 +100,7 @@ def requested(
         policy=policy,
         turn=3,
     )
-    return make_event(data, source="/temporality/run-executor", run_id=run_id, id=new_id("evt"))
+    return make_event(data, source="/temporality/run-executor", run_id=run_id, id=new_id("evt"), tenant=tenant)
 
 
 async def _on_stream(bus: Bus, subject: str) -> int:

@@ -125,6 +125,10 @@ class HumanRequestRecord(BaseModel):
     requested_event_id: str | None = None
     #: The saga the run belongs to (the incoming event's ``correlationid``).
     correlation_id: str | None = None
+    #: The run's tenant (the incoming event's ``tenant``), carried by every event about the request, so an event
+    #: trigger's ``project`` filter and a subscriber filtering by tenant see the notification, answer and expiry
+    #: too. ``None`` on a record from before 2026-12-07 (its events then carry none, as before).
+    tenant: str | None = None
     #: The trace context ``human.requested`` was published in (its ``traceparent`` / ``tracestate``), kept
     #: across the wait: the answer (an HTTP request hours later), the expiry and every event about the
     #: request continue that trace (docs/operations.md#tracing). ``None`` with tracing off.
@@ -211,6 +215,7 @@ class HumanRequestRecord(BaseModel):
             policy=payload.policy,
             requested_event_id=event.id,
             correlation_id=event.correlationid or payload.run_id,
+            tenant=event.tenant,
             traceparent=event.traceparent,
             tracestate=event.tracestate if event.traceparent else None,
             source_link=payload.source_link,

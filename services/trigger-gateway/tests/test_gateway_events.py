@@ -133,6 +133,10 @@ async def test_an_invalid_event_trigger_is_refused_naming_the_field(gateway_sett
         ({"filter": {"data.": "x"}}, "filter", "data.<field>"),
         ({"input": {"r": "payload.[["}}, "input", "not a valid JMESPath expression"),
         ({"prompt": "${nope}"}, "prompt", "the template uses nope"),
+        # no mapping: the input is the event's data, so a field no listed type has stays "${payload}" in the prompt
+        ({"input": None, "prompt": "follow up ${payload}"}, "prompt", "the template uses payload"),
+        ({"input": None, "prompt": "${reason}"}, "prompt", "without an input mapping the input is the event's data"),
+        ({"input": None, "event_type": ["run.completed", "run.failed"], "prompt": "${result}"}, "prompt", "result"),
         ({"adapter": "github"}, "adapter", "unknown key 'adapter'; allowed here: agent, allow_self, concurrency"),
     ]
     async with replicas(gateway_settings, 1) as (a,):
@@ -142,6 +146,21 @@ async def test_an_invalid_event_trigger_is_refused_naming_the_field(gateway_sett
             body = answer.json()
             assert body["error"] == "invalid_trigger"
             assert any(e["field"] == field and message in e["message"] for e in body["errors"]), (changes, body)
+
+
+def test_without_a_mapping_the_prompt_may_use_the_fields_every_listed_type_has() -> None:
+    environ: dict[str, str] = {}
+    ok = validate_spec(
+        _spec(input=None, prompt="Why did ${run_id} end? ${context}", context={"team": "a"}),
+        environ=environ,
+        agents=None,
+    )
+    assert isinstance(ok, EventTrigger)
+    both = _spec(input=None, event_type=["run.completed", "run.failed"], prompt="Look at ${run_id}")
+    assert isinstance(validate_spec(both, environ=environ, agents=None), EventTrigger)
+    # a record stored before the check is still served (its runs' prompt keeps the unknown field as written)
+    stored = validate_spec(_spec(input=None, prompt="follow up ${payload}"), environ=environ, agents=None, stored=True)
+    assert isinstance(stored, EventTrigger)
 
 
 async def test_a_matching_event_starts_one_run_with_the_mapped_input_across_two_replicas(

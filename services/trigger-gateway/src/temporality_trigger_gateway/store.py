@@ -94,11 +94,18 @@ class Activation:
 
 
 def validate_spec(
-    spec: Mapping[str, Any], *, environ: Mapping[str, str], agents: frozenset[str] | None, new: bool = False
+    spec: Mapping[str, Any],
+    *,
+    environ: Mapping[str, str],
+    agents: frozenset[str] | None,
+    new: bool = False,
+    stored: bool = False,
 ) -> TriggerConfig:
     """One trigger mapping validated as the file and the API validate it (``ValidationError`` otherwise).
-    ``new``: a trigger being created (a reserved id is refused; a stored record keeps being served)."""
-    return TRIGGER.validate_python(spec, context={"environ": environ, "agents": agents, "new": new})
+    ``new``: a trigger being created (a reserved id is refused; a stored record keeps being served). ``stored``: a
+    record read back from the bucket, written by a version whose checks it passed (a check added since, such as an
+    event trigger's prompt fields without a mapping, does not stop it being served)."""
+    return TRIGGER.validate_python(spec, context={"environ": environ, "agents": agents, "new": new, "stored": stored})
 
 
 class TriggerStore:
@@ -249,7 +256,7 @@ class TriggerRegistry:
                 log.info("trigger.removed", trigger_id=trigger_id, revision=revision)
             return
         try:
-            trigger = validate_spec(record.spec, environ=self.environ, agents=self.agents)
+            trigger = validate_spec(record.spec, environ=self.environ, agents=self.agents, stored=True)
         except ValidationError as exc:
             problem = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)[:5]

@@ -415,8 +415,26 @@ class EventTrigger(_Trigger):
     @field_validator("prompt")
     @classmethod
     def _prompt_fields_exist(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is not None:
-            check_prompt(value, info.data.get("input"))
+        if value is None:
+            return value
+        fields = info.data.get("input")
+        if fields is None and not (info.context or {}).get("stored"):
+            # No mapping: the input is the event's data, whose fields each listed type's model declares (a field
+            # one of them lacks would stay ``${field}`` in its runs' prompt), plus ``context`` when there is one.
+            listed = info.data.get("event_type")
+            types = [listed] if isinstance(listed, str) else (listed or [])
+            if types:
+                common = set.intersection(*(set(EVENT_MODELS[t].model_fields) for t in types))
+                fields = dict.fromkeys(common | ({"context"} if info.data.get("context") else set()), "")
+        try:
+            check_prompt(value, fields)
+        except ValueError as exc:
+            if info.data.get("input") is None and fields is not None:
+                raise ValueError(
+                    f"{exc} (without an input mapping the input is the event's data: its fields are "
+                    f"{', '.join(sorted(fields)) or 'none'})"
+                ) from None
+            raise
         return value
 
     @property

@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from temporality_embedded.processes import SERVICES
-from temporality_embedded.supervisor import readiness
+from temporality_embedded.supervisor import greeting_problem, readiness
 
 __all__ = ["Row", "add_parser", "rows", "run"]
 
@@ -83,13 +82,9 @@ def _nats(data_dir: Path) -> Row:
     port = _port(url)
     if pid is None or not _alive(pid) or port is None:
         return Row("nats-server", pid, port, False, "not running")
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2.0) as conn:
-            greeting = conn.recv(4096)
-    except OSError as exc:
-        return Row("nats-server", pid, port, False, f"its client port does not answer: {exc}")
-    if not greeting.startswith(b"INFO "):
-        return Row("nats-server", pid, port, False, f"its client port answered {greeting[:40]!r}, not INFO")
+    why = greeting_problem(port)
+    if why is not None:
+        return Row("nats-server", pid, port, False, why)
     return Row("nats-server", pid, port, True, "ready (answers on its client port)")
 
 

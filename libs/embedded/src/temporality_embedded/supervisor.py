@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -68,6 +69,12 @@ class RestartPolicy:
     ready_timeout_s: float = 60.0
     #: After a restart of nats-server, a service whose ``/readyz`` is not 200 within this long is restarted.
     reconnect_timeout_s: float = 60.0
+    #: A running nats-server is asked for its ``INFO`` greeting this often (each try waits up to
+    #: :attr:`nats_probe_timeout_s`); this many failures in a row and ``up`` says it hangs (a stopped or wedged
+    #: process that has not exited: SIGSTOP, a hung disk), once, and again when it answers.
+    nats_probe_every_s: float = 10.0
+    nats_probe_timeout_s: float = 2.0
+    nats_hung_after: int = 3
 
     def __post_init__(self) -> None:
         if not self.delays_s or any(d < 0 for d in self.delays_s) or self.max_crashes < 1 or self.window_s <= 0:
@@ -133,6 +140,20 @@ def killed_by(returncode: int) -> str:
     return text
 
 
+def greeting_problem(port: int, timeout_s: float = 2.0) -> str | None:
+    """``None`` when a nats-server on 127.0.0.1:``port`` greets a new connection with ``INFO`` within
+    ``timeout_s``, else what went wrong (``temporality status`` and the supervisor's probe)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as conn:
+            conn.settimeout(timeout_s)
+            greeting = conn.recv(4096)
+    except OSError as exc:
+        return f"its client port does not answer: {exc or type(exc).__name__}"
+    if not greeting.startswith(b"INFO "):
+        return f"its client port answered {greeting[:40]!r}, not INFO"
+    return None
+
+
 def _mark_log(path: Path, text: str) -> None:
     """Append ``--- text ---`` to a child's own log, so that its log shows the exit and the restart (not a silent
     gap between two starts)."""
@@ -176,6 +197,12 @@ class _Child:
     #: its last exit: ``SIGKILL`` at ``2026-12-07T02:00:00Z``, noted in its log when it is restarted
     exited: tuple[str, str] | None = None
     delay: float = 0.0  # waiting: the delay of this restart
+    #: nats-server only: when to probe it next, failed probes in a row, when the first of them failed, and
+    #: whether ``up`` has said it hangs
+    next_probe: float = 0.0
+    failed_probes: int = 0
+    failing_since: float = 0.0
+    hung: bool = False
 
 
 class Supervisor:
@@ -306,12 +333,36 @@ class Supervisor:
 
     # -- nats-server
 
+    def _probe_nats(self, child: _Child, now: float) -> None:
+        """Ask the running nats-server for its greeting; say once when it stopped answering though it has not
+        exited (the services then fail their requests and report not ready, but nothing exits), and when it is
+        back."""
+        nats = self.stack.nats
+        why = greeting_problem(nats.port, self.policy.nats_probe_timeout_s)
+        child.next_probe = self.clock() + self.policy.nats_probe_every_s
+        if why is None:
+            if child.hung:
+                self.out(f"{NATS_LABEL} answers again (pid {nats.pid}); the services reconnect on their own")
+            child.failed_probes, child.hung = 0, False
+            return
+        if child.failed_probes == 0:
+            child.failing_since = now
+        child.failed_probes += 1
+        if child.failed_probes >= self.policy.nats_hung_after and not child.hung:
+            child.hung = True
+            self.out(
+                f"warning: {NATS_LABEL} (pid {nats.pid}) has not answered for {now - child.failing_since:.0f} s "
+                f"though it is running ({why}): stopped (SIGSTOP), overloaded or its disk hangs? Until it answers no "
+                f"event is published (webhooks get 503) and the services report not ready; see {nats.log_file}"
+            )
+
     def _check_nats(self, child: _Child) -> int | None:
         nats = self.stack.nats
         now = self.clock()
         if child.state in (_State.running, _State.reconnecting):
             returncode = nats.poll()
             if returncode is not None:
+                child.failed_probes, child.hung = 0, False
                 child.exited = (describe_exit(returncode), _now())
                 self._hold_nats_port()
                 why = f": {killed_by(returncode)}" if returncode < 0 else ""
@@ -323,6 +374,8 @@ class Supervisor:
                 return self._schedule_nats(child, child.tracker.crashed())
             if child.state is _State.reconnecting:
                 return self._check_reconnected(child, now)
+            if now >= child.next_probe:
+                self._probe_nats(child, now)
         elif child.state is _State.waiting and now >= child.due:
             self._mark_restart(child, nats.log_file)
             try:

@@ -14,6 +14,10 @@
   connections longer than any client or proxy in front keeps them idle (AWS ALB 60 s, nginx 60 s upstream
   keep-alive, httpx 5 s): the usual advice for a backend behind a load balancer. A shutdown still closes idle
   connections at once.
+* Forwarded headers (``X-Forwarded-For``, ``X-Forwarded-Proto``) are believed only from the proxies named in
+  ``forwarded_allow_ips`` (``TEMPORALITY_FORWARDED_ALLOW_IPS``); none by default, whatever uvicorn's own default
+  (``127.0.0.1`` and its ``FORWARDED_ALLOW_IPS`` variable): otherwise any local client could choose the address
+  the sign-in limits and the audit trail see, by sending the header itself.
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ def bind_tcp(host: str, port: int) -> socket.socket:
 class HttpServer(Server):
     """uvicorn serving ``app`` on a socket bound by :func:`bind_tcp`; ``started`` is set once it accepts."""
 
-    def __init__(self, app: Any, *, host: str, port: int, **config: Any) -> None:
+    def __init__(self, app: Any, *, host: str, port: int, forwarded_allow_ips: str = "", **config: Any) -> None:
         self.socket = bind_tcp(host, port)
         self.host: str = self.socket.getsockname()[0]
         self.port: int = self.socket.getsockname()[1]
@@ -93,6 +97,9 @@ class HttpServer(Server):
                 access_log=False,
                 lifespan="off",
                 server_header=False,
+                # no trusted proxy: the middleware is left out and the TCP peer is the client
+                proxy_headers=bool(forwarded_allow_ips.strip()),
+                forwarded_allow_ips=forwarded_allow_ips.strip() or "",
                 **{"timeout_keep_alive": KEEP_ALIVE_S, **config},
             )
         )

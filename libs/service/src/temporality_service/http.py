@@ -64,6 +64,7 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "Unprocessable",
+    "body_timeout_of",
     "error_response",
     "install_error_handlers",
     "parse_json",
@@ -322,14 +323,21 @@ def install_error_handlers(app: FastAPI) -> None:
 DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
+def body_timeout_of(request: Request) -> float:
+    """How long reading ``request``'s body may take: its app's ``state.body_timeout_s`` (the service runtime sets it
+    from ``TEMPORALITY_HTTP_BODY_TIMEOUT_S``), else :data:`DEFAULT_BODY_TIMEOUT_S`. For a route that reads a first
+    message itself before :func:`read_body` (it must bound that wait too)."""
+    state = getattr(request.scope.get("app"), "state", None)
+    return float(getattr(state, "body_timeout_s", DEFAULT_BODY_TIMEOUT_S))
+
+
 async def read_body(request: Request, limit: int, *, timeout_s: float | None = None) -> bytes:
     """The whole body, or :class:`BodyTooLarge` as soon as it exceeds ``limit`` bytes (declared or streamed), or
     :class:`BodyTimeout` when it is not complete ``timeout_s`` after this call (default: the app's
     ``state.body_timeout_s``, else :data:`DEFAULT_BODY_TIMEOUT_S`) -- an overall deadline, not one per chunk,
     so one byte every few seconds does not keep extending it."""
     if timeout_s is None:
-        state = getattr(request.scope.get("app"), "state", None)
-        timeout_s = float(getattr(state, "body_timeout_s", DEFAULT_BODY_TIMEOUT_S))
+        timeout_s = body_timeout_of(request)
     declared = request.headers.get("content-length")
     if declared is not None:
         if not (declared.isascii() and declared.strip().isdigit()):  # "²".isdigit(), but int("²") raises

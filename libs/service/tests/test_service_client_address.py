@@ -153,3 +153,46 @@ async def test_a_body_trickled_byte_by_byte_is_a_408_and_the_connection_is_close
         # a body sent at once is unaffected
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
             assert (await client.post("/echo", content=b"x" * 100_000)).json() == {"bytes": 100_000}
+
+
+def _trickle_head(port: int, every_s: float, give_up_s: float) -> tuple[bytes, float, bool]:
+    """A slow-loris client that trickles the request line and headers themselves, one byte every ``every_s``."""
+    head = b"GET /who HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Padding: " + b"a" * 10_000 + b"\r\n\r\n"
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=give_up_s) as sock:
+        sock.settimeout(every_s)
+        received, answered_at = b"", time.monotonic()
+        for byte in head:
+            if time.monotonic() - started > give_up_s:
+                break
+            try:
+                sock.sendall(bytes([byte]))
+                received = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return b"", time.monotonic() - started, True
+            answered_at = time.monotonic()
+            break
+        sock.settimeout(5)
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except TimeoutError:
+            return received, answered_at - started, False
+        except OSError:
+            pass
+        return received, answered_at - started, True
+
+
+async def test_headers_trickled_byte_by_byte_are_a_408_and_the_connection_is_closed() -> None:
+    async with served(_app(), head_timeout_s=1.5) as server:
+        answer, after_s, closed = await asyncio.to_thread(_trickle_head, server.port, 0.25, 20)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 "), answer[:300]
+        assert json.loads(body)["error"] == "head_timeout"
+        assert closed, "the server kept the slow client's connection open"
+        assert 1.4 <= after_s < 15, after_s
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:  # a real client is unaffected
+            assert (await client.get("/who")).status_code == 200
+            assert (await client.get("/who")).status_code == 200  # and its keep-alive connection too

@@ -18,6 +18,9 @@
   ``forwarded_allow_ips`` (``TEMPORALITY_FORWARDED_ALLOW_IPS``); none by default, whatever uvicorn's own default
   (``127.0.0.1`` and its ``FORWARDED_ALLOW_IPS`` variable): otherwise any local client could choose the address
   the sign-in limits and the audit trail see, by sending the header itself.
+* A request's line and headers must arrive within :data:`HEAD_TIMEOUT_S` of their first byte, its body within
+  ``TEMPORALITY_HTTP_BODY_TIMEOUT_S`` (:func:`~temporality_service.http.read_body`): a slow-loris client is
+  answered 408 and disconnected instead of holding a connection forever.
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ from typing import Any
 from uvicorn import Config, Server
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["KEEP_ALIVE_S", "HttpServer", "JsonErrorHttpToolsProtocol", "bind_tcp"]
+__all__ = ["HEAD_TIMEOUT_S", "KEEP_ALIVE_S", "HttpServer", "JsonErrorHttpToolsProtocol", "bind_tcp"]
 
 #: How long an idle keep-alive connection stays open: longer than the idle timeout of the clients and proxies
 #: in front (see the module docstring), so they, never this server, close it.
 KEEP_ALIVE_S = 75
+#: How long a request's line and headers may take from their first byte (they come in one packet from any real
+#: client): past it, a 408 ``head_timeout`` and the connection closed.
+HEAD_TIMEOUT_S = 30.0
 
 _BAD_REQUEST = json.dumps(
     {
@@ -47,22 +53,74 @@ _BAD_REQUEST = json.dumps(
 ).encode()
 
 
+_HEAD_TIMEOUT = json.dumps(
+    {
+        "error": "head_timeout",
+        "detail": "the request line and headers did not arrive in time; send them at once",
+    }
+).encode()
+
+
 class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol whose answer to an unparseable request is our JSON 400."""
+    """uvicorn's httptools protocol whose answer to an unparseable request is our JSON 400, and which bounds how long
+    a request's line and headers may take (:attr:`head_timeout_s` from its first byte; a new connection that sends
+    nothing is closed after :data:`KEEP_ALIVE_S`, as an idle keep-alive one is): uvicorn has no such limit, and a
+    client trickling its headers byte by byte held a connection forever (slow-loris). The body has its own
+    deadline (:func:`~temporality_service.http.read_body`)."""
+
+    head_timeout_s: float = HEAD_TIMEOUT_S
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def _arm_head_timer(self, delay_s: float) -> None:
+        self._disarm_head_timer()
+        self._head_timer = self.loop.call_later(delay_s, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self.headers is None:  # not a byte of a request yet: an idle new connection, closed quietly
+            self.transport.close()
+            return
+        self._send_error(b"408 Request Timeout", _HEAD_TIMEOUT)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer(KEEP_ALIVE_S)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm_head_timer(self.head_timeout_s)
+
+    def on_headers_complete(self) -> None:
+        self._disarm_head_timer()
+        super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:
-        head = [b"HTTP/1.1 400 Bad Request\r\n"]
+        self._send_error(b"400 Bad Request", _BAD_REQUEST)
+
+    def _send_error(self, status: bytes, body: bytes) -> None:
+        head = [b"HTTP/1.1 " + status + b"\r\n"]
         for name, value in self.server_state.default_headers:
             head.extend([name, b": ", value, b"\r\n"])
         head.extend(
             [
                 b"content-type: application/json\r\n",
-                b"content-length: " + str(len(_BAD_REQUEST)).encode("ascii") + b"\r\n",
+                b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
                 b"connection: close\r\n",
                 b"\r\n",
             ]
         )
-        self.transport.write(b"".join(head) + _BAD_REQUEST)
+        self.transport.write(b"".join(head) + body)
         self.transport.close()
 
 
@@ -85,14 +143,27 @@ def bind_tcp(host: str, port: int) -> socket.socket:
 class HttpServer(Server):
     """uvicorn serving ``app`` on a socket bound by :func:`bind_tcp`; ``started`` is set once it accepts."""
 
-    def __init__(self, app: Any, *, host: str, port: int, forwarded_allow_ips: str = "", **config: Any) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str,
+        port: int,
+        forwarded_allow_ips: str = "",
+        head_timeout_s: float = HEAD_TIMEOUT_S,
+        **config: Any,
+    ) -> None:
         self.socket = bind_tcp(host, port)
         self.host: str = self.socket.getsockname()[0]
         self.port: int = self.socket.getsockname()[1]
         super().__init__(
             Config(
                 app,
-                http=JsonErrorHttpToolsProtocol,
+                http=(
+                    JsonErrorHttpToolsProtocol
+                    if head_timeout_s == HEAD_TIMEOUT_S
+                    else type("HttpToolsProtocol", (JsonErrorHttpToolsProtocol,), {"head_timeout_s": head_timeout_s})
+                ),
                 log_config=None,
                 access_log=False,
                 lifespan="off",

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from temporality_service import install_error_handlers, read_body
 from temporality_service.http import DEFAULT_BODY_TIMEOUT_S
-from temporality_service.server import HttpServer
+from temporality_service.server import BODY_BACKSTOP_GRACE_S, HttpServer
 from temporality_service.settings import ProcessSettings
 
 FORGED = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"}
@@ -40,6 +40,11 @@ def _app(body_timeout_s: float | None = None) -> FastAPI:
     async def who(request: Request) -> dict[str, Any]:
         assert request.client is not None
         return {"host": request.client.host, "scheme": request.url.scheme}
+
+    @app.post("/first")
+    async def first(request: Request) -> dict[str, int]:  # waits for a first message itself, as the gateway does
+        message = await request.receive()
+        return {"bytes": len(message.get("body", b""))}
 
     @app.post("/echo")
     async def echo(request: Request) -> dict[str, int]:
@@ -196,3 +201,23 @@ async def test_headers_trickled_byte_by_byte_are_a_408_and_the_connection_is_clo
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:  # a real client is unaffected
             assert (await client.get("/who")).status_code == 200
             assert (await client.get("/who")).status_code == 200  # and its keep-alive connection too
+
+
+async def test_a_route_waiting_for_a_body_without_read_body_is_bounded_too() -> None:
+    """The server's backstop, a few seconds after read_body's deadline: headers, then not a byte of the body."""
+    async with served(_app(), body_timeout_s=0.5) as server:
+
+        def silent() -> tuple[bytes, float]:
+            started = time.monotonic()
+            with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+                sock.sendall(b"POST /first HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\n")
+                received = b""
+                while chunk := sock.recv(65536):
+                    received += chunk
+                return received, time.monotonic() - started
+
+        answer, after_s = await asyncio.to_thread(silent)  # returns once the server closed the connection
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 "), answer[:300]
+        assert json.loads(body)["error"] == "body_timeout"
+        assert 0.5 + BODY_BACKSTOP_GRACE_S - 0.1 <= after_s < 20, after_s

@@ -289,6 +289,7 @@ async def run_until(
                 host=settings.host,
                 port=settings.port,
                 forwarded_allow_ips=settings.process.forwarded_allow_ips,
+                body_timeout_s=settings.process.http_body_timeout_s,
             )
         if freeze_heap:
             gc.collect()
@@ -346,7 +347,11 @@ async def _wait_for_layout(spec: ServiceSpec, settings: ServiceSettings, bus: Bu
         )
         add_health_routes(app, readiness)
         server = HttpServer(
-            app, host=settings.host, port=settings.port, forwarded_allow_ips=settings.process.forwarded_allow_ips
+            app,
+            host=settings.host,
+            port=settings.port,
+            forwarded_allow_ips=settings.process.forwarded_allow_ips,
+            body_timeout_s=settings.process.http_body_timeout_s,
         )
         serving = asyncio.create_task(server.run_until_exit())
     try:

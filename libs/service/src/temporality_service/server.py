@@ -35,6 +35,8 @@ from typing import Any
 from uvicorn import Config, Server
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from temporality_service.http import DEFAULT_BODY_TIMEOUT_S
+
 __all__ = ["HEAD_TIMEOUT_S", "KEEP_ALIVE_S", "HttpServer", "JsonErrorHttpToolsProtocol", "bind_tcp"]
 
 #: How long an idle keep-alive connection stays open: longer than the idle timeout of the clients and proxies
@@ -43,6 +45,8 @@ KEEP_ALIVE_S = 75
 #: How long a request's line and headers may take from their first byte (they come in one packet from any real
 #: client): past it, a 408 ``head_timeout`` and the connection closed.
 HEAD_TIMEOUT_S = 30.0
+#: The protocol's backstop of the body deadline comes this long after read_body's own (which answers first).
+BODY_BACKSTOP_GRACE_S = 5.0
 
 _BAD_REQUEST = json.dumps(
     {
@@ -53,6 +57,13 @@ _BAD_REQUEST = json.dumps(
 ).encode()
 
 
+_BODY_TIMEOUT = json.dumps(
+    {
+        "error": "body_timeout",
+        "detail": "the request body was not complete in time; send it at once (the limit is "
+        "TEMPORALITY_HTTP_BODY_TIMEOUT_S)",
+    }
+).encode()
 _HEAD_TIMEOUT = json.dumps(
     {
         "error": "head_timeout",
@@ -69,7 +80,12 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     deadline (:func:`~temporality_service.http.read_body`)."""
 
     head_timeout_s: float = HEAD_TIMEOUT_S
+    #: The backstop of the body's deadline: :func:`~temporality_service.http.read_body` answers a slow body at its
+    #: deadline; this catches a route that waits for a body without it (the trigger-gateway reads a webhook's first
+    #: message itself), a few seconds later, and a body nobody reads (a GET with one, after its answer).
+    body_backstop_s: float = DEFAULT_BODY_TIMEOUT_S + BODY_BACKSTOP_GRACE_S
     _head_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
 
     def _arm_head_timer(self, delay_s: float) -> None:
         self._disarm_head_timer()
@@ -89,12 +105,27 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
             return
         self._send_error(b"408 Request Timeout", _HEAD_TIMEOUT)
 
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_started:
+            self._send_error(b"408 Request Timeout", _BODY_TIMEOUT)  # the app then sees a disconnect
+        else:
+            self.transport.close()
+
+    def _disarm_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_timer(KEEP_ALIVE_S)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
+        self._disarm_body_timer()
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
@@ -104,6 +135,16 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm_head_timer()
         super().on_headers_complete()
+        if any(
+            (name == b"content-length" and value.strip() not in (b"", b"0")) or name == b"transfer-encoding"
+            for name, value in self.headers
+        ):
+            self._disarm_body_timer()
+            self._body_timer = self.loop.call_later(self.body_backstop_s, self._body_timed_out)
+
+    def on_message_complete(self) -> None:
+        self._disarm_body_timer()
+        super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
         self._send_error(b"400 Bad Request", _BAD_REQUEST)
@@ -151,6 +192,7 @@ class HttpServer(Server):
         port: int,
         forwarded_allow_ips: str = "",
         head_timeout_s: float = HEAD_TIMEOUT_S,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
         **config: Any,
     ) -> None:
         self.socket = bind_tcp(host, port)
@@ -159,10 +201,10 @@ class HttpServer(Server):
         super().__init__(
             Config(
                 app,
-                http=(
-                    JsonErrorHttpToolsProtocol
-                    if head_timeout_s == HEAD_TIMEOUT_S
-                    else type("HttpToolsProtocol", (JsonErrorHttpToolsProtocol,), {"head_timeout_s": head_timeout_s})
+                http=type(
+                    "HttpToolsProtocol",
+                    (JsonErrorHttpToolsProtocol,),
+                    {"head_timeout_s": head_timeout_s, "body_backstop_s": body_timeout_s + BODY_BACKSTOP_GRACE_S},
                 ),
                 log_config=None,
                 access_log=False,

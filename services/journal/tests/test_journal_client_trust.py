@@ -31,7 +31,7 @@ from test_journal_tail import SseReader
 
 from temporality_bus import Bus, NatsSettings
 from temporality_journal import tail as tail_module
-from temporality_journal.audit import AUDIT_KINDS
+from temporality_journal.api import OPERATOR_ONLY_TYPES
 from temporality_journal.signin import SESSION_COOKIE
 from temporality_service.settings import ProcessSettings
 
@@ -138,6 +138,9 @@ async def test_a_viewer_never_reads_the_audit_trail(served_journal: ServedJourna
         everything = (await client.get("/events", params={"limit": 1000}, headers=VIEWER)).json()["events"]
         assert s.run_id in {e["run_id"] for e in everything}  # the run's events still are the viewer's
         assert not {e["type"] for e in everything} & {"api.access_refused", "human.directory.changed"}
+        assert {"api.access_refused", "human.directory.changed", "bus.dead_lettered"} <= set(OPERATOR_ONLY_TYPES)
+        # what /triggers and a run's timeline show a viewer anyway stays theirs (the console's live pages follow it)
+        assert not {"trigger.created", "run.cancel_requested", "run.requested"} & set(OPERATOR_ONLY_TYPES)
 
         audited_tail = await client.get("/events/stream", params={"audited": "true"}, headers=VIEWER)
         assert audited_tail.status_code == 403
@@ -157,7 +160,7 @@ async def test_a_viewer_never_reads_the_audit_trail(served_journal: ServedJourna
         marker = s.started()
         await publish_recorded(served_journal, marker)
         viewer_types = await replayed(VIEWER, marker.type)
-        assert not set(viewer_types) & set(AUDIT_KINDS) - {"run.requested"}, viewer_types
+        assert not set(viewer_types) & set(OPERATOR_ONLY_TYPES), viewer_types
         assert "api.access_refused" in await replayed(OPERATOR, "api.access_refused")
 
 

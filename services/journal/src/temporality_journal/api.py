@@ -491,6 +491,15 @@ def _run_not_found(run_id: str) -> NotFound:
 
 
 # --------------------------------------------------------------------------- app
+#: The kinds of the audit trail a viewer reads anyway elsewhere -- the definitions and their changes in /triggers,
+#: a run's cancel request and rerun in its timeline -- and the console's live pages follow (Triggers, a run).
+VIEWER_READS_KINDS = frozenset({"trigger_change", "cancellation", "run_rerun"})
+#: The audited event types only an operator reads (``GET /audit``; left out of a viewer's ``/events`` and
+#: ``/events/stream``): refused access and its addresses, directory changes, permission refusals, agent
+#: registrations and policies, agents' refusals and hand-offs, dead letters, NATS permissions violations.
+OPERATOR_ONLY_TYPES = sorted(t for t, kind in AUDIT_KINDS.items() if kind not in VIEWER_READS_KINDS)
+
+
 def create_app(
     settings: Settings,
     database: Database,
@@ -833,7 +842,8 @@ def create_app(
         "live tail's cursor), not by stream sequence: an event JetStream redelivered late is where it was "
         "committed. Page with ``before`` = ``next_before``; to follow live from a page, open "
         "``/events/stream`` with ``after`` = the first item's ``commit_seq``. Filters combine with AND. A viewer "
-        "gets no event of the audit trail (what ``GET /audit`` lists, operator only): they are left out.",
+        "gets no event of the audit trail (what ``GET /audit`` lists, operator only) but trigger changes, cancel "
+        "requests and reruns (which /triggers and the run timelines show a viewer anyway): they are left out.",
     )
     async def list_events(
         who: AsViewer,
@@ -852,8 +862,9 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     ) -> EventList:
         query = select(EventRecord)
-        if not who.may(Role.operator):  # the audit trail is the operator's (GET /audit): a viewer never reads it
-            query = query.where(not_(audited()))
+        if not who.may(Role.operator):  # the audit trail is the operator's (GET /audit); a viewer reads only
+            # what /triggers and the run timelines show them anyway (trigger changes, cancel requests, reruns)
+            query = query.where(not_(audited(OPERATOR_ONLY_TYPES)))
         if type_ is not None:
             query = query.where(col(EventRecord.type) == type_)
         if run_id is not None:
@@ -917,8 +928,8 @@ def create_app(
         operator = who.may(Role.operator)
         if audited_only and not operator:  # the audit trail's tail, as GET /audit: a 403, audited like any
             audited_auth.admit(request, request.headers.get("authorization"), Role.operator)
-        # a viewer's tail leaves the audit trail's events out (only what /audit lists, operator only)
-        where = [audited()] if audited_only else [] if operator else [not_(audited())]
+        # a viewer's tail leaves the audit trail's events out (but trigger changes, cancel requests, reruns)
+        where = [audited()] if audited_only else [] if operator else [not_(audited(OPERATOR_ONLY_TYPES))]
         # a sign-in session is checked again while the stream lasts: signed out or expired, it ends
         still_admitted = signin.session_check(request) if signin is not None else None
 

@@ -30,6 +30,8 @@ API_TOKENS = [
     ApiToken(name="e2e-admin", role=Role.admin, token=SecretStr("e2e-admin-token-0123456789abcdef")),
 ]
 JOURNAL = {"Authorization": f"Bearer {API_TOKENS[0].token.get_secret_value()}"}
+#: The operator's token: what the audit trail lists (dead letters, refusals) is left out of a viewer's /events.
+JOURNAL_OPERATOR = {"Authorization": f"Bearer {API_TOKENS[1].token.get_secret_value()}"}
 
 
 #: How often :class:`FreePortStack` starts again on new ports when a port was taken before its server bound it.

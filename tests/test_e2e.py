@@ -30,7 +30,7 @@ import nats
 import nats.errors
 import pytest
 import yaml
-from e2e_support import ALICE, CONFIG, JOURNAL, eventually, example_pr, make_stack, post_hook
+from e2e_support import ALICE, CONFIG, JOURNAL, JOURNAL_OPERATOR, eventually, example_pr, make_stack, post_hook
 
 from temporality_embedded import ServiceProcess, Stack
 from temporality_protocol import CollaboratorsQuery, CollaboratorsReply
@@ -496,7 +496,9 @@ async def test_poison_message_is_dead_lettered_and_journaled_and_consumers_go_on
 
     async def journaled() -> list[dict[str, Any]] | None:
         body = (
-            await http.get(f"{stack.journal_url}/events", params={"type": "bus.dead_lettered"}, headers=JOURNAL)
+            await http.get(  # dead letters are in the audit trail: the operator's
+                f"{stack.journal_url}/events", params={"type": "bus.dead_lettered"}, headers=JOURNAL_OPERATOR
+            )
         ).json()
         return [e for e in body["events"] if ours(e["data"])] or None
 

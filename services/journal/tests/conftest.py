@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 from journal_support import (
+    OPERATOR,
     VIEWER,
     RunStory,
     ServedJournal,
@@ -131,7 +132,8 @@ class Journal:
         """Wait until an event of ``event_type`` was handled; return its id."""
 
         async def _seen() -> str | None:
-            response = await self.client.get("/events", params={"type": event_type, "limit": 1})
+            # as the operator: a viewer's /events leaves the audit trail's events out
+            response = await self.client.get("/events", params={"type": event_type, "limit": 1}, headers=OPERATOR)
             events = response.json()["events"]
             return str(events[0]["id"]) if events else None
 

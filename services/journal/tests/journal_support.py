@@ -88,7 +88,7 @@ class ServedJournal:
 
     async def wait_recorded(self, event_id: str, within_s: float = 60.0) -> None:
         """Wait until the journal's database holds ``event_id`` (its own consumer recorded it)."""
-        async with httpx.AsyncClient(base_url=self.url, headers=VIEWER, timeout=20) as client:
+        async with httpx.AsyncClient(base_url=self.url, headers=OPERATOR, timeout=20) as client:
 
             async def _has() -> bool:
                 try:

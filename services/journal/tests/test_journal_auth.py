@@ -89,7 +89,9 @@ async def test_operator_cancels_a_running_run(journal: Journal, story: MakeStory
 
     # published durably on the real bus and recorded by the journal's consumer like any event
     await journal.wait_handled(body["event_id"])
-    events = (await journal.client.get("/events", params={"type": "run.cancel_requested"})).json()["events"]
+    events = (await journal.client.get("/events", params={"type": "run.cancel_requested"}, headers=OPERATOR)).json()[
+        "events"
+    ]
     assert [e["id"] for e in events] == [body["event_id"]]
     assert events[0]["run_id"] == s.run_id
     assert events[0]["data"] == {"run_id": s.run_id, "reason": "stuck on a closed PR", "requested_by": "oncall"}
@@ -117,7 +119,9 @@ async def test_a_cancel_without_a_body_or_reason_is_accepted_with_no_reason_give
     # the same person asking again with the same (no) reason is the same fact: one event
     assert empty.json()["event_id"] == bare.json()["event_id"]
     await journal.wait_handled(bare.json()["event_id"])
-    events = (await journal.client.get("/events", params={"type": "run.cancel_requested"})).json()["events"]
+    events = (await journal.client.get("/events", params={"type": "run.cancel_requested"}, headers=OPERATOR)).json()[
+        "events"
+    ]
     assert [e["id"] for e in events] == [bare.json()["event_id"]]
     assert events[0]["data"] == {"run_id": s.run_id, "reason": "no reason given", "requested_by": "oncall"}
 
@@ -141,4 +145,6 @@ async def test_cancel_refuses_unknown_finished_and_bad_requests(journal: Journal
         _assert_error(await journal.client.post(url, json=body, headers=OPERATOR), 422, "invalid_cancel")
     big = b'{"reason": "' + b"x" * 70_000 + b'"}'
     _assert_error(await journal.client.post(url, content=big, headers=OPERATOR), 413, "body_too_large")
-    assert (await journal.client.get("/events", params={"type": "run.cancel_requested"})).json()["events"] == []
+    assert (await journal.client.get("/events", params={"type": "run.cancel_requested"}, headers=OPERATOR)).json()[
+        "events"
+    ] == []

@@ -15,6 +15,7 @@ from typing import Any
 import aiosqlite
 import pytest
 import structlog
+from journal_support import OPERATOR
 from sqlalchemy import event as sa_event
 from sqlalchemy import text
 
@@ -306,7 +307,9 @@ async def test_a_poison_event_in_a_batch_is_dead_lettered_alone(idle_journal: Jo
     handled = journal.handled[refused.id]
     assert handled <= 2, f"{refused.id} handled {handled} times: retried, not terminated"
     await stays(lambda: journal.handled[refused.id] == handled, settle_s=1.5, what=f"no redelivery of {refused.id}")
-    dead = (await journal.client.get("/events", params={"type": "bus.dead_lettered"})).json()["events"]
+    dead = (await journal.client.get("/events", params={"type": "bus.dead_lettered"}, headers=OPERATOR)).json()[
+        "events"
+    ]
     assert [e["id"] for e in dead] == [dead_id]
     assert dead[0]["data"]["original_id"] == refused.id
     assert dead[0]["data"]["deliveries"] == 1
@@ -339,7 +342,9 @@ async def test_an_outage_of_the_database_is_retried_and_nothing_dead_lettered(
     assert (await journal.run(s.run_id))["state"] == "waiting_for_human"
     stored = (await journal.client.get("/events", params={"run_id": s.run_id})).json()["events"]
     assert sorted(e["id"] for e in stored) == sorted(e.id for e in events)
-    assert (await journal.client.get("/events", params={"type": "bus.dead_lettered"})).json()["events"] == []
+    assert (await journal.client.get("/events", params={"type": "bus.dead_lettered"}, headers=OPERATOR)).json()[
+        "events"
+    ] == []
 
 
 async def test_run_texts_that_look_like_sql_quoting_are_stored_as_they_are(

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from journal_support import ADMIN_TOKEN, OPERATOR_TOKEN, VIEWER, VIEWER_TOKEN, console_screenshot
+from journal_support import ADMIN_TOKEN, OPERATOR, OPERATOR_TOKEN, VIEWER, VIEWER_TOKEN, console_screenshot
 from playwright.async_api import BrowserContext, Page, expect
 from wizard_support import REVIEW, Choose, expect_step, go_to_step, on_screen, save, walk_wizard
 
@@ -298,7 +298,7 @@ async def test_viewer_has_no_cancel_button_and_an_operator_cancels(
         await expect(step).to_contain_text("the PR was closed")
     finally:
         await operator_context.close()
-    async with httpx.AsyncClient(base_url=served_journal.url, headers=VIEWER) as client:
+    async with httpx.AsyncClient(base_url=served_journal.url, headers=OPERATOR) as client:  # audited: operator's
         events = (await client.get("/events", params={"type": "run.cancel_requested"})).json()["events"]
     assert [(e["run_id"], e["data"]["requested_by"]) for e in events] == [(s.run_id, "oncall")]
 

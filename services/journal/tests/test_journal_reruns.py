@@ -226,7 +226,7 @@ async def test_the_audited_tail_sends_only_what_the_audit_trail_lists(
     settings = served_settings(tmp_path, nats_settings, database_url)
     async with (
         serve_journal(settings, bus) as served,
-        httpx.AsyncClient(base_url=served.url, headers=VIEWER, timeout=30) as client,
+        httpx.AsyncClient(base_url=served.url, headers=OPERATOR, timeout=30) as client,
     ):
         async with _open_tail(client, audited="true") as audited:
             for event in (original.requested(), original.failed(), requested, created, not_audited, refused):
@@ -243,3 +243,5 @@ async def test_the_audited_tail_sends_only_what_the_audit_trail_lists(
             assert (await _next_data(replay))["id"] == refused.id
         bad = await client.get("/events/stream", params={"audited": "perhaps"})
         assert bad.status_code == 422
+        # the audit trail is the operator's: a viewer's audited tail is refused, as its /audit is
+        assert (await client.get("/events/stream", params={"audited": "true"}, headers=VIEWER)).status_code == 403

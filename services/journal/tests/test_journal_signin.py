@@ -18,6 +18,7 @@ import httpx
 import pytest
 from journal_support import (
     BOB_INBOX,
+    OPERATOR,
     VIEWER,
     ServedJournal,
     approve,
@@ -439,7 +440,9 @@ async def test_trigger_wizard_of_an_admin_signed_in_with_the_provider_creates_a_
     async with httpx.AsyncClient(timeout=10) as client:
         # journaled as hers
         async def created_by() -> str | None:
-            answer = await client.get(f"{stack.journal.url}/events", params={"type": "trigger.created"}, headers=VIEWER)
+            answer = await client.get(
+                f"{stack.journal.url}/events", params={"type": "trigger.created"}, headers=OPERATOR
+            )
             events = answer.json()["events"]
             return next((e["actor"] for e in events if e["data"].get("trigger_id") == "signed-in-orders"), None)
 
@@ -632,7 +635,7 @@ async def test_a_signed_in_operator_manages_triggers_through_the_journal_vouchin
     async with httpx.AsyncClient(base_url=stack.journal.url, timeout=10) as other:
         # the change is journaled as the person's
         async def disabled_by() -> str | None:
-            answer = await other.get("/events", params={"type": "trigger.disabled"}, headers=VIEWER)
+            answer = await other.get("/events", params={"type": "trigger.disabled"}, headers=OPERATOR)
             events = answer.json()["events"]
             return next((e["actor"] for e in events if e["data"].get("trigger_id") == "seeded-hook"), None)
 

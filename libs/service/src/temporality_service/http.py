@@ -9,6 +9,7 @@
     ├── Conflict             -- 409 conflict
     ├── BodyTooLarge         -- 413 body_too_large
     ├── ClientGone           -- 400 client_disconnected: the client hung up mid-body (nobody reads the answer)
+    ├── BodyTimeout          -- 408 body_timeout: the body did not arrive in time (the connection is closed)
     ├── Unprocessable        -- 422 invalid_request
     └── Unavailable          -- 503 unavailable (with ``Retry-After`` when known)
 
@@ -19,13 +20,15 @@ the wire). The server's own 400 for a request that is not even HTTP (e.g. a raw 
 path) speaks it too (:mod:`temporality_service.server`).
 
 :func:`read_body` reads a request body within a byte limit (by ``Content-Length`` and by what is
-actually streamed) and :func:`parse_json` parses it without ever raising anything but
+actually streamed) and a time limit (``TEMPORALITY_HTTP_BODY_TIMEOUT_S``, 30 s: a client trickling its body
+byte by byte is answered 408 and disconnected, not kept forever) and :func:`parse_json` parses it without ever raising anything but
 :class:`MalformedJson`. Integer query parameters use :data:`Int64` / :data:`NonNegativeInt64` so a value
 no database column can hold is a 422, not an ``OverflowError``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -42,9 +45,11 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 __all__ = [
+    "DEFAULT_BODY_TIMEOUT_S",
     "MAX_INT64",
     "ApiError",
     "BadRequest",
+    "BodyTimeout",
     "BodyTooLarge",
     "ClientGone",
     "Conflict",
@@ -59,6 +64,7 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "Unprocessable",
+    "body_timeout_of",
     "error_response",
     "install_error_handlers",
     "parse_json",
@@ -82,6 +88,7 @@ _HTTP_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     406: "not_acceptable",
+    408: "body_timeout",
     409: "conflict",
     413: "body_too_large",
     415: "unsupported_media_type",
@@ -201,6 +208,17 @@ class ClientGone(ApiError):
     code = "client_disconnected"
 
 
+class BodyTimeout(ApiError):
+    """The body did not arrive within the deadline: answered, then the connection is closed (``Connection:
+    close``), so a slow client cannot keep it open by trickling bytes."""
+
+    status = 408
+    code = "body_timeout"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, headers={"Connection": "close"})
+
+
 class Unprocessable(ApiError):
     status = 422
     code = "invalid_request"
@@ -300,8 +318,26 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 # --------------------------------------------------------------------------- bodies
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or :class:`BodyTooLarge` as soon as it exceeds ``limit`` bytes (declared or streamed)."""
+#: How long reading one body may take when the app does not say (``app.state.body_timeout_s``, which the service
+#: runtime sets from ``TEMPORALITY_HTTP_BODY_TIMEOUT_S``).
+DEFAULT_BODY_TIMEOUT_S = 30.0
+
+
+def body_timeout_of(request: Request) -> float:
+    """How long reading ``request``'s body may take: its app's ``state.body_timeout_s`` (the service runtime sets it
+    from ``TEMPORALITY_HTTP_BODY_TIMEOUT_S``), else :data:`DEFAULT_BODY_TIMEOUT_S`. For a route that reads a first
+    message itself before :func:`read_body` (it must bound that wait too)."""
+    state = getattr(request.scope.get("app"), "state", None)
+    return float(getattr(state, "body_timeout_s", DEFAULT_BODY_TIMEOUT_S))
+
+
+async def read_body(request: Request, limit: int, *, timeout_s: float | None = None) -> bytes:
+    """The whole body, or :class:`BodyTooLarge` as soon as it exceeds ``limit`` bytes (declared or streamed), or
+    :class:`BodyTimeout` when it is not complete ``timeout_s`` after this call (default: the app's
+    ``state.body_timeout_s``, else :data:`DEFAULT_BODY_TIMEOUT_S`) -- an overall deadline, not one per chunk,
+    so one byte every few seconds does not keep extending it."""
+    if timeout_s is None:
+        timeout_s = body_timeout_of(request)
     declared = request.headers.get("content-length")
     if declared is not None:
         if not (declared.isascii() and declared.strip().isdigit()):  # "²".isdigit(), but int("²") raises
@@ -310,12 +346,19 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BodyTooLarge(f"the body ({int(declared)} bytes) exceeds the limit of {limit} bytes")
     body = bytearray()
     try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise BodyTooLarge(f"the body exceeds the limit of {limit} bytes")
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise BodyTooLarge(f"the body exceeds the limit of {limit} bytes")
     except ClientDisconnect:
         raise ClientGone("the client closed the connection before the body was complete") from None
+    except TimeoutError:
+        log.info("http.body_timeout", path=request.url.path[:200], received=len(body), timeout_s=timeout_s)
+        raise BodyTimeout(
+            f"the request body was not complete after {timeout_s:g} s ({len(body)} bytes received); send it "
+            "at once (the limit is TEMPORALITY_HTTP_BODY_TIMEOUT_S)"
+        ) from None
     return bytes(body)
 
 

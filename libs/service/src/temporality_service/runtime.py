@@ -283,7 +283,14 @@ async def run_until(
             runtime.http(FastAPI(title=f"Temporality {spec.name} (health)", openapi_url=None, telemetry=HTTP_TELEMETRY))
         if runtime.app is not None:
             assert settings.port is not None
-            runtime.server = HttpServer(runtime.app, host=settings.host, port=settings.port)
+            runtime.app.state.body_timeout_s = settings.process.http_body_timeout_s  # read_body's deadline
+            runtime.server = HttpServer(
+                runtime.app,
+                host=settings.host,
+                port=settings.port,
+                forwarded_allow_ips=settings.process.forwarded_allow_ips,
+                body_timeout_s=settings.process.http_body_timeout_s,
+            )
         if freeze_heap:
             gc.collect()
             gc.freeze()
@@ -339,7 +346,13 @@ async def _wait_for_layout(spec: ServiceSpec, settings: ServiceSettings, bus: Bu
             title=f"Temporality {spec.name} (waiting for the layout)", openapi_url=None, telemetry=HTTP_TELEMETRY
         )
         add_health_routes(app, readiness)
-        server = HttpServer(app, host=settings.host, port=settings.port)
+        server = HttpServer(
+            app,
+            host=settings.host,
+            port=settings.port,
+            forwarded_allow_ips=settings.process.forwarded_allow_ips,
+            body_timeout_s=settings.process.http_body_timeout_s,
+        )
         serving = asyncio.create_task(server.run_until_exit())
     try:
         loop = asyncio.get_running_loop()

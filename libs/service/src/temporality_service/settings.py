@@ -12,16 +12,23 @@ API keeps ``port = None``: it serves no HTTP at all unless a port is given, and 
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from temporality_bus import NatsSettings
 from temporality_service.auth import ApiAuthSettings
 
-__all__ = ["HttpServiceSettings", "LogSettings", "ProcessSettings", "ServiceSettings"]
+__all__ = [
+    "HttpServiceSettings",
+    "LogSettings",
+    "ProcessSettings",
+    "ServiceSettings",
+    "parse_forwarded_allow_ips",
+]
 
 
 class LogSettings(BaseSettings):
@@ -47,6 +54,40 @@ class ProcessSettings(BaseSettings):
     #: ``False`` (``TEMPORALITY_METRICS_ENABLED=false``): no Prometheus metrics at all, ``/metrics`` answers 404
     #: and no instrument is made or updated (requests, consumers, the services' own; no lag or state refresh).
     metrics_enabled: bool = True
+    #: The proxies whose ``X-Forwarded-For`` / ``X-Forwarded-Proto`` are believed
+    #: (``TEMPORALITY_FORWARDED_ALLOW_IPS``): a comma list of IP addresses and CIDR networks. Empty (the
+    #: default): those headers are ignored and the TCP peer is the client -- the address the sign-in limits
+    #: and the audit trail use. Behind an ingress or TLS proxy, name the proxy's addresses; anyone who can
+    #: reach the service from an address named here can choose the client address it is known by.
+    forwarded_allow_ips: str = ""
+    #: How long reading one request body may take in all (``TEMPORALITY_HTTP_BODY_TIMEOUT_S``): a body still
+    #: incomplete after it is a 408 ``body_timeout`` and the connection is closed (a slow-loris client trickling
+    #: a body byte by byte no longer holds a connection forever).
+    http_body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxies(cls, value: str) -> str:
+        return ",".join(parse_forwarded_allow_ips(value))
+
+
+def parse_forwarded_allow_ips(value: str) -> list[str]:
+    """``"10.0.0.5, 10.1.0.0/16"`` -> ``["10.0.0.5", "10.1.0.0/16"]``; anything that is not an IP address or a
+    network (a host name, ``*``, ``10.0.0.1/8`` with host bits set) is a ValueError naming it: uvicorn would
+    silently never match it, and the proxy's clients would all share its address."""
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    for item in items:
+        try:
+            if "/" in item:
+                ipaddress.ip_network(item)
+            else:
+                ipaddress.ip_address(item)
+        except ValueError as exc:
+            raise ValueError(
+                f"TEMPORALITY_FORWARDED_ALLOW_IPS: {item[:60]!r} is not an IP address or a CIDR network ({exc}); "
+                "list the proxies' addresses, e.g. 10.0.0.5,10.1.0.0/16"
+            ) from None
+    return items
 
 
 class ServiceSettings(BaseSettings):

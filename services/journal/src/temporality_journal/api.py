@@ -69,7 +69,7 @@ from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import ColumnElement, String, func, literal, or_
+from sqlalchemy import ColumnElement, String, func, literal, not_, or_
 from sqlalchemy import select as sa_select
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -497,6 +497,15 @@ def _run_not_found(run_id: str) -> NotFound:
 
 
 # --------------------------------------------------------------------------- app
+#: The kinds of the audit trail a viewer reads anyway elsewhere -- the definitions and their changes in /triggers,
+#: a run's cancel request and rerun in its timeline -- and the console's live pages follow (Triggers, a run).
+VIEWER_READS_KINDS = frozenset({"trigger_change", "cancellation", "run_rerun"})
+#: The audited event types only an operator reads (``GET /audit``; left out of a viewer's ``/events`` and
+#: ``/events/stream``): refused access and its addresses, directory changes, permission refusals, agent
+#: registrations and policies, agents' refusals and hand-offs, dead letters, NATS permissions violations.
+OPERATOR_ONLY_TYPES = sorted(t for t, kind in AUDIT_KINDS.items() if kind not in VIEWER_READS_KINDS)
+
+
 def create_app(
     settings: Settings,
     database: Database,
@@ -838,7 +847,9 @@ def create_app(
         description="The journaled events, newest first in the journal's commit order (``commit_seq``, the "
         "live tail's cursor), not by stream sequence: an event JetStream redelivered late is where it was "
         "committed. Page with ``before`` = ``next_before``; to follow live from a page, open "
-        "``/events/stream`` with ``after`` = the first item's ``commit_seq``. Filters combine with AND.",
+        "``/events/stream`` with ``after`` = the first item's ``commit_seq``. Filters combine with AND. A viewer "
+        "gets no event of the audit trail (what ``GET /audit`` lists, operator only) but trigger changes, cancel "
+        "requests and reruns (which /triggers and the run timelines show a viewer anyway): they are left out.",
     )
     async def list_events(
         who: AsViewer,
@@ -857,6 +868,9 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     ) -> EventList:
         query = select(EventRecord)
+        if not who.may(Role.operator):  # the audit trail is the operator's (GET /audit); a viewer reads only
+            # what /triggers and the run timelines show them anyway (trigger changes, cancel requests, reruns)
+            query = query.where(not_(audited(OPERATOR_ONLY_TYPES)))
         if type_ is not None:
             query = query.where(col(EventRecord.type) == type_)
         if run_id is not None:
@@ -892,10 +906,13 @@ def create_app(
         "once, in commit order, also across reconnects and with several journal replicas. Starts after "
         "``Last-Event-ID`` (a reconnect), else after the cursor ``after`` (0: from the beginning), else from "
         "now; the first line is the comment ``: tail after <cursor>``. Filters combine with AND. See "
-        "docs/journal.md.",
+        "docs/journal.md. A viewer's stream leaves out the events of the audit trail (operator only: "
+        "``audited=true`` is a 403 for a viewer). A stream opened with a sign-in session ends (the comment "
+        "``: session ended``) once the session is signed out, expires or is ended by the directory.",
     )
     async def stream_events(
         who: AsViewer,
+        request: Request,
         resume: Annotated[int | None, Depends(_last_event_id)],
         run_id: Annotated[str | None, _text("Only this run's events")] = None,
         type_: Annotated[str | None, Query(alias="type", max_length=MAX_TEXT_PARAM, pattern=NO_NUL)] = None,
@@ -914,7 +931,13 @@ def create_app(
         ] = False,
     ) -> EventStreamResponse:
         gone = anyio.Event()
-        where = [audited()] if audited_only else []
+        operator = who.may(Role.operator)
+        if audited_only and not operator:  # the audit trail's tail, as GET /audit: a 403, audited like any
+            audited_auth.admit(request, request.headers.get("authorization"), Role.operator)
+        # a viewer's tail leaves the audit trail's events out (but trigger changes, cancel requests, reruns)
+        where = [audited()] if audited_only else [] if operator else [not_(audited(OPERATOR_ONLY_TYPES))]
+        # a sign-in session is checked again while the stream lasts: signed out or expired, it ends
+        still_admitted = signin.session_check(request) if signin is not None else None
 
         async def events() -> AsyncIterator[bytes]:
             log.info("tail.opened", principal=who.name, run_id=run_id, type=type_, audited=audited_only)
@@ -926,6 +949,7 @@ def create_app(
                     render=lambda row: EventView.of(row).model_dump(mode="json"),
                     gone=gone,
                     where=where,
+                    still_admitted=still_admitted,
                 ):
                     yield message
             finally:

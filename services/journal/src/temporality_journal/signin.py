@@ -83,7 +83,7 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -99,7 +99,13 @@ from starlette.responses import RedirectResponse, Response
 
 from temporality_bus import Bus
 from temporality_journal.database import Database
-from temporality_journal.directory_sessions import DIRECTORY_KEY, DirectoryCheck, DirectorySessions, directory_mark
+from temporality_journal.directory_sessions import (
+    DIRECTORY_KEY,
+    DirectoryCheck,
+    DirectorySessions,
+    changed,
+    directory_mark,
+)
 from temporality_journal.passwords import (
     REFUSED,
     AttemptLimits,
@@ -313,6 +319,40 @@ class SignIn:
         return cls(settings, client_secret, session_secret, voucher)
 
     # ------------------------------------------------------------------ the session
+    def session_check(self, request: Request) -> Callable[[], Awaitable[bool]] | None:
+        """For a long request admitted by its sign-in session (the live tail), a check to run again while it lasts:
+        whether the session still holds -- not past its expiry, not signed out (on any replica), and still backed
+        by the directory (the checks every other request passes through its middleware). None when the request
+        was not admitted by a session (an API token: nothing here ends it)."""
+        if request.headers.get("authorization") is not None:
+            return None
+        person = self.person(request)
+        if person is None:
+            return None
+        data = request.session.get(_PERSON_KEY)
+        mark = data.get(DIRECTORY_KEY) if isinstance(data, dict) else None
+
+        async def holds() -> bool:
+            if time.time() >= person.expires_at:
+                log.info("signin.stream_session_expired", user_id=person.user_id[:200])
+                return False
+            try:
+                assert self.revocations is not None  # install() set it
+                if await self.revocations.revoked(person.session_id):
+                    log.info("signin.stream_session_signed_out", user_id=person.user_id[:200])
+                    return False
+                if self.directory is not None and isinstance(mark, dict):
+                    what = changed(mark, await self.directory.entry(person.user_id))
+                    if what is not None:
+                        log.info("signin.stream_session_directory_changed", user_id=person.user_id[:200], changed=what)
+                        return False
+            except Exception as exc:  # never keep serving a session that could not be checked
+                log.warning("signin.stream_session_check_failed", error=type(exc).__name__)
+                return False
+            return True
+
+        return holds
+
     async def _end(self, person: Person, what: str) -> None:
         """Record ``person``'s session as ended (every replica refuses it from now); 503 when it cannot be."""
         assert self.revocations is not None  # install() set it

@@ -59,7 +59,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -76,7 +76,9 @@ __all__ = [
     "KEEPALIVE_S",
     "PAGE",
     "POLL_S",
+    "RECHECK_S",
     "RETRY_MS",
+    "SESSION_ENDED",
     "SSE_ITEM_SCHEMA",
     "Changes",
     "EventStreamResponse",
@@ -92,6 +94,13 @@ POLL_S = 1.0
 RETRY_MS = 2000
 #: An idle stream sends the comment ``: ping`` after this long without anything else.
 KEEPALIVE_S = 15.0
+#: A stream opened with a sign-in session checks it again at least this often (and before each batch it sends,
+#: at most once a second): a session signed out, expired or ended by the directory ends the stream.
+RECHECK_S = 30.0
+#: The least time between two checks before batches (a busy journal commits many batches a second).
+_BATCH_RECHECK_S = 1.0
+#: The comment a stream ends with when its session no longer holds (the client's reconnect is then a 401).
+SESSION_ENDED = b": session ended\n\n"
 #: One SSE message as OpenAPI 3.2 describes it (an ``itemSchema`` of ``text/event-stream``).
 SSE_ITEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -256,17 +265,28 @@ class Tail:
         gone: anyio.Event,
         keepalive_s: float = KEEPALIVE_S,
         where: Sequence[ColumnElement[bool]] = (),
+        still_admitted: Callable[[], Awaitable[bool]] | None = None,
+        recheck_s: float | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """The SSE messages of the events after the cursor ``after`` (``None``: from now), each rendered by
         ``render``, until ``gone`` is set (the client went away) or the service stops; ``: ping`` after
         ``keepalive_s`` without anything sent. ``where``: further conditions on ``events`` (``audited=true``: only
-        what the audit trail lists); the cursor is the same commit order."""
+        what the audit trail lists); the cursor is the same commit order. ``still_admitted``: the caller's
+        credential check (a sign-in session's), run again every ``recheck_s`` (:data:`RECHECK_S`) and before each batch (at most once a
+        second); once it fails the stream sends the comment ``: session ended`` and ends."""
+        recheck_s = RECHECK_S if recheck_s is None else recheck_s
         position = await self.newest_position() if after is None else after
         yield sse_event(comment=f"tail after {position}", retry=RETRY_MS)
-        sent_at = time.monotonic()
+        sent_at = checked_at = time.monotonic()
         while not self._stopping() and not gone.is_set():
             woken = self.changes.current()
             rows = await self._page(position, run_id, type_, where)
+            since_check = time.monotonic() - checked_at
+            if still_admitted is not None and (since_check >= recheck_s or (rows and since_check >= _BATCH_RECHECK_S)):
+                if not await still_admitted():
+                    yield SESSION_ENDED
+                    return
+                checked_at = time.monotonic()
             for row in rows:
                 position = row.commit_seq  # rows come in commit_seq order, each above the last
                 yield sse_event(data=json.dumps(render(row)), event=row.type, id=str(row.commit_seq))

@@ -691,7 +691,7 @@ def create_app(
         response_model=CancelAccepted,
         responses={code: {"model": ErrorBody} for code in (400, 404, 409, 413, 503)},
         # read by the handler itself: no body is no reason, a non-JSON one a 400, a wrong one a 422 invalid_cancel
-        openapi_extra=operation(body=json_body("CancelRequest")),
+        openapi_extra=operation(body=json_body("CancelRequest", required=False)),
         description="Operator: ask the run-executor to stop the run (publishes run.cancel_requested with "
         "requested_by = the token's name). 202 once the request is durably on the bus; the run becomes "
         "cancelled when the executor acts on it. 404 for a run the journal does not know, 409 for a finished run.",
@@ -700,7 +700,7 @@ def create_app(
         run_id: Annotated[str, Path(max_length=MAX_TEXT_PARAM, pattern=NO_NUL)], who: AsOperator, request: Request
     ) -> CancelAccepted:
         raw = await read_body(request, settings.max_body_bytes)
-        parsed = parse_json(raw) if raw.strip() else {}  # no body: no reason given
+        parsed = parse_json(raw) if raw else {}  # no body: no reason given (whitespace alone is malformed JSON)
         try:
             body = CancelRequest.model_validate(parsed)
         except ValidationError as exc:

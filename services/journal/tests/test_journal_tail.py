@@ -136,6 +136,25 @@ async def test_resume_after_last_event_id_and_replay_from_the_start(served_journ
         assert (await answers.next_event()).data["id"] == sent[3].id
 
 
+async def test_a_cursor_past_the_newest_event_resumes_from_the_newest_and_says_so(
+    served_journal: Served, story: MakeStory
+) -> None:
+    """A cursor saved from another journal (started afresh, restored from an older backup) is past this one's newest
+    event: the stream goes on from its newest event, with a comment saying so, instead of waiting silently until
+    the count passes the cursor (a subscriber review saw nothing for as long as it watched)."""
+    s = story()
+    first = s.requested()
+    await served_journal.bus.publish(first)
+    await served_journal.wait_recorded(first.id)
+    async with tail(served_journal, headers={"Last-Event-ID": "999999"}) as ahead:
+        note = await ahead.next()
+        assert note.comment is not None
+        assert note.comment.startswith("cursor 999999 is past this journal's newest event")
+        later = s.started()
+        await served_journal.bus.publish(later)
+        assert (await ahead.next_event()).data["id"] == later.id  # not the event before, nor nothing
+
+
 async def test_tail_refuses_bad_input_and_anonymous_callers(served_journal: Served) -> None:
     async with httpx.AsyncClient(base_url=served_journal.url, headers=VIEWER, timeout=10) as client:
         for value in ("abc", "-1", "1.5", "99999999999999999999", "0x10", "1 2"):

@@ -63,6 +63,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import Any
 
 import anyio
+import structlog
 from sqlalchemy import ColumnElement, func
 from sqlalchemy import select as sa_select
 from sqlmodel import col, select
@@ -85,6 +86,8 @@ __all__ = [
     "Tail",
     "sse_event",
 ]
+
+log = structlog.get_logger(__name__)
 
 #: Rows read per query of one stream.
 PAGE = 500
@@ -275,8 +278,21 @@ class Tail:
         credential check (a sign-in session's), run again every ``recheck_s`` (:data:`RECHECK_S`) and before each batch (at most once a
         second); once it fails the stream sends the comment ``: session ended`` and ends."""
         recheck_s = RECHECK_S if recheck_s is None else recheck_s
-        position = await self.newest_position() if after is None else after
+        newest = await self.newest_position()
+        position = newest if after is None else after
+        ahead = position > newest
+        if ahead:
+            # A cursor this journal never handed out: a journal started afresh or restored from an older backup
+            # numbers from its own last position. Waiting for the count to pass it would skip every event until
+            # then, silently: the stream goes on from the newest event instead, and says so.
+            log.warning("tail.cursor_ahead", cursor=position, newest=newest)
+            asked, position = position, newest
         yield sse_event(comment=f"tail after {position}", retry=RETRY_MS)
+        if ahead:
+            yield sse_event(
+                comment=f"cursor {asked} is past this journal's newest event {newest} (a journal started afresh "
+                f"or restored?): resumed after {newest}"
+            )
         sent_at = checked_at = time.monotonic()
         while not self._stopping() and not gone.is_set():
             woken = self.changes.current()

@@ -45,6 +45,13 @@ async def test_bad_run_filters_are_422(journal: Journal, params: dict[str, str])
 
 async def test_bad_event_filters_are_422(journal: Journal) -> None:
     _assert_error(await journal.client.get("/events", params={"limit": "-1"}), 422, "invalid_request")
+    # a NATS subject pattern is no event type: a 422 naming the parameter, not a 200 with no events
+    for pattern in ("human.*", "agent.>"):
+        refused = await journal.client.get("/events", params={"type": pattern})
+        _assert_error(refused, 422, "invalid_request")
+        assert "type" in refused.json()["detail"], refused.text
+        streamed = await journal.client.get("/events/stream", params={"type": pattern})
+        _assert_error(streamed, 422, "invalid_request")
     _assert_error(await journal.client.get("/runs/x/events", params={"after": "-1"}), 422, "invalid_request")
 
 

@@ -166,6 +166,9 @@ MAX_TRAJECTORY = 10_000
 MAX_TEXT_PARAM = 200
 #: Refuses NUL (no database text holds it) in string query and path parameters.
 NO_NUL = r"^[^\x00]*$"
+#: An event type filter is exact: ``*`` and ``>`` are NATS subject patterns (a subscriber's filter), which ``type=``
+#: would otherwise match nothing with, silently (a 200 with no events).
+EXACT_TYPE = r"^[^\x00*>]*$"
 
 
 # --------------------------------------------------------------------------- response bodies
@@ -855,7 +858,12 @@ def create_app(
         who: AsViewer,
         type_: Annotated[
             str | None,
-            Query(alias="type", max_length=MAX_TEXT_PARAM, pattern=NO_NUL, description="Only this event type"),
+            Query(
+                alias="type",
+                max_length=MAX_TEXT_PARAM,
+                pattern=EXACT_TYPE,
+                description="Only this event type (exact: no * or >)",
+            ),
         ] = None,
         run_id: Annotated[str | None, _text("Only this run's events")] = None,
         before: Annotated[
@@ -915,7 +923,15 @@ def create_app(
         request: Request,
         resume: Annotated[int | None, Depends(_last_event_id)],
         run_id: Annotated[str | None, _text("Only this run's events")] = None,
-        type_: Annotated[str | None, Query(alias="type", max_length=MAX_TEXT_PARAM, pattern=NO_NUL)] = None,
+        type_: Annotated[
+            str | None,
+            Query(
+                alias="type",
+                max_length=MAX_TEXT_PARAM,
+                pattern=EXACT_TYPE,
+                description="Only this event type (exact: no * or >)",
+            ),
+        ] = None,
         after: Annotated[
             NonNegativeInt64 | None,
             Query(description="Start after this cursor (an SSE id, a ``commit_seq``; 0: from the start)"),
@@ -973,7 +989,12 @@ def create_app(
         who: AsOperator,
         type_: Annotated[
             str | None,
-            Query(alias="type", max_length=MAX_TEXT_PARAM, pattern=NO_NUL, description="Only this audited event type"),
+            Query(
+                alias="type",
+                max_length=MAX_TEXT_PARAM,
+                pattern=EXACT_TYPE,
+                description="Only this audited event type (exact: no * or >)",
+            ),
         ] = None,
         kind: Annotated[str | None, _text("Only this kind (trigger_change, cancellation, ...)")] = None,
         actor: Annotated[str | None, _text("Only actions by this token name / file (or CloudEvent actor)")] = None,

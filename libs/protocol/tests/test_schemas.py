@@ -11,6 +11,7 @@ from typing import Any, get_args
 import pytest
 import yaml
 from jsonschema import Draft202012Validator, ValidationError
+from pydantic import ValidationError as PydanticValidationError
 
 from temporality_protocol import EVENT_MODELS, EventData, encode, make_event
 from temporality_protocol.catalog import (
@@ -96,6 +97,7 @@ from temporality_protocol.events import (
     RunStreamed,
     RunToolCalled,
     RunUsage,
+    SandboxSummary,
     SourceLink,
     TaskInput,
     TextAnswer,
@@ -163,6 +165,7 @@ EXAMPLES: dict[str, EventData] = {
             agent_card=AgentSummary(
                 provider="openai", model="gpt-4o-mini", skills=["api-contracts"], tools=["get_input", "ask_human"],
                 mcp_servers=["files"], max_turns=20, max_tokens=200000, max_compute_s=900.0,
+                system_prompt_sha256="ab" * 32, sandbox=SandboxSummary(network=False, working_dir_set=True),
             ),
         ),
         RunToolCalled(
@@ -464,6 +467,29 @@ def test_trigger_rejected_schema_takes_every_reason_and_no_other() -> None:
         schema.validate(json.loads(data.model_dump_json(exclude_none=True)))
     with pytest.raises(ValidationError):
         schema.validate({"trigger_id": "trg-pr", "delivery_id": "dlv-3", "reason": "launch_misplaced", "detail": "?"})
+
+
+def test_run_started_agent_card_reads_with_and_without_prompt_digest_and_sandbox() -> None:
+    """RUN-1: the agent card's prompt digest and sandbox are optional (an older executor's run.started has neither);
+    the digest is a lowercase SHA-256 hex digest, in the model and in the committed schema alike."""
+    schema = _validator("events/run.started.schema.json")
+    card = {"provider": "scripted", "max_turns": 3, "max_compute_s": 60.0}
+    old = {"run_id": "run-1", "agent": "reviewer", "role": "reviewer", "title": "t", "agent_card": card}
+    schema.validate(old)
+    assert RunStarted.model_validate(old).agent_card == AgentSummary(
+        provider="scripted", max_turns=3, max_compute_s=60.0
+    )
+    new = {**old, "agent_card": {**card, "system_prompt_sha256": "0f" * 32, "sandbox": {"network": False}}}
+    schema.validate(new)
+    parsed = RunStarted.model_validate(new).agent_card
+    assert parsed is not None
+    assert parsed.sandbox == SandboxSummary(kind="process", network=False, working_dir_set=False)
+    for bad in ("0F" * 32, "0f" * 31, "not-a-digest"):
+        broken = {**old, "agent_card": {**card, "system_prompt_sha256": bad}}
+        with pytest.raises(ValidationError):
+            schema.validate(broken)
+        with pytest.raises(PydanticValidationError):
+            RunStarted.model_validate(broken)
 
 
 def test_envelope_schema_requires_our_attributes() -> None:

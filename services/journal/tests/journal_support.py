@@ -24,6 +24,7 @@ from temporality_human_interaction.__main__ import configure as human_configure
 from temporality_journal import Settings
 from temporality_journal.__main__ import SPEC, configure
 from temporality_protocol import (
+    AgentSummary,
     Envelope,
     EventData,
     HumanAnswered,
@@ -303,8 +304,9 @@ class RunStory:
         launch = LaunchSource(kind="webhook", trigger_id=self.trigger_id, delivery_id="dlv-1")
         return self._event(RunCreated(run_id=self.run_id, agent=self.agent, title=self.title, launch=launch), "created")
 
-    def started(self, name: str = "started") -> Envelope:
-        return self._event(RunStarted(run_id=self.run_id, agent=self.agent, role="reviewer", title=self.title), name)
+    def started(self, name: str = "started", card: AgentSummary | None = None) -> Envelope:
+        data = RunStarted(run_id=self.run_id, agent=self.agent, role="reviewer", title=self.title, agent_card=card)
+        return self._event(data, name)
 
     def human_requested(
         self,

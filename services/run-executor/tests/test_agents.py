@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -13,10 +15,10 @@ import pytest
 from executor_support import REVIEWER, RunExecutor, run_requested
 
 from temporality_bus import Bus
-from temporality_protocol import AgentSummary, RunStarted
+from temporality_protocol import AgentSummary, RunStarted, SandboxSummary
 from temporality_protocol.catalog import BUCKET_CHECKPOINTS
 from temporality_run_executor.__main__ import configure
-from temporality_run_executor.agents import AgentsFileError, Skill, load_agents
+from temporality_run_executor.agents import AgentsFileError, Sandbox, Skill, load_agents, prompt_digest
 from temporality_run_executor.records import Checkpoint
 from temporality_run_executor.settings import Settings
 from temporality_service import ConfigError
@@ -156,15 +158,53 @@ async def test_skills_are_appended_to_the_run_s_system_prompt(
     await bus.publish(event)
     await event_log.wait_for("human.requested", run_id=event.runid)
     (started,) = event_log.of_type("run.started", event.runid)
+    given = "You review pull requests.\n\n## Skill: contracts\nAsk before breaking."
     assert started.payload(RunStarted).agent_card == AgentSummary(
-        provider="scripted", skills=["contracts"], tools=["get_input", "ask_human"], max_turns=20, max_compute_s=900.0
+        provider="scripted",
+        skills=["contracts"],
+        tools=["get_input", "ask_human"],
+        max_turns=20,
+        max_compute_s=900.0,
+        # RUN-1: which prompt (its digest: the prompt itself stays in the card) and which sandbox
+        system_prompt_sha256=hashlib.sha256(given.encode()).hexdigest(),
+        sandbox=SandboxSummary(kind="process", network=True, working_dir_set=False),
     )  # RUN-1: what the run was started with, in the journal
     checkpoints = await bus.store(BUCKET_CHECKPOINTS, Checkpoint)
     async with asyncio.timeout(10):
         ckpt = await checkpoints.get(str(event.runid))
     assert ckpt is not None
     system = ckpt.value.messages[0]
-    assert (system.role, system.content) == (
-        "system",
-        "You review pull requests.\n\n## Skill: contracts\nAsk before breaking.",
+    assert (system.role, system.content) == ("system", given)
+
+
+async def test_run_started_names_the_prompt_by_digest_and_the_sandbox_without_its_variables(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, tmp_path: Path
+) -> None:
+    """RUN-1: run.started tells the digest of the exact prompt the run was given (the checkpoint's system message)
+    and what its sandbox is; never the prompt, the pass-through variables' names, nor the working directory."""
+    secret = "PROMPT-SECRET-d41d8cd9"
+    card = REVIEWER.model_copy(
+        update={
+            "system_prompt": f"You review. Internal key: {secret}",
+            "sandbox": Sandbox(working_dir=tmp_path, env=["GITHUB_TOKEN_FOR_TOOLS"], network=True),
+        }
     )
+    await executor(cards=[card])
+    event = run_requested()
+    await bus.publish(event)
+    await event_log.wait_for("human.requested", run_id=event.runid)
+    (started,) = event_log.of_type("run.started", event.runid)
+    summary = started.payload(RunStarted).agent_card
+    assert summary is not None
+    assert summary.sandbox == SandboxSummary(kind="process", network=True, working_dir_set=True)
+    checkpoints = await bus.store(BUCKET_CHECKPOINTS, Checkpoint)
+    async with asyncio.timeout(10):
+        ckpt = await checkpoints.get(str(event.runid))
+    assert ckpt is not None
+    given = ckpt.value.messages[0].content
+    assert given is not None
+    assert summary.system_prompt_sha256 == hashlib.sha256(given.encode("utf-8")).hexdigest()
+    assert summary.system_prompt_sha256 == prompt_digest(card.instructions())
+    wire = json.dumps(started.data)
+    for hidden in (secret, "GITHUB_TOKEN_FOR_TOOLS", str(tmp_path)):
+        assert hidden not in wire

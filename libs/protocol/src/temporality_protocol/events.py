@@ -126,6 +126,7 @@ __all__ = [
     "RunStreamed",
     "RunToolCalled",
     "RunUsage",
+    "SandboxSummary",
     "SourceLink",
     "StoredCheckpoint",
     "TaskAction",
@@ -453,8 +454,27 @@ class RunCreated(EventData):
     launch: LaunchSource
 
 
+class SandboxSummary(_Model):
+    """RUN-1: the sandbox a run's tool processes (its MCP stdio servers) run in, as its agent card sets it.
+
+    Never its pass-through environment variables (names or values) nor its working directory's path."""
+
+    kind: str = Field(
+        default="process",
+        description="`process`: each tool process is a child process of the run-executor (the only kind there is)",
+    )
+    network: bool = Field(
+        description="False: the tool processes run in a network namespace of their own with no interface "
+        "(`unshare --user --map-root-user --net`)"
+    )
+    working_dir_set: bool = Field(
+        default=False, description="True: the card sets their working directory (its path is not shown)"
+    )
+
+
 class AgentSummary(_Model):
-    """RUN-1: what a run was started with, from its agent card (the prompt itself stays in the card)."""
+    """RUN-1: what a run was started with, from its agent card (the prompt itself stays in the card: its digest
+    identifies it; an admin reads it with the run-executor's ``GET /agents/{id}/prompt``)."""
 
     provider: str = Field(description="`openai` or `scripted` (deterministic, for demos and tests)")
     model: str | None = None
@@ -464,6 +484,16 @@ class AgentSummary(_Model):
     max_turns: int
     max_tokens: int | None = None
     max_compute_s: float = Field(description="Compute budget in seconds; waiting for a person never counts")
+    system_prompt_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="SHA-256 (hex) of the exact system prompt the run was given: the card's system prompt with its "
+        "skills' instructions appended (UTF-8). The run-executor's admin-only `GET /agents/{id}/prompt` answers the "
+        "same digest for the card's current prompt. Absent from events of older executors",
+    )
+    sandbox: SandboxSummary | None = Field(
+        default=None, description="The card's sandbox (absent from events of older executors)"
+    )
 
 
 class RunStarted(EventData):

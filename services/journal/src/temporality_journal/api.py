@@ -21,7 +21,8 @@ signed-in person with none) a 403.
                                     (the reruns of a run), ``limit``; paged by ``before`` = the previous
                                     page's ``next_before``
 ``GET /runs/waiting``               UI-1: the runs waiting for a human, the oldest wait first
-``GET /runs/{run_id}``              one run; ``waiting`` while it waits for a human (404 unknown)
+``GET /runs/{run_id}``              one run; ``waiting`` while it waits for a human (404 unknown);
+                                    ``agent_card``: what it was started with (its ``run.started``'s)
 ``GET /runs/{run_id}/events``       the run's trajectory in stream order (``after`` = stream seq)
 ``GET /runs/{run_id}/asks``         COL-9: the agent asks the run sent and received
 ``POST /runs/{run_id}/cancel``      operator: publish ``run.cancel_requested`` (body ``{reason}``, optional);
@@ -106,7 +107,7 @@ from temporality_journal.passwords import PasswordSignInBody
 from temporality_journal.settings import Settings
 from temporality_journal.signin import AuthConfig, SignIn, auth_config
 from temporality_journal.tail import SSE_ITEM_SCHEMA, EventStreamResponse, Tail
-from temporality_protocol import RUN, RunCancelRequested, RunState, derive_id, make_event
+from temporality_protocol import RUN, AgentSummary, RunCancelRequested, RunStarted, RunState, derive_id, make_event
 from temporality_protocol.states import AgentAskState
 from temporality_service import (
     HTTP_TELEMETRY,
@@ -243,6 +244,12 @@ class RunView(BaseModel):
         default=True,
         description="False: no event that makes a run (run.requested, run.started, ...) has been journaled for "
         "this id yet, only others (trigger.*, human.*, agent.* ...); the run is shown from those, state pending",
+    )
+    agent_card: AgentSummary | None = Field(
+        default=None,
+        description="RUN-1, only in GET /runs/{run_id}: what the run was started with, its latest run.started's "
+        "agent_card (provider, model, skills, tools, MCP servers, limits, the SHA-256 of the system prompt it was "
+        "given and its sandbox); null before run.started and in lists",
     )
 
     @classmethod
@@ -783,8 +790,10 @@ def create_app(
             record = await session.get(RunRecord, run_id)
             known = await _run_from_events(session, run_id) if record is None else None
             several = await _several_waits(session, [] if record is None else [record])
+            card = await _agent_card(session, run_id) if record is not None else None
         if record is not None:
-            return RunView.of(record, datetime.now(UTC), several.get(run_id))
+            view = RunView.of(record, datetime.now(UTC), several.get(run_id))
+            return view if card is None else view.model_copy(update={"agent_card": card})
         if known is None:
             raise _run_not_found(run_id)
         return known
@@ -1296,6 +1305,24 @@ async def _several_waits(session: AsyncSession, records: Sequence[RunRecord]) ->
             shown.append(request.model_copy(update=update))
         several[run_id] = sorted(shown, key=lambda r: (r.since, r.request_id))
     return several
+
+
+async def _agent_card(session: AsyncSession, run_id: str) -> AgentSummary | None:
+    """RUN-1: the agent card summary of the run's latest ``run.started`` (``None``: none, or one without it)."""
+    t = EVENTS_TABLE.c
+    data = (
+        await (await session.connection()).execute(
+            sa_select(t.data)
+            .where(t.run_id == run_id, t.type == RunStarted.EVENT_TYPE)
+            .order_by(t.stream_seq.desc())
+            .limit(1)
+        )
+    ).scalar()
+    card = data.get("agent_card") if isinstance(data, dict) else None
+    try:
+        return AgentSummary.model_validate(card) if isinstance(card, dict) else None
+    except ValidationError:  # a malformed card (the recorder keeps what it could not read too): not shown
+        return None
 
 
 #: How many of an event-only run's events :func:`_run_from_events` reads (oldest first) for its facts.

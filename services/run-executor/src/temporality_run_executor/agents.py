@@ -9,6 +9,7 @@ sandbox.working_dir: ...``) and the process exits 2. See docs/agents.md.
 from __future__ import annotations
 
 import functools
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from temporality_protocol import SandboxSummary
 from temporality_run_executor.providers.script import Script
 from temporality_run_executor.tools import ToolPolicy
 
@@ -34,6 +36,8 @@ __all__ = [
     "Skill",
     "load_agents",
     "network_off_problem",
+    "prompt_digest",
+    "sandbox_summary",
 ]
 
 
@@ -251,6 +255,17 @@ class AgentCard(_Strict):
         parts = [self.system_prompt.strip()]
         parts += [f"## Skill: {skill.name}\n{skill.instructions.strip()}" for skill in self.skills]
         return "\n\n".join(parts)
+
+
+def prompt_digest(prompt: str) -> str:
+    """RUN-1: the SHA-256 (hex) of a system prompt as a run is given it (UTF-8): ``run.started``'s
+    ``agent_card.system_prompt_sha256`` and the admin's ``GET /agents/{id}/prompt`` tell the same one."""
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
+
+
+def sandbox_summary(sandbox: Sandbox) -> SandboxSummary:
+    """RUN-1: what a card's sandbox is, for ``run.started``: never its pass-through names nor its directory's path."""
+    return SandboxSummary(kind="process", network=sandbox.network, working_dir_set=sandbox.working_dir is not None)
 
 
 class _SkillBundle(_Strict):

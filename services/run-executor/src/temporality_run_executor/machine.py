@@ -133,7 +133,7 @@ from temporality_protocol import (
 )
 from temporality_protocol.agent_tasks import external_call_id, handoff_ids, task_id_for, turn_wait_id
 from temporality_protocol.redaction import Redactor
-from temporality_run_executor.agents import AgentCard, Limits
+from temporality_run_executor.agents import AgentCard, Limits, prompt_digest, sandbox_summary
 from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, read_url, render, render_url
 from temporality_run_executor.providers.base import AssistantTurn, ToolSpec, TurnContext
 from temporality_run_executor.records import (
@@ -1102,7 +1102,7 @@ def _requested(
             role=card.role,
             title=run.title,
             parent_run_id=run.parent_run_id,
-            agent_card=summary(agent, run),
+            agent_card=summary(agent, run, _given_prompt(ckpt)),
         )
     )
     limit_s = card.limits.max_compute_s
@@ -2858,8 +2858,17 @@ def _received(mail: AgentMail) -> ReceivedAsk:
     )
 
 
-def summary(agent: Agent, run: RunRecord | None = None) -> AgentSummary:
-    """RUN-1: the card's facts a run exposes in ``run.started`` (the journal keeps them with the run)."""
+def _given_prompt(ckpt: Checkpoint | None) -> str | None:
+    """The system prompt a run that has a checkpoint was given (its first message), or ``None``."""
+    first = ckpt.messages[0] if ckpt is not None and ckpt.messages else None
+    return first.content if first is not None and first.role == "system" else None
+
+
+def summary(agent: Agent, run: RunRecord | None = None, prompt: str | None = None) -> AgentSummary:
+    """RUN-1: the card's facts a run exposes in ``run.started`` (the journal keeps them with the run).
+
+    ``prompt``: the system prompt the run was given (its checkpoint's first message), when it has one; else the
+    card's (:meth:`AgentCard.instructions`, what :func:`initial_checkpoint` gives it). Only its digest is told."""
     card = agent.card
     return AgentSummary(
         provider=card.provider.kind,
@@ -2870,6 +2879,8 @@ def summary(agent: Agent, run: RunRecord | None = None) -> AgentSummary:
         max_turns=_max_turns(run, agent) if run is not None else card.limits.max_turns,
         max_tokens=card.limits.max_tokens,
         max_compute_s=card.limits.max_compute_s,
+        system_prompt_sha256=prompt_digest(card.instructions() if prompt is None else prompt),
+        sandbox=sandbox_summary(card.sandbox),
     )
 
 

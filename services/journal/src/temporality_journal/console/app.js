@@ -891,6 +891,18 @@ function runRow(run) {
   );
 }
 
+// RUN-1: a run's system prompt by its SHA-256, short ("sha256:3b5d0c1e9a7f", the whole digest on hover), and its
+// sandbox in words (never its pass-through variables: run.started does not carry them)
+function promptDigest(digest, id) {
+  if (!digest) return null;
+  return h("code", { id, class: "digest", title: `sha256:${digest}` }, `sha256:${digest.slice(0, 12)}`);
+}
+function sandboxSummary(sandbox) {
+  if (!sandbox) return null;
+  return [sandbox.kind || "process", sandbox.network ? "network on" : "network off",
+    sandbox.working_dir_set ? "own working directory" : null].filter(Boolean).join(" · ");
+}
+
 // ------------------------------------------------------------------ run timeline (UI-1)
 // One step per event, in stream order, plus a "Waiting …" step between a human request and its outcome
 // (or up to now while the run still waits). Every step's event is one click away (details).
@@ -952,10 +964,16 @@ export function timeline(events, run, now = Date.now()) {
         step.title = "Run created";
         step.kind = "minor";
         break;
-      case "run.started":
+      case "run.started": {
         step.title = "Run started";
-        step.lines = [["Agent", d.agent], ["Role", d.role]];
+        const card = d.agent_card || {};
+        // RUN-1: what the run was started with; the prompt by its digest only (an admin reads it from the card)
+        step.lines = [["Agent", d.agent], ["Role", d.role],
+          ["Model", card.provider ? [card.provider, card.model].filter(Boolean).join(" · ") : null],
+          ["Skills", (card.skills || []).join(", ")], ["MCP servers", (card.mcp_servers || []).join(", ")],
+          ["Prompt", promptDigest(card.system_prompt_sha256)], ["Sandbox", sandboxSummary(card.sandbox)]];
         break;
+      }
       case "run.tool_called":
         step.title = `Tool call: ${d.tool}`;
         step.lines = [["Turn", d.turn], ["Result", d.result_preview]];
@@ -1248,7 +1266,11 @@ function runView(signal, runId) {
       h("span", { id: "run-waited", dataset: { since: iso } }, duration((Date.now() - at) / 1000)), ")");
   };
   function renderHeader() {
+    const card = run.agent_card || {};
     const pairs = [["State", stateBadge(run.state)], ["Title", run.title && uncut(run.title)], ["Agent", run.agent],
+      // RUN-1: which prompt (its digest) and sandbox the run was started with (its run.started's agent card)
+      ["Prompt", promptDigest(card.system_prompt_sha256, "run-prompt")],
+      ["Sandbox", card.sandbox ? h("span", { id: "run-sandbox" }, sandboxSummary(card.sandbox)) : null],
       ["Trigger", run.trigger_id
         ? h("a", { href: `#/triggers/${encodeURIComponent(run.trigger_id)}`, id: "run-trigger" }, run.trigger_id) : null],
       ["Created", when(run.created_at)], ["Finished", run.finished_at && when(run.finished_at)],

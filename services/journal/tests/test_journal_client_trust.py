@@ -138,9 +138,17 @@ async def test_a_viewer_never_reads_the_audit_trail(served_journal: ServedJourna
         everything = (await client.get("/events", params={"limit": 1000}, headers=VIEWER)).json()["events"]
         assert s.run_id in {e["run_id"] for e in everything}  # the run's events still are the viewer's
         assert not {e["type"] for e in everything} & {"api.access_refused", "human.directory.changed"}
-        assert {"api.access_refused", "human.directory.changed", "bus.dead_lettered"} <= set(OPERATOR_ONLY_TYPES)
-        # what /triggers and a run's timeline show a viewer anyway stays theirs (the console's live pages follow it)
-        assert not {"trigger.created", "run.cancel_requested", "run.requested"} & set(OPERATOR_ONLY_TYPES)
+        assert {"api.access_refused", "human.directory.changed", "bus.permission_refused"} <= set(OPERATOR_ONLY_TYPES)
+        # what /triggers and a run's timeline show a viewer anyway stays theirs (the console's live pages follow it),
+        # and the dead letters (the runbook's GET /events?type=bus.dead_lettered)
+        viewers = {
+            "trigger.created",
+            "run.cancel_requested",
+            "run.requested",
+            "human.answer_refused",
+            "bus.dead_lettered",
+        }
+        assert not viewers & set(OPERATOR_ONLY_TYPES)
 
         audited_tail = await client.get("/events/stream", params={"audited": "true"}, headers=VIEWER)
         assert audited_tail.status_code == 403

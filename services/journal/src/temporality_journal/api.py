@@ -509,10 +509,22 @@ def _run_not_found(run_id: str) -> NotFound:
 # --------------------------------------------------------------------------- app
 #: The kinds of the audit trail a viewer reads anyway elsewhere -- the definitions and their changes in /triggers,
 #: a run's cancel request and rerun in its timeline -- and the console's live pages follow (Triggers, a run).
-VIEWER_READS_KINDS = frozenset({"trigger_change", "cancellation", "run_rerun"})
+VIEWER_READS_KINDS = frozenset(
+    {
+        "trigger_change",
+        "cancellation",
+        "run_rerun",
+        # about runs, which the run timelines show a viewer anyway: a question's refusals, agents' refusals and
+        # hand-offs; and the dead letters (the runbook's ``GET /events?type=bus.dead_lettered``)
+        "permission_refusal",
+        "agent_refusal",
+        "handoff",
+        "dead_letter",
+    }
+)
 #: The audited event types only an operator reads (``GET /audit``; left out of a viewer's ``/events`` and
-#: ``/events/stream``): refused access and its addresses, directory changes, permission refusals, agent
-#: registrations and policies, agents' refusals and hand-offs, dead letters, NATS permissions violations.
+#: ``/events/stream``): refused access with its addresses and token names, directory changes, agent
+#: registrations and policies, NATS permissions violations.
 OPERATOR_ONLY_TYPES = sorted(t for t, kind in AUDIT_KINDS.items() if kind not in VIEWER_READS_KINDS)
 
 

@@ -158,6 +158,20 @@ async def test_trajectory_pages_by_stream_sequence(journal: Journal, story: Make
     assert [e["id"] for e in after_first["events"]] == [e["id"] for e in everything[1:]]
     tail = (await journal.client.get(f"/runs/{s.run_id}/events", params={"after": everything[-1]["stream_seq"]})).json()
     assert tail["events"] == []  # a known run with nothing newer: 200, not 404
+    assert tail["next_after"] is None
+
+    # a page the limit cut says where the next begins; the last page says there is none
+    first = (await journal.client.get(f"/runs/{s.run_id}/events", params={"limit": 2})).json()
+    assert [e["id"] for e in first["events"]] == [e["id"] for e in everything[:2]]
+    assert first["next_after"] == everything[1]["stream_seq"]
+    rest = (
+        await journal.client.get(f"/runs/{s.run_id}/events", params={"limit": 2, "after": first["next_after"]})
+    ).json()
+    assert [e["id"] for e in rest["events"]] == [everything[2]["id"]]
+    assert rest["next_after"] is None
+    exact = (await journal.client.get(f"/runs/{s.run_id}/events", params={"limit": 3})).json()
+    assert len(exact["events"]) == 3
+    assert exact["next_after"] is None  # all three fit: no next page
 
 
 async def test_recorder_alone_is_idempotent(database: Database, bus: Bus, story: MakeStory) -> None:

@@ -358,6 +358,11 @@ class EventView(BaseModel):
 class Trajectory(BaseModel):
     run_id: str
     events: list[EventView]
+    next_after: int | None = Field(
+        default=None,
+        description="The run has more events than this page holds: pass this as after for the next page (null: "
+        "this page ends the run's events)",
+    )
 
 
 class EventList(BaseModel):
@@ -699,13 +704,19 @@ def create_app(
             select(EventRecord)
             .where(col(EventRecord.run_id) == run_id, col(EventRecord.stream_seq) > after)
             .order_by(col(EventRecord.stream_seq), col(EventRecord.time), col(EventRecord.id))
-            .limit(limit)
+            .limit(limit + 1)
         )
         async with database.sessions() as session:
-            records = (await session.exec(query)).all()
+            records = list((await session.exec(query)).all())
             if not records and not await _run_known(session, run_id):
                 raise _run_not_found(run_id)
-        return Trajectory(run_id=run_id, events=[EventView.of(r) for r in records])
+        more = len(records) > limit
+        records = records[:limit]
+        return Trajectory(
+            run_id=run_id,
+            events=[EventView.of(r) for r in records],
+            next_after=records[-1].stream_seq if more else None,
+        )
 
     @app.post(
         "/runs/{run_id:path}/cancel",

@@ -141,6 +141,7 @@ __all__ = [
     "EnvelopeHandler",
     "Outcome",
     "RawHandler",
+    "claimed_id_and_type",
 ]
 
 log = structlog.get_logger(__name__)
@@ -335,7 +336,7 @@ class _Puller:
         return msgs, (None if status is None or status in _PULL_ENDED else status)
 
 
-def _claimed_id_and_type(data: bytes) -> tuple[str | None, str | None]:
+def claimed_id_and_type(data: bytes) -> tuple[str | None, str | None]:
     """The ``id`` and ``type`` a message that is not a valid CloudEvent says it has (JSON object, string values,
     cut to 200 characters), so its dead letter names what the sender meant to send; ``None`` for what it lacks."""
     try:
@@ -900,7 +901,7 @@ class Consumer:
         self, msg: Msg, delivery: Delivery, env: Envelope | None, exc: BaseException, error: str, dlq_subject: str
     ) -> None:
         original_id, original_type, run_id = (
-            (env.id, env.type, env.runid) if env is not None else (*_claimed_id_and_type(msg.data), None)
+            (env.id, env.type, env.runid) if env is not None else (*claimed_id_and_type(msg.data), None)
         )
         if isinstance(exc, ForgedEvent):  # the service is never told of a forgery: it must not act on it
             self._log.warning("event.forged", error=error, original_id=original_id, original_type=original_type)

@@ -67,6 +67,7 @@ from nats.js.errors import APIError, NotFoundError
 from pydantic import ValidationError
 
 from temporality_bus import Bus, BusError, NatsSettings
+from temporality_bus.consumer import claimed_id_and_type
 from temporality_protocol import decode
 from temporality_protocol.catalog import (
     ALL_STREAMS,
@@ -168,7 +169,7 @@ class DeadLetter:
         try:
             envelope = decode(self.data)
         except (ProtocolError, ValidationError, ValueError):
-            claimed_id, claimed_type = _claimed_id_and_type(self.data)
+            claimed_id, claimed_type = claimed_id_and_type(self.data)
             event_id, event_type = claimed_id, claimed_type or event_type
         else:
             event_id, event_type, valid = envelope.id, envelope.type, True
@@ -182,22 +183,6 @@ class DeadLetter:
         assert msg.subject is not None
         headers = {str(k): str(v) for k, v in (msg.headers or {}).items()}
         return cls(seq=msg.seq, time=msg.time, subject=msg.subject, headers=headers, data=msg.data or b"")
-
-
-def _claimed_id_and_type(data: bytes) -> tuple[str | None, str | None]:
-    """The ``id`` and ``type`` a payload that is not a valid CloudEvent says it has (a JSON object's string values,
-    cut to 200 characters), as the consumer runner puts them in ``bus.dead_lettered``; ``None`` for what it lacks."""
-    try:
-        body = json.loads(data)
-    except (ValueError, RecursionError):
-        return None, None
-    if not isinstance(body, dict):
-        return None, None
-    claimed_id, claimed_type = body.get("id"), body.get("type")
-    return (
-        claimed_id[:200] if isinstance(claimed_id, str) else None,
-        claimed_type[:200] if isinstance(claimed_type, str) else None,
-    )
 
 
 # ---------------------------------------------------------------------------------------------- reading

@@ -170,6 +170,16 @@ NO_NUL = r"^[^\x00]*$"
 #: An event type filter is exact: ``*`` and ``>`` are NATS subject patterns (a subscriber's filter), which ``type=``
 #: would otherwise match nothing with, silently (a 200 with no events).
 EXACT_TYPE = r"^[^\x00*>]*$"
+#: The ``type`` filter of /events and /events/stream.
+EventTypeParam = Annotated[
+    str | None,
+    Query(
+        alias="type",
+        max_length=MAX_TEXT_PARAM,
+        pattern=EXACT_TYPE,
+        description="Only this event type (exact: no * or >)",
+    ),
+]
 
 
 # --------------------------------------------------------------------------- response bodies
@@ -883,20 +893,12 @@ def create_app(
         "live tail's cursor), not by stream sequence: an event JetStream redelivered late is where it was "
         "committed. Page with ``before`` = ``next_before``; to follow live from a page, open "
         "``/events/stream`` with ``after`` = the first item's ``commit_seq``. Filters combine with AND. A viewer "
-        "gets no event of the audit trail (what ``GET /audit`` lists, operator only) but trigger changes, cancel "
-        "requests and reruns (which /triggers and the run timelines show a viewer anyway): they are left out.",
+        "gets no event of the audit trail about who may do what (refused access, directory changes, agent "
+        "registrations and policies, NATS permission refusals: operator only, GET /audit): they are left out.",
     )
     async def list_events(
         who: AsViewer,
-        type_: Annotated[
-            str | None,
-            Query(
-                alias="type",
-                max_length=MAX_TEXT_PARAM,
-                pattern=EXACT_TYPE,
-                description="Only this event type (exact: no * or >)",
-            ),
-        ] = None,
+        type_: EventTypeParam = None,
         run_id: Annotated[str | None, _text("Only this run's events")] = None,
         before: Annotated[
             NonNegativeInt64 | None,
@@ -908,8 +910,7 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     ) -> EventList:
         query = select(EventRecord)
-        if not who.may(Role.operator):  # the audit trail is the operator's (GET /audit); a viewer reads only
-            # what /triggers and the run timelines show them anyway (trigger changes, cancel requests, reruns)
+        if not who.may(Role.operator):  # who may do what is the operator's (GET /audit): OPERATOR_ONLY_TYPES
             query = query.where(not_(audited(OPERATOR_ONLY_TYPES)))
         if type_ is not None:
             query = query.where(col(EventRecord.type) == type_)
@@ -955,15 +956,7 @@ def create_app(
         request: Request,
         resume: Annotated[int | None, Depends(_last_event_id)],
         run_id: Annotated[str | None, _text("Only this run's events")] = None,
-        type_: Annotated[
-            str | None,
-            Query(
-                alias="type",
-                max_length=MAX_TEXT_PARAM,
-                pattern=EXACT_TYPE,
-                description="Only this event type (exact: no * or >)",
-            ),
-        ] = None,
+        type_: EventTypeParam = None,
         after: Annotated[
             NonNegativeInt64 | None,
             Query(description="Start after this cursor (an SSE id, a ``commit_seq``; 0: from the start)"),

@@ -11,36 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e_support import ALICE, EXAMPLE_PR, HOOK_AUTH
-from test_embedded_supervision import Up
+from e2e_support import ALICE
+from test_embedded_supervision import Up, park_a_run, run_reaches
 
 from temporality_testing.waiting import eventually
 
 pytestmark = pytest.mark.e2e
-
-
-async def _state(up: Up, run_id: str, state: str) -> None:
-    auth = {"Authorization": f"Bearer {up.token()}"}
-    async with httpx.AsyncClient(timeout=10) as http:
-
-        async def reached() -> bool:
-            response = await http.get(f"http://127.0.0.1:{up.ports['journal']}/runs/{run_id}", headers=auth)
-            return response.status_code == 200 and response.json()["state"] == state
-
-        await eventually(reached, timeout_s=90, what=f"run {run_id} {state} in the journal")
-
-
-async def _park(up: Up) -> str:
-    async with httpx.AsyncClient(timeout=10) as http:
-        accepted = await http.post(
-            f"http://127.0.0.1:{up.ports['gateway']}/hooks/ado-pr-review",
-            content=EXAMPLE_PR.read_bytes(),
-            headers={"Authorization": HOOK_AUTH, "Content-Type": "application/json"},
-        )
-        assert accepted.status_code == 202, accepted.text
-        run_id: str = accepted.json()["run_id"]
-    await _state(up, run_id, "waiting_for_human")
-    return run_id
 
 
 async def _answer(up: Up, run_id: str) -> None:
@@ -54,7 +30,7 @@ async def _answer(up: Up, run_id: str) -> None:
         request_id = await eventually(question, timeout_s=60, what=f"the question of {run_id} in alice's inbox")
         answer = await http.post(f"{base}/requests/{request_id}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
         assert answer.status_code == 200, answer.text
-    await _state(up, run_id, "completed")
+    await run_reaches(up, run_id, "completed")
 
 
 @pytest.mark.timeout(400)
@@ -63,7 +39,7 @@ def test_a_stopped_data_dir_copied_elsewhere_restores_everything(tmp_path: Path)
     up = Up(original)
     try:
         up.ready()
-        run_id = asyncio.run(_park(up))
+        run_id = asyncio.run(park_a_run(up))
         token = up.token()
     finally:
         assert up.interrupt() == 0, up.output
@@ -77,7 +53,7 @@ def test_a_stopped_data_dir_copied_elsewhere_restores_everything(tmp_path: Path)
         up.ready()
         assert up.token() == token
         assert json.loads((copy / "nats-users.json").read_text(encoding="utf-8")) == passwords
-        asyncio.run(_state(up, run_id, "waiting_for_human"))
+        asyncio.run(run_reaches(up, run_id, "waiting_for_human"))
         asyncio.run(_answer(up, run_id))
     finally:
         assert up.interrupt() == 0, up.output

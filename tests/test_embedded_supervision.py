@@ -102,10 +102,12 @@ def _gone(pid: int) -> bool:
 
 def _webhook_reaches_a_question(up: Up) -> None:
     """A webhook is accepted (202) and its run waits for a human: every service and NATS work."""
-    asyncio.run(_webhook_run_waits(up))
+    asyncio.run(park_a_run(up))
 
 
-async def _webhook_run_waits(up: Up) -> None:
+async def park_a_run(up: Up) -> str:
+    """The example Azure DevOps webhook into ``up``'s gateway (202), and its run waiting for a human in the journal;
+    its run id (the tests of ``temporality up`` that need a parked run share it)."""
     headers = {"Authorization": HOOK_AUTH, "Content-Type": "application/json"}
     async with httpx.AsyncClient(timeout=10) as http:
         accepted = await http.post(
@@ -114,14 +116,21 @@ async def _webhook_run_waits(up: Up) -> None:
             headers=headers,
         )
         assert accepted.status_code == 202, accepted.text
-        run_id = accepted.json()["run_id"]
-        auth = {"Authorization": f"Bearer {up.token()}"}
+        run_id: str = accepted.json()["run_id"]
+    await run_reaches(up, run_id, "waiting_for_human")
+    return run_id
 
-        async def waiting() -> bool:
+
+async def run_reaches(up: Up, run_id: str, state: str) -> None:
+    """Wait (bounded) until ``up``'s journal shows ``run_id`` in ``state``."""
+    auth = {"Authorization": f"Bearer {up.token()}"}
+    async with httpx.AsyncClient(timeout=10) as http:
+
+        async def reached() -> bool:
             response = await http.get(f"http://127.0.0.1:{up.ports['journal']}/runs/{run_id}", headers=auth)
-            return response.status_code == 200 and response.json()["state"] == "waiting_for_human"
+            return response.status_code == 200 and response.json()["state"] == state
 
-        await eventually(waiting, timeout_s=90, what=f"run {run_id} waiting for a human")
+        await eventually(reached, timeout_s=90, what=f"run {run_id} {state} in the journal")
 
 
 @pytest.mark.timeout(300)

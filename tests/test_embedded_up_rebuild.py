@@ -10,41 +10,14 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
-from e2e_support import CONFIG, EXAMPLE_PR, HOOK_AUTH
-from test_embedded_supervision import Up
+from e2e_support import CONFIG
+from test_embedded_supervision import Up, park_a_run, run_reaches
 from test_embedded_up import SCRIPT
 
 from temporality_embedded import free_port
-from temporality_testing.waiting import eventually
 
 pytestmark = pytest.mark.e2e
-
-
-async def _webhook_run(up: Up) -> str:
-    headers = {"Authorization": HOOK_AUTH, "Content-Type": "application/json"}
-    async with httpx.AsyncClient(timeout=10) as http:
-        accepted = await http.post(
-            f"http://127.0.0.1:{up.ports['gateway']}/hooks/ado-pr-review",
-            content=EXAMPLE_PR.read_bytes(),
-            headers=headers,
-        )
-        assert accepted.status_code == 202, accepted.text
-        run_id: str = accepted.json()["run_id"]
-    await _run_waits(up, run_id)
-    return run_id
-
-
-async def _run_waits(up: Up, run_id: str) -> None:
-    auth = {"Authorization": f"Bearer {up.token()}"}
-    async with httpx.AsyncClient(timeout=10) as http:
-
-        async def waiting() -> bool:
-            response = await http.get(f"http://127.0.0.1:{up.ports['journal']}/runs/{run_id}", headers=auth)
-            return response.status_code == 200 and response.json()["state"] == "waiting_for_human"
-
-        await eventually(waiting, timeout_s=90, what=f"run {run_id} waiting for a human in the journal")
 
 
 @pytest.mark.timeout(400)
@@ -53,7 +26,7 @@ def test_rebuild_journal_replays_a_run_the_read_model_lost(tmp_path: Path) -> No
     up = Up(data_dir)
     try:
         up.ready()
-        run_id = asyncio.run(_webhook_run(up))
+        run_id = asyncio.run(park_a_run(up))
     finally:
         assert up.interrupt() == 0, up.output
     # the read model loses the run (a projection bug, a restored backup): the stream still has its events
@@ -68,7 +41,7 @@ def test_rebuild_journal_replays_a_run_the_read_model_lost(tmp_path: Path) -> No
         rebuilt = next(i for i, line in enumerate(lines) if line.startswith("Journal read model dropped"))
         starting = next(i for i, line in enumerate(lines) if line.startswith("Starting Temporality"))
         assert rebuilt < starting, out
-        asyncio.run(_run_waits(up, run_id))
+        asyncio.run(run_reaches(up, run_id, "waiting_for_human"))
     finally:
         assert up.interrupt() == 0, up.output
 

@@ -15,6 +15,7 @@ from temporality_human_interaction.channels import ChannelAdapter
 from temporality_human_interaction.channels.matrix import MatrixAdapter
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.inbound import AnswerRouter
+from temporality_human_interaction.mirror import ChannelMirror
 from temporality_human_interaction.requests import RequestHandler
 from temporality_testing.synapse import MatrixAccount, Synapse
 
@@ -120,10 +121,11 @@ class MatrixPerson:
 
 @contextlib.asynccontextmanager
 async def alice_on_matrix(
-    bus: Bus, synapse: Synapse, matrix_accounts: dict[str, MatrixAccount]
+    bus: Bus, synapse: Synapse, matrix_accounts: dict[str, MatrixAccount], *, mirror: ChannelMirror | None = None
 ) -> AsyncIterator[RequestHandler]:
-    """The Matrix adapter under test (the bot) running, with alice in the directory reachable on Matrix only;
-    yields the request handler that delivers to it."""
+    """The Matrix adapter under test (the bot) running, with alice in the directory reachable on Matrix only
+    (``mirror``: the service's mirror of ``human-channels`` handed to it); yields the request handler that delivers
+    to it."""
     directory = Directory.from_mapping(
         {
             "users": {
@@ -142,6 +144,7 @@ async def alice_on_matrix(
         user_id=matrix_accounts["bot"].user_id,
         password=matrix_accounts["bot"].password,
         sync_timeout_s=5,
+        mirror=mirror,
     )
     matrix.attach(AnswerRouter(bus, directory, adapters))
     async with matrix:

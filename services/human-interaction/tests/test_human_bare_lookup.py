@@ -13,12 +13,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from human_support import count_requests, exactly, requested, stored, wait_for_record
-from matrix_support import MatrixPerson
+from human_support import TG_ALICE, count_requests, exactly, requested, stored, telegram_first, wait_for_record
+from matrix_support import MatrixPerson, alice_on_matrix
 
 from temporality_bus import Bus
 from temporality_human_interaction.channels import ChannelAdapter, WebInboxAdapter
-from temporality_human_interaction.channels.matrix import MatrixAdapter
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRef, ChannelRefs, ref_key
 from temporality_human_interaction.channels.telegram import TelegramAdapter
 from temporality_human_interaction.directory import Directory
@@ -29,24 +28,14 @@ from temporality_human_interaction.runs import RunEndHandler
 from temporality_protocol import HumanRequestState, OptionAnswer, RunCancelled, TextAnswer, make_event, new_id
 from temporality_testing.kv_reads import kv_read_key
 from temporality_testing.synapse import MatrixAccount, Synapse
-from temporality_testing.telegram_emulator import TelegramEmulator, TelegramUser
+from temporality_testing.telegram_emulator import TelegramEmulator
 from temporality_testing.waiting import eventually
 
-ALICE = TelegramUser(1001, "Alice")
+ALICE = TG_ALICE
 #: How many ended questions the chat holds besides the open one.
 ENDED = 12
 
-USERS = {
-    "users": {
-        "alice": {
-            "display_name": "Alice Example",
-            "inbox_token": "alice-demo-token",
-            "preferred": "telegram",
-            "fallback": ["web"],
-            "channels": {"telegram": {"chat_id": ALICE.id}, "web": {}},
-        },
-    }
-}
+USERS = telegram_first(fallback=["web"])
 
 #: How the adapter finds a chat's questions: the service's mirror (watching), none, or one whose watch is not running
 #: (down: the listing, as without one).
@@ -218,32 +207,8 @@ MATRIX_ENDED = 4
 async def bot(
     bus: Bus, synapse: Synapse, matrix_accounts: dict[str, MatrixAccount], mirror: ChannelMirror | None
 ) -> AsyncIterator[RequestHandler]:
-    directory = Directory.from_mapping(
-        {
-            "users": {
-                "alice": {
-                    "display_name": "Alice Example",
-                    "preferred": "matrix",
-                    "channels": {"matrix": {"user_id": matrix_accounts["alice"].user_id}},
-                }
-            }
-        }
-    )
-    adapters: dict[str, ChannelAdapter] = {}
-    router = AnswerRouter(bus, directory, adapters)
-    matrix = MatrixAdapter(
-        bus,
-        homeserver=synapse.url,
-        user_id=matrix_accounts["bot"].user_id,
-        password=matrix_accounts["bot"].password,
-        sync_timeout_s=5,
-        mirror=mirror,
-    )
-    matrix.attach(router)
-    async with matrix:
-        assert matrix.available
-        adapters[matrix.name] = matrix
-        yield RequestHandler(bus, directory, adapters)
+    async with alice_on_matrix(bus, synapse, matrix_accounts, mirror=mirror) as handler:
+        yield handler
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ The schema is versioned with Alembic (``temporality_journal/migrations``): :meth
 upgrades to the newest revision under a PostgreSQL advisory lock (replicas starting together migrate
 once). A database made by an older journal with ``create_all`` (tables, no version table) is stamped
 with the revision its tables match first (``0001``; ``0002`` with ``asks``; ``0003`` with
-``commit_counter``; ``0004_trace`` with ``events.traceparent``). :meth:`Database.drop` removes the tables and the version table: the
-first half of a rebuild (``temporality-journal rebuild``, see :mod:`temporality_journal.rebuild`); it keeps
+``commit_counter``; ``0004_trace`` with ``events.traceparent``). :meth:`Database.reset_read_model` drops the tables and the version table and re-creates them: the
+last step of a rebuild (``temporality-journal rebuild``, see :mod:`temporality_journal.rebuild`); it keeps
 ``revoked_sessions`` (sign-outs, :mod:`temporality_journal.revocation`: not in the streams, so not rebuilt).
 
 **TLS to PostgreSQL** (:class:`DatabaseTls`): libpq's ``sslmode``, ``sslrootcert``, ``sslcert`` and ``sslkey``,
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -331,7 +331,7 @@ def _upgrade(connection: Connection) -> None:
     command.upgrade(config, "head")
 
 
-#: Tables :meth:`Database.drop` keeps: not rebuilt from the streams (the sign-outs are in no stream).
+#: Tables :meth:`Database.reset_read_model` keeps: not rebuilt from the streams (the sign-outs are in no stream).
 KEPT_BY_REBUILD = frozenset({"revoked_sessions"})
 
 
@@ -424,13 +424,25 @@ class Database:
 
             return await conn.run_sync(current)
 
-    async def drop(self) -> None:
-        """Drop the read model (every journal table but :data:`KEPT_BY_REBUILD`, and the schema version): a
-        rebuild starts here."""
+    async def reset_read_model(self, after: int, *, before_commit: Callable[[], None] | None = None) -> None:
+        """Drop the read model (every journal table but :data:`KEPT_BY_REBUILD`, and the schema version), create it
+        again at the newest revision and number the next journaled events after ``after`` (cursors never go back),
+        in **one** transaction: a failure or a kill leaves the tables as they were. ``before_commit`` runs last
+        inside it (the rebuild's test-only crash point). A rebuild's last step (:mod:`.rebuild`)."""
         async with self.engine.begin() as conn:
             if self.dialect == "postgresql":
                 await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
+            else:
+                # Python's sqlite3 opens a transaction before DML only, so this no-op statement opens it; the DDL
+                # that follows is then inside it (sqlite3 no longer commits before DDL) and rolled back with it
+                await conn.execute(text("DELETE FROM commit_counter WHERE 1 = 0"))
             await conn.run_sync(_drop)
+            await conn.run_sync(_upgrade)
+            await conn.execute(
+                text("UPDATE commit_counter SET last_seq = :p WHERE id = 1 AND last_seq < :p"), {"p": after}
+            )
+            if before_commit is not None:
+                before_commit()
 
     async def last_position(self) -> int:
         """The last commit position handed out (``commit_counter``, or the highest ``events.commit_seq`` if
@@ -439,13 +451,6 @@ class Database:
             counter = (await conn.execute(text("SELECT MAX(last_seq) FROM commit_counter"))).scalar()
             newest = (await conn.execute(text("SELECT MAX(commit_seq) FROM events"))).scalar()
         return max(int(counter or 0), int(newest or 0))
-
-    async def continue_positions_after(self, position: int) -> None:
-        """Number the next journaled events after ``position`` (a rebuild: cursors never go back)."""
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                text("UPDATE commit_counter SET last_seq = :p WHERE id = 1 AND last_seq < :p"), {"p": position}
-            )
 
     async def ping(self) -> None:
         """Raise unless the database answers."""

@@ -269,7 +269,7 @@ class RevokedSession(JournalModel, table=True):
     on every replica. Kept until the session would have expired anyway (``expires_at``), then deleted.
 
     Not part of the read model: the streams do not hold sign-outs, so a rebuild keeps this table
-    (:meth:`temporality_journal.database.Database.drop`)."""
+    (:meth:`temporality_journal.database.Database.reset_read_model`)."""
 
     __tablename__ = "revoked_sessions"
 

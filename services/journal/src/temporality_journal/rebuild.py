@@ -52,8 +52,8 @@ from pydantic import ValidationError
 from sqlalchemy import text
 
 from temporality_bus import Bus, NatsSettings
-from temporality_journal.database import _DDL_LOCK_KEY, Database, _drop, _upgrade
-from temporality_journal.models import COMMIT_COUNTER_TABLE, EVENTS_TABLE
+from temporality_journal.database import Database
+from temporality_journal.models import EVENTS_TABLE
 from temporality_journal.settings import Settings
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
 from temporality_service import LogSettings, configure_logging
@@ -122,23 +122,6 @@ async def _max_stream_seq(database: Database) -> int:
     return int(value or 0)
 
 
-async def _reset(database: Database, after: int) -> None:
-    """Drop the read model, migrate to the newest revision and number after ``after``, in one transaction."""
-    async with database.engine.begin() as conn:
-        if database.dialect == "postgresql":
-            await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
-        else:
-            # Python's sqlite3 opens a transaction before DML only, so this no-op statement opens it; the DDL that
-            # follows is then inside it (sqlite3 no longer commits before DDL) and is rolled back with it
-            await conn.execute(text(f"DELETE FROM {COMMIT_COUNTER_TABLE.name} WHERE 1 = 0"))
-        await conn.run_sync(_drop)
-        await conn.run_sync(_upgrade)
-        await conn.execute(
-            text(f"UPDATE {COMMIT_COUNTER_TABLE.name} SET last_seq = :p WHERE id = 1 AND last_seq < :p"), {"p": after}
-        )
-        _crash_point("tables_dropped")
-
-
 async def rebuild(settings: Settings, *, accept_loss: bool = False) -> None:
     """Connect to NATS, check the stream, delete the journal's durable consumer, then drop and re-create the
     read model (see the module docstring). Raises :class:`RebuildRefused` when nothing was changed."""
@@ -176,7 +159,7 @@ async def rebuild(settings: Settings, *, accept_loss: bool = False) -> None:
             deleted = False
         log.info("journal.rebuild_consumer_deleted", consumer=durable, existed=deleted)
         _crash_point("consumer_deleted")
-        await _reset(database, last)
+        await database.reset_read_model(last, before_commit=lambda: _crash_point("tables_dropped"))
         revision = await database.revision()
     log.info(
         "journal.rebuild_ready",

@@ -21,7 +21,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_human_interaction import Settings as HumanSettings
 from temporality_human_interaction.__main__ import SPEC as HUMAN_SPEC
 from temporality_human_interaction.__main__ import configure as human_configure
-from temporality_journal import Settings
+from temporality_journal import RunSnapshot, Settings, project
 from temporality_journal.__main__ import SPEC, configure
 from temporality_protocol import (
     AgentSummary,
@@ -457,3 +457,22 @@ async def viewer_page(context: BrowserContext, served: ServedJournal, hash_: str
     await page.get_by_role("button", name="Sign in").click()
     await expect(page.locator("#who")).to_have_text("board (viewer)", timeout=wait_ms)
     return page
+
+
+def replay_states(events: list[Envelope], start: RunSnapshot | None = None, first_seq: int = 1) -> list[RunSnapshot]:
+    """The run as the journal projects it after each of ``events`` (numbered from ``first_seq``), starting from
+    ``start``: what a test of the projection alone reads, without a database."""
+    run = start
+    states: list[RunSnapshot] = []
+    for seq, event in enumerate(events, start=first_seq):
+        run = project(run, event, seq) or run
+        assert run is not None, f"{event.type} made no run"
+        states.append(run)
+    return states
+
+
+def replay(events: list[Envelope], start: RunSnapshot | None = None, first_seq: int = 1) -> RunSnapshot:
+    """The run after ``events`` (:func:`replay_states`'s last)."""
+    states = replay_states(events, start, first_seq)
+    assert states or start is not None, "no events and no run to start from"
+    return states[-1] if states else start  # type: ignore[return-value]

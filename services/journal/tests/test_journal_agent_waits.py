@@ -9,10 +9,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from journal_support import VIEWER_TOKEN
+from journal_support import VIEWER_TOKEN, replay_states
 from playwright.async_api import BrowserContext, expect
 
-from temporality_journal import RunSnapshot, project
 from temporality_protocol import (
     AgentAnswerReceived,
     AgentAsked,
@@ -90,20 +89,10 @@ def _resumed(s: Any) -> Envelope:
     return _event(s, data, "resumed")
 
 
-def _replay(events: list[Envelope]) -> list[RunSnapshot]:
-    run: RunSnapshot | None = None
-    states: list[RunSnapshot] = []
-    for seq, event in enumerate(events, start=1):
-        run = project(run, event, seq) or run
-        assert run is not None
-        states.append(run)
-    return states
-
-
 def test_a_waiting_ask_parks_the_run_on_the_agent_and_its_answer_moves_it_on(story: MakeStory) -> None:
     s = story()
     asked_at = s.at + timedelta(seconds=3)
-    states = _replay([s.requested(), s.started(), _asked(s), _answered(s), _resumed(s), s.completed()])
+    states = replay_states([s.requested(), s.started(), _asked(s), _answered(s), _resumed(s), s.completed()])
     waiting = states[2]
     assert waiting.state is RunState.WAITING_FOR_AGENT
     assert waiting.waiting_request_id == REQUEST
@@ -123,23 +112,23 @@ def test_a_waiting_ask_parks_the_run_on_the_agent_and_its_answer_moves_it_on(sto
 
 def test_an_async_ask_moves_nothing(story: MakeStory) -> None:
     s = story()
-    states = _replay([s.requested(), s.started(), _asked(s, mode="async")])
+    states = replay_states([s.requested(), s.started(), _asked(s, mode="async")])
     assert states[-1].state is RunState.RUNNING
     assert states[-1].waiting_request_id is None
 
 
 def test_the_expiry_or_an_undeliverable_address_ends_the_wait_a_late_answer_does_not(story: MakeStory) -> None:
     s = story()
-    expired = _replay([s.requested(), s.started(), _asked(s), _expired(s), _resumed(s), _answered(s, late=True)])
+    expired = replay_states([s.requested(), s.started(), _asked(s), _expired(s), _resumed(s), _answered(s, late=True)])
     assert [r.state for r in expired[3:]] == [RunState.RESUMING, RunState.RUNNING, RunState.RUNNING]
     t = story(run_id="run-undeliverable")
-    undeliverable = _replay([t.requested(), t.started(), _asked(t), _undeliverable(t)])
+    undeliverable = replay_states([t.requested(), t.started(), _asked(t), _undeliverable(t)])
     assert undeliverable[-1].state is RunState.RESUMING
 
 
 def test_an_answer_to_another_request_leaves_the_wait_alone(story: MakeStory) -> None:
     s = story()
-    states = _replay([s.requested(), s.started(), _asked(s), _answered(s, request_id="req-" + "b" * 16)])
+    states = replay_states([s.requested(), s.started(), _asked(s), _answered(s, request_id="req-" + "b" * 16)])
     assert states[-1].state is RunState.WAITING_FOR_AGENT
     assert states[-1].waiting_request_id == REQUEST
 

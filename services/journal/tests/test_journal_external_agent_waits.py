@@ -10,7 +10,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from temporality_journal import RunSnapshot, project
+from journal_support import replay_states
+
 from temporality_protocol import (
     AgentTask,
     AgentTaskActed,
@@ -87,20 +88,10 @@ def _resumed(s: Any, reason: Literal["recovery", "agent_action"], turn: int, nam
     return _event(s, data, f"resumed.{name}")
 
 
-def _replay(events: list[Envelope]) -> list[RunSnapshot]:
-    run: RunSnapshot | None = None
-    states: list[RunSnapshot] = []
-    for seq, event in enumerate(events, start=1):
-        run = project(run, event, seq) or run
-        assert run is not None
-        states.append(run)
-    return states
-
-
 def test_an_offered_turn_parks_the_run_on_its_external_agent_and_the_action_wakes_it(story: MakeStory) -> None:
     s = story(title="Triage issue 7")
     offered_at = s.at + timedelta(seconds=3)
-    states = _replay(
+    states = replay_states(
         [
             s.requested(),
             s.started(),
@@ -126,7 +117,7 @@ def test_an_offered_turn_parks_the_run_on_its_external_agent_and_the_action_wake
 
 def test_the_agent_taking_the_task_again_leaves_the_run_waiting_and_each_turn_parks_anew(story: MakeStory) -> None:
     s = story()
-    states = _replay(
+    states = replay_states(
         [
             s.requested(),
             s.started(),
@@ -156,10 +147,10 @@ def test_the_agent_taking_the_task_again_leaves_the_run_waiting_and_each_turn_pa
 
 def test_an_action_for_another_turn_or_a_late_one_leaves_the_run_alone(story: MakeStory) -> None:
     s = story()
-    states = _replay([s.requested(), s.started(), _offered(s, 2), _acted(s, 1)])
+    states = replay_states([s.requested(), s.started(), _offered(s, 2), _acted(s, 1)])
     assert states[-1].state is RunState.WAITING_FOR_AGENT
     t = story()
-    ended = _replay([t.requested(), t.started(), _offered(t), t.cancelled(), _acted(t)])
+    ended = replay_states([t.requested(), t.started(), _offered(t), t.cancelled(), _acted(t)])
     assert [r.state for r in ended[-2:]] == [RunState.CANCELLED, RunState.CANCELLED]
     assert ended[-1].waiting_request_id is None
 
@@ -169,7 +160,7 @@ def test_a_recovery_of_a_run_waiting_on_another_agents_answer_still_resumes_it(s
     from test_journal_agent_waits import _asked
 
     s = story()
-    states = _replay([s.requested(), s.started(), _asked(s), _resumed(s, "recovery", 2, "recovery")])
+    states = replay_states([s.requested(), s.started(), _asked(s), _resumed(s, "recovery", 2, "recovery")])
     assert [r.state for r in states[-2:]] == [RunState.WAITING_FOR_AGENT, RunState.RUNNING]
 
 

@@ -11,18 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from journal_support import replay
+
 from temporality_journal import RunSnapshot, project
-from temporality_protocol import Envelope, RunState
+from temporality_protocol import RunState
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
-
-
-def _replay(events: list[Envelope], start: RunSnapshot | None = None, first_seq: int = 1) -> RunSnapshot:
-    run = start
-    for seq, event in enumerate(events, start=first_seq):
-        run = project(run, event, seq) or run
-    assert run is not None
-    return run
 
 
 def _cleared(run: RunSnapshot) -> bool:
@@ -34,10 +28,10 @@ def test_two_questions_answered_in_reverse_order_keep_the_run_waiting_until_it_r
     alice = story(request_id="hreq-a")
     bob = story(run_id=alice.run_id, request_id="hreq-b")
     asked_a = alice.human_requested(recipient="user:alice", question="Ship v2?")
-    run = _replay([alice.requested(), alice.started(), asked_a, alice.notified("web")])
+    run = replay([alice.requested(), alice.started(), asked_a, alice.notified("web")])
     assert (run.state, run.waiting_request_id, run.waiting_channel) == (RunState.WAITING_FOR_HUMAN, "hreq-a", "web")
 
-    run = _replay([bob.human_requested(recipient="user:bob", question="Keep v1?")], run, first_seq=5)
+    run = replay([bob.human_requested(recipient="user:bob", question="Keep v1?")], run, first_seq=5)
     # several at once: no single request is "the" one; whom and what are all shown, since when unchanged
     assert run.state == RunState.WAITING_FOR_HUMAN
     assert run.waiting_request_id is None
@@ -50,10 +44,10 @@ def test_two_questions_answered_in_reverse_order_keep_the_run_waiting_until_it_r
     # bob answers first, then alice: neither answer moves the run, the executor's run.resumed does
     for seq, answer in ((7, bob.answered()), (8, alice.answered())):
         assert project(run, answer, seq) is None, answer.data["request_id"]
-    resumed = _replay([alice.resumed()], run, first_seq=9)
+    resumed = replay([alice.resumed()], run, first_seq=9)
     assert resumed.state == RunState.RUNNING
     assert _cleared(resumed)
-    done = _replay([alice.completed("both answered")], resumed, first_seq=10)
+    done = replay([alice.completed("both answered")], resumed, first_seq=10)
     assert (done.state, done.result) == (RunState.COMPLETED, "both answered")
     assert _cleared(done)
 
@@ -61,7 +55,7 @@ def test_two_questions_answered_in_reverse_order_keep_the_run_waiting_until_it_r
 def test_first_answer_resumes_and_a_late_answer_to_the_other_question_changes_nothing(story: MakeStory) -> None:
     alice = story(request_id="hreq-a")
     bob = story(run_id=alice.run_id, request_id="hreq-b")
-    run = _replay(
+    run = replay(
         [
             alice.requested(),
             alice.started(),
@@ -80,7 +74,7 @@ def test_first_answer_resumes_and_a_late_answer_to_the_other_question_changes_no
 def test_one_person_asked_twice_is_shown_once(story: MakeStory) -> None:
     first = story(request_id="hreq-1")
     second = story(run_id=first.run_id, request_id="hreq-2")
-    run = _replay(
+    run = replay(
         [
             first.requested(),
             first.started(),
@@ -95,7 +89,7 @@ def test_the_same_second_request_projected_again_changes_nothing(story: MakeStor
     alice = story(request_id="hreq-a")
     bob = story(run_id=alice.run_id, request_id="hreq-b")
     asked_b = bob.human_requested(recipient="user:bob", question="Keep v1?")
-    run = _replay([alice.requested(), alice.started(), alice.human_requested(), asked_b])
+    run = replay([alice.requested(), alice.started(), alice.human_requested(), asked_b])
     assert project(run, asked_b, 4) is None  # redelivered: not newer than what the row has seen
     again = project(run, asked_b, 5)  # even as a newer copy: already shown, once
     assert again is not None
@@ -104,9 +98,9 @@ def test_the_same_second_request_projected_again_changes_nothing(story: MakeStor
 
 def test_a_single_question_still_moves_through_resuming(story: MakeStory) -> None:
     s = story()
-    run = _replay([s.requested(), s.started(), s.human_requested(), s.answered()])
+    run = replay([s.requested(), s.started(), s.human_requested(), s.answered()])
     assert run.state == RunState.RESUMING
-    assert _cleared(_replay([s.resumed()], run, first_seq=5))
+    assert _cleared(replay([s.resumed()], run, first_seq=5))
 
 
 # --------------------------------------------------------------------------- the API: each question of the wait

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from journal_support import replay
 
 from temporality_journal import RunSnapshot, project, run_id_of
 from temporality_journal.models import updated
@@ -21,13 +22,6 @@ from temporality_protocol import (
 )
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
-
-
-def _replay(events: list[Envelope], start: RunSnapshot | None = None, first_seq: int = 1) -> RunSnapshot | None:
-    run = start
-    for seq, event in enumerate(events, start=first_seq):
-        run = project(run, event, seq) or run
-    return run
 
 
 def _assert_waiting_invariant(run: RunSnapshot) -> None:
@@ -75,9 +69,7 @@ def test_full_trajectory_moves_the_run_through_each_state(story: MakeStory) -> N
 def test_human_request_records_whom_what_and_since(story: MakeStory) -> None:
     s = story()
     asked_at = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
-    run = _replay(
-        [s.requested(), s.started(), s.human_requested(recipient="user:bob", question="Ship?", time=asked_at)]
-    )
+    run = replay([s.requested(), s.started(), s.human_requested(recipient="user:bob", question="Ship?", time=asked_at)])
     assert run is not None
     assert run.state == RunState.WAITING_FOR_HUMAN
     assert run.waiting_request_id == s.request_id
@@ -96,7 +88,7 @@ def test_human_request_records_whom_what_and_since(story: MakeStory) -> None:
 
 def test_notification_or_answer_for_another_request_changes_nothing(story: MakeStory) -> None:
     s = story()
-    run = _replay([s.requested(), s.started(), s.human_requested()])
+    run = replay([s.requested(), s.started(), s.human_requested()])
     assert project(run, s.notified("matrix", request_id="hreq-other"), 10) is None
     other = story(run_id=s.run_id, request_id="hreq-other")
     assert project(run, other.answered(), 11) is None
@@ -104,7 +96,7 @@ def test_notification_or_answer_for_another_request_changes_nothing(story: MakeS
 
 def test_resume_clears_the_waiting_fields(story: MakeStory) -> None:
     s = story()
-    run = _replay([s.requested(), s.started(), s.human_requested(), s.notified(), s.resumed()])
+    run = replay([s.requested(), s.started(), s.human_requested(), s.notified(), s.resumed()])
     assert run is not None
     assert run.state == RunState.RUNNING
     _assert_waiting_invariant(run)
@@ -123,7 +115,7 @@ def test_terminal_events_finish_the_run(
 ) -> None:
     s = story()
     final = getattr(s, end)()
-    run = _replay([s.requested(), s.started(), s.human_requested(), final])
+    run = replay([s.requested(), s.started(), s.human_requested(), final])
     assert run is not None
     assert (run.state, run.result, run.error, run.finished_at) == (state, result, error, final.time)
     _assert_waiting_invariant(run)  # a run that ends while waiting no longer waits
@@ -131,7 +123,7 @@ def test_terminal_events_finish_the_run(
 
 def test_terminal_state_is_sticky(story: MakeStory) -> None:
     s = story()
-    run = _replay([s.requested(), s.started(), s.completed()])
+    run = replay([s.requested(), s.started(), s.completed()])
     assert run is not None
     assert run.state == RunState.COMPLETED
     for seq, late in enumerate(
@@ -144,8 +136,8 @@ def test_an_older_event_never_moves_the_state_but_fills_blanks(story: MakeStory)
     s = story()
     requested, started, asked = s.requested(), s.started(), s.human_requested()
     # run.started (seq 2) failed transiently and comes back after human.requested (seq 3)
-    run = _replay([requested])
-    run = project(run, asked, 3)
+    created = replay([requested])
+    run = project(created, asked, 3)
     assert run is not None
     assert run.state == RunState.WAITING_FOR_HUMAN
     late = project(run, started, 2)
@@ -179,7 +171,7 @@ def test_run_created_without_run_requested_makes_a_pending_run(story: MakeStory)
 
 def test_projecting_the_same_event_twice_changes_nothing(story: MakeStory) -> None:
     s = story()
-    run = _replay([s.requested(), s.started()])
+    run = replay([s.requested(), s.started()])
     asked = s.human_requested()
     once = project(run, asked, 3)
     assert once is not None
@@ -220,7 +212,7 @@ def test_invalid_data_of_a_projected_type_raises(story: MakeStory) -> None:
 
 
 def test_an_event_of_another_run_is_refused(story: MakeStory) -> None:
-    run = _replay([story().requested()])
+    run = replay([story().requested()])
     with pytest.raises(ValueError, match="belongs to run"):
         project(run, story().started(), 2)
 

@@ -188,6 +188,51 @@ def test_a_killed_nats_server_is_restarted_the_services_reconnect_and_ctrl_c_sta
     assert "Stopped." in up.output
 
 
+async def _card_served(cards: str, auth: dict[str, str], agent_id: str) -> None:
+    async with httpx.AsyncClient(timeout=10) as http:
+
+        async def listed() -> bool:
+            response = await http.get(cards, headers=auth)
+            return response.status_code == 200 and agent_id in [a["id"] for a in response.json()["agents"]]
+
+        await eventually(listed, timeout_s=60, what=f"{agent_id} served by the run-executor")
+
+
+@pytest.mark.timeout(300)
+def test_a_service_stopped_with_sigterm_reads_its_config_again_and_is_not_counted_as_a_crash(tmp_path: Path) -> None:
+    """SIGTERM is how an operator makes the run-executor read its agents file again under ``temporality up``: the
+    clean exit (0) is restarted and never adds up to a crash loop; a real crash after it is the first one counted."""
+    config = tmp_path / "config"
+    shutil.copytree(CONFIG, config)
+    up = Up(tmp_path / "data", config)
+    try:
+        out = up.ready()
+        (cards,) = [w for line in out.splitlines() if "Agent cards" in line for w in line.split() if "http" in w]
+        auth = {"Authorization": f"Bearer {up.token()}"}
+        agents = config / "agents.yaml"
+        text = agents.read_text(encoding="utf-8")
+        for n in range(1, 3):
+            # a second card, renamed each time: only a restart reads the file again
+            copy = text.split("agents:\n", 1)[1].replace("- id: reviewer", f"- id: reviewer-{n}", 1)
+            agents.write_text(text + copy, encoding="utf-8")
+            mark = len(up.lines)
+            os.kill(up.pid("run-executor"), signal.SIGTERM)
+            stopped = up.wait_for("run-executor stopped cleanly (exit 0", 60, mark)
+            assert "(not counted as a crash)" in up.lines[stopped]
+            up.wait_for("run-executor restarted (pid", 120, stopped)
+
+            asyncio.run(_card_served(cards, auth, f"reviewer-{n}"))
+        assert "crash" not in "\n".join(up.lines[mark:]).replace("not counted as a crash", "")
+        mark = len(up.lines)
+        os.kill(up.pid("run-executor"), signal.SIGKILL)
+        up.wait_for("restarting run-executor in 1s (crash 1 of 5 allowed", 30, mark)
+        up.wait_for("run-executor restarted (pid", 120, mark)
+        _webhook_reaches_a_question(up)
+    finally:
+        code = up.interrupt()
+    assert code == 0, up.output
+
+
 @pytest.mark.timeout(300)
 def test_a_crash_loop_stops_the_stack_with_a_message(tmp_path: Path) -> None:
     config = tmp_path / "config"

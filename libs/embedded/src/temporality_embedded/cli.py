@@ -256,7 +256,8 @@ def up(args: argparse.Namespace) -> int:
         _out(
             f"  Restarts                   a service or nats-server that exits is started again after "
             f"{', '.join(f'{d:g}' for d in policy.delays_s)} s; {policy.max_crashes} crashes within "
-            f"{policy.window_s:g} s stop it all (--no-restart: the first exit does)"
+            f"{policy.window_s:g} s stop it all (--no-restart: the first exit does); a SIGTERM'd service (exit 0) is "
+            "started again, not counted"
         )
     _out("Press Ctrl-C to stop.")
     code = 0

@@ -3,7 +3,9 @@
 The decision is :class:`CrashTracker`'s, pure and on an injected clock (unit-tested without processes); the
 effects are :class:`Supervisor`'s, which ``temporality up`` calls about twice a second (:meth:`Supervisor.check`):
 
-- a service that exited (any exit: nothing in ``up`` stops one but Ctrl-C) is reported with its exit code or
+- a running service that exited 0 was stopped on purpose (a SIGTERM to make it read its configuration again): it
+  is started again after the first delay, and that is not a crash;
+- a service that exited otherwise (nothing in ``up`` stops one but Ctrl-C) is reported with its exit code or
   signal (``exit 1``, ``SIGKILL``) and its last log lines -- after a signal from outside as killed by it, with no
   earlier logged error put first as the cause (:meth:`ServiceProcess.exit_report`) -- and its own log gets a
   ``--- exited (SIGKILL) at ...; restarted by temporality up after 1 s ---`` line; it is started again after the
@@ -252,6 +254,8 @@ class Supervisor:
         now = self.clock()
         if child.state is _State.running:
             if not process.alive():
+                if process.proc is not None and process.proc.returncode == 0:
+                    return self._service_stopped(child, process)
                 return self._service_crashed(child, process, "exited unexpectedly")
         elif child.state is _State.waiting:
             nats_down = self.nats is not None and self.nats.state is _State.waiting
@@ -297,6 +301,21 @@ class Supervisor:
             self.out(f"error: {child.label} {what} ({exited}); last log lines ({process.log_file}):")
             self.out(process.exit_report(returncode) if not killed_by_us else process.log_tail(20))
         return self._schedule(child, child.tracker.crashed(), process.log_file)
+
+    def _service_stopped(self, child: _Child, process: ServiceProcess) -> int | None:
+        """A running service that exited 0 was stopped on purpose (a SIGTERM to reload its configuration, say):
+        started again after the first delay, and not counted as a crash (a crash loop needs crashes)."""
+        process.kill9()  # (it is gone: this only closes our end of its log)
+        child.exited = ("exit 0", _now())
+        if not self.restart:
+            return self._schedule(child, 0.0, process.log_file)
+        delay = self.policy.delays_s[0]
+        self.out(
+            f"{child.label} stopped cleanly (exit 0, e.g. a SIGTERM to reload its configuration): starting it again "
+            f"in {_seconds(delay)} (not counted as a crash)"
+        )
+        child.state, child.due, child.delay = _State.waiting, self.clock() + delay, delay
+        return None
 
     def _mark_restart(self, child: _Child, log_file: Path) -> None:
         exited, at = child.exited or ("exited", _now())

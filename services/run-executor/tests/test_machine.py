@@ -43,6 +43,7 @@ from temporality_protocol import (
     derive_id,
 )
 from temporality_protocol.agent_tasks import task_id_for
+from temporality_protocol.events import Renotify, TimeoutPolicy
 from temporality_run_executor.agents import Limits
 from temporality_run_executor.machine import (
     AdoptCancelMarker,
@@ -459,6 +460,30 @@ def test_a_pending_ask_parks_the_run_without_a_watchdog() -> None:
     assert move == Transition(RunState.WAITING_FOR_HUMAN, {"waiting_request_id": REQUEST_ID, "waiting_since": T0})
     assert decision.then == Parked()
     assert _decide(_run(RunState.WAITING_FOR_HUMAN), None, Parked()).effects == ()
+
+
+def test_a_timeout_default_the_question_does_not_offer_fails_that_question_at_its_deadline() -> None:
+    """The trigger's ``on_timeout: {action: default, default_option: keep-v1}`` was written for one question; another
+    question (options yes/no, or free text) is asked all the same, and fails the run at its deadline instead of
+    being refused (the reminders stay)."""
+    on_timeout = TimeoutPolicy(action="default", default_option="keep-v1", renotify=Renotify(every_s=60, max=1))
+    policy = HumanPolicy(allowed_recipients=["user:alice"], default_timeout_s=600, on_timeout=on_timeout)
+    offered = [{"id": "keep-v1", "label": "Keep v1"}, {"id": "drop-v1", "label": "Drop v1"}]
+    other = [{"id": "yes", "label": "Yes"}, {"id": "no", "label": "No"}]
+    for options, action, default in [(offered, "default", "keep-v1"), (other, "fail", None), ([], "fail", None)]:
+        ask = PendingAsk(
+            request_id=REQUEST_ID,
+            call_id="call-ask",
+            turn=2,
+            asked_at=T0,
+            arguments={**ASK_ARGS, "options": options},
+        )
+        run = make_run(RUN_ID, RunState.RUNNING, human=policy)
+        (requested,) = _published(_decide(run, _ckpt(turn=2, pending=ask), Boundary()))
+        assert isinstance(requested, HumanRequested)
+        assert (requested.policy.on_timeout.action, requested.policy.on_timeout.default_option) == (action, default)
+        assert requested.policy.on_timeout.renotify == on_timeout.renotify
+        assert requested.policy.allowed_recipients == ["user:alice"]
 
 
 def test_an_outcome_arriving_before_its_run_has_parked_is_applied_once_parked() -> None:

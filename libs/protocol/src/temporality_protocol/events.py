@@ -291,6 +291,19 @@ class HumanPolicy(_Model):
     max_timeout_s: Annotated[int, Field(gt=0)] = 7 * 24 * 3600
     on_timeout: TimeoutPolicy = Field(default_factory=TimeoutPolicy)
 
+    def for_question(self, options: list[HumanOption]) -> HumanPolicy:
+        """This policy as it applies to one question: a timeout default (``on_timeout: {action: default,
+        default_option: X}``) the question does not offer (other options, free text only) cannot be its answer, so
+        that question fails at its deadline instead (reminders and escalation stay). The run-executor writes the
+        result into ``human.requested.policy``; human-interaction applies it to the run's trusted policy too.
+        Refusing the question instead would leave an agent unable to ask anything but the one question the
+        default was written for."""
+        on_timeout = self.on_timeout
+        if on_timeout.action != "default" or any(o.id == on_timeout.default_option for o in options):
+            return self
+        fail = on_timeout.model_copy(update={"action": "fail", "default_option": None})
+        return self.model_copy(update={"on_timeout": fail})
+
 
 class LaunchSource(_Model):
     kind: Literal["webhook", "event", "schedule", "api"]

@@ -274,6 +274,7 @@ class RequestHandler:
                     if await self._policies.lookup(payload.run_id) is not None:  # came meanwhile: take it now
                         await self.resume_parked(payload.run_id, payload.request_id, final=False)
                     return
+                projected = projected.for_question(payload.options)  # as the executor applied it (HumanPolicy)
                 if projected != payload.policy:
                     log.warning(
                         "request.policy_differs",

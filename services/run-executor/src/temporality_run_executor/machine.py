@@ -1720,7 +1720,7 @@ def _park(
 
 def _human_requested(run: RunRecord, pending: PendingAsk, agent: Agent, redactor: Redactor) -> HumanRequested:
     args = AskHumanArgs.model_validate(pending.arguments)
-    policy = run.human
+    policy = run.human.for_question(args.options)
     timeout = min(args.timeout or policy.default_timeout_s, policy.max_timeout_s)
     requested = HumanRequested(
         request_id=pending.request_id,
@@ -2268,7 +2268,7 @@ def _elicit_requested(run: RunRecord, pending: PendingAsk, agent: Agent, redacto
         form = render_url(str(args["message"]), str(url))
     else:
         form = render(str(args["message"]), dict(args["requested_schema"]), refused=args.get("refused"))
-    policy = run.human
+    policy = run.human.for_question(form.options)
     timeout = min(policy.default_timeout_s, policy.max_timeout_s)
     requested = HumanRequested(
         request_id=pending.request_id,

@@ -89,7 +89,8 @@ def _stored_webhooks(gateway_url: str, admin_token: str | None) -> list[tuple[st
         return None
     request = urllib.request.Request(f"{gateway_url}/triggers", headers={"Authorization": f"Bearer {admin_token}"})
     try:
-        with urllib.request.urlopen(request, timeout=5) as answer:  # the stack's own gateway
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the stack's own gateway: no proxy
+        with direct.open(request, timeout=5) as answer:
             listed: Any = json.loads(answer.read())
         return [
             (str(view["trigger"]["id"]), view.get("served") is True)

@@ -120,7 +120,9 @@ async def test_an_unusable_stored_trigger_is_not_served_and_the_replica_keeps_ru
             return found.get("served") is False and "GW_TEST_UNSET" in (found.get("problem") or "")
 
         await eventually(shown_as_invalid, what="the unusable trigger reported")
-        assert (await _hook(a, "env-pr", fixture_bytes("pr-created.json"))).status_code == 404
+        unserved = await _hook(a, "env-pr", fixture_bytes("pr-created.json"))  # it exists: 503, saying why
+        assert (unserved.status_code, unserved.json()["error"]) == (503, "trigger_not_served"), unserved.text
+        assert "GW_TEST_UNSET" not in unserved.text
         assert (await a.get("/readyz")).status_code == 200
 
 

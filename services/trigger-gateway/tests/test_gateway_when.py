@@ -175,7 +175,7 @@ async def test_a_webhook_the_condition_refuses_is_filtered_journaled_listed_and_
         assert (await a.post("/triggers", json=spec, headers=AS_ADMIN)).status_code == 201
         broken = await post(a, _pr("evt-broken"), "pr-broken")
         assert broken.status_code == 422, broken.text
-        assert broken.json()["error"] == "invalid_payload"
+        assert broken.json()["error"] == "mapping_failed"
         assert "when" in broken.json()["detail"]
 
         # re-drive of the filtered delivery, as the trigger is now: filtered again, then accepted once changed

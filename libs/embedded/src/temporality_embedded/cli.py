@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "nats_authorization",
     "port_free",
     "stack_config",
+    "webhook_lines",
 ]
 
 #: The journal subscriber ``temporality up`` creates when ``--nats-subscriber`` names none (user ``sub-example``).
@@ -57,17 +59,46 @@ def _out(line: str = "") -> None:
     sys.stdout.flush()
 
 
-def _webhook_lines(stack: Stack, config_dir: Path) -> list[str]:
+def webhook_lines(gateway_url: str, admin_token: str | None, config_dir: Path) -> list[str]:
+    """The banner's line of each webhook trigger: those of the trigger store, as the gateway's admin API lists them
+    (created through the API too; one this gateway does not serve says so), else -- no admin token, or the API did
+    not answer -- those of the triggers file."""
+    stored = _stored_webhooks(gateway_url, admin_token)
+    if stored is not None:
+        return [_webhook_line(gateway_url, trigger_id, served) for trigger_id, served in stored]
     try:
         doc: Any = yaml.safe_load((config_dir / "triggers.yaml").read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError):
         return []
-    lines = []
-    for trigger in doc.get("triggers") or []:
-        if isinstance(trigger, dict) and trigger.get("type", "webhook") == "webhook":
-            label = f"Webhook {trigger.get('id')!s}"
-            lines.append(f"  {label:<26} POST {stack.gateway_url}/hooks/{trigger.get('id')}")
-    return lines
+    return [
+        _webhook_line(gateway_url, str(trigger.get("id")), True)
+        for trigger in doc.get("triggers") or []
+        if isinstance(trigger, dict) and trigger.get("type", "webhook") == "webhook"
+    ]
+
+
+def _webhook_line(gateway_url: str, trigger_id: str, served: bool) -> str:
+    label = f"Webhook {trigger_id}"
+    line = f"  {label:<26} POST {gateway_url}/hooks/{trigger_id}"
+    return line if served else f"{line}   (not served: see GET /triggers/{trigger_id})"
+
+
+def _stored_webhooks(gateway_url: str, admin_token: str | None) -> list[tuple[str, bool]] | None:
+    """(id, served) of every webhook trigger in the store (``GET /triggers``), or ``None`` when it cannot be read."""
+    if admin_token is None:
+        return None
+    request = urllib.request.Request(f"{gateway_url}/triggers", headers={"Authorization": f"Bearer {admin_token}"})
+    try:
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the stack's own gateway: no proxy
+        with direct.open(request, timeout=5) as answer:
+            listed: Any = json.loads(answer.read())
+        return [
+            (str(view["trigger"]["id"]), view.get("served") is True)
+            for view in listed["triggers"]
+            if view["trigger"].get("type") == "webhook"
+        ]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 #: Where ``temporality up`` keeps the NATS port it picked (``--nats-port -1``, the default), so that the URLs it
@@ -193,7 +224,7 @@ def up(args: argparse.Namespace) -> int:
     _out("Temporality is up.")
     for warning in not_ready(stack):  # started, yet not ready: e.g. an MCP server of a card that does not start
         _out(warning)
-    for line in _webhook_lines(stack, config_dir):
+    for line in webhook_lines(stack.gateway_url, stack.admin_token, config_dir):
         _out(line)
     _out(f"  Web inbox API              {stack.human_url}/inbox   (Authorization: Bearer <user's inbox token>)")
     if stack.config.console_sign_in:

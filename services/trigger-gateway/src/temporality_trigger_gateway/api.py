@@ -6,10 +6,13 @@ at every delivery, so a trigger created, changed, disabled or deleted in the sto
 served as it now is, without a restart.
 
 Checks run in this order, each answered as ``{"error": code, "detail": sentence}``:
-unknown trigger 404 → header credentials 401 → size 413 → body signature 401 → a ``Content-Type`` that is not
-JSON 415 (none at all is taken as JSON) → a ``Content-Encoding`` (gzip, ...) 415 → UTF-8 JSON 400 →
-source shape 422 → disabled / unhandled event type 200 ``ignored`` → accepted 202 / duplicate 200 (with a
-concurrency key: queued or debounced 202 / skipped 200), or 503 when NATS is unavailable. Never 410 (Azure DevOps disables a subscription on it).
+unknown trigger 404 (a stored webhook trigger this replica cannot serve, its secret not set: 503
+``trigger_not_served``) → header credentials 401 → size 413 → body signature 401 → a ``Content-Type`` that is not
+JSON 415 (none at all is taken as JSON) → a ``Content-Encoding`` (gzip, ...) 415 → an empty body 400 → UTF-8 JSON
+400 → source shape 422 → the sender's test notification 200 ``ignored`` → disabled / unhandled event type 200
+``ignored`` → the trigger's expressions (422 ``mapping_failed`` when one fails on the event) → accepted 202 /
+duplicate 200 (with a concurrency key: queued or debounced 202 / skipped 200), or 503 when NATS is unavailable.
+Never 410 (Azure DevOps disables a subscription on it).
 
 The trigger's ``auth`` is its verifier (:mod:`temporality_trigger_gateway.auth`): one that reads only
 headers runs before the body is read, one that signs the body runs on the raw bytes before they are
@@ -50,6 +53,7 @@ from temporality_trigger_gateway.errors import (
     BusUnavailable,
     InvalidPayload,
     MalformedBody,
+    TriggerNotServed,
     Unauthorized,
     UnknownTrigger,
     UnsupportedMediaType,
@@ -132,7 +136,7 @@ def create_app(
         # No per-request log binding here: Intake.handle binds the delivery's fields once it has them.
         trigger = registry.webhook(trigger_id)
         if trigger is None:
-            raise UnknownTrigger(f"no webhook trigger with id {trigger_id[:100]!r}")
+            raise _not_served(registry, trigger_id, settings.retry_after_s)
         verifier = trigger.auth
         if not verifier.reads_body:
             try:
@@ -160,6 +164,8 @@ def create_app(
                     f"the body is sent with Content-Encoding: {encoded!r}; webhooks take it uncompressed "
                     "(no Content-Encoding, or identity)"
                 )
+            if not raw.strip():  # (before a source reads it: every source words it alike)
+                raise MalformedBody("the body is empty: webhooks take a JSON object")
             # parsed here (a 400 before the source's checks), or by a source that reads the raw body itself
             parsed = UNPARSED if ADAPTERS[trigger.adapter].reads_raw_body else parse_json(raw)
             delivery = WebhookRequest(request.method, request.headers, raw, parsed)
@@ -179,6 +185,22 @@ def create_app(
         return _JsonAnswer(outcome, 202 if started else 200)
 
     return app
+
+
+def _not_served(registry: TriggerRegistry, trigger_id: str, retry_after_s: int) -> ApiError:
+    """The answer to a webhook for ``trigger_id``, which this replica does not serve: 503 for a stored webhook
+    trigger it cannot serve (its secret is not set here: an operator can fix that, and the sender's retry then
+    goes through), saying why in words that name no variable; else 404."""
+    shown = repr(trigger_id[:100])
+    why = registry.unserved_webhook(trigger_id)
+    if why is None:
+        return UnknownTrigger(f"no webhook trigger with id {shown}")
+    log.warning("webhook.trigger_not_served", trigger_id=trigger_id[:100], why=why)
+    return TriggerNotServed(
+        f"webhook trigger {shown} exists but is not served: {why}; see the trigger admin API "
+        f"(GET /triggers/{trigger_id[:100]}: served, problem)",
+        retry_after_s,
+    )
 
 
 def _audit_refusal(request: Request, reason: str) -> None:

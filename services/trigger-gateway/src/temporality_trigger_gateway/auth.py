@@ -40,6 +40,7 @@ from standardwebhooks.webhooks import EmptyWebhookSecretError, Webhook
 from temporality_trigger_gateway.errors import Unauthorized
 
 __all__ = [
+    "SECRET_NOT_SET",
     "Auth",
     "BasicAuth",
     "BearerAuth",
@@ -100,6 +101,11 @@ def literal_secret(verifier: Verifier) -> bool:
     return any(getattr(verifier, name, None) is not None for name in ("password", "token", "secret"))
 
 
+#: How a secret read from an unset environment variable is refused (:func:`_resolve`): the trigger store tells
+#: such a trigger's sender that its secret is not configured (:meth:`.store.TriggerRegistry.unserved_webhook`).
+SECRET_NOT_SET = "is not set or empty"
+
+
 def _resolve(literal: SecretStr | None, env: str | None, info: ValidationInfo, names: tuple[str, str]) -> SecretStr:
     """The secret given literally or through an environment variable (exactly one of them)."""
     literal_name, env_name = names
@@ -109,7 +115,7 @@ def _resolve(literal: SecretStr | None, env: str | None, info: ValidationInfo, n
         environ: Mapping[str, str] = (info.context or {}).get("environ", os.environ)
         value = environ.get(env, "")
         if not value:
-            raise ValueError(f"environment variable {env} ({env_name}) is not set or empty")
+            raise ValueError(f"environment variable {env} ({env_name}) {SECRET_NOT_SET}")
         return SecretStr(value)
     assert literal is not None
     if not literal.get_secret_value():

@@ -3,10 +3,18 @@
 The dedupe-and-launch path itself (claim first, IDEM-1) is :mod:`.launch`, shared with the event
 triggers; this module turns an HTTP delivery into a :class:`~.launch.TriggerDelivery` and answers it::
 
+    the sender's test notification (sample data)  -> trigger.received + trigger.rejected(unsupported_event)
+                                                      -> 200 ignored (test_notification), never a run
     disabled trigger / event type it does not list -> trigger.received + trigger.rejected -> 200 ignored
     its ``when`` is not truthy for the event        -> trigger.received + trigger.rejected(filtered) -> 200 ignored
+    an expression of the trigger fails on the event -> trigger.received + trigger.rejected(invalid_payload), the
+                                                      event kept (re-drivable) -> 422 mapping_failed
     otherwise                                      -> normalize, map the input, launch -> 202 accepted
                                                       (or 200 duplicate: another delivery already did)
+
+The delivery's record says ``test_notification`` or ``mapping_failed`` where the journal's ``trigger.rejected``
+has the protocol's nearest reason (``unsupported_event``: not an event the trigger takes, as GitHub's ``ping``;
+``invalid_payload``), its detail saying which.
 
 Exactly one delivery of concurrent ones answers ``accepted``; every other gets its own
 ``trigger.rejected(duplicate)``. Every answer is sent only after JetStream acked what it reports.
@@ -37,7 +45,7 @@ from temporality_bus import Bus
 from temporality_protocol import NormalizedEvent, new_id, run_id_for_delivery
 from temporality_service import ApiError
 from temporality_trigger_gateway.adapters import ADAPTERS, Adapter, SourceEvent, WebhookRequest
-from temporality_trigger_gateway.errors import BusUnavailable, InvalidPayload
+from temporality_trigger_gateway.errors import BusUnavailable, InvalidPayload, TriggerMappingFailed
 from temporality_trigger_gateway.launch import (
     ACTOR,
     SOURCE,
@@ -81,7 +89,7 @@ class Ignored(BaseModel):
     model_config = ConfigDict(frozen=True)
     delivery_id: str
     status: Literal["ignored"] = "ignored"
-    reason: Literal["disabled", "unsupported_event", "filtered"]
+    reason: Literal["disabled", "unsupported_event", "filtered", "test_notification"]
     detail: str
 
 
@@ -234,6 +242,9 @@ class Intake:
         webhook = WebhookDelivery(trigger, new_id("dlv"), len(request.body), source, digest)
         delivery = webhook.delivery()
         ignored = ignore_reason(webhook)
+        test = adapter.test_notification(request)
+        if test is not None:
+            return await self._test_notification(adapter, request, webhook, test, ignored)
         if ignored is not None:
             reason, detail = ignored
             with structlog.contextvars.bound_contextvars(
@@ -257,10 +268,7 @@ class Intake:
                 mapped = trigger.agent_input(event)
                 key = trigger.concurrency_key(event)
         except MappingFailed as exc:
-            raise InvalidPayload(
-                f"the trigger's {exc.section} expression cannot be applied to this event ({exc})",
-                [{"loc": [p for p in (exc.section, exc.field) if p], "msg": str(exc), "type": "mapping"}],
-            ) from None
+            raise await self._mapping_failed(adapter, webhook, event, exc) from None
         if filtered is not None:
             with structlog.contextvars.bound_contextvars(
                 trigger_id=trigger.id, delivery_id=delivery.delivery_id, source_event_id=source.id
@@ -272,8 +280,16 @@ class Intake:
             return Ignored(delivery_id=delivery.delivery_id, reason="filtered", detail=filtered)
         run_id = run_id_for_delivery(trigger.id, event.id)
         # No context binding on this, the hot path: a failed launch logs its ids itself (launch.failed).
+        # A mapped input is not the event's payload: the run's event keeps it (RUN-1's original event), within
+        # the bus's bound (Launcher.payload_limit); without a mapping the input is the payload, carried once.
         outcome = await self._launcher.launch(
-            delivery, event, run_id, adapter.run_title(event), mapped, concurrency_key=key
+            delivery,
+            event,
+            run_id,
+            adapter.run_title(event),
+            mapped,
+            with_payload=trigger.input is not None,
+            concurrency_key=key,
         )
         log.info(
             "webhook.handled",
@@ -284,6 +300,72 @@ class Intake:
             run_id=run_id,
         )
         return outcome
+
+    async def _test_notification(
+        self,
+        adapter: Adapter,
+        request: WebhookRequest,
+        webhook: WebhookDelivery,
+        description: str,
+        ignored: tuple[str, str] | None,
+    ) -> Ignored:
+        """The sender's test notification (:meth:`.adapters.Adapter.test_notification`): checked as a real event of
+        its type would be (its shape: 422 as for one), then journaled as an event the trigger does not take and
+        recorded ``test_notification``, without its event (sample data: nothing to re-drive). The detail says
+        what a real event of the type would get when the trigger would ignore it."""
+        trigger = webhook.trigger
+        delivery = webhook.delivery()
+        if ignored is None:
+            adapter.normalize(request, tenant=trigger.tenant)  # the shape a real event of its type must have
+            detail = f"{description}; a real event of this type is handled by trigger {trigger.id}"
+        else:
+            detail = f"{description}; a real event of this type would be ignored too ({ignored[1]})"
+        with structlog.contextvars.bound_contextvars(
+            trigger_id=trigger.id, delivery_id=delivery.delivery_id, source_event_id=delivery.source_event_id
+        ):
+            await self._launcher.refuse(
+                delivery, "unsupported_event", detail, tenant=trigger.tenant, recorded_as="test_notification"
+            )
+            log.info(
+                "webhook.handled",
+                status="ignored",
+                reason="test_notification",
+                source_event_type=delivery.source_event_type,
+            )
+        return Ignored(delivery_id=delivery.delivery_id, reason="test_notification", detail=detail)
+
+    async def _mapping_failed(
+        self, adapter: Adapter, webhook: WebhookDelivery, event: NormalizedEvent, exc: MappingFailed
+    ) -> TriggerMappingFailed:
+        """An expression of the trigger (its ``input``, ``when`` or concurrency key) failed on a valid event: the
+        delivery is journaled (``trigger.rejected(invalid_payload)``, its detail naming the expression) and recorded
+        ``mapping_failed`` with its normalized event, so that it can be re-driven once the trigger is fixed; the
+        error to answer (422 ``mapping_failed``: the trigger is at fault, not the payload)."""
+        trigger = webhook.trigger
+        delivery = webhook.delivery()
+        error = str(exc).removeprefix(f"{exc.where}: ")
+        failing = f"the trigger's {exc.where} expression failed on this event: {error}"
+        detail = f"mapping_failed: {failing}"
+        with structlog.contextvars.bound_contextvars(
+            trigger_id=trigger.id, delivery_id=delivery.delivery_id, source_event_id=delivery.source_event_id
+        ):
+            await self._launcher.refuse(
+                delivery,
+                "invalid_payload",
+                detail,
+                tenant=event.tenant,
+                event=event,
+                title=adapter.run_title(event),
+                recorded_as="mapping_failed",
+            )
+            log.info("webhook.handled", status="refused", reason="mapping_failed", failing=exc.where)
+        return TriggerMappingFailed(
+            f"{failing}. The event itself is valid and was kept with delivery {delivery.delivery_id}: fix trigger "
+            f"{trigger.id!r}'s {exc.section} (its admin API, PUT /triggers/{trigger.id}), then re-drive the delivery "
+            f"(POST /triggers/{trigger.id}/deliveries/{delivery.delivery_id}/redrive) or send the event again",
+            [{"loc": [p for p in (exc.section, exc.field) if p], "msg": str(exc), "type": "mapping"}],
+            delivery_id=delivery.delivery_id,
+        )
 
     async def refused(self, trigger: WebhookTrigger, error: ApiError, *, body_bytes: int) -> None:
         """Journal an authenticated delivery refused with 400/413/422, so an integrator can see why no

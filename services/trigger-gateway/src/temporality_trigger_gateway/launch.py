@@ -344,13 +344,15 @@ def launch_events(
     human: HumanPolicy,
     input: dict[str, Any] | None = None,
     with_payload: bool = False,
+    payload_limit: int | None = None,
 ) -> tuple[EncodedEvent, EncodedEvent]:
     """``trigger.accepted`` and ``run.requested``, with ids derived from the run: redelivery reuses them.
 
     ``human`` is the trigger's ``human.policy()`` (SEC-1: from its config, never from the event).
     ``input`` is the agent input the trigger's mapping produced (:func:`.mapping.agent_input`); ``None``:
     the event's payload. ``with_payload``: the run's ``event`` keeps its payload (otherwise it is carried
-    once, as the input)."""
+    once, as the input) -- unless ``run.requested``'s data with it would be larger than ``payload_limit`` bytes:
+    then it goes without, its ``event.metadata.payload_omitted`` saying why (:func:`_payload_omitted`)."""
     trigger = delivery.trigger
     accepted = encode_event(
         TriggerAccepted(
@@ -383,7 +385,28 @@ def launch_events(
         causation_id=accepted.id,
         **_envelope(delivery, run_id=run_id, tenant=event.tenant, id=derive_id("evt", run_id, "run.requested")),
     )
+    if with_payload and payload_limit is not None and len(requested.data_json) > payload_limit:
+        return launch_events(
+            delivery,
+            _payload_omitted(event, len(requested.data_json), payload_limit),
+            run_id=run_id,
+            title=title,
+            causation_id=causation_id,
+            human=human,
+            input=event.payload if input is None else input,
+        )
     return accepted, requested
+
+
+def _payload_omitted(event: NormalizedEvent, size: int, limit: int) -> NormalizedEvent:
+    """``event`` without its payload, its metadata saying why (``payload_omitted``): ``run.requested`` with the
+    payload as well as the input would be ``size`` bytes, past ``limit`` (:meth:`Launcher.payload_limit`)."""
+    why = (
+        f"run.requested would be {size} bytes with the original payload as well as the input, past {limit} bytes "
+        "(half the bus's max_payload: the run's record must hold it and what the run adds); the input holds "
+        "what the trigger's mapping took from it"
+    )
+    return event.model_copy(update={"payload": {}, "metadata": {**event.metadata, "payload_omitted": why}})
 
 
 def _queued_launch(
@@ -563,6 +586,14 @@ class Launcher:
         self.behind = WriteBehind.of(bus)
         self.pipeline = bus.pipeline  # the connection's one reply subscription
 
+    @property
+    def payload_limit(self) -> int:
+        """The largest ``run.requested`` (its data, in bytes) that also carries its event's original payload
+        beside a mapped input: half the server's ``max_payload`` (NATS' default 1 MiB: 512 KiB), so that the
+        run's record, which holds the input and the event, still has room for what the run adds (its result,
+        the provider's reply). A larger one goes without the payload (:func:`launch_events`)."""
+        return self.bus.nc.max_payload // 2
+
     async def publish(self, events: Sequence[Envelope | EncodedEvent]) -> None:
         """Publish ``events`` together (one round trip, every ack awaited): :class:`BusUnavailable` unless
         JetStream stored every one (those it did are deduplicated by id when a retry publishes them again)."""
@@ -677,12 +708,21 @@ class Launcher:
         event: NormalizedEvent | None = None,
         title: str | None = None,
         redrive_of: str | None = None,
+        recorded_as: str | None = None,
     ) -> None:
         """Journal a delivery that starts no run (``trigger.received`` + ``trigger.rejected``) and record it
-        (``redrive_of``: the delivery it re-drives)."""
+        (``redrive_of``: the delivery it re-drives). ``recorded_as``: the record's reason when it is more precise
+        than the journal's (``trigger.rejected`` takes the protocol's reasons only): ``test_notification``
+        (journaled ``unsupported_event``), ``mapping_failed`` (journaled ``invalid_payload``)."""
         await self.publish(refusal_events(delivery, reason, detail, run_id=None, tenant=tenant))
         await self.deliveries.record(
-            delivery, "rejected", event=event, title=title, reason=reason, detail=detail, redrive_of=redrive_of
+            delivery,
+            "rejected",
+            event=event,
+            title=title,
+            reason=recorded_as or reason,
+            detail=detail,
+            redrive_of=redrive_of,
         )
 
     async def _launch(
@@ -796,6 +836,7 @@ class Launcher:
             human=self._policy(delivery.trigger),
             input=mapped,
             with_payload=with_payload,
+            payload_limit=self.payload_limit,
         )
         try:
             await self._publish_recorded((received, accepted, requested, *cancel), draft, "accepted", run_id=run_id)
@@ -865,6 +906,7 @@ class Launcher:
             human=self._policy(delivery.trigger),
             input=launch.input,
             with_payload=launch.with_payload,
+            payload_limit=self.payload_limit,
         )
         await self.publish((accepted, requested) if cancel is None else (accepted, requested, cancel))
         await self.deliveries.record(delivery, "accepted", run_id=launch.run_id)

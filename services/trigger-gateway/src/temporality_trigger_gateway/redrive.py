@@ -6,7 +6,8 @@ new delivery (id derived from the original and the re-drive's number, ``redrive_
 
     the original was accepted                     -> 409 delivery_accepted (it could never start a second run)
     received / queued / debounced (not decided)   -> 409 delivery_pending
-    loop_limit, or its event was not kept         -> 409 not_redrivable (the loop rule is not bypassed)
+    loop_limit, or its event was not kept         -> 409 not_redrivable (the loop rule is not bypassed; a test
+                                                     notification's sample event is never kept)
     the trigger is disabled / no longer lists the event type / its condition (when, filter) does not hold
                                                   -> journaled trigger.rejected, answered ignored
     otherwise                                     -> mapping, concurrency key, then Launcher.launch with
@@ -122,8 +123,16 @@ def _check(record: DeliveryRecord, next_number: int | None = None) -> None:
             f"delivery {record.delivery_id} was refused by the loop rule, which a re-drive does not bypass"
         )
     if record.event is None:
-        why = "it is larger than 64 KiB" if record.event_omitted else "it was refused before it was normalized"
-        raise NotRedrivable(f"delivery {record.delivery_id} cannot be re-driven: its event was not kept ({why})")
+        raise NotRedrivable(f"delivery {record.delivery_id} cannot be re-driven: {_not_kept(record)}")
+
+
+def _not_kept(record: DeliveryRecord) -> str:
+    """Why ``record`` has no event to run again (it has none)."""
+    if record.reason == "test_notification":
+        return "it is the sender's test notification (sample data), whose event is not kept: there is no event to run"
+    if record.event_omitted:
+        return "its event was not kept (it is larger than 64 KiB)"
+    return "its event was not kept (the delivery was refused before it was normalized: its body or shape was wrong)"
 
 
 async def redrive(launcher: Launcher, trigger: TriggerConfig, record: DeliveryRecord) -> dict[str, Any]:
@@ -148,8 +157,7 @@ async def rerun(
             "a new run; re-drive this one without rerun (an empty body)"
         )
     if record.event is None:
-        why = "it is larger than 64 KiB" if record.event_omitted else "it was refused before it was normalized"
-        raise NotRerunnable(f"delivery {record.delivery_id} cannot be rerun: its event was not kept ({why})")
+        raise NotRerunnable(f"delivery {record.delivery_id} cannot be rerun: {_not_kept(record)}")
     delivery_id = rerun_delivery_id(record.delivery_id, number)
     answer: dict[str, Any] = {
         "redrive_of": record.delivery_id,
@@ -218,6 +226,7 @@ async def _relaunch(
         trigger_id=trigger.id, delivery_id=delivery.delivery_id, redrive_of=record.delivery_id, rerun=delivery.rerun
     ):
         refused: tuple[RejectReason, str] | None = _refusal(trigger, record.source_event_type or event.type)
+        recorded_as: str | None = None
         if refused is None:
             try:
                 filtered = trigger.filtered(event)
@@ -226,8 +235,13 @@ async def _relaunch(
                 else:
                     mapped = trigger.agent_input(event)
                     key = trigger.concurrency_key(event)
-            except MappingFailed as exc:
-                refused = ("invalid_payload", f"the {exc.section} expression cannot be applied ({exc})")
+            except MappingFailed as exc:  # the trigger is still at fault: recorded (and answered) as such
+                error = str(exc).removeprefix(f"{exc.where}: ")
+                refused = (
+                    "invalid_payload",
+                    f"mapping_failed: the trigger's {exc.where} expression failed on this event: {error}",
+                )
+                recorded_as = "mapping_failed"
         if refused is not None:
             reason, detail = refused
             await launcher.refuse(
@@ -238,10 +252,11 @@ async def _relaunch(
                 event=event,
                 title=record.title,
                 redrive_of=record.delivery_id,
+                recorded_as=recorded_as,
             )
             await launcher.deliveries.redriven(trigger.id, record.delivery_id, delivery.delivery_id)
-            log.info("delivery.redriven", status="ignored", reason=reason)
-            return {**answer, "status": "ignored", "reason": reason, "detail": detail}
+            log.info("delivery.redriven", status="ignored", reason=recorded_as or reason)
+            return {**answer, "status": "ignored", "reason": recorded_as or reason, "detail": detail}
         if delivery.rerun is None:
             run_id = run_id_for_delivery(trigger.id, event.id)
         else:  # a new run, one per (delivery, rerun number)
@@ -259,7 +274,7 @@ async def _relaunch(
             run_id,
             record.title or f"{trigger.name}: {event.type}",
             mapped,
-            with_payload=record.kind == "schedule" or (record.kind == "event" and trigger.input is not None),
+            with_payload=record.kind == "schedule" or trigger.input is not None,
             concurrency_key=key,
             redrive_of=record.delivery_id,
         )

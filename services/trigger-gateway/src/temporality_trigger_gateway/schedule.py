@@ -188,7 +188,13 @@ class Scheduler:
             if isinstance(trigger, ScheduleTrigger) and trigger.enabled:
                 self._scheduled.add(trigger_id)
                 await self.arm_next(trigger, revision)
-            elif trigger is None or isinstance(trigger, ScheduleTrigger) or trigger_id in self._scheduled:
+            elif (
+                isinstance(trigger, ScheduleTrigger)
+                or trigger_id in self._scheduled
+                # not served (deleted, or a record this replica cannot use): it may have a timer unless it is known
+                # to be of another type (a webhook trigger whose secret is not set here has none to cancel)
+                or (trigger is None and self._registry.kinds.get(trigger_id, "schedule") == "schedule")
+            ):
                 self._scheduled.discard(trigger_id)
                 await self.timers.cancel(trigger_id)
                 log.info("schedule.cancelled", trigger_id=trigger_id, revision=revision)

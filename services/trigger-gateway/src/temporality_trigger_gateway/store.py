@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_
 
 from temporality_bus import AlreadyExists, Bus, KvWatch, Store, Versioned, entry_value
 from temporality_protocol.catalog import BUCKET_TRIGGERS, EVENTS_STREAM
-from temporality_trigger_gateway.auth import NoAuth, literal_secret
+from temporality_service.wording import message
+from temporality_trigger_gateway.auth import SECRET_NOT_SET, NoAuth, literal_secret
 from temporality_trigger_gateway.triggers import EventTrigger, TriggerConfig, WebhookTrigger
 
 __all__ = ["TRIGGER", "Activation", "ChangeHook", "TriggerRecord", "TriggerRegistry", "TriggerStore", "validate_spec"]
@@ -187,6 +188,11 @@ class TriggerRegistry:
         self._triggers: dict[str, TriggerConfig] = {}
         #: id -> why this replica cannot serve the stored record.
         self.problems: dict[str, str] = {}
+        #: id -> the ``type`` of the last record stored under it that was not a tombstone (served or not; kept
+        #: after a delete): what a trigger that is not served (or no longer) was.
+        self.kinds: dict[str, str] = {}
+        #: ids of stored records not served because a secret they read from the environment is not set here.
+        self._secret_missing: set[str] = set()
         #: id -> the last store revision applied (tests and the admin API wait on it).
         self.revisions: dict[str, int] = {}
         #: id -> since when an event trigger reacts (its record's activation).
@@ -213,6 +219,16 @@ class TriggerRegistry:
 
     def all(self) -> list[TriggerConfig]:
         return [self._triggers[k] for k in sorted(self._triggers)]
+
+    def unserved_webhook(self, trigger_id: str) -> str | None:
+        """Why the stored ``webhook`` trigger ``trigger_id`` is not served by this replica, in words its sender may
+        read -- never the problem itself, which can name an environment variable or a field; ``None``: no such
+        trigger (served, absent, deleted, or of another type)."""
+        if trigger_id not in self.problems or self.kinds.get(trigger_id) != "webhook":
+            return None
+        if trigger_id in self._secret_missing:
+            return "its secret is not configured on the server"
+        return "its definition is not valid on this server"
 
     @property
     def applied(self) -> int:
@@ -249,6 +265,9 @@ class TriggerRegistry:
     def apply(self, trigger_id: str, record: TriggerRecord | None, revision: int) -> None:
         """One store change: serve the record's trigger, or stop serving ``trigger_id``."""
         self.revisions[trigger_id] = max(self.revisions.get(trigger_id, 0), revision)
+        self._secret_missing.discard(trigger_id)
+        if record is not None and not record.deleted and isinstance(record.spec.get("type"), str):
+            self.kinds[trigger_id] = record.spec["type"]
         if record is None or record.deleted:
             self.problems.pop(trigger_id, None)
             self.activations.pop(trigger_id, None)
@@ -258,10 +277,12 @@ class TriggerRegistry:
         try:
             trigger = validate_spec(record.spec, environ=self.environ, agents=self.agents, stored=True)
         except ValidationError as exc:
-            problem = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)[:5]
-            )
+            errors = exc.errors(include_url=False)
+            # each validator's own sentence, without pydantic's "Value error, " (as the admin API words it)
+            problem = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {message(e)}" for e in errors[:5])
             self.problems[trigger_id] = problem[:1000]
+            if any(e["type"] == "value_error" and SECRET_NOT_SET in e["msg"] for e in errors):
+                self._secret_missing.add(trigger_id)  # an *_env variable not set here
             self._triggers.pop(trigger_id, None)
             log.error("trigger.invalid", trigger_id=trigger_id, revision=revision, problem=problem[:1000])
             return

@@ -33,7 +33,14 @@ from temporality_trigger_gateway.adapters.base import (
 )
 from temporality_trigger_gateway.errors import InvalidPayload
 
-__all__ = ["MEMO_KEY", "AzureDevOpsPullRequest", "PullRequestEvent", "identify_azure_devops"]
+__all__ = [
+    "MEMO_KEY",
+    "TEST_SUBSCRIPTION_ID",
+    "AzureDevOpsPullRequest",
+    "PullRequestEvent",
+    "azure_devops_test_notification",
+    "identify_azure_devops",
+]
 
 _Text = Annotated[str, Field(min_length=1)]
 
@@ -131,6 +138,26 @@ def identify_azure_devops(adapter: str, request: WebhookRequest) -> SourceEvent:
     except ValidationError as exc:
         raise invalid_payload(adapter, exc) from exc
     return SourceEvent(id=envelope.id, type=envelope.event_type)
+
+
+#: The ``subscriptionId`` of the sample event Azure DevOps' *Test* button sends from the service hook wizard
+#: (Fabrikam's PR #1, Jamal Hartnett, ...): no subscription has it, so a delivery naming it is never a real event.
+TEST_SUBSCRIPTION_ID = "00000000-0000-0000-0000-000000000000"
+TEST_NOTIFICATION = "Azure DevOps test notification (subscriptionId {id}: sample data): accepted, no run started"
+
+
+def azure_devops_test_notification(subscription_id: object) -> str | None:
+    """The test notification's description when ``subscription_id`` (the body's ``subscriptionId``) is the one
+    Azure DevOps' *Test* button sends, else ``None``."""
+    if subscription_id == TEST_SUBSCRIPTION_ID:
+        return TEST_NOTIFICATION.format(id=TEST_SUBSCRIPTION_ID)
+    return None
+
+
+def _subscription_id(request: WebhookRequest) -> object:
+    """The body's ``subscriptionId`` as sent (``None``: none, or a body that is not an object)."""
+    body = request.json
+    return body.get("subscriptionId") if isinstance(body, dict) else None
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -244,6 +271,10 @@ class AzureDevOpsPullRequest(Adapter):
         if event is not None:  # a valid PR event is a valid envelope with the same id and type
             return SourceEvent(id=event.id, type=event.event_type)
         return identify_azure_devops(self.name, request)
+
+    def test_notification(self, request: WebhookRequest) -> str | None:
+        event = _pull_request_event(request)  # (memoized by identify)
+        return azure_devops_test_notification(event.subscription_id if event is not None else _subscription_id(request))
 
     def normalize(self, request: WebhookRequest, *, tenant: str | None) -> NormalizedEvent:
         event = _pull_request_event(request)

@@ -30,6 +30,8 @@ from temporality_trigger_gateway.adapters.azure_devops import (
     Message,
     _Ado,
     _origin,
+    _subscription_id,
+    azure_devops_test_notification,
     identify_azure_devops,
 )
 from temporality_trigger_gateway.adapters.base import (
@@ -121,6 +123,9 @@ class AzureDevOpsWorkItem(Adapter):
 
     def identify(self, request: WebhookRequest) -> SourceEvent:
         return identify_azure_devops(self.name, request)
+
+    def test_notification(self, request: WebhookRequest) -> str | None:
+        return azure_devops_test_notification(_subscription_id(request))
 
     def normalize(self, request: WebhookRequest, *, tenant: str | None) -> NormalizedEvent:
         try:

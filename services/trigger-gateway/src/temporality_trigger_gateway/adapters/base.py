@@ -108,6 +108,12 @@ class Adapter(ABC):
     def run_title(self, event: NormalizedEvent) -> str:
         """A short human title for the run this event starts (≤ 200 characters)."""
 
+    def test_notification(self, request: WebhookRequest) -> str | None:
+        """What the delivery is when it is the sender's own test notification (sample data, e.g. Azure DevOps'
+        *Test* button): answered 200 ``ignored`` (``test_notification``) and never a run; ``None`` for a real
+        event (every source but Azure DevOps'). Called after :meth:`identify` accepted the delivery."""
+        return None
+
 
 def invalid_payload(adapter: str, exc: ValidationError) -> InvalidPayload:
     """422 naming every problem's place (``a, b, c, d, e and 3 more``), each in JSON's words

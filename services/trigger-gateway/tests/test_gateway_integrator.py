@@ -31,6 +31,7 @@ from gateway_support import (
 
 from temporality_bus import Bus
 from temporality_protocol import RunRequested, TriggerRejected, run_id_for_delivery
+from temporality_protocol.trigger_admin import PreviewAnswer
 from temporality_service import ApiAuth, ApiAuthSettings
 from temporality_trigger_gateway import Settings, create_app
 from temporality_trigger_gateway.schedule import Scheduler
@@ -111,8 +112,21 @@ async def test_an_azure_devops_test_notification_is_ignored_and_recorded_never_a
     assert redrive.status_code == 409, redrive.text
     assert "test notification" in redrive.json()["detail"]
 
+    # the trigger's preview says what the live hook did (not that a run would start)
+    preview = await gateway.post(
+        "/triggers/preview", json={"trigger_id": trigger_id, "payload": fixture_json(fixture)}, headers=AS_VIEWER
+    )
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["would_start_run"] is False
+    assert preview.json()["ignored"]["reason"] == "test_notification"
+    assert PreviewAnswer.model_validate(preview.json()).ignored is not None
+
     real = fixture_json(fixture)
     real["subscriptionId"] = "3f2a1b0c-9d8e-4f7a-b6c5-d4e3f2a1b0c9"  # the same event from a real subscription
+    real_preview = await gateway.post(
+        "/triggers/preview", json={"trigger_id": trigger_id, "payload": real}, headers=AS_VIEWER
+    )
+    assert real_preview.json()["would_start_run"] is True, real_preview.text
     started = await post(gateway, json.dumps(real).encode(), trigger_id)
     assert started.status_code == 202, started.text
     assert len(_requested(await journal(bus))) == 1

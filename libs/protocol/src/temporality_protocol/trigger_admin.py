@@ -89,7 +89,7 @@ class DeliveryPage(BaseModel):
 
 
 class PreviewIgnored(BaseModel):
-    reason: Literal["disabled", "unsupported_event", "filtered"]
+    reason: Literal["disabled", "unsupported_event", "filtered", "test_notification"]
     detail: str
 
 

@@ -13,6 +13,8 @@ Answer (200 whenever the request itself is well formed)::
      "event": {...the normalized event (TRG-4)...}, "input": {...the agent input (TRG-8)...},
      "run_id": "run-…", "title": "…"}
     {"ok": true, "would_start_run": false, "ignored": {"reason": "unsupported_event", "detail": "…"}, ...}
+    (``ignored.reason``: ``disabled``, ``unsupported_event``, ``filtered``, or ``test_notification`` -- the
+    sender's own sample, e.g. Azure DevOps' *Test* button: ``event`` is null)
     (an ignored event -- a GitHub ping, a disabled trigger -- is answered so whatever its shape, as live:
     then ``event`` is null when the source cannot normalize it)
     {"ok": true, "would_start_run": false, "matches": false, "ignored": {"reason": "filtered", ...}, ...}
@@ -144,6 +146,11 @@ async def run_preview(
         source = adapter.identify(request)
     except InvalidPayload as exc:
         return _noted(_payload_failed(exc), notes)
+    test = adapter.test_notification(request)
+    if test is not None:  # answered before anything else, as live (intake): never a run, whatever the trigger
+        sample: dict[str, Any] = {"ok": True, "source_event": source.model_dump(mode="json"), "event": None}
+        ignored = {"reason": "test_notification", "detail": f"{test}: a live delivery is answered 200 ignored"}
+        return _noted({**sample, "would_start_run": False, "ignored": ignored}, notes)
     unsupported = None
     if source.type not in trigger.events:
         unsupported = f"the trigger does not handle {source.type!r} events (its events: {', '.join(trigger.events)})"

@@ -149,8 +149,8 @@ async def run_preview(
     test = adapter.test_notification(request)
     if test is not None:  # answered before anything else, as live (intake): never a run, whatever the trigger
         sample: dict[str, Any] = {"ok": True, "source_event": source.model_dump(mode="json"), "event": None}
-        ignored = {"reason": "test_notification", "detail": f"{test}: a live delivery is answered 200 ignored"}
-        return _noted({**sample, "would_start_run": False, "ignored": ignored}, notes)
+        why = {"reason": "test_notification", "detail": f"{test}: a live delivery is answered 200 ignored"}
+        return _noted({**sample, "would_start_run": False, "ignored": why}, notes)
     unsupported = None
     if source.type not in trigger.events:
         unsupported = f"the trigger does not handle {source.type!r} events (its events: {', '.join(trigger.events)})"

@@ -39,7 +39,10 @@ marked ended -- :func:`.mirror.chat_questions` -- else a listing and a read of e
 unstable ``org.matrix.msc3381.poll.response``) to the question's poll binds the option it selects. The
 bot answers each with a notice in reply naming the question: recorded, or why not (not
 the recipient, already answered, expired ...). The question and its edit are cut to fit an event
-(:func:`.render.fitted`: an edit carries the text twice). The bot's own events and edits are ignored.
+(:func:`.render.fitted`: an edit carries the text twice). The bot's own events are ignored; a person's edit
+(``m.replace``) is never bound, they are told so. The bot's notices about a request (confirmations, refusals) are
+kept under ``matrix.event`` like the question: a reply to one is a reply to that request; a reply to a notice
+listing several open questions (``matrix.hint``) gets the list again.
 """
 
 from __future__ import annotations

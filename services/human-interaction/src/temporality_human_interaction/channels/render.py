@@ -15,6 +15,11 @@ title -- each cut part ending in ``…``, with one visible line saying so (and w
 web inbox, when :attr:`..channels.ChannelAdapter.inbox_url` is set). The options' numbers and the way to answer
 are never cut. The edited outcome is fitted the same way (the outcome line counted in).
 
+What a chat message names (:func:`option_choice`): an option by its number however typed (``2)``, ``#2``, a keycap,
+a full-width digit, ``option 2``), id or label (any case, punctuation around it ignored), or a number the question
+has no option for (:class:`NoSuchOption`: refused, :func:`no_such_option_text`); anything else is free text. Each
+question ends with its run in short (:func:`run_ref`), as each entry of a hint does.
+
 Refusals and confirmations for chat (:func:`refusal_text`, :func:`question_name`) say things the way the
 question does: times as ``05:05 UTC``, "you" for the person who answered, what was answered, and what the run
 did when nobody answered.

@@ -27,13 +27,17 @@ Inbound (handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding):
 * a **button press** binds that option; the press is answered (``answerCallbackQuery``) with
   "Recorded" or, shown as an alert, why it was refused: an unknown or stale token, the request
   already answered / expired / cancelled, or the presser is not the recipient;
-* a **reply** to the question message binds free text; a reply that is just an option's number or
-  label binds that option. A message that replies to no question binds the same way to the one question open in
+* a **reply** to the question message binds free text; a reply that names an option (its number as people type
+  it, its id or label: :func:`.render.option_choice`) binds that option; a number that is no option is refused. A
+  reply to the bot's own reply about a request (a confirmation, a refusal: kept under ``telegram.msg`` like the
+  question) is a reply to that request; to a hint listing several questions (``telegram.hint``), the hint again;
+  to another message of the bot's, a hint. An **edited message** is never bound: the person is told. A message that replies to no question binds the same way to the one question open in
   the person's private chat (``telegram.msg.<chat>.*``); with none or several open (or in a group chat) it gets a
   hint listing them. Each gets a text reply naming the question. Which are open there: from the service's mirror of
   ``human-channels`` (:func:`.mirror.chat_questions`: the chat's keys from its index, and only the records of the
   requests whose run entry is not marked ended, so a chat's ended questions cost no read), else a listing of the
-  chat's keys and a read of each key and of each request's record.
+  chat's keys and a read of each key and of each request's record. The confirmation says how the answer was taken
+  (``as option 2 “Drop v1”`` / ``in your own words: “…”``).
 
 Every text fits Telegram's limits (:mod:`.render`): the question and its outcome edit 4,096 characters
 (:func:`.render.fitted` cuts the least important parts first), a reply 4,096, a callback answer 200.

@@ -80,6 +80,8 @@ def test_a_number_that_is_no_option_is_refused_with_the_options_and_how_to_answe
         "Not recorded: there is no option 2 for “Review PR #101”; its only option is 1."
     )
     assert option_choice(record.model_copy(update={"options": []}), "3") is None  # free text only: words
+    form = {"type": "object", "properties": {"replicas": {"type": "integer"}}}
+    assert option_choice(record.model_copy(update={"answer_schema": form}), "3") is None  # the form reads it
 
 
 def test_the_confirmation_says_how_the_answer_was_taken() -> None:

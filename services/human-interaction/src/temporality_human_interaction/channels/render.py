@@ -147,14 +147,15 @@ def option_choice(record: HumanRequestRecord, text: str) -> HumanOption | NoSuch
     """What a chat message says about the question's options: the option it names -- its number however typed
     (``2``, ``2.``, ``2)``, ``#2``, ``2️⃣``, a full-width 2, ``option 2``), its id or its label (any case, whitespace and
     punctuation around it ignored) --, :class:`NoSuchOption` for a number the question does not have (when it has
-    options), else None (free text)."""
+    options and asks for no form), else None (free text)."""
     said = _normalized(text)
     numbered = _NUMBERED.fullmatch(said)
     if numbered is not None:
         number = int(numbered.group(1))
         if 1 <= number <= len(record.options):
             return record.options[number - 1]
-        return NoSuchOption(number, len(record.options)) if record.options else None
+        # a form's answer may be a bare number (a one-field form): read as the form's, not refused here
+        return NoSuchOption(number, len(record.options)) if record.options and record.answer_schema is None else None
     bare = said.strip(_AROUND)
     if not bare:
         return None
@@ -238,9 +239,8 @@ def _how_to_answer(record: HumanRequestRecord, channel_hint: str) -> str:
 
 def run_ref(record: HumanRequestRecord) -> str:
     """The run's id in short (``run 1a2b3c4d``): two runs asking about the same thing read differently."""
-    prefix, _, rest = record.run_id.rpartition("-")
-    short = rest[:8] if prefix and len(rest) >= 8 else record.run_id[:16]
-    return f"run {short}"
+    _, _, rest = record.run_id.rpartition("-")  # ``run-<24 hex>``: its first 8 hex digits
+    return f"run {(rest or record.run_id)[:8]}"
 
 
 def _asker(record: HumanRequestRecord) -> str:

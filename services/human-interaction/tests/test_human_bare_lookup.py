@@ -9,6 +9,7 @@ real Synapse for Matrix (skipped where none is installed). The reads are counted
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -136,7 +137,7 @@ async def test_a_bare_message_in_a_chat_of_many_ended_questions_reads_only_the_o
     open_id, _ = await _ask(bus, intake, emulator, title="Deploy 9: which region")
 
     sent = count_requests(bus, monkeypatch)
-    assert await _say(emulator, "2") == "Recorded for “Deploy 9: which region”: “Drop v1”."
+    assert await _say(emulator, "2") == "Recorded for “Deploy 9: which region” as option 2 “Drop v1”."
     record = await wait_for_record(bus, open_id, lambda r: r.status is HumanRequestState.ANSWERED)
     assert record.answer == OptionAnswer(option_id="drop-v1", label="Drop v1")
 
@@ -175,7 +176,9 @@ async def test_a_bare_message_looked_up_in_the_mirror_binds_as_the_listing_would
     assert await mirror.caught_up()
 
     sent = count_requests(bus, monkeypatch)
-    assert await _say(emulator, "keep v1 please") == "Recorded for “Review PR 41: rename the flag”: your answer."
+    assert await _say(emulator, "keep v1 please") == (
+        "Recorded for “Review PR 41: rename the flag” in your own words: “keep v1 please”."
+    )
     bound = await wait_for_record(bus, legacy, lambda r: r.status is HumanRequestState.ANSWERED)
     assert bound.answer == TextAnswer(value="keep v1 please")
     assert answered in _reads(sent, "human-requests")  # the stale candidate: read, found answered, not bound
@@ -188,7 +191,10 @@ async def test_a_bare_message_looked_up_in_the_mirror_binds_as_the_listing_would
     await _ask(bus, intake, emulator, title="Deploy 7: which region")
     await _ask(bus, intake, emulator, title="Deploy 8: how many replicas")
     told = await _say(emulator, "1")  # two open: not guessed
-    assert told.endswith("2 questions are open here: “Deploy 8: how many replicas”, “Deploy 7: which region”.")
+    assert re.search(
+        r"2 questions are open here: “Deploy 8: how many replicas” \(run \w{8}\), “Deploy 7: which region” \(run \w{8}\)\.$",
+        told,
+    ), told
     await exactly(bus, "human.answered", 2)
 
 
@@ -258,7 +264,7 @@ async def test_a_bare_message_in_a_room_of_many_ended_questions_reads_only_the_o
     bound = await wait_for_record(bus, open_id, lambda r: r.status is HumanRequestState.ANSWERED)
     assert bound.answer == OptionAnswer(option_id="drop-v1", label="Drop v1")
     told = await alice.wait_for_reply_to(said, sender=bot_id)
-    assert told["content"]["body"].endswith("“Deploy 9: which region” — Recorded: Drop v1")
+    assert told["content"]["body"].endswith("“Deploy 9: which region” — Recorded as option 2 “Drop v1”")
     record_reads = _reads(sent, "human-requests")
     asked_reads = [k for k in _reads(sent, BUCKET_HUMAN_CHANNELS.name) if k.startswith("matrix.asked.")]
     assert open_id in record_reads

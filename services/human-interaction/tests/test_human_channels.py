@@ -186,7 +186,10 @@ def test_a_question_over_the_limit_is_cut_least_important_first_options_and_how_
         assert f"\n{n}. Option {n} — ccc" in text  # every option, each consequence cut to the same length
     assert text.count("c…\n") == 10
     assert "…(cut; full question in the inbox: https://t.example/#/inbox)" in text
-    assert "To answer: tap an option below; reply to this message with your own answer." in text
+    assert (
+        "To answer: tap an option below, or reply to this message with your own answer (while it is your only open"
+        in text
+    )
 
     small = fitted(_record(), render, telegram_size, TELEGRAM_TEXT_LIMIT)
     assert small == render(_record(), None)  # what fits is not touched: no note

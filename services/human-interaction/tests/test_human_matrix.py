@@ -4,6 +4,7 @@ test (matrix-nio, in the test's loop); people are nio clients on the same homese
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 
 import pytest
@@ -339,7 +340,9 @@ async def test_a_bare_message_answers_the_rooms_one_open_question_else_says_how_
     bound = await wait_for_record(bus, older.request_id, lambda r: r.status is HumanRequestState.ANSWERED)
     assert bound.answer == TextAnswer(value="keep v1 please")
     told = await alice.wait_for_reply_to(said, sender=bot_id)
-    assert told["content"]["body"].endswith("“Review PR 41: rename the flag” — Recorded: your answer.")
+    assert told["content"]["body"].endswith(
+        "“Review PR 41: rename the flag” — Recorded in your own words: “keep v1 please”"
+    )
 
     said = await alice.say(room_id, "2")  # nothing open: told how to answer, not silently dropped
     told = await alice.wait_for_reply_to(said, sender=bot_id)
@@ -350,8 +353,9 @@ async def test_a_bare_message_answers_the_rooms_one_open_question_else_says_how_
     await _ask(bus, bot[1], alice, bot_id, title="Deploy 8: how many replicas")
     said = await alice.say(room_id, "1")  # two open: not guessed
     told = await alice.wait_for_reply_to(said, sender=bot_id)
-    assert told["content"]["body"].endswith(
-        "2 questions are open here: “Deploy 8: how many replicas”, “Deploy 7: which region”."
+    assert re.search(
+        r"2 questions are open here: “Deploy 8: how many replicas” \(run \w{8}\), “Deploy 7: which region” \(run \w{8}\)\.$",
+        told["content"]["body"],
     )
     await exactly(bus, "human.answered", 2)
 

@@ -20,7 +20,7 @@ request and response formats:
 
 Test-side helpers act as people: :meth:`TelegramEmulator.press` (a button press, a ``callback_query``
 update), :meth:`TelegramEmulator.reply` (a text reply to a message), :meth:`TelegramEmulator.say`
-(plain text); and read what the bot did, waiting on a condition with a timeout:
+(plain text), :meth:`TelegramEmulator.edit` (a person edits their message: an ``edited_message`` update); and read what the bot did, waiting on a condition with a timeout:
 :meth:`wait_for_message`, :meth:`wait_for_callback_answer`, :meth:`wait_for_edit`. Fault injection:
 :meth:`block` makes ``sendMessage`` to a chat fail with 403 like a user who blocked the bot. Two pollers:
 :attr:`TelegramEmulator.poll_overlaps` counts the ``getUpdates`` calls that began while another was open.
@@ -313,6 +313,18 @@ class TelegramEmulator:
 
     async def reply(self, user: TelegramUser, to: Json, text: str) -> Json:
         return await self.say(user, text, reply_to=to)
+
+    async def edit(self, user: TelegramUser, message: Json, text: str) -> Json:
+        """``user`` edits their own ``message`` (one :meth:`say` returned) to ``text``: an ``edited_message``
+        update carrying the message as it is now (``edit_date`` set)."""
+        key = (message["chat"]["id"], message["message_id"])
+        current = self.messages.get(key, message)
+        if current["from"]["id"] != user.id:
+            raise ValueError(f"{user.first_name} cannot edit message {key}: not theirs")
+        edited = {**current, "text": text, "edit_date": int(time.time())}
+        self.messages[key] = edited
+        await self._push({"edited_message": edited})
+        return edited
 
     def block(self, chat_id: int) -> None:
         """From now on ``sendMessage`` to ``chat_id`` fails with 403 (the user blocked the bot)."""

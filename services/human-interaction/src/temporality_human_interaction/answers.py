@@ -82,6 +82,7 @@ __all__ = [
     "check_recipient",
     "interpret",
     "refusal_for",
+    "timeout_outcome",
     "unannounced",
 ]
 
@@ -240,6 +241,20 @@ def check_recipient(record: HumanRequestRecord, responder: str, doing: str = "an
         raise NotRecipient(f"only {who} may {doing}", record=record)
 
 
+def timeout_outcome(record: HumanRequestRecord) -> str:
+    """What the run did when nobody answered in time (the timeout policy applied at the deadline)."""
+    on_timeout = record.policy.on_timeout
+    escalated = f" (it had been escalated to {record.escalated_to})" if record.escalated_to else ""
+    if on_timeout.action == "default" and on_timeout.default_option is not None:
+        option = record.option(on_timeout.default_option)
+        done = f"the run went ahead with the default: “{option.label if option else on_timeout.default_option}”"
+    elif on_timeout.action == "cancel":
+        done = "the run was cancelled"
+    else:
+        done = "the run stopped without an answer"
+    return done + escalated
+
+
 def refusal_for(record: HumanRequestRecord) -> NotPending:
     """Why a request that is not pending cannot take an answer, in a sentence for the responder."""
     if record.status is HumanRequestState.ANSWERED:
@@ -250,7 +265,9 @@ def refusal_for(record: HumanRequestRecord) -> NotPending:
         return NotPending(f"already answered by {who} at {when}", code="already_answered", record=record)
     if record.status is HumanRequestState.EXPIRED:
         return NotPending(
-            f"expired at {record.expires_at.isoformat()} without an answer", code="expired", record=record
+            f"expired at {record.expires_at.isoformat()} without an answer: {timeout_outcome(record)}",
+            code="expired",
+            record=record,
         )
     return NotPending(f"the request is {record.status.value}", code=record.status.value, record=record)
 

@@ -33,6 +33,7 @@ a configuration error naming its key).
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,6 +68,8 @@ __all__ = [
     "SecretUnfit",
     "compile_extra_patterns",
     "truncate",
+    "truncate_middle",
+    "was_truncated",
 ]
 
 #: Characters kept per text field when no limit is configured for a channel.
@@ -86,6 +89,32 @@ def truncate(text: str, limit: int) -> tuple[str, bool]:
         return text, False
     kept = text[:limit].rstrip()
     return f"{kept}… (truncated, {len(text) - len(kept):,} more characters)", True
+
+
+#: What :func:`truncate_middle` keeps of the end: the question sentence a long text ends with.
+_TAIL_SHARE = 3
+
+
+def truncate_middle(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` cut to ``limit`` characters by leaving out its middle (its start and its last third of ``limit``
+    kept, with a visible marker between): a long question's actual question is usually its last sentence."""
+    if len(text) <= limit:
+        return text, False
+    tail_size = limit // _TAIL_SHARE
+    head, tail = text[: limit - tail_size].rstrip(), text[len(text) - tail_size :].lstrip()
+    left_out = len(text) - len(head) - len(tail)
+    return f"{head} … (truncated, {left_out:,} characters left out) … {tail}", True
+
+
+#: The marker :func:`truncate` and :func:`truncate_middle` leave in a cut text.
+TRUNCATED = re.compile(r"… \(truncated, [0-9,]+ (?:more characters|characters left out)\)")
+
+
+def was_truncated(record: HumanRequestRecord) -> bool:
+    """Whether a text of ``record`` as :meth:`EgressPolicy.for_channel` shows it was cut (carries the marker)."""
+    texts = [record.title, record.question, record.context]
+    texts += [t for o in record.options for t in (o.label, o.consequence or "")]
+    return any(TRUNCATED.search(t) for t in texts)
 
 
 #: Texts up to this long have their redaction remembered (:meth:`EgressPolicy.redact`); the run-executor cuts a
@@ -242,7 +271,8 @@ class EgressPolicy:
         cut: list[str] = []
 
         def fit(name: str, text: str, size: int) -> str:
-            text, truncated = truncate(self.redact_text(text), size)
+            # the question keeps its end too: its last sentence is what is asked
+            text, truncated = (truncate_middle if name == "question" else truncate)(self.redact_text(text), size)
             if truncated and name not in cut:
                 cut.append(name)
             return text

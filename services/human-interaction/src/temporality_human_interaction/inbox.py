@@ -490,8 +490,10 @@ _VALUE_IS_REQUEST = (
     ("withdrawn",),
     ("telegram", "token"),
     ("telegram", "msg"),
+    ("telegram", "hint"),
     ("matrix", "event"),
     ("matrix", "asked"),
+    ("matrix", "hint"),
 )
 #: ``<prefix>.<request id>...``: the key names the request.
 _KEY_NAMES_REQUEST = (("telegram", "req"), ("telegram", "sent"))

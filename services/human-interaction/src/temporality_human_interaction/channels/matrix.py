@@ -39,7 +39,10 @@ marked ended -- :func:`.mirror.chat_questions` -- else a listing and a read of e
 unstable ``org.matrix.msc3381.poll.response``) to the question's poll binds the option it selects. The
 bot answers each with a notice in reply naming the question: recorded, or why not (not
 the recipient, already answered, expired ...). The question and its edit are cut to fit an event
-(:func:`.render.fitted`: an edit carries the text twice). The bot's own events and edits are ignored.
+(:func:`.render.fitted`: an edit carries the text twice). The bot's own events are ignored; a person's edit
+(``m.replace``) is never bound, they are told so. The bot's notices about a request (confirmations, refusals) are
+kept under ``matrix.event`` like the question: a reply to one is a reply to that request; a reply to a notice
+listing several open questions (``matrix.hint``) gets the list again.
 """
 
 from __future__ import annotations
@@ -77,21 +80,24 @@ from temporality_human_interaction.channels.lease import InboundLease
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.channels.render import (
     MATRIX_CONTENT_LIMIT,
+    NoSuchOption,
     fitted,
     matrix_content_size,
-    option_named,
+    no_such_option_text,
+    option_choice,
     option_number,
     outcome_html,
     outcome_text,
     question_html,
     question_name,
     question_text,
+    recorded_as,
     refusal_text,
 )
 from temporality_human_interaction.directory import UserProfile
 from temporality_human_interaction.mirror import ChannelMirror, chat_questions
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy, open_store
-from temporality_protocol import HumanOption
+from temporality_protocol import HumanOption, TextAnswer
 from temporality_protocol.events import MAX_TEXT
 
 __all__ = ["KEYCAPS", "MatrixAdapter", "option_for_reaction"]
@@ -104,6 +110,15 @@ _HINT = "react with an option's number, vote in the poll, or reply to this messa
 _TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a moment."
 #: What a message that answers no question is told (then which questions are open here, if any).
 _HOW_TO_ANSWER = "To answer a question, reply to its message, or react to it with an option's number."
+#: Why an edit is not taken as an answer (then how to answer).
+_EDIT_IGNORED = (
+    "Not recorded: an edited message is never taken as an answer, and editing does not change an answer already"
+    " recorded."
+)
+#: Why a reply to a hint listing several questions is not bound to one of them.
+_NOT_GUESSED = "Not recorded: that message lists several questions; which one you mean is not guessed."
+#: Why a reply to an event of the bot's that is about no question it knows is not bound.
+_NOT_PLACED = "Not recorded: the message you replied to is not a question I can place."
 #: A hint lists at most this many open questions.
 _LISTED = 5
 _RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -479,17 +494,48 @@ class MatrixAdapter(ChannelAdapter):
             await self._on_reaction(room_id, source, relates)
         elif kind in POLL_RESPONSES and relates.get("rel_type") == "m.reference":
             await self._on_poll_response(room_id, source, str(kind), content, relates)
-        elif kind == "m.room.message" and relates.get("rel_type") != "m.replace":
+        elif kind == "m.room.message" and relates.get("rel_type") == "m.replace":
+            await self._on_edit(room_id, source)
+        elif kind == "m.room.message":
             body = content.get("body")
             if not isinstance(body, str) or not body.strip():
                 return
             replied = (relates.get("m.in_reply_to") or {}).get("event_id")
+            # a question, its poll, or a notice of the bot's about one (a confirmation, a refusal)
             request_id = await self._refs.get(ref_key("matrix", "event", replied)) if replied else None
             record = await self._record(request_id) if request_id is not None else None
             if record is not None:
                 await self._on_text(room_id, source, record, _strip_reply_fallback(body), sender)
-            else:  # a bare message (or a reply to something else): the room's one open question takes it
+            elif replied and await self._about_no_one_question(room_id, source, str(replied)):
+                return
+            else:  # a bare message (or a reply to someone's message): the room's one open question takes it
                 await self._on_bare(room_id, source, _strip_reply_fallback(body) if replied else body, sender)
+
+    async def _about_no_one_question(self, room_id: str, source: dict[str, Any], replied: str) -> bool:
+        """A reply to an event of the bot's that is about no one question: a hint listing several (answered with the
+        hint again, never bound to one of them), or one this service cannot place (sent before it kept what its
+        notices are about): told how to answer. True when it was answered here."""
+        listed = await self._refs.get(ref_key("matrix", "hint", replied))
+        if listed is None and not await self._sent_by_bot(room_id, replied):
+            return False  # a reply to the person's own message: as a plain message
+        asked, _ = await self._asked_in(room_id)
+        open_ = _open(asked)
+        await self._send_hint(room_id, source, open_, lead=_NOT_GUESSED if listed is not None else _NOT_PLACED)
+        return True
+
+    async def _sent_by_bot(self, room_id: str, event_id: str) -> bool:
+        """Whether ``event_id`` in ``room_id`` is the bot's own (False when the homeserver cannot say)."""
+        got = await self._client.room_get_event(room_id, event_id)
+        return bool(getattr(getattr(got, "event", None), "sender", None) == self._client.user_id)
+
+    async def _on_edit(self, room_id: str, source: dict[str, Any]) -> None:
+        """An edit (``m.replace``) of a person's message: never bound (it would bind to whatever question is open
+        now) and never a change of a recorded answer; the person is told so, and how to answer. In a room no
+        question was ever asked in it is left alone, like a bare message."""
+        asked, ended = await self._asked_in(room_id)
+        if not asked and not ended:
+            return
+        await self._send_hint(room_id, source, _open(asked), lead=_EDIT_IGNORED)
 
     async def _on_bare(self, room_id: str, source: dict[str, Any], body: str, sender: str) -> None:
         """A message that answers no question by itself: bound to the room's open question when exactly one is open,
@@ -498,17 +544,30 @@ class MatrixAdapter(ChannelAdapter):
         asked, ended = await self._asked_in(room_id)
         if not asked and not ended:
             return
-        open_ = sorted((r for r in asked if r.pending), key=lambda r: (r.created_at, r.request_id), reverse=True)
+        open_ = _open(asked)
         if len(open_) == 1:
             await self._on_text(room_id, source, open_[0], body, sender)
             return
+        await self._send_hint(room_id, source, open_)
+
+    async def _send_hint(
+        self, room_id: str, source: dict[str, Any], open_: list[HumanRequestRecord], *, lead: str = ""
+    ) -> None:
+        """A notice with how to answer and which questions are open; one listing several is remembered
+        (``matrix.hint.<event id>``), so a reply to it is not bound to one of them."""
+        lead = f"{lead} " if lead else ""
         if not open_:
-            hint = f"{_HOW_TO_ANSWER} There is no open question here right now."
+            hint = f"{lead}{_HOW_TO_ANSWER} There is no open question here right now."
         else:
-            names = ", ".join(question_name(r) for r in open_[:_LISTED])
+            names = ", ".join(question_name(r, with_run=True) for r in open_[:_LISTED])
             more = f" and {len(open_) - _LISTED} more" if len(open_) > _LISTED else ""
-            hint = f"{_HOW_TO_ANSWER} {len(open_)} questions are open here: {names}{more}."
-        await self._notice(room_id, source, hint)
+            if len(open_) == 1:
+                hint = f"{lead}{_HOW_TO_ANSWER} One question is open here: {names}; a plain message answers it."
+            else:
+                hint = f"{lead}{_HOW_TO_ANSWER} {len(open_)} questions are open here: {names}{more}."
+        event_id = await self._notice(room_id, source, hint)
+        if len(open_) > 1:
+            await self._refs.claim(ref_key("matrix", "hint", event_id), open_[0].request_id)
 
     async def _asked_in(self, room_id: str) -> tuple[list[HumanRequestRecord], int]:
         """The questions asked in ``room_id`` (``matrix.asked.<room>.*``, and the room's newest question, which a
@@ -558,14 +617,18 @@ class MatrixAdapter(ChannelAdapter):
     ) -> None:
         if not text:
             return
-        option = option_named(record, text)
+        chosen = option_choice(record, text)
+        if isinstance(chosen, NoSuchOption):
+            await self._notice(room_id, source, no_such_option_text(record, chosen), about=record.request_id)
+            return
+        option = chosen
         submission = (
             AnswerSubmission(option_id=option.id) if option is not None else AnswerSubmission(text=text[:MAX_TEXT])
         )
         result = await self._submit(record.request_id, sender, submission)
-        await self._tell(
-            room_id, source, record, result, f"Recorded: {option.label}" if option else "Recorded: your answer."
-        )
+        recorded = result.record.answer if result is not None and result.record is not None else None
+        quoted = recorded.value if isinstance(recorded, TextAnswer) else text
+        await self._tell(room_id, source, record, result, f"Recorded {recorded_as(record, option, quoted)}")
 
     async def _submit(self, request_id: str, sender: str, submission: AnswerSubmission) -> InboundResult | None:
         try:
@@ -592,10 +655,12 @@ class MatrixAdapter(ChannelAdapter):
         else:
             text = ok
         name = question_name(record)
-        await self._notice(room_id, source, text if name in text else f"{name} — {text}")
+        await self._notice(room_id, source, text if name in text else f"{name} — {text}", about=record.request_id)
 
-    async def _notice(self, room_id: str, source: dict[str, Any], text: str) -> None:
-        """A notice to the sender of ``source``, replying to it (sent once per event: its transaction id)."""
+    async def _notice(self, room_id: str, source: dict[str, Any], text: str, *, about: str | None = None) -> str:
+        """A notice to the sender of ``source``, replying to it (sent once per event: its transaction id); its event
+        id. ``about``: the request it is about (a confirmation, a refusal): kept as its question's event is
+        (``matrix.event.<event id>``), so a reply to the notice is a reply to that request."""
         sender = str(source.get("sender"))
         content = {
             "msgtype": "m.notice",
@@ -603,4 +668,12 @@ class MatrixAdapter(ChannelAdapter):
             "m.relates_to": {"m.in_reply_to": {"event_id": source.get("event_id")}},
         }
         tx = re.sub(r"[^A-Za-z0-9_-]", "_", f"t-{source.get('event_id')}")
-        await self._send(room_id, "m.room.message", content, tx_id=tx)
+        event_id = await self._send(room_id, "m.room.message", content, tx_id=tx)
+        if about is not None:
+            await self._refs.claim(ref_key("matrix", "event", event_id), about)
+        return event_id
+
+
+def _open(asked: list[HumanRequestRecord]) -> list[HumanRequestRecord]:
+    """The open ones of ``asked``, newest first."""
+    return sorted((r for r in asked if r.pending), key=lambda r: (r.created_at, r.request_id), reverse=True)

@@ -10,8 +10,14 @@ key                                    value
 =====================================  ==========================================================
 ``telegram.req.<request id>``          the callback token of that request's buttons
 ``telegram.token.<token>``             request id an inline button's callback token stands for
-``telegram.msg.<chat>.<message id>``   request id a question message carries (free-text replies)
-``matrix.event.<event id>``            request id a Matrix question event carries
+``telegram.msg.<chat>.<message id>``   request id a question message carries (free-text replies), or a reply
+                                       of the bot's is about (a confirmation, a refusal): a reply to it is one
+                                       to that request
+``telegram.hint.<chat>.<message id>``  a request id listed in a hint of the bot's that lists several open
+                                       questions (a reply to it is never bound: the hint again)
+``matrix.event.<event id>``            request id a Matrix question event carries, or a notice of the bot's
+                                       is about (a confirmation, a refusal)
+``matrix.hint.<event id>``             like ``telegram.hint.*``: a notice listing several open questions
 ``matrix.room.<matrix user id>``       the DM room with that person, created once and reused
 ``matrix.latest.<room id>``            request id of the newest question in that room (overwritten)
 ``matrix.asked.<room id>.<request id>`` the request id: a question asked in that room (a bare message binds

@@ -15,6 +15,11 @@ title -- each cut part ending in ``…``, with one visible line saying so (and w
 web inbox, when :attr:`..channels.ChannelAdapter.inbox_url` is set). The options' numbers and the way to answer
 are never cut. The edited outcome is fitted the same way (the outcome line counted in).
 
+What a chat message names (:func:`option_choice`): an option by its number however typed (``2)``, ``#2``, a keycap,
+a full-width digit, ``option 2``), id or label (any case, punctuation around it ignored), or a number the question
+has no option for (:class:`NoSuchOption`: refused, :func:`no_such_option_text`); anything else is free text. Each
+question ends with its run in short (:func:`run_ref`), as each entry of a hint does.
+
 Refusals and confirmations for chat (:func:`refusal_text`, :func:`question_name`) say things the way the
 question does: times as ``05:05 UTC``, "you" for the person who answered, what was answered, and what the run
 did when nobody answered.
@@ -24,11 +29,14 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from temporality_human_interaction.answers import AnswerRefused, NotPending
+from temporality_human_interaction.answers import AnswerRefused, NotPending, timeout_outcome
+from temporality_human_interaction.egress import was_truncated
 from temporality_human_interaction.records import HumanRequestRecord
 from temporality_protocol import HumanOption, HumanRequestState, OptionAnswer, SourceLink, TextAnswer
 
@@ -36,11 +44,15 @@ __all__ = [
     "MATRIX_CONTENT_LIMIT",
     "TELEGRAM_CALLBACK_TEXT_LIMIT",
     "TELEGRAM_TEXT_LIMIT",
+    "NoSuchOption",
     "clip_message",
     "cut_note",
     "fitted",
     "if_nobody_answers",
+    "inbox_note",
     "matrix_content_size",
+    "no_such_option_text",
+    "option_choice",
     "option_named",
     "option_number",
     "outcome_html",
@@ -48,7 +60,9 @@ __all__ = [
     "question_html",
     "question_name",
     "question_text",
+    "recorded_as",
     "refusal_text",
+    "run_ref",
     "telegram_size",
     "timeout_outcome",
     "utf16_len",
@@ -105,13 +119,79 @@ def option_number(text: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else None
 
 
+#: The full-width ASCII forms (U+FF01-U+FF5E: a full-width one, number sign, letters) as ASCII: CJK keyboards type them.
+_FULLWIDTH = {c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F)}
+#: A keycap emoji (``1️⃣``: the digit, an optional VS16, the combining keycap) is its digit.
+_KEYCAP = re.compile("([0-9#])\ufe0f?\u20e3")
+#: An option's number as a person types it: ``2``, ``2.``, ``2)``, ``(2)``, ``#2``, ``option 2``, ``choice #2``.
+_NUMBERED = re.compile(r"(?:(?:option|opt|choice|number)\s*)?#?\s*\(?\s*([0-9]{1,6})\s*\)?\s*[.):!]*")
+#: What a typed label may be wrapped in or end with and still name the option (``keep the v1 contract!``).
+_AROUND = " \t\n.,;:!?…()[]\"'“”\u2018\u2019«»"
+
+
+@dataclass(frozen=True)
+class NoSuchOption:
+    """A message that is an option's number the question does not have (``3`` on a two-option question)."""
+
+    number: int
+    options: int
+
+
+def _normalized(text: str) -> str:
+    text = text.translate(_FULLWIDTH).replace("🔟", "10")
+    text = _KEYCAP.sub(r"\1", text).replace("\ufe0f", "")
+    return " ".join(text.split()).casefold()
+
+
+def option_choice(record: HumanRequestRecord, text: str) -> HumanOption | NoSuchOption | None:
+    """What a chat message says about the question's options: the option it names -- its number however typed
+    (``2``, ``2.``, ``2)``, ``#2``, ``2️⃣``, a full-width 2, ``option 2``), its id or its label (any case, whitespace and
+    punctuation around it ignored) --, :class:`NoSuchOption` for a number the question does not have (when it has
+    options and asks for no form), else None (free text)."""
+    said = _normalized(text)
+    numbered = _NUMBERED.fullmatch(said)
+    if numbered is not None:
+        number = int(numbered.group(1))
+        if 1 <= number <= len(record.options):
+            return record.options[number - 1]
+        # a form's answer may be a bare number (a one-field form): read as the form's, not refused here
+        return NoSuchOption(number, len(record.options)) if record.options and record.answer_schema is None else None
+    bare = said.strip(_AROUND)
+    if not bare:
+        return None
+    return next(
+        (o for o in record.options if bare in (o.id.casefold(), _normalized(o.label).strip(_AROUND))),
+        None,
+    )
+
+
 def option_named(record: HumanRequestRecord, text: str) -> HumanOption | None:
-    """The option a chat message names: its number (``2``, ``2.``), its id or its label (any case); else None."""
-    said = text.strip().rstrip(".").strip().casefold()
-    number = option_number(said)
-    if number is not None and 1 <= number <= len(record.options):
-        return record.options[number - 1]
-    return next((o for o in record.options if said in (o.id.casefold(), o.label.casefold())), None)
+    """The option a chat message names (:func:`option_choice`); else None."""
+    chosen = option_choice(record, text)
+    return chosen if isinstance(chosen, HumanOption) else None
+
+
+def no_such_option_text(record: HumanRequestRecord, missing: NoSuchOption) -> str:
+    """Why a number that is no option of the question was not recorded, and what to write instead."""
+    which = "its only option is 1" if missing.options == 1 else f"its options are 1\u2013{missing.options}"
+    own = " To answer in your own words, write more than a number." if record.allow_free_text else ""
+    return f"Not recorded: there is no option {missing.number} for {question_name(record)}; {which}.{own}"
+
+
+#: A free-text answer quoted in a confirmation is cut to this many characters.
+_QUOTED_IN_CONFIRMATION = 120
+
+
+def recorded_as(record: HumanRequestRecord, option: HumanOption | None, text: str) -> str:
+    """How a chat answer was taken, for its confirmation: ``as option 2 “Drop v1”`` or ``in your own words:
+    “…”`` (``text``: what was recorded, quoted, shortened when long)."""
+    if option is not None:
+        number = next((n for n, o in enumerate(record.options, start=1) if o.id == option.id), None)
+        return f"as option {number} “{option.label}”" if number else f"as “{option.label}”"
+    quoted = f"“{_clip(' '.join(text.split()), _QUOTED_IN_CONFIRMATION)}”"
+    if record.answer_schema is not None:
+        return f"as your form answer: {quoted}"
+    return f"in your own words: {quoted}"
 
 
 def _clip(text: str, limit: int = MAX_QUOTED_ANSWER) -> str:
@@ -136,13 +216,31 @@ def if_nobody_answers(record: HumanRequestRecord) -> str:
     return f"No answer by {_deadline(record)} → {outcome}."
 
 
+#: Said after the way to answer: a message that replies to nothing is bound to the chat's one open question.
+PLAIN_MESSAGE_NOTE = "while it is your only open question here, a plain message works too"
+
+
 def _how_to_answer(record: HumanRequestRecord, channel_hint: str) -> str:
-    parts = []
-    if record.options:
-        parts.append(channel_hint)
-    if record.allow_free_text:
-        parts.append("reply to this message with your own answer")
-    return "; ".join(parts)
+    """``tap an option below, or reply to this message with your own answer (while it is ...)``: the channel's way
+    to pick an option (``channel_hint``), the reply for free text, and that a plain message works too."""
+    if record.options and record.allow_free_text:
+        if "reply to this message" in channel_hint:  # Matrix: "..., or reply to this message with the number"
+            how = f"{channel_hint} or your own answer"
+        else:
+            how = f"{channel_hint}, or reply to this message with your own answer"
+    elif record.options:
+        how = channel_hint
+    elif record.allow_free_text:
+        how = "reply to this message with your own answer"
+    else:
+        return ""
+    return f"{how} ({PLAIN_MESSAGE_NOTE})"
+
+
+def run_ref(record: HumanRequestRecord) -> str:
+    """The run's id in short (``run 1a2b3c4d``): two runs asking about the same thing read differently."""
+    _, _, rest = record.run_id.rpartition("-")  # ``run-<24 hex>``: its first 8 hex digits
+    return f"run {(rest or record.run_id)[:8]}"
 
 
 def _asker(record: HumanRequestRecord) -> str:
@@ -173,6 +271,7 @@ def question_text(
     how = _how_to_answer(record, hint)
     if how:
         lines.append(f"To answer: {how}.")
+    lines.append(f"({run_ref(record)})")
     return "\n".join(lines)
 
 
@@ -204,6 +303,7 @@ def question_html(
     how = _how_to_answer(record, hint)
     if how:
         out.append(f"<p>To answer: {esc(how)}.</p>")
+    out.append(f"<p><i>({esc(run_ref(record))})</i></p>")
     return "".join(out)
 
 
@@ -214,23 +314,11 @@ def _when(at: datetime, now: datetime | None = None) -> str:
     return at.strftime("%H:%M UTC") if at.date() == today else at.strftime("%Y-%m-%d %H:%M UTC")
 
 
-def timeout_outcome(record: HumanRequestRecord) -> str:
-    """What the run did when nobody answered in time (the timeout policy applied at the deadline)."""
-    on_timeout = record.policy.on_timeout
-    escalated = f" (it had been escalated to {record.escalated_to})" if record.escalated_to else ""
-    if on_timeout.action == "default" and on_timeout.default_option is not None:
-        option = record.option(on_timeout.default_option)
-        done = f"the run went ahead with the default: “{option.label if option else on_timeout.default_option}”"
-    elif on_timeout.action == "cancel":
-        done = "the run was cancelled"
-    else:
-        done = "the run stopped without an answer"
-    return done + escalated
-
-
-def question_name(record: HumanRequestRecord) -> str:
-    """The question in a confirmation or a hint: its title, short, quoted."""
-    return f"“{_clip(record.title, _SHORT_TITLE)}”"
+def question_name(record: HumanRequestRecord, *, with_run: bool = False) -> str:
+    """The question in a confirmation or a hint: its title, short, quoted; ``with_run``: and its run in short (a
+    hint's list: two runs may ask about the same PR)."""
+    name = f"“{_clip(record.title, _SHORT_TITLE)}”"
+    return f"{name} ({run_ref(record)})" if with_run else name
 
 
 def refusal_text(refused: AnswerRefused, responder: str | None = None) -> str:
@@ -251,6 +339,11 @@ def refusal_text(refused: AnswerRefused, responder: str | None = None) -> str:
     if record.status is HumanRequestState.CANCELLED:
         return f"Not recorded: the request is cancelled, {question_name(record)} no longer needs an answer."
     return f"Not recorded: {refused.detail}."
+
+
+def inbox_note(inbox_url: str | None) -> str | None:
+    """The line a question the egress policy truncated a field of carries: where the whole question is."""
+    return f"Full question in the inbox: {inbox_url}" if inbox_url else None
 
 
 def cut_note(inbox_url: str | None) -> str:
@@ -318,7 +411,9 @@ def fitted(
     fits is found by bisection; a stage that cannot make it fit cuts its part to its smallest and the next one goes
     on. The options (their numbers) and the way to answer stay. Should even that not fit (hundreds of options), the
     smallest is returned: the transport refuses it and the delivery goes to the person's next channel."""
-    whole = render(record, None)
+    # a field the egress policy truncated (its marker in it) points to the whole question as well
+    first = inbox_note(inbox_url) if was_truncated(record) else None
+    whole = render(record, first)
     if size(whole) <= limit:
         return whole
     note = cut_note(inbox_url)

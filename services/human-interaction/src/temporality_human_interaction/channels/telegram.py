@@ -27,13 +27,17 @@ Inbound (handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding):
 * a **button press** binds that option; the press is answered (``answerCallbackQuery``) with
   "Recorded" or, shown as an alert, why it was refused: an unknown or stale token, the request
   already answered / expired / cancelled, or the presser is not the recipient;
-* a **reply** to the question message binds free text; a reply that is just an option's number or
-  label binds that option. A message that replies to no question binds the same way to the one question open in
+* a **reply** to the question message binds free text; a reply that names an option (its number as people type
+  it, its id or label: :func:`.render.option_choice`) binds that option; a number that is no option is refused. A
+  reply to the bot's own reply about a request (a confirmation, a refusal: kept under ``telegram.msg`` like the
+  question) is a reply to that request; to a hint listing several questions (``telegram.hint``), the hint again;
+  to another message of the bot's, a hint. An **edited message** is never bound: the person is told. A message that replies to no question binds the same way to the one question open in
   the person's private chat (``telegram.msg.<chat>.*``); with none or several open (or in a group chat) it gets a
   hint listing them. Each gets a text reply naming the question. Which are open there: from the service's mirror of
   ``human-channels`` (:func:`.mirror.chat_questions`: the chat's keys from its index, and only the records of the
   requests whose run entry is not marked ended, so a chat's ended questions cost no read), else a listing of the
-  chat's keys and a read of each key and of each request's record.
+  chat's keys and a read of each key and of each request's record. The confirmation says how the answer was taken
+  (``as option 2 “Drop v1”`` / ``in your own words: “…”``).
 
 Every text fits Telegram's limits (:mod:`.render`): the question and its outcome edit 4,096 characters
 (:func:`.render.fitted` cuts the least important parts first), a reply 4,096, a callback answer 200.
@@ -82,19 +86,23 @@ from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.channels.render import (
     TELEGRAM_CALLBACK_TEXT_LIMIT,
     TELEGRAM_TEXT_LIMIT,
+    NoSuchOption,
     clip_message,
     fitted,
-    option_named,
+    no_such_option_text,
+    option_choice,
     option_number,
     outcome_text,
     question_name,
     question_text,
+    recorded_as,
     refusal_text,
     telegram_size,
 )
 from temporality_human_interaction.directory import UserProfile
 from temporality_human_interaction.mirror import ChannelMirror, chat_questions
 from temporality_human_interaction.records import HumanRequestRecord, SentCopy, open_store
+from temporality_protocol import TextAnswer
 from temporality_protocol.events import MAX_TEXT
 
 __all__ = ["TelegramAdapter", "sent_message_key"]
@@ -116,6 +124,15 @@ _TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a
 _HINT = "tap an option below"
 #: What a message that is no answer to a question is told (then which questions are open, if any).
 _HOW_TO_ANSWER = "To answer a question, reply to the question's message (or tap an option)."
+#: Why an edited message is not taken as an answer (then how to answer).
+_EDIT_IGNORED = (
+    "Not recorded: an edited message is never taken as an answer, and editing does not change an answer already"
+    " recorded."
+)
+#: Why a reply to a hint listing several questions is not bound to one of them.
+_NOT_GUESSED = "Not recorded: that message lists several questions; which one you mean is not guessed."
+#: Why a reply to a message of the bot's that is about no question it knows is not bound.
+_NOT_PLACED = "Not recorded: the message you replied to is not a question I can place."
 #: A hint lists at most this many open questions.
 _LISTED = 5
 
@@ -360,21 +377,29 @@ class TelegramAdapter(ChannelAdapter):
         message = update.effective_message
         if message is None or message.from_user is None or not message.text:
             return
+        if update.edited_message is not None or update.edited_channel_post is not None:
+            await self._on_edit(message)  # never an answer: the person is told so
+            return
         replied = message.reply_to_message
-        request_id = (
-            await self._refs.get(ref_key("telegram", "msg", message.chat_id, replied.message_id))
-            if replied is not None
-            else None
-        )
-        record = await self._record(request_id) if request_id is not None else None
+        record: HumanRequestRecord | None = None
+        if replied is not None:
+            # a question, a reminder, an escalation, or the bot's reply about one (a confirmation, a refusal)
+            request_id = await self._refs.get(ref_key("telegram", "msg", message.chat_id, replied.message_id))
+            record = await self._record(request_id) if request_id is not None else None
+            if record is None and await self._about_no_one_question(message, replied):
+                return
         if record is None:
             # not a reply to a question: in the person's own chat with the bot, the one open question there takes it
             open_ = await self._open_questions(message.chat_id) if message.chat.type == "private" else []
             if len(open_) != 1:
-                await self._reply(message, _hint(open_))
+                await self._send_hint(message, open_)
                 return
             record = open_[0]
-        option = option_named(record, message.text)
+        chosen = option_choice(record, message.text)
+        if isinstance(chosen, NoSuchOption):
+            await self._reply(message, no_such_option_text(record, chosen), about=record.request_id)
+            return
+        option = chosen
         submission = (
             AnswerSubmission(option_id=option.id)
             if option is not None
@@ -382,18 +407,54 @@ class TelegramAdapter(ChannelAdapter):
         )
         result = await self._submit(record.request_id, message.from_user.id, submission)
         if result is None:
-            await self._reply(message, _TRY_AGAIN)
+            await self._reply(message, _TRY_AGAIN, about=record.request_id)
         elif result.refused is not None:
-            await self._reply(message, refusal_text(result.refused, result.responder))
+            await self._reply(message, refusal_text(result.refused, result.responder), about=record.request_id)
         else:
-            what = f"“{option.label}”" if option is not None else "your answer"
+            recorded = result.record.answer if result.record is not None else None
+            text = recorded.value if isinstance(recorded, TextAnswer) else message.text
             prefix = "Already recorded" if result.already_recorded else "Recorded"
-            await self._reply(message, f"{prefix} for {question_name(record)}: {what}.")
+            what = recorded_as(record, option, text)
+            await self._reply(message, f"{prefix} for {question_name(record)} {what}.", about=record.request_id)
 
-    @staticmethod
-    async def _reply(message: Message, text: str) -> None:
-        """Reply to ``message`` with ``text`` cut to Telegram's 4,096 characters (a form's refusal can be long)."""
-        await message.reply_text(clip_message(text, TELEGRAM_TEXT_LIMIT), do_quote=True)
+    async def _about_no_one_question(self, message: Message, replied: Message) -> bool:
+        """A reply to a message of the bot's that is about no one question: a hint listing several (answered with
+        the hint again, never bound to one of them), or one this service cannot place (sent before it kept what
+        its messages are about): told how to answer. True when it was answered here."""
+        listed = await self._refs.get(ref_key("telegram", "hint", message.chat_id, replied.message_id))
+        from_bot = replied.from_user is not None and replied.from_user.is_bot
+        if listed is None and not from_bot:
+            return False  # a reply to the person's own message (or someone else's): as a plain message
+        open_ = await self._open_questions(message.chat_id) if message.chat.type == "private" else []
+        lead = _NOT_GUESSED if listed is not None else _NOT_PLACED
+        await self._send_hint(message, open_, lead=lead)
+        return True
+
+    async def _on_edit(self, message: Message) -> None:
+        """An edited message: never bound (it would bind to whatever question is open now, not the one the original
+        answered), and a recorded answer is never changed. The person is told so, and how to answer."""
+        open_ = await self._open_questions(message.chat_id) if message.chat.type == "private" else []
+        await self._send_hint(message, open_, lead=_EDIT_IGNORED)
+
+    async def _send_hint(self, message: Message, open_: list[HumanRequestRecord], *, lead: str = "") -> None:
+        """Reply with how to answer and which questions are open (:func:`_hint`); a hint listing several is
+        remembered (``telegram.hint.<chat>.<message id>``), so a reply to it is not bound to one of them."""
+        sent = await self._reply(message, _hint(open_, lead))
+        if sent is not None and len(open_) > 1:
+            key = ref_key("telegram", "hint", sent.chat_id, sent.message_id)
+            await self._refs.claim(key, open_[0].request_id)  # purged with that request (the retention sweep)
+
+    async def _reply(self, message: Message, text: str, *, about: str | None = None) -> Message | None:
+        """Reply to ``message`` with ``text`` cut to Telegram's 4,096 characters (a form's refusal can be long).
+        ``about``: the request the reply is about (a confirmation, a refusal): kept as its message is
+        (``telegram.msg.<chat>.<message id>``), so a reply to this one is a reply to that request."""
+        sent = await message.reply_text(clip_message(text, TELEGRAM_TEXT_LIMIT), do_quote=True)
+        if about is not None and sent is not None:
+            try:
+                await self._refs.claim(ref_key("telegram", "msg", sent.chat_id, sent.message_id), about)
+            except Exception as exc:  # the reply was sent: a reply to it then gets a hint instead
+                log.warning("telegram.reply_not_kept", request_id=about, error=repr(exc))
+        return sent
 
     async def _record(self, request_id: str) -> HumanRequestRecord | None:
         got = await (await open_store(self._bus)).get(request_id)
@@ -419,10 +480,14 @@ class TelegramAdapter(ChannelAdapter):
         log.warning("telegram.handler_error", error=repr(context.error))
 
 
-def _hint(open_: list[HumanRequestRecord]) -> str:
-    """How to answer, for a message that is no answer to one question: which questions are open here, if any."""
+def _hint(open_: list[HumanRequestRecord], lead: str = "") -> str:
+    """How to answer, for a message that is no answer to one question: which questions are open here, if any
+    (each with its run in short: two runs may ask about the same thing); ``lead``: why it is no answer."""
+    lead = f"{lead} " if lead else ""
     if not open_:
-        return f"{_HOW_TO_ANSWER} There is no open question here right now."
-    names = ", ".join(question_name(r) for r in open_[:_LISTED])
+        return f"{lead}{_HOW_TO_ANSWER} There is no open question here right now."
+    names = ", ".join(question_name(r, with_run=True) for r in open_[:_LISTED])
     more = f" and {len(open_) - _LISTED} more" if len(open_) > _LISTED else ""
-    return f"{_HOW_TO_ANSWER} {len(open_)} questions are open here: {names}{more}."
+    if len(open_) == 1:
+        return f"{lead}{_HOW_TO_ANSWER} One question is open here: {names}; a plain message answers it."
+    return f"{lead}{_HOW_TO_ANSWER} {len(open_)} questions are open here: {names}{more}."

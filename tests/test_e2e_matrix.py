@@ -237,7 +237,7 @@ async def test_e2e_1_answered_by_a_text_reply_naming_an_option(
     assert answered["data"]["answer"]["option_id"] == "keep-v1"  # the machine value, not the text (HUM-6)
 
     told = await alice.wait_for_reply_to(reply, sender=bot)
-    assert told["content"]["body"].endswith(f"Recorded: {OPTIONS[0]}")
+    assert told["content"]["body"].endswith(f"Recorded as option 1 “{OPTIONS[0]}”")
     edit = await alice.wait_for_edit_of(question_id)
     assert f"✅ Answered by Alice Example: “{OPTIONS[0]}”" in edit["content"]["m.new_content"]["body"]
 

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import structlog
 from opentelemetry import trace
+from pydantic import ValidationError
 from opentelemetry.trace import SpanKind
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
@@ -248,23 +249,32 @@ class OpenAICompatible(Provider):
             if status in (401, 403):
                 refused += f" -- {self._key_hint()}"
             raise PermanentProviderError(refused)
-        try:
+        try:  # an unreadable reply -- not JSON, no message, a content that is no text, tool_calls that are no
+            # list -- is the provider's failure (retried, then provider_error), never taken apart as it is
             reply = response.json()
             choice = reply["choices"][0]
             message = choice["message"]
             if not isinstance(message, dict):
                 raise TypeError("message is not an object")
-        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
-            raise RetryableProviderError(f"malformed chat completion: {self._redact(response.text[:500])}") from exc
-        calls = [_tool_call(raw) for raw in message.get("tool_calls") or []]
-        finish, matched = choice.get("finish_reason"), choice.get("stop_reason")
-        return AssistantTurn(
-            content=message.get("content"),
-            tool_calls=calls,
-            usage=_usage(reply),
-            finish_reason=finish if isinstance(finish, str) else None,
-            stop_sequence=matched if isinstance(matched, str) else None,  # vLLM: the stop string that matched
-        )
+            content, raw_calls = message.get("content"), message.get("tool_calls")
+            if content is not None and not isinstance(content, str):
+                raise TypeError(f"message.content is a {type(content).__name__}, not a string")
+            if raw_calls is not None and not isinstance(raw_calls, list):
+                raise TypeError(f"message.tool_calls is a {type(raw_calls).__name__}, not a list")
+            finish, matched = choice.get("finish_reason"), choice.get("stop_reason")
+            turn = AssistantTurn(
+                content=content,
+                tool_calls=[_tool_call(raw) for raw in raw_calls or []],
+                usage=_usage(reply),
+                finish_reason=finish if isinstance(finish, str) else None,
+                stop_sequence=matched if isinstance(matched, str) else None,  # vLLM: the stop string that matched
+            )
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError, AttributeError) as exc:
+            why = f" ({exc})" if isinstance(exc, TypeError | ValidationError) else ""
+            raise RetryableProviderError(
+                f"malformed chat completion{why}: {self._redact(response.text[:500])}"
+            ) from exc
+        return turn
 
     def _server_message(self, response: httpx.Response) -> str:
         """The endpoint's own explanation (OpenAI's ``{"error": {"message": ...}}``, else the body)."""

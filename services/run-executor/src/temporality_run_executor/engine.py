@@ -220,7 +220,7 @@ from temporality_run_executor.machine import (
     tool_error,
     with_reply,
 )
-from temporality_run_executor.providers import PermanentProviderError, Provider, ProviderError
+from temporality_run_executor.providers import BudgetSpent, PermanentProviderError, Provider, ProviderError
 from temporality_run_executor.records import CancelRequest, Checkpoint, RunRecord, Usage
 from temporality_run_executor.retention import DEFAULT_RETENTION_S, CheckpointRetention, RetentionPayload
 from temporality_run_executor.sampling import RunSampler
@@ -1262,7 +1262,12 @@ class Engine:
         try:
             reply = await provider.complete(call.messages, call.tools, budget_s=call.budget_s, context=call.context)
         except ProviderError as exc:
-            return ProviderFailed(turn=call.turn, error=str(exc), permanent=isinstance(exc, PermanentProviderError))
+            return ProviderFailed(
+                turn=call.turn,
+                error=str(exc),
+                permanent=isinstance(exc, PermanentProviderError),
+                budget_spent=isinstance(exc, BudgetSpent),
+            )
         return ProviderReplied(turn=call.turn, reply=reply, elapsed_s=time.monotonic() - view.turn_started, raw=True)
 
     async def _call_tool(self, view: _View, call: CallTool) -> ToolReturned:

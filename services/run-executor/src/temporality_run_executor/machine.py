@@ -466,6 +466,8 @@ class ProviderFailed:
     error: str
     #: Retrying cannot help (:class:`~temporality_run_executor.providers.PermanentProviderError`).
     permanent: bool
+    #: The run's compute budget ran out in the call (:class:`~temporality_run_executor.providers.BudgetSpent`).
+    budget_spent: bool = False
 
 
 @dataclass(frozen=True)
@@ -1766,6 +1768,8 @@ def _provider_failed(
         return _decision(Retry(incoming.error))
     if run.state is RunState.RUNNING and run.cancel is not None:  # asked to stop (it ended an external wait)
         return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
+    if incoming.budget_spent:  # the budget, not the provider, gave out: the limit the card set
+        return _decision(*_fail(run, "compute_timeout", incoming.error, totals=_totals(ckpt)))
     if incoming.permanent or attempt.last:
         return _decision(*_fail(run, "provider_error", incoming.error, totals=_totals(ckpt)))
     return _decision(Retry(incoming.error))

@@ -25,13 +25,14 @@ from typing import Any
 import httpx
 import structlog
 from opentelemetry import trace
-from pydantic import ValidationError
 from opentelemetry.trace import SpanKind
+from pydantic import ValidationError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from temporality_bus import tracing
 from temporality_run_executor.providers.base import (
     AssistantTurn,
+    BudgetSpent,
     PermanentProviderError,
     Provider,
     ProviderError,
@@ -52,9 +53,11 @@ MAX_RETRY_AFTER_S = 600.0
 class RetryableProviderError(ProviderError):
     """One attempt failed in a way another attempt may not: 408, 429, 5xx, network, timeout, bad body."""
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+    def __init__(self, message: str, *, retry_after_s: float | None = None, budget_bound: bool = False) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        #: A timeout that was the run's remaining compute budget (shorter than the card's ``timeout_s``).
+        self.budget_bound = budget_bound
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
@@ -185,8 +188,14 @@ class OpenAICompatible(Provider):
                     remaining = None if deadline is None else deadline - self._clock()
                     return _identified(await self._attempt(body, remaining), context)
         except RetryableProviderError as exc:
-            if over_budget:
-                failure = PermanentProviderError(
+            failure: PermanentProviderError
+            if exc.budget_bound:
+                failure = BudgetSpent(
+                    f"the run's compute budget ran out in the provider call ({budget_s:.1f}s of it were left at "
+                    f"the turn's start): {exc}, after {attempts} attempt(s)"
+                )
+            elif over_budget:
+                failure = BudgetSpent(
                     f"{exc}; not retried: waiting {over_budget[-1]:.1f}s more would pass the run's remaining "
                     f"compute budget ({budget_s:.1f}s at the turn's start) after {attempts} attempt(s)"
                 )
@@ -231,7 +240,8 @@ class OpenAICompatible(Provider):
             )
         except httpx.TimeoutException as exc:
             raise RetryableProviderError(
-                f"chat completion at {self._endpoint} timed out after {timeout:.1f}s ({type(exc).__name__})"
+                f"chat completion at {self._endpoint} timed out after {timeout:.1f}s ({type(exc).__name__})",
+                budget_bound=timeout < self._timeout_s,  # the budget left, not the card's timeout_s, ran out
             ) from exc
         except httpx.HTTPError as exc:
             raise RetryableProviderError(

@@ -122,6 +122,9 @@ class Limits(_Strict):
     #: model may make over the run; each goes back to it as a tool error. One more fails the run
     #: (reason ``malformed_tool_calls``).
     max_malformed_tool_calls: Annotated[int, Field(ge=0, le=100)] = 5
+    #: ``ask_human`` and ``notify`` calls one model reply may make (together); each past it is not made, and the
+    #: model is told so as its tool error (it may make them in a later turn).
+    max_human_calls_per_reply: Annotated[int, Field(ge=1, le=100)] = 10
 
 
 _NAME = r"^[a-z0-9][a-z0-9_-]{0,40}$"
@@ -361,8 +364,7 @@ def _resolve_skills(raw: object, path: Path) -> None:
                     f"{'.'.join(str(p) for p in e['loc']) or '(the bundle)'}: {e['msg']}" for e in exc.errors()
                 )
                 raise AgentsFileError(
-                    f"{path}: skills.{name}: {problems} (a skill is its instructions, or {{description, "
-                    "instructions})"
+                    f"{path}: skills.{name}: {problems} (a skill is its instructions, or {{description, instructions}})"
                 ) from None
     for index, card in enumerate(_cards(raw)):
         skills = card.get("skills")

@@ -173,6 +173,7 @@ from temporality_run_executor.tools import (
     COLLAB_TOOLS,
     GET_INPUT,
     HANDOFF_TO_AGENT,
+    NOTIFY,
     REPORT_PROGRESS,
     AnswerAgentArgs,
     AskAgentArgs,
@@ -1924,7 +1925,9 @@ def _plan_calls(
     handed = False
     answered: set[str] = set()
     policy = _ask_policy(run, reply.tool_calls)
+    cap, people = agent.card.limits.max_human_calls_per_reply, 0
     for index, call in enumerate(reply.tool_calls):
+        people += call.name in (ASK_HUMAN, NOTIFY)
         if reply.finish_reason == "length":  # cut off mid-call: its arguments may be partial -- never run it
             where = {"turn": turn, "call_id": call.id, "tool": call.name, "why": "output_truncated"}
             text = (
@@ -1934,6 +1937,13 @@ def _plan_calls(
             plan: ToolPlan = Refuse(
                 tool_error(text), malformed=True, note=Note("run.tool_call.malformed", "warning", where)
             )
+        elif call.name in (ASK_HUMAN, NOTIFY) and people > cap:  # one reply does not flood people
+            where = {"turn": turn, "call_id": call.id, "tool": call.name, "cap": cap}
+            text = (
+                f"one reply may make at most {cap} ask_human and notify calls (limits.max_human_calls_per_reply); "
+                f"this one (number {people} in the reply) was not made. Make it in a later turn if it is still needed"
+            )
+            plan = Refuse(tool_error(text), note=Note("run.tool_call.over_human_cap", "warning", where))
         elif call.name == HANDOFF_TO_AGENT and (waiting or handed):
             why = "one handoff per turn, never together with a waiting call (ask_human, ask_agent mode=wait)"
             plan = Refuse(tool_error(why))

@@ -104,4 +104,7 @@ async def test_huge_arguments_a_huge_name_and_a_huge_final_reply(
     assert completed.data["usage"]["tool_calls"] == 2
     await event_log.caught_up()
     assert not event_log.of_type("human.notify_requested", event.runid)  # the huge call was not made
+    called = {e.data["call_id"]: e for e in event_log.of_type("run.tool_called", event.runid)}
+    assert called["call_args"].data["arguments"] == {}  # the events carry none of it
+    assert len(called["call_name"].data["tool"]) == 64
     assert not event_log.of_type("run.failed", event.runid)

@@ -4,6 +4,7 @@ nats-server's is 256 KiB. Over a real nats-server, the model behind the OpenAI e
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from test_conversation_bounds import BIG_READ, _big, _card
 from temporality_bus import Bus
 from temporality_embedded.natsserver import NatsServer
 from temporality_testing.events import EventLog
-from temporality_testing.openai_emulator import OpenAIEmulator, assistant_text, assistant_tool_call
+from temporality_testing.openai_emulator import OpenAIEmulator, Reply, assistant_text, assistant_tool_call
 
 
 @pytest.fixture
@@ -55,3 +56,34 @@ async def test_a_conversation_past_the_servers_max_payload_fails_the_run_saying_
     assert failed.data["usage"]["turns"] >= 3
     await event_log.caught_up()
     assert not event_log.of_type("run.completed", event.runid)
+
+
+async def test_one_reply_too_big_to_keep_fails_the_run_saying_so(
+    bus: Bus, event_log: EventLog, executor: RunExecutor, emulator: OpenAIEmulator
+) -> None:
+    """Each call's arguments within their 64 KiB, five of them together past the server's 256 KiB: the reply cannot
+    be kept on the run record (before its calls are made), so none is made and the run fails."""
+    calls = [
+        {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {
+                "name": "notify",
+                "arguments": json.dumps({"recipient": "user:alice", "message": "m" * 60_000}),
+            },
+        }
+        for i in range(5)
+    ]
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    body = {"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": message}]}
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    emulator.replies += [Reply(200, body), assistant_text("done")]
+    await executor(cards=[_card(emulator)], card_tools={"reviewer": [BIG_READ]})
+    event = run_requested()
+    await bus.publish(event)
+    (failed,) = await event_log.wait_for("run.failed", run_id=event.runid, timeout_s=60)
+    assert failed.data["reason"] == "conversation_too_large"
+    assert failed.data["error"].startswith("the model's reply is ")
+    assert "; the bus carries at most 262144 (the NATS server's max_payload)" in failed.data["error"]
+    await event_log.caught_up()
+    assert not event_log.of_type("human.notify_requested", event.runid)

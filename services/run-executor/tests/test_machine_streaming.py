@@ -191,11 +191,11 @@ def test_the_deny_list_refuses_report_progress() -> None:
     assert REPORT_PROGRESS not in [t.name for t in offered_tools(_run(), denied)]
     assert REPORT_PROGRESS in [t.name for t in offered_tools(_run(), ALL)]
     default = Agent(REVIEWER.model_copy(update={"tools": ToolPolicy()}), ALL.tools)  # get_input, ask_human
-    for agent in (denied, default):
+    for agent, why in ((denied, "is denied for agent reviewer"), (default, "is not allowed for agent reviewer")):
         decision = _decide(_reply(_report(kind="progress", message="hi")), agent)
         assert [p.data.kind for p in _streamed(decision)] == ["metrics"]  # type: ignore[attr-defined]
         (called,) = [e.data for e in decision.effects if isinstance(e, Publish) and isinstance(e.data, RunToolCalled)]
-        assert "'report_progress' is not allowed for agent reviewer" in json.loads(called.result_preview)["error"]
+        assert f"'report_progress' {why}" in json.loads(called.result_preview)["error"]
 
 
 def test_the_plan_of_a_report_is_an_emit_never_an_invocation() -> None:

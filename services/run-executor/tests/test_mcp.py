@@ -251,13 +251,40 @@ async def test_a_server_not_listed_at_start_fails_its_calls_until_it_is_listed_a
         assert not event_log.of_type("tool.failed", second.runid)
 
 
+async def test_a_deny_of_a_tool_the_server_does_not_list_is_only_logged(
+    bus: Bus, event_log: EventLog, nats_settings: NatsSettings, tmp_path: Path
+) -> None:
+    """``deny: [notes__delete_note]`` on a server that has no such tool denies nothing: the executor starts (it used to
+    exit 2, crash-looping) and says so in a warning naming the file, the agent and the tool."""
+    path = _agents_file(tmp_path, SERVER.args)
+    path.write_text(
+        path.read_text(encoding="utf-8").replace(
+            '"allow": ["notes__read_note"]', '"allow": ["notes__read_note"], "deny": ["notes__delete_note"]'
+        ),
+        "utf-8",
+    )
+    settings = Settings(nats=nats_settings, agents_file=path)
+    with capture_logs() as logs:
+        async with serving(("run-executor", executor_main(settings))):
+            event = run_requested()
+            await bus.publish(event)
+            (completed,) = await event_log.wait_for("run.completed", run_id=event.runid, timeout_s=120)
+    assert completed.data["result"] == "from the service"
+    (warned,) = [entry for entry in logs if entry["event"] == "agents.denied_tool_not_listed"]
+    assert warned["file"] == str(path)
+    assert warned["agent"] == "reviewer"
+    assert warned["tool"] == "notes__delete_note"
+
+
 async def test_the_service_still_refuses_a_tool_name_a_listed_server_does_not_have(
     nats_settings: NatsSettings, tmp_path: Path
 ) -> None:
     path = _agents_file(tmp_path, SERVER.args)
     path.write_text(path.read_text(encoding="utf-8").replace("notes__read_note", "notes__no_such_tool"), "utf-8")
     settings = Settings(nats=nats_settings, agents_file=path)
-    with pytest.raises(
-        ConfigError, match=r"agent reviewer: tools names tools no server listed: \['notes__no_such_tool'\]"
-    ):
+    with pytest.raises(ConfigError) as info:
         await asyncio.wait_for(run_until(SPEC, settings, configure(settings), asyncio.Event()), 60)
+    assert str(info.value).startswith(
+        f"{path}: agent reviewer: tools.allow names notes__no_such_tool, which its MCP servers do not list "
+        "(their tools: notes__"
+    )

@@ -166,7 +166,7 @@ async def test_a_card_that_denies_report_progress_gets_a_tool_error_and_streams_
     assert [e.payload(RunStreamed).kind for e in _streamed(event_log, run_id)] == ["metrics"] * 3
     refused = [e.data for e in event_log.of_type("run.tool_called", run_id) if e.data["tool"] == "report_progress"]
     assert len(refused) == 3
-    assert all("'report_progress' is not allowed for agent silenced" in r["result_preview"] for r in refused)
+    assert all("'report_progress' is denied for agent silenced" in r["result_preview"] for r in refused)
     started = event_log.of_type("run.started", run_id)[0]
     assert "report_progress" not in started.data["agent_card"]["tools"]
 

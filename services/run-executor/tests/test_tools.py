@@ -133,7 +133,8 @@ async def test_a_denied_tool_is_never_offered_and_a_call_to_it_is_refused(
     assert offered == ["get_input", "ask_human", "report_progress"]
     refusal = _tool_results(emulator.requests[1])["call_n"]["error"]
     assert (
-        refusal == "tool 'notify' is not allowed for agent reviewer; its tools: get_input, ask_human, report_progress"
+        refusal
+        == "tool 'notify' is denied for agent reviewer (its tools.deny); its tools: get_input, ask_human, report_progress"
     )
     await event_log.caught_up()
     assert not event_log.of_type("human.notify_requested", event.runid)

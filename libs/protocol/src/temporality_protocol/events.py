@@ -621,9 +621,12 @@ class RunCompleted(EventData):
 #: and a newer executor's (a reader counts or shows a reason it does not know as it is, or as ``other``).
 #: ``output_truncated`` (a final reply cut off at the model's output length limit, ``finish_reason: length``) is
 #: newer than the others: executors before it failed such a run ``provider_error``, its ``error`` starting
-#: ``output_truncated:``.
+#: ``output_truncated:``. ``conversation_too_large`` (the run's conversation, or one reply, would not fit in one bus
+#: message: the NATS server's ``max_payload``) is newer still: executors before it dead-lettered such a run,
+#: ``infrastructure_error``.
 RunFailureReason = Literal[
     "compute_timeout",
+    "conversation_too_large",
     "human_request_expired",
     "infrastructure_error",
     "malformed_tool_calls",
@@ -642,10 +645,11 @@ class RunFailed(EventData):
     run_id: str
     reason: str = Field(
         description="Why (the run-executor gives one of temporality_protocol.RUN_FAILURE_REASONS: compute_timeout, "
-        "human_request_expired, infrastructure_error, malformed_tool_calls, max_turns, output_truncated, "
-        "provider_error, stalled, token_limit, unknown_agent); a string, so a reader accepts a newer one. "
-        "output_truncated is newer: before it, a final reply cut off at the output length limit failed "
-        "provider_error with an error starting 'output_truncated:'"
+        "conversation_too_large, human_request_expired, infrastructure_error, malformed_tool_calls, max_turns, "
+        "output_truncated, provider_error, stalled, token_limit, unknown_agent); a string, so a reader accepts a "
+        "newer one. output_truncated is newer: before it, a final reply cut off at the output length limit failed "
+        "provider_error with an error starting 'output_truncated:'. conversation_too_large is newer still: before "
+        "it, a run whose conversation outgrew the bus's max_payload failed infrastructure_error"
     )
     error: str
     usage: RunUsage | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections.abc import Callable
+from pathlib import Path
 
 import structlog
 
@@ -75,7 +76,7 @@ def configure(settings: Settings) -> Setup[Settings]:
     async def setup(rt: Runtime[Settings]) -> None:
         rt.resources.push_async_callback(providers.aclose)
         with_mcp = [card for card in agents.cards() if card.mcp_servers]
-        mcp = await _mcp_card_tools(rt, with_mcp, tools) if with_mcp else None
+        mcp = await _mcp_card_tools(rt, with_mcp, tools, settings.agents_file) if with_mcp else None
         card_tools = mcp[0] if mcp is not None else {}
         max_deliver = rt.settings.max_deliver or CONSUMERS["run-executor-requests"].max_deliver
         engine = await Engine.open(
@@ -124,7 +125,7 @@ def _mcp_tool_prefixes(card: AgentCard) -> tuple[str, ...]:
 
 
 async def _mcp_card_tools(
-    rt: Runtime[Settings], cards: list[AgentCard], tools: ToolRegistry
+    rt: Runtime[Settings], cards: list[AgentCard], tools: ToolRegistry, agents_file: Path
 ) -> tuple[dict[str, list[Tool]], Callable[[Engine], None]]:
     """Start the MCP pool (stopped with the runtime's resources) and list each card's servers' tools; with them, what
     starts listing again, once the engine exists, the servers that could not be listed now.
@@ -132,8 +133,10 @@ async def _mcp_card_tools(
     A server that cannot be listed does not stop the executor (one flaky server would crash-loop every agent): its
     tools that the card names exactly get stand-ins whose calls fail (``tool.failed``, saying why), ``/readyz`` says
     the executor is not ready while any server is unlisted, and each is listed again with a backoff until its tools
-    replace the stand-ins. A plain name in ``tools`` that a *listed* server does not have still stops it (exit 2); a
-    pattern that matches none of the listed tools is only logged (``agents.tool_pattern_matches_nothing``)."""
+    replace the stand-ins. A plain name in ``tools.allow`` that a *listed* server does not have still stops it (exit
+    2: the file, the agent, the names and what the servers list); one in ``tools.deny`` is only logged
+    (``agents.denied_tool_not_listed``: it denies nothing), and so is a pattern that matches none of the listed
+    tools (``agents.tool_pattern_matches_nothing``)."""
     from temporality_run_executor.mcp_servers import (
         CardTools,
         McpPool,
@@ -155,9 +158,19 @@ async def _mcp_card_tools(
                 known.failed(card, server, str(exc))
         waiting = tuple(tool_name(s.name, "") for s in card.mcp_servers if (card.id, s.name) in known.unlisted)
         # (a name of a server not listed yet has its stand-in; "x".startswith(()) is False)
-        unknown = [n for n in tools.with_tools(known.of(card)).unknown(card.tools) if not n.startswith(waiting)]
-        if unknown:
-            raise ConfigError(f"agent {card.id}: tools names tools no server listed: {unknown}")
+        registry = tools.with_tools(known.of(card))
+        unknown = [n for n in registry.unknown(card.tools) if not n.startswith(waiting)]
+        for name in [n for n in unknown if n not in card.tools.allow]:
+            # a deny of a tool the server does not have denies nothing and harms nothing (a later version of the
+            # server may add it: then it is denied): only said
+            log.warning("agents.denied_tool_not_listed", file=str(agents_file), agent=card.id, tool=name)
+        promised = [n for n in unknown if n in card.tools.allow]
+        if promised:  # the card's promise of a tool the model will have: not kept, so the executor does not start
+            listed = ", ".join(sorted(tool.name for tool in known.of(card))) or "none"
+            raise ConfigError(
+                f"{agents_file}: agent {card.id}: tools.allow names {', '.join(promised)}, which its MCP servers do "
+                f"not list (their tools: {listed}); fix the name or remove it"
+            )
         for pattern in tools.with_tools(known.of(card)).unmatched(card.tools, waiting):
             # not refused: a server's tools change with its version (the plain names above are the card's promise)
             log.warning("agents.tool_pattern_matches_nothing", agent=card.id, pattern=pattern)

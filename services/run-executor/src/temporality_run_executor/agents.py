@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -17,12 +18,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import httpx
+import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from temporality_protocol import SandboxSummary
 from temporality_run_executor.providers.script import Script
 from temporality_run_executor.tools import ToolPolicy
+
+log = structlog.get_logger(__name__)
 
 __all__ = [
     "NETWORK_OFF",
@@ -118,6 +122,9 @@ class Limits(_Strict):
     #: model may make over the run; each goes back to it as a tool error. One more fails the run
     #: (reason ``malformed_tool_calls``).
     max_malformed_tool_calls: Annotated[int, Field(ge=0, le=100)] = 5
+    #: ``ask_human`` and ``notify`` calls one model reply may make (together); each past it is not made, and the
+    #: model is told so as its tool error (it may make them in a later turn).
+    max_human_calls_per_reply: Annotated[int, Field(ge=1, le=100)] = 10
 
 
 _NAME = r"^[a-z0-9][a-z0-9_-]{0,40}$"
@@ -287,7 +294,8 @@ class AgentDirectory:
     def __init__(self, cards: list[AgentCard]) -> None:
         self._cards = {c.id: c for c in cards}
         if len(self._cards) != len(cards):
-            raise AgentsFileError("duplicate agent ids")
+            ids = [c.id for c in cards]
+            raise AgentsFileError(f"agent ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
 
     def get(self, agent_id: str) -> AgentCard | None:
         return self._cards.get(agent_id)
@@ -307,9 +315,18 @@ def load_agents(path: Path) -> AgentDirectory:
     _anchor_relative_paths(raw, path.parent)
     _resolve_skills(raw, path)
     try:
-        return AgentDirectory(_AgentsFile.model_validate(raw).agents)
+        cards = _AgentsFile.model_validate(raw).agents
     except ValidationError as exc:
         raise AgentsFileError(f"{path}: {_describe(exc, raw)}") from exc
+    ids = [card.id for card in cards]
+    for repeated in sorted({i for i in ids if ids.count(i) > 1}):
+        places = " and ".join(f"agents[{n}]" for n, i in enumerate(ids) if i == repeated)
+        raise AgentsFileError(f"{path}: agent id {repeated!r} is used twice ({places}); each agent needs its own id")
+    for card in cards:
+        for name in card.sandbox.env:
+            if name not in os.environ:  # passed through as nothing: likely a deployment that forgot to set it
+                log.warning("agents.sandbox_env_unset", file=str(path), agent=card.id, variable=name)
+    return AgentDirectory(cards)
 
 
 def _cards(raw: object) -> list[dict[str, Any]]:
@@ -332,7 +349,23 @@ def _resolve_skills(raw: object, path: Path) -> None:
     """Replace each skill a card names by the file's ``skills`` entry of that name (a string entry there
     is the instructions alone); an unknown name is an error naming the card and the field."""
     named = raw.get("skills") if isinstance(raw, dict) else None
+    if named is not None and not isinstance(named, dict):
+        raise AgentsFileError(
+            f"{path}: skills must be a mapping of a skill's name to its instructions (or to {{description, "
+            f"instructions}}), not a {type(named).__name__}"
+        )
     bundles = named if isinstance(named, dict) else {}
+    for name, bundle in bundles.items():
+        if isinstance(bundle, dict):  # one message naming the skill (not the union's two, str's and the bundle's)
+            try:
+                _SkillBundle.model_validate(bundle)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or '(the bundle)'}: {e['msg']}" for e in exc.errors()
+                )
+                raise AgentsFileError(
+                    f"{path}: skills.{name}: {problems} (a skill is its instructions, or {{description, instructions}})"
+                ) from None
     for index, card in enumerate(_cards(raw)):
         skills = card.get("skills")
         if not isinstance(skills, list):

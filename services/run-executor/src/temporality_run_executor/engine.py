@@ -91,12 +91,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
+import nats.errors
 import structlog
 from pydantic import ValidationError
 
@@ -140,6 +142,7 @@ from temporality_protocol.agent_tasks import turn_wait_id
 from temporality_protocol.catalog import BUCKET_CANCEL_MARKERS, BUCKET_CHECKPOINTS, BUCKET_RUNS
 from temporality_protocol.redaction import Redactor
 from temporality_run_executor.agents import AgentCard, AgentDirectory
+from temporality_run_executor.bounds import bounded_tool_result, cut
 from temporality_run_executor.external import ExternalAgents
 from temporality_run_executor.machine import (
     ACTIVE,
@@ -190,6 +193,7 @@ from temporality_run_executor.machine import (
     RunMovedOn,
     SaveCheckpoint,
     TakeLease,
+    TooLarge,
     ToolBroke,
     ToolElicited,
     ToolOutput,
@@ -216,7 +220,7 @@ from temporality_run_executor.machine import (
     tool_error,
     with_reply,
 )
-from temporality_run_executor.providers import PermanentProviderError, Provider, ProviderError
+from temporality_run_executor.providers import BudgetSpent, PermanentProviderError, Provider, ProviderError
 from temporality_run_executor.records import CancelRequest, Checkpoint, RunRecord, Usage
 from temporality_run_executor.retention import DEFAULT_RETENTION_S, CheckpointRetention, RetentionPayload
 from temporality_run_executor.sampling import RunSampler
@@ -238,6 +242,8 @@ SOURCE = "/temporality/run-executor"
 #: (:meth:`Engine._defer_arm`).
 DEFER_HORIZON_LEASES = 4
 _T = TypeVar("_T")
+#: The longest tool error kept (a tool's own message, or how it broke): far below a tool result's bound.
+_MAX_ERROR_BYTES = 16 * 1024
 log = structlog.get_logger(__name__)
 ProviderFactory = Callable[[AgentCard], Provider]
 Clock = Callable[[], datetime]
@@ -251,6 +257,21 @@ def _now() -> datetime:
 _FIRED = (Publish, ArmWatchdog, ArmAgentDeadline, DisarmWatchdog, ArmRetention, Note)
 #: Effects that change the run record: neighbours are one compare-and-set.
 _RUN_CHANGES = (TakeLease, Transition)
+#: Writes of the run's state that grow with its conversation: one the bus refuses as too large fails the run
+#: (:class:`~.machine.TooLarge`) instead of its message being dead-lettered.
+_STATE_WRITES = (
+    SaveCheckpoint,
+    CreateCheckpoint,
+    KeepReply,
+    ApplyResult,
+    RecordOutcome,
+    ApplyParked,
+    QueueMail,
+    DeliverMail,
+    AnswerElicitation,
+)
+#: How the bus says a write is larger than the server's ``max_payload`` (``temporality_bus``'s PermanentError).
+_OVERSIZE = re.compile(r"(\d+) bytes exceed the server's max_payload")
 
 
 def _attempt(delivery: Delivery, max_deliver: int) -> Attempt:
@@ -772,7 +793,13 @@ class Engine:
             elif view.run_unverified:
                 raise _Unverified  # a write before the record's: decided on the record as it is
             else:
-                await self._effect(view, effects[i])
+                try:
+                    await self._effect(view, effects[i])
+                except (PermanentError, nats.errors.MaxPayloadError) as exc:
+                    too_large = self._too_large(view, effects[i], exc)
+                    if too_large is None:
+                        raise
+                    return too_large  # the run fails, saying so (the decision's other effects are not made)
             if self.crash_point is not None:
                 for effect in effects[i:j]:
                     target = (effect.target.value,) if isinstance(effect, Transition) else ()
@@ -811,6 +838,25 @@ class Engine:
             await self._seam("agent_looked")
             return looked
         return then
+
+    def _too_large(self, view: _View, effect: Effect, error: Exception) -> TooLarge | None:
+        """What a write of the run's state that the bus refused as larger than its ``max_payload`` (read from the
+        connection) means for the run; ``None``: another failure, or not such a write."""
+        if not isinstance(effect, _STATE_WRITES):
+            return None
+        found = _OVERSIZE.search(str(error))
+        if found is None and not isinstance(error, nats.errors.MaxPayloadError):
+            return None
+        saved = effect.checkpoint if isinstance(effect, SaveCheckpoint | CreateCheckpoint) else None
+        if found is not None:
+            size = int(found[1])
+        elif saved is not None:
+            size = len(saved.model_dump_json().encode())
+        else:
+            size = 0
+        what: Literal["conversation", "reply"] = "reply" if isinstance(effect, KeepReply) else "conversation"
+        log.error("run.too_large", what=what, size=size, max_payload=self.bus.nc.max_payload)
+        return TooLarge(what=what, size=size, limit=self.bus.nc.max_payload, checkpoint=saved)
 
     @staticmethod
     def _overlaps(view: _View, effect: Effect) -> bool:
@@ -1216,7 +1262,12 @@ class Engine:
         try:
             reply = await provider.complete(call.messages, call.tools, budget_s=call.budget_s, context=call.context)
         except ProviderError as exc:
-            return ProviderFailed(turn=call.turn, error=str(exc), permanent=isinstance(exc, PermanentProviderError))
+            return ProviderFailed(
+                turn=call.turn,
+                error=str(exc),
+                permanent=isinstance(exc, PermanentProviderError),
+                budget_spent=isinstance(exc, BudgetSpent),
+            )
         return ProviderReplied(turn=call.turn, reply=reply, elapsed_s=time.monotonic() - view.turn_started, raw=True)
 
     async def _call_tool(self, view: _View, call: CallTool) -> ToolReturned:
@@ -1312,16 +1363,16 @@ class Engine:
 
     @staticmethod
     async def _invoke(tool: Tool, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput | ToolBroke | ToolElicited:
-        try:
-            return ToolOutput(await tool.invoke(arguments, ctx))
+        try:  # what enters the conversation is bounded (.bounds): a long result is cut, the model told
+            return ToolOutput(bounded_tool_result(await tool.invoke(arguments, ctx)))
         except ToolError as exc:
-            return ToolOutput(tool_error(str(exc)))
+            return ToolOutput(tool_error(cut(str(exc), _MAX_ERROR_BYTES)))
         except ElicitationNeeded as asked:  # the run parks on a person; the call is made again with the answer
             return ToolElicited(asked.message, asked.requested_schema, asked.position, asked.url)
         except (TransientError, Conflict):
             raise  # the bus, not the tool: redelivered
         except Exception as exc:  # the tool broke: say so, and let the model carry on without it
-            return ToolBroke(f"{type(exc).__name__}: {exc}")
+            return ToolBroke(cut(f"{type(exc).__name__}: {exc}", _MAX_ERROR_BYTES))
 
     # ------------------------------------------------------------------ plumbing
     async def _save_checkpoint(self, view: _View, saved: Checkpoint) -> Versioned[Checkpoint]:

@@ -134,6 +134,7 @@ from temporality_protocol import (
 from temporality_protocol.agent_tasks import external_call_id, handoff_ids, task_id_for, turn_wait_id
 from temporality_protocol.redaction import Redactor
 from temporality_run_executor.agents import AgentCard, Limits, prompt_digest, sandbox_summary
+from temporality_run_executor.bounds import bounded_reply, bounded_result
 from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, read_url, render, render_url
 from temporality_run_executor.providers.base import AssistantTurn, ToolSpec, TurnContext
 from temporality_run_executor.records import (
@@ -172,6 +173,7 @@ from temporality_run_executor.tools import (
     COLLAB_TOOLS,
     GET_INPUT,
     HANDOFF_TO_AGENT,
+    NOTIFY,
     REPORT_PROGRESS,
     AnswerAgentArgs,
     AskAgentArgs,
@@ -244,6 +246,7 @@ __all__ = [
     "SaveCheckpoint",
     "TakeLease",
     "Then",
+    "TooLarge",
     "ToolBroke",
     "ToolElicited",
     "ToolOutput",
@@ -464,6 +467,8 @@ class ProviderFailed:
     error: str
     #: Retrying cannot help (:class:`~temporality_run_executor.providers.PermanentProviderError`).
     permanent: bool
+    #: The run's compute budget ran out in the call (:class:`~temporality_run_executor.providers.BudgetSpent`).
+    budget_spent: bool = False
 
 
 @dataclass(frozen=True)
@@ -659,6 +664,19 @@ class DeadLettered:
     lost_race: bool = False
 
 
+@dataclass(frozen=True)
+class TooLarge:
+    """A write of the run's state would not fit in one bus message (the NATS server's ``max_payload``): its
+    conversation grew past it (``what="conversation"``), or a reply to keep on its record did (``"reply"``)."""
+
+    what: Literal["conversation", "reply"]
+    #: The write's size and the most one message may carry, in bytes.
+    size: int
+    limit: int
+    #: The checkpoint that did not fit (``None``: not a checkpoint), for the run's totals.
+    checkpoint: Checkpoint | None = None
+
+
 Incoming = (
     Requested
     | HumanOutcome
@@ -677,6 +695,7 @@ Incoming = (
     | WatchdogFired
     | RetentionFired
     | DeadLettered
+    | TooLarge
 )
 
 
@@ -1061,6 +1080,8 @@ def _decide(
             return _retention_fired(run, checkpoint)
         case DeadLettered():
             return _dead_lettered(run, checkpoint, incoming)
+        case TooLarge():
+            return _too_large(run, checkpoint, incoming)
 
 
 def _requested(
@@ -1748,6 +1769,8 @@ def _provider_failed(
         return _decision(Retry(incoming.error))
     if run.state is RunState.RUNNING and run.cancel is not None:  # asked to stop (it ended an external wait)
         return _decision(*_cancel(run, run.cancel, _totals(ckpt)))
+    if incoming.budget_spent:  # the budget, not the provider, gave out: the limit the card set
+        return _decision(*_fail(run, "compute_timeout", incoming.error, totals=_totals(ckpt)))
     if incoming.permanent or attempt.last:
         return _decision(*_fail(run, "provider_error", incoming.error, totals=_totals(ckpt)))
     return _decision(Retry(incoming.error))
@@ -1761,6 +1784,9 @@ def _provider_replied(
     now: datetime,
     redactor: Redactor = BUILTIN_REDACTOR,
 ) -> Decision:
+    bounded = bounded_reply(incoming.reply)  # what the run keeps of it must fit on the bus (.bounds)
+    if bounded is not incoming.reply:
+        incoming = replace(incoming, reply=bounded)
     if incoming.raw:
         return _keep(run, agent, incoming)
     if run is not None and run.reply is not None and run.reply.turn == incoming.turn and not incoming.replayed:
@@ -1899,7 +1925,9 @@ def _plan_calls(
     handed = False
     answered: set[str] = set()
     policy = _ask_policy(run, reply.tool_calls)
+    cap, people = agent.card.limits.max_human_calls_per_reply, 0
     for index, call in enumerate(reply.tool_calls):
+        people += call.name in (ASK_HUMAN, NOTIFY)
         if reply.finish_reason == "length":  # cut off mid-call: its arguments may be partial -- never run it
             where = {"turn": turn, "call_id": call.id, "tool": call.name, "why": "output_truncated"}
             text = (
@@ -1909,6 +1937,13 @@ def _plan_calls(
             plan: ToolPlan = Refuse(
                 tool_error(text), malformed=True, note=Note("run.tool_call.malformed", "warning", where)
             )
+        elif call.name in (ASK_HUMAN, NOTIFY) and people > cap:  # one reply does not flood people
+            where = {"turn": turn, "call_id": call.id, "tool": call.name, "cap": cap}
+            text = (
+                f"one reply may make at most {cap} ask_human and notify calls (limits.max_human_calls_per_reply); "
+                f"this one (number {people} in the reply) was not made. Make it in a later turn if it is still needed"
+            )
+            plan = Refuse(tool_error(text), note=Note("run.tool_call.over_human_cap", "warning", where))
         elif call.name == HANDOFF_TO_AGENT and (waiting or handed):
             why = "one handoff per turn, never together with a waiting call (ask_human, ask_agent mode=wait)"
             plan = Refuse(tool_error(why))
@@ -1965,6 +2000,9 @@ def _plan_call(
     by the driver."""
     where = {"turn": turn, "call_id": call.id, "tool": call.name}
     card = agent.card
+    if call.refused is not None:  # its name or arguments were too long to keep (.bounds)
+        note = Note("run.tool_call.malformed", "warning", {**where, "why": "too_long"})
+        return Refuse(tool_error(call.refused), malformed=True, note=note)
     if not call.name:
         offered = ", ".join(t.name for t in offered_tools(run, agent)) or "none"
         note = Note("run.tool_call.malformed", "warning", {**where, "why": "no_name"})
@@ -2583,6 +2621,30 @@ def _dead_lettered(run: RunRecord | None, ckpt: Checkpoint | None, incoming: Dea
     return _decision(*_fail(run, "infrastructure_error", error, causation=incoming.event_id, totals=_totals(ckpt)))
 
 
+#: The ``run.failed`` reason of a run whose state would not fit in one bus message (:class:`TooLarge`). Executors
+#: before it dead-lettered such a run (``infrastructure_error``, "... bytes exceed the server's max_payload").
+CONVERSATION_TOO_LARGE: RunFailureReason = "conversation_too_large"
+
+
+def _too_large(run: RunRecord | None, ckpt: Checkpoint | None, incoming: TooLarge) -> Decision:
+    """The run cannot keep its state on the bus any more: it fails, saying how big it got and what the bus carries
+    (a finished or unknown run: the write is refused as before, a permanent error)."""
+    if incoming.what == "reply":
+        error = f"the model's reply is {incoming.size} bytes"
+    else:
+        saved = incoming.checkpoint or ckpt
+        messages = f" ({len(saved.messages)} messages)" if saved is not None else ""
+        error = f"the conversation is {incoming.size} bytes{messages}"
+    error += (
+        f"; the bus carries at most {incoming.limit} (the NATS server's max_payload), so the run cannot keep it. "
+        "Make the run's tools return less (each result is cut to 64 KiB already), give it fewer turns, or raise "
+        "max_payload"
+    )
+    if run is None or run.state in RUN.terminal:
+        return _decision(Reject(error))
+    return _decision(*_fail(run, CONVERSATION_TOO_LARGE, error, totals=_totals(incoming.checkpoint or ckpt)))
+
+
 def _retention_fired(run: RunRecord | None, ckpt: Checkpoint | None) -> Decision:
     """See :mod:`.retention`: the checkpoint goes only when the record says the run is finished."""
     if run is None:
@@ -2644,7 +2706,10 @@ def _totals(
 
 def _complete(run: RunRecord, result: str, totals: RunUsage) -> tuple[Effect, ...]:
     note = Note("run.completed", fields={"turns": totals.turns, "total_tokens": totals.total_tokens})
-    return _end(run, RunState.COMPLETED, {"result": result, "usage": totals, "ending": Ending()}, note)
+    kept = bounded_result(result)  # the record and its event must fit on the bus (.bounds)
+    if kept is not result:
+        note = Note("run.completed", "warning", {**note.fields, "result_cut_from_bytes": len(result.encode())})
+    return _end(run, RunState.COMPLETED, {"result": kept, "usage": totals, "ending": Ending()}, note)
 
 
 def _cancel(run: RunRecord, cancel: CancelRequest, totals: RunUsage) -> tuple[Effect, ...]:

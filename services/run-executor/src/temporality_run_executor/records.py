@@ -65,6 +65,9 @@ class ToolCall(_Model):
     #: The raw ``arguments`` text when the model sent something that is not a JSON object: the call is
     #: malformed, is not executed, and the model gets a tool error naming it on its next turn.
     invalid_arguments: str | None = None
+    #: Why the call is not made whatever it names (its name or arguments were too long to keep:
+    #: :mod:`~temporality_run_executor.bounds`); the model gets it as the call's tool error.
+    refused: str | None = None
 
 
 class Message(_Model):

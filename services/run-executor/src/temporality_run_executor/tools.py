@@ -431,9 +431,14 @@ class ToolPolicy(BaseModel):
     def _from_list(cls, value: Any) -> Any:
         return {"allow": value} if isinstance(value, list) else value
 
+    def denies(self, tool: Tool) -> bool:
+        """Whether a ``deny`` entry matches ``tool`` (by its name or its origin)."""
+        names = (tool.name,) if tool.origin is None else (tool.name, tool.origin)
+        return any(fnmatchcase(name, pattern) for name in names for pattern in self.deny)
+
     def allows(self, tool: Tool) -> bool:
         names = (tool.name,) if tool.origin is None else (tool.name, tool.origin)
-        if any(fnmatchcase(name, pattern) for name in names for pattern in self.deny):
+        if self.denies(tool):
             return False
         if tool.exact_only:
             return tool.name in self.allow
@@ -525,10 +530,14 @@ class ToolRegistry:
     def resolve(self, name: str, policy: ToolPolicy, agent: str) -> Tool:
         """The tool a call names, if the card allows it; else :class:`ToolError` for the model."""
         tool = self._tools.get(name)
-        if tool is None or not policy.allows(tool):
-            offered = ", ".join(t.name for t in self.offered(policy)) or "none"
-            raise ToolError(f"tool {name!r} is not allowed for agent {agent}; its tools: {offered}")
-        return tool
+        if tool is not None and policy.allows(tool):
+            return tool
+        offered = ", ".join(t.name for t in self.offered(policy)) or "none"
+        if tool is None:  # (a name the model made up, or a typo: not a tool of this executor at all)
+            raise ToolError(f"no tool named {name!r}; your tools: {offered}")
+        if policy.denies(tool):
+            raise ToolError(f"tool {name!r} is denied for agent {agent} (its tools.deny); its tools: {offered}")
+        raise ToolError(f"tool {name!r} is not allowed for agent {agent}; its tools: {offered}")
 
 
 # --------------------------------------------------------------------------- built-in implementations

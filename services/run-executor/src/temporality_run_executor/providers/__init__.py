@@ -2,6 +2,7 @@
 
 from temporality_run_executor.providers.base import (
     AssistantTurn,
+    BudgetSpent,
     PermanentProviderError,
     Provider,
     ProviderError,
@@ -14,6 +15,7 @@ from temporality_run_executor.providers.scripted import ScriptedProvider
 
 __all__ = [
     "AssistantTurn",
+    "BudgetSpent",
     "OpenAICompatible",
     "PermanentProviderError",
     "Provider",

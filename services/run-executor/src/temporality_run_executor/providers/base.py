@@ -11,6 +11,7 @@ from temporality_run_executor.records import Message, ToolCall, Usage
 
 __all__ = [
     "AssistantTurn",
+    "BudgetSpent",
     "PermanentProviderError",
     "Provider",
     "ProviderError",
@@ -82,6 +83,11 @@ class ProviderError(Exception):
 class PermanentProviderError(ProviderError):
     """Retrying will not help: the endpoint refused the request itself (4xx other than 408/429), or the
     provider already used up its retries or the run's compute budget on this turn."""
+
+
+class BudgetSpent(PermanentProviderError):
+    """The run's compute budget ran out in the call: its timeout was the budget left and passed, or a retry's wait
+    would have passed it. The run fails ``compute_timeout``, not ``provider_error``."""
 
 
 class Provider(ABC):

@@ -26,11 +26,13 @@ import httpx
 import structlog
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
+from pydantic import ValidationError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from temporality_bus import tracing
 from temporality_run_executor.providers.base import (
     AssistantTurn,
+    BudgetSpent,
     PermanentProviderError,
     Provider,
     ProviderError,
@@ -51,9 +53,11 @@ MAX_RETRY_AFTER_S = 600.0
 class RetryableProviderError(ProviderError):
     """One attempt failed in a way another attempt may not: 408, 429, 5xx, network, timeout, bad body."""
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+    def __init__(self, message: str, *, retry_after_s: float | None = None, budget_bound: bool = False) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        #: A timeout that was the run's remaining compute budget (shorter than the card's ``timeout_s``).
+        self.budget_bound = budget_bound
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
@@ -184,8 +188,14 @@ class OpenAICompatible(Provider):
                     remaining = None if deadline is None else deadline - self._clock()
                     return _identified(await self._attempt(body, remaining), context)
         except RetryableProviderError as exc:
-            if over_budget:
-                failure = PermanentProviderError(
+            failure: PermanentProviderError
+            if exc.budget_bound:
+                failure = BudgetSpent(
+                    f"the run's compute budget ran out in the provider call ({budget_s:.1f}s of it were left at "
+                    f"the turn's start): {exc}, after {attempts} attempt(s)"
+                )
+            elif over_budget:
+                failure = BudgetSpent(
                     f"{exc}; not retried: waiting {over_budget[-1]:.1f}s more would pass the run's remaining "
                     f"compute budget ({budget_s:.1f}s at the turn's start) after {attempts} attempt(s)"
                 )
@@ -230,7 +240,8 @@ class OpenAICompatible(Provider):
             )
         except httpx.TimeoutException as exc:
             raise RetryableProviderError(
-                f"chat completion at {self._endpoint} timed out after {timeout:.1f}s ({type(exc).__name__})"
+                f"chat completion at {self._endpoint} timed out after {timeout:.1f}s ({type(exc).__name__})",
+                budget_bound=timeout < self._timeout_s,  # the budget left, not the card's timeout_s, ran out
             ) from exc
         except httpx.HTTPError as exc:
             raise RetryableProviderError(
@@ -248,23 +259,32 @@ class OpenAICompatible(Provider):
             if status in (401, 403):
                 refused += f" -- {self._key_hint()}"
             raise PermanentProviderError(refused)
-        try:
+        try:  # an unreadable reply -- not JSON, no message, a content that is no text, tool_calls that are no
+            # list -- is the provider's failure (retried, then provider_error), never taken apart as it is
             reply = response.json()
             choice = reply["choices"][0]
             message = choice["message"]
             if not isinstance(message, dict):
                 raise TypeError("message is not an object")
-        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
-            raise RetryableProviderError(f"malformed chat completion: {self._redact(response.text[:500])}") from exc
-        calls = [_tool_call(raw) for raw in message.get("tool_calls") or []]
-        finish, matched = choice.get("finish_reason"), choice.get("stop_reason")
-        return AssistantTurn(
-            content=message.get("content"),
-            tool_calls=calls,
-            usage=_usage(reply),
-            finish_reason=finish if isinstance(finish, str) else None,
-            stop_sequence=matched if isinstance(matched, str) else None,  # vLLM: the stop string that matched
-        )
+            content, raw_calls = message.get("content"), message.get("tool_calls")
+            if content is not None and not isinstance(content, str):
+                raise TypeError(f"message.content is a {type(content).__name__}, not a string")
+            if raw_calls is not None and not isinstance(raw_calls, list):
+                raise TypeError(f"message.tool_calls is a {type(raw_calls).__name__}, not a list")
+            finish, matched = choice.get("finish_reason"), choice.get("stop_reason")
+            turn = AssistantTurn(
+                content=content,
+                tool_calls=[_tool_call(raw) for raw in raw_calls or []],
+                usage=_usage(reply),
+                finish_reason=finish if isinstance(finish, str) else None,
+                stop_sequence=matched if isinstance(matched, str) else None,  # vLLM: the stop string that matched
+            )
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError, AttributeError) as exc:
+            why = f" ({exc})" if isinstance(exc, TypeError | ValidationError) else ""
+            raise RetryableProviderError(
+                f"malformed chat completion{why}: {self._redact(response.text[:500])}"
+            ) from exc
+        return turn
 
     def _server_message(self, response: httpx.Response) -> str:
         """The endpoint's own explanation (OpenAI's ``{"error": {"message": ...}}``, else the body)."""

@@ -17,6 +17,8 @@ older journal's revision before a rollback: :mod:`temporality_journal.schema`.
 
 A database a newer journal migrated (a revision this one does not know) stops the start with exit 2 and a
 ``config.invalid`` line naming the downgrade to run (:class:`temporality_journal.database.SchemaTooNew`).
+A start on a read model that never recorded anything while the durable consumer had acknowledged events (a
+lost or new database) replays the stream from its first message: :func:`temporality_journal.rebuild.replay_into_empty`.
 
 In the service's own process the runtime freezes what the start made out of the cyclic garbage collector once
 ``setup`` is done (``temporality_service.runtime.run_until``'s ``freeze_heap``): full collections under ingest
@@ -35,7 +37,7 @@ from temporality_journal.database import Database, SchemaTooNew, connect_args
 from temporality_journal.gateway import gateway_client
 from temporality_journal.human import human_client
 from temporality_journal.metrics import JournalMetrics
-from temporality_journal.rebuild import ACCEPT_LOSS
+from temporality_journal.rebuild import ACCEPT_LOSS, replay_into_empty
 from temporality_journal.rebuild import main as rebuild_main
 from temporality_journal.recorder import Recorder
 from temporality_journal.retention import Retention
@@ -74,6 +76,8 @@ def configure(settings: Settings) -> Setup[Settings]:
             )
         except SchemaTooNew as exc:  # a newer journal migrated it: say how to roll back (exit 2)
             raise ConfigError(str(exc)) from exc
+        # a lost (or new) database while the durable consumer had moved on: replay the stream from its start
+        await replay_into_empty(rt.bus, database)
         changes = Changes()  # the recorder wakes the live tail once per committed batch
         # runs by state (max() across replicas), runs finished: see .metrics; none with metrics off
         runs = JournalMetrics(rt.metrics) if rt.metrics is not None else None

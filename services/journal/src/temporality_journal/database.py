@@ -7,6 +7,10 @@ with the revision its tables match first (``0001``; ``0002`` with ``asks``; ``00
 ``commit_counter``; ``0004_trace`` with ``events.traceparent``). :meth:`Database.reset_read_model` drops the tables and the version table and re-creates them: the
 last step of a rebuild (``temporality-journal rebuild``, see :mod:`temporality_journal.rebuild`); it keeps
 ``revoked_sessions`` (sign-outs, :mod:`temporality_journal.revocation`: not in the streams, so not rebuilt).
+A database at a revision this journal does not know (a newer journal migrated it) raises :class:`SchemaTooNew`,
+whose message names the way back: :meth:`Database.downgrade` (``temporality-journal downgrade <revision>``, run by
+the newer journal; :mod:`temporality_journal.schema`). A start that must wait for another replica's migration
+logs ``database.migration_lock_waiting``.
 
 **TLS to PostgreSQL** (:class:`DatabaseTls`): libpq's ``sslmode``, ``sslrootcert``, ``sslcert`` and ``sslkey``,
 given in the URL's query (``postgresql://…?sslmode=verify-full&sslrootcert=/ca.pem``) or as the journal's
@@ -518,7 +522,11 @@ class Database:
         """Bring the schema to the newest revision (Alembic), creating it in an empty database."""
         async with self.engine.begin() as conn:
             if self.dialect == "postgresql":
-                await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
+                key = {"key": _DDL_LOCK_KEY}
+                if not (await conn.execute(text("SELECT pg_try_advisory_xact_lock(:key)"), key)).scalar():
+                    # another replica migrates (or a downgrade runs): the log says why this start waits
+                    log.info("database.migration_lock_waiting", detail="another journal holds the migrations' lock")
+                    await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), key)
             await conn.run_sync(_upgrade)
 
     async def revision(self) -> str | None:

@@ -279,5 +279,5 @@ async def test_rebuild_drops_the_read_model_and_the_next_start_replays_the_strea
 async def test_unknown_arguments_are_refused() -> None:
     code, out = await _journal_cli("rebuild-everything", env={})
     assert code == 2
-    assert out.startswith("usage: temporality-journal [-h | --help] [rebuild]")
+    assert out.startswith("usage: temporality-journal [-h | --help] [rebuild | migrations | downgrade]")
     assert "unexpected argument(s): rebuild-everything; see --help" in out

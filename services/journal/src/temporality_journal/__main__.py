@@ -11,7 +11,14 @@ likewise one to human-interaction when ``TEMPORALITY_JOURNAL_HUMAN_URL`` is set:
 
 ``temporality-journal rebuild`` (``python -m temporality_journal rebuild``) drops the read model and
 makes the next start replay the stream from the beginning (``rebuild --accept-loss`` also when the stream no
-longer holds every event): :mod:`temporality_journal.rebuild`.
+longer holds every event): :mod:`temporality_journal.rebuild`. ``temporality-journal migrations`` lists the
+schema revisions and the database's; ``temporality-journal downgrade <revision>`` takes the schema back to an
+older journal's revision before a rollback: :mod:`temporality_journal.schema`.
+
+A database a newer journal migrated (a revision this one does not know) stops the start with exit 2 and a
+``config.invalid`` line naming the downgrade to run (:class:`temporality_journal.database.SchemaTooNew`).
+A start on a read model that never recorded anything while the durable consumer had acknowledged events (a
+lost or new database) replays the stream from its first message: :func:`temporality_journal.rebuild.replay_into_empty`.
 
 In the service's own process the runtime freezes what the start made out of the cyclic garbage collector once
 ``setup`` is done (``temporality_service.runtime.run_until``'s ``freeze_heap``): full collections under ingest
@@ -26,14 +33,15 @@ import sys
 from sqlalchemy.exc import ArgumentError
 
 from temporality_journal.api import create_app
-from temporality_journal.database import Database, connect_args
+from temporality_journal.database import Database, SchemaTooNew, connect_args
 from temporality_journal.gateway import gateway_client
 from temporality_journal.human import human_client
 from temporality_journal.metrics import JournalMetrics
-from temporality_journal.rebuild import ACCEPT_LOSS
+from temporality_journal.rebuild import ACCEPT_LOSS, replay_into_empty
 from temporality_journal.rebuild import main as rebuild_main
 from temporality_journal.recorder import Recorder
 from temporality_journal.retention import Retention
+from temporality_journal.schema import downgrade_main, migrations_main
 from temporality_journal.settings import Settings
 from temporality_journal.signin import SignIn, SignInConfigError
 from temporality_journal.tail import Changes, Tail
@@ -62,9 +70,14 @@ def configure(settings: Settings) -> Setup[Settings]:
         raise ConfigError(str(exc)) from exc
 
     async def setup(rt: Runtime[Settings]) -> None:
-        database = await rt.resources.enter_async_context(
-            Database.open(rt.settings.database_url, rt.settings.database_tls(), rt.settings.database_durability())
-        )
+        try:
+            database = await rt.resources.enter_async_context(
+                Database.open(rt.settings.database_url, rt.settings.database_tls(), rt.settings.database_durability())
+            )
+        except SchemaTooNew as exc:  # a newer journal migrated it: say how to roll back (exit 2)
+            raise ConfigError(str(exc)) from exc
+        # a lost (or new) database while the durable consumer had moved on: replay the stream from its start
+        await replay_into_empty(rt.bus, database)
         changes = Changes()  # the recorder wakes the live tail once per committed batch
         # runs by state (max() across replicas), runs finished: see .metrics; none with metrics off
         runs = JournalMetrics(rt.metrics) if rt.metrics is not None else None
@@ -96,15 +109,30 @@ def configure(settings: Settings) -> Setup[Settings]:
 
 COMMANDS = {
     "rebuild": "drop the read model and rebuild it by replaying the streams (docs/journal.md), then exit; "
-    f"refused while the stream misses events unless given {ACCEPT_LOSS} (rebuild {ACCEPT_LOSS})"
+    f"refused while the stream misses events unless given {ACCEPT_LOSS} (rebuild {ACCEPT_LOSS})",
+    "migrations": "list the schema revisions this journal knows, what a downgrade below each loses, and the "
+    "database's revision, then exit",
+    "downgrade": "downgrade REVISION: take the database's schema down to an older journal's revision before "
+    "rolling back to it (every journal replica stopped; docs/operations.md), then exit",
 }
 
 
 def run() -> None:
-    if sys.argv[1:] == ["rebuild", ACCEPT_LOSS]:  # the one command with an argument (the service CLI takes none)
+    args = sys.argv[1:]
+    if args == ["rebuild", ACCEPT_LOSS]:  # the commands with an argument (the service CLI takes none)
         sys.exit(run_loop(rebuild_main(accept_loss=True)))
-    if check_arguments(SPEC, Settings, commands=COMMANDS) == "rebuild":
+    if len(args) == 2 and args[0] == "downgrade":
+        sys.exit(run_loop(downgrade_main(args[1])))
+    command = check_arguments(SPEC, Settings, commands=COMMANDS)
+    if command == "rebuild":
         sys.exit(run_loop(rebuild_main()))
+    if command == "migrations":
+        sys.exit(run_loop(migrations_main()))
+    if command == "downgrade":  # without its revision
+        sys.stderr.write(
+            "usage: temporality-journal downgrade REVISION (`temporality-journal migrations` lists them)\n"
+        )
+        sys.exit(2)
     serve(SPEC, Settings, configure)
 
 

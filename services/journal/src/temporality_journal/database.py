@@ -7,6 +7,10 @@ with the revision its tables match first (``0001``; ``0002`` with ``asks``; ``00
 ``commit_counter``; ``0004_trace`` with ``events.traceparent``). :meth:`Database.reset_read_model` drops the tables and the version table and re-creates them: the
 last step of a rebuild (``temporality-journal rebuild``, see :mod:`temporality_journal.rebuild`); it keeps
 ``revoked_sessions`` (sign-outs, :mod:`temporality_journal.revocation`: not in the streams, so not rebuilt).
+A database at a revision this journal does not know (a newer journal migrated it) raises :class:`SchemaTooNew`,
+whose message names the way back: :meth:`Database.downgrade` (``temporality-journal downgrade <revision>``, run by
+the newer journal; :mod:`temporality_journal.schema`). A start that must wait for another replica's migration
+logs ``database.migration_lock_waiting``.
 
 **TLS to PostgreSQL** (:class:`DatabaseTls`): libpq's ``sslmode``, ``sslrootcert``, ``sslcert`` and ``sslkey``,
 given in the URL's query (``postgresql://…?sslmode=verify-full&sslrootcert=/ca.pem``) or as the journal's
@@ -58,24 +62,33 @@ from temporality_journal.models import JournalModel
 
 __all__ = [
     "BASELINE_REVISION",
+    "DOWNGRADE_COMMAND",
     "KEPT_BY_REBUILD",
     "MIGRATIONS_DIR",
     "VERSION_TABLE",
     "Database",
     "DatabaseDurability",
     "DatabaseTls",
+    "Migration",
     "PostgresSynchronousCommit",
+    "SchemaTooNew",
     "SqliteSynchronous",
     "SslMode",
     "async_url",
     "connect_args",
     "head_revision",
+    "migrations",
 ]
 
 log = structlog.get_logger(__name__)
 
 #: Serialises ``CREATE TABLE`` between journal replicas starting together on one PostgreSQL.
 _DDL_LOCK_KEY = 0x7E3A_0A11
+#: Serialises the start's "replay the stream into an empty read model?" decision between replicas
+#: (:meth:`Database.serialised`, :func:`temporality_journal.rebuild.replay_into_empty`).
+_START_LOCK_KEY = 0x7E3A_0A12
+#: The command that takes the schema back to an older journal's revision (named in :class:`SchemaTooNew`).
+DOWNGRADE_COMMAND = "temporality-journal downgrade"
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 #: Where Alembic keeps the schema revision (``migrations/env.py`` uses the same name).
 VERSION_TABLE = "journal_schema_version"
@@ -315,9 +328,91 @@ def head_revision() -> str:
     return head
 
 
+class SchemaTooNew(Exception):
+    """The database is at a schema revision this journal does not know: a newer journal migrated it."""
+
+    def __init__(self, found: str) -> None:
+        self.found = found
+        head = head_revision()
+        super().__init__(
+            f"the journal database is at schema revision {found!r}, which this journal does not know (its newest is "
+            f"{head!r}): a newer journal version migrated it. To run this version, stop every journal replica and "
+            f"run `{DOWNGRADE_COMMAND} {head}` with the NEWER journal version (it has the downgrade steps; "
+            "docs/operations.md, Rolling back), then start this one. Nothing was changed"
+        )
+
+
+def _version_of(connection: Connection) -> str | None:
+    if VERSION_TABLE not in inspect(connection).get_table_names():
+        return None
+    value = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+    return None if value is None else str(value)
+
+
+def _known(revision: str) -> bool:
+    return revision in {script.revision for script in ScriptDirectory(str(MIGRATIONS_DIR)).walk_revisions()}
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema revision, as ``temporality-journal migrations`` lists it and ``downgrade`` undoes it."""
+
+    revision: str
+    down_revision: str | None
+    #: the first line of the migration's docstring: what it adds
+    adds: str
+    #: what undoing it loses (its module's ``DOWNGRADE_LOSES``); ``None``: nothing (the next upgrade restores it)
+    downgrade_loses: str | None
+
+
+def migrations() -> list[Migration]:
+    """Every schema revision this journal knows, newest first."""
+    found = []
+    for script in ScriptDirectory(str(MIGRATIONS_DIR)).walk_revisions():
+        down = script.down_revision
+        if down is not None and not isinstance(down, str):
+            raise RuntimeError(f"revision {script.revision} merges branches: not supported")
+        doc = (script.module.__doc__ or "").strip().splitlines()
+        found.append(
+            Migration(
+                revision=script.revision,
+                down_revision=down,
+                adds=doc[0] if doc else "",
+                downgrade_loses=getattr(script.module, "DOWNGRADE_LOSES", None),
+            )
+        )
+    return found
+
+
+def _downgrade_steps(found: str, target: str) -> list[Migration]:
+    """The migrations undone going from ``found`` down to ``target``, newest first. Raises :class:`ValueError`
+    for an unknown ``target`` or one that is not below ``found``."""
+    by_revision = {m.revision: m for m in migrations()}
+    if target not in by_revision:
+        raise ValueError(
+            f"unknown schema revision {target!r}; this journal knows {', '.join(by_revision)} "
+            "(`temporality-journal migrations` lists them)"
+        )
+    steps: list[Migration] = []
+    revision: str | None = found
+    while revision != target:
+        if revision is None:
+            raise ValueError(
+                f"revision {target!r} is newer than the database's {found!r}: nothing to downgrade (a journal "
+                "start upgrades the database)"
+            )
+        step = by_revision[revision]
+        steps.append(step)
+        revision = step.down_revision
+    return steps
+
+
 def _upgrade(connection: Connection) -> None:
     tables = set(inspect(connection).get_table_names())
     config = _alembic(connection)
+    found = _version_of(connection)
+    if found is not None and not _known(found):
+        raise SchemaTooNew(found)  # instead of Alembic's "Can't locate revision identified by …"
     if "events" in tables and VERSION_TABLE not in tables:
         # ``create_all`` made the models' tables of its day: with ``asks`` that is revision 0002's schema
         if "traceparent" in {column["name"] for column in inspect(connection).get_columns("events")}:
@@ -388,6 +483,10 @@ class Database:
         try:
             database = cls(engine)
             before = await database.revision()
+            head = head_revision()
+            if before != head and (before is None or _known(before)):
+                # a migration may take a while (0003 rewrites every event): the log says why the start waits
+                log.info("database.migrating", revision=before or "none", to=head)
             await database.create_tables()
             await database._choose_fold_collation()
             revision = await database.revision()
@@ -405,24 +504,35 @@ class Database:
         finally:
             await engine.dispose()
 
+    @classmethod
+    @asynccontextmanager
+    async def open_unmigrated(
+        cls, url: str, tls: DatabaseTls | None = None, durability: DatabaseDurability | None = None
+    ) -> AsyncIterator[Database]:
+        """Connect as :meth:`open` does but leave the schema as it is (``temporality-journal migrations`` and
+        ``downgrade``: :mod:`temporality_journal.schema`); dispose of the engine on exit."""
+        parsed, args = connect_args(url, tls)
+        engine = _engine(parsed, args, durability or DatabaseDurability())
+        try:
+            yield cls(engine)
+        finally:
+            await engine.dispose()
+
     async def create_tables(self) -> None:
         """Bring the schema to the newest revision (Alembic), creating it in an empty database."""
         async with self.engine.begin() as conn:
             if self.dialect == "postgresql":
-                await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
+                key = {"key": _DDL_LOCK_KEY}
+                if not (await conn.execute(text("SELECT pg_try_advisory_xact_lock(:key)"), key)).scalar():
+                    # another replica migrates (or a downgrade runs): the log says why this start waits
+                    log.info("database.migration_lock_waiting", detail="another journal holds the migrations' lock")
+                    await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), key)
             await conn.run_sync(_upgrade)
 
     async def revision(self) -> str | None:
         """The schema revision the database is at (``None``: not versioned)."""
         async with self.engine.connect() as conn:
-
-            def current(connection: Connection) -> str | None:
-                if VERSION_TABLE not in inspect(connection).get_table_names():
-                    return None
-                value = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
-                return None if value is None else str(value)
-
-            return await conn.run_sync(current)
+            return await conn.run_sync(_version_of)
 
     async def reset_read_model(self, after: int, *, before_commit: Callable[[], None] | None = None) -> None:
         """Drop the read model (every journal table but :data:`KEPT_BY_REBUILD`, and the schema version), create it
@@ -443,6 +553,46 @@ class Database:
             )
             if before_commit is not None:
                 before_commit()
+
+    async def downgrade(self, target: str) -> list[Migration]:
+        """Take the schema down to revision ``target`` (Alembic's downgrade steps, newest first), in **one**
+        transaction under the migrations' lock: a failure leaves the schema as it was. Returns the migrations
+        undone (none when the database is at ``target``). Raises :class:`SchemaTooNew` for a revision this
+        journal does not know, :class:`ValueError` for an unknown or newer ``target`` or an unversioned
+        database. Run it with every journal replica stopped (a running one would migrate it up again at its
+        next start, and writes columns the older schema lacks)."""
+        async with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
+            found = await conn.run_sync(_version_of)
+            if found is None:
+                raise ValueError("the database has no journal schema revision: nothing to downgrade")
+            if not _known(found):
+                raise SchemaTooNew(found)
+            steps = _downgrade_steps(found, target)
+            if not steps:
+                return []
+            if self.dialect == "sqlite":
+                # a no-op DML statement opens the transaction (Python's sqlite3 opens one before DML only): the
+                # DDL that follows, batch mode's table copies included, is inside it and rolled back with it
+                await conn.execute(text(f"DELETE FROM {VERSION_TABLE} WHERE 1 = 0"))
+
+            def downgrade(connection: Connection) -> None:
+                command.downgrade(_alembic(connection), target)
+
+            await conn.run_sync(downgrade)
+        return steps
+
+    @asynccontextmanager
+    async def serialised(self) -> AsyncIterator[None]:
+        """One journal replica at a time in here (PostgreSQL: a transaction-scoped advisory lock, held by a
+        connection of its own until the block ends; SQLite: one process per file, nothing to take)."""
+        if self.dialect != "postgresql":
+            yield
+            return
+        async with self.engine.begin() as conn:
+            await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _START_LOCK_KEY})
+            yield
 
     async def last_position(self) -> int:
         """The last commit position handed out (``commit_counter``, or the highest ``events.commit_seq`` if

@@ -58,7 +58,16 @@ from temporality_journal.settings import Settings
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
 from temporality_service import LogSettings, configure_logging
 
-__all__ = ["ACCEPT_LOSS", "CONNECT_TIMEOUT_CAP_S", "RebuildRefused", "main", "rebuild", "stream_loss"]
+__all__ = [
+    "ACCEPT_LOSS",
+    "CONNECT_TIMEOUT_CAP_S",
+    "RebuildRefused",
+    "delete_durable",
+    "main",
+    "rebuild",
+    "replay_into_empty",
+    "stream_loss",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -116,6 +125,66 @@ def stream_loss(info: StreamInfo | None, database_max_seq: int) -> str | None:
     return None
 
 
+async def delete_durable(bus: Bus) -> bool:
+    """Delete the journal's durable consumer (whether it existed): the next consumer start creates it again with
+    deliver policy *all*, so the journal records the events stream from its first message (ingest is idempotent
+    by event id). The rebuild's step 3, and :func:`replay_into_empty`'s."""
+    try:
+        await bus.js.delete_consumer(EVENTS_STREAM.name, CONSUMERS["journal"].durable)
+    except NotFoundError:
+        return False
+    return True
+
+
+async def replay_into_empty(bus: Bus, database: Database) -> bool:
+    """At a journal start, before its consumer starts: when the read model never recorded anything (no commit
+    position handed out: a new database, or one lost -- a deleted ``journal.db``, the chart's SQLite in an
+    ``emptyDir`` after the pod was replaced) while the durable consumer had acknowledged events, delete the
+    durable so the consumer replays the stream from its first message, as after a rebuild; without this the
+    journal resumed where the durable was and missed all history, silently. Logs the warning
+    ``journal.replaying_stream`` (and ``journal.replay_incomplete`` with how many events the stream no longer
+    holds, its limits having removed them). A purge by retention keeps the commit counter, so it never triggers
+    this; a fresh install has no durable (or one that acknowledged nothing): nothing to do. Replicas decide one
+    at a time (:meth:`Database.serialised`): a second one finds the durable gone, or new, or the first one's
+    events recorded. ``True`` when it deleted the durable."""
+    durable = CONSUMERS["journal"].durable
+    async with database.serialised():
+        if await database.last_position() > 0:
+            return False
+        try:
+            consumer = await bus.js.consumer_info(EVENTS_STREAM.name, durable)
+        except NotFoundError:
+            return False
+        acknowledged = consumer.ack_floor.stream_seq if consumer.ack_floor is not None else 0
+        if not acknowledged:
+            return False
+        try:
+            info: StreamInfo | None = await bus.js.stream_info(EVENTS_STREAM.name)
+        except Exception as exc:  # only for the count of what is gone: the replay goes on without it
+            log.warning("journal.replay_stream_unknown", error=repr(exc))
+            info = None
+        log.warning(
+            "journal.replaying_stream",
+            consumer=durable,
+            acknowledged_up_to=acknowledged,
+            detail=f"the journal database holds no events but its durable consumer had acknowledged the events "
+            f"stream up to sequence {acknowledged} (the database was lost or replaced): recording the stream again "
+            "from its first message (idempotent by event id)",
+        )
+        if info is not None:
+            gone = info.state.first_seq - 1 + (info.state.num_deleted or 0)
+            if gone > 0:
+                log.warning(
+                    "journal.replay_incomplete",
+                    missing_events=gone,
+                    stream_first_seq=info.state.first_seq,
+                    detail=f"the events stream {EVENTS_STREAM.name} no longer holds {gone} of its events (max_age, "
+                    "limits or a purge removed them): the journal cannot get those back from it; restore the "
+                    "database from a backup for them (docs/operations.md, Backup and restore)",
+                )
+        return await delete_durable(bus)
+
+
 async def _max_stream_seq(database: Database) -> int:
     async with database.engine.connect() as conn:
         value = (await conn.execute(text(f"SELECT MAX(stream_seq) FROM {EVENTS_TABLE.name}"))).scalar()
@@ -152,11 +221,7 @@ async def rebuild(settings: Settings, *, accept_loss: bool = False) -> None:
             )
         if loss is not None:
             log.warning("journal.rebuild_accepting_loss", reason=loss)
-        try:
-            await bus.js.delete_consumer(EVENTS_STREAM.name, durable)
-            deleted = True
-        except NotFoundError:
-            deleted = False
+        deleted = await delete_durable(bus)
         log.info("journal.rebuild_consumer_deleted", consumer=durable, existed=deleted)
         _crash_point("consumer_deleted")
         await database.reset_read_model(last, before_commit=lambda: _crash_point("tables_dropped"))

@@ -17,6 +17,9 @@ down_revision: str | None = None
 branch_labels: str | None = None
 depends_on: str | None = None
 
+#: What :func:`downgrade` loses (``temporality-journal downgrade`` says so; ``None``: nothing).
+DOWNGRADE_LOSES: str | None = "the whole read model (every table): not offered as a target, rebuild instead"
+
 
 def upgrade() -> None:
     op.create_table(

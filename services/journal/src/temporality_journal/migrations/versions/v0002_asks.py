@@ -16,6 +16,12 @@ down_revision: str | None = "0001"
 branch_labels: str | None = None
 depends_on: str | None = None
 
+#: What :func:`downgrade` loses (``temporality-journal downgrade`` says so; ``None``: nothing).
+DOWNGRADE_LOSES: str | None = (
+    "the asks table (agent asks, COL-9) and the index on runs.finished_at: after the next upgrade the table is "
+    "empty until a rebuild (`temporality-journal rebuild`) fills it from the stream"
+)
+
 
 def upgrade() -> None:
     op.create_table(

@@ -26,6 +26,13 @@ down_revision: str | None = "0002"
 branch_labels: str | None = None
 depends_on: str | None = None
 
+#: What :func:`downgrade` loses (``temporality-journal downgrade`` says so; ``None``: nothing).
+DOWNGRADE_LOSES: str | None = (
+    "events.commit_seq and commit_counter (the live tail's commit positions): the next upgrade numbers the stored "
+    "events again in stream order, so a live-tail client resuming with a Last-Event-ID from before may get events "
+    "again or miss some"
+)
+
 #: Numbers the existing rows (``UPDATE … FROM``: PostgreSQL, and SQLite since 3.33).
 _NUMBER_EXISTING = """
 UPDATE events SET commit_seq = numbered.position

@@ -18,6 +18,12 @@ down_revision: str | None = "0003"
 branch_labels: str | None = None
 depends_on: str | None = None
 
+#: What :func:`downgrade` loses (``temporality-journal downgrade`` says so; ``None``: nothing).
+DOWNGRADE_LOSES: str | None = (
+    "every stored event's traceparent and tracestate: events keep null there after the next upgrade, until a "
+    "rebuild (`temporality-journal rebuild`) restores them from the stream"
+)
+
 
 def upgrade() -> None:
     op.add_column("events", sa.Column("traceparent", sa.String(), nullable=True))

@@ -17,6 +17,12 @@ down_revision: str | None = "0004_trace"
 branch_labels: str | None = None
 depends_on: str | None = None
 
+#: What :func:`downgrade` loses (``temporality-journal downgrade`` says so; ``None``: nothing).
+DOWNGRADE_LOSES: str | None = (
+    "the console sign-outs (revoked_sessions, in no stream): a copy of a cookie signed out before is accepted again "
+    "until it expires (also while the older journal, which does not check sign-outs, runs)"
+)
+
 
 def upgrade() -> None:
     if sa.inspect(op.get_bind()).has_table("revoked_sessions"):

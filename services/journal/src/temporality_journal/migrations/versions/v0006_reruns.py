@@ -23,6 +23,9 @@ down_revision: str | None = "0005_revoked"
 branch_labels: str | None = None
 depends_on: str | None = None
 
+#: Nothing: the next upgrade back-fills both columns from the stored run events (as at the first upgrade).
+DOWNGRADE_LOSES: str | None = None
+
 #: The back-fill: each run's ``launch.rerun_of`` / ``launch.requested_by`` from its stored run events.
 #: ``{rerun_of}`` and ``{requested_by}`` are the dialect's JSON path expressions on ``events.data``.
 _BACKFILL = """

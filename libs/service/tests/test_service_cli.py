@@ -63,7 +63,7 @@ def test_help_prints_the_settings_and_connects_to_nothing(
     assert "TEMPORALITY_NATS_URL=nats://127.0.0.1:4222" in done.stdout  # the default, not the environment's
     assert f"{spec.env_prefix}" in done.stdout  # the service's own settings are listed
     if service == "journal":  # a service's own commands are in its usage
-        assert done.stdout.splitlines()[0].endswith("[rebuild]")
+        assert done.stdout.splitlines()[0].endswith("[rebuild | migrations | downgrade]")
     assert _connections_ever(watched_server) == 0
     assert list((tmp_path / "cwd").iterdir()) == []  # no database, no seeded triggers file
 

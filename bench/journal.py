@@ -555,17 +555,32 @@ async def consumer_only(bus: Bus, backlog: list[Envelope], batch_size: int, comm
 
     consumer = Consumer(bus, spec, handler=handler, batch_handler=batch_handler, batch_size=batch_size)
     stop = asyncio.Event()
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, s0 = time.perf_counter(), time.process_time(), _schedstat()
     task = asyncio.create_task(consumer.run(stop))
     await asyncio.wait_for(done.wait(), 1800)
-    t1, c1 = time.perf_counter(), time.process_time()
+    t1, c1, s1 = time.perf_counter(), time.process_time(), _schedstat()
     stop.set()
     await task
-    return {
+    result: dict[str, Any] = {
         "batch": batch_size,
         "events_s": len(backlog) / (t1 - t0),
         "cpu_ms_per_event": (c1 - c0) * 1000 / len(backlog),
     }
+    if s0 is not None and s1 is not None:  # where the loop thread's wall time went, per event
+        on_cpu, run_queue = s1[0] - s0[0], s1[1] - s0[1]
+        result["blocked_us_per_event"] = ((t1 - t0) - on_cpu - run_queue) * 1e6 / len(backlog)
+        result["run_queue_us_per_event"] = run_queue * 1e6 / len(backlog)
+    return result
+
+
+def _schedstat() -> tuple[float, float] | None:
+    """This thread's time on a core and waiting in the run queue for one, in seconds (``/proc/thread-self/
+    schedstat``; None without it): the rest of its wall time it was blocked, i.e. waiting on I/O."""
+    try:
+        fields = Path("/proc/thread-self/schedstat").read_text().split()
+    except OSError:
+        return None
+    return int(fields[0]) / 1e9, int(fields[1]) / 1e9
 
 
 async def main() -> None:
@@ -642,9 +657,16 @@ async def main() -> None:
                 if args.consumer_only is not None:
                     for batch_size in args.batch_sizes:
                         r = await consumer_only(bus, backlog, batch_size, args.consumer_only)
+                        waits = (
+                            f"; wall per event besides CPU: blocked {r['blocked_us_per_event']:.1f} µs (waiting on "
+                            f"the server), run queue {r['run_queue_us_per_event']:.1f} µs (waiting for a core)"
+                            if "blocked_us_per_event" in r
+                            else ""
+                        )
                         say(
                             f"consumer only, batch {r['batch']}, {args.consumer_only:g} ms per commit: "
-                            f"{r['events_s']:,.0f} events/s, {r['cpu_ms_per_event']:.3f} CPU ms/event"
+                            f"{r['events_s']:,.0f} events/s, {r['cpu_ms_per_event']:.3f} CPU ms/event{waits}, "
+                            f"load {os.getloadavg()[0]:.1f}"
                         )
                     return
                 results: list[dict[str, Any]] = []

@@ -6,13 +6,16 @@ headless Chromium against the journal service on a real port and a real bus."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, get_args
 
 from journal_support import VIEWER_TOKEN, console_screenshot
 from playwright.async_api import BrowserContext, Page, expect
 
-from temporality_protocol import RunFailed, RunResumed, TriggerRejected, derive_id, make_event
+import temporality_journal
+from temporality_protocol import RunFailed, RunFailureReason, RunResumed, TriggerRejected, derive_id, make_event
 from temporality_protocol.events import (
     AgentReplyUndeliverable,
     DeliveryAttempt,
@@ -177,3 +180,14 @@ async def test_an_agents_notification_shows_who_was_told_on_which_channel_and_wh
     await expect(not_told.locator(".reason")).to_have_text("no channel reached them")
     await expect(not_told.locator(".reason")).to_have_attribute("data-reason", "no_channel")
     await expect(not_told.locator("dl.facts")).to_contain_text("frank")
+
+
+def test_every_run_failure_reason_has_words_in_the_console() -> None:
+    """A reason the protocol adds (``conversation_too_large``) gets its words in the console's table too, not only
+    the fallback of underscores as spaces."""
+
+    app = (Path(temporality_journal.__file__).parent / "console" / "app.js").read_text(encoding="utf-8")
+    block = re.search(r'"run\.failed": \{(.*?)\n  \}', app, re.S)
+    assert block is not None, "the console's run.failed reasons table"
+    labelled = set(re.findall(r"^\s*(\w+):", block.group(1), re.M))
+    assert set(get_args(RunFailureReason)) <= labelled, set(get_args(RunFailureReason)) - labelled

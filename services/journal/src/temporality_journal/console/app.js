@@ -90,6 +90,7 @@ export const REASON_LABELS = {
   },
   "run.failed": {
     compute_timeout: "the run took too long",
+    conversation_too_large: "its conversation grew too large to keep",
     human_request_expired: "nobody answered in time",
     infrastructure_error: "an infrastructure error",
     malformed_tool_calls: "the model's tool calls were malformed",

@@ -17,6 +17,7 @@ from temporality_protocol.catalog import CONSUMERS, SERVICES, ServiceSpec
 from temporality_service import Readiness, Runtime, ServiceSettings, bind_tcp, run_until
 from temporality_service.health import add_health_routes
 from temporality_service.server import KEEP_ALIVE_S, HttpServer
+from temporality_testing.waiting import eventually
 
 JOURNAL = CONSUMERS["journal"]
 
@@ -205,3 +206,54 @@ async def test_run_service_runs_the_service_with_its_heap_frozen(
     spec = ServiceSpec("freeze-probe", package="tests", description="a service made for this test", env_prefix="P_")
     assert await runtime.run_service(spec, ServiceSettings, lambda settings: setup) == 0
     assert asked == [True]
+
+
+async def test_a_slow_setup_answers_healthz_meanwhile_and_a_quick_one_binds_nothing_before_the_app(
+    nats_settings: NatsSettings,
+) -> None:
+    """A setup that takes long (the journal's migration of a large database, or waiting on another replica's
+    migration lock) must not look dead to a startup probe: ``/healthz`` 200 and ``/readyz`` 503 saying it is still
+    starting, then the service's own app on the same port."""
+    probe = bind_tcp("127.0.0.1", 0)
+    port = probe.getsockname()[1]
+    probe.close()
+    spec = ServiceSpec("setup-probe", package="tests", description="a service made for this test", env_prefix="P_")
+    release = asyncio.Event()
+
+    async def setup(rt: Runtime[ServiceSettings]) -> None:
+        await release.wait()  # a migration that takes its time
+        app = FastAPI()
+
+        @app.get("/own")
+        async def own() -> dict[str, str]:
+            return {"app": "the service's own"}
+
+        rt.http(app)
+
+    stop, ready = asyncio.Event(), asyncio.Event()
+    settings = ServiceSettings(nats=nats_settings, port=port)
+    task = asyncio.create_task(run_until(spec, settings, setup, stop, ready=ready))
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+
+            async def alive() -> httpx.Response | None:
+                try:
+                    answer = await client.get("/healthz")
+                except httpx.TransportError:
+                    return None
+                return answer if answer.status_code == 200 else None
+
+            await eventually(alive, timeout_s=30, what="/healthz while the setup runs")
+            starting = await client.get("/readyz")
+            assert starting.status_code == 503, starting.text
+            assert starting.json()["checks"] == {"setup": "failing"}
+            assert (await client.get("/own")).status_code == 404  # not the service's app yet
+            release.set()
+            await asyncio.wait_for(ready.wait(), 30)
+            own = await client.get("/own")
+            assert own.status_code == 200, own.text
+            assert own.json() == {"app": "the service's own"}
+    finally:
+        release.set()
+        stop.set()
+        await asyncio.wait_for(task, 30)

@@ -28,7 +28,7 @@ import gc
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import structlog
@@ -277,7 +277,7 @@ async def run_until(
         runtime = Runtime(spec, settings, bus, contextlib.AsyncExitStack())
         runtime.access_audit = access_audit
         await resources.enter_async_context(runtime.resources)  # the service's own: closed before the bus
-        await setup(runtime)
+        await _set_up(spec, settings, bus, setup, runtime)
         runtime._check_declared()
         if runtime.app is None and settings.port is not None:  # a worker with a probe port
             runtime.http(FastAPI(title=f"Temporality {spec.name} (health)", openapi_url=None, telemetry=HTTP_TELEMETRY))
@@ -337,24 +337,7 @@ async def _wait_for_layout(spec: ServiceSpec, settings: ServiceSettings, bus: Bu
         if missing:
             raise RuntimeError(f"waiting for {waiting()}")
 
-    server: HttpServer | None = None
-    serving: asyncio.Task[None] | None = None
-    if settings.port is not None:
-        readiness = Readiness(spec.name, bus)
-        readiness.add_check("layout", layout)
-        app = FastAPI(
-            title=f"Temporality {spec.name} (waiting for the layout)", openapi_url=None, telemetry=HTTP_TELEMETRY
-        )
-        add_health_routes(app, readiness)
-        server = HttpServer(
-            app,
-            host=settings.host,
-            port=settings.port,
-            forwarded_allow_ips=settings.process.forwarded_allow_ips,
-            body_timeout_s=settings.process.http_body_timeout_s,
-        )
-        serving = asyncio.create_task(server.run_until_exit())
-    try:
+    async with _health_only(spec, settings, bus, "waiting for the layout", ("layout", layout)):
         loop = asyncio.get_running_loop()
         delay, since, logged = 0.05, loop.time(), loop.time()
         log.info("layout.waiting", missing=missing, detail=f"not ready until its owner creates {waiting()}")
@@ -376,11 +359,68 @@ async def _wait_for_layout(spec: ServiceSpec, settings: ServiceSettings, bus: Bu
             missing = await bus.find_layout(streams, buckets, create_missing=create)
         log.info("layout.found", streams=[s.name for s in streams], buckets=[b.name for b in buckets])
         return True
+
+
+#: A setup still running this long after it began gets :func:`_health_only`'s server while it goes on.
+SETUP_HEALTH_AFTER_S = 1.0
+
+
+async def _set_up(spec: ServiceSpec, settings: S, bus: Bus, setup: Setup[S], runtime: Runtime[S]) -> None:
+    """``setup(runtime)``; one that takes longer than :data:`SETUP_HEALTH_AFTER_S` (the journal's database
+    migration on a large journal, or waiting on another replica's migration lock) answers ``/healthz`` 200 and
+    ``/readyz`` 503 meanwhile, as while waiting for the layout: a startup probe (the chart's: 2 s x 60) would
+    otherwise kill the process mid-migration, the migration roll back, and the start repeat forever. A quick setup
+    (every other start) binds nothing before the real server."""
+    task = asyncio.ensure_future(setup(runtime))
+    try:
+        await asyncio.wait({task}, timeout=SETUP_HEALTH_AFTER_S)
+        if not task.done():
+
+            async def setting_up() -> None:
+                raise RuntimeError("still starting: its setup (a database migration, say) is running")
+
+            async with _health_only(spec, settings, bus, "starting", ("setup", setting_up)):
+                await asyncio.wait({task})
+        task.result()
     finally:
-        if server is not None and serving is not None:
-            server.should_exit = True
-            with contextlib.suppress(Exception):  # a server that failed to bind: the real one reports it
-                await serving
+        if not task.done():  # cancelled meanwhile: the setup too
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+@contextlib.asynccontextmanager
+async def _health_only(
+    spec: ServiceSpec,
+    settings: ServiceSettings,
+    bus: Bus,
+    what: str,
+    check: tuple[str, Callable[[], Awaitable[None]]],
+) -> AsyncIterator[None]:
+    """While the block runs, a service with a port answers ``/healthz`` (200: alive, so no probe restarts it) and
+    ``/readyz`` (503: ``check`` fails, naming what the service waits for) on it; then the port is free again for
+    the real server."""
+    if settings.port is None:
+        yield
+        return
+    readiness = Readiness(spec.name, bus)
+    readiness.add_check(*check)
+    app = FastAPI(title=f"Temporality {spec.name} ({what})", openapi_url=None, telemetry=HTTP_TELEMETRY)
+    add_health_routes(app, readiness)
+    server = HttpServer(
+        app,
+        host=settings.host,
+        port=settings.port,
+        forwarded_allow_ips=settings.process.forwarded_allow_ips,
+        body_timeout_s=settings.process.http_body_timeout_s,
+    )
+    serving = asyncio.create_task(server.run_until_exit())
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception):  # a server that failed to bind: the real one reports it
+            await serving
 
 
 async def _serve(runtime: Runtime[Any], stop: asyncio.Event, ready: asyncio.Event | None) -> None:

@@ -121,7 +121,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         if orphans:
             pids = " ".join(str(pid) for _, pid in orphans)
             out.write(
-                f"error: {len(orphans)} processes of the stack run without their `temporality up` (it was killed: "
+                f"error: {len(orphans)} process{'es' if len(orphans) != 1 else ''} of the stack run without their "
+                "`temporality up` (it was killed: "
                 f"nothing restarts or stops them, and a new one refuses to start beside them): {pids}; stop them with "
                 f"`kill {pids}` (they drain on SIGTERM), then start `temporality up` again\n"
             )

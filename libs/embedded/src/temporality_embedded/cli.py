@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import structlog
 import yaml
 
 from temporality_bus import NatsSettings
-from temporality_embedded import dlq, status
+from temporality_embedded import datadir, dlq, status
 from temporality_embedded.natsserver import NatsUser, authorization_block, password_variable
 from temporality_embedded.processes import SERVICES, port_free
 from temporality_embedded.stack import Stack, StackConfig, TokenFileError
@@ -44,6 +45,7 @@ __all__ = [
     "nats_authorization",
     "port_free",
     "stack_config",
+    "version_text",
     "webhook_lines",
 ]
 
@@ -153,6 +155,22 @@ def _private_data_dir(data_dir: Path) -> None:
 
 
 def up(args: argparse.Namespace) -> int:
+    """``temporality up`` with its data directory locked for its whole life (:func:`temporality_embedded.datadir.
+    claim`): a second ``up`` on it, or one beside processes a killed ``up`` left, refuses and starts nothing."""
+    config_dir = Path(args.config_dir)
+    if all((config_dir / name).is_file() for name in ("triggers.yaml", "users.yaml", "agents.yaml")):
+        _private_data_dir(Path(args.data_dir))
+        lock = datadir.claim(Path(args.data_dir), _out)
+        if lock is None:
+            return 2
+        try:
+            return _up(args)
+        finally:
+            lock.release()
+    return _up(args)  # says which config file is missing
+
+
+def _up(args: argparse.Namespace) -> int:
     # this process's own logs (the timers migration's client) are the services' business, not the banner's: only
     # a warning or an error is printed here (each service logs to <data-dir>/run)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
@@ -324,6 +342,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         journal_sqlite_synchronous=args.sqlite_synchronous or ("full" if args.sync_always else None),
         console_sign_in=args.console_sign_in,
         metrics=args.metrics,
+        die_with_parent=True,  # a kill -9 of `temporality up` stops its services and nats-server too
     )
 
 
@@ -385,8 +404,52 @@ def nats_authorization(subscribers: list[str], external_agents: list[str], domai
     )
 
 
+def version_text() -> str:
+    """``temporality <version>`` of the installed package, with the checkout's commit (``git rev-parse``) when this
+    runs from a git checkout of the repository (``uv sync``'s editable install); ``+dirty`` when it has changes."""
+    try:
+        text = f"temporality {importlib.metadata.version('temporality-embedded')}"
+    except importlib.metadata.PackageNotFoundError:
+        text = "temporality (version unknown: not installed as a package)"
+    root = Path(__file__).resolve().parents[4]
+    if (root / ".git").exists() and (root / "libs" / "embedded").is_dir():
+        git = ["git", "-C", str(root)]
+        try:
+            commit = subprocess.run(
+                [*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+            ).stdout.strip()
+            changed = subprocess.run(
+                [*git, "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=True,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return text
+        if commit:
+            text += f" (git {commit}{'+dirty' if changed else ''}, {root})"
+    return text
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: :func:`version_text`, worked out only when asked for (it may run git)."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        _out(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="temporality", description="Temporality: event-triggered agent runs")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the version (and the git commit when run from a checkout) and exit",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     p_up = commands.add_parser("up", help="run nats-server, SQLite and every service on this machine")
     p_up.add_argument(

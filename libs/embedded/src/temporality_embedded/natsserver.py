@@ -27,7 +27,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +108,7 @@ class NatsServer:
         config_file: Path | None = None,
         sync_interval: str | None = None,
         monitoring: bool = False,
+        preexec: Callable[[], None] | None = None,
     ) -> None:
         if sync_interval is not None and not sync_interval_ok(sync_interval):
             raise ValueError(f"sync_interval {sync_interval!r}: use 'always' or a duration such as '10s' or '2m'")
@@ -118,6 +119,9 @@ class NatsServer:
         self.sync_interval = sync_interval
         #: Serve the monitoring endpoints (``/varz``, ``/jsz``) on a free port: :attr:`monitoring_url`.
         self.monitoring = monitoring
+        #: Run in the server's process before its exec: ``temporality up``'s
+        #: :func:`temporality_embedded.datadir.die_with_parent`.
+        self.preexec = preexec
         #: A config file of the caller's (e.g. ``temporality nats-authorization``'s output) instead of ``users``.
         self.config_file = config_file
         self.cluster = cluster
@@ -172,7 +176,7 @@ class NatsServer:
             if self.tls_verify_ca is not None:
                 cmd += ["--tlsverify", "--tlscacert", str(self.tls_verify_ca)]
         # own session: a Ctrl-C in the terminal reaches only the launcher, which stops the services first
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=self.preexec)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             files = list(ports_dir.glob("*.ports"))

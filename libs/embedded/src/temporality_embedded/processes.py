@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
@@ -76,7 +76,14 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
 
 class ServiceProcess:
     def __init__(
-        self, name: str, env: Mapping[str, str], run_dir: Path, *, cwd: Path | None = None, replica: int = 0
+        self,
+        name: str,
+        env: Mapping[str, str],
+        run_dir: Path,
+        *,
+        cwd: Path | None = None,
+        replica: int = 0,
+        preexec: Callable[[], None] | None = None,
     ) -> None:
         if name not in SERVICES:
             raise ValueError(f"unknown service {name!r}; known: {sorted(SERVICES)}")
@@ -89,6 +96,9 @@ class ServiceProcess:
         self.log_file = run_dir / f"{self.label}.log"
         self.env = {**os.environ, **env, "TEMPORALITY_READY_FILE": str(self.ready_file)}
         self.cwd = cwd
+        #: Run in the child before the service's exec: ``temporality up``'s
+        #: :func:`temporality_embedded.datadir.die_with_parent`.
+        self.preexec = preexec
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         #: Where this start's lines begin in :attr:`log_file` (it is appended to across starts and restarts).
@@ -119,6 +129,7 @@ class ServiceProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C in a terminal reaches the launcher, which stops us in order
+            preexec_fn=self.preexec,
         )
 
     def wait_ready(self, timeout: float = 30.0) -> None:

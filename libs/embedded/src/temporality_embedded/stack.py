@@ -20,6 +20,7 @@ from pydantic import SecretStr
 
 from temporality_bus import NatsSettings
 from temporality_bus.timers import LegacyMigration
+from temporality_embedded.datadir import die_with_parent
 from temporality_embedded.natsserver import NatsServer, NatsUser
 from temporality_embedded.processes import SERVICES, ServiceProcess, port_free
 from temporality_protocol.permissions import (
@@ -161,6 +162,12 @@ class StackConfig:
     #: Every service serves Prometheus ``/metrics``; ``False`` (``temporality up --no-metrics``,
     #: ``TEMPORALITY_METRICS_ENABLED=false``): none is made or updated and ``/metrics`` answers 404.
     metrics: bool = True
+    #: Every process the stack starts (nats-server, each service, a journal rebuild) is sent SIGTERM when the
+    #: process that started it dies, even by ``kill -9`` (Linux ``PR_SET_PDEATHSIG``:
+    #: :func:`temporality_embedded.datadir.die_with_parent`): no service runs on orphaned. Only for a process that
+    #: starts and restarts them from one thread that lives as long as they do (``temporality up``'s main thread);
+    #: off here.
+    die_with_parent: bool = False
 
 
 #: The NATS user with full access (an operator's tools, the tests) when the stack runs with NATS auth.
@@ -236,7 +243,13 @@ class Stack:
             journal_subscriber_permissions(name)  # a bad name fails here, before anything starts
         for name in config.nats_external_agents:
             external_agent_inbox(name)  # likewise
-        self.nats = NatsServer(self.data_dir / "nats", port=config.nats_port, sync_interval=config.nats_sync_interval)
+        self._preexec = die_with_parent() if config.die_with_parent else None
+        self.nats = NatsServer(
+            self.data_dir / "nats",
+            port=config.nats_port,
+            sync_interval=config.nats_sync_interval,
+            preexec=self._preexec,
+        )
         #: The first replica of each service; :attr:`replicas` has them all.
         self.services: dict[str, ServiceProcess] = {}
         self.replicas: dict[str, list[ServiceProcess]] = {}
@@ -434,7 +447,12 @@ class Stack:
                 self.replicas[name] = []
                 for replica in range(self.config.replicas.get(name, 1)):
                     process = ServiceProcess(
-                        name, self.env_for(name, replica), self.data_dir / "run", cwd=self.data_dir, replica=replica
+                        name,
+                        self.env_for(name, replica),
+                        self.data_dir / "run",
+                        cwd=self.data_dir,
+                        replica=replica,
+                        preexec=self._preexec,
                     )
                     self.replicas[name].append(process)
                     process.start()
@@ -485,13 +503,16 @@ class Stack:
             text=True,
             timeout=timeout,
             check=False,
+            preexec_fn=self._preexec,
         )
 
     def restart(self, name: str, timeout: float = 30.0, **extra_env: str) -> ServiceProcess:
         """Start ``name`` again (after a kill -9 or a stop), optionally with changed environment."""
         old = self.services[name]
         old.terminate()
-        process = ServiceProcess(name, {**self.env_for(name), **extra_env}, self.data_dir / "run", cwd=self.data_dir)
+        process = ServiceProcess(
+            name, {**self.env_for(name), **extra_env}, self.data_dir / "run", cwd=self.data_dir, preexec=self._preexec
+        )
         self.services[name] = process
         if self.replicas.get(name):
             self.replicas[name][0] = process
@@ -509,7 +530,9 @@ class Stack:
         port_env = f"{SERVICES[old.name].env_prefix}PORT"
         if port is not None and env.get(port_env) == "0" and port_free(port):
             env[port_env] = str(port)
-        process = ServiceProcess(old.name, env, self.data_dir / "run", cwd=self.data_dir, replica=old.replica)
+        process = ServiceProcess(
+            old.name, env, self.data_dir / "run", cwd=self.data_dir, replica=old.replica, preexec=self._preexec
+        )
         replicas = self.replicas.setdefault(old.name, [])
         if old in replicas:
             replicas[replicas.index(old)] = process

@@ -4,19 +4,22 @@ It reads what ``up`` leaves in its data directory -- each service process's read
 (``run/<label>.ready``: its pid, then its URL; written once it is connected and consuming, removed when it stops)
 and the embedded nats-server's ports file (``nats/ports/nats-server_<pid>.ports``) -- and asks each what it says
 now: the service's ``GET /readyz`` (ready, not ready with its reason, or no answer), the nats-server's client port
-(its ``INFO`` greeting). Exit 0 only when every service and the nats-server are ready, 1 otherwise (a script or a
-health check can use it), 2 when the directory holds no ``temporality up`` at all.
+(its ``INFO`` greeting) -- and whether the ``temporality up`` supervising them runs: the process holding the data
+directory's lock (``up.lock``, :mod:`temporality_embedded.datadir`). Exit 0 only when every service and the
+nats-server are ready under a running ``temporality up``, 1 otherwise (a script or a health check can use it), 3 when
+processes of the stack run without their ``temporality up`` (it was killed: nothing restarts them, nothing stops
+them, a new ``up`` refuses to start beside them), 2 when the directory holds no ``temporality up`` at all.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from temporality_embedded.datadir import LOCK_FILE, alive, holder, leftovers
 from temporality_embedded.processes import SERVICES
 from temporality_embedded.supervisor import greeting_problem, readiness
 
@@ -32,19 +35,7 @@ class Row:
     state: str
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (not a zombie left for its parent to reap)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process took the pid
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+_alive = alive
 
 
 def _port(url: str | None) -> int | None:
@@ -123,6 +114,22 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         pid = str(row.pid) if row.pid is not None else "-"
         port = str(row.port) if row.port is not None else "-"
         out.write(f"{row.label:<{width}}  {pid:>7}  {port:>5}  {row.state}\n")
+    supervisor = holder(data_dir)
+    if supervisor is False:
+        orphans = leftovers(data_dir)
+        out.write(f"supervisor: no `temporality up` holds {data_dir / LOCK_FILE}\n")
+        if orphans:
+            pids = " ".join(str(pid) for _, pid in orphans)
+            out.write(
+                f"error: {len(orphans)} process{'es' if len(orphans) != 1 else ''} of the stack run without their "
+                "`temporality up` (it was killed: "
+                f"nothing restarts or stops them, and a new one refuses to start beside them): {pids}; stop them with "
+                f"`kill {pids}` (they drain on SIGTERM), then start `temporality up` again\n"
+            )
+            return 3
+    else:
+        pid = f"pid {supervisor}" if supervisor is not True else "its pid not written yet"
+        out.write(f"supervisor: `temporality up` ({pid}) holds {data_dir / LOCK_FILE}\n")
     not_ready = [row.label for row in found if not row.ready]
     if not_ready:
         out.write(f"not ready: {', '.join(not_ready)} (logs in {data_dir / 'run'})\n")

@@ -36,8 +36,13 @@ def _values_errors(extra: dict[str, Any]) -> list[str]:
     return _validate(schema, _merge(values, extra))
 
 
-def test_by_default_no_deployment_sets_a_strategy() -> None:
-    assert _strategies(None) == dict.fromkeys(SERVICES)
+def test_by_default_only_the_sqlite_journal_is_recreated_and_with_postgresql_none_sets_a_strategy() -> None:
+    """Without PostgreSQL the journal's database is its pod's emptyDir: in a rolling update the old pod goes on
+    pulling from the shared durable and takes events into a database about to be thrown away, so it is replaced
+    without overlap (Recreate) unless a strategy is set. With PostgreSQL every service keeps Kubernetes' default."""
+    assert _strategies(None) == {name: RECREATE if name == "journal" else None for name in SERVICES}
+    assert _strategies({"postgres": {"url": "postgresql://journal@db:5432/journal"}}) == dict.fromkeys(SERVICES)
+    assert _strategies({"services": {"journal": {"strategy": ONE_AT_A_TIME}}})["journal"] == ONE_AT_A_TIME
 
 
 def test_the_global_strategy_reaches_every_service_and_a_service_s_own_replaces_it() -> None:
@@ -48,7 +53,7 @@ def test_the_global_strategy_reaches_every_service_and_a_service_s_own_replaces_
 def test_one_service_alone_upgraded_without_overlap() -> None:
     """The upgrade notes' case: the run-executor alone on Recreate for one upgrade, the others as they were."""
     strategies = _strategies({"services": {"run-executor": {"strategy": RECREATE}}})
-    assert strategies == {name: RECREATE if name == "run-executor" else None for name in SERVICES}
+    assert strategies == {name: RECREATE if name in ("run-executor", "journal") else None for name in SERVICES}
 
 
 @pytest.mark.parametrize(

@@ -155,6 +155,12 @@ async def test_downgrade_refuses_a_revision_it_cannot_go_to(database_url: str) -
     code, out = await _journal_cli("downgrade", env=env)
     assert code == 2
     assert "usage: temporality-journal downgrade REVISION" in out
+    code, out = await _journal_cli("downgrade", "--help", env=env)  # help, not a revision: nothing opened
+    assert code == 0, out
+    assert out.startswith("usage: temporality-journal downgrade REVISION")
+    code, out = await _journal_cli("downgrade", "--to", env=env)
+    assert code == 2, out
+    assert "'--to' is not a revision" in out
     async with Database.open_unmigrated(database_url) as database:
         assert await database.revision() == head_revision()
 

@@ -122,6 +122,12 @@ def run() -> None:
     if args == ["rebuild", ACCEPT_LOSS]:  # the commands with an argument (the service CLI takes none)
         sys.exit(run_loop(rebuild_main(accept_loss=True)))
     if len(args) == 2 and args[0] == "downgrade":
+        if args[1] in ("-h", "--help"):
+            sys.stdout.write(f"usage: temporality-journal downgrade REVISION\n\n{COMMANDS['downgrade']}\n")
+            sys.exit(0)
+        if args[1].startswith("-"):  # an option, never a revision: nothing is opened
+            sys.stderr.write(f"temporality-journal downgrade: {args[1]!r} is not a revision (no options)\n")
+            sys.exit(2)
         sys.exit(run_loop(downgrade_main(args[1])))
     command = check_arguments(SPEC, Settings, commands=COMMANDS)
     if command == "rebuild":

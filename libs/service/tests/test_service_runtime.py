@@ -247,7 +247,10 @@ async def test_a_slow_setup_answers_healthz_meanwhile_and_a_quick_one_binds_noth
             starting = await client.get("/readyz")
             assert starting.status_code == 503, starting.text
             assert starting.json()["checks"] == {"setup": "failing"}
-            assert (await client.get("/own")).status_code == 404  # not the service's app yet
+            early = await client.post("/own", content=b"{}")  # not the service's app yet: retry, never a 404
+            assert early.status_code == 503, early.text
+            assert early.json()["error"] == "starting"
+            assert early.headers["retry-after"] == "5"
             release.set()
             await asyncio.wait_for(ready.wait(), 30)
             own = await client.get("/own")

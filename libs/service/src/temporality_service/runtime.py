@@ -32,7 +32,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import structlog
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from nats.js.errors import BadRequestError, NotFoundError
 from pydantic import ValidationError
 
@@ -397,9 +398,10 @@ async def _health_only(
     what: str,
     check: tuple[str, Callable[[], Awaitable[None]]],
 ) -> AsyncIterator[None]:
-    """While the block runs, a service with a port answers ``/healthz`` (200: alive, so no probe restarts it) and
-    ``/readyz`` (503: ``check`` fails, naming what the service waits for) on it; then the port is free again for
-    the real server."""
+    """While the block runs, a service with a port answers ``/healthz`` (200: alive, so no probe restarts it),
+    ``/readyz`` (503: ``check`` fails, naming what the service waits for) and any other path 503 ``starting`` with
+    ``Retry-After`` (a webhook sender retries a 503; a 404 it would take as final) on it; then the port is free
+    again for the real server."""
     if settings.port is None:
         yield
         return
@@ -407,6 +409,12 @@ async def _health_only(
     readiness.add_check(*check)
     app = FastAPI(title=f"Temporality {spec.name} ({what})", openapi_url=None, telemetry=HTTP_TELEMETRY)
     add_health_routes(app, readiness)
+    detail = f"{spec.name} is starting ({what}); try again shortly"
+
+    async def starting(request: Request) -> JSONResponse:  # never a 404 a webhook sender would take as final
+        return JSONResponse({"error": "starting", "detail": detail}, status_code=503, headers={"Retry-After": "5"})
+
+    app.add_api_route("/{path:path}", starting, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])
     server = HttpServer(
         app,
         host=settings.host,

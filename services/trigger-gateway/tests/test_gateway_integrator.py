@@ -247,7 +247,12 @@ async def test_a_webhook_trigger_whose_secret_is_not_set_here_is_503_saying_so(
     revision = await store.store.create("env-pr", record)
     assert await registry.wait_for_revision("env-pr", revision, timeout_s=10)
 
-    answer = await post(gateway, fixture_bytes("pr-created.json"), "env-pr")
+    with structlog.testing.capture_logs() as logs:
+        answer = await post(gateway, fixture_bytes("pr-created.json"), "env-pr")
+        for _ in range(5):  # anyone may post before authentication: one warning, the rest counted
+            assert (await post(gateway, fixture_bytes("pr-created.json"), "env-pr")).status_code == 503
+    warned = [entry for entry in logs if entry["event"] == "webhook.trigger_not_served"]
+    assert [w["trigger_id"] for w in warned] == ["env-pr"], warned
     assert answer.status_code == 503, answer.text
     assert answer.json()["error"] == "trigger_not_served"
     detail = answer.json()["detail"]

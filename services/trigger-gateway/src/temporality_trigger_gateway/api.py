@@ -24,6 +24,7 @@ credential or signature (:mod:`temporality_service.audit`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -187,6 +188,11 @@ def create_app(
     return app
 
 
+#: ``webhook.trigger_not_served`` is logged at most this often per trigger (the requests in between are counted).
+NOT_SERVED_LOG_EVERY_S = 60.0
+_NOT_SERVED_LOGGED: dict[str, tuple[float, int]] = {}
+
+
 def _not_served(registry: TriggerRegistry, trigger_id: str, retry_after_s: int) -> ApiError:
     """The answer to a webhook for ``trigger_id``, which this replica does not serve: 503 for a stored webhook
     trigger it cannot serve (its secret is not set here: an operator can fix that, and the sender's retry then
@@ -195,7 +201,13 @@ def _not_served(registry: TriggerRegistry, trigger_id: str, retry_after_s: int) 
     why = registry.unserved_webhook(trigger_id)
     if why is None:
         return UnknownTrigger(f"no webhook trigger with id {shown}")
-    log.warning("webhook.trigger_not_served", trigger_id=trigger_id[:100], why=why)
+    now, key = time.monotonic(), trigger_id[:100]
+    last, held = _NOT_SERVED_LOGGED.get(key, (float("-inf"), 0))
+    if now - last >= NOT_SERVED_LOG_EVERY_S:  # anyone may post: a warning per minute and trigger, not per request
+        log.warning("webhook.trigger_not_served", trigger_id=key, why=why, refused_since_last_warning=held)
+        _NOT_SERVED_LOGGED[key] = (now, 0)
+    elif len(_NOT_SERVED_LOGGED) < 10_000 or key in _NOT_SERVED_LOGGED:
+        _NOT_SERVED_LOGGED[key] = (last, held + 1)
     return TriggerNotServed(
         f"webhook trigger {shown} exists but is not served: {why}; see the trigger admin API "
         f"(GET /triggers/{trigger_id[:100]}: served, problem)",

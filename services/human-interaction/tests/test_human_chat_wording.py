@@ -84,6 +84,36 @@ def test_a_number_that_is_no_option_is_refused_with_the_options_and_how_to_answe
     assert option_choice(record.model_copy(update={"answer_schema": form}), "3") is None  # the form reads it
 
 
+REPLICAS = [HumanOption(id="r3", label="3"), HumanOption(id="r5", label="5")]
+
+
+def test_options_labelled_with_numbers_are_named_by_their_labels_first() -> None:
+    """A question "how many replicas?" with options "3" and "5": "5" is the option labelled 5 (not a refusal: there is no
+    option 5 by position); a number that is no label is a position ("1": option 1, "3"), and one that is neither is
+    refused, the refusal saying the labels too."""
+    record = _record(options=REPLICAS, title="Deploy 8: how many replicas")
+    for typed in ("5", " 5. ", "5️⃣", "\uff15", "r5", "R5"):
+        assert option_choice(record, typed) == REPLICAS[1], typed
+    assert option_choice(record, "3") == REPLICAS[0]
+    assert option_choice(record, "1") == REPLICAS[0]  # no label "1": the first option
+    assert option_choice(record, "2") == REPLICAS[1]
+    assert option_choice(record, "option 5") == NoSuchOption(5, 2)  # "option 5" is a position, and there is none
+    assert option_choice(record, "7") == NoSuchOption(7, 2)
+    assert no_such_option_text(record, NoSuchOption(7, 2)) == (
+        "Not recorded: there is no option 7 for “Deploy 8: how many replicas”; its options are 1\u20132"
+        " (or by label: “3”, “5”). To answer in your own words, write more than a number."
+    )
+    # a label that is another option's number: the label wins ("1" is the option labelled 1, which is option 2)
+    swapped = [HumanOption(id="a", label="2"), HumanOption(id="b", label="1")]
+    record = _record(options=swapped)
+    assert option_choice(record, "1") == swapped[1]
+    assert option_choice(record, "2") == swapped[0]
+    assert option_choice(record, "option 1") == swapped[0]  # "option <n>" names no label: the position
+    # an id that is a number names its option too
+    ids = [HumanOption(id="10", label="ten"), HumanOption(id="20", label="twenty")]
+    assert option_choice(_record(options=ids), "20") == ids[1]
+
+
 def test_the_confirmation_says_how_the_answer_was_taken() -> None:
     record = _record()
     assert recorded_as(record, OPTIONS[1], "2") == "as option 2 “Ship it as a breaking v2”"

@@ -15,7 +15,7 @@ from human_support import TG_ALICE, TelegramDesk, requested, stored, wait_for_re
 
 from temporality_bus import Bus
 from temporality_human_interaction.requests import RequestHandler
-from temporality_protocol import HumanRequestState, OptionAnswer, TextAnswer
+from temporality_protocol import HumanOption, HumanRequestState, OptionAnswer, TextAnswer
 from temporality_testing.telegram_emulator import TelegramEmulator
 from temporality_testing.waiting import stays
 
@@ -129,6 +129,66 @@ async def test_a_reply_to_a_hint_listing_several_questions_is_never_bound(bus: B
     record = await stored(bus, first)
     assert record is not None
     assert record.answer == DROP
+
+
+async def test_a_reply_to_a_hint_naming_one_question_answers_it(bus: Bus, telegram: TelegramDesk) -> None:
+    """The hint after an edit names the one open question (PR #103): a reply to it -- what it invites -- answers PR
+    #103, not "the message you replied to is not a question I can place" (again and again). Likewise the hint
+    after a reply to the bot's greeting (a message about no question) while one question is open."""
+    tg, intake = telegram.tg, telegram.intake()
+    first, question = await _ask(bus, intake, tg, title="Review PR #101: drop v1")
+    said = await tg.reply(ALICE, question, "1")
+    await _told(tg, said, "Recorded for")
+    await wait_for_record(bus, first, lambda r: r.answer == KEEP)
+    second, _ = await _ask(bus, intake, tg, title="Review PR #103: rename the flag")
+    await tg.edit(ALICE, said, "2")
+    hint = await _told(tg, said, "Not recorded: an edited message")
+    assert "One question is open here: “Review PR #103: rename the flag”" in hint["text"]
+
+    said = await tg.reply(ALICE, hint, "2")
+    told = await _told(tg, said)
+    assert told["text"] == "Recorded for “Review PR #103: rename the flag” as option 2 “Drop v1”."
+    await wait_for_record(bus, second, lambda r: r.answer == DROP)
+    record = await stored(bus, first)
+    assert record is not None
+    assert record.answer == KEEP
+
+    third, _ = await _ask(bus, intake, tg, title="Review PR #104: bump the SDK")
+    await tg.say(ALICE, "/start")
+    greeting = await tg.wait_for_message(ALICE.id, lambda m: m["text"].startswith("Hello"))
+    said = await tg.reply(ALICE, greeting, "1")
+    hint = await _told(tg, said)
+    assert hint["text"].startswith("Not recorded: the message you replied to is not a question I can place.")
+    assert "One question is open here: “Review PR #104: bump the SDK”" in hint["text"]
+    said = await tg.reply(ALICE, hint, "1")
+    told = await _told(tg, said)
+    assert told["text"] == "Recorded for “Review PR #104: bump the SDK” as option 1 “Keep the v1 API”."
+    await wait_for_record(bus, third, lambda r: r.answer == KEEP)
+
+
+async def test_options_labelled_with_numbers_are_answered_by_their_labels(bus: Bus, telegram: TelegramDesk) -> None:
+    """A question "how many replicas?", options "3" and "5" (ids r3, r5): alice's "5" binds r5 -- the label, not a refusal
+    for want of a fifth option; "7" (no label, no position) is refused naming the labels; "1" is the first option."""
+    tg, intake = telegram.tg, telegram.intake()
+    replicas = [HumanOption(id="r3", label="3"), HumanOption(id="r5", label="5")]
+    first, question = await _ask(bus, intake, tg, title="Deploy 8: how many replicas", options=replicas)
+    said = await tg.reply(ALICE, question, "5")
+    told = await _told(tg, said)
+    assert told["text"] == "Recorded for “Deploy 8: how many replicas” as option 2 “5”."
+    await wait_for_record(bus, first, lambda r: r.answer == OptionAnswer(option_id="r5", label="5"))
+
+    second, question = await _ask(bus, intake, tg, title="Deploy 9: how many replicas", options=replicas)
+    said = await tg.reply(ALICE, question, "7")
+    refusal = await _told(tg, said)
+    assert refusal["text"] == (
+        "Not recorded: there is no option 7 for “Deploy 9: how many replicas”; its options are 1\u20132 (or by label:"
+        " “3”, “5”). To answer in your own words, write more than a number."
+    )
+    assert await _pending(bus, second)
+    said = await tg.reply(ALICE, refusal, "1")
+    told = await _told(tg, said)
+    assert told["text"] == "Recorded for “Deploy 9: how many replicas” as option 1 “3”."
+    await wait_for_record(bus, second, lambda r: r.answer == OptionAnswer(option_id="r3", label="3"))
 
 
 async def test_an_option_typed_as_people_type_it_selects_it_and_free_text_is_quoted(

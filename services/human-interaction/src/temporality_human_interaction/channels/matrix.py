@@ -41,8 +41,8 @@ bot answers each with a notice in reply naming the question: recorded, or why no
 the recipient, already answered, expired ...). The question and its edit are cut to fit an event
 (:func:`.render.fitted`: an edit carries the text twice). The bot's own events are ignored; a person's edit
 (``m.replace``) is never bound, they are told so. The bot's notices about a request (confirmations, refusals) are
-kept under ``matrix.event`` like the question: a reply to one is a reply to that request; a reply to a notice
-listing several open questions (``matrix.hint``) gets the list again.
+kept under ``matrix.event`` like the question, and so is a notice naming one open question: a reply to one is a
+reply to that request; a reply to a notice listing several open questions (``matrix.hint``) gets the list again.
 """
 
 from __future__ import annotations
@@ -553,8 +553,10 @@ class MatrixAdapter(ChannelAdapter):
     async def _send_hint(
         self, room_id: str, source: dict[str, Any], open_: list[HumanRequestRecord], *, lead: str = ""
     ) -> None:
-        """A notice with how to answer and which questions are open; one listing several is remembered
-        (``matrix.hint.<event id>``), so a reply to it is not bound to one of them."""
+        """A notice with how to answer and which questions are open. One naming a single question is kept about it
+        (``matrix.event.<event id>``, like a confirmation), so a reply to it -- what it invites -- answers that
+        question; one listing several is remembered (``matrix.hint.<event id>``), so a reply to it is not bound to one
+        of them."""
         lead = f"{lead} " if lead else ""
         if not open_:
             hint = f"{lead}{_HOW_TO_ANSWER} There is no open question here right now."
@@ -565,7 +567,7 @@ class MatrixAdapter(ChannelAdapter):
                 hint = f"{lead}{_HOW_TO_ANSWER} One question is open here: {names}; a plain message answers it."
             else:
                 hint = f"{lead}{_HOW_TO_ANSWER} {len(open_)} questions are open here: {names}{more}."
-        event_id = await self._notice(room_id, source, hint)
+        event_id = await self._notice(room_id, source, hint, about=open_[0].request_id if len(open_) == 1 else None)
         if len(open_) > 1:
             await self._refs.claim(ref_key("matrix", "hint", event_id), open_[0].request_id)
 

@@ -15,9 +15,10 @@ title -- each cut part ending in ``…``, with one visible line saying so (and w
 web inbox, when :attr:`..channels.ChannelAdapter.inbox_url` is set). The options' numbers and the way to answer
 are never cut. The edited outcome is fitted the same way (the outcome line counted in).
 
-What a chat message names (:func:`option_choice`): an option by its number however typed (``2)``, ``#2``, a keycap,
-a full-width digit, ``option 2``), id or label (any case, punctuation around it ignored), or a number the question
-has no option for (:class:`NoSuchOption`: refused, :func:`no_such_option_text`); anything else is free text. Each
+What a chat message names (:func:`option_choice`): an option by its id or label (any case, punctuation around it
+ignored: first, so a label that is a number names its option), else by its number however typed (``2)``, ``#2``, a
+keycap, a full-width digit, ``option 2``), or a number the question has no option for and no label or id says
+(:class:`NoSuchOption`: refused, :func:`no_such_option_text`); anything else is free text. Each
 question ends with its run in short (:func:`run_ref`), as each entry of a hint does.
 
 Refusals and confirmations for chat (:func:`refusal_text`, :func:`question_name`) say things the way the
@@ -144,25 +145,30 @@ def _normalized(text: str) -> str:
 
 
 def option_choice(record: HumanRequestRecord, text: str) -> HumanOption | NoSuchOption | None:
-    """What a chat message says about the question's options: the option it names -- its number however typed
-    (``2``, ``2.``, ``2)``, ``#2``, ``2️⃣``, a full-width 2, ``option 2``), its id or its label (any case, whitespace and
-    punctuation around it ignored) --, :class:`NoSuchOption` for a number the question does not have (when it has
-    options and asks for no form), else None (free text)."""
+    """What a chat message says about the question's options: the option it names -- its id or its label (any case,
+    whitespace and punctuation around it ignored), else its number however typed (``2``, ``2.``, ``2)``, ``#2``,
+    ``2️⃣``, a full-width 2, ``option 2``) --, :class:`NoSuchOption` for a number that is no option's label or id and
+    no option's number (when the question has options and asks for no form), else None (free text).
+
+    A label or id wins over a number: with options labelled ``3`` and ``5`` (replicas), ``5`` is the option labelled
+    5, not a refusal; and with option 1 labelled ``2`` and option 2 labelled ``1``, ``1`` is the option labelled 1
+    (option 2). A number that is no option's label or id is read as a position."""
     said = _normalized(text)
-    numbered = _NUMBERED.fullmatch(said)
-    if numbered is not None:
-        number = int(numbered.group(1))
-        if 1 <= number <= len(record.options):
-            return record.options[number - 1]
-        # a form's answer may be a bare number (a one-field form): read as the form's, not refused here
-        return NoSuchOption(number, len(record.options)) if record.options and record.answer_schema is None else None
     bare = said.strip(_AROUND)
     if not bare:
         return None
-    return next(
-        (o for o in record.options if bare in (o.id.casefold(), _normalized(o.label).strip(_AROUND))),
-        None,
-    )
+    # an option's id or label, exactly: first, so options labelled with numbers ("3", "5" replicas) are named by them
+    named = next((o for o in record.options if bare in (o.id.casefold(), _normalized(o.label).strip(_AROUND))), None)
+    if named is not None:
+        return named
+    numbered = _NUMBERED.fullmatch(said)
+    if numbered is None:
+        return None
+    number = int(numbered.group(1))
+    if 1 <= number <= len(record.options):
+        return record.options[number - 1]
+    # a form's answer may be a bare number (a one-field form): read as the form's, not refused here
+    return NoSuchOption(number, len(record.options)) if record.options and record.answer_schema is None else None
 
 
 def option_named(record: HumanRequestRecord, text: str) -> HumanOption | None:
@@ -174,6 +180,9 @@ def option_named(record: HumanRequestRecord, text: str) -> HumanOption | None:
 def no_such_option_text(record: HumanRequestRecord, missing: NoSuchOption) -> str:
     """Why a number that is no option of the question was not recorded, and what to write instead."""
     which = "its only option is 1" if missing.options == 1 else f"its options are 1\u2013{missing.options}"
+    numeric = [o.label for o in record.options if option_number(_normalized(o.label).strip(_AROUND)) is not None]
+    if numeric:  # labels that are numbers name their options too (option_choice): say which
+        which += " (or by label: " + ", ".join(f"“{label}”" for label in numeric) + ")"
     own = " To answer in your own words, write more than a number." if record.allow_free_text else ""
     return f"Not recorded: there is no option {missing.number} for {question_name(record)}; {which}.{own}"
 

@@ -30,7 +30,8 @@ Inbound (handed to :meth:`ChannelAdapter.submit`, the channel-neutral binding):
 * a **reply** to the question message binds free text; a reply that names an option (its number as people type
   it, its id or label: :func:`.render.option_choice`) binds that option; a number that is no option is refused. A
   reply to the bot's own reply about a request (a confirmation, a refusal: kept under ``telegram.msg`` like the
-  question) is a reply to that request; to a hint listing several questions (``telegram.hint``), the hint again;
+  question) is a reply to that request, as is a reply to a hint naming one open question (kept the same way); to a
+  hint listing several questions (``telegram.hint``), the hint again;
   to another message of the bot's, a hint. An **edited message** is never bound: the person is told. A message that replies to no question binds the same way to the one question open in
   the person's private chat (``telegram.msg.<chat>.*``); with none or several open (or in a group chat) it gets a
   hint listing them. Each gets a text reply naming the question. Which are open there: from the service's mirror of
@@ -437,9 +438,11 @@ class TelegramAdapter(ChannelAdapter):
         await self._send_hint(message, open_, lead=_EDIT_IGNORED)
 
     async def _send_hint(self, message: Message, open_: list[HumanRequestRecord], *, lead: str = "") -> None:
-        """Reply with how to answer and which questions are open (:func:`_hint`); a hint listing several is
-        remembered (``telegram.hint.<chat>.<message id>``), so a reply to it is not bound to one of them."""
-        sent = await self._reply(message, _hint(open_, lead))
+        """Reply with how to answer and which questions are open (:func:`_hint`). A hint naming one question is kept
+        about it (``telegram.msg.<chat>.<message id>``, like a confirmation), so a reply to it -- what the hint
+        invites -- answers that question; one listing several is remembered (``telegram.hint.<chat>.<message id>``),
+        so a reply to it is not bound to one of them."""
+        sent = await self._reply(message, _hint(open_, lead), about=open_[0].request_id if len(open_) == 1 else None)
         if sent is not None and len(open_) > 1:
             key = ref_key("telegram", "hint", sent.chat_id, sent.message_id)
             await self._refs.claim(key, open_[0].request_id)  # purged with that request (the retention sweep)
